@@ -1,0 +1,41 @@
+// Byte-exact edits of JSON request and response bodies.
+//
+// Weir forwards bodies untouched whenever it can; when it must change one
+// top-level member (rename `model`, add `stream_options`) it splices the new
+// value in and leaves every other byte as the client sent it, so numbers,
+// key order and escapes reach the upstream unchanged. Inputs must already be
+// valid JSON (validated with Boost.JSON); on anything else these functions
+// return nullopt/false rather than guess.
+#pragma once
+
+#include <cstddef>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace weir::api {
+
+// Byte offsets of one member of the top-level object, into the scanned text.
+struct MemberSpan {
+  std::size_t key_begin = 0;    // the opening quote of the key
+  std::size_t value_begin = 0;  // first byte of the value
+  std::size_t value_end = 0;    // one past the last byte of the value
+};
+
+// Finds the top-level member named `key` (compared after JSON unescaping) in
+// `json`, which must be a JSON object (leading/trailing whitespace allowed).
+// With duplicate keys the last one wins, as in Boost.JSON and Python's json.
+// Returns nullopt if absent, or if `json` is not an object.
+std::optional<MemberSpan> find_member(std::string_view json, std::string_view key);
+
+// Writes `json` to `out` with the top-level member `key` set to `value_json`
+// (a serialized JSON value): its value replaced in place if present, else
+// inserted as the first member. Returns false if `json` is not an object.
+bool set_member(std::string_view json, std::string_view key, std::string_view value_json,
+                std::string& out);
+
+// Writes `json` to `out` without the top-level member `key` (and its comma).
+// Returns false if `json` is not an object; true (and an unchanged copy) if absent.
+bool remove_member(std::string_view json, std::string_view key, std::string& out);
+
+}  // namespace weir::api

@@ -1,0 +1,25 @@
+// Token usage reported by a model server (OpenAI "usage" object, as vLLM sends it).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace weir::api {
+
+// Token counts from an OpenAI-shaped `usage` object, in tokens.
+struct Usage {
+  std::uint64_t prompt_tokens = 0;
+  std::uint64_t completion_tokens = 0;
+  std::uint64_t total_tokens = 0;
+  // usage.prompt_tokens_details.cached_tokens; 0 when absent.
+  std::uint64_t cached_tokens = 0;
+};
+
+// Reads the top-level "usage" member of a response body or a stream chunk's
+// data (a JSON object text). Returns nullopt when the member is absent, null,
+// not an object, or the text is not valid JSON. Cost: one scan of the
+// top-level object, and a parse of the usage value only.
+std::optional<Usage> extract_usage(std::string_view json);
+
+}  // namespace weir::api

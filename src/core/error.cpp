@@ -1,0 +1,140 @@
+#include "core/error.hpp"
+
+#include <boost/json/serializer.hpp>
+#include <boost/json/value.hpp>
+#include <fmt/format.h>
+
+namespace weir::core {
+
+std::string_view to_string(ErrorSource s) {
+  switch (s) {
+    case ErrorSource::client: return "client";
+    case ErrorSource::upstream: return "upstream";
+    case ErrorSource::internal: return "internal";
+  }
+  return "internal";
+}
+
+namespace {
+Error make(ErrorSource src, int status, std::string_view type, std::string_view code,
+           std::string message, std::string_view param = {}) {
+  Error e;
+  e.source = src;
+  e.status = status;
+  e.type = type;
+  e.code = code;
+  e.message = std::move(message);
+  e.param = param;
+  return e;
+}
+
+// JSON string escaping per RFC 8259 via Boost.JSON's serializer.
+void append_json_string(std::string& out, std::string_view s) {
+  boost::json::value v(boost::json::string_view(s.data(), s.size()));
+  out += boost::json::serialize(v);
+}
+}  // namespace
+
+Error bad_request(std::string message, std::string_view param, std::string_view code) {
+  return make(ErrorSource::client, 400, "invalid_request_error", code, std::move(message), param);
+}
+Error model_not_found(std::string_view model) {
+  return make(ErrorSource::client, 404, "invalid_request_error", "model_not_found",
+              fmt::format("The model `{}` does not exist or you do not have access to it.", model),
+              "model");
+}
+Error not_found(std::string_view path) {
+  return make(ErrorSource::client, 404, "invalid_request_error", "not_found",
+              fmt::format("Unknown request URL: {}.", path));
+}
+Error method_not_allowed(std::string_view method, std::string_view path) {
+  return make(ErrorSource::client, 405, "invalid_request_error", "method_not_allowed",
+              fmt::format("Method {} is not allowed for {}.", method, path));
+}
+Error payload_too_large(std::uint64_t limit_bytes) {
+  return make(ErrorSource::client, 413, "invalid_request_error", "request_too_large",
+              fmt::format("Request body is larger than the limit of {} bytes.", limit_bytes));
+}
+Error unauthorized(std::string message) {
+  return make(ErrorSource::client, 401, "invalid_request_error", "invalid_api_key", std::move(message));
+}
+Error forbidden(std::string message, std::string_view code) {
+  return make(ErrorSource::client, 403, "permission_error", code, std::move(message));
+}
+Error rate_limited(std::string message, std::uint32_t retry_after_s) {
+  auto e = make(ErrorSource::client, 429, "requests", "rate_limit_exceeded", std::move(message));
+  e.retry_after_s = retry_after_s;
+  return e;
+}
+Error insufficient_quota(std::string message) {
+  return make(ErrorSource::client, 429, "insufficient_quota", "insufficient_quota", std::move(message));
+}
+Error upstream_unavailable(std::string message) {
+  return make(ErrorSource::upstream, 502, "upstream_error", "upstream_unavailable", std::move(message));
+}
+Error upstream_timeout(std::string message) {
+  return make(ErrorSource::upstream, 504, "timeout", "upstream_timeout", std::move(message));
+}
+Error unavailable(std::string message, std::uint32_t retry_after_s) {
+  auto e = make(ErrorSource::internal, 503, "server_error", "service_unavailable", std::move(message));
+  e.retry_after_s = retry_after_s;
+  return e;
+}
+Error internal_error(std::string message) {
+  return make(ErrorSource::internal, 500, "server_error", "internal_error", std::move(message));
+}
+
+void append_error_json(std::string& out, const Error& e) {
+  out += R"({"error":{"message":)";
+  append_json_string(out, e.message);
+  out += R"(,"type":)";
+  append_json_string(out, e.type);
+  out += R"(,"param":)";
+  if (e.param.empty()) out += "null"; else append_json_string(out, e.param);
+  out += R"(,"code":)";
+  if (e.code.empty()) out += "null"; else append_json_string(out, e.code);
+  out += "}}";
+}
+
+std::string error_json(const Error& e) {
+  std::string s;
+  append_error_json(s, e);
+  return s;
+}
+
+std::string_view reason_phrase(int status) {
+  switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 201: return "Created";
+    case 202: return "Accepted";
+    case 204: return "No Content";
+    case 301: return "Moved Permanently";
+    case 302: return "Found";
+    case 304: return "Not Modified";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 411: return "Length Required";
+    case 413: return "Content Too Large";
+    case 415: return "Unsupported Media Type";
+    case 417: return "Expectation Failed";
+    case 422: return "Unprocessable Content";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    default: return "Unknown";
+  }
+}
+
+}  // namespace weir::core

@@ -1,0 +1,57 @@
+// Errors on the request path and their one mapping to an HTTP status and an
+// OpenAI-shaped body (OpenAI API "Error codes"; RFC 9110 status semantics).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace weir::core {
+
+// Who caused the failure: decides the status class and what the access log blames.
+enum class ErrorSource : std::uint8_t {
+  client,    // malformed or unacceptable request: 4xx
+  upstream,  // model server refused, failed, timed out or sent garbage: 502/503/504
+  internal,  // Weir itself: 500
+};
+
+std::string_view to_string(ErrorSource s);
+
+// One failure, carried by value (tl::expected<T, Error>) to the place that
+// answers the client. `type`, `code` and `param` follow OpenAI's error object;
+// an empty `code` or `param` is rendered as JSON null.
+struct Error {
+  ErrorSource source = ErrorSource::internal;
+  int status = 500;            // HTTP status code
+  std::string_view type;       // OpenAI error.type, e.g. "invalid_request_error"
+  std::string_view code;       // OpenAI error.code, e.g. "model_not_found"; empty = null
+  std::string message;         // human readable, safe to show the client
+  std::string_view param;      // offending request field, e.g. "model"; empty = null
+  // Extra response header for 429/503 (seconds); 0 = none.
+  std::uint32_t retry_after_s = 0;
+};
+
+// Factories: each names the status and the OpenAI type/code it produces.
+Error bad_request(std::string message, std::string_view param = {},
+                  std::string_view code = {});                           // 400 invalid_request_error
+Error model_not_found(std::string_view model);                          // 404 model_not_found
+Error not_found(std::string_view path);                                 // 404 (unknown route)
+Error method_not_allowed(std::string_view method, std::string_view path);  // 405
+Error payload_too_large(std::uint64_t limit_bytes);                     // 413
+Error unauthorized(std::string message);                                // 401 invalid_api_key
+Error forbidden(std::string message, std::string_view code = "model_not_allowed");  // 403
+Error rate_limited(std::string message, std::uint32_t retry_after_s);   // 429 rate_limit_exceeded
+Error insufficient_quota(std::string message);                          // 429 insufficient_quota
+Error upstream_unavailable(std::string message);                        // 502 upstream_error
+Error upstream_timeout(std::string message);                            // 504 timeout
+Error unavailable(std::string message, std::uint32_t retry_after_s = 1);  // 503 (draining, overload)
+Error internal_error(std::string message);                              // 500 server_error
+
+// Appends {"error":{"message","type","param","code"}} (OpenAI's shape) to `out`.
+void append_error_json(std::string& out, const Error& e);
+std::string error_json(const Error& e);
+
+// Reason phrase for a status (RFC 9110 §15), "Unknown" for others.
+std::string_view reason_phrase(int status);
+
+}  // namespace weir::core

@@ -1,0 +1,1 @@
+// Carries the precompiled header (pch.hpp) that every module reuses.
