@@ -1,0 +1,146 @@
+#include "core/yaml.hpp"
+
+#include <cctype>
+#include <charconv>
+
+#include <fmt/format.h>
+
+namespace weir::core {
+
+std::string ConfigError::to_string() const {
+  std::string s = file.empty() ? std::string("<config>") : file;
+  if (line > 0) s += fmt::format(":{}:{}", line, column);
+  s += ": ";
+  if (!key.empty()) s += key + ": ";
+  s += message;
+  return s;
+}
+
+ConfigError config_error(const YAML::Node& node, std::string key, std::string message) {
+  ConfigError e;
+  if (node.IsDefined()) {
+    const auto m = node.Mark();
+    if (!m.is_null()) {
+      e.line = m.line + 1;
+      e.column = m.column + 1;
+    }
+  }
+  e.key = std::move(key);
+  e.message = std::move(message);
+  return e;
+}
+
+ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key) {
+  if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected a string"));
+  return node.Scalar();
+}
+
+ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key) {
+  bool v = false;
+  if (!node.IsScalar() || !YAML::convert<bool>::decode(node, v))
+    return tl::unexpected(config_error(node, key, "expected true or false"));
+  return v;
+}
+
+ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key,
+                                    std::int64_t min, std::int64_t max) {
+  if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected an integer"));
+  const std::string& s = node.Scalar();
+  std::int64_t v = 0;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc() || p != s.data() + s.size())
+    return tl::unexpected(config_error(node, key, fmt::format("expected an integer, got '{}'", s)));
+  if (v < min || v > max)
+    return tl::unexpected(config_error(node, key, fmt::format("{} is out of range [{}, {}]", v, min, max)));
+  return v;
+}
+
+ConfigResult<double> read_double(const YAML::Node& node, const std::string& key, double min,
+                                 double max) {
+  double v = 0;
+  if (!node.IsScalar() || !YAML::convert<double>::decode(node, v))
+    return tl::unexpected(config_error(node, key, "expected a number"));
+  if (!(v >= min && v <= max))
+    return tl::unexpected(config_error(node, key, fmt::format("{} is out of range [{}, {}]", v, min, max)));
+  return v;
+}
+
+namespace {
+// Splits "250ms" into number and unit; false if the number part is not a non-negative decimal.
+bool split_number_unit(const std::string& s, double& num, std::string& unit) {
+  std::size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + i, num);
+  if (ec != std::errc() || p != s.data() + i) return false;
+  std::size_t j = i;
+  while (j < s.size() && s[j] == ' ') ++j;
+  unit = s.substr(j);
+  return true;
+}
+}  // namespace
+
+ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, const std::string& key) {
+  if (!node.IsScalar())
+    return tl::unexpected(config_error(node, key, "expected a duration such as 250ms, 2s or 1m"));
+  double num = 0;
+  std::string unit;
+  if (!split_number_unit(node.Scalar(), num, unit))
+    return tl::unexpected(config_error(
+        node, key, fmt::format("expected a duration such as 250ms, 2s or 1m, got '{}'", node.Scalar())));
+  double ms = 0;
+  if (unit.empty() || unit == "ms") ms = num;
+  else if (unit == "us" || unit == "µs") ms = num / 1000.0;
+  else if (unit == "s") ms = num * 1000.0;
+  else if (unit == "m") ms = num * 60'000.0;
+  else if (unit == "h") ms = num * 3'600'000.0;
+  else
+    return tl::unexpected(config_error(
+        node, key, fmt::format("unknown duration unit '{}' (use ms, s, m or h)", unit)));
+  if (ms > 365.0 * 24 * 3'600'000.0)
+    return tl::unexpected(config_error(node, key, "duration is longer than a year"));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(ms + 0.5));
+}
+
+ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string& key) {
+  if (!node.IsScalar())
+    return tl::unexpected(config_error(node, key, "expected a size such as 4MiB or 65536"));
+  double num = 0;
+  std::string unit;
+  if (!split_number_unit(node.Scalar(), num, unit))
+    return tl::unexpected(config_error(
+        node, key, fmt::format("expected a size such as 4MiB or 65536, got '{}'", node.Scalar())));
+  double mul = 0;
+  if (unit.empty() || unit == "B") mul = 1;
+  else if (unit == "KiB") mul = 1024.0;
+  else if (unit == "MiB") mul = 1024.0 * 1024;
+  else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
+  else if (unit == "KB" || unit == "kB") mul = 1e3;
+  else if (unit == "MB") mul = 1e6;
+  else if (unit == "GB") mul = 1e9;
+  else
+    return tl::unexpected(config_error(
+        node, key, fmt::format("unknown size unit '{}' (use B, KiB, MiB, GiB, KB, MB or GB)", unit)));
+  const double v = num * mul;
+  if (v > 1e15) return tl::unexpected(config_error(node, key, "size is too large"));
+  return static_cast<std::uint64_t>(v + 0.5);
+}
+
+ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,
+                              std::initializer_list<std::string_view> known) {
+  if (!node.IsMap()) return tl::unexpected(config_error(node, key, "expected a mapping"));
+  for (const auto& kv : node) {
+    const std::string name = kv.first.Scalar();
+    bool ok = false;
+    for (auto k : known) ok = ok || k == name;
+    if (!ok) {
+      std::string list;
+      for (auto k : known) list += (list.empty() ? "" : ", ") + std::string(k);
+      return tl::unexpected(config_error(kv.first, key.empty() ? name : key + "." + name,
+                                         fmt::format("unknown key (expected one of: {})", list)));
+    }
+  }
+  return {};
+}
+
+}  // namespace weir::core

@@ -1,0 +1,48 @@
+// Helpers for reading Weir's YAML configuration with errors that name the
+// file, line and key (yaml-cpp 0.7).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <tl/expected.hpp>
+#include <yaml-cpp/yaml.h>
+
+namespace weir::core {
+
+// A configuration mistake, located. Rendered as "FILE:LINE:COL: KEY: MESSAGE".
+struct ConfigError {
+  std::string file;     // path as given on the command line; "<string>" for in-memory YAML
+  int line = 0;         // 1-based; 0 when unknown
+  int column = 0;       // 1-based; 0 when unknown
+  std::string key;      // dotted path of the offending key, e.g. "pools.a.endpoints[0]"
+  std::string message;  // what is wrong and what is expected
+
+  std::string to_string() const;
+};
+
+template <class T>
+using ConfigResult = tl::expected<T, ConfigError>;
+
+// Builds a ConfigError positioned at `node` (yaml-cpp marks are 0-based).
+ConfigError config_error(const YAML::Node& node, std::string key, std::string message);
+
+// Scalar readers: each checks the node's type and range and names `key` on error.
+ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key);
+ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key);
+ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key,
+                                    std::int64_t min, std::int64_t max);
+ConfigResult<double> read_double(const YAML::Node& node, const std::string& key,
+                                 double min, double max);
+// A duration: an integer of milliseconds or a string with unit "250ms", "2s", "1m", "1h".
+ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, const std::string& key);
+// A size: an integer of bytes or a string "512KiB", "4MiB", "1GiB", "64KB", "1MB".
+ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string& key);
+
+// Fails on any key of map `node` that is not in `known` (catches typos).
+ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,
+                              std::initializer_list<std::string_view> known);
+
+}  // namespace weir::core
