@@ -18,13 +18,22 @@ namespace weir::http {
 struct SseEvent {
   // The event's bytes exactly as received, from its first line through the
   // line break of the empty line that ended it (CRLF, LF or CR, any mix).
+  // Concatenating every event's raw, then the pending bytes, reproduces the
+  // stream byte for byte, except for a leading BOM, which belongs to no event.
+  // One edge: when the CR of the ending empty line is the last byte of a push,
+  // the event is returned at once (a CR-only stream must not wait for the next
+  // event), so an LF that starts the next push, completing that CRLF, comes
+  // back as the first byte of the next event's raw. Forwarding raw views in
+  // order is still byte-exact; a lone leading LF is an empty line to a client.
   std::string_view raw;
   // The "data" field lines joined with '\n', without a trailing '\n'
   // (WHATWG: the data buffer with its last LF removed). Empty if none.
   std::string_view data;
   // The "event" field (last one wins); empty if absent.
   std::string_view type;
-  // The "id" field (last one wins, ignored if it contains NUL); empty if absent.
+  // The "id" field of this event (last one wins, ignored if it contains NUL);
+  // empty if absent. Unlike a WHATWG EventSource, the reader does not carry
+  // the last event ID over to later events: a proxy forwards what it got.
   std::string_view id;
   // At least one "data" line was present. WHATWG dispatches only such events;
   // comment-only blocks (": keep-alive") come back with has_data == false so
@@ -39,6 +48,11 @@ struct SseEvent {
 // calls: inside a field name, inside a CRLF pair, inside a UTF-8 sequence.
 // Lines end with CRLF, LF or CR (a CR at the end of one push and an LF at the
 // start of the next are one line break). A leading UTF-8 BOM is skipped.
+// Every block of lines ended by an empty line comes back as one event, even
+// an empty one (a stray blank line gives raw "\n", has_data == false), so a
+// proxy can account for every byte. The reader works on bytes: CR, LF, ':'
+// and ' ' never occur inside a UTF-8 sequence, so for valid UTF-8 this equals
+// the spec's decode-then-parse; invalid UTF-8 passes through unreplaced.
 //
 // Usage:
 //   reader.push(bytes);                 // `bytes` must stay valid until next() returns nullopt
@@ -46,27 +60,36 @@ struct SseEvent {
 //
 // Whole events inside one pushed buffer are returned as views into that buffer
 // (no copy); only an event split across pushes is copied into the reader's own
-// buffer, which is reused (no allocation in steady state).
+// buffer, which is reused (no allocation in steady state). `data` is a view
+// into raw when the event has one data line; several data lines are joined
+// into a second reused buffer. Cost: about two memchr passes over each event.
 class SseReader {
  public:
-  // Events larger than max_event_bytes are a protocol error (see error()).
+  // Events larger than max_event_bytes (raw.size(), in bytes) are a protocol
+  // error (see error()); it is raised as soon as the bytes held for one event
+  // exceed the limit, so the reader never holds more than max_event_bytes.
   explicit SseReader(std::size_t max_event_bytes = 4u << 20);
 
   // Queues `bytes` for parsing. Call only after next() has returned nullopt.
+  // An empty push is allowed and changes nothing.
   void push(std::string_view bytes);
 
   // Returns the next complete event, or nullopt when the queued bytes hold no
   // further complete event (the incomplete tail is kept for the next push).
   std::optional<SseEvent> next();
 
-  // True once an event exceeded max_event_bytes; next() then returns nullopt.
+  // True once an event exceeded max_event_bytes; next() then returns nullopt
+  // until reset().
   bool error() const { return overflow_; }
 
-  // Bytes of an incomplete event held back.
+  // Bytes received but not yet returned in any event's raw, in bytes (after
+  // next() has returned nullopt: the incomplete tail of the stream).
   std::size_t pending_bytes() const;
 
   // End of stream: WHATWG discards an incomplete event. Returns the number of
-  // bytes discarded (0 when the stream ended on an event boundary).
+  // bytes discarded (0 when the stream ended on an event boundary, including
+  // when all that is held is the LF completing the last event's CRLF), then
+  // resets the reader for a new stream.
   std::size_t finish();
 
   // Forgets all state (for reuse on the next stream).
@@ -77,13 +100,23 @@ class SseReader {
   std::string carry_;        // bytes of an event split across pushes
   std::string data_;         // scratch for multi-line data
   std::string_view input_;   // the bytes of the current push not yet consumed
+  const char* cr_next_ = nullptr;  // first CR in input_ at or after the scan point (end if none); nullptr: not searched yet
   bool skip_lf_ = false;     // the previous push ended in CR: a leading LF is part of that break
+  bool at_line_start_ = true;  // the bytes held so far end with a line break (or there are none)
+  bool carry_emitted_ = false;  // carry_ holds an event already returned: clear it on the next call
   bool bom_checked_ = false;
   bool overflow_ = false;
+
+  bool skip_bom();                             // false: need more bytes to decide
+  SseEvent parse_event(std::string_view raw);  // fields of a complete event
+  std::optional<SseEvent> fail();              // sets overflow_ and drops what is held
 };
 
 // Appends one SSE event carrying `data` to `out`: "data: <line>\n" for each
-// line of `data` (split on '\n'), then "\n".
+// line of `data`, then "\n". Lines are split on LF, CR and CRLF alike, as a
+// WHATWG client would split them, so no byte of `data` can end the event
+// early or forge a field; SseReader gives `data` back with CR and CRLF
+// turned into LF (JSON text has neither). Empty `data` gives "data: \n\n".
 void append_sse_data(std::string& out, std::string_view data);
 
 }  // namespace weir::http
