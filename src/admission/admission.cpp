@@ -1,0 +1,209 @@
+#include "admission/admission.hpp"
+
+#include <fmt/format.h>
+
+namespace weir::admission {
+
+Ticket& Ticket::operator=(Ticket&& o) noexcept {
+  if (this != &o) {
+    release();
+    limiter_ = o.limiter_;
+    worker_ = o.worker_;
+    for (int i = 0; i < 2; ++i) {
+      scope_[i] = o.scope_[i];
+      tpm_[i] = o.tpm_[i];
+      budget_[i] = o.budget_[i];
+    }
+    scopes_ = o.scopes_;
+    stream_mask_ = o.stream_mask_;
+    settled_ = o.settled_;
+    estimated_ = o.estimated_;
+    price_ = o.price_;
+    o.stream_mask_ = 0;
+    o.limiter_ = nullptr;
+    o.settled_ = true;
+  }
+  return *this;
+}
+
+void Ticket::release() noexcept {
+  if (!limiter_) return;
+  for (std::uint8_t i = 0; i < scopes_; ++i)
+    if (stream_mask_ & (1u << i)) limiter_->release_stream(scope_[i], worker_);
+  stream_mask_ = 0;
+}
+
+std::string format_reset(std::uint64_t ms) {
+  if (ms == 0) return "0s";
+  if (ms < 1000) return fmt::format("{}ms", ms);
+  const std::uint64_t h = ms / 3'600'000, m = ms / 60'000 % 60, s = ms / 1000 % 60, frac = ms % 1000;
+  std::string secs = frac == 0 ? fmt::format("{}", s) : fmt::format("{}.{:03}", s, frac);
+  if (frac != 0)
+    while (secs.back() == '0') secs.pop_back();
+  if (h > 0) return fmt::format("{}h{}m{}s", h, m, secs);
+  if (m > 0) return fmt::format("{}m{}s", m, secs);
+  return secs + "s";
+}
+
+Admission::Admission(Limiter& limiter, const Pricing& pricing, std::uint32_t worker)
+    : limiter_(limiter), pricing_(pricing), worker_(worker) {}
+
+namespace {
+
+struct ScopeRef {
+  std::uint32_t id;
+  const auth::Limits* limits;
+  const auth::Budget* budget;
+  std::string_view kind;  // "tenant" or "key"
+  std::string_view name;
+};
+
+int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
+  out[0] = {p.tenant->scope, &p.tenant->limits, &p.tenant->budget, "tenant", p.tenant->name};
+  if (!p.key) return 1;
+  out[1] = {p.key->scope, &p.key->limits, &p.key->budget, "key", p.key->id};
+  return 2;
+}
+
+}  // namespace
+
+tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
+                                                   std::uint64_t estimated_tokens, Instant now) {
+  ScopeRef sc[2];
+  const int n = scopes_of(principal, sc);
+  Ticket t;
+  t.worker_ = worker_;
+  t.estimated_ = estimated_tokens;
+  t.scopes_ = static_cast<std::uint8_t>(n);
+  bool any_budget = false;
+  for (int i = 0; i < n; ++i) {
+    t.scope_[i] = sc[i].id;
+    t.tpm_[i] = sc[i].limits->tokens_per_minute > 0;
+    t.budget_[i] = sc[i].budget->any();
+    any_budget = any_budget || t.budget_[i];
+  }
+
+  // 1. Budgets: a read of one shared counter per budgeted scope.
+  for (int i = 0; i < n; ++i) {
+    if (!t.budget_[i]) continue;
+    if (limiter_.spent(sc[i].id, now) >= sc[i].budget->limit_nano_usd)
+      return tl::unexpected(core::insufficient_quota(
+          fmt::format("You exceeded your current quota: the budget of {} `{}` (${:.2f}) is spent for this period.",
+                      sc[i].kind, sc[i].name, static_cast<double>(sc[i].budget->limit_nano_usd) / 1e9)));
+  }
+  if (any_budget) t.price_ = pricing_.find(model);
+
+  // From here on the ticket owns what it took: its destructor returns stream slots on refusal.
+  t.limiter_ = &limiter_;
+  t.settled_ = false;
+  int took_requests = 0, took_tokens = 0;
+  auto undo = [&] {
+    for (int i = 0; i < took_tokens; ++i)
+      if (t.tpm_[i]) limiter_.give_back(sc[i].id, Bucket::tokens, worker_, static_cast<double>(estimated_tokens), now);
+    for (int i = 0; i < took_requests; ++i)
+      if (sc[i].limits->requests_per_minute) limiter_.give_back(sc[i].id, Bucket::requests, worker_, 1.0, now);
+    t.settled_ = true;
+  };
+
+  // 2. Concurrency.
+  for (int i = 0; i < n; ++i) {
+    if (!sc[i].limits->max_concurrent_streams) continue;
+    if (!limiter_.acquire_stream(sc[i].id, worker_)) {
+      undo();
+      return tl::unexpected(core::rate_limited(
+          fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
+                      sc[i].limits->max_concurrent_streams),
+          1));
+    }
+    t.stream_mask_ |= static_cast<std::uint8_t>(1u << i);
+  }
+
+  // 3. Requests per minute.
+  for (int i = 0; i < n; ++i, took_requests = i) {
+    if (!sc[i].limits->requests_per_minute) continue;
+    const TakeResult r = limiter_.take(sc[i].id, Bucket::requests, worker_, 1.0, now);
+    if (!r.ok) {
+      undo();
+      return tl::unexpected(core::rate_limited(
+          fmt::format("Rate limit reached for {} `{}` on requests per min (RPM): limit {}. Please try again in {}s.",
+                      sc[i].kind, sc[i].name, sc[i].limits->requests_per_minute, r.retry_after_s),
+          r.retry_after_s));
+    }
+  }
+  took_requests = n;
+
+  // 4. Tokens per minute.
+  for (int i = 0; i < n; ++i, took_tokens = i) {
+    if (!t.tpm_[i]) continue;
+    const TakeResult r =
+        limiter_.take(sc[i].id, Bucket::tokens, worker_, static_cast<double>(estimated_tokens), now);
+    if (!r.ok) {
+      undo();
+      auto e = r.never
+                   ? core::rate_limited(
+                         fmt::format("Request too large for {} `{}` on tokens per min (TPM): limit {}, requested {}.",
+                                     sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens),
+                         0)
+                   : core::rate_limited(
+                         fmt::format("Rate limit reached for {} `{}` on tokens per min (TPM): limit {}, requested {}. "
+                                     "Please try again in {}s.",
+                                     sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens,
+                                     r.retry_after_s),
+                         r.retry_after_s);
+      e.type = "tokens";
+      return tl::unexpected(std::move(e));
+    }
+  }
+  return t;
+}
+
+std::int64_t Admission::settle(Ticket& t, const api::Usage& usage, Instant now) {
+  if (!t.limiter_ || t.settled_) {
+    t.release();
+    return 0;
+  }
+  const std::uint64_t sum = usage.prompt_tokens + usage.completion_tokens;
+  const std::uint64_t actual = std::max(sum, usage.total_tokens);
+  for (std::uint8_t i = 0; i < t.scopes_; ++i) {
+    if (!t.tpm_[i]) continue;
+    if (actual > t.estimated_)
+      t.limiter_->charge(t.scope_[i], Bucket::tokens, t.worker_, static_cast<double>(actual - t.estimated_), now);
+    else if (actual < t.estimated_)
+      t.limiter_->give_back(t.scope_[i], Bucket::tokens, t.worker_, static_cast<double>(t.estimated_ - actual), now);
+  }
+  std::int64_t cost = 0;
+  if (t.price_) {
+    cost = cost_nano_usd(*t.price_, usage);
+    if (cost > 0)
+      for (std::uint8_t i = 0; i < t.scopes_; ++i)
+        if (t.budget_[i]) t.limiter_->add_spend(t.scope_[i], cost, now);
+  }
+  t.settled_ = true;
+  t.release();
+  return cost;
+}
+
+RateLimitHeaders Admission::rate_limit_headers(const auth::Principal& principal, Instant now) const {
+  ScopeRef sc[2];
+  const int n = scopes_of(principal, sc);
+  RateLimitHeaders h;
+  auto tighter = [](const BucketView& a, const BucketView& b) {
+    // Smaller share left wins; compare remaining/limit without division.
+    return static_cast<long double>(a.remaining) * b.limit < static_cast<long double>(b.remaining) * a.limit;
+  };
+  for (int i = 0; i < n; ++i) {
+    if (sc[i].limits->requests_per_minute) {
+      const auto v = limiter_.view(sc[i].id, Bucket::requests, now);
+      if (!h.has_requests || tighter(v, h.requests)) h.requests = v;
+      h.has_requests = true;
+    }
+    if (sc[i].limits->tokens_per_minute) {
+      const auto v = limiter_.view(sc[i].id, Bucket::tokens, now);
+      if (!h.has_tokens || tighter(v, h.tokens)) h.tokens = v;
+      h.has_tokens = true;
+    }
+  }
+  return h;
+}
+
+}  // namespace weir::admission

@@ -1,0 +1,116 @@
+// The admit phase: rate limits (token buckets), concurrency caps and budgets
+// for a principal's scopes (its tenant and, for API keys, the key), with
+// OpenAI's x-ratelimit-* values. One Admission per worker thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <tl/expected.hpp>
+
+#include "admission/limiter.hpp"
+#include "admission/pricing.hpp"
+#include "api/usage.hpp"
+#include "auth/policy.hpp"
+#include "core/error.hpp"
+
+namespace weir::admission {
+
+// The token estimate admission charges up front (docs/admission.md):
+// ceil(prompt_bytes / 4) + max_tokens, where prompt_bytes counts the UTF-8
+// bytes of the prompt text (message contents, or `prompt`) and max_tokens is
+// the request's max_tokens / max_completion_tokens, or the route's default
+// when absent. settle() corrects it with the usage the model server reports.
+constexpr std::uint64_t estimate_tokens(std::uint64_t prompt_bytes, std::uint64_t max_tokens) noexcept {
+  return (prompt_bytes + 3) / 4 + max_tokens;
+}
+
+class Admission;
+
+// Proof that a request was admitted. Move-only. While alive it holds one
+// stream slot in each scope with max_concurrent_streams; destroying it (or
+// settle(), or release()) returns the slots, so every path out of a request
+// — success, error, client disconnect, exception — frees them.
+// Must not outlive the Limiter it came from.
+class Ticket {
+ public:
+  Ticket() = default;
+  Ticket(Ticket&& o) noexcept { *this = std::move(o); }
+  Ticket& operator=(Ticket&& o) noexcept;
+  Ticket(const Ticket&) = delete;
+  Ticket& operator=(const Ticket&) = delete;
+  ~Ticket() { release(); }
+
+  // Returns the stream slots now (idempotent). Tokens stay charged at the
+  // estimate and no spend is recorded unless settle() ran.
+  void release() noexcept;
+  bool holds_streams() const noexcept { return stream_mask_ != 0; }
+  bool settled() const noexcept { return settled_; }
+  std::uint64_t estimated_tokens() const noexcept { return estimated_; }
+
+ private:
+  friend class Admission;
+  Limiter* limiter_ = nullptr;
+  std::uint32_t worker_ = 0;
+  std::uint32_t scope_[2] = {0, 0};
+  bool tpm_[2] = {false, false};     // scope has a tokens bucket to reconcile
+  bool budget_[2] = {false, false};  // scope has a budget to charge
+  std::uint8_t scopes_ = 0;
+  std::uint8_t stream_mask_ = 0;     // bit i: holds a slot in scope_[i]
+  bool settled_ = false;
+  std::uint64_t estimated_ = 0;
+  const ModelPrice* price_ = nullptr;
+};
+
+// Values for OpenAI's x-ratelimit-{limit,remaining,reset}-{requests,tokens}
+// headers: the most constrained scope of each kind.
+struct RateLimitHeaders {
+  bool has_requests = false;  // false: no requests_per_minute applies, omit the -requests headers
+  bool has_tokens = false;
+  BucketView requests;
+  BucketView tokens;
+};
+
+// A duration as OpenAI writes x-ratelimit-reset-* (Go duration syntax):
+// "0s", "20ms", "1s", "1.5s", "6m0s", "1h2m3s".
+std::string format_reset(std::uint64_t ms);
+
+class Admission {
+ public:
+  // `limiter` and `pricing` are shared and must outlive this object and its
+  // tickets; `worker` is this thread's index (0..limiter.workers()-1).
+  Admission(Limiter& limiter, const Pricing& pricing, std::uint32_t worker);
+
+  // Admits one request of `principal` for `model` that is estimated to use
+  // `estimated_tokens` (see estimate_tokens) at steady time `now`. In order,
+  // for each scope (tenant, then key): budget, stream slot, one request from
+  // the requests bucket, `estimated_tokens` from the tokens bucket. A refusal
+  // undoes what earlier steps took.
+  // Errors: 429 insufficient_quota (budget spent in this period);
+  // 429 rate_limit_exceeded, type "requests" or "tokens", with
+  // retry_after_s computed from the bucket (requests or tokens per minute,
+  // or too many concurrent streams: retry_after_s = 1); a request larger
+  // than the tokens bucket can ever hold is refused with retry_after_s = 0.
+  // Cost: no lock, no allocation; one CAS per bucket in the common case.
+  tl::expected<Ticket, core::Error> admit(const auth::Principal& principal, std::string_view model,
+                                          std::uint64_t estimated_tokens, Instant now);
+
+  // Reconciles a finished request: charges (actual - estimated) tokens to
+  // the tokens buckets (a refund when negative), adds the spend of `usage`
+  // at the model's price to the budgets, and releases the ticket. Pass the
+  // usage the model server reported, zeros when the request produced none.
+  // Returns the spend in nano-USD. A released or settled ticket is ignored (0).
+  std::int64_t settle(Ticket& ticket, const api::Usage& usage, Instant now);
+
+  // x-ratelimit-* values for `principal` at `now` (after admit, or for a 429).
+  // Cost: reads every worker's shard of the principal's buckets.
+  RateLimitHeaders rate_limit_headers(const auth::Principal& principal, Instant now) const;
+
+ private:
+  Limiter& limiter_;
+  const Pricing& pricing_;
+  std::uint32_t worker_;
+};
+
+}  // namespace weir::admission

@@ -1,0 +1,204 @@
+#include "admission/local_limiter.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+namespace weir::admission {
+
+namespace {
+constexpr double kEps = 1e-9;           // units: below this a bucket counts as exact
+constexpr double kNsPerMin = 60e9;
+}  // namespace
+
+LocalLimiter::LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint32_t workers, Instant epoch)
+    : workers_(std::max<std::uint32_t>(workers, 1)),
+      shards_(std::min(std::max<std::uint32_t>(workers, 1), kMaxShards)),
+      epoch_(epoch),
+      scopes_(std::make_unique<Scope[]>(scopes.size())),
+      scope_count_(scopes.size()) {
+  const double n = shards_;
+  for (std::size_t i = 0; i < scopes.size(); ++i) {
+    const auto& l = scopes[i].limits;
+    Scope& sc = scopes_[i];
+    const std::uint64_t rates[2] = {l.requests_per_minute, l.tokens_per_minute};
+    const std::uint64_t bursts[2] = {l.requests_burst, l.tokens_burst};
+    for (int b = 0; b < 2; ++b) {
+      Spec& s = sc.spec[b];
+      s.enabled = rates[b] > 0;
+      if (!s.enabled) continue;
+      s.rate_per_min = static_cast<double>(rates[b]);
+      s.depth = static_cast<double>(bursts[b] ? bursts[b] : rates[b]);
+      s.t_ns = kNsPerMin * n / s.rate_per_min;
+      s.tau_ns = s.depth / n * s.t_ns;
+    }
+    sc.max_streams = l.max_concurrent_streams;
+    sc.period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(scopes[i].budget.period).count();
+    sc.shards = std::make_unique<Shard[]>(shards_);
+    for (std::uint32_t j = 0; j < shards_; ++j) {
+      sc.shards[j].tat[0].store(0.0, std::memory_order_relaxed);
+      sc.shards[j].tat[1].store(0.0, std::memory_order_relaxed);
+      const std::uint64_t share = sc.max_streams / shards_ + (j < sc.max_streams % shards_ ? 1 : 0);
+      sc.shards[j].free_streams.store(static_cast<std::int64_t>(share), std::memory_order_relaxed);
+    }
+  }
+}
+
+LocalLimiter::~LocalLimiter() = default;
+
+double LocalLimiter::ns(Instant t) const noexcept {
+  return std::chrono::duration<double, std::nano>(t - epoch_).count();
+}
+
+double LocalLimiter::shard_available(const Spec& s, const std::atomic<double>& tat, double now) noexcept {
+  const double base = std::max(tat.load(std::memory_order_relaxed), now);
+  return (now + s.tau_ns - base) / s.t_ns;
+}
+
+double LocalLimiter::take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept {
+  double cur = tat.load(std::memory_order_relaxed);
+  while (true) {
+    const double base = std::max(cur, now);
+    const double avail = (now + s.tau_ns - base) / s.t_ns;
+    if (avail <= kEps) return 0;
+    const double got = std::min(want, avail);
+    if (tat.compare_exchange_weak(cur, base + got * s.t_ns, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return got;
+  }
+}
+
+void LocalLimiter::refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept {
+  double cur = tat.load(std::memory_order_relaxed);
+  while (true) {
+    const double next = std::max(cur - amount * s.t_ns, now);  // a full bucket stays full
+    if (next >= cur) return;
+    if (tat.compare_exchange_weak(cur, next, std::memory_order_acq_rel, std::memory_order_relaxed)) return;
+  }
+}
+
+TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) {
+  Scope& sc = scopes_[scope];
+  const Spec& s = sc.spec[static_cast<int>(b)];
+  if (!s.enabled || cost <= 0) return {};
+  if (cost > s.depth + kEps) return TakeResult{false, true, 0};
+  const double t = ns(now);
+  const int bi = static_cast<int>(b);
+  const std::uint32_t own = shard_of(worker);
+  double got = take_up_to(s, sc.shards[own].tat[bi], cost, t);
+  if (got >= cost - kEps) return {};  // the common case: the worker's own shard had it
+
+  double taken[kMaxShards];
+  taken[0] = got;
+  std::uint32_t k = 1;
+  for (; k < shards_ && got < cost - kEps; ++k) {
+    const std::uint32_t j = (own + k) % shards_;
+    taken[k] = take_up_to(s, sc.shards[j].tat[bi], cost - got, t);
+    got += taken[k];
+  }
+  if (got >= cost - kEps) return {};
+  // Not enough anywhere: put every borrowed unit back where it came from.
+  for (std::uint32_t i = 0; i < k; ++i)
+    if (taken[i] > 0) refund(s, sc.shards[(own + i) % shards_].tat[bi], taken[i], t);
+  double total = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) total += std::max(0.0, shard_available(s, sc.shards[j].tat[bi], t));
+  const double deficit = std::max(cost - total, kEps);
+  const double secs = std::ceil(deficit * 60.0 / s.rate_per_min - 1e-9);
+  return TakeResult{false, false, static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0))};
+}
+
+void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
+  Scope& sc = scopes_[scope];
+  const Spec& s = sc.spec[static_cast<int>(b)];
+  if (!s.enabled || amount <= 0) return;
+  refund(s, sc.shards[shard_of(worker)].tat[static_cast<int>(b)], amount, ns(now));
+}
+
+void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
+  Scope& sc = scopes_[scope];
+  const Spec& s = sc.spec[static_cast<int>(b)];
+  if (!s.enabled || amount <= 0) return;
+  auto& tat = sc.shards[shard_of(worker)].tat[static_cast<int>(b)];
+  const double t = ns(now);
+  double cur = tat.load(std::memory_order_relaxed);
+  while (!tat.compare_exchange_weak(cur, std::max(cur, t) + amount * s.t_ns, std::memory_order_acq_rel,
+                                    std::memory_order_relaxed)) {
+  }
+}
+
+double LocalLimiter::available(std::uint32_t scope, Bucket b, Instant now) const {
+  const Scope& sc = scopes_[scope];
+  const Spec& s = sc.spec[static_cast<int>(b)];
+  if (!s.enabled) return 0;
+  const double t = ns(now);
+  double total = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[static_cast<int>(b)], t);
+  return total;
+}
+
+BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {
+  const Scope& sc = scopes_[scope];
+  const Spec& s = sc.spec[static_cast<int>(b)];
+  BucketView v;
+  if (!s.enabled) return v;
+  const double t = ns(now);
+  double total = 0, until_full_ns = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) {
+    const auto& tat = sc.shards[j].tat[static_cast<int>(b)];
+    total += shard_available(s, tat, t);
+    until_full_ns = std::max(until_full_ns, tat.load(std::memory_order_relaxed) - t);
+  }
+  v.limit = static_cast<std::uint64_t>(s.rate_per_min);
+  v.remaining = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total + kEps));
+  v.reset_ms = static_cast<std::uint64_t>(std::ceil(std::max(until_full_ns, 0.0) / 1e6 - 1e-9));
+  return v;
+}
+
+bool LocalLimiter::acquire_stream(std::uint32_t scope, std::uint32_t worker) {
+  Scope& sc = scopes_[scope];
+  if (sc.max_streams == 0) return true;
+  const std::uint32_t own = shard_of(worker);
+  for (std::uint32_t k = 0; k < shards_; ++k) {
+    auto& free = sc.shards[(own + k) % shards_].free_streams;
+    std::int64_t cur = free.load(std::memory_order_relaxed);
+    while (cur > 0) {
+      if (free.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return true;
+    }
+  }
+  return false;
+}
+
+void LocalLimiter::release_stream(std::uint32_t scope, std::uint32_t worker) {
+  Scope& sc = scopes_[scope];
+  if (sc.max_streams == 0) return;
+  sc.shards[shard_of(worker)].free_streams.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::uint64_t LocalLimiter::streams_in_use(std::uint32_t scope) const {
+  const Scope& sc = scopes_[scope];
+  std::int64_t free = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) free += sc.shards[j].free_streams.load(std::memory_order_relaxed);
+  return sc.max_streams - static_cast<std::uint64_t>(free);
+}
+
+void LocalLimiter::roll(Scope& sc, Instant now) {
+  if (sc.period_ns <= 0) return;
+  const std::int64_t w = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count() / sc.period_ns;
+  std::int64_t cur = sc.window.load(std::memory_order_acquire);
+  // One winner resets; a spend added between its CAS and its store is lost
+  // to the new window (documented tolerance: one request per period rollover).
+  if (w > cur && sc.window.compare_exchange_strong(cur, w, std::memory_order_acq_rel))
+    sc.spent.store(0, std::memory_order_release);
+}
+
+std::int64_t LocalLimiter::spent(std::uint32_t scope, Instant now) {
+  Scope& sc = scopes_[scope];
+  roll(sc, now);
+  return sc.spent.load(std::memory_order_acquire);
+}
+
+void LocalLimiter::add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) {
+  Scope& sc = scopes_[scope];
+  roll(sc, now);
+  sc.spent.fetch_add(nano_usd, std::memory_order_acq_rel);
+}
+
+}  // namespace weir::admission

@@ -1,0 +1,96 @@
+// In-process limiter state: per-worker shards, lock-free, no I/O.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <vector>
+
+#include "admission/limiter.hpp"
+#include "auth/policy.hpp"
+
+namespace weir::admission {
+
+// Each scope's token bucket (rate r per minute, depth b) is split into one
+// shard per worker with rate r/N and depth b/N, kept as a GCRA "theoretical
+// arrival time" in one atomic word, so a shard is a bucket that needs no
+// lock. A worker takes from its own shard (one uncontended CAS on a cache
+// line that only it writes in the common case) and, when that shard is short,
+// borrows the rest from the other shards in turn.
+//
+// Tolerance (docs/admission.md): the shards add up to exactly the configured
+// bucket, so admission never exceeds r per minute plus b at once (beyond
+// deliberate debt from settle() and double rounding, < 1e-9 of a token per
+// operation). The error is on the safe side: under contention two workers
+// that each hold a partial borrow can both refuse a request that either
+// alone would have admitted, and a refund into a shard that refilled
+// meanwhile is capped at full.
+//
+// Stream slots (max_concurrent_streams = M) are split the same way, M/N per
+// shard with the remainder on the first ones; acquire borrows from other
+// shards, release returns the slot to the releasing worker's shard. The sum
+// is exactly M at all times.
+//
+// Spend is one shared atomic counter per scope (touched at settle, once per
+// request); a budget period rolls when a call sees a later window of the
+// steady clock since `epoch` (in-process: periods start when the process does).
+class LocalLimiter final : public Limiter {
+ public:
+  // Most workers a limiter shards for (more are folded onto these shards).
+  static constexpr std::uint32_t kMaxShards = 256;
+
+  // `scopes`: AuthPolicy::scopes(). `workers`: worker threads (>= 1).
+  // `epoch`: origin of the limiter's time axis (any Instant <= the first `now`).
+  LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint32_t workers, Instant epoch);
+  ~LocalLimiter() override;
+
+  std::uint32_t workers() const noexcept override { return workers_; }
+  TakeResult take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) override;
+  void give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) override;
+  void charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) override;
+  BucketView view(std::uint32_t scope, Bucket b, Instant now) const override;
+  bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
+  void release_stream(std::uint32_t scope, std::uint32_t worker) override;
+  std::uint64_t streams_in_use(std::uint32_t scope) const override;
+  std::int64_t spent(std::uint32_t scope, Instant now) override;
+  void add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+
+  // Units available in bucket `b` of `scope` now, summed over shards (may be
+  // negative while in debt). For tests and metrics.
+  double available(std::uint32_t scope, Bucket b, Instant now) const;
+
+ private:
+  struct Spec {
+    bool enabled = false;
+    double rate_per_min = 0;  // whole bucket
+    double depth = 0;         // whole bucket (burst)
+    double t_ns = 0;          // ns per unit in one shard (60e9 * N / rate)
+    double tau_ns = 0;        // shard depth in ns (depth / N * t_ns)
+  };
+  struct alignas(64) Shard {
+    std::atomic<double> tat[2];            // per Bucket, ns since epoch; <= now means full
+    std::atomic<std::int64_t> free_streams{0};
+  };
+  struct Scope {
+    Spec spec[2];
+    std::uint64_t max_streams = 0;
+    std::int64_t period_ns = 0;
+    std::unique_ptr<Shard[]> shards;
+    alignas(64) std::atomic<std::int64_t> spent{0};
+    std::atomic<std::int64_t> window{0};
+  };
+
+  double ns(Instant t) const noexcept;
+  std::uint32_t shard_of(std::uint32_t worker) const noexcept { return worker % shards_; }
+  static double shard_available(const Spec& s, const std::atomic<double>& tat, double now) noexcept;
+  static double take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept;
+  static void refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept;
+  void roll(Scope& sc, Instant now);
+
+  std::uint32_t workers_;
+  std::uint32_t shards_;
+  Instant epoch_;
+  std::unique_ptr<Scope[]> scopes_;
+  std::size_t scope_count_ = 0;
+};
+
+}  // namespace weir::admission

@@ -1,0 +1,51 @@
+#include "admission/pricing.hpp"
+
+#include <cmath>
+
+namespace weir::admission {
+
+std::int64_t cost_nano_usd(const ModelPrice& price, const api::Usage& usage) noexcept {
+  const std::uint64_t cached = std::min(usage.cached_tokens, usage.prompt_tokens);
+  const long double pico = static_cast<long double>(usage.prompt_tokens - cached) * price.input +
+                           static_cast<long double>(cached) * price.cached_input +
+                           static_cast<long double>(usage.completion_tokens) * price.output;
+  return static_cast<std::int64_t>(std::ceil(pico / 1000.0L));
+}
+
+const ModelPrice* Pricing::find(std::string_view model) const noexcept {
+  if (prices_.empty()) return nullptr;
+  if (auto it = prices_.find(model); it != prices_.end()) return &it->second;
+  if (auto it = prices_.find(std::string_view("*")); it != prices_.end()) return &it->second;
+  return nullptr;
+}
+
+core::ConfigResult<Pricing> parse_pricing_config(const YAML::Node& root, const std::string& file) {
+  Pricing p;
+  const YAML::Node node = root["pricing"];
+  if (!node) return p;
+  auto fail = [&](core::ConfigError e) {
+    e.file = file;
+    return tl::unexpected(std::move(e));
+  };
+  if (!node.IsMap()) return fail(core::config_error(node, "pricing", "expected a mapping of model names"));
+  for (const auto& kv : node) {
+    const std::string model = kv.first.Scalar();
+    const std::string key = "pricing." + model;
+    if (auto ok = core::check_keys(kv.second, key, {"input", "output", "cached_input"}); !ok) return fail(ok.error());
+    ModelPrice mp;
+    bool has_cached = false;
+    for (auto [name, out] : std::initializer_list<std::pair<const char*, std::int64_t*>>{
+             {"input", &mp.input}, {"output", &mp.output}, {"cached_input", &mp.cached_input}}) {
+      if (!kv.second[name]) continue;
+      auto v = core::read_double(kv.second[name], key + "." + name, 0.0, 1e6);
+      if (!v) return fail(v.error());
+      *out = static_cast<std::int64_t>(std::llround(*v * 1e6));
+      has_cached = has_cached || std::string_view(name) == "cached_input";
+    }
+    if (!has_cached) mp.cached_input = mp.input;
+    p.set(model, mp);
+  }
+  return p;
+}
+
+}  // namespace weir::admission

@@ -1,0 +1,85 @@
+// The authenticate phase: credentials from request headers to a Principal.
+// One Authenticator per worker thread (not thread-safe, takes no lock).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include <tl/expected.hpp>
+
+#include "auth/crypto.hpp"
+#include "auth/jwks_cache.hpp"
+#include "auth/jwt.hpp"
+#include "auth/policy.hpp"
+#include "auth/token_cache.hpp"
+#include "core/error.hpp"
+
+namespace weir::auth {
+
+class Authenticator {
+ public:
+  // `policy`: the configuration snapshot (shared, immutable). `jwks`: the
+  // shared key-set cache when auth.jwt is configured, else nullptr; it must
+  // outlive this object.
+  Authenticator(std::shared_ptr<const AuthPolicy> policy, JwksCache* jwks);
+
+  // Authenticates one request from its `Authorization` and `x-api-key` header
+  // values (empty when absent), at wall time `now`.
+  //
+  //  - `Authorization: Bearer <credential>` wins; otherwise `x-api-key: <credential>`.
+  //  - A credential shaped like a JWS ("eyJ...", three segments) is verified
+  //    as a JWT when auth.jwt is configured (RFC 7519; cached per worker until
+  //    exp); anything else is an API key, looked up by SHA-256.
+  //  - No credential: the anonymous tenant's principal when auth.required is
+  //    false, else 401.
+  //
+  // Errors: 401 invalid_api_key (missing, unknown or invalid credential,
+  // expired token, unknown kid — which also asks the JWKS cache for a
+  // rate-limited refetch); 403 (token names no configured tenant); 503 (no
+  // signing keys loaded yet). Messages never contain the credential.
+  // Cost: cached JWT = one hash + compare; API key = one SHA-256 + one probe.
+  tl::expected<PrincipalPtr, core::Error> authenticate(std::string_view authorization, std::string_view x_api_key,
+                                                       WallTime now);
+
+  // Whether `principal` may use `model`: the tenant's allow-list and, for an
+  // API key with its own list, the key's. Error: 403 permission_error,
+  // code model_not_allowed (OpenAI error shape).
+  static tl::expected<void, core::Error> check_model(const Principal& principal, std::string_view model);
+
+  // Installs a new configuration snapshot (call on this worker's thread).
+  // Drops cached principals; requests in flight keep theirs.
+  void set_policy(std::shared_ptr<const AuthPolicy> policy);
+  const std::shared_ptr<const AuthPolicy>& policy() const noexcept { return policy_; }
+
+  struct Stats {
+    std::uint64_t jwt_cache_hits = 0;
+    std::uint64_t jwt_verified = 0;   // full verifications that succeeded
+    std::uint64_t api_key_hits = 0;
+    std::uint64_t anonymous = 0;
+    std::uint64_t rejected = 0;       // 401/403/503 returned
+  };
+  const Stats& stats() const noexcept { return stats_; }
+
+ private:
+  tl::expected<PrincipalPtr, core::Error> authenticate_jwt(std::string_view token, WallTime now);
+  tl::expected<PrincipalPtr, core::Error> authenticate_key(std::string_view key);
+  tl::unexpected<core::Error> reject(core::Error e);
+
+  std::shared_ptr<const AuthPolicy> policy_;
+  JwksCache* jwks_;
+  ClaimsPolicy claims_;
+  TokenCache cache_;
+  std::uint64_t cache_generation_ = 0;
+  Sha256Hasher hasher_;
+  std::vector<PrincipalPtr> key_principals_;  // per key index, built on first use
+  PrincipalPtr anonymous_;
+  Stats stats_;
+};
+
+// True when `credential` has the shape of a JWS compact serialization
+// ("eyJ" — a base64url JSON object — and exactly two dots).
+bool looks_like_jwt(std::string_view credential) noexcept;
+
+}  // namespace weir::auth

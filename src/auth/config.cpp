@@ -1,0 +1,270 @@
+#include "auth/config.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace weir::auth {
+
+namespace {
+
+using core::ConfigResult;
+using core::config_error;
+
+#define WEIR_TRY(var, expr)                                  \
+  auto var = (expr);                                         \
+  if (!var) return tl::unexpected(std::move(var.error()))
+
+ConfigResult<std::vector<std::string>> read_string_list(const YAML::Node& node, const std::string& key) {
+  std::vector<std::string> out;
+  if (node.IsScalar()) {
+    out.push_back(node.Scalar());
+    return out;
+  }
+  if (!node.IsSequence()) return tl::unexpected(config_error(node, key, "expected a string or a list of strings"));
+  for (std::size_t i = 0; i < node.size(); ++i) {
+    WEIR_TRY(s, core::read_string(node[i], fmt::format("{}[{}]", key, i)));
+    if (s->empty()) return tl::unexpected(config_error(node[i], fmt::format("{}[{}]", key, i), "empty name"));
+    out.push_back(std::move(*s));
+  }
+  return out;
+}
+
+ConfigResult<std::uint64_t> read_count(const YAML::Node& node, const std::string& key) {
+  WEIR_TRY(v, core::read_int(node, key, 0, std::int64_t{1} << 50));
+  return static_cast<std::uint64_t>(*v);
+}
+
+ConfigResult<TenantConfig> parse_tenant(const YAML::Node& node, const std::string& name, const std::string& key) {
+  TenantConfig t;
+  t.name = name;
+  if (node.IsNull()) return t;  // "NAME:" with nothing = all models, no limits
+  if (auto ok = core::check_keys(node, key, {"models", "priority", "tier", "limits", "budget"}); !ok)
+    return tl::unexpected(ok.error());
+  if (node["models"]) {
+    WEIR_TRY(m, read_string_list(node["models"], key + ".models"));
+    t.models = std::move(*m);
+  }
+  if (node["priority"]) {
+    WEIR_TRY(p, core::read_int(node["priority"], key + ".priority", 0, 100));
+    t.priority = static_cast<int>(*p);
+  }
+  if (node["tier"]) {
+    WEIR_TRY(s, core::read_string(node["tier"], key + ".tier"));
+    t.tier = std::move(*s);
+  }
+  if (node["limits"]) {
+    WEIR_TRY(l, parse_limits(node["limits"], key + ".limits"));
+    t.limits = *l;
+  }
+  if (node["budget"]) {
+    WEIR_TRY(b, parse_budget(node["budget"], key + ".budget"));
+    t.budget = *b;
+  }
+  return t;
+}
+
+ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key) {
+  JwtConfig j;
+  if (auto ok = core::check_keys(node, key,
+                                 {"jwks_url", "jwks_file", "issuer", "audience", "tenant_claim", "tier_claim",
+                                  "subject_claim", "default_tenant", "leeway", "require_exp", "refresh_interval",
+                                  "min_refetch_interval", "fetch_timeout", "cache_entries"});
+      !ok)
+    return tl::unexpected(ok.error());
+  auto str = [&](const char* name, std::string& out) -> ConfigResult<void> {
+    if (!node[name]) return {};
+    WEIR_TRY(s, core::read_string(node[name], key + "." + name));
+    out = std::move(*s);
+    return {};
+  };
+  auto dur = [&](const char* name, std::chrono::milliseconds& out) -> ConfigResult<void> {
+    if (!node[name]) return {};
+    WEIR_TRY(d, core::read_duration(node[name], key + "." + name));
+    out = *d;
+    return {};
+  };
+  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::string*>>{{"jwks_url", &j.jwks_url}, {"jwks_file", &j.jwks_file}, {"issuer", &j.issuer},
+                           {"tenant_claim", &j.tenant_claim}, {"tier_claim", &j.tier_claim},
+                           {"subject_claim", &j.subject_claim}, {"default_tenant", &j.default_tenant}})
+    if (auto r = str(name, *out); !r) return tl::unexpected(r.error());
+  if (node["audience"]) {
+    WEIR_TRY(a, read_string_list(node["audience"], key + ".audience"));
+    j.audiences = std::move(*a);
+  }
+  std::chrono::milliseconds leeway = j.leeway;
+  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::chrono::milliseconds*>>{{"leeway", &leeway}, {"refresh_interval", &j.refresh_interval},
+                           {"min_refetch_interval", &j.min_refetch_interval}, {"fetch_timeout", &j.fetch_timeout}})
+    if (auto r = dur(name, *out); !r) return tl::unexpected(r.error());
+  j.leeway = std::chrono::duration_cast<std::chrono::seconds>(leeway);
+  if (node["require_exp"]) {
+    WEIR_TRY(b, core::read_bool(node["require_exp"], key + ".require_exp"));
+    j.require_exp = *b;
+  }
+  if (node["cache_entries"]) {
+    WEIR_TRY(n, core::read_int(node["cache_entries"], key + ".cache_entries", 0, 1 << 22));
+    j.cache_entries = static_cast<std::size_t>(*n);
+  }
+  if (j.jwks_url.empty() == j.jwks_file.empty())
+    return tl::unexpected(config_error(node, key, "give exactly one of jwks_url and jwks_file"));
+  if (!j.jwks_url.empty() && j.jwks_url.rfind("http://", 0) != 0 && j.jwks_url.rfind("https://", 0) != 0)
+    return tl::unexpected(config_error(node["jwks_url"], key + ".jwks_url", "expected an http:// or https:// URL"));
+  if (j.tenant_claim.empty())
+    return tl::unexpected(config_error(node["tenant_claim"], key + ".tenant_claim", "must not be empty"));
+  if (j.refresh_interval < std::chrono::seconds(1))
+    return tl::unexpected(config_error(node["refresh_interval"], key + ".refresh_interval", "must be at least 1s"));
+  if (j.fetch_timeout <= std::chrono::milliseconds(0))
+    return tl::unexpected(config_error(node["fetch_timeout"], key + ".fetch_timeout", "must be positive"));
+  return j;
+}
+
+ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::string& key, GetEnv getenv_fn) {
+  ApiKeyConfig k;
+  if (auto ok = core::check_keys(node, key, {"id", "sha256", "key_env", "tenant", "models", "tier", "limits", "budget"});
+      !ok)
+    return tl::unexpected(ok.error());
+  if (!node["id"]) return tl::unexpected(config_error(node, key + ".id", "missing (a public name for the key)"));
+  WEIR_TRY(id, core::read_string(node["id"], key + ".id"));
+  if (id->empty()) return tl::unexpected(config_error(node["id"], key + ".id", "must not be empty"));
+  k.id = std::move(*id);
+  if (!node["tenant"]) return tl::unexpected(config_error(node, key + ".tenant", "missing"));
+  WEIR_TRY(tenant, core::read_string(node["tenant"], key + ".tenant"));
+  k.tenant = std::move(*tenant);
+  if (static_cast<bool>(node["sha256"]) == static_cast<bool>(node["key_env"]))
+    return tl::unexpected(config_error(node, key, "give exactly one of sha256 and key_env"));
+  if (node["sha256"]) {
+    WEIR_TRY(hex, core::read_string(node["sha256"], key + ".sha256"));
+    auto d = parse_sha256_hex(*hex);
+    if (!d) return tl::unexpected(config_error(node["sha256"], key + ".sha256", "expected 64 hex digits"));
+    k.sha256 = *d;
+  } else {
+    WEIR_TRY(var, core::read_string(node["key_env"], key + ".key_env"));
+    const char* value = getenv_fn(var->c_str());
+    if (!value || !*value)
+      return tl::unexpected(
+          config_error(node["key_env"], key + ".key_env", fmt::format("environment variable {} is not set", *var)));
+    k.sha256 = sha256(value);
+  }
+  if (node["models"]) {
+    WEIR_TRY(m, read_string_list(node["models"], key + ".models"));
+    k.models = std::move(*m);
+  }
+  if (node["tier"]) {
+    WEIR_TRY(s, core::read_string(node["tier"], key + ".tier"));
+    k.tier = std::move(*s);
+  }
+  if (node["limits"]) {
+    WEIR_TRY(l, parse_limits(node["limits"], key + ".limits"));
+    k.limits = *l;
+  }
+  if (node["budget"]) {
+    WEIR_TRY(b, parse_budget(node["budget"], key + ".budget"));
+    k.budget = *b;
+  }
+  return k;
+}
+
+ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
+  AuthConfig cfg;
+  const YAML::Node tenants = root["tenants"];
+  if (tenants) {
+    if (!tenants.IsMap()) return tl::unexpected(config_error(tenants, "tenants", "expected a mapping of tenant names"));
+    for (const auto& kv : tenants) {
+      const std::string name = kv.first.Scalar();
+      WEIR_TRY(t, parse_tenant(kv.second, name, "tenants." + name));
+      cfg.tenants.emplace(name, std::move(*t));
+    }
+  }
+  const YAML::Node auth = root["auth"];
+  if (!auth) {
+    cfg.required = false;
+  } else {
+    if (auto ok = core::check_keys(auth, "auth", {"required", "anonymous_tenant", "jwt", "api_keys"}); !ok)
+      return tl::unexpected(ok.error());
+    if (auth["required"]) {
+      WEIR_TRY(b, core::read_bool(auth["required"], "auth.required"));
+      cfg.required = *b;
+    }
+    if (auth["anonymous_tenant"]) {
+      WEIR_TRY(s, core::read_string(auth["anonymous_tenant"], "auth.anonymous_tenant"));
+      cfg.anonymous_tenant = std::move(*s);
+    }
+    if (auth["jwt"]) {
+      WEIR_TRY(j, parse_jwt(auth["jwt"], "auth.jwt"));
+      if (!j->default_tenant.empty() && !cfg.tenants.count(j->default_tenant))
+        return tl::unexpected(config_error(auth["jwt"]["default_tenant"], "auth.jwt.default_tenant",
+                                           fmt::format("tenant '{}' is not defined under tenants", j->default_tenant)));
+      cfg.jwt = std::move(*j);
+    }
+    if (const YAML::Node keys = auth["api_keys"]) {
+      if (!keys.IsSequence()) return tl::unexpected(config_error(keys, "auth.api_keys", "expected a list"));
+      std::set<std::string> ids;
+      std::set<Sha256Digest> hashes;
+      for (std::size_t i = 0; i < keys.size(); ++i) {
+        const std::string key = fmt::format("auth.api_keys[{}]", i);
+        WEIR_TRY(k, parse_api_key(keys[i], key, getenv_fn));
+        if (!cfg.tenants.count(k->tenant))
+          return tl::unexpected(config_error(keys[i]["tenant"], key + ".tenant",
+                                             fmt::format("tenant '{}' is not defined under tenants", k->tenant)));
+        if (!ids.insert(k->id).second)
+          return tl::unexpected(config_error(keys[i]["id"], key + ".id", fmt::format("duplicate key id '{}'", k->id)));
+        if (!hashes.insert(k->sha256).second)
+          return tl::unexpected(config_error(keys[i], key, "the same key value appears twice"));
+        cfg.api_keys.push_back(std::move(*k));
+      }
+    }
+  }
+  if (!cfg.tenants.count(cfg.anonymous_tenant)) {
+    TenantConfig anon;
+    anon.name = cfg.anonymous_tenant;
+    cfg.tenants.emplace(anon.name, std::move(anon));
+  }
+  return cfg;
+}
+
+}  // namespace
+
+ConfigResult<Limits> parse_limits(const YAML::Node& node, const std::string& key) {
+  Limits l;
+  if (auto ok = core::check_keys(node, key,
+                                 {"requests_per_minute", "tokens_per_minute", "max_concurrent_streams",
+                                  "requests_burst", "tokens_burst"});
+      !ok)
+    return tl::unexpected(ok.error());
+  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::uint64_t*>>{{"requests_per_minute", &l.requests_per_minute},
+                           {"tokens_per_minute", &l.tokens_per_minute},
+                           {"max_concurrent_streams", &l.max_concurrent_streams},
+                           {"requests_burst", &l.requests_burst},
+                           {"tokens_burst", &l.tokens_burst}}) {
+    if (!node[name]) continue;
+    WEIR_TRY(v, read_count(node[name], key + "." + name));
+    *out = *v;
+  }
+  return l;
+}
+
+ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key) {
+  Budget b;
+  if (auto ok = core::check_keys(node, key, {"usd", "period"}); !ok) return tl::unexpected(ok.error());
+  if (!node["usd"]) return tl::unexpected(config_error(node, key + ".usd", "missing (the spend cap in USD)"));
+  WEIR_TRY(usd, core::read_double(node["usd"], key + ".usd", 0.0, 1e9));
+  b.limit_nano_usd = static_cast<std::int64_t>(std::llround(*usd * 1e9));
+  if (node["period"]) {
+    WEIR_TRY(p, core::read_duration(node["period"], key + ".period"));
+    if (p->count() > 0 && *p < std::chrono::seconds(1))
+      return tl::unexpected(config_error(node["period"], key + ".period", "must be at least 1s (or 0 for never)"));
+    b.period = *p;
+  }
+  return b;
+}
+
+core::ConfigResult<AuthConfig> parse_auth_config(const YAML::Node& root, const std::string& file, GetEnv getenv_fn) {
+  if (!getenv_fn) getenv_fn = [](const char* n) -> const char* { return std::getenv(n); };
+  auto r = parse_impl(root, getenv_fn);
+  if (!r) r.error().file = file;
+  return r;
+}
+
+}  // namespace weir::auth

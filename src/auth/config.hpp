@@ -1,0 +1,106 @@
+// The `auth:` and `tenants:` sections of Weir's YAML configuration
+// (documented in docs/auth.md).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "auth/crypto.hpp"
+#include "core/yaml.hpp"
+
+namespace weir::auth {
+
+// Rate and concurrency limits of one scope (a tenant or an API key).
+// 0 means unlimited.
+struct Limits {
+  std::uint64_t requests_per_minute = 0;     // requests admitted per minute (token bucket)
+  std::uint64_t tokens_per_minute = 0;       // estimated prompt + max output tokens per minute
+  std::uint64_t max_concurrent_streams = 0;  // requests in flight at once
+  // Bucket depths (burst); 0 = one minute's worth (the per-minute value).
+  std::uint64_t requests_burst = 0;
+  std::uint64_t tokens_burst = 0;
+
+  bool any() const noexcept {
+    return requests_per_minute || tokens_per_minute || max_concurrent_streams;
+  }
+};
+
+// A spend cap. Amounts in nano-USD (1e-9 USD) so sums stay exact integers.
+struct Budget {
+  std::int64_t limit_nano_usd = 0;         // 0 = no budget
+  std::chrono::milliseconds period{0};     // window after which spend resets; 0 = never
+
+  bool any() const noexcept { return limit_nano_usd > 0; }
+};
+
+// One tenant (the unit of isolation: allowed models, limits, budget, priority).
+struct TenantConfig {
+  std::string name;
+  std::vector<std::string> models;  // allow-list: exact names, "prefix*", or "*"; empty = all models
+  int priority = 0;                 // higher is served first when shedding (0..100)
+  std::string tier;                 // default tier of its principals, e.g. "free", "pro"
+  Limits limits;
+  Budget budget;
+};
+
+// One API key / virtual key. Only the SHA-256 of the key is kept.
+struct ApiKeyConfig {
+  std::string id;                   // public name of the key (logs, metrics); never the key itself
+  Sha256Digest sha256{};            // SHA-256 of the key value
+  std::string tenant;               // must name a configured tenant
+  std::optional<std::vector<std::string>> models;  // narrows the tenant's allow-list when set
+  std::string tier;                 // overrides the tenant's tier when non-empty
+  Limits limits;                    // per-key limits, on top of the tenant's
+  Budget budget;                    // per-key budget, on top of the tenant's
+};
+
+// JWT bearer tokens (RFC 7519) verified with a JWKS (RFC 7517) from a URL or a file.
+struct JwtConfig {
+  std::string jwks_url;             // http:// or https://; exactly one of url and file
+  std::string jwks_file;
+  std::string issuer;               // required "iss" when non-empty
+  std::vector<std::string> audiences;  // "aud" must hold one of them when non-empty
+  std::string tenant_claim = "tenant";  // dotted path of the claim naming the tenant
+  std::string tier_claim = "tier";      // dotted path of the claim naming the tier (optional in tokens)
+  std::string subject_claim = "sub";
+  std::string default_tenant;       // used when the token has no tenant claim; empty = refuse (403)
+  std::chrono::seconds leeway{60};  // clock skew allowed on exp/nbf
+  bool require_exp = true;
+  std::chrono::milliseconds refresh_interval{std::chrono::minutes(5)};  // periodic JWKS refetch
+  std::chrono::milliseconds min_refetch_interval{std::chrono::seconds(30)};  // floor between fetches
+  std::chrono::milliseconds fetch_timeout{std::chrono::seconds(5)};
+  std::size_t cache_entries = 4096; // verified-token cache size per worker
+};
+
+struct AuthConfig {
+  bool required = true;             // false: requests without credentials run as anonymous_tenant
+  std::string anonymous_tenant = "anonymous";
+  std::optional<JwtConfig> jwt;
+  std::vector<ApiKeyConfig> api_keys;
+  std::map<std::string, TenantConfig, std::less<>> tenants;
+};
+
+// Environment lookup, injectable for tests (returns nullptr when unset).
+using GetEnv = const char* (*)(const char*);
+
+// Parses `root["auth"]` and `root["tenants"]` (both optional; no auth
+// section = credentials not required and every request anonymous). API keys
+// give either `sha256` (64 hex digits) or `key_env` (an environment variable
+// holding the key, hashed at load and never stored). Errors name file, line
+// and dotted key; `file` is copied into them.
+core::ConfigResult<AuthConfig> parse_auth_config(const YAML::Node& root, const std::string& file = "<config>",
+                                                 GetEnv getenv_fn = nullptr);
+
+// Parses a `limits:` map (requests_per_minute, tokens_per_minute,
+// max_concurrent_streams, requests_burst, tokens_burst).
+core::ConfigResult<Limits> parse_limits(const YAML::Node& node, const std::string& key);
+// Parses a `budget:` map (usd, period).
+core::ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key);
+
+}  // namespace weir::auth

@@ -1,0 +1,212 @@
+#include "auth/jwk.hpp"
+
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+#include <fmt/format.h>
+#include <openssl/bn.h>
+#include <openssl/core_names.h>
+#include <openssl/param_build.h>
+
+#include "auth/base64url.hpp"
+
+namespace weir::auth {
+
+std::string_view to_string(JwsAlg a) {
+  switch (a) {
+    case JwsAlg::rs256: return "RS256";
+    case JwsAlg::es256: return "ES256";
+    case JwsAlg::eddsa: return "EdDSA";
+    case JwsAlg::hs256: return "HS256";
+  }
+  return "?";
+}
+
+std::optional<JwsAlg> parse_jws_alg(std::string_view s) {
+  if (s == "RS256") return JwsAlg::rs256;
+  if (s == "ES256") return JwsAlg::es256;
+  if (s == "EdDSA") return JwsAlg::eddsa;
+  if (s == "HS256") return JwsAlg::hs256;
+  return std::nullopt;
+}
+
+KeyKind key_kind_for(JwsAlg alg) {
+  switch (alg) {
+    case JwsAlg::rs256: return KeyKind::rsa;
+    case JwsAlg::es256: return KeyKind::ec_p256;
+    case JwsAlg::eddsa: return KeyKind::ed25519;
+    case JwsAlg::hs256: return KeyKind::oct;
+  }
+  return KeyKind::oct;
+}
+
+const Jwk* KeySet::find(std::string_view kid) const noexcept {
+  for (const auto& k : keys)
+    if (k.kid == kid) return &k;
+  return nullptr;
+}
+
+namespace {
+
+struct BnFree {
+  void operator()(BIGNUM* b) const noexcept { BN_free(b); }
+};
+struct BldFree {
+  void operator()(OSSL_PARAM_BLD* b) const noexcept { OSSL_PARAM_BLD_free(b); }
+};
+struct ParamFree {
+  void operator()(OSSL_PARAM* p) const noexcept { OSSL_PARAM_free(p); }
+};
+struct PkeyCtxFree {
+  void operator()(EVP_PKEY_CTX* c) const noexcept { EVP_PKEY_CTX_free(c); }
+};
+
+// Reads string member `name` of `o` and base64url-decodes it.
+tl::expected<std::string, std::string> b64_member(const boost::json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  if (!v || !v->is_string()) return tl::unexpected(fmt::format("missing string member \"{}\"", name));
+  const auto& s = v->get_string();
+  auto bytes = base64url_decode(std::string_view(s.data(), s.size()));
+  if (!bytes) return tl::unexpected(fmt::format("member \"{}\" is not base64url", name));
+  return std::move(*bytes);
+}
+
+std::string_view str_member(const boost::json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  if (!v || !v->is_string()) return {};
+  const auto& s = v->get_string();
+  return {s.data(), s.size()};
+}
+
+PkeyPtr from_params(const char* type, OSSL_PARAM_BLD* bld) {
+  std::unique_ptr<OSSL_PARAM, ParamFree> params(OSSL_PARAM_BLD_to_param(bld));
+  std::unique_ptr<EVP_PKEY_CTX, PkeyCtxFree> ctx(EVP_PKEY_CTX_new_from_name(nullptr, type, nullptr));
+  if (!params || !ctx || EVP_PKEY_fromdata_init(ctx.get()) != 1) return nullptr;
+  EVP_PKEY* pkey = nullptr;
+  if (EVP_PKEY_fromdata(ctx.get(), &pkey, EVP_PKEY_PUBLIC_KEY, params.get()) != 1) return nullptr;
+  return adopt_pkey(pkey);
+}
+
+tl::expected<PkeyPtr, std::string> rsa_key(const boost::json::object& o) {
+  auto n = b64_member(o, "n");
+  if (!n) return tl::unexpected(n.error());
+  auto e = b64_member(o, "e");
+  if (!e) return tl::unexpected(e.error());
+  std::unique_ptr<BIGNUM, BnFree> bn_n(BN_bin2bn(reinterpret_cast<const unsigned char*>(n->data()),
+                                                 static_cast<int>(n->size()), nullptr));
+  std::unique_ptr<BIGNUM, BnFree> bn_e(BN_bin2bn(reinterpret_cast<const unsigned char*>(e->data()),
+                                                 static_cast<int>(e->size()), nullptr));
+  std::unique_ptr<OSSL_PARAM_BLD, BldFree> bld(OSSL_PARAM_BLD_new());
+  if (!bn_n || !bn_e || !bld || OSSL_PARAM_BLD_push_BN(bld.get(), OSSL_PKEY_PARAM_RSA_N, bn_n.get()) != 1 ||
+      OSSL_PARAM_BLD_push_BN(bld.get(), OSSL_PKEY_PARAM_RSA_E, bn_e.get()) != 1)
+    return tl::unexpected(std::string("cannot build RSA key"));
+  auto pkey = from_params("RSA", bld.get());
+  if (!pkey) return tl::unexpected(std::string("invalid RSA key"));
+  return pkey;
+}
+
+tl::expected<PkeyPtr, std::string> ec_p256_key(const boost::json::object& o) {
+  auto x = b64_member(o, "x");
+  if (!x) return tl::unexpected(x.error());
+  auto y = b64_member(o, "y");
+  if (!y) return tl::unexpected(y.error());
+  if (x->size() != 32 || y->size() != 32)
+    return tl::unexpected(std::string("P-256 coordinates must be 32 bytes"));
+  std::string point;
+  point.reserve(65);
+  point.push_back('\x04');  // uncompressed point (SEC 1 §2.3.3)
+  point += *x;
+  point += *y;
+  std::unique_ptr<OSSL_PARAM_BLD, BldFree> bld(OSSL_PARAM_BLD_new());
+  if (!bld ||
+      OSSL_PARAM_BLD_push_utf8_string(bld.get(), OSSL_PKEY_PARAM_GROUP_NAME, "P-256", 0) != 1 ||
+      OSSL_PARAM_BLD_push_octet_string(bld.get(), OSSL_PKEY_PARAM_PUB_KEY, point.data(), point.size()) != 1)
+    return tl::unexpected(std::string("cannot build EC key"));
+  auto pkey = from_params("EC", bld.get());
+  if (!pkey) return tl::unexpected(std::string("invalid EC key"));
+  // A point off the curve must never be used, even for verification.
+  std::unique_ptr<EVP_PKEY_CTX, PkeyCtxFree> chk(EVP_PKEY_CTX_new_from_pkey(nullptr, pkey.get(), nullptr));
+  if (!chk || EVP_PKEY_public_check(chk.get()) != 1)
+    return tl::unexpected(std::string("EC point is not on P-256"));
+  return pkey;
+}
+
+tl::expected<PkeyPtr, std::string> ed25519_key(const boost::json::object& o) {
+  auto x = b64_member(o, "x");
+  if (!x) return tl::unexpected(x.error());
+  if (x->size() != 32) return tl::unexpected(std::string("Ed25519 public key must be 32 bytes"));
+  EVP_PKEY* p = EVP_PKEY_new_raw_public_key_ex(nullptr, "ED25519", nullptr,
+                                               reinterpret_cast<const unsigned char*>(x->data()), x->size());
+  if (!p) return tl::unexpected(std::string("invalid Ed25519 key"));
+  return adopt_pkey(p);
+}
+
+}  // namespace
+
+tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
+  boost::system::error_code ec;
+  boost::json::value doc = boost::json::parse(boost::json::string_view(json.data(), json.size()), ec);
+  if (ec) return tl::unexpected(fmt::format("JWKS is not JSON: {}", ec.message()));
+  const auto* root = doc.if_object();
+  const auto* keys = root ? root->if_contains("keys") : nullptr;
+  if (!keys || !keys->is_array()) return tl::unexpected(std::string("JWKS has no \"keys\" array"));
+
+  KeySet set;
+  set.source_digest = sha256(json);
+  std::size_t index = 0;
+  for (const auto& kv : keys->get_array()) {
+    const std::size_t i = index++;
+    const auto* o = kv.if_object();
+    if (!o) return tl::unexpected(fmt::format("keys[{}] is not an object", i));
+    const auto use = str_member(*o, "use");
+    if (!use.empty() && use != "sig") {
+      ++set.skipped;
+      continue;
+    }
+    Jwk k;
+    k.kid = std::string(str_member(*o, "kid"));
+    if (const auto alg = str_member(*o, "alg"); !alg.empty()) {
+      k.alg = parse_jws_alg(alg);
+      if (!k.alg) {  // a key for an algorithm we do not verify (e.g. RS512): ignore it
+        ++set.skipped;
+        continue;
+      }
+    }
+    const auto kty = str_member(*o, "kty");
+    const auto crv = str_member(*o, "crv");
+    tl::expected<PkeyPtr, std::string> pkey = PkeyPtr{};
+    if (kty == "RSA") {
+      k.kind = KeyKind::rsa;
+      pkey = rsa_key(*o);
+      if (pkey && EVP_PKEY_get_bits(pkey->get()) < 2048) {
+        ++set.skipped;  // RFC 7518 §3.3: keys of 2048 bits or larger MUST be used
+        continue;
+      }
+    } else if (kty == "EC" && crv == "P-256") {
+      k.kind = KeyKind::ec_p256;
+      pkey = ec_p256_key(*o);
+    } else if (kty == "OKP" && crv == "Ed25519") {
+      k.kind = KeyKind::ed25519;
+      pkey = ed25519_key(*o);
+    } else if (kty == "oct") {
+      k.kind = KeyKind::oct;
+      auto secret = b64_member(*o, "k");
+      if (!secret) return tl::unexpected(fmt::format("keys[{}]: {}", i, secret.error()));
+      if (secret->size() < 32) {
+        ++set.skipped;  // RFC 7518 §3.2: at least as long as the hash output
+        continue;
+      }
+      k.secret = std::move(*secret);
+    } else {
+      ++set.skipped;
+      continue;
+    }
+    if (!pkey) return tl::unexpected(fmt::format("keys[{}]: {}", i, pkey.error()));
+    k.pkey = std::move(*pkey);
+    if (k.alg && key_kind_for(*k.alg) != k.kind)
+      return tl::unexpected(fmt::format("keys[{}]: alg {} does not fit kty {}", i, to_string(*k.alg), kty));
+    set.keys.push_back(std::move(k));
+  }
+  return set;
+}
+
+}  // namespace weir::auth

@@ -1,0 +1,66 @@
+// JSON Web Keys and key sets (RFC 7517), as verification keys for JWS
+// (RFC 7515) with the algorithms of RFC 7518 §3 and RFC 8037.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <tl/expected.hpp>
+
+#include "auth/crypto.hpp"
+
+namespace weir::auth {
+
+// JWS algorithms Weir verifies. "none" and every other value are rejected.
+enum class JwsAlg : std::uint8_t {
+  rs256,  // RSASSA-PKCS1-v1_5 with SHA-256 (RFC 7518 §3.3), RSA keys of >= 2048 bits
+  es256,  // ECDSA P-256 with SHA-256 (RFC 7518 §3.4), signature = R || S, 64 bytes
+  eddsa,  // Ed25519 (RFC 8037 §3.1)
+  hs256,  // HMAC SHA-256 (RFC 7518 §3.2), secrets of >= 32 bytes
+};
+
+// The JOSE name of an algorithm ("RS256", ...).
+std::string_view to_string(JwsAlg a);
+// Parses a JOSE "alg" value; nullopt for "none" and anything unsupported.
+std::optional<JwsAlg> parse_jws_alg(std::string_view s);
+
+// Key kinds, one per algorithm: the pairing is what stops algorithm confusion.
+enum class KeyKind : std::uint8_t {
+  rsa,      // kty "RSA"
+  ec_p256,  // kty "EC", crv "P-256"
+  ed25519,  // kty "OKP", crv "Ed25519"
+  oct,      // kty "oct" (HMAC secret)
+};
+
+// The only key kind `alg` may be verified with.
+KeyKind key_kind_for(JwsAlg alg);
+
+// One verification key.
+struct Jwk {
+  std::string kid;                // "kid"; empty when the key has none
+  KeyKind kind = KeyKind::rsa;
+  std::optional<JwsAlg> alg;      // "alg" when present: the only algorithm this key verifies
+  PkeyPtr pkey;                   // public key (RSA, EC, Ed25519); null for oct
+  std::string secret;             // HMAC secret bytes (oct); empty otherwise
+};
+
+// An immutable set of keys, as published at a JWKS endpoint.
+struct KeySet {
+  std::vector<Jwk> keys;
+  std::size_t skipped = 0;        // keys ignored: unsupported kty/crv, use "enc", too short
+  Sha256Digest source_digest{};   // SHA-256 of the JWKS text, to tell a changed set from a refresh
+
+  // The key with id `kid`, or nullptr. Linear: key sets hold a handful of keys.
+  const Jwk* find(std::string_view kid) const noexcept;
+};
+
+// Parses a JWKS document ({"keys":[...]}, RFC 7517 §5). Keys that Weir cannot
+// use are skipped and counted, not fatal; a document that is not JSON, has no
+// "keys" array, or a supported key with malformed members is an error (the
+// message names the key index, never key material).
+tl::expected<KeySet, std::string> parse_jwks(std::string_view json);
+
+}  // namespace weir::auth

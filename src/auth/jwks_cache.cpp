@@ -1,0 +1,136 @@
+#include "auth/jwks_cache.hpp"
+
+#include <fstream>
+#include <sstream>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+namespace weir::auth {
+
+namespace {
+
+class FileSource final : public JwksSource {
+ public:
+  explicit FileSource(std::string path) : path_(std::move(path)) {}
+  void fetch(Callback done) override {
+    std::ifstream in(path_, std::ios::binary);
+    if (!in) {
+      done(tl::unexpected("cannot open " + path_));
+      return;
+    }
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    done(ss.str());
+  }
+  std::string describe() const override { return "file " + path_; }
+
+ private:
+  std::string path_;
+};
+
+std::int64_t wall_ns(WallTime t) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+}
+
+}  // namespace
+
+std::unique_ptr<JwksSource> make_file_jwks_source(std::string path) {
+  return std::make_unique<FileSource>(std::move(path));
+}
+
+struct JwksCache::Timer {
+  explicit Timer(boost::asio::io_context& ioc) : t(ioc) {}
+  boost::asio::steady_timer t;
+};
+
+JwksCache::JwksCache(boost::asio::io_context& control, std::unique_ptr<JwksSource> source, JwksOptions options)
+    : control_(control),
+      source_(std::move(source)),
+      options_(options),
+      timer_(std::make_unique<Timer>(control)),
+      keys_(std::make_shared<const KeySet>()) {}
+
+JwksCache::~JwksCache() = default;
+
+void JwksCache::start() {
+  running_ = true;
+  fetch_now();
+}
+
+void JwksCache::stop() {
+  running_ = false;
+  timer_->t.cancel();
+}
+
+std::shared_ptr<const KeySet> JwksCache::keys() const noexcept { return keys_.load(std::memory_order_acquire); }
+
+bool JwksCache::request_refresh(WallTime now) {
+  const std::int64_t now_ns = wall_ns(now);
+  std::int64_t next = next_refetch_ns_.load(std::memory_order_relaxed);
+  const std::int64_t interval =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(options_.min_refetch_interval).count();
+  // One CAS winner per interval: everyone else sees the moved deadline and backs off.
+  do {
+    if (now_ns < next) {
+      refresh_limited_.fetch_add(1, std::memory_order_relaxed);
+      return false;
+    }
+  } while (!next_refetch_ns_.compare_exchange_weak(next, now_ns + interval, std::memory_order_acq_rel));
+  refresh_requests_.fetch_add(1, std::memory_order_relaxed);
+  boost::asio::post(control_, [this] { fetch_now(); });
+  return true;
+}
+
+void JwksCache::fetch_now() {
+  if (in_flight_) return;  // coalesce: the fetch in flight answers this request too
+  in_flight_ = true;
+  const auto interval = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.min_refetch_interval).count();
+  // Workers asking right after this fetch started wait for it rather than start another.
+  const std::int64_t floor = wall_ns(options_.clock()) + interval;
+  std::int64_t cur = next_refetch_ns_.load(std::memory_order_relaxed);
+  while (cur < floor && !next_refetch_ns_.compare_exchange_weak(cur, floor, std::memory_order_relaxed)) {
+  }
+  fetches_.fetch_add(1, std::memory_order_relaxed);
+  source_->fetch([this](JwksSource::Result r) { on_result(std::move(r)); });
+}
+
+void JwksCache::on_result(JwksSource::Result r) {
+  in_flight_ = false;
+  bool ok = false;
+  if (r) ok = install(*r).has_value();
+  if (!ok) failures_.fetch_add(1, std::memory_order_relaxed);
+  if (running_) schedule(ok ? options_.refresh_interval : std::min(options_.min_refetch_interval,
+                                                                   options_.refresh_interval));
+}
+
+void JwksCache::schedule(std::chrono::milliseconds delay) {
+  timer_->t.expires_after(delay);
+  timer_->t.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec && running_) fetch_now();
+  });
+}
+
+tl::expected<void, std::string> JwksCache::install(std::string_view jwks_text) {
+  auto set = parse_jwks(jwks_text);
+  if (!set) return tl::unexpected(set.error());
+  auto current = keys_.load(std::memory_order_acquire);
+  if (current && !current->keys.empty() && current->source_digest == set->source_digest) return {};
+  keys_.store(std::make_shared<const KeySet>(std::move(*set)), std::memory_order_release);
+  generation_.fetch_add(1, std::memory_order_acq_rel);
+  updates_.fetch_add(1, std::memory_order_relaxed);
+  return {};
+}
+
+JwksCache::Stats JwksCache::stats() const noexcept {
+  Stats s;
+  s.fetches = fetches_.load(std::memory_order_relaxed);
+  s.failures = failures_.load(std::memory_order_relaxed);
+  s.updates = updates_.load(std::memory_order_relaxed);
+  s.refresh_requests = refresh_requests_.load(std::memory_order_relaxed);
+  s.refresh_limited = refresh_limited_.load(std::memory_order_relaxed);
+  return s;
+}
+
+}  // namespace weir::auth

@@ -1,0 +1,116 @@
+// The JWKS key set shared by all workers: fetched on the control-plane thread,
+// published as an immutable snapshot, read by workers without a lock.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <tl/expected.hpp>
+
+#include "auth/jwk.hpp"
+#include "auth/jwt.hpp"
+
+namespace boost::asio {
+class io_context;
+}
+
+namespace weir::auth {
+
+// Where a JWKS document comes from. Runs on the control-plane io_context.
+class JwksSource {
+ public:
+  using Result = tl::expected<std::string, std::string>;  // the document text, or why not
+  using Callback = std::function<void(Result)>;
+  virtual ~JwksSource() = default;
+  // Starts one fetch and calls `done` exactly once, on the control-plane
+  // thread (possibly before returning). Never throws.
+  virtual void fetch(Callback done) = 0;
+  // For logs: the file path or the URL (URLs with credentials are not accepted).
+  virtual std::string describe() const = 0;
+};
+
+// Reads `path` on each fetch (synchronously: a local file, control plane only).
+std::unique_ptr<JwksSource> make_file_jwks_source(std::string path);
+
+// GETs `url` (http:// or https://, the latter verified against the system CA
+// store and the host name) with `timeout` for the whole exchange, a 1 MiB
+// body cap, and a 200 status required. Defined in jwks_http.cpp.
+std::unique_ptr<JwksSource> make_http_jwks_source(boost::asio::io_context& control, std::string url,
+                                                  std::chrono::milliseconds timeout);
+
+struct JwksOptions {
+  std::chrono::milliseconds refresh_interval{std::chrono::minutes(5)};  // periodic refetch
+  // Floor between two fetches that a worker asks for (unknown kid), and the
+  // retry delay after a failed fetch.
+  std::chrono::milliseconds min_refetch_interval{std::chrono::seconds(30)};
+  // Wall clock for the refetch rate limit of periodic fetches (injectable for tests).
+  WallTime (*clock)() = &WallClock::now;
+};
+
+// Holds the current KeySet. Fetch failures and unparseable documents keep
+// the previous set: when the JWKS endpoint is down, Weir keeps serving with
+// the keys it has.
+//
+// Threads: construct, start() and stop() on the control-plane thread (or
+// before it runs); keys(), generation() and request_refresh() from any
+// thread. Destroy only after the control io_context has stopped running.
+class JwksCache {
+ public:
+  JwksCache(boost::asio::io_context& control, std::unique_ptr<JwksSource> source, JwksOptions options);
+  ~JwksCache();
+  JwksCache(const JwksCache&) = delete;
+  JwksCache& operator=(const JwksCache&) = delete;
+
+  // Fetches now and then every refresh_interval (min_refetch_interval after a failure).
+  void start();
+  // Cancels the refresh timer; a fetch in flight completes but schedules nothing.
+  void stop();
+
+  // The current key set (empty before the first successful fetch). One
+  // atomic load; call on verification misses only, not per request.
+  std::shared_ptr<const KeySet> keys() const noexcept;
+  // Bumped whenever the published key material changes (not on a refetch of
+  // the same document): workers drop their token caches when it moves.
+  std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
+
+  // Asks for a refetch, e.g. after a token named an unknown kid. Lock-free
+  // and rate-limited: returns false without doing anything when a fetch
+  // started (or was asked for) less than min_refetch_interval before `now`;
+  // otherwise posts a fetch to the control plane and returns true.
+  bool request_refresh(WallTime now);
+
+  // Parses and publishes `jwks_text` at once (startup from a file, tests).
+  tl::expected<void, std::string> install(std::string_view jwks_text);
+
+  struct Stats {
+    std::uint64_t fetches = 0;           // fetches started
+    std::uint64_t failures = 0;          // fetches or parses that failed (keys kept)
+    std::uint64_t updates = 0;           // key-set changes published
+    std::uint64_t refresh_requests = 0;  // request_refresh() calls that scheduled a fetch
+    std::uint64_t refresh_limited = 0;   // request_refresh() calls refused by the rate limit
+  };
+  Stats stats() const noexcept;
+
+ private:
+  void fetch_now();
+  void on_result(JwksSource::Result r);
+  void schedule(std::chrono::milliseconds delay);
+
+  struct Timer;
+  boost::asio::io_context& control_;
+  std::unique_ptr<JwksSource> source_;
+  JwksOptions options_;
+  std::unique_ptr<Timer> timer_;
+  std::atomic<std::shared_ptr<const KeySet>> keys_;
+  std::atomic<std::uint64_t> generation_{0};
+  std::atomic<std::int64_t> next_refetch_ns_{INT64_MIN};  // wall ns before which request_refresh refuses
+  bool in_flight_ = false;   // control thread only
+  bool running_ = false;     // control thread only
+  std::atomic<std::uint64_t> fetches_{0}, failures_{0}, updates_{0}, refresh_requests_{0}, refresh_limited_{0};
+};
+
+}  // namespace weir::auth

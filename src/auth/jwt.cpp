@@ -1,0 +1,270 @@
+#include "auth/jwt.hpp"
+
+#include <cmath>
+#include <memory>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+#include <fmt/format.h>
+#include <openssl/bn.h>
+#include <openssl/ecdsa.h>
+#include <openssl/hmac.h>
+
+#include "auth/base64url.hpp"
+
+namespace weir::auth {
+
+std::string_view to_string(JwtFailure f) {
+  switch (f) {
+    case JwtFailure::malformed: return "malformed";
+    case JwtFailure::unsupported_alg: return "unsupported_alg";
+    case JwtFailure::unknown_kid: return "unknown_kid";
+    case JwtFailure::no_keys: return "no_keys";
+    case JwtFailure::key_mismatch: return "key_mismatch";
+    case JwtFailure::bad_signature: return "bad_signature";
+    case JwtFailure::expired: return "expired";
+    case JwtFailure::not_yet_valid: return "not_yet_valid";
+    case JwtFailure::missing_exp: return "missing_exp";
+    case JwtFailure::bad_issuer: return "bad_issuer";
+    case JwtFailure::bad_audience: return "bad_audience";
+    case JwtFailure::bad_claim: return "bad_claim";
+  }
+  return "unknown";
+}
+
+namespace {
+
+tl::unexpected<JwtError> fail(JwtFailure k, std::string msg) {
+  return tl::unexpected(JwtError{k, std::move(msg)});
+}
+
+tl::expected<boost::json::object, JwtError> decode_json_segment(std::string_view seg, const char* what) {
+  auto bytes = base64url_decode(seg);
+  if (!bytes) return fail(JwtFailure::malformed, fmt::format("token {} is not base64url", what));
+  boost::system::error_code ec;
+  auto v = boost::json::parse(*bytes, ec);
+  if (ec || !v.is_object()) return fail(JwtFailure::malformed, fmt::format("token {} is not a JSON object", what));
+  return std::move(v.get_object());
+}
+
+struct MdCtxFree {
+  void operator()(EVP_MD_CTX* c) const noexcept { EVP_MD_CTX_free(c); }
+};
+struct EcdsaSigFree {
+  void operator()(ECDSA_SIG* s) const noexcept { ECDSA_SIG_free(s); }
+};
+
+bool digest_verify(EVP_PKEY* key, const EVP_MD* md, std::string_view data, std::string_view sig) {
+  std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
+  if (!ctx || EVP_DigestVerifyInit_ex(ctx.get(), nullptr, md ? EVP_MD_get0_name(md) : nullptr, nullptr,
+                                      nullptr, key, nullptr) != 1)
+    return false;
+  return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
+                          reinterpret_cast<const unsigned char*>(data.data()), data.size()) == 1;
+}
+
+// JWS carries ECDSA signatures as R || S (RFC 7518 §3.4); OpenSSL wants DER.
+std::string es256_to_der(std::string_view raw) {
+  if (raw.size() != 64) return {};
+  std::unique_ptr<ECDSA_SIG, EcdsaSigFree> sig(ECDSA_SIG_new());
+  BIGNUM* r = BN_bin2bn(reinterpret_cast<const unsigned char*>(raw.data()), 32, nullptr);
+  BIGNUM* s = BN_bin2bn(reinterpret_cast<const unsigned char*>(raw.data()) + 32, 32, nullptr);
+  if (!sig || !r || !s || ECDSA_SIG_set0(sig.get(), r, s) != 1) {
+    BN_free(r);
+    BN_free(s);
+    return {};
+  }
+  const int len = i2d_ECDSA_SIG(sig.get(), nullptr);
+  if (len <= 0) return {};
+  std::string der(static_cast<std::size_t>(len), '\0');
+  auto* p = reinterpret_cast<unsigned char*>(der.data());
+  if (i2d_ECDSA_SIG(sig.get(), &p) != len) return {};
+  return der;
+}
+
+// A NumericDate (RFC 7519 §2): seconds since the epoch, possibly fractional.
+bool numeric_date(const boost::json::value& v, double& out) {
+  if (v.is_int64()) out = static_cast<double>(v.get_int64());
+  else if (v.is_uint64()) out = static_cast<double>(v.get_uint64());
+  else if (v.is_double()) out = v.get_double();
+  else return false;
+  return std::isfinite(out);
+}
+
+WallTime to_wall(double seconds) {
+  // Clamp far-future dates so the conversion cannot overflow the clock's range.
+  constexpr double kMax = 253402300799.0;  // 9999-12-31T23:59:59Z
+  if (seconds >= kMax) seconds = kMax;
+  if (seconds <= -kMax) seconds = -kMax;
+  return WallTime(std::chrono::duration_cast<WallClock::duration>(
+      std::chrono::duration<double>(seconds)));
+}
+
+}  // namespace
+
+tl::expected<DecodedJwt, JwtError> decode_jwt(std::string_view token) {
+  if (token.empty() || token.size() > kMaxTokenBytes)
+    return fail(JwtFailure::malformed, "token is empty or too long");
+  const auto d1 = token.find('.');
+  const auto d2 = d1 == std::string_view::npos ? d1 : token.find('.', d1 + 1);
+  if (d2 == std::string_view::npos || token.find('.', d2 + 1) != std::string_view::npos)
+    return fail(JwtFailure::malformed, "token is not three dot-separated segments");
+  const auto h = token.substr(0, d1);
+  const auto p = token.substr(d1 + 1, d2 - d1 - 1);
+  const auto s = token.substr(d2 + 1);
+  if (h.empty() || p.empty() || s.empty()) return fail(JwtFailure::malformed, "token has an empty segment");
+
+  auto header = decode_json_segment(h, "header");
+  if (!header) return tl::unexpected(header.error());
+  DecodedJwt out;
+  const auto* alg = header->if_contains("alg");
+  if (!alg || !alg->is_string()) return fail(JwtFailure::unsupported_alg, "token header has no alg");
+  const auto& alg_s = alg->get_string();
+  const auto parsed = parse_jws_alg(std::string_view(alg_s.data(), alg_s.size()));
+  if (!parsed)
+    return fail(JwtFailure::unsupported_alg,
+                fmt::format("token alg \"{}\" is not accepted (RS256, ES256, EdDSA, HS256)",
+                            std::string_view(alg_s.data(), std::min<std::size_t>(alg_s.size(), 16))));
+  out.alg = *parsed;
+  // RFC 7515 §4.1.11: extensions we do not implement must make the token invalid.
+  if (header->contains("crit") || header->contains("b64"))
+    return fail(JwtFailure::unsupported_alg, "token header uses extensions (crit/b64)");
+  if (const auto* kid = header->if_contains("kid")) {
+    if (!kid->is_string()) return fail(JwtFailure::malformed, "token kid is not a string");
+    out.has_kid = true;
+    out.kid = std::string(kid->get_string().data(), kid->get_string().size());
+  }
+
+  auto payload = decode_json_segment(p, "payload");
+  if (!payload) return tl::unexpected(payload.error());
+  out.claims = std::move(*payload);
+  auto sig = base64url_decode(s);
+  if (!sig || sig->empty()) return fail(JwtFailure::malformed, "token signature is not base64url");
+  out.signature = std::move(*sig);
+  out.signing_input = token.substr(0, d2);
+  return out;
+}
+
+tl::expected<void, JwtError> verify_signature(const DecodedJwt& jwt, const Jwk& key) {
+  if (key.kind != key_kind_for(jwt.alg) || (key.alg && *key.alg != jwt.alg))
+    return fail(JwtFailure::key_mismatch,
+                fmt::format("token alg {} does not match the key's type", to_string(jwt.alg)));
+  bool ok = false;
+  switch (jwt.alg) {
+    case JwsAlg::rs256:
+      ok = EVP_PKEY_is_a(key.pkey.get(), "RSA") &&
+           digest_verify(key.pkey.get(), sha256_md(), jwt.signing_input, jwt.signature);
+      break;
+    case JwsAlg::es256: {
+      const auto der = es256_to_der(jwt.signature);
+      ok = !der.empty() && EVP_PKEY_is_a(key.pkey.get(), "EC") &&
+           digest_verify(key.pkey.get(), sha256_md(), jwt.signing_input, der);
+      break;
+    }
+    case JwsAlg::eddsa:
+      ok = EVP_PKEY_is_a(key.pkey.get(), "ED25519") &&
+           digest_verify(key.pkey.get(), nullptr, jwt.signing_input, jwt.signature);
+      break;
+    case JwsAlg::hs256: {
+      unsigned char mac[EVP_MAX_MD_SIZE];
+      unsigned int len = 0;
+      if (key.secret.empty() ||
+          !HMAC(sha256_md(), key.secret.data(), static_cast<int>(key.secret.size()),
+                reinterpret_cast<const unsigned char*>(jwt.signing_input.data()), jwt.signing_input.size(),
+                mac, &len))
+        break;
+      ok = constant_time_equal(std::string_view(reinterpret_cast<const char*>(mac), len), jwt.signature);
+      break;
+    }
+  }
+  if (!ok) return fail(JwtFailure::bad_signature, "token signature is invalid");
+  return {};
+}
+
+tl::expected<WallTime, JwtError> check_claims(const boost::json::object& claims, const ClaimsPolicy& policy,
+                                              WallTime now) {
+  const double now_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+  const double leeway = static_cast<double>(policy.leeway.count());
+  WallTime expires_at = WallTime::max();
+  if (const auto* exp = claims.if_contains("exp")) {
+    double v = 0;
+    if (!numeric_date(*exp, v)) return fail(JwtFailure::bad_claim, "token exp is not a number");
+    if (now_s >= v + leeway) return fail(JwtFailure::expired, "token has expired");
+    expires_at = to_wall(v + leeway);
+  } else if (policy.require_exp) {
+    return fail(JwtFailure::missing_exp, "token has no exp");
+  }
+  if (const auto* nbf = claims.if_contains("nbf")) {
+    double v = 0;
+    if (!numeric_date(*nbf, v)) return fail(JwtFailure::bad_claim, "token nbf is not a number");
+    if (now_s + leeway < v) return fail(JwtFailure::not_yet_valid, "token is not valid yet");
+  }
+  if (!policy.issuer.empty()) {
+    const auto* iss = claims.if_contains("iss");
+    if (!iss || !iss->is_string() ||
+        std::string_view(iss->get_string().data(), iss->get_string().size()) != policy.issuer)
+      return fail(JwtFailure::bad_issuer, "token issuer is not accepted");
+  }
+  if (!policy.audiences.empty()) {
+    const auto* aud = claims.if_contains("aud");
+    auto accepted = [&](const boost::json::value& v) {
+      if (!v.is_string()) return false;
+      const std::string_view s(v.get_string().data(), v.get_string().size());
+      for (const auto& a : policy.audiences)
+        if (a == s) return true;
+      return false;
+    };
+    bool ok = false;
+    if (aud && aud->is_string()) ok = accepted(*aud);
+    else if (aud && aud->is_array())
+      for (const auto& v : aud->get_array()) ok = ok || accepted(v);
+    if (!ok) return fail(JwtFailure::bad_audience, "token audience is not accepted");
+  }
+  return expires_at;
+}
+
+tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys,
+                                               const ClaimsPolicy& policy, WallTime now) {
+  auto jwt = decode_jwt(token);
+  if (!jwt) return tl::unexpected(jwt.error());
+  if (keys.keys.empty()) return fail(JwtFailure::no_keys, "no signing keys are loaded");
+  if (jwt->has_kid) {
+    const Jwk* key = keys.find(jwt->kid);
+    if (!key) return fail(JwtFailure::unknown_kid, "token kid is not in the key set");
+    if (auto v = verify_signature(*jwt, *key); !v) return tl::unexpected(v.error());
+  } else {
+    bool verified = false, any = false;
+    for (const auto& key : keys.keys) {
+      if (key.kind != key_kind_for(jwt->alg) || (key.alg && *key.alg != jwt->alg)) continue;
+      any = true;
+      if (verify_signature(*jwt, key)) {
+        verified = true;
+        break;
+      }
+    }
+    if (!any) return fail(JwtFailure::key_mismatch, fmt::format("no key for alg {}", to_string(jwt->alg)));
+    if (!verified) return fail(JwtFailure::bad_signature, "token signature is invalid");
+  }
+  auto exp = check_claims(jwt->claims, policy, now);
+  if (!exp) return tl::unexpected(exp.error());
+  return VerifiedJwt{std::move(jwt->claims), *exp};
+}
+
+std::string_view string_claim(const boost::json::object& claims, std::string_view path) {
+  const boost::json::object* obj = &claims;
+  while (true) {
+    const auto dot = path.find('.');
+    const auto name = path.substr(0, dot);
+    const auto* v = obj->if_contains(boost::json::string_view(name.data(), name.size()));
+    if (!v) return {};
+    if (dot == std::string_view::npos) {
+      if (!v->is_string()) return {};
+      return {v->get_string().data(), v->get_string().size()};
+    }
+    obj = v->if_object();
+    if (!obj) return {};
+    path.remove_prefix(dot + 1);
+  }
+}
+
+}  // namespace weir::auth

@@ -1,0 +1,94 @@
+// JSON Web Token verification: JWS compact serialization (RFC 7515 §7.1),
+// algorithms of RFC 7518 §3 / RFC 8037, registered claims of RFC 7519 §4.1.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/json/object.hpp>
+#include <tl/expected.hpp>
+
+#include "auth/jwk.hpp"
+
+namespace weir::auth {
+
+using WallClock = std::chrono::system_clock;
+using WallTime = WallClock::time_point;
+
+// Why a token was refused. Messages built from it never quote the token.
+enum class JwtFailure : std::uint8_t {
+  malformed,        // not three base64url segments of JSON objects, or too long
+  unsupported_alg,  // "alg" is "none", missing, or not RS256/ES256/EdDSA/HS256; "crit" present
+  unknown_kid,      // "kid" names no key in the current set (a refetch may be due)
+  no_keys,          // the key set is empty (never loaded): the gateway's fault, 503
+  key_mismatch,     // key kind or key "alg" does not fit the token's "alg" (confusion attack)
+  bad_signature,
+  expired,          // now >= exp + leeway
+  not_yet_valid,    // now + leeway < nbf
+  missing_exp,      // no "exp" while the policy requires one
+  bad_issuer,
+  bad_audience,
+  bad_claim,        // a registered claim of the wrong JSON type
+};
+std::string_view to_string(JwtFailure f);
+
+struct JwtError {
+  JwtFailure kind = JwtFailure::malformed;
+  std::string message;  // safe for the client and the log
+};
+
+// Which registered claims must hold, and how much clock skew to allow.
+struct ClaimsPolicy {
+  std::string issuer;                  // when non-empty, "iss" must equal it
+  std::vector<std::string> audiences;  // when non-empty, "aud" (string or array) must hold one of them
+  std::chrono::seconds leeway{60};     // allowed skew for exp and nbf (RFC 7519 §4.1.4)
+  bool require_exp = true;             // tokens without "exp" are refused
+};
+
+// A decoded (not yet verified) token. Views point into the token text.
+struct DecodedJwt {
+  JwsAlg alg = JwsAlg::rs256;
+  bool has_kid = false;
+  std::string kid;
+  std::string_view signing_input;  // "header.payload", the bytes the signature covers
+  std::string signature;           // raw signature bytes
+  boost::json::object claims;      // the payload
+};
+
+// Longest token accepted, in bytes: stops big-header games before any parsing.
+inline constexpr std::size_t kMaxTokenBytes = 16 * 1024;
+
+// Splits and decodes a compact JWS; checks the header ("alg" supported, no
+// "crit", "b64" absent) but no signature or claim.
+tl::expected<DecodedJwt, JwtError> decode_jwt(std::string_view token);
+
+// Verifies the signature of `jwt` with `key`. Fails with key_mismatch when
+// the key kind is not the one jwt.alg requires, or the key's own "alg" differs;
+// with bad_signature otherwise.
+tl::expected<void, JwtError> verify_signature(const DecodedJwt& jwt, const Jwk& key);
+
+// Checks exp, nbf, iss and aud of `claims` at `now`. Returns the expiry
+// (WallTime::max() when absent and allowed).
+tl::expected<WallTime, JwtError> check_claims(const boost::json::object& claims,
+                                              const ClaimsPolicy& policy, WallTime now);
+
+// A token that passed everything: its claims and expiry.
+struct VerifiedJwt {
+  boost::json::object claims;
+  WallTime expires_at;
+};
+
+// decode_jwt + key selection + verify_signature + check_claims. With a "kid",
+// only that key is tried (unknown_kid when absent); without one, each key
+// of the kind that the token's alg requires is tried.
+tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys,
+                                               const ClaimsPolicy& policy, WallTime now);
+
+// Reads a string claim by a dotted path ("tenant", "org.id"); empty when
+// absent or not a string. Views into `claims`.
+std::string_view string_claim(const boost::json::object& claims, std::string_view path);
+
+}  // namespace weir::auth

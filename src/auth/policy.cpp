@@ -1,0 +1,95 @@
+#include "auth/policy.hpp"
+
+#include <algorithm>
+#include <cstring>
+
+#include <openssl/crypto.h>
+
+namespace weir::auth {
+
+ModelList::ModelList(const std::vector<std::string>& patterns) {
+  all_ = patterns.empty();
+  for (const auto& p : patterns) {
+    if (p == "*") all_ = true;
+    else if (!p.empty() && p.back() == '*') prefixes_.push_back(p.substr(0, p.size() - 1));
+    else exact_.push_back(p);
+  }
+}
+
+bool ModelList::allows(std::string_view model) const noexcept {
+  if (all_) return true;
+  for (const auto& e : exact_)
+    if (e == model) return true;
+  for (const auto& p : prefixes_)
+    if (model.substr(0, p.size()) == p) return true;
+  return false;
+}
+
+std::size_t AuthPolicy::DigestHash::operator()(const Sha256Digest& d) const noexcept {
+  std::size_t h;
+  std::memcpy(&h, d.data(), sizeof h);  // SHA-256 output is uniform: any 8 bytes hash well
+  return h;
+}
+
+bool AuthPolicy::DigestEq::operator()(const Sha256Digest& a, const Sha256Digest& b) const noexcept {
+  return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
+}
+
+std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config) {
+  std::shared_ptr<AuthPolicy> p(new AuthPolicy());
+  p->config_ = std::move(config);
+  auto& tenants = p->config_.tenants;
+  if (!tenants.count(p->config_.anonymous_tenant)) {  // parse_auth_config adds it; hand-built configs may not
+    TenantConfig anon;
+    anon.name = p->config_.anonymous_tenant;
+    tenants.emplace(anon.name, std::move(anon));
+  }
+  const auto& cfg = p->config_;
+  p->tenants_.reserve(cfg.tenants.size());
+  for (const auto& [name, t] : cfg.tenants) {  // std::map: name order
+    TenantPolicy tp;
+    tp.name = name;
+    tp.models = ModelList(t.models);
+    tp.priority = t.priority;
+    tp.tier = t.tier;
+    tp.limits = t.limits;
+    tp.budget = t.budget;
+    tp.scope = static_cast<std::uint32_t>(p->scopes_.size());
+    p->scopes_.push_back(ScopeInfo{"tenant:" + name, t.limits, t.budget});
+    p->tenants_.push_back(std::move(tp));
+  }
+  p->keys_.reserve(cfg.api_keys.size());
+  for (const auto& k : cfg.api_keys) {
+    KeyPolicy kp;
+    kp.id = k.id;
+    kp.sha256 = k.sha256;
+    kp.tenant = p->find_tenant(k.tenant);
+    if (k.models) kp.models = ModelList(*k.models);
+    kp.tier = k.tier.empty() && kp.tenant ? kp.tenant->tier : k.tier;
+    kp.limits = k.limits;
+    kp.budget = k.budget;
+    kp.scope = static_cast<std::uint32_t>(p->scopes_.size());
+    p->scopes_.push_back(ScopeInfo{"key:" + k.id, k.limits, k.budget});
+    p->keys_.push_back(std::move(kp));
+  }
+  // Drop keys whose tenant is missing: parse_auth_config refuses them, this guards hand-built configs.
+  p->keys_.erase(std::remove_if(p->keys_.begin(), p->keys_.end(), [](const KeyPolicy& k) { return !k.tenant; }),
+                 p->keys_.end());
+  for (std::uint32_t i = 0; i < p->keys_.size(); ++i) p->by_digest_.emplace(p->keys_[i].sha256, i);
+  p->anonymous_ = p->find_tenant(cfg.anonymous_tenant);
+  return p;
+}
+
+const TenantPolicy* AuthPolicy::find_tenant(std::string_view name) const noexcept {
+  auto it = std::lower_bound(tenants_.begin(), tenants_.end(), name,
+                             [](const TenantPolicy& t, std::string_view n) { return t.name < n; });
+  if (it != tenants_.end() && it->name == name) return &*it;
+  return nullptr;
+}
+
+const KeyPolicy* AuthPolicy::find_key(const Sha256Digest& digest) const noexcept {
+  auto it = by_digest_.find(digest);
+  return it == by_digest_.end() ? nullptr : &keys_[it->second];
+}
+
+}  // namespace weir::auth

@@ -1,0 +1,122 @@
+// The immutable, shared view of auth configuration that requests read:
+// tenants, API keys by hash, model allow-lists, and admission scopes.
+// Built once per configuration load; workers share it read-only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "auth/config.hpp"
+#include "auth/crypto.hpp"
+
+namespace weir::auth {
+
+// A model allow-list: exact names, prefixes ("meta-llama/*" written as
+// "meta-llama/*" or "meta-llama/"...*), or everything ("*" or an empty list).
+class ModelList {
+ public:
+  ModelList() = default;
+  explicit ModelList(const std::vector<std::string>& patterns);
+  // True when `model` is allowed. Cost: a scan of the list (lists are short).
+  bool allows(std::string_view model) const noexcept;
+  bool allows_all() const noexcept { return all_; }
+
+ private:
+  bool all_ = true;
+  std::vector<std::string> exact_;
+  std::vector<std::string> prefixes_;
+};
+
+// A tenant as requests see it. `scope` indexes admission state (limits, budget).
+struct TenantPolicy {
+  std::string name;
+  ModelList models;
+  int priority = 0;
+  std::string tier;
+  Limits limits;
+  Budget budget;
+  std::uint32_t scope = 0;
+};
+
+// An API key as requests see it (the key value itself is never held).
+struct KeyPolicy {
+  std::string id;
+  Sha256Digest sha256{};
+  const TenantPolicy* tenant = nullptr;  // never null
+  std::optional<ModelList> models;       // narrows the tenant's list when set
+  std::string tier;                      // effective tier (key's, else tenant's)
+  Limits limits;
+  Budget budget;
+  std::uint32_t scope = 0;
+};
+
+// One admission scope: a tenant or a key, with its limits and budget. Scopes
+// 0..tenants-1 are tenants in name order, then keys in configuration order.
+struct ScopeInfo {
+  std::string name;  // "tenant:NAME" or "key:ID"
+  Limits limits;
+  Budget budget;
+};
+
+class AuthPolicy {
+ public:
+  // Builds the policy from a parsed (already validated) configuration.
+  static std::shared_ptr<const AuthPolicy> build(AuthConfig config);
+
+  const AuthConfig& config() const noexcept { return config_; }
+  // The tenant named `name`, or nullptr. O(log tenants).
+  const TenantPolicy* find_tenant(std::string_view name) const noexcept;
+  // The key whose SHA-256 is `digest`, or nullptr. One hash probe; the final
+  // comparison of digests is constant-time.
+  const KeyPolicy* find_key(const Sha256Digest& digest) const noexcept;
+  const TenantPolicy& anonymous_tenant() const noexcept { return *anonymous_; }
+
+  const std::vector<TenantPolicy>& tenants() const noexcept { return tenants_; }
+  const std::vector<KeyPolicy>& keys() const noexcept { return keys_; }
+  const std::vector<ScopeInfo>& scopes() const noexcept { return scopes_; }
+
+ private:
+  AuthPolicy() = default;
+  struct DigestHash {
+    std::size_t operator()(const Sha256Digest& d) const noexcept;
+  };
+  struct DigestEq {
+    bool operator()(const Sha256Digest& a, const Sha256Digest& b) const noexcept;
+  };
+
+  AuthConfig config_;
+  std::vector<TenantPolicy> tenants_;  // sorted by name
+  std::vector<KeyPolicy> keys_;
+  std::vector<ScopeInfo> scopes_;
+  std::unordered_map<Sha256Digest, std::uint32_t, DigestHash, DigestEq> by_digest_;
+  const TenantPolicy* anonymous_ = nullptr;
+};
+
+// How the caller proved who it is.
+enum class CredentialKind : std::uint8_t { anonymous, api_key, jwt };
+
+// Who is calling: the result of authentication, shared by the requests that
+// present the same credential on one worker (so a request copies one pointer,
+// not strings). Holds its AuthPolicy alive, so `tenant` and `key` stay valid
+// across configuration reloads for as long as a request keeps the principal.
+struct Principal {
+  CredentialKind kind = CredentialKind::anonymous;
+  const TenantPolicy* tenant = nullptr;  // never null
+  const KeyPolicy* key = nullptr;        // the API key, for kind == api_key
+  std::string subject;                   // JWT subject claim, or the key id
+  std::string tier;                      // JWT tier claim, else key's, else tenant's
+  std::shared_ptr<const AuthPolicy> policy;
+
+  std::string_view tenant_name() const noexcept { return tenant->name; }
+  int priority() const noexcept { return tenant->priority; }
+  // The key id for API keys, empty otherwise (for logs: never the key value).
+  std::string_view key_id() const noexcept { return key ? std::string_view(key->id) : std::string_view(); }
+};
+using PrincipalPtr = std::shared_ptr<const Principal>;
+
+}  // namespace weir::auth
