@@ -24,18 +24,27 @@ struct MemberSpan {
 
 // Finds the top-level member named `key` (compared after JSON unescaping) in
 // `json`, which must be a JSON object (leading/trailing whitespace allowed).
-// With duplicate keys the last one wins, as in Boost.JSON and Python's json.
-// Returns nullopt if absent, or if `json` is not an object.
+// With duplicate keys the last one wins, as in Boost.JSON and Python's json,
+// so the whole top-level object is always scanned (nested values are skipped
+// without being decoded). Returns nullopt if absent, or if `json` is not an
+// object (only the top-level structure is checked: validate first).
 std::optional<MemberSpan> find_member(std::string_view json, std::string_view key);
 
 // Writes `json` to `out` with the top-level member `key` set to `value_json`
-// (a serialized JSON value): its value replaced in place if present, else
-// inserted as the first member. Returns false if `json` is not an object.
+// (a serialized JSON value, copied verbatim): its value replaced in place if
+// present (the last one, if duplicated: the one parsers keep), else inserted
+// as the first member, right after '{', with `key` JSON-escaped:
+// `{}` -> `{"k":v}`, `{"a":1}` -> `{"k":v,"a":1}`. Every other byte is copied
+// unchanged. Returns false (and leaves `out` untouched) if `json` is not an
+// object. `out` is overwritten and must not alias `json`.
 bool set_member(std::string_view json, std::string_view key, std::string_view value_json,
                 std::string& out);
 
-// Writes `json` to `out` without the top-level member `key` (and its comma).
-// Returns false if `json` is not an object; true (and an unchanged copy) if absent.
+// Writes `json` to `out` without the top-level member `key`: every occurrence
+// if it is duplicated, each with one adjoining comma (and the whitespace
+// between that comma and the next key); other bytes are copied unchanged.
+// Returns false (and leaves `out` untouched) if `json` is not an object; true
+// (and an unchanged copy) if absent. `out` must not alias `json`.
 bool remove_member(std::string_view json, std::string_view key, std::string& out);
 
 }  // namespace weir::api

@@ -18,8 +18,12 @@ struct Usage {
 
 // Reads the top-level "usage" member of a response body or a stream chunk's
 // data (a JSON object text). Returns nullopt when the member is absent, null,
-// not an object, or the text is not valid JSON. Cost: one scan of the
-// top-level object, and a parse of the usage value only.
+// not an object, or the text is not valid JSON (checked: the top-level
+// structure and the usage value; the rest is only skipped over). A count that
+// is absent or null reads as 0; one that is not a non-negative JSON integer
+// (1.5, 1e3, "12", true, -1) makes the whole result nullopt rather than a
+// guess. Cost: one scan of the top-level object, and a parse of the usage
+// value only, into a stack buffer.
 std::optional<Usage> extract_usage(std::string_view json);
 
 }  // namespace weir::api

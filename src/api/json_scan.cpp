@@ -1,0 +1,369 @@
+// Byte-exact scans and edits of the top-level JSON object (RFC 8259).
+//
+// The scanner walks the top-level members only: strings are skipped with
+// memchr for '"' (an escaped quote is one preceded by an odd run of
+// backslashes), nested containers by counting brackets outside strings.
+// Nothing is decoded except keys that contain escapes, and nothing allocates.
+// The input is trusted to be valid JSON; the scanner still checks the
+// top-level structure and never reads out of bounds, so on malformed input it
+// returns "not an object" instead of guessing.
+#include "api/json_scan.hpp"
+
+#include <array>
+#include <cstdint>
+#include <cstring>
+
+namespace weir::api {
+namespace {
+
+constexpr std::size_t npos = std::string_view::npos;
+
+constexpr bool is_ws(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+// Bytes that matter while skipping a container: quotes and brackets.
+constexpr std::array<bool, 256> kStructural = [] {
+  std::array<bool, 256> t{};
+  for (unsigned char c : {'"', '{', '}', '[', ']'}) t[c] = true;
+  return t;
+}();
+
+// Bytes that end a number or literal.
+constexpr std::array<bool, 256> kScalarEnd = [] {
+  std::array<bool, 256> t{};
+  for (unsigned char c : {' ', '\n', '\r', '\t', ',', '}', ']'}) t[c] = true;
+  return t;
+}();
+
+struct RawMember {
+  std::size_t key_begin;    // opening quote of the key
+  std::size_t key_end;      // one past the closing quote of the key
+  std::size_t value_begin;  // first byte of the value
+  std::size_t value_end;    // one past the last byte of the value
+};
+
+// Where the object's braces are.
+struct ObjectShape {
+  std::size_t open = 0;         // the '{'
+  std::size_t close = 0;        // the '}'
+  bool has_members = false;
+};
+
+class Scanner {
+ public:
+  explicit Scanner(std::string_view s) : s_(s) {}
+
+  std::size_t skip_ws(std::size_t i) const {
+    while (i < s_.size() && is_ws(s_[i])) ++i;
+    return i;
+  }
+
+  // `i` is at an opening quote; returns one past the closing quote, or npos.
+  std::size_t string_end(std::size_t i) const {
+    const char* const base = s_.data();
+    const std::size_t first = i + 1;
+    std::size_t j = first;
+    for (;;) {
+      const void* q = std::memchr(base + j, '"', s_.size() - j);
+      if (q == nullptr) return npos;
+      const auto k = static_cast<std::size_t>(static_cast<const char*>(q) - base);
+      std::size_t backslashes = 0;
+      while (k - backslashes > first && base[k - backslashes - 1] == '\\') ++backslashes;
+      if (backslashes % 2 == 0) return k + 1;
+      j = k + 1;
+    }
+  }
+
+  // `i` is at the first byte of a value; returns one past its last byte, or npos.
+  std::size_t value_end(std::size_t i) const {
+    if (i >= s_.size()) return npos;
+    const char c = s_[i];
+    if (c == '"') return string_end(i);
+    if (c == '{' || c == '[') return container_end(i);
+    if (!(c == '-' || (c >= '0' && c <= '9') || c == 't' || c == 'f' || c == 'n')) return npos;
+    std::size_t j = i + 1;
+    while (j < s_.size() && !kScalarEnd[static_cast<unsigned char>(s_[j])]) ++j;
+    return j;
+  }
+
+  // Calls fn(const RawMember&) for each top-level member in order. Returns
+  // false if the text is not one object (optionally surrounded by whitespace).
+  template <class Fn>
+  bool for_each_member(ObjectShape& shape, Fn&& fn) const {
+    const std::size_t n = s_.size();
+    std::size_t i = skip_ws(0);
+    if (i >= n || s_[i] != '{') return false;
+    shape.open = i;
+    i = skip_ws(i + 1);
+    if (i < n && s_[i] == '}') {
+      shape.close = i;
+      return skip_ws(i + 1) == n;
+    }
+    for (;;) {
+      RawMember m{};
+      if (i >= n || s_[i] != '"') return false;
+      m.key_begin = i;
+      m.key_end = string_end(i);
+      if (m.key_end == npos) return false;
+      i = skip_ws(m.key_end);
+      if (i >= n || s_[i] != ':') return false;
+      m.value_begin = skip_ws(i + 1);
+      m.value_end = value_end(m.value_begin);
+      if (m.value_end == npos) return false;
+      shape.has_members = true;
+      fn(m);
+      i = skip_ws(m.value_end);
+      if (i >= n) return false;
+      if (s_[i] == ',') {
+        i = skip_ws(i + 1);
+        continue;
+      }
+      if (s_[i] != '}') return false;
+      shape.close = i;
+      return skip_ws(i + 1) == n;
+    }
+  }
+
+  // The key's text between its quotes, still escaped.
+  std::string_view key_text(const RawMember& m) const {
+    return s_.substr(m.key_begin + 1, m.key_end - m.key_begin - 2);
+  }
+
+ private:
+  std::size_t container_end(std::size_t i) const {
+    std::size_t depth = 0;
+    std::size_t j = i;
+    const std::size_t n = s_.size();
+    while (j < n) {
+      while (j < n && !kStructural[static_cast<unsigned char>(s_[j])]) ++j;
+      if (j >= n) break;
+      switch (s_[j]) {
+        case '"':
+          j = string_end(j);
+          if (j == npos) return npos;
+          continue;
+        case '{':
+        case '[':
+          ++depth;
+          break;
+        default:  // '}' or ']'
+          if (--depth == 0) return j + 1;
+          break;
+      }
+      ++j;
+    }
+    return npos;
+  }
+
+  std::string_view s_;
+};
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// Reads the 4 hex digits at raw[i..i+4); -1 if malformed.
+long hex4(std::string_view raw, std::size_t i) {
+  if (i + 4 > raw.size()) return -1;
+  long v = 0;
+  for (std::size_t k = 0; k < 4; ++k) {
+    const int h = hex_value(raw[i + k]);
+    if (h < 0) return -1;
+    v = v * 16 + h;
+  }
+  return v;
+}
+
+// UTF-8 encoding of a code point; returns its length (1-4).
+std::size_t encode_utf8(std::uint32_t cp, char out[4]) {
+  if (cp < 0x80) {
+    out[0] = static_cast<char>(cp);
+    return 1;
+  }
+  if (cp < 0x800) {
+    out[0] = static_cast<char>(0xC0 | (cp >> 6));
+    out[1] = static_cast<char>(0x80 | (cp & 0x3F));
+    return 2;
+  }
+  if (cp < 0x10000) {
+    out[0] = static_cast<char>(0xE0 | (cp >> 12));
+    out[1] = static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out[2] = static_cast<char>(0x80 | (cp & 0x3F));
+    return 3;
+  }
+  out[0] = static_cast<char>(0xF0 | (cp >> 18));
+  out[1] = static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+  out[2] = static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+  out[3] = static_cast<char>(0x80 | (cp & 0x3F));
+  return 4;
+}
+
+// Compares the escaped text of a JSON string (between its quotes) with an
+// unescaped key, decoding escapes on the fly. A lone surrogate matches nothing.
+bool escaped_equals(std::string_view raw, std::string_view key) {
+  std::size_t i = 0;
+  std::size_t k = 0;
+  while (i < raw.size()) {
+    if (raw[i] != '\\') {
+      if (k >= key.size() || key[k] != raw[i]) return false;
+      ++i;
+      ++k;
+      continue;
+    }
+    if (i + 1 >= raw.size()) return false;
+    char buf[4];
+    std::size_t len = 1;
+    switch (raw[i + 1]) {
+      case '"': buf[0] = '"'; break;
+      case '\\': buf[0] = '\\'; break;
+      case '/': buf[0] = '/'; break;
+      case 'b': buf[0] = '\b'; break;
+      case 'f': buf[0] = '\f'; break;
+      case 'n': buf[0] = '\n'; break;
+      case 'r': buf[0] = '\r'; break;
+      case 't': buf[0] = '\t'; break;
+      case 'u': {
+        long cp = hex4(raw, i + 2);
+        if (cp < 0) return false;
+        if (cp >= 0xDC00 && cp <= 0xDFFF) return false;
+        if (cp >= 0xD800 && cp <= 0xDBFF) {
+          if (i + 12 > raw.size() || raw[i + 6] != '\\' || raw[i + 7] != 'u') return false;
+          const long lo = hex4(raw, i + 8);
+          if (lo < 0xDC00 || lo > 0xDFFF) return false;
+          cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          i += 6;
+        }
+        len = encode_utf8(static_cast<std::uint32_t>(cp), buf);
+        i += 4;
+        break;
+      }
+      default:
+        return false;
+    }
+    i += 2;
+    if (key.size() - k < len || std::memcmp(key.data() + k, buf, len) != 0) return false;
+    k += len;
+  }
+  return k == key.size();
+}
+
+bool key_equals(std::string_view raw, std::string_view key) {
+  if (std::memchr(raw.data(), '\\', raw.size()) == nullptr) return raw == key;
+  return escaped_equals(raw, key);
+}
+
+// Appends `s` as a JSON string literal (RFC 8259 §7: quote, backslash and
+// control characters escaped; other bytes, UTF-8 included, as they are).
+void append_json_string(std::string& out, std::string_view s) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  out.push_back('"');
+  for (const char c : s) {
+    switch (c) {
+      case '"': out.append("\\\""); break;
+      case '\\': out.append("\\\\"); break;
+      case '\b': out.append("\\b"); break;
+      case '\f': out.append("\\f"); break;
+      case '\n': out.append("\\n"); break;
+      case '\r': out.append("\\r"); break;
+      case '\t': out.append("\\t"); break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out.append("\\u00");
+          out.push_back(kHex[(c >> 4) & 0xF]);
+          out.push_back(kHex[c & 0xF]);
+        } else {
+          out.push_back(c);
+        }
+    }
+  }
+  out.push_back('"');
+}
+
+}  // namespace
+
+std::optional<MemberSpan> find_member(std::string_view json, std::string_view key) {
+  const Scanner scan(json);
+  ObjectShape shape;
+  std::optional<MemberSpan> found;
+  const bool ok = scan.for_each_member(shape, [&](const RawMember& m) {
+    if (key_equals(scan.key_text(m), key)) found = MemberSpan{m.key_begin, m.value_begin, m.value_end};
+  });
+  if (!ok) return std::nullopt;
+  return found;
+}
+
+bool set_member(std::string_view json, std::string_view key, std::string_view value_json,
+                std::string& out) {
+  const Scanner scan(json);
+  ObjectShape shape;
+  std::optional<MemberSpan> found;
+  const bool ok = scan.for_each_member(shape, [&](const RawMember& m) {
+    if (key_equals(scan.key_text(m), key)) found = MemberSpan{m.key_begin, m.value_begin, m.value_end};
+  });
+  if (!ok) return false;
+  out.clear();
+  if (found) {
+    out.reserve(json.size() - (found->value_end - found->value_begin) + value_json.size());
+    out.append(json.substr(0, found->value_begin));
+    out.append(value_json);
+    out.append(json.substr(found->value_end));
+    return true;
+  }
+  out.reserve(json.size() + key.size() + value_json.size() + 8);
+  out.append(json.substr(0, shape.open + 1));
+  append_json_string(out, key);
+  out.push_back(':');
+  out.append(value_json);
+  if (shape.has_members) out.push_back(',');
+  out.append(json.substr(shape.open + 1));
+  return true;
+}
+
+bool remove_member(std::string_view json, std::string_view key, std::string& out) {
+  const Scanner scan(json);
+  ObjectShape shape;
+  std::size_t matches = 0;
+  if (!scan.for_each_member(shape, [&](const RawMember& m) { matches += key_equals(scan.key_text(m), key); })) {
+    return false;
+  }
+  out.clear();
+  if (matches == 0) {
+    out.assign(json);
+    return true;
+  }
+  // Kept members are copied with the separator that followed them in the
+  // input (", " with whatever whitespace the sender used) when another kept
+  // member comes after; the text after the last member (whitespace and '}')
+  // closes the output. Removing every member leaves "{" + that text.
+  out.reserve(json.size());
+  bool first = true;
+  bool have_kept = false;
+  bool want_sep_end = false;
+  std::size_t kept_value_end = 0;  // value_end of the last kept member
+  std::size_t sep_end = 0;         // key_begin of the member after the last kept one
+  std::size_t last_value_end = 0;  // value_end of the last member seen
+  scan.for_each_member(shape, [&](const RawMember& m) {
+    if (first) {
+      out.append(json.substr(0, m.key_begin));
+      first = false;
+    }
+    if (want_sep_end) {
+      sep_end = m.key_begin;
+      want_sep_end = false;
+    }
+    if (!key_equals(scan.key_text(m), key)) {
+      if (have_kept) out.append(json.substr(kept_value_end, sep_end - kept_value_end));
+      out.append(json.substr(m.key_begin, m.value_end - m.key_begin));
+      have_kept = true;
+      kept_value_end = m.value_end;
+      want_sep_end = true;
+    }
+    last_value_end = m.value_end;
+  });
+  out.append(json.substr(last_value_end));
+  return true;
+}
+
+}  // namespace weir::api

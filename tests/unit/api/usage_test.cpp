@@ -1,0 +1,118 @@
+// extract_usage on vLLM/OpenAI bodies and stream chunks, nulls, and values
+// that are not counts.
+#include "api/usage.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <string_view>
+#include <tuple>
+
+namespace weir::api {
+namespace {
+
+using Counts = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint64_t>;
+
+// prompt, completion, total, cached
+Counts counts(const Usage& u) { return {u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_tokens}; }
+
+struct UsageCase {
+  std::string_view name;
+  std::string_view json;
+  std::optional<Usage> want;
+};
+
+void PrintTo(const UsageCase& c, std::ostream* os) { *os << c.name; }
+
+class ExtractUsage : public ::testing::TestWithParam<UsageCase> {};
+
+TEST_P(ExtractUsage, Table) {
+  const UsageCase& c = GetParam();
+  const auto got = extract_usage(c.json);
+  ASSERT_EQ(got.has_value(), c.want.has_value()) << c.json;
+  if (got) {
+    EXPECT_EQ(counts(*got), counts(*c.want));
+  }
+}
+
+const UsageCase kCases[] = {
+    // vLLM's final chunk with stream_options.include_usage (field order as vLLM writes it).
+    {"vllm_stream_usage_chunk",
+     R"({"id":"chatcmpl-3f9c","object":"chat.completion.chunk","created":1718035200,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{"prompt_tokens":400,"total_tokens":528,"completion_tokens":128}})",
+     Usage{400, 128, 528, 0}},
+    {"vllm_content_chunk_without_usage",
+     R"({"id":"chatcmpl-3f9c","object":"chat.completion.chunk","created":1718035200,"model":"m","choices":[{"index":0,"delta":{"content":"hi"},"logprobs":null,"finish_reason":null}]})",
+     std::nullopt},
+    // continuous_usage_stats puts usage on every chunk, after the choices.
+    {"vllm_continuous_usage",
+     R"({"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"{\"usage\":1}"}}],"usage":{"prompt_tokens":400,"total_tokens":401,"completion_tokens":1}})",
+     Usage{400, 1, 401, 0}},
+    {"openai_response_with_details",
+     R"({
+  "id": "chatcmpl-abc",
+  "object": "chat.completion",
+  "model": "gpt-4o-mini",
+  "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello!"}, "finish_reason": "stop"}],
+  "usage": {
+    "prompt_tokens": 1200,
+    "completion_tokens": 30,
+    "total_tokens": 1230,
+    "prompt_tokens_details": {"cached_tokens": 1024, "audio_tokens": 0},
+    "completion_tokens_details": {"reasoning_tokens": 0}
+  },
+  "system_fingerprint": "fp_1"
+})",
+     Usage{1200, 30, 1230, 1024}},
+    {"details_null", R"({"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":null}})",
+     Usage{1, 2, 3, 0}},
+    {"cached_null",
+     R"({"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{"cached_tokens":null}}})",
+     Usage{1, 2, 3, 0}},
+    {"details_without_cached", R"({"usage":{"prompt_tokens":1,"prompt_tokens_details":{}}})", Usage{1, 0, 0, 0}},
+    {"counts_null", R"({"usage":{"prompt_tokens":null,"completion_tokens":5,"total_tokens":null}})", Usage{0, 5, 0, 0}},
+    {"counts_missing", R"({"usage":{}})", Usage{0, 0, 0, 0}},
+    {"extra_fields_ignored", R"({"usage":{"prompt_tokens":1,"foo":"bar","nested":{"x":[1.5]}}})", Usage{1, 0, 0, 0}},
+    {"zero", R"({"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}})", Usage{0, 0, 0, 0}},
+    {"largest_uint64", R"({"usage":{"prompt_tokens":18446744073709551615}})", Usage{18446744073709551615u, 0, 0, 0}},
+    {"whitespace", " {\n \"usage\" :\t{ \"prompt_tokens\" : 7 }\n}\n", Usage{7, 0, 0, 0}},
+    {"duplicate_usage_last_wins", R"({"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}})", Usage{2, 0, 0, 0}},
+    {"escaped_key", R"({"us\u0061ge":{"prompt_tokens":3}})", Usage{3, 0, 0, 0}},
+    {"usage_first", R"({"usage":{"completion_tokens":9},"choices":[]})", Usage{0, 9, 0, 0}},
+
+    {"usage_null", R"({"choices":[],"usage":null})", std::nullopt},
+    {"usage_absent", R"({"choices":[]})", std::nullopt},
+    {"usage_number", R"({"usage":12})", std::nullopt},
+    {"usage_string", R"({"usage":"12"})", std::nullopt},
+    {"usage_array", R"({"usage":[{"prompt_tokens":1}]})", std::nullopt},
+    {"usage_nested_only", R"({"choices":[{"usage":{"prompt_tokens":1}}]})", std::nullopt},
+    {"fraction", R"({"usage":{"prompt_tokens":1.5}})", std::nullopt},
+    {"integral_double", R"({"usage":{"prompt_tokens":12.0}})", std::nullopt},
+    {"exponent", R"({"usage":{"prompt_tokens":1e3}})", std::nullopt},
+    {"string_count", R"({"usage":{"prompt_tokens":"12"}})", std::nullopt},
+    {"bool_count", R"({"usage":{"completion_tokens":true}})", std::nullopt},
+    {"negative", R"({"usage":{"total_tokens":-1}})", std::nullopt},
+    {"too_large", R"({"usage":{"prompt_tokens":18446744073709551616}})", std::nullopt},
+    {"object_count", R"({"usage":{"prompt_tokens":{}}})", std::nullopt},
+    {"cached_fraction", R"({"usage":{"prompt_tokens_details":{"cached_tokens":0.5}}})", std::nullopt},
+    {"details_number", R"({"usage":{"prompt_tokens_details":5}})", std::nullopt},
+    {"invalid_usage_json", R"({"usage":{"prompt_tokens":01}})", std::nullopt},
+    {"invalid_usage_json_missing_colon", R"({"usage":{"prompt_tokens" 1}})", std::nullopt},
+    {"truncated", R"({"usage":{"prompt_tokens":1})", std::nullopt},
+    {"not_an_object", R"([{"usage":{"prompt_tokens":1}}])", std::nullopt},
+    {"empty", "", std::nullopt},
+    {"done_sentinel", "[DONE]", std::nullopt},
+};
+
+INSTANTIATE_TEST_SUITE_P(Cases, ExtractUsage, ::testing::ValuesIn(kCases),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+TEST(ExtractUsageLarge, UsageBiggerThanTheStackBufferStillParses) {
+  // The parse arena starts on the stack and falls back to the heap.
+  std::string body = R"({"usage":{"prompt_tokens":5,"padding":")" + std::string(8000, 'x') + R"("}})";
+  const auto got = extract_usage(body);
+  ASSERT_TRUE(got);
+  EXPECT_EQ(got->prompt_tokens, 5u);
+}
+
+}  // namespace
+}  // namespace weir::api
