@@ -1,0 +1,666 @@
+// weir-mock's HTTP/1.1 server (see server.hpp).
+#include "server.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+#include "wire.hpp"
+
+namespace weir::mock {
+
+namespace beast = boost::beast;
+namespace http = beast::http;
+using boost::system::error_code;
+using namespace std::chrono_literals;
+
+namespace {
+
+constexpr std::size_t kHeaderLimit = 64 * 1024;        // bytes of request head
+constexpr std::uint64_t kBodyLimit = 64ull << 20;      // bytes of request body (64 MiB)
+constexpr std::size_t kReadBufferMax = 1 << 20;        // bytes buffered ahead (pipelining)
+constexpr auto kRequestTimeout = 30s;                  // first byte -> whole request read
+constexpr auto kWriteTimeout = 60s;                    // a response must drain within this
+constexpr auto kDrainTimeout = 2s;                     // lingering close after "connection: close"
+constexpr auto kTickSlack = 200us;                     // entries due this soon go out in the current tick
+constexpr std::string_view kVllmVersion = "0.10.1";    // the vLLM release whose wire format we follow
+
+// Per-request fault settings: flags, overridden by x-mock-* headers.
+struct Faults {
+  int ttft_ms = 0;
+  int itl_ms = 0;
+  int status = 0;        // 0: none
+  int stall_after = -1;  // tokens before the stall; -1: none
+  int stall_ms = 0;
+  int reset_after = -1;  // tokens before the RST; -1: none
+  bool gzip = false;
+  bool empty_body = false;
+  bool echo = false;
+};
+
+std::string_view path_of(std::string_view target) {
+  const auto q = target.find('?');
+  return q == std::string_view::npos ? target : target.substr(0, q);
+}
+
+// Header values never hold CR/LF once parsed, but be strict anyway.
+std::string sanitize(std::string_view v) {
+  std::string out;
+  for (char c : v)
+    if (c != '\r' && c != '\n' && c != '\0') out += c;
+  return out;
+}
+
+}  // namespace
+
+// One accepted socket: reads requests one after another (keep-alive), answers
+// simple endpoints at once and runs generations on the worker's scheduler.
+// Lives as long as an operation or a scheduler entry holds a shared_ptr to it.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(Worker& w, Socket s) : w_(w), socket_(std::move(s)), rbuf_(kReadBufferMax) { w_.add(this); }
+  ~Connection() {
+    if (phase_ == Phase::generating) end_generation(Finish::abort);
+    w_.remove(this);
+  }
+
+  void start() {
+    error_code ec;
+    socket_.set_option(Tcp::no_delay(true), ec);
+    do_idle();
+  }
+
+  // Scheduler callback: the next step of generation `gen` is due.
+  void on_due(std::uint64_t gen, Clock::time_point now);
+
+  // The sweep found the deadline passed, or the worker shuts down.
+  void expire() {
+    if (phase_ == Phase::generating) end_generation(Finish::abort);
+    close();
+  }
+
+  Clock::time_point deadline() const { return deadline_; }
+  std::size_t registry_index = 0;
+
+ private:
+  enum class Phase : std::uint8_t { idle, reading, responding, generating, draining, closed };
+  using Request = http::request<http::string_body>;
+
+  void do_idle();
+  void start_watch();
+  void on_watch(error_code ec, std::size_t n);
+  void read_request();
+  void on_request(error_code ec);
+  void dispatch();
+  void start_generation(Endpoint ep);
+  std::optional<std::string> read_faults(const Request& req);
+  std::string echo_headers(const Request& req);
+  void queue_head(int status, std::string_view content_type, std::size_t length, std::string_view extra,
+                  bool gzip, bool chunked);
+  void respond(int status, std::string_view content_type, std::string body, std::string_view extra = {},
+               bool gzip = false);
+  void respond_error(int status, std::string_view message, std::string_view type = {});
+  void respond_fatal(int status, std::string_view content_type, std::string body);
+  void flush();
+  void on_write(error_code ec);
+  void after_response();
+  Clock::time_point due(int step) const;
+  void end_generation(Finish reason);
+  void do_reset();
+  void lingering_close();
+  void close();
+
+  Worker& w_;
+  Socket socket_;
+  beast::flat_buffer rbuf_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  Phase phase_ = Phase::idle;
+  bool read_pending_ = false;  // a read (watch or request) is outstanding
+  bool writing_ = false;       // an async_write is outstanding
+  bool keep_alive_ = true;
+  bool head_ = false;          // HEAD request: headers only
+  bool close_after_ = false;   // close once the queued bytes are written
+  Clock::time_point deadline_ = Clock::time_point::max();
+  std::string out_;      // bytes queued behind the write in flight
+  std::string wbuf_;     // bytes of the write in flight
+  std::string scratch_;  // chunk JSON under construction
+
+  // The request being served.
+  Plan plan_;
+  Faults faults_;
+  std::string echo_;                // x-mock-* echo header lines, or empty
+  Clock::time_point t_start_;       // request fully read
+  std::uint64_t gen_ = 0;           // generation number; older scheduler entries are stale
+  int step_ = 0;                    // next streaming step (token position)
+  bool streaming_ = false;          // this generation answers with SSE
+  bool last_queued_ = false;        // the generation's final bytes are queued
+  std::int64_t kv_held_ = 0;        // tokens this generation adds to kv_tokens
+};
+
+// ---------------------------------------------------------------------------
+// Reading requests
+
+void Connection::do_idle() {
+  phase_ = Phase::idle;
+  deadline_ = Clock::now() + std::chrono::seconds(w_.cfg().keep_alive_s);
+  if (rbuf_.size() > 0) return read_request();
+  if (!read_pending_) start_watch();
+}
+
+// One read_some outstanding: while idle it waits for the next request's first
+// bytes; while generating it notices the client going away.
+void Connection::start_watch() {
+  const std::size_t room = rbuf_.max_size() - rbuf_.size();
+  if (room == 0) return;  // a client pipelining 1 MiB ahead: stop watching until we catch up
+  read_pending_ = true;
+  socket_.async_read_some(rbuf_.prepare(std::min<std::size_t>(room, 16384)),
+                          [self = shared_from_this()](error_code ec, std::size_t n) { self->on_watch(ec, n); });
+}
+
+void Connection::on_watch(error_code ec, std::size_t n) {
+  read_pending_ = false;
+  if (phase_ == Phase::closed) return;
+  if (ec) {
+    if (phase_ == Phase::generating) end_generation(Finish::abort);  // the client went away
+    return close();
+  }
+  rbuf_.commit(n);
+  switch (phase_) {
+    case Phase::idle: return read_request();
+    case Phase::draining: rbuf_.consume(rbuf_.size()); return start_watch();
+    case Phase::generating:
+    case Phase::responding: return start_watch();  // pipelined bytes wait in rbuf_
+    default: return;
+  }
+}
+
+void Connection::read_request() {
+  phase_ = Phase::reading;
+  deadline_ = Clock::now() + kRequestTimeout;
+  parser_.emplace();
+  parser_->header_limit(kHeaderLimit);
+  parser_->body_limit(kBodyLimit);
+  read_pending_ = true;
+  http::async_read(socket_, rbuf_, *parser_,
+                   [self = shared_from_this()](error_code ec, std::size_t) { self->on_request(ec); });
+}
+
+void Connection::on_request(error_code ec) {
+  read_pending_ = false;
+  if (phase_ == Phase::closed) return;
+  if (!ec) return dispatch();
+  keep_alive_ = false;
+  if (ec == http::error::body_limit)
+    return respond_fatal(413, "application/json",
+                         error_body(413, fmt::format("Request body exceeds weir-mock's limit of {} bytes", kBodyLimit)));
+  if (ec == http::error::header_limit)
+    return respond_fatal(431, "text/plain; charset=utf-8", "Request Header Fields Too Large");
+  // Bad bytes: answer as uvicorn does. A clean or abrupt close: just close.
+  if (ec.category() == http::make_error_code(http::error::bad_method).category() &&
+      ec != http::error::end_of_stream && ec != http::error::partial_message)
+    return respond_fatal(400, "text/plain; charset=utf-8", "Invalid HTTP request received.");
+  close();
+}
+
+void Connection::dispatch() {
+  Request& req = parser_->get();
+  t_start_ = Clock::now();
+  keep_alive_ = req.keep_alive();
+  head_ = req.method() == http::verb::head;
+  close_after_ = false;
+  echo_.clear();
+  const std::string_view path = path_of(req.target());
+  const bool get = req.method() == http::verb::get || head_;
+  const bool post = req.method() == http::verb::post;
+
+  const auto not_allowed = [&](std::string_view allow) {
+    respond(405, "application/json", error_body(405, "Method Not Allowed", "Method Not Allowed"),
+            fmt::format("allow: {}\r\n", allow));
+  };
+  if (path == "/v1/chat/completions" || path == "/v1/completions" || path == "/v1/embeddings") {
+    if (!post) return not_allowed("POST");
+    return start_generation(path == "/v1/chat/completions" ? Endpoint::chat
+                            : path == "/v1/completions"    ? Endpoint::completion
+                                                           : Endpoint::embedding);
+  }
+  if (path == "/health") {
+    if (!get) return not_allowed("GET");
+    return respond(200, {}, {});  // vLLM: Response(status_code=200), no body, no content-type
+  }
+  if (path == "/v1/models") {
+    if (!get) return not_allowed("GET");
+    return respond(200, "application/json", models_body(w_.cfg(), std::time(nullptr), w_.rng()));
+  }
+  if (path == "/metrics") {
+    if (!get) return not_allowed("GET");
+    return respond(200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(w_.all_metrics(), w_.cfg()));
+  }
+  if (path == "/version") {
+    if (!get) return not_allowed("GET");
+    return respond(200, "application/json", fmt::format("{{\"version\":\"{}\"}}", kVllmVersion));
+  }
+  respond(404, "application/json", error_body(404, "Not Found", "Not Found"));
+}
+
+// ---------------------------------------------------------------------------
+// Generations
+
+std::optional<std::string> Connection::read_faults(const Request& req) {
+  const MockConfig& cfg = w_.cfg();
+  faults_ = Faults{};
+  faults_.ttft_ms = cfg.ttft_ms;
+  faults_.itl_ms = cfg.itl_ms;
+  faults_.stall_after = cfg.stall_after;
+  faults_.stall_ms = cfg.stall_ms;
+  faults_.reset_after = cfg.reset_after;
+
+  const auto flag = [&](std::string_view name, bool& out) -> std::optional<std::string> {
+    const std::string_view v = req[name];
+    if (v.empty() || v == "0" || v == "false" || v == "no") return std::nullopt;
+    if (v == "1" || v == "true" || v == "yes") {
+      out = true;
+      return std::nullopt;
+    }
+    return fmt::format("invalid {} header: expected 1 or 0", name);
+  };
+  if (auto e = flag("x-mock-gzip", faults_.gzip)) return e;
+  if (auto e = flag("x-mock-empty-body", faults_.empty_body)) return e;
+  if (auto e = flag("x-mock-echo", faults_.echo)) return e;
+  if (faults_.echo) echo_ = echo_headers(req);
+
+  const auto number = [&](std::string_view name, int& out, int lo, int hi) -> std::optional<std::string> {
+    const std::string_view v = req[name];
+    if (v.empty()) return std::nullopt;
+    int x = 0;
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), x);
+    if (ec != std::errc{} || p != v.data() + v.size() || x < lo || x > hi)
+      return fmt::format("invalid {} header: expected an integer in [{}, {}]", name, lo, hi);
+    out = x;
+    return std::nullopt;
+  };
+  constexpr int kHour = 3600 * 1000;
+  if (auto e = number("x-mock-ttft-ms", faults_.ttft_ms, 0, kHour)) return e;
+  if (auto e = number("x-mock-itl-ms", faults_.itl_ms, 0, kHour)) return e;
+  if (auto e = number("x-mock-status", faults_.status, 400, 599)) return e;
+  if (auto e = number("x-mock-stall-after", faults_.stall_after, 0, 1 << 30)) return e;
+  if (auto e = number("x-mock-stall-ms", faults_.stall_ms, 0, kHour)) return e;
+  if (auto e = number("x-mock-reset-after", faults_.reset_after, 0, 1 << 30)) return e;
+  return std::nullopt;
+}
+
+// x-mock-echo: what arrived, so a test can prove a proxy delivered it intact.
+std::string Connection::echo_headers(const Request& req) {
+  const std::string& body = req.body();
+  std::string h = fmt::format("x-mock-body-bytes: {}\r\nx-mock-body-sha256: {}\r\n", body.size(), sha256_hex(body));
+  if (const auto it = req.find("x-request-id"); it != req.end())
+    h += fmt::format("x-mock-request-id: {}\r\n", sanitize(it->value()));
+  boost::system::error_code ec;
+  const auto doc = boost::json::parse(body, ec);
+  if (!ec && doc.is_object())
+    if (const auto* m = doc.get_object().if_contains("model"); m != nullptr && m->is_string())
+      h += fmt::format("x-mock-model: {}\r\n", sanitize(m->get_string()));
+  std::string names;
+  for (const auto& f : req) {
+    if (!names.empty()) names += ',';
+    for (char c : f.name_string()) names += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+  }
+  h += fmt::format("x-mock-headers: {}\r\n", sanitize(names));
+  return h;
+}
+
+void Connection::start_generation(Endpoint ep) {
+  Request& req = parser_->get();
+  if (auto err = read_faults(req)) return respond_error(400, *err);
+  MetricsShard& m = w_.metrics();
+  if (faults_.status != 0) {
+    bump(m.injected_errors, std::uint64_t{1});
+    return respond_error(faults_.status, fmt::format("weir-mock: injected error (x-mock-status: {})", faults_.status));
+  }
+  if (w_.cfg().error_rate > 0 && w_.rng().uniform() < w_.cfg().error_rate) {
+    bump(m.injected_errors, std::uint64_t{1});
+    return respond_error(w_.cfg().error_status, "weir-mock: injected error (--error-rate)");
+  }
+  if (auto err = build_plan(ep, req.body(), req["x-request-id"], w_.cfg(), w_.rng(), plan_))
+    return respond_error(err->status, err->message);
+  parser_.reset();  // the body is no longer needed
+
+  ++gen_;
+  step_ = 0;
+  last_queued_ = false;
+  phase_ = Phase::generating;
+  deadline_ = Clock::time_point::max();
+  streaming_ = plan_.stream && !faults_.empty_body && ep != Endpoint::embedding;
+  kv_held_ = static_cast<std::int64_t>(plan_.total_prompt_tokens);
+  bump(m.running, std::int64_t{1});
+  bump(m.kv_tokens, kv_held_);
+  bump(m.prompt_tokens, plan_.total_prompt_tokens);
+
+  if (streaming_) {
+    // Headers go out at once, as Starlette's StreamingResponse sends them
+    // before the first body chunk; tokens follow from the scheduler.
+    queue_head(200, "text/event-stream; charset=utf-8", 0, echo_, false, true);
+    flush();
+    w_.schedule(due(0), shared_from_this(), gen_);
+  } else {
+    // The whole answer leaves when the last token would have.
+    int at = ep == Endpoint::embedding ? 0 : plan_.tokens - 1;
+    if (faults_.reset_after >= 0) at = std::min(at, faults_.reset_after);
+    w_.schedule(due(at), shared_from_this(), gen_);
+  }
+  if (!read_pending_) start_watch();
+}
+
+// When token `step` (0-based) is due: ttft, then one every itl, shifted by
+// the stall once `stall_after` tokens have gone out.
+Clock::time_point Connection::due(int step) const {
+  auto ms = static_cast<std::int64_t>(faults_.ttft_ms) + static_cast<std::int64_t>(step) * faults_.itl_ms;
+  if (faults_.stall_after >= 0 && step >= faults_.stall_after) ms += faults_.stall_ms;
+  return t_start_ + std::chrono::milliseconds(ms);
+}
+
+void Connection::on_due(std::uint64_t gen, Clock::time_point now) {
+  if (gen != gen_ || phase_ != Phase::generating || last_queued_) return;
+  MetricsShard& m = w_.metrics();
+  if (!streaming_) {
+    const int at = plan_.endpoint == Endpoint::embedding ? 0 : plan_.tokens - 1;
+    if (faults_.reset_after >= 0 && faults_.reset_after <= at) return do_reset();
+    m.lag.observe(std::chrono::duration<double>(now - due(at)).count());
+    if (plan_.endpoint != Endpoint::embedding) {
+      m.ttft.observe(std::chrono::duration<double>(due(0) - t_start_).count());
+      bump(m.generation_tokens, plan_.completion_tokens());
+    }
+    std::string body;
+    if (!faults_.empty_body) append_full_body(plan_, body);
+    last_queued_ = true;
+    const bool gzip = faults_.gzip;
+    if (gzip && !body.empty()) body = gzip_compress(body);
+    queue_head(200, "application/json", body.size(), echo_, gzip, false);
+    if (!head_) out_ += body;
+    deadline_ = now + kWriteTimeout;
+    return flush();
+  }
+
+  if (faults_.reset_after >= 0 && step_ >= faults_.reset_after) return do_reset();
+  m.lag.observe(std::chrono::duration<double>(now - due(step_)).count());
+  if (step_ == 0) m.ttft.observe(std::chrono::duration<double>(now - t_start_).count());
+  append_stream_step(plan_, step_, scratch_, out_);
+  const auto produced = static_cast<std::uint64_t>(plan_.choices());
+  bump(m.generation_tokens, produced);
+  bump(m.kv_tokens, static_cast<std::int64_t>(produced));
+  kv_held_ += static_cast<std::int64_t>(produced);
+  if (step_ == plan_.tokens - 1) {
+    last_queued_ = true;
+    deadline_ = now + kWriteTimeout;
+  } else {
+    ++step_;
+    w_.schedule(due(step_), shared_from_this(), gen_);
+  }
+  flush();
+}
+
+// Counts the generation's end and releases what it held. Idempotent per generation.
+void Connection::end_generation(Finish reason) {
+  if (phase_ != Phase::generating) return;
+  MetricsShard& m = w_.metrics();
+  bump(m.success[static_cast<std::size_t>(reason)], std::uint64_t{1});
+  bump(m.running, std::int64_t{-1});
+  bump(m.kv_tokens, -kv_held_);
+  if (reason != Finish::abort) m.e2e.observe(std::chrono::duration<double>(Clock::now() - t_start_).count());
+  kv_held_ = 0;
+  ++gen_;  // stale scheduler entries ignore themselves
+  phase_ = Phase::responding;
+}
+
+// x-mock-reset-after / --reset-after: abort the TCP connection with an RST
+// (SO_LINGER 0), as a crashed or killed model server would.
+void Connection::do_reset() {
+  MetricsShard& m = w_.metrics();
+  bump(m.injected_resets, std::uint64_t{1});
+  bump(m.running, std::int64_t{-1});
+  bump(m.kv_tokens, -kv_held_);
+  kv_held_ = 0;
+  ++gen_;
+  phase_ = Phase::responding;
+  error_code ec;
+  socket_.set_option(asio::socket_base::linger(true, 0), ec);
+  close();
+}
+
+// ---------------------------------------------------------------------------
+// Writing responses
+
+// Appends a response head as uvicorn writes it: date, server, then the body headers.
+void Connection::queue_head(int status, std::string_view content_type, std::size_t length, std::string_view extra,
+                            bool gzip, bool chunked) {
+  fmt::format_to(std::back_inserter(out_), "HTTP/1.1 {} {}\r\ndate: {}\r\nserver: uvicorn\r\n", status,
+                 reason_phrase(status), w_.date().now());
+  if (chunked) {
+    fmt::format_to(std::back_inserter(out_), "content-type: {}\r\ntransfer-encoding: chunked\r\n", content_type);
+  } else {
+    fmt::format_to(std::back_inserter(out_), "content-length: {}\r\n", length);
+    if (!content_type.empty()) fmt::format_to(std::back_inserter(out_), "content-type: {}\r\n", content_type);
+  }
+  if (gzip) out_ += "content-encoding: gzip\r\n";
+  out_ += extra;
+  if (!keep_alive_ || close_after_) out_ += "connection: close\r\n";
+  out_ += "\r\n";
+}
+
+void Connection::respond(int status, std::string_view content_type, std::string body, std::string_view extra,
+                         bool gzip) {
+  if (gzip && !body.empty()) body = gzip_compress(body);
+  queue_head(status, content_type, body.size(), extra, gzip, false);
+  if (!head_) out_ += body;
+  phase_ = Phase::responding;
+  deadline_ = Clock::now() + kWriteTimeout;
+  flush();
+}
+
+// An error for a generation endpoint: vLLM's shape, honouring x-mock-gzip and x-mock-echo.
+void Connection::respond_error(int status, std::string_view message, std::string_view type) {
+  parser_.reset();
+  respond(status, "application/json", error_body(status, message, type), echo_, faults_.gzip);
+}
+
+// A protocol error: answer, then close.
+void Connection::respond_fatal(int status, std::string_view content_type, std::string body) {
+  close_after_ = true;
+  keep_alive_ = false;
+  head_ = false;
+  parser_.reset();
+  respond(status, content_type, std::move(body));
+}
+
+void Connection::flush() {
+  if (writing_ || out_.empty() || phase_ == Phase::closed) return;
+  wbuf_.swap(out_);
+  out_.clear();
+  writing_ = true;
+  asio::async_write(socket_, asio::buffer(wbuf_),
+                    [self = shared_from_this()](error_code ec, std::size_t) { self->on_write(ec); });
+}
+
+void Connection::on_write(error_code ec) {
+  writing_ = false;
+  if (phase_ == Phase::closed) return;
+  if (ec) {
+    if (phase_ == Phase::generating) end_generation(Finish::abort);
+    return close();
+  }
+  if (!out_.empty()) return flush();
+  if (phase_ == Phase::generating) {
+    if (!last_queued_) return;
+    end_generation(plan_.cut_by_length ? Finish::length : Finish::stop);
+    return after_response();
+  }
+  if (phase_ == Phase::responding) after_response();
+}
+
+void Connection::after_response() {
+  parser_.reset();
+  if (close_after_ || !keep_alive_) return lingering_close();
+  do_idle();
+}
+
+// Half-close, then read until the client closes (or kDrainTimeout), so the
+// client sees our last bytes instead of an RST for unread input.
+void Connection::lingering_close() {
+  phase_ = Phase::draining;
+  deadline_ = Clock::now() + kDrainTimeout;
+  error_code ec;
+  socket_.shutdown(Tcp::socket::shutdown_send, ec);
+  rbuf_.consume(rbuf_.size());
+  if (!read_pending_) start_watch();
+}
+
+void Connection::close() {
+  if (phase_ == Phase::closed) return;
+  phase_ = Phase::closed;
+  deadline_ = Clock::time_point::max();
+  error_code ec;
+  socket_.close(ec);
+}
+
+// ---------------------------------------------------------------------------
+// Worker
+
+Worker::Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards)
+    : cfg_(cfg),
+      shard_(shard),
+      shards_(shards),
+      acceptor_(ioc_.get_executor()),
+      tick_timer_(ioc_.get_executor()),
+      sweep_timer_(ioc_.get_executor()),
+      accept_retry_(ioc_.get_executor()),
+      rng_(mix64(static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) ^
+                 (static_cast<std::uint64_t>(index + 1) << 48))) {}
+
+Worker::~Worker() = default;
+
+std::uint16_t Worker::listen(const Tcp::endpoint& ep) {
+  acceptor_.open(ep.protocol());
+  acceptor_.set_option(asio::socket_base::reuse_address(true));
+  acceptor_.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true));
+  acceptor_.bind(ep);
+  acceptor_.listen(asio::socket_base::max_listen_connections);
+  return acceptor_.local_endpoint().port();
+}
+
+void Worker::run() {
+  accept();
+  sweep();
+  for (;;) {
+    try {
+      ioc_.run();
+      return;
+    } catch (const std::exception& e) {
+      std::cerr << "weir-mock: worker error: " << e.what() << std::endl;
+    }
+  }
+}
+
+void Worker::shutdown() {
+  asio::post(ioc_, [this] {
+    stopping_ = true;
+    error_code ec;
+    acceptor_.close(ec);
+    tick_timer_.cancel();
+    sweep_timer_.cancel();
+    accept_retry_.cancel();
+    heap_.clear();
+    const auto conns = conns_;
+    for (Connection* c : conns) c->expire();
+  });
+}
+
+void Worker::accept() {
+  acceptor_.async_accept([this](error_code ec, Socket s) {
+    if (stopping_ || ec == asio::error::operation_aborted) return;
+    if (ec) {
+      // Out of descriptors or similar: back off briefly instead of spinning.
+      std::cerr << "weir-mock: accept: " << ec.message() << std::endl;
+      accept_retry_.expires_after(50ms);
+      accept_retry_.async_wait([this](error_code e) {
+        if (!e && !stopping_) accept();
+      });
+      return;
+    }
+    bump(shard_.connections, std::uint64_t{1});
+    std::make_shared<Connection>(*this, std::move(s))->start();
+    accept();
+  });
+}
+
+void Worker::add(Connection* c) {
+  c->registry_index = conns_.size();
+  conns_.push_back(c);
+}
+
+void Worker::remove(Connection* c) {
+  const std::size_t i = c->registry_index;
+  if (i >= conns_.size() || conns_[i] != c) return;
+  conns_[i] = conns_.back();
+  conns_[i]->registry_index = i;
+  conns_.pop_back();
+}
+
+void Worker::sweep() {
+  sweep_timer_.expires_after(500ms);
+  sweep_timer_.async_wait([this](error_code ec) {
+    if (ec || stopping_) return;
+    const auto now = Clock::now();
+    const auto conns = conns_;  // expire() never destroys synchronously, but be safe
+    for (Connection* c : conns)
+      if (c->deadline() <= now) c->expire();
+    sweep();
+  });
+}
+
+namespace {
+struct Later {
+  template <class D>
+  bool operator()(const D& a, const D& b) const {
+    return a.at > b.at;
+  }
+};
+}  // namespace
+
+void Worker::schedule(Clock::time_point at, std::shared_ptr<Connection> conn, std::uint64_t gen) {
+  if (stopping_) return;
+  heap_.push_back(Due{at, gen, std::move(conn)});
+  std::push_heap(heap_.begin(), heap_.end(), Later{});
+  if (!in_tick_ && at + kTickSlack < armed_) arm(at);
+}
+
+void Worker::arm(Clock::time_point at) {
+  armed_ = at;
+  tick_timer_.expires_at(at);
+  tick_timer_.async_wait([this](error_code ec) {
+    if (!ec && !stopping_) on_tick();
+  });
+}
+
+void Worker::on_tick() {
+  armed_ = Clock::time_point::max();
+  in_tick_ = true;
+  const auto now = Clock::now();
+  const auto horizon = now + kTickSlack;
+  while (!heap_.empty() && heap_.front().at <= horizon) {
+    std::pop_heap(heap_.begin(), heap_.end(), Later{});
+    Due d = std::move(heap_.back());
+    heap_.pop_back();
+    d.conn->on_due(d.gen, now);
+  }
+  in_tick_ = false;
+  if (!heap_.empty()) arm(heap_.front().at);
+}
+
+}  // namespace weir::mock

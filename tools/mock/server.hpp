@@ -1,0 +1,100 @@
+// weir-mock's HTTP/1.1 server: one Worker per thread (own io_context, own
+// SO_REUSEPORT acceptor, own token scheduler, own metrics shard), and one
+// Connection per accepted socket.
+//
+// The per-token path: each Worker keeps one timer and a min-heap of due
+// (time, connection) entries. When the timer fires it hands every entry due
+// within 0.2 ms to its Connection, which formats that step's SSE chunks and
+// queues one socket write, then pushes its next due time. So thousands of
+// streams share one timer and one wakeup per tick, not a timer each.
+//
+// Cancellation: while a generation runs, its Connection keeps one read
+// outstanding on the socket; EOF or an error there means the client went
+// away, and the generation is aborted at once (vllm:request_success_total
+// {finished_reason="abort"} moves in the same event-loop turn).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <boost/asio.hpp>
+
+#include "config.hpp"
+#include "metrics.hpp"
+#include "util.hpp"
+
+namespace weir::mock {
+
+namespace asio = boost::asio;
+using Executor = asio::io_context::executor_type;
+using Clock = std::chrono::steady_clock;
+using Tcp = asio::ip::tcp;
+using Socket = asio::basic_stream_socket<Tcp, Executor>;
+using Acceptor = asio::basic_socket_acceptor<Tcp, Executor>;
+using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor>;
+
+class Connection;
+
+// One event-loop thread: accepts, serves and schedules its own connections.
+// Every member function except shutdown() runs on the worker's own thread.
+class Worker {
+ public:
+  // `shards` lists every worker's metrics (for /metrics); `shard` is this one's.
+  Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards);
+  ~Worker();
+
+  // Binds and listens on `ep` with SO_REUSEADDR and SO_REUSEPORT. Throws
+  // boost::system::system_error on failure. Returns the bound port.
+  std::uint16_t listen(const Tcp::endpoint& ep);
+
+  // Serves until shutdown() has closed everything. Call on the worker's thread.
+  void run();
+
+  // Thread-safe: stops accepting, aborts generations, closes every connection.
+  void shutdown();
+
+  // Calls conn->on_due(gen, now) at `at` (within ~0.2 ms).
+  void schedule(Clock::time_point at, std::shared_ptr<Connection> conn, std::uint64_t gen);
+
+  const MockConfig& cfg() const { return cfg_; }
+  MetricsShard& metrics() { return shard_; }
+  const std::vector<MetricsShard*>& all_metrics() const { return shards_; }
+  Rng& rng() { return rng_; }
+  HttpDate& date() { return date_; }
+  asio::io_context& ioc() { return ioc_; }
+
+  // Connection registry for the idle/timeout sweep and shutdown.
+  void add(Connection* c);
+  void remove(Connection* c);
+
+ private:
+  struct Due {
+    Clock::time_point at;
+    std::uint64_t gen;
+    std::shared_ptr<Connection> conn;
+  };
+  void accept();
+  void arm(Clock::time_point at);
+  void on_tick();
+  void sweep();
+
+  const MockConfig& cfg_;
+  MetricsShard& shard_;
+  const std::vector<MetricsShard*>& shards_;
+  asio::io_context ioc_{1};
+  Acceptor acceptor_;
+  Timer tick_timer_;
+  Timer sweep_timer_;
+  Timer accept_retry_;
+  std::vector<Due> heap_;  // min-heap on `at`
+  Clock::time_point armed_ = Clock::time_point::max();
+  bool in_tick_ = false;
+  bool stopping_ = false;
+  std::vector<Connection*> conns_;
+  Rng rng_;
+  HttpDate date_;
+};
+
+}  // namespace weir::mock

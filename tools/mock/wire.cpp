@@ -1,0 +1,636 @@
+// vLLM v0.10.1 wire format for weir-mock (see wire.hpp).
+#include "wire.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <ctime>
+#include <iterator>
+#include <limits>
+
+#include <boost/json.hpp>
+#include <fmt/format.h>
+
+
+namespace weir::mock {
+namespace json = boost::json;
+
+namespace {
+
+// Token vocabulary: one word per token, each with its leading space.
+constexpr std::array<std::string_view, 64> kWords = {
+    " the",    " river",  " stone",  " light",  " over",   " quiet",  " north",  " glass",
+    " seven",  " paper",  " under",  " bright", " market", " ocean",  " signal", " garden",
+    " copper", " window", " across", " silver", " engine", " winter", " forest", " thread",
+    " simple", " harbor", " cloud",  " number", " people", " moving", " little", " open",
+    " field",  " table",  " orange", " before", " after",  " steady", " swift",  " token",
+    " bridge", " valley", " summer", " letter", " circle", " yellow", " mirror", " island",
+    " follow", " gentle", " morning"," station"," rapid",  " canyon", " pencil", " wonder",
+    " marble", " planet", " basket", " echo",   " meadow", " lantern"," velvet", " anchor",
+};
+
+// Python's bool("") style truthiness is not needed; these are pydantic-like
+// readers: absent or null member -> nullopt, wrong type -> a 400.
+using OptErr = std::optional<ApiError>;
+
+std::string quoted_loc(std::string_view key) { return fmt::format("'{}'", key); }
+
+// FastAPI turns pydantic errors into RequestValidationError; vLLM answers them
+// with 400 BadRequestError and the error list's repr as the message. `loc` is
+// the part of the location after 'body' (empty for model-level errors).
+ApiError validation(std::string_view type, std::string_view loc, std::string_view msg) {
+  if (loc.empty()) return {400, fmt::format("[{{'type': '{}', 'loc': ('body',), 'msg': '{}'}}]", type, msg)};
+  return {400, fmt::format("[{{'type': '{}', 'loc': ('body', {}), 'msg': '{}'}}]", type, loc, msg)};
+}
+
+OptErr opt_int(const json::object& o, std::string_view key, std::optional<std::int64_t>& out) {
+  const json::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return std::nullopt;
+  if (v->is_int64()) {
+    out = v->get_int64();
+    return std::nullopt;
+  }
+  if (v->is_uint64()) {
+    const auto u = v->get_uint64();
+    out = u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())
+              ? std::numeric_limits<std::int64_t>::max()
+              : static_cast<std::int64_t>(u);
+    return std::nullopt;
+  }
+  if (v->is_double()) {
+    const double d = v->get_double();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9e18) {
+      out = static_cast<std::int64_t>(d);
+      return std::nullopt;
+    }
+    return validation("int_from_float", quoted_loc(key),
+                      "Input should be a valid integer, got a number with a fractional part");
+  }
+  return validation("int_type", quoted_loc(key), "Input should be a valid integer");
+}
+
+OptErr opt_bool(const json::object& o, std::string_view key, std::optional<bool>& out) {
+  const json::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return std::nullopt;
+  if (!v->is_bool()) return validation("bool_type", quoted_loc(key), "Input should be a valid boolean");
+  out = v->get_bool();
+  return std::nullopt;
+}
+
+OptErr opt_string(const json::object& o, std::string_view key, std::optional<std::string_view>& out) {
+  const json::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return std::nullopt;
+  if (!v->is_string()) return validation("string_type", quoted_loc(key), "Input should be a valid string");
+  out = std::string_view(v->get_string());
+  return std::nullopt;
+}
+
+std::uint64_t fnv1a(std::string_view s, std::uint64_t h = 0xcbf29ce484222325ULL) {
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ULL;
+  }
+  return h;
+}
+
+// Whitespace-separated words: the mock's "tokenizer".
+std::uint32_t count_words(std::string_view s) {
+  std::uint32_t n = 0;
+  bool in_word = false;
+  for (unsigned char c : s) {
+    const bool space = c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v';
+    if (!space && !in_word) ++n;
+    in_word = !space;
+  }
+  return n;
+}
+
+// A prompt given as a list of token ids: every element must be an integer.
+bool all_ints(const json::array& a) {
+  for (const auto& e : a)
+    if (!e.is_int64() && !e.is_uint64()) return false;
+  return true;
+}
+
+// Reads the `prompt` (completions) or `input` (embeddings) union:
+// str | list[str] | list[int] | list[list[int]]. String prompts count
+// words + 1 (the BOS token: add_special_tokens defaults to true there);
+// token-id prompts count their ids.
+OptErr read_prompts(const json::value& v, std::string_view field, Plan& plan) {
+  const auto loc = quoted_loc(field);
+  if (v.is_string()) {
+    const std::string_view s = v.get_string();
+    plan.prompt_hash.push_back(mix64(fnv1a(s, fnv1a("s"))));
+    plan.prompt_tokens.push_back(1 + count_words(s));
+    return std::nullopt;
+  }
+  if (!v.is_array()) return validation("string_type", loc, "Input should be a valid string");
+  const auto& a = v.get_array();
+  if (a.empty()) return ApiError{400, fmt::format("{} cannot be empty", field == "prompt" ? "Prompt" : "Input")};
+  if (a.size() > 4096) return ApiError{400, fmt::format("weir-mock accepts at most 4096 {}s", field)};
+  if (a.front().is_string()) {
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (!a[i].is_string())
+        return validation("string_type", fmt::format("{}, {}", loc, i), "Input should be a valid string");
+      const std::string_view s = a[i].get_string();
+      plan.prompt_hash.push_back(mix64(fnv1a(s, fnv1a("s"))));
+      plan.prompt_tokens.push_back(1 + count_words(s));
+    }
+    return std::nullopt;
+  }
+  if (all_ints(a)) {
+    plan.prompt_hash.push_back(mix64(fnv1a(json::serialize(a), fnv1a("t"))));
+    plan.prompt_tokens.push_back(static_cast<std::uint32_t>(a.size()));
+    return std::nullopt;
+  }
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_array() || !all_ints(a[i].get_array()))
+      return validation("list_type", fmt::format("{}, {}", loc, i), "Input should be a valid list of integers");
+    if (a[i].get_array().empty()) return ApiError{400, fmt::format("{} cannot be empty", field == "prompt" ? "Prompt" : "Input")};
+    plan.prompt_hash.push_back(mix64(fnv1a(json::serialize(a[i]), fnv1a("t"))));
+    plan.prompt_tokens.push_back(static_cast<std::uint32_t>(a[i].get_array().size()));
+  }
+  return std::nullopt;
+}
+
+// Chat messages: list of objects with a string `role`; `content` a string,
+// null, or a list of parts whose "text" strings count. Each message costs
+// 4 tokens of template overhead plus its words.
+OptErr read_messages(const json::object& o, Plan& plan, std::string_view& last_role) {
+  const json::value* v = o.if_contains("messages");
+  if (v == nullptr) return validation("missing", "'messages'", "Field required");
+  if (!v->is_array()) return validation("list_type", "'messages'", "Input should be a valid list");
+  const auto& msgs = v->get_array();
+  std::uint64_t tokens = 0;
+  for (std::size_t i = 0; i < msgs.size(); ++i) {
+    if (!msgs[i].is_object())
+      return validation("dict_type", fmt::format("'messages', {}", i), "Input should be a valid dictionary");
+    const auto& m = msgs[i].get_object();
+    const json::value* role = m.if_contains("role");
+    if (role == nullptr) return validation("missing", fmt::format("'messages', {}, 'role'", i), "Field required");
+    if (!role->is_string())
+      return validation("string_type", fmt::format("'messages', {}, 'role'", i), "Input should be a valid string");
+    last_role = role->get_string();
+    std::uint64_t words = 0;
+    if (const json::value* c = m.if_contains("content"); c != nullptr && !c->is_null()) {
+      if (c->is_string()) {
+        words = count_words(c->get_string());
+      } else if (c->is_array()) {
+        for (std::size_t j = 0; j < c->get_array().size(); ++j) {
+          const auto& part = c->get_array()[j];
+          if (!part.is_object())
+            return validation("dict_type", fmt::format("'messages', {}, 'content', {}", i, j),
+                              "Input should be a valid dictionary");
+          if (const json::value* t = part.get_object().if_contains("text"); t != nullptr && t->is_string())
+            words += count_words(t->get_string());
+        }
+      } else {
+        return validation("string_type", fmt::format("'messages', {}, 'content'", i), "Input should be a valid string");
+      }
+    }
+    tokens += 4 + words;
+  }
+  plan.prompt_hash.push_back(mix64(fnv1a(json::serialize(msgs), fnv1a("c"))));
+  plan.prompt_tokens.push_back(static_cast<std::uint32_t>(std::min<std::uint64_t>(tokens, 0xffffffffu)));
+  return std::nullopt;
+}
+
+// stream_options: {"include_usage": bool = true, "continuous_usage_stats": bool = false}.
+// An explicit null reads as false (pydantic keeps None, which is falsy).
+OptErr read_stream_options(const json::object& o, bool stream, Plan& plan) {
+  const json::value* v = o.if_contains("stream_options");
+  if (v == nullptr || v->is_null()) return std::nullopt;
+  if (!v->is_object())
+    return validation("model_type", "'stream_options'",
+                      "Input should be a valid dictionary or instance of StreamOptions");
+  const auto& so = v->get_object();
+  if (!so.empty() && !stream)
+    return validation("value_error", "", "Value error, Stream options can only be defined when `stream=True`.");
+  bool include = true;
+  if (const json::value* iu = so.if_contains("include_usage")) {
+    if (iu->is_null()) include = false;
+    else if (iu->is_bool()) include = iu->get_bool();
+    else return validation("bool_type", "'stream_options', 'include_usage'", "Input should be a valid boolean");
+  }
+  bool continuous = false;
+  if (const json::value* cu = so.if_contains("continuous_usage_stats")) {
+    if (cu->is_bool()) continuous = cu->get_bool();
+    else if (!cu->is_null())
+      return validation("bool_type", "'stream_options', 'continuous_usage_stats'", "Input should be a valid boolean");
+  }
+  plan.include_usage = stream && include;
+  plan.continuous_usage = plan.include_usage && continuous;
+  return std::nullopt;
+}
+
+void append_int(std::string& out, std::uint64_t v) {
+  char buf[24];
+  char* end = buf + sizeof buf;
+  char* p = end;
+  do {
+    *--p = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v != 0);
+  out.append(p, static_cast<std::size_t>(end - p));
+}
+
+// `{"prompt_tokens":P,"total_tokens":P+C,"completion_tokens":C` + details + `}`
+// (pydantic field order of vLLM's UsageInfo).
+void append_usage(std::string& s, std::uint64_t prompt, std::uint64_t completion, bool with_details) {
+  s += "{\"prompt_tokens\":";
+  append_int(s, prompt);
+  s += ",\"total_tokens\":";
+  append_int(s, prompt + completion);
+  s += ",\"completion_tokens\":";
+  append_int(s, completion);
+  s += with_details ? ",\"prompt_tokens_details\":null}" : "}";
+}
+
+std::string_view finish_reason_json(const Plan& p) { return p.cut_by_length ? "\"length\"" : "\"stop\""; }
+
+// A deterministic unit vector of `dims` float32 values for an input hash.
+void embedding_vector(std::uint64_t hash, int dims, std::vector<float>& v) {
+  v.resize(static_cast<std::size_t>(dims));
+  std::uint64_t state = mix64(hash ^ (static_cast<std::uint64_t>(dims) * 0x9e3779b97f4a7c15ULL));
+  double norm = 0;
+  for (auto& x : v) {
+    state += 0x9e3779b97f4a7c15ULL;
+    const double u = static_cast<double>(mix64(state) >> 11) * 0x1.0p-53;  // [0, 1)
+    x = static_cast<float>(u * 2.0 - 1.0);
+    norm += static_cast<double>(x) * static_cast<double>(x);
+  }
+  norm = std::sqrt(norm);
+  if (norm == 0) norm = 1;
+  for (auto& x : v) x = static_cast<float>(static_cast<double>(x) / norm);
+}
+
+}  // namespace
+
+void Plan::clear() {
+  endpoint = Endpoint::chat;
+  stream = false;
+  n = 1;
+  tokens = 1;
+  cut_by_length = false;
+  include_usage = false;
+  continuous_usage = false;
+  prompt_hash.clear();
+  prompt_tokens.clear();
+  total_prompt_tokens = 0;
+  model.clear();
+  chunk_prefix.clear();
+  usage_prefix.clear();
+  body_head.clear();
+  role_json.clear();
+  dimensions = 16;
+  base64 = false;
+}
+
+void append_json_escaped(std::string& out, std::string_view s) {
+  static constexpr char hex[] = "0123456789abcdef";
+  for (char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      default:
+        if (c < 0x20) {
+          out += "\\u00";
+          out += hex[c >> 4];
+          out += hex[c & 15];
+        } else {
+          out += ch;
+        }
+    }
+  }
+}
+
+std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::string_view request_id,
+                                   const MockConfig& cfg, Rng& rng, Plan& plan) {
+  plan.clear();
+  plan.endpoint = ep;
+
+  json::monotonic_resource mr;
+  boost::system::error_code ec;
+  const json::value doc = json::parse(body, ec, &mr);
+  if (ec) return validation("json_invalid", "0", "JSON decode error");
+  if (!doc.is_object())
+    return validation("model_attributes_type", "", "Input should be a valid dictionary or object to extract fields from");
+  const auto& o = doc.get_object();
+
+  std::optional<std::string_view> model;
+  if (auto e = opt_string(o, "model", model)) return e;
+  std::optional<std::string_view> body_request_id;
+  if (auto e = opt_string(o, "request_id", body_request_id)) return e;
+
+  std::string_view last_role;
+  std::optional<bool> stream;
+  if (ep != Endpoint::embedding) {
+    if (auto e = opt_bool(o, "stream", stream)) return e;
+    plan.stream = stream.value_or(false);
+    if (auto e = read_stream_options(o, plan.stream, plan)) return e;
+
+    std::optional<std::int64_t> n;
+    if (auto e = opt_int(o, "n", n)) return e;
+    if (n && *n < 1) return ApiError{400, fmt::format("n must be at least 1, got {}.", *n)};
+    if (n && *n > 128) return ApiError{400, fmt::format("weir-mock accepts n <= 128, got {}.", *n)};
+    plan.n = static_cast<int>(n.value_or(1));
+
+    // max_completion_tokens wins over the deprecated max_tokens (vLLM).
+    std::optional<std::int64_t> max_tokens;
+    if (ep == Endpoint::chat)
+      if (auto e = opt_int(o, "max_completion_tokens", max_tokens)) return e;
+    if (!max_tokens)
+      if (auto e = opt_int(o, "max_tokens", max_tokens)) return e;
+    if (max_tokens && *max_tokens < 1)
+      return ApiError{400, fmt::format("max_tokens must be at least 1, got {}.", *max_tokens)};
+    plan.tokens = cfg.max_tokens;
+    if (max_tokens && *max_tokens < cfg.max_tokens) {
+      plan.tokens = static_cast<int>(*max_tokens);
+      plan.cut_by_length = true;
+    }
+  }
+
+  if (ep == Endpoint::chat) {
+    if (auto e = read_messages(o, plan, last_role)) return e;
+    std::optional<bool> add_generation_prompt;
+    if (auto e = opt_bool(o, "add_generation_prompt", add_generation_prompt)) return e;
+    const std::string_view role =
+        (add_generation_prompt.value_or(true) || last_role.empty()) ? std::string_view("assistant") : last_role;
+    append_json_escaped(plan.role_json, role);
+  } else if (ep == Endpoint::completion) {
+    const json::value* prompt = o.if_contains("prompt");
+    if (prompt == nullptr || prompt->is_null())
+      return validation("value_error", "", "Value error, At least one of `prompt` or `prompt_embeds` must be set.");
+    if (auto e = read_prompts(*prompt, "prompt", plan)) return e;
+    if (const json::value* suffix = o.if_contains("suffix"); suffix != nullptr && !suffix->is_null())
+      return ApiError{400, "suffix is not currently supported"};
+  } else {
+    const json::value* input = o.if_contains("input");
+    if (input == nullptr) return validation("missing", "'input'", "Field required");
+    if (auto e = read_prompts(*input, "input", plan)) return e;
+    std::optional<std::string_view> fmt_name;
+    if (auto e = opt_string(o, "encoding_format", fmt_name)) return e;
+    if (fmt_name && *fmt_name != "float" && *fmt_name != "base64")
+      return validation("literal_error", "'encoding_format'", "Input should be 'float' or 'base64'");
+    plan.base64 = fmt_name && *fmt_name == "base64";
+    std::optional<std::int64_t> dims;
+    if (auto e = opt_int(o, "dimensions", dims)) return e;
+    if (dims && (*dims < 1 || *dims > 65536))
+      return ApiError{400, fmt::format("dimensions must be between 1 and 65536, got {}.", *dims)};
+    plan.dimensions = dims ? static_cast<int>(*dims) : cfg.embedding_dim;
+    plan.tokens = 0;
+  }
+  if (plan.choices() > 1024) return ApiError{400, "weir-mock accepts at most 1024 choices per request"};
+  for (auto t : plan.prompt_tokens) plan.total_prompt_tokens += t;
+
+  // Model check after validation, as vLLM does (_check_model): 404 for a name
+  // not served. The response names vLLM's first served name, or with
+  // --any-model the name asked for.
+  std::string_view response_model = cfg.models.front();
+  if (model) {
+    plan.model = *model;
+    if (cfg.any_model) {
+      response_model = *model;
+    } else {
+      bool served = false;
+      for (const auto& m : cfg.models) served = served || m == *model;
+      if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", *model)};
+    }
+  }
+
+  // vLLM's id: prefix + X-Request-Id header, else the body's request_id, else a random uuid4 hex.
+  std::string id = ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "embd-";
+  if (!request_id.empty()) append_json_escaped(id, request_id);
+  else if (body_request_id && ep != Endpoint::embedding) append_json_escaped(id, *body_request_id);
+  else id += random_hex32(rng);
+
+  std::string tail = fmt::format(",\"created\":{},\"model\":\"", static_cast<std::int64_t>(std::time(nullptr)));
+  append_json_escaped(tail, response_model);
+  tail += '"';
+  const std::string_view object = ep == Endpoint::chat ? "chat.completion" : ep == Endpoint::completion ? "text_completion" : "list";
+  const std::string_view chunk_object = ep == Endpoint::chat ? "chat.completion.chunk" : "text_completion";
+  plan.body_head = fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{}", id, object, tail);
+  plan.chunk_prefix = fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{},\"choices\":[{{\"index\":", id, chunk_object, tail);
+  plan.usage_prefix = fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{},\"choices\":[],\"usage\":", id, chunk_object, tail);
+  return std::nullopt;
+}
+
+std::string_view token_text(std::uint64_t prompt_hash, int choice, int pos) {
+  const std::uint64_t h = mix64(prompt_hash ^ (static_cast<std::uint64_t>(choice + 1) * 0xd6e8feb86659fd93ULL) ^
+                                (static_cast<std::uint64_t>(pos) * 0x9e3779b97f4a7c15ULL));
+  return kWords[h & 63];
+}
+
+void append_sse_chunk(std::string& out, std::string_view json) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::size_t len = json.size() + 8;  // "data: " + json + "\n\n"
+  char buf[16];
+  char* end = buf + sizeof buf;
+  char* p = end;
+  do {
+    *--p = hex[len & 15];
+    len >>= 4;
+  } while (len != 0);
+  out.append(p, static_cast<std::size_t>(end - p));
+  out += "\r\ndata: ";
+  out += json;
+  out += "\n\n\r\n";
+}
+
+void append_stream_step(const Plan& p, int step, std::string& s, std::string& out) {
+  const bool last = step == p.tokens - 1;
+  const std::uint64_t done = static_cast<std::uint64_t>(step) + 1;  // tokens per choice after this step
+  if (p.endpoint == Endpoint::chat) {
+    const std::uint64_t prompt = p.total_prompt_tokens;
+    if (step == 0) {
+      for (int i = 0; i < p.n; ++i) {
+        s = p.chunk_prefix;
+        append_int(s, static_cast<std::uint64_t>(i));
+        s += ",\"delta\":{\"role\":\"";
+        s += p.role_json;
+        s += "\",\"content\":\"\"},\"logprobs\":null,\"finish_reason\":null}]";
+        if (p.continuous_usage) {
+          s += ",\"usage\":";
+          append_usage(s, prompt, 0, false);
+        }
+        s += '}';
+        append_sse_chunk(out, s);
+      }
+    }
+    for (int i = 0; i < p.n; ++i) {
+      s = p.chunk_prefix;
+      append_int(s, static_cast<std::uint64_t>(i));
+      s += ",\"delta\":{\"content\":\"";
+      s += token_text(p.prompt_hash[0], i, step);
+      s += "\"},\"logprobs\":null,\"finish_reason\":";
+      if (last) {
+        s += finish_reason_json(p);
+        s += ",\"stop_reason\":null}]";
+      } else {
+        s += "null}]";
+      }
+      if (p.continuous_usage) {
+        s += ",\"usage\":";
+        append_usage(s, prompt, done, false);
+      }
+      s += '}';
+      append_sse_chunk(out, s);
+    }
+  } else {
+    for (std::size_t pi = 0; pi < p.prompt_hash.size(); ++pi) {
+      for (int i = 0; i < p.n; ++i) {
+        s = p.chunk_prefix;
+        append_int(s, pi * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(i));
+        s += ",\"text\":\"";
+        s += token_text(p.prompt_hash[pi], i, step);
+        s += "\",\"logprobs\":null,\"finish_reason\":";
+        s += last ? finish_reason_json(p) : std::string_view("null");
+        s += ",\"stop_reason\":null}],\"usage\":";
+        if (p.continuous_usage) append_usage(s, p.prompt_tokens[pi], done, true);
+        else s += "null";
+        s += '}';
+        append_sse_chunk(out, s);
+      }
+    }
+  }
+  if (!last) return;
+  if (p.include_usage) {
+    s = p.usage_prefix;
+    append_usage(s, p.total_prompt_tokens, p.completion_tokens(), false);
+    s += '}';
+    append_sse_chunk(out, s);
+  }
+  append_sse_chunk(out, "[DONE]");
+  out += "0\r\n\r\n";
+}
+
+void append_full_body(const Plan& p, std::string& out) {
+  out += p.body_head;
+  if (p.endpoint == Endpoint::embedding) {
+    out += ",\"data\":[";
+    std::vector<float> v;
+    for (std::size_t i = 0; i < p.prompt_hash.size(); ++i) {
+      if (i) out += ',';
+      out += "{\"index\":";
+      append_int(out, i);
+      out += ",\"object\":\"embedding\",\"embedding\":";
+      embedding_vector(p.prompt_hash[i], p.dimensions, v);
+      if (p.base64) {
+        out += '"';
+        out += base64_encode(std::string_view(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float)));
+        out += '"';
+      } else {
+        out += '[';
+        for (std::size_t j = 0; j < v.size(); ++j) {
+          if (j) out += ',';
+          fmt::format_to(std::back_inserter(out), "{}", static_cast<double>(v[j]));
+        }
+        out += ']';
+      }
+      out += '}';
+    }
+    out += "],\"usage\":";
+    append_usage(out, p.total_prompt_tokens, 0, true);
+    out += '}';
+    return;
+  }
+  out += ",\"choices\":[";
+  for (std::size_t pi = 0; pi < p.prompt_hash.size(); ++pi) {
+    for (int i = 0; i < p.n; ++i) {
+      if (pi || i) out += ',';
+      out += "{\"index\":";
+      append_int(out, pi * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(i));
+      out += p.endpoint == Endpoint::chat ? ",\"message\":{\"role\":\"" : ",\"text\":\"";
+      if (p.endpoint == Endpoint::chat) {
+        out += p.role_json;
+        out += "\",\"content\":\"";
+      }
+      for (int t = 0; t < p.tokens; ++t) out += token_text(p.prompt_hash[pi], i, t);
+      if (p.endpoint == Endpoint::chat)
+        out += "\",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
+               "\"tool_calls\":[],\"reasoning_content\":null},\"logprobs\":null,\"finish_reason\":";
+      else
+        out += "\",\"logprobs\":null,\"finish_reason\":";
+      out += finish_reason_json(p);
+      out += p.endpoint == Endpoint::chat ? ",\"stop_reason\":null}" : ",\"stop_reason\":null,\"prompt_logprobs\":null}";
+    }
+  }
+  out += "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":";
+  append_usage(out, p.total_prompt_tokens, p.completion_tokens(), true);
+  out += p.endpoint == Endpoint::chat ? ",\"prompt_logprobs\":null,\"kv_transfer_params\":null}"
+                                      : ",\"kv_transfer_params\":null}";
+}
+
+std::string_view reason_phrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 401: return "Unauthorized";
+    case 403: return "Forbidden";
+    case 404: return "Not Found";
+    case 405: return "Method Not Allowed";
+    case 408: return "Request Timeout";
+    case 409: return "Conflict";
+    case 413: return "Request Entity Too Large";
+    case 415: return "Unsupported Media Type";
+    case 422: return "Unprocessable Entity";
+    case 429: return "Too Many Requests";
+    case 431: return "Request Header Fields Too Large";
+    case 499: return "Client Closed Request";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    default: return status < 500 ? "Client Error" : "Server Error";
+  }
+}
+
+std::string error_type(int status) {
+  std::string t;
+  for (char c : reason_phrase(status))
+    if (c != ' ' && c != '-') t += c;
+  if (t.size() < 5 || t.compare(t.size() - 5, 5, "Error") != 0) t += "Error";
+  return t;
+}
+
+std::string error_body(int status, std::string_view message, std::string_view type) {
+  std::string out = "{\"error\":{\"message\":\"";
+  append_json_escaped(out, message);
+  out += "\",\"type\":\"";
+  if (type.empty()) append_json_escaped(out, error_type(status));
+  else append_json_escaped(out, type);
+  out += "\",\"param\":null,\"code\":";
+  append_int(out, static_cast<std::uint64_t>(status));
+  out += "}}";
+  return out;
+}
+
+std::string models_body(const MockConfig& cfg, std::int64_t created, Rng& rng) {
+  std::string out = "{\"object\":\"list\",\"data\":[";
+  for (std::size_t i = 0; i < cfg.models.size(); ++i) {
+    if (i) out += ',';
+    out += "{\"id\":\"";
+    append_json_escaped(out, cfg.models[i]);
+    fmt::format_to(std::back_inserter(out), "\",\"object\":\"model\",\"created\":{},\"owned_by\":\"vllm\",\"root\":\"",
+                   created);
+    append_json_escaped(out, cfg.models[i]);
+    fmt::format_to(std::back_inserter(out),
+                   "\",\"parent\":null,\"max_model_len\":{},\"permission\":[{{\"id\":\"modelperm-{}\","
+                   "\"object\":\"model_permission\",\"created\":{},\"allow_create_engine\":false,"
+                   "\"allow_sampling\":true,\"allow_logprobs\":true,\"allow_search_indices\":false,"
+                   "\"allow_view\":true,\"allow_fine_tuning\":false,\"organization\":\"*\",\"group\":null,"
+                   "\"is_blocking\":false}}]}}",
+                   cfg.max_model_len, random_hex32(rng), created);
+  }
+  out += "]}";
+  return out;
+}
+
+}  // namespace weir::mock
