@@ -1,0 +1,312 @@
+"""Shared helpers for Weir's end-to-end tests: real processes on free ports.
+
+Binaries
+    ``binary("weir-mock")`` finds a built executable in ``$WEIR_BUILD_DIR``
+    (default ``/work/main/build/bin``; a relative path is taken from the repo
+    root, e.g. ``WEIR_BUILD_DIR=build-mock/bin``).
+
+Processes
+    ``start_process(argv, port)`` starts a real process, waits until
+    ``127.0.0.1:port`` accepts TCP connections (polling connect() against a
+    deadline, never a fixed sleep) and returns a :class:`Process`. Its stdout
+    and stderr go to a log file (``Process.log_path``).
+
+    The ``processes`` fixture (function scope) and ``module_processes``
+    (module scope) are :class:`ProcessGroup` objects: everything started
+    through them is terminated at teardown, also when the test fails, and the
+    tail of each log is printed into the failure report.
+
+weir-mock
+    The ``mock`` fixture (and ``module_mock`` for a module-wide instance) is a
+    factory: ``m = mock("--ttft-ms", "20")`` starts weir-mock on a free port
+    and returns a :class:`Mock` with ``m.base_url`` (``http://127.0.0.1:PORT``),
+    ``m.v1`` (``.../v1``, for ``openai.OpenAI(base_url=...)``) and
+    ``m.metric(name, **labels)`` reading its ``/metrics`` counters.
+
+Polling
+    ``wait_until(predicate, timeout)`` polls a condition instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pathlib
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Callable, Iterable, Mapping, Sequence
+
+import httpx
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+DEFAULT_BUILD_DIR = pathlib.Path("/work/main/build/bin")
+
+
+# ---------------------------------------------------------------------------
+# Binaries and ports
+
+
+def build_dir() -> pathlib.Path:
+    """The directory holding built binaries: $WEIR_BUILD_DIR or /work/main/build/bin."""
+    value = os.environ.get("WEIR_BUILD_DIR")
+    if not value:
+        return DEFAULT_BUILD_DIR
+    path = pathlib.Path(value)
+    return path if path.is_absolute() else REPO / path
+
+
+def binary(name: str) -> pathlib.Path:
+    """Path of the built executable ``name``; fails the test with a hint if missing."""
+    path = build_dir() / name
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        pytest.fail(
+            f"{path} not found: build it (scripts/build, or cmake --build <dir> --target {name}) "
+            f"or point WEIR_BUILD_DIR at the directory holding it",
+            pytrace=False,
+        )
+    return path
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it; a small race remains)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.005,
+               message: str = "condition") -> object:
+    """Polls ``predicate`` until it returns a truthy value (returned) or ``timeout`` s pass."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+# ---------------------------------------------------------------------------
+# Processes
+
+
+@dataclasses.dataclass
+class Process:
+    """A started process that listens on ``host:port``."""
+
+    name: str
+    argv: list[str]
+    host: str
+    port: int
+    popen: subprocess.Popen
+    log_path: pathlib.Path
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def log(self) -> str:
+        """Everything the process wrote to stdout and stderr so far."""
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, timeout: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout`` s; returns the exit status."""
+        if self.popen.poll() is None:
+            try:
+                os.killpg(self.popen.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.popen.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.popen.wait(timeout)
+        return self.popen.returncode
+
+
+def _wait_for_port(proc: Process, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if not proc.alive():
+            raise RuntimeError(
+                f"{proc.name} exited with status {proc.popen.returncode} before listening on "
+                f"{proc.host}:{proc.port}; its output:\n{proc.log()[-4000:]}")
+        try:
+            with socket.create_connection((proc.host, proc.port), timeout=0.2):
+                return
+        except OSError:
+            pass
+        if time.monotonic() >= deadline:
+            proc.stop()
+            raise RuntimeError(
+                f"{proc.name} did not accept on {proc.host}:{proc.port} within {timeout}s; "
+                f"its output:\n{proc.log()[-4000:]}")
+        time.sleep(0.01)
+
+
+def start_process(argv: Sequence[str | os.PathLike], port: int, *, host: str = "127.0.0.1",
+                  env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
+                  log_dir: str | os.PathLike | None = None, ready_timeout: float = 10.0,
+                  name: str | None = None) -> Process:
+    """Starts ``argv`` and returns once ``host:port`` accepts connections.
+
+    stdout and stderr go to ``<log_dir>/<name>-<port>.log``. The process gets
+    its own session so stop() reaches its children too. Raises RuntimeError
+    (with the log tail) if it exits or does not listen within
+    ``ready_timeout`` s. Prefer ``processes.start(...)``, which also stops it.
+    """
+    argv = [str(a) for a in argv]
+    name = name or pathlib.Path(argv[0]).name
+    log_dir = pathlib.Path(log_dir) if log_dir else pathlib.Path("/tmp")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}-{port}.log"
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    with open(log_path, "wb") as log:
+        popen = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env=full_env, cwd=cwd, start_new_session=True)
+    proc = Process(name=name, argv=argv, host=host, port=port, popen=popen, log_path=log_path)
+    _wait_for_port(proc, ready_timeout)
+    return proc
+
+
+class ProcessGroup:
+    """Starts processes and guarantees they are stopped (see ``processes`` fixture)."""
+
+    def __init__(self, log_dir: pathlib.Path):
+        self.log_dir = log_dir
+        self.started: list[Process] = []
+
+    def start(self, argv: Sequence[str | os.PathLike], port: int, **kwargs) -> Process:
+        proc = start_process(argv, port, log_dir=self.log_dir, **kwargs)
+        self.started.append(proc)
+        return proc
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.started):
+            proc.stop()
+
+    def report(self, out=sys.stderr, lines: int = 40) -> None:
+        for proc in self.started:
+            tail = "\n".join(proc.log().splitlines()[-lines:])
+            print(f"----- {proc.name} (pid {proc.pid}, port {proc.port}, exit {proc.popen.returncode}) "
+                  f"log tail: {proc.log_path}\n{tail}", file=out)
+
+
+def _group_fixture(request, tmp_path_factory):
+    group = ProcessGroup(tmp_path_factory.mktemp("procs"))
+    failures_before = request.session.testsfailed
+    yield group
+    group.stop_all()
+    if request.session.testsfailed > failures_before:
+        group.report()
+
+
+@pytest.fixture
+def processes(request, tmp_path_factory):
+    """A ProcessGroup whose processes are stopped when the test ends."""
+    yield from _group_fixture(request, tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def module_processes(request, tmp_path_factory):
+    """A ProcessGroup whose processes are stopped when the module's tests end."""
+    yield from _group_fixture(request, tmp_path_factory)
+
+
+# ---------------------------------------------------------------------------
+# Prometheus text and weir-mock
+
+_SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)')
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) for every sample line of a Prometheus text exposition."""
+    samples = []
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        labels = {k: v.encode().decode("unicode_escape") for k, v in _LABEL.findall(m.group(2) or "")}
+        samples.append((m.group(1), labels, float(m.group(3))))
+    return samples
+
+
+def metric_value(samples: Iterable[tuple[str, dict[str, str], float]], name: str, **labels: str) -> float:
+    """Sum of the samples called ``name`` whose labels include ``labels``."""
+    return sum(v for n, lbl, v in samples if n == name and all(lbl.get(k) == str(x) for k, x in labels.items()))
+
+
+@dataclasses.dataclass
+class Mock:
+    """A running weir-mock."""
+
+    process: Process
+
+    @property
+    def base_url(self) -> str:
+        return self.process.base_url
+
+    @property
+    def v1(self) -> str:
+        return self.process.base_url + "/v1"
+
+    def metrics_text(self) -> str:
+        return httpx.get(self.base_url + "/metrics", timeout=5).text
+
+    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        return parse_prometheus(self.metrics_text())
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Current value of a counter/gauge (summed over matching label sets)."""
+        return metric_value(self.metrics(), name, **labels)
+
+    def aborts(self) -> float:
+        return self.metric("vllm:request_success_total", finished_reason="abort")
+
+
+class MockFactory:
+    """Callable: ``factory(*flags)`` starts weir-mock with ``flags`` on a free port."""
+
+    def __init__(self, group: ProcessGroup):
+        self.group = group
+
+    def __call__(self, *flags: str | int | float, ready_timeout: float = 10.0) -> Mock:
+        port = free_port()
+        argv = [binary("weir-mock"), "--listen", f"127.0.0.1:{port}", *map(str, flags)]
+        return Mock(self.group.start(argv, port, ready_timeout=ready_timeout, name="weir-mock"))
+
+
+@pytest.fixture
+def mock(processes) -> MockFactory:
+    """Factory for weir-mock instances stopped at the end of the test."""
+    return MockFactory(processes)
+
+
+@pytest.fixture(scope="module")
+def module_mock(module_processes) -> MockFactory:
+    """Factory for weir-mock instances shared by a module's tests."""
+    return MockFactory(module_processes)
