@@ -99,7 +99,8 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   for (std::uint32_t i = 0; i < k; ++i)
     if (taken[i] > 0) refund(s, sc.shards[(own + i) % shards_].tat[bi], taken[i], t);
   double total = 0;
-  for (std::uint32_t j = 0; j < shards_; ++j) total += std::max(0.0, shard_available(s, sc.shards[j].tat[bi], t));
+  // Debt counts against the total (it is usage already served).
+  for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[bi], t);
   const double deficit = std::max(cost - total, kEps);
   const double secs = std::ceil(deficit * 60.0 / s.rate_per_min - 1e-9);
   return TakeResult{false, false, static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0))};

@@ -1,0 +1,363 @@
+#include "admission/admission.hpp"
+
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "admission/local_limiter.hpp"
+#include "auth/config.hpp"
+
+namespace weir::admission {
+namespace {
+
+using namespace std::chrono_literals;
+const Instant T0 = Instant(1000h);  // a fake steady clock: tests move it by hand
+
+auth::AuthConfig config(auth::Limits tenant_limits, auth::Budget tenant_budget = {}, auth::Limits key_limits = {},
+                        auth::Budget key_budget = {}) {
+  auth::AuthConfig c;
+  auth::TenantConfig t;
+  t.name = "acme";
+  t.limits = tenant_limits;
+  t.budget = tenant_budget;
+  c.tenants.emplace("acme", t);
+  auth::ApiKeyConfig k;
+  k.id = "acme-prod";
+  k.sha256 = auth::sha256("sk-acme");
+  k.tenant = "acme";
+  k.limits = key_limits;
+  k.budget = key_budget;
+  c.api_keys.push_back(k);
+  return c;
+}
+
+// A policy, a limiter for `workers`, and principals for the tenant (via JWT-like
+// principal without key) and the key.
+struct World {
+  std::shared_ptr<const auth::AuthPolicy> policy;
+  std::unique_ptr<LocalLimiter> limiter;
+  Pricing pricing;
+  auth::Principal tenant_only;
+  auth::Principal with_key;
+
+  World(auth::Limits tl, auth::Budget tb = {}, auth::Limits kl = {}, auth::Budget kb = {}, std::uint32_t workers = 1) {
+    policy = auth::AuthPolicy::build(config(tl, tb, kl, kb));
+    limiter = std::make_unique<LocalLimiter>(policy->scopes(), workers, T0 - 1h);
+    tenant_only.kind = auth::CredentialKind::jwt;
+    tenant_only.tenant = policy->find_tenant("acme");
+    with_key = tenant_only;
+    with_key.kind = auth::CredentialKind::api_key;
+    with_key.key = &policy->keys()[0];
+    pricing.set("m", ModelPrice{1'000'000, 2'000'000, 500'000});  // $1 / $2 / $0.5 per 1M tokens
+  }
+  World(auth::Limits tl, std::uint32_t workers) : World(tl, {}, {}, {}, workers) {}
+  std::uint32_t tenant_scope() const { return policy->find_tenant("acme")->scope; }
+  std::uint32_t key_scope() const { return policy->keys()[0].scope; }
+};
+
+auth::Limits rpm(std::uint64_t r, std::uint64_t burst = 0) {
+  auth::Limits l;
+  l.requests_per_minute = r;
+  l.requests_burst = burst;
+  return l;
+}
+auth::Limits tpm(std::uint64_t t) {
+  auth::Limits l;
+  l.tokens_per_minute = t;
+  return l;
+}
+auth::Limits streams(std::uint64_t n) {
+  auth::Limits l;
+  l.max_concurrent_streams = n;
+  return l;
+}
+
+TEST(TokenBucket, BurstThenRefillOnAFakeClock) {
+  World w(rpm(60));  // one per second, 60 deep
+  Admission a(*w.limiter, w.pricing, 0);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(a.admit(w.tenant_only, "m", 0, T0)) << i;
+  auto r = a.admit(w.tenant_only, "m", 0, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 429);
+  EXPECT_EQ(r.error().code, "rate_limit_exceeded");
+  EXPECT_EQ(r.error().type, "requests");
+  EXPECT_EQ(r.error().retry_after_s, 1u);
+  EXPECT_FALSE(a.admit(w.tenant_only, "m", 0, T0 + 999ms));
+  EXPECT_TRUE(a.admit(w.tenant_only, "m", 0, T0 + 1s));
+  EXPECT_FALSE(a.admit(w.tenant_only, "m", 0, T0 + 1s));
+  // A long idle period refills to the depth, not beyond.
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(a.admit(w.tenant_only, "m", 0, T0 + 1h)) << i;
+  EXPECT_FALSE(a.admit(w.tenant_only, "m", 0, T0 + 1h));
+}
+
+TEST(TokenBucket, BurstSmallerThanTheRate) {
+  World w(rpm(600, 5));  // 10 per second, 5 deep
+  Admission a(*w.limiter, w.pricing, 0);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(a.admit(w.tenant_only, "m", 0, T0));
+  EXPECT_FALSE(a.admit(w.tenant_only, "m", 0, T0));
+  EXPECT_TRUE(a.admit(w.tenant_only, "m", 0, T0 + 100ms));
+  EXPECT_FALSE(a.admit(w.tenant_only, "m", 0, T0 + 100ms));
+  EXPECT_DOUBLE_EQ(w.limiter->available(w.tenant_scope(), Bucket::requests, T0 + 10s), 5.0);
+}
+
+TEST(TokenBucket, RetryAfterComesFromTheTokenDeficit) {
+  World w(tpm(6000));  // 100 tokens per second
+  Admission a(*w.limiter, w.pricing, 0);
+  ASSERT_TRUE(a.admit(w.tenant_only, "m", 6000, T0));
+  auto r = a.admit(w.tenant_only, "m", 1000, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().type, "tokens");
+  EXPECT_EQ(r.error().retry_after_s, 10u);
+  r = a.admit(w.tenant_only, "m", 1000, T0 + 7500ms);  // 750 back, 250 short: 2.5 s -> 3
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 3u);
+  EXPECT_TRUE(a.admit(w.tenant_only, "m", 1000, T0 + 10s));
+  // More than the bucket can ever hold: refused with no retry hint.
+  r = a.admit(w.tenant_only, "m", 6001, T0 + 1h);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 0u);
+  EXPECT_NE(r.error().message.find("too large"), std::string::npos);
+}
+
+TEST(TokenBucket, SettleReconcilesUpAndDown) {
+  World w(tpm(6000));
+  Admission a(*w.limiter, w.pricing, 0);
+  const auto scope = w.tenant_scope();
+  auto t = a.admit(w.tenant_only, "m", 1000, T0);
+  ASSERT_TRUE(t);
+  EXPECT_DOUBLE_EQ(w.limiter->available(scope, Bucket::tokens, T0), 5000);
+  a.settle(*t, api::Usage{300, 200, 500, 0}, T0);  // used 500 of 1000: 500 back
+  EXPECT_DOUBLE_EQ(w.limiter->available(scope, Bucket::tokens, T0), 5500);
+  EXPECT_TRUE(t->settled());
+  a.settle(*t, api::Usage{300, 200, 500, 0}, T0);  // a second settle does nothing
+  EXPECT_DOUBLE_EQ(w.limiter->available(scope, Bucket::tokens, T0), 5500);
+
+  auto t2 = a.admit(w.tenant_only, "m", 1000, T0);
+  ASSERT_TRUE(t2);
+  a.settle(*t2, api::Usage{1000, 2500, 3500, 0}, T0);  // 2500 over the estimate
+  EXPECT_DOUBLE_EQ(w.limiter->available(scope, Bucket::tokens, T0), 2000);
+  // Going into debt: the next request waits it out.
+  auto t3 = a.admit(w.tenant_only, "m", 2000, T0);
+  ASSERT_TRUE(t3);
+  a.settle(*t3, api::Usage{2000, 3000, 5000, 0}, T0);
+  EXPECT_DOUBLE_EQ(w.limiter->available(scope, Bucket::tokens, T0), -3000);
+  auto r = a.admit(w.tenant_only, "m", 100, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 31u);  // 3100 tokens at 100/s
+  // A refund never fills the bucket past its depth.
+  auto t4 = a.admit(w.tenant_only, "m", 100, T0 + 1h);
+  ASSERT_TRUE(t4);
+  a.settle(*t4, api::Usage{}, T0 + 1h);
+  EXPECT_DOUBLE_EQ(w.limiter->available(scope, Bucket::tokens, T0 + 1h), 6000);
+}
+
+TEST(TokenBucket, ShardsBorrowSoOneWorkerCanUseTheWholeLimit) {
+  World w(rpm(60), 4);  // 4 workers: 15 per shard
+  Admission w0(*w.limiter, w.pricing, 0), w3(*w.limiter, w.pricing, 3);
+  for (int i = 0; i < 60; ++i) ASSERT_TRUE(w0.admit(w.tenant_only, "m", 0, T0)) << i;
+  EXPECT_FALSE(w0.admit(w.tenant_only, "m", 0, T0));
+  EXPECT_FALSE(w3.admit(w.tenant_only, "m", 0, T0));  // nothing left anywhere
+  // Refill is shared too: one second gives back one request in total (1/4 per shard).
+  EXPECT_TRUE(w3.admit(w.tenant_only, "m", 0, T0 + 1s));
+  EXPECT_FALSE(w0.admit(w.tenant_only, "m", 0, T0 + 1s));
+}
+
+TEST(TokenBucket, ConcurrentWorkersNeverExceedTheBucket) {
+  constexpr std::uint32_t kWorkers = 4;
+  World w(tpm(100'000), kWorkers);
+  std::atomic<std::uint64_t> admitted{0};
+  std::vector<std::thread> threads;
+  for (std::uint32_t i = 0; i < kWorkers; ++i)
+    threads.emplace_back([&, i] {
+      Admission a(*w.limiter, w.pricing, i);
+      for (int n = 0; n < 20'000; ++n)
+        if (auto t = a.admit(w.tenant_only, "m", 7, T0)) admitted += 7;
+    });
+  for (auto& t : threads) t.join();
+  // 100000 / 7 = 14285 whole requests fit; contention may only make it fewer.
+  EXPECT_LE(admitted.load(), 100'000u);
+  EXPECT_GE(admitted.load(), 100'000u - 7 * kWorkers * 2);
+}
+
+TEST(Concurrency, CapIsReleasedOnEveryPath) {
+  World w(streams(2));
+  Admission a(*w.limiter, w.pricing, 0);
+  const auto scope = w.tenant_scope();
+  {
+    auto t1 = a.admit(w.tenant_only, "m", 10, T0);
+    auto t2 = a.admit(w.tenant_only, "m", 10, T0);
+    ASSERT_TRUE(t1 && t2);
+    EXPECT_EQ(w.limiter->streams_in_use(scope), 2u);
+    auto t3 = a.admit(w.tenant_only, "m", 10, T0);
+    ASSERT_FALSE(t3);
+    EXPECT_EQ(t3.error().status, 429);
+    EXPECT_EQ(t3.error().retry_after_s, 1u);
+    a.settle(*t1, api::Usage{}, T0);  // settle releases
+    EXPECT_EQ(w.limiter->streams_in_use(scope), 1u);
+    Ticket moved = std::move(*t2);  // moving keeps one slot, not two
+    EXPECT_EQ(w.limiter->streams_in_use(scope), 1u);
+    moved.release();  // explicit release, idempotent
+    moved.release();
+    EXPECT_EQ(w.limiter->streams_in_use(scope), 0u);
+    auto t4 = a.admit(w.tenant_only, "m", 10, T0);
+    ASSERT_TRUE(t4);
+    EXPECT_EQ(w.limiter->streams_in_use(scope), 1u);
+  }  // destruction (error path, disconnect) releases
+  EXPECT_EQ(w.limiter->streams_in_use(scope), 0u);
+}
+
+TEST(Concurrency, RefusalByALaterCheckGivesTheSlotBack) {
+  auth::Limits l = streams(5);
+  l.requests_per_minute = 1;
+  World w(l);
+  Admission a(*w.limiter, w.pricing, 0);
+  auto t1 = a.admit(w.tenant_only, "m", 10, T0);
+  ASSERT_TRUE(t1);
+  auto t2 = a.admit(w.tenant_only, "m", 10, T0);
+  ASSERT_FALSE(t2);  // refused by the requests bucket after taking a slot
+  EXPECT_EQ(w.limiter->streams_in_use(w.tenant_scope()), 1u);
+}
+
+TEST(Concurrency, SlotsAreBorrowedAcrossShards) {
+  World w(streams(3), 2);  // shards hold 2 and 1
+  Admission w0(*w.limiter, w.pricing, 0), w1(*w.limiter, w.pricing, 1);
+  std::vector<Ticket> held;
+  for (int i = 0; i < 3; ++i) {
+    auto t = w1.admit(w.tenant_only, "m", 0, T0);
+    ASSERT_TRUE(t) << i;
+    held.push_back(std::move(*t));
+  }
+  EXPECT_FALSE(w0.admit(w.tenant_only, "m", 0, T0));
+  held.clear();
+  EXPECT_EQ(w.limiter->streams_in_use(w.tenant_scope()), 0u);
+  for (int i = 0; i < 3; ++i) {
+    auto t = w0.admit(w.tenant_only, "m", 0, T0);
+    ASSERT_TRUE(t) << i;
+    held.push_back(std::move(*t));
+  }
+  EXPECT_FALSE(w1.admit(w.tenant_only, "m", 0, T0));
+}
+
+TEST(Scopes, KeyLimitsApplyOnTopOfTheTenant) {
+  World w(rpm(100), {}, rpm(2));
+  Admission a(*w.limiter, w.pricing, 0);
+  EXPECT_TRUE(a.admit(w.with_key, "m", 0, T0));
+  EXPECT_TRUE(a.admit(w.with_key, "m", 0, T0));
+  auto r = a.admit(w.with_key, "m", 0, T0);
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("key `acme-prod`"), std::string::npos);
+  // The refused request did not spend the tenant's bucket.
+  EXPECT_DOUBLE_EQ(w.limiter->available(w.tenant_scope(), Bucket::requests, T0), 98);
+  EXPECT_TRUE(a.admit(w.tenant_only, "m", 0, T0));  // the tenant without the key still goes
+}
+
+TEST(Budget, SpendIsChargedAndExhaustionIsInsufficientQuota) {
+  auth::Budget b;
+  b.limit_nano_usd = 10'000'000;  // $0.01
+  World w({}, b);
+  Admission a(*w.limiter, w.pricing, 0);
+  auto t = a.admit(w.tenant_only, "m", 100, T0);
+  ASSERT_TRUE(t);
+  // 4000 prompt of which 1000 cached, 2000 completion:
+  // 3000 * $1/1M + 1000 * $0.5/1M + 2000 * $2/1M = $0.0075
+  EXPECT_EQ(a.settle(*t, api::Usage{4000, 2000, 6000, 1000}, T0), 7'500'000);
+  EXPECT_EQ(w.limiter->spent(w.tenant_scope(), T0), 7'500'000);
+  t = a.admit(w.tenant_only, "m", 100, T0);
+  ASSERT_TRUE(t);  // $0.0075 < $0.01: still admitted (the check is before the request)
+  a.settle(*t, api::Usage{4000, 2000, 6000, 1000}, T0);
+  auto r = a.admit(w.tenant_only, "m", 100, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 429);
+  EXPECT_EQ(r.error().type, "insufficient_quota");
+  EXPECT_EQ(r.error().code, "insufficient_quota");
+  // Unknown model without a "*" price costs nothing.
+  EXPECT_EQ(cost_nano_usd(ModelPrice{}, api::Usage{1, 1, 2, 0}), 0);
+}
+
+TEST(Budget, PeriodRollsOver) {
+  auth::Budget b;
+  b.limit_nano_usd = 1'000;
+  b.period = 24h;
+  World w({}, {}, {}, b);  // on the key
+  Admission a(*w.limiter, w.pricing, 0);
+  auto t = a.admit(w.with_key, "m", 1, T0);
+  ASSERT_TRUE(t);
+  a.settle(*t, api::Usage{0, 1000, 1000, 0}, T0);  // $0.002
+  EXPECT_FALSE(a.admit(w.with_key, "m", 1, T0 + 1h));
+  EXPECT_TRUE(a.admit(w.tenant_only, "m", 1, T0 + 1h));  // the tenant has no budget
+  EXPECT_TRUE(a.admit(w.with_key, "m", 1, T0 + 24h));
+  EXPECT_EQ(w.limiter->spent(w.key_scope(), T0 + 24h), 0);
+}
+
+TEST(Headers, RateLimitValuesAndResetFormat) {
+  auth::Limits l = rpm(60);
+  l.tokens_per_minute = 6000;
+  World w(l);
+  Admission a(*w.limiter, w.pricing, 0);
+  auto none = a.rate_limit_headers(w.tenant_only, T0);
+  EXPECT_TRUE(none.has_requests && none.has_tokens);
+  EXPECT_EQ(none.requests.remaining, 60u);
+  EXPECT_EQ(none.requests.reset_ms, 0u);
+  ASSERT_TRUE(a.admit(w.tenant_only, "m", 1500, T0));
+  auto h = a.rate_limit_headers(w.tenant_only, T0);
+  EXPECT_EQ(h.requests.limit, 60u);
+  EXPECT_EQ(h.requests.remaining, 59u);
+  EXPECT_EQ(h.requests.reset_ms, 1000u);
+  EXPECT_EQ(h.tokens.limit, 6000u);
+  EXPECT_EQ(h.tokens.remaining, 4500u);
+  EXPECT_EQ(h.tokens.reset_ms, 15000u);
+  EXPECT_EQ(format_reset(h.tokens.reset_ms), "15s");
+  // Tenant and key both limited: the tighter one is shown.
+  World both(rpm(1000), {}, rpm(10));
+  Admission b(*both.limiter, both.pricing, 0);
+  ASSERT_TRUE(b.admit(both.with_key, "m", 0, T0));
+  auto hb = b.rate_limit_headers(both.with_key, T0);
+  EXPECT_EQ(hb.requests.limit, 10u);
+  EXPECT_EQ(hb.requests.remaining, 9u);
+  EXPECT_FALSE(hb.has_tokens);
+
+  EXPECT_EQ(format_reset(0), "0s");
+  EXPECT_EQ(format_reset(20), "20ms");
+  EXPECT_EQ(format_reset(1000), "1s");
+  EXPECT_EQ(format_reset(1500), "1.5s");
+  EXPECT_EQ(format_reset(1234), "1.234s");
+  EXPECT_EQ(format_reset(360000), "6m0s");
+  EXPECT_EQ(format_reset(3723500), "1h2m3.5s");
+}
+
+TEST(Estimate, PromptBytesOverFourPlusMaxTokens) {
+  EXPECT_EQ(estimate_tokens(0, 0), 0u);
+  EXPECT_EQ(estimate_tokens(1, 0), 1u);
+  EXPECT_EQ(estimate_tokens(1600, 128), 528u);
+  EXPECT_EQ(estimate_tokens(1601, 128), 529u);
+}
+
+TEST(Pricing, ParsesAndFallsBackToStar) {
+  auto p = parse_pricing_config(YAML::Load(R"(
+pricing:
+  gpt-4o-mini: {input: 0.15, output: 0.6, cached_input: 0.075}
+  "*": {input: 1, output: 2}
+)"));
+  ASSERT_TRUE(p) << p.error().to_string();
+  ASSERT_NE(p->find("gpt-4o-mini"), nullptr);
+  EXPECT_EQ(p->find("gpt-4o-mini")->input, 150'000);
+  EXPECT_EQ(p->find("gpt-4o-mini")->cached_input, 75'000);
+  EXPECT_EQ(p->find("other")->output, 2'000'000);
+  EXPECT_EQ(p->find("other")->cached_input, 1'000'000);  // defaults to input
+  // 1000 tokens at $0.15/1M = $0.00015 = 150000 nano-USD; one token rounds up.
+  EXPECT_EQ(cost_nano_usd(*p->find("gpt-4o-mini"), api::Usage{1000, 0, 1000, 0}), 150'000);
+  EXPECT_EQ(cost_nano_usd(*p->find("gpt-4o-mini"), api::Usage{1, 0, 1, 0}), 150);
+
+  auto bad = parse_pricing_config(YAML::Load("pricing:\n  m: {input: 1, ouput: 2}\n"), "w.yaml");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().key, "pricing.m.ouput");
+  EXPECT_EQ(bad.error().line, 2);
+  EXPECT_EQ(bad.error().file, "w.yaml");
+  bad = parse_pricing_config(YAML::Load("pricing:\n  m:\n    input: cheap\n"));
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().key, "pricing.m.input");
+  EXPECT_EQ(bad.error().line, 3);
+}
+
+}  // namespace
+}  // namespace weir::admission

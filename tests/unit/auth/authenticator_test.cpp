@@ -1,0 +1,343 @@
+#include "auth/authenticator.hpp"
+
+#include <boost/asio/io_context.hpp>
+#include <gtest/gtest.h>
+
+#include "auth/config.hpp"
+#include "jwt_test_util.hpp"
+
+namespace weir::auth {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::Keys;
+using testing::TestKey;
+using testing::jwks_of;
+
+const WallTime kNow = WallTime(std::chrono::seconds(1'800'000'000));
+constexpr std::int64_t kNowS = 1'800'000'000;
+constexpr std::string_view kAcmeKey = "sk-acme-0123456789abcdef";
+constexpr std::string_view kBetaKey = "sk-beta-fedcba9876543210";
+
+const char* fake_env(const char* name) {
+  return std::string_view(name) == "BETA_KEY" ? kBetaKey.data() : nullptr;
+}
+
+std::string config_yaml(bool required = true, std::string jwt_extra = "") {
+  return fmt::format(R"(
+tenants:
+  acme:
+    models: [gpt-4o-mini, "meta-llama/*"]
+    tier: pro
+    priority: 10
+  beta:
+    tier: free
+auth:
+  required: {}
+  jwt:
+    jwks_file: /nonexistent/jwks.json
+    issuer: https://issuer.test
+    audience: [weir, other]
+    tier_claim: plan
+    min_refetch_interval: 30s
+{}
+  api_keys:
+    - id: acme-prod
+      sha256: {}
+      tenant: acme
+    - id: beta-env
+      key_env: BETA_KEY
+      tenant: beta
+      models: [small-model]
+)",
+                     required, jwt_extra, to_hex(sha256(kAcmeKey)));
+}
+
+std::shared_ptr<const AuthPolicy> make_policy(bool required = true, std::string jwt_extra = "") {
+  auto cfg = parse_auth_config(YAML::Load(config_yaml(required, jwt_extra)), "test.yaml", &fake_env);
+  EXPECT_TRUE(cfg) << cfg.error().to_string();
+  return AuthPolicy::build(std::move(*cfg));
+}
+
+// A JWKS source the test drives by hand.
+struct FakeSource final : JwksSource {
+  std::string body;
+  bool down = false;
+  int fetches = 0;
+  void fetch(Callback done) override {
+    ++fetches;
+    if (down) done(tl::unexpected(std::string("connection refused")));
+    else done(body);
+  }
+  std::string describe() const override { return "fake"; }
+};
+
+std::string claims(std::string tenant = R"("acme")", std::int64_t exp_offset = 600) {
+  return fmt::format(R"({{"sub":"user-1","iss":"https://issuer.test","aud":"weir","exp":{},"tenant":{},"plan":"gold"}})",
+                     kNowS + exp_offset, tenant);
+}
+
+struct JwtFixture : ::testing::Test {
+  boost::asio::io_context control;
+  FakeSource* source = nullptr;
+  std::unique_ptr<JwksCache> jwks;
+  std::unique_ptr<Authenticator> auth;
+
+  void SetUp() override {
+    auto src = std::make_unique<FakeSource>();
+    source = src.get();
+    const auto& k = Keys::get();
+    source->body = jwks_of({&k.rsa, &k.ec});
+    JwksOptions opt;
+    opt.min_refetch_interval = 30s;
+    opt.clock = [] { return kNow - 60s; };  // the startup fetch happened a minute ago
+    jwks = std::make_unique<JwksCache>(control, std::move(src), opt);
+    jwks->start();  // first fetch completes synchronously with the fake source
+    control.poll();
+    auth = std::make_unique<Authenticator>(make_policy(), jwks.get());
+  }
+  void TearDown() override { jwks->stop(); }
+
+  tl::expected<PrincipalPtr, core::Error> bearer(const std::string& token, WallTime now = kNow) {
+    return auth->authenticate("Bearer " + token, "", now);
+  }
+};
+
+TEST(Authenticator, ApiKeyInBearerOrXApiKey) {
+  Authenticator a(make_policy(), nullptr);
+  auto p1 = a.authenticate(fmt::format("Bearer {}", kAcmeKey), "", kNow);
+  ASSERT_TRUE(p1) << p1.error().message;
+  EXPECT_EQ((*p1)->kind, CredentialKind::api_key);
+  EXPECT_EQ((*p1)->tenant_name(), "acme");
+  EXPECT_EQ((*p1)->key_id(), "acme-prod");
+  EXPECT_EQ((*p1)->tier, "pro");
+  EXPECT_EQ((*p1)->priority(), 10);
+  auto p2 = a.authenticate("", kAcmeKey, kNow);
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p1->get(), p2->get());  // one principal per key and worker: no per-request copies
+  auto p3 = a.authenticate("bearer   " + std::string(kBetaKey) + " ", "", kNow);  // scheme is case-insensitive
+  ASSERT_TRUE(p3);
+  EXPECT_EQ((*p3)->tenant_name(), "beta");
+  EXPECT_EQ((*p3)->tier, "free");
+  EXPECT_EQ(a.stats().api_key_hits, 3u);
+}
+
+TEST(Authenticator, UnknownOrMissingCredentialIs401AndNeverEchoed) {
+  Authenticator a(make_policy(), nullptr);
+  for (auto [authz, xkey] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
+           {"Bearer sk-wrong-secret-value", ""}, {"", "sk-wrong-secret-value"}, {"", ""}, {"Bearer ", ""},
+           {"Basic dXNlcjpwYXNz", ""}, {"Bearer sk-acme-0123456789abcdeX", ""}}) {
+    auto r = a.authenticate(authz, xkey, kNow);
+    ASSERT_FALSE(r) << authz << "|" << xkey;
+    EXPECT_EQ(r.error().status, 401);
+    EXPECT_EQ(r.error().code, "invalid_api_key");
+    EXPECT_EQ(r.error().message.find("wrong-secret"), std::string::npos);
+    EXPECT_EQ(core::error_json(r.error()).find("dXNlcjpwYXNz"), std::string::npos);
+  }
+  // A non-Bearer Authorization falls back to x-api-key when one is given.
+  EXPECT_TRUE(a.authenticate("Basic dXNlcjpwYXNz", kAcmeKey, kNow));
+  EXPECT_FALSE(a.authenticate("", std::string(2000, 'k'), kNow));
+  EXPECT_EQ(a.stats().rejected, 7u);
+}
+
+TEST(Authenticator, AnonymousWhenNotRequired) {
+  Authenticator a(make_policy(false), nullptr);
+  auto p = a.authenticate("", "", kNow);
+  ASSERT_TRUE(p);
+  EXPECT_EQ((*p)->kind, CredentialKind::anonymous);
+  EXPECT_EQ((*p)->tenant_name(), "anonymous");
+  EXPECT_FALSE(a.authenticate("Bearer sk-wrong", "", kNow));  // a wrong key is still refused
+}
+
+TEST(Authenticator, ModelAllowListIs403WithOpenAIShape) {
+  Authenticator a(make_policy(), nullptr);
+  auto acme = *a.authenticate("", kAcmeKey, kNow);
+  EXPECT_TRUE(Authenticator::check_model(*acme, "gpt-4o-mini"));
+  EXPECT_TRUE(Authenticator::check_model(*acme, "meta-llama/Llama-3.1-8B-Instruct"));
+  auto denied = Authenticator::check_model(*acme, "gpt-4o");
+  ASSERT_FALSE(denied);
+  EXPECT_EQ(denied.error().status, 403);
+  EXPECT_EQ(core::error_json(denied.error()),
+            R"({"error":{"message":"The model `gpt-4o` is not available to tenant `acme`.",)"
+            R"("type":"permission_error","param":null,"code":"model_not_allowed"}})");
+  auto beta = *a.authenticate("", kBetaKey, kNow);  // tenant allows all, the key narrows to one
+  EXPECT_TRUE(Authenticator::check_model(*beta, "small-model"));
+  EXPECT_FALSE(Authenticator::check_model(*beta, "gpt-4o-mini"));
+}
+
+TEST_F(JwtFixture, VerifiesOnceThenHitsTheCache) {
+  const auto token = Keys::get().rsa.token(claims());
+  auto p1 = bearer(token);
+  ASSERT_TRUE(p1) << p1.error().message;
+  EXPECT_EQ((*p1)->kind, CredentialKind::jwt);
+  EXPECT_EQ((*p1)->tenant_name(), "acme");
+  EXPECT_EQ((*p1)->subject, "user-1");
+  EXPECT_EQ((*p1)->tier, "gold");
+  auto p2 = bearer(token, kNow + 10s);
+  ASSERT_TRUE(p2);
+  EXPECT_EQ(p1->get(), p2->get());
+  EXPECT_EQ(auth->stats().jwt_verified, 1u);
+  EXPECT_EQ(auth->stats().jwt_cache_hits, 1u);
+  // x-api-key may carry a JWT too.
+  EXPECT_TRUE(auth->authenticate("", token, kNow));
+  EXPECT_EQ(auth->stats().jwt_cache_hits, 2u);
+}
+
+TEST_F(JwtFixture, CachedTokenExpiresAtExpPlusLeeway) {
+  const auto token = Keys::get().ec.token(claims(R"("acme")", 100));
+  ASSERT_TRUE(bearer(token));
+  EXPECT_TRUE(bearer(token, kNow + 159s));  // exp 100 s + leeway 60 s
+  auto r = bearer(token, kNow + 160s);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 401);
+  EXPECT_NE(r.error().message.find("expired"), std::string::npos);
+  EXPECT_EQ(auth->stats().jwt_cache_hits, 1u);
+}
+
+TEST_F(JwtFixture, InvalidTokensAre401) {
+  const auto& k = Keys::get();
+  auto r = bearer(k.rsa.token(claims(R"("acme")", -3600)));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 401);
+  TestKey confused = TestKey::hmac(k.rsa.kid, k.rsa.public_pem());
+  r = bearer(confused.token(claims()));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 401);
+  EXPECT_EQ(auth->stats().jwt_verified, 0u);
+}
+
+TEST_F(JwtFixture, TenantComesFromTheClaim) {
+  const auto& k = Keys::get();
+  auto beta = bearer(k.rsa.token(claims(R"("beta")")));
+  ASSERT_TRUE(beta);
+  EXPECT_EQ((*beta)->tenant_name(), "beta");
+  auto unknown = bearer(k.rsa.token(claims(R"("nobody")")));
+  ASSERT_FALSE(unknown);
+  EXPECT_EQ(unknown.error().status, 403);
+  auto missing = bearer(k.rsa.token(claims("null")));
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().status, 403);
+  // With default_tenant, a token without the claim lands there.
+  Authenticator with_default(make_policy(true, "    default_tenant: beta"), jwks.get());
+  auto d = with_default.authenticate("Bearer " + k.rsa.token(claims("null")), "", kNow);
+  ASSERT_TRUE(d) << d.error().message;
+  EXPECT_EQ((*d)->tenant_name(), "beta");
+}
+
+TEST_F(JwtFixture, UnknownKidTriggersOneRateLimitedRefetch) {
+  TestKey rotated = TestKey::ed("ed-rotated");
+  const auto token = rotated.token(claims());
+  EXPECT_EQ(source->fetches, 1);
+  auto r = bearer(token);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 401);  // no waiting on I/O: refused now, refetch in the background
+  const auto& k = Keys::get();
+  source->body = jwks_of({&k.rsa, &k.ec, &rotated});
+  control.poll();
+  EXPECT_EQ(source->fetches, 2);
+  EXPECT_TRUE(bearer(token));
+
+  // Another unknown kid within min_refetch_interval: refused, no fetch.
+  TestKey other = TestKey::ed("ed-other");
+  EXPECT_FALSE(bearer(other.token(claims()), kNow + 10s));
+  EXPECT_FALSE(bearer(other.token(claims()), kNow + 20s));
+  control.poll();
+  EXPECT_EQ(source->fetches, 2);
+  EXPECT_EQ(jwks->stats().refresh_limited, 2u);
+  // After the interval, the next miss fetches again.
+  EXPECT_FALSE(bearer(other.token(claims()), kNow + 31s));
+  control.poll();
+  EXPECT_EQ(source->fetches, 3);
+  EXPECT_EQ(jwks->stats().refresh_requests, 2u);
+}
+
+TEST_F(JwtFixture, SourceDownKeepsCachedKeys) {
+  const auto& k = Keys::get();
+  source->down = true;
+  TestKey stranger = TestKey::ec("unknown");
+  EXPECT_FALSE(bearer(stranger.token(claims())));  // asks for a refetch that fails
+  control.poll();
+  EXPECT_EQ(jwks->stats().failures, 1u);
+  EXPECT_EQ(jwks->keys()->keys.size(), 2u);
+  EXPECT_TRUE(bearer(k.ec.token(claims())));  // a fresh token, verified with the kept keys
+  source->down = false;
+  source->body = "{not json";
+  EXPECT_TRUE(jwks->request_refresh(kNow + 60s));
+  control.poll();
+  EXPECT_EQ(jwks->stats().failures, 2u);
+  EXPECT_TRUE(bearer(k.rsa.token(claims())));
+}
+
+TEST_F(JwtFixture, KeySetChangeDropsCachedTokens) {
+  const auto& k = Keys::get();
+  const auto token = k.rsa.token(claims());
+  ASSERT_TRUE(bearer(token));
+  ASSERT_TRUE(bearer(token));
+  // Same document again: nothing changes, the cache stays.
+  EXPECT_TRUE(jwks->request_refresh(kNow + 60s));
+  control.poll();
+  const auto gen = jwks->generation();
+  EXPECT_TRUE(bearer(token));
+  EXPECT_EQ(auth->stats().jwt_cache_hits, 2u);
+  // The RSA key is withdrawn: its cached tokens stop working.
+  source->body = jwks_of({&k.ec});
+  EXPECT_TRUE(jwks->request_refresh(kNow + 120s));
+  control.poll();
+  EXPECT_GT(jwks->generation(), gen);
+  auto r = bearer(token);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 401);
+}
+
+TEST(Authenticator, NoKeysLoadedIs503) {
+  boost::asio::io_context control;
+  auto src = std::make_unique<FakeSource>();
+  src->down = true;
+  JwksCache jwks(control, std::move(src), JwksOptions{});
+  jwks.start();
+  control.poll();
+  Authenticator a(make_policy(), &jwks);
+  auto r = a.authenticate("Bearer " + Keys::get().rsa.token(claims()), "", kNow);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 503);
+  jwks.stop();
+}
+
+TEST(TokenCache, BoundedLruWithExactMatch) {
+  TokenCache c(8);  // two sets of four
+  EXPECT_EQ(c.capacity(), 8u);
+  auto p = std::make_shared<const Principal>();
+  std::vector<std::string> tokens;
+  for (int i = 0; i < 64; ++i) tokens.push_back(fmt::format("token-{}-{}", i, std::string(40, 'x')));
+  for (const auto& t : tokens) c.insert(t, p, kNow + 60s);
+  EXPECT_EQ(c.size(), 8u);
+  int hits = 0;
+  for (const auto& t : tokens) hits += c.find(t, kNow) != nullptr;
+  EXPECT_EQ(hits, 8);
+  // A token differing in one byte never hits.
+  c.clear();
+  c.insert(tokens[0], p, kNow + 60s);
+  std::string near = tokens[0];
+  near.back() = 'y';
+  EXPECT_EQ(c.find(near, kNow), nullptr);
+  EXPECT_NE(c.find(tokens[0], kNow), nullptr);
+  EXPECT_EQ(c.find(tokens[0], kNow + 60s), nullptr);  // expired: dropped
+  EXPECT_EQ(c.size(), 0u);
+  TokenCache off(0);
+  off.insert(tokens[0], p, kNow + 60s);
+  EXPECT_EQ(off.find(tokens[0], kNow), nullptr);
+}
+
+TEST(TokenCache, EvictsLeastRecentlyUsedInASet) {
+  TokenCache c(4);  // one set
+  auto p = std::make_shared<const Principal>();
+  for (int i = 0; i < 4; ++i) c.insert(fmt::format("t{}", i), p, kNow + 60s);
+  ASSERT_NE(c.find("t0", kNow), nullptr);  // t1 is now the oldest
+  c.insert("t4", p, kNow + 60s);
+  EXPECT_NE(c.find("t0", kNow), nullptr);
+  EXPECT_EQ(c.find("t1", kNow), nullptr);
+  EXPECT_NE(c.find("t4", kNow), nullptr);
+}
+
+}  // namespace
+}  // namespace weir::auth

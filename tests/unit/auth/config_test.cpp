@@ -1,0 +1,125 @@
+#include "auth/config.hpp"
+
+#include <gtest/gtest.h>
+
+namespace weir::auth {
+namespace {
+
+using namespace std::chrono_literals;
+
+const char* env(const char* name) { return std::string_view(name) == "KEY_A" ? "sk-a" : nullptr; }
+
+core::ConfigResult<AuthConfig> parse(const std::string& yaml) {
+  return parse_auth_config(YAML::Load(yaml), "weir.yaml", &env);
+}
+
+// Expects a parse error at `line` naming `key`.
+void expect_error(const std::string& yaml, int line, std::string_view key, std::string_view text = "") {
+  auto r = parse(yaml);
+  ASSERT_FALSE(r) << yaml;
+  EXPECT_EQ(r.error().file, "weir.yaml");
+  EXPECT_EQ(r.error().line, line) << r.error().to_string();
+  EXPECT_EQ(r.error().key, key) << r.error().to_string();
+  if (!text.empty()) {
+    EXPECT_NE(r.error().message.find(text), std::string::npos) << r.error().to_string();
+  }
+}
+
+TEST(AuthConfig, ParsesEverySection) {
+  auto r = parse(R"(
+tenants:
+  acme:
+    models: [gpt-4o-mini, "meta-llama/*"]
+    priority: 10
+    tier: pro
+    limits: {requests_per_minute: 600, tokens_per_minute: 100000, max_concurrent_streams: 20, tokens_burst: 20000}
+    budget: {usd: 250.5, period: 720h}
+  free:
+auth:
+  required: true
+  jwt:
+    jwks_url: https://idp.example.com/.well-known/jwks.json
+    issuer: https://idp.example.com/
+    audience: weir
+    tenant_claim: org.id
+    leeway: 30s
+    refresh_interval: 10m
+    min_refetch_interval: 15s
+  api_keys:
+    - id: acme-prod
+      sha256: 2C26B46B68FFC68FF99B453C1D30413413422D706483BFA0F98A5E886266E7AE
+      tenant: acme
+      models: [gpt-4o-mini]
+      limits: {requests_per_minute: 60}
+      budget: {usd: 10}
+    - id: a-env
+      key_env: KEY_A
+      tenant: free
+)");
+  ASSERT_TRUE(r) << r.error().to_string();
+  const AuthConfig& c = *r;
+  EXPECT_TRUE(c.required);
+  ASSERT_EQ(c.tenants.size(), 3u);  // + the implicit anonymous tenant
+  const auto& acme = c.tenants.at("acme");
+  EXPECT_EQ(acme.models.size(), 2u);
+  EXPECT_EQ(acme.priority, 10);
+  EXPECT_EQ(acme.limits.requests_per_minute, 600u);
+  EXPECT_EQ(acme.limits.tokens_burst, 20000u);
+  EXPECT_EQ(acme.limits.max_concurrent_streams, 20u);
+  EXPECT_EQ(acme.budget.limit_nano_usd, 250'500'000'000);
+  EXPECT_EQ(acme.budget.period, 720h);
+  EXPECT_TRUE(c.tenants.count("anonymous"));
+  ASSERT_TRUE(c.jwt);
+  EXPECT_EQ(c.jwt->audiences, std::vector<std::string>{"weir"});
+  EXPECT_EQ(c.jwt->tenant_claim, "org.id");
+  EXPECT_EQ(c.jwt->leeway, 30s);
+  EXPECT_EQ(c.jwt->refresh_interval, 10min);
+  EXPECT_EQ(c.jwt->min_refetch_interval, 15s);
+  ASSERT_EQ(c.api_keys.size(), 2u);
+  EXPECT_EQ(to_hex(c.api_keys[0].sha256), "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae");
+  EXPECT_EQ(c.api_keys[1].sha256, sha256("sk-a"));
+  ASSERT_TRUE(c.api_keys[0].models);
+  EXPECT_EQ(c.api_keys[0].budget.limit_nano_usd, 10'000'000'000);
+}
+
+TEST(AuthConfig, NoAuthSectionMeansAnonymous) {
+  auto r = parse("tenants: {}\n");
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(r->required);
+  EXPECT_FALSE(r->jwt);
+}
+
+TEST(AuthConfig, ErrorsNameLineAndKey) {
+  expect_error("auth:\n  requird: true\n", 2, "auth.requird", "unknown key");
+  expect_error("auth:\n  required: maybe\n", 2, "auth.required");
+  expect_error("tenants:\n  a:\n    limits:\n      requests_per_minute: -5\n", 4,
+               "tenants.a.limits.requests_per_minute", "out of range");
+  expect_error("tenants:\n  a:\n    limits: {rpm: 5}\n", 3, "tenants.a.limits.rpm");
+  expect_error("tenants:\n  a:\n    budget: {period: 1h}\n", 3, "tenants.a.budget.usd");
+  expect_error("tenants:\n  a:\n    priority: 500\n", 3, "tenants.a.priority");
+  expect_error("tenants:\n  a: {}\nauth:\n  api_keys:\n    - id: k\n      sha256: abc\n      tenant: a\n", 6,
+               "auth.api_keys[0].sha256", "64 hex");
+  expect_error("tenants:\n  a: {}\nauth:\n  api_keys:\n    - id: k\n      key_env: NOPE\n      tenant: a\n", 6,
+               "auth.api_keys[0].key_env", "NOPE");
+  expect_error("tenants:\n  a: {}\nauth:\n  api_keys:\n    - id: k\n      key_env: KEY_A\n      tenant: b\n", 7,
+               "auth.api_keys[0].tenant", "not defined");
+  expect_error("tenants:\n  a: {}\nauth:\n  api_keys:\n    - id: k\n      tenant: a\n", 5, "auth.api_keys[0]",
+               "exactly one of sha256 and key_env");
+  expect_error(
+      "tenants:\n  a: {}\nauth:\n  api_keys:\n    - {id: k, key_env: KEY_A, tenant: a}\n"
+      "    - {id: k, sha256: 2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae, tenant: a}\n",
+      6, "auth.api_keys[1].id", "duplicate");
+  expect_error(
+      "tenants:\n  a: {}\nauth:\n  api_keys:\n    - {id: k, key_env: KEY_A, tenant: a}\n"
+      "    - {id: j, key_env: KEY_A, tenant: a}\n",
+      6, "auth.api_keys[1]", "twice");
+  expect_error("auth:\n  jwt:\n    issuer: x\n", 3, "auth.jwt", "exactly one of jwks_url and jwks_file");
+  expect_error("auth:\n  jwt:\n    jwks_url: ftp://x/jwks\n", 3, "auth.jwt.jwks_url", "http");
+  expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    leeway: 5 parsecs\n", 4, "auth.jwt.leeway");
+  expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    default_tenant: ghost\n", 4, "auth.jwt.default_tenant");
+  expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    audience: {a: 1}\n", 4, "auth.jwt.audience");
+  expect_error("tenants: [a, b]\n", 1, "tenants");
+}
+
+}  // namespace
+}  // namespace weir::auth

@@ -1,0 +1,265 @@
+#include "auth/jwt.hpp"
+
+#include <boost/json/parse.hpp>
+#include <gtest/gtest.h>
+
+#include "auth/base64url.hpp"
+#include "jwt_test_util.hpp"
+
+namespace weir::auth {
+namespace {
+
+using testing::Keys;
+using testing::TestKey;
+using testing::jwks_of;
+using namespace std::chrono_literals;
+
+const WallTime kNow = WallTime(std::chrono::seconds(1'800'000'000));
+constexpr std::int64_t kNowS = 1'800'000'000;
+
+std::string claims(std::int64_t exp_offset = 600, std::string extra = "") {
+  return fmt::format(R"({{"sub":"user-1","iss":"https://issuer.test","aud":"weir","exp":{},"tenant":"acme"{}}})",
+                     kNowS + exp_offset, extra);
+}
+
+ClaimsPolicy policy() {
+  ClaimsPolicy p;
+  p.issuer = "https://issuer.test";
+  p.audiences = {"weir"};
+  p.leeway = 60s;
+  return p;
+}
+
+KeySet all_keys() {
+  const auto& k = Keys::get();
+  auto set = parse_jwks(jwks_of({&k.rsa, &k.ec, &k.ed, &k.hs}));
+  EXPECT_TRUE(set.has_value());
+  return std::move(*set);
+}
+
+JwtFailure failure(std::string_view token, const KeySet& keys, const ClaimsPolicy& p = policy(), WallTime now = kNow) {
+  auto r = verify_jwt(token, keys, p, now);
+  EXPECT_FALSE(r.has_value()) << "token unexpectedly valid";
+  return r ? JwtFailure::malformed : r.error().kind;
+}
+
+TEST(Base64Url, RoundTripsAndRejectsNonCanonical) {
+  for (std::string s : std::initializer_list<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar", std::string("\xff\xfe\x00\x01", 4)}) {
+    auto enc = base64url_encode(s);
+    EXPECT_EQ(enc.find('='), std::string::npos);
+    auto dec = base64url_decode(enc);
+    ASSERT_TRUE(dec);
+    EXPECT_EQ(*dec, s);
+  }
+  EXPECT_EQ(*base64url_decode("_-8"), std::string("\xff\xef", 2));
+  EXPECT_FALSE(base64url_decode("Zm9v="));  // padding
+  EXPECT_FALSE(base64url_decode("Zm+v"));   // standard alphabet
+  EXPECT_FALSE(base64url_decode("Zg9"));    // non-zero trailing bits ("Zg" is canonical)
+  EXPECT_FALSE(base64url_decode("Z"));      // impossible length
+  EXPECT_TRUE(base64url_decode("Zg"));
+}
+
+TEST(Jwt, AcceptsEachAlgorithm) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  for (const TestKey* key : {&k.rsa, &k.ec, &k.ed, &k.hs}) {
+    auto r = verify_jwt(key->token(claims()), keys, policy(), kNow);
+    ASSERT_TRUE(r) << to_string(key->alg) << ": " << r.error().message;
+    EXPECT_EQ(string_claim(r->claims, "tenant"), "acme");
+    EXPECT_EQ(r->expires_at, kNow + 600s + 60s);  // exp + leeway
+  }
+}
+
+TEST(Jwt, AcceptsWithoutKidByTryingKeysOfTheRightKind) {
+  const auto& k = Keys::get();
+  TestKey anon = k.ec;
+  anon.kid.clear();
+  auto keys = parse_jwks(jwks_of({&k.rsa, &anon}));
+  ASSERT_TRUE(keys);
+  EXPECT_TRUE(verify_jwt(anon.token(claims()), *keys, policy(), kNow));
+  TestKey other = TestKey::ec("");
+  EXPECT_EQ(failure(other.token(claims()), *keys), JwtFailure::bad_signature);
+}
+
+TEST(Jwt, ExpiryAndNotBeforeHonourLeeway) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  EXPECT_EQ(failure(k.rsa.token(claims(-120)), keys), JwtFailure::expired);
+  EXPECT_EQ(failure(k.rsa.token(claims(-60)), keys), JwtFailure::expired);  // exactly at exp + leeway
+  EXPECT_TRUE(verify_jwt(k.rsa.token(claims(-30)), keys, policy(), kNow));  // within skew
+  const auto nbf = [&](std::int64_t off) { return claims(600, fmt::format(R"(,"nbf":{})", kNowS + off)); };
+  EXPECT_EQ(failure(k.ec.token(nbf(120)), keys), JwtFailure::not_yet_valid);
+  EXPECT_TRUE(verify_jwt(k.ec.token(nbf(30)), keys, policy(), kNow));  // within skew
+  auto strict = policy();
+  strict.leeway = 0s;
+  EXPECT_EQ(failure(k.ec.token(nbf(30)), keys, strict), JwtFailure::not_yet_valid);
+  EXPECT_EQ(failure(k.rsa.token(claims(-30)), keys, strict), JwtFailure::expired);
+}
+
+TEST(Jwt, ExpIsRequiredUnlessConfiguredOtherwise) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  const std::string no_exp = R"({"iss":"https://issuer.test","aud":"weir"})";
+  EXPECT_EQ(failure(k.ed.token(no_exp), keys), JwtFailure::missing_exp);
+  auto p = policy();
+  p.require_exp = false;
+  auto r = verify_jwt(k.ed.token(no_exp), keys, p, kNow);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->expires_at, WallTime::max());
+  EXPECT_EQ(failure(k.ed.token(R"({"iss":"https://issuer.test","aud":"weir","exp":"soon"})"), keys),
+            JwtFailure::bad_claim);
+}
+
+TEST(Jwt, IssuerAndAudience) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  const auto tok = [&](std::string iss, std::string aud) {
+    return k.rsa.token(fmt::format(R"({{"iss":{},"aud":{},"exp":{}}})", iss, aud, kNowS + 600));
+  };
+  EXPECT_EQ(failure(tok(R"("https://evil.test")", R"("weir")"), keys), JwtFailure::bad_issuer);
+  EXPECT_EQ(failure(k.rsa.token(fmt::format(R"({{"aud":"weir","exp":{}}})", kNowS + 600)), keys),
+            JwtFailure::bad_issuer);
+  EXPECT_EQ(failure(tok(R"("https://issuer.test")", R"("other")"), keys), JwtFailure::bad_audience);
+  EXPECT_TRUE(verify_jwt(tok(R"("https://issuer.test")", R"(["other","weir"])"), keys, policy(), kNow));
+  EXPECT_EQ(failure(tok(R"("https://issuer.test")", R"(["other","x"])"), keys), JwtFailure::bad_audience);
+  EXPECT_EQ(failure(tok(R"("https://issuer.test")", R"([])"), keys), JwtFailure::bad_audience);
+  EXPECT_EQ(failure(k.rsa.token(fmt::format(R"({{"iss":"https://issuer.test","exp":{}}})", kNowS + 600)), keys),
+            JwtFailure::bad_audience);
+  auto p = policy();
+  p.audiences = {"a", "weir"};  // any configured audience will do
+  EXPECT_TRUE(verify_jwt(tok(R"("https://issuer.test")", R"("weir")"), keys, p, kNow));
+}
+
+TEST(Jwt, BadSignatureIsRefused) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  for (const TestKey* key : {&k.rsa, &k.ec, &k.ed, &k.hs}) {
+    // Same signature over a different payload: the classic tampering.
+    const auto good = key->token(claims());
+    const auto forged_payload = base64url_encode(claims(600, R"(,"admin":true)"));
+    const auto d1 = good.find('.'), d2 = good.rfind('.');
+    const auto forged = good.substr(0, d1 + 1) + forged_payload + good.substr(d2);
+    EXPECT_EQ(failure(forged, keys), JwtFailure::bad_signature) << to_string(key->alg);
+    // Signed by another key with the same kid.
+    TestKey impostor = key->alg == JwsAlg::rs256   ? Keys::get().rsa
+                       : key->alg == JwsAlg::es256 ? TestKey::ec(key->kid)
+                       : key->alg == JwsAlg::eddsa ? TestKey::ed(key->kid)
+                                                   : TestKey::hmac(key->kid, std::string(32, 'x'));
+    if (key->alg != JwsAlg::rs256) {
+      EXPECT_EQ(failure(impostor.token(claims()), keys), JwtFailure::bad_signature) << to_string(key->alg);
+    }
+  }
+  // ES256 signature of the wrong length.
+  const auto t = k.ec.token(claims());
+  EXPECT_EQ(failure(t.substr(0, t.rfind('.') + 1) + base64url_encode(std::string(63, 'a')), keys),
+            JwtFailure::bad_signature);
+}
+
+TEST(Jwt, AlgNoneAndUnsupportedAlgorithmsAreRefused) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  const std::string header = base64url_encode(R"({"alg":"none","typ":"JWT"})");
+  const std::string payload = base64url_encode(claims());
+  EXPECT_EQ(failure(header + "." + payload + ".", keys), JwtFailure::malformed);  // empty signature segment
+  EXPECT_EQ(failure(header + "." + payload + "." + base64url_encode("x"), keys), JwtFailure::unsupported_alg);
+  for (const char* alg : {"none", "None", "NONE", "HS512", "RS512", "PS256", "ES384", "hs256"})
+    EXPECT_EQ(failure(k.hs.token(claims(), "", alg), keys), JwtFailure::unsupported_alg) << alg;
+  const std::string no_alg = base64url_encode(R"({"typ":"JWT"})") + "." + payload + "." + base64url_encode("x");
+  EXPECT_EQ(failure(no_alg, keys), JwtFailure::unsupported_alg);
+  EXPECT_EQ(failure(k.rsa.token(claims(), R"(,"crit":["exp"])"), keys), JwtFailure::unsupported_alg);
+  EXPECT_EQ(failure(k.rsa.token(claims(), R"(,"b64":false)"), keys), JwtFailure::unsupported_alg);
+}
+
+TEST(Jwt, AlgorithmKeyTypeConfusionIsRefused) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  // HS256 "signed" with the RSA public key as the HMAC secret, naming the RSA key.
+  TestKey confused = TestKey::hmac(k.rsa.kid, k.rsa.public_pem());
+  EXPECT_EQ(failure(confused.token(claims()), keys), JwtFailure::key_mismatch);
+  // Same with the raw JWK modulus bytes, and without a kid (no oct key may match).
+  confused.kid.clear();
+  auto rsa_only = parse_jwks(jwks_of({&k.rsa}));
+  ASSERT_TRUE(rsa_only);
+  EXPECT_EQ(failure(confused.token(claims()), *rsa_only), JwtFailure::key_mismatch);
+  // ES256 token naming the RSA key, EdDSA token naming the EC key.
+  TestKey ec_as_rsa = k.ec;
+  ec_as_rsa.kid = k.rsa.kid;
+  EXPECT_EQ(failure(ec_as_rsa.token(claims()), keys), JwtFailure::key_mismatch);
+  TestKey ed_as_ec = k.ed;
+  ed_as_ec.kid = k.ec.kid;
+  EXPECT_EQ(failure(ed_as_ec.token(claims()), keys), JwtFailure::key_mismatch);
+  // RS256 token naming an RSA key whose JWK says "alg":"RS256" works; a JWK pinned to another alg does not.
+  auto pinned = parse_jwks(jwks_of({&k.rsa}, true));
+  ASSERT_TRUE(pinned);
+  EXPECT_TRUE(verify_jwt(k.rsa.token(claims()), *pinned, policy(), kNow));
+}
+
+TEST(Jwt, MalformedTokensAreRefused) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  const auto good = k.rsa.token(claims());
+  const auto d1 = good.find('.'), d2 = good.rfind('.');
+  const std::string h = good.substr(0, d1), p = good.substr(d1 + 1, d2 - d1 - 1), s = good.substr(d2 + 1);
+  for (const std::string& bad :
+       {std::string(""), std::string("abc"), std::string("a.b"), h + "." + p, h + "." + p + "." + s + ".x",
+        h + ".." + s, "." + p + "." + s, h + "." + p + "." + s + "=", h + "!." + p + "." + s,
+        h + "." + p + "+." + s, base64url_encode("not json") + "." + p + "." + s,
+        base64url_encode("[1,2]") + "." + p + "." + s, h + "." + base64url_encode("[1]") + "." + s,
+        h + "." + base64url_encode("{\"exp\":") + "." + s, std::string(kMaxTokenBytes + 1, 'a')})
+    EXPECT_EQ(failure(bad, keys), JwtFailure::malformed) << bad.substr(0, 60);
+  EXPECT_EQ(failure(k.rsa.token(claims(), R"(,"kid":7)"), keys), JwtFailure::malformed);
+}
+
+TEST(Jwt, UnknownKidAndEmptyKeySet) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  TestKey stranger = TestKey::ec("rotated-2");
+  EXPECT_EQ(failure(stranger.token(claims()), keys), JwtFailure::unknown_kid);
+  EXPECT_EQ(failure(k.rsa.token(claims()), KeySet{}), JwtFailure::no_keys);
+}
+
+TEST(Jwt, StringClaimFollowsDottedPaths) {
+  auto v = boost::json::parse(R"({"a":"x","org":{"id":"acme","n":3},"arr":["z"]})").as_object();
+  EXPECT_EQ(string_claim(v, "a"), "x");
+  EXPECT_EQ(string_claim(v, "org.id"), "acme");
+  EXPECT_EQ(string_claim(v, "org.n"), "");
+  EXPECT_EQ(string_claim(v, "org.none"), "");
+  EXPECT_EQ(string_claim(v, "a.b"), "");
+  EXPECT_EQ(string_claim(v, "arr"), "");
+}
+
+TEST(Jwks, ParsesSupportedKeysAndSkipsTheRest) {
+  const auto& k = Keys::get();
+  const std::string doc = fmt::format(
+      R"({{"keys":[{},{},{{"kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"}},{{"kty":"EC","crv":"P-384","x":"AA","y":"AA"}},)"
+      R"({{"kty":"oct","k":"c2hvcnQ"}},{{"kty":"RSA","alg":"RS512","n":"AQAB","e":"AQAB"}},{}]}})",
+      k.rsa.jwk(), k.ec.jwk(true), k.ed.jwk());
+  auto set = parse_jwks(doc);
+  ASSERT_TRUE(set) << set.error();
+  EXPECT_EQ(set->keys.size(), 3u);
+  EXPECT_EQ(set->skipped, 4u);
+  ASSERT_NE(set->find("ec-1"), nullptr);
+  EXPECT_EQ(set->find("ec-1")->alg, JwsAlg::es256);
+  EXPECT_EQ(set->find("nope"), nullptr);
+
+  EXPECT_FALSE(parse_jwks("not json"));
+  EXPECT_FALSE(parse_jwks(R"({"nokeys":[]})"));
+  EXPECT_FALSE(parse_jwks(R"({"keys":[1]})"));
+  EXPECT_FALSE(parse_jwks(R"({"keys":[{"kty":"EC","crv":"P-256","x":"AA","y":"AA"}]})"));  // bad size
+  // A point that is not on the curve.
+  const std::string zero = base64url_encode(std::string(32, '\0'));
+  EXPECT_FALSE(parse_jwks(fmt::format(R"({{"keys":[{{"kty":"EC","crv":"P-256","x":"{}","y":"{}"}}]}})", zero, zero)));
+  std::string ec_as_rs = k.ec.jwk();
+  ec_as_rs.insert(1, R"("alg":"RS256",)");
+  EXPECT_FALSE(parse_jwks(R"({"keys":[)" + ec_as_rs + "]}"));  // alg that does not fit the kty
+  // A 1024-bit RSA key is skipped (RFC 7518 §3.3).
+  TestKey small{JwsAlg::rs256, "small"};
+  small.pkey = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", static_cast<size_t>(1024)));
+  auto s = parse_jwks(jwks_of({&small}));
+  ASSERT_TRUE(s);
+  EXPECT_TRUE(s->keys.empty());
+  EXPECT_EQ(s->skipped, 1u);
+}
+
+}  // namespace
+}  // namespace weir::auth
