@@ -1,7 +1,7 @@
 #include "core/error.hpp"
 
-#include <boost/json/serializer.hpp>
-#include <boost/json/value.hpp>
+#include "core/json_text.hpp"
+
 #include <fmt/format.h>
 
 namespace weir::core {
@@ -26,12 +26,6 @@ Error make(ErrorSource src, int status, std::string_view type, std::string_view 
   e.message = std::move(message);
   e.param = param;
   return e;
-}
-
-// JSON string escaping per RFC 8259 via Boost.JSON's serializer.
-void append_json_string(std::string& out, std::string_view s) {
-  boost::json::value v(boost::json::string_view(s.data(), s.size()));
-  out += boost::json::serialize(v);
 }
 }  // namespace
 

@@ -1,2 +1,56 @@
-// weir: the gateway binary. Being written; see DESIGN.md.
-int main() { return 0; }
+// weir: the gateway binary.
+//   weir --config weir.yaml
+//   weir --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000   (quick mode)
+#include <cstdio>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+
+#include "core/config.hpp"
+#include "server/server.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Weir: an AI inference gateway (OpenAI-compatible, streams SSE from vLLM pools)", "weir"};
+  std::string config_path, listen, upstream, access_log;
+  unsigned workers = 0;
+  bool check = false;
+  app.add_option("-c,--config", config_path, "YAML configuration file");
+  app.add_option("--listen", listen, "quick mode: listen address host:port (default 127.0.0.1:8080)");
+  app.add_option("--upstream", upstream, "quick mode: send every model to this http:// server");
+  app.add_option("-w,--workers", workers, "worker threads (default: config, else one per core)");
+  app.add_option("--access-log", access_log, "access log: '-' (stdout), 'off', or a file path");
+  app.add_flag("--check", check, "validate the configuration and exit");
+  app.set_version_flag("--version", "weir 0.1.0");
+  CLI11_PARSE(app, argc, argv);
+
+  weir::core::ConfigResult<weir::core::Config> cfg;
+  if (!config_path.empty()) {
+    if (!upstream.empty()) {
+      fmt::print(stderr, "weir: give either --config or --upstream, not both\n");
+      return 2;
+    }
+    cfg = weir::core::load_config_file(config_path);
+    if (cfg && !listen.empty()) {
+      auto l = weir::core::parse_listen(listen);
+      if (!l) {
+        fmt::print(stderr, "weir: --listen: {}\n", l.error().message);
+        return 2;
+      }
+      cfg->server.listen = *l;
+    }
+  } else if (!upstream.empty()) {
+    cfg = weir::core::quick_config(listen.empty() ? "127.0.0.1:8080" : listen, upstream);
+  } else {
+    fmt::print(stderr, "weir: give --config FILE, or --upstream URL for quick mode (see --help)\n");
+    return 2;
+  }
+  if (!cfg) {
+    fmt::print(stderr, "weir: configuration error: {}\n", cfg.error().to_string());
+    return 2;
+  }
+  if (check) {
+    fmt::print("{}: ok ({} pools, {} models)\n", cfg->source, cfg->pools.size(), cfg->models.size());
+    return 0;
+  }
+  return weir::server::run(std::make_shared<weir::core::Config>(std::move(*cfg)), {workers, access_log});
+}

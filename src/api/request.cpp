@@ -1,0 +1,119 @@
+#include "api/request.hpp"
+
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+#include <fmt/format.h>
+
+namespace weir::api {
+
+namespace json = boost::json;
+
+std::uint64_t RequestFields::estimated_tokens(std::uint32_t default_max_tokens) const {
+  const std::uint64_t completion = max_tokens ? max_tokens : default_max_tokens;
+  return (prompt_bytes + 3) / 4 + completion * n * prompt_count;
+}
+
+namespace {
+
+// Adds the UTF-8 bytes of every string inside a message "content" (a string
+// or an array of parts {type:"text", text:"..."}).
+std::uint64_t content_bytes(const json::value& v) {
+  if (v.is_string()) return v.get_string().size();
+  std::uint64_t n = 0;
+  if (v.is_array())
+    for (const auto& part : v.get_array())
+      if (part.is_object())
+        if (auto* t = part.get_object().if_contains("text"); t && t->is_string()) n += t->get_string().size();
+  return n;
+}
+
+tl::expected<std::uint32_t, core::Error> positive_int(const json::value& v, std::string_view name) {
+  if (v.is_int64() && v.get_int64() >= 1 && v.get_int64() <= 0xffffffffLL)
+    return static_cast<std::uint32_t>(v.get_int64());
+  if (v.is_uint64() && v.get_uint64() >= 1 && v.get_uint64() <= 0xffffffffULL)
+    return static_cast<std::uint32_t>(v.get_uint64());
+  return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
+}
+
+}  // namespace
+
+tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body) {
+  // The DOM lives in a per-thread arena: parsing allocates nothing for bodies
+  // whose DOM fits in it, and it is released before this function returns.
+  alignas(16) static thread_local unsigned char arena[64 * 1024];
+  json::monotonic_resource mr(arena, sizeof arena);
+  json::parse_options opt;
+  opt.max_depth = 64;
+  boost::system::error_code ec;
+  json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, &mr, opt);
+  if (ec) {
+    if (body.empty()) return tl::unexpected(core::bad_request("The request body is empty; expected a JSON object."));
+    return tl::unexpected(core::bad_request(fmt::format("The request body is not valid JSON: {}.", ec.message())));
+  }
+  if (!doc.is_object()) return tl::unexpected(core::bad_request("The request body must be a JSON object."));
+  const auto& obj = doc.get_object();
+
+  RequestFields f;
+  const auto* model = obj.if_contains("model");
+  if (!model || model->is_null())
+    return tl::unexpected(core::bad_request("you must provide a model parameter", "model"));
+  if (!model->is_string() || model->get_string().empty())
+    return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
+  f.model.assign(model->get_string().data(), model->get_string().size());
+
+  if (const auto* s = obj.if_contains("stream"); s && !s->is_null()) {
+    if (!s->is_bool()) return tl::unexpected(core::bad_request("'stream' must be a boolean.", "stream"));
+    f.stream = s->get_bool();
+  }
+  if (const auto* so = obj.if_contains("stream_options"); so && !so->is_null()) {
+    if (!so->is_object())
+      return tl::unexpected(core::bad_request("'stream_options' must be an object.", "stream_options"));
+    f.has_stream_options = true;
+    if (const auto* iu = so->get_object().if_contains("include_usage"); iu && iu->is_bool())
+      f.include_usage = iu->get_bool();
+  }
+  for (const char* name : {"max_completion_tokens", "max_tokens"}) {
+    if (const auto* m = obj.if_contains(name); m && !m->is_null() && f.max_tokens == 0) {
+      auto v = positive_int(*m, name);
+      if (!v) return tl::unexpected(v.error());
+      f.max_tokens = *v;
+    }
+  }
+  if (const auto* n = obj.if_contains("n"); n && !n->is_null()) {
+    auto v = positive_int(*n, "n");
+    if (!v) return tl::unexpected(v.error());
+    f.n = *v;
+  }
+
+  switch (kind) {
+    case ApiKind::chat_completions:
+      if (const auto* msgs = obj.if_contains("messages"); msgs && msgs->is_array())
+        for (const auto& m : msgs->get_array())
+          if (m.is_object())
+            if (const auto* c = m.get_object().if_contains("content")) f.prompt_bytes += content_bytes(*c);
+      break;
+    case ApiKind::completions:
+    case ApiKind::embeddings: {
+      const auto* p = obj.if_contains(kind == ApiKind::completions ? "prompt" : "input");
+      if (!p) break;
+      if (p->is_string()) {
+        f.prompt_bytes = p->get_string().size();
+      } else if (p->is_array()) {
+        const auto& a = p->get_array();
+        const bool batch = !a.empty() && (a[0].is_string() || a[0].is_array());
+        f.prompt_count = batch ? static_cast<std::uint32_t>(a.size()) : 1;
+        for (const auto& e : a) {
+          if (e.is_string()) f.prompt_bytes += e.get_string().size();
+          else if (e.is_array()) f.prompt_bytes += 4 * e.get_array().size();  // token ids
+          else f.prompt_bytes += 4;                                           // one token id
+        }
+      }
+      if (kind == ApiKind::embeddings) f.n = 1;
+      break;
+    }
+  }
+  return f;
+}
+
+}  // namespace weir::api

@@ -1,0 +1,40 @@
+// The fields of an OpenAI API request body that the gateway acts on
+// (OpenAI API reference: chat/completions, completions, embeddings).
+// Everything else passes through to the upstream untouched.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <tl/expected.hpp>
+
+#include "core/error.hpp"
+
+namespace weir::api {
+
+enum class ApiKind : std::uint8_t { chat_completions, completions, embeddings };
+
+struct RequestFields {
+  std::string model;               // "model", non-empty
+  bool stream = false;             // "stream": true → SSE response
+  bool has_stream_options = false; // "stream_options" present (object)
+  bool include_usage = false;      // stream_options.include_usage == true
+  std::uint32_t max_tokens = 0;    // max_completion_tokens or max_tokens; 0 = not given
+  std::uint32_t n = 1;             // choices per prompt
+  std::uint64_t prompt_bytes = 0;  // UTF-8 bytes of prompt text (messages' content, prompt, input)
+  std::uint32_t prompt_count = 1;  // prompts in a completions/embeddings batch
+
+  // Token estimate used before the upstream reports usage: ~4 bytes per
+  // prompt token (OpenAI's rule of thumb for English), plus the completion
+  // budget max_tokens × n × prompts (or `default_max_tokens` when absent).
+  std::uint64_t estimated_tokens(std::uint32_t default_max_tokens) const;
+};
+
+// Parses and validates `body` (RFC 8259 JSON) for `kind`. Errors (400,
+// OpenAI's invalid_request_error): not JSON, not an object, `model` missing or
+// not a string, `stream` not a boolean, `stream_options` not an object,
+// `max_tokens`/`n` not positive integers. The body itself is not modified.
+tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body);
+
+}  // namespace weir::api

@@ -1,0 +1,80 @@
+#include "core/access_log.hpp"
+
+#include <cerrno>
+#include <cstring>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fmt/format.h>
+
+namespace weir::core {
+
+namespace {
+constexpr std::size_t kFlushAt = 32u << 10;
+constexpr std::size_t kPipeBuf = 4096;
+}  // namespace
+
+std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std::string& error) {
+  auto s = std::shared_ptr<AccessLogSink>(new AccessLogSink());
+  if (where == "off" || where.empty()) return s;
+  if (where == "-") {
+    s->fd_ = STDOUT_FILENO;
+  } else {
+    s->fd_ = ::open(where.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (s->fd_ < 0) {
+      error = fmt::format("cannot open access log {}: {}", where, std::strerror(errno));
+      return nullptr;
+    }
+    s->owned_ = true;
+  }
+  struct stat st{};
+  if (::fstat(s->fd_, &st) == 0) s->is_pipe_ = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
+  return s;
+}
+
+AccessLogSink::~AccessLogSink() {
+  if (owned_ && fd_ >= 0) ::close(fd_);
+}
+
+void AccessLogSink::write_lines(std::string_view lines) {
+  if (fd_ < 0) return;
+  while (!lines.empty()) {
+    std::size_t n = lines.size();
+    if (is_pipe_ && n > kPipeBuf) {
+      // Cut at the last newline within PIPE_BUF so each write is atomic; a
+      // single longer line goes out whole.
+      const auto cut = lines.substr(0, kPipeBuf).rfind('\n');
+      n = cut == std::string_view::npos ? lines.find('\n') + 1 : cut + 1;
+      if (n == 0) n = lines.size();
+    }
+    const ssize_t w = ::write(fd_, lines.data(), n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      // A full pipe or a broken destination: count it; the caller drops nothing
+      // silently (weir_access_log_write_errors_total).
+      __atomic_add_fetch(&write_errors_, 1, __ATOMIC_RELAXED);
+      return;
+    }
+    lines.remove_prefix(static_cast<std::size_t>(w));
+  }
+}
+
+AccessLog::AccessLog(std::shared_ptr<AccessLogSink> sink) : sink_(std::move(sink)) {
+  buf_.reserve(kFlushAt + 4096);
+}
+
+AccessLog::~AccessLog() { flush(); }
+
+void AccessLog::end_line() {
+  buf_ += '\n';
+  if (buf_.size() >= kFlushAt) flush();
+}
+
+void AccessLog::flush() {
+  if (buf_.empty() || !sink_) return;
+  sink_->write_lines(buf_);
+  buf_.clear();
+}
+
+}  // namespace weir::core

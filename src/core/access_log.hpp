@@ -1,0 +1,57 @@
+// The access log: one JSON object per line per request.
+//
+// Each worker appends lines to its own buffer (no lock, no allocation once
+// the buffer has grown) and writes the buffer out with write(2) when it
+// passes 32 KiB or on the worker's periodic flush tick. All workers share one
+// file descriptor opened with O_APPEND; each write(2) carries whole lines and
+// at most PIPE_BUF (4096) bytes when the destination is a pipe, so lines from
+// different workers never interleave.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+namespace weir::core {
+
+// The shared destination: stdout, a file, or nothing.
+class AccessLogSink {
+ public:
+  // "-" = stdout, "off" = disabled, else a path opened for appending.
+  // Returns nullptr and sets `error` if the file cannot be opened.
+  static std::shared_ptr<AccessLogSink> open(const std::string& where, std::string& error);
+  ~AccessLogSink();
+
+  bool enabled() const { return fd_ >= 0; }
+  // Writes whole lines; a short write is retried, errors are counted.
+  void write_lines(std::string_view lines);
+  std::uint64_t write_errors() const { return __atomic_load_n(&write_errors_, __ATOMIC_RELAXED); }
+
+ private:
+  int fd_ = -1;
+  bool owned_ = false;
+  bool is_pipe_ = false;
+  std::uint64_t write_errors_ = 0;  // bumped atomically: workers share the sink
+};
+
+// A worker's line buffer.
+class AccessLog {
+ public:
+  explicit AccessLog(std::shared_ptr<AccessLogSink> sink);
+  ~AccessLog();
+
+  bool enabled() const { return sink_ && sink_->enabled(); }
+  // The buffer to append one line to (without the newline); then call end_line().
+  std::string& begin_line() { return buf_; }
+  void end_line();
+  // Writes out what is buffered.
+  void flush();
+
+ private:
+  std::shared_ptr<AccessLogSink> sink_;
+  std::string buf_;
+};
+
+}  // namespace weir::core

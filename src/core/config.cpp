@@ -1,0 +1,304 @@
+#include "core/config.hpp"
+
+#include <charconv>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <boost/url/parse.hpp>
+#include <fmt/format.h>
+
+namespace weir::core {
+
+namespace {
+
+#define WEIR_TRY(var, expr)                              \
+  auto var##_r = (expr);                                 \
+  if (!var##_r) return tl::unexpected(var##_r.error());  \
+  auto var = std::move(*var##_r)
+
+#define WEIR_TRY_VOID(expr)                     \
+  do {                                          \
+    auto r_ = (expr);                           \
+    if (!r_) return tl::unexpected(r_.error()); \
+  } while (0)
+
+ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
+  WEIR_TRY_VOID(check_keys(n, "server",
+                           {"max_body", "max_header", "header_timeout", "body_timeout",
+                            "keepalive_timeout", "write_timeout", "max_stream_buffer",
+                            "max_response", "drain_timeout", "access_log"}));
+  if (auto v = n["max_body"]) {
+    WEIR_TRY(b, read_bytes(v, "server.max_body"));
+    s.max_body_bytes = b;
+  }
+  if (auto v = n["max_header"]) {
+    WEIR_TRY(b, read_bytes(v, "server.max_header"));
+    if (b < 1024 || b > (1u << 24))
+      return tl::unexpected(config_error(v, "server.max_header", "must be between 1KiB and 16MiB"));
+    s.max_header_bytes = static_cast<std::uint32_t>(b);
+  }
+  struct D { const char* key; Millis* out; };
+  for (D d : {D{"header_timeout", &s.header_timeout}, D{"body_timeout", &s.body_timeout},
+              D{"keepalive_timeout", &s.keepalive_timeout}, D{"write_timeout", &s.write_timeout},
+              D{"drain_timeout", &s.drain_timeout}}) {
+    if (auto v = n[d.key]) {
+      WEIR_TRY(ms, read_duration(v, std::string("server.") + d.key));
+      *d.out = ms;
+    }
+  }
+  if (auto v = n["max_stream_buffer"]) {
+    WEIR_TRY(b, read_bytes(v, "server.max_stream_buffer"));
+    if (b < 4096) return tl::unexpected(config_error(v, "server.max_stream_buffer", "must be at least 4KiB"));
+    s.max_stream_buffer_bytes = b;
+  }
+  if (auto v = n["max_response"]) {
+    WEIR_TRY(b, read_bytes(v, "server.max_response"));
+    s.max_response_bytes = b;
+  }
+  if (auto v = n["access_log"]) {
+    WEIR_TRY(str, read_string(v, "server.access_log"));
+    s.access_log = str;
+  }
+  return {};
+}
+
+ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n) {
+  const std::string key = "pools." + name;
+  PoolConfig p;
+  p.name = name;
+  WEIR_TRY_VOID(check_keys(n, key,
+                           {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive",
+                            "api_key", "api_key_env", "eject_for"}));
+  auto eps = n["endpoints"];
+  if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
+  if (!eps.IsSequence() || eps.size() == 0)
+    return tl::unexpected(config_error(eps, key + ".endpoints", "expected a non-empty list of http:// URLs"));
+  for (std::size_t i = 0; i < eps.size(); ++i) {
+    const std::string k = fmt::format("{}.endpoints[{}]", key, i);
+    WEIR_TRY(url, read_string(eps[i], k));
+    auto ep = parse_endpoint_url(url);
+    if (!ep) return tl::unexpected(config_error(eps[i], k, ep.error().message));
+    p.endpoints.push_back(std::move(*ep));
+  }
+  if (auto t = n["timeouts"]) {
+    WEIR_TRY_VOID(check_keys(t, key + ".timeouts", {"connect", "first_byte", "idle"}));
+    struct D { const char* k; Millis* out; };
+    for (D d : {D{"connect", &p.timeouts.connect}, D{"first_byte", &p.timeouts.first_byte},
+                D{"idle", &p.timeouts.idle}}) {
+      if (auto v = t[d.k]) {
+        WEIR_TRY(ms, read_duration(v, key + ".timeouts." + d.k));
+        if (ms.count() <= 0) return tl::unexpected(config_error(v, key + ".timeouts." + d.k, "must be positive"));
+        *d.out = ms;
+      }
+    }
+  }
+  if (auto v = n["max_idle_per_endpoint"]) {
+    WEIR_TRY(i, read_int(v, key + ".max_idle_per_endpoint", 0, 1'000'000));
+    p.max_idle_per_endpoint = static_cast<std::uint32_t>(i);
+  }
+  if (auto v = n["idle_keepalive"]) {
+    WEIR_TRY(ms, read_duration(v, key + ".idle_keepalive"));
+    p.idle_keepalive = ms;
+  }
+  if (auto v = n["eject_for"]) {
+    WEIR_TRY(ms, read_duration(v, key + ".eject_for"));
+    p.eject_for = ms;
+  }
+  if (auto v = n["api_key"]) {
+    WEIR_TRY(s, read_string(v, key + ".api_key"));
+    p.api_key = s;
+  }
+  if (auto v = n["api_key_env"]) {
+    WEIR_TRY(s, read_string(v, key + ".api_key_env"));
+    const char* env = std::getenv(s.c_str());
+    if (!env) return tl::unexpected(config_error(v, key + ".api_key_env", fmt::format("environment variable {} is not set", s)));
+    p.api_key = env;
+  }
+  return p;
+}
+
+ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
+  if (!n.IsMap()) return tl::unexpected(config_error(n, "models", "expected a mapping of model name to {pool, ...}"));
+  std::set<std::string> names;
+  for (const auto& kv : n) {
+    const std::string name = kv.first.Scalar();
+    const std::string key = "models." + name;
+    const YAML::Node& m = kv.second;
+    if (name.empty()) return tl::unexpected(config_error(kv.first, "models", "model name is empty"));
+    WEIR_TRY_VOID(check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by", "prices"}));
+    ModelConfig mc;
+    mc.name = name;
+    auto pn = m["pool"];
+    if (!pn) return tl::unexpected(config_error(m, key + ".pool", "is required"));
+    WEIR_TRY(pool, read_string(pn, key + ".pool"));
+    auto idx = c.find_pool(pool);
+    if (!idx) return tl::unexpected(config_error(pn, key + ".pool", fmt::format("no pool named '{}'", pool)));
+    mc.pool = *idx;
+    if (auto v = m["upstream_model"]) {
+      WEIR_TRY(s, read_string(v, key + ".upstream_model"));
+      mc.upstream_model = s;
+    }
+    if (auto v = m["owned_by"]) {
+      WEIR_TRY(s, read_string(v, key + ".owned_by"));
+      mc.owned_by = s;
+    }
+    if (!names.insert(name).second)
+      return tl::unexpected(config_error(kv.first, key, "model name is already used (by a model or alias)"));
+    if (auto a = m["aliases"]) {
+      if (!a.IsSequence()) return tl::unexpected(config_error(a, key + ".aliases", "expected a list of names"));
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const std::string k = fmt::format("{}.aliases[{}]", key, i);
+        WEIR_TRY(s, read_string(a[i], k));
+        if (s.empty()) return tl::unexpected(config_error(a[i], k, "alias is empty"));
+        if (!names.insert(s).second)
+          return tl::unexpected(config_error(a[i], k, fmt::format("'{}' is already used (by a model or alias)", s)));
+        mc.aliases.push_back(s);
+      }
+    }
+    c.models.push_back(std::move(mc));
+  }
+  return {};
+}
+
+}  // namespace
+
+std::optional<std::size_t> Config::find_pool(std::string_view name) const {
+  for (std::size_t i = 0; i < pools.size(); ++i)
+    if (pools[i].name == name) return i;
+  return std::nullopt;
+}
+
+ConfigResult<ListenAddress> parse_listen(std::string_view s) {
+  ListenAddress a;
+  std::string_view host, port;
+  if (!s.empty() && s.front() == '[') {
+    auto close = s.find(']');
+    if (close == std::string_view::npos || close + 1 >= s.size() || s[close + 1] != ':')
+      return tl::unexpected(ConfigError{.key = "listen", .message = fmt::format("'{}' is not [ipv6]:port", s)});
+    host = s.substr(1, close - 1);
+    port = s.substr(close + 2);
+  } else {
+    auto colon = s.rfind(':');
+    if (colon == std::string_view::npos)
+      return tl::unexpected(ConfigError{.key = "listen", .message = fmt::format("'{}' is not host:port", s)});
+    host = s.substr(0, colon);
+    port = s.substr(colon + 1);
+  }
+  unsigned p = 0;
+  auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
+  if (ec != std::errc() || ptr != port.data() + port.size() || p > 65535)
+    return tl::unexpected(ConfigError{.key = "listen", .message = fmt::format("'{}' has no valid port", s)});
+  a.host = host.empty() ? "0.0.0.0" : std::string(host);
+  a.port = static_cast<std::uint16_t>(p);
+  return a;
+}
+
+ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url) {
+  auto u = boost::urls::parse_uri(url);
+  if (!u) return tl::unexpected(ConfigError{.message = fmt::format("'{}' is not a URL", url)});
+  if (u->scheme() != "http")
+    return tl::unexpected(ConfigError{.message = fmt::format("'{}': only http:// endpoints are supported", url)});
+  if (u->host().empty()) return tl::unexpected(ConfigError{.message = fmt::format("'{}' has no host", url)});
+  if (!u->encoded_path().empty() && u->encoded_path() != "/")
+    return tl::unexpected(ConfigError{
+        .message = fmt::format("'{}': give the server root (the /v1/... path comes from the request)", url)});
+  EndpointConfig e;
+  e.url = std::string(url);
+  e.host = std::string(u->host_address());
+  if (u->host_type() == boost::urls::host_type::ipv6) {
+    // host_address() of [::1] is "::1"
+  }
+  e.port = u->has_port() ? u->port_number() : 80;
+  if (u->has_port() && u->port_number() == 0)
+    return tl::unexpected(ConfigError{.message = fmt::format("'{}' has port 0", url)});
+  e.host_header = std::string(u->encoded_host_and_port());
+  if (!u->has_port()) e.host_header = std::string(u->encoded_host());
+  return e;
+}
+
+ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_name) {
+  Config c;
+  c.source = file_name;
+  auto located = [&](ConfigError e) {
+    e.file = file_name;
+    return tl::unexpected(std::move(e));
+  };
+  YAML::Node root;
+  try {
+    root = YAML::Load(std::string(yaml_text));
+  } catch (const YAML::Exception& ex) {
+    ConfigError e;
+    e.line = ex.mark.is_null() ? 0 : ex.mark.line + 1;
+    e.column = ex.mark.is_null() ? 0 : ex.mark.column + 1;
+    e.message = "YAML syntax error: " + ex.msg;
+    return located(e);
+  }
+  if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
+  // Sections owned by other modules are validated there (auth, tenants, redis, limits).
+  if (auto r = check_keys(root, "", {"listen", "workers", "server", "pools", "models", "default_pool",
+                                     "auth", "tenants", "redis", "limits", "batching"});
+      !r)
+    return located(r.error());
+
+  auto run = [&]() -> ConfigResult<void> {
+    if (auto v = root["listen"]) {
+      WEIR_TRY(s, read_string(v, "listen"));
+      auto l = parse_listen(s);
+      if (!l) return tl::unexpected(config_error(v, "listen", l.error().message));
+      c.server.listen = *l;
+    }
+    if (auto v = root["workers"]) {
+      WEIR_TRY(w, read_int(v, "workers", 0, 1024));
+      c.server.workers = static_cast<unsigned>(w);
+    }
+    if (auto v = root["server"]) WEIR_TRY_VOID(parse_server(v, c.server));
+    auto pools = root["pools"];
+    if (!pools) return tl::unexpected(config_error(root, "pools", "is required (a mapping of pool name to {endpoints: [...]})"));
+    if (!pools.IsMap() || pools.size() == 0)
+      return tl::unexpected(config_error(pools, "pools", "expected a non-empty mapping of pool name to {endpoints: [...]}"));
+    for (const auto& kv : pools) {
+      WEIR_TRY(p, parse_pool(kv.first.Scalar(), kv.second));
+      c.pools.push_back(std::move(p));
+    }
+    if (auto v = root["models"]) WEIR_TRY_VOID(parse_models(v, c));
+    if (auto v = root["default_pool"]) {
+      WEIR_TRY(s, read_string(v, "default_pool"));
+      auto idx = c.find_pool(s);
+      if (!idx) return tl::unexpected(config_error(v, "default_pool", fmt::format("no pool named '{}'", s)));
+      c.default_pool = idx;
+    }
+    if (c.models.empty() && !c.default_pool)
+      return tl::unexpected(config_error(root, "models", "no models are configured and there is no default_pool"));
+    return {};
+  };
+  if (auto r = run(); !r) return located(r.error());
+  c.root = root;
+  return c;
+}
+
+ConfigResult<Config> load_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return tl::unexpected(ConfigError{.file = path, .message = "cannot open the file"});
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), path);
+}
+
+ConfigResult<Config> quick_config(std::string_view listen, std::string_view upstream_url) {
+  Config c;
+  c.source = "<flags>";
+  auto l = parse_listen(listen);
+  if (!l) return tl::unexpected(ConfigError{.key = "--listen", .message = l.error().message});
+  c.server.listen = *l;
+  auto ep = parse_endpoint_url(upstream_url);
+  if (!ep) return tl::unexpected(ConfigError{.key = "--upstream", .message = ep.error().message});
+  PoolConfig p;
+  p.name = "default";
+  p.endpoints.push_back(std::move(*ep));
+  c.pools.push_back(std::move(p));
+  c.default_pool = 0;
+  return c;
+}
+
+}  // namespace weir::core

@@ -1,0 +1,104 @@
+// Weir's configuration: one immutable snapshot built at start-up from YAML
+// (`weir --config FILE`) or from the quick-mode flags, shared read-only by
+// every worker thread.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "core/yaml.hpp"
+
+namespace weir::core {
+
+using Millis = std::chrono::milliseconds;
+
+// Where to accept downstream connections.
+struct ListenAddress {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 8080;
+};
+
+// Downstream (client-facing) limits and timeouts.
+struct ServerConfig {
+  ListenAddress listen;
+  unsigned workers = 0;                              // 0 = one per core
+  std::uint64_t max_body_bytes = 4u << 20;           // request body limit → 413
+  std::uint32_t max_header_bytes = 64u << 10;        // request head limit → 431
+  Millis header_timeout{10'000};                     // first byte to end of head
+  Millis body_timeout{60'000};                       // end of head to end of body
+  Millis keepalive_timeout{75'000};                  // idle between requests
+  Millis write_timeout{30'000};                      // one write to the client may take this long
+  std::uint64_t max_stream_buffer_bytes = 1u << 20;  // per-stream output backlog before cut-off
+  std::uint64_t max_response_bytes = 256u << 20;     // buffered non-streaming upstream body
+  Millis drain_timeout{30'000};                      // SIGTERM: streams may finish this long
+  std::string access_log = "-";                      // "-" stdout, "off", or a file path
+};
+
+// Upstream timeouts of one pool.
+struct UpstreamTimeouts {
+  Millis connect{2'000};       // TCP connect to an endpoint
+  Millis first_byte{120'000};  // request written to first response byte (vLLM TTFT + queueing)
+  Millis idle{60'000};         // between two reads of the response (between SSE events)
+};
+
+// One model server: http://host:port. Addresses are resolved once at start-up.
+struct EndpointConfig {
+  std::string url;          // as written in the config
+  std::string host;         // host part, for the Host header
+  std::uint16_t port = 80;
+  std::string host_header;  // "host:port" as sent upstream
+};
+
+// A set of interchangeable endpoints serving the same models.
+struct PoolConfig {
+  std::string name;
+  std::vector<EndpointConfig> endpoints;
+  UpstreamTimeouts timeouts;
+  std::uint32_t max_idle_per_endpoint = 512;  // idle keep-alive connections kept per worker
+  Millis idle_keepalive{4'000};  // drop idle connections older than this (uvicorn closes at 5 s)
+  std::string api_key;           // sent upstream as "Authorization: Bearer"; empty = none
+  Millis eject_for{2'000};       // an endpoint that refuses connections is skipped this long
+};
+
+// A model name clients may ask for, and where it goes.
+struct ModelConfig {
+  std::string name;            // canonical name, listed by GET /v1/models
+  std::size_t pool = 0;        // index into Config::pools
+  std::string upstream_model;  // name sent upstream; empty = same as `name`
+  std::vector<std::string> aliases;  // other names clients may use
+  std::string owned_by = "weir";
+};
+
+struct Config {
+  std::string source;  // file the snapshot came from, "<flags>" in quick mode
+  ServerConfig server;
+  std::vector<PoolConfig> pools;
+  std::vector<ModelConfig> models;
+  // Pool for models not listed (quick mode, or `default_pool:`); the model
+  // name passes through unchanged.
+  std::optional<std::size_t> default_pool;
+  // The parsed document, for modules that read their own sections (auth, limits).
+  YAML::Node root;
+
+  std::optional<std::size_t> find_pool(std::string_view name) const;
+};
+
+// Parses and validates a YAML document. Errors name the file, line and key.
+ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_name);
+// Reads `path` and parses it; a missing file is a ConfigError too.
+ConfigResult<Config> load_config_file(const std::string& path);
+// Quick mode: every model goes to `upstream_url` (e.g. http://127.0.0.1:8000).
+ConfigResult<Config> quick_config(std::string_view listen, std::string_view upstream_url);
+
+// "host:port" → ListenAddress; "[::1]:8080" for IPv6.
+ConfigResult<ListenAddress> parse_listen(std::string_view s);
+// "http://host[:port]" → EndpointConfig. Only http:// is supported.
+ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url);
+
+}  // namespace weir::core

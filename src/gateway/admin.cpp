@@ -1,0 +1,105 @@
+#include "gateway/admin.hpp"
+
+#include <chrono>
+#include <ctime>
+
+#include <boost/asio/post.hpp>
+#include <fmt/format.h>
+
+#include "core/json_text.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+namespace {
+const std::int64_t kStartTime = std::chrono::duration_cast<std::chrono::seconds>(
+                                    std::chrono::system_clock::now().time_since_epoch())
+                                    .count();
+
+void append_model(std::string& out, std::string_view id, std::string_view owned_by, std::string_view root) {
+  out += R"({"id":)";
+  core::append_json_string(out, id);
+  fmt::format_to(std::back_inserter(out), R"(,"object":"model","created":{},"owned_by":)", kStartTime);
+  core::append_json_string(out, owned_by);
+  out += R"(,"root":)";
+  core::append_json_string(out, root);
+  out += "}";
+}
+}  // namespace
+
+tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path) {
+  std::string out;
+  constexpr std::string_view prefix = "/v1/models/";
+  if (path.starts_with(prefix)) {
+    const std::string_view id = path.substr(prefix.size());
+    for (const auto& m : cfg.models) {
+      if (m.name == id) {
+        append_model(out, m.name, m.owned_by, m.name);
+        return out;
+      }
+      for (const auto& a : m.aliases)
+        if (a == id) {
+          append_model(out, a, m.owned_by, m.name);
+          return out;
+        }
+    }
+    return tl::unexpected(core::model_not_found(id));
+  }
+  out += R"({"object":"list","data":[)";
+  bool first = true;
+  for (const auto& m : cfg.models) {
+    if (!first) out += ",";
+    first = false;
+    append_model(out, m.name, m.owned_by, m.name);
+    for (const auto& a : m.aliases) {
+      out += ",";
+      append_model(out, a, m.owned_by, m.name);
+    }
+  }
+  out += "]}";
+  return out;
+}
+
+http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
+  struct Gather {
+    Gather(http::Executor ex, std::size_t models, std::size_t n) : total(models), remaining(n), timer(ex) {}
+    MetricsShard total;
+    std::size_t remaining;
+    http::Timer timer;
+  };
+  auto& shared = self.shared();
+  auto g = std::make_shared<Gather>(self.io().get_executor(), shared.config->models.size(), shared.workers.size());
+  for (Worker* w : shared.workers) {
+    boost::asio::post(w->io(), [w, g, &self] {
+      MetricsShard copy = w->metrics();  // on w's own thread
+      boost::asio::post(self.io(), [g, copy = std::move(copy)]() mutable {
+        g->total.merge(copy);
+        if (--g->remaining == 0) g->timer.cancel();
+      });
+    });
+  }
+  g->timer.expires_after(std::chrono::seconds(1));
+  co_await g->timer.async_wait(http::use_task);
+  g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
+}
+
+void append_timestamp(std::string& out) {
+  const auto now = std::chrono::system_clock::now();
+  const auto secs = std::chrono::time_point_cast<std::chrono::seconds>(now);
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - secs).count();
+  // The formatted second is cached per thread: gmtime_r once a second.
+  thread_local std::int64_t cached_sec = -1;
+  thread_local char cached[32];
+  const std::int64_t s = secs.time_since_epoch().count();
+  if (s != cached_sec) {
+    const std::time_t t = static_cast<std::time_t>(s);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    std::strftime(cached, sizeof cached, "%Y-%m-%dT%H:%M:%S", &tm);
+    cached_sec = s;
+  }
+  out += cached;
+  fmt::format_to(std::back_inserter(out), ".{:03d}Z", static_cast<int>(ms));
+}
+
+}  // namespace weir::gateway

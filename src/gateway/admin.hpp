@@ -1,0 +1,30 @@
+// Weir's own endpoints: GET /v1/models, /metrics, and access-log helpers.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include <tl/expected.hpp>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "http/io.hpp"
+
+namespace weir::gateway {
+
+class Worker;
+
+// GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
+// created, owned_by}]} with every configured model and alias; GET /v1/models/{id}
+// → that model object, or 404 model_not_found.
+tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path);
+
+// Collects every worker's metrics shard (posting to each; no locks) and
+// renders the merged set in Prometheus text format into `out`. Waits at most
+// one second for the other workers.
+http::Task<void> collect_metrics_text(Worker& self, std::string& out);
+
+// Appends the current UTC time as RFC 3339 with milliseconds, e.g. 2026-11-30T03:12:45.123Z.
+void append_timestamp(std::string& out);
+
+}  // namespace weir::gateway

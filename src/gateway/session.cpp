@@ -1,0 +1,957 @@
+#include "gateway/session.hpp"
+
+#include <array>
+#include <charconv>
+
+#include <boost/asio/write.hpp>
+#include <boost/beast/http/read.hpp>
+#include <fmt/format.h>
+
+#include "api/json_scan.hpp"
+#include "api/usage.hpp"
+#include "core/json_text.hpp"
+#include "gateway/admin.hpp"
+#include "gateway/worker.hpp"
+#include "http/gzip.hpp"
+#include "http/headers.hpp"
+
+namespace weir::gateway {
+
+namespace bh = boost::beast::http;
+namespace asio = boost::asio;
+using boost::system::error_code;
+using http::use_task;
+
+namespace {
+
+constexpr std::size_t kMonitorRead = 4096;
+constexpr std::size_t kStreamRead = 16384;
+constexpr std::string_view kLastChunk = "0\r\n\r\n";
+
+std::string_view path_of(std::string_view target) {
+  auto q = target.find('?');
+  return q == std::string_view::npos ? target : target.substr(0, q);
+}
+
+RouteKind classify_path(std::string_view path) {
+  if (path == "/v1/chat/completions") return RouteKind::chat_completions;
+  if (path == "/v1/completions") return RouteKind::completions;
+  if (path == "/v1/embeddings") return RouteKind::embeddings;
+  if (path == "/v1/models" || path.starts_with("/v1/models/")) return RouteKind::models;
+  if (path == "/health") return RouteKind::health;
+  if (path == "/ready") return RouteKind::ready;
+  if (path == "/metrics") return RouteKind::metrics;
+  return RouteKind::other;
+}
+
+bool valid_request_id(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (unsigned char c : id)
+    if (c < 0x21 || c > 0x7e) return false;
+  return true;
+}
+
+void append_uint(std::string& out, std::uint64_t v) {
+  char buf[24];
+  auto [p, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  (void)ec;
+  out.append(buf, p);
+}
+
+std::optional<FailureKind> failure_kind(http::UpstreamFailure f) {
+  switch (f) {
+    case http::UpstreamFailure::connect_refused: return FailureKind::connect_refused;
+    case http::UpstreamFailure::connect_timeout: return FailureKind::connect_timeout;
+    case http::UpstreamFailure::timeout: return FailureKind::timeout;
+    case http::UpstreamFailure::reset: return FailureKind::reset;
+    case http::UpstreamFailure::protocol: return FailureKind::protocol;
+    default: return std::nullopt;
+  }
+}
+
+core::Error upstream_error(http::UpstreamFailure f, const std::string& endpoint, bool mid_stream) {
+  const char* when = mid_stream ? " while streaming" : "";
+  switch (f) {
+    case http::UpstreamFailure::connect_refused:
+      return core::upstream_unavailable(fmt::format("Upstream {} refused the connection.", endpoint));
+    case http::UpstreamFailure::connect_timeout:
+      return core::upstream_timeout(fmt::format("Connecting to upstream {} timed out.", endpoint));
+    case http::UpstreamFailure::timeout:
+      return core::upstream_timeout(fmt::format("Upstream {} timed out{}.", endpoint, when));
+    case http::UpstreamFailure::protocol:
+      return core::upstream_unavailable(fmt::format("Upstream {} sent an invalid HTTP response{}.", endpoint, when));
+    default:
+      return core::upstream_unavailable(fmt::format("Upstream {} closed the connection{}.", endpoint, when));
+  }
+}
+
+bool is_event_stream(std::string_view content_type) {
+  return content_type.size() >= 17 && http::iequals(content_type.substr(0, 17), "text/event-stream");
+}
+
+}  // namespace
+
+Session::Session(Worker& w, http::Socket sock)
+    : w_(w),
+      sock_(std::move(sock)),
+      watchdog_(w.io().get_executor(),
+                [this] {
+                  timed_out_ = true;
+                  error_code ignored;
+                  sock_.cancel(ignored);
+                }),
+      read_done_(w.io().get_executor()),
+      write_done_(w.io().get_executor()),
+      sse_(4u << 20) {
+  w_.add_session(this);
+  ++w_.metrics().active_connections;
+  error_code ignored;
+  sock_.set_option(http::tcp::no_delay(true), ignored);
+}
+
+Session::~Session() {
+  watchdog_.stop();
+  --w_.metrics().active_connections;
+  w_.remove_session(this);
+}
+
+http::Task<void> Session::run(std::unique_ptr<Session> self) {
+  co_await self->serve();
+  // Nothing may still reference the session: wait out the monitor read and
+  // the write loop (closing the socket completes them).
+  error_code ignored;
+  self->sock_.close(ignored);
+  while (self->reading_) co_await self->read_done_.wait();
+  while (self->writing_) co_await self->write_done_.wait();
+}
+
+void Session::close_if_idle() {
+  if (idle_ && !closed_) {
+    closed_ = true;
+    error_code ignored;
+    sock_.cancel(ignored);
+  }
+}
+
+void Session::force_close() {
+  closed_ = true;
+  error_code ignored;
+  sock_.cancel(ignored);
+  sock_.shutdown(http::tcp::socket::shutdown_both, ignored);
+  if (upstream_) upstream_->abort(http::UpstreamFailure::cancelled);
+}
+
+// --- the connection loop -------------------------------------------------
+
+http::Task<void> Session::serve() {
+  const auto& sc = w_.config().server;
+  bool first = true;
+  for (;;) {
+    if (reading_) {
+      // The monitor read of the previous request is still waiting: it is the
+      // start of this request (or the client's goodbye).
+      idle_ = true;
+      watchdog_.expires_after(sc.keepalive_timeout);
+      while (reading_) co_await read_done_.wait();
+    }
+    if (peer_gone_ || closed_ || timed_out_) co_return;
+    if (w_.draining() && !first && in_.size() == 0) co_return;
+
+    ctx_.reset();
+    if (parser_) body_.swap(parser_->get().body());  // keep the body storage's capacity
+    parser_.emplace();
+    parser_->header_limit(sc.max_header_bytes);
+    parser_->body_limit(sc.max_body_bytes);
+    body_.clear();
+    idle_ = in_.size() == 0;
+    watchdog_.expires_after(first ? sc.header_timeout : sc.keepalive_timeout);
+    auto [ec, n] = co_await bh::async_read_header(sock_, in_, *parser_, use_task);
+    idle_ = false;
+    watchdog_.disarm();
+    if (ec) {
+      // A connection that closes or idles out between requests is not a request.
+      if (ec == bh::error::end_of_stream || closed_ || (timed_out_ && n == 0 && in_.size() == 0) ||
+          ec == asio::error::connection_reset || ec == asio::error::eof || ec == asio::error::bad_descriptor)
+        co_return;
+      ctx_.t_start = core::now();
+      ctx_.method = "-";
+      keep_alive_ = false;
+      if (timed_out_) {
+        timed_out_ = false;
+        auto e = core::bad_request("The request head was not received in time.");
+        e.status = 408;
+        co_await respond_error(e);
+      } else if (ec == bh::error::header_limit) {
+        auto e = core::bad_request(fmt::format("The request head is larger than {} bytes.", sc.max_header_bytes));
+        e.status = 431;
+        co_await respond_error(e);
+      } else {
+        co_await respond_error(core::bad_request(fmt::format("Malformed HTTP request: {}.", ec.message())));
+      }
+      log_request();
+      co_await lingering_close();
+      co_return;
+    }
+    first = false;
+    ctx_.t_start = core::now();
+    keep_alive_ = parser_->get().keep_alive() && !w_.draining();
+    const bool keep = co_await handle();
+    log_request();
+    if (!keep || !keep_alive_ || closed_) {
+      if (!peer_gone_ && !closed_) co_await lingering_close();
+      co_return;
+    }
+  }
+}
+
+http::Task<bool> Session::handle() {
+  auto& req = parser_->get();
+  const std::string_view target = req.target();
+  const std::string_view path = path_of(target);
+  ctx_.route = classify_path(path);
+  ctx_.method.assign(req.method_string());
+  ctx_.path.assign(path.substr(0, 256));
+  if (auto id = req["x-request-id"]; valid_request_id(id)) ctx_.request_id.assign(id);
+  else w_.next_request_id(ctx_.request_id);
+  ctx_.model_slot = w_.metrics().no_model();
+  chunked_ = req.version() >= 11;
+
+  const bool is_post_route = ctx_.route == RouteKind::chat_completions ||
+                             ctx_.route == RouteKind::completions || ctx_.route == RouteKind::embeddings;
+  const bool get_or_head = req.method() == bh::verb::get || req.method() == bh::verb::head;
+  if (ctx_.route == RouteKind::other) {
+    keep_alive_ = keep_alive_ && parser_->is_done();
+    co_await respond_error(core::not_found(path));
+    co_return keep_alive_;
+  }
+  if ((is_post_route && req.method() != bh::verb::post) || (!is_post_route && !get_or_head)) {
+    keep_alive_ = keep_alive_ && parser_->is_done();
+    auto e = core::method_not_allowed(req.method_string(), path);
+    head_.clear();
+    co_await respond(405, "application/json", core::error_json(e),
+                     is_post_route ? "Allow: POST\r\n" : "Allow: GET, HEAD\r\n");
+    ctx_.set_error(e);
+    co_return keep_alive_;
+  }
+  if (!parser_->is_done() && !co_await read_body()) co_return false;
+
+  switch (ctx_.route) {
+    case RouteKind::chat_completions: co_await proxy(api::ApiKind::chat_completions); break;
+    case RouteKind::completions: co_await proxy(api::ApiKind::completions); break;
+    case RouteKind::embeddings: co_await proxy(api::ApiKind::embeddings); break;
+    case RouteKind::models: {
+      if (w_.config().models.empty() && w_.config().default_pool) {
+        co_await proxy(std::nullopt);  // quick mode: the upstream knows its models
+        break;
+      }
+      auto r = models_response(w_.config(), path);
+      if (!r) {
+        co_await respond_error(r.error());
+      } else {
+        co_await respond(200, "application/json", *r);
+      }
+      break;
+    }
+    case RouteKind::health: co_await respond(200, "application/json", R"({"status":"ok"})"); break;
+    case RouteKind::ready:
+      if (w_.draining()) co_await respond_error(core::unavailable("Weir is draining."));
+      else co_await respond(200, "application/json", R"({"status":"ready"})");
+      break;
+    case RouteKind::metrics: co_await serve_metrics(); break;
+    default: break;
+  }
+  co_return !peer_gone_ && !write_failed_;
+}
+
+http::Task<bool> Session::read_body() {
+  const auto& sc = w_.config().server;
+  auto& req = parser_->get();
+  if (auto cl = parser_->content_length(); cl && *cl > sc.max_body_bytes) {
+    // Refuse before reading: the client may not even send the body (Expect).
+    keep_alive_ = false;
+    co_await respond_error(core::payload_too_large(sc.max_body_bytes));
+    co_return false;
+  }
+  if (http::iequals(req[bh::field::expect], "100-continue")) {
+    static constexpr std::string_view k100 = "HTTP/1.1 100 Continue\r\n\r\n";
+    watchdog_.expires_after(sc.write_timeout);
+    auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(k100), use_task);
+    watchdog_.disarm();
+    if (ec) {
+      peer_gone_ = true;
+      ctx_.status = 499;
+      co_return false;
+    }
+  }
+  // Reuse the connection's body storage: string_body reserves Content-Length.
+  req.body().swap(body_);
+  req.body().clear();
+  watchdog_.expires_after(sc.body_timeout);
+  auto [ec, n] = co_await bh::async_read(sock_, in_, *parser_, use_task);
+  watchdog_.disarm();
+  if (!ec) co_return true;
+  keep_alive_ = false;
+  if (ec == bh::error::body_limit) {
+    co_await respond_error(core::payload_too_large(sc.max_body_bytes));
+  } else if (timed_out_) {
+    timed_out_ = false;
+    auto e = core::bad_request("The request body was not received in time.");
+    e.status = 408;
+    co_await respond_error(e);
+  } else if (ec == bh::error::partial_message || ec == bh::error::end_of_stream ||
+             ec == asio::error::connection_reset || ec == asio::error::eof) {
+    peer_gone_ = true;
+    ctx_.status = 499;
+    ctx_.set_error(core::bad_request("The client closed the connection before sending the whole body."));
+    ctx_.error_source = core::ErrorSource::client;
+    ctx_.error_code = "client_closed_request";
+  } else {
+    co_await respond_error(core::bad_request(fmt::format("Malformed request body: {}.", ec.message())));
+  }
+  co_return false;
+}
+
+// --- proxying ------------------------------------------------------------
+
+http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
+  auto& req = parser_->get();
+  auto& metrics = w_.metrics();
+  std::string_view up_body = req.body();
+  ctx_.bytes_in = up_body.size();
+  metrics.bytes_in += up_body.size();
+
+  // parse + route
+  routing::Route route;
+  if (api) {
+    auto fields = api::parse_request(*api, up_body);
+    if (!fields) {
+      co_await respond_error(fields.error());
+      co_return;
+    }
+    ctx_.model = std::move(fields->model);
+    ctx_.stream = fields->stream;
+    auto r = w_.routes().find(ctx_.model);
+    if (!r) {
+      co_await respond_error(core::model_not_found(ctx_.model));
+      co_return;
+    }
+    route = *r;
+    ctx_.model_slot = route.model_index == routing::kUnlistedModel ? metrics.unlisted_model() : route.model_index;
+    if (!route.upstream_model.empty() && route.upstream_model != ctx_.model) {
+      scratch_.clear();
+      core::append_json_string(scratch_, route.upstream_model);
+      if (api::set_member(up_body, "model", scratch_, upstream_body_)) up_body = upstream_body_;
+    }
+  } else {
+    route.pool = static_cast<std::uint32_t>(*w_.config().default_pool);
+  }
+
+  auto& pool = w_.pool(route.pool);
+  const auto& timeouts = pool.config().timeouts;
+  ctx_.pool = static_cast<int>(route.pool);
+
+  // The client may leave while we wait on the upstream: watch for it.
+  start_monitor();
+
+  std::optional<ResponseParser> rp;
+  std::unique_ptr<http::UpstreamConnection> conn;
+  auto now = core::now();
+  std::uint32_t ep_idx = pool.pick(now, w_.rng());
+  std::uint32_t connect_attempts = 0;
+  bool fresh_retry_used = false;
+  bool force_fresh = false;
+  std::int64_t added = core::micros_between(ctx_.t_start, now);  // parse + route
+  http::UpstreamFailure failure = http::UpstreamFailure::none;
+
+  for (;;) {
+    auto& ep = pool.endpoint(ep_idx);
+    ctx_.endpoint = static_cast<int>(ep_idx);
+    conn = force_fresh ? nullptr : ep.conns.take(core::now());
+    const bool reused = conn != nullptr;
+    if (!conn) {
+      conn = std::make_unique<http::UpstreamConnection>(w_.io().get_executor());
+      upstream_ = conn.get();
+      ++metrics.upstream_connects;
+      ++connect_attempts;
+      failure = co_await http::connect(*conn, ep.addr, timeouts.connect);
+      upstream_ = nullptr;
+      if (peer_gone_) break;
+      if (failure != http::UpstreamFailure::none) {
+        if (auto k = failure_kind(failure)) ++metrics.upstream_failures[static_cast<std::size_t>(*k)];
+        pool.report_connect_failure(ep_idx, core::now());
+        if (connect_attempts < pool.size()) {
+          // Another endpoint may take it: nothing has been sent anywhere.
+          ++ctx_.retries;
+          ++metrics.upstream_retries;
+          ep_idx = pool.pick(core::now(), w_.rng(), ep_idx);
+          continue;
+        }
+        break;
+      }
+      pool.report_success(ep_idx);
+    }
+    upstream_ = conn.get();
+    ++ep.in_flight;
+    const auto t0 = core::now();
+    head_.clear();
+    append_upstream_head(head_, ep.cfg->host_header, up_body, pool.config().api_key, ctx_.stream);
+    conn->watchdog().expires_after(timeouts.first_byte);
+    const std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(up_body.data(), up_body.size())};
+    ctx_.t_upstream_sent = core::now();
+    added += core::micros_between(t0, ctx_.t_upstream_sent);
+    auto [wec, wn] = co_await asio::async_write(conn->socket(), bufs, use_task);
+    error_code ec = wec;
+    std::size_t got = 0;
+    if (!ec) {
+      rp.emplace();
+      rp->header_limit(64u << 10);
+      rp->body_limit(boost::none);
+      if (req.method() == bh::verb::head) rp->skip(true);
+      auto [rec, rn] = co_await bh::async_read_header(conn->socket(), conn->buffer(), *rp, use_task);
+      ec = rec;
+      got = rn;
+    }
+    if (!ec) break;
+    --ep.in_flight;
+    upstream_ = nullptr;
+    failure = http::classify(*conn, ec);
+    if (peer_gone_) break;
+    if (reused && !fresh_retry_used && failure == http::UpstreamFailure::reset && got == 0) {
+      // The pooled connection had gone stale: retry once on a fresh one.
+      fresh_retry_used = true;
+      force_fresh = true;
+      ++ctx_.retries;
+      ++metrics.upstream_retries;
+      continue;
+    }
+    if (auto k = failure_kind(failure)) ++metrics.upstream_failures[static_cast<std::size_t>(*k)];
+    break;
+  }
+
+  if (peer_gone_) {
+    ctx_.status = 499;
+    ++metrics.client_disconnects;
+    if (upstream_) --pool.endpoint(ep_idx).in_flight;
+    upstream_ = nullptr;
+    co_return;
+  }
+  if (!upstream_) {
+    auto e = upstream_error(failure, pool.endpoint(ep_idx).cfg->url, false);
+    ctx_.added_us = added;
+    co_await respond_error(e);
+    co_return;
+  }
+
+  ctx_.t_first_byte = core::now();
+  ctx_.added_us = added;
+  const auto ct = rp->get()[bh::field::content_type];
+  if (rp->get().result_int() == 200 && is_event_stream(ct) && !rp->is_done()) {
+    co_await relay_stream(*rp, *conn);
+  } else {
+    co_await relay_buffered(*rp, *conn);
+  }
+  --pool.endpoint(ep_idx).in_flight;
+  upstream_ = nullptr;
+  // Keep the connection only after a complete, keep-alive response.
+  if (rp->is_done() && rp->keep_alive() && conn->is_open() && conn->aborted_for() == http::UpstreamFailure::none) {
+    ++conn->uses;
+    pool.endpoint(ep_idx).conns.put(std::move(conn), core::now());
+  }
+}
+
+void Session::append_upstream_head(std::string& out, std::string_view host_header, std::string_view body,
+                                   std::string_view api_key, bool stream) {
+  const auto& req = parser_->get();
+  out += req.method_string();
+  out += ' ';
+  out += req.target();
+  out += " HTTP/1.1\r\nHost: ";
+  out += host_header;
+  out += "\r\n";
+  if (req.method() != bh::verb::get && req.method() != bh::verb::head) {
+    out += "Content-Length: ";
+    append_uint(out, body.size());
+    out += "\r\n";
+  }
+  http::append_header(out, "x-request-id", ctx_.request_id);
+  if (!api_key.empty()) {
+    out += "Authorization: Bearer ";
+    out += api_key;
+    out += "\r\n";
+  }
+  // Streams are parsed event by event: ask for them uncompressed.
+  if (stream) out += "Accept-Encoding: identity\r\n";
+  const std::string_view connection = req[bh::field::connection];
+  for (const auto& f : req) {
+    const auto name = f.name_string();
+    switch (f.name()) {
+      case bh::field::host:
+      case bh::field::content_length:
+      case bh::field::expect:
+        continue;
+      case bh::field::accept_encoding:
+        if (stream) continue;
+        break;
+      case bh::field::authorization:
+        if (!api_key.empty()) continue;
+        break;
+      default:
+        break;
+    }
+    if (http::is_hop_by_hop(name, connection) || http::iequals(name, "x-request-id")) continue;
+    if (!api_key.empty() && http::iequals(name, "x-api-key")) continue;
+    out += name;
+    out += ": ";
+    out += f.value();
+    out += "\r\n";
+  }
+  out += "\r\n";
+}
+
+void Session::append_response_headers(std::string& out, const ResponseParser& rp, bool drop_encoding) {
+  const auto& res = rp.get();
+  const std::string_view connection = res[bh::field::connection];
+  for (const auto& f : res) {
+    switch (f.name()) {
+      case bh::field::content_length:
+        continue;
+      case bh::field::content_encoding:
+        if (drop_encoding) continue;
+        break;
+      default:
+        break;
+    }
+    if (http::is_hop_by_hop(f.name_string(), connection) || http::iequals(f.name_string(), "x-request-id")) continue;
+    out += f.name_string();
+    out += ": ";
+    out += f.value();
+    out += "\r\n";
+  }
+  http::append_header(out, "x-request-id", ctx_.request_id);
+  if (!keep_alive_) out += "Connection: close\r\n";
+}
+
+http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConnection& conn) {
+  const auto& sc = w_.config().server;
+  const auto& timeouts = w_.pool(static_cast<std::uint32_t>(ctx_.pool)).config().timeouts;
+  resp_body_.clear();
+  rbuf_.resize(kStreamRead);
+  http::UpstreamFailure failure = http::UpstreamFailure::none;
+  while (!rp.is_done()) {
+    rp.get().body().data = rbuf_.data();
+    rp.get().body().size = rbuf_.size();
+    conn.watchdog().expires_after(timeouts.idle);
+    auto [ec, n] = co_await bh::async_read_some(conn.socket(), conn.buffer(), rp, use_task);
+    resp_body_.append(rbuf_.data(), rbuf_.size() - rp.get().body().size);
+    if (ec == bh::error::need_buffer) ec = {};
+    if (ec) {
+      failure = http::classify(conn, ec);
+      break;
+    }
+    if (resp_body_.size() > sc.max_response_bytes) {
+      failure = http::UpstreamFailure::protocol;
+      break;
+    }
+  }
+  conn.watchdog().disarm();
+  ctx_.t_upstream_done = core::now();
+  if (peer_gone_) {
+    ctx_.status = 499;
+    ++w_.metrics().client_disconnects;
+    co_return;
+  }
+  if (failure != http::UpstreamFailure::none) {
+    if (auto k = failure_kind(failure)) ++w_.metrics().upstream_failures[static_cast<std::size_t>(*k)];
+    const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool)).endpoint(static_cast<std::uint32_t>(ctx_.endpoint)).cfg;
+    auto e = resp_body_.size() > sc.max_response_bytes
+                 ? core::upstream_unavailable(fmt::format("Upstream {} response is larger than {} bytes.", ep.url,
+                                                          sc.max_response_bytes))
+                 : upstream_error(failure, ep.url, false);
+    co_await respond_error(e);
+    co_return;
+  }
+  const auto t0 = core::now();
+  const int status = rp.get().result_int();
+  const auto& req = parser_->get();
+  std::string_view body = resp_body_;
+
+  // Content-Encoding: the body's bytes must always match its headers. Pass
+  // gzip through to a client that accepts it; decode it for one that does not.
+  const std::string_view encoding = rp.get()[bh::field::content_encoding];
+  const bool encoded = !encoding.empty() && !http::iequals(encoding, "identity");
+  std::string_view plain = body;  // the decoded body, for reading usage
+  bool drop_encoding = false;
+  if (encoded && !body.empty()) {
+    const bool gzip = http::iequals(encoding, "gzip") || http::iequals(encoding, "x-gzip") ||
+                      http::iequals(encoding, "deflate");
+    if (gzip && http::gunzip(body, scratch_, sc.max_response_bytes)) {
+      plain = scratch_;
+      if (!http::has_token(req[bh::field::accept_encoding], encoding)) {
+        body = scratch_;
+        drop_encoding = true;
+      }
+    } else {
+      plain = {};
+    }
+  }
+  if (status >= 200 && status < 300 && !plain.empty()) {
+    if (auto u = api::extract_usage(plain)) {
+      ctx_.has_usage = true;
+      ctx_.usage = *u;
+    }
+  }
+  ctx_.status = status;
+  if (status >= 400) {
+    ctx_.has_error = true;
+    ctx_.error_source = status >= 500 ? core::ErrorSource::upstream : core::ErrorSource::client;
+    ctx_.error_code = "upstream_status";
+  }
+  head_.clear();
+  http::append_status_line(head_, status);
+  append_response_headers(head_, rp, drop_encoding);
+  const bool no_body = req.method() == bh::verb::head || status == 204 || status == 304;
+  if (!no_body) {
+    head_ += "Content-Length: ";
+    append_uint(head_, body.size());
+    head_ += "\r\n";
+  }
+  head_ += "\r\n";
+  ctx_.added_us += core::micros_between(t0, core::now());
+  co_await write_all(head_, no_body ? std::string_view{} : body);
+  if (resp_body_.capacity() > (1u << 20)) std::string().swap(resp_body_);
+  if (scratch_.capacity() > (1u << 20)) std::string().swap(scratch_);
+}
+
+http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnection& conn) {
+  const auto& sc = w_.config().server;
+  const auto& timeouts = w_.pool(static_cast<std::uint32_t>(ctx_.pool)).config().timeouts;
+  auto& metrics = w_.metrics();
+  ++metrics.active_streams;
+  ctx_.status = 200;
+  if (!chunked_) keep_alive_ = false;  // HTTP/1.0: the body ends at close
+
+  // Response head now: the client sees its stream open before the first token.
+  const auto t0 = core::now();
+  out_.clear();
+  http::append_status_line(out_, 200);
+  append_response_headers(out_, rp, false);
+  if (chunked_) out_ += "Transfer-Encoding: chunked\r\n";
+  out_ += "\r\n";
+  start_write();
+  ctx_.added_us += core::micros_between(t0, core::now());
+
+  sse_.reset();
+  rbuf_.resize(kStreamRead);
+  http::UpstreamFailure failure = http::UpstreamFailure::none;
+  bool first_read = true;
+  bool saw_done = false;
+  while (!rp.is_done()) {
+    rp.get().body().data = rbuf_.data();
+    rp.get().body().size = rbuf_.size();
+    conn.watchdog().expires_after(timeouts.idle);
+    auto [ec, n] = co_await bh::async_read_some(conn.socket(), conn.buffer(), rp, use_task);
+    if (ec == bh::error::need_buffer) ec = {};
+    const std::size_t got = rbuf_.size() - rp.get().body().size;
+    const auto t_read = core::now();
+    if (got > 0) {
+      sse_.push(std::string_view(rbuf_.data(), got));
+      // Every complete event of this read goes out in one chunk, in one write.
+      scratch_.clear();
+      while (auto ev = sse_.next()) {
+        if (ev->has_data) {
+          ++ctx_.events;
+          if (ev->is_done()) saw_done = true;
+          else if (ev->data.find("\"usage\"") != std::string_view::npos) {
+            if (auto u = api::extract_usage(ev->data)) {
+              ctx_.has_usage = true;
+              ctx_.usage = *u;
+            }
+          }
+          if (ctx_.t_first_token == core::TimePoint{}) ctx_.t_first_token = t_read;
+        }
+        scratch_ += ev->raw;
+      }
+      if (sse_.error()) {
+        failure = http::UpstreamFailure::protocol;
+        break;
+      }
+      if (!scratch_.empty()) {
+        if (chunked_) {
+          http::append_hex(out_, scratch_.size());
+          out_ += "\r\n";
+          out_ += scratch_;
+          out_ += "\r\n";
+        } else {
+          out_ += scratch_;
+        }
+        if (!writing_) start_write();
+        if (first_read) {
+          ctx_.added_us += core::micros_between(t_read, core::now());
+          first_read = false;
+        }
+      }
+      if (out_.size() + wbuf_.size() > sc.max_stream_buffer_bytes) {
+        // The client is not keeping up: cut it off rather than buffer without bound.
+        ++metrics.slow_client_cutoffs;
+        ctx_.status = 499;
+        ctx_.has_error = true;
+        ctx_.error_source = core::ErrorSource::client;
+        ctx_.error_code = "slow_client";
+        peer_gone_ = true;
+        conn.abort(http::UpstreamFailure::cancelled);
+        break;
+      }
+    }
+    if (ec) {
+      failure = http::classify(conn, ec);
+      break;
+    }
+  }
+  conn.watchdog().disarm();
+  ctx_.t_upstream_done = core::now();
+  --metrics.active_streams;
+
+  if (peer_gone_ || write_failed_) {
+    if (ctx_.error_code != "slow_client") {
+      ctx_.status = 499;
+      ++metrics.client_disconnects;
+      if (timed_out_) {
+        ++metrics.slow_client_cutoffs;
+        ctx_.has_error = true;
+        ctx_.error_source = core::ErrorSource::client;
+        ctx_.error_code = "client_write_timeout";
+      }
+    }
+    conn.abort(http::UpstreamFailure::cancelled);
+    keep_alive_ = false;
+    error_code ignored;
+    sock_.close(ignored);
+    co_return;
+  }
+  if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
+    // Headers are out: the error goes in-band, as vLLM does, then [DONE].
+    if (auto k = failure_kind(failure)) ++metrics.upstream_failures[static_cast<std::size_t>(*k)];
+    const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool)).endpoint(static_cast<std::uint32_t>(ctx_.endpoint)).cfg;
+    const auto e = upstream_error(failure, ep.url, true);
+    ctx_.set_error(e);
+    scratch_.clear();
+    std::string err;
+    core::append_error_json(err, e);
+    http::append_sse_data(scratch_, err);
+    if (!saw_done) http::append_sse_data(scratch_, "[DONE]");
+    if (chunked_) {
+      http::append_hex(out_, scratch_.size());
+      out_ += "\r\n";
+      out_ += scratch_;
+      out_ += "\r\n";
+    } else {
+      out_ += scratch_;
+    }
+    conn.abort(http::UpstreamFailure::cancelled);
+  }
+  if (chunked_) out_ += kLastChunk;
+  if (!writing_) start_write();
+  co_await drain_writes();
+  if (write_failed_) {
+    ctx_.status = 499;
+    ++metrics.client_disconnects;
+    keep_alive_ = false;
+  }
+  sse_.reset();
+  if (rbuf_.capacity() > kStreamRead * 4) std::string().swap(rbuf_);
+}
+
+// --- the monitor read and the write loop ----------------------------------
+
+void Session::start_monitor() {
+  if (reading_ || peer_gone_) return;
+  reading_ = true;
+  sock_.async_read_some(in_.prepare(kMonitorRead), [this](error_code ec, std::size_t n) {
+    reading_ = false;
+    if (!ec) {
+      in_.commit(n);  // the start of a pipelined request: keep it
+    } else {
+      on_peer_gone();
+    }
+    read_done_.notify();
+  });
+}
+
+void Session::on_peer_gone() {
+  peer_gone_ = true;
+  // Abort the upstream request at once so the model server stops generating.
+  if (upstream_) upstream_->abort(http::UpstreamFailure::cancelled);
+}
+
+void Session::start_write() {
+  if (writing_ || out_.empty()) return;
+  if (write_failed_) {
+    out_.clear();
+    return;
+  }
+  writing_ = true;
+  std::swap(out_, wbuf_);
+  watchdog_.expires_after(w_.config().server.write_timeout);
+  asio::async_write(sock_, asio::buffer(wbuf_), [this](error_code ec, std::size_t n) {
+    writing_ = false;
+    ctx_.bytes_out += n;
+    w_.metrics().bytes_out += n;
+    wbuf_.clear();
+    if (ec) {
+      write_failed_ = true;
+      out_.clear();
+      on_peer_gone();
+      write_done_.notify();
+      return;
+    }
+    if (!out_.empty()) {
+      start_write();
+      return;
+    }
+    watchdog_.disarm();
+    write_done_.notify();
+  });
+}
+
+http::Task<void> Session::drain_writes() {
+  while (writing_) co_await write_done_.wait();
+}
+
+http::Task<bool> Session::write_all(std::string_view a, std::string_view b) {
+  const std::array<asio::const_buffer, 2> bufs{asio::buffer(a.data(), a.size()), asio::buffer(b.data(), b.size())};
+  watchdog_.expires_after(w_.config().server.write_timeout);
+  auto [ec, n] = co_await asio::async_write(sock_, bufs, use_task);
+  watchdog_.disarm();
+  ctx_.bytes_out += n;
+  w_.metrics().bytes_out += n;
+  if (ec) {
+    write_failed_ = true;
+    peer_gone_ = true;
+    if (ctx_.status == 0 || ctx_.status < 499) ctx_.status = 499;
+    co_return false;
+  }
+  co_return true;
+}
+
+http::Task<void> Session::respond(int status, std::string_view content_type, std::string_view body,
+                                  std::string_view extra_headers) {
+  ctx_.status = status;
+  head_.clear();
+  http::append_status_line(head_, status);
+  http::append_header(head_, "Content-Type", content_type);
+  head_ += "Content-Length: ";
+  append_uint(head_, body.size());
+  head_ += "\r\n";
+  http::append_header(head_, "x-request-id", ctx_.request_id);
+  head_ += extra_headers;
+  if (!keep_alive_) head_ += "Connection: close\r\n";
+  head_ += "\r\n";
+  const bool head_only = parser_ && parser_->is_header_done() && parser_->get().method() == bh::verb::head;
+  co_await write_all(head_, head_only ? std::string_view{} : body);
+}
+
+http::Task<void> Session::respond_error(const core::Error& e) {
+  ctx_.set_error(e);
+  scratch_.clear();
+  core::append_error_json(scratch_, e);
+  std::string extra;
+  if (e.retry_after_s > 0) extra = fmt::format("Retry-After: {}\r\n", e.retry_after_s);
+  co_await respond(e.status, "application/json", scratch_, extra);
+}
+
+http::Task<void> Session::lingering_close() {
+  error_code ec;
+  sock_.shutdown(http::tcp::socket::shutdown_send, ec);
+  if (ec) co_return;
+  // Read and discard for up to 2 s or 1 MiB, whichever first.
+  watchdog_.expires_after(std::chrono::seconds(2));
+  std::array<char, 8192> sink;
+  std::size_t total = 0;
+  for (;;) {
+    if (reading_) break;
+    auto [rec, n] = co_await sock_.async_read_some(asio::buffer(sink), use_task);
+    total += n;
+    if (rec || total > (1u << 20)) break;
+  }
+  watchdog_.disarm();
+}
+
+http::Task<void> Session::serve_metrics() {
+  std::string text;
+  co_await collect_metrics_text(w_, text);
+  co_await respond(200, "text/plain; version=0.0.4; charset=utf-8", text);
+}
+
+// --- the log phase ----------------------------------------------------------
+
+void Session::log_request() {
+  const auto end = core::now();
+  auto& m = w_.metrics();
+  if (ctx_.status == 0) ctx_.status = peer_gone_ ? 499 : 500;
+  m.count_request(ctx_.route, ctx_.model_slot, ctx_.status);
+  m.duration(ctx_.model_slot).observe_us(core::micros_between(ctx_.t_start, end));
+  if (ctx_.t_first_token != core::TimePoint{})
+    m.ttft(ctx_.model_slot).observe_us(core::micros_between(ctx_.t_start, ctx_.t_first_token));
+  if (ctx_.t_upstream_done != core::TimePoint{} && ctx_.t_upstream_sent != core::TimePoint{})
+    m.upstream_time(ctx_.model_slot).observe_us(core::micros_between(ctx_.t_upstream_sent, ctx_.t_upstream_done));
+  if (ctx_.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx_.added_us);
+  if (ctx_.has_usage) m.add_tokens(ctx_.model_slot, ctx_.usage.prompt_tokens, ctx_.usage.completion_tokens);
+  m.sse_events += ctx_.events;
+
+  auto& log = w_.access_log();
+  if (!log.enabled()) return;
+  std::string& out = log.begin_line();
+  out += R"({"ts":")";
+  append_timestamp(out);
+  out += R"(","request_id":)";
+  core::append_json_string(out, ctx_.request_id);
+  out += R"(,"method":)";
+  core::append_json_string(out, ctx_.method);
+  out += R"(,"path":)";
+  core::append_json_string(out, ctx_.path);
+  out += R"(,"model":)";
+  if (ctx_.model.empty()) out += "null";
+  else core::append_json_string(out, ctx_.model);
+  const auto& cfg = w_.config();
+  out += R"(,"pool":)";
+  if (ctx_.pool < 0) out += "null";
+  else core::append_json_string(out, cfg.pools[static_cast<std::size_t>(ctx_.pool)].name);
+  out += R"(,"endpoint":)";
+  if (ctx_.pool < 0 || ctx_.endpoint < 0) out += "null";
+  else
+    core::append_json_string(
+        out, cfg.pools[static_cast<std::size_t>(ctx_.pool)].endpoints[static_cast<std::size_t>(ctx_.endpoint)].url);
+  fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx_.status, ctx_.stream);
+  auto ms = [&](core::TimePoint a, core::TimePoint b) {
+    return static_cast<double>(core::micros_between(a, b)) / 1000.0;
+  };
+  if (ctx_.t_first_token != core::TimePoint{})
+    fmt::format_to(std::back_inserter(out), R"(,"ttft_ms":{:.3f})", ms(ctx_.t_start, ctx_.t_first_token));
+  else
+    out += R"(,"ttft_ms":null)";
+  fmt::format_to(std::back_inserter(out), R"(,"duration_ms":{:.3f})", ms(ctx_.t_start, end));
+  if (ctx_.t_upstream_sent != core::TimePoint{} && ctx_.t_upstream_done != core::TimePoint{})
+    fmt::format_to(std::back_inserter(out), R"(,"upstream_ms":{:.3f})", ms(ctx_.t_upstream_sent, ctx_.t_upstream_done));
+  else
+    out += R"(,"upstream_ms":null)";
+  fmt::format_to(std::back_inserter(out), R"(,"added_us":{},"bytes_in":{},"bytes_out":{},"events":{},"retries":{})",
+                 ctx_.added_us, ctx_.bytes_in, ctx_.bytes_out, ctx_.events, ctx_.retries);
+  if (ctx_.has_usage)
+    fmt::format_to(std::back_inserter(out), R"(,"prompt_tokens":{},"completion_tokens":{})", ctx_.usage.prompt_tokens,
+                   ctx_.usage.completion_tokens);
+  else
+    out += R"(,"prompt_tokens":null,"completion_tokens":null)";
+  if (ctx_.has_error) {
+    out += R"(,"error":{"source":")";
+    out += core::to_string(ctx_.error_source);
+    out += R"(","code":)";
+    core::append_json_string(out, ctx_.error_code);
+    out += "}";
+  } else {
+    out += R"(,"error":null)";
+  }
+  out += "}";
+  log.end_line();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,166 @@
+#include "gateway/worker.hpp"
+
+#include <sys/socket.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <fmt/format.h>
+
+#include "gateway/session.hpp"
+
+namespace weir::gateway {
+
+using http::use_task;
+using boost::system::error_code;
+
+Worker::Worker(Shared& shared, unsigned index)
+    : shared_(shared),
+      index_(index),
+      // One thread runs this context and every I/O object stays on it; other
+      // threads only post() to it, which stays locked.
+      io_(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO),
+      acceptor_(io_.get_executor()),
+      rng_(shared.instance_id ^ (0x9e3779b97f4a7c15ull * (index + 1))),
+      metrics_(shared.config->models.size()),
+      log_(shared.log_sink),
+      tick_(io_.get_executor()) {
+  const auto& cfg = *shared.config;
+  pools_.reserve(cfg.pools.size());
+  for (std::size_t p = 0; p < cfg.pools.size(); ++p) pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p]);
+}
+
+Worker::~Worker() { join(); }
+
+std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, std::string& error) {
+  error_code ec;
+  auto ip = asio::ip::make_address(addr.host, ec);
+  if (ec) {
+    asio::ip::tcp::resolver resolver(io_);
+    auto results = resolver.resolve(addr.host, "", ec);
+    if (ec || results.empty()) {
+      error = fmt::format("cannot resolve listen host {}: {}", addr.host, ec.message());
+      return 0;
+    }
+    ip = results.begin()->endpoint().address();
+  }
+  const http::tcp::endpoint ep(ip, port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) {
+    // Every worker binds the same port; the kernel spreads connections.
+    int one = 1;
+    if (::setsockopt(acceptor_.native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0)
+      ec = error_code(errno, boost::system::system_category());
+  }
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(4096, ec);
+  if (ec) {
+    error = fmt::format("cannot listen on {}:{}: {}", addr.host, port, ec.message());
+    return 0;
+  }
+  return acceptor_.local_endpoint().port();
+}
+
+void Worker::start() {
+  asio::co_spawn(io_.get_executor(), accept_loop(), asio::detached);
+  asio::co_spawn(io_.get_executor(), tick_loop(), asio::detached);
+  thread_ = std::thread([this] {
+    for (;;) {
+      try {
+        io_.run();
+        break;
+      } catch (const std::exception& e) {
+        // A bug escaped a session; keep serving the others.
+        fmt::print(stderr, "weir: worker {}: unexpected exception: {}\n", index_, e.what());
+      }
+    }
+    log_.flush();
+  });
+}
+
+void Worker::join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void Worker::drain(std::chrono::steady_clock::time_point deadline) {
+  asio::post(io_, [this, deadline] {
+    if (draining_ && deadline >= drain_deadline_) return;
+    draining_ = true;
+    drain_deadline_ = deadline;
+    error_code ignored;
+    acceptor_.close(ignored);
+    close_idle_sessions();
+    tick_.cancel();  // re-evaluate now
+  });
+}
+
+void Worker::close_idle_sessions() {
+  for (Session* s = sessions_; s; s = s->next) s->close_if_idle();
+}
+
+void Worker::next_request_id(std::string& out) {
+  out.clear();
+  fmt::format_to(std::back_inserter(out), "{:08x}{:02x}{:010x}", static_cast<std::uint32_t>(shared_.instance_id),
+                 index_ & 0xff, ++request_seq_);
+}
+
+void Worker::add_session(Session* s) {
+  s->next = sessions_;
+  s->prev = nullptr;
+  if (sessions_) sessions_->prev = s;
+  sessions_ = s;
+  ++session_count_;
+}
+
+void Worker::remove_session(Session* s) {
+  if (s->prev) s->prev->next = s->next;
+  else sessions_ = s->next;
+  if (s->next) s->next->prev = s->prev;
+  s->prev = s->next = nullptr;
+  --session_count_;
+}
+
+http::Task<void> Worker::accept_loop() {
+  for (;;) {
+    auto [ec, sock] = co_await acceptor_.async_accept(use_task);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+      // Out of descriptors or memory: back off instead of spinning.
+      http::Timer t(io_.get_executor());
+      t.expires_after(std::chrono::milliseconds(10));
+      co_await t.async_wait(use_task);
+      continue;
+    }
+    auto s = std::make_unique<Session>(*this, std::move(sock));
+    asio::co_spawn(io_.get_executor(), Session::run(std::move(s)), [this](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        fmt::print(stderr, "weir: worker {}: session failed: {}\n", index_, ex.what());
+      }
+    });
+  }
+}
+
+http::Task<void> Worker::tick_loop() {
+  // Flushes the access log every 50 ms and drives the drain.
+  for (;;) {
+    tick_.expires_after(std::chrono::milliseconds(50));
+    co_await tick_.async_wait(use_task);
+    log_.flush();
+    if (!draining_) continue;
+    close_idle_sessions();
+    if (std::chrono::steady_clock::now() >= drain_deadline_)
+      for (Session* s = sessions_; s; s = s->next) s->force_close();
+    if (session_count_ == 0) {
+      for (auto& p : pools_)
+        for (std::uint32_t i = 0; i < p.size(); ++i) p.endpoint(i).conns.clear();
+      log_.flush();
+      io_.stop();
+      co_return;
+    }
+  }
+}
+
+}  // namespace weir::gateway

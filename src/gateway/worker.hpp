@@ -1,0 +1,96 @@
+// A worker: one thread, one io_context, its own SO_REUSEPORT listener, its
+// own upstream pools, metrics shard and access-log buffer. Workers share only
+// the immutable configuration snapshot and route table.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/access_log.hpp"
+#include "core/config.hpp"
+#include "gateway/metrics.hpp"
+#include "http/io.hpp"
+#include "routing/pool.hpp"
+#include "routing/route_table.hpp"
+
+namespace weir::gateway {
+
+namespace asio = boost::asio;
+
+class Session;
+class Worker;
+
+// What the workers share: read-only after start.
+struct Shared {
+  std::shared_ptr<const core::Config> config;
+  std::unique_ptr<routing::RouteTable> routes;
+  std::shared_ptr<core::AccessLogSink> log_sink;
+  // Resolved address of every endpoint: [pool][endpoint].
+  std::vector<std::vector<http::tcp::endpoint>> endpoint_addrs;
+  std::vector<Worker*> workers;       // for metrics collection
+  std::atomic<bool> draining{false};  // SIGTERM received
+  std::uint64_t instance_id = 0;      // random per process, prefix of generated request ids
+};
+
+class Worker {
+ public:
+  Worker(Shared& shared, unsigned index);
+  ~Worker();
+
+  // Binds the listener (SO_REUSEPORT). Port 0 binds an ephemeral port; the
+  // caller passes the port worker 0 got to the others. Returns the bound
+  // port, or 0 with `error` set.
+  std::uint16_t listen(const core::ListenAddress& addr, std::uint16_t port, std::string& error);
+  // Starts the thread.
+  void start();
+  // Thread-safe: stop accepting, let in-flight responses finish, close idle
+  // connections; after `deadline` close everything. The thread exits when no
+  // session is left.
+  void drain(std::chrono::steady_clock::time_point deadline);
+  void join();
+
+  // --- used by sessions, on this worker's thread only ---
+  asio::io_context& io() { return io_; }
+  Shared& shared() { return shared_; }
+  const core::Config& config() const { return *shared_.config; }
+  const routing::RouteTable& routes() const { return *shared_.routes; }
+  routing::WorkerPool& pool(std::uint32_t i) { return pools_[i]; }
+  routing::Rng& rng() { return rng_; }
+  MetricsShard& metrics() { return metrics_; }
+  core::AccessLog& access_log() { return log_; }
+  unsigned index() const { return index_; }
+  bool draining() const { return draining_; }
+  // A new request id: 16 hex digits of process id prefix, worker and counter.
+  void next_request_id(std::string& out);
+
+  void add_session(Session* s);
+  void remove_session(Session* s);
+
+ private:
+  http::Task<void> accept_loop();
+  http::Task<void> tick_loop();
+  void close_idle_sessions();
+
+  Shared& shared_;
+  unsigned index_;
+  asio::io_context io_;
+  http::Acceptor acceptor_;
+  std::vector<routing::WorkerPool> pools_;
+  routing::Rng rng_;
+  MetricsShard metrics_;
+  core::AccessLog log_;
+  std::uint64_t request_seq_ = 0;
+  Session* sessions_ = nullptr;  // intrusive list of live sessions
+  std::size_t session_count_ = 0;
+  bool draining_ = false;
+  std::chrono::steady_clock::time_point drain_deadline_{};
+  std::thread thread_;
+  http::Timer tick_;
+};
+
+}  // namespace weir::gateway

@@ -1,0 +1,33 @@
+#include "http/gzip.hpp"
+
+#include <zlib.h>
+
+namespace weir::http {
+
+bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out) {
+  out.clear();
+  z_stream zs{};
+  // 32 + 15: detect gzip or zlib header automatically, 32 KiB window.
+  if (inflateInit2(&zs, 32 + 15) != Z_OK) return false;
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(in.data()));
+  zs.avail_in = static_cast<uInt>(in.size());
+  int rc = Z_OK;
+  char buf[16384];
+  while (rc != Z_STREAM_END) {
+    zs.next_out = reinterpret_cast<Bytef*>(buf);
+    zs.avail_out = sizeof buf;
+    rc = inflate(&zs, Z_NO_FLUSH);
+    if (rc != Z_OK && rc != Z_STREAM_END) break;
+    const std::size_t n = sizeof buf - zs.avail_out;
+    if (out.size() + n > max_out) {
+      rc = Z_MEM_ERROR;
+      break;
+    }
+    out.append(buf, n);
+    if (rc == Z_OK && n == 0 && zs.avail_in == 0) break;  // truncated input
+  }
+  inflateEnd(&zs);
+  return rc == Z_STREAM_END;
+}
+
+}  // namespace weir::http

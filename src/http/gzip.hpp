@@ -1,0 +1,15 @@
+// gzip (RFC 1952) decoding of buffered upstream bodies, with zlib.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace weir::http {
+
+// Decodes a gzip (or zlib-wrapped deflate) body into `out`, refusing output
+// beyond `max_out` bytes (decompression bombs). Returns false on corrupt or
+// truncated input or when the limit is hit; `out` is then unspecified.
+bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out);
+
+}  // namespace weir::http

@@ -1,0 +1,77 @@
+#include "http/headers.hpp"
+
+#include <charconv>
+
+#include "core/error.hpp"
+
+namespace weir::http {
+
+namespace {
+inline char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
+inline bool is_ows(char c) { return c == ' ' || c == '\t'; }
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_ows(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_ows(s.back())) s.remove_suffix(1);
+  return s;
+}
+}  // namespace
+
+bool iequals(std::string_view a, std::string_view b) {
+  if (a.size() != b.size()) return false;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (lower(a[i]) != lower(b[i])) return false;
+  return true;
+}
+
+bool has_token(std::string_view list, std::string_view token) {
+  while (!list.empty()) {
+    auto comma = list.find(',');
+    std::string_view item = list.substr(0, comma);
+    list = comma == std::string_view::npos ? std::string_view{} : list.substr(comma + 1);
+    std::string_view params;
+    if (auto semi = item.find(';'); semi != std::string_view::npos) {
+      params = item.substr(semi + 1);
+      item = item.substr(0, semi);
+    }
+    if (!iequals(trim(item), token)) continue;
+    // "gzip;q=0" means not acceptable (RFC 9110 §12.4.2).
+    params = trim(params);
+    if (params.size() >= 3 && lower(params[0]) == 'q' && params[1] == '=') {
+      std::string_view q = trim(params.substr(2));
+      bool zero = !q.empty();
+      for (char c : q) zero = zero && (c == '0' || c == '.');
+      if (zero) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+bool is_hop_by_hop(std::string_view name, std::string_view connection_value) {
+  static constexpr std::string_view fixed[] = {
+      "connection", "proxy-connection", "keep-alive", "te", "transfer-encoding",
+      "upgrade", "trailer", "proxy-authorization", "proxy-authenticate"};
+  for (auto f : fixed)
+    if (iequals(name, f)) return true;
+  return !connection_value.empty() && has_token(connection_value, name);
+}
+
+void append_status_line(std::string& out, int status) {
+  char num[8];
+  auto [p, ec] = std::to_chars(num, num + sizeof num, status);
+  (void)ec;
+  out.append("HTTP/1.1 ");
+  out.append(num, p);
+  out.push_back(' ');
+  out.append(core::reason_phrase(status));
+  out.append("\r\n");
+}
+
+void append_hex(std::string& out, std::uint64_t n) {
+  char buf[17];
+  auto [p, ec] = std::to_chars(buf, buf + sizeof buf, n, 16);
+  (void)ec;
+  out.append(buf, p);
+}
+
+}  // namespace weir::http

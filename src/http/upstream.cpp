@@ -1,0 +1,70 @@
+#include "http/upstream.hpp"
+
+#include <boost/asio/error.hpp>
+#include <boost/beast/http/error.hpp>
+
+namespace weir::http {
+
+UpstreamConnection::UpstreamConnection(Executor ex)
+    : sock_(ex), watchdog_(ex, [this] { abort(UpstreamFailure::timeout); }) {}
+
+void UpstreamConnection::abort(UpstreamFailure why) {
+  if (aborted_for_ == UpstreamFailure::none) aborted_for_ = why;
+  boost::system::error_code ignored;
+  sock_.close(ignored);
+}
+
+std::unique_ptr<UpstreamConnection> ConnectionPool::take(std::chrono::steady_clock::time_point now) {
+  while (!idle_.empty()) {
+    auto c = std::move(idle_.back());
+    idle_.pop_back();
+    if (c->is_open() && now - c->idle_since < max_idle_age_) return c;
+    // Too old: the server's keep-alive timer may have fired; drop it.
+  }
+  return nullptr;
+}
+
+void ConnectionPool::put(std::unique_ptr<UpstreamConnection> c, std::chrono::steady_clock::time_point now) {
+  if (!c->is_open() || idle_.size() >= max_idle_) return;  // destructor closes it
+  c->idle_since = now;
+  c->watchdog().disarm();
+  c->buffer().clear();
+  idle_.push_back(std::move(c));
+  // Oldest are at the front; trim them when they have aged out.
+  if (idle_.size() > 8 && now - idle_.front()->idle_since >= max_idle_age_) {
+    std::size_t keep_from = 0;
+    while (keep_from < idle_.size() && now - idle_[keep_from]->idle_since >= max_idle_age_) ++keep_from;
+    idle_.erase(idle_.begin(), idle_.begin() + static_cast<std::ptrdiff_t>(keep_from));
+  }
+}
+
+void ConnectionPool::clear() { idle_.clear(); }
+
+Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep,
+                              std::chrono::milliseconds timeout) {
+  c.watchdog().expires_after(timeout);
+  auto [ec] = co_await c.socket().async_connect(ep, use_task);
+  c.watchdog().disarm();
+  if (ec) {
+    if (c.aborted_for() == UpstreamFailure::timeout) co_return UpstreamFailure::connect_timeout;
+    if (c.aborted_for() == UpstreamFailure::cancelled) co_return UpstreamFailure::cancelled;
+    co_return UpstreamFailure::connect_refused;
+  }
+  boost::system::error_code ignored;
+  c.socket().set_option(tcp::no_delay(true), ignored);
+  co_return UpstreamFailure::none;
+}
+
+UpstreamFailure classify(const UpstreamConnection& c, const boost::system::error_code& ec) {
+  if (c.aborted_for() != UpstreamFailure::none) return c.aborted_for();
+  if (!ec) return UpstreamFailure::none;
+  namespace bh = boost::beast::http;
+  if (ec == bh::error::end_of_stream || ec == boost::asio::error::eof ||
+      ec == boost::asio::error::connection_reset || ec == boost::asio::error::broken_pipe ||
+      ec == bh::error::partial_message || ec == boost::asio::error::connection_aborted)
+    return UpstreamFailure::reset;
+  if (ec.category() == bh::make_error_code(bh::error::bad_chunk).category()) return UpstreamFailure::protocol;
+  return UpstreamFailure::reset;
+}
+
+}  // namespace weir::http

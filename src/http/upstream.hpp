@@ -1,0 +1,89 @@
+// Upstream (model server) connections: HTTP/1.1 keep-alive over TCP, pooled
+// per worker and per endpoint. Never shared between threads.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/system/error_code.hpp>
+
+#include "http/io.hpp"
+#include "http/watchdog.hpp"
+
+namespace weir::http {
+
+// Why an upstream I/O step failed, for status mapping and metrics.
+enum class UpstreamFailure : std::uint8_t {
+  none,
+  connect_refused,   // ECONNREFUSED / unreachable → 502, endpoint ejected for a while
+  connect_timeout,   // → 504
+  timeout,           // first byte or idle timeout while reading → 504
+  reset,             // connection reset / closed early → 502
+  protocol,          // unparsable response → 502
+  cancelled,         // Weir closed it (client left) — not the upstream's fault
+};
+
+// One TCP connection to one endpoint, with its read buffer and deadline.
+class UpstreamConnection {
+ public:
+  explicit UpstreamConnection(Executor ex);
+  UpstreamConnection(const UpstreamConnection&) = delete;
+  UpstreamConnection& operator=(const UpstreamConnection&) = delete;
+
+  Socket& socket() { return sock_; }
+  boost::beast::flat_buffer& buffer() { return buf_; }
+  Watchdog& watchdog() { return watchdog_; }
+
+  // Closes the socket now: pending reads and writes complete with an error.
+  // `why` is remembered (timeout vs cancel) for the caller that sees the error.
+  void abort(UpstreamFailure why);
+  UpstreamFailure aborted_for() const { return aborted_for_; }
+
+  bool is_open() const { return sock_.is_open(); }
+  // Requests completed on this connection (0 = fresh).
+  std::uint32_t uses = 0;
+  // When it went back to the idle pool.
+  std::chrono::steady_clock::time_point idle_since{};
+
+ private:
+  Socket sock_;
+  boost::beast::flat_buffer buf_;
+  Watchdog watchdog_;
+  UpstreamFailure aborted_for_ = UpstreamFailure::none;
+};
+
+// Idle keep-alive connections to one endpoint, newest first out (LIFO keeps
+// the hot connections hot and lets old ones age out).
+class ConnectionPool {
+ public:
+  ConnectionPool(std::uint32_t max_idle, std::chrono::milliseconds max_idle_age)
+      : max_idle_(max_idle), max_idle_age_(max_idle_age) {}
+
+  // A reusable connection, or nullptr. Connections idle longer than
+  // max_idle_age are closed and dropped (the server may already have closed them).
+  std::unique_ptr<UpstreamConnection> take(std::chrono::steady_clock::time_point now);
+  // Returns a connection after a complete response; closes it if the pool is full.
+  void put(std::unique_ptr<UpstreamConnection> c, std::chrono::steady_clock::time_point now);
+  // Closes every idle connection (drain, shutdown).
+  void clear();
+  std::size_t idle() const { return idle_.size(); }
+
+ private:
+  std::vector<std::unique_ptr<UpstreamConnection>> idle_;
+  std::uint32_t max_idle_;
+  std::chrono::milliseconds max_idle_age_;
+};
+
+// Opens a TCP connection to `ep` with TCP_NODELAY, failing after `timeout`.
+// Returns the failure kind (connect_refused, connect_timeout, cancelled).
+Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep,
+                              std::chrono::milliseconds timeout);
+
+// Maps a socket/Beast error seen while talking to the upstream to a failure kind,
+// taking into account why Weir itself may have aborted the connection.
+UpstreamFailure classify(const UpstreamConnection& c, const boost::system::error_code& ec);
+
+}  // namespace weir::http

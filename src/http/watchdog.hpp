@@ -1,0 +1,86 @@
+// A deadline for one connection's current I/O step, cheap to move.
+//
+// Setting a deadline is a store; the underlying timer is re-armed only when
+// the deadline moves earlier than the armed expiry or when it fires before
+// the (since moved) deadline (lazy re-arm). So "every I/O step has a
+// timeout" costs no timer operation per read or write in steady state. When a
+// deadline passes, the watchdog calls on_expired() once; the owner typically
+// closes its socket there, which completes pending operations with an error.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include "http/io.hpp"
+
+namespace weir::http {
+
+class Watchdog {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  // `on_expired` runs on the io_context's thread; never after stop().
+  Watchdog(Executor ex, std::function<void()> on_expired)
+      : s_(std::make_shared<State>(ex, std::move(on_expired))) {}
+  Watchdog(const Watchdog&) = delete;
+  Watchdog& operator=(const Watchdog&) = delete;
+  ~Watchdog() { stop(); }
+
+  // Fires at `deadline` unless moved again before then.
+  void expires_at(Clock::time_point deadline) {
+    s_->deadline = deadline;
+    if (!s_->armed || deadline < s_->armed_at) arm(s_, deadline);
+  }
+  void expires_after(Clock::duration d) { expires_at(Clock::now() + d); }
+  // No deadline until the next expires_*().
+  void disarm() { s_->deadline = Clock::time_point::max(); }
+  // True once a deadline has passed (sticky until reset_expired()).
+  bool expired() const { return s_->expired; }
+  void reset_expired() { s_->expired = false; }
+  // Never fires again; a pending timer wait completes harmlessly later.
+  void stop() {
+    s_->stopped = true;
+    s_->deadline = Clock::time_point::max();
+    if (s_->armed) s_->timer.cancel();
+  }
+
+ private:
+  struct State {
+    State(Executor ex, std::function<void()> f) : timer(ex), on_expired(std::move(f)) {}
+    Timer timer;
+    std::function<void()> on_expired;
+    Clock::time_point deadline = Clock::time_point::max();
+    Clock::time_point armed_at = Clock::time_point::max();
+    unsigned generation = 0;
+    bool armed = false;
+    bool stopped = false;
+    bool expired = false;
+  };
+
+  static void arm(const std::shared_ptr<State>& s, Clock::time_point at) {
+    if (s->stopped) return;
+    s->armed = true;
+    s->armed_at = at;
+    const unsigned gen = ++s->generation;
+    s->timer.expires_at(at);  // cancels a pending wait: it completes as aborted and is ignored
+    s->timer.async_wait([s, gen](const boost::system::error_code& ec) { on_timer(s, ec, gen); });
+  }
+
+  static void on_timer(const std::shared_ptr<State>& s, const boost::system::error_code& ec, unsigned gen) {
+    if (gen != s->generation) return;  // superseded by a later arm()
+    s->armed = false;
+    if (ec || s->stopped || s->deadline == Clock::time_point::max()) return;
+    if (Clock::now() < s->deadline) {
+      arm(s, s->deadline);
+      return;
+    }
+    s->expired = true;
+    s->deadline = Clock::time_point::max();
+    s->on_expired();
+  }
+
+  std::shared_ptr<State> s_;
+};
+
+}  // namespace weir::http

@@ -1,0 +1,55 @@
+#include "routing/pool.hpp"
+
+#include <algorithm>
+
+namespace weir::routing {
+
+WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs)
+    : cfg_(&cfg) {
+  endpoints_.reserve(cfg.endpoints.size());
+  for (std::size_t i = 0; i < cfg.endpoints.size(); ++i) {
+    endpoints_.push_back(EndpointState{
+        .cfg = &cfg.endpoints[i],
+        .addr = addrs.at(i),
+        .conns = http::ConnectionPool(cfg.max_idle_per_endpoint, cfg.idle_keepalive),
+    });
+  }
+  scratch_.reserve(endpoints_.size());
+}
+
+std::uint32_t WorkerPool::pick(Clock::time_point now, Rng& rng, std::uint32_t exclude) {
+  const auto n = size();
+  if (n == 1) return 0;
+  scratch_.clear();
+  for (std::uint32_t i = 0; i < n; ++i)
+    if (i != exclude && endpoints_[i].ejected_until <= now) scratch_.push_back(i);
+  if (scratch_.empty()) {
+    // Every endpoint is ejected (or excluded): try the one ejected longest ago.
+    std::uint32_t best = exclude == 0 ? 1 : 0;
+    for (std::uint32_t i = 0; i < n; ++i)
+      if (i != exclude && endpoints_[i].ejected_until < endpoints_[best].ejected_until) best = i;
+    return best;
+  }
+  if (scratch_.size() == 1) return scratch_[0];
+  const auto m = static_cast<std::uint32_t>(scratch_.size());
+  const std::uint32_t a = rng.below(m);
+  std::uint32_t b = rng.below(m - 1);
+  if (b >= a) ++b;
+  const auto ia = scratch_[a], ib = scratch_[b];
+  return endpoints_[ib].in_flight < endpoints_[ia].in_flight ? ib : ia;
+}
+
+void WorkerPool::report_connect_failure(std::uint32_t i, Clock::time_point now) {
+  auto& e = endpoints_[i];
+  e.consecutive_failures = std::min<std::uint32_t>(e.consecutive_failures + 1, 5);
+  e.ejected_until = now + cfg_->eject_for * (1u << (e.consecutive_failures - 1));
+  e.conns.clear();
+}
+
+void WorkerPool::report_success(std::uint32_t i) {
+  auto& e = endpoints_[i];
+  e.consecutive_failures = 0;
+  e.ejected_until = {};
+}
+
+}  // namespace weir::routing

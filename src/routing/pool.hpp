@@ -1,0 +1,69 @@
+// A worker's view of one pool: its endpoints, their load and health, and
+// their idle upstream connections. Owned by one worker thread; no locks.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "core/config.hpp"
+#include "http/io.hpp"
+#include "http/upstream.hpp"
+
+namespace weir::routing {
+
+// Small fast PRNG (xorshift64*) per worker, for balancing choices.
+class Rng {
+ public:
+  explicit Rng(std::uint64_t seed) : s_(seed ? seed : 0x9e3779b97f4a7c15ull) {}
+  std::uint64_t next() {
+    s_ ^= s_ >> 12;
+    s_ ^= s_ << 25;
+    s_ ^= s_ >> 27;
+    return s_ * 0x2545F4914F6CDD1Dull;
+  }
+  // Uniform in [0, n), n > 0.
+  std::uint32_t below(std::uint32_t n) { return static_cast<std::uint32_t>((next() >> 32) * n >> 32); }
+
+ private:
+  std::uint64_t s_;
+};
+
+struct EndpointState {
+  const core::EndpointConfig* cfg = nullptr;
+  http::tcp::endpoint addr;
+  http::ConnectionPool conns;
+  std::uint32_t in_flight = 0;  // requests of this worker currently on this endpoint
+  std::chrono::steady_clock::time_point ejected_until{};  // skipped by pick() until then
+  std::uint32_t consecutive_failures = 0;
+};
+
+class WorkerPool {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static constexpr std::uint32_t npos = 0xffffffffu;
+
+  // `addrs[i]` is the resolved address of cfg.endpoints[i].
+  WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs);
+
+  const core::PoolConfig& config() const { return *cfg_; }
+  std::uint32_t size() const { return static_cast<std::uint32_t>(endpoints_.size()); }
+  EndpointState& endpoint(std::uint32_t i) { return endpoints_[i]; }
+
+  // Power of two choices on in-flight requests among endpoints that are not
+  // ejected (all of them if every one is ejected), never `exclude` when
+  // another exists. O(1) for ≤ 2 healthy endpoints, O(n) scan otherwise.
+  std::uint32_t pick(Clock::time_point now, Rng& rng, std::uint32_t exclude = npos);
+
+  // Connect refused or timed out: eject for cfg.eject_for, doubling per
+  // consecutive failure up to 16×.
+  void report_connect_failure(std::uint32_t i, Clock::time_point now);
+  void report_success(std::uint32_t i);
+
+ private:
+  const core::PoolConfig* cfg_;
+  std::vector<EndpointState> endpoints_;
+  std::vector<std::uint32_t> scratch_;  // healthy candidates, reused
+};
+
+}  // namespace weir::routing

@@ -1,0 +1,99 @@
+#include "server/server.hpp"
+
+#include <csignal>
+#include <random>
+#include <thread>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/signal_set.hpp>
+#include <fmt/format.h>
+
+#include "gateway/worker.hpp"
+
+namespace weir::server {
+
+namespace asio = boost::asio;
+
+int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
+  if (opts.workers) config->server.workers = opts.workers;
+  if (!opts.access_log.empty()) config->server.access_log = opts.access_log;
+  unsigned n = config->server.workers ? config->server.workers : std::max(1u, std::thread::hardware_concurrency());
+
+  gateway::Shared shared;
+  shared.config = config;
+  shared.routes = std::make_unique<routing::RouteTable>(*config);
+  shared.instance_id = std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
+
+  // Endpoint addresses are resolved once, here.
+  {
+    asio::io_context io;
+    asio::ip::tcp::resolver resolver(io);
+    for (const auto& p : config->pools) {
+      auto& addrs = shared.endpoint_addrs.emplace_back();
+      for (const auto& e : p.endpoints) {
+        boost::system::error_code ec;
+        auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
+        if (ec || r.empty()) {
+          fmt::print(stderr, "weir: pools.{}: cannot resolve {}: {}\n", p.name, e.url, ec.message());
+          return 1;
+        }
+        addrs.push_back(r.begin()->endpoint());
+      }
+    }
+  }
+
+  std::string err;
+  shared.log_sink = core::AccessLogSink::open(config->server.access_log, err);
+  if (!shared.log_sink) {
+    fmt::print(stderr, "weir: {}\n", err);
+    return 1;
+  }
+
+  std::vector<std::unique_ptr<gateway::Worker>> workers;
+  for (unsigned i = 0; i < n; ++i) workers.push_back(std::make_unique<gateway::Worker>(shared, i));
+  for (auto& w : workers) shared.workers.push_back(w.get());
+
+  std::uint16_t port = config->server.listen.port;
+  for (auto& w : workers) {
+    const auto bound = w->listen(config->server.listen, port, err);
+    if (bound == 0) {
+      fmt::print(stderr, "weir: {}\n", err);
+      return 1;
+    }
+    port = bound;  // port 0: the others join the port the first one got
+  }
+
+  std::signal(SIGPIPE, SIG_IGN);
+  asio::io_context main_io;
+  asio::signal_set signals(main_io, SIGINT, SIGTERM);
+  int signal_count = 0;
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int sig) {
+        if (ec) return;
+        ++signal_count;
+        const auto deadline = signal_count == 1 ? std::chrono::steady_clock::now() + config->server.drain_timeout
+                                                : std::chrono::steady_clock::now();
+        fmt::print(stderr, "weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                   signal_count == 1 ? "draining" : "closing now");
+        shared.draining = true;
+        for (auto& w : workers) w->drain(deadline);
+        signals.async_wait(on_signal);
+      };
+  signals.async_wait(on_signal);
+
+  for (auto& w : workers) w->start();
+  fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
+             config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
+             config->pools.size() == 1 ? "" : "s", config->models.size(), config->models.size() == 1 ? "" : "s",
+             config->source);
+
+  std::thread signal_thread([&] { main_io.run(); });
+  for (auto& w : workers) w->join();
+  main_io.stop();
+  signal_thread.join();
+  fmt::print(stderr, "weir: stopped\n");
+  return 0;
+}
+
+}  // namespace weir::server
