@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
   std::uint32_t threads = 1;
   std::uint64_t connections = 0;
   std::vector<std::string> headers;
-  std::string model = "weir-mock", payload = "seed000", payload_file, path, json_out, csv_out;
+  std::string model = "mock-model", payload = "seed000", payload_file, path, json_out, csv_out;
   int max_tokens = -1;
   std::uint64_t seed = 1;
 

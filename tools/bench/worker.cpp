@@ -1,14 +1,14 @@
 // The network side of weir-bench: a keep-alive HTTP/1.1 connection pool
 // driven by the pacer (open loop) or by completions (closed loop).
 //
-// Why readiness waits instead of async_read_some: a connection waiting for
-// its next token owns no read buffer; when the socket becomes readable the
-// worker reads into one per-thread 64 KB buffer and feeds the bytes to the
-// connection's Beast parser at once. Only the unparsed tail of a header or a
-// chunk-size line (rare) is kept per connection, so 10,000 idle streams cost
-// a few hundred bytes each. A request is written synchronously on the
-// non-blocking socket (it fits the send buffer) and the read wait is armed in
-// the same handler, so the reply's readiness edge cannot be missed.
+// Per request the steady state is one send() (the request is written
+// synchronously on the non-blocking socket: it fits the send buffer), one
+// recv() per arrival, and the epoll_wait()/timerfd work shared with every
+// other connection. async_read_some is used rather than readiness waits:
+// Asio re-arms the descriptor with epoll_ctl on every async_wait, while a
+// read that found the socket drained makes the next async_read_some queue
+// without any syscall. Each connection owns a small read buffer (grown only
+// for an oversized header or chunk line) and feeds Beast's parser in place.
 #include "worker.hpp"
 
 #include <time.h>
@@ -42,8 +42,10 @@ std::int64_t now_ns() {
 
 namespace {
 
-constexpr std::size_t kReadBuffer = 64 * 1024;
+constexpr std::size_t kReadBuffer = 4 * 1024;       // per connection
+constexpr std::size_t kMaxReadBuffer = 64 * 1024;   // header or chunk line limit
 constexpr std::size_t kMaxKeptBody = 256 * 1024;  // non-SSE body kept for the usage scan
+constexpr std::uint64_t kMaxConnecting = 64;      // connects in flight per worker
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -118,7 +120,8 @@ struct Conn {
   std::int64_t connect_start_ns = 0;
   std::int64_t feed_ns = 0;       // arrival time of the bytes being parsed
   std::optional<ResponseParser> parser;
-  std::string leftover;           // unparsed tail (partial header / chunk line)
+  std::vector<char> buf;          // read buffer; [0, buf_len) is an unparsed tail
+  std::size_t buf_len = 0;
   std::string body;               // non-SSE body, capped at kMaxKeptBody
   StreamTracker tracker;
 };
@@ -154,8 +157,7 @@ struct Worker::Impl {
       : plan(p),
         index(index),
         pacer_timer(ioc),
-        sweep_timer(ioc),
-        scratch(kReadBuffer) {
+        sweep_timer(ioc) {
     const std::uint32_t n = plan.threads;
     cap = std::max<std::uint64_t>(1, plan.connections / n + (index < plan.connections % n ? 1 : 0));
     if (plan.open_loop) {
@@ -178,7 +180,6 @@ struct Worker::Impl {
   std::uint32_t users = 0;  // closed loop: this worker's share of --concurrency
   std::uint64_t cap = 1;    // this worker's share of --connections
   std::uint64_t next_payload = 0;
-  std::vector<char> scratch;
 
   std::vector<std::unique_ptr<Conn>> conns;  // every connection object ever made (stable)
   std::vector<Conn*> idle;                   // open, no request
@@ -275,6 +276,7 @@ struct Worker::Impl {
     r.intended_ns = intended;
     r.payload = take_payload();
     r.measured = intended >= plan.measure_start_ns;
+    ++stats.requests_total;
     if (r.measured) {
       ++stats.scheduled;
       if (plan.open_loop) stats.sender_lag.record(lateness);
@@ -295,13 +297,17 @@ struct Worker::Impl {
     }
     pending.push_back(r);
     open_more();
-    if (pending.size() > connecting) ++stats.pool_cap_waits;
+    if (pending.size() > connecting && open + connecting >= cap) ++stats.pool_cap_waits;
     publish();
   }
 
-  // Opens connections until every pending request has one on the way, up to the cap.
+  // Opens connections until every pending request has one on the way, up to
+  // the cap, with at most kMaxConnecting connects in flight: a burst of sends
+  // (a late pacer) is served by the connections that free up first instead of
+  // opening hundreds of sockets at once, which would make the generator (and
+  // the target's accept queue) slower still.
   void open_more() {
-    while (connecting < pending.size() && open + connecting < cap) {
+    while (connecting < pending.size() && connecting < kMaxConnecting && open + connecting < cap) {
       if (!open_conn()) break;
     }
   }
@@ -314,6 +320,7 @@ struct Worker::Impl {
     } else {
       conns.push_back(std::make_unique<Conn>(ioc));
       c = conns.back().get();
+      c->buf.resize(kReadBuffer);
     }
     error_code ec;
     c->sock.open(plan.endpoint.protocol(), ec);
@@ -396,7 +403,7 @@ struct Worker::Impl {
     ++c.gen;
     c.st = St::closed;
     c.parser.reset();
-    c.leftover.clear();
+    c.buf_len = 0;
     spare.push_back(&c);
   }
 
@@ -404,11 +411,12 @@ struct Worker::Impl {
   void start_request(Conn& c, const Req& r) {
     c.st = St::busy;
     ++busy;
+    stats.max_busy = std::max(stats.max_busy, busy);
     c.req = r;
     c.got_bytes = false;
     c.sse = false;
     c.status = 0;
-    c.leftover.clear();
+    c.buf_len = 0;
     c.body.clear();
     c.parser.emplace(c);
     c.parser->eager(true);
@@ -426,7 +434,7 @@ struct Worker::Impl {
     error_code ec;
     const std::size_t n = c.sock.write_some(asio::buffer(msg), ec);
     if (!ec && n == msg.size()) {
-      wait_read(c);
+      start_read(c);
       return;
     }
     if (ec && ec != asio::error::would_block) {
@@ -441,68 +449,45 @@ struct Worker::Impl {
                         if (ec) {
                           on_io_error(c, ec);
                         } else {
-                          read_ready(c);  // readiness may have come and gone: read first
+                          start_read(c);
                         }
                       });
   }
 
-  void wait_read(Conn& c) {
-    c.sock.async_wait(tcp::socket::wait_read, [this, &c, g = c.gen](error_code ec) {
-      if (g != c.gen) return;
-      if (ec) {
-        on_io_error(c, ec);
-      } else {
-        read_ready(c);
-      }
-    });
+  void start_read(Conn& c) {
+    c.sock.async_read_some(asio::buffer(c.buf.data() + c.buf_len, c.buf.size() - c.buf_len),
+                           [this, &c, g = c.gen](error_code ec, std::size_t n) {
+                             if (g != c.gen) return;
+                             on_read(c, ec, n);
+                           });
   }
 
-  // The socket is (probably) readable: read until it is drained or the
-  // response is complete.
-  void read_ready(Conn& c) {
-    for (;;) {
-      std::size_t off = 0;
-      if (!c.leftover.empty()) {
-        off = std::min(c.leftover.size(), scratch.size() / 2);
-        std::memcpy(scratch.data(), c.leftover.data(), off);
-      }
-      error_code ec;
-      const std::size_t n =
-          c.sock.read_some(asio::buffer(scratch.data() + off, scratch.size() - off), ec);
-      if (ec == asio::error::would_block) {
-        wait_read(c);
-        return;
-      }
-      if (ec == asio::error::eof) {
-        on_eof(c);
-        return;
-      }
-      if (ec) {
-        on_io_error(c, ec);
-        return;
-      }
-      c.got_bytes = true;
-      stats.bytes_received += n;
-      c.feed_ns = now_ns();
-      c.leftover.clear();
-      const int r = feed(c, scratch.data(), off + n);
-      if (r > 0) {
-        finish(c);
-        return;
-      }
-      if (r < 0) {
-        fail_and_close(c, Outcome::protocol);
-        return;
-      }
-      if (n < scratch.size() - off) {  // drained: the next arrival raises a new edge
-        wait_read(c);
-        return;
-      }
+  void on_read(Conn& c, const error_code& ec, std::size_t n) {
+    if (ec == asio::error::eof) {
+      on_eof(c);
+      return;
+    }
+    if (ec) {
+      on_io_error(c, ec);
+      return;
+    }
+    c.got_bytes = true;
+    stats.bytes_received += n;
+    c.feed_ns = now_ns();
+    const int r = feed(c, c.buf_len + n);
+    if (r > 0) {
+      finish(c);
+    } else if (r < 0) {
+      fail_and_close(c, Outcome::protocol);
+    } else {
+      start_read(c);
     }
   }
 
-  // Parses bytes; returns 1 when the response is complete, 0 for more, -1 on error.
-  int feed(Conn& c, const char* p, std::size_t len) {
+  // Parses the first `len` bytes of c.buf; keeps the unparsed tail at its
+  // front. Returns 1 when the response is complete, 0 for more, -1 on error.
+  int feed(Conn& c, std::size_t len) {
+    const char* p = c.buf.data();
     while (len > 0) {
       error_code ec;
       const std::size_t used = c.parser->put(asio::const_buffer(p, len), ec);
@@ -513,9 +498,11 @@ struct Worker::Impl {
       if (c.parser->is_done()) return 1;  // bytes after a response: none expected, dropped
       if (used == 0) break;
     }
-    if (len > 0) {
-      if (len > 16 * 1024) return -1;  // a header or chunk line this long is not HTTP we accept
-      c.leftover.assign(p, len);
+    if (len > 0 && p != c.buf.data()) std::memmove(c.buf.data(), p, len);
+    c.buf_len = len;
+    if (len == c.buf.size()) {  // a header or chunk line longer than the buffer
+      if (c.buf.size() >= kMaxReadBuffer) return -1;
+      c.buf.resize(c.buf.size() * 2);
     }
     return 0;
   }
@@ -612,7 +599,6 @@ struct Worker::Impl {
     if (o == Outcome::ok) live.ok.fetch_add(1, std::memory_order_relaxed);
     if (!r.measured) return;
     ++stats.completed;
-    if (in_window(now)) ++stats.completed_in_window;
     ++stats.outcomes[static_cast<std::size_t>(o)];
     if (o == Outcome::ok || o == Outcome::stall) stats.e2e.record(now - r.intended_ns);
     if (s) {

@@ -16,7 +16,7 @@ std::string seed_prompt(std::size_t words = 300);
 
 // Overrides applied to the built-in payloads (not to --payload-file bodies).
 struct BodyOptions {
-  std::string model = "weir-mock";
+  std::string model = "mock-model";
   int max_tokens = -1;  // -1: the payload's default
   int stream = -1;      // -1: the payload's default; 0/1: force
 };

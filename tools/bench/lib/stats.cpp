@@ -34,7 +34,6 @@ void Stats::merge(const Stats& o) {
   sent += o.sent;
   sent_in_window += o.sent_in_window;
   completed += o.completed;
-  completed_in_window += o.completed_in_window;
   for (std::size_t i = 0; i < kOutcomes; ++i) outcomes[i] += o.outcomes[i];
   connect_generator += o.connect_generator;
   for (std::size_t i = 0; i < status_codes.size(); ++i) status_codes[i] += o.status_codes[i];
@@ -46,6 +45,8 @@ void Stats::merge(const Stats& o) {
   warmup_requests += o.warmup_requests;
   connections_opened += o.connections_opened;
   max_open_connections += o.max_open_connections;  // per-thread peaks: an upper bound of the total
+  max_busy += o.max_busy;
+  requests_total += o.requests_total;
   reconnects += o.reconnects;
   pool_cap_waits += o.pool_cap_waits;
   cpu_seconds += o.cpu_seconds;
@@ -137,8 +138,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   o["interrupted"] = run.interrupted;
 
   o["send_rate_rps"] = ratio(s.sent_in_window, run.duration_s);
-  o["achieved_rate_rps"] = ratio(s.completed_in_window, run.duration_s);
-  o["ok_rate_rps"] =
+  o["achieved_rate_rps"] =
       ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s);
   o["scheduled"] = s.scheduled;
   o["sent"] = s.sent;
@@ -176,6 +176,10 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   gen["warmup_requests"] = s.warmup_requests;
   gen["connections_opened"] = s.connections_opened;
   gen["max_open_connections"] = s.max_open_connections;
+  gen["max_inflight"] = s.max_busy;
+  gen["requests_total"] = s.requests_total;
+  gen["cpu_us_per_request"] =
+      s.requests_total ? s.cpu_seconds * 1e6 / static_cast<double>(s.requests_total) : 0.0;
   gen["reconnects"] = s.reconnects;
   gen["pool_cap_waits"] = s.pool_cap_waits;
   gen["cpu_seconds"] = s.cpu_seconds;
@@ -229,7 +233,8 @@ std::string to_text(const RunInfo& run, const Stats& s, const Verdict& v) {
       "  requests: scheduled {}  sent {}  completed {}  ok {}  errors {}\n"
       "  rates:    send {:.1f} req/s  achieved {:.1f} req/s  tokens {:.1f}/s\n",
       s.scheduled, s.sent, s.completed, s.outcomes[0], s.errors(),
-      ratio(s.sent_in_window, run.duration_s), ratio(s.completed_in_window, run.duration_s),
+      ratio(s.sent_in_window, run.duration_s),
+      ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s),
       ratio(s.tokens, run.duration_s));
   out += fmt::format("  {:<11}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "", "count", "p50", "p90",
                      "p99", "p99.9", "max");
@@ -255,8 +260,10 @@ std::string to_text(const RunInfo& run, const Stats& s, const Verdict& v) {
     out += "\n";
   }
   out += fmt::format(
-      "  generator: connections opened {} (peak {}), reconnects {}, cpu {:.2f}s (max thread {:.0f}%)\n",
-      s.connections_opened, s.max_open_connections, s.reconnects, s.cpu_seconds,
+      "  generator: connections opened {} (peak {}), peak in flight {}, reconnects {}, cpu {:.2f}s "
+      "= {:.1f}us/request (max thread {:.0f}%)\n",
+      s.connections_opened, s.max_open_connections, s.max_busy, s.reconnects, s.cpu_seconds,
+      s.requests_total ? s.cpu_seconds * 1e6 / static_cast<double>(s.requests_total) : 0.0,
       s.max_thread_cpu_util * 100.0);
   if (v.generator_saturated) {
     out += "  GENERATOR SATURATED: latencies include the load generator's own limits:\n";

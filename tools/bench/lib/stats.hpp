@@ -35,7 +35,6 @@ struct Stats {
   std::uint64_t sent = 0;                 // written to a connection
   std::uint64_t sent_in_window = 0;       // written inside the measurement window
   std::uint64_t completed = 0;            // finished, any outcome
-  std::uint64_t completed_in_window = 0;  // finished inside the measurement window
   std::array<std::uint64_t, kOutcomes> outcomes{};
   // Connect attempts that failed on the generator's own limits (EMFILE, ENFILE,
   // EADDRNOTAVAIL, ENOBUFS, ENOMEM): counted per attempt, also in outcomes[connect].
@@ -51,6 +50,8 @@ struct Stats {
   std::uint64_t warmup_requests = 0;     // sent during warm-up, not measured
   std::uint64_t connections_opened = 0;  // successful TCP connects
   std::uint64_t max_open_connections = 0;
+  std::uint64_t max_busy = 0;        // peak requests in flight on connections (concurrent streams)
+  std::uint64_t requests_total = 0;  // requests issued, warm-up included (for CPU per request)
   std::uint64_t reconnects = 0;      // requests re-sent once because a reused keep-alive connection was closed
   std::uint64_t pool_cap_waits = 0;  // requests that waited because --connections was reached
   double cpu_seconds = 0;            // worker thread CPU time
