@@ -573,6 +573,17 @@ def test_survives_bad_input(m):
     assert m.process.alive()
 
 
+def test_expect_100_continue(m):
+    body = json.dumps({"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}).encode()
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: x\r\ncontent-length: {len(body)}\r\n"
+            f"expect: 100-continue\r\nx-mock-ttft-ms: 1\r\nconnection: close\r\n\r\n").encode()
+    with socket.create_connection(("127.0.0.1", m.process.port), timeout=5) as s:
+        s.sendall(head)
+        assert read_until(s, b"\r\n\r\n", limit=2) == b"HTTP/1.1 100 Continue\r\n\r\n"
+        s.sendall(body)
+        assert read_until(s, b'"kv_transfer_params":null}').startswith(b"HTTP/1.1 200 OK")
+
+
 def test_threads_flag(mock):
     mk = mock("--threads", "2", "--ttft-ms", "1", "--itl-ms", "1")
     for _ in range(4):

@@ -98,7 +98,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_watch();
   void on_watch(error_code ec, std::size_t n);
   void read_request();
+  void on_header(error_code ec);
   void on_request(error_code ec);
+  void on_read_error(error_code ec);
   void dispatch();
   void start_generation(Endpoint ep);
   std::optional<std::string> read_faults(const Request& req);
@@ -189,14 +191,33 @@ void Connection::read_request() {
   parser_->header_limit(kHeaderLimit);
   parser_->body_limit(kBodyLimit);
   read_pending_ = true;
+  http::async_read_header(socket_, rbuf_, *parser_,
+                          [self = shared_from_this()](error_code ec, std::size_t) { self->on_header(ec); });
+}
+
+// The head is in. Answer `Expect: 100-continue` (curl sends it for bodies
+// over 1 KiB; uvicorn answers it) while the body is read.
+void Connection::on_header(error_code ec) {
+  read_pending_ = false;
+  if (phase_ == Phase::closed) return;
+  if (ec) return on_read_error(ec);
+  if (!parser_->is_done() && beast::iequals(parser_->get()[http::field::expect], "100-continue")) {
+    out_ += "HTTP/1.1 100 Continue\r\n\r\n";
+    flush();
+  }
+  read_pending_ = true;
   http::async_read(socket_, rbuf_, *parser_,
-                   [self = shared_from_this()](error_code ec, std::size_t) { self->on_request(ec); });
+                   [self = shared_from_this()](error_code e, std::size_t) { self->on_request(e); });
 }
 
 void Connection::on_request(error_code ec) {
   read_pending_ = false;
   if (phase_ == Phase::closed) return;
   if (!ec) return dispatch();
+  on_read_error(ec);
+}
+
+void Connection::on_read_error(error_code ec) {
   keep_alive_ = false;
   if (ec == http::error::body_limit)
     return respond_fatal(413, "application/json",
