@@ -279,6 +279,7 @@ struct Worker::Impl {
     ++stats.requests_total;
     if (r.measured) {
       ++stats.scheduled;
+      if (in_window(now_ns())) ++stats.released_in_window;
       if (plan.open_loop) stats.sender_lag.record(lateness);
     } else {
       ++stats.warmup_requests;
@@ -424,10 +425,7 @@ struct Worker::Impl {
     c.tracker.start(r.measured ? &stats.itl : nullptr, plan.stall_ns);
     const std::int64_t now = now_ns();
     c.deadline_ns = now + plan.timeout_ns;
-    if (r.measured && !r.retried) {
-      ++stats.sent;
-      if (in_window(now)) ++stats.sent_in_window;
-    }
+    if (r.measured && !r.retried) ++stats.sent;
     live.sent.fetch_add(1, std::memory_order_relaxed);
 
     const std::string& msg = plan.requests[r.payload];
@@ -680,8 +678,9 @@ struct Worker::Impl {
       Conn& c = *conns[i];
       if (c.st == St::busy) {
         const Req r = c.req;
-        close_conn(c);
-        record_done(r, Outcome::cancelled, now, nullptr);
+        const bool has_stream = c.sse;
+        close_conn(c);  // keeps the tracker's numbers
+        record_done(r, Outcome::cancelled, now, has_stream ? &c.tracker.stats() : nullptr);
       } else if (c.st == St::connecting) {
         --connecting;
         close_conn(c);

@@ -32,7 +32,7 @@ std::uint64_t Stats::errors() const {
 void Stats::merge(const Stats& o) {
   scheduled += o.scheduled;
   sent += o.sent;
-  sent_in_window += o.sent_in_window;
+  released_in_window += o.released_in_window;
   completed += o.completed;
   for (std::size_t i = 0; i < kOutcomes; ++i) outcomes[i] += o.outcomes[i];
   connect_generator += o.connect_generator;
@@ -88,11 +88,11 @@ double ratio(std::uint64_t a, double b) { return b > 0 ? static_cast<double>(a) 
 Verdict assess(const RunInfo& run, const Stats& s) {
   Verdict v;
   if (run.open_loop && !run.interrupted && s.scheduled >= 100) {
-    const double kept = static_cast<double>(s.sent_in_window) / static_cast<double>(s.scheduled);
+    const double kept = static_cast<double>(s.released_in_window) / static_cast<double>(s.scheduled);
     if (kept < 0.99) {
       v.reasons.push_back(fmt::format(
           "achieved send rate {:.1f} req/s is {:.1f}% of the offered {:.1f} req/s",
-          ratio(s.sent_in_window, run.duration_s), kept * 100.0, run.rate));
+          ratio(s.released_in_window, run.duration_s), kept * 100.0, run.rate));
     }
   }
   if (run.open_loop && s.sender_lag.count() > 0 &&
@@ -137,7 +137,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   o["elapsed_s"] = run.elapsed_s;
   o["interrupted"] = run.interrupted;
 
-  o["send_rate_rps"] = ratio(s.sent_in_window, run.duration_s);
+  o["send_rate_rps"] = ratio(s.released_in_window, run.duration_s);
   o["achieved_rate_rps"] =
       ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s);
   o["scheduled"] = s.scheduled;
@@ -233,7 +233,7 @@ std::string to_text(const RunInfo& run, const Stats& s, const Verdict& v) {
       "  requests: scheduled {}  sent {}  completed {}  ok {}  errors {}\n"
       "  rates:    send {:.1f} req/s  achieved {:.1f} req/s  tokens {:.1f}/s\n",
       s.scheduled, s.sent, s.completed, s.outcomes[0], s.errors(),
-      ratio(s.sent_in_window, run.duration_s),
+      ratio(s.released_in_window, run.duration_s),
       ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s),
       ratio(s.tokens, run.duration_s));
   out += fmt::format("  {:<11}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "", "count", "p50", "p90",

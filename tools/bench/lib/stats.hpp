@@ -33,7 +33,7 @@ struct Stats {
   // Measured requests (intended send time at or after the end of warm-up).
   std::uint64_t scheduled = 0;            // released by the pacer / started (closed loop)
   std::uint64_t sent = 0;                 // written to a connection
-  std::uint64_t sent_in_window = 0;       // written inside the measurement window
+  std::uint64_t released_in_window = 0;   // released by the generator inside the window
   std::uint64_t completed = 0;            // finished, any outcome
   std::array<std::uint64_t, kOutcomes> outcomes{};
   // Connect attempts that failed on the generator's own limits (EMFILE, ENFILE,
