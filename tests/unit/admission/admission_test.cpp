@@ -72,7 +72,7 @@ auth::Limits streams(std::uint64_t n) {
   return l;
 }
 
-TEST(TokenBucket, BurstThenRefillOnAFakeClock) {
+TEST(AdmissionTokenBucket, BurstThenRefillOnAFakeClock) {
   World w(rpm(60));  // one per second, 60 deep
   Admission a(*w.limiter, w.pricing, 0);
   for (int i = 0; i < 60; ++i) ASSERT_TRUE(a.admit(w.tenant_only, "m", 0, T0)) << i;
@@ -90,7 +90,7 @@ TEST(TokenBucket, BurstThenRefillOnAFakeClock) {
   EXPECT_FALSE(a.admit(w.tenant_only, "m", 0, T0 + 1h));
 }
 
-TEST(TokenBucket, BurstSmallerThanTheRate) {
+TEST(AdmissionTokenBucket, BurstSmallerThanTheRate) {
   World w(rpm(600, 5));  // 10 per second, 5 deep
   Admission a(*w.limiter, w.pricing, 0);
   for (int i = 0; i < 5; ++i) ASSERT_TRUE(a.admit(w.tenant_only, "m", 0, T0));
@@ -100,7 +100,7 @@ TEST(TokenBucket, BurstSmallerThanTheRate) {
   EXPECT_DOUBLE_EQ(w.limiter->available(w.tenant_scope(), Bucket::requests, T0 + 10s), 5.0);
 }
 
-TEST(TokenBucket, RetryAfterComesFromTheTokenDeficit) {
+TEST(AdmissionTokenBucket, RetryAfterComesFromTheTokenDeficit) {
   World w(tpm(6000));  // 100 tokens per second
   Admission a(*w.limiter, w.pricing, 0);
   ASSERT_TRUE(a.admit(w.tenant_only, "m", 6000, T0));
@@ -119,7 +119,7 @@ TEST(TokenBucket, RetryAfterComesFromTheTokenDeficit) {
   EXPECT_NE(r.error().message.find("too large"), std::string::npos);
 }
 
-TEST(TokenBucket, SettleReconcilesUpAndDown) {
+TEST(AdmissionTokenBucket, SettleReconcilesUpAndDown) {
   World w(tpm(6000));
   Admission a(*w.limiter, w.pricing, 0);
   const auto scope = w.tenant_scope();
@@ -151,7 +151,7 @@ TEST(TokenBucket, SettleReconcilesUpAndDown) {
   EXPECT_DOUBLE_EQ(w.limiter->available(scope, Bucket::tokens, T0 + 1h), 6000);
 }
 
-TEST(TokenBucket, ShardsBorrowSoOneWorkerCanUseTheWholeLimit) {
+TEST(AdmissionTokenBucket, ShardsBorrowSoOneWorkerCanUseTheWholeLimit) {
   World w(rpm(60), 4);  // 4 workers: 15 per shard
   Admission w0(*w.limiter, w.pricing, 0), w3(*w.limiter, w.pricing, 3);
   for (int i = 0; i < 60; ++i) ASSERT_TRUE(w0.admit(w.tenant_only, "m", 0, T0)) << i;
@@ -162,7 +162,7 @@ TEST(TokenBucket, ShardsBorrowSoOneWorkerCanUseTheWholeLimit) {
   EXPECT_FALSE(w0.admit(w.tenant_only, "m", 0, T0 + 1s));
 }
 
-TEST(TokenBucket, ConcurrentWorkersNeverExceedTheBucket) {
+TEST(AdmissionTokenBucket, ConcurrentWorkersNeverExceedTheBucket) {
   constexpr std::uint32_t kWorkers = 4;
   World w(tpm(100'000), kWorkers);
   std::atomic<std::uint64_t> admitted{0};
@@ -179,7 +179,7 @@ TEST(TokenBucket, ConcurrentWorkersNeverExceedTheBucket) {
   EXPECT_GE(admitted.load(), 100'000u - 7 * kWorkers * 2);
 }
 
-TEST(Concurrency, CapIsReleasedOnEveryPath) {
+TEST(AdmissionConcurrency, CapIsReleasedOnEveryPath) {
   World w(streams(2));
   Admission a(*w.limiter, w.pricing, 0);
   const auto scope = w.tenant_scope();
@@ -206,7 +206,7 @@ TEST(Concurrency, CapIsReleasedOnEveryPath) {
   EXPECT_EQ(w.limiter->streams_in_use(scope), 0u);
 }
 
-TEST(Concurrency, RefusalByALaterCheckGivesTheSlotBack) {
+TEST(AdmissionConcurrency, RefusalByALaterCheckGivesTheSlotBack) {
   auth::Limits l = streams(5);
   l.requests_per_minute = 1;
   World w(l);
@@ -218,7 +218,7 @@ TEST(Concurrency, RefusalByALaterCheckGivesTheSlotBack) {
   EXPECT_EQ(w.limiter->streams_in_use(w.tenant_scope()), 1u);
 }
 
-TEST(Concurrency, SlotsAreBorrowedAcrossShards) {
+TEST(AdmissionConcurrency, SlotsAreBorrowedAcrossShards) {
   World w(streams(3), 2);  // shards hold 2 and 1
   Admission w0(*w.limiter, w.pricing, 0), w1(*w.limiter, w.pricing, 1);
   std::vector<Ticket> held;
@@ -238,7 +238,7 @@ TEST(Concurrency, SlotsAreBorrowedAcrossShards) {
   EXPECT_FALSE(w1.admit(w.tenant_only, "m", 0, T0));
 }
 
-TEST(Scopes, KeyLimitsApplyOnTopOfTheTenant) {
+TEST(AdmissionScopes, KeyLimitsApplyOnTopOfTheTenant) {
   World w(rpm(100), {}, rpm(2));
   Admission a(*w.limiter, w.pricing, 0);
   EXPECT_TRUE(a.admit(w.with_key, "m", 0, T0));
@@ -251,7 +251,7 @@ TEST(Scopes, KeyLimitsApplyOnTopOfTheTenant) {
   EXPECT_TRUE(a.admit(w.tenant_only, "m", 0, T0));  // the tenant without the key still goes
 }
 
-TEST(Budget, SpendIsChargedAndExhaustionIsInsufficientQuota) {
+TEST(AdmissionBudget, SpendIsChargedAndExhaustionIsInsufficientQuota) {
   auth::Budget b;
   b.limit_nano_usd = 10'000'000;  // $0.01
   World w({}, b);
@@ -274,7 +274,7 @@ TEST(Budget, SpendIsChargedAndExhaustionIsInsufficientQuota) {
   EXPECT_EQ(cost_nano_usd(ModelPrice{}, api::Usage{1, 1, 2, 0}), 0);
 }
 
-TEST(Budget, PeriodRollsOver) {
+TEST(AdmissionBudget, PeriodRollsOver) {
   auth::Budget b;
   b.limit_nano_usd = 1'000;
   b.period = 24h;
@@ -289,7 +289,7 @@ TEST(Budget, PeriodRollsOver) {
   EXPECT_EQ(w.limiter->spent(w.key_scope(), T0 + 24h), 0);
 }
 
-TEST(Headers, RateLimitValuesAndResetFormat) {
+TEST(AdmissionHeaders, RateLimitValuesAndResetFormat) {
   auth::Limits l = rpm(60);
   l.tokens_per_minute = 6000;
   World w(l);
@@ -325,14 +325,14 @@ TEST(Headers, RateLimitValuesAndResetFormat) {
   EXPECT_EQ(format_reset(3723500), "1h2m3.5s");
 }
 
-TEST(Estimate, PromptBytesOverFourPlusMaxTokens) {
+TEST(AdmissionEstimate, PromptBytesOverFourPlusMaxTokens) {
   EXPECT_EQ(estimate_tokens(0, 0), 0u);
   EXPECT_EQ(estimate_tokens(1, 0), 1u);
   EXPECT_EQ(estimate_tokens(1600, 128), 528u);
   EXPECT_EQ(estimate_tokens(1601, 128), 529u);
 }
 
-TEST(Pricing, ParsesAndFallsBackToStar) {
+TEST(AdmissionPricing, ParsesAndFallsBackToStar) {
   auto p = parse_pricing_config(YAML::Load(R"(
 pricing:
   gpt-4o-mini: {input: 0.15, output: 0.6, cached_input: 0.075}

@@ -77,7 +77,7 @@ std::string claims(std::string tenant = R"("acme")", std::int64_t exp_offset = 6
                      kNowS + exp_offset, tenant);
 }
 
-struct JwtFixture : ::testing::Test {
+struct AuthJwtFlow : ::testing::Test {
   boost::asio::io_context control;
   FakeSource* source = nullptr;
   std::unique_ptr<JwksCache> jwks;
@@ -103,7 +103,7 @@ struct JwtFixture : ::testing::Test {
   }
 };
 
-TEST(Authenticator, ApiKeyInBearerOrXApiKey) {
+TEST(AuthAuthenticator, ApiKeyInBearerOrXApiKey) {
   Authenticator a(make_policy(), nullptr);
   auto p1 = a.authenticate(fmt::format("Bearer {}", kAcmeKey), "", kNow);
   ASSERT_TRUE(p1) << p1.error().message;
@@ -122,7 +122,7 @@ TEST(Authenticator, ApiKeyInBearerOrXApiKey) {
   EXPECT_EQ(a.stats().api_key_hits, 3u);
 }
 
-TEST(Authenticator, UnknownOrMissingCredentialIs401AndNeverEchoed) {
+TEST(AuthAuthenticator, UnknownOrMissingCredentialIs401AndNeverEchoed) {
   Authenticator a(make_policy(), nullptr);
   for (auto [authz, xkey] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
            {"Bearer sk-wrong-secret-value", ""}, {"", "sk-wrong-secret-value"}, {"", ""}, {"Bearer ", ""},
@@ -140,7 +140,7 @@ TEST(Authenticator, UnknownOrMissingCredentialIs401AndNeverEchoed) {
   EXPECT_EQ(a.stats().rejected, 7u);
 }
 
-TEST(Authenticator, AnonymousWhenNotRequired) {
+TEST(AuthAuthenticator, AnonymousWhenNotRequired) {
   Authenticator a(make_policy(false), nullptr);
   auto p = a.authenticate("", "", kNow);
   ASSERT_TRUE(p);
@@ -149,7 +149,7 @@ TEST(Authenticator, AnonymousWhenNotRequired) {
   EXPECT_FALSE(a.authenticate("Bearer sk-wrong", "", kNow));  // a wrong key is still refused
 }
 
-TEST(Authenticator, ModelAllowListIs403WithOpenAIShape) {
+TEST(AuthAuthenticator, ModelAllowListIs403WithOpenAIShape) {
   Authenticator a(make_policy(), nullptr);
   auto acme = *a.authenticate("", kAcmeKey, kNow);
   EXPECT_TRUE(Authenticator::check_model(*acme, "gpt-4o-mini"));
@@ -165,7 +165,7 @@ TEST(Authenticator, ModelAllowListIs403WithOpenAIShape) {
   EXPECT_FALSE(Authenticator::check_model(*beta, "gpt-4o-mini"));
 }
 
-TEST_F(JwtFixture, VerifiesOnceThenHitsTheCache) {
+TEST_F(AuthJwtFlow, VerifiesOnceThenHitsTheCache) {
   const auto token = Keys::get().rsa.token(claims());
   auto p1 = bearer(token);
   ASSERT_TRUE(p1) << p1.error().message;
@@ -183,7 +183,7 @@ TEST_F(JwtFixture, VerifiesOnceThenHitsTheCache) {
   EXPECT_EQ(auth->stats().jwt_cache_hits, 2u);
 }
 
-TEST_F(JwtFixture, CachedTokenExpiresAtExpPlusLeeway) {
+TEST_F(AuthJwtFlow, CachedTokenExpiresAtExpPlusLeeway) {
   const auto token = Keys::get().ec.token(claims(R"("acme")", 100));
   ASSERT_TRUE(bearer(token));
   EXPECT_TRUE(bearer(token, kNow + 159s));  // exp 100 s + leeway 60 s
@@ -194,7 +194,7 @@ TEST_F(JwtFixture, CachedTokenExpiresAtExpPlusLeeway) {
   EXPECT_EQ(auth->stats().jwt_cache_hits, 1u);
 }
 
-TEST_F(JwtFixture, InvalidTokensAre401) {
+TEST_F(AuthJwtFlow, InvalidTokensAre401) {
   const auto& k = Keys::get();
   auto r = bearer(k.rsa.token(claims(R"("acme")", -3600)));
   ASSERT_FALSE(r);
@@ -206,7 +206,7 @@ TEST_F(JwtFixture, InvalidTokensAre401) {
   EXPECT_EQ(auth->stats().jwt_verified, 0u);
 }
 
-TEST_F(JwtFixture, TenantComesFromTheClaim) {
+TEST_F(AuthJwtFlow, TenantComesFromTheClaim) {
   const auto& k = Keys::get();
   auto beta = bearer(k.rsa.token(claims(R"("beta")")));
   ASSERT_TRUE(beta);
@@ -224,7 +224,7 @@ TEST_F(JwtFixture, TenantComesFromTheClaim) {
   EXPECT_EQ((*d)->tenant_name(), "beta");
 }
 
-TEST_F(JwtFixture, UnknownKidTriggersOneRateLimitedRefetch) {
+TEST_F(AuthJwtFlow, UnknownKidTriggersOneRateLimitedRefetch) {
   TestKey rotated = TestKey::ed("ed-rotated");
   const auto token = rotated.token(claims());
   EXPECT_EQ(source->fetches, 1);
@@ -251,7 +251,7 @@ TEST_F(JwtFixture, UnknownKidTriggersOneRateLimitedRefetch) {
   EXPECT_EQ(jwks->stats().refresh_requests, 2u);
 }
 
-TEST_F(JwtFixture, SourceDownKeepsCachedKeys) {
+TEST_F(AuthJwtFlow, SourceDownKeepsCachedKeys) {
   const auto& k = Keys::get();
   source->down = true;
   TestKey stranger = TestKey::ec("unknown");
@@ -268,7 +268,7 @@ TEST_F(JwtFixture, SourceDownKeepsCachedKeys) {
   EXPECT_TRUE(bearer(k.rsa.token(claims())));
 }
 
-TEST_F(JwtFixture, KeySetChangeDropsCachedTokens) {
+TEST_F(AuthJwtFlow, KeySetChangeDropsCachedTokens) {
   const auto& k = Keys::get();
   const auto token = k.rsa.token(claims());
   ASSERT_TRUE(bearer(token));
@@ -289,7 +289,7 @@ TEST_F(JwtFixture, KeySetChangeDropsCachedTokens) {
   EXPECT_EQ(r.error().status, 401);
 }
 
-TEST(Authenticator, NoKeysLoadedIs503) {
+TEST(AuthAuthenticator, NoKeysLoadedIs503) {
   boost::asio::io_context control;
   auto src = std::make_unique<FakeSource>();
   src->down = true;
@@ -303,7 +303,7 @@ TEST(Authenticator, NoKeysLoadedIs503) {
   jwks.stop();
 }
 
-TEST(TokenCache, BoundedLruWithExactMatch) {
+TEST(AuthTokenCache, BoundedLruWithExactMatch) {
   TokenCache c(8);  // two sets of four
   EXPECT_EQ(c.capacity(), 8u);
   auto p = std::make_shared<const Principal>();
@@ -328,7 +328,7 @@ TEST(TokenCache, BoundedLruWithExactMatch) {
   EXPECT_EQ(off.find(tokens[0], kNow), nullptr);
 }
 
-TEST(TokenCache, EvictsLeastRecentlyUsedInASet) {
+TEST(AuthTokenCache, EvictsLeastRecentlyUsedInASet) {
   TokenCache c(4);  // one set
   auto p = std::make_shared<const Principal>();
   for (int i = 0; i < 4; ++i) c.insert(fmt::format("t{}", i), p, kNow + 60s);

@@ -73,7 +73,7 @@ bool run_until(asio::io_context& ioc, F done) {
   return done();
 }
 
-TEST(JwksHttp, FetchesKeysAndKeepsThemWhenTheServerGoesDown) {
+TEST(AuthJwksHttp, FetchesKeysAndKeepsThemWhenTheServerGoesDown) {
   const auto& k = testing::Keys::get();
   asio::io_context ioc;
   JwksServer server(ioc, testing::jwks_of({&k.rsa, &k.ed}));
@@ -93,7 +93,7 @@ TEST(JwksHttp, FetchesKeysAndKeepsThemWhenTheServerGoesDown) {
   EXPECT_EQ(cache.stats().updates, 1u);
 }
 
-TEST(JwksHttp, Non200AndGarbageAreFailures) {
+TEST(AuthJwksHttp, Non200AndGarbageAreFailures) {
   asio::io_context ioc;
   JwksServer server(ioc, "{\"keys\":[]}");
   server.status = 503;
@@ -110,7 +110,7 @@ TEST(JwksHttp, Non200AndGarbageAreFailures) {
   EXPECT_NE(err.find("credentials"), std::string::npos);
 }
 
-TEST(JwksFile, LoadsFromAFile) {
+TEST(AuthJwksFile, LoadsFromAFile) {
   const auto& k = testing::Keys::get();
   const std::string path = ::testing::TempDir() + "weir_jwks_test.json";
   std::ofstream(path) << testing::jwks_of({&k.ec});

@@ -43,7 +43,7 @@ JwtFailure failure(std::string_view token, const KeySet& keys, const ClaimsPolic
   return r ? JwtFailure::malformed : r.error().kind;
 }
 
-TEST(Base64Url, RoundTripsAndRejectsNonCanonical) {
+TEST(AuthBase64Url, RoundTripsAndRejectsNonCanonical) {
   for (std::string s : std::initializer_list<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar", std::string("\xff\xfe\x00\x01", 4)}) {
     auto enc = base64url_encode(s);
     EXPECT_EQ(enc.find('='), std::string::npos);
@@ -59,7 +59,7 @@ TEST(Base64Url, RoundTripsAndRejectsNonCanonical) {
   EXPECT_TRUE(base64url_decode("Zg"));
 }
 
-TEST(Jwt, AcceptsEachAlgorithm) {
+TEST(AuthJwt, AcceptsEachAlgorithm) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   for (const TestKey* key : {&k.rsa, &k.ec, &k.ed, &k.hs}) {
@@ -70,7 +70,7 @@ TEST(Jwt, AcceptsEachAlgorithm) {
   }
 }
 
-TEST(Jwt, AcceptsWithoutKidByTryingKeysOfTheRightKind) {
+TEST(AuthJwt, AcceptsWithoutKidByTryingKeysOfTheRightKind) {
   const auto& k = Keys::get();
   TestKey anon = k.ec;
   anon.kid.clear();
@@ -81,7 +81,7 @@ TEST(Jwt, AcceptsWithoutKidByTryingKeysOfTheRightKind) {
   EXPECT_EQ(failure(other.token(claims()), *keys), JwtFailure::bad_signature);
 }
 
-TEST(Jwt, ExpiryAndNotBeforeHonourLeeway) {
+TEST(AuthJwt, ExpiryAndNotBeforeHonourLeeway) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   EXPECT_EQ(failure(k.rsa.token(claims(-120)), keys), JwtFailure::expired);
@@ -96,7 +96,7 @@ TEST(Jwt, ExpiryAndNotBeforeHonourLeeway) {
   EXPECT_EQ(failure(k.rsa.token(claims(-30)), keys, strict), JwtFailure::expired);
 }
 
-TEST(Jwt, ExpIsRequiredUnlessConfiguredOtherwise) {
+TEST(AuthJwt, ExpIsRequiredUnlessConfiguredOtherwise) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   const std::string no_exp = R"({"iss":"https://issuer.test","aud":"weir"})";
@@ -110,7 +110,7 @@ TEST(Jwt, ExpIsRequiredUnlessConfiguredOtherwise) {
             JwtFailure::bad_claim);
 }
 
-TEST(Jwt, IssuerAndAudience) {
+TEST(AuthJwt, IssuerAndAudience) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   const auto tok = [&](std::string iss, std::string aud) {
@@ -130,7 +130,7 @@ TEST(Jwt, IssuerAndAudience) {
   EXPECT_TRUE(verify_jwt(tok(R"("https://issuer.test")", R"("weir")"), keys, p, kNow));
 }
 
-TEST(Jwt, BadSignatureIsRefused) {
+TEST(AuthJwt, BadSignatureIsRefused) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   for (const TestKey* key : {&k.rsa, &k.ec, &k.ed, &k.hs}) {
@@ -155,7 +155,7 @@ TEST(Jwt, BadSignatureIsRefused) {
             JwtFailure::bad_signature);
 }
 
-TEST(Jwt, AlgNoneAndUnsupportedAlgorithmsAreRefused) {
+TEST(AuthJwt, AlgNoneAndUnsupportedAlgorithmsAreRefused) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   const std::string header = base64url_encode(R"({"alg":"none","typ":"JWT"})");
@@ -170,7 +170,7 @@ TEST(Jwt, AlgNoneAndUnsupportedAlgorithmsAreRefused) {
   EXPECT_EQ(failure(k.rsa.token(claims(), R"(,"b64":false)"), keys), JwtFailure::unsupported_alg);
 }
 
-TEST(Jwt, AlgorithmKeyTypeConfusionIsRefused) {
+TEST(AuthJwt, AlgorithmKeyTypeConfusionIsRefused) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   // HS256 "signed" with the RSA public key as the HMAC secret, naming the RSA key.
@@ -194,7 +194,7 @@ TEST(Jwt, AlgorithmKeyTypeConfusionIsRefused) {
   EXPECT_TRUE(verify_jwt(k.rsa.token(claims()), *pinned, policy(), kNow));
 }
 
-TEST(Jwt, MalformedTokensAreRefused) {
+TEST(AuthJwt, MalformedTokensAreRefused) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   const auto good = k.rsa.token(claims());
@@ -210,7 +210,7 @@ TEST(Jwt, MalformedTokensAreRefused) {
   EXPECT_EQ(failure(k.rsa.token(claims(), R"(,"kid":7)"), keys), JwtFailure::malformed);
 }
 
-TEST(Jwt, UnknownKidAndEmptyKeySet) {
+TEST(AuthJwt, UnknownKidAndEmptyKeySet) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
   TestKey stranger = TestKey::ec("rotated-2");
@@ -218,7 +218,7 @@ TEST(Jwt, UnknownKidAndEmptyKeySet) {
   EXPECT_EQ(failure(k.rsa.token(claims()), KeySet{}), JwtFailure::no_keys);
 }
 
-TEST(Jwt, StringClaimFollowsDottedPaths) {
+TEST(AuthJwt, StringClaimFollowsDottedPaths) {
   auto v = boost::json::parse(R"({"a":"x","org":{"id":"acme","n":3},"arr":["z"]})").as_object();
   EXPECT_EQ(string_claim(v, "a"), "x");
   EXPECT_EQ(string_claim(v, "org.id"), "acme");
@@ -228,7 +228,7 @@ TEST(Jwt, StringClaimFollowsDottedPaths) {
   EXPECT_EQ(string_claim(v, "arr"), "");
 }
 
-TEST(Jwks, ParsesSupportedKeysAndSkipsTheRest) {
+TEST(AuthJwks, ParsesSupportedKeysAndSkipsTheRest) {
   const auto& k = Keys::get();
   const std::string doc = fmt::format(
       R"({{"keys":[{},{},{{"kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"}},{{"kty":"EC","crv":"P-384","x":"AA","y":"AA"}},)"
