@@ -31,6 +31,11 @@ namespace asio = boost::asio;
 namespace http = boost::beast::http;
 using tcp = asio::ip::tcp;
 using boost::system::error_code;
+// Concrete executor types: any_io_executor copies show up in Asio profiles.
+using Executor = asio::io_context::executor_type;
+using Socket = asio::basic_stream_socket<tcp, Executor>;
+using Timer = asio::basic_waitable_timer<std::chrono::steady_clock,
+                                         asio::wait_traits<std::chrono::steady_clock>, Executor>;
 
 std::atomic<bool> g_stop{false};
 
@@ -105,9 +110,9 @@ class ResponseParser final : public http::basic_parser<false> {
 enum class St : std::uint8_t { closed, connecting, idle, busy };
 
 struct Conn {
-  explicit Conn(asio::io_context& ioc) : sock(ioc) {}
+  explicit Conn(asio::io_context& ioc) : sock(ioc.get_executor()) {}
 
-  tcp::socket sock;
+  Socket sock;
   St st = St::closed;
   std::uint32_t gen = 0;       // bumped on close: stale handlers compare and return
   bool in_idle = false;        // listed in the worker's idle vector
@@ -156,8 +161,8 @@ struct Worker::Impl {
   Impl(const Plan& p, std::uint32_t index)
       : plan(p),
         index(index),
-        pacer_timer(ioc),
-        sweep_timer(ioc) {
+        pacer_timer(ioc.get_executor()),
+        sweep_timer(ioc.get_executor()) {
     const std::uint32_t n = plan.threads;
     cap = std::max<std::uint64_t>(1, plan.connections / n + (index < plan.connections % n ? 1 : 0));
     if (plan.open_loop) {
@@ -174,8 +179,8 @@ struct Worker::Impl {
   const Plan& plan;
   std::uint32_t index;
   asio::io_context ioc{1};
-  asio::steady_timer pacer_timer;
-  asio::steady_timer sweep_timer;
+  Timer pacer_timer;
+  Timer sweep_timer;
   std::optional<Pacer> pacer;
   std::uint32_t users = 0;  // closed loop: this worker's share of --concurrency
   std::uint64_t cap = 1;    // this worker's share of --connections
@@ -197,8 +202,8 @@ struct Worker::Impl {
   Live live;
 
   // ---- helpers ----
-  static asio::steady_timer::time_point tp(std::int64_t ns) {
-    return asio::steady_timer::time_point(std::chrono::nanoseconds(ns));
+  static Timer::time_point tp(std::int64_t ns) {
+    return Timer::time_point(std::chrono::nanoseconds(ns));
   }
 
   bool in_window(std::int64_t t) const {
