@@ -33,9 +33,9 @@ struct FindCase {
   std::optional<std::string_view> value;  // the value's text, or nullopt if not found
 };
 
-class FindMember : public ::testing::TestWithParam<FindCase> {};
+class ApiFindMember : public ::testing::TestWithParam<FindCase> {};
 
-TEST_P(FindMember, Table) {
+TEST_P(ApiFindMember, Table) {
   const FindCase& c = GetParam();
   const auto span = find_member(c.json, c.key);
   if (!c.value) {
@@ -107,13 +107,13 @@ const FindCase kFindCases[] = {
     {"unquoted_key", R"({model:1})", "model", std::nullopt},
 };
 
-INSTANTIATE_TEST_SUITE_P(Cases, FindMember, ::testing::ValuesIn(kFindCases),
+INSTANTIATE_TEST_SUITE_P(Cases, ApiFindMember, ::testing::ValuesIn(kFindCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------
 // set_member / remove_member: table.
 
-TEST(SetMember, ReplacesInPlace) {
+TEST(ApiSetMember, ReplacesInPlace) {
   std::string out;
   ASSERT_TRUE(set_member(R"({"model":"alias","stream":true})", "model", R"("meta-llama/Llama-3.1-8B")", out));
   EXPECT_EQ(out, R"({"model":"meta-llama/Llama-3.1-8B","stream":true})");
@@ -121,7 +121,7 @@ TEST(SetMember, ReplacesInPlace) {
   EXPECT_EQ(out, "{ \"a\" : null ,\n \"b\":0 }");
 }
 
-TEST(SetMember, InsertsFirst) {
+TEST(ApiSetMember, InsertsFirst) {
   std::string out;
   ASSERT_TRUE(set_member("{}", "k", "1", out));
   EXPECT_EQ(out, R"({"k":1})");
@@ -133,7 +133,7 @@ TEST(SetMember, InsertsFirst) {
   EXPECT_EQ(out, "{\"k\":2,\n  \"a\": 1\n}");
 }
 
-TEST(SetMember, EscapesAnInsertedKey) {
+TEST(ApiSetMember, EscapesAnInsertedKey) {
   std::string out;
   ASSERT_TRUE(set_member("{}", "a\"b\\c\n\x01/é", "1", out));
   EXPECT_EQ(out, R"({"a\"b\\c\n\u0001/é":1})");
@@ -143,20 +143,20 @@ TEST(SetMember, EscapesAnInsertedKey) {
   EXPECT_EQ(value_at(out, *span), "1");
 }
 
-TEST(SetMember, ReplacesTheLastOfDuplicates) {
+TEST(ApiSetMember, ReplacesTheLastOfDuplicates) {
   std::string out;
   ASSERT_TRUE(set_member(R"({"model":"a","model":"b"})", "model", R"("c")", out));
   EXPECT_EQ(out, R"({"model":"a","model":"c"})");
   EXPECT_EQ(json::parse(out).as_object().at("model"), "c");
 }
 
-TEST(SetMember, MatchesAnEscapedKey) {
+TEST(ApiSetMember, MatchesAnEscapedKey) {
   std::string out;
   ASSERT_TRUE(set_member(R"({"mo\u0064el":"a"})", "model", R"("b")", out));
   EXPECT_EQ(out, R"({"mo\u0064el":"b"})");
 }
 
-TEST(SetMember, RejectsNonObjectsAndLeavesOutAlone) {
+TEST(ApiSetMember, RejectsNonObjectsAndLeavesOutAlone) {
   for (std::string_view bad : {"[]"sv, ""sv, "{"sv, R"({"a":1,})"sv, "null"sv, R"({"a":"x)"sv}) {
     std::string out = "untouched";
     EXPECT_FALSE(set_member(bad, "a", "1", out)) << bad;
@@ -166,7 +166,7 @@ TEST(SetMember, RejectsNonObjectsAndLeavesOutAlone) {
   }
 }
 
-TEST(SetMember, OverwritesOut) {
+TEST(ApiSetMember, OverwritesOut) {
   std::string out = "previous contents";
   ASSERT_TRUE(set_member("{}", "a", "1", out));
   EXPECT_EQ(out, R"({"a":1})");
@@ -179,9 +179,9 @@ struct RemoveCase {
   std::string_view want;
 };
 
-class RemoveMember : public ::testing::TestWithParam<RemoveCase> {};
+class ApiRemoveMember : public ::testing::TestWithParam<RemoveCase> {};
 
-TEST_P(RemoveMember, Table) {
+TEST_P(ApiRemoveMember, Table) {
   const RemoveCase& c = GetParam();
   std::string out = "garbage";
   ASSERT_TRUE(remove_member(c.json, c.key, out));
@@ -207,7 +207,7 @@ const RemoveCase kRemoveCases[] = {
      R"({"model":"m","stream":true})"},
 };
 
-INSTANTIATE_TEST_SUITE_P(Cases, RemoveMember, ::testing::ValuesIn(kRemoveCases),
+INSTANTIATE_TEST_SUITE_P(Cases, ApiRemoveMember, ::testing::ValuesIn(kRemoveCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------
@@ -408,7 +408,7 @@ std::vector<std::string> probe_keys(JsonGen& gen, const GenObject& o) {
 
 constexpr int kObjects = 3000;
 
-TEST(JsonScanProperty, GeneratorAgreesWithBoost) {
+TEST(ApiJsonScanProperty, GeneratorAgreesWithBoost) {
   JsonGen gen(1);
   for (int i = 0; i < kObjects; ++i) {
     const GenObject o = gen.object();
@@ -419,7 +419,7 @@ TEST(JsonScanProperty, GeneratorAgreesWithBoost) {
   }
 }
 
-TEST(JsonScanProperty, FindMemberReturnsTheLastMatchingMember) {
+TEST(ApiJsonScanProperty, FindMemberReturnsTheLastMatchingMember) {
   JsonGen gen(2);
   for (int i = 0; i < kObjects; ++i) {
     const GenObject o = gen.object();
@@ -438,7 +438,7 @@ TEST(JsonScanProperty, FindMemberReturnsTheLastMatchingMember) {
   }
 }
 
-TEST(JsonScanProperty, SetMemberMeansTheEditAndKeepsEveryOtherByte) {
+TEST(ApiJsonScanProperty, SetMemberMeansTheEditAndKeepsEveryOtherByte) {
   JsonGen gen(3);
   std::string out;
   for (int i = 0; i < kObjects; ++i) {
@@ -478,7 +478,7 @@ TEST(JsonScanProperty, SetMemberMeansTheEditAndKeepsEveryOtherByte) {
   }
 }
 
-TEST(JsonScanProperty, RemoveMemberMeansTheEditAndKeepsOtherMembersVerbatim) {
+TEST(ApiJsonScanProperty, RemoveMemberMeansTheEditAndKeepsOtherMembersVerbatim) {
   JsonGen gen(4);
   std::string out;
   for (int i = 0; i < kObjects; ++i) {

@@ -24,9 +24,9 @@ struct UsageCase {
 
 void PrintTo(const UsageCase& c, std::ostream* os) { *os << c.name; }
 
-class ExtractUsage : public ::testing::TestWithParam<UsageCase> {};
+class ApiExtractUsage : public ::testing::TestWithParam<UsageCase> {};
 
-TEST_P(ExtractUsage, Table) {
+TEST_P(ApiExtractUsage, Table) {
   const UsageCase& c = GetParam();
   const auto got = extract_usage(c.json);
   ASSERT_EQ(got.has_value(), c.want.has_value()) << c.json;
@@ -103,10 +103,10 @@ const UsageCase kCases[] = {
     {"done_sentinel", "[DONE]", std::nullopt},
 };
 
-INSTANTIATE_TEST_SUITE_P(Cases, ExtractUsage, ::testing::ValuesIn(kCases),
+INSTANTIATE_TEST_SUITE_P(Cases, ApiExtractUsage, ::testing::ValuesIn(kCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
-TEST(ExtractUsageLarge, UsageBiggerThanTheStackBufferStillParses) {
+TEST(ApiExtractUsageLarge, UsageBiggerThanTheStackBufferStillParses) {
   // The parse arena starts on the stack and falls back to the heap.
   std::string body = R"({"usage":{"prompt_tokens":5,"padding":")" + std::string(8000, 'x') + R"("}})";
   const auto got = extract_usage(body);

@@ -329,45 +329,45 @@ std::string describe_cuts(const std::vector<std::size_t>& cuts) {
 // ---------------------------------------------------------------------------
 // Split-point property tests.
 
-class SseShortStream : public ::testing::TestWithParam<StreamCase> {};
-class SseLongStream : public ::testing::TestWithParam<StreamCase> {};
+class HttpSseShortStream : public ::testing::TestWithParam<StreamCase> {};
+class HttpSseLongStream : public ::testing::TestWithParam<StreamCase> {};
 
-TEST_P(SseShortStream, WholeStreamMatchesReference) { EXPECT_TRUE(same_as_reference(GetParam(), {})); }
+TEST_P(HttpSseShortStream, WholeStreamMatchesReference) { EXPECT_TRUE(same_as_reference(GetParam(), {})); }
 
-TEST_P(SseShortStream, EverySplitPointMatchesReference) {
+TEST_P(HttpSseShortStream, EverySplitPointMatchesReference) {
   const StreamCase& sc = GetParam();
   for (std::size_t a = 0; a <= sc.text.size(); ++a) ASSERT_TRUE(same_as_reference(sc, {a}));
 }
 
-TEST_P(SseShortStream, EveryPairOfSplitPointsMatchesReference) {
+TEST_P(HttpSseShortStream, EveryPairOfSplitPointsMatchesReference) {
   const StreamCase& sc = GetParam();
   for (std::size_t a = 0; a <= sc.text.size(); ++a) {
     for (std::size_t b = a; b <= sc.text.size(); ++b) ASSERT_TRUE(same_as_reference(sc, {a, b}));
   }
 }
 
-TEST_P(SseShortStream, OneBytePushesMatchReference) {
+TEST_P(HttpSseShortStream, OneBytePushesMatchReference) {
   const StreamCase& sc = GetParam();
   std::vector<std::size_t> cuts;
   for (std::size_t i = 1; i < sc.text.size(); ++i) cuts.push_back(i);
   EXPECT_TRUE(same_as_reference(sc, cuts));
 }
 
-TEST_P(SseLongStream, WholeStreamMatchesReference) { EXPECT_TRUE(same_as_reference(GetParam(), {})); }
+TEST_P(HttpSseLongStream, WholeStreamMatchesReference) { EXPECT_TRUE(same_as_reference(GetParam(), {})); }
 
-TEST_P(SseLongStream, EverySplitPointMatchesReference) {
+TEST_P(HttpSseLongStream, EverySplitPointMatchesReference) {
   const StreamCase& sc = GetParam();
   for (std::size_t a = 0; a <= sc.text.size(); ++a) ASSERT_TRUE(same_as_reference(sc, {a}));
 }
 
-TEST_P(SseLongStream, OneBytePushesMatchReference) {
+TEST_P(HttpSseLongStream, OneBytePushesMatchReference) {
   const StreamCase& sc = GetParam();
   std::vector<std::size_t> cuts;
   for (std::size_t i = 1; i < sc.text.size(); ++i) cuts.push_back(i);
   EXPECT_TRUE(same_as_reference(sc, cuts));
 }
 
-TEST_P(SseLongStream, RandomMultiSplitsMatchReference) {
+TEST_P(HttpSseLongStream, RandomMultiSplitsMatchReference) {
   const StreamCase& sc = GetParam();
   std::mt19937_64 rng(20240611);
   for (int round = 0; round < 2000; ++round) {
@@ -382,7 +382,7 @@ TEST_P(SseLongStream, RandomMultiSplitsMatchReference) {
 
 // Every split of every recorded stream: also the streams written with other
 // line endings than they were recorded with.
-TEST_P(SseLongStream, EverySplitPointWithCrlfAndCrEndings) {
+TEST_P(HttpSseLongStream, EverySplitPointWithCrlfAndCrEndings) {
   const StreamCase& sc = GetParam();
   for (std::string_view eol : {"\r\n"sv, "\r"sv}) {
     std::string text;
@@ -392,15 +392,15 @@ TEST_P(SseLongStream, EverySplitPointWithCrlfAndCrEndings) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Recorded, SseShortStream, ::testing::ValuesIn(short_streams()),
+INSTANTIATE_TEST_SUITE_P(Recorded, HttpSseShortStream, ::testing::ValuesIn(short_streams()),
                          [](const auto& info) { return std::string(info.param.name); });
-INSTANTIATE_TEST_SUITE_P(Recorded, SseLongStream, ::testing::ValuesIn(long_streams()),
+INSTANTIATE_TEST_SUITE_P(Recorded, HttpSseLongStream, ::testing::ValuesIn(long_streams()),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // ---------------------------------------------------------------------------
 // The reference itself, and the reader, against hand-written expectations.
 
-TEST(SseReference, AgreesWithHandWrittenEvents) {
+TEST(HttpSseReference, AgreesWithHandWrittenEvents) {
   const Outcome o = reference_parse(kCrlf, {}, kNoLimit);
   ASSERT_EQ(o.events.size(), 4u);
   EXPECT_EQ(o.events[0], (Ev{"data: {\"a\":\"é\"}\r\n\r\n", "{\"a\":\"é\"}", "", "", true}));
@@ -411,14 +411,14 @@ TEST(SseReference, AgreesWithHandWrittenEvents) {
   EXPECT_EQ(o.pending, 0u);
 }
 
-TEST(SseReader, LimitCasesDoWhatTheySay) {
+TEST(HttpSseReader, LimitCasesDoWhatTheySay) {
   EXPECT_FALSE(run_reader(kVllmChat, {}, 264).overflow);
   const Outcome over = run_reader(kVllmChat, {}, 262);
   EXPECT_TRUE(over.overflow);
   EXPECT_EQ(over.events.size(), 5u);
 }
 
-TEST(SseReader, ParsesVllmStream) {
+TEST(HttpSseReader, ParsesVllmStream) {
   const Outcome o = run_reader(kVllmChat, {}, kNoLimit);
   ASSERT_EQ(o.events.size(), 9u);
   for (const Ev& e : o.events) EXPECT_TRUE(e.has_data);
@@ -433,7 +433,7 @@ TEST(SseReader, ParsesVllmStream) {
   EXPECT_EQ(o.pending, 0u);
 }
 
-TEST(SseReader, FieldCorners) {
+TEST(HttpSseReader, FieldCorners) {
   const Outcome o = run_reader(kFields, {}, kNoLimit);
   ASSERT_EQ(o.events.size(), 16u);
   const auto& e = o.events;
@@ -462,7 +462,7 @@ TEST(SseReader, FieldCorners) {
   EXPECT_EQ(o.pending, std::string_view("data: tail-incomplete").size());
 }
 
-TEST(SseReader, CrOnlyAndMixedEndings) {
+TEST(HttpSseReader, CrOnlyAndMixedEndings) {
   const Outcome cr = run_reader(kCrOnly, {}, kNoLimit);
   ASSERT_EQ(cr.events.size(), 5u);
   EXPECT_EQ(cr.events[0], (Ev{"data: first\r\r", "first", "", "", true}));
@@ -479,7 +479,7 @@ TEST(SseReader, CrOnlyAndMixedEndings) {
   EXPECT_EQ(mixed.events[5].raw, "data: f\r\n\r\n");
 }
 
-TEST(SseReader, CrLfOfTheClosingLineSplitAcrossPushes) {
+TEST(HttpSseReader, CrLfOfTheClosingLineSplitAcrossPushes) {
   // The event comes back as soon as its closing CR arrives; the LF that
   // completes that CRLF opens the next event's raw, and is not an empty line.
   SseReader r;
@@ -510,7 +510,7 @@ TEST(SseReader, CrLfOfTheClosingLineSplitAcrossPushes) {
   EXPECT_EQ(r.finish(), 0u);
 }
 
-TEST(SseReader, CrEndingANonEmptyLineThenLfInNextPush) {
+TEST(HttpSseReader, CrEndingANonEmptyLineThenLfInNextPush) {
   SseReader r;
   std::string a = "data: x\r";
   std::string b = "\n\r\n";
@@ -523,7 +523,7 @@ TEST(SseReader, CrEndingANonEmptyLineThenLfInNextPush) {
   EXPECT_FALSE(r.next());
 }
 
-TEST(SseReader, WholeEventsAreViewsIntoThePushedBuffer) {
+TEST(HttpSseReader, WholeEventsAreViewsIntoThePushedBuffer) {
   SseReader r;
   const std::string buf = std::string(kVllmChat);
   r.push(buf);
@@ -538,7 +538,7 @@ TEST(SseReader, WholeEventsAreViewsIntoThePushedBuffer) {
   EXPECT_EQ(n, 9u);
 }
 
-TEST(SseReader, SplitEventIsCopiedOnceAndLaterOnesAreViews) {
+TEST(HttpSseReader, SplitEventIsCopiedOnceAndLaterOnesAreViews) {
   SseReader r;
   std::string a = "data: hel";
   std::string b = "lo\n\ndata: whole\n\n";
@@ -556,7 +556,7 @@ TEST(SseReader, SplitEventIsCopiedOnceAndLaterOnesAreViews) {
   EXPECT_EQ(second->raw.data(), b.data() + 4);
 }
 
-TEST(SseReader, Utf8SplitInsideASequence) {
+TEST(HttpSseReader, Utf8SplitInsideASequence) {
   const std::string text = "data: 😀日é\n\n";
   for (std::size_t cut = 1; cut < text.size(); ++cut) {
     SseReader r;
@@ -571,7 +571,7 @@ TEST(SseReader, Utf8SplitInsideASequence) {
   }
 }
 
-TEST(SseReader, BomIsSkippedOnlyAtTheStart) {
+TEST(HttpSseReader, BomIsSkippedOnlyAtTheStart) {
   for (std::size_t cut = 0; cut <= 5; ++cut) {
     SseReader r;
     std::string text = std::string(kBom) + "data: x\n\n" + std::string(kBom) + "data: y\n\n";
@@ -594,7 +594,7 @@ TEST(SseReader, BomIsSkippedOnlyAtTheStart) {
   EXPECT_EQ(r.finish(), 2u);
 }
 
-TEST(SseReader, OversizedEventIsAnErrorUntilReset) {
+TEST(HttpSseReader, OversizedEventIsAnErrorUntilReset) {
   SseReader r(16);
   std::string ok = "data: 123456789\n\n";  // 17 bytes
   std::string fits = "data: 12345678\n\n";  // 16 bytes
@@ -612,7 +612,7 @@ TEST(SseReader, OversizedEventIsAnErrorUntilReset) {
   EXPECT_TRUE(r.next());
 }
 
-TEST(SseReader, IncompleteOversizedEventFailsBeforeItsEnd) {
+TEST(HttpSseReader, IncompleteOversizedEventFailsBeforeItsEnd) {
   SseReader r(16);
   std::string a = "data: 0123456789";  // 16 bytes, no line break yet: held
   std::string b = "X";
@@ -626,7 +626,7 @@ TEST(SseReader, IncompleteOversizedEventFailsBeforeItsEnd) {
   EXPECT_EQ(r.pending_bytes(), 0u);  // nothing is held after the error
 }
 
-TEST(SseReader, FinishAndReset) {
+TEST(HttpSseReader, FinishAndReset) {
   SseReader r;
   std::string a = "data: done\n\ndata: partial";
   r.push(a);
@@ -644,7 +644,7 @@ TEST(SseReader, FinishAndReset) {
   EXPECT_EQ(r.finish(), 0u);
 }
 
-TEST(SseReader, EmptyPushesChangeNothing) {
+TEST(HttpSseReader, EmptyPushesChangeNothing) {
   SseReader r;
   EXPECT_FALSE(r.next());
   r.push({});
@@ -661,7 +661,7 @@ TEST(SseReader, EmptyPushesChangeNothing) {
   EXPECT_EQ(ev->raw, "data: x\r\n\n");
 }
 
-TEST(SseEvent, IsDone) {
+TEST(HttpSseEvent, IsDone) {
   SseEvent e;
   e.data = "[DONE]";
   EXPECT_FALSE(e.is_done());
@@ -674,7 +674,7 @@ TEST(SseEvent, IsDone) {
 // ---------------------------------------------------------------------------
 // append_sse_data
 
-TEST(AppendSseData, Shapes) {
+TEST(HttpAppendSseData, Shapes) {
   std::string out = "prefix|";
   append_sse_data(out, R"({"a":1})");
   EXPECT_EQ(out, "prefix|data: {\"a\":1}\n\n");
@@ -692,7 +692,7 @@ TEST(AppendSseData, Shapes) {
   EXPECT_EQ(out, "data: a\ndata: b\ndata: c\ndata: \ndata: d\n\n");
 }
 
-TEST(AppendSseData, RoundTripsThroughTheReader) {
+TEST(HttpAppendSseData, RoundTripsThroughTheReader) {
   const std::vector<std::string> payloads = {
       "", "x", "[DONE]", "a\nb", "\n", "\n\n", "a\n\nb", " lead", ": not a comment", "data: nested",
       std::string(kVllmShort.substr(6, 80)), "é日😀", "tail\n",
@@ -739,7 +739,7 @@ std::vector<std::string> cut_every(std::string_view text, std::size_t step) {
   return pieces;
 }
 
-TEST(SseReaderAllocations, NoneInSteadyState) {
+TEST(HttpSseReaderAllocations, NoneInSteadyState) {
   if (!weir::test::AllocationScope::available()) {
     GTEST_SKIP() << "operator new is not the counting one in this build (sanitizer or another replacement)";
   }
