@@ -161,7 +161,9 @@ http::Task<void> Session::serve() {
     if (parser_) body_.swap(parser_->get().body());  // keep the body storage's capacity
     parser_.emplace();
     parser_->header_limit(sc.max_header_bytes);
-    parser_->body_limit(sc.max_body_bytes);
+    // No body limit while the head is read: Beast would reject a large
+    // Content-Length as a header error; read_body() answers it with 413.
+    parser_->body_limit(boost::none);
     body_.clear();
     idle_ = in_.size() == 0;
     watchdog_.expires_after(first ? sc.header_timeout : sc.keepalive_timeout);
@@ -266,6 +268,7 @@ http::Task<bool> Session::handle() {
 http::Task<bool> Session::read_body() {
   const auto& sc = w_.config().server;
   auto& req = parser_->get();
+  parser_->body_limit(sc.max_body_bytes);  // chunked bodies are cut here too
   if (auto cl = parser_->content_length(); cl && *cl > sc.max_body_bytes) {
     // Refuse before reading: the client may not even send the body (Expect).
     keep_alive_ = false;
