@@ -578,23 +578,38 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
   const auto& req = parser_->get();
   std::string_view body = resp_body_;
 
-  // Content-Encoding: the body's bytes must always match its headers. Pass
-  // gzip through to a client that accepts it; decode it for one that does not.
+  // Content-Encoding: the body's bytes must always match its headers, and a
+  // client never gets an encoding it did not accept. Pass gzip through to a
+  // client that accepts it; decode it for one that does not.
   const std::string_view encoding = rp.get()[bh::field::content_encoding];
   const bool encoded = !encoding.empty() && !http::iequals(encoding, "identity");
+  const bool accepted = encoded && http::has_token(req[bh::field::accept_encoding], encoding);
   std::string_view plain = body;  // the decoded body, for reading usage
   bool drop_encoding = false;
-  if (encoded && !body.empty()) {
+  if (encoded && body.empty()) {
+    // Nothing to decode (Content-Length 0, or HEAD): drop a label the client did not ask for.
+    drop_encoding = !accepted;
+  } else if (encoded) {
     const bool gzip = http::iequals(encoding, "gzip") || http::iequals(encoding, "x-gzip") ||
                       http::iequals(encoding, "deflate");
     if (gzip && http::gunzip(body, scratch_, sc.max_response_bytes)) {
       plain = scratch_;
-      if (!http::has_token(req[bh::field::accept_encoding], encoding)) {
+      if (!accepted) {
         body = scratch_;
         drop_encoding = true;
       }
     } else {
       plain = {};
+      if (!accepted) {
+        const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool))
+                              .endpoint(static_cast<std::uint32_t>(ctx_.endpoint))
+                              .cfg;
+        ++w_.metrics().upstream_failures[static_cast<std::size_t>(FailureKind::protocol)];
+        co_await respond_error(core::upstream_unavailable(fmt::format(
+            "Upstream {} sent a body in Content-Encoding '{}' that Weir cannot decode for this client.", ep.url,
+            encoding)));
+        co_return;
+      }
     }
   }
   if (status >= 200 && status < 300 && !plain.empty()) {
