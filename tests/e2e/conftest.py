@@ -30,6 +30,7 @@ Polling
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import pathlib
 import re
@@ -310,3 +311,179 @@ def mock(processes) -> MockFactory:
 def module_mock(module_processes) -> MockFactory:
     """Factory for weir-mock instances shared by a module's tests."""
     return MockFactory(module_processes)
+
+
+# ---------------------------------------------------------------------------
+# weir (the gateway)
+
+
+def to_yaml(value, indent: int = 0) -> str:
+    """A small YAML emitter for test configs: dicts, lists, str (quoted), int, float, bool, None."""
+    pad = "  " * indent
+
+    def scalar(v) -> str:
+        if v is None:
+            return "null"
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        if isinstance(v, (int, float)):
+            return str(v)
+        return json.dumps(str(v))  # a JSON string is a YAML double-quoted scalar
+
+    if isinstance(value, dict):
+        lines = []
+        for k, v in value.items():
+            if isinstance(v, (dict, list)) and v:
+                lines.append(f"{pad}{k}:\n{to_yaml(v, indent + 1)}")
+            elif isinstance(v, dict):
+                lines.append(f"{pad}{k}: {{}}")
+            elif isinstance(v, list):
+                lines.append(f"{pad}{k}: []")
+            else:
+                lines.append(f"{pad}{k}: {scalar(v)}")
+        return "\n".join(lines)
+    if isinstance(value, list):
+        lines = []
+        for v in value:
+            if isinstance(v, (dict, list)) and v:
+                inner = to_yaml(v, indent + 1).lstrip()
+                lines.append(f"{pad}- {inner}")
+            else:
+                lines.append(f"{pad}- {scalar(v)}")
+        return "\n".join(lines)
+    return pad + scalar(value)
+
+
+@dataclasses.dataclass
+class Weir:
+    """A running weir: ``base_url``, ``v1`` (for openai.OpenAI), the access log and /metrics."""
+
+    process: Process
+    access_log_path: pathlib.Path
+    config_path: pathlib.Path | None
+
+    @property
+    def port(self) -> int:
+        return self.process.port
+
+    @property
+    def base_url(self) -> str:
+        return self.process.base_url
+
+    @property
+    def v1(self) -> str:
+        return self.process.base_url + "/v1"
+
+    def client(self, **kw):
+        """An openai.OpenAI client pointed at this weir (no SDK retries: a test sees every error)."""
+        import openai
+        kw.setdefault("api_key", "test")
+        kw.setdefault("max_retries", 0)
+        kw.setdefault("timeout", 30)
+        return openai.OpenAI(base_url=self.v1, **kw)
+
+    # /metrics
+    def metrics_text(self) -> str:
+        r = httpx.get(self.base_url + "/metrics", timeout=10)
+        assert r.status_code == 200, r.text
+        return r.text
+
+    def metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        return parse_prometheus(self.metrics_text())
+
+    def metric(self, name: str, **labels: str) -> float:
+        return metric_value(self.metrics(), name, **labels)
+
+    # the access log (one JSON object per line; workers flush every 50 ms)
+    def log_entries(self) -> list[dict]:
+        try:
+            text = self.access_log_path.read_text()
+        except FileNotFoundError:
+            return []
+        lines = text.splitlines(keepends=True)
+        if lines and not lines[-1].endswith("\n"):
+            lines = lines[:-1]  # a line being written
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError as e:
+                raise AssertionError(f"access log line is not JSON: {line!r}") from e
+        return out
+
+    def wait_log(self, predicate: Callable[[list[dict]], bool] = bool, timeout: float = 5.0,
+                 message: str = "access log") -> list[dict]:
+        """Polls the access log until ``predicate(entries)`` holds; returns the entries."""
+        found: list[list[dict]] = []
+
+        def check():
+            entries = self.log_entries()
+            if predicate(entries):
+                found.append(entries)
+                return True
+            return False
+
+        wait_until(check, timeout, interval=0.01, message=message)
+        return found[0]
+
+    def log_for(self, request_id: str, timeout: float = 5.0) -> dict:
+        """The access-log line of ``request_id``; waits for it and asserts there is exactly one."""
+        entries = self.wait_log(lambda es: any(e.get("request_id") == request_id for e in es), timeout,
+                                message=f"access log line for request {request_id}")
+        mine = [e for e in entries if e.get("request_id") == request_id]
+        assert len(mine) == 1, f"{len(mine)} access log lines for {request_id}: {mine}"
+        return mine[0]
+
+
+class WeirFactory:
+    """Callable: starts weir on a free port and returns a :class:`Weir`.
+
+    ``factory(upstream=mock)`` runs quick mode (``--upstream``);
+    ``factory(config={...})`` writes the dict as YAML (``listen`` and
+    ``server.access_log`` filled in unless given) and runs ``--config``.
+    The access log always goes to a file. Everything is stopped at teardown.
+    """
+
+    def __init__(self, group: ProcessGroup):
+        self.group = group
+        self.count = 0
+
+    def __call__(self, upstream: "Mock | str | None" = None, *, config: dict | None = None,
+                 workers: int = 2, extra_args: Sequence[str] = (), ready_timeout: float = 10.0,
+                 env: Mapping[str, str] | None = None) -> Weir:
+        assert (upstream is None) != (config is None), "give upstream= (quick mode) or config="
+        self.count += 1
+        port = free_port()
+        access_log = self.group.log_dir / f"weir-{port}-{self.count}.access.log"
+        config_path = None
+        argv: list[str | os.PathLike] = [binary("weir")]
+        if upstream is not None:
+            url = upstream.base_url if isinstance(upstream, Mock) else upstream
+            argv += ["--listen", f"127.0.0.1:{port}", "--upstream", url, "-w", str(workers),
+                     "--access-log", str(access_log)]
+        else:
+            cfg = json.loads(json.dumps(config))  # deep copy
+            cfg.setdefault("listen", f"127.0.0.1:{port}")
+            port = int(str(cfg["listen"]).rsplit(":", 1)[1])
+            cfg.setdefault("workers", workers)
+            server = cfg.setdefault("server", {})
+            server.setdefault("access_log", str(access_log))
+            access_log = pathlib.Path(server["access_log"])
+            config_path = self.group.log_dir / f"weir-{port}-{self.count}.yaml"
+            config_path.write_text(to_yaml(cfg) + "\n")
+            argv += ["--config", config_path]
+        argv += list(extra_args)
+        proc = self.group.start(argv, port, ready_timeout=ready_timeout, name="weir", env=env)
+        return Weir(proc, access_log, config_path)
+
+
+@pytest.fixture
+def weir(processes) -> WeirFactory:
+    """Factory for weir instances stopped at the end of the test."""
+    return WeirFactory(processes)
+
+
+@pytest.fixture(scope="module")
+def module_weir(module_processes) -> WeirFactory:
+    """Factory for weir instances shared by a module's tests."""
+    return WeirFactory(module_processes)
