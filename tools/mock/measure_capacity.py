@@ -147,6 +147,8 @@ def main() -> int:
     ap.add_argument("--itl-ms", type=int, default=14)
     ap.add_argument("--mock-cpu", type=int, default=0, help="CPU the mock is pinned to")
     ap.add_argument("--client-cpu", type=int, default=1, help="CPU this client is pinned to")
+    ap.add_argument("--nice", type=int, default=0,
+                    help="nice value for mock and client (negative needs root; shields the run from a busy machine)")
     ap.add_argument("--ramp", type=float, default=2.0)
     ap.add_argument("--warm", type=float, default=2.0)
     ap.add_argument("--window", type=float, default=6.0)
@@ -155,6 +157,8 @@ def main() -> int:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     os.sched_setaffinity(0, {args.client_cpu})
+    if args.nice:
+        os.nice(args.nice)  # the mock inherits it
     for n in args.streams:
         port = free_port()
         mock = subprocess.Popen(
