@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <optional>
@@ -51,6 +52,18 @@ constexpr std::size_t kReadBuffer = 4 * 1024;       // per connection
 constexpr std::size_t kMaxReadBuffer = 64 * 1024;   // header or chunk line limit
 constexpr std::size_t kMaxKeptBody = 256 * 1024;  // non-SSE body kept for the usage scan
 constexpr std::uint64_t kMaxConnecting = 64;      // connects in flight per worker
+
+// Seconds this thread has spent runnable but waiting for a CPU (Linux
+// schedstat); < 0 if unavailable. A generator starved by other processes
+// shows it here rather than as a mystery in its latencies.
+double thread_runqueue_wait_seconds() {
+  std::FILE* f = std::fopen("/proc/thread-self/schedstat", "r");
+  if (!f) return -1;
+  unsigned long long run_ns = 0, wait_ns = 0;
+  const int n = std::fscanf(f, "%llu %llu", &run_ns, &wait_ns);
+  std::fclose(f);
+  return n == 2 ? static_cast<double>(wait_ns) / 1e9 : -1;
+}
 
 double thread_cpu_seconds() {
   timespec ts{};
@@ -224,6 +237,7 @@ struct Worker::Impl {
   // ---- run ----
   void run() {
     const double cpu0 = thread_cpu_seconds();
+    const double wait0 = thread_runqueue_wait_seconds();
     const std::int64_t wall0 = now_ns();
     if (plan.open_loop) {
       arm_pacer();
@@ -240,6 +254,11 @@ struct Worker::Impl {
     const double cpu = thread_cpu_seconds() - cpu0;
     const double wall = static_cast<double>(now_ns() - wall0) / 1e9;
     stats.cpu_seconds = cpu;
+    const double wait1 = thread_runqueue_wait_seconds();
+    if (wait0 >= 0 && wait1 >= 0) {
+      stats.runqueue_wait_seconds = wait1 - wait0;
+      stats.max_thread_runqueue_wait = wall > 0 ? (wait1 - wait0) / wall : 0;
+    }
     stats.max_thread_cpu_util = wall > 0 ? cpu / wall : 0;
     publish();
     live.finished.store(true, std::memory_order_release);

@@ -51,6 +51,8 @@ void Stats::merge(const Stats& o) {
   pool_cap_waits += o.pool_cap_waits;
   cpu_seconds += o.cpu_seconds;
   max_thread_cpu_util = std::max(max_thread_cpu_util, o.max_thread_cpu_util);
+  runqueue_wait_seconds += o.runqueue_wait_seconds;
+  max_thread_runqueue_wait = std::max(max_thread_runqueue_wait, o.max_thread_runqueue_wait);
   e2e.merge(o.e2e);
   ttft.merge(o.ttft);
   itl.merge(o.itl);
@@ -110,6 +112,11 @@ Verdict assess(const RunInfo& run, const Stats& s) {
     v.reasons.push_back(fmt::format(
         "{} connects failed on the generator's own limits (EMFILE/ENFILE/EADDRNOTAVAIL): not the target's",
         s.connect_generator));
+  }
+  if (s.max_thread_runqueue_wait > 0.1) {
+    v.reasons.push_back(fmt::format(
+        "a worker thread waited for a CPU {:.0f}% of the run: other processes starved the generator",
+        s.max_thread_runqueue_wait * 100.0));
   }
   if (!run.open_loop && s.max_thread_cpu_util > 0.9) {
     v.reasons.push_back(fmt::format(
@@ -184,6 +191,8 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   gen["pool_cap_waits"] = s.pool_cap_waits;
   gen["cpu_seconds"] = s.cpu_seconds;
   gen["max_thread_cpu_util"] = s.max_thread_cpu_util;
+  gen["runqueue_wait_seconds"] = s.runqueue_wait_seconds;
+  gen["max_thread_runqueue_wait"] = s.max_thread_runqueue_wait;
   o["generator"] = std::move(gen);
 
   o["generator_saturated"] = v.generator_saturated;
@@ -261,10 +270,10 @@ std::string to_text(const RunInfo& run, const Stats& s, const Verdict& v) {
   }
   out += fmt::format(
       "  generator: connections opened {} (peak {}), peak in flight {}, reconnects {}, cpu {:.2f}s "
-      "= {:.1f}us/request (max thread {:.0f}%)\n",
+      "= {:.1f}us/request (max thread {:.0f}%), waited for a CPU {:.2f}s\n",
       s.connections_opened, s.max_open_connections, s.max_busy, s.reconnects, s.cpu_seconds,
       s.requests_total ? s.cpu_seconds * 1e6 / static_cast<double>(s.requests_total) : 0.0,
-      s.max_thread_cpu_util * 100.0);
+      s.max_thread_cpu_util * 100.0, s.runqueue_wait_seconds);
   if (v.generator_saturated) {
     out += "  GENERATOR SATURATED: latencies include the load generator's own limits:\n";
     for (const auto& r : v.reasons) out += "    - " + r + "\n";

@@ -56,6 +56,8 @@ struct Stats {
   std::uint64_t pool_cap_waits = 0;  // requests that waited because --connections was reached
   double cpu_seconds = 0;            // worker thread CPU time
   double max_thread_cpu_util = 0;    // highest worker CPU time / wall time
+  double runqueue_wait_seconds = 0;  // worker time runnable but not running (other processes had the CPU)
+  double max_thread_runqueue_wait = 0;  // highest worker runqueue wait / wall time
 
   Histogram e2e;         // intended send -> last byte, ok and stall outcomes
   Histogram ttft;        // intended send -> first token event, any outcome
@@ -90,7 +92,8 @@ struct Verdict {
 };
 // Checks: open loop sends inside the window < 99 % of those scheduled; sender
 // lag p99 > max_lag; --connections cap reached; EMFILE on connect; a worker
-// thread busy > 90 % of wall time in a closed loop (the target was not the limit).
+// thread busy > 90 % of wall time in a closed loop (the target was not the limit);
+// a worker thread runnable but off-CPU > 10 % of wall time (a starved machine).
 Verdict assess(const RunInfo& run, const Stats& s);
 
 // The report: JSON (every duration in microseconds), CSV (one row per
