@@ -1,0 +1,137 @@
+#include "core/config.hpp"
+
+#include <gtest/gtest.h>
+
+using weir::core::parse_config;
+
+namespace {
+
+std::string error_of(std::string_view yaml) {
+  auto c = parse_config(yaml, "weir.yaml");
+  EXPECT_FALSE(c) << "expected an error for:\n" << yaml;
+  return c ? std::string() : c.error().to_string();
+}
+
+constexpr std::string_view kGood = R"(
+listen: 0.0.0.0:9000
+workers: 3
+server:
+  max_body: 2MiB
+  write_timeout: 5s
+  access_log: "off"
+pools:
+  a:
+    endpoints: [http://127.0.0.1:8001, "http://localhost:8002/"]
+    timeouts: {connect: 250ms, first_byte: 2m, idle: 1500}
+  b:
+    endpoints: [http://10.0.0.1]
+models:
+  m1:
+    pool: a
+    upstream_model: org/M1
+    aliases: [one, uno]
+  m2: {pool: b}
+default_pool: b
+)";
+
+}  // namespace
+
+TEST(Config, ParsesEveryKey) {
+  auto c = parse_config(kGood, "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->server.listen.host, "0.0.0.0");
+  EXPECT_EQ(c->server.listen.port, 9000);
+  EXPECT_EQ(c->server.workers, 3u);
+  EXPECT_EQ(c->server.max_body_bytes, 2u << 20);
+  EXPECT_EQ(c->server.write_timeout.count(), 5000);
+  EXPECT_EQ(c->server.access_log, "off");
+  ASSERT_EQ(c->pools.size(), 2u);
+  EXPECT_EQ(c->pools[0].name, "a");
+  ASSERT_EQ(c->pools[0].endpoints.size(), 2u);
+  EXPECT_EQ(c->pools[0].endpoints[0].host, "127.0.0.1");
+  EXPECT_EQ(c->pools[0].endpoints[0].port, 8001);
+  EXPECT_EQ(c->pools[0].endpoints[0].host_header, "127.0.0.1:8001");
+  EXPECT_EQ(c->pools[0].endpoints[1].host, "localhost");
+  EXPECT_EQ(c->pools[0].timeouts.connect.count(), 250);
+  EXPECT_EQ(c->pools[0].timeouts.first_byte.count(), 120000);
+  EXPECT_EQ(c->pools[0].timeouts.idle.count(), 1500);
+  EXPECT_EQ(c->pools[1].endpoints[0].port, 80);
+  EXPECT_EQ(c->pools[1].endpoints[0].host_header, "10.0.0.1");
+  ASSERT_EQ(c->models.size(), 2u);
+  EXPECT_EQ(c->models[0].upstream_model, "org/M1");
+  EXPECT_EQ(c->models[0].aliases, (std::vector<std::string>{"one", "uno"}));
+  EXPECT_EQ(c->models[1].pool, 1u);
+  ASSERT_TRUE(c->default_pool);
+  EXPECT_EQ(*c->default_pool, 1u);
+}
+
+TEST(Config, ErrorsNameFileLineAndKey) {
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    timeoutz: 1\n"),
+            "weir.yaml:4:5: pools.a.timeoutz: unknown key (expected one of: endpoints, timeouts, "
+            "max_idle_per_endpoint, idle_keepalive, api_key, api_key_env, eject_for)");
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\nmodels:\n  m:\n    pool: nope\n"),
+            "weir.yaml:6:11: models.m.pool: no pool named 'nope'");
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [https://x:1]\ndefault_pool: a\n"),
+            "weir.yaml:3:17: pools.a.endpoints[0]: 'https://x:1': only http:// endpoints are supported");
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    timeouts: {idle: 5parsecs}\ndefault_pool: a\n"),
+            "weir.yaml:4:22: pools.a.timeouts.idle: unknown duration unit 'parsecs' (use ms, s, m or h)");
+  EXPECT_EQ(error_of("workers: many\npools:\n  a: {endpoints: [http://x:1]}\ndefault_pool: a\n"),
+            "weir.yaml:1:10: workers: expected an integer, got 'many'");
+}
+
+TEST(Config, StructuralErrors) {
+  EXPECT_NE(error_of("just a string").find("must be a YAML mapping"), std::string::npos);
+  EXPECT_NE(error_of("listen: 1.2.3.4:80\n").find("pools: is required"), std::string::npos);
+  EXPECT_NE(error_of("pools:\n  a: {endpoints: []}\n").find("pools.a.endpoints: expected a non-empty list"),
+            std::string::npos);
+  EXPECT_NE(error_of("pools:\n  a: {endpoints: [http://x:1]}\n").find("no models are configured"),
+            std::string::npos);
+  EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1]}}\nmodels: {m: {pool: a, aliases: [m]}}\n")
+                .find("models.m.aliases[0]: 'm' is already used"),
+            std::string::npos);
+  EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1]}}\nlisten: nowhere\ndefault_pool: a\n")
+                .find("listen: 'nowhere' is not host:port"),
+            std::string::npos);
+  EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1/v1]}}\ndefault_pool: a\n").find("give the server root"),
+            std::string::npos);
+  EXPECT_NE(error_of("pools: [a, b\n").find("YAML syntax error"), std::string::npos);
+  EXPECT_NE(error_of("bogus: 1\npools: {a: {endpoints: [http://x:1]}}\ndefault_pool: a\n").find("bogus: unknown key"),
+            std::string::npos);
+}
+
+TEST(Config, SizesAndDurations) {
+  auto c = parse_config(
+      "server: {max_body: 1.5MiB, max_stream_buffer: 64KB, drain_timeout: 1h, header_timeout: 250}\n"
+      "pools: {a: {endpoints: ['http://[::1]:9']}}\ndefault_pool: a\n",
+      "x");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->server.max_body_bytes, 1572864u);
+  EXPECT_EQ(c->server.max_stream_buffer_bytes, 64000u);
+  EXPECT_EQ(c->server.drain_timeout.count(), 3600000);
+  EXPECT_EQ(c->server.header_timeout.count(), 250);
+  EXPECT_EQ(c->pools[0].endpoints[0].host, "::1");
+  EXPECT_EQ(c->pools[0].endpoints[0].port, 9);
+}
+
+TEST(Config, QuickMode) {
+  auto c = weir::core::quick_config("127.0.0.1:0", "http://127.0.0.1:8000");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->server.listen.port, 0);
+  ASSERT_EQ(c->pools.size(), 1u);
+  EXPECT_TRUE(c->default_pool);
+  EXPECT_TRUE(c->models.empty());
+  EXPECT_FALSE(weir::core::quick_config("127.0.0.1:8080", "ftp://x"));
+  EXPECT_FALSE(weir::core::quick_config("127.0.0.1:99999", "http://x"));
+}
+
+TEST(Config, ListenForms) {
+  auto a = weir::core::parse_listen("[::1]:8080");
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->host, "::1");
+  EXPECT_EQ(a->port, 8080);
+  auto b = weir::core::parse_listen(":8080");
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->host, "0.0.0.0");
+  EXPECT_FALSE(weir::core::parse_listen("host:"));
+  EXPECT_FALSE(weir::core::parse_listen("[::1]8080"));
+}

@@ -1,0 +1,97 @@
+#include <map>
+
+#include <gtest/gtest.h>
+
+#include "routing/pool.hpp"
+#include "routing/route_table.hpp"
+
+using namespace weir;
+
+namespace {
+core::Config config(std::string_view yaml) {
+  auto c = core::parse_config(yaml, "t");
+  EXPECT_TRUE(c) << c.error().to_string();
+  return std::move(*c);
+}
+}  // namespace
+
+TEST(RouteTable, ModelsAliasesAndDefault) {
+  auto cfg = config(R"(
+pools: {a: {endpoints: [http://127.0.0.1:1]}, b: {endpoints: [http://127.0.0.1:2]}}
+models:
+  m1: {pool: a, upstream_model: org/M1, aliases: [one]}
+  m2: {pool: b, aliases: [two]}
+)");
+  routing::RouteTable t(cfg);
+  auto r = t.find("m1");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->pool, 0u);
+  EXPECT_EQ(r->model_index, 0u);
+  EXPECT_EQ(r->upstream_model, "org/M1");
+  r = t.find("one");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->upstream_model, "org/M1");
+  EXPECT_EQ(r->canonical, "m1");
+  r = t.find("m2");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->pool, 1u);
+  EXPECT_TRUE(r->upstream_model.empty());  // sent as the client wrote it
+  r = t.find("two");  // an alias is renamed to the canonical name upstream
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->upstream_model, "m2");
+  EXPECT_FALSE(t.find("m3"));
+  EXPECT_FALSE(t.find("M1"));  // case-sensitive, as vLLM is
+
+  auto cfg2 = config("pools: {a: {endpoints: [http://127.0.0.1:1]}}\ndefault_pool: a\n");
+  routing::RouteTable t2(cfg2);
+  r = t2.find("anything/at-all");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->model_index, routing::kUnlistedModel);
+  EXPECT_TRUE(r->upstream_model.empty());
+}
+
+TEST(WorkerPool, PowerOfTwoChoicesPrefersLessLoaded) {
+  auto cfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2, http://127.0.0.1:3, http://127.0.0.1:4]}}\n"
+      "default_pool: a\n");
+  std::vector<http::tcp::endpoint> addrs(4);
+  routing::WorkerPool pool(cfg.pools[0], addrs);
+  routing::Rng rng(42);
+  const auto now = std::chrono::steady_clock::now();
+  // Equal load: every endpoint is chosen, roughly evenly.
+  std::map<std::uint32_t, int> hits;
+  for (int i = 0; i < 4000; ++i) ++hits[pool.pick(now, rng)];
+  ASSERT_EQ(hits.size(), 4u);
+  for (auto [ep, n] : hits) EXPECT_GT(n, 700) << ep;
+  // The most loaded endpoint loses every comparison, so it is never chosen.
+  pool.endpoint(2).in_flight = 50;
+  pool.endpoint(0).in_flight = 1;
+  pool.endpoint(1).in_flight = 1;
+  pool.endpoint(3).in_flight = 1;
+  for (int i = 0; i < 1000; ++i) EXPECT_NE(pool.pick(now, rng), 2u);
+}
+
+TEST(WorkerPool, EjectsRefusingEndpointsAndRecovers) {
+  auto cfg = config("pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2], eject_for: 1s}}\ndefault_pool: a\n");
+  std::vector<http::tcp::endpoint> addrs(2);
+  routing::WorkerPool pool(cfg.pools[0], addrs);
+  routing::Rng rng(7);
+  const auto t0 = std::chrono::steady_clock::now();
+  pool.report_connect_failure(0, t0);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(pool.pick(t0, rng), 1u);
+  // Excluding the only healthy endpoint falls back to the ejected one rather than failing.
+  EXPECT_EQ(pool.pick(t0, rng, 1), 0u);
+  // Ejection expires; a second consecutive failure doubles it.
+  std::map<std::uint32_t, int> hits;
+  for (int i = 0; i < 100; ++i) ++hits[pool.pick(t0 + std::chrono::milliseconds(1001), rng)];
+  EXPECT_EQ(hits.size(), 2u);
+  pool.report_connect_failure(0, t0);
+  EXPECT_EQ(pool.pick(t0 + std::chrono::milliseconds(1500), rng), 1u);
+  EXPECT_EQ(pool.endpoint(0).consecutive_failures, 2u);
+  pool.report_success(0);
+  EXPECT_EQ(pool.endpoint(0).consecutive_failures, 0u);
+  // Both ejected: the one ejected longest ago is tried.
+  pool.report_connect_failure(0, t0);
+  pool.report_connect_failure(1, t0 + std::chrono::milliseconds(10));
+  EXPECT_EQ(pool.pick(t0 + std::chrono::milliseconds(20), rng), 0u);
+}
