@@ -128,5 +128,43 @@ TEST(AuthJwksFile, LoadsFromAFile) {
   EXPECT_EQ(missing.stats().failures, 1u);
 }
 
+// A source that answers from memory and counts fetches.
+struct CountingSource final : JwksSource {
+  std::string body;
+  bool down = false;
+  int* fetches;
+  explicit CountingSource(int* f) : fetches(f) {}
+  void fetch(Callback done) override {
+    ++*fetches;
+    if (down) done(tl::unexpected(std::string("down")));
+    else done(body);
+  }
+  std::string describe() const override { return "counting"; }
+};
+
+TEST(AuthJwksCache, RefreshesPeriodicallyAndStops) {
+  const auto& k = testing::Keys::get();
+  asio::io_context ioc;
+  int fetches = 0;
+  auto src = std::make_unique<CountingSource>(&fetches);
+  auto* raw = src.get();
+  raw->body = testing::jwks_of({&k.ec});
+  JwksOptions opt;
+  opt.refresh_interval = 20ms;
+  opt.min_refetch_interval = 5ms;
+  JwksCache cache(ioc, std::move(src), opt);
+  cache.start();
+  ASSERT_TRUE(run_until(ioc, [&] { return fetches >= 3; }));
+  EXPECT_EQ(cache.stats().updates, 1u);  // the same document: published once
+  raw->down = true;                      // failures keep the keys and retry
+  ASSERT_TRUE(run_until(ioc, [&] { return cache.stats().failures >= 2; }));
+  EXPECT_EQ(cache.keys()->keys.size(), 1u);
+  cache.stop();
+  const int after_stop = fetches;
+  ioc.restart();
+  ioc.run_for(60ms);  // bounded: proves the timer no longer fires
+  EXPECT_EQ(fetches, after_stop);
+}
+
 }  // namespace
 }  // namespace weir::auth
