@@ -558,6 +558,9 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
   }
   conn.watchdog().disarm();
   ctx_.t_upstream_done = core::now();
+  // The upstream response is complete: a client leaving while we write it
+  // must not abort the connection, which goes back to the pool.
+  if (rp.is_done()) upstream_ = nullptr;
   if (peer_gone_) {
     ctx_.status = 499;
     ++w_.metrics().client_disconnects;
@@ -728,6 +731,10 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   conn.watchdog().disarm();
   ctx_.t_upstream_done = core::now();
   --metrics.active_streams;
+  // As in relay_buffered: once the upstream response is complete, a client
+  // that leaves (the openai SDK closes as soon as it reads [DONE]) must not
+  // abort the finished upstream connection, which goes back to the pool.
+  if (rp.is_done()) upstream_ = nullptr;
 
   if (peer_gone_ || write_failed_) {
     if (ctx_.error_code != "slow_client") {
@@ -740,7 +747,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
         ctx_.error_code = "client_write_timeout";
       }
     }
-    conn.abort(http::UpstreamFailure::cancelled);
+    if (!rp.is_done()) conn.abort(http::UpstreamFailure::cancelled);
     keep_alive_ = false;
     error_code ignored;
     sock_.close(ignored);
