@@ -1,0 +1,178 @@
+"""Upstream connections: keep-alive reuse, one retry on a stale pooled
+connection, power-of-two-choices over a pool, and endpoints that refuse.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import uuid
+
+import pytest
+
+from conftest import Mock, binary, free_port, wait_until
+from httpwire import RawConn, request
+
+MSG = [{"role": "user", "content": "hello"}]
+FAST = ("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "6")
+
+
+def served(m: Mock) -> float:
+    """Requests the mock finished (any reason)."""
+    return m.metric("vllm:request_success_total")
+
+
+def test_upstream_connections_are_reused(mock, weir):
+    m = mock(*FAST)
+    w = weir(upstream=m, workers=1)
+    conns_before = m.metric("weir_mock_connections_total")
+    c = w.client()
+    for i in range(8):
+        c.chat.completions.create(model="mock-model", messages=MSG)
+        list(c.chat.completions.create(model="mock-model", messages=MSG, stream=True))
+        c.embeddings.create(model="mock-model", input=["a", "b"])
+    # an upstream error status is a complete response: the connection stays usable
+    with pytest.raises(Exception):
+        c.chat.completions.create(model="mock-model", messages=MSG, extra_headers={"x-mock-status": "400"})
+    c.completions.create(model="mock-model", prompt="x")
+    entries = w.wait_log(lambda es: len(es) >= 26)
+    assert w.metric("weir_upstream_connects_total") == 1, (
+        [e for e in entries if e["retries"] or e["status"] not in (200, 400)], m.aborts())
+    # the mock saw Weir's one connection (and the two of these /metrics reads)
+    assert m.metric("weir_mock_connections_total") - conns_before == 1 + 1
+
+
+def test_sdk_streams_keep_the_upstream_connection(mock, weir):
+    """The openai SDK closes its connection as soon as it reads [DONE], while Weir may still be
+    writing the stream's last chunk; the finished upstream connection must still be reused."""
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "3")
+    w = weir(upstream=m, workers=1)
+    c = w.client()
+    for _ in range(100):
+        chunks = list(c.chat.completions.create(model="mock-model", messages=MSG, stream=True))
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    entries = w.wait_log(lambda es: len(es) >= 100)
+    assert [e["status"] for e in entries] == [200] * 100
+    assert m.aborts() == 0
+    assert w.metric("weir_upstream_connects_total") == 1
+
+
+def test_concurrent_streams_reuse_a_bounded_set_of_connections(mock, weir):
+    m = mock(*FAST)
+    w = weir(upstream=m, workers=2)
+
+    def run(_):
+        c = w.client()
+        for _ in range(10):
+            chunks = list(c.chat.completions.create(model="mock-model", messages=MSG, stream=True))
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        c.close()
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(run, range(4)))
+    assert served(m) == 40
+    assert w.metric("weir_upstream_connects_total") <= 8  # at most 4 in flight on each of 2 workers
+
+
+def test_connection_closed_after_client_disconnect_is_not_reused(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "300", "--max-tokens", "50")
+    w = weir(upstream=m, workers=1)
+    conn = RawConn(w.port)
+    conn.send(request("POST", "/v1/chat/completions", {"model": "mock-model", "messages": MSG, "stream": True}))
+    assert conn.read_head().status == 200
+    next(conn.iter_chunks())
+    conn.close()
+    wait_until(lambda: m.aborts() == 1, 5, message="the abort")
+    out = w.client().chat.completions.create(model="mock-model", messages=MSG, max_tokens=2,
+                                             extra_headers={"x-mock-itl-ms": "1"})
+    assert out.usage.completion_tokens == 2
+    assert w.metric("weir_upstream_connects_total") == 2
+
+
+def restart_mock(processes, old: Mock, *flags) -> Mock:
+    port = old.process.port
+    assert old.process.stop() == 0
+    argv = [binary("weir-mock"), "--listen", f"127.0.0.1:{port}", *flags]
+    return Mock(processes.start(argv, port, name="weir-mock"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stale_pooled_connection_is_retried_once(mock, weir, processes, stream):
+    m = mock(*FAST)
+    w = weir(upstream=m, workers=1)
+    c = w.client()
+    c.chat.completions.create(model="mock-model", messages=MSG)
+    assert w.metric("weir_upstream_connects_total") == 1
+    # The model server restarts on the same port: Weir's pooled connection is now stale.
+    m2 = restart_mock(processes, m, *FAST)
+    request_id = "stale-" + uuid.uuid4().hex[:8]
+    if stream:
+        chunks = list(c.chat.completions.create(model="mock-model", messages=MSG, stream=True,
+                                                extra_headers={"x-request-id": request_id}))
+        assert chunks[-1].choices[0].finish_reason == "stop"
+    else:
+        out = c.chat.completions.create(model="mock-model", messages=MSG, extra_headers={"x-request-id": request_id})
+        assert out.choices[0].message.content
+    assert served(m2) == 1  # sent once to the new server
+    assert w.metric("weir_upstream_retries_total") == 1
+    assert w.metric("weir_upstream_connects_total") == 2
+    entry = w.log_for(request_id)
+    assert entry["status"] == 200 and entry["retries"] == 1
+
+
+def test_two_endpoints_both_get_traffic(mock, weir):
+    a, b = mock(*FAST), mock(*FAST)
+    w = weir(config={"pools": {"p": {"endpoints": [a.base_url, b.base_url]}},
+                     "models": {"mock-model": {"pool": "p"}}})
+    c = w.client()
+    for _ in range(40):
+        c.chat.completions.create(model="mock-model", messages=MSG)
+    na, nb = served(a), served(b)
+    assert na + nb == 40 and na > 0 and nb > 0, (na, nb)
+    endpoints = {e["endpoint"] for e in w.wait_log(lambda es: len(es) >= 40)}
+    assert endpoints == {a.base_url, b.base_url}
+
+
+def test_power_of_two_choices_prefers_the_less_loaded(mock, weir):
+    """Ten long streams at once on one worker: P2C over two endpoints spreads them."""
+    a = mock("--ttft-ms", "1", "--itl-ms", "50", "--max-tokens", "40")
+    b = mock("--ttft-ms", "1", "--itl-ms", "50", "--max-tokens", "40")
+    w = weir(config={"pools": {"p": {"endpoints": [a.base_url, b.base_url]}},
+                     "models": {"mock-model": {"pool": "p"}}}, workers=1)
+    conns = []
+    for _ in range(10):
+        conn = RawConn(w.port)
+        conn.send(request("POST", "/v1/chat/completions",
+                          {"model": "mock-model", "messages": MSG, "stream": True}))
+        assert conn.read_head().status == 200  # in flight before the next one is picked
+        conns.append(conn)
+    ra, rb = a.metric("vllm:num_requests_running"), b.metric("vllm:num_requests_running")
+    for conn in conns:
+        conn.close()
+    assert ra + rb == 10 and abs(ra - rb) <= 2, (ra, rb)
+
+
+def test_refusing_endpoint_is_skipped(mock, weir):
+    live = mock(*FAST)
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(2)]
+    w = weir(config={"pools": {"p": {"endpoints": [*dead, live.base_url]}},
+                     "models": {"mock-model": {"pool": "p"}}}, workers=1)
+    c = w.client()
+    for i in range(10):
+        if i % 2:
+            chunks = list(c.chat.completions.create(model="mock-model", messages=MSG, stream=True))
+            assert chunks[-1].choices[0].finish_reason == "stop"
+        else:
+            assert c.chat.completions.create(model="mock-model", messages=MSG).choices[0].message.content
+    assert served(live) == 10
+    assert w.metric("weir_upstream_failures_total", kind="connect_refused") >= 1
+    entries = w.wait_log(lambda es: len(es) >= 10)
+    assert all(e["status"] == 200 and e["endpoint"] == live.base_url for e in entries)
+    assert sum(e["retries"] for e in entries) == w.metric("weir_upstream_retries_total") >= 1
+
+
+def test_every_endpoint_refusing_is_502(weir):
+    dead = [f"http://127.0.0.1:{free_port()}" for _ in range(3)]
+    w = weir(config={"pools": {"p": {"endpoints": dead}}, "models": {"mock-model": {"pool": "p"}}})
+    import openai
+    with pytest.raises(openai.APIStatusError) as e:
+        w.client().chat.completions.create(model="mock-model", messages=MSG)
+    assert e.value.status_code == 502 and e.value.body["code"] == "upstream_unavailable"
