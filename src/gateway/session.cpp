@@ -177,6 +177,7 @@ http::Task<void> Session::serve() {
         co_return;
       ctx_.t_start = core::now();
       ctx_.method = "-";
+      w_.next_request_id(ctx_.request_id);  // the head is unusable: never an empty id in the log or reply
       keep_alive_ = false;
       if (timed_out_) {
         timed_out_ = false;
