@@ -914,6 +914,12 @@ void Session::log_request() {
   const auto end = core::now();
   auto& m = w_.metrics();
   if (ctx_.status == 0) ctx_.status = peer_gone_ ? 499 : 500;
+  if (ctx_.status == 499 && !ctx_.has_error) {
+    // Every 499 says why, as the body-read and slow-client ones already do.
+    ctx_.has_error = true;
+    ctx_.error_source = core::ErrorSource::client;
+    ctx_.error_code = "client_closed_request";
+  }
   m.count_request(ctx_.route, ctx_.model_slot, ctx_.status);
   m.duration(ctx_.model_slot).observe_us(core::micros_between(ctx_.t_start, end));
   if (ctx_.t_first_token != core::TimePoint{})
