@@ -1,0 +1,165 @@
+"""Configuration errors and --check; drain on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+
+from conftest import REPO, binary, free_port, wait_until
+from httpwire import RawConn, request
+
+GOOD = """\
+listen: 127.0.0.1:{port}
+pools:
+  p:
+    endpoints: [http://127.0.0.1:9]
+    timeouts:
+      connect: 1s
+      first_byte: 2s
+models:
+  m: {{pool: p, aliases: [mm]}}
+"""
+
+# (name, yaml, line, key): the error must name the file, this line and this key.
+BAD = [
+    ("unknown-key", GOOD.replace("      first_byte: 2s", "      frist_byte: 2s"), 7, "frist_byte"),
+    ("bad-duration", GOOD.replace("first_byte: 2s", "first_byte: soon"), 7, "pools.p.timeouts.first_byte"),
+    ("unknown-pool", GOOD.replace("{{pool: p,", "{{pool: q,"), 9, "models.m.pool"),
+    ("bad-endpoint", GOOD.replace("[http://127.0.0.1:9]", "[ftp://127.0.0.1:9]"), 4, "pools.p.endpoints[0]"),
+    ("duplicate-alias", GOOD.replace("aliases: [mm]", "aliases: [m]"), 9, "models.m.aliases[0]"),
+    ("small-buffer", GOOD + "server:\n  max_stream_buffer: 1KiB\n", 11, "server.max_stream_buffer"),
+    ("bad-workers", GOOD + "workers: many\n", 10, "workers"),
+    ("unknown-top-level", GOOD + "poolz: []\n", 10, "poolz"),
+    ("yaml-syntax", GOOD.replace("[http://127.0.0.1:9]", "[http://127.0.0.1:9"), 5, None),
+]
+
+
+def weir_run(*args, timeout=10) -> subprocess.CompletedProcess:
+    return subprocess.run([str(binary("weir")), *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("name,text,line,key", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("check", [False, True], ids=["run", "check"])
+def test_bad_config_names_file_line_and_key(tmp_path, name, text, line, key, check):
+    path = tmp_path / f"{name}.yaml"
+    port = free_port()
+    path.write_text(text.format(port=port))
+    r = weir_run("--config", path, *(["--check"] if check else []))
+    assert r.returncode != 0
+    err = r.stderr
+    assert str(path) in err, err
+    assert f":{line}:" in err, err
+    if key:
+        assert key in err, err
+    # it never listened
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+
+
+def test_missing_config_file(tmp_path):
+    path = tmp_path / "nope.yaml"
+    r = weir_run("--config", path)
+    assert r.returncode != 0 and str(path) in r.stderr
+
+
+def test_check_accepts_good_configs(tmp_path):
+    path = tmp_path / "good.yaml"
+    path.write_text(GOOD.format(port=free_port()))
+    r = weir_run("--config", path, "--check")
+    assert r.returncode == 0, r.stderr
+    assert "ok" in r.stdout and str(path) in r.stdout
+    example = REPO / "config" / "weir.example.yaml"
+    r = weir_run("--config", example, "--check")
+    assert r.returncode == 0, r.stderr
+
+
+def test_bad_quick_mode_flags():
+    r = weir_run("--listen", "127.0.0.1:1", "--upstream", "https://example.com")
+    assert r.returncode != 0 and "--upstream" in r.stderr
+    r = weir_run("--listen", "nonsense", "--upstream", "http://127.0.0.1:9")
+    assert r.returncode != 0 and "--listen" in r.stderr
+    r = weir_run()
+    assert r.returncode != 0
+
+
+# --- drain -------------------------------------------------------------------------
+
+def refused(port) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return False
+    except ConnectionRefusedError:
+        return True
+
+
+def start_stream(w, tokens: int, itl_ms: int, request_id: str) -> RawConn:
+    conn = RawConn(w.port, timeout=20)
+    conn.send(request("POST", "/v1/chat/completions",
+                      {"model": "mock-model", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                       "max_tokens": tokens},
+                      {"x-mock-itl-ms": str(itl_ms), "x-request-id": request_id}))
+    assert conn.read_head().status == 200
+    return conn
+
+
+def drain_config(m, drain_timeout):
+    return {"server": {"drain_timeout": drain_timeout}, "pools": {"p": {"endpoints": [m.base_url]}},
+            "models": {"mock-model": {"pool": "p"}}}
+
+
+def test_sigterm_drains_in_flight_stream(mock, weir):
+    m = mock("--ttft-ms", "1", "--max-tokens", "1000")
+    w = weir(config=drain_config(m, "30s"))
+    stream = start_stream(w, tokens=50, itl_ms=20, request_id="draining-stream")
+    chunks = stream.iter_chunks()
+    first = next(chunks)
+    idle = RawConn(w.port)  # a keep-alive connection between requests
+    idle.send(request("GET", "/health"))
+    assert idle.read_response("GET").status == 200
+
+    os.kill(w.process.pid, signal.SIGTERM)
+    wait_until(lambda: refused(w.port), 5, interval=0.01, message="new connections refused")
+    assert w.process.alive()
+    assert idle.closed_by_peer(5), "an idle keep-alive connection is closed on drain"
+
+    body = first + b"".join(chunks)  # the stream runs to its end
+    events = [e for e in body.decode().split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    assert sum(1 for e in events if '"content":" ' in e) == 50
+    assert w.process.popen.wait(10) == 0
+    entry = w.log_for("draining-stream")
+    assert entry["status"] == 200 and entry["events"] == len(events)
+    assert m.aborts() == 0
+
+
+def test_drain_deadline_closes_long_streams(mock, weir):
+    m = mock("--ttft-ms", "1", "--max-tokens", "1000")
+    w = weir(config=drain_config(m, "300ms"))
+    stream = start_stream(w, tokens=1000, itl_ms=20, request_id="too-long")
+    next(stream.iter_chunks())
+    t0 = time.monotonic()
+    os.kill(w.process.pid, signal.SIGTERM)
+    assert w.process.popen.wait(10) == 0
+    assert time.monotonic() - t0 < 5
+    rest = stream.read_to_eof()
+    assert b"[DONE]" not in rest
+    wait_until(lambda: m.aborts() == 1, 5, message="the upstream request aborted at the drain deadline")
+    assert w.log_for("too-long")["status"] == 499
+
+
+def test_second_sigterm_stops_at_once(mock, weir):
+    m = mock("--ttft-ms", "1", "--max-tokens", "1000")
+    w = weir(config=drain_config(m, "60s"))
+    stream = start_stream(w, tokens=1000, itl_ms=20, request_id="stopped")
+    next(stream.iter_chunks())
+    os.kill(w.process.pid, signal.SIGTERM)
+    wait_until(lambda: refused(w.port), 5, interval=0.01, message="new connections refused")
+    os.kill(w.process.pid, signal.SIGTERM)
+    assert w.process.popen.wait(5) == 0
+    stream.read_to_eof()
+    stream.close()
