@@ -35,23 +35,21 @@ JsonScan scan_json(std::string_view json) {
   const char* const end = s + json.size();
   const char* p = s;
   bool first_key = true;
+  // Byte loops rather than memchr: the strings of an SSE chunk are a few
+  // bytes long, shorter than memchr's call overhead.
   while (p != end) {
-    const auto* q = static_cast<const char*>(std::memchr(p, '"', static_cast<std::size_t>(end - p)));
-    if (!q) break;
-    // The string runs to the next quote not escaped by an odd run of backslashes.
-    const char* a = q + 1;
+    while (p != end && *p != '"') ++p;
+    if (p == end) break;
+    // The string runs to the next quote not escaped by a backslash.
+    const char* a = p + 1;
     const char* b = a;
-    for (;;) {
-      const auto* e = static_cast<const char*>(std::memchr(b, '"', static_cast<std::size_t>(end - b)));
-      if (!e) return out;
-      const char* k = e;
-      while (k != a && k[-1] == '\\') --k;
-      if (((e - k) & 1) == 0) {
-        b = e;
-        break;
+    while (b != end && *b != '"') {
+      if (*b == '\\') {
+        if (++b == end) return out;
       }
-      b = e + 1;
+      ++b;
     }
+    if (b == end) return out;
     const std::string_view str(a, static_cast<std::size_t>(b - a));
     p = b + 1;
     while (p != end && is_ws(*p)) ++p;

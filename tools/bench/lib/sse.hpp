@@ -152,13 +152,17 @@ void SseParser::feed(std::string_view bytes, F&& on_event) {
     skip_lf_ = false;
     if (*p == '\n') ++p;
   }
+  // The next CR is looked up once and reused until passed: streams that use
+  // LF only (vLLM, OpenAI) pay one memchr for CR per feed, not per line.
+  const char* cr = static_cast<const char*>(std::memchr(p, '\r', static_cast<std::size_t>(end - p)));
   while (p != end) {
     // Next line break: the first CR or LF.
-    const auto left = static_cast<std::size_t>(end - p);
-    const auto* nl = static_cast<const char*>(std::memchr(p, '\n', left));
-    const char* lim = nl ? nl : end;
-    const auto* cr = static_cast<const char*>(std::memchr(p, '\r', static_cast<std::size_t>(lim - p)));
-    const char* eol = cr ? cr : lim;
+    if (cr && cr < p) {
+      cr = static_cast<const char*>(std::memchr(p, '\r', static_cast<std::size_t>(end - p)));
+    }
+    const auto* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<std::size_t>(end - p)));
+    const char* eol = nl ? nl : end;
+    if (cr && cr < eol) eol = cr;
     if (eol == end) {
       line_.append(p, end);
       return;
