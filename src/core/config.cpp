@@ -69,7 +69,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
                            {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive",
-                            "api_key", "api_key_env", "eject_for"}));
+                            "api_key", "api_key_env", "eject_for", "request_usage"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -104,6 +104,10 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   if (auto v = n["eject_for"]) {
     WEIR_TRY(ms, read_duration(v, key + ".eject_for"));
     p.eject_for = ms;
+  }
+  if (auto v = n["request_usage"]) {
+    WEIR_TRY(b, read_bool(v, key + ".request_usage"));
+    p.request_usage = b;
   }
   if (auto v = n["api_key"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key"));
@@ -235,9 +239,9 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     return located(e);
   }
   if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
-  // Sections owned by other modules are validated there (auth, tenants, redis, limits).
+  // Sections owned by other modules are validated there (auth, tenants, pricing, redis).
   if (auto r = check_keys(root, "", {"listen", "workers", "server", "pools", "models", "default_pool",
-                                     "auth", "tenants", "redis", "limits", "batching"});
+                                     "auth", "tenants", "pricing", "redis", "limits", "batching"});
       !r)
     return located(r.error());
 

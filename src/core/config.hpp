@@ -64,6 +64,10 @@ struct PoolConfig {
   Millis idle_keepalive{4'000};  // drop idle connections older than this (uvicorn closes at 5 s)
   std::string api_key;           // sent upstream as "Authorization: Bearer"; empty = none
   Millis eject_for{2'000};       // an endpoint that refuses connections is skipped this long
+  // Ask the upstream for stream_options.include_usage on streams whose client
+  // did not (and drop that usage chunk from the client's stream), so every
+  // stream's tokens are known to the log, metrics, limits and budgets.
+  bool request_usage = true;
 };
 
 // A model name clients may ask for, and where it goes.

@@ -6,6 +6,7 @@
 #include <boost/asio/post.hpp>
 #include <fmt/format.h>
 
+#include "auth/authenticator.hpp"
 #include "core/json_text.hpp"
 #include "gateway/worker.hpp"
 
@@ -27,12 +28,17 @@ void append_model(std::string& out, std::string_view id, std::string_view owned_
 }
 }  // namespace
 
-tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path) {
+tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
+                                                       const auth::Principal* principal) {
+  auto visible = [&](const core::ModelConfig& m) {
+    return !principal || auth::Authenticator::check_model(*principal, m.name).has_value();
+  };
   std::string out;
   constexpr std::string_view prefix = "/v1/models/";
   if (path.starts_with(prefix)) {
     const std::string_view id = path.substr(prefix.size());
     for (const auto& m : cfg.models) {
+      if (!visible(m)) continue;
       if (m.name == id) {
         append_model(out, m.name, m.owned_by, m.name);
         return out;
@@ -48,6 +54,7 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
   out += R"({"object":"list","data":[)";
   bool first = true;
   for (const auto& m : cfg.models) {
+    if (!visible(m)) continue;
     if (!first) out += ",";
     first = false;
     append_model(out, m.name, m.owned_by, m.name);

@@ -6,6 +6,7 @@
 
 #include <tl/expected.hpp>
 
+#include "auth/policy.hpp"
 #include "core/config.hpp"
 #include "core/error.hpp"
 #include "http/io.hpp"
@@ -15,9 +16,11 @@ namespace weir::gateway {
 class Worker;
 
 // GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
-// created, owned_by}]} with every configured model and alias; GET /v1/models/{id}
-// → that model object, or 404 model_not_found.
-tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path);
+// created, owned_by}]} with every configured model and alias that `principal`
+// may use (all of them when it is null); GET /v1/models/{id} → that model
+// object, or 404 model_not_found (also for a model the principal may not use).
+tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
+                                                       const auth::Principal* principal);
 
 // Collects every worker's metrics shard (posting to each; no locks) and
 // renders the merged set in Prometheus text format into `out`. Waits at most

@@ -7,6 +7,7 @@
 #include <boost/beast/http/read.hpp>
 #include <fmt/format.h>
 
+#include "admission/admission.hpp"
 #include "api/json_scan.hpp"
 #include "api/usage.hpp"
 #include "core/json_text.hpp"
@@ -85,6 +86,17 @@ core::Error upstream_error(http::UpstreamFailure f, const std::string& endpoint,
   }
 }
 
+// An OpenAI/vLLM stream's final usage chunk: `"choices": []` plus usage.
+bool is_usage_only_chunk(std::string_view data) {
+  auto span = api::find_member(data, "choices");
+  if (!span) return false;
+  std::string_view v = data.substr(span->value_begin, span->value_end - span->value_begin);
+  if (v.size() < 2 || v.front() != '[' || v.back() != ']') return false;
+  for (char c : v.substr(1, v.size() - 2))
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return false;
+  return true;
+}
+
 bool is_event_stream(std::string_view content_type) {
   return content_type.size() >= 17 && http::iequals(content_type.substr(0, 17), "text/event-stream");
 }
@@ -148,10 +160,19 @@ http::Task<void> Session::serve() {
   bool first = true;
   for (;;) {
     if (reading_) {
-      // The monitor read of the previous request is still waiting: it is the
-      // start of this request (or the client's goodbye).
-      idle_ = true;
-      watchdog_.expires_after(sc.keepalive_timeout);
+      if (in_.size() > 0) {
+        // The next request is already buffered (pipelined): the monitor read
+        // would wait for bytes the client will not send before it gets its
+        // answer. Stop it and serve what we have.
+        monitor_cancelled_ = true;
+        error_code ignored;
+        sock_.cancel(ignored);
+      } else {
+        // The monitor read of the previous request is still waiting: it is the
+        // start of this request (or the client's goodbye).
+        idle_ = true;
+        watchdog_.expires_after(sc.keepalive_timeout);
+      }
       while (reading_) co_await read_done_.wait();
     }
     if (peer_gone_ || closed_ || timed_out_) co_return;
@@ -247,7 +268,11 @@ http::Task<bool> Session::handle() {
         co_await proxy(std::nullopt);  // quick mode: the upstream knows its models
         break;
       }
-      auto r = models_response(w_.config(), path);
+      if (auto e = authenticate()) {
+        co_await respond_error(*e);
+        break;
+      }
+      auto r = models_response(w_.config(), path, principal_.get());
       if (!r) {
         co_await respond_error(r.error());
       } else {
@@ -324,6 +349,12 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
   ctx_.bytes_in = up_body.size();
   metrics.bytes_in += up_body.size();
 
+  // authenticate (before anything is parsed)
+  if (auto e = authenticate()) {
+    co_await respond_error(*e);
+    co_return;
+  }
+
   // parse + route
   routing::Route route;
   if (api) {
@@ -341,10 +372,37 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     }
     route = *r;
     ctx_.model_slot = route.model_index == routing::kUnlistedModel ? metrics.unlisted_model() : route.model_index;
+
+    // admit: model allow-list, rate limits, stream caps, budgets
+    if (auto e = admit(*api, *fields, route.canonical.empty() ? std::string_view(ctx_.model) : route.canonical)) {
+      co_await respond_error(*e);
+      co_return;
+    }
+
+    // The upstream request body: the client's bytes, with at most two members spliced.
     if (!route.upstream_model.empty() && route.upstream_model != ctx_.model) {
       scratch_.clear();
       core::append_json_string(scratch_, route.upstream_model);
       if (api::set_member(up_body, "model", scratch_, upstream_body_)) up_body = upstream_body_;
+    }
+    if (ctx_.stream && !fields->include_usage && *api != api::ApiKind::embeddings &&
+        w_.config().pools[route.pool].request_usage) {
+      // Ask for the usage chunk so this stream's tokens are known; the client
+      // did not ask for it, so relay_stream drops it from the client's stream.
+      bool edited = false;
+      if (fields->has_stream_options) {
+        if (auto span = api::find_member(up_body, "stream_options")) {
+          const auto obj = up_body.substr(span->value_begin, span->value_end - span->value_begin);
+          edited = api::set_member(obj, "include_usage", "true", scratch_) &&
+                   api::set_member(up_body, "stream_options", scratch_, edit_buf_);
+        }
+      } else {
+        edited = api::set_member(up_body, "stream_options", R"({"include_usage":true})", edit_buf_);
+      }
+      if (edited) {
+        up_body = edit_buf_;
+        strip_usage_ = true;
+      }
     }
   } else {
     route.pool = static_cast<std::uint32_t>(*w_.config().default_pool);
@@ -532,6 +590,7 @@ void Session::append_response_headers(std::string& out, const ResponseParser& rp
     out += "\r\n";
   }
   http::append_header(out, "x-request-id", ctx_.request_id);
+  out += rl_headers_;
   if (!keep_alive_) out += "Connection: close\r\n";
 }
 
@@ -681,14 +740,17 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
       scratch_.clear();
       while (auto ev = sse_.next()) {
         if (ev->has_data) {
-          ++ctx_.events;
-          if (ev->is_done()) saw_done = true;
-          else if (ev->data.find("\"usage\"") != std::string_view::npos) {
+          if (ev->is_done()) {
+            saw_done = true;
+          } else if (ev->data.find("\"usage\"") != std::string_view::npos) {
             if (auto u = api::extract_usage(ev->data)) {
               ctx_.has_usage = true;
               ctx_.usage = *u;
+              // The usage chunk Weir asked for on the client's behalf: not theirs.
+              if (strip_usage_ && is_usage_only_chunk(ev->data)) continue;
             }
           }
+          ++ctx_.events;
           if (ctx_.t_first_token == core::TimePoint{}) ctx_.t_first_token = t_read;
         }
         scratch_ += ev->raw;
@@ -787,6 +849,66 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   if (rbuf_.capacity() > kStreamRead * 4) std::string().swap(rbuf_);
 }
 
+// --- identity and admission -------------------------------------------------
+
+std::optional<core::Error> Session::authenticate() {
+  auto* authn = w_.authenticator();
+  if (!authn) return std::nullopt;
+  const auto& req = parser_->get();
+  auto p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], std::chrono::system_clock::now());
+  if (!p) return std::move(p.error());
+  principal_ = std::move(*p);
+  return std::nullopt;
+}
+
+std::optional<core::Error> Session::admit(api::ApiKind api, const api::RequestFields& fields,
+                                          std::string_view model) {
+  prompt_bytes_ = fields.prompt_bytes;
+  if (!principal_) return std::nullopt;
+  if (auto ok = auth::Authenticator::check_model(*principal_, model); !ok) return std::move(ok.error());
+  // Completion budget when the request gives no max_tokens: vLLM's own
+  // default depends on the context length, so take a typical answer and let
+  // settle() correct it with the real usage.
+  constexpr std::uint64_t kDefaultMaxTokens = 256;
+  const std::uint64_t out_tokens =
+      api == api::ApiKind::embeddings
+          ? 0
+          : (fields.max_tokens ? fields.max_tokens : kDefaultMaxTokens) * fields.n * fields.prompt_count;
+  auto* adm = w_.admission();
+  const auto now = std::chrono::steady_clock::now();
+  auto t = adm->admit(*principal_, model, admission::estimate_tokens(fields.prompt_bytes, out_tokens), now);
+  // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
+  const auto h = adm->rate_limit_headers(*principal_, now);
+  rl_headers_.clear();
+  auto put = [&](std::string_view kind, const admission::BucketView& b) {
+    fmt::format_to(std::back_inserter(rl_headers_),
+                   "x-ratelimit-limit-{0}: {1}\r\nx-ratelimit-remaining-{0}: {2}\r\nx-ratelimit-reset-{0}: {3}\r\n",
+                   kind, b.limit, b.remaining, admission::format_reset(b.reset_ms));
+  };
+  if (h.has_requests) put("requests", h.requests);
+  if (h.has_tokens) put("tokens", h.tokens);
+  if (!t) return std::move(t.error());
+  ticket_ = std::move(*t);
+  return std::nullopt;
+}
+
+void Session::settle() {
+  if (principal_ && w_.admission()) {
+    api::Usage u;
+    if (ctx_.has_usage) {
+      u = ctx_.usage;
+    } else if (ctx_.t_upstream_sent != core::TimePoint{}) {
+      // No usage from the upstream (client left, upstream failed): charge
+      // what was sent and streamed, one token per content event.
+      u.prompt_tokens = (prompt_bytes_ + 3) / 4;
+      u.completion_tokens = ctx_.events;
+      u.total_tokens = u.prompt_tokens + u.completion_tokens;
+    }
+    spend_nano_usd_ = w_.admission()->settle(ticket_, u, std::chrono::steady_clock::now());
+  }
+  ticket_.release();
+}
+
 // --- the monitor read and the write loop ----------------------------------
 
 void Session::start_monitor() {
@@ -796,9 +918,10 @@ void Session::start_monitor() {
     reading_ = false;
     if (!ec) {
       in_.commit(n);  // the start of a pipelined request: keep it
-    } else {
+    } else if (!(monitor_cancelled_ && ec == asio::error::operation_aborted)) {
       on_peer_gone();
     }
+    monitor_cancelled_ = false;
     read_done_.notify();
   });
 }
@@ -869,6 +992,7 @@ http::Task<void> Session::respond(int status, std::string_view content_type, std
   append_uint(head_, body.size());
   head_ += "\r\n";
   http::append_header(head_, "x-request-id", ctx_.request_id);
+  head_ += rl_headers_;
   head_ += extra_headers;
   if (!keep_alive_) head_ += "Connection: close\r\n";
   head_ += "\r\n";
@@ -920,6 +1044,7 @@ void Session::log_request() {
     ctx_.error_source = core::ErrorSource::client;
     ctx_.error_code = "client_closed_request";
   }
+  settle();
   m.count_request(ctx_.route, ctx_.model_slot, ctx_.status);
   m.duration(ctx_.model_slot).observe_us(core::micros_between(ctx_.t_start, end));
   if (ctx_.t_first_token != core::TimePoint{})
@@ -931,7 +1056,10 @@ void Session::log_request() {
   m.sse_events += ctx_.events;
 
   auto& log = w_.access_log();
-  if (!log.enabled()) return;
+  if (!log.enabled()) {
+    end_request();
+    return;
+  }
   std::string& out = log.begin_line();
   out += R"({"ts":")";
   append_timestamp(out);
@@ -953,6 +1081,14 @@ void Session::log_request() {
   else
     core::append_json_string(
         out, cfg.pools[static_cast<std::size_t>(ctx_.pool)].endpoints[static_cast<std::size_t>(ctx_.endpoint)].url);
+  if (principal_) {
+    out += R"(,"tenant":)";
+    core::append_json_string(out, principal_->tenant_name());
+    out += R"(,"key_id":)";
+    if (principal_->key_id().empty()) out += "null";
+    else core::append_json_string(out, principal_->key_id());
+    fmt::format_to(std::back_inserter(out), R"(,"spend_usd":{:.9f})", static_cast<double>(spend_nano_usd_) / 1e9);
+  }
   fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx_.status, ctx_.stream);
   auto ms = [&](core::TimePoint a, core::TimePoint b) {
     return static_cast<double>(core::micros_between(a, b)) / 1000.0;
@@ -984,6 +1120,15 @@ void Session::log_request() {
   }
   out += "}";
   log.end_line();
+  end_request();
+}
+
+void Session::end_request() {
+  principal_.reset();
+  spend_nano_usd_ = 0;
+  prompt_bytes_ = 0;
+  strip_usage_ = false;
+  rl_headers_.clear();
 }
 
 }  // namespace weir::gateway

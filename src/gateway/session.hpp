@@ -12,7 +12,9 @@
 #include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 
+#include "admission/admission.hpp"
 #include "api/request.hpp"
+#include "auth/policy.hpp"
 #include "gateway/context.hpp"
 #include "http/event.hpp"
 #include "http/io.hpp"
@@ -55,6 +57,15 @@ class Session {
   http::Task<void> relay_stream(ResponseParser& rp, http::UpstreamConnection& conn);
   http::Task<void> serve_metrics();
 
+  // The authenticate phase: sets principal_ (no-op without auth). An error
+  // is the answer to send.
+  std::optional<core::Error> authenticate();
+  // The admit phase: model allow-list, limits, budget → ticket_ and the
+  // x-ratelimit-* headers. `model` is the configured name (aliases resolved).
+  std::optional<core::Error> admit(api::ApiKind api, const api::RequestFields& fields, std::string_view model);
+  // The log phase's half of admission: charge real usage, free the ticket.
+  void settle();
+
   // Writes a complete response (head built here + body) and waits for it.
   http::Task<void> respond(int status, std::string_view content_type, std::string_view body,
                            std::string_view extra_headers = {});
@@ -74,6 +85,8 @@ class Session {
   http::Task<void> lingering_close();
 
   void log_request();
+  // Forgets the per-request state that outlives the handlers (principal, headers).
+  void end_request();
   void append_upstream_head(std::string& out, std::string_view host_header, std::string_view body,
                             std::string_view api_key, bool stream);
   void append_response_headers(std::string& out, const ResponseParser& rp, bool drop_encoding);
@@ -92,6 +105,7 @@ class Session {
   // The monitor read.
   bool reading_ = false;
   bool peer_gone_ = false;
+  bool monitor_cancelled_ = false;  // serve() stopped the monitor read on purpose
   http::Event read_done_;
 
   // The write loop (streams).
@@ -103,6 +117,13 @@ class Session {
   http::Event write_done_;
 
   http::UpstreamConnection* upstream_ = nullptr;  // in use by the current request
+  auth::PrincipalPtr principal_;   // who is asking (null without auth)
+  admission::Ticket ticket_;       // holds stream slots until settled
+  std::int64_t spend_nano_usd_ = 0;
+  std::uint64_t prompt_bytes_ = 0; // for a usage estimate when the upstream reports none
+  bool strip_usage_ = false;       // Weir asked for the usage chunk; the client did not
+  std::string rl_headers_;         // x-ratelimit-* lines for every response to this request
+  std::string edit_buf_;           // second buffer for spliced request bodies
   std::string body_;               // request body storage, reused
   std::string upstream_body_;      // rewritten request body, reused
   std::string head_;               // response or upstream request head, reused

@@ -27,6 +27,10 @@ Worker::Worker(Shared& shared, unsigned index)
   const auto& cfg = *shared.config;
   pools_.reserve(cfg.pools.size());
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p]);
+  if (shared.auth_policy) {
+    authn_ = std::make_unique<auth::Authenticator>(shared.auth_policy, shared.jwks);
+    admission_ = std::make_unique<admission::Admission>(*shared.limiter, shared.pricing, index);
+  }
 }
 
 Worker::~Worker() { join(); }

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "admission/admission.hpp"
+#include "auth/authenticator.hpp"
 #include "core/access_log.hpp"
 #include "core/config.hpp"
 #include "gateway/metrics.hpp"
@@ -34,6 +36,11 @@ struct Shared {
   std::vector<std::vector<http::tcp::endpoint>> endpoint_addrs;
   std::vector<Worker*> workers;       // for metrics collection
   std::atomic<bool> draining{false};  // SIGTERM received
+  // Identity and admission; null when the config has no auth/tenants section.
+  std::shared_ptr<const auth::AuthPolicy> auth_policy;
+  auth::JwksCache* jwks = nullptr;              // owned by the server; null without auth.jwt
+  admission::Limiter* limiter = nullptr;        // owned by the server
+  admission::Pricing pricing;
   std::uint64_t instance_id = 0;      // random per process, prefix of generated request ids
 };
 
@@ -64,6 +71,9 @@ class Worker {
   MetricsShard& metrics() { return metrics_; }
   core::AccessLog& access_log() { return log_; }
   unsigned index() const { return index_; }
+  // The authenticate and admit phases; null when auth is not configured.
+  auth::Authenticator* authenticator() { return authn_.get(); }
+  admission::Admission* admission() { return admission_.get(); }
   bool draining() const { return draining_; }
   // A new request id: 16 hex digits of process id prefix, worker and counter.
   void next_request_id(std::string& out);
@@ -84,6 +94,8 @@ class Worker {
   routing::Rng rng_;
   MetricsShard metrics_;
   core::AccessLog log_;
+  std::unique_ptr<auth::Authenticator> authn_;
+  std::unique_ptr<admission::Admission> admission_;
   std::uint64_t request_seq_ = 0;
   Session* sessions_ = nullptr;  // intrusive list of live sessions
   std::size_t session_count_ = 0;

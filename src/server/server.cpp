@@ -9,6 +9,9 @@
 #include <boost/asio/signal_set.hpp>
 #include <fmt/format.h>
 
+#include "admission/local_limiter.hpp"
+#include "auth/config.hpp"
+#include "auth/jwks_cache.hpp"
 #include "gateway/worker.hpp"
 
 namespace weir::server {
@@ -43,6 +46,41 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
     }
   }
 
+  // The control plane: signals, JWKS refreshes. Its thread is not a worker.
+  asio::io_context main_io;
+
+  // Identity and admission, when the config asks for them.
+  std::unique_ptr<auth::JwksCache> jwks;
+  std::unique_ptr<admission::Limiter> limiter;
+  const auto& root = config->root;
+  if (root && (root["auth"] || root["tenants"] || root["pricing"])) {
+    auto auth_cfg = auth::parse_auth_config(root, config->source);
+    if (!auth_cfg) {
+      fmt::print(stderr, "weir: configuration error: {}\n", auth_cfg.error().to_string());
+      return 2;
+    }
+    auto pricing = admission::parse_pricing_config(root, config->source);
+    if (!pricing) {
+      fmt::print(stderr, "weir: configuration error: {}\n", pricing.error().to_string());
+      return 2;
+    }
+    shared.pricing = std::move(*pricing);
+    if (auth_cfg->jwt) {
+      const auto& j = *auth_cfg->jwt;
+      auto source = j.jwks_url.empty() ? auth::make_file_jwks_source(j.jwks_file)
+                                       : auth::make_http_jwks_source(main_io, j.jwks_url, j.fetch_timeout);
+      auth::JwksOptions opt;
+      opt.refresh_interval = j.refresh_interval;
+      opt.min_refetch_interval = j.min_refetch_interval;
+      jwks = std::make_unique<auth::JwksCache>(main_io, std::move(source), opt);
+      shared.jwks = jwks.get();
+    }
+    shared.auth_policy = auth::AuthPolicy::build(std::move(*auth_cfg));
+    limiter = std::make_unique<admission::LocalLimiter>(shared.auth_policy->scopes(), n,
+                                                        std::chrono::steady_clock::now());
+    shared.limiter = limiter.get();
+  }
+
   std::string err;
   shared.log_sink = core::AccessLogSink::open(config->server.access_log, err);
   if (!shared.log_sink) {
@@ -65,7 +103,6 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   }
 
   std::signal(SIGPIPE, SIG_IGN);
-  asio::io_context main_io;
   asio::signal_set signals(main_io, SIGINT, SIGTERM);
   int signal_count = 0;
   std::function<void(const boost::system::error_code&, int)> on_signal =
@@ -77,11 +114,13 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
         fmt::print(stderr, "weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                    signal_count == 1 ? "draining" : "closing now");
         shared.draining = true;
+        if (jwks) jwks->stop();
         for (auto& w : workers) w->drain(deadline);
         signals.async_wait(on_signal);
       };
   signals.async_wait(on_signal);
 
+  if (jwks) jwks->start();
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
