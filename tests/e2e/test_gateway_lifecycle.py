@@ -90,10 +90,11 @@ def test_bad_quick_mode_flags():
 # --- drain -------------------------------------------------------------------------
 
 def refused(port) -> bool:
+    """True if a new connection is refused (or reset: it raced a listener being closed)."""
     try:
         socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
         return False
-    except ConnectionRefusedError:
+    except (ConnectionRefusedError, ConnectionResetError):
         return True
 
 
