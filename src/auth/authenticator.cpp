@@ -110,6 +110,7 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_key(std::str
 }
 
 tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::string_view token, WallTime now) {
+  refetch_mark_.reset();
   const std::uint64_t gen = jwks_->generation();
   if (gen != cache_generation_) {  // key set changed: tokens verified with old keys must be checked again
     cache_.clear();
@@ -123,7 +124,10 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
   auto verified = verify_jwt(token, *keys, claims_, now);
   if (!verified) {
     const auto& err = verified.error();
-    if (err.kind == JwtFailure::unknown_kid || err.kind == JwtFailure::no_keys) jwks_->request_refresh(now);
+    if (err.kind == JwtFailure::unknown_kid || err.kind == JwtFailure::no_keys) {
+      const auto mark = jwks_->completed_fetches();
+      if (jwks_->request_refresh(now)) refetch_mark_ = mark;
+    }
     if (err.kind == JwtFailure::no_keys)
       return reject(core::unavailable("Signing keys are not loaded yet; retry shortly.", 1));
     return reject(core::unauthorized("Invalid bearer token: " + err.message + "."));

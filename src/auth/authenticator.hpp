@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -51,6 +52,14 @@ class Authenticator {
   // Installs a new configuration snapshot (call on this worker's thread).
   // Drops cached principals; requests in flight keep theirs.
   void set_policy(std::shared_ptr<const AuthPolicy> policy);
+
+  // After a failed authenticate(): set when the token named a key id the
+  // key set does not hold (or no keys are loaded) and a JWKS refetch was
+  // started. The caller may wait until jwks()->completed_fetches() passes
+  // this mark and try once more, so a rotated signing key costs its first
+  // requests one fetch instead of a 401.
+  std::optional<std::uint64_t> refetch_mark() const noexcept { return refetch_mark_; }
+  JwksCache* jwks() const noexcept { return jwks_; }
   const std::shared_ptr<const AuthPolicy>& policy() const noexcept { return policy_; }
 
   struct Stats {
@@ -75,6 +84,7 @@ class Authenticator {
   Sha256Hasher hasher_;
   std::vector<PrincipalPtr> key_principals_;  // per key index, built on first use
   PrincipalPtr anonymous_;
+  std::optional<std::uint64_t> refetch_mark_;
   Stats stats_;
 };
 

@@ -101,6 +101,7 @@ void JwksCache::on_result(JwksSource::Result r) {
   bool ok = false;
   if (r) ok = install(*r).has_value();
   if (!ok) failures_.fetch_add(1, std::memory_order_relaxed);
+  completed_.fetch_add(1, std::memory_order_release);
   if (running_) schedule(ok ? options_.refresh_interval : std::min(options_.min_refetch_interval,
                                                                    options_.refresh_interval));
 }

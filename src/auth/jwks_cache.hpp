@@ -76,6 +76,9 @@ class JwksCache {
   // Bumped whenever the published key material changes (not on a refetch of
   // the same document): workers drop their token caches when it moves.
   std::uint64_t generation() const noexcept { return generation_.load(std::memory_order_acquire); }
+  // Fetches finished so far (successful or not): a request that asked for a
+  // refetch waits until this moves past the value it saw.
+  std::uint64_t completed_fetches() const noexcept { return completed_.load(std::memory_order_acquire); }
 
   // Asks for a refetch, e.g. after a token named an unknown kid. Lock-free
   // and rate-limited: returns false without doing anything when a fetch
@@ -111,6 +114,7 @@ class JwksCache {
   bool in_flight_ = false;   // control thread only
   bool running_ = false;     // control thread only
   std::atomic<std::uint64_t> fetches_{0}, failures_{0}, updates_{0}, refresh_requests_{0}, refresh_limited_{0};
+  std::atomic<std::uint64_t> completed_{0};
 };
 
 }  // namespace weir::auth

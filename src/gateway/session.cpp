@@ -268,7 +268,7 @@ http::Task<bool> Session::handle() {
         co_await proxy(std::nullopt);  // quick mode: the upstream knows its models
         break;
       }
-      if (auto e = authenticate()) {
+      if (auto e = co_await authenticate()) {
         co_await respond_error(*e);
         break;
       }
@@ -350,7 +350,7 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
   metrics.bytes_in += up_body.size();
 
   // authenticate (before anything is parsed)
-  if (auto e = authenticate()) {
+  if (auto e = co_await authenticate()) {
     co_await respond_error(*e);
     co_return;
   }
@@ -391,8 +391,18 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
       // did not ask for it, so relay_stream drops it from the client's stream.
       bool edited = false;
       if (fields->has_stream_options) {
-        if (auto span = api::find_member(up_body, "stream_options")) {
-          const auto obj = up_body.substr(span->value_begin, span->value_end - span->value_begin);
+        auto span = api::find_member(up_body, "stream_options");
+        std::string_view obj;
+        if (span) obj = up_body.substr(span->value_begin, span->value_end - span->value_begin);
+        // vLLM's StreamOptions.include_usage defaults to true: without the
+        // member the upstream sends the usage chunk and the client gets it.
+        if (span && api::find_member(obj, "include_usage")) {
+          // vLLM ignores continuous_usage_stats unless include_usage is true:
+          // once Weir turns usage on, keep per-chunk usage off, as the client had it.
+          std::string no_continuous;
+          if (api::find_member(obj, "continuous_usage_stats") &&
+              api::set_member(obj, "continuous_usage_stats", "false", no_continuous))
+            obj = no_continuous;
           edited = api::set_member(obj, "include_usage", "true", scratch_) &&
                    api::set_member(up_body, "stream_options", scratch_, edit_buf_);
         }
@@ -851,14 +861,26 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
 
 // --- identity and admission -------------------------------------------------
 
-std::optional<core::Error> Session::authenticate() {
+http::Task<std::optional<core::Error>> Session::authenticate() {
   auto* authn = w_.authenticator();
-  if (!authn) return std::nullopt;
+  if (!authn) co_return std::nullopt;
   const auto& req = parser_->get();
   auto p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], std::chrono::system_clock::now());
-  if (!p) return std::move(p.error());
+  if (!p && authn->refetch_mark()) {
+    // The token names a key we do not hold yet (a rotation): wait for the
+    // refetch it started, at most 2 s, and try once more.
+    const auto mark = *authn->refetch_mark();
+    const auto deadline = core::now() + std::chrono::seconds(2);
+    http::Timer t(w_.io().get_executor());
+    while (authn->jwks()->completed_fetches() <= mark && core::now() < deadline) {
+      t.expires_after(std::chrono::milliseconds(5));
+      co_await t.async_wait(use_task);
+    }
+    p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], std::chrono::system_clock::now());
+  }
+  if (!p) co_return std::move(p.error());
   principal_ = std::move(*p);
-  return std::nullopt;
+  co_return std::nullopt;
 }
 
 std::optional<core::Error> Session::admit(api::ApiKind api, const api::RequestFields& fields,

@@ -59,7 +59,7 @@ class Session {
 
   // The authenticate phase: sets principal_ (no-op without auth). An error
   // is the answer to send.
-  std::optional<core::Error> authenticate();
+  http::Task<std::optional<core::Error>> authenticate();
   // The admit phase: model allow-list, limits, budget → ticket_ and the
   // x-ratelimit-* headers. `model` is the configured name (aliases resolved).
   std::optional<core::Error> admit(api::ApiKind api, const api::RequestFields& fields, std::string_view model);
