@@ -117,6 +117,27 @@ def test_chat_stream_usage_chunks_pass_through(stack, continuous):
     assert (entry["prompt_tokens"], entry["completion_tokens"]) == (14, 5)
 
 
+@pytest.mark.parametrize("options", [None, {"include_usage": False}, {"include_usage": False,
+                                                                     "continuous_usage_stats": True},
+                                     {"continuous_usage_stats": False}],
+                         ids=["none", "usage-off", "usage-off-continuous-on", "continuous-off"])
+def test_chat_stream_usage_exactly_as_vllm_sends_it(stack, options):
+    """Whatever Weir asks upstream to learn the token counts, the client gets exactly the chunks
+    vLLM would have sent it (vLLM's stream_options.include_usage defaults to true)."""
+    kw = {} if options is None else {"stream_options": options}
+
+    def run(c, h):
+        return [strip_created(ch) for ch in c.chat.completions.create(
+            model="mock-model", messages=MESSAGES, stream=True, max_tokens=4, extra_headers=h, **kw)]
+    via, ref, request_id = both(stack, run)
+    assert via == ref
+    vllm_sends_usage = options is not None and options.get("include_usage", True)
+    assert [ch for ch in via if ch.get("usage")] == ([via[-1]] if vllm_sends_usage else [])
+    _, w = stack
+    entry = w.log_for(request_id)
+    assert (entry["prompt_tokens"], entry["completion_tokens"]) == (14, 4)  # Weir learns them either way
+
+
 def test_completions_string_prompt_identical(stack):
     via, ref, _ = both(stack, lambda c, h: c.completions.create(
         model="mock-model", prompt="once upon a time", max_tokens=6, extra_headers=h))
