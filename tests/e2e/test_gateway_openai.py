@@ -154,18 +154,24 @@ def test_completions_prompt_list_identical(stack):
     assert via.usage.prompt_tokens == 3 + 4 + 2 and via.usage.completion_tokens == 24
 
 
-def test_completions_prompt_list_streaming_interleaved(stack):
+@pytest.mark.parametrize("usage", [True, False])
+def test_completions_prompt_list_streaming_interleaved(stack, usage):
     prompts = ["alpha beta", "gamma", "delta epsilon zeta"]
+    kw = {"stream_options": {"include_usage": True}} if usage else {}
 
     def run(c, h):
         return [strip_created(ch) for ch in c.completions.create(
-            model="mock-model", prompt=prompts, n=2, max_tokens=3, stream=True,
-            stream_options={"include_usage": True}, extra_headers=h)]
-    via, ref, _ = both(stack, run)
+            model="mock-model", prompt=prompts, n=2, max_tokens=3, stream=True, extra_headers=h, **kw)]
+    via, ref, request_id = both(stack, run)
     assert via == ref
     indexes = [ch["choices"][0]["index"] for ch in via if ch["choices"]]
     assert indexes == list(range(6)) * 3  # each step visits every prompt × n
-    assert via[-1]["usage"]["completion_tokens"] == 18
+    if usage:
+        assert via[-1]["usage"]["completion_tokens"] == 18
+    else:
+        assert all(ch["choices"] for ch in via)
+    _, w = stack
+    assert w.log_for(request_id)["completion_tokens"] == 18
 
 
 @pytest.mark.parametrize("encoding", ["float", "base64", None])
