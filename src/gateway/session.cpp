@@ -769,6 +769,10 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
         failure = http::UpstreamFailure::protocol;
         break;
       }
+      // Bytes of earlier reads the client has not taken yet: the slow-client
+      // measure. Not this read's events: one event larger than the bound (a
+      // chunk with prompt_logprobs) is not a slow client.
+      const std::size_t backlog = out_.size() + wbuf_.size();
       if (!scratch_.empty()) {
         if (chunked_) {
           http::append_hex(out_, scratch_.size());
@@ -784,7 +788,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
           first_read = false;
         }
       }
-      if (out_.size() + wbuf_.size() > sc.max_stream_buffer_bytes) {
+      if (backlog > sc.max_stream_buffer_bytes) {
         // The client is not keeping up: cut it off rather than buffer without bound.
         ++metrics.slow_client_cutoffs;
         ctx_.status = 499;
