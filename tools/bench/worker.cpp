@@ -332,11 +332,14 @@ struct Worker::Impl {
   // opening hundreds of sockets at once, which would make the generator (and
   // the target's accept queue) slower still.
   void open_more() {
+    // A failed open() fails one queued request, so this loop ends.
     while (connecting < pending.size() && connecting < kMaxConnecting && open + connecting < cap) {
-      if (!open_conn()) break;
+      open_conn();
     }
   }
 
+  // Starts one connect; false if the socket could not even be opened (the
+  // oldest queued request then fails as a connect error).
   bool open_conn() {
     Conn* c;
     if (!spare.empty()) {
@@ -396,6 +399,7 @@ struct Worker::Impl {
     c.sock.non_blocking(true, ignored);
     c.st = St::idle;
     ready(c);
+    if (!stopping) open_more();  // connects were capped at kMaxConnecting: queue may want more
   }
 
   // The connection is free: take the next pending request or go idle.
@@ -565,6 +569,7 @@ struct Worker::Impl {
     const bool has_stream = c.sse;
     close_conn(c);
     record_done(r, o, now_ns(), has_stream ? &c.tracker.stats() : nullptr);
+    if (!stopping) open_more();  // the closed connection's slot may serve a queued request
     after_request();
   }
 
