@@ -208,8 +208,8 @@ int main(int argc, char** argv) {
     bool all = true;
     for (auto& w : workers) all = all && w->live().finished.load(std::memory_order_acquire);
     if (all) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(tty ? 1000 : 100));
-    if (!tty) continue;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!tty || now_ns() - last_t < 1'000'000'000) continue;
     std::uint64_t sent = 0, completed = 0, ok = 0, inflight = 0, conns = 0, tokens = 0;
     for (auto& w : workers) {
       auto& l = w->live();
