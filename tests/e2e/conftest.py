@@ -333,6 +333,7 @@ def to_yaml(value, indent: int = 0) -> str:
     if isinstance(value, dict):
         lines = []
         for k, v in value.items():
+            k = scalar(k)  # keys quoted too: "*" and "a:b" are not plain YAML
             if isinstance(v, (dict, list)) and v:
                 lines.append(f"{pad}{k}:\n{to_yaml(v, indent + 1)}")
             elif isinstance(v, dict):
