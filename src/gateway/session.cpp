@@ -517,7 +517,12 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
   ctx_.t_first_byte = core::now();
   ctx_.added_us = added;
   const auto ct = rp->get()[bh::field::content_type];
-  if (rp->get().result_int() == 200 && is_event_stream(ct) && !rp->is_done()) {
+  // Streams are asked for in identity; events cannot be read out of compressed
+  // bytes, so a stream compressed anyway is relayed whole, as a buffered body
+  // (decoded for a client that did not accept the encoding).
+  const auto ce = rp->get()[bh::field::content_encoding];
+  const bool encoded = !ce.empty() && !http::iequals(ce, "identity");
+  if (rp->get().result_int() == 200 && is_event_stream(ct) && !rp->is_done() && !encoded) {
     co_await relay_stream(*rp, *conn);
   } else {
     co_await relay_buffered(*rp, *conn);
@@ -891,6 +896,7 @@ std::optional<core::Error> Session::admit(api::ApiKind api, const api::RequestFi
                                           std::string_view model) {
   prompt_bytes_ = fields.prompt_bytes;
   if (!principal_) return std::nullopt;
+  price_ = w_.shared().pricing.find(model);
   if (auto ok = auth::Authenticator::check_model(*principal_, model); !ok) return std::move(ok.error());
   // Completion budget when the request gives no max_tokens: vLLM's own
   // default depends on the context length, so take a typical answer and let
@@ -930,7 +936,9 @@ void Session::settle() {
       u.completion_tokens = ctx_.events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;
     }
-    spend_nano_usd_ = w_.admission()->settle(ticket_, u, std::chrono::steady_clock::now());
+    w_.admission()->settle(ticket_, u, std::chrono::steady_clock::now());
+    // The request's cost at the model's price, whether or not a budget applies.
+    spend_nano_usd_ = price_ ? admission::cost_nano_usd(*price_, u) : 0;
   }
   ticket_.release();
 }
@@ -1151,6 +1159,7 @@ void Session::log_request() {
 
 void Session::end_request() {
   principal_.reset();
+  price_ = nullptr;
   spend_nano_usd_ = 0;
   prompt_bytes_ = 0;
   strip_usage_ = false;

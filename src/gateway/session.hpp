@@ -120,6 +120,7 @@ class Session {
   auth::PrincipalPtr principal_;   // who is asking (null without auth)
   admission::Ticket ticket_;       // holds stream slots until settled
   std::int64_t spend_nano_usd_ = 0;
+  const admission::ModelPrice* price_ = nullptr;  // the model's price, when pricing has one
   std::uint64_t prompt_bytes_ = 0; // for a usage estimate when the upstream reports none
   bool strip_usage_ = false;       // Weir asked for the usage chunk; the client did not
   std::string rl_headers_;         // x-ratelimit-* lines for every response to this request
