@@ -32,6 +32,7 @@ struct MockConfig {
   int stall_ms = 0;         // --stall-ms: stall length, ms
   int reset_after = -1;     // --reset-after: tokens sent before an RST; -1 = never
 
+  int tick_us = 1000;       // --tick-us: least time between two scheduler passes, µs
   int keep_alive_s = 5;  // --keep-alive-s: idle keep-alive timeout (uvicorn/vLLM default 5 s)
 };
 

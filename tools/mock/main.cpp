@@ -84,6 +84,11 @@ int main(int argc, char** argv) {
   app.add_option("--reset-after", cfg.reset_after, "Reset the connection (RST) after this many tokens (-1: never)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 30));
+  app.add_option("--tick-us", cfg.tick_us,
+                 "Least time between two scheduler passes, us: dense token schedules go out in batches, "
+                 "up to this late (0: every due time gets its own pass)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 100000));
   app.add_option("--keep-alive-s", cfg.keep_alive_s, "Idle keep-alive timeout, s (uvicorn's default is 5)")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));

@@ -75,6 +75,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start() {
     error_code ec;
     socket_.set_option(Tcp::no_delay(true), ec);
+    socket_.non_blocking(true, ec);  // flush() writes directly when it can
     do_idle();
   }
 
@@ -502,6 +503,19 @@ void Connection::respond_fatal(int status, std::string_view content_type, std::s
 
 void Connection::flush() {
   if (writing_ || out_.empty() || phase_ == Phase::closed) return;
+  if (phase_ == Phase::generating && !last_queued_) {
+    // Hot path (every token but the last): the socket buffer almost always
+    // has room, so write now and skip the completion-handler round trip. A
+    // final write still goes through on_write, which moves the state on.
+    error_code ec;
+    const std::size_t n = socket_.write_some(asio::buffer(out_), ec);
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+      end_generation(Finish::abort);  // EPIPE / ECONNRESET: the client went away
+      return close();
+    }
+    if (n == out_.size()) return out_.clear();
+    out_.erase(0, n);
+  }
   wbuf_.swap(out_);
   out_.clear();
   writing_ = true;
@@ -561,6 +575,7 @@ Worker::Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std:
       tick_timer_(ioc_.get_executor()),
       sweep_timer_(ioc_.get_executor()),
       accept_retry_(ioc_.get_executor()),
+      min_tick_(std::chrono::microseconds(cfg.tick_us)),
       rng_(mix64(static_cast<std::uint64_t>(Clock::now().time_since_epoch().count()) ^
                  (static_cast<std::uint64_t>(index + 1) << 48))) {}
 
@@ -681,7 +696,7 @@ void Worker::on_tick() {
     d.conn->on_due(d.gen, now);
   }
   in_tick_ = false;
-  if (!heap_.empty()) arm(heap_.front().at);
+  if (!heap_.empty()) arm(std::max(heap_.front().at, now + min_tick_));
 }
 
 }  // namespace weir::mock

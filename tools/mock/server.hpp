@@ -5,8 +5,10 @@
 // The per-token path: each Worker keeps one timer and a min-heap of due
 // (time, connection) entries. When the timer fires it hands every entry due
 // within 0.2 ms to its Connection, which formats that step's SSE chunks and
-// queues one socket write, then pushes its next due time. So thousands of
-// streams share one timer and one wakeup per tick, not a timer each.
+// writes them to its socket, then pushes its next due time; the timer is then
+// set for the next due time but no sooner than --tick-us after this pass. So
+// thousands of streams share one timer, and dense schedules are served in
+// batches (like an engine step), which saves wakeups on both ends.
 //
 // Cancellation: while a generation runs, its Connection keeps one read
 // outstanding on the socket; EOF or an error there means the client went
@@ -91,6 +93,7 @@ class Worker {
   std::vector<Due> heap_;  // min-heap on `at`
   Clock::time_point armed_ = Clock::time_point::max();
   bool in_tick_ = false;
+  Clock::duration min_tick_;  // least time between two ticks (batches dense due times)
   bool stopping_ = false;
   std::vector<Connection*> conns_;
   Rng rng_;
