@@ -337,3 +337,21 @@ def test_raw_stream_framing_is_vllms(stack):
     for ev in events[:-2]:
         assert ev.startswith("data: {") and "\n" not in ev
         json.loads(ev[6:])
+
+
+def test_client_headers_reach_upstream_hop_by_hop_do_not(stack):
+    """End-to-end headers (the API key vLLM may check, custom ones) pass; hop-by-hop ones stop at Weir."""
+    _, w = stack
+    body = {"model": "mock-model", "messages": MESSAGES, "max_tokens": 1}
+    hdrs = {"authorization": "Bearer sk-user-key", "x-custom": "1", "openai-organization": "org",
+            "connection": "keep-alive, x-hop", "x-hop": "secret", "keep-alive": "timeout=5", "te": "trailers",
+            "proxy-authorization": "Basic abc", "x-mock-echo": "1"}
+    with RawConn(w.port) as c:
+        c.send(request("POST", "/v1/chat/completions", body, hdrs))
+        r = c.read_response("POST")
+    assert r.status == 200
+    seen = r.header("x-mock-headers").split(",")
+    for name in ("authorization", "x-custom", "openai-organization", "x-request-id", "content-length", "host"):
+        assert name in seen, (name, seen)
+    for name in ("connection", "x-hop", "keep-alive", "te", "proxy-authorization", "transfer-encoding"):
+        assert name not in seen, (name, seen)
