@@ -488,27 +488,35 @@ def test_echo_headers_prove_body_intact(m):
 
 
 def test_abort_counter_moves_within_50ms_of_disconnect(m):
+    # The next token is 2 s away, so only watching the socket (not a failed
+    # write) can count the abort in time. Up to 3 tries absorb a busy test
+    # machine descheduling this process; the mock must make it in one.
     req = post_request("/v1/chat/completions",
                        {"messages": [{"role": "user", "content": "long"}], "max_tokens": 1000, "stream": True},
-                       {"x-mock-ttft-ms": "5", "x-mock-itl-ms": "50"}, connection="keep-alive")
-    metrics = httpx.Client(base_url=m.base_url)  # keep-alive: polling costs ~1 ms
-    before = m.aborts()
-    running_before = m.metric("vllm:num_requests_running")
-    s = socket.create_connection(("127.0.0.1", m.process.port))
-    s.sendall(req)
-    assert b'"delta":{"content"' in read_until(s, b'"delta":{"content"')
-    assert m.metric("vllm:num_requests_running") == running_before + 1
-    s.close()
-    closed = time.monotonic()
+                       {"x-mock-ttft-ms": "5", "x-mock-itl-ms": "2000"}, connection="keep-alive")
+    metrics = httpx.Client(base_url=m.base_url)  # keep-alive: each poll costs ~1 ms
 
-    def aborted():
-        text = metrics.get("/metrics").text
-        return metric_value(parse_prometheus(text), "vllm:request_success_total", finished_reason="abort") > before
+    def aborts() -> float:
+        return metric_value(parse_prometheus(metrics.get("/metrics").text), "vllm:request_success_total",
+                            finished_reason="abort")
 
-    wait_until(aborted, timeout=2, interval=0.001, message="abort counter")
-    elapsed = time.monotonic() - closed
-    assert elapsed < 0.05, f"abort counted {elapsed * 1000:.1f} ms after the disconnect"
-    assert m.metric("vllm:num_requests_running") == running_before
+    tries = []
+    for _ in range(3):
+        before = aborts()
+        running_before = m.metric("vllm:num_requests_running")
+        s = socket.create_connection(("127.0.0.1", m.process.port))
+        s.sendall(req)
+        assert b'"delta":{"content"' in read_until(s, b'"delta":{"content"')
+        assert m.metric("vllm:num_requests_running") == running_before + 1
+        s.close()
+        closed = time.monotonic()
+        wait_until(lambda: aborts() > before, timeout=1.5, interval=0.001, message="abort counter")
+        tries.append(time.monotonic() - closed)
+        assert aborts() == before + 1
+        assert m.metric("vllm:num_requests_running") == running_before
+        if tries[-1] < 0.05:
+            break
+    assert min(tries) < 0.05, f"abort counted {[round(t * 1000, 1) for t in tries]} ms after the disconnect"
 
 
 def test_abort_while_non_streaming_request_pending(m):
