@@ -416,6 +416,10 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     }
   } else {
     route.pool = static_cast<std::uint32_t>(*w_.config().default_pool);
+    // GET/HEAD (the upstream's model list): a request body means nothing
+    // there, and forwarded without a length the upstream would read it as
+    // the next request on the connection (request smuggling).
+    up_body = {};
   }
 
   auto& pool = w_.pool(route.pool);
@@ -545,7 +549,9 @@ void Session::append_upstream_head(std::string& out, std::string_view host_heade
   out += " HTTP/1.1\r\nHost: ";
   out += host_header;
   out += "\r\n";
-  if (req.method() != bh::verb::get && req.method() != bh::verb::head) {
+  // Every body sent upstream has its length: bytes without one would be
+  // parsed as the next request on the (pooled) connection.
+  if (!body.empty() || (req.method() != bh::verb::get && req.method() != bh::verb::head)) {
     out += "Content-Length: ";
     append_uint(out, body.size());
     out += "\r\n";
