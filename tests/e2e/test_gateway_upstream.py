@@ -176,3 +176,25 @@ def test_every_endpoint_refusing_is_502(weir):
     with pytest.raises(openai.APIStatusError) as e:
         w.client().chat.completions.create(model="mock-model", messages=MSG)
     assert e.value.status_code == 502 and e.value.body["code"] == "upstream_unavailable"
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+def test_body_on_a_get_is_not_smuggled_upstream(mock, weir, method):
+    """A GET /v1/models (proxied in quick mode) carrying a body that is itself an HTTP request:
+    the upstream must never run it, and the next client must get its own answer, not the
+    smuggled request's (response desync on the pooled connection)."""
+    m = mock(*FAST)
+    w = weir(upstream=m, workers=1)
+    body = b'{"model":"mock-model","messages":[{"role":"user","content":"smuggled"}]}'
+    smuggled = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: smuggled\r\n"
+                b"x-mock-ttft-ms: 300\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(body), body))
+    with RawConn(w.port) as c:
+        c.send(b"%s /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+               % (method.encode(), len(smuggled), smuggled))
+        assert c.read_response(method).status == 200
+    c = w.client()
+    for i in range(3):
+        out = c.chat.completions.create(model="mock-model", messages=MSG, extra_headers={"x-request-id": f"v{i}"})
+        assert out.id == f"chatcmpl-v{i}"
+    assert served(m) == 3  # the smuggled request never ran
