@@ -23,6 +23,19 @@ weir-mock
     ``m.v1`` (``.../v1``, for ``openai.OpenAI(base_url=...)``) and
     ``m.metric(name, **labels)`` reading its ``/metrics`` counters.
 
+weir
+    The ``weir`` fixture (and ``module_weir``) is a factory:
+    ``w = weir(upstream=mock)`` starts the gateway in quick mode
+    (``--upstream``), ``w = weir(config={...})`` writes the dict as YAML
+    (``listen``, ``workers`` and ``server.access_log`` filled in unless given)
+    and runs ``--config``. Either way it listens on a free port, its access log
+    goes to a file, and it is stopped at teardown. The :class:`Weir` has
+    ``base_url``, ``v1``, ``client()`` (an ``openai.OpenAI`` without retries),
+    ``metric(name, **labels)`` / ``metrics_text()`` for /metrics, and
+    ``log_entries()`` / ``wait_log(pred)`` / ``log_for(request_id)`` for the
+    access log (workers flush it every 50 ms, so these poll).
+    Raw-socket helpers for tests about bytes on the wire are in httpwire.py.
+
 Polling
     ``wait_until(predicate, timeout)`` polls a condition instead of sleeping.
 """
