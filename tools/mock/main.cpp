@@ -116,6 +116,11 @@ int main(int argc, char** argv) {
     const auto results = resolver.resolve(cfg.listen_host, std::to_string(cfg.listen_port),
                                           boost::asio::ip::tcp::resolver::passive);
     ep = results.begin()->endpoint();
+    for (const auto& r : results)  // "localhost": prefer 127.0.0.1, what clients usually dial
+      if (r.endpoint().address().is_v4()) {
+        ep = r.endpoint();
+        break;
+      }
     for (int i = 0; i < cfg.threads; ++i) {
       workers.push_back(std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards));
       const auto port = workers.back()->listen(ep);
