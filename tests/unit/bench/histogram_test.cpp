@@ -23,7 +23,7 @@ void expect_within(std::int64_t got, std::int64_t want, double rel) {
       << "got " << got << " want " << want;
 }
 
-TEST(Histogram, BucketsCoverRangeWithBoundedWidth) {
+TEST(BenchHistogram, BucketsCoverRangeWithBoundedWidth) {
   // Every bucket is at most 1/128 of its lower edge wide, from 256 ns to 60 s,
   // and buckets below 256 ns are 1 ns wide.
   for (std::int64_t v : {0LL, 1LL, 255LL, 256LL, 1000LL, 999'999LL, 1'000'000LL, 60'000'000'000LL}) {
@@ -44,7 +44,7 @@ TEST(Histogram, BucketsCoverRangeWithBoundedWidth) {
   }
 }
 
-TEST(Histogram, PercentilesOfUniformDataWithinStatedError) {
+TEST(BenchHistogram, PercentilesOfUniformDataWithinStatedError) {
   Histogram h;
   std::vector<std::int64_t> v;
   for (std::int64_t i = 1; i <= 100'000; ++i) {
@@ -61,7 +61,7 @@ TEST(Histogram, PercentilesOfUniformDataWithinStatedError) {
   EXPECT_EQ(h.value_at_percentile(100), 100'000'000);
 }
 
-TEST(Histogram, PercentilesOfLogNormalDataWithinOnePercent) {
+TEST(BenchHistogram, PercentilesOfLogNormalDataWithinOnePercent) {
   std::mt19937_64 rng(42);
   std::lognormal_distribution<double> dist(std::log(2e6), 1.5);  // ~2 ms median, wide tail
   Histogram h;
@@ -79,7 +79,7 @@ TEST(Histogram, PercentilesOfLogNormalDataWithinOnePercent) {
   EXPECT_EQ(h.max(), v.back());
 }
 
-TEST(Histogram, SmallExactValues) {
+TEST(BenchHistogram, SmallExactValues) {
   Histogram h;
   for (int i = 0; i < 10; ++i) h.record(1000);  // 1 µs
   h.record(1);
@@ -89,7 +89,7 @@ TEST(Histogram, SmallExactValues) {
   EXPECT_EQ(h.max(), 1000);
 }
 
-TEST(Histogram, EdgeValues) {
+TEST(BenchHistogram, EdgeValues) {
   Histogram h;
   h.record(0);
   h.record(1000);
@@ -105,7 +105,7 @@ TEST(Histogram, EdgeValues) {
   EXPECT_EQ(h.below_range(), 0u);
 }
 
-TEST(Histogram, BeyondRangeIsClampedAndCounted) {
+TEST(BenchHistogram, BeyondRangeIsClampedAndCounted) {
   Histogram h;
   h.record(Histogram::kMaxNs + 1);
   h.record(10 * Histogram::kMaxNs);
@@ -117,7 +117,7 @@ TEST(Histogram, BeyondRangeIsClampedAndCounted) {
   EXPECT_EQ(h.min(), 0);
 }
 
-TEST(Histogram, MergeEqualsRecordingEverythingInOne) {
+TEST(BenchHistogram, MergeEqualsRecordingEverythingInOne) {
   Histogram a, b, all;
   std::mt19937_64 rng(7);
   std::uniform_int_distribution<std::int64_t> d(1000, 5'000'000'000);
@@ -144,7 +144,7 @@ TEST(Histogram, MergeEqualsRecordingEverythingInOne) {
   EXPECT_EQ(m.count(), all.count());
 }
 
-TEST(Histogram, EmptyReportsZero) {
+TEST(BenchHistogram, EmptyReportsZero) {
   Histogram h;
   EXPECT_EQ(h.count(), 0u);
   EXPECT_EQ(h.value_at_percentile(99), 0);

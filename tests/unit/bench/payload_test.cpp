@@ -8,7 +8,7 @@
 namespace weir::bench {
 namespace {
 
-TEST(Payload, Seed000IsDeterministicAndShapedLikeTheSeed) {
+TEST(BenchPayload, Seed000IsDeterministicAndShapedLikeTheSeed) {
   BodyOptions opt;
   const auto a = builtin_body("seed000", opt);
   const auto b = builtin_body("seed000", opt);
@@ -25,7 +25,7 @@ TEST(Payload, Seed000IsDeterministicAndShapedLikeTheSeed) {
   EXPECT_TRUE(body_wants_stream(*a));
 }
 
-TEST(Payload, SmallAndOverrides) {
+TEST(BenchPayload, SmallAndOverrides) {
   BodyOptions opt;
   opt.model = "m1";
   auto s = builtin_body("small", opt);
@@ -41,7 +41,7 @@ TEST(Payload, SmallAndOverrides) {
   EXPECT_FALSE(builtin_body("nope", opt).has_value());
 }
 
-TEST(Payload, RequestBytes) {
+TEST(BenchPayload, RequestBytes) {
   const auto r = build_request("/v1/chat/completions", "127.0.0.1:8080", {"Authorization: Bearer k"},
                                "{}", true);
   EXPECT_EQ(r,
@@ -50,13 +50,13 @@ TEST(Payload, RequestBytes) {
             "Authorization: Bearer k\r\n\r\n{}");
 }
 
-TEST(Payload, Lines) {
+TEST(BenchPayload, Lines) {
   const auto l = split_lines("{\"a\":1}\r\n\n  {\"b\":2}  \n");
   ASSERT_EQ(l.size(), 2u);
   EXPECT_EQ(l[1], "{\"b\":2}");
 }
 
-TEST(Payload, Durations) {
+TEST(BenchPayload, Durations) {
   EXPECT_EQ(parse_duration_ns("30s"), 30'000'000'000);
   EXPECT_EQ(parse_duration_ns("2"), 2'000'000'000);
   EXPECT_EQ(parse_duration_ns("1.5s"), 1'500'000'000);
@@ -68,7 +68,7 @@ TEST(Payload, Durations) {
   EXPECT_FALSE(parse_duration_ns("-1s").has_value());
 }
 
-TEST(Verdict, SaturationChecks) {
+TEST(BenchVerdict, SaturationChecks) {
   RunInfo run;
   run.open_loop = true;
   run.rate = 1000;
@@ -76,7 +76,7 @@ TEST(Verdict, SaturationChecks) {
   run.max_lag_ns = 5'000'000;
   Stats s;
   s.scheduled = 10'000;
-  s.sent_in_window = 10'000;
+  s.released_in_window = 10'000;
   for (int i = 0; i < 1000; ++i) s.sender_lag.record(50'000);
   EXPECT_FALSE(assess(run, s).generator_saturated);
 
@@ -85,7 +85,7 @@ TEST(Verdict, SaturationChecks) {
   EXPECT_TRUE(assess(run, late).generator_saturated);
 
   Stats slow = s;
-  slow.sent_in_window = 9'000;
+  slow.released_in_window = 9'000;
   const auto v = assess(run, slow);
   EXPECT_TRUE(v.generator_saturated);
   ASSERT_EQ(v.reasons.size(), 1u);

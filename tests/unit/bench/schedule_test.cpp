@@ -9,7 +9,7 @@
 namespace weir::bench {
 namespace {
 
-TEST(Schedule, ConstantRateIsExact) {
+TEST(BenchSchedule, ConstantRateIsExact) {
   Schedule s(Arrivals::constant, 500.0);  // 2 ms apart
   for (std::int64_t i = 0; i < 100'000; ++i) {
     ASSERT_EQ(s.peek(), i * 2'000'000) << i;
@@ -17,7 +17,7 @@ TEST(Schedule, ConstantRateIsExact) {
   }
 }
 
-TEST(Schedule, ConstantRateWithoutDriftForNonIntegerPeriods) {
+TEST(BenchSchedule, ConstantRateWithoutDriftForNonIntegerPeriods) {
   Schedule s(Arrivals::constant, 3.0);  // 333,333,333.3 ns apart
   for (std::int64_t i = 0; i < 30'000; ++i) {
     const auto want = static_cast<std::int64_t>(std::llround(static_cast<long double>(i) * 1e9L / 3.0L));
@@ -27,7 +27,7 @@ TEST(Schedule, ConstantRateWithoutDriftForNonIntegerPeriods) {
   EXPECT_EQ(s.peek(), 10'000'000'000'000);  // i = 30,000 lands exactly on 10,000 s
 }
 
-TEST(Schedule, ThreadsInterleaveToTheSingleSchedule) {
+TEST(BenchSchedule, ThreadsInterleaveToTheSingleSchedule) {
   // Four streams with phases 0..3 at 1,000 req/s together equal one stream at 1,000 req/s.
   std::multiset<std::int64_t> merged;
   for (std::uint32_t k = 0; k < 4; ++k) {
@@ -44,7 +44,7 @@ TEST(Schedule, ThreadsInterleaveToTheSingleSchedule) {
   }
 }
 
-TEST(Schedule, PoissonMeanRateAndGapsLookExponential) {
+TEST(BenchSchedule, PoissonMeanRateAndGapsLookExponential) {
   const double rate = 2000.0;
   Schedule s(Arrivals::poisson, rate, 1, 0, 12345);
   const int n = 200'000;
@@ -64,7 +64,7 @@ TEST(Schedule, PoissonMeanRateAndGapsLookExponential) {
   EXPECT_NEAR(std::sqrt(var) / mean_gap, 1.0, 0.03);
 }
 
-TEST(Schedule, PoissonIsReproducibleFromItsSeed) {
+TEST(BenchSchedule, PoissonIsReproducibleFromItsSeed) {
   Schedule a(Arrivals::poisson, 100.0, 1, 0, 9), b(Arrivals::poisson, 100.0, 1, 0, 9),
       c(Arrivals::poisson, 100.0, 1, 0, 10);
   bool differs = false;
@@ -78,7 +78,7 @@ TEST(Schedule, PoissonIsReproducibleFromItsSeed) {
   EXPECT_TRUE(differs);
 }
 
-TEST(Schedule, PoissonSharesSumToTheTotalRate) {
+TEST(BenchSchedule, PoissonSharesSumToTheTotalRate) {
   const double rate = 4000.0;
   std::uint64_t count = 0;
   const std::int64_t horizon = 50'000'000'000;  // 50 s of schedule
@@ -92,7 +92,7 @@ TEST(Schedule, PoissonSharesSumToTheTotalRate) {
   EXPECT_NEAR(static_cast<double>(count) / 50.0, rate, rate * 0.02);
 }
 
-TEST(Pacer, NeverEarlyAndLatenessFromIntendedUnderSimulatedLoad) {
+TEST(BenchPacer, NeverEarlyAndLatenessFromIntendedUnderSimulatedLoad) {
   // A fake clock that advances by irregular "processing" steps, sometimes
   // stalling for many periods (a generator that falls behind).
   const std::int64_t start = 1'000'000'000;
@@ -126,7 +126,7 @@ TEST(Pacer, NeverEarlyAndLatenessFromIntendedUnderSimulatedLoad) {
   EXPECT_LE(last_intended, end);
 }
 
-TEST(Pacer, NothingBeforeStartAndNothingAfterStop) {
+TEST(BenchPacer, NothingBeforeStartAndNothingAfterStop) {
   Pacer p(Schedule(Arrivals::constant, 1000.0), 5'000'000, 1'000'000'000);
   EXPECT_FALSE(p.poll(4'999'999).has_value());
   ASSERT_EQ(p.next_due().value(), 5'000'000);

@@ -30,7 +30,7 @@ std::string frame(const std::string& data, std::string_view eol) {
   return "data: " + data + std::string(eol) + std::string(eol);
 }
 
-TEST(SseParser, LineEndingsAndFields) {
+TEST(BenchSseParser, LineEndingsAndFields) {
   SseParser p;
   std::vector<std::pair<std::string, std::string>> got;
   auto cb = [&](std::string_view t, std::string_view d) { got.emplace_back(t, d); };
@@ -45,7 +45,7 @@ TEST(SseParser, LineEndingsAndFields) {
   EXPECT_EQ(got[3], (std::pair<std::string, std::string>{"", "[DONE]"}));
 }
 
-TEST(SseParser, CrLfSplitAcrossFeedsIsOneBreak) {
+TEST(BenchSseParser, CrLfSplitAcrossFeedsIsOneBreak) {
   SseParser p;
   int events = 0;
   auto cb = [&](std::string_view, std::string_view d) {
@@ -61,7 +61,7 @@ TEST(SseParser, CrLfSplitAcrossFeedsIsOneBreak) {
   EXPECT_EQ(events, 2);
 }
 
-TEST(ScanJson, ContentRules) {
+TEST(BenchScanJson, ContentRules) {
   EXPECT_TRUE(scan_json(chunk("hi")).has_content);
   EXPECT_FALSE(scan_json(chunk("")).has_content);
   EXPECT_FALSE(scan_json(R"({"choices":[{"delta":{"role":"assistant"}}]})").has_content);
@@ -116,7 +116,7 @@ void feed_split(StreamTracker& tr, const std::vector<Timed>& stream, std::mt1993
   }
 }
 
-TEST(StreamTracker, TimingsFromARecordedStreamInArbitrarySplits) {
+TEST(BenchStreamTracker, TimingsFromARecordedStreamInArbitrarySplits) {
   for (std::string_view eol : {"\n", "\r\n", "\r"}) {
     for (unsigned seed = 0; seed < 50; ++seed) {
       std::mt19937 rng(seed);
@@ -142,7 +142,7 @@ TEST(StreamTracker, TimingsFromARecordedStreamInArbitrarySplits) {
   }
 }
 
-TEST(StreamTracker, TokensArrivingTogetherHaveZeroGap) {
+TEST(BenchStreamTracker, TokensArrivingTogetherHaveZeroGap) {
   Histogram itl;
   StreamTracker tr;
   tr.start(&itl, 0);
@@ -155,7 +155,7 @@ TEST(StreamTracker, TokensArrivingTogetherHaveZeroGap) {
   EXPECT_TRUE(tr.truncated());
 }
 
-TEST(StreamTracker, TruncationAndStall) {
+TEST(BenchStreamTracker, TruncationAndStall) {
   std::mt19937 rng(1);
   auto stream = recorded_stream(10, "\n");
   stream.pop_back();  // lose usage and [DONE]
@@ -172,7 +172,7 @@ TEST(StreamTracker, TruncationAndStall) {
   EXPECT_EQ(tr.stats().usage_completion_tokens, -1);
 }
 
-TEST(StreamTracker, PartialLastEventDoesNotCount) {
+TEST(BenchStreamTracker, PartialLastEventDoesNotCount) {
   StreamTracker tr;
   tr.start(nullptr, 0);
   tr.feed(frame(chunk("a"), "\n"), 1);
@@ -181,7 +181,7 @@ TEST(StreamTracker, PartialLastEventDoesNotCount) {
   EXPECT_EQ(tr.stats().tokens, 1u);
 }
 
-TEST(StreamTracker, ErrorEventsAndAnthropicEnd) {
+TEST(BenchStreamTracker, ErrorEventsAndAnthropicEnd) {
   StreamTracker tr;
   tr.start(nullptr, 0);
   tr.feed("data: {\"error\":{\"message\":\"boom\",\"type\":\"server_error\"}}\n\n", 1);
@@ -200,7 +200,7 @@ TEST(StreamTracker, ErrorEventsAndAnthropicEnd) {
   EXPECT_EQ(tr.stats().usage_completion_tokens, 1);
 }
 
-TEST(StreamTracker, NothingCountsAfterDone) {
+TEST(BenchStreamTracker, NothingCountsAfterDone) {
   StreamTracker tr;
   tr.start(nullptr, 0);
   tr.feed("data: [DONE]\n\n" + frame(chunk("late"), "\n"), 3);
