@@ -1,0 +1,388 @@
+#include "store/redis_client.hpp"
+
+#include <array>
+#include <deque>
+#include <set>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <fmt/format.h>
+
+namespace weir::store {
+
+namespace {
+
+using tcp = asio::ip::tcp;
+using Socket = asio::basic_stream_socket<tcp, Executor>;
+using Resolver = asio::ip::basic_resolver<tcp, Executor>;
+using Timer = asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>,
+                                         Executor>;
+constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<Executor>{});
+
+enum class State : std::uint8_t { idle, connecting, connected, backoff, stopped };
+
+// The caller of one exec() batch: its results, filled in order by the read
+// loop (or by failure), and a timer that is both the timeout and the wake-up.
+struct Waiter {
+  Waiter(Executor ex, std::size_t n, std::chrono::milliseconds timeout)
+      : timer(ex),
+        results(n, tl::unexpected(Error{Errc::timeout, fmt::format("no reply within {} ms", timeout.count())})),
+        remaining(n) {}
+  Timer timer;
+  std::vector<Result<Reply>> results;
+  std::size_t remaining;
+  bool done = false;
+
+  void complete() {
+    done = true;
+    timer.cancel();
+  }
+};
+
+// One command whose reply has not arrived yet.
+struct Slot {
+  std::shared_ptr<Waiter> waiter;
+  std::size_t index = 0;
+};
+
+bool is_noscript(const Result<Reply>& r) {
+  return !r && r.error().code == Errc::server && std::string_view(r.error().message).starts_with("NOSCRIPT");
+}
+
+}  // namespace
+
+struct Client::Impl : std::enable_shared_from_this<Impl> {
+  Impl(asio::io_context& ioc, ClientOptions o)
+      : ex(ioc.get_executor()), opt(std::move(o)), socket(ex), connect_timer(ex), backoff_timer(ex) {}
+
+  Executor ex;
+  ClientOptions opt;
+  Socket socket;
+  Timer connect_timer;
+  Timer backoff_timer;
+  State state = State::idle;
+  bool running = false;
+  bool writing = false;
+  std::uint64_t generation = 0;  // bumped per connection: stale completions ignore themselves
+  std::uint64_t attempt = 0;     // bumped per connection attempt: a stale connect timeout ignores itself
+  std::string out;               // formatted commands not handed to a write yet
+  std::size_t unsent = 0;        // slots at the back of `inflight` whose bytes are still in `out`
+  std::deque<Slot> inflight;     // in send order
+  ReplyParser parser;
+  std::array<char, 16384> rbuf{};
+  std::chrono::milliseconds backoff{0};
+  // Logs say "connected" once a connection answered a command, and "lost" /
+  // "cannot connect" once per outage: a server that accepts connections but
+  // never answers (stopped, overloaded) does not flood the log.
+  bool announced_up = false;
+  bool reported_down = false;
+  Stats stats;
+
+  void log(std::string_view msg) const {
+    if (opt.log) opt.log(msg);
+  }
+
+  // Completes every pending slot: bytes already written get `sent_code`
+  // (the command may have run), bytes never written get not_connected.
+  void fail_all(Errc sent_code, const std::string& why) {
+    const std::size_t sent = inflight.size() - unsent;
+    std::vector<std::shared_ptr<Waiter>> touched;
+    for (std::size_t i = 0; i < inflight.size(); ++i) {
+      auto& s = inflight[i];
+      if (s.waiter->done) continue;
+      const Errc code = sent_code == Errc::stopped ? Errc::stopped : (i < sent ? sent_code : Errc::not_connected);
+      s.waiter->results[s.index] = tl::unexpected(Error{code, why});
+      touched.push_back(s.waiter);
+    }
+    inflight.clear();
+    out.clear();
+    unsent = 0;
+    for (auto& w : touched)
+      if (!w->done) w->complete();
+  }
+
+  // Ends the current connection (the read loop then returns to the connect loop).
+  void drop_connection(const std::string& why) {
+    if (state == State::connected) {
+      ++stats.disconnects;
+      if (announced_up) log(fmt::format("connection to {}:{} lost: {}", opt.host, opt.port, why));
+      announced_up = false;
+      reported_down = true;
+    }
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    writing = false;
+    fail_all(Errc::connection_lost, why);
+    if (state == State::connected) state = State::backoff;
+  }
+
+  void flush() {
+    if (state != State::connected || writing || out.empty()) return;
+    writing = true;
+    auto buf = std::make_shared<std::string>(std::move(out));
+    out.clear();
+    unsent = 0;
+    asio::async_write(socket, asio::buffer(*buf),
+                      [self = shared_from_this(), buf, gen = generation](boost::system::error_code ec, std::size_t) {
+                        if (gen != self->generation) return;
+                        self->writing = false;
+                        if (ec) {
+                          self->drop_connection("write failed: " + ec.message());
+                          return;
+                        }
+                        self->flush();
+                      });
+  }
+
+  void dispatch(Result<Reply> r) {
+    if (inflight.empty()) {
+      drop_connection("reply without a command");
+      return;
+    }
+    Slot s = std::move(inflight.front());
+    inflight.pop_front();
+    if (!announced_up) {
+      announced_up = true;
+      reported_down = false;
+      backoff = std::chrono::milliseconds(0);  // the next failure retries quickly again
+      log(fmt::format("connected to {}:{}", opt.host, opt.port));
+    }
+    if (s.waiter->done) return;  // timed out: the late reply is dropped
+    s.waiter->results[s.index] = std::move(r);
+    if (--s.waiter->remaining == 0) s.waiter->complete();
+  }
+
+  // Writes AUTH/SELECT and reads their replies on a fresh connection.
+  Task<tl::expected<void, std::string>> handshake() {
+    std::vector<Command> cmds;
+    if (!opt.password.empty()) {
+      if (opt.username.empty())
+        cmds.push_back(Command{"AUTH", opt.password});
+      else
+        cmds.push_back(Command{"AUTH", opt.username, opt.password});
+    }
+    if (opt.db != 0) {
+      const std::string db = std::to_string(opt.db);
+      cmds.push_back(Command{"SELECT", db});
+    }
+    if (cmds.empty()) co_return tl::expected<void, std::string>{};
+    std::string bytes;
+    for (const auto& c : cmds) bytes += c.bytes();
+    auto [wec, wn] = co_await asio::async_write(socket, asio::buffer(bytes), use_task);
+    if (wec) co_return tl::unexpected("write failed: " + wec.message());
+    std::size_t got = 0;
+    while (got < cmds.size()) {
+      auto [ec, n] = co_await socket.async_read_some(asio::buffer(rbuf), use_task);
+      if (ec) co_return tl::unexpected("read failed: " + ec.message());
+      if (!parser.feed(rbuf.data(), n)) co_return tl::unexpected(std::string("not RESP"));
+      Result<Reply> r;
+      bool bad = false;
+      while (got < cmds.size() && parser.next(r, &bad)) {
+        ++got;
+        // AUTH/SELECT answer +OK; anything else (WRONGPASS, ERR DB index) is fatal for this attempt.
+        if (!r) co_return tl::unexpected(r.error().message);
+      }
+      if (bad) co_return tl::unexpected(std::string("not RESP"));
+    }
+    co_return tl::expected<void, std::string>{};
+  }
+
+  Task<void> run() {
+    auto self = shared_from_this();  // keeps Impl alive while the loop runs
+    while (running) {
+      state = State::connecting;
+      ++attempt;
+      connect_timer.expires_after(opt.connect_timeout);
+      connect_timer.async_wait([this, self, a = attempt](boost::system::error_code ec) {
+        if (!ec && a == attempt && state == State::connecting) {
+          boost::system::error_code ignored;
+          socket.close(ignored);  // aborts the resolve/connect/handshake step in progress
+        }
+      });
+      std::string why;
+      {
+        Resolver resolver(ex);
+        auto [rec, eps] = co_await resolver.async_resolve(opt.host, std::to_string(opt.port), use_task);
+        if (rec) why = "cannot resolve: " + rec.message();
+        if (why.empty() && running) {
+          socket = Socket(ex);
+          auto [cec, ep] = co_await asio::async_connect(socket, eps, use_task);
+          if (cec) why = cec == asio::error::operation_aborted ? "connect timed out" : cec.message();
+        }
+      }
+      if (why.empty() && running) {
+        socket.set_option(tcp::no_delay(true));
+        parser.reset();
+        auto hs = co_await handshake();
+        if (!hs) why = "AUTH/SELECT failed: " + hs.error();
+      }
+      connect_timer.cancel();
+      if (!running) break;
+      if (!why.empty()) {
+        ++stats.connect_failures;
+        if (!reported_down) log(fmt::format("cannot connect to {}:{}: {}", opt.host, opt.port, why));
+        reported_down = true;
+        boost::system::error_code ignored;
+        socket.close(ignored);
+        fail_all(Errc::not_connected, "cannot connect to Redis: " + why);
+        co_await wait_backoff();
+        continue;
+      }
+
+      ++generation;
+      state = State::connected;
+      ++stats.connects;
+      writing = false;
+      flush();
+      co_await read_loop(generation);
+      if (!running) break;
+      co_await wait_backoff();
+    }
+  }
+
+  Task<void> read_loop(std::uint64_t gen) {
+    for (;;) {
+      auto [ec, n] = co_await socket.async_read_some(asio::buffer(rbuf), use_task);
+      if (gen != generation || state != State::connected) co_return;  // dropped meanwhile
+      if (ec) {
+        drop_connection(ec == asio::error::eof ? std::string("closed by server") : ec.message());
+        co_return;
+      }
+      if (!parser.feed(rbuf.data(), n)) {
+        drop_connection("not RESP");
+        co_return;
+      }
+      Result<Reply> r;
+      bool bad = false;
+      while (state == State::connected && parser.next(r, &bad)) dispatch(std::move(r));
+      if (bad) {
+        drop_connection("not RESP");
+        co_return;
+      }
+      if (state != State::connected) co_return;
+    }
+  }
+
+  Task<void> wait_backoff() {
+    if (!running) co_return;
+    state = State::backoff;
+    backoff = backoff.count() == 0 ? opt.reconnect_min : std::min(backoff * 2, opt.reconnect_max);
+    backoff_timer.expires_after(backoff);
+    co_await backoff_timer.async_wait(use_task);
+  }
+
+  // Queues `cmds` (by pointer: the caller's frame owns them) and waits for
+  // their replies or the timeout.
+  Task<std::vector<Result<Reply>>> send(const std::vector<const Command*>& cmds) {
+    auto self = shared_from_this();
+    stats.commands += cmds.size();
+    if (state != State::connected && state != State::connecting) {
+      const Errc code = state == State::stopped ? Errc::stopped : Errc::not_connected;
+      co_return std::vector<Result<Reply>>(cmds.size(), tl::unexpected(Error{code, "not connected to Redis"}));
+    }
+    auto w = std::make_shared<Waiter>(ex, cmds.size(), opt.command_timeout);
+    for (std::size_t i = 0; i < cmds.size(); ++i) {
+      out += cmds[i]->bytes();
+      inflight.push_back(Slot{w, i});
+      ++unsent;
+    }
+    flush();
+    w->timer.expires_after(opt.command_timeout);
+    if (!w->done) co_await w->timer.async_wait(use_task);
+    if (!w->done) {
+      // The results still unfilled keep their initial Errc::timeout.
+      w->done = true;
+      ++stats.timeouts;
+      if (state == State::connected)
+        drop_connection(fmt::format("no reply within {} ms", opt.command_timeout.count()));
+    }
+    co_return std::move(w->results);
+  }
+
+  Task<std::vector<Result<Reply>>> exec(std::vector<Command> cmds) {
+    std::vector<const Command*> ptrs;
+    ptrs.reserve(cmds.size());
+    for (const auto& c : cmds) ptrs.push_back(&c);
+    auto results = co_await send(ptrs);
+
+    // NOSCRIPT: Redis restarted or flushed its script cache. Load each script once, then resend.
+    std::vector<std::size_t> again;
+    std::set<const Script*> scripts;
+    for (std::size_t i = 0; i < cmds.size(); ++i)
+      if (is_noscript(results[i]) && cmds[i].script()) {
+        again.push_back(i);
+        scripts.insert(cmds[i].script());
+      }
+    if (again.empty()) co_return results;
+    std::vector<Command> loads;
+    for (const Script* s : scripts) loads.push_back(Command{"SCRIPT", "LOAD", s->text()});
+    std::vector<const Command*> load_ptrs;
+    for (const auto& c : loads) load_ptrs.push_back(&c);
+    stats.script_loads += loads.size();
+    auto loaded = co_await send(load_ptrs);
+    for (std::size_t i = 0; i < loaded.size(); ++i)
+      if (!loaded[i]) {
+        for (std::size_t j : again) results[j] = tl::unexpected(loaded[i].error());
+        co_return results;
+      }
+    std::vector<const Command*> retry;
+    for (std::size_t i : again) retry.push_back(&cmds[i]);
+    auto second = co_await send(retry);
+    for (std::size_t k = 0; k < again.size(); ++k) results[again[k]] = std::move(second[k]);
+    co_return results;
+  }
+
+  void stop() {
+    running = false;
+    const bool was_connected = state == State::connected;
+    state = State::stopped;
+    ++generation;
+    if (was_connected) ++stats.disconnects;
+    boost::system::error_code ignored;
+    socket.close(ignored);
+    connect_timer.cancel();
+    backoff_timer.cancel();
+    fail_all(Errc::stopped, "client stopped");
+  }
+};
+
+Client::Client(asio::io_context& ioc, ClientOptions options)
+    : impl_(std::make_shared<Impl>(ioc, std::move(options))) {}
+
+Client::~Client() {
+  if (impl_->running) impl_->stop();
+}
+
+void Client::start() {
+  if (impl_->running) return;
+  impl_->running = true;
+  impl_->state = State::connecting;  // commands issued from now on queue until the first attempt ends
+  asio::co_spawn(impl_->ex, impl_->run(), asio::detached);
+}
+
+void Client::stop() { impl_->stop(); }
+
+bool Client::connected() const noexcept { return impl_->state == State::connected; }
+
+Task<Result<Reply>> Client::exec(Command cmd) {
+  auto impl = impl_;  // the frame keeps the state alive
+  std::vector<Command> one;
+  one.push_back(std::move(cmd));
+  auto r = co_await impl->exec(std::move(one));
+  co_return std::move(r.front());
+}
+
+Task<std::vector<Result<Reply>>> Client::exec(std::vector<Command> cmds) {
+  auto impl = impl_;
+  if (cmds.empty()) co_return std::vector<Result<Reply>>{};
+  co_return co_await impl->exec(std::move(cmds));
+}
+
+Client::Stats Client::stats() const noexcept { return impl_->stats; }
+
+}  // namespace weir::store

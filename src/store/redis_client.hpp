@@ -1,0 +1,97 @@
+// An asynchronous Redis client for the control plane: Boost.Asio sockets and
+// C++20 coroutines, hiredis only to format commands and parse replies (RESP2).
+// One connection, pipelined; reconnects with exponential backoff; a timeout
+// per command; EVALSHA answered NOSCRIPT is retried after SCRIPT LOAD.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+
+#include "store/resp.hpp"
+
+namespace weir::store {
+
+namespace asio = boost::asio;
+using Executor = asio::io_context::executor_type;
+template <class T = void>
+using Task = asio::awaitable<T, Executor>;
+
+struct ClientOptions {
+  std::string host = "127.0.0.1";  // name or address; resolved on every connect
+  std::uint16_t port = 6379;
+  int db = 0;                      // SELECT after connect when non-zero
+  std::string username;            // AUTH username password (Redis 6 ACL); empty = AUTH password
+  std::string password;            // empty = no AUTH
+  std::chrono::milliseconds connect_timeout{500};   // resolve + TCP connect + AUTH/SELECT
+  std::chrono::milliseconds command_timeout{250};   // queueing to reply, per exec() call
+  std::chrono::milliseconds reconnect_min{50};      // first delay after a failure; doubles
+  std::chrono::milliseconds reconnect_max{2000};    // cap of the doubling
+  // Connection state changes ("connected to ...", "connection lost: ...");
+  // called on the control thread. Empty: silent.
+  std::function<void(std::string_view)> log;
+};
+
+// Threads: construct, start(), stop(), exec() and stats() on the thread that
+// runs `ioc` (the control plane), never on a worker. Destroy after stop(), on
+// that thread or once `ioc` no longer runs; coroutines still queued keep the
+// shared state alive until they finish.
+//
+// Command semantics:
+//  - While connected, commands are appended to one write buffer and written
+//    as soon as the previous write finished (pipelining); replies arrive in order.
+//  - While a connection attempt is in progress, commands queue and are sent
+//    after AUTH/SELECT. While waiting to reconnect after a failure (backoff),
+//    exec() fails at once with Errc::not_connected: callers learn of an outage
+//    without waiting.
+//  - A command without a reply within command_timeout fails with
+//    Errc::timeout, and a connected client then closes the connection (every
+//    reply behind a late one is late too) and reconnects: the other commands
+//    in flight fail with Errc::connection_lost (they may have run).
+class Client {
+ public:
+  struct Stats {
+    std::uint64_t connects = 0;       // connections established (AUTH/SELECT passed)
+    std::uint64_t connect_failures = 0;
+    std::uint64_t disconnects = 0;    // established connections that were lost or closed
+    std::uint64_t commands = 0;       // commands queued
+    std::uint64_t timeouts = 0;       // exec() calls that timed out
+    std::uint64_t script_loads = 0;   // SCRIPT LOADs after NOSCRIPT
+  };
+
+  Client(asio::io_context& ioc, ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Connects in the background and keeps reconnecting until stop().
+  void start();
+  // Closes the connection; pending and later commands fail with Errc::stopped.
+  void stop();
+  // True while a connection is established and authenticated.
+  bool connected() const noexcept;
+
+  // Sends one command and returns its reply; Redis error replies come back
+  // as Errc::server. EVALSHA (Command::evalsha) is retried once after SCRIPT
+  // LOAD when Redis answers NOSCRIPT.
+  Task<Result<Reply>> exec(Command cmd);
+  // Sends `cmds` in one write (a pipeline) and returns one result per
+  // command, in order; the timeout covers the whole batch. NOSCRIPT answers
+  // are retried as above, in a second pipeline.
+  Task<std::vector<Result<Reply>>> exec(std::vector<Command> cmds);
+
+  Stats stats() const noexcept;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace weir::store

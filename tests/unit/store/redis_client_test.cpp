@@ -1,0 +1,328 @@
+// store::Client against a real redis-server on a free port: commands,
+// pipelining, timeouts, reconnect after a restart, NOSCRIPT fallback.
+#include "store/redis_client.hpp"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <gtest/gtest.h>
+
+#include "store/resp.hpp"
+#include "redis_server.hpp"
+
+namespace weir::store {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor>;
+constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<Executor>{});
+
+Task<void> sleep_for(std::chrono::milliseconds d) {
+  Timer t(co_await asio::this_coro::executor);
+  t.expires_after(d);
+  co_await t.async_wait(use_task);
+}
+
+// Runs the coroutine `f()` on `ioc` in this thread until it finishes (at most `limit`).
+template <class F>
+void run(asio::io_context& ioc, F f, std::chrono::seconds limit = 30s) {
+  bool done = false;
+  std::exception_ptr err;
+  asio::co_spawn(ioc, f(), [&](std::exception_ptr e) {
+    err = e;
+    done = true;
+  });
+  const auto deadline = Clock::now() + limit;
+  while (!done && Clock::now() < deadline) ioc.run_one_for(50ms);
+  ASSERT_TRUE(done) << "test coroutine did not finish in time";
+  if (err) std::rethrow_exception(err);
+}
+
+// Waits (polling, bounded) until exec(PING) succeeds.
+Task<bool> until_up(Client& c, std::chrono::milliseconds limit = 10000ms) {
+  const auto deadline = Clock::now() + limit;
+  while (Clock::now() < deadline) {
+    auto r = co_await c.exec(Command{"PING"});
+    if (r) co_return true;
+    co_await sleep_for(10ms);
+  }
+  co_return false;
+}
+
+ClientOptions options(const testing::RedisServer& s) {
+  ClientOptions o;
+  o.port = s.port();
+  o.command_timeout = 1000ms;
+  o.connect_timeout = 1000ms;
+  o.reconnect_min = 10ms;
+  o.reconnect_max = 100ms;
+  return o;
+}
+
+TEST(RespTest, FormatsCommandsAsRespArrays) {
+  Command c{"SET", "k", "a b"};
+  EXPECT_EQ(c.bytes(), "*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\na b\r\n");
+  const std::string bin("x\0y", 3);
+  Command d{"SET", "k", std::string_view(bin)};
+  EXPECT_EQ(d.bytes(), std::string("*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$3\r\nx\0y\r\n", 29));
+  Script s("return 1");
+  EXPECT_EQ(s.sha1(), "e0e1f9fabfc9d4800c877a703b823ac0578ff8db");  // sha1("return 1")
+  const std::string keys[] = {"a"};
+  const std::string args[] = {"1", "2"};
+  auto e = Command::evalsha(s, keys, args);
+  EXPECT_EQ(e.script(), &s);
+  EXPECT_EQ(e.bytes(), "*6\r\n$7\r\nEVALSHA\r\n$40\r\n" + s.sha1() + "\r\n$1\r\n1\r\n$1\r\na\r\n$1\r\n1\r\n$1\r\n2\r\n");
+}
+
+TEST(RespTest, ParsesRepliesSplitAcrossReads) {
+  ReplyParser p;
+  const std::string wire = "+OK\r\n:42\r\n$-1\r\n*2\r\n$3\r\nfoo\r\n:-7\r\n-ERR boom\r\n$5\r\nhello\r\n";
+  std::vector<Result<Reply>> got;
+  bool bad = false;
+  for (char ch : wire) {  // one byte at a time: every split point
+    ASSERT_TRUE(p.feed(&ch, 1));
+    Result<Reply> r;
+    while (p.next(r, &bad)) got.push_back(std::move(r));
+    ASSERT_FALSE(bad);
+  }
+  ASSERT_EQ(got.size(), 6u);
+  EXPECT_EQ(got[0]->type, Reply::Type::status);
+  EXPECT_EQ(got[0]->str, "OK");
+  EXPECT_EQ(got[1]->integer, 42);
+  EXPECT_TRUE(got[2]->is_nil());
+  ASSERT_EQ(got[3]->elements.size(), 2u);
+  EXPECT_EQ(got[3]->elements[0].str, "foo");
+  EXPECT_EQ(got[3]->elements[1].as_int(), -7);
+  ASSERT_FALSE(got[4]);
+  EXPECT_EQ(got[4].error().code, Errc::server);
+  EXPECT_EQ(got[4].error().message, "ERR boom");
+  EXPECT_EQ(got[5]->str, "hello");
+  EXPECT_EQ(got[5]->as_int(-1), -1);
+}
+
+TEST(RespTest, RejectsBytesThatAreNotResp) {
+  ReplyParser p;
+  ASSERT_TRUE(p.feed("?what\r\n", 7));
+  Result<Reply> r;
+  bool bad = false;
+  EXPECT_FALSE(p.next(r, &bad));
+  EXPECT_TRUE(bad);
+}
+
+class RedisClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(server_.ok()) << "redis-server did not start (scripts/setup installs it)";
+  }
+  testing::RedisServer server_;
+  asio::io_context ioc_;
+};
+
+TEST_F(RedisClientTest, Commands) {
+  Client c(ioc_, options(server_));
+  c.start();
+  run(ioc_, [&]() -> Task<void> {
+    auto set = co_await c.exec(Command{"SET", "k", "v"});
+    EXPECT_TRUE(set && set->type == Reply::Type::status && set->str == "OK");
+    auto get = co_await c.exec(Command{"GET", "k"});
+    EXPECT_TRUE(get && get->str == "v");
+    auto missing = co_await c.exec(Command{"GET", "nope"});
+    EXPECT_TRUE(missing && missing->is_nil());
+    auto incr = co_await c.exec(Command{"INCRBY", "n", "5"});
+    EXPECT_TRUE(incr && incr->integer == 5);
+    co_await c.exec(Command{"RPUSH", "l", "a", "b", "c"});
+    auto range = co_await c.exec(Command{"LRANGE", "l", "0", "-1"});
+    EXPECT_TRUE(range && range->elements.size() == 3 && range->elements[2].str == "c");
+    auto wrong = co_await c.exec(Command{"INCR", "l"});
+    EXPECT_FALSE(wrong);
+    if (!wrong) {
+      EXPECT_EQ(wrong.error().code, Errc::server);
+      EXPECT_TRUE(wrong.error().message.starts_with("WRONGTYPE"));
+    }
+    // An error reply does not disturb the commands behind it.
+    auto after = co_await c.exec(Command{"GET", "k"});
+    EXPECT_TRUE(after && after->str == "v");
+  });
+  EXPECT_TRUE(c.connected());
+  EXPECT_EQ(c.stats().connects, 1u);
+  c.stop();
+}
+
+TEST_F(RedisClientTest, PipelinesABatchAndConcurrentCallers) {
+  Client c(ioc_, options(server_));
+  c.start();
+  run(ioc_, [&]() -> Task<void> {
+    std::vector<Command> batch;
+    for (int i = 0; i < 1000; ++i) batch.push_back(Command{"INCR", "ctr"});
+    auto rs = co_await c.exec(std::move(batch));
+    EXPECT_EQ(rs.size(), 1000u);
+    for (std::size_t i = 0; i < rs.size(); ++i) {
+      EXPECT_TRUE(rs[i] && rs[i]->integer == static_cast<std::int64_t>(i + 1)) << i;
+      if (!rs[i] || rs[i]->integer != static_cast<std::int64_t>(i + 1)) break;
+    }
+  });
+  // 50 coroutines at once on one connection: each gets its own reply.
+  int done = 0;
+  for (int i = 0; i < 50; ++i) {
+    asio::co_spawn(
+        ioc_,
+        [&c, &done, i]() -> Task<void> {
+          const std::string key = "key" + std::to_string(i);
+          co_await c.exec(Command{"SET", key, std::to_string(i * 7)});
+          auto r = co_await c.exec(Command{"GET", key});
+          EXPECT_TRUE(r && r->str == std::to_string(i * 7));
+          ++done;
+        },
+        asio::detached);
+  }
+  const auto deadline = Clock::now() + 10s;
+  while (done < 50 && Clock::now() < deadline) ioc_.run_one_for(50ms);
+  EXPECT_EQ(done, 50);
+  EXPECT_EQ(c.stats().connects, 1u);
+  c.stop();
+}
+
+TEST_F(RedisClientTest, TimesOutOnAServerThatStopsAnswering) {
+  auto o = options(server_);
+  o.command_timeout = 100ms;
+  Client c(ioc_, o);
+  c.start();
+  run(ioc_, [&]() -> Task<void> {
+    EXPECT_TRUE(co_await until_up(c));
+    server_.pause();
+    const auto t0 = Clock::now();
+    auto r = co_await c.exec(Command{"PING"});
+    const auto took = Clock::now() - t0;
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_EQ(r.error().code, Errc::timeout);
+    }
+    EXPECT_GE(took, 90ms);
+    EXPECT_LT(took, 2000ms);
+    // The connection was dropped: callers learn it at once until it is back.
+    auto fast = co_await c.exec(Command{"PING"});
+    EXPECT_FALSE(fast);
+    server_.resume();
+    EXPECT_TRUE(co_await until_up(c));
+  });
+  EXPECT_GE(c.stats().timeouts, 1u);
+  EXPECT_GE(c.stats().connects, 2u);
+  c.stop();
+}
+
+TEST_F(RedisClientTest, ReconnectsAfterRestartAndReloadsScripts) {
+  Client c(ioc_, options(server_));
+  c.start();
+  Script script("return tonumber(ARGV[1]) * 2");
+  run(ioc_, [&]() -> Task<void> {
+    EXPECT_TRUE(co_await until_up(c));
+    const std::string none[] = {"21"};
+    auto r = co_await c.exec(Command::evalsha(script, {}, none));
+    EXPECT_TRUE(r && r->integer == 42);
+    EXPECT_EQ(c.stats().script_loads, 1u);  // NOSCRIPT on first use, then SCRIPT LOAD
+    auto again = co_await c.exec(Command::evalsha(script, {}, none));
+    EXPECT_TRUE(again && again->integer == 42);
+    EXPECT_EQ(c.stats().script_loads, 1u);
+
+    server_.kill();
+    auto down = co_await c.exec(Command{"PING"});
+    EXPECT_FALSE(down);
+    if (!down) {
+      EXPECT_TRUE(down.error().code == Errc::connection_lost || down.error().code == Errc::not_connected)
+          << to_string(down.error().code);
+    }
+    EXPECT_FALSE(c.connected());
+    EXPECT_TRUE(server_.start());
+    EXPECT_TRUE(co_await until_up(c));
+    EXPECT_TRUE(c.connected());
+    // A fresh server has no scripts: NOSCRIPT, SCRIPT LOAD, retry.
+    auto reloaded = co_await c.exec(Command::evalsha(script, {}, none));
+    EXPECT_TRUE(reloaded && reloaded->integer == 42);
+    EXPECT_EQ(c.stats().script_loads, 2u);
+    // SCRIPT FLUSH inside a pipeline: every EVALSHA of the batch is retried.
+    co_await c.exec(Command{"SCRIPT", "FLUSH"});
+    std::vector<Command> batch;
+    for (int i = 0; i < 3; ++i) batch.push_back(Command::evalsha(script, {}, none));
+    batch.push_back(Command{"PING"});
+    auto rs = co_await c.exec(std::move(batch));
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(rs[i] && rs[i]->integer == 42) << i;
+    EXPECT_TRUE(rs[3] && rs[3]->str == "PONG");
+    EXPECT_EQ(c.stats().script_loads, 3u);
+  });
+  EXPECT_GE(c.stats().disconnects, 1u);
+  c.stop();
+}
+
+TEST_F(RedisClientTest, FailsFastWhenNothingListens) {
+  testing::RedisServer gone;
+  ASSERT_TRUE(gone.ok());
+  auto o = options(gone);
+  gone.kill();
+  o.command_timeout = 5000ms;
+  Client c(ioc_, o);
+  c.start();
+  run(ioc_, [&]() -> Task<void> {
+    // The first attempt is refused at once; later commands fail without waiting for the timeout.
+    co_await c.exec(Command{"PING"});
+    const auto t0 = Clock::now();
+    auto r = co_await c.exec(Command{"PING"});
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_EQ(r.error().code, Errc::not_connected);
+    }
+    EXPECT_LT(Clock::now() - t0, 1000ms);
+  });
+  EXPECT_GE(c.stats().connect_failures, 1u);
+  c.stop();
+  run(ioc_, [&]() -> Task<void> {
+    auto r = co_await c.exec(Command{"PING"});
+    EXPECT_FALSE(r);
+    if (!r) {
+      EXPECT_EQ(r.error().code, Errc::stopped);
+    }
+  });
+}
+
+TEST(RedisClientAuthTest, AuthenticatesAndSelectsTheDatabase) {
+  testing::RedisServer server({"--requirepass", "s3cret-pass"});
+  ASSERT_TRUE(server.ok());
+  asio::io_context ioc;
+  auto o = options(server);
+  o.password = "s3cret-pass";
+  o.db = 3;
+  Client good(ioc, o);
+  good.start();
+  o.password = "wrong";
+  o.db = 0;
+  std::vector<std::string> logs;
+  o.log = [&logs](std::string_view m) { logs.emplace_back(m); };
+  Client bad(ioc, o);
+  bad.start();
+  o.password = "s3cret-pass";
+  o.log = nullptr;
+  Client db0(ioc, o);
+  db0.start();
+  run(ioc, [&]() -> Task<void> {
+    EXPECT_TRUE(co_await until_up(good));
+    co_await good.exec(Command{"SET", "where", "db3"});
+    EXPECT_TRUE(co_await until_up(db0));
+    auto in0 = co_await db0.exec(Command{"GET", "where"});
+    EXPECT_TRUE(in0 && in0->is_nil());
+    auto in3 = co_await good.exec(Command{"GET", "where"});
+    EXPECT_TRUE(in3 && in3->str == "db3");
+    auto r = co_await bad.exec(Command{"PING"});
+    EXPECT_FALSE(r);
+  });
+  EXPECT_FALSE(bad.connected());
+  ASSERT_FALSE(logs.empty());
+  EXPECT_NE(logs[0].find("AUTH"), std::string::npos) << logs[0];
+  EXPECT_EQ(logs[0].find("wrong"), std::string::npos) << "the password must not be logged";
+  good.stop();
+  bad.stop();
+  db0.stop();
+}
+
+}  // namespace
+}  // namespace weir::store
