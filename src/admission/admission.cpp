@@ -68,9 +68,25 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
 }  // namespace
 
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
-                                                   std::uint64_t estimated_tokens, Instant now) {
+                                                   std::uint64_t estimated_tokens, Instant now, Shortfall* wait) {
+  if (limiter_.refusing())
+    return tl::unexpected(core::unavailable("The rate-limit store is unavailable. Please try again shortly.", 1));
   ScopeRef sc[2];
   const int n = scopes_of(principal, sc);
+  // A step came back pending: list everything the request needs so one refill covers it.
+  auto pending = [&] {
+    if (wait) {
+      wait->pending = true;
+      wait->count = 0;
+      for (int i = 0; i < n; ++i) {
+        if (sc[i].limits->max_concurrent_streams) wait->add(sc[i].id, Resource::streams, 1.0);
+        if (sc[i].limits->requests_per_minute) wait->add(sc[i].id, Resource::requests, 1.0);
+        if (sc[i].limits->tokens_per_minute)
+          wait->add(sc[i].id, Resource::tokens, static_cast<double>(estimated_tokens));
+      }
+    }
+    return tl::unexpected(core::rate_limited("Rate limit reached while refreshing the shared limit. Please retry.", 1));
+  };
   Ticket t;
   t.worker_ = worker_;
   t.estimated_ = estimated_tokens;
@@ -110,6 +126,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!sc[i].limits->max_concurrent_streams) continue;
     if (!limiter_.acquire_stream(sc[i].id, worker_)) {
       undo();
+      if (limiter_.streams_refillable(sc[i].id)) return pending();
       return tl::unexpected(core::rate_limited(
           fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
                       sc[i].limits->max_concurrent_streams),
@@ -124,6 +141,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     const TakeResult r = limiter_.take(sc[i].id, Bucket::requests, worker_, 1.0, now);
     if (!r.ok) {
       undo();
+      if (r.pending) return pending();
       return tl::unexpected(core::rate_limited(
           fmt::format("Rate limit reached for {} `{}` on requests per min (RPM): limit {}. Please try again in {}s.",
                       sc[i].kind, sc[i].name, sc[i].limits->requests_per_minute, r.retry_after_s),
@@ -139,6 +157,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
         limiter_.take(sc[i].id, Bucket::tokens, worker_, static_cast<double>(estimated_tokens), now);
     if (!r.ok) {
       undo();
+      if (r.pending) return pending();
       auto e = r.never
                    ? core::rate_limited(
                          fmt::format("Request too large for {} `{}` on tokens per min (TPM): limit {}, requested {}.",

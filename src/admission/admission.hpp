@@ -93,8 +93,18 @@ class Admission {
   // or too many concurrent streams: retry_after_s = 1); a request larger
   // than the tokens bucket can ever hold is refused with retry_after_s = 0.
   // Cost: no lock, no allocation; one CAS per bucket in the common case.
+  //
+  // Remote limiters (RedisLimiter) add two outcomes:
+  //  - 503 (core::unavailable, retry_after_s = 1) while the shared store is
+  //    down and the configuration says fail closed (Limiter::refusing()).
+  //  - A step whose local lease ran dry while the store may still have units
+  //    is "pending": admit() undoes what it took and returns 429
+  //    (retry_after_s = 1); when `wait` is given it also sets wait->pending
+  //    and lists what the request needs. The caller may then wait once for
+  //    the refill (admission::async_refill in admission/refill.hpp) and call
+  //    admit() again without `wait`; that second answer is final.
   tl::expected<Ticket, core::Error> admit(const auth::Principal& principal, std::string_view model,
-                                          std::uint64_t estimated_tokens, Instant now);
+                                          std::uint64_t estimated_tokens, Instant now, Shortfall* wait = nullptr);
 
   // Reconciles a finished request: charges (actual - estimated) tokens to
   // the tokens buckets (a refund when negative), adds the spend of `usage`

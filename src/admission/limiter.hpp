@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 
 namespace weir::admission {
 
@@ -19,11 +20,35 @@ enum class Bucket : std::uint8_t {
 
 // Outcome of a take: ok, or how many more units the bucket needs and when
 // (seconds, rounded up, >= 1) it will have them. `never` when the cost
-// exceeds the bucket's depth (burst): no wait helps.
+// exceeds the bucket's depth (burst): no wait helps. `pending` (with ok =
+// false) when the local share is short but the shared store may still have
+// the units: refill() and one more take may pass (remote limiters only).
 struct TakeResult {
   bool ok = true;
   bool never = false;
   std::uint32_t retry_after_s = 0;
+  bool pending = false;
+};
+
+// What a request needs of one scope, for refill().
+enum class Resource : std::uint8_t { requests, tokens, streams };
+struct Need {
+  std::uint32_t scope = 0;
+  Resource what = Resource::requests;
+  double units = 0;  // requests, tokens, or stream slots
+};
+
+// Everything one request needs, filled by Admission::admit when a step came
+// back pending: the caller may wait once for refill() and admit again.
+struct Shortfall {
+  static constexpr int kMax = 6;  // 2 scopes x (requests, tokens, streams)
+  bool pending = false;
+  std::uint8_t count = 0;
+  Need needs[kMax];
+
+  void add(std::uint32_t scope, Resource what, double units) noexcept {
+    if (count < kMax) needs[count++] = Need{scope, what, units};
+  }
 };
 
 // A bucket as the x-ratelimit-* headers show it.
@@ -63,6 +88,21 @@ class Limiter {
   // Spend of `scope` in its current budget period, nano-USD.
   virtual std::int64_t spent(std::uint32_t scope, Instant now) = 0;
   virtual void add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) = 0;
+
+  // --- Remote stores (RedisLimiter). In-process limiters keep the defaults. ---
+
+  // True while the shared store is unreachable and the configuration says
+  // fail closed: Admission::admit answers 503 without taking anything.
+  virtual bool refusing() const noexcept { return false; }
+  // After acquire_stream() returned false: true when the shared store may
+  // still grant a slot (refill() and one more acquire may pass).
+  virtual bool streams_refillable(std::uint32_t /*scope*/) const noexcept { return false; }
+  // Asks the store to top up this process's shares so that `need` fits, and
+  // calls `done` exactly once when that finished, failed or timed out (on
+  // another thread, or inline). Called by `worker` on the slow path only;
+  // `done` must be cheap (post to the worker's executor: see
+  // admission/refill.hpp). Default: `done()` at once.
+  virtual void refill(const Shortfall& /*need*/, std::uint32_t /*worker*/, std::function<void()> done) { done(); }
 };
 
 }  // namespace weir::admission

@@ -1,0 +1,41 @@
+// Waiting for a remote limiter to refill its local shares, from a worker
+// coroutine (the slow path of Admission::admit with a RedisLimiter).
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
+
+#include "admission/limiter.hpp"
+
+namespace weir::admission {
+
+// Asks `limiter` to top up what `need` lists and completes `token` (signature
+// void()) on `ex` — the calling worker's executor — once the refill finished,
+// failed or timed out (RedisLimiter: within redis.command_timeout plus one
+// sync). The slow path only: it posts once to the control thread and once
+// back. With http::use_task: `co_await async_refill(limiter, need, worker, ex, use_task);`
+template <class Executor, class CompletionToken>
+auto async_refill(Limiter& limiter, const Shortfall& need, std::uint32_t worker, Executor ex,
+                  CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void()>(
+      [&limiter, need, worker, ex](auto handler) {
+        using Handler = decltype(handler);
+        // std::function needs a copyable callable; the handler is move-only.
+        auto h = std::make_shared<Handler>(std::move(handler));
+        // A tracked executor keeps the worker's io_context running while the refill is out.
+        auto work = boost::asio::prefer(boost::asio::get_associated_executor(*h, ex),
+                                        boost::asio::execution::outstanding_work.tracked);
+        limiter.refill(need, worker, [h, work]() mutable {
+          boost::asio::post(work, [h]() mutable { (std::move(*h))(); });
+        });
+      },
+      token);
+}
+
+}  // namespace weir::admission

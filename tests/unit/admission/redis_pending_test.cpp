@@ -1,0 +1,179 @@
+// Admission with a remote limiter's extra outcomes (Limiter::refusing, a
+// pending take, a refillable stream cap) and async_refill, against a fake
+// limiter wrapped around LocalLimiter: no Redis needed.
+#include <thread>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <gtest/gtest.h>
+
+#include "admission/admission.hpp"
+#include "admission/local_limiter.hpp"
+#include "admission/refill.hpp"
+#include "auth/config.hpp"
+
+namespace weir::admission {
+namespace {
+
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+const Instant T0 = Instant(1000h);
+
+class FakeRemote final : public Limiter {
+ public:
+  explicit FakeRemote(const std::vector<auth::ScopeInfo>& scopes) : inner_(scopes, 1, T0 - 1h) {}
+  bool refusing_ = false;
+  bool pending_tokens_ = false;
+  bool streams_full_ = false;
+  std::thread::id refill_thread_;
+  int refills_ = 0;
+  Shortfall last_;
+
+  std::uint32_t workers() const noexcept override { return 1; }
+  TakeResult take(std::uint32_t s, Bucket b, std::uint32_t w, double c, Instant now) override {
+    if (b == Bucket::tokens && pending_tokens_) return TakeResult{false, false, 1, true};
+    return inner_.take(s, b, w, c, now);
+  }
+  void give_back(std::uint32_t s, Bucket b, std::uint32_t w, double a, Instant now) override {
+    inner_.give_back(s, b, w, a, now);
+  }
+  void charge(std::uint32_t s, Bucket b, std::uint32_t w, double a, Instant now) override {
+    inner_.charge(s, b, w, a, now);
+  }
+  BucketView view(std::uint32_t s, Bucket b, Instant now) const override { return inner_.view(s, b, now); }
+  bool acquire_stream(std::uint32_t s, std::uint32_t w) override {
+    return !streams_full_ && inner_.acquire_stream(s, w);
+  }
+  void release_stream(std::uint32_t s, std::uint32_t w) override { inner_.release_stream(s, w); }
+  std::uint64_t streams_in_use(std::uint32_t s) const override { return inner_.streams_in_use(s); }
+  std::int64_t spent(std::uint32_t s, Instant now) override { return inner_.spent(s, now); }
+  void add_spend(std::uint32_t s, std::int64_t n, Instant now) override { inner_.add_spend(s, n, now); }
+  bool refusing() const noexcept override { return refusing_; }
+  bool streams_refillable(std::uint32_t) const noexcept override { return streams_full_; }
+  // Completes from another thread, as RedisLimiter's control thread does.
+  void refill(const Shortfall& need, std::uint32_t, std::function<void()> done) override {
+    ++refills_;
+    last_ = need;
+    pending_tokens_ = false;
+    streams_full_ = false;
+    std::thread([done = std::move(done)] { done(); }).join();
+  }
+  double available(std::uint32_t s, Bucket b) const { return inner_.available(s, b, T0); }
+
+ private:
+  LocalLimiter inner_;
+};
+
+struct World {
+  std::shared_ptr<const auth::AuthPolicy> policy;
+  Pricing pricing;
+  auth::Principal with_key;
+  World() {
+    auth::AuthConfig c;
+    auth::TenantConfig t;
+    t.name = "acme";
+    t.limits.requests_per_minute = 60;
+    t.limits.tokens_per_minute = 6000;
+    t.limits.max_concurrent_streams = 2;
+    c.tenants.emplace("acme", t);
+    auth::ApiKeyConfig k;
+    k.id = "acme-prod";
+    k.sha256 = auth::sha256("sk-acme");
+    k.tenant = "acme";
+    k.limits.requests_per_minute = 30;
+    c.api_keys.push_back(k);
+    policy = auth::AuthPolicy::build(c);
+    with_key.kind = auth::CredentialKind::api_key;
+    with_key.tenant = policy->find_tenant("acme");
+    with_key.key = &policy->keys()[0];
+  }
+  std::uint32_t tenant() const { return with_key.tenant->scope; }
+  std::uint32_t key() const { return with_key.key->scope; }
+};
+
+TEST(AdmissionRemoteTest, RefusingStoreMeans503AndTakesNothing) {
+  World w;
+  FakeRemote lim(w.policy->scopes());
+  Admission a(lim, w.pricing, 0);
+  lim.refusing_ = true;
+  Shortfall wait;
+  auto r = a.admit(w.with_key, "m", 100, T0, &wait);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 503);
+  EXPECT_EQ(r.error().retry_after_s, 1u);
+  EXPECT_FALSE(wait.pending);
+  EXPECT_EQ(lim.streams_in_use(w.tenant()), 0u);
+  EXPECT_DOUBLE_EQ(lim.available(w.tenant(), Bucket::requests), 60.0);
+}
+
+TEST(AdmissionRemoteTest, PendingTakeListsWhatTheRequestNeedsAndUndoes) {
+  World w;
+  FakeRemote lim(w.policy->scopes());
+  Admission a(lim, w.pricing, 0);
+  lim.pending_tokens_ = true;
+  Shortfall wait;
+  auto r = a.admit(w.with_key, "m", 100, T0, &wait);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 429);
+  EXPECT_EQ(r.error().retry_after_s, 1u);
+  ASSERT_TRUE(wait.pending);
+  ASSERT_EQ(wait.count, 4);  // tenant: streams, requests, tokens; key: requests
+  EXPECT_EQ(wait.needs[0].scope, w.tenant());
+  EXPECT_EQ(wait.needs[0].what, Resource::streams);
+  EXPECT_EQ(wait.needs[1].what, Resource::requests);
+  EXPECT_EQ(wait.needs[2].what, Resource::tokens);
+  EXPECT_DOUBLE_EQ(wait.needs[2].units, 100.0);
+  EXPECT_EQ(wait.needs[3].scope, w.key());
+  EXPECT_EQ(wait.needs[3].what, Resource::requests);
+  // Everything taken before the pending step went back.
+  EXPECT_EQ(lim.streams_in_use(w.tenant()), 0u);
+  EXPECT_DOUBLE_EQ(lim.available(w.tenant(), Bucket::requests), 60.0);
+  EXPECT_DOUBLE_EQ(lim.available(w.key(), Bucket::requests), 30.0);
+  // Without a Shortfall the caller just gets the 429.
+  auto r2 = a.admit(w.with_key, "m", 100, T0);
+  ASSERT_FALSE(r2);
+  EXPECT_EQ(r2.error().status, 429);
+}
+
+TEST(AdmissionRemoteTest, RefillableStreamCapIsPending) {
+  World w;
+  FakeRemote lim(w.policy->scopes());
+  Admission a(lim, w.pricing, 0);
+  lim.streams_full_ = true;
+  Shortfall wait;
+  auto r = a.admit(w.with_key, "m", 100, T0, &wait);
+  ASSERT_FALSE(r);
+  EXPECT_TRUE(wait.pending);
+  EXPECT_EQ(wait.needs[0].what, Resource::streams);
+}
+
+TEST(AdmissionRemoteTest, AsyncRefillResumesOnTheWorkerThenAdmits) {
+  World w;
+  FakeRemote lim(w.policy->scopes());
+  Admission a(lim, w.pricing, 0);
+  lim.pending_tokens_ = true;
+  asio::io_context worker;
+  std::thread::id resumed_on;
+  auto task = [&]() -> asio::awaitable<bool, asio::io_context::executor_type> {
+    Shortfall wait;
+    auto t = a.admit(w.with_key, "m", 100, T0, &wait);
+    if (!t && wait.pending) {
+      co_await async_refill(lim, wait, 0, worker.get_executor(),
+                            asio::as_tuple(asio::use_awaitable_t<asio::io_context::executor_type>{}));
+      resumed_on = std::this_thread::get_id();
+      t = a.admit(w.with_key, "m", 100, T0);
+    }
+    co_return static_cast<bool>(t);
+  };
+  auto f = asio::co_spawn(worker, task(), asio::use_future);
+  worker.run();
+  EXPECT_TRUE(f.get());
+  EXPECT_EQ(lim.refills_, 1);
+  EXPECT_EQ(lim.last_.count, 4);
+  EXPECT_EQ(resumed_on, std::this_thread::get_id()) << "the completion must run on the worker's executor";
+}
+
+}  // namespace
+}  // namespace weir::admission
