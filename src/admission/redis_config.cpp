@@ -1,0 +1,147 @@
+#include "admission/redis_config.hpp"
+
+#include <cstdlib>
+
+#include <boost/url/parse.hpp>
+#include <fmt/format.h>
+
+namespace weir::admission {
+
+namespace {
+
+using core::config_error;
+using core::ConfigResult;
+
+#define WEIR_TRY(var, expr) \
+  auto var = (expr);        \
+  if (!var) return tl::unexpected(std::move(var.error()))
+
+// redis://host[:port][/db] into `c`; an error message otherwise.
+std::string parse_url(const std::string& url, RedisConfig& c) {
+  auto u = boost::urls::parse_uri(url);
+  if (!u) return "expected redis://host[:port][/db]";
+  if (u->scheme() == "rediss") return "TLS (rediss://) is not supported; use redis:// on a private network";
+  if (u->scheme() != "redis") return "the scheme must be redis://";
+  if (u->has_userinfo()) return "no credentials in the URL (it is logged): use redis.password or redis.password_env";
+  if (u->host().empty()) return "missing host";
+  if (u->has_query() || u->has_fragment()) return "expected redis://host[:port][/db] without query or fragment";
+  c.host = std::string(u->host());
+  if (u->host_type() == boost::urls::host_type::ipv6) c.host = std::string(u->host_address());
+  c.port = 6379;
+  if (u->has_port()) {
+    if (u->port_number() == 0) return "port must be 1..65535";
+    c.port = u->port_number();
+  }
+  std::string path(u->path());
+  if (!path.empty() && path != "/") {
+    int db = -1;
+    const std::string digits = path.substr(1);
+    if (digits.empty() || digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string::npos)
+      return "the path must be a database number, e.g. redis://host:6379/0";
+    db = std::stoi(digits);
+    c.db = db;
+  }
+  c.url = url;
+  return {};
+}
+
+ConfigResult<RedisConfig> parse_impl(const YAML::Node& node, GetEnvFn getenv_fn) {
+  RedisConfig c;
+  if (!node.IsMap()) return tl::unexpected(config_error(node, "redis", "expected a mapping (url, fail_open, ...)"));
+  if (auto ok = core::check_keys(node, "redis",
+                                 {"url", "username", "password", "password_env", "key_prefix", "fail_open",
+                                  "fail_open_share", "connect_timeout", "command_timeout", "reconnect_max",
+                                  "sync_interval", "budget_sync_interval", "lease_window", "lease_max_share",
+                                  "lease_min_tokens", "lease_idle", "slot_ttl"});
+      !ok)
+    return tl::unexpected(ok.error());
+  if (!node["url"]) return tl::unexpected(config_error(node, "redis.url", "missing (redis://host[:port][/db])"));
+  {
+    WEIR_TRY(s, core::read_string(node["url"], "redis.url"));
+    if (auto why = parse_url(*s, c); !why.empty()) return tl::unexpected(config_error(node["url"], "redis.url", why));
+  }
+  if (node["username"]) {
+    WEIR_TRY(s, core::read_string(node["username"], "redis.username"));
+    c.username = *s;
+  }
+  if (node["password"] && node["password_env"])
+    return tl::unexpected(config_error(node, "redis", "give at most one of password and password_env"));
+  if (node["password"]) {
+    WEIR_TRY(s, core::read_string(node["password"], "redis.password"));
+    c.password = *s;
+  }
+  if (node["password_env"]) {
+    WEIR_TRY(var, core::read_string(node["password_env"], "redis.password_env"));
+    const char* v = getenv_fn ? getenv_fn(var->c_str()) : std::getenv(var->c_str());
+    if (!v || !*v)
+      return tl::unexpected(config_error(node["password_env"], "redis.password_env",
+                                         fmt::format("environment variable {} is not set", *var)));
+    c.password = v;
+  }
+  if (node["key_prefix"]) {
+    WEIR_TRY(s, core::read_string(node["key_prefix"], "redis.key_prefix"));
+    c.key_prefix = *s;
+  }
+  if (node["fail_open"]) {
+    WEIR_TRY(b, core::read_bool(node["fail_open"], "redis.fail_open"));
+    c.fail_open = *b;
+  }
+  if (node["fail_open_share"]) {
+    WEIR_TRY(d, core::read_double(node["fail_open_share"], "redis.fail_open_share", 0.0, 1.0));
+    if (*d <= 0.0)
+      return tl::unexpected(config_error(node["fail_open_share"], "redis.fail_open_share", "must be above 0"));
+    c.fail_open_share = *d;
+  }
+  struct DurationKey {
+    const char* name;
+    std::chrono::milliseconds* out;
+    std::chrono::milliseconds min;
+  };
+  using std::chrono::milliseconds;
+  for (const auto& d : {DurationKey{"connect_timeout", &c.connect_timeout, milliseconds(1)},
+                        DurationKey{"command_timeout", &c.command_timeout, milliseconds(1)},
+                        DurationKey{"reconnect_max", &c.reconnect_max, milliseconds(50)},
+                        DurationKey{"sync_interval", &c.sync_interval, milliseconds(1)},
+                        DurationKey{"budget_sync_interval", &c.budget_sync_interval, milliseconds(1)},
+                        DurationKey{"lease_window", &c.lease_window, milliseconds(1)},
+                        DurationKey{"lease_idle", &c.lease_idle, milliseconds(1)},
+                        DurationKey{"slot_ttl", &c.slot_ttl, milliseconds(100)}}) {
+    if (!node[d.name]) continue;
+    const std::string key = std::string("redis.") + d.name;
+    WEIR_TRY(v, core::read_duration(node[d.name], key));
+    if (*v < d.min)
+      return tl::unexpected(config_error(node[d.name], key, fmt::format("must be at least {}ms", d.min.count())));
+    *d.out = *v;
+  }
+  if (node["lease_max_share"]) {
+    WEIR_TRY(d, core::read_double(node["lease_max_share"], "redis.lease_max_share", 0.0, 1.0));
+    if (*d <= 0.0)
+      return tl::unexpected(config_error(node["lease_max_share"], "redis.lease_max_share", "must be above 0"));
+    c.lease_max_share = *d;
+  }
+  if (node["lease_min_tokens"]) {
+    WEIR_TRY(n, core::read_int(node["lease_min_tokens"], "redis.lease_min_tokens", 1, std::int64_t{1} << 40));
+    c.lease_min_tokens = static_cast<std::uint64_t>(*n);
+  }
+  if (c.slot_ttl < 3 * c.sync_interval)
+    return tl::unexpected(config_error(node["slot_ttl"] ? node["slot_ttl"] : node, "redis.slot_ttl",
+                                       "must be at least 3 × sync_interval (slots are renewed every slot_ttl / 3)"));
+  return c;
+}
+
+}  // namespace
+
+ConfigResult<std::optional<RedisConfig>> parse_redis_config(const YAML::Node& root, const std::string& file,
+                                                            GetEnvFn getenv_fn) {
+  const YAML::Node node = root["redis"];
+  if (!node) return std::optional<RedisConfig>{};
+  auto r = parse_impl(node, getenv_fn);
+  if (!r) {
+    auto e = std::move(r.error());
+    e.file = file;
+    return tl::unexpected(std::move(e));
+  }
+  return std::optional<RedisConfig>(std::move(*r));
+}
+
+}  // namespace weir::admission

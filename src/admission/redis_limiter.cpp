@@ -1,0 +1,787 @@
+#include "admission/redis_limiter.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <fmt/format.h>
+
+namespace weir::admission {
+
+namespace {
+
+namespace asio = boost::asio;
+using Timer = asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>,
+                                         store::Executor>;
+constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<store::Executor>{});
+constexpr double kEps = 1e-9;
+
+// Token bucket lease. The global bucket lives in one hash: v = units
+// available (a float; negative while in debt), t = Redis TIME (µs) of the
+// last update. It refills by elapsed Redis time (never a replica's clock),
+// takes back unused units (capped at full), books debt, then grants
+// min(ask, whole units available). A missing key is a full bucket; the key
+// expires once it would be full again.
+// KEYS[1] bucket; ARGV: rate (units/min), depth, ask, put, owe.
+// Returns {granted, floor(units left), ms until full}.
+const store::Script& lease_script() {
+  static const store::Script s(R"lua(
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local rate = tonumber(ARGV[1]) / 60000000
+local depth = tonumber(ARGV[2])
+local ask = tonumber(ARGV[3])
+local put = tonumber(ARGV[4])
+local owe = tonumber(ARGV[5])
+local s = redis.call('HMGET', KEYS[1], 'v', 't')
+local v = tonumber(s[1])
+local last = tonumber(s[2])
+if v == nil or last == nil then
+  v = depth
+else
+  v = math.min(depth, v + math.max(0, now - last) * rate)
+end
+v = math.min(depth, v + put) - owe
+local grant = 0
+if ask > 0 and v >= 1 then grant = math.min(ask, math.floor(v)) end
+v = v - grant
+local full_ms = 0
+if v < depth then full_ms = math.ceil((depth - v) / rate / 1000) end
+redis.call('HSET', KEYS[1], 'v', string.format('%.17g', v), 't', string.format('%.0f', now))
+redis.call('PEXPIRE', KEYS[1], full_ms + 1000)
+return {grant, math.floor(v), full_ms}
+)lua");
+  return s;
+}
+
+// Stream slot lease. One hash per scope: replica id -> "held:expiry_ms".
+// Entries past their expiry (a replica that stopped renewing: crashed or
+// partitioned) are dropped; a replica gets min(want, limit - others) and is
+// recorded at no less than what it has in use.
+// KEYS[1] hash; ARGV: replica id, want, in use, limit, ttl ms.
+// Returns {granted, slots held by the other live replicas}.
+const store::Script& slots_script() {
+  static const store::Script s(R"lua(
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local id = ARGV[1]
+local want = tonumber(ARGV[2])
+local inuse = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+local all = redis.call('HGETALL', KEYS[1])
+local others = 0
+for i = 1, #all, 2 do
+  if all[i] ~= id then
+    local held, exp = string.match(all[i + 1], '^(%d+):(%d+)$')
+    if held and tonumber(exp) > now then
+      others = others + tonumber(held)
+    else
+      redis.call('HDEL', KEYS[1], all[i])
+    end
+  end
+end
+local grant = math.max(0, math.min(want, limit - others))
+local hold = math.max(grant, inuse)
+if hold > 0 then
+  redis.call('HSET', KEYS[1], id, string.format('%.0f:%.0f', hold, now + ttl))
+  redis.call('PEXPIRE', KEYS[1], ttl * 2)
+else
+  redis.call('HDEL', KEYS[1], id)
+end
+return {grant, others}
+)lua");
+  return s;
+}
+
+// Budget spend. One hash per (scope, period), period = floor(Redis ms /
+// period_ms) (UTC-aligned; 0 forever when period_ms = 0): field "total" and
+// one field per replica holding that replica's running total. A push sets
+// the replica's field to max(old, cum) and adds the difference to total, so
+// a retried push counts once, and a Redis that lost its data is re-seeded by
+// the replicas' own totals.
+// KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: read
+// only), cum (nano-USD). Returns {total, this replica's field, period, ms left (-1 = never)}.
+const store::Script& spend_script() {
+  static const store::Script s(R"lua(
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local id = ARGV[1]
+local period = tonumber(ARGV[2])
+local claimed = tonumber(ARGV[3])
+local cum = tonumber(ARGV[4])
+local idx, left = 0, -1
+if period > 0 then
+  idx = math.floor(now / period)
+  left = (idx + 1) * period - now
+end
+if claimed >= 0 and cum > 0 then
+  local k = KEYS[1] .. ':' .. string.format('%.0f', claimed)
+  local old = tonumber(redis.call('HGET', k, id) or '0')
+  if cum > old then
+    redis.call('HINCRBY', k, 'total', string.format('%.0f', cum - old))
+    redis.call('HSET', k, id, ARGV[4])
+    if period > 0 then redis.call('PEXPIRE', k, 2 * period + 60000) end
+  end
+end
+local r = redis.call('HMGET', KEYS[1] .. ':' .. string.format('%.0f', idx), 'total', id)
+return {tonumber(r[1] or '0'), tonumber(r[2] or '0'), idx, left}
+)lua");
+  return s;
+}
+
+std::int64_t whole_up(double x) { return static_cast<std::int64_t>(std::ceil(x - kEps)); }
+std::int64_t whole_down(double x) { return static_cast<std::int64_t>(std::floor(x + kEps)); }
+
+std::uint64_t scale(std::uint64_t v, double share) {
+  if (v == 0) return 0;
+  return std::max<std::uint64_t>(1, static_cast<std::uint64_t>(std::llround(static_cast<double>(v) * share)));
+}
+
+std::vector<auth::ScopeInfo> scaled(const std::vector<auth::ScopeInfo>& scopes, double share) {
+  std::vector<auth::ScopeInfo> out = scopes;
+  for (auto& s : out) {
+    s.limits.requests_per_minute = scale(s.limits.requests_per_minute, share);
+    s.limits.tokens_per_minute = scale(s.limits.tokens_per_minute, share);
+    s.limits.requests_burst = scale(s.limits.requests_burst, share);
+    s.limits.tokens_burst = scale(s.limits.tokens_burst, share);
+    s.limits.max_concurrent_streams = scale(s.limits.max_concurrent_streams, share);
+  }
+  return out;
+}
+
+// Errors that mean "Redis cannot serve us now" (as opposed to a bug in a request).
+bool is_outage(const store::Error& e) {
+  if (e.code != store::Errc::server) return true;
+  for (std::string_view p : {"LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "NOAUTH", "WRONGPASS", "NOPERM",
+                             "CLUSTERDOWN", "TRYAGAIN"})
+    if (std::string_view(e.message).starts_with(p)) return true;
+  return false;
+}
+
+// Takes up to `want` positive units out of `units`; returns what it took.
+std::int64_t take_up_to(std::atomic<std::int64_t>& units, std::int64_t want) {
+  std::int64_t cur = units.load(std::memory_order_relaxed);
+  while (cur > 0) {
+    const std::int64_t got = std::min(cur, want);
+    if (units.compare_exchange_weak(cur, cur - got, std::memory_order_acq_rel, std::memory_order_relaxed)) return got;
+  }
+  return 0;
+}
+
+std::string random_id() {
+  std::random_device rd;
+  std::uint64_t v = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+  return fmt::format("{:016x}", v);
+}
+
+}  // namespace
+
+struct alignas(64) RedisLimiter::Lease {
+  std::atomic<std::int64_t> units{0};      // whole units this replica may admit; < 0 = debt not yet pushed
+  std::atomic<bool> wanted{false};         // a take found it short since the last sync
+  std::atomic<double> remote_avail{0};     // units in the global bucket at the last reply
+  std::atomic<double> remote_at_ns{-1};    // when (ns since epoch_); < 0 = never synced
+};
+
+struct RedisLimiter::LeaseCtl {
+  std::string key;
+  std::int64_t target = 1;  // units a busy replica holds
+  std::int64_t low = 1;     // top up below this
+  std::int64_t high = 2;    // give back above this
+  std::int64_t seen = 0;    // units after the last sync: a change means use
+  Instant last_used{};
+  Instant keep_until{};     // units granted to waiting requests are not given back before their retry
+  double waiting = 0;       // units that waiting requests need (refill())
+};
+
+struct alignas(64) RedisLimiter::Slots {
+  std::atomic<std::int64_t> free{0};       // allowance - in use (< 0 after a shrink)
+  std::atomic<std::int64_t> allowance{0};  // slots this replica may hold (written by the control thread)
+  std::atomic<std::int64_t> others{0};     // slots the other replicas held at the last renewal
+  std::atomic<bool> wanted{false};
+};
+
+struct RedisLimiter::SlotsCtl {
+  std::string key;
+  std::int64_t headroom = 1;   // free slots a busy replica keeps
+  std::int64_t low = 1;        // renew below this many free
+  std::int64_t local_max = 1;  // allowance during an outage with fail_open
+  std::int64_t seen_free = 0;
+  std::int64_t waiting = 0;
+  Instant last_used{};
+  Instant last_renew{};
+  Instant keep_until{};  // as LeaseCtl::keep_until
+};
+
+struct alignas(64) RedisLimiter::Spend {
+  std::atomic<std::int64_t> mine{0};    // this replica's spend in the current period, pushed or not
+  std::atomic<std::int64_t> others{0};  // the other replicas' spend in it, as of the last read
+  std::atomic<bool> touched{false};     // spent() or add_spend() ran since the last push
+};
+
+struct RedisLimiter::SpendCtl {
+  bool enabled = false;
+  std::string key;
+  std::int64_t period_ms = 0;
+  std::int64_t idx = -1;   // period of `mine` per the last reply; -1 before the first
+  std::int64_t pushed = 0; // `mine` at the last acknowledged push
+  Instant last_sync{};
+  Instant period_end = Instant::max();
+};
+
+struct RedisLimiter::Loop {
+  explicit Loop(boost::asio::io_context& ioc) : tick(ioc.get_executor()), done(ioc.get_executor()) {}
+  Timer tick;          // the sync interval; cancelled to wake the loop early
+  Timer done;          // cancelled when run() returns (shutdown waits on it)
+  bool running = false;
+  bool sleeping = false;
+  bool again = false;
+  bool finished = true;
+  Instant outage_start{};
+};
+
+RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<auth::ScopeInfo>& scopes,
+                           std::uint32_t workers, RedisConfig config, Instant epoch, LogFn log)
+    : control_(control),
+      config_(std::move(config)),
+      workers_(std::max<std::uint32_t>(workers, 1)),
+      epoch_(epoch),
+      log_(std::move(log)),
+      replica_id_(random_id()),
+      scope_count_(scopes.size()) {
+  if (!log_) log_ = [](std::string_view m) { fmt::print(stderr, "weir: redis: {}\n", m); };
+  fallback_ = std::make_unique<LocalLimiter>(scaled(scopes, config_.fail_open_share), workers_, epoch_);
+
+  store::ClientOptions co;
+  co.host = config_.host;
+  co.port = config_.port;
+  co.db = config_.db;
+  co.username = config_.username;
+  co.password = config_.password;
+  co.connect_timeout = config_.connect_timeout;
+  co.command_timeout = config_.command_timeout;
+  co.reconnect_max = config_.reconnect_max;
+  co.log = [this](std::string_view m) { this->log(m); };
+  client_ = std::make_unique<store::Client>(control_, std::move(co));
+
+  const std::size_t n = scopes.size();
+  leases_ = std::make_unique<Lease[]>(n * 2);
+  slots_ = std::make_unique<Slots[]>(n);
+  spend_ = std::make_unique<Spend[]>(n);
+  spec_.resize(n * 2);
+  lease_ctl_.resize(n * 2);
+  slots_ctl_.resize(n);
+  spend_ctl_.resize(n);
+  max_streams_.resize(n);
+  scope_names_.reserve(n);
+  const double window_min = static_cast<double>(config_.lease_window.count()) / 60000.0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto& l = scopes[i].limits;
+    scope_names_.push_back(scopes[i].name);
+    const std::uint64_t rates[2] = {l.requests_per_minute, l.tokens_per_minute};
+    const std::uint64_t bursts[2] = {l.requests_burst, l.tokens_burst};
+    for (int b = 0; b < 2; ++b) {
+      Spec& s = spec_[i * 2 + b];
+      LeaseCtl& c = lease_ctl_[i * 2 + b];
+      c.key = config_.key_prefix + "rl:" + scopes[i].name + (b == 0 ? ":req" : ":tok");
+      s.enabled = rates[b] > 0;
+      if (!s.enabled) continue;
+      s.rate_per_min = static_cast<double>(rates[b]);
+      s.depth = static_cast<double>(bursts[b] ? bursts[b] : rates[b]);
+      double t = std::max(s.rate_per_min * window_min, b == 0 ? 1.0 : static_cast<double>(config_.lease_min_tokens));
+      t = std::min(t, std::max(1.0, s.depth * config_.lease_max_share));
+      c.target = std::max<std::int64_t>(1, whole_up(t));
+      c.low = (c.target + 1) / 2;
+      c.high = 2 * c.target;
+    }
+    max_streams_[i] = static_cast<std::int64_t>(l.max_concurrent_streams);
+    SlotsCtl& sc = slots_ctl_[i];
+    sc.key = config_.key_prefix + "slots:" + scopes[i].name;
+    if (max_streams_[i] > 0) {
+      const auto m = static_cast<double>(max_streams_[i]);
+      sc.headroom = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::floor(m * config_.lease_max_share)));
+      sc.low = (sc.headroom + 1) / 2;
+      sc.local_max = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::floor(m * config_.fail_open_share)));
+    }
+    SpendCtl& pc = spend_ctl_[i];
+    pc.enabled = scopes[i].budget.any();
+    pc.key = config_.key_prefix + "spend:" + scopes[i].name;
+    pc.period_ms = scopes[i].budget.period.count();
+  }
+  loop_ = std::make_unique<Loop>(control_);
+}
+
+RedisLimiter::~RedisLimiter() {
+  if (client_) client_->stop();
+}
+
+void RedisLimiter::log(std::string_view msg) const { log_(msg); }
+
+double RedisLimiter::ns(Instant t) const noexcept {
+  return std::chrono::duration<double, std::nano>(t - epoch_).count();
+}
+
+double RedisLimiter::remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept {
+  const Spec& s = spec_[i];
+  const double at = l.remote_at_ns.load(std::memory_order_relaxed);
+  if (at < 0) return s.depth;  // never synced: a bucket nobody used is full
+  const double avail = l.remote_avail.load(std::memory_order_relaxed);
+  return std::min(s.depth, avail + std::max(0.0, now_ns - at) * s.rate_per_min / 60e9);
+}
+
+// ---------------------------------------------------------------- workers
+
+TakeResult RedisLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) {
+  if (degraded_.load(std::memory_order_relaxed)) {
+    if (!config_.fail_open) return TakeResult{false, false, 1, false};
+    fallback_takes_.fetch_add(1, std::memory_order_relaxed);
+    return fallback_->take(scope, b, worker, cost, now);
+  }
+  const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
+  const Spec& s = spec_[i];
+  if (!s.enabled || cost <= 0) return {};
+  if (cost > s.depth + kEps) return TakeResult{false, true, 0, false};
+  const std::int64_t c = whole_up(cost);
+  Lease& l = leases_[i];
+  std::int64_t cur = l.units.load(std::memory_order_relaxed);
+  while (cur >= c) {
+    if (l.units.compare_exchange_weak(cur, cur - c, std::memory_order_acq_rel, std::memory_order_relaxed)) return {};
+  }
+  // Short: ask the next sync for a top-up even if nobody waits for it.
+  if (!l.wanted.load(std::memory_order_relaxed)) l.wanted.store(true, std::memory_order_relaxed);
+  const double have = remote_estimate(l, i, ns(now)) + static_cast<double>(cur);
+  if (have >= cost - kEps) return TakeResult{false, false, 1, true};
+  const double deficit = std::max(cost - have, kEps);
+  const double secs = std::ceil(deficit * 60.0 / s.rate_per_min - 1e-9);
+  return TakeResult{false, false, static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0)), false};
+}
+
+void RedisLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
+  if (degraded_.load(std::memory_order_relaxed)) {
+    if (config_.fail_open) fallback_->give_back(scope, b, worker, amount, now);
+    return;
+  }
+  const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
+  if (!spec_[i].enabled) return;
+  const std::int64_t a = whole_down(amount);
+  if (a > 0) leases_[i].units.fetch_add(a, std::memory_order_acq_rel);
+}
+
+void RedisLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
+  if (degraded_.load(std::memory_order_relaxed)) {
+    if (config_.fail_open) fallback_->charge(scope, b, worker, amount, now);
+    return;
+  }
+  const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
+  if (!spec_[i].enabled) return;
+  const std::int64_t a = whole_up(amount);
+  if (a > 0) leases_[i].units.fetch_sub(a, std::memory_order_acq_rel);  // may go negative: the next sync pushes the debt
+}
+
+BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {
+  if (degraded_.load(std::memory_order_relaxed) && config_.fail_open) return fallback_->view(scope, b, now);
+  const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
+  const Spec& s = spec_[i];
+  BucketView v;
+  if (!s.enabled) return v;
+  const Lease& l = leases_[i];
+  const double total = std::clamp(
+      remote_estimate(l, i, ns(now)) + static_cast<double>(l.units.load(std::memory_order_relaxed)), 0.0, s.depth);
+  v.limit = static_cast<std::uint64_t>(s.rate_per_min);
+  v.remaining = static_cast<std::uint64_t>(std::floor(total + kEps));
+  v.reset_ms = static_cast<std::uint64_t>(std::ceil((s.depth - total) * 60000.0 / s.rate_per_min - 1e-9));
+  return v;
+}
+
+bool RedisLimiter::acquire_stream(std::uint32_t scope, std::uint32_t /*worker*/) {
+  if (max_streams_[scope] == 0) return true;
+  Slots& s = slots_[scope];
+  std::int64_t cur = s.free.load(std::memory_order_relaxed);
+  while (cur > 0) {
+    if (s.free.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return true;
+  }
+  if (!s.wanted.load(std::memory_order_relaxed)) s.wanted.store(true, std::memory_order_relaxed);
+  return false;
+}
+
+void RedisLimiter::release_stream(std::uint32_t scope, std::uint32_t /*worker*/) {
+  if (max_streams_[scope] == 0) return;
+  slots_[scope].free.fetch_add(1, std::memory_order_acq_rel);
+}
+
+std::uint64_t RedisLimiter::streams_in_use(std::uint32_t scope) const {
+  if (max_streams_[scope] == 0) return 0;
+  const Slots& s = slots_[scope];
+  const std::int64_t used = s.allowance.load(std::memory_order_acquire) - s.free.load(std::memory_order_acquire);
+  return used > 0 ? static_cast<std::uint64_t>(used) : 0;
+}
+
+bool RedisLimiter::streams_refillable(std::uint32_t scope) const noexcept {
+  if (degraded_.load(std::memory_order_relaxed) || max_streams_[scope] == 0) return false;
+  const Slots& s = slots_[scope];
+  return s.others.load(std::memory_order_relaxed) + s.allowance.load(std::memory_order_relaxed) < max_streams_[scope];
+}
+
+std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
+  Spend& sp = spend_[scope];
+  if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
+  return sp.others.load(std::memory_order_acquire) + sp.mine.load(std::memory_order_acquire);
+}
+
+void RedisLimiter::add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant /*now*/) {
+  Spend& sp = spend_[scope];
+  sp.mine.fetch_add(nano_usd, std::memory_order_acq_rel);
+  if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
+}
+
+bool RedisLimiter::refusing() const noexcept {
+  return !config_.fail_open && degraded_.load(std::memory_order_relaxed);
+}
+
+void RedisLimiter::refill(const Shortfall& need, std::uint32_t /*worker*/, std::function<void()> done) {
+  refills_.fetch_add(1, std::memory_order_relaxed);
+  if (degraded_.load(std::memory_order_relaxed) || stopping_.load(std::memory_order_relaxed)) {
+    done();
+    return;
+  }
+  // The slow path's one cross-thread step (Asio's scheduler takes its mutex briefly).
+  asio::post(control_, [this, need, done = std::move(done)]() mutable { on_refill(need, std::move(done)); });
+}
+
+std::int64_t RedisLimiter::lease_units(std::uint32_t scope, Bucket b) const noexcept {
+  return leases_[scope * 2 + static_cast<std::uint32_t>(b)].units.load(std::memory_order_acquire);
+}
+
+RedisLimiter::Stats RedisLimiter::stats() const noexcept {
+  Stats s;
+  s.degraded = degraded();
+  s.outages = outages_.load(std::memory_order_relaxed);
+  s.syncs = syncs_.load(std::memory_order_relaxed);
+  s.sync_failures = sync_failures_.load(std::memory_order_relaxed);
+  s.leases = leases_n_.load(std::memory_order_relaxed);
+  s.units_granted = units_granted_.load(std::memory_order_relaxed);
+  s.refills = refills_.load(std::memory_order_relaxed);
+  s.fallback_takes = fallback_takes_.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---------------------------------------------------------------- control plane
+
+void RedisLimiter::start() {
+  if (loop_->running) return;
+  loop_->running = true;
+  loop_->finished = false;
+  loop_->again = true;  // the first sync (every budget) at once
+  loop_->done.expires_at(Timer::time_point::max());
+  client_->start();
+  asio::co_spawn(control_, run(), asio::detached);
+}
+
+void RedisLimiter::wake() {
+  if (loop_->sleeping)
+    loop_->tick.cancel();
+  else
+    loop_->again = true;
+}
+
+void RedisLimiter::on_refill(const Shortfall& need, std::function<void()> done) {
+  if (!loop_->running || degraded_.load(std::memory_order_relaxed)) {
+    done();
+    return;
+  }
+  for (std::uint8_t k = 0; k < need.count && k < Shortfall::kMax; ++k) {
+    const Need& n = need.needs[k];
+    if (n.scope >= scope_count_) continue;
+    if (n.what == Resource::streams)
+      slots_ctl_[n.scope].waiting += std::max<std::int64_t>(1, whole_up(n.units));
+    else
+      lease_ctl_[n.scope * 2 + (n.what == Resource::tokens ? 1 : 0)].waiting += n.units;
+  }
+  waiters_.push_back(std::move(done));
+  wake();
+}
+
+store::Task<void> RedisLimiter::run() {
+  while (loop_->running) {
+    if (!loop_->again) {
+      loop_->sleeping = true;
+      loop_->tick.expires_after(config_.sync_interval);
+      co_await loop_->tick.async_wait(use_task);
+      loop_->sleeping = false;
+      if (!loop_->running) break;
+    }
+    loop_->again = false;
+    co_await sync_once(false);
+  }
+  loop_->finished = true;
+  loop_->done.cancel();
+}
+
+store::Task<void> RedisLimiter::shutdown() {
+  stopping_.store(true, std::memory_order_relaxed);
+  loop_->running = false;
+  loop_->tick.cancel();
+  if (!loop_->finished) co_await loop_->done.async_wait(use_task);
+  co_await sync_once(true);
+  client_->stop();
+  auto waiters = std::move(waiters_);
+  waiters_.clear();
+  for (auto& w : waiters) w();
+}
+
+void RedisLimiter::enter_degraded(const std::string& why) {
+  if (degraded_.load(std::memory_order_relaxed)) return;
+  loop_->outage_start = MonoClock::now();
+  outages_.fetch_add(1, std::memory_order_relaxed);
+  if (config_.fail_open) {
+    // Stream slots: the local share of each limit while Redis cannot arbitrate.
+    for (std::size_t i = 0; i < scope_count_; ++i) {
+      if (max_streams_[i] == 0) continue;
+      Slots& s = slots_[i];
+      const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
+      s.allowance.store(slots_ctl_[i].local_max, std::memory_order_release);
+      s.free.fetch_add(slots_ctl_[i].local_max - a, std::memory_order_acq_rel);
+    }
+  }
+  degraded_.store(true, std::memory_order_release);
+  if (config_.fail_open)
+    log(fmt::format("Redis {}:{} unreachable ({}): fail_open is on, limiting per replica from local state "
+                    "(each limit x {}) until it is back",
+                    config_.host, config_.port, why, config_.fail_open_share));
+  else
+    log(fmt::format("Redis {}:{} unreachable ({}): fail_open is off, refusing requests with 503 until it is back",
+                    config_.host, config_.port, why));
+}
+
+void RedisLimiter::leave_degraded() {
+  if (!degraded_.load(std::memory_order_relaxed)) return;
+  degraded_.store(false, std::memory_order_release);
+  const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
+  log(fmt::format("Redis {}:{} reachable again after {:.1f} s: distributed limits resumed", config_.host,
+                  config_.port, secs));
+}
+
+store::Task<void> RedisLimiter::sync_once(bool final_sync) {
+  struct Op {
+    enum class Kind : std::uint8_t { lease, slots, spend, ping } kind;
+    std::uint32_t i;
+    std::int64_t a = 0, b = 0, c = 0;  // lease: ask, put, owe; slots: want, in use; spend: cum
+    bool for_waiters = false;           // requests wait for this grant: keep it until they retried
+  };
+  // Waiting requests retry on their worker after the sync; what they were
+  // granted must not go back (as excess) before then.
+  const auto grace = std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
+  const Instant now = MonoClock::now();
+  const bool deg = degraded_.load(std::memory_order_relaxed);
+  auto waiters = std::move(waiters_);
+  waiters_.clear();
+  std::vector<store::Command> cmds;
+  std::vector<Op> ops;
+  auto str = [](auto v) { return fmt::format("{}", v); };
+
+  // Leases (frozen during an outage: takes go to the fallback then).
+  if (!deg || final_sync) {
+    for (std::uint32_t i = 0; i < scope_count_ * 2; ++i) {
+      const Spec& s = spec_[i];
+      if (!s.enabled) continue;
+      Lease& l = leases_[i];
+      LeaseCtl& c = lease_ctl_[i];
+      const std::int64_t u = l.units.load(std::memory_order_acquire);
+      const bool wanted = l.wanted.load(std::memory_order_relaxed) && l.wanted.exchange(false);
+      const bool used = wanted || u != c.seen || c.waiting > 0;
+      if (used) c.last_used = now;
+      const bool active = now - c.last_used < config_.lease_idle;
+      std::int64_t ask = 0, put = 0, owe = u < 0 ? -u : 0;
+      const std::int64_t held = std::max<std::int64_t>(u, 0);
+      if (final_sync || (!active && held > 0)) {
+        put = held;
+      } else if (held > c.high && now >= c.keep_until) {
+        put = held - c.target;
+      } else if (c.waiting > 0 || (active && held < c.low)) {
+        ask = std::clamp<std::int64_t>(c.target + whole_up(c.waiting) - held, 0, whole_down(s.depth));
+      }
+      const bool waiting = c.waiting > 0;
+      c.waiting = 0;
+      if (put > 0) put = take_up_to(l.units, put);
+      if (owe > 0) l.units.fetch_add(owe, std::memory_order_acq_rel);
+      if (ask == 0 && put == 0 && owe == 0) {
+        c.seen = l.units.load(std::memory_order_relaxed);
+        continue;
+      }
+      const std::string keys[] = {c.key};
+      const std::string args[] = {str(std::llround(s.rate_per_min)), str(std::llround(s.depth)), str(ask), str(put),
+                                  str(owe)};
+      cmds.push_back(store::Command::evalsha(lease_script(), keys, args));
+      ops.push_back(Op{Op::Kind::lease, i, ask, put, owe, waiting});
+    }
+  }
+
+  // Stream slots.
+  const auto renew_every = config_.slot_ttl / 3;
+  for (std::uint32_t i = 0; i < scope_count_; ++i) {
+    const std::int64_t limit = max_streams_[i];
+    if (limit == 0) continue;
+    Slots& s = slots_[i];
+    SlotsCtl& c = slots_ctl_[i];
+    const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
+    const std::int64_t free = s.free.load(std::memory_order_acquire);
+    const std::int64_t inuse = std::max<std::int64_t>(0, a - free);
+    const bool wanted = s.wanted.load(std::memory_order_relaxed) && s.wanted.exchange(false);
+    const bool used = wanted || free != c.seen_free || c.waiting > 0;
+    if (used) c.last_used = now;
+    const bool active = now - c.last_used < config_.lease_idle;
+    std::int64_t want = 0;
+    const bool keep = now < c.keep_until;
+    if (!final_sync) want = std::min(limit, active ? inuse + c.headroom + c.waiting : inuse);
+    if (keep && !final_sync) want = std::max(want, std::min(a, limit));
+    const bool holding = a > 0 || inuse > 0;
+    const bool need = final_sync ? holding
+                                 : (c.waiting > 0 || (deg && holding) || (active && free < c.low && want != a) ||
+                                    (free > 2 * c.headroom && !keep) || (!active && a > inuse && !keep) ||
+                                    (holding && now - c.last_renew >= renew_every));
+    const bool waiting = c.waiting > 0;
+    c.waiting = 0;
+    c.seen_free = free;
+    if (!need) continue;
+    const std::string keys[] = {c.key};
+    const std::string args[] = {replica_id_, str(want), str(inuse), str(limit), str(config_.slot_ttl.count())};
+    cmds.push_back(store::Command::evalsha(slots_script(), keys, args));
+    ops.push_back(Op{Op::Kind::slots, i, want, inuse, 0, waiting});
+  }
+
+  // Spend: push this replica's running total, read the others'.
+  for (std::uint32_t i = 0; i < scope_count_; ++i) {
+    SpendCtl& c = spend_ctl_[i];
+    if (!c.enabled) continue;
+    Spend& sp = spend_[i];
+    const std::int64_t mine = sp.mine.load(std::memory_order_acquire);
+    bool due = false;
+    if (final_sync) {
+      due = mine != c.pushed && c.idx >= 0;
+    } else if (c.idx < 0 || now >= c.period_end) {
+      due = true;
+    } else if (now - c.last_sync >= config_.budget_sync_interval) {
+      const bool touched = sp.touched.load(std::memory_order_relaxed) && sp.touched.exchange(false);
+      due = touched || mine != c.pushed;
+    }
+    if (!due) continue;
+    c.last_sync = now;
+    const std::string keys[] = {c.key};
+    const std::string args[] = {replica_id_, str(c.period_ms), str(c.idx), str(mine)};
+    cmds.push_back(store::Command::evalsha(spend_script(), keys, args));
+    ops.push_back(Op{Op::Kind::spend, i, mine, 0, 0});
+  }
+
+  if (cmds.empty()) {
+    if (!deg || final_sync) {
+      for (auto& w : waiters) w();
+      co_return;
+    }
+    cmds.push_back(store::Command{"PING"});  // probe: is Redis back?
+    ops.push_back(Op{Op::Kind::ping, 0});
+  }
+
+  auto results = co_await client_->exec(std::move(cmds));
+  const Instant replied = MonoClock::now();
+  const double replied_ns = ns(replied);
+
+  std::string outage;
+  for (const auto& r : results)
+    if (!r && is_outage(r.error())) {
+      outage = r.error().message.empty() ? std::string(store::to_string(r.error().code)) : r.error().message;
+      break;
+    }
+  if (outage.empty()) {
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+    leave_degraded();
+  } else {
+    sync_failures_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  bool logged_bug = false;
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const Op& op = ops[k];
+    const auto& r = results[k];
+    const bool ok = r && r->type == store::Reply::Type::array && r->elements.size() >= 2;
+    if (!r && !is_outage(r.error()) && !logged_bug) {
+      log(fmt::format("sync command failed: {}", r.error().message));
+      logged_bug = true;
+    }
+    switch (op.kind) {
+      case Op::Kind::lease: {
+        Lease& l = leases_[op.i];
+        LeaseCtl& c = lease_ctl_[op.i];
+        if (ok && r->elements.size() >= 3) {
+          const std::int64_t grant = r->elements[0].as_int();
+          if (grant > 0) {
+            l.units.fetch_add(grant, std::memory_order_acq_rel);
+            units_granted_.fetch_add(static_cast<std::uint64_t>(grant), std::memory_order_relaxed);
+          }
+          if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
+          l.remote_avail.store(static_cast<double>(r->elements[1].as_int()), std::memory_order_relaxed);
+          l.remote_at_ns.store(replied_ns, std::memory_order_relaxed);
+          leases_n_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Debt stays local (counted twice if it did reach Redis); units given
+          // back stay lost unless they certainly never left: both on the safe side.
+          if (op.c > 0) l.units.fetch_sub(op.c, std::memory_order_acq_rel);
+          if (op.b > 0 && !r && r.error().not_sent()) l.units.fetch_add(op.b, std::memory_order_acq_rel);
+        }
+        c.seen = l.units.load(std::memory_order_relaxed);
+        break;
+      }
+      case Op::Kind::slots: {
+        if (!ok) break;
+        Slots& s = slots_[op.i];
+        SlotsCtl& c = slots_ctl_[op.i];
+        const std::int64_t grant = r->elements[0].as_int();
+        const std::int64_t before = s.allowance.load(std::memory_order_relaxed);
+        s.allowance.store(grant, std::memory_order_release);
+        s.free.fetch_add(grant - before, std::memory_order_acq_rel);
+        s.others.store(r->elements[1].as_int(), std::memory_order_relaxed);
+        c.last_renew = replied;
+        if (op.for_waiters && grant > before) c.keep_until = replied + grace;
+        c.seen_free = s.free.load(std::memory_order_relaxed);
+        break;
+      }
+      case Op::Kind::spend: {
+        if (!ok || r->elements.size() < 4) break;
+        Spend& sp = spend_[op.i];
+        SpendCtl& c = spend_ctl_[op.i];
+        const std::int64_t total = r->elements[0].as_int();
+        const std::int64_t mine_remote = r->elements[1].as_int();
+        const std::int64_t idx = r->elements[2].as_int();
+        const std::int64_t left = r->elements[3].as_int(-1);
+        if (c.idx >= 0 && idx != c.idx) {
+          // The period rolled over: what was pushed belongs to the old one.
+          sp.mine.fetch_sub(op.a, std::memory_order_acq_rel);
+          c.pushed = 0;
+        } else if (c.idx >= 0) {
+          c.pushed = op.a;
+        }
+        c.idx = idx;
+        sp.others.store(total - mine_remote, std::memory_order_release);
+        c.period_end = left < 0 ? Instant::max() : replied + std::chrono::milliseconds(left);
+        break;
+      }
+      case Op::Kind::ping:
+        break;
+    }
+  }
+  if (outage.empty()) {
+    synced_.store(true, std::memory_order_release);
+  } else if (!final_sync) {
+    enter_degraded(outage);
+  }
+  for (auto& w : waiters) w();
+}
+
+}  // namespace weir::admission

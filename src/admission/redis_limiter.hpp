@@ -1,0 +1,175 @@
+// Admission state shared by every replica through Redis: token buckets,
+// stream slots and budget spend, answered on worker threads from local
+// leases that a control-plane coroutine keeps topped up (docs/admission.md,
+// "Distributed mode").
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "admission/limiter.hpp"
+#include "admission/local_limiter.hpp"
+#include "admission/redis_config.hpp"
+#include "auth/policy.hpp"
+#include "store/redis_client.hpp"
+
+namespace weir::admission {
+
+// A Limiter whose limits hold across every Weir replica that shares a Redis.
+//
+// Workers (take, give_back, charge, acquire/release_stream, spent,
+// add_spend, view) never wait and never lock: each (scope, bucket) has one
+// atomic lease counter of whole units this replica may admit; a take is one
+// CAS on it. A control-plane coroutine (the `control` io_context, one
+// thread) syncs every `sync_interval` in one pipelined round trip:
+//  - leases below half their target that were used recently are topped up
+//    by lease.lua: the global bucket refills by Redis TIME and grants
+//    min(asked, available); debt (usage above the estimate) is pushed to the
+//    global bucket; leases above twice the target or untouched for
+//    `lease_idle` go back;
+//  - stream slots are leased the same way from a per-scope hash of
+//    replica → (slots held, expiry), so a crashed replica's slots expire
+//    after `slot_ttl` (slots.lua);
+//  - each budget's spend is pushed as this replica's running total for the
+//    UTC-aligned period and the others' spend read back (spend.lua,
+//    idempotent: a retried push cannot count twice).
+// A take that finds its lease short while the global bucket may have units
+// returns `pending`; Admission::admit then reports a Shortfall and the
+// gateway waits once (async_refill) for an immediate sync.
+//
+// Outage (a sync times out after `command_timeout`, or the connection is
+// refused or lost): fail_open = true routes the buckets to a LocalLimiter
+// (every limit × fail_open_share, per replica) and sets stream allowances to
+// the local share; fail_open = false makes refusing() true (503). Spend keeps
+// accumulating locally against the last known total. The client reconnects
+// with backoff; the first successful sync resumes distributed limits. Both
+// transitions are logged and counted (stats()).
+//
+// Threads: construct, start() and shutdown() on the control thread (or before
+// it runs); the Limiter calls from workers; stats()/degraded() from any
+// thread. Destroy after shutdown() completed and after the control
+// io_context stopped (handlers posted by refill() point at this object).
+class RedisLimiter final : public Limiter {
+ public:
+  using LogFn = std::function<void(std::string_view)>;
+
+  // `scopes`: AuthPolicy::scopes() (a scope's Redis identity is its name,
+  // "tenant:NAME" or "key:ID", so replicas with the same names share state).
+  // `workers`: worker threads. `epoch`: origin of the steady time axis.
+  // `log`: one line per state change (outage, recovery, connection);
+  // default: stderr with a "weir: redis: " prefix.
+  RedisLimiter(boost::asio::io_context& control, const std::vector<auth::ScopeInfo>& scopes, std::uint32_t workers,
+               RedisConfig config, Instant epoch, LogFn log = {});
+  ~RedisLimiter() override;
+  RedisLimiter(const RedisLimiter&) = delete;
+  RedisLimiter& operator=(const RedisLimiter&) = delete;
+
+  // Connects and starts the sync loop; the first sync (reading every
+  // budget) starts at once.
+  void start();
+  // Stops syncing, gives back every lease and stream slot headroom, pushes
+  // the spend, and closes the connection (at most one command_timeout).
+  // Waiters still queued are completed. Call after the workers drained.
+  store::Task<void> shutdown();
+
+  // --- Limiter ---
+  std::uint32_t workers() const noexcept override { return workers_; }
+  TakeResult take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) override;
+  void give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) override;
+  void charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) override;
+  // Approximate: the global bucket as of the last sync, refilled since, plus this replica's lease.
+  BucketView view(std::uint32_t scope, Bucket b, Instant now) const override;
+  bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
+  void release_stream(std::uint32_t scope, std::uint32_t worker) override;
+  // This replica's slots in use.
+  std::uint64_t streams_in_use(std::uint32_t scope) const override;
+  // Every replica's spend in the current period as of the last read-back,
+  // plus this replica's spend since.
+  std::int64_t spent(std::uint32_t scope, Instant now) override;
+  void add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+  bool refusing() const noexcept override;
+  bool streams_refillable(std::uint32_t scope) const noexcept override;
+  void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
+
+  // True during an outage (fallback or refusing).
+  bool degraded() const noexcept { return degraded_.load(std::memory_order_relaxed); }
+  // True once a sync succeeded (budgets have been read).
+  bool synced() const noexcept { return synced_.load(std::memory_order_acquire); }
+  // Units this replica holds in the lease of (scope, b); negative = debt. For tests and metrics.
+  std::int64_t lease_units(std::uint32_t scope, Bucket b) const noexcept;
+  const std::string& replica_id() const noexcept { return replica_id_; }
+
+  struct Stats {
+    bool degraded = false;
+    std::uint64_t outages = 0;         // transitions into degraded
+    std::uint64_t syncs = 0;           // round trips that succeeded
+    std::uint64_t sync_failures = 0;   // round trips that failed (timeout, refused, lost)
+    std::uint64_t leases = 0;          // lease.lua calls
+    std::uint64_t units_granted = 0;   // units granted by lease.lua (requests + tokens)
+    std::uint64_t refills = 0;         // refill() calls (requests that waited)
+    std::uint64_t fallback_takes = 0;  // takes answered by the local fallback
+  };
+  Stats stats() const noexcept;
+
+ private:
+  struct Lease;
+  struct LeaseCtl;
+  struct Slots;
+  struct SlotsCtl;
+  struct Spend;
+  struct SpendCtl;
+  struct Loop;
+
+  store::Task<void> run();
+  store::Task<void> sync_once(bool final_sync);
+  void wake();
+  void on_refill(const Shortfall& need, std::function<void()> done);
+  void enter_degraded(const std::string& why);
+  void leave_degraded();
+  void log(std::string_view msg) const;
+  double remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept;
+  double ns(Instant t) const noexcept;
+
+  boost::asio::io_context& control_;
+  RedisConfig config_;
+  std::uint32_t workers_;
+  Instant epoch_;
+  LogFn log_;
+  std::string replica_id_;
+  std::size_t scope_count_;
+  std::vector<std::string> scope_names_;
+  std::unique_ptr<LocalLimiter> fallback_;
+  std::unique_ptr<store::Client> client_;
+
+  // Worker-shared state: one cache line each.
+  std::unique_ptr<Lease[]> leases_;  // [scope * 2 + bucket]
+  std::unique_ptr<Slots[]> slots_;   // [scope]
+  std::unique_ptr<Spend[]> spend_;   // [scope]
+  // Read-only after construction.
+  struct Spec {
+    bool enabled = false;
+    double rate_per_min = 0;
+    double depth = 0;
+  };
+  std::vector<Spec> spec_;           // [scope * 2 + bucket]
+  std::vector<std::int64_t> max_streams_;
+
+  // Control-thread state.
+  std::vector<LeaseCtl> lease_ctl_;
+  std::vector<SlotsCtl> slots_ctl_;
+  std::vector<SpendCtl> spend_ctl_;
+  std::unique_ptr<Loop> loop_;
+  std::vector<std::function<void()>> waiters_;
+
+  alignas(64) std::atomic<bool> degraded_{false};
+  std::atomic<bool> synced_{false};
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> outages_{0}, syncs_{0}, sync_failures_{0}, leases_n_{0}, units_granted_{0},
+      refills_{0}, fallback_takes_{0};
+};
+
+}  // namespace weir::admission

@@ -1,0 +1,492 @@
+// RedisLimiter against a real redis-server: two "replicas" (independent
+// RedisLimiters, each with its own control thread and two worker threads)
+// sharing one limit, budgets, stream slots, and Redis dying mid-test.
+#include "admission/redis_limiter.hpp"
+
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
+#include <gtest/gtest.h>
+
+#include "../store/redis_server.hpp"
+#include "admission/admission.hpp"
+#include "admission/refill.hpp"
+#include "auth/config.hpp"
+
+namespace weir::admission {
+namespace {
+
+using namespace std::chrono_literals;
+namespace asio = boost::asio;
+using Executor = asio::io_context::executor_type;
+template <class T = void>
+using Task = asio::awaitable<T, Executor>;
+constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<Executor>{});
+
+auth::Limits rpm(std::uint64_t r, std::uint64_t burst = 0) {
+  auth::Limits l;
+  l.requests_per_minute = r;
+  l.requests_burst = burst;
+  return l;
+}
+
+struct World {
+  std::shared_ptr<const auth::AuthPolicy> policy;
+  Pricing pricing;
+  auth::Principal principal;
+
+  explicit World(auth::Limits limits, auth::Budget budget = {}) {
+    auth::AuthConfig c;
+    auth::TenantConfig t;
+    t.name = "acme";
+    t.limits = limits;
+    t.budget = budget;
+    c.tenants.emplace("acme", t);
+    policy = auth::AuthPolicy::build(c);
+    principal.kind = auth::CredentialKind::jwt;
+    principal.tenant = policy->find_tenant("acme");
+    pricing.set("m", ModelPrice{1'000'000, 2'000'000, 500'000});  // $1 / $2 / $0.5 per 1M tokens
+  }
+  std::uint32_t scope() const { return policy->find_tenant("acme")->scope; }
+};
+
+RedisConfig config(std::uint16_t port, const std::string& prefix) {
+  RedisConfig c;
+  c.host = "127.0.0.1";
+  c.port = port;
+  c.key_prefix = prefix;
+  c.command_timeout = 1000ms;  // a busy 2-core test machine; outages below are resets, seen at once
+  c.connect_timeout = 1000ms;
+  c.reconnect_max = 100ms;
+  c.sync_interval = 10ms;
+  c.budget_sync_interval = 20ms;
+  c.slot_ttl = 600ms;
+  return c;
+}
+
+std::string unique_prefix() {
+  static std::atomic<int> n{0};
+  return fmt::format("t{}-{}:", ::getpid(), n.fetch_add(1));
+}
+
+// What one admission came to.
+struct Answer {
+  bool ok = false;
+  bool waited = false;
+  int status = 0;
+  std::string code;
+  std::uint32_t retry_after_s = 0;
+};
+
+struct Worker {
+  asio::io_context ioc;
+  asio::executor_work_guard<Executor> guard{ioc.get_executor()};
+  std::unique_ptr<Admission> adm;
+  std::vector<Ticket> held;  // worker thread only
+  std::thread thread;
+
+  void start() {
+    thread = std::thread([this] { ioc.run(); });
+  }
+  ~Worker() {
+    // Tickets go back on the worker thread, then the loop ends.
+    asio::post(ioc, [this] { held.clear(); });
+    guard.reset();
+    if (thread.joinable()) thread.join();
+  }
+};
+
+struct Replica {
+  asio::io_context control;
+  asio::executor_work_guard<Executor> guard{control.get_executor()};
+  std::unique_ptr<RedisLimiter> limiter;
+  std::vector<std::unique_ptr<Worker>> workers;
+  std::thread thread;
+  std::mutex log_mu;
+  std::vector<std::string> logs;
+
+  Replica(const World& w, RedisConfig cfg, std::uint32_t n = 2) {
+    limiter = std::make_unique<RedisLimiter>(control, w.policy->scopes(), n, std::move(cfg), MonoClock::now(),
+                                             [this](std::string_view m) {
+                                               std::lock_guard lk(log_mu);
+                                               logs.emplace_back(m);
+                                             });
+    limiter->start();
+    thread = std::thread([this] { control.run(); });
+    for (std::uint32_t i = 0; i < n; ++i) {
+      workers.push_back(std::make_unique<Worker>());
+      workers.back()->adm = std::make_unique<Admission>(*limiter, w.pricing, i);
+      workers.back()->start();
+    }
+  }
+  ~Replica() {
+    if (thread.joinable()) shutdown();
+  }
+
+  // Graceful: workers drain, leases and slots go back, spend is pushed.
+  void shutdown() {
+    workers.clear();
+    auto f = asio::co_spawn(control, limiter->shutdown(), asio::use_future);
+    f.wait();
+    guard.reset();
+    thread.join();
+  }
+  // A crash: nothing goes back to Redis.
+  void crash() {
+    workers.clear();
+    guard.reset();
+    control.stop();
+    thread.join();
+  }
+
+  bool logged(std::string_view what) {
+    std::lock_guard lk(log_mu);
+    for (const auto& l : logs)
+      if (l.find(what) != std::string::npos) return true;
+    return false;
+  }
+
+  // Asks for a sync now (as a waiting request would) and waits for it.
+  void sync_now(std::uint32_t scope) {
+    Shortfall s;
+    s.pending = true;
+    s.add(scope, Resource::requests, 1);
+    std::promise<void> p;
+    auto f = p.get_future();
+    limiter->refill(s, 0, [&p] { p.set_value(); });
+    f.wait();
+  }
+};
+
+// One admission on worker `w`, the way the gateway runs it: admit, and on a
+// pending shortfall wait once for the refill and admit again. `keep` holds
+// the ticket on the worker; `usage` settles it at once.
+Task<Answer> admit_task(Replica& r, std::uint32_t w, const auth::Principal& p, std::uint64_t est, bool keep,
+                        std::optional<api::Usage> usage) {
+  Worker& wk = *r.workers[w];
+  Answer a;
+  Shortfall wait;
+  auto t = wk.adm->admit(p, "m", est, MonoClock::now(), &wait);
+  if (!t && wait.pending) {
+    a.waited = true;
+    co_await async_refill(*r.limiter, wait, w, wk.ioc.get_executor(), use_task);
+    t = wk.adm->admit(p, "m", est, MonoClock::now());
+  }
+  a.ok = static_cast<bool>(t);
+  if (!t) {
+    a.status = t.error().status;
+    a.code = std::string(t.error().code);
+    a.retry_after_s = t.error().retry_after_s;
+    co_return a;
+  }
+  a.status = 200;
+  if (usage) wk.adm->settle(*t, *usage, MonoClock::now());
+  if (keep) wk.held.push_back(std::move(*t));
+  co_return a;
+}
+
+Answer admit(Replica& r, std::uint32_t w, const auth::Principal& p, std::uint64_t est = 0, bool keep = false,
+             std::optional<api::Usage> usage = std::nullopt) {
+  auto f = asio::co_spawn(r.workers[w]->ioc, admit_task(r, w, p, est, keep, usage), asio::use_future);
+  return f.get();
+}
+
+// `n` admissions at once on every worker of every replica; counts by outcome.
+struct Tally {
+  std::atomic<int> ok{0}, limited{0}, unavailable{0}, quota{0}, waited{0}, done{0};
+};
+
+void hammer(std::vector<Replica*> replicas, int per_worker, const auth::Principal& p, std::uint64_t est, Tally& t) {
+  int total = 0;
+  for (Replica* r : replicas)
+    for (std::uint32_t w = 0; w < r->workers.size(); ++w)
+      for (int i = 0; i < per_worker; ++i, ++total)
+        asio::co_spawn(
+            r->workers[w]->ioc,
+            [r, w, &p, est, &t]() -> Task<void> {
+              const Answer a = co_await admit_task(*r, w, p, est, false, std::nullopt);
+              if (a.waited) ++t.waited;
+              if (a.ok) ++t.ok;
+              else if (a.status == 503) ++t.unavailable;
+              else if (a.code == "insufficient_quota") ++t.quota;
+              else ++t.limited;
+              ++t.done;
+            },
+            asio::detached);
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (t.done.load() < total && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(t.done.load(), total) << "admissions did not finish";
+}
+
+// Polls `cond` every 5 ms for at most `limit`.
+template <class F>
+bool eventually(F cond, std::chrono::milliseconds limit = 5000ms) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(5ms);
+  }
+  return cond();
+}
+
+class RedisLimiterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new testing::RedisServer(); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  void SetUp() override { ASSERT_TRUE(server_->ok()) << "redis-server did not start (scripts/setup installs it)"; }
+  RedisConfig cfg() const { return config(server_->port(), unique_prefix()); }
+  static testing::RedisServer* server_;
+};
+testing::RedisServer* RedisLimiterTest::server_ = nullptr;
+
+TEST_F(RedisLimiterTest, TwoReplicasShareOneLimitUnder200ConcurrentRequests) {
+  World w(rpm(100));  // 100 at once, then 100 per minute
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  Tally t;
+  const auto t0 = std::chrono::steady_clock::now();
+  hammer({&a, &b}, 50, w.principal, 0, t);  // 2 replicas x 2 workers x 50 = 200 at once
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60.0;
+  // From cold, admitted <= granted by the global bucket (depth + refill); the
+  // documented tolerance R x lease target (2 x 1) is the slack over any window.
+  const int refill = static_cast<int>(std::ceil(minutes * 100));
+  EXPECT_LE(t.ok.load(), 100 + refill + 2) << "minutes " << minutes;
+  // Under-admission: at most each replica's parked lease (target 1) plus one top-up.
+  EXPECT_GE(t.ok.load(), 100 - 4);
+  EXPECT_EQ(t.ok.load() + t.limited.load(), 200);
+  fmt::print("admitted {} of 200 (limit 100), {} waited for a refill, {:.1f} ms\n", t.ok.load(), t.waited.load(),
+             minutes * 60e3);
+  EXPECT_EQ(t.unavailable.load(), 0);
+  EXPECT_GT(t.waited.load(), 0);
+  EXPECT_FALSE(a.limiter->degraded());
+  EXPECT_GT(a.limiter->stats().leases + b.limiter->stats().leases, 0u);
+  EXPECT_LE(a.limiter->stats().units_granted + b.limiter->stats().units_granted, 100u + refill);
+}
+
+TEST_F(RedisLimiterTest, TwoReplicasShareATokensLimit) {
+  auth::Limits l;
+  l.tokens_per_minute = 10'000;  // 20 requests of 500 tokens
+  World w(l);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  Tally t;
+  const auto t0 = std::chrono::steady_clock::now();
+  hammer({&a, &b}, 20, w.principal, 500, t);
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 60.0;
+  const int refill = static_cast<int>(std::ceil(minutes * 10'000 / 500));
+  EXPECT_LE(t.ok.load(), 20 + refill + 2);
+  EXPECT_GE(t.ok.load(), 20 - 4);
+  EXPECT_EQ(t.ok.load() + t.limited.load(), 80);
+  fmt::print("admitted {} of 80 (limit 20 x 500 tokens), {} waited for a refill\n", t.ok.load(), t.waited.load());
+}
+
+TEST_F(RedisLimiterTest, DebtAboveTheEstimateReachesTheGlobalBucket) {
+  auth::Limits l;
+  l.tokens_per_minute = 10'000;
+  World w(l);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  // Estimated 500, used 5500: 5000 tokens of debt, pushed to the shared bucket by A's next sync.
+  ASSERT_TRUE(admit(a, 0, w.principal, 500, false, api::Usage{5000, 500, 5500, 0}).ok);
+  EXPECT_TRUE(eventually([&] { return a.limiter->lease_units(w.scope(), Bucket::tokens) >= 0; }));
+  ASSERT_TRUE(admit(b, 0, w.principal, 100).ok);
+  const auto v = b.limiter->view(w.scope(), Bucket::tokens, MonoClock::now());
+  EXPECT_EQ(v.limit, 10'000u);
+  EXPECT_LT(v.remaining, 5'000u) << "B must see A's debt";
+  EXPECT_GT(v.reset_ms, 0u);
+}
+
+TEST_F(RedisLimiterTest, BudgetCutOffSeenByBothReplicas) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 1'000'000'000;  // $1, never resets
+  World w(rpm(100000), budget);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced() && b.limiter->synced(); }));
+  const api::Usage quarter{250'000, 0, 250'000, 0};  // $0.25 at $1 / 1M input tokens
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(admit(a, i % 2, w.principal, 10, false, quarter).ok) << i;
+  // A knows its own spend at once.
+  const Answer a5 = admit(a, 0, w.principal, 10);
+  EXPECT_FALSE(a5.ok);
+  EXPECT_EQ(a5.code, "insufficient_quota");
+  // B learns it from Redis within a budget sync or two.
+  EXPECT_TRUE(eventually([&] { return b.limiter->spent(w.scope(), MonoClock::now()) == 1'000'000'000; }));
+  const Answer b1 = admit(b, 1, w.principal, 10);
+  EXPECT_FALSE(b1.ok);
+  EXPECT_EQ(b1.status, 429);
+  EXPECT_EQ(b1.code, "insufficient_quota");
+  // A retried push of the same running total does not count twice.
+  a.sync_now(w.scope());
+  EXPECT_EQ(b.limiter->spent(w.scope(), MonoClock::now()), 1'000'000'000);
+}
+
+TEST_F(RedisLimiterTest, BudgetPeriodRollsOverOnRedisTime) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 100'000'000;  // $0.10 per second
+  budget.period = 1s;
+  World w(rpm(100000), budget);
+  Replica a(w, cfg());
+  const api::Usage dime{100'000, 0, 100'000, 0};  // $0.10
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, dime).ok);
+  EXPECT_FALSE(admit(a, 0, w.principal, 10).ok);
+  // The next UTC-aligned second starts a new period.
+  EXPECT_TRUE(eventually([&] { return admit(a, 0, w.principal, 10).ok; }, 5000ms));
+}
+
+TEST_F(RedisLimiterTest, StreamSlotsAreSharedAndACrashedReplicasSlotsExpire) {
+  auth::Limits l;
+  l.max_concurrent_streams = 10;
+  World w(l);
+  const auto c = cfg();
+  auto a = std::make_unique<Replica>(w, c);
+  Replica b(w, c);
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(admit(*a, 0, w.principal, 0, true).ok) << i;
+  int got = 0;
+  for (int i = 0; i < 10; ++i) got += admit(b, 0, w.principal, 0, true).ok ? 1 : 0;
+  // A may still park its headroom (1 slot) while it is active: the documented under-admission.
+  EXPECT_GE(got, 3);
+  EXPECT_LE(got, 4) << "10 slots across both replicas";
+  // Once A is idle (lease_idle) its headroom goes back and B reaches 4, never more.
+  EXPECT_TRUE(eventually([&] {
+    admit(b, 0, w.principal, 0, true);
+    return b.limiter->streams_in_use(w.scope()) == 4u;
+  }));
+  const Answer refused = admit(b, 1, w.principal, 0, true);
+  EXPECT_FALSE(refused.ok);
+  EXPECT_EQ(refused.status, 429);
+  EXPECT_EQ(a->limiter->streams_in_use(w.scope()) + b.limiter->streams_in_use(w.scope()), 10u);
+  // A crashes holding 6: its slots come back once its entry expires (slot_ttl).
+  a->crash();
+  a.reset();
+  EXPECT_TRUE(eventually([&] {
+    admit(b, 0, w.principal, 0, true);
+    return b.limiter->streams_in_use(w.scope()) == 10u;
+  }));
+  EXPECT_EQ(b.limiter->streams_in_use(w.scope()), 10u);
+}
+
+TEST_F(RedisLimiterTest, IdleLeasesGoBackAndShutdownReturnsTheRest) {
+  World w(rpm(1000));  // lease target: 1000/min x 1 s window = 17, under 5% of 1000 = 50
+  auto c = cfg();
+  c.lease_window = 1000ms;
+  c.lease_idle = 300ms;
+  auto a = std::make_unique<Replica>(w, c);
+  Replica b(w, c);
+  ASSERT_TRUE(admit(*a, 0, w.principal).ok);
+  EXPECT_GT(a->limiter->lease_units(w.scope(), Bucket::requests), 0);
+  EXPECT_TRUE(eventually([&] { return a->limiter->lease_units(w.scope(), Bucket::requests) == 0; }));
+  ASSERT_TRUE(admit(b, 0, w.principal).ok);
+  EXPECT_GE(b.limiter->view(w.scope(), Bucket::requests, MonoClock::now()).remaining, 990u);
+
+  ASSERT_TRUE(admit(*a, 0, w.principal).ok);
+  EXPECT_GT(a->limiter->lease_units(w.scope(), Bucket::requests), 0);
+  a->shutdown();
+  a.reset();
+  b.sync_now(w.scope());
+  ASSERT_TRUE(admit(b, 1, w.principal).ok);
+  EXPECT_GE(b.limiter->view(w.scope(), Bucket::requests, MonoClock::now()).remaining, 990u);
+}
+
+TEST_F(RedisLimiterTest, ARequestThatDoesNotWaitGets429UntilTheTopUpArrives) {
+  World w(rpm(600));
+  Replica a(w, cfg());
+  Worker& wk = *a.workers[0];
+  auto t = wk.adm->admit(w.principal, "m", 0, MonoClock::now());  // no Shortfall: no wait
+  ASSERT_FALSE(t);
+  EXPECT_EQ(t.error().status, 429);
+  EXPECT_EQ(t.error().retry_after_s, 1u);
+  // The failed take asked the next sync for a lease.
+  EXPECT_TRUE(eventually([&] { return a.limiter->lease_units(w.scope(), Bucket::requests) > 0; }));
+  EXPECT_TRUE(wk.adm->admit(w.principal, "m", 0, MonoClock::now()));
+}
+
+// Outages: each test owns its redis-server so it can kill it.
+class RedisOutageTest : public ::testing::Test {
+ protected:
+  void SetUp() override { ASSERT_TRUE(server_.ok()); }
+  testing::RedisServer server_;
+};
+
+TEST_F(RedisOutageTest, FailOpenLimitsPerReplicaWhileRedisIsDownAndResumes) {
+  World w(rpm(20));
+  auto c = config(server_.port(), unique_prefix());
+  c.fail_open = true;
+  Replica a(w, c);
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(admit(a, 0, w.principal).ok) << i;
+  EXPECT_FALSE(a.limiter->degraded());
+
+  server_.kill();
+  EXPECT_TRUE(eventually([&] {
+    a.sync_now(w.scope());
+    return a.limiter->degraded();
+  }));
+  EXPECT_TRUE(a.logged("unreachable"));
+  EXPECT_TRUE(a.logged("fail_open is on"));
+  EXPECT_FALSE(a.limiter->refusing());
+
+  // The local fallback: a fresh per-replica bucket of 20 (x fail_open_share 1.0).
+  Tally t;
+  hammer({&a}, 30, w.principal, 0, t);
+  EXPECT_GE(t.ok.load(), 20);
+  EXPECT_LE(t.ok.load(), 21);  // + at most one refill (20/min) during the burst
+  EXPECT_EQ(t.unavailable.load(), 0);
+  EXPECT_GT(a.limiter->stats().fallback_takes, 0u);
+
+  ASSERT_TRUE(server_.start());
+  EXPECT_TRUE(eventually([&] { return !a.limiter->degraded(); }, 10000ms));
+  EXPECT_TRUE(a.logged("reachable again"));
+  // A fresh Redis: full bucket, scripts loaded again (NOSCRIPT), limits shared again.
+  EXPECT_TRUE(admit(a, 1, w.principal).ok);
+  EXPECT_EQ(a.limiter->stats().outages, 1u);
+}
+
+TEST_F(RedisOutageTest, FailClosedRefusesWith503WhileRedisIsDown) {
+  World w(rpm(1000));
+  auto c = config(server_.port(), unique_prefix());
+  c.fail_open = false;
+  Replica a(w, c);
+  ASSERT_TRUE(admit(a, 0, w.principal).ok);
+
+  server_.kill();
+  EXPECT_TRUE(eventually([&] {
+    a.sync_now(w.scope());
+    return a.limiter->degraded();
+  }));
+  EXPECT_TRUE(a.limiter->refusing());
+  EXPECT_TRUE(a.logged("fail_open is off"));
+  const Answer r = admit(a, 1, w.principal);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.retry_after_s, 1u);
+
+  ASSERT_TRUE(server_.start());
+  EXPECT_TRUE(eventually([&] { return !a.limiter->degraded(); }, 10000ms));
+  EXPECT_TRUE(admit(a, 1, w.principal).ok);
+}
+
+TEST_F(RedisOutageTest, NothingListeningAtStartFailsOpenAtOnce) {
+  World w(rpm(5));
+  auto c = config(server_.port(), unique_prefix());
+  server_.kill();
+  Replica a(w, c);
+  EXPECT_TRUE(eventually([&] {
+    a.sync_now(w.scope());
+    return a.limiter->degraded();
+  }));
+  int ok = 0;
+  for (int i = 0; i < 8; ++i) ok += admit(a, i % 2, w.principal).ok ? 1 : 0;
+  EXPECT_EQ(ok, 5);
+}
+
+}  // namespace
+}  // namespace weir::admission
