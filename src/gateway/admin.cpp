@@ -90,6 +90,23 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
   g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
 }
 
+void append_http_date(std::string& out) {
+  thread_local std::int64_t cached_sec = -1;
+  thread_local char cached[64];
+  const std::int64_t s = std::chrono::duration_cast<std::chrono::seconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  if (s != cached_sec) {
+    const std::time_t t = static_cast<std::time_t>(s);
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    // strftime's %a/%b follow the C locale, which Weir never changes: English names.
+    std::strftime(cached, sizeof cached, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n", &tm);
+    cached_sec = s;
+  }
+  out += cached;
+}
+
 void append_timestamp(std::string& out) {
   const auto now = std::chrono::system_clock::now();
   const auto secs = std::chrono::time_point_cast<std::chrono::seconds>(now);

@@ -28,8 +28,17 @@ namespace {
 constexpr std::size_t kMonitorRead = 4096;
 constexpr std::size_t kStreamRead = 16384;
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
+// A reused upstream connection that fails this soon after the request went
+// out was closed by the server before it could read it.
+constexpr auto kStaleWindow = std::chrono::milliseconds(5);
 
+// The path of a request target: origin-form "/p?q", or absolute-form
+// "http://host/p?q", which a server must accept too (RFC 9112 §3.2.2).
 std::string_view path_of(std::string_view target) {
+  if (target.starts_with("http://") || target.starts_with("https://")) {
+    const auto slash = target.find('/', target.find("://") + 3);
+    target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+  }
   auto q = target.find('?');
   return q == std::string_view::npos ? target : target.substr(0, q);
 }
@@ -492,8 +501,12 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     upstream_ = nullptr;
     failure = http::classify(*conn, ec);
     if (peer_gone_) break;
-    if (reused && !fresh_retry_used && failure == http::UpstreamFailure::reset && got == 0) {
-      // The pooled connection had gone stale: retry once on a fresh one.
+    if (reused && !fresh_retry_used && failure == http::UpstreamFailure::reset && got == 0 &&
+        core::now() - ctx_.t_upstream_sent < kStaleWindow) {
+      // The pooled connection failed at once, before any answer: the server
+      // had closed it (the pool's peek missed it by a hair). Retry once on a
+      // fresh connection. A later failure may be an upstream that started the
+      // generation, so that one is answered with 502, never run twice.
       fresh_retry_used = true;
       force_fresh = true;
       ++ctx_.retries;
@@ -612,7 +625,7 @@ void Session::append_response_headers(std::string& out, const ResponseParser& rp
   }
   http::append_header(out, "x-request-id", ctx_.request_id);
   out += rl_headers_;
-  if (!keep_alive_) out += "Connection: close\r\n";
+  append_connection_header(out);
 }
 
 http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConnection& conn) {
@@ -711,6 +724,7 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
   head_.clear();
   http::append_status_line(head_, status);
   append_response_headers(head_, rp, drop_encoding);
+  if (drop_encoding) head_ += "Vary: Accept-Encoding\r\n";
   const bool no_body = req.method() == bh::verb::head || status == 204 || status == 304;
   if (!no_body) {
     head_ += "Content-Length: ";
@@ -874,6 +888,11 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   if (rbuf_.capacity() > kStreamRead * 4) std::string().swap(rbuf_);
 }
 
+void Session::append_connection_header(std::string& out) const {
+  if (!keep_alive_) out += "Connection: close\r\n";
+  else if (parser_ && parser_->is_header_done() && parser_->get().version() < 11) out += "Connection: keep-alive\r\n";
+}
+
 // --- identity and admission -------------------------------------------------
 
 http::Task<std::optional<core::Error>> Session::authenticate() {
@@ -1034,7 +1053,8 @@ http::Task<void> Session::respond(int status, std::string_view content_type, std
   http::append_header(head_, "x-request-id", ctx_.request_id);
   head_ += rl_headers_;
   head_ += extra_headers;
-  if (!keep_alive_) head_ += "Connection: close\r\n";
+  append_http_date(head_);
+  append_connection_header(head_);
   head_ += "\r\n";
   const bool head_only = parser_ && parser_->is_header_done() && parser_->get().method() == bh::verb::head;
   co_await write_all(head_, head_only ? std::string_view{} : body);

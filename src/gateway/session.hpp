@@ -85,6 +85,8 @@ class Session {
   http::Task<void> lingering_close();
 
   void log_request();
+  // "Connection: close", or "Connection: keep-alive" for an HTTP/1.0 client that keeps it.
+  void append_connection_header(std::string& out) const;
   // Forgets the per-request state that outlives the handlers (principal, headers).
   void end_request();
   void append_upstream_head(std::string& out, std::string_view host_header, std::string_view body,

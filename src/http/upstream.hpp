@@ -63,7 +63,8 @@ class ConnectionPool {
       : max_idle_(max_idle), max_idle_age_(max_idle_age) {}
 
   // A reusable connection, or nullptr. Connections idle longer than
-  // max_idle_age are closed and dropped (the server may already have closed them).
+  // max_idle_age, closed by the server, or holding unsolicited bytes are
+  // closed and dropped.
   std::unique_ptr<UpstreamConnection> take(std::chrono::steady_clock::time_point now);
   // Returns a connection after a complete response; closes it if the pool is full.
   void put(std::unique_ptr<UpstreamConnection> c, std::chrono::steady_clock::time_point now);
