@@ -577,6 +577,9 @@ void Session::append_upstream_head(std::string& out, std::string_view host_heade
   }
   // Streams are parsed event by event: ask for them uncompressed.
   if (stream) out += "Accept-Encoding: identity\r\n";
+  // The client's credential is for Weir when Weir authenticates, or replaced
+  // by the pool's key: either way it never reaches the model server.
+  const bool strip_credentials = !api_key.empty() || w_.authenticator() != nullptr;
   const std::string_view connection = req[bh::field::connection];
   for (const auto& f : req) {
     const auto name = f.name_string();
@@ -589,13 +592,13 @@ void Session::append_upstream_head(std::string& out, std::string_view host_heade
         if (stream) continue;
         break;
       case bh::field::authorization:
-        if (!api_key.empty()) continue;
+        if (strip_credentials) continue;
         break;
       default:
         break;
     }
     if (http::is_hop_by_hop(name, connection) || http::iequals(name, "x-request-id")) continue;
-    if (!api_key.empty() && http::iequals(name, "x-api-key")) continue;
+    if (strip_credentials && http::iequals(name, "x-api-key")) continue;
     out += name;
     out += ": ";
     out += f.value();

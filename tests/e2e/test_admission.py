@@ -330,3 +330,14 @@ def test_jwt_from_a_jwks_file(mock, weir, tmp_path):
     w = weir(config=jwt_config(m, {"jwks_file": str(path)}))
     r = chat(w, token(k1, "e1", alg="ES256"))
     assert r.status_code == 200, r.text
+
+
+def test_client_credentials_never_reach_the_upstream(gw):
+    w, _ = gw
+    for headers in ({"authorization": "Bearer sk-acme"}, {"x-api-key": "sk-acme"}):
+        r = httpx.post(w.v1 + "/chat/completions", timeout=30,
+                       headers={**headers, "x-mock-echo": "1"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+        assert r.status_code == 200, r.text
+        received = r.headers["x-mock-headers"].split(",")
+        assert "authorization" not in received and "x-api-key" not in received, received
