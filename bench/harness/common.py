@@ -1,0 +1,111 @@
+"""Helpers shared by the suites: the set of targets, saturation rules, table cells."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import measure
+from measure import agg
+from report import Report, us_ms
+from targets import Env, Mock, Target, direct, peer_targets, PEER_ORDER
+
+
+@dataclass
+class Options:
+    peers: list[str] = field(default_factory=lambda: list(PEER_ORDER))
+    install_peers: bool = True
+    bifrost_variants: list[str] = field(default_factory=lambda: ["logging-on", "logging-off"])
+
+
+def peers_for(env: Env, opts: Options) -> list[str]:
+    return ["nginx"] if env.smoke else [p for p in opts.peers]
+
+
+def start_peers(env: Env, opts: Options, mock: Mock, report: Report, names: list[str] | None = None) -> list[Target]:
+    names = names if names is not None else peers_for(env, opts)
+    if not names:
+        return []
+    env.log(f"  starting peers: {', '.join(names)}")
+    peers = peer_targets(env, mock, names, opts.install_peers, {"bifrost": opts.bifrost_variants})
+    for p in peers:
+        if not p.available:
+            report.peer_unavailable(p.label, p.reason)
+        else:
+            report.add_meta(f"peer {p.label}", p.version or "installed")
+    if env.smoke:
+        for p in peers:
+            if p.name == "nginx" and not p.available:
+                report.failures.append(f"nginx (required in smoke mode) is not available: {p.reason}")
+    return peers
+
+
+def stop_targets(targets: list[Target]) -> None:
+    for t in targets:
+        if t.kind != "direct":
+            t.stop()
+
+
+def live(targets: list[Target]) -> list[Target]:
+    return [t for t in targets if t.available]
+
+
+def ratio(peer_val, weir_val) -> float | None:
+    """peer / weir for added latencies (µs); None when either is missing; inf when Weir's added latency
+    is at or below zero (within the noise of the direct path) and the peer's is above it."""
+    if peer_val is None or weir_val is None:
+        return None
+    if weir_val <= 0:
+        return float("inf") if peer_val > 0 else None
+    return peer_val / weir_val
+
+
+def fmt_ratio(r) -> str:
+    if r is None:
+        return "– (both ≤ 0)"
+    if r == float("inf"):
+        return "∞ (Weir ≤ 0)"
+    return f"{r:,.1f}×" if r < 100 else f"{r:,.0f}×"
+
+
+PRETTY = {"litellm": "LiteLLM", "bifrost": "Bifrost", "portkey": "Portkey", "nginx": "nginx", "weir": "Weir"}
+
+
+def gateway_failed(res: dict) -> str | None:
+    """give_up rule for a round: most requests failed, so further rounds only cost time."""
+    sched = res.get("scheduled") or 0
+    if sched and res.get("errors_total", 0) > 0.5 * sched:
+        return f"{res['errors_total']} of {sched} requests failed in round {res.get('round')}"
+    if not res.get("target_alive", True):
+        return "the gateway exited"
+    return None
+
+
+def sat_text(a: dict) -> str:
+    """A short note for a cell's aggregate: errors, saturation, give-up."""
+    notes = []
+    if a.get("errors_total"):
+        notes.append(f"{a['errors_total']} errors ({a['error_rate'] * 100:.2g} %: {a['errors_text'][:120]})")
+    if a.get("generator_saturated"):
+        notes.append(f"generator saturated in {a['saturated_rounds']}/{a['rounds']} rounds "
+                     f"({'; '.join(a['saturation_reasons'])})")
+    if a.get("gave_up"):
+        notes.append(f"stopped after: {a['gave_up']}")
+    return "; ".join(notes)
+
+
+def ms(v_us, digits: int = 2) -> str:
+    return us_ms(v_us, digits)
+
+
+def added_cell(v_us, digits: int = 2) -> str:
+    if v_us is None:
+        return "–"
+    return f"{v_us / 1000:+,.{digits}f}"
+
+
+def base_targets(mock: Mock) -> list[Target]:
+    return [direct(mock)]
+
+
+__all__ = ["Options", "start_peers", "stop_targets", "live", "ratio", "fmt_ratio", "gateway_failed", "sat_text",
+           "ms", "added_cell", "base_targets", "agg", "measure"]

@@ -1,0 +1,131 @@
+"""Weir configurations the suites run, and the credentials they need (JWT with a JWKS file, API keys).
+
+Configurations are written as JSON, which is YAML (Weir reads them with --config).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import time
+
+POOL_DEFAULTS = {
+    "timeouts": {"connect": "2s", "first_byte": "120s", "idle": "60s"},
+    "max_idle_per_endpoint": 512,
+    "idle_keepalive": "4s",
+    "eject_for": "2s",
+}
+
+# The four pools of config/weir.example.yaml, all chat pools here (the seed workload is chat
+# streaming; the example's fourth pool serves embeddings): model -> (pool, upstream_model, aliases).
+SEED_MODELS = {
+    "llama-3.1-8b-instruct": ("llama", "meta-llama/Llama-3.1-8B-Instruct", ["llama", "llama-8b"]),
+    "qwen2.5-7b-instruct": ("qwen", "Qwen/Qwen2.5-7B-Instruct", ["qwen"]),
+    "mistral-7b-instruct": ("mistral", "mistralai/Mistral-7B-Instruct-v0.3", []),
+    "gemma-2-9b-it": ("gemma", "google/gemma-2-9b-it", ["gemma"]),
+}
+
+NEVER_TRIPS = {
+    "requests_per_minute": 1_000_000_000,
+    "tokens_per_minute": 1_000_000_000_000,
+    "max_concurrent_streams": 1_000_000,
+    "requests_burst": 1_000_000_000,
+    "tokens_burst": 1_000_000_000_000,
+}
+NEVER_TRIPS_BUDGET = {"usd": 1_000_000_000, "period": "720h"}
+PRICING = {"*": {"input": 1.0, "output": 2.0}}
+
+API_KEY = "sk-weir-bench-governed-0123456789abcdef"
+
+
+def plain(mock_url: str, access_log: str = "off") -> dict:
+    """One pool, no auth, no limits: the plain proxy hop."""
+    return {
+        "workers": 1,
+        "server": {"access_log": access_log},
+        "pools": {"mock": {"endpoints": [mock_url], **POOL_DEFAULTS}},
+        "models": {"mock-model": {"pool": "mock"}},
+        "default_pool": "mock",
+    }
+
+
+def governed(mock_url: str, access_log: str = "off") -> dict:
+    """plain() plus an API key, tenant and key rate limits, stream caps and budgets, all set never to trip."""
+    cfg = plain(mock_url, access_log)
+    cfg["tenants"] = {"bench": {"models": ["*"], "limits": dict(NEVER_TRIPS), "budget": dict(NEVER_TRIPS_BUDGET)}}
+    cfg["pricing"] = PRICING
+    cfg["auth"] = {
+        "required": True,
+        "api_keys": [{
+            "id": "bench-key",
+            "sha256": hashlib.sha256(API_KEY.encode()).hexdigest(),
+            "tenant": "bench",
+            "limits": dict(NEVER_TRIPS),
+            "budget": dict(NEVER_TRIPS_BUDGET),
+        }],
+    }
+    return cfg
+
+
+def make_jwt(work: pathlib.Path) -> tuple[pathlib.Path, str]:
+    """An RS256 key pair: writes WORK/jwks.json, returns (its path, a token for tenant "bench" valid for a day)."""
+    import jwt
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from jwt.algorithms import RSAAlgorithm
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(RSAAlgorithm.to_jwk(key.public_key()))
+    jwk.update({"kid": "bench-1", "alg": "RS256", "use": "sig"})
+    path = work / "jwks.json"
+    path.write_text(json.dumps({"keys": [jwk]}))
+    now = int(time.time())
+    token = jwt.encode({"iss": "https://bench.weir.invalid/", "aud": "weir", "sub": "bench-user",
+                        "tenant": "bench", "iat": now, "exp": now + 86400},
+                       key, algorithm="RS256", headers={"kid": "bench-1"})
+    return path, token
+
+
+def all_controls(mock_url: str, jwks_path: pathlib.Path, access_log: str) -> dict:
+    """The seed-000 gateway: JWT (cached key set) → tenant lookup → rate limit, stream cap and budget that
+    never trip → four pools by model name; access log on."""
+    pools = {}
+    models = {}
+    for name, (pool, upstream, aliases) in SEED_MODELS.items():
+        pools[pool] = {"endpoints": [mock_url], **POOL_DEFAULTS}
+        models[name] = {"pool": pool, "upstream_model": upstream, "aliases": aliases}
+    return {
+        "workers": 1,
+        "server": {"access_log": access_log},
+        "pools": pools,
+        "models": models,
+        "tenants": {"bench": {"models": ["*"], "limits": dict(NEVER_TRIPS), "budget": dict(NEVER_TRIPS_BUDGET)}},
+        "pricing": PRICING,
+        "auth": {
+            "required": True,
+            "jwt": {
+                "jwks_file": str(jwks_path),
+                "issuer": "https://bench.weir.invalid/",
+                "audience": "weir",
+                "tenant_claim": "tenant",
+                "subject_claim": "sub",
+                "require_exp": True,
+                "cache_entries": 4096,
+            },
+        },
+    }
+
+
+def seed_prompt(words: int = 300) -> str:
+    """300 deterministic words (≈400 tokens), like weir-bench's built-in seed000 payload."""
+    vocab = ("the river runs past the old mill where morning light falls on stone and water while "
+             "engineers measure every token that leaves the gateway under load").split()
+    return " ".join(vocab[(i * 7 + i // 5) % len(vocab)] for i in range(words))
+
+
+def chat_body(model: str, max_tokens: int, stream: bool = True, prompt: str | None = None) -> str:
+    body = {"model": model, "messages": [{"role": "user", "content": prompt or seed_prompt()}],
+            "max_tokens": max_tokens, "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    return json.dumps(body, separators=(",", ":"))

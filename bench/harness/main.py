@@ -1,0 +1,160 @@
+"""bench/run: Weir's benchmark harness. See bench/README.md.
+
+    bench/run SUITE [SUITE...]       run suites, write bench/results/SUITE.{md,csv,json,png}
+    bench/run all                    every suite, then bench/results/summary.md
+    bench/run --smoke all|SUITE      short mode (seconds per suite; Weir, direct and nginx only), output in a
+                                     temp dir (or --out); exits non-zero when anything breaks
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = pathlib.Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import procs  # noqa: E402
+from common import Options  # noqa: E402
+from procs import HarnessError  # noqa: E402
+from targets import REPO, Env, PEER_ORDER  # noqa: E402
+
+SUITES = ["seed000", "latency", "stream", "memory", "governed", "allocs"]
+
+
+def load_suite(name: str):
+    import importlib
+    return importlib.import_module(f"suite_{name}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(prog="bench/run", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("suites", nargs="+", help=f"{', '.join(SUITES)} or all")
+    ap.add_argument("--smoke", action="store_true", help="short mode for CI: seconds per suite, no peers but nginx")
+    ap.add_argument("--rounds", type=int, default=None, help="rounds per measurement (default 3; smoke 1)")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="output directory (default bench/results; smoke: a temp dir)")
+    ap.add_argument("--peers", default=",".join(PEER_ORDER),
+                    help="comma-separated peers to run (default: all; '' for none)")
+    ap.add_argument("--no-install", action="store_true", help="do not run a peer's setup when it is not installed")
+    ap.add_argument("--no-priority", action="store_true", help="do not raise the measured processes' priority")
+    ap.add_argument("--bin-dir", type=pathlib.Path, default=REPO / "build" / "bin")
+    ap.add_argument("--gateway-cpu", type=int, default=0)
+    ap.add_argument("--load-cpu", type=int, default=1)
+    ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
+    ap.add_argument("-q", "--quiet", action="store_true")
+    args = ap.parse_args(argv)
+    if args.suites == ["all"]:
+        args.suites = list(SUITES)
+    for s in args.suites:
+        if s not in SUITES:
+            ap.error(f"unknown suite {s!r} (one of: {', '.join(SUITES)}, all)")
+    return args
+
+
+def ensure_binaries(bin_dir: pathlib.Path) -> None:
+    need = ["weir", "weir-mock", "weir-bench"]
+    missing = [n for n in need if not os.access(bin_dir / n, os.X_OK)]
+    if missing and bin_dir == REPO / "build" / "bin":
+        print(f"bench/run: building {' '.join(missing)} (scripts/build release ...)", flush=True)
+        import subprocess
+        for attempt in range(10):
+            r = subprocess.run([str(REPO / "scripts" / "build"), "release", *need], cwd=REPO)
+            if r.returncode == 0:
+                break
+            time.sleep(15)   # the lead builds into build/ too: a held ninja lock clears
+        missing = [n for n in need if not os.access(bin_dir / n, os.X_OK)]
+    if missing:
+        raise HarnessError(f"missing binaries in {bin_dir}: {', '.join(missing)} "
+                           "(scripts/build release weir weir-mock weir-bench)")
+
+
+def main(argv: list[str]) -> int:
+    args = parse_args(argv)
+    if os.cpu_count() and os.cpu_count() < 2:
+        print("bench/run: needs 2 CPUs (gateway on one, mock and load generator on the other)", file=sys.stderr)
+        return 2
+    ensure_binaries(args.bin_dir)
+    procs.raise_fd_limit()
+
+    def on_signal(signum, _frame):
+        print(f"\nbench/run: signal {signum}: stopping every process it started", file=sys.stderr, flush=True)
+        procs.stop_all()
+        os._exit(128 + signum)
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    smoke = args.smoke
+    if args.out:
+        out_dir = args.out
+    elif smoke:
+        out_dir = pathlib.Path(tempfile.mkdtemp(prefix="weir-bench-smoke-"))
+    else:
+        out_dir = REPO / "bench" / "results"
+    out_dir = out_dir.resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    priority = not args.no_priority and procs.priority_available()
+    opts = Options(peers=[p for p in args.peers.split(",") if p], install_peers=not args.no_install)
+    rounds = args.rounds or (1 if smoke else 3)
+    failures: list[str] = []
+    written: list[pathlib.Path] = []
+    reports = []
+    t_all = time.monotonic()
+    for name in args.suites:
+        work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
+        env = Env(bin_dir=args.bin_dir, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
+                  priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet)
+        print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
+        t0 = time.monotonic()
+        try:
+            rep = load_suite(name).run(env, opts)
+            rep.finish()
+            files = rep.write(out_dir)
+            written += files
+            reports.append(rep)
+            for f in files:
+                if not f.exists() or f.stat().st_size == 0:
+                    rep.failures.append(f"output file {f} missing or empty")
+            failures += [f"{name}: {x}" for x in rep.failures]
+            status = "FAILED" if rep.failures else "ok"
+            print(f"== {name}: {status} in {time.monotonic() - t0:.0f} s -> {out_dir / name}.md", flush=True)
+            for x in rep.failures:
+                print(f"   {x}", flush=True)
+        except HarnessError as e:
+            failures.append(f"{name}: {e}")
+            print(f"== {name}: FAILED: {e}", file=sys.stderr, flush=True)
+        except Exception:   # noqa: BLE001 - report, stop processes, go on with the next suite
+            failures.append(f"{name}: harness error:\n{traceback.format_exc()}")
+            print(f"== {name}: FAILED (harness error)\n{traceback.format_exc()}", file=sys.stderr, flush=True)
+        finally:
+            procs.stop_all()
+            if args.keep_work or (not smoke and failures):
+                print(f"   work dir kept: {work}", flush=True)
+            else:
+                shutil.rmtree(work, ignore_errors=True)
+            if not smoke and not args.keep_work and (REPO / "bench" / "results").resolve() == out_dir:
+                # keep raw per-run reports where .gitignore expects them
+                pass
+    if len(args.suites) > 1 and reports:
+        import summary
+        written.append(summary.write(out_dir, reports, smoke))
+    print(f"bench/run: {len(args.suites)} suite(s) in {time.monotonic() - t_all:.0f} s; output in {out_dir}")
+    if failures:
+        print("bench/run: FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main(sys.argv[1:]))
+    finally:
+        procs.stop_all()

@@ -1,0 +1,217 @@
+"""seed000: the seed workload with every control on, open loop, rates stepping up until saturation."""
+
+from __future__ import annotations
+
+import configs
+import measure
+from common import (PRETTY, Options, added_cell, fmt_ratio, gateway_failed, live, ms, ratio, sat_text, start_peers,
+                    stop_targets)
+from loadgen import Load
+from measure import agg
+from report import Report, table
+from targets import Env, Mock, direct, start_weir
+
+TITLE = "seed workload, every control on, open loop"
+RATES = [250, 500, 1000, 2000, 4000, 8000]
+
+
+def run(env: Env, opts: Options) -> Report:
+    rep = Report("seed000", TITLE, env)
+    rates = [50] if env.smoke else RATES
+    warmup, duration = (0.5, 1.0) if env.smoke else (3.0, 6.0)
+    mock = Mock(env, ttft_ms=90, itl_ms=14, max_tokens=128)
+    rep.add_meta("mock", mock.describe() + " (any model name)")
+    rep.add_meta("load", f"weir-bench open loop, constant rate, {warmup:g} s warm-up + {duration:g} s measured per "
+                 "run; 400-token prompt, 128 streamed tokens, include_usage; the four model names round-robin "
+                 "(Weir routes each to its pool)")
+    jwks, token = configs.make_jwt(env.work)
+    access_log = env.work / "weir-access.log"
+    weir = start_weir(env, "weir (all controls)", configs.all_controls(mock.url, jwks, str(access_log)),
+                      tag="weir-seed000", headers=[f"Authorization: Bearer {token}"])
+    rep.add_meta("weir", f"{weir.version}; --workers 1; JWT RS256 against a JWKS file (cached key set, "
+                 "verified-token cache), tenant lookup, tenant rate limits (requests, tokens), stream cap and "
+                 "budget set never to trip, pricing, four pools by model name, access log on (a file)")
+    targets = [direct(mock), weir] + start_peers(env, opts, mock, rep)
+
+    seed_lines = [configs.chat_body(m, 128) for m in configs.SEED_MODELS]
+    peer_line = [configs.chat_body("{model}", 128)]
+
+    def load_for(t) -> Load:
+        lines = seed_lines if t.name in ("weir", "direct") else peer_line
+        return Load(rate=rate, duration=duration, warmup=warmup, payload_lines=lines, timeout=30,
+                    stall_ms=1000)
+
+    per_rate: dict[int, dict] = {}
+    dropped: dict[str, str] = {}
+    stop_reason = ""
+    for rate in rates:
+        active = [t for t in live(targets) if t.label not in dropped]
+        if not any(t.name == "weir" for t in active):
+            break
+        env.log(f"  seed000 @ {rate} req/s: {', '.join(t.label for t in active)}")
+        res = measure.run_cell(env, active, load_for, f"seed000-{rate}", mock=mock, give_up=gateway_failed)
+        per_rate[rate] = res
+        if env.smoke:
+            for label in ("direct (no gateway)", weir.label, "nginx"):
+                measure.require_clean(env, label, res.get(label, []), f"seed000 @ {rate}", rep.failures)
+        d = agg(res.get("direct (no gateway)", []))
+        for t in active:
+            if t.kind == "direct":
+                continue
+            a = agg(res.get(t.label, []))
+            why = saturated(a, rate)
+            if why:
+                dropped[t.label] = f"saturated at {rate} req/s ({why})"
+        direct_why = saturated(d, rate) or (
+            f"weir-bench saturated in {d['saturated_rounds']}/{d['rounds']} rounds" if d.get("saturated_rounds", 0) * 2 > d.get("rounds", 1) else "")
+        if direct_why:
+            stop_reason = f"the direct path (mock + load generator on one core) saturated at {rate} req/s: {direct_why}"
+            break
+        if weir.label in dropped:
+            stop_reason = f"Weir saturated at {rate} req/s"
+            break
+    stop_targets(targets)
+    mock.stop()
+
+    # ------------------------------------------------------------- tables ---
+    labels = [t.label for t in targets if t.available or t.label in {l for r in per_rate.values() for l in r}]
+    rows = []
+    added_by = {}   # (label, rate) -> dict
+    for rate, res in per_rate.items():
+        dres = res.get("direct (no gateway)", [])
+        for label in labels:
+            rs = res.get(label)
+            if not rs:
+                continue
+            a = agg(rs)
+            ad = {f"{h}_{p}": measure.added(rs, dres, h, p) for h in ("ttft", "itl") for p in ("p50", "p99", "p99_9")}
+            added_by[(label, rate)] = ad
+            is_direct = label.startswith("direct")
+            rows.append([f"{rate:,}", label, f"{a['achieved_rate_rps']:,.0f}",
+                         f"{ms(a['ttft_p50_us'])} / {ms(a['ttft_p99_us'])} / {ms(a['ttft_p99_9_us'])}",
+                         "" if is_direct else " / ".join(added_cell(ad[f'ttft_{p}']) for p in ("p50", "p99", "p99_9")),
+                         f"{ms(a['itl_p50_us'])} / {ms(a['itl_p99_us'])} / {ms(a['itl_p99_9_us'])}",
+                         "" if is_direct else " / ".join(added_cell(ad[f'itl_{p}']) for p in ("p50", "p99", "p99_9")),
+                         "" if is_direct else f"{a['target_cpu_cores']:.2f}" if a['target_cpu_cores'] is not None else "–",
+                         "" if is_direct else f"{a['target_hwm_kb'] / 1024:.1f}",
+                         sat_text(a)])
+            for h in ("ttft", "itl", "e2e"):
+                for p in ("p50", "p99", "p99_9"):
+                    rep.row("latency", label, rate, f"{h}_{p}", a[f"{h}_{p}_us"], "us", a["rounds"])
+            for h in ("ttft", "itl"):
+                for p in ("p50", "p99", "p99_9"):
+                    if not is_direct:
+                        rep.row("added", label, rate, f"added_{h}_{p}", ad[f"{h}_{p}"], "us", a["rounds"])
+            rep.row("throughput", label, rate, "achieved_rps", a["achieved_rate_rps"], "req/s", a["rounds"])
+            rep.row("throughput", label, rate, "errors", a["errors_total"], "requests", a["rounds"])
+            rep.row("throughput", label, rate, "generator_saturated_rounds", a["saturated_rounds"], "", a["rounds"])
+            if not is_direct:
+                rep.row("resources", label, rate, "cpu_cores", a["target_cpu_cores"], "cores", a["rounds"])
+                rep.row("resources", label, rate, "peak_rss", a["target_hwm_kb"] / 1024, "MiB", a["rounds"])
+    rep.section("Latency by offered rate", (
+        "Per rate: TTFT and inter-token latency (ITL) percentiles as the client saw them (ms), and *added* = "
+        "through the gateway minus direct in the same round, median over rounds (ms; a negative value is "
+        "noise around zero). CPU: the gateway's utime+stime over the measured window / wall time (cores; "
+        "it is pinned to one core, so 1.00 is its ceiling). Peak RSS: VmHWM (MiB).\n\n"
+        + table(["req/s", "target", "ok req/s", "TTFT p50 / p99 / p99.9", "added TTFT p50 / p99 / p99.9",
+                 "ITL p50 / p99 / p99.9", "added ITL p50 / p99 / p99.9", "CPU", "peak RSS", "notes"], rows)))
+    if dropped:
+        rep.section("Saturation", "\n".join(f"- {k}: {v}; not run at higher rates." for k, v in dropped.items())
+                    + (f"\n- Stepping stopped: {stop_reason}." if stop_reason else ""))
+    elif stop_reason:
+        rep.section("Saturation", f"- Stepping stopped: {stop_reason}.")
+
+    # ------------------------------------------------------- ratios, goals ---
+    weir_label = weir.label
+    ratio_rows = []
+    goal_vals: dict[str, list] = {}
+    for (label, rate), ad in added_by.items():
+        if label in (weir_label,) or label.startswith("direct"):
+            continue
+        w = added_by.get((weir_label, rate))
+        if not w:
+            continue
+        r99 = ratio(ad["ttft_p99"], w["ttft_p99"])
+        r999 = ratio(ad["ttft_p99_9"], w["ttft_p99_9"])
+        ri99 = ratio(ad["itl_p99"], w["itl_p99"])
+        ratio_rows.append([f"{rate:,}", label, fmt_ratio(r99), fmt_ratio(r999), fmt_ratio(ri99)])
+        rep.row("ratios", label, rate, "added_ttft_p99_peer_over_weir", r99, "x")
+        rep.row("ratios", label, rate, "added_ttft_p99_9_peer_over_weir", r999, "x")
+        goal_vals.setdefault(label.split(" ")[0], []).append((rate, r99, r999, ad, w))
+    if ratio_rows:
+        rep.section("Weir against each peer", (
+            "Peer's added latency / Weir's added latency, same rate, same run (bigger is better for Weir; "
+            "Weir's value is floored at 1 µs so an added latency within the noise of zero does not divide by "
+            "zero).\n\n" + table(["req/s", "peer", "TTFT p99", "TTFT p99.9", "ITL p99"], ratio_rows)))
+
+    for peer, need in (("bifrost", 5), ("litellm", 50)):
+        vals = goal_vals.get(peer)
+        goal = f"seed000, all controls on: added TTFT p99 and p99.9 ≥ {need}× lower than {PRETTY[peer]}'s"
+        if not vals:
+            why = next((v for k, v in rep.unavailable.items() if k.startswith(peer)),
+                       "smoke run: peers other than nginx are not started" if env.smoke else
+                       f"{PRETTY[peer]} was not measured at any rate Weir was (--peers)")
+            rep.goal(goal, "not measured: " + why, "not measured")
+            continue
+        parts, ok = [], True
+        for rate, r99, r999, ad, w in vals:
+            parts.append(f"{rate:,} req/s: {fmt_ratio(r99)} / {fmt_ratio(r999)} (Weir {added_cell(w['ttft_p99'])} / "
+                         f"{added_cell(w['ttft_p99_9'])} ms, {peer} {added_cell(ad['ttft_p99'])} / "
+                         f"{added_cell(ad['ttft_p99_9'])} ms)")
+            ok = ok and r99 is not None and r999 is not None and r99 >= need and r999 >= need
+        rep.goal(goal, "; ".join(parts), "met" if ok else "missed")
+
+    rep.note("Micro-batching does not exist in Weir yet (src/batching/ is empty): the seed's 5 ms micro-batcher "
+             "is not part of these numbers; every request goes to its pool on its own.")
+    rep.note("The seed measured 10 minutes per rate after 2 minutes of warm-up on 4-vCPU pods with the load "
+             "generator on another node; here each run is seconds long on a 2-core VM where the mock and the load "
+             "generator share one core, so the highest rates are bounded by that core (see Saturation).")
+    rep.note("JWT: one token for all requests, so after the first request every verification is a hit in Weir's "
+             "verified-token cache (the seed's 'cached key set').")
+    rep.note("Bifrost would be measured twice (logging as shipped, and off); LiteLLM runs with one worker per "
+             "core it may use (its start script uses nproc, which honours the pinning: 1).")
+    rep.data = {"per_rate": {str(k): {lab: [trim(r) for r in rs] for lab, rs in v.items()} for k, v in per_rate.items()},
+                "dropped": dropped, "stop_reason": stop_reason}
+
+    def figure(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for ax, h in zip(axes, ("ttft", "itl")):
+            for label in labels:
+                if label.startswith("direct"):
+                    continue
+                xs = [r for (l, r) in added_by if l == label]
+                ys = [added_by[(label, r)][f"{h}_p99"] for r in xs]
+                pts = [(x, y / 1000) for x, y in zip(xs, ys) if y is not None]
+                if pts:
+                    ax.plot([p[0] for p in pts], [max(p[1], 0.001) for p in pts], marker="o", label=label)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel("offered rate (req/s)")
+            ax.set_ylabel(f"added {h.upper()} p99 (ms, log)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+        return fig
+    rep.figure = figure
+    return rep
+
+
+def saturated(a: dict, rate: float) -> str:
+    if not a:
+        return "no result"
+    if a.get("gave_up"):
+        return a["gave_up"]
+    if a.get("error_rate") and a["error_rate"] > 0.001:
+        return f"{a['error_rate'] * 100:.2g} % errors"
+    if a.get("achieved_rate_rps") is not None and a["achieved_rate_rps"] < 0.95 * rate:
+        return f"carried {a['achieved_rate_rps']:.0f} req/s"
+    if a.get("target_cpu_cores") is not None and a["target_cpu_cores"] >= 0.95:
+        return f"CPU {a['target_cpu_cores']:.2f} of its one core"
+    return ""
+
+
+def trim(r: dict) -> dict:
+    keep = ("round", "achieved_rate_rps", "send_rate_rps", "errors_total", "errors", "status_codes", "tokens",
+            "e2e", "ttft", "itl", "sender_lag_p99_us", "generator_saturated", "saturation_reasons",
+            "target_cpu_cores", "target_rss_kb", "target_hwm_kb", "mock_lag_p99_ms", "gave_up", "load",
+            "concurrency", "offered_rate_rps", "generator")
+    return {k: r.get(k) for k in keep if k in r}

@@ -1,0 +1,325 @@
+"""What the harness measures: the mock, the direct path to it, Weir, and the peer gateways.
+
+A :class:`Target` is one way a client reaches the mock: its base URL, the
+headers and model name a client must send, and (except for ``direct``) the
+gateway process, pinned to the gateway CPU. Peers come from
+``bench/peers/NAME/{setup,start,peer.env}`` (see bench/peers/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+from procs import HarnessError, Proc, free_port, http_get, launch, wait_ready
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+PEERS_DIR = REPO / "bench" / "peers"
+PEER_ORDER = ["nginx", "litellm", "bifrost", "portkey"]
+
+
+@dataclass
+class Env:
+    """Where and how a suite runs (filled in by main.py)."""
+    bin_dir: pathlib.Path
+    work: pathlib.Path            # temp dir: configs, logs, raw JSON
+    gateway_cpu: int
+    load_cpu: int
+    priority: bool
+    smoke: bool
+    rounds: int
+    verbose: bool = True
+
+    def binary(self, name: str) -> str:
+        path = self.bin_dir / name
+        if not os.access(path, os.X_OK):
+            raise HarnessError(f"{path} is missing: build it with scripts/build release weir weir-mock weir-bench")
+        return str(path)
+
+    def log(self, msg: str) -> None:
+        if self.verbose:
+            print(msg, flush=True)
+
+
+# ------------------------------------------------------------------ mock ---
+
+class Mock:
+    """weir-mock on a free port, pinned to the load CPU (with the load generator)."""
+
+    def __init__(self, env: Env, name: str = "mock", ttft_ms: int = 90, itl_ms: int = 14,
+                 max_tokens: int = 128, threads: int = 1, extra: list[str] | None = None):
+        self.env = env
+        self.name = name
+        self.port = free_port()
+        self.proc: Proc | None = None
+        self._start(ttft_ms, itl_ms, max_tokens, threads, extra)
+
+    def _start(self, ttft_ms: int, itl_ms: int, max_tokens: int, threads: int, extra: list[str] | None) -> None:
+        self.flags = dict(ttft_ms=ttft_ms, itl_ms=itl_ms, max_tokens=max_tokens, threads=threads)
+        argv = [self.env.binary("weir-mock"), "--listen", f"127.0.0.1:{self.port}", "--any-model",
+                "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--max-tokens", str(max_tokens),
+                "--threads", str(threads)] + (extra or [])
+        self.proc = launch(self.name, argv, self.env.work / "logs", cpu=self.env.load_cpu,
+                           priority=self.env.priority)
+        wait_ready(self.proc, self.port, 15, "/health")
+
+    def restart(self, ttft_ms: int, itl_ms: int, max_tokens: int = 128, threads: int = 1,
+                extra: list[str] | None = None) -> None:
+        """Same port, new timing: the gateways already pointed here reconnect to the new mock."""
+        self.proc.stop()
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                self._start(ttft_ms, itl_ms, max_tokens, threads, extra)
+                return
+            except HarnessError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def describe(self) -> str:
+        f = self.flags
+        return f"weir-mock --ttft-ms {f['ttft_ms']} --itl-ms {f['itl_ms']} --max-tokens {f['max_tokens']} --threads {f['threads']}"
+
+    def metrics(self) -> str:
+        status, body = http_get(self.url + "/metrics", timeout=5)
+        return body.decode(errors="replace") if status == 200 else ""
+
+    def running(self) -> int:
+        m = re.search(r"^vllm:num_requests_running\{[^}]*\} ([0-9.e+]+)$", self.metrics(), re.M)
+        return int(float(m.group(1))) if m else -1
+
+    def lag_buckets(self) -> list[tuple[float, float]]:
+        """Cumulative (le seconds, count) of weir_mock_token_lag_seconds (how late the mock sent tokens)."""
+        out = []
+        for m in re.finditer(r'^weir_mock_token_lag_seconds_bucket\{([^}]*)\} ([0-9.e+]+)$', self.metrics(), re.M):
+            le = re.search(r'le="([^"]+)"', m.group(1)).group(1)
+            out.append((float("inf") if le == "+Inf" else float(le), float(m.group(2))))
+        out.sort()
+        return out
+
+    def stop(self) -> None:
+        self.proc.stop()
+
+
+def lag_p99_ms(before: list[tuple[float, float]], after: list[tuple[float, float]]) -> float | None:
+    """Upper bound (bucket edge, ms) of the p99 of the mock's token lag between two scrapes."""
+    if not before or not after or len(before) != len(after):
+        return None
+    delta = [(le, a - b) for (le, b), (_, a) in zip(before, after)]
+    total = delta[-1][1]
+    if total <= 0:
+        return None
+    for le, c in delta:
+        if c >= 0.99 * total:
+            return le * 1000.0
+    return None
+
+
+# --------------------------------------------------------------- targets ---
+
+@dataclass
+class Target:
+    name: str                      # direct, weir, nginx, litellm, portkey, bifrost
+    label: str                     # shown in tables: "weir (all controls)", "bifrost (logging-off)"
+    kind: str = "gateway"          # "direct" or "gateway"
+    url: str = ""
+    model: str = "mock-model"
+    path_prefix: str = ""
+    headers: list[str] = field(default_factory=list)   # "Name: value"
+    proc: Proc | None = None
+    port: int = 0
+    available: bool = True
+    reason: str = ""               # why not available / what went wrong
+    version: str = ""
+    ready_path: str = "/health"
+    ready_timeout: float = 30.0
+
+    @property
+    def chat_url(self) -> str:
+        return f"{self.url}{self.path_prefix}/v1/chat/completions"
+
+    def pause(self) -> None:
+        if self.proc:
+            self.proc.pause()
+
+    def resume(self) -> None:
+        if self.proc:
+            self.proc.resume()
+
+    def stop(self) -> None:
+        if self.proc:
+            self.proc.stop(grace=15)
+            self.proc = None
+
+    def alive(self) -> bool:
+        return self.kind == "direct" or (self.proc is not None and self.proc.alive())
+
+    def cpu_seconds(self) -> float:
+        return self.proc.cpu_seconds() if self.proc else 0.0
+
+    def memory_kb(self) -> dict[str, int]:
+        return self.proc.memory_kb() if self.proc else {"rss_kb": 0, "hwm_kb": 0}
+
+
+def direct(mock: Mock) -> Target:
+    return Target(name="direct", label="direct (no gateway)", kind="direct", url=mock.url)
+
+
+def weir_version(env: Env) -> str:
+    try:
+        out = subprocess.run([env.binary("weir"), "--version"], capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or out.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+
+
+def start_weir(env: Env, label: str, config: dict, tag: str = "weir", headers: list[str] | None = None,
+               model: str = "mock-model", wrapper: list[str] | None = None,
+               stop_signal: int = signal.SIGTERM) -> Target:
+    """Writes `config` (JSON is YAML) with a free `listen` port and starts `weir --config` on the gateway CPU.
+
+    `wrapper` (e.g. heaptrack or strace argv) goes before the weir binary."""
+    port = free_port()
+    cfg = dict(config)
+    cfg["listen"] = f"127.0.0.1:{port}"
+    cfg.setdefault("workers", 1)
+    path = env.work / f"{tag}.yaml"
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    argv = list(wrapper or []) + [env.binary("weir"), "--config", str(path)]
+    t = Target(name="weir", label=label, url=f"http://127.0.0.1:{port}", port=port, model=model,
+               headers=list(headers or []), version=weir_version(env))
+    t.proc = launch(tag, argv, env.work / "logs", cpu=env.gateway_cpu, priority=env.priority,
+                    stop_signal=stop_signal)
+    wait_ready(t.proc, port, 60 if wrapper else 15, "/health")
+    return t
+
+
+# ----------------------------------------------------------------- peers ---
+
+def read_peer_env(name: str, upstream: str) -> dict:
+    kv: dict[str, str] = {}
+    for line in (PEERS_DIR / name / "peer.env").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#") or "=" not in line:
+            continue
+        k, v = line.split("=", 1)
+        kv[k.strip()] = v.strip()
+    headers = []
+    for h in filter(None, (x.strip() for x in kv.get("HEADERS", "").split(" | "))):
+        k, _, v = h.partition(":")
+        headers.append(f"{k.strip()}: {v.strip().replace('{upstream}', upstream.rstrip('/'))}")
+    return {
+        "model": kv.get("MODEL", "mock-model"),
+        "path_prefix": kv.get("PATH_PREFIX", "").rstrip("/"),
+        "headers": headers,
+        "variants": kv.get("VARIANTS", "default").split() or ["default"],
+        "ready_path": kv.get("READY_PATH", "/"),
+        "ready_timeout": float(kv.get("READY_TIMEOUT_S", "60")),
+        "stop_signal": getattr(signal, "SIG" + kv.get("STOP_SIGNAL", "TERM")),
+    }
+
+
+_installed_cache: dict[str, tuple[bool, str]] = {}
+
+
+def peer_installed(name: str, install: bool, env: Env) -> tuple[bool, str]:
+    """(True, version) or (False, reason). With `install`, runs NAME/setup once when --check fails."""
+    if name in _installed_cache:
+        return _installed_cache[name]
+    setup = PEERS_DIR / name / "setup"
+    if not os.access(setup, os.X_OK):
+        res = (False, f"bench/peers/{name}/setup is missing (peer not set up in this tree)")
+        _installed_cache[name] = res
+        return res
+
+    def check() -> tuple[bool, str]:
+        r = subprocess.run([str(setup), "--check"], capture_output=True, text=True, timeout=60)
+        if r.returncode == 0:
+            return True, (r.stdout.strip().splitlines() or [""])[-1]
+        reason = (r.stderr.strip().splitlines() or r.stdout.strip().splitlines() or ["setup --check failed"])[-1]
+        return False, reason
+
+    ok, info = check()
+    if not ok and install:
+        env.log(f"  peer {name}: not installed ({info}); running bench/peers/{name}/setup")
+        r = subprocess.run([str(setup)], capture_output=True, text=True, timeout=1800)
+        if r.returncode == 0:
+            ok, info = check()
+        else:
+            info = (r.stderr.strip().splitlines() or [f"setup exited {r.returncode}"])[-1]
+    reason_file = PEERS_DIR / name / "install" / "REASON"
+    if not ok and reason_file.exists():
+        info = reason_file.read_text().strip().splitlines()[-1] if reason_file.read_text().strip() else info
+    _installed_cache[name] = (ok, info)
+    return ok, info
+
+
+def peer_label(name: str, variant: str, default_variant: str) -> str:
+    return name if variant == default_variant else f"{name} ({variant})"
+
+
+def peer_targets(env: Env, mock: Mock, names: list[str], install: bool,
+                 variants: dict[str, list[str]] | None = None) -> list[Target]:
+    """Starts every requested peer (and variant) against `mock`, in parallel; unavailable ones keep a reason.
+
+    `variants[name]` lists the variants to run (default: the peer's default)."""
+    out: list[Target] = []
+    pending: list[Target] = []
+    for name in names:
+        if not (PEERS_DIR / name / "peer.env").exists():
+            out.append(Target(name=name, label=name, available=False,
+                              reason=f"bench/peers/{name} is not there (peer not set up)"))
+            continue
+        pe = read_peer_env(name, mock.url)
+        wanted = (variants or {}).get(name) or [pe["variants"][0]]
+        ok, info = peer_installed(name, install, env)
+        for variant in wanted:
+            label = peer_label(name, variant, pe["variants"][0])
+            t = Target(name=name, label=label, model=pe["model"], path_prefix=pe["path_prefix"],
+                       headers=pe["headers"], ready_path=pe["ready_path"], ready_timeout=pe["ready_timeout"])
+            if not ok:
+                t.available, t.reason = False, f"cannot be installed here: {info}"
+                out.append(t)
+                continue
+            t.version = info
+            t.port = free_port()
+            t.url = f"http://127.0.0.1:{t.port}"
+            tag = f"peer-{name}-{variant}"
+            # Each start makes its temp dir with mktemp -t: keep them in the run's work dir.
+            tmp = env.work / "peer-tmp"
+            tmp.mkdir(parents=True, exist_ok=True)
+            try:
+                t.proc = launch(tag, [str(PEERS_DIR / name / "start"), mock.url, str(t.port), variant],
+                                env.work / "logs", cpu=env.gateway_cpu, priority=env.priority,
+                                env={"TMPDIR": str(tmp)}, stop_signal=pe["stop_signal"])
+            except HarnessError as e:
+                t.available, t.reason = False, str(e)
+                out.append(t)
+                continue
+            out.append(t)
+            pending.append(t)
+    # Wait for all of them together (LiteLLM takes long to import; the others are quick).
+    for t in pending:
+        start = time.monotonic()
+        try:
+            wait_ready(t.proc, t.port, t.ready_timeout, t.ready_path)
+            env.log(f"  peer {t.label} ({t.version}) ready on :{t.port} after {time.monotonic() - start:.1f} s")
+        except HarnessError as e:
+            t.available = False
+            t.reason = "did not start: " + str(e).splitlines()[0]
+            tail = t.proc.log_tail(5) if t.proc else ""
+            if tail:
+                t.reason += " | log: " + " / ".join(tail.splitlines()[-3:])
+            t.stop()
+    return out
