@@ -20,15 +20,15 @@ DIRECT = "direct (no gateway)"
 
 def small_load(env: Env, concurrency: int, duration: float | None = None, warmup: float | None = None) -> Load:
     """Non-streamed chat completion ("Say hello.", max_tokens 16), closed loop."""
-    d = duration if duration is not None else (1.0 if env.smoke else 3.0)
-    w = warmup if warmup is not None else (0.3 if env.smoke else 0.5)
+    d = duration if duration is not None else (0.5 if env.smoke else 3.0)
+    w = warmup if warmup is not None else (0.2 if env.smoke else 0.5)
     return Load(concurrency=concurrency, duration=d, warmup=w, payload="small", timeout=10, stall_ms=0)
 
 
 # ----------------------------------------------------------- concurrency 1 ---
 
 def concurrency1(env: Env, targets: list[Target], mock: Mock, tag: str, rep: Report) -> dict[str, list[dict]]:
-    duration = 1.0 if env.smoke else 4.0
+    duration = 0.5 if env.smoke else 4.0
     res = measure.run_cell(env, live(targets), lambda t: small_load(env, 1, duration), tag, mock=mock,
                            give_up=gateway_failed)
     if env.smoke:

@@ -33,8 +33,9 @@ def run(env: Env, opts: Options) -> Report:
                  "budget set never to trip, pricing, four pools by model name, access log on (a file)")
     targets = [direct(mock), weir] + start_peers(env, opts, mock, rep)
 
-    seed_lines = [configs.chat_body(m, 128) for m in configs.SEED_MODELS]
-    peer_line = [configs.chat_body("{model}", 128)]
+    tokens = 16 if env.smoke else 128     # smoke: short streams, the harness is checked, not the numbers
+    seed_lines = [configs.chat_body(m, tokens) for m in configs.SEED_MODELS]
+    peer_line = [configs.chat_body("{model}", tokens)]
 
     def load_for(t) -> Load:
         lines = seed_lines if t.name in ("weir", "direct") else peer_line

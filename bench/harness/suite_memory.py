@@ -1,0 +1,254 @@
+"""memory: RSS idle, under a steady load (until it stops moving), after the load, and with 1k/5k/10k
+concurrent open streams (MB per 10k streams)."""
+
+from __future__ import annotations
+
+import time
+
+import configs
+from common import Options, live, start_peers, stop_targets
+from loadgen import Load, run as bench_run, summarize_errors
+from measure import focus
+from report import Report, table
+from targets import Env, Mock, Target, start_weir
+
+TITLE = "resident memory: idle, steady load, after load, open streams"
+STEADY_RATE = 100          # req/s of seed-000 streams (90 ms TTFT, 14 ms ITL, 128 tokens): ~190 in flight
+LEVELS = [1000, 5000, 10000]
+
+
+def rss_mib(t: Target) -> float:
+    return t.memory_kb()["rss_kb"] / 1024
+
+
+def slope(points: list[tuple[float, float]]) -> float | None:
+    """Least-squares slope of y over x."""
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx = sum(p[0] for p in points) / n
+    my = sum(p[1] for p in points) / n
+    den = sum((p[0] - mx) ** 2 for p in points)
+    return sum((p[0] - mx) * (p[1] - my) for p in points) / den if den else None
+
+
+def steady(env: Env, t: Target, mock: Mock) -> dict:
+    """Runs the fixed load until RSS stops moving (max − min over the last 10 s within 1 % or 256 KiB,
+    after at least 15 s), at most 45 s; returns samples, verdict and growth rate."""
+    min_s, max_s, window = (1.5, 3.0, 1) if env.smoke else (15.0, 45.0, 10)
+    samples: list[tuple[float, float]] = []
+    state = {"next": 0.0, "stable_at": None}
+
+    def stop_when(elapsed: float) -> bool:
+        if elapsed < state["next"]:
+            return False
+        state["next"] = elapsed + 1.0
+        samples.append((elapsed, rss_mib(t)))
+        if elapsed >= min_s and len(samples) > window:
+            last = [s[1] for s in samples[-(window + 1):]]
+            if max(last) - min(last) <= max(0.01 * max(last), 0.25):
+                state["stable_at"] = elapsed
+                return True
+        return False
+
+    load = Load(rate=STEADY_RATE, duration=max_s, warmup=0, payload="seed000", max_tokens=128, stream=True,
+                timeout=30, stall_ms=0)
+    d = bench_run(env, t, load, "steady", mock=mock, stop_when=stop_when)
+    tail = samples[-(window + 1):]
+    growth = slope([(s[0], s[1] * 1024) for s in tail])     # KiB/s over the last window
+    overall = slope([(s[0], s[1] * 1024) for s in samples if s[0] >= 5])
+    return {"samples": samples, "stable_at": state["stable_at"], "rss_mib": samples[-1][1] if samples else None,
+            "growth_kib_s": growth, "overall_growth_kib_s": overall, "errors": d.get("errors_total", 0),
+            "errors_text": summarize_errors(d), "ok": d.get("ok", 0), "sent": d.get("sent", 0),
+            "generator_saturated": d.get("generator_saturated")}
+
+
+def wait_drained(mock: Mock, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if mock.running() == 0:
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def open_streams(env: Env, t: Target, mock: Mock, n: int) -> dict:
+    """Opens `n` slow streams through `t` (ramp over a few seconds), reads the gateway's RSS once the mock
+    has them all running, then ends them (SIGINT to weir-bench closes every connection)."""
+    ramp = 1.0 if env.smoke else 4.0
+    got = {"rss": None, "running": 0, "at": None}
+    deadline = ramp + (5 if env.smoke else 25)
+
+    def stop_when(elapsed: float) -> bool:
+        if elapsed < ramp * 0.5:
+            return False
+        running = mock.running()
+        got["running"] = max(got["running"], running)
+        if running >= 0.99 * n:
+            time.sleep(0.5)        # let the last responses' buffers settle
+            got["rss"] = rss_mib(t)
+            got["running"] = max(got["running"], mock.running())
+            got["at"] = elapsed
+            return True
+        if elapsed > deadline:
+            got["rss"] = rss_mib(t)
+            return True
+        time.sleep(0.2)
+        return False
+
+    load = Load(rate=n / ramp, duration=ramp, warmup=0, payload="seed000", max_tokens=120, stream=True,
+                timeout=120, stall_ms=0, max_lag_ms=50)
+    before = rss_mib(t)
+    d = bench_run(env, t, load, f"open-{n}", mock=mock, stop_when=stop_when)
+    ok = got["running"] >= 0.99 * n
+    drained = wait_drained(mock, 30)
+    return {"n": n, "rss_mib": got["rss"], "before_mib": before, "running": got["running"], "reached": ok,
+            "seconds_to_reach": got["at"], "errors": {k: v for k, v in d.get("errors", {}).items()
+                                                       if v and k != "cancelled"},
+            "drained": drained, "generator_saturated": d.get("generator_saturated"),
+            "saturation_reasons": d.get("saturation_reasons")}
+
+
+def run(env: Env, opts: Options) -> Report:
+    rep = Report("memory", TITLE, env)
+    mock = Mock(env, ttft_ms=90, itl_ms=14, max_tokens=128, threads=1 if env.smoke else 2)
+    # Idle first: Weir and the peers before their first request.
+    weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
+    time.sleep(0.5)
+    gateways: list[Target] = [weir] + start_peers(env, opts, mock, rep)
+    time.sleep(1.0)
+    idle = {t.label: rss_mib(t) for t in live(gateways)}
+    env.log("  memory: idle " + ", ".join(f"{k} {v:.1f} MiB" for k, v in idle.items()))
+    rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, access log off")
+    rep.add_meta("steady load", f"{STEADY_RATE} req/s open loop of seed-000 streams (mock {mock.describe()}), "
+                 "RSS sampled every second until it stops moving")
+
+    results: dict[str, dict] = {t.label: {"idle_mib": idle.get(t.label)} for t in gateways}
+    for t in live(gateways):
+        focus(gateways, t)
+        env.log(f"  memory: steady load through {t.label}")
+        st = steady(env, t, mock)
+        wait_drained(mock, 30)
+        time.sleep(1.0 if env.smoke else 2.0)
+        st["after_mib"] = rss_mib(t)
+        results[t.label]["steady"] = st
+        env.log(f"    {t.label}: steady {st['rss_mib']:.1f} MiB (stable at {st['stable_at']}), "
+                f"after {st['after_mib']:.1f} MiB, errors {st['errors']}")
+        if env.smoke and t.name in ("weir", "nginx") and st["errors"]:
+            rep.failures.append(f"memory steady: {t.label} had {st['errors']} errors ({st['errors_text']})")
+
+    # Open streams: a slow mock (a token every 500 ms, 120 tokens: a minute per stream).
+    mock.restart(ttft_ms=0, itl_ms=500, max_tokens=120, threads=1 if env.smoke else 2)
+    levels = [100, 200] if env.smoke else LEVELS
+    failed: dict[str, str] = {}
+    for n in levels:
+        for t in live(gateways):
+            if t.label in failed:
+                continue
+            focus(gateways, t)
+            env.log(f"  memory: {n} open streams through {t.label}")
+            o = open_streams(env, t, mock, n)
+            results[t.label].setdefault("streams", []).append(o)
+            env.log(f"    {t.label}: {o['running']} running at the mock, RSS {o['rss_mib']:.1f} MiB"
+                    + (f", errors {o['errors']}" if o["errors"] else ""))
+            if not o["reached"]:
+                failed[t.label] = (f"could not hold {n} streams (the mock saw at most {o['running']}"
+                                   + (f"; errors {o['errors']}" if o["errors"] else "") + ")")
+                if env.smoke and t.name in ("weir", "nginx"):
+                    rep.failures.append(f"memory: {t.label} {failed[t.label]}")
+    for t in gateways:
+        t.pause()
+    stop_targets(gateways)
+    mock.stop()
+
+    rows = []
+    per10k = {}
+    for t in gateways:
+        r = results.get(t.label, {})
+        if not t.available and "steady" not in r:
+            continue
+        st = r.get("steady", {})
+        pts = [(o["n"], o["rss_mib"] * 1024 * 1024) for o in r.get("streams", []) if o["reached"] and o["rss_mib"]]
+        s = slope(pts)
+        mb10k = s * 10000 / 1e6 if s is not None else None
+        per10k[t.label] = mb10k
+        stream_cells = []
+        for n in levels:
+            o = next((o for o in r.get("streams", []) if o["n"] == n), None)
+            stream_cells.append("–" if not o else (f"{o['rss_mib']:.1f}" if o["reached"] else
+                                                   f"failed ({o['running']} held)"))
+        steady_txt = "–"
+        if st:
+            steady_txt = f"{st['rss_mib']:.1f}" + (
+                f" (stable after {st['stable_at']:.0f} s)" if st.get("stable_at") else
+                f" (still moving: {st['growth_kib_s']:+.0f} KiB/s over the last window, "
+                f"{st['overall_growth_kib_s']:+.0f} KiB/s overall)" if st.get("growth_kib_s") is not None else "")
+            if st.get("errors"):
+                steady_txt += f"; {st['errors']} errors ({st['errors_text'][:80]})"
+        rows.append([t.label, f"{r.get('idle_mib', 0):.1f}", steady_txt,
+                     f"{st.get('after_mib', 0):.1f}" if st else "–", *stream_cells,
+                     f"{mb10k:.1f}" if mb10k is not None else "–", failed.get(t.label, "")])
+        rep.row("rss", t.label, "idle", "rss", r.get("idle_mib"), "MiB")
+        if st:
+            rep.row("rss", t.label, "steady", "rss", st["rss_mib"], "MiB",
+                    note=f"stable after {st['stable_at']} s" if st.get("stable_at") else "did not settle")
+            rep.row("rss", t.label, "steady", "growth", st.get("growth_kib_s"), "KiB/s")
+            rep.row("rss", t.label, "after", "rss", st.get("after_mib"), "MiB")
+        for o in r.get("streams", []):
+            rep.row("rss", t.label, f"{o['n']} streams", "rss", o["rss_mib"], "MiB",
+                    note="" if o["reached"] else f"held only {o['running']}")
+        rep.row("rss", t.label, "per 10k streams", "rss_slope", mb10k, "MB")
+    rep.section("Resident set size (VmRSS, MiB)", (
+        "Idle: after start, before the first request. Steady: under the fixed load, once it stopped moving. "
+        "After: the load stopped and every stream ended. N streams: the gateway's RSS once the mock had all N "
+        "streams running through it (slow streams: a token every 500 ms). Per 10k streams: least-squares "
+        "slope of RSS over the stream levels, × 10,000 (MB = 10⁶ bytes). Sums over the process group "
+        "(nginx: master + worker; LiteLLM: supervisor + worker).\n\n"
+        + table(["gateway", "idle", "steady load", "after load", *[f"{n:,} streams" for n in levels],
+                 "MB per 10k streams", "notes"], rows)))
+
+    w = results.get("weir", {})
+    goal = "idle RSS under 10 MiB"
+    if w.get("idle_mib") is not None:
+        rep.goal(goal, f"{w['idle_mib']:.1f} MiB", "met" if w["idle_mib"] < 10 else "missed")
+    goal = "at most 60 MB per 10k streams"
+    if per10k.get("weir") is not None:
+        levels_txt = ", ".join(f"{o['n']:,}: {o['rss_mib']:.1f} MiB" for o in w.get("streams", []) if o["reached"])
+        rep.goal(goal, f"{per10k['weir']:.1f} MB per 10k ({levels_txt})" + (
+            " — smoke levels only" if env.smoke else ""), "met" if per10k["weir"] <= 60 else "missed")
+    else:
+        rep.goal(goal, "not measured: " + failed.get("weir", "no stream level reached"), "not measured")
+    st = w.get("steady")
+    if st and not st.get("stable_at"):
+        rep.note(f"Weir's RSS did not settle under the steady load within the time allowed: growth "
+                 f"{st['growth_kib_s']:+.0f} KiB/s over the last window ({st['overall_growth_kib_s']:+.0f} KiB/s "
+                 "from 5 s on).")
+    rep.data = results
+
+    def figure(plt):
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        ax = axes[0]
+        for label, r in results.items():
+            st = r.get("steady")
+            if st and st.get("samples"):
+                ax.plot([s[0] for s in st["samples"]], [s[1] for s in st["samples"]], label=label)
+        ax.set_xlabel("seconds under the steady load")
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_yscale("log")
+        ax.set_title(f"steady load ({STEADY_RATE} req/s)", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        ax = axes[1]
+        for label, r in results.items():
+            pts = [(0, r.get("idle_mib") or 0)] + [(o["n"], o["rss_mib"]) for o in r.get("streams", [])
+                                                   if o["reached"] and o["rss_mib"]]
+            if len(pts) > 1:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=label)
+        ax.set_xlabel("concurrent open streams (0 = idle)")
+        ax.set_ylabel("RSS (MiB)")
+        ax.set_title("open streams", fontsize=9)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        return fig
+    rep.figure = figure
+    return rep
