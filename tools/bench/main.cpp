@@ -18,7 +18,7 @@
 
 #include "bench/lib/payload.hpp"
 #include "bench/lib/stats.hpp"
-#include "worker.hpp"
+#include "bench/lib/worker.hpp"
 
 namespace {
 

@@ -9,7 +9,7 @@
 // read that found the socket drained makes the next async_read_some queue
 // without any syscall. Each connection owns a small read buffer (grown only
 // for an oversized header or chunk line) and feeds Beast's parser in place.
-#include "worker.hpp"
+#include "bench/lib/worker.hpp"
 
 #include <time.h>
 
