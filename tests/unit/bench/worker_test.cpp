@@ -36,7 +36,14 @@ class TestServer {
     accept_thread_ = std::thread([this] { accept_loop(); });
   }
   ~TestServer() {
-    // close() does not wake a thread blocked in accept(); shutdown() does (Linux).
+    // Neither close() nor (reliably, e.g. under ASan) shutdown() wakes a
+    // thread blocked in accept(): a connection of our own does.
+    stopping_ = true;
+    {
+      boost::system::error_code ec;
+      tcp::socket wake(ioc_);
+      wake.connect(acceptor_.local_endpoint(), ec);
+    }
     ::shutdown(acceptor_.native_handle(), SHUT_RDWR);
     accept_thread_.join();
     boost::system::error_code ec;
@@ -53,7 +60,7 @@ class TestServer {
       auto sock = std::make_shared<tcp::socket>(ioc_);
       boost::system::error_code ec;
       acceptor_.accept(*sock, ec);
-      if (ec) return;
+      if (ec || stopping_) return;
       ++connections_;
       std::lock_guard lock(mu_);
       conn_threads_.emplace_back([this, sock] { serve(*sock); });
@@ -127,6 +134,7 @@ class TestServer {
   std::mutex mu_;
   std::vector<std::thread> conn_threads_;
   std::atomic<int> connections_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 Plan make_plan(const tcp::endpoint& ep, bool sse) {
