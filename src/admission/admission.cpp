@@ -65,28 +65,35 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
   return 2;
 }
 
+[[gnu::cold, gnu::noinline]] core::Error store_unavailable() {
+  return core::unavailable("The rate-limit store is unavailable. Please try again shortly.", 1);
+}
+
+// A step came back pending (a remote limiter's lease ran dry): lists
+// everything the request needs in `wait` so one refill covers it, and makes
+// the 429 a caller that does not wait returns. Off the hot path.
+[[gnu::cold, gnu::noinline]] core::Error pending_error(Shortfall* wait, const ScopeRef* sc, int n,
+                                                       std::uint64_t estimated_tokens) {
+  if (wait) {
+    wait->pending = true;
+    wait->count = 0;
+    for (int i = 0; i < n; ++i) {
+      if (sc[i].limits->max_concurrent_streams) wait->add(sc[i].id, Resource::streams, 1.0);
+      if (sc[i].limits->requests_per_minute) wait->add(sc[i].id, Resource::requests, 1.0);
+      if (sc[i].limits->tokens_per_minute) wait->add(sc[i].id, Resource::tokens, static_cast<double>(estimated_tokens));
+    }
+  }
+  return core::rate_limited("Rate limit reached while refreshing the shared limit. Please retry.", 1);
+}
+
 }  // namespace
 
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
                                                    std::uint64_t estimated_tokens, Instant now, Shortfall* wait) {
-  if (limiter_.refusing())
-    return tl::unexpected(core::unavailable("The rate-limit store is unavailable. Please try again shortly.", 1));
+  if (limiter_.refusing()) return tl::unexpected(store_unavailable());
   ScopeRef sc[2];
   const int n = scopes_of(principal, sc);
-  // A step came back pending: list everything the request needs so one refill covers it.
-  auto pending = [&] {
-    if (wait) {
-      wait->pending = true;
-      wait->count = 0;
-      for (int i = 0; i < n; ++i) {
-        if (sc[i].limits->max_concurrent_streams) wait->add(sc[i].id, Resource::streams, 1.0);
-        if (sc[i].limits->requests_per_minute) wait->add(sc[i].id, Resource::requests, 1.0);
-        if (sc[i].limits->tokens_per_minute)
-          wait->add(sc[i].id, Resource::tokens, static_cast<double>(estimated_tokens));
-      }
-    }
-    return tl::unexpected(core::rate_limited("Rate limit reached while refreshing the shared limit. Please retry.", 1));
-  };
+  auto pending = [&] { return tl::unexpected(pending_error(wait, sc, n, estimated_tokens)); };
   Ticket t;
   t.worker_ = worker_;
   t.estimated_ = estimated_tokens;

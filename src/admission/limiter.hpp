@@ -4,6 +4,7 @@
 // in-process one (LocalLimiter) without touching the request path.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -23,11 +24,12 @@ enum class Bucket : std::uint8_t {
 // exceeds the bucket's depth (burst): no wait helps. `pending` (with ok =
 // false) when the local share is short but the shared store may still have
 // the units: refill() and one more take may pass (remote limiters only).
+// Eight bytes, returned in one register: keep new fields in the padding.
 struct TakeResult {
   bool ok = true;
   bool never = false;
-  std::uint32_t retry_after_s = 0;
   bool pending = false;
+  std::uint32_t retry_after_s = 0;
 };
 
 // What a request needs of one scope, for refill().
@@ -92,8 +94,9 @@ class Limiter {
   // --- Remote stores (RedisLimiter). In-process limiters keep the defaults. ---
 
   // True while the shared store is unreachable and the configuration says
-  // fail closed: Admission::admit answers 503 without taking anything.
-  virtual bool refusing() const noexcept { return false; }
+  // fail closed: Admission::admit answers 503 without taking anything. A
+  // plain flag, not a virtual call: it is read first on every admission.
+  bool refusing() const noexcept { return refusing_.load(std::memory_order_relaxed); }
   // After acquire_stream() returned false: true when the shared store may
   // still grant a slot (refill() and one more acquire may pass).
   virtual bool streams_refillable(std::uint32_t /*scope*/) const noexcept { return false; }
@@ -103,6 +106,9 @@ class Limiter {
   // `done` must be cheap (post to the worker's executor: see
   // admission/refill.hpp). Default: `done()` at once.
   virtual void refill(const Shortfall& /*need*/, std::uint32_t /*worker*/, std::function<void()> done) { done(); }
+
+ protected:
+  std::atomic<bool> refusing_{false};  // set by a remote limiter during a fail-closed outage
 };
 
 }  // namespace weir::admission

@@ -79,7 +79,7 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   Scope& sc = scopes_[scope];
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || cost <= 0) return {};
-  if (cost > s.depth + kEps) return TakeResult{false, true, 0};
+  if (cost > s.depth + kEps) return TakeResult{.ok = false, .never = true};
   const double t = ns(now);
   const int bi = static_cast<int>(b);
   const std::uint32_t own = shard_of(worker);
@@ -103,7 +103,7 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[bi], t);
   const double deficit = std::max(cost - total, kEps);
   const double secs = std::ceil(deficit * 60.0 / s.rate_per_min - 1e-9);
-  return TakeResult{false, false, static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0))};
+  return TakeResult{.ok = false, .retry_after_s = static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0))};
 }
 
 void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {

@@ -166,12 +166,12 @@ bool is_outage(const store::Error& e) {
   return false;
 }
 
-// Takes up to `want` positive units out of `units`; returns what it took.
-std::int64_t take_up_to(std::atomic<std::int64_t>& units, std::int64_t want) {
+// Takes the units above `keep` out of `units` (workers may be taking at the
+// same time); returns what it took.
+std::int64_t take_above(std::atomic<std::int64_t>& units, std::int64_t keep) {
   std::int64_t cur = units.load(std::memory_order_relaxed);
-  while (cur > 0) {
-    const std::int64_t got = std::min(cur, want);
-    if (units.compare_exchange_weak(cur, cur - got, std::memory_order_acq_rel, std::memory_order_relaxed)) return got;
+  while (cur > keep) {
+    if (units.compare_exchange_weak(cur, keep, std::memory_order_acq_rel, std::memory_order_relaxed)) return cur - keep;
   }
   return 0;
 }
@@ -341,14 +341,14 @@ double RedisLimiter::remote_estimate(const Lease& l, std::uint32_t i, double now
 
 TakeResult RedisLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) {
   if (degraded_.load(std::memory_order_relaxed)) {
-    if (!config_.fail_open) return TakeResult{false, false, 1, false};
+    if (!config_.fail_open) return TakeResult{.ok = false, .retry_after_s = 1};
     fallback_takes_.fetch_add(1, std::memory_order_relaxed);
     return fallback_->take(scope, b, worker, cost, now);
   }
   const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
   const Spec& s = spec_[i];
   if (!s.enabled || cost <= 0) return {};
-  if (cost > s.depth + kEps) return TakeResult{false, true, 0, false};
+  if (cost > s.depth + kEps) return TakeResult{.ok = false, .never = true};
   const std::int64_t c = whole_up(cost);
   Lease& l = leases_[i];
   std::int64_t cur = l.units.load(std::memory_order_relaxed);
@@ -358,10 +358,10 @@ TakeResult RedisLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   // Short: ask the next sync for a top-up even if nobody waits for it.
   if (!l.wanted.load(std::memory_order_relaxed)) l.wanted.store(true, std::memory_order_relaxed);
   const double have = remote_estimate(l, i, ns(now)) + static_cast<double>(cur);
-  if (have >= cost - kEps) return TakeResult{false, false, 1, true};
+  if (have >= cost - kEps) return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
   const double deficit = std::max(cost - have, kEps);
   const double secs = std::ceil(deficit * 60.0 / s.rate_per_min - 1e-9);
-  return TakeResult{false, false, static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0)), false};
+  return TakeResult{.ok = false, .retry_after_s = static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0))};
 }
 
 void RedisLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
@@ -440,10 +440,6 @@ void RedisLimiter::add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant
   Spend& sp = spend_[scope];
   sp.mine.fetch_add(nano_usd, std::memory_order_acq_rel);
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
-}
-
-bool RedisLimiter::refusing() const noexcept {
-  return !config_.fail_open && degraded_.load(std::memory_order_relaxed);
 }
 
 void RedisLimiter::refill(const Shortfall& need, std::uint32_t /*worker*/, std::function<void()> done) {
@@ -552,6 +548,7 @@ void RedisLimiter::enter_degraded(const std::string& why) {
     }
   }
   degraded_.store(true, std::memory_order_release);
+  if (!config_.fail_open) refusing_.store(true, std::memory_order_relaxed);
   if (config_.fail_open)
     log(fmt::format("Redis {}:{} unreachable ({}): fail_open is on, limiting per replica from local state "
                     "(each limit x {}) until it is back",
@@ -563,6 +560,7 @@ void RedisLimiter::enter_degraded(const std::string& why) {
 
 void RedisLimiter::leave_degraded() {
   if (!degraded_.load(std::memory_order_relaxed)) return;
+  refusing_.store(false, std::memory_order_relaxed);
   degraded_.store(false, std::memory_order_release);
   const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
   log(fmt::format("Redis {}:{} reachable again after {:.1f} s: distributed limits resumed", config_.host,
@@ -602,15 +600,14 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       std::int64_t ask = 0, put = 0, owe = u < 0 ? -u : 0;
       const std::int64_t held = std::max<std::int64_t>(u, 0);
       if (final_sync || (!active && held > 0)) {
-        put = held;
+        put = take_above(l.units, 0);
       } else if (held > c.high && now >= c.keep_until) {
-        put = held - c.target;
+        put = take_above(l.units, c.target);
       } else if (c.waiting > 0 || (active && held < c.low)) {
         ask = std::clamp<std::int64_t>(c.target + whole_up(c.waiting) - held, 0, whole_down(s.depth));
       }
       const bool waiting = c.waiting > 0;
       c.waiting = 0;
-      if (put > 0) put = take_up_to(l.units, put);
       if (owe > 0) l.units.fetch_add(owe, std::memory_order_acq_rel);
       if (ask == 0 && put == 0 && owe == 0) {
         c.seen = l.units.load(std::memory_order_relaxed);

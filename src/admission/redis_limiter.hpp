@@ -91,7 +91,6 @@ class RedisLimiter final : public Limiter {
   // plus this replica's spend since.
   std::int64_t spent(std::uint32_t scope, Instant now) override;
   void add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
-  bool refusing() const noexcept override;
   bool streams_refillable(std::uint32_t scope) const noexcept override;
   void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
 

@@ -24,7 +24,7 @@ const Instant T0 = Instant(1000h);
 class FakeRemote final : public Limiter {
  public:
   explicit FakeRemote(const std::vector<auth::ScopeInfo>& scopes) : inner_(scopes, 1, T0 - 1h) {}
-  bool refusing_ = false;
+  void set_refusing(bool v) { refusing_.store(v); }
   bool pending_tokens_ = false;
   bool streams_full_ = false;
   std::thread::id refill_thread_;
@@ -33,7 +33,7 @@ class FakeRemote final : public Limiter {
 
   std::uint32_t workers() const noexcept override { return 1; }
   TakeResult take(std::uint32_t s, Bucket b, std::uint32_t w, double c, Instant now) override {
-    if (b == Bucket::tokens && pending_tokens_) return TakeResult{false, false, 1, true};
+    if (b == Bucket::tokens && pending_tokens_) return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
     return inner_.take(s, b, w, c, now);
   }
   void give_back(std::uint32_t s, Bucket b, std::uint32_t w, double a, Instant now) override {
@@ -50,7 +50,6 @@ class FakeRemote final : public Limiter {
   std::uint64_t streams_in_use(std::uint32_t s) const override { return inner_.streams_in_use(s); }
   std::int64_t spent(std::uint32_t s, Instant now) override { return inner_.spent(s, now); }
   void add_spend(std::uint32_t s, std::int64_t n, Instant now) override { inner_.add_spend(s, n, now); }
-  bool refusing() const noexcept override { return refusing_; }
   bool streams_refillable(std::uint32_t) const noexcept override { return streams_full_; }
   // Completes from another thread, as RedisLimiter's control thread does.
   void refill(const Shortfall& need, std::uint32_t, std::function<void()> done) override {
@@ -97,7 +96,7 @@ TEST(AdmissionRemoteTest, RefusingStoreMeans503AndTakesNothing) {
   World w;
   FakeRemote lim(w.policy->scopes());
   Admission a(lim, w.pricing, 0);
-  lim.refusing_ = true;
+  lim.set_refusing(true);
   Shortfall wait;
   auto r = a.admit(w.with_key, "m", 100, T0, &wait);
   ASSERT_FALSE(r);
