@@ -81,16 +81,34 @@ def gateway_failed(res: dict) -> str | None:
 
 
 def sat_text(a: dict) -> str:
-    """A short note for a cell's aggregate: errors, saturation, give-up."""
+    """A short note for a cell's aggregate: errors, generator saturation (by kind), give-up."""
     notes = []
     if a.get("errors_total"):
         notes.append(f"{a['errors_total']} errors ({a['error_rate'] * 100:.2g} %: {a['errors_text'][:120]})")
     if a.get("generator_saturated"):
-        notes.append(f"generator saturated in {a['saturated_rounds']}/{a['rounds']} rounds "
-                     f"({'; '.join(a['saturation_reasons'])})")
+        notes.append(f"generator saturated in {a['saturated_rounds']}/{a['rounds']} rounds: "
+                     + "; ".join(condense(a.get("saturation_reasons", []))))
     if a.get("gave_up"):
         notes.append(f"stopped after: {a['gave_up']}")
     return "; ".join(notes)
+
+
+def condense(reasons: list[str]) -> list[str]:
+    """weir-bench's saturation reasons, one per kind ("waited for a CPU N%" keeps the largest N)."""
+    import re
+    out, wait = [], 0
+    for r in reasons:
+        m = re.search(r"waited for a CPU (\d+)%", r)
+        if m:
+            wait = max(wait, int(m.group(1)))
+        elif "sender lag" in r:
+            if "sender lag p99 over --max-lag" not in out:
+                out.append("sender lag p99 over --max-lag")
+        elif r not in out:
+            out.append(r)
+    if wait:
+        out.insert(0, f"it waited for a CPU up to {wait} % of the run (the mock shares its core)")
+    return out
 
 
 def ms(v_us, digits: int = 2) -> str:

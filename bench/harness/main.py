@@ -143,9 +143,9 @@ def main(argv: list[str]) -> int:
             if not smoke and not args.keep_work and (REPO / "bench" / "results").resolve() == out_dir:
                 # keep raw per-run reports where .gitignore expects them
                 pass
-    if len(args.suites) > 1 and reports:
+    if reports:
         import summary
-        written.append(summary.write(out_dir, reports, smoke))
+        written.append(summary.write(out_dir, smoke))
     print(f"bench/run: {len(args.suites)} suite(s) in {time.monotonic() - t_all:.0f} s; output in {out_dir}")
     if failures:
         print("bench/run: FAILED:\n  " + "\n  ".join(failures), file=sys.stderr)

@@ -114,6 +114,8 @@ def agg(results: list[dict]) -> dict:
     for r in results:
         for why in r.get("saturation_reasons", []) or []:
             short = why.split(":")[0]
+            if short.startswith("sender lag"):
+                short = "sender lag p99 over --max-lag"
             if short not in reasons:
                 reasons.append(short)
     out["saturation_reasons"] = reasons

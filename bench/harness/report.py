@@ -10,6 +10,7 @@ import math
 import os
 import pathlib
 import platform
+import re
 import subprocess
 
 from procs import loadavg
@@ -36,9 +37,16 @@ def us_ms(v_us, digits: int = 2) -> str:
     return "–" if v_us is None else f"{v_us / 1000:,.{digits}f}"
 
 
-def table(header: list[str], rows: list[list]) -> str:
+def table(header: list[str], rows: list[list], right: set[int] | None = None) -> str:
+    """A markdown table; columns in `right` are right-aligned (default: those whose cells look numeric)."""
+    if right is None:
+        right = set()
+        for i in range(1, len(header)):
+            cells = [str(r[i]) for r in rows if i < len(r) and str(r[i]) not in ("", "–")]
+            if cells and all(re.match(r"^[+-]?[\d,.]+( |$|[ (%×])", c) for c in cells):
+                right.add(i)
     lines = ["| " + " | ".join(header) + " |",
-             "| " + " | ".join("---:" if i else "---" for i in range(len(header))) + " |"]
+             "| " + " | ".join("---:" if i in right else "---" for i in range(len(header))) + " |"]
     for r in rows:
         lines.append("| " + " | ".join(str(c) for c in r) + " |")
     return "\n".join(lines)

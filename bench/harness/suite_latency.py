@@ -20,8 +20,8 @@ DIRECT = "direct (no gateway)"
 
 def small_load(env: Env, concurrency: int, duration: float | None = None, warmup: float | None = None) -> Load:
     """Non-streamed chat completion ("Say hello.", max_tokens 16), closed loop."""
-    d = duration if duration is not None else (0.5 if env.smoke else 3.0)
-    w = warmup if warmup is not None else (0.2 if env.smoke else 0.5)
+    d = duration if duration is not None else (0.5 if env.smoke else 2.0)
+    w = warmup if warmup is not None else (0.2 if env.smoke else 0.4)
     return Load(concurrency=concurrency, duration=d, warmup=w, payload="small", timeout=10, stall_ms=0)
 
 

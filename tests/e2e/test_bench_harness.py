@@ -1,0 +1,110 @@
+"""bench/run end to end: the cheapest suite in smoke mode, then the structure of what it wrote.
+
+`bench/run --smoke latency` starts weir-mock, Weir and nginx pinned to the two CPUs, measures concurrency 1,
+a short throughput frontier and the seed-002 shape, and writes latency.{md,csv,json,png} into a temp dir
+(never into bench/results/, so CI leaves the tree clean).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import pathlib
+import re
+import shutil
+import subprocess
+
+import pytest
+
+from conftest import REPO, build_dir
+
+RUN = REPO / "bench" / "run"
+CSV_FIELDS = ["suite", "section", "target", "param", "metric", "value", "unit", "rounds", "note"]
+STATUSES = {"met", "missed", "not measured", "met (tie at the mock's ceiling)"}
+
+
+def bench_run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([str(RUN), *args, "--bin-dir", str(build_dir())], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def results_state() -> str:
+    return subprocess.run(["git", "status", "--porcelain", "--untracked-files=all", "bench/results"], cwd=REPO,
+                          capture_output=True, text=True).stdout
+
+
+@pytest.mark.timeout(300)
+def test_smoke_latency_writes_md_csv_json_png_outside_the_tree():
+    before = results_state()
+    r = bench_run("--smoke", "latency", "-q")
+    assert r.returncode == 0, f"bench/run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    m = re.search(r"output in (\S+)", r.stdout)
+    assert m, r.stdout
+    out = pathlib.Path(m.group(1))
+    try:
+        assert REPO not in out.parents, f"smoke output must not go into the tree: {out}"
+        assert results_state() == before, "bench/run --smoke changed bench/results/"
+
+        files = {ext: out / f"latency.{ext}" for ext in ("md", "csv", "json", "png")}
+        for ext, f in files.items():
+            assert f.is_file() and f.stat().st_size > 0, f"missing {f}"
+        assert (out / "summary.md").is_file()
+
+        # PNG: a real image
+        assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+        # CSV: long format, every number of the report
+        with files["csv"].open() as fh:
+            rows = list(csv.DictReader(fh))
+        assert rows and list(rows[0].keys()) == CSV_FIELDS
+        assert {r["suite"] for r in rows} == {"latency"}
+        targets = {r["target"] for r in rows}
+        assert {"direct (no gateway)", "weir", "nginx"} <= targets, targets
+        sections = {r["section"] for r in rows}
+        assert {"concurrency1", "frontier", "frontier_levels", "seed002", "targets"} <= sections, sections
+
+        def value(section, target, metric, param=None):
+            for r in rows:
+                if (r["section"], r["target"], r["metric"]) == (section, target, metric) and (
+                        param is None or r["param"] == str(param)):
+                    return r["value"]
+            raise AssertionError(f"no row {section}/{target}/{metric}/{param}")
+
+        assert float(value("concurrency1", "weir", "added_e2e_p99")) > -10_000
+        assert float(value("concurrency1", "direct (no gateway)", "e2e_p50")) > 0
+        assert float(value("concurrency1", "weir", "achieved_rps")) > 0
+        assert float(value("frontier", "weir", "max_rps_zero_failures", "unbounded")) > 0
+        assert float(value("seed002", "nginx", "achieved_rps", 1)) > 0
+
+        # JSON: targets with a status, load average, per-round data
+        data = json.loads(files["json"].read_text())
+        assert data["suite"] == "latency" and data["smoke"] is True
+        assert len(data["loadavg_start"]) == 3 and len(data["loadavg_end"]) == 3
+        goals = {g["goal"]: g for g in data["targets"]}
+        assert any("concurrency 1" in g for g in goals), goals
+        assert all(g["status"] in STATUSES for g in goals.values()), goals
+        assert set(data["data"]) == {"concurrency1", "frontier", "seed002"}
+        assert data["data"]["concurrency1"]["weir"][0]["errors_total"] == 0
+
+        # Markdown: the run's conditions, the targets, the tables
+        md = files["md"].read_text()
+        for needle in ("# `latency`", "Smoke run", "load average", "pinning", "## Targets",
+                       "## Concurrency 1, instant mock", "## Throughput frontier", "## Seed-002 shape",
+                       "| weir |", "| nginx |", "| direct (no gateway) |"):
+            assert needle in md, f"{needle!r} not in latency.md"
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+@pytest.mark.timeout(60)
+def test_broken_harness_exits_non_zero(tmp_path):
+    r = subprocess.run([str(RUN), "--smoke", "latency", "--bin-dir", str(tmp_path / "nothing"), "--out",
+                        str(tmp_path / "out")], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "missing" in (r.stdout + r.stderr)
+
+
+def test_unknown_suite_is_a_usage_error():
+    r = subprocess.run([str(RUN), "nosuchsuite"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert "unknown suite" in r.stderr
