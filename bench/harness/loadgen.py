@@ -38,6 +38,15 @@ class Load:
 
 _counter = 0
 _counter_lock = threading.Lock()
+running: set[subprocess.Popen] = set()     # weir-bench processes in flight (killed on SIGINT/SIGTERM)
+
+
+def kill_running() -> None:
+    for p in list(running):
+        try:
+            p.kill()
+        except OSError:
+            pass
 
 
 def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None,
@@ -53,7 +62,7 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
     raw = env.work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     out = raw / f"{n:04d}-{tag}-{target.name}.json"
-    argv = [env.binary("weir-bench"), target.chat_url if not load.payload_lines else target.chat_url,
+    argv = [env.binary("weir-bench"), target.chat_url,
             "--duration", f"{load.duration}s", "--warmup", f"{load.warmup}s",
             "--timeout", f"{load.timeout}s", "--stall-ms", f"{load.stall_ms:g}",
             "--max-lag", f"{load.max_lag_ms:g}ms", "--threads", str(load.threads),
@@ -83,6 +92,7 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_preexec(env.load_cpu, env.priority))
+    running.add(proc)
     cpu0 = cpu1 = None
     stderr = ""
     try:
@@ -104,6 +114,8 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
         proc.kill()
         proc.wait()
         raise
+    finally:
+        running.discard(proc)
     if cpu1 is None:
         cpu1 = (target.cpu_seconds(), time.monotonic())
     if cpu0 is None:

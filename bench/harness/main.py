@@ -87,6 +87,8 @@ def main(argv: list[str]) -> int:
 
     def on_signal(signum, _frame):
         print(f"\nbench/run: signal {signum}: stopping every process it started", file=sys.stderr, flush=True)
+        import loadgen
+        loadgen.kill_running()
         procs.stop_all()
         os._exit(128 + signum)
     signal.signal(signal.SIGINT, on_signal)
