@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "admission/admission.hpp"
+#include "admission/refill.hpp"
 #include "api/json_scan.hpp"
 #include "api/usage.hpp"
 #include "core/json_text.hpp"
@@ -383,7 +384,8 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     ctx_.model_slot = route.model_index == routing::kUnlistedModel ? metrics.unlisted_model() : route.model_index;
 
     // admit: model allow-list, rate limits, stream caps, budgets
-    if (auto e = admit(*api, *fields, route.canonical.empty() ? std::string_view(ctx_.model) : route.canonical)) {
+    if (auto e = co_await admit(*api, *fields,
+                                route.canonical.empty() ? std::string_view(ctx_.model) : route.canonical)) {
       co_await respond_error(*e);
       co_return;
     }
@@ -920,12 +922,12 @@ http::Task<std::optional<core::Error>> Session::authenticate() {
   co_return std::nullopt;
 }
 
-std::optional<core::Error> Session::admit(api::ApiKind api, const api::RequestFields& fields,
-                                          std::string_view model) {
+http::Task<std::optional<core::Error>> Session::admit(api::ApiKind api, const api::RequestFields& fields,
+                                                      std::string_view model) {
   prompt_bytes_ = fields.prompt_bytes;
-  if (!principal_) return std::nullopt;
+  if (!principal_) co_return std::nullopt;
   price_ = w_.shared().pricing.find(model);
-  if (auto ok = auth::Authenticator::check_model(*principal_, model); !ok) return std::move(ok.error());
+  if (auto ok = auth::Authenticator::check_model(*principal_, model); !ok) co_return std::move(ok.error());
   // Completion budget when the request gives no max_tokens: vLLM's own
   // default depends on the context length, so take a typical answer and let
   // settle() correct it with the real usage.
@@ -935,8 +937,17 @@ std::optional<core::Error> Session::admit(api::ApiKind api, const api::RequestFi
           ? 0
           : (fields.max_tokens ? fields.max_tokens : kDefaultMaxTokens) * fields.n * fields.prompt_count;
   auto* adm = w_.admission();
-  const auto now = std::chrono::steady_clock::now();
-  auto t = adm->admit(*principal_, model, admission::estimate_tokens(fields.prompt_bytes, out_tokens), now);
+  const auto estimate = admission::estimate_tokens(fields.prompt_bytes, out_tokens);
+  auto now = std::chrono::steady_clock::now();
+  admission::Shortfall wait;
+  auto t = adm->admit(*principal_, model, estimate, now, &wait);
+  if (!t && wait.pending) {
+    // A shared (Redis) limit: this replica's lease is short but the shared
+    // bucket may cover it. Wait once for a refill; the second answer is final.
+    co_await admission::async_refill(*w_.shared().limiter, wait, w_.index(), w_.io().get_executor(), use_task);
+    now = std::chrono::steady_clock::now();
+    t = adm->admit(*principal_, model, estimate, now);
+  }
   // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
   const auto h = adm->rate_limit_headers(*principal_, now);
   rl_headers_.clear();
@@ -947,9 +958,9 @@ std::optional<core::Error> Session::admit(api::ApiKind api, const api::RequestFi
   };
   if (h.has_requests) put("requests", h.requests);
   if (h.has_tokens) put("tokens", h.tokens);
-  if (!t) return std::move(t.error());
+  if (!t) co_return std::move(t.error());
   ticket_ = std::move(*t);
-  return std::nullopt;
+  co_return std::nullopt;
 }
 
 void Session::settle() {

@@ -62,7 +62,8 @@ class Session {
   http::Task<std::optional<core::Error>> authenticate();
   // The admit phase: model allow-list, limits, budget → ticket_ and the
   // x-ratelimit-* headers. `model` is the configured name (aliases resolved).
-  std::optional<core::Error> admit(api::ApiKind api, const api::RequestFields& fields, std::string_view model);
+  http::Task<std::optional<core::Error>> admit(api::ApiKind api, const api::RequestFields& fields,
+                                               std::string_view model);
   // The log phase's half of admission: charge real usage, free the ticket.
   void settle();
 

@@ -4,12 +4,15 @@
 #include <random>
 #include <thread>
 
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <fmt/format.h>
 
 #include "admission/local_limiter.hpp"
+#include "admission/redis_config.hpp"
+#include "admission/redis_limiter.hpp"
 #include "auth/config.hpp"
 #include "auth/jwks_cache.hpp"
 #include "gateway/worker.hpp"
@@ -52,6 +55,7 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   // Identity and admission, when the config asks for them.
   std::unique_ptr<auth::JwksCache> jwks;
   std::unique_ptr<admission::Limiter> limiter;
+  admission::RedisLimiter* redis_limiter = nullptr;
   const auto& root = config->root;
   if (root && (root["auth"] || root["tenants"] || root["pricing"])) {
     auto auth_cfg = auth::parse_auth_config(root, config->source);
@@ -75,9 +79,22 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
       jwks = std::make_unique<auth::JwksCache>(main_io, std::move(source), opt);
       shared.jwks = jwks.get();
     }
+    auto redis_cfg = admission::parse_redis_config(root, config->source);
+    if (!redis_cfg) {
+      fmt::print(stderr, "weir: configuration error: {}\n", redis_cfg.error().to_string());
+      return 2;
+    }
     shared.auth_policy = auth::AuthPolicy::build(std::move(*auth_cfg));
-    limiter = std::make_unique<admission::LocalLimiter>(shared.auth_policy->scopes(), n,
-                                                        std::chrono::steady_clock::now());
+    if (*redis_cfg) {
+      // Limits and spend shared with other replicas; leases keep Redis off the request path.
+      auto r = std::make_unique<admission::RedisLimiter>(main_io, shared.auth_policy->scopes(), n, **redis_cfg,
+                                                         std::chrono::steady_clock::now());
+      redis_limiter = r.get();
+      limiter = std::move(r);
+    } else {
+      limiter = std::make_unique<admission::LocalLimiter>(shared.auth_policy->scopes(), n,
+                                                          std::chrono::steady_clock::now());
+    }
     shared.limiter = limiter.get();
   }
 
@@ -121,6 +138,7 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   signals.async_wait(on_signal);
 
   if (jwks) jwks->start();
+  if (redis_limiter) redis_limiter->start();
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
@@ -129,7 +147,12 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
 
   std::thread signal_thread([&] { main_io.run(); });
   for (auto& w : workers) w->join();
-  main_io.stop();
+  if (redis_limiter) {
+    // Give unused leases back and push the last spend before leaving.
+    asio::co_spawn(main_io, redis_limiter->shutdown(), [&](std::exception_ptr) { main_io.stop(); });
+  } else {
+    main_io.stop();
+  }
   signal_thread.join();
   fmt::print(stderr, "weir: stopped\n");
   return 0;
