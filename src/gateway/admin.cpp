@@ -88,6 +88,23 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
   g->timer.expires_after(std::chrono::seconds(1));
   co_await g->timer.async_wait(http::use_task);
   g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
+  if (shared.redis_limiter) {
+    // Shared limits: the state of the Redis leases (atomics, safe to read here).
+    const auto s = shared.redis_limiter->stats();
+    core::PromWriter w(out);
+    w.header("weir_redis_degraded", "gauge", "1 while Redis is unreachable and limits follow redis.fail_open.");
+    w.sample("weir_redis_degraded", "", static_cast<double>(s.degraded));
+    w.header("weir_redis_outages_total", "counter", "Times Redis became unreachable.");
+    w.sample("weir_redis_outages_total", "", s.outages);
+    w.header("weir_redis_syncs_total", "counter", "Lease sync round trips to Redis that succeeded.");
+    w.sample("weir_redis_syncs_total", "", s.syncs);
+    w.header("weir_redis_sync_failures_total", "counter", "Lease sync round trips that failed.");
+    w.sample("weir_redis_sync_failures_total", "", s.sync_failures);
+    w.header("weir_redis_refills_total", "counter", "Requests that waited once for a lease refill.");
+    w.sample("weir_redis_refills_total", "", s.refills);
+    w.header("weir_redis_fallback_takes_total", "counter", "Admission decisions made by the local fallback during an outage.");
+    w.sample("weir_redis_fallback_takes_total", "", s.fallback_takes);
+  }
 }
 
 void append_http_date(std::string& out) {

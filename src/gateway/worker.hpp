@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "admission/admission.hpp"
+#include "admission/redis_limiter.hpp"
 #include "auth/authenticator.hpp"
 #include "core/access_log.hpp"
 #include "core/config.hpp"
@@ -40,6 +41,7 @@ struct Shared {
   std::shared_ptr<const auth::AuthPolicy> auth_policy;
   auth::JwksCache* jwks = nullptr;              // owned by the server; null without auth.jwt
   admission::Limiter* limiter = nullptr;        // owned by the server
+  admission::RedisLimiter* redis_limiter = nullptr;  // the same object when limits are shared through Redis
   admission::Pricing pricing;
   std::uint64_t instance_id = 0;      // random per process, prefix of generated request ids
 };

@@ -90,6 +90,7 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
       auto r = std::make_unique<admission::RedisLimiter>(main_io, shared.auth_policy->scopes(), n, **redis_cfg,
                                                          std::chrono::steady_clock::now());
       redis_limiter = r.get();
+      shared.redis_limiter = r.get();
       limiter = std::move(r);
     } else {
       limiter = std::make_unique<admission::LocalLimiter>(shared.auth_policy->scopes(), n,

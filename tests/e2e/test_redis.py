@@ -144,11 +144,13 @@ def test_redis_outage_follows_fail_open(mock, weir, redis, fail_open):
                           json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
 
     assert call().status_code == 200
+    assert w.metric("weir_redis_degraded") == 0
     redis.kill()
     if fail_open:
         # Local limits take over at once: requests keep being served.
         statuses = [call().status_code for _ in range(20)]
         assert statuses.count(200) >= 19, statuses
+        wait_until(lambda: w.metric("weir_redis_degraded") == 1, 5, message="degraded gauge")
     else:
         def refused():
             r = call()
