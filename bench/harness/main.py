@@ -77,12 +77,32 @@ def ensure_binaries(bin_dir: pathlib.Path) -> None:
                            "(scripts/build release weir weir-mock weir-bench)")
 
 
+def snapshot_binaries(bin_dir: pathlib.Path) -> pathlib.Path:
+    """Copies weir, weir-mock and weir-bench to a private dir, so one `bench/run` measures one build even when
+    someone rebuilds build/ meanwhile; each copy must run (--help) or the copy is retried."""
+    import subprocess
+    snap = pathlib.Path(tempfile.mkdtemp(prefix="weir-bench-bin-"))
+    for name in ("weir", "weir-mock", "weir-bench"):
+        for attempt in range(20):
+            try:
+                shutil.copy2(bin_dir / name, snap / name)
+                if subprocess.run([str(snap / name), "--help"], capture_output=True, timeout=20).returncode == 0:
+                    break
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+            time.sleep(5)      # the linker is writing it: wait
+        else:
+            raise HarnessError(f"{bin_dir / name} does not run (being rebuilt?)")
+    return snap
+
+
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
     if os.cpu_count() and os.cpu_count() < 2:
         print("bench/run: needs 2 CPUs (gateway on one, mock and load generator on the other)", file=sys.stderr)
         return 2
     ensure_binaries(args.bin_dir)
+    snap = snapshot_binaries(args.bin_dir)
     procs.raise_fd_limit()
 
     def on_signal(signum, _frame):
@@ -112,7 +132,7 @@ def main(argv: list[str]) -> int:
     t_all = time.monotonic()
     for name in args.suites:
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
-        env = Env(bin_dir=args.bin_dir, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
+        env = Env(bin_dir=snap, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
                   priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet)
         print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
         t0 = time.monotonic()
@@ -145,6 +165,7 @@ def main(argv: list[str]) -> int:
             if not smoke and not args.keep_work and (REPO / "bench" / "results").resolve() == out_dir:
                 # keep raw per-run reports where .gitignore expects them
                 pass
+    shutil.rmtree(snap, ignore_errors=True)
     if reports:
         import summary
         written.append(summary.write(out_dir, smoke))

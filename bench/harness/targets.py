@@ -177,9 +177,12 @@ def direct(mock: Mock) -> Target:
 
 
 def weir_version(env: Env) -> str:
+    """`weir --version` and the binary's build time (others may rebuild build/ between runs)."""
     try:
         out = subprocess.run([env.binary("weir"), "--version"], capture_output=True, text=True, timeout=10)
-        return out.stdout.strip() or out.stderr.strip()
+        version = out.stdout.strip() or out.stderr.strip()
+        mtime = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.stat(env.binary("weir")).st_mtime))
+        return f"{version} (build/bin/weir of {mtime})"
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
