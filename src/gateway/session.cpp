@@ -804,14 +804,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
       // chunk with prompt_logprobs) is not a slow client.
       const std::size_t backlog = out_.size() + wbuf_.size();
       if (!scratch_.empty()) {
-        if (chunked_) {
-          http::append_hex(out_, scratch_.size());
-          out_ += "\r\n";
-          out_ += scratch_;
-          out_ += "\r\n";
-        } else {
-          out_ += scratch_;
-        }
+        queue_body(scratch_);
         if (!writing_) start_write();
         if (first_read) {
           ctx_.added_us += core::micros_between(t_read, core::now());
@@ -871,14 +864,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
     core::append_error_json(err, e);
     http::append_sse_data(scratch_, err);
     if (!saw_done) http::append_sse_data(scratch_, "[DONE]");
-    if (chunked_) {
-      http::append_hex(out_, scratch_.size());
-      out_ += "\r\n";
-      out_ += scratch_;
-      out_ += "\r\n";
-    } else {
-      out_ += scratch_;
-    }
+    queue_body(scratch_);
     conn.abort(http::UpstreamFailure::cancelled);
   }
   if (chunked_) out_ += kLastChunk;
@@ -1003,6 +989,17 @@ void Session::on_peer_gone() {
   peer_gone_ = true;
   // Abort the upstream request at once so the model server stops generating.
   if (upstream_) upstream_->abort(http::UpstreamFailure::cancelled);
+}
+
+void Session::queue_body(std::string_view bytes) {
+  if (chunked_) {  // one chunk (RFC 9112 §7.1)
+    http::append_hex(out_, bytes.size());
+    out_ += "\r\n";
+    out_ += bytes;
+    out_ += "\r\n";
+  } else {  // HTTP/1.0: the body ends when the connection closes
+    out_ += bytes;
+  }
 }
 
 void Session::start_write() {

@@ -78,7 +78,10 @@ class Session {
   // flight; it becomes the first read of the next request.
   void start_monitor();
   void on_peer_gone();
-  // Queues bytes for the client; the write loop sends them (SSE relay).
+  // Queues `bytes` of the SSE body for the client (framed as one chunk for an
+  // HTTP/1.1 client); start_write() sends what is queued.
+  void queue_body(std::string_view bytes);
+  // The write loop (SSE relay): writes out_ unless a write is in flight.
   void start_write();
   http::Task<void> drain_writes();
   // Lingering close (RFC 9112 §9.6): stop sending, read and discard what the
