@@ -84,7 +84,7 @@ def sat_text(a: dict) -> str:
     """A short note for a cell's aggregate: errors, generator saturation (by kind), give-up."""
     notes = []
     if a.get("errors_total"):
-        notes.append(f"{a['errors_total']} errors ({a['error_rate'] * 100:.2g} %: {a['errors_text'][:120]})")
+        notes.append(f"{a['errors_total']} errors ({a['error_rate'] * 100:.3g} %: {a['errors_text'][:120]})")
     if a.get("generator_saturated"):
         notes.append(f"generator saturated in {a['saturated_rounds']}/{a['rounds']} rounds: "
                      + "; ".join(condense(a.get("saturation_reasons", []))))

@@ -221,7 +221,7 @@ def saturated(a: dict, rate: float) -> str:
     if a.get("gave_up"):
         return a["gave_up"]
     if a.get("error_rate") and a["error_rate"] > 0.001:
-        return f"{a['error_rate'] * 100:.2g} % errors"
+        return f"{a['error_rate'] * 100:.3g} % errors"
     if a.get("achieved_rate_rps") is not None and a["achieved_rate_rps"] < 0.95 * rate:
         return f"carried {a['achieved_rate_rps']:.0f} req/s"
     if a.get("target_cpu_cores") is not None and a["target_cpu_cores"] >= 0.95:

@@ -47,7 +47,7 @@ def judge(d: dict) -> tuple[bool, str]:
     rate = error_rate(d)
     other = d.get("errors_total", 0) - errs.get("stall", 0)
     if other and rate > 0.001:
-        why.append(f"errors {rate * 100:.2g} % ({summarize_errors(d)})")
+        why.append(f"errors {rate * 100:.3g} % ({summarize_errors(d)})")
     ok = d.get("ok", 0)
     if d.get("tokens", 0) < TOKENS * ok:
         why.append(f"tokens missing ({d.get('tokens')} of {TOKENS * ok})")
