@@ -17,6 +17,7 @@
 #include "auth/authenticator.hpp"
 #include "auth/base64url.hpp"
 #include "auth/config.hpp"
+#include "auth/redis_keys.hpp"
 
 namespace {
 
@@ -198,6 +199,40 @@ void BM_Auth_ApiKeyUnknown(benchmark::State& state) {
   }
 }
 BENCHMARK(BM_Auth_ApiKeyUnknown);
+
+// A key known only to Redis, answered from the worker's cache (the lookup
+// primed by hand: the RedisKeys is never started, no Redis involved). Arg:
+// distinct keys the requests rotate through (1 = one hot key; 256 = a
+// cache with many live entries).
+void BM_Auth_RedisKeyCached(benchmark::State& state) {
+  boost::asio::io_context control;
+  RedisKeys keys(control, RedisKeysOptions{});
+  Authenticator auth(policy(), nullptr, &keys);
+  const auto n = static_cast<std::size_t>(state.range(0));
+  std::vector<std::string> headers;
+  const auto now = WallClock::now();
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::string key = fmt::format("sk-weir-redis-{:032x}", i);
+    headers.push_back("Bearer " + key);
+    auto rec = std::make_shared<RedisKeyRecord>();
+    rec->id = fmt::format("redis-{}", i);
+    rec->tenant = "acme";
+    rec->models = std::vector<std::string>{"gpt-4o-mini"};
+    auth.store_key_lookup(sha256(key), KeyLookup{KeyLookup::Status::found, std::move(rec)}, now);
+  }
+  for (const auto& h : headers)
+    if (!auth.authenticate(h, "", now)) state.SkipWithError("key refused");
+  std::size_t i = 0;
+  const auto before = weir::bench::allocations();
+  for (auto _ : state) {
+    auto p = auth.authenticate(headers[i], "", now);
+    benchmark::DoNotOptimize(p);
+    if (++i == n) i = 0;
+  }
+  report_allocs(state, before);
+  state.SetLabel(fmt::format("{} distinct keys", n));
+}
+BENCHMARK(BM_Auth_RedisKeyCached)->Arg(1)->Arg(256);
 
 void BM_Auth_Sha256Key(benchmark::State& state) {
   Sha256Hasher h;

@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "auth/redis_keys.hpp"
+
 namespace weir::auth {
 
 namespace {
@@ -24,6 +26,28 @@ bool iequals(std::string_view a, std::string_view b) {
 
 const std::size_t kCacheDisabled = 0;
 
+// A Redis key's principal owns its KeyPolicy (configured keys point into the
+// AuthPolicy). The key takes its tenant's admission scope with no limits or
+// budget of its own, so Admission's second scope is a no-op for it.
+struct RedisKeyPrincipal final : Principal {
+  KeyPolicy own_key;
+};
+
+[[gnu::cold, gnu::noinline]] core::Error incorrect_key() { return core::unauthorized("Incorrect API key provided."); }
+
+[[gnu::cold, gnu::noinline]] core::Error key_lookup_pending_error() {
+  return core::unavailable("The API key is being looked up; retry shortly.", 1);
+}
+
+[[gnu::cold, gnu::noinline]] core::Error key_store_unavailable() {
+  return core::unavailable("The API key store is unavailable. Please try again shortly.", 1);
+}
+
+[[gnu::cold, gnu::noinline]] core::Error key_tenant_not_configured(std::string_view tenant) {
+  return core::forbidden(fmt::format("The key's tenant `{}` is not configured.", tenant.substr(0, 128)),
+                         "tenant_not_allowed");
+}
+
 }  // namespace
 
 bool looks_like_jwt(std::string_view c) noexcept {
@@ -34,12 +58,16 @@ bool looks_like_jwt(std::string_view c) noexcept {
   return d2 != std::string_view::npos && c.find('.', d2 + 1) == std::string_view::npos;
 }
 
-Authenticator::Authenticator(std::shared_ptr<const AuthPolicy> policy, JwksCache* jwks)
+Authenticator::Authenticator(std::shared_ptr<const AuthPolicy> policy, JwksCache* jwks, RedisKeys* redis_keys)
     : policy_(std::move(policy)),
       jwks_(jwks),
-      cache_(policy_->config().jwt ? policy_->config().jwt->cache_entries : kCacheDisabled) {
+      cache_(policy_->config().jwt ? policy_->config().jwt->cache_entries : kCacheDisabled),
+      redis_keys_(redis_keys) {
+  if (redis_keys_) redis_cache_ = std::make_unique<RedisKeyCache>(policy_->config().key_cache_entries);
   set_policy(policy_);
 }
+
+Authenticator::~Authenticator() = default;
 
 void Authenticator::set_policy(std::shared_ptr<const AuthPolicy> policy) {
   policy_ = std::move(policy);
@@ -51,6 +79,7 @@ void Authenticator::set_policy(std::shared_ptr<const AuthPolicy> policy) {
     claims_.require_exp = jwt->require_exp;
   }
   cache_.clear();
+  if (redis_cache_) redis_cache_->clear();  // its principals point at the old policy's tenants
   key_principals_.assign(policy_->keys().size(), nullptr);
   auto anon = std::make_shared<Principal>();
   anon->kind = CredentialKind::anonymous;
@@ -67,6 +96,7 @@ tl::unexpected<core::Error> Authenticator::reject(core::Error e) {
 
 tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate(std::string_view authorization,
                                                                     std::string_view x_api_key, WallTime now) {
+  pending_key_.reset();
   std::string_view credential;
   authorization = trim(authorization);
   if (!authorization.empty()) {
@@ -87,13 +117,17 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate(std::string_
         "(Authorization: Bearer YOUR_KEY) or in an x-api-key header."));
   }
   if (jwks_ && policy_->config().jwt && looks_like_jwt(credential)) return authenticate_jwt(credential, now);
-  return authenticate_key(credential);
+  return authenticate_key(credential, now);
 }
 
-tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_key(std::string_view key) {
-  if (key.size() > kMaxApiKeyBytes) return reject(core::unauthorized("Incorrect API key provided."));
-  const KeyPolicy* kp = policy_->find_key(hasher_(key));
-  if (!kp) return reject(core::unauthorized("Incorrect API key provided."));
+tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_key(std::string_view key, WallTime now) {
+  if (key.size() > kMaxApiKeyBytes) return reject(incorrect_key());
+  const Sha256Digest digest = hasher_(key);
+  const KeyPolicy* kp = policy_->find_key(digest);
+  if (!kp) {
+    if (redis_keys_) return authenticate_redis_key(digest, now);
+    return reject(incorrect_key());
+  }
   auto& slot = key_principals_[static_cast<std::size_t>(kp - policy_->keys().data())];
   if (!slot) {
     auto p = std::make_shared<Principal>();
@@ -107,6 +141,74 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_key(std::str
   }
   ++stats_.api_key_hits;
   return slot;
+}
+
+tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_redis_key(const Sha256Digest& digest,
+                                                                              WallTime now) {
+  const RedisKeyCache::Entry* e = redis_cache_->find(digest, now);
+  if (!e) {
+    pending_key_ = PendingKeyLookup{digest, now};
+    ++stats_.redis_key_misses;
+    return tl::unexpected(key_lookup_pending_error());
+  }
+  switch (e->state) {
+    case RedisKeyCache::State::found:
+      ++stats_.api_key_hits;
+      ++stats_.redis_key_hits;
+      return e->principal;
+    case RedisKeyCache::State::forbidden:
+      return reject(key_tenant_not_configured(e->record ? std::string_view(e->record->tenant) : std::string_view()));
+    case RedisKeyCache::State::unavailable:
+      return reject(key_store_unavailable());
+    case RedisKeyCache::State::unknown:
+    case RedisKeyCache::State::empty:
+      break;
+  }
+  return reject(incorrect_key());
+}
+
+void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup& result, WallTime asked_at) {
+  const WallTime now = asked_at;  // TTLs count from the request that asked: a lookup never stretches them
+  if (!redis_cache_) return;
+  const AuthConfig& cfg = policy_->config();
+  using State = RedisKeyCache::State;
+  switch (result.status) {
+    case KeyLookup::Status::found: {
+      if (!result.record) break;
+      const RedisKeyRecord& rec = *result.record;
+      const TenantPolicy* tenant = policy_->find_tenant(rec.tenant);
+      if (!tenant) {
+        redis_cache_->insert(digest, State::forbidden, nullptr, result.record, now, cfg.key_negative_ttl);
+        return;
+      }
+      auto p = std::make_shared<RedisKeyPrincipal>();
+      KeyPolicy& k = p->own_key;
+      k.id = rec.id;
+      k.sha256 = digest;
+      k.tenant = tenant;
+      if (rec.models) k.models = ModelList(*rec.models);
+      k.tier = rec.tier.empty() ? tenant->tier : rec.tier;
+      k.scope = tenant->scope;  // limits and budget stay empty: the tenant's scope governs
+      p->kind = CredentialKind::api_key;
+      p->tenant = tenant;
+      p->key = &k;
+      p->subject = k.id;
+      p->tier = k.tier;
+      p->policy = policy_;
+      redis_cache_->insert(digest, State::found, std::move(p), nullptr, now, cfg.key_cache_ttl);
+      return;
+    }
+    case KeyLookup::Status::unavailable:
+      // Short: a key that Redis would have answered for works again soon after it is back.
+      redis_cache_->insert(digest, State::unavailable, nullptr, nullptr, now,
+                           std::min<std::chrono::milliseconds>(cfg.key_negative_ttl, std::chrono::seconds(1)));
+      return;
+    case KeyLookup::Status::unknown:
+    case KeyLookup::Status::revoked:
+    case KeyLookup::Status::invalid:
+      break;
+  }
+  redis_cache_->insert(digest, State::unknown, nullptr, nullptr, now, cfg.key_negative_ttl);
 }
 
 tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::string_view token, WallTime now) {

@@ -19,12 +19,26 @@
 
 namespace weir::auth {
 
+class RedisKeys;
+class RedisKeyCache;
+struct KeyLookup;
+
+// An API key that must be looked up in Redis (see Authenticator::key_lookup_pending).
+struct PendingKeyLookup {
+  Sha256Digest digest{};  // SHA-256 of the key; never log it
+  WallTime asked_at{};    // `now` of the authenticate() call that asked; the cache TTL counts from it
+};
+
 class Authenticator {
  public:
   // `policy`: the configuration snapshot (shared, immutable). `jwks`: the
   // shared key-set cache when auth.jwt is configured, else nullptr; it must
-  // outlive this object.
-  Authenticator(std::shared_ptr<const AuthPolicy> policy, JwksCache* jwks);
+  // outlive this object. `redis_keys`: the shared Redis key store when
+  // auth.redis_keys is on, else nullptr; it must outlive this object.
+  Authenticator(std::shared_ptr<const AuthPolicy> policy, JwksCache* jwks, RedisKeys* redis_keys = nullptr);
+  ~Authenticator();
+  Authenticator(const Authenticator&) = delete;
+  Authenticator& operator=(const Authenticator&) = delete;
 
   // Authenticates one request from its `Authorization` and `x-api-key` header
   // values (empty when absent), at wall time `now`.
@@ -32,15 +46,22 @@ class Authenticator {
   //  - `Authorization: Bearer <credential>` wins; otherwise `x-api-key: <credential>`.
   //  - A credential shaped like a JWS ("eyJ...", three segments) is verified
   //    as a JWT when auth.jwt is configured (RFC 7519; cached per worker until
-  //    exp); anything else is an API key, looked up by SHA-256.
+  //    exp); anything else is an API key, looked up by SHA-256 in the
+  //    configuration, then (with a RedisKeys) in this worker's cache of Redis
+  //    keys. A key in neither fails with 503 and key_lookup_pending() set:
+  //    the caller waits once for async_key_lookup (auth/redis_keys.hpp) and
+  //    calls authenticate() again, which then answers from the cache.
   //  - No credential: the anonymous tenant's principal when auth.required is
   //    false, else 401.
   //
   // Errors: 401 invalid_api_key (missing, unknown or invalid credential,
   // expired token, unknown kid — which also asks the JWKS cache for a
-  // rate-limited refetch); 403 (token names no configured tenant); 503 (no
-  // signing keys loaded yet). Messages never contain the credential.
-  // Cost: cached JWT = one hash + compare; API key = one SHA-256 + one probe.
+  // rate-limited refetch; an API key that Redis does not hold or holds
+  // revoked); 403 (token or Redis key names no configured tenant); 503 (no
+  // signing keys loaded yet; the key store did not answer; a Redis key
+  // lookup is pending). Messages never contain the credential.
+  // Cost: cached JWT = one hash + compare; API key = one SHA-256 + one probe
+  // (+ one cache probe for a Redis key).
   tl::expected<PrincipalPtr, core::Error> authenticate(std::string_view authorization, std::string_view x_api_key,
                                                        WallTime now);
 
@@ -60,12 +81,25 @@ class Authenticator {
   // requests one fetch instead of a 401.
   std::optional<std::uint64_t> refetch_mark() const noexcept { return refetch_mark_; }
   JwksCache* jwks() const noexcept { return jwks_; }
+
+  // After a failed authenticate(): set when the credential was an API key
+  // found neither in the configuration nor in this worker's Redis-key cache
+  // (a lookup is wanted: async_key_lookup); nullopt otherwise.
+  const std::optional<PendingKeyLookup>& key_lookup_pending() const noexcept { return pending_key_; }
+  RedisKeys* redis_keys() const noexcept { return redis_keys_; }
+  // Caches the answer of a Redis key lookup asked for at `asked_at`
+  // (async_key_lookup calls it on this worker's thread). A found key's
+  // principal is built here, against the current policy: a tenant that is
+  // not configured caches a 403.
+  void store_key_lookup(const Sha256Digest& digest, const KeyLookup& result, WallTime asked_at);
   const std::shared_ptr<const AuthPolicy>& policy() const noexcept { return policy_; }
 
   struct Stats {
     std::uint64_t jwt_cache_hits = 0;
     std::uint64_t jwt_verified = 0;   // full verifications that succeeded
-    std::uint64_t api_key_hits = 0;
+    std::uint64_t api_key_hits = 0;   // configured keys and cached Redis keys
+    std::uint64_t redis_key_hits = 0; // of which Redis keys (cache hits)
+    std::uint64_t redis_key_misses = 0;  // API keys sent to Redis (key_lookup_pending set)
     std::uint64_t anonymous = 0;
     std::uint64_t rejected = 0;       // 401/403/503 returned
   };
@@ -73,7 +107,8 @@ class Authenticator {
 
  private:
   tl::expected<PrincipalPtr, core::Error> authenticate_jwt(std::string_view token, WallTime now);
-  tl::expected<PrincipalPtr, core::Error> authenticate_key(std::string_view key);
+  tl::expected<PrincipalPtr, core::Error> authenticate_key(std::string_view key, WallTime now);
+  tl::expected<PrincipalPtr, core::Error> authenticate_redis_key(const Sha256Digest& digest, WallTime now);
   tl::unexpected<core::Error> reject(core::Error e);
 
   std::shared_ptr<const AuthPolicy> policy_;
@@ -85,6 +120,9 @@ class Authenticator {
   std::vector<PrincipalPtr> key_principals_;  // per key index, built on first use
   PrincipalPtr anonymous_;
   std::optional<std::uint64_t> refetch_mark_;
+  RedisKeys* redis_keys_ = nullptr;
+  std::unique_ptr<RedisKeyCache> redis_cache_;  // with redis_keys_ only
+  std::optional<PendingKeyLookup> pending_key_;
   Stats stats_;
 };
 

@@ -181,8 +181,31 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
   if (!auth) {
     cfg.required = false;
   } else {
-    if (auto ok = core::check_keys(auth, "auth", {"required", "anonymous_tenant", "jwt", "api_keys"}); !ok)
+    if (auto ok = core::check_keys(auth, "auth",
+                                   {"required", "anonymous_tenant", "jwt", "api_keys", "redis_keys", "key_cache_ttl",
+                                    "key_negative_ttl", "key_cache_entries"});
+        !ok)
       return tl::unexpected(ok.error());
+    if (auth["redis_keys"]) {
+      WEIR_TRY(b, core::read_bool(auth["redis_keys"], "auth.redis_keys"));
+      if (*b && !root["redis"])
+        return tl::unexpected(config_error(auth["redis_keys"], "auth.redis_keys",
+                                           "needs a redis: section (url, key_prefix, timeouts of the key store)"));
+      cfg.redis_keys = *b;
+    }
+    for (auto [name, out] : std::initializer_list<std::pair<const char*, std::chrono::milliseconds*>>{
+             {"key_cache_ttl", &cfg.key_cache_ttl}, {"key_negative_ttl", &cfg.key_negative_ttl}}) {
+      if (!auth[name]) continue;
+      const std::string key = std::string("auth.") + name;
+      WEIR_TRY(d, core::read_duration(auth[name], key));
+      if (*d < std::chrono::milliseconds(100))
+        return tl::unexpected(config_error(auth[name], key, "must be at least 100ms"));
+      *out = *d;
+    }
+    if (auth["key_cache_entries"]) {
+      WEIR_TRY(n, core::read_int(auth["key_cache_entries"], "auth.key_cache_entries", 4, 1 << 22));
+      cfg.key_cache_entries = static_cast<std::size_t>(*n);
+    }
     if (auth["required"]) {
       WEIR_TRY(b, core::read_bool(auth["required"], "auth.required"));
       cfg.required = *b;

@@ -83,6 +83,13 @@ struct AuthConfig {
   std::string anonymous_tenant = "anonymous";
   std::optional<JwtConfig> jwt;
   std::vector<ApiKeyConfig> api_keys;
+  // Virtual keys stored in Redis (docs/auth.md, "Keys in Redis"): an API key
+  // whose hash is not under api_keys is looked up in the `redis:` section's
+  // Redis (required when true) and cached per worker.
+  bool redis_keys = false;
+  std::chrono::milliseconds key_cache_ttl{std::chrono::seconds(30)};    // a found key is trusted this long
+  std::chrono::milliseconds key_negative_ttl{std::chrono::seconds(5)};  // an unknown/revoked key is refused this long
+  std::size_t key_cache_entries = 4096;  // cached Redis keys (found or not) per worker
   std::map<std::string, TenantConfig, std::less<>> tenants;
 };
 
@@ -92,8 +99,9 @@ using GetEnv = const char* (*)(const char*);
 // Parses `root["auth"]` and `root["tenants"]` (both optional; no auth
 // section = credentials not required and every request anonymous). API keys
 // give either `sha256` (64 hex digits) or `key_env` (an environment variable
-// holding the key, hashed at load and never stored). Errors name file, line
-// and dotted key; `file` is copied into them.
+// holding the key, hashed at load and never stored). `auth.redis_keys: true`
+// requires a `redis:` section in `root` (parsed by admission::parse_redis_config).
+// Errors name file, line and dotted key; `file` is copied into them.
 core::ConfigResult<AuthConfig> parse_auth_config(const YAML::Node& root, const std::string& file = "<config>",
                                                  GetEnv getenv_fn = nullptr);
 

@@ -1,0 +1,300 @@
+#include "auth/redis_keys.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <random>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <fmt/format.h>
+#include <openssl/crypto.h>
+
+namespace weir::auth {
+
+namespace {
+
+namespace asio = boost::asio;
+
+// Fields of a key record, in HMGET order.
+constexpr std::string_view kFields[] = {"id", "tenant", "models", "tier", "revoked"};
+// A field longer than this makes the record invalid (a model list of a few hundred names fits).
+constexpr std::size_t kMaxField = 16 * 1024;
+constexpr auto kInvalidLogEvery = std::chrono::seconds(10);
+
+std::vector<std::string> split_models(std::string_view csv) {
+  std::vector<std::string> out;
+  while (!csv.empty()) {
+    const auto comma = csv.find(',');
+    std::string_view item = csv.substr(0, comma);
+    csv = comma == std::string_view::npos ? std::string_view() : csv.substr(comma + 1);
+    while (!item.empty() && (item.front() == ' ' || item.front() == '\t')) item.remove_prefix(1);
+    while (!item.empty() && (item.back() == ' ' || item.back() == '\t')) item.remove_suffix(1);
+    if (!item.empty()) out.emplace_back(item);
+  }
+  return out;
+}
+
+std::uint64_t load64(const unsigned char* p) noexcept {
+  std::uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- RedisKeys
+
+RedisKeys::RedisKeys(boost::asio::io_context& control, RedisKeysOptions options, LogFn log)
+    : control_(control), options_(std::move(options)), log_(std::move(log)) {
+  if (!log_) log_ = [](std::string_view m) { fmt::print(stderr, "weir: redis keys: {}\n", m); };
+  store::ClientOptions co = options_.client;
+  co.log = [this](std::string_view m) { log_(m); };
+  client_ = std::make_unique<store::Client>(control_, std::move(co));
+}
+
+RedisKeys::~RedisKeys() {
+  if (client_) client_->stop();
+}
+
+void RedisKeys::start() {
+  if (running_ || stopped_.load(std::memory_order_relaxed)) return;
+  running_ = true;
+  client_->start();
+}
+
+void RedisKeys::stop() {
+  stopped_.store(true, std::memory_order_relaxed);
+  running_ = false;
+  client_->stop();  // lookups in flight fail with Errc::stopped and answer their waiters
+  // Waiters of fetches that have not run yet (none should remain; be safe).
+  auto waiting = std::move(inflight_);
+  inflight_.clear();
+  const KeyLookup down{};
+  for (auto& [digest, dones] : waiting)
+    for (auto& d : dones) {
+      failures_.fetch_add(1, std::memory_order_relaxed);
+      d(down);
+    }
+}
+
+std::string RedisKeys::redis_key(std::string_view prefix, const Sha256Digest& digest) {
+  std::string k;
+  k.reserve(prefix.size() + 4 + 64);
+  k.append(prefix);
+  k.append("key:");
+  k.append(to_hex(digest));
+  return k;
+}
+
+void RedisKeys::lookup(const Sha256Digest& digest, Done done) {
+  lookups_.fetch_add(1, std::memory_order_relaxed);
+  if (stopped_.load(std::memory_order_relaxed)) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    done(KeyLookup{});
+    return;
+  }
+  asio::post(control_, [this, digest, done = std::move(done)]() mutable { on_lookup(digest, std::move(done)); });
+}
+
+void RedisKeys::on_lookup(const Sha256Digest& digest, Done done) {
+  if (stopped_.load(std::memory_order_relaxed)) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    done(KeyLookup{});
+    return;
+  }
+  if (auto it = inflight_.find(digest); it != inflight_.end()) {
+    coalesced_.fetch_add(1, std::memory_order_relaxed);
+    it->second.push_back(std::move(done));
+    return;
+  }
+  if (inflight_.size() >= options_.max_inflight) {  // a flood of distinct keys: bound what Redis sees
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    done(KeyLookup{});
+    return;
+  }
+  inflight_[digest].push_back(std::move(done));
+  asio::co_spawn(control_, fetch(digest), asio::detached);
+}
+
+store::Task<void> RedisKeys::fetch(Sha256Digest digest) {
+  commands_.fetch_add(1, std::memory_order_relaxed);
+  const std::string key = redis_key(options_.key_prefix, digest);
+  auto reply = co_await client_->exec(store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3],
+                                                     kFields[4]});
+  const KeyLookup result = interpret(reply);
+  switch (result.status) {
+    case KeyLookup::Status::found: found_.fetch_add(1, std::memory_order_relaxed); break;
+    case KeyLookup::Status::unavailable: failures_.fetch_add(1, std::memory_order_relaxed); break;
+    default: not_found_.fetch_add(1, std::memory_order_relaxed); break;
+  }
+  auto node = inflight_.extract(digest);  // empty when stop() already answered them
+  if (node.empty()) co_return;
+  for (auto& done : node.mapped()) done(result);
+}
+
+KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
+  using Status = KeyLookup::Status;
+  KeyLookup out;
+  if (!r) {
+    if (r.error().code == store::Errc::server && r.error().message.starts_with("WRONGTYPE")) {
+      log_invalid("a key record is not a hash; requests with that key are refused");
+      out.status = Status::invalid;
+    }
+    return out;  // unavailable
+  }
+  const store::Reply& a = *r;
+  if (a.type != store::Reply::Type::array || a.elements.size() != std::size(kFields)) {
+    log_invalid("unexpected reply to HMGET of a key record");
+    return out;
+  }
+  bool any = false;
+  std::string_view v[std::size(kFields)];
+  for (std::size_t i = 0; i < std::size(kFields); ++i) {
+    const store::Reply& e = a.elements[i];
+    if (e.is_nil()) continue;
+    any = true;
+    if (e.str.size() > kMaxField) {
+      log_invalid(fmt::format("the key record with id '{}' has an oversized {} field; requests with it are refused",
+                              a.elements[0].str.substr(0, 128), kFields[i]));
+      out.status = Status::invalid;
+      return out;
+    }
+    v[i] = e.str;
+  }
+  if (!any) {
+    out.status = Status::unknown;
+    return out;
+  }
+  if (!v[4].empty() && v[4] != "0") {
+    out.status = Status::revoked;
+    return out;
+  }
+  if (v[0].empty() || v[1].empty()) {
+    log_invalid(v[0].empty() ? std::string("a key record has no id field; requests with that key are refused")
+                             : fmt::format("the key record with id '{}' has no tenant field; requests with it are "
+                                           "refused",
+                                           v[0].substr(0, 128)));
+    out.status = Status::invalid;
+    return out;
+  }
+  auto rec = std::make_shared<RedisKeyRecord>();
+  rec->id = std::string(v[0]);
+  rec->tenant = std::string(v[1]);
+  if (auto models = split_models(v[2]); !models.empty()) rec->models = std::move(models);
+  rec->tier = std::string(v[3]);
+  out.status = Status::found;
+  out.record = std::move(rec);
+  return out;
+}
+
+void RedisKeys::log_invalid(std::string_view what) {
+  // An invalid record is refused per worker once per key_negative_ttl; keep the log to one line per 10 s.
+  const auto now = std::chrono::steady_clock::now();
+  if (last_invalid_log_ != std::chrono::steady_clock::time_point{} && now - last_invalid_log_ < kInvalidLogEvery) {
+    ++invalid_suppressed_;
+    return;
+  }
+  last_invalid_log_ = now;
+  if (invalid_suppressed_)
+    log_(fmt::format("{} ({} more invalid-record lookups in the last 10 s)", what, invalid_suppressed_));
+  else
+    log_(what);
+  invalid_suppressed_ = 0;
+}
+
+RedisKeys::Stats RedisKeys::stats() const noexcept {
+  Stats s;
+  s.lookups = lookups_.load(std::memory_order_relaxed);
+  s.coalesced = coalesced_.load(std::memory_order_relaxed);
+  s.commands = commands_.load(std::memory_order_relaxed);
+  s.found = found_.load(std::memory_order_relaxed);
+  s.not_found = not_found_.load(std::memory_order_relaxed);
+  s.failures = failures_.load(std::memory_order_relaxed);
+  return s;
+}
+
+// ---------------------------------------------------------------- RedisKeyCache
+
+RedisKeyCache::RedisKeyCache(std::size_t capacity) {
+  std::size_t sets = 1;
+  while (sets * kWays < capacity) sets <<= 1;
+  capacity_ = sets * kWays;
+  unsigned bits = 0;
+  while ((std::size_t{1} << bits) < sets) ++bits;
+  set_shift_ = 64 - bits;  // bits == 0: one set (the shift by 64 is avoided in set_of)
+  std::random_device rd;
+  seed_ = (static_cast<std::uint64_t>(rd()) << 32) ^ rd();
+}
+
+std::size_t RedisKeyCache::set_of(const Sha256Digest& d) const noexcept {
+  if (set_shift_ >= 64) return 0;
+  // SHA-256 output is uniform, but keys are chosen by clients: the secret
+  // seed keeps anyone from grinding keys into one set.
+  const std::uint64_t h = (load64(d.data()) ^ seed_) * 0x9E3779B97F4A7C15ull;
+  return static_cast<std::size_t>(h >> set_shift_);
+}
+
+const RedisKeyCache::Entry* RedisKeyCache::find(const Sha256Digest& digest, WallTime now) noexcept {
+  if (slots_.empty()) return nullptr;
+  Entry* set = &slots_[set_of(digest) * kWays];
+  const std::uint64_t tag = load64(digest.data() + 8);
+  for (std::size_t w = 0; w < kWays; ++w) {
+    Entry& e = set[w];
+    if (e.state == State::empty || load64(e.digest.data() + 8) != tag) continue;
+    if (CRYPTO_memcmp(e.digest.data(), digest.data(), digest.size()) != 0) continue;
+    if (now < e.inserted || now >= e.expires) {
+      e = Entry{};  // expired: drop (and release its principal)
+      return nullptr;
+    }
+    e.last_used = ++tick_;
+    return &e;
+  }
+  return nullptr;
+}
+
+void RedisKeyCache::insert(const Sha256Digest& digest, State state, PrincipalPtr principal,
+                           std::shared_ptr<const RedisKeyRecord> record, WallTime now,
+                           std::chrono::milliseconds ttl) {
+  if (slots_.empty()) slots_.resize(capacity_);
+  Entry* set = &slots_[set_of(digest) * kWays];
+  Entry* victim = nullptr;
+  auto live = [&](const Entry& e) { return e.state != State::empty && now >= e.inserted && now < e.expires; };
+  for (std::size_t w = 0; w < kWays && !victim; ++w)
+    if (set[w].state != State::empty && set[w].digest == digest) victim = &set[w];  // replace its own entry
+  for (std::size_t w = 0; w < kWays && !victim; ++w)
+    if (!live(set[w])) victim = &set[w];
+  if (!victim) {
+    // Full of live entries: the least recently used refusal, so a flood of
+    // garbage keys cycles through the ways found keys leave; else the least
+    // recently used found key.
+    for (std::size_t w = 0; w < kWays; ++w) {
+      Entry& e = set[w];
+      if (e.state == State::found) continue;
+      if (!victim || e.last_used < victim->last_used) victim = &e;
+    }
+    if (!victim)
+      for (std::size_t w = 0; w < kWays; ++w)
+        if (!victim || set[w].last_used < victim->last_used) victim = &set[w];
+  }
+  victim->digest = digest;
+  victim->state = state;
+  victim->last_used = ++tick_;
+  victim->inserted = now;
+  victim->expires = now + ttl;
+  victim->principal = std::move(principal);
+  victim->record = std::move(record);
+}
+
+void RedisKeyCache::clear() noexcept {
+  for (auto& e : slots_) e = Entry{};
+}
+
+std::size_t RedisKeyCache::size(WallTime now) const noexcept {
+  std::size_t n = 0;
+  for (const auto& e : slots_)
+    if (e.state != State::empty && now >= e.inserted && now < e.expires) ++n;
+  return n;
+}
+
+}  // namespace weir::auth

@@ -1,0 +1,212 @@
+// Virtual keys stored in Redis (docs/auth.md, "Keys in Redis"): a hash
+// `<key_prefix>key:<sha256-hex of the key>` with fields id, tenant, models,
+// tier, revoked, looked up by the control thread and cached per worker. The
+// key value is never stored, and neither it nor its hash reaches a log line.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/associated_executor.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
+
+#include "auth/authenticator.hpp"
+#include "auth/crypto.hpp"
+#include "auth/policy.hpp"
+#include "store/redis_client.hpp"
+
+namespace weir::auth {
+
+// One key record as Redis holds it. Immutable once read; shared by the
+// workers whose lookups it answered.
+struct RedisKeyRecord {
+  std::string id;                                  // public name (logs, metrics)
+  std::string tenant;                              // must name a configured tenant (checked per worker)
+  std::optional<std::vector<std::string>> models;  // narrows the tenant's allow-list when set
+  std::string tier;                                // overrides the tenant's tier when non-empty
+};
+
+// The answer to one lookup.
+struct KeyLookup {
+  enum class Status : std::uint8_t {
+    found,        // `record` is set
+    unknown,      // no such hash in Redis
+    revoked,      // the record has revoked set
+    invalid,      // a record without id or tenant, an oversized field, or not a hash (logged by id)
+    unavailable,  // Redis did not answer within command_timeout (down, refused, lost, too many lookups in flight)
+  };
+  Status status = Status::unavailable;
+  std::shared_ptr<const RedisKeyRecord> record;  // for found only
+};
+
+struct RedisKeysOptions {
+  store::ClientOptions client;        // host, port, db, credentials, timeouts (from the `redis:` section)
+  std::string key_prefix = "weir:";   // redis.key_prefix
+  std::size_t max_inflight = 1024;    // distinct keys being looked up at once; more answer `unavailable` at once
+};
+
+// The Redis side of virtual keys: one store::Client (its own connection, so
+// key lookups and the RedisLimiter's syncs never delay each other) on the
+// control io_context.
+//
+// Threads: construct, start() and stop() on the control thread (or before it
+// runs); lookup() and stats() from any thread. Destroy after stop() and once
+// the control io_context no longer runs (lookups in flight point at this).
+class RedisKeys {
+ public:
+  // Called exactly once per lookup(): on the control thread, or inline in
+  // lookup() when stopped.
+  using Done = std::function<void(const KeyLookup&)>;
+  // One line per event worth an operator's eye (connection changes, invalid
+  // records by id); default: stderr with a "weir: redis keys: " prefix.
+  using LogFn = std::function<void(std::string_view)>;
+
+  RedisKeys(boost::asio::io_context& control, RedisKeysOptions options, LogFn log = {});
+  ~RedisKeys();
+  RedisKeys(const RedisKeys&) = delete;
+  RedisKeys& operator=(const RedisKeys&) = delete;
+
+  // Connects in the background (lookups before the connection is up queue
+  // for at most command_timeout).
+  void start();
+  // Closes the connection: lookups in flight answer `unavailable`, later
+  // ones too, at once. Call on the control thread after the workers drained.
+  void stop();
+
+  // Looks up the key whose SHA-256 is `digest`: one HMGET, shared by every
+  // lookup of the same digest in flight. Completes within the client's
+  // command_timeout. The slow path of authentication: one post to the
+  // control thread (Asio's scheduler takes its mutex briefly).
+  void lookup(const Sha256Digest& digest, Done done);
+
+  std::chrono::milliseconds command_timeout() const noexcept { return options_.client.command_timeout; }
+  const std::string& key_prefix() const noexcept { return options_.key_prefix; }
+
+  // `<prefix>key:<64 lower-case hex digits>` (never log it).
+  static std::string redis_key(std::string_view prefix, const Sha256Digest& digest);
+
+  struct Stats {
+    std::uint64_t lookups = 0;      // lookup() calls
+    std::uint64_t coalesced = 0;    // lookups that joined one in flight
+    std::uint64_t commands = 0;     // HMGETs sent
+    std::uint64_t found = 0;
+    std::uint64_t not_found = 0;    // unknown, revoked or invalid
+    std::uint64_t failures = 0;     // unavailable answers
+  };
+  Stats stats() const noexcept;
+
+ private:
+  store::Task<void> fetch(Sha256Digest digest);
+  void on_lookup(const Sha256Digest& digest, Done done);
+  KeyLookup interpret(const store::Result<store::Reply>& r);
+  void log_invalid(std::string_view what);
+
+  boost::asio::io_context& control_;
+  RedisKeysOptions options_;
+  LogFn log_;
+  std::unique_ptr<store::Client> client_;
+  // Control-thread state.
+  std::map<Sha256Digest, std::vector<Done>> inflight_;
+  bool running_ = false;
+  std::chrono::steady_clock::time_point last_invalid_log_{};
+  std::uint64_t invalid_suppressed_ = 0;
+
+  std::atomic<bool> stopped_{false};
+  std::atomic<std::uint64_t> lookups_{0}, coalesced_{0}, commands_{0}, found_{0}, not_found_{0}, failures_{0};
+};
+
+// A worker's cache of Redis key answers: a bounded 4-way set-associative
+// table keyed by the key's SHA-256 (set chosen under a per-cache random
+// seed, so keys cannot be ground to flood one set; a hit compares the whole
+// digest in constant time). Found keys live for key_cache_ttl, refusals for
+// key_negative_ttl, "Redis unavailable" for min(key_negative_ttl, 1 s).
+// A full set evicts its least recently used refusal first, then its least
+// recently used found key (a flood of garbage keys cycles through the ways
+// that found keys leave).
+// Not thread-safe (one per worker). Memory is taken on the first insert.
+class RedisKeyCache {
+ public:
+  enum class State : std::uint8_t { empty, found, unknown, forbidden, unavailable };
+  struct Entry {
+    Sha256Digest digest{};
+    State state = State::empty;
+    std::uint64_t last_used = 0;   // tick of the last hit
+    WallTime inserted{};
+    WallTime expires{};
+    PrincipalPtr principal;        // found
+    std::shared_ptr<const RedisKeyRecord> record;  // forbidden: the record naming an unconfigured tenant
+  };
+
+  // `capacity` entries, rounded up to a power of two, at least 4.
+  explicit RedisKeyCache(std::size_t capacity);
+
+  // The live entry for `digest` at `now`, else nullptr. Entries expire at
+  // `expires`, and also when `now` is before their insertion (a wall clock
+  // stepped back cannot stretch a TTL). Cost: one multiply, up to four
+  // 8-byte compares and one 32-byte constant-time compare.
+  const Entry* find(const Sha256Digest& digest, WallTime now) noexcept;
+  // Stores (or replaces) the answer for `digest` until now + ttl.
+  void insert(const Sha256Digest& digest, State state, PrincipalPtr principal,
+              std::shared_ptr<const RedisKeyRecord> record, WallTime now, std::chrono::milliseconds ttl);
+  void clear() noexcept;
+
+  std::size_t size(WallTime now) const noexcept;  // live entries
+  std::size_t capacity() const noexcept { return capacity_; }
+
+ private:
+  std::size_t set_of(const Sha256Digest& d) const noexcept;
+  static constexpr std::size_t kWays = 4;
+  std::size_t capacity_;
+  unsigned set_shift_;
+  std::vector<Entry> slots_;  // empty until the first insert
+  std::uint64_t seed_;
+  std::uint64_t tick_ = 0;
+};
+
+// The gateway's one wait after authn.authenticate() failed with
+// authn.key_lookup_pending() set: starts the Redis lookup of that key and
+// completes `token` (signature void()) on `ex` — the calling worker's
+// executor — once the answer is in the worker's cache; then authenticate()
+// again, and that answer is final. Completes within redis.command_timeout
+// plus two posts; never blocks the worker. With http::use_task:
+//   co_await auth::async_key_lookup(*authn, ex, use_task);
+// `authn` must outlive the operation (the worker's Authenticator does: the
+// operation keeps the worker's io_context busy until it completes).
+template <class Executor, class CompletionToken>
+auto async_key_lookup(Authenticator& authn, Executor ex, CompletionToken&& token) {
+  return boost::asio::async_initiate<CompletionToken, void()>(
+      [&authn, ex](auto handler) {
+        using Handler = decltype(handler);
+        // std::function needs a copyable callable; the handler is move-only.
+        auto h = std::make_shared<Handler>(std::move(handler));
+        auto work = boost::asio::prefer(boost::asio::get_associated_executor(*h, ex),
+                                        boost::asio::execution::outstanding_work.tracked);
+        RedisKeys* keys = authn.redis_keys();
+        if (!keys || !authn.key_lookup_pending()) {
+          boost::asio::post(work, [h]() mutable { (std::move(*h))(); });
+          return;
+        }
+        const PendingKeyLookup pending = *authn.key_lookup_pending();
+        keys->lookup(pending.digest, [h, work, &authn, pending](const KeyLookup& r) mutable {
+          boost::asio::post(work, [h, &authn, pending, r]() mutable {
+            authn.store_key_lookup(pending.digest, r, pending.asked_at);
+            (std::move(*h))();
+          });
+        });
+      },
+      token);
+}
+
+}  // namespace weir::auth
