@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "auth/authenticator.hpp"
+#include "auth/redis_keys.hpp"
 #include "core/json_text.hpp"
 #include "gateway/worker.hpp"
 
@@ -104,6 +105,18 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
     w.sample("weir_redis_refills_total", "", s.refills);
     w.header("weir_redis_fallback_takes_total", "counter", "Admission decisions made by the local fallback during an outage.");
     w.sample("weir_redis_fallback_takes_total", "", s.fallback_takes);
+  }
+  if (shared.redis_keys) {
+    // Virtual keys in Redis: lookups of keys no worker had cached (atomics).
+    const auto s = shared.redis_keys->stats();
+    core::PromWriter w(out);
+    w.header("weir_redis_key_lookups_total", "counter",
+             "API key lookups in Redis by answer (found; refused = unknown, revoked or invalid; unavailable).");
+    w.sample("weir_redis_key_lookups_total", "result=\"found\"", s.found);
+    w.sample("weir_redis_key_lookups_total", "result=\"refused\"", s.not_found);
+    w.sample("weir_redis_key_lookups_total", "result=\"unavailable\"", s.failures);
+    w.header("weir_redis_key_commands_total", "counter", "HMGETs sent (lookups of one key in flight share one).");
+    w.sample("weir_redis_key_commands_total", "", s.commands);
   }
 }
 

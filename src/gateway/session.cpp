@@ -11,6 +11,7 @@
 #include "admission/refill.hpp"
 #include "api/json_scan.hpp"
 #include "api/usage.hpp"
+#include "auth/redis_keys.hpp"
 #include "core/json_text.hpp"
 #include "gateway/admin.hpp"
 #include "gateway/worker.hpp"
@@ -901,6 +902,12 @@ http::Task<std::optional<core::Error>> Session::authenticate() {
       t.expires_after(std::chrono::milliseconds(5));
       co_await t.async_wait(use_task);
     }
+    p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], std::chrono::system_clock::now());
+  } else if (!p && authn->key_lookup_pending()) {
+    // An API key this worker has not seen: one lookup in Redis (bounded by
+    // redis.command_timeout), whose answer the worker caches; then the
+    // second authenticate() is final (found, refused, or 503 unavailable).
+    co_await auth::async_key_lookup(*authn, w_.io().get_executor(), use_task);
     p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], std::chrono::system_clock::now());
   }
   if (!p) co_return std::move(p.error());

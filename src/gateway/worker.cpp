@@ -28,7 +28,7 @@ Worker::Worker(Shared& shared, unsigned index)
   pools_.reserve(cfg.pools.size());
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p]);
   if (shared.auth_policy) {
-    authn_ = std::make_unique<auth::Authenticator>(shared.auth_policy, shared.jwks);
+    authn_ = std::make_unique<auth::Authenticator>(shared.auth_policy, shared.jwks, shared.redis_keys);
     admission_ = std::make_unique<admission::Admission>(*shared.limiter, shared.pricing, index);
   }
 }

@@ -15,6 +15,7 @@
 #include "admission/redis_limiter.hpp"
 #include "auth/config.hpp"
 #include "auth/jwks_cache.hpp"
+#include "auth/redis_keys.hpp"
 #include "gateway/worker.hpp"
 
 namespace weir::server {
@@ -56,6 +57,7 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   std::unique_ptr<auth::JwksCache> jwks;
   std::unique_ptr<admission::Limiter> limiter;
   admission::RedisLimiter* redis_limiter = nullptr;
+  std::unique_ptr<auth::RedisKeys> redis_keys;
   const auto& root = config->root;
   if (root && (root["auth"] || root["tenants"] || root["pricing"])) {
     auto auth_cfg = auth::parse_auth_config(root, config->source);
@@ -83,6 +85,22 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
     if (!redis_cfg) {
       fmt::print(stderr, "weir: configuration error: {}\n", redis_cfg.error().to_string());
       return 2;
+    }
+    if (auth_cfg->redis_keys && *redis_cfg) {
+      // Virtual keys created and revoked in Redis (docs/auth.md, "Keys in Redis").
+      const auto& rc = **redis_cfg;
+      auth::RedisKeysOptions ko;
+      ko.client.host = rc.host;
+      ko.client.port = rc.port;
+      ko.client.db = rc.db;
+      ko.client.username = rc.username;
+      ko.client.password = rc.password;
+      ko.client.connect_timeout = rc.connect_timeout;
+      ko.client.command_timeout = rc.command_timeout;
+      ko.client.reconnect_max = rc.reconnect_max;
+      ko.key_prefix = rc.key_prefix;
+      redis_keys = std::make_unique<auth::RedisKeys>(main_io, std::move(ko));
+      shared.redis_keys = redis_keys.get();
     }
     shared.auth_policy = auth::AuthPolicy::build(std::move(*auth_cfg));
     if (*redis_cfg) {
@@ -140,6 +158,7 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
 
   if (jwks) jwks->start();
   if (redis_limiter) redis_limiter->start();
+  if (redis_keys) redis_keys->start();
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
@@ -148,6 +167,8 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
 
   std::thread signal_thread([&] { main_io.run(); });
   for (auto& w : workers) w->join();
+  // Lookups still in flight answer `unavailable` (no worker waits for them any more).
+  if (redis_keys) asio::post(main_io, [&] { redis_keys->stop(); });
   if (redis_limiter) {
     // Give unused leases back and push the last spend before leaving.
     asio::co_spawn(main_io, redis_limiter->shutdown(), [&](std::exception_ptr) { main_io.stop(); });

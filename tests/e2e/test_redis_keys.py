@@ -1,0 +1,118 @@
+"""Virtual keys stored in Redis (auth.redis_keys, docs/auth.md "Keys in Redis"):
+created and revoked with scripts/weir-key against a real redis-server, used by
+the official openai SDK through two Weir replicas."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from conftest import wait_until
+from test_redis import Redis
+
+ROOT = Path(__file__).resolve().parents[2]
+MOCK_FLAGS = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
+
+
+@pytest.fixture
+def redis(tmp_path):
+    r = Redis(tmp_path)
+    r.start()
+    yield r
+    r.kill()
+
+
+def weir_key(redis, *args: str) -> str:
+    """Runs scripts/weir-key; its stdout (the new key for `add`)."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts/weir-key"), args[0], "--redis", redis.url,
+                          "--prefix", prefix(redis), *args[1:]],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip()
+
+
+def prefix(redis) -> str:
+    return f"weir-keys-{redis.port}:"
+
+
+def config(mock, redis, **auth_extra) -> dict:
+    return {
+        "pools": {"p": {"endpoints": [mock.base_url]}},
+        "models": {"m": {"pool": "p"}, "other": {"pool": "p", "upstream_model": "m"}},
+        "tenants": {"acme": {"models": ["m", "other"]}},
+        "auth": {"required": True, "redis_keys": True, **auth_extra},
+        "redis": {"url": redis.url, "key_prefix": prefix(redis)},
+    }
+
+
+def chat(w, key: str, model: str = "m") -> httpx.Response:
+    return httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                      json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def test_a_key_added_in_redis_works_on_every_replica_and_revoking_it_ends_it(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    cfg = config(m, redis, key_cache_ttl="300ms", key_negative_ttl="100ms")
+    a, b = weir(config=cfg), weir(config=cfg)
+    key = weir_key(redis, "add", "--tenant", "acme", "--id", "acme-ci")
+    assert key.startswith("sk-weir-")
+
+    for w in (a, b):
+        client = openai.OpenAI(base_url=w.v1, api_key=key, max_retries=0)
+        stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    entries = a.wait_log(lambda es: len(es) >= 1, 10)
+    assert entries[0]["tenant"] == "acme" and entries[0]["key_id"] == "acme-ci"
+    # The key and its hash stay out of the access log.
+    log_text = "".join(w.access_log_path.read_text() for w in (a, b))
+    assert key not in log_text and key[8:20] not in log_text
+
+    # Unknown keys are refused (and the refusal is OpenAI-shaped).
+    r = chat(a, "sk-weir-not-a-key")
+    assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", r.text
+
+    weir_key(redis, "revoke", "--id", "acme-ci")
+    # Every replica refuses it once its cached answer (300 ms) expires.
+    for w in (a, b):
+        wait_until(lambda: chat(w, key).status_code == 401, 5, message="revoked key refused")
+
+
+def test_a_key_narrowed_to_models_and_a_key_for_an_unknown_tenant(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis))
+    narrow = weir_key(redis, "add", "--tenant", "acme", "--id", "narrow", "--models", "m")
+    assert chat(w, narrow, "m").status_code == 200
+    r = chat(w, narrow, "other")
+    assert r.status_code == 403 and r.json()["error"]["type"], r.text
+    stray = weir_key(redis, "add", "--tenant", "nobody", "--id", "stray")
+    r = chat(w, stray)
+    assert r.status_code == 403, r.text
+    assert "error" in r.json()
+
+
+def test_redis_down_cached_keys_keep_working_and_new_ones_get_503(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis, key_cache_ttl="60s"), workers=1)
+    known = weir_key(redis, "add", "--tenant", "acme", "--id", "known")
+    unseen = weir_key(redis, "add", "--tenant", "acme", "--id", "unseen")
+    # The one worker caches `known`.
+    for _ in range(8):
+        assert chat(w, known).status_code == 200
+    redis.kill()
+    t0 = time.monotonic()
+    r = chat(w, unseen)
+    assert r.status_code == 503, r.text
+    assert r.json()["error"]["message"]
+    assert time.monotonic() - t0 < 5   # bounded by redis.command_timeout, not hung
+    for _ in range(8):
+        assert chat(w, known).status_code == 200
+    # One lookup found `known` (the other seven hit the cache); `unseen` found Redis gone.
+    assert w.metric("weir_redis_key_lookups_total", result="found") == 1
+    assert w.metric("weir_redis_key_lookups_total", result="unavailable") >= 1
