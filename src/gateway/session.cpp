@@ -27,8 +27,16 @@ using http::use_task;
 
 namespace {
 
-constexpr std::size_t kMonitorRead = 4096;
-constexpr std::size_t kStreamRead = 16384;
+// Per-connection buffers are most of a stream's memory (bench/results/memory.md):
+// 10k open streams hold 10k of each. The monitor read waits for a close or
+// the start of a pipelined request: 512 bytes do. A stream's body buffer
+// takes what one upstream read delivered, and Beast reads at most
+// max(512, free space of the connection's buffer) bytes at a time: 2 KiB
+// holds a stream's reads (a bigger one is parsed in pieces, still correct).
+constexpr std::size_t kMonitorRead = 512;
+constexpr std::size_t kStreamRead = 2048;
+// A non-streaming body is read straight into resp_body_, this much at a time.
+constexpr std::size_t kBufferedRead = 16384;
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
 // A reused upstream connection that fails this soon after the request went
 // out was closed by the server before it could read it.
@@ -323,7 +331,8 @@ http::Task<bool> Session::read_body() {
       co_return false;
     }
   }
-  // Reuse the connection's body storage: string_body reserves Content-Length.
+  // Reuse the connection's (or a spare) body storage: string_body reserves Content-Length.
+  if (body_.capacity() == std::string().capacity()) body_ = w_.take_buffer();
   req.body().swap(body_);
   req.body().clear();
   watchdog_.expires_after(sc.body_timeout);
@@ -395,6 +404,7 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     if (!route.upstream_model.empty() && route.upstream_model != ctx_.model) {
       scratch_.clear();
       core::append_json_string(scratch_, route.upstream_model);
+      if (upstream_body_.capacity() == std::string().capacity()) upstream_body_ = w_.take_buffer();
       if (api::set_member(up_body, "model", scratch_, upstream_body_)) up_body = upstream_body_;
     }
     if (ctx_.stream && !fields->include_usage && *api != api::ApiKind::embeddings &&
@@ -402,6 +412,7 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
       // Ask for the usage chunk so this stream's tokens are known; the client
       // did not ask for it, so relay_stream drops it from the client's stream.
       bool edited = false;
+      if (edit_buf_.capacity() == std::string().capacity()) edit_buf_ = w_.take_buffer();
       if (fields->has_stream_options) {
         auto span = api::find_member(up_body, "stream_options");
         std::string_view obj;
@@ -542,6 +553,11 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
   // (decoded for a client that did not accept the encoding).
   const auto ce = rp->get()[bh::field::content_encoding];
   const bool encoded = !ce.empty() && !http::iequals(ce, "identity");
+  // The request went out and cannot be retried any more: its storage goes
+  // back to the worker, so a long stream does not hold it.
+  w_.give_buffer(parser_->get().body());
+  w_.give_buffer(upstream_body_);
+  w_.give_buffer(edit_buf_);
   if (rp->get().result_int() == 200 && is_event_stream(ct) && !rp->is_done() && !encoded) {
     co_await relay_stream(*rp, *conn);
   } else {
@@ -638,14 +654,15 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
   const auto& sc = w_.config().server;
   const auto& timeouts = w_.pool(static_cast<std::uint32_t>(ctx_.pool)).config().timeouts;
   resp_body_.clear();
-  rbuf_.resize(kStreamRead);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   while (!rp.is_done()) {
-    rp.get().body().data = rbuf_.data();
-    rp.get().body().size = rbuf_.size();
+    const std::size_t have = resp_body_.size();
+    resp_body_.resize(have + kBufferedRead);
+    rp.get().body().data = resp_body_.data() + have;
+    rp.get().body().size = kBufferedRead;
     conn.watchdog().expires_after(timeouts.idle);
     auto [ec, n] = co_await bh::async_read_some(conn.socket(), conn.buffer(), rp, use_task);
-    resp_body_.append(rbuf_.data(), rbuf_.size() - rp.get().body().size);
+    resp_body_.resize(have + kBufferedRead - rp.get().body().size);
     if (ec == bh::error::need_buffer) ec = {};
     if (ec) {
       failure = http::classify(conn, ec);

@@ -35,6 +35,26 @@ Worker::Worker(Shared& shared, unsigned index)
 
 Worker::~Worker() { join(); }
 
+std::string Worker::take_buffer() {
+  if (spare_.empty()) return {};
+  std::string s = std::move(spare_.back());
+  spare_.pop_back();
+  spare_bytes_ -= s.capacity();
+  return s;
+}
+
+void Worker::give_buffer(std::string& s) {
+  const std::size_t cap = s.capacity();
+  if (cap > (1u << 16) || cap <= sizeof(std::string) || spare_bytes_ + cap > kSpareBytes) {
+    std::string().swap(s);  // too big to keep, or in its small-string buffer, or enough spares
+    return;
+  }
+  s.clear();
+  spare_bytes_ += cap;
+  spare_.push_back(std::move(s));
+  s = std::string();  // moved-from: make its state explicit
+}
+
 std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, std::string& error) {
   error_code ec;
   auto ip = asio::ip::make_address(addr.host, ec);

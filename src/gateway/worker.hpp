@@ -84,6 +84,14 @@ class Worker {
   void add_session(Session* s);
   void remove_session(Session* s);
 
+  // Request-body storage lent to sessions while a request is read and sent
+  // upstream, returned when its response starts streaming: 10k open streams
+  // then hold no copy of their request bodies, and a steady load allocates
+  // none. take_buffer() returns an empty string (with capacity when one was
+  // spare); give_buffer() keeps at most kSpareBytes in all, none above 64 KiB.
+  std::string take_buffer();
+  void give_buffer(std::string& s);
+
  private:
   http::Task<void> accept_loop();
   http::Task<void> tick_loop();
@@ -100,6 +108,9 @@ class Worker {
   std::unique_ptr<auth::Authenticator> authn_;
   std::unique_ptr<admission::Admission> admission_;
   std::uint64_t request_seq_ = 0;
+  static constexpr std::size_t kSpareBytes = 1u << 20;
+  std::vector<std::string> spare_;  // give_buffer()'s, capacity > 0
+  std::size_t spare_bytes_ = 0;
   Session* sessions_ = nullptr;  // intrusive list of live sessions
   std::size_t session_count_ = 0;
   bool draining_ = false;
