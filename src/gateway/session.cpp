@@ -29,12 +29,9 @@ namespace {
 
 // Per-connection buffers are most of a stream's memory (bench/results/memory.md):
 // 10k open streams hold 10k of each. The monitor read waits for a close or
-// the start of a pipelined request: 512 bytes do. A stream's body buffer
-// takes what one upstream read delivered, and Beast reads at most
-// max(512, free space of the connection's buffer) bytes at a time: 2 KiB
-// holds a stream's reads (a bigger one is parsed in pieces, still correct).
+// the start of a pipelined request: 512 bytes do. A stream reads into its
+// worker's buffers (Worker::stream_read_buffer) and holds none of its own.
 constexpr std::size_t kMonitorRead = 512;
-constexpr std::size_t kStreamRead = 2048;
 // A non-streaming body is read straight into resp_body_, this much at a time.
 constexpr std::size_t kBufferedRead = 16384;
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
@@ -138,6 +135,7 @@ Session::Session(Worker& w, http::Socket sock)
   ++w_.metrics().active_connections;
   error_code ignored;
   sock_.set_option(http::tcp::no_delay(true), ignored);
+  sock_.non_blocking(true, ignored);  // start_write() tries a send before it waits
 }
 
 Session::~Session() {
@@ -198,6 +196,7 @@ http::Task<void> Session::serve() {
     if (w_.draining() && !first && in_.size() == 0) co_return;
 
     ctx_.reset();
+    done_relayed_ = false;
     if (parser_) body_.swap(parser_->get().body());  // keep the body storage's capacity
     parser_.emplace();
     parser_->header_limit(sc.max_header_bytes);
@@ -780,71 +779,157 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   ctx_.added_us += core::micros_between(t0, core::now());
 
   sse_.reset();
-  rbuf_.resize(kStreamRead);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool first_read = true;
-  bool saw_done = false;
-  while (!rp.is_done()) {
-    rp.get().body().data = rbuf_.data();
-    rp.get().body().size = rbuf_.size();
-    conn.watchdog().expires_after(timeouts.idle);
-    auto [ec, n] = co_await bh::async_read_some(conn.socket(), conn.buffer(), rp, use_task);
-    if (ec == bh::error::need_buffer) ec = {};
-    const std::size_t got = rbuf_.size() - rp.get().body().size;
-    const auto t_read = core::now();
-    if (got > 0) {
-      sse_.push(std::string_view(rbuf_.data(), got));
-      // Every complete event of this read goes out in one chunk, in one write.
-      scratch_.clear();
-      while (auto ev = sse_.next()) {
-        if (ev->has_data) {
-          if (ev->is_done()) {
-            saw_done = true;
-          } else if (ev->data.find("\"usage\"") != std::string_view::npos) {
-            if (auto u = api::extract_usage(ev->data)) {
-              ctx_.has_usage = true;
-              ctx_.usage = *u;
-              // The usage chunk Weir asked for on the client's behalf: not theirs.
-              if (strip_usage_ && is_usage_only_chunk(ev->data)) continue;
-            }
+  bool cut_off = false;
+  done_relayed_ = false;
+
+  // Every SSE event completed by `bytes` (body bytes, in order) is appended
+  // to scratch_; false on an SSE framing error.
+  auto take_events = [&](std::string_view bytes, core::TimePoint t_read) {
+    sse_.push(bytes);
+    while (auto ev = sse_.next()) {
+      if (ev->has_data) {
+        if (ev->is_done()) {
+          done_relayed_ = true;
+        } else if (ev->data.find("\"usage\"") != std::string_view::npos) {
+          if (auto u = api::extract_usage(ev->data)) {
+            ctx_.has_usage = true;
+            ctx_.usage = *u;
+            // The usage chunk Weir asked for on the client's behalf: not theirs.
+            if (strip_usage_ && is_usage_only_chunk(ev->data)) continue;
           }
-          ++ctx_.events;
-          if (ctx_.t_first_token == core::TimePoint{}) ctx_.t_first_token = t_read;
         }
-        scratch_ += ev->raw;
+        ++ctx_.events;
+        if (ctx_.t_first_token == core::TimePoint{}) ctx_.t_first_token = t_read;
       }
-      if (sse_.error()) {
+      scratch_ += ev->raw;
+    }
+    return !sse_.error();
+  };
+
+  // The read loop, written for the steady state of a long stream: one
+  // readiness wait, one recv and one send per upstream read, no speculative
+  // recv that finds the socket empty (Asio 1.26 retries a read at once after
+  // every read, which costs an EAGAIN recv per event). A recv lands in the
+  // worker's read buffer and is parsed at once (Beast's parser takes the
+  // chunk framing off into the worker's body buffer; events go to scratch_),
+  // so an open stream holds no read buffer of its own: only the bytes of a
+  // chunk header split across reads wait in the connection's buffer. Every
+  // event completed by one read leaves in one write.
+  auto& sock = conn.socket();
+  auto& raw = conn.buffer();
+  const auto rd = w_.stream_read_buffer();
+  const auto body = w_.stream_body_buffer();
+  error_code ec;
+  sock.non_blocking(true, ec);
+  ec = {};
+  rp.eager(true);
+  bool need_read = raw.size() == 0;  // else first parse what the head's read left over
+  bool drained = false;              // the last recv emptied the socket: wait for readiness first
+  while (!rp.is_done()) {
+    std::string_view in;
+    if (need_read) {
+      conn.watchdog().expires_after(timeouts.idle);
+      if (drained) {
+        auto [wec] = co_await sock.async_wait(http::tcp::socket::wait_read, use_task);
+        if (wec) {
+          ec = wec;
+          break;
+        }
+      }
+      // Bytes left by the last read (a chunk header split across reads, a
+      // few bytes) go first, and the recv lands right after them.
+      const std::size_t carried = raw.size();
+      if (carried + 512 > rd.size()) {  // no chunk header is that long
         failure = http::UpstreamFailure::protocol;
         break;
       }
-      // Bytes of earlier reads the client has not taken yet: the slow-client
-      // measure. Not this read's events: one event larger than the bound (a
-      // chunk with prompt_logprobs) is not a slow client.
-      const std::size_t backlog = out_.size() + wbuf_.size();
-      if (!scratch_.empty()) {
-        queue_body(scratch_);
-        if (!writing_) start_write();
-        if (first_read) {
-          ctx_.added_us += core::micros_between(t_read, core::now());
-          first_read = false;
-        }
+      const std::size_t n = sock.read_some(rd + carried, ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        ec = {};
+        drained = true;
+        continue;
       }
-      if (backlog > sc.max_stream_buffer_bytes) {
-        // The client is not keeping up: cut it off rather than buffer without bound.
-        ++metrics.slow_client_cutoffs;
-        ctx_.status = 499;
-        ctx_.has_error = true;
-        ctx_.error_source = core::ErrorSource::client;
-        ctx_.error_code = "slow_client";
-        peer_gone_ = true;
-        conn.abort(http::UpstreamFailure::cancelled);
+      if (ec == asio::error::eof) {
+        // A body that ends at close (no length, not chunked) is complete now.
+        ec = {};
+        if (rp.got_some()) rp.put_eof(ec);
+        if (!ec && !rp.is_done()) ec = bh::error::partial_message;
         break;
       }
+      if (ec) break;
+      drained = n < rd.size() - carried;
+      asio::buffer_copy(rd, raw.data());
+      raw.consume(carried);
+      in = std::string_view(static_cast<const char*>(rd.data()), carried + n);
     }
-    if (ec) {
-      failure = http::classify(conn, ec);
+    need_read = true;
+    const bool from_raw = in.data() == nullptr;
+    if (from_raw) in = std::string_view(static_cast<const char*>(raw.data().data()), raw.size());
+    const auto t_read = core::now();
+    scratch_.clear();
+    // Parse all that was read: chunk framing off, body bytes into `body`.
+    std::size_t off = 0;
+    while (off < in.size() && !rp.is_done()) {
+      rp.get().body().data = body.data();
+      rp.get().body().size = body.size();
+      error_code pec;
+      const std::size_t used = rp.put(asio::buffer(in.data() + off, in.size() - off), pec);
+      off += used;
+      const std::size_t got = body.size() - rp.get().body().size;
+      if (got > 0 && !take_events(std::string_view(static_cast<const char*>(body.data()), got), t_read)) {
+        failure = http::UpstreamFailure::protocol;
+        break;
+      }
+      if (pec == bh::error::need_more) break;  // a partial chunk header: read on
+      if (pec && pec != bh::error::need_buffer) {
+        failure = http::UpstreamFailure::protocol;
+        break;
+      }
+      if (used == 0 && got == 0 && !pec) break;
+    }
+    rp.get().body().data = nullptr;  // the worker's buffer is not this stream's
+    if (from_raw) {
+      raw.consume(off);
+    } else if (off < in.size() && !rp.is_done()) {
+      const std::size_t left = in.size() - off;  // keep the split chunk header for the next read
+      asio::buffer_copy(raw.prepare(left), asio::buffer(in.data() + off, left));
+      raw.commit(left);
+    }
+    // Bytes of earlier reads the client has not taken yet: the slow-client
+    // measure. Not this read's events: one event larger than the bound (a
+    // chunk with prompt_logprobs) is not a slow client.
+    const std::size_t backlog = out_.size() + wbuf_.size();
+    if (!scratch_.empty()) {
+      queue_body(scratch_);
+      if (!writing_) start_write();
+      if (first_read) {
+        ctx_.added_us += core::micros_between(t_read, core::now());
+        first_read = false;
+      }
+    }
+    if (failure != http::UpstreamFailure::none) break;
+    if (backlog > sc.max_stream_buffer_bytes) {
+      // The client is not keeping up: cut it off rather than buffer without bound.
+      cut_off = true;
       break;
     }
+    // The monitor saw the client leave (and closed the upstream), unless the
+    // stream was over for it: then read the upstream's last bytes, so its
+    // connection goes back to the pool.
+    if (peer_gone_ && !done_relayed_) break;
+  }
+  if (cut_off) {
+    ++metrics.slow_client_cutoffs;
+    ctx_.status = 499;
+    ctx_.has_error = true;
+    ctx_.error_source = core::ErrorSource::client;
+    ctx_.error_code = "slow_client";
+    peer_gone_ = true;
+    conn.abort(http::UpstreamFailure::cancelled);
+  } else if (failure == http::UpstreamFailure::none && ec) {
+    failure = http::classify(conn, ec);
   }
   conn.watchdog().disarm();
   ctx_.t_upstream_done = core::now();
@@ -854,6 +939,17 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   // abort the finished upstream connection, which goes back to the pool.
   if (rp.is_done()) upstream_ = nullptr;
 
+  // The client read [DONE] and left before the upstream's last bytes (the
+  // openai SDK closes as soon as it reads [DONE]): a complete stream.
+  const bool finished = done_relayed_ && !write_failed_ && !writing_ && out_.empty();
+  if (peer_gone_ && finished) {
+    keep_alive_ = false;
+    if (!rp.is_done()) conn.abort(http::UpstreamFailure::cancelled);
+    error_code ignored;
+    sock_.close(ignored);
+    sse_.reset();
+    co_return;
+  }
   if (peer_gone_ || write_failed_) {
     if (ctx_.error_code != "slow_client") {
       ctx_.status = 499;
@@ -881,7 +977,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
     std::string err;
     core::append_error_json(err, e);
     http::append_sse_data(scratch_, err);
-    if (!saw_done) http::append_sse_data(scratch_, "[DONE]");
+    if (!done_relayed_) http::append_sse_data(scratch_, "[DONE]");
     queue_body(scratch_);
     conn.abort(http::UpstreamFailure::cancelled);
   }
@@ -894,7 +990,6 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
     keep_alive_ = false;
   }
   sse_.reset();
-  if (rbuf_.capacity() > kStreamRead * 4) std::string().swap(rbuf_);
 }
 
 void Session::append_connection_header(std::string& out) const {
@@ -1011,8 +1106,9 @@ void Session::start_monitor() {
 
 void Session::on_peer_gone() {
   peer_gone_ = true;
-  // Abort the upstream request at once so the model server stops generating.
-  if (upstream_) upstream_->abort(http::UpstreamFailure::cancelled);
+  // Abort the upstream request at once so the model server stops generating
+  // (not needed once it sent [DONE]: relay_stream reads its last bytes).
+  if (upstream_ && !done_relayed_) upstream_->abort(http::UpstreamFailure::cancelled);
 }
 
 void Session::queue_body(std::string_view bytes) {
@@ -1032,6 +1128,24 @@ void Session::start_write() {
     out_.clear();
     return;
   }
+  // Send now: a client that keeps up takes it all, and then no completion
+  // is queued (one trip through the scheduler less per event). What the
+  // socket did not take goes out through the write loop below.
+  error_code ec;
+  const std::size_t sent = sock_.write_some(asio::buffer(out_), ec);
+  ctx_.bytes_out += sent;
+  w_.metrics().bytes_out += sent;
+  if (!ec && sent == out_.size()) {
+    out_.clear();
+    return;
+  }
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+    write_failed_ = true;
+    out_.clear();
+    on_peer_gone();
+    return;
+  }
+  out_.erase(0, sent);
   writing_ = true;
   std::swap(out_, wbuf_);
   watchdog_.expires_after(w_.config().server.write_timeout);

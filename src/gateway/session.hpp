@@ -128,6 +128,7 @@ class Session {
   std::int64_t spend_nano_usd_ = 0;
   const admission::ModelPrice* price_ = nullptr;  // the model's price, when pricing has one
   std::uint64_t prompt_bytes_ = 0; // for a usage estimate when the upstream reports none
+  bool done_relayed_ = false;      // relay_stream: the upstream's data: [DONE] went to the client's queue
   bool strip_usage_ = false;       // Weir asked for the usage chunk; the client did not
   std::string rl_headers_;         // x-ratelimit-* lines for every response to this request
   std::string edit_buf_;           // second buffer for spliced request bodies
@@ -136,7 +137,6 @@ class Session {
   std::string head_;               // response or upstream request head, reused
   std::string resp_body_;          // buffered upstream response body, reused
   std::string scratch_;            // decode / framing scratch, reused
-  std::string rbuf_;               // upstream read buffer for streams
   http::SseReader sse_;
 };
 

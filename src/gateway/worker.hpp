@@ -3,6 +3,7 @@
 // the immutable configuration snapshot and route table.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -92,6 +93,12 @@ class Worker {
   std::string take_buffer();
   void give_buffer(std::string& s);
 
+  // Scratch for relay_stream, which uses them only between one recv and the
+  // end of its synchronous parse (never across a suspension): what one
+  // upstream recv reads, and the body bytes Beast's parser takes out of it.
+  boost::asio::mutable_buffer stream_read_buffer() { return boost::asio::buffer(stream_read_); }
+  boost::asio::mutable_buffer stream_body_buffer() { return boost::asio::buffer(stream_body_); }
+
  private:
   http::Task<void> accept_loop();
   http::Task<void> tick_loop();
@@ -109,6 +116,8 @@ class Worker {
   std::unique_ptr<admission::Admission> admission_;
   std::uint64_t request_seq_ = 0;
   static constexpr std::size_t kSpareBytes = 1u << 20;
+  std::array<char, 16384> stream_read_{};
+  std::array<char, 16384> stream_body_{};
   std::vector<std::string> spare_;  // give_buffer()'s, capacity > 0
   std::size_t spare_bytes_ = 0;
   Session* sessions_ = nullptr;  // intrusive list of live sessions
