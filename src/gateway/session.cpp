@@ -334,9 +334,17 @@ http::Task<bool> Session::read_body() {
   if (body_.capacity() == std::string().capacity()) body_ = w_.take_buffer();
   req.body().swap(body_);
   req.body().clear();
-  watchdog_.expires_after(sc.body_timeout);
-  auto [ec, n] = co_await bh::async_read(sock_, in_, *parser_, use_task);
-  watchdog_.disarm();
+  // A small body usually arrived with the head: parse it from in_ now
+  // (the socket is non-blocking: a missing part answers would_block, and
+  // the read goes on asynchronously).
+  error_code ec;
+  if (in_.size() > 0) bh::read(sock_, in_, *parser_, ec);
+  if (in_.size() == 0 || ec == asio::error::would_block || ec == asio::error::try_again) {
+    watchdog_.expires_after(sc.body_timeout);
+    auto [rec, n] = co_await bh::async_read(sock_, in_, *parser_, use_task);
+    watchdog_.disarm();
+    ec = rec;
+  }
   if (!ec) co_return true;
   keep_alive_ = false;
   if (ec == bh::error::body_limit) {
@@ -497,7 +505,7 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     const std::array<asio::const_buffer, 2> bufs{asio::buffer(head_), asio::buffer(up_body.data(), up_body.size())};
     ctx_.t_upstream_sent = core::now();
     added += core::micros_between(t0, ctx_.t_upstream_sent);
-    auto [wec, wn] = co_await asio::async_write(conn->socket(), bufs, use_task);
+    auto [wec, wn] = co_await http::write_all_now(conn->socket(), bufs);
     error_code ec = wec;
     std::size_t got = 0;
     if (!ec) {
@@ -1177,7 +1185,7 @@ http::Task<void> Session::drain_writes() {
 http::Task<bool> Session::write_all(std::string_view a, std::string_view b) {
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(a.data(), a.size()), asio::buffer(b.data(), b.size())};
   watchdog_.expires_after(w_.config().server.write_timeout);
-  auto [ec, n] = co_await asio::async_write(sock_, bufs, use_task);
+  auto [ec, n] = co_await http::write_all_now(sock_, bufs);
   watchdog_.disarm();
   ctx_.bytes_out += n;
   w_.metrics().bytes_out += n;

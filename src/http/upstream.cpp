@@ -68,6 +68,7 @@ Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep,
   }
   boost::system::error_code ignored;
   c.socket().set_option(tcp::no_delay(true), ignored);
+  c.socket().non_blocking(true, ignored);  // write_all_now() and the stream relay's reads try at once
   co_return UpstreamFailure::none;
 }
 
