@@ -33,7 +33,12 @@ def run(env: Env, opts: Options) -> Report:
     rep.add_meta("weir", f"{weir.version}; --workers 1; JWT RS256 against a JWKS file (cached key set, "
                  "verified-token cache), tenant lookup, tenant rate limits (requests, tokens), stream cap and "
                  "budget set never to trip, pricing, four pools by model name, access log on (a file)")
-    targets = [direct(mock), weir] + start_peers(env, opts, mock, rep)
+    # The same gateway without identity and admission (same four pools, same access log): the controls' cost.
+    bare_cfg = configs.all_controls(mock.url, jwks, str(env.work / "weir-bare-access.log"))
+    for k in ("auth", "tenants", "pricing"):
+        bare_cfg.pop(k)
+    bare = start_weir(env, "weir (no controls)", bare_cfg, tag="weir-seed000-bare")
+    targets = [direct(mock), weir, bare] + start_peers(env, opts, mock, rep)
 
     tokens = 16 if env.smoke else 128     # smoke: short streams, the harness is checked, not the numbers
     seed_lines = [configs.chat_body(m, tokens) for m in configs.SEED_MODELS]
@@ -55,7 +60,7 @@ def run(env: Env, opts: Options) -> Report:
         res = measure.run_cell(env, active, load_for, f"seed000-{rate}", mock=mock, give_up=gateway_failed)
         per_rate[rate] = res
         if env.smoke:
-            for label in ("direct (no gateway)", weir.label, "nginx"):
+            for label in ("direct (no gateway)", weir.label, bare.label, "nginx"):
                 measure.require_clean(env, label, res.get(label, []), f"seed000 @ {rate}", rep.failures)
         d = agg(res.get("direct (no gateway)", []))
         for t in active:
@@ -128,7 +133,7 @@ def run(env: Env, opts: Options) -> Report:
     ratio_rows = []
     goal_vals: dict[str, list] = {}
     for (label, rate), ad in added_by.items():
-        if label in (weir_label,) or label.startswith("direct"):
+        if label in (weir_label, bare.label) or label.startswith("direct"):
             continue
         w = added_by.get((weir_label, rate))
         if not w:
@@ -144,6 +149,27 @@ def run(env: Env, opts: Options) -> Report:
         rep.section("Weir against each peer", (
             "Peer's added latency / Weir's added latency, same rate, same run (bigger is better for Weir; "
             "∞ when Weir's added latency is at or below zero, i.e. within the noise of the direct path).\n\n" + table(["req/s", "peer", "TTFT p99", "TTFT p99.9", "ITL p99"], ratio_rows)))
+
+    cost_rows = []
+    for (label, rate), w in added_by.items():
+        b = added_by.get((bare.label, rate))
+        if label != weir_label or not b:
+            continue
+        cells = []
+        for h in ("ttft", "itl"):
+            for p in ("p50", "p99", "p99_9"):
+                on, off = w[f"{h}_{p}"], b[f"{h}_{p}"]
+                cells.append(f"{added_cell(on)} / {added_cell(off)}")
+                if on is not None and off is not None:
+                    rep.row("controls", "weir", rate, f"controls_cost_{h}_{p}", on - off, "us")
+        cost_rows.append([f"{rate:,}"] + cells)
+    if cost_rows:
+        rep.section("Cost of the controls", (
+            "Weir's added latency with every control on (JWT, tenant lookup, limits, budget, pricing) / with none "
+            "(same pools, same access log), ms, same rate, same run. The difference is the controls' cost; "
+            "differences below ~0.1 ms are the noise of these runs.\n\n"
+            + table(["req/s", "TTFT p50 on / off", "TTFT p99 on / off", "TTFT p99.9 on / off",
+                     "ITL p50 on / off", "ITL p99 on / off", "ITL p99.9 on / off"], cost_rows)))
 
     for peer, need in (("bifrost", 5), ("litellm", 50)):
         vals = goal_vals.get(peer)
