@@ -816,10 +816,11 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
     return !sse_.error();
   };
 
-  // The read loop, written for the steady state of a long stream: one
-  // readiness wait, one recv and one send per upstream read, no speculative
-  // recv that finds the socket empty (Asio 1.26 retries a read at once after
-  // every read, which costs an EAGAIN recv per event). A recv lands in the
+  // The read loop, written for the steady state of a long stream: per
+  // upstream read one readiness wait (Asio re-arms the descriptor with one
+  // epoll_ctl), one recv and one send, and no completion queued through the
+  // scheduler (async_read_some would try a recv that finds the socket empty
+  // after every read: Asio 1.26 marks a socket drained only at EOF). A recv lands in the
   // worker's read buffer and is parsed at once (Beast's parser takes the
   // chunk framing off into the worker's body buffer; events go to scratch_),
   // so an open stream holds no read buffer of its own: only the bytes of a

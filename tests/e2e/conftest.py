@@ -47,6 +47,7 @@ import json
 import os
 import pathlib
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -501,3 +502,46 @@ def weir(processes) -> WeirFactory:
 def module_weir(module_processes) -> WeirFactory:
     """Factory for weir instances shared by a module's tests."""
     return WeirFactory(module_processes)
+
+
+# --- redis-server (shared limits, keys in Redis) ---
+
+class Redis:
+    def __init__(self, tmp_path):
+        self.port = free_port()
+        self.dir = tmp_path
+        self.proc: subprocess.Popen | None = None
+
+    def start(self):
+        exe = shutil.which("redis-server")
+        if not exe:
+            pytest.fail("redis-server not installed: run scripts/setup", pytrace=False)
+        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.dir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+        wait_until(self.ping, 10, message=f"redis-server on {self.port} answering PING")
+
+    def ping(self) -> bool:
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                s.sendall(b"PING\r\n")
+                return s.recv(16).startswith(b"+PONG")
+        except OSError:
+            return False
+
+    def kill(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}"
+
+
+@pytest.fixture
+def redis(tmp_path):
+    r = Redis(tmp_path)
+    r.start()
+    yield r
+    r.kill()

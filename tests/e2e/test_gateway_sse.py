@@ -83,6 +83,8 @@ class RawUpstream:
         self.listener.listen(64)
         self.port = self.listener.getsockname()[1]
         self.stop = False
+        self.accepted = 0
+        self.served_done_then_end = 0
         threading.Thread(target=self.accept_loop, daemon=True).start()
 
     def accept_loop(self):
@@ -91,35 +93,51 @@ class RawUpstream:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
+            self.accepted += 1
             threading.Thread(target=self.serve, args=(conn,), daemon=True).start()
 
     def serve(self, conn: socket.socket):
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         try:
-            buf = b""
-            while b"\r\n\r\n" not in buf:
-                data = conn.recv(65536)
-                if not data:
-                    return
-                buf += data
-            head, _, body = buf.partition(b"\r\n\r\n")
-            headers = {k.strip().lower(): v.strip() for k, _, v in
-                       (line.decode().partition(":") for line in head.split(b"\r\n")[1:])}
-            need = int(headers.get("content-length", "0"))
-            while len(body) < need:
-                body += conn.recv(65536)
-            data, piece = answer(headers.get("x-case", "split"))
-            for i in range(0, len(data), piece):
-                conn.sendall(data[i:i + piece])
-                if piece < 64:
-                    time.sleep(0.0005)  # separate segments: Weir sees the stream in pieces
-            conn.shutdown(socket.SHUT_WR)
-            while conn.recv(65536):
+            while self.serve_one(conn):
                 pass
         except OSError:
             pass
         finally:
             conn.close()
+
+    def serve_one(self, conn: socket.socket) -> bool:
+        """Answers one request; False once the connection is done."""
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            data = conn.recv(65536)
+            if not data:
+                return False
+            buf += data
+        head, _, body = buf.partition(b"\r\n\r\n")
+        headers = {k.strip().lower(): v.strip() for k, _, v in
+                   (line.decode().partition(":") for line in head.split(b"\r\n")[1:])}
+        need = int(headers.get("content-length", "0"))
+        while len(body) < need:
+            body += conn.recv(65536)
+        if headers.get("x-case") == "done-then-end":
+            # [DONE] at once, the body's last chunk only later: a client that
+            # stops at [DONE] (the openai SDK does) has left by then. Keep-alive.
+            body = sse_event(chunk_json(0, " a")) + sse_event("[DONE]")
+            conn.sendall(HEAD + b"transfer-encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (len(body), body))
+            time.sleep(0.3)
+            conn.sendall(b"0\r\n\r\n")
+            self.served_done_then_end += 1
+            return True
+        data, piece = answer(headers.get("x-case", "split"))
+        for i in range(0, len(data), piece):
+            conn.sendall(data[i:i + piece])
+            if piece < 64:
+                time.sleep(0.0005)  # separate segments: Weir sees the stream in pieces
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(65536):
+            pass
+        return False
 
     def close(self):
         self.stop = True
@@ -127,11 +145,15 @@ class RawUpstream:
 
 
 @pytest.fixture(scope="module")
-def stack(module_weir):
+def upstream():
     up = RawUpstream()
-    w = module_weir(upstream=f"http://127.0.0.1:{up.port}")
-    yield w
+    yield up
     up.close()
+
+
+@pytest.fixture(scope="module")
+def stack(module_weir, upstream):
+    return module_weir(upstream=f"http://127.0.0.1:{upstream.port}")
 
 
 def stream(w, case: str):
@@ -191,3 +213,22 @@ def test_compressed_stream_matches_its_headers(stack, accept):
         assert r.decoded() == SPLIT_BODY
     else:  # refusing the stream is acceptable, in OpenAI's shape
         assert r.status == 502 and json.loads(r.decoded())["error"]["message"]
+
+
+def test_client_that_leaves_at_done_completes_and_the_upstream_connection_is_kept(weir, upstream):
+    """The openai SDK closes its connection as soon as it reads [DONE]; the upstream's last
+    bytes may come later. That is a complete stream (200, no error), and the upstream
+    connection, read to its end, serves the next request."""
+    stack = weir(upstream=f"http://127.0.0.1:{upstream.port}", workers=1)  # one worker: one upstream pool
+    accepted = upstream.accepted
+    for i in range(2):
+        with RawConn(stack.port, timeout=20) as c:
+            c.send(request("POST", "/v1/chat/completions",
+                           {"model": "raw", "messages": [{"role": "user", "content": "x"}], "stream": True},
+                           {"x-case": "done-then-end", "x-request-id": f"sse-done-then-end-{i}"}))
+            c.read_until(b"data: [DONE]")
+        entry = stack.log_for(f"sse-done-then-end-{i}")
+        assert entry["status"] == 200 and entry["error"] is None, entry
+        assert entry["events"] == 2
+    # Both went over one upstream connection: the first was read to its end, not aborted.
+    assert upstream.accepted == accepted + 1

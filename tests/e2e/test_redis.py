@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-import shutil
-import socket
-import subprocess
 import time
 
 import httpx
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import wait_until
 
 MOCK_FLAGS = ("--ttft-ms", "20", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
 KEY = "sk-shared"
@@ -23,47 +20,6 @@ KEY = "sk-shared"
 
 def sha(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
-
-
-class Redis:
-    def __init__(self, tmp_path):
-        self.port = free_port()
-        self.dir = tmp_path
-        self.proc: subprocess.Popen | None = None
-
-    def start(self):
-        exe = shutil.which("redis-server")
-        if not exe:
-            pytest.fail("redis-server not installed: run scripts/setup", pytrace=False)
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_until(self.ping, 10, message=f"redis-server on {self.port} answering PING")
-
-    def ping(self) -> bool:
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
-                s.sendall(b"PING\r\n")
-                return s.recv(16).startswith(b"+PONG")
-        except OSError:
-            return False
-
-    def kill(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}"
-
-
-@pytest.fixture
-def redis(tmp_path):
-    r = Redis(tmp_path)
-    r.start()
-    yield r
-    r.kill()
 
 
 def config(mock, redis, tenant: dict, **redis_extra) -> dict:

@@ -11,21 +11,11 @@ from pathlib import Path
 
 import httpx
 import openai
-import pytest
 
 from conftest import wait_until
-from test_redis import Redis
 
 ROOT = Path(__file__).resolve().parents[2]
 MOCK_FLAGS = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
-
-
-@pytest.fixture
-def redis(tmp_path):
-    r = Redis(tmp_path)
-    r.start()
-    yield r
-    r.kill()
 
 
 def weir_key(redis, *args: str) -> str:
