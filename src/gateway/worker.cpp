@@ -46,7 +46,7 @@ std::string Worker::take_buffer() {
 void Worker::give_buffer(std::string& s) {
   const std::size_t cap = s.capacity();
   if (cap > (1u << 16) || cap <= sizeof(std::string) || spare_bytes_ + cap > kSpareBytes) {
-    std::string().swap(s);  // too big to keep, or in its small-string buffer, or enough spares
+    std::string().swap(s);  // too big to keep, too small to be worth it, or enough spares
     return;
   }
   s.clear();
