@@ -836,6 +836,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   rp.eager(true);
   bool need_read = raw.size() == 0;  // else first parse what the head's read left over
   bool drained = false;              // the last recv emptied the socket: wait for readiness first
+  unsigned full_reads = 0;           // recvs in a row that filled the buffer (a fast upstream)
   while (!rp.is_done()) {
     std::string_view in;
     if (need_read) {
@@ -868,7 +869,12 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
         break;
       }
       if (ec) break;
-      drained = n < rd.size() - carried;
+      // After 8 full recvs in a row (128 KiB) wait anyway: the socket is
+      // still readable, so the wait completes at once, after the worker's
+      // other streams had their turn.
+      full_reads = n < rd.size() - carried ? 0 : full_reads + 1;
+      drained = full_reads == 0 || full_reads >= 8;
+      if (full_reads >= 8) full_reads = 0;
       asio::buffer_copy(rd, raw.data());
       raw.consume(carried);
       in = std::string_view(static_cast<const char*>(rd.data()), carried + n);
