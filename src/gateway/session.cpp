@@ -32,8 +32,10 @@ namespace {
 // the start of a pipelined request: 512 bytes do. A stream reads into its
 // worker's buffers (Worker::stream_read_buffer) and holds none of its own.
 constexpr std::size_t kMonitorRead = 512;
-// A non-streaming body is read straight into resp_body_, this much at a time.
-constexpr std::size_t kBufferedRead = 16384;
+// A non-streaming body is read straight into resp_body_, this much room at a
+// time (zero-filled by resize, so no more than one read can use: Beast reads
+// at most max(512, free space of the connection's buffer) bytes).
+constexpr std::size_t kBufferedRead = 4096;
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
 // A reused upstream connection that fails this soon after the request went
 // out was closed by the server before it could read it.
@@ -830,9 +832,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   auto& raw = conn.buffer();
   const auto rd = w_.stream_read_buffer();
   const auto body = w_.stream_body_buffer();
-  error_code ec;
-  sock.non_blocking(true, ec);
-  ec = {};
+  error_code ec;  // the socket is non-blocking since connect (http::connect)
   rp.eager(true);
   bool need_read = raw.size() == 0;  // else first parse what the head's read left over
   bool drained = false;              // the last recv emptied the socket: wait for readiness first
