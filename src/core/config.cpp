@@ -130,7 +130,9 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     const std::string key = "models." + name;
     const YAML::Node& m = kv.second;
     if (name.empty()) return tl::unexpected(config_error(kv.first, "models", "model name is empty"));
-    WEIR_TRY_VOID(check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by", "prices"}));
+    // (Prices are in the top-level `pricing:` section; `prices` here was once
+    // accepted and never read, so it is an unknown key.)
+    WEIR_TRY_VOID(check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by", "default_max_tokens"}));
     ModelConfig mc;
     mc.name = name;
     auto pn = m["pool"];
@@ -146,6 +148,10 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     if (auto v = m["owned_by"]) {
       WEIR_TRY(s, read_string(v, key + ".owned_by"));
       mc.owned_by = s;
+    }
+    if (auto v = m["default_max_tokens"]) {
+      WEIR_TRY(t, read_int(v, key + ".default_max_tokens", 1, 10'000'000));
+      mc.default_max_tokens = static_cast<std::uint32_t>(t);
     }
     if (!names.insert(name).second)
       return tl::unexpected(config_error(kv.first, key, "model name is already used (by a model or alias)"));

@@ -77,6 +77,11 @@ struct ModelConfig {
   std::string upstream_model;  // name sent upstream; empty = same as `name`
   std::vector<std::string> aliases;  // other names clients may use
   std::string owned_by = "weir";
+  // Completion tokens assumed for a request that gives no max_tokens /
+  // max_completion_tokens: the admission estimate and the budget reservation
+  // (docs/admission.md). Not sent upstream.
+  std::uint32_t default_max_tokens = kDefaultMaxTokens;
+  static constexpr std::uint32_t kDefaultMaxTokens = 256;
 };
 
 struct Config {

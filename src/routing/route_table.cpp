@@ -9,6 +9,7 @@ RouteTable::RouteTable(const core::Config& cfg) : cfg_(cfg) {
     r.pool = static_cast<std::uint32_t>(m.pool);
     r.model_index = i;
     r.canonical = m.name;
+    r.default_max_tokens = m.default_max_tokens;
     // An alias is renamed to the upstream name, or to the canonical name when none is given.
     r.upstream_model = m.upstream_model.empty() ? std::string_view{} : std::string_view(m.upstream_model);
     by_name_.emplace(m.name, r);

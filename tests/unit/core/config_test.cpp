@@ -135,3 +135,18 @@ TEST(Config, ListenForms) {
   EXPECT_FALSE(weir::core::parse_listen("host:"));
   EXPECT_FALSE(weir::core::parse_listen("[::1]8080"));
 }
+
+TEST(Config, ModelDefaultMaxTokensAndNoSilentPrices) {
+  auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:1]}}\n"
+                        "models:\n  m: {pool: a, default_max_tokens: 64}\n  n: {pool: a}\n",
+                        "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->models[0].default_max_tokens, 64u);
+  EXPECT_EQ(c->models[1].default_max_tokens, weir::core::ModelConfig::kDefaultMaxTokens);
+  EXPECT_NE(error_of("pools: {a: {endpoints: [http://127.0.0.1:1]}}\nmodels:\n  m: {pool: a, default_max_tokens: 0}\n")
+                .find("models.m.default_max_tokens"),
+            std::string::npos);
+  // `prices` under a model was accepted and never read: prices live in `pricing:`.
+  const auto e = error_of("pools: {a: {endpoints: [http://127.0.0.1:1]}}\nmodels:\n  m: {pool: a, prices: {input: 1}}\n");
+  EXPECT_NE(e.find("models.m.prices"), std::string::npos) << e;
+}
