@@ -103,7 +103,7 @@ void BM_Admission_FullPathApiKey(benchmark::State& state) {
     now += std::chrono::microseconds(1);
     auto p = authn.authenticate(header, "", wall);
     auto m = auth::Authenticator::check_model(**p, "gpt-4o-mini");
-    auto t = adm.admit(**p, "gpt-4o-mini", admission::estimate_tokens(1600, 128), now);
+    auto t = adm.admit(**p, "gpt-4o-mini", admission::TokenEstimate::of(1600, 128), now);
     auto h = adm.rate_limit_headers(**p, now);
     benchmark::DoNotOptimize(m);
     benchmark::DoNotOptimize(h);

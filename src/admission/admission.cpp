@@ -13,13 +13,17 @@ Ticket& Ticket::operator=(Ticket&& o) noexcept {
       scope_[i] = o.scope_[i];
       tpm_[i] = o.tpm_[i];
       budget_[i] = o.budget_[i];
+      period_[i] = o.period_[i];
     }
     scopes_ = o.scopes_;
     stream_mask_ = o.stream_mask_;
+    reserve_mask_ = o.reserve_mask_;
     settled_ = o.settled_;
     estimated_ = o.estimated_;
+    reserved_nano_usd_ = o.reserved_nano_usd_;
     price_ = o.price_;
     o.stream_mask_ = 0;
+    o.reserve_mask_ = 0;
     o.limiter_ = nullptr;
     o.settled_ = true;
   }
@@ -28,6 +32,12 @@ Ticket& Ticket::operator=(Ticket&& o) noexcept {
 
 void Ticket::release() noexcept {
   if (!limiter_) return;
+  if (reserve_mask_) {
+    const Instant now = MonoClock::now();
+    for (std::uint8_t i = 0; i < scopes_; ++i)
+      if (reserve_mask_ & (1u << i)) limiter_->settle_spend(scope_[i], reserved_nano_usd_, 0, period_[i], now);
+    reserve_mask_ = 0;
+  }
   for (std::uint8_t i = 0; i < scopes_; ++i)
     if (stream_mask_ & (1u << i)) limiter_->release_stream(scope_[i], worker_);
   stream_mask_ = 0;
@@ -73,11 +83,12 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
 // everything the request needs in `wait` so one refill covers it, and makes
 // the 429 a caller that does not wait returns. Off the hot path.
 [[gnu::cold, gnu::noinline]] core::Error pending_error(Shortfall* wait, const ScopeRef* sc, int n,
-                                                       std::uint64_t estimated_tokens) {
+                                                       std::uint64_t estimated_tokens, std::int64_t worst_nano_usd) {
   if (wait) {
     wait->pending = true;
     wait->count = 0;
     for (int i = 0; i < n; ++i) {
+      if (sc[i].budget->any()) wait->add(sc[i].id, Resource::budget, static_cast<double>(worst_nano_usd));
       if (sc[i].limits->max_concurrent_streams) wait->add(sc[i].id, Resource::streams, 1.0);
       if (sc[i].limits->requests_per_minute) wait->add(sc[i].id, Resource::requests, 1.0);
       if (sc[i].limits->tokens_per_minute) wait->add(sc[i].id, Resource::tokens, static_cast<double>(estimated_tokens));
@@ -86,14 +97,34 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
   return core::rate_limited("Rate limit reached while refreshing the shared limit. Please retry.", 1);
 }
 
+[[gnu::cold, gnu::noinline]] core::Error budget_refused(const ScopeRef& sc, const TakeResult& r,
+                                                        std::int64_t worst_nano_usd) {
+  const double limit = static_cast<double>(sc.budget->limit_nano_usd) / 1e9;
+  const double worst = static_cast<double>(worst_nano_usd) / 1e9;
+  if (sc.budget->limit_nano_usd == 0)
+    return core::insufficient_quota(fmt::format(
+        "You exceeded your current quota: the budget of {} `{}` is $0, so nothing may be spent.", sc.kind, sc.name));
+  if (r.never)
+    return core::insufficient_quota(
+        fmt::format("You exceeded your current quota: this request's worst-case cost (${:.6f}) is more than the whole "
+                    "budget of {} `{}` (${:.6f}). Lower max_tokens or the prompt.",
+                    worst, sc.kind, sc.name, limit));
+  return core::insufficient_quota(
+      fmt::format("You exceeded your current quota: the budget of {} `{}` (${:.6f}) cannot cover this request's "
+                  "worst-case cost (${:.6f}) in this period.",
+                  sc.kind, sc.name, limit, worst));
+}
+
 }  // namespace
 
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
-                                                   std::uint64_t estimated_tokens, Instant now, Shortfall* wait) {
+                                                   TokenEstimate estimate, Instant now, Shortfall* wait) {
   if (limiter_.refusing()) return tl::unexpected(store_unavailable());
   ScopeRef sc[2];
   const int n = scopes_of(principal, sc);
-  auto pending = [&] { return tl::unexpected(pending_error(wait, sc, n, estimated_tokens)); };
+  const std::uint64_t estimated_tokens = estimate.total();
+  std::int64_t worst = 0;  // the estimate's cost, reserved against each budget
+  auto pending = [&] { return tl::unexpected(pending_error(wait, sc, n, estimated_tokens, worst)); };
   Ticket t;
   t.worker_ = worker_;
   t.estimated_ = estimated_tokens;
@@ -105,18 +136,16 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     t.budget_[i] = sc[i].budget->any();
     any_budget = any_budget || t.budget_[i];
   }
-
-  // 1. Budgets: a read of one shared counter per budgeted scope.
-  for (int i = 0; i < n; ++i) {
-    if (!t.budget_[i]) continue;
-    if (limiter_.spent(sc[i].id, now) >= sc[i].budget->limit_nano_usd)
-      return tl::unexpected(core::insufficient_quota(
-          fmt::format("You exceeded your current quota: the budget of {} `{}` (${:.2f}) is spent for this period.",
-                      sc[i].kind, sc[i].name, static_cast<double>(sc[i].budget->limit_nano_usd) / 1e9)));
+  if (any_budget) {
+    t.price_ = pricing_.find(model);
+    if (t.price_)
+      worst = cost_nano_usd(*t.price_, api::Usage{estimate.prompt_tokens, estimate.completion_tokens,
+                                                  estimated_tokens, 0});
+    t.reserved_nano_usd_ = worst;
   }
-  if (any_budget) t.price_ = pricing_.find(model);
 
-  // From here on the ticket owns what it took: its destructor returns stream slots on refusal.
+  // From here on the ticket owns what it took: its destructor returns
+  // budget reservations and stream slots on refusal.
   t.limiter_ = &limiter_;
   t.settled_ = false;
   int took_requests = 0, took_tokens = 0;
@@ -127,6 +156,19 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
       if (sc[i].limits->requests_per_minute) limiter_.give_back(sc[i].id, Bucket::requests, worker_, 1.0, now);
     t.settled_ = true;
   };
+
+  // 1. Budgets: the worst-case cost reserved atomically against what is left
+  //    (one CAS per budgeted scope), so concurrent requests cannot overspend.
+  for (int i = 0; i < n; ++i) {
+    if (!t.budget_[i]) continue;
+    const TakeResult r = limiter_.reserve_spend(sc[i].id, worst, now, &t.period_[i]);
+    if (!r.ok) {
+      undo();
+      if (r.pending) return pending();
+      return tl::unexpected(budget_refused(sc[i], r, worst));
+    }
+    t.reserve_mask_ |= static_cast<std::uint8_t>(1u << i);
+  }
 
   // 2. Concurrency.
   for (int i = 0; i < n; ++i) {
@@ -197,13 +239,13 @@ std::int64_t Admission::settle(Ticket& t, const api::Usage& usage, Instant now) 
     else if (actual < t.estimated_)
       t.limiter_->give_back(t.scope_[i], Bucket::tokens, t.worker_, static_cast<double>(t.estimated_ - actual), now);
   }
-  std::int64_t cost = 0;
-  if (t.price_) {
-    cost = cost_nano_usd(*t.price_, usage);
-    if (cost > 0)
-      for (std::uint8_t i = 0; i < t.scopes_; ++i)
-        if (t.budget_[i]) t.limiter_->add_spend(t.scope_[i], cost, now);
+  const std::int64_t cost = t.price_ ? cost_nano_usd(*t.price_, usage) : 0;
+  for (std::uint8_t i = 0; i < t.scopes_; ++i) {
+    if (!t.budget_[i]) continue;
+    const std::int64_t reserved = (t.reserve_mask_ & (1u << i)) ? t.reserved_nano_usd_ : 0;
+    if (reserved != 0 || cost != 0) t.limiter_->settle_spend(t.scope_[i], reserved, cost, t.period_[i], now);
   }
+  t.reserve_mask_ = 0;
   t.settled_ = true;
   t.release();
   return cost;

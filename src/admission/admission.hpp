@@ -18,20 +18,45 @@
 namespace weir::admission {
 
 // The token estimate admission charges up front (docs/admission.md):
-// ceil(prompt_bytes / 4) + max_tokens, where prompt_bytes counts the UTF-8
-// bytes of the prompt text (message contents, or `prompt`) and max_tokens is
-// the request's max_tokens / max_completion_tokens, or the route's default
-// when absent. settle() corrects it with the usage the model server reports.
-constexpr std::uint64_t estimate_tokens(std::uint64_t prompt_bytes, std::uint64_t max_tokens) noexcept {
-  return (prompt_bytes + 3) / 4 + max_tokens;
+// ceil(prompt_bytes / 4) + overhead + max_tokens, where prompt_bytes counts
+// the UTF-8 bytes of the prompt text (message contents, or `prompt`),
+// overhead the template tokens around it (api::RequestFields::
+// prompt_overhead_tokens) and max_tokens is the request's max_tokens /
+// max_completion_tokens (times n and the number of prompts), or the route's
+// default when absent. settle() corrects it with the usage the model server
+// reports.
+constexpr std::uint64_t estimate_tokens(std::uint64_t prompt_bytes, std::uint64_t max_tokens,
+                                        std::uint64_t overhead = 0) noexcept {
+  return (prompt_bytes + 3) / 4 + overhead + max_tokens;
 }
+
+// A request's estimate in its two kinds, priced separately for the budget
+// reservation (prompt tokens at the input price, completion tokens at the
+// output price). A bare count (the implicit constructor) is all completion
+// tokens: the pricier kind, the safe side when only a total is known.
+struct TokenEstimate {
+  std::uint64_t prompt_tokens = 0;      // ceil(prompt_bytes / 4) + template overhead
+  std::uint64_t completion_tokens = 0;  // max_tokens (x n x prompts), or the route's default
+
+  constexpr TokenEstimate() = default;
+  constexpr TokenEstimate(std::uint64_t total) noexcept : completion_tokens(total) {}  // NOLINT: implicit on purpose
+  constexpr TokenEstimate(std::uint64_t prompt, std::uint64_t completion) noexcept
+      : prompt_tokens(prompt), completion_tokens(completion) {}
+  // From the parse phase's numbers, as estimate_tokens() counts them.
+  static constexpr TokenEstimate of(std::uint64_t prompt_bytes, std::uint64_t max_tokens,
+                                    std::uint64_t overhead = 0) noexcept {
+    return {(prompt_bytes + 3) / 4 + overhead, max_tokens};
+  }
+  constexpr std::uint64_t total() const noexcept { return prompt_tokens + completion_tokens; }
+};
 
 class Admission;
 
 // Proof that a request was admitted. Move-only. While alive it holds one
-// stream slot in each scope with max_concurrent_streams; destroying it (or
-// settle(), or release()) returns the slots, so every path out of a request
-// — success, error, client disconnect, exception — frees them.
+// stream slot in each scope with max_concurrent_streams and the request's
+// worst-case cost reserved against each budget; destroying it (or settle(),
+// or release()) returns the slots and the reservations, so every path out of
+// a request — success, error, client disconnect, exception — frees them.
 // Must not outlive the Limiter it came from.
 class Ticket {
  public:
@@ -42,12 +67,15 @@ class Ticket {
   Ticket& operator=(const Ticket&) = delete;
   ~Ticket() { release(); }
 
-  // Returns the stream slots now (idempotent). Tokens stay charged at the
-  // estimate and no spend is recorded unless settle() ran.
+  // Returns the stream slots and budget reservations now (idempotent).
+  // Tokens stay charged at the estimate and no spend is recorded unless
+  // settle() ran.
   void release() noexcept;
   bool holds_streams() const noexcept { return stream_mask_ != 0; }
   bool settled() const noexcept { return settled_; }
   std::uint64_t estimated_tokens() const noexcept { return estimated_; }
+  // The worst-case cost reserved against each budgeted scope, nano-USD (0 when none).
+  std::int64_t reserved_nano_usd() const noexcept { return reserved_nano_usd_; }
 
  private:
   friend class Admission;
@@ -58,8 +86,11 @@ class Ticket {
   bool budget_[2] = {false, false};  // scope has a budget to charge
   std::uint8_t scopes_ = 0;
   std::uint8_t stream_mask_ = 0;     // bit i: holds a slot in scope_[i]
+  std::uint8_t reserve_mask_ = 0;    // bit i: holds a budget reservation in scope_[i]
   bool settled_ = false;
+  std::uint32_t period_[2] = {0, 0}; // budget period of each reservation
   std::uint64_t estimated_ = 0;
+  std::int64_t reserved_nano_usd_ = 0;
   const ModelPrice* price_ = nullptr;
 };
 
@@ -83,11 +114,13 @@ class Admission {
   Admission(Limiter& limiter, const Pricing& pricing, std::uint32_t worker);
 
   // Admits one request of `principal` for `model` that is estimated to use
-  // `estimated_tokens` (see estimate_tokens) at steady time `now`. In order,
-  // for each scope (tenant, then key): budget, stream slot, one request from
-  // the requests bucket, `estimated_tokens` from the tokens bucket. A refusal
-  // undoes what earlier steps took.
-  // Errors: 429 insufficient_quota (budget spent in this period);
+  // `estimate` (see TokenEstimate) at steady time `now`. In order, for each
+  // scope (tenant, then key): budget (the estimate's cost at the model's
+  // price, reserved atomically against the remaining budget), stream slot,
+  // one request from the requests bucket, estimate.total() tokens from the
+  // tokens bucket. A refusal undoes what earlier steps took.
+  // Errors: 429 insufficient_quota (the budget cannot cover the request's
+  // worst-case cost in this period, or is $0);
   // 429 rate_limit_exceeded, type "requests" or "tokens", with
   // retry_after_s computed from the bucket (requests or tokens per minute,
   // or too many concurrent streams: retry_after_s = 1); a request larger
@@ -104,13 +137,14 @@ class Admission {
   //    the refill (admission::async_refill in admission/refill.hpp) and call
   //    admit() again without `wait`; that second answer is final.
   tl::expected<Ticket, core::Error> admit(const auth::Principal& principal, std::string_view model,
-                                          std::uint64_t estimated_tokens, Instant now, Shortfall* wait = nullptr);
+                                          TokenEstimate estimate, Instant now, Shortfall* wait = nullptr);
 
   // Reconciles a finished request: charges (actual - estimated) tokens to
-  // the tokens buckets (a refund when negative), adds the spend of `usage`
-  // at the model's price to the budgets, and releases the ticket. Pass the
-  // usage the model server reported, zeros when the request produced none.
-  // Returns the spend in nano-USD. A released or settled ticket is ignored (0).
+  // the tokens buckets (a refund when negative), replaces the budget
+  // reservations by the spend of `usage` at the model's price, and releases
+  // the ticket. Pass the usage the model server reported, zeros when the
+  // request produced none. Returns the spend in nano-USD. A released or
+  // settled ticket is ignored (0).
   std::int64_t settle(Ticket& ticket, const api::Usage& usage, Instant now);
 
   // x-ratelimit-* values for `principal` at `now` (after admit, or for a 429).

@@ -33,17 +33,17 @@ struct TakeResult {
 };
 
 // What a request needs of one scope, for refill().
-enum class Resource : std::uint8_t { requests, tokens, streams };
+enum class Resource : std::uint8_t { requests, tokens, streams, budget };
 struct Need {
   std::uint32_t scope = 0;
   Resource what = Resource::requests;
-  double units = 0;  // requests, tokens, or stream slots
+  double units = 0;  // requests, tokens, stream slots, or nano-USD (budget)
 };
 
 // Everything one request needs, filled by Admission::admit when a step came
 // back pending: the caller may wait once for refill() and admit again.
 struct Shortfall {
-  static constexpr int kMax = 6;  // 2 scopes x (requests, tokens, streams)
+  static constexpr int kMax = 8;  // 2 scopes x (requests, tokens, streams, budget)
   bool pending = false;
   std::uint8_t count = 0;
   Need needs[kMax];
@@ -87,9 +87,28 @@ class Limiter {
   // Slots in use now (for metrics and tests).
   virtual std::uint64_t streams_in_use(std::uint32_t scope) const = 0;
 
-  // Spend of `scope` in its current budget period, nano-USD.
+  // --- Budgets (docs/admission.md, "Budgets"): nano-USD per budget period. ---
+  //
+  // Reserves `nano_usd` (a request's worst-case cost) against the budget of
+  // `scope`, all or nothing: ok when spent + reserved + nano_usd <= limit and
+  // spent + reserved < limit (so a budget of $0 admits nothing, not even a
+  // free request). Refused: ok = false; `never` when nano_usd exceeds the
+  // whole budget (no wait helps); `pending` (remote limiters) when this
+  // process's share is short but the shared store may cover it. On ok,
+  // `*period` is the budget period the reservation was taken in: pass it to
+  // settle_spend. A scope without a budget always answers ok.
+  virtual TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now,
+                                   std::uint32_t* period) = 0;
+  // Replaces a reservation of `reserved` nano-USD taken in `period` by the
+  // request's real cost `actual` (>= 0; above `reserved` the excess is
+  // recorded as spend, which is the only way spend passes the limit). When
+  // the period rolled since, `actual` is charged to the current period.
+  // reserved = 0 charges `actual` without a reservation.
+  virtual void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
+                            Instant now) = 0;
+  // Settled spend of `scope` in its current budget period, nano-USD
+  // (reservations of requests in flight not included).
   virtual std::int64_t spent(std::uint32_t scope, Instant now) = 0;
-  virtual void add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) = 0;
 
   // --- Remote stores (RedisLimiter). In-process limiters keep the defaults. ---
 

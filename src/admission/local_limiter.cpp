@@ -32,6 +32,8 @@ LocalLimiter::LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint
       s.tau_ns = s.depth / n * s.t_ns;
     }
     sc.max_streams = l.max_concurrent_streams;
+    sc.has_budget = scopes[i].budget.any();
+    sc.budget_nano_usd = scopes[i].budget.limit_nano_usd;
     sc.period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(scopes[i].budget.period).count();
     sc.shards = std::make_unique<Shard[]>(shards_);
     for (std::uint32_t j = 0; j < shards_; ++j) {
@@ -184,10 +186,41 @@ void LocalLimiter::roll(Scope& sc, Instant now) {
   if (sc.period_ns <= 0) return;
   const std::int64_t w = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count() / sc.period_ns;
   std::int64_t cur = sc.window.load(std::memory_order_acquire);
-  // One winner resets; a spend added between its CAS and its store is lost
-  // to the new window (documented tolerance: one request per period rollover).
-  if (w > cur && sc.window.compare_exchange_strong(cur, w, std::memory_order_acq_rel))
+  // One winner resets; a reservation or spend added between its CAS and its
+  // stores is lost to the new window (documented tolerance: the requests
+  // that cross a period rollover at that instant).
+  if (w > cur && sc.window.compare_exchange_strong(cur, w, std::memory_order_acq_rel)) {
+    sc.committed.store(0, std::memory_order_release);
     sc.spent.store(0, std::memory_order_release);
+  }
+}
+
+TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now,
+                                       std::uint32_t* period) {
+  Scope& sc = scopes_[scope];
+  if (!sc.has_budget) return {};
+  roll(sc, now);
+  if (period) *period = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire));
+  const std::int64_t limit = sc.budget_nano_usd;
+  if (nano_usd > limit) return TakeResult{.ok = false, .never = true};
+  std::int64_t cur = sc.committed.load(std::memory_order_relaxed);
+  while (cur < limit && cur + nano_usd <= limit) {
+    if (sc.committed.compare_exchange_weak(cur, cur + nano_usd, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return {};
+  }
+  return TakeResult{.ok = false};
+}
+
+void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual,
+                                std::uint32_t period, Instant now) {
+  Scope& sc = scopes_[scope];
+  if (!sc.has_budget) return;
+  roll(sc, now);
+  // A reservation from an earlier period went with it: charge the cost to this one.
+  const bool same = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire)) == period;
+  const std::int64_t delta = actual - (same ? reserved : 0);
+  if (delta != 0) sc.committed.fetch_add(delta, std::memory_order_acq_rel);
+  if (actual > 0) sc.spent.fetch_add(actual, std::memory_order_acq_rel);
 }
 
 std::int64_t LocalLimiter::spent(std::uint32_t scope, Instant now) {
@@ -196,10 +229,10 @@ std::int64_t LocalLimiter::spent(std::uint32_t scope, Instant now) {
   return sc.spent.load(std::memory_order_acquire);
 }
 
-void LocalLimiter::add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) {
+std::int64_t LocalLimiter::committed(std::uint32_t scope, Instant now) {
   Scope& sc = scopes_[scope];
   roll(sc, now);
-  sc.spent.fetch_add(nano_usd, std::memory_order_acq_rel);
+  return sc.committed.load(std::memory_order_acquire);
 }
 
 }  // namespace weir::admission

@@ -30,9 +30,12 @@ namespace weir::admission {
 // shards, release returns the slot to the releasing worker's shard. The sum
 // is exactly M at all times.
 //
-// Spend is one shared atomic counter per scope (touched at settle, once per
-// request); a budget period rolls when a call sees a later window of the
-// steady clock since `epoch` (in-process: periods start when the process does).
+// A budget is two shared atomic counters per scope: `committed` (settled
+// spend plus the reservations of requests in flight), on which a
+// reservation is one compare-and-swap that never passes the limit, and
+// `spent` (settled only, for reporting). A budget period rolls when a call
+// sees a later window of the steady clock since `epoch` (in-process:
+// periods start when the process does).
 class LocalLimiter final : public Limiter {
  public:
   // Most workers a limiter shards for (more are folded onto these shards).
@@ -51,8 +54,12 @@ class LocalLimiter final : public Limiter {
   bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   std::uint64_t streams_in_use(std::uint32_t scope) const override;
+  TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) override;
+  void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
+                    Instant now) override;
   std::int64_t spent(std::uint32_t scope, Instant now) override;
-  void add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+  // Settled spend plus reservations in flight, nano-USD. For tests and metrics.
+  std::int64_t committed(std::uint32_t scope, Instant now);
 
   // Units available in bucket `b` of `scope` now, summed over shards (may be
   // negative while in debt). For tests and metrics.
@@ -73,9 +80,12 @@ class LocalLimiter final : public Limiter {
   struct Scope {
     Spec spec[2];
     std::uint64_t max_streams = 0;
+    bool has_budget = false;
+    std::int64_t budget_nano_usd = 0;
     std::int64_t period_ns = 0;
     std::unique_ptr<Shard[]> shards;
-    alignas(64) std::atomic<std::int64_t> spent{0};
+    alignas(64) std::atomic<std::int64_t> committed{0};  // spent + reserved
+    std::atomic<std::int64_t> spent{0};
     std::atomic<std::int64_t> window{0};
   };
 

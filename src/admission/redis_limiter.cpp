@@ -61,12 +61,16 @@ return {grant, math.floor(v), full_ms}
   return s;
 }
 
-// Stream slot lease. One hash per scope: replica id -> "held:expiry_ms".
+// Stream slot lease. One hash per scope: replica id -> "held:expiry_ms:want".
 // Entries past their expiry (a replica that stopped renewing: crashed or
 // partitioned) are dropped; a replica gets min(want, limit - others) and is
-// recorded at no less than what it has in use.
+// recorded at no less than what it has in use. Fair share: while another
+// live replica wants more than it holds (it is refusing requests), a
+// replica is granted at most ceil(limit / replicas wanting), so one busy
+// replica cannot keep a small cap to itself (it shrinks to its share as its
+// streams end).
 // KEYS[1] hash; ARGV: replica id, want, in use, limit, ttl ms.
-// Returns {granted, slots held by the other live replicas}.
+// Returns {granted, slots held by the other live replicas, replicas starved}.
 const store::Script& slots_script() {
   static const store::Script s(R"lua(
 local tm = redis.call('TIME')
@@ -77,39 +81,53 @@ local inuse = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local all = redis.call('HGETALL', KEYS[1])
-local others = 0
+local others, starved, wanting = 0, 0, 1
 for i = 1, #all, 2 do
   if all[i] ~= id then
-    local held, exp = string.match(all[i + 1], '^(%d+):(%d+)$')
+    local held, exp, w = string.match(all[i + 1], '^(%d+):(%d+):?(%d*)$')
     if held and tonumber(exp) > now then
       others = others + tonumber(held)
+      w = tonumber(w) or 0
+      if w > 0 then wanting = wanting + 1 end
+      if w > tonumber(held) then starved = starved + 1 end
     else
       redis.call('HDEL', KEYS[1], all[i])
     end
   end
 end
 local grant = math.max(0, math.min(want, limit - others))
+if starved > 0 then grant = math.min(grant, math.ceil(limit / wanting)) end
 local hold = math.max(grant, inuse)
-if hold > 0 then
-  redis.call('HSET', KEYS[1], id, string.format('%.0f:%.0f', hold, now + ttl))
+if hold > 0 or want > 0 then
+  redis.call('HSET', KEYS[1], id, string.format('%.0f:%.0f:%.0f', hold, now + ttl, want))
   redis.call('PEXPIRE', KEYS[1], ttl * 2)
 else
   redis.call('HDEL', KEYS[1], id)
 end
-return {grant, others}
+return {grant, others, starved}
 )lua");
   return s;
 }
 
-// Budget spend. One hash per (scope, period), period = floor(Redis ms /
-// period_ms) (UTC-aligned; 0 forever when period_ms = 0): field "total" and
-// one field per replica holding that replica's running total. A push sets
-// the replica's field to max(old, cum) and adds the difference to total, so
-// a retried push counts once, and a Redis that lost its data is re-seeded by
-// the replicas' own totals.
-// KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: read
-// only), cum (nano-USD). Returns {total, this replica's field, period, ms left (-1 = never)}.
-const store::Script& spend_script() {
+// Budget: settled spend and reservations. One hash per (scope, period),
+// period = floor(Redis ms / period_ms) (UTC-aligned; 0 forever when
+// period_ms = 0), holding
+//   total     settled spend of every replica in the period (nano-USD)
+//   s:<id>    that replica's running total of settled spend (a push sets it
+//             to max(old, cum) and adds the difference to total, so a
+//             retried push counts once)
+//   a:<id>    "allowance:expiry_ms": what that replica may hold in
+//             reservations of requests in flight plus settled spend it has not
+//             pushed yet. Dropped once expired (a crashed replica's share
+//             comes back after ttl).
+// A replica asks for `want` and is granted max(in_use, min(want, limit -
+// total - the others' live allowances)): the allowances and the spend add up
+// to at most the limit (requests already in flight keep what they reserved),
+// so replicas cannot overspend concurrently.
+// KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: none),
+// cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms.
+// Returns {granted, total, this replica's s:, period, ms left (-1 = never), others' allowances}.
+const store::Script& budget_script() {
   static const store::Script s(R"lua(
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
@@ -117,22 +135,52 @@ local id = ARGV[1]
 local period = tonumber(ARGV[2])
 local claimed = tonumber(ARGV[3])
 local cum = tonumber(ARGV[4])
+local inuse = tonumber(ARGV[5])
+local want = tonumber(ARGV[6])
+local limit = tonumber(ARGV[7])
+local ttl = tonumber(ARGV[8])
 local idx, left = 0, -1
 if period > 0 then
   idx = math.floor(now / period)
   left = (idx + 1) * period - now
 end
+local function key(i) return KEYS[1] .. ':' .. string.format('%.0f', i) end
 if claimed >= 0 and cum > 0 then
-  local k = KEYS[1] .. ':' .. string.format('%.0f', claimed)
-  local old = tonumber(redis.call('HGET', k, id) or '0')
+  local k = key(claimed)
+  local old = tonumber(redis.call('HGET', k, 's:' .. id) or '0')
   if cum > old then
     redis.call('HINCRBY', k, 'total', string.format('%.0f', cum - old))
-    redis.call('HSET', k, id, ARGV[4])
+    redis.call('HSET', k, 's:' .. id, ARGV[4])
     if period > 0 then redis.call('PEXPIRE', k, 2 * period + 60000) end
   end
 end
-local r = redis.call('HMGET', KEYS[1] .. ':' .. string.format('%.0f', idx), 'total', id)
-return {tonumber(r[1] or '0'), tonumber(r[2] or '0'), idx, left}
+local k = key(idx)
+local all = redis.call('HGETALL', k)
+local total, mine, others = 0, 0, 0
+local me = 'a:' .. id
+for i = 1, #all, 2 do
+  local f = all[i]
+  if f == 'total' then
+    total = tonumber(all[i + 1])
+  elseif f == 's:' .. id then
+    mine = tonumber(all[i + 1])
+  elseif string.sub(f, 1, 2) == 'a:' and f ~= me then
+    local held, exp = string.match(all[i + 1], '^(%d+):(%d+)$')
+    if held and tonumber(exp) > now then
+      others = others + tonumber(held)
+    else
+      redis.call('HDEL', k, f)
+    end
+  end
+end
+local grant = math.max(inuse, math.min(want, limit - total - others))
+if grant > 0 then
+  redis.call('HSET', k, me, string.format('%.0f:%.0f', grant, now + ttl))
+  if period > 0 then redis.call('PEXPIRE', k, 2 * period + 60000) end
+else
+  redis.call('HDEL', k, me)
+end
+return {grant, total, mine, idx, left, others}
 )lua");
   return s;
 }
@@ -216,24 +264,40 @@ struct RedisLimiter::SlotsCtl {
   std::int64_t local_max = 1;  // allowance during an outage with fail_open
   std::int64_t seen_free = 0;
   std::int64_t waiting = 0;
+  std::int64_t told_want = 0;  // the want Redis last recorded for this replica
+  bool contended = false;      // another replica was starved at the last renewal
   Instant last_used{};
   Instant last_renew{};
   Instant keep_until{};  // as LeaseCtl::keep_until
 };
 
+// A budget as workers see it (nano-USD). A reservation is one CAS on `free`.
 struct alignas(64) RedisLimiter::Spend {
-  std::atomic<std::int64_t> mine{0};    // this replica's spend in the current period, pushed or not
-  std::atomic<std::int64_t> others{0};  // the other replicas' spend in it, as of the last read
-  std::atomic<bool> touched{false};     // spent() or add_spend() ran since the last push
+  // allowance - reservations in flight - settled spend not yet pushed (< 0 after a shrink or an overshoot)
+  std::atomic<std::int64_t> free{0};
+  std::atomic<std::int64_t> in_use{0};   // reservations of requests in flight
+  std::atomic<std::int64_t> mine{0};     // this replica's settled spend in the current period, pushed or not
+  std::atomic<std::int64_t> others{0};   // the other replicas' settled spend in it, as of the last reply
+  std::atomic<std::int64_t> spare{0};    // budget no replica held at the last reply (for `pending`)
+  std::atomic<std::int64_t> biggest{0};  // largest reservation asked for since the budget went idle
+  std::atomic<bool> wanted{false};       // a reservation found `free` short since the last sync
+  std::atomic<bool> touched{false};      // used since the last push (spent(), reserve_spend(), settle_spend())
 };
 
 struct RedisLimiter::SpendCtl {
   bool enabled = false;
   std::string key;
+  std::int64_t limit = 0;      // nano-USD
   std::int64_t period_ms = 0;
-  std::int64_t idx = -1;   // period of `mine` per the last reply; -1 before the first
-  std::int64_t pushed = 0; // `mine` at the last acknowledged push
+  std::int64_t idx = -1;       // period of `mine` per the last reply; -1 before the first
+  std::int64_t pushed = 0;     // `mine` at the last acknowledged push
+  std::int64_t allowance = 0;  // granted by the last reply (plus an outage's extra)
+  std::int64_t remaining = 0;  // limit - total - others' allowances at the last reply
+  std::int64_t seen_free = 0;
+  double waiting = 0;          // nano-USD that waiting requests need (refill())
   Instant last_sync{};
+  Instant last_used{};
+  Instant keep_until{};        // as LeaseCtl::keep_until
   Instant period_end = Instant::max();
 };
 
@@ -313,8 +377,11 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
     }
     SpendCtl& pc = spend_ctl_[i];
     pc.enabled = scopes[i].budget.any();
-    pc.key = config_.key_prefix + "spend:" + scopes[i].name;
+    pc.key = config_.key_prefix + "budget:" + scopes[i].name;
+    pc.limit = scopes[i].budget.limit_nano_usd;
+    pc.remaining = pc.limit;
     pc.period_ms = scopes[i].budget.period.count();
+    spend_[i].spare.store(pc.limit, std::memory_order_relaxed);  // before the first reply nobody is known to hold any
   }
   loop_ = std::make_unique<Loop>(control_);
 }
@@ -436,9 +503,44 @@ std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
   return sp.others.load(std::memory_order_acquire) + sp.mine.load(std::memory_order_acquire);
 }
 
-void RedisLimiter::add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant /*now*/) {
+TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now,
+                                       std::uint32_t* period) {
+  const SpendCtl& c = spend_ctl_[scope];  // enabled and limit are read-only after construction
+  if (!c.enabled) return {};
   Spend& sp = spend_[scope];
-  sp.mine.fetch_add(nano_usd, std::memory_order_acq_rel);
+  if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
+  if (period) *period = 0;  // settle_spend treats every period alike (see there)
+  if (nano_usd > c.limit) return TakeResult{.ok = false, .never = true};
+  if (c.limit == 0) return TakeResult{.ok = false};
+  if (nano_usd == 0) {
+    // A free request: admitted while the budget is not spent.
+    return spent(scope, now) < c.limit ? TakeResult{} : TakeResult{.ok = false};
+  }
+  if (nano_usd > sp.biggest.load(std::memory_order_relaxed)) sp.biggest.store(nano_usd, std::memory_order_relaxed);
+  std::int64_t cur = sp.free.load(std::memory_order_relaxed);
+  while (cur >= nano_usd) {
+    if (sp.free.compare_exchange_weak(cur, cur - nano_usd, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+      sp.in_use.fetch_add(nano_usd, std::memory_order_acq_rel);
+      return {};
+    }
+  }
+  if (!sp.wanted.load(std::memory_order_relaxed)) sp.wanted.store(true, std::memory_order_relaxed);
+  // Short here: the budget no replica holds may still cover it (not during an outage).
+  if (!degraded_.load(std::memory_order_relaxed) && sp.spare.load(std::memory_order_relaxed) + std::max<std::int64_t>(cur, 0) >= nano_usd)
+    return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
+  return TakeResult{.ok = false};
+}
+
+void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual,
+                                std::uint32_t /*period*/, Instant /*now*/) {
+  // A reservation from an earlier period still counts in in_use (Redis
+  // granted this period's allowance with it), so both cases settle alike:
+  // the cost is charged to the current period.
+  if (!spend_ctl_[scope].enabled) return;
+  Spend& sp = spend_[scope];
+  if (reserved != 0) sp.in_use.fetch_sub(reserved, std::memory_order_acq_rel);
+  if (reserved != actual) sp.free.fetch_add(reserved - actual, std::memory_order_acq_rel);
+  if (actual > 0) sp.mine.fetch_add(actual, std::memory_order_acq_rel);
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
 }
 
@@ -454,6 +556,10 @@ void RedisLimiter::refill(const Shortfall& need, std::uint32_t /*worker*/, std::
 
 std::int64_t RedisLimiter::lease_units(std::uint32_t scope, Bucket b) const noexcept {
   return leases_[scope * 2 + static_cast<std::uint32_t>(b)].units.load(std::memory_order_acquire);
+}
+
+std::int64_t RedisLimiter::budget_free(std::uint32_t scope) const noexcept {
+  return spend_[scope].free.load(std::memory_order_acquire);
 }
 
 RedisLimiter::Stats RedisLimiter::stats() const noexcept {
@@ -498,6 +604,8 @@ void RedisLimiter::on_refill(const Shortfall& need, std::function<void()> done) 
     if (n.scope >= scope_count_) continue;
     if (n.what == Resource::streams)
       slots_ctl_[n.scope].waiting += std::max<std::int64_t>(1, whole_up(n.units));
+    else if (n.what == Resource::budget)
+      spend_ctl_[n.scope].waiting += n.units;
     else
       lease_ctl_[n.scope * 2 + (n.what == Resource::tokens ? 1 : 0)].waiting += n.units;
   }
@@ -545,6 +653,20 @@ void RedisLimiter::enter_degraded(const std::string& why) {
       const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
       s.allowance.store(slots_ctl_[i].local_max, std::memory_order_release);
       s.free.fetch_add(slots_ctl_[i].local_max - a, std::memory_order_acq_rel);
+    }
+  }
+  if (config_.fail_open) {
+    // Budgets: besides its own allowance, a replica may reserve its share
+    // of the budget no replica held at the last reply (docs/admission.md,
+    // the outage bound). The next sync after the outage re-bases it.
+    for (std::size_t i = 0; i < scope_count_; ++i) {
+      SpendCtl& c = spend_ctl_[i];
+      if (!c.enabled) continue;
+      const auto extra = static_cast<std::int64_t>(
+          std::floor(static_cast<double>(spend_[i].spare.exchange(0)) * config_.fail_open_share));
+      if (extra <= 0) continue;
+      c.allowance += extra;
+      spend_[i].free.fetch_add(extra, std::memory_order_acq_rel);
     }
   }
   degraded_.store(true, std::memory_order_release);
@@ -623,6 +745,9 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
 
   // Stream slots.
   const auto renew_every = config_.slot_ttl / 3;
+  // A busy replica renews this often, so it learns within ~100 ms that
+  // another replica is starved and shrinks to its fair share (slots.lua).
+  const auto busy_renew = std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
   for (std::uint32_t i = 0; i < scope_count_; ++i) {
     const std::int64_t limit = max_streams_[i];
     if (limit == 0) continue;
@@ -643,7 +768,9 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     const bool need = final_sync ? holding
                                  : (c.waiting > 0 || (deg && holding) || (active && free < c.low && want != a) ||
                                     (free > 2 * c.headroom && !keep) || (!active && a > inuse && !keep) ||
-                                    (holding && now - c.last_renew >= renew_every));
+                                    (holding && now - c.last_renew >= renew_every) ||
+                                    (active && holding && (c.contended || now - c.last_renew >= busy_renew)) ||
+                                    (c.told_want > std::max(a, inuse) && want <= a));
     const bool waiting = c.waiting > 0;
     c.waiting = 0;
     c.seen_free = free;
@@ -654,27 +781,61 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     ops.push_back(Op{Op::Kind::slots, i, want, inuse, 0, waiting});
   }
 
-  // Spend: push this replica's running total, read the others'.
+  // Budgets: push this replica's settled spend, renew its allowance for
+  // reservations (top up below half the headroom, give back above twice it),
+  // read the others' spend.
   for (std::uint32_t i = 0; i < scope_count_; ++i) {
     SpendCtl& c = spend_ctl_[i];
     if (!c.enabled) continue;
     Spend& sp = spend_[i];
     const std::int64_t mine = sp.mine.load(std::memory_order_acquire);
+    const std::int64_t inuse = std::max<std::int64_t>(0, sp.in_use.load(std::memory_order_acquire));
+    const std::int64_t free = sp.free.load(std::memory_order_acquire);
+    const bool wanted = sp.wanted.load(std::memory_order_relaxed) && sp.wanted.exchange(false);
+    const bool touched = sp.touched.load(std::memory_order_relaxed) && sp.touched.exchange(false);
+    const bool used = wanted || c.waiting > 0 || free != c.seen_free || inuse > 0;
+    if (used) c.last_used = now;
+    const bool active = now - c.last_used < config_.lease_idle;
+    if (!active) sp.biggest.store(0, std::memory_order_relaxed);
+    // Headroom: a share of what is left, and at least the largest request seen.
+    const std::int64_t headroom = std::max<std::int64_t>(
+        sp.biggest.load(std::memory_order_relaxed),
+        static_cast<std::int64_t>(std::floor(static_cast<double>(std::max<std::int64_t>(c.remaining, 0)) *
+                                             config_.lease_max_share)));
+    // The script adds `mine` to the period's total before it grants, so the
+    // allowance need only cover reservations in flight plus the headroom.
+    std::int64_t want = inuse;
+    if (active && !final_sync) want += headroom + whole_up(c.waiting);
+    const bool keep = now < c.keep_until && !final_sync;
+    if (keep) want = std::max(want, c.allowance);
     bool due = false;
     if (final_sync) {
-      due = mine != c.pushed && c.idx >= 0;
-    } else if (c.idx < 0 || now >= c.period_end) {
+      due = (mine != c.pushed || c.allowance > 0) && c.idx >= 0;
+    } else if (deg) {
+      due = false;  // the outage probe (PING) runs below; allowances are frozen
+    } else if (c.idx < 0 || now >= c.period_end || c.waiting > 0) {
       due = true;
-    } else if (now - c.last_sync >= config_.budget_sync_interval) {
-      const bool touched = sp.touched.load(std::memory_order_relaxed) && sp.touched.exchange(false);
-      due = touched || mine != c.pushed;
+    } else if (active && free < (headroom + 1) / 2 && want != c.allowance) {
+      due = true;  // top up
+    } else if (free > 2 * headroom + 1 && !keep) {
+      due = true;  // give back
+    } else if (!active && c.allowance > inuse && !keep) {
+      due = true;  // idle: give back everything not in use
+    } else if (now - c.last_sync >= config_.budget_sync_interval && (touched || mine != c.pushed)) {
+      due = true;  // push the spend, read the others'
+    } else if (c.allowance > 0 && now - c.last_sync >= config_.slot_ttl / 3) {
+      due = true;  // renew before the allowance expires
     }
+    const bool waiting = c.waiting > 0;
+    c.waiting = 0;
+    c.seen_free = free;
     if (!due) continue;
     c.last_sync = now;
     const std::string keys[] = {c.key};
-    const std::string args[] = {replica_id_, str(c.period_ms), str(c.idx), str(mine)};
-    cmds.push_back(store::Command::evalsha(spend_script(), keys, args));
-    ops.push_back(Op{Op::Kind::spend, i, mine, 0, 0});
+    const std::string args[] = {replica_id_, str(c.period_ms), str(c.idx), str(mine), str(inuse),
+                                str(want),   str(c.limit),     str(config_.slot_ttl.count())};
+    cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
+    ops.push_back(Op{Op::Kind::spend, i, mine, inuse, 0, waiting});
   }
 
   if (cmds.empty()) {
@@ -744,19 +905,30 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         s.allowance.store(grant, std::memory_order_release);
         s.free.fetch_add(grant - before, std::memory_order_acq_rel);
         s.others.store(r->elements[1].as_int(), std::memory_order_relaxed);
+        c.contended = r->elements.size() >= 3 && r->elements[2].as_int() > 0;
+        c.told_want = op.a;
         c.last_renew = replied;
         if (op.for_waiters && grant > before) c.keep_until = replied + grace;
         c.seen_free = s.free.load(std::memory_order_relaxed);
         break;
       }
       case Op::Kind::spend: {
-        if (!ok || r->elements.size() < 4) break;
+        if (!ok || r->elements.size() < 6) break;
         Spend& sp = spend_[op.i];
         SpendCtl& c = spend_ctl_[op.i];
-        const std::int64_t total = r->elements[0].as_int();
-        const std::int64_t mine_remote = r->elements[1].as_int();
-        const std::int64_t idx = r->elements[2].as_int();
-        const std::int64_t left = r->elements[3].as_int(-1);
+        const std::int64_t grant = r->elements[0].as_int();
+        const std::int64_t total = r->elements[1].as_int();
+        const std::int64_t mine_remote = r->elements[2].as_int();
+        const std::int64_t idx = r->elements[3].as_int();
+        const std::int64_t left = r->elements[4].as_int(-1);
+        const std::int64_t others_alloc = r->elements[5].as_int();
+        // op.a = `mine` when sent: that much is now in Redis's total (or, when
+        // the period rolled, in the old period's), so it no longer takes
+        // room in this replica's allowance. free += grant - old allowance +
+        // spend just pushed (workers keep reserving meanwhile: one add).
+        const std::int64_t just_pushed = c.idx >= 0 ? op.a - c.pushed : 0;
+        sp.free.fetch_add(grant - c.allowance + just_pushed, std::memory_order_acq_rel);
+        c.allowance = grant;
         if (c.idx >= 0 && idx != c.idx) {
           // The period rolled over: what was pushed belongs to the old one.
           sp.mine.fetch_sub(op.a, std::memory_order_acq_rel);
@@ -766,6 +938,10 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         }
         c.idx = idx;
         sp.others.store(total - mine_remote, std::memory_order_release);
+        c.remaining = c.limit - total - others_alloc;
+        sp.spare.store(std::max<std::int64_t>(0, c.remaining - grant), std::memory_order_relaxed);
+        if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
+        c.seen_free = sp.free.load(std::memory_order_relaxed);
         c.period_end = left < 0 ? Instant::max() : replied + std::chrono::milliseconds(left);
         break;
       }

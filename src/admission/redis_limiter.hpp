@@ -22,7 +22,7 @@ namespace weir::admission {
 // A Limiter whose limits hold across every Weir replica that shares a Redis.
 //
 // Workers (take, give_back, charge, acquire/release_stream, spent,
-// add_spend, view) never wait and never lock: each (scope, bucket) has one
+// reserve_spend, settle_spend, view) never wait and never lock: each (scope, bucket) has one
 // atomic lease counter of whole units this replica may admit; a take is one
 // CAS on it. A control-plane coroutine (the `control` io_context, one
 // thread) syncs every `sync_interval` in one pipelined round trip:
@@ -34,9 +34,12 @@ namespace weir::admission {
 //  - stream slots are leased the same way from a per-scope hash of
 //    replica → (slots held, expiry), so a crashed replica's slots expire
 //    after `slot_ttl` (slots.lua);
-//  - each budget's spend is pushed as this replica's running total for the
-//    UTC-aligned period and the others' spend read back (spend.lua,
-//    idempotent: a retried push cannot count twice).
+//  - each budget is leased the same way, in nano-USD: budget.lua pushes
+//    this replica's running total of settled spend for the UTC-aligned
+//    period (idempotent: a retried push cannot count twice) and grants an
+//    allowance for reservations so that every replica's allowance plus the
+//    period's spend stay within the limit; workers reserve a request's
+//    worst-case cost from the allowance with one CAS.
 // A take that finds its lease short while the global bucket may have units
 // returns `pending`; Admission::admit then reports a Shortfall and the
 // gateway waits once (async_refill) for an immediate sync.
@@ -87,10 +90,16 @@ class RedisLimiter final : public Limiter {
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   // This replica's slots in use.
   std::uint64_t streams_in_use(std::uint32_t scope) const override;
-  // Every replica's spend in the current period as of the last read-back,
-  // plus this replica's spend since.
+  // Every replica's settled spend in the current period as of the last
+  // read-back, plus this replica's since.
   std::int64_t spent(std::uint32_t scope, Instant now) override;
-  void add_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+  // From this replica's allowance (one CAS); `pending` when it is short but
+  // the budget no replica holds could cover the request. `*period` is
+  // always 0: a reservation that crosses a period rollover is charged to
+  // the new period (settle_spend), as in-process.
+  TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) override;
+  void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
+                    Instant now) override;
   bool streams_refillable(std::uint32_t scope) const noexcept override;
   void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
 
@@ -100,6 +109,9 @@ class RedisLimiter final : public Limiter {
   bool synced() const noexcept { return synced_.load(std::memory_order_acquire); }
   // Units this replica holds in the lease of (scope, b); negative = debt. For tests and metrics.
   std::int64_t lease_units(std::uint32_t scope, Bucket b) const noexcept;
+  // Budget of `scope` this replica may still reserve, nano-USD (its allowance
+  // minus reservations in flight and unpushed spend). For tests and metrics.
+  std::int64_t budget_free(std::uint32_t scope) const noexcept;
   const std::string& replica_id() const noexcept { return replica_id_; }
 
   struct Stats {

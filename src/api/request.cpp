@@ -9,11 +9,6 @@ namespace weir::api {
 
 namespace json = boost::json;
 
-std::uint64_t RequestFields::estimated_tokens(std::uint32_t default_max_tokens) const {
-  const std::uint64_t completion = max_tokens ? max_tokens : default_max_tokens;
-  return (prompt_bytes + 3) / 4 + completion * n * prompt_count;
-}
-
 namespace {
 
 // Adds the UTF-8 bytes of every string inside a message "content" (a string
@@ -89,9 +84,11 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
   switch (kind) {
     case ApiKind::chat_completions:
       if (const auto* msgs = obj.if_contains("messages"); msgs && msgs->is_array())
-        for (const auto& m : msgs->get_array())
+        for (const auto& m : msgs->get_array()) {
+          f.prompt_overhead_tokens += RequestFields::kChatTokensPerMessage;
           if (m.is_object())
             if (const auto* c = m.get_object().if_contains("content")) f.prompt_bytes += content_bytes(*c);
+        }
       break;
     case ApiKind::completions:
     case ApiKind::embeddings: {
@@ -109,6 +106,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
           else f.prompt_bytes += 4;                                           // one token id
         }
       }
+      f.prompt_overhead_tokens = f.prompt_count;  // BOS (add_special_tokens defaults to true)
       if (kind == ApiKind::embeddings) f.n = 1;
       break;
     }

@@ -24,11 +24,12 @@ struct RequestFields {
   std::uint32_t n = 1;             // choices per prompt
   std::uint64_t prompt_bytes = 0;  // UTF-8 bytes of prompt text (messages' content, prompt, input)
   std::uint32_t prompt_count = 1;  // prompts in a completions/embeddings batch
+  // Prompt tokens the model server adds around the text: the chat template's
+  // per-message framing (kChatTokensPerMessage each: role header, end of
+  // turn, BOS and the assistant header amortized), or one BOS per prompt.
+  std::uint32_t prompt_overhead_tokens = 0;
 
-  // Token estimate used before the upstream reports usage: ~4 bytes per
-  // prompt token (OpenAI's rule of thumb for English), plus the completion
-  // budget max_tokens × n × prompts (or `default_max_tokens` when absent).
-  std::uint64_t estimated_tokens(std::uint32_t default_max_tokens) const;
+  static constexpr std::uint32_t kChatTokensPerMessage = 8;
 };
 
 // Parses and validates `body` (RFC 8259 JSON) for `kind`. Errors (400,

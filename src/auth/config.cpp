@@ -273,6 +273,7 @@ ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key
   if (auto ok = core::check_keys(node, key, {"usd", "period"}); !ok) return tl::unexpected(ok.error());
   if (!node["usd"]) return tl::unexpected(config_error(node, key + ".usd", "missing (the spend cap in USD)"));
   WEIR_TRY(usd, core::read_double(node["usd"], key + ".usd", 0.0, 1e9));
+  b.enabled = true;  // usd: 0 is a budget of zero (a frozen scope), not "no budget"
   b.limit_nano_usd = static_cast<std::int64_t>(std::llround(*usd * 1e9));
   if (node["period"]) {
     WEIR_TRY(p, core::read_duration(node["period"], key + ".period"));

@@ -32,11 +32,16 @@ struct Limits {
 };
 
 // A spend cap. Amounts in nano-USD (1e-9 USD) so sums stay exact integers.
+// A scope has a budget only when its configuration has a `budget:` key;
+// `usd: 0` (or an amount that rounds to 0 nano-USD) is a budget of zero:
+// nothing may be spent, which freezes the scope (docs/auth.md).
 struct Budget {
-  std::int64_t limit_nano_usd = 0;         // 0 = no budget
+  bool enabled = false;                    // a `budget:` key was given
+  std::int64_t limit_nano_usd = 0;         // the cap when enabled; 0 = nothing may be spent
   std::chrono::milliseconds period{0};     // window after which spend resets; 0 = never
 
-  bool any() const noexcept { return limit_nano_usd > 0; }
+  // True when the scope has a budget: parsed from a `budget:` key, or a positive cap set in code.
+  bool any() const noexcept { return enabled || limit_nano_usd > 0; }
 };
 
 // One tenant (the unit of isolation: allowed models, limits, budget, priority).

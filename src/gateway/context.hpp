@@ -24,6 +24,7 @@ struct RequestContext {
   int endpoint = -1;               // endpoint index within the pool, -1 = none
   bool stream = false;
   int status = 0;                  // status sent to the client (499 = client left first)
+  int upstream_status = 0;         // status of the upstream's response head; 0 = none arrived
   bool has_error = false;
   core::ErrorSource error_source = core::ErrorSource::internal;
   std::string error_code;          // OpenAI error.code or a Weir reason
@@ -50,7 +51,7 @@ struct RequestContext {
     model_slot = 0;
     pool = endpoint = -1;
     stream = false;
-    status = 0;
+    status = upstream_status = 0;
     has_error = false;
     error_source = core::ErrorSource::internal;
     error_code.clear();

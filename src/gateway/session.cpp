@@ -404,7 +404,8 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
 
     // admit: model allow-list, rate limits, stream caps, budgets
     if (auto e = co_await admit(*api, *fields,
-                                route.canonical.empty() ? std::string_view(ctx_.model) : route.canonical)) {
+                                route.canonical.empty() ? std::string_view(ctx_.model) : route.canonical,
+                                route.default_max_tokens)) {
       co_await respond_error(*e);
       co_return;
     }
@@ -555,6 +556,7 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
   }
 
   ctx_.t_first_byte = core::now();
+  ctx_.upstream_status = rp->get().result_int();
   ctx_.added_us = added;
   const auto ct = rp->get()[bh::field::content_type];
   // Streams are asked for in identity; events cannot be read out of compressed
@@ -1043,21 +1045,20 @@ http::Task<std::optional<core::Error>> Session::authenticate() {
 }
 
 http::Task<std::optional<core::Error>> Session::admit(api::ApiKind api, const api::RequestFields& fields,
-                                                      std::string_view model) {
-  prompt_bytes_ = fields.prompt_bytes;
+                                                      std::string_view model, std::uint32_t default_max_tokens) {
+  prompt_tokens_ = (fields.prompt_bytes + 3) / 4 + fields.prompt_overhead_tokens;
   if (!principal_) co_return std::nullopt;
   price_ = w_.shared().pricing.find(model);
   if (auto ok = auth::Authenticator::check_model(*principal_, model); !ok) co_return std::move(ok.error());
   // Completion budget when the request gives no max_tokens: vLLM's own
-  // default depends on the context length, so take a typical answer and let
-  // settle() correct it with the real usage.
-  constexpr std::uint64_t kDefaultMaxTokens = 256;
+  // default depends on the context length, so take the route's default
+  // (models.X.default_max_tokens) and let settle() correct it with the real usage.
   const std::uint64_t out_tokens =
       api == api::ApiKind::embeddings
           ? 0
-          : (fields.max_tokens ? fields.max_tokens : kDefaultMaxTokens) * fields.n * fields.prompt_count;
+          : std::uint64_t{fields.max_tokens ? fields.max_tokens : default_max_tokens} * fields.n * fields.prompt_count;
   auto* adm = w_.admission();
-  const auto estimate = admission::estimate_tokens(fields.prompt_bytes, out_tokens);
+  const auto estimate = admission::TokenEstimate::of(fields.prompt_bytes, out_tokens, fields.prompt_overhead_tokens);
   auto now = std::chrono::steady_clock::now();
   admission::Shortfall wait;
   auto t = adm->admit(*principal_, model, estimate, now, &wait);
@@ -1088,10 +1089,12 @@ void Session::settle() {
     api::Usage u;
     if (ctx_.has_usage) {
       u = ctx_.usage;
-    } else if (ctx_.t_upstream_sent != core::TimePoint{}) {
-      // No usage from the upstream (client left, upstream failed): charge
-      // what was sent and streamed, one token per content event.
-      u.prompt_tokens = (prompt_bytes_ + 3) / 4;
+    } else if (ctx_.upstream_status >= 200 && ctx_.upstream_status < 300) {
+      // No usage, but the upstream accepted the request and worked on it
+      // (the client left mid-stream, or the stream broke): charge the prompt
+      // as estimated and one token per content event relayed. An upstream
+      // that failed or refused (no 2xx head, a 4xx/5xx) is charged nothing.
+      u.prompt_tokens = prompt_tokens_;
       u.completion_tokens = ctx_.events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;
     }
@@ -1351,7 +1354,7 @@ void Session::end_request() {
   principal_.reset();
   price_ = nullptr;
   spend_nano_usd_ = 0;
-  prompt_bytes_ = 0;
+  prompt_tokens_ = 0;
   strip_usage_ = false;
   rl_headers_.clear();
 }

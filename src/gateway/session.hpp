@@ -63,7 +63,7 @@ class Session {
   // The admit phase: model allow-list, limits, budget → ticket_ and the
   // x-ratelimit-* headers. `model` is the configured name (aliases resolved).
   http::Task<std::optional<core::Error>> admit(api::ApiKind api, const api::RequestFields& fields,
-                                               std::string_view model);
+                                               std::string_view model, std::uint32_t default_max_tokens);
   // The log phase's half of admission: charge real usage, free the ticket.
   void settle();
 
@@ -127,7 +127,7 @@ class Session {
   admission::Ticket ticket_;       // holds stream slots until settled
   std::int64_t spend_nano_usd_ = 0;
   const admission::ModelPrice* price_ = nullptr;  // the model's price, when pricing has one
-  std::uint64_t prompt_bytes_ = 0; // for a usage estimate when the upstream reports none
+  std::uint64_t prompt_tokens_ = 0; // estimated, for usage when the upstream reports none
   bool done_relayed_ = false;      // relay_stream: the upstream's data: [DONE] went to the client's queue
   bool strip_usage_ = false;       // Weir asked for the usage chunk; the client did not
   std::string rl_headers_;         // x-ratelimit-* lines for every response to this request

@@ -5,6 +5,7 @@ limits (the Redis-backed mode has its own tests)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import http.server
 import json
@@ -30,8 +31,10 @@ def sha(key: str) -> str:
 def base_config(mock, **extra) -> dict:
     cfg = {
         "pools": {"p": {"endpoints": [mock.base_url]}},
-        "models": {"m": {"pool": "p", "upstream_model": "m-up", "aliases": ["m-alias"]},
-                   "other": {"pool": "p", "upstream_model": "m-up"}},
+        # default_max_tokens: the mock generates 8 tokens, so a request without
+        # max_tokens reserves its real worst case against budgets.
+        "models": {"m": {"pool": "p", "upstream_model": "m-up", "aliases": ["m-alias"], "default_max_tokens": 8},
+                   "other": {"pool": "p", "upstream_model": "m-up", "default_max_tokens": 8}},
         "tenants": {
             "acme": {"models": ["m"], "limits": {"requests_per_minute": 1000}},
             "tiny": {"limits": {"requests_per_minute": 3}},
@@ -175,6 +178,91 @@ def test_budget_cut_off_with_insufficient_quota(gw):
     spent = [e["spend_usd"] for e in w.log_entries() if e.get("tenant") == "poor" and e["status"] == 200]
     assert spent and all(s > 0 for s in spent)
     assert sum(spent) >= 0.00005 * 0.5
+
+
+# --- Budgets under concurrency (docs/admission.md, "Budgets") -----------------
+
+# One request: "hello there" (11 bytes, 1 message) and max_tokens 8 at $1 / $2
+# per 1M tokens. Weir reserves ceil(11/4) + 8 template tokens = 11 prompt tokens
+# and 8 completion tokens: $0.000027. The mock uses 6 prompt tokens (4 per
+# message + 2 words) and 8 completion tokens: $0.000022.
+WORST_USD = 11e-6 + 16e-6
+REAL_USD = 6e-6 + 16e-6
+
+
+def budget_config(mock, budget_usd: float, on_key: bool) -> dict:
+    scope = {"budget": {"usd": budget_usd}}
+    return {
+        "pools": {"p": {"endpoints": [mock.base_url]}},
+        "models": {"m": {"pool": "p", "upstream_model": "m-up"}},
+        "tenants": {"t": {} if on_key else scope},
+        "auth": {"api_keys": [{"id": "k", "sha256": sha("sk-k"), "tenant": "t", **(scope if on_key else {})}]},
+        "pricing": {"*": {"input": 1.0, "output": 2.0}},
+    }
+
+
+async def concurrent_chats(url: str, key: str, n: int, **body) -> list[httpx.Response]:
+    limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+        payload = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hello there"}], **body}
+        return await asyncio.gather(*(client.post(url + "/v1/chat/completions", json=payload,
+                                                  headers={"authorization": f"Bearer {key}"}) for _ in range(n)))
+
+
+@pytest.mark.parametrize("on_key", [False, True], ids=["tenant", "key"])
+@pytest.mark.parametrize("stream", [False, True], ids=["buffered", "stream"])
+def test_concurrent_requests_cannot_overspend_a_budget(mock, weir, on_key, stream):
+    # The reported fault: every one of N simultaneous requests passed a budget
+    # that covers a few, because spend was added only when a request ended.
+    m = mock("--ttft-ms", "300", "--itl-ms", "5", "--max-tokens", "8", "--model", "m-up")
+    k = 3
+    budget = k * WORST_USD + WORST_USD / 2
+    w = weir(config=budget_config(m, budget, on_key), workers=2)
+    responses = asyncio.run(concurrent_chats(w.base_url, "sk-k", 16, stream=stream))
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}, statuses
+    assert 1 <= statuses.count(200) <= k, statuses
+    for r in responses:
+        if r.status_code == 429:
+            assert_openai_error(r, 429, "insufficient_quota")
+    entries = w.wait_log(lambda es: len(es) >= 16)
+    served = [e for e in entries if e["status"] == 200]
+    assert len(served) == statuses.count(200)
+    assert all(e["prompt_tokens"] is not None for e in served), served
+    assert sum(e["spend_usd"] for e in served) <= budget + 1e-12
+    # The upstream saw only the admitted ones.
+    assert m.metric("vllm:request_success_total") == statuses.count(200)
+
+
+def test_a_budget_of_zero_freezes_the_tenant(mock, weir):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=budget_config(m, 0, on_key=False))
+    err = assert_openai_error(chat(w, "sk-k", max_tokens=1), 429, "insufficient_quota")
+    assert "$0" in err["message"]
+    assert m.metric("vllm:request_success_total") == 0
+
+
+def test_a_budget_below_one_worst_case_admits_nothing(mock, weir):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=budget_config(m, WORST_USD * 0.9, on_key=True))
+    statuses = [r.status_code for r in asyncio.run(concurrent_chats(w.base_url, "sk-k", 8))]
+    assert statuses == [429] * 8, statuses
+    # A request with a smaller worst case (max_tokens 2) still fits.
+    assert chat(w, "sk-k", max_tokens=2).status_code == 200
+
+
+def test_an_upstream_error_without_usage_is_not_charged(mock, weir):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=budget_config(m, 1.0, on_key=False))
+    for status in (500, 503, 400):
+        r = httpx.post(w.v1 + "/chat/completions", headers={"authorization": "Bearer sk-k", "x-mock-status": str(status)},
+                       json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hello there"}]},
+                       timeout=30)
+        assert r.status_code == status
+    assert chat(w, "sk-k").status_code == 200
+    entries = w.wait_log(lambda es: len(es) >= 4)
+    assert [e["spend_usd"] for e in entries[:3]] == [0, 0, 0], entries
+    assert entries[3]["spend_usd"] > 0
 
 
 def test_stream_usage_is_charged_and_not_shown_to_a_client_that_did_not_ask(gw):

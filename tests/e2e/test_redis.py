@@ -25,7 +25,7 @@ def sha(key: str) -> str:
 def config(mock, redis, tenant: dict, **redis_extra) -> dict:
     return {
         "pools": {"p": {"endpoints": [mock.base_url]}},
-        "models": {"m": {"pool": "p"}},
+        "models": {"m": {"pool": "p", "default_max_tokens": 4}},  # the mock generates 4
         "tenants": {"acme": tenant},
         "auth": {"api_keys": [{"id": "shared", "sha256": sha(KEY), "tenant": "acme"}]},
         "pricing": {"m": {"input": 1.0, "output": 2.0}},
@@ -86,6 +86,35 @@ def test_budget_spent_through_one_replica_is_spent_for_the_other(mock, weir, red
     # Replica b sees the shared spend within its sync interval.
     wait_until(lambda: call(b).status_code == 429, 5, interval=0.05, message="replica b refusing the spent budget")
     assert call(b).json()["error"]["type"] == "insufficient_quota"
+
+
+def test_two_replicas_cannot_overspend_a_shared_budget_under_concurrency(mock, weir, redis):
+    # "hi N" is 1 message of 4 bytes: Weir reserves 1 + 8 template tokens and
+    # max_tokens 4 at $1 / $2 per 1M tokens = $0.000017 per request; the
+    # budget covers 3.5 of them. 16 requests at once, 8 through each replica.
+    worst = 9e-6 + 8e-6
+    m = mock("--ttft-ms", "300", "--itl-ms", "5", "--max-tokens", "4", "--model", "m")
+    cfg = config(m, redis, {"budget": {"usd": 3.5 * worst}}, budget_sync_interval="50ms")
+    a, b = weir(config=cfg), weir(config=cfg)
+
+    async def run() -> list[httpx.Response]:
+        limits = httpx.Limits(max_connections=16, max_keepalive_connections=16)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+            return await asyncio.gather(*(
+                client.post((a, b)[i % 2].base_url + "/v1/chat/completions",
+                            headers={"authorization": f"Bearer {KEY}"},
+                            json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": f"hi {i}"}]})
+                for i in range(16)))
+
+    responses = asyncio.run(run())
+    statuses = [r.status_code for r in responses]
+    assert set(statuses) <= {200, 429}, statuses
+    assert 1 <= statuses.count(200) <= 3, statuses
+    assert all(r.json()["error"]["code"] == "insufficient_quota" for r in responses if r.status_code == 429)
+    assert m.metric("vllm:request_success_total") == statuses.count(200)
+    served = [e for w in (a, b) for e in w.wait_log(lambda es: len(es) >= 8, 10) if e["status"] == 200]
+    assert len(served) == statuses.count(200)
+    assert sum(e["spend_usd"] for e in served) <= 3.5 * worst + 1e-12
 
 
 @pytest.mark.parametrize("fail_open", [True, False])

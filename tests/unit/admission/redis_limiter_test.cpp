@@ -397,6 +397,105 @@ TEST_F(RedisLimiterTest, IdleLeasesGoBackAndShutdownReturnsTheRest) {
   EXPECT_GE(b.limiter->view(w.scope(), Bucket::requests, MonoClock::now()).remaining, 990u);
 }
 
+// Settles every ticket a replica's workers hold, each at `usage`, on its worker thread.
+void settle_held(Replica& r, const api::Usage& usage) {
+  for (auto& wk : r.workers) {
+    auto f = asio::post(wk->ioc, asio::use_future([&wk, usage] {
+      for (auto& t : wk->held) wk->adm->settle(t, usage, MonoClock::now());
+      wk->held.clear();
+    }));
+    f.wait();
+  }
+}
+
+TEST_F(RedisLimiterTest, BudgetReservationsHoldAcrossReplicasUnderConcurrency) {
+  // 150 completion tokens at $2 / 1M = $0.0003 worst case; the budget covers 7.5 of them.
+  constexpr std::int64_t kWorst = 300'000;
+  auth::Budget budget;
+  budget.limit_nano_usd = 7 * kWorst + kWorst / 2;
+  World w(rpm(100000), budget);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  // 2 replicas x 2 workers x 16 requests at once, each holding its ticket (in flight).
+  std::atomic<int> ok{0}, quota{0}, done{0};
+  for (Replica* r : {&a, &b})
+    for (std::uint32_t i = 0; i < r->workers.size(); ++i)
+      for (int k = 0; k < 16; ++k)
+        asio::co_spawn(
+            r->workers[i]->ioc,
+            [r, i, &w, &ok, &quota, &done]() -> Task<void> {
+              const Answer x = co_await admit_task(*r, i, w.principal, 150, true, std::nullopt);
+              if (x.ok) ++ok;
+              else if (x.code == "insufficient_quota") ++quota;
+              ++done;
+            },
+            asio::detached);
+  ASSERT_TRUE(eventually([&] { return done.load() == 64; }, 30000ms));
+  fmt::print("budget of 7.5 worst cases: {} of 64 admitted across 2 replicas, {} refused\n", ok.load(), quota.load());
+  EXPECT_LE(ok.load(), 7) << "reservations must not pass the budget, whatever the concurrency";
+  EXPECT_GE(ok.load(), 1);
+  EXPECT_EQ(ok.load() + quota.load(), 64);
+  // Every admitted request spends its whole worst case: the shared spend stays within the budget.
+  settle_held(a, api::Usage{0, 150, 150, 0});
+  settle_held(b, api::Usage{0, 150, 150, 0});
+  const std::int64_t expect = ok.load() * kWorst;
+  EXPECT_TRUE(eventually([&] {
+    return a.limiter->spent(w.scope(), MonoClock::now()) == expect &&
+           b.limiter->spent(w.scope(), MonoClock::now()) == expect;
+  }));
+  EXPECT_LE(a.limiter->spent(w.scope(), MonoClock::now()), budget.limit_nano_usd);
+  // What is left ($0.00015 at 7 admitted) is less than one worst case: both replicas refuse.
+  if (ok.load() == 7) {
+    EXPECT_EQ(admit(a, 0, w.principal, 150).code, "insufficient_quota");
+    EXPECT_EQ(admit(b, 1, w.principal, 150).code, "insufficient_quota");
+  }
+}
+
+TEST_F(RedisLimiterTest, ABudgetOfZeroAdmitsNothingOnAnyReplica) {
+  auth::Budget budget;
+  budget.enabled = true;  // budget: {usd: 0}
+  World w(rpm(100000), budget);
+  Replica a(w, cfg());
+  const Answer x = admit(a, 0, w.principal, 150);
+  EXPECT_FALSE(x.ok);
+  EXPECT_EQ(x.code, "insufficient_quota");
+  EXPECT_FALSE(admit(a, 1, w.principal, 0).ok) << "not even a free request";
+}
+
+TEST_F(RedisLimiterTest, ASmallStreamCapIsSharedFairlyBetweenABusyAndAnIdleReplica) {
+  // Cap 4 (the reported fault: one busy replica got 12 of 12, the other 0 of 12).
+  auth::Limits l;
+  l.max_concurrent_streams = 4;
+  World w(l);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(admit(a, 0, w.principal, 0, true).ok) << i;
+  // A stays busy: every 20 ms one of its streams ends and a new one starts at once.
+  std::atomic<bool> stop{false};
+  std::atomic<int> a_ok{0};
+  std::thread churn([&] {
+    while (!stop.load()) {
+      auto f = asio::post(a.workers[0]->ioc, asio::use_future([&] {
+        if (!a.workers[0]->held.empty()) a.workers[0]->held.erase(a.workers[0]->held.begin());
+      }));
+      f.wait();
+      if (admit(a, 0, w.principal, 0, true).ok) ++a_ok;
+      std::this_thread::sleep_for(20ms);
+    }
+  });
+  // B asks 12 times, 100 ms apart, and keeps what it gets.
+  int b_ok = 0;
+  for (int i = 0; i < 12; ++i) {
+    if (admit(b, 0, w.principal, 0, true).ok) ++b_ok;
+    std::this_thread::sleep_for(100ms);
+  }
+  stop = true;
+  churn.join();
+  fmt::print("cap 4: busy replica {} admissions, the other {} of 12\n", a_ok.load(), b_ok);
+  EXPECT_GE(b_ok, 2) << "the replica that asked must get its fair share (2 of 4)";
+  EXPECT_LE(a.limiter->streams_in_use(w.scope()) + b.limiter->streams_in_use(w.scope()), 4u);
+}
+
 TEST_F(RedisLimiterTest, ARequestThatDoesNotWaitGets429UntilTheTopUpArrives) {
   World w(rpm(600));
   Replica a(w, cfg());

@@ -89,6 +89,18 @@ TEST(AuthConfig, NoAuthSectionMeansAnonymous) {
   EXPECT_FALSE(r->jwt);
 }
 
+TEST(AuthConfig, ABudgetOfZeroIsABudgetNotItsAbsence) {
+  auto r = parse("tenants:\n  frozen:\n    budget: {usd: 0}\n  tiny:\n    budget: {usd: 0.0000000001}\n  open: {}\n");
+  ASSERT_TRUE(r);
+  const auto& frozen = r->tenants.at("frozen").budget;
+  EXPECT_TRUE(frozen.any());
+  EXPECT_EQ(frozen.limit_nano_usd, 0);
+  const auto& tiny = r->tenants.at("tiny").budget;  // rounds to 0 nano-USD: also nothing may be spent
+  EXPECT_TRUE(tiny.any());
+  EXPECT_EQ(tiny.limit_nano_usd, 0);
+  EXPECT_FALSE(r->tenants.at("open").budget.any());
+}
+
 TEST(AuthConfig, ErrorsNameLineAndKey) {
   expect_error("auth:\n  requird: true\n", 2, "auth.requird", "unknown key");
   expect_error("auth:\n  required: maybe\n", 2, "auth.required");
