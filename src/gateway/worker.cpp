@@ -6,6 +6,7 @@
 #include <boost/asio/post.hpp>
 #include <fmt/format.h>
 
+#include "core/time.hpp"
 #include "gateway/session.hpp"
 
 namespace weir::gateway {
@@ -167,12 +168,20 @@ http::Task<void> Worker::accept_loop() {
   }
 }
 
+void Worker::sweep_idle_upstreams() {
+  const auto now = core::now();
+  for (auto& p : pools_)
+    for (std::uint32_t i = 0; i < p.size(); ++i) p.endpoint(i).conns.sweep(now);
+}
+
 http::Task<void> Worker::tick_loop() {
-  // Flushes the access log every 50 ms and drives the drain.
-  for (;;) {
+  // Flushes the access log every 50 ms, sweeps the idle upstream connections
+  // every kSweepTicks ticks, and drives the drain.
+  for (unsigned tick = 1;; ++tick) {
     tick_.expires_after(std::chrono::milliseconds(50));
     co_await tick_.async_wait(use_task);
     log_.flush();
+    if (tick % kSweepTicks == 0) sweep_idle_upstreams();
     if (!draining_) continue;
     close_idle_sessions();
     if (std::chrono::steady_clock::now() >= drain_deadline_)

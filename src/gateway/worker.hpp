@@ -103,6 +103,12 @@ class Worker {
   http::Task<void> accept_loop();
   http::Task<void> tick_loop();
   void close_idle_sessions();
+  // Closes the pooled upstream connections that aged past their pool's
+  // idle_keepalive or that the model server closed (ConnectionPool::sweep).
+  void sweep_idle_upstreams();
+  // The sweep runs every 5 ticks of 50 ms: a connection the server closed
+  // holds its descriptor (CLOSE-WAIT) for at most ~250 ms.
+  static constexpr unsigned kSweepTicks = 5;
 
   Shared& shared_;
   unsigned index_;
