@@ -1,5 +1,6 @@
 // Process-level wiring: resolve endpoints, open the access log, start one
-// worker per core, handle SIGTERM/SIGINT by draining, and exit.
+// worker per core, handle SIGTERM/SIGINT by draining and SIGHUP by reopening
+// the access log, and exit.
 #pragma once
 
 #include <memory>

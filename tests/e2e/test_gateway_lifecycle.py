@@ -164,3 +164,53 @@ def test_second_sigterm_stops_at_once(mock, weir):
     assert w.process.popen.wait(5) == 0
     stream.read_to_eof()
     stream.close()
+
+
+# --- SIGHUP: reopen the access log (log rotation), otherwise ignored ------------------
+
+def hup(w, count: int) -> None:
+    """Sends SIGHUP and waits for Weir's stderr line about it (the ``count``-th one)."""
+    os.kill(w.process.pid, signal.SIGHUP)
+    wait_until(lambda: w.process.log().count("SIGHUP") >= count or not w.process.alive(), 5,
+               message=f"weir's line about SIGHUP number {count}")
+    assert w.process.alive(), f"SIGHUP killed weir (status {w.process.popen.returncode})"
+
+
+def test_sighup_reopens_the_access_log_for_rotation(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4")
+    w = weir(upstream=m)
+    c = w.client()
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                              extra_headers={"x-request-id": "before-rotation"})
+    w.log_for("before-rotation")
+    rotated = w.access_log_path.with_name(w.access_log_path.name + ".1")
+    w.access_log_path.rename(rotated)  # logrotate: mv access.log access.log.1; kill -HUP
+    hup(w, 1)
+    wait_until(w.access_log_path.exists, 5, message="a new access log file")
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                              extra_headers={"x-request-id": "after-rotation"})
+    assert w.log_for("after-rotation")["status"] == 200  # in the new file
+    assert "before-rotation" not in w.access_log_path.read_text()
+    old = rotated.read_text()
+    assert "before-rotation" in old and "after-rotation" not in old
+    hup(w, 2)  # again, with nothing renamed: same file, nothing lost
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                              extra_headers={"x-request-id": "after-second-hup"})
+    w.log_for("after-second-hup")
+    assert w.log_for("after-rotation")
+    assert w.process.alive()
+
+
+@pytest.mark.parametrize("access_log", ["-", "off"])
+def test_sighup_is_ignored_without_an_access_log_file(mock, weir, access_log):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4")
+    w = weir(config={"server": {"access_log": access_log}, "pools": {"p": {"endpoints": [m.base_url]}},
+                     "models": {"mock-model": {"pool": "p"}}})
+    for i in range(2):
+        hup(w, i + 1)
+    out = w.client().chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}])
+    assert out.choices[0].message.content
+    assert w.process.alive()
+    # SIGTERM still drains and exits 0.
+    os.kill(w.process.pid, signal.SIGTERM)
+    assert w.process.popen.wait(10) == 0
