@@ -2,10 +2,13 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 #include <fmt/format.h>
 
+#include "core/listen_probe.hpp"
 #include "core/time.hpp"
 #include "gateway/session.hpp"
 
@@ -56,7 +59,8 @@ void Worker::give_buffer(std::string& s) {
   s = std::string();  // moved-from: make its state explicit
 }
 
-std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, std::string& error) {
+std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, bool exclusive,
+                             std::string& error) {
   error_code ec;
   auto ip = asio::ip::make_address(addr.host, ec);
   if (ec) {
@@ -69,6 +73,13 @@ std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port
     ip = results.begin()->endpoint().address();
   }
   const http::tcp::endpoint ep(ip, port);
+  if (exclusive && core::probe_listen_address(ep) == EADDRINUSE) {
+    error = fmt::format(
+        "{} is already in use by another process (give --reuse-port or server.reuse_port: true to share it "
+        "on purpose, e.g. for a zero-downtime restart)",
+        core::format_address(ep));
+    return 0;
+  }
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) {

@@ -128,9 +128,13 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   for (unsigned i = 0; i < n; ++i) workers.push_back(std::make_unique<gateway::Worker>(shared, i));
   for (auto& w : workers) shared.workers.push_back(w.get());
 
+  // One Weir per address unless the operator says otherwise: worker 0 first
+  // checks that no other process listens there (SO_REUSEPORT would let it
+  // join silently); the other workers join worker 0's port.
+  const bool reuse_port = opts.reuse_port || config->server.reuse_port;
   std::uint16_t port = config->server.listen.port;
   for (auto& w : workers) {
-    const auto bound = w->listen(config->server.listen, port, err);
+    const auto bound = w->listen(config->server.listen, port, !reuse_port && w == workers.front(), err);
     if (bound == 0) {
       fmt::print(stderr, "weir: {}\n", err);
       return 1;

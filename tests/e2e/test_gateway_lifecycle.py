@@ -214,3 +214,97 @@ def test_sighup_is_ignored_without_an_access_log_file(mock, weir, access_log):
     # SIGTERM still drains and exits 0.
     os.kill(w.process.pid, signal.SIGTERM)
     assert w.process.popen.wait(10) == 0
+
+
+# --- one listener per address, unless the operator says otherwise -------------------
+
+REFUSAL = "is already in use by another process"
+
+
+def second_weir(argv, timeout=10) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    r = weir_run(*argv, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def wait_listening(proc) -> None:
+    """For a process that shares a port already accepting: wait for its start-up line."""
+    wait_until(lambda: "listening on" in proc.log() or not proc.alive(), 10,
+               message=f"{proc.name}'s start-up line")
+    assert proc.alive(), proc.log()
+
+
+def serves(w, n: int = 5) -> bool:
+    for _ in range(n):
+        with RawConn(w.port) as c:
+            c.send(request("GET", "/health"))
+            assert c.read_response().status == 200
+    return True
+
+
+def test_second_weir_on_the_same_address_refuses_to_start(mock, weir):
+    m = mock()
+    w = weir(upstream=m)
+    r, took = second_weir(["--listen", f"127.0.0.1:{w.port}", "--upstream", m.base_url, "--access-log", "off"])
+    assert r.returncode != 0, r.stderr
+    assert f"127.0.0.1:{w.port} {REFUSAL}" in r.stderr and "--reuse-port" in r.stderr, r.stderr
+    assert took < 5
+    assert w.process.alive() and serves(w)
+
+
+@pytest.mark.parametrize("how", ["flag", "yaml"])
+def test_second_weir_shares_the_address_with_reuse_port(mock, weir, processes, tmp_path, how):
+    m = mock()
+    w = weir(upstream=m)
+    if how == "flag":
+        argv = [binary("weir"), "--listen", f"127.0.0.1:{w.port}", "--upstream", m.base_url,
+                "--access-log", "off", "--reuse-port"]
+    else:
+        path = tmp_path / "second.yaml"
+        path.write_text(f"listen: 127.0.0.1:{w.port}\nserver:\n  reuse_port: true\n  access_log: \"off\"\n"
+                        f"pools:\n  p:\n    endpoints: [{m.base_url}]\nmodels:\n  mock-model: {{pool: p}}\n")
+        argv = [binary("weir"), "--config", path]
+    second = processes.start(argv, w.port, name="weir-second")
+    wait_listening(second)
+    assert w.process.alive() and serves(w)
+
+
+def test_a_wildcard_listener_blocks_a_specific_address(weir, mock):
+    """Another program on 0.0.0.0:P (even with SO_REUSEPORT, so the kernel would let Weir
+    share it) owns 127.0.0.1:P too."""
+    m = mock()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r, took = second_weir(["--listen", f"127.0.0.1:{port}", "--upstream", m.base_url, "--access-log", "off"])
+        assert r.returncode != 0 and f"127.0.0.1:{port} {REFUSAL}" in r.stderr, r.stderr
+        assert took < 5
+
+
+def time_wait_on(port: int) -> int:
+    """Sockets in TIME_WAIT (state 06) whose local port is ``port`` (/proc/net/tcp)."""
+    n = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "06":
+            n += 1
+    return n
+
+
+def test_restart_on_the_same_port_is_not_blocked_by_time_wait(mock, weir):
+    m = mock()
+    w = weir(upstream=m)
+    idle = [RawConn(w.port) for _ in range(3)]
+    for c in idle:
+        c.send(request("GET", "/health"))
+        assert c.read_response().status == 200
+    assert w.process.stop() == 0  # the drain closes the idle connections: Weir's side is in TIME_WAIT
+    for c in idle:
+        c.close()
+    assert time_wait_on(w.port) >= 1
+    again = weir(config={"listen": f"127.0.0.1:{w.port}", "pools": {"p": {"endpoints": [m.base_url]}},
+                         "models": {"mock-model": {"pool": "p"}}})
+    assert serves(again)
