@@ -22,6 +22,8 @@ from procs import HarnessError, Proc, free_port, http_get, launch, wait_ready
 REPO = pathlib.Path(__file__).resolve().parents[2]
 PEERS_DIR = REPO / "bench" / "peers"
 PEER_ORDER = ["nginx", "litellm", "bifrost", "portkey"]
+# What weir and weir-mock print (and exit 1) when another process listens on their port.
+PORT_TAKEN = "is already in use by another process"
 
 
 @dataclass
@@ -56,9 +58,17 @@ class Mock:
                  max_tokens: int = 128, threads: int = 1, extra: list[str] | None = None):
         self.env = env
         self.name = name
-        self.port = free_port()
         self.proc: Proc | None = None
-        self._start(ttft_ms, itl_ms, max_tokens, threads, extra)
+        for attempt in range(3):
+            self.port = free_port()
+            try:
+                self._start(ttft_ms, itl_ms, max_tokens, threads, extra)
+                break
+            except HarnessError as e:
+                # Another run's process took the port after free_port(): weir-mock
+                # refuses to share it (no --reuse-port), so try another one.
+                if PORT_TAKEN not in str(e) or attempt == 2:
+                    raise
 
     def _start(self, ttft_ms: int, itl_ms: int, max_tokens: int, threads: int, extra: list[str] | None) -> None:
         self.flags = dict(ttft_ms=ttft_ms, itl_ms=itl_ms, max_tokens=max_tokens, threads=threads)
@@ -193,19 +203,26 @@ def start_weir(env: Env, label: str, config: dict, tag: str = "weir", headers: l
     """Writes `config` (JSON is YAML) with a free `listen` port and starts `weir --config` on the gateway CPU.
 
     `wrapper` (e.g. heaptrack or strace argv) goes before the weir binary."""
-    port = free_port()
-    cfg = dict(config)
-    cfg["listen"] = f"127.0.0.1:{port}"
-    cfg.setdefault("workers", 1)
-    path = env.work / f"{tag}.yaml"
-    path.write_text(json.dumps(cfg, indent=2) + "\n")
-    argv = list(wrapper or []) + [env.binary("weir"), "--config", str(path)]
-    t = Target(name="weir", label=label, url=f"http://127.0.0.1:{port}", port=port, model=model,
-               headers=list(headers or []), version=weir_version(env))
-    t.proc = launch(tag, argv, env.work / "logs", cpu=env.gateway_cpu, priority=env.priority,
-                    stop_signal=stop_signal)
-    wait_ready(t.proc, port, 60 if wrapper else 15, "/health")
-    return t
+    for attempt in range(3):
+        port = free_port()
+        cfg = dict(config)
+        cfg["listen"] = f"127.0.0.1:{port}"
+        cfg.setdefault("workers", 1)
+        path = env.work / f"{tag}.yaml"
+        path.write_text(json.dumps(cfg, indent=2) + "\n")
+        argv = list(wrapper or []) + [env.binary("weir"), "--config", str(path)]
+        t = Target(name="weir", label=label, url=f"http://127.0.0.1:{port}", port=port, model=model,
+                   headers=list(headers or []), version=weir_version(env))
+        t.proc = launch(tag, argv, env.work / "logs", cpu=env.gateway_cpu, priority=env.priority,
+                        stop_signal=stop_signal)
+        try:
+            wait_ready(t.proc, port, 60 if wrapper else 15, "/health")
+            return t
+        except HarnessError as e:
+            # Another process took the port after free_port(): Weir refuses to share it.
+            if PORT_TAKEN not in str(e) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 # ----------------------------------------------------------------- peers ---

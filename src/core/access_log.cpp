@@ -13,6 +13,15 @@ namespace weir::core {
 namespace {
 constexpr std::size_t kFlushAt = 32u << 10;
 constexpr std::size_t kPipeBuf = 4096;
+
+int open_file(const std::string& path) {
+  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+}
+
+bool is_pipe(int fd) {
+  struct stat st{};
+  return ::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
+}
 }  // namespace
 
 std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std::string& error) {
@@ -21,16 +30,38 @@ std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std
   if (where == "-") {
     s->fd_ = STDOUT_FILENO;
   } else {
-    s->fd_ = ::open(where.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    s->fd_ = open_file(where);
     if (s->fd_ < 0) {
       error = fmt::format("cannot open access log {}: {}", where, std::strerror(errno));
       return nullptr;
     }
     s->owned_ = true;
+    s->path_ = where;
   }
-  struct stat st{};
-  if (::fstat(s->fd_, &st) == 0) s->is_pipe_ = S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode);
+  s->is_pipe_ = is_pipe(s->fd_);
   return s;
+}
+
+bool AccessLogSink::reopen(std::string& error) {
+  if (!owned_) return true;
+  const int fd = open_file(path_);
+  if (fd < 0) {
+    error = fmt::format("cannot reopen access log {}: {}", path_, std::strerror(errno));
+    return false;
+  }
+  const bool pipe = is_pipe(fd);
+  // dup3 keeps O_CLOEXEC on fd_ (dup2 would clear it).
+  int r;
+  while ((r = ::dup3(fd, fd_, O_CLOEXEC)) < 0 && errno == EINTR) {
+  }
+  const int dup_errno = errno;
+  ::close(fd);
+  if (r < 0) {
+    error = fmt::format("cannot reopen access log {}: dup3: {}", path_, std::strerror(dup_errno));
+    return false;
+  }
+  __atomic_store_n(&is_pipe_, pipe, __ATOMIC_RELAXED);
+  return true;
 }
 
 AccessLogSink::~AccessLogSink() {
@@ -41,7 +72,7 @@ void AccessLogSink::write_lines(std::string_view lines) {
   if (fd_ < 0) return;
   while (!lines.empty()) {
     std::size_t n = lines.size();
-    if (is_pipe_ && n > kPipeBuf) {
+    if (n > kPipeBuf && __atomic_load_n(&is_pipe_, __ATOMIC_RELAXED)) {
       // Cut at the last newline within PIPE_BUF so each write is atomic; a
       // single longer line goes out whole.
       const auto cut = lines.substr(0, kPipeBuf).rfind('\n');

@@ -5,7 +5,8 @@
 // passes 32 KiB or on the worker's periodic flush tick. All workers share one
 // file descriptor opened with O_APPEND; each write(2) carries whole lines and
 // at most PIPE_BUF (4096) bytes when the destination is a pipe, so lines from
-// different workers never interleave.
+// different workers never interleave. Log rotation swaps a new file in under
+// the same descriptor number (AccessLogSink::reopen).
 #pragma once
 
 #include <cstddef>
@@ -29,10 +30,22 @@ class AccessLogSink {
   void write_lines(std::string_view lines);
   std::uint64_t write_errors() const { return __atomic_load_n(&write_errors_, __ATOMIC_RELAXED); }
 
+  // Log rotation (SIGHUP, after `mv access.log access.log.1`): opens the
+  // path again, creating it, and puts the new file under the same descriptor
+  // number with dup3(2), which swaps it atomically: a worker's write(2) goes
+  // wholly to the old file or wholly to the new one, and no lock is needed.
+  // Safe to call from any thread while workers write. Returns false with
+  // `error` set if the path cannot be opened (the old file stays in use).
+  // stdout and "off": nothing to reopen, returns true.
+  bool reopen(std::string& error);
+  // The file's path; empty for stdout and "off".
+  const std::string& path() const { return path_; }
+
  private:
   int fd_ = -1;
   bool owned_ = false;
-  bool is_pipe_ = false;
+  bool is_pipe_ = false;  // atomic loads and stores: reopen() may change it
+  std::string path_;
   std::uint64_t write_errors_ = 0;  // bumped atomically: workers share the sink
 };
 

@@ -27,7 +27,7 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   WEIR_TRY_VOID(check_keys(n, "server",
                            {"max_body", "max_header", "header_timeout", "body_timeout",
                             "keepalive_timeout", "write_timeout", "max_stream_buffer",
-                            "max_response", "drain_timeout", "access_log"}));
+                            "max_response", "drain_timeout", "access_log", "reuse_port"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     s.max_body_bytes = b;
@@ -59,6 +59,10 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   if (auto v = n["access_log"]) {
     WEIR_TRY(str, read_string(v, "server.access_log"));
     s.access_log = str;
+  }
+  if (auto v = n["reuse_port"]) {
+    WEIR_TRY(b, read_bool(v, "server.reuse_port"));
+    s.reuse_port = b;
   }
   return {};
 }

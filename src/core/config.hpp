@@ -38,6 +38,7 @@ struct ServerConfig {
   std::uint64_t max_response_bytes = 256u << 20;     // buffered non-streaming upstream body
   Millis drain_timeout{30'000};                      // SIGTERM: streams may finish this long
   std::string access_log = "-";                      // "-" stdout, "off", or a file path
+  bool reuse_port = false;                           // start even if another process listens on `listen`, sharing it
 };
 
 // Upstream timeouts of one pool.

@@ -2,10 +2,14 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
 #include <fmt/format.h>
 
+#include "core/listen_probe.hpp"
+#include "core/time.hpp"
 #include "gateway/session.hpp"
 
 namespace weir::gateway {
@@ -55,7 +59,8 @@ void Worker::give_buffer(std::string& s) {
   s = std::string();  // moved-from: make its state explicit
 }
 
-std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, std::string& error) {
+std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, bool exclusive,
+                             std::string& error) {
   error_code ec;
   auto ip = asio::ip::make_address(addr.host, ec);
   if (ec) {
@@ -68,6 +73,13 @@ std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port
     ip = results.begin()->endpoint().address();
   }
   const http::tcp::endpoint ep(ip, port);
+  if (exclusive && core::probe_listen_address(ep) == EADDRINUSE) {
+    error = fmt::format(
+        "{} is already in use by another process (give --reuse-port or server.reuse_port: true to share it "
+        "on purpose, e.g. for a zero-downtime restart)",
+        core::format_address(ep));
+    return 0;
+  }
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) {
@@ -167,12 +179,20 @@ http::Task<void> Worker::accept_loop() {
   }
 }
 
+void Worker::sweep_idle_upstreams() {
+  const auto now = core::now();
+  for (auto& p : pools_)
+    for (std::uint32_t i = 0; i < p.size(); ++i) p.endpoint(i).conns.sweep(now);
+}
+
 http::Task<void> Worker::tick_loop() {
-  // Flushes the access log every 50 ms and drives the drain.
-  for (;;) {
+  // Flushes the access log every 50 ms, sweeps the idle upstream connections
+  // every kSweepTicks ticks, and drives the drain.
+  for (unsigned tick = 1;; ++tick) {
     tick_.expires_after(std::chrono::milliseconds(50));
     co_await tick_.async_wait(use_task);
     log_.flush();
+    if (tick % kSweepTicks == 0) sweep_idle_upstreams();
     if (!draining_) continue;
     close_idle_sessions();
     if (std::chrono::steady_clock::now() >= drain_deadline_)

@@ -53,10 +53,14 @@ class Worker {
   Worker(Shared& shared, unsigned index);
   ~Worker();
 
-  // Binds the listener (SO_REUSEPORT). Port 0 binds an ephemeral port; the
-  // caller passes the port worker 0 got to the others. Returns the bound
-  // port, or 0 with `error` set.
-  std::uint16_t listen(const core::ListenAddress& addr, std::uint16_t port, std::string& error);
+  // Binds the listener (SO_REUSEPORT, so the workers share the port). Port 0
+  // binds an ephemeral port; the caller passes the port worker 0 got to the
+  // others. With `exclusive` it first refuses if another socket already
+  // listens on the address (core::probe_listen_address: another Weir would
+  // otherwise share the port silently); worker 0 asks for it unless
+  // --reuse-port / server.reuse_port. Returns the bound port, or 0 with
+  // `error` set.
+  std::uint16_t listen(const core::ListenAddress& addr, std::uint16_t port, bool exclusive, std::string& error);
   // Starts the thread.
   void start();
   // Thread-safe: stop accepting, let in-flight responses finish, close idle
@@ -103,6 +107,12 @@ class Worker {
   http::Task<void> accept_loop();
   http::Task<void> tick_loop();
   void close_idle_sessions();
+  // Closes the pooled upstream connections that aged past their pool's
+  // idle_keepalive or that the model server closed (ConnectionPool::sweep).
+  void sweep_idle_upstreams();
+  // The sweep runs every 5 ticks of 50 ms: a connection the server closed
+  // holds its descriptor (CLOSE-WAIT) for at most ~250 ms.
+  static constexpr unsigned kSweepTicks = 5;
 
   Shared& shared_;
   unsigned index_;

@@ -54,6 +54,26 @@ void ConnectionPool::put(std::unique_ptr<UpstreamConnection> c, std::chrono::ste
   }
 }
 
+std::size_t ConnectionPool::sweep(std::chrono::steady_clock::time_point now) {
+  const std::size_t before = idle_.size();
+  // Aged out: a prefix, since idle_ is ordered by idle_since.
+  std::size_t first = 0;
+  while (first < idle_.size() && now - idle_[first]->idle_since >= max_idle_age_) ++first;
+  // The rest: keep the open, silent ones, in order (closing happens as the
+  // unique_ptrs are overwritten or erased).
+  std::size_t kept = 0;
+  for (std::size_t i = first; i < idle_.size(); ++i) {
+    if (idle_[i]->is_open() && idle_connection_usable(*idle_[i])) {
+      if (kept != i) idle_[kept] = std::move(idle_[i]);
+      ++kept;
+    } else {
+      idle_[i].reset();
+    }
+  }
+  idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(kept), idle_.end());
+  return before - idle_.size();
+}
+
 void ConnectionPool::clear() { idle_.clear(); }
 
 Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep,

@@ -14,11 +14,15 @@ int main(int argc, char** argv) {
   std::string config_path, listen, upstream, access_log;
   unsigned workers = 0;
   bool check = false;
+  bool reuse_port = false;
   app.add_option("-c,--config", config_path, "YAML configuration file");
   app.add_option("--listen", listen, "quick mode: listen address host:port (default 127.0.0.1:8080)");
   app.add_option("--upstream", upstream, "quick mode: send every model to this http:// server");
   app.add_option("-w,--workers", workers, "worker threads (default: config, else one per core)");
   app.add_option("--access-log", access_log, "access log: '-' (stdout), 'off', or a file path");
+  app.add_flag("--reuse-port", reuse_port,
+               "start even if another process listens on the address, and share it (SO_REUSEPORT), e.g. for a "
+               "zero-downtime restart; same as server.reuse_port: true");
   app.add_flag("--check", check, "validate the configuration and exit");
   app.set_version_flag("--version", "weir 0.1.0");
   CLI11_PARSE(app, argc, argv);
@@ -52,5 +56,5 @@ int main(int argc, char** argv) {
     fmt::print("{}: ok ({} pools, {} models)\n", cfg->source, cfg->pools.size(), cfg->models.size());
     return 0;
   }
-  return weir::server::run(std::make_shared<weir::core::Config>(std::move(*cfg)), {workers, access_log});
+  return weir::server::run(std::make_shared<weir::core::Config>(std::move(*cfg)), {workers, access_log, reuse_port});
 }

@@ -128,9 +128,13 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   for (unsigned i = 0; i < n; ++i) workers.push_back(std::make_unique<gateway::Worker>(shared, i));
   for (auto& w : workers) shared.workers.push_back(w.get());
 
+  // One Weir per address unless the operator says otherwise: worker 0 first
+  // checks that no other process listens there (SO_REUSEPORT would let it
+  // join silently); the other workers join worker 0's port.
+  const bool reuse_port = opts.reuse_port || config->server.reuse_port;
   std::uint16_t port = config->server.listen.port;
   for (auto& w : workers) {
-    const auto bound = w->listen(config->server.listen, port, err);
+    const auto bound = w->listen(config->server.listen, port, !reuse_port && w == workers.front(), err);
     if (bound == 0) {
       fmt::print(stderr, "weir: {}\n", err);
       return 1;
@@ -139,11 +143,25 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   }
 
   std::signal(SIGPIPE, SIG_IGN);
-  asio::signal_set signals(main_io, SIGINT, SIGTERM);
+  // SIGINT/SIGTERM drain; SIGHUP (systemd's ExecReload, logrotate) reopens
+  // the access log and is otherwise ignored: there is no hot reload yet, and
+  // its default action would kill the gateway.
+  asio::signal_set signals(main_io, SIGINT, SIGTERM, SIGHUP);
   int signal_count = 0;
   std::function<void(const boost::system::error_code&, int)> on_signal =
       [&](const boost::system::error_code& ec, int sig) {
         if (ec) return;
+        if (sig == SIGHUP) {
+          std::string why;
+          if (shared.log_sink->path().empty())
+            fmt::print(stderr, "weir: SIGHUP received, ignored (no configuration reload; no access log file)\n");
+          else if (shared.log_sink->reopen(why))
+            fmt::print(stderr, "weir: SIGHUP received, access log {} reopened\n", shared.log_sink->path());
+          else
+            fmt::print(stderr, "weir: SIGHUP received: {}; still writing to the old file\n", why);
+          signals.async_wait(on_signal);
+          return;
+        }
         ++signal_count;
         const auto deadline = signal_count == 1 ? std::chrono::steady_clock::now() + config->server.drain_timeout
                                                 : std::chrono::steady_clock::now();

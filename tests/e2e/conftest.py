@@ -15,6 +15,8 @@ Processes
     (module scope) are :class:`ProcessGroup` objects: everything started
     through them is terminated at teardown, also when the test fails, and the
     tail of each log is printed into the failure report.
+    weir and weir-mock refuse a port another process listens on; the
+    factories below then retry on a new free port (``on_a_free_port``).
 
 weir-mock
     The ``mock`` fixture (and ``module_mock`` for a module-wide instance) is a
@@ -205,6 +207,22 @@ def start_process(argv: Sequence[str | os.PathLike], port: int, *, host: str = "
     return proc
 
 
+# What weir and weir-mock say when another process already listens on their
+# address (they refuse to share it without --reuse-port).
+PORT_TAKEN = "is already in use by another process"
+
+
+def on_a_free_port(start: Callable[[int], object], attempts: int = 3):
+    """``start(port)`` on a port from free_port(), again on a new one if another process
+    took it between the check and the bind (weir and weir-mock then exit at once)."""
+    for attempt in range(attempts):
+        try:
+            return start(free_port())
+        except RuntimeError as e:
+            if PORT_TAKEN not in str(e) or attempt == attempts - 1:
+                raise
+
+
 class ProcessGroup:
     """Starts processes and guarantees they are stopped (see ``processes`` fixture)."""
 
@@ -310,9 +328,10 @@ class MockFactory:
         self.group = group
 
     def __call__(self, *flags: str | int | float, ready_timeout: float = 10.0) -> Mock:
-        port = free_port()
-        argv = [binary("weir-mock"), "--listen", f"127.0.0.1:{port}", *map(str, flags)]
-        return Mock(self.group.start(argv, port, ready_timeout=ready_timeout, name="weir-mock"))
+        def start(port: int) -> Mock:
+            argv = [binary("weir-mock"), "--listen", f"127.0.0.1:{port}", *map(str, flags)]
+            return Mock(self.group.start(argv, port, ready_timeout=ready_timeout, name="weir-mock"))
+        return on_a_free_port(start)
 
 
 @pytest.fixture
@@ -467,8 +486,15 @@ class WeirFactory:
                  workers: int = 2, extra_args: Sequence[str] = (), ready_timeout: float = 10.0,
                  env: Mapping[str, str] | None = None) -> Weir:
         assert (upstream is None) != (config is None), "give upstream= (quick mode) or config="
+        if config is not None and "listen" in config:
+            return self._start(config["listen"].rsplit(":", 1)[1], upstream, config, workers, extra_args,
+                               ready_timeout, env)
+        return on_a_free_port(lambda port: self._start(port, upstream, config, workers, extra_args,
+                                                       ready_timeout, env))
+
+    def _start(self, port, upstream, config, workers, extra_args, ready_timeout, env) -> Weir:
         self.count += 1
-        port = free_port()
+        port = int(port)
         access_log = self.group.log_dir / f"weir-{port}-{self.count}.access.log"
         config_path = None
         argv: list[str | os.PathLike] = [binary("weir")]

@@ -164,3 +164,147 @@ def test_second_sigterm_stops_at_once(mock, weir):
     assert w.process.popen.wait(5) == 0
     stream.read_to_eof()
     stream.close()
+
+
+# --- SIGHUP: reopen the access log (log rotation), otherwise ignored ------------------
+
+def hup(w, count: int) -> None:
+    """Sends SIGHUP and waits for Weir's stderr line about it (the ``count``-th one)."""
+    os.kill(w.process.pid, signal.SIGHUP)
+    wait_until(lambda: w.process.log().count("SIGHUP") >= count or not w.process.alive(), 5,
+               message=f"weir's line about SIGHUP number {count}")
+    assert w.process.alive(), f"SIGHUP killed weir (status {w.process.popen.returncode})"
+
+
+def test_sighup_reopens_the_access_log_for_rotation(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4")
+    w = weir(upstream=m)
+    c = w.client()
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                              extra_headers={"x-request-id": "before-rotation"})
+    w.log_for("before-rotation")
+    rotated = w.access_log_path.with_name(w.access_log_path.name + ".1")
+    w.access_log_path.rename(rotated)  # logrotate: mv access.log access.log.1; kill -HUP
+    hup(w, 1)
+    wait_until(w.access_log_path.exists, 5, message="a new access log file")
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                              extra_headers={"x-request-id": "after-rotation"})
+    assert w.log_for("after-rotation")["status"] == 200  # in the new file
+    assert "before-rotation" not in w.access_log_path.read_text()
+    old = rotated.read_text()
+    assert "before-rotation" in old and "after-rotation" not in old
+    hup(w, 2)  # again, with nothing renamed: same file, nothing lost
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                              extra_headers={"x-request-id": "after-second-hup"})
+    w.log_for("after-second-hup")
+    assert w.log_for("after-rotation")
+    assert w.process.alive()
+
+
+@pytest.mark.parametrize("access_log", ["-", "off"])
+def test_sighup_is_ignored_without_an_access_log_file(mock, weir, access_log):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4")
+    w = weir(config={"server": {"access_log": access_log}, "pools": {"p": {"endpoints": [m.base_url]}},
+                     "models": {"mock-model": {"pool": "p"}}})
+    for i in range(2):
+        hup(w, i + 1)
+    out = w.client().chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}])
+    assert out.choices[0].message.content
+    assert w.process.alive()
+    # SIGTERM still drains and exits 0.
+    os.kill(w.process.pid, signal.SIGTERM)
+    assert w.process.popen.wait(10) == 0
+
+
+# --- one listener per address, unless the operator says otherwise -------------------
+
+REFUSAL = "is already in use by another process"
+
+
+def second_weir(argv, timeout=10) -> tuple[subprocess.CompletedProcess, float]:
+    t0 = time.monotonic()
+    r = weir_run(*argv, timeout=timeout)
+    return r, time.monotonic() - t0
+
+
+def wait_listening(proc) -> None:
+    """For a process that shares a port already accepting: wait for its start-up line."""
+    wait_until(lambda: "listening on" in proc.log() or not proc.alive(), 10,
+               message=f"{proc.name}'s start-up line")
+    assert proc.alive(), proc.log()
+
+
+def serves(w, n: int = 5) -> bool:
+    for _ in range(n):
+        with RawConn(w.port) as c:
+            c.send(request("GET", "/health"))
+            assert c.read_response().status == 200
+    return True
+
+
+def test_second_weir_on_the_same_address_refuses_to_start(mock, weir):
+    m = mock()
+    w = weir(upstream=m)
+    r, took = second_weir(["--listen", f"127.0.0.1:{w.port}", "--upstream", m.base_url, "--access-log", "off"])
+    assert r.returncode != 0, r.stderr
+    assert f"127.0.0.1:{w.port} {REFUSAL}" in r.stderr and "--reuse-port" in r.stderr, r.stderr
+    assert took < 5
+    assert w.process.alive() and serves(w)
+
+
+@pytest.mark.parametrize("how", ["flag", "yaml"])
+def test_second_weir_shares_the_address_with_reuse_port(mock, weir, processes, tmp_path, how):
+    m = mock()
+    w = weir(upstream=m)
+    if how == "flag":
+        argv = [binary("weir"), "--listen", f"127.0.0.1:{w.port}", "--upstream", m.base_url,
+                "--access-log", "off", "--reuse-port"]
+    else:
+        path = tmp_path / "second.yaml"
+        path.write_text(f"listen: 127.0.0.1:{w.port}\nserver:\n  reuse_port: true\n  access_log: \"off\"\n"
+                        f"pools:\n  p:\n    endpoints: [{m.base_url}]\nmodels:\n  mock-model: {{pool: p}}\n")
+        argv = [binary("weir"), "--config", path]
+    second = processes.start(argv, w.port, name="weir-second")
+    wait_listening(second)
+    assert w.process.alive() and serves(w)
+
+
+def test_a_wildcard_listener_blocks_a_specific_address(weir, mock):
+    """Another program on 0.0.0.0:P (even with SO_REUSEPORT, so the kernel would let Weir
+    share it) owns 127.0.0.1:P too."""
+    m = mock()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as other:
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        other.bind(("0.0.0.0", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        r, took = second_weir(["--listen", f"127.0.0.1:{port}", "--upstream", m.base_url, "--access-log", "off"])
+        assert r.returncode != 0 and f"127.0.0.1:{port} {REFUSAL}" in r.stderr, r.stderr
+        assert took < 5
+
+
+def time_wait_on(port: int) -> int:
+    """Sockets in TIME_WAIT (state 06) whose local port is ``port`` (/proc/net/tcp)."""
+    n = 0
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        fields = line.split()
+        if int(fields[1].split(":")[1], 16) == port and fields[3] == "06":
+            n += 1
+    return n
+
+
+def test_restart_on_the_same_port_is_not_blocked_by_time_wait(mock, weir):
+    m = mock()
+    w = weir(upstream=m)
+    idle = [RawConn(w.port) for _ in range(3)]
+    for c in idle:
+        c.send(request("GET", "/health"))
+        assert c.read_response().status == 200
+    assert w.process.stop() == 0  # the drain closes the idle connections: Weir's side is in TIME_WAIT
+    for c in idle:
+        c.close()
+    assert time_wait_on(w.port) >= 1
+    again = weir(config={"listen": f"127.0.0.1:{w.port}", "pools": {"p": {"endpoints": [m.base_url]}},
+                         "models": {"mock-model": {"pool": "p"}}})
+    assert serves(again)

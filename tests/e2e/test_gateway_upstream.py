@@ -5,6 +5,7 @@ connection, power-of-two-choices over a pool, and endpoints that refuse.
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import uuid
 
 import pytest
@@ -212,3 +213,53 @@ def test_request_the_upstream_received_is_not_sent_twice(mock, weir):
     with pytest.raises(Exception):
         c.chat.completions.create(model="mock-model", messages=MSG, extra_headers={"x-mock-reset-after": "0"})
     assert m.metric("weir_mock_injected_resets_total") == 1  # the upstream got (and crashed on) it once
+
+
+# --- idle pooled connections are closed when the upstream closes them or they age out ---
+
+def open_fds(pid: int) -> int:
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def upstream_burst(w, n: int) -> None:
+    """``n`` concurrent requests (each held 300 ms by the mock), so Weir opens about ``n``
+    upstream connections; every client connection is closed afterwards."""
+    conns = [RawConn(w.port) for _ in range(n)]
+    for c in conns:
+        c.send(request("POST", "/v1/chat/completions", {"model": "mock-model", "messages": MSG},
+                       {"x-mock-ttft-ms": "300"}))
+    for c in conns:
+        assert c.read_response("POST").status == 200
+        c.close()
+
+
+@pytest.mark.parametrize("closer", ["upstream", "idle_keepalive"])
+def test_idle_upstream_connections_do_not_pile_up(mock, weir, closer):
+    """After a burst and no further traffic, the pooled upstream connections are closed
+    (no CLOSE-WAIT left over) once the model server closes them (its keep-alive timeout,
+    1 s here, below Weir's idle_keepalive) or once they are idle_keepalive old (1 s, below
+    the server's): Weir's descriptor count returns to what it was before the burst."""
+    if closer == "upstream":
+        m = mock(*FAST, "--keep-alive-s", "1")
+        idle_keepalive = "60s"
+    else:
+        m = mock(*FAST, "--keep-alive-s", "60")
+        idle_keepalive = "1s"
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url], "idle_keepalive": idle_keepalive}},
+                     "models": {"mock-model": {"pool": "p"}}}, workers=2)
+    with RawConn(w.port) as c:
+        c.send(request("GET", "/health"))
+        assert c.read_response().status == 200
+    pid = w.process.pid
+    wait_until(lambda: w.metric("weir_active_connections") <= 1, 5, message="no client connection but the scrape")
+    baseline = open_fds(pid)
+    n = 60
+    upstream_burst(w, n)
+    after_burst = open_fds(pid)
+    assert after_burst >= baseline + n // 2, (baseline, after_burst)  # the pool holds them now
+    wait_until(lambda: open_fds(pid) <= baseline, 5, interval=0.05,
+               message=f"weir's descriptors back to {baseline} (after the burst: {after_burst}, "
+                       f"now {open_fds(pid)})")
+    # The pool still works: the next request opens a fresh connection.
+    out = w.client().chat.completions.create(model="mock-model", messages=MSG)
+    assert out.choices[0].message.content

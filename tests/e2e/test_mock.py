@@ -22,7 +22,9 @@ import httpx
 import openai
 import pytest
 
-from conftest import metric_value, parse_prometheus, wait_until
+import subprocess
+
+from conftest import binary, metric_value, parse_prometheus, wait_until
 
 FAST = {"x-mock-ttft-ms": "5", "x-mock-itl-ms": "1"}  # per-request timing for quick tests
 
@@ -636,3 +638,30 @@ def test_300_concurrent_streams_complete(mock):
     again = chat(m, "stream 7", max_tokens=32, headers=FAST).choices[0].message.content
     assert results[7][0] == again
     assert m.metric("vllm:num_requests_running") == 0
+
+
+def test_second_mock_on_the_same_address_refuses_to_start(mock):
+    """Two mocks answering one port would mix two runs' traffic (and their timing flags)."""
+    first = mock("--max-tokens", "3")
+    port = first.process.port
+    t0 = time.monotonic()
+    r = subprocess.run([str(binary("weir-mock")), "--listen", f"127.0.0.1:{port}"], capture_output=True,
+                       text=True, timeout=10)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert f"127.0.0.1:{port} is already in use by another process" in r.stderr, r.stderr
+    assert "--reuse-port" in r.stderr and time.monotonic() - t0 < 5
+    assert first.process.alive()
+    assert chat(first).usage.completion_tokens == 3
+
+
+def test_second_mock_shares_the_address_with_reuse_port(mock, processes):
+    first = mock("--max-tokens", "3")
+    port = first.process.port
+    second = processes.start([binary("weir-mock"), "--listen", f"127.0.0.1:{port}", "--reuse-port",
+                              "--max-tokens", "4"], port, name="weir-mock-second")
+    wait_until(lambda: "listening on" in second.log() or not second.alive(), 10, message="its start-up line")
+    assert second.alive(), second.log()
+    # Both answer, each new connection one or the other (3 tokens: the first, 4: the second).
+    seen = set()
+    wait_until(lambda: seen.add(chat(first).usage.completion_tokens) or seen == {3, 4}, 10,
+               message=f"answers from both mocks (so far {seen})")

@@ -13,6 +13,7 @@ struct MockConfig {
   std::string listen_host = "127.0.0.1";  // --listen HOST part
   std::uint16_t listen_port = 8000;       // --listen PORT part; 0 = any free port
   int threads = 1;                        // --threads: workers, each with its own SO_REUSEPORT acceptor
+  bool reuse_port = false;                // --reuse-port: start even if another process listens on the address
 
   int ttft_ms = 90;          // --ttft-ms: request read -> first token, ms
   int itl_ms = 14;           // --itl-ms: between tokens, ms

@@ -2,6 +2,7 @@
 // Flags, headers and wire format: tools/mock/README.md.
 #include <sys/resource.h>
 
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -14,6 +15,7 @@
 #include <boost/asio.hpp>
 
 #include "config.hpp"
+#include "core/listen_probe.hpp"
 #include "metrics.hpp"
 #include "server.hpp"
 
@@ -89,6 +91,8 @@ int main(int argc, char** argv) {
                  "up to this late (0: every due time gets its own pass)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
+  app.add_flag("--reuse-port", cfg.reuse_port,
+               "Start even if another process listens on the address, and share its traffic (SO_REUSEPORT)");
   app.add_option("--keep-alive-s", cfg.keep_alive_s, "Idle keep-alive timeout, s (uvicorn's default is 5)")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
@@ -121,6 +125,13 @@ int main(int argc, char** argv) {
         ep = r.endpoint();
         break;
       }
+    // Another process on this address would answer part of the traffic
+    // (every thread's acceptor has SO_REUSEPORT): refuse unless asked to share.
+    if (!cfg.reuse_port && weir::core::probe_listen_address(ep) == EADDRINUSE) {
+      std::cerr << "weir-mock: " << weir::core::format_address(ep)
+                << " is already in use by another process (give --reuse-port to share it on purpose)\n";
+      return 1;
+    }
     for (int i = 0; i < cfg.threads; ++i) {
       workers.push_back(std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards));
       const auto port = workers.back()->listen(ep);

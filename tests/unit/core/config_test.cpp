@@ -19,6 +19,7 @@ server:
   max_body: 2MiB
   write_timeout: 5s
   access_log: "off"
+  reuse_port: true
 pools:
   a:
     endpoints: [http://127.0.0.1:8001, "http://localhost:8002/"]
@@ -45,6 +46,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->server.max_body_bytes, 2u << 20);
   EXPECT_EQ(c->server.write_timeout.count(), 5000);
   EXPECT_EQ(c->server.access_log, "off");
+  EXPECT_TRUE(c->server.reuse_port);
   ASSERT_EQ(c->pools.size(), 2u);
   EXPECT_EQ(c->pools[0].name, "a");
   ASSERT_EQ(c->pools[0].endpoints.size(), 2u);
@@ -149,4 +151,12 @@ TEST(Config, ModelDefaultMaxTokensAndNoSilentPrices) {
   // `prices` under a model was accepted and never read: prices live in `pricing:`.
   const auto e = error_of("pools: {a: {endpoints: [http://127.0.0.1:1]}}\nmodels:\n  m: {pool: a, prices: {input: 1}}\n");
   EXPECT_NE(e.find("models.m.prices"), std::string::npos) << e;
+}
+
+TEST(Config, ReusePortIsOffByDefaultAndABoolean) {
+  auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n", "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_FALSE(c->server.reuse_port);
+  const auto err = error_of("server: {reuse_port: sometimes}\npools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n");
+  EXPECT_NE(err.find("server.reuse_port"), std::string::npos) << err;
 }

@@ -1,0 +1,28 @@
+// Is a TCP address already served? Weir and weir-mock bind one SO_REUSEPORT
+// listener per worker, and the kernel lets every process of the same user
+// join such a port: a second instance would start silently and take half the
+// traffic. They ask this first and refuse to start unless told to share.
+#pragma once
+
+#include <string>
+
+#include <boost/asio/ip/tcp.hpp>
+
+namespace weir::core {
+
+// Binds a probe socket to `ep` with SO_REUSEADDR and without SO_REUSEPORT,
+// then closes it. On Linux (bind(2); inet_csk_bind_conflict in
+// net/ipv4/inet_connection_sock.c) such a bind passes over TIME_WAIT and
+// bound-but-not-listening sockets, so a restart is never blocked, and fails
+// with EADDRINUSE when any socket listens on that port at the same address
+// or at a wildcard covering it (a listener on 0.0.0.0:P owns 127.0.0.1:P),
+// whatever that listener's SO_REUSEPORT. Returns 0 if the probe bound (or
+// ep's port is 0: the kernel picks a free one), else the errno of
+// socket(2)/bind(2): EADDRINUSE means another listener; any other error is
+// for the caller's real bind to report.
+int probe_listen_address(const boost::asio::ip::tcp::endpoint& ep);
+
+// "127.0.0.1:8080", "[::1]:8080": for messages.
+std::string format_address(const boost::asio::ip::tcp::endpoint& ep);
+
+}  // namespace weir::core

@@ -1,0 +1,73 @@
+// probe_listen_address against real sockets: a listener (with or without
+// SO_REUSEPORT, on the address or on the wildcard) is found; TIME_WAIT and a
+// closed listener are not.
+#include "core/listen_probe.hpp"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+
+#include <boost/asio/io_context.hpp>
+#include <gtest/gtest.h>
+
+using weir::core::format_address;
+using weir::core::probe_listen_address;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+
+namespace {
+
+tcp::acceptor listener(asio::io_context& io, const char* host, unsigned short port, bool reuse_port) {
+  tcp::acceptor a(io);
+  const tcp::endpoint ep(asio::ip::make_address(host), port);
+  a.open(ep.protocol());
+  a.set_option(asio::socket_base::reuse_address(true));
+  if (reuse_port) a.set_option(asio::detail::socket_option::boolean<SOL_SOCKET, SO_REUSEPORT>(true));
+  a.bind(ep);
+  a.listen();
+  return a;
+}
+
+tcp::endpoint loopback(unsigned short port) { return {asio::ip::make_address("127.0.0.1"), port}; }
+
+}  // namespace
+
+TEST(ListenProbe, FindsAnotherListenerWhateverItsReusePort) {
+  asio::io_context io;
+  for (bool reuse_port : {false, true}) {
+    auto a = listener(io, "127.0.0.1", 0, reuse_port);
+    const auto port = a.local_endpoint().port();
+    EXPECT_EQ(probe_listen_address(loopback(port)), EADDRINUSE) << reuse_port;
+    a.close();
+    EXPECT_EQ(probe_listen_address(loopback(port)), 0) << reuse_port;
+  }
+}
+
+TEST(ListenProbe, AWildcardListenerOwnsTheSpecificAddress) {
+  asio::io_context io;
+  auto a = listener(io, "0.0.0.0", 0, true);
+  EXPECT_EQ(probe_listen_address(loopback(a.local_endpoint().port())), EADDRINUSE);
+}
+
+TEST(ListenProbe, TimeWaitDoesNotBlockARestart) {
+  asio::io_context io;
+  auto a = listener(io, "127.0.0.1", 0, true);
+  const auto port = a.local_endpoint().port();
+  tcp::socket client(io);
+  client.connect(loopback(port));
+  auto served = a.accept();
+  served.shutdown(tcp::socket::shutdown_both);  // the server closes first: its side goes to TIME_WAIT
+  char byte;
+  boost::system::error_code ec;
+  client.read_some(asio::buffer(&byte, 1), ec);  // EOF
+  client.close();
+  served.close();
+  a.close();
+  EXPECT_EQ(probe_listen_address(loopback(port)), 0);
+}
+
+TEST(ListenProbe, PortZeroIsAlwaysFreeAndAddressesFormat) {
+  EXPECT_EQ(probe_listen_address(loopback(0)), 0);
+  EXPECT_EQ(format_address(loopback(8080)), "127.0.0.1:8080");
+  EXPECT_EQ(format_address({asio::ip::make_address("::1"), 8080}), "[::1]:8080");
+}
