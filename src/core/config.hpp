@@ -49,7 +49,8 @@ struct UpstreamTimeouts {
 
 // One model server: http://host:port. Addresses are resolved once at start-up.
 struct EndpointConfig {
-  std::string url;          // as written in the config
+  std::string url;          // as written in the config: may hold a query with secrets, never print it
+  std::string display;      // core::redact_url(url): what logs and messages show
   std::string host;         // host part, for the Host header
   std::uint16_t port = 80;
   std::string host_header;  // "host:port" as sent upstream
@@ -102,7 +103,11 @@ ConfigResult<Config> quick_config(std::string_view listen, std::string_view upst
 
 // "host:port" → ListenAddress; "[::1]:8080" for IPv6.
 ConfigResult<ListenAddress> parse_listen(std::string_view s);
-// "http://host[:port]" → EndpointConfig. Only http:// is supported.
+// "http://host[:port][/]" → EndpointConfig (RFC 3986 URI). Only http:// is
+// supported; userinfo ("user:pass@") is refused, as it would be logged and is
+// never sent (an upstream's key goes in the pool's api_key or api_key_env).
+// A query is accepted but not sent upstream. No error message echoes `url`
+// other than through core::redact_url.
 ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url);
 
 }  // namespace weir::core

@@ -548,7 +548,7 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     co_return;
   }
   if (!upstream_) {
-    auto e = upstream_error(failure, pool.endpoint(ep_idx).cfg->url, false);
+    auto e = upstream_error(failure, pool.endpoint(ep_idx).cfg->display, false);
     ctx_.added_us = added;
     co_await respond_error(e);
     co_return;
@@ -696,9 +696,9 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
     if (auto k = failure_kind(failure)) ++w_.metrics().upstream_failures[static_cast<std::size_t>(*k)];
     const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool)).endpoint(static_cast<std::uint32_t>(ctx_.endpoint)).cfg;
     auto e = resp_body_.size() > sc.max_response_bytes
-                 ? core::upstream_unavailable(fmt::format("Upstream {} response is larger than {} bytes.", ep.url,
+                 ? core::upstream_unavailable(fmt::format("Upstream {} response is larger than {} bytes.", ep.display,
                                                           sc.max_response_bytes))
-                 : upstream_error(failure, ep.url, false);
+                 : upstream_error(failure, ep.display, false);
     co_await respond_error(e);
     co_return;
   }
@@ -735,7 +735,7 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
                               .cfg;
         ++w_.metrics().upstream_failures[static_cast<std::size_t>(FailureKind::protocol)];
         co_await respond_error(core::upstream_unavailable(fmt::format(
-            "Upstream {} sent a body in Content-Encoding '{}' that Weir cannot decode for this client.", ep.url,
+            "Upstream {} sent a body in Content-Encoding '{}' that Weir cannot decode for this client.", ep.display,
             encoding)));
         co_return;
       }
@@ -986,7 +986,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
     // Headers are out: the error goes in-band, as vLLM does, then [DONE].
     if (auto k = failure_kind(failure)) ++metrics.upstream_failures[static_cast<std::size_t>(*k)];
     const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool)).endpoint(static_cast<std::uint32_t>(ctx_.endpoint)).cfg;
-    const auto e = upstream_error(failure, ep.url, true);
+    const auto e = upstream_error(failure, ep.display, true);
     ctx_.set_error(e);
     scratch_.clear();
     std::string err;
@@ -1304,7 +1304,7 @@ void Session::log_request() {
   if (ctx_.pool < 0 || ctx_.endpoint < 0) out += "null";
   else
     core::append_json_string(
-        out, cfg.pools[static_cast<std::size_t>(ctx_.pool)].endpoints[static_cast<std::size_t>(ctx_.endpoint)].url);
+        out, cfg.pools[static_cast<std::size_t>(ctx_.pool)].endpoints[static_cast<std::size_t>(ctx_.endpoint)].display);
   if (principal_) {
     out += R"(,"tenant":)";
     core::append_json_string(out, principal_->tenant_name());

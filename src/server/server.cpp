@@ -42,7 +42,7 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
         boost::system::error_code ec;
         auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
         if (ec || r.empty()) {
-          fmt::print(stderr, "weir: pools.{}: cannot resolve {}: {}\n", p.name, e.url, ec.message());
+          fmt::print(stderr, "weir: pools.{}: cannot resolve {}: {}\n", p.name, e.display, ec.message());
           return 1;
         }
         addrs.push_back(r.begin()->endpoint());
