@@ -254,7 +254,7 @@ http::Task<bool> Session::handle() {
   const std::string_view path = path_of(target);
   ctx_.route = classify_path(path);
   ctx_.method.assign(req.method_string());
-  ctx_.path.assign(path.substr(0, 256));
+  ctx_.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
   if (auto id = req["x-request-id"]; valid_request_id(id)) ctx_.request_id.assign(id);
   else w_.next_request_id(ctx_.request_id);
   ctx_.model_slot = w_.metrics().no_model();
@@ -1294,8 +1294,9 @@ void Session::log_request() {
   out += R"(,"path":)";
   core::append_json_string(out, ctx_.path);
   out += R"(,"model":)";
+  // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
   if (ctx_.model.empty()) out += "null";
-  else core::append_json_string(out, ctx_.model);
+  else core::append_json_string(out, core::utf8_prefix(ctx_.model, core::kMaxEchoBytes));
   const auto& cfg = w_.config();
   out += R"(,"pool":)";
   if (ctx_.pool < 0) out += "null";
@@ -1310,7 +1311,7 @@ void Session::log_request() {
     core::append_json_string(out, principal_->tenant_name());
     out += R"(,"key_id":)";
     if (principal_->key_id().empty()) out += "null";
-    else core::append_json_string(out, principal_->key_id());
+    else core::append_json_string(out, core::utf8_prefix(principal_->key_id(), core::kMaxEchoBytes));  // Redis: any id
     fmt::format_to(std::back_inserter(out), R"(,"spend_usd":{:.9f})", static_cast<double>(spend_nano_usd_) / 1e9);
   }
   fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx_.status, ctx_.stream);
