@@ -132,7 +132,7 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     const std::string key = "models." + name;
     const YAML::Node& m = kv.second;
     if (name.empty()) return tl::unexpected(config_error(kv.first, "models", "model name is empty"));
-    WEIR_TRY_VOID(check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by", "prices"}));
+    WEIR_TRY_VOID(check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by"}));
     ModelConfig mc;
     mc.name = name;
     auto pn = m["pool"];
@@ -248,9 +248,11 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     return located(e);
   }
   if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
-  // Sections owned by other modules are validated there (auth, tenants, pricing, redis).
+  // Sections owned by other modules are validated there (auth, tenants,
+  // pricing, redis: gateway::load_config). A key nothing reads is an error
+  // (limits: and batching: were accepted and ignored).
   if (auto r = check_keys(root, "", {"listen", "workers", "server", "pools", "models", "default_pool",
-                                     "auth", "tenants", "pricing", "redis", "limits", "batching"});
+                                     "auth", "tenants", "pricing", "redis"});
       !r)
     return located(r.error());
 

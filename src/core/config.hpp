@@ -88,13 +88,18 @@ struct Config {
   // Pool for models not listed (quick mode, or `default_pool:`); the model
   // name passes through unchanged.
   std::optional<std::size_t> default_pool;
-  // The parsed document, for modules that read their own sections (auth, limits).
+  // The parsed document, for modules that read their own sections (auth,
+  // tenants, pricing, redis: all through gateway::load_config).
   YAML::Node root;
 
   std::optional<std::size_t> find_pool(std::string_view name) const;
 };
 
-// Parses and validates a YAML document. Errors name the file, line and key.
+// Parses and validates a YAML document's core sections (listen, workers,
+// server, pools, models, default_pool); other top-level keys than these and
+// auth, tenants, pricing, redis are errors. Errors name the file, line and
+// key. The auth, tenants, pricing and redis sections are validated by
+// gateway::load_config, which start-up and --check both use.
 ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_name);
 // Reads `path` and parses it; a missing file is a ConfigError too.
 ConfigResult<Config> load_config_file(const std::string& path);

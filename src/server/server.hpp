@@ -4,7 +4,7 @@
 
 #include <memory>
 
-#include "core/config.hpp"
+#include "gateway/load_config.hpp"
 
 namespace weir::server {
 
@@ -13,8 +13,11 @@ struct RunOptions {
   std::string access_log;       // overrides server.access_log when non-empty
 };
 
-// Runs until a signal drains the workers. Returns the process exit code
-// (0 after a clean drain, 1 if start-up failed; the reason goes to stderr).
-int run(std::shared_ptr<core::Config> config, const RunOptions& opts);
+// Runs `loaded` (from gateway::load_config, the loader --check uses too:
+// nothing is parsed again here) until a signal drains the workers. Returns
+// the process exit code (0 after a clean drain, 1 if start-up failed: an
+// endpoint that does not resolve, a listen address or access log that cannot
+// be opened; the reason goes to stderr).
+int run(gateway::LoadedConfig loaded, const RunOptions& opts);
 
 }  // namespace weir::server
