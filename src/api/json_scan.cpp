@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/json_text.hpp"
+
 namespace weir::api {
 namespace {
 
@@ -254,33 +256,6 @@ bool key_equals(std::string_view raw, std::string_view key) {
   return escaped_equals(raw, key);
 }
 
-// Appends `s` as a JSON string literal (RFC 8259 §7: quote, backslash and
-// control characters escaped; other bytes, UTF-8 included, as they are).
-void append_json_string(std::string& out, std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  out.push_back('"');
-  for (const char c : s) {
-    switch (c) {
-      case '"': out.append("\\\""); break;
-      case '\\': out.append("\\\\"); break;
-      case '\b': out.append("\\b"); break;
-      case '\f': out.append("\\f"); break;
-      case '\n': out.append("\\n"); break;
-      case '\r': out.append("\\r"); break;
-      case '\t': out.append("\\t"); break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out.append("\\u00");
-          out.push_back(kHex[(c >> 4) & 0xF]);
-          out.push_back(kHex[c & 0xF]);
-        } else {
-          out.push_back(c);
-        }
-    }
-  }
-  out.push_back('"');
-}
-
 }  // namespace
 
 std::optional<MemberSpan> find_member(std::string_view json, std::string_view key) {
@@ -313,7 +288,7 @@ bool set_member(std::string_view json, std::string_view key, std::string_view va
   }
   out.reserve(json.size() + key.size() + value_json.size() + 8);
   out.append(json.substr(0, shape.open + 1));
-  append_json_string(out, key);
+  core::append_json_string(out, key);  // the one escaper: valid JSON for any bytes
   out.push_back(':');
   out.append(value_json);
   if (shape.has_members) out.push_back(',');

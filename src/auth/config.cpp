@@ -4,7 +4,10 @@
 #include <cstdlib>
 #include <set>
 
+#include <boost/url/parse.hpp>
 #include <fmt/format.h>
+
+#include "core/url.hpp"
 
 namespace weir::auth {
 
@@ -111,6 +114,21 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     return tl::unexpected(config_error(node, key, "give exactly one of jwks_url and jwks_file"));
   if (!j.jwks_url.empty() && j.jwks_url.rfind("http://", 0) != 0 && j.jwks_url.rfind("https://", 0) != 0)
     return tl::unexpected(config_error(node["jwks_url"], key + ".jwks_url", "expected an http:// or https:// URL"));
+  if (!j.jwks_url.empty()) {
+    // The URL is logged (redacted) and must not carry a password; a query is
+    // sent as written (redact_url hides credential-like parameters in logs).
+    auto u = boost::urls::parse_uri(j.jwks_url);
+    if (!u || u->host().empty())
+      return tl::unexpected(config_error(node["jwks_url"], key + ".jwks_url",
+                                         fmt::format("'{}' is not a URL (expected http[s]://host[:port]/path)",
+                                                     core::redact_url(j.jwks_url))));
+    if (u->has_userinfo())
+      return tl::unexpected(config_error(
+          node["jwks_url"], key + ".jwks_url",
+          fmt::format("'{}': credentials (userinfo before '@') are not allowed in the URL: it is logged, "
+                      "and a JWKS is public",
+                      core::redact_url(j.jwks_url))));
+  }
   if (j.tenant_claim.empty())
     return tl::unexpected(config_error(node["tenant_claim"], key + ".tenant_claim", "must not be empty"));
   if (j.refresh_interval < std::chrono::seconds(1))

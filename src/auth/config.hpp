@@ -67,7 +67,7 @@ struct ApiKeyConfig {
 
 // JWT bearer tokens (RFC 7519) verified with a JWKS (RFC 7517) from a URL or a file.
 struct JwtConfig {
-  std::string jwks_url;             // http:// or https://; exactly one of url and file
+  std::string jwks_url;             // http:// or https://, no userinfo; exactly one of url and file
   std::string jwks_file;
   std::string issuer;               // required "iss" when non-empty
   std::vector<std::string> audiences;  // "aud" must hold one of them when non-empty

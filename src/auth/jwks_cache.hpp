@@ -29,7 +29,9 @@ class JwksSource {
   // Starts one fetch and calls `done` exactly once, on the control-plane
   // thread (possibly before returning). Never throws.
   virtual void fetch(Callback done) = 0;
-  // For logs: the file path or the URL (URLs with credentials are not accepted).
+  // For logs: the file path, or the URL through core::redact_url (URLs with
+  // userinfo are refused by the configuration; credential-like query
+  // parameters show as REDACTED).
   virtual std::string describe() const = 0;
 };
 

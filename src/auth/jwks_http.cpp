@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "auth/jwks_cache.hpp"
+#include "core/url.hpp"
 
 namespace weir::auth {
 
@@ -62,7 +63,7 @@ class HttpSource final : public JwksSource {
     });
   }
 
-  std::string describe() const override { return url_; }
+  std::string describe() const override { return core::redact_url(url_); }
 
  private:
   template <class Stream>

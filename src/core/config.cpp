@@ -8,6 +8,8 @@
 #include <boost/url/parse.hpp>
 #include <fmt/format.h>
 
+#include "core/url.hpp"
+
 namespace weir::core {
 
 namespace {
@@ -209,23 +211,30 @@ ConfigResult<ListenAddress> parse_listen(std::string_view s) {
 }
 
 ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url) {
+  // Messages show the URL only redacted: a refused URL may carry a password.
+  const std::string shown = redact_url(url);
+  auto fail = [&](std::string_view why) {
+    return tl::unexpected(ConfigError{.message = fmt::format("'{}'{}", shown, why)});
+  };
   auto u = boost::urls::parse_uri(url);
-  if (!u) return tl::unexpected(ConfigError{.message = fmt::format("'{}' is not a URL", url)});
-  if (u->scheme() != "http")
-    return tl::unexpected(ConfigError{.message = fmt::format("'{}': only http:// endpoints are supported", url)});
-  if (u->host().empty()) return tl::unexpected(ConfigError{.message = fmt::format("'{}' has no host", url)});
+  if (!u) return fail(" is not a URL (expected http://host[:port])");
+  if (u->has_userinfo())
+    return fail(
+        ": credentials (userinfo before '@') are not allowed in endpoint URLs: Weir never sends them and would "
+        "log them; give the upstream's key as the pool's api_key or api_key_env");
+  if (u->scheme() != "http") return fail(": only http:// endpoints are supported");
+  if (u->host().empty()) return fail(" has no host");
   if (!u->encoded_path().empty() && u->encoded_path() != "/")
-    return tl::unexpected(ConfigError{
-        .message = fmt::format("'{}': give the server root (the /v1/... path comes from the request)", url)});
+    return fail(": give the server root (the /v1/... path comes from the request)");
   EndpointConfig e;
   e.url = std::string(url);
+  e.display = shown;
   e.host = std::string(u->host_address());
   if (u->host_type() == boost::urls::host_type::ipv6) {
     // host_address() of [::1] is "::1"
   }
   e.port = u->has_port() ? u->port_number() : 80;
-  if (u->has_port() && u->port_number() == 0)
-    return tl::unexpected(ConfigError{.message = fmt::format("'{}' has port 0", url)});
+  if (u->has_port() && u->port_number() == 0) return fail(" has port 0");
   e.host_header = std::string(u->encoded_host_and_port());
   if (!u->has_port()) e.host_header = std::string(u->encoded_host());
   return e;
@@ -249,9 +258,11 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     return located(e);
   }
   if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
-  // Sections owned by other modules are validated there (auth, tenants, pricing, redis).
+  // Sections owned by other modules are validated there (auth, tenants,
+  // pricing, redis: gateway::load_config). A key nothing reads is an error
+  // (limits: and batching: were accepted and ignored).
   if (auto r = check_keys(root, "", {"listen", "workers", "server", "pools", "models", "default_pool",
-                                     "auth", "tenants", "pricing", "redis", "limits", "batching"});
+                                     "auth", "tenants", "pricing", "redis"});
       !r)
     return located(r.error());
 

@@ -50,7 +50,8 @@ struct UpstreamTimeouts {
 
 // One model server: http://host:port. Addresses are resolved once at start-up.
 struct EndpointConfig {
-  std::string url;          // as written in the config
+  std::string url;          // as written in the config: may hold a query with secrets, never print it
+  std::string display;      // core::redact_url(url): what logs and messages show
   std::string host;         // host part, for the Host header
   std::uint16_t port = 80;
   std::string host_header;  // "host:port" as sent upstream
@@ -93,13 +94,18 @@ struct Config {
   // Pool for models not listed (quick mode, or `default_pool:`); the model
   // name passes through unchanged.
   std::optional<std::size_t> default_pool;
-  // The parsed document, for modules that read their own sections (auth, limits).
+  // The parsed document, for modules that read their own sections (auth,
+  // tenants, pricing, redis: all through gateway::load_config).
   YAML::Node root;
 
   std::optional<std::size_t> find_pool(std::string_view name) const;
 };
 
-// Parses and validates a YAML document. Errors name the file, line and key.
+// Parses and validates a YAML document's core sections (listen, workers,
+// server, pools, models, default_pool); other top-level keys than these and
+// auth, tenants, pricing, redis are errors. Errors name the file, line and
+// key. The auth, tenants, pricing and redis sections are validated by
+// gateway::load_config, which start-up and --check both use.
 ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_name);
 // Reads `path` and parses it; a missing file is a ConfigError too.
 ConfigResult<Config> load_config_file(const std::string& path);
@@ -108,7 +114,11 @@ ConfigResult<Config> quick_config(std::string_view listen, std::string_view upst
 
 // "host:port" → ListenAddress; "[::1]:8080" for IPv6.
 ConfigResult<ListenAddress> parse_listen(std::string_view s);
-// "http://host[:port]" → EndpointConfig. Only http:// is supported.
+// "http://host[:port][/]" → EndpointConfig (RFC 3986 URI). Only http:// is
+// supported; userinfo ("user:pass@") is refused, as it would be logged and is
+// never sent (an upstream's key goes in the pool's api_key or api_key_env).
+// A query is accepted but not sent upstream. No error message echoes `url`
+// other than through core::redact_url.
 ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url);
 
 }  // namespace weir::core

@@ -34,16 +34,18 @@ Error bad_request(std::string message, std::string_view param, std::string_view 
 }
 Error model_not_found(std::string_view model) {
   return make(ErrorSource::client, 404, "invalid_request_error", "model_not_found",
-              fmt::format("The model `{}` does not exist or you do not have access to it.", model),
+              fmt::format("The model `{}` does not exist or you do not have access to it.",
+                          utf8_prefix(model, kMaxEchoBytes)),
               "model");
 }
 Error not_found(std::string_view path) {
   return make(ErrorSource::client, 404, "invalid_request_error", "not_found",
-              fmt::format("Unknown request URL: {}.", path));
+              fmt::format("Unknown request URL: {}.", utf8_prefix(path, kMaxEchoBytes)));
 }
 Error method_not_allowed(std::string_view method, std::string_view path) {
   return make(ErrorSource::client, 405, "invalid_request_error", "method_not_allowed",
-              fmt::format("Method {} is not allowed for {}.", method, path));
+              fmt::format("Method {} is not allowed for {}.", utf8_prefix(method, kMaxEchoBytes),
+                          utf8_prefix(path, kMaxEchoBytes)));
 }
 Error payload_too_large(std::uint64_t limit_bytes) {
   return make(ErrorSource::client, 413, "invalid_request_error", "request_too_large",

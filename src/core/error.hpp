@@ -32,6 +32,8 @@ struct Error {
 };
 
 // Factories: each names the status and the OpenAI type/code it produces.
+// Those that echo request input (model, path, method) echo at most
+// kMaxEchoBytes (256) of each, cut on a UTF-8 boundary.
 Error bad_request(std::string message, std::string_view param = {},
                   std::string_view code = {});                           // 400 invalid_request_error
 Error model_not_found(std::string_view model);                          // 404 model_not_found

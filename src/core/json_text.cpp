@@ -1,28 +1,109 @@
 #include "core/json_text.hpp"
 
+#include <array>
+
 namespace weir::core {
+
+namespace {
+
+// 0: copied as it is; 1: escaped (quote, backslash, control); 2: starts a
+// non-ASCII sequence, checked.
+constexpr std::array<unsigned char, 256> kClass = [] {
+  std::array<unsigned char, 256> t{};
+  for (int c = 0; c < 0x20; ++c) t[c] = 1;
+  t['"'] = 1;
+  t['\\'] = 1;
+  for (int c = 0x80; c < 0x100; ++c) t[c] = 2;
+  return t;
+}();
+
+constexpr std::string_view kReplacement = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+
+// At p[0] (≥ 0x80): the length of the well-formed sequence there
+// (`valid` = true), or of the maximal ill-formed subpart to replace by one
+// U+FFFD (`valid` = false, length ≥ 1). Unicode §3.9 Table 3-7.
+std::size_t utf8_step(const unsigned char* p, std::size_t n, bool& valid) {
+  const unsigned char c = p[0];
+  std::size_t need = 0;
+  unsigned char lo = 0x80, hi = 0xBF;  // range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    need = 1;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    need = 2;
+    if (c == 0xE0) lo = 0xA0;       // no overlongs
+    else if (c == 0xED) hi = 0x9F;  // no surrogates D800..DFFF
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    need = 3;
+    if (c == 0xF0) lo = 0x90;       // no overlongs
+    else if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+  } else {
+    valid = false;  // a continuation byte, C0, C1, F5..FF
+    return 1;
+  }
+  for (std::size_t k = 1; k <= need; ++k) {
+    const bool ok = k < n && (k == 1 ? p[k] >= lo && p[k] <= hi : p[k] >= 0x80 && p[k] <= 0xBF);
+    if (!ok) {
+      valid = false;
+      return k;
+    }
+  }
+  valid = true;
+  return need + 1;
+}
+
+}  // namespace
 
 void append_json_string(std::string& out, std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
   out += '"';
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
+  std::size_t run = 0;  // start of the bytes not yet appended
+  std::size_t i = 0;
+  while (i < n) {
+    const unsigned char c = p[i];
+    if (kClass[c] == 0) {
+      ++i;
+      continue;
+    }
+    out.append(s.data() + run, i - run);
+    if (c < 0x80) {
+      switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\b': out += "\\b"; break;
+        case '\f': out += "\\f"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        default:
           out += "\\u00";
           out += hex[c >> 4];
           out += hex[c & 15];
-        } else {
-          out += static_cast<char>(c);
-        }
+      }
+      ++i;
+    } else {
+      bool valid = false;
+      const std::size_t len = utf8_step(p + i, n - i, valid);
+      if (valid) out.append(s.data() + i, len);
+      else out += kReplacement;
+      i += len;
     }
+    run = i;
   }
+  out.append(s.data() + run, n - run);
   out += '"';
+}
+
+std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
+  if (s.size() <= max_bytes) return s;
+  // s[cut] is the first byte left out: while it continues a sequence, the
+  // cut backs off (at most 3 bytes, the longest a sequence continues).
+  for (std::size_t back = 0; back < 4 && back <= max_bytes; ++back) {
+    const std::size_t cut = max_bytes - back;
+    if ((static_cast<unsigned char>(s[cut]) & 0xC0) != 0x80) return s.substr(0, cut);
+  }
+  return s.substr(0, max_bytes);  // not UTF-8 there anyway: the escaper replaces it
 }
 
 }  // namespace weir::core

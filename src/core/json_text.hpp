@@ -2,13 +2,30 @@
 // response heads) without building a DOM.
 #pragma once
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 
 namespace weir::core {
 
-// Appends `s` as a JSON string literal (RFC 8259 §7 escaping) to `out`.
-// Bytes ≥ 0x80 are copied as they are (the input is expected to be UTF-8).
+// Appends `s` as a JSON string literal to `out`: always valid JSON text
+// (RFC 8259 §7 and §8.1: UTF-8), whatever bytes `s` holds. Quote, backslash
+// and control characters are escaped (\" \\ \b \f \n \r \t, else \u00XX);
+// well-formed UTF-8 (Unicode §3.9 Table 3-7: no overlongs, no surrogates
+// ED A0..BF, nothing above U+10FFFF) is copied as it is; every maximal
+// ill-formed subsequence (a lone continuation byte, a truncated sequence,
+// C0/C1, F5..FF, ...) becomes one U+FFFD, as the WHATWG Encoding Standard's
+// decoder and Python's errors="replace" count them. Runs of plain ASCII are
+// copied in one append.
 void append_json_string(std::string& out, std::string_view s);
+
+// The longest prefix of `s` of at most `max_bytes` bytes that does not end
+// inside a UTF-8 sequence (a cut that would split one backs off to its lead
+// byte), for capping client-supplied fields in logs and messages.
+std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept;
+
+// Client-supplied fields (path, model, method) are echoed in logs and error
+// messages at most this long.
+inline constexpr std::size_t kMaxEchoBytes = 256;
 
 }  // namespace weir::core

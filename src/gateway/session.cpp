@@ -88,19 +88,42 @@ std::optional<FailureKind> failure_kind(http::UpstreamFailure f) {
   }
 }
 
-core::Error upstream_error(http::UpstreamFailure f, const std::string& endpoint, bool mid_stream) {
+// Who failed, for a client: the pool, the model asked for and the request id
+// ("pool `llama` (model `llama-3`) ... (request 0123abcd...)"). Never the
+// endpoint's address: that goes to the access log and metrics only, so a
+// client does not learn the topology behind the gateway.
+struct UpstreamSubject {
+  std::string_view pool;
+  std::string_view model;       // empty: none (quick mode's GET /v1/models)
+  std::string_view request_id;
+};
+
+UpstreamSubject subject_of(const core::Config& cfg, const RequestContext& ctx) {
+  return {cfg.pools[static_cast<std::size_t>(ctx.pool)].name, core::utf8_prefix(ctx.model, core::kMaxEchoBytes),
+          ctx.request_id};
+}
+
+// "<lead> pool `P` (model `M`) <what> (request R)."
+std::string upstream_message(const UpstreamSubject& who, std::string_view what, std::string_view lead = "Upstream") {
+  std::string m = fmt::format("{} pool `{}`", lead, who.pool);
+  if (!who.model.empty()) fmt::format_to(std::back_inserter(m), " (model `{}`)", who.model);
+  fmt::format_to(std::back_inserter(m), " {} (request {}).", what, who.request_id);
+  return m;
+}
+
+core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, bool mid_stream) {
   const char* when = mid_stream ? " while streaming" : "";
   switch (f) {
     case http::UpstreamFailure::connect_refused:
-      return core::upstream_unavailable(fmt::format("Upstream {} refused the connection.", endpoint));
+      return core::upstream_unavailable(upstream_message(who, "refused the connection"));
     case http::UpstreamFailure::connect_timeout:
-      return core::upstream_timeout(fmt::format("Connecting to upstream {} timed out.", endpoint));
+      return core::upstream_timeout(upstream_message(who, "timed out", "Connecting to upstream"));
     case http::UpstreamFailure::timeout:
-      return core::upstream_timeout(fmt::format("Upstream {} timed out{}.", endpoint, when));
+      return core::upstream_timeout(upstream_message(who, fmt::format("timed out{}", when)));
     case http::UpstreamFailure::protocol:
-      return core::upstream_unavailable(fmt::format("Upstream {} sent an invalid HTTP response{}.", endpoint, when));
+      return core::upstream_unavailable(upstream_message(who, fmt::format("sent an invalid HTTP response{}", when)));
     default:
-      return core::upstream_unavailable(fmt::format("Upstream {} closed the connection{}.", endpoint, when));
+      return core::upstream_unavailable(upstream_message(who, fmt::format("closed the connection{}", when)));
   }
 }
 
@@ -254,7 +277,7 @@ http::Task<bool> Session::handle() {
   const std::string_view path = path_of(target);
   ctx_.route = classify_path(path);
   ctx_.method.assign(req.method_string());
-  ctx_.path.assign(path.substr(0, 256));
+  ctx_.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
   if (auto id = req["x-request-id"]; valid_request_id(id)) ctx_.request_id.assign(id);
   else w_.next_request_id(ctx_.request_id);
   ctx_.model_slot = w_.metrics().no_model();
@@ -549,7 +572,7 @@ http::Task<void> Session::proxy(std::optional<api::ApiKind> api) {
     co_return;
   }
   if (!upstream_) {
-    auto e = upstream_error(failure, pool.endpoint(ep_idx).cfg->url, false);
+    auto e = upstream_error(failure, subject_of(w_.config(), ctx_), false);
     ctx_.added_us = added;
     co_await respond_error(e);
     co_return;
@@ -696,11 +719,11 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
   }
   if (failure != http::UpstreamFailure::none) {
     if (auto k = failure_kind(failure)) ++w_.metrics().upstream_failures[static_cast<std::size_t>(*k)];
-    const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool)).endpoint(static_cast<std::uint32_t>(ctx_.endpoint)).cfg;
+    const auto who = subject_of(w_.config(), ctx_);
     auto e = resp_body_.size() > sc.max_response_bytes
-                 ? core::upstream_unavailable(fmt::format("Upstream {} response is larger than {} bytes.", ep.url,
-                                                          sc.max_response_bytes))
-                 : upstream_error(failure, ep.url, false);
+                 ? core::upstream_unavailable(upstream_message(
+                       who, fmt::format("sent a response larger than {} bytes", sc.max_response_bytes)))
+                 : upstream_error(failure, who, false);
     co_await respond_error(e);
     co_return;
   }
@@ -732,13 +755,11 @@ http::Task<void> Session::relay_buffered(ResponseParser& rp, http::UpstreamConne
     } else {
       plain = {};
       if (!accepted) {
-        const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool))
-                              .endpoint(static_cast<std::uint32_t>(ctx_.endpoint))
-                              .cfg;
         ++w_.metrics().upstream_failures[static_cast<std::size_t>(FailureKind::protocol)];
-        co_await respond_error(core::upstream_unavailable(fmt::format(
-            "Upstream {} sent a body in Content-Encoding '{}' that Weir cannot decode for this client.", ep.url,
-            encoding)));
+        co_await respond_error(core::upstream_unavailable(upstream_message(
+            subject_of(w_.config(), ctx_),
+            fmt::format("sent a body in Content-Encoding '{}' that Weir cannot decode for this client",
+                        core::utf8_prefix(encoding, 64)))));
         co_return;
       }
     }
@@ -987,8 +1008,7 @@ http::Task<void> Session::relay_stream(ResponseParser& rp, http::UpstreamConnect
   if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
     // Headers are out: the error goes in-band, as vLLM does, then [DONE].
     if (auto k = failure_kind(failure)) ++metrics.upstream_failures[static_cast<std::size_t>(*k)];
-    const auto& ep = *w_.pool(static_cast<std::uint32_t>(ctx_.pool)).endpoint(static_cast<std::uint32_t>(ctx_.endpoint)).cfg;
-    const auto e = upstream_error(failure, ep.url, true);
+    const auto e = upstream_error(failure, subject_of(w_.config(), ctx_), true);
     ctx_.set_error(e);
     scratch_.clear();
     std::string err;
@@ -1297,8 +1317,9 @@ void Session::log_request() {
   out += R"(,"path":)";
   core::append_json_string(out, ctx_.path);
   out += R"(,"model":)";
+  // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
   if (ctx_.model.empty()) out += "null";
-  else core::append_json_string(out, ctx_.model);
+  else core::append_json_string(out, core::utf8_prefix(ctx_.model, core::kMaxEchoBytes));
   const auto& cfg = w_.config();
   out += R"(,"pool":)";
   if (ctx_.pool < 0) out += "null";
@@ -1307,13 +1328,13 @@ void Session::log_request() {
   if (ctx_.pool < 0 || ctx_.endpoint < 0) out += "null";
   else
     core::append_json_string(
-        out, cfg.pools[static_cast<std::size_t>(ctx_.pool)].endpoints[static_cast<std::size_t>(ctx_.endpoint)].url);
+        out, cfg.pools[static_cast<std::size_t>(ctx_.pool)].endpoints[static_cast<std::size_t>(ctx_.endpoint)].display);
   if (principal_) {
     out += R"(,"tenant":)";
     core::append_json_string(out, principal_->tenant_name());
     out += R"(,"key_id":)";
     if (principal_->key_id().empty()) out += "null";
-    else core::append_json_string(out, principal_->key_id());
+    else core::append_json_string(out, core::utf8_prefix(principal_->key_id(), core::kMaxEchoBytes));  // Redis: any id
     fmt::format_to(std::back_inserter(out), R"(,"spend_usd":{:.9f})", static_cast<double>(spend_nano_usd_) / 1e9);
   }
   fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx_.status, ctx_.stream);

@@ -6,7 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
-#include "core/config.hpp"
+#include "gateway/load_config.hpp"
 #include "server/server.hpp"
 
 int main(int argc, char** argv) {
@@ -27,34 +27,31 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "weir 0.1.0");
   CLI11_PARSE(app, argc, argv);
 
-  weir::core::ConfigResult<weir::core::Config> cfg;
+  // One loader for --check and for start-up: both accept and refuse the same files.
+  weir::gateway::ConfigSource source;
   if (!config_path.empty()) {
     if (!upstream.empty()) {
       fmt::print(stderr, "weir: give either --config or --upstream, not both\n");
       return 2;
     }
-    cfg = weir::core::load_config_file(config_path);
-    if (cfg && !listen.empty()) {
-      auto l = weir::core::parse_listen(listen);
-      if (!l) {
-        fmt::print(stderr, "weir: --listen: {}\n", l.error().message);
-        return 2;
-      }
-      cfg->server.listen = *l;
-    }
+    source.file = config_path;
   } else if (!upstream.empty()) {
-    cfg = weir::core::quick_config(listen.empty() ? "127.0.0.1:8080" : listen, upstream);
+    source.upstream = upstream;
   } else {
     fmt::print(stderr, "weir: give --config FILE, or --upstream URL for quick mode (see --help)\n");
     return 2;
   }
-  if (!cfg) {
-    fmt::print(stderr, "weir: configuration error: {}\n", cfg.error().to_string());
+  source.listen = listen;
+  auto loaded = weir::gateway::load_config(source);
+  if (!loaded) {
+    fmt::print(stderr, "weir: configuration error: {}\n", loaded.error().to_string());
     return 2;
   }
+  for (const auto& w : loaded->warnings) fmt::print(stderr, "weir: warning: {}\n", w);
   if (check) {
-    fmt::print("{}: ok ({} pools, {} models)\n", cfg->source, cfg->pools.size(), cfg->models.size());
+    const auto& c = loaded->config;
+    fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }
-  return weir::server::run(std::make_shared<weir::core::Config>(std::move(*cfg)), {workers, access_log, reuse_port});
+  return weir::server::run(std::move(*loaded), {workers, access_log, reuse_port});
 }

@@ -11,9 +11,7 @@
 #include <fmt/format.h>
 
 #include "admission/local_limiter.hpp"
-#include "admission/redis_config.hpp"
 #include "admission/redis_limiter.hpp"
-#include "auth/config.hpp"
 #include "auth/jwks_cache.hpp"
 #include "auth/redis_keys.hpp"
 #include "gateway/worker.hpp"
@@ -22,7 +20,8 @@ namespace weir::server {
 
 namespace asio = boost::asio;
 
-int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
+int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
+  auto config = std::make_shared<core::Config>(std::move(loaded.config));
   if (opts.workers) config->server.workers = opts.workers;
   if (!opts.access_log.empty()) config->server.access_log = opts.access_log;
   unsigned n = config->server.workers ? config->server.workers : std::max(1u, std::thread::hardware_concurrency());
@@ -42,7 +41,7 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
         boost::system::error_code ec;
         auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
         if (ec || r.empty()) {
-          fmt::print(stderr, "weir: pools.{}: cannot resolve {}: {}\n", p.name, e.url, ec.message());
+          fmt::print(stderr, "weir: pools.{}: cannot resolve {}: {}\n", p.name, e.display, ec.message());
           return 1;
         }
         addrs.push_back(r.begin()->endpoint());
@@ -58,19 +57,10 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
   std::unique_ptr<admission::Limiter> limiter;
   admission::RedisLimiter* redis_limiter = nullptr;
   std::unique_ptr<auth::RedisKeys> redis_keys;
-  const auto& root = config->root;
-  if (root && (root["auth"] || root["tenants"] || root["pricing"])) {
-    auto auth_cfg = auth::parse_auth_config(root, config->source);
-    if (!auth_cfg) {
-      fmt::print(stderr, "weir: configuration error: {}\n", auth_cfg.error().to_string());
-      return 2;
-    }
-    auto pricing = admission::parse_pricing_config(root, config->source);
-    if (!pricing) {
-      fmt::print(stderr, "weir: configuration error: {}\n", pricing.error().to_string());
-      return 2;
-    }
-    shared.pricing = std::move(*pricing);
+  if (loaded.auth) {
+    // Parsed and validated by gateway::load_config, as --check does: nothing is read from YAML here.
+    auto& auth_cfg = loaded.auth;
+    shared.pricing = std::move(loaded.pricing);
     if (auth_cfg->jwt) {
       const auto& j = *auth_cfg->jwt;
       auto source = j.jwks_url.empty() ? auth::make_file_jwks_source(j.jwks_file)
@@ -81,14 +71,10 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
       jwks = std::make_unique<auth::JwksCache>(main_io, std::move(source), opt);
       shared.jwks = jwks.get();
     }
-    auto redis_cfg = admission::parse_redis_config(root, config->source);
-    if (!redis_cfg) {
-      fmt::print(stderr, "weir: configuration error: {}\n", redis_cfg.error().to_string());
-      return 2;
-    }
-    if (auth_cfg->redis_keys && *redis_cfg) {
+    const auto& redis_cfg = loaded.redis;
+    if (auth_cfg->redis_keys && redis_cfg) {
       // Virtual keys created and revoked in Redis (docs/auth.md, "Keys in Redis").
-      const auto& rc = **redis_cfg;
+      const auto& rc = *redis_cfg;
       auth::RedisKeysOptions ko;
       ko.client.host = rc.host;
       ko.client.port = rc.port;
@@ -103,9 +89,9 @@ int run(std::shared_ptr<core::Config> config, const RunOptions& opts) {
       shared.redis_keys = redis_keys.get();
     }
     shared.auth_policy = auth::AuthPolicy::build(std::move(*auth_cfg));
-    if (*redis_cfg) {
+    if (redis_cfg) {
       // Limits and spend shared with other replicas; leases keep Redis off the request path.
-      auto r = std::make_unique<admission::RedisLimiter>(main_io, shared.auth_policy->scopes(), n, **redis_cfg,
+      auto r = std::make_unique<admission::RedisLimiter>(main_io, shared.auth_policy->scopes(), n, *redis_cfg,
                                                          std::chrono::steady_clock::now());
       redis_limiter = r.get();
       shared.redis_limiter = r.get();

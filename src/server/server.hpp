@@ -5,7 +5,7 @@
 
 #include <memory>
 
-#include "core/config.hpp"
+#include "gateway/load_config.hpp"
 
 namespace weir::server {
 
@@ -15,9 +15,12 @@ struct RunOptions {
   bool reuse_port = false;      // --reuse-port: share the listen address with other processes (or server.reuse_port)
 };
 
-// Runs until a signal drains the workers. Returns the process exit code
-// (0 after a clean drain, 1 if start-up failed, e.g. the listen address is
-// already served by another process; the reason goes to stderr).
-int run(std::shared_ptr<core::Config> config, const RunOptions& opts);
+// Runs `loaded` (from gateway::load_config, the loader --check uses too:
+// nothing is parsed again here) until a signal drains the workers. Returns
+// the process exit code (0 after a clean drain, 1 if start-up failed: an
+// endpoint that does not resolve, a listen address already served by another
+// process or that cannot be opened, an access log that cannot be opened; the
+// reason goes to stderr).
+int run(gateway::LoadedConfig loaded, const RunOptions& opts);
 
 }  // namespace weir::server

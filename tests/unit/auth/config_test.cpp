@@ -133,5 +133,22 @@ TEST(AuthConfig, ErrorsNameLineAndKey) {
   expect_error("tenants: [a, b]\n", 1, "tenants");
 }
 
+TEST(AuthConfig, JwksUrlRefusesCredentialsWithoutEchoingThem) {
+  auto r = parse("auth:\n  jwt:\n    jwks_url: https://user:hunter2@idp.example.com/jwks.json\n");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().line, 3) << r.error().to_string();
+  EXPECT_EQ(r.error().key, "auth.jwt.jwks_url");
+  const auto s = r.error().to_string();
+  EXPECT_NE(s.find("credentials"), std::string::npos) << s;
+  EXPECT_NE(s.find("https://idp.example.com/jwks.json"), std::string::npos) << s;
+  EXPECT_EQ(s.find("hunter2"), std::string::npos) << s;
+  auto bad = parse("auth:\n  jwt:\n    jwks_url: \"http://u:hunter2@idp example/?key=SECRET\"\n");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().to_string().find("hunter2"), std::string::npos) << bad.error().to_string();
+  EXPECT_EQ(bad.error().to_string().find("SECRET"), std::string::npos) << bad.error().to_string();
+  // A query is allowed (it is sent, and shown redacted).
+  EXPECT_TRUE(parse("auth:\n  jwt:\n    jwks_url: https://idp.example.com/jwks?key=abc\n"));
+}
+
 }  // namespace
 }  // namespace weir::auth

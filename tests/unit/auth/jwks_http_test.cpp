@@ -166,5 +166,13 @@ TEST(AuthJwksCache, RefreshesPeriodicallyAndStops) {
   EXPECT_EQ(fetches, after_stop);
 }
 
+TEST(JwksHttp, DescribeShowsTheUrlRedacted) {
+  asio::io_context ioc;
+  EXPECT_EQ(make_http_jwks_source(ioc, "https://idp.example.com/jwks.json?api_key=SECRET&v=2", 1s)->describe(),
+            "https://idp.example.com/jwks.json?api_key=REDACTED&v=2");
+  EXPECT_EQ(make_http_jwks_source(ioc, "https://idp.example.com/jwks.json", 1s)->describe(),
+            "https://idp.example.com/jwks.json");
+}
+
 }  // namespace
 }  // namespace weir::auth

@@ -1,0 +1,113 @@
+#include "core/url.hpp"
+
+#include <array>
+
+namespace weir::core {
+
+namespace {
+
+constexpr std::string_view kRedacted = "REDACTED";
+
+constexpr std::array<std::string_view, 11> kSecretNames = {
+    "key", "apikey", "api_key", "api-key", "token", "access_token", "sig", "signature", "password", "passwd", "secret"};
+constexpr std::array<std::string_view, 8> kSecretSuffixes = {"key",       "apikey",   "token",  "sig",
+                                                             "signature", "password", "passwd", "secret"};
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
+
+// Percent-decoded (a malformed escape stays as written) and ASCII-lower-cased,
+// so "API%5FKEY" is compared as "api_key".
+std::string decode_lower(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    char c = s[i];
+    if (c == '%' && i + 2 < s.size() && hex_value(s[i + 1]) >= 0 && hex_value(s[i + 2]) >= 0) {
+      c = static_cast<char>(hex_value(s[i + 1]) * 16 + hex_value(s[i + 2]));
+      i += 2;
+    } else if (c == '+') {
+      c = ' ';
+    }
+    out.push_back(lower(c));
+  }
+  return out;
+}
+
+// RFC 3986 §3.1: scheme = ALPHA *( ALPHA / DIGIT / "+" / "-" / "." )
+bool is_scheme(std::string_view s) {
+  if (s.empty()) return false;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    const char c = lower(s[i]);
+    const bool alpha = c >= 'a' && c <= 'z';
+    if (!(alpha || (i > 0 && ((c >= '0' && c <= '9') || c == '+' || c == '-' || c == '.')))) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool is_secret_param(std::string_view name) {
+  const std::string n = decode_lower(name);
+  for (auto s : kSecretNames)
+    if (n == s) return true;
+  for (auto s : kSecretSuffixes) {
+    if (n.size() > s.size() && n.ends_with(s)) {
+      const char sep = n[n.size() - s.size() - 1];
+      if (sep == '-' || sep == '_' || sep == '.') return true;
+    }
+  }
+  return false;
+}
+
+std::string redact_url(std::string_view url) {
+  std::string out;
+  out.reserve(url.size() + 16);
+  std::size_t start = 0;  // where the authority begins
+  if (const auto p = url.find("://"); p != std::string_view::npos && is_scheme(url.substr(0, p))) start = p + 3;
+  out.append(url.substr(0, start));
+  // The userinfo ends at the last '@' before the query or fragment: a
+  // password with an unencoded '/' (invalid, but written) is dropped whole.
+  std::size_t tail = url.find_first_of("?#", start);
+  if (tail == std::string_view::npos) tail = url.size();
+  const std::string_view head = url.substr(start, tail - start);
+  const auto at = head.rfind('@');
+  out.append(at == std::string_view::npos ? head : head.substr(at + 1));
+  std::string_view rest = url.substr(tail);
+  if (!rest.empty() && rest.front() == '?') {
+    const auto hash = rest.find('#');
+    const std::string_view query = rest.substr(1, hash == std::string_view::npos ? std::string_view::npos : hash - 1);
+    out.push_back('?');
+    std::size_t i = 0;
+    while (i <= query.size()) {
+      // Parameters are separated by '&' (and ';', which some servers take as '&').
+      auto end = query.find_first_of("&;", i);
+      if (end == std::string_view::npos) end = query.size();
+      const std::string_view param = query.substr(i, end - i);
+      const auto eq = param.find('=');
+      if (eq != std::string_view::npos && eq + 1 < param.size() && is_secret_param(param.substr(0, eq))) {
+        out.append(param.substr(0, eq + 1));
+        out.append(kRedacted);
+      } else {
+        out.append(param);
+      }
+      if (end == query.size()) break;
+      out.push_back(query[end]);
+      i = end + 1;
+    }
+    rest = hash == std::string_view::npos ? std::string_view() : rest.substr(hash);
+  }
+  if (!rest.empty()) {  // the fragment
+    out.push_back('#');
+    if (rest.size() > 1) out.append(kRedacted);
+  }
+  return out;
+}
+
+}  // namespace weir::core

@@ -1,0 +1,33 @@
+// URLs as Weir shows them: in logs, start-up messages and configuration
+// errors, never with the secrets a URL can carry.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace weir::core {
+
+// `url` with its secrets taken out, for display (RFC 3986 §3 syntax,
+// scheme://userinfo@host:port/path?query#fragment, read textually so any
+// string works, an unparsable one too):
+//  - userinfo ("user:pass@") is dropped, the '@' with it;
+//  - the value of every query parameter whose name is credential-like
+//    (is_secret_param) becomes REDACTED, other parameters are kept;
+//  - a non-empty fragment becomes REDACTED (it is never sent, and OAuth
+//    implicit flows put tokens there).
+// Without "://" the text before the first '/', '?' or '#' is taken as the
+// authority, so "user:pass@host" loses its userinfo too. A URL without
+// secrets comes back unchanged, byte for byte.
+// Examples: "http://u:p@h:80/?api_key=s&x=1" -> "http://h:80/?api_key=REDACTED&x=1".
+std::string redact_url(std::string_view url);
+
+// True when the query parameter `name` (as written: percent-encoded, any
+// case) names a credential: after percent-decoding and lower-casing it is
+// one of key, apikey, api_key, api-key, token, access_token, sig, signature,
+// password, passwd, secret, or ends in one of key, apikey, token, sig,
+// signature, password, passwd, secret right after a '-', '_' or '.'
+// (x-api-key, client_secret, refresh_token, X-Amz-Signature,
+// X-Amz-Security-Token, db.password).
+bool is_secret_param(std::string_view name);
+
+}  // namespace weir::core

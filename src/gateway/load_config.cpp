@@ -1,0 +1,149 @@
+#include "gateway/load_config.hpp"
+
+#include <fmt/format.h>
+
+namespace weir::gateway {
+
+namespace {
+
+// How an allow-list entry or a price key relates to the configured models.
+struct Match {
+  bool served = false;    // a configured (canonical) model name matches
+  std::string alias_of;   // else: the model whose alias it matches, if any
+};
+
+// `entry` is an exact name, or "prefix*" in an allow-list (`prefixes`).
+Match match_models(const core::Config& c, std::string_view entry, bool prefixes) {
+  Match m;
+  const bool prefix = prefixes && !entry.empty() && entry.back() == '*';
+  const std::string_view stem = prefix ? entry.substr(0, entry.size() - 1) : entry;
+  auto hit = [&](std::string_view name) { return prefix ? name.starts_with(stem) : name == stem; };
+  for (const auto& model : c.models) {
+    if (hit(model.name)) {
+      m.served = true;
+      return m;
+    }
+    for (const auto& a : model.aliases)
+      if (m.alias_of.empty() && hit(a)) m.alias_of = model.name;
+  }
+  return m;
+}
+
+void warn(LoadedConfig& out, const YAML::Node& node, std::string key, std::string message) {
+  auto e = core::config_error(node, std::move(key), std::move(message));
+  e.file = out.config.source;
+  out.warnings.push_back(e.to_string());
+}
+
+// Allow-lists are matched against the configured model name (an alias is
+// resolved first), so an entry that names no configured model allows nothing.
+void check_allow_list(LoadedConfig& out, const YAML::Node& models, const std::string& key) {
+  if (!models) return;
+  auto one = [&](const YAML::Node& n, const std::string& k) {
+    const std::string entry = n.Scalar();
+    if (entry == "*") return;
+    const Match m = match_models(out.config, entry, true);
+    if (m.served) return;
+    if (!m.alias_of.empty())
+      warn(out, n, k,
+           fmt::format("'{}' is an alias of model '{}': allow-lists match the configured model name, so this entry "
+                       "allows nothing; list '{}'",
+                       entry, m.alias_of, m.alias_of));
+    else
+      warn(out, n, k,
+           fmt::format("no configured model or alias matches '{}' and there is no default_pool: this entry allows "
+                       "nothing",
+                       entry));
+  };
+  if (models.IsScalar()) {
+    one(models, key);
+    return;
+  }
+  for (std::size_t i = 0; i < models.size(); ++i) one(models[i], fmt::format("{}[{}]", key, i));
+}
+
+void compute_warnings(LoadedConfig& out) {
+  const auto& root = out.config.root;
+  // With a default_pool any model name is served (and allowed or priced as sent).
+  if (!out.config.default_pool) {
+    if (const auto tenants = root["tenants"]; tenants && tenants.IsMap())
+      for (const auto& kv : tenants)
+        if (kv.second.IsMap())
+          check_allow_list(out, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
+    if (const auto auth = root["auth"]; auth && auth.IsMap())
+      if (const auto keys = auth["api_keys"]; keys && keys.IsSequence())
+        for (std::size_t i = 0; i < keys.size(); ++i)
+          check_allow_list(out, keys[i]["models"], fmt::format("auth.api_keys[{}].models", i));
+    if (const auto pricing = root["pricing"]; pricing && pricing.IsMap()) {
+      for (const auto& kv : pricing) {
+        const std::string model = kv.first.Scalar();
+        if (model == "*") continue;
+        const Match m = match_models(out.config, model, false);
+        if (m.served) continue;
+        if (!m.alias_of.empty())
+          warn(out, kv.first, "pricing." + model,
+               fmt::format("'{}' is an alias of model '{}': prices apply to the configured model name, so this "
+                           "price is never used; price '{}'",
+                           model, m.alias_of, m.alias_of));
+        else
+          warn(out, kv.first, "pricing." + model,
+               fmt::format("no configured model is named '{}' and there is no default_pool: this price is never used",
+                           model));
+      }
+    }
+  }
+  if (out.redis && !out.auth)
+    warn(out, root["redis"], "redis",
+         "without auth:, tenants: or pricing: there are no limits, budgets or keys to share: the section is checked "
+         "and not used");
+}
+
+// The sections beyond core's, and the warnings, for a parsed snapshot.
+core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv getenv_fn) {
+  LoadedConfig out;
+  out.config = std::move(config);
+  const auto& root = out.config.root;
+  const std::string& file = out.config.source;
+  if (root) {
+    // Every section is parsed whether or not it is used, so --check and
+    // start-up refuse the same files.
+    auto auth_cfg = auth::parse_auth_config(root, file, getenv_fn);
+    if (!auth_cfg) return tl::unexpected(std::move(auth_cfg.error()));
+    auto pricing = admission::parse_pricing_config(root, file);
+    if (!pricing) return tl::unexpected(std::move(pricing.error()));
+    auto redis = admission::parse_redis_config(root, file, getenv_fn);
+    if (!redis) return tl::unexpected(std::move(redis.error()));
+    if (root["auth"] || root["tenants"] || root["pricing"]) out.auth = std::move(*auth_cfg);
+    out.pricing = std::move(*pricing);
+    out.redis = std::move(*redis);
+  }
+  compute_warnings(out);
+  return out;
+}
+
+}  // namespace
+
+core::ConfigResult<LoadedConfig> load_config_text(std::string_view yaml, const std::string& file_name,
+                                                  auth::GetEnv getenv_fn) {
+  auto c = core::parse_config(yaml, file_name);
+  if (!c) return tl::unexpected(std::move(c.error()));
+  return load_sections(std::move(*c), getenv_fn);
+}
+
+core::ConfigResult<LoadedConfig> load_config(const ConfigSource& source, auth::GetEnv getenv_fn) {
+  if (source.file.empty()) {
+    auto c = core::quick_config(source.listen.empty() ? "127.0.0.1:8080" : source.listen, source.upstream);
+    if (!c) return tl::unexpected(std::move(c.error()));
+    return load_sections(std::move(*c), getenv_fn);
+  }
+  auto c = core::load_config_file(source.file);
+  if (!c) return tl::unexpected(std::move(c.error()));
+  if (!source.listen.empty()) {
+    auto l = core::parse_listen(source.listen);
+    if (!l) return tl::unexpected(core::ConfigError{.key = "--listen", .message = l.error().message});
+    c->server.listen = *l;
+  }
+  return load_sections(std::move(*c), getenv_fn);
+}
+
+}  // namespace weir::gateway

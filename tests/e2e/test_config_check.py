@@ -1,0 +1,109 @@
+"""`weir --check` validates exactly what start-up does (issue 8, defect 5):
+auth:, tenants:, pricing: and redis: too, through the one loader; errors
+name the file, line and key and exit 2; warnings go to stderr and exit 0.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+
+import pytest
+
+from conftest import binary, free_port
+
+SHA = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+
+BASE = """\
+listen: 127.0.0.1:{port}
+pools:
+  p:
+    endpoints: [http://127.0.0.1:9]
+models:
+  m: {{pool: p, aliases: [mm]}}
+"""
+
+# (name, extra yaml after BASE's 6 lines, line, key): exit 2 naming file:line and key.
+BAD = [
+    ("auth-unknown-key", "auth:\n  requird: true\n", 8, "auth.requird"),
+    ("tenants-wrong-type", "tenants:\n  acme:\n    priority: high\n", 9, "tenants.acme.priority"),
+    ("undefined-tenant",
+     f"tenants:\n  acme: {{}}\nauth:\n  api_keys:\n    - {{id: k, sha256: {SHA}, tenant: ghost}}\n", 11,
+     "auth.api_keys[0].tenant"),
+    ("malformed-sha256", "tenants:\n  acme: {}\nauth:\n  api_keys:\n    - {id: k, sha256: abc123, tenant: acme}\n", 11,
+     "auth.api_keys[0].sha256"),
+    ("unset-key-env",
+     "tenants:\n  acme: {}\nauth:\n  api_keys:\n    - {id: k, key_env: WEIR_TEST_UNSET_KEY, tenant: acme}\n", 11,
+     "auth.api_keys[0].key_env"),
+    ("invalid-pricing", "pricing:\n  m: {input: cheap}\n", 8, "pricing.m.input"),
+    ("pricing-unknown-key", "pricing:\n  m: {inptu: 1}\n", 8, "pricing.m.inptu"),
+    ("invalid-redis-url", "redis:\n  url: http://127.0.0.1:6379\n", 8, "redis.url"),
+    ("redis-with-auth", "tenants:\n  acme: {}\nredis:\n  url: redis://u:pw@127.0.0.1:6379\n", 10, "redis.url"),
+    ("limits-top-level", "limits:\n  requests_per_minute: 5\n", 7, "limits"),
+    ("batching-top-level", "batching:\n  window: 5ms\n", 7, "batching"),
+]
+
+
+def weir_run(*args, timeout=10, env=None) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if k != "WEIR_TEST_UNSET_KEY"}
+    full.update(env or {})
+    return subprocess.run([str(binary("weir")), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          env=full)
+
+
+@pytest.mark.parametrize("name,extra,line,key", BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize("check", [True, False], ids=["check", "run"])
+def test_invalid_sections_exit_2_naming_file_line_and_key(tmp_path, name, extra, line, key, check):
+    path = tmp_path / f"{name}.yaml"
+    port = free_port()
+    path.write_text(BASE.format(port=port) + extra)
+    r = weir_run("--config", path, *(["--check"] if check else []))
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert f"{path}:{line}:" in r.stderr, r.stderr
+    assert f" {key}: " in r.stderr, r.stderr
+    assert "ok" not in r.stdout
+    with pytest.raises(OSError):  # it never listened
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+
+
+def test_warnings_exit_0_and_are_printed_by_check_and_start_up(tmp_path, processes):
+    path = tmp_path / "warn.yaml"
+    port = free_port()
+    path.write_text(BASE.format(port=port) + (
+        "tenants:\n  acme: {models: [m, nope]}\n"
+        "  alias: {models: [mm]}\n"
+        f"auth:\n  api_keys:\n    - {{id: k, sha256: {SHA}, tenant: acme, models: [missing]}}\n"
+        "pricing:\n  ghost: {input: 1}\n"))
+    r = weir_run("--config", path, "--check")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith(f"{path}: ok ("), r.stdout
+    lines = [l for l in r.stderr.splitlines() if l.startswith("weir: warning: ")]
+    assert len(lines) == 4, r.stderr
+    assert f"{path}:8:" in lines[0] and "tenants.acme.models[1]" in lines[0] and "'nope'" in lines[0], lines[0]
+    assert "tenants.alias.models[0]" in lines[1] and "alias of model 'm'" in lines[1], lines[1]
+    assert f"{path}:12:" in lines[2] and "auth.api_keys[0].models[0]" in lines[2], lines[2]
+    assert f"{path}:14:" in lines[3] and "pricing.ghost" in lines[3], lines[3]
+    # start-up prints the same warnings, then serves
+    proc = processes.start([binary("weir"), "--config", path], port, name="weir")
+    log = proc.log()
+    for line in lines:
+        assert line in log, log
+
+
+def test_a_lone_redis_section_is_checked_and_warned_about(tmp_path):
+    path = tmp_path / "redis.yaml"
+    path.write_text(BASE.format(port=free_port()) + "redis:\n  url: redis://127.0.0.1:6379\n")
+    r = weir_run("--config", path, "--check")
+    assert r.returncode == 0, r.stderr
+    assert "weir: warning: " in r.stderr and " redis: " in r.stderr, r.stderr
+
+
+def test_key_env_set_passes_check(tmp_path):
+    path = tmp_path / "env.yaml"
+    path.write_text(BASE.format(port=free_port()) + (
+        "tenants:\n  acme: {}\nauth:\n  api_keys:\n    - {id: k, key_env: WEIR_TEST_UNSET_KEY, tenant: acme}\n"))
+    assert weir_run("--config", path, "--check").returncode == 2
+    r = weir_run("--config", path, "--check", env={"WEIR_TEST_UNSET_KEY": "sk-test"})
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == "", r.stderr

@@ -1,0 +1,169 @@
+// append_json_string writes valid JSON for any bytes (issue 8, defect 6):
+// every output is parsed back with Boost.JSON (which refuses invalid UTF-8).
+#include "core/json_text.hpp"
+
+#include <random>
+
+#include <boost/json.hpp>
+#include <gtest/gtest.h>
+
+#include "api/json_scan.hpp"
+#include "core/error.hpp"
+
+namespace {
+
+using weir::core::append_json_string;
+using weir::core::utf8_prefix;
+
+const std::string kFFFD = "\xEF\xBF\xBD";
+
+std::string rep(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += kFFFD;
+  return s;
+}
+
+// The literal `append_json_string` writes for `in`, parsed back: fails the
+// test if it is not valid JSON.
+std::string round_trip(std::string_view in) {
+  std::string out;
+  append_json_string(out, in);
+  boost::system::error_code ec;
+  auto v = boost::json::parse(out, ec);
+  EXPECT_FALSE(ec) << ec.message() << " for " << ::testing::PrintToString(out);
+  if (ec || !v.is_string()) return "<invalid>";
+  return std::string(v.get_string());
+}
+
+}  // namespace
+
+TEST(JsonText, EscapesAsciiAndRoundTripsIt) {
+  std::string all;
+  for (int c = 0; c < 0x80; ++c) all.push_back(static_cast<char>(c));
+  EXPECT_EQ(round_trip(all), all);
+  std::string out;
+  append_json_string(out, "a\"b\\c\n\r\t\b\f\x01\x1f\x7f");
+  EXPECT_EQ(out, R"("a\"b\\c\n\r\t\b\f\u0001\u001f)" "\x7f\"");
+}
+
+TEST(JsonText, WellFormedUtf8PassesUnchanged) {
+  for (std::string_view s : {"caf\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
+                             "\xEF\xBF\xBD", "\xF4\x8F\xBF\xBF", "\xED\x9F\xBF", "\xEE\x80\x80", "\xF0\x90\x80\x80",
+                             "\xE0\xA0\x80", "\xC2\x80", "\xDF\xBF", "model-\xE6\xA8\xA1\xE5\x9E\x8B"}) {
+    std::string out;
+    append_json_string(out, s);
+    EXPECT_EQ(out, "\"" + std::string(s) + "\"");  // byte for byte
+    EXPECT_EQ(round_trip(s), s);
+  }
+}
+
+TEST(JsonText, IllFormedSequencesBecomeReplacementCharacters) {
+  struct Case {
+    std::string_view in;
+    std::string want;
+  };
+  // One U+FFFD per maximal ill-formed subpart (Unicode §3.9, WHATWG; Python's errors="replace").
+  const Case cases[] = {
+      {"\x80", rep(1)},                                       // lone continuation byte
+      {"a\x80\xBF" "b", "a" + rep(2) + "b"},                  // two of them
+      {"\xC3", rep(1)},                                       // truncated 2-byte sequence at the end
+      {"\xE2\x82", rep(1)},                                   // truncated 3-byte sequence
+      {"\xE2\x82x", rep(1) + "x"},                            // ... followed by ASCII
+      {"\xF0\x9F\x98", rep(1)},                               // truncated emoji
+      {"\xF0\x9F\x98\xF0\x9F\x98\x80", rep(1) + "\xF0\x9F\x98\x80"},
+      {"\xC0\xAF", rep(2)},                                   // overlong '/'
+      {"\xC1\xBF", rep(2)},
+      {"\xE0\x80\xAF", rep(3)},                               // overlong, 3 bytes
+      {"\xF0\x80\x80\xAF", rep(4)},                           // overlong, 4 bytes
+      {"\xED\xA0\x80", rep(3)},                               // surrogate U+D800 encoded in UTF-8
+      {"\xED\xBF\xBF", rep(3)},                               // surrogate U+DFFF
+      {"\xED\xA0\x80\xED\xB0\x80", rep(6)},                   // a CESU-8 surrogate pair
+      {"\xF4\x90\x80\x80", rep(4)},                           // above U+10FFFF
+      {"\xF5\x80\x80\x80", rep(4)},
+      {"\xFE\xFF", rep(2)},
+      {"\"\xFF\\", "\"" + rep(1) + "\\"},
+  };
+  for (const auto& c : cases) EXPECT_EQ(round_trip(c.in), c.want) << ::testing::PrintToString(std::string(c.in));
+  for (int b = 0xF5; b <= 0xFF; ++b) EXPECT_EQ(round_trip(std::string(1, static_cast<char>(b))), rep(1)) << b;
+}
+
+TEST(JsonText, EveryByteSequenceGivesValidJson) {
+  // Every 1- and 2-byte string, every 3-byte string with a non-ASCII lead,
+  // and random strings: all parse.
+  std::string in, out;
+  for (int a = 0; a < 256; ++a) {
+    for (int b = 0; b < 256; ++b) {
+      in.assign({static_cast<char>(a), static_cast<char>(b)});
+      out.clear();
+      append_json_string(out, in);
+      boost::system::error_code ec;
+      boost::json::parse(out, ec);
+      ASSERT_FALSE(ec) << a << " " << b;
+    }
+  }
+  for (int a = 0xC0; a < 256; ++a)
+    for (int b = 0x80; b < 0xC0; ++b)
+      for (int c = 0; c < 256; c += 3) {
+        in.assign({static_cast<char>(a), static_cast<char>(b), static_cast<char>(c)});
+        out.clear();
+        append_json_string(out, in);
+        boost::system::error_code ec;
+        boost::json::parse(out, ec);
+        ASSERT_FALSE(ec) << a << " " << b << " " << c;
+      }
+  std::mt19937 rng(8);
+  for (int i = 0; i < 20000; ++i) {
+    in.resize(rng() % 24);
+    for (auto& ch : in) ch = static_cast<char>(rng() % 4 == 0 ? rng() % 0x80 : 0x80 + rng() % 0x80);
+    out.clear();
+    append_json_string(out, in);
+    boost::system::error_code ec;
+    boost::json::parse(out, ec);
+    ASSERT_FALSE(ec) << ::testing::PrintToString(in);
+  }
+}
+
+TEST(JsonText, AppendsWithoutClearing) {
+  std::string out = "x:";
+  append_json_string(out, "\xFF");
+  EXPECT_EQ(out, "x:\"" + kFFFD + "\"");
+}
+
+TEST(JsonText, Utf8PrefixCutsOnABoundary) {
+  const std::string s = "ab\xF0\x9F\x98\x80" "cd";  // a, b, an emoji (4 bytes), c, d
+  EXPECT_EQ(utf8_prefix(s, 100), s);
+  EXPECT_EQ(utf8_prefix(s, 2), "ab");
+  EXPECT_EQ(utf8_prefix(s, 3), "ab");
+  EXPECT_EQ(utf8_prefix(s, 4), "ab");
+  EXPECT_EQ(utf8_prefix(s, 5), "ab");
+  EXPECT_EQ(utf8_prefix(s, 6), "ab\xF0\x9F\x98\x80");
+  EXPECT_EQ(utf8_prefix(s, 7), "ab\xF0\x9F\x98\x80" "c");
+  EXPECT_EQ(utf8_prefix("\xE2\x82\xAC", 2), "");
+  EXPECT_EQ(utf8_prefix("\xE2\x82\xAC", 0), "");
+  // Not UTF-8 at the cut: the plain cut (the escaper replaces what is left).
+  EXPECT_EQ(utf8_prefix("\x80\x80\x80\x80\x80\x80", 5), "\x80\x80\x80\x80\x80");
+}
+
+TEST(JsonText, ErrorBodiesThatEchoInputAreValidAndCapped) {
+  const std::string model = "m\xFF\xED\xA0\x80" + std::string(5000, 'x');
+  for (const auto& e : {weir::core::model_not_found(model), weir::core::not_found("/v1/\xC3"),
+                        weir::core::method_not_allowed("G\x80T", "/v1/\xF0\x9F\x98"),
+                        weir::core::bad_request("bad \xFF")}) {
+    const std::string body = weir::core::error_json(e);
+    boost::system::error_code ec;
+    auto v = boost::json::parse(body, ec);
+    ASSERT_FALSE(ec) << ec.message() << ": " << ::testing::PrintToString(body);
+    EXPECT_TRUE(v.as_object().at("error").as_object().at("message").is_string());
+  }
+  EXPECT_LT(weir::core::model_not_found(model).message.size(), 400u);
+  EXPECT_LT(weir::core::not_found(std::string(70000, 'p')).message.size(), 400u);
+}
+
+TEST(JsonText, JsonScanUsesTheSameEscaper) {
+  std::string out;
+  ASSERT_TRUE(weir::api::set_member("{\"a\":1}", "k\xFF\x01", "2", out));
+  boost::system::error_code ec;
+  auto v = boost::json::parse(out, ec);
+  ASSERT_FALSE(ec) << ::testing::PrintToString(out);
+  EXPECT_EQ(v.as_object().at("k" + kFFFD + "\x01").as_int64(), 2);
+}

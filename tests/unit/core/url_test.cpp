@@ -1,0 +1,62 @@
+#include "core/url.hpp"
+
+#include <gtest/gtest.h>
+
+#include "core/config.hpp"
+
+using weir::core::is_secret_param;
+using weir::core::redact_url;
+
+TEST(RedactUrl, UrlsWithoutSecretsAreUnchanged) {
+  for (const char* u : {"http://127.0.0.1:8000", "http://localhost:8002/", "https://idp.example.com/.well-known/jwks.json",
+                        "http://[::1]:8080/", "http://h/?model=llama&n=2", "redis://10.0.0.5:6379/0", "", "not a url",
+                        "http://h/?", "http://h/?a&b=&c=1"})
+    EXPECT_EQ(redact_url(u), u);
+}
+
+TEST(RedactUrl, DropsUserinfo) {
+  EXPECT_EQ(redact_url("http://user:pass@10.0.0.1:8000/"), "http://10.0.0.1:8000/");
+  EXPECT_EQ(redact_url("https://user:pass@idp.example.com/jwks"), "https://idp.example.com/jwks");
+  EXPECT_EQ(redact_url("http://token@h"), "http://h");
+  EXPECT_EQ(redact_url("http://@h:1"), "http://h:1");
+  EXPECT_EQ(redact_url("http://u:p%40ss@h:1"), "http://h:1");
+  // An '@' in the password: the userinfo ends at the last one.
+  EXPECT_EQ(redact_url("http://u:p@ss@h:1/"), "http://h:1/");
+  // An unencoded '/' in the password (not a valid URL, but written): nothing of it is shown.
+  EXPECT_EQ(redact_url("http://u:pa/ss@h:1"), "http://h:1");
+  // No scheme: the text before the first '/' is the authority.
+  EXPECT_EQ(redact_url("user:pass@h:1"), "h:1");
+  // An '@' in the query is not userinfo.
+  EXPECT_EQ(redact_url("http://h/?to=a@b.c"), "http://h/?to=a@b.c");
+}
+
+TEST(RedactUrl, ReplacesCredentialLikeQueryValues) {
+  EXPECT_EQ(redact_url("http://h:1/?api_key=SECRET"), "http://h:1/?api_key=REDACTED");
+  EXPECT_EQ(redact_url("http://h:1?key=SECRET&model=m&token=T2"), "http://h:1?key=REDACTED&model=m&token=REDACTED");
+  EXPECT_EQ(redact_url("http://h/?KEY=a;Signature=b&x=1"), "http://h/?KEY=REDACTED;Signature=REDACTED&x=1");
+  EXPECT_EQ(redact_url("http://h/?api%5Fkey=SECRET"), "http://h/?api%5Fkey=REDACTED");
+  EXPECT_EQ(redact_url("http://h/?X-Amz-Signature=abc&X-Amz-Date=2026"), "http://h/?X-Amz-Signature=REDACTED&X-Amz-Date=2026");
+  EXPECT_EQ(redact_url("http://u:p@h/?sig=s#access_token=t"), "http://h/?sig=REDACTED#REDACTED");
+  EXPECT_EQ(redact_url("http://h/#"), "http://h/#");
+  EXPECT_EQ(redact_url("http://h/?key="), "http://h/?key=");  // nothing to hide
+  // A secret in a parameter that is not credential-like stays: the rule is by name.
+  EXPECT_EQ(redact_url("http://h/?monkey=1"), "http://h/?monkey=1");
+}
+
+TEST(RedactUrl, SecretParamNames) {
+  for (const char* n : {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig", "signature", "password",
+                        "secret", "passwd", "API_KEY", "Token", "x-api-key", "x_goog_api_key", "client_secret",
+                        "refresh_token", "X-Amz-Security-Token", "db.password", "subscription-key", "api%2Dkey"})
+    EXPECT_TRUE(is_secret_param(n)) << n;
+  for (const char* n : {"", "model", "monkey", "keys", "tokenizer", "signed", "n", "secretary", "k"})
+    EXPECT_FALSE(is_secret_param(n)) << n;
+}
+
+TEST(RedactUrl, EndpointsKeepTheirDisplayForm) {
+  auto e = weir::core::parse_endpoint_url("http://127.0.0.1:8000/?api_key=SECRET&v=1");
+  ASSERT_TRUE(e) << e.error().message;
+  EXPECT_EQ(e->display, "http://127.0.0.1:8000/?api_key=REDACTED&v=1");
+  auto plain = weir::core::parse_endpoint_url("http://127.0.0.1:8000");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->display, "http://127.0.0.1:8000");
+}

@@ -1,0 +1,171 @@
+// gateway::load_config: the one loader of `weir --check` and start-up
+// (issue 8, defect 5). Every section is parsed, errors name file, line and
+// key, and warnings flag what is valid but can do nothing.
+#include "gateway/load_config.hpp"
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+namespace weir::gateway {
+namespace {
+
+const char* env(const char* name) { return std::string_view(name) == "KEY_A" ? "sk-a" : nullptr; }
+
+constexpr std::string_view kBase = R"(pools:
+  p: {endpoints: ["http://127.0.0.1:9"]}
+models:
+  m: {pool: p, aliases: [mm]}
+  other: {pool: p}
+)";
+
+core::ConfigResult<LoadedConfig> load(std::string_view extra) {
+  return load_config_text(std::string(kBase) + std::string(extra), "weir.yaml", &env);
+}
+
+// Expects an error at `line` (1-based, counting kBase's 5 lines) naming `key`.
+void expect_error(std::string_view extra, int line, std::string_view key, std::string_view text = "") {
+  auto r = load(extra);
+  ASSERT_FALSE(r) << extra;
+  EXPECT_EQ(r.error().file, "weir.yaml") << r.error().to_string();
+  EXPECT_EQ(r.error().line, line) << r.error().to_string();
+  EXPECT_EQ(r.error().key, key) << r.error().to_string();
+  if (!text.empty()) {
+    EXPECT_NE(r.error().message.find(text), std::string::npos) << r.error().to_string();
+  }
+}
+
+constexpr std::string_view kSha = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae";
+
+}  // namespace
+
+TEST(LoadConfig, ParsesEverySectionOnce) {
+  auto r = load(fmt::format(R"(tenants:
+  acme: {{models: [m], limits: {{requests_per_minute: 60}}}}
+auth:
+  api_keys:
+    - {{id: k1, sha256: {}, tenant: acme}}
+    - {{id: k2, key_env: KEY_A, tenant: acme}}
+pricing:
+  m: {{input: 1.0, output: 2.0}}
+redis:
+  url: redis://127.0.0.1:6379/0
+)",
+                            kSha));
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_TRUE(r->auth);
+  EXPECT_EQ(r->auth->api_keys.size(), 2u);
+  EXPECT_TRUE(r->auth->tenants.count("acme"));
+  ASSERT_NE(r->pricing.find("m"), nullptr);
+  ASSERT_TRUE(r->redis);
+  EXPECT_EQ(r->redis->port, 6379);
+  EXPECT_TRUE(r->warnings.empty()) << r->warnings.front();
+  EXPECT_EQ(r->config.source, "weir.yaml");
+}
+
+TEST(LoadConfig, WithoutIdentitySectionsEveryRequestIsAnonymous) {
+  auto r = load("");
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_FALSE(r->auth);
+  EXPECT_FALSE(r->redis);
+  EXPECT_TRUE(r->pricing.empty());
+  auto p = load("pricing:\n  m: {input: 1}\n");  // pricing alone turns admission on, as before
+  ASSERT_TRUE(p) << p.error().to_string();
+  EXPECT_TRUE(p->auth);
+}
+
+TEST(LoadConfig, EveryInvalidSectionIsAnErrorWithFileLineAndKey) {
+  expect_error("auth:\n  requird: true\n", 7, "auth.requird", "unknown key");
+  expect_error("tenants:\n  acme: {priority: high}\n", 7, "tenants.acme.priority", "integer");
+  expect_error("tenants:\n  acme: {models: {a: 1}}\n", 7, "tenants.acme.models");
+  expect_error(fmt::format("tenants:\n  acme: {{}}\nauth:\n  api_keys:\n    - {{id: k, sha256: {}, tenant: ghost}}\n",
+                           kSha),
+               10, "auth.api_keys[0].tenant", "ghost");
+  expect_error("tenants:\n  acme: {}\nauth:\n  api_keys:\n    - {id: k, sha256: 2c26b46b, tenant: acme}\n", 10,
+               "auth.api_keys[0].sha256", "64 hex digits");
+  expect_error("tenants:\n  acme: {}\nauth:\n  api_keys:\n    - {id: k, key_env: WEIR_UNSET_KEY, tenant: acme}\n", 10,
+               "auth.api_keys[0].key_env", "WEIR_UNSET_KEY");
+  expect_error("pricing:\n  m: {input: cheap}\n", 7, "pricing.m.input");
+  expect_error("pricing:\n  m: {inptu: 1}\n", 7, "pricing.m.inptu", "unknown key");
+  expect_error("pricing: [m]\n", 6, "pricing");
+  // redis: alone (no auth, tenants or pricing) was skipped by start-up before.
+  expect_error("redis:\n  url: http://127.0.0.1:6379\n", 7, "redis.url", "redis://");
+  expect_error("redis:\n  url: redis://user:pw@127.0.0.1:6379\n", 7, "redis.url", "credentials");
+  expect_error("redis:\n  url: redis://127.0.0.1\n  fail_opne: true\n", 8, "redis.fail_opne", "unknown key");
+  expect_error("auth:\n  redis_keys: true\n", 7, "auth.redis_keys", "redis:");
+}
+
+TEST(LoadConfig, KeysNothingReadsAreErrors) {
+  expect_error("limits:\n  requests_per_minute: 5\n", 6, "limits", "unknown key");
+  expect_error("batching:\n  window: 5ms\n", 6, "batching", "unknown key");
+  auto r = load_config_text("pools:\n  p: {endpoints: [\"http://127.0.0.1:9\"]}\nmodels:\n  m: {pool: p, prices: 1}\n",
+                            "weir.yaml", &env);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().key, "models.m.prices");
+  EXPECT_EQ(r.error().line, 4);
+}
+
+TEST(LoadConfig, AllowListEntriesNoModelMatchesAreWarnings) {
+  auto r = load(fmt::format(R"(tenants:
+  acme: {{models: [m, "oth*", "*", nope, "gpt-*"]}}
+  solo: {{models: ghost}}
+  alias: {{models: [mm]}}
+auth:
+  api_keys:
+    - {{id: k, sha256: {}, tenant: acme, models: [other, missing]}}
+)",
+                            kSha));
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_EQ(r->warnings.size(), 5u) << ::testing::PrintToString(r->warnings);
+  EXPECT_EQ(r->warnings[0].rfind("weir.yaml:7:", 0), 0u) << r->warnings[0];
+  EXPECT_NE(r->warnings[0].find("tenants.acme.models[3]: no configured model or alias matches 'nope'"),
+            std::string::npos)
+      << r->warnings[0];
+  EXPECT_NE(r->warnings[1].find("tenants.acme.models[4]"), std::string::npos) << r->warnings[1];
+  EXPECT_NE(r->warnings[2].find("tenants.solo.models: no configured model or alias matches 'ghost'"),
+            std::string::npos)
+      << r->warnings[2];
+  EXPECT_NE(r->warnings[3].find("tenants.alias.models[0]: 'mm' is an alias of model 'm'"), std::string::npos)
+      << r->warnings[3];
+  EXPECT_EQ(r->warnings[4].rfind("weir.yaml:12:", 0), 0u) << r->warnings[4];
+  EXPECT_NE(r->warnings[4].find("auth.api_keys[0].models[1]"), std::string::npos) << r->warnings[4];
+}
+
+TEST(LoadConfig, NoAllowListWarningsWithADefaultPool) {
+  auto r = load("default_pool: p\ntenants:\n  acme: {models: [anything]}\npricing:\n  anything: {input: 1}\n");
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_TRUE(r->warnings.empty()) << r->warnings.front();
+}
+
+TEST(LoadConfig, PricesForUnknownModelsAreWarnings) {
+  auto r = load("pricing:\n  m: {input: 1}\n  \"*\": {input: 1}\n  gone: {input: 1}\n  mm: {input: 1}\n");
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_EQ(r->warnings.size(), 2u) << ::testing::PrintToString(r->warnings);
+  EXPECT_NE(r->warnings[0].find("weir.yaml:9:3: pricing.gone: no configured model is named 'gone'"),
+            std::string::npos)
+      << r->warnings[0];
+  EXPECT_NE(r->warnings[1].find("pricing.mm: 'mm' is an alias of model 'm'"), std::string::npos) << r->warnings[1];
+}
+
+TEST(LoadConfig, ARedisSectionNothingUsesIsAWarning) {
+  auto r = load("redis:\n  url: redis://127.0.0.1:6379\n");
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_TRUE(r->redis);
+  ASSERT_EQ(r->warnings.size(), 1u);
+  EXPECT_NE(r->warnings[0].find("weir.yaml:7:3: redis: "), std::string::npos) << r->warnings[0];
+}
+
+TEST(LoadConfig, FilesAndQuickMode) {
+  auto missing = load_config(ConfigSource{.file = "/nonexistent/weir.yaml"});
+  ASSERT_FALSE(missing);
+  EXPECT_EQ(missing.error().file, "/nonexistent/weir.yaml");
+  auto quick = load_config(ConfigSource{.upstream = "http://127.0.0.1:8000", .listen = "127.0.0.1:0"});
+  ASSERT_TRUE(quick) << quick.error().to_string();
+  EXPECT_EQ(quick->config.source, "<flags>");
+  EXPECT_FALSE(quick->auth);
+  EXPECT_TRUE(quick->warnings.empty());
+  auto bad = load_config(ConfigSource{.upstream = "http://user:pw@127.0.0.1:8000"});
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().key, "--upstream");
+}
+
+}  // namespace weir::gateway
