@@ -1,6 +1,7 @@
 // weir: the gateway binary.
 //   weir --config weir.yaml
 //   weir --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000   (quick mode)
+#include <csignal>
 #include <cstdio>
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,9 @@
 #include "server/server.hpp"
 
 int main(int argc, char** argv) {
+  // SIGHUP reopens the access log once the server runs (server.cpp); until
+  // then (loading, resolving, binding) it must not kill the process either.
+  std::signal(SIGHUP, SIG_IGN);
   CLI::App app{"Weir: an AI inference gateway (OpenAI-compatible, streams SSE from vLLM pools)", "weir"};
   std::string config_path, listen, upstream, access_log;
   unsigned workers = 0;
