@@ -164,7 +164,9 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     const TakeResult r = limiter_.reserve_spend(sc[i].id, worst, now, &t.period_[i]);
     if (!r.ok) {
       undo();
-      if (r.pending) return pending();
+      // Pending: this replica's share is short; the caller may wait once.
+      // Without a wait (the final answer) the budget could not cover it.
+      if (r.pending && wait) return pending();
       return tl::unexpected(budget_refused(sc[i], r, worst));
     }
     t.reserve_mask_ |= static_cast<std::uint8_t>(1u << i);
