@@ -39,6 +39,16 @@ def start_peers(env: Env, opts: Options, mock: Mock, report: Report, names: list
     return peers
 
 
+def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-baseline") -> list[Target]:
+    """The --baseline-bin weir with `config`, or nothing: measured beside build/bin/weir in the same rounds."""
+    if not env.baseline:
+        return []
+    from targets import start_weir
+    t = start_weir(env, "weir (baseline)", config, tag=tag, binary=str(env.baseline), name="weir-baseline")
+    report.add_meta("weir (baseline)", t.version or str(env.baseline))
+    return [t]
+
+
 def stop_targets(targets: list[Target]) -> None:
     for t in targets:
         if t.kind != "direct":
@@ -67,7 +77,8 @@ def fmt_ratio(r) -> str:
     return f"{r:,.1f}×" if r < 100 else f"{r:,.0f}×"
 
 
-PRETTY = {"litellm": "LiteLLM", "bifrost": "Bifrost", "portkey": "Portkey", "nginx": "nginx", "weir": "Weir"}
+PRETTY = {"litellm": "LiteLLM", "bifrost": "Bifrost", "portkey": "Portkey", "nginx": "nginx", "weir": "Weir",
+          "weir-baseline": "Weir (baseline)"}
 
 
 def gateway_failed(res: dict) -> str | None:

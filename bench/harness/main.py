@@ -47,6 +47,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--no-install", action="store_true", help="do not run a peer's setup when it is not installed")
     ap.add_argument("--no-priority", action="store_true", help="do not raise the measured processes' priority")
     ap.add_argument("--bin-dir", type=pathlib.Path, default=REPO / "build" / "bin")
+    ap.add_argument("--baseline-bin", type=pathlib.Path, default=None,
+                    help="also measure this weir binary (e.g. the previous commit's build) beside build/bin/weir, "
+                         "same config, alternated in the same rounds: target 'weir (baseline)' in the latency, "
+                         "stream and memory suites")
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
@@ -103,6 +107,14 @@ def main(argv: list[str]) -> int:
         return 2
     ensure_binaries(args.bin_dir)
     snap = snapshot_binaries(args.bin_dir)
+    baseline = None
+    if args.baseline_bin:
+        src = args.baseline_bin / "weir" if args.baseline_bin.is_dir() else args.baseline_bin
+        if not os.access(src, os.X_OK):
+            print(f"bench/run: --baseline-bin: {src} is not an executable weir", file=sys.stderr)
+            return 2
+        baseline = snap / "weir-baseline"
+        shutil.copy2(src, baseline)
     procs.raise_fd_limit()
 
     def on_signal(signum, _frame):
@@ -133,7 +145,7 @@ def main(argv: list[str]) -> int:
     for name in args.suites:
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
         env = Env(bin_dir=snap, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
-                  priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet)
+                  priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet, baseline=baseline)
         print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
         t0 = time.monotonic()
         try:

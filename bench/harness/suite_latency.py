@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import configs
 import measure
-from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text, start_peers, stop_targets)
+from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text, start_peers, stop_targets,
+                    baseline_targets)
 from loadgen import Load
 from measure import agg
 from report import Report, table
@@ -162,7 +163,7 @@ def run(env: Env, opts: Options) -> Report:
     weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
     rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, no limits, access log off "
                  "(as nginx: access_log off)")
-    targets = [direct(mock), weir] + start_peers(env, opts, mock, rep)
+    targets = [direct(mock), weir] + baseline_targets(env, configs.plain(mock.url), rep) + start_peers(env, opts, mock, rep)
 
     env.log("  latency: concurrency 1, instant mock")
     c1 = concurrency1(env, targets, mock, "c1", rep)

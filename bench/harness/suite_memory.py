@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import configs
-from common import Options, live, start_peers, stop_targets
+from common import Options, baseline_targets, live, start_peers, stop_targets
 from loadgen import Load, run as bench_run, summarize_errors
 from measure import focus
 from report import Report, table
@@ -118,7 +118,7 @@ def run(env: Env, opts: Options) -> Report:
     # Idle first: Weir and the peers before their first request.
     weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
     time.sleep(0.5)
-    gateways: list[Target] = [weir] + start_peers(env, opts, mock, rep)
+    gateways: list[Target] = [weir] + baseline_targets(env, configs.plain(mock.url), rep) + start_peers(env, opts, mock, rep)
     time.sleep(1.0)
     idle = {t.label: rss_mib(t) for t in live(gateways)}
     env.log("  memory: idle " + ", ".join(f"{k} {v:.1f} MiB" for k, v in idle.items()))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import configs
 import measure
-from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text, start_peers, stop_targets)
+from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text, start_peers, stop_targets,
+                    baseline_targets)
 from loadgen import Load, error_rate, run as bench_run, summarize_errors
 from measure import agg, focus
 from report import Report, table
@@ -126,7 +127,7 @@ def run(env: Env, opts: Options) -> Report:
                  "usage, [DONE]; both mock threads share the load CPU")
     weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
     rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, no limits, access log off")
-    targets = [direct(mock), weir] + start_peers(env, opts, mock, rep)
+    targets = [direct(mock), weir] + baseline_targets(env, configs.plain(mock.url), rep) + start_peers(env, opts, mock, rep)
 
     # ----------------------------------------------------- concurrency 1 ---
     env.log("  stream: TTFT at concurrency 1 (2-token streams)")

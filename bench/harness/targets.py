@@ -37,6 +37,7 @@ class Env:
     smoke: bool
     rounds: int
     verbose: bool = True
+    baseline: pathlib.Path | None = None  # --baseline-bin: a second weir binary measured beside build/bin/weir
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
@@ -186,23 +187,25 @@ def direct(mock: Mock) -> Target:
     return Target(name="direct", label="direct (no gateway)", kind="direct", url=mock.url)
 
 
-def weir_version(env: Env) -> str:
+def weir_version(env: Env, binary: str | None = None) -> str:
     """`weir --version` and the binary's build time (others may rebuild build/ between runs)."""
+    path = binary or env.binary("weir")
     try:
-        out = subprocess.run([env.binary("weir"), "--version"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10)
         version = out.stdout.strip() or out.stderr.strip()
-        mtime = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.stat(env.binary("weir")).st_mtime))
-        return f"{version} (build/bin/weir of {mtime})"
+        mtime = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(os.stat(path).st_mtime))
+        return f"{version} ({'--baseline-bin' if binary else 'build/bin/weir'} of {mtime})"
     except (OSError, subprocess.TimeoutExpired):
         return ""
 
 
 def start_weir(env: Env, label: str, config: dict, tag: str = "weir", headers: list[str] | None = None,
                model: str = "mock-model", wrapper: list[str] | None = None,
-               stop_signal: int = signal.SIGTERM) -> Target:
+               stop_signal: int = signal.SIGTERM, binary: str | None = None, name: str = "weir") -> Target:
     """Writes `config` (JSON is YAML) with a free `listen` port and starts `weir --config` on the gateway CPU.
 
-    `wrapper` (e.g. heaptrack or strace argv) goes before the weir binary."""
+    `wrapper` (e.g. heaptrack or strace argv) goes before the weir binary; `binary` replaces build/bin/weir
+    (the --baseline-bin build)."""
     for attempt in range(3):
         port = free_port()
         cfg = dict(config)
@@ -210,9 +213,9 @@ def start_weir(env: Env, label: str, config: dict, tag: str = "weir", headers: l
         cfg.setdefault("workers", 1)
         path = env.work / f"{tag}.yaml"
         path.write_text(json.dumps(cfg, indent=2) + "\n")
-        argv = list(wrapper or []) + [env.binary("weir"), "--config", str(path)]
-        t = Target(name="weir", label=label, url=f"http://127.0.0.1:{port}", port=port, model=model,
-                   headers=list(headers or []), version=weir_version(env))
+        argv = list(wrapper or []) + [binary or env.binary("weir"), "--config", str(path)]
+        t = Target(name=name, label=label, url=f"http://127.0.0.1:{port}", port=port, model=model,
+                   headers=list(headers or []), version=weir_version(env, binary))
         t.proc = launch(tag, argv, env.work / "logs", cpu=env.gateway_cpu, priority=env.priority,
                         stop_signal=stop_signal)
         try:

@@ -12,10 +12,6 @@ namespace {
 using core::config_error;
 using core::ConfigResult;
 
-#define WEIR_TRY(var, expr) \
-  auto var = (expr);        \
-  if (!var) return tl::unexpected(std::move(var.error()))
-
 // redis://host[:port][/db] into `c`; an error message otherwise.
 std::string parse_url(const std::string& url, RedisConfig& c) {
   auto u = boost::urls::parse_uri(url);
@@ -57,21 +53,21 @@ ConfigResult<RedisConfig> parse_impl(const YAML::Node& node, GetEnvFn getenv_fn)
     return tl::unexpected(ok.error());
   if (!node["url"]) return tl::unexpected(config_error(node, "redis.url", "missing (redis://host[:port][/db])"));
   {
-    WEIR_TRY(s, core::read_string(node["url"], "redis.url"));
+    WEIR_TRY_RESULT(s, core::read_string(node["url"], "redis.url"));
     if (auto why = parse_url(*s, c); !why.empty()) return tl::unexpected(config_error(node["url"], "redis.url", why));
   }
   if (node["username"]) {
-    WEIR_TRY(s, core::read_string(node["username"], "redis.username"));
+    WEIR_TRY_RESULT(s, core::read_string(node["username"], "redis.username"));
     c.username = *s;
   }
   if (node["password"] && node["password_env"])
     return tl::unexpected(config_error(node, "redis", "give at most one of password and password_env"));
   if (node["password"]) {
-    WEIR_TRY(s, core::read_string(node["password"], "redis.password"));
+    WEIR_TRY_RESULT(s, core::read_string(node["password"], "redis.password"));
     c.password = *s;
   }
   if (node["password_env"]) {
-    WEIR_TRY(var, core::read_string(node["password_env"], "redis.password_env"));
+    WEIR_TRY_RESULT(var, core::read_string(node["password_env"], "redis.password_env"));
     const char* v = getenv_fn ? getenv_fn(var->c_str()) : std::getenv(var->c_str());
     if (!v || !*v)
       return tl::unexpected(config_error(node["password_env"], "redis.password_env",
@@ -79,15 +75,15 @@ ConfigResult<RedisConfig> parse_impl(const YAML::Node& node, GetEnvFn getenv_fn)
     c.password = v;
   }
   if (node["key_prefix"]) {
-    WEIR_TRY(s, core::read_string(node["key_prefix"], "redis.key_prefix"));
+    WEIR_TRY_RESULT(s, core::read_string(node["key_prefix"], "redis.key_prefix"));
     c.key_prefix = *s;
   }
   if (node["fail_open"]) {
-    WEIR_TRY(b, core::read_bool(node["fail_open"], "redis.fail_open"));
+    WEIR_TRY_RESULT(b, core::read_bool(node["fail_open"], "redis.fail_open"));
     c.fail_open = *b;
   }
   if (node["fail_open_share"]) {
-    WEIR_TRY(d, core::read_double(node["fail_open_share"], "redis.fail_open_share", 0.0, 1.0));
+    WEIR_TRY_RESULT(d, core::read_double(node["fail_open_share"], "redis.fail_open_share", 0.0, 1.0));
     if (*d <= 0.0)
       return tl::unexpected(config_error(node["fail_open_share"], "redis.fail_open_share", "must be above 0"));
     c.fail_open_share = *d;
@@ -108,19 +104,19 @@ ConfigResult<RedisConfig> parse_impl(const YAML::Node& node, GetEnvFn getenv_fn)
                         DurationKey{"slot_ttl", &c.slot_ttl, milliseconds(100)}}) {
     if (!node[d.name]) continue;
     const std::string key = std::string("redis.") + d.name;
-    WEIR_TRY(v, core::read_duration(node[d.name], key));
+    WEIR_TRY_RESULT(v, core::read_duration(node[d.name], key));
     if (*v < d.min)
       return tl::unexpected(config_error(node[d.name], key, fmt::format("must be at least {}ms", d.min.count())));
     *d.out = *v;
   }
   if (node["lease_max_share"]) {
-    WEIR_TRY(d, core::read_double(node["lease_max_share"], "redis.lease_max_share", 0.0, 1.0));
+    WEIR_TRY_RESULT(d, core::read_double(node["lease_max_share"], "redis.lease_max_share", 0.0, 1.0));
     if (*d <= 0.0)
       return tl::unexpected(config_error(node["lease_max_share"], "redis.lease_max_share", "must be above 0"));
     c.lease_max_share = *d;
   }
   if (node["lease_min_tokens"]) {
-    WEIR_TRY(n, core::read_int(node["lease_min_tokens"], "redis.lease_min_tokens", 1, std::int64_t{1} << 40));
+    WEIR_TRY_RESULT(n, core::read_int(node["lease_min_tokens"], "redis.lease_min_tokens", 1, std::int64_t{1} << 40));
     c.lease_min_tokens = static_cast<std::uint64_t>(*n);
   }
   if (c.slot_ttl < 3 * c.sync_interval)

@@ -18,9 +18,8 @@ namespace weir::admission {
 namespace {
 
 namespace asio = boost::asio;
-using Timer = asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>,
-                                         store::Executor>;
-constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<store::Executor>{});
+using core::Timer;
+using core::use_task;
 constexpr double kEps = 1e-9;
 
 // Token bucket lease. The global bucket lives in one hash: v = units

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "auth/redis_keys.hpp"
+#include "core/text.hpp"
 
 namespace weir::auth {
 
@@ -12,17 +13,8 @@ namespace {
 
 constexpr std::size_t kMaxApiKeyBytes = 1024;
 
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
-  while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
-  return s;
-}
-
-bool iequals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && std::equal(a.begin(), a.end(), b.begin(), [](char x, char y) {
-           return (x | 0x20) == (y | 0x20);
-         });
-}
+constexpr auto trim = core::trim_ows;
+using core::iequals;
 
 const std::size_t kCacheDisabled = 0;
 

@@ -16,10 +16,6 @@ namespace {
 using core::ConfigResult;
 using core::config_error;
 
-#define WEIR_TRY(var, expr)                                  \
-  auto var = (expr);                                         \
-  if (!var) return tl::unexpected(std::move(var.error()))
-
 ConfigResult<std::vector<std::string>> read_string_list(const YAML::Node& node, const std::string& key) {
   std::vector<std::string> out;
   if (node.IsScalar()) {
@@ -28,7 +24,7 @@ ConfigResult<std::vector<std::string>> read_string_list(const YAML::Node& node, 
   }
   if (!node.IsSequence()) return tl::unexpected(config_error(node, key, "expected a string or a list of strings"));
   for (std::size_t i = 0; i < node.size(); ++i) {
-    WEIR_TRY(s, core::read_string(node[i], fmt::format("{}[{}]", key, i)));
+    WEIR_TRY_RESULT(s, core::read_string(node[i], fmt::format("{}[{}]", key, i)));
     if (s->empty()) return tl::unexpected(config_error(node[i], fmt::format("{}[{}]", key, i), "empty name"));
     out.push_back(std::move(*s));
   }
@@ -36,7 +32,7 @@ ConfigResult<std::vector<std::string>> read_string_list(const YAML::Node& node, 
 }
 
 ConfigResult<std::uint64_t> read_count(const YAML::Node& node, const std::string& key) {
-  WEIR_TRY(v, core::read_int(node, key, 0, std::int64_t{1} << 50));
+  WEIR_TRY_RESULT(v, core::read_int(node, key, 0, std::int64_t{1} << 50));
   return static_cast<std::uint64_t>(*v);
 }
 
@@ -47,23 +43,23 @@ ConfigResult<TenantConfig> parse_tenant(const YAML::Node& node, const std::strin
   if (auto ok = core::check_keys(node, key, {"models", "priority", "tier", "limits", "budget"}); !ok)
     return tl::unexpected(ok.error());
   if (node["models"]) {
-    WEIR_TRY(m, read_string_list(node["models"], key + ".models"));
+    WEIR_TRY_RESULT(m, read_string_list(node["models"], key + ".models"));
     t.models = std::move(*m);
   }
   if (node["priority"]) {
-    WEIR_TRY(p, core::read_int(node["priority"], key + ".priority", 0, 100));
+    WEIR_TRY_RESULT(p, core::read_int(node["priority"], key + ".priority", 0, 100));
     t.priority = static_cast<int>(*p);
   }
   if (node["tier"]) {
-    WEIR_TRY(s, core::read_string(node["tier"], key + ".tier"));
+    WEIR_TRY_RESULT(s, core::read_string(node["tier"], key + ".tier"));
     t.tier = std::move(*s);
   }
   if (node["limits"]) {
-    WEIR_TRY(l, parse_limits(node["limits"], key + ".limits"));
+    WEIR_TRY_RESULT(l, parse_limits(node["limits"], key + ".limits"));
     t.limits = *l;
   }
   if (node["budget"]) {
-    WEIR_TRY(b, parse_budget(node["budget"], key + ".budget"));
+    WEIR_TRY_RESULT(b, parse_budget(node["budget"], key + ".budget"));
     t.budget = *b;
   }
   return t;
@@ -79,13 +75,13 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     return tl::unexpected(ok.error());
   auto str = [&](const char* name, std::string& out) -> ConfigResult<void> {
     if (!node[name]) return {};
-    WEIR_TRY(s, core::read_string(node[name], key + "." + name));
+    WEIR_TRY_RESULT(s, core::read_string(node[name], key + "." + name));
     out = std::move(*s);
     return {};
   };
   auto dur = [&](const char* name, std::chrono::milliseconds& out) -> ConfigResult<void> {
     if (!node[name]) return {};
-    WEIR_TRY(d, core::read_duration(node[name], key + "." + name));
+    WEIR_TRY_RESULT(d, core::read_duration(node[name], key + "." + name));
     out = *d;
     return {};
   };
@@ -94,7 +90,7 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
                            {"subject_claim", &j.subject_claim}, {"default_tenant", &j.default_tenant}})
     if (auto r = str(name, *out); !r) return tl::unexpected(r.error());
   if (node["audience"]) {
-    WEIR_TRY(a, read_string_list(node["audience"], key + ".audience"));
+    WEIR_TRY_RESULT(a, read_string_list(node["audience"], key + ".audience"));
     j.audiences = std::move(*a);
   }
   std::chrono::milliseconds leeway = j.leeway;
@@ -103,11 +99,11 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     if (auto r = dur(name, *out); !r) return tl::unexpected(r.error());
   j.leeway = std::chrono::duration_cast<std::chrono::seconds>(leeway);
   if (node["require_exp"]) {
-    WEIR_TRY(b, core::read_bool(node["require_exp"], key + ".require_exp"));
+    WEIR_TRY_RESULT(b, core::read_bool(node["require_exp"], key + ".require_exp"));
     j.require_exp = *b;
   }
   if (node["cache_entries"]) {
-    WEIR_TRY(n, core::read_int(node["cache_entries"], key + ".cache_entries", 0, 1 << 22));
+    WEIR_TRY_RESULT(n, core::read_int(node["cache_entries"], key + ".cache_entries", 0, 1 << 22));
     j.cache_entries = static_cast<std::size_t>(*n);
   }
   if (j.jwks_url.empty() == j.jwks_file.empty())
@@ -144,21 +140,21 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
       !ok)
     return tl::unexpected(ok.error());
   if (!node["id"]) return tl::unexpected(config_error(node, key + ".id", "missing (a public name for the key)"));
-  WEIR_TRY(id, core::read_string(node["id"], key + ".id"));
+  WEIR_TRY_RESULT(id, core::read_string(node["id"], key + ".id"));
   if (id->empty()) return tl::unexpected(config_error(node["id"], key + ".id", "must not be empty"));
   k.id = std::move(*id);
   if (!node["tenant"]) return tl::unexpected(config_error(node, key + ".tenant", "missing"));
-  WEIR_TRY(tenant, core::read_string(node["tenant"], key + ".tenant"));
+  WEIR_TRY_RESULT(tenant, core::read_string(node["tenant"], key + ".tenant"));
   k.tenant = std::move(*tenant);
   if (static_cast<bool>(node["sha256"]) == static_cast<bool>(node["key_env"]))
     return tl::unexpected(config_error(node, key, "give exactly one of sha256 and key_env"));
   if (node["sha256"]) {
-    WEIR_TRY(hex, core::read_string(node["sha256"], key + ".sha256"));
+    WEIR_TRY_RESULT(hex, core::read_string(node["sha256"], key + ".sha256"));
     auto d = parse_sha256_hex(*hex);
     if (!d) return tl::unexpected(config_error(node["sha256"], key + ".sha256", "expected 64 hex digits"));
     k.sha256 = *d;
   } else {
-    WEIR_TRY(var, core::read_string(node["key_env"], key + ".key_env"));
+    WEIR_TRY_RESULT(var, core::read_string(node["key_env"], key + ".key_env"));
     const char* value = getenv_fn(var->c_str());
     if (!value || !*value)
       return tl::unexpected(
@@ -166,19 +162,19 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
     k.sha256 = sha256(value);
   }
   if (node["models"]) {
-    WEIR_TRY(m, read_string_list(node["models"], key + ".models"));
+    WEIR_TRY_RESULT(m, read_string_list(node["models"], key + ".models"));
     k.models = std::move(*m);
   }
   if (node["tier"]) {
-    WEIR_TRY(s, core::read_string(node["tier"], key + ".tier"));
+    WEIR_TRY_RESULT(s, core::read_string(node["tier"], key + ".tier"));
     k.tier = std::move(*s);
   }
   if (node["limits"]) {
-    WEIR_TRY(l, parse_limits(node["limits"], key + ".limits"));
+    WEIR_TRY_RESULT(l, parse_limits(node["limits"], key + ".limits"));
     k.limits = *l;
   }
   if (node["budget"]) {
-    WEIR_TRY(b, parse_budget(node["budget"], key + ".budget"));
+    WEIR_TRY_RESULT(b, parse_budget(node["budget"], key + ".budget"));
     k.budget = *b;
   }
   return k;
@@ -191,7 +187,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
     if (!tenants.IsMap()) return tl::unexpected(config_error(tenants, "tenants", "expected a mapping of tenant names"));
     for (const auto& kv : tenants) {
       const std::string name = kv.first.Scalar();
-      WEIR_TRY(t, parse_tenant(kv.second, name, "tenants." + name));
+      WEIR_TRY_RESULT(t, parse_tenant(kv.second, name, "tenants." + name));
       cfg.tenants.emplace(name, std::move(*t));
     }
   }
@@ -205,7 +201,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
         !ok)
       return tl::unexpected(ok.error());
     if (auth["redis_keys"]) {
-      WEIR_TRY(b, core::read_bool(auth["redis_keys"], "auth.redis_keys"));
+      WEIR_TRY_RESULT(b, core::read_bool(auth["redis_keys"], "auth.redis_keys"));
       if (*b && !root["redis"])
         return tl::unexpected(config_error(auth["redis_keys"], "auth.redis_keys",
                                            "needs a redis: section (url, key_prefix, timeouts of the key store)"));
@@ -215,25 +211,25 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
              {"key_cache_ttl", &cfg.key_cache_ttl}, {"key_negative_ttl", &cfg.key_negative_ttl}}) {
       if (!auth[name]) continue;
       const std::string key = std::string("auth.") + name;
-      WEIR_TRY(d, core::read_duration(auth[name], key));
+      WEIR_TRY_RESULT(d, core::read_duration(auth[name], key));
       if (*d < std::chrono::milliseconds(100))
         return tl::unexpected(config_error(auth[name], key, "must be at least 100ms"));
       *out = *d;
     }
     if (auth["key_cache_entries"]) {
-      WEIR_TRY(n, core::read_int(auth["key_cache_entries"], "auth.key_cache_entries", 4, 1 << 22));
+      WEIR_TRY_RESULT(n, core::read_int(auth["key_cache_entries"], "auth.key_cache_entries", 4, 1 << 22));
       cfg.key_cache_entries = static_cast<std::size_t>(*n);
     }
     if (auth["required"]) {
-      WEIR_TRY(b, core::read_bool(auth["required"], "auth.required"));
+      WEIR_TRY_RESULT(b, core::read_bool(auth["required"], "auth.required"));
       cfg.required = *b;
     }
     if (auth["anonymous_tenant"]) {
-      WEIR_TRY(s, core::read_string(auth["anonymous_tenant"], "auth.anonymous_tenant"));
+      WEIR_TRY_RESULT(s, core::read_string(auth["anonymous_tenant"], "auth.anonymous_tenant"));
       cfg.anonymous_tenant = std::move(*s);
     }
     if (auth["jwt"]) {
-      WEIR_TRY(j, parse_jwt(auth["jwt"], "auth.jwt"));
+      WEIR_TRY_RESULT(j, parse_jwt(auth["jwt"], "auth.jwt"));
       if (!j->default_tenant.empty() && !cfg.tenants.count(j->default_tenant))
         return tl::unexpected(config_error(auth["jwt"]["default_tenant"], "auth.jwt.default_tenant",
                                            fmt::format("tenant '{}' is not defined under tenants", j->default_tenant)));
@@ -245,7 +241,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
       std::set<Sha256Digest> hashes;
       for (std::size_t i = 0; i < keys.size(); ++i) {
         const std::string key = fmt::format("auth.api_keys[{}]", i);
-        WEIR_TRY(k, parse_api_key(keys[i], key, getenv_fn));
+        WEIR_TRY_RESULT(k, parse_api_key(keys[i], key, getenv_fn));
         if (!cfg.tenants.count(k->tenant))
           return tl::unexpected(config_error(keys[i]["tenant"], key + ".tenant",
                                              fmt::format("tenant '{}' is not defined under tenants", k->tenant)));
@@ -280,7 +276,7 @@ ConfigResult<Limits> parse_limits(const YAML::Node& node, const std::string& key
                            {"requests_burst", &l.requests_burst},
                            {"tokens_burst", &l.tokens_burst}}) {
     if (!node[name]) continue;
-    WEIR_TRY(v, read_count(node[name], key + "." + name));
+    WEIR_TRY_RESULT(v, read_count(node[name], key + "." + name));
     *out = *v;
   }
   return l;
@@ -290,11 +286,11 @@ ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key
   Budget b;
   if (auto ok = core::check_keys(node, key, {"usd", "period"}); !ok) return tl::unexpected(ok.error());
   if (!node["usd"]) return tl::unexpected(config_error(node, key + ".usd", "missing (the spend cap in USD)"));
-  WEIR_TRY(usd, core::read_double(node["usd"], key + ".usd", 0.0, 1e9));
+  WEIR_TRY_RESULT(usd, core::read_double(node["usd"], key + ".usd", 0.0, 1e9));
   b.enabled = true;  // usd: 0 is a budget of zero (a frozen scope), not "no budget"
   b.limit_nano_usd = static_cast<std::int64_t>(std::llround(*usd * 1e9));
   if (node["period"]) {
-    WEIR_TRY(p, core::read_duration(node["period"], key + ".period"));
+    WEIR_TRY_RESULT(p, core::read_duration(node["period"], key + ".period"));
     if (p->count() > 0 && *p < std::chrono::seconds(1))
       return tl::unexpected(config_error(node["period"], key + ".period", "must be at least 1s (or 0 for never)"));
     b.period = *p;

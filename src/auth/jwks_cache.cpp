@@ -62,6 +62,19 @@ void JwksCache::start() {
 void JwksCache::stop() {
   running_ = false;
   timer_->t.cancel();
+  auto waiters = std::move(waiters_);
+  waiters_.clear();
+  for (auto& w : waiters) w.second();
+}
+
+void JwksCache::on_fetch(std::uint64_t mark, std::function<void()> done) {
+  boost::asio::post(control_, [this, mark, done = std::move(done)]() mutable {
+    if (completed_.load(std::memory_order_acquire) > mark || !running_) {
+      done();
+      return;
+    }
+    waiters_.emplace_back(mark, std::move(done));
+  });
 }
 
 std::shared_ptr<const KeySet> JwksCache::keys() const noexcept { return keys_.load(std::memory_order_acquire); }
@@ -101,7 +114,15 @@ void JwksCache::on_result(JwksSource::Result r) {
   bool ok = false;
   if (r) ok = install(*r).has_value();
   if (!ok) failures_.fetch_add(1, std::memory_order_relaxed);
-  completed_.fetch_add(1, std::memory_order_release);
+  const std::uint64_t completed = completed_.fetch_add(1, std::memory_order_release) + 1;
+  if (!waiters_.empty()) {
+    std::vector<std::pair<std::uint64_t, std::function<void()>>> still;
+    for (auto& w : waiters_) {
+      if (completed > w.first) w.second();
+      else still.push_back(std::move(w));
+    }
+    waiters_ = std::move(still);
+  }
   if (running_) schedule(ok ? options_.refresh_interval : std::min(options_.min_refetch_interval,
                                                                    options_.refresh_interval));
 }

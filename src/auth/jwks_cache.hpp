@@ -8,6 +8,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include <tl/expected.hpp>
 
@@ -82,6 +84,12 @@ class JwksCache {
   // refetch waits until this moves past the value it saw.
   std::uint64_t completed_fetches() const noexcept { return completed_.load(std::memory_order_acquire); }
 
+  // Calls `done` (once, on the control thread) when a fetch has finished
+  // after the `mark` of completed_fetches() a request saw, at once if one
+  // already has, or when the cache stops. From any thread; the slow path of
+  // a key rotation only (see async_wait_fetch in auth/jwks_wait.hpp).
+  void on_fetch(std::uint64_t mark, std::function<void()> done);
+
   // Asks for a refetch, e.g. after a token named an unknown kid. Lock-free
   // and rate-limited: returns false without doing anything when a fetch
   // started (or was asked for) less than min_refetch_interval before `now`;
@@ -115,6 +123,7 @@ class JwksCache {
   std::atomic<std::int64_t> next_refetch_ns_{INT64_MIN};  // wall ns before which request_refresh refuses
   bool in_flight_ = false;   // control thread only
   bool running_ = false;     // control thread only
+  std::vector<std::pair<std::uint64_t, std::function<void()>>> waiters_;  // control thread only
   std::atomic<std::uint64_t> fetches_{0}, failures_{0}, updates_{0}, refresh_requests_{0}, refresh_limited_{0};
   std::atomic<std::uint64_t> completed_{0};
 };

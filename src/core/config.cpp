@@ -14,17 +14,6 @@ namespace weir::core {
 
 namespace {
 
-#define WEIR_TRY(var, expr)                              \
-  auto var##_r = (expr);                                 \
-  if (!var##_r) return tl::unexpected(var##_r.error());  \
-  auto var = std::move(*var##_r)
-
-#define WEIR_TRY_VOID(expr)                     \
-  do {                                          \
-    auto r_ = (expr);                           \
-    if (!r_) return tl::unexpected(r_.error()); \
-  } while (0)
-
 ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   WEIR_TRY_VOID(check_keys(n, "server",
                            {"max_body", "max_header", "header_timeout", "body_timeout",

@@ -51,6 +51,16 @@ Error payload_too_large(std::uint64_t limit_bytes) {
   return make(ErrorSource::client, 413, "invalid_request_error", "request_too_large",
               fmt::format("Request body is larger than the limit of {} bytes.", limit_bytes));
 }
+Error request_timeout(std::string message) {
+  return make(ErrorSource::client, 408, "invalid_request_error", {}, std::move(message));
+}
+Error header_too_large(std::uint64_t limit_bytes) {
+  return make(ErrorSource::client, 431, "invalid_request_error", {},
+              fmt::format("The request head is larger than {} bytes.", limit_bytes));
+}
+Error client_closed(std::string_view code, std::string message) {
+  return make(ErrorSource::client, 499, "client_closed", code, std::move(message));
+}
 Error unauthorized(std::string message) {
   return make(ErrorSource::client, 401, "invalid_request_error", "invalid_api_key", std::move(message));
 }

@@ -40,6 +40,8 @@ Error model_not_found(std::string_view model);                          // 404 m
 Error not_found(std::string_view path);                                 // 404 (unknown route)
 Error method_not_allowed(std::string_view method, std::string_view path);  // 405
 Error payload_too_large(std::uint64_t limit_bytes);                     // 413
+Error request_timeout(std::string message);                             // 408 (head or body too slow)
+Error header_too_large(std::uint64_t limit_bytes);                      // 431
 Error unauthorized(std::string message);                                // 401 invalid_api_key
 Error forbidden(std::string message, std::string_view code = "model_not_allowed");  // 403
 Error rate_limited(std::string message, std::uint32_t retry_after_s);   // 429 rate_limit_exceeded
@@ -48,6 +50,9 @@ Error upstream_unavailable(std::string message);                        // 502 u
 Error upstream_timeout(std::string message);                            // 504 timeout
 Error unavailable(std::string message, std::uint32_t retry_after_s = 1);  // 503 (draining, overload)
 Error internal_error(std::string message);                              // 500 server_error
+// 499 (the client left first; nothing is sent): `code` is the access log's
+// reason, a literal: client_closed_request, slow_client, client_write_timeout.
+Error client_closed(std::string_view code, std::string message);
 
 // Appends {"error":{"message","type","param","code"}} (OpenAI's shape) to `out`.
 void append_error_json(std::string& out, const Error& e);

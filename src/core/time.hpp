@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <string>
 
 namespace weir::core {
 
@@ -17,5 +18,14 @@ inline std::int64_t micros(Clock::duration d) {
   return us < 0 ? 0 : us;
 }
 inline std::int64_t micros_between(TimePoint from, TimePoint to) { return micros(to - from); }
+
+// Appends the current UTC time as RFC 3339 with milliseconds, e.g.
+// 2026-11-30T03:12:45.123Z (access-log timestamps). The second is formatted
+// once per second per thread.
+void append_rfc3339_now(std::string& out);
+
+// Appends "Date: <IMF-fixdate>\r\n" (RFC 9110 §6.6.1) for Weir's own
+// responses; formatted once a second per thread.
+void append_http_date(std::string& out);
 
 }  // namespace weir::core

@@ -46,3 +46,22 @@ ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,
                               std::initializer_list<std::string_view> known);
 
 }  // namespace weir::core
+
+// Early return for parsers that build a ConfigResult step by step:
+//   WEIR_TRY(v, read_int(node, key, 0, 10));   // v: the value; returns the error
+//   WEIR_TRY_VOID(check_keys(node, key, {...}));
+//   WEIR_TRY_RESULT(r, read_string(node, key));  // r: the ConfigResult itself (r->, *r)
+#define WEIR_TRY(var, expr)                                          \
+  auto var##_r = (expr);                                             \
+  if (!var##_r) return tl::unexpected(std::move(var##_r.error()));   \
+  auto var = std::move(*var##_r)
+
+#define WEIR_TRY_VOID(expr)                                \
+  do {                                                     \
+    auto r_ = (expr);                                      \
+    if (!r_) return tl::unexpected(std::move(r_.error())); \
+  } while (0)
+
+#define WEIR_TRY_RESULT(var, expr) \
+  auto var = (expr);               \
+  if (!var) return tl::unexpected(std::move(var.error()))

@@ -1,4 +1,4 @@
-// Weir's own endpoints: GET /v1/models, /metrics, and access-log helpers.
+// Weir's own endpoints: GET /v1/models and /metrics.
 #pragma once
 
 #include <string>
@@ -26,12 +26,5 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 // renders the merged set in Prometheus text format into `out`. Waits at most
 // one second for the other workers.
 http::Task<void> collect_metrics_text(Worker& self, std::string& out);
-
-// Appends the current UTC time as RFC 3339 with milliseconds, e.g. 2026-11-30T03:12:45.123Z.
-void append_timestamp(std::string& out);
-
-// Appends "Date: <IMF-fixdate>\r\n" (RFC 9110 §6.6.1) for Weir's own
-// responses; formatted once a second per thread.
-void append_http_date(std::string& out);
 
 }  // namespace weir::gateway

@@ -8,19 +8,6 @@ namespace {
 constexpr std::size_t kListed = 18;  // non-zero entries of kStatuses
 }
 
-std::string_view route_label(RouteKind r) {
-  switch (r) {
-    case RouteKind::chat_completions: return "/v1/chat/completions";
-    case RouteKind::completions: return "/v1/completions";
-    case RouteKind::embeddings: return "/v1/embeddings";
-    case RouteKind::models: return "/v1/models";
-    case RouteKind::health: return "/health";
-    case RouteKind::ready: return "/ready";
-    case RouteKind::metrics: return "/metrics";
-    default: return "other";
-  }
-}
-
 MetricsShard::MetricsShard(std::size_t configured_models)
     : models_(configured_models + 2),
       requests_(static_cast<std::size_t>(RouteKind::count_) * models_ * kStatusSlots, 0),
@@ -53,7 +40,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   active_connections += o.active_connections;
   upstream_connects += o.upstream_connects;
   upstream_retries += o.upstream_retries;
-  for (std::size_t i = 0; i < upstream_failures.size(); ++i) upstream_failures[i] += o.upstream_failures[i];
+  for (std::size_t i = 0; i < upstream_failures_.size(); ++i) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
   bytes_in += o.bytes_in;
@@ -121,9 +108,9 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
            "Upstream attempts repeated on a fresh connection or another endpoint before any byte reached the client.");
   w.sample("weir_upstream_retries_total", "", upstream_retries);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by kind.");
-  static constexpr const char* kinds[] = {"connect_refused", "connect_timeout", "timeout", "reset", "protocol"};
-  for (std::size_t i = 0; i < upstream_failures.size(); ++i)
-    w.sample("weir_upstream_failures_total", fmt::format("kind=\"{}\"", kinds[i]), upstream_failures[i]);
+  for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
+                 http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol})
+    w.sample("weir_upstream_failures_total", fmt::format("kind=\"{}\"", http::to_string(f)), upstream_failures(f));
   w.header("weir_client_disconnects_total", "counter", "Clients that left before their response ended.");
   w.sample("weir_client_disconnects_total", "", client_disconnects);
   w.header("weir_slow_client_cutoffs_total", "counter",

@@ -9,25 +9,10 @@
 
 #include "core/config.hpp"
 #include "core/metrics.hpp"
+#include "gateway/endpoints.hpp"
+#include "http/upstream.hpp"
 
 namespace weir::gateway {
-
-// Routes Weir serves; the label of weir_requests_total.
-enum class RouteKind : std::uint8_t {
-  chat_completions,
-  completions,
-  embeddings,
-  models,
-  health,
-  ready,
-  metrics,
-  other,
-  count_,
-};
-std::string_view route_label(RouteKind r);
-
-// Upstream failure kinds counted in weir_upstream_failures_total.
-enum class FailureKind : std::uint8_t { connect_refused, connect_timeout, timeout, reset, protocol, count_ };
 
 class MetricsShard {
  public:
@@ -53,7 +38,11 @@ class MetricsShard {
   std::int64_t active_connections = 0;    // gauge (downstream)
   std::uint64_t upstream_connects = 0;    // new upstream TCP connections
   std::uint64_t upstream_retries = 0;     // stale-connection retries and failovers
-  std::array<std::uint64_t, static_cast<std::size_t>(FailureKind::count_)> upstream_failures{};
+  // weir_upstream_failures_total{kind}: failures the upstream caused (not Weir's own cancels).
+  void count_upstream_failure(http::UpstreamFailure f) {
+    if (http::is_upstream_fault(f)) ++upstream_failures_[static_cast<std::size_t>(f)];
+  }
+  std::uint64_t upstream_failures(http::UpstreamFailure f) const { return upstream_failures_[static_cast<std::size_t>(f)]; }
   std::uint64_t client_disconnects = 0;   // client left before the response ended
   std::uint64_t slow_client_cutoffs = 0;  // stream backlog or write timeout exceeded
   std::uint64_t bytes_in = 0;             // request bodies, bytes
@@ -76,6 +65,7 @@ class MetricsShard {
   std::vector<std::uint64_t> requests_;
   std::vector<core::Histogram> ttft_, upstream_, duration_;
   std::vector<std::uint64_t> prompt_tokens_, completion_tokens_;
+  std::array<std::uint64_t, static_cast<std::size_t>(http::UpstreamFailure::count_)> upstream_failures_{};
   core::Histogram added_;
 };
 

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,11 +98,14 @@ class Worker {
   std::string take_buffer();
   void give_buffer(std::string& s);
 
-  // Scratch for relay_stream, which uses them only between one recv and the
-  // end of its synchronous parse (never across a suspension): what one
-  // upstream recv reads, and the body bytes Beast's parser takes out of it.
-  boost::asio::mutable_buffer stream_read_buffer() { return boost::asio::buffer(stream_read_); }
-  boost::asio::mutable_buffer stream_body_buffer() { return boost::asio::buffer(stream_body_); }
+  // Scratch for the upstream exchange and the stream responder, used only
+  // between one recv and the end of its synchronous parse and relay (never
+  // across a suspension): what one upstream recv reads, and the body bytes
+  // Beast's parser takes out of it. An open stream holds neither.
+  std::span<char> stream_read_buffer() { return stream_read_; }
+  std::span<char> stream_body_buffer() { return stream_body_; }
+  // The events of one upstream read on their way to the client (same rule).
+  std::string& stream_events() { return stream_events_; }
 
  private:
   http::Task<void> accept_loop();
@@ -128,6 +132,7 @@ class Worker {
   static constexpr std::size_t kSpareBytes = 1u << 20;
   std::array<char, 16384> stream_read_{};
   std::array<char, 16384> stream_body_{};
+  std::string stream_events_;
   std::vector<std::string> spare_;  // give_buffer()'s, capacity > 0
   std::size_t spare_bytes_ = 0;
   Session* sessions_ = nullptr;  // intrusive list of live sessions

@@ -7,21 +7,9 @@
 namespace weir::http {
 
 namespace {
-inline char lower(char c) { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
-inline bool is_ows(char c) { return c == ' ' || c == '\t'; }
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_ows(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_ows(s.back())) s.remove_suffix(1);
-  return s;
-}
+constexpr auto lower = core::ascii_lower;
+constexpr auto trim = core::trim_ows;
 }  // namespace
-
-bool iequals(std::string_view a, std::string_view b) {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i)
-    if (lower(a[i]) != lower(b[i])) return false;
-  return true;
-}
 
 bool has_token(std::string_view list, std::string_view token) {
   while (!list.empty()) {

@@ -5,10 +5,11 @@
 #include <string>
 #include <string_view>
 
+#include "core/text.hpp"
+
 namespace weir::http {
 
-// ASCII case-insensitive equality (field names, RFC 9110 §5.1).
-bool iequals(std::string_view a, std::string_view b);
+using core::iequals;  // ASCII case-insensitive (field names, RFC 9110 §5.1)
 
 // True for fields a proxy must not forward (RFC 9110 §7.6.1): Connection,
 // Proxy-Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade, Trailer,

@@ -1,40 +1,26 @@
-// Concrete Asio types for a worker thread. Every socket, timer and coroutine
-// on the request path uses the io_context's own executor type instead of the
-// type-erased any_io_executor (whose copies show up in Beast profiles).
+// TCP types for a worker thread, on the concrete executor of core/async.hpp,
+// and the write that tries at once before it waits.
 #pragma once
 
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/awaitable.hpp>
-#include <boost/asio/io_context.hpp>
+#include <tuple>
+
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
+
+#include "core/async.hpp"
 
 namespace weir::http {
 
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
-using Executor = asio::io_context::executor_type;
-template <class T = void>
-using Task = asio::awaitable<T, Executor>;
+using core::Executor;
+using core::Task;
+using core::Timer;
+using core::use_task;
 using Socket = asio::basic_stream_socket<tcp, Executor>;
 using Acceptor = asio::basic_socket_acceptor<tcp, Executor>;
-using Timer = asio::basic_waitable_timer<std::chrono::steady_clock,
-                                         asio::wait_traits<std::chrono::steady_clock>, Executor>;
-
-// Completion token: `auto [ec, n] = co_await sock.async_read_some(buf, use_task);`
-// Errors come back as values; nothing on the request path throws.
-inline constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<Executor>{});
-
-}  // namespace weir::http
-
-#include <tuple>
-
-#include <boost/asio/write.hpp>
-#include <boost/beast/core/buffers_suffix.hpp>
-
-namespace weir::http {
 
 // Writes all of `buffers` to `sock`, which must be in non-blocking mode
 // (sock.non_blocking(true)): first at once, then, for what the socket did

@@ -9,6 +9,20 @@
 
 namespace weir::http {
 
+std::string_view to_string(UpstreamFailure f) {
+  switch (f) {
+    case UpstreamFailure::none: return "none";
+    case UpstreamFailure::connect_refused: return "connect_refused";
+    case UpstreamFailure::connect_timeout: return "connect_timeout";
+    case UpstreamFailure::timeout: return "timeout";
+    case UpstreamFailure::reset: return "reset";
+    case UpstreamFailure::protocol: return "protocol";
+    case UpstreamFailure::cancelled: return "cancelled";
+    case UpstreamFailure::count_: break;
+  }
+  return "unknown";
+}
+
 UpstreamConnection::UpstreamConnection(Executor ex)
     : sock_(ex), watchdog_(ex, [this] { abort(UpstreamFailure::timeout); }) {}
 

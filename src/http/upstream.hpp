@@ -5,13 +5,14 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/system/error_code.hpp>
 
 #include "http/io.hpp"
-#include "http/watchdog.hpp"
+#include "core/async.hpp"
 
 namespace weir::http {
 
@@ -24,7 +25,15 @@ enum class UpstreamFailure : std::uint8_t {
   reset,             // connection reset / closed early → 502
   protocol,          // unparsable response → 502
   cancelled,         // Weir closed it (client left) — not the upstream's fault
+  count_,
 };
+
+// The label of a failure kind (metrics, logs): "connect_refused", "reset", ...
+std::string_view to_string(UpstreamFailure f);
+// True for a failure the upstream caused (none and cancelled are not).
+constexpr bool is_upstream_fault(UpstreamFailure f) {
+  return f != UpstreamFailure::none && f != UpstreamFailure::cancelled && f != UpstreamFailure::count_;
+}
 
 // One TCP connection to one endpoint, with its read buffer and deadline.
 class UpstreamConnection {
@@ -35,7 +44,7 @@ class UpstreamConnection {
 
   Socket& socket() { return sock_; }
   boost::beast::flat_buffer& buffer() { return buf_; }
-  Watchdog& watchdog() { return watchdog_; }
+  core::Watchdog& watchdog() { return watchdog_; }
 
   // Closes the socket now: pending reads and writes complete with an error.
   // `why` is remembered (timeout vs cancel) for the caller that sees the error.
@@ -51,7 +60,7 @@ class UpstreamConnection {
  private:
   Socket sock_;
   boost::beast::flat_buffer buf_;
-  Watchdog watchdog_;
+  core::Watchdog watchdog_;
   UpstreamFailure aborted_for_ = UpstreamFailure::none;
 };
 

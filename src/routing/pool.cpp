@@ -17,17 +17,21 @@ WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp:
   scratch_.reserve(endpoints_.size());
 }
 
-std::uint32_t WorkerPool::pick(Clock::time_point now, Rng& rng, std::uint32_t exclude) {
+std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded) {
   const auto n = size();
   if (n == 1) return 0;
+  auto is_excluded = [&](std::uint32_t i) { return i < 64 && ((excluded >> i) & 1u); };
+  bool any_left = false;
+  for (std::uint32_t i = 0; i < n && !any_left; ++i) any_left = !is_excluded(i);
+  if (!any_left) excluded = 0;
   scratch_.clear();
   for (std::uint32_t i = 0; i < n; ++i)
-    if (i != exclude && endpoints_[i].ejected_until <= now) scratch_.push_back(i);
+    if (!is_excluded(i) && endpoints_[i].ejected_until <= now) scratch_.push_back(i);
   if (scratch_.empty()) {
-    // Every endpoint is ejected (or excluded): try the one ejected longest ago.
-    std::uint32_t best = exclude == 0 ? 1 : 0;
+    // Every endpoint left is ejected: try the one whose ejection ends first.
+    std::uint32_t best = npos;
     for (std::uint32_t i = 0; i < n; ++i)
-      if (i != exclude && endpoints_[i].ejected_until < endpoints_[best].ejected_until) best = i;
+      if (!is_excluded(i) && (best == npos || endpoints_[i].ejected_until < endpoints_[best].ejected_until)) best = i;
     return best;
   }
   if (scratch_.size() == 1) return scratch_[0];

@@ -53,12 +53,22 @@ class WorkerPool {
   // Power of two choices on in-flight requests among endpoints that are not
   // ejected (all of them if every one is ejected), never `exclude` when
   // another exists. O(1) for ≤ 2 healthy endpoints, O(n) scan otherwise.
-  std::uint32_t pick(Clock::time_point now, Rng& rng, std::uint32_t exclude = npos);
+  std::uint32_t pick(Clock::time_point now, Rng& rng, std::uint32_t exclude = npos) {
+    return pick_excluding(now, rng, exclude < 64 ? (std::uint64_t{1} << exclude) : 0);
+  }
+  // The same over the endpoints whose bit is clear in `excluded` (bit i =
+  // endpoint i; endpoints from 64 on are never excluded); when every one is
+  // excluded, as pick(now, rng).
+  std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded);
 
   // Connect refused or timed out: eject for cfg.eject_for, doubling per
   // consecutive failure up to 16×.
   void report_connect_failure(std::uint32_t i, Clock::time_point now);
   void report_success(std::uint32_t i);
+
+  // A request starts / ends on endpoint `i`: the in-flight count pick() balances on.
+  void on_start(std::uint32_t i) { ++endpoints_[i].in_flight; }
+  void on_finish(std::uint32_t i) { --endpoints_[i].in_flight; }
 
  private:
   const core::PoolConfig* cfg_;

@@ -10,10 +10,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <fmt/format.h>
 
-#include "admission/local_limiter.hpp"
-#include "admission/redis_limiter.hpp"
-#include "auth/jwks_cache.hpp"
-#include "auth/redis_keys.hpp"
+#include "gateway/services.hpp"
 #include "gateway/worker.hpp"
 
 namespace weir::server {
@@ -49,59 +46,10 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     }
   }
 
-  // The control plane: signals, JWKS refreshes. Its thread is not a worker.
+  // The control plane: signals, JWKS refreshes, Redis syncs. Its thread is not a worker.
   asio::io_context main_io;
-
-  // Identity and admission, when the config asks for them.
-  std::unique_ptr<auth::JwksCache> jwks;
-  std::unique_ptr<admission::Limiter> limiter;
-  admission::RedisLimiter* redis_limiter = nullptr;
-  std::unique_ptr<auth::RedisKeys> redis_keys;
-  if (loaded.auth) {
-    // Parsed and validated by gateway::load_config, as --check does: nothing is read from YAML here.
-    auto& auth_cfg = loaded.auth;
-    shared.pricing = std::move(loaded.pricing);
-    if (auth_cfg->jwt) {
-      const auto& j = *auth_cfg->jwt;
-      auto source = j.jwks_url.empty() ? auth::make_file_jwks_source(j.jwks_file)
-                                       : auth::make_http_jwks_source(main_io, j.jwks_url, j.fetch_timeout);
-      auth::JwksOptions opt;
-      opt.refresh_interval = j.refresh_interval;
-      opt.min_refetch_interval = j.min_refetch_interval;
-      jwks = std::make_unique<auth::JwksCache>(main_io, std::move(source), opt);
-      shared.jwks = jwks.get();
-    }
-    const auto& redis_cfg = loaded.redis;
-    if (auth_cfg->redis_keys && redis_cfg) {
-      // Virtual keys created and revoked in Redis (docs/auth.md, "Keys in Redis").
-      const auto& rc = *redis_cfg;
-      auth::RedisKeysOptions ko;
-      ko.client.host = rc.host;
-      ko.client.port = rc.port;
-      ko.client.db = rc.db;
-      ko.client.username = rc.username;
-      ko.client.password = rc.password;
-      ko.client.connect_timeout = rc.connect_timeout;
-      ko.client.command_timeout = rc.command_timeout;
-      ko.client.reconnect_max = rc.reconnect_max;
-      ko.key_prefix = rc.key_prefix;
-      redis_keys = std::make_unique<auth::RedisKeys>(main_io, std::move(ko));
-      shared.redis_keys = redis_keys.get();
-    }
-    shared.auth_policy = auth::AuthPolicy::build(std::move(*auth_cfg));
-    if (redis_cfg) {
-      // Limits and spend shared with other replicas; leases keep Redis off the request path.
-      auto r = std::make_unique<admission::RedisLimiter>(main_io, shared.auth_policy->scopes(), n, *redis_cfg,
-                                                         std::chrono::steady_clock::now());
-      redis_limiter = r.get();
-      shared.redis_limiter = r.get();
-      limiter = std::move(r);
-    } else {
-      limiter = std::make_unique<admission::LocalLimiter>(shared.auth_policy->scopes(), n,
-                                                          std::chrono::steady_clock::now());
-    }
-    shared.limiter = limiter.get();
-  }
+  gateway::Services services(main_io, loaded, n);
+  services.attach(shared);
 
   std::string err;
   shared.log_sink = core::AccessLogSink::open(config->server.access_log, err);
@@ -154,15 +102,13 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
         fmt::print(stderr, "weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                    signal_count == 1 ? "draining" : "closing now");
         shared.draining = true;
-        if (jwks) jwks->stop();
+        services.begin_drain();
         for (auto& w : workers) w->drain(deadline);
         signals.async_wait(on_signal);
       };
   signals.async_wait(on_signal);
 
-  if (jwks) jwks->start();
-  if (redis_limiter) redis_limiter->start();
-  if (redis_keys) redis_keys->start();
+  services.start();
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
@@ -171,14 +117,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
 
   std::thread signal_thread([&] { main_io.run(); });
   for (auto& w : workers) w->join();
-  // Lookups still in flight answer `unavailable` (no worker waits for them any more).
-  if (redis_keys) asio::post(main_io, [&] { redis_keys->stop(); });
-  if (redis_limiter) {
-    // Give unused leases back and push the last spend before leaving.
-    asio::co_spawn(main_io, redis_limiter->shutdown(), [&](std::exception_ptr) { main_io.stop(); });
-  } else {
-    main_io.stop();
-  }
+  asio::co_spawn(main_io, services.stop(), [&](std::exception_ptr) { main_io.stop(); });
   signal_thread.join();
   fmt::print(stderr, "weir: stopped\n");
   return 0;

@@ -20,9 +20,8 @@ namespace {
 using tcp = asio::ip::tcp;
 using Socket = asio::basic_stream_socket<tcp, Executor>;
 using Resolver = asio::ip::basic_resolver<tcp, Executor>;
-using Timer = asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>,
-                                         Executor>;
-constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<Executor>{});
+using core::Timer;
+using core::use_task;
 
 enum class State : std::uint8_t { idle, connecting, connected, backoff, stopped };
 

@@ -15,14 +15,14 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 
+#include "core/async.hpp"
 #include "store/resp.hpp"
 
 namespace weir::store {
 
 namespace asio = boost::asio;
-using Executor = asio::io_context::executor_type;
-template <class T = void>
-using Task = asio::awaitable<T, Executor>;
+using core::Executor;
+using core::Task;
 
 struct ClientOptions {
   std::string host = "127.0.0.1";  // name or address; resolved on every connect

@@ -1,3 +1,59 @@
+// Coroutines and deadlines on one worker thread: the concrete Asio types
+// every module uses (the io_context's own executor type instead of the
+// type-erased any_io_executor, whose copies show up in Beast profiles), a
+// one-waiter wake-up (Event) and a cheap per-connection deadline (Watchdog).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+namespace weir::core {
+
+namespace asio = boost::asio;
+
+using Executor = asio::io_context::executor_type;
+template <class T = void>
+using Task = asio::awaitable<T, Executor>;
+using Timer = asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>,
+                                         Executor>;
+
+// Completion token: `auto [ec, n] = co_await sock.async_read_some(buf, use_task);`
+// Errors come back as values; nothing on the request path throws.
+inline constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<Executor>{});
+
+// A one-waiter wake-up for coroutines on one thread: notify() from a
+// completion handler, co_await wait() in the coroutine. A notify() before
+// wait() is remembered, so no wake-up is lost.
+class Event {
+ public:
+  explicit Event(Executor ex) : timer_(ex) {}
+
+  void notify() {
+    signalled_ = true;
+    timer_.cancel();
+  }
+
+  // Returns once notify() has been called since the last wait() returned.
+  Task<void> wait() {
+    while (!signalled_) {
+      timer_.expires_at(std::chrono::steady_clock::time_point::max());
+      co_await timer_.async_wait(use_task);
+    }
+    signalled_ = false;
+  }
+
+ private:
+  Timer timer_;
+  bool signalled_ = false;
+};
+
 // A deadline for one connection's current I/O step, cheap to move.
 //
 // Setting a deadline is a store; the underlying timer is re-armed only when
@@ -6,16 +62,6 @@
 // timeout" costs no timer operation per read or write in steady state. When a
 // deadline passes, the watchdog calls on_expired() once; the owner typically
 // closes its socket there, which completes pending operations with an error.
-#pragma once
-
-#include <chrono>
-#include <functional>
-#include <memory>
-
-#include "http/io.hpp"
-
-namespace weir::http {
-
 class Watchdog {
  public:
   using Clock = std::chrono::steady_clock;
@@ -83,4 +129,4 @@ class Watchdog {
   std::shared_ptr<State> s_;
 };
 
-}  // namespace weir::http
+}  // namespace weir::core

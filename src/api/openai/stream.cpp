@@ -1,0 +1,43 @@
+#include "api/openai/stream.hpp"
+
+#include "api/json_scan.hpp"
+
+namespace weir::api::openai {
+
+bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out) {
+  if (!has_stream_options) return set_member(body, "stream_options", R"({"include_usage":true})", out);
+  auto span = find_member(body, "stream_options");
+  if (!span) return false;
+  std::string_view obj = body.substr(span->value_begin, span->value_end - span->value_begin);
+  // vLLM's StreamOptions.include_usage defaults to true: without the member
+  // the upstream sends the usage chunk and the client gets it.
+  if (!find_member(obj, "include_usage")) return false;
+  // vLLM ignores continuous_usage_stats unless include_usage is true: once
+  // Weir turns usage on, keep per-chunk usage off, as the client had it.
+  std::string no_continuous;
+  if (find_member(obj, "continuous_usage_stats") && set_member(obj, "continuous_usage_stats", "false", no_continuous))
+    obj = no_continuous;
+  return set_member(obj, "include_usage", "true", scratch) && set_member(body, "stream_options", scratch, out);
+}
+
+bool is_usage_only_chunk(std::string_view data) {
+  auto span = find_member(data, "choices");
+  if (!span) return false;
+  std::string_view v = data.substr(span->value_begin, span->value_end - span->value_begin);
+  if (v.size() < 2 || v.front() != '[' || v.back() != ']') return false;
+  for (char c : v.substr(1, v.size() - 2))
+    if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return false;
+  return true;
+}
+
+bool UsageHook::on_data(std::string_view data) {
+  if (data.find("\"usage\"") == std::string_view::npos) return true;
+  auto u = extract_usage(data);
+  if (!u) return true;
+  has_usage_ = true;
+  usage_ = *u;
+  // The usage chunk Weir asked for on the client's behalf: not theirs.
+  return !(strip_ && is_usage_only_chunk(data));
+}
+
+}  // namespace weir::api::openai

@@ -1,0 +1,48 @@
+// OpenAI/vLLM streaming specifics (OpenAI API "Create chat completion",
+// `stream_options`; vLLM's OpenAI-compatible server): asking the upstream
+// for the usage chunk on a client's behalf, and the per-event hook that
+// reads usage and keeps that chunk from a client that did not ask for it.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+#include "api/usage.hpp"
+
+namespace weir::api::openai {
+
+// Writes to `out` the request body `body` with `stream_options.include_usage`
+// set to true (and `continuous_usage_stats` to false when present, as the
+// client had it: vLLM honours it only with include_usage), so the stream
+// ends with a usage chunk. `has_stream_options`: the body has a
+// `stream_options` object. Returns false (out unspecified) when nothing was
+// changed: the client already asked for usage, or its stream_options
+// object has no include_usage (vLLM defaults it to true there).
+// `scratch` is working storage. Every other byte is the client's.
+bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out);
+
+// An OpenAI/vLLM stream's final usage chunk: `"choices": []` plus usage.
+bool is_usage_only_chunk(std::string_view data);
+
+// The per-event usage hook: fixed state, no allocation per event.
+class UsageHook {
+ public:
+  // `strip`: Weir asked for the usage chunk (ask_for_usage); drop it from the client's stream.
+  void reset(bool strip) {
+    strip_ = strip;
+    has_usage_ = false;
+    usage_ = {};
+  }
+  // Reads the `data` of one SSE event. Returns false when the event must
+  // not reach the client (the usage chunk Weir asked for).
+  bool on_data(std::string_view data);
+  bool has_usage() const { return has_usage_; }
+  const Usage& usage() const { return usage_; }
+
+ private:
+  bool strip_ = false;
+  bool has_usage_ = false;
+  Usage usage_;
+};
+
+}  // namespace weir::api::openai

@@ -1,0 +1,49 @@
+#include "gateway/context.hpp"
+
+namespace weir::gateway {
+
+void RequestContext::reset() {
+  read_failure = http::ReadFailure::none;
+  request_id.clear();
+  route = RouteKind::other;
+  method.clear();
+  path.clear();
+  principal.reset();
+  model.clear();
+  model_slot = 0;
+  stream = false;
+  fields = {};
+  target = {};
+  pool = endpoint = -1;
+  ticket.release();
+  ticket = {};
+  price = nullptr;
+  prompt_tokens_estimate = 0;
+  spend_nano_usd = 0;
+  rate_limit_lines.clear();
+  upstream_body = {};
+  upstream_body_buf.clear();
+  edit_buf.clear();
+  strip_usage = false;
+  source = nullptr;
+  upstream_status = 0;
+  committed = false;
+  retries = 0;
+  hooks.reset(false);
+  sse.reset();
+  status = 0;
+  has_error = false;
+  error_source = core::ErrorSource::internal;
+  error_code.clear();
+  has_usage = false;
+  usage = {};
+  bytes_in = 0;
+  events = 0;
+  t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
+  added_us = 0;
+  head.clear();
+  body.clear();
+  scratch.clear();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,56 @@
+#include "gateway/endpoints.hpp"
+
+namespace weir::gateway {
+
+std::string_view route_label(RouteKind r) {
+  switch (r) {
+    case RouteKind::chat_completions: return "/v1/chat/completions";
+    case RouteKind::completions: return "/v1/completions";
+    case RouteKind::embeddings: return "/v1/embeddings";
+    case RouteKind::models: return "/v1/models";
+    case RouteKind::health: return "/health";
+    case RouteKind::ready: return "/ready";
+    case RouteKind::metrics: return "/metrics";
+    default: return "other";
+  }
+}
+
+std::string_view path_of(std::string_view target) {
+  if (target.starts_with("http://") || target.starts_with("https://")) {
+    const auto slash = target.find('/', target.find("://") + 3);
+    target = slash == std::string_view::npos ? std::string_view("/") : target.substr(slash);
+  }
+  auto q = target.find('?');
+  return q == std::string_view::npos ? target : target.substr(0, q);
+}
+
+RouteKind classify_path(std::string_view path) {
+  if (path == "/v1/chat/completions") return RouteKind::chat_completions;
+  if (path == "/v1/completions") return RouteKind::completions;
+  if (path == "/v1/embeddings") return RouteKind::embeddings;
+  if (path == "/v1/models" || path.starts_with("/v1/models/")) return RouteKind::models;
+  if (path == "/health") return RouteKind::health;
+  if (path == "/ready") return RouteKind::ready;
+  if (path == "/metrics") return RouteKind::metrics;
+  return RouteKind::other;
+}
+
+std::optional<api::ApiKind> api_of(RouteKind r) {
+  switch (r) {
+    case RouteKind::chat_completions: return api::ApiKind::chat_completions;
+    case RouteKind::completions: return api::ApiKind::completions;
+    case RouteKind::embeddings: return api::ApiKind::embeddings;
+    default: return std::nullopt;
+  }
+}
+
+std::string_view allowed_methods(RouteKind r) { return api_of(r) ? "POST" : "GET, HEAD"; }
+
+bool valid_request_id(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (unsigned char c : id)
+    if (c < 0x21 || c > 0x7e) return false;
+  return true;
+}
+
+}  // namespace weir::gateway

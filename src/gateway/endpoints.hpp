@@ -1,0 +1,41 @@
+// The routes Weir serves and how a request target maps to one (OpenAI API
+// paths; Weir's own /health, /ready, /metrics).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "api/request.hpp"
+
+namespace weir::gateway {
+
+// Routes Weir serves; the label of weir_requests_total.
+enum class RouteKind : std::uint8_t {
+  chat_completions,
+  completions,
+  embeddings,
+  models,
+  health,
+  ready,
+  metrics,
+  other,
+  count_,
+};
+std::string_view route_label(RouteKind r);
+
+// The path of a request target: origin-form "/p?q", or absolute-form
+// "http://host/p?q", which a server must accept too (RFC 9112 §3.2.2).
+std::string_view path_of(std::string_view target);
+RouteKind classify_path(std::string_view path);
+
+// The OpenAI API a POST route speaks, or nullopt for Weir's own GET routes.
+std::optional<api::ApiKind> api_of(RouteKind r);
+// Methods a route accepts: "POST" for the API routes, "GET, HEAD" for the
+// others (the Allow field of a 405).
+std::string_view allowed_methods(RouteKind r);
+
+// An x-request-id Weir passes on: 1..128 visible ASCII characters.
+bool valid_request_id(std::string_view id);
+
+}  // namespace weir::gateway

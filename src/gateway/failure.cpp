@@ -1,0 +1,88 @@
+#include "gateway/failure.hpp"
+
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "core/json_text.hpp"
+
+namespace weir::gateway {
+
+core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::string_view detail) {
+  switch (f) {
+    case http::ReadFailure::head_timeout:
+      return core::request_timeout("The request head was not received in time.");
+    case http::ReadFailure::body_timeout:
+      return core::request_timeout("The request body was not received in time.");
+    case http::ReadFailure::head_too_large:
+      return core::header_too_large(sc.max_header_bytes);
+    case http::ReadFailure::body_too_large:
+      return core::payload_too_large(sc.max_body_bytes);
+    case http::ReadFailure::client_closed: {
+      auto e = client_gone(ClientGone::closed);
+      e.message = "The client closed the connection before sending the whole body.";
+      return e;
+    }
+    case http::ReadFailure::malformed:
+    case http::ReadFailure::none:
+      break;
+  }
+  return core::bad_request(fmt::format("Malformed HTTP request: {}.", detail));
+}
+
+namespace {
+// "<lead> pool `P` (model `M`) <what> (request R)."
+std::string upstream_message(const UpstreamSubject& who, std::string_view what, std::string_view lead = "Upstream") {
+  std::string m = fmt::format("{} pool `{}`", lead, who.pool);
+  if (!who.model.empty())
+    fmt::format_to(std::back_inserter(m), " (model `{}`)", core::utf8_prefix(who.model, core::kMaxEchoBytes));
+  fmt::format_to(std::back_inserter(m), " {} (request {}).", what, who.request_id);
+  return m;
+}
+}  // namespace
+
+core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, bool mid_stream) {
+  const char* when = mid_stream ? " while streaming" : "";
+  switch (f) {
+    case http::UpstreamFailure::connect_refused:
+      return core::upstream_unavailable(upstream_message(who, "refused the connection"));
+    case http::UpstreamFailure::connect_timeout:
+      return core::upstream_timeout(upstream_message(who, "timed out", "Connecting to upstream"));
+    case http::UpstreamFailure::timeout:
+      return core::upstream_timeout(upstream_message(who, fmt::format("timed out{}", when)));
+    case http::UpstreamFailure::protocol:
+      return core::upstream_unavailable(upstream_message(who, fmt::format("sent an invalid HTTP response{}", when)));
+    default:
+      return core::upstream_unavailable(upstream_message(who, fmt::format("closed the connection{}", when)));
+  }
+}
+
+core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes) {
+  return core::upstream_unavailable(upstream_message(who, fmt::format("sent a response larger than {} bytes", limit_bytes)));
+}
+
+core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding) {
+  return core::upstream_unavailable(upstream_message(
+      who, fmt::format("sent a body in Content-Encoding '{}' that Weir cannot decode for this client",
+                       core::utf8_prefix(encoding, 64))));
+}
+
+core::Error client_gone(ClientGone why) {
+  switch (why) {
+    case ClientGone::slow:
+      return core::client_closed("slow_client", "The client stopped reading the stream.");
+    case ClientGone::write_timeout:
+      return core::client_closed("client_write_timeout", "A write to the client timed out.");
+    case ClientGone::closed:
+      break;
+  }
+  return core::client_closed("client_closed_request", "The client closed the connection.");
+}
+
+Delivery delivery_of(const core::Error& e, bool committed, bool streaming) {
+  if (e.status == 499) return Delivery::none;
+  if (!committed) return Delivery::response;
+  return streaming ? Delivery::in_band : Delivery::none;
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,57 @@
+// The one failure mapping: every way a request can fail becomes, here and
+// nowhere else, a status, an OpenAI-shaped error (core::Error) and the
+// access log's `error` field; and how it reaches the client depends only on
+// whether the response was committed (gateway/phases: fail()).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/config.hpp"
+#include "core/error.hpp"
+#include "http/downstream.hpp"
+#include "http/upstream.hpp"
+
+namespace weir::gateway {
+
+// A request whose head or body could not be read: 400 (malformed), 408
+// (head or body too slow), 413 (body over server.max_body), 431 (head over
+// server.max_header), or 499 client_closed_request (the client left
+// mid-body). `detail`: the parser's message for a malformed request.
+core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::string_view detail);
+
+// Who failed, as a client may be told: the pool, the model asked for (empty:
+// none, quick mode's GET /v1/models) and the request id. Never the
+// endpoint's address: that goes to the access log and metrics only, so a
+// client does not learn the topology behind the gateway.
+struct UpstreamSubject {
+  std::string_view pool;
+  std::string_view model;
+  std::string_view request_id;
+};
+
+// An upstream failure as the client sees it: 502 upstream_unavailable
+// (refused, reset, garbage) or 504 upstream_timeout (connect, first byte,
+// idle): "Upstream pool `P` (model `M`) refused the connection (request R)."
+core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, bool mid_stream);
+// A buffered upstream body over server.max_response (502).
+core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
+// A body in a Content-Encoding Weir cannot decode for a client that does not accept it (502).
+core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding);
+
+// Why a client is gone: it closed or reset (client_closed_request), it
+// stopped reading and passed server.max_stream_buffer (slow_client), or one
+// write took longer than server.write_timeout (client_write_timeout).
+enum class ClientGone : std::uint8_t { closed, slow, write_timeout };
+// 499 (nginx's "client closed request"), source client: nothing is sent.
+core::Error client_gone(ClientGone why);
+
+// How a failure reaches the client.
+enum class Delivery : std::uint8_t {
+  response,  // before the commit point: a whole error response (status, OpenAI error body)
+  in_band,   // a stream already committed: `data: {"error": ...}` then `data: [DONE]`, as vLLM does
+  none,      // the client is gone (499), or a non-stream response was committed: nothing more is sent
+};
+Delivery delivery_of(const core::Error& e, bool committed, bool streaming);
+
+}  // namespace weir::gateway

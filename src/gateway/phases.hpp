@@ -1,0 +1,75 @@
+// The gateway's phases (gateway/pipeline.hpp), one file each under
+// gateway/phases/: read, authenticate, parse and route, admit, respond
+// (proxy: the upstream attempts, then respond_stream or respond_buffered;
+// or Weir's own endpoints), fail and log. One object per connection; all
+// per-request state is in the RequestContext.
+#pragma once
+
+#include "gateway/failure.hpp"
+#include "gateway/pipeline.hpp"
+#include "http/downstream.hpp"
+#include "http/exchange.hpp"
+
+namespace weir::gateway {
+
+class Worker;
+
+class GatewayPhases final : public Phases {
+ public:
+  GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange)
+      : w_(w), down_(down), exchange_(exchange) {}
+
+  core::Task<Outcome> read(RequestContext& ctx) override;
+  core::Task<Outcome> authenticate(RequestContext& ctx) override;
+  Outcome parse(RequestContext& ctx) override;
+  Outcome route(RequestContext& ctx) override;
+  core::Task<Outcome> admit(RequestContext& ctx) override;
+  core::Task<Outcome> respond(RequestContext& ctx) override;
+  core::Task<void> fail(RequestContext& ctx, const core::Error& e) override;
+  void log(RequestContext& ctx) override;
+
+  // The client closed while `ctx` was in flight (http::Downstream::Listener):
+  // aborts the upstream request at once so the model server stops
+  // generating — not once the response is complete or [DONE] went out (its
+  // last bytes are read so the connection goes back to the pool).
+  void on_client_gone(RequestContext& ctx);
+
+ private:
+  // True for requests that go upstream: the API routes, and GET /v1/models
+  // in quick mode (the upstream knows its models).
+  bool proxied(const RequestContext& ctx) const;
+  core::Task<Outcome> serve_own(RequestContext& ctx);
+  core::Task<Outcome> proxy(RequestContext& ctx);
+  // Prepares the upstream request and runs the attempts until one has a
+  // response head (next()), or fails (502/504, 499).
+  core::Task<Outcome> start_upstream(RequestContext& ctx);
+  // The upstream request body: the client's bytes with at most two members spliced.
+  void prepare_upstream_body(RequestContext& ctx);
+  core::Task<Outcome> respond_stream(RequestContext& ctx);
+  core::Task<Outcome> respond_buffered(RequestContext& ctx);
+  // The commit point: the first byte of the response goes to the client's
+  // queue. Nothing can be retried after it, so the request body goes back to
+  // the worker here.
+  void commit(RequestContext& ctx);
+  // A whole response Weir built: `extra_lines` are whole header lines.
+  struct OwnResponse {
+    int status = 200;
+    std::string_view content_type;
+    std::string_view body;
+    std::string_view extra_lines;
+  };
+  // Writes `r` (HEAD: without the body); a failed write makes the request a 499.
+  // (The response goes by reference: GCC 12 miscopies coroutine parameters
+  // passed on the stack.)
+  core::Task<void> send_own(RequestContext& ctx, const OwnResponse& r);
+  void settle(RequestContext& ctx);
+  // Who failed upstream, for error messages (gateway/failure.hpp).
+  UpstreamSubject subject(const RequestContext& ctx) const;
+  void write_access_log(RequestContext& ctx, core::TimePoint end);
+
+  Worker& w_;
+  http::Downstream& down_;
+  http::UpstreamExchange& exchange_;
+};
+
+}  // namespace weir::gateway

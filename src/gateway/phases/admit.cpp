@@ -1,0 +1,59 @@
+// The admit phase: the model allow-list, rate limits, stream caps and
+// budgets of the principal's tenant and key (docs/admission.md), with
+// OpenAI's x-ratelimit-* headers for every answer to the request.
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "admission/refill.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+using core::use_task;
+
+core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
+  const auto api = api_of(ctx.route);
+  if (!api) co_return Outcome::next();
+  const auto& f = ctx.fields;
+  // Completion budget when the request gives no max_tokens: vLLM's own
+  // default depends on the context length, so take the route's default
+  // (models.X.default_max_tokens) and let settle() correct it with the real usage.
+  const std::uint64_t out_tokens =
+      *api == api::ApiKind::embeddings
+          ? 0
+          : std::uint64_t{f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens} * f.n * f.prompt_count;
+  const auto estimate = admission::TokenEstimate::of(f.prompt_bytes, out_tokens, f.prompt_overhead_tokens);
+  ctx.prompt_tokens_estimate = estimate.prompt_tokens;
+  if (!ctx.principal) co_return Outcome::next();
+  const std::string_view model = ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;
+  ctx.price = w_.shared().pricing.find(model);
+  if (auto ok = auth::Authenticator::check_model(*ctx.principal, model); !ok)
+    co_return Outcome::failed(std::move(ok.error()));
+  auto* adm = w_.admission();
+  auto now = std::chrono::steady_clock::now();
+  admission::Shortfall wait;
+  auto t = adm->admit(*ctx.principal, model, estimate, now, &wait);
+  if (!t && wait.pending) {
+    // A shared (Redis) limit: this replica's lease is short but the shared
+    // bucket may cover it. Wait once for a refill; the second answer is final.
+    co_await admission::async_refill(*w_.shared().limiter, wait, w_.index(), w_.io().get_executor(), use_task);
+    now = std::chrono::steady_clock::now();
+    t = adm->admit(*ctx.principal, model, estimate, now);
+  }
+  // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
+  const auto h = adm->rate_limit_headers(*ctx.principal, now);
+  auto put = [&](std::string_view kind, const admission::BucketView& b) {
+    fmt::format_to(std::back_inserter(ctx.rate_limit_lines),
+                   "x-ratelimit-limit-{0}: {1}\r\nx-ratelimit-remaining-{0}: {2}\r\nx-ratelimit-reset-{0}: {3}\r\n",
+                   kind, b.limit, b.remaining, admission::format_reset(b.reset_ms));
+  };
+  if (h.has_requests) put("requests", h.requests);
+  if (h.has_tokens) put("tokens", h.tokens);
+  if (!t) co_return Outcome::failed(std::move(t.error()));
+  ctx.ticket = std::move(*t);
+  co_return Outcome::next();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,177 @@
+// The fail and log phases: a failure reaches the client as the one mapping
+// says (gateway/failure.hpp), and every request, whatever happened, settles
+// admission and leaves one metrics update and one access-log line.
+#include <iterator>
+
+#include <fmt/format.h>
+
+#include "core/json_text.hpp"
+#include "gateway/failure.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) {
+  auto& m = w_.metrics();
+  ctx.set_error(e);
+  switch (delivery_of(e, ctx.committed, ctx.stream)) {
+    case Delivery::response: {
+      ctx.body.clear();
+      core::append_error_json(ctx.body, e);
+      ctx.scratch.clear();
+      if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
+      if (e.status == 405) {
+        ctx.scratch += "Allow: ";
+        ctx.scratch += allowed_methods(ctx.route);
+        ctx.scratch += "\r\n";
+      }
+      co_await send_own(ctx, {e.status, "application/json", ctx.body, ctx.scratch});
+      if (ctx.status == 499) ++m.client_disconnects;
+      break;
+    }
+    case Delivery::in_band: {
+      // Headers are out: the error goes in the stream, as vLLM does, then [DONE].
+      ctx.body.clear();
+      core::append_error_json(ctx.body, e);
+      ctx.scratch.clear();
+      http::append_sse_data(ctx.scratch, ctx.body);
+      if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
+      down_.queue_body(ctx.scratch);
+      down_.queue_end();
+      down_.flush();
+      co_await down_.drain();
+      if (down_.write_failed()) {
+        ctx.status = 499;
+        ++m.client_disconnects;
+        down_.no_keep_alive();
+      }
+      break;
+    }
+    case Delivery::none:
+      if (e.status == 499) {
+        // The 499 accounting, once: nginx's "client closed request".
+        ctx.status = 499;
+        if (e.code != "slow_client") ++m.client_disconnects;
+        if (e.code != "client_closed_request") ++m.slow_client_cutoffs;
+        down_.no_keep_alive();
+      }
+      break;
+  }
+}
+
+UpstreamSubject GatewayPhases::subject(const RequestContext& ctx) const {
+  return {w_.config().pools[static_cast<std::size_t>(ctx.pool)].name, ctx.model, ctx.request_id};
+}
+
+void GatewayPhases::settle(RequestContext& ctx) {
+  if (ctx.principal && w_.admission()) {
+    api::Usage u;
+    if (ctx.has_usage) {
+      u = ctx.usage;
+    } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300) {
+      // No usage, but the upstream accepted the request and worked on it
+      // (the client left mid-stream, or the stream broke): charge the prompt
+      // as estimated and one token per content event relayed. An upstream
+      // that failed or refused (no 2xx head, a 4xx/5xx) is charged nothing.
+      u.prompt_tokens = ctx.prompt_tokens_estimate;
+      u.completion_tokens = ctx.events;
+      u.total_tokens = u.prompt_tokens + u.completion_tokens;
+    }
+    w_.admission()->settle(ctx.ticket, u, std::chrono::steady_clock::now());
+    // The request's cost at the model's price, whether or not a budget applies.
+    ctx.spend_nano_usd = ctx.price ? admission::cost_nano_usd(*ctx.price, u) : 0;
+  }
+  ctx.ticket.release();
+}
+
+void GatewayPhases::log(RequestContext& ctx) {
+  const auto end = core::now();
+  auto& m = w_.metrics();
+  if (ctx.status == 0) ctx.status = down_.client_gone() ? 499 : 500;
+  if (ctx.status == 499 && !ctx.has_error) {
+    // Every 499 says why.
+    ctx.has_error = true;
+    ctx.error_source = core::ErrorSource::client;
+    ctx.error_code = "client_closed_request";
+  }
+  settle(ctx);
+  m.count_request(ctx.route, ctx.model_slot, ctx.status);
+  m.duration(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, end));
+  if (ctx.t_first_token != core::TimePoint{})
+    m.ttft(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, ctx.t_first_token));
+  if (ctx.t_upstream_done != core::TimePoint{} && ctx.t_upstream_sent != core::TimePoint{})
+    m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
+  if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
+  if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens);
+  m.sse_events += ctx.events;
+  if (w_.access_log().enabled()) write_access_log(ctx, end);
+  ctx.principal.reset();
+}
+
+void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
+  auto& log = w_.access_log();
+  std::string& out = log.begin_line();
+  out += R"({"ts":")";
+  core::append_rfc3339_now(out);
+  out += R"(","request_id":)";
+  core::append_json_string(out, ctx.request_id);
+  out += R"(,"method":)";
+  core::append_json_string(out, ctx.method);
+  out += R"(,"path":)";
+  core::append_json_string(out, ctx.path);
+  out += R"(,"model":)";
+  // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
+  if (ctx.model.empty()) out += "null";
+  else core::append_json_string(out, core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
+  const auto& cfg = w_.config();
+  out += R"(,"pool":)";
+  if (ctx.pool < 0) out += "null";
+  else core::append_json_string(out, cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
+  out += R"(,"endpoint":)";
+  if (ctx.pool < 0 || ctx.endpoint < 0) out += "null";
+  else
+    core::append_json_string(
+        out, cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
+  if (ctx.principal) {
+    out += R"(,"tenant":)";
+    core::append_json_string(out, ctx.principal->tenant_name());
+    out += R"(,"key_id":)";
+    if (ctx.principal->key_id().empty()) out += "null";
+    else core::append_json_string(out, core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
+    fmt::format_to(std::back_inserter(out), R"(,"spend_usd":{:.9f})", static_cast<double>(ctx.spend_nano_usd) / 1e9);
+  }
+  fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx.status, ctx.stream);
+  auto ms = [&](core::TimePoint a, core::TimePoint b) {
+    return static_cast<double>(core::micros_between(a, b)) / 1000.0;
+  };
+  if (ctx.t_first_token != core::TimePoint{})
+    fmt::format_to(std::back_inserter(out), R"(,"ttft_ms":{:.3f})", ms(ctx.t_start, ctx.t_first_token));
+  else
+    out += R"(,"ttft_ms":null)";
+  fmt::format_to(std::back_inserter(out), R"(,"duration_ms":{:.3f})", ms(ctx.t_start, end));
+  if (ctx.t_upstream_sent != core::TimePoint{} && ctx.t_upstream_done != core::TimePoint{})
+    fmt::format_to(std::back_inserter(out), R"(,"upstream_ms":{:.3f})", ms(ctx.t_upstream_sent, ctx.t_upstream_done));
+  else
+    out += R"(,"upstream_ms":null)";
+  fmt::format_to(std::back_inserter(out), R"(,"added_us":{},"bytes_in":{},"bytes_out":{},"events":{},"retries":{})",
+                 ctx.added_us, ctx.bytes_in, down_.bytes_out(), ctx.events, ctx.retries);
+  if (ctx.has_usage)
+    fmt::format_to(std::back_inserter(out), R"(,"prompt_tokens":{},"completion_tokens":{})", ctx.usage.prompt_tokens,
+                   ctx.usage.completion_tokens);
+  else
+    out += R"(,"prompt_tokens":null,"completion_tokens":null)";
+  if (ctx.has_error) {
+    out += R"(,"error":{"source":")";
+    out += core::to_string(ctx.error_source);
+    out += R"(","code":)";
+    core::append_json_string(out, ctx.error_code);
+    out += "}";
+  } else {
+    out += R"(,"error":null)";
+  }
+  out += "}";
+  log.end_line();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,39 @@
+// Weir's own answers: GET /v1/models (configured models and aliases the
+// principal may use), /health, /ready, /metrics; and the whole-response
+// writer every own answer and error response uses.
+#include "gateway/admin.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse& r) {
+  ctx.status = r.status;
+  ctx.head.clear();
+  http::append_own_response_head(ctx.head, r.status, r.content_type, r.body.size(), ctx.request_id,
+                                 ctx.rate_limit_lines, r.extra_lines, down_.connection_mode());
+  const std::string_view body = down_.head_request() ? std::string_view{} : r.body;
+  if (!co_await down_.write_all(ctx.head, body)) ctx.status = 499;
+}
+
+core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
+  if (ctx.route == RouteKind::models) {
+    auto r = models_response(w_.config(), ctx.path, ctx.principal.get());
+    if (!r) co_return Outcome::failed(std::move(r.error()));
+    co_await send_own(ctx, {200, "application/json", *r, {}});
+  } else if (ctx.route == RouteKind::health) {
+    co_await send_own(ctx, {200, "application/json", R"({"status":"ok"})", {}});
+  } else if (ctx.route == RouteKind::ready) {
+    if (w_.draining()) co_return Outcome::failed(core::unavailable("Weir is draining."));
+    co_await send_own(ctx, {200, "application/json", R"({"status":"ready"})", {}});
+  } else if (ctx.route == RouteKind::metrics) {
+    std::string text;
+    co_await collect_metrics_text(w_, text);
+    co_await send_own(ctx, {200, "text/plain; version=0.0.4; charset=utf-8", text, {}});
+  } else {
+    co_return Outcome::failed(core::not_found(ctx.path));
+  }
+  co_return Outcome::responded();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,41 @@
+// The parse and route phases: the JSON body's fields (api/request.hpp),
+// then model → pool (routing/route_table.hpp).
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+bool GatewayPhases::proxied(const RequestContext& ctx) const {
+  if (api_of(ctx.route)) return true;
+  // Quick mode: the upstream knows its models.
+  return ctx.route == RouteKind::models && w_.config().models.empty() && w_.config().default_pool;
+}
+
+Outcome GatewayPhases::parse(RequestContext& ctx) {
+  const auto api = api_of(ctx.route);
+  if (!api) return Outcome::next();
+  auto fields = api::parse_request(*api, down_.body());
+  if (!fields) return Outcome::failed(std::move(fields.error()));
+  ctx.fields = std::move(*fields);
+  ctx.model = std::move(ctx.fields.model);
+  ctx.stream = ctx.fields.stream;
+  return Outcome::next();
+}
+
+Outcome GatewayPhases::route(RequestContext& ctx) {
+  if (!proxied(ctx)) return Outcome::next();
+  if (!api_of(ctx.route)) {
+    ctx.target = routing::Route{};
+    ctx.target.pool = static_cast<std::uint32_t>(*w_.config().default_pool);
+    ctx.pool = static_cast<int>(ctx.target.pool);
+    return Outcome::next();
+  }
+  auto r = w_.routes().find(ctx.model);
+  if (!r) return Outcome::failed(core::model_not_found(ctx.model));
+  ctx.target = *r;
+  ctx.model_slot = r->model_index == routing::kUnlistedModel ? w_.metrics().unlisted_model() : r->model_index;
+  ctx.pool = static_cast<int>(r->pool);
+  return Outcome::next();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,123 @@
+// The response as a whole body (non-streaming requests, errors, and
+// compressed streams): read within server.max_response, usage read from it,
+// Content-Encoding kept consistent with the bytes (passed through to a
+// client that accepts it, decoded for one that does not), then one write.
+#include <boost/beast/http/field.hpp>
+#include <boost/beast/http/verb.hpp>
+
+#include "gateway/failure.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+#include "http/gzip.hpp"
+#include "core/text.hpp"
+#include "http/headers.hpp"
+
+namespace weir::gateway {
+
+namespace bh = boost::beast::http;
+
+namespace {
+// Room added to the body per read: 4 KiB for small answers (zero-filled by
+// resize, so no more than a read can use), growing with the body so a large
+// one (a 5 MB embeddings batch) takes few reads.
+std::size_t read_room(std::size_t have) { return std::clamp<std::size_t>(have, 4096, 1u << 20); }
+}  // namespace
+
+core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
+  const auto& sc = w_.config().server;
+  http::ResponseSource& src = *ctx.source;
+  std::string& body = ctx.body;
+  body.clear();
+  http::UpstreamFailure failure = http::UpstreamFailure::none;
+  bool too_large = false;
+  while (!src.done()) {
+    const std::size_t have = body.size();
+    const std::size_t room = read_room(have);
+    body.resize(have + room);
+    const http::BodyRead r = co_await src.read(std::span<char>(body.data() + have, room));
+    body.resize(have + r.bytes);
+    if (r.failure != http::UpstreamFailure::none) {
+      failure = r.failure;
+      break;
+    }
+    if (body.size() > sc.max_response_bytes) {
+      failure = http::UpstreamFailure::protocol;
+      too_large = true;
+      break;
+    }
+    if (r.end) break;
+  }
+  ctx.t_upstream_done = core::now();
+  if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  if (failure != http::UpstreamFailure::none) {
+    w_.metrics().count_upstream_failure(failure);
+    if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
+    co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
+  }
+  const auto t0 = core::now();
+  const auto& head = src.head();
+  const int status = head.result_int();
+  const auto& req = down_.request();
+  std::string_view out = body;
+
+  // Content-Encoding: the body's bytes must always match its headers, and a
+  // client never gets an encoding it did not accept. Pass gzip through to a
+  // client that accepts it; decode it for one that does not.
+  const std::string_view encoding = head[bh::field::content_encoding];
+  const bool encoded = !encoding.empty() && !core::iequals(encoding, "identity");
+  const bool accepted = encoded && http::has_token(req[bh::field::accept_encoding], encoding);
+  std::string_view plain = out;  // the decoded body, for reading usage
+  bool drop_encoding = false;
+  if (encoded && out.empty()) {
+    // Nothing to decode (Content-Length 0, or HEAD): drop a label the client did not ask for.
+    drop_encoding = !accepted;
+  } else if (encoded) {
+    const bool gzip = core::iequals(encoding, "gzip") || core::iequals(encoding, "x-gzip") ||
+                      core::iequals(encoding, "deflate");
+    if (gzip && http::gunzip(out, ctx.scratch, sc.max_response_bytes)) {
+      plain = ctx.scratch;
+      if (!accepted) {
+        out = ctx.scratch;
+        drop_encoding = true;
+      }
+    } else {
+      plain = {};
+      if (!accepted) {
+        w_.metrics().count_upstream_failure(http::UpstreamFailure::protocol);
+        co_return Outcome::failed(upstream_undecodable(subject(ctx), encoding));
+      }
+    }
+  }
+  if (status >= 200 && status < 300 && !plain.empty()) {
+    if (auto u = api::extract_usage(plain)) {
+      ctx.has_usage = true;
+      ctx.usage = *u;
+    }
+  }
+  ctx.status = status;
+  if (status >= 400) {
+    // The upstream's own error passes through with its body; the log blames its side.
+    ctx.has_error = true;
+    ctx.error_source = status >= 500 ? core::ErrorSource::upstream : core::ErrorSource::client;
+    ctx.error_code = "upstream_status";
+  }
+  commit(ctx);
+  ctx.head.clear();
+  http::append_status_line(ctx.head, status);
+  http::append_response_fields(ctx.head, head, drop_encoding);
+  http::append_header(ctx.head, "x-request-id", ctx.request_id);
+  ctx.head += ctx.rate_limit_lines;
+  http::append_connection_header(ctx.head, down_.connection_mode());
+  if (drop_encoding) ctx.head += "Vary: Accept-Encoding\r\n";
+  const bool no_body = req.method() == bh::verb::head || status == 204 || status == 304;
+  if (!no_body) http::append_content_length(ctx.head, out.size());
+  ctx.head += "\r\n";
+  ctx.added_us += core::micros_between(t0, core::now());
+  const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
+  if (body.capacity() > (1u << 20)) std::string().swap(body);
+  if (ctx.scratch.capacity() > (1u << 20)) std::string().swap(ctx.scratch);
+  if (!sent) co_return Outcome::failed(client_gone(ClientGone::closed));
+  co_return Outcome::responded();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,123 @@
+// The response as a stream: the client's head at once (it sees its stream
+// open before the first token), then each SSE event as soon as it is
+// complete, through the stream hooks; every event completed by one upstream
+// read leaves in one write. A client that stops reading is cut off at
+// server.max_stream_buffer; one that leaves aborts the upstream request.
+#include "gateway/failure.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+#include "http/headers.hpp"
+
+namespace weir::gateway {
+
+core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
+  const auto& sc = w_.config().server;
+  auto& metrics = w_.metrics();
+  http::ResponseSource& src = *ctx.source;
+  ++metrics.active_streams;
+  ctx.status = 200;
+  if (!down_.http11()) down_.no_keep_alive();  // HTTP/1.0: the body ends at close
+
+  const auto t0 = core::now();
+  commit(ctx);
+  ctx.head.clear();
+  http::append_status_line(ctx.head, 200);
+  http::append_response_fields(ctx.head, src.head(), false);
+  http::append_header(ctx.head, "x-request-id", ctx.request_id);
+  ctx.head += ctx.rate_limit_lines;
+  http::append_connection_header(ctx.head, down_.connection_mode());
+  if (down_.http11()) ctx.head += "Transfer-Encoding: chunked\r\n";
+  ctx.head += "\r\n";
+  down_.send(ctx.head);
+  // A long stream keeps neither the head's storage nor the request's fields.
+  w_.give_buffer(ctx.head);
+  down_.release_request_fields();
+  src.shrink();
+  ctx.added_us += core::micros_between(t0, core::now());
+
+  ctx.sse.reset();
+  ctx.hooks.reset(ctx.strip_usage);
+  const auto into = w_.stream_body_buffer();
+  std::string& events = w_.stream_events();  // used only until this read's events are sent
+  http::UpstreamFailure failure = http::UpstreamFailure::none;
+  bool first_read = true;
+  bool cut_off = false;
+  while (!src.done()) {
+    const http::BodyRead r = co_await src.read(into);
+    const auto t_read = core::now();
+    events.clear();
+    if (r.bytes > 0) {
+      ctx.sse.push(std::string_view(into.data(), r.bytes));
+      while (auto ev = ctx.sse.next()) {
+        if (!ctx.hooks.on_event(*ev)) continue;
+        if (ev->has_data) {
+          ++ctx.events;
+          if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
+        }
+        events += ev->raw;
+      }
+      if (ctx.sse.error()) failure = http::UpstreamFailure::protocol;
+    }
+    // Bytes of earlier reads the client has not taken yet: the slow-client
+    // measure. Not this read's events: one event larger than the bound (a
+    // chunk with prompt_logprobs) is not a slow client.
+    const std::size_t backlog = down_.backlog();
+    if (!events.empty()) {
+      down_.send_body(events);
+      if (first_read) {
+        ctx.added_us += core::micros_between(t_read, core::now());
+        first_read = false;
+      }
+    }
+    if (r.failure != http::UpstreamFailure::none) failure = r.failure;
+    if (failure != http::UpstreamFailure::none || r.end) break;
+    if (backlog > sc.max_stream_buffer_bytes) {
+      // The client is not keeping up: cut it off rather than buffer without bound.
+      cut_off = true;
+      break;
+    }
+    // The client left (and the upstream was aborted), unless the stream was
+    // over for it: then read the upstream's last bytes, so its connection
+    // goes back to the pool.
+    if (down_.client_gone() && !ctx.hooks.done_relayed()) break;
+  }
+  ctx.t_upstream_done = core::now();
+  --metrics.active_streams;
+  ctx.sse.reset();
+  if (ctx.hooks.usage().has_usage()) {
+    ctx.has_usage = true;
+    ctx.usage = ctx.hooks.usage().usage();
+  }
+  if (cut_off) {
+    src.cancel();
+    down_.close();
+    co_return Outcome::failed(client_gone(ClientGone::slow));
+  }
+  // The client read [DONE] and left before the upstream's last bytes (the
+  // openai SDK closes as soon as it reads [DONE]): a complete stream.
+  const bool finished = ctx.hooks.done_relayed() && !down_.write_failed() && !down_.writing() && down_.queue_empty();
+  if (down_.client_gone() && finished) {
+    if (!src.done()) src.cancel();
+    down_.close();
+    co_return Outcome::responded();
+  }
+  if (down_.client_gone() || down_.write_failed()) {
+    if (!src.done()) src.cancel();
+    down_.close();
+    co_return Outcome::failed(client_gone(down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed));
+  }
+  if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
+    // Headers are out: fail() ends the stream in-band, as vLLM does.
+    metrics.count_upstream_failure(failure);
+    src.cancel();
+    co_return Outcome::failed(
+        upstream_error(failure, subject(ctx), true));
+  }
+  down_.queue_end();
+  down_.flush();
+  co_await down_.drain();
+  if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  co_return Outcome::responded();
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,32 @@
+#include "gateway/pipeline.hpp"
+
+#include <exception>
+
+#include <fmt/format.h>
+
+namespace weir::gateway {
+
+core::Task<void> run_pipeline(Phases& p, RequestContext& ctx) {
+  Outcome o = Outcome::next();
+  try {
+    o = co_await p.read(ctx);
+    if (o.goes_on()) o = co_await p.authenticate(ctx);
+    if (o.goes_on()) o = p.parse(ctx);
+    if (o.goes_on()) o = p.route(ctx);
+    if (o.goes_on()) o = co_await p.admit(ctx);
+    if (o.goes_on()) o = co_await p.respond(ctx);
+  } catch (const std::exception& ex) {
+    o = Outcome::failed(core::internal_error(fmt::format("Internal error: {}.", ex.what())));
+  }
+  if (o.goes_on()) o = Outcome::failed(core::internal_error("No phase answered the request."));
+  if (o.is_failed()) {
+    try {
+      co_await p.fail(ctx, o.error());
+    } catch (const std::exception&) {
+      ctx.set_error(o.error());  // the answer could not be sent; the log still says why
+    }
+  }
+  p.log(ctx);
+}
+
+}  // namespace weir::gateway

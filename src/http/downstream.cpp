@@ -1,0 +1,377 @@
+#include "http/downstream.hpp"
+
+#include <array>
+#include <charconv>
+
+#include <boost/asio/write.hpp>
+#include <boost/beast/http/read.hpp>
+
+#include "http/headers.hpp"
+
+namespace weir::http {
+
+namespace bh = boost::beast::http;
+using boost::system::error_code;
+
+namespace {
+// The posted read waits for a close or the start of a pipelined request:
+// 64 bytes do (the rest of a pipelined request is read with it later), and
+// an open stream then holds no more than that (per-connection buffers are
+// most of a stream's memory).
+constexpr std::size_t kMonitorRead = 64;
+constexpr std::string_view kLastChunk = "0\r\n\r\n";
+}  // namespace
+
+Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total)
+    : sock_(std::move(sock)),
+      sc_(sc),
+      bytes_out_total_(bytes_out_total),
+      watchdog_(sock_.get_executor(),
+                [this] {
+                  timed_out_ = true;
+                  error_code ignored;
+                  sock_.cancel(ignored);
+                }),
+      done_(sock_.get_executor()) {
+  error_code ignored;
+  sock_.set_option(tcp::no_delay(true), ignored);
+  sock_.non_blocking(true, ignored);  // flush() and write_all() try a send before they wait
+}
+
+Downstream::~Downstream() { watchdog_.stop(); }
+
+bool Downstream::head_request() const {
+  return parser_ && parser_->is_header_done() && parser_->get().method() == bh::verb::head;
+}
+
+void Downstream::begin_request() {
+  bytes_out_ = 0;
+  chunked_ = http11();
+}
+
+Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
+  if (reading_) {
+    if (in_.size() > 0) {
+      // The next request is already buffered (pipelined): the posted read
+      // would wait for bytes the client will not send before it gets its
+      // answer. Stop it and serve what we have.
+      monitor_cancelled_ = true;
+      error_code ignored;
+      sock_.cancel(ignored);
+    } else {
+      // The posted read of the previous request is still waiting: it is the
+      // start of this request (or the client's goodbye).
+      idle_ = true;
+      watchdog_.expires_after(sc_.keepalive_timeout);
+    }
+    while (reading_) co_await done_.wait();
+  }
+  if (peer_gone_ || closed_ || timed_out_) co_return Head::closed;
+  if (draining && !first && in_.size() == 0) co_return Head::closed;
+
+  failure_ = ReadFailure::none;
+  failure_ec_ = {};
+  if (parser_) body_store_.swap(parser_->get().body());  // keep the body storage's capacity
+  parser_.emplace();
+  parser_->header_limit(sc_.max_header_bytes);
+  // No body limit while the head is read: Beast would reject a large
+  // Content-Length as a header error; read_body() answers it with 413.
+  parser_->body_limit(boost::none);
+  body_store_.clear();
+  idle_ = in_.size() == 0;
+  watchdog_.expires_after(first ? sc_.header_timeout : sc_.keepalive_timeout);
+  auto [ec, n] = co_await bh::async_read_header(sock_, in_, *parser_, use_task);
+  idle_ = false;
+  watchdog_.disarm();
+  if (!ec) {
+    keep_alive_ = parser_->get().keep_alive() && !draining;
+    co_return Head::request;
+  }
+  // A connection that closes or idles out between requests is not a request.
+  if (ec == bh::error::end_of_stream || closed_ || (timed_out_ && n == 0 && in_.size() == 0) ||
+      ec == asio::error::connection_reset || ec == asio::error::eof || ec == asio::error::bad_descriptor)
+    co_return Head::closed;
+  keep_alive_ = false;
+  failure_ec_ = ec;
+  if (timed_out_) {
+    timed_out_ = false;
+    failure_ = ReadFailure::head_timeout;
+  } else if (ec == bh::error::header_limit) {
+    failure_ = ReadFailure::head_too_large;
+  } else {
+    failure_ = ReadFailure::malformed;
+  }
+  co_return Head::failed;
+}
+
+Task<bool> Downstream::read_body() {
+  auto& req = parser_->get();
+  parser_->body_limit(sc_.max_body_bytes);  // chunked bodies are cut here too
+  if (auto cl = parser_->content_length(); cl && *cl > sc_.max_body_bytes) {
+    // Refuse before reading: the client may not even send the body (Expect).
+    keep_alive_ = false;
+    failure_ = ReadFailure::body_too_large;
+    co_return false;
+  }
+  // RFC 9110 §10.1.1: an HTTP/1.0 request's 100-continue expectation is ignored.
+  if (req.version() >= 11 && iequals(req[bh::field::expect], "100-continue")) {
+    static constexpr std::string_view k100 = "HTTP/1.1 100 Continue\r\n\r\n";
+    watchdog_.expires_after(sc_.write_timeout);
+    auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(k100), use_task);
+    watchdog_.disarm();
+    if (ec) {
+      peer_gone_ = true;
+      keep_alive_ = false;
+      failure_ = ReadFailure::client_closed;
+      co_return false;
+    }
+  }
+  // Reuse the connection's (or a lent) body storage: string_body reserves Content-Length.
+  req.body().swap(body_store_);
+  req.body().clear();
+  // A small body usually arrived with the head: parse it from in_ now
+  // (the socket is non-blocking: a missing part answers would_block, and
+  // the read goes on asynchronously).
+  error_code ec;
+  if (in_.size() > 0) bh::read(sock_, in_, *parser_, ec);
+  if (in_.size() == 0 || ec == asio::error::would_block || ec == asio::error::try_again) {
+    watchdog_.expires_after(sc_.body_timeout);
+    auto [rec, n] = co_await bh::async_read(sock_, in_, *parser_, use_task);
+    watchdog_.disarm();
+    ec = rec;
+  }
+  if (!ec) co_return true;
+  keep_alive_ = false;
+  failure_ec_ = ec;
+  if (ec == bh::error::body_limit) {
+    failure_ = ReadFailure::body_too_large;
+  } else if (timed_out_) {
+    timed_out_ = false;
+    failure_ = ReadFailure::body_timeout;
+  } else if (closed_) {
+    failure_ = ReadFailure::client_closed;  // the drain deadline closed it: nothing can be answered
+  } else if (ec == bh::error::partial_message || ec == bh::error::end_of_stream ||
+             ec == asio::error::connection_reset || ec == asio::error::eof) {
+    peer_gone_ = true;
+    failure_ = ReadFailure::client_closed;
+  } else {
+    failure_ = ReadFailure::malformed;
+  }
+  co_return false;
+}
+
+void Downstream::watch_for_close(bool release_buffer) {
+  if (reading_ || peer_gone_) return;
+  if (release_buffer && in_.size() == 0) in_.shrink_to_fit();
+  reading_ = true;
+  sock_.async_read_some(in_.prepare(kMonitorRead), [this](error_code ec, std::size_t n) {
+    reading_ = false;
+    if (!ec) {
+      in_.commit(n);  // the start of a pipelined request: keep it
+    } else if (!(monitor_cancelled_ && ec == asio::error::operation_aborted)) {
+      on_gone();
+    }
+    monitor_cancelled_ = false;
+    done_.notify();
+  });
+}
+
+void Downstream::on_gone() {
+  const bool first = !peer_gone_;
+  peer_gone_ = true;
+  if (first && listener_) listener_->on_client_gone();
+}
+
+void Downstream::queue_body(std::string_view bytes) {
+  if (bytes.empty()) return;  // an empty chunk would end the body
+  if (chunked_) {  // one chunk (RFC 9112 §7.1)
+    append_hex(out_, bytes.size());
+    out_ += "\r\n";
+    out_ += bytes;
+    out_ += "\r\n";
+  } else {  // HTTP/1.0: the body ends when the connection closes
+    out_ += bytes;
+  }
+}
+
+void Downstream::queue_end() {
+  if (chunked_) out_ += kLastChunk;
+}
+
+void Downstream::flush() {
+  if (!writing_) start_write();
+}
+
+void Downstream::start_write() {
+  if (writing_ || out_.empty()) return;
+  if (write_failed_) {
+    out_.clear();
+    return;
+  }
+  // Send now: a client that keeps up takes it all, and then no completion
+  // is queued (one trip through the scheduler less per event). What the
+  // socket did not take goes out through the write loop below.
+  error_code ec;
+  const std::size_t sent = sock_.write_some(asio::buffer(out_), ec);
+  bytes_out_ += sent;
+  if (bytes_out_total_) *bytes_out_total_ += sent;
+  if (!ec && sent == out_.size()) {
+    out_.clear();
+    return;
+  }
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+    write_failed_ = true;
+    out_.clear();
+    on_gone();
+    return;
+  }
+  out_.erase(0, sent);
+  start_write_loop();
+}
+
+template <std::size_t N>
+void Downstream::send_now(const std::array<std::string_view, N>& parts) {
+  if (writing_ || !out_.empty() || write_failed_) {
+    for (auto p : parts) out_ += p;
+    flush();
+    return;
+  }
+  std::array<asio::const_buffer, N> bufs;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    bufs[i] = asio::buffer(parts[i].data(), parts[i].size());
+    total += parts[i].size();
+  }
+  error_code ec;
+  const std::size_t sent = sock_.write_some(bufs, ec);
+  bytes_out_ += sent;
+  if (bytes_out_total_) *bytes_out_total_ += sent;
+  if (!ec && sent == total) return;
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+    write_failed_ = true;
+    on_gone();
+    return;
+  }
+  std::size_t skip = sent;  // the bytes the socket did not take go to the write loop
+  for (auto p : parts) {
+    if (skip >= p.size()) {
+      skip -= p.size();
+      continue;
+    }
+    out_.append(p.substr(skip));
+    skip = 0;
+  }
+  start_write_loop();
+}
+
+void Downstream::send(std::string_view raw) { send_now(std::array<std::string_view, 1>{raw}); }
+
+void Downstream::send_body(std::string_view bytes) {
+  if (bytes.empty()) return;  // an empty chunk would end the body
+  if (!chunked_) {
+    send(bytes);
+    return;
+  }
+  char size[20];
+  const auto [end, ec] = std::to_chars(size, size + 16, bytes.size(), 16);
+  (void)ec;
+  char* p = end;
+  *p++ = '\r';
+  *p++ = '\n';
+  send_now(std::array<std::string_view, 3>{std::string_view(size, static_cast<std::size_t>(p - size)), bytes,
+                                           std::string_view("\r\n")});
+}
+
+void Downstream::start_write_loop() {
+  writing_ = true;
+  std::swap(out_, wbuf_);
+  watchdog_.expires_after(sc_.write_timeout);
+  asio::async_write(sock_, asio::buffer(wbuf_), [this](error_code ec, std::size_t n) {
+    writing_ = false;
+    bytes_out_ += n;
+    if (bytes_out_total_) *bytes_out_total_ += n;
+    wbuf_.clear();
+    if (ec) {
+      write_failed_ = true;
+      out_.clear();
+      on_gone();
+      done_.notify();
+      return;
+    }
+    if (!out_.empty()) {
+      start_write();
+      return;
+    }
+    watchdog_.disarm();
+    done_.notify();
+  });
+}
+
+Task<void> Downstream::drain() {
+  while (writing_) co_await done_.wait();
+}
+
+Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
+  const std::array<asio::const_buffer, 2> bufs{asio::buffer(a.data(), a.size()), asio::buffer(b.data(), b.size())};
+  watchdog_.expires_after(sc_.write_timeout);
+  auto [ec, n] = co_await write_all_now(sock_, bufs);
+  watchdog_.disarm();
+  bytes_out_ += n;
+  if (bytes_out_total_) *bytes_out_total_ += n;
+  if (ec) {
+    write_failed_ = true;
+    peer_gone_ = true;
+    co_return false;
+  }
+  co_return true;
+}
+
+Task<void> Downstream::lingering_close() {
+  error_code ec;
+  sock_.shutdown(tcp::socket::shutdown_send, ec);
+  if (ec) co_return;
+  // Read and discard for up to 2 s or 1 MiB, whichever first.
+  watchdog_.expires_after(std::chrono::seconds(2));
+  std::array<char, 8192> sink;
+  std::size_t total = 0;
+  for (;;) {
+    if (reading_) break;
+    auto [rec, n] = co_await sock_.async_read_some(asio::buffer(sink), use_task);
+    total += n;
+    if (rec || total > (1u << 20)) break;
+  }
+  watchdog_.disarm();
+}
+
+void Downstream::close() {
+  keep_alive_ = false;
+  closed_ = true;
+  error_code ignored;
+  sock_.close(ignored);
+}
+
+void Downstream::close_if_idle() {
+  if (idle_ && !closed_) {
+    closed_ = true;
+    error_code ignored;
+    sock_.cancel(ignored);
+  }
+}
+
+void Downstream::force_close() {
+  closed_ = true;
+  error_code ignored;
+  sock_.cancel(ignored);
+  sock_.shutdown(tcp::socket::shutdown_both, ignored);
+}
+
+Task<void> Downstream::shutdown() {
+  // Nothing may still reference this object: wait out the posted read and
+  // the write loop (closing the socket completes them).
+  error_code ignored;
+  sock_.close(ignored);
+  while (reading_) co_await done_.wait();
+  while (writing_) co_await done_.wait();
+}
+
+}  // namespace weir::http

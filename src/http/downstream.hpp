@@ -1,0 +1,200 @@
+// One downstream (client) connection's transport: HTTP/1.1 requests read
+// within limits and timeouts, responses written (whole, or a body queued
+// piece by piece with a bounded backlog), a read kept posted that notices a
+// client that leaves, and lingering close (RFC 9112 §9.6). Knows no tenant,
+// model, route or OpenAI field: those are the gateway's.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <boost/beast/http/string_body.hpp>
+
+#include "core/async.hpp"
+#include "core/config.hpp"
+#include "http/forward.hpp"
+#include "http/io.hpp"
+#include "http/response_head.hpp"
+
+namespace weir::http {
+
+// Why reading a request failed; the gateway maps each to a status and an
+// error body in one place (gateway/failure.hpp).
+enum class ReadFailure : std::uint8_t {
+  none,
+  malformed,       // unparsable head or body → 400
+  head_timeout,    // the head did not arrive within server.header_timeout → 408
+  head_too_large,  // the head is over server.max_header → 431
+  body_timeout,    // the body did not arrive within server.body_timeout → 408
+  body_too_large,  // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
+  client_closed,   // the client left before sending the whole body → 499, nothing sent
+};
+
+class Downstream {
+ public:
+  // Told (once per connection) when the client closes or resets while a
+  // request is in flight (watch_for_close), or a write to it fails.
+  class Listener {
+   public:
+    virtual void on_client_gone() = 0;
+
+   protected:
+    ~Listener() = default;
+  };
+
+  // `sc` must outlive the object; `bytes_out_total` (optional) is bumped by
+  // every byte written (the worker's weir_response_bytes_total).
+  Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total);
+  ~Downstream();
+  Downstream(const Downstream&) = delete;
+  Downstream& operator=(const Downstream&) = delete;
+
+  void set_listener(Listener* l) { listener_ = l; }
+
+  // --- reading ---
+
+  enum class Head : std::uint8_t {
+    request,  // a head is parsed: request()
+    closed,   // the connection ended between requests (EOF, reset, idle timeout, drain): not a request
+    failed,   // a malformed, too slow or too large head: failure(); answer it, then lingering_close()
+  };
+  // Waits for the next request head: within server.header_timeout for the
+  // first request of the connection, server.keepalive_timeout for the
+  // next ones. `draining`: a connection with nothing buffered ends instead.
+  Task<Head> read_head(bool first, bool draining);
+  const RequestHead& request() const { return parser_->get(); }
+  // The request's body; complete once body_complete() (else after read_body()).
+  std::string& body() { return parser_->get().body(); }
+  bool body_complete() const { return parser_->is_done(); }
+  // Body storage kept across requests (capacity only). The gateway lends a
+  // spare one before read_body() when there is none, and takes it back
+  // (give_body_storage) once the request no longer needs its body.
+  bool has_body_storage() const { return body_store_.capacity() > std::string().capacity(); }
+  void lend_body_storage(std::string s) { body_store_ = std::move(s); }
+  // Reads the body within server.max_body and server.body_timeout, answering
+  // "Expect: 100-continue" first. false: failure() says why (a body too
+  // large is refused before it is read, from its Content-Length).
+  Task<bool> read_body();
+  ReadFailure failure() const { return failure_; }
+  // The parser's or socket's message for a malformed request (for the error body).
+  std::string failure_detail() const { return failure_ec_.message(); }
+
+  bool http11() const { return parser_ && parser_->is_header_done() && parser_->get().version() >= 11; }
+  // Frees the request's header fields (a stream past its commit point needs
+  // only the version and keep-alive, which stay). request() has no fields after.
+  void release_request_fields() {
+    if (parser_ && parser_->is_header_done()) parser_->get().clear();
+  }
+  bool head_request() const;
+  // Whether the connection serves another request after this one.
+  bool keep_alive() const { return keep_alive_; }
+  void no_keep_alive() { keep_alive_ = false; }
+  ConnectionMode connection_mode() const {
+    return {keep_alive_, parser_ && parser_->is_header_done() && parser_->get().version() < 11};
+  }
+
+  // Keeps a read posted while a request is in flight, so a client that
+  // closes is noticed at once (Listener::on_client_gone); the bytes it reads
+  // (a pipelined request) become the start of the next request.
+  // `release_buffer`: the request will run long (a stream): free the room
+  // its head needed meanwhile (one allocation more for the next request).
+  void watch_for_close(bool release_buffer = false);
+  bool client_gone() const { return peer_gone_; }
+
+  // --- writing ---
+
+  // Writes `a` then `b` (a whole response) within server.write_timeout;
+  // false when the client is gone.
+  Task<bool> write_all(std::string_view a, std::string_view b = {});
+  // Queues bytes to send as they are (a response head).
+  void queue(std::string_view raw) { out_ += raw; }
+  // Queues `bytes` of the response body: one chunk (RFC 9112 §7.1) for an
+  // HTTP/1.1 client, as they are for HTTP/1.0 (its body ends at close).
+  // Empty `bytes` queue nothing (an empty chunk would end the body).
+  void queue_body(std::string_view bytes);
+  // Queues the last chunk (HTTP/1.1; nothing for HTTP/1.0).
+  void queue_end();
+  // Sends what is queued: at once if the socket takes it, the rest by a
+  // write loop in the background (one write in flight at a time).
+  void flush();
+  // queue(raw) + flush(), and queue_body(bytes) + flush(), without a copy
+  // when nothing is queued and the socket takes it all (a client that keeps
+  // up): a stream then keeps no output buffer of its own.
+  void send(std::string_view raw);
+  void send_body(std::string_view bytes);
+  // Waits until the write loop is idle (all sent, or the client gone).
+  Task<void> drain();
+  bool writing() const { return writing_; }
+  bool write_failed() const { return write_failed_; }
+  bool queue_empty() const { return out_.empty(); }
+  // Bytes queued and not yet taken by the socket (the slow-client measure).
+  std::size_t backlog() const { return out_.size() + wbuf_.size(); }
+  // Bytes written to the client since begin_request().
+  std::uint64_t bytes_out() const { return bytes_out_; }
+  // A deadline (head, body or a write) passed.
+  bool timed_out() const { return timed_out_; }
+
+  // Starts a request's accounting (bytes_out) and framing (HTTP version).
+  void begin_request();
+
+  // --- closing ---
+
+  // Stops sending, reads and discards what the client still sends (2 s or 1 MiB).
+  Task<void> lingering_close();
+  // Closes the socket now (a client that left mid-stream, or was cut off); closed() turns true.
+  void close();
+  // Drain: closes the connection if it is waiting for a request.
+  void close_if_idle();
+  // Drain deadline: closes the connection whatever it is doing.
+  void force_close();
+  bool closed() const { return closed_; }
+  // Closes the socket and waits out the posted read and the write loop.
+  Task<void> shutdown();
+
+ private:
+  using RequestParser = boost::beast::http::request_parser<boost::beast::http::string_body>;
+  void start_write();
+  void start_write_loop();
+  // Tries one scatter write of `parts` now; queues what the socket did not take.
+  template <std::size_t N>
+  void send_now(const std::array<std::string_view, N>& parts);
+  void on_gone();
+
+  Socket sock_;
+  const core::ServerConfig& sc_;
+  std::uint64_t* bytes_out_total_;
+  Listener* listener_ = nullptr;
+  boost::beast::flat_buffer in_;
+  core::Watchdog watchdog_;
+  std::optional<RequestParser> parser_;
+  std::string body_store_;
+  ReadFailure failure_ = ReadFailure::none;
+  boost::system::error_code failure_ec_;
+  bool timed_out_ = false;
+  bool keep_alive_ = true;
+  bool idle_ = false;
+  bool closed_ = false;
+  bool chunked_ = true;
+
+  bool reading_ = false;
+  bool peer_gone_ = false;
+  bool monitor_cancelled_ = false;
+  // Wakes the one coroutine waiting for the posted read or the write loop to
+  // finish (each waits in a loop on its own flag, so one event serves both).
+  // One waiter at a time: the connection's own coroutine (read_head, drain,
+  // shutdown), never two at once.
+  core::Event done_;
+
+  bool writing_ = false;
+  bool write_failed_ = false;
+  std::string out_;
+  std::string wbuf_;
+  std::uint64_t bytes_out_ = 0;
+};
+
+}  // namespace weir::http

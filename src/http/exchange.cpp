@@ -1,0 +1,194 @@
+#include "http/exchange.hpp"
+
+#include <array>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/http/read.hpp>
+
+namespace weir::http {
+
+namespace bh = boost::beast::http;
+using boost::system::error_code;
+
+namespace {
+// After this many recvs in a row that filled the buffer (a fast upstream,
+// 8 x 16 KiB), wait for readiness anyway: the socket is still readable, so
+// the wait completes at once, after the worker's other streams had their turn.
+constexpr unsigned kYieldAfterFullReads = 8;
+// No chunk header is this long: carried bytes that still do not parse are garbage.
+constexpr std::size_t kMaxCarry = 512;
+}  // namespace
+
+Exchange::Exchange(Executor ex, std::span<char> scratch) : ex_(ex), scratch_(scratch) {}
+
+Exchange::~Exchange() = default;
+
+void Exchange::use(std::unique_ptr<UpstreamConnection> c) { conn_ = std::move(c); }
+
+Task<UpstreamFailure> Exchange::connect(const tcp::endpoint& ep, std::chrono::milliseconds timeout) {
+  conn_ = std::make_unique<UpstreamConnection>(ex_);
+  co_return co_await http::connect(*conn_, ep, timeout);
+}
+
+void Exchange::shrink() {
+  if (parser_ && parser_->is_header_done()) parser_->get().clear();
+  shrink_ = true;
+}
+
+void Exchange::cancel() {
+  if (conn_) conn_->abort(UpstreamFailure::cancelled);
+}
+
+std::unique_ptr<UpstreamConnection> Exchange::release() {
+  auto c = std::move(conn_);
+  // Bytes after the end of the response put the connection out of step: the
+  // next request on it would read them as its answer.
+  const bool reusable = c && parser_ && parser_->is_done() && parser_->keep_alive() && c->is_open() &&
+                        c->aborted_for() == UpstreamFailure::none && !trailing_ && c->buffer().size() == 0;
+  if (c) c->watchdog().disarm();
+  if (!reusable) c.reset();  // closes it
+  return c;
+}
+
+Task<UpstreamFailure> Exchange::start(const Request& r) {
+  idle_ = r.idle;
+  head_bytes_ = 0;
+  need_more_ = false;
+  drained_ = false;
+  full_reads_ = 0;
+  shrink_ = false;
+  trailing_ = false;
+  conn_->watchdog().expires_after(r.first_byte);
+  const std::array<asio::const_buffer, 2> bufs{asio::buffer(r.head), asio::buffer(r.body.data(), r.body.size())};
+  auto [wec, wn] = co_await write_all_now(conn_->socket(), bufs);
+  error_code ec = wec;
+  // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
+  // Hints) come before the final one: skip them.
+  for (bool interim = true; !ec && interim;) {
+    parser_.emplace();
+    parser_->header_limit(64u << 10);
+    parser_->body_limit(boost::none);
+    parser_->eager(true);
+    if (r.head_request) parser_->skip(true);
+    auto [rec, rn] = co_await bh::async_read_header(conn_->socket(), conn_->buffer(), *parser_, use_task);
+    ec = rec;
+    // Every byte the upstream sent counts, also an incomplete status line the
+    // parser did not consume: it read the request.
+    head_bytes_ += rn + conn_->buffer().size();
+    const int status = ec ? 0 : parser_->get().result_int();
+    interim = status >= 100 && status < 200 && status != 101;
+  }
+  if (ec) co_return classify(*conn_, ec);
+  co_return UpstreamFailure::none;
+}
+
+// The read loop, written for the steady state of a long stream: per
+// upstream read one readiness wait (Asio re-arms the descriptor with one
+// epoll_ctl), one recv and no completion queued through the scheduler
+// (async_read_some would try a recv that finds the socket empty after every
+// read: Asio 1.26 marks a socket drained only at EOF). A recv lands in the
+// worker's scratch buffer and is parsed at once (Beast's parser takes the
+// chunk framing off into `into`); only bytes that did not fit `into`, or a
+// chunk header split across reads, wait in the connection's buffer.
+Task<BodyRead> Exchange::read(std::span<char> into) {
+  BodyRead r;
+  auto& sock = conn_->socket();
+  auto& raw = conn_->buffer();
+  Parser& rp = *parser_;
+  for (;;) {
+    if (rp.is_done()) {
+      r.end = true;
+      break;
+    }
+    std::string_view in;
+    const bool from_raw = raw.size() > 0 && !need_more_;
+    if (from_raw) {
+      in = std::string_view(static_cast<const char*>(raw.data().data()), raw.size());
+    } else {
+      conn_->watchdog().expires_after(idle_);
+      if (drained_) {
+        auto [wec] = co_await sock.async_wait(tcp::socket::wait_read, use_task);
+        if (wec) {
+          r.failure = classify(*conn_, wec);
+          break;
+        }
+      }
+      // Bytes carried from the last read (a chunk header split across
+      // reads) go first, and the recv lands right after them.
+      const std::size_t carried = raw.size();
+      if (carried + kMaxCarry > scratch_.size()) {
+        r.failure = UpstreamFailure::protocol;
+        break;
+      }
+      error_code ec;
+      const std::size_t n =
+          sock.read_some(asio::buffer(scratch_.data() + carried, scratch_.size() - carried), ec);
+      if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        drained_ = true;
+        continue;
+      }
+      if (ec == asio::error::eof) {
+        // A body that ends at close (no length, not chunked) is complete now.
+        ec = {};
+        if (rp.got_some()) rp.put_eof(ec);
+        if (!ec && !rp.is_done()) ec = bh::error::partial_message;
+        if (ec) r.failure = classify(*conn_, ec);
+        else r.end = true;
+        break;
+      }
+      if (ec) {
+        r.failure = classify(*conn_, ec);
+        break;
+      }
+      full_reads_ = n < scratch_.size() - carried ? 0 : full_reads_ + 1;
+      drained_ = full_reads_ == 0 || full_reads_ >= kYieldAfterFullReads;
+      if (full_reads_ >= kYieldAfterFullReads) full_reads_ = 0;
+      asio::buffer_copy(asio::buffer(scratch_.data(), carried), raw.data());
+      raw.consume(carried);
+      need_more_ = false;
+      in = std::string_view(scratch_.data(), carried + n);
+    }
+    // Parse what we have: framing off, body bytes into `into`.
+    std::size_t off = 0;
+    bool bad = false;
+    while (off < in.size() && !rp.is_done() && r.bytes < into.size()) {
+      rp.get().body().data = into.data() + r.bytes;
+      rp.get().body().size = into.size() - r.bytes;
+      error_code pec;
+      const std::size_t used = rp.put(asio::buffer(in.data() + off, in.size() - off), pec);
+      off += used;
+      const std::size_t got = into.size() - r.bytes - rp.get().body().size;
+      r.bytes += got;
+      if (pec == bh::error::need_more) {  // a partial chunk header: read on
+        need_more_ = true;
+        break;
+      }
+      if (pec && pec != bh::error::need_buffer) {
+        bad = true;
+        break;
+      }
+      if (used == 0 && got == 0 && !pec) break;
+    }
+    rp.get().body().data = nullptr;  // `into` is the caller's, not the parser's
+    if (rp.is_done() && off < in.size()) trailing_ = true;  // bytes beyond the response
+    if (from_raw) {
+      raw.consume(off);
+    } else if (off < in.size() && !rp.is_done()) {
+      const std::size_t left = in.size() - off;
+      asio::buffer_copy(raw.prepare(left), asio::buffer(in.data() + off, left));
+      raw.commit(left);
+    }
+    if (bad) {
+      r.failure = UpstreamFailure::protocol;
+      break;
+    }
+    if (rp.is_done()) r.end = true;
+    if (shrink_ && raw.size() == 0) raw.shrink_to_fit();
+    if (r.bytes > 0 || r.end) break;
+    if (from_raw && off == 0 && !need_more_) need_more_ = true;  // nothing parsed from the carried bytes: read more
+  }
+  if (r.end || r.failure != UpstreamFailure::none) conn_->watchdog().disarm();
+  co_return r;
+}
+
+}  // namespace weir::http

@@ -1,0 +1,58 @@
+// One HTTP/1.1 request/response exchange with a model server over a pooled
+// or fresh UpstreamConnection: the direct ResponseSource.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include <boost/beast/http/buffer_body.hpp>
+#include <boost/beast/http/parser.hpp>
+
+#include "http/response_source.hpp"
+#include "http/upstream.hpp"
+
+namespace weir::http {
+
+class Exchange final : public UpstreamExchange {
+ public:
+  // `scratch` is the worker's receive buffer (>= 4 KiB), used only between
+  // one recv and the end of its synchronous parse, never across a
+  // suspension: an open stream holds no read buffer of its own.
+  Exchange(Executor ex, std::span<char> scratch);
+  ~Exchange() override;
+
+  // --- UpstreamExchange ---
+  void use(std::unique_ptr<UpstreamConnection> c) override;
+  Task<UpstreamFailure> connect(const tcp::endpoint& ep, std::chrono::milliseconds timeout) override;
+  Task<UpstreamFailure> start(const Request& r) override;
+  std::size_t upstream_bytes() const override { return head_bytes_; }
+  std::unique_ptr<UpstreamConnection> release() override;
+
+  // --- ResponseSource ---
+  const ResponseHead& head() const override { return parser_->get(); }
+  bool done() const override { return parser_ && parser_->is_done(); }
+  Task<BodyRead> read(std::span<char> into) override;
+  void cancel() override;
+  void shrink() override;
+
+ private:
+  using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
+
+  Executor ex_;
+  std::span<char> scratch_;
+  std::unique_ptr<UpstreamConnection> conn_;
+  std::optional<Parser> parser_;
+  std::chrono::milliseconds idle_{0};
+  std::size_t head_bytes_ = 0;
+  bool need_more_ = false;  // the carried bytes are an incomplete piece of framing: read more first
+  bool drained_ = false;    // the last recv emptied the socket: wait for readiness before the next
+  unsigned full_reads_ = 0; // recvs in a row that filled the buffer (a fast upstream)
+  bool shrink_ = false;     // shrink(): free the connection's read buffer once it is empty
+  bool trailing_ = false;   // the upstream sent bytes beyond the response: do not reuse the connection
+};
+
+}  // namespace weir::http

@@ -1,0 +1,84 @@
+#include "http/forward.hpp"
+
+#include <charconv>
+
+#include "http/headers.hpp"
+
+namespace weir::http {
+
+namespace bh = boost::beast::http;
+
+namespace {
+
+void append_uint(std::string& out, std::uint64_t v) {
+  char buf[24];
+  auto [p, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  (void)ec;
+  out.append(buf, p);
+}
+
+// True when `name` is hop-by-hop in `fields`: a fixed one, or named by any
+// Connection line (RFC 9110 §5.3: lines of one name make one list).
+template <class Fields>
+bool hop_by_hop_in(const Fields& fields, std::string_view name) {
+  if (is_hop_by_hop(name, {})) return true;
+  for (auto [it, end] = fields.equal_range(bh::field::connection); it != end; ++it)
+    if (has_token(it->value(), name)) return true;
+  return false;
+}
+
+// Copies the end-to-end fields of `fields` (hop-by-hop ones per RFC 9110
+// §7.6.1 and x-request-id left out) for which `skip(field)` is false.
+template <class Fields, class Skip>
+void copy_end_to_end(std::string& out, const Fields& fields, Skip skip) {
+  for (const auto& f : fields) {
+    const auto name = f.name_string();
+    if (skip(f) || hop_by_hop_in(fields, name) || iequals(name, "x-request-id")) continue;
+    out += name;
+    out += ": ";
+    out += f.value();
+    out += "\r\n";
+  }
+}
+
+}  // namespace
+
+void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o) {
+  out += req.method_string();
+  out += ' ';
+  out += o.target;
+  out += " HTTP/1.1\r\nHost: ";
+  out += o.host_header;
+  out += "\r\n";
+  if (o.body_bytes > 0 || (req.method() != bh::verb::get && req.method() != bh::verb::head)) {
+    out += "Content-Length: ";
+    append_uint(out, o.body_bytes);
+    out += "\r\n";
+  }
+  append_header(out, "x-request-id", o.request_id);
+  if (!o.api_key.empty()) {
+    out += "Authorization: Bearer ";
+    out += o.api_key;
+    out += "\r\n";
+  }
+  if (o.identity) out += "Accept-Encoding: identity\r\n";
+  copy_end_to_end(out, req, [&](const auto& f) {
+    switch (f.name()) {
+      case bh::field::host:
+      case bh::field::content_length:
+      case bh::field::expect: return true;
+      case bh::field::accept_encoding: return o.identity;
+      case bh::field::authorization: return o.strip_credentials;
+      default: return o.strip_credentials && iequals(f.name_string(), "x-api-key");
+    }
+  });
+  out += "\r\n";
+}
+
+void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding) {
+  copy_end_to_end(out, res, [&](const auto& f) {
+    return f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding);
+  });
+}
+
+}  // namespace weir::http

@@ -1,0 +1,42 @@
+// The header filters of a forwarding proxy (RFC 9110 §7.6.1): what of the
+// client's request head goes upstream, and what of the upstream's response
+// head goes back to the client. Everything else on the way is the caller's.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <string_view>
+
+#include <boost/beast/http/message.hpp>
+
+namespace weir::http {
+
+using RequestHead = boost::beast::http::request_header<>;
+using ResponseHead = boost::beast::http::response_header<>;
+
+// What the upstream request head carries besides the client's end-to-end fields.
+struct UpstreamHeadOptions {
+  std::string_view target;       // request target sent upstream (origin-form, e.g. "/v1/chat/completions")
+  std::string_view host_header;  // "host:port" of the endpoint
+  std::size_t body_bytes = 0;    // Content-Length of the body Weir sends (always sent for a POST)
+  std::string_view request_id;   // sent as x-request-id (the client's own is replaced)
+  std::string_view api_key;      // non-empty: "Authorization: Bearer <api_key>" (the pool's credential)
+  bool identity = false;         // ask for an uncompressed body (streams are parsed event by event)
+  bool strip_credentials = false;  // drop the client's Authorization and x-api-key (they were for Weir)
+};
+
+// Appends the HTTP/1.1 request head for the upstream: request line, Host,
+// Content-Length (every body sent upstream has its length: bytes without one
+// would be read as the next request on a pooled connection), x-request-id,
+// the pool's Authorization, then the client's fields minus hop-by-hop ones
+// (RFC 9110 §7.6.1), Host, Content-Length, Expect, x-request-id and, as the
+// options say, Accept-Encoding and the client's credentials; then the blank line.
+void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
+
+// Appends the upstream response's end-to-end fields for the client: all but
+// hop-by-hop ones, Content-Length (the caller frames the body), x-request-id
+// (the caller sends the request's own), and Content-Encoding when
+// `drop_encoding` (the caller decoded the body). No status line, no blank line.
+void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding);
+
+}  // namespace weir::http

@@ -1,0 +1,88 @@
+// Where a response comes from: the seam between the upstream and respond
+// phases. A source yields a response head, then body bytes (de-framed: no
+// chunk sizes; for a stream, whole or partial SSE events), then the end or a
+// typed failure, and can be cancelled at any point. The direct HTTP/1.1
+// exchange on a pooled upstream connection (http/exchange.hpp) is the first
+// implementation; a micro-batch member and a translated provider response
+// are the next ones (docs/architecture.md).
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "core/async.hpp"
+#include "http/forward.hpp"
+#include "http/upstream.hpp"
+
+namespace weir::http {
+
+// One read's result: `bytes` of body written into the caller's buffer
+// (possibly 0 with end set), `end` once the body is complete, or `failure`
+// (none on success).
+struct BodyRead {
+  std::size_t bytes = 0;
+  bool end = false;
+  UpstreamFailure failure = UpstreamFailure::none;
+};
+
+class ResponseSource {
+ public:
+  virtual ~ResponseSource() = default;
+
+  // The response head: status and end-to-end fields. Valid once the source
+  // has started (the upstream phase returned it).
+  virtual const ResponseHead& head() const = 0;
+  // True once the whole body has been read (or there is none).
+  virtual bool done() const = 0;
+  // Waits for the next body bytes and writes them into `into` (at most
+  // into.size() bytes); the bytes of one upstream read come back in one
+  // call when they fit, so the events they complete leave in one write.
+  // Bytes beyond `into` wait for the next call. Errors: the failure kind
+  // (reset, timeout, protocol, cancelled).
+  virtual Task<BodyRead> read(std::span<char> into) = 0;
+  // Stops now: the upstream request is aborted, so the model server stops
+  // generating; a pending read completes with UpstreamFailure::cancelled.
+  virtual void cancel() = 0;
+  // The head was forwarded: a long stream need not hold its fields or any
+  // read buffer beyond what the body's framing needs. head() has only its
+  // status after.
+  virtual void shrink() {}
+};
+
+// One upstream attempt as the proxy phase drives it: a connection (pooled
+// or fresh), the request sent, the response head read; then the response as
+// a ResponseSource. http::Exchange is the HTTP/1.1 implementation; tests
+// script one (tests/unit/gateway/proxy_test.cpp).
+class UpstreamExchange : public ResponseSource {
+ public:
+  // One request to send.
+  struct Request {
+    std::string_view head;                 // request line and fields (http/forward.hpp)
+    std::string_view body;
+    bool head_request = false;             // a HEAD: the response has no body
+    std::chrono::milliseconds first_byte;  // request sent → response head
+    std::chrono::milliseconds idle;        // between two reads of the body
+  };
+
+  // Takes a pooled connection for the next start().
+  virtual void use(std::unique_ptr<UpstreamConnection> c) = 0;
+  // Opens a fresh connection to `ep` within `timeout` for the next start().
+  // Returns connect_refused, connect_timeout or cancelled on failure.
+  virtual Task<UpstreamFailure> connect(const tcp::endpoint& ep, std::chrono::milliseconds timeout) = 0;
+  // Sends `r` and reads the response head. Returns none, or why it failed
+  // (reset, timeout, protocol, cancelled). (`r` goes by reference: GCC 12
+  // miscopies coroutine parameters passed on the stack.)
+  virtual Task<UpstreamFailure> start(const Request& r) = 0;
+  // Bytes the upstream sent for the head read of the last start() (0: it answered nothing).
+  virtual std::size_t upstream_bytes() const = 0;
+  // After the response: the connection when it can serve another request
+  // (complete response, keep-alive, not aborted), else nullptr. Drops it
+  // either way. Call only when no read() is pending (after the response
+  // ended, failed, or a cancel() completed it).
+  virtual std::unique_ptr<UpstreamConnection> release() = 0;
+};
+
+}  // namespace weir::http

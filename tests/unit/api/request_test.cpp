@@ -1,0 +1,248 @@
+// api::parse_request: the OpenAI request fields the gateway acts on, their
+// validation (400s), and the prompt size estimate inputs (prompt_bytes,
+// prompt_count, prompt_overhead_tokens) for chat, completions and embeddings.
+#include "api/request.hpp"
+
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace weir::api {
+namespace {
+
+RequestFields ok(ApiKind kind, std::string_view body) {
+  auto r = parse_request(kind, body);
+  EXPECT_TRUE(r) << body << " -> " << (r ? "" : r.error().message);
+  return r ? *r : RequestFields{};
+}
+
+// The error for a body that must be refused: always a client 400.
+core::Error refused(ApiKind kind, std::string_view body) {
+  auto r = parse_request(kind, body);
+  EXPECT_FALSE(r) << body << " was accepted";
+  if (r) return {};
+  EXPECT_EQ(r.error().status, 400) << body;
+  EXPECT_EQ(r.error().source, core::ErrorSource::client) << body;
+  EXPECT_EQ(r.error().type, "invalid_request_error") << body;
+  return r.error();
+}
+
+constexpr auto kChat = ApiKind::chat_completions;
+constexpr auto kCompletions = ApiKind::completions;
+constexpr auto kEmbeddings = ApiKind::embeddings;
+
+TEST(ApiParseRequest, MinimalChatRequest) {
+  const auto f = ok(kChat, R"({"model":"llama","messages":[{"role":"user","content":"hello"}]})");
+  EXPECT_EQ(f.model, "llama");
+  EXPECT_FALSE(f.stream);
+  EXPECT_FALSE(f.has_stream_options);
+  EXPECT_FALSE(f.include_usage);
+  EXPECT_EQ(f.max_tokens, 0u);
+  EXPECT_EQ(f.n, 1u);
+  EXPECT_EQ(f.prompt_bytes, 5u);
+  EXPECT_EQ(f.prompt_count, 1u);
+  EXPECT_EQ(f.prompt_overhead_tokens, RequestFields::kChatTokensPerMessage);
+}
+
+TEST(ApiParseRequest, ModelIsRequiredAndANonEmptyString) {
+  EXPECT_EQ(refused(kChat, R"({"messages":[]})").param, "model");
+  EXPECT_EQ(refused(kChat, R"({"model":null})").param, "model");
+  EXPECT_EQ(refused(kChat, R"({"model":""})").param, "model");
+  EXPECT_EQ(refused(kChat, R"({"model":7})").param, "model");
+  EXPECT_EQ(refused(kChat, R"({"model":["a"]})").param, "model");
+  EXPECT_EQ(refused(kChat, R"({"model":{"name":"a"}})").param, "model");
+  EXPECT_EQ(refused(kChat, R"({"model":true})").param, "model");
+  EXPECT_EQ(ok(kChat, R"({"model":"org/Model-7B \u00e9"})").model, "org/Model-7B \xc3\xa9");  // JSON-decoded
+}
+
+TEST(ApiParseRequest, StreamMustBeABoolean) {
+  EXPECT_TRUE(ok(kChat, R"({"model":"m","stream":true})").stream);
+  EXPECT_FALSE(ok(kChat, R"({"model":"m","stream":false})").stream);
+  EXPECT_FALSE(ok(kChat, R"({"model":"m","stream":null})").stream);  // null = not given
+  EXPECT_EQ(refused(kChat, R"({"model":"m","stream":"true"})").param, "stream");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","stream":1})").param, "stream");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","stream":{}})").param, "stream");
+}
+
+TEST(ApiParseRequest, StreamOptionsMustBeAnObject) {
+  auto f = ok(kChat, R"({"model":"m","stream":true,"stream_options":{"include_usage":true}})");
+  EXPECT_TRUE(f.has_stream_options);
+  EXPECT_TRUE(f.include_usage);
+
+  f = ok(kChat, R"({"model":"m","stream":true,"stream_options":{"include_usage":false}})");
+  EXPECT_TRUE(f.has_stream_options);
+  EXPECT_FALSE(f.include_usage);
+
+  f = ok(kChat, R"({"model":"m","stream":true,"stream_options":{}})");
+  EXPECT_TRUE(f.has_stream_options);
+  EXPECT_FALSE(f.include_usage);
+
+  f = ok(kChat, R"({"model":"m","stream":true,"stream_options":{"include_usage":"yes"}})");
+  EXPECT_TRUE(f.has_stream_options);
+  EXPECT_FALSE(f.include_usage);  // only a JSON true counts
+
+  f = ok(kChat, R"({"model":"m","stream_options":null})");
+  EXPECT_FALSE(f.has_stream_options);
+
+  EXPECT_EQ(refused(kChat, R"({"model":"m","stream_options":true})").param, "stream_options");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","stream_options":[]})").param, "stream_options");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","stream_options":"x"})").param, "stream_options");
+}
+
+TEST(ApiParseRequest, MaxCompletionTokensTakesPrecedenceOverMaxTokens) {
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":100})").max_tokens, 100u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_completion_tokens":50})").max_tokens, 50u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":100,"max_completion_tokens":50})").max_tokens, 50u);
+  EXPECT_EQ(ok(kChat, R"({"max_completion_tokens":50,"model":"m","max_tokens":100})").max_tokens, 50u);  // order-free
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":100,"max_completion_tokens":null})").max_tokens, 100u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":null})").max_tokens, 0u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":4294967295})").max_tokens, 4294967295u);
+}
+
+TEST(ApiParseRequest, MaxTokensMustBeAPositiveInteger) {
+  for (std::string_view v : {"0", "-1", "1.5", "\"10\"", "true", "[]", "4294967296", "1e3"}) {
+    SCOPED_TRACE(v);
+    EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_tokens":)") + std::string(v) + "}").param,
+              "max_tokens");
+    EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_completion_tokens":)") + std::string(v) + "}").param,
+              "max_completion_tokens");
+  }
+}
+
+TEST(ApiParseRequest, N) {
+  EXPECT_EQ(ok(kChat, R"({"model":"m"})").n, 1u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","n":4})").n, 4u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","n":null})").n, 1u);
+  EXPECT_EQ(refused(kChat, R"({"model":"m","n":0})").param, "n");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","n":-2})").param, "n");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","n":"2"})").param, "n");
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"p","n":3})").n, 3u);
+  EXPECT_EQ(ok(kEmbeddings, R"({"model":"m","input":"p","n":3})").n, 1u);  // one vector per input
+}
+
+TEST(ApiParseRequest, ChatPromptBytesCountContentStringsAndTextParts) {
+  // "héllo" is 6 UTF-8 bytes; a system message and an assistant turn count too.
+  auto f = ok(kChat, R"({"model":"m","messages":[
+      {"role":"system","content":"be brief"},
+      {"role":"user","content":"h\u00e9llo"},
+      {"role":"assistant","content":null},
+      {"role":"user","content":[{"type":"text","text":"abc"},{"type":"image_url","image_url":{"url":"data:x"}},
+                                {"type":"text","text":"de"}]}]})");
+  EXPECT_EQ(f.prompt_bytes, 8u + 6u + 0u + 5u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 4 * RequestFields::kChatTokensPerMessage);
+  EXPECT_EQ(f.prompt_count, 1u);
+
+  // Escapes count as the decoded bytes.
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"a\nb\"c"}]})").prompt_bytes, 5u);
+  // Odd shapes count nothing but still count as messages.
+  f = ok(kChat, R"({"model":"m","messages":[7,{"role":"user"},{"content":[1,{"text":5}]}]})");
+  EXPECT_EQ(f.prompt_bytes, 0u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 3 * RequestFields::kChatTokensPerMessage);
+  // No messages, or not an array: no overhead.
+  EXPECT_EQ(ok(kChat, R"({"model":"m"})").prompt_overhead_tokens, 0u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":"hi"})").prompt_overhead_tokens, 0u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[]})").prompt_overhead_tokens, 0u);
+}
+
+TEST(ApiParseRequest, CompletionsPromptStringListAndTokenIds) {
+  auto f = ok(kCompletions, R"({"model":"m","prompt":"once upon"})");
+  EXPECT_EQ(f.prompt_bytes, 9u);
+  EXPECT_EQ(f.prompt_count, 1u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 1u);
+
+  f = ok(kCompletions, R"({"model":"m","prompt":["ab","cde","f"]})");  // a batch of three prompts
+  EXPECT_EQ(f.prompt_bytes, 6u);
+  EXPECT_EQ(f.prompt_count, 3u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 3u);
+
+  f = ok(kCompletions, R"({"model":"m","prompt":[101,2023,2003]})");  // one prompt of token ids: 4 bytes each
+  EXPECT_EQ(f.prompt_bytes, 12u);
+  EXPECT_EQ(f.prompt_count, 1u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 1u);
+
+  f = ok(kCompletions, R"({"model":"m","prompt":[[1,2],[3],[4,5,6]]})");  // a batch of token-id prompts
+  EXPECT_EQ(f.prompt_bytes, 24u);
+  EXPECT_EQ(f.prompt_count, 3u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 3u);
+
+  f = ok(kCompletions, R"({"model":"m","prompt":[]})");
+  EXPECT_EQ(f.prompt_bytes, 0u);
+  EXPECT_EQ(f.prompt_count, 1u);
+
+  // `messages` means nothing to completions, `prompt` nothing to chat.
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","messages":[{"content":"abc"}]})").prompt_bytes, 0u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","prompt":"abc"})").prompt_bytes, 0u);
+}
+
+TEST(ApiParseRequest, EmbeddingsInput) {
+  auto f = ok(kEmbeddings, R"({"model":"e","input":"embed me"})");
+  EXPECT_EQ(f.prompt_bytes, 8u);
+  EXPECT_EQ(f.prompt_count, 1u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 1u);
+
+  f = ok(kEmbeddings, R"({"model":"e","input":["a","bb","ccc","dddd"]})");
+  EXPECT_EQ(f.prompt_bytes, 10u);
+  EXPECT_EQ(f.prompt_count, 4u);
+  EXPECT_EQ(f.prompt_overhead_tokens, 4u);
+
+  f = ok(kEmbeddings, R"({"model":"e","input":[[1,2,3],[4]]})");
+  EXPECT_EQ(f.prompt_bytes, 16u);
+  EXPECT_EQ(f.prompt_count, 2u);
+
+  // `prompt` is not the embeddings field.
+  EXPECT_EQ(ok(kEmbeddings, R"({"model":"e","prompt":"abc"})").prompt_bytes, 0u);
+}
+
+TEST(ApiParseRequest, InvalidJsonAndNonObjectsAreRefused) {
+  for (std::string_view body : {"", "{", "{\"model\":\"m\"", "{\"model\":\"m\",}", "not json", "{'model':'m'}",
+                                "{\"model\":\"m\"} trailing", "\xff\xfe"}) {
+    SCOPED_TRACE(body);
+    const auto e = refused(kChat, body);
+    EXPECT_FALSE(e.message.empty());
+  }
+  for (std::string_view body : {"[]", "[{\"model\":\"m\"}]", "\"model\"", "42", "null", "true"}) {
+    SCOPED_TRACE(body);
+    EXPECT_EQ(refused(kChat, body).message, "The request body must be a JSON object.");
+  }
+  EXPECT_EQ(refused(kChat, "").message, "The request body is empty; expected a JSON object.");
+}
+
+std::string nested(int depth) {
+  // The body object is level 1; `x` holds depth - 1 more levels of arrays.
+  return R"({"model":"m","x":)" + std::string(static_cast<std::size_t>(depth - 1), '[') +
+         std::string(static_cast<std::size_t>(depth - 1), ']') + "}";
+}
+
+TEST(ApiParseRequest, NestingOver64LevelsIsRefused) {
+  ok(kChat, nested(10));
+  ok(kChat, nested(64));
+  refused(kChat, nested(65));
+  refused(kChat, nested(10'000));  // no stack overflow, just a 400
+  const std::string objects = R"({"model":"m","x":)" + [] {
+    std::string s;
+    for (int i = 0; i < 200; ++i) s += R"({"a":)";
+    s += "1";
+    for (int i = 0; i < 200; ++i) s += "}";
+    return s;
+  }() + "}";
+  refused(kChat, objects);
+}
+
+TEST(ApiParseRequest, LargeBodiesParse) {
+  // Larger than the parser's per-thread arena: still parsed (it allocates past it).
+  std::string content(200'000, 'a');
+  std::string body = R"({"model":"m","messages":[)";
+  for (int i = 0; i < 50; ++i) body += std::string(i ? "," : "") + R"({"role":"user","content":")" + content + "\"}";
+  body += "]}";
+  const auto f = ok(kChat, body);
+  EXPECT_EQ(f.prompt_bytes, 50u * content.size());
+  EXPECT_EQ(f.prompt_overhead_tokens, 50 * RequestFields::kChatTokensPerMessage);
+}
+
+TEST(ApiParseRequest, UnknownFieldsAreIgnored) {
+  const auto f = ok(kChat, R"({"model":"m","temperature":0.2,"tools":[{"type":"function"}],"user":"u","seed":1})");
+  EXPECT_EQ(f.model, "m");
+}
+
+}  // namespace
+}  // namespace weir::api

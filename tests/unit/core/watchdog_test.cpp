@@ -1,0 +1,260 @@
+// core::Watchdog (a lazily re-armed per-connection deadline) and
+// core::Event (a one-waiter wake-up) on an io_context run in the test
+// thread. Times are only ever checked as lower bounds (a deadline never
+// fires early; the steady clock cannot run backwards) or as generous upper
+// bounds, never as exact durations.
+#include "core/async.hpp"
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/post.hpp>
+#include <gtest/gtest.h>
+
+namespace weir::core {
+namespace {
+
+namespace asio = boost::asio;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kLimit = 10s;  // only a broken watchdog waits this long
+
+// Runs `io` until `done()` or kLimit.
+template <class Pred>
+bool run_until(asio::io_context& io, Pred done) {
+  const auto deadline = Clock::now() + kLimit;
+  while (!done() && Clock::now() < deadline) {
+    io.restart();
+    if (io.run_for(2ms) == 0 && io.stopped()) std::this_thread::sleep_for(200us);
+  }
+  return done();
+}
+
+// Runs `io` for at least `d` (a window in which nothing must happen).
+void run_for_at_least(asio::io_context& io, Clock::duration d) {
+  Timer t(io.get_executor());
+  t.expires_after(d);
+  bool fired = false;
+  t.async_wait([&](auto) { fired = true; });
+  run_until(io, [&] { return fired; });
+}
+
+struct Fires {
+  std::vector<Clock::time_point> at;
+  std::function<void()> fn() {
+    return [this] { at.push_back(Clock::now()); };
+  }
+};
+
+TEST(CoreWatchdog, FiresOnceAfterTheDeadline) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  const auto deadline = Clock::now() + 30ms;
+  w.expires_at(deadline);
+  EXPECT_FALSE(w.expired());
+  ASSERT_TRUE(run_until(io, [&] { return !f.at.empty(); }));
+  EXPECT_GE(f.at[0], deadline);
+  EXPECT_TRUE(w.expired());
+  run_for_at_least(io, 100ms);
+  EXPECT_EQ(f.at.size(), 1u);
+}
+
+TEST(CoreWatchdog, MovingTheDeadlineLaterDoesNotFireEarly) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  w.expires_after(20ms);
+  // Pushed back several times before it passes, as every I/O step does.
+  Clock::time_point last{};
+  for (int i = 1; i <= 5; ++i) {
+    last = Clock::now() + 20ms + i * 30ms;
+    w.expires_at(last);
+  }
+  ASSERT_TRUE(run_until(io, [&] { return !f.at.empty(); }));
+  EXPECT_GE(f.at[0], last);
+  run_for_at_least(io, 100ms);
+  EXPECT_EQ(f.at.size(), 1u);
+}
+
+TEST(CoreWatchdog, MovingTheDeadlineLaterWhileTheTimerRunsDoesNotFireEarly) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  w.expires_after(30ms);
+  // Keep pushing the deadline forward from inside the loop, past the first expiry.
+  const auto stop_pushing = Clock::now() + 200ms;
+  Clock::time_point last{};
+  Timer tick(io.get_executor());
+  std::function<void()> push = [&] {
+    if (Clock::now() >= stop_pushing) return;
+    last = Clock::now() + 30ms;
+    w.expires_at(last);
+    tick.expires_after(5ms);
+    tick.async_wait([&](auto) { push(); });
+  };
+  push();
+  ASSERT_TRUE(run_until(io, [&] { return !f.at.empty(); }));
+  EXPECT_GE(f.at[0], last);
+  EXPECT_GE(f.at[0], stop_pushing);
+  EXPECT_EQ(f.at.size(), 1u);
+}
+
+TEST(CoreWatchdog, AnEarlierDeadlineReArms) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  const auto t0 = Clock::now();
+  w.expires_after(1h);
+  w.expires_after(30ms);
+  ASSERT_TRUE(run_until(io, [&] { return !f.at.empty(); }));  // well before the hour
+  EXPECT_GE(f.at[0], t0 + 30ms);
+  EXPECT_LT(f.at[0], t0 + kLimit);
+}
+
+TEST(CoreWatchdog, DisarmPreventsFiring) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  w.expires_after(20ms);
+  w.disarm();
+  run_for_at_least(io, 150ms);
+  EXPECT_TRUE(f.at.empty());
+  EXPECT_FALSE(w.expired());
+  // Armed again later, it fires.
+  const auto deadline = Clock::now() + 20ms;
+  w.expires_at(deadline);
+  ASSERT_TRUE(run_until(io, [&] { return !f.at.empty(); }));
+  EXPECT_GE(f.at[0], deadline);
+}
+
+TEST(CoreWatchdog, DisarmAfterMovingLaterPreventsFiring) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  w.expires_after(20ms);
+  w.expires_after(60ms);  // stored only; the timer still wakes at 20 ms
+  w.disarm();
+  run_for_at_least(io, 200ms);
+  EXPECT_TRUE(f.at.empty());
+}
+
+TEST(CoreWatchdog, StopNeverFires) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  w.expires_after(20ms);
+  w.stop();
+  run_for_at_least(io, 150ms);
+  EXPECT_TRUE(f.at.empty());
+  w.expires_after(10ms);  // after stop(): still never
+  run_for_at_least(io, 100ms);
+  EXPECT_TRUE(f.at.empty());
+}
+
+TEST(CoreWatchdog, DestroyedWithATimerPendingNeverFires) {
+  asio::io_context io;
+  Fires f;
+  auto w = std::make_unique<Watchdog>(io.get_executor(), f.fn());
+  w->expires_after(20ms);
+  w.reset();
+  run_for_at_least(io, 150ms);
+  EXPECT_TRUE(f.at.empty());
+}
+
+TEST(CoreWatchdog, ReArmsAfterFiringAndExpiredIsStickyUntilReset) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  w.expires_after(10ms);
+  ASSERT_TRUE(run_until(io, [&] { return f.at.size() == 1; }));
+  EXPECT_TRUE(w.expired());
+  w.expires_after(10ms);
+  EXPECT_TRUE(w.expired());  // sticky
+  ASSERT_TRUE(run_until(io, [&] { return f.at.size() == 2; }));
+  w.reset_expired();
+  EXPECT_FALSE(w.expired());
+  run_for_at_least(io, 50ms);
+  EXPECT_EQ(f.at.size(), 2u);
+}
+
+TEST(CoreWatchdog, ExpiryCallbackMayReArm) {
+  asio::io_context io;
+  int fired = 0;
+  std::optional<Watchdog> w;
+  w.emplace(io.get_executor(), [&] {
+    if (++fired < 3) w->expires_after(5ms);
+  });
+  w->expires_after(5ms);
+  ASSERT_TRUE(run_until(io, [&] { return fired == 3; }));
+  run_for_at_least(io, 50ms);
+  EXPECT_EQ(fired, 3);
+}
+
+TEST(CoreWatchdog, ADeadlineAlreadyPastFiresSoon) {
+  asio::io_context io;
+  Fires f;
+  Watchdog w(io.get_executor(), f.fn());
+  w.expires_at(Clock::now() - 1s);
+  ASSERT_TRUE(run_until(io, [&] { return !f.at.empty(); }));
+  EXPECT_EQ(f.at.size(), 1u);
+}
+
+// --- Event ---
+
+TEST(CoreEvent, NotifyBeforeWaitIsNotLost) {
+  asio::io_context io;
+  Event e(io.get_executor());
+  e.notify();
+  bool woke = false;
+  asio::co_spawn(io.get_executor(), [&]() -> Task<void> {
+    co_await e.wait();
+    woke = true;
+  }, [](std::exception_ptr p) { if (p) std::rethrow_exception(p); });
+  ASSERT_TRUE(run_until(io, [&] { return woke; }));
+}
+
+TEST(CoreEvent, WaitThenNotifyWakes) {
+  asio::io_context io;
+  Event e(io.get_executor());
+  bool woke = false;
+  asio::co_spawn(io.get_executor(), [&]() -> Task<void> {
+    co_await e.wait();
+    woke = true;
+  }, [](std::exception_ptr p) { if (p) std::rethrow_exception(p); });
+  io.poll();
+  EXPECT_FALSE(woke);
+  asio::post(io, [&] { e.notify(); });  // from a completion handler, as the transports do
+  ASSERT_TRUE(run_until(io, [&] { return woke; }));
+}
+
+TEST(CoreEvent, ANotifyIsConsumedByOneWait) {
+  asio::io_context io;
+  Event e(io.get_executor());
+  int wakes = 0;
+  e.notify();
+  e.notify();  // two before a wait are one wake-up
+  asio::co_spawn(io.get_executor(), [&]() -> Task<void> {
+    for (;;) {
+      co_await e.wait();
+      ++wakes;
+    }
+  }, [](std::exception_ptr p) { if (p) std::rethrow_exception(p); });
+  ASSERT_TRUE(run_until(io, [&] { return wakes == 1; }));
+  run_for_at_least(io, 50ms);
+  EXPECT_EQ(wakes, 1);
+  e.notify();
+  ASSERT_TRUE(run_until(io, [&] { return wakes == 2; }));
+  run_for_at_least(io, 50ms);
+  EXPECT_EQ(wakes, 2);
+  io.stop();
+}
+
+}  // namespace
+}  // namespace weir::core

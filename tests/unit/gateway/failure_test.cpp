@@ -1,0 +1,82 @@
+// The one failure mapping as a table: every way a request fails → status,
+// OpenAI error code, access-log source, and how it reaches the client.
+#include "gateway/failure.hpp"
+
+#include <gtest/gtest.h>
+
+namespace weir::gateway {
+namespace {
+
+struct Row {
+  const char* what;
+  core::Error e;
+  int status;
+  std::string_view code;  // error.code; "" = null
+  core::ErrorSource source;
+};
+
+TEST(Failure, EveryKindMapsToOneStatusCodeAndSource) {
+  core::ServerConfig sc;
+  const UpstreamSubject who{"llama", "llama-3", "req-1"};
+  using http::ReadFailure;
+  using http::UpstreamFailure;
+  const Row rows[] = {
+      {"malformed head", read_error(ReadFailure::malformed, sc, "bad method"), 400, "", core::ErrorSource::client},
+      {"head too slow", read_error(ReadFailure::head_timeout, sc, ""), 408, "", core::ErrorSource::client},
+      {"body too slow", read_error(ReadFailure::body_timeout, sc, ""), 408, "", core::ErrorSource::client},
+      {"head too large", read_error(ReadFailure::head_too_large, sc, ""), 431, "", core::ErrorSource::client},
+      {"body too large", read_error(ReadFailure::body_too_large, sc, ""), 413, "request_too_large",
+       core::ErrorSource::client},
+      {"left mid-body", read_error(ReadFailure::client_closed, sc, ""), 499, "client_closed_request",
+       core::ErrorSource::client},
+      {"refused", upstream_error(UpstreamFailure::connect_refused, who, false), 502, "upstream_unavailable",
+       core::ErrorSource::upstream},
+      {"connect timeout", upstream_error(UpstreamFailure::connect_timeout, who, false), 504, "upstream_timeout",
+       core::ErrorSource::upstream},
+      {"first byte timeout", upstream_error(UpstreamFailure::timeout, who, false), 504, "upstream_timeout",
+       core::ErrorSource::upstream},
+      {"reset", upstream_error(UpstreamFailure::reset, who, false), 502, "upstream_unavailable",
+       core::ErrorSource::upstream},
+      {"garbage", upstream_error(UpstreamFailure::protocol, who, true), 502, "upstream_unavailable",
+       core::ErrorSource::upstream},
+      {"too large", upstream_too_large(who, 1024), 502, "upstream_unavailable", core::ErrorSource::upstream},
+      {"undecodable", upstream_undecodable(who, "br"), 502, "upstream_unavailable", core::ErrorSource::upstream},
+      {"client closed", client_gone(ClientGone::closed), 499, "client_closed_request", core::ErrorSource::client},
+      {"slow client", client_gone(ClientGone::slow), 499, "slow_client", core::ErrorSource::client},
+      {"write timeout", client_gone(ClientGone::write_timeout), 499, "client_write_timeout",
+       core::ErrorSource::client},
+  };
+  for (const auto& r : rows) {
+    EXPECT_EQ(r.e.status, r.status) << r.what;
+    EXPECT_EQ(r.e.code, r.code) << r.what;
+    EXPECT_EQ(r.e.source, r.source) << r.what;
+    EXPECT_FALSE(r.e.message.empty()) << r.what;
+  }
+}
+
+TEST(Failure, UpstreamMessagesNamePoolModelAndRequestNeverAnAddress) {
+  const UpstreamSubject who{"llama", "llama-3", "0123abcd"};
+  for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
+                 http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol}) {
+    const auto e = upstream_error(f, who, false);
+    EXPECT_NE(e.message.find("pool `llama`"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find("model `llama-3`"), std::string::npos) << e.message;
+    EXPECT_NE(e.message.find("0123abcd"), std::string::npos) << e.message;
+    EXPECT_EQ(e.message.find("http://"), std::string::npos) << e.message;
+  }
+  EXPECT_NE(upstream_error(http::UpstreamFailure::reset, who, true).message.find("while streaming"), std::string::npos);
+}
+
+TEST(Failure, DeliveryDependsOnlyOnTheCommitPoint) {
+  const auto upstream = upstream_error(http::UpstreamFailure::reset, {"p", "", "r"}, false);
+  const auto gone = client_gone(ClientGone::closed);
+  EXPECT_EQ(delivery_of(upstream, false, false), Delivery::response);
+  EXPECT_EQ(delivery_of(upstream, false, true), Delivery::response) << "a stream that failed before its head";
+  EXPECT_EQ(delivery_of(upstream, true, true), Delivery::in_band);
+  EXPECT_EQ(delivery_of(upstream, true, false), Delivery::none);
+  for (bool committed : {false, true})
+    for (bool streaming : {false, true}) EXPECT_EQ(delivery_of(gone, committed, streaming), Delivery::none);
+}
+
+}  // namespace
+}  // namespace weir::gateway

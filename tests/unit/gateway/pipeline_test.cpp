@@ -1,0 +1,108 @@
+// The phase order against fake phases: each phase runs once, in order, a
+// phase that answers or fails stops the ones after it, fail() runs only for
+// a failure, and log runs exactly once whatever happened (a throw included).
+#include "gateway/pipeline.hpp"
+
+#include <stdexcept>
+#include <string>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <gtest/gtest.h>
+
+namespace weir::gateway {
+namespace {
+
+namespace asio = boost::asio;
+
+class FakePhases final : public Phases {
+ public:
+  std::string trace;
+  std::string stop_at;          // the phase that answers or fails
+  bool stop_fails = true;       // fails (else answers)
+  bool stop_throws = false;     // throws instead
+  int logs = 0;
+  int fails = 0;
+  int failed_status = 0;
+
+  core::Task<Outcome> read(RequestContext&) override { co_return step("read"); }
+  core::Task<Outcome> authenticate(RequestContext&) override { co_return step("authenticate"); }
+  Outcome parse(RequestContext&) override { return step("parse"); }
+  Outcome route(RequestContext&) override { return step("route"); }
+  core::Task<Outcome> admit(RequestContext&) override { co_return step("admit"); }
+  core::Task<Outcome> respond(RequestContext&) override {
+    if (stop_at.empty()) {
+      trace += "respond ";
+      co_return Outcome::responded();
+    }
+    co_return step("respond");
+  }
+  core::Task<void> fail(RequestContext&, const core::Error& e) override {
+    ++fails;
+    failed_status = e.status;
+    trace += "fail ";
+    co_return;
+  }
+  void log(RequestContext&) override {
+    ++logs;
+    trace += "log";
+  }
+
+ private:
+  Outcome step(const std::string& name) {
+    trace += name + " ";
+    if (name != stop_at) return Outcome::next();
+    if (stop_throws) throw std::runtime_error("bug");
+    return stop_fails ? Outcome::failed(core::bad_request("no")) : Outcome::responded();
+  }
+};
+
+void run(FakePhases& p) {
+  asio::io_context io;
+  RequestContext ctx;
+  asio::co_spawn(io.get_executor(), run_pipeline(p, ctx), asio::detached);
+  io.run();
+}
+
+TEST(Pipeline, PhasesRunInOrderAndLogAlwaysRunsOnce) {
+  FakePhases p;
+  run(p);
+  EXPECT_EQ(p.trace, "read authenticate parse route admit respond log");
+  EXPECT_EQ(p.logs, 1);
+  EXPECT_EQ(p.fails, 0);
+}
+
+TEST(Pipeline, AFailureSkipsTheRestThenFailThenLog) {
+  for (const char* at : {"read", "authenticate", "parse", "route", "admit", "respond"}) {
+    FakePhases p;
+    p.stop_at = at;
+    run(p);
+    EXPECT_EQ(p.trace.substr(p.trace.size() - 8), "fail log") << at << ": " << p.trace;
+    EXPECT_EQ(p.trace.find(at) + std::string(at).size() + 1, p.trace.find("fail")) << at << ": " << p.trace;
+    EXPECT_EQ(p.logs, 1) << at;
+    EXPECT_EQ(p.fails, 1) << at;
+    EXPECT_EQ(p.failed_status, 400) << at;
+  }
+}
+
+TEST(Pipeline, AnAnswerSkipsTheRestAndFail) {
+  FakePhases p;
+  p.stop_at = "authenticate";
+  p.stop_fails = false;
+  run(p);
+  EXPECT_EQ(p.trace, "read authenticate log");
+  EXPECT_EQ(p.fails, 0);
+}
+
+TEST(Pipeline, AThrowingPhaseIsA500AndStillLogged) {
+  FakePhases p;
+  p.stop_at = "parse";
+  p.stop_throws = true;
+  run(p);
+  EXPECT_EQ(p.trace, "read authenticate parse fail log");
+  EXPECT_EQ(p.failed_status, 500);
+  EXPECT_EQ(p.logs, 1);
+}
+
+}  // namespace
+}  // namespace weir::gateway

@@ -1,0 +1,247 @@
+// The per-event stream hooks (gateway::StreamHooks over
+// api::openai::UsageHook) on real SSE events, and ask_for_usage's edit of
+// the request body: only the usage chunk Weir asked for is dropped, usage
+// is read either way, [DONE] ends the stream for the client, comments pass;
+// the body edit changes stream_options and nothing else.
+#include "gateway/stream_hooks.hpp"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "api/openai/stream.hpp"
+#include "http/sse.hpp"
+
+namespace weir::gateway {
+namespace {
+
+using api::openai::ask_for_usage;
+using api::openai::is_usage_only_chunk;
+
+constexpr std::string_view kContent =
+    R"({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]})";
+// vLLM's content chunk when include_usage is on: usage null.
+constexpr std::string_view kContentUsageNull =
+    R"({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"!"}}],"usage":null})";
+// vLLM's final usage chunk.
+constexpr std::string_view kUsageOnly =
+    R"({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":12,"total_tokens":19,"completion_tokens":7}})";
+// continuous_usage_stats: usage on a chunk that has choices.
+constexpr std::string_view kContentWithUsage =
+    R"({"id":"c1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"x"}}],"usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}})";
+
+std::string event(std::string_view data) { return "data: " + std::string(data) + "\n\n"; }
+
+// What the client gets from `stream` through `hooks`: the raw bytes of the
+// events on_event lets through, in order.
+std::string relay(StreamHooks& hooks, std::string_view stream) {
+  http::SseReader reader;
+  reader.push(stream);
+  std::string out;
+  while (auto ev = reader.next())
+    if (hooks.on_event(*ev)) out += ev->raw;
+  EXPECT_EQ(reader.pending_bytes(), 0u) << "the test stream should be whole events";
+  return out;
+}
+
+TEST(GatewayStreamHooks, UsageChunkIsDroppedWhenWeirAskedForIt) {
+  StreamHooks hooks;
+  hooks.reset(/*strip_usage=*/true);
+  const std::string stream =
+      event(kContent) + event(kContentUsageNull) + event(kUsageOnly) + event("[DONE]");
+  EXPECT_EQ(relay(hooks, stream), event(kContent) + event(kContentUsageNull) + event("[DONE]"));
+  ASSERT_TRUE(hooks.usage().has_usage());
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 12u);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
+  EXPECT_EQ(hooks.usage().usage().total_tokens, 19u);
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_EQ(hooks.data_events(), 3u);  // the dropped chunk is not the client's
+}
+
+TEST(GatewayStreamHooks, UsageChunkPassesWhenTheClientAskedForIt) {
+  StreamHooks hooks;
+  hooks.reset(/*strip_usage=*/false);
+  const std::string stream = event(kContent) + event(kUsageOnly) + event("[DONE]");
+  EXPECT_EQ(relay(hooks, stream), stream);
+  ASSERT_TRUE(hooks.usage().has_usage());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
+  EXPECT_EQ(hooks.data_events(), 3u);
+}
+
+TEST(GatewayStreamHooks, UsageOnAChunkWithChoicesIsReadButNeverDropped) {
+  StreamHooks hooks;
+  hooks.reset(true);
+  const std::string stream = event(kContentWithUsage) + event("[DONE]");
+  EXPECT_EQ(relay(hooks, stream), stream);
+  ASSERT_TRUE(hooks.usage().has_usage());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 1u);
+}
+
+TEST(GatewayStreamHooks, LastUsageWins) {
+  StreamHooks hooks;
+  hooks.reset(true);
+  relay(hooks, event(kContentWithUsage) + event(kUsageOnly));
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
+}
+
+TEST(GatewayStreamHooks, NoUsageWithoutAUsageObject) {
+  StreamHooks hooks;
+  hooks.reset(true);
+  relay(hooks, event(kContent) + event(kContentUsageNull) + event(R"({"choices":[],"usage":"n/a"})"));
+  EXPECT_FALSE(hooks.usage().has_usage());
+}
+
+TEST(GatewayStreamHooks, DoneSetsDoneRelayedAndCounts) {
+  StreamHooks hooks;
+  hooks.reset(false);
+  EXPECT_FALSE(hooks.done_relayed());
+  EXPECT_EQ(relay(hooks, event(kContent)), event(kContent));
+  EXPECT_FALSE(hooks.done_relayed());
+  EXPECT_EQ(hooks.data_events(), 1u);
+  EXPECT_EQ(relay(hooks, "data: [DONE]\r\n\r\n"), "data: [DONE]\r\n\r\n");
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_EQ(hooks.data_events(), 2u);
+  // "[DONE]" passes even with strip on and is never taken for usage.
+  hooks.reset(true);
+  EXPECT_EQ(relay(hooks, event("[DONE]")), event("[DONE]"));
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_FALSE(hooks.usage().has_usage());
+}
+
+TEST(GatewayStreamHooks, CommentsAndBlankBlocksPassThroughUncounted) {
+  StreamHooks hooks;
+  hooks.reset(true);
+  const std::string stream = ": keep-alive\n\n" + event(kContent) + "\n" + ": ping\r\n\r\n" + "event: x\nid: 3\n\n";
+  EXPECT_EQ(relay(hooks, stream), stream);
+  EXPECT_EQ(hooks.data_events(), 1u);
+  EXPECT_FALSE(hooks.done_relayed());
+}
+
+TEST(GatewayStreamHooks, ResetForgetsTheLastStream) {
+  StreamHooks hooks;
+  hooks.reset(true);
+  relay(hooks, event(kUsageOnly) + event("[DONE]"));
+  ASSERT_TRUE(hooks.done_relayed());
+  ASSERT_TRUE(hooks.usage().has_usage());
+  hooks.reset(false);
+  EXPECT_FALSE(hooks.done_relayed());
+  EXPECT_EQ(hooks.data_events(), 0u);
+  EXPECT_FALSE(hooks.usage().has_usage());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 0u);
+  EXPECT_EQ(relay(hooks, event(kUsageOnly)), event(kUsageOnly));  // strip is off now
+}
+
+TEST(GatewayStreamHooks, UsageChunkSplitAcrossPushesIsStillDropped) {
+  StreamHooks hooks;
+  hooks.reset(true);
+  const std::string stream = event(kContent) + event(kUsageOnly) + event("[DONE]");
+  for (std::size_t k = 1; k < stream.size(); ++k) {
+    hooks.reset(true);
+    http::SseReader reader;
+    std::string out;
+    const std::string a = stream.substr(0, k), b = stream.substr(k);
+    for (const std::string* piece : {&a, &b}) {
+      reader.push(*piece);
+      while (auto ev = reader.next())
+        if (hooks.on_event(*ev)) out += ev->raw;
+    }
+    ASSERT_EQ(out, event(kContent) + event("[DONE]")) << "split at " << k;
+    ASSERT_TRUE(hooks.usage().has_usage());
+  }
+}
+
+TEST(ApiOpenAiStream, IsUsageOnlyChunk) {
+  EXPECT_TRUE(is_usage_only_chunk(kUsageOnly));
+  EXPECT_TRUE(is_usage_only_chunk(R"({"choices":[ ],"usage":{}})"));
+  EXPECT_TRUE(is_usage_only_chunk("{\"choices\":[\n\t],\"usage\":{}}"));
+  EXPECT_FALSE(is_usage_only_chunk(kContentWithUsage));
+  EXPECT_FALSE(is_usage_only_chunk(R"({"usage":{"prompt_tokens":1}})"));  // no choices member
+  EXPECT_FALSE(is_usage_only_chunk(R"({"choices":null,"usage":{}})"));
+  EXPECT_FALSE(is_usage_only_chunk(R"({"choices":{},"usage":{}})"));
+  EXPECT_FALSE(is_usage_only_chunk(R"({"x":{"choices":[]},"choices":[1]})"));  // only the top level counts
+  EXPECT_FALSE(is_usage_only_chunk("[DONE]"));
+}
+
+// --- ask_for_usage ---
+
+struct Edit {
+  bool changed = false;
+  std::string out;
+};
+Edit ask(std::string_view body, bool has_stream_options) {
+  Edit e;
+  std::string scratch;
+  e.out = "untouched";
+  e.changed = ask_for_usage(body, has_stream_options, scratch, e.out);
+  return e;
+}
+
+TEST(ApiAskForUsage, WithoutStreamOptionsAddsThemFirst) {
+  const std::string body = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true})";
+  const auto e = ask(body, false);
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out, R"({"stream_options":{"include_usage":true},"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true})");
+}
+
+TEST(ApiAskForUsage, NullStreamOptionsAreReplaced) {
+  const auto e = ask(R"({"model":"m","stream_options":null,"stream":true})", false);  // parse_request: not present
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out, R"({"model":"m","stream_options":{"include_usage":true},"stream":true})");
+}
+
+TEST(ApiAskForUsage, StreamOptionsWithoutIncludeUsageAreLeftAlone) {
+  // vLLM defaults include_usage to true there: the client gets usage anyway.
+  for (std::string_view body : {R"({"model":"m","stream":true,"stream_options":{}})",
+                                R"({"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}})"}) {
+    SCOPED_TRACE(body);
+    const auto e = ask(body, true);
+    EXPECT_FALSE(e.changed);
+  }
+}
+
+TEST(ApiAskForUsage, IncludeUsageFalseIsTurnedOnAndEverythingElseKept) {
+  const std::string body =
+      "{ \"model\" : \"m\",\n  \"stream_options\" : { \"include_usage\" : false },\n  \"stream\":true, \"n\": 2 }";
+  const auto e = ask(body, true);
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out, "{ \"model\" : \"m\",\n  \"stream_options\" : { \"include_usage\" : true },\n  \"stream\":true, \"n\": 2 }");
+}
+
+TEST(ApiAskForUsage, ContinuousUsageStatsIsForcedOffWhenPresent) {
+  const std::string body =
+      R"({"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":false,"x":[1,{"y":2}]},"stream":true})";
+  const auto e = ask(body, true);
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out,
+            R"({"model":"m","stream_options":{"continuous_usage_stats":false,"include_usage":true,"x":[1,{"y":2}]},"stream":true})");
+
+  // Absent: not added.
+  const auto e2 = ask(R"({"model":"m","stream_options":{"include_usage":false}})", true);
+  ASSERT_TRUE(e2.changed);
+  EXPECT_EQ(e2.out, R"({"model":"m","stream_options":{"include_usage":true}})");
+}
+
+TEST(ApiAskForUsage, IncludeUsageOfAnotherTypeIsTurnedOn) {
+  const auto e = ask(R"({"model":"m","stream_options":{"include_usage":null}})", true);
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out, R"({"model":"m","stream_options":{"include_usage":true}})");
+}
+
+TEST(ApiAskForUsage, EveryOtherByteIsTheClients) {
+  // Odd but valid spacing, unicode, escapes and nested look-alike keys.
+  const std::string before = "{\"model\":\"m\\u00e9\",\"messages\":[{\"content\":\"\\\"stream_options\\\":{}\"}],";
+  const std::string after = ",\"meta\":{\"stream_options\":{\"include_usage\":false}},\"stream\":true}";
+  const std::string body = before + "\"stream_options\":\t{\"include_usage\":false}" + after;
+  const auto e = ask(body, true);
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out, before + "\"stream_options\":\t{\"include_usage\":true}" + after);
+}
+
+TEST(ApiAskForUsage, NotAnObjectIsNotChanged) {
+  EXPECT_FALSE(ask("[1,2]", false).changed);
+  EXPECT_FALSE(ask("[1,2]", true).changed);
+}
+
+}  // namespace
+}  // namespace weir::gateway

@@ -1,0 +1,881 @@
+// http::Downstream over a real loopback TCP pair: the test thread is the
+// client (a blocking socket, read without blocking) and runs the server's
+// io_context between its steps. Heads and bodies within limits and
+// timeouts, every ReadFailure, keep-alive rules, pipelining through the
+// posted close-watch read, the client-gone Listener, response body framing,
+// the write backlog of a client that does not read, and byte accounting.
+#include "http/downstream.hpp"
+
+#include <chrono>
+#include <cstdio>
+#include <optional>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "io_test_util.hpp"
+
+namespace weir::http {
+namespace {
+
+namespace bh = boost::beast::http;
+using namespace std::chrono_literals;
+using Head = Downstream::Head;
+using test::run_until;
+using test::settle;
+using test::spawn;
+
+struct CountingListener final : Downstream::Listener {
+  int calls = 0;
+  void on_client_gone() override { ++calls; }
+};
+
+class HttpDownstream : public ::testing::Test {
+ protected:
+  // Adjust before start().
+  core::ServerConfig sc;
+  asio::io_context io;
+  test::Peer client;
+  std::optional<Acceptor> acc;
+  std::uint64_t total_out = 0;
+  CountingListener listener;
+  std::optional<Downstream> down;  // last: destroyed first
+
+  // Connects the client and wraps the accepted socket. `client_rcvbuf` /
+  // `server_sndbuf` (bytes, 0 = default) shrink the socket buffers, so a
+  // client that does not read stalls the server's writes early.
+  void start(int client_rcvbuf = 0, int server_sndbuf = 0) {
+    acc.emplace(io.get_executor(), tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    client.sock.open(tcp::v4());
+    if (client_rcvbuf) client.sock.set_option(asio::socket_base::receive_buffer_size(client_rcvbuf));
+    client.sock.connect(acc->local_endpoint());
+    Socket server = acc->accept();
+    if (server_sndbuf) server.set_option(asio::socket_base::send_buffer_size(server_sndbuf));
+    down.emplace(std::move(server), sc, &total_out);
+    down->set_listener(&listener);
+  }
+
+  // A new connection (same config) for the next step of a test.
+  void restart() {
+    down.reset();
+    boost::system::error_code ignored;
+    client.sock.close(ignored);
+    client.ec = {};
+    client.received.clear();
+    listener.calls = 0;
+    io.restart();
+    start();
+  }
+
+  void TearDown() override {
+    if (!down) return;
+    // Complete whatever a failed test left pending, so no coroutine outlives the object.
+    bool done = false;
+    spawn(io, down->shutdown(), done);
+    run_until(io, [&] { return done; }, 2s);
+    settle(io);
+  }
+
+  std::optional<Head> head(bool first = true, bool draining = false) {
+    std::optional<Head> r;
+    spawn(io, down->read_head(first, draining), r);
+    run_until(io, [&] { return r.has_value(); });
+    return r;
+  }
+  std::optional<bool> body() {
+    std::optional<bool> r;
+    spawn(io, down->read_body(), r);
+    run_until(io, [&] { return r.has_value(); });
+    return r;
+  }
+  std::optional<bool> write_all(std::string_view a, std::string_view b = {}) {
+    std::optional<bool> r;
+    spawn(io, down->write_all(a, b), r);
+    run_until(io, [&] { return r.has_value(); });
+    return r;
+  }
+  // Runs the server until the client has received `n` bytes.
+  bool receive(std::size_t n) { return test::receive_at_least(io, client, n); }
+};
+
+constexpr std::string_view kGet = "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n";
+
+// --- heads ---
+
+TEST_F(HttpDownstream, Http11HeadKeepsAliveByDefault) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_EQ(down->request().method(), bh::verb::get);
+  EXPECT_EQ(down->request().target(), "/v1/models");
+  EXPECT_EQ(down->request()[bh::field::host], "x");
+  EXPECT_TRUE(down->http11());
+  EXPECT_TRUE(down->keep_alive());
+  EXPECT_TRUE(down->body_complete());  // no body
+  EXPECT_FALSE(down->head_request());
+  EXPECT_TRUE(down->connection_mode().keep_alive);
+  EXPECT_FALSE(down->connection_mode().http10);
+  EXPECT_EQ(down->failure(), ReadFailure::none);
+}
+
+TEST_F(HttpDownstream, ConnectionCloseEndsKeepAlive) {
+  start();
+  client.send("GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_FALSE(down->keep_alive());
+  EXPECT_FALSE(down->connection_mode().keep_alive);
+  EXPECT_FALSE(down->connection_mode().http10);
+}
+
+TEST_F(HttpDownstream, Http10ClosesUnlessItAsksForKeepAlive) {
+  start();
+  client.send("GET / HTTP/1.0\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_FALSE(down->http11());
+  EXPECT_FALSE(down->keep_alive());
+  EXPECT_FALSE(down->connection_mode().keep_alive);
+  EXPECT_TRUE(down->connection_mode().http10);
+}
+
+TEST_F(HttpDownstream, Http10WithConnectionKeepAliveKeepsAlive) {
+  start();
+  client.send("HEAD / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_TRUE(down->head_request());
+  EXPECT_FALSE(down->http11());
+  EXPECT_TRUE(down->keep_alive());
+  EXPECT_TRUE(down->connection_mode().keep_alive);
+  EXPECT_TRUE(down->connection_mode().http10);
+  // A second request on the same connection is read too.
+  client.send("GET /2 HTTP/1.0\r\n\r\n");
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/2");
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, NoKeepAliveOverridesTheRequest) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->no_keep_alive();
+  EXPECT_FALSE(down->keep_alive());
+  EXPECT_FALSE(down->connection_mode().keep_alive);
+}
+
+TEST_F(HttpDownstream, HeadOverMaxHeaderIsHeadTooLarge) {
+  sc.max_header_bytes = 1024;
+  start();
+  client.send("GET / HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(2000, 'a') + "\r\n\r\n");
+  ASSERT_EQ(head(), Head::failed);
+  EXPECT_EQ(down->failure(), ReadFailure::head_too_large);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, HeadJustUnderMaxHeaderIsRead) {
+  sc.max_header_bytes = 1024;
+  start();
+  std::string h = "GET / HTTP/1.1\r\nHost: x\r\nX-Big: ";
+  h += std::string(1024 - h.size() - 4 - 100, 'a') + "\r\n\r\n";
+  client.send(h);
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_EQ(down->failure(), ReadFailure::none);
+}
+
+TEST_F(HttpDownstream, GarbageIsMalformed) {
+  for (const std::string bad : {"HELLO\r\n\r\n", "GET / HTTP/9.9\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
+                                "POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
+                                "GET\x01/ HTTP/1.1\r\n\r\n"}) {
+    SCOPED_TRACE(bad);
+    restart();
+    client.send(bad);
+    ASSERT_EQ(head(), Head::failed);
+    EXPECT_EQ(down->failure(), ReadFailure::malformed);
+    EXPECT_FALSE(down->failure_detail().empty());
+    EXPECT_FALSE(down->keep_alive());
+  }
+}
+
+TEST_F(HttpDownstream, SlowHeadIsHeadTimeout) {
+  sc.header_timeout = 200ms;
+  start();
+  client.send("GET / HTTP/1.1\r\nHo");
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(head(), Head::failed);
+  EXPECT_EQ(down->failure(), ReadFailure::head_timeout);
+  EXPECT_FALSE(down->keep_alive());
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 8s);
+}
+
+TEST_F(HttpDownstream, SilentFirstConnectionTimesOutAsClosedNotAsARequest) {
+  sc.header_timeout = 200ms;
+  start();
+  ASSERT_EQ(head(), Head::closed);
+}
+
+TEST_F(HttpDownstream, ImmediateCloseOrResetIsClosed) {
+  start();
+  client.sock.close();
+  EXPECT_EQ(head(), Head::closed);
+
+  restart();
+  client.reset();
+  EXPECT_EQ(head(), Head::closed);
+}
+
+TEST_F(HttpDownstream, CloseBetweenRequestsIsClosed) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  client.sock.shutdown(tcp::socket::shutdown_send);
+  EXPECT_EQ(head(false), Head::closed);
+  EXPECT_EQ(down->failure(), ReadFailure::none);
+}
+
+TEST_F(HttpDownstream, KeepAliveIdleTimeoutIsClosed) {
+  sc.keepalive_timeout = 200ms;
+  sc.header_timeout = 60s;
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_EQ(head(false), Head::closed);  // keepalive_timeout applies to the next request, not header_timeout
+}
+
+TEST_F(HttpDownstream, DrainingEndsAnIdleConnectionButServesABufferedOne) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_EQ(head(false, true), Head::closed);  // nothing buffered: ends at once
+
+  restart();
+  client.send(std::string(kGet) + "GET /next HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(head(false, true), Head::request);  // already here: answered, then the connection ends
+  EXPECT_EQ(down->request().target(), "/next");
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, CloseIfIdleEndsAWaitingReadHead) {
+  start();
+  std::optional<Head> r;
+  spawn(io, down->read_head(false, false), r);
+  settle(io);
+  ASSERT_FALSE(r.has_value());
+  down->close_if_idle();
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_EQ(*r, Head::closed);
+}
+
+// --- bodies ---
+
+TEST_F(HttpDownstream, ContentLengthBodyInTheHeadSegment) {
+  start();
+  client.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhello world");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), "hello world");
+  EXPECT_TRUE(down->body_complete());
+  EXPECT_TRUE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, ContentLengthBodyArrivingLater) {
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhel");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  EXPECT_FALSE(r.has_value());
+  client.send("lo w");
+  settle(io);
+  EXPECT_FALSE(r.has_value());
+  client.send("orld");
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(down->body(), "hello world");
+}
+
+TEST_F(HttpDownstream, ZeroContentLengthBody) {
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_TRUE(down->body_complete());
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), "");
+}
+
+TEST_F(HttpDownstream, ChunkedBody) {
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n6;ext=1\r\n world\r\n");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  EXPECT_FALSE(r.has_value());
+  client.send("0\r\n\r\n");
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(down->body(), "hello world");
+}
+
+TEST_F(HttpDownstream, ContentLengthOverMaxBodyIsRefusedBeforeReading) {
+  sc.max_body_bytes = 100;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n");  // the body is never sent
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::body_too_large);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, ContentLengthAtMaxBodyIsRead) {
+  sc.max_body_bytes = 100;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n" + std::string(100, 'b'));
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), std::string(100, 'b'));
+}
+
+TEST_F(HttpDownstream, ExpectContinueOverMaxBodyIsRefusedWithoutA100) {
+  sc.max_body_bytes = 100;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\nExpect: 100-continue\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::body_too_large);
+  // The next bytes the client gets are the answer, not "100 Continue".
+  ASSERT_EQ(write_all("X"), true);
+  ASSERT_TRUE(receive(1));
+  EXPECT_EQ(client.received, "X");
+}
+
+TEST_F(HttpDownstream, ExpectContinueWithinMaxBodyGetsA100ThenTheBody) {
+  sc.max_body_bytes = 100;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  constexpr std::string_view k100 = "HTTP/1.1 100 Continue\r\n\r\n";
+  ASSERT_TRUE(receive(k100.size()));
+  EXPECT_EQ(client.received, k100);
+  EXPECT_FALSE(r.has_value());  // waits for the body the client now sends
+  client.send("hello");
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(down->body(), "hello");
+  EXPECT_TRUE(down->keep_alive());
+}
+
+// RFC 9110 §10.1.1: "A server that receives a 100-continue expectation in an
+// HTTP/1.0 request MUST ignore that expectation." (Regression: read_body
+// once sent "HTTP/1.1 100 Continue" whatever the request's version.)
+TEST_F(HttpDownstream, Http10ExpectContinueIsIgnored) {
+  start();
+  client.send("POST / HTTP/1.0\r\nContent-Length: 5\r\nExpect: 100-continue\r\n\r\nhello");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), "hello");
+  ASSERT_EQ(write_all("X"), true);
+  ASSERT_TRUE(receive(1));
+  EXPECT_EQ(client.received, "X");
+}
+
+TEST_F(HttpDownstream, ChunkedBodyOverMaxBodyIsBodyTooLarge) {
+  sc.max_body_bytes = 100;
+  start();
+  // All of it in one segment with the head, so it is parsed from the buffer.
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" "40\r\n" + std::string(64, 'a') +
+              "\r\n40\r\n" + std::string(64, 'b') + "\r\n0\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::body_too_large);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, ChunkedBodyOverMaxBodyArrivingLaterIsBodyTooLarge) {
+  sc.max_body_bytes = 100;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  client.send("40\r\n" + std::string(64, 'a') + "\r\n");
+  settle(io);
+  client.send("40\r\n" + std::string(64, 'b') + "\r\n");
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(down->failure(), ReadFailure::body_too_large);
+}
+
+TEST_F(HttpDownstream, MalformedChunkedBodyIsMalformed) {
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::malformed);
+}
+
+TEST_F(HttpDownstream, ClientClosingMidBodyIsClientClosed) {
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  EXPECT_FALSE(r.has_value());
+  client.sock.shutdown(tcp::socket::shutdown_send);
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(down->failure(), ReadFailure::client_closed);
+  EXPECT_TRUE(down->client_gone());
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, ClientResettingMidBodyIsClientClosed) {
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  client.reset();
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(down->failure(), ReadFailure::client_closed);
+}
+
+TEST_F(HttpDownstream, SlowBodyIsBodyTimeout) {
+  sc.body_timeout = 200ms;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::body_timeout);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, LentBodyStorageIsUsedAndKept) {
+  start();
+  EXPECT_FALSE(down->has_body_storage());
+  std::string store;
+  store.reserve(4096);
+  const char* data = store.data();
+  down->lend_body_storage(std::move(store));
+  EXPECT_TRUE(down->has_body_storage());
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\nabc");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), "abc");
+  EXPECT_EQ(down->body().data(), data);  // the lent storage, not a new allocation
+}
+
+// --- pipelining and the close watch ---
+
+TEST_F(HttpDownstream, TwoPipelinedRequestsInOneWriteAreReadInTurn) {
+  start();
+  client.send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+              "GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_EQ(down->request().target(), "/a");
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), "hello");
+  down->begin_request();
+  down->watch_for_close();  // posted while /b is already buffered
+  settle(io);
+  EXPECT_EQ(listener.calls, 0);
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/b");
+  EXPECT_EQ(down->request().method(), bh::verb::get);
+  EXPECT_TRUE(down->keep_alive());
+  EXPECT_FALSE(down->client_gone());
+  EXPECT_EQ(listener.calls, 0);
+  // The connection still works: and a third request after that.
+  down->watch_for_close();
+  client.send("GET /c HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/c");
+  EXPECT_EQ(listener.calls, 0);
+}
+
+TEST_F(HttpDownstream, ARequestReadByTheCloseWatchIsTheNextRequest) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->watch_for_close();
+  settle(io);
+  // Longer than the watch's one read (512 bytes): the rest comes through read_head.
+  const std::string next = "GET /next HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(3000, 'p') + "\r\n\r\n";
+  client.send(next);
+  settle(io);
+  EXPECT_EQ(listener.calls, 0);
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/next");
+  EXPECT_EQ(down->request()["X-Pad"].size(), 3000u);
+  EXPECT_EQ(listener.calls, 0);
+}
+
+TEST_F(HttpDownstream, ReadHeadWaitsOnThePostedWatchForTheNextRequest) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->watch_for_close();
+  settle(io);
+  std::optional<Head> r;
+  spawn(io, down->read_head(false, false), r);
+  settle(io);
+  EXPECT_FALSE(r.has_value());
+  client.send("GET /later HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_EQ(*r, Head::request);
+  EXPECT_EQ(down->request().target(), "/later");
+}
+
+TEST_F(HttpDownstream, KeepAliveTimeoutWhileTheWatchIsPostedIsClosed) {
+  sc.keepalive_timeout = 200ms;
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->watch_for_close();
+  settle(io);
+  EXPECT_EQ(head(false), Head::closed);
+}
+
+TEST_F(HttpDownstream, WatchForCloseTellsTheListenerOnceWhenTheClientCloses) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->watch_for_close();
+  down->watch_for_close();  // a second call while posted changes nothing
+  settle(io);
+  EXPECT_EQ(listener.calls, 0);
+  EXPECT_FALSE(down->client_gone());
+  client.sock.close();
+  ASSERT_TRUE(run_until(io, [&] { return listener.calls > 0; }));
+  EXPECT_TRUE(down->client_gone());
+  // Writes to the departed client fail; the listener is not told again.
+  for (int i = 0; i < 50 && !down->write_failed(); ++i) {
+    down->queue_body(std::string(64 << 10, 'x'));
+    down->flush();
+    bool drained = false;
+    spawn(io, down->drain(), drained);
+    run_until(io, [&] { return drained; });
+  }
+  EXPECT_TRUE(down->write_failed());
+  down->watch_for_close();  // no-op once gone
+  settle(io);
+  EXPECT_EQ(listener.calls, 1);
+  EXPECT_EQ(head(false), Head::closed);
+  EXPECT_EQ(listener.calls, 1);
+}
+
+TEST_F(HttpDownstream, WatchForCloseTellsTheListenerWhenTheClientResets) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->watch_for_close();
+  settle(io);
+  client.reset();
+  ASSERT_TRUE(run_until(io, [&] { return listener.calls > 0; }));
+  settle(io);
+  EXPECT_EQ(listener.calls, 1);
+  EXPECT_TRUE(down->client_gone());
+}
+
+// --- writing ---
+
+TEST_F(HttpDownstream, QueueBodyFramesChunksForHttp11) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  const std::string h = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+  down->queue(h);
+  down->queue_body("hello");
+  down->queue_body(std::string(300, 'x'));  // 0x12c
+  down->queue_body("data: {\"a\":1}\n\n");  // 15 bytes: 0xf
+  down->queue_end();
+  EXPECT_FALSE(down->queue_empty());
+  down->flush();
+  const std::string want =
+      h + "5\r\nhello\r\n12c\r\n" + std::string(300, 'x') + "\r\nf\r\ndata: {\"a\":1}\n\n\r\n0\r\n\r\n";
+  ASSERT_TRUE(receive(want.size())) << client.received.size() << " of " << want.size() << ": " << client.received;
+  bool drained = false;
+  spawn(io, down->drain(), drained);
+  ASSERT_TRUE(run_until(io, [&] { return drained; }));
+  EXPECT_EQ(client.received, want);
+  EXPECT_EQ(down->bytes_out(), want.size());
+  EXPECT_EQ(total_out, want.size());
+  EXPECT_EQ(down->backlog(), 0u);
+  EXPECT_TRUE(down->queue_empty());
+  EXPECT_FALSE(down->write_failed());
+}
+
+TEST_F(HttpDownstream, QueueBodyIsRawForHttp10) {
+  start();
+  client.send("GET / HTTP/1.0\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->queue("HTTP/1.1 200 OK\r\n\r\n");
+  down->queue_body("hello ");
+  down->queue_body("world");
+  down->queue_end();  // nothing: the body ends at close
+  down->flush();
+  const std::string want = "HTTP/1.1 200 OK\r\n\r\nhello world";
+  ASSERT_TRUE(receive(want.size()));
+  settle(io);
+  client.read_available();
+  EXPECT_EQ(client.received, want);
+  EXPECT_EQ(down->bytes_out(), want.size());
+}
+
+TEST_F(HttpDownstream, WriteAllSendsBothPartsAndCountsThem) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  ASSERT_EQ(write_all("HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n", "ok"), true);
+  const std::string want = "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+  ASSERT_TRUE(receive(want.size()));
+  EXPECT_EQ(client.received, want);
+  EXPECT_EQ(down->bytes_out(), want.size());
+  EXPECT_EQ(total_out, want.size());
+
+  // begin_request() restarts the request's count; the worker's total goes on.
+  client.send(kGet);
+  ASSERT_EQ(head(false), Head::request);
+  down->begin_request();
+  EXPECT_EQ(down->bytes_out(), 0u);
+  ASSERT_EQ(write_all("abc"), true);
+  EXPECT_EQ(down->bytes_out(), 3u);
+  EXPECT_EQ(total_out, want.size() + 3);
+}
+
+TEST_F(HttpDownstream, BacklogGrowsWhenTheClientDoesNotReadAndWritesFailAfterItResets) {
+  start(/*client_rcvbuf=*/4096, /*server_sndbuf=*/4096);
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->watch_for_close();
+  const std::size_t piece = 64 << 10;
+  const std::size_t pieces = 64;  // 4 MiB
+  for (std::size_t i = 0; i < pieces; ++i) {
+    down->queue_body(std::string(piece, static_cast<char>('a' + i % 26)));
+    down->flush();
+    settle(io);
+  }
+  settle(io);
+  const std::size_t framed = pieces * (piece + std::string_view("10000\r\n\r\n").size());
+  EXPECT_TRUE(down->writing());
+  EXPECT_GT(down->backlog(), 2u << 20);  // the sockets hold far less than 4 MiB
+  EXPECT_LE(down->backlog(), framed);
+  EXPECT_EQ(down->backlog() + down->bytes_out(), framed);  // every byte is either taken or waiting
+  EXPECT_EQ(total_out, down->bytes_out());
+  EXPECT_FALSE(down->write_failed());
+  EXPECT_EQ(listener.calls, 0);
+
+  client.reset();
+  ASSERT_TRUE(run_until(io, [&] { return down->write_failed(); }));
+  bool drained = false;
+  spawn(io, down->drain(), drained);
+  ASSERT_TRUE(run_until(io, [&] { return drained; }));
+  EXPECT_FALSE(down->writing());
+  EXPECT_EQ(down->backlog(), 0u);
+  EXPECT_TRUE(down->client_gone());
+  settle(io);
+  EXPECT_EQ(listener.calls, 1);
+  // More bytes for a client that is gone are dropped.
+  down->queue_body("late");
+  down->flush();
+  EXPECT_EQ(down->backlog(), 0u);
+}
+
+TEST_F(HttpDownstream, WriteAllToAResetClientFails) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  client.reset();
+  std::optional<bool> ok;
+  for (int i = 0; i < 50; ++i) {  // the first write may still be taken by the socket
+    ok = write_all(std::string(64 << 10, 'x'));
+    ASSERT_TRUE(ok.has_value());
+    if (!*ok) break;
+  }
+  EXPECT_EQ(ok, false);
+  EXPECT_TRUE(down->write_failed());
+  EXPECT_TRUE(down->client_gone());
+}
+
+TEST_F(HttpDownstream, SendAndSendBodyFrameLikeQueueAndFlush) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  const std::string h = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+  down->send(h);
+  down->send_body("hello");
+  down->send_body(std::string(300, 'x'));
+  down->queue_end();
+  down->flush();
+  const std::string want = h + "5\r\nhello\r\n12c\r\n" + std::string(300, 'x') + "\r\n0\r\n\r\n";
+  ASSERT_TRUE(receive(want.size()));
+  settle(io);
+  client.read_available();
+  EXPECT_EQ(client.received, want);
+  EXPECT_EQ(down->bytes_out(), want.size());
+  EXPECT_EQ(total_out, want.size());
+  EXPECT_TRUE(down->queue_empty());
+  EXPECT_EQ(down->backlog(), 0u);
+}
+
+TEST_F(HttpDownstream, SendBodyIsRawForHttp10) {
+  start();
+  client.send("GET / HTTP/1.0\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->send("HTTP/1.1 200 OK\r\n\r\n");
+  down->send_body("hello ");
+  down->send_body("world");
+  const std::string want = "HTTP/1.1 200 OK\r\n\r\nhello world";
+  ASSERT_TRUE(receive(want.size()));
+  EXPECT_EQ(client.received, want);
+  EXPECT_EQ(down->bytes_out(), want.size());
+}
+
+// send()/send_body() write at once when they can and hand the rest to the
+// write loop; mixed with queue_body() and with a client that reads a little
+// at a time, every byte still arrives once, in order.
+TEST_F(HttpDownstream, SendBodyKeepsOrderThroughTheWriteLoop) {
+  start(/*client_rcvbuf=*/4096, /*server_sndbuf=*/4096);
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  std::string want = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n";
+  down->send(want);
+  for (int i = 0; i < 300; ++i) {
+    std::string piece(static_cast<std::size_t>(1 + (i * 997) % 9000), static_cast<char>('A' + i % 26));
+    piece += std::to_string(i);  // every piece distinct
+    char hex[24];
+    std::snprintf(hex, sizeof hex, "%zx", piece.size());
+    want += std::string(hex) + "\r\n" + piece + "\r\n";
+    if (i % 3 == 0) {
+      down->queue_body(piece);
+      down->flush();
+    } else {
+      down->send_body(piece);
+    }
+    if (i % 7 == 0) {  // the client takes a little now and then
+      settle(io);
+      client.read_available();
+    }
+  }
+  down->queue_end();
+  down->flush();
+  want += "0\r\n\r\n";
+  EXPECT_EQ(down->backlog() + down->bytes_out(), want.size());  // every byte taken or waiting
+  ASSERT_TRUE(receive(want.size()));
+  bool drained = false;
+  spawn(io, down->drain(), drained);
+  ASSERT_TRUE(run_until(io, [&] { return drained; }));
+  settle(io);
+  client.read_available();
+  EXPECT_EQ(client.received.size(), want.size());
+  EXPECT_TRUE(client.received == want) << "the bytes arrived out of order or changed";
+  EXPECT_EQ(down->bytes_out(), want.size());
+  EXPECT_EQ(down->backlog(), 0u);
+}
+
+TEST_F(HttpDownstream, SendBodyToAClientThatResetIsDropped) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->watch_for_close();
+  client.reset();
+  ASSERT_TRUE(run_until(io, [&] { return down->client_gone(); }));
+  for (int i = 0; i < 50 && !down->write_failed(); ++i) {
+    down->send_body(std::string(64 << 10, 'x'));
+    bool drained = false;
+    spawn(io, down->drain(), drained);
+    run_until(io, [&] { return drained; });
+  }
+  EXPECT_TRUE(down->write_failed());
+  down->send_body("late");
+  down->send("late");
+  EXPECT_EQ(down->backlog(), 0u);
+  settle(io);
+  EXPECT_EQ(listener.calls, 1);
+}
+
+TEST_F(HttpDownstream, WatchForCloseReleasingTheBufferStillReadsTheNextRequest) {
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->watch_for_close(/*release_buffer=*/true);
+  settle(io);
+  const std::string next = "GET /next HTTP/1.1\r\nHost: x\r\nX-Pad: " + std::string(3000, 'p') + "\r\n\r\n";
+  client.send(next);
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/next");
+  EXPECT_EQ(down->request()["X-Pad"].size(), 3000u);
+  // With a pipelined request already buffered, nothing is released or lost.
+  client.send(std::string(kGet) + "GET /third HTTP/1.1\r\nHost: x\r\n\r\n");
+  down->watch_for_close(true);
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/v1/models");
+  down->watch_for_close(true);
+  settle(io);
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/third");
+  // And the close is still noticed.
+  down->watch_for_close(true);
+  settle(io);
+  client.sock.close();
+  ASSERT_TRUE(run_until(io, [&] { return listener.calls == 1; }));
+}
+
+// --- closing ---
+
+TEST_F(HttpDownstream, LingeringCloseSendsEofAndReadsWhatTheClientStillSends) {
+  sc.max_body_bytes = 10;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  const std::string answer = "HTTP/1.1 413 Payload Too Large\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  ASSERT_EQ(write_all(answer), true);
+  bool lingered = false;
+  spawn(io, down->lingering_close(), lingered);
+  // The client gets the answer, then EOF, while it may still send its body.
+  ASSERT_TRUE(run_until(io, [&] {
+    client.read_available();
+    return client.ec == asio::error::eof;
+  }));
+  EXPECT_EQ(client.received, answer);
+  EXPECT_FALSE(lingered);
+  client.send(std::string(100, 'b'));
+  settle(io);
+  client.sock.close();
+  ASSERT_TRUE(run_until(io, [&] { return lingered; }));
+}
+
+TEST_F(HttpDownstream, ForceCloseEndsAReadInProgress) {
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n01234");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  ASSERT_FALSE(r.has_value());
+  down->force_close();
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_FALSE(*r);
+  EXPECT_TRUE(down->closed());
+  EXPECT_EQ(head(false), Head::closed);
+}
+
+}  // namespace
+}  // namespace weir::http

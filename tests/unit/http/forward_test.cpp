@@ -1,0 +1,298 @@
+// The forwarding proxy's header filters (RFC 9110 §7.6.1): what of the
+// client's request head goes upstream (append_upstream_request_head) and
+// what of the upstream's response head goes back (append_response_fields).
+#include "http/forward.hpp"
+
+#include <cctype>
+#include <string>
+#include <vector>
+
+#include <boost/beast/http/empty_body.hpp>
+#include <boost/beast/http/parser.hpp>
+#include <gtest/gtest.h>
+
+namespace weir::http {
+namespace {
+
+namespace bh = boost::beast::http;
+
+// Parses a request or response head the way the gateway receives one.
+RequestHead request(std::string_view text) {
+  bh::request_parser<bh::empty_body> p;
+  p.eager(false);
+  boost::system::error_code ec;
+  p.put(boost::asio::buffer(text.data(), text.size()), ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(p.is_header_done());
+  return p.get().base();
+}
+ResponseHead response(std::string_view text) {
+  bh::response_parser<bh::empty_body> p;
+  p.eager(false);
+  boost::system::error_code ec;
+  p.put(boost::asio::buffer(text.data(), text.size()), ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(p.is_header_done());
+  return p.get().base();
+}
+
+// The head's field lines after the request/status line, without the blank line.
+std::vector<std::string> lines(std::string_view head) {
+  std::vector<std::string> out;
+  while (!head.empty()) {
+    const auto eol = head.find("\r\n");
+    if (eol == std::string_view::npos) {
+      out.emplace_back(head);
+      break;
+    }
+    out.emplace_back(head.substr(0, eol));
+    head.remove_prefix(eol + 2);
+  }
+  return out;
+}
+
+// Values of field `name` (case-insensitive) in `head`'s field lines.
+std::vector<std::string> values(std::string_view head, std::string_view name) {
+  std::vector<std::string> out;
+  for (const auto& l : lines(head)) {
+    const auto colon = l.find(':');
+    if (colon == std::string::npos || colon != name.size()) continue;
+    bool same = true;
+    for (std::size_t i = 0; i < name.size(); ++i)
+      same = same && std::tolower(static_cast<unsigned char>(l[i])) == std::tolower(static_cast<unsigned char>(name[i]));
+    if (same) out.push_back(l.substr(colon + 2));
+  }
+  return out;
+}
+
+using Values = std::vector<std::string>;
+
+UpstreamHeadOptions options() {
+  return UpstreamHeadOptions{.target = "/v1/chat/completions",
+                             .host_header = "10.0.0.7:8000",
+                             .body_bytes = 42,
+                             .request_id = "req-weir",
+                             .api_key = {},
+                             .identity = false,
+                             .strip_credentials = false};
+}
+
+constexpr std::string_view kClientHead =
+    "POST /v1/chat/completions?x=1 HTTP/1.1\r\n"
+    "Host: gateway.example\r\n"
+    "Content-Type: application/json\r\n"
+    "Content-Length: 999\r\n"
+    "Connection: keep-alive, X-Hop-Listed\r\n"
+    "Keep-Alive: timeout=5\r\n"
+    "Proxy-Connection: keep-alive\r\n"
+    "TE: trailers\r\n"
+    "Trailer: X-Checksum\r\n"
+    "Upgrade: h2c\r\n"
+    "Proxy-Authorization: Basic Zm9vOmJhcg==\r\n"
+    "X-Hop-Listed: secret\r\n"
+    "Expect: 100-continue\r\n"
+    "X-Request-Id: client-chosen\r\n"
+    "Authorization: Bearer client-key\r\n"
+    "X-Api-Key: client-key-2\r\n"
+    "Accept-Encoding: gzip, br\r\n"
+    "User-Agent: openai-python/1.50\r\n"
+    "OpenAI-Organization: org-1\r\n"
+    "\r\n";
+
+TEST(HttpForward, RequestLineHostLengthAndRequestIdComeFirst) {
+  std::string out;
+  append_upstream_request_head(out, request(kClientHead), options());
+  const auto l = lines(out);
+  ASSERT_GE(l.size(), 4u);
+  EXPECT_EQ(l[0], "POST /v1/chat/completions HTTP/1.1");  // the target Weir sends, not the client's
+  EXPECT_EQ(l[1], "Host: 10.0.0.7:8000");
+  EXPECT_EQ(l[2], "Content-Length: 42");
+  EXPECT_EQ(l[3], "x-request-id: req-weir");
+  EXPECT_TRUE(out.ends_with("\r\n\r\n"));
+  EXPECT_EQ(out.find("\r\n\r\n"), out.size() - 4);  // one blank line, at the end
+}
+
+TEST(HttpForward, HopByHopAndConnectionListedFieldsAreRemoved) {
+  std::string out;
+  append_upstream_request_head(out, request(kClientHead), options());
+  for (std::string_view f : {"Connection", "Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Upgrade",
+                             "Proxy-Authorization", "X-Hop-Listed", "Transfer-Encoding", "Expect"})
+    EXPECT_EQ(values(out, f), Values{}) << f;
+  // End-to-end fields pass, as the client wrote them.
+  EXPECT_EQ(values(out, "Content-Type"), Values{"application/json"});
+  EXPECT_EQ(values(out, "User-Agent"), Values{"openai-python/1.50"});
+  EXPECT_EQ(values(out, "OpenAI-Organization"), Values{"org-1"});
+}
+
+TEST(HttpForward, HostContentLengthAndRequestIdAreReplacedNotDuplicated) {
+  std::string out;
+  append_upstream_request_head(out, request(kClientHead), options());
+  EXPECT_EQ(values(out, "Host"), Values{"10.0.0.7:8000"});
+  EXPECT_EQ(values(out, "Content-Length"), Values{"42"});
+  EXPECT_EQ(values(out, "x-request-id"), Values{"req-weir"});
+}
+
+TEST(HttpForward, ChunkedClientBodyGoesUpstreamWithALength) {
+  std::string out;
+  append_upstream_request_head(
+      out, request("POST /v1/completions HTTP/1.1\r\nHost: g\r\nTransfer-Encoding: chunked\r\n\r\n"), options());
+  EXPECT_EQ(values(out, "Transfer-Encoding"), Values{});
+  EXPECT_EQ(values(out, "Content-Length"), Values{"42"});
+}
+
+TEST(HttpForward, PostAlwaysHasAContentLengthGetOnlyWithABody) {
+  auto o = options();
+  o.body_bytes = 0;
+  std::string out;
+  append_upstream_request_head(out, request("POST /v1/embeddings HTTP/1.1\r\nHost: g\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Content-Length"), Values{"0"});  // else the pooled connection would misframe
+
+  out.clear();
+  append_upstream_request_head(out, request("GET /v1/models HTTP/1.1\r\nHost: g\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Content-Length"), Values{});
+  EXPECT_TRUE(out.starts_with("GET /v1/chat/completions HTTP/1.1\r\n"));
+
+  out.clear();
+  append_upstream_request_head(out, request("HEAD /health HTTP/1.1\r\nHost: g\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Content-Length"), Values{});
+
+  out.clear();
+  o.body_bytes = 7;
+  append_upstream_request_head(out, request("GET /v1/models HTTP/1.1\r\nHost: g\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Content-Length"), Values{"7"});
+}
+
+TEST(HttpForward, Http10ClientGoesUpstreamAsHttp11) {
+  std::string out;
+  append_upstream_request_head(out, request("POST /v1/completions HTTP/1.0\r\nContent-Length: 3\r\n\r\n"), options());
+  EXPECT_TRUE(out.starts_with("POST /v1/chat/completions HTTP/1.1\r\nHost: 10.0.0.7:8000\r\n"));
+}
+
+TEST(HttpForward, ClientCredentialsPassUnlessStripped) {
+  std::string out;
+  append_upstream_request_head(out, request(kClientHead), options());
+  EXPECT_EQ(values(out, "Authorization"), Values{"Bearer client-key"});
+  EXPECT_EQ(values(out, "X-Api-Key"), Values{"client-key-2"});
+
+  auto o = options();
+  o.strip_credentials = true;
+  out.clear();
+  append_upstream_request_head(out, request(kClientHead), o);
+  EXPECT_EQ(values(out, "Authorization"), Values{});
+  EXPECT_EQ(values(out, "X-Api-Key"), Values{});
+  EXPECT_EQ(values(out, "User-Agent"), Values{"openai-python/1.50"});  // only the credentials go
+}
+
+TEST(HttpForward, PoolKeyReplacesTheClientCredential) {
+  auto o = options();
+  o.api_key = "pool-secret";
+  o.strip_credentials = true;  // as the proxy phase sets it whenever a pool has a key
+  std::string out;
+  append_upstream_request_head(out, request(kClientHead), o);
+  EXPECT_EQ(values(out, "Authorization"), Values{"Bearer pool-secret"});
+  EXPECT_EQ(values(out, "X-Api-Key"), Values{});
+}
+
+TEST(HttpForward, StripCredentialsMatchesFieldNamesCaseInsensitively) {
+  auto o = options();
+  o.strip_credentials = true;
+  std::string out;
+  append_upstream_request_head(
+      out, request("POST / HTTP/1.1\r\nauthorization: Bearer a\r\nx-API-key: b\r\nX-Api-Keys: kept\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Authorization"), Values{});
+  EXPECT_EQ(values(out, "X-Api-Key"), Values{});
+  EXPECT_EQ(values(out, "X-Api-Keys"), Values{"kept"});
+}
+
+TEST(HttpForward, IdentityDropsAcceptEncodingAndAsksForIdentity) {
+  std::string out;
+  append_upstream_request_head(out, request(kClientHead), options());
+  EXPECT_EQ(values(out, "Accept-Encoding"), Values{"gzip, br"});  // passes as the client wrote it
+
+  auto o = options();
+  o.identity = true;
+  out.clear();
+  append_upstream_request_head(out, request(kClientHead), o);
+  EXPECT_EQ(values(out, "Accept-Encoding"), Values{"identity"});
+
+  out.clear();
+  append_upstream_request_head(out, request("POST / HTTP/1.1\r\nHost: g\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Accept-Encoding"), Values{"identity"});  // asked even when the client said nothing
+}
+
+TEST(HttpForward, RepeatedEndToEndFieldsAllPass) {
+  std::string out;
+  append_upstream_request_head(out, request("POST / HTTP/1.1\r\nX-Tag: a\r\nX-Tag: b\r\n\r\n"), options());
+  EXPECT_EQ(values(out, "X-Tag"), (Values{"a", "b"}));
+}
+
+// RFC 9110 §5.3: field lines with the same name make one comma-separated
+// list, so a client may spread Connection over several lines, and every
+// field any of them names is hop-by-hop. (Regression: only the first
+// Connection line was read, so a field named on a later one went upstream.)
+TEST(HttpForward, FieldsNamedInAnyConnectionLineAreRemoved) {
+  std::string out;
+  append_upstream_request_head(
+      out, request("POST / HTTP/1.1\r\nConnection: keep-alive\r\nConnection: X-Secret\r\nX-Secret: s\r\n\r\n"),
+      options());
+  EXPECT_EQ(values(out, "X-Secret"), Values{});
+  EXPECT_EQ(values(out, "Connection"), Values{});
+}
+
+// --- response fields ---
+
+constexpr std::string_view kUpstreamHead =
+    "HTTP/1.1 200 OK\r\n"
+    "Content-Type: text/event-stream\r\n"
+    "Content-Length: 120\r\n"
+    "Content-Encoding: gzip\r\n"
+    "Connection: keep-alive, X-Upstream-Hop\r\n"
+    "Keep-Alive: timeout=5\r\n"
+    "X-Upstream-Hop: 1\r\n"
+    "x-request-id: upstream-id\r\n"
+    "Upgrade: h2c\r\n"
+    "Proxy-Authenticate: Basic\r\n"
+    "Trailer: X-Sum\r\n"
+    "Server: uvicorn\r\n"
+    "Date: Tue, 01 Oct 2024 00:00:00 GMT\r\n"
+    "\r\n";
+
+TEST(HttpForward, ResponseFieldsDropFramingRequestIdAndHopByHop) {
+  std::string out;
+  append_response_fields(out, response(kUpstreamHead), /*drop_encoding=*/false);
+  for (std::string_view f : {"Content-Length", "x-request-id", "Connection", "Keep-Alive", "X-Upstream-Hop", "Upgrade",
+                             "Proxy-Authenticate", "Trailer", "Transfer-Encoding"})
+    EXPECT_EQ(values(out, f), Values{}) << f;
+  EXPECT_EQ(values(out, "Content-Type"), Values{"text/event-stream"});
+  EXPECT_EQ(values(out, "Content-Encoding"), Values{"gzip"});  // kept: the body is relayed encoded
+  EXPECT_EQ(values(out, "Server"), Values{"uvicorn"});
+  EXPECT_EQ(values(out, "Date"), Values{"Tue, 01 Oct 2024 00:00:00 GMT"});
+  // Whole lines, no status line, no blank line.
+  EXPECT_FALSE(out.starts_with("HTTP/"));
+  EXPECT_TRUE(out.ends_with("\r\n"));
+  EXPECT_EQ(out.find("\r\n\r\n"), std::string::npos);
+}
+
+TEST(HttpForward, ResponseContentEncodingIsDroppedOnlyWhenAsked) {
+  std::string out;
+  append_response_fields(out, response(kUpstreamHead), /*drop_encoding=*/true);
+  EXPECT_EQ(values(out, "Content-Encoding"), Values{});
+  EXPECT_EQ(values(out, "Content-Type"), Values{"text/event-stream"});
+}
+
+TEST(HttpForward, ChunkedResponseFramingIsNotForwarded) {
+  std::string out;
+  append_response_fields(out,
+                         response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"),
+                         false);
+  EXPECT_EQ(out, "Content-Type: application/json\r\n");
+}
+
+TEST(HttpForward, EmptyResponseHeadGivesNothing) {
+  std::string out = "keep";
+  append_response_fields(out, response("HTTP/1.1 204 No Content\r\n\r\n"), false);
+  EXPECT_EQ(out, "keep");  // appends only
+}
+
+}  // namespace
+}  // namespace weir::http
