@@ -5,13 +5,13 @@
 // Compiled only when the binary links weir_admission (WEIR_MICROBENCH_AUTH).
 #ifdef WEIR_MICROBENCH_AUTH
 #include <benchmark/benchmark.h>
-#include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
 #include <openssl/bn.h>
 #include <openssl/core_names.h>
 #include <openssl/ecdsa.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
+#include <boost/asio/io_context.hpp>
 
 #include "alloc_hook.hpp"
 #include "auth/authenticator.hpp"
@@ -91,8 +91,8 @@ struct Signer {
 
   // A realistic access token: ~20 claims, ~900 bytes for RS256.
   std::string token() const {
-    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
-                         std::chrono::system_clock::now().time_since_epoch()).count();
+    const auto now =
+        std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
     const std::string header = fmt::format(R"({{"alg":"{}","typ":"JWT","kid":"{}"}})", to_string(alg), kid);
     const std::string payload = fmt::format(
         R"({{"iss":"https://idp.example.com/","sub":"user-8f1c2a","aud":["weir","billing"],"exp":{},"iat":{},)"
@@ -107,10 +107,18 @@ struct Signer {
 Signer make(JwsAlg alg) {
   Signer s{alg, std::string(to_string(alg)) + "-key", nullptr, {}};
   switch (alg) {
-    case JwsAlg::rs256: s.key = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", static_cast<size_t>(2048))); break;
-    case JwsAlg::es256: s.key = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256")); break;
-    case JwsAlg::eddsa: s.key = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519")); break;
-    case JwsAlg::hs256: s.secret = std::string(32, 'k'); break;
+    case JwsAlg::rs256:
+      s.key = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", static_cast<size_t>(2048)));
+      break;
+    case JwsAlg::es256:
+      s.key = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "EC", "P-256"));
+      break;
+    case JwsAlg::eddsa:
+      s.key = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "ED25519"));
+      break;
+    case JwsAlg::hs256:
+      s.secret = std::string(32, 'k');
+      break;
   }
   return s;
 }

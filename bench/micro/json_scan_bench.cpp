@@ -27,15 +27,20 @@ std::string messages() {
   static constexpr std::string_view kLine =
       R"(Summarize the following ticket for the on-call engineer.\nThe customer says: \"the dashboard shows café prices twice\" and attached logs. )";
   while (user.size() < 1500) user += kLine;
-  return std::string(R"("messages":[{"role":"system","content":"You are a concise, careful assistant. Answer in plain text; quote exact error strings."},{"role":"user","content":")") +
+  return std::string(
+             R"("messages":[{"role":"system","content":"You are a concise, careful assistant. Answer in plain text; quote exact error strings."},{"role":"user","content":")") +
          user + R"("}])";
 }
 
 constexpr std::string_view kParams =
     R"("temperature":0.7,"top_p":0.95,"max_tokens":128,"stream":true,"stream_options":{"include_usage":true},"user":"tenant-42")";
 
-std::string body_model_first() { return "{" + std::string(kModel) + "," + messages() + "," + std::string(kParams) + "}"; }
-std::string body_model_last() { return "{" + messages() + "," + std::string(kParams) + "," + std::string(kModel) + "}"; }
+std::string body_model_first() {
+  return "{" + std::string(kModel) + "," + messages() + "," + std::string(kParams) + "}";
+}
+std::string body_model_last() {
+  return "{" + messages() + "," + std::string(kParams) + "," + std::string(kModel) + "}";
+}
 
 void report(benchmark::State& state, std::size_t bytes, std::uint64_t allocs_before) {
   state.counters["allocs_per_call"] =

@@ -7,8 +7,8 @@
 // Run: build/bin/weir-microbench --benchmark_filter='RedisLimiter'
 #ifdef WEIR_MICROBENCH_AUTH
 #include <benchmark/benchmark.h>
-#include <boost/asio/io_context.hpp>
 #include <fmt/format.h>
+#include <boost/asio/io_context.hpp>
 
 #include "admission/admission.hpp"
 #include "admission/redis_limiter.hpp"
@@ -63,9 +63,9 @@ void BM_RedisLimiter_LeaseTake(benchmark::State& state) {
   if (state.thread_index() == 0) {
     pol = policy();
     ioc = std::make_unique<boost::asio::io_context>();
-    limiter = std::make_unique<admission::RedisLimiter>(*ioc, pol->scopes(),
-                                                        static_cast<std::uint32_t>(state.threads()), config(),
-                                                        admission::MonoClock::now(), [](std::string_view) {});
+    limiter =
+        std::make_unique<admission::RedisLimiter>(*ioc, pol->scopes(), static_cast<std::uint32_t>(state.threads()),
+                                                  config(), admission::MonoClock::now(), [](std::string_view) {});
     prime(*limiter, pol->scopes().size());
   }
   const auto w = static_cast<std::uint32_t>(state.thread_index());
@@ -104,8 +104,8 @@ void BM_RedisLimiter_AdmitSettle(benchmark::State& state) {
     benchmark::DoNotOptimize(t);
     adm.settle(*t, usage, now);
   }
-  state.counters["allocs_per_call"] = static_cast<double>(weir::bench::allocations() - before) /
-                                      static_cast<double>(state.iterations());
+  state.counters["allocs_per_call"] =
+      static_cast<double>(weir::bench::allocations() - before) / static_cast<double>(state.iterations());
 }
 BENCHMARK(BM_RedisLimiter_AdmitSettle);
 

@@ -36,8 +36,8 @@ std::string chunk(std::string_view delta, std::string_view finish = "null") {
 // The events of one 128-token completion.
 std::vector<std::string> vllm_events() {
   static constexpr std::string_view kTokens[] = {
-      "The", " quick", " brown", " fox", " café", " 日本", "語", " 😀", R"( \"quoted\")", "\\n", " back\\\\slash", ",",
-      " jumps", " over", " the", " lazy"};
+      "The", " quick",         " brown", " fox",   " café", " 日本", "語",   " 😀", R"( \"quoted\")",
+      "\\n", " back\\\\slash", ",",      " jumps", " over", " the",  " lazy"};
   std::vector<std::string> ev;
   ev.push_back(chunk(R"({"role":"assistant","content":""})"));
   for (int i = 0; i < 128; ++i) {
@@ -89,9 +89,8 @@ void run(benchmark::State& state, const std::vector<std::string>& pieces) {
   }
   const std::uint64_t allocs = weir::bench::allocations() - allocs_before;
   const double total_events = static_cast<double>(events) * static_cast<double>(state.iterations());
-  state.counters["ns_per_event"] =
-      benchmark::Counter(static_cast<double>(events), benchmark::Counter::kIsIterationInvariantRate |
-                                                          benchmark::Counter::kInvert);
+  state.counters["ns_per_event"] = benchmark::Counter(
+      static_cast<double>(events), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
   state.counters["allocs_per_event"] = static_cast<double>(allocs) / total_events;
   state.SetBytesProcessed(static_cast<std::int64_t>(bytes) * state.iterations());
   state.SetItemsProcessed(static_cast<std::int64_t>(events) * state.iterations());

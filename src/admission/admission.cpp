@@ -139,8 +139,8 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
   if (any_budget) {
     t.price_ = pricing_.find(model);
     if (t.price_)
-      worst = cost_nano_usd(*t.price_, api::Usage{estimate.prompt_tokens, estimate.completion_tokens,
-                                                  estimated_tokens, 0});
+      worst =
+          cost_nano_usd(*t.price_, api::Usage{estimate.prompt_tokens, estimate.completion_tokens, estimated_tokens, 0});
     t.reserved_nano_usd_ = worst;
   }
 
@@ -178,10 +178,10 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!limiter_.acquire_stream(sc[i].id, worker_)) {
       undo();
       if (limiter_.streams_refillable(sc[i].id)) return pending();
-      return tl::unexpected(core::rate_limited(
-          fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
-                      sc[i].limits->max_concurrent_streams),
-          1));
+      return tl::unexpected(
+          core::rate_limited(fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
+                                         sc[i].limits->max_concurrent_streams),
+                             1));
     }
     t.stream_mask_ |= static_cast<std::uint8_t>(1u << i);
   }
@@ -204,8 +204,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
   // 4. Tokens per minute.
   for (int i = 0; i < n; ++i, took_tokens = i) {
     if (!t.tpm_[i]) continue;
-    const TakeResult r =
-        limiter_.take(sc[i].id, Bucket::tokens, worker_, static_cast<double>(estimated_tokens), now);
+    const TakeResult r = limiter_.take(sc[i].id, Bucket::tokens, worker_, static_cast<double>(estimated_tokens), now);
     if (!r.ok) {
       undo();
       if (r.pending) return pending();

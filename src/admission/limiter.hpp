@@ -55,9 +55,9 @@ struct Shortfall {
 
 // A bucket as the x-ratelimit-* headers show it.
 struct BucketView {
-  std::uint64_t limit = 0;       // per minute; 0 = the bucket is unlimited
-  std::uint64_t remaining = 0;   // whole units available now
-  std::uint64_t reset_ms = 0;    // until the bucket is full again
+  std::uint64_t limit = 0;      // per minute; 0 = the bucket is unlimited
+  std::uint64_t remaining = 0;  // whole units available now
+  std::uint64_t reset_ms = 0;   // until the bucket is full again
 };
 
 // Contract for every implementation:
@@ -97,8 +97,7 @@ class Limiter {
   // process's share is short but the shared store may cover it. On ok,
   // `*period` is the budget period the reservation was taken in: pass it to
   // settle_spend. A scope without a budget always answers ok.
-  virtual TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now,
-                                   std::uint32_t* period) = 0;
+  virtual TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) = 0;
   // Replaces a reservation of `reserved` nano-USD taken in `period` by the
   // request's real cost `actual` (>= 0; above `reserved` the excess is
   // recorded as spend, which is the only way spend passes the limit). When

@@ -6,7 +6,7 @@
 namespace weir::admission {
 
 namespace {
-constexpr double kEps = 1e-9;           // units: below this a bucket counts as exact
+constexpr double kEps = 1e-9;  // units: below this a bucket counts as exact
 constexpr double kNsPerMin = 60e9;
 }  // namespace
 
@@ -195,8 +195,7 @@ void LocalLimiter::roll(Scope& sc, Instant now) {
   }
 }
 
-TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now,
-                                       std::uint32_t* period) {
+TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
   Scope& sc = scopes_[scope];
   if (!sc.has_budget) return {};
   roll(sc, now);
@@ -211,8 +210,8 @@ TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   return TakeResult{.ok = false};
 }
 
-void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual,
-                                std::uint32_t period, Instant now) {
+void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
+                                Instant now) {
   Scope& sc = scopes_[scope];
   if (!sc.has_budget) return;
   roll(sc, now);

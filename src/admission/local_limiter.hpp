@@ -74,7 +74,7 @@ class LocalLimiter final : public Limiter {
     double tau_ns = 0;        // shard depth in ns (depth / N * t_ns)
   };
   struct alignas(64) Shard {
-    std::atomic<double> tat[2];            // per Bucket, ns since epoch; <= now means full
+    std::atomic<double> tat[2];  // per Bucket, ns since epoch; <= now means full
     std::atomic<std::int64_t> free_streams{0};
   };
   struct Scope {

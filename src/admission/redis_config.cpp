@@ -2,8 +2,8 @@
 
 #include <cstdlib>
 
-#include <boost/url/parse.hpp>
 #include <fmt/format.h>
+#include <boost/url/parse.hpp>
 
 namespace weir::admission {
 
@@ -44,11 +44,11 @@ std::string parse_url(const std::string& url, RedisConfig& c) {
 ConfigResult<RedisConfig> parse_impl(const YAML::Node& node, GetEnvFn getenv_fn) {
   RedisConfig c;
   if (!node.IsMap()) return tl::unexpected(config_error(node, "redis", "expected a mapping (url, fail_open, ...)"));
-  if (auto ok = core::check_keys(node, "redis",
-                                 {"url", "username", "password", "password_env", "key_prefix", "fail_open",
-                                  "fail_open_share", "connect_timeout", "command_timeout", "reconnect_max",
-                                  "sync_interval", "budget_sync_interval", "lease_window", "lease_max_share",
-                                  "lease_min_tokens", "lease_idle", "slot_ttl"});
+  if (auto ok = core::check_keys(
+          node, "redis",
+          {"url", "username", "password", "password_env", "key_prefix", "fail_open", "fail_open_share",
+           "connect_timeout", "command_timeout", "reconnect_max", "sync_interval", "budget_sync_interval",
+           "lease_window", "lease_max_share", "lease_min_tokens", "lease_idle", "slot_ttl"});
       !ok)
     return tl::unexpected(ok.error());
   if (!node["url"]) return tl::unexpected(config_error(node, "redis.url", "missing (redis://host[:port][/db])"));

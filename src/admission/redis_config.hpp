@@ -19,8 +19,8 @@ struct RedisConfig {
   std::string host = "127.0.0.1";
   std::uint16_t port = 6379;
   int db = 0;
-  std::string username;  // Redis 6 ACL user; empty = the default user
-  std::string password;  // from `password` or `password_env`; empty = no AUTH
+  std::string username;              // Redis 6 ACL user; empty = the default user
+  std::string password;              // from `password` or `password_env`; empty = no AUTH
   std::string key_prefix = "weir:";  // every key Weir writes starts with it
 
   // Outage: true = limit per replica from local state (LocalLimiter with each
@@ -35,11 +35,11 @@ struct RedisConfig {
   // Leases (docs/admission.md has the accuracy bound they set).
   std::chrono::milliseconds sync_interval{20};          // control-plane tick: low-water top-ups, debt, returns
   std::chrono::milliseconds budget_sync_interval{200};  // spend pushed and read back per active budget
-  std::chrono::milliseconds lease_window{100};  // a replica's lease ≈ this much of the bucket's rate ...
-  double lease_max_share = 0.05;                // ... but at most this share of the bucket's depth
-  std::uint64_t lease_min_tokens = 1024;        // ... and at least this many tokens (requests: 1)
-  std::chrono::milliseconds lease_idle{1000};   // a lease untouched this long goes back to Redis
-  std::chrono::milliseconds slot_ttl{10000};    // a replica's stream slots expire this long after its last renewal
+  std::chrono::milliseconds lease_window{100};          // a replica's lease ≈ this much of the bucket's rate ...
+  double lease_max_share = 0.05;                        // ... but at most this share of the bucket's depth
+  std::uint64_t lease_min_tokens = 1024;                // ... and at least this many tokens (requests: 1)
+  std::chrono::milliseconds lease_idle{1000};           // a lease untouched this long goes back to Redis
+  std::chrono::milliseconds slot_ttl{10000};  // a replica's stream slots expire this long after its last renewal
 };
 
 using GetEnvFn = const char* (*)(const char*);

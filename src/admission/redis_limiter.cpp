@@ -5,13 +5,13 @@
 #include <cstdio>
 #include <random>
 
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <fmt/format.h>
 
 namespace weir::admission {
 
@@ -207,8 +207,8 @@ std::vector<auth::ScopeInfo> scaled(const std::vector<auth::ScopeInfo>& scopes, 
 // Errors that mean "Redis cannot serve us now" (as opposed to a bug in a request).
 bool is_outage(const store::Error& e) {
   if (e.code != store::Errc::server) return true;
-  for (std::string_view p : {"LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "NOAUTH", "WRONGPASS", "NOPERM",
-                             "CLUSTERDOWN", "TRYAGAIN"})
+  for (std::string_view p :
+       {"LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN"})
     if (std::string_view(e.message).starts_with(p)) return true;
   return false;
 }
@@ -232,10 +232,10 @@ std::string random_id() {
 }  // namespace
 
 struct alignas(64) RedisLimiter::Lease {
-  std::atomic<std::int64_t> units{0};      // whole units this replica may admit; < 0 = debt not yet pushed
-  std::atomic<bool> wanted{false};         // a take found it short since the last sync
-  std::atomic<double> remote_avail{0};     // units in the global bucket at the last reply
-  std::atomic<double> remote_at_ns{-1};    // when (ns since epoch_); < 0 = never synced
+  std::atomic<std::int64_t> units{0};    // whole units this replica may admit; < 0 = debt not yet pushed
+  std::atomic<bool> wanted{false};       // a take found it short since the last sync
+  std::atomic<double> remote_avail{0};   // units in the global bucket at the last reply
+  std::atomic<double> remote_at_ns{-1};  // when (ns since epoch_); < 0 = never synced
 };
 
 struct RedisLimiter::LeaseCtl {
@@ -245,8 +245,8 @@ struct RedisLimiter::LeaseCtl {
   std::int64_t high = 2;    // give back above this
   std::int64_t seen = 0;    // units after the last sync: a change means use
   Instant last_used{};
-  Instant keep_until{};     // units granted to waiting requests are not given back before their retry
-  double waiting = 0;       // units that waiting requests need (refill())
+  Instant keep_until{};  // units granted to waiting requests are not given back before their retry
+  double waiting = 0;    // units that waiting requests need (refill())
 };
 
 struct alignas(64) RedisLimiter::Slots {
@@ -286,24 +286,24 @@ struct alignas(64) RedisLimiter::Spend {
 struct RedisLimiter::SpendCtl {
   bool enabled = false;
   std::string key;
-  std::int64_t limit = 0;      // nano-USD
+  std::int64_t limit = 0;  // nano-USD
   std::int64_t period_ms = 0;
   std::int64_t idx = -1;       // period of `mine` per the last reply; -1 before the first
   std::int64_t pushed = 0;     // `mine` at the last acknowledged push
   std::int64_t allowance = 0;  // granted by the last reply (plus an outage's extra)
   std::int64_t remaining = 0;  // limit - total - others' allowances at the last reply
   std::int64_t seen_free = 0;
-  double waiting = 0;          // nano-USD that waiting requests need (refill())
+  double waiting = 0;  // nano-USD that waiting requests need (refill())
   Instant last_sync{};
   Instant last_used{};
-  Instant keep_until{};        // as LeaseCtl::keep_until
+  Instant keep_until{};  // as LeaseCtl::keep_until
   Instant period_end = Instant::max();
 };
 
 struct RedisLimiter::Loop {
   explicit Loop(boost::asio::io_context& ioc) : tick(ioc.get_executor()), done(ioc.get_executor()) {}
-  Timer tick;          // the sync interval; cancelled to wake the loop early
-  Timer done;          // cancelled when run() returns (shutdown waits on it)
+  Timer tick;  // the sync interval; cancelled to wake the loop early
+  Timer done;  // cancelled when run() returns (shutdown waits on it)
   bool running = false;
   bool sleeping = false;
   bool again = false;
@@ -449,7 +449,8 @@ void RedisLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, d
   const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
   if (!spec_[i].enabled) return;
   const std::int64_t a = whole_up(amount);
-  if (a > 0) leases_[i].units.fetch_sub(a, std::memory_order_acq_rel);  // may go negative: the next sync pushes the debt
+  if (a > 0)
+    leases_[i].units.fetch_sub(a, std::memory_order_acq_rel);  // may go negative: the next sync pushes the debt
 }
 
 BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {
@@ -502,8 +503,7 @@ std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
   return sp.others.load(std::memory_order_acquire) + sp.mine.load(std::memory_order_acquire);
 }
 
-TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now,
-                                       std::uint32_t* period) {
+TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
   const SpendCtl& c = spend_ctl_[scope];  // enabled and limit are read-only after construction
   if (!c.enabled) return {};
   Spend& sp = spend_[scope];
@@ -525,7 +525,8 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   }
   if (!sp.wanted.load(std::memory_order_relaxed)) sp.wanted.store(true, std::memory_order_relaxed);
   // Short here: the budget no replica holds may still cover it (not during an outage).
-  if (!degraded_.load(std::memory_order_relaxed) && sp.spare.load(std::memory_order_relaxed) + std::max<std::int64_t>(cur, 0) >= nano_usd)
+  if (!degraded_.load(std::memory_order_relaxed) &&
+      sp.spare.load(std::memory_order_relaxed) + std::max<std::int64_t>(cur, 0) >= nano_usd)
     return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
   return TakeResult{.ok = false};
 }
@@ -671,7 +672,8 @@ void RedisLimiter::enter_degraded(const std::string& why) {
   degraded_.store(true, std::memory_order_release);
   if (!config_.fail_open) refusing_.store(true, std::memory_order_relaxed);
   if (config_.fail_open)
-    log(fmt::format("Redis {}:{} unreachable ({}): fail_open is on, limiting per replica from local state "
+    log(
+        fmt::format("Redis {}:{} unreachable ({}): fail_open is on, limiting per replica from local state "
                     "(each limit x {}) until it is back",
                     config_.host, config_.port, why, config_.fail_open_share));
   else
@@ -684,8 +686,8 @@ void RedisLimiter::leave_degraded() {
   refusing_.store(false, std::memory_order_relaxed);
   degraded_.store(false, std::memory_order_release);
   const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
-  log(fmt::format("Redis {}:{} reachable again after {:.1f} s: distributed limits resumed", config_.host,
-                  config_.port, secs));
+  log(fmt::format("Redis {}:{} reachable again after {:.1f} s: distributed limits resumed", config_.host, config_.port,
+                  secs));
 }
 
 store::Task<void> RedisLimiter::sync_once(bool final_sync) {
@@ -693,7 +695,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     enum class Kind : std::uint8_t { lease, slots, spend, ping } kind;
     std::uint32_t i;
     std::int64_t a = 0, b = 0, c = 0;  // lease: ask, put, owe; slots: want, in use; spend: cum
-    bool for_waiters = false;           // requests wait for this grant: keep it until they retried
+    bool for_waiters = false;          // requests wait for this grant: keep it until they retried
   };
   // Waiting requests retry on their worker after the sync; what they were
   // granted must not go back (as excess) before then.
@@ -746,7 +748,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   const auto renew_every = config_.slot_ttl / 3;
   // A busy replica renews this often, so it learns within ~100 ms that
   // another replica is starved and shrinks to its fair share (slots.lua).
-  const auto busy_renew = std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
+  const auto busy_renew =
+      std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
   for (std::uint32_t i = 0; i < scope_count_; ++i) {
     const std::int64_t limit = max_streams_[i];
     if (limit == 0) continue;
@@ -799,8 +802,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     // Headroom: a share of what is left, and at least the largest request seen.
     const std::int64_t headroom = std::max<std::int64_t>(
         sp.biggest.load(std::memory_order_relaxed),
-        static_cast<std::int64_t>(std::floor(static_cast<double>(std::max<std::int64_t>(c.remaining, 0)) *
-                                             config_.lease_max_share)));
+        static_cast<std::int64_t>(
+            std::floor(static_cast<double>(std::max<std::int64_t>(c.remaining, 0)) * config_.lease_max_share)));
     // The script adds `mine` to the period's total before it grants, so the
     // allowance need only cover reservations in flight plus the headroom.
     std::int64_t want = inuse;
@@ -831,8 +834,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     if (!due) continue;
     c.last_sync = now;
     const std::string keys[] = {c.key};
-    const std::string args[] = {replica_id_, str(c.period_ms), str(c.idx), str(mine), str(inuse),
-                                str(want),   str(c.limit),     str(config_.slot_ttl.count())};
+    const std::string args[] = {replica_id_, str(c.period_ms), str(c.idx),   str(mine),
+                                str(inuse),  str(want),        str(c.limit), str(config_.slot_ttl.count())};
     cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
     ops.push_back(Op{Op::Kind::spend, i, mine, inuse, 0, waiting});
   }

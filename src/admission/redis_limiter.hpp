@@ -166,7 +166,7 @@ class RedisLimiter final : public Limiter {
     double rate_per_min = 0;
     double depth = 0;
   };
-  std::vector<Spec> spec_;           // [scope * 2 + bucket]
+  std::vector<Spec> spec_;  // [scope * 2 + bucket]
   std::vector<std::int64_t> max_streams_;
 
   // Control-thread state.
@@ -179,8 +179,8 @@ class RedisLimiter final : public Limiter {
   alignas(64) std::atomic<bool> degraded_{false};
   std::atomic<bool> synced_{false};
   std::atomic<bool> stopping_{false};
-  std::atomic<std::uint64_t> outages_{0}, syncs_{0}, sync_failures_{0}, leases_n_{0}, units_granted_{0},
-      refills_{0}, fallback_takes_{0};
+  std::atomic<std::uint64_t> outages_{0}, syncs_{0}, sync_failures_{0}, leases_n_{0}, units_granted_{0}, refills_{0},
+      fallback_takes_{0};
 };
 
 }  // namespace weir::admission

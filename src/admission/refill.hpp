@@ -21,8 +21,7 @@ namespace weir::admission {
 // sync). The slow path only: it posts once to the control thread and once
 // back. With http::use_task: `co_await async_refill(limiter, need, worker, ex, use_task);`
 template <class Executor, class CompletionToken>
-auto async_refill(Limiter& limiter, const Shortfall& need, std::uint32_t worker, Executor ex,
-                  CompletionToken&& token) {
+auto async_refill(Limiter& limiter, const Shortfall& need, std::uint32_t worker, Executor ex, CompletionToken&& token) {
   return boost::asio::async_initiate<CompletionToken, void()>(
       [&limiter, need, worker, ex](auto handler) {
         using Handler = decltype(handler);
@@ -31,9 +30,8 @@ auto async_refill(Limiter& limiter, const Shortfall& need, std::uint32_t worker,
         // A tracked executor keeps the worker's io_context running while the refill is out.
         auto work = boost::asio::prefer(boost::asio::get_associated_executor(*h, ex),
                                         boost::asio::execution::outstanding_work.tracked);
-        limiter.refill(need, worker, [h, work]() mutable {
-          boost::asio::post(work, [h]() mutable { (std::move(*h))(); });
-        });
+        limiter.refill(need, worker,
+                       [h, work]() mutable { boost::asio::post(work, [h]() mutable { (std::move(*h))(); }); });
       },
       token);
 }

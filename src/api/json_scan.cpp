@@ -45,8 +45,8 @@ struct RawMember {
 
 // Where the object's braces are.
 struct ObjectShape {
-  std::size_t open = 0;         // the '{'
-  std::size_t close = 0;        // the '}'
+  std::size_t open = 0;   // the '{'
+  std::size_t close = 0;  // the '}'
   bool has_members = false;
 };
 
@@ -218,14 +218,30 @@ bool escaped_equals(std::string_view raw, std::string_view key) {
     char buf[4];
     std::size_t len = 1;
     switch (raw[i + 1]) {
-      case '"': buf[0] = '"'; break;
-      case '\\': buf[0] = '\\'; break;
-      case '/': buf[0] = '/'; break;
-      case 'b': buf[0] = '\b'; break;
-      case 'f': buf[0] = '\f'; break;
-      case 'n': buf[0] = '\n'; break;
-      case 'r': buf[0] = '\r'; break;
-      case 't': buf[0] = '\t'; break;
+      case '"':
+        buf[0] = '"';
+        break;
+      case '\\':
+        buf[0] = '\\';
+        break;
+      case '/':
+        buf[0] = '/';
+        break;
+      case 'b':
+        buf[0] = '\b';
+        break;
+      case 'f':
+        buf[0] = '\f';
+        break;
+      case 'n':
+        buf[0] = '\n';
+        break;
+      case 'r':
+        buf[0] = '\r';
+        break;
+      case 't':
+        buf[0] = '\t';
+        break;
       case 'u': {
         long cp = hex4(raw, i + 2);
         if (cp < 0) return false;
@@ -269,8 +285,7 @@ std::optional<MemberSpan> find_member(std::string_view json, std::string_view ke
   return found;
 }
 
-bool set_member(std::string_view json, std::string_view key, std::string_view value_json,
-                std::string& out) {
+bool set_member(std::string_view json, std::string_view key, std::string_view value_json, std::string& out) {
   const Scanner scan(json);
   ObjectShape shape;
   std::optional<MemberSpan> found;

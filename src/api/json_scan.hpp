@@ -37,8 +37,7 @@ std::optional<MemberSpan> find_member(std::string_view json, std::string_view ke
 // `{}` -> `{"k":v}`, `{"a":1}` -> `{"k":v,"a":1}`. Every other byte is copied
 // unchanged. Returns false (and leaves `out` untouched) if `json` is not an
 // object. `out` is overwritten and must not alias `json`.
-bool set_member(std::string_view json, std::string_view key, std::string_view value_json,
-                std::string& out);
+bool set_member(std::string_view json, std::string_view key, std::string_view value_json, std::string& out);
 
 // Writes `json` to `out` without the top-level member `key`: every occurrence
 // if it is duplicated, each with one adjoining comma (and the whitespace

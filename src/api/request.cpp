@@ -1,9 +1,9 @@
 #include "api/request.hpp"
 
+#include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
-#include <fmt/format.h>
 
 namespace weir::api {
 
@@ -101,9 +101,12 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
         const bool batch = !a.empty() && (a[0].is_string() || a[0].is_array());
         f.prompt_count = batch ? static_cast<std::uint32_t>(a.size()) : 1;
         for (const auto& e : a) {
-          if (e.is_string()) f.prompt_bytes += e.get_string().size();
-          else if (e.is_array()) f.prompt_bytes += 4 * e.get_array().size();  // token ids
-          else f.prompt_bytes += 4;                                           // one token id
+          if (e.is_string())
+            f.prompt_bytes += e.get_string().size();
+          else if (e.is_array())
+            f.prompt_bytes += 4 * e.get_array().size();  // token ids
+          else
+            f.prompt_bytes += 4;  // one token id
         }
       }
       f.prompt_overhead_tokens = f.prompt_count;  // BOS (add_special_tokens defaults to true)

@@ -16,14 +16,14 @@ namespace weir::api {
 enum class ApiKind : std::uint8_t { chat_completions, completions, embeddings };
 
 struct RequestFields {
-  std::string model;               // "model", non-empty
-  bool stream = false;             // "stream": true → SSE response
-  bool has_stream_options = false; // "stream_options" present (object)
-  bool include_usage = false;      // stream_options.include_usage == true
-  std::uint32_t max_tokens = 0;    // max_completion_tokens or max_tokens; 0 = not given
-  std::uint32_t n = 1;             // choices per prompt
-  std::uint64_t prompt_bytes = 0;  // UTF-8 bytes of prompt text (messages' content, prompt, input)
-  std::uint32_t prompt_count = 1;  // prompts in a completions/embeddings batch
+  std::string model;                // "model", non-empty
+  bool stream = false;              // "stream": true → SSE response
+  bool has_stream_options = false;  // "stream_options" present (object)
+  bool include_usage = false;       // stream_options.include_usage == true
+  std::uint32_t max_tokens = 0;     // max_completion_tokens or max_tokens; 0 = not given
+  std::uint32_t n = 1;              // choices per prompt
+  std::uint64_t prompt_bytes = 0;   // UTF-8 bytes of prompt text (messages' content, prompt, input)
+  std::uint32_t prompt_count = 1;   // prompts in a completions/embeddings batch
   // Prompt tokens the model server adds around the text: the chat template's
   // per-message framing (kChatTokensPerMessage each: role header, end of
   // turn, BOS and the assistant header amortized), or one BOS per prompt.

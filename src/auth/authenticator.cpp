@@ -104,9 +104,9 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate(std::string_
       ++stats_.anonymous;
       return anonymous_;
     }
-    return reject(core::unauthorized(
-        "You didn't provide an API key. Pass it in an Authorization header using Bearer auth "
-        "(Authorization: Bearer YOUR_KEY) or in an x-api-key header."));
+    return reject(
+        core::unauthorized("You didn't provide an API key. Pass it in an Authorization header using Bearer auth "
+                           "(Authorization: Bearer YOUR_KEY) or in an x-api-key header."));
   }
   if (jwks_ && policy_->config().jwt && looks_like_jwt(credential)) return authenticate_jwt(credential, now);
   return authenticate_key(credential, now);
@@ -234,8 +234,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
                                   "tenant_not_allowed"));
   const TenantPolicy* tenant = policy_->find_tenant(tenant_name);
   if (!tenant)
-    return reject(core::forbidden(
-        fmt::format("Tenant `{}` is not configured.", tenant_name.substr(0, 128)), "tenant_not_allowed"));
+    return reject(core::forbidden(fmt::format("Tenant `{}` is not configured.", tenant_name.substr(0, 128)),
+                                  "tenant_not_allowed"));
   auto p = std::make_shared<Principal>();
   p->kind = CredentialKind::jwt;
   p->tenant = tenant;

@@ -96,12 +96,12 @@ class Authenticator {
 
   struct Stats {
     std::uint64_t jwt_cache_hits = 0;
-    std::uint64_t jwt_verified = 0;   // full verifications that succeeded
-    std::uint64_t api_key_hits = 0;   // configured keys and cached Redis keys
-    std::uint64_t redis_key_hits = 0; // of which Redis keys (cache hits)
+    std::uint64_t jwt_verified = 0;      // full verifications that succeeded
+    std::uint64_t api_key_hits = 0;      // configured keys and cached Redis keys
+    std::uint64_t redis_key_hits = 0;    // of which Redis keys (cache hits)
     std::uint64_t redis_key_misses = 0;  // API keys sent to Redis (key_lookup_pending set)
     std::uint64_t anonymous = 0;
-    std::uint64_t rejected = 0;       // 401/403/503 returned
+    std::uint64_t rejected = 0;  // 401/403/503 returned
   };
   const Stats& stats() const noexcept { return stats_; }
 

@@ -4,8 +4,8 @@
 #include <cstdlib>
 #include <set>
 
-#include <boost/url/parse.hpp>
 #include <fmt/format.h>
+#include <boost/url/parse.hpp>
 
 #include "core/url.hpp"
 
@@ -13,8 +13,8 @@ namespace weir::auth {
 
 namespace {
 
-using core::ConfigResult;
 using core::config_error;
+using core::ConfigResult;
 
 ConfigResult<std::vector<std::string>> read_string_list(const YAML::Node& node, const std::string& key) {
   std::vector<std::string> out;
@@ -85,17 +85,25 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     out = *d;
     return {};
   };
-  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::string*>>{{"jwks_url", &j.jwks_url}, {"jwks_file", &j.jwks_file}, {"issuer", &j.issuer},
-                           {"tenant_claim", &j.tenant_claim}, {"tier_claim", &j.tier_claim},
-                           {"subject_claim", &j.subject_claim}, {"default_tenant", &j.default_tenant}})
+  for (auto [name, out] :
+       std::initializer_list<std::pair<const char*, std::string*>>{{"jwks_url", &j.jwks_url},
+                                                                   {"jwks_file", &j.jwks_file},
+                                                                   {"issuer", &j.issuer},
+                                                                   {"tenant_claim", &j.tenant_claim},
+                                                                   {"tier_claim", &j.tier_claim},
+                                                                   {"subject_claim", &j.subject_claim},
+                                                                   {"default_tenant", &j.default_tenant}})
     if (auto r = str(name, *out); !r) return tl::unexpected(r.error());
   if (node["audience"]) {
     WEIR_TRY_RESULT(a, read_string_list(node["audience"], key + ".audience"));
     j.audiences = std::move(*a);
   }
   std::chrono::milliseconds leeway = j.leeway;
-  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::chrono::milliseconds*>>{{"leeway", &leeway}, {"refresh_interval", &j.refresh_interval},
-                           {"min_refetch_interval", &j.min_refetch_interval}, {"fetch_timeout", &j.fetch_timeout}})
+  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::chrono::milliseconds*>>{
+           {"leeway", &leeway},
+           {"refresh_interval", &j.refresh_interval},
+           {"min_refetch_interval", &j.min_refetch_interval},
+           {"fetch_timeout", &j.fetch_timeout}})
     if (auto r = dur(name, *out); !r) return tl::unexpected(r.error());
   j.leeway = std::chrono::duration_cast<std::chrono::seconds>(leeway);
   if (node["require_exp"]) {
@@ -115,15 +123,15 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     // sent as written (redact_url hides credential-like parameters in logs).
     auto u = boost::urls::parse_uri(j.jwks_url);
     if (!u || u->host().empty())
-      return tl::unexpected(config_error(node["jwks_url"], key + ".jwks_url",
-                                         fmt::format("'{}' is not a URL (expected http[s]://host[:port]/path)",
-                                                     core::redact_url(j.jwks_url))));
-    if (u->has_userinfo())
       return tl::unexpected(config_error(
           node["jwks_url"], key + ".jwks_url",
-          fmt::format("'{}': credentials (userinfo before '@') are not allowed in the URL: it is logged, "
-                      "and a JWKS is public",
-                      core::redact_url(j.jwks_url))));
+          fmt::format("'{}' is not a URL (expected http[s]://host[:port]/path)", core::redact_url(j.jwks_url))));
+    if (u->has_userinfo())
+      return tl::unexpected(
+          config_error(node["jwks_url"], key + ".jwks_url",
+                       fmt::format("'{}': credentials (userinfo before '@') are not allowed in the URL: it is logged, "
+                                   "and a JWKS is public",
+                                   core::redact_url(j.jwks_url))));
   }
   if (j.tenant_claim.empty())
     return tl::unexpected(config_error(node["tenant_claim"], key + ".tenant_claim", "must not be empty"));
@@ -136,7 +144,8 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
 
 ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::string& key, GetEnv getenv_fn) {
   ApiKeyConfig k;
-  if (auto ok = core::check_keys(node, key, {"id", "sha256", "key_env", "tenant", "models", "tier", "limits", "budget"});
+  if (auto ok =
+          core::check_keys(node, key, {"id", "sha256", "key_env", "tenant", "models", "tier", "limits", "budget"});
       !ok)
     return tl::unexpected(ok.error());
   if (!node["id"]) return tl::unexpected(config_error(node, key + ".id", "missing (a public name for the key)"));
@@ -265,16 +274,17 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
 
 ConfigResult<Limits> parse_limits(const YAML::Node& node, const std::string& key) {
   Limits l;
-  if (auto ok = core::check_keys(node, key,
-                                 {"requests_per_minute", "tokens_per_minute", "max_concurrent_streams",
-                                  "requests_burst", "tokens_burst"});
+  if (auto ok = core::check_keys(
+          node, key,
+          {"requests_per_minute", "tokens_per_minute", "max_concurrent_streams", "requests_burst", "tokens_burst"});
       !ok)
     return tl::unexpected(ok.error());
-  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::uint64_t*>>{{"requests_per_minute", &l.requests_per_minute},
-                           {"tokens_per_minute", &l.tokens_per_minute},
-                           {"max_concurrent_streams", &l.max_concurrent_streams},
-                           {"requests_burst", &l.requests_burst},
-                           {"tokens_burst", &l.tokens_burst}}) {
+  for (auto [name, out] : std::initializer_list<std::pair<const char*, std::uint64_t*>>{
+           {"requests_per_minute", &l.requests_per_minute},
+           {"tokens_per_minute", &l.tokens_per_minute},
+           {"max_concurrent_streams", &l.max_concurrent_streams},
+           {"requests_burst", &l.requests_burst},
+           {"tokens_burst", &l.tokens_burst}}) {
     if (!node[name]) continue;
     WEIR_TRY_RESULT(v, read_count(node[name], key + "." + name));
     *out = *v;

@@ -26,9 +26,7 @@ struct Limits {
   std::uint64_t requests_burst = 0;
   std::uint64_t tokens_burst = 0;
 
-  bool any() const noexcept {
-    return requests_per_minute || tokens_per_minute || max_concurrent_streams;
-  }
+  bool any() const noexcept { return requests_per_minute || tokens_per_minute || max_concurrent_streams; }
 };
 
 // A spend cap. Amounts in nano-USD (1e-9 USD) so sums stay exact integers.
@@ -36,9 +34,9 @@ struct Limits {
 // `usd: 0` (or an amount that rounds to 0 nano-USD) is a budget of zero:
 // nothing may be spent, which freezes the scope (docs/auth.md).
 struct Budget {
-  bool enabled = false;                    // a `budget:` key was given
-  std::int64_t limit_nano_usd = 0;         // the cap when enabled; 0 = nothing may be spent
-  std::chrono::milliseconds period{0};     // window after which spend resets; 0 = never
+  bool enabled = false;                 // a `budget:` key was given
+  std::int64_t limit_nano_usd = 0;      // the cap when enabled; 0 = nothing may be spent
+  std::chrono::milliseconds period{0};  // window after which spend resets; 0 = never
 
   // True when the scope has a budget: parsed from a `budget:` key, or a positive cap set in code.
   bool any() const noexcept { return enabled || limit_nano_usd > 0; }
@@ -56,35 +54,35 @@ struct TenantConfig {
 
 // One API key / virtual key. Only the SHA-256 of the key is kept.
 struct ApiKeyConfig {
-  std::string id;                   // public name of the key (logs, metrics); never the key itself
-  Sha256Digest sha256{};            // SHA-256 of the key value
-  std::string tenant;               // must name a configured tenant
+  std::string id;                                  // public name of the key (logs, metrics); never the key itself
+  Sha256Digest sha256{};                           // SHA-256 of the key value
+  std::string tenant;                              // must name a configured tenant
   std::optional<std::vector<std::string>> models;  // narrows the tenant's allow-list when set
-  std::string tier;                 // overrides the tenant's tier when non-empty
-  Limits limits;                    // per-key limits, on top of the tenant's
-  Budget budget;                    // per-key budget, on top of the tenant's
+  std::string tier;                                // overrides the tenant's tier when non-empty
+  Limits limits;                                   // per-key limits, on top of the tenant's
+  Budget budget;                                   // per-key budget, on top of the tenant's
 };
 
 // JWT bearer tokens (RFC 7519) verified with a JWKS (RFC 7517) from a URL or a file.
 struct JwtConfig {
-  std::string jwks_url;             // http:// or https://, no userinfo; exactly one of url and file
+  std::string jwks_url;  // http:// or https://, no userinfo; exactly one of url and file
   std::string jwks_file;
-  std::string issuer;               // required "iss" when non-empty
-  std::vector<std::string> audiences;  // "aud" must hold one of them when non-empty
+  std::string issuer;                   // required "iss" when non-empty
+  std::vector<std::string> audiences;   // "aud" must hold one of them when non-empty
   std::string tenant_claim = "tenant";  // dotted path of the claim naming the tenant
   std::string tier_claim = "tier";      // dotted path of the claim naming the tier (optional in tokens)
   std::string subject_claim = "sub";
   std::string default_tenant;       // used when the token has no tenant claim; empty = refuse (403)
   std::chrono::seconds leeway{60};  // clock skew allowed on exp/nbf
   bool require_exp = true;
-  std::chrono::milliseconds refresh_interval{std::chrono::minutes(5)};  // periodic JWKS refetch
+  std::chrono::milliseconds refresh_interval{std::chrono::minutes(5)};       // periodic JWKS refetch
   std::chrono::milliseconds min_refetch_interval{std::chrono::seconds(30)};  // floor between fetches
   std::chrono::milliseconds fetch_timeout{std::chrono::seconds(5)};
-  std::size_t cache_entries = 4096; // verified-token cache size per worker
+  std::size_t cache_entries = 4096;  // verified-token cache size per worker
 };
 
 struct AuthConfig {
-  bool required = true;             // false: requests without credentials run as anonymous_tenant
+  bool required = true;  // false: requests without credentials run as anonymous_tenant
   std::string anonymous_tenant = "anonymous";
   std::optional<JwtConfig> jwt;
   std::vector<ApiKeyConfig> api_keys;
@@ -94,7 +92,7 @@ struct AuthConfig {
   bool redis_keys = false;
   std::chrono::milliseconds key_cache_ttl{std::chrono::seconds(30)};    // a found key is trusted this long
   std::chrono::milliseconds key_negative_ttl{std::chrono::seconds(5)};  // an unknown/revoked key is refused this long
-  std::size_t key_cache_entries = 4096;  // cached Redis keys (found or not) per worker
+  std::size_t key_cache_entries = 4096;                                 // cached Redis keys (found or not) per worker
   std::map<std::string, TenantConfig, std::less<>> tenants;
 };
 

@@ -1,11 +1,11 @@
 #include "auth/jwk.hpp"
 
-#include <boost/json/parse.hpp>
-#include <boost/json/value.hpp>
 #include <fmt/format.h>
 #include <openssl/bn.h>
 #include <openssl/core_names.h>
 #include <openssl/param_build.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
 
 #include "auth/base64url.hpp"
 
@@ -13,10 +13,14 @@ namespace weir::auth {
 
 std::string_view to_string(JwsAlg a) {
   switch (a) {
-    case JwsAlg::rs256: return "RS256";
-    case JwsAlg::es256: return "ES256";
-    case JwsAlg::eddsa: return "EdDSA";
-    case JwsAlg::hs256: return "HS256";
+    case JwsAlg::rs256:
+      return "RS256";
+    case JwsAlg::es256:
+      return "ES256";
+    case JwsAlg::eddsa:
+      return "EdDSA";
+    case JwsAlg::hs256:
+      return "HS256";
   }
   return "?";
 }
@@ -31,10 +35,14 @@ std::optional<JwsAlg> parse_jws_alg(std::string_view s) {
 
 KeyKind key_kind_for(JwsAlg alg) {
   switch (alg) {
-    case JwsAlg::rs256: return KeyKind::rsa;
-    case JwsAlg::es256: return KeyKind::ec_p256;
-    case JwsAlg::eddsa: return KeyKind::ed25519;
-    case JwsAlg::hs256: return KeyKind::oct;
+    case JwsAlg::rs256:
+      return KeyKind::rsa;
+    case JwsAlg::es256:
+      return KeyKind::ec_p256;
+    case JwsAlg::eddsa:
+      return KeyKind::ed25519;
+    case JwsAlg::hs256:
+      return KeyKind::oct;
   }
   return KeyKind::oct;
 }
@@ -91,10 +99,10 @@ tl::expected<PkeyPtr, std::string> rsa_key(const boost::json::object& o) {
   if (!n) return tl::unexpected(n.error());
   auto e = b64_member(o, "e");
   if (!e) return tl::unexpected(e.error());
-  std::unique_ptr<BIGNUM, BnFree> bn_n(BN_bin2bn(reinterpret_cast<const unsigned char*>(n->data()),
-                                                 static_cast<int>(n->size()), nullptr));
-  std::unique_ptr<BIGNUM, BnFree> bn_e(BN_bin2bn(reinterpret_cast<const unsigned char*>(e->data()),
-                                                 static_cast<int>(e->size()), nullptr));
+  std::unique_ptr<BIGNUM, BnFree> bn_n(
+      BN_bin2bn(reinterpret_cast<const unsigned char*>(n->data()), static_cast<int>(n->size()), nullptr));
+  std::unique_ptr<BIGNUM, BnFree> bn_e(
+      BN_bin2bn(reinterpret_cast<const unsigned char*>(e->data()), static_cast<int>(e->size()), nullptr));
   std::unique_ptr<OSSL_PARAM_BLD, BldFree> bld(OSSL_PARAM_BLD_new());
   if (!bn_n || !bn_e || !bld || OSSL_PARAM_BLD_push_BN(bld.get(), OSSL_PKEY_PARAM_RSA_N, bn_n.get()) != 1 ||
       OSSL_PARAM_BLD_push_BN(bld.get(), OSSL_PKEY_PARAM_RSA_E, bn_e.get()) != 1)
@@ -109,24 +117,21 @@ tl::expected<PkeyPtr, std::string> ec_p256_key(const boost::json::object& o) {
   if (!x) return tl::unexpected(x.error());
   auto y = b64_member(o, "y");
   if (!y) return tl::unexpected(y.error());
-  if (x->size() != 32 || y->size() != 32)
-    return tl::unexpected(std::string("P-256 coordinates must be 32 bytes"));
+  if (x->size() != 32 || y->size() != 32) return tl::unexpected(std::string("P-256 coordinates must be 32 bytes"));
   std::string point;
   point.reserve(65);
   point.push_back('\x04');  // uncompressed point (SEC 1 §2.3.3)
   point += *x;
   point += *y;
   std::unique_ptr<OSSL_PARAM_BLD, BldFree> bld(OSSL_PARAM_BLD_new());
-  if (!bld ||
-      OSSL_PARAM_BLD_push_utf8_string(bld.get(), OSSL_PKEY_PARAM_GROUP_NAME, "P-256", 0) != 1 ||
+  if (!bld || OSSL_PARAM_BLD_push_utf8_string(bld.get(), OSSL_PKEY_PARAM_GROUP_NAME, "P-256", 0) != 1 ||
       OSSL_PARAM_BLD_push_octet_string(bld.get(), OSSL_PKEY_PARAM_PUB_KEY, point.data(), point.size()) != 1)
     return tl::unexpected(std::string("cannot build EC key"));
   auto pkey = from_params("EC", bld.get());
   if (!pkey) return tl::unexpected(std::string("invalid EC key"));
   // A point off the curve must never be used, even for verification.
   std::unique_ptr<EVP_PKEY_CTX, PkeyCtxFree> chk(EVP_PKEY_CTX_new_from_pkey(nullptr, pkey.get(), nullptr));
-  if (!chk || EVP_PKEY_public_check(chk.get()) != 1)
-    return tl::unexpected(std::string("EC point is not on P-256"));
+  if (!chk || EVP_PKEY_public_check(chk.get()) != 1) return tl::unexpected(std::string("EC point is not on P-256"));
   return pkey;
 }
 

@@ -40,18 +40,18 @@ KeyKind key_kind_for(JwsAlg alg);
 
 // One verification key.
 struct Jwk {
-  std::string kid;                // "kid"; empty when the key has none
+  std::string kid;  // "kid"; empty when the key has none
   KeyKind kind = KeyKind::rsa;
-  std::optional<JwsAlg> alg;      // "alg" when present: the only algorithm this key verifies
-  PkeyPtr pkey;                   // public key (RSA, EC, Ed25519); null for oct
-  std::string secret;             // HMAC secret bytes (oct); empty otherwise
+  std::optional<JwsAlg> alg;  // "alg" when present: the only algorithm this key verifies
+  PkeyPtr pkey;               // public key (RSA, EC, Ed25519); null for oct
+  std::string secret;         // HMAC secret bytes (oct); empty otherwise
 };
 
 // An immutable set of keys, as published at a JWKS endpoint.
 struct KeySet {
   std::vector<Jwk> keys;
-  std::size_t skipped = 0;        // keys ignored: unsupported kty/crv, use "enc", too short
-  Sha256Digest source_digest{};   // SHA-256 of the JWKS text, to tell a changed set from a refresh
+  std::size_t skipped = 0;       // keys ignored: unsupported kty/crv, use "enc", too short
+  Sha256Digest source_digest{};  // SHA-256 of the JWKS text, to tell a changed set from a refresh
 
   // The key with id `kid`, or nullptr. Linear: key sets hold a handful of keys.
   const Jwk* find(std::string_view kid) const noexcept;

@@ -118,13 +118,15 @@ void JwksCache::on_result(JwksSource::Result r) {
   if (!waiters_.empty()) {
     std::vector<std::pair<std::uint64_t, std::function<void()>>> still;
     for (auto& w : waiters_) {
-      if (completed > w.first) w.second();
-      else still.push_back(std::move(w));
+      if (completed > w.first)
+        w.second();
+      else
+        still.push_back(std::move(w));
     }
     waiters_ = std::move(still);
   }
-  if (running_) schedule(ok ? options_.refresh_interval : std::min(options_.min_refetch_interval,
-                                                                   options_.refresh_interval));
+  if (running_)
+    schedule(ok ? options_.refresh_interval : std::min(options_.min_refetch_interval, options_.refresh_interval));
 }
 
 void JwksCache::schedule(std::chrono::milliseconds delay) {

@@ -121,8 +121,8 @@ class JwksCache {
   std::atomic<std::shared_ptr<const KeySet>> keys_;
   std::atomic<std::uint64_t> generation_{0};
   std::atomic<std::int64_t> next_refetch_ns_{INT64_MIN};  // wall ns before which request_refresh refuses
-  bool in_flight_ = false;   // control thread only
-  bool running_ = false;     // control thread only
+  bool in_flight_ = false;                                // control thread only
+  bool running_ = false;                                  // control thread only
   std::vector<std::pair<std::uint64_t, std::function<void()>>> waiters_;  // control thread only
   std::atomic<std::uint64_t> fetches_{0}, failures_{0}, updates_{0}, refresh_requests_{0}, refresh_limited_{0};
   std::atomic<std::uint64_t> completed_{0};

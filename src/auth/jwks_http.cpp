@@ -1,4 +1,5 @@
 // JWKS over HTTP(S): a small Beast GET client for the control plane.
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
@@ -9,7 +10,6 @@
 #include <boost/beast/http.hpp>
 #include <boost/beast/ssl.hpp>
 #include <boost/url/parse.hpp>
-#include <fmt/format.h>
 
 #include "auth/jwks_cache.hpp"
 #include "core/url.hpp"

@@ -3,12 +3,12 @@
 #include <cmath>
 #include <memory>
 
-#include <boost/json/parse.hpp>
-#include <boost/json/value.hpp>
 #include <fmt/format.h>
 #include <openssl/bn.h>
 #include <openssl/ecdsa.h>
 #include <openssl/hmac.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
 
 #include "auth/base64url.hpp"
 
@@ -16,27 +16,37 @@ namespace weir::auth {
 
 std::string_view to_string(JwtFailure f) {
   switch (f) {
-    case JwtFailure::malformed: return "malformed";
-    case JwtFailure::unsupported_alg: return "unsupported_alg";
-    case JwtFailure::unknown_kid: return "unknown_kid";
-    case JwtFailure::no_keys: return "no_keys";
-    case JwtFailure::key_mismatch: return "key_mismatch";
-    case JwtFailure::bad_signature: return "bad_signature";
-    case JwtFailure::expired: return "expired";
-    case JwtFailure::not_yet_valid: return "not_yet_valid";
-    case JwtFailure::missing_exp: return "missing_exp";
-    case JwtFailure::bad_issuer: return "bad_issuer";
-    case JwtFailure::bad_audience: return "bad_audience";
-    case JwtFailure::bad_claim: return "bad_claim";
+    case JwtFailure::malformed:
+      return "malformed";
+    case JwtFailure::unsupported_alg:
+      return "unsupported_alg";
+    case JwtFailure::unknown_kid:
+      return "unknown_kid";
+    case JwtFailure::no_keys:
+      return "no_keys";
+    case JwtFailure::key_mismatch:
+      return "key_mismatch";
+    case JwtFailure::bad_signature:
+      return "bad_signature";
+    case JwtFailure::expired:
+      return "expired";
+    case JwtFailure::not_yet_valid:
+      return "not_yet_valid";
+    case JwtFailure::missing_exp:
+      return "missing_exp";
+    case JwtFailure::bad_issuer:
+      return "bad_issuer";
+    case JwtFailure::bad_audience:
+      return "bad_audience";
+    case JwtFailure::bad_claim:
+      return "bad_claim";
   }
   return "unknown";
 }
 
 namespace {
 
-tl::unexpected<JwtError> fail(JwtFailure k, std::string msg) {
-  return tl::unexpected(JwtError{k, std::move(msg)});
-}
+tl::unexpected<JwtError> fail(JwtFailure k, std::string msg) { return tl::unexpected(JwtError{k, std::move(msg)}); }
 
 tl::expected<boost::json::object, JwtError> decode_json_segment(std::string_view seg, const char* what) {
   auto bytes = base64url_decode(seg);
@@ -56,8 +66,8 @@ struct EcdsaSigFree {
 
 bool digest_verify(EVP_PKEY* key, const EVP_MD* md, std::string_view data, std::string_view sig) {
   std::unique_ptr<EVP_MD_CTX, MdCtxFree> ctx(EVP_MD_CTX_new());
-  if (!ctx || EVP_DigestVerifyInit_ex(ctx.get(), nullptr, md ? EVP_MD_get0_name(md) : nullptr, nullptr,
-                                      nullptr, key, nullptr) != 1)
+  if (!ctx || EVP_DigestVerifyInit_ex(ctx.get(), nullptr, md ? EVP_MD_get0_name(md) : nullptr, nullptr, nullptr, key,
+                                      nullptr) != 1)
     return false;
   return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(sig.data()), sig.size(),
                           reinterpret_cast<const unsigned char*>(data.data()), data.size()) == 1;
@@ -84,10 +94,14 @@ std::string es256_to_der(std::string_view raw) {
 
 // A NumericDate (RFC 7519 §2): seconds since the epoch, possibly fractional.
 bool numeric_date(const boost::json::value& v, double& out) {
-  if (v.is_int64()) out = static_cast<double>(v.get_int64());
-  else if (v.is_uint64()) out = static_cast<double>(v.get_uint64());
-  else if (v.is_double()) out = v.get_double();
-  else return false;
+  if (v.is_int64())
+    out = static_cast<double>(v.get_int64());
+  else if (v.is_uint64())
+    out = static_cast<double>(v.get_uint64());
+  else if (v.is_double())
+    out = v.get_double();
+  else
+    return false;
   return std::isfinite(out);
 }
 
@@ -96,15 +110,13 @@ WallTime to_wall(double seconds) {
   constexpr double kMax = 253402300799.0;  // 9999-12-31T23:59:59Z
   if (seconds >= kMax) seconds = kMax;
   if (seconds <= -kMax) seconds = -kMax;
-  return WallTime(std::chrono::duration_cast<WallClock::duration>(
-      std::chrono::duration<double>(seconds)));
+  return WallTime(std::chrono::duration_cast<WallClock::duration>(std::chrono::duration<double>(seconds)));
 }
 
 }  // namespace
 
 tl::expected<DecodedJwt, JwtError> decode_jwt(std::string_view token) {
-  if (token.empty() || token.size() > kMaxTokenBytes)
-    return fail(JwtFailure::malformed, "token is empty or too long");
+  if (token.empty() || token.size() > kMaxTokenBytes) return fail(JwtFailure::malformed, "token is empty or too long");
   const auto d1 = token.find('.');
   const auto d2 = d1 == std::string_view::npos ? d1 : token.find('.', d1 + 1);
   if (d2 == std::string_view::npos || token.find('.', d2 + 1) != std::string_view::npos)
@@ -170,8 +182,7 @@ tl::expected<void, JwtError> verify_signature(const DecodedJwt& jwt, const Jwk& 
       unsigned int len = 0;
       if (key.secret.empty() ||
           !HMAC(sha256_md(), key.secret.data(), static_cast<int>(key.secret.size()),
-                reinterpret_cast<const unsigned char*>(jwt.signing_input.data()), jwt.signing_input.size(),
-                mac, &len))
+                reinterpret_cast<const unsigned char*>(jwt.signing_input.data()), jwt.signing_input.size(), mac, &len))
         break;
       ok = constant_time_equal(std::string_view(reinterpret_cast<const char*>(mac), len), jwt.signature);
       break;
@@ -215,7 +226,8 @@ tl::expected<WallTime, JwtError> check_claims(const boost::json::object& claims,
       return false;
     };
     bool ok = false;
-    if (aud && aud->is_string()) ok = accepted(*aud);
+    if (aud && aud->is_string())
+      ok = accepted(*aud);
     else if (aud && aud->is_array())
       for (const auto& v : aud->get_array()) ok = ok || accepted(v);
     if (!ok) return fail(JwtFailure::bad_audience, "token audience is not accepted");
@@ -223,8 +235,8 @@ tl::expected<WallTime, JwtError> check_claims(const boost::json::object& claims,
   return expires_at;
 }
 
-tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys,
-                                               const ClaimsPolicy& policy, WallTime now) {
+tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys, const ClaimsPolicy& policy,
+                                               WallTime now) {
   auto jwt = decode_jwt(token);
   if (!jwt) return tl::unexpected(jwt.error());
   if (keys.keys.empty()) return fail(JwtFailure::no_keys, "no signing keys are loaded");

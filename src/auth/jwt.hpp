@@ -26,12 +26,12 @@ enum class JwtFailure : std::uint8_t {
   no_keys,          // the key set is empty (never loaded): the gateway's fault, 503
   key_mismatch,     // key kind or key "alg" does not fit the token's "alg" (confusion attack)
   bad_signature,
-  expired,          // now >= exp + leeway
-  not_yet_valid,    // now + leeway < nbf
-  missing_exp,      // no "exp" while the policy requires one
+  expired,        // now >= exp + leeway
+  not_yet_valid,  // now + leeway < nbf
+  missing_exp,    // no "exp" while the policy requires one
   bad_issuer,
   bad_audience,
-  bad_claim,        // a registered claim of the wrong JSON type
+  bad_claim,  // a registered claim of the wrong JSON type
 };
 std::string_view to_string(JwtFailure f);
 
@@ -72,8 +72,8 @@ tl::expected<void, JwtError> verify_signature(const DecodedJwt& jwt, const Jwk& 
 
 // Checks exp, nbf, iss and aud of `claims` at `now`. Returns the expiry
 // (WallTime::max() when absent and allowed).
-tl::expected<WallTime, JwtError> check_claims(const boost::json::object& claims,
-                                              const ClaimsPolicy& policy, WallTime now);
+tl::expected<WallTime, JwtError> check_claims(const boost::json::object& claims, const ClaimsPolicy& policy,
+                                              WallTime now);
 
 // A token that passed everything: its claims and expiry.
 struct VerifiedJwt {
@@ -84,8 +84,8 @@ struct VerifiedJwt {
 // decode_jwt + key selection + verify_signature + check_claims. With a "kid",
 // only that key is tried (unknown_kid when absent); without one, each key
 // of the kind that the token's alg requires is tried.
-tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys,
-                                               const ClaimsPolicy& policy, WallTime now);
+tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys, const ClaimsPolicy& policy,
+                                               WallTime now);
 
 // Reads a string claim by a dotted path ("tenant", "org.id"); empty when
 // absent or not a string. Views into `claims`.

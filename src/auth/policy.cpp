@@ -10,9 +10,12 @@ namespace weir::auth {
 ModelList::ModelList(const std::vector<std::string>& patterns) {
   all_ = patterns.empty();
   for (const auto& p : patterns) {
-    if (p == "*") all_ = true;
-    else if (!p.empty() && p.back() == '*') prefixes_.push_back(p.substr(0, p.size() - 1));
-    else exact_.push_back(p);
+    if (p == "*")
+      all_ = true;
+    else if (!p.empty() && p.back() == '*')
+      prefixes_.push_back(p.substr(0, p.size() - 1));
+    else
+      exact_.push_back(p);
   }
 }
 

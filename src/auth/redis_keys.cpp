@@ -5,10 +5,10 @@
 #include <cstring>
 #include <random>
 
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <fmt/format.h>
 #include <openssl/crypto.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 
 namespace weir::auth {
 
@@ -120,13 +120,19 @@ void RedisKeys::on_lookup(const Sha256Digest& digest, Done done) {
 store::Task<void> RedisKeys::fetch(Sha256Digest digest) {
   commands_.fetch_add(1, std::memory_order_relaxed);
   const std::string key = redis_key(options_.key_prefix, digest);
-  auto reply = co_await client_->exec(store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3],
-                                                     kFields[4]});
+  auto reply =
+      co_await client_->exec(store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3], kFields[4]});
   const KeyLookup result = interpret(reply);
   switch (result.status) {
-    case KeyLookup::Status::found: found_.fetch_add(1, std::memory_order_relaxed); break;
-    case KeyLookup::Status::unavailable: failures_.fetch_add(1, std::memory_order_relaxed); break;
-    default: not_found_.fetch_add(1, std::memory_order_relaxed); break;
+    case KeyLookup::Status::found:
+      found_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    case KeyLookup::Status::unavailable:
+      failures_.fetch_add(1, std::memory_order_relaxed);
+      break;
+    default:
+      not_found_.fetch_add(1, std::memory_order_relaxed);
+      break;
   }
   auto node = inflight_.extract(digest);  // empty when stop() already answered them
   if (node.empty()) co_return;
@@ -254,8 +260,7 @@ const RedisKeyCache::Entry* RedisKeyCache::find(const Sha256Digest& digest, Wall
 }
 
 void RedisKeyCache::insert(const Sha256Digest& digest, State state, PrincipalPtr principal,
-                           std::shared_ptr<const RedisKeyRecord> record, WallTime now,
-                           std::chrono::milliseconds ttl) {
+                           std::shared_ptr<const RedisKeyRecord> record, WallTime now, std::chrono::milliseconds ttl) {
   if (slots_.empty()) slots_.resize(capacity_);
   Entry* set = &slots_[set_of(digest) * kWays];
   Entry* victim = nullptr;

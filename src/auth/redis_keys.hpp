@@ -52,9 +52,9 @@ struct KeyLookup {
 };
 
 struct RedisKeysOptions {
-  store::ClientOptions client;        // host, port, db, credentials, timeouts (from the `redis:` section)
-  std::string key_prefix = "weir:";   // redis.key_prefix
-  std::size_t max_inflight = 1024;    // distinct keys being looked up at once; more answer `unavailable` at once
+  store::ClientOptions client;       // host, port, db, credentials, timeouts (from the `redis:` section)
+  std::string key_prefix = "weir:";  // redis.key_prefix
+  std::size_t max_inflight = 1024;   // distinct keys being looked up at once; more answer `unavailable` at once
 };
 
 // The Redis side of virtual keys: one store::Client (its own connection, so
@@ -98,12 +98,12 @@ class RedisKeys {
   static std::string redis_key(std::string_view prefix, const Sha256Digest& digest);
 
   struct Stats {
-    std::uint64_t lookups = 0;      // lookup() calls
-    std::uint64_t coalesced = 0;    // lookups that joined one in flight
-    std::uint64_t commands = 0;     // HMGETs sent
+    std::uint64_t lookups = 0;    // lookup() calls
+    std::uint64_t coalesced = 0;  // lookups that joined one in flight
+    std::uint64_t commands = 0;   // HMGETs sent
     std::uint64_t found = 0;
-    std::uint64_t not_found = 0;    // unknown, revoked or invalid
-    std::uint64_t failures = 0;     // unavailable answers
+    std::uint64_t not_found = 0;  // unknown, revoked or invalid
+    std::uint64_t failures = 0;   // unavailable answers
   };
   Stats stats() const noexcept;
 
@@ -142,10 +142,10 @@ class RedisKeyCache {
   struct Entry {
     Sha256Digest digest{};
     State state = State::empty;
-    std::uint64_t last_used = 0;   // tick of the last hit
+    std::uint64_t last_used = 0;  // tick of the last hit
     WallTime inserted{};
     WallTime expires{};
-    PrincipalPtr principal;        // found
+    PrincipalPtr principal;                        // found
     std::shared_ptr<const RedisKeyRecord> record;  // forbidden: the record naming an unconfigured tenant
   };
 

@@ -18,8 +18,8 @@ inline std::uint64_t mix(std::uint64_t a, std::uint64_t b) {
   const u128 r = static_cast<u128>(a) * b;
   return static_cast<std::uint64_t>(r) ^ static_cast<std::uint64_t>(r >> 64);
 }
-constexpr std::uint64_t kP0 = 0xa0761d6478bd642full, kP1 = 0xe7037ed1a0b428dbull,
-                        kP2 = 0x8ebc6af09c88c6e3ull, kP3 = 0x589965cc75374cc3ull;
+constexpr std::uint64_t kP0 = 0xa0761d6478bd642full, kP1 = 0xe7037ed1a0b428dbull, kP2 = 0x8ebc6af09c88c6e3ull,
+                        kP3 = 0x589965cc75374cc3ull;
 }  // namespace
 
 TokenCache::TokenCache(std::size_t capacity) {

@@ -1,10 +1,10 @@
 #include "core/access_log.hpp"
 
-#include <cerrno>
-#include <cstring>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <cerrno>
+#include <cstring>
 
 #include <fmt/format.h>
 
@@ -14,12 +14,10 @@ namespace {
 constexpr std::size_t kFlushAt = 32u << 10;
 constexpr std::size_t kPipeBuf = 4096;
 
-int open_file(const std::string& path) {
-  return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-}
+int open_file(const std::string& path) { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644); }
 
 bool is_pipe(int fd) {
-  struct stat st{};
+  struct stat st {};
   return ::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
 }
 }  // namespace
@@ -91,9 +89,7 @@ void AccessLogSink::write_lines(std::string_view lines) {
   }
 }
 
-AccessLog::AccessLog(std::shared_ptr<AccessLogSink> sink) : sink_(std::move(sink)) {
-  buf_.reserve(kFlushAt + 4096);
-}
+AccessLog::AccessLog(std::shared_ptr<AccessLogSink> sink) : sink_(std::move(sink)) { buf_.reserve(kFlushAt + 4096); }
 
 AccessLog::~AccessLog() { flush(); }
 

@@ -21,8 +21,8 @@ namespace asio = boost::asio;
 using Executor = asio::io_context::executor_type;
 template <class T = void>
 using Task = asio::awaitable<T, Executor>;
-using Timer = asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>,
-                                         Executor>;
+using Timer =
+    asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>, Executor>;
 
 // Completion token: `auto [ec, n] = co_await sock.async_read_some(buf, use_task);`
 // Errors come back as values; nothing on the request path throws.
@@ -67,8 +67,7 @@ class Watchdog {
   using Clock = std::chrono::steady_clock;
 
   // `on_expired` runs on the io_context's thread; never after stop().
-  Watchdog(Executor ex, std::function<void()> on_expired)
-      : s_(std::make_shared<State>(ex, std::move(on_expired))) {}
+  Watchdog(Executor ex, std::function<void()> on_expired) : s_(std::make_shared<State>(ex, std::move(on_expired))) {}
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   ~Watchdog() { stop(); }

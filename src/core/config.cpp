@@ -5,8 +5,8 @@
 #include <set>
 #include <sstream>
 
-#include <boost/url/parse.hpp>
 #include <fmt/format.h>
+#include <boost/url/parse.hpp>
 
 #include "core/url.hpp"
 
@@ -15,10 +15,10 @@ namespace weir::core {
 namespace {
 
 ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
-  WEIR_TRY_VOID(check_keys(n, "server",
-                           {"max_body", "max_header", "header_timeout", "body_timeout",
-                            "keepalive_timeout", "write_timeout", "max_stream_buffer",
-                            "max_response", "drain_timeout", "access_log", "reuse_port"}));
+  WEIR_TRY_VOID(
+      check_keys(n, "server",
+                 {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout", "write_timeout",
+                  "max_stream_buffer", "max_response", "drain_timeout", "access_log", "reuse_port"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     s.max_body_bytes = b;
@@ -29,7 +29,10 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
       return tl::unexpected(config_error(v, "server.max_header", "must be between 1KiB and 16MiB"));
     s.max_header_bytes = static_cast<std::uint32_t>(b);
   }
-  struct D { const char* key; Millis* out; };
+  struct D {
+    const char* key;
+    Millis* out;
+  };
   for (D d : {D{"header_timeout", &s.header_timeout}, D{"body_timeout", &s.body_timeout},
               D{"keepalive_timeout", &s.keepalive_timeout}, D{"write_timeout", &s.write_timeout},
               D{"drain_timeout", &s.drain_timeout}}) {
@@ -63,8 +66,8 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   PoolConfig p;
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
-                           {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive",
-                            "api_key", "api_key_env", "eject_for", "request_usage"}));
+                           {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
+                            "api_key_env", "eject_for", "request_usage"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -78,9 +81,12 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   }
   if (auto t = n["timeouts"]) {
     WEIR_TRY_VOID(check_keys(t, key + ".timeouts", {"connect", "first_byte", "idle"}));
-    struct D { const char* k; Millis* out; };
-    for (D d : {D{"connect", &p.timeouts.connect}, D{"first_byte", &p.timeouts.first_byte},
-                D{"idle", &p.timeouts.idle}}) {
+    struct D {
+      const char* k;
+      Millis* out;
+    };
+    for (D d :
+         {D{"connect", &p.timeouts.connect}, D{"first_byte", &p.timeouts.first_byte}, D{"idle", &p.timeouts.idle}}) {
       if (auto v = t[d.k]) {
         WEIR_TRY(ms, read_duration(v, key + ".timeouts." + d.k));
         if (ms.count() <= 0) return tl::unexpected(config_error(v, key + ".timeouts." + d.k, "must be positive"));
@@ -111,7 +117,9 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   if (auto v = n["api_key_env"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key_env"));
     const char* env = std::getenv(s.c_str());
-    if (!env) return tl::unexpected(config_error(v, key + ".api_key_env", fmt::format("environment variable {} is not set", s)));
+    if (!env)
+      return tl::unexpected(
+          config_error(v, key + ".api_key_env", fmt::format("environment variable {} is not set", s)));
     p.api_key = env;
   }
   return p;
@@ -250,8 +258,9 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
   // Sections owned by other modules are validated there (auth, tenants,
   // pricing, redis: gateway::load_config). A key nothing reads is an error
   // (limits: and batching: were accepted and ignored).
-  if (auto r = check_keys(root, "", {"listen", "workers", "server", "pools", "models", "default_pool",
-                                     "auth", "tenants", "pricing", "redis"});
+  if (auto r = check_keys(
+          root, "",
+          {"listen", "workers", "server", "pools", "models", "default_pool", "auth", "tenants", "pricing", "redis"});
       !r)
     return located(r.error());
 
@@ -268,9 +277,11 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     }
     if (auto v = root["server"]) WEIR_TRY_VOID(parse_server(v, c.server));
     auto pools = root["pools"];
-    if (!pools) return tl::unexpected(config_error(root, "pools", "is required (a mapping of pool name to {endpoints: [...]})"));
+    if (!pools)
+      return tl::unexpected(config_error(root, "pools", "is required (a mapping of pool name to {endpoints: [...]})"));
     if (!pools.IsMap() || pools.size() == 0)
-      return tl::unexpected(config_error(pools, "pools", "expected a non-empty mapping of pool name to {endpoints: [...]}"));
+      return tl::unexpected(
+          config_error(pools, "pools", "expected a non-empty mapping of pool name to {endpoints: [...]}"));
     for (const auto& kv : pools) {
       WEIR_TRY(p, parse_pool(kv.first.Scalar(), kv.second));
       c.pools.push_back(std::move(p));

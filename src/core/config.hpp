@@ -50,9 +50,9 @@ struct UpstreamTimeouts {
 
 // One model server: http://host:port. Addresses are resolved once at start-up.
 struct EndpointConfig {
-  std::string url;          // as written in the config: may hold a query with secrets, never print it
-  std::string display;      // core::redact_url(url): what logs and messages show
-  std::string host;         // host part, for the Host header
+  std::string url;      // as written in the config: may hold a query with secrets, never print it
+  std::string display;  // core::redact_url(url): what logs and messages show
+  std::string host;     // host part, for the Host header
   std::uint16_t port = 80;
   std::string host_header;  // "host:port" as sent upstream
 };
@@ -63,9 +63,9 @@ struct PoolConfig {
   std::vector<EndpointConfig> endpoints;
   UpstreamTimeouts timeouts;
   std::uint32_t max_idle_per_endpoint = 512;  // idle keep-alive connections kept per worker
-  Millis idle_keepalive{4'000};  // drop idle connections older than this (uvicorn closes at 5 s)
-  std::string api_key;           // sent upstream as "Authorization: Bearer"; empty = none
-  Millis eject_for{2'000};       // an endpoint that refuses connections is skipped this long
+  Millis idle_keepalive{4'000};               // drop idle connections older than this (uvicorn closes at 5 s)
+  std::string api_key;                        // sent upstream as "Authorization: Bearer"; empty = none
+  Millis eject_for{2'000};                    // an endpoint that refuses connections is skipped this long
   // Ask the upstream for stream_options.include_usage on streams whose client
   // did not (and drop that usage chunk from the client's stream), so every
   // stream's tokens are known to the log, metrics, limits and budgets.
@@ -74,9 +74,9 @@ struct PoolConfig {
 
 // A model name clients may ask for, and where it goes.
 struct ModelConfig {
-  std::string name;            // canonical name, listed by GET /v1/models
-  std::size_t pool = 0;        // index into Config::pools
-  std::string upstream_model;  // name sent upstream; empty = same as `name`
+  std::string name;                  // canonical name, listed by GET /v1/models
+  std::size_t pool = 0;              // index into Config::pools
+  std::string upstream_model;        // name sent upstream; empty = same as `name`
   std::vector<std::string> aliases;  // other names clients may use
   std::string owned_by = "weir";
   // Completion tokens assumed for a request that gives no max_tokens /

@@ -8,16 +8,19 @@ namespace weir::core {
 
 std::string_view to_string(ErrorSource s) {
   switch (s) {
-    case ErrorSource::client: return "client";
-    case ErrorSource::upstream: return "upstream";
-    case ErrorSource::internal: return "internal";
+    case ErrorSource::client:
+      return "client";
+    case ErrorSource::upstream:
+      return "upstream";
+    case ErrorSource::internal:
+      return "internal";
   }
   return "internal";
 }
 
 namespace {
-Error make(ErrorSource src, int status, std::string_view type, std::string_view code,
-           std::string message, std::string_view param = {}) {
+Error make(ErrorSource src, int status, std::string_view type, std::string_view code, std::string message,
+           std::string_view param = {}) {
   Error e;
   e.source = src;
   e.status = status;
@@ -33,10 +36,10 @@ Error bad_request(std::string message, std::string_view param, std::string_view 
   return make(ErrorSource::client, 400, "invalid_request_error", code, std::move(message), param);
 }
 Error model_not_found(std::string_view model) {
-  return make(ErrorSource::client, 404, "invalid_request_error", "model_not_found",
-              fmt::format("The model `{}` does not exist or you do not have access to it.",
-                          utf8_prefix(model, kMaxEchoBytes)),
-              "model");
+  return make(
+      ErrorSource::client, 404, "invalid_request_error", "model_not_found",
+      fmt::format("The model `{}` does not exist or you do not have access to it.", utf8_prefix(model, kMaxEchoBytes)),
+      "model");
 }
 Error not_found(std::string_view path) {
   return make(ErrorSource::client, 404, "invalid_request_error", "not_found",
@@ -96,9 +99,15 @@ void append_error_json(std::string& out, const Error& e) {
   out += R"(,"type":)";
   append_json_string(out, e.type);
   out += R"(,"param":)";
-  if (e.param.empty()) out += "null"; else append_json_string(out, e.param);
+  if (e.param.empty())
+    out += "null";
+  else
+    append_json_string(out, e.param);
   out += R"(,"code":)";
-  if (e.code.empty()) out += "null"; else append_json_string(out, e.code);
+  if (e.code.empty())
+    out += "null";
+  else
+    append_json_string(out, e.code);
   out += "}}";
 }
 
@@ -110,36 +119,66 @@ std::string error_json(const Error& e) {
 
 std::string_view reason_phrase(int status) {
   switch (status) {
-    case 100: return "Continue";
-    case 200: return "OK";
-    case 201: return "Created";
-    case 202: return "Accepted";
-    case 204: return "No Content";
-    case 301: return "Moved Permanently";
-    case 302: return "Found";
-    case 304: return "Not Modified";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 411: return "Length Required";
-    case 413: return "Content Too Large";
-    case 415: return "Unsupported Media Type";
-    case 417: return "Expectation Failed";
-    case 422: return "Unprocessable Content";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    case 505: return "HTTP Version Not Supported";
-    default: return "Unknown";
+    case 100:
+      return "Continue";
+    case 200:
+      return "OK";
+    case 201:
+      return "Created";
+    case 202:
+      return "Accepted";
+    case 204:
+      return "No Content";
+    case 301:
+      return "Moved Permanently";
+    case 302:
+      return "Found";
+    case 304:
+      return "Not Modified";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 411:
+      return "Length Required";
+    case 413:
+      return "Content Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 417:
+      return "Expectation Failed";
+    case 422:
+      return "Unprocessable Content";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 499:
+      return "Client Closed Request";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    case 505:
+      return "HTTP Version Not Supported";
+    default:
+      return "Unknown";
   }
 }
 

@@ -22,11 +22,11 @@ std::string_view to_string(ErrorSource s);
 // an empty `code` or `param` is rendered as JSON null.
 struct Error {
   ErrorSource source = ErrorSource::internal;
-  int status = 500;            // HTTP status code
-  std::string_view type;       // OpenAI error.type, e.g. "invalid_request_error"
-  std::string_view code;       // OpenAI error.code, e.g. "model_not_found"; empty = null
-  std::string message;         // human readable, safe to show the client
-  std::string_view param;      // offending request field, e.g. "model"; empty = null
+  int status = 500;        // HTTP status code
+  std::string_view type;   // OpenAI error.type, e.g. "invalid_request_error"
+  std::string_view code;   // OpenAI error.code, e.g. "model_not_found"; empty = null
+  std::string message;     // human readable, safe to show the client
+  std::string_view param;  // offending request field, e.g. "model"; empty = null
   // Extra response header for 429/503 (seconds); 0 = none.
   std::uint32_t retry_after_s = 0;
 };
@@ -35,21 +35,21 @@ struct Error {
 // Those that echo request input (model, path, method) echo at most
 // kMaxEchoBytes (256) of each, cut on a UTF-8 boundary.
 Error bad_request(std::string message, std::string_view param = {},
-                  std::string_view code = {});                           // 400 invalid_request_error
-Error model_not_found(std::string_view model);                          // 404 model_not_found
-Error not_found(std::string_view path);                                 // 404 (unknown route)
-Error method_not_allowed(std::string_view method, std::string_view path);  // 405
-Error payload_too_large(std::uint64_t limit_bytes);                     // 413
-Error request_timeout(std::string message);                             // 408 (head or body too slow)
-Error header_too_large(std::uint64_t limit_bytes);                      // 431
-Error unauthorized(std::string message);                                // 401 invalid_api_key
+                  std::string_view code = {});                                      // 400 invalid_request_error
+Error model_not_found(std::string_view model);                                      // 404 model_not_found
+Error not_found(std::string_view path);                                             // 404 (unknown route)
+Error method_not_allowed(std::string_view method, std::string_view path);           // 405
+Error payload_too_large(std::uint64_t limit_bytes);                                 // 413
+Error request_timeout(std::string message);                                         // 408 (head or body too slow)
+Error header_too_large(std::uint64_t limit_bytes);                                  // 431
+Error unauthorized(std::string message);                                            // 401 invalid_api_key
 Error forbidden(std::string message, std::string_view code = "model_not_allowed");  // 403
-Error rate_limited(std::string message, std::uint32_t retry_after_s);   // 429 rate_limit_exceeded
-Error insufficient_quota(std::string message);                          // 429 insufficient_quota
-Error upstream_unavailable(std::string message);                        // 502 upstream_error
-Error upstream_timeout(std::string message);                            // 504 timeout
-Error unavailable(std::string message, std::uint32_t retry_after_s = 1);  // 503 (draining, overload)
-Error internal_error(std::string message);                              // 500 server_error
+Error rate_limited(std::string message, std::uint32_t retry_after_s);               // 429 rate_limit_exceeded
+Error insufficient_quota(std::string message);                                      // 429 insufficient_quota
+Error upstream_unavailable(std::string message);                                    // 502 upstream_error
+Error upstream_timeout(std::string message);                                        // 504 timeout
+Error unavailable(std::string message, std::uint32_t retry_after_s = 1);            // 503 (draining, overload)
+Error internal_error(std::string message);                                          // 500 server_error
 // 499 (the client left first; nothing is sent): `code` is the access log's
 // reason, a literal: client_closed_request, slow_client, client_write_timeout.
 Error client_closed(std::string_view code, std::string message);

@@ -30,12 +30,16 @@ std::size_t utf8_step(const unsigned char* p, std::size_t n, bool& valid) {
     need = 1;
   } else if (c >= 0xE0 && c <= 0xEF) {
     need = 2;
-    if (c == 0xE0) lo = 0xA0;       // no overlongs
-    else if (c == 0xED) hi = 0x9F;  // no surrogates D800..DFFF
+    if (c == 0xE0)
+      lo = 0xA0;  // no overlongs
+    else if (c == 0xED)
+      hi = 0x9F;  // no surrogates D800..DFFF
   } else if (c >= 0xF0 && c <= 0xF4) {
     need = 3;
-    if (c == 0xF0) lo = 0x90;       // no overlongs
-    else if (c == 0xF4) hi = 0x8F;  // nothing above U+10FFFF
+    if (c == 0xF0)
+      lo = 0x90;  // no overlongs
+    else if (c == 0xF4)
+      hi = 0x8F;  // nothing above U+10FFFF
   } else {
     valid = false;  // a continuation byte, C0, C1, F5..FF
     return 1;
@@ -69,13 +73,27 @@ void append_json_string(std::string& out, std::string_view s) {
     out.append(s.data() + run, i - run);
     if (c < 0x80) {
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
         default:
           out += "\\u00";
           out += hex[c >> 4];
@@ -85,8 +103,10 @@ void append_json_string(std::string& out, std::string_view s) {
     } else {
       bool valid = false;
       const std::size_t len = utf8_step(p + i, n - i, valid);
-      if (valid) out.append(s.data() + i, len);
-      else out += kReplacement;
+      if (valid)
+        out.append(s.data() + i, len);
+      else
+        out += kReplacement;
       i += len;
     }
     run = i;

@@ -7,8 +7,7 @@
 
 namespace weir::core {
 
-Histogram::Histogram(std::span<const std::int64_t> bounds_us)
-    : bounds_(bounds_us), counts_(bounds_us.size() + 1, 0) {}
+Histogram::Histogram(std::span<const std::int64_t> bounds_us) : bounds_(bounds_us), counts_(bounds_us.size() + 1, 0) {}
 
 void Histogram::observe_us(std::int64_t us) {
   if (us < 0) us = 0;
@@ -31,8 +30,8 @@ void Histogram::merge(const Histogram& o) {
 
 std::span<const std::int64_t> latency_buckets_us() {
   static constexpr std::array<std::int64_t, 22> b = {
-      25,      50,      100,     250,     500,      1'000,    2'500,    5'000,
-      10'000,  25'000,  50'000,  100'000, 250'000,  500'000,  1'000'000, 2'500'000,
+      25,        50,         100,        250,        500,        1'000,     2'500,     5'000,
+      10'000,    25'000,     50'000,     100'000,    250'000,    500'000,   1'000'000, 2'500'000,
       5'000'000, 10'000'000, 20'000'000, 30'000'000, 45'000'000, 60'000'000};
   return b;
 }
@@ -48,13 +47,17 @@ void PromWriter::header(std::string_view name, std::string_view type, std::strin
 }
 
 void PromWriter::sample(std::string_view name, std::string_view labels, double value) {
-  if (labels.empty()) fmt::format_to(std::back_inserter(out_), "{} {}\n", name, value);
-  else fmt::format_to(std::back_inserter(out_), "{}{{{}}} {}\n", name, labels, value);
+  if (labels.empty())
+    fmt::format_to(std::back_inserter(out_), "{} {}\n", name, value);
+  else
+    fmt::format_to(std::back_inserter(out_), "{}{{{}}} {}\n", name, labels, value);
 }
 
 void PromWriter::sample(std::string_view name, std::string_view labels, std::uint64_t value) {
-  if (labels.empty()) fmt::format_to(std::back_inserter(out_), "{} {}\n", name, value);
-  else fmt::format_to(std::back_inserter(out_), "{}{{{}}} {}\n", name, labels, value);
+  if (labels.empty())
+    fmt::format_to(std::back_inserter(out_), "{} {}\n", name, value);
+  else
+    fmt::format_to(std::back_inserter(out_), "{}{{{}}} {}\n", name, labels, value);
 }
 
 void PromWriter::histogram(std::string_view name, std::string_view labels, const Histogram& h) {
@@ -69,8 +72,8 @@ void PromWriter::histogram(std::string_view name, std::string_view labels, const
   }
   fmt::format_to(std::back_inserter(out_), "{}_bucket{{{}{}le=\"+Inf\"}} {}\n", name, labels, sep, h.count());
   if (labels.empty()) {
-    fmt::format_to(std::back_inserter(out_), "{}_sum {}\n{}_count {}\n", name,
-                   static_cast<double>(h.sum_us()) / 1e6, name, h.count());
+    fmt::format_to(std::back_inserter(out_), "{}_sum {}\n{}_count {}\n", name, static_cast<double>(h.sum_us()) / 1e6,
+                   name, h.count());
   } else {
     fmt::format_to(std::back_inserter(out_), "{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, labels,
                    static_cast<double>(h.sum_us()) / 1e6, name, labels, h.count());
@@ -81,10 +84,14 @@ std::string escape_label(std::string_view v) {
   std::string s;
   s.reserve(v.size());
   for (char c : v) {
-    if (c == '\\') s += "\\\\";
-    else if (c == '"') s += "\\\"";
-    else if (c == '\n') s += "\\n";
-    else s += c;
+    if (c == '\\')
+      s += "\\\\";
+    else if (c == '"')
+      s += "\\\"";
+    else if (c == '\n')
+      s += "\\n";
+    else
+      s += c;
   }
   return s;
 }

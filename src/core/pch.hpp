@@ -1,13 +1,13 @@
 // Precompiled header: the heavy third-party headers most translation units use.
 #pragma once
+#include <fmt/format.h>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
-#include <fmt/format.h>
-#include <tl/expected.hpp>
 #include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <tl/expected.hpp>
 #include <vector>

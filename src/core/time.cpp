@@ -10,9 +10,8 @@ namespace weir::core {
 void append_http_date(std::string& out) {
   thread_local std::int64_t cached_sec = -1;
   thread_local char cached[64];
-  const std::int64_t s = std::chrono::duration_cast<std::chrono::seconds>(
-                             std::chrono::system_clock::now().time_since_epoch())
-                             .count();
+  const std::int64_t s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
   if (s != cached_sec) {
     const std::time_t t = static_cast<std::time_t>(s);
     std::tm tm{};

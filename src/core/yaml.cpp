@@ -42,8 +42,8 @@ ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key) {
   return v;
 }
 
-ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key,
-                                    std::int64_t min, std::int64_t max) {
+ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key, std::int64_t min,
+                                    std::int64_t max) {
   if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected an integer"));
   const std::string& s = node.Scalar();
   std::int64_t v = 0;
@@ -55,8 +55,7 @@ ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& k
   return v;
 }
 
-ConfigResult<double> read_double(const YAML::Node& node, const std::string& key, double min,
-                                 double max) {
+ConfigResult<double> read_double(const YAML::Node& node, const std::string& key, double min, double max) {
   double v = 0;
   if (!node.IsScalar() || !YAML::convert<double>::decode(node, v))
     return tl::unexpected(config_error(node, key, "expected a number"));
@@ -81,46 +80,54 @@ bool split_number_unit(const std::string& s, double& num, std::string& unit) {
 }  // namespace
 
 ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, const std::string& key) {
-  if (!node.IsScalar())
-    return tl::unexpected(config_error(node, key, "expected a duration such as 250ms, 2s or 1m"));
+  if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected a duration such as 250ms, 2s or 1m"));
   double num = 0;
   std::string unit;
   if (!split_number_unit(node.Scalar(), num, unit))
-    return tl::unexpected(config_error(
-        node, key, fmt::format("expected a duration such as 250ms, 2s or 1m, got '{}'", node.Scalar())));
+    return tl::unexpected(
+        config_error(node, key, fmt::format("expected a duration such as 250ms, 2s or 1m, got '{}'", node.Scalar())));
   double ms = 0;
-  if (unit.empty() || unit == "ms") ms = num;
-  else if (unit == "us" || unit == "µs") ms = num / 1000.0;
-  else if (unit == "s") ms = num * 1000.0;
-  else if (unit == "m") ms = num * 60'000.0;
-  else if (unit == "h") ms = num * 3'600'000.0;
+  if (unit.empty() || unit == "ms")
+    ms = num;
+  else if (unit == "us" || unit == "µs")
+    ms = num / 1000.0;
+  else if (unit == "s")
+    ms = num * 1000.0;
+  else if (unit == "m")
+    ms = num * 60'000.0;
+  else if (unit == "h")
+    ms = num * 3'600'000.0;
   else
-    return tl::unexpected(config_error(
-        node, key, fmt::format("unknown duration unit '{}' (use ms, s, m or h)", unit)));
-  if (ms > 365.0 * 24 * 3'600'000.0)
-    return tl::unexpected(config_error(node, key, "duration is longer than a year"));
+    return tl::unexpected(config_error(node, key, fmt::format("unknown duration unit '{}' (use ms, s, m or h)", unit)));
+  if (ms > 365.0 * 24 * 3'600'000.0) return tl::unexpected(config_error(node, key, "duration is longer than a year"));
   return std::chrono::milliseconds(static_cast<std::int64_t>(ms + 0.5));
 }
 
 ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string& key) {
-  if (!node.IsScalar())
-    return tl::unexpected(config_error(node, key, "expected a size such as 4MiB or 65536"));
+  if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected a size such as 4MiB or 65536"));
   double num = 0;
   std::string unit;
   if (!split_number_unit(node.Scalar(), num, unit))
-    return tl::unexpected(config_error(
-        node, key, fmt::format("expected a size such as 4MiB or 65536, got '{}'", node.Scalar())));
+    return tl::unexpected(
+        config_error(node, key, fmt::format("expected a size such as 4MiB or 65536, got '{}'", node.Scalar())));
   double mul = 0;
-  if (unit.empty() || unit == "B") mul = 1;
-  else if (unit == "KiB") mul = 1024.0;
-  else if (unit == "MiB") mul = 1024.0 * 1024;
-  else if (unit == "GiB") mul = 1024.0 * 1024 * 1024;
-  else if (unit == "KB" || unit == "kB") mul = 1e3;
-  else if (unit == "MB") mul = 1e6;
-  else if (unit == "GB") mul = 1e9;
+  if (unit.empty() || unit == "B")
+    mul = 1;
+  else if (unit == "KiB")
+    mul = 1024.0;
+  else if (unit == "MiB")
+    mul = 1024.0 * 1024;
+  else if (unit == "GiB")
+    mul = 1024.0 * 1024 * 1024;
+  else if (unit == "KB" || unit == "kB")
+    mul = 1e3;
+  else if (unit == "MB")
+    mul = 1e6;
+  else if (unit == "GB")
+    mul = 1e9;
   else
-    return tl::unexpected(config_error(
-        node, key, fmt::format("unknown size unit '{}' (use B, KiB, MiB, GiB, KB, MB or GB)", unit)));
+    return tl::unexpected(
+        config_error(node, key, fmt::format("unknown size unit '{}' (use B, KiB, MiB, GiB, KB, MB or GB)", unit)));
   const double v = num * mul;
   if (v > 1e15) return tl::unexpected(config_error(node, key, "size is too large"));
   return static_cast<std::uint64_t>(v + 0.5);

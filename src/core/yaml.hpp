@@ -7,8 +7,8 @@
 #include <string>
 #include <string_view>
 
-#include <tl/expected.hpp>
 #include <yaml-cpp/yaml.h>
+#include <tl/expected.hpp>
 
 namespace weir::core {
 
@@ -32,10 +32,8 @@ ConfigError config_error(const YAML::Node& node, std::string key, std::string me
 // Scalar readers: each checks the node's type and range and names `key` on error.
 ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key);
 ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key);
-ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key,
-                                    std::int64_t min, std::int64_t max);
-ConfigResult<double> read_double(const YAML::Node& node, const std::string& key,
-                                 double min, double max);
+ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key, std::int64_t min, std::int64_t max);
+ConfigResult<double> read_double(const YAML::Node& node, const std::string& key, double min, double max);
 // A duration: an integer of milliseconds or a string with unit "250ms", "2s", "1m", "1h".
 ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, const std::string& key);
 // A size: an integer of bytes or a string "512KiB", "4MiB", "1GiB", "64KB", "1MB".
@@ -51,9 +49,9 @@ ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,
 //   WEIR_TRY(v, read_int(node, key, 0, 10));   // v: the value; returns the error
 //   WEIR_TRY_VOID(check_keys(node, key, {...}));
 //   WEIR_TRY_RESULT(r, read_string(node, key));  // r: the ConfigResult itself (r->, *r)
-#define WEIR_TRY(var, expr)                                          \
-  auto var##_r = (expr);                                             \
-  if (!var##_r) return tl::unexpected(std::move(var##_r.error()));   \
+#define WEIR_TRY(var, expr)                                        \
+  auto var##_r = (expr);                                           \
+  if (!var##_r) return tl::unexpected(std::move(var##_r.error())); \
   auto var = std::move(*var##_r)
 
 #define WEIR_TRY_VOID(expr)                                \

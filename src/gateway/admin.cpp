@@ -3,8 +3,8 @@
 #include <chrono>
 #include <ctime>
 
-#include <boost/asio/post.hpp>
 #include <fmt/format.h>
+#include <boost/asio/post.hpp>
 
 #include "auth/authenticator.hpp"
 #include "auth/redis_keys.hpp"
@@ -14,9 +14,8 @@
 namespace weir::gateway {
 
 namespace {
-const std::int64_t kStartTime = std::chrono::duration_cast<std::chrono::seconds>(
-                                    std::chrono::system_clock::now().time_since_epoch())
-                                    .count();
+const std::int64_t kStartTime =
+    std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 
 void append_model(std::string& out, std::string_view id, std::string_view owned_by, std::string_view root) {
   out += R"({"id":)";
@@ -103,7 +102,8 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
     w.sample("weir_redis_sync_failures_total", "", s.sync_failures);
     w.header("weir_redis_refills_total", "counter", "Requests that waited once for a lease refill.");
     w.sample("weir_redis_refills_total", "", s.refills);
-    w.header("weir_redis_fallback_takes_total", "counter", "Admission decisions made by the local fallback during an outage.");
+    w.header("weir_redis_fallback_takes_total", "counter",
+             "Admission decisions made by the local fallback during an outage.");
     w.sample("weir_redis_fallback_takes_total", "", s.fallback_takes);
   }
   if (shared.redis_keys) {

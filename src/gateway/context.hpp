@@ -27,65 +27,65 @@ namespace weir::gateway {
 struct RequestContext {
   // --- read: what the head says ---
   http::ReadFailure read_failure = http::ReadFailure::none;  // the head could not be read (the session says why)
-  std::string request_id;          // x-request-id, received or generated
+  std::string request_id;                                    // x-request-id, received or generated
   RouteKind route = RouteKind::other;
   std::string method;
-  std::string path;                // without the query, at most 256 bytes
+  std::string path;  // without the query, at most 256 bytes
 
   // --- authenticate ---
-  auth::PrincipalPtr principal;    // who is asking; null without auth
+  auth::PrincipalPtr principal;  // who is asking; null without auth
 
   // --- parse ---
-  std::string model;               // as the client sent it (at most 256 bytes)
-  std::uint32_t model_slot = 0;    // metrics label slot
+  std::string model;             // as the client sent it (at most 256 bytes)
+  std::uint32_t model_slot = 0;  // metrics label slot
   bool stream = false;
-  api::RequestFields fields;       // the body's fields the gateway acts on (model moved out)
+  api::RequestFields fields;  // the body's fields the gateway acts on (model moved out)
 
   // --- route ---
-  routing::Route target;           // pool, canonical and upstream model name
-  int pool = -1;                   // config pool index, -1 = none
-  int endpoint = -1;               // endpoint index within the pool, -1 = none
+  routing::Route target;  // pool, canonical and upstream model name
+  int pool = -1;          // config pool index, -1 = none
+  int endpoint = -1;      // endpoint index within the pool, -1 = none
 
   // --- admit ---
-  admission::Ticket ticket;        // stream slots and budget reservations until settled (log)
+  admission::Ticket ticket;  // stream slots and budget reservations until settled (log)
   const admission::ModelPrice* price = nullptr;
   std::uint64_t prompt_tokens_estimate = 0;  // charged when the upstream worked but reported no usage
-  std::int64_t spend_nano_usd = 0;  // set by log's settle
-  std::string rate_limit_lines;    // x-ratelimit-* header lines for every answer to this request
+  std::int64_t spend_nano_usd = 0;           // set by log's settle
+  std::string rate_limit_lines;              // x-ratelimit-* header lines for every answer to this request
 
   // --- proxy: the upstream request and its response ---
-  std::string_view upstream_body;  // the client's body, or a spliced copy in upstream_body_buf / edit_buf
-  std::string upstream_body_buf;   // lent by the worker while the request is sent
-  std::string edit_buf;            // second buffer for spliced bodies (lent)
-  bool strip_usage = false;        // Weir asked for the usage chunk; the client did not
+  std::string_view upstream_body;          // the client's body, or a spliced copy in upstream_body_buf / edit_buf
+  std::string upstream_body_buf;           // lent by the worker while the request is sent
+  std::string edit_buf;                    // second buffer for spliced bodies (lent)
+  bool strip_usage = false;                // Weir asked for the usage chunk; the client did not
   http::ResponseSource* source = nullptr;  // the response being relayed (cancelled when the client leaves)
-  int upstream_status = 0;         // status of the upstream's response head; 0 = none arrived
-  bool committed = false;          // a byte of the response reached the client's queue: nothing can be retried
+  int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived
+  bool committed = false;                  // a byte of the response reached the client's queue: nothing can be retried
   std::uint32_t retries = 0;
   StreamHooks hooks;
   http::SseReader sse{4u << 20};
 
   // --- outcome (log) ---
-  int status = 0;                  // status sent to the client (499 = client left first)
+  int status = 0;  // status sent to the client (499 = client left first)
   bool has_error = false;
   core::ErrorSource error_source = core::ErrorSource::internal;
-  std::string error_code;          // OpenAI error.code or a Weir reason
+  std::string error_code;  // OpenAI error.code or a Weir reason
   bool has_usage = false;
   api::Usage usage;
-  std::uint64_t bytes_in = 0;      // request body bytes
-  std::uint32_t events = 0;        // SSE data events relayed
+  std::uint64_t bytes_in = 0;  // request body bytes
+  std::uint32_t events = 0;    // SSE data events relayed
 
-  core::TimePoint t_start{};           // request head complete
-  core::TimePoint t_upstream_sent{};   // request written upstream
-  core::TimePoint t_first_byte{};      // upstream response head received
-  core::TimePoint t_first_token{};     // first SSE data event handed to the client
-  core::TimePoint t_upstream_done{};   // upstream response complete
-  std::int64_t added_us = 0;           // time inside Weir (see weir_gateway_added_seconds)
+  core::TimePoint t_start{};          // request head complete
+  core::TimePoint t_upstream_sent{};  // request written upstream
+  core::TimePoint t_first_byte{};     // upstream response head received
+  core::TimePoint t_first_token{};    // first SSE data event handed to the client
+  core::TimePoint t_upstream_done{};  // upstream response complete
+  std::int64_t added_us = 0;          // time inside Weir (see weir_gateway_added_seconds)
 
   // --- working storage, reused ---
-  std::string head;                // a response or upstream request head being built
-  std::string body;                // a buffered upstream body, or an error body
-  std::string scratch;             // decode, framing and splice scratch
+  std::string head;     // a response or upstream request head being built
+  std::string body;     // a buffered upstream body, or an error body
+  std::string scratch;  // decode, framing and splice scratch
 
   // Records `e` as this request's error (the access log's `error`).
   void set_error(const core::Error& e) {

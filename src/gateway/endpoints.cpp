@@ -4,14 +4,22 @@ namespace weir::gateway {
 
 std::string_view route_label(RouteKind r) {
   switch (r) {
-    case RouteKind::chat_completions: return "/v1/chat/completions";
-    case RouteKind::completions: return "/v1/completions";
-    case RouteKind::embeddings: return "/v1/embeddings";
-    case RouteKind::models: return "/v1/models";
-    case RouteKind::health: return "/health";
-    case RouteKind::ready: return "/ready";
-    case RouteKind::metrics: return "/metrics";
-    default: return "other";
+    case RouteKind::chat_completions:
+      return "/v1/chat/completions";
+    case RouteKind::completions:
+      return "/v1/completions";
+    case RouteKind::embeddings:
+      return "/v1/embeddings";
+    case RouteKind::models:
+      return "/v1/models";
+    case RouteKind::health:
+      return "/health";
+    case RouteKind::ready:
+      return "/ready";
+    case RouteKind::metrics:
+      return "/metrics";
+    default:
+      return "other";
   }
 }
 
@@ -37,10 +45,14 @@ RouteKind classify_path(std::string_view path) {
 
 std::optional<api::ApiKind> api_of(RouteKind r) {
   switch (r) {
-    case RouteKind::chat_completions: return api::ApiKind::chat_completions;
-    case RouteKind::completions: return api::ApiKind::completions;
-    case RouteKind::embeddings: return api::ApiKind::embeddings;
-    default: return std::nullopt;
+    case RouteKind::chat_completions:
+      return api::ApiKind::chat_completions;
+    case RouteKind::completions:
+      return api::ApiKind::completions;
+    case RouteKind::embeddings:
+      return api::ApiKind::embeddings;
+    default:
+      return std::nullopt;
   }
 }
 

@@ -58,13 +58,14 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
 }
 
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes) {
-  return core::upstream_unavailable(upstream_message(who, fmt::format("sent a response larger than {} bytes", limit_bytes)));
+  return core::upstream_unavailable(
+      upstream_message(who, fmt::format("sent a response larger than {} bytes", limit_bytes)));
 }
 
 core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding) {
-  return core::upstream_unavailable(upstream_message(
-      who, fmt::format("sent a body in Content-Encoding '{}' that Weir cannot decode for this client",
-                       core::utf8_prefix(encoding, 64))));
+  return core::upstream_unavailable(
+      upstream_message(who, fmt::format("sent a body in Content-Encoding '{}' that Weir cannot decode for this client",
+                                        core::utf8_prefix(encoding, 64))));
 }
 
 core::Error client_gone(ClientGone why) {

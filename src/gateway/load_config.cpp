@@ -8,8 +8,8 @@ namespace {
 
 // How an allow-list entry or a price key relates to the configured models.
 struct Match {
-  bool served = false;    // a configured (canonical) model name matches
-  std::string alias_of;   // else: the model whose alias it matches, if any
+  bool served = false;   // a configured (canonical) model name matches
+  std::string alias_of;  // else: the model whose alias it matches, if any
 };
 
 // `entry` is an exact name, or "prefix*" in an allow-list (`prefixes`).
@@ -68,8 +68,7 @@ void compute_warnings(LoadedConfig& out) {
   if (!out.config.default_pool) {
     if (const auto tenants = root["tenants"]; tenants && tenants.IsMap())
       for (const auto& kv : tenants)
-        if (kv.second.IsMap())
-          check_allow_list(out, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
+        if (kv.second.IsMap()) check_allow_list(out, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
     if (const auto auth = root["auth"]; auth && auth.IsMap())
       if (const auto keys = auth["api_keys"]; keys && keys.IsSequence())
         for (std::size_t i = 0; i < keys.size(); ++i)

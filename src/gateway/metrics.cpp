@@ -80,10 +80,8 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   };
   hist("weir_time_to_first_token_seconds",
        "Time from the request's arrival to the first SSE event with data sent to the client.", ttft_);
-  hist("weir_upstream_seconds", "Time from the request written upstream to the upstream response's end.",
-       upstream_);
-  hist("weir_request_duration_seconds", "Time from the request's arrival to the end of its response.",
-       duration_);
+  hist("weir_upstream_seconds", "Time from the request written upstream to the upstream response's end.", upstream_);
+  hist("weir_request_duration_seconds", "Time from the request's arrival to the end of its response.", duration_);
   w.header("weir_gateway_added_seconds", "histogram",
            "Time spent inside Weir per request, excluding waits on the upstream and the client "
            "(request parse to upstream write, first upstream bytes to their client write).");

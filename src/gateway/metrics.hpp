@@ -34,15 +34,17 @@ class MetricsShard {
     completion_tokens_[model] += completion;
   }
 
-  std::int64_t active_streams = 0;        // gauge
-  std::int64_t active_connections = 0;    // gauge (downstream)
-  std::uint64_t upstream_connects = 0;    // new upstream TCP connections
-  std::uint64_t upstream_retries = 0;     // stale-connection retries and failovers
+  std::int64_t active_streams = 0;      // gauge
+  std::int64_t active_connections = 0;  // gauge (downstream)
+  std::uint64_t upstream_connects = 0;  // new upstream TCP connections
+  std::uint64_t upstream_retries = 0;   // stale-connection retries and failovers
   // weir_upstream_failures_total{kind}: failures the upstream caused (not Weir's own cancels).
   void count_upstream_failure(http::UpstreamFailure f) {
     if (http::is_upstream_fault(f)) ++upstream_failures_[static_cast<std::size_t>(f)];
   }
-  std::uint64_t upstream_failures(http::UpstreamFailure f) const { return upstream_failures_[static_cast<std::size_t>(f)]; }
+  std::uint64_t upstream_failures(http::UpstreamFailure f) const {
+    return upstream_failures_[static_cast<std::size_t>(f)];
+  }
   std::uint64_t client_disconnects = 0;   // client left before the response ended
   std::uint64_t slow_client_cutoffs = 0;  // stream backlog or write timeout exceeded
   std::uint64_t bytes_in = 0;             // request bodies, bytes
@@ -56,7 +58,7 @@ class MetricsShard {
 
  private:
   static constexpr std::array<int, 20> kStatuses = {200, 400, 401, 403, 404, 405, 408, 413, 415, 422,
-                                                     429, 431, 499, 500, 501, 502, 503, 504, 0, 0};
+                                                    429, 431, 499, 500, 501, 502, 503, 504, 0,   0};
   static constexpr std::size_t kStatusSlots = 24;  // the list above, then other 1xx/2xx/3xx/4xx/5xx
   static std::size_t status_slot(int status);
   static int slot_status(std::size_t slot);  // representative status code for rendering

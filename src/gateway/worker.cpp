@@ -4,9 +4,9 @@
 
 #include <cerrno>
 
+#include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
-#include <fmt/format.h>
 
 #include "core/listen_probe.hpp"
 #include "core/time.hpp"
@@ -14,8 +14,8 @@
 
 namespace weir::gateway {
 
-using http::use_task;
 using boost::system::error_code;
+using http::use_task;
 
 Worker::Worker(Shared& shared, unsigned index)
     : shared_(shared),
@@ -59,8 +59,7 @@ void Worker::give_buffer(std::string& s) {
   s = std::string();  // moved-from: make its state explicit
 }
 
-std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, bool exclusive,
-                             std::string& error) {
+std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, bool exclusive, std::string& error) {
   error_code ec;
   auto ip = asio::ip::make_address(addr.host, ec);
   if (ec) {
@@ -149,8 +148,10 @@ void Worker::add_session(Session* s) {
 }
 
 void Worker::remove_session(Session* s) {
-  if (s->prev) s->prev->next = s->next;
-  else sessions_ = s->next;
+  if (s->prev)
+    s->prev->next = s->next;
+  else
+    sessions_ = s->next;
   if (s->next) s->next->prev = s->prev;
   s->prev = s->next = nullptr;
   --session_count_;

@@ -41,12 +41,12 @@ struct Shared {
   std::atomic<bool> draining{false};  // SIGTERM received
   // Identity and admission; null when the config has no auth/tenants section.
   std::shared_ptr<const auth::AuthPolicy> auth_policy;
-  auth::JwksCache* jwks = nullptr;              // owned by the server; null without auth.jwt
-  admission::Limiter* limiter = nullptr;        // owned by the server
+  auth::JwksCache* jwks = nullptr;                   // owned by the server; null without auth.jwt
+  admission::Limiter* limiter = nullptr;             // owned by the server
   admission::RedisLimiter* redis_limiter = nullptr;  // the same object when limits are shared through Redis
-  auth::RedisKeys* redis_keys = nullptr;        // owned by the server; null without auth.redis_keys
+  auth::RedisKeys* redis_keys = nullptr;             // owned by the server; null without auth.redis_keys
   admission::Pricing pricing;
-  std::uint64_t instance_id = 0;      // random per process, prefix of generated request ids
+  std::uint64_t instance_id = 0;  // random per process, prefix of generated request ids
 };
 
 class Worker {

@@ -184,7 +184,7 @@ void Downstream::on_gone() {
 
 void Downstream::queue_body(std::string_view bytes) {
   if (bytes.empty()) return;  // an empty chunk would end the body
-  if (chunked_) {  // one chunk (RFC 9112 §7.1)
+  if (chunked_) {             // one chunk (RFC 9112 §7.1)
     append_hex(out_, bytes.size());
     out_ += "\r\n";
     out_ += bytes;

@@ -121,8 +121,7 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         break;
       }
       error_code ec;
-      const std::size_t n =
-          sock.read_some(asio::buffer(scratch_.data() + carried, scratch_.size() - carried), ec);
+      const std::size_t n = sock.read_some(asio::buffer(scratch_.data() + carried, scratch_.size() - carried), ec);
       if (ec == asio::error::would_block || ec == asio::error::try_again) {
         drained_ = true;
         continue;
@@ -132,8 +131,10 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         ec = {};
         if (rp.got_some()) rp.put_eof(ec);
         if (!ec && !rp.is_done()) ec = bh::error::partial_message;
-        if (ec) r.failure = classify(*conn_, ec);
-        else r.end = true;
+        if (ec)
+          r.failure = classify(*conn_, ec);
+        else
+          r.end = true;
         break;
       }
       if (ec) {
@@ -169,7 +170,7 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
       }
       if (used == 0 && got == 0 && !pec) break;
     }
-    rp.get().body().data = nullptr;  // `into` is the caller's, not the parser's
+    rp.get().body().data = nullptr;                         // `into` is the caller's, not the parser's
     if (rp.is_done() && off < in.size()) trailing_ = true;  // bytes beyond the response
     if (from_raw) {
       raw.consume(off);

@@ -48,11 +48,11 @@ class Exchange final : public UpstreamExchange {
   std::optional<Parser> parser_;
   std::chrono::milliseconds idle_{0};
   std::size_t head_bytes_ = 0;
-  bool need_more_ = false;  // the carried bytes are an incomplete piece of framing: read more first
-  bool drained_ = false;    // the last recv emptied the socket: wait for readiness before the next
-  unsigned full_reads_ = 0; // recvs in a row that filled the buffer (a fast upstream)
-  bool shrink_ = false;     // shrink(): free the connection's read buffer once it is empty
-  bool trailing_ = false;   // the upstream sent bytes beyond the response: do not reuse the connection
+  bool need_more_ = false;   // the carried bytes are an incomplete piece of framing: read more first
+  bool drained_ = false;     // the last recv emptied the socket: wait for readiness before the next
+  unsigned full_reads_ = 0;  // recvs in a row that filled the buffer (a fast upstream)
+  bool shrink_ = false;      // shrink(): free the connection's read buffer once it is empty
+  bool trailing_ = false;    // the upstream sent bytes beyond the response: do not reuse the connection
 };
 
 }  // namespace weir::http

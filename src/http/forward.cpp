@@ -66,10 +66,14 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     switch (f.name()) {
       case bh::field::host:
       case bh::field::content_length:
-      case bh::field::expect: return true;
-      case bh::field::accept_encoding: return o.identity;
-      case bh::field::authorization: return o.strip_credentials;
-      default: return o.strip_credentials && iequals(f.name_string(), "x-api-key");
+      case bh::field::expect:
+        return true;
+      case bh::field::accept_encoding:
+        return o.identity;
+      case bh::field::authorization:
+        return o.strip_credentials;
+      default:
+        return o.strip_credentials && iequals(f.name_string(), "x-api-key");
     }
   });
   out += "\r\n";

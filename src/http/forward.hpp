@@ -16,12 +16,12 @@ using ResponseHead = boost::beast::http::response_header<>;
 
 // What the upstream request head carries besides the client's end-to-end fields.
 struct UpstreamHeadOptions {
-  std::string_view target;       // request target sent upstream (origin-form, e.g. "/v1/chat/completions")
-  std::string_view host_header;  // "host:port" of the endpoint
-  std::size_t body_bytes = 0;    // Content-Length of the body Weir sends (always sent for a POST)
-  std::string_view request_id;   // sent as x-request-id (the client's own is replaced)
-  std::string_view api_key;      // non-empty: "Authorization: Bearer <api_key>" (the pool's credential)
-  bool identity = false;         // ask for an uncompressed body (streams are parsed event by event)
+  std::string_view target;         // request target sent upstream (origin-form, e.g. "/v1/chat/completions")
+  std::string_view host_header;    // "host:port" of the endpoint
+  std::size_t body_bytes = 0;      // Content-Length of the body Weir sends (always sent for a POST)
+  std::string_view request_id;     // sent as x-request-id (the client's own is replaced)
+  std::string_view api_key;        // non-empty: "Authorization: Bearer <api_key>" (the pool's credential)
+  bool identity = false;           // ask for an uncompressed body (streams are parsed event by event)
   bool strip_credentials = false;  // drop the client's Authorization and x-api-key (they were for Weir)
 };
 

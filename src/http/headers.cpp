@@ -36,9 +36,9 @@ bool has_token(std::string_view list, std::string_view token) {
 }
 
 bool is_hop_by_hop(std::string_view name, std::string_view connection_value) {
-  static constexpr std::string_view fixed[] = {
-      "connection", "proxy-connection", "keep-alive", "te", "transfer-encoding",
-      "upgrade", "trailer", "proxy-authorization", "proxy-authenticate"};
+  static constexpr std::string_view fixed[] = {"connection", "proxy-connection",    "keep-alive",
+                                               "te",         "transfer-encoding",   "upgrade",
+                                               "trailer",    "proxy-authorization", "proxy-authenticate"};
   for (auto f : fixed)
     if (iequals(name, f)) return true;
   return !connection_value.empty() && has_token(connection_value, name);

@@ -8,8 +8,10 @@
 namespace weir::http {
 
 void append_connection_header(std::string& out, ConnectionMode c) {
-  if (!c.keep_alive) out += "Connection: close\r\n";
-  else if (c.http10) out += "Connection: keep-alive\r\n";
+  if (!c.keep_alive)
+    out += "Connection: close\r\n";
+  else if (c.http10)
+    out += "Connection: keep-alive\r\n";
 }
 
 void append_content_length(std::string& out, std::size_t n) {

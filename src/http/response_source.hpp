@@ -60,7 +60,7 @@ class UpstreamExchange : public ResponseSource {
  public:
   // One request to send.
   struct Request {
-    std::string_view head;                 // request line and fields (http/forward.hpp)
+    std::string_view head;  // request line and fields (http/forward.hpp)
     std::string_view body;
     bool head_request = false;             // a HEAD: the response has no body
     std::chrono::milliseconds first_byte;  // request sent → response head

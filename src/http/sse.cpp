@@ -194,9 +194,7 @@ std::optional<SseEvent> SseReader::fail() {
   return std::nullopt;
 }
 
-std::size_t SseReader::pending_bytes() const {
-  return (carry_emitted_ ? 0 : carry_.size()) + input_.size();
-}
+std::size_t SseReader::pending_bytes() const { return (carry_emitted_ ? 0 : carry_.size()) + input_.size(); }
 
 std::size_t SseReader::finish() {
   std::size_t discarded = pending_bytes();

@@ -97,11 +97,12 @@ class SseReader {
 
  private:
   std::size_t max_event_bytes_;
-  std::string carry_;        // bytes of an event split across pushes
-  std::string data_;         // scratch for multi-line data
-  std::string_view input_;   // the bytes of the current push not yet consumed
-  const char* cr_next_ = nullptr;  // first CR in input_ at or after the scan point (end if none); nullptr: not searched yet
-  bool skip_lf_ = false;     // the previous push ended in CR: a leading LF is part of that break
+  std::string carry_;       // bytes of an event split across pushes
+  std::string data_;        // scratch for multi-line data
+  std::string_view input_;  // the bytes of the current push not yet consumed
+  const char* cr_next_ =
+      nullptr;                 // first CR in input_ at or after the scan point (end if none); nullptr: not searched yet
+  bool skip_lf_ = false;       // the previous push ended in CR: a leading LF is part of that break
   bool at_line_start_ = true;  // the bytes held so far end with a line break (or there are none)
   bool carry_emitted_ = false;  // carry_ holds an event already returned: clear it on the next call
   bool bom_checked_ = false;

@@ -11,14 +11,22 @@ namespace weir::http {
 
 std::string_view to_string(UpstreamFailure f) {
   switch (f) {
-    case UpstreamFailure::none: return "none";
-    case UpstreamFailure::connect_refused: return "connect_refused";
-    case UpstreamFailure::connect_timeout: return "connect_timeout";
-    case UpstreamFailure::timeout: return "timeout";
-    case UpstreamFailure::reset: return "reset";
-    case UpstreamFailure::protocol: return "protocol";
-    case UpstreamFailure::cancelled: return "cancelled";
-    case UpstreamFailure::count_: break;
+    case UpstreamFailure::none:
+      return "none";
+    case UpstreamFailure::connect_refused:
+      return "connect_refused";
+    case UpstreamFailure::connect_timeout:
+      return "connect_timeout";
+    case UpstreamFailure::timeout:
+      return "timeout";
+    case UpstreamFailure::reset:
+      return "reset";
+    case UpstreamFailure::protocol:
+      return "protocol";
+    case UpstreamFailure::cancelled:
+      return "cancelled";
+    case UpstreamFailure::count_:
+      break;
   }
   return "unknown";
 }
@@ -90,8 +98,7 @@ std::size_t ConnectionPool::sweep(std::chrono::steady_clock::time_point now) {
 
 void ConnectionPool::clear() { idle_.clear(); }
 
-Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep,
-                              std::chrono::milliseconds timeout) {
+Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, std::chrono::milliseconds timeout) {
   c.watchdog().expires_after(timeout);
   auto [ec] = co_await c.socket().async_connect(ep, use_task);
   c.watchdog().disarm();
@@ -110,9 +117,9 @@ UpstreamFailure classify(const UpstreamConnection& c, const boost::system::error
   if (c.aborted_for() != UpstreamFailure::none) return c.aborted_for();
   if (!ec) return UpstreamFailure::none;
   namespace bh = boost::beast::http;
-  if (ec == bh::error::end_of_stream || ec == boost::asio::error::eof ||
-      ec == boost::asio::error::connection_reset || ec == boost::asio::error::broken_pipe ||
-      ec == bh::error::partial_message || ec == boost::asio::error::connection_aborted)
+  if (ec == bh::error::end_of_stream || ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset ||
+      ec == boost::asio::error::broken_pipe || ec == bh::error::partial_message ||
+      ec == boost::asio::error::connection_aborted)
     return UpstreamFailure::reset;
   if (ec.category() == bh::make_error_code(bh::error::bad_chunk).category()) return UpstreamFailure::protocol;
   return UpstreamFailure::reset;

@@ -11,20 +11,20 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/system/error_code.hpp>
 
-#include "http/io.hpp"
 #include "core/async.hpp"
+#include "http/io.hpp"
 
 namespace weir::http {
 
 // Why an upstream I/O step failed, for status mapping and metrics.
 enum class UpstreamFailure : std::uint8_t {
   none,
-  connect_refused,   // ECONNREFUSED / unreachable → 502, endpoint ejected for a while
-  connect_timeout,   // → 504
-  timeout,           // first byte or idle timeout while reading → 504
-  reset,             // connection reset / closed early → 502
-  protocol,          // unparsable response → 502
-  cancelled,         // Weir closed it (client left) — not the upstream's fault
+  connect_refused,  // ECONNREFUSED / unreachable → 502, endpoint ejected for a while
+  connect_timeout,  // → 504
+  timeout,          // first byte or idle timeout while reading → 504
+  reset,            // connection reset / closed early → 502
+  protocol,         // unparsable response → 502
+  cancelled,        // Weir closed it (client left) — not the upstream's fault
   count_,
 };
 
@@ -99,8 +99,7 @@ class ConnectionPool {
 
 // Opens a TCP connection to `ep` with TCP_NODELAY, failing after `timeout`.
 // Returns the failure kind (connect_refused, connect_timeout, cancelled).
-Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep,
-                              std::chrono::milliseconds timeout);
+Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, std::chrono::milliseconds timeout);
 
 // Maps a socket/Beast error seen while talking to the upstream to a failure kind,
 // taking into account why Weir itself may have aborted the connection.

@@ -4,8 +4,7 @@
 
 namespace weir::routing {
 
-WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs)
-    : cfg_(&cfg) {
+WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs) : cfg_(&cfg) {
   endpoints_.reserve(cfg.endpoints.size());
   for (std::size_t i = 0; i < cfg.endpoints.size(); ++i) {
     endpoints_.push_back(EndpointState{

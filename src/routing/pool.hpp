@@ -33,7 +33,7 @@ struct EndpointState {
   const core::EndpointConfig* cfg = nullptr;
   http::tcp::endpoint addr;
   http::ConnectionPool conns;
-  std::uint32_t in_flight = 0;  // requests of this worker currently on this endpoint
+  std::uint32_t in_flight = 0;                            // requests of this worker currently on this endpoint
   std::chrono::steady_clock::time_point ejected_until{};  // skipped by pick() until then
   std::uint32_t consecutive_failures = 0;
 };

@@ -14,10 +14,10 @@
 namespace weir::routing {
 
 struct Route {
-  std::uint32_t pool = 0;          // index into Config::pools
-  std::uint32_t model_index = 0;   // index into Config::models; kUnlistedModel for default-pool routes
-  std::string_view canonical;      // the configured model name (empty for unlisted models)
-  std::string_view upstream_model; // name to send upstream; empty = leave the body's model as is
+  std::uint32_t pool = 0;           // index into Config::pools
+  std::uint32_t model_index = 0;    // index into Config::models; kUnlistedModel for default-pool routes
+  std::string_view canonical;       // the configured model name (empty for unlisted models)
+  std::string_view upstream_model;  // name to send upstream; empty = leave the body's model as is
   // Completion tokens the admission estimate assumes when a request gives no max_tokens.
   std::uint32_t default_max_tokens = core::ModelConfig::kDefaultMaxTokens;
 };

@@ -4,8 +4,8 @@
 #include <csignal>
 #include <cstdio>
 
-#include <CLI/CLI.hpp>
 #include <fmt/format.h>
+#include <CLI/CLI.hpp>
 
 #include "gateway/load_config.hpp"
 #include "server/server.hpp"

@@ -4,11 +4,11 @@
 #include <random>
 #include <thread>
 
+#include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
-#include <fmt/format.h>
 
 #include "gateway/services.hpp"
 #include "gateway/worker.hpp"
@@ -82,30 +82,30 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   // its default action would kill the gateway.
   asio::signal_set signals(main_io, SIGINT, SIGTERM, SIGHUP);
   int signal_count = 0;
-  std::function<void(const boost::system::error_code&, int)> on_signal =
-      [&](const boost::system::error_code& ec, int sig) {
-        if (ec) return;
-        if (sig == SIGHUP) {
-          std::string why;
-          if (shared.log_sink->path().empty())
-            fmt::print(stderr, "weir: SIGHUP received, ignored (no configuration reload; no access log file)\n");
-          else if (shared.log_sink->reopen(why))
-            fmt::print(stderr, "weir: SIGHUP received, access log {} reopened\n", shared.log_sink->path());
-          else
-            fmt::print(stderr, "weir: SIGHUP received: {}; still writing to the old file\n", why);
-          signals.async_wait(on_signal);
-          return;
-        }
-        ++signal_count;
-        const auto deadline = signal_count == 1 ? std::chrono::steady_clock::now() + config->server.drain_timeout
-                                                : std::chrono::steady_clock::now();
-        fmt::print(stderr, "weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-                   signal_count == 1 ? "draining" : "closing now");
-        shared.draining = true;
-        services.begin_drain();
-        for (auto& w : workers) w->drain(deadline);
-        signals.async_wait(on_signal);
-      };
+  std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
+                                                                             int sig) {
+    if (ec) return;
+    if (sig == SIGHUP) {
+      std::string why;
+      if (shared.log_sink->path().empty())
+        fmt::print(stderr, "weir: SIGHUP received, ignored (no configuration reload; no access log file)\n");
+      else if (shared.log_sink->reopen(why))
+        fmt::print(stderr, "weir: SIGHUP received, access log {} reopened\n", shared.log_sink->path());
+      else
+        fmt::print(stderr, "weir: SIGHUP received: {}; still writing to the old file\n", why);
+      signals.async_wait(on_signal);
+      return;
+    }
+    ++signal_count;
+    const auto deadline = signal_count == 1 ? std::chrono::steady_clock::now() + config->server.drain_timeout
+                                            : std::chrono::steady_clock::now();
+    fmt::print(stderr, "weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+               signal_count == 1 ? "draining" : "closing now");
+    shared.draining = true;
+    services.begin_drain();
+    for (auto& w : workers) w->drain(deadline);
+    signals.async_wait(on_signal);
+  };
   signals.async_wait(on_signal);
 
   services.start();

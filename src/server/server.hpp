@@ -10,9 +10,9 @@
 namespace weir::server {
 
 struct RunOptions {
-  unsigned workers = 0;         // overrides the config when non-zero
-  std::string access_log;       // overrides server.access_log when non-empty
-  bool reuse_port = false;      // --reuse-port: share the listen address with other processes (or server.reuse_port)
+  unsigned workers = 0;     // overrides the config when non-zero
+  std::string access_log;   // overrides server.access_log when non-empty
+  bool reuse_port = false;  // --reuse-port: share the listen address with other processes (or server.reuse_port)
 };
 
 // Runs `loaded` (from gateway::load_config, the loader --check uses too:

@@ -4,6 +4,7 @@
 #include <deque>
 #include <set>
 
+#include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -11,7 +12,6 @@
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
-#include <fmt/format.h>
 
 namespace weir::store {
 
@@ -297,8 +297,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       // The results still unfilled keep their initial Errc::timeout.
       w->done = true;
       ++stats.timeouts;
-      if (state == State::connected)
-        drop_connection(fmt::format("no reply within {} ms", opt.command_timeout.count()));
+      if (state == State::connected) drop_connection(fmt::format("no reply within {} ms", opt.command_timeout.count()));
     }
     co_return std::move(w->results);
   }
@@ -350,8 +349,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   }
 };
 
-Client::Client(asio::io_context& ioc, ClientOptions options)
-    : impl_(std::make_shared<Impl>(ioc, std::move(options))) {}
+Client::Client(asio::io_context& ioc, ClientOptions options) : impl_(std::make_shared<Impl>(ioc, std::move(options))) {}
 
 Client::~Client() {
   if (impl_->running) impl_->stop();

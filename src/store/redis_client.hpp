@@ -27,13 +27,13 @@ using core::Task;
 struct ClientOptions {
   std::string host = "127.0.0.1";  // name or address; resolved on every connect
   std::uint16_t port = 6379;
-  int db = 0;                      // SELECT after connect when non-zero
-  std::string username;            // AUTH username password (Redis 6 ACL); empty = AUTH password
-  std::string password;            // empty = no AUTH
-  std::chrono::milliseconds connect_timeout{500};   // resolve + TCP connect + AUTH/SELECT
-  std::chrono::milliseconds command_timeout{250};   // queueing to reply, per exec() call
-  std::chrono::milliseconds reconnect_min{50};      // first delay after a failure; doubles
-  std::chrono::milliseconds reconnect_max{2000};    // cap of the doubling
+  int db = 0;                                      // SELECT after connect when non-zero
+  std::string username;                            // AUTH username password (Redis 6 ACL); empty = AUTH password
+  std::string password;                            // empty = no AUTH
+  std::chrono::milliseconds connect_timeout{500};  // resolve + TCP connect + AUTH/SELECT
+  std::chrono::milliseconds command_timeout{250};  // queueing to reply, per exec() call
+  std::chrono::milliseconds reconnect_min{50};     // first delay after a failure; doubles
+  std::chrono::milliseconds reconnect_max{2000};   // cap of the doubling
   // Connection state changes ("connected to ...", "connection lost: ...");
   // called on the control thread. Empty: silent.
   std::function<void(std::string_view)> log;
@@ -58,12 +58,12 @@ struct ClientOptions {
 class Client {
  public:
   struct Stats {
-    std::uint64_t connects = 0;       // connections established (AUTH/SELECT passed)
+    std::uint64_t connects = 0;  // connections established (AUTH/SELECT passed)
     std::uint64_t connect_failures = 0;
-    std::uint64_t disconnects = 0;    // established connections that were lost or closed
-    std::uint64_t commands = 0;       // commands queued
-    std::uint64_t timeouts = 0;       // exec() calls that timed out
-    std::uint64_t script_loads = 0;   // SCRIPT LOADs after NOSCRIPT
+    std::uint64_t disconnects = 0;   // established connections that were lost or closed
+    std::uint64_t commands = 0;      // commands queued
+    std::uint64_t timeouts = 0;      // exec() calls that timed out
+    std::uint64_t script_loads = 0;  // SCRIPT LOADs after NOSCRIPT
   };
 
   Client(asio::io_context& ioc, ClientOptions options);

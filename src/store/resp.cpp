@@ -9,12 +9,18 @@ namespace weir::store {
 
 std::string_view to_string(Errc e) noexcept {
   switch (e) {
-    case Errc::not_connected: return "not connected";
-    case Errc::timeout: return "timeout";
-    case Errc::connection_lost: return "connection lost";
-    case Errc::server: return "server error";
-    case Errc::protocol: return "protocol error";
-    case Errc::stopped: return "stopped";
+    case Errc::not_connected:
+      return "not connected";
+    case Errc::timeout:
+      return "timeout";
+    case Errc::connection_lost:
+      return "connection lost";
+    case Errc::server:
+      return "server error";
+    case Errc::protocol:
+      return "protocol error";
+    case Errc::stopped:
+      return "stopped";
   }
   return "unknown";
 }
@@ -130,9 +136,7 @@ ReplyParser::~ReplyParser() {
   if (impl_->reader) redisReaderFree(impl_->reader);
 }
 
-bool ReplyParser::feed(const char* data, std::size_t n) {
-  return redisReaderFeed(impl_->reader, data, n) == REDIS_OK;
-}
+bool ReplyParser::feed(const char* data, std::size_t n) { return redisReaderFeed(impl_->reader, data, n) == REDIS_OK; }
 
 bool ReplyParser::next(Result<Reply>& out, bool* bad) {
   void* raw = nullptr;

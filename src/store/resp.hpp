@@ -4,11 +4,11 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include <tl/expected.hpp>
@@ -39,9 +39,9 @@ struct Error {
 struct Reply {
   enum class Type : std::uint8_t { string, array, integer, nil, status };
   Type type = Type::nil;
-  std::int64_t integer = 0;    // Type::integer
-  std::string str;             // Type::string, Type::status
-  std::vector<Reply> elements; // Type::array
+  std::int64_t integer = 0;     // Type::integer
+  std::string str;              // Type::string, Type::status
+  std::vector<Reply> elements;  // Type::array
 
   bool is_nil() const noexcept { return type == Type::nil; }
   // The integer, or a string reply holding a base-10 integer; `fallback` otherwise.
@@ -71,8 +71,8 @@ class Command {
   // initializer_list: GCC 12 rejects initializer_list temporaries that live
   // across a co_await.)
   template <class... Args>
-    requires(sizeof...(Args) > 0 && (std::is_convertible_v<const Args&, std::string_view> && ...))
-  Command(const Args&... args) {  // NOLINT(google-explicit-constructor)
+  requires(sizeof...(Args) > 0 && (std::is_convertible_v<const Args&, std::string_view> && ...))
+      Command(const Args&... args) {  // NOLINT(google-explicit-constructor)
     const std::string_view a[] = {std::string_view(args)...};
     format(a);
   }

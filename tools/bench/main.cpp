@@ -10,11 +10,11 @@
 #include <sstream>
 #include <thread>
 
+#include <fmt/format.h>
 #include <CLI/CLI.hpp>
 #include <boost/asio.hpp>
 #include <boost/json.hpp>
 #include <boost/url/parse.hpp>
-#include <fmt/format.h>
 
 #include "bench/lib/payload.hpp"
 #include "bench/lib/stats.hpp"
@@ -60,8 +60,7 @@ int main(int argc, char** argv) {
   std::string url;
   double rate = 0;
   std::uint32_t concurrency = 0;
-  std::string duration_s = "10s", warmup_s = "0s", timeout_s = "60s", stall_s = "1s",
-              max_lag_s = "5ms";
+  std::string duration_s = "10s", warmup_s = "0s", timeout_s = "60s", stall_s = "1s", max_lag_s = "5ms";
   bool poisson = false, stream = false, no_stream = false, quiet = false;
   std::uint32_t threads = 1;
   std::uint64_t connections = 0;
@@ -168,8 +167,7 @@ int main(int argc, char** argv) {
                connections, nofile);
   }
   if (!open_loop && concurrency > fd_room) {
-    fmt::print(stderr, "weir-bench: warning: --concurrency {} exceeds the fd limit {}\n",
-               concurrency, nofile);
+    fmt::print(stderr, "weir-bench: warning: --concurrency {} exceeds the fd limit {}\n", concurrency, nofile);
   }
   threads = std::min<std::uint32_t>(threads, open_loop ? threads : concurrency);
 
@@ -226,10 +224,9 @@ int main(int argc, char** argv) {
     last_completed = completed;
     last_t = t;
     const char* phase = t < plan.measure_start_ns ? "warm-up" : (t < plan.end_ns ? "run" : "drain");
-    fmt::print(stderr,
-               "\r[{:>6.1f}s {}] sent {} done {} ({:.0f}/s) ok {} err {} in-flight {} conns {} tokens {}   ",
-               static_cast<double>(t - t0) / 1e9, phase, sent, completed, rps, ok, completed - ok,
-               inflight, conns, tokens);
+    fmt::print(stderr, "\r[{:>6.1f}s {}] sent {} done {} ({:.0f}/s) ok {} err {} in-flight {} conns {} tokens {}   ",
+               static_cast<double>(t - t0) / 1e9, phase, sent, completed, rps, ok, completed - ok, inflight, conns,
+               tokens);
   }
   for (auto& t : pool) t.join();
   if (tty) fmt::print(stderr, "\n");
@@ -259,8 +256,9 @@ int main(int argc, char** argv) {
 
   if (!quiet) std::fputs(to_text(run, total, verdict).c_str(), stdout);
   if (verdict.generator_saturated) {
-    fmt::print(stderr, "weir-bench: WARNING: generator saturated; these numbers include the load "
-                       "generator's limits, not only the target's:\n");
+    fmt::print(stderr,
+               "weir-bench: WARNING: generator saturated; these numbers include the load "
+               "generator's limits, not only the target's:\n");
     for (const auto& r : verdict.reasons) fmt::print(stderr, "  - {}\n", r);
   }
   if (!json_out.empty()) {

@@ -15,11 +15,11 @@ struct MockConfig {
   int threads = 1;                        // --threads: workers, each with its own SO_REUSEPORT acceptor
   bool reuse_port = false;                // --reuse-port: start even if another process listens on the address
 
-  int ttft_ms = 90;          // --ttft-ms: request read -> first token, ms
-  int itl_ms = 14;           // --itl-ms: between tokens, ms
-  int max_tokens = 128;      // --max-tokens: natural generation length, tokens
-  int embedding_dim = 16;    // --embedding-dim: default embedding size, floats
-  int max_model_len = 32768; // --max-model-len: reported in /v1/models, tokens
+  int ttft_ms = 90;           // --ttft-ms: request read -> first token, ms
+  int itl_ms = 14;            // --itl-ms: between tokens, ms
+  int max_tokens = 128;       // --max-tokens: natural generation length, tokens
+  int embedding_dim = 16;     // --embedding-dim: default embedding size, floats
+  int max_model_len = 32768;  // --max-model-len: reported in /v1/models, tokens
 
   // --model (repeatable). models.front() is the name vLLM reports back (its
   // first --served-model-name) and the `model_name` metrics label.
@@ -33,7 +33,7 @@ struct MockConfig {
   int stall_ms = 0;         // --stall-ms: stall length, ms
   int reset_after = -1;     // --reset-after: tokens sent before an RST; -1 = never
 
-  int tick_us = 1000;       // --tick-us: least time between two scheduler passes, µs
+  int tick_us = 1000;    // --tick-us: least time between two scheduler passes, µs
   int keep_alive_s = 5;  // --keep-alive-s: idle keep-alive timeout (uvicorn/vLLM default 5 s)
 };
 

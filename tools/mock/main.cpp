@@ -59,8 +59,12 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:8000";
   std::vector<std::string> models;
   app.add_option("--listen", listen, "HOST:PORT to listen on (PORT 0: any free port)")->capture_default_str();
-  app.add_option("--ttft-ms", cfg.ttft_ms, "Time to first token, ms")->capture_default_str()->check(CLI::Range(0, 3600000));
-  app.add_option("--itl-ms", cfg.itl_ms, "Inter-token latency, ms")->capture_default_str()->check(CLI::Range(0, 3600000));
+  app.add_option("--ttft-ms", cfg.ttft_ms, "Time to first token, ms")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600000));
+  app.add_option("--itl-ms", cfg.itl_ms, "Inter-token latency, ms")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3600000));
   app.add_option("--max-tokens", cfg.max_tokens, "Natural generation length; a smaller request max_tokens wins")
       ->capture_default_str()
       ->check(CLI::Range(1, 1 << 20));
@@ -117,8 +121,8 @@ int main(int argc, char** argv) {
   try {
     boost::asio::io_context resolve_ctx;
     boost::asio::ip::tcp::resolver resolver(resolve_ctx);
-    const auto results = resolver.resolve(cfg.listen_host, std::to_string(cfg.listen_port),
-                                          boost::asio::ip::tcp::resolver::passive);
+    const auto results =
+        resolver.resolve(cfg.listen_host, std::to_string(cfg.listen_port), boost::asio::ip::tcp::resolver::passive);
     ep = results.begin()->endpoint();
     for (const auto& r : results)  // "localhost": prefer 127.0.0.1, what clients usually dial
       if (r.endpoint().address().is_v4()) {
@@ -145,8 +149,8 @@ int main(int argc, char** argv) {
   std::string names;
   for (const auto& m : cfg.models) names += (names.empty() ? "" : ",") + m;
   std::printf("weir-mock listening on %s:%u (threads=%d ttft=%dms itl=%dms max_tokens=%d models=%s%s)\n",
-              ep.address().to_string().c_str(), static_cast<unsigned>(ep.port()), cfg.threads, cfg.ttft_ms,
-              cfg.itl_ms, cfg.max_tokens, names.c_str(), cfg.any_model ? " any-model" : "");
+              ep.address().to_string().c_str(), static_cast<unsigned>(ep.port()), cfg.threads, cfg.ttft_ms, cfg.itl_ms,
+              cfg.max_tokens, names.c_str(), cfg.any_model ? " any-model" : "");
   std::fflush(stdout);
 
   std::vector<std::thread> threads;

@@ -6,7 +6,6 @@
 
 #include <fmt/format.h>
 
-
 namespace weir::mock {
 namespace {
 
@@ -33,8 +32,10 @@ struct Writer {
     fmt::format_to(std::back_inserter(out), "# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
   }
   void sample(std::string_view name, double v, std::string_view extra = {}) {
-    if (extra.empty()) fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, labels, go_float(v));
-    else fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, extra, go_float(v));
+    if (extra.empty())
+      fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, labels, go_float(v));
+    else
+      fmt::format_to(std::back_inserter(out), "{}{{{}}} {}\n", name, extra, go_float(v));
   }
   void histogram(std::string_view name, std::string_view help, const std::vector<MetricsShard*>& shards,
                  Histogram MetricsShard::*member) {
@@ -128,8 +129,8 @@ std::string render_metrics(const std::vector<MetricsShard*>& shards, const MockC
   w.sample("weir_mock_injected_resets_total", sum(&MetricsShard::injected_resets));
   w.head("weir_mock_connections_total", "Accepted TCP connections.", "counter");
   w.sample("weir_mock_connections_total", sum(&MetricsShard::connections));
-  w.histogram("weir_mock_token_lag_seconds", "How late each token (or non-streaming response) left versus its due time.",
-              shards, &MetricsShard::lag);
+  w.histogram("weir_mock_token_lag_seconds",
+              "How late each token (or non-streaming response) left versus its due time.", shards, &MetricsShard::lag);
   return std::move(w.out);
 }
 

@@ -55,9 +55,9 @@ struct MetricsShard {
   std::atomic<std::uint64_t> injected_errors{0};        // x-mock-status / --error-rate answers
   std::atomic<std::uint64_t> injected_resets{0};        // x-mock-reset-after / --reset-after RSTs
   std::atomic<std::uint64_t> connections{0};            // accepted connections
-  Histogram ttft;  // vllm:time_to_first_token_seconds
-  Histogram e2e;   // vllm:e2e_request_latency_seconds
-  Histogram lag;   // weir_mock_token_lag_seconds: token sent minus token due
+  Histogram ttft;                                       // vllm:time_to_first_token_seconds
+  Histogram e2e;                                        // vllm:e2e_request_latency_seconds
+  Histogram lag;                                        // weir_mock_token_lag_seconds: token sent minus token due
 };
 
 // KV-cache capacity the mock pretends to have, tokens (vllm:kv_cache_usage_perc).

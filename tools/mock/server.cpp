@@ -8,10 +8,10 @@
 #include <string>
 #include <string_view>
 
+#include <fmt/format.h>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
-#include <fmt/format.h>
 
 #include "wire.hpp"
 
@@ -24,14 +24,14 @@ using namespace std::chrono_literals;
 
 namespace {
 
-constexpr std::size_t kHeaderLimit = 64 * 1024;        // bytes of request head
-constexpr std::uint64_t kBodyLimit = 64ull << 20;      // bytes of request body (64 MiB)
-constexpr std::size_t kReadBufferMax = 1 << 20;        // bytes buffered ahead (pipelining)
-constexpr auto kRequestTimeout = 30s;                  // first byte -> whole request read
-constexpr auto kWriteTimeout = 60s;                    // a response must drain within this
-constexpr auto kDrainTimeout = 2s;                     // lingering close after "connection: close"
-constexpr auto kTickSlack = 200us;                     // entries due this soon go out in the current tick
-constexpr std::string_view kVllmVersion = "0.10.1";    // the vLLM release whose wire format we follow
+constexpr std::size_t kHeaderLimit = 64 * 1024;      // bytes of request head
+constexpr std::uint64_t kBodyLimit = 64ull << 20;    // bytes of request body (64 MiB)
+constexpr std::size_t kReadBufferMax = 1 << 20;      // bytes buffered ahead (pipelining)
+constexpr auto kRequestTimeout = 30s;                // first byte -> whole request read
+constexpr auto kWriteTimeout = 60s;                  // a response must drain within this
+constexpr auto kDrainTimeout = 2s;                   // lingering close after "connection: close"
+constexpr auto kTickSlack = 200us;                   // entries due this soon go out in the current tick
+constexpr std::string_view kVllmVersion = "0.10.1";  // the vLLM release whose wire format we follow
 
 // Per-request fault settings: flags, overridden by x-mock-* headers.
 struct Faults {
@@ -106,8 +106,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void start_generation(Endpoint ep);
   std::optional<std::string> read_faults(const Request& req);
   std::string echo_headers(const Request& req);
-  void queue_head(int status, std::string_view content_type, std::size_t length, std::string_view extra,
-                  bool gzip, bool chunked);
+  void queue_head(int status, std::string_view content_type, std::size_t length, std::string_view extra, bool gzip,
+                  bool chunked);
   void respond(int status, std::string_view content_type, std::string body, std::string_view extra = {},
                bool gzip = false);
   void respond_error(int status, std::string_view message, std::string_view type = {});
@@ -129,8 +129,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool read_pending_ = false;  // a read (watch or request) is outstanding
   bool writing_ = false;       // an async_write is outstanding
   bool keep_alive_ = true;
-  bool head_ = false;          // HEAD request: headers only
-  bool close_after_ = false;   // close once the queued bytes are written
+  bool head_ = false;         // HEAD request: headers only
+  bool close_after_ = false;  // close once the queued bytes are written
   Clock::time_point deadline_ = Clock::time_point::max();
   std::string out_;      // bytes queued behind the write in flight
   std::string wbuf_;     // bytes of the write in flight
@@ -139,13 +139,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   // The request being served.
   Plan plan_;
   Faults faults_;
-  std::string echo_;                // x-mock-* echo header lines, or empty
-  Clock::time_point t_start_;       // request fully read
-  std::uint64_t gen_ = 0;           // generation number; older scheduler entries are stale
-  int step_ = 0;                    // next streaming step (token position)
-  bool streaming_ = false;          // this generation answers with SSE
-  bool last_queued_ = false;        // the generation's final bytes are queued
-  std::int64_t kv_held_ = 0;        // tokens this generation adds to kv_tokens
+  std::string echo_;           // x-mock-* echo header lines, or empty
+  Clock::time_point t_start_;  // request fully read
+  std::uint64_t gen_ = 0;      // generation number; older scheduler entries are stale
+  int step_ = 0;               // next streaming step (token position)
+  bool streaming_ = false;     // this generation answers with SSE
+  bool last_queued_ = false;   // the generation's final bytes are queued
+  std::int64_t kv_held_ = 0;   // tokens this generation adds to kv_tokens
 };
 
 // ---------------------------------------------------------------------------
@@ -177,11 +177,16 @@ void Connection::on_watch(error_code ec, std::size_t n) {
   }
   rbuf_.commit(n);
   switch (phase_) {
-    case Phase::idle: return read_request();
-    case Phase::draining: rbuf_.consume(rbuf_.size()); return start_watch();
+    case Phase::idle:
+      return read_request();
+    case Phase::draining:
+      rbuf_.consume(rbuf_.size());
+      return start_watch();
     case Phase::generating:
-    case Phase::responding: return start_watch();  // pipelined bytes wait in rbuf_
-    default: return;
+    case Phase::responding:
+      return start_watch();  // pipelined bytes wait in rbuf_
+    default:
+      return;
   }
 }
 
@@ -221,13 +226,14 @@ void Connection::on_request(error_code ec) {
 void Connection::on_read_error(error_code ec) {
   keep_alive_ = false;
   if (ec == http::error::body_limit)
-    return respond_fatal(413, "application/json",
-                         error_body(413, fmt::format("Request body exceeds weir-mock's limit of {} bytes", kBodyLimit)));
+    return respond_fatal(
+        413, "application/json",
+        error_body(413, fmt::format("Request body exceeds weir-mock's limit of {} bytes", kBodyLimit)));
   if (ec == http::error::header_limit)
     return respond_fatal(431, "text/plain; charset=utf-8", "Request Header Fields Too Large");
   // Bad bytes: answer as uvicorn does. A clean or abrupt close: just close.
-  if (ec.category() == http::make_error_code(http::error::bad_method).category() &&
-      ec != http::error::end_of_stream && ec != http::error::partial_message)
+  if (ec.category() == http::make_error_code(http::error::bad_method).category() && ec != http::error::end_of_stream &&
+      ec != http::error::partial_message)
     return respond_fatal(400, "text/plain; charset=utf-8", "Invalid HTTP request received.");
   close();
 }

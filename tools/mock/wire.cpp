@@ -8,9 +8,8 @@
 #include <iterator>
 #include <limits>
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
-
+#include <boost/json.hpp>
 
 namespace weir::mock {
 namespace json = boost::json;
@@ -19,14 +18,13 @@ namespace {
 
 // Token vocabulary: one word per token, each with its leading space.
 constexpr std::array<std::string_view, 64> kWords = {
-    " the",    " river",  " stone",  " light",  " over",   " quiet",  " north",  " glass",
-    " seven",  " paper",  " under",  " bright", " market", " ocean",  " signal", " garden",
-    " copper", " window", " across", " silver", " engine", " winter", " forest", " thread",
-    " simple", " harbor", " cloud",  " number", " people", " moving", " little", " open",
-    " field",  " table",  " orange", " before", " after",  " steady", " swift",  " token",
-    " bridge", " valley", " summer", " letter", " circle", " yellow", " mirror", " island",
-    " follow", " gentle", " morning"," station"," rapid",  " canyon", " pencil", " wonder",
-    " marble", " planet", " basket", " echo",   " meadow", " lantern"," velvet", " anchor",
+    " the",     " river",   " stone",  " light",  " over",   " quiet",  " north",  " glass",  " seven",  " paper",
+    " under",   " bright",  " market", " ocean",  " signal", " garden", " copper", " window", " across", " silver",
+    " engine",  " winter",  " forest", " thread", " simple", " harbor", " cloud",  " number", " people", " moving",
+    " little",  " open",    " field",  " table",  " orange", " before", " after",  " steady", " swift",  " token",
+    " bridge",  " valley",  " summer", " letter", " circle", " yellow", " mirror", " island", " follow", " gentle",
+    " morning", " station", " rapid",  " canyon", " pencil", " wonder", " marble", " planet", " basket", " echo",
+    " meadow",  " lantern", " velvet", " anchor",
 };
 
 // Python's bool("") style truthiness is not needed; these are pydantic-like
@@ -146,7 +144,8 @@ OptErr read_prompts(const json::value& v, std::string_view field, Plan& plan) {
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (!a[i].is_array() || !all_ints(a[i].get_array()))
       return validation("list_type", fmt::format("{}, {}", loc, i), "Input should be a valid list of integers");
-    if (a[i].get_array().empty()) return ApiError{400, fmt::format("{} cannot be empty", field == "prompt" ? "Prompt" : "Input")};
+    if (a[i].get_array().empty())
+      return ApiError{400, fmt::format("{} cannot be empty", field == "prompt" ? "Prompt" : "Input")};
     plan.prompt_hash.push_back(mix64(fnv1a(json::serialize(a[i]), fnv1a("t"))));
     plan.prompt_tokens.push_back(static_cast<std::uint32_t>(a[i].get_array().size()));
   }
@@ -208,13 +207,17 @@ OptErr read_stream_options(const json::object& o, bool stream, Plan& plan) {
     return validation("value_error", "", "Value error, Stream options can only be defined when `stream=True`.");
   bool include = true;
   if (const json::value* iu = so.if_contains("include_usage")) {
-    if (iu->is_null()) include = false;
-    else if (iu->is_bool()) include = iu->get_bool();
-    else return validation("bool_type", "'stream_options', 'include_usage'", "Input should be a valid boolean");
+    if (iu->is_null())
+      include = false;
+    else if (iu->is_bool())
+      include = iu->get_bool();
+    else
+      return validation("bool_type", "'stream_options', 'include_usage'", "Input should be a valid boolean");
   }
   bool continuous = false;
   if (const json::value* cu = so.if_contains("continuous_usage_stats")) {
-    if (cu->is_bool()) continuous = cu->get_bool();
+    if (cu->is_bool())
+      continuous = cu->get_bool();
     else if (!cu->is_null())
       return validation("bool_type", "'stream_options', 'continuous_usage_stats'", "Input should be a valid boolean");
   }
@@ -291,13 +294,27 @@ void append_json_escaped(std::string& out, std::string_view s) {
   for (char ch : s) {
     const auto c = static_cast<unsigned char>(ch);
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      case '\b': out += "\\b"; break;
-      case '\f': out += "\\f"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
       default:
         if (c < 0x20) {
           out += "\\u00";
@@ -320,7 +337,8 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
   const json::value doc = json::parse(body, ec, &mr);
   if (ec) return validation("json_invalid", "0", "JSON decode error");
   if (!doc.is_object())
-    return validation("model_attributes_type", "", "Input should be a valid dictionary or object to extract fields from");
+    return validation("model_attributes_type", "",
+                      "Input should be a valid dictionary or object to extract fields from");
   const auto& o = doc.get_object();
 
   std::optional<std::string_view> model;
@@ -406,18 +424,25 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
 
   // vLLM's id: prefix + X-Request-Id header, else the body's request_id, else a random uuid4 hex.
   std::string id = ep == Endpoint::chat ? "chatcmpl-" : ep == Endpoint::completion ? "cmpl-" : "embd-";
-  if (!request_id.empty()) append_json_escaped(id, request_id);
-  else if (body_request_id && ep != Endpoint::embedding) append_json_escaped(id, *body_request_id);
-  else id += random_hex32(rng);
+  if (!request_id.empty())
+    append_json_escaped(id, request_id);
+  else if (body_request_id && ep != Endpoint::embedding)
+    append_json_escaped(id, *body_request_id);
+  else
+    id += random_hex32(rng);
 
   std::string tail = fmt::format(",\"created\":{},\"model\":\"", static_cast<std::int64_t>(std::time(nullptr)));
   append_json_escaped(tail, response_model);
   tail += '"';
-  const std::string_view object = ep == Endpoint::chat ? "chat.completion" : ep == Endpoint::completion ? "text_completion" : "list";
+  const std::string_view object = ep == Endpoint::chat         ? "chat.completion"
+                                  : ep == Endpoint::completion ? "text_completion"
+                                                               : "list";
   const std::string_view chunk_object = ep == Endpoint::chat ? "chat.completion.chunk" : "text_completion";
   plan.body_head = fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{}", id, object, tail);
-  plan.chunk_prefix = fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{},\"choices\":[{{\"index\":", id, chunk_object, tail);
-  plan.usage_prefix = fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{},\"choices\":[],\"usage\":", id, chunk_object, tail);
+  plan.chunk_prefix =
+      fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{},\"choices\":[{{\"index\":", id, chunk_object, tail);
+  plan.usage_prefix =
+      fmt::format("{{\"id\":\"{}\",\"object\":\"{}\"{},\"choices\":[],\"usage\":", id, chunk_object, tail);
   return std::nullopt;
 }
 
@@ -492,8 +517,10 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
         s += "\",\"logprobs\":null,\"finish_reason\":";
         s += last ? finish_reason_json(p) : std::string_view("null");
         s += ",\"stop_reason\":null}],\"usage\":";
-        if (p.continuous_usage) append_usage(s, p.prompt_tokens[pi], done, true);
-        else s += "null";
+        if (p.continuous_usage)
+          append_usage(s, p.prompt_tokens[pi], done, true);
+        else
+          s += "null";
         s += '}';
         append_sse_chunk(out, s);
       }
@@ -553,12 +580,14 @@ void append_full_body(const Plan& p, std::string& out) {
       }
       for (int t = 0; t < p.tokens; ++t) out += token_text(p.prompt_hash[pi], i, t);
       if (p.endpoint == Endpoint::chat)
-        out += "\",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
-               "\"tool_calls\":[],\"reasoning_content\":null},\"logprobs\":null,\"finish_reason\":";
+        out +=
+            "\",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
+            "\"tool_calls\":[],\"reasoning_content\":null},\"logprobs\":null,\"finish_reason\":";
       else
         out += "\",\"logprobs\":null,\"finish_reason\":";
       out += finish_reason_json(p);
-      out += p.endpoint == Endpoint::chat ? ",\"stop_reason\":null}" : ",\"stop_reason\":null,\"prompt_logprobs\":null}";
+      out +=
+          p.endpoint == Endpoint::chat ? ",\"stop_reason\":null}" : ",\"stop_reason\":null,\"prompt_logprobs\":null}";
     }
   }
   out += "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":";
@@ -569,26 +598,46 @@ void append_full_body(const Plan& p, std::string& out) {
 
 std::string_view reason_phrase(int status) {
   switch (status) {
-    case 200: return "OK";
-    case 400: return "Bad Request";
-    case 401: return "Unauthorized";
-    case 403: return "Forbidden";
-    case 404: return "Not Found";
-    case 405: return "Method Not Allowed";
-    case 408: return "Request Timeout";
-    case 409: return "Conflict";
-    case 413: return "Request Entity Too Large";
-    case 415: return "Unsupported Media Type";
-    case 422: return "Unprocessable Entity";
-    case 429: return "Too Many Requests";
-    case 431: return "Request Header Fields Too Large";
-    case 499: return "Client Closed Request";
-    case 500: return "Internal Server Error";
-    case 501: return "Not Implemented";
-    case 502: return "Bad Gateway";
-    case 503: return "Service Unavailable";
-    case 504: return "Gateway Timeout";
-    default: return status < 500 ? "Client Error" : "Server Error";
+    case 200:
+      return "OK";
+    case 400:
+      return "Bad Request";
+    case 401:
+      return "Unauthorized";
+    case 403:
+      return "Forbidden";
+    case 404:
+      return "Not Found";
+    case 405:
+      return "Method Not Allowed";
+    case 408:
+      return "Request Timeout";
+    case 409:
+      return "Conflict";
+    case 413:
+      return "Request Entity Too Large";
+    case 415:
+      return "Unsupported Media Type";
+    case 422:
+      return "Unprocessable Entity";
+    case 429:
+      return "Too Many Requests";
+    case 431:
+      return "Request Header Fields Too Large";
+    case 499:
+      return "Client Closed Request";
+    case 500:
+      return "Internal Server Error";
+    case 501:
+      return "Not Implemented";
+    case 502:
+      return "Bad Gateway";
+    case 503:
+      return "Service Unavailable";
+    case 504:
+      return "Gateway Timeout";
+    default:
+      return status < 500 ? "Client Error" : "Server Error";
   }
 }
 
@@ -604,8 +653,10 @@ std::string error_body(int status, std::string_view message, std::string_view ty
   std::string out = "{\"error\":{\"message\":\"";
   append_json_escaped(out, message);
   out += "\",\"type\":\"";
-  if (type.empty()) append_json_escaped(out, error_type(status));
-  else append_json_escaped(out, type);
+  if (type.empty())
+    append_json_escaped(out, error_type(status));
+  else
+    append_json_escaped(out, type);
   out += "\",\"param\":null,\"code\":";
   append_int(out, static_cast<std::uint64_t>(status));
   out += "}}";

@@ -37,15 +37,15 @@ struct ApiError {
 struct Plan {
   Endpoint endpoint = Endpoint::chat;
   bool stream = false;
-  int n = 1;                  // choices per prompt
-  int tokens = 1;             // tokens generated per choice, >= 1
-  bool cut_by_length = false; // finish_reason "length" (the request's limit cut it) else "stop"
-  bool include_usage = false;     // final usage chunk (stream_options.include_usage)
-  bool continuous_usage = false;  // usage on every chunk (stream_options.continuous_usage_stats)
+  int n = 1;                                 // choices per prompt
+  int tokens = 1;                            // tokens generated per choice, >= 1
+  bool cut_by_length = false;                // finish_reason "length" (the request's limit cut it) else "stop"
+  bool include_usage = false;                // final usage chunk (stream_options.include_usage)
+  bool continuous_usage = false;             // usage on every chunk (stream_options.continuous_usage_stats)
   std::vector<std::uint64_t> prompt_hash;    // per prompt (chat: exactly one)
   std::vector<std::uint32_t> prompt_tokens;  // per prompt, tokens
   std::uint64_t total_prompt_tokens = 0;
-  std::string model;      // model name as received or resolved (raw, for x-mock-model)
+  std::string model;         // model name as received or resolved (raw, for x-mock-model)
   std::string chunk_prefix;  // `{"id":...,"choices":[{"index":` shared by every chunk
   std::string usage_prefix;  // `{"id":...,"choices":[],"usage":` for the final usage chunk
   std::string body_head;     // `{"id":...,"object":...,"created":...,"model":"..."` of the full body

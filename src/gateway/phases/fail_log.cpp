@@ -122,14 +122,19 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   core::append_json_string(out, ctx.path);
   out += R"(,"model":)";
   // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
-  if (ctx.model.empty()) out += "null";
-  else core::append_json_string(out, core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
+  if (ctx.model.empty())
+    out += "null";
+  else
+    core::append_json_string(out, core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
   const auto& cfg = w_.config();
   out += R"(,"pool":)";
-  if (ctx.pool < 0) out += "null";
-  else core::append_json_string(out, cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
+  if (ctx.pool < 0)
+    out += "null";
+  else
+    core::append_json_string(out, cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
   out += R"(,"endpoint":)";
-  if (ctx.pool < 0 || ctx.endpoint < 0) out += "null";
+  if (ctx.pool < 0 || ctx.endpoint < 0)
+    out += "null";
   else
     core::append_json_string(
         out, cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
@@ -137,8 +142,10 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += R"(,"tenant":)";
     core::append_json_string(out, ctx.principal->tenant_name());
     out += R"(,"key_id":)";
-    if (ctx.principal->key_id().empty()) out += "null";
-    else core::append_json_string(out, core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
+    if (ctx.principal->key_id().empty())
+      out += "null";
+    else
+      core::append_json_string(out, core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
     fmt::format_to(std::back_inserter(out), R"(,"spend_usd":{:.9f})", static_cast<double>(ctx.spend_nano_usd) / 1e9);
   }
   fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx.status, ctx.stream);

@@ -6,10 +6,10 @@
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
-#include "api/openai/stream.hpp"
-#include "core/text.hpp"
-#include "core/json_text.hpp"
 #include "api/json_scan.hpp"
+#include "api/openai/stream.hpp"
+#include "core/json_text.hpp"
+#include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -83,10 +83,12 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   // buffered body (decoded for a client that did not accept the encoding).
   const auto ce = head[bh::field::content_encoding];
   const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
-  const bool stream = ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) &&
-                      !exchange_.done() && !encoded;
-  if (stream) o = co_await respond_stream(ctx);
-  else o = co_await respond_buffered(ctx);
+  const bool stream =
+      ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !exchange_.done() && !encoded;
+  if (stream)
+    o = co_await respond_stream(ctx);
+  else
+    o = co_await respond_buffered(ctx);
   auto& pool = w_.pool(ctx.target.pool);
   const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
   pool.on_finish(ep);
@@ -142,19 +144,18 @@ core::Task<Outcome> GatewayPhases::start_upstream(RequestContext& ctx) {
     const auto t0 = core::now();
     if (ctx.head.capacity() <= sizeof(std::string)) ctx.head = w_.take_buffer();  // a stream gave it back
     ctx.head.clear();
-    http::append_upstream_request_head(
-        ctx.head, req,
-        http::UpstreamHeadOptions{
-            .target = req.target(),
-            .host_header = ep.cfg->host_header,
-            .body_bytes = ctx.upstream_body.size(),
-            .request_id = ctx.request_id,
-            .api_key = pc.api_key,
-            .identity = ctx.stream,
-            // The client's credential is for Weir when Weir authenticates, or
-            // replaced by the pool's key: either way it never reaches the model server.
-            .strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr,
-        });
+    http::append_upstream_request_head(ctx.head, req,
+                                       http::UpstreamHeadOptions{
+                                           .target = req.target(),
+                                           .host_header = ep.cfg->host_header,
+                                           .body_bytes = ctx.upstream_body.size(),
+                                           .request_id = ctx.request_id,
+                                           .api_key = pc.api_key,
+                                           .identity = ctx.stream,
+                                           // The client's credential is for Weir when Weir authenticates, or
+                                           // replaced by the pool's key: either way it never reaches the model server.
+                                           .strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr,
+                                       });
     ctx.t_upstream_sent = core::now();
     added += core::micros_between(t0, ctx.t_upstream_sent);
     failure = co_await exchange_.start({.head = ctx.head,
@@ -168,8 +169,7 @@ core::Task<Outcome> GatewayPhases::start_upstream(RequestContext& ctx) {
     }
     pool.on_finish(ep_idx);
     if (down_.client_gone()) break;
-    if (attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(),
-                                     core::now() - ctx.t_upstream_sent)) {
+    if (attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent)) {
       ++metrics.upstream_retries;
       continue;
     }

@@ -24,8 +24,10 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   ctx.route = classify_path(path);
   ctx.method.assign(req.method_string());
   ctx.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
-  if (auto id = req["x-request-id"]; valid_request_id(id)) ctx.request_id.assign(id);
-  else w_.next_request_id(ctx.request_id);
+  if (auto id = req["x-request-id"]; valid_request_id(id))
+    ctx.request_id.assign(id);
+  else
+    w_.next_request_id(ctx.request_id);
 
   // Unknown routes and wrong methods are answered without reading the body:
   // the connection then closes unless there was none.

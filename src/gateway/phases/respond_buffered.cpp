@@ -5,11 +5,11 @@
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
+#include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 #include "http/gzip.hpp"
-#include "core/text.hpp"
 #include "http/headers.hpp"
 
 namespace weir::gateway {
@@ -72,8 +72,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     // Nothing to decode (Content-Length 0, or HEAD): drop a label the client did not ask for.
     drop_encoding = !accepted;
   } else if (encoded) {
-    const bool gzip = core::iequals(encoding, "gzip") || core::iequals(encoding, "x-gzip") ||
-                      core::iequals(encoding, "deflate");
+    const bool gzip =
+        core::iequals(encoding, "gzip") || core::iequals(encoding, "x-gzip") || core::iequals(encoding, "deflate");
     if (gzip && http::gunzip(out, ctx.scratch, sc.max_response_bytes)) {
       plain = ctx.scratch;
       if (!accepted) {

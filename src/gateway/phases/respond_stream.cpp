@@ -110,8 +110,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // Headers are out: fail() ends the stream in-band, as vLLM does.
     metrics.count_upstream_failure(failure);
     src.cancel();
-    co_return Outcome::failed(
-        upstream_error(failure, subject(ctx), true));
+    co_return Outcome::failed(upstream_error(failure, subject(ctx), true));
   }
   down_.queue_end();
   down_.flush();

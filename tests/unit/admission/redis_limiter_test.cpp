@@ -7,13 +7,13 @@
 #include <mutex>
 #include <thread>
 
+#include <gtest/gtest.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
-#include <gtest/gtest.h>
 
 #include "../store/redis_server.hpp"
 #include "admission/admission.hpp"
@@ -213,10 +213,14 @@ void hammer(std::vector<Replica*> replicas, int per_worker, const auth::Principa
             [r, w, &p, est, &t]() -> Task<void> {
               const Answer a = co_await admit_task(*r, w, p, est, false, std::nullopt);
               if (a.waited) ++t.waited;
-              if (a.ok) ++t.ok;
-              else if (a.status == 503) ++t.unavailable;
-              else if (a.code == "insufficient_quota") ++t.quota;
-              else ++t.limited;
+              if (a.ok)
+                ++t.ok;
+              else if (a.status == 503)
+                ++t.unavailable;
+              else if (a.code == "insufficient_quota")
+                ++t.quota;
+              else
+                ++t.limited;
               ++t.done;
             },
             asio::detached);
@@ -401,9 +405,9 @@ TEST_F(RedisLimiterTest, IdleLeasesGoBackAndShutdownReturnsTheRest) {
 void settle_held(Replica& r, const api::Usage& usage) {
   for (auto& wk : r.workers) {
     auto f = asio::post(wk->ioc, asio::use_future([&wk, usage] {
-      for (auto& t : wk->held) wk->adm->settle(t, usage, MonoClock::now());
-      wk->held.clear();
-    }));
+                          for (auto& t : wk->held) wk->adm->settle(t, usage, MonoClock::now());
+                          wk->held.clear();
+                        }));
     f.wait();
   }
 }
@@ -425,8 +429,10 @@ TEST_F(RedisLimiterTest, BudgetReservationsHoldAcrossReplicasUnderConcurrency) {
             r->workers[i]->ioc,
             [r, i, &w, &ok, &quota, &done]() -> Task<void> {
               const Answer x = co_await admit_task(*r, i, w.principal, 150, true, std::nullopt);
-              if (x.ok) ++ok;
-              else if (x.code == "insufficient_quota") ++quota;
+              if (x.ok)
+                ++ok;
+              else if (x.code == "insufficient_quota")
+                ++quota;
               ++done;
             },
             asio::detached);
@@ -476,8 +482,8 @@ TEST_F(RedisLimiterTest, ASmallStreamCapIsSharedFairlyBetweenABusyAndAnIdleRepli
   std::thread churn([&] {
     while (!stop.load()) {
       auto f = asio::post(a.workers[0]->ioc, asio::use_future([&] {
-        if (!a.workers[0]->held.empty()) a.workers[0]->held.erase(a.workers[0]->held.begin());
-      }));
+                            if (!a.workers[0]->held.empty()) a.workers[0]->held.erase(a.workers[0]->held.begin());
+                          }));
       f.wait();
       if (admit(a, 0, w.principal, 0, true).ok) ++a_ok;
       std::this_thread::sleep_for(20ms);

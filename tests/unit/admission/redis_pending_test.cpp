@@ -3,11 +3,11 @@
 // limiter wrapped around LocalLimiter: no Redis needed.
 #include <thread>
 
+#include <gtest/gtest.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
-#include <gtest/gtest.h>
 
 #include "admission/admission.hpp"
 #include "admission/local_limiter.hpp"

@@ -216,9 +216,9 @@ INSTANTIATE_TEST_SUITE_P(Cases, ApiRemoveMember, ::testing::ValuesIn(kRemoveCase
 // Code points the generator draws from: JSON's specials, control characters,
 // the bracket and separator bytes the scanner looks for, and 2-, 3- and 4-byte
 // UTF-8.
-constexpr char32_t kCodePoints[] = {U'a', U'b', U'z', U'M', U'0', U' ', U'"', U'\\', U'/', U'\n', U'\t',
-                                    U'\r', U'\b', U'\f', 0x01, 0x1F, U':', U',', U'{', U'}', U'[', U']',
-                                    0x7F, 0xE9, 0x65E5, 0x672C, 0x1F600, 0xFFFD};
+constexpr char32_t kCodePoints[] = {U'a',  U'b',  U'z',  U'M',  U'0',   U' ',   U'"',    U'\\', U'/', U'\n',
+                                    U'\t', U'\r', U'\b', U'\f', 0x01,   0x1F,   U':',    U',',  U'{', U'}',
+                                    U'[',  U']',  0x7F,  0xE9,  0x65E5, 0x672C, 0x1F600, 0xFFFD};
 
 std::string to_utf8(std::u32string_view cps) {
   std::string s;
@@ -290,15 +290,32 @@ class JsonGen {
     for (char32_t cp : cps) {
       const bool escape = chance(25);
       switch (cp) {
-        case U'"': escape ? u4(s, cp) : void(s += "\\\""); continue;
-        case U'\\': escape ? u4(s, cp) : void(s += "\\\\"); continue;
-        case U'/': escape ? void(s += "\\/") : void(s += "/"); continue;
-        case U'\n': escape ? u4(s, cp) : void(s += "\\n"); continue;
-        case U'\t': escape ? u4(s, cp) : void(s += "\\t"); continue;
-        case U'\r': escape ? u4(s, cp) : void(s += "\\r"); continue;
-        case U'\b': escape ? u4(s, cp) : void(s += "\\b"); continue;
-        case U'\f': escape ? u4(s, cp) : void(s += "\\f"); continue;
-        default: break;
+        case U'"':
+          escape ? u4(s, cp) : void(s += "\\\"");
+          continue;
+        case U'\\':
+          escape ? u4(s, cp) : void(s += "\\\\");
+          continue;
+        case U'/':
+          escape ? void(s += "\\/") : void(s += "/");
+          continue;
+        case U'\n':
+          escape ? u4(s, cp) : void(s += "\\n");
+          continue;
+        case U'\t':
+          escape ? u4(s, cp) : void(s += "\\t");
+          continue;
+        case U'\r':
+          escape ? u4(s, cp) : void(s += "\\r");
+          continue;
+        case U'\b':
+          escape ? u4(s, cp) : void(s += "\\b");
+          continue;
+        case U'\f':
+          escape ? u4(s, cp) : void(s += "\\f");
+          continue;
+        default:
+          break;
       }
       if (cp < 0x20) {
         u4(s, cp);
@@ -316,8 +333,8 @@ class JsonGen {
   }
 
   std::string number() {
-    static constexpr std::string_view kNumbers[] = {"0", "-0", "7", "-1", "123456789012", "3.14", "-0.5e-3",
-                                                    "1E+10", "2e5", "18446744073709551615", "1.0"};
+    static constexpr std::string_view kNumbers[] = {
+        "0", "-0", "7", "-1", "123456789012", "3.14", "-0.5e-3", "1E+10", "2e5", "18446744073709551615", "1.0"};
     return std::string(kNumbers[below(std::size(kNumbers))]);
   }
 
@@ -325,11 +342,15 @@ class JsonGen {
     const std::size_t kind = below(depth > 0 ? 8 : 6);
     switch (kind) {
       case 0:
-      case 1: return encode(code_points(12));
+      case 1:
+        return encode(code_points(12));
       case 2:
-      case 3: return number();
-      case 4: return chance(50) ? "true" : "false";
-      case 5: return "null";
+      case 3:
+        return number();
+      case 4:
+        return chance(50) ? "true" : "false";
+      case 5:
+        return "null";
       case 6: {
         std::string s = "[" + ws();
         const std::size_t n = below(4);
@@ -350,8 +371,8 @@ class JsonGen {
   // Keys that collide often: duplicates and differently escaped spellings
   // of the same name are common.
   std::u32string key() {
-    static const std::u32string kPool[] = {U"model", U"stream", U"messages", U"a", U"", U"k\"q",
-                                           U"back\\slash", U"日本", U"😀", U"mo/del", U"x:y,{"};
+    static const std::u32string kPool[] = {U"model",       U"stream", U"messages", U"a",      U"",     U"k\"q",
+                                           U"back\\slash", U"日本",   U"😀",        U"mo/del", U"x:y,{"};
     return chance(80) ? kPool[below(std::size(kPool))] : code_points(5);
   }
 

@@ -102,8 +102,7 @@ TEST(ApiParseRequest, MaxCompletionTokensTakesPrecedenceOverMaxTokens) {
 TEST(ApiParseRequest, MaxTokensMustBeAPositiveInteger) {
   for (std::string_view v : {"0", "-1", "1.5", "\"10\"", "true", "[]", "4294967296", "1e3"}) {
     SCOPED_TRACE(v);
-    EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_tokens":)") + std::string(v) + "}").param,
-              "max_tokens");
+    EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_tokens":)") + std::string(v) + "}").param, "max_tokens");
     EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_completion_tokens":)") + std::string(v) + "}").param,
               "max_completion_tokens");
   }

@@ -63,7 +63,8 @@ const UsageCase kCases[] = {
   "system_fingerprint": "fp_1"
 })",
      Usage{1200, 30, 1230, 1024}},
-    {"details_null", R"({"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":null}})",
+    {"details_null",
+     R"({"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":null}})",
      Usage{1, 2, 3, 0}},
     {"cached_null",
      R"({"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{"cached_tokens":null}}})",

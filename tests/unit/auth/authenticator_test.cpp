@@ -1,7 +1,7 @@
 #include "auth/authenticator.hpp"
 
-#include <boost/asio/io_context.hpp>
 #include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
 
 #include "auth/config.hpp"
 #include "jwt_test_util.hpp"
@@ -10,18 +10,16 @@ namespace weir::auth {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::jwks_of;
 using testing::Keys;
 using testing::TestKey;
-using testing::jwks_of;
 
 const WallTime kNow = WallTime(std::chrono::seconds(1'800'000'000));
 constexpr std::int64_t kNowS = 1'800'000'000;
 constexpr std::string_view kAcmeKey = "sk-acme-0123456789abcdef";
 constexpr std::string_view kBetaKey = "sk-beta-fedcba9876543210";
 
-const char* fake_env(const char* name) {
-  return std::string_view(name) == "BETA_KEY" ? kBetaKey.data() : nullptr;
-}
+const char* fake_env(const char* name) { return std::string_view(name) == "BETA_KEY" ? kBetaKey.data() : nullptr; }
 
 std::string config_yaml(bool required = true, std::string jwt_extra = "") {
   return fmt::format(R"(
@@ -66,15 +64,18 @@ struct FakeSource final : JwksSource {
   int fetches = 0;
   void fetch(Callback done) override {
     ++fetches;
-    if (down) done(tl::unexpected(std::string("connection refused")));
-    else done(body);
+    if (down)
+      done(tl::unexpected(std::string("connection refused")));
+    else
+      done(body);
   }
   std::string describe() const override { return "fake"; }
 };
 
 std::string claims(std::string tenant = R"("acme")", std::int64_t exp_offset = 600) {
-  return fmt::format(R"({{"sub":"user-1","iss":"https://issuer.test","aud":"weir","exp":{},"tenant":{},"plan":"gold"}})",
-                     kNowS + exp_offset, tenant);
+  return fmt::format(
+      R"({{"sub":"user-1","iss":"https://issuer.test","aud":"weir","exp":{},"tenant":{},"plan":"gold"}})",
+      kNowS + exp_offset, tenant);
 }
 
 struct AuthJwtFlow : ::testing::Test {
@@ -124,9 +125,13 @@ TEST(AuthAuthenticator, ApiKeyInBearerOrXApiKey) {
 
 TEST(AuthAuthenticator, UnknownOrMissingCredentialIs401AndNeverEchoed) {
   Authenticator a(make_policy(), nullptr);
-  for (auto [authz, xkey] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
-           {"Bearer sk-wrong-secret-value", ""}, {"", "sk-wrong-secret-value"}, {"", ""}, {"Bearer ", ""},
-           {"Basic dXNlcjpwYXNz", ""}, {"Bearer sk-acme-0123456789abcdeX", ""}}) {
+  for (auto [authz, xkey] :
+       std::initializer_list<std::pair<std::string_view, std::string_view>>{{"Bearer sk-wrong-secret-value", ""},
+                                                                            {"", "sk-wrong-secret-value"},
+                                                                            {"", ""},
+                                                                            {"Bearer ", ""},
+                                                                            {"Basic dXNlcjpwYXNz", ""},
+                                                                            {"Bearer sk-acme-0123456789abcdeX", ""}}) {
     auto r = a.authenticate(authz, xkey, kNow);
     ASSERT_FALSE(r) << authz << "|" << xkey;
     EXPECT_EQ(r.error().status, 401);

@@ -1,5 +1,6 @@
 // JWKS over HTTP against a real local server (Asio, port 0: the port is
 // known before the fetch starts, so nothing waits or sleeps).
+#include <gtest/gtest.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -10,7 +11,6 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <fstream>
-#include <gtest/gtest.h>
 
 #include "auth/jwks_cache.hpp"
 #include "jwt_test_util.hpp"
@@ -51,9 +51,10 @@ class JwksServer {
       if (rec) continue;
       ++requests;
       last_request.assign(asio::buffers_begin(buf.data()), asio::buffers_begin(buf.data()) + n);
-      const std::string res = fmt::format("HTTP/1.1 {} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-                                          "Connection: close\r\n\r\n{}",
-                                          status, body_.size(), body_);
+      const std::string res = fmt::format(
+          "HTTP/1.1 {} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+          "Connection: close\r\n\r\n{}",
+          status, body_.size(), body_);
       co_await asio::async_write(sock, asio::buffer(res), asio::as_tuple(asio::use_awaitable));
     }
   }
@@ -136,8 +137,10 @@ struct CountingSource final : JwksSource {
   explicit CountingSource(int* f) : fetches(f) {}
   void fetch(Callback done) override {
     ++*fetches;
-    if (down) done(tl::unexpected(std::string("down")));
-    else done(body);
+    if (down)
+      done(tl::unexpected(std::string("down")));
+    else
+      done(body);
   }
   std::string describe() const override { return "counting"; }
 };

@@ -1,7 +1,7 @@
 #include "auth/jwt.hpp"
 
-#include <boost/json/parse.hpp>
 #include <gtest/gtest.h>
+#include <boost/json/parse.hpp>
 
 #include "auth/base64url.hpp"
 #include "jwt_test_util.hpp"
@@ -9,9 +9,9 @@
 namespace weir::auth {
 namespace {
 
+using testing::jwks_of;
 using testing::Keys;
 using testing::TestKey;
-using testing::jwks_of;
 using namespace std::chrono_literals;
 
 const WallTime kNow = WallTime(std::chrono::seconds(1'800'000'000));
@@ -44,7 +44,8 @@ JwtFailure failure(std::string_view token, const KeySet& keys, const ClaimsPolic
 }
 
 TEST(AuthBase64Url, RoundTripsAndRejectsNonCanonical) {
-  for (std::string s : std::initializer_list<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar", std::string("\xff\xfe\x00\x01", 4)}) {
+  for (std::string s : std::initializer_list<std::string>{"", "f", "fo", "foo", "foob", "fooba", "foobar",
+                                                          std::string("\xff\xfe\x00\x01", 4)}) {
     auto enc = base64url_encode(s);
     EXPECT_EQ(enc.find('='), std::string::npos);
     auto dec = base64url_decode(enc);
@@ -202,10 +203,10 @@ TEST(AuthJwt, MalformedTokensAreRefused) {
   const std::string h = good.substr(0, d1), p = good.substr(d1 + 1, d2 - d1 - 1), s = good.substr(d2 + 1);
   for (const std::string& bad :
        {std::string(""), std::string("abc"), std::string("a.b"), h + "." + p, h + "." + p + "." + s + ".x",
-        h + ".." + s, "." + p + "." + s, h + "." + p + "." + s + "=", h + "!." + p + "." + s,
-        h + "." + p + "+." + s, base64url_encode("not json") + "." + p + "." + s,
-        base64url_encode("[1,2]") + "." + p + "." + s, h + "." + base64url_encode("[1]") + "." + s,
-        h + "." + base64url_encode("{\"exp\":") + "." + s, std::string(kMaxTokenBytes + 1, 'a')})
+        h + ".." + s, "." + p + "." + s, h + "." + p + "." + s + "=", h + "!." + p + "." + s, h + "." + p + "+." + s,
+        base64url_encode("not json") + "." + p + "." + s, base64url_encode("[1,2]") + "." + p + "." + s,
+        h + "." + base64url_encode("[1]") + "." + s, h + "." + base64url_encode("{\"exp\":") + "." + s,
+        std::string(kMaxTokenBytes + 1, 'a')})
     EXPECT_EQ(failure(bad, keys), JwtFailure::malformed) << bad.substr(0, 60);
   EXPECT_EQ(failure(k.rsa.token(claims(), R"(,"kid":7)"), keys), JwtFailure::malformed);
 }

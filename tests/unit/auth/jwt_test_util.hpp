@@ -108,8 +108,7 @@ struct TestKey {
     const auto* in = reinterpret_cast<const unsigned char*>(input.data());
     check(EVP_DigestSign(ctx.get(), nullptr, &len, in, input.size()) == 1, "sign len");
     std::string sig(len, '\0');
-    check(EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len, in, input.size()) == 1,
-          "sign");
+    check(EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len, in, input.size()) == 1, "sign");
     sig.resize(len);
     if (alg != JwsAlg::es256) return sig;
     // DER -> R || S (RFC 7518 §3.4)
@@ -134,8 +133,8 @@ struct TestKey {
   // A compact JWS of `payload_json` with a header {"alg","typ","kid"} (+ `extra_header`).
   std::string token(std::string_view payload_json, std::string_view extra_header = "",
                     std::string_view alg_override = "") const {
-    std::string header = fmt::format(R"({{"alg":"{}","typ":"JWT")",
-                                     alg_override.empty() ? to_string(alg) : alg_override);
+    std::string header =
+        fmt::format(R"({{"alg":"{}","typ":"JWT")", alg_override.empty() ? to_string(alg) : alg_override);
     if (!kid.empty()) header += fmt::format(R"(,"kid":"{}")", kid);
     header += extra_header;
     header += "}";

@@ -9,11 +9,11 @@
 #include <mutex>
 #include <thread>
 
+#include <gtest/gtest.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_future.hpp>
-#include <gtest/gtest.h>
 
 #include "../store/redis_server.hpp"
 #include "admission/admission.hpp"
@@ -337,8 +337,8 @@ class RedisKeysTest : public ::testing::Test {
 testing::RedisServer* RedisKeysTest::server_ = nullptr;
 
 TEST_F(RedisKeysTest, FoundKeyWaitsOnceThenHitsTheCache) {
-  const auto key = add_key("sk-weir-found-1", {"id", "acme-ci", "tenant", "acme", "models", " gpt-4o-mini , other ,",
-                                              "tier", "gold"});
+  const auto key = add_key("sk-weir-found-1",
+                           {"id", "acme-ci", "tenant", "acme", "models", " gpt-4o-mini , other ,", "tier", "gold"});
   auto& keys = start_keys();
   Authenticator a(make_policy(), nullptr, &keys);
 
@@ -564,7 +564,8 @@ TEST_F(RedisKeysTest, RedisDownCachedKeysWorkUntilExpiryUnknownKeysFailFast) {
   add_key(key, {"id", "o", "tenant", "acme"});
   bool back = false;
   const auto deadline = Clock::now() + 10s;  // the client reconnects with backoff (≤ 50 ms here)
-  for (int i = 2; !back && Clock::now() < deadline; ++i) back = authenticate(a, key, std::chrono::seconds(30 * i)).result.has_value();
+  for (int i = 2; !back && Clock::now() < deadline; ++i)
+    back = authenticate(a, key, std::chrono::seconds(30 * i)).result.has_value();
   EXPECT_TRUE(back);
 }
 

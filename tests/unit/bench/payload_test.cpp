@@ -42,8 +42,7 @@ TEST(BenchPayload, SmallAndOverrides) {
 }
 
 TEST(BenchPayload, RequestBytes) {
-  const auto r = build_request("/v1/chat/completions", "127.0.0.1:8080", {"Authorization: Bearer k"},
-                               "{}", true);
+  const auto r = build_request("/v1/chat/completions", "127.0.0.1:8080", {"Authorization: Bearer k"}, "{}", true);
   EXPECT_EQ(r,
             "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:8080\r\nUser-Agent: weir-bench/0.1\r\n"
             "Content-Type: application/json\r\nAccept: text/event-stream\r\nContent-Length: 2\r\n"

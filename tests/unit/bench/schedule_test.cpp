@@ -108,10 +108,10 @@ TEST(BenchPacer, NeverEarlyAndLatenessFromIntendedUnderSimulatedLoad) {
     now += step(rng);
     if (rng() % 1000 == 0) now += 25'000'000;  // a 25 ms stall
     while (auto d = p.poll(now)) {
-      ASSERT_LE(d->intended_ns, now);                     // never before its time
-      ASSERT_EQ(d->lateness_ns, now - d->intended_ns);    // charged from the intended time
+      ASSERT_LE(d->intended_ns, now);                   // never before its time
+      ASSERT_EQ(d->lateness_ns, now - d->intended_ns);  // charged from the intended time
       ASSERT_EQ(d->intended_ns, start + static_cast<std::int64_t>(d->seq) * 100'000);
-      ASSERT_GT(d->intended_ns, last_intended);           // in order, none skipped
+      ASSERT_GT(d->intended_ns, last_intended);  // in order, none skipped
       last_intended = d->intended_ns;
       max_lateness = std::max(max_lateness, d->lateness_ns);
       ++released;

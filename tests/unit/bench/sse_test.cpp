@@ -11,17 +11,20 @@ namespace weir::bench {
 namespace {
 
 std::string chunk(std::string_view content) {
-  return std::string(R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":")") +
+  return std::string(
+             R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":")") +
          std::string(content) + R"("},"logprobs":null,"finish_reason":null}]})";
 }
 
 // A vLLM-shaped stream: role chunk, `n` content chunks, finish chunk, usage chunk, [DONE].
 std::vector<std::string> recorded_events(int n) {
   std::vector<std::string> ev;
-  ev.push_back(R"({"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]})");
+  ev.push_back(
+      R"({"id":"chatcmpl-1","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]})");
   for (int i = 0; i < n; ++i) ev.push_back(chunk("tok" + std::to_string(i) + " \\\"q\\\""));
   ev.push_back(R"({"id":"chatcmpl-1","choices":[{"index":0,"delta":{},"finish_reason":"length"}]})");
-  ev.push_back(R"({"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":412,"total_tokens":540,"completion_tokens":128}})");
+  ev.push_back(
+      R"({"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":412,"total_tokens":540,"completion_tokens":128}})");
   ev.push_back("[DONE]");
   return ev;
 }
@@ -34,7 +37,10 @@ TEST(BenchSseParser, LineEndingsAndFields) {
   SseParser p;
   std::vector<std::pair<std::string, std::string>> got;
   auto cb = [&](std::string_view t, std::string_view d) { got.emplace_back(t, d); };
-  p.feed("\xEF\xBB\xBF" "data: a\r\n\r\n", cb);
+  p.feed(
+      "\xEF\xBB\xBF"
+      "data: a\r\n\r\n",
+      cb);
   p.feed(": comment\n\ndata:b\rdata:  c\r\revent: x\ndata\n\n", cb);
   p.feed("id: 1\nretry: 5\n\n", cb);  // no data: not dispatched
   p.feed("data: [DONE]\n\n", cb);
@@ -158,7 +164,7 @@ TEST(BenchStreamTracker, TokensArrivingTogetherHaveZeroGap) {
 TEST(BenchStreamTracker, TruncationAndStall) {
   std::mt19937 rng(1);
   auto stream = recorded_stream(10, "\n");
-  stream.pop_back();  // lose usage and [DONE]
+  stream.pop_back();                 // lose usage and [DONE]
   stream[5].at_ns += 2'000'000'000;  // a 2 s gap before token 4 ...
   for (std::size_t i = 6; i < stream.size(); ++i) stream[i].at_ns += 2'000'000'000;
   Histogram itl;
@@ -188,12 +194,14 @@ TEST(BenchStreamTracker, ErrorEventsAndAnthropicEnd) {
   EXPECT_TRUE(tr.stats().stream_error);
 
   tr.start(nullptr, 0);
-  tr.feed("event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,"
-          "\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
-          7);
-  tr.feed("event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":1}}\n\n"
-          "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
-          8);
+  tr.feed(
+      "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,"
+      "\"delta\":{\"type\":\"text_delta\",\"text\":\"Hi\"}}\n\n",
+      7);
+  tr.feed(
+      "event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":1}}\n\n"
+      "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+      8);
   EXPECT_FALSE(tr.truncated());
   EXPECT_EQ(tr.stats().tokens, 1u);
   EXPECT_EQ(tr.stats().first_token_ns, 7);

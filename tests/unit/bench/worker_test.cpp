@@ -24,9 +24,9 @@ using tcp = asio::ip::tcp;
 struct ServerOptions {
   bool sse = true;
   int tokens = 5;
-  bool send_done = true;           // end the stream with data: [DONE]
+  bool send_done = true;              // end the stream with data: [DONE]
   bool close_after_response = false;  // close without announcing it (stale keep-alive)
-  int delay_ms = 0;                // before each response
+  int delay_ms = 0;                   // before each response
 };
 
 // A blocking, thread-per-connection HTTP/1.1 server on 127.0.0.1:0.
@@ -104,8 +104,8 @@ class TestServer {
     if (!opt_.sse) {
       const std::string body =
           R"({"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":3,"completion_tokens":2}})";
-      return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " +
-             std::to_string(body.size()) + "\r\n\r\n" + body;
+      return "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+             "\r\n\r\n" + body;
     }
     std::string out = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
     auto chunk = [&out](const std::string& ev) {

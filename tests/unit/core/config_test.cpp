@@ -86,8 +86,7 @@ TEST(Config, StructuralErrors) {
   EXPECT_NE(error_of("listen: 1.2.3.4:80\n").find("pools: is required"), std::string::npos);
   EXPECT_NE(error_of("pools:\n  a: {endpoints: []}\n").find("pools.a.endpoints: expected a non-empty list"),
             std::string::npos);
-  EXPECT_NE(error_of("pools:\n  a: {endpoints: [http://x:1]}\n").find("no models are configured"),
-            std::string::npos);
+  EXPECT_NE(error_of("pools:\n  a: {endpoints: [http://x:1]}\n").find("no models are configured"), std::string::npos);
   EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1]}}\nmodels: {m: {pool: a, aliases: [m]}}\n")
                 .find("models.m.aliases[0]: 'm' is already used"),
             std::string::npos);
@@ -139,9 +138,10 @@ TEST(Config, ListenForms) {
 }
 
 TEST(Config, ModelDefaultMaxTokensAndNoSilentPrices) {
-  auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:1]}}\n"
-                        "models:\n  m: {pool: a, default_max_tokens: 64}\n  n: {pool: a}\n",
-                        "weir.yaml");
+  auto c = parse_config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1]}}\n"
+      "models:\n  m: {pool: a, default_max_tokens: 64}\n  n: {pool: a}\n",
+      "weir.yaml");
   ASSERT_TRUE(c) << c.error().to_string();
   EXPECT_EQ(c->models[0].default_max_tokens, 64u);
   EXPECT_EQ(c->models[1].default_max_tokens, weir::core::ModelConfig::kDefaultMaxTokens);
@@ -149,7 +149,8 @@ TEST(Config, ModelDefaultMaxTokensAndNoSilentPrices) {
                 .find("models.m.default_max_tokens"),
             std::string::npos);
   // `prices` under a model was accepted and never read: prices live in `pricing:`.
-  const auto e = error_of("pools: {a: {endpoints: [http://127.0.0.1:1]}}\nmodels:\n  m: {pool: a, prices: {input: 1}}\n");
+  const auto e =
+      error_of("pools: {a: {endpoints: [http://127.0.0.1:1]}}\nmodels:\n  m: {pool: a, prices: {input: 1}}\n");
   EXPECT_NE(e.find("models.m.prices"), std::string::npos) << e;
 }
 
@@ -157,6 +158,7 @@ TEST(Config, ReusePortIsOffByDefaultAndABoolean) {
   auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n", "weir.yaml");
   ASSERT_TRUE(c) << c.error().to_string();
   EXPECT_FALSE(c->server.reuse_port);
-  const auto err = error_of("server: {reuse_port: sometimes}\npools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n");
+  const auto err =
+      error_of("server: {reuse_port: sometimes}\npools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n");
   EXPECT_NE(err.find("server.reuse_port"), std::string::npos) << err;
 }

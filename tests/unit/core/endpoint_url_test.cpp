@@ -39,7 +39,7 @@ TEST(EndpointUrl, NoMessageEchoesASecret) {
   expect_hidden(error_of("http://h:0/?key=SECRET3"), {"SECRET3"});
   expect_hidden(error_of("http://alice:hunter2@h:99999/"), {"hunter2"});  // unparsable
   expect_hidden(error_of("http://u:pa ss@h/"), {"pa ss"});                // unparsable
-  expect_hidden(error_of("alice:hunter2@h:1"), {"hunter2"});               // no scheme
+  expect_hidden(error_of("alice:hunter2@h:1"), {"hunter2"});              // no scheme
   expect_hidden(error_of("http://h:1/x#access_token=SECRET4"), {"SECRET4"});
 }
 

@@ -1,7 +1,7 @@
 #include "core/error.hpp"
 
-#include <boost/json.hpp>
 #include <gtest/gtest.h>
+#include <boost/json.hpp>
 
 namespace json = boost::json;
 using namespace weir::core;
@@ -31,7 +31,8 @@ TEST(Error, StatusTypeAndCodeForEachKind) {
   };
   const Case cases[] = {
       {model_not_found("gpt-x"), 404, "invalid_request_error", "model_not_found", ErrorSource::client},
-      {method_not_allowed("GET", "/v1/chat/completions"), 405, "invalid_request_error", "method_not_allowed", ErrorSource::client},
+      {method_not_allowed("GET", "/v1/chat/completions"), 405, "invalid_request_error", "method_not_allowed",
+       ErrorSource::client},
       {payload_too_large(4096), 413, "invalid_request_error", "request_too_large", ErrorSource::client},
       {unauthorized("no key"), 401, "invalid_request_error", "invalid_api_key", ErrorSource::client},
       {forbidden("not yours"), 403, "permission_error", "model_not_allowed", ErrorSource::client},

@@ -4,8 +4,8 @@
 
 #include <random>
 
-#include <boost/json.hpp>
 #include <gtest/gtest.h>
+#include <boost/json.hpp>
 
 #include "api/json_scan.hpp"
 #include "core/error.hpp"
@@ -43,7 +43,8 @@ TEST(JsonText, EscapesAsciiAndRoundTripsIt) {
   EXPECT_EQ(round_trip(all), all);
   std::string out;
   append_json_string(out, "a\"b\\c\n\r\t\b\f\x01\x1f\x7f");
-  EXPECT_EQ(out, R"("a\"b\\c\n\r\t\b\f\u0001\u001f)" "\x7f\"");
+  EXPECT_EQ(out, R"("a\"b\\c\n\r\t\b\f\u0001\u001f)"
+                 "\x7f\"");
 }
 
 TEST(JsonText, WellFormedUtf8PassesUnchanged) {
@@ -64,21 +65,23 @@ TEST(JsonText, IllFormedSequencesBecomeReplacementCharacters) {
   };
   // One U+FFFD per maximal ill-formed subpart (Unicode §3.9, WHATWG; Python's errors="replace").
   const Case cases[] = {
-      {"\x80", rep(1)},                                       // lone continuation byte
-      {"a\x80\xBF" "b", "a" + rep(2) + "b"},                  // two of them
-      {"\xC3", rep(1)},                                       // truncated 2-byte sequence at the end
-      {"\xE2\x82", rep(1)},                                   // truncated 3-byte sequence
-      {"\xE2\x82x", rep(1) + "x"},                            // ... followed by ASCII
-      {"\xF0\x9F\x98", rep(1)},                               // truncated emoji
+      {"\x80", rep(1)},  // lone continuation byte
+      {"a\x80\xBF"
+       "b",
+       "a" + rep(2) + "b"},         // two of them
+      {"\xC3", rep(1)},             // truncated 2-byte sequence at the end
+      {"\xE2\x82", rep(1)},         // truncated 3-byte sequence
+      {"\xE2\x82x", rep(1) + "x"},  // ... followed by ASCII
+      {"\xF0\x9F\x98", rep(1)},     // truncated emoji
       {"\xF0\x9F\x98\xF0\x9F\x98\x80", rep(1) + "\xF0\x9F\x98\x80"},
-      {"\xC0\xAF", rep(2)},                                   // overlong '/'
+      {"\xC0\xAF", rep(2)},  // overlong '/'
       {"\xC1\xBF", rep(2)},
-      {"\xE0\x80\xAF", rep(3)},                               // overlong, 3 bytes
-      {"\xF0\x80\x80\xAF", rep(4)},                           // overlong, 4 bytes
-      {"\xED\xA0\x80", rep(3)},                               // surrogate U+D800 encoded in UTF-8
-      {"\xED\xBF\xBF", rep(3)},                               // surrogate U+DFFF
-      {"\xED\xA0\x80\xED\xB0\x80", rep(6)},                   // a CESU-8 surrogate pair
-      {"\xF4\x90\x80\x80", rep(4)},                           // above U+10FFFF
+      {"\xE0\x80\xAF", rep(3)},              // overlong, 3 bytes
+      {"\xF0\x80\x80\xAF", rep(4)},          // overlong, 4 bytes
+      {"\xED\xA0\x80", rep(3)},              // surrogate U+D800 encoded in UTF-8
+      {"\xED\xBF\xBF", rep(3)},              // surrogate U+DFFF
+      {"\xED\xA0\x80\xED\xB0\x80", rep(6)},  // a CESU-8 surrogate pair
+      {"\xF4\x90\x80\x80", rep(4)},          // above U+10FFFF
       {"\xF5\x80\x80\x80", rep(4)},
       {"\xFE\xFF", rep(2)},
       {"\"\xFF\\", "\"" + rep(1) + "\\"},
@@ -130,14 +133,18 @@ TEST(JsonText, AppendsWithoutClearing) {
 }
 
 TEST(JsonText, Utf8PrefixCutsOnABoundary) {
-  const std::string s = "ab\xF0\x9F\x98\x80" "cd";  // a, b, an emoji (4 bytes), c, d
+  const std::string s =
+      "ab\xF0\x9F\x98\x80"
+      "cd";  // a, b, an emoji (4 bytes), c, d
   EXPECT_EQ(utf8_prefix(s, 100), s);
   EXPECT_EQ(utf8_prefix(s, 2), "ab");
   EXPECT_EQ(utf8_prefix(s, 3), "ab");
   EXPECT_EQ(utf8_prefix(s, 4), "ab");
   EXPECT_EQ(utf8_prefix(s, 5), "ab");
   EXPECT_EQ(utf8_prefix(s, 6), "ab\xF0\x9F\x98\x80");
-  EXPECT_EQ(utf8_prefix(s, 7), "ab\xF0\x9F\x98\x80" "c");
+  EXPECT_EQ(utf8_prefix(s, 7),
+            "ab\xF0\x9F\x98\x80"
+            "c");
   EXPECT_EQ(utf8_prefix("\xE2\x82\xAC", 2), "");
   EXPECT_EQ(utf8_prefix("\xE2\x82\xAC", 0), "");
   // Not UTF-8 at the cut: the plain cut (the escaper replaces what is left).
@@ -146,9 +153,9 @@ TEST(JsonText, Utf8PrefixCutsOnABoundary) {
 
 TEST(JsonText, ErrorBodiesThatEchoInputAreValidAndCapped) {
   const std::string model = "m\xFF\xED\xA0\x80" + std::string(5000, 'x');
-  for (const auto& e : {weir::core::model_not_found(model), weir::core::not_found("/v1/\xC3"),
-                        weir::core::method_not_allowed("G\x80T", "/v1/\xF0\x9F\x98"),
-                        weir::core::bad_request("bad \xFF")}) {
+  for (const auto& e :
+       {weir::core::model_not_found(model), weir::core::not_found("/v1/\xC3"),
+        weir::core::method_not_allowed("G\x80T", "/v1/\xF0\x9F\x98"), weir::core::bad_request("bad \xFF")}) {
     const std::string body = weir::core::error_json(e);
     boost::system::error_code ec;
     auto v = boost::json::parse(body, ec);

@@ -7,8 +7,8 @@
 
 #include <cerrno>
 
-#include <boost/asio/io_context.hpp>
 #include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
 
 using weir::core::format_address;
 using weir::core::probe_listen_address;

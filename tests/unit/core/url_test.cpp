@@ -8,9 +8,10 @@ using weir::core::is_secret_param;
 using weir::core::redact_url;
 
 TEST(RedactUrl, UrlsWithoutSecretsAreUnchanged) {
-  for (const char* u : {"http://127.0.0.1:8000", "http://localhost:8002/", "https://idp.example.com/.well-known/jwks.json",
-                        "http://[::1]:8080/", "http://h/?model=llama&n=2", "redis://10.0.0.5:6379/0", "", "not a url",
-                        "http://h/?", "http://h/?a&b=&c=1"})
+  for (const char* u :
+       {"http://127.0.0.1:8000", "http://localhost:8002/", "https://idp.example.com/.well-known/jwks.json",
+        "http://[::1]:8080/", "http://h/?model=llama&n=2", "redis://10.0.0.5:6379/0", "", "not a url", "http://h/?",
+        "http://h/?a&b=&c=1"})
     EXPECT_EQ(redact_url(u), u);
 }
 
@@ -35,7 +36,8 @@ TEST(RedactUrl, ReplacesCredentialLikeQueryValues) {
   EXPECT_EQ(redact_url("http://h:1?key=SECRET&model=m&token=T2"), "http://h:1?key=REDACTED&model=m&token=REDACTED");
   EXPECT_EQ(redact_url("http://h/?KEY=a;Signature=b&x=1"), "http://h/?KEY=REDACTED;Signature=REDACTED&x=1");
   EXPECT_EQ(redact_url("http://h/?api%5Fkey=SECRET"), "http://h/?api%5Fkey=REDACTED");
-  EXPECT_EQ(redact_url("http://h/?X-Amz-Signature=abc&X-Amz-Date=2026"), "http://h/?X-Amz-Signature=REDACTED&X-Amz-Date=2026");
+  EXPECT_EQ(redact_url("http://h/?X-Amz-Signature=abc&X-Amz-Date=2026"),
+            "http://h/?X-Amz-Signature=REDACTED&X-Amz-Date=2026");
   EXPECT_EQ(redact_url("http://u:p@h/?sig=s#access_token=t"), "http://h/?sig=REDACTED#REDACTED");
   EXPECT_EQ(redact_url("http://h/#"), "http://h/#");
   EXPECT_EQ(redact_url("http://h/?key="), "http://h/?key=");  // nothing to hide
@@ -44,9 +46,11 @@ TEST(RedactUrl, ReplacesCredentialLikeQueryValues) {
 }
 
 TEST(RedactUrl, SecretParamNames) {
-  for (const char* n : {"key", "api_key", "api-key", "apikey", "token", "access_token", "sig", "signature", "password",
-                        "secret", "passwd", "API_KEY", "Token", "x-api-key", "x_goog_api_key", "client_secret",
-                        "refresh_token", "X-Amz-Security-Token", "db.password", "subscription-key", "api%2Dkey"})
+  for (const char* n :
+       {"key",         "api_key",          "api-key",        "apikey",        "token",         "access_token",
+        "sig",         "signature",        "password",       "secret",        "passwd",        "API_KEY",
+        "Token",       "x-api-key",        "x_goog_api_key", "client_secret", "refresh_token", "X-Amz-Security-Token",
+        "db.password", "subscription-key", "api%2Dkey"})
     EXPECT_TRUE(is_secret_param(n)) << n;
   for (const char* n : {"", "model", "monkey", "keys", "tokenizer", "signed", "n", "secretary", "k"})
     EXPECT_FALSE(is_secret_param(n)) << n;

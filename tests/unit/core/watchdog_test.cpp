@@ -12,9 +12,9 @@
 #include <thread>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/post.hpp>
-#include <gtest/gtest.h>
 
 namespace weir::core {
 namespace {
@@ -213,10 +213,15 @@ TEST(CoreEvent, NotifyBeforeWaitIsNotLost) {
   Event e(io.get_executor());
   e.notify();
   bool woke = false;
-  asio::co_spawn(io.get_executor(), [&]() -> Task<void> {
-    co_await e.wait();
-    woke = true;
-  }, [](std::exception_ptr p) { if (p) std::rethrow_exception(p); });
+  asio::co_spawn(
+      io.get_executor(),
+      [&]() -> Task<void> {
+        co_await e.wait();
+        woke = true;
+      },
+      [](std::exception_ptr p) {
+        if (p) std::rethrow_exception(p);
+      });
   ASSERT_TRUE(run_until(io, [&] { return woke; }));
 }
 
@@ -224,10 +229,15 @@ TEST(CoreEvent, WaitThenNotifyWakes) {
   asio::io_context io;
   Event e(io.get_executor());
   bool woke = false;
-  asio::co_spawn(io.get_executor(), [&]() -> Task<void> {
-    co_await e.wait();
-    woke = true;
-  }, [](std::exception_ptr p) { if (p) std::rethrow_exception(p); });
+  asio::co_spawn(
+      io.get_executor(),
+      [&]() -> Task<void> {
+        co_await e.wait();
+        woke = true;
+      },
+      [](std::exception_ptr p) {
+        if (p) std::rethrow_exception(p);
+      });
   io.poll();
   EXPECT_FALSE(woke);
   asio::post(io, [&] { e.notify(); });  // from a completion handler, as the transports do
@@ -240,12 +250,17 @@ TEST(CoreEvent, ANotifyIsConsumedByOneWait) {
   int wakes = 0;
   e.notify();
   e.notify();  // two before a wait are one wake-up
-  asio::co_spawn(io.get_executor(), [&]() -> Task<void> {
-    for (;;) {
-      co_await e.wait();
-      ++wakes;
-    }
-  }, [](std::exception_ptr p) { if (p) std::rethrow_exception(p); });
+  asio::co_spawn(
+      io.get_executor(),
+      [&]() -> Task<void> {
+        for (;;) {
+          co_await e.wait();
+          ++wakes;
+        }
+      },
+      [](std::exception_ptr p) {
+        if (p) std::rethrow_exception(p);
+      });
   ASSERT_TRUE(run_until(io, [&] { return wakes == 1; }));
   run_for_at_least(io, 50ms);
   EXPECT_EQ(wakes, 1);

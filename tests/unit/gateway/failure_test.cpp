@@ -43,8 +43,7 @@ TEST(Failure, EveryKindMapsToOneStatusCodeAndSource) {
       {"undecodable", upstream_undecodable(who, "br"), 502, "upstream_unavailable", core::ErrorSource::upstream},
       {"client closed", client_gone(ClientGone::closed), 499, "client_closed_request", core::ErrorSource::client},
       {"slow client", client_gone(ClientGone::slow), 499, "slow_client", core::ErrorSource::client},
-      {"write timeout", client_gone(ClientGone::write_timeout), 499, "client_write_timeout",
-       core::ErrorSource::client},
+      {"write timeout", client_gone(ClientGone::write_timeout), 499, "client_write_timeout", core::ErrorSource::client},
   };
   for (const auto& r : rows) {
     EXPECT_EQ(r.e.status, r.status) << r.what;

@@ -77,9 +77,9 @@ TEST(LoadConfig, EveryInvalidSectionIsAnErrorWithFileLineAndKey) {
   expect_error("auth:\n  requird: true\n", 7, "auth.requird", "unknown key");
   expect_error("tenants:\n  acme: {priority: high}\n", 7, "tenants.acme.priority", "integer");
   expect_error("tenants:\n  acme: {models: {a: 1}}\n", 7, "tenants.acme.models");
-  expect_error(fmt::format("tenants:\n  acme: {{}}\nauth:\n  api_keys:\n    - {{id: k, sha256: {}, tenant: ghost}}\n",
-                           kSha),
-               10, "auth.api_keys[0].tenant", "ghost");
+  expect_error(
+      fmt::format("tenants:\n  acme: {{}}\nauth:\n  api_keys:\n    - {{id: k, sha256: {}, tenant: ghost}}\n", kSha), 10,
+      "auth.api_keys[0].tenant", "ghost");
   expect_error("tenants:\n  acme: {}\nauth:\n  api_keys:\n    - {id: k, sha256: 2c26b46b, tenant: acme}\n", 10,
                "auth.api_keys[0].sha256", "64 hex digits");
   expect_error("tenants:\n  acme: {}\nauth:\n  api_keys:\n    - {id: k, key_env: WEIR_UNSET_KEY, tenant: acme}\n", 10,
@@ -121,8 +121,7 @@ auth:
             std::string::npos)
       << r->warnings[0];
   EXPECT_NE(r->warnings[1].find("tenants.acme.models[4]"), std::string::npos) << r->warnings[1];
-  EXPECT_NE(r->warnings[2].find("tenants.solo.models: no configured model or alias matches 'ghost'"),
-            std::string::npos)
+  EXPECT_NE(r->warnings[2].find("tenants.solo.models: no configured model or alias matches 'ghost'"), std::string::npos)
       << r->warnings[2];
   EXPECT_NE(r->warnings[3].find("tenants.alias.models[0]: 'mm' is an alias of model 'm'"), std::string::npos)
       << r->warnings[3];
@@ -140,8 +139,7 @@ TEST(LoadConfig, PricesForUnknownModelsAreWarnings) {
   auto r = load("pricing:\n  m: {input: 1}\n  \"*\": {input: 1}\n  gone: {input: 1}\n  mm: {input: 1}\n");
   ASSERT_TRUE(r) << r.error().to_string();
   ASSERT_EQ(r->warnings.size(), 2u) << ::testing::PrintToString(r->warnings);
-  EXPECT_NE(r->warnings[0].find("weir.yaml:9:3: pricing.gone: no configured model is named 'gone'"),
-            std::string::npos)
+  EXPECT_NE(r->warnings[0].find("weir.yaml:9:3: pricing.gone: no configured model is named 'gone'"), std::string::npos)
       << r->warnings[0];
   EXPECT_NE(r->warnings[1].find("pricing.mm: 'mm' is an alias of model 'm'"), std::string::npos) << r->warnings[1];
 }

@@ -33,7 +33,8 @@ std::string render(const MetricsShard& m, const core::Config& cfg, std::uint64_t
 // The value of the sample line `name{labels}` (or `name` when labels is
 // empty), or -1 when there is no such line.
 double sample(const std::string& text, std::string_view name, std::string_view labels = {}) {
-  const std::string key = labels.empty() ? std::string(name) + " " : std::string(name) + "{" + std::string(labels) + "} ";
+  const std::string key =
+      labels.empty() ? std::string(name) + " " : std::string(name) + "{" + std::string(labels) + "} ";
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line))
@@ -83,7 +84,8 @@ TEST(GatewayMetricsShard, CountRequestSlotsByRouteModelAndStatus) {
 TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
   const auto cfg = config();
   MetricsShard m(cfg.models.size());
-  for (int s : {101, 204, 206, 301, 304, 402, 418, 507, 599, 0, 700, -1}) m.count_request(RouteKind::health, m.no_model(), s);
+  for (int s : {101, 204, 206, 301, 304, 402, 418, 507, 599, 0, 700, -1})
+    m.count_request(RouteKind::health, m.no_model(), s);
   const auto t = render(m, cfg);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/health", "", "1xx")), 1);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/health", "", "2xx")), 2);
@@ -97,8 +99,8 @@ TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
 TEST(GatewayMetricsShard, EveryListedStatusHasItsOwnSlot) {
   const auto cfg = config();
   MetricsShard m(cfg.models.size());
-  const std::vector<int> listed = {200, 400, 401, 403, 404, 405, 408, 413, 415, 422,
-                                   429, 431, 499, 500, 501, 502, 503, 504};
+  const std::vector<int> listed = {200, 400, 401, 403, 404, 405, 408, 413, 415,
+                                   422, 429, 431, 499, 500, 501, 502, 503, 504};
   for (std::size_t i = 0; i < listed.size(); ++i)
     for (std::size_t k = 0; k <= i; ++k) m.count_request(RouteKind::ready, m.no_model(), listed[i]);
   const auto t = render(m, cfg);

@@ -6,9 +6,9 @@
 #include <stdexcept>
 #include <string>
 
+#include <gtest/gtest.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
-#include <gtest/gtest.h>
 
 namespace weir::gateway {
 namespace {
@@ -18,9 +18,9 @@ namespace asio = boost::asio;
 class FakePhases final : public Phases {
  public:
   std::string trace;
-  std::string stop_at;          // the phase that answers or fails
-  bool stop_fails = true;       // fails (else answers)
-  bool stop_throws = false;     // throws instead
+  std::string stop_at;       // the phase that answers or fails
+  bool stop_fails = true;    // fails (else answers)
+  bool stop_throws = false;  // throws instead
   int logs = 0;
   int fails = 0;
   int failed_status = 0;

@@ -9,11 +9,11 @@
 #include <string>
 #include <thread>
 
+#include <gtest/gtest.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
-#include <gtest/gtest.h>
 
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -30,12 +30,12 @@ using http::UpstreamFailure;
 struct Attempt {
   UpstreamFailure connect = UpstreamFailure::none;  // a fresh connect's result
   UpstreamFailure start = UpstreamFailure::none;
-  std::size_t upstream_bytes = 0;                   // answered before failing
+  std::size_t upstream_bytes = 0;  // answered before failing
   int status = 200;
   std::string content_type = "application/json";
-  std::deque<std::string> body;                     // one read each
+  std::deque<std::string> body;                          // one read each
   UpstreamFailure body_failure = UpstreamFailure::none;  // after the body pieces
-  bool hang = false;                                // after the pieces: wait until cancelled
+  bool hang = false;                                     // after the pieces: wait until cancelled
 };
 
 class ScriptedExchange final : public http::UpstreamExchange {
@@ -135,8 +135,7 @@ struct Served {
 // Sends `request` from a real client socket, serves it through the phases
 // with `ex` as the upstream, and reads what comes back (until close, or
 // `close_after` bytes, when the client then leaves).
-void serve(Gateway& g, ScriptedExchange& ex, const std::string& request, Served& out,
-           std::size_t close_after = 0) {
+void serve(Gateway& g, ScriptedExchange& ex, const std::string& request, Served& out, std::size_t close_after = 0) {
   auto& io = g.worker->io();
   http::Acceptor acc(io.get_executor(), http::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
   asio::io_context client_io;

@@ -48,8 +48,7 @@ std::string relay(StreamHooks& hooks, std::string_view stream) {
 TEST(GatewayStreamHooks, UsageChunkIsDroppedWhenWeirAskedForIt) {
   StreamHooks hooks;
   hooks.reset(/*strip_usage=*/true);
-  const std::string stream =
-      event(kContent) + event(kContentUsageNull) + event(kUsageOnly) + event("[DONE]");
+  const std::string stream = event(kContent) + event(kContentUsageNull) + event(kUsageOnly) + event("[DONE]");
   EXPECT_EQ(relay(hooks, stream), event(kContent) + event(kContentUsageNull) + event("[DONE]"));
   ASSERT_TRUE(hooks.usage().has_usage());
   EXPECT_EQ(hooks.usage().usage().prompt_tokens, 12u);
@@ -181,7 +180,9 @@ TEST(ApiAskForUsage, WithoutStreamOptionsAddsThemFirst) {
   const std::string body = R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true})";
   const auto e = ask(body, false);
   ASSERT_TRUE(e.changed);
-  EXPECT_EQ(e.out, R"({"stream_options":{"include_usage":true},"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true})");
+  EXPECT_EQ(
+      e.out,
+      R"({"stream_options":{"include_usage":true},"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true})");
 }
 
 TEST(ApiAskForUsage, NullStreamOptionsAreReplaced) {
@@ -205,7 +206,9 @@ TEST(ApiAskForUsage, IncludeUsageFalseIsTurnedOnAndEverythingElseKept) {
       "{ \"model\" : \"m\",\n  \"stream_options\" : { \"include_usage\" : false },\n  \"stream\":true, \"n\": 2 }";
   const auto e = ask(body, true);
   ASSERT_TRUE(e.changed);
-  EXPECT_EQ(e.out, "{ \"model\" : \"m\",\n  \"stream_options\" : { \"include_usage\" : true },\n  \"stream\":true, \"n\": 2 }");
+  EXPECT_EQ(
+      e.out,
+      "{ \"model\" : \"m\",\n  \"stream_options\" : { \"include_usage\" : true },\n  \"stream\":true, \"n\": 2 }");
 }
 
 TEST(ApiAskForUsage, ContinuousUsageStatsIsForcedOffWhenPresent) {
@@ -213,8 +216,9 @@ TEST(ApiAskForUsage, ContinuousUsageStatsIsForcedOffWhenPresent) {
       R"({"model":"m","stream_options":{"continuous_usage_stats":true,"include_usage":false,"x":[1,{"y":2}]},"stream":true})";
   const auto e = ask(body, true);
   ASSERT_TRUE(e.changed);
-  EXPECT_EQ(e.out,
-            R"({"model":"m","stream_options":{"continuous_usage_stats":false,"include_usage":true,"x":[1,{"y":2}]},"stream":true})");
+  EXPECT_EQ(
+      e.out,
+      R"({"model":"m","stream_options":{"continuous_usage_stats":false,"include_usage":true,"x":[1,{"y":2}]},"stream":true})");
 
   // Absent: not added.
   const auto e2 = ask(R"({"model":"m","stream_options":{"include_usage":false}})", true);

@@ -72,7 +72,8 @@ class HttpDownstream : public ::testing::Test {
     // Complete whatever a failed test left pending, so no coroutine outlives the object.
     bool done = false;
     spawn(io, down->shutdown(), done);
-    run_until(io, [&] { return done; }, 2s);
+    run_until(
+        io, [&] { return done; }, 2s);
     settle(io);
   }
 
@@ -183,8 +184,7 @@ TEST_F(HttpDownstream, HeadJustUnderMaxHeaderIsRead) {
 
 TEST_F(HttpDownstream, GarbageIsMalformed) {
   for (const std::string bad : {"HELLO\r\n\r\n", "GET / HTTP/9.9\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
-                                "POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n",
-                                "GET\x01/ HTTP/1.1\r\n\r\n"}) {
+                                "POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n", "GET\x01/ HTTP/1.1\r\n\r\n"}) {
     SCOPED_TRACE(bad);
     restart();
     client.send(bad);
@@ -385,8 +385,10 @@ TEST_F(HttpDownstream, ChunkedBodyOverMaxBodyIsBodyTooLarge) {
   sc.max_body_bytes = 100;
   start();
   // All of it in one segment with the head, so it is parsed from the buffer.
-  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" "40\r\n" + std::string(64, 'a') +
-              "\r\n40\r\n" + std::string(64, 'b') + "\r\n0\r\n\r\n");
+  client.send(
+      "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+      "40\r\n" +
+      std::string(64, 'a') + "\r\n40\r\n" + std::string(64, 'b') + "\r\n0\r\n\r\n");
   ASSERT_EQ(head(), Head::request);
   ASSERT_EQ(body(), false);
   EXPECT_EQ(down->failure(), ReadFailure::body_too_large);
@@ -475,8 +477,9 @@ TEST_F(HttpDownstream, LentBodyStorageIsUsedAndKept) {
 
 TEST_F(HttpDownstream, TwoPipelinedRequestsInOneWriteAreReadInTurn) {
   start();
-  client.send("POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
-              "GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
+  client.send(
+      "POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+      "GET /b HTTP/1.1\r\nHost: x\r\n\r\n");
   ASSERT_EQ(head(), Head::request);
   EXPECT_EQ(down->request().target(), "/a");
   ASSERT_EQ(body(), true);

@@ -29,7 +29,8 @@ using test::settle;
 using test::spawn;
 
 constexpr std::string_view kRequestHead = "POST /v1/completions HTTP/1.1\r\nHost: u:8000\r\nContent-Length: 2\r\n\r\n";
-constexpr std::string_view kChunkedHead = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
+constexpr std::string_view kChunkedHead =
+    "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n";
 
 // Frames `body` as chunks of the given sizes (cycled), with a chunk
 // extension on every third one, as a server may.
@@ -98,7 +99,8 @@ class HttpExchange : public ::testing::Test {
 
   void TearDown() override {
     if (ex && running) ex->cancel();
-    run_until(io, [&] { return !running; }, 2s);
+    run_until(
+        io, [&] { return !running; }, 2s);
     settle(io);
   }
 
@@ -187,20 +189,25 @@ class HttpExchange : public ::testing::Test {
   void feed(std::string_view bytes) {
     up.sock.non_blocking(true);
     std::size_t sent = 0;
-    ASSERT_TRUE(run_until(io, [&] {
-      boost::system::error_code ec;
-      if (sent < bytes.size()) {
-        sent += up.sock.write_some(asio::buffer(bytes.data() + sent, bytes.size() - sent), ec);
-        if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-          ADD_FAILURE() << "upstream write: " << ec.message();
-          return true;
-        }
-      }
-      return sent == bytes.size() || run.finished;
-    }, 60s));
+    ASSERT_TRUE(run_until(
+        io,
+        [&] {
+          boost::system::error_code ec;
+          if (sent < bytes.size()) {
+            sent += up.sock.write_some(asio::buffer(bytes.data() + sent, bytes.size() - sent), ec);
+            if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+              ADD_FAILURE() << "upstream write: " << ec.message();
+              return true;
+            }
+          }
+          return sent == bytes.size() || run.finished;
+        },
+        60s));
     up.sock.non_blocking(false);
   }
-  bool finish() { return run_until(io, [&] { return run.finished; }); }
+  bool finish() {
+    return run_until(io, [&] { return run.finished; });
+  }
 
   // The bytes the upstream received (the requests the exchange sent).
   std::string request_seen() {
@@ -366,7 +373,8 @@ TEST_F(HttpExchange, ContentLengthBodyLargerThanIntoComesBackOverManyReads) {
 TEST_F(HttpExchange, ChunkedBodyLargerThanIntoComesBackOverManyReads) {
   const std::string body = pattern(1u << 20, 5);
   // Chunks smaller, equal to and larger than the scratch buffer and `into`.
-  const std::string resp = std::string(kChunkedHead) + chunked(body, {1, 100, 999, 1000, 1001, 4096, 16384, 16385, 70000, 7});
+  const std::string resp =
+      std::string(kChunkedHead) + chunked(body, {1, 100, 999, 1000, 1001, 4096, 16384, 16385, 70000, 7});
   for (std::size_t into_size : {std::size_t{1000}, std::size_t{20000}}) {
     SCOPED_TRACE("into " + std::to_string(into_size));
     if (into_size != 1000) connect_fresh();
@@ -428,7 +436,8 @@ TEST_F(HttpExchange, HeadRequestHasNoBodyAndTheConnectionIsReused) {
 }
 
 TEST_F(HttpExchange, NoContentAndNotModifiedHaveNoBody) {
-  for (std::string_view resp : {"HTTP/1.1 204 No Content\r\n\r\n", "HTTP/1.1 304 Not Modified\r\nContent-Length: 50\r\n\r\n"}) {
+  for (std::string_view resp :
+       {"HTTP/1.1 204 No Content\r\n\r\n", "HTTP/1.1 304 Not Modified\r\nContent-Length: 50\r\n\r\n"}) {
     SCOPED_TRACE(resp);
     if (resp[9] == '3') connect_fresh();
     begin();
@@ -456,8 +465,9 @@ TEST_F(HttpExchange, UpstreamResetMidBodyIsReset) {
 }
 
 TEST_F(HttpExchange, UpstreamClosingEarlyIsReset) {
-  for (const std::string& partial : {content_length_response("0123456789").substr(0, content_length_response("0123456789").size() - 5),
-                                    std::string(kChunkedHead) + "a\r\n01234"}) {
+  for (const std::string& partial :
+       {content_length_response("0123456789").substr(0, content_length_response("0123456789").size() - 5),
+        std::string(kChunkedHead) + "a\r\n01234"}) {
     SCOPED_TRACE(partial);
     if (partial.find("chunked") != std::string::npos) connect_fresh();
     begin();

@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <boost/beast/http/empty_body.hpp>
 #include <boost/beast/http/parser.hpp>
-#include <gtest/gtest.h>
 
 namespace weir::http {
 namespace {
@@ -59,7 +59,8 @@ std::vector<std::string> values(std::string_view head, std::string_view name) {
     if (colon == std::string::npos || colon != name.size()) continue;
     bool same = true;
     for (std::size_t i = 0; i < name.size(); ++i)
-      same = same && std::tolower(static_cast<unsigned char>(l[i])) == std::tolower(static_cast<unsigned char>(name[i]));
+      same =
+          same && std::tolower(static_cast<unsigned char>(l[i])) == std::tolower(static_cast<unsigned char>(name[i]));
     if (same) out.push_back(l.substr(colon + 2));
   }
   return out;
@@ -282,9 +283,8 @@ TEST(HttpForward, ResponseContentEncodingIsDroppedOnlyWhenAsked) {
 
 TEST(HttpForward, ChunkedResponseFramingIsNotForwarded) {
   std::string out;
-  append_response_fields(out,
-                         response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"),
-                         false);
+  append_response_fields(
+      out, response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"), false);
   EXPECT_EQ(out, "Content-Type: application/json\r\n");
 }
 

@@ -101,10 +101,12 @@ struct Peer {
 // Runs `io` while reading `peer` until it has received at least `n` bytes
 // (or its stream ended, or the deadline passed). Returns whether it got them.
 inline bool receive_at_least(asio::io_context& io, Peer& peer, std::size_t n) {
-  return run_until(io, [&] {
-    const bool open = peer.read_available();
-    return peer.received.size() >= n || !open;
-  }) && peer.received.size() >= n;
+  return run_until(io,
+                   [&] {
+                     const bool open = peer.read_available();
+                     return peer.received.size() >= n || !open;
+                   }) &&
+         peer.received.size() >= n;
 }
 
 }  // namespace weir::test

@@ -56,7 +56,8 @@ data: [DONE]
 constexpr std::string_view kVllmShort =
     "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"
     "data: {\"id\":\"c1\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"é日😀\\\"\"}}]}\n\n"
-    "data: {\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"total_tokens\":5,\"completion_tokens\":1}}\n\n"
+    "data: "
+    "{\"id\":\"c1\",\"choices\":[],\"usage\":{\"prompt_tokens\":4,\"total_tokens\":5,\"completion_tokens\":1}}\n\n"
     "data: [DONE]\n\n";
 
 constexpr std::string_view kCrlf =
@@ -73,31 +74,31 @@ constexpr std::string_view kCrOnly =
     "data: [DONE]\r\r";
 
 constexpr std::string_view kMixed =
-    "data: a\r\n\n"       // CRLF then LF
-    "data: b\n\r"         // LF then CR
-    "data: c\r\r\n"       // CR then CRLF
+    "data: a\r\n\n"  // CRLF then LF
+    "data: b\n\r"    // LF then CR
+    "data: c\r\r\n"  // CR then CRLF
     "data: d\ndata: e\r\n\r\n"
-    "\n"                  // a stray blank line: an empty event of its own
+    "\n"  // a stray blank line: an empty event of its own
     "data: f\r\n\r\n";
 
 // Field-syntax corner cases from WHATWG §9.2.6.
 constexpr std::string_view kFields =
-    ": ping\n\n"                    // comment-only block
-    ":\n\n"                         // empty comment
-    "data:nospace\n\n"              // no space after the colon
-    "data:  two spaces\n\n"         // only one space is removed
-    "data\n\n"                      // field name without a colon: data with empty value
-    "data:\n\n"                     // empty data
+    ": ping\n\n"                           // comment-only block
+    ":\n\n"                                // empty comment
+    "data:nospace\n\n"                     // no space after the colon
+    "data:  two spaces\n\n"                // only one space is removed
+    "data\n\n"                             // field name without a colon: data with empty value
+    "data:\n\n"                            // empty data
     "data: line1\ndata:\ndata: line3\n\n"  // multi-line data with an empty line inside
     "event: custom\nid: 42\nretry: 3000\ndata: payload\n\n"
     "event: first\nevent: second\nid: a\nid: b\ndata: x\n\n"  // last one wins
-    "id: bad\0id\ndata: nul\n\n"sv  // id with NUL is ignored
+    "id: bad\0id\ndata: nul\n\n"sv                            // id with NUL is ignored
     "foo: bar\n: comment\ndata: kept\nDATA: case-sensitive\n\n"
-    "event: no-data\n\n"            // no data line: has_data == false
+    "event: no-data\n\n"  // no data line: has_data == false
     "event\nid\ndata: empty event and id\n\n"
     "data: colon: inside: value\n\n"
-    "\n\n"                          // blank lines on their own
-    "data: tail-incomplete";        // no terminating blank line: stays pending
+    "\n\n"                    // blank lines on their own
+    "data: tail-incomplete";  // no terminating blank line: stays pending
 
 constexpr std::string_view kBomStream =
     "\xEF\xBB\xBF"
@@ -276,8 +277,8 @@ Outcome run_reader(std::string_view in, const std::vector<std::size_t>& cuts, st
                             in.begin() + static_cast<std::ptrdiff_t>(to));
     reader.push({piece.data(), piece.size()});
     while (auto ev = reader.next()) {
-      out.events.push_back(Ev{std::string(ev->raw), std::string(ev->data), std::string(ev->type),
-                              std::string(ev->id), ev->has_data});
+      out.events.push_back(
+          Ev{std::string(ev->raw), std::string(ev->data), std::string(ev->type), std::string(ev->id), ev->has_data});
       if (concat_raw) concat_raw->append(ev->raw);
     }
     std::fill(piece.begin(), piece.end(), '#');
@@ -596,7 +597,7 @@ TEST(HttpSseReader, BomIsSkippedOnlyAtTheStart) {
 
 TEST(HttpSseReader, OversizedEventIsAnErrorUntilReset) {
   SseReader r(16);
-  std::string ok = "data: 123456789\n\n";  // 17 bytes
+  std::string ok = "data: 123456789\n\n";   // 17 bytes
   std::string fits = "data: 12345678\n\n";  // 16 bytes
   r.push(fits);
   ASSERT_TRUE(r.next());
@@ -694,8 +695,19 @@ TEST(HttpAppendSseData, Shapes) {
 
 TEST(HttpAppendSseData, RoundTripsThroughTheReader) {
   const std::vector<std::string> payloads = {
-      "", "x", "[DONE]", "a\nb", "\n", "\n\n", "a\n\nb", " lead", ": not a comment", "data: nested",
-      std::string(kVllmShort.substr(6, 80)), "é日😀", "tail\n",
+      "",
+      "x",
+      "[DONE]",
+      "a\nb",
+      "\n",
+      "\n\n",
+      "a\n\nb",
+      " lead",
+      ": not a comment",
+      "data: nested",
+      std::string(kVllmShort.substr(6, 80)),
+      "é日😀",
+      "tail\n",
   };
   for (const std::string& p : payloads) {
     std::string wire;

@@ -65,9 +65,9 @@ TEST(ConnectionPool, SweepClosesConnectionsTheServerClosed) {
   EXPECT_EQ(pool.sweep(t0), 0u);  // all open and silent: nothing to do
   EXPECT_EQ(pool.idle(), 6u);
 
-  lo.server[1].close();                                       // FIN
+  lo.server[1].close();  // FIN
   lo.server[3].set_option(asio::socket_base::linger(true, 0));
-  lo.server[3].close();                                       // RST
+  lo.server[3].close();                                                // RST
   asio::write(lo.server[4], asio::buffer("HTTP/1.1 200 OK\r\n", 17));  // unsolicited bytes
   EXPECT_EQ(sweep_until(pool, t0, 3), 3u);
 

@@ -66,8 +66,8 @@ TEST(RoutingAttempts, ConnectFailuresTryEveryEndpointOnceThenStop) {
       std::vector<std::uint32_t> tried{a.endpoint()};
       for (int i = 1; i < n; ++i) {
         now += 1ms;
-        ASSERT_TRUE(a.on_connect_failure(i % 2 ? UpstreamFailure::connect_refused : UpstreamFailure::connect_timeout,
-                                         now));
+        ASSERT_TRUE(
+            a.on_connect_failure(i % 2 ? UpstreamFailure::connect_refused : UpstreamFailure::connect_timeout, now));
         EXPECT_EQ(a.retries(), static_cast<std::uint32_t>(i));
         EXPECT_FALSE(a.fresh_only());
         tried.push_back(a.endpoint());
@@ -216,7 +216,7 @@ TEST(RoutingAttempts, StaleRetryOnlyForAReusedConnectionResetAtOnceBeforeAnyAnsw
     EXPECT_EQ(a.on_exchange_failure(c.f, c.reused, c.bytes, c.since), c.retried);
     EXPECT_EQ(a.fresh_only(), c.retried);
     EXPECT_EQ(a.retries(), c.retried ? 1u : 0u);
-    EXPECT_EQ(a.endpoint(), ep);  // an exchange failure never moves the request
+    EXPECT_EQ(a.endpoint(), ep);                                    // an exchange failure never moves the request
     EXPECT_EQ(p->endpoint(ep).ejected_until, Clock::time_point{});  // nor ejects anything
   }
 }

@@ -36,7 +36,7 @@ models:
   ASSERT_TRUE(r);
   EXPECT_EQ(r->pool, 1u);
   EXPECT_TRUE(r->upstream_model.empty());  // sent as the client wrote it
-  r = t.find("two");  // an alias is renamed to the canonical name upstream
+  r = t.find("two");                       // an alias is renamed to the canonical name upstream
   ASSERT_TRUE(r);
   EXPECT_EQ(r->upstream_model, "m2");
   EXPECT_FALSE(t.find("m3"));
@@ -72,7 +72,8 @@ TEST(WorkerPool, PowerOfTwoChoicesPrefersLessLoaded) {
 }
 
 TEST(WorkerPool, EjectsRefusingEndpointsAndRecovers) {
-  auto cfg = config("pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2], eject_for: 1s}}\ndefault_pool: a\n");
+  auto cfg =
+      config("pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2], eject_for: 1s}}\ndefault_pool: a\n");
   std::vector<http::tcp::endpoint> addrs(2);
   routing::WorkerPool pool(cfg.pools[0], addrs);
   routing::Rng rng(7);

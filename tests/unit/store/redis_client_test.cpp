@@ -2,14 +2,14 @@
 // pipelining, timeouts, reconnect after a restart, NOSCRIPT fallback.
 #include "store/redis_client.hpp"
 
+#include <gtest/gtest.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
-#include <gtest/gtest.h>
 
-#include "store/resp.hpp"
 #include "redis_server.hpp"
+#include "store/resp.hpp"
 
 namespace weir::store {
 namespace {
@@ -73,7 +73,8 @@ TEST(RespTest, FormatsCommandsAsRespArrays) {
   const std::string args[] = {"1", "2"};
   auto e = Command::evalsha(s, keys, args);
   EXPECT_EQ(e.script(), &s);
-  EXPECT_EQ(e.bytes(), "*6\r\n$7\r\nEVALSHA\r\n$40\r\n" + s.sha1() + "\r\n$1\r\n1\r\n$1\r\na\r\n$1\r\n1\r\n$1\r\n2\r\n");
+  EXPECT_EQ(e.bytes(),
+            "*6\r\n$7\r\nEVALSHA\r\n$40\r\n" + s.sha1() + "\r\n$1\r\n1\r\n$1\r\na\r\n$1\r\n1\r\n$1\r\n2\r\n");
 }
 
 TEST(RespTest, ParsesRepliesSplitAcrossReads) {
@@ -113,9 +114,7 @@ TEST(RespTest, RejectsBytesThatAreNotResp) {
 
 class RedisClientTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    ASSERT_TRUE(server_.ok()) << "redis-server did not start (scripts/setup installs it)";
-  }
+  void SetUp() override { ASSERT_TRUE(server_.ok()) << "redis-server did not start (scripts/setup installs it)"; }
   testing::RedisServer server_;
   asio::io_context ioc_;
 };

@@ -53,9 +53,9 @@ class RedisServer {
   // (Re)starts on port() and waits until PING answers +PONG (at most 10 s).
   bool start() {
     if (pid_ > 0) return true;
-    std::vector<std::string> args = {"redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1",
-                                     "--save", "", "--appendonly", "no", "--dir", dir_,
-                                     "--logfile", dir_ + "/redis.log", "--daemonize", "no"};
+    std::vector<std::string> args = {"redis-server", "--port",    std::to_string(port_), "--bind",      "127.0.0.1",
+                                     "--save",       "",          "--appendonly",        "no",          "--dir",
+                                     dir_,           "--logfile", dir_ + "/redis.log",   "--daemonize", "no"};
     args.insert(args.end(), extra_.begin(), extra_.end());
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

@@ -14,7 +14,7 @@ std::size_t Histogram::index_of(std::int64_t ns) {
   const auto v = static_cast<std::uint64_t>(ns);
   // Octave k such that v < 256·2^k; values below 256 land in octave 0.
   const int msb = 63 - std::countl_zero(v | static_cast<std::uint64_t>(kSubMask));
-  const int k = msb - kSubBits;  // 0 for v < 256
+  const int k = msb - kSubBits;                        // 0 for v < 256
   const auto sub = static_cast<std::int64_t>(v >> k);  // in [0, 256) for k == 0, else [128, 256)
   return static_cast<std::size_t>((static_cast<std::int64_t>(k) << kSubBits) + sub);
 }
@@ -62,9 +62,7 @@ void Histogram::merge(const Histogram& other) {
 
 void Histogram::reset() { *this = Histogram(); }
 
-double Histogram::mean() const {
-  return count_ ? static_cast<double>(sum_) / static_cast<double>(count_) : 0.0;
-}
+double Histogram::mean() const { return count_ ? static_cast<double>(sum_) / static_cast<double>(count_) : 0.0; }
 
 std::int64_t Histogram::value_at_percentile(double q) const {
   if (count_ == 0) return 0;

@@ -55,9 +55,9 @@ class Histogram {
   std::uint64_t count() const { return count_; }
   std::int64_t min() const { return count_ ? min_ : 0; }  // ns, exact (after clamping)
   std::int64_t max() const { return max_; }               // ns, exact (after clamping)
-  double mean() const;                                     // ns, exact (after clamping)
-  std::uint64_t above_range() const { return above_; }     // values > kMaxNs seen
-  std::uint64_t below_range() const { return below_; }     // values < 0 seen
+  double mean() const;                                    // ns, exact (after clamping)
+  std::uint64_t above_range() const { return above_; }    // values > kMaxNs seen
+  std::uint64_t below_range() const { return below_; }    // values < 0 seen
 
   // Bucket geometry (exposed for tests): index of a value and the [low, high]
   // range of values that share a bucket.
@@ -65,8 +65,8 @@ class Histogram {
   static std::int64_t bucket_low(std::size_t index);
   static std::int64_t bucket_high(std::size_t index);
 
-  static constexpr int kSubBits = 7;                       // 128 sub-buckets per octave
-  static constexpr std::int64_t kSubHalf = 1 << kSubBits;  // 128
+  static constexpr int kSubBits = 7;                             // 128 sub-buckets per octave
+  static constexpr std::int64_t kSubHalf = 1 << kSubBits;        // 128
   static constexpr std::int64_t kSubMask = (kSubHalf << 1) - 1;  // 255
   // kMaxNs < 2^36: top bucket exponent 36 - 8 = 28, indices < (28 + 2) · 128.
   static constexpr std::size_t kBuckets = (28 + 2) * kSubHalf;

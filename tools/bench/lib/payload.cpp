@@ -4,21 +4,21 @@
 #include <charconv>
 #include <cmath>
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
+#include <boost/json.hpp>
 
 namespace weir::bench {
 
 std::string seed_prompt(std::size_t words) {
   static constexpr std::array<std::string_view, 64> kWords = {
-      "the",     "gateway", "streams",  "tokens",   "from",    "a",        "model",   "server",
-      "to",      "each",    "client",   "with",     "low",     "latency",  "and",     "every",
-      "request", "carries", "prompt",   "that",     "asks",    "for",      "short",   "answer",
-      "about",   "weather", "history",  "science",  "music",   "cities",   "rivers",  "mountains",
-      "quickly", "slowly",  "careful",  "bright",   "quiet",   "ancient",  "modern",  "simple",
-      "engineer","measures","tail",     "percentile","under",  "load",     "while",   "routing",
-      "batches", "through", "pools",    "of",       "workers", "in",       "order",   "before",
-      "after",   "because", "without",  "numbers",  "explain", "why",      "it",      "matters"};
+      "the",      "gateway",  "streams", "tokens",     "from",    "a",       "model",  "server",
+      "to",       "each",     "client",  "with",       "low",     "latency", "and",    "every",
+      "request",  "carries",  "prompt",  "that",       "asks",    "for",     "short",  "answer",
+      "about",    "weather",  "history", "science",    "music",   "cities",  "rivers", "mountains",
+      "quickly",  "slowly",   "careful", "bright",     "quiet",   "ancient", "modern", "simple",
+      "engineer", "measures", "tail",    "percentile", "under",   "load",    "while",  "routing",
+      "batches",  "through",  "pools",   "of",         "workers", "in",      "order",  "before",
+      "after",    "because",  "without", "numbers",    "explain", "why",     "it",     "matters"};
   std::uint64_t x = 0x9E3779B97F4A7C15ULL;  // fixed seed: the prompt never changes
   std::string out;
   out.reserve(words * 8);
@@ -95,9 +95,8 @@ bool body_wants_stream(std::string_view body) {
   return false;
 }
 
-std::string build_request(std::string_view path, std::string_view host,
-                          const std::vector<std::string>& headers, std::string_view body,
-                          bool sse) {
+std::string build_request(std::string_view path, std::string_view host, const std::vector<std::string>& headers,
+                          std::string_view body, bool sse) {
   std::string out = fmt::format(
       "POST {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: weir-bench/0.1\r\n"
       "Content-Type: application/json\r\nAccept: {}\r\nContent-Length: {}\r\n",
@@ -120,13 +119,20 @@ std::optional<std::int64_t> parse_duration_ns(std::string_view text) {
   if (ec != std::errc{} || ptr != text.data() + i) return std::nullopt;
   const std::string_view unit = text.substr(i);
   double scale = 0;
-  if (unit.empty() || unit == "s") scale = 1e9;
-  else if (unit == "ms") scale = 1e6;
-  else if (unit == "us") scale = 1e3;
-  else if (unit == "ns") scale = 1;
-  else if (unit == "m") scale = 60e9;
-  else if (unit == "h") scale = 3600e9;
-  else return std::nullopt;
+  if (unit.empty() || unit == "s")
+    scale = 1e9;
+  else if (unit == "ms")
+    scale = 1e6;
+  else if (unit == "us")
+    scale = 1e3;
+  else if (unit == "ns")
+    scale = 1;
+  else if (unit == "m")
+    scale = 60e9;
+  else if (unit == "h")
+    scale = 3600e9;
+  else
+    return std::nullopt;
   return static_cast<std::int64_t>(std::llround(v * scale));
 }
 

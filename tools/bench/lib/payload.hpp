@@ -38,9 +38,8 @@ bool body_wants_stream(std::string_view body);
 // A complete HTTP/1.1 POST request: request line, Host, Content-Type,
 // Content-Length, Accept (text/event-stream when `sse`), User-Agent, the
 // extra `headers` ("Name: value" each, sent as given), blank line, body.
-std::string build_request(std::string_view path, std::string_view host,
-                          const std::vector<std::string>& headers, std::string_view body,
-                          bool sse);
+std::string build_request(std::string_view path, std::string_view host, const std::vector<std::string>& headers,
+                          std::string_view body, bool sse);
 
 // "30s", "500ms", "2m", "1h", "250us", "1.5s"; a bare number is seconds.
 // Returns ns, or nullopt if malformed or negative.

@@ -4,8 +4,7 @@
 
 namespace weir::bench {
 
-Schedule::Schedule(Arrivals arrivals, double rate, std::uint32_t stride, std::uint32_t phase,
-                   std::uint64_t seed)
+Schedule::Schedule(Arrivals arrivals, double rate, std::uint32_t stride, std::uint32_t phase, std::uint64_t seed)
     : arrivals_(arrivals),
       period_ns_(1e9L / static_cast<long double>(rate)),
       stride_(stride == 0 ? 1 : stride),

@@ -96,9 +96,7 @@ void StreamTracker::start(Histogram* itl, std::int64_t stall_ns) {
 }
 
 void StreamTracker::feed(std::string_view bytes, std::int64_t now_ns) {
-  parser_.feed(bytes, [this, now_ns](std::string_view type, std::string_view data) {
-    on_event(type, data, now_ns);
-  });
+  parser_.feed(bytes, [this, now_ns](std::string_view type, std::string_view data) { on_event(type, data, now_ns); });
 }
 
 void StreamTracker::on_event(std::string_view type, std::string_view data, std::int64_t now_ns) {

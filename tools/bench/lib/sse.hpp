@@ -54,9 +54,9 @@ class SseParser {
   template <class F>
   void process_line(std::string_view line, F& on_event);
 
-  std::string line_;   // a line split across feeds
-  std::string data_;   // the data buffer of the event being built
-  std::string type_;   // the event type buffer
+  std::string line_;      // a line split across feeds
+  std::string data_;      // the data buffer of the event being built
+  std::string type_;      // the event type buffer
   bool skip_lf_ = false;  // the previous byte was CR: a following LF belongs to it
   bool at_start_ = true;  // no line seen yet (BOM check)
 };
@@ -66,8 +66,8 @@ class SseParser {
 // the bytes, keys matched anywhere in the object tree, string values skipped
 // with escapes honoured. Not a validator: malformed JSON yields what it yields.
 struct JsonScan {
-  bool has_content = false;          // a non-empty "content"/"text"/"reasoning_content" string
-  bool is_error = false;             // the first member's key is "error"
+  bool has_content = false;             // a non-empty "content"/"text"/"reasoning_content" string
+  bool is_error = false;                // the first member's key is "error"
   std::int64_t completion_tokens = -1;  // "completion_tokens" or "output_tokens", -1 if absent
   std::int64_t prompt_tokens = -1;      // "prompt_tokens" or "input_tokens", -1 if absent
 };
@@ -78,9 +78,9 @@ JsonScan scan_json(std::string_view json);
 struct StreamStats {
   std::int64_t first_token_ns = -1;
   std::int64_t last_token_ns = -1;
-  std::int64_t max_gap_ns = 0;            // largest ITL gap
-  std::uint32_t tokens = 0;               // token events
-  std::uint32_t events = 0;               // all dispatched events
+  std::int64_t max_gap_ns = 0;  // largest ITL gap
+  std::uint32_t tokens = 0;     // token events
+  std::uint32_t events = 0;     // all dispatched events
   std::int64_t usage_completion_tokens = -1;
   std::int64_t usage_prompt_tokens = -1;
   bool done = false;

@@ -3,23 +3,33 @@
 #include <algorithm>
 #include <cmath>
 
-#include <boost/json.hpp>
 #include <fmt/format.h>
+#include <boost/json.hpp>
 
 namespace weir::bench {
 
 std::string_view outcome_name(Outcome o) {
   switch (o) {
-    case Outcome::ok: return "ok";
-    case Outcome::connect: return "connect";
-    case Outcome::status: return "status";
-    case Outcome::timeout: return "timeout";
-    case Outcome::truncated: return "truncated";
-    case Outcome::stall: return "stall";
-    case Outcome::stream_error: return "stream_error";
-    case Outcome::io: return "io";
-    case Outcome::protocol: return "protocol";
-    case Outcome::cancelled: return "cancelled";
+    case Outcome::ok:
+      return "ok";
+    case Outcome::connect:
+      return "connect";
+    case Outcome::status:
+      return "status";
+    case Outcome::timeout:
+      return "timeout";
+    case Outcome::truncated:
+      return "truncated";
+    case Outcome::stall:
+      return "stall";
+    case Outcome::stream_error:
+      return "stream_error";
+    case Outcome::io:
+      return "io";
+    case Outcome::protocol:
+      return "protocol";
+    case Outcome::cancelled:
+      return "cancelled";
   }
   return "?";
 }
@@ -92,36 +102,32 @@ Verdict assess(const RunInfo& run, const Stats& s) {
   if (run.open_loop && !run.interrupted && s.scheduled >= 100) {
     const double kept = static_cast<double>(s.released_in_window) / static_cast<double>(s.scheduled);
     if (kept < 0.99) {
-      v.reasons.push_back(fmt::format(
-          "achieved send rate {:.1f} req/s is {:.1f}% of the offered {:.1f} req/s",
-          ratio(s.released_in_window, run.duration_s), kept * 100.0, run.rate));
+      v.reasons.push_back(fmt::format("achieved send rate {:.1f} req/s is {:.1f}% of the offered {:.1f} req/s",
+                                      ratio(s.released_in_window, run.duration_s), kept * 100.0, run.rate));
     }
   }
-  if (run.open_loop && s.sender_lag.count() > 0 &&
-      s.sender_lag.value_at_percentile(99) > run.max_lag_ns) {
+  if (run.open_loop && s.sender_lag.count() > 0 && s.sender_lag.value_at_percentile(99) > run.max_lag_ns) {
     v.reasons.push_back(fmt::format("sender lag p99 {:.0f} us exceeds --max-lag {:.0f} us",
-                                    us(s.sender_lag.value_at_percentile(99)),
-                                    us(run.max_lag_ns)));
+                                    us(s.sender_lag.value_at_percentile(99)), us(run.max_lag_ns)));
   }
   if (s.pool_cap_waits > 0) {
-    v.reasons.push_back(fmt::format(
-        "{} requests waited for a connection because --connections {} was reached",
-        s.pool_cap_waits, run.connections));
+    v.reasons.push_back(fmt::format("{} requests waited for a connection because --connections {} was reached",
+                                    s.pool_cap_waits, run.connections));
   }
   if (s.connect_generator > 0) {
-    v.reasons.push_back(fmt::format(
-        "{} connects failed on the generator's own limits (EMFILE/ENFILE/EADDRNOTAVAIL): not the target's",
-        s.connect_generator));
+    v.reasons.push_back(
+        fmt::format("{} connects failed on the generator's own limits (EMFILE/ENFILE/EADDRNOTAVAIL): not the target's",
+                    s.connect_generator));
   }
   if (s.max_thread_runqueue_wait > 0.1) {
-    v.reasons.push_back(fmt::format(
-        "a worker thread waited for a CPU {:.0f}% of the run: other processes starved the generator",
-        s.max_thread_runqueue_wait * 100.0));
+    v.reasons.push_back(
+        fmt::format("a worker thread waited for a CPU {:.0f}% of the run: other processes starved the generator",
+                    s.max_thread_runqueue_wait * 100.0));
   }
   if (!run.open_loop && s.max_thread_cpu_util > 0.9) {
-    v.reasons.push_back(fmt::format(
-        "a worker thread was busy {:.0f}% of the run: throughput may be the generator's limit",
-        s.max_thread_cpu_util * 100.0));
+    v.reasons.push_back(
+        fmt::format("a worker thread was busy {:.0f}% of the run: throughput may be the generator's limit",
+                    s.max_thread_cpu_util * 100.0));
   }
   v.generator_saturated = !v.reasons.empty();
   return v;
@@ -145,8 +151,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   o["interrupted"] = run.interrupted;
 
   o["send_rate_rps"] = ratio(s.released_in_window, run.duration_s);
-  o["achieved_rate_rps"] =
-      ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s);
+  o["achieved_rate_rps"] = ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s);
   o["scheduled"] = s.scheduled;
   o["sent"] = s.sent;
   o["completed"] = s.completed;
@@ -185,8 +190,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   gen["max_open_connections"] = s.max_open_connections;
   gen["max_inflight"] = s.max_busy;
   gen["requests_total"] = s.requests_total;
-  gen["cpu_us_per_request"] =
-      s.requests_total ? s.cpu_seconds * 1e6 / static_cast<double>(s.requests_total) : 0.0;
+  gen["cpu_us_per_request"] = s.requests_total ? s.cpu_seconds * 1e6 / static_cast<double>(s.requests_total) : 0.0;
   gen["reconnects"] = s.reconnects;
   gen["pool_cap_waits"] = s.pool_cap_waits;
   gen["cpu_seconds"] = s.cpu_seconds;
@@ -205,14 +209,11 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
 std::string to_csv(const Stats& s) {
   std::string out = "metric,count,min_us,mean_us,p50_us,p90_us,p99_us,p99_9_us,max_us\n";
   const std::pair<const char*, const Histogram*> rows[] = {
-      {"e2e", &s.e2e}, {"ttft", &s.ttft}, {"itl", &s.itl},
-      {"sender_lag", &s.sender_lag}, {"connect", &s.connect}};
+      {"e2e", &s.e2e}, {"ttft", &s.ttft}, {"itl", &s.itl}, {"sender_lag", &s.sender_lag}, {"connect", &s.connect}};
   for (const auto& [name, h] : rows) {
-    out += fmt::format("{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f}\n", name,
-                       h->count(), us(h->min()), std::round(h->mean()) / kUs,
-                       us(h->value_at_percentile(50)), us(h->value_at_percentile(90)),
-                       us(h->value_at_percentile(99)), us(h->value_at_percentile(99.9)),
-                       us(h->max()));
+    out += fmt::format("{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f}\n", name, h->count(), us(h->min()),
+                       std::round(h->mean()) / kUs, us(h->value_at_percentile(50)), us(h->value_at_percentile(90)),
+                       us(h->value_at_percentile(99)), us(h->value_at_percentile(99.9)), us(h->max()));
   }
   return out;
 }
@@ -231,31 +232,27 @@ std::string fmt_dur(std::int64_t ns) {
 std::string to_text(const RunInfo& run, const Stats& s, const Verdict& v) {
   std::string out;
   if (run.open_loop) {
-    out += fmt::format("{} open loop, {} arrivals, offered {:.1f} req/s, {} thread(s), {:.1f}s (+{:.1f}s warm-up)\n",
-                       run.url, run.poisson ? "poisson" : "constant", run.rate, run.threads,
-                       run.duration_s, run.warmup_s);
+    out +=
+        fmt::format("{} open loop, {} arrivals, offered {:.1f} req/s, {} thread(s), {:.1f}s (+{:.1f}s warm-up)\n",
+                    run.url, run.poisson ? "poisson" : "constant", run.rate, run.threads, run.duration_s, run.warmup_s);
   } else {
-    out += fmt::format("{} closed loop, concurrency {}, {} thread(s), {:.1f}s (+{:.1f}s warm-up)\n",
-                       run.url, run.concurrency, run.threads, run.duration_s, run.warmup_s);
+    out += fmt::format("{} closed loop, concurrency {}, {} thread(s), {:.1f}s (+{:.1f}s warm-up)\n", run.url,
+                       run.concurrency, run.threads, run.duration_s, run.warmup_s);
   }
   out += fmt::format(
       "  requests: scheduled {}  sent {}  completed {}  ok {}  errors {}\n"
       "  rates:    send {:.1f} req/s  achieved {:.1f} req/s  tokens {:.1f}/s\n",
-      s.scheduled, s.sent, s.completed, s.outcomes[0], s.errors(),
-      ratio(s.released_in_window, run.duration_s),
-      ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s),
-      ratio(s.tokens, run.duration_s));
-  out += fmt::format("  {:<11}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "", "count", "p50", "p90",
-                     "p99", "p99.9", "max");
+      s.scheduled, s.sent, s.completed, s.outcomes[0], s.errors(), ratio(s.released_in_window, run.duration_s),
+      ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s), ratio(s.tokens, run.duration_s));
+  out +=
+      fmt::format("  {:<11}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "", "count", "p50", "p90", "p99", "p99.9", "max");
   const std::pair<const char*, const Histogram*> rows[] = {
-      {"e2e", &s.e2e}, {"ttft", &s.ttft}, {"itl", &s.itl},
-      {"sender_lag", &s.sender_lag}, {"connect", &s.connect}};
+      {"e2e", &s.e2e}, {"ttft", &s.ttft}, {"itl", &s.itl}, {"sender_lag", &s.sender_lag}, {"connect", &s.connect}};
   for (const auto& [name, h] : rows) {
     if (h->count() == 0) continue;
     out += fmt::format("  {:<11}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}\n", name, h->count(),
                        fmt_dur(h->value_at_percentile(50)), fmt_dur(h->value_at_percentile(90)),
-                       fmt_dur(h->value_at_percentile(99)), fmt_dur(h->value_at_percentile(99.9)),
-                       fmt_dur(h->max()));
+                       fmt_dur(h->value_at_percentile(99)), fmt_dur(h->value_at_percentile(99.9)), fmt_dur(h->max()));
   }
   if (s.errors() > 0 || s.outcomes[static_cast<std::size_t>(Outcome::cancelled)] > 0) {
     out += "  errors:";

@@ -31,10 +31,10 @@ std::string_view outcome_name(Outcome o);
 
 struct Stats {
   // Measured requests (intended send time at or after the end of warm-up).
-  std::uint64_t scheduled = 0;            // released by the pacer / started (closed loop)
-  std::uint64_t sent = 0;                 // written to a connection
-  std::uint64_t released_in_window = 0;   // released by the generator inside the window
-  std::uint64_t completed = 0;            // finished, any outcome
+  std::uint64_t scheduled = 0;           // released by the pacer / started (closed loop)
+  std::uint64_t sent = 0;                // written to a connection
+  std::uint64_t released_in_window = 0;  // released by the generator inside the window
+  std::uint64_t completed = 0;           // finished, any outcome
   std::array<std::uint64_t, kOutcomes> outcomes{};
   // Connect attempts that failed on the generator's own limits (EMFILE, ENFILE,
   // EADDRNOTAVAIL, ENOBUFS, ENOMEM): counted per attempt, also in outcomes[connect].
@@ -50,13 +50,13 @@ struct Stats {
   std::uint64_t warmup_requests = 0;     // sent during warm-up, not measured
   std::uint64_t connections_opened = 0;  // successful TCP connects
   std::uint64_t max_open_connections = 0;
-  std::uint64_t max_busy = 0;        // peak requests in flight on connections (concurrent streams)
-  std::uint64_t requests_total = 0;  // requests issued, warm-up included (for CPU per request)
-  std::uint64_t reconnects = 0;      // requests re-sent once because a reused keep-alive connection was closed
-  std::uint64_t pool_cap_waits = 0;  // requests that waited because --connections was reached
-  double cpu_seconds = 0;            // worker thread CPU time
-  double max_thread_cpu_util = 0;    // highest worker CPU time / wall time
-  double runqueue_wait_seconds = 0;  // worker time runnable but not running (other processes had the CPU)
+  std::uint64_t max_busy = 0;           // peak requests in flight on connections (concurrent streams)
+  std::uint64_t requests_total = 0;     // requests issued, warm-up included (for CPU per request)
+  std::uint64_t reconnects = 0;         // requests re-sent once because a reused keep-alive connection was closed
+  std::uint64_t pool_cap_waits = 0;     // requests that waited because --connections was reached
+  double cpu_seconds = 0;               // worker thread CPU time
+  double max_thread_cpu_util = 0;       // highest worker CPU time / wall time
+  double runqueue_wait_seconds = 0;     // worker time runnable but not running (other processes had the CPU)
   double max_thread_runqueue_wait = 0;  // highest worker runqueue wait / wall time
 
   Histogram e2e;         // intended send -> last byte, ok and stall outcomes
@@ -74,14 +74,14 @@ struct RunInfo {
   std::string url;
   bool open_loop = true;
   bool poisson = false;
-  double rate = 0;                 // offered req/s (open loop)
-  std::uint32_t concurrency = 0;   // closed loop
+  double rate = 0;                // offered req/s (open loop)
+  std::uint32_t concurrency = 0;  // closed loop
   std::uint32_t threads = 1;
-  std::uint64_t connections = 0;   // cap over all threads
+  std::uint64_t connections = 0;  // cap over all threads
   double duration_s = 0;
   double warmup_s = 0;
-  double elapsed_s = 0;            // wall time of the whole run
-  std::int64_t max_lag_ns = 0;     // --max-lag: sender lag p99 above this = saturated
+  double elapsed_s = 0;         // wall time of the whole run
+  std::int64_t max_lag_ns = 0;  // --max-lag: sender lag p99 above this = saturated
   bool interrupted = false;
 };
 

@@ -35,23 +35,22 @@ using boost::system::error_code;
 // Concrete executor types: any_io_executor copies show up in Asio profiles.
 using Executor = asio::io_context::executor_type;
 using Socket = asio::basic_stream_socket<tcp, Executor>;
-using Timer = asio::basic_waitable_timer<std::chrono::steady_clock,
-                                         asio::wait_traits<std::chrono::steady_clock>, Executor>;
+using Timer =
+    asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>, Executor>;
 
 std::atomic<bool> g_stop{false};
 
 std::int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(
-             std::chrono::steady_clock::now().time_since_epoch())
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
       .count();
 }
 
 namespace {
 
-constexpr std::size_t kReadBuffer = 4 * 1024;       // per connection
-constexpr std::size_t kMaxReadBuffer = 64 * 1024;   // header or chunk line limit
-constexpr std::size_t kMaxKeptBody = 256 * 1024;  // non-SSE body kept for the usage scan
-constexpr std::uint64_t kMaxConnecting = 64;      // connects in flight per worker
+constexpr std::size_t kReadBuffer = 4 * 1024;      // per connection
+constexpr std::size_t kMaxReadBuffer = 64 * 1024;  // header or chunk line limit
+constexpr std::size_t kMaxKeptBody = 256 * 1024;   // non-SSE body kept for the usage scan
+constexpr std::uint64_t kMaxConnecting = 64;       // connects in flight per worker
 
 // Seconds this thread has spent runnable but waiting for a CPU (Linux
 // schedstat); < 0 if unavailable. A generator starved by other processes
@@ -108,8 +107,7 @@ class ResponseParser final : public http::basic_parser<false> {
  private:
   void on_request_impl(http::verb, bsv, bsv, int, error_code&) override {}
   void on_response_impl(int code, bsv, int, error_code&) override;
-  void on_field_impl(http::field name, bsv, bsv value,
-                     error_code&) override;
+  void on_field_impl(http::field name, bsv, bsv value, error_code&) override;
   void on_header_impl(error_code&) override {}
   void on_body_init_impl(boost::optional<std::uint64_t> const&, error_code&) override {}
   std::size_t on_body_impl(bsv body, error_code&) override;
@@ -127,26 +125,24 @@ struct Conn {
 
   Socket sock;
   St st = St::closed;
-  std::uint32_t gen = 0;       // bumped on close: stale handlers compare and return
-  bool in_idle = false;        // listed in the worker's idle vector
-  bool reused = false;         // this TCP connection already carried a response
-  bool got_bytes = false;      // the current request received at least one byte
-  bool sse = false;            // the current response is text/event-stream
+  std::uint32_t gen = 0;   // bumped on close: stale handlers compare and return
+  bool in_idle = false;    // listed in the worker's idle vector
+  bool reused = false;     // this TCP connection already carried a response
+  bool got_bytes = false;  // the current request received at least one byte
+  bool sse = false;        // the current response is text/event-stream
   int status = 0;
   Req req;
-  std::int64_t deadline_ns = 0;   // timeout of the current request or connect
+  std::int64_t deadline_ns = 0;  // timeout of the current request or connect
   std::int64_t connect_start_ns = 0;
-  std::int64_t feed_ns = 0;       // arrival time of the bytes being parsed
+  std::int64_t feed_ns = 0;  // arrival time of the bytes being parsed
   std::optional<ResponseParser> parser;
-  std::vector<char> buf;          // read buffer; [0, buf_len) is an unparsed tail
+  std::vector<char> buf;  // read buffer; [0, buf_len) is an unparsed tail
   std::size_t buf_len = 0;
-  std::string body;               // non-SSE body, capped at kMaxKeptBody
+  std::string body;  // non-SSE body, capped at kMaxKeptBody
   StreamTracker tracker;
 };
 
-void ResponseParser::on_response_impl(int code, bsv, int, error_code&) {
-  conn_.status = code;
-}
+void ResponseParser::on_response_impl(int code, bsv, int, error_code&) { conn_.status = code; }
 
 void ResponseParser::on_field_impl(http::field name, bsv, bsv value, error_code&) {
   if (name == http::field::content_type) {
@@ -172,15 +168,11 @@ std::size_t ResponseParser::on_chunk_body_impl(std::uint64_t, bsv body, error_co
 
 struct Worker::Impl {
   Impl(const Plan& p, std::uint32_t index)
-      : plan(p),
-        index(index),
-        pacer_timer(ioc.get_executor()),
-        sweep_timer(ioc.get_executor()) {
+      : plan(p), index(index), pacer_timer(ioc.get_executor()), sweep_timer(ioc.get_executor()) {
     const std::uint32_t n = plan.threads;
     cap = std::max<std::uint64_t>(1, plan.connections / n + (index < plan.connections % n ? 1 : 0));
     if (plan.open_loop) {
-      Schedule sched(plan.poisson ? Arrivals::poisson : Arrivals::constant, plan.rate, n, index,
-                     plan.seed);
+      Schedule sched(plan.poisson ? Arrivals::poisson : Arrivals::constant, plan.rate, n, index, plan.seed);
       pacer.emplace(std::move(sched), plan.start_ns, plan.end_ns);
     } else {
       users = plan.concurrency / n + (index < plan.concurrency % n ? 1 : 0);
@@ -206,22 +198,18 @@ struct Worker::Impl {
   std::uint64_t open = 0;                    // connected sockets
   std::uint64_t connecting = 0;
   std::uint64_t busy = 0;
-  bool sending_done = false;                 // no more requests will be issued
-  bool stopping = false;                     // SIGINT
+  bool sending_done = false;  // no more requests will be issued
+  bool stopping = false;      // SIGINT
   bool finished = false;
-  std::uint64_t to_issue = 0;                // closed loop: next requests posted, not yet issued
+  std::uint64_t to_issue = 0;  // closed loop: next requests posted, not yet issued
 
   Stats stats;
   Live live;
 
   // ---- helpers ----
-  static Timer::time_point tp(std::int64_t ns) {
-    return Timer::time_point(std::chrono::nanoseconds(ns));
-  }
+  static Timer::time_point tp(std::int64_t ns) { return Timer::time_point(std::chrono::nanoseconds(ns)); }
 
-  bool in_window(std::int64_t t) const {
-    return t >= plan.measure_start_ns && t < plan.end_ns;
-  }
+  bool in_window(std::int64_t t) const { return t >= plan.measure_start_ns && t < plan.end_ns; }
 
   void publish() {
     live.inflight.store(busy + pending.size(), std::memory_order_relaxed);
@@ -582,9 +570,12 @@ struct Worker::Impl {
       if (c.req.measured && c.status >= 0 && c.status < 600) ++stats.status_codes[c.status];
     } else if (c.sse) {
       const auto& s = c.tracker.stats();
-      if (s.stream_error) o = Outcome::stream_error;
-      else if (!s.done) o = Outcome::truncated;
-      else if (s.stalled) o = Outcome::stall;
+      if (s.stream_error)
+        o = Outcome::stream_error;
+      else if (!s.done)
+        o = Outcome::truncated;
+      else if (s.stalled)
+        o = Outcome::stall;
     }
     const bool keep = !close_after && c.parser->keep_alive();
     if (c.sse) {
@@ -663,8 +654,7 @@ struct Worker::Impl {
 
   // ---- timeouts, interruption, end ----
   void arm_sweep() {
-    const std::int64_t tick =
-        std::clamp<std::int64_t>(plan.timeout_ns / 20, 10'000'000, 100'000'000);
+    const std::int64_t tick = std::clamp<std::int64_t>(plan.timeout_ns / 20, 10'000'000, 100'000'000);
     sweep_timer.expires_after(std::chrono::nanoseconds(tick));
     sweep_timer.async_wait([this](error_code ec) {
       if (ec) return;
@@ -730,8 +720,7 @@ struct Worker::Impl {
   }
 };
 
-Worker::Worker(const Plan& plan, std::uint32_t index)
-    : impl_(std::make_unique<Impl>(plan, index)) {}
+Worker::Worker(const Plan& plan, std::uint32_t index) : impl_(std::make_unique<Impl>(plan, index)) {}
 Worker::~Worker() = default;
 void Worker::run() { impl_->run(); }
 Stats& Worker::stats() { return impl_->stats; }

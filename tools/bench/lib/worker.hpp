@@ -20,8 +20,8 @@ struct Plan {
   std::vector<std::string> requests;  // complete HTTP requests, used round-robin
   bool open_loop = true;
   bool poisson = false;
-  double rate = 0;                    // req/s over all workers (open loop)
-  std::uint32_t concurrency = 0;      // over all workers (closed loop)
+  double rate = 0;                // req/s over all workers (open loop)
+  std::uint32_t concurrency = 0;  // over all workers (closed loop)
   std::uint32_t threads = 1;
   std::uint64_t connections = 0;      // cap over all workers
   std::int64_t start_ns = 0;          // absolute steady_clock ns: first intended send
