@@ -39,14 +39,28 @@ def start_peers(env: Env, opts: Options, mock: Mock, report: Report, names: list
     return peers
 
 
+# --allocators: the shared objects LD_PRELOADed in place of glibc's malloc (Debian 12's packages,
+# installed by scripts/setup: libjemalloc2 5.3.0, libmimalloc2.0 2.0.9).
+ALLOCATORS = {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
+              "mimalloc": "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"}
+
+
 def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-baseline") -> list[Target]:
-    """The --baseline-bin weir with `config`, or nothing: measured beside build/bin/weir in the same rounds."""
-    if not env.baseline:
-        return []
+    """Weir variants measured beside build/bin/weir with the same `config`, in the same rounds: the
+    --baseline-bin weir ('weir (baseline)') and build/bin/weir under each --allocators malloc
+    ('weir (jemalloc)', ...). Empty when neither option was given."""
     from targets import start_weir
-    t = start_weir(env, "weir (baseline)", config, tag=tag, binary=str(env.baseline), name="weir-baseline")
-    report.add_meta("weir (baseline)", t.version or str(env.baseline))
-    return [t]
+    out = []
+    if env.baseline:
+        t = start_weir(env, "weir (baseline)", config, tag=tag, binary=str(env.baseline), name="weir-baseline")
+        report.add_meta("weir (baseline)", t.version or str(env.baseline))
+        out.append(t)
+    for a in env.allocators:
+        t = start_weir(env, f"weir ({a})", config, tag=f"{tag}-{a}", name=f"weir-{a}",
+                       extra_env={"LD_PRELOAD": ALLOCATORS[a]})
+        report.add_meta(f"weir ({a})", f"build/bin/weir with LD_PRELOAD={ALLOCATORS[a]}")
+        out.append(t)
+    return out
 
 
 def stop_targets(targets: list[Target]) -> None:
@@ -78,7 +92,7 @@ def fmt_ratio(r) -> str:
 
 
 PRETTY = {"litellm": "LiteLLM", "bifrost": "Bifrost", "portkey": "Portkey", "nginx": "nginx", "weir": "Weir",
-          "weir-baseline": "Weir (baseline)"}
+          "weir-baseline": "Weir (baseline)", "weir-jemalloc": "Weir (jemalloc)", "weir-mimalloc": "Weir (mimalloc)"}
 
 
 def gateway_failed(res: dict) -> str | None:

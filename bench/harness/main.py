@@ -51,6 +51,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="also measure this weir binary (e.g. the previous commit's build) beside build/bin/weir, "
                          "same config, alternated in the same rounds: target 'weir (baseline)' in the latency, "
                          "stream and memory suites")
+    ap.add_argument("--allocators", default="",
+                    help="comma-separated mallocs (jemalloc, mimalloc) to LD_PRELOAD into extra build/bin/weir "
+                         "targets 'weir (NAME)', alternated in the same rounds of the latency, stream and memory "
+                         "suites (glibc's malloc is the plain 'weir')")
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
@@ -115,6 +119,13 @@ def main(argv: list[str]) -> int:
             return 2
         baseline = snap / "weir-baseline"
         shutil.copy2(src, baseline)
+    from common import ALLOCATORS
+    allocators = tuple(a for a in args.allocators.split(",") if a)
+    for a in allocators:
+        if a not in ALLOCATORS or not os.path.exists(ALLOCATORS[a]):
+            print(f"bench/run: --allocators: {a!r} is not one of {', '.join(ALLOCATORS)} "
+                  "(or its library is missing: scripts/setup)", file=sys.stderr)
+            return 2
     procs.raise_fd_limit()
 
     def on_signal(signum, _frame):
@@ -145,7 +156,8 @@ def main(argv: list[str]) -> int:
     for name in args.suites:
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
         env = Env(bin_dir=snap, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
-                  priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet, baseline=baseline)
+                  priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet, baseline=baseline,
+                  allocators=allocators)
         print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
         t0 = time.monotonic()
         try:

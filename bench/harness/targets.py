@@ -38,6 +38,7 @@ class Env:
     rounds: int
     verbose: bool = True
     baseline: pathlib.Path | None = None  # --baseline-bin: a second weir binary measured beside build/bin/weir
+    allocators: tuple[str, ...] = ()      # --allocators: build/bin/weir again under each LD_PRELOADed malloc
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
@@ -201,11 +202,12 @@ def weir_version(env: Env, binary: str | None = None) -> str:
 
 def start_weir(env: Env, label: str, config: dict, tag: str = "weir", headers: list[str] | None = None,
                model: str = "mock-model", wrapper: list[str] | None = None,
-               stop_signal: int = signal.SIGTERM, binary: str | None = None, name: str = "weir") -> Target:
+               stop_signal: int = signal.SIGTERM, binary: str | None = None, name: str = "weir",
+               extra_env: dict[str, str] | None = None) -> Target:
     """Writes `config` (JSON is YAML) with a free `listen` port and starts `weir --config` on the gateway CPU.
 
     `wrapper` (e.g. heaptrack or strace argv) goes before the weir binary; `binary` replaces build/bin/weir
-    (the --baseline-bin build)."""
+    (the --baseline-bin build); `extra_env` is added to its environment (LD_PRELOAD for --allocators)."""
     for attempt in range(3):
         port = free_port()
         cfg = dict(config)
@@ -217,7 +219,7 @@ def start_weir(env: Env, label: str, config: dict, tag: str = "weir", headers: l
         t = Target(name=name, label=label, url=f"http://127.0.0.1:{port}", port=port, model=model,
                    headers=list(headers or []), version=weir_version(env, binary))
         t.proc = launch(tag, argv, env.work / "logs", cpu=env.gateway_cpu, priority=env.priority,
-                        stop_signal=stop_signal)
+                        stop_signal=stop_signal, env=extra_env)
         try:
             wait_ready(t.proc, port, 60 if wrapper else 15, "/health")
             return t
