@@ -80,7 +80,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   body_store_.clear();
   idle_ = in_.size() == 0;
   watchdog_.expires_after(first ? sc_.header_timeout : sc_.keepalive_timeout);
-  auto [ec, n] = co_await bh::async_read_header(sock_, in_, *parser_, use_task);
+  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true);
   idle_ = false;
   watchdog_.disarm();
   if (!ec) {
@@ -129,17 +129,11 @@ Task<bool> Downstream::read_body() {
   // Reuse the connection's (or a lent) body storage: string_body reserves Content-Length.
   req.body().swap(body_store_);
   req.body().clear();
-  // A small body usually arrived with the head: parse it from in_ now
-  // (the socket is non-blocking: a missing part answers would_block, and
-  // the read goes on asynchronously).
-  error_code ec;
-  if (in_.size() > 0) bh::read(sock_, in_, *parser_, ec);
-  if (in_.size() == 0 || ec == asio::error::would_block || ec == asio::error::try_again) {
-    watchdog_.expires_after(sc_.body_timeout);
-    auto [rec, n] = co_await bh::async_read(sock_, in_, *parser_, use_task);
-    watchdog_.disarm();
-    ec = rec;
-  }
+  // A small body usually came with the head: read_message parses it from in_
+  // with no system call, and waits only for a part that is still missing.
+  if (!parser_->is_done()) watchdog_.expires_after(sc_.body_timeout);
+  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false);
+  watchdog_.disarm();
   if (!ec) co_return true;
   keep_alive_ = false;
   failure_ec_ = ec;
@@ -164,7 +158,10 @@ void Downstream::watch_for_close(bool release_buffer) {
   if (reading_ || peer_gone_) return;
   if (release_buffer && in_.size() == 0) in_.shrink_to_fit();
   reading_ = true;
-  sock_.async_read_some(in_.prepare(kMonitorRead), [this](error_code ec, std::size_t n) {
+  // The read takes what room the buffer already has (a pipelined or next
+  // request then usually arrives whole, in this one recv), at least kMonitorRead.
+  const auto room = in_.prepare(std::max(kMonitorRead, in_.capacity() - in_.size()));
+  sock_.async_read_some(room, [this](error_code ec, std::size_t n) {
     reading_ = false;
     if (!ec) {
       in_.commit(n);  // the start of a pipelined request: keep it

@@ -70,7 +70,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     parser_->body_limit(boost::none);
     parser_->eager(true);
     if (r.head_request) parser_->skip(true);
-    auto [rec, rn] = co_await bh::async_read_header(conn_->socket(), conn_->buffer(), *parser_, use_task);
+    auto [rec, rn] = co_await read_message(conn_->socket(), conn_->buffer(), *parser_, /*until_head=*/true);
     ec = rec;
     // Every byte the upstream sent counts, also an incomplete status line the
     // parser did not consume: it read the request.
