@@ -179,6 +179,9 @@ class Target:
     def cpu_seconds(self) -> float:
         return self.proc.cpu_seconds() if self.proc else 0.0
 
+    def cpu_ns(self) -> int:
+        return self.proc.cpu_ns() if self.proc else 0
+
     def memory_kb(self) -> dict[str, int]:
         return self.proc.memory_kb() if self.proc else {"rss_kb": 0, "hwm_kb": 0}
 
