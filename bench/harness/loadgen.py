@@ -52,6 +52,8 @@ def kill_running() -> None:
 def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None,
         stop_when=None) -> dict:
     """Runs weir-bench once; returns its JSON plus `target_cpu_cores` (CPU over the measured window),
+    `target_cpu_run_s` (CPU over the whole run, warm-up and drain included, ns resolution: what every
+    request and SSE event weir-bench counted in `generator.requests_total` / `events_total` cost),
     `target_rss_kb`/`target_hwm_kb` (after the run), `mock_lag_p99_ms` (if `mock`).
 
     `stop_when(elapsed_s) -> bool`, polled every second, ends the run early with SIGINT."""
@@ -89,6 +91,7 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
     if not target.alive():
         raise HarnessError(f"{target.label} is not running before a run ({tag})")
     lag0 = mock.lag_buckets() if mock else []
+    run_cpu0 = target.cpu_ns()
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_preexec(env.load_cpu, env.priority))
@@ -118,6 +121,9 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
         running.discard(proc)
     if cpu1 is None:
         cpu1 = (target.cpu_seconds(), time.monotonic())
+    # The gateway's last work for this run (closing the connections weir-bench left) follows its exit.
+    time.sleep(0.02)
+    run_cpu1 = target.cpu_ns()
     if cpu0 is None:
         cpu0 = cpu1
     try:
@@ -127,6 +133,7 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
                            f"(exit {proc.returncode}): {stderr.strip()[-500:]}") from e
     wall = cpu1[1] - cpu0[1]
     data["target_cpu_cores"] = (cpu1[0] - cpu0[0]) / wall if wall > 0.2 else None
+    data["target_cpu_run_s"] = (run_cpu1 - run_cpu0) / 1e9 if target.proc else None
     data.update({f"target_{k}": v for k, v in target.memory_kb().items()})
     data["target_alive"] = target.alive()
     data["mock_lag_p99_ms"] = lag_p99_ms(lag0, mock.lag_buckets()) if mock else None

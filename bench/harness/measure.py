@@ -104,6 +104,8 @@ def agg(results: list[dict]) -> dict:
     for k in ("achieved_rate_rps", "send_rate_rps", "tokens_per_s", "target_cpu_cores"):
         out[k] = median(r.get(k) for r in results)
     out["errors_total"] = sum(r.get("errors_total", 0) for r in results)
+    out["events_total"] = sum((r.get("generator") or {}).get("events_total") or 0 for r in results)
+    out["cpu_us_per_event"] = median(cpu_us_per_event(r) for r in results)
     out["scheduled"] = sum(r.get("scheduled", 0) for r in results)
     out["error_rate"] = out["errors_total"] / out["scheduled"] if out["scheduled"] else None
     out["errors_text"] = "; ".join(filter(None, (loadgen.summarize_errors(r) for r in results)))
@@ -123,6 +125,14 @@ def agg(results: list[dict]) -> dict:
     out["mock_lag_p99_ms"] = median(r.get("mock_lag_p99_ms") for r in results)
     out["gave_up"] = next((r["gave_up"] for r in results if r.get("gave_up")), None)
     return out
+
+
+def cpu_us_per_event(r: dict) -> float | None:
+    """The gateway's CPU over one weir-bench run (warm-up and drain included) per SSE event weir-bench
+    received in it (every request's, warm-up included), µs; None without a gateway process or events."""
+    cpu = r.get("target_cpu_run_s")
+    events = (r.get("generator") or {}).get("events_total") or 0
+    return cpu * 1e6 / events if cpu is not None and events else None
 
 
 def added(target_rs: list[dict], direct_rs: list[dict], hist: str, pct: str) -> float | None:

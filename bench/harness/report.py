@@ -32,6 +32,20 @@ def fmt(v, digits: int = 1, unit: str = "") -> str:
     return s + (f" {unit}" if unit else "")
 
 
+def fmt_signed(v, digits: int = 1) -> str:
+    """A number as it appears beside a ratio: '–' when missing."""
+    return "–" if v is None else f"{v:,.{digits}f}"
+
+
+def fmt_over(r, weir=None, nginx=None) -> str:
+    """Weir ÷ nginx as a cell: '1.23×'; why there is none when there is none."""
+    if r is not None:
+        return f"{r:,.2f}×"
+    if weir is None or nginx is None:
+        return "–"
+    return "– (nginx ≤ 0)" if nginx <= 0 else "– (Weir ≤ 0)"
+
+
 def us_ms(v_us, digits: int = 2) -> str:
     """A µs value as ms."""
     return "–" if v_us is None else f"{v_us / 1000:,.{digits}f}"
@@ -91,6 +105,7 @@ class Report:
         self.data: dict = {}
         self.figure = None                   # callable(path) drawing the PNG
         self.failures: list[str] = []        # smoke: what broke
+        self.vs_nginx: list[dict] = []       # Weir beside nginx, same run (summary.md lists them)
 
     # ------------------------------------------------------------ content ---
     def add_meta(self, key: str, value: str) -> None:
@@ -111,6 +126,18 @@ class Report:
         self.rows.append({"suite": self.suite, "section": section, "target": target, "param": param,
                           "metric": metric, "value": value, "unit": unit,
                           "rounds": rounds if rounds is not None else "", "note": note})
+
+    def compare(self, section: str, what: str, weir, nginx, unit: str, digits: int = 1) -> float | None:
+        """Records Weir's and nginx's value of one measure from this run and their ratio (Weir ÷ nginx, below
+        1 Weir is cheaper); returns the ratio (None when either is missing or ≤ 0: an added latency within
+        the noise of the direct path has no meaningful ratio). The summary
+        lists every such row; the CSV gets one `vs_nginx` row per measure."""
+        r = weir / nginx if weir is not None and nginx is not None and nginx > 0 and weir > 0 else None
+        self.vs_nginx.append({"section": section, "measure": what, "weir": weir, "nginx": nginx, "unit": unit,
+                              "ratio": r, "digits": digits})
+        self.row("vs_nginx", "weir", what, "weir_over_nginx", r, "ratio",
+                 note=f"Weir {fmt_signed(weir, digits)} {unit}, nginx {fmt_signed(nginx, digits)} {unit}")
+        return r
 
     def note(self, text: str) -> None:
         if text not in self.notes:
@@ -183,7 +210,7 @@ class Report:
             "started": self.started.isoformat(), "ended": self.ended.isoformat() if self.ended else None,
             "loadavg_start": self.load_start, "loadavg_end": self.load_end, "commit": git_describe(),
             "meta": dict(self.meta), "targets": self.goals, "unavailable": self.unavailable,
-            "notes": self.notes, "data": self.data}, indent=1, default=str) + "\n")
+            "notes": self.notes, "vs_nginx": self.vs_nginx, "data": self.data}, indent=1, default=str) + "\n")
         png = out_dir / f"{self.suite}.png"
         draw(self, png)
         return [md, cs, js, png]

@@ -3,11 +3,9 @@ Weir's hot path, separated by differencing runs with different token counts."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import re
 import shutil
-import signal
 import subprocess
 import time
 
@@ -17,34 +15,11 @@ from loadgen import Load, run as bench_run, summarize_errors
 from procs import HarnessError, http_get
 from report import Report, table
 from targets import REPO, Env, Mock, Target, start_weir
+from tracing import stop_wrapped, strace_argv, strace_counts
 
 TITLE = "heap allocations and syscalls per request and per SSE event"
 T1, T2 = 16, 64
 RATE, RATE_SMOKE = 50.0, 50.0     # streams per second under the tool (strace slows Weir down a lot)
-
-
-def weir_pid(t: Target) -> int | None:
-    """The weir process inside a wrapper's process group (heaptrack / strace run it as a child)."""
-    for pid in t.proc.group_pids():
-        try:
-            exe = os.readlink(f"/proc/{pid}/exe")
-        except OSError:
-            continue
-        if exe.endswith("/weir"):
-            return pid
-    return None
-
-
-def stop_wrapped(t: Target, timeout: float = 90) -> None:
-    """SIGTERM to weir itself (it drains and exits 0); the wrapper then writes its output and exits."""
-    pid = weir_pid(t)
-    if pid:
-        os.kill(pid, signal.SIGTERM)
-    try:
-        t.proc.popen.wait(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        pass
-    t.stop()
 
 
 def metrics(t: Target) -> dict[str, float]:
@@ -120,7 +95,7 @@ def one_run(env: Env, tool: str, cfg: dict, headers: list[str], model: str, warm
     /metrics once, stops weir; returns the tool's counts and the metric values."""
     out_file = env.work / f"{tag}.{'zst' if tool == 'heaptrack' else 'strace'}"
     wrapper = (["heaptrack", "-o", str(out_file.with_suffix(""))] if tool == "heaptrack"
-               else ["strace", "-f", "-c", "-o", str(out_file)])
+               else strace_argv(out_file))
     t = start_weir(env, f"weir under {tool}", cfg, tag=tag, headers=headers, model=model, wrapper=wrapper)
     rate = RATE_SMOKE if env.smoke else RATE
 
@@ -139,7 +114,7 @@ def one_run(env: Env, tool: str, cfg: dict, headers: list[str], model: str, warm
         if d.get("errors_total"):
             rep.failures.append(f"allocs {tag}: {d['errors_total']} errors ({summarize_errors(d)})")
     m = metrics(t)
-    stop_wrapped(t)
+    stop_wrapped(t, "weir")
     if tool == "heaptrack":
         zst = pathlib.Path(str(out_file.with_suffix("")) + ".zst")
         if not zst.exists():
@@ -154,25 +129,7 @@ def one_run(env: Env, tool: str, cfg: dict, headers: list[str], model: str, warm
             raise HarnessError(f"heaptrack_print gave no allocation count for {zst}:\n{tail[-500:]}")
         sites = parse_heaptrack_sites(text)
         return {"count": int(mm.group(1)), "sites": sites, **m}
-    text = out_file.read_text() if out_file.exists() else ""
-    calls = {}
-    total = None
-    for line in text.splitlines():
-        f = line.split()
-        if len(f) >= 5 and f[0][0].isdigit() and f[-1] != "total":
-            try:
-                calls[f[-1]] = int(f[3])
-            except ValueError:
-                continue
-        elif len(f) >= 4 and f[-1] == "total":
-            try:
-                total = int(f[2] if len(f) == 4 or not f[3].isdigit() else f[3])
-            except ValueError:
-                total = None
-    if total is None:
-        total = sum(calls.values())
-    if not calls:
-        raise HarnessError(f"strace -c wrote no table to {out_file}:\n{text[-500:]}")
+    calls = strace_counts(out_file)
     return {"count": sum(calls.values()), "sites": calls, **m}
 
 

@@ -3,20 +3,31 @@ frontier (1..1024 in flight), and the seed-002 shape (20 ms mock, concurrency 1.
 
 from __future__ import annotations
 
+import shutil
+import time
+
 import configs
 import measure
-from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text, start_peers, stop_targets,
-                    baseline_targets)
-from loadgen import Load
-from measure import agg
-from report import Report, table
-from targets import Env, Mock, Target, direct, start_weir
+from common import (PRETTY, Options, added_cell, gateway_failed, live, peers_for, sat_text, start_peers,
+                    stop_targets, baseline_targets)
+from loadgen import Load, run as bench_run, summarize_errors
+from measure import agg, median
+from procs import HarnessError
+from report import Report, fmt_over, table
+from targets import Env, Mock, Target, direct, peer_targets, start_weir
+from tracing import stop_wrapped, strace_argv, strace_counts
 
 TITLE = "added latency of one hop, throughput frontier, seed-002 shape"
 LEVELS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
 BOUNDS_MS = [1, 5, 10, 50, 100, None]
 SEED002_LEVELS = [1, 4, 16, 64, 256]
 DIRECT = "direct (no gateway)"
+# Syscalls per request: requests/s under strace (far enough apart that one is in flight at a time; a
+# request under strace takes about a millisecond), warm-up requests, and N (runs of N and 2N requests).
+SYSCALL_RATE = 200.0
+SYSCALL_WARM = 20
+SYSCALL_N, SYSCALL_N_SMOKE = 400, 40
+SYSCALL_TOP = 12
 
 
 def small_load(env: Env, concurrency: int, duration: float | None = None, warmup: float | None = None) -> Load:
@@ -151,6 +162,131 @@ def frontier_tables(front: dict[str, dict[int, dict]], rep: Report, section: str
     return text + "\n\nEvery level (medians over rounds):\n\n" + detail_text, points
 
 
+# ------------------------------------------------------ syscalls per request ---
+
+def syscall_run(env: Env, opts: Options, mock: Mock, kind: str, count: int, longest: int, tag: str) -> dict:
+    """A fresh `kind` ('weir' or 'nginx', as in the suite's targets) under `strace -f -c`: SYSCALL_WARM
+    requests, then `count`, open loop at SYSCALL_RATE (exactly rate × duration requests, all awaited), then
+    idle until the run has lasted as long as one of `longest` requests (timer work cancels out), stop.
+    Returns the calls per syscall and what weir-bench issued."""
+    out_file = env.work / f"{tag}.strace"
+    if kind == "weir":
+        t = start_weir(env, "weir under strace", configs.plain(mock.url), tag=tag, wrapper=strace_argv(out_file))
+    else:
+        t = peer_targets(env, mock, [kind], opts.install_peers, wrapper=strace_argv(out_file),
+                         tag_suffix=f"-{tag}")[0]
+        if not t.available:
+            raise HarnessError(f"{kind} under strace did not start: {t.reason}")
+    try:
+        load = Load(rate=SYSCALL_RATE, warmup=SYSCALL_WARM / SYSCALL_RATE, duration=count / SYSCALL_RATE,
+                    payload="small", timeout=10, stall_ms=0, max_lag_ms=1000)
+        d = bench_run(env, t, load, tag)
+        if longest > count:
+            time.sleep((longest - count) / SYSCALL_RATE)
+    finally:
+        stop_wrapped(t, kind, timeout=30)
+    gen = d.get("generator") or {}
+    return {"calls": strace_counts(out_file), "requests": gen.get("requests_total") or 0,
+            "max_inflight": gen.get("max_inflight"), "errors_total": d.get("errors_total", 0),
+            "errors_text": summarize_errors(d), "raw_file": d.get("raw_file")}
+
+
+def syscalls(env: Env, opts: Options, mock: Mock, rep: Report) -> dict[str, dict]:
+    """Syscalls per non-streamed request for Weir and nginx, each under strace -f -c: per round and target,
+    a run of N requests and one of 2N, each a fresh process; (2N run − N run) / (requests more) cancels
+    start-up, warm-up and shutdown. Rounds alternate the targets; medians over rounds.
+    Returns kind -> {"total": per request, "calls": {syscall: per request}, "max_inflight", "rounds"}."""
+    n = SYSCALL_N_SMOKE if env.smoke else SYSCALL_N
+    kinds = ["weir"] + (["nginx"] if "nginx" in peers_for(env, opts) else [])
+    per_round: dict[str, list[dict]] = {k: [] for k in kinds}
+    failed: dict[str, str] = {}
+    for r in range(env.rounds):
+        order = kinds[r % len(kinds):] + kinds[:r % len(kinds)]
+        for kind in order:
+            if kind in failed:
+                continue
+            try:
+                a = syscall_run(env, opts, mock, kind, n, 2 * n, f"strace-{kind}-r{r + 1}-n")
+                b = syscall_run(env, opts, mock, kind, 2 * n, 2 * n, f"strace-{kind}-r{r + 1}-2n")
+            except HarnessError as e:
+                failed[kind] = str(e).splitlines()[0]
+                continue
+            for x in (a, b):
+                if x["errors_total"]:
+                    rep.failures.append(f"syscalls: {kind} under strace had {x['errors_total']} errors "
+                                        f"({x['errors_text']}) in {x['raw_file']}")
+            dreq = b["requests"] - a["requests"]
+            if dreq <= 0:
+                failed[kind] = f"the runs of {n} and {2 * n} requests could not be told apart"
+                continue
+            names = set(a["calls"]) | set(b["calls"])
+            per = {k: (b["calls"].get(k, 0) - a["calls"].get(k, 0)) / dreq for k in names}
+            per_round[kind].append({"calls": per, "total": sum(per.values()), "requests": dreq,
+                                    "max_inflight": max(a["max_inflight"] or 0, b["max_inflight"] or 0)})
+            env.log(f"    syscalls r{r + 1} {kind:<6} {sum(per.values()):.2f} per request "
+                    f"({dreq} requests more in the 2N run)")
+    out: dict[str, dict] = {}
+    for kind, rs in per_round.items():
+        if not rs:
+            continue
+        names = set().union(*(x["calls"] for x in rs))
+        out[kind] = {"total": median(x["total"] for x in rs),
+                     "calls": {k: median(x["calls"].get(k, 0.0) for x in rs) for k in names},
+                     "max_inflight": max(x["max_inflight"] for x in rs), "rounds": len(rs)}
+    for kind, why in failed.items():
+        rep.note(f"syscalls per request: {kind} not measured: {why}")
+        if env.smoke:
+            rep.failures.append(f"syscalls: {kind}: {why}")
+    return out
+
+
+def syscalls_section(sc: dict[str, dict], rep: Report, n: int) -> None:
+    kinds = [k for k in ("weir", "nginx") if k in sc]
+    w, g = sc.get("weir"), sc.get("nginx")
+    names = set().union(*(sc[k]["calls"] for k in kinds)) if kinds else set()
+    top = sorted(names, key=lambda k: -max(abs(sc[x]["calls"].get(k, 0.0)) for x in kinds))
+    shown = [k for k in top if max(abs(sc[x]["calls"].get(k, 0.0)) for x in kinds) >= 0.05][:SYSCALL_TOP]
+
+    def cell(kind: str, v) -> str:
+        return f"{v:.2f}" if kind in sc and v is not None else "–"
+
+    def rest(kind: str) -> float | None:
+        return sum(v for k, v in sc[kind]["calls"].items() if k not in shown) if kind in sc else None
+
+    rows = [["**total**", cell("weir", w and w["total"]), cell("nginx", g and g["total"]),
+             f"{w['total'] - g['total']:+.2f}" if w and g else "–",
+             fmt_over(w["total"] / g["total"] if w and g and g["total"] > 0 else None,
+                      w and w["total"], g and g["total"])]]
+    for k in shown + ["(other)"]:
+        wv = (w["calls"].get(k, 0.0) if k != "(other)" else rest("weir")) if w else None
+        gv = (g["calls"].get(k, 0.0) if k != "(other)" else rest("nginx")) if g else None
+        if k == "(other)" and abs(wv or 0) < 0.005 and abs(gv or 0) < 0.005:
+            continue
+        rows.append([f"`{k}`" if k != "(other)" else k, cell("weir", wv), cell("nginx", gv),
+                     f"{wv - gv:+.2f}" if wv is not None and gv is not None else "–", ""])
+    for kind in kinds:
+        rep.row("syscalls", kind, "total", "syscalls_per_request", sc[kind]["total"], "syscalls",
+                sc[kind]["rounds"], note=f"max in flight {sc[kind]['max_inflight']}")
+        for k, v in sorted(sc[kind]["calls"].items()):
+            rep.row("syscalls", kind, k, "syscalls_per_request", v, "syscalls", sc[kind]["rounds"])
+    rep.compare("syscalls", "syscalls per non-streamed request (strace -f -c)", w and w["total"],
+                g and g["total"], "syscalls", 2)
+    inflight = {k: sc[k]["max_inflight"] for k in kinds}
+    many = [f"{k} {v}" for k, v in inflight.items() if v and v > 1]
+    rep.section("Syscalls per request (strace -f -c), Weir and nginx", (
+        f"Non-streamed requests (payload `small`, instant mock), one at a time: open loop at "
+        f"{SYSCALL_RATE:g} req/s, a request under strace takes about a millisecond"
+        + (f" (but more than one was in flight at times: {', '.join(many)})" if many else
+           " (weir-bench never had more than one in flight)")
+        + f". Each target runs under `strace -f -c` (every process it forks: nginx's master and worker), "
+        f"fresh for each run: {SYSCALL_WARM} warm-up requests, then {n} requests and an idle wait as long as "
+        f"{n} more, or {2 * n} requests; (2N run − N run) ÷ the requests more counts what one request costs, "
+        f"start-up, warm-up, idle timers and shutdown cancelling out. Medians over rounds; the syscalls of "
+        f"either target above 0.05 per request, the rest as (other). Client side excluded (weir-bench is not "
+        f"traced).\n\n"
+        + table(["syscall", "Weir per request", "nginx per request", "Weir − nginx", "Weir ÷ nginx"], rows)))
+
+
 # --------------------------------------------------------------- the suite ---
 
 def run(env: Env, opts: Options) -> Report:
@@ -168,6 +304,10 @@ def run(env: Env, opts: Options) -> Report:
     env.log("  latency: concurrency 1, instant mock")
     c1 = concurrency1(env, targets, mock, "c1", rep)
     text, added = concurrency1_table(c1, rep, "concurrency1")
+    for p, name in (("p50", "p50"), ("p99", "p99"), ("p99_9", "p99.9")):
+        if "weir" in added or "nginx" in added:
+            rep.compare("concurrency1", f"added e2e {name}, non-streamed, concurrency 1",
+                        added.get("weir", {}).get(p), added.get("nginx", {}).get(p), "µs", 0)
     rep.section("Concurrency 1, instant mock: added latency (µs)", (
         "One request at a time; added = gateway e2e − direct e2e, per round, median over rounds.\n\n" + text))
 
@@ -179,6 +319,18 @@ def run(env: Env, opts: Options) -> Report:
         "concurrency levels " + ", ".join(str(c) for c in sorted({c for lv in front.values() for c in lv}))
         + " (closed loop: latency from the moment a request is issued). The direct row is the mock and the "
         "load generator alone on their core: no gateway can exceed it here.\n\n" + ftext))
+
+    n = SYSCALL_N_SMOKE if env.smoke else SYSCALL_N
+    if shutil.which("strace"):
+        env.log("  latency: syscalls per request (Weir and nginx under strace -f -c)")
+        sc = syscalls(env, opts, mock, rep)
+        syscalls_section(sc, rep, n)
+    else:
+        sc = {}
+        rep.section("Syscalls per request (strace -f -c), Weir and nginx",
+                    "Not measured: strace is not installed (scripts/setup installs it).")
+        if env.smoke:
+            rep.failures.append("syscalls: strace is not installed (scripts/setup installs it)")
 
     env.log("  latency: seed-002 shape (20 ms mock)")
     mock.restart(ttft_ms=20, itl_ms=0, max_tokens=128)
@@ -245,7 +397,8 @@ def run(env: Env, opts: Options) -> Report:
         rep.section("Ratios at concurrency 1", "\n".join(f"- {r}" for r in ratios))
     rep.data = {"concurrency1": {k: [trim(r) for r in v] for k, v in c1.items()},
                 "frontier": {k: {str(c): a for c, a in v.items()} for k, v in front.items()},
-                "seed002": {k: {str(c): [trim(r) for r in rs] for c, rs in v.items()} for k, v in s2.items()}}
+                "seed002": {k: {str(c): [trim(r) for r in rs] for c, rs in v.items()} for k, v in s2.items()},
+                "syscalls": sc}
 
     def figure(plt):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))

@@ -1,5 +1,6 @@
-"""stream: SSE relay. Added TTFT and inter-token gap at concurrency 1, and the most concurrent streams
-each target sustains (bisection) with every token on time."""
+"""stream: SSE relay. Added TTFT at concurrency 1, 16 and 64, added inter-token gap and the gateway's CPU per
+relayed SSE event at the same levels, and the most concurrent streams each target sustains (bisection) with
+every token on time."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text,
                     baseline_targets)
 from loadgen import Load, error_rate, run as bench_run, summarize_errors
 from measure import agg, focus
-from report import Report, table
+from report import Report, fmt_over, table
 from targets import Env, Mock, Target, direct, start_weir
 
 TITLE = "SSE streams: added TTFT and inter-token gap, streams sustained"
@@ -17,6 +18,8 @@ TTFT_MS, ITL_MS, TOKENS = 20, 20, 64
 STREAM_S = (TTFT_MS + (TOKENS - 1) * ITL_MS) / 1000.0
 GAP_LIMIT_MS = 10 * ITL_MS
 DIRECT = "direct (no gateway)"
+LEVELS = (1, 16, 64)          # streams in flight for added TTFT, gaps and CPU per event
+P999_MIN = 1000               # first tokens per round below which p99.9 is not reported (it would be the max)
 
 
 def configure(smoke: bool) -> None:
@@ -32,6 +35,28 @@ def probe_load(env: Env, n: int) -> Load:
     return Load(rate=n / STREAM_S, warmup=STREAM_S + (0.2 if env.smoke else 0.7),
                 duration=0.7 if env.smoke else 4.0, payload="seed000", max_tokens=TOKENS, stream=True,
                 stall_ms=GAP_LIMIT_MS, timeout=10, max_lag_ms=5)
+
+
+def ttft_load(env: Env, c: int) -> Load:
+    """2-token streams (the first event takes the path it takes in a long stream; a round holds many first
+    tokens). Concurrency 1: closed loop, one stream at a time. 16 and 64: open loop at the rate that keeps
+    that many in flight (c / stream length), from the intended send time, as every open-loop run here."""
+    short_s = (TTFT_MS + ITL_MS) / 1000.0
+    dur = 0.7 if env.smoke else (6.0 if c == 1 else 4.0)
+    if c == 1:
+        return Load(concurrency=1, duration=dur, warmup=0.3, payload="seed000", max_tokens=2, stream=True,
+                    stall_ms=GAP_LIMIT_MS, timeout=30)
+    return Load(rate=c / short_s, duration=dur, warmup=0.3, payload="seed000", max_tokens=2, stream=True,
+                stall_ms=GAP_LIMIT_MS, timeout=10, max_lag_ms=5)
+
+
+def full_load(env: Env, c: int) -> Load:
+    """Full streams (TOKENS tokens): concurrency 1 closed loop, one stream at a time; 16 and 64 open loop as
+    in the streams-sustained probes."""
+    if c == 1:
+        return Load(concurrency=1, duration=0.7 if env.smoke else 8.0, warmup=0.0, payload="seed000",
+                    max_tokens=TOKENS, stream=True, stall_ms=GAP_LIMIT_MS, timeout=30)
+    return probe_load(env, c)
 
 
 def judge(d: dict) -> tuple[bool, str]:
@@ -123,60 +148,161 @@ def run(env: Env, opts: Options) -> Report:
     configure(env.smoke)
     threads = 1 if env.smoke else 2
     mock = Mock(env, ttft_ms=TTFT_MS, itl_ms=ITL_MS, max_tokens=TOKENS, threads=threads)
-    rep.add_meta("mock", mock.describe() + f": a role delta, {TOKENS} content deltas {ITL_MS} ms apart, finish, "
-                 "usage, [DONE]; both mock threads share the load CPU")
+    rep.add_meta("mock", mock.describe() + f": a role delta, {TOKENS} content deltas {ITL_MS} ms apart (the last "
+                 f"with finish_reason), usage, [DONE] ({TOKENS + 3} SSE events); both mock threads share the load "
+                 "CPU")
     weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
     rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, no limits, access log off")
     targets = [direct(mock), weir] + baseline_targets(env, configs.plain(mock.url), rep) + start_peers(env, opts, mock, rep)
 
-    # ----------------------------------------------------- concurrency 1 ---
-    env.log("  stream: TTFT at concurrency 1 (2-token streams)")
-    dur = 0.7 if env.smoke else 6.0
-    ttft_res = measure.run_cell(env, live(targets), lambda t: Load(
-        concurrency=1, duration=dur, warmup=0.3, payload="seed000", max_tokens=2, stream=True,
-        stall_ms=GAP_LIMIT_MS, timeout=30), "ttft-c1", mock=mock, give_up=gateway_failed)
-    env.log("  stream: inter-token gaps at concurrency 1 (full streams)")
-    dur = 0.7 if env.smoke else 8.0
-    itl_res = measure.run_cell(env, live(targets), lambda t: Load(
-        concurrency=1, duration=dur, warmup=0.0, payload="seed000", max_tokens=TOKENS, stream=True,
-        stall_ms=GAP_LIMIT_MS, timeout=30), "itl-c1", mock=mock, give_up=gateway_failed)
-    if env.smoke:
-        for res in (ttft_res, itl_res):
+    # ------------------------------------------- concurrency 1, 16, 64 ---
+    ttft_res: dict[int, dict[str, list[dict]]] = {}
+    full_res: dict[int, dict[str, list[dict]]] = {}
+    dropped: dict[str, str] = {}      # a target that failed outright at a level is not run at higher ones
+    for c in LEVELS:
+        run_now = [t for t in live(targets) if t.label not in dropped]
+        env.log(f"  stream: TTFT at concurrency {c} (2-token streams)")
+        ttft_res[c] = measure.run_cell(env, run_now, lambda t: ttft_load(env, c), f"ttft-c{c}", mock=mock,
+                                       give_up=gateway_failed)
+        env.log(f"  stream: inter-token gaps and CPU per event at concurrency {c} ({TOKENS}-token streams)")
+        full_res[c] = measure.run_cell(env, run_now, lambda t: full_load(env, c), f"full-c{c}", mock=mock,
+                                       give_up=gateway_failed)
+        for res in (ttft_res[c], full_res[c]):
             for label, rs in res.items():
-                if label.startswith(("direct", "weir", "nginx")):
-                    measure.require_clean(env, label, rs, "stream c=1", rep.failures)
+                if env.smoke and label.startswith(("direct", "weir", "nginx")):
+                    measure.require_clean(env, label, rs, f"stream c={c}", rep.failures)
+                a = agg(rs)
+                if label not in dropped and (a.get("gave_up") or (a.get("error_rate") or 0) > 0.5):
+                    dropped[label] = f"not run above concurrency {c}: {sat_text(a)}"
+    for label, why in dropped.items():
+        rep.note(f"stream: {label} {why}")
+
+    def ratio_to_nginx(v, nv):
+        return v / nv if v is not None and nv is not None and nv > 0 and v > 0 else None
+
+    # Added TTFT by concurrency.
+    ttft_added: dict[int, dict[str, dict]] = {}
     rows = []
-    c1_added = {}
-    for label in ttft_res:
-        a, b = agg(ttft_res.get(label, [])), agg(itl_res.get(label, []))
-        if not a and not b:
+    for c in LEVELS:
+        res = ttft_res[c]
+        d_rs = res.get(DIRECT, [])
+        ttft_added[c] = {}
+        for label, rs in res.items():
+            if not rs:
+                continue
+            a = agg(rs)
+            n_min = min((r.get("ttft", {}).get("count", 0) for r in rs), default=0)
+            d_min = min((r.get("ttft", {}).get("count", 0) for r in d_rs), default=0)
+            p999 = n_min >= P999_MIN and (label == DIRECT or d_min >= P999_MIN)
+            ad = {p: measure.added(rs, d_rs, "ttft", p) for p in ("p50", "p99")}
+            ad["p99_9"] = measure.added(rs, d_rs, "ttft", "p99_9") if p999 else None
+            ttft_added[c][label] = ad
+            isd = label == DIRECT
+            abs_cells = " / ".join(f"{(a.get(f'ttft_{p}_us') or 0) / 1000:.3f}" if (p != "p99_9" or p999) else "–"
+                                   for p in ("p50", "p99", "p99_9"))
+            add_cells = " / ".join(added_cell(ad[p], 3) for p in ("p50", "p99", "p99_9"))
+            rows.append([c, label, f"{a.get('ttft_count', 0):,}", abs_cells, "" if isd else add_cells, "",
+                         sat_text(a)])
+            for p in ("p50", "p99", "p99_9"):
+                if p != "p99_9" or p999:
+                    rep.row("ttft", label, c, f"ttft_{p}", a.get(f"ttft_{p}_us"), "us", a.get("rounds"))
+                if not isd and (p != "p99_9" or p999):
+                    rep.row("ttft", label, c, f"added_ttft_{p}", ad[p], "us", a.get("rounds"))
+            rep.row("ttft", label, c, "ttft_count", a.get("ttft_count"), "first tokens", a.get("rounds"))
+    # Ratios once every target's numbers of the level are in.
+    for row in rows:
+        c, label = row[0], row[1]
+        if label in (DIRECT, "nginx"):
             continue
-        ad = {"ttft_p50": measure.added(ttft_res.get(label, []), ttft_res.get(DIRECT, []), "ttft", "p50"),
-              "ttft_p99": measure.added(ttft_res.get(label, []), ttft_res.get(DIRECT, []), "ttft", "p99"),
-              "itl_p50": measure.added(itl_res.get(label, []), itl_res.get(DIRECT, []), "itl", "p50"),
-              "itl_p99": measure.added(itl_res.get(label, []), itl_res.get(DIRECT, []), "itl", "p99")}
-        c1_added[label] = ad
-        isd = label == DIRECT
-        rows.append([label, f"{a.get('ttft_count', 0)}",
-                     f"{(a.get('ttft_p50_us') or 0) / 1000:.2f} / {(a.get('ttft_p99_us') or 0) / 1000:.2f}",
-                     "" if isd else f"{added_cell(ad['ttft_p50'], 3)} / {added_cell(ad['ttft_p99'], 3)}",
-                     f"{b.get('itl_count', 0)}",
-                     f"{(b.get('itl_p50_us') or 0) / 1000:.2f} / {(b.get('itl_p99_us') or 0) / 1000:.2f}",
-                     "" if isd else f"{added_cell(ad['itl_p50'], 3)} / {added_cell(ad['itl_p99'], 3)}",
-                     "; ".join(filter(None, (sat_text(a), sat_text(b))))])
-        for k, v in ad.items():
+        v, nv = ttft_added[c][label]["p99"], ttft_added[c].get("nginx", {}).get("p99")
+        row[5] = fmt_over(ratio_to_nginx(v, nv), v, nv)
+        rep.row("ttft", label, c, "added_ttft_p99_over_nginx", ratio_to_nginx(v, nv), "ratio")
+    rep.section("Added TTFT at concurrency 1, 16 and 64", (
+        f"Time to the first token event of 2-token streams through each target (mock: first token after "
+        f"{TTFT_MS} ms). Concurrency 1: closed loop, one stream at a time; 16 and 64: open loop at the rate "
+        f"that keeps that many streams in flight (N ÷ {(TTFT_MS + ITL_MS):g} ms per second), latency from the "
+        f"intended send time. Values in ms; added = gateway − direct, same round, median over rounds; p99.9 only "
+        f"where every round had at least {P999_MIN:,} first tokens. weir-bench's histogram resolves each value "
+        f"to 4.1 µs (tools/bench/README.md). ÷ nginx: the target's added p99 over nginx's in the same run (below "
+        f"1: less added than nginx).\n\n"
+        + table(["concurrency", "target", "TTFT n", "TTFT p50 / p99 / p99.9", "added p50 / p99 / p99.9",
+                 "added p99 ÷ nginx", "notes"], rows)))
+
+    # Inter-token gaps and CPU per SSE event by concurrency.
+    cpu_ev: dict[int, dict[str, float | None]] = {}
+    gap_added: dict[int, dict[str, dict]] = {}
+    rows = []
+    for c in LEVELS:
+        res = full_res[c]
+        d_rs = res.get(DIRECT, [])
+        cpu_ev[c], gap_added[c] = {}, {}
+        for label, rs in res.items():
+            if not rs:
+                continue
+            a = agg(rs)
+            isd = label == DIRECT
+            ad = {p: measure.added(rs, d_rs, "itl", p) for p in ("p50", "p99")}
+            gap_added[c][label] = ad
+            cpu_ev[c][label] = None if isd else a.get("cpu_us_per_event")
+            events = measure.median((r.get("generator") or {}).get("events_total") for r in rs)
+            cpu_ms = measure.median((r.get("target_cpu_run_s") or 0) * 1000 if r.get("target_cpu_run_s") is not None
+                                    else None for r in rs)
+            rows.append([c, label, f"{events or 0:,.0f}",
+                         f"{(a.get('itl_p50_us') or 0) / 1000:.3f} / {(a.get('itl_p99_us') or 0) / 1000:.3f}",
+                         "" if isd else f"{added_cell(ad['p50'], 3)} / {added_cell(ad['p99'], 3)}",
+                         "" if isd or cpu_ms is None else f"{cpu_ms:,.1f}",
+                         "" if isd or cpu_ev[c][label] is None else f"{cpu_ev[c][label]:.2f}", "", sat_text(a)])
+            rep.row("gaps_cpu", label, c, "events", events, "SSE events", a.get("rounds"))
+            for p in ("p50", "p99"):
+                rep.row("gaps_cpu", label, c, f"itl_{p}", a.get(f"itl_{p}_us"), "us", a.get("rounds"))
+                if not isd:
+                    rep.row("gaps_cpu", label, c, f"added_itl_{p}", ad[p], "us", a.get("rounds"))
             if not isd:
-                rep.row("concurrency1", label, 1, f"added_{k}", v, "us")
-        for k in ("ttft_p50_us", "ttft_p99_us"):
-            rep.row("concurrency1", label, 1, k[:-3], a.get(k), "us", a.get("rounds"))
-        for k in ("itl_p50_us", "itl_p99_us"):
-            rep.row("concurrency1", label, 1, k[:-3], b.get(k), "us", b.get("rounds"))
-    rep.section("Concurrency 1: added TTFT and inter-token gap", (
-        f"TTFT from closed-loop runs of 2-token streams (one stream at a time, so a round holds a few hundred "
-        f"first tokens; the first event takes the same path as in a long stream); inter-token gaps from full "
-        f"{TOKENS}-token streams. Values in ms; added = gateway − direct, same round, median over rounds.\n\n"
-        + table(["target", "TTFT n", "TTFT p50 / p99", "added TTFT p50 / p99", "gaps n", "gap p50 / p99",
-                 "added gap p50 / p99", "notes"], rows)))
+                rep.row("gaps_cpu", label, c, "cpu_run_ms", cpu_ms, "ms", a.get("rounds"))
+                rep.row("gaps_cpu", label, c, "cpu_per_event", cpu_ev[c][label], "us", a.get("rounds"))
+    for row in rows:
+        c, label = row[0], row[1]
+        if label in (DIRECT, "nginx"):
+            continue
+        v, nv = cpu_ev[c].get(label), cpu_ev[c].get("nginx")
+        row[7] = fmt_over(ratio_to_nginx(v, nv), v, nv)
+        rep.row("gaps_cpu", label, c, "cpu_per_event_over_nginx", ratio_to_nginx(v, nv), "ratio")
+    rep.section("Inter-token gaps and CPU per SSE event at concurrency 1, 16 and 64", (
+        f"Full streams ({TOKENS} content deltas {ITL_MS} ms apart, plus the role delta, usage and [DONE]: "
+        f"{TOKENS + 3} events). Concurrency 1: closed loop, one stream at a time; 16 and 64: open loop at N ÷ "
+        f"{STREAM_S:.2f} s streams per second. Gaps in ms, added = gateway − direct. **CPU per event**: the "
+        f"gateway's CPU time over the whole weir-bench run (utime + stime of its process group, from the "
+        f"scheduler's per-thread runtime in /proc, ns resolution), divided by the SSE events weir-bench received "
+        f"through it in that run (every stream, warm-up included); it includes each stream's request and "
+        f"upstream exchange spread over its {TOKENS + 3} events. Median over rounds of per-round ratios. "
+        f"÷ nginx: the target's CPU per event over nginx's in the same run.\n\n"
+        + table(["concurrency", "target", "events", "gap p50 / p99", "added gap p50 / p99", "CPU (ms)",
+                 "CPU per event (µs)", "÷ nginx", "notes"], rows)))
+
+    # Weir beside nginx.
+    rows = []
+    if any("weir" in ttft_added[c] or "weir" in cpu_ev[c] for c in LEVELS):
+        for c in LEVELS:
+            for p, name in (("p50", "p50"), ("p99", "p99"), ("p99_9", "p99.9")):
+                w, n = ttft_added[c].get("weir", {}).get(p), ttft_added[c].get("nginx", {}).get(p)
+                if w is None and n is None:
+                    continue
+                r = rep.compare("ttft", f"added TTFT {name} at concurrency {c}",
+                                None if w is None else w / 1000, None if n is None else n / 1000, "ms", 3)
+                rows.append([f"added TTFT {name}, concurrency {c}", added_cell(w, 3), added_cell(n, 3),
+                             fmt_over(r, w, n)])
+        for c in LEVELS:
+            w, n = cpu_ev[c].get("weir"), cpu_ev[c].get("nginx")
+            if w is None and n is None:
+                continue
+            r = rep.compare("gaps_cpu", f"CPU per relayed SSE event at concurrency {c}", w, n, "µs", 2)
+            rows.append([f"CPU per SSE event (µs), concurrency {c}", "–" if w is None else f"{w:.2f}",
+                         "–" if n is None else f"{n:.2f}", fmt_over(r, w, n)])
+    if rows:
+        rep.section("Weir ÷ nginx", (
+            "The same numbers for Weir and nginx side by side (added latencies in ms); below 1 Weir adds less "
+            "or spends less CPU than nginx. No ratio where a value is within the noise of the direct path (≤ "
+            "0).\n\n" + table(["measure", "Weir", "nginx", "Weir ÷ nginx"], rows)))
 
     # ------------------------------------------------ streams sustained ---
     env.log("  stream: streams sustained (bisection, targets alternated per step)")
@@ -269,21 +395,26 @@ def run(env: Env, opts: Options) -> Report:
         if ok and peers and any((w["streams"] or 0) <= (v["streams"] or 0) for v in peers.values()):
             status = "met (tie at the mock's ceiling)"
         rep.goal(goal, "; ".join(parts), status)
-    if "weir" in c1_added and "nginx" in c1_added:
-        wa, na = c1_added["weir"], c1_added["nginx"]
-        rep.note(f"Concurrency 1, added TTFT p99: Weir {added_cell(wa['ttft_p99'], 3)} ms, nginx "
-                 f"{added_cell(na['ttft_p99'], 3)} ms; added gap p99: Weir {added_cell(wa['itl_p99'], 3)} ms, "
-                 f"nginx {added_cell(na['itl_p99'], 3)} ms.")
-    if any(k.startswith("portkey") for k in sustained) or any(k.startswith("portkey") for k in c1_added):
+    wa, na = ttft_added[1].get("weir"), ttft_added[1].get("nginx")
+    ga, gn = gap_added[1].get("weir"), gap_added[1].get("nginx")
+    if wa and na and ga and gn:
+        rep.note(f"Concurrency 1, added TTFT p99: Weir {added_cell(wa['p99'], 3)} ms, nginx "
+                 f"{added_cell(na['p99'], 3)} ms; added gap p99: Weir {added_cell(ga['p99'], 3)} ms, "
+                 f"nginx {added_cell(gn['p99'], 3)} ms.")
+    if any(k.startswith("portkey") for k in sustained) or any(k.startswith("portkey") for k in ttft_added[1]):
         rep.note("Portkey 1.15.2 holds the first streamed event for 25 ms (a setTimeout in its stream re-framer, "
                  "bench/peers/README.md); that is its behaviour as shipped and stays in its TTFT.")
-    rep.data = {"sustained": sustained,
+    rep.data = {"ttft": {str(c): {l: {"added_us": ttft_added[c][l], **trim(agg(rs))} for l, rs in ttft_res[c].items()
+                                  if rs} for c in LEVELS},
+                "gaps_cpu": {str(c): {l: {"added_itl_us": gap_added[c][l], "cpu_us_per_event": cpu_ev[c][l],
+                                          **trim(agg(rs))} for l, rs in full_res[c].items() if rs} for c in LEVELS},
+                "sustained": sustained,
                 "probes": {s.t.label: [(p[0], p[1], p[2], {k: p[3].get(k) for k in (
                     "tokens_per_s", "errors_total", "errors", "itl", "mock_lag_p99_ms", "generator_saturated",
                     "saturation_reasons", "target_cpu_cores", "target_rss_kb")}) for p in s.probes] for s in searches}}
 
     def figure(plt):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = plt.subplots(1, 3, figsize=(15, 4))
         labels = [s.t.label for s in searches]
         vals = [sustained[l]["streams"] or 0 for l in labels]
         axes[0].bar(range(len(labels)), vals, color=["grey" if l == DIRECT else "C0" for l in labels])
@@ -293,18 +424,29 @@ def run(env: Env, opts: Options) -> Report:
         axes[0].set_title(f"streams sustained ({TOKENS} tokens, {ITL_MS} ms apart)", fontsize=9)
         for i, v in enumerate(vals):
             axes[0].text(i, v, f"{v:,}", ha="center", va="bottom", fontsize=7)
-        ax = axes[1]
-        gl = [l for l in c1_added if l != DIRECT]
-        xs = range(len(gl))
-        ax.bar([x - 0.2 for x in xs], [max((c1_added[l]["ttft_p99"] or 0) / 1000, 0) for l in gl], width=0.4,
-               label="added TTFT p99")
-        ax.bar([x + 0.2 for x in xs], [max((c1_added[l]["itl_p99"] or 0) / 1000, 0) for l in gl], width=0.4,
-               label="added gap p99")
-        ax.set_xticks(list(xs))
-        ax.set_xticklabels(gl, rotation=20, fontsize=7)
-        ax.set_ylabel("ms (values ≤ 0 drawn as 0)")
-        ax.set_title("concurrency 1", fontsize=9)
-        ax.legend(fontsize=7)
+        gl = [l for l in ttft_added[1] if l != DIRECT]
+        width = 0.8 / len(LEVELS)
+        for ax, title, unit, value in (
+                (axes[1], "added TTFT p99", "ms (values ≤ 0 drawn as 0)",
+                 lambda c, l: max((ttft_added[c].get(l, {}).get("p99") or 0) / 1000, 0)),
+                (axes[2], "gateway CPU per relayed SSE event", "µs",
+                 lambda c, l: cpu_ev[c].get(l) or 0)):
+            for i, c in enumerate(LEVELS):
+                ax.bar([x + (i - (len(LEVELS) - 1) / 2) * width for x in range(len(gl))],
+                       [value(c, l) for l in gl], width=width, label=f"concurrency {c}")
+            ax.set_xticks(list(range(len(gl))))
+            ax.set_xticklabels(gl, rotation=20, fontsize=7)
+            ax.set_ylabel(unit)
+            ax.set_title(title, fontsize=9)
+            ax.legend(fontsize=7)
         return fig
     rep.figure = figure
     return rep
+
+
+def trim(a: dict) -> dict:
+    """The aggregate numbers worth keeping in stream.json."""
+    keep = ("rounds", "ttft_count", "ttft_p50_us", "ttft_p99_us", "ttft_p99_9_us", "itl_count", "itl_p50_us",
+            "itl_p99_us", "events_total", "target_cpu_cores", "errors_total", "error_rate", "generator_saturated",
+            "saturation_reasons", "mock_lag_p99_ms", "gave_up")
+    return {k: a.get(k) for k in keep if k in a}

@@ -180,6 +180,9 @@ class Target:
     def cpu_seconds(self) -> float:
         return self.proc.cpu_seconds() if self.proc else 0.0
 
+    def cpu_ns(self) -> int:
+        return self.proc.cpu_ns() if self.proc else 0
+
     def memory_kb(self) -> dict[str, int]:
         return self.proc.memory_kb() if self.proc else {"rss_kb": 0, "hwm_kb": 0}
 
@@ -295,10 +298,12 @@ def peer_label(name: str, variant: str, default_variant: str) -> str:
 
 
 def peer_targets(env: Env, mock: Mock, names: list[str], install: bool,
-                 variants: dict[str, list[str]] | None = None) -> list[Target]:
+                 variants: dict[str, list[str]] | None = None, wrapper: list[str] | None = None,
+                 tag_suffix: str = "") -> list[Target]:
     """Starts every requested peer (and variant) against `mock`, in parallel; unavailable ones keep a reason.
 
-    `variants[name]` lists the variants to run (default: the peer's default)."""
+    `variants[name]` lists the variants to run (default: the peer's default). `wrapper` (e.g. strace argv)
+    goes before the peer's start script; `tag_suffix` keeps such a start's log apart."""
     out: list[Target] = []
     pending: list[Target] = []
     for name in names:
@@ -320,12 +325,13 @@ def peer_targets(env: Env, mock: Mock, names: list[str], install: bool,
             t.version = info
             t.port = free_port()
             t.url = f"http://127.0.0.1:{t.port}"
-            tag = f"peer-{name}-{variant}"
+            tag = f"peer-{name}-{variant}{tag_suffix}"
             # Each start makes its temp dir with mktemp -t: keep them in the run's work dir.
             tmp = env.work / "peer-tmp"
             tmp.mkdir(parents=True, exist_ok=True)
             try:
-                t.proc = launch(tag, [str(PEERS_DIR / name / "start"), mock.url, str(t.port), variant],
+                t.proc = launch(tag, list(wrapper or []) + [str(PEERS_DIR / name / "start"), mock.url, str(t.port),
+                                      variant],
                                 env.work / "logs", cpu=env.gateway_cpu, priority=env.priority,
                                 env={"TMPDIR": str(tmp)}, stop_signal=pe["stop_signal"])
             except HarnessError as e:

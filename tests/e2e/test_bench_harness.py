@@ -49,6 +49,7 @@ def test_smoke_latency_writes_md_csv_json_png_outside_the_tree():
         for ext, f in files.items():
             assert f.is_file() and f.stat().st_size > 0, f"missing {f}"
         assert (out / "summary.md").is_file()
+        assert "Weir beside nginx" in (out / "summary.md").read_text()
 
         # PNG: a real image
         assert files["png"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -61,7 +62,8 @@ def test_smoke_latency_writes_md_csv_json_png_outside_the_tree():
         targets = {r["target"] for r in rows}
         assert {"direct (no gateway)", "weir", "nginx"} <= targets, targets
         sections = {r["section"] for r in rows}
-        assert {"concurrency1", "frontier", "frontier_levels", "seed002", "targets"} <= sections, sections
+        assert {"concurrency1", "frontier", "frontier_levels", "seed002", "syscalls", "vs_nginx",
+                "targets"} <= sections, sections
 
         def value(section, target, metric, param=None):
             for r in rows:
@@ -75,6 +77,9 @@ def test_smoke_latency_writes_md_csv_json_png_outside_the_tree():
         assert float(value("concurrency1", "weir", "achieved_rps")) > 0
         assert float(value("frontier", "weir", "max_rps_zero_failures", "unbounded")) > 0
         assert float(value("seed002", "nginx", "achieved_rps", 1)) > 0
+        # syscalls per request, Weir and nginx under strace -f -c: a request is at least a read and a write
+        assert float(value("syscalls", "weir", "syscalls_per_request", "total")) >= 2
+        assert float(value("syscalls", "nginx", "syscalls_per_request", "total")) >= 2
 
         # JSON: targets with a status, load average, per-round data
         data = json.loads(files["json"].read_text())
@@ -83,13 +88,16 @@ def test_smoke_latency_writes_md_csv_json_png_outside_the_tree():
         goals = {g["goal"]: g for g in data["targets"]}
         assert any("concurrency 1" in g for g in goals), goals
         assert all(g["status"] in STATUSES for g in goals.values()), goals
-        assert set(data["data"]) == {"concurrency1", "frontier", "seed002"}
+        assert set(data["data"]) == {"concurrency1", "frontier", "seed002", "syscalls"}
+        assert {"weir", "nginx"} <= set(data["data"]["syscalls"])
+        assert any(c["measure"].startswith("syscalls per") and c["ratio"] for c in data["vs_nginx"]), data["vs_nginx"]
         assert data["data"]["concurrency1"]["weir"][0]["errors_total"] == 0
 
         # Markdown: the run's conditions, the targets, the tables
         md = files["md"].read_text()
         for needle in ("# `latency`", "Smoke run", "load average", "pinning", "## Targets",
                        "## Concurrency 1, instant mock", "## Throughput frontier", "## Seed-002 shape",
+                       "## Syscalls per request", "| **total** |",
                        "| weir |", "| nginx |", "| direct (no gateway) |"):
             assert needle in md, f"{needle!r} not in latency.md"
     finally:

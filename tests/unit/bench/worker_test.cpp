@@ -167,6 +167,8 @@ TEST(BenchWorker, OpenLoopStreamsAreCountedTokenByToken) {
   EXPECT_EQ(outcome(s, Outcome::ok), 50u);
   EXPECT_EQ(s.errors(), 0u);
   EXPECT_EQ(s.tokens, 50u * 5);
+  EXPECT_EQ(s.events, 50u * 8);  // role delta, 5 tokens, usage, [DONE]
+  EXPECT_EQ(s.events_total, s.events);
   EXPECT_EQ(s.usage_completion_tokens, 50u * 5);
   EXPECT_EQ(s.usage_prompt_tokens, 50u * 7);
   EXPECT_EQ(s.ttft.count(), 50u);

@@ -48,6 +48,7 @@ void Stats::merge(const Stats& o) {
   connect_generator += o.connect_generator;
   for (std::size_t i = 0; i < status_codes.size(); ++i) status_codes[i] += o.status_codes[i];
   tokens += o.tokens;
+  events += o.events;
   usage_completion_tokens += o.usage_completion_tokens;
   usage_prompt_tokens += o.usage_prompt_tokens;
   with_usage += o.with_usage;
@@ -57,6 +58,7 @@ void Stats::merge(const Stats& o) {
   max_open_connections += o.max_open_connections;  // per-thread peaks: an upper bound of the total
   max_busy += o.max_busy;
   requests_total += o.requests_total;
+  events_total += o.events_total;
   reconnects += o.reconnects;
   pool_cap_waits += o.pool_cap_waits;
   cpu_seconds += o.cpu_seconds;
@@ -171,6 +173,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   o["status_codes"] = std::move(codes);
 
   o["tokens"] = s.tokens;
+  o["events"] = s.events;
   o["usage_completion_tokens"] = s.usage_completion_tokens;
   o["usage_prompt_tokens"] = s.usage_prompt_tokens;
   o["responses_with_usage"] = s.with_usage;
@@ -190,6 +193,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   gen["max_open_connections"] = s.max_open_connections;
   gen["max_inflight"] = s.max_busy;
   gen["requests_total"] = s.requests_total;
+  gen["events_total"] = s.events_total;
   gen["cpu_us_per_request"] = s.requests_total ? s.cpu_seconds * 1e6 / static_cast<double>(s.requests_total) : 0.0;
   gen["reconnects"] = s.reconnects;
   gen["pool_cap_waits"] = s.pool_cap_waits;

@@ -41,6 +41,7 @@ struct Stats {
   std::uint64_t connect_generator = 0;
   std::array<std::uint64_t, 600> status_codes{};  // non-2xx responses by code
   std::uint64_t tokens = 0;                       // token events (see sse.hpp)
+  std::uint64_t events = 0;                       // SSE events of measured requests (all kinds)
   std::uint64_t usage_completion_tokens = 0;      // sum of usage.completion_tokens
   std::uint64_t usage_prompt_tokens = 0;          // sum of usage.prompt_tokens
   std::uint64_t with_usage = 0;                   // responses that carried usage
@@ -52,6 +53,7 @@ struct Stats {
   std::uint64_t max_open_connections = 0;
   std::uint64_t max_busy = 0;           // peak requests in flight on connections (concurrent streams)
   std::uint64_t requests_total = 0;     // requests issued, warm-up included (for CPU per request)
+  std::uint64_t events_total = 0;       // SSE events received, warm-up included (for CPU per event)
   std::uint64_t reconnects = 0;         // requests re-sent once because a reused keep-alive connection was closed
   std::uint64_t pool_cap_waits = 0;     // requests that waited because --connections was reached
   double cpu_seconds = 0;               // worker thread CPU time

@@ -615,6 +615,7 @@ struct Worker::Impl {
   void record_done(const Req& r, Outcome o, std::int64_t now, const StreamStats* s) {
     live.completed.fetch_add(1, std::memory_order_relaxed);
     if (o == Outcome::ok) live.ok.fetch_add(1, std::memory_order_relaxed);
+    if (s) stats.events_total += s->events;
     if (!r.measured) return;
     ++stats.completed;
     ++stats.outcomes[static_cast<std::size_t>(o)];
@@ -622,6 +623,7 @@ struct Worker::Impl {
     if (s) {
       if (s->first_token_ns >= 0) stats.ttft.record(s->first_token_ns - r.intended_ns);
       stats.tokens += s->tokens;
+      stats.events += s->events;
       live.tokens.fetch_add(s->tokens, std::memory_order_relaxed);
       if (s->usage_completion_tokens >= 0) {
         stats.usage_completion_tokens += static_cast<std::uint64_t>(s->usage_completion_tokens);
