@@ -114,9 +114,13 @@ class Worker {
   // Closes the pooled upstream connections that aged past their pool's
   // idle_keepalive or that the model server closed (ConnectionPool::sweep).
   void sweep_idle_upstreams();
+  void trim_when_idle();
   // The sweep runs every 5 ticks of 50 ms: a connection the server closed
   // holds its descriptor (CLOSE-WAIT) for at most ~250 ms.
   static constexpr unsigned kSweepTicks = 5;
+  // Ticks (50 ms) with no session before the worker returns free heap to
+  // the kernel (trim_when_idle): 1 s.
+  static constexpr unsigned kTrimAfterTicks = 20;
 
   Shared& shared_;
   unsigned index_;
@@ -137,6 +141,8 @@ class Worker {
   std::size_t spare_bytes_ = 0;
   Session* sessions_ = nullptr;  // intrusive list of live sessions
   std::size_t session_count_ = 0;
+  unsigned idle_ticks_ = 0;  // ticks since session_count_ fell to 0
+  bool trimmed_ = true;      // trim_when_idle ran since the last session ended (nothing to return at start)
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_{};
   std::thread thread_;
