@@ -17,6 +17,8 @@ namespace {
 constexpr unsigned kYieldAfterFullReads = 8;
 // No chunk header is this long: carried bytes that still do not parse are garbage.
 constexpr std::size_t kMaxCarry = 512;
+// The first read of an upstream response (see start()).
+constexpr std::size_t kHeadRead = 4096;
 }  // namespace
 
 Exchange::Exchange(Executor ex, std::span<char> scratch) : ex_(ex), scratch_(scratch) {}
@@ -70,7 +72,9 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     parser_->body_limit(boost::none);
     parser_->eager(true);
     if (r.head_request) parser_->skip(true);
-    auto [rec, rn] = co_await read_message(conn_->socket(), conn_->buffer(), *parser_, /*until_head=*/true);
+    // 4 KiB: a small answer (head and body, ~1 KB from vLLM) in one recv; a
+    // stream gives the room back (shrink()).
+    auto [rec, rn] = co_await read_message(conn_->socket(), conn_->buffer(), *parser_, /*until_head=*/true, kHeadRead);
     ec = rec;
     // Every byte the upstream sent counts, also an incomplete status line the
     // parser did not consume: it read the request.

@@ -58,11 +58,12 @@ Task<std::tuple<boost::system::error_code, std::size_t>> write_all_now(Socket& s
 // request. Here what is buffered is parsed first; a recv is tried at once
 // only while bytes are flowing (something was buffered on entry, or the last
 // recv filled its buffer); otherwise, and when that recv finds the socket
-// empty, async_read_some waits for readiness. Reads are sized like Beast's
-// (the buffer's free capacity, at least 512 bytes, at most 64 KiB).
+// empty, async_read_some waits for readiness. A read takes the buffer's free
+// capacity, at least `min_read` bytes (Beast's 512 by default) and at most 64 KiB.
 template <class Parser>
 Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Socket& sock, boost::beast::flat_buffer& buf,
-                                                                      Parser& parser, bool until_head) {
+                                                                      Parser& parser, bool until_head,
+                                                                      std::size_t min_read = 512) {
   namespace bh = boost::beast::http;
   using boost::system::error_code;
   const auto complete = [&] { return until_head ? parser.is_header_done() : parser.is_done(); };
@@ -81,7 +82,7 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Socket& so
     }
     if (buf.size() >= buf.max_size()) co_return std::tuple{error_code(bh::error::buffer_overflow), used};
     const std::size_t want =
-        std::min(std::clamp<std::size_t>(buf.capacity() - buf.size(), 512, 65536), buf.max_size() - buf.size());
+        std::min(std::clamp<std::size_t>(buf.capacity() - buf.size(), min_read, 65536), buf.max_size() - buf.size());
     error_code ec;
     std::size_t n = 0;
     if (try_now) n = sock.read_some(buf.prepare(want), ec);

@@ -1,5 +1,7 @@
 #include "api/openai/stream.hpp"
 
+#include <cstring>
+
 #include "api/json_scan.hpp"
 
 namespace weir::api::openai {
@@ -31,7 +33,10 @@ bool is_usage_only_chunk(std::string_view data) {
 }
 
 bool UsageHook::on_data(std::string_view data) {
-  if (data.find("\"usage\"") == std::string_view::npos) return true;
+  // Once per SSE event: glibc's memmem (one pass), not string_view::find,
+  // which calls memchr again at each '"' of the chunk (~40 in a vLLM chunk).
+  static constexpr std::string_view kKey = "\"usage\"";
+  if (::memmem(data.data(), data.size(), kKey.data(), kKey.size()) == nullptr) return true;
   auto u = extract_usage(data);
   if (!u) return true;
   has_usage_ = true;

@@ -267,6 +267,32 @@ TEST_F(HttpDownstream, CloseIfIdleEndsAWaitingReadHead) {
 
 // --- bodies ---
 
+TEST_F(HttpDownstream, AHeadAndBodyTricklingInOneByteAtATimeAreReadWhole) {
+  // read_message's two ways to get bytes: a recv at once while bytes flow,
+  // a wait when the socket is empty; every split point of head and body.
+  start();
+  const std::string req = "POST /v1/x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello";
+  std::optional<Head> h;
+  spawn(io, down->read_head(true, false), h);
+  std::size_t i = 0;
+  for (; i < req.size() && !h; ++i) {
+    client.send(req.substr(i, 1));
+    settle(io);
+  }
+  ASSERT_EQ(h, Head::request);
+  EXPECT_EQ(down->request().target(), "/v1/x");
+  std::optional<bool> b;
+  spawn(io, down->read_body(), b);
+  for (; i < req.size(); ++i) {
+    settle(io);
+    EXPECT_FALSE(b.has_value());
+    client.send(req.substr(i, 1));
+  }
+  ASSERT_TRUE(run_until(io, [&] { return b.has_value(); }));
+  EXPECT_TRUE(*b);
+  EXPECT_EQ(down->body(), "hello");
+}
+
 TEST_F(HttpDownstream, ContentLengthBodyInTheHeadSegment) {
   start();
   client.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 11\r\n\r\nhello world");
