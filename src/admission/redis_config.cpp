@@ -140,4 +140,17 @@ ConfigResult<std::optional<RedisConfig>> parse_redis_config(const YAML::Node& ro
   return std::optional<RedisConfig>(std::move(*r));
 }
 
+store::ClientOptions client_options(const RedisConfig& rc) {
+  store::ClientOptions o;
+  o.host = rc.host;
+  o.port = rc.port;
+  o.db = rc.db;
+  o.username = rc.username;
+  o.password = rc.password;
+  o.connect_timeout = rc.connect_timeout;
+  o.command_timeout = rc.command_timeout;
+  o.reconnect_max = rc.reconnect_max;
+  return o;
+}
+
 }  // namespace weir::admission

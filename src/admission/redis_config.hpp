@@ -10,6 +10,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/yaml.hpp"
+#include "store/redis_client.hpp"
 
 namespace weir::admission {
 
@@ -53,5 +54,10 @@ using GetEnvFn = const char* (*)(const char*);
 core::ConfigResult<std::optional<RedisConfig>> parse_redis_config(const YAML::Node& root,
                                                                   const std::string& file = "<config>",
                                                                   GetEnvFn getenv_fn = nullptr);
+
+// The connection settings of `rc` for store::Client (host, port, db,
+// credentials, timeouts); `log` is left for the caller. One mapping for
+// every Redis client Weir opens (key store, limiter).
+store::ClientOptions client_options(const RedisConfig& rc);
 
 }  // namespace weir::admission

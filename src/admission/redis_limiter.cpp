@@ -323,15 +323,7 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
   if (!log_) log_ = [](std::string_view m) { fmt::print(stderr, "weir: redis: {}\n", m); };
   fallback_ = std::make_unique<LocalLimiter>(scaled(scopes, config_.fail_open_share), workers_, epoch_);
 
-  store::ClientOptions co;
-  co.host = config_.host;
-  co.port = config_.port;
-  co.db = config_.db;
-  co.username = config_.username;
-  co.password = config_.password;
-  co.connect_timeout = config_.connect_timeout;
-  co.command_timeout = config_.command_timeout;
-  co.reconnect_max = config_.reconnect_max;
+  store::ClientOptions co = client_options(config_);
   co.log = [this](std::string_view m) { this->log(m); };
   client_ = std::make_unique<store::Client>(control_, std::move(co));
 

@@ -4,22 +4,6 @@
 
 namespace weir::gateway {
 
-namespace {
-// The Redis client settings of the `redis:` section (shared by the key store and the limiter).
-store::ClientOptions client_options(const admission::RedisConfig& rc) {
-  store::ClientOptions o;
-  o.host = rc.host;
-  o.port = rc.port;
-  o.db = rc.db;
-  o.username = rc.username;
-  o.password = rc.password;
-  o.connect_timeout = rc.connect_timeout;
-  o.command_timeout = rc.command_timeout;
-  o.reconnect_max = rc.reconnect_max;
-  return o;
-}
-}  // namespace
-
 Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsigned workers) {
   if (!loaded.auth) return;  // every request anonymous, no limits
   auto& auth_cfg = *loaded.auth;
@@ -37,7 +21,7 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
   if (auth_cfg.redis_keys && redis_cfg) {
     // Virtual keys created and revoked in Redis (docs/auth.md, "Keys in Redis").
     auth::RedisKeysOptions ko;
-    ko.client = client_options(*redis_cfg);
+    ko.client = admission::client_options(*redis_cfg);
     ko.key_prefix = redis_cfg->key_prefix;
     redis_keys_ = std::make_unique<auth::RedisKeys>(control, std::move(ko));
   }
