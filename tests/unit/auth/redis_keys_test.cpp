@@ -487,9 +487,14 @@ TEST_F(RedisKeysTest, WithoutRedisKeysUnknownKeysAre401AtOnce) {
 TEST_F(RedisKeysTest, ConcurrentLookupsOfOneKeyShareOneCommand) {
   const auto key = add_key("sk-weir-busy", {"id", "busy", "tenant", "acme"});
   auto& keys = start_keys();
-  // Two workers, each with its own Authenticator and io_context, 50 waits each.
+  // Two workers, each with its own Authenticator and io_context, 50 waits
+  // each. Redis is paused until all 100 are issued, so they are in flight
+  // together however the threads are scheduled (on a busy machine a lookup
+  // could otherwise be answered before the next one starts).
   auto policy = make_policy();
   std::atomic<int> ok{0};
+  std::atomic<int> issued{0};
+  server_->pause();
   auto worker = [&] {
     asio::io_context io;
     Authenticator a(policy, nullptr, &keys);
@@ -499,6 +504,7 @@ TEST_F(RedisKeysTest, ConcurrentLookupsOfOneKeyShareOneCommand) {
       ASSERT_FALSE(r);
       ASSERT_TRUE(a.key_lookup_pending());
       async_key_lookup(a, io.get_executor(), [&] { ++done; });
+      ++issued;
     }
     const auto deadline = Clock::now() + 10s;
     while (done < 50 && Clock::now() < deadline) io.run_one_for(50ms);
@@ -506,6 +512,9 @@ TEST_F(RedisKeysTest, ConcurrentLookupsOfOneKeyShareOneCommand) {
     for (int i = 0; i < 50; ++i) ok += a.authenticate("Bearer " + key, "", WallClock::now()).has_value();
   };
   std::thread w1(worker), w2(worker);
+  const auto until = Clock::now() + 10s;
+  while (issued < 100 && Clock::now() < until) std::this_thread::sleep_for(1ms);
+  server_->resume();
   w1.join();
   w2.join();
   EXPECT_EQ(ok.load(), 100);
