@@ -510,6 +510,12 @@ TEST_F(RedisKeysTest, ConcurrentLookupsOfOneKeyShareOneCommand) {
     while (done < 50 && Clock::now() < deadline) io.run_one_for(50ms);
     ASSERT_EQ(done, 50);
     for (int i = 0; i < 50; ++i) ok += a.authenticate("Bearer " + key, "", WallClock::now()).has_value();
+    // The control thread may still be inside the handler that posted the
+    // last completion here (its copy of this io_context's tracked executor
+    // not yet destroyed); `io` must outlive that, as a worker's io_context
+    // outlives the key store in the gateway. One round trip through the
+    // control thread waits it out.
+    on_control([] {});
   };
   std::thread w1(worker), w2(worker);
   const auto until = Clock::now() + 10s;
