@@ -61,13 +61,87 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   return {};
 }
 
+ConfigResult<void> parse_retry(const YAML::Node& n, const std::string& key, RetryConfig& r) {
+  WEIR_TRY_VOID(
+      check_keys(n, key, {"attempts", "backoff", "max_backoff", "retry_after_cap", "budget", "min_concurrent"}));
+  if (auto v = n["attempts"]) {
+    WEIR_TRY(i, read_int(v, key + ".attempts", 1, 10));
+    r.attempts = static_cast<std::uint32_t>(i);
+  }
+  struct D {
+    const char* k;
+    Millis* out;
+  };
+  for (D d : {D{"backoff", &r.backoff}, D{"max_backoff", &r.max_backoff}, D{"retry_after_cap", &r.retry_after_cap}}) {
+    if (auto v = n[d.k]) {
+      WEIR_TRY(ms, read_duration(v, key + "." + d.k));
+      *d.out = ms;
+    }
+  }
+  if (r.max_backoff < r.backoff)
+    return tl::unexpected(config_error(n, key + ".max_backoff", "must not be less than backoff"));
+  if (auto v = n["budget"]) {
+    WEIR_TRY(b, read_double(v, key + ".budget", 0.0, 1.0));
+    r.budget = b;
+  }
+  if (auto v = n["min_concurrent"]) {
+    WEIR_TRY(i, read_int(v, key + ".min_concurrent", 0, 1'000'000));
+    r.min_concurrent = static_cast<std::uint32_t>(i);
+  }
+  return {};
+}
+
+// `models.X.fallbacks` after every model is known ({model: M} may name one defined later).
+ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
+  for (auto& mc : c.models) {
+    const std::string key = "models." + mc.name + ".fallbacks";
+    const YAML::Node f = models[mc.name]["fallbacks"];
+    if (!f) continue;
+    if (!f.IsSequence())
+      return tl::unexpected(
+          config_error(f, key, "expected a list of {model: NAME} or {pool: NAME, upstream_model: NAME}"));
+    if (f.size() > ModelConfig::kMaxFallbacks)
+      return tl::unexpected(config_error(f, key, fmt::format("at most {} fallbacks", ModelConfig::kMaxFallbacks)));
+    for (std::size_t i = 0; i < f.size(); ++i) {
+      const std::string k = fmt::format("{}[{}]", key, i);
+      WEIR_TRY_VOID(check_keys(f[i], k, {"model", "pool", "upstream_model"}));
+      FallbackTarget t;
+      if (auto m = f[i]["model"]) {
+        if (f[i]["pool"]) return tl::unexpected(config_error(f[i], k, "give either model or pool, not both"));
+        WEIR_TRY(name, read_string(m, k + ".model"));
+        const ModelConfig* target = nullptr;
+        for (const auto& other : c.models)
+          if (other.name == name) target = &other;
+        if (!target) return tl::unexpected(config_error(m, k + ".model", fmt::format("no model named '{}'", name)));
+        if (target == &mc) return tl::unexpected(config_error(m, k + ".model", "a model cannot fall back to itself"));
+        t.pool = target->pool;
+        t.upstream_model = target->upstream_model.empty() ? target->name : target->upstream_model;
+      } else if (auto p = f[i]["pool"]) {
+        WEIR_TRY(name, read_string(p, k + ".pool"));
+        auto idx = c.find_pool(name);
+        if (!idx) return tl::unexpected(config_error(p, k + ".pool", fmt::format("no pool named '{}'", name)));
+        t.pool = *idx;
+        t.upstream_model = mc.upstream_model.empty() ? mc.name : mc.upstream_model;
+      } else {
+        return tl::unexpected(config_error(f[i], k, "needs model or pool"));
+      }
+      if (auto u = f[i]["upstream_model"]) {
+        WEIR_TRY(s, read_string(u, k + ".upstream_model"));
+        t.upstream_model = s;
+      }
+      mc.fallbacks.push_back(std::move(t));
+    }
+  }
+  return {};
+}
+
 ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n) {
   const std::string key = "pools." + name;
   PoolConfig p;
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
                            {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
-                            "api_key_env", "eject_for", "request_usage"}));
+                            "api_key_env", "eject_for", "request_usage", "retry"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -110,6 +184,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     WEIR_TRY(b, read_bool(v, key + ".request_usage"));
     p.request_usage = b;
   }
+  if (auto r = n["retry"]) WEIR_TRY_VOID(parse_retry(r, key + ".retry", p.retry));
   if (auto v = n["api_key"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key"));
     p.api_key = s;
@@ -135,7 +210,8 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     if (name.empty()) return tl::unexpected(config_error(kv.first, "models", "model name is empty"));
     // (Prices are in the top-level `pricing:` section; `prices` here was once
     // accepted and never read, so it is an unknown key.)
-    WEIR_TRY_VOID(check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by", "default_max_tokens"}));
+    WEIR_TRY_VOID(
+        check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by", "default_max_tokens", "fallbacks"}));
     ModelConfig mc;
     mc.name = name;
     auto pn = m["pool"];
@@ -171,7 +247,7 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     }
     c.models.push_back(std::move(mc));
   }
-  return {};
+  return parse_fallbacks(n, c);
 }
 
 }  // namespace

@@ -57,6 +57,24 @@ struct EndpointConfig {
   std::string host_header;  // "host:port" as sent upstream
 };
 
+// Retries of a request on one pool, only while nothing has reached the
+// client (docs/reliability.md). Which failures: a connect failure (another
+// endpoint), a reset or a first-byte timeout before the response head, and
+// a response head with status 408, 429, 502, 503 or 504; never another 4xx,
+// and never once a byte of the response went to the client.
+struct RetryConfig {
+  std::uint32_t attempts =
+      1;               // tries per request on this pool, 1..10 (1: connect failover and stale-connection resend only)
+  Millis backoff{25};  // base of the exponential backoff with full jitter before a retry
+  Millis max_backoff{1'000};      // cap of one backoff
+  Millis retry_after_cap{2'000};  // a 429/503 Retry-After longer than this is not waited for on this pool
+  // Retry budget (Envoy's retry_budget): retries in flight at most this
+  // fraction of the pool's requests in flight (per worker), but always at
+  // least `min_concurrent`; beyond it a failure is not retried.
+  double budget = 0.2;
+  std::uint32_t min_concurrent = 3;
+};
+
 // A set of interchangeable endpoints serving the same models.
 struct PoolConfig {
   std::string name;
@@ -70,6 +88,13 @@ struct PoolConfig {
   // did not (and drop that usage chunk from the client's stream), so every
   // stream's tokens are known to the log, metrics, limits and budgets.
   bool request_usage = true;
+  RetryConfig retry;
+};
+
+// One step of a model's fallback chain: another pool, under its own upstream model name.
+struct FallbackTarget {
+  std::size_t pool = 0;        // index into Config::pools
+  std::string upstream_model;  // name sent upstream; empty = leave the body's model as the client sent it
 };
 
 // A model name clients may ask for, and where it goes.
@@ -84,6 +109,10 @@ struct ModelConfig {
   // (docs/admission.md). Not sent upstream.
   std::uint32_t default_max_tokens = kDefaultMaxTokens;
   static constexpr std::uint32_t kDefaultMaxTokens = 256;
+  // Tried in order when the primary pool's attempts are spent (docs/reliability.md):
+  // `fallbacks: [{model: M}, {pool: P, upstream_model: N}]`; {model: M} means M's pool and upstream name.
+  std::vector<FallbackTarget> fallbacks;
+  static constexpr std::size_t kMaxFallbacks = 4;
 };
 
 struct Config {

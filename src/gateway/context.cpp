@@ -29,6 +29,11 @@ void RequestContext::reset() {
   upstream_status = 0;
   committed = false;
   retries = 0;
+  fallback_step = 0;
+  fallback_limit = 0xff;
+  hold_head = fail_over = false;
+  backoff = nullptr;
+  attempt_count = 0;
   hooks.reset(false);
   sse.reset();
   status = 0;

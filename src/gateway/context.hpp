@@ -4,6 +4,7 @@
 // steady load allocates nothing here.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -13,6 +14,7 @@
 #include "api/request.hpp"
 #include "api/usage.hpp"
 #include "auth/policy.hpp"
+#include "core/async.hpp"
 #include "core/error.hpp"
 #include "core/time.hpp"
 #include "gateway/endpoints.hpp"
@@ -62,6 +64,27 @@ struct RequestContext {
   int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived
   bool committed = false;                  // a byte of the response reached the client's queue: nothing can be retried
   std::uint32_t retries = 0;
+  // Fallbacks (models.X.fallbacks): steps taken along target.fallbacks, and
+  // how many the request allows (x-weir-fallbacks; at most the chain's length).
+  std::uint8_t fallback_step = 0;
+  std::uint8_t fallback_limit = 0xff;
+  bool hold_head = false;          // a stream whose head waits for its first content event (a fallback remains)
+  bool fail_over = false;          // that stream failed before it: the proxy goes on to the next target
+  core::Timer* backoff = nullptr;  // the retry backoff being waited, cancelled when the client leaves
+  // Every upstream attempt of the request, for the access log's `attempts`.
+  struct AttemptRecord {
+    std::int16_t pool = -1;
+    std::int16_t endpoint = -1;
+    std::int16_t status = 0;  // response status, 0 = none (failure says why)
+    http::UpstreamFailure failure = http::UpstreamFailure::none;
+    std::uint32_t us = 0;  // request sent (or connect started) → outcome, µs
+  };
+  static constexpr std::size_t kMaxAttemptRecords = 16;
+  std::array<AttemptRecord, kMaxAttemptRecords> attempt_log{};
+  std::uint8_t attempt_count = 0;
+  void record_attempt(const AttemptRecord& a) {
+    if (attempt_count < kMaxAttemptRecords) attempt_log[attempt_count++] = a;
+  }
   StreamHooks hooks;
   http::SseReader sse{4u << 20};
 

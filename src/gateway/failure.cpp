@@ -57,6 +57,10 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
   }
 }
 
+core::Error upstream_status_error(int status, const UpstreamSubject& who) {
+  return core::upstream_unavailable(upstream_message(who, fmt::format("answered {}", status)));
+}
+
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes) {
   return core::upstream_unavailable(
       upstream_message(who, fmt::format("sent a response larger than {} bytes", limit_bytes)));

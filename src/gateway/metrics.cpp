@@ -39,7 +39,9 @@ void MetricsShard::merge(const MetricsShard& o) {
   active_streams += o.active_streams;
   active_connections += o.active_connections;
   upstream_connects += o.upstream_connects;
-  upstream_retries += o.upstream_retries;
+  for (std::size_t i = 0; i < retries_.size(); ++i) retries_[i] += o.retries_[i];
+  upstream_fallbacks += o.upstream_fallbacks;
+  retry_budget_exhausted += o.retry_budget_exhausted;
   for (std::size_t i = 0; i < upstream_failures_.size(); ++i) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
@@ -103,8 +105,16 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_upstream_connects_total", "counter", "New TCP connections opened to upstream endpoints.");
   w.sample("weir_upstream_connects_total", "", upstream_connects);
   w.header("weir_upstream_retries_total", "counter",
-           "Upstream attempts repeated on a fresh connection or another endpoint before any byte reached the client.");
-  w.sample("weir_upstream_retries_total", "", upstream_retries);
+           "Upstream attempts repeated before any byte reached the client, by why the previous one failed.");
+  for (auto r : {routing::RetryReason::connect, routing::RetryReason::stale, routing::RetryReason::reset,
+                 routing::RetryReason::timeout, routing::RetryReason::status})
+    w.sample("weir_upstream_retries_total", fmt::format("reason=\"{}\"", routing::retry_reason_label(r)), retries(r));
+  w.header("weir_upstream_fallbacks_total", "counter",
+           "Requests sent on to the next target of their model's fallback chain.");
+  w.sample("weir_upstream_fallbacks_total", "", upstream_fallbacks);
+  w.header("weir_upstream_retry_budget_exhausted_total", "counter",
+           "Retries not made because the pool's retry budget (retry.budget) was spent.");
+  w.sample("weir_upstream_retry_budget_exhausted_total", "", retry_budget_exhausted);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by kind.");
   for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                  http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol})

@@ -11,6 +11,7 @@
 #include "core/metrics.hpp"
 #include "gateway/endpoints.hpp"
 #include "http/upstream.hpp"
+#include "routing/attempts.hpp"
 
 namespace weir::gateway {
 
@@ -37,7 +38,11 @@ class MetricsShard {
   std::int64_t active_streams = 0;      // gauge
   std::int64_t active_connections = 0;  // gauge (downstream)
   std::uint64_t upstream_connects = 0;  // new upstream TCP connections
-  std::uint64_t upstream_retries = 0;   // stale-connection retries and failovers
+  // weir_upstream_retries_total{reason}: attempts repeated before any byte reached the client.
+  void count_retry(routing::RetryReason r) { ++retries_[static_cast<std::size_t>(r)]; }
+  std::uint64_t retries(routing::RetryReason r) const { return retries_[static_cast<std::size_t>(r)]; }
+  std::uint64_t upstream_fallbacks = 0;      // requests that moved on to a model's fallback target
+  std::uint64_t retry_budget_exhausted = 0;  // retries refused by a pool's retry budget
   // weir_upstream_failures_total{kind}: failures the upstream caused (not Weir's own cancels).
   void count_upstream_failure(http::UpstreamFailure f) {
     if (http::is_upstream_fault(f)) ++upstream_failures_[static_cast<std::size_t>(f)];
@@ -68,6 +73,7 @@ class MetricsShard {
   std::vector<core::Histogram> ttft_, upstream_, duration_;
   std::vector<std::uint64_t> prompt_tokens_, completion_tokens_;
   std::array<std::uint64_t, static_cast<std::size_t>(http::UpstreamFailure::count_)> upstream_failures_{};
+  std::array<std::uint64_t, static_cast<std::size_t>(routing::RetryReason::count_)> retries_{};
   core::Histogram added_;
 };
 

@@ -40,9 +40,19 @@ class GatewayPhases final : public Phases {
   bool proxied(const RequestContext& ctx) const;
   core::Task<Outcome> serve_own(RequestContext& ctx);
   core::Task<Outcome> proxy(RequestContext& ctx);
-  // Prepares the upstream request and runs the attempts until one has a
-  // response head (next()), or fails (502/504, 499).
+  // Runs the attempts on the route's pool, then on each fallback target
+  // (models.X.fallbacks) while the previous one failed without an answer to
+  // pass on, until one has a response head (next()), or fails (502/504, 499).
   core::Task<Outcome> start_upstream(RequestContext& ctx);
+  // The attempts on ctx.target's pool (policy: routing::Attempts). Sets
+  // ctx.fail_over when it failed in a way a fallback may take over.
+  core::Task<Outcome> attempt_pool(RequestContext& ctx);
+  // Waits a retry backoff `d`; returns early when the client leaves.
+  core::Task<void> wait_backoff(RequestContext& ctx, std::chrono::milliseconds d);
+  // A fallback target is left for this request (and the client is still there).
+  bool fallback_left(const RequestContext& ctx) const;
+  // Moves ctx.target to the next fallback target.
+  void next_target(RequestContext& ctx);
   // The upstream request body: the client's bytes with at most two members spliced.
   void prepare_upstream_body(RequestContext& ctx);
   core::Task<Outcome> respond_stream(RequestContext& ctx);

@@ -1,9 +1,47 @@
 #include "routing/attempts.hpp"
 
+#include <algorithm>
+#include <charconv>
+
 namespace weir::routing {
+
+std::string_view retry_reason_label(RetryReason r) {
+  switch (r) {
+    case RetryReason::connect:
+      return "connect";
+    case RetryReason::stale:
+      return "stale_connection";
+    case RetryReason::reset:
+      return "reset";
+    case RetryReason::timeout:
+      return "timeout";
+    case RetryReason::status:
+    case RetryReason::count_:
+      break;
+  }
+  return "status";
+}
+
+bool retryable_status(int status) {
+  return status == 408 || status == 429 || status == 502 || status == 503 || status == 504;
+}
+
+std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  if (v.empty() || v.size() > 9) return std::nullopt;
+  std::uint32_t s = 0;
+  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), s);
+  if (ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
+  return std::chrono::milliseconds(std::uint64_t{s} * 1000);
+}
 
 Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now)
     : pool_(pool), rng_(rng), endpoint_(pool.pick(now, rng)) {}
+
+Attempts::~Attempts() {
+  if (in_budget_) pool_.retry_end();
+}
 
 bool Attempts::on_connect_failure(http::UpstreamFailure /*f*/, Clock::time_point now) {
   ++connects_;
@@ -22,19 +60,78 @@ void Attempts::on_connected() {
   pool_.report_success(endpoint_);
 }
 
-bool Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
-                                   Clock::duration since_sent) {
+bool Attempts::take_retry(Clock::time_point now) {
+  const auto& rc = pool_.config().retry;
+  if (1 + budgeted_ >= rc.attempts) return false;
+  if (!in_budget_) {
+    // Envoy's retry budget: retries in flight at most `budget` of the
+    // requests in flight, never fewer than min_concurrent.
+    const auto allowed = std::max<double>(rc.min_concurrent, rc.budget * pool_.in_flight());
+    if (static_cast<double>(pool_.retries_in_flight()) >= allowed) {
+      budget_refused_ = true;
+      return false;
+    }
+    pool_.retry_begin();
+    in_budget_ = true;
+  }
+  if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
+  endpoint_ = pool_.pick_excluding(now, rng_, tried_);
+  fresh_only_ = false;
+  ++budgeted_;
+  ++retries_;
+  return true;
+}
+
+std::chrono::milliseconds Attempts::backoff() {
+  // Full jitter (AWS architecture blog, "Exponential Backoff And Jitter"):
+  // uniform in [0, min(cap, base · 2^n)].
+  const auto& rc = pool_.config().retry;
+  const auto n = std::min<std::uint32_t>(backoffs_++, 16);
+  const auto ceiling = std::min<std::int64_t>(rc.max_backoff.count(), rc.backoff.count() << n);
+  if (ceiling <= 0) return std::chrono::milliseconds(0);
+  return std::chrono::milliseconds(rng_.below(static_cast<std::uint32_t>(ceiling) + 1));
+}
+
+RetryDecision Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
+                                            Clock::duration since_sent, Clock::time_point now) {
   if (reused && !fresh_retry_used_ && f == http::UpstreamFailure::reset && upstream_bytes == 0 &&
       since_sent < kStaleWindow) {
     // The pooled connection failed at once, before any answer: the server
-    // had closed it (the pool's peek missed it by a hair). A later failure
-    // may be an upstream that started the generation: never run twice.
+    // had closed it (the pool's peek missed it by a hair). Free: it does not
+    // count as an attempt.
     fresh_retry_used_ = true;
     fresh_only_ = true;
     ++retries_;
-    return true;
+    return {.retry = true, .reason = RetryReason::stale};
   }
-  return false;
+  RetryDecision d;
+  if (f == http::UpstreamFailure::reset)
+    d.reason = RetryReason::reset;
+  else if (f == http::UpstreamFailure::timeout)
+    d.reason = RetryReason::timeout;
+  else
+    return d;  // garbage or cancelled: not retried
+  if (!take_retry(now)) return d;
+  d.retry = true;
+  d.delay = backoff();
+  return d;
+}
+
+RetryDecision Attempts::on_status(int status, std::string_view retry_after, Clock::time_point now) {
+  RetryDecision d{.reason = RetryReason::status};
+  if (!retryable_status(status)) return d;
+  const auto& rc = pool_.config().retry;
+  auto wait = std::chrono::milliseconds(0);
+  if (!retry_after.empty() && (status == 429 || status == 503)) {
+    if (auto ra = parse_retry_after(retry_after)) {
+      if (*ra > rc.retry_after_cap) return d;  // not worth waiting for here (a fallback may take it)
+      wait = *ra;
+    }
+  }
+  if (!take_retry(now)) return d;
+  d.retry = true;
+  d.delay = std::max(wait, backoff());
+  return d;
 }
 
 }  // namespace weir::routing

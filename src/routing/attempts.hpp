@@ -1,18 +1,40 @@
-// Which upstream attempt comes next for one request, and whether a failure
-// may be retried: the policy half of the upstream phase (the gateway's
-// proxy phase is the driver that connects, sends and reads). Split as
-// Pingora's fail_to_connect / error_while_proxy: policy decides, the driver
-// loops. Nothing is retried once a byte has reached the client, and a
-// request an upstream may have started is never sent twice.
+// Which upstream attempt comes next for one request on one pool, and
+// whether a failure may be retried: the policy half of the upstream phase
+// (the gateway's proxy phase is the driver that connects, sends, reads and
+// waits). Split as Pingora's fail_to_connect / error_while_proxy: policy
+// decides, the driver loops. Nothing is retried once a byte has reached the
+// client. Retries beyond connect failover and the stale-connection resend
+// follow the pool's `retry` section (core::RetryConfig, docs/reliability.md).
 #pragma once
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
+#include <string_view>
 
 #include "http/upstream.hpp"
 #include "routing/pool.hpp"
 
 namespace weir::routing {
+
+// Why an attempt was retried (the label of weir_upstream_retries_total).
+enum class RetryReason : std::uint8_t { connect, stale, reset, timeout, status, count_ };
+std::string_view retry_reason_label(RetryReason r);
+
+// What to do after a failed attempt.
+struct RetryDecision {
+  bool retry = false;                  // send the request again on this pool, to endpoint()
+  std::chrono::milliseconds delay{0};  // wait this long first (backoff, or the upstream's Retry-After)
+  RetryReason reason = RetryReason::connect;
+};
+
+// A response status worth another attempt (RFC 9110: 408 Request Timeout,
+// 429 Too Many Requests, 502/503/504): the upstream did not do the work.
+bool retryable_status(int status);
+
+// A Retry-After value (RFC 9110 §10.2.3) as delay-seconds; nullopt for an
+// HTTP-date or anything unparsable (the backoff is used then).
+std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v);
 
 class Attempts {
  public:
@@ -25,6 +47,10 @@ class Attempts {
 
   // Starts with the endpoint pool.pick() chooses at `now`.
   Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now);
+  // Gives back the retry-budget slot this request took, if any.
+  ~Attempts();
+  Attempts(const Attempts&) = delete;
+  Attempts& operator=(const Attempts&) = delete;
 
   // The endpoint of the current attempt (index into the pool).
   std::uint32_t endpoint() const { return endpoint_; }
@@ -32,30 +58,47 @@ class Attempts {
   bool fresh_only() const { return fresh_only_; }
   // Attempts beyond the first so far.
   std::uint32_t retries() const { return retries_; }
+  // A retry was refused because the pool's retry budget was spent.
+  bool budget_refused() const { return budget_refused_; }
 
   // The connection to endpoint() could not be opened (refused or timed
   // out): ejects the endpoint. True when another endpoint may take the
-  // request (nothing was sent anywhere), which becomes endpoint().
+  // request (nothing was sent anywhere), which becomes endpoint(). Every
+  // endpoint is tried once per request; this costs no retry budget.
   bool on_connect_failure(http::UpstreamFailure f, Clock::time_point now);
   // The connection was opened.
   void on_connected();
   // Sending the request or reading the response head failed on a connection
   // that was `reused` from the pool, after `upstream_bytes` of an answer and
-  // `since_sent` after the request went out. True when the request may be
-  // sent again (on a fresh connection to the same endpoint: the stale
-  // pooled connection case, once).
-  bool on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
-                           Clock::duration since_sent);
+  // `since_sent` after the request went out. Retried: the stale pooled
+  // connection case, once, at once, on a fresh connection to the same
+  // endpoint; a reset or first-byte timeout, while retry.attempts and the
+  // retry budget allow, after a backoff, on another endpoint when there is one.
+  RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
+                                    Clock::duration since_sent, Clock::time_point now);
+  // The response head has status `status` (retryable_status) with
+  // `retry_after` (the Retry-After field, or empty). Retried while
+  // retry.attempts and the budget allow, after max(backoff, Retry-After); a
+  // Retry-After beyond retry.retry_after_cap is not waited for.
+  RetryDecision on_status(int status, std::string_view retry_after, Clock::time_point now);
 
  private:
+  // Another attempt on this pool after `reason`, if attempts and budget allow; moves to another endpoint.
+  bool take_retry(Clock::time_point now);
+  std::chrono::milliseconds backoff();
+
   WorkerPool& pool_;
   Rng& rng_;
   std::uint32_t endpoint_;
   std::uint32_t connects_ = 0;
-  std::uint64_t tried_ = 0;  // endpoints that refused this request (bit i = endpoint i)
+  std::uint32_t budgeted_ = 0;  // retries that count against retry.attempts (not connect failover nor the stale resend)
+  std::uint64_t tried_ = 0;     // endpoints that failed this request (bit i = endpoint i)
   std::uint32_t retries_ = 0;
+  std::uint32_t backoffs_ = 0;
   bool fresh_only_ = false;
   bool fresh_retry_used_ = false;
+  bool in_budget_ = false;  // holds one of the pool's retry-budget slots
+  bool budget_refused_ = false;
 };
 
 }  // namespace weir::routing

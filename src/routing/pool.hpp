@@ -67,13 +67,29 @@ class WorkerPool {
   void report_success(std::uint32_t i);
 
   // A request starts / ends on endpoint `i`: the in-flight count pick() balances on.
-  void on_start(std::uint32_t i) { ++endpoints_[i].in_flight; }
-  void on_finish(std::uint32_t i) { --endpoints_[i].in_flight; }
+  void on_start(std::uint32_t i) {
+    ++endpoints_[i].in_flight;
+    ++in_flight_;
+  }
+  void on_finish(std::uint32_t i) {
+    --endpoints_[i].in_flight;
+    --in_flight_;
+  }
+  // Requests of this worker in flight on the pool's endpoints.
+  std::uint32_t in_flight() const { return in_flight_; }
+
+  // The retry budget (routing::Attempts): requests of this worker that are
+  // retrying on this pool now.
+  std::uint32_t retries_in_flight() const { return retrying_; }
+  void retry_begin() { ++retrying_; }
+  void retry_end() { --retrying_; }
 
  private:
   const core::PoolConfig* cfg_;
   std::vector<EndpointState> endpoints_;
   std::vector<std::uint32_t> scratch_;  // healthy candidates, reused
+  std::uint32_t in_flight_ = 0;
+  std::uint32_t retrying_ = 0;
 };
 
 }  // namespace weir::routing

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -20,6 +21,8 @@ struct Route {
   std::string_view upstream_model;  // name to send upstream; empty = leave the body's model as is
   // Completion tokens the admission estimate assumes when a request gives no max_tokens.
   std::uint32_t default_max_tokens = core::ModelConfig::kDefaultMaxTokens;
+  // Where the request goes when this pool's attempts are spent, in order (models.X.fallbacks).
+  std::span<const core::FallbackTarget> fallbacks;
 };
 
 inline constexpr std::uint32_t kUnlistedModel = 0xffffffffu;

@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
 #include "api/json_scan.hpp"
 
 namespace weir::api::openai {
@@ -20,6 +23,31 @@ bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& 
   if (find_member(obj, "continuous_usage_stats") && set_member(obj, "continuous_usage_stats", "false", no_continuous))
     obj = no_continuous;
   return set_member(obj, "include_usage", "true", scratch) && set_member(body, "stream_options", scratch, out);
+}
+
+ChunkKind classify_chunk(std::string_view data) {
+  boost::system::error_code ec;
+  const boost::json::value v = boost::json::parse(data, ec);
+  if (ec || !v.is_object()) return ChunkKind::empty;
+  const auto& o = v.get_object();
+  if (o.contains("error")) return ChunkKind::error;
+  const auto* choices = o.if_contains("choices");
+  if (!choices || !choices->is_array()) return ChunkKind::empty;
+  auto non_empty_string = [](const boost::json::value* s) { return s && s->is_string() && !s->get_string().empty(); };
+  for (const auto& c : choices->get_array()) {
+    if (!c.is_object()) continue;
+    const auto& co = c.get_object();
+    if (const auto* f = co.if_contains("finish_reason"); f && !f->is_null()) return ChunkKind::content;
+    if (non_empty_string(co.if_contains("text"))) return ChunkKind::content;  // completions
+    const auto* d = co.if_contains("delta");
+    if (!d || !d->is_object()) continue;
+    const auto& delta = d->get_object();
+    for (const char* k : {"content", "refusal", "reasoning_content", "reasoning"})
+      if (non_empty_string(delta.if_contains(k))) return ChunkKind::content;
+    if (const auto* t = delta.if_contains("tool_calls"); t && t->is_array() && !t->get_array().empty())
+      return ChunkKind::content;
+  }
+  return ChunkKind::empty;
 }
 
 bool is_usage_only_chunk(std::string_view data) {

@@ -4,6 +4,7 @@
 // reads usage and keeps that chunk from a client that did not ask for it.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,16 @@ bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& 
 
 // An OpenAI/vLLM stream's final usage chunk: `"choices": []` plus usage.
 bool is_usage_only_chunk(std::string_view data);
+
+// What one streamed chunk (an SSE event's data, not [DONE]) carries, for
+// holding a stream's head until its first content (a fallback is left):
+// `content` when a choice has text, a content/refusal/reasoning_content
+// delta, tool calls or a finish_reason; `error` for an in-band
+// `{"error": ...}` (vLLM's mid-stream error); `empty` otherwise (vLLM's
+// role-only first chunk, a usage-only chunk, anything unparsable). Parses
+// the chunk: used only on held streams, before their first content event.
+enum class ChunkKind : std::uint8_t { empty, content, error };
+ChunkKind classify_chunk(std::string_view data);
 
 // The per-event usage hook: fixed state, no allocation per event.
 class UsageHook {

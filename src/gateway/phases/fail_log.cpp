@@ -163,6 +163,29 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += R"(,"upstream_ms":null)";
   fmt::format_to(std::back_inserter(out), R"(,"added_us":{},"bytes_in":{},"bytes_out":{},"events":{},"retries":{})",
                  ctx.added_us, ctx.bytes_in, down_.bytes_out(), ctx.events, ctx.retries);
+  if (ctx.attempt_count > 1) {
+    // Every attempt, in order, when there was more than one (docs/reliability.md).
+    out += R"(,"attempts":[)";
+    for (std::size_t i = 0; i < ctx.attempt_count; ++i) {
+      const auto& a = ctx.attempt_log[i];
+      const auto& pool = cfg.pools[static_cast<std::size_t>(a.pool)];
+      out += i ? R"(,{"pool":)" : R"({"pool":)";
+      core::append_json_string(out, pool.name);
+      out += R"(,"endpoint":)";
+      core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
+      if (a.status)
+        fmt::format_to(std::back_inserter(out), R"(,"status":{})", a.status);
+      else
+        out += R"(,"status":null)";
+      out += R"(,"failure":)";
+      if (a.failure == http::UpstreamFailure::none)
+        out += "null";
+      else
+        core::append_json_string(out, http::to_string(a.failure));
+      fmt::format_to(std::back_inserter(out), R"(,"ms":{:.3f}}})", static_cast<double>(a.us) / 1000.0);
+    }
+    out += "]";
+  }
   if (ctx.has_usage)
     fmt::format_to(std::back_inserter(out), R"(,"prompt_tokens":{},"completion_tokens":{})", ctx.usage.prompt_tokens,
                    ctx.usage.completion_tokens);

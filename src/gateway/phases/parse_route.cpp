@@ -1,5 +1,8 @@
 // The parse and route phases: the JSON body's fields (api/request.hpp),
 // then model → pool (routing/route_table.hpp).
+#include <algorithm>
+#include <charconv>
+
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 
@@ -33,6 +36,20 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   auto r = w_.routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
   ctx.target = *r;
+  if (!ctx.target.fallbacks.empty()) {
+    // x-weir-fallbacks: N (0..) caps the chain for this request; "none" is 0.
+    const std::string_view h = down_.request()["x-weir-fallbacks"];
+    if (!h.empty()) {
+      unsigned n = 0;
+      const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), n);
+      if (h == "none")
+        n = 0;
+      else if (ec != std::errc() || p != h.data() + h.size())
+        return Outcome::failed(
+            core::bad_request("x-weir-fallbacks must be a number of fallbacks (0, 1, ...) or none."));
+      ctx.fallback_limit = static_cast<std::uint8_t>(std::min(n, 255u));
+    }
+  }
   ctx.model_slot = r->model_index == routing::kUnlistedModel ? w_.metrics().unlisted_model() : r->model_index;
   ctx.pool = static_cast<int>(r->pool);
   return Outcome::next();

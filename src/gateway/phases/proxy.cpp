@@ -38,6 +38,7 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     return;
   }
   std::string_view body = down_.body();
+  ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
   if (!ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model) {
     ctx.scratch.clear();
     core::append_json_string(ctx.scratch, ctx.target.upstream_model);
@@ -59,6 +60,7 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
 
 void GatewayPhases::on_client_gone(RequestContext& ctx) {
   if (ctx.source && !ctx.source->done() && !ctx.hooks.done_relayed()) ctx.source->cancel();
+  if (ctx.backoff) ctx.backoff->cancel();
 }
 
 void GatewayPhases::commit(RequestContext& ctx) {
@@ -72,52 +74,106 @@ void GatewayPhases::commit(RequestContext& ctx) {
   w_.give_buffer(ctx.edit_buf);
 }
 
+bool GatewayPhases::fallback_left(const RequestContext& ctx) const {
+  const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
+  return ctx.fallback_step < chain && !down_.client_gone();
+}
+
+void GatewayPhases::next_target(RequestContext& ctx) {
+  const auto& fb = ctx.target.fallbacks[ctx.fallback_step++];
+  ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
+  ctx.target.upstream_model = fb.upstream_model;
+  ctx.pool = static_cast<int>(fb.pool);
+  ctx.endpoint = -1;
+  ++ctx.retries;
+  ++w_.metrics().upstream_fallbacks;
+}
+
 core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
-  // The attempts run in their own frame, gone once the response head is in:
-  // a long stream holds only this small one and the responder's.
-  Outcome o = co_await start_upstream(ctx);
-  if (!o.goes_on()) co_return o;
-  const auto& head = exchange_.head();
-  // Streams are asked for in identity; events cannot be read out of
-  // compressed bytes, so a stream compressed anyway is relayed whole, as a
-  // buffered body (decoded for a client that did not accept the encoding).
-  const auto ce = head[bh::field::content_encoding];
-  const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
-  const bool stream =
-      ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !exchange_.done() && !encoded;
-  if (stream)
-    o = co_await respond_stream(ctx);
-  else
-    o = co_await respond_buffered(ctx);
-  auto& pool = w_.pool(ctx.target.pool);
-  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
-  pool.on_finish(ep);
-  ctx.source = nullptr;
-  // Keep the connection only after a complete, keep-alive response.
-  if (auto c = exchange_.release()) {
-    ++c->uses;
-    pool.endpoint(ep).conns.put(std::move(c), core::now());
+  for (;;) {
+    // The attempts run in their own frame, gone once the response head is
+    // in: a long stream holds only this small one and the responder's.
+    Outcome o = co_await start_upstream(ctx);
+    if (!o.goes_on()) co_return o;
+    const auto& head = exchange_.head();
+    // Streams are asked for in identity; events cannot be read out of
+    // compressed bytes, so a stream compressed anyway is relayed whole, as a
+    // buffered body (decoded for a client that did not accept the encoding).
+    const auto ce = head[bh::field::content_encoding];
+    const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
+    const bool stream =
+        ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !exchange_.done() && !encoded;
+    // With a fallback left, a stream's head waits for its first content
+    // event: until then it can still fail over.
+    ctx.hold_head = stream && fallback_left(ctx);
+    if (stream)
+      o = co_await respond_stream(ctx);
+    else
+      o = co_await respond_buffered(ctx);
+    auto& pool = w_.pool(ctx.target.pool);
+    const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
+    pool.on_finish(ep);
+    ctx.source = nullptr;
+    // Keep the connection only after a complete, keep-alive response.
+    if (auto c = exchange_.release()) {
+      ++c->uses;
+      pool.endpoint(ep).conns.put(std::move(c), core::now());
+    }
+    if (ctx.fail_over && fallback_left(ctx)) {
+      ctx.fail_over = false;
+      next_target(ctx);
+      continue;
+    }
+    co_return o;
   }
-  co_return o;
 }
 
 core::Task<Outcome> GatewayPhases::start_upstream(RequestContext& ctx) {
+  // The client may leave while we wait on the upstream: watch for it.
+  down_.watch_for_close(/*release_buffer=*/ctx.stream);
+  for (;;) {
+    Outcome o = co_await attempt_pool(ctx);
+    if (o.goes_on() || !ctx.fail_over || !fallback_left(ctx)) {
+      ctx.fail_over = false;
+      co_return o;
+    }
+    ctx.fail_over = false;
+    next_target(ctx);
+  }
+}
+
+core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::milliseconds d) {
+  if (d.count() <= 0) co_return;
+  core::Timer timer(w_.io().get_executor());
+  timer.expires_after(d);
+  ctx.backoff = &timer;  // on_client_gone cancels it
+  co_await timer.async_wait(core::use_task);
+  ctx.backoff = nullptr;
+}
+
+core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   auto& metrics = w_.metrics();
   const auto& req = down_.request();
   prepare_upstream_body(ctx);
   auto& pool = w_.pool(ctx.target.pool);
   const auto& pc = pool.config();
   const bool head_request = req.method() == bh::verb::head;
-
-  // The client may leave while we wait on the upstream: watch for it.
-  down_.watch_for_close(/*release_buffer=*/ctx.stream);
   ctx.source = &exchange_;
 
   auto now = core::now();
   routing::Attempts attempts(pool, w_.rng(), now);
-  std::int64_t added = core::micros_between(ctx.t_start, now);  // read, parse, route, admit
+  std::int64_t added = ctx.added_us + core::micros_between(ctx.fallback_step == 0 ? ctx.t_start : now, now);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool started = false;
+  const std::uint32_t retries_before = ctx.retries;
+  int last_status = 0;
+  auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since) {
+    ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                        .endpoint = static_cast<std::int16_t>(ep),
+                        .status = static_cast<std::int16_t>(status),
+                        .failure = f,
+                        .us = static_cast<std::uint32_t>(core::micros_between(since, core::now()))});
+  };
   for (;;) {
     const std::uint32_t ep_idx = attempts.endpoint();
     auto& ep = pool.endpoint(ep_idx);
@@ -128,12 +184,14 @@ core::Task<Outcome> GatewayPhases::start_upstream(RequestContext& ctx) {
       exchange_.use(std::move(pooled));
     } else {
       ++metrics.upstream_connects;
+      const auto t_connect = core::now();
       failure = co_await exchange_.connect(ep.addr, pc.timeouts.connect);
       if (down_.client_gone()) break;
       if (failure != http::UpstreamFailure::none) {
         metrics.count_upstream_failure(failure);
+        record(ep_idx, 0, failure, t_connect);
         if (attempts.on_connect_failure(failure, core::now())) {
-          ++metrics.upstream_retries;
+          metrics.count_retry(routing::RetryReason::connect);
           continue;
         }
         break;
@@ -163,30 +221,62 @@ core::Task<Outcome> GatewayPhases::start_upstream(RequestContext& ctx) {
                                         .head_request = head_request,
                                         .first_byte = pc.timeouts.first_byte,
                                         .idle = pc.timeouts.idle});
+    routing::RetryDecision d;
     if (failure == http::UpstreamFailure::none) {
-      started = true;
-      break;
+      const int status = exchange_.head().result_int();
+      if (!routing::retryable_status(status)) {
+        started = true;
+        break;
+      }
+      // 408/429/502/503/504: the upstream did not do the work. Another
+      // attempt here, the next fallback, or (neither left) this answer.
+      d = attempts.on_status(status, exchange_.head()[bh::field::retry_after], core::now());
+      if (!d.retry && !fallback_left(ctx)) {
+        started = true;
+        break;
+      }
+      record(ep_idx, status, failure, ctx.t_upstream_sent);
+      last_status = status;
+      pool.on_finish(ep_idx);
+      // A small error body may have come whole with the head: then the connection can serve again.
+      if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
+      if (!d.retry) break;
+    } else {
+      record(ep_idx, 0, failure, ctx.t_upstream_sent);
+      pool.on_finish(ep_idx);
+      if (down_.client_gone()) break;
+      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent,
+                                       core::now());
+      exchange_.release();
+      if (!d.retry) {
+        metrics.count_upstream_failure(failure);
+        break;
+      }
     }
-    pool.on_finish(ep_idx);
+    metrics.count_retry(d.reason);
+    co_await wait_backoff(ctx, d.delay);
     if (down_.client_gone()) break;
-    if (attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent)) {
-      ++metrics.upstream_retries;
-      continue;
-    }
-    metrics.count_upstream_failure(failure);
-    break;
   }
-  ctx.retries = attempts.retries();
+  if (attempts.budget_refused()) ++metrics.retry_budget_exhausted;
+  // Spent on this pool without an answer to pass on: the next fallback may take it.
+  ctx.fail_over =
+      !started && !down_.client_gone() && (failure == http::UpstreamFailure::none || http::is_upstream_fault(failure));
+  ctx.retries = retries_before + attempts.retries();
   ctx.added_us = added;
   const auto ep_idx = attempts.endpoint();
   if (!started || down_.client_gone()) {
     if (started) pool.on_finish(ep_idx);
     exchange_.release();
     ctx.source = nullptr;
-    if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
+    if (down_.client_gone()) {
+      ctx.fail_over = false;
+      co_return Outcome::failed(client_gone(ClientGone::closed));
+    }
+    if (failure == http::UpstreamFailure::none)  // the last attempt answered 408/429/5xx; a fallback takes it
+      co_return Outcome::failed(upstream_status_error(last_status, subject(ctx)));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
-
+  record(ep_idx, exchange_.head().result_int(), failure, ctx.t_upstream_sent);
   ctx.t_first_byte = core::now();
   ctx.upstream_status = exchange_.head().result_int();
   co_return Outcome::next();

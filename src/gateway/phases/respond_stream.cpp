@@ -3,6 +3,7 @@
 // complete, through the stream hooks; every event completed by one upstream
 // read leaves in one write. A client that stops reading is cut off at
 // server.max_stream_buffer; one that leaves aborts the upstream request.
+#include "api/openai/stream.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -18,22 +19,30 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   ctx.status = 200;
   if (!down_.http11()) down_.no_keep_alive();  // HTTP/1.0: the body ends at close
 
-  const auto t0 = core::now();
-  commit(ctx);
-  ctx.head.clear();
-  http::append_status_line(ctx.head, 200);
-  http::append_response_fields(ctx.head, src.head(), false);
-  http::append_header(ctx.head, "x-request-id", ctx.request_id);
-  ctx.head += ctx.rate_limit_lines;
-  http::append_connection_header(ctx.head, down_.connection_mode());
-  if (down_.http11()) ctx.head += "Transfer-Encoding: chunked\r\n";
-  ctx.head += "\r\n";
-  down_.send(ctx.head);
-  // A long stream keeps neither the head's storage nor the request's fields.
-  w_.give_buffer(ctx.head);
-  down_.release_request_fields();
-  src.shrink();
-  ctx.added_us += core::micros_between(t0, core::now());
+  // The commit point: the client's head goes out, and nothing can be retried after it.
+  auto send_head = [&] {
+    const auto t0 = core::now();
+    commit(ctx);
+    ctx.head.clear();
+    http::append_status_line(ctx.head, 200);
+    http::append_response_fields(ctx.head, src.head(), false);
+    http::append_header(ctx.head, "x-request-id", ctx.request_id);
+    ctx.head += ctx.rate_limit_lines;
+    http::append_connection_header(ctx.head, down_.connection_mode());
+    if (down_.http11()) ctx.head += "Transfer-Encoding: chunked\r\n";
+    ctx.head += "\r\n";
+    down_.send(ctx.head);
+    // A long stream keeps neither the head's storage nor the request's fields.
+    w_.give_buffer(ctx.head);
+    down_.release_request_fields();
+    src.shrink();
+    ctx.added_us += core::micros_between(t0, core::now());
+  };
+  // A held stream (a fallback is left) commits at its first content event;
+  // the events before it (vLLM's role-only first chunk) wait in ctx.body.
+  bool holding = ctx.hold_head;
+  if (!holding) send_head();
+  ctx.body.clear();
 
   ctx.sse.reset();
   ctx.hooks.reset(ctx.strip_usage);
@@ -53,10 +62,27 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
         if (ev->has_data) {
           ++ctx.events;
           if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
+          if (holding && !ev->is_done()) {
+            const auto c = api::openai::classify_chunk(ev->data);
+            if (c == api::openai::ChunkKind::error) failure = http::UpstreamFailure::protocol;
+            if (c == api::openai::ChunkKind::content) holding = false;
+          }
         }
         events += ev->raw;
       }
       if (ctx.sse.error()) failure = http::UpstreamFailure::protocol;
+    }
+    if (ctx.hold_head && !ctx.committed) {
+      if (failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!holding || r.end)) {
+        // The first content event (or the whole stream) is here: commit, with what was held before it.
+        send_head();
+        ctx.body += events;
+        events.swap(ctx.body);
+        ctx.body.clear();
+      } else {
+        ctx.body += events;
+        events.clear();
+      }
     }
     // Bytes of earlier reads the client has not taken yet: the slow-client
     // measure. Not this read's events: one event larger than the bound (a
@@ -107,10 +133,23 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     co_return Outcome::failed(client_gone(down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed));
   }
   if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
-    // Headers are out: fail() ends the stream in-band, as vLLM does.
     metrics.count_upstream_failure(failure);
     src.cancel();
+    if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = failure;  // after its head
+    if (!ctx.committed) {
+      // A held stream failed before its first content event: nothing
+      // reached the client, so the next fallback takes the request (proxy).
+      ctx.body.clear();
+      ctx.fail_over = true;
+      co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
+    }
+    // Headers are out: fail() ends the stream in-band, as vLLM does.
     co_return Outcome::failed(upstream_error(failure, subject(ctx), true));
+  }
+  if (!ctx.committed) {  // a held stream that ended without a content event
+    send_head();
+    if (!ctx.body.empty()) down_.send_body(ctx.body);
+    ctx.body.clear();
   }
   down_.queue_end();
   down_.flush();

@@ -165,7 +165,7 @@ void fill(MetricsShard& m, std::uint64_t k) {
   m.active_streams += static_cast<std::int64_t>(k);
   m.active_connections += static_cast<std::int64_t>(2 * k);
   m.upstream_connects += 3 * k;
-  m.upstream_retries += 4 * k;
+  for (std::size_t i = 0; i < 4 * k; ++i) m.count_retry(routing::RetryReason::connect);
   m.client_disconnects += 5 * k;
   m.slow_client_cutoffs += 6 * k;
   m.bytes_in += 7 * k;
@@ -199,7 +199,7 @@ TEST(GatewayMetricsShard, MergeAddsEverything) {
   EXPECT_EQ(sample(t, "weir_active_streams"), 5);
   EXPECT_EQ(sample(t, "weir_active_connections"), 10);
   EXPECT_EQ(sample(t, "weir_upstream_connects_total"), 15);
-  EXPECT_EQ(sample(t, "weir_upstream_retries_total"), 20);
+  EXPECT_EQ(sample(t, "weir_upstream_retries_total", "reason=\"connect\""), 20);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"reset\""), 5);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"protocol\""), 5);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"timeout\""), 0);

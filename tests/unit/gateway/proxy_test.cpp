@@ -36,6 +36,7 @@ struct Attempt {
   std::deque<std::string> body;                          // one read each
   UpstreamFailure body_failure = UpstreamFailure::none;  // after the body pieces
   bool hang = false;                                     // after the pieces: wait until cancelled
+  std::string retry_after;                               // a Retry-After field, if not empty
 };
 
 class ScriptedExchange final : public http::UpstreamExchange {
@@ -57,6 +58,8 @@ class ScriptedExchange final : public http::UpstreamExchange {
     head_ = {};
     head_.result(cur_.status);
     head_.set(bh::field::content_type, cur_.content_type);
+    if (!cur_.retry_after.empty()) head_.set(bh::field::retry_after, cur_.retry_after);
+    bodies.push_back(std::string(r.body));
     done_ = cur_.body.empty() && cur_.body_failure == UpstreamFailure::none && !cur_.hang;
     co_return UpstreamFailure::none;
   }
@@ -91,6 +94,7 @@ class ScriptedExchange final : public http::UpstreamExchange {
     cancelled_event_.notify();
   }
   std::string last_head;
+  std::vector<std::string> bodies;  // the request body of every start()
 
  private:
   Attempt pop() {
@@ -105,23 +109,26 @@ class ScriptedExchange final : public http::UpstreamExchange {
   core::Event cancelled_event_;
 };
 
-// A worker (not started) over a pool of two endpoints nobody listens on.
+// A worker (not started) over a pool of two endpoints nobody listens on,
+// or over the pools of `yaml` (endpoints nobody listens on either).
 struct Gateway {
   Shared shared;
   std::unique_ptr<Worker> worker;
 
-  Gateway() {
-    auto cfg = core::parse_config(
-        "pools: {p: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2]}}\ndefault_pool: p\n"
-        "server: {access_log: 'off'}\n",
-        "t");
+  explicit Gateway(const std::string& yaml =
+                       "pools: {p: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2]}}\n"
+                       "default_pool: p\n") {
+    auto cfg = core::parse_config(yaml + "server: {access_log: 'off'}\n", "t");
     EXPECT_TRUE(cfg) << cfg.error().to_string();
     shared.config = std::make_shared<core::Config>(std::move(*cfg));
     shared.routes = std::make_unique<routing::RouteTable>(*shared.config);
     std::string err;
     shared.log_sink = core::AccessLogSink::open("off", err);
-    shared.endpoint_addrs = {{http::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 1),
-                              http::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 2)}};
+    for (const auto& pool : shared.config->pools) {
+      std::vector<http::tcp::endpoint> addrs;
+      for (const auto& ep : pool.endpoints) addrs.emplace_back(asio::ip::make_address("127.0.0.1"), ep.port);
+      shared.endpoint_addrs.push_back(std::move(addrs));
+    }
     worker = std::make_unique<Worker>(shared, 0);
   }
 };
@@ -300,6 +307,187 @@ TEST(ProxyPhase, TheClientsCredentialAndRequestIdAreReplacedUpstream) {
   EXPECT_NE(ex.last_head.find("Content-Length: "), std::string::npos);
   EXPECT_EQ(ex.last_head.find("Connection:"), std::string::npos) << "hop-by-hop fields stay here";
   EXPECT_EQ(r.ctx.request_id, "abc-123");
+}
+
+// --- retries (pools.X.retry) and fallbacks (models.X.fallbacks) ---
+
+const std::string kRetrying =
+    "pools: {p: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2],"
+    " retry: {attempts: 3, backoff: 1ms, max_backoff: 2ms}}}\n"
+    "default_pool: p\n";
+// Model m on pool p (one attempt), falling back to pool q as model m-small.
+const std::string kFallback =
+    "pools: {p: {endpoints: [http://127.0.0.1:1]}, q: {endpoints: [http://127.0.0.1:2]}}\n"
+    "models: {m: {pool: p, fallbacks: [{pool: q, upstream_model: m-small}]}}\n";
+
+std::string sse_event(std::string_view json) { return "data: " + std::string(json) + "\n\n"; }
+const std::string kRoleChunk =
+    R"({"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]})";
+const std::string kHiChunk = R"({"choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]})";
+
+TEST(ProxyRetry, RetryableStatusesAreRetriedUpToAttemptsThenTheLastAnswerPassesThrough) {
+  Gateway g(kRetrying);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.status = 503, .body = {R"({"error":{"message":"busy"}})"}},
+               Attempt{.status = 429, .body = {R"({"error":{"message":"slow down"}})"}},
+               Attempt{.status = 502, .body = {R"({"error":{"message":"bad gateway"}})"}}};
+  Served r;
+  serve(g, ex, chat(false), r);
+  EXPECT_EQ(ex.starts, 3);
+  EXPECT_EQ(r.ctx.retries, 2u);
+  EXPECT_EQ(r.ctx.status, 502) << "the last attempt's own answer";
+  EXPECT_NE(r.response.find("bad gateway"), std::string::npos) << r.response;
+  EXPECT_EQ(r.ctx.attempt_count, 3u);
+  EXPECT_EQ(r.ctx.attempt_log[0].status, 503);
+  EXPECT_EQ(r.ctx.attempt_log[1].status, 429);
+  EXPECT_EQ(r.ctx.attempt_log[2].status, 502);
+  EXPECT_EQ(g.worker->metrics().retries(routing::RetryReason::status), 2u);
+}
+
+TEST(ProxyRetry, ASuccessAfterRetriesIsTheAnswer) {
+  Gateway g(kRetrying);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.start = UpstreamFailure::reset}, Attempt{.status = 503, .body = {"{}"}},
+               Attempt{.body = {R"({"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}})"}}};
+  Served r;
+  serve(g, ex, chat(false), r);
+  EXPECT_EQ(ex.starts, 3);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_TRUE(r.ctx.has_usage);
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r.response;
+  EXPECT_EQ(g.worker->metrics().retries(routing::RetryReason::reset), 1u);
+}
+
+TEST(ProxyRetry, OtherClientErrorsAreNeverRetried) {
+  Gateway g(kRetrying);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.status = 400, .body = {R"({"error":{"message":"bad"}})"}}, Attempt{}};
+  Served r;
+  serve(g, ex, chat(false), r);
+  EXPECT_EQ(ex.starts, 1);
+  EXPECT_EQ(r.ctx.status, 400);
+}
+
+TEST(ProxyRetry, ARetryAfterBeyondTheCapIsNotWaitedFor) {
+  Gateway g(kRetrying);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.status = 429, .body = {"{}"}, .retry_after = "30"}, Attempt{}};
+  Served r;
+  serve(g, ex, chat(false), r);
+  EXPECT_EQ(ex.starts, 1);
+  EXPECT_EQ(r.ctx.status, 429);
+}
+
+TEST(ProxyFallback, APrimaryThatAnswers503GoesToTheFallbackUnderItsUpstreamName) {
+  Gateway g(kFallback);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.status = 503, .body = {"{}"}}, Attempt{.body = {"{}"}}};
+  Served r;
+  serve(g, ex, chat(false), r);
+  ASSERT_EQ(ex.starts, 2);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_EQ(r.ctx.pool, 1);
+  EXPECT_EQ(ex.bodies[0].find("m-small"), std::string::npos);
+  EXPECT_NE(ex.bodies[1].find(R"("model":"m-small")"), std::string::npos) << ex.bodies[1];
+  EXPECT_EQ(g.worker->metrics().upstream_fallbacks, 1u);
+  EXPECT_EQ(r.ctx.attempt_count, 2u);
+  EXPECT_EQ(r.ctx.attempt_log[0].pool, 0);
+  EXPECT_EQ(r.ctx.attempt_log[1].pool, 1);
+}
+
+TEST(ProxyFallback, ResetsAndRefusalsGoToTheFallbackAndAnEmptyChainIsOne502) {
+  for (auto f : {UpstreamFailure::reset, UpstreamFailure::timeout}) {
+    Gateway g(kFallback);
+    ScriptedExchange ex(g.worker->io().get_executor());
+    ex.script = {Attempt{.start = f}, Attempt{.body = {"{}"}}};
+    Served r;
+    serve(g, ex, chat(false), r);
+    EXPECT_EQ(ex.starts, 2);
+    EXPECT_EQ(r.ctx.status, 200);
+  }
+  Gateway g(kFallback);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.connect = UpstreamFailure::connect_refused},
+               Attempt{.connect = UpstreamFailure::connect_refused}};
+  Served r;
+  serve(g, ex, chat(false), r);
+  EXPECT_EQ(ex.connects, 2);
+  EXPECT_EQ(r.ctx.status, 502);
+  EXPECT_NE(r.response.find("pool `q`"), std::string::npos) << "the last target is named: " << r.response;
+}
+
+TEST(ProxyFallback, TheRequestHeaderCanTurnTheChainOff) {
+  Gateway g(kFallback);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.status = 503, .body = {"{}"}}, Attempt{.body = {"{}"}}};
+  std::string req = chat(false);
+  req.insert(req.find("\r\n") + 2, "x-weir-fallbacks: 0\r\n");
+  Served r;
+  serve(g, ex, req, r);
+  EXPECT_EQ(ex.starts, 1);
+  EXPECT_EQ(r.ctx.status, 503);
+
+  Gateway g2(kFallback);
+  ScriptedExchange ex2(g2.worker->io().get_executor());
+  std::string bad = chat(false);
+  bad.insert(bad.find("\r\n") + 2, "x-weir-fallbacks: lots\r\n");
+  Served r2;
+  serve(g2, ex2, bad, r2);
+  EXPECT_EQ(ex2.starts, 0);
+  EXPECT_EQ(r2.ctx.status, 400);
+}
+
+TEST(ProxyFallback, AStreamThatFailsBeforeItsFirstTokenFailsOverWithNothingSentTwice) {
+  Gateway g(kFallback);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {
+      Attempt{
+          .content_type = "text/event-stream", .body = {sse_event(kRoleChunk)}, .body_failure = UpstreamFailure::reset},
+      Attempt{.content_type = "text/event-stream",
+              .body = {sse_event(kRoleChunk) + sse_event(kHiChunk), "data: [DONE]\n\n"}}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_EQ(ex.starts, 2);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_FALSE(r.ctx.has_error) << r.ctx.error_code;
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r.response;
+  std::size_t heads = 0, roles = 0;
+  for (auto p = r.response.find("HTTP/1.1"); p != std::string::npos; p = r.response.find("HTTP/1.1", p + 1)) ++heads;
+  for (auto p = r.response.find("\"role\""); p != std::string::npos; p = r.response.find("\"role\"", p + 1)) ++roles;
+  EXPECT_EQ(heads, 1u);
+  EXPECT_EQ(roles, 1u) << "the failed attempt's role chunk never reached the client: " << r.response;
+  EXPECT_NE(r.response.find("\"Hi\""), std::string::npos);
+  EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(r.response.find("\"error\""), std::string::npos) << r.response;
+}
+
+TEST(ProxyFallback, AfterTheFirstTokenAStreamFailureIsInBandAndNotRetried) {
+  Gateway g(kFallback);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream",
+                       .body = {sse_event(kRoleChunk) + sse_event(kHiChunk)},
+                       .body_failure = UpstreamFailure::reset},
+               Attempt{}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_EQ(ex.starts, 1);
+  EXPECT_TRUE(r.ctx.committed);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_EQ(r.ctx.error_code, "upstream_unavailable");
+  EXPECT_NE(r.response.find("\"Hi\""), std::string::npos);
+  EXPECT_NE(r.response.find("data: {\"error\""), std::string::npos) << r.response;
+}
+
+TEST(ProxyFallback, AHeldStreamThatEndsWithoutContentIsSentWhole) {
+  Gateway g(kFallback);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream", .body = {sse_event(kRoleChunk), "data: [DONE]\n\n"}}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_EQ(ex.starts, 1);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_NE(r.response.find("\"role\""), std::string::npos) << r.response;
+  EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos) << r.response;
 }
 
 }  // namespace

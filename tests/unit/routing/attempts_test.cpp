@@ -13,6 +13,8 @@
 
 #include <gtest/gtest.h>
 
+#include "routing/route_table.hpp"
+
 namespace weir::routing {
 namespace {
 
@@ -28,10 +30,13 @@ struct Pool {
   std::vector<http::tcp::endpoint> addrs;
   std::unique_ptr<WorkerPool> pool;
 
-  explicit Pool(int n) {
+  // `retry`: the pool's retry section in YAML flow style, or empty.
+  explicit Pool(int n, const std::string& retry = "") {
     std::string yaml = "pools: {p: {endpoints: [";
     for (int i = 0; i < n; ++i) yaml += (i ? ", " : "") + std::string("http://127.0.0.1:") + std::to_string(i + 1);
-    yaml += "]}}\ndefault_pool: p\n";
+    yaml += "]";
+    if (!retry.empty()) yaml += ", retry: " + retry;
+    yaml += "}}\ndefault_pool: p\n";
     auto c = core::parse_config(yaml, "t");
     EXPECT_TRUE(c) << c.error().to_string();
     cfg = std::move(*c);
@@ -41,6 +46,10 @@ struct Pool {
   WorkerPool& operator*() { return *pool; }
   WorkerPool* operator->() { return pool.get(); }
 };
+
+bool exchange_failed(Attempts& a, UpstreamFailure f, bool reused, std::size_t bytes, Clock::duration since) {
+  return a.on_exchange_failure(f, reused, bytes, since, Clock::now()).retry;
+}
 
 TEST(RoutingAttempts, OneEndpointConnectFailureIsFinal) {
   Pool p(1);
@@ -174,13 +183,13 @@ TEST(RoutingAttempts, StaleReusedConnectionIsRetriedOnceOnAFreshOne) {
     Rng rng(5);
     Attempts a(*p, rng, Clock::now());
     const auto ep = a.endpoint();
-    EXPECT_TRUE(a.on_exchange_failure(UpstreamFailure::reset, /*reused=*/true, /*upstream_bytes=*/0, 1ms));
+    EXPECT_TRUE(exchange_failed(a, UpstreamFailure::reset, /*reused=*/true, /*upstream_bytes=*/0, 1ms));
     EXPECT_TRUE(a.fresh_only());
     EXPECT_EQ(a.endpoint(), ep);  // the same endpoint: it is not at fault
     EXPECT_EQ(a.retries(), 1u);
     // The fresh connection fails the same way: the request is not sent a third time.
-    EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::reset, true, 0, 1ms));
-    EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::reset, false, 0, 0ms));
+    EXPECT_FALSE(exchange_failed(a, UpstreamFailure::reset, true, 0, 1ms));
+    EXPECT_FALSE(exchange_failed(a, UpstreamFailure::reset, false, 0, 0ms));
     EXPECT_EQ(a.retries(), 1u);
   }
 }
@@ -213,7 +222,7 @@ TEST(RoutingAttempts, StaleRetryOnlyForAReusedConnectionResetAtOnceBeforeAnyAnsw
     Rng rng(9);
     Attempts a(*p, rng, Clock::now());
     const auto ep = a.endpoint();
-    EXPECT_EQ(a.on_exchange_failure(c.f, c.reused, c.bytes, c.since), c.retried);
+    EXPECT_EQ(exchange_failed(a, c.f, c.reused, c.bytes, c.since), c.retried);
     EXPECT_EQ(a.fresh_only(), c.retried);
     EXPECT_EQ(a.retries(), c.retried ? 1u : 0u);
     EXPECT_EQ(a.endpoint(), ep);                                    // an exchange failure never moves the request
@@ -229,7 +238,7 @@ TEST(RoutingAttempts, RetriesCountEveryKind) {
   auto now = Clock::now();
   Attempts a(*p, rng, now);
   const auto first = a.endpoint();
-  ASSERT_TRUE(a.on_exchange_failure(UpstreamFailure::reset, true, 0, 0ms));
+  ASSERT_TRUE(exchange_failed(a, UpstreamFailure::reset, true, 0, 0ms));
   EXPECT_EQ(a.retries(), 1u);
   ASSERT_TRUE(a.on_connect_failure(UpstreamFailure::connect_refused, now));
   EXPECT_EQ(a.retries(), 2u);
@@ -237,6 +246,147 @@ TEST(RoutingAttempts, RetriesCountEveryKind) {
   EXPECT_TRUE(a.fresh_only());
   EXPECT_FALSE(a.on_connect_failure(UpstreamFailure::connect_refused, now));
   EXPECT_EQ(a.retries(), 2u);
+}
+
+// --- retries configured per pool (retry: {...}) ---
+
+TEST(RoutingAttempts, WithoutARetrySectionOnlyTheStaleCaseIsResent) {
+  Pool p(2);
+  Rng rng(1);
+  const auto now = Clock::now();
+  for (int status : {408, 429, 502, 503, 504}) {
+    Attempts a(*p, rng, now);
+    EXPECT_FALSE(a.on_status(status, "", now).retry) << status;
+  }
+  Attempts a(*p, rng, now);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::reset, false, 0, 1s, now).retry);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::timeout, false, 0, 1s, now).retry);
+}
+
+TEST(RoutingAttempts, RetryableStatusesAndFailuresAreRetriedUpToAttemptsOnAnotherEndpoint) {
+  for (int seed = 1; seed <= 50; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Pool p(3, "{attempts: 3, backoff: 10ms, max_backoff: 40ms}");
+    Rng rng(static_cast<std::uint64_t>(seed));
+    const auto now = Clock::now();
+    Attempts a(*p, rng, now);
+    const auto first = a.endpoint();
+    auto d = a.on_status(503, "", now);
+    ASSERT_TRUE(d.retry);
+    EXPECT_EQ(d.reason, RetryReason::status);
+    EXPECT_LE(d.delay, 10ms);  // full jitter: [0, base]
+    EXPECT_NE(a.endpoint(), first);
+    d = a.on_exchange_failure(UpstreamFailure::reset, false, 0, 1s, now);
+    ASSERT_TRUE(d.retry);
+    EXPECT_EQ(d.reason, RetryReason::reset);
+    EXPECT_LE(d.delay, 20ms);  // [0, 2 · base]
+    EXPECT_FALSE(a.on_status(502, "", now).retry) << "3 attempts spent";
+    EXPECT_EQ(a.retries(), 2u);
+    EXPECT_FALSE(a.budget_refused());
+  }
+}
+
+TEST(RoutingAttempts, NeverRetriedOtherStatusesAndGarbage) {
+  Pool p(2, "{attempts: 5}");
+  Rng rng(2);
+  const auto now = Clock::now();
+  for (int status : {400, 401, 403, 404, 413, 422, 500, 501}) {
+    Attempts a(*p, rng, now);
+    EXPECT_FALSE(a.on_status(status, "", now).retry) << status;
+  }
+  Attempts a(*p, rng, now);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::protocol, false, 0, 1ms, now).retry);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::cancelled, false, 0, 1ms, now).retry);
+}
+
+TEST(RoutingAttempts, RetryAfterIsHonouredUpToItsCap) {
+  Pool p(1, "{attempts: 3, backoff: 1ms, max_backoff: 1ms, retry_after_cap: 2s}");
+  Rng rng(3);
+  const auto now = Clock::now();
+  {
+    Attempts a(*p, rng, now);
+    const auto d = a.on_status(429, "1", now);
+    ASSERT_TRUE(d.retry);
+    EXPECT_EQ(d.delay, 1000ms);
+  }
+  {
+    Attempts a(*p, rng, now);
+    EXPECT_FALSE(a.on_status(429, "3", now).retry) << "longer than retry_after_cap";
+  }
+  {
+    Attempts a(*p, rng, now);
+    const auto d = a.on_status(503, "Wed, 21 Oct 2015 07:28:00 GMT", now);  // a date: the backoff instead
+    ASSERT_TRUE(d.retry);
+    EXPECT_LE(d.delay, 1ms);
+  }
+  EXPECT_EQ(parse_retry_after(" 12 "), 12000ms);
+  EXPECT_FALSE(parse_retry_after("-1"));
+  EXPECT_FALSE(parse_retry_after("1.5"));
+  EXPECT_FALSE(parse_retry_after(""));
+  EXPECT_FALSE(parse_retry_after("99999999999"));
+}
+
+TEST(RoutingAttempts, TheRetryBudgetBoundsRetriesInFlight) {
+  // budget 0.5 of in-flight requests, at least 1: with 2 requests in flight
+  // one may retry; a second concurrent retry is refused.
+  Pool p(2, "{attempts: 3, backoff: 0ms, max_backoff: 0ms, budget: 0.5, min_concurrent: 1}");
+  Rng rng(4);
+  const auto now = Clock::now();
+  p->on_start(0);
+  p->on_start(1);
+  {
+    Attempts a(*p, rng, now), b(*p, rng, now);
+    EXPECT_TRUE(a.on_status(503, "", now).retry);
+    EXPECT_EQ(p->retries_in_flight(), 1u);
+    EXPECT_TRUE(a.on_status(503, "", now).retry) << "the same request retrying again holds the same slot";
+    EXPECT_FALSE(b.on_status(503, "", now).retry);
+    EXPECT_TRUE(b.budget_refused());
+  }
+  EXPECT_EQ(p->retries_in_flight(), 0u) << "released when the requests' attempts end";
+  Attempts c(*p, rng, now);
+  EXPECT_TRUE(c.on_status(503, "", now).retry);
+}
+
+TEST(RoutingAttempts, TheRetryConfigIsValidated) {
+  auto bad = [](const std::string& retry) {
+    return !core::parse_config("pools: {p: {endpoints: [http://127.0.0.1:1], retry: " + retry + "}}\ndefault_pool: p\n",
+                               "t");
+  };
+  EXPECT_TRUE(bad("{attempts: 0}"));
+  EXPECT_TRUE(bad("{attempts: 11}"));
+  EXPECT_TRUE(bad("{budget: 1.5}"));
+  EXPECT_TRUE(bad("{backoff: 100ms, max_backoff: 10ms}"));
+  EXPECT_TRUE(bad("{retries: 3}"));
+  EXPECT_FALSE(
+      bad("{attempts: 2, backoff: 10ms, max_backoff: 1s, retry_after_cap: 5s, budget: 0.1, min_concurrent: 2}"));
+}
+
+TEST(RoutingAttempts, FallbacksResolveToPoolsAndUpstreamNames) {
+  const std::string pools = "pools: {a: {endpoints: [http://127.0.0.1:1]}, b: {endpoints: [http://127.0.0.1:2]}}\n";
+  auto c = core::parse_config(pools +
+                                  "models:\n"
+                                  "  big: {pool: a, upstream_model: big-v2, fallbacks: [{model: small}, {pool: b}, "
+                                  "{pool: a, upstream_model: other}]}\n"
+                                  "  small: {pool: b}\n",
+                              "t");
+  ASSERT_TRUE(c) << c.error().to_string();
+  const auto& fb = c->models[0].fallbacks;
+  ASSERT_EQ(fb.size(), 3u);
+  EXPECT_EQ(fb[0].pool, 1u);
+  EXPECT_EQ(fb[0].upstream_model, "small");
+  EXPECT_EQ(fb[1].pool, 1u);
+  EXPECT_EQ(fb[1].upstream_model, "big-v2");
+  EXPECT_EQ(fb[2].pool, 0u);
+  EXPECT_EQ(fb[2].upstream_model, "other");
+  RouteTable routes(*c);
+  EXPECT_EQ(routes.find("big")->fallbacks.size(), 3u);
+  EXPECT_TRUE(routes.find("small")->fallbacks.empty());
+  for (const char* m : {"{model: nope}", "{pool: nope}", "{model: big}", "{}", "{model: small, pool: b}", "[1]"}) {
+    SCOPED_TRACE(m);
+    auto bad =
+        core::parse_config(pools + "models:\n  big: {pool: a, fallbacks: [" + m + "]}\n  small: {pool: b}\n", "t");
+    EXPECT_FALSE(bad);
+  }
 }
 
 }  // namespace
