@@ -141,7 +141,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
                            {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
-                            "api_key_env", "eject_for", "request_usage", "retry"}));
+                            "api_key_env", "eject_for", "request_usage", "retry", "outlier"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -185,6 +185,17 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     p.request_usage = b;
   }
   if (auto r = n["retry"]) WEIR_TRY_VOID(parse_retry(r, key + ".retry", p.retry));
+  if (auto o = n["outlier"]) {
+    WEIR_TRY_VOID(check_keys(o, key + ".outlier", {"consecutive_failures", "max_ejected_percent"}));
+    if (auto v = o["consecutive_failures"]) {
+      WEIR_TRY(i, read_int(v, key + ".outlier.consecutive_failures", 0, 1'000'000));
+      p.outlier.consecutive_failures = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = o["max_ejected_percent"]) {
+      WEIR_TRY(i, read_int(v, key + ".outlier.max_ejected_percent", 0, 100));
+      p.outlier.max_ejected_percent = static_cast<std::uint32_t>(i);
+    }
+  }
   if (auto v = n["api_key"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key"));
     p.api_key = s;

@@ -75,6 +75,16 @@ struct RetryConfig {
   std::uint32_t min_concurrent = 3;
 };
 
+// Passive outlier detection (docs/reliability.md): an endpoint whose
+// answers fail `consecutive_failures` times in a row (a 5xx status, or a
+// reset or timeout before the head) is ejected for the pool's eject_for,
+// doubling per ejection in a row up to 16x, unless that would leave fewer
+// than (100 - max_ejected_percent) % of the endpoints in use.
+struct OutlierConfig {
+  std::uint32_t consecutive_failures = 5;  // 0 = off
+  std::uint32_t max_ejected_percent = 50;  // 0..100
+};
+
 // A set of interchangeable endpoints serving the same models.
 struct PoolConfig {
   std::string name;
@@ -89,6 +99,7 @@ struct PoolConfig {
   // stream's tokens are known to the log, metrics, limits and budgets.
   bool request_usage = true;
   RetryConfig retry;
+  OutlierConfig outlier;
 };
 
 // One step of a model's fallback chain: another pool, under its own upstream model name.

@@ -79,7 +79,7 @@ struct RequestContext {
     http::UpstreamFailure failure = http::UpstreamFailure::none;
     std::uint32_t us = 0;  // request sent (or connect started) → outcome, µs
   };
-  static constexpr std::size_t kMaxAttemptRecords = 16;
+  static constexpr std::size_t kMaxAttemptRecords = 8;
   std::array<AttemptRecord, kMaxAttemptRecords> attempt_log{};
   std::uint8_t attempt_count = 0;
   void record_attempt(const AttemptRecord& a) {

@@ -42,6 +42,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   for (std::size_t i = 0; i < retries_.size(); ++i) retries_[i] += o.retries_[i];
   upstream_fallbacks += o.upstream_fallbacks;
   retry_budget_exhausted += o.retry_budget_exhausted;
+  outlier_ejections += o.outlier_ejections;
   for (std::size_t i = 0; i < upstream_failures_.size(); ++i) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
@@ -115,6 +116,9 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_upstream_retry_budget_exhausted_total", "counter",
            "Retries not made because the pool's retry budget (retry.budget) was spent.");
   w.sample("weir_upstream_retry_budget_exhausted_total", "", retry_budget_exhausted);
+  w.header("weir_upstream_outlier_ejections_total", "counter",
+           "Endpoints ejected for failing answers in a row (pools.X.outlier), per worker.");
+  w.sample("weir_upstream_outlier_ejections_total", "", outlier_ejections);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by kind.");
   for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                  http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol})

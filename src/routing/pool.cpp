@@ -49,6 +49,27 @@ void WorkerPool::report_connect_failure(std::uint32_t i, Clock::time_point now) 
   e.conns.clear();
 }
 
+bool WorkerPool::report_answer(std::uint32_t i, bool failed, Clock::time_point now) {
+  auto& e = endpoints_[i];
+  const auto& oc = cfg_->outlier;
+  if (!failed) {
+    e.failed_answers = 0;
+    if (e.ejected_until <= now) e.outlier_ejections = 0;
+    return false;
+  }
+  if (oc.consecutive_failures == 0 || ++e.failed_answers < oc.consecutive_failures) return false;
+  e.failed_answers = 0;
+  // Never eject beyond max_ejected_percent of the pool (Envoy's cap): a
+  // pool whose endpoints all fail keeps serving from them.
+  std::uint32_t ejected = 0;
+  for (const auto& o : endpoints_) ejected += o.ejected_until > now;
+  if (e.ejected_until > now) return false;
+  if (std::uint64_t{ejected + 1} * 100 > std::uint64_t{oc.max_ejected_percent} * size()) return false;
+  e.outlier_ejections = std::min<std::uint32_t>(e.outlier_ejections + 1, 5);
+  e.ejected_until = now + cfg_->eject_for * (1u << (e.outlier_ejections - 1));
+  return true;
+}
+
 void WorkerPool::report_success(std::uint32_t i) {
   auto& e = endpoints_[i];
   e.consecutive_failures = 0;

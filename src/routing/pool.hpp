@@ -35,7 +35,9 @@ struct EndpointState {
   http::ConnectionPool conns;
   std::uint32_t in_flight = 0;                            // requests of this worker currently on this endpoint
   std::chrono::steady_clock::time_point ejected_until{};  // skipped by pick() until then
-  std::uint32_t consecutive_failures = 0;
+  std::uint32_t consecutive_failures = 0;                 // connect failures in a row
+  std::uint32_t failed_answers = 0;                       // outlier detection: failed answers in a row
+  std::uint32_t outlier_ejections = 0;                    // outlier ejections in a row (the doubling)
 };
 
 class WorkerPool {
@@ -65,6 +67,10 @@ class WorkerPool {
   // consecutive failure up to 16×.
   void report_connect_failure(std::uint32_t i, Clock::time_point now);
   void report_success(std::uint32_t i);
+  // An answer from endpoint `i` (outlier detection, cfg.outlier): `failed`
+  // for a 5xx status or a reset/timeout before the head. Returns true when
+  // this ejected the endpoint. A good answer clears the count.
+  bool report_answer(std::uint32_t i, bool failed, Clock::time_point now);
 
   // A request starts / ends on endpoint `i`: the in-flight count pick() balances on.
   void on_start(std::uint32_t i) {

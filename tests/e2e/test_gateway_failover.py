@@ -168,3 +168,16 @@ def test_every_target_down_is_one_502_and_one_log_line(mock, weir):
     assert len(entries) == 2
     for e in entries:
         assert [a["failure"] for a in e["attempts"]] == ["connect_refused", "connect_refused"]
+
+
+def test_an_endpoint_failing_answers_in_a_row_is_ejected(mock, weir):
+    sick = mock(*FAST, "--error-rate", "1", "--error-status", "500")
+    healthy = mock(*FAST)
+    w = weir(config={"pools": {"gpu": {"endpoints": [sick.base_url, healthy.base_url], "eject_for": "60s",
+                                       "outlier": {"consecutive_failures": 2}}},
+                     "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
+    statuses = [httpx.post(w.base_url + "/v1/chat/completions",
+                           json={"model": "mock-model", "messages": MSG}).status_code for _ in range(30)]
+    assert statuses.count(500) == 2, statuses  # passed through (no retry section), then never picked again
+    assert statuses.count(200) == 28
+    assert w.metric("weir_upstream_outlier_ejections_total") == 1

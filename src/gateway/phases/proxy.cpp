@@ -222,6 +222,11 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                                         .first_byte = pc.timeouts.first_byte,
                                         .idle = pc.timeouts.idle});
     routing::RetryDecision d;
+    const bool answer_failed = failure == http::UpstreamFailure::reset || failure == http::UpstreamFailure::timeout ||
+                               (failure == http::UpstreamFailure::none && exchange_.head().result_int() >= 500);
+    if ((failure == http::UpstreamFailure::none || answer_failed) &&
+        pool.report_answer(ep_idx, answer_failed, core::now()))
+      ++metrics.outlier_ejections;
     if (failure == http::UpstreamFailure::none) {
       const int status = exchange_.head().result_int();
       if (!routing::retryable_status(status)) {

@@ -13,6 +13,43 @@ core::Config config(std::string_view yaml) {
   EXPECT_TRUE(c) << c.error().to_string();
   return std::move(*c);
 }
+TEST(WorkerPool, EndpointsFailingAnswersInARowAreEjectedUpToTheCap) {
+  using std::chrono::milliseconds;
+  auto cfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2, http://127.0.0.1:3, http://127.0.0.1:4],"
+      " eject_for: 1s, outlier: {consecutive_failures: 3, max_ejected_percent: 50}}}\ndefault_pool: a\n");
+  std::vector<http::tcp::endpoint> addrs(4);
+  routing::WorkerPool pool(cfg.pools[0], addrs);
+  routing::Rng rng(7);
+  const auto t0 = std::chrono::steady_clock::now();
+  // Two failures, a good answer, two more: never three in a row.
+  EXPECT_FALSE(pool.report_answer(0, true, t0));
+  EXPECT_FALSE(pool.report_answer(0, true, t0));
+  EXPECT_FALSE(pool.report_answer(0, false, t0));
+  EXPECT_FALSE(pool.report_answer(0, true, t0));
+  EXPECT_FALSE(pool.report_answer(0, true, t0));
+  EXPECT_TRUE(pool.report_answer(0, true, t0));  // the third in a row
+  for (int i = 0; i < 200; ++i) EXPECT_NE(pool.pick(t0 + milliseconds(500), rng), 0u);
+  for (int k = 0; k < 3; ++k) pool.report_answer(1, true, t0);
+  EXPECT_GT(pool.endpoint(1).ejected_until, t0);
+  // Half the pool is out: the third failing endpoint stays in use.
+  for (int k = 0; k < 3; ++k) EXPECT_FALSE(pool.report_answer(2, true, t0));
+  EXPECT_EQ(pool.endpoint(2).ejected_until, std::chrono::steady_clock::time_point{});
+  // After eject_for endpoint 0 is back; failing again at once ejects it for twice as long.
+  for (int k = 0; k < 3; ++k) pool.report_answer(0, true, t0 + milliseconds(1001));
+  EXPECT_EQ(pool.endpoint(0).ejected_until, t0 + milliseconds(1001) + std::chrono::seconds(2));
+}
+
+TEST(WorkerPool, OutlierEjectionCanBeTurnedOff) {
+  auto cfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2], outlier: {consecutive_failures: 0}}}\n"
+      "default_pool: a\n");
+  std::vector<http::tcp::endpoint> addrs(2);
+  routing::WorkerPool pool(cfg.pools[0], addrs);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int k = 0; k < 100; ++k) EXPECT_FALSE(pool.report_answer(0, true, t0));
+}
+
 }  // namespace
 
 TEST(RouteTable, ModelsAliasesAndDefault) {
