@@ -298,3 +298,10 @@ def test_client_leaving_mid_stream_aborts_the_upstream(stack):
     wait_until(lambda: m.aborts() > aborts, 3, message="mock abort after the client left")
     log = w.log_for(r)
     assert log["status"] == 499 and log["error"]["code"] == "client_closed_request"
+
+
+def test_assistant_prefill_is_continued(stack):
+    _, w = stack
+    msg = client(w).messages.create(model="claude-test", max_tokens=3,
+                                    messages=[*HELLO, {"role": "assistant", "content": "The answer is"}])
+    assert msg.stop_reason == "max_tokens" and [b.type for b in msg.content] == ["text"]

@@ -343,6 +343,16 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   if (!msgs->is_array()) return invalid("messages: Input should be a list", "messages");
   for (std::size_t i = 0; i < msgs->get_array().size(); ++i)
     if (auto r = tr.message(msgs->get_array()[i], i); !r) return tl::unexpected(r.error());
+  // A last assistant turn is a prefill: Anthropic continues it. vLLM does
+  // so with continue_final_message (and no new generation prompt); a turn
+  // with tool calls cannot be continued.
+  if (const auto& out_msgs = tr.messages(); !out_msgs.empty()) {
+    const auto& last = out_msgs.back().get_object();
+    if (last.at("role").as_string() == "assistant" && !last.contains("tool_calls")) {
+      o["add_generation_prompt"] = false;
+      o["continue_final_message"] = true;
+    }
+  }
   o["messages"] = std::move(tr.messages());
 
   if (const auto* v = in.if_contains("tools"); v && !v->is_null())

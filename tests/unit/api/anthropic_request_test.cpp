@@ -120,6 +120,18 @@ TEST(AnthropicRequest, AssistantToolUseOnlyHasNoContent) {
   EXPECT_FALSE(v.at("messages").at(0).as_object().contains("content"));
 }
 
+TEST(AnthropicRequest, LastAssistantTurnIsContinued) {
+  auto v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"},
+    {"role":"assistant","content":"The answer is"}]})");
+  EXPECT_EQ(v.at("continue_final_message"), true);
+  EXPECT_EQ(v.at("add_generation_prompt"), false);
+  v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]})");
+  EXPECT_FALSE(v.as_object().contains("continue_final_message"));
+  v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[
+    {"type":"tool_use","id":"t","name":"f","input":{}}]}]})");
+  EXPECT_FALSE(v.as_object().contains("continue_final_message"));
+}
+
 TEST(AnthropicRequest, CountTokensTakesModelMessagesTools) {
   const auto v = upstream(R"({"model":"m","system":"S","messages":[{"role":"user","content":"a b"}],
     "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"auto"}})",
