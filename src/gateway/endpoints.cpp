@@ -10,6 +10,10 @@ std::string_view route_label(RouteKind r) {
       return "/v1/completions";
     case RouteKind::embeddings:
       return "/v1/embeddings";
+    case RouteKind::messages:
+      return "/v1/messages";
+    case RouteKind::messages_count_tokens:
+      return "/v1/messages/count_tokens";
     case RouteKind::models:
       return "/v1/models";
     case RouteKind::health:
@@ -36,6 +40,8 @@ RouteKind classify_path(std::string_view path) {
   if (path == "/v1/chat/completions") return RouteKind::chat_completions;
   if (path == "/v1/completions") return RouteKind::completions;
   if (path == "/v1/embeddings") return RouteKind::embeddings;
+  if (path == "/v1/messages") return RouteKind::messages;
+  if (path == "/v1/messages/count_tokens") return RouteKind::messages_count_tokens;
   if (path == "/v1/models" || path.starts_with("/v1/models/")) return RouteKind::models;
   if (path == "/health") return RouteKind::health;
   if (path == "/ready") return RouteKind::ready;
@@ -46,6 +52,8 @@ RouteKind classify_path(std::string_view path) {
 std::optional<api::ApiKind> api_of(RouteKind r) {
   switch (r) {
     case RouteKind::chat_completions:
+    case RouteKind::messages:
+    case RouteKind::messages_count_tokens:
       return api::ApiKind::chat_completions;
     case RouteKind::completions:
       return api::ApiKind::completions;

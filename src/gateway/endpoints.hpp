@@ -1,5 +1,5 @@
 // The routes Weir serves and how a request target maps to one (OpenAI API
-// paths; Weir's own /health, /ready, /metrics).
+// paths, Anthropic's /v1/messages; Weir's own /health, /ready, /metrics).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +15,8 @@ enum class RouteKind : std::uint8_t {
   chat_completions,
   completions,
   embeddings,
+  messages,               // Anthropic POST /v1/messages
+  messages_count_tokens,  // Anthropic POST /v1/messages/count_tokens
   models,
   health,
   ready,
@@ -29,8 +31,12 @@ std::string_view route_label(RouteKind r);
 std::string_view path_of(std::string_view target);
 RouteKind classify_path(std::string_view path);
 
-// The OpenAI API a POST route speaks, or nullopt for Weir's own GET routes.
+// The OpenAI API a POST route speaks upstream (the Anthropic routes:
+// chat_completions), or nullopt for Weir's own GET routes.
 std::optional<api::ApiKind> api_of(RouteKind r);
+// True for the Anthropic Messages routes: the body is translated for an
+// OpenAI-compatible upstream and the answer back (api/anthropic/).
+inline bool is_anthropic(RouteKind r) { return r == RouteKind::messages || r == RouteKind::messages_count_tokens; }
 // Methods a route accepts: "POST" for the API routes, "GET, HEAD" for the
 // others (the Allow field of a 405).
 std::string_view allowed_methods(RouteKind r);

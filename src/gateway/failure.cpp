@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "api/anthropic/response.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::gateway {
@@ -82,6 +83,11 @@ core::Error client_gone(ClientGone why) {
       break;
   }
   return core::client_closed("client_closed_request", "The client closed the connection.");
+}
+
+void append_error_body(std::string& out, const core::Error& e, ErrorDialect d) {
+  if (d == ErrorDialect::anthropic) return api::anthropic::append_error_json(out, e.status, e.message);
+  core::append_error_json(out, e);
 }
 
 Delivery delivery_of(const core::Error& e, bool committed, bool streaming) {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "core/config.hpp"
@@ -49,10 +50,19 @@ enum class ClientGone : std::uint8_t { closed, slow, write_timeout };
 // 499 (nginx's "client closed request"), source client: nothing is sent.
 core::Error client_gone(ClientGone why);
 
+// The error body's shape: OpenAI's {"error":{message,type,param,code}}
+// (core/error.hpp), or Anthropic's {"type":"error","error":{type,message}}
+// for requests on the Anthropic routes (api/anthropic/response.hpp); the
+// status is Weir's either way.
+enum class ErrorDialect : std::uint8_t { openai, anthropic };
+// Appends the body of `e` in `d` to `out`.
+void append_error_body(std::string& out, const core::Error& e, ErrorDialect d);
+
 // How a failure reaches the client.
 enum class Delivery : std::uint8_t {
   response,  // before the commit point: a whole error response (status, OpenAI error body)
   in_band,   // a stream already committed: `data: {"error": ...}` then `data: [DONE]`, as vLLM does
+             // (Anthropic: one `event: error`)
   none,      // the client is gone (499), or a non-stream response was committed: nothing more is sent
 };
 Delivery delivery_of(const core::Error& e, bool committed, bool streaming);

@@ -1,13 +1,17 @@
 // What is done to each SSE event between the upstream and the client
 // (DESIGN.md, respond phase: "a hook per event"). Fixed members, no
 // allocation and no std::function per event: usage capture and the
-// usage-chunk strip (api/openai/stream.hpp) today; Anthropic translation and
-// micro-batch demultiplexing plug in here as further members
-// (docs/architecture.md).
+// usage-chunk strip (api/openai/stream.hpp), and the Anthropic Messages
+// translation (api/anthropic/stream.hpp), which rewrites every event
+// instead of passing it through; micro-batch demultiplexing plugs in here
+// as a further member (docs/architecture.md).
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <string_view>
 
+#include "api/anthropic/stream.hpp"
 #include "api/openai/stream.hpp"
 #include "http/sse.hpp"
 
@@ -16,11 +20,39 @@ namespace weir::gateway {
 class StreamHooks {
  public:
   // Before a stream starts: `strip_usage` when Weir asked for the usage
-  // chunk on the client's behalf.
-  void reset(bool strip_usage) {
+  // chunk on the client's behalf; `translate` for an Anthropic stream.
+  void reset(bool strip_usage, bool translate = false) {
     usage_.reset(strip_usage);
+    if (translate || translate_) anthropic_.reset();
+    translate_ = translate;
     done_relayed_ = false;
     data_events_ = 0;
+  }
+
+  // True when events are translated (translate()), not passed through (on_event()).
+  bool translating() const { return translate_; }
+  // An Anthropic stream: appends the client's events for the upstream event
+  // `ev` to `out` (usage is read as on_event does). Returns true when it
+  // appended any.
+  bool translate(const http::SseEvent& ev, std::string& out) {
+    if (!ev.has_data) return false;  // upstream comments and blank blocks are not the client's
+    const std::size_t before = out.size();
+    if (!ev.is_done()) (void)usage_.on_data(ev.data);
+    anthropic_.on_data(ev.data, out);
+    done_relayed_ = anthropic_.ended();
+    if (out.size() == before) return false;
+    ++data_events_;
+    return true;
+  }
+  // An Anthropic stream's upstream body ended normally: the closing events (api/anthropic/stream.hpp).
+  void finish(std::string& out) {
+    anthropic_.finish(out);
+    done_relayed_ = anthropic_.ended();
+  }
+  // An Anthropic stream failed after its head went out: one `event: error`.
+  void fail(int status, std::string_view message, std::string& out) {
+    anthropic_.fail(status, message, out);
+    done_relayed_ = anthropic_.ended();
   }
 
   // Called for every complete event, in order. Returns true when `ev.raw`
@@ -36,8 +68,8 @@ class StreamHooks {
     return true;
   }
 
-  // The upstream's `data: [DONE]` went to the client's queue: the stream is
-  // complete for the client.
+  // The upstream's `data: [DONE]` (Anthropic: message_stop or an error
+  // event) went to the client's queue: the stream is complete for the client.
   bool done_relayed() const { return done_relayed_; }
   // Data events that went to the client ([DONE] included).
   std::uint32_t data_events() const { return data_events_; }
@@ -45,6 +77,8 @@ class StreamHooks {
 
  private:
   api::openai::UsageHook usage_;
+  api::anthropic::StreamTranslator anthropic_;
+  bool translate_ = false;
   bool done_relayed_ = false;
   std::uint32_t data_events_ = 0;
 };

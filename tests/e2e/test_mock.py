@@ -174,6 +174,73 @@ def test_chat_stream_raw_framing(m):
                                                                   "completion_tokens"}
 
 
+def raw_chat_stream(m, headers: dict[str, str], **body) -> list[dict]:
+    with httpx.stream("POST", m.v1 + "/chat/completions", headers={**FAST, **headers},
+                      json={"messages": [{"role": "user", "content": "hi"}], "stream": True,
+                            "stream_options": {"include_usage": True}, **body}) as r:
+        assert r.status_code == 200
+        events = sse_events(r.read().decode())
+    return [json.loads(e) for e in events[:-1]]
+
+
+def test_chat_reasoning_content(m):
+    objs = raw_chat_stream(m, {"x-mock-reasoning": "2"}, max_tokens=4)
+    deltas = [o["choices"][0]["delta"] for o in objs if o["choices"]]
+    assert deltas[0] == {"role": "assistant", "content": ""}
+    assert [list(d) for d in deltas[1:]] == [["reasoning_content"]] * 2 + [["content"]] * 2
+    full = chat(m, content="hi", max_tokens=4, headers={**FAST, "x-mock-reasoning": "2"}).choices[0].message
+    assert full.reasoning_content == "".join(d["reasoning_content"] for d in deltas[1:3])
+    assert full.content == "".join(d["content"] for d in deltas[3:])
+    only = chat(m, max_tokens=2, headers={**FAST, "x-mock-reasoning": "5"}).choices[0].message
+    assert only.content is None and only.reasoning_content
+
+
+def test_chat_tool_calls_in_vllm_format(m):
+    tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("a", "b")]
+    objs = raw_chat_stream(m, {"x-mock-tool-calls": "2"}, max_tokens=1, tools=tools)
+    calls = [o["choices"][0] for o in objs if o["choices"] and "tool_calls" in o["choices"][0]["delta"]]
+    assert len(calls) == 6
+    first = calls[0]["delta"]["tool_calls"][0]
+    assert set(first) == {"id", "type", "index", "function"} and first["function"] == {"name": "a"}
+    assert first["id"].startswith("chatcmpl-tool-") and len(first["id"]) == len("chatcmpl-tool-") + 32
+    args = "".join(c["delta"]["tool_calls"][0]["function"].get("arguments", "") for c in calls[:3])
+    assert set(json.loads(args)) == {"q"}
+    assert calls[3]["delta"]["tool_calls"][0]["index"] == 1
+    finish = [o["choices"][0] for o in objs if o["choices"] and o["choices"][0]["finish_reason"]]
+    assert len(finish) == 1 and finish[0]["finish_reason"] == "tool_calls" and finish[0]["delta"] == {}
+    assert objs[-1]["choices"] == [] and objs[-1]["usage"]["completion_tokens"] == 1
+    full = client(m).chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "hi"}],
+                                             max_tokens=1, tools=tools,
+                                             extra_headers={**FAST, "x-mock-tool-calls": "2"})
+    c = full.choices[0]
+    assert c.finish_reason == "tool_calls"
+    assert [t.function.name for t in c.message.tool_calls] == ["a", "b"]
+    assert c.message.tool_calls[0].id == first["id"]
+    assert json.loads(c.message.tool_calls[0].function.arguments) == json.loads(args)
+
+
+def test_chat_stop_hit_reports_the_stop_string(m):
+    objs = raw_chat_stream(m, {"x-mock-stop-hit": "1"}, max_tokens=3, stop=["###", "@@"])
+    last = [o["choices"][0] for o in objs if o["choices"]][-1]
+    assert last["finish_reason"] == "stop" and last["stop_reason"] == "###"
+    # Without a stop string the header changes nothing.
+    objs = raw_chat_stream(m, {"x-mock-stop-hit": "1"}, max_tokens=3)
+    assert [o["choices"][0] for o in objs if o["choices"]][-1]["finish_reason"] == "length"
+
+
+def test_tokenize(m):
+    r = httpx.post(m.base_url + "/tokenize", json={"model": "mock-model",
+                                                  "messages": [{"role": "user", "content": "hello world"}]})
+    assert r.status_code == 200
+    body = r.json()
+    assert list(body) == ["count", "max_model_len", "tokens", "token_strs"]
+    ref = chat(m, content="hello world", max_tokens=1)
+    assert body["count"] == ref.usage.prompt_tokens == len(body["tokens"])
+    assert httpx.post(m.base_url + "/tokenize", json={"prompt": "a b c"}).json()["count"] == 4
+    assert httpx.post(m.base_url + "/tokenize", json={"model": "nope", "prompt": "a"}).status_code == 404
+    assert httpx.get(m.base_url + "/tokenize").status_code == 405
+
+
 def test_chat_without_limit_stops_naturally(m):
     r = chat(m, "no limit")
     assert r.choices[0].finish_reason == "stop" and r.usage.completion_tokens == 16

@@ -44,6 +44,9 @@ struct Faults {
   bool gzip = false;
   bool empty_body = false;
   bool echo = false;
+  int tool_calls = 0;     // chat: tool calls after the text
+  int reasoning = 0;      // chat: the first N tokens as reasoning_content
+  bool stop_hit = false;  // chat: end on the request's first stop string
 };
 
 std::string_view path_of(std::string_view target) {
@@ -259,6 +262,13 @@ void Connection::dispatch() {
                             : path == "/v1/completions"    ? Endpoint::completion
                                                            : Endpoint::embedding);
   }
+  if (path == "/tokenize") {
+    if (!post) return not_allowed("POST");
+    std::string body;
+    if (auto err = tokenize_body(req.body(), w_.cfg(), body))
+      return respond(err->status, "application/json", error_body(err->status, err->message));
+    return respond(200, "application/json", std::move(body));
+  }
   if (path == "/health") {
     if (!get) return not_allowed("GET");
     return respond(200, {}, {});  // vLLM: Response(status_code=200), no body, no content-type
@@ -302,6 +312,7 @@ std::optional<std::string> Connection::read_faults(const Request& req) {
   if (auto e = flag("x-mock-gzip", faults_.gzip)) return e;
   if (auto e = flag("x-mock-empty-body", faults_.empty_body)) return e;
   if (auto e = flag("x-mock-echo", faults_.echo)) return e;
+  if (auto e = flag("x-mock-stop-hit", faults_.stop_hit)) return e;
   if (faults_.echo) echo_ = echo_headers(req);
 
   const auto number = [&](std::string_view name, int& out, int lo, int hi) -> std::optional<std::string> {
@@ -321,6 +332,8 @@ std::optional<std::string> Connection::read_faults(const Request& req) {
   if (auto e = number("x-mock-stall-after", faults_.stall_after, 0, 1 << 30)) return e;
   if (auto e = number("x-mock-stall-ms", faults_.stall_ms, 0, kHour)) return e;
   if (auto e = number("x-mock-reset-after", faults_.reset_after, 0, 1 << 30)) return e;
+  if (auto e = number("x-mock-tool-calls", faults_.tool_calls, 0, 8)) return e;
+  if (auto e = number("x-mock-reasoning", faults_.reasoning, 0, 1 << 30)) return e;
   return std::nullopt;
 }
 
@@ -358,6 +371,11 @@ void Connection::start_generation(Endpoint ep) {
   }
   if (auto err = build_plan(ep, req.body(), req["x-request-id"], w_.cfg(), w_.rng(), plan_))
     return respond_error(err->status, err->message);
+  if (ep == Endpoint::chat) {
+    plan_.tool_calls = faults_.tool_calls;
+    plan_.reasoning_tokens = faults_.reasoning;
+    plan_.stop_hit = faults_.stop_hit && !plan_.stop_string.empty();
+  }
   parser_.reset();  // the body is no longer needed
 
   ++gen_;

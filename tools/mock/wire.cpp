@@ -249,7 +249,37 @@ void append_usage(std::string& s, std::uint64_t prompt, std::uint64_t completion
   s += with_details ? ",\"prompt_tokens_details\":null}" : "}";
 }
 
-std::string_view finish_reason_json(const Plan& p) { return p.cut_by_length ? "\"length\"" : "\"stop\""; }
+std::string_view finish_reason_json(const Plan& p) {
+  if (p.tool_calls > 0) return "\"tool_calls\"";
+  return p.cut_by_length && !p.stop_hit ? "\"length\"" : "\"stop\"";
+}
+
+// vLLM's stop_reason: the matched stop string (x-mock-stop-hit), else null.
+void append_stop_reason(std::string& s, const Plan& p) {
+  if (!p.stop_hit) {
+    s += "null";
+    return;
+  }
+  s += '"';
+  append_json_escaped(s, p.stop_string);
+  s += '"';
+}
+
+// Tool call `j` of a chat plan: vLLM's id ("chatcmpl-tool-" + 32 hex), the
+// request's j-th tool name (cycling; "tool" without tools) and arguments
+// {"q": "<word>"} in two pieces, as a streaming tool parser sends them.
+std::string tool_call_id(const Plan& p, int j) {
+  return fmt::format("chatcmpl-tool-{:016x}{:016x}", mix64(p.prompt_hash[0] ^ static_cast<std::uint64_t>(j + 1)),
+                     mix64(p.prompt_hash[0] + static_cast<std::uint64_t>(j)));
+}
+std::string_view tool_name(const Plan& p, int j) {
+  return p.tool_names.empty() ? std::string_view("tool")
+                              : std::string_view(p.tool_names[static_cast<std::size_t>(j) % p.tool_names.size()]);
+}
+std::string tool_args_head() { return "{\\\"q\\\": \\\""; }
+std::string tool_args_tail(const Plan& p, int j) {
+  return fmt::format("{}\\\"}}", token_text(p.prompt_hash[0], 100, j).substr(1));
+}
 
 // A deterministic unit vector of `dims` float32 values for an input hash.
 void embedding_vector(std::uint64_t hash, int dims, std::vector<float>& v) {
@@ -287,6 +317,11 @@ void Plan::clear() {
   role_json.clear();
   dimensions = 16;
   base64 = false;
+  reasoning_tokens = 0;
+  tool_calls = 0;
+  tool_names.clear();
+  stop_string.clear();
+  stop_hit = false;
 }
 
 void append_json_escaped(std::string& out, std::string_view s) {
@@ -376,6 +411,17 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
 
   if (ep == Endpoint::chat) {
     if (auto e = read_messages(o, plan, last_role)) return e;
+    if (const json::value* tools = o.if_contains("tools"); tools != nullptr && tools->is_array())
+      for (const auto& t : tools->get_array())
+        if (const auto* fn = t.is_object() ? t.get_object().if_contains("function") : nullptr; fn && fn->is_object())
+          if (const auto* name = fn->get_object().if_contains("name"); name && name->is_string())
+            plan.tool_names.emplace_back(name->get_string());
+    if (const json::value* stop = o.if_contains("stop"); stop != nullptr) {
+      if (stop->is_string())
+        plan.stop_string = stop->get_string();
+      else if (stop->is_array() && !stop->get_array().empty() && stop->get_array()[0].is_string())
+        plan.stop_string = stop->get_array()[0].get_string();
+    }
     std::optional<bool> add_generation_prompt;
     if (auto e = opt_bool(o, "add_generation_prompt", add_generation_prompt)) return e;
     const std::string_view role =
@@ -491,12 +537,14 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
     for (int i = 0; i < p.n; ++i) {
       s = p.chunk_prefix;
       append_int(s, static_cast<std::uint64_t>(i));
-      s += ",\"delta\":{\"content\":\"";
+      s += step < p.reasoning_tokens ? ",\"delta\":{\"reasoning_content\":\"" : ",\"delta\":{\"content\":\"";
       s += token_text(p.prompt_hash[0], i, step);
       s += "\"},\"logprobs\":null,\"finish_reason\":";
-      if (last) {
+      if (last && p.tool_calls == 0) {
         s += finish_reason_json(p);
-        s += ",\"stop_reason\":null}]";
+        s += ",\"stop_reason\":";
+        append_stop_reason(s, p);
+        s += "}]";
       } else {
         s += "null}]";
       }
@@ -505,6 +553,29 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
         append_usage(s, prompt, done, false);
       }
       s += '}';
+      append_sse_chunk(out, s);
+      if (!last || p.tool_calls == 0) continue;
+      // Tool calls after the text, one after another, as vLLM's tool parsers
+      // stream them: the id and name, then the arguments in two pieces.
+      for (int j = 0; j < p.tool_calls; ++j) {
+        const auto chunk = [&](std::string_view delta) {
+          s = p.chunk_prefix;
+          append_int(s, static_cast<std::uint64_t>(i));
+          s += ",\"delta\":{\"tool_calls\":[";
+          s += delta;
+          s += "]},\"logprobs\":null,\"finish_reason\":null}]}";
+          append_sse_chunk(out, s);
+        };
+        std::string name;
+        append_json_escaped(name, tool_name(p, j));
+        chunk(fmt::format("{{\"id\":\"{}\",\"type\":\"function\",\"index\":{},\"function\":{{\"name\":\"{}\"}}}}",
+                          tool_call_id(p, j), j, name));
+        chunk(fmt::format("{{\"index\":{},\"function\":{{\"arguments\":\"{}\"}}}}", j, tool_args_head()));
+        chunk(fmt::format("{{\"index\":{},\"function\":{{\"arguments\":\"{}\"}}}}", j, tool_args_tail(p, j)));
+      }
+      s = p.chunk_prefix;
+      append_int(s, static_cast<std::uint64_t>(i));
+      s += ",\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\",\"stop_reason\":null}]}";
       append_sse_chunk(out, s);
     }
   } else {
@@ -576,24 +647,87 @@ void append_full_body(const Plan& p, std::string& out) {
       out += p.endpoint == Endpoint::chat ? ",\"message\":{\"role\":\"" : ",\"text\":\"";
       if (p.endpoint == Endpoint::chat) {
         out += p.role_json;
-        out += "\",\"content\":\"";
-      }
-      for (int t = 0; t < p.tokens; ++t) out += token_text(p.prompt_hash[pi], i, t);
-      if (p.endpoint == Endpoint::chat)
-        out +=
-            "\",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,"
-            "\"tool_calls\":[],\"reasoning_content\":null},\"logprobs\":null,\"finish_reason\":";
-      else
+        out += "\",\"content\":";
+        const int r = std::min(p.reasoning_tokens, p.tokens);
+        if (r == p.tokens) {
+          out += "null";
+        } else {
+          out += '"';
+          for (int t = r; t < p.tokens; ++t) out += token_text(p.prompt_hash[pi], i, t);
+          out += '"';
+        }
+        out += ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[";
+        for (int j = 0; j < p.tool_calls; ++j) {
+          if (j) out += ',';
+          std::string name;
+          append_json_escaped(name, tool_name(p, j));
+          out += fmt::format(
+              "{{\"id\":\"{}\",\"type\":\"function\",\"function\":{{\"name\":\"{}\",\"arguments\":\"{}{}\"}}}}",
+              tool_call_id(p, j), name, tool_args_head(), tool_args_tail(p, j));
+        }
+        out += "],\"reasoning_content\":";
+        if (r == 0) {
+          out += "null";
+        } else {
+          out += '"';
+          for (int t = 0; t < r; ++t) out += token_text(p.prompt_hash[pi], i, t);
+          out += '"';
+        }
+        out += "},\"logprobs\":null,\"finish_reason\":";
+      } else {
+        for (int t = 0; t < p.tokens; ++t) out += token_text(p.prompt_hash[pi], i, t);
         out += "\",\"logprobs\":null,\"finish_reason\":";
+      }
       out += finish_reason_json(p);
-      out +=
-          p.endpoint == Endpoint::chat ? ",\"stop_reason\":null}" : ",\"stop_reason\":null,\"prompt_logprobs\":null}";
+      out += ",\"stop_reason\":";
+      append_stop_reason(out, p);
+      out += p.endpoint == Endpoint::chat ? "}" : ",\"prompt_logprobs\":null}";
     }
   }
   out += "],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":";
   append_usage(out, p.total_prompt_tokens, p.completion_tokens(), true);
   out += p.endpoint == Endpoint::chat ? ",\"prompt_logprobs\":null,\"kv_transfer_params\":null}"
                                       : ",\"kv_transfer_params\":null}";
+}
+
+std::optional<ApiError> tokenize_body(std::string_view body, const MockConfig& cfg, std::string& out) {
+  json::monotonic_resource mr;
+  boost::system::error_code ec;
+  const json::value doc = json::parse(body, ec, &mr);
+  if (ec) return validation("json_invalid", "0", "JSON decode error");
+  if (!doc.is_object())
+    return validation("model_attributes_type", "",
+                      "Input should be a valid dictionary or object to extract fields from");
+  const auto& o = doc.get_object();
+  std::optional<std::string_view> model;
+  if (auto e = opt_string(o, "model", model)) return e;
+  if (model && !cfg.any_model) {
+    bool served = false;
+    for (const auto& m : cfg.models) served = served || m == *model;
+    if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", *model)};
+  }
+  Plan plan;
+  if (o.contains("messages")) {
+    std::string_view last_role;
+    if (auto e = read_messages(o, plan, last_role)) return e;
+  } else {
+    const json::value* prompt = o.if_contains("prompt");
+    if (prompt == nullptr) return validation("missing", "'prompt'", "Field required");
+    if (auto e = read_prompts(*prompt, "prompt", plan)) return e;
+    if (plan.prompt_tokens.size() != 1) return validation("string_type", "'prompt'", "Input should be a valid string");
+  }
+  const std::uint32_t count = plan.prompt_tokens.front();
+  out = "{\"count\":";
+  append_int(out, count);
+  out += ",\"max_model_len\":";
+  append_int(out, static_cast<std::uint64_t>(cfg.max_model_len));
+  out += ",\"tokens\":[";
+  for (std::uint32_t t = 0; t < count; ++t) {
+    if (t) out += ',';
+    append_int(out, 1000 + t);
+  }
+  out += "],\"token_strs\":null}";
+  return std::nullopt;
 }
 
 std::string_view reason_phrase(int status) {

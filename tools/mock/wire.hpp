@@ -52,6 +52,12 @@ struct Plan {
   std::string role_json;     // chat: response role, JSON-escaped
   int dimensions = 16;       // embeddings: floats per vector
   bool base64 = false;       // embeddings: encoding_format == "base64"
+  // Chat only, set from x-mock-* headers (tools/mock/README.md):
+  int reasoning_tokens = 0;             // the first N tokens go out as `reasoning_content`
+  int tool_calls = 0;                   // tool calls after the text (finish_reason "tool_calls")
+  std::vector<std::string> tool_names;  // the request's tools[].function.name, in order
+  std::string stop_string;              // the request's first `stop` string (for x-mock-stop-hit)
+  bool stop_hit = false;                // end on `stop_string`: finish_reason "stop", stop_reason "<it>"
 
   // Number of choices in the response: prompts * n.
   int choices() const { return static_cast<int>(prompt_hash.size()) * n; }
@@ -97,6 +103,11 @@ std::string error_type(int status);
 
 // The HTTP reason phrase for a status ("OK", "Not Found", ...).
 std::string_view reason_phrase(int status);
+
+// POST /tokenize (vLLM's TokenizeRequest: `prompt`, or chat `messages`):
+// writes {"count","max_model_len","tokens","token_strs":null} to `out`, with
+// the prompt-token rule of the generation endpoints. Errors as build_plan.
+std::optional<ApiError> tokenize_body(std::string_view body, const MockConfig& cfg, std::string& out);
 
 // GET /v1/models body: vLLM's ModelList with one ModelCard per --model.
 std::string models_body(const MockConfig& cfg, std::int64_t created, Rng& rng);

@@ -18,7 +18,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
   switch (delivery_of(e, ctx.committed, ctx.stream)) {
     case Delivery::response: {
       ctx.body.clear();
-      core::append_error_json(ctx.body, e);
+      append_error_body(ctx.body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
       ctx.scratch.clear();
       if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
       if (e.status == 405) {
@@ -31,12 +31,17 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       break;
     }
     case Delivery::in_band: {
-      // Headers are out: the error goes in the stream, as vLLM does, then [DONE].
-      ctx.body.clear();
-      core::append_error_json(ctx.body, e);
+      // Headers are out: the error goes in the stream, as vLLM does, then
+      // [DONE]; an Anthropic stream gets one `event: error`.
       ctx.scratch.clear();
-      http::append_sse_data(ctx.scratch, ctx.body);
-      if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
+      if (ctx.hooks.translating()) {
+        ctx.hooks.fail(e.status, e.message, ctx.scratch);
+      } else {
+        ctx.body.clear();
+        core::append_error_json(ctx.body, e);
+        http::append_sse_data(ctx.scratch, ctx.body);
+        if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
+      }
       down_.queue_body(ctx.scratch);
       down_.queue_end();
       down_.flush();

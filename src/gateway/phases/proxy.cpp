@@ -6,6 +6,7 @@
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
+#include "api/anthropic/request.hpp"
 #include "api/json_scan.hpp"
 #include "api/openai/stream.hpp"
 #include "core/json_text.hpp"
@@ -23,6 +24,13 @@ namespace {
 bool is_event_stream(std::string_view content_type) {
   return content_type.size() >= 17 && core::iequals(content_type.substr(0, 17), "text/event-stream");
 }
+// The upstream's target: the client's, or the OpenAI-compatible path an
+// Anthropic route is translated to.
+std::string_view upstream_target(RouteKind r, std::string_view client_target) {
+  if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
+  if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
+  return client_target;
+}
 }  // namespace
 
 // Not a coroutine: the task it returns is the phase's, so a stream holds
@@ -37,7 +45,10 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     ctx.upstream_body = {};
     return;
   }
-  std::string_view body = down_.body();
+  // An Anthropic request's upstream body is its translation (parse phase),
+  // which asks a stream for its usage chunk itself.
+  const bool anthropic = is_anthropic(ctx.route);
+  std::string_view body = anthropic ? std::string_view(ctx.edit_buf) : down_.body();
   ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
   if (!ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model) {
     ctx.scratch.clear();
@@ -45,7 +56,7 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
     if (api::set_member(body, "model", ctx.scratch, ctx.upstream_body_buf)) body = ctx.upstream_body_buf;
   }
-  if (ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
+  if (!anthropic && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
       w_.config().pools[ctx.target.pool].request_usage) {
     // Ask for the usage chunk so this stream's tokens are known; the client
     // did not ask for it, so the stream hooks drop it from the client's stream.
@@ -204,7 +215,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     ctx.head.clear();
     http::append_upstream_request_head(ctx.head, req,
                                        http::UpstreamHeadOptions{
-                                           .target = req.target(),
+                                           .target = upstream_target(ctx.route, req.target()),
                                            .host_header = ep.cfg->host_header,
                                            .body_bytes = ctx.upstream_body.size(),
                                            .request_id = ctx.request_id,

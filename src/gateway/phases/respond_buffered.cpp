@@ -2,9 +2,11 @@
 // compressed streams): read within server.max_response, usage read from it,
 // Content-Encoding kept consistent with the bytes (passed through to a
 // client that accepts it, decoded for one that does not), then one write.
+// An Anthropic request's answer is decoded and translated (api/anthropic/response.hpp).
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
+#include "api/anthropic/response.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
@@ -65,7 +67,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // client that accepts it; decode it for one that does not.
   const std::string_view encoding = head[bh::field::content_encoding];
   const bool encoded = !encoding.empty() && !core::iequals(encoding, "identity");
-  const bool accepted = encoded && http::has_token(req[bh::field::accept_encoding], encoding);
+  // An Anthropic answer is always decoded: it is rewritten.
+  const bool anthropic = is_anthropic(ctx.route);
+  const bool accepted = encoded && !anthropic && http::has_token(req[bh::field::accept_encoding], encoding);
   std::string_view plain = out;  // the decoded body, for reading usage
   bool drop_encoding = false;
   if (encoded && out.empty()) {
@@ -101,9 +105,32 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.error_source = status >= 500 ? core::ErrorSource::upstream : core::ErrorSource::client;
     ctx.error_code = "upstream_status";
   }
+  std::string translated;  // Anthropic requests only
+  if (anthropic && !(status == 204 || status == 304)) {
+    if (ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
+      ctx.has_usage = true;  // a count generates nothing and is not charged
+      ctx.usage = {};
+    }
+    bool ok = true;
+    if (status < 200 || status >= 300)
+      api::anthropic::append_upstream_error(translated, status, plain);
+    else if (ctx.route == RouteKind::messages)
+      ok = api::anthropic::translate_message(plain, translated);
+    else
+      ok = api::anthropic::translate_count(plain, translated);
+    if (!ok) {
+      ctx.status = 502;
+      ctx.has_error = true;
+      ctx.error_source = core::ErrorSource::upstream;
+      ctx.error_code = "upstream_invalid_response";
+      w_.metrics().count_upstream_failure(http::UpstreamFailure::protocol);
+    }
+    out = translated;
+    drop_encoding = encoded;
+  }
   commit(ctx);
   ctx.head.clear();
-  http::append_status_line(ctx.head, status);
+  http::append_status_line(ctx.head, ctx.status);
   http::append_response_fields(ctx.head, head, drop_encoding);
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
   ctx.head += ctx.rate_limit_lines;

@@ -1,7 +1,8 @@
 // The response as a stream: the client's head at once (it sees its stream
 // open before the first token), then each SSE event as soon as it is
 // complete, through the stream hooks; every event completed by one upstream
-// read leaves in one write. A client that stops reading is cut off at
+// read leaves in one write (an Anthropic stream's events are translated on
+// the way: api/anthropic/stream.hpp). A client that stops reading is cut off at
 // server.max_stream_buffer; one that leaves aborts the upstream request.
 #include "api/openai/stream.hpp"
 #include "gateway/failure.hpp"
@@ -45,7 +46,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   ctx.body.clear();
 
   ctx.sse.reset();
-  ctx.hooks.reset(ctx.strip_usage);
+  ctx.hooks.reset(ctx.strip_usage, is_anthropic(ctx.route));
   const auto into = w_.stream_body_buffer();
   std::string& events = w_.stream_events();  // used only until this read's events are sent
   http::UpstreamFailure failure = http::UpstreamFailure::none;
@@ -58,15 +59,21 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     if (r.bytes > 0) {
       ctx.sse.push(std::string_view(into.data(), r.bytes));
       while (auto ev = ctx.sse.next()) {
+        if (holding && ev->has_data && !ev->is_done()) {
+          const auto c = api::openai::classify_chunk(ev->data);
+          if (c == api::openai::ChunkKind::error) failure = http::UpstreamFailure::protocol;
+          if (c == api::openai::ChunkKind::content) holding = false;
+        }
+        if (ctx.hooks.translating()) {
+          if (!ctx.hooks.translate(*ev, events)) continue;
+          ++ctx.events;
+          if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
+          continue;
+        }
         if (!ctx.hooks.on_event(*ev)) continue;
         if (ev->has_data) {
           ++ctx.events;
           if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
-          if (holding && !ev->is_done()) {
-            const auto c = api::openai::classify_chunk(ev->data);
-            if (c == api::openai::ChunkKind::error) failure = http::UpstreamFailure::protocol;
-            if (c == api::openai::ChunkKind::content) holding = false;
-          }
         }
         events += ev->raw;
       }
@@ -150,6 +157,12 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     send_head();
     if (!ctx.body.empty()) down_.send_body(ctx.body);
     ctx.body.clear();
+  }
+  if (ctx.hooks.translating()) {
+    // Anthropic has no [DONE]: the closing events, or an error if the upstream stopped short.
+    events.clear();
+    ctx.hooks.finish(events);
+    if (!events.empty()) down_.send_body(events);
   }
   down_.queue_end();
   down_.flush();

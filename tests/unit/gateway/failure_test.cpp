@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "gateway/endpoints.hpp"
+
 namespace weir::gateway {
 namespace {
 
@@ -75,6 +77,25 @@ TEST(Failure, DeliveryDependsOnlyOnTheCommitPoint) {
   EXPECT_EQ(delivery_of(upstream, true, false), Delivery::none);
   for (bool committed : {false, true})
     for (bool streaming : {false, true}) EXPECT_EQ(delivery_of(gone, committed, streaming), Delivery::none);
+}
+
+TEST(Failure, ErrorDialects) {
+  const auto e = core::unauthorized("Incorrect API key provided.");
+  std::string openai;
+  append_error_body(openai, e, ErrorDialect::openai);
+  EXPECT_EQ(openai, core::error_json(e));
+  std::string anthropic;
+  append_error_body(anthropic, e, ErrorDialect::anthropic);
+  EXPECT_EQ(anthropic,
+            R"({"type":"error","error":{"type":"authentication_error","message":"Incorrect API key provided."}})");
+  EXPECT_TRUE(is_anthropic(RouteKind::messages));
+  EXPECT_TRUE(is_anthropic(RouteKind::messages_count_tokens));
+  EXPECT_FALSE(is_anthropic(RouteKind::chat_completions));
+  EXPECT_EQ(classify_path("/v1/messages"), RouteKind::messages);
+  EXPECT_EQ(classify_path("/v1/messages/count_tokens"), RouteKind::messages_count_tokens);
+  EXPECT_EQ(classify_path("/v1/messages/other"), RouteKind::other);
+  EXPECT_EQ(api_of(RouteKind::messages), api::ApiKind::chat_completions);
+  EXPECT_EQ(allowed_methods(RouteKind::messages_count_tokens), "POST");
 }
 
 }  // namespace

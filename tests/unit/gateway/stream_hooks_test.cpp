@@ -247,5 +247,30 @@ TEST(ApiAskForUsage, NotAnObjectIsNotChanged) {
   EXPECT_FALSE(ask("[1,2]", true).changed);
 }
 
+TEST(StreamHooks, AnthropicTranslationRewritesEveryEventAndReadsUsage) {
+  StreamHooks hooks;
+  hooks.reset(false, true);
+  ASSERT_TRUE(hooks.translating());
+  http::SseReader reader;
+  const std::string wire =
+      ": keep-alive\n\n" + event(kContent) +
+      event(R"({"id":"c1","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})") +
+      event(kUsageOnly) + event("[DONE]");
+  reader.push(wire);  // the bytes must outlive the events
+  std::string out;
+  int translated = 0;
+  while (auto ev = reader.next()) translated += hooks.translate(*ev, out) ? 1 : 0;
+  EXPECT_EQ(translated, 3);  // the comment and [DONE] give nothing of their own
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_EQ(out.find("data: {\"id\""), std::string::npos);
+  EXPECT_NE(out.find("event: message_stop\n"), std::string::npos);
+  ASSERT_TRUE(hooks.usage().has_usage());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
+  // Back to a plain stream: pass-through again.
+  hooks.reset(true);
+  EXPECT_FALSE(hooks.translating());
+  EXPECT_FALSE(hooks.done_relayed());
+}
+
 }  // namespace
 }  // namespace weir::gateway

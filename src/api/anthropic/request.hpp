@@ -1,0 +1,38 @@
+// Anthropic Messages API requests (Anthropic API reference: "Messages",
+// POST /v1/messages, and "Count Message tokens", POST
+// /v1/messages/count_tokens) translated into the OpenAI chat-completions
+// body a vLLM upstream takes (POST /v1/chat/completions, or vLLM's POST
+// /tokenize for a count). Every mapping, and every field left out, is
+// listed in docs/protocols.md ("Anthropic Messages").
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <tl/expected.hpp>
+
+#include "api/request.hpp"
+#include "core/error.hpp"
+
+namespace weir::api::anthropic {
+
+// What the upstream is asked for: a generation (chat completions) or a
+// token count (vLLM's /tokenize with `messages`).
+enum class Target : std::uint8_t { messages, count_tokens };
+
+// The upstream path for `t`: "/v1/chat/completions" or "/tokenize".
+std::string_view upstream_path(Target t);
+
+// Translates the Anthropic request `body` (RFC 8259 JSON) into the upstream
+// body, written to `out` (overwritten; its capacity is reused). Returns the
+// fields admission and the gateway act on: `model`, `stream`, `max_tokens`
+// (required for `messages`, not for `count_tokens`), the prompt's text bytes
+// and per-message overhead; `include_usage` is set because a translated
+// stream always asks for the usage chunk. Errors are 400
+// invalid_request_error with Anthropic's "field: problem" messages (missing
+// `model`/`max_tokens`/`messages`, a wrong type, an unknown role, a content
+// block Weir cannot translate); `out` is then unspecified.
+tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out);
+
+}  // namespace weir::api::anthropic

@@ -1,0 +1,189 @@
+// OpenAI chat.completion / vLLM answers → Anthropic message, count and
+// error bodies, with Boost.JSON (only /v1/messages responses pay for it).
+#include "api/anthropic/response.hpp"
+
+#include <fmt/format.h>
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <boost/json/value.hpp>
+
+#include "core/json_text.hpp"
+
+namespace weir::api::anthropic {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string_view sv(const json::string& s) { return {s.data(), s.size()}; }
+
+std::string_view string_at(const json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
+}
+
+// The input of a tool_use block: the arguments JSON when it is an object.
+json::value tool_input(std::string_view args, json::storage_ptr sp) {
+  if (args.empty()) return json::object(sp);
+  boost::system::error_code ec;
+  json::value v = json::parse(json::string_view(args.data(), args.size()), ec, sp);
+  if (!ec && v.is_object()) return v;
+  return json::object({{"_raw", args}}, sp);
+}
+
+}  // namespace
+
+std::string_view error_type(int status) {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+    case 529:
+      return "overloaded_error";
+    default:
+      return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+void append_error_json(std::string& out, int status, std::string_view message) {
+  out += R"({"type":"error","error":{"type":")";
+  out += error_type(status);
+  out += R"(","message":)";
+  core::append_json_string(out, message);
+  out += "}}";
+}
+
+void append_upstream_error(std::string& out, int status, std::string_view body) {
+  unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  std::string_view message;
+  if (!ec && v.is_object()) {
+    const auto& o = v.get_object();
+    if (const auto* e = o.if_contains("error"); e && e->is_object()) message = string_at(e->get_object(), "message");
+    if (message.empty()) message = string_at(o, "message");
+    if (message.empty()) message = string_at(o, "detail");
+  }
+  if (message.empty()) return append_error_json(out, status, fmt::format("Upstream answered {}.", status));
+  append_error_json(out, status, message);
+}
+
+void append_message_id(std::string& out, std::string_view upstream_id) {
+  if (upstream_id.starts_with("chatcmpl-")) upstream_id.remove_prefix(9);
+  out += "msg_";
+  out += upstream_id;
+}
+
+std::string_view stop_reason(std::string_view finish_reason, std::string_view matched_stop) {
+  if (finish_reason == "length") return "max_tokens";
+  if (finish_reason == "tool_calls") return "tool_use";
+  if (finish_reason == "content_filter") return "refusal";
+  if (finish_reason == "stop" && !matched_stop.empty()) return "stop_sequence";
+  return "end_turn";
+}
+
+void append_usage_members(std::string& out, const Usage& u) {
+  const std::uint64_t cached = std::min(u.cached_tokens, u.prompt_tokens);
+  fmt::format_to(std::back_inserter(out), R"("input_tokens":{},"output_tokens":{},"cache_read_input_tokens":{})",
+                 u.prompt_tokens - cached, u.completion_tokens, cached);
+}
+
+bool translate_message(std::string_view body, std::string& out) {
+  out.clear();
+  alignas(16) unsigned char buf[16 * 1024];
+  json::monotonic_resource mr(buf, sizeof buf);
+  json::storage_ptr sp(&mr);
+  boost::system::error_code ec;
+  const json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp);
+  const json::object* choice = nullptr;
+  const json::object* msg = nullptr;
+  if (!ec && doc.is_object())
+    if (const auto* cs = doc.get_object().if_contains("choices"); cs && cs->is_array() && !cs->get_array().empty())
+      if (const auto& c = cs->get_array()[0]; c.is_object()) {
+        choice = &c.get_object();
+        if (const auto* m = choice->if_contains("message"); m && m->is_object()) msg = &m->get_object();
+      }
+  if (!msg) {
+    append_error_json(out, 502, "The upstream's answer is not a chat completion.");
+    return false;
+  }
+  const auto& root = doc.get_object();
+  std::string id;
+  append_message_id(id, string_at(root, "id"));
+
+  json::array content(sp);
+  std::string_view thinking = string_at(*msg, "reasoning_content");
+  if (thinking.empty()) thinking = string_at(*msg, "reasoning");
+  if (!thinking.empty())
+    content.push_back(json::object({{"type", "thinking"}, {"thinking", thinking}, {"signature", ""}}, sp));
+  if (const std::string_view text = string_at(*msg, "content"); !text.empty())
+    content.push_back(json::object({{"type", "text"}, {"text", text}}, sp));
+  bool tool_calls = false;
+  if (const auto* tc = msg->if_contains("tool_calls"); tc && tc->is_array()) {
+    std::size_t i = 0;
+    for (const auto& call : tc->get_array()) {
+      if (!call.is_object()) continue;
+      const auto* fn = call.get_object().if_contains("function");
+      if (!fn || !fn->is_object()) continue;
+      std::string call_id(string_at(call.get_object(), "id"));
+      if (call_id.empty()) call_id = fmt::format("toolu_{}_{}", std::string_view(id).substr(4), i);
+      content.push_back(json::object({{"type", "tool_use"},
+                                      {"id", call_id},
+                                      {"name", string_at(fn->get_object(), "name")},
+                                      {"input", tool_input(string_at(fn->get_object(), "arguments"), sp)}},
+                                     sp));
+      tool_calls = true;
+      ++i;
+    }
+  }
+  const std::string_view finish = string_at(*choice, "finish_reason");
+  // vLLM's stop_reason: the matched stop string, a stop token id (a number), or null.
+  const std::string_view matched = string_at(*choice, "stop_reason");
+  const std::string_view reason = tool_calls ? std::string_view("tool_use") : stop_reason(finish, matched);
+
+  json::object m(sp);
+  m["id"] = id;
+  m["type"] = "message";
+  m["role"] = "assistant";
+  m["model"] = string_at(root, "model");
+  m["content"] = std::move(content);
+  m["stop_reason"] = reason;
+  if (reason == "stop_sequence")
+    m["stop_sequence"] = matched;
+  else
+    m["stop_sequence"] = nullptr;
+  out = json::serialize(m);
+  out.pop_back();  // '}': the usage goes in by hand, from the one usage reader
+  out += R"(,"usage":{)";
+  append_usage_members(out, extract_usage(body).value_or(Usage{}));
+  out += "}}";
+  return true;
+}
+
+bool translate_count(std::string_view body, std::string& out) {
+  out.clear();
+  unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  // Only the top level is needed, but `tokens` can be long: parse it whole.
+  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  if (!ec && v.is_object())
+    if (const auto* c = v.get_object().if_contains("count"); c && (c->is_int64() || c->is_uint64())) {
+      out = fmt::format(R"({{"input_tokens":{}}})", c->to_number<std::int64_t>());
+      return true;
+    }
+  append_error_json(out, 502, "The upstream's /tokenize answer has no count.");
+  return false;
+}
+
+}  // namespace weir::api::anthropic

@@ -1,0 +1,207 @@
+// The per-chunk translation: each upstream chunk is parsed with Boost.JSON
+// into a stack arena (a chunk is a few hundred bytes), and the Anthropic
+// events are written by hand with the shared JSON escaper.
+#include "api/anthropic/stream.hpp"
+
+#include <fmt/format.h>
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
+#include "api/anthropic/response.hpp"
+#include "core/json_text.hpp"
+
+namespace weir::api::anthropic {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string_view string_at(const json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  return v && v->is_string() ? std::string_view(v->get_string().data(), v->get_string().size()) : std::string_view{};
+}
+
+void begin_event(std::string& out, std::string_view type) {
+  out += "event: ";
+  out += type;
+  out += "\ndata: ";
+}
+
+}  // namespace
+
+void StreamTranslator::reset() { *this = StreamTranslator{}; }
+
+void StreamTranslator::start(std::string_view id, std::string_view model, std::string& out) {
+  started_ = true;
+  msg_id_.clear();
+  append_message_id(msg_id_, id);
+  begin_event(out, "message_start");
+  out += R"({"type":"message_start","message":{"id":)";
+  core::append_json_string(out, msg_id_);
+  out += R"(,"type":"message","role":"assistant","model":)";
+  core::append_json_string(out, model);
+  out += R"(,"content":[],"stop_reason":null,"stop_sequence":null,"usage":{)";
+  Usage u = has_usage_ ? usage_ : Usage{};
+  u.completion_tokens = 0;
+  append_usage_members(out, u);
+  out += "}}}\n\n";
+}
+
+void StreamTranslator::open(Block kind, std::string& out, std::string_view tool_id, std::string_view tool_name) {
+  open_ = kind;
+  begin_event(out, "content_block_start");
+  fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_start","index":{},"content_block":)", next_index_);
+  switch (kind) {
+    case Block::text:
+      out += R"({"type":"text","text":""}})";
+      break;
+    case Block::thinking:
+      out += R"({"type":"thinking","thinking":"","signature":""}})";
+      break;
+    default:
+      out += R"({"type":"tool_use","id":)";
+      core::append_json_string(out, tool_id);
+      out += R"(,"name":)";
+      core::append_json_string(out, tool_name);
+      out += R"(,"input":{}}})";
+      break;
+  }
+  out += "\n\n";
+}
+
+void StreamTranslator::close(std::string& out) {
+  if (open_ == Block::none) return;
+  begin_event(out, "content_block_stop");
+  fmt::format_to(std::back_inserter(out),
+                 R"({{"type":"content_block_stop","index":{}}})"
+                 "\n\n",
+                 next_index_);
+  ++next_index_;
+  open_ = Block::none;
+}
+
+void StreamTranslator::delta(std::string_view type, std::string_view field, std::string_view text, std::string& out) {
+  begin_event(out, "content_block_delta");
+  fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_delta","index":{},"delta":{{"type":"{}","{}":)",
+                 next_index_, type, field);
+  core::append_json_string(out, text);
+  out += "}}\n\n";
+}
+
+void StreamTranslator::terminate(std::string& out) {
+  close(out);
+  begin_event(out, "message_delta");
+  out += R"({"type":"message_delta","delta":{"stop_reason":)";
+  core::append_json_string(out, stop_reason_.empty() ? std::string_view("end_turn") : stop_reason_);
+  out += R"(,"stop_sequence":)";
+  if (stop_sequence_.empty())
+    out += "null";
+  else
+    core::append_json_string(out, stop_sequence_);
+  out += R"(},"usage":{)";
+  append_usage_members(out, usage_);
+  out += "}}\n\n";
+  begin_event(out, "message_stop");
+  out += R"({"type":"message_stop"})"
+         "\n\n";
+  ended_ = true;
+}
+
+void StreamTranslator::fail(int status, std::string_view message, std::string& out) {
+  if (ended_) return;
+  begin_event(out, "error");
+  append_error_json(out, status, message);
+  out += "\n\n";
+  ended_ = true;
+}
+
+void StreamTranslator::finish(std::string& out) {
+  if (ended_) return;
+  if (started_ && finished_) return terminate(out);
+  fail(502, "The upstream stream ended before the message was complete.", out);
+}
+
+void StreamTranslator::on_data(std::string_view data, std::string& out) {
+  if (ended_) return;
+  if (data == "[DONE]") {
+    if (started_) return terminate(out);
+    return fail(502, "The upstream stream ended before any message chunk.", out);
+  }
+  alignas(16) unsigned char buf[8 * 1024];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(data.data(), data.size()), ec, &mr);
+  if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
+  const auto& chunk = v.get_object();
+  if (const auto* e = chunk.if_contains("error"); e && !e->is_null()) {
+    const std::string_view m = e->is_object() ? string_at(e->get_object(), "message") : std::string_view{};
+    return fail(500, m.empty() ? std::string_view("The upstream failed while streaming.") : m, out);
+  }
+  if (const auto* u = chunk.if_contains("usage"); u && u->is_object())
+    if (auto parsed = extract_usage(data)) {
+      usage_ = *parsed;
+      has_usage_ = true;
+    }
+  if (!started_) start(string_at(chunk, "id"), string_at(chunk, "model"), out);
+  const auto* choices = chunk.if_contains("choices");
+  const bool usage_only = choices && choices->is_array() && choices->get_array().empty();
+  if (choices && choices->is_array())
+    for (const auto& c : choices->get_array()) {
+      if (!c.is_object() || finished_) continue;
+      const auto& choice = c.get_object();
+      if (const auto* i = choice.if_contains("index"); i && i->is_number() && i->to_number<double>() != 0)
+        continue;  // Anthropic has one message: only choice 0
+      if (const auto* d = choice.if_contains("delta"); d && d->is_object()) {
+        const auto& delta_obj = d->get_object();
+        std::string_view thinking = string_at(delta_obj, "reasoning_content");
+        if (thinking.empty()) thinking = string_at(delta_obj, "reasoning");
+        if (!thinking.empty()) {
+          if (open_ != Block::thinking) {
+            close(out);
+            open(Block::thinking, out);
+          }
+          delta("thinking_delta", "thinking", thinking, out);
+        }
+        if (const std::string_view text = string_at(delta_obj, "content"); !text.empty()) {
+          if (open_ != Block::text) {
+            close(out);
+            open(Block::text, out);
+          }
+          delta("text_delta", "text", text, out);
+        }
+        if (const auto* tcs = delta_obj.if_contains("tool_calls"); tcs && tcs->is_array())
+          for (const auto& tc : tcs->get_array()) {
+            if (!tc.is_object()) continue;
+            const auto& call = tc.get_object();
+            std::int64_t idx = 0;
+            if (const auto* i = call.if_contains("index"); i && i->is_int64()) idx = i->get_int64();
+            const json::object* fn = nullptr;
+            if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
+            if (open_ != Block::tool || idx != tool_index_) {
+              if (idx <= last_tool_)
+                return fail(502, "The upstream interleaved the deltas of parallel tool calls.", out);
+              close(out);
+              scratch_.assign(string_at(call, "id"));
+              if (scratch_.empty()) scratch_ = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), idx);
+              open(Block::tool, out, scratch_, fn ? string_at(*fn, "name") : std::string_view{});
+              tool_index_ = last_tool_ = idx;
+            }
+            if (fn)
+              if (const std::string_view args = string_at(*fn, "arguments"); !args.empty())
+                delta("input_json_delta", "partial_json", args, out);
+          }
+      }
+      if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {
+        finished_ = true;
+        close(out);
+        const std::string_view matched = string_at(choice, "stop_reason");
+        stop_reason_.assign(last_tool_ >= 0 ? std::string_view("tool_use") : stop_reason(finish, matched));
+        if (stop_reason_ == "stop_sequence") stop_sequence_.assign(matched);
+      }
+    }
+  // The usage chunk follows the finish chunk: then the message is complete.
+  if (finished_ && usage_only && has_usage_) terminate(out);
+}
+
+}  // namespace weir::api::anthropic

@@ -1,0 +1,66 @@
+// OpenAI/vLLM chat-completion chunks → Anthropic Messages streaming events
+// (Anthropic API reference: "Streaming Messages"): message_start, then per
+// content block content_block_start / content_block_delta (text_delta,
+// thinking_delta, input_json_delta) / content_block_stop with dense
+// indices 0, 1, 2…, then one message_delta (stop_reason, usage) and one
+// message_stop. Each event is `event: <type>\ndata: <json>\n\n`.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "api/usage.hpp"
+
+namespace weir::api::anthropic {
+
+class StreamTranslator {
+ public:
+  // Before a stream.
+  void reset();
+
+  // Translates the `data` of one upstream SSE event (a chat.completion.chunk,
+  // the final usage chunk, an in-stream {"error"}, or [DONE]); appends the
+  // Anthropic events it gives to `out` (none, or several). After the stream
+  // ended for the client (message_stop or an error event), everything is
+  // swallowed: a repeated finish or usage chunk never gives a second
+  // terminal event, and [DONE] never reaches the client.
+  void on_data(std::string_view data, std::string& out);
+
+  // The upstream's body ended normally: appends what the client still needs
+  // (message_delta and message_stop after a finish_reason; otherwise an
+  // error event: the stream was cut short). Nothing once ended().
+  void finish(std::string& out);
+
+  // Appends `event: error` with {"type":"error","error":{"type":error_type(status),
+  // "message"}} unless the stream already ended for the client; ends it.
+  void fail(int status, std::string_view message, std::string& out);
+
+  // message_stop or an error event went out: the stream is over for the client.
+  bool ended() const { return ended_; }
+
+ private:
+  enum class Block : std::uint8_t { none, text, thinking, tool };
+
+  void start(std::string_view id, std::string_view model, std::string& out);
+  void open(Block kind, std::string& out, std::string_view tool_id = {}, std::string_view tool_name = {});
+  void close(std::string& out);
+  void delta(std::string_view type, std::string_view field, std::string_view text, std::string& out);
+  void terminate(std::string& out);
+
+  bool started_ = false;
+  bool ended_ = false;
+  bool finished_ = false;  // a finish_reason arrived
+  bool has_usage_ = false;
+  Block open_ = Block::none;
+  std::uint32_t next_index_ = 0;  // the next content block's index
+  std::int64_t tool_index_ = -1;  // OpenAI tool_calls[].index of the open tool_use block
+  std::int64_t last_tool_ = -1;   // highest OpenAI tool index seen
+  std::string msg_id_;            // "msg_…"
+  std::string stop_reason_;
+  std::string stop_sequence_;
+  Usage usage_;
+  std::string scratch_;
+};
+
+}  // namespace weir::api::anthropic

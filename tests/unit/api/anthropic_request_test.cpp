@@ -1,0 +1,182 @@
+// Anthropic Messages request → OpenAI chat-completions body: every mapped
+// field, the content blocks, and the 400s for bad input.
+#include "api/anthropic/request.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+namespace weir::api::anthropic {
+namespace {
+
+namespace json = boost::json;
+
+json::value upstream(std::string_view body, Target t = Target::messages, RequestFields* fields = nullptr) {
+  std::string out;
+  auto f = translate_request(t, body, out);
+  EXPECT_TRUE(f.has_value()) << (f ? "" : f.error().message);
+  if (!f) return nullptr;
+  if (fields) *fields = *f;
+  return json::parse(out);
+}
+
+core::Error failure(std::string_view body, Target t = Target::messages) {
+  std::string out;
+  auto f = translate_request(t, body, out);
+  EXPECT_FALSE(f.has_value());
+  return f ? core::Error{} : f.error();
+}
+
+TEST(AnthropicRequest, MinimalRequest) {
+  RequestFields f;
+  const auto v = upstream(R"({"model":"m","max_tokens":16,"messages":[{"role":"user","content":"Hi there"}]})",
+                          Target::messages, &f);
+  EXPECT_EQ(v, json::parse(R"({"model":"m","messages":[{"role":"user","content":"Hi there"}],"max_tokens":16})"));
+  EXPECT_EQ(f.model, "m");
+  EXPECT_EQ(f.max_tokens, 16u);
+  EXPECT_FALSE(f.stream);
+  EXPECT_EQ(f.prompt_bytes, 8u);
+  EXPECT_EQ(f.prompt_overhead_tokens, RequestFields::kChatTokensPerMessage);
+}
+
+TEST(AnthropicRequest, SamplingStopUserStreamAndThinking) {
+  RequestFields f;
+  const auto v = upstream(R"({"model":"m","max_tokens":5,"stream":true,"temperature":0.5,"top_p":0.9,"top_k":40,
+    "stop_sequences":["END","##"],"metadata":{"user_id":"u-1"},"thinking":{"type":"enabled","budget_tokens":1024},
+    "service_tier":"auto","messages":[{"role":"user","content":"x"}]})",
+                          Target::messages, &f);
+  const auto& o = v.as_object();
+  EXPECT_EQ(o.at("stream"), true);
+  EXPECT_EQ(o.at("stream_options"), json::parse(R"({"include_usage":true})"));
+  EXPECT_EQ(o.at("temperature"), 0.5);
+  EXPECT_EQ(o.at("top_p"), 0.9);
+  EXPECT_EQ(o.at("top_k"), 40);
+  EXPECT_EQ(o.at("stop"), json::parse(R"(["END","##"])"));
+  EXPECT_EQ(o.at("user"), "u-1");
+  EXPECT_EQ(o.at("chat_template_kwargs"), json::parse(R"({"enable_thinking":true})"));
+  EXPECT_FALSE(o.contains("service_tier"));
+  EXPECT_FALSE(o.contains("metadata"));
+  EXPECT_TRUE(f.stream);
+  EXPECT_TRUE(f.include_usage);
+}
+
+TEST(AnthropicRequest, SystemBlocksAndCacheControlIgnored) {
+  const auto v = upstream(R"({"model":"m","max_tokens":1,
+    "system":[{"type":"text","text":"Be brief.","cache_control":{"type":"ephemeral"}},{"type":"text","text":"Be kind."}],
+    "messages":[{"role":"user","content":[{"type":"text","text":"Q","cache_control":{"type":"ephemeral"}}]}]})");
+  EXPECT_EQ(v.at("messages"), json::parse(R"([{"role":"system","content":"Be brief.\nBe kind."},
+    {"role":"user","content":[{"type":"text","text":"Q"}]}])"));
+}
+
+TEST(AnthropicRequest, Images) {
+  const auto v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":[
+    {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBOR"}},
+    {"type":"image","source":{"type":"url","url":"https://x/y.jpg"}},
+    {"type":"text","text":"What?"}]}]})");
+  EXPECT_EQ(v.at("messages"), json::parse(R"([{"role":"user","content":[
+    {"type":"image_url","image_url":{"url":"data:image/png;base64,iVBOR"}},
+    {"type":"image_url","image_url":{"url":"https://x/y.jpg"}},
+    {"type":"text","text":"What?"}]}])"));
+}
+
+TEST(AnthropicRequest, ToolsToolChoiceAndRoundTrip) {
+  const auto v = upstream(R"({"model":"m","max_tokens":64,
+    "tools":[{"name":"get_weather","description":"Weather now","input_schema":{"type":"object","properties":{"city":{"type":"string"}}},
+              "cache_control":{"type":"ephemeral"}}],
+    "tool_choice":{"type":"tool","name":"get_weather","disable_parallel_tool_use":true},
+    "messages":[
+      {"role":"user","content":"Weather in Paris?"},
+      {"role":"assistant","content":[{"type":"thinking","thinking":"hm","signature":"s"},{"type":"text","text":"Checking."},
+        {"type":"tool_use","id":"toolu_1","name":"get_weather","input":{"city":"Paris"}}]},
+      {"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":[{"type":"text","text":"18C"},{"type":"text","text":"sunny"}]},
+        {"type":"tool_result","tool_use_id":"toolu_2","content":"boom","is_error":true},
+        {"type":"text","text":"Thanks"}]}]})");
+  EXPECT_EQ(v.at("tools"),
+            json::parse(R"([{"type":"function","function":{"name":"get_weather","description":"Weather now",
+    "parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}])"));
+  EXPECT_EQ(v.at("tool_choice"), json::parse(R"({"type":"function","function":{"name":"get_weather"}})"));
+  EXPECT_EQ(v.at("parallel_tool_calls"), false);
+  EXPECT_EQ(v.at("messages"), json::parse(R"([
+    {"role":"user","content":"Weather in Paris?"},
+    {"role":"assistant","content":"Checking.","tool_calls":[{"id":"toolu_1","type":"function",
+      "function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},
+    {"role":"tool","tool_call_id":"toolu_1","content":"18C\nsunny"},
+    {"role":"tool","tool_call_id":"toolu_2","content":"Error: boom"},
+    {"role":"user","content":[{"type":"text","text":"Thanks"}]}])"));
+}
+
+TEST(AnthropicRequest, ToolChoiceKinds) {
+  for (auto [in, want] : {std::pair{R"({"type":"auto"})", R"("auto")"}, std::pair{R"({"type":"any"})", R"("required")"},
+                          std::pair{R"({"type":"none"})", R"("none")"}}) {
+    const std::string body = std::string(R"({"model":"m","max_tokens":1,"messages":[],"tool_choice":)") + in + "}";
+    EXPECT_EQ(upstream(body).at("tool_choice"), json::parse(want)) << in;
+  }
+}
+
+TEST(AnthropicRequest, AssistantToolUseOnlyHasNoContent) {
+  const auto v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[
+    {"type":"tool_use","id":"t","name":"f","input":{}}]}]})");
+  EXPECT_FALSE(v.at("messages").at(0).as_object().contains("content"));
+}
+
+TEST(AnthropicRequest, LastAssistantTurnIsContinued) {
+  auto v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"},
+    {"role":"assistant","content":"The answer is"}]})");
+  EXPECT_EQ(v.at("continue_final_message"), true);
+  EXPECT_EQ(v.at("add_generation_prompt"), false);
+  v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}]})");
+  EXPECT_FALSE(v.as_object().contains("continue_final_message"));
+  v = upstream(R"({"model":"m","max_tokens":1,"messages":[{"role":"assistant","content":[
+    {"type":"tool_use","id":"t","name":"f","input":{}}]}]})");
+  EXPECT_FALSE(v.as_object().contains("continue_final_message"));
+}
+
+TEST(AnthropicRequest, CountTokensTakesModelMessagesTools) {
+  const auto v = upstream(R"({"model":"m","system":"S","messages":[{"role":"user","content":"a b"}],
+    "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"auto"}})",
+                          Target::count_tokens);
+  EXPECT_EQ(v, json::parse(R"({"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"a b"}],
+    "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]})"));
+  EXPECT_EQ(upstream_path(Target::count_tokens), "/tokenize");
+  EXPECT_EQ(upstream_path(Target::messages), "/v1/chat/completions");
+}
+
+TEST(AnthropicRequest, BadInputIs400) {
+  struct Case {
+    std::string_view body;
+    std::string_view message_has;
+  };
+  for (
+      const Case& c : {
+          Case{R"({"model":"m","messages":[]})", "max_tokens: Field required"},
+          Case{R"({"model":"m","max_tokens":0,"messages":[]})", "max_tokens"},
+          Case{R"({"model":"m","max_tokens":"5","messages":[]})", "max_tokens"},
+          Case{R"({"max_tokens":5,"messages":[]})", "model"},
+          Case{R"({"model":"m","max_tokens":5})", "messages: Field required"},
+          Case{R"({"model":"m","max_tokens":5,"messages":[{"role":"system","content":"x"}]})", "messages.0.role"},
+          Case{R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"document"}]}]})",
+               "document"},
+          Case{
+              R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"image","source":{"type":"file"}}]}]})",
+              "source.type"},
+          Case{R"({"model":"m","max_tokens":5,"messages":[],"tools":[{"type":"web_search_20250305","name":"w"}]})",
+               "server tool"},
+          Case{R"({"model":"m","max_tokens":5,"messages":[],"tool_choice":{"type":"maybe"}})", "tool_choice"},
+          Case{R"({"model":"m","max_tokens":5,"messages":[],"stream":"yes"})", "stream"},
+          Case{R"({"model":"m","max_tokens":5,"messages":[],"thinking":{"type":"sometimes"}})", "thinking"},
+          Case{R"([1])", "JSON object"},
+          Case{R"({"model":)", "not valid JSON"},
+      }) {
+    const auto e = failure(c.body);
+    EXPECT_EQ(e.status, 400) << c.body;
+    EXPECT_EQ(e.type, "invalid_request_error") << c.body;
+    EXPECT_NE(e.message.find(c.message_has), std::string::npos) << c.body << " -> " << e.message;
+  }
+  // count_tokens needs no max_tokens.
+  std::string out;
+  EXPECT_TRUE(translate_request(Target::count_tokens, R"({"model":"m","messages":[]})", out).has_value());
+}
+
+}  // namespace
+}  // namespace weir::api::anthropic

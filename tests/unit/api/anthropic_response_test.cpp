@@ -1,0 +1,106 @@
+// OpenAI chat.completion (vLLM v0.10.1 bodies) → Anthropic message, the
+// /tokenize count, and the error shapes.
+#include "api/anthropic/response.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/json/parse.hpp>
+
+namespace weir::api::anthropic {
+namespace {
+
+namespace json = boost::json;
+
+json::value message(std::string_view body) {
+  std::string out;
+  EXPECT_TRUE(translate_message(body, out)) << out;
+  return json::parse(out);
+}
+
+TEST(AnthropicResponse, TextMessage) {
+  const auto v = message(
+      R"({"id":"chatcmpl-abc","object":"chat.completion","created":1,"model":"mock-model","choices":[{"index":0,
+      "message":{"role":"assistant","content":" river stone","refusal":null,"annotations":null,"audio":null,
+      "function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"stop","stop_reason":null}],
+      "service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":9,"total_tokens":11,"completion_tokens":2,
+      "prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null})");
+  EXPECT_EQ(v, json::parse(R"({"id":"msg_abc","type":"message","role":"assistant","model":"mock-model",
+    "content":[{"type":"text","text":" river stone"}],"stop_reason":"end_turn","stop_sequence":null,
+    "usage":{"input_tokens":9,"output_tokens":2,"cache_read_input_tokens":0}})"));
+}
+
+TEST(AnthropicResponse, ThinkingToolCallsAndCachedTokens) {
+  const auto v = message(R"({"id":"chatcmpl-x","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":null,"reasoning_content":"Let me think.","tool_calls":[
+      {"id":"chatcmpl-tool-1","type":"function","function":{"name":"get_weather","arguments":"{\"city\": \"Paris\"}"}},
+      {"type":"function","function":{"name":"broken","arguments":"not json"}}]},
+    "finish_reason":"tool_calls","stop_reason":null}],
+    "usage":{"prompt_tokens":100,"completion_tokens":7,"total_tokens":107,"prompt_tokens_details":{"cached_tokens":64}}})");
+  EXPECT_EQ(v.at("content"), json::parse(R"([
+    {"type":"thinking","thinking":"Let me think.","signature":""},
+    {"type":"tool_use","id":"chatcmpl-tool-1","name":"get_weather","input":{"city":"Paris"}},
+    {"type":"tool_use","id":"toolu_x_1","name":"broken","input":{"_raw":"not json"}}])"));
+  EXPECT_EQ(v.at("stop_reason"), "tool_use");
+  EXPECT_EQ(v.at("usage"), json::parse(R"({"input_tokens":36,"output_tokens":7,"cache_read_input_tokens":64})"));
+}
+
+TEST(AnthropicResponse, StopReasons) {
+  auto with = [](std::string_view finish, std::string_view stop) {
+    return message(
+        std::string(R"({"id":"chatcmpl-1","model":"m","choices":[{"message":{"content":"a"},"finish_reason":)") +
+        std::string(finish) + R"(,"stop_reason":)" + std::string(stop) + "}]}");
+  };
+  EXPECT_EQ(with(R"("length")", "null").at("stop_reason"), "max_tokens");
+  EXPECT_EQ(with(R"("stop")", "128001").at("stop_reason"), "end_turn");  // a stop token id
+  const auto s = with(R"("stop")", R"("END")");
+  EXPECT_EQ(s.at("stop_reason"), "stop_sequence");
+  EXPECT_EQ(s.at("stop_sequence"), "END");
+  EXPECT_EQ(with("null", "null").at("stop_reason"), "end_turn");
+  // No usage: zeros rather than a missing member.
+  EXPECT_EQ(s.at("usage").at("input_tokens"), 0);
+}
+
+TEST(AnthropicResponse, NotACompletion) {
+  std::string out;
+  EXPECT_FALSE(translate_message(R"({"choices":[]})", out));
+  EXPECT_EQ(json::parse(out).at("error").at("type"), "api_error");
+  EXPECT_FALSE(translate_message("garbage", out));
+}
+
+TEST(AnthropicResponse, Count) {
+  std::string out;
+  ASSERT_TRUE(translate_count(R"({"count":12,"max_model_len":32768,"tokens":[1,2,3],"token_strs":null})", out));
+  EXPECT_EQ(out, R"({"input_tokens":12})");
+  EXPECT_FALSE(translate_count(R"({"tokens":[]})", out));
+}
+
+TEST(AnthropicResponse, Errors) {
+  EXPECT_EQ(error_type(400), "invalid_request_error");
+  EXPECT_EQ(error_type(401), "authentication_error");
+  EXPECT_EQ(error_type(403), "permission_error");
+  EXPECT_EQ(error_type(404), "not_found_error");
+  EXPECT_EQ(error_type(405), "invalid_request_error");
+  EXPECT_EQ(error_type(413), "request_too_large");
+  EXPECT_EQ(error_type(429), "rate_limit_error");
+  EXPECT_EQ(error_type(500), "api_error");
+  EXPECT_EQ(error_type(502), "api_error");
+  EXPECT_EQ(error_type(503), "overloaded_error");
+  EXPECT_EQ(error_type(504), "api_error");
+  EXPECT_EQ(error_type(529), "overloaded_error");
+  std::string out;
+  append_error_json(out, 401, "Incorrect \"key\".");
+  EXPECT_EQ(out, R"({"type":"error","error":{"type":"authentication_error","message":"Incorrect \"key\"."}})");
+  out.clear();
+  append_upstream_error(
+      out, 400, R"({"error":{"message":"max_tokens is too large","type":"BadRequestError","param":null,"code":400}})");
+  EXPECT_EQ(out, R"({"type":"error","error":{"type":"invalid_request_error","message":"max_tokens is too large"}})");
+  out.clear();
+  append_upstream_error(out, 404, R"({"detail":"Not Found"})");
+  EXPECT_EQ(json::parse(out).at("error").at("message"), "Not Found");
+  out.clear();
+  append_upstream_error(out, 500, "<html>");
+  EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 500.");
+}
+
+}  // namespace
+}  // namespace weir::api::anthropic

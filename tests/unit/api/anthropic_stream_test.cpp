@@ -1,0 +1,221 @@
+// OpenAI/vLLM chunks → Anthropic stream events: the grammar (one
+// message_start, dense block indices, one message_delta and message_stop),
+// thinking, parallel tool calls, repeated terminal chunks, [DONE], in-stream
+// errors, and a stream split at every byte through the SSE reader.
+#include "api/anthropic/stream.hpp"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "http/sse.hpp"
+
+namespace weir::api::anthropic {
+namespace {
+
+namespace json = boost::json;
+
+struct Event {
+  std::string type;
+  json::value data;
+};
+
+// Parses `event: T\ndata: J\n\n` blocks, checking the framing.
+std::vector<Event> events_of(std::string_view s) {
+  std::vector<Event> out;
+  while (!s.empty()) {
+    const auto end = s.find("\n\n");
+    EXPECT_NE(end, std::string_view::npos) << s;
+    if (end == std::string_view::npos) break;
+    const std::string_view block = s.substr(0, end);
+    s.remove_prefix(end + 2);
+    const auto nl = block.find('\n');
+    EXPECT_TRUE(block.starts_with("event: ")) << block;
+    EXPECT_TRUE(block.substr(nl + 1).starts_with("data: ")) << block;
+    Event e{std::string(block.substr(7, nl - 7)), json::parse(block.substr(nl + 7))};
+    EXPECT_EQ(e.data.at("type"), e.type.c_str());
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string run(const std::vector<std::string_view>& chunks, bool finish = true) {
+  StreamTranslator t;
+  t.reset();
+  std::string out;
+  for (auto c : chunks) t.on_data(c, out);
+  if (finish) t.finish(out);
+  return out;
+}
+
+// The Anthropic grammar: one message_start first, blocks opened, deltaed and
+// closed in order with indices 0, 1, 2…, then one message_delta, one message_stop.
+void expect_grammar(const std::vector<Event>& ev) {
+  ASSERT_GE(ev.size(), 3u);
+  EXPECT_EQ(ev.front().type, "message_start");
+  EXPECT_EQ(ev[ev.size() - 2].type, "message_delta");
+  EXPECT_EQ(ev.back().type, "message_stop");
+  std::int64_t open = -1;
+  std::int64_t next = 0;
+  for (std::size_t i = 1; i + 2 < ev.size(); ++i) {
+    const auto& e = ev[i];
+    const auto index = e.data.at("index").as_int64();
+    if (e.type == "content_block_start") {
+      EXPECT_EQ(open, -1);
+      EXPECT_EQ(index, next);
+      open = index;
+    } else if (e.type == "content_block_delta") {
+      EXPECT_EQ(index, open);
+    } else {
+      EXPECT_EQ(e.type, "content_block_stop");
+      EXPECT_EQ(index, open);
+      open = -1;
+      ++next;
+    }
+  }
+  EXPECT_EQ(open, -1);
+}
+
+constexpr std::string_view kRole =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1,"model":"mock-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]})";
+constexpr std::string_view kTok1 =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1,"model":"mock-model","choices":[{"index":0,"delta":{"content":" river"},"logprobs":null,"finish_reason":null}]})";
+constexpr std::string_view kTok2 =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1,"model":"mock-model","choices":[{"index":0,"delta":{"content":" stone"},"logprobs":null,"finish_reason":"length","stop_reason":null}]})";
+constexpr std::string_view kUsage =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1,"model":"mock-model","choices":[],"usage":{"prompt_tokens":9,"total_tokens":11,"completion_tokens":2}})";
+
+TEST(AnthropicStream, TextStream) {
+  const auto ev = events_of(run({kRole, kTok1, kTok2, kUsage, "[DONE]"}));
+  expect_grammar(ev);
+  ASSERT_EQ(ev.size(), 7u);
+  EXPECT_EQ(ev[0].data.at("message"), json::parse(R"({"id":"msg_r1","type":"message","role":"assistant",
+    "model":"mock-model","content":[],"stop_reason":null,"stop_sequence":null,
+    "usage":{"input_tokens":0,"output_tokens":0,"cache_read_input_tokens":0}})"));
+  EXPECT_EQ(ev[1].data.at("content_block"), json::parse(R"({"type":"text","text":""})"));
+  EXPECT_EQ(ev[2].data.at("delta"), json::parse(R"({"type":"text_delta","text":" river"})"));
+  EXPECT_EQ(ev[3].data.at("delta"), json::parse(R"({"type":"text_delta","text":" stone"})"));
+  EXPECT_EQ(ev[5].data,
+            json::parse(R"({"type":"message_delta","delta":{"stop_reason":"max_tokens","stop_sequence":null},
+    "usage":{"input_tokens":9,"output_tokens":2,"cache_read_input_tokens":0}})"));
+}
+
+TEST(AnthropicStream, RepeatedFinishAndUsageGiveOneTerminal) {
+  const std::string out = run({kRole, kTok1, kTok2, kTok2, kUsage, kUsage, "[DONE]", "[DONE]"});
+  const auto ev = events_of(out);
+  expect_grammar(ev);
+  EXPECT_EQ(out.find("[DONE]"), std::string::npos);
+  int deltas = 0;
+  for (const auto& e : ev) deltas += e.type == "message_delta";
+  EXPECT_EQ(deltas, 1);
+}
+
+TEST(AnthropicStream, NoUsageChunkEndsAtDone) {
+  const auto ev = events_of(run({kRole, kTok1, kTok2, "[DONE]"}, false));
+  expect_grammar(ev);
+  EXPECT_EQ(ev[ev.size() - 2].data.at("usage").at("output_tokens"), 0);
+}
+
+TEST(AnthropicStream, ThinkingThenTextThenParallelTools) {
+  const auto ev = events_of(run({
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Hmm"}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"reasoning_content":" ok"}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"content":"Sure."}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"chatcmpl-tool-a","type":"function","index":0,"function":{"name":"get_weather"}}]}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\": "}}]}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"type":"function","index":1,"function":{"name":"get_time","arguments":"{}"}}]}}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls","stop_reason":null}]})",
+      R"({"id":"chatcmpl-t","model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}})",
+      "[DONE]",
+  }));
+  expect_grammar(ev);
+  std::vector<std::string> starts;
+  for (const auto& e : ev)
+    if (e.type == "content_block_start") starts.push_back(json::serialize(e.data.at("content_block")));
+  ASSERT_EQ(starts.size(), 4u);
+  EXPECT_EQ(json::parse(starts[0]), json::parse(R"({"type":"thinking","thinking":"","signature":""})"));
+  EXPECT_EQ(json::parse(starts[1]), json::parse(R"({"type":"text","text":""})"));
+  EXPECT_EQ(json::parse(starts[2]),
+            json::parse(R"({"type":"tool_use","id":"chatcmpl-tool-a","name":"get_weather","input":{}})"));
+  EXPECT_EQ(json::parse(starts[3]),
+            json::parse(R"({"type":"tool_use","id":"toolu_t_1","name":"get_time","input":{}})"));
+  std::string args;
+  for (const auto& e : ev)
+    if (e.type == "content_block_delta" && e.data.at("index") == 2)
+      args += e.data.at("delta").at("partial_json").as_string().c_str();
+  EXPECT_EQ(json::parse(args), json::parse(R"({"city":"Paris"})"));
+  EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "tool_use");
+}
+
+TEST(AnthropicStream, StopSequence) {
+  const auto ev = events_of(run({
+      R"({"id":"chatcmpl-s","model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop","stop_reason":"END"}]})",
+      "[DONE]",
+  }));
+  expect_grammar(ev);
+  EXPECT_EQ(ev[ev.size() - 2].data.at("delta"),
+            json::parse(R"({"stop_reason":"stop_sequence","stop_sequence":"END"})"));
+}
+
+TEST(AnthropicStream, InterleavedToolDeltasAreAnError) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]})",
+  }));
+  EXPECT_EQ(ev.back().type, "error");
+  EXPECT_EQ(ev.back().data.at("error").at("type"), "api_error");
+}
+
+TEST(AnthropicStream, UpstreamErrorsAndEarlyEnds) {
+  // vLLM's in-stream error.
+  auto ev = events_of(
+      run({kRole, kTok1, R"({"error":{"message":"engine dead","type":"InternalServerError","code":500}})", "[DONE]"}));
+  EXPECT_EQ(ev.back().type, "error");
+  EXPECT_EQ(ev.back().data.at("error"), json::parse(R"({"type":"api_error","message":"engine dead"})"));
+  // The body ended without a finish_reason.
+  ev = events_of(run({kRole, kTok1}));
+  EXPECT_EQ(ev.back().type, "error");
+  // A failure reported by the gateway after the head went out: one error event, then nothing.
+  StreamTranslator t;
+  std::string out;
+  t.on_data(kRole, out);
+  t.fail(504, "timed out", out);
+  t.fail(504, "timed out", out);
+  t.on_data(kTok1, out);
+  t.finish(out);
+  ev = events_of(out);
+  ASSERT_EQ(ev.size(), 2u);
+  EXPECT_EQ(ev[1].data.at("error").at("message"), "timed out");
+  EXPECT_TRUE(t.ended());
+  // Nothing at all before [DONE].
+  ev = events_of(run({"[DONE]"}));
+  ASSERT_EQ(ev.size(), 1u);
+  EXPECT_EQ(ev[0].type, "error");
+}
+
+TEST(AnthropicStream, SplitAnywhereGivesTheSameEvents) {
+  std::string wire;
+  for (auto c : {kRole, kTok1, kTok2, kUsage, std::string_view("[DONE]")}) http::append_sse_data(wire, c);
+  const std::string want = run({kRole, kTok1, kTok2, kUsage, "[DONE]"});
+  for (std::size_t cut = 1; cut < wire.size(); ++cut) {
+    http::SseReader reader;
+    StreamTranslator t;
+    std::string out;
+    for (std::string_view part : {std::string_view(wire).substr(0, cut), std::string_view(wire).substr(cut)}) {
+      reader.push(part);
+      while (auto ev = reader.next())
+        if (ev->has_data) t.on_data(ev->data, out);
+    }
+    t.finish(out);
+    ASSERT_EQ(out, want) << "cut at " << cut;
+  }
+}
+
+}  // namespace
+}  // namespace weir::api::anthropic
