@@ -181,3 +181,20 @@ def test_an_endpoint_failing_answers_in_a_row_is_ejected(mock, weir):
     assert statuses.count(500) == 2, statuses  # passed through (no retry section), then never picked again
     assert statuses.count(200) == 28
     assert w.metric("weir_upstream_outlier_ejections_total") == 1
+
+
+def test_an_anthropic_stream_reset_before_its_first_token_fails_over(mock, weir):
+    import anthropic
+    primary = mock(*FAST, "--reset-after", "0")
+    backup = mock(*FAST, "--model", "small-model")
+    w = weir(config=failover_config(primary, backup))
+    c = anthropic.Anthropic(base_url=w.base_url, api_key="x", max_retries=0, timeout=30)
+    with c.messages.stream(model="big", max_tokens=6, messages=MSG) as s:
+        events = [e.type for e in s]
+        final = s.get_final_message()
+    assert events.count("message_start") == 1 and events.count("message_stop") == 1
+    direct = openai.OpenAI(base_url=backup.base_url + "/v1", api_key="x")
+    want = direct.chat.completions.create(model="small-model", messages=MSG, max_tokens=6).choices[0].message.content
+    assert final.content[0].text == want
+    (entry,) = w.wait_log(lambda es: len(es) >= 1)
+    assert entry["status"] == 200 and [a["pool"] for a in entry["attempts"]] == ["gpu", "backup"]
