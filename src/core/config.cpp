@@ -141,7 +141,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
                            {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
-                            "api_key_env", "eject_for", "request_usage", "retry", "outlier"}));
+                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -185,6 +185,28 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     p.request_usage = b;
   }
   if (auto r = n["retry"]) WEIR_TRY_VOID(parse_retry(r, key + ".retry", p.retry));
+  if (auto h = n["health"]) {
+    const std::string hk = key + ".health";
+    WEIR_TRY_VOID(check_keys(h, hk, {"path", "interval", "timeout", "unhealthy_after"}));
+    p.health.enabled = true;
+    if (auto v = h["path"]) {
+      WEIR_TRY(s, read_string(v, hk + ".path"));
+      if (s.empty() || s.front() != '/' || s.find_first_of(" \r\n") != std::string::npos)
+        return tl::unexpected(config_error(v, hk + ".path", "must be a path starting with '/'"));
+      p.health.path = s;
+    }
+    for (auto [k, out] : {std::pair{"interval", &p.health.interval}, std::pair{"timeout", &p.health.timeout}}) {
+      if (auto v = h[k]) {
+        WEIR_TRY(ms, read_duration(v, hk + "." + k));
+        if (ms.count() <= 0) return tl::unexpected(config_error(v, hk + "." + k, "must be positive"));
+        *out = ms;
+      }
+    }
+    if (auto v = h["unhealthy_after"]) {
+      WEIR_TRY(i, read_int(v, hk + ".unhealthy_after", 1, 1'000));
+      p.health.unhealthy_after = static_cast<std::uint32_t>(i);
+    }
+  }
   if (auto o = n["outlier"]) {
     WEIR_TRY_VOID(check_keys(o, key + ".outlier", {"consecutive_failures", "max_ejected_percent"}));
     if (auto v = o["consecutive_failures"]) {

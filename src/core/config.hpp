@@ -85,6 +85,18 @@ struct OutlierConfig {
   std::uint32_t max_ejected_percent = 50;  // 0..100
 };
 
+// Active health probes (docs/reliability.md): every `interval`, each worker
+// sends `GET path` to each endpoint on a fresh connection; after
+// `unhealthy_after` failed probes in a row (refused, timed out, not 2xx)
+// the endpoint is ejected until a probe succeeds again.
+struct HealthConfig {
+  bool enabled = false;  // a `health:` section is present
+  std::string path = "/health";
+  Millis interval{5'000};
+  Millis timeout{1'000};
+  std::uint32_t unhealthy_after = 2;
+};
+
 // A set of interchangeable endpoints serving the same models.
 struct PoolConfig {
   std::string name;
@@ -100,6 +112,7 @@ struct PoolConfig {
   bool request_usage = true;
   RetryConfig retry;
   OutlierConfig outlier;
+  HealthConfig health;
 };
 
 // One step of a model's fallback chain: another pool, under its own upstream model name.

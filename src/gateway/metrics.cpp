@@ -43,6 +43,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   upstream_fallbacks += o.upstream_fallbacks;
   retry_budget_exhausted += o.retry_budget_exhausted;
   outlier_ejections += o.outlier_ejections;
+  health_transitions += o.health_transitions;
   for (std::size_t i = 0; i < upstream_failures_.size(); ++i) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
@@ -119,6 +120,9 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_upstream_outlier_ejections_total", "counter",
            "Endpoints ejected for failing answers in a row (pools.X.outlier), per worker.");
   w.sample("weir_upstream_outlier_ejections_total", "", outlier_ejections);
+  w.header("weir_upstream_health_transitions_total", "counter",
+           "Endpoints the active health probes (pools.X.health) marked unhealthy or healthy again, per worker.");
+  w.sample("weir_upstream_health_transitions_total", "", health_transitions);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by kind.");
   for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                  http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol})

@@ -7,7 +7,9 @@
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
+
 #include <boost/asio/post.hpp>
+#include "http/probe.hpp"
 
 #include "core/listen_probe.hpp"
 #include "core/time.hpp"
@@ -100,6 +102,8 @@ std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port
 void Worker::start() {
   asio::co_spawn(io_.get_executor(), accept_loop(), asio::detached);
   asio::co_spawn(io_.get_executor(), tick_loop(), asio::detached);
+  for (std::size_t p = 0; p < pools_.size(); ++p)
+    if (pools_[p].config().health.enabled) asio::co_spawn(io_.get_executor(), probe_loop(p), asio::detached);
   thread_ = std::thread([this] {
     for (;;) {
       try {
@@ -201,6 +205,31 @@ void Worker::trim_when_idle() {
   if (trimmed_ || ++idle_ticks_ < kTrimAfterTicks) return;
   trimmed_ = true;
   ::malloc_trim(0);
+}
+
+http::Task<void> Worker::probe_loop(std::size_t pool_index) {
+  auto& pool = pools_[pool_index];
+  const auto& hc = pool.config().health;
+  http::Timer next(io_.get_executor());
+  // Workers start their probes spread over the interval, not all at once.
+  auto due = std::chrono::steady_clock::now() + hc.interval * (index_ + 1) / (shared_.workers.size() + 1);
+  for (;;) {
+    next.expires_at(due);
+    co_await next.async_wait(use_task);
+    if (draining_) co_return;
+    due += hc.interval;
+    for (std::uint32_t i = 0; i < pool.size(); ++i) {
+      const auto& ep = pool.endpoint(i);
+      const http::ProbeRequest req{
+          .addr = ep.addr, .host_header = ep.cfg->host_header, .path = hc.path, .timeout = hc.timeout};
+      const bool ok = co_await http::probe_health(io_.get_executor(), req);
+      if (pool.report_probe(i, ok, std::chrono::steady_clock::now())) {
+        ++metrics_.health_transitions;
+        fmt::print(stderr, "weir: worker {}: pool {} endpoint {} is {} (GET {})\n", index_, pool.config().name,
+                   ep.cfg->display, ok ? "healthy again" : "unhealthy", hc.path);
+      }
+    }
+  }
 }
 
 http::Task<void> Worker::tick_loop() {

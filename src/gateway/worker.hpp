@@ -110,6 +110,8 @@ class Worker {
  private:
   http::Task<void> accept_loop();
   http::Task<void> tick_loop();
+  // Active health probes of pool `pool`'s endpoints (pools.X.health), every interval, until the worker stops.
+  http::Task<void> probe_loop(std::size_t pool);
   void close_idle_sessions();
   // Closes the pooled upstream connections that aged past their pool's
   // idle_keepalive or that the model server closed (ConnectionPool::sweep).

@@ -70,10 +70,29 @@ bool WorkerPool::report_answer(std::uint32_t i, bool failed, Clock::time_point n
   return true;
 }
 
+bool WorkerPool::report_probe(std::uint32_t i, bool ok, Clock::time_point now) {
+  auto& e = endpoints_[i];
+  const auto& hc = cfg_->health;
+  if (ok) {
+    e.failed_probes = 0;
+    if (!e.probe_down) return false;
+    e.probe_down = false;
+    e.ejected_until = {};
+    return true;
+  }
+  if (++e.failed_probes < hc.unhealthy_after) return false;
+  // Ejected until the next probe can clear it (a little past it, so no pick slips in between).
+  e.ejected_until = std::max(e.ejected_until, now + hc.interval + hc.timeout + hc.timeout);
+  e.conns.clear();
+  const bool changed = !e.probe_down;
+  e.probe_down = true;
+  return changed;
+}
+
 void WorkerPool::report_success(std::uint32_t i) {
   auto& e = endpoints_[i];
   e.consecutive_failures = 0;
-  e.ejected_until = {};
+  if (!e.probe_down) e.ejected_until = {};  // the health probes clear their own ejection
 }
 
 }  // namespace weir::routing

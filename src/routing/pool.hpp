@@ -38,6 +38,8 @@ struct EndpointState {
   std::uint32_t consecutive_failures = 0;                 // connect failures in a row
   std::uint32_t failed_answers = 0;                       // outlier detection: failed answers in a row
   std::uint32_t outlier_ejections = 0;                    // outlier ejections in a row (the doubling)
+  std::uint32_t failed_probes = 0;                        // active health probes failed in a row
+  bool probe_down = false;                                // ejected by the health probes until one succeeds
 };
 
 class WorkerPool {
@@ -71,6 +73,11 @@ class WorkerPool {
   // for a 5xx status or a reset/timeout before the head. Returns true when
   // this ejected the endpoint. A good answer clears the count.
   bool report_answer(std::uint32_t i, bool failed, Clock::time_point now);
+  // An active health probe of endpoint `i` (cfg.health) ended. After
+  // cfg.health.unhealthy_after failures in a row the endpoint is ejected
+  // until a probe succeeds (re-ejected at each failed probe); returns true
+  // when this probe changed it between up and down.
+  bool report_probe(std::uint32_t i, bool ok, Clock::time_point now);
 
   // A request starts / ends on endpoint `i`: the in-flight count pick() balances on.
   void on_start(std::uint32_t i) {

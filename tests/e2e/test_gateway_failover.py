@@ -198,3 +198,35 @@ def test_an_anthropic_stream_reset_before_its_first_token_fails_over(mock, weir)
     assert final.content[0].text == want
     (entry,) = w.wait_log(lambda es: len(es) >= 1)
     assert entry["status"] == 200 and [a["pool"] for a in entry["attempts"]] == ["gpu", "backup"]
+
+
+def test_active_health_probes_eject_an_unresponsive_endpoint_and_readmit_it(mock, weir):
+    import os
+    import signal
+
+    from conftest import wait_until
+    good = mock(*FAST)
+    frozen = mock(*FAST)
+    w = weir(config={"pools": {"gpu": {"endpoints": [good.base_url, frozen.base_url],
+                                       "health": {"interval": "200ms", "timeout": "100ms", "unhealthy_after": 1},
+                                       "timeouts": {"first_byte": "5s"}}},
+                     "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
+    os.kill(frozen.process.pid, signal.SIGSTOP)  # accepts connections (the kernel does), answers nothing
+    try:
+        wait_until(lambda: w.metric("weir_upstream_health_transitions_total") >= 1, timeout=10,
+                   message="the frozen endpoint was marked unhealthy")
+        c = w.client()
+        for _ in range(20):
+            assert c.chat.completions.create(model="mock-model", messages=MSG, timeout=2).choices
+    finally:
+        os.kill(frozen.process.pid, signal.SIGCONT)
+    wait_until(lambda: w.metric("weir_upstream_health_transitions_total") >= 2, timeout=10,
+               message="the endpoint came back")
+    before = served(frozen)
+    c = w.client()
+    for _ in range(20):
+        c.chat.completions.create(model="mock-model", messages=MSG)
+    assert served(frozen) > before, "the healthy-again endpoint takes traffic again"
+    entries = w.wait_log(lambda es: len(es) >= 40)
+    assert all(e["status"] == 200 for e in entries)
+    assert "unhealthy" in w.process.log() and "healthy again" in w.process.log()

@@ -40,6 +40,42 @@ TEST(WorkerPool, EndpointsFailingAnswersInARowAreEjectedUpToTheCap) {
   EXPECT_EQ(pool.endpoint(0).ejected_until, t0 + milliseconds(1001) + std::chrono::seconds(2));
 }
 
+TEST(WorkerPool, FailedHealthProbesEjectUntilOneSucceeds) {
+  using std::chrono::milliseconds;
+  auto cfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2],"
+      " health: {path: /v1/models, interval: 1s, timeout: 100ms, unhealthy_after: 2}}}\ndefault_pool: a\n");
+  ASSERT_TRUE(cfg.pools[0].health.enabled);
+  EXPECT_EQ(cfg.pools[0].health.path, "/v1/models");
+  std::vector<http::tcp::endpoint> addrs(2);
+  routing::WorkerPool pool(cfg.pools[0], addrs);
+  routing::Rng rng(3);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_FALSE(pool.report_probe(0, false, t0));
+  EXPECT_EQ(pool.endpoint(0).ejected_until, std::chrono::steady_clock::time_point{}) << "one failure is not enough";
+  EXPECT_TRUE(pool.report_probe(0, false, t0));
+  EXPECT_TRUE(pool.endpoint(0).probe_down);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(pool.pick(t0 + milliseconds(900), rng), 1u);
+  EXPECT_FALSE(pool.report_probe(0, false, t0 + std::chrono::seconds(1)));  // still down: no transition
+  EXPECT_GT(pool.endpoint(0).ejected_until, t0 + std::chrono::seconds(2)) << "re-ejected past the next probe";
+  pool.report_success(0);  // a request that connected anyway does not end a probe ejection
+  EXPECT_TRUE(pool.endpoint(0).ejected_until > t0);
+  EXPECT_TRUE(pool.report_probe(0, true, t0 + std::chrono::seconds(2)));
+  EXPECT_FALSE(pool.endpoint(0).probe_down);
+  EXPECT_EQ(pool.endpoint(0).ejected_until, std::chrono::steady_clock::time_point{});
+}
+
+TEST(WorkerPool, HealthConfigIsValidated) {
+  for (const char* h : {"{path: health}", "{interval: 0s}", "{unhealthy_after: 0}", "{every: 1s}", "{path: '/a b'}"}) {
+    SCOPED_TRACE(h);
+    EXPECT_FALSE(core::parse_config(
+        std::string("pools: {a: {endpoints: [http://127.0.0.1:1], health: ") + h + "}}\ndefault_pool: a\n", "t"));
+  }
+  auto c = core::parse_config("pools: {a: {endpoints: [http://127.0.0.1:1]}}\ndefault_pool: a\n", "t");
+  ASSERT_TRUE(c);
+  EXPECT_FALSE(c->pools[0].health.enabled) << "off without a health section";
+}
+
 TEST(WorkerPool, OutlierEjectionCanBeTurnedOff) {
   auto cfg = config(
       "pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2], outlier: {consecutive_failures: 0}}}\n"

@@ -1,0 +1,29 @@
+// An active health probe of one model server: `GET <path>` over a fresh
+// connection, answered within a timeout. It costs the model server no
+// generation (vLLM's GET /health answers 200 with an empty body; /v1/models
+// works for any OpenAI-compatible server).
+#pragma once
+
+#include <chrono>
+#include <string_view>
+
+#include "http/io.hpp"
+
+namespace weir::http {
+
+// What to send and how long to wait (request parameters are copied into the
+// coroutine frame by reference: keep them alive until it completes).
+struct ProbeRequest {
+  tcp::endpoint addr;
+  std::string_view host_header;              // "host:port" as sent in Host
+  std::string_view path;                     // e.g. "/health"
+  std::chrono::milliseconds timeout{1'000};  // connect + request + status line
+};
+
+// True when the server answered with a 2xx status line (RFC 9112 §4) in
+// time; false on refusal, timeout, reset or any other status. Closes the
+// connection either way (Connection: close). (`r` by reference: GCC 12
+// miscopies coroutine parameters passed on the stack.)
+Task<bool> probe_health(Executor ex, const ProbeRequest& r);
+
+}  // namespace weir::http
