@@ -23,6 +23,20 @@ std::uint64_t content_bytes(const json::value& v) {
   return n;
 }
 
+// UTF-8 bytes of every string in `v` (nested arrays and objects, 8 levels),
+// and 4 per number (a token id): the prompt text of vLLM's pooling bodies.
+std::uint64_t text_bytes(const json::value& v, int depth) {
+  if (v.is_string()) return v.get_string().size();
+  if (v.is_number()) return 4;
+  std::uint64_t n = 0;
+  if (depth >= 8) return n;
+  if (v.is_array())
+    for (const auto& e : v.get_array()) n += text_bytes(e, depth + 1);
+  else if (v.is_object())
+    for (const auto& kv : v.get_object()) n += text_bytes(kv.value(), depth + 1);
+  return n;
+}
+
 tl::expected<std::uint32_t, core::Error> positive_int(const json::value& v, std::string_view name) {
   if (v.is_int64() && v.get_int64() >= 1 && v.get_int64() <= 0xffffffffLL)
     return static_cast<std::uint32_t>(v.get_int64());
@@ -51,11 +65,15 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
 
   RequestFields f;
   const auto* model = obj.if_contains("model");
-  if (!model || model->is_null())
+  if ((!model || model->is_null()) && kind == ApiKind::vllm_extra) {
+    // vLLM takes these without a model (its served model); the gateway routes them to the default pool.
+  } else if (!model || model->is_null()) {
     return tl::unexpected(core::bad_request("you must provide a model parameter", "model"));
-  if (!model->is_string() || model->get_string().empty())
-    return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
-  f.model.assign(model->get_string().data(), model->get_string().size());
+  } else {
+    if (!model->is_string() || model->get_string().empty())
+      return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
+    f.model.assign(model->get_string().data(), model->get_string().size());
+  }
 
   if (const auto* s = obj.if_contains("stream"); s && !s->is_null()) {
     if (!s->is_bool()) return tl::unexpected(core::bad_request("'stream' must be a boolean.", "stream"));
@@ -89,6 +107,11 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
           if (m.is_object())
             if (const auto* c = m.get_object().if_contains("content")) f.prompt_bytes += content_bytes(*c);
         }
+      break;
+    case ApiKind::vllm_extra:
+      for (const char* name : {"prompt", "messages", "input", "text", "query", "documents", "text_1", "text_2"})
+        if (const auto* v = obj.if_contains(name)) f.prompt_bytes += text_bytes(*v, 0);
+      f.n = 1;
       break;
     case ApiKind::completions:
     case ApiKind::embeddings: {

@@ -13,10 +13,13 @@
 
 namespace weir::api {
 
-enum class ApiKind : std::uint8_t { chat_completions, completions, embeddings };
+// vllm_extra: vLLM's tokenize, detokenize, rerank, score, pooling and
+// classify bodies (vLLM 0.10 protocol.py): `model` optional, prompt text in
+// prompt/messages/input/text/query/documents/text_1/text_2.
+enum class ApiKind : std::uint8_t { chat_completions, completions, embeddings, vllm_extra };
 
 struct RequestFields {
-  std::string model;                // "model", non-empty
+  std::string model;                // "model", non-empty (vllm_extra: may be empty, absent in the body)
   bool stream = false;              // "stream": true → SSE response
   bool has_stream_options = false;  // "stream_options" present (object)
   bool include_usage = false;       // stream_options.include_usage == true

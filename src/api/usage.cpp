@@ -41,6 +41,8 @@ std::optional<Usage> extract_usage(std::string_view json) {
   const auto total = count(usage, "total_tokens");
   if (!prompt || !completion || !total) return std::nullopt;
   Usage out{*prompt, *completion, *total, 0};
+  // vLLM's rerank answers give only total_tokens: all of it is prompt.
+  if (!usage.contains("prompt_tokens") && *total >= *completion) out.prompt_tokens = *total - *completion;
 
   if (const boost::json::value* details = usage.if_contains("prompt_tokens_details")) {
     if (details->is_object()) {

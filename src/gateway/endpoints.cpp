@@ -14,6 +14,20 @@ std::string_view route_label(RouteKind r) {
       return "/v1/messages";
     case RouteKind::messages_count_tokens:
       return "/v1/messages/count_tokens";
+    case RouteKind::tokenize:
+      return "/tokenize";
+    case RouteKind::detokenize:
+      return "/detokenize";
+    case RouteKind::rerank:
+      return "/v1/rerank";
+    case RouteKind::score:
+      return "/v1/score";
+    case RouteKind::pooling:
+      return "/pooling";
+    case RouteKind::classify:
+      return "/classify";
+    case RouteKind::version:
+      return "/version";
     case RouteKind::models:
       return "/v1/models";
     case RouteKind::health:
@@ -42,6 +56,13 @@ RouteKind classify_path(std::string_view path) {
   if (path == "/v1/embeddings") return RouteKind::embeddings;
   if (path == "/v1/messages") return RouteKind::messages;
   if (path == "/v1/messages/count_tokens") return RouteKind::messages_count_tokens;
+  if (path == "/tokenize") return RouteKind::tokenize;
+  if (path == "/detokenize") return RouteKind::detokenize;
+  if (path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank") return RouteKind::rerank;
+  if (path == "/score" || path == "/v1/score") return RouteKind::score;
+  if (path == "/pooling") return RouteKind::pooling;
+  if (path == "/classify") return RouteKind::classify;
+  if (path == "/version") return RouteKind::version;
   if (path == "/v1/models" || path.starts_with("/v1/models/")) return RouteKind::models;
   if (path == "/health") return RouteKind::health;
   if (path == "/ready") return RouteKind::ready;
@@ -59,6 +80,13 @@ std::optional<api::ApiKind> api_of(RouteKind r) {
       return api::ApiKind::completions;
     case RouteKind::embeddings:
       return api::ApiKind::embeddings;
+    case RouteKind::tokenize:
+    case RouteKind::detokenize:
+    case RouteKind::rerank:
+    case RouteKind::score:
+    case RouteKind::pooling:
+    case RouteKind::classify:
+      return api::ApiKind::vllm_extra;
     default:
       return std::nullopt;
   }

@@ -17,6 +17,15 @@ enum class RouteKind : std::uint8_t {
   embeddings,
   messages,               // Anthropic POST /v1/messages
   messages_count_tokens,  // Anthropic POST /v1/messages/count_tokens
+  // vLLM's other routes (vLLM 0.10 api_server.py), passed through to the
+  // model's pool with the same auth, limits and log line:
+  tokenize,    // POST /tokenize
+  detokenize,  // POST /detokenize
+  rerank,      // POST /rerank, /v1/rerank, /v2/rerank (Jina/Cohere shapes)
+  score,       // POST /score, /v1/score
+  pooling,     // POST /pooling
+  classify,    // POST /classify
+  version,     // GET /version: the default pool's (else the first pool's) vLLM version
   models,
   health,
   ready,
@@ -34,6 +43,10 @@ RouteKind classify_path(std::string_view path);
 // The OpenAI API a POST route speaks upstream (the Anthropic routes:
 // chat_completions), or nullopt for Weir's own GET routes.
 std::optional<api::ApiKind> api_of(RouteKind r);
+// True for vLLM's non-generating JSON routes (tokenize … classify): no
+// completion tokens, no stream; routed by `model`, or to the default pool
+// when the body has none.
+inline bool is_vllm_extra(RouteKind r) { return r >= RouteKind::tokenize && r <= RouteKind::classify; }
 // True for the Anthropic Messages routes: the body is translated for an
 // OpenAI-compatible upstream and the answer back (api/anthropic/).
 inline bool is_anthropic(RouteKind r) { return r == RouteKind::messages || r == RouteKind::messages_count_tokens; }

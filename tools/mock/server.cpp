@@ -269,6 +269,16 @@ void Connection::dispatch() {
       return respond(err->status, "application/json", error_body(err->status, err->message));
     return respond(200, "application/json", std::move(body));
   }
+  {
+    std::string body;
+    bool handled = false;
+    auto err = extra_route_body(path, req.body(), w_.cfg(), std::time(nullptr), body, handled);
+    if (handled) {
+      if (!post) return not_allowed("POST");
+      if (err) return respond(err->status, "application/json", error_body(err->status, err->message));
+      return respond(200, "application/json", std::move(body));
+    }
+  }
   if (path == "/health") {
     if (!get) return not_allowed("GET");
     return respond(200, {}, {});  // vLLM: Response(status_code=200), no body, no content-type

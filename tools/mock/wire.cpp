@@ -1,6 +1,7 @@
 // vLLM v0.10.1 wire format for weir-mock (see wire.hpp).
 #include "wire.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstring>
@@ -727,6 +728,153 @@ std::optional<ApiError> tokenize_body(std::string_view body, const MockConfig& c
     append_int(out, 1000 + t);
   }
   out += "],\"token_strs\":null}";
+  return std::nullopt;
+}
+
+namespace {
+// A deterministic score in [0, 1) for two texts (FNV-1a of both).
+double pair_score(std::string_view a, std::string_view b) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (std::string_view s : {a, std::string_view("\x1f"), b})
+    for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
+  return static_cast<double>(h >> 11) / static_cast<double>(1ull << 53);
+}
+
+// A string or a list of strings under `key` (vLLM's `str | list[str]`).
+OptErr string_list(const json::object& o, std::string_view key, std::vector<std::string_view>& out) {
+  const json::value* v = o.if_contains(key);
+  if (!v) return validation("missing", fmt::format("'{}'", key), "Field required");
+  if (v->is_string()) {
+    out.push_back(v->get_string());
+    return std::nullopt;
+  }
+  if (!v->is_array() || v->get_array().empty())
+    return validation("string_type", fmt::format("'{}'", key), "Input should be a valid string or list");
+  for (const auto& e : v->get_array()) {
+    if (!e.is_string()) return validation("string_type", fmt::format("'{}'", key), "Input should be a valid string");
+    out.push_back(e.get_string());
+  }
+  return std::nullopt;
+}
+
+void usage_json(std::string& out, std::uint64_t prompt) {
+  out += ",\"usage\":{\"prompt_tokens\":";
+  append_int(out, prompt);
+  out += ",\"total_tokens\":";
+  append_int(out, prompt);
+  out += ",\"completion_tokens\":0,\"prompt_tokens_details\":null}";
+}
+}  // namespace
+
+std::optional<ApiError> extra_route_body(std::string_view path, std::string_view body, const MockConfig& cfg,
+                                         std::int64_t created, std::string& out, bool& handled) {
+  handled = path == "/detokenize" || path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank" ||
+            path == "/score" || path == "/v1/score" || path == "/pooling" || path == "/classify";
+  if (!handled) return std::nullopt;
+  json::monotonic_resource mr;
+  boost::system::error_code ec;
+  const json::value doc = json::parse(body, ec, &mr);
+  if (ec) return validation("json_invalid", "0", "JSON decode error");
+  if (!doc.is_object())
+    return validation("model_attributes_type", "",
+                      "Input should be a valid dictionary or object to extract fields from");
+  const auto& o = doc.get_object();
+  std::optional<std::string_view> model;
+  if (auto e = opt_string(o, "model", model)) return e;
+  if (model && !cfg.any_model) {
+    bool served = false;
+    for (const auto& m : cfg.models) served = served || m == *model;
+    if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", *model)};
+  }
+  const std::string name = cfg.any_model && model ? std::string(*model) : cfg.models.front();
+  out.clear();
+  if (path == "/detokenize") {
+    const json::value* t = o.if_contains("tokens");
+    if (!t) return validation("missing", "'tokens'", "Field required");
+    if (!t->is_array() || !all_ints(t->get_array()))
+      return validation("list_type", "'tokens'", "Input should be a valid list");
+    out = "{\"prompt\":\"";
+    for (std::size_t i = 0; i < t->get_array().size(); ++i) out += i ? " w" : "w";
+    out += "\"}";
+    return std::nullopt;
+  }
+  auto header = [&](std::string_view prefix) {
+    out = "{\"id\":\"";
+    out += prefix;
+    out += "-mock\",\"object\":\"list\",\"created\":";
+    append_int(out, static_cast<std::uint64_t>(created));
+    out += ",\"model\":\"";
+    append_json_escaped(out, name);
+    out += "\",\"data\":[";
+  };
+  if (path.ends_with("rerank")) {
+    const json::value* q = o.if_contains("query");
+    if (!q || !q->is_string()) return validation("missing", "'query'", "Field required");
+    std::vector<std::string_view> docs;
+    if (auto e = string_list(o, "documents", docs)) return e;
+    std::vector<std::pair<double, std::size_t>> ranked;
+    std::uint64_t tokens = 0;
+    for (std::size_t i = 0; i < docs.size(); ++i) {
+      ranked.emplace_back(pair_score(q->get_string(), docs[i]), i);
+      tokens += count_words(q->get_string()) + count_words(docs[i]);
+    }
+    std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
+    std::size_t top = ranked.size();
+    if (const auto* n = o.if_contains("top_n"); n && n->is_int64() && n->get_int64() > 0)
+      top = std::min<std::size_t>(top, static_cast<std::size_t>(n->get_int64()));
+    out = "{\"id\":\"rerank-mock\",\"model\":\"";
+    append_json_escaped(out, name);
+    out += "\",\"usage\":{\"total_tokens\":";
+    append_int(out, tokens);
+    out += "},\"results\":[";
+    for (std::size_t k = 0; k < top; ++k) {
+      if (k) out += ',';
+      out += "{\"index\":";
+      append_int(out, ranked[k].second);
+      out += ",\"document\":{\"text\":\"";
+      append_json_escaped(out, docs[ranked[k].second]);
+      out += fmt::format("\"}},\"relevance_score\":{:.6f}}}", ranked[k].first);
+    }
+    out += "]}";
+    return std::nullopt;
+  }
+  if (path.ends_with("score")) {
+    std::vector<std::string_view> a, b;
+    if (auto e = string_list(o, "text_1", a)) return e;
+    if (auto e = string_list(o, "text_2", b)) return e;
+    if (a.size() != 1 && a.size() != b.size())
+      return validation("value_error", "'text_1'", "text_1 must be one text or as many as text_2");
+    header("score");
+    std::uint64_t tokens = 0;
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      const auto& x = a.size() == 1 ? a[0] : a[i];
+      tokens += count_words(x) + count_words(b[i]);
+      if (i) out += ',';
+      out += fmt::format("{{\"index\":{},\"object\":\"score\",\"score\":{:.6f}}}", i, pair_score(x, b[i]));
+    }
+    out += "]";
+    usage_json(out, tokens);
+    out += "}";
+    return std::nullopt;
+  }
+  std::vector<std::string_view> inputs;
+  if (auto e = string_list(o, "input", inputs)) return e;
+  const bool classify = path == "/classify";
+  header(classify ? "classify" : "pool");
+  std::uint64_t tokens = 0;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    tokens += count_words(inputs[i]);
+    const double p = pair_score(inputs[i], "");
+    if (i) out += ',';
+    if (classify)
+      out += fmt::format(R"({{"index":{},"label":"{}","probs":[{:.6f},{:.6f}],"num_classes":2}})", i,
+                         p >= 0.5 ? "positive" : "negative", 1.0 - p, p);
+    else
+      out += fmt::format(R"({{"index":{},"object":"pooling","data":[{:.6f},{:.6f},{:.6f}]}})", i, p, 1.0 - p, p / 2);
+  }
+  out += "]";
+  usage_json(out, tokens);
+  out += "}";
   return std::nullopt;
 }
 

@@ -109,6 +109,18 @@ std::string_view reason_phrase(int status);
 // the prompt-token rule of the generation endpoints. Errors as build_plan.
 std::optional<ApiError> tokenize_body(std::string_view body, const MockConfig& cfg, std::string& out);
 
+// vLLM's other non-generating routes (vLLM 0.10 protocol.py): POST
+// /detokenize {tokens} → {prompt}; /rerank, /v1/rerank, /v2/rerank {query,
+// documents, top_n?} → {id, model, usage{total_tokens}, results[{index,
+// document{text}, relevance_score}]} best first; /score, /v1/score {text_1,
+// text_2} → {id, object:"list", created, model, data[{index, object:"score",
+// score}], usage}; /pooling and /classify {input} → data per input
+// ({object:"pooling", data:[floats]} / {label, probs, num_classes}), usage.
+// Word counts are the tokens; scores are deterministic in the texts.
+// Returns nullopt for a path it does not serve (in `handled` false).
+std::optional<ApiError> extra_route_body(std::string_view path, std::string_view body, const MockConfig& cfg,
+                                         std::int64_t created, std::string& out, bool& handled);
+
 // GET /v1/models body: vLLM's ModelList with one ModelCard per --model.
 std::string models_body(const MockConfig& cfg, std::int64_t created, Rng& rng);
 

@@ -21,10 +21,14 @@ core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
   // default depends on the context length, so take the route's default
   // (models.X.default_max_tokens) and let settle() correct it with the real usage.
   const std::uint64_t out_tokens =
-      *api == api::ApiKind::embeddings || ctx.route == RouteKind::messages_count_tokens
+      *api == api::ApiKind::embeddings || *api == api::ApiKind::vllm_extra ||
+              ctx.route == RouteKind::messages_count_tokens
           ? 0
           : std::uint64_t{f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens} * f.n * f.prompt_count;
-  const auto estimate = admission::TokenEstimate::of(f.prompt_bytes, out_tokens, f.prompt_overhead_tokens);
+  // Tokenizing runs no model: it costs no tokens (but counts against request limits).
+  const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize;
+  const auto estimate =
+      admission::TokenEstimate::of(free ? 0 : f.prompt_bytes, out_tokens, free ? 0 : f.prompt_overhead_tokens);
   ctx.prompt_tokens_estimate = estimate.prompt_tokens;
   if (!ctx.principal) co_return Outcome::next();
   const std::string_view model = ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;

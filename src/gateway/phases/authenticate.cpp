@@ -14,7 +14,8 @@ using core::use_task;
 
 core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
   auto* authn = w_.authenticator();
-  if (!authn || !(api_of(ctx.route) || ctx.route == RouteKind::models)) co_return Outcome::next();
+  if (!authn || !(api_of(ctx.route) || ctx.route == RouteKind::models || ctx.route == RouteKind::version))
+    co_return Outcome::next();
   const auto& req = down_.request();
   const auto now = [] { return std::chrono::system_clock::now(); };
   auto p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], now());

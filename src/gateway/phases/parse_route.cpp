@@ -11,7 +11,7 @@
 namespace weir::gateway {
 
 bool GatewayPhases::proxied(const RequestContext& ctx) const {
-  if (api_of(ctx.route)) return true;
+  if (api_of(ctx.route) || ctx.route == RouteKind::version) return true;
   // Quick mode: the upstream knows its models.
   return ctx.route == RouteKind::models && w_.config().models.empty() && w_.config().default_pool;
 }
@@ -42,11 +42,15 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
 Outcome GatewayPhases::route(RequestContext& ctx) {
   if (!proxied(ctx)) return Outcome::next();
   if (!api_of(ctx.route)) {
+    // GET /v1/models in quick mode, GET /version: the default pool, else the first one.
     ctx.target = routing::Route{};
-    ctx.target.pool = static_cast<std::uint32_t>(*w_.config().default_pool);
+    ctx.target.pool = static_cast<std::uint32_t>(w_.config().default_pool.value_or(0));
     ctx.pool = static_cast<int>(ctx.target.pool);
     return Outcome::next();
   }
+  if (ctx.model.empty() && !w_.config().default_pool)  // vLLM's extra routes may omit it
+    return Outcome::failed(core::bad_request(
+        "you must provide a model parameter: Weir routes this request by it (or configure a default_pool)", "model"));
   auto r = w_.routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
   ctx.target = *r;

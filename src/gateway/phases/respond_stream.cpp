@@ -147,6 +147,8 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       // A held stream failed before its first content event: nothing
       // reached the client, so the next fallback takes the request (proxy).
       ctx.body.clear();
+      ctx.events = 0;  // none of them reached the client
+      ctx.t_first_token = {};
       ctx.fail_over = true;
       co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
     }

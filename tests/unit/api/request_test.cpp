@@ -243,5 +243,18 @@ TEST(ApiParseRequest, UnknownFieldsAreIgnored) {
   EXPECT_EQ(f.model, "m");
 }
 
+TEST(ApiParseRequest, VllmExtraRoutesMayOmitTheModelAndCountTheirTexts) {
+  const auto f = ok(ApiKind::vllm_extra, R"({"query":"ab","documents":["cde","f"]})");
+  EXPECT_EQ(f.model, "");
+  EXPECT_EQ(f.prompt_bytes, 6u);
+  EXPECT_EQ(f.n, 1u);
+  EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","text_1":"ab","text_2":["c"]})").prompt_bytes, 3u);
+  EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","input":[[1,2,3]]})").prompt_bytes, 12u);  // token ids
+  EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","tokens":[1,2]})").prompt_bytes, 0u);      // detokenize
+  EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"({"model":3})"));
+  EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"([1])"));
+  EXPECT_FALSE(parse_request(ApiKind::embeddings, R"({"input":"x"})")) << "the OpenAI routes still need a model";
+}
+
 }  // namespace
 }  // namespace weir::api

@@ -36,6 +36,9 @@ TEST_P(ApiExtractUsage, Table) {
 }
 
 const UsageCase kCases[] = {
+    // vLLM's rerank answer: total_tokens only, all of it prompt.
+    {"vllm_rerank_total_only", R"({"id":"rerank-1","model":"m","usage":{"total_tokens":7},"results":[]})",
+     Usage{7, 0, 7, 0}},
     // vLLM's final chunk with stream_options.include_usage (field order as vLLM writes it).
     {"vllm_stream_usage_chunk",
      R"({"id":"chatcmpl-3f9c","object":"chat.completion.chunk","created":1718035200,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[],"usage":{"prompt_tokens":400,"total_tokens":528,"completion_tokens":128}})",

@@ -98,5 +98,25 @@ TEST(Failure, ErrorDialects) {
   EXPECT_EQ(allowed_methods(RouteKind::messages_count_tokens), "POST");
 }
 
+TEST(Endpoints, VllmRoutes) {
+  for (const char* p : {"/tokenize", "/detokenize", "/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score",
+                        "/pooling", "/classify"}) {
+    SCOPED_TRACE(p);
+    const auto r = classify_path(p);
+    EXPECT_TRUE(is_vllm_extra(r));
+    EXPECT_EQ(api_of(r), api::ApiKind::vllm_extra);
+    EXPECT_EQ(allowed_methods(r), "POST");
+    EXPECT_FALSE(is_anthropic(r));
+  }
+  EXPECT_EQ(classify_path("/version"), RouteKind::version);
+  EXPECT_FALSE(api_of(RouteKind::version));
+  EXPECT_EQ(allowed_methods(RouteKind::version), "GET, HEAD");
+  EXPECT_EQ(classify_path("/v3/rerank"), RouteKind::other);
+  EXPECT_EQ(classify_path("/tokenize/x"), RouteKind::other);
+  EXPECT_FALSE(is_vllm_extra(RouteKind::embeddings));
+  EXPECT_FALSE(is_vllm_extra(RouteKind::version));
+  EXPECT_EQ(route_label(classify_path("/rerank")), "/v1/rerank");  // one label per route, not per alias
+}
+
 }  // namespace
 }  // namespace weir::gateway

@@ -459,6 +459,7 @@ TEST(ProxyFallback, AStreamThatFailsBeforeItsFirstTokenFailsOverWithNothingSentT
   EXPECT_NE(r.response.find("\"Hi\""), std::string::npos);
   EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos);
   EXPECT_EQ(r.response.find("\"error\""), std::string::npos) << r.response;
+  EXPECT_EQ(r.ctx.events, 3u) << "only the events the client received: the fallback's role, Hi, [DONE]";
 }
 
 TEST(ProxyFallback, AfterTheFirstTokenAStreamFailureIsInBandAndNotRetried) {
