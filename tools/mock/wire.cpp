@@ -691,22 +691,33 @@ void append_full_body(const Plan& p, std::string& out) {
                                       : ",\"kv_transfer_params\":null}";
 }
 
-std::optional<ApiError> tokenize_body(std::string_view body, const MockConfig& cfg, std::string& out) {
-  json::monotonic_resource mr;
+namespace {
+// Parses `body` into `doc` (a JSON object, else vLLM's validation error)
+// and checks its optional `model` is served (else vLLM's 404).
+OptErr parse_model_body(std::string_view body, const MockConfig& cfg, json::monotonic_resource& mr, json::value& doc,
+                        std::optional<std::string_view>& model) {
   boost::system::error_code ec;
-  const json::value doc = json::parse(body, ec, &mr);
+  doc = json::parse(body, ec, &mr);
   if (ec) return validation("json_invalid", "0", "JSON decode error");
   if (!doc.is_object())
     return validation("model_attributes_type", "",
                       "Input should be a valid dictionary or object to extract fields from");
-  const auto& o = doc.get_object();
-  std::optional<std::string_view> model;
-  if (auto e = opt_string(o, "model", model)) return e;
+  if (auto e = opt_string(doc.get_object(), "model", model)) return e;
   if (model && !cfg.any_model) {
     bool served = false;
     for (const auto& m : cfg.models) served = served || m == *model;
     if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", *model)};
   }
+  return std::nullopt;
+}
+}  // namespace
+
+std::optional<ApiError> tokenize_body(std::string_view body, const MockConfig& cfg, std::string& out) {
+  json::monotonic_resource mr;
+  json::value doc;
+  std::optional<std::string_view> model;
+  if (auto e = parse_model_body(body, cfg, mr, doc, model)) return e;
+  const auto& o = doc.get_object();
   Plan plan;
   if (o.contains("messages")) {
     std::string_view last_role;
@@ -772,20 +783,10 @@ std::optional<ApiError> extra_route_body(std::string_view path, std::string_view
             path == "/score" || path == "/v1/score" || path == "/pooling" || path == "/classify";
   if (!handled) return std::nullopt;
   json::monotonic_resource mr;
-  boost::system::error_code ec;
-  const json::value doc = json::parse(body, ec, &mr);
-  if (ec) return validation("json_invalid", "0", "JSON decode error");
-  if (!doc.is_object())
-    return validation("model_attributes_type", "",
-                      "Input should be a valid dictionary or object to extract fields from");
-  const auto& o = doc.get_object();
+  json::value doc;
   std::optional<std::string_view> model;
-  if (auto e = opt_string(o, "model", model)) return e;
-  if (model && !cfg.any_model) {
-    bool served = false;
-    for (const auto& m : cfg.models) served = served || m == *model;
-    if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", *model)};
-  }
+  if (auto e = parse_model_body(body, cfg, mr, doc, model)) return e;
+  const auto& o = doc.get_object();
   const std::string name = cfg.any_model && model ? std::string(*model) : cfg.models.front();
   out.clear();
   if (path == "/detokenize") {

@@ -83,8 +83,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       if (failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!holding || r.end)) {
         // The first content event (or the whole stream) is here: commit, with what was held before it.
         send_head();
-        ctx.body += events;
-        events.swap(ctx.body);
+        events.insert(0, ctx.body);
         ctx.body.clear();
       } else {
         ctx.body += events;
