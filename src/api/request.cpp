@@ -112,6 +112,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
       for (const char* name : {"prompt", "messages", "input", "text", "query", "documents", "text_1", "text_2"})
         if (const auto* v = obj.if_contains(name)) f.prompt_bytes += text_bytes(*v, 0);
       f.n = 1;
+      f.stream = false;  // these routes never stream: nothing is added to their body
       break;
     case ApiKind::completions:
     case ApiKind::embeddings: {

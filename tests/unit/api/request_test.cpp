@@ -251,6 +251,7 @@ TEST(ApiParseRequest, VllmExtraRoutesMayOmitTheModelAndCountTheirTexts) {
   EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","text_1":"ab","text_2":["c"]})").prompt_bytes, 3u);
   EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","input":[[1,2,3]]})").prompt_bytes, 12u);  // token ids
   EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","tokens":[1,2]})").prompt_bytes, 0u);      // detokenize
+  EXPECT_FALSE(ok(ApiKind::vllm_extra, R"({"model":"m","input":"x","stream":true})").stream);
   EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"({"model":3})"));
   EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"([1])"));
   EXPECT_FALSE(parse_request(ApiKind::embeddings, R"({"input":"x"})")) << "the OpenAI routes still need a model";
