@@ -40,12 +40,10 @@ class GatewayPhases final : public Phases {
   bool proxied(const RequestContext& ctx) const;
   core::Task<Outcome> serve_own(RequestContext& ctx);
   core::Task<Outcome> proxy(RequestContext& ctx);
-  // Runs the attempts on the route's pool, then on each fallback target
-  // (models.X.fallbacks) while the previous one failed without an answer to
-  // pass on, until one has a response head (next()), or fails (502/504, 499).
-  core::Task<Outcome> start_upstream(RequestContext& ctx);
-  // The attempts on ctx.target's pool (policy: routing::Attempts). Sets
-  // ctx.fail_over when it failed in a way a fallback may take over.
+  // The attempts on ctx.target's pool (policy: routing::Attempts) until one
+  // has a response head (next()), or they fail (502/504, 499). Sets
+  // ctx.fail_over when it failed in a way a fallback may take over
+  // (proxy() then moves to the next target of models.X.fallbacks).
   core::Task<Outcome> attempt_pool(RequestContext& ctx);
   // Waits a retry backoff `d`; returns early when the client leaves.
   core::Task<void> wait_backoff(RequestContext& ctx, std::chrono::milliseconds d);

@@ -101,11 +101,23 @@ void GatewayPhases::next_target(RequestContext& ctx) {
 }
 
 core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
+  // The client may leave while we wait on the upstream: watch for it.
+  down_.watch_for_close(/*release_buffer=*/ctx.stream);
+  // One pass per target: the route's pool, then each fallback while the
+  // previous one failed before anything reached the client (ctx.fail_over,
+  // set by the attempts or by a held stream).
   for (;;) {
     // The attempts run in their own frame, gone once the response head is
     // in: a long stream holds only this small one and the responder's.
-    Outcome o = co_await start_upstream(ctx);
-    if (!o.goes_on()) co_return o;
+    Outcome o = co_await attempt_pool(ctx);
+    if (!o.goes_on()) {
+      if (ctx.fail_over && fallback_left(ctx)) {
+        ctx.fail_over = false;
+        next_target(ctx);
+        continue;
+      }
+      co_return o;
+    }
     const auto& head = exchange_.head();
     // Streams are asked for in identity; events cannot be read out of
     // compressed bytes, so a stream compressed anyway is relayed whole, as a
@@ -139,20 +151,6 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   }
 }
 
-core::Task<Outcome> GatewayPhases::start_upstream(RequestContext& ctx) {
-  // The client may leave while we wait on the upstream: watch for it.
-  down_.watch_for_close(/*release_buffer=*/ctx.stream);
-  for (;;) {
-    Outcome o = co_await attempt_pool(ctx);
-    if (o.goes_on() || !ctx.fail_over || !fallback_left(ctx)) {
-      ctx.fail_over = false;
-      co_return o;
-    }
-    ctx.fail_over = false;
-    next_target(ctx);
-  }
-}
-
 core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::milliseconds d) {
   if (d.count() <= 0) co_return;
   core::Timer timer(w_.io().get_executor());
@@ -173,7 +171,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
 
   auto now = core::now();
   routing::Attempts attempts(pool, w_.rng(), now);
-  std::int64_t added = ctx.added_us + core::micros_between(ctx.fallback_step == 0 ? ctx.t_start : now, now);
+  // Read, parse, route and admit count once, before the first target.
+  std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 ? core::micros_between(ctx.t_start, now) : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool started = false;
   const std::uint32_t retries_before = ctx.retries;
