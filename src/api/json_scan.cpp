@@ -285,6 +285,29 @@ std::optional<MemberSpan> find_member(std::string_view json, std::string_view ke
   return found;
 }
 
+bool find_members(std::string_view json, std::span<const std::string_view> keys,
+                  std::span<std::optional<MemberSpan>> found) {
+  const Scanner scan(json);
+  ObjectShape shape;
+  for (auto& f : found) f.reset();
+  return scan.for_each_member(shape, [&](const RawMember& m) {
+    const std::string_view k = scan.key_text(m);
+    for (std::size_t i = 0; i < keys.size() && i < found.size(); ++i)
+      if (key_equals(k, keys[i])) found[i] = MemberSpan{m.key_begin, m.value_begin, m.value_end};
+  });
+}
+
+std::optional<ValueSpan> first_element(std::string_view json) {
+  const Scanner scan(json);
+  std::size_t i = scan.skip_ws(0);
+  if (i >= json.size() || json[i] != '[') return std::nullopt;
+  i = scan.skip_ws(i + 1);
+  if (i >= json.size() || json[i] == ']') return std::nullopt;
+  const std::size_t end = scan.value_end(i);
+  if (end == npos) return std::nullopt;
+  return ValueSpan{i, end};
+}
+
 bool set_member(std::string_view json, std::string_view key, std::string_view value_json, std::string& out) {
   const Scanner scan(json);
   ObjectShape shape;

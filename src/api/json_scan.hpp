@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -45,5 +46,23 @@ bool set_member(std::string_view json, std::string_view key, std::string_view va
 // Returns false (and leaves `out` untouched) if `json` is not an object; true
 // (and an unchanged copy) if absent. `out` must not alias `json`.
 bool remove_member(std::string_view json, std::string_view key, std::string& out);
+
+// The top-level members of `json` named in `keys`, in one scan (find_member
+// for several keys): `found[i]` for `keys[i]`, the last one if duplicated,
+// nullopt if absent. `found` must be as long as `keys`. Returns false (found
+// unspecified) if `json` is not an object.
+bool find_members(std::string_view json, std::span<const std::string_view> keys,
+                  std::span<std::optional<MemberSpan>> found);
+
+// Byte offsets [begin, end) of one value in a scanned text.
+struct ValueSpan {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+};
+
+// The first element of the JSON array `json` (whitespace around it
+// allowed): its offsets into `json`. Returns nullopt if `json` is not an
+// array or is empty. Only the first element is scanned.
+std::optional<ValueSpan> first_element(std::string_view json);
 
 }  // namespace weir::api

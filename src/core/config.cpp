@@ -141,7 +141,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
                            {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
-                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health"}));
+                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health", "batch"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -205,6 +205,22 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     if (auto v = h["unhealthy_after"]) {
       WEIR_TRY(i, read_int(v, hk + ".unhealthy_after", 1, 1'000));
       p.health.unhealthy_after = static_cast<std::uint32_t>(i);
+    }
+  }
+  if (auto b = n["batch"]) {
+    const std::string bk = key + ".batch";
+    WEIR_TRY_VOID(check_keys(b, bk, {"window", "max_size"}));
+    if (auto v = b["window"]) {
+      WEIR_TRY(ms, read_duration(v, bk + ".window"));
+      if (ms.count() < 0 || ms.count() > 1'000)
+        return tl::unexpected(config_error(v, bk + ".window", "must be between 0 (off) and 1s"));
+      p.batch.window = ms;
+    } else {
+      p.batch.window = Millis{5};
+    }
+    if (auto v = b["max_size"]) {
+      WEIR_TRY(i, read_int(v, bk + ".max_size", 2, 256));
+      p.batch.max_size = static_cast<std::uint32_t>(i);
     }
   }
   if (auto o = n["outlier"]) {

@@ -98,6 +98,16 @@ struct HealthConfig {
 };
 
 // A set of interchangeable endpoints serving the same models.
+// Micro-batching (docs/batching.md): compatible /v1/completions requests
+// that reach one worker within `window` of each other become one upstream
+// request with a prompt list; a batch leaves when it has `max_size` members
+// or when its window ends, whichever comes first.
+struct BatchConfig {
+  Millis window{0};               // since the batch's first member; 0 = off
+  std::uint32_t max_size = 16;    // members, 2..256
+  bool enabled() const { return window.count() > 0 && max_size > 1; }
+};
+
 struct PoolConfig {
   std::string name;
   std::vector<EndpointConfig> endpoints;
@@ -113,6 +123,7 @@ struct PoolConfig {
   RetryConfig retry;
   OutlierConfig outlier;
   HealthConfig health;
+  BatchConfig batch;
 };
 
 // One step of a model's fallback chain: another pool, under its own upstream model name.

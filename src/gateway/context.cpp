@@ -34,6 +34,8 @@ void RequestContext::reset() {
   hold_head = fail_over = false;
   backoff = nullptr;
   attempt_count = 0;
+  batch_id.clear();
+  batch_size = batch_slot = 0;
   hooks.reset(false);
   sse.reset();
   status = 0;

@@ -85,6 +85,11 @@ struct RequestContext {
   void record_attempt(const AttemptRecord& a) {
     if (attempt_count < kMaxAttemptRecords) attempt_log[attempt_count++] = a;
   }
+  // A micro-batch member (pools.X.batch): the batch's upstream request id,
+  // members sent in it and this request's slot; for the access log.
+  std::string batch_id;
+  std::uint16_t batch_size = 0;
+  std::uint16_t batch_slot = 0;
   StreamHooks hooks;
   http::SseReader sse{4u << 20};
 

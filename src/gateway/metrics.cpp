@@ -44,6 +44,9 @@ void MetricsShard::merge(const MetricsShard& o) {
   retry_budget_exhausted += o.retry_budget_exhausted;
   outlier_ejections += o.outlier_ejections;
   health_transitions += o.health_transitions;
+  batch.batches += o.batch.batches;
+  batch.members += o.batch.members;
+  batch.aborted += o.batch.aborted;
   for (std::size_t i = 0; i < upstream_failures_.size(); ++i) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
@@ -123,6 +126,13 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_upstream_health_transitions_total", "counter",
            "Endpoints the active health probes (pools.X.health) marked unhealthy or healthy again, per worker.");
   w.sample("weir_upstream_health_transitions_total", "", health_transitions);
+  w.header("weir_batches_total", "counter", "Micro-batches sent upstream as one request (pools.X.batch).");
+  w.sample("weir_batches_total", "", batch.batches);
+  w.header("weir_batched_requests_total", "counter", "Requests sent upstream as members of a micro-batch.");
+  w.sample("weir_batched_requests_total", "", batch.members);
+  w.header("weir_batches_aborted_total", "counter",
+           "Micro-batches whose upstream request was aborted because every member had left.");
+  w.sample("weir_batches_aborted_total", "", batch.aborted);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by kind.");
   for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                  http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol})

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "batching/batch.hpp"
 #include "core/config.hpp"
 #include "core/metrics.hpp"
 #include "gateway/endpoints.hpp"
@@ -44,7 +45,8 @@ class MetricsShard {
   std::uint64_t upstream_fallbacks = 0;      // requests that moved on to a model's fallback target
   std::uint64_t retry_budget_exhausted = 0;  // retries refused by a pool's retry budget
   std::uint64_t outlier_ejections = 0;       // endpoints ejected for failing answers in a row
-  std::uint64_t health_transitions = 0;      // endpoints the health probes marked down or up again
+  std::uint64_t health_transitions = 0;
+  batching::Stats batch;  // micro-batches (pools.X.batch)      // endpoints the health probes marked down or up again
   // weir_upstream_failures_total{kind}: failures the upstream caused (not Weir's own cancels).
   void count_upstream_failure(http::UpstreamFailure f) {
     if (http::is_upstream_fault(f)) ++upstream_failures_[static_cast<std::size_t>(f)];

@@ -5,6 +5,7 @@
 // per-request state is in the RequestContext.
 #pragma once
 
+#include "batching/batch.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/pipeline.hpp"
 #include "http/downstream.hpp"
@@ -16,8 +17,10 @@ class Worker;
 
 class GatewayPhases final : public Phases {
  public:
-  GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange)
-      : w_(w), down_(down), exchange_(exchange) {}
+  // `member`: the session's micro-batch seat; null = never batched (tests).
+  GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange,
+                batching::BatchMember* member = nullptr)
+      : w_(w), down_(down), exchange_(exchange), member_(member) {}
 
   core::Task<Outcome> read(RequestContext& ctx) override;
   core::Task<Outcome> authenticate(RequestContext& ctx) override;
@@ -45,6 +48,14 @@ class GatewayPhases final : public Phases {
   // ctx.fail_over when it failed in a way a fallback may take over
   // (proxy() then moves to the next target of models.X.fallbacks).
   core::Task<Outcome> attempt_pool(RequestContext& ctx);
+  // The request joins a micro-batch of its pool (pools.X.batch) when it is
+  // batchable (api/openai/batch.hpp); returns false, having done nothing,
+  // when it is not. Then the member is the response source.
+  bool join_batch(RequestContext& ctx);
+  // A batch member's wait for its batch's response head, then its response.
+  core::Task<Outcome> proxy_batched(RequestContext& ctx);
+  // The response from ctx.source: a stream or a buffered body.
+  core::Task<Outcome> relay(RequestContext& ctx, const http::ResponseSource& src);
   // Waits a retry backoff `d`; returns early when the client leaves.
   core::Task<void> wait_backoff(RequestContext& ctx, std::chrono::milliseconds d);
   // A fallback target is left for this request (and the client is still there).
@@ -78,6 +89,7 @@ class GatewayPhases final : public Phases {
   Worker& w_;
   http::Downstream& down_;
   http::UpstreamExchange& exchange_;
+  batching::BatchMember* member_;
 };
 
 }  // namespace weir::gateway

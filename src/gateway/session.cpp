@@ -8,7 +8,8 @@ Session::Session(Worker& w, http::Socket sock)
     : w_(w),
       down_(std::move(sock), w.config().server, &w.metrics().bytes_out),
       exchange_(w.io().get_executor(), w.stream_read_buffer()),
-      phases_(w, down_, exchange_) {
+      member_(w.io().get_executor()),
+      phases_(w, down_, exchange_, &member_) {
   down_.set_listener(this);
   w_.add_session(this);
   ++w_.metrics().active_connections;

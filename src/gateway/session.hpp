@@ -7,6 +7,7 @@
 
 #include <memory>
 
+#include "batching/batch.hpp"
 #include "gateway/context.hpp"
 #include "gateway/phases.hpp"
 #include "http/downstream.hpp"
@@ -43,6 +44,7 @@ class Session final : private http::Downstream::Listener {
   Worker& w_;
   http::Downstream down_;
   http::Exchange exchange_;  // the direct upstream exchange, reused by each request
+  batching::BatchMember member_;  // the request's place in a micro-batch (pools.X.batch)
   RequestContext ctx_;
   GatewayPhases phases_;
 };

@@ -34,6 +34,23 @@ Worker::Worker(Shared& shared, unsigned index)
   const auto& cfg = *shared.config;
   pools_.reserve(cfg.pools.size());
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p]);
+  batchers_.resize(cfg.pools.size());
+  for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
+    if (!cfg.pools[p].batch.enabled()) continue;
+    batchers_[p] = std::make_unique<batching::MicroBatcher>(batching::BatchEnv{
+        .ex = io_.get_executor(),
+        .pool_cfg = &cfg.pools[p],
+        .pool = &pools_[p],
+        .rng = &rng_,
+        .read_scratch = stream_read_,
+        .body_scratch = stream_body_,
+        .max_response_bytes = cfg.server.max_response_bytes,
+        .api_key = cfg.pools[p].api_key,
+        .next_request_id = [this](std::string& out) { next_request_id(out); },
+        .stats = &metrics_.batch,
+        .upstream_connects = &metrics_.upstream_connects,
+    });
+  }
   if (shared.auth_policy) {
     authn_ = std::make_unique<auth::Authenticator>(shared.auth_policy, shared.jwks, shared.redis_keys);
     admission_ = std::make_unique<admission::Admission>(*shared.limiter, shared.pricing, index);

@@ -16,6 +16,7 @@
 #include "admission/admission.hpp"
 #include "admission/redis_limiter.hpp"
 #include "auth/authenticator.hpp"
+#include "batching/batch.hpp"
 #include "core/access_log.hpp"
 #include "core/config.hpp"
 #include "gateway/metrics.hpp"
@@ -76,6 +77,8 @@ class Worker {
   const core::Config& config() const { return *shared_.config; }
   const routing::RouteTable& routes() const { return *shared_.routes; }
   routing::WorkerPool& pool(std::uint32_t i) { return pools_[i]; }
+  // Pool `i`'s micro-batcher (pools.X.batch); null when batching is off there.
+  batching::MicroBatcher* batcher(std::uint32_t i) { return batchers_[i].get(); }
   routing::Rng& rng() { return rng_; }
   MetricsShard& metrics() { return metrics_; }
   core::AccessLog& access_log() { return log_; }
@@ -134,6 +137,7 @@ class Worker {
   core::AccessLog log_;
   std::unique_ptr<auth::Authenticator> authn_;
   std::unique_ptr<admission::Admission> admission_;
+  std::vector<std::unique_ptr<batching::MicroBatcher>> batchers_;  // per pool, null = off
   std::uint64_t request_seq_ = 0;
   static constexpr std::size_t kSpareBytes = 1u << 20;
   std::array<char, 16384> stream_read_{};

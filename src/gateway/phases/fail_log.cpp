@@ -168,6 +168,12 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += R"(,"upstream_ms":null)";
   fmt::format_to(std::back_inserter(out), R"(,"added_us":{},"bytes_in":{},"bytes_out":{},"events":{},"retries":{})",
                  ctx.added_us, ctx.bytes_in, down_.bytes_out(), ctx.events, ctx.retries);
+  if (!ctx.batch_id.empty()) {
+    // A micro-batch member: join its line to the batch's other members by id.
+    out += R"(,"batch":{"id":)";
+    core::append_json_string(out, ctx.batch_id);
+    fmt::format_to(std::back_inserter(out), R"(,"size":{},"slot":{}}})", ctx.batch_size, ctx.batch_slot);
+  }
   if (ctx.attempt_count > 1) {
     // Every attempt, in order, when there was more than one (docs/reliability.md).
     out += R"(,"attempts":[)";

@@ -8,6 +8,7 @@
 
 #include "api/anthropic/request.hpp"
 #include "api/json_scan.hpp"
+#include "api/openai/batch.hpp"
 #include "api/openai/stream.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
@@ -100,9 +101,112 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ++w_.metrics().upstream_fallbacks;
 }
 
+core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::ResponseSource& src) {
+  const auto& head = src.head();
+  // Streams are asked for in identity; events cannot be read out of
+  // compressed bytes, so a stream compressed anyway is relayed whole, as a
+  // buffered body (decoded for a client that did not accept the encoding).
+  const auto ce = head[bh::field::content_encoding];
+  const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
+  const bool stream =
+      ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !src.done() && !encoded;
+  // With a fallback left, a stream's head waits for its first content
+  // event: until then it can still fail over.
+  ctx.hold_head = stream && fallback_left(ctx);
+  if (stream) return respond_stream(ctx);
+  return respond_buffered(ctx);
+}
+
+bool GatewayPhases::join_batch(RequestContext& ctx) {
+  if (member_ == nullptr || ctx.route != RouteKind::completions || ctx.fallback_step != 0) return false;
+  auto* batcher = w_.batcher(ctx.target.pool);
+  if (batcher == nullptr) return false;
+  prepare_upstream_body(ctx);
+  const auto prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
+  if (!prompt) return false;
+  // What the member's own upstream request asked for: usage at the end
+  // (vLLM's StreamOptions.include_usage defaults to true) and on every chunk.
+  bool include_usage = false;
+  bool continuous = false;
+  if (auto so = api::find_member(ctx.upstream_body, "stream_options")) {
+    const std::string_view obj = ctx.upstream_body.substr(so->value_begin, so->value_end - so->value_begin);
+    const auto member_is = [&](std::string_view key, std::string_view v) {
+      const auto m = api::find_member(obj, key);
+      return m && obj.substr(m->value_begin, m->value_end - m->value_begin) == v;
+    };
+    include_usage = !api::find_member(obj, "include_usage") || member_is("include_usage", "true");
+    continuous = member_is("continuous_usage_stats", "true");
+  }
+  const auto& req = down_.request();
+  batcher->join(*member_, {.head = &req,
+                           .target = upstream_target(ctx.route, req.target()),
+                           .prompt = *prompt,
+                           .request_id = ctx.request_id,
+                           .stream = ctx.stream,
+                           .include_usage = ctx.stream && include_usage,
+                           .continuous_usage = ctx.stream && continuous,
+                           .strip_credentials = !w_.config().pools[ctx.target.pool].api_key.empty() ||
+                                                w_.authenticator() != nullptr});
+  return true;
+}
+
+core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
+  batching::BatchMember& m = *member_;
+  ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
+  const bool ok = co_await m.wait_head();
+  auto& metrics = w_.metrics();
+  const auto now = core::now();
+  ctx.endpoint = m.endpoint();
+  if (m.sent_at() != core::TimePoint{}) {
+    ctx.t_upstream_sent = m.sent_at();
+    // Read, parse, route, admit and the batch window: all of it Weir's.
+    ctx.added_us += core::micros_between(ctx.t_start, m.sent_at());
+    ctx.batch_id.assign(m.batch_id());
+    ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
+    ctx.batch_slot = static_cast<std::uint16_t>(m.slot());
+  } else {
+    ctx.added_us += core::micros_between(ctx.t_start, now);
+  }
+  if (down_.client_gone()) {
+    m.cancel();
+    ctx.source = nullptr;
+    co_return Outcome::failed(client_gone(ClientGone::closed));
+  }
+  if (!ok) {
+    ctx.source = nullptr;
+    const auto f = m.failure();
+    metrics.count_upstream_failure(f);
+    ctx.fail_over = http::is_upstream_fault(f);
+    if (ctx.endpoint >= 0)
+      ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                          .endpoint = static_cast<std::int16_t>(ctx.endpoint),
+                          .failure = f,
+                          .us = static_cast<std::uint32_t>(core::micros_between(m.sent_at(), now))});
+    co_return Outcome::failed(upstream_error(f, subject(ctx), false));
+  }
+  ctx.upstream_status = m.head().result_int();
+  ctx.t_first_byte = now;
+  ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                      .endpoint = static_cast<std::int16_t>(ctx.endpoint),
+                      .status = static_cast<std::int16_t>(ctx.upstream_status),
+                      .us = static_cast<std::uint32_t>(core::micros_between(m.sent_at(), now))});
+  // The members' streams are not held for a fallback: the batch's events go out as they come.
+  ctx.fallback_limit = ctx.fallback_step;
+  Outcome o = co_await relay(ctx, m);
+  ctx.source = nullptr;
+  co_return o;
+}
+
 core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   // The client may leave while we wait on the upstream: watch for it.
   down_.watch_for_close(/*release_buffer=*/ctx.stream);
+  if (join_batch(ctx)) {
+    Outcome o = co_await proxy_batched(ctx);
+    // A batch that failed before its head may still fall back (unbatched, on the next target).
+    if (!(ctx.fail_over && fallback_left(ctx))) co_return o;
+    ctx.fail_over = false;
+    next_target(ctx);
+  }
   // One pass per target: the route's pool, then each fallback while the
   // previous one failed before anything reached the client (ctx.fail_over,
   // set by the attempts or by a held stream).
@@ -118,21 +222,7 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       }
       co_return o;
     }
-    const auto& head = exchange_.head();
-    // Streams are asked for in identity; events cannot be read out of
-    // compressed bytes, so a stream compressed anyway is relayed whole, as a
-    // buffered body (decoded for a client that did not accept the encoding).
-    const auto ce = head[bh::field::content_encoding];
-    const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
-    const bool stream =
-        ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !exchange_.done() && !encoded;
-    // With a fallback left, a stream's head waits for its first content
-    // event: until then it can still fail over.
-    ctx.hold_head = stream && fallback_left(ctx);
-    if (stream)
-      o = co_await respond_stream(ctx);
-    else
-      o = co_await respond_buffered(ctx);
+    o = co_await relay(ctx, exchange_);
     auto& pool = w_.pool(ctx.target.pool);
     const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
     pool.on_finish(ep);

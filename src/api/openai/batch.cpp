@@ -1,0 +1,209 @@
+#include "api/openai/batch.hpp"
+
+#include <algorithm>
+#include <array>
+#include <charconv>
+
+namespace weir::api::openai {
+namespace {
+
+std::string_view value_of(std::string_view json, const MemberSpan& m) {
+  return json.substr(m.value_begin, m.value_end - m.value_begin);
+}
+
+// A member that makes a request unmergeable unless it is null or false.
+bool set_and_not_off(std::string_view body, const std::optional<MemberSpan>& m) {
+  if (!m) return false;
+  const std::string_view v = value_of(body, *m);
+  return v != "null" && v != "false";
+}
+
+std::optional<std::uint32_t> parse_index(std::string_view v) {
+  std::uint32_t n = 0;
+  const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  if (ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
+  return n;
+}
+
+}  // namespace
+
+std::optional<std::string_view> completion_batch_key(std::string_view body, std::string& key) {
+  static constexpr std::array<std::string_view, 7> kKeys = {"prompt",          "n",     "best_of", "echo", "logprobs",
+                                                            "prompt_logprobs", "suffix"};
+  std::array<std::optional<MemberSpan>, kKeys.size()> f;
+  if (!find_members(body, kKeys, f)) return std::nullopt;
+  const auto& prompt = f[0];
+  if (!prompt || body[prompt->value_begin] != '"') return std::nullopt;
+  if (f[1] && value_of(body, *f[1]) != "1" && value_of(body, *f[1]) != "null") return std::nullopt;
+  for (std::size_t i = 2; i < f.size(); ++i)
+    if (set_and_not_off(body, f[i])) return std::nullopt;
+  std::string without_prompt;
+  if (!remove_member(body, "prompt", without_prompt)) return std::nullopt;
+  if (!remove_member(without_prompt, "user", key)) return std::nullopt;
+  return value_of(body, *prompt);
+}
+
+void build_completion_batch(std::string_view key, std::span<const std::string_view> prompts, std::string& scratch,
+                            std::string& out) {
+  std::string list;
+  std::size_t bytes = 2;
+  for (auto p : prompts) bytes += p.size() + 1;
+  list.reserve(bytes);
+  list += '[';
+  for (std::size_t i = 0; i < prompts.size(); ++i) {
+    if (i) list += ',';
+    list += prompts[i];
+  }
+  list += ']';
+  (void)set_member(key, "stream_options", R"({"include_usage":true,"continuous_usage_stats":true})", scratch);
+  (void)set_member(scratch, "stream", "true", out);
+  (void)set_member(out, "prompt", list, scratch);
+  out.swap(scratch);
+}
+
+BatchChunk parse_batch_chunk(std::string_view data) {
+  BatchChunk c;
+  static constexpr std::array<std::string_view, 5> kTop = {"id", "created", "model", "choices", "usage"};
+  std::array<std::optional<MemberSpan>, kTop.size()> f;
+  if (!find_members(data, kTop, f)) return c;
+  c.id = f[0];
+  c.created = f[1];
+  c.model = f[2];
+  c.usage = f[4];
+  if (!f[3]) return c;
+  const std::string_view choices = value_of(data, *f[3]);
+  const auto first = first_element(choices);
+  if (!first) {
+    // `"choices": []`: the final usage chunk.
+    if (choices.size() >= 2 && choices.front() == '[' && c.usage) c.kind = BatchChunk::Kind::usage;
+    return c;
+  }
+  const std::size_t base = f[3]->value_begin + first->begin;
+  const std::string_view choice = data.substr(base, first->end - first->begin);
+  static constexpr std::array<std::string_view, 4> kChoice = {"index", "text", "finish_reason", "stop_reason"};
+  std::array<std::optional<MemberSpan>, kChoice.size()> g;
+  if (!find_members(choice, kChoice, g) || !g[0]) return c;
+  const auto index = parse_index(value_of(choice, *g[0]));
+  if (!index) return c;
+  const auto shift = [base](std::optional<MemberSpan> m) {
+    if (m) {
+      m->key_begin += base;
+      m->value_begin += base;
+      m->value_end += base;
+    }
+    return m;
+  };
+  c.kind = BatchChunk::Kind::choice;
+  c.index = *index;
+  c.index_value = {base + g[0]->value_begin, base + g[0]->value_end};
+  c.text = shift(g[1]);
+  c.finish = shift(g[2]);
+  c.stop_reason = shift(g[3]);
+  return c;
+}
+
+void append_member_chunk(std::string_view data, const BatchChunk& c, std::string_view id_json,
+                         std::string_view usage_json, std::string& out) {
+  struct Edit {
+    std::size_t begin, end;
+    std::string_view with;
+  };
+  std::array<Edit, 3> edits{};
+  std::size_t n = 0;
+  if (c.id) edits[n++] = {c.id->value_begin, c.id->value_end, id_json};
+  if (c.kind == BatchChunk::Kind::choice) edits[n++] = {c.index_value.begin, c.index_value.end, "0"};
+  if (c.usage && !usage_json.empty()) edits[n++] = {c.usage->value_begin, c.usage->value_end, usage_json};
+  std::sort(edits.begin(), edits.begin() + static_cast<std::ptrdiff_t>(n),
+            [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    out.append(data.substr(at, edits[i].begin - at));
+    out.append(edits[i].with);
+    at = edits[i].end;
+  }
+  out.append(data.substr(at));
+}
+
+bool append_member_usage(std::string_view total, std::string_view own, std::string& out) {
+  static constexpr std::array<std::string_view, 3> kNums = {"prompt_tokens", "completion_tokens", "total_tokens"};
+  std::array<std::optional<MemberSpan>, 3> t, o;
+  if (!find_members(total, kNums, t) || !find_members(own, kNums, o)) return false;
+  for (std::size_t i = 0; i < 3; ++i)
+    if (!t[i] || !o[i]) return false;
+  // The three numbers in the total's own order.
+  std::array<std::size_t, 3> order = {0, 1, 2};
+  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return t[a]->value_begin < t[b]->value_begin; });
+  std::size_t at = 0;
+  for (auto i : order) {
+    out.append(total.substr(at, t[i]->value_begin - at));
+    out.append(value_of(own, *o[i]));
+    at = t[i]->value_end;
+  }
+  out.append(total.substr(at));
+  return true;
+}
+
+void append_member_id(std::string_view upstream_id_json, std::string_view batch_request_id,
+                      std::string_view member_request_id, std::uint32_t slot, std::string& out) {
+  std::string_view id = upstream_id_json;
+  if (id.size() >= 2 && id.front() == '"' && id.back() == '"') id = id.substr(1, id.size() - 2);
+  out += '"';
+  if (!batch_request_id.empty() && id.size() >= batch_request_id.size() &&
+      id.substr(id.size() - batch_request_id.size()) == batch_request_id) {
+    out.append(id.substr(0, id.size() - batch_request_id.size()));
+    // A client's x-request-id is printable ASCII (gateway/endpoints.hpp): only '"' and '\\' need escapes.
+    for (char ch : member_request_id) {
+      if (ch == '"' || ch == '\\') out += '\\';
+      out += ch;
+    }
+  } else {
+    out.append(id);
+    out += '-';
+    out.append(std::to_string(slot));
+  }
+  out += '"';
+}
+
+void CompletionAssembler::reset() {
+  text_.clear();
+  created_.clear();
+  model_.clear();
+  finish_.clear();
+  stop_reason_.clear();
+  usage_.clear();
+  chunks_ = 0;
+}
+
+void CompletionAssembler::on_chunk(std::string_view data, const BatchChunk& c) {
+  ++chunks_;
+  if (created_.empty() && c.created) created_ = value_of(data, *c.created);
+  if (model_.empty() && c.model) model_ = value_of(data, *c.model);
+  if (c.text) {
+    const std::string_view t = value_of(data, *c.text);
+    if (t.size() >= 2 && t.front() == '"') text_.append(t.substr(1, t.size() - 2));
+  }
+  if (c.finish) finish_ = value_of(data, *c.finish);
+  if (c.stop_reason) stop_reason_ = value_of(data, *c.stop_reason);
+  if (c.usage && value_of(data, *c.usage) != "null") usage_ = value_of(data, *c.usage);
+}
+
+void CompletionAssembler::finish(std::string_view id_json, std::string& out) const {
+  const auto or_null = [](const std::string& s) { return s.empty() ? std::string_view("null") : std::string_view(s); };
+  out += "{\"id\":";
+  out += id_json;
+  out += ",\"object\":\"text_completion\",\"created\":";
+  out += created_.empty() ? std::string_view("0") : std::string_view(created_);  // both views: no temporary
+  out += ",\"model\":";
+  out += or_null(model_);
+  out += ",\"choices\":[{\"index\":0,\"text\":\"";
+  out += text_;
+  out += "\",\"logprobs\":null,\"finish_reason\":";
+  out += or_null(finish_);
+  out += ",\"stop_reason\":";
+  out += or_null(stop_reason_);
+  out += ",\"prompt_logprobs\":null}],\"service_tier\":null,\"system_fingerprint\":null,\"usage\":";
+  out += or_null(usage_);
+  out += ",\"kv_transfer_params\":null}";
+}
+
+}  // namespace weir::api::openai

@@ -1,0 +1,110 @@
+// Micro-batching of OpenAI completions on vLLM's wire (OpenAI API "Create
+// completion"; vLLM serving_completion.py, v0.10): which requests may share
+// one upstream request, the batch's body (one prompt list), and the
+// byte-exact pieces of each chunk the demultiplexer needs to give every
+// member its own stream (batching/batch.hpp).
+//
+// vLLM streams a prompt list as one stream whose chunks each carry one
+// choice, `index = prompt_idx * n + i`, all under one response id; with
+// `stream_options.continuous_usage_stats` every chunk also carries the usage
+// of its own prompt and choice (prompt_tokens of that prompt, completion
+// tokens of that choice so far), and the stream ends with one usage chunk
+// summing all prompts. Batches are formed only of requests with n = 1, so a
+// chunk's index is its member's position.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "api/json_scan.hpp"
+
+namespace weir::api::openai {
+
+// Decides whether the completions body `body` (valid JSON, as it would go
+// upstream: model renamed, stream_options spliced) may join a micro-batch.
+// If so, writes its compatibility key to `key` and returns its prompt's JSON
+// text (a string, quotes included). The key is the body without `prompt`
+// and `user`: two requests merge only when every other byte is the same
+// (same members, values, order and spelling), so identical sampling
+// parameters, model, stream and stream_options. Never merged (nullopt):
+// `prompt` not one string (a list or token ids), `n` other than 1,
+// `best_of`, `echo`, `logprobs`, `prompt_logprobs` or `suffix` present and
+// not null/false, and bodies that are not objects.
+std::optional<std::string_view> completion_batch_key(std::string_view body, std::string& key);
+
+// Writes to `out` the batch's upstream body: `key` (its first member's key)
+// with `prompt` set to the list of `prompts` (JSON strings, member order),
+// `"stream": true`, and `stream_options` {"include_usage": true,
+// "continuous_usage_stats": true} (each member's usage then comes on its own
+// chunks). `scratch` is working storage.
+void build_completion_batch(std::string_view key, std::span<const std::string_view> prompts, std::string& scratch,
+                            std::string& out);
+
+// One chunk of a batched completions stream (an SSE event's data, not
+// [DONE]), as the demultiplexer reads it. Offsets are into the chunk.
+struct BatchChunk {
+  enum class Kind : std::uint8_t {
+    choice,  // one choice: the member at `index`
+    usage,   // `"choices": []` with the usage summed over every prompt
+    other,   // anything else (an in-band error): goes to every member unchanged
+  };
+  Kind kind = Kind::other;
+  std::uint32_t index = 0;                // choice: choices[0].index
+  std::optional<MemberSpan> id;           // top-level "id"
+  std::optional<MemberSpan> created;      // top-level "created"
+  std::optional<MemberSpan> model;        // top-level "model"
+  std::optional<MemberSpan> usage;        // top-level "usage" (a choice's own with continuous_usage_stats)
+  ValueSpan index_value;                  // choice: the index number
+  std::optional<MemberSpan> text;         // choice: its "text" (a JSON string)
+  std::optional<MemberSpan> finish;       // choice: its "finish_reason"
+  std::optional<MemberSpan> stop_reason;  // choice: its "stop_reason"
+};
+// Reads `data`. A chunk whose choices[0] has no integer index is `other`.
+BatchChunk parse_batch_chunk(std::string_view data);
+
+// Appends to `out` the chunk `data` (parsed as `c`) as one member gets it:
+// "id" set to `id_json`, a choice's index to 0, and "usage" to `usage_json`
+// (empty: unchanged). Every other byte is the upstream's.
+void append_member_chunk(std::string_view data, const BatchChunk& c, std::string_view id_json,
+                         std::string_view usage_json, std::string& out);
+
+// Appends to `out` the usage object `total` (the upstream's final usage
+// chunk's, summed over every prompt) with prompt_tokens, completion_tokens
+// and total_tokens taken from `own` (a member's last per-chunk usage), so
+// the member's usage has the final chunk's exact shape. Returns false (out
+// unchanged) when either is not an object with those numbers.
+bool append_member_usage(std::string_view total, std::string_view own, std::string& out);
+
+// The response id a member gets: the upstream's `upstream_id_json` (a JSON
+// string) with its suffix `batch_request_id` (vLLM's id is "cmpl-" + the
+// X-Request-Id it was sent) replaced by `member_request_id`, which is the id
+// vLLM gives the same request unbatched; else the upstream's id with
+// "-<slot>" appended. Appends a JSON string to `out`.
+void append_member_id(std::string_view upstream_id_json, std::string_view batch_request_id,
+                      std::string_view member_request_id, std::uint32_t slot, std::string& out);
+
+// A non-streaming member's answer, assembled from its chunks of the batch's
+// stream in vLLM's CompletionResponse shape (v0.10:
+// {id, object, created, model, choices[{index, text, logprobs, finish_reason,
+// stop_reason, prompt_logprobs}], service_tier, system_fingerprint, usage,
+// kv_transfer_params}). The text's escapes are the upstream's bytes.
+class CompletionAssembler {
+ public:
+  void reset();
+  // One of this member's chunks (kind choice), rewritten already or not.
+  void on_chunk(std::string_view data, const BatchChunk& c);
+  // Appends the whole body, with `id_json` as its id.
+  void finish(std::string_view id_json, std::string& out) const;
+  // Chunks seen.
+  std::uint32_t chunks() const { return chunks_; }
+
+ private:
+  std::string text_;  // JSON-escaped text, without quotes
+  std::string created_, model_, finish_, stop_reason_, usage_;
+  std::uint32_t chunks_ = 0;
+};
+
+}  // namespace weir::api::openai

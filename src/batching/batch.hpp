@@ -1,0 +1,153 @@
+// The micro-batcher and stream demultiplexer (docs/batching.md).
+//
+// A MicroBatcher per worker and pool (pools.X.batch) collects compatible
+// /v1/completions requests (api/openai/batch.hpp decides which) for at most
+// `window` or until `max_size` have joined, then sends them upstream as one
+// request with a prompt list. Each request's respond phase reads its own
+// BatchMember, a ResponseSource: the batch's single upstream stream is
+// demultiplexed here, once, by choice index, into one byte queue per member
+// (its own id, index 0, its own usage), and each member's responder relays
+// its queue as if it came from its own upstream. Everything runs on the
+// worker's thread: no locks.
+//
+// Members were authenticated, admitted and are logged one by one (the
+// gateway's phases); the batch only shares the upstream request. A member
+// that leaves is dropped alone; when every member has left, the upstream
+// request is aborted (vLLM then stops generating).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/openai/batch.hpp"
+#include "core/async.hpp"
+#include "core/config.hpp"
+#include "http/forward.hpp"
+#include "http/response_source.hpp"
+#include "routing/pool.hpp"
+
+namespace weir::batching {
+
+// Counters for the gateway's metrics (summed over workers at scrape time).
+struct Stats {
+  std::uint64_t batches = 0;         // upstream requests sent for batches
+  std::uint64_t members = 0;         // requests sent as members of those batches
+  std::uint64_t aborted = 0;         // batches whose upstream request was aborted: every member had left
+};
+
+class Batch;
+class MicroBatcher;
+
+// One request's place in a batch, and the response source its responder
+// reads. Owned by the request's session and reused across its requests.
+class BatchMember final : public http::ResponseSource {
+ public:
+  // What the batch needs of the request, valid from join() until its head
+  // arrives (the request's head and body are the session's until then).
+  struct Request {
+    const http::RequestHead* head = nullptr;  // the client's request: its end-to-end fields go upstream
+    std::string_view target;                  // upstream request target ("/v1/completions")
+    std::string_view prompt;                  // the member's prompt, a JSON string (quotes included)
+    std::string_view request_id;              // the member's x-request-id (its response id comes from it)
+    bool stream = false;                      // SSE response; else one JSON body
+    bool include_usage = false;               // its body asks for the final usage chunk
+    bool continuous_usage = false;            // its body asks for usage on every chunk
+    bool strip_credentials = false;           // the client's Authorization / x-api-key never go upstream
+  };
+
+  explicit BatchMember(core::Executor ex) : ev_(ex) {}
+  ~BatchMember() override;
+  BatchMember(const BatchMember&) = delete;
+  BatchMember& operator=(const BatchMember&) = delete;
+
+  // The compatibility key buffer, written by api::openai::completion_batch_key before join().
+  std::string& key() { return key_; }
+  // Waits until the batch has the upstream's response head (true), or
+  // failed before it (false: failure() says why; cancelled when the member
+  // left).
+  core::Task<bool> wait_head();
+  http::UpstreamFailure failure() const { return failure_; }
+
+  // --- once wait_head() returned true ---
+  std::string_view batch_id() const;  // the batch's upstream x-request-id
+  std::uint32_t batch_size() const;   // members sent in the batch
+  std::uint32_t slot() const { return slot_; }
+  int endpoint() const;  // endpoint index in the pool
+  std::chrono::steady_clock::time_point sent_at() const;  // the batch's request went upstream
+
+  // --- ResponseSource ---
+  // A streaming member gets the upstream's head; a non-streaming one the
+  // same with Content-Type application/json (its body is assembled from
+  // its chunks); both get an upstream error answer (status >= 300, or not a
+  // stream) as it came, body included.
+  const http::ResponseHead& head() const override;
+  bool done() const override { return ended_ && failure_ == http::UpstreamFailure::none && pos_ == out_.size(); }
+  core::Task<http::BodyRead> read(std::span<char> into) override;
+  // Leaves the batch (the others go on); a pending read completes with cancelled.
+  void cancel() override;
+
+ private:
+  friend class Batch;
+  friend class MicroBatcher;
+  void begin(const Request& r);
+  void push(std::string_view bytes);
+  void end(http::UpstreamFailure f);
+
+  Request req_;
+  std::string key_;
+  std::shared_ptr<Batch> batch_;
+  core::Event ev_;
+  std::string out_;  // demultiplexed bytes not read yet
+  std::size_t pos_ = 0;
+  bool head_ready_ = false;
+  bool ended_ = false;
+  http::UpstreamFailure failure_ = http::UpstreamFailure::none;
+  std::uint32_t slot_ = 0;
+  std::string id_json_;     // the member's response id, a JSON string
+  std::string last_usage_;  // its latest per-chunk usage object
+  api::openai::CompletionAssembler assembler_;  // non-streaming members
+};
+
+// What a batch takes from its worker, all of it on the worker's thread.
+struct BatchEnv {
+  core::Executor ex;
+  const core::PoolConfig* pool_cfg = nullptr;
+  routing::WorkerPool* pool = nullptr;
+  routing::Rng* rng = nullptr;
+  std::span<char> read_scratch;  // the worker's upstream receive buffer (http::Exchange)
+  std::span<char> body_scratch;  // and its body buffer: used only between a read and its demultiplexing
+  std::size_t max_response_bytes = 0;
+  std::string_view api_key;                           // pools.X.api_key, sent as Authorization
+  std::function<void(std::string&)> next_request_id;  // the batch's own upstream request id
+  Stats* stats = nullptr;
+  std::uint64_t* upstream_connects = nullptr;  // the worker's new-connection counter
+};
+
+class MicroBatcher {
+ public:
+  explicit MicroBatcher(BatchEnv env);
+  ~MicroBatcher();
+  const core::BatchConfig& config() const { return env_.pool_cfg->batch; }
+
+  // Adds `m`, whose key() is set, to the open batch with the same key, or
+  // opens one (its window starts now). A batch that reaches max_size leaves
+  // at once. `r`'s views must stay valid until m.wait_head() returns.
+  void join(BatchMember& m, const BatchMember::Request& r);
+  // Open batches (collecting members), for tests.
+  std::size_t open_batches() const { return open_.size(); }
+
+ private:
+  friend class Batch;
+  void close(const Batch* b);  // no longer open: full, window over, or empty
+
+  BatchEnv env_;
+  std::vector<std::shared_ptr<Batch>> open_;
+};
+
+}  // namespace weir::batching

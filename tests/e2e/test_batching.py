@@ -1,0 +1,208 @@
+"""Micro-batching of /v1/completions (docs/batching.md) against real weir-mock upstreams: compatible
+requests within the window share one upstream request with a prompt list, and each client gets
+exactly its own stream, byte-identical to what the same request gets unbatched apart from
+`created`; failures, clients that leave, and the log line of every member."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import re
+import threading
+
+import httpx
+import openai
+import pytest
+
+from conftest import wait_until
+
+FAST = ("--ttft-ms", "20", "--itl-ms", "2", "--max-tokens", "8")
+CREATED = re.compile(rb'"created":\d+')
+
+
+def batch_config(*mocks, window="200ms", max_size=4, **pool_extra) -> dict:
+    return {
+        "pools": {"gpu": {"endpoints": [m.base_url for m in mocks],
+                          "batch": {"window": window, "max_size": max_size}, **pool_extra}},
+        "default_pool": "gpu",
+    }
+
+
+def upstream_requests(*mocks) -> float:
+    return sum(m.metric("vllm:e2e_request_latency_seconds_count") for m in mocks)
+
+
+def completion_lines(w, n: int) -> list[dict]:
+    """The access-log lines of the first `n` completions (a /metrics scrape has its own line)."""
+    def mine(es):
+        return [e for e in es if e["path"] == "/v1/completions"]
+    return mine(w.wait_log(lambda es: len(mine(es)) >= n))
+
+
+def raw_completion(base_url: str, body: dict, request_id: str) -> tuple[int, bytes]:
+    r = httpx.post(base_url + "/v1/completions", json=body, headers={"x-request-id": request_id}, timeout=30)
+    return r.status_code, r.content
+
+
+def in_parallel(fn, args: list) -> list:
+    """Runs fn(*a) for every a at once (all started before any can finish: a barrier)."""
+    barrier = threading.Barrier(len(args))
+
+    def run(a):
+        barrier.wait()
+        return fn(*a)
+
+    with cf.ThreadPoolExecutor(len(args)) as ex:
+        return list(ex.map(run, args))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_members_get_exactly_their_unbatched_bytes(mock, weir, stream):
+    up = mock(*FAST)
+    reference = mock(*FAST)
+    w = weir(config=batch_config(up, max_size=4), workers=1)
+    bodies = [{"model": "mock-model", "prompt": f"prompt number {i} " + "word " * i, "max_tokens": 5,
+               "stream": stream, "temperature": 0} for i in range(4)]
+    if stream:
+        for b in bodies:
+            b["stream_options"] = {"include_usage": True}
+    got = in_parallel(raw_completion, [(w.base_url, b, f"req-{stream}-{i}") for i, b in enumerate(bodies)])
+    want = [raw_completion(reference.base_url, b, f"req-{stream}-{i}") for i, b in enumerate(bodies)]
+    for (gs, gb), (ws, wb) in zip(got, want):
+        assert gs == ws == 200
+        assert CREATED.sub(b"", gb) == CREATED.sub(b"", wb)
+    # one upstream request for the four
+    assert upstream_requests(up) == 1
+    assert w.metric("weir_batches_total") == 1
+    assert w.metric("weir_batched_requests_total") == 4
+    entries = completion_lines(w, 4)
+    assert len({e["batch"]["id"] for e in entries}) == 1
+    assert sorted(e["batch"]["slot"] for e in entries) == [0, 1, 2, 3]
+    for e, b in zip(sorted(entries, key=lambda e: e["request_id"]), bodies):
+        assert e["batch"]["size"] == 4
+        assert e["status"] == 200
+        # each member's own usage: prompts differ in length
+        assert e["completion_tokens"] == 5
+    assert len({e["prompt_tokens"] for e in entries}) == 4
+
+
+def test_sixty_four_sdk_clients_over_four_endpoints(mock, weir):
+    ups = [mock(*FAST) for _ in range(4)]
+    reference = mock(*FAST)
+    w = weir(config=batch_config(*ups, window="20ms", max_size=16), workers=2)
+    c = w.client()
+    direct = openai.OpenAI(base_url=reference.v1, api_key="x", max_retries=0)
+
+    def one(i: int) -> tuple[str, str, int]:
+        prompt = f"client {i} asks about " + "rivers " * (i % 7)
+        if i % 2:
+            text = "".join(ch.choices[0].text for ch in c.completions.create(
+                model="mock-model", prompt=prompt, max_tokens=6, stream=True) if ch.choices)
+        else:
+            text = c.completions.create(model="mock-model", prompt=prompt, max_tokens=6).choices[0].text
+        want = direct.completions.create(model="mock-model", prompt=prompt, max_tokens=6).choices[0].text
+        return text, want, i
+
+    results = in_parallel(one, [(i,) for i in range(64)])
+    for text, want, i in results:
+        assert text == want, f"client {i}"
+    assert w.metric("weir_batched_requests_total") == 64
+    assert upstream_requests(*ups) < 64 / 2  # merged: at most half as many upstream requests
+    entries = completion_lines(w, 64)
+    assert all(e["status"] == 200 and "batch" in e for e in entries)
+
+
+def test_incompatible_requests_are_not_merged(mock, weir):
+    up = mock(*FAST)
+    w = weir(config=batch_config(up, window="100ms"), workers=1)
+    base = {"model": "mock-model", "prompt": "same", "max_tokens": 3}
+    variants = [
+        {**base, "temperature": 0},
+        {**base, "temperature": 0.5},  # other sampling parameters: another batch
+        {**base, "stream": True},  # streamed: another batch
+        {**base, "n": 2},  # never merged
+        {**base, "echo": True},  # never merged
+        {**base, "prompt": ["a", "b"]},  # already a list: never merged
+    ]
+    got = in_parallel(raw_completion, [(w.base_url, b, f"var-{i}") for i, b in enumerate(variants)])
+    assert [s for s, _ in got] == [200] * len(variants)
+    entries = {e["request_id"]: e for e in completion_lines(w, len(variants))}
+    batches = [entries[f"var-{i}"].get("batch") for i in range(len(variants))]
+    assert [b is not None for b in batches] == [True, True, True, False, False, False]
+    assert len({b["id"] for b in batches[:3]}) == 3
+    assert all(b["size"] == 1 for b in batches[:3])
+    # n=2 got both choices, the list both prompts
+    assert len(json.loads(got[3][1])["choices"]) == 2
+    assert len(json.loads(got[5][1])["choices"]) == 2
+
+
+def test_a_member_that_leaves_does_not_disturb_the_others(mock, weir):
+    up = mock("--ttft-ms", "20", "--itl-ms", "20", "--max-tokens", "30")
+    reference = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "30")
+    w = weir(config=batch_config(up, max_size=3), workers=1)
+    body = lambda i: {"model": "mock-model", "prompt": f"leaver {i}", "max_tokens": 30, "stream": True}
+
+    def member(i: int) -> bytes | None:
+        with httpx.stream("POST", w.base_url + "/v1/completions", json=body(i),
+                          headers={"x-request-id": f"leave-{i}"}, timeout=30) as r:
+            if i == 1:
+                for _ in r.iter_raw():
+                    return None  # leaves after its first bytes
+            return r.read()
+
+    got = in_parallel(member, [(i,) for i in range(3)])
+    for i in (0, 2):
+        _, want = raw_completion(reference.base_url, body(i), f"leave-{i}")
+        assert CREATED.sub(b"", got[i]) == CREATED.sub(b"", want)
+    entries = {e["request_id"]: e for e in completion_lines(w, 3)}
+    assert entries["leave-1"]["status"] == 499
+    assert entries["leave-0"]["status"] == entries["leave-2"]["status"] == 200
+    assert up.aborts() == 0  # the batch went on for the others
+
+
+def test_when_every_member_leaves_the_upstream_request_is_aborted(mock, weir):
+    up = mock("--ttft-ms", "10", "--itl-ms", "50", "--max-tokens", "200")
+    w = weir(config=batch_config(up, max_size=2), workers=1)
+
+    def member(i: int) -> None:
+        with httpx.stream("POST", w.base_url + "/v1/completions",
+                          json={"model": "mock-model", "prompt": f"gone {i}", "max_tokens": 200, "stream": True},
+                          timeout=30) as r:
+            for _ in r.iter_raw():
+                return
+
+    in_parallel(member, [(0,), (1,)])
+    wait_until(lambda: up.aborts() >= 1, timeout=2, message="the mock saw the batch aborted")
+    assert w.metric("weir_batches_aborted_total") == 1
+    entries = completion_lines(w, 2)
+    assert [e["status"] for e in entries] == [499, 499]
+
+
+def test_an_upstream_error_before_the_first_token_reaches_every_member(mock, weir):
+    up = mock(*FAST, "--error-rate", "1", "--error-status", "500")
+    w = weir(config=batch_config(up, max_size=3), workers=1)
+    got = in_parallel(raw_completion, [(w.base_url, {"model": "mock-model", "prompt": f"e {i}", "stream": s},
+                                        f"err-{i}") for i, s in enumerate([True, False, True])])
+    assert [s for s, _ in got] == [500, 500, 500]
+    for _, b in got:
+        assert "error" in json.loads(b)
+    assert upstream_requests(up) <= 2  # one batch per stream flag: never one per member
+
+
+def test_a_reset_after_tokens_ends_each_stream_in_band(mock, weir):
+    up = mock(*FAST, "--reset-after", "3")
+    w = weir(config=batch_config(up, max_size=2), workers=1)
+
+    def member(i: int) -> list[str]:
+        with httpx.stream("POST", w.base_url + "/v1/completions",
+                          json={"model": "mock-model", "prompt": f"reset {i}", "stream": True, "max_tokens": 8},
+                          timeout=30) as r:
+            assert r.status_code == 200
+            return [l for l in r.iter_lines() if l.startswith("data: ")]
+
+    for events in in_parallel(member, [(0,), (1,)]):
+        texts = [json.loads(e[6:]) for e in events if e != "data: [DONE]"]
+        assert any("error" in t for t in texts)  # the failure, in-band
+        tokens = [t for t in texts if "choices" in t]
+        assert 1 <= len(tokens) <= 3
+        assert all(t["choices"][0]["index"] == 0 for t in tokens)
