@@ -32,8 +32,15 @@ bool is_event_stream(std::string_view content_type) {
 // until its next request (their head() reads the batch's copy of the head).
 class Batch : public std::enable_shared_from_this<Batch> {
  public:
-  Batch(MicroBatcher& b, std::string_view key)
-      : b_(&b), key_(key), window_(b.env_.ex), exchange_(b.env_.ex, b.env_.read_scratch) {}
+  enum class Mode : std::uint8_t {
+    batch,     // a prompt list, demultiplexed by choice index
+    coalesce,  // one request's generation, the same events to every member
+  };
+  Batch(MicroBatcher& b, std::string_view key, Mode mode)
+      : b_(&b), key_(key), mode_(mode), window_(b.env_.ex), exchange_(b.env_.ex, b.env_.read_scratch) {}
+  Mode mode() const { return mode_; }
+  // A coalesced generation takes members until its response ends.
+  bool joinable() const { return state_ != State::done && present_ > 0; }
 
   const std::string& key() const { return key_; }
   std::size_t size() const { return members_.size(); }
@@ -42,6 +49,12 @@ class Batch : public std::enable_shared_from_this<Batch> {
     m.slot_ = static_cast<std::uint32_t>(members_.size());
     members_.push_back(&m);
     ++present_;
+    if (state_ == State::streaming) {
+      // A late member of a coalesced generation: what the others have had so far, then the rest.
+      m.head_ready_ = true;
+      for (const auto& data : replay_) deliver(m, data);
+      m.ev_.notify();
+    }
   }
 
   // Starts the window (the first member joined).
@@ -57,7 +70,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
     if (state_ != State::open) return;
     state_ = State::sending;
     window_.cancel();
-    if (b_) b_->close(this);
+    if (b_ && mode_ == Mode::batch) b_->close(this);
     if (present_ == 0) {
       state_ = State::done;
       return;
@@ -81,6 +94,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
       return;
     }
     members_[m.slot_] = nullptr;
+    if (present_ == 0 && b_) b_->close(this);  // a coalesced generation nobody reads takes no one new
     if (present_ == 0 && state_ != State::done) {
       // Nobody is left to read the answer: abort it, so the model server stops generating.
       aborted_ = true;
@@ -94,10 +108,13 @@ class Batch : public std::enable_shared_from_this<Batch> {
   void detach() { b_ = nullptr; }
 
   const http::ResponseHead& head_for(const BatchMember& m) const {
-    return !m.req_.stream && json_ok_ ? json_head_ : head_;
+    return mode_ == Mode::batch && !m.req_.stream && json_ok_ ? json_head_ : head_;
   }
   std::string_view id() const { return request_id_; }
-  std::uint32_t sent_size() const { return sent_size_; }
+  // Members the upstream request serves (coalesced: so far).
+  std::uint32_t sent_size() const {
+    return mode_ == Mode::coalesce ? static_cast<std::uint32_t>(members_.size()) : sent_size_;
+  }
   int endpoint() const { return endpoint_; }
   std::chrono::steady_clock::time_point sent_at() const { return sent_at_; }
 
@@ -122,10 +139,21 @@ class Batch : public std::enable_shared_from_this<Batch> {
   core::Task<void> relay_stream();
   core::Task<void> relay_whole();
   void dispatch(const http::SseEvent& ev);
+  // Coalesced: one upstream event's data ("[DONE]" included) as member `m` gets it.
+  void deliver(BatchMember& m, std::string_view data);
   void finish_members();
+  // The response is over (or failed): a coalesced generation takes no one new.
+  void finished() {
+    state_ = State::done;
+    if (b_ && mode_ == Mode::coalesce) b_->close(this);
+  }
+  // The member's response id (computed once, from the upstream's id `upstream_id_json`).
+  std::string_view id_of(BatchMember& m, std::string_view upstream_id_json);
 
   MicroBatcher* b_;
   std::string key_;
+  Mode mode_;
+  std::vector<std::string> replay_;  // coalesced stream: every upstream event's data so far
   std::vector<BatchMember*> members_;  // slot → member; null once it left after the batch was sent
   std::uint32_t present_ = 0;
   std::uint32_t sent_size_ = 0;
@@ -151,14 +179,25 @@ core::Task<void> Batch::send() {
   const BatchEnv& env = b_->env_;
   const core::PoolConfig& pc = *env.pool_cfg;
   routing::WorkerPool& pool = *env.pool;
-  // The body: the first member's, with every member's prompt as a list.
-  std::vector<std::string_view> prompts;
-  prompts.reserve(members_.size());
-  for (auto* m : members_) prompts.push_back(m->req_.prompt);
-  api::openai::build_completion_batch(key_, prompts, scratch_, body_);
+  // Members that left between flush() and now are not sent at all.
+  std::erase(members_, nullptr);
+  for (std::size_t i = 0; i < members_.size(); ++i) members_[i]->slot_ = static_cast<std::uint32_t>(i);
+  if (members_.empty()) {
+    finished();
+    co_return;
+  }
+  if (mode_ == Mode::batch) {
+    // The body: the first member's, with every member's prompt as a list.
+    std::vector<std::string_view> prompts;
+    prompts.reserve(members_.size());
+    for (auto* m : members_) prompts.push_back(m->req_.prompt);
+    api::openai::build_completion_batch(key_, prompts, scratch_, body_);
+  } else {
+    api::openai::build_coalesced(members_.front()->req_.body, members_.front()->req_.stream, scratch_, body_);
+  }
   sent_size_ = static_cast<std::uint32_t>(members_.size());
   env.next_request_id(request_id_);
-  if (env.stats) {
+  if (env.stats && mode_ == Mode::batch) {
     ++env.stats->batches;
     env.stats->members += sent_size_;
   }
@@ -237,7 +276,7 @@ core::Task<void> Batch::send() {
   }
   if (!started) {
     exchange_.release();
-    state_ = State::done;
+    finished();
     fail_all(present_ == 0 ? UpstreamFailure::cancelled
                            : (failure == UpstreamFailure::none ? UpstreamFailure::protocol : failure));
     co_return;
@@ -245,7 +284,7 @@ core::Task<void> Batch::send() {
   const auto ep_idx = static_cast<std::uint32_t>(endpoint_);
   head_ = exchange_.head();
   const bool stream = head_.result_int() == 200 && is_event_stream(head_[bh::field::content_type]);
-  if (stream) {
+  if (stream && mode_ == Mode::batch) {
     json_head_ = head_;
     json_head_.set(bh::field::content_type, "application/json");
     json_ok_ = true;
@@ -255,7 +294,7 @@ core::Task<void> Batch::send() {
     co_await relay_stream();
   else
     co_await relay_whole();
-  state_ = State::done;
+  finished();
   pool.on_finish(ep_idx);
   if (auto c = exchange_.release()) {
     ++c->uses;
@@ -291,8 +330,18 @@ core::Task<void> Batch::relay_whole() {
     fail_all(failure);
     co_return;
   }
+  const auto id = api::find_member(body_, "id");
+  const bool own_ids = mode_ == Mode::coalesce && head_.result_int() == 200 && id;
+  const std::string up_id = own_ids ? body_.substr(id->value_begin, id->value_end - id->value_begin) : std::string();
   for_present([&](BatchMember& m) {
-    m.push(body_);
+    if (own_ids) {
+      // A coalesced answer: each member's under its own response id.
+      scratch_.clear();
+      api::openai::append_with_id(body_, id_of(m, up_id), scratch_);
+      m.push(scratch_);
+    } else {
+      m.push(body_);
+    }
     m.end(UpstreamFailure::none);
   });
 }
@@ -326,6 +375,11 @@ core::Task<void> Batch::relay_stream() {
 
 void Batch::dispatch(const http::SseEvent& ev) {
   if (!ev.has_data) return;  // comments and keep-alives are the upstream's
+  if (mode_ == Mode::coalesce) {
+    replay_.emplace_back(ev.data);
+    for_present([&](BatchMember& m) { deliver(m, replay_.back()); });
+    return;
+  }
   if (ev.is_done()) {
     for_present([&](BatchMember& m) {
       if (m.req_.stream) m.push("data: [DONE]\n\n");
@@ -334,14 +388,9 @@ void Batch::dispatch(const http::SseEvent& ev) {
   }
   const std::string_view data = ev.data;
   const BatchChunk c = api::openai::parse_batch_chunk(data);
-  const auto id_of = [&](BatchMember& m) {
-    if (m.id_json_.empty()) {
-      const std::string_view up =
-          c.id ? data.substr(c.id->value_begin, c.id->value_end - c.id->value_begin) : std::string_view("\"cmpl\"");
-      api::openai::append_member_id(up, request_id_, m.req_.request_id, m.slot_, m.id_json_);
-    }
-    return std::string_view(m.id_json_);
-  };
+  const std::string_view up_id =
+      c.id ? data.substr(c.id->value_begin, c.id->value_end - c.id->value_begin) : std::string_view("\"cmpl\"");
+  const auto id_of = [&](BatchMember& m) { return this->id_of(m, up_id); };
   switch (c.kind) {
     case BatchChunk::Kind::choice: {
       if (c.index >= members_.size() || members_[c.index] == nullptr) return;  // that member left
@@ -388,9 +437,36 @@ void Batch::dispatch(const http::SseEvent& ev) {
   }
 }
 
+std::string_view Batch::id_of(BatchMember& m, std::string_view upstream_id_json) {
+  if (m.id_json_.empty())
+    api::openai::append_member_id(upstream_id_json, request_id_, m.req_.request_id, m.slot_, m.id_json_);
+  return m.id_json_;
+}
+
+void Batch::deliver(BatchMember& m, std::string_view data) {
+  if (!m.req_.stream) return;
+  if (data == "[DONE]") {
+    m.push("data: [DONE]\n\n");
+    return;
+  }
+  const auto id = api::find_member(data, "id");
+  // The usage chunk (asked for on every member's behalf) only to members whose own body asked for it.
+  if (!m.req_.include_usage && api::find_member(data, "usage") &&
+      api::openai::parse_batch_chunk(data).kind == BatchChunk::Kind::usage)
+    return;
+  scratch_.assign("data: ");
+  if (id)
+    api::openai::append_with_id(data, id_of(m, data.substr(id->value_begin, id->value_end - id->value_begin)),
+                                scratch_);
+  else
+    scratch_.append(data);
+  scratch_ += "\n\n";
+  m.push(scratch_);
+}
+
 void Batch::finish_members() {
   for_present([&](BatchMember& m) {
-    if (!m.req_.stream) {
+    if (!m.req_.stream && mode_ == Mode::batch) {
       if (m.assembler_.chunks() == 0) {
         m.end(UpstreamFailure::protocol);  // the stream ended before this member's answer
         return;
@@ -446,6 +522,7 @@ core::Task<bool> BatchMember::wait_head() {
 
 std::string_view BatchMember::batch_id() const { return batch_ ? batch_->id() : std::string_view(); }
 std::uint32_t BatchMember::batch_size() const { return batch_ ? batch_->sent_size() : 0; }
+bool BatchMember::coalesced() const { return batch_ && batch_->mode() == Batch::Mode::coalesce; }
 int BatchMember::endpoint() const { return batch_ ? batch_->endpoint() : -1; }
 std::chrono::steady_clock::time_point BatchMember::sent_at() const {
   return batch_ ? batch_->sent_at() : std::chrono::steady_clock::time_point{};
@@ -487,6 +564,7 @@ MicroBatcher::MicroBatcher(BatchEnv env) : env_(std::move(env)) {}
 
 MicroBatcher::~MicroBatcher() {
   for (auto& b : open_) b->detach();
+  for (auto& b : flights_) b->detach();
 }
 
 void MicroBatcher::join(BatchMember& m, const BatchMember::Request& r) {
@@ -495,7 +573,7 @@ void MicroBatcher::join(BatchMember& m, const BatchMember::Request& r) {
   for (auto& b : open_)
     if (b->key() == m.key_) batch = b;
   if (!batch) {
-    batch = std::make_shared<Batch>(*this, m.key_);
+    batch = std::make_shared<Batch>(*this, m.key_, Batch::Mode::batch);
     open_.push_back(batch);
     batch->arm(config().window);
   }
@@ -504,8 +582,27 @@ void MicroBatcher::join(BatchMember& m, const BatchMember::Request& r) {
   if (batch->size() >= config().max_size) batch->flush();
 }
 
+void MicroBatcher::coalesce(BatchMember& m, const BatchMember::Request& r) {
+  m.begin(r);
+  for (auto& f : flights_) {
+    if (f->joinable() && f->key() == m.key_) {
+      m.batch_ = f;
+      f->add(m);
+      if (env_.stats) ++env_.stats->coalesced;
+      return;
+    }
+  }
+  auto flight = std::make_shared<Batch>(*this, m.key_, Batch::Mode::coalesce);
+  flights_.push_back(flight);
+  m.batch_ = flight;
+  flight->add(m);
+  flight->flush();  // no window: later arrivals join while it is in flight
+}
+
 void MicroBatcher::close(const Batch* b) {
-  std::erase_if(open_, [b](const std::shared_ptr<Batch>& p) { return p.get() == b; });
+  const auto same = [b](const std::shared_ptr<Batch>& p) { return p.get() == b; };
+  std::erase_if(open_, same);
+  std::erase_if(flights_, same);
 }
 
 }  // namespace weir::batching

@@ -1,6 +1,6 @@
 // The micro-batcher and stream demultiplexer (docs/batching.md).
 //
-// A MicroBatcher per worker and pool (pools.X.batch) collects compatible
+// A MicroBatcher per worker and pool (pools.X.batch, pools.X.coalesce) collects compatible
 // /v1/completions requests (api/openai/batch.hpp decides which) for at most
 // `window` or until `max_size` have joined, then sends them upstream as one
 // request with a prompt list. Each request's respond phase reads its own
@@ -9,6 +9,11 @@
 // (its own id, index 0, its own usage), and each member's responder relays
 // its queue as if it came from its own upstream. Everything runs on the
 // worker's thread: no locks.
+//
+// Coalescing (pools.X.coalesce) reuses the same machinery: identical
+// deterministic requests share one generation, sent at once, and each
+// member gets every event with its own response id; one that joins late
+// first gets the events already relayed.
 //
 // Members were authenticated, admitted and are logged one by one (the
 // gateway's phases); the batch only shares the upstream request. A member
@@ -39,6 +44,7 @@ struct Stats {
   std::uint64_t batches = 0;         // upstream requests sent for batches
   std::uint64_t members = 0;         // requests sent as members of those batches
   std::uint64_t aborted = 0;         // batches whose upstream request was aborted: every member had left
+  std::uint64_t coalesced = 0;       // requests that shared a generation another request started (pools.X.coalesce)
 };
 
 class Batch;
@@ -53,7 +59,8 @@ class BatchMember final : public http::ResponseSource {
   struct Request {
     const http::RequestHead* head = nullptr;  // the client's request: its end-to-end fields go upstream
     std::string_view target;                  // upstream request target ("/v1/completions")
-    std::string_view prompt;                  // the member's prompt, a JSON string (quotes included)
+    std::string_view prompt;                  // batch: the member's prompt, a JSON string (quotes included)
+    std::string_view body;                    // coalesce: the member's upstream body
     std::string_view request_id;              // the member's x-request-id (its response id comes from it)
     bool stream = false;                      // SSE response; else one JSON body
     bool include_usage = false;               // its body asks for the final usage chunk
@@ -78,6 +85,7 @@ class BatchMember final : public http::ResponseSource {
   std::string_view batch_id() const;  // the batch's upstream x-request-id
   std::uint32_t batch_size() const;   // members sent in the batch
   std::uint32_t slot() const { return slot_; }
+  bool coalesced() const;  // a coalesced generation (pools.X.coalesce), not a prompt-list batch
   int endpoint() const;  // endpoint index in the pool
   std::chrono::steady_clock::time_point sent_at() const;  // the batch's request went upstream
 
@@ -139,15 +147,22 @@ class MicroBatcher {
   // opens one (its window starts now). A batch that reaches max_size leaves
   // at once. `r`'s views must stay valid until m.wait_head() returns.
   void join(BatchMember& m, const BatchMember::Request& r);
-  // Open batches (collecting members), for tests.
+  // Coalescing (pools.X.coalesce): `m`, whose key() is set by
+  // api::openai::coalesce_key, shares the generation of an identical request
+  // in flight (it first gets the events already relayed, then the rest), or
+  // starts one at once. `r.body` is the upstream body when it starts one.
+  void coalesce(BatchMember& m, const BatchMember::Request& r);
+  // Open batches (collecting members), and coalesced generations in flight; for tests.
   std::size_t open_batches() const { return open_.size(); }
+  std::size_t flights() const { return flights_.size(); }
 
  private:
   friend class Batch;
-  void close(const Batch* b);  // no longer open: full, window over, or empty
+  void close(const Batch* b);  // no longer joinable: full, window over, empty, or (coalesced) done
 
   BatchEnv env_;
   std::vector<std::shared_ptr<Batch>> open_;
+  std::vector<std::shared_ptr<Batch>> flights_;  // coalesced generations still joinable
 };
 
 }  // namespace weir::batching

@@ -141,7 +141,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
                            {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
-                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health", "batch"}));
+                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health", "batch", "coalesce"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -206,6 +206,10 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
       WEIR_TRY(i, read_int(v, hk + ".unhealthy_after", 1, 1'000));
       p.health.unhealthy_after = static_cast<std::uint32_t>(i);
     }
+  }
+  if (auto v = n["coalesce"]) {
+    WEIR_TRY(b, read_bool(v, key + ".coalesce"));
+    p.coalesce = b;
   }
   if (auto b = n["batch"]) {
     const std::string bk = key + ".batch";

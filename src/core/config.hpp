@@ -124,6 +124,9 @@ struct PoolConfig {
   OutlierConfig outlier;
   HealthConfig health;
   BatchConfig batch;
+  // Request coalescing (docs/batching.md): identical deterministic chat and
+  // completions requests in flight at once share one upstream generation.
+  bool coalesce = false;
 };
 
 // One step of a model's fallback chain: another pool, under its own upstream model name.

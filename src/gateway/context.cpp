@@ -36,6 +36,7 @@ void RequestContext::reset() {
   attempt_count = 0;
   batch_id.clear();
   batch_size = batch_slot = 0;
+  coalesced = false;
   hooks.reset(false);
   sse.reset();
   status = 0;

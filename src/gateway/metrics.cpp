@@ -47,6 +47,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   batch.batches += o.batch.batches;
   batch.members += o.batch.members;
   batch.aborted += o.batch.aborted;
+  batch.coalesced += o.batch.coalesced;
   for (std::size_t i = 0; i < upstream_failures_.size(); ++i) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
@@ -133,6 +134,9 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_batches_aborted_total", "counter",
            "Micro-batches whose upstream request was aborted because every member had left.");
   w.sample("weir_batches_aborted_total", "", batch.aborted);
+  w.header("weir_coalesced_requests_total", "counter",
+           "Requests served by a generation an identical request started (pools.X.coalesce).");
+  w.sample("weir_coalesced_requests_total", "", batch.coalesced);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by kind.");
   for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                  http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol})

@@ -36,7 +36,7 @@ Worker::Worker(Shared& shared, unsigned index)
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p]);
   batchers_.resize(cfg.pools.size());
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
-    if (!cfg.pools[p].batch.enabled()) continue;
+    if (!cfg.pools[p].batch.enabled() && !cfg.pools[p].coalesce) continue;
     batchers_[p] = std::make_unique<batching::MicroBatcher>(batching::BatchEnv{
         .ex = io_.get_executor(),
         .pool_cfg = &cfg.pools[p],

@@ -89,7 +89,7 @@ def test_members_get_exactly_their_unbatched_bytes(mock, weir, stream):
 def test_sixty_four_sdk_clients_over_four_endpoints(mock, weir):
     ups = [mock(*FAST) for _ in range(4)]
     reference = mock(*FAST)
-    w = weir(config=batch_config(*ups, window="20ms", max_size=16), workers=2)
+    w = weir(config=batch_config(*ups, window="500ms", max_size=16), workers=2)
     c = w.client()
     direct = openai.OpenAI(base_url=reference.v1, api_key="x", max_retries=0)
 
@@ -206,3 +206,117 @@ def test_a_reset_after_tokens_ends_each_stream_in_band(mock, weir):
         tokens = [t for t in texts if "choices" in t]
         assert 1 <= len(tokens) <= 3
         assert all(t["choices"][0]["index"] == 0 for t in tokens)
+
+
+# --- request coalescing (pools.X.coalesce) ---
+
+def coalesce_config(*mocks, **pool_extra) -> dict:
+    return {"pools": {"gpu": {"endpoints": [m.base_url for m in mocks], "coalesce": True, **pool_extra}},
+            "default_pool": "gpu"}
+
+
+def raw_chat(base_url: str, body: dict, request_id: str) -> tuple[int, bytes]:
+    r = httpx.post(base_url + "/v1/chat/completions", json=body, headers={"x-request-id": request_id}, timeout=30)
+    return r.status_code, r.content
+
+
+def chat_lines(w, n: int) -> list[dict]:
+    def mine(es):
+        return [e for e in es if e["path"] == "/v1/chat/completions"]
+    return mine(w.wait_log(lambda es: len(mine(es)) >= n))
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_identical_deterministic_chats_share_one_generation(mock, weir, stream):
+    # a long first token: the followers arrive while the leader's generation is in flight
+    up = mock("--ttft-ms", "1000", "--itl-ms", "5", "--max-tokens", "6")
+    reference = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "6")
+    w = weir(config=coalesce_config(up), workers=1)
+    base = {"model": "mock-model", "messages": [{"role": "user", "content": "the same question"}],
+            "temperature": 0, "stream": stream}
+    bodies = []
+    for i in range(4):
+        b = dict(base, user=f"user-{i}")  # client-only members differ
+        if stream and i % 2:
+            b["stream_options"] = {"include_usage": True}
+        bodies.append(b)
+    with cf.ThreadPoolExecutor(4) as ex:
+        leader = ex.submit(raw_chat, w.base_url, bodies[0], f"co-{stream}-0")
+        wait_until(lambda: up.metric("vllm:num_requests_running") >= 1, timeout=10, message="the leader in flight")
+        followers = [ex.submit(raw_chat, w.base_url, b, f"co-{stream}-{i}") for i, b in enumerate(bodies) if i]
+        got = [leader.result()] + [f.result() for f in followers]
+    want = [raw_chat(reference.base_url, b, f"co-{stream}-{i}") for i, b in enumerate(bodies)]
+    for (gs, gb), (ws, wb) in zip(got, want):
+        assert gs == ws == 200
+        assert CREATED.sub(b"", gb) == CREATED.sub(b"", wb)  # its own id, its own usage chunk or none
+    assert upstream_requests(up) == 1
+    assert w.metric("weir_coalesced_requests_total") == 3
+    entries = chat_lines(w, 4)
+    assert len({e["batch"]["id"] for e in entries}) == 1
+    assert all(e["batch"]["coalesced"] is True and e["status"] == 200 for e in entries)
+    assert all(e["completion_tokens"] == 6 for e in entries)
+
+
+def test_a_late_joiner_gets_the_events_already_sent_then_the_rest(mock, weir):
+    up = mock("--ttft-ms", "5", "--itl-ms", "40", "--max-tokens", "12")
+    w = weir(config=coalesce_config(up), workers=1)
+    body = {"model": "mock-model", "messages": [{"role": "user", "content": "late"}], "seed": 7, "stream": True}
+    first: dict = {}
+
+    def leader():
+        with httpx.stream("POST", w.base_url + "/v1/chat/completions", json=body,
+                          headers={"x-request-id": "lead"}, timeout=30) as r:
+            chunks = []
+            for part in r.iter_raw():
+                chunks.append(part)
+                if b'"content":' in b"".join(chunks):
+                    first["started"] = True
+            return b"".join(chunks)
+
+    with cf.ThreadPoolExecutor(2) as ex:
+        lead = ex.submit(leader)
+        wait_until(lambda: first.get("started"), timeout=10, message="the leader's first token")
+        late = ex.submit(raw_chat, w.base_url, body, "lead")  # same request id: byte-identical stream expected
+        lead_bytes, (status, late_bytes) = lead.result(), late.result()
+    assert status == 200
+    assert late_bytes == lead_bytes  # the whole stream, from the role chunk to [DONE]
+    assert upstream_requests(up) == 1
+
+
+def test_non_deterministic_or_different_requests_are_not_coalesced(mock, weir):
+    up = mock(*FAST)
+    w = weir(config=coalesce_config(up), workers=1)
+    msgs = [{"role": "user", "content": "q"}]
+    variants = [
+        {"model": "mock-model", "messages": msgs, "temperature": 0.7},  # sampled: never shared
+        {"model": "mock-model", "messages": msgs, "temperature": 0.7},
+        {"model": "mock-model", "messages": msgs, "temperature": 0, "max_tokens": 3},
+        {"model": "mock-model", "messages": msgs, "temperature": 0, "max_tokens": 4},  # another body
+    ]
+    got = in_parallel(raw_chat, [(w.base_url, b, f"nc-{i}") for i, b in enumerate(variants)])
+    assert [s for s, _ in got] == [200] * 4
+    assert upstream_requests(up) == 4
+    assert w.metric("weir_coalesced_requests_total") == 0
+
+
+def test_the_leader_leaving_does_not_end_the_followers_stream(mock, weir):
+    up = mock("--ttft-ms", "1000", "--itl-ms", "20", "--max-tokens", "20")
+    reference = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "20")
+    w = weir(config=coalesce_config(up), workers=1)
+    body = {"model": "mock-model", "messages": [{"role": "user", "content": "stay"}], "temperature": 0,
+            "stream": True}
+
+    def member(i: int):
+        with httpx.stream("POST", w.base_url + "/v1/chat/completions", json=body,
+                          headers={"x-request-id": f"stay-{i}"}, timeout=30) as r:
+            if i == 0:
+                for _ in r.iter_raw():
+                    return None
+            return r.read()
+
+    got = in_parallel(member, [(0,), (1,), (2,)])
+    for i in (1, 2):
+        _, want = raw_chat(reference.base_url, body, f"stay-{i}")
+        assert CREATED.sub(b"", got[i]) == CREATED.sub(b"", want)
+    assert up.aborts() == 0
+    assert upstream_requests(up) == 1

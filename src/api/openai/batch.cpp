@@ -61,6 +61,47 @@ void build_completion_batch(std::string_view key, std::span<const std::string_vi
   out.swap(scratch);
 }
 
+bool coalesce_key(std::string_view body, std::string& key) {
+  static constexpr std::array<std::string_view, 3> kKeys = {"temperature", "seed", "stream_options"};
+  std::array<std::optional<MemberSpan>, kKeys.size()> f;
+  if (!find_members(body, kKeys, f)) return false;
+  bool deterministic = f[1] && value_of(body, *f[1]) != "null";
+  if (f[0]) {
+    double t = 1;
+    const std::string_view v = value_of(body, *f[0]);
+    const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), t);
+    if (ec == std::errc() && p == v.data() + v.size() && t == 0) deterministic = true;
+  }
+  if (!deterministic) return false;
+  if (f[2]) {
+    const std::string_view so = value_of(body, *f[2]);
+    if (auto c = find_member(so, "continuous_usage_stats"); c && value_of(so, *c) == "true") return false;
+  }
+  std::string without_user;
+  if (!remove_member(body, "user", without_user)) return false;
+  return remove_member(without_user, "stream_options", key);
+}
+
+void build_coalesced(std::string_view body, bool stream, std::string& scratch, std::string& out) {
+  (void)remove_member(body, "user", scratch);
+  if (!stream) {
+    out.swap(scratch);
+    return;
+  }
+  (void)set_member(scratch, "stream_options", R"({"include_usage":true})", out);
+}
+
+void append_with_id(std::string_view data, std::string_view id_json, std::string& out) {
+  const auto id = find_member(data, "id");
+  if (!id) {
+    out.append(data);
+    return;
+  }
+  out.append(data.substr(0, id->value_begin));
+  out.append(id_json);
+  out.append(data.substr(id->value_end));
+}
+
 BatchChunk parse_batch_chunk(std::string_view data) {
   BatchChunk c;
   static constexpr std::array<std::string_view, 5> kTop = {"id", "created", "model", "choices", "usage"};

@@ -43,6 +43,26 @@ std::optional<std::string_view> completion_batch_key(std::string_view body, std:
 void build_completion_batch(std::string_view key, std::span<const std::string_view> prompts, std::string& scratch,
                             std::string& out);
 
+// Decides whether the chat or completions body `body` (valid JSON, as it
+// would go upstream) may share another identical request's generation
+// (request coalescing, pools.X.coalesce). If so, writes its key to `key`:
+// the body without `user` and `stream_options` (client-only: the upstream
+// generates the same tokens whatever they say). Only deterministic requests
+// coalesce: `temperature` 0 or a `seed` given (not null). Never when
+// `stream_options.continuous_usage_stats` is asked for (the generation's
+// per-chunk usage is its leader's choice), or on bodies that are not objects.
+bool coalesce_key(std::string_view body, std::string& key);
+
+// Writes to `out` a coalesced generation's upstream body: `body` (its first
+// member's) with `user` removed and, for a stream, `stream_options`
+// {"include_usage": true} (every member's usage is the generation's).
+// `scratch` is working storage.
+void build_coalesced(std::string_view body, bool stream, std::string& scratch, std::string& out);
+
+// Appends to `out` the JSON object `data` with its top-level "id" set to
+// `id_json`; `data` unchanged when it has none or is not an object.
+void append_with_id(std::string_view data, std::string_view id_json, std::string& out);
+
 // One chunk of a batched completions stream (an SSE event's data, not
 // [DONE]), as the demultiplexer reads it. Offsets are into the chunk.
 struct BatchChunk {

@@ -118,12 +118,16 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
 }
 
 bool GatewayPhases::join_batch(RequestContext& ctx) {
-  if (member_ == nullptr || ctx.route != RouteKind::completions || ctx.fallback_step != 0) return false;
+  if (member_ == nullptr || ctx.fallback_step != 0) return false;
+  if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
   auto* batcher = w_.batcher(ctx.target.pool);
   if (batcher == nullptr) return false;
+  const auto& pc = w_.config().pools[ctx.target.pool];
   prepare_upstream_body(ctx);
-  const auto prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
-  if (!prompt) return false;
+  std::optional<std::string_view> prompt;
+  if (ctx.route == RouteKind::completions && pc.batch.enabled())
+    prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
+  if (!prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
   // What the member's own upstream request asked for: usage at the end
   // (vLLM's StreamOptions.include_usage defaults to true) and on every chunk.
   bool include_usage = false;
@@ -138,15 +142,20 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
     continuous = member_is("continuous_usage_stats", "true");
   }
   const auto& req = down_.request();
-  batcher->join(*member_, {.head = &req,
-                           .target = upstream_target(ctx.route, req.target()),
-                           .prompt = *prompt,
-                           .request_id = ctx.request_id,
-                           .stream = ctx.stream,
-                           .include_usage = ctx.stream && include_usage,
-                           .continuous_usage = ctx.stream && continuous,
-                           .strip_credentials = !w_.config().pools[ctx.target.pool].api_key.empty() ||
-                                                w_.authenticator() != nullptr});
+  const batching::BatchMember::Request r{
+      .head = &req,
+      .target = upstream_target(ctx.route, req.target()),
+      .prompt = prompt.value_or(std::string_view()),
+      .body = ctx.upstream_body,
+      .request_id = ctx.request_id,
+      .stream = ctx.stream,
+      .include_usage = ctx.stream && include_usage,
+      .continuous_usage = ctx.stream && continuous,
+      .strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr};
+  if (prompt)
+    batcher->join(*member_, r);
+  else
+    batcher->coalesce(*member_, r);
   return true;
 }
 
@@ -158,12 +167,14 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   const auto now = core::now();
   ctx.endpoint = m.endpoint();
   if (m.sent_at() != core::TimePoint{}) {
-    ctx.t_upstream_sent = m.sent_at();
+    // A late member of a coalesced generation joined one already sent.
+    ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
     // Read, parse, route, admit and the batch window: all of it Weir's.
-    ctx.added_us += core::micros_between(ctx.t_start, m.sent_at());
+    ctx.added_us += core::micros_between(ctx.t_start, ctx.t_upstream_sent);
     ctx.batch_id.assign(m.batch_id());
     ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
     ctx.batch_slot = static_cast<std::uint16_t>(m.slot());
+    ctx.coalesced = m.coalesced();
   } else {
     ctx.added_us += core::micros_between(ctx.t_start, now);
   }
@@ -181,7 +192,9 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
       ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                           .endpoint = static_cast<std::int16_t>(ctx.endpoint),
                           .failure = f,
-                          .us = static_cast<std::uint32_t>(core::micros_between(m.sent_at(), now))});
+                          .us = ctx.t_upstream_sent == core::TimePoint{}
+                                    ? 0u
+                                    : static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
     co_return Outcome::failed(upstream_error(f, subject(ctx), false));
   }
   ctx.upstream_status = m.head().result_int();
@@ -189,7 +202,7 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                       .endpoint = static_cast<std::int16_t>(ctx.endpoint),
                       .status = static_cast<std::int16_t>(ctx.upstream_status),
-                      .us = static_cast<std::uint32_t>(core::micros_between(m.sent_at(), now))});
+                      .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
   // The members' streams are not held for a fallback: the batch's events go out as they come.
   ctx.fallback_limit = ctx.fallback_step;
   Outcome o = co_await relay(ctx, m);
