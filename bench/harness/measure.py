@@ -38,12 +38,15 @@ def focus(targets: list[Target], current: Target) -> None:
 
 def run_cell(env: Env, targets: list[Target], load_for: Callable[[Target], Load], tag: str,
              mock: Mock | None = None, rounds: int | None = None,
-             give_up: Callable[[dict], str | None] | None = None) -> dict[str, list[dict]]:
+             give_up: Callable[[dict], str | None] | None = None,
+             probe: Callable[[Target], dict[str, float]] | None = None) -> dict[str, list[dict]]:
     """Runs `rounds` rounds over the available targets; returns label -> list of per-round results.
 
     A result of a round that was not run is absent. `give_up(result)` may return a reason to skip the
     target's remaining rounds of this cell (a peer that failed outright); the reason is kept in
-    result["gave_up"]."""
+    result["gave_up"]. `probe(target)` (counters: the mock's and the gateway's /metrics) is read just
+    before and just after each run, outside the gateway's CPU window; result["probe"] holds each
+    counter's increase over the run."""
     rounds = rounds or env.rounds
     live = [t for t in targets if t.available]
     results: dict[str, list[dict]] = {t.label: [] for t in live}
@@ -59,7 +62,11 @@ def run_cell(env: Env, targets: list[Target], load_for: Callable[[Target], Load]
                 stopped[t.label] = t.reason
                 continue
             focus(targets, t)
+            before = probe(t) if probe else None
             res = loadgen.run(env, t, load_for(t), f"{tag}-r{r + 1}", mock=mock)
+            if probe:
+                after = probe(t)
+                res["probe"] = {k: after[k] - before[k] for k in after if k in before}
             res["round"] = r + 1
             results[t.label].append(res)
             if env.verbose:

@@ -188,8 +188,9 @@ def run(env: Env, opts: Options) -> Report:
             ok = ok and r99 is not None and r999 is not None and r99 >= need and r999 >= need
         rep.goal(goal, "; ".join(parts), "met" if ok else "missed")
 
-    rep.note("Micro-batching does not exist in Weir yet (src/batching/ is empty): the seed's 5 ms micro-batcher "
-             "is not part of these numbers; every request goes to its pool on its own.")
+    rep.note("The seed's 5 ms micro-batcher is not part of these numbers: Weir micro-batches /v1/completions "
+             "only (vLLM's chat server takes one conversation per request), so these chat requests each go to "
+             "their pool on their own; the batch suite (batch.md) measures micro-batching on completions.")
     rep.note("The seed measured 10 minutes per rate after 2 minutes of warm-up on 4-vCPU pods with the load "
              "generator on another node; here each run is seconds long on a 2-core VM where the mock and the load "
              "generator share one core, so the highest rates are bounded by that core (see Saturation).")
