@@ -282,6 +282,25 @@ core::Task<void> Batch::send() {
     co_return;
   }
   const auto ep_idx = static_cast<std::uint32_t>(endpoint_);
+  const int status = exchange_.head().result_int();
+  if (mode_ == Mode::batch && sent_size_ > 1 && (status == 400 || status == 413 || status == 422)) {
+    // vLLM validates every prompt of a list and refuses the whole request
+    // for one (too long for the model, say): each member goes on its own,
+    // so only the one at fault gets the error.
+    if (env.stats) ++env.stats->split;
+    exchange_.cancel();
+    exchange_.release();
+    pool.on_finish(ep_idx);
+    finished();
+    for_present([&](BatchMember& m) {
+      m.split_status_ = status;
+      m.end(UpstreamFailure::none);
+      m.head_ready_ = false;
+    });
+    members_.clear();
+    present_ = 0;
+    co_return;
+  }
   head_ = exchange_.head();
   const bool stream = head_.result_int() == 200 && is_event_stream(head_[bh::field::content_type]);
   if (stream && mode_ == Mode::batch) {
@@ -494,6 +513,7 @@ void BatchMember::begin(const Request& r) {
   pos_ = 0;
   head_ready_ = false;
   ended_ = false;
+  split_status_ = 0;
   failure_ = UpstreamFailure::none;
   slot_ = 0;
   id_json_.clear();

@@ -44,6 +44,7 @@ struct Stats {
   std::uint64_t batches = 0;         // upstream requests sent for batches
   std::uint64_t members = 0;         // requests sent as members of those batches
   std::uint64_t aborted = 0;         // batches whose upstream request was aborted: every member had left
+  std::uint64_t split = 0;           // batches the upstream refused whole (400/413/422): members resent one by one
   std::uint64_t coalesced = 0;       // requests that shared a generation another request started (pools.X.coalesce)
 };
 
@@ -80,6 +81,12 @@ class BatchMember final : public http::ResponseSource {
   // left).
   core::Task<bool> wait_head();
   http::UpstreamFailure failure() const { return failure_; }
+  // wait_head() returned false because the upstream refused the batch as a
+  // whole (400, 413 or 422 for a list: one member's prompt can fail them
+  // all): the member must be sent on its own. `split_status()` is the
+  // batch's answer.
+  bool resend_alone() const { return split_status_ != 0; }
+  int split_status() const { return split_status_; }
 
   // --- once wait_head() returned true ---
   std::string_view batch_id() const;  // the batch's upstream x-request-id
@@ -115,6 +122,7 @@ class BatchMember final : public http::ResponseSource {
   std::size_t pos_ = 0;
   bool head_ready_ = false;
   bool ended_ = false;
+  int split_status_ = 0;
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;
   std::string id_json_;     // the member's response id, a JSON string

@@ -37,6 +37,7 @@ void RequestContext::reset() {
   batch_id.clear();
   batch_size = batch_slot = 0;
   coalesced = false;
+  batch_split = false;
   hooks.reset(false);
   sse.reset();
   status = 0;

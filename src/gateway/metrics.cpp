@@ -48,6 +48,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   batch.members += o.batch.members;
   batch.aborted += o.batch.aborted;
   batch.coalesced += o.batch.coalesced;
+  batch.split += o.batch.split;
   for (std::size_t i = 0; i < upstream_failures_.size(); ++i) upstream_failures_[i] += o.upstream_failures_[i];
   client_disconnects += o.client_disconnects;
   slow_client_cutoffs += o.slow_client_cutoffs;
@@ -134,6 +135,9 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_batches_aborted_total", "counter",
            "Micro-batches whose upstream request was aborted because every member had left.");
   w.sample("weir_batches_aborted_total", "", batch.aborted);
+  w.header("weir_batches_split_total", "counter",
+           "Micro-batches the upstream refused whole (400/413/422) whose members were then sent one by one.");
+  w.sample("weir_batches_split_total", "", batch.split);
   w.header("weir_coalesced_requests_total", "counter",
            "Requests served by a generation an identical request started (pools.X.coalesce).");
   w.sample("weir_coalesced_requests_total", "", batch.coalesced);

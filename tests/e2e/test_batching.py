@@ -320,3 +320,25 @@ def test_the_leader_leaving_does_not_end_the_followers_stream(mock, weir):
         assert CREATED.sub(b"", got[i]) == CREATED.sub(b"", want)
     assert up.aborts() == 0
     assert upstream_requests(up) == 1
+
+
+def test_a_batch_refused_for_one_prompt_is_resent_member_by_member(mock, weir):
+    # vLLM refuses a whole prompt list when one prompt is too long for the model
+    up = mock(*FAST, "--max-model-len", "40")
+    reference = mock(*FAST, "--max-model-len", "40")
+    w = weir(config=batch_config(up, max_size=3), workers=1)
+    bodies = [{"model": "mock-model", "prompt": p, "max_tokens": 5, "stream": True}
+              for p in ("short one", "word " * 60, "short two")]
+    got = in_parallel(raw_completion, [(w.base_url, b, f"split-{i}") for i, b in enumerate(bodies)])
+    want = [raw_completion(reference.base_url, b, f"split-{i}") for i, b in enumerate(bodies)]
+    assert [s for s, _ in got] == [200, 400, 200]
+    for (gs, gb), (ws, wb) in zip(got, want):
+        assert gs == ws
+        assert CREATED.sub(b"", gb) == CREATED.sub(b"", wb)
+    assert w.metric("weir_batches_split_total") == 1
+    entries = {e["request_id"]: e for e in completion_lines(w, 3)}
+    for i, status in enumerate([200, 400, 200]):
+        e = entries[f"split-{i}"]
+        assert e["status"] == status
+        assert [a["status"] for a in e["attempts"]] == [400, status]
+        assert e["retries"] == 1

@@ -384,6 +384,7 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
 
   std::string_view last_role;
   std::optional<bool> stream;
+  std::optional<std::int64_t> requested_max;  // the request's max_tokens, for the context-length check
   if (ep != Endpoint::embedding) {
     if (auto e = opt_bool(o, "stream", stream)) return e;
     plan.stream = stream.value_or(false);
@@ -403,6 +404,7 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
       if (auto e = opt_int(o, "max_tokens", max_tokens)) return e;
     if (max_tokens && *max_tokens < 1)
       return ApiError{400, fmt::format("max_tokens must be at least 1, got {}.", *max_tokens)};
+    requested_max = max_tokens;
     plan.tokens = cfg.max_tokens;
     if (max_tokens && *max_tokens < cfg.max_tokens) {
       plan.tokens = static_cast<int>(*max_tokens);
@@ -453,6 +455,21 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
   }
   if (plan.choices() > 1024) return ApiError{400, "weir-mock accepts at most 1024 choices per request"};
   for (auto t : plan.prompt_tokens) plan.total_prompt_tokens += t;
+  // vLLM checks every prompt against the context length (serving_engine.py
+  // _validate_input) and refuses the whole request for one that does not fit.
+  if (ep != Endpoint::embedding) {
+    for (auto t : plan.prompt_tokens) {
+      if (requested_max && static_cast<std::int64_t>(t) + *requested_max > cfg.max_model_len)
+        return ApiError{400, fmt::format("This model's maximum context length is {} tokens. However, you requested "
+                                         "{} tokens ({} in the messages, {} in the completion). Please reduce the "
+                                         "length of the messages or completion.",
+                                         cfg.max_model_len, t + *requested_max, t, *requested_max)};
+      if (!requested_max && static_cast<std::int64_t>(t) >= cfg.max_model_len)
+        return ApiError{400, fmt::format("This model's maximum context length is {} tokens. However, your request "
+                                         "has {} input tokens. Please reduce the length of the input messages.",
+                                         cfg.max_model_len, t)};
+    }
+  }
 
   // Model check after validation, as vLLM does (_check_model): 404 for a name
   // not served. The response names vLLM's first served name, or with

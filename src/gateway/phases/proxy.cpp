@@ -183,6 +183,16 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
     ctx.source = nullptr;
     co_return Outcome::failed(client_gone(ClientGone::closed));
   }
+  if (!ok && m.resend_alone()) {
+    ctx.source = nullptr;
+    ctx.batch_split = true;
+    ++ctx.retries;
+    ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                        .endpoint = static_cast<std::int16_t>(ctx.endpoint),
+                        .status = static_cast<std::int16_t>(m.split_status()),
+                        .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+    co_return Outcome::next();  // not an outcome: proxy() sends the request alone
+  }
   if (!ok) {
     ctx.source = nullptr;
     const auto f = m.failure();
@@ -215,10 +225,13 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   down_.watch_for_close(/*release_buffer=*/ctx.stream);
   if (join_batch(ctx)) {
     Outcome o = co_await proxy_batched(ctx);
-    // A batch that failed before its head may still fall back (unbatched, on the next target).
-    if (!(ctx.fail_over && fallback_left(ctx))) co_return o;
-    ctx.fail_over = false;
-    next_target(ctx);
+    // A batch the upstream refused whole: this request goes on its own (below, same target).
+    if (!ctx.batch_split) {
+      // A batch that failed before its head may still fall back (unbatched, on the next target).
+      if (!(ctx.fail_over && fallback_left(ctx))) co_return o;
+      ctx.fail_over = false;
+      next_target(ctx);
+    }
   }
   // One pass per target: the route's pool, then each fallback while the
   // previous one failed before anything reached the client (ctx.fail_over,
@@ -275,7 +288,9 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   auto now = core::now();
   routing::Attempts attempts(pool, w_.rng(), now);
   // Read, parse, route and admit count once, before the first target.
-  std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 ? core::micros_between(ctx.t_start, now) : 0);
+  // (A request resent alone after its batch was refused counted its time to the batch already.)
+  std::int64_t added =
+      ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split ? core::micros_between(ctx.t_start, now) : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool started = false;
   const std::uint32_t retries_before = ctx.retries;
