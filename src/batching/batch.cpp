@@ -39,8 +39,11 @@ class Batch : public std::enable_shared_from_this<Batch> {
   Batch(MicroBatcher& b, std::string_view key, Mode mode)
       : b_(&b), key_(key), mode_(mode), window_(b.env_.ex), exchange_(b.env_.ex, b.env_.read_scratch) {}
   Mode mode() const { return mode_; }
-  // A coalesced generation takes members until its response ends.
-  bool joinable() const { return state_ != State::done && present_ > 0; }
+  // A coalesced generation takes members until its response ends, or until
+  // what a late member would be replayed passes kMaxReplayBytes (a long
+  // generation: identical requests then start their own).
+  static constexpr std::size_t kMaxReplayBytes = 1u << 20;
+  bool joinable() const { return state_ != State::done && present_ > 0 && replay_.size() <= kMaxReplayBytes; }
 
   const std::string& key() const { return key_; }
   std::size_t size() const { return members_.size(); }
@@ -52,7 +55,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
     if (state_ == State::streaming) {
       // A late member of a coalesced generation: what the others have had so far, then the rest.
       m.head_ready_ = true;
-      for (const auto& data : replay_) deliver(m, data);
+      for (auto [at, n] : replay_spans_) deliver(m, read_event(std::string_view(replay_).substr(at, n)));
       m.ev_.notify();
     }
   }
@@ -139,8 +142,16 @@ class Batch : public std::enable_shared_from_this<Batch> {
   core::Task<void> relay_stream();
   core::Task<void> relay_whole();
   void dispatch(const http::SseEvent& ev);
-  // Coalesced: one upstream event's data ("[DONE]" included) as member `m` gets it.
-  void deliver(BatchMember& m, std::string_view data);
+  // Coalesced: one upstream event's data ("[DONE]" included), read once,
+  // and as member `m` gets it.
+  struct Event {
+    std::string_view data;
+    std::optional<api::MemberSpan> id;
+    bool done = false;
+    bool usage_only = false;  // the final usage chunk
+  };
+  static Event read_event(std::string_view data);
+  void deliver(BatchMember& m, const Event& e);
   void finish_members();
   // The response is over (or failed): a coalesced generation takes no one new.
   void finished() {
@@ -153,7 +164,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
   MicroBatcher* b_;
   std::string key_;
   Mode mode_;
-  std::vector<std::string> replay_;  // coalesced stream: every upstream event's data so far
+  // Coalesced stream: every upstream event's data so far, one after another
+  // (amortized growth: no allocation per event), and where each one is.
+  std::string replay_;
+  std::vector<std::pair<std::size_t, std::size_t>> replay_spans_;
   std::vector<BatchMember*> members_;  // slot → member; null once it left after the batch was sent
   std::uint32_t present_ = 0;
   std::uint32_t sent_size_ = 0;
@@ -395,8 +409,11 @@ core::Task<void> Batch::relay_stream() {
 void Batch::dispatch(const http::SseEvent& ev) {
   if (!ev.has_data) return;  // comments and keep-alives are the upstream's
   if (mode_ == Mode::coalesce) {
-    replay_.emplace_back(ev.data);
-    for_present([&](BatchMember& m) { deliver(m, replay_.back()); });
+    // Kept for members that join later (joinable() bounds it), read once for all.
+    replay_spans_.push_back({replay_.size(), ev.data.size()});
+    replay_.append(ev.data);
+    const Event e = read_event(std::string_view(replay_).substr(replay_spans_.back().first));
+    for_present([&](BatchMember& m) { deliver(m, e); });
     return;
   }
   if (ev.is_done()) {
@@ -462,23 +479,31 @@ std::string_view Batch::id_of(BatchMember& m, std::string_view upstream_id_json)
   return m.id_json_;
 }
 
-void Batch::deliver(BatchMember& m, std::string_view data) {
-  if (!m.req_.stream) return;
+Batch::Event Batch::read_event(std::string_view data) {
+  Event e{.data = data};
   if (data == "[DONE]") {
+    e.done = true;
+    return e;
+  }
+  e.id = api::find_member(data, "id");
+  e.usage_only = api::find_member(data, "usage") && api::openai::parse_batch_chunk(data).kind == BatchChunk::Kind::usage;
+  return e;
+}
+
+void Batch::deliver(BatchMember& m, const Event& e) {
+  if (!m.req_.stream) return;
+  if (e.done) {
     m.push("data: [DONE]\n\n");
     return;
   }
-  const auto id = api::find_member(data, "id");
   // The usage chunk (asked for on every member's behalf) only to members whose own body asked for it.
-  if (!m.req_.include_usage && api::find_member(data, "usage") &&
-      api::openai::parse_batch_chunk(data).kind == BatchChunk::Kind::usage)
-    return;
+  if (e.usage_only && !m.req_.include_usage) return;
   scratch_.assign("data: ");
-  if (id)
-    api::openai::append_with_id(data, id_of(m, data.substr(id->value_begin, id->value_end - id->value_begin)),
+  if (e.id)
+    api::openai::append_with_id(e.data, id_of(m, e.data.substr(e.id->value_begin, e.id->value_end - e.id->value_begin)),
                                 scratch_);
   else
-    scratch_.append(data);
+    scratch_.append(e.data);
   scratch_ += "\n\n";
   m.push(scratch_);
 }
@@ -507,6 +532,7 @@ BatchMember::~BatchMember() {
 }
 
 void BatchMember::begin(const Request& r) {
+  if (batch_ && !ended_) batch_->leave(*this);  // never still in an earlier batch
   req_ = r;
   batch_.reset();
   out_.clear();
