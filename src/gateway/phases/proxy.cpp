@@ -188,6 +188,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     const std::uint32_t ep_idx = attempts.endpoint();
     auto& ep = pool.endpoint(ep_idx);
     ctx.endpoint = static_cast<int>(ep_idx);
+    metrics.count_attempt(ctx.target.pool, ep_idx);
     auto pooled = attempts.fresh_only() ? nullptr : ep.conns.take(core::now());
     const bool reused = pooled != nullptr;
     if (reused) {
@@ -198,7 +199,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       failure = co_await exchange_.connect(ep.addr, pc.timeouts.connect);
       if (down_.client_gone()) break;
       if (failure != http::UpstreamFailure::none) {
-        metrics.count_upstream_failure(failure);
+        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
         record(ep_idx, 0, failure, t_connect);
         if (attempts.on_connect_failure(failure, core::now())) {
           metrics.count_retry(routing::RetryReason::connect);
@@ -262,11 +263,12 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       if (down_.client_gone()) break;
       d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent,
                                        core::now());
+      // Every failed attempt counts against its endpoint, retried or not,
+      // except a pooled connection the server had closed (resent at once).
+      if (!(d.retry && d.reason == routing::RetryReason::stale))
+        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
       exchange_.release();
-      if (!d.retry) {
-        metrics.count_upstream_failure(failure);
-        break;
-      }
+      if (!d.retry) break;
     }
     metrics.count_retry(d.reason);
     co_await wait_backoff(ctx, d.delay);
