@@ -31,7 +31,8 @@ struct MetricsConfig {
   bool tenant_label = true;         // a `tenant` label (when tenants are configured)
   std::uint32_t max_tenants = 100;  // tenants with a label value of their own (in name order); the rest: "other"
   bool key_id_label = false;        // a `key_id` label for API-key requests
-  std::uint32_t max_key_ids = 100;  // configured keys with their own value (config order); the rest, and Redis keys: "other"
+  std::uint32_t max_key_ids =
+      100;  // configured keys with their own value (config order); the rest, and Redis keys: "other"
 };
 
 // Downstream (client-facing) limits and timeouts.

@@ -11,12 +11,12 @@
 namespace weir::core {
 
 struct ProcessStats {
-  double cpu_seconds = 0;             // user + system CPU time of every thread (getrusage)
-  std::uint64_t resident_bytes = 0;   // resident set size (/proc/self/statm)
-  std::uint64_t virtual_bytes = 0;    // virtual memory size (/proc/self/statm)
-  std::uint64_t open_fds = 0;         // descriptors open now, the one used to count them excluded (/proc/self/fd)
-  std::uint64_t max_fds = 0;          // RLIMIT_NOFILE soft limit
-  double start_time_seconds = 0;      // process start, seconds since the Unix epoch (/proc/self/stat + btime)
+  double cpu_seconds = 0;            // user + system CPU time of every thread (getrusage)
+  std::uint64_t resident_bytes = 0;  // resident set size (/proc/self/statm)
+  std::uint64_t virtual_bytes = 0;   // virtual memory size (/proc/self/statm)
+  std::uint64_t open_fds = 0;        // descriptors open now, the one used to count them excluded (/proc/self/fd)
+  std::uint64_t max_fds = 0;         // RLIMIT_NOFILE soft limit
+  double start_time_seconds = 0;     // process start, seconds since the Unix epoch (/proc/self/stat + btime)
 };
 
 // Reads the stats of the calling process. A value the kernel does not give

@@ -117,7 +117,8 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
   g->timer.expires_after(std::chrono::seconds(1));
   co_await g->timer.async_wait(http::use_task);
   g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
-  if (shared.limiter && shared.auth_policy) append_budget_metrics(out, *shared.auth_policy, *shared.limiter, g->total.labels());
+  if (shared.limiter && shared.auth_policy)
+    append_budget_metrics(out, *shared.auth_policy, *shared.limiter, g->total.labels());
   if (shared.redis_limiter) {
     // Shared limits: the state of the Redis leases (atomics, safe to read here).
     const auto s = shared.redis_limiter->stats();

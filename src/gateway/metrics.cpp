@@ -133,10 +133,11 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
 
   w.header("weir_requests_total", "counter", "Requests answered, by route, model, HTTP status (and tenant, key).");
   for (const auto& [key, v] : family(Family::requests))
-    w.sample("weir_requests_total",
-             fmt::format("route=\"{}\",model=\"{}\",status=\"{}\"{}", route_label(static_cast<RouteKind>(route_of(key))),
-                         model_label(model_of(key)), status_label(status_of(key)), identity_labels(key)),
-             v);
+    w.sample(
+        "weir_requests_total",
+        fmt::format("route=\"{}\",model=\"{}\",status=\"{}\"{}", route_label(static_cast<RouteKind>(route_of(key))),
+                    model_label(model_of(key)), status_label(status_of(key)), identity_labels(key)),
+        v);
 
   auto hist = [&](const char* name, const char* help, const std::vector<core::Histogram>& hs) {
     w.header(name, "histogram", help);
@@ -171,7 +172,8 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   per_model("weir_completion_tokens_total", "counter", "Completion tokens reported by upstream usage.",
             Family::completion_tokens, 1.0);
   per_model("weir_spend_usd_total", "counter",
-            "Spend in USD at the configured prices (pricing:), from the usage upstreams reported.", Family::spend, 1e-9);
+            "Spend in USD at the configured prices (pricing:), from the usage upstreams reported.", Family::spend,
+            1e-9);
   w.header("weir_rate_limited_total", "counter",
            "Requests Weir's admission refused with 429, by reason (rate_limit_exceeded: a requests or tokens "
            "bucket or a stream cap; insufficient_quota: a budget).");
@@ -221,8 +223,7 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.sample("weir_upstream_health_transitions_total", "", health_transitions);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by pool, endpoint and kind.");
   for (std::size_t p = 0; p < pools; ++p)
-    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1];
-         ++e) {
+    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1]; ++e) {
       const auto labels = endpoint_labels(p, e);
       const std::size_t slot = L.endpoint_base[p] + e;
       for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,

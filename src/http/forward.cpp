@@ -95,8 +95,7 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
   copy_end_to_end(out, res, [&](const auto& f) {
     if (f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding))
       return true;
-    if (!upstream_host.empty() &&
-        (f.name() == bh::field::location || f.name() == bh::field::content_location)) {
+    if (!upstream_host.empty() && (f.name() == bh::field::location || f.name() == bh::field::content_location)) {
       const std::string_view v = f.value();
       const std::string_view rel = strip_upstream_origin(v, upstream_host);
       if (rel.size() == v.size()) return false;

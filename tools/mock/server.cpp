@@ -375,10 +375,9 @@ void Connection::start_generation(Endpoint ep) {
     // An absolute redirect built from the Host header, as uvicorn/Starlette's
     // trailing-slash redirect is: what a gateway must not pass on verbatim.
     parser_.reset();
-    return respond(307, "application/json", "{}",
-                   fmt::format("Location: http://{}{}\r\n", sanitize(req[boost::beast::http::field::host]),
-                               sanitize(to)),
-                   false);
+    return respond(
+        307, "application/json", "{}",
+        fmt::format("Location: http://{}{}\r\n", sanitize(req[boost::beast::http::field::host]), sanitize(to)), false);
   }
   if (faults_.status != 0) {
     bump(m.injected_errors, std::uint64_t{1});

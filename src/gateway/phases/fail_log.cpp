@@ -71,7 +71,10 @@ UpstreamSubject GatewayPhases::subject(const RequestContext& ctx) const {
 
 std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
   if (ctx.pool < 0 || ctx.endpoint < 0) return {};
-  return w_.config().pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].host_header;
+  return w_.config()
+      .pools[static_cast<std::size_t>(ctx.pool)]
+      .endpoints[static_cast<std::size_t>(ctx.endpoint)]
+      .host_header;
 }
 
 void GatewayPhases::count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f) {

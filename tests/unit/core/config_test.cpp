@@ -163,10 +163,10 @@ TEST(Config, ServerMetricsLabelsAndCaps) {
   EXPECT_EQ(d->server.metrics.max_tenants, 100u);
   EXPECT_FALSE(d->server.metrics.key_id_label);
   EXPECT_EQ(d->server.metrics.max_key_ids, 100u);
-  auto c = parse_config(
-      "server: {metrics: {tenant_label: false, max_tenants: 5, key_id_label: true, max_key_ids: 0}}\n" +
-          std::string(pools),
-      "weir.yaml");
+  auto c =
+      parse_config("server: {metrics: {tenant_label: false, max_tenants: 5, key_id_label: true, max_key_ids: 0}}\n" +
+                       std::string(pools),
+                   "weir.yaml");
   ASSERT_TRUE(c) << c.error().to_string();
   EXPECT_FALSE(c->server.metrics.tenant_label);
   EXPECT_EQ(c->server.metrics.max_tenants, 5u);

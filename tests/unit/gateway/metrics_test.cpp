@@ -197,7 +197,8 @@ TEST(GatewayMetricsShard, MergeAddsEverything) {
   EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_count", "model=\"llama\""), 5);
   EXPECT_DOUBLE_EQ(sample(t, "weir_time_to_first_token_seconds_sum", "model=\"llama\""), 0.005);
   EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"0.001\""), 5);
-  EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"0.0005\""), -1);  // no such bucket
+  EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"0.0005\""),
+            -1);  // no such bucket
   EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"+Inf\""), 5);
   EXPECT_EQ(sample(t, "weir_upstream_seconds_count", "model=\"llama\""), 5);
   EXPECT_EQ(sample(t, "weir_inter_token_latency_seconds_count", "model=\"llama\""), 5);
