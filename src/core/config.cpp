@@ -14,11 +14,33 @@ namespace weir::core {
 
 namespace {
 
+ConfigResult<void> parse_metrics(const YAML::Node& n, MetricsConfig& m) {
+  WEIR_TRY_VOID(check_keys(n, "server.metrics", {"tenant_label", "max_tenants", "key_id_label", "max_key_ids"}));
+  if (auto v = n["tenant_label"]) {
+    WEIR_TRY(b, read_bool(v, "server.metrics.tenant_label"));
+    m.tenant_label = b;
+  }
+  if (auto v = n["key_id_label"]) {
+    WEIR_TRY(b, read_bool(v, "server.metrics.key_id_label"));
+    m.key_id_label = b;
+  }
+  // Label slots are 16 bits in the metrics shards (gateway/metrics.hpp), "other" included.
+  if (auto v = n["max_tenants"]) {
+    WEIR_TRY(i, read_int(v, "server.metrics.max_tenants", 0, 10'000));
+    m.max_tenants = static_cast<std::uint32_t>(i);
+  }
+  if (auto v = n["max_key_ids"]) {
+    WEIR_TRY(i, read_int(v, "server.metrics.max_key_ids", 0, 10'000));
+    m.max_key_ids = static_cast<std::uint32_t>(i);
+  }
+  return {};
+}
+
 ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   WEIR_TRY_VOID(
       check_keys(n, "server",
                  {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout", "write_timeout",
-                  "max_stream_buffer", "max_response", "drain_timeout", "access_log", "reuse_port"}));
+                  "max_stream_buffer", "max_response", "drain_timeout", "access_log", "reuse_port", "metrics"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     s.max_body_bytes = b;
@@ -58,6 +80,7 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
     WEIR_TRY(b, read_bool(v, "server.reuse_port"));
     s.reuse_port = b;
   }
+  if (auto v = n["metrics"]) WEIR_TRY_VOID(parse_metrics(v, s.metrics));
   return {};
 }
 

@@ -24,6 +24,17 @@ struct ListenAddress {
   std::uint16_t port = 8080;
 };
 
+// Label dimensions of /metrics (server.metrics): which identity labels the
+// request, token, spend and rate-limit counters carry, and how many distinct
+// values each may take before the rest share the value `other`.
+struct MetricsConfig {
+  bool tenant_label = true;         // a `tenant` label (when tenants are configured)
+  std::uint32_t max_tenants = 100;  // tenants with a label value of their own (in name order); the rest: "other"
+  bool key_id_label = false;        // a `key_id` label for API-key requests
+  std::uint32_t max_key_ids =
+      100;  // configured keys with their own value (config order); the rest, and Redis keys: "other"
+};
+
 // Downstream (client-facing) limits and timeouts.
 struct ServerConfig {
   ListenAddress listen;
@@ -39,6 +50,7 @@ struct ServerConfig {
   Millis drain_timeout{30'000};                      // SIGTERM: streams may finish this long
   std::string access_log = "-";                      // "-" stdout, "off", or a file path
   bool reuse_port = false;                           // start even if another process listens on `listen`, sharing it
+  MetricsConfig metrics;                             // label dimensions of /metrics
 };
 
 // Upstream timeouts of one pool.

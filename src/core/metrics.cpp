@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <bit>
 
 #include <fmt/format.h>
 
@@ -40,6 +41,91 @@ std::span<const std::int64_t> added_latency_buckets_us() {
   static constexpr std::array<std::int64_t, 18> b = {
       5, 10, 20, 35, 50, 75, 100, 150, 250, 500, 1'000, 2'500, 5'000, 10'000, 25'000, 50'000, 100'000, 1'000'000};
   return b;
+}
+
+std::span<const std::int64_t> ttft_buckets_us() {
+  static constexpr auto b = [] {
+    std::array<std::int64_t, 2 + 40 + 17> a{};
+    std::size_t i = 0;
+    a[i++] = 1'000;
+    a[i++] = 2'500;
+    for (std::int64_t ms = 5; ms <= 200; ms += 5) a[i++] = ms * 1'000;
+    for (std::int64_t ms : {250, 300, 400, 500, 750, 1'000, 1'500, 2'000, 3'000, 5'000, 7'500, 10'000, 15'000, 20'000,
+                            30'000, 45'000, 60'000})
+      a[i++] = ms * 1'000;
+    return a;
+  }();
+  return b;
+}
+
+std::span<const std::int64_t> itl_buckets_us() {
+  static constexpr std::array<std::int64_t, 36> b = {
+      250,     500,       1'000,     2'000,     3'000,      4'000,      5'000,      6'000,      7'000,
+      8'000,   9'000,     10'000,    12'000,    14'000,     16'000,     18'000,     20'000,     25'000,
+      30'000,  40'000,    50'000,    75'000,    100'000,    150'000,    200'000,    300'000,    500'000,
+      750'000, 1'000'000, 2'000'000, 5'000'000, 10'000'000, 20'000'000, 30'000'000, 45'000'000, 60'000'000};
+  return b;
+}
+
+CounterMap::CounterMap(std::size_t capacity) {
+  std::size_t n = 16;
+  while (n < capacity) n *= 2;
+  keys_.assign(n, kEmpty);
+  values_.assign(n, 0);
+  shift_ = 64 - static_cast<unsigned>(std::countr_zero(n));
+}
+
+std::size_t CounterMap::slot_of(std::uint64_t key) const {
+  // Fibonacci hashing: packed label tuples differ in few bits, which the multiply spreads.
+  std::size_t i = static_cast<std::size_t>((key * 0x9e3779b97f4a7c15ull) >> shift_);
+  const std::size_t mask = keys_.size() - 1;
+  while (keys_[i] != key && keys_[i] != kEmpty) i = (i + 1) & mask;
+  return i;
+}
+
+void CounterMap::add(std::uint64_t key, std::uint64_t n) {
+  std::size_t i = slot_of(key);
+  if (keys_[i] == kEmpty) {
+    if (2 * (size_ + 1) > keys_.size()) {
+      grow();
+      i = slot_of(key);
+    }
+    keys_[i] = key;
+    ++size_;
+  }
+  values_[i] += n;
+}
+
+std::uint64_t CounterMap::get(std::uint64_t key) const {
+  const std::size_t i = slot_of(key);
+  return keys_[i] == key ? values_[i] : 0;
+}
+
+void CounterMap::grow() {
+  std::vector<std::uint64_t> keys(keys_.size() * 2, kEmpty), values(keys_.size() * 2, 0);
+  keys.swap(keys_);
+  values.swap(values_);
+  --shift_;
+  for (std::size_t j = 0; j < keys.size(); ++j) {
+    if (keys[j] == kEmpty) continue;
+    const std::size_t i = slot_of(keys[j]);
+    keys_[i] = keys[j];
+    values_[i] = values[j];
+  }
+}
+
+void CounterMap::merge(const CounterMap& o) {
+  for (std::size_t j = 0; j < o.keys_.size(); ++j)
+    if (o.keys_[j] != kEmpty) add(o.keys_[j], o.values_[j]);
+}
+
+std::vector<std::pair<std::uint64_t, std::uint64_t>> CounterMap::sorted() const {
+  std::vector<std::pair<std::uint64_t, std::uint64_t>> out;
+  out.reserve(size_);
+  for (std::size_t j = 0; j < keys_.size(); ++j)
+    if (keys_[j] != kEmpty) out.emplace_back(keys_[j], values_[j]);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void PromWriter::header(std::string_view name, std::string_view type, std::string_view help) {

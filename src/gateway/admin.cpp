@@ -1,5 +1,6 @@
 #include "gateway/admin.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <ctime>
 
@@ -9,6 +10,7 @@
 #include "auth/authenticator.hpp"
 #include "auth/redis_keys.hpp"
 #include "core/json_text.hpp"
+#include "core/process_metrics.hpp"
 #include "gateway/worker.hpp"
 
 namespace weir::gateway {
@@ -25,6 +27,32 @@ void append_model(std::string& out, std::string_view id, std::string_view owned_
   out += R"(,"root":)";
   core::append_json_string(out, root);
   out += "}";
+}
+// weir_budget_{limit,remaining}_usd{tenant}: every budgeted tenant with a
+// tenant label of its own (MetricLabels), read from the limiter (atomics:
+// safe on any thread). Remaining is the limit minus the period's settled
+// spend; it goes below 0 when the last requests cost more than their
+// reservations (the only way spend passes a limit: docs/admission.md).
+void append_budget_metrics(std::string& out, const auth::AuthPolicy& policy, admission::Limiter& limiter,
+                           const MetricLabels& labels) {
+  const auto& tenants = policy.tenants();
+  const std::size_t own = labels.tenants.empty() ? 0 : std::min(tenants.size(), labels.tenants.size() - 1);
+  bool any = false;
+  for (std::size_t i = 0; i < own; ++i) any = any || tenants[i].budget.any();
+  if (!any) return;
+  core::PromWriter w(out);
+  w.header("weir_budget_limit_usd", "gauge", "The tenant's budget per period (tenants.X.budget), USD.");
+  for (std::size_t i = 0; i < own; ++i)
+    if (tenants[i].budget.any())
+      w.sample("weir_budget_limit_usd", fmt::format("tenant=\"{}\"", labels.tenants[i]),
+               static_cast<double>(tenants[i].budget.limit_nano_usd) / 1e9);
+  w.header("weir_budget_remaining_usd", "gauge",
+           "What is left of the tenant's budget in the current period (limit minus settled spend), USD.");
+  const auto now = std::chrono::steady_clock::now();
+  for (std::size_t i = 0; i < own; ++i)
+    if (tenants[i].budget.any())
+      w.sample("weir_budget_remaining_usd", fmt::format("tenant=\"{}\"", labels.tenants[i]),
+               static_cast<double>(tenants[i].budget.limit_nano_usd - limiter.spent(tenants[i].scope, now)) / 1e9);
 }
 }  // namespace
 
@@ -69,13 +97,14 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 
 http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
   struct Gather {
-    Gather(http::Executor ex, std::size_t models, std::size_t n) : total(models), remaining(n), timer(ex) {}
+    Gather(http::Executor ex, std::shared_ptr<const MetricLabels> labels, std::size_t n)
+        : total(std::move(labels)), remaining(n), timer(ex) {}
     MetricsShard total;
     std::size_t remaining;
     http::Timer timer;
   };
   auto& shared = self.shared();
-  auto g = std::make_shared<Gather>(self.io().get_executor(), shared.config->models.size(), shared.workers.size());
+  auto g = std::make_shared<Gather>(self.io().get_executor(), self.metrics().labels_ptr(), shared.workers.size());
   for (Worker* w : shared.workers) {
     boost::asio::post(w->io(), [w, g, &self] {
       MetricsShard copy = w->metrics();  // on w's own thread
@@ -88,6 +117,8 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
   g->timer.expires_after(std::chrono::seconds(1));
   co_await g->timer.async_wait(http::use_task);
   g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
+  if (shared.limiter && shared.auth_policy)
+    append_budget_metrics(out, *shared.auth_policy, *shared.limiter, g->total.labels());
   if (shared.redis_limiter) {
     // Shared limits: the state of the Redis leases (atomics, safe to read here).
     const auto s = shared.redis_limiter->stats();
@@ -118,6 +149,8 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
     w.header("weir_redis_key_commands_total", "counter", "HMGETs sent (lookups of one key in flight share one).");
     w.sample("weir_redis_key_commands_total", "", s.commands);
   }
+  core::append_build_info(out);
+  core::append_process_metrics(out, core::read_process_stats());
 }
 
 }  // namespace weir::gateway

@@ -84,6 +84,10 @@ class GatewayPhases final : public Phases {
   void settle(RequestContext& ctx);
   // Who failed upstream, for error messages (gateway/failure.hpp).
   UpstreamSubject subject(const RequestContext& ctx) const;
+  // The Host sent to the request's current endpoint (http::append_response_fields), empty without one.
+  std::string_view upstream_host(const RequestContext& ctx) const;
+  // weir_upstream_failures_total for the request's current endpoint.
+  void count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f);
   void write_access_log(RequestContext& ctx, core::TimePoint end);
 
   Worker& w_;

@@ -16,7 +16,11 @@ core::Task<void> run_pipeline(Phases& p, RequestContext& ctx) {
     if (o.goes_on()) o = co_await p.admit(ctx);
     if (o.goes_on()) o = co_await p.respond(ctx);
   } catch (const std::exception& ex) {
-    o = Outcome::failed(core::internal_error(fmt::format("Internal error: {}.", ex.what())));
+    // What went wrong stays here: an exception's text may name an
+    // upstream's address or a file (a resolver, a socket, a system error),
+    // so the client is told only the request id to quote.
+    fmt::print(stderr, "weir: request {}: internal error: {}\n", ctx.request_id, ex.what());
+    o = Outcome::failed(core::internal_error(fmt::format("Internal error (request {}).", ctx.request_id)));
   }
   if (o.goes_on()) o = Outcome::failed(core::internal_error("No phase answered the request."));
   if (o.is_failed()) {

@@ -28,7 +28,8 @@ Worker::Worker(Shared& shared, unsigned index)
       io_(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO),
       acceptor_(io_.get_executor()),
       rng_(shared.instance_id ^ (0x9e3779b97f4a7c15ull * (index + 1))),
-      metrics_(shared.config->models.size()),
+      metrics_(shared.metric_labels ? shared.metric_labels
+                                    : MetricLabels::build(*shared.config, shared.auth_policy.get())),
       log_(shared.log_sink),
       tick_(io_.get_executor()) {
   const auto& cfg = *shared.config;

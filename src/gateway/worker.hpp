@@ -47,6 +47,9 @@ struct Shared {
   admission::RedisLimiter* redis_limiter = nullptr;  // the same object when limits are shared through Redis
   auth::RedisKeys* redis_keys = nullptr;             // owned by the server; null without auth.redis_keys
   admission::Pricing pricing;
+  // Label slots of every worker's metrics shard; null: each worker builds
+  // them from `config` and `auth_policy` (tests).
+  std::shared_ptr<const MetricLabels> metric_labels;
   std::uint64_t instance_id = 0;  // random per process, prefix of generated request ids
 };
 

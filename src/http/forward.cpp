@@ -79,9 +79,35 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
   out += "\r\n";
 }
 
-void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding) {
+std::string_view strip_upstream_origin(std::string_view uri, std::string_view host) {
+  constexpr std::string_view scheme = "http://";
+  if (host.empty() || uri.size() < scheme.size() + host.size() || !iequals(uri.substr(0, scheme.size()), scheme) ||
+      !iequals(uri.substr(scheme.size(), host.size()), host))
+    return uri;
+  const std::string_view rest = uri.substr(scheme.size() + host.size());
+  if (rest.empty()) return "/";
+  if (rest.front() == '/' || rest.front() == '?' || rest.front() == '#') return rest;
+  return uri;  // another host that starts with this one's name ("10.0.0.1:80" vs "10.0.0.1:8000")
+}
+
+void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
+                            std::string_view upstream_host) {
   copy_end_to_end(out, res, [&](const auto& f) {
-    return f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding);
+    if (f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding))
+      return true;
+    if (!upstream_host.empty() && (f.name() == bh::field::location || f.name() == bh::field::content_location)) {
+      const std::string_view v = f.value();
+      const std::string_view rel = strip_upstream_origin(v, upstream_host);
+      if (rel.size() == v.size()) return false;
+      if (!hop_by_hop_in(res, f.name_string())) {
+        out += f.name_string();
+        out += ": ";
+        out += rel;
+        out += "\r\n";
+      }
+      return true;  // written here
+    }
+    return false;
   });
 }
 

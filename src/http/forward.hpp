@@ -37,6 +37,18 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
 // hop-by-hop ones, Content-Length (the caller frames the body), x-request-id
 // (the caller sends the request's own), and Content-Encoding when
 // `drop_encoding` (the caller decoded the body). No status line, no blank line.
-void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding);
+// A Location or Content-Location that points at the upstream itself
+// (`http://<upstream_host>`, the Host Weir sent: what a server that builds
+// absolute redirects from Host writes, e.g. a trailing-slash redirect) is
+// made relative (RFC 9110 §10.2.2 allows it), so the client is sent to the
+// same path through the gateway and never learns the endpoint's address;
+// nginx's `proxy_redirect default` does the same.
+void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
+                            std::string_view upstream_host = {});
+
+// `uri` without a leading "http://<host>" (host compared case-insensitively)
+// when it has that prefix followed by '/', '?', '#' or nothing ("/" then);
+// otherwise `uri` unchanged.
+std::string_view strip_upstream_origin(std::string_view uri, std::string_view host);
 
 }  // namespace weir::http

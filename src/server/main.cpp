@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
+#include "core/process_metrics.hpp"
 #include "gateway/load_config.hpp"
 #include "server/server.hpp"
 
@@ -28,7 +29,8 @@ int main(int argc, char** argv) {
                "start even if another process listens on the address, and share it (SO_REUSEPORT), e.g. for a "
                "zero-downtime restart; same as server.reuse_port: true");
   app.add_flag("--check", check, "validate the configuration and exit");
-  app.set_version_flag("--version", "weir 0.1.0");
+  app.set_version_flag("--version",
+                       fmt::format("weir {} ({})", weir::core::build_version(), weir::core::build_commit()));
   CLI11_PARSE(app, argc, argv);
 
   // One loader for --check and for start-up: both accept and refuse the same files.

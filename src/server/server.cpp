@@ -50,6 +50,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   asio::io_context main_io;
   gateway::Services services(main_io, loaded, n);
   services.attach(shared);
+  shared.metric_labels = gateway::MetricLabels::build(*config, shared.auth_policy.get());
 
   std::string err;
   shared.log_sink = core::AccessLogSink::open(config->server.access_log, err);

@@ -35,7 +35,7 @@ def chat_body(size: int, model: str = "mock-model") -> bytes:
 
 @pytest.fixture(scope="module")
 def stack(module_mock, module_weir):
-    m = module_mock("--ttft-ms", "1", "--itl-ms", "0", "--max-tokens", "8")
+    m = module_mock("--ttft-ms", "1", "--itl-ms", "0", "--max-tokens", "8", "--max-model-len", "100000000")
     w = module_weir(upstream=m)
     return m, w
 
@@ -163,7 +163,7 @@ def test_at_the_default_limit_is_accepted(stack):
 
 @pytest.fixture(scope="module")
 def small_limit(module_mock, module_weir):
-    m = module_mock("--ttft-ms", "1", "--itl-ms", "0", "--max-tokens", "8")
+    m = module_mock("--ttft-ms", "1", "--itl-ms", "0", "--max-tokens", "8", "--max-model-len", "100000000")
     w = module_weir(config={"server": {"max_body": "64KiB"}, "pools": {"p": {"endpoints": [m.base_url]}},
                             "models": {"mock-model": {"pool": "p"}}})
     return m, w

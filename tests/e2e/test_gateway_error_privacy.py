@@ -107,3 +107,17 @@ def test_stream_that_fails_midway(stack, fault):
     assert "while streaming" in err["message"]
     assert_private(err["message"], "live-pool", "mock-model", i, [dead, m.process.port])
     assert w.log_for(i)["endpoint"] == m.base_url
+
+
+def test_a_redirect_to_the_upstream_itself_is_made_relative(stack):
+    # A model server that builds absolute redirects from the Host header
+    # (uvicorn's trailing-slash redirect) names its own address: the client
+    # gets the same path through the gateway instead.
+    m, w, dead = stack
+    i = rid("redirect")
+    r = roundtrip(w.port, request("POST", "/v1/chat/completions", {**CHAT, "model": "mock-model"},
+                                  {"x-request-id": i, "x-mock-redirect": "/v1/chat/completions/?a=1"}))
+    assert r.status == 307
+    assert r.header("location") == "/v1/chat/completions/?a=1"
+    assert not [v for k, v in r.headers if str(m.process.port) in v], r.headers
+    assert w.log_for(i)["endpoint"] == m.base_url

@@ -371,6 +371,14 @@ void Connection::start_generation(Endpoint ep) {
   Request& req = parser_->get();
   if (auto err = read_faults(req)) return respond_error(400, *err);
   MetricsShard& m = w_.metrics();
+  if (const std::string_view to = req["x-mock-redirect"]; !to.empty()) {
+    // An absolute redirect built from the Host header, as uvicorn/Starlette's
+    // trailing-slash redirect is: what a gateway must not pass on verbatim.
+    parser_.reset();
+    return respond(
+        307, "application/json", "{}",
+        fmt::format("Location: http://{}{}\r\n", sanitize(req[boost::beast::http::field::host]), sanitize(to)), false);
+  }
   if (faults_.status != 0) {
     bump(m.injected_errors, std::uint64_t{1});
     return respond_error(faults_.status, fmt::format("weir-mock: injected error (x-mock-status: {})", faults_.status));

@@ -69,6 +69,20 @@ UpstreamSubject GatewayPhases::subject(const RequestContext& ctx) const {
   return {w_.config().pools[static_cast<std::size_t>(ctx.pool)].name, ctx.model, ctx.request_id};
 }
 
+std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
+  if (ctx.pool < 0 || ctx.endpoint < 0) return {};
+  return w_.config()
+      .pools[static_cast<std::size_t>(ctx.pool)]
+      .endpoints[static_cast<std::size_t>(ctx.endpoint)]
+      .host_header;
+}
+
+void GatewayPhases::count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f) {
+  if (ctx.pool >= 0 && ctx.endpoint >= 0)
+    w_.metrics().count_upstream_failure(static_cast<std::uint32_t>(ctx.pool), static_cast<std::uint32_t>(ctx.endpoint),
+                                        f);
+}
+
 void GatewayPhases::settle(RequestContext& ctx) {
   if (ctx.principal && w_.admission()) {
     api::Usage u;
@@ -101,14 +115,23 @@ void GatewayPhases::log(RequestContext& ctx) {
     ctx.error_code = "client_closed_request";
   }
   settle(ctx);
-  m.count_request(ctx.route, ctx.model_slot, ctx.status);
+  const MetricIdentity id = m.labels().identity(ctx.principal.get());
+  m.count_request(ctx.route, ctx.model_slot, ctx.status, id);
+  m.add_spend(ctx.model_slot, ctx.spend_nano_usd, id);
+  if (ctx.status == 429 && ctx.has_error && ctx.error_source == core::ErrorSource::client) {
+    // Weir's own 429s (an upstream's passes through as upstream_status).
+    if (ctx.error_code == "rate_limit_exceeded")
+      m.count_rate_limited(RateLimitReason::rate_limit_exceeded, id);
+    else if (ctx.error_code == "insufficient_quota")
+      m.count_rate_limited(RateLimitReason::insufficient_quota, id);
+  }
   m.duration(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, end));
   if (ctx.t_first_token != core::TimePoint{})
     m.ttft(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, ctx.t_first_token));
   if (ctx.t_upstream_done != core::TimePoint{} && ctx.t_upstream_sent != core::TimePoint{})
     m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
-  if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens);
+  if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
   m.sse_events += ctx.events;
   if (w_.access_log().enabled()) write_access_log(ctx, end);
   ctx.principal.reset();
@@ -151,6 +174,12 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
       out += "null";
     else
       core::append_json_string(out, core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
+    // A JWT's subject claim (auth.jwt.subject_claim): who, within the tenant, asked.
+    out += R"(,"subject":)";
+    if (ctx.principal->kind != auth::CredentialKind::jwt || ctx.principal->subject.empty())
+      out += "null";
+    else
+      core::append_json_string(out, core::utf8_prefix(ctx.principal->subject, core::kMaxEchoBytes));
     fmt::format_to(std::back_inserter(out), R"(,"spend_usd":{:.9f})", static_cast<double>(ctx.spend_nano_usd) / 1e9);
   }
   fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx.status, ctx.stream);

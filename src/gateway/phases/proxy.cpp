@@ -163,7 +163,6 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   batching::BatchMember& m = *member_;
   ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
   const bool ok = co_await m.wait_head();
-  auto& metrics = w_.metrics();
   const auto now = core::now();
   ctx.endpoint = m.endpoint();
   if (m.sent_at() != core::TimePoint{}) {
@@ -196,7 +195,7 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   if (!ok) {
     ctx.source = nullptr;
     const auto f = m.failure();
-    metrics.count_upstream_failure(f);
+    count_upstream_failure(ctx, f);
     ctx.fail_over = http::is_upstream_fault(f);
     if (ctx.endpoint >= 0)
       ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
@@ -306,6 +305,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     const std::uint32_t ep_idx = attempts.endpoint();
     auto& ep = pool.endpoint(ep_idx);
     ctx.endpoint = static_cast<int>(ep_idx);
+    metrics.count_attempt(ctx.target.pool, ep_idx);
     auto pooled = attempts.fresh_only() ? nullptr : ep.conns.take(core::now());
     const bool reused = pooled != nullptr;
     if (reused) {
@@ -316,7 +316,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       failure = co_await exchange_.connect(ep.addr, pc.timeouts.connect);
       if (down_.client_gone()) break;
       if (failure != http::UpstreamFailure::none) {
-        metrics.count_upstream_failure(failure);
+        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
         record(ep_idx, 0, failure, t_connect);
         if (attempts.on_connect_failure(failure, core::now())) {
           metrics.count_retry(routing::RetryReason::connect);
@@ -380,11 +380,12 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       if (down_.client_gone()) break;
       d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent,
                                        core::now());
+      // Every failed attempt counts against its endpoint, retried or not,
+      // except a pooled connection the server had closed (resent at once).
+      if (!(d.retry && d.reason == routing::RetryReason::stale))
+        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
       exchange_.release();
-      if (!d.retry) {
-        metrics.count_upstream_failure(failure);
-        break;
-      }
+      if (!d.retry) break;
     }
     metrics.count_retry(d.reason);
     co_await wait_backoff(ctx, d.delay);

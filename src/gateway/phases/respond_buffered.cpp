@@ -52,7 +52,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   ctx.t_upstream_done = core::now();
   if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
   if (failure != http::UpstreamFailure::none) {
-    w_.metrics().count_upstream_failure(failure);
+    count_upstream_failure(ctx, failure);
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
@@ -87,7 +87,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     } else {
       plain = {};
       if (!accepted) {
-        w_.metrics().count_upstream_failure(http::UpstreamFailure::protocol);
+        count_upstream_failure(ctx, http::UpstreamFailure::protocol);
         co_return Outcome::failed(upstream_undecodable(subject(ctx), encoding));
       }
     }
@@ -123,7 +123,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       ctx.has_error = true;
       ctx.error_source = core::ErrorSource::upstream;
       ctx.error_code = "upstream_invalid_response";
-      w_.metrics().count_upstream_failure(http::UpstreamFailure::protocol);
+      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
     }
     out = translated;
     drop_encoding = encoded;
@@ -131,7 +131,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
-  http::append_response_fields(ctx.head, head, drop_encoding);
+  http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx));
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
   ctx.head += ctx.rate_limit_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());

@@ -26,7 +26,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     commit(ctx);
     ctx.head.clear();
     http::append_status_line(ctx.head, 200);
-    http::append_response_fields(ctx.head, src.head(), false);
+    http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx));
     http::append_header(ctx.head, "x-request-id", ctx.request_id);
     ctx.head += ctx.rate_limit_lines;
     http::append_connection_header(ctx.head, down_.connection_mode());
@@ -50,6 +50,14 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   const auto into = w_.stream_body_buffer();
   std::string& events = w_.stream_events();  // used only until this read's events are sent
   http::UpstreamFailure failure = http::UpstreamFailure::none;
+  // Inter-token latency: the time since the previous data event relayed
+  // (events of one read share its time), one bucket increment per event.
+  core::Histogram& itl = metrics.itl(ctx.model_slot);
+  core::TimePoint last_event{};
+  auto data_event = [&](core::TimePoint t) {
+    if (last_event != core::TimePoint{}) itl.observe_us(core::micros_between(last_event, t));
+    last_event = t;
+  };
   bool first_read = true;
   bool cut_off = false;
   while (!src.done()) {
@@ -67,12 +75,14 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
         if (ctx.hooks.translating()) {
           if (!ctx.hooks.translate(*ev, events)) continue;
           ++ctx.events;
+          data_event(t_read);
           if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
           continue;
         }
         if (!ctx.hooks.on_event(*ev)) continue;
         if (ev->has_data) {
           ++ctx.events;
+          if (!ev->is_done()) data_event(t_read);
           if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
         }
         events += ev->raw;
@@ -139,7 +149,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     co_return Outcome::failed(client_gone(down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed));
   }
   if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
-    metrics.count_upstream_failure(failure);
+    count_upstream_failure(ctx, failure);
     src.cancel();
     if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = failure;  // after its head
     if (!ctx.committed) {

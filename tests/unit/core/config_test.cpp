@@ -155,6 +155,32 @@ TEST(Config, ModelDefaultMaxTokensAndNoSilentPrices) {
   EXPECT_NE(e.find("models.m.prices"), std::string::npos) << e;
 }
 
+TEST(Config, ServerMetricsLabelsAndCaps) {
+  constexpr std::string_view pools = "pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n";
+  auto d = parse_config(std::string(pools), "weir.yaml");
+  ASSERT_TRUE(d) << d.error().to_string();
+  EXPECT_TRUE(d->server.metrics.tenant_label);
+  EXPECT_EQ(d->server.metrics.max_tenants, 100u);
+  EXPECT_FALSE(d->server.metrics.key_id_label);
+  EXPECT_EQ(d->server.metrics.max_key_ids, 100u);
+  auto c =
+      parse_config("server: {metrics: {tenant_label: false, max_tenants: 5, key_id_label: true, max_key_ids: 0}}\n" +
+                       std::string(pools),
+                   "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_FALSE(c->server.metrics.tenant_label);
+  EXPECT_EQ(c->server.metrics.max_tenants, 5u);
+  EXPECT_TRUE(c->server.metrics.key_id_label);
+  EXPECT_EQ(c->server.metrics.max_key_ids, 0u);
+  auto err = error_of("server: {metrics: {max_tenants: 100000}}\n" + std::string(pools));
+  EXPECT_NE(err.find("server.metrics.max_tenants"), std::string::npos) << err;
+  err = error_of("server: {metrics: {tenants: true}}\n" + std::string(pools));
+  EXPECT_NE(err.find("server.metrics.tenants: unknown key (expected one of: tenant_label, max_tenants, key_id_label, "
+                     "max_key_ids)"),
+            std::string::npos)
+      << err;
+}
+
 TEST(Config, ReusePortIsOffByDefaultAndABoolean) {
   auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n", "weir.yaml");
   ASSERT_TRUE(c) << c.error().to_string();

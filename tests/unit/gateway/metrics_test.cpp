@@ -1,12 +1,16 @@
-// gateway::MetricsShard: request counts slotted by route, model and status,
-// merge() of worker shards, and the Prometheus text render (label sets,
-// upstream failure kinds; Weir's own cancels are not upstream failures).
+// gateway::MetricsShard: request counts slotted by route, model and status
+// (and tenant and key, bounded by server.metrics), merge() of worker shards,
+// and the Prometheus text render (label sets, upstream failures by pool,
+// endpoint and kind; Weir's own cancels are not upstream failures).
 #include "gateway/metrics.hpp"
+
+#include "gateway/load_config.hpp"
 
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace weir::gateway {
@@ -50,6 +54,8 @@ std::size_t count_lines_starting(const std::string& text, std::string_view prefi
   return n;
 }
 
+const std::string kEp = "pool=\"p\",endpoint=\"http://127.0.0.1:1\",";
+
 std::string req_labels(std::string_view route, std::string_view model, std::string_view status) {
   return "route=\"" + std::string(route) + "\",model=\"" + std::string(model) + "\",status=\"" + std::string(status) +
          "\"";
@@ -57,7 +63,7 @@ std::string req_labels(std::string_view route, std::string_view model, std::stri
 
 TEST(GatewayMetricsShard, CountRequestSlotsByRouteModelAndStatus) {
   const auto cfg = config();
-  MetricsShard m(cfg.models.size());
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
   m.count_request(RouteKind::chat_completions, 0, 200);
   m.count_request(RouteKind::chat_completions, 0, 200);
   m.count_request(RouteKind::chat_completions, 0, 429);
@@ -83,7 +89,7 @@ TEST(GatewayMetricsShard, CountRequestSlotsByRouteModelAndStatus) {
 
 TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
   const auto cfg = config();
-  MetricsShard m(cfg.models.size());
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
   for (int s : {101, 204, 206, 301, 304, 402, 418, 507, 599, 0, 700, -1})
     m.count_request(RouteKind::health, m.no_model(), s);
   const auto t = render(m, cfg);
@@ -98,7 +104,7 @@ TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
 
 TEST(GatewayMetricsShard, EveryListedStatusHasItsOwnSlot) {
   const auto cfg = config();
-  MetricsShard m(cfg.models.size());
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
   const std::vector<int> listed = {200, 400, 401, 403, 404, 405, 408, 413, 415,
                                    422, 429, 431, 499, 500, 501, 502, 503, 504};
   for (std::size_t i = 0; i < listed.size(); ++i)
@@ -112,35 +118,37 @@ TEST(GatewayMetricsShard, EveryListedStatusHasItsOwnSlot) {
 
 TEST(GatewayMetricsShard, UpstreamFailuresByKindAndCancelsAreNotCounted) {
   const auto cfg = config();
-  MetricsShard m(cfg.models.size());
-  m.count_upstream_failure(UpstreamFailure::connect_refused);
-  m.count_upstream_failure(UpstreamFailure::connect_timeout);
-  m.count_upstream_failure(UpstreamFailure::connect_timeout);
-  m.count_upstream_failure(UpstreamFailure::timeout);
-  for (int i = 0; i < 3; ++i) m.count_upstream_failure(UpstreamFailure::reset);
-  for (int i = 0; i < 4; ++i) m.count_upstream_failure(UpstreamFailure::protocol);
-  m.count_upstream_failure(UpstreamFailure::cancelled);
-  m.count_upstream_failure(UpstreamFailure::none);
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
+  m.count_upstream_failure(0, 0, UpstreamFailure::connect_refused);
+  m.count_upstream_failure(0, 0, UpstreamFailure::connect_timeout);
+  m.count_upstream_failure(0, 0, UpstreamFailure::connect_timeout);
+  m.count_upstream_failure(0, 0, UpstreamFailure::timeout);
+  for (int i = 0; i < 3; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::reset);
+  for (int i = 0; i < 4; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::protocol);
+  m.count_upstream_failure(0, 0, UpstreamFailure::cancelled);
+  m.count_upstream_failure(0, 0, UpstreamFailure::none);
+  m.count_upstream_failure(0, 1, UpstreamFailure::reset);  // no such endpoint: ignored
+  m.count_upstream_failure(1, 0, UpstreamFailure::reset);  // no such pool
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::cancelled), 0u);
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::none), 0u);
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::reset), 3u);
   const auto t = render(m, cfg);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"connect_refused\""), 1);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"connect_timeout\""), 2);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"timeout\""), 1);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"reset\""), 3);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"protocol\""), 4);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"cancelled\""), -1);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"none\""), -1);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"connect_refused\""), 1);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"connect_timeout\""), 2);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"timeout\""), 1);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"reset\""), 3);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"protocol\""), 4);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"cancelled\""), -1);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"none\""), -1);
   EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 5u);
 }
 
 TEST(GatewayMetricsShard, EveryFailureKindIsRenderedEvenAtZero) {
   const auto cfg = config();
-  MetricsShard m(cfg.models.size());
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
   const auto t = render(m, cfg);
   for (std::string_view k : {"connect_refused", "connect_timeout", "timeout", "reset", "protocol"})
-    EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"" + std::string(k) + "\""), 0) << k;
+    EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"" + std::string(k) + "\""), 0) << k;
   EXPECT_EQ(count_lines_starting(t, "weir_requests_total{"), 0u);
   // Configured models have their token counters from the start.
   EXPECT_EQ(sample(t, "weir_prompt_tokens_total", "model=\"llama\""), 0);
@@ -157,8 +165,10 @@ void fill(MetricsShard& m, std::uint64_t k) {
     m.upstream_time(0).observe_us(2'000);
     m.duration(1).observe_us(3'000);
     m.added().observe_us(7);
-    m.count_upstream_failure(UpstreamFailure::reset);
-    m.count_upstream_failure(UpstreamFailure::protocol);
+    m.count_upstream_failure(0, 0, UpstreamFailure::reset);
+    m.count_upstream_failure(0, 0, UpstreamFailure::protocol);
+    m.count_attempt(0, 0);
+    m.itl(0).observe_us(14'000);
   }
   m.add_tokens(0, 10 * k, 20 * k);
   m.add_tokens(m.unlisted_model(), k, 2 * k);
@@ -175,7 +185,8 @@ void fill(MetricsShard& m, std::uint64_t k) {
 
 TEST(GatewayMetricsShard, MergeAddsEverything) {
   const auto cfg = config();
-  MetricsShard a(cfg.models.size()), b(cfg.models.size()), total(cfg.models.size());
+  const auto labels = MetricLabels::build(cfg, nullptr);
+  MetricsShard a(labels), b(labels), total(labels);
   fill(a, 2);
   fill(b, 3);
   total.merge(a);
@@ -186,9 +197,14 @@ TEST(GatewayMetricsShard, MergeAddsEverything) {
   EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_count", "model=\"llama\""), 5);
   EXPECT_DOUBLE_EQ(sample(t, "weir_time_to_first_token_seconds_sum", "model=\"llama\""), 0.005);
   EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"0.001\""), 5);
-  EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"0.0005\""), 0);
+  EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"0.0005\""),
+            -1);  // no such bucket
   EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"+Inf\""), 5);
   EXPECT_EQ(sample(t, "weir_upstream_seconds_count", "model=\"llama\""), 5);
+  EXPECT_EQ(sample(t, "weir_inter_token_latency_seconds_count", "model=\"llama\""), 5);
+  EXPECT_EQ(sample(t, "weir_inter_token_latency_seconds_bucket", "model=\"llama\",le=\"0.014\""), 5);
+  EXPECT_EQ(sample(t, "weir_inter_token_latency_seconds_bucket", "model=\"llama\",le=\"0.012\""), 0);
+  EXPECT_EQ(sample(t, "weir_upstream_attempts_total", "pool=\"p\",endpoint=\"http://127.0.0.1:1\""), 5);
   EXPECT_EQ(sample(t, "weir_request_duration_seconds_count", "model=\"qwen\\\"2\""), 5);
   EXPECT_EQ(sample(t, "weir_request_duration_seconds_count", "model=\"llama\""), 0);
   EXPECT_EQ(sample(t, "weir_gateway_added_seconds_count"), 5);
@@ -200,9 +216,9 @@ TEST(GatewayMetricsShard, MergeAddsEverything) {
   EXPECT_EQ(sample(t, "weir_active_connections"), 10);
   EXPECT_EQ(sample(t, "weir_upstream_connects_total"), 15);
   EXPECT_EQ(sample(t, "weir_upstream_retries_total", "reason=\"connect\""), 20);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"reset\""), 5);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"protocol\""), 5);
-  EXPECT_EQ(sample(t, "weir_upstream_failures_total", "kind=\"timeout\""), 0);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"reset\""), 5);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"protocol\""), 5);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"timeout\""), 0);
   EXPECT_EQ(sample(t, "weir_client_disconnects_total"), 25);
   EXPECT_EQ(sample(t, "weir_slow_client_cutoffs_total"), 30);
   EXPECT_EQ(sample(t, "weir_request_bytes_total"), 35);
@@ -213,7 +229,8 @@ TEST(GatewayMetricsShard, MergeAddsEverything) {
 
 TEST(GatewayMetricsShard, MergedRenderEqualsTheRenderOfOneShardCountingItAll) {
   const auto cfg = config();
-  MetricsShard a(cfg.models.size()), b(cfg.models.size()), merged(cfg.models.size()), one(cfg.models.size());
+  const auto labels = MetricLabels::build(cfg, nullptr);
+  MetricsShard a(labels), b(labels), merged(labels), one(labels);
   fill(a, 1);
   fill(b, 4);
   fill(one, 5);
@@ -225,7 +242,8 @@ TEST(GatewayMetricsShard, MergedRenderEqualsTheRenderOfOneShardCountingItAll) {
 TEST(GatewayMetricsShard, GaugesMayGoNegativeInAShardAndMergeToTheTruth) {
   // Gauges are signed: a shard's own view may be below zero; the merged gauge is the sum.
   const auto cfg = config();
-  MetricsShard a(cfg.models.size()), b(cfg.models.size()), total(cfg.models.size());
+  const auto labels = MetricLabels::build(cfg, nullptr);
+  MetricsShard a(labels), b(labels), total(labels);
   a.active_streams = 3;
   b.active_streams = -1;
   total.merge(a);
@@ -236,7 +254,7 @@ TEST(GatewayMetricsShard, GaugesMayGoNegativeInAShardAndMergeToTheTruth) {
 
 TEST(GatewayMetricsShard, EveryRenderedLineIsAValidExpositionLine) {
   const auto cfg = config();
-  MetricsShard m(cfg.models.size());
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
   fill(m, 1);
   const auto t = render(m, cfg);
   ASSERT_TRUE(t.ends_with("\n"));
@@ -256,6 +274,171 @@ TEST(GatewayMetricsShard, EveryRenderedLineIsAValidExpositionLine) {
       EXPECT_EQ(line[sp - 1], '}') << line;
     }
   }
+}
+
+// A configuration with tenants a, b, c (and the anonymous one), keys ka (a)
+// and kb (b), two pools of two and one endpoints.
+struct WithAuth {
+  LoadedConfig loaded;
+  std::shared_ptr<const auth::AuthPolicy> policy;
+  std::shared_ptr<const MetricLabels> labels;
+};
+
+WithAuth with_auth(std::string_view server_metrics) {
+  const std::string yaml = std::string("server: {metrics: ") + std::string(server_metrics) +
+                           "}\n"
+                           "pools:\n"
+                           "  p: {endpoints: [http://127.0.0.1:1, \"http://127.0.0.1:2/?token=s3cret\"]}\n"
+                           "  q: {endpoints: [http://127.0.0.1:3]}\n"
+                           "models: {llama: {pool: p}}\n"
+                           "tenants: {a: {}, b: {budget: {usd: 5}}, c: {}}\n"
+                           "auth:\n"
+                           "  required: false\n"
+                           "  api_keys:\n"
+                           "    - {id: ka, tenant: a, sha256: " +
+                           std::string(64, 'a') +
+                           "}\n"
+                           "    - {id: kb, tenant: b, sha256: " +
+                           std::string(64, 'b') + "}\n";
+  auto r = load_config_text(yaml, "t.yaml");
+  EXPECT_TRUE(r) << r.error().to_string();
+  WithAuth w{std::move(*r), nullptr, nullptr};
+  w.policy = auth::AuthPolicy::build(*w.loaded.auth);
+  w.labels = MetricLabels::build(w.loaded.config, w.policy.get());
+  return w;
+}
+
+auth::Principal principal(const auth::AuthPolicy& policy, std::string_view tenant, std::string_view key = {}) {
+  auth::Principal p;
+  p.tenant = policy.find_tenant(tenant);
+  EXPECT_NE(p.tenant, nullptr) << tenant;
+  for (const auto& k : policy.keys())
+    if (k.id == key) p.key = &k;
+  p.kind = p.key ? auth::CredentialKind::api_key : auth::CredentialKind::anonymous;
+  return p;
+}
+
+TEST(GatewayMetricLabels, TenantsPastTheCapShareOther) {
+  const auto w = with_auth("{max_tenants: 2}");
+  // Name order: a, anonymous, b, c; the first two keep their names.
+  ASSERT_EQ(w.labels->tenants, (std::vector<std::string>{"a", "anonymous", "other"}));
+  EXPECT_TRUE(w.labels->key_ids.empty());  // key_id_label is off by default
+  const auto pa = principal(*w.policy, "a", "ka"), pb = principal(*w.policy, "b"), pc = principal(*w.policy, "c");
+  EXPECT_EQ(w.labels->identity(&pa).tenant, 0);
+  EXPECT_EQ(w.labels->identity(&pa).key, MetricIdentity::kNone);
+  EXPECT_EQ(w.labels->identity(&pb).tenant, 2);
+  EXPECT_EQ(w.labels->identity(&pc).tenant, 2);
+  EXPECT_EQ(w.labels->identity(nullptr).tenant, MetricIdentity::kNone);
+
+  MetricsShard m(w.labels);
+  m.count_request(RouteKind::chat_completions, 0, 200, w.labels->identity(&pa));
+  m.count_request(RouteKind::chat_completions, 0, 200, w.labels->identity(&pb));
+  m.count_request(RouteKind::chat_completions, 0, 200, w.labels->identity(&pc));
+  m.count_request(RouteKind::chat_completions, 0, 401);  // no principal: no tenant label
+  const auto t = render(m, w.loaded.config);
+  const auto req = req_labels("/v1/chat/completions", "llama", "200");
+  EXPECT_EQ(sample(t, "weir_requests_total", req + ",tenant=\"a\""), 1);
+  EXPECT_EQ(sample(t, "weir_requests_total", req + ",tenant=\"other\""), 2);
+  EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/v1/chat/completions", "llama", "401")), 1);
+  EXPECT_EQ(count_lines_starting(t, "weir_requests_total{"), 3u);
+}
+
+TEST(GatewayMetricLabels, KeyIdsAndTenantLabelOff) {
+  const auto w = with_auth("{tenant_label: false, key_id_label: true, max_key_ids: 1}");
+  EXPECT_TRUE(w.labels->tenants.empty());
+  ASSERT_EQ(w.labels->key_ids, (std::vector<std::string>{"ka", "other"}));
+  const auto pa = principal(*w.policy, "a", "ka"), pb = principal(*w.policy, "b", "kb"), pc = principal(*w.policy, "c");
+  EXPECT_EQ(w.labels->identity(&pa).key, 0);
+  EXPECT_EQ(w.labels->identity(&pb).key, 1);
+  EXPECT_EQ(w.labels->identity(&pc).key, MetricIdentity::kNone);  // no key
+  // A key from Redis carries its tenant's scope: "other".
+  auth::KeyPolicy redis_key;
+  redis_key.id = "from-redis";
+  redis_key.tenant = pc.tenant;
+  redis_key.scope = pc.tenant->scope;
+  auto pr = pc;
+  pr.key = &redis_key;
+  EXPECT_EQ(w.labels->identity(&pr).key, 1);
+  MetricsShard m(w.labels);
+  m.add_tokens(0, 6, 5, w.labels->identity(&pa));
+  const auto t = render(m, w.loaded.config);
+  EXPECT_EQ(sample(t, "weir_prompt_tokens_total", "model=\"llama\",key_id=\"ka\""), 6);
+  EXPECT_EQ(sample(t, "weir_completion_tokens_total", "model=\"llama\",key_id=\"ka\""), 5);
+  EXPECT_EQ(t.find("tenant="), std::string::npos);
+}
+
+TEST(GatewayMetricsShard, SpendTokensAndRateLimitsByTenantMergeAcrossShards) {
+  const auto w = with_auth("{key_id_label: true}");
+  const auto pa = principal(*w.policy, "a", "ka"), pb = principal(*w.policy, "b");
+  const auto ia = w.labels->identity(&pa), ib = w.labels->identity(&pb);
+  MetricsShard x(w.labels), y(w.labels), total(w.labels);
+  x.add_spend(0, 22'000, ia);  // $0.000022
+  y.add_spend(0, 3'000, ia);
+  y.add_spend(0, 1'500'000'000, ib);
+  y.add_spend(0, 0, ib);  // nothing spent: nothing added
+  x.add_tokens(0, 10, 20, ib);
+  y.add_tokens(0, 1, 2, ib);
+  x.count_rate_limited(RateLimitReason::rate_limit_exceeded, ib);
+  y.count_rate_limited(RateLimitReason::insufficient_quota, ib);
+  y.count_rate_limited(RateLimitReason::insufficient_quota, ib);
+  total.merge(x);
+  total.merge(y);
+  const auto t = render(total, w.loaded.config);
+  EXPECT_DOUBLE_EQ(sample(t, "weir_spend_usd_total", "model=\"llama\",tenant=\"a\",key_id=\"ka\""), 0.000025);
+  EXPECT_DOUBLE_EQ(sample(t, "weir_spend_usd_total", "model=\"llama\",tenant=\"b\""), 1.5);
+  EXPECT_EQ(count_lines_starting(t, "weir_spend_usd_total{"), 2u);
+  EXPECT_EQ(sample(t, "weir_prompt_tokens_total", "model=\"llama\",tenant=\"b\""), 11);
+  EXPECT_EQ(sample(t, "weir_completion_tokens_total", "model=\"llama\",tenant=\"b\""), 22);
+  EXPECT_EQ(sample(t, "weir_rate_limited_total", "reason=\"rate_limit_exceeded\",tenant=\"b\""), 1);
+  EXPECT_EQ(sample(t, "weir_rate_limited_total", "reason=\"insufficient_quota\",tenant=\"b\""), 2);
+  EXPECT_NE(t.find("# TYPE weir_spend_usd_total counter\n"), std::string::npos);
+  // With identity labels, no zero series without them.
+  EXPECT_EQ(sample(t, "weir_prompt_tokens_total", "model=\"llama\""), -1);
+}
+
+TEST(GatewayMetricsShard, AttemptsAndFailuresByPoolAndEndpointAsConfigured) {
+  const auto w = with_auth("{}");
+  MetricsShard m(w.labels);
+  m.count_attempt(0, 0);
+  m.count_attempt(0, 1);
+  m.count_attempt(0, 1);
+  m.count_attempt(1, 0);
+  m.count_attempt(1, 1);  // q has one endpoint: ignored
+  m.count_upstream_failure(0, 1, UpstreamFailure::reset);
+  m.count_upstream_failure(1, 0, UpstreamFailure::connect_refused);
+  const auto t = render(m, w.loaded.config);
+  const std::string p0 = "pool=\"p\",endpoint=\"http://127.0.0.1:1\"";
+  const std::string p1 = "pool=\"p\",endpoint=\"http://127.0.0.1:2/?token=REDACTED\"";  // never the secret
+  const std::string q0 = "pool=\"q\",endpoint=\"http://127.0.0.1:3\"";
+  EXPECT_EQ(sample(t, "weir_upstream_attempts_total", p0), 1);
+  EXPECT_EQ(sample(t, "weir_upstream_attempts_total", p1), 2);
+  EXPECT_EQ(sample(t, "weir_upstream_attempts_total", q0), 1);
+  EXPECT_EQ(count_lines_starting(t, "weir_upstream_attempts_total{"), 3u);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", p1 + ",kind=\"reset\""), 1);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", p0 + ",kind=\"reset\""), 0);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", q0 + ",kind=\"connect_refused\""), 1);
+  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 15u);  // 3 endpoints x 5 kinds
+  EXPECT_EQ(t.find("s3cret"), std::string::npos);
+  EXPECT_EQ(m.upstream_failures(UpstreamFailure::reset), 1u);
+}
+
+TEST(GatewayMetricsShard, TtftBucketsTellFiftyFromNinetyMilliseconds) {
+  const auto cfg = config();
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
+  m.ttft(0).observe_us(50'000);
+  m.ttft(0).observe_us(90'000);
+  const auto t = render(m, cfg);
+  const auto bucket = [&](std::string_view le) {
+    return sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"" + std::string(le) + "\"");
+  };
+  EXPECT_EQ(bucket("0.045"), 0);
+  EXPECT_EQ(bucket("0.05"), 1);
+  EXPECT_EQ(bucket("0.085"), 1);
+  EXPECT_EQ(bucket("0.09"), 2);
+  // 5 ms steps from 5 ms to 200 ms, then coarser.
+  for (int ms = 5; ms <= 200; ms += 5) EXPECT_GE(bucket(fmt::format("{}", ms / 1000.0)), 0) << ms;
+  EXPECT_EQ(bucket("0.205"), -1);
+  EXPECT_EQ(bucket("0.25"), 2);
 }
 
 }  // namespace

@@ -24,6 +24,8 @@ class FakePhases final : public Phases {
   int logs = 0;
   int fails = 0;
   int failed_status = 0;
+  std::string failed_message;
+  std::string throw_what = "bug";
 
   core::Task<Outcome> read(RequestContext&) override { co_return step("read"); }
   core::Task<Outcome> authenticate(RequestContext&) override { co_return step("authenticate"); }
@@ -40,6 +42,7 @@ class FakePhases final : public Phases {
   core::Task<void> fail(RequestContext&, const core::Error& e) override {
     ++fails;
     failed_status = e.status;
+    failed_message = e.message;
     trace += "fail ";
     co_return;
   }
@@ -52,7 +55,7 @@ class FakePhases final : public Phases {
   Outcome step(const std::string& name) {
     trace += name + " ";
     if (name != stop_at) return Outcome::next();
-    if (stop_throws) throw std::runtime_error("bug");
+    if (stop_throws) throw std::runtime_error(throw_what);
     return stop_fails ? Outcome::failed(core::bad_request("no")) : Outcome::responded();
   }
 };
@@ -60,6 +63,7 @@ class FakePhases final : public Phases {
 void run(FakePhases& p) {
   asio::io_context io;
   RequestContext ctx;
+  ctx.request_id = "rid-1";
   asio::co_spawn(io.get_executor(), run_pipeline(p, ctx), asio::detached);
   io.run();
 }
@@ -102,6 +106,18 @@ TEST(Pipeline, AThrowingPhaseIsA500AndStillLogged) {
   EXPECT_EQ(p.trace, "read authenticate parse fail log");
   EXPECT_EQ(p.failed_status, 500);
   EXPECT_EQ(p.logs, 1);
+}
+
+TEST(Pipeline, AThrowsTextNeverReachesTheClient) {
+  // An exception's text may name an upstream (a resolver's or a socket's
+  // error): the client's 500 says only the request id.
+  FakePhases p;
+  p.stop_at = "respond";
+  p.stop_throws = true;
+  p.throw_what = "connect: http://10.0.0.7:8000 Connection refused";
+  run(p);
+  EXPECT_EQ(p.failed_status, 500);
+  EXPECT_EQ(p.failed_message, "Internal error (request rid-1).");
 }
 
 }  // namespace

@@ -294,5 +294,45 @@ TEST(HttpForward, EmptyResponseHeadGivesNothing) {
   EXPECT_EQ(out, "keep");  // appends only
 }
 
+TEST(HttpForward, LocationsPointingAtTheUpstreamBecomeRelative) {
+  // A server that builds absolute redirects from the Host Weir sent (uvicorn's
+  // trailing-slash redirect) would tell the client the endpoint's address.
+  std::string out;
+  append_response_fields(out,
+                         response("HTTP/1.1 307 Temporary Redirect\r\n"
+                                  "Location: http://10.0.0.7:8000/v1/models?x=1\r\n"
+                                  "Content-Location: HTTP://10.0.0.7:8000\r\n"
+                                  "Content-Type: text/plain\r\n\r\n"),
+                         false, "10.0.0.7:8000");
+  EXPECT_EQ(values(out, "Location"), Values{"/v1/models?x=1"});
+  EXPECT_EQ(values(out, "Content-Location"), Values{"/"});
+  EXPECT_EQ(values(out, "Content-Type"), Values{"text/plain"});
+  EXPECT_EQ(out.find("10.0.0.7"), std::string::npos) << out;
+}
+
+TEST(HttpForward, OtherLocationsPassUnchanged) {
+  std::string out;
+  append_response_fields(out,
+                         response("HTTP/1.1 302 Found\r\nLocation: https://login.example/x\r\n"
+                                  "Content-Location: /relative\r\n\r\n"),
+                         false, "10.0.0.7:8000");
+  EXPECT_EQ(values(out, "Location"), Values{"https://login.example/x"});
+  EXPECT_EQ(values(out, "Content-Location"), Values{"/relative"});
+  // Without an upstream host (nothing to hide), nothing is rewritten.
+  out.clear();
+  append_response_fields(out, response("HTTP/1.1 307 X\r\nLocation: http://10.0.0.7:8000/a\r\n\r\n"), false);
+  EXPECT_EQ(values(out, "Location"), Values{"http://10.0.0.7:8000/a"});
+}
+
+TEST(HttpForward, StripUpstreamOriginMatchesTheWholeHost) {
+  EXPECT_EQ(strip_upstream_origin("http://h:80/p", "h:80"), "/p");
+  EXPECT_EQ(strip_upstream_origin("http://H:80#f", "h:80"), "#f");
+  EXPECT_EQ(strip_upstream_origin("http://h:8000/p", "h:80"), "http://h:8000/p");  // another port
+  EXPECT_EQ(strip_upstream_origin("http://h.evil/p", "h"), "http://h.evil/p");
+  EXPECT_EQ(strip_upstream_origin("http://h:8000/p", "h"), "http://h:8000/p");
+  EXPECT_EQ(strip_upstream_origin("/p", "h"), "/p");
+  EXPECT_EQ(strip_upstream_origin("http://h/p", ""), "http://h/p");
+}
+
 }  // namespace
 }  // namespace weir::http
