@@ -233,6 +233,7 @@ core::Task<void> Batch::send() {
       failure = co_await exchange_.connect(ep.addr, pc.timeouts.connect);
       if (present_ == 0) break;
       if (failure != UpstreamFailure::none) {
+        if (env.on_attempt) env.on_attempt(ep_idx, failure);
         if (attempts.on_connect_failure(failure, core::now())) continue;
         break;
       }
@@ -258,6 +259,7 @@ core::Task<void> Batch::send() {
     sent_at_ = core::now();
     failure = co_await exchange_.start(
         {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = pc.timeouts.idle});
+    if (env.on_attempt) env.on_attempt(ep_idx, failure);
     const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
                                (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
     if (failure == UpstreamFailure::none || answer_failed) (void)pool.report_answer(ep_idx, answer_failed, core::now());

@@ -143,6 +143,10 @@ struct BatchEnv {
   std::function<void(std::string&)> next_request_id;  // the batch's own upstream request id
   Stats* stats = nullptr;
   std::uint64_t* upstream_connects = nullptr;  // the worker's new-connection counter
+  // Each upstream attempt of a batch (connect tried, or request sent) on
+  // endpoint `endpoint`, and how it failed (none: it got an answer); for
+  // the per-endpoint metrics. Called once per attempt, not per member.
+  std::function<void(std::uint32_t endpoint, http::UpstreamFailure f)> on_attempt;
 };
 
 class MicroBatcher {

@@ -50,6 +50,11 @@ Worker::Worker(Shared& shared, unsigned index)
         .next_request_id = [this](std::string& out) { next_request_id(out); },
         .stats = &metrics_.batch,
         .upstream_connects = &metrics_.upstream_connects,
+        .on_attempt =
+            [this, pool = static_cast<std::uint32_t>(p)](std::uint32_t ep, http::UpstreamFailure f) {
+              metrics_.count_attempt(pool, ep);
+              if (f != http::UpstreamFailure::none) metrics_.count_upstream_failure(pool, ep, f);
+            },
     });
   }
   if (shared.auth_policy) {

@@ -194,8 +194,7 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   }
   if (!ok) {
     ctx.source = nullptr;
-    const auto f = m.failure();
-    count_upstream_failure(ctx, f);
+    const auto f = m.failure();  // counted in the metrics once, by the batch
     ctx.fail_over = http::is_upstream_fault(f);
     if (ctx.endpoint >= 0)
       ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
