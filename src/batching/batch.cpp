@@ -153,6 +153,13 @@ class Batch : public std::enable_shared_from_this<Batch> {
   static Event read_event(std::string_view data);
   void deliver(BatchMember& m, const Event& e);
   void finish_members();
+  // Member `m`'s answer is whole (or failed) before the batch's: it ends now
+  // and is no longer the batch's (its session may reuse it at once).
+  void complete(BatchMember& m, UpstreamFailure f) {
+    members_[m.slot_] = nullptr;
+    --present_;
+    m.end(f);
+  }
   // The response is over (or failed): a coalesced generation takes no one new.
   void finished() {
     state_ = State::done;
@@ -205,7 +212,9 @@ core::Task<void> Batch::send() {
     std::vector<std::string_view> prompts;
     prompts.reserve(members_.size());
     for (auto* m : members_) prompts.push_back(m->req_.prompt);
-    api::openai::build_completion_batch(key_, prompts, scratch_, body_);
+    // The key is the member's body template, then (after a NUL) the fields that go upstream.
+    const std::string_view body_template = std::string_view(key_).substr(0, key_.find('\0'));
+    api::openai::build_completion_batch(body_template, prompts, scratch_, body_);
   } else {
     api::openai::build_coalesced(members_.front()->req_.body, members_.front()->req_.stream, scratch_, body_);
   }
@@ -257,8 +266,12 @@ core::Task<void> Batch::send() {
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();
+    // Non-streaming members wait for whole answers, as they would unbatched
+    // (where vLLM sends nothing until the end): the gaps between the
+    // batch's events are bounded by first_byte, not by idle.
+    const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.first_byte;
     failure = co_await exchange_.start(
-        {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = pc.timeouts.idle});
+        {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = idle});
     if (env.on_attempt) env.on_attempt(ep_idx, failure);
     const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
                                (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
@@ -390,7 +403,7 @@ core::Task<void> Batch::relay_stream() {
   UpstreamFailure failure = UpstreamFailure::none;
   while (!exchange_.done()) {
     const http::BodyRead r = co_await exchange_.read(into);
-    if (present_ == 0) co_return;  // every member left: the exchange was aborted
+    if (aborted_) co_return;  // every member left: the exchange was aborted
     if (r.bytes > 0) {
       sse_.push(std::string_view(into.data(), r.bytes));
       while (auto ev = sse_.next()) dispatch(*ev);
@@ -437,14 +450,37 @@ void Batch::dispatch(const http::SseEvent& ev) {
           c.usage ? data.substr(c.usage->value_begin, c.usage->value_end - c.usage->value_begin) : std::string_view();
       if (!usage.empty() && usage != "null") m.last_usage_.assign(usage);
       (void)id_of(m);
+      // Its only choice (n = 1) finished: the member is done now, not when the batch's longest prompt is.
+      const bool last = c.finish && data.substr(c.finish->value_begin, c.finish->value_end - c.finish->value_begin) != "null";
       if (!m.req_.stream) {
         m.assembler_.on_chunk(data, c);
+        if (last) {
+          scratch_.clear();
+          m.assembler_.finish(m.id_json_, scratch_);
+          m.push(scratch_);
+          complete(m, UpstreamFailure::none);
+        }
         return;
       }
       scratch_.assign("data: ");
       api::openai::append_member_chunk(data, c, id_of(m), m.req_.continuous_usage ? std::string_view() : "null",
                                        scratch_);
       scratch_ += "\n\n";
+      if (last) {
+        // What vLLM sends it next unbatched: its usage chunk (when asked for), then [DONE].
+        if (m.req_.include_usage) {
+          const std::size_t at = scratch_.size();
+          scratch_ += "data: ";
+          if (api::openai::append_usage_chunk(data, c, m.id_json_, scratch_))
+            scratch_ += "\n\n";
+          else
+            scratch_.resize(at);  // no per-chunk usage (not vLLM?): its own usage is unknown, not another's
+        }
+        scratch_ += "data: [DONE]\n\n";
+        m.push(scratch_);
+        complete(m, UpstreamFailure::none);
+        return;
+      }
       m.push(scratch_);
       return;
     }
@@ -463,14 +499,19 @@ void Batch::dispatch(const http::SseEvent& ev) {
       return;
     }
     case BatchChunk::Kind::other:
-      // An in-band error (vLLM's {"error": ...}): it is every member's.
-      for_present([&](BatchMember& m) {
-        if (!m.req_.stream) return;
+      // An in-band error (vLLM's {"error": ...}): it is every member's. A
+      // stream relays it; a non-streaming answer cannot be whole: it fails.
+      for (auto* m : members_) {
+        if (m == nullptr) continue;
+        if (!m->req_.stream) {
+          complete(*m, UpstreamFailure::protocol);
+          continue;
+        }
         scratch_.assign("data: ");
         scratch_.append(data);
         scratch_ += "\n\n";
-        m.push(scratch_);
-      });
+        m->push(scratch_);
+      }
       return;
   }
 }

@@ -74,7 +74,8 @@ class BatchMember final : public http::ResponseSource {
   BatchMember(const BatchMember&) = delete;
   BatchMember& operator=(const BatchMember&) = delete;
 
-  // The compatibility key buffer, written by api::openai::completion_batch_key before join().
+  // The compatibility key buffer: api::openai::completion_batch_key's (the
+  // body template), then a NUL and http::append_forwarded_fields_key's.
   std::string& key() { return key_; }
   // Waits until the batch has the upstream's response head (true), or
   // failed before it (false: failure() says why; cancelled when the member

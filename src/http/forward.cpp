@@ -1,6 +1,8 @@
 #include "http/forward.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <vector>
 
 #include "http/headers.hpp"
 
@@ -41,6 +43,26 @@ void copy_end_to_end(std::string& out, const Fields& fields, Skip skip) {
   }
 }
 
+// True when the client's field `f` goes upstream (beside the hop-by-hop
+// and x-request-id rules of copy_end_to_end): never Host, Content-Length or
+// Expect (Weir frames the request), Accept-Encoding unless the body may be
+// compressed, the client's credentials unless they are passed through.
+template <class Field>
+bool forwarded_upstream(const Field& f, bool identity, bool strip_credentials) {
+  switch (f.name()) {
+    case bh::field::host:
+    case bh::field::content_length:
+    case bh::field::expect:
+      return false;
+    case bh::field::accept_encoding:
+      return !identity;
+    case bh::field::authorization:
+      return !strip_credentials;
+    default:
+      return !(strip_credentials && iequals(f.name_string(), "x-api-key"));
+  }
+}
+
 }  // namespace
 
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o) {
@@ -62,21 +84,34 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     out += "\r\n";
   }
   if (o.identity) out += "Accept-Encoding: identity\r\n";
-  copy_end_to_end(out, req, [&](const auto& f) {
-    switch (f.name()) {
-      case bh::field::host:
-      case bh::field::content_length:
-      case bh::field::expect:
-        return true;
-      case bh::field::accept_encoding:
-        return o.identity;
-      case bh::field::authorization:
-        return o.strip_credentials;
-      default:
-        return o.strip_credentials && iequals(f.name_string(), "x-api-key");
-    }
-  });
+  copy_end_to_end(out, req, [&](const auto& f) { return !forwarded_upstream(f, o.identity, o.strip_credentials); });
   out += "\r\n";
+}
+
+void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool strip_credentials) {
+  std::vector<std::string> lines;
+  for (const auto& f : req) {
+    const auto name = f.name_string();
+    if (!forwarded_upstream(f, /*identity=*/true, strip_credentials) || hop_by_hop_in(req, name) ||
+        iequals(name, "x-request-id"))
+      continue;
+    // Fields about the client, not the request: the first member's go upstream.
+    if (iequals(name, "traceparent") || iequals(name, "tracestate") || iequals(name, "baggage") ||
+        iequals(name, "user-agent") || iequals(name, "accept") ||
+        (name.size() >= 12 && iequals(name.substr(0, 12), "x-stainless-")))
+      continue;
+    std::string line(name);
+    for (auto& c : line) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
+    line += ": ";
+    line += f.value();
+    line += '\n';
+    lines.push_back(std::move(line));
+  }
+  // Sorted by name, stably: the order of one name's lines is kept (it is their meaning).
+  std::stable_sort(lines.begin(), lines.end(), [](const std::string& a, const std::string& b) {
+    return std::string_view(a).substr(0, a.find(':')) < std::string_view(b).substr(0, b.find(':'));
+  });
+  for (const auto& l : lines) out += l;
 }
 
 std::string_view strip_upstream_origin(std::string_view uri, std::string_view host) {

@@ -33,6 +33,17 @@ struct UpstreamHeadOptions {
 // options say, Accept-Encoding and the client's credentials; then the blank line.
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
 
+// Appends, for deciding which requests may share one upstream request
+// (batching/), the client's fields append_upstream_request_head forwards
+// (with `identity`, and `strip_credentials` as for the head): names
+// lowercased, sorted by name (one name's lines in their order), one
+// "name: value\n" each; except fields that describe the client rather than
+// the request (traceparent, tracestate, baggage, user-agent, accept,
+// x-stainless-*), of which the upstream gets the first member's. Requests
+// whose keys differ would send the upstream different fields (a credential,
+// a header the model server acts on), so they are never merged.
+void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool strip_credentials);
+
 // Appends the upstream response's end-to-end fields for the client: all but
 // hop-by-hop ones, Content-Length (the caller frames the body), x-request-id
 // (the caller sends the request's own), and Content-Encoding when

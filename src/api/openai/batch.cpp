@@ -4,6 +4,8 @@
 #include <array>
 #include <charconv>
 
+#include <boost/json.hpp>
+
 namespace weir::api::openai {
 namespace {
 
@@ -25,13 +27,40 @@ std::optional<std::uint32_t> parse_index(std::string_view v) {
   return n;
 }
 
+// The members a batch or a coalesced generation sets or drops for all its
+// members (`user`, `stream_options`, `stream`) must be what vLLM accepts
+// unbatched, or merging would turn the client's 400 into a 200 (or one
+// member's invalid value into everyone's 400): `user` a string or null;
+// `stream_options` only with `"stream": true`, an object of boolean (or
+// null) `include_usage` / `continuous_usage_stats`.
+bool client_members_valid(std::string_view body) {
+  static constexpr std::array<std::string_view, 3> kKeys = {"stream", "stream_options", "user"};
+  std::array<std::optional<MemberSpan>, kKeys.size()> f;
+  if (!find_members(body, kKeys, f)) return false;
+  if (f[2]) {
+    const std::string_view u = value_of(body, *f[2]);
+    if (u != "null" && (u.empty() || u.front() != '"')) return false;
+  }
+  if (!f[1] || value_of(body, *f[1]) == "null") return true;
+  if (!f[0] || value_of(body, *f[0]) != "true") return false;
+  // A small object: parsed (only on pools that batch or coalesce).
+  boost::system::error_code ec;
+  const boost::json::value so = boost::json::parse(value_of(body, *f[1]), ec);
+  if (ec || !so.is_object()) return false;
+  for (const auto& kv : so.get_object()) {
+    if (kv.key() != "include_usage" && kv.key() != "continuous_usage_stats") return false;
+    if (!kv.value().is_bool() && !kv.value().is_null()) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 std::optional<std::string_view> completion_batch_key(std::string_view body, std::string& key) {
   static constexpr std::array<std::string_view, 7> kKeys = {"prompt",          "n",     "best_of", "echo", "logprobs",
                                                             "prompt_logprobs", "suffix"};
   std::array<std::optional<MemberSpan>, kKeys.size()> f;
-  if (!find_members(body, kKeys, f)) return std::nullopt;
+  if (!find_members(body, kKeys, f) || !client_members_valid(body)) return std::nullopt;
   const auto& prompt = f[0];
   if (!prompt || body[prompt->value_begin] != '"') return std::nullopt;
   if (f[1] && value_of(body, *f[1]) != "1" && value_of(body, *f[1]) != "null") return std::nullopt;
@@ -64,7 +93,7 @@ void build_completion_batch(std::string_view key, std::span<const std::string_vi
 bool coalesce_key(std::string_view body, std::string& key) {
   static constexpr std::array<std::string_view, 3> kKeys = {"temperature", "seed", "stream_options"};
   std::array<std::optional<MemberSpan>, kKeys.size()> f;
-  if (!find_members(body, kKeys, f)) return false;
+  if (!find_members(body, kKeys, f) || !client_members_valid(body)) return false;
   bool deterministic = f[1] && value_of(body, *f[1]) != "null";
   if (f[0]) {
     double t = 1;
@@ -181,6 +210,37 @@ bool append_member_usage(std::string_view total, std::string_view own, std::stri
     at = t[i]->value_end;
   }
   out.append(total.substr(at));
+  return true;
+}
+
+bool append_usage_chunk(std::string_view data, const BatchChunk& c, std::string_view id_json, std::string& out) {
+  if (!c.usage || data[c.usage->value_begin] != '{') return false;
+  static constexpr std::array<std::string_view, 1> kChoices = {"choices"};
+  std::array<std::optional<MemberSpan>, 1> ch;
+  if (!find_members(data, kChoices, ch) || !ch[0]) return false;
+  // The usage object without its null members (prompt_tokens_details, completion_tokens_details).
+  std::string usage(value_of(data, *c.usage)), tmp;
+  for (std::string_view k : {"prompt_tokens_details", "completion_tokens_details"}) {
+    if (auto m = find_member(usage, k); m && value_of(usage, *m) == "null" && remove_member(usage, k, tmp))
+      usage.swap(tmp);
+  }
+  struct Edit {
+    std::size_t begin, end;
+    std::string_view with;
+  };
+  std::array<Edit, 3> edits{Edit{ch[0]->value_begin, ch[0]->value_end, "[]"},
+                            Edit{c.usage->value_begin, c.usage->value_end, usage}, Edit{0, 0, {}}};
+  std::size_t n = 2;
+  if (c.id) edits[n++] = {c.id->value_begin, c.id->value_end, id_json};
+  std::sort(edits.begin(), edits.begin() + static_cast<std::ptrdiff_t>(n),
+            [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    out.append(data.substr(at, edits[i].begin - at));
+    out.append(edits[i].with);
+    at = edits[i].end;
+  }
+  out.append(data.substr(at));
   return true;
 }
 

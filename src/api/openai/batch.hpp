@@ -32,7 +32,10 @@ namespace weir::api::openai {
 // parameters, model, stream and stream_options. Never merged (nullopt):
 // `prompt` not one string (a list or token ids), `n` other than 1,
 // `best_of`, `echo`, `logprobs`, `prompt_logprobs` or `suffix` present and
-// not null/false, and bodies that are not objects.
+// not null/false, members the batch sets or drops that vLLM would refuse
+// unbatched (`user` not a string; `stream_options` without `"stream": true`,
+// or with other members than boolean include_usage/continuous_usage_stats),
+// and bodies that are not objects.
 std::optional<std::string_view> completion_batch_key(std::string_view body, std::string& key);
 
 // Writes to `out` the batch's upstream body: `key` (its first member's key)
@@ -50,7 +53,9 @@ void build_completion_batch(std::string_view key, std::span<const std::string_vi
 // generates the same tokens whatever they say). Only deterministic requests
 // coalesce: `temperature` 0 or a `seed` given (not null). Never when
 // `stream_options.continuous_usage_stats` is asked for (the generation's
-// per-chunk usage is its leader's choice), or on bodies that are not objects.
+// per-chunk usage is its leader's choice), nor with `user` or
+// `stream_options` that vLLM would refuse (as for completion_batch_key), or
+// on bodies that are not objects.
 bool coalesce_key(std::string_view body, std::string& key);
 
 // Writes to `out` a coalesced generation's upstream body: `body` (its first
@@ -97,6 +102,14 @@ void append_member_chunk(std::string_view data, const BatchChunk& c, std::string
 // the member's usage has the final chunk's exact shape. Returns false (out
 // unchanged) when either is not an object with those numbers.
 bool append_member_usage(std::string_view total, std::string_view own, std::string& out);
+
+// Appends to `out` the final usage chunk vLLM sends a request whose last
+// choice has finished, built from that member's finishing chunk `data`
+// (parsed as `c`, with its own per-chunk usage): "id" set to `id_json`,
+// "choices" to [] and "usage" to its usage without null members (the final
+// chunk is serialized with exclude_none). Returns false (out unchanged) when
+// the chunk carries no usage object.
+bool append_usage_chunk(std::string_view data, const BatchChunk& c, std::string_view id_json, std::string& out);
 
 // The response id a member gets: the upstream's `upstream_id_json` (a JSON
 // string) with its suffix `batch_request_id` (vLLM's id is "cmpl-" + the

@@ -128,6 +128,10 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
   if (ctx.route == RouteKind::completions && pc.batch.enabled())
     prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
   if (!prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
+  const bool strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
+  // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
+  member_->key() += '\0';  // never in valid JSON nor in a field
+  http::append_forwarded_fields_key(member_->key(), down_.request(), strip_credentials);
   // What the member's own upstream request asked for: usage at the end
   // (vLLM's StreamOptions.include_usage defaults to true) and on every chunk.
   bool include_usage = false;
@@ -151,7 +155,7 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
       .stream = ctx.stream,
       .include_usage = ctx.stream && include_usage,
       .continuous_usage = ctx.stream && continuous,
-      .strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr};
+      .strip_credentials = strip_credentials};
   if (prompt)
     batcher->join(*member_, r);
   else
@@ -211,10 +215,19 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
                       .endpoint = static_cast<std::int16_t>(ctx.endpoint),
                       .status = static_cast<std::int16_t>(ctx.upstream_status),
                       .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
-  // The members' streams are not held for a fallback: the batch's events go out as they come.
-  ctx.fallback_limit = ctx.fallback_step;
+  if (routing::retryable_status(ctx.upstream_status) && fallback_left(ctx)) {
+    // The pool's answer is one a fallback takes over (429, 503, ...): this
+    // member leaves the batch for its model's next target, as it would unbatched.
+    m.cancel();
+    ctx.source = nullptr;
+    ctx.fail_over = true;
+    co_return Outcome::failed(upstream_status_error(ctx.upstream_status, subject(ctx)));
+  }
+  // A stream's head waits for its first content while a fallback is left (relay), as unbatched.
   Outcome o = co_await relay(ctx, m);
   ctx.source = nullptr;
+  // A non-streaming member whose batch failed before its answer: nothing reached the client.
+  if (!o.is_responded() && !ctx.committed && http::is_upstream_fault(m.failure())) ctx.fail_over = true;
   co_return o;
 }
 

@@ -88,7 +88,7 @@ class MicroBatcherTest : public ::testing::Test {
   }
 
   // A member for the prompt `prompt`, joined.
-  BatchMember& join(std::string_view prompt, bool stream = true) {
+  BatchMember& join(std::string_view prompt, bool stream = true, bool include_usage = false) {
     members.push_back(std::make_unique<BatchMember>(io.get_executor()));
     auto& m = *members.back();
     bodies.push_back(R"({"model":"m","prompt":")" + std::string(prompt) + R"(","max_tokens":2)" +
@@ -103,7 +103,8 @@ class MicroBatcherTest : public ::testing::Test {
                       .target = "/v1/completions",
                       .prompt = *p,
                       .request_id = ids.back(),
-                      .stream = stream});
+                      .stream = stream,
+                      .include_usage = include_usage});
     return m;
   }
 
@@ -252,7 +253,7 @@ TEST_F(MicroBatcherTest, AMemberLeavesAloneAndTheLastOneAbortsTheUpstream) {
   Read rb;
   read_all(b, rb);
   a.cancel();  // a's client left
-  up.send(http_chunk(sse(chunk(0, " a1", "\"length\"", 2)) + sse(chunk(1, " b1", "\"length\"", 2))));
+  up.send(http_chunk(sse(chunk(0, " a1", "\"length\"", 2)) + sse(chunk(1, " b1", "null", 2))));
   ASSERT_TRUE(run_until(io, [&] { return rb.bytes.find(" b1") != std::string::npos; }));
   EXPECT_EQ(rb.bytes.find(" a"), std::string::npos);  // nothing of a's
   EXPECT_FALSE(up.read_available() == false);          // the upstream connection is still open
@@ -262,6 +263,30 @@ TEST_F(MicroBatcherTest, AMemberLeavesAloneAndTheLastOneAbortsTheUpstream) {
   EXPECT_EQ(rb.failure, http::UpstreamFailure::cancelled);
   EXPECT_TRUE(run_until(io, [&] { return !up.read_available(); }, 2s));
   EXPECT_EQ(stats.aborted, 1u);
+}
+
+TEST_F(MicroBatcherTest, AMemberWhoseChoiceFinishedEndsAtOnceWithItsOwnUsage) {
+  auto& a = join("a", /*stream=*/true, /*include_usage=*/true);
+  auto& c = join("c", /*stream=*/true, /*include_usage=*/true);
+  upstream_request();
+  up.send("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+          http_chunk(sse(chunk(0, " a0", "\"stop\"", 1)) + sse(chunk(1, " c0", "null", 1))));
+  ASSERT_TRUE(head_of(a));
+  ASSERT_TRUE(head_of(c));
+  Read ra, rc;
+  read_all(a, ra);
+  read_all(c, rc);
+  // a's choice finished: it ends now, with its usage chunk, while c's goes on (the upstream has not ended)
+  ASSERT_TRUE(run_until(io, [&] { return ra.done; }));
+  EXPECT_EQ(ra.failure, http::UpstreamFailure::none);
+  EXPECT_EQ(ra.bytes,
+            member_chunk("a", " a0", "\"stop\"") +
+                sse(R"({"id":"cmpl-req-a","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}})") +
+                "data: [DONE]\n\n");
+  EXPECT_FALSE(rc.done);
+  up.send(http_chunk(sse(chunk(1, " c1", "\"length\"", 2))));
+  ASSERT_TRUE(run_until(io, [&] { return rc.done; }));
+  EXPECT_NE(rc.bytes.find("\"completion_tokens\":2}}"), std::string::npos);  // c's own usage chunk
 }
 
 TEST_F(MicroBatcherTest, AFailureBeforeTheHeadReachesEveryMember) {
