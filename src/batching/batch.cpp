@@ -451,7 +451,8 @@ void Batch::dispatch(const http::SseEvent& ev) {
       if (!usage.empty() && usage != "null") m.last_usage_.assign(usage);
       (void)id_of(m);
       // Its only choice (n = 1) finished: the member is done now, not when the batch's longest prompt is.
-      const bool last = c.finish && data.substr(c.finish->value_begin, c.finish->value_end - c.finish->value_begin) != "null";
+      const bool last =
+          c.finish && data.substr(c.finish->value_begin, c.finish->value_end - c.finish->value_begin) != "null";
       if (!m.req_.stream) {
         m.assembler_.on_chunk(data, c);
         if (last) {
@@ -529,7 +530,8 @@ Batch::Event Batch::read_event(std::string_view data) {
     return e;
   }
   e.id = api::find_member(data, "id");
-  e.usage_only = api::find_member(data, "usage") && api::openai::parse_batch_chunk(data).kind == BatchChunk::Kind::usage;
+  e.usage_only =
+      api::find_member(data, "usage") && api::openai::parse_batch_chunk(data).kind == BatchChunk::Kind::usage;
   return e;
 }
 

@@ -41,11 +41,11 @@ namespace weir::batching {
 
 // Counters for the gateway's metrics (summed over workers at scrape time).
 struct Stats {
-  std::uint64_t batches = 0;         // upstream requests sent for batches
-  std::uint64_t members = 0;         // requests sent as members of those batches
-  std::uint64_t aborted = 0;         // batches whose upstream request was aborted: every member had left
-  std::uint64_t split = 0;           // batches the upstream refused whole (400/413/422): members resent one by one
-  std::uint64_t coalesced = 0;       // requests that shared a generation another request started (pools.X.coalesce)
+  std::uint64_t batches = 0;    // upstream requests sent for batches
+  std::uint64_t members = 0;    // requests sent as members of those batches
+  std::uint64_t aborted = 0;    // batches whose upstream request was aborted: every member had left
+  std::uint64_t split = 0;      // batches the upstream refused whole (400/413/422): members resent one by one
+  std::uint64_t coalesced = 0;  // requests that shared a generation another request started (pools.X.coalesce)
 };
 
 class Batch;
@@ -94,7 +94,7 @@ class BatchMember final : public http::ResponseSource {
   std::uint32_t batch_size() const;   // members sent in the batch
   std::uint32_t slot() const { return slot_; }
   bool coalesced() const;  // a coalesced generation (pools.X.coalesce), not a prompt-list batch
-  int endpoint() const;  // endpoint index in the pool
+  int endpoint() const;    // endpoint index in the pool
   std::chrono::steady_clock::time_point sent_at() const;  // the batch's request went upstream
 
   // --- ResponseSource ---
@@ -126,8 +126,8 @@ class BatchMember final : public http::ResponseSource {
   int split_status_ = 0;
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;
-  std::string id_json_;     // the member's response id, a JSON string
-  std::string last_usage_;  // its latest per-chunk usage object
+  std::string id_json_;                         // the member's response id, a JSON string
+  std::string last_usage_;                      // its latest per-chunk usage object
   api::openai::CompletionAssembler assembler_;  // non-streaming members
 };
 

@@ -162,9 +162,10 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   const std::string key = "pools." + name;
   PoolConfig p;
   p.name = name;
-  WEIR_TRY_VOID(check_keys(n, key,
-                           {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
-                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health", "batch", "coalesce"}));
+  WEIR_TRY_VOID(
+      check_keys(n, key,
+                 {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key", "api_key_env",
+                  "eject_for", "request_usage", "retry", "outlier", "health", "batch", "coalesce"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)

@@ -115,8 +115,8 @@ struct HealthConfig {
 // request with a prompt list; a batch leaves when it has `max_size` members
 // or when its window ends, whichever comes first.
 struct BatchConfig {
-  Millis window{0};               // since the batch's first member; 0 = off
-  std::uint32_t max_size = 16;    // members, 2..256
+  Millis window{0};             // since the batch's first member; 0 = off
+  std::uint32_t max_size = 16;  // members, 2..256
   bool enabled() const { return window.count() > 0 && max_size > 1; }
 };
 

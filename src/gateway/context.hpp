@@ -90,7 +90,7 @@ struct RequestContext {
   std::string batch_id;
   std::uint16_t batch_size = 0;
   std::uint16_t batch_slot = 0;
-  bool coalesced = false;  // the batch is a coalesced generation (pools.X.coalesce)
+  bool coalesced = false;    // the batch is a coalesced generation (pools.X.coalesce)
   bool batch_split = false;  // the upstream refused the batch whole: the request was then sent alone
   StreamHooks hooks;
   http::SseReader sse{4u << 20};

@@ -43,7 +43,7 @@ class Session final : private http::Downstream::Listener {
 
   Worker& w_;
   http::Downstream down_;
-  http::Exchange exchange_;  // the direct upstream exchange, reused by each request
+  http::Exchange exchange_;       // the direct upstream exchange, reused by each request
   batching::BatchMember member_;  // the request's place in a micro-batch (pools.X.batch)
   RequestContext ctx_;
   GatewayPhases phases_;

@@ -201,8 +201,8 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     // A micro-batch member: join its line to the batch's other members by id.
     out += R"(,"batch":{"id":)";
     core::append_json_string(out, ctx.batch_id);
-    fmt::format_to(std::back_inserter(out), R"(,"size":{},"slot":{},"coalesced":{}}})", ctx.batch_size,
-                   ctx.batch_slot, ctx.coalesced);
+    fmt::format_to(std::back_inserter(out), R"(,"size":{},"slot":{},"coalesced":{}}})", ctx.batch_size, ctx.batch_slot,
+                   ctx.coalesced);
   }
   if (ctx.attempt_count > 1) {
     // Every attempt, in order, when there was more than one (docs/reliability.md).

@@ -146,16 +146,15 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
     continuous = member_is("continuous_usage_stats", "true");
   }
   const auto& req = down_.request();
-  const batching::BatchMember::Request r{
-      .head = &req,
-      .target = upstream_target(ctx.route, req.target()),
-      .prompt = prompt.value_or(std::string_view()),
-      .body = ctx.upstream_body,
-      .request_id = ctx.request_id,
-      .stream = ctx.stream,
-      .include_usage = ctx.stream && include_usage,
-      .continuous_usage = ctx.stream && continuous,
-      .strip_credentials = strip_credentials};
+  const batching::BatchMember::Request r{.head = &req,
+                                         .target = upstream_target(ctx.route, req.target()),
+                                         .prompt = prompt.value_or(std::string_view()),
+                                         .body = ctx.upstream_body,
+                                         .request_id = ctx.request_id,
+                                         .stream = ctx.stream,
+                                         .include_usage = ctx.stream && include_usage,
+                                         .continuous_usage = ctx.stream && continuous,
+                                         .strip_credentials = strip_credentials};
   if (prompt)
     batcher->join(*member_, r);
   else

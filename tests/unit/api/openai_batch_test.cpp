@@ -36,11 +36,11 @@ TEST(CompletionBatchKey, IsTheBodyWithoutPromptAndUser) {
 
 TEST(CompletionBatchKey, NeverMergesWhatCannotBeSplit) {
   for (std::string_view body : {
-           R"({"model":"m","prompt":["a","b"]})",      // a list already
-           R"({"model":"m","prompt":[1,2,3]})",        // token ids
-           R"({"model":"m"})",                          // no prompt
-           R"({"model":"m","prompt":"a","n":2})",       // several choices per prompt
-           R"({"model":"m","prompt":"a","best_of":2})", //
+           R"({"model":"m","prompt":["a","b"]})",        // a list already
+           R"({"model":"m","prompt":[1,2,3]})",          // token ids
+           R"({"model":"m"})",                           // no prompt
+           R"({"model":"m","prompt":"a","n":2})",        // several choices per prompt
+           R"({"model":"m","prompt":"a","best_of":2})",  //
            R"({"model":"m","prompt":"a","echo":true})",
            R"({"model":"m","prompt":"a","logprobs":1})",
            R"({"model":"m","prompt":"a","prompt_logprobs":0})",
@@ -71,7 +71,8 @@ TEST(CompletionBatch, BodyHasEveryPromptStreamAndPerChunkUsage) {
 // vLLM's chunk for prompt `i` of a batch (serving_completion.py with continuous usage).
 std::string chunk(std::uint32_t index, std::string_view text, std::string_view finish, std::uint32_t prompt_tokens,
                   std::uint32_t done) {
-  return "{\"id\":\"cmpl-batch7\",\"object\":\"text_completion\",\"created\":17,\"model\":\"m\",\"choices\":[{\"index\":" +
+  return "{\"id\":\"cmpl-batch7\",\"object\":\"text_completion\",\"created\":17,\"model\":\"m\",\"choices\":[{"
+         "\"index\":" +
          std::to_string(index) + ",\"text\":\"" + std::string(text) +
          "\",\"logprobs\":null,\"finish_reason\":" + std::string(finish) +
          ",\"stop_reason\":null}],\"usage\":{\"prompt_tokens\":" + std::to_string(prompt_tokens) +
@@ -121,8 +122,10 @@ TEST(BatchDemux, InterleavedStreamGivesEachMemberItsOwnChunksInOrder) {
       // exactly what the member would get unbatched (its own id, index 0, no usage asked for)
       std::string want = "{\"id\":\"cmpl-req-" + std::to_string(i) +
                          "\",\"object\":\"text_completion\",\"created\":17,\"model\":\"m\",\"choices\":[{\"index\":0,"
-                         "\"text\":\"" + words[i][step] + "\",\"logprobs\":null,\"finish_reason\":" +
-                         (step == 1 ? "\"length\"" : "null") + ",\"stop_reason\":null}],\"usage\":null}";
+                         "\"text\":\"" +
+                         words[i][step] +
+                         "\",\"logprobs\":null,\"finish_reason\":" + (step == 1 ? "\"length\"" : "null") +
+                         ",\"stop_reason\":null}],\"usage\":null}";
       EXPECT_EQ(got[i][step], want);
     }
   }
@@ -152,8 +155,9 @@ TEST(CompletionAssembler, BuildsVllmsNonStreamingBody) {
     a.on_chunk(data, parse_batch_chunk(data));
   std::string out;
   a.finish(R"("cmpl-r")", out);
-  EXPECT_EQ(out,
-            R"({"id":"cmpl-r","object":"text_completion","created":17,"model":"m","choices":[{"index":0,"text":" one \"two\"","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":4,"total_tokens":6,"completion_tokens":2,"prompt_tokens_details":null},"kv_transfer_params":null})");
+  EXPECT_EQ(
+      out,
+      R"({"id":"cmpl-r","object":"text_completion","created":17,"model":"m","choices":[{"index":0,"text":" one \"two\"","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":4,"total_tokens":6,"completion_tokens":2,"prompt_tokens_details":null},"kv_transfer_params":null})");
   EXPECT_EQ(a.chunks(), 2u);
   EXPECT_EQ(boost::json::parse(out).at("choices").at(0).at("text"), " one \"two\"");
 }

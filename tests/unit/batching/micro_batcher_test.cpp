@@ -61,7 +61,8 @@ class MicroBatcherTest : public ::testing::Test {
   void SetUp() override {
     acc.emplace(up.io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
     cfg.name = "gpu";
-    cfg.endpoints.push_back(*core::parse_endpoint_url("http://127.0.0.1:" + std::to_string(acc->local_endpoint().port())));
+    cfg.endpoints.push_back(
+        *core::parse_endpoint_url("http://127.0.0.1:" + std::to_string(acc->local_endpoint().port())));
     cfg.batch.window = 50ms;
     cfg.batch.max_size = 2;
     cfg.health.enabled = false;
@@ -175,7 +176,8 @@ TEST_F(MicroBatcherTest, AFullBatchLeavesAtOnceAndTheRestWaitsForItsWindow) {
   EXPECT_EQ(body.at("max_tokens"), 2);
   // "c" is alone until its window ends (50 ms), then goes by itself.
   EXPECT_EQ(batcher->open_batches(), 1u);
-  EXPECT_TRUE(run_until(io, [&] { return batcher->open_batches() == 0; }, 2s));
+  EXPECT_TRUE(run_until(
+      io, [&] { return batcher->open_batches() == 0; }, 2s));
   EXPECT_EQ(stats.batches, 2u);
   EXPECT_EQ(stats.members, 3u);
 }
@@ -256,12 +258,13 @@ TEST_F(MicroBatcherTest, AMemberLeavesAloneAndTheLastOneAbortsTheUpstream) {
   up.send(http_chunk(sse(chunk(0, " a1", "\"length\"", 2)) + sse(chunk(1, " b1", "null", 2))));
   ASSERT_TRUE(run_until(io, [&] { return rb.bytes.find(" b1") != std::string::npos; }));
   EXPECT_EQ(rb.bytes.find(" a"), std::string::npos);  // nothing of a's
-  EXPECT_FALSE(up.read_available() == false);          // the upstream connection is still open
+  EXPECT_FALSE(up.read_available() == false);         // the upstream connection is still open
   EXPECT_EQ(stats.aborted, 0u);
   b.cancel();  // the last one: the upstream request is aborted
   ASSERT_TRUE(run_until(io, [&] { return rb.done; }));
   EXPECT_EQ(rb.failure, http::UpstreamFailure::cancelled);
-  EXPECT_TRUE(run_until(io, [&] { return !up.read_available(); }, 2s));
+  EXPECT_TRUE(run_until(
+      io, [&] { return !up.read_available(); }, 2s));
   EXPECT_EQ(stats.aborted, 1u);
 }
 
@@ -279,10 +282,11 @@ TEST_F(MicroBatcherTest, AMemberWhoseChoiceFinishedEndsAtOnceWithItsOwnUsage) {
   // a's choice finished: it ends now, with its usage chunk, while c's goes on (the upstream has not ended)
   ASSERT_TRUE(run_until(io, [&] { return ra.done; }));
   EXPECT_EQ(ra.failure, http::UpstreamFailure::none);
-  EXPECT_EQ(ra.bytes,
-            member_chunk("a", " a0", "\"stop\"") +
-                sse(R"({"id":"cmpl-req-a","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}})") +
-                "data: [DONE]\n\n");
+  EXPECT_EQ(
+      ra.bytes,
+      member_chunk("a", " a0", "\"stop\"") +
+          sse(R"({"id":"cmpl-req-a","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}})") +
+          "data: [DONE]\n\n");
   EXPECT_FALSE(rc.done);
   up.send(http_chunk(sse(chunk(1, " c1", "\"length\"", 2))));
   ASSERT_TRUE(run_until(io, [&] { return rc.done; }));
