@@ -100,6 +100,34 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ++w_.metrics().upstream_fallbacks;
 }
 
+routing::PickRequest GatewayPhases::pick_request(const RequestContext& ctx, const core::PoolConfig& pc) const {
+  routing::PickRequest r;
+  if (!pc.session_header.empty()) {
+    const auto v = down_.request()[pc.session_header];
+    r.session = std::string_view(v.data(), v.size());
+  }
+  if (pc.balance != core::Balance::prefix_affinity) return r;
+  r.model = ctx.target.upstream_model.empty() ? std::string_view(ctx.model) : ctx.target.upstream_model;
+  // The prompt as sent upstream, unparsed: the JSON text of its member (a
+  // view into the body; the same text renders to the same bytes, so its
+  // blocks hash alike across requests).
+  const char* member = nullptr;
+  switch (ctx.route) {
+    case RouteKind::chat_completions:
+    case RouteKind::messages:  // translated to a chat completion upstream
+      member = "messages";
+      break;
+    case RouteKind::completions:
+      member = "prompt";
+      break;
+    default:
+      return r;
+  }
+  if (auto span = api::find_member(ctx.upstream_body, member))
+    r.prompt = ctx.upstream_body.substr(span->value_begin, span->value_end - span->value_begin);
+  return r;
+}
+
 core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   // The client may leave while we wait on the upstream: watch for it.
   down_.watch_for_close(/*release_buffer=*/ctx.stream);
@@ -170,7 +198,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   ctx.source = &exchange_;
 
   auto now = core::now();
-  routing::Attempts attempts(pool, w_.rng(), now);
+  routing::Attempts attempts(pool, w_.rng(), now, pick_request(ctx, pc));
   // Read, parse, route and admit count once, before the first target.
   std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 ? core::micros_between(ctx.t_start, now) : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;

@@ -1,0 +1,23 @@
+#include "routing/balance.hpp"
+
+#include <algorithm>
+
+namespace weir::routing {
+
+bool imbalanced(std::span<const Candidate> c, const core::ImbalanceConfig& cfg) {
+  if (c.size() < 2) return false;
+  std::uint32_t lo = c[0].load, hi = c[0].load;
+  for (const auto& e : c) {
+    lo = std::min(lo, e.load);
+    hi = std::max(hi, e.load);
+  }
+  return above(hi, lo, cfg);
+}
+
+bool saturated(std::span<const Candidate> c, std::uint32_t i, const core::ImbalanceConfig& cfg) {
+  std::uint32_t lo = c[i].load;
+  for (const auto& e : c) lo = std::min(lo, e.load);
+  return above(c[i].load, lo, cfg);
+}
+
+}  // namespace weir::routing
