@@ -6,8 +6,10 @@
 //      max > imbalance.relative * min): the least-loaded endpoint.
 //   2. The longest indexed prefix covers at least match_threshold of the
 //      prompt's hashed blocks: among the endpoints holding it, the least loaded.
-//   3. Otherwise (a new prefix, or a prompt shorter than one block): the
-//      least-loaded endpoint.
+//   3. Otherwise, a new prefix: the endpoint holding the fewest indexed
+//      blocks (SGLang's smallest tree: prefixes, and with them the load,
+//      spread evenly), the least loaded of those; a prompt shorter than one
+//      block: the least-loaded endpoint.
 // The caller then records the chosen endpoint in the index.
 #pragma once
 

@@ -58,9 +58,11 @@ std::uint32_t prefix_block_hashes(std::string_view model, std::string_view text,
 
 PrefixIndex::PrefixIndex(std::uint32_t entries)
     : buckets_(std::bit_ceil(std::max<std::uint32_t>(entries, kWays) / kWays)),
-      table_(std::make_unique<Bucket[]>(buckets_)) {
+      table_(std::make_unique<Bucket[]>(buckets_)),
+      held_(std::make_unique<std::atomic<std::int64_t>[]>(kMaxEndpoints)) {
   for (std::uint32_t b = 0; b < buckets_; ++b)
     for (auto& s : table_[b].slot) s.store(0, std::memory_order_relaxed);
+  for (std::uint32_t e = 0; e < kMaxEndpoints; ++e) held_[e].store(0, std::memory_order_relaxed);
 }
 
 PrefixIndex::Match PrefixIndex::longest(std::span<const std::uint64_t> hashes, std::uint64_t candidates) const {
@@ -112,7 +114,11 @@ void PrefixIndex::insert(std::span<const std::uint64_t> hashes, std::uint32_t en
         oldest = age;
       }
     }
-    if (!found) b.slot[victim].store(fresh, std::memory_order_relaxed);
+    if (found) continue;
+    const std::uint64_t old = b.slot[victim].load(std::memory_order_relaxed);
+    b.slot[victim].store(fresh, std::memory_order_relaxed);
+    if (old != 0) held_[slot_endpoint(old)].fetch_sub(1, std::memory_order_relaxed);
+    held_[endpoint].fetch_add(1, std::memory_order_relaxed);
   }
 }
 

@@ -56,6 +56,15 @@ class PrefixIndex {
   // Endpoint `endpoint` was sent a prompt with these block hashes at `now`.
   void insert(std::span<const std::uint64_t> hashes, std::uint32_t endpoint, Clock::time_point now);
 
+  // Slots endpoint `e` holds now (SGLang's "tree size" of a tenant): what a
+  // new prefix is balanced on. Kept with one relaxed atomic add per slot
+  // taken or lost, so only inserts of new blocks write it; racing inserts
+  // may let it drift by a few slots.
+  std::uint64_t held(std::uint32_t e) const {
+    const auto v = e < kMaxEndpoints ? held_[e].load(std::memory_order_relaxed) : 0;
+    return v < 0 ? 0 : static_cast<std::uint64_t>(v);
+  }
+
   // 16-bit clock of the LRU: units of 2^26 ns (~67 ms), wrapping every ~73 min.
   static std::uint16_t epoch(Clock::time_point now) {
     return static_cast<std::uint16_t>(static_cast<std::uint64_t>(now.time_since_epoch().count()) >> 26);
@@ -72,6 +81,7 @@ class PrefixIndex {
 
   std::uint32_t buckets_;
   std::unique_ptr<Bucket[]> table_;
+  std::unique_ptr<std::atomic<std::int64_t>[]> held_;  // kMaxEndpoints counters
 };
 
 }  // namespace weir::routing

@@ -133,6 +133,9 @@ TEST(PrefixIndex, LongestMatchAmongCandidates) {
   ASSERT_EQ(na, 16u);
   ASSERT_EQ(nb, 16u);
   idx.insert(a, 2, t);
+  EXPECT_EQ(idx.held(2), 16u);
+  idx.insert(a, 2, t);  // already there: nothing more held
+  EXPECT_EQ(idx.held(2), 16u);
   auto m = idx.longest(b, ~0ull);
   EXPECT_EQ(m.blocks, 10u);
   EXPECT_EQ(m.endpoints, 1ull << 2);
@@ -159,7 +162,10 @@ TEST(PrefixIndex, EvictsTheLeastRecentlyUsedSlotOfABucket) {
   for (int i = 0; i < 8; ++i) idx.insert(h[static_cast<std::size_t>(i)], 1, t0 + i * 20 * epoch);
   // Prompt 0 is used again (refreshed: older than kRefreshEpochs), so prompt 1 is now the oldest.
   idx.insert(h[0], 1, t0 + 200 * epoch);
-  idx.insert(h[8], 1, t0 + 201 * epoch);
+  EXPECT_EQ(idx.held(1), 8u);
+  idx.insert(h[8], 3, t0 + 201 * epoch);
+  EXPECT_EQ(idx.held(1), 7u);  // the slot it lost
+  EXPECT_EQ(idx.held(3), 1u);
   EXPECT_EQ(idx.longest(h[0], ~0ull).blocks, 1u);
   EXPECT_EQ(idx.longest(h[1], ~0ull).blocks, 0u);
   for (int i = 2; i < 9; ++i) EXPECT_EQ(idx.longest(h[static_cast<std::size_t>(i)], ~0ull).blocks, 1u) << i;
@@ -189,9 +195,12 @@ TEST(PrefixAffinity, MatchWinsUntilLoadsDiverge) {
   start(1, 3);                                                        // in flight 3 4 2 4
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, ra2), 1u);  // 14 of 15 blocks on endpoint 1
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rb), 2u);   // another prefix: least loaded
-  EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rc), 2u);   // 3 of 15 < 0.5: least loaded
-  // Excluded (a retry elsewhere): the next best by load, and it learns that prefix too.
-  EXPECT_EQ(pool.pick(t, rng, 1, ra2), 2u);
+  // 3 of 15 blocks < 0.5: a new prefix, to the fewest indexed blocks (0 and 3 hold none), the less loaded.
+  EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rc), 0u);
+  EXPECT_EQ(state.prefixes->held(1), 16u);  // a1's 15 blocks and a2's last one
+  EXPECT_EQ(state.prefixes->held(0), 15u);
+  // Excluded (a retry elsewhere): endpoint 0 holds 3 of its blocks (c's), too few: the one holding none.
+  EXPECT_EQ(pool.pick(t, rng, 1, ra2), 3u);
   start(2, 20);  // in flight 3 4 22 4: 22 - 3 > 8 and 22 > 4.5: the guard
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rb), 0u);
   // The function itself, on fixed candidates.
