@@ -21,9 +21,11 @@ POLICIES = ["p2c", "least_load", "prefix_affinity"]
 GROUPS, PREFIX_CHARS, QUESTION_WORDS = 32, 4000, 30
 ENDPOINTS = 4
 TTFT_MS, ITL_MS, TOKENS = 20, 10, 16
-CACHE_TOKENS, PREFILL_US, MAX_NUM_SEQS = 8192, 100, 64
+# Each mock's cache holds ~12 of the 32 prefixes: all of its share (8) under affinity, a third of them when
+# every endpoint sees every group.
+CACHE_TOKENS, PREFILL_US, MAX_NUM_SEQS = 12288, 100, 64
 RATE = 40.0
-GUARDS = [8, 32, 64]  # imbalance.absolute values measured on the skewed workload (relative 1.5)
+GUARDS = [4, 8, 16, 32, 64]  # imbalance.absolute values measured on the skewed workload (relative 1.5)
 SKEW_SEQS = 4          # --max-num-seqs of the skewed part: a hot endpoint queues (vllm:num_requests_waiting)
 
 
@@ -32,22 +34,18 @@ def mock_flags(max_num_seqs: int) -> list[str]:
             "--max-num-seqs", str(max_num_seqs)]
 
 
-def prefix_text(rng: random.Random, g: int) -> str:
-    """~PREFIX_CHARS characters of words (the mock counts a word as a token: ~600 tokens)."""
-    out: list[str] = []
-    n = 0
-    while n < PREFIX_CHARS:
-        w = f"g{g}w{rng.randrange(100000)}"
-        out.append(w)
-        n += len(w) + 1
-    return " ".join(out)[:PREFIX_CHARS]
+def prefix_text(rng: random.Random) -> str:
+    """PREFIX_CHARS characters of random 3-letter words: the mock counts a word as a token, so ~1,000
+    tokens, the 4 characters per token of English text under a BPE tokenizer."""
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    return " ".join("".join(rng.choice(letters) for _ in range(3)) for _ in range(PREFIX_CHARS // 4))
 
 
 def bodies(count: int, seed: int, hot_share: float = 0.0) -> list[str]:
     """`count` chat bodies, each of a group drawn at random (group 0 with probability `hot_share` plus its
     fair share when skewed), the group's prefix as the system message and a question of its own."""
     rng = random.Random(seed)
-    prefixes = [prefix_text(random.Random(1000 + g), g) for g in range(GROUPS)]
+    prefixes = [prefix_text(random.Random(1000 + g)) for g in range(GROUPS)]
     lines = []
     for i in range(count):
         g = 0 if rng.random() < hot_share else rng.randrange(GROUPS)
@@ -128,7 +126,7 @@ def run(env: Env, opts: Options) -> Report:
                  "load_metrics on (default for least_load/prefix_affinity: GET /metrics every 500 ms)")
     rep.add_meta("load", f"weir-bench open loop, Poisson arrivals, {RATE:g} req/s, {warmup:g} s warm-up + "
                  f"{duration:g} s measured; {GROUPS} groups, each request one group's {PREFIX_CHARS:,}-character "
-                 f"system prompt (~600 mock tokens) plus a question of its own ({QUESTION_WORDS} words), "
+                 f"system prompt (~1,000 mock tokens) plus a question of its own ({QUESTION_WORDS} words), "
                  f"streamed, {TOKENS} tokens")
     rep.add_meta("command", "bench/run routing" + (" --smoke" if env.smoke else ""))
     results: dict[str, list[dict]] = {p: [] for p in POLICIES}

@@ -150,9 +150,11 @@ ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, Po
   }
   if (auto v = n["session_header"]) {
     WEIR_TRY(s, read_string(v, key + ".session_header"));
-    const bool token = !s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                         "0123456789!#$%&'*+-.^_`|~") == std::string::npos;
-    if (!token) return tl::unexpected(config_error(v, key + ".session_header", "must be a header name (RFC 9110 token)"));
+    const bool token = !s.empty() && s.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789!#$%&'*+-.^_`|~") == std::string::npos;
+    if (!token)
+      return tl::unexpected(config_error(v, key + ".session_header", "must be a header name (RFC 9110 token)"));
     p.session_header = s;
   }
   p.load_metrics.enabled = p.balance != Balance::p2c || !p.session_header.empty();
@@ -170,7 +172,8 @@ ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, Po
           return tl::unexpected(config_error(v, mk + ".path", "must be a path starting with '/'"));
         p.load_metrics.path = s;
       }
-      for (auto [k, out] : {std::pair{"interval", &p.load_metrics.interval}, std::pair{"timeout", &p.load_metrics.timeout}}) {
+      for (auto [k, out] :
+           {std::pair{"interval", &p.load_metrics.interval}, std::pair{"timeout", &p.load_metrics.timeout}}) {
         if (auto v = m[k]) {
           WEIR_TRY(ms, read_duration(v, mk + "." + k));
           if (ms.count() <= 0) return tl::unexpected(config_error(v, mk + "." + k, "must be positive"));

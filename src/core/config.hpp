@@ -132,10 +132,10 @@ struct ImbalanceConfig {
 // model, in a table of `index_entries` slots (8 bytes each) shared by every
 // worker, evicted least-recently-used per 8-slot bucket.
 struct PrefixAffinityConfig {
-  std::uint32_t block_bytes = 64;       // ~16 tokens: one vLLM KV block
-  std::uint32_t max_blocks = 256;       // blocks of a prompt considered (16 KiB at 64 B)
+  std::uint32_t block_bytes = 64;          // ~16 tokens: one vLLM KV block
+  std::uint32_t max_blocks = 256;          // blocks of a prompt considered (16 KiB at 64 B)
   std::uint32_t index_entries = 1u << 19;  // slots (x 8 bytes: 4 MiB)
-  double match_threshold = 0.5;         // matched / hashed blocks at or above which the match wins
+  double match_threshold = 0.5;            // matched / hashed blocks at or above which the match wins
 };
 
 // A set of interchangeable endpoints serving the same models.

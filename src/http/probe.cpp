@@ -57,7 +57,10 @@ bool dechunk(std::string_view in, std::string& out) {
     std::size_t i = 0;
     for (; i < eol; ++i) {
       const char c = in[i];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      const int d = c >= '0' && c <= '9'   ? c - '0'
+                    : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                    : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                           : -1;
       if (d < 0) break;  // a chunk extension (";...") or whitespace ends the size
       if (size > (std::size_t{1} << 40)) return false;
       size = size * 16 + static_cast<std::size_t>(d);

@@ -47,9 +47,7 @@ class LoadBoard {
   // Writer: endpoint `i`'s scrape failed: readers fall back to in-flight only.
   void clear(std::uint32_t i);
   // Any thread: one relaxed load.
-  LoadSnapshot read(std::uint32_t i) const {
-    return unpack(cells_[i].packed.load(std::memory_order_relaxed));
-  }
+  LoadSnapshot read(std::uint32_t i) const { return unpack(cells_[i].packed.load(std::memory_order_relaxed)); }
 
  private:
   struct alignas(64) Cell {

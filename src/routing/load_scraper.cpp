@@ -53,8 +53,12 @@ LoadScraper::LoadScraper(boost::asio::io_context& control, const core::Config& c
     if (!pool.load_metrics.enabled) continue;
     const auto n = static_cast<std::uint32_t>(pool.endpoints.size());
     for (std::uint32_t i = 0; i < n; ++i)
-      targets_.push_back(
-          {.pool = &pool, .addr = addrs[p][i], .index = i, .count = n, .board = &states[p]->loads, .stopped = &stopped_});
+      targets_.push_back({.pool = &pool,
+                          .addr = addrs[p][i],
+                          .index = i,
+                          .count = n,
+                          .board = &states[p]->loads,
+                          .stopped = &stopped_});
   }
 }
 

@@ -29,8 +29,8 @@ struct EndpointState {
   std::uint32_t outlier_ejections = 0;                    // outlier ejections in a row (the doubling)
   std::uint32_t failed_probes = 0;                        // active health probes failed in a row
   bool probe_down = false;                                // ejected by the health probes until one succeeds
-  std::uint32_t scrape_seq = 0;                           // the last /metrics scrape this worker saw (LoadSnapshot::seq)
-  std::uint32_t in_flight_at_scrape = 0;                  // in_flight when it saw it
+  std::uint32_t scrape_seq = 0;           // the last /metrics scrape this worker saw (LoadSnapshot::seq)
+  std::uint32_t in_flight_at_scrape = 0;  // in_flight when it saw it
 };
 
 // What the workers of one process share about one pool: the endpoints'

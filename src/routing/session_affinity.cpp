@@ -21,8 +21,8 @@ std::uint64_t weight(std::uint64_t a, std::uint64_t b) {
 
 std::uint64_t endpoint_seed(std::string_view host_port) { return text_hash(host_port, 0xe9d); }
 
-std::uint32_t session_pick(std::span<const Candidate> c, std::string_view session,
-                           std::span<const std::uint64_t> seeds, const core::ImbalanceConfig& guard) {
+std::uint32_t session_pick(std::span<const Candidate> c, std::string_view session, std::span<const std::uint64_t> seeds,
+                           const core::ImbalanceConfig& guard) {
   const std::uint64_t s = text_hash(session, 0x5e5);
   std::uint32_t lo = c[0].load;
   for (const auto& e : c) lo = std::min(lo, e.load);

@@ -23,7 +23,7 @@ std::uint64_t endpoint_seed(std::string_view host_port);
 // the highest weight hash(session, seeds[endpoint]) that is not saturated
 // (`seeds[e]` is endpoint e's endpoint_seed); the highest-weight one if
 // every candidate is. O(n).
-std::uint32_t session_pick(std::span<const Candidate> c, std::string_view session,
-                           std::span<const std::uint64_t> seeds, const core::ImbalanceConfig& guard);
+std::uint32_t session_pick(std::span<const Candidate> c, std::string_view session, std::span<const std::uint64_t> seeds,
+                           const core::ImbalanceConfig& guard);
 
 }  // namespace weir::routing

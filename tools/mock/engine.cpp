@@ -35,12 +35,12 @@ struct BlockHasher {
   void words(std::string_view s) {
     std::size_t i = 0;
     while (i < s.size()) {
-      while (i < s.size() && (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f' ||
-                              s[i] == '\v'))
+      while (i < s.size() &&
+             (s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f' || s[i] == '\v'))
         ++i;
       const std::size_t b = i;
-      while (i < s.size() && !(s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f' ||
-                               s[i] == '\v'))
+      while (i < s.size() &&
+             !(s[i] == ' ' || s[i] == '\t' || s[i] == '\n' || s[i] == '\r' || s[i] == '\f' || s[i] == '\v'))
         ++i;
       if (i > b) token(s.substr(b, i - b));
     }

@@ -150,7 +150,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (int i = 0; i < cfg.threads; ++i) {
-      workers.push_back(std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards, engine));
+      workers.push_back(
+          std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards, engine));
       const auto port = workers.back()->listen(ep);
       ep.port(port);  // with --listen HOST:0 every worker shares the first one's port
     }

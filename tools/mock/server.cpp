@@ -153,10 +153,10 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool last_queued_ = false;   // the generation's final bytes are queued
   std::int64_t kv_held_ = 0;   // tokens this generation adds to kv_tokens
   // The engine model (engine.hpp; only with --max-num-seqs / --prefix-cache-tokens):
-  std::int64_t delay_us_ = 0;     // waiting for a batch slot plus prefill of the uncached prompt, µs
-  std::uint64_t ticket_ = 0;      // Engine::admit's, while waiting
-  bool admitted_ = false;         // running: counted in vllm:num_requests_running, holds kv_held_
-  bool holds_slot_ = false;       // holds one of --max-num-seqs' slots
+  std::int64_t delay_us_ = 0;          // waiting for a batch slot plus prefill of the uncached prompt, µs
+  std::uint64_t ticket_ = 0;           // Engine::admit's, while waiting
+  bool admitted_ = false;              // running: counted in vllm:num_requests_running, holds kv_held_
+  bool holds_slot_ = false;            // holds one of --max-num-seqs' slots
   std::vector<std::uint64_t> blocks_;  // the prompt's block hashes (prefix cache)
 };
 
@@ -298,7 +298,8 @@ void Connection::dispatch() {
   }
   if (path == "/metrics") {
     if (!get) return not_allowed("GET");
-    return respond(200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(w_.all_metrics(), w_.cfg(), w_.engine()));
+    return respond(200, "text/plain; version=0.0.4; charset=utf-8",
+                   render_metrics(w_.all_metrics(), w_.cfg(), w_.engine()));
   }
   if (path == "/version") {
     if (!get) return not_allowed("GET");
@@ -421,9 +422,8 @@ void Connection::start_generation(Endpoint ep) {
   if (!read_pending_) start_watch();
   if (!engine.batch_bounded()) return begin(gen_);
   // A bounded batch: wait for a slot (vllm:num_requests_waiting), started on this worker's thread.
-  ticket_ = engine.admit([self = shared_from_this(), gen = gen_, &ioc = w_.ioc()] {
-    asio::post(ioc, [self, gen] { self->begin(gen); });
-  });
+  ticket_ = engine.admit(
+      [self = shared_from_this(), gen = gen_, &ioc = w_.ioc()] { asio::post(ioc, [self, gen] { self->begin(gen); }); });
 }
 
 void Connection::begin(std::uint64_t gen) {
@@ -438,8 +438,7 @@ void Connection::begin(std::uint64_t gen) {
   ticket_ = 0;
   holds_slot_ = engine.batch_bounded();
   // Prefill: only the prompt tokens not already in the prefix cache cost time.
-  const std::uint64_t cached =
-      engine.cache_on() ? engine.lookup_and_insert(blocks_, plan_.total_prompt_tokens) : 0;
+  const std::uint64_t cached = engine.cache_on() ? engine.lookup_and_insert(blocks_, plan_.total_prompt_tokens) : 0;
   const auto uncached = static_cast<std::int64_t>(plan_.total_prompt_tokens - cached);
   delay_us_ = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t_start_).count() +
               uncached * w_.cfg().prefill_us_per_token;

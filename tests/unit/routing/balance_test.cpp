@@ -192,7 +192,7 @@ TEST(PrefixAffinity, MatchWinsUntilLoadsDiverge) {
   const routing::PickRequest ra1{.model = "m", .prompt = a1}, ra2{.model = "m", .prompt = a2},
       rb{.model = "m", .prompt = b}, rc{.model = "m", .prompt = c};
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, ra1), 1u);  // new prefix: least loaded
-  start(1, 3);                                                        // in flight 3 4 2 4
+  start(1, 3);                                                       // in flight 3 4 2 4
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, ra2), 1u);  // 14 of 15 blocks on endpoint 1
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rb), 2u);   // another prefix: least loaded
   // 3 of 15 blocks < 0.5: a new prefix, to the fewest indexed blocks (0 and 3 hold none), the less loaded.
@@ -247,9 +247,10 @@ TEST(LeastLoad, UsesTheScrapeAndThisWorkersStartsSinceIt) {
 }
 
 TEST(SessionAffinity, RendezvousIsStableAndMovesOnlyTheLostEndpointsSessions) {
-  auto cfg = config(fmt::format("pools: {{a: {{{}, session_header: x-session-id, imbalance: {{absolute: 8}}}}}}\n"
-                                "default_pool: a\n",
-                                kFourEndpoints));
+  auto cfg =
+      config(fmt::format("pools: {{a: {{{}, session_header: x-session-id, imbalance: {{absolute: 8}}}}}}\n"
+                         "default_pool: a\n",
+                         kFourEndpoints));
   EXPECT_EQ(cfg.pools[0].balance, core::Balance::p2c);
   EXPECT_TRUE(cfg.pools[0].load_metrics.enabled);
   routing::SharedPoolState state(cfg.pools[0]);
@@ -294,10 +295,10 @@ TEST(SessionAffinity, RendezvousIsStableAndMovesOnlyTheLostEndpointsSessions) {
 }
 
 TEST(Balance, ConfigKeysAreValidated) {
-  for (const char* bad : {"balance: round_robin", "session_header: 'x session'", "load_metrics: {path: metrics}",
-                          "load_metrics: {interval: 0ms}", "imbalance: {relative: 0.5}",
-                          "prefix_affinity: {block_bytes: 4}", "prefix_affinity: {match_threshold: 2}",
-                          "prefix_affinity: {blocks: 3}"}) {
+  for (const char* bad :
+       {"balance: round_robin", "session_header: 'x session'", "load_metrics: {path: metrics}",
+        "load_metrics: {interval: 0ms}", "imbalance: {relative: 0.5}", "prefix_affinity: {block_bytes: 4}",
+        "prefix_affinity: {match_threshold: 2}", "prefix_affinity: {blocks: 3}"}) {
     auto c = core::parse_config(
         fmt::format("pools: {{a: {{endpoints: [http://127.0.0.1:1], {}}}}}\ndefault_pool: a\n", bad), "t");
     ASSERT_FALSE(c) << bad;
@@ -305,13 +306,15 @@ TEST(Balance, ConfigKeysAreValidated) {
   }
   auto c = config(
       "pools: {a: {endpoints: [http://127.0.0.1:1], balance: prefix_affinity, load_metrics: false,"
-      " prefix_affinity: {block_bytes: 128, max_blocks: 64, index_entries: 4096, match_threshold: 0.7}}}\ndefault_pool: a\n");
+      " prefix_affinity: {block_bytes: 128, max_blocks: 64, index_entries: 4096, match_threshold: "
+      "0.7}}}\ndefault_pool: a\n");
   EXPECT_FALSE(c.pools[0].load_metrics.enabled);
   EXPECT_EQ(c.pools[0].prefix_affinity.block_bytes, 128u);
   EXPECT_EQ(c.pools[0].prefix_affinity.max_blocks, 64u);
   EXPECT_EQ(c.pools[0].prefix_affinity.index_entries, 4096u);
   EXPECT_DOUBLE_EQ(c.pools[0].prefix_affinity.match_threshold, 0.7);
-  auto d = config("pools: {a: {endpoints: [http://127.0.0.1:1], load_metrics: {path: /m, interval: 1s}}}\ndefault_pool: a\n");
+  auto d = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1], load_metrics: {path: /m, interval: 1s}}}\ndefault_pool: a\n");
   EXPECT_TRUE(d.pools[0].load_metrics.enabled);
   EXPECT_EQ(d.pools[0].load_metrics.path, "/m");
   EXPECT_EQ(d.pools[0].load_metrics.interval.count(), 1000);
