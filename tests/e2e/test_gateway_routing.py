@@ -45,7 +45,8 @@ def endpoints_of(w, ids: list[str]) -> list[str]:
 def test_prefix_affinity_keeps_a_shared_prefix_group_on_one_endpoint(mock, weir):
     mocks = [mock("--prefix-cache-tokens", "8192", "--prefill-us-per-token", "20", "--max-tokens", "2")
              for _ in range(4)]
-    w = weir(config=pool_config(mocks, balance="prefix_affinity"), workers=2)
+    # The guard stays out of it (this test is about the index): absolute 64.
+    w = weir(config=pool_config(mocks, balance="prefix_affinity", imbalance={"absolute": 64}), workers=2)
     groups = {g: words(500, f"g{g}x") for g in range(6)}  # ~3,000 characters each
     ids: dict[int, list[str]] = {g: [send(w, "first question", groups[g])] for g in groups}
     with cf.ThreadPoolExecutor(8) as ex:  # the rest concurrently, over both workers' connections

@@ -36,18 +36,18 @@ def ttft_s(mock, content: str, system: str = "") -> float:
 
 
 def test_prefill_is_charged_only_for_the_uncached_prompt(mock):
-    m = mock("--prefix-cache-tokens", "4096", "--prefill-us-per-token", "200")
-    shared = words(480, "s")  # ~480 tokens: 96 ms of prefill
+    m = mock("--prefix-cache-tokens", "4096", "--prefill-us-per-token", "1000")
+    shared = words(480, "s")  # ~480 tokens: 480 ms of prefill (wide margins: the machine is shared)
     cold = ttft_s(m, "question one", system=shared)
-    warm = ttft_s(m, "question two", system=shared)
-    assert cold > 0.09, cold
+    warm = ttft_s(m, "question two", system=shared)  # ~18 uncached tokens
+    assert cold > 0.48, cold
     assert warm < cold / 3, (cold, warm)
     q, h = m.metric("vllm:prefix_cache_queries_total"), m.metric("vllm:prefix_cache_hits_total")
     # Two prompts of ~490 tokens each; the second finds the 30 full blocks of the system prompt.
     assert 950 <= q <= 1000, q
     assert 30 * 16 - 16 <= h <= 30 * 16 + 16, h
     # Another prefix: a miss, charged again.
-    assert ttft_s(m, "question", system=words(480, "t")) > 0.09
+    assert ttft_s(m, "question", system=words(480, "t")) > 0.48
 
 
 def test_the_cache_evicts_least_recently_used_blocks(mock):
@@ -75,7 +75,7 @@ def test_without_a_cache_the_counters_stay_zero(mock):
 
 def test_max_num_seqs_bounds_the_batch_and_the_rest_waits(mock):
     m = mock("--max-num-seqs", "2", "--max-tokens", "4")
-    slow = {"x-mock-ttft-ms": "300", "x-mock-itl-ms": "1"}
+    slow = {"x-mock-ttft-ms": "500", "x-mock-itl-ms": "1"}
 
     def one(i):
         t0 = time.perf_counter()
@@ -92,8 +92,9 @@ def test_max_num_seqs_bounds_the_batch_and_the_rest_waits(mock):
                     and metric_value(s, "vllm:num_requests_waiting") == 3)
         wait_until(seen, 5, message="2 running and 3 waiting")
         times = sorted(f.result() for f in futs)
-    # Three waves of 300 ms: two, two, one.
-    assert times[1] < 0.5 and times[2] > 0.55 and times[4] > 0.85, times
+    # Three waves of 500 ms: two, two, one (the lower bounds cannot be beaten; the upper one has slack for a
+    # busy machine).
+    assert times[1] < 0.9 and times[2] > 0.95 and times[4] > 1.45, times
     s = m.metrics()
     assert metric_value(s, "vllm:num_requests_running") == 0
     assert metric_value(s, "vllm:num_requests_waiting") == 0
@@ -118,7 +119,7 @@ def test_a_waiting_request_whose_client_leaves_gives_up_its_place(mock):
     t0 = time.perf_counter()
     client(m).chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "c"}],
                                       extra_headers=FAST)
-    assert time.perf_counter() - t0 < 0.3
+    assert time.perf_counter() - t0 < 1.0  # not queued behind anything (a 400 ms request would be)
     assert m.metric("vllm:request_success_total", finished_reason="abort") >= 1
 
 
