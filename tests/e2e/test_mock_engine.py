@@ -119,7 +119,7 @@ def test_a_waiting_request_whose_client_leaves_gives_up_its_place(mock):
     t0 = time.perf_counter()
     client(m).chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "c"}],
                                       extra_headers=FAST)
-    assert time.perf_counter() - t0 < 1.0  # not queued behind anything (a 400 ms request would be)
+    assert time.perf_counter() - t0 < 1.0  # a slot kept by the waiter that left would block it for good
     assert m.metric("vllm:request_success_total", finished_reason="abort") >= 1
 
 
