@@ -47,6 +47,10 @@ inline std::uint32_t load_of(std::uint32_t running_plus_waiting, std::int64_t in
 // max > cfg.relative * min.
 bool imbalanced(std::span<const Candidate> c, const core::ImbalanceConfig& cfg);
 
+// Which rule made a pick (the label of weir_routing_picks_total).
+enum class PickRule : std::uint8_t { p2c, least_load, prefix_match, prefix_miss, prefix_guard, session, count_ };
+std::string_view pick_rule_label(PickRule r);
+
 // A load `load` that far above the least load `lo`: load - lo > absolute
 // and load > relative * lo.
 inline bool above(std::uint32_t load, std::uint32_t lo, const core::ImbalanceConfig& cfg) {

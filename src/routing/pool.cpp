@@ -63,10 +63,16 @@ std::uint32_t WorkerPool::pick_by_policy(Clock::time_point now, Rng& rng, const 
   std::uint32_t k;
   if (!req.session.empty() && !cfg_->session_header.empty()) {
     k = session_pick(c, req.session, seeds_, cfg_->imbalance);
+    last_rule_ = PickRule::session;
   } else if (cfg_->balance == core::Balance::prefix_affinity && index) {
-    k = prefix_affinity_pick(c, std::span<const std::uint64_t>(hashes.data(), nh), *index, *cfg_, rng).candidate;
+    const auto p = prefix_affinity_pick(c, std::span<const std::uint64_t>(hashes.data(), nh), *index, *cfg_, rng);
+    k = p.candidate;
+    last_rule_ = p.rule == PrefixRule::match   ? PickRule::prefix_match
+                 : p.rule == PrefixRule::guard ? PickRule::prefix_guard
+                                               : PickRule::prefix_miss;
   } else {
     k = least_load_pick(c, rng);
+    last_rule_ = PickRule::least_load;
   }
   const std::uint32_t chosen = c[k].endpoint;
   if (nh > 0) index->insert(std::span<const std::uint64_t>(hashes.data(), nh), chosen, now);
@@ -76,6 +82,7 @@ std::uint32_t WorkerPool::pick_by_policy(Clock::time_point now, Rng& rng, const 
 std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded,
                                          const PickRequest& req) {
   const auto n = size();
+  last_rule_ = PickRule::p2c;
   if (n == 1) return 0;
   auto is_excluded = [&](std::uint32_t i) { return i < 64 && ((excluded >> i) & 1u); };
   bool any_left = false;

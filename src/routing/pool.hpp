@@ -78,6 +78,8 @@ class WorkerPool {
   // load_of): from the latest scrape plus this worker's in-flight change
   // since, else in-flight. `scraped` tells which.
   std::uint32_t load(std::uint32_t i, bool* scraped = nullptr);
+  // The rule of the last pick (PickRule::p2c also when every endpoint was ejected or the pool has one).
+  PickRule last_rule() const { return last_rule_; }
   // The shared state (null when none was given).
   SharedPoolState* shared() { return shared_; }
 
@@ -120,6 +122,7 @@ class WorkerPool {
   std::uint32_t pick_by_policy(Clock::time_point now, Rng& rng, const PickRequest& req);
 
   SharedPoolState* shared_;
+  PickRule last_rule_ = PickRule::p2c;
   std::vector<std::uint32_t> scratch_;  // healthy candidates, reused
   std::vector<Candidate> candidates_;   // the same with their loads (non-p2c policies), reused
   std::vector<std::uint64_t> seeds_;    // session rendezvous seed per endpoint: endpoint_seed(host:port)

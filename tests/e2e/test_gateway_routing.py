@@ -60,6 +60,9 @@ def test_prefix_affinity_keeps_a_shared_prefix_group_on_one_endpoint(mock, weir)
     queries = sum(m.metric("vllm:prefix_cache_queries_total") for m in mocks)
     hits = sum(m.metric("vllm:prefix_cache_hits_total") for m in mocks)
     assert hits / queries > 0.75, (hits, queries)
+    # Weir's own count of how it picked: each group's first request a miss, the rest matches.
+    assert w.metric("weir_routing_picks_total", rule="prefix_miss") == len(groups)
+    assert w.metric("weir_routing_picks_total", rule="prefix_match") == 7 * len(groups)
 
 
 def test_session_header_pins_each_session_to_one_endpoint(mock, weir):

@@ -199,6 +199,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
 
   auto now = core::now();
   routing::Attempts attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  metrics.count_pick(pool.last_rule());
   // Read, parse, route and admit count once, before the first target.
   std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 ? core::micros_between(ctx.t_start, now) : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;

@@ -192,9 +192,11 @@ TEST(PrefixAffinity, MatchWinsUntilLoadsDiverge) {
   const routing::PickRequest ra1{.model = "m", .prompt = a1}, ra2{.model = "m", .prompt = a2},
       rb{.model = "m", .prompt = b}, rc{.model = "m", .prompt = c};
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, ra1), 1u);  // new prefix: least loaded
+  EXPECT_EQ(pool.last_rule(), routing::PickRule::prefix_miss);
   start(1, 3);                                                       // in flight 3 4 2 4
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, ra2), 1u);  // 14 of 15 blocks on endpoint 1
-  EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rb), 2u);   // another prefix: least loaded
+  EXPECT_EQ(pool.last_rule(), routing::PickRule::prefix_match);
+  EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rb), 2u);  // another prefix: least loaded
   // 3 of 15 blocks < 0.5: a new prefix, to the fewest indexed blocks (0 and 3 hold none), the less loaded.
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rc), 0u);
   EXPECT_EQ(state.prefixes->held(1), 16u);  // a1's 15 blocks and a2's last one
@@ -203,6 +205,8 @@ TEST(PrefixAffinity, MatchWinsUntilLoadsDiverge) {
   EXPECT_EQ(pool.pick(t, rng, 1, ra2), 3u);
   start(2, 20);  // in flight 3 4 22 4: 22 - 3 > 8 and 22 > 4.5: the guard
   EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, rb), 0u);
+  EXPECT_EQ(pool.last_rule(), routing::PickRule::prefix_guard);
+  EXPECT_EQ(routing::pick_rule_label(pool.last_rule()), "prefix_guard");
   // The function itself, on fixed candidates.
   const std::vector<Candidate> cand{{.endpoint = 0, .load = 5}, {.endpoint = 1, .load = 6}};
   std::vector<std::uint64_t> h(15);
@@ -226,6 +230,7 @@ TEST(LeastLoad, UsesTheScrapeAndThisWorkersStartsSinceIt) {
   state.loads.publish(2, {.running = 8});
   state.loads.publish(3, {.running = 16, .waiting = 4});
   EXPECT_EQ(pool.pick(t, rng), 1u);
+  EXPECT_EQ(pool.last_rule(), routing::PickRule::least_load);
   for (int i = 0; i < 5; ++i) pool.on_start(1);  // 3 + 5 since the scrape = 8, as endpoint 2 but more in flight
   bool scraped = false;
   EXPECT_EQ(pool.load(1, &scraped), 8u);
@@ -261,6 +266,7 @@ TEST(SessionAffinity, RendezvousIsStableAndMovesOnlyTheLostEndpointsSessions) {
   auto pick = [&](const std::string& s) { return pool.pick(t, rng, routing::WorkerPool::npos, {.session = s}); };
   // Fixed by the hash of the value and of "127.0.0.1:N": every replica (and build) agrees.
   EXPECT_EQ(pick("user-42"), 0u);
+  EXPECT_EQ(pool.last_rule(), routing::PickRule::session);
   EXPECT_EQ(pick("user-7"), 3u);
   EXPECT_EQ(pick("conversation-abc"), 1u);
   std::vector<std::uint32_t> before;
@@ -292,6 +298,7 @@ TEST(SessionAffinity, RendezvousIsStableAndMovesOnlyTheLostEndpointsSessions) {
   EXPECT_EQ(pick("user-7"), home);
   // Without the header the pool's policy (p2c) decides.
   EXPECT_LT(pool.pick(t, rng), 4u);
+  EXPECT_EQ(pool.last_rule(), routing::PickRule::p2c);
 }
 
 TEST(Balance, ConfigKeysAreValidated) {
