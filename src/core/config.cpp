@@ -158,14 +158,96 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
   return {};
 }
 
+// pools.X.balance, load_metrics, imbalance, prefix_affinity, session_header.
+ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, PoolConfig& p) {
+  if (auto v = n["balance"]) {
+    WEIR_TRY(s, read_string(v, key + ".balance"));
+    if (s == "p2c")
+      p.balance = Balance::p2c;
+    else if (s == "least_load")
+      p.balance = Balance::least_load;
+    else if (s == "prefix_affinity")
+      p.balance = Balance::prefix_affinity;
+    else
+      return tl::unexpected(config_error(v, key + ".balance", "expected p2c, least_load or prefix_affinity"));
+  }
+  if (auto v = n["session_header"]) {
+    WEIR_TRY(s, read_string(v, key + ".session_header"));
+    const bool token = !s.empty() && s.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789!#$%&'*+-.^_`|~") == std::string::npos;
+    if (!token)
+      return tl::unexpected(config_error(v, key + ".session_header", "must be a header name (RFC 9110 token)"));
+    p.session_header = s;
+  }
+  p.load_metrics.enabled = p.balance != Balance::p2c || !p.session_header.empty();
+  if (auto m = n["load_metrics"]) {
+    const std::string mk = key + ".load_metrics";
+    if (m.IsScalar()) {
+      WEIR_TRY(b, read_bool(m, mk));
+      p.load_metrics.enabled = b;
+    } else {
+      WEIR_TRY_VOID(check_keys(m, mk, {"path", "interval", "timeout"}));
+      p.load_metrics.enabled = true;
+      if (auto v = m["path"]) {
+        WEIR_TRY(s, read_string(v, mk + ".path"));
+        if (s.empty() || s.front() != '/' || s.find_first_of(" \r\n") != std::string::npos)
+          return tl::unexpected(config_error(v, mk + ".path", "must be a path starting with '/'"));
+        p.load_metrics.path = s;
+      }
+      for (auto [k, out] :
+           {std::pair{"interval", &p.load_metrics.interval}, std::pair{"timeout", &p.load_metrics.timeout}}) {
+        if (auto v = m[k]) {
+          WEIR_TRY(ms, read_duration(v, mk + "." + k));
+          if (ms.count() <= 0) return tl::unexpected(config_error(v, mk + "." + k, "must be positive"));
+          *out = ms;
+        }
+      }
+    }
+  }
+  if (auto g = n["imbalance"]) {
+    const std::string gk = key + ".imbalance";
+    WEIR_TRY_VOID(check_keys(g, gk, {"absolute", "relative"}));
+    if (auto v = g["absolute"]) {
+      WEIR_TRY(i, read_int(v, gk + ".absolute", 0, 1'000'000));
+      p.imbalance.absolute = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = g["relative"]) {
+      WEIR_TRY(d, read_double(v, gk + ".relative", 1.0, 1000.0));
+      p.imbalance.relative = d;
+    }
+  }
+  if (auto a = n["prefix_affinity"]) {
+    const std::string ak = key + ".prefix_affinity";
+    WEIR_TRY_VOID(check_keys(a, ak, {"block_bytes", "max_blocks", "index_entries", "match_threshold"}));
+    if (auto v = a["block_bytes"]) {
+      WEIR_TRY(i, read_int(v, ak + ".block_bytes", 8, 65'536));
+      p.prefix_affinity.block_bytes = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = a["max_blocks"]) {
+      WEIR_TRY(i, read_int(v, ak + ".max_blocks", 1, 4'096));
+      p.prefix_affinity.max_blocks = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = a["index_entries"]) {
+      WEIR_TRY(i, read_int(v, ak + ".index_entries", 64, 1 << 28));
+      p.prefix_affinity.index_entries = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = a["match_threshold"]) {
+      WEIR_TRY(d, read_double(v, ak + ".match_threshold", 0.0, 1.0));
+      p.prefix_affinity.match_threshold = d;
+    }
+  }
+  return {};
+}
+
 ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n) {
   const std::string key = "pools." + name;
   PoolConfig p;
   p.name = name;
-  WEIR_TRY_VOID(
-      check_keys(n, key,
-                 {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key", "api_key_env",
-                  "eject_for", "request_usage", "retry", "outlier", "health", "batch", "coalesce"}));
+  WEIR_TRY_VOID(check_keys(n, key,
+                           {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
+                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health", "balance",
+                            "load_metrics", "imbalance", "prefix_affinity", "session_header", "batch", "coalesce"}));
   auto eps = n["endpoints"];
   if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
@@ -251,6 +333,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
       p.batch.max_size = static_cast<std::uint32_t>(i);
     }
   }
+  WEIR_TRY_VOID(parse_balance(n, key, p));
   if (auto o = n["outlier"]) {
     WEIR_TRY_VOID(check_keys(o, key + ".outlier", {"consecutive_failures", "max_ejected_percent"}));
     if (auto v = o["consecutive_failures"]) {

@@ -109,6 +109,47 @@ struct HealthConfig {
   std::uint32_t unhealthy_after = 2;
 };
 
+// How a pool picks an endpoint for a request (docs/routing.md).
+//   p2c             power of two choices on this worker's in-flight requests
+//   least_load      the endpoint with the least load (vLLM's running + waiting
+//                   from its /metrics, plus this worker's in-flight change since)
+//   prefix_affinity the endpoint that most likely holds the prompt's prefix in
+//                   its KV cache (shared prefix index), unless loads diverge
+enum class Balance : std::uint8_t { p2c, least_load, prefix_affinity };
+
+// Load from each endpoint's own metrics (vLLM's Prometheus /metrics:
+// vllm:num_requests_running, vllm:num_requests_waiting,
+// vllm:kv_cache_usage_perc), scraped off the request path by one scraper on
+// the control thread. On by default when balance is least_load or
+// prefix_affinity or a session_header is set; `load_metrics: false` turns it off.
+struct LoadMetricsConfig {
+  bool enabled = false;
+  std::string path = "/metrics";
+  Millis interval{500};
+  Millis timeout{250};  // connect + request + whole response
+};
+
+// The imbalance guard of least_load's peers (SGLang's cache-aware router:
+// balance_abs_threshold, balance_rel_threshold): loads "diverge" when
+// max - min > absolute and max > relative * min. Then prefix_affinity sends
+// to the least-loaded endpoint, and a session leaves an endpoint that is that
+// far above the least-loaded one.
+struct ImbalanceConfig {
+  std::uint32_t absolute = 8;  // SGLang: 64; measured in bench/results/routing.md
+  double relative = 1.5;
+};
+
+// The prefix index of balance: prefix_affinity (docs/routing.md): chained
+// hashes of `block_bytes`-byte blocks of the prompt text, seeded by the
+// model, in a table of `index_entries` slots (8 bytes each) shared by every
+// worker, evicted least-recently-used per 8-slot bucket.
+struct PrefixAffinityConfig {
+  std::uint32_t block_bytes = 64;          // ~16 tokens: one vLLM KV block
+  std::uint32_t max_blocks = 256;          // blocks of a prompt considered (16 KiB at 64 B)
+  std::uint32_t index_entries = 1u << 19;  // slots (x 8 bytes: 4 MiB)
+  double match_threshold = 0.5;            // matched / hashed blocks at or above which the match wins
+};
+
 // A set of interchangeable endpoints serving the same models.
 // Micro-batching (docs/batching.md): compatible /v1/completions requests
 // that reach one worker within `window` of each other become one upstream
@@ -139,6 +180,14 @@ struct PoolConfig {
   // Request coalescing (docs/batching.md): identical deterministic chat and
   // completions requests in flight at once share one upstream generation.
   bool coalesce = false;
+  Balance balance = Balance::p2c;
+  LoadMetricsConfig load_metrics;
+  ImbalanceConfig imbalance;
+  PrefixAffinityConfig prefix_affinity;
+  // Session affinity: requests with the same value of this header go to the
+  // same endpoint (rendezvous hashing on the endpoint's host:port, so every
+  // Weir replica agrees), unless it is ejected or saturated. Empty = off.
+  std::string session_header;
 };
 
 // One step of a model's fallback chain: another pool, under its own upstream model name.

@@ -83,6 +83,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   active_connections += o.active_connections;
   upstream_connects += o.upstream_connects;
   for (std::size_t i = 0; i < retries_.size(); ++i) retries_[i] += o.retries_[i];
+  for (std::size_t i = 0; i < picks_.size(); ++i) picks_[i] += o.picks_[i];
   upstream_fallbacks += o.upstream_fallbacks;
   retry_budget_exhausted += o.retry_budget_exhausted;
   outlier_ejections += o.outlier_ejections;
@@ -214,6 +215,12 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   for (auto r : {routing::RetryReason::connect, routing::RetryReason::stale, routing::RetryReason::reset,
                  routing::RetryReason::timeout, routing::RetryReason::status})
     w.sample("weir_upstream_retries_total", fmt::format("reason=\"{}\"", routing::retry_reason_label(r)), retries(r));
+  w.header("weir_routing_picks_total", "counter",
+           "Endpoint picks (a request's first on a pool) by the rule that made them: p2c, least_load, "
+           "prefix_match / prefix_miss / prefix_guard (balance: prefix_affinity), session (session_header).");
+  for (auto r : {routing::PickRule::p2c, routing::PickRule::least_load, routing::PickRule::prefix_match,
+                 routing::PickRule::prefix_miss, routing::PickRule::prefix_guard, routing::PickRule::session})
+    w.sample("weir_routing_picks_total", fmt::format("rule=\"{}\"", routing::pick_rule_label(r)), picks(r));
   w.header("weir_upstream_fallbacks_total", "counter",
            "Requests sent on to the next target of their model's fallback chain.");
   w.sample("weir_upstream_fallbacks_total", "", upstream_fallbacks);

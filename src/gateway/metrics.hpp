@@ -112,6 +112,9 @@ class MetricsShard {
   std::uint64_t upstream_connects = 0;  // new upstream TCP connections
   // weir_upstream_retries_total{reason}: attempts repeated before any byte reached the client.
   void count_retry(routing::RetryReason r) { ++retries_[static_cast<std::size_t>(r)]; }
+  // A request's first endpoint pick on a pool, by the rule that made it (WorkerPool::last_rule).
+  void count_pick(routing::PickRule r) { ++picks_[static_cast<std::size_t>(r)]; }
+  std::uint64_t picks(routing::PickRule r) const { return picks_[static_cast<std::size_t>(r)]; }
   std::uint64_t retries(routing::RetryReason r) const { return retries_[static_cast<std::size_t>(r)]; }
   std::uint64_t upstream_fallbacks = 0;      // requests that moved on to a model's fallback target
   std::uint64_t retry_budget_exhausted = 0;  // retries refused by a pool's retry budget
@@ -172,6 +175,7 @@ class MetricsShard {
   std::vector<std::uint64_t> attempts_;           // by endpoint slot
   std::vector<std::uint64_t> upstream_failures_;  // by endpoint slot x failure kind
   std::array<std::uint64_t, static_cast<std::size_t>(routing::RetryReason::count_)> retries_{};
+  std::array<std::uint64_t, static_cast<std::size_t>(routing::PickRule::count_)> picks_{};
   core::Histogram added_;
 };
 

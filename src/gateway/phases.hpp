@@ -10,6 +10,7 @@
 #include "gateway/pipeline.hpp"
 #include "http/downstream.hpp"
 #include "http/exchange.hpp"
+#include "routing/balance.hpp"
 
 namespace weir::gateway {
 
@@ -64,6 +65,11 @@ class GatewayPhases final : public Phases {
   void next_target(RequestContext& ctx);
   // The upstream request body: the client's bytes with at most two members spliced.
   void prepare_upstream_body(RequestContext& ctx);
+  // What the pool's endpoint choice may see of the request (views into
+  // ctx.upstream_body and the request head): the session header's value
+  // when pc.session_header is set; the model and the prompt's JSON text
+  // (`messages`, `prompt`) for balance: prefix_affinity. Nothing is copied.
+  routing::PickRequest pick_request(const RequestContext& ctx, const core::PoolConfig& pc) const;
   core::Task<Outcome> respond_stream(RequestContext& ctx);
   core::Task<Outcome> respond_buffered(RequestContext& ctx);
   // The commit point: the first byte of the response goes to the client's

@@ -34,7 +34,9 @@ Worker::Worker(Shared& shared, unsigned index)
       tick_(io_.get_executor()) {
   const auto& cfg = *shared.config;
   pools_.reserve(cfg.pools.size());
-  for (std::size_t p = 0; p < cfg.pools.size(); ++p) pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p]);
+  for (std::size_t p = 0; p < cfg.pools.size(); ++p)
+    pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p],
+                        p < shared.pool_states.size() ? shared.pool_states[p].get() : nullptr);
   batchers_.resize(cfg.pools.size());
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
     if (!cfg.pools[p].batch.enabled() && !cfg.pools[p].coalesce) continue;

@@ -38,6 +38,8 @@ struct Shared {
   std::shared_ptr<core::AccessLogSink> log_sink;
   // Resolved address of every endpoint: [pool][endpoint].
   std::vector<std::vector<http::tcp::endpoint>> endpoint_addrs;
+  // Per pool: scraped loads and the prefix index, shared by every worker (routing::SharedPoolState).
+  std::vector<std::unique_ptr<routing::SharedPoolState>> pool_states;
   std::vector<Worker*> workers;       // for metrics collection
   std::atomic<bool> draining{false};  // SIGTERM received
   // Identity and admission; null when the config has no auth/tenants section.

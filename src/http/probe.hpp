@@ -5,6 +5,7 @@
 #pragma once
 
 #include <chrono>
+#include <string>
 #include <string_view>
 
 #include "http/io.hpp"
@@ -25,5 +26,13 @@ struct ProbeRequest {
 // connection either way (Connection: close). (`r` by reference: GCC 12
 // miscopies coroutine parameters passed on the stack.)
 Task<bool> probe_health(Executor ex, const ProbeRequest& r);
+
+// `GET <path>` the same way, reading the whole response (Connection: close,
+// read to EOF within r.timeout) into `body`: its body, de-chunked if the
+// server sent Transfer-Encoding: chunked (RFC 9112 §7.1). Returns the
+// status code, or 0 on refusal, timeout, reset, a malformed response or
+// more than `max_bytes` of response (`body` then holds nothing useful).
+// (Parameters by reference: see probe_health.)
+Task<int> fetch_text(Executor ex, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes);
 
 }  // namespace weir::http

@@ -36,8 +36,8 @@ std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v) {
   return std::chrono::milliseconds(std::uint64_t{s} * 1000);
 }
 
-Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now)
-    : pool_(pool), rng_(rng), endpoint_(pool.pick(now, rng)) {}
+Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req)
+    : pool_(pool), rng_(rng), req_(req), endpoint_(pool.pick(now, rng, WorkerPool::npos, req)) {}
 
 Attempts::~Attempts() {
   if (in_budget_) pool_.retry_end();
@@ -51,7 +51,7 @@ bool Attempts::on_connect_failure(http::UpstreamFailure /*f*/, Clock::time_point
   // endpoint is tried once per request, the ones not tried yet first.
   if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
   ++retries_;
-  endpoint_ = pool_.pick_excluding(now, rng_, tried_);
+  endpoint_ = pool_.pick_excluding(now, rng_, tried_, req_);
   return true;
 }
 
@@ -75,7 +75,7 @@ bool Attempts::take_retry(Clock::time_point now) {
     in_budget_ = true;
   }
   if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
-  endpoint_ = pool_.pick_excluding(now, rng_, tried_);
+  endpoint_ = pool_.pick_excluding(now, rng_, tried_, req_);
   fresh_only_ = false;
   ++budgeted_;
   ++retries_;

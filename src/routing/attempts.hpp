@@ -45,8 +45,9 @@ class Attempts {
   // read the request: safe to send again, once, on a fresh connection.
   static constexpr auto kStaleWindow = std::chrono::milliseconds(5);
 
-  // Starts with the endpoint pool.pick() chooses at `now`.
-  Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now);
+  // Starts with the endpoint pool.pick() chooses at `now` for `req` (whose
+  // views must outlive this object: later attempts pick with it again).
+  Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req = {});
   // Gives back the retry-budget slot this request took, if any.
   ~Attempts();
   Attempts(const Attempts&) = delete;
@@ -89,6 +90,7 @@ class Attempts {
 
   WorkerPool& pool_;
   Rng& rng_;
+  PickRequest req_;
   std::uint32_t endpoint_;
   std::uint32_t connects_ = 0;
   std::uint32_t budgeted_ = 0;  // retries that count against retry.attempts (not connect failover nor the stale resend)

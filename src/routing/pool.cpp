@@ -1,10 +1,24 @@
 #include "routing/pool.hpp"
 
 #include <algorithm>
+#include <array>
+
+#include "routing/least_load.hpp"
+#include "routing/p2c.hpp"
+#include "routing/prefix_affinity.hpp"
+#include "routing/session_affinity.hpp"
 
 namespace weir::routing {
 
-WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs) : cfg_(&cfg) {
+SharedPoolState::SharedPoolState(const core::PoolConfig& cfg)
+    : loads(static_cast<std::uint32_t>(cfg.endpoints.size())),
+      prefixes(cfg.balance == core::Balance::prefix_affinity
+                   ? std::make_unique<PrefixIndex>(cfg.prefix_affinity.index_entries)
+                   : nullptr) {}
+
+WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
+                       SharedPoolState* shared)
+    : cfg_(&cfg), shared_(shared) {
   endpoints_.reserve(cfg.endpoints.size());
   for (std::size_t i = 0; i < cfg.endpoints.size(); ++i) {
     endpoints_.push_back(EndpointState{
@@ -12,12 +26,63 @@ WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp:
         .addr = addrs.at(i),
         .conns = http::ConnectionPool(cfg.max_idle_per_endpoint, cfg.idle_keepalive),
     });
+    seeds_.push_back(endpoint_seed(cfg.endpoints[i].host_header));
   }
   scratch_.reserve(endpoints_.size());
+  candidates_.reserve(endpoints_.size());
 }
 
-std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded) {
+std::uint32_t WorkerPool::load(std::uint32_t i, bool* scraped) {
+  auto& e = endpoints_[i];
+  const LoadSnapshot s = shared_ ? shared_->loads.read(i) : LoadSnapshot{};
+  if (scraped) *scraped = s.seq != 0;
+  if (s.seq == 0) return e.in_flight;
+  if (s.seq != e.scrape_seq) {
+    // A new scrape: it counts what was in flight until now.
+    e.scrape_seq = s.seq;
+    e.in_flight_at_scrape = e.in_flight;
+  }
+  return load_of(s.running + s.waiting,
+                 static_cast<std::int64_t>(e.in_flight) - static_cast<std::int64_t>(e.in_flight_at_scrape));
+}
+
+std::uint32_t WorkerPool::pick_by_policy(Clock::time_point now, Rng& rng, const PickRequest& req) {
+  candidates_.clear();
+  for (const auto i : scratch_) {
+    Candidate c{.endpoint = i, .in_flight = endpoints_[i].in_flight};
+    c.load = load(i, &c.scraped);
+    candidates_.push_back(c);
+  }
+  const std::span<const Candidate> c(candidates_);
+  PrefixIndex* index = shared_ ? shared_->prefixes.get() : nullptr;
+  std::array<std::uint64_t, 4096> hashes;  // PrefixAffinityConfig::max_blocks ≤ 4096
+  std::uint32_t nh = 0;
+  if (cfg_->balance == core::Balance::prefix_affinity && index && !req.prompt.empty())
+    nh = prefix_block_hashes(req.model, req.prompt, cfg_->prefix_affinity.block_bytes,
+                             std::span<std::uint64_t>(hashes.data(), cfg_->prefix_affinity.max_blocks));
+  std::uint32_t k;
+  if (!req.session.empty() && !cfg_->session_header.empty()) {
+    k = session_pick(c, req.session, seeds_, cfg_->imbalance);
+    last_rule_ = PickRule::session;
+  } else if (cfg_->balance == core::Balance::prefix_affinity && index) {
+    const auto p = prefix_affinity_pick(c, std::span<const std::uint64_t>(hashes.data(), nh), *index, *cfg_, rng);
+    k = p.candidate;
+    last_rule_ = p.rule == PrefixRule::match   ? PickRule::prefix_match
+                 : p.rule == PrefixRule::guard ? PickRule::prefix_guard
+                                               : PickRule::prefix_miss;
+  } else {
+    k = least_load_pick(c, rng);
+    last_rule_ = PickRule::least_load;
+  }
+  const std::uint32_t chosen = c[k].endpoint;
+  if (nh > 0) index->insert(std::span<const std::uint64_t>(hashes.data(), nh), chosen, now);
+  return chosen;
+}
+
+std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded,
+                                         const PickRequest& req) {
   const auto n = size();
+  last_rule_ = PickRule::p2c;
   if (n == 1) return 0;
   auto is_excluded = [&](std::uint32_t i) { return i < 64 && ((excluded >> i) & 1u); };
   bool any_left = false;
@@ -33,13 +98,10 @@ std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::u
       if (!is_excluded(i) && (best == npos || endpoints_[i].ejected_until < endpoints_[best].ejected_until)) best = i;
     return best;
   }
+  if (cfg_->balance != core::Balance::p2c || (!req.session.empty() && !cfg_->session_header.empty()))
+    return pick_by_policy(now, rng, req);
   if (scratch_.size() == 1) return scratch_[0];
-  const auto m = static_cast<std::uint32_t>(scratch_.size());
-  const std::uint32_t a = rng.below(m);
-  std::uint32_t b = rng.below(m - 1);
-  if (b >= a) ++b;
-  const auto ia = scratch_[a], ib = scratch_[b];
-  return endpoints_[ib].in_flight < endpoints_[ia].in_flight ? ib : ia;
+  return p2c_pick(scratch_, rng, [this](std::uint32_t i) { return endpoints_[i].in_flight; });
 }
 
 void WorkerPool::report_connect_failure(std::uint32_t i, Clock::time_point now) {

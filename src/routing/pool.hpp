@@ -4,30 +4,19 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "core/config.hpp"
 #include "http/io.hpp"
 #include "http/upstream.hpp"
+#include "routing/balance.hpp"
+#include "routing/load.hpp"
+#include "routing/prefix_index.hpp"
+#include "routing/rng.hpp"
 
 namespace weir::routing {
-
-// Small fast PRNG (xorshift64*) per worker, for balancing choices.
-class Rng {
- public:
-  explicit Rng(std::uint64_t seed) : s_(seed ? seed : 0x9e3779b97f4a7c15ull) {}
-  std::uint64_t next() {
-    s_ ^= s_ >> 12;
-    s_ ^= s_ << 25;
-    s_ ^= s_ >> 27;
-    return s_ * 0x2545F4914F6CDD1Dull;
-  }
-  // Uniform in [0, n), n > 0.
-  std::uint32_t below(std::uint32_t n) { return static_cast<std::uint32_t>((next() >> 32) * n >> 32); }
-
- private:
-  std::uint64_t s_;
-};
 
 struct EndpointState {
   const core::EndpointConfig* cfg = nullptr;
@@ -40,6 +29,18 @@ struct EndpointState {
   std::uint32_t outlier_ejections = 0;                    // outlier ejections in a row (the doubling)
   std::uint32_t failed_probes = 0;                        // active health probes failed in a row
   bool probe_down = false;                                // ejected by the health probes until one succeeds
+  std::uint32_t scrape_seq = 0;           // the last /metrics scrape this worker saw (LoadSnapshot::seq)
+  std::uint32_t in_flight_at_scrape = 0;  // in_flight when it saw it
+};
+
+// What the workers of one process share about one pool: the endpoints'
+// scraped load (written by the LoadScraper on the control thread) and, for
+// balance: prefix_affinity, the prefix index. Built before the workers, kept
+// until they are gone; read and written without locks (load.hpp, prefix_index.hpp).
+struct SharedPoolState {
+  explicit SharedPoolState(const core::PoolConfig& cfg);
+  LoadBoard loads;
+  std::unique_ptr<PrefixIndex> prefixes;  // null unless balance is prefix_affinity
 };
 
 class WorkerPool {
@@ -47,23 +48,40 @@ class WorkerPool {
   using Clock = std::chrono::steady_clock;
   static constexpr std::uint32_t npos = 0xffffffffu;
 
-  // `addrs[i]` is the resolved address of cfg.endpoints[i].
-  WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs);
+  // `addrs[i]` is the resolved address of cfg.endpoints[i]. `shared` (may be
+  // null: then every endpoint's load is its in-flight count, and
+  // prefix_affinity has no index and balances on load alone) outlives the pool.
+  WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
+             SharedPoolState* shared = nullptr);
 
   const core::PoolConfig& config() const { return *cfg_; }
   std::uint32_t size() const { return static_cast<std::uint32_t>(endpoints_.size()); }
   EndpointState& endpoint(std::uint32_t i) { return endpoints_[i]; }
 
-  // Power of two choices on in-flight requests among endpoints that are not
-  // ejected (all of them if every one is ejected), never `exclude` when
-  // another exists. O(1) for ≤ 2 healthy endpoints, O(n) scan otherwise.
-  std::uint32_t pick(Clock::time_point now, Rng& rng, std::uint32_t exclude = npos) {
-    return pick_excluding(now, rng, exclude < 64 ? (std::uint64_t{1} << exclude) : 0);
+  // The endpoint for a request, among those that are not ejected (all of
+  // them if every one is ejected: the one whose ejection ends first), never
+  // `exclude` when another exists, chosen by the pool's policy (balance.hpp):
+  // p2c on in-flight requests, least_load, or prefix_affinity on `req`'s
+  // prompt; a `req.session` with session_header set goes by session
+  // affinity first. prefix_affinity records the choice in the prefix index.
+  // O(n) in the endpoints (p2c: O(1) for ≤ 2), plus for prefix_affinity
+  // O(prompt bytes) hashing (at most max_blocks * block_bytes).
+  std::uint32_t pick(Clock::time_point now, Rng& rng, std::uint32_t exclude = npos, const PickRequest& req = {}) {
+    return pick_excluding(now, rng, exclude < 64 ? (std::uint64_t{1} << exclude) : 0, req);
   }
   // The same over the endpoints whose bit is clear in `excluded` (bit i =
   // endpoint i; endpoints from 64 on are never excluded); when every one is
   // excluded, as pick(now, rng).
-  std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded);
+  std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded, const PickRequest& req = {});
+
+  // Endpoint `i`'s load as the load-aware policies see it (balance.hpp's
+  // load_of): from the latest scrape plus this worker's in-flight change
+  // since, else in-flight. `scraped` tells which.
+  std::uint32_t load(std::uint32_t i, bool* scraped = nullptr);
+  // The rule of the last pick (PickRule::p2c also when every endpoint was ejected or the pool has one).
+  PickRule last_rule() const { return last_rule_; }
+  // The shared state (null when none was given).
+  SharedPoolState* shared() { return shared_; }
 
   // Connect refused or timed out: eject for cfg.eject_for, doubling per
   // consecutive failure up to 16×.
@@ -100,7 +118,14 @@ class WorkerPool {
  private:
   const core::PoolConfig* cfg_;
   std::vector<EndpointState> endpoints_;
+  // The non-p2c policies (and sessions) over the healthy endpoints in scratch_.
+  std::uint32_t pick_by_policy(Clock::time_point now, Rng& rng, const PickRequest& req);
+
+  SharedPoolState* shared_;
+  PickRule last_rule_ = PickRule::p2c;
   std::vector<std::uint32_t> scratch_;  // healthy candidates, reused
+  std::vector<Candidate> candidates_;   // the same with their loads (non-p2c policies), reused
+  std::vector<std::uint64_t> seeds_;    // session rendezvous seed per endpoint: endpoint_seed(host:port)
   std::uint32_t in_flight_ = 0;
   std::uint32_t retrying_ = 0;
 };

@@ -12,6 +12,7 @@
 
 #include "gateway/services.hpp"
 #include "gateway/worker.hpp"
+#include "routing/load_scraper.hpp"
 
 namespace weir::server {
 
@@ -46,8 +47,11 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     }
   }
 
-  // The control plane: signals, JWKS refreshes, Redis syncs. Its thread is not a worker.
+  for (const auto& p : config->pools) shared.pool_states.push_back(std::make_unique<routing::SharedPoolState>(p));
+
+  // The control plane: signals, JWKS refreshes, Redis syncs, load scrapes. Its thread is not a worker.
   asio::io_context main_io;
+  routing::LoadScraper scraper(main_io, *config, shared.pool_states, shared.endpoint_addrs);
   gateway::Services services(main_io, loaded, n);
   services.attach(shared);
   shared.metric_labels = gateway::MetricLabels::build(*config, shared.auth_policy.get());
@@ -104,12 +108,14 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                signal_count == 1 ? "draining" : "closing now");
     shared.draining = true;
     services.begin_drain();
+    scraper.stop();
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
 
   services.start();
+  scraper.start();
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),

@@ -33,6 +33,11 @@ struct MockConfig {
   int stall_ms = 0;         // --stall-ms: stall length, ms
   int reset_after = -1;     // --reset-after: tokens sent before an RST; -1 = never
 
+  // The engine model (engine.hpp): 0 = off.
+  int prefix_cache_tokens = 0;   // --prefix-cache-tokens: prefix cache capacity (LRU of 16-token blocks), tokens
+  int prefill_us_per_token = 0;  // --prefill-us-per-token: first token later by this per uncached prompt token, µs
+  int max_num_seqs = 0;          // --max-num-seqs: requests running at once; beyond, they wait (FIFO)
+
   int tick_us = 1000;    // --tick-us: least time between two scheduler passes, µs
   int keep_alive_s = 5;  // --keep-alive-s: idle keep-alive timeout (uvicorn/vLLM default 5 s)
 };

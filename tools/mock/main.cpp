@@ -95,6 +95,18 @@ int main(int argc, char** argv) {
                  "up to this late (0: every due time gets its own pass)")
       ->capture_default_str()
       ->check(CLI::Range(0, 100000));
+  app.add_option("--prefix-cache-tokens", cfg.prefix_cache_tokens,
+                 "Prefix cache capacity, tokens (LRU of 16-token blocks; 0: no prefix cache)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 30));
+  app.add_option("--prefill-us-per-token", cfg.prefill_us_per_token,
+                 "Prefill time per prompt token not in the prefix cache, us (added to the TTFT)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--max-num-seqs", cfg.max_num_seqs,
+                 "Requests running at once; more wait in a FIFO (vllm:num_requests_waiting); 0: unbounded")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   app.add_flag("--reuse-port", cfg.reuse_port,
                "Start even if another process listens on the address, and share its traffic (SO_REUSEPORT)");
   app.add_option("--keep-alive-s", cfg.keep_alive_s, "Idle keep-alive timeout, s (uvicorn's default is 5)")
@@ -116,6 +128,7 @@ int main(int argc, char** argv) {
     shard_store.push_back(std::make_unique<weir::mock::MetricsShard>());
     shards.push_back(shard_store.back().get());
   }
+  weir::mock::Engine engine(cfg);
   std::vector<std::unique_ptr<weir::mock::Worker>> workers;
   boost::asio::ip::tcp::endpoint ep;
   try {
@@ -137,7 +150,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (int i = 0; i < cfg.threads; ++i) {
-      workers.push_back(std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards));
+      workers.push_back(
+          std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards, engine));
       const auto port = workers.back()->listen(ep);
       ep.port(port);  // with --listen HOST:0 every worker shares the first one's port
     }

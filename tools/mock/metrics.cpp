@@ -1,6 +1,7 @@
 // weir-mock metrics (see metrics.hpp).
 #include "metrics.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <iterator>
 
@@ -77,7 +78,7 @@ MetricsShard::MetricsShard()
       e2e(kE2eBounds, std::size(kE2eBounds)),
       lag(kLagBounds, std::size(kLagBounds)) {}
 
-std::string render_metrics(const std::vector<MetricsShard*>& shards, const MockConfig& cfg) {
+std::string render_metrics(const std::vector<MetricsShard*>& shards, const MockConfig& cfg, const Engine& engine) {
   Writer w;
   w.out.reserve(8192);
   w.labels = "engine=\"0\",model_name=\"";
@@ -100,9 +101,14 @@ std::string render_metrics(const std::vector<MetricsShard*>& shards, const MockC
   w.head("vllm:num_requests_running", "Number of requests in model execution batches.", "gauge");
   w.sample("vllm:num_requests_running", sum(&MetricsShard::running));
   w.head("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "gauge");
-  w.sample("vllm:num_requests_waiting", 0);
+  w.sample("vllm:num_requests_waiting", static_cast<double>(engine.waiting()));
   w.head("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "gauge");
-  w.sample("vllm:kv_cache_usage_perc", std::min(1.0, sum(&MetricsShard::kv_tokens) / kKvCapacityTokens));
+  const double capacity = engine.cache_on() ? static_cast<double>(engine.capacity_tokens()) : kKvCapacityTokens;
+  w.sample("vllm:kv_cache_usage_perc", std::clamp(sum(&MetricsShard::kv_tokens) / capacity, 0.0, 1.0));
+  w.head("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens.", "counter");
+  w.sample("vllm:prefix_cache_queries_total", static_cast<double>(engine.queries()));
+  w.head("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens.", "counter");
+  w.sample("vllm:prefix_cache_hits_total", static_cast<double>(engine.hits()));
   w.head("vllm:prompt_tokens_total", "Number of prefill tokens processed.", "counter");
   w.sample("vllm:prompt_tokens_total", sum(&MetricsShard::prompt_tokens));
   w.head("vllm:generation_tokens_total", "Number of generation tokens processed.", "counter");

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "config.hpp"
+#include "engine.hpp"
 
 namespace weir::mock {
 
@@ -65,6 +66,8 @@ inline constexpr double kKvCapacityTokens = 1 << 20;
 
 // Renders every shard, summed, in the Prometheus text format 0.0.4 as
 // prometheus_client writes it (sorted labels, float values).
-std::string render_metrics(const std::vector<MetricsShard*>& shards, const MockConfig& cfg);
+// `engine` gives vllm:num_requests_waiting, the prefix cache counters and,
+// with --prefix-cache-tokens, the KV capacity.
+std::string render_metrics(const std::vector<MetricsShard*>& shards, const MockConfig& cfg, const Engine& engine);
 
 }  // namespace weir::mock

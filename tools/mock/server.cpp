@@ -107,6 +107,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_read_error(error_code ec);
   void dispatch();
   void start_generation(Endpoint ep);
+  // The generation leaves the waiting queue and runs (at once without --max-num-seqs).
+  void begin(std::uint64_t gen);
   std::optional<std::string> read_faults(const Request& req);
   std::string echo_headers(const Request& req);
   void queue_head(int status, std::string_view content_type, std::size_t length, std::string_view extra, bool gzip,
@@ -120,6 +122,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void after_response();
   Clock::time_point due(int step) const;
   void end_generation(Finish reason);
+  void release_engine();
   void do_reset();
   void lingering_close();
   void close();
@@ -149,6 +152,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool streaming_ = false;     // this generation answers with SSE
   bool last_queued_ = false;   // the generation's final bytes are queued
   std::int64_t kv_held_ = 0;   // tokens this generation adds to kv_tokens
+  // The engine model (engine.hpp; only with --max-num-seqs / --prefix-cache-tokens):
+  std::int64_t delay_us_ = 0;          // waiting for a batch slot plus prefill of the uncached prompt, µs
+  std::uint64_t ticket_ = 0;           // Engine::admit's, while waiting
+  bool admitted_ = false;              // running: counted in vllm:num_requests_running, holds kv_held_
+  bool holds_slot_ = false;            // holds one of --max-num-seqs' slots
+  std::vector<std::uint64_t> blocks_;  // the prompt's block hashes (prefix cache)
 };
 
 // ---------------------------------------------------------------------------
@@ -289,7 +298,8 @@ void Connection::dispatch() {
   }
   if (path == "/metrics") {
     if (!get) return not_allowed("GET");
-    return respond(200, "text/plain; version=0.0.4; charset=utf-8", render_metrics(w_.all_metrics(), w_.cfg()));
+    return respond(200, "text/plain; version=0.0.4; charset=utf-8",
+                   render_metrics(w_.all_metrics(), w_.cfg(), w_.engine()));
   }
   if (path == "/version") {
     if (!get) return not_allowed("GET");
@@ -394,6 +404,9 @@ void Connection::start_generation(Endpoint ep) {
     plan_.reasoning_tokens = faults_.reasoning;
     plan_.stop_hit = faults_.stop_hit && !plan_.stop_string.empty();
   }
+  Engine& engine = w_.engine();
+  blocks_.clear();
+  if (engine.cache_on()) prompt_block_hashes(req.body(), ep == Endpoint::chat, blocks_);
   parser_.reset();  // the body is no longer needed
 
   ++gen_;
@@ -402,24 +415,52 @@ void Connection::start_generation(Endpoint ep) {
   phase_ = Phase::generating;
   deadline_ = Clock::time_point::max();
   streaming_ = plan_.stream && !faults_.empty_body && ep != Endpoint::embedding;
-  kv_held_ = static_cast<std::int64_t>(plan_.total_prompt_tokens);
-  bump(m.running, std::int64_t{1});
-  bump(m.kv_tokens, kv_held_);
+  admitted_ = false;
+  holds_slot_ = false;
+  delay_us_ = 0;
   bump(m.prompt_tokens, plan_.total_prompt_tokens);
 
   if (streaming_) {
     // Headers go out at once, as Starlette's StreamingResponse sends them
-    // before the first body chunk; tokens follow from the scheduler.
+    // before the first body chunk (even while vLLM queues the request);
+    // tokens follow from the scheduler.
     queue_head(200, "text/event-stream; charset=utf-8", 0, echo_, false, true);
     flush();
+  }
+  if (!read_pending_) start_watch();
+  if (!engine.batch_bounded()) return begin(gen_);
+  // A bounded batch: wait for a slot (vllm:num_requests_waiting), started on this worker's thread.
+  ticket_ = engine.admit(
+      [self = shared_from_this(), gen = gen_, &ioc = w_.ioc()] { asio::post(ioc, [self, gen] { self->begin(gen); }); });
+}
+
+void Connection::begin(std::uint64_t gen) {
+  Engine& engine = w_.engine();
+  if (gen != gen_ || phase_ != Phase::generating) {
+    // Gone while its start was on its way: the slot passes on.
+    if (engine.batch_bounded()) engine.release();
+    return;
+  }
+  MetricsShard& m = w_.metrics();
+  admitted_ = true;
+  ticket_ = 0;
+  holds_slot_ = engine.batch_bounded();
+  // Prefill: only the prompt tokens not already in the prefix cache cost time.
+  const std::uint64_t cached = engine.cache_on() ? engine.lookup_and_insert(blocks_, plan_.total_prompt_tokens) : 0;
+  const auto uncached = static_cast<std::int64_t>(plan_.total_prompt_tokens - cached);
+  delay_us_ = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - t_start_).count() +
+              uncached * w_.cfg().prefill_us_per_token;
+  kv_held_ = static_cast<std::int64_t>(plan_.total_prompt_tokens);
+  bump(m.running, std::int64_t{1});
+  bump(m.kv_tokens, kv_held_);
+  if (streaming_) {
     w_.schedule(due(0), shared_from_this(), gen_);
   } else {
     // The whole answer leaves when the last token would have.
-    int at = ep == Endpoint::embedding ? 0 : plan_.tokens - 1;
+    int at = plan_.endpoint == Endpoint::embedding ? 0 : plan_.tokens - 1;
     if (faults_.reset_after >= 0) at = std::min(at, faults_.reset_after);
     w_.schedule(due(at), shared_from_this(), gen_);
   }
-  if (!read_pending_) start_watch();
 }
 
 // When token `step` (0-based) is due: ttft, then one every itl, shifted by
@@ -427,7 +468,7 @@ void Connection::start_generation(Endpoint ep) {
 Clock::time_point Connection::due(int step) const {
   auto ms = static_cast<std::int64_t>(faults_.ttft_ms) + static_cast<std::int64_t>(step) * faults_.itl_ms;
   if (faults_.stall_after >= 0 && step >= faults_.stall_after) ms += faults_.stall_ms;
-  return t_start_ + std::chrono::milliseconds(ms);
+  return t_start_ + std::chrono::milliseconds(ms) + std::chrono::microseconds(delay_us_);
 }
 
 void Connection::on_due(std::uint64_t gen, Clock::time_point now) {
@@ -475,12 +516,27 @@ void Connection::end_generation(Finish reason) {
   if (phase_ != Phase::generating) return;
   MetricsShard& m = w_.metrics();
   bump(m.success[static_cast<std::size_t>(reason)], std::uint64_t{1});
-  bump(m.running, std::int64_t{-1});
-  bump(m.kv_tokens, -kv_held_);
+  release_engine();
   if (reason != Finish::abort) m.e2e.observe(std::chrono::duration<double>(Clock::now() - t_start_).count());
-  kv_held_ = 0;
   ++gen_;  // stale scheduler entries ignore themselves
   phase_ = Phase::responding;
+}
+
+// What a running (or waiting) generation holds: its count in
+// vllm:num_requests_running and kv_tokens, its batch slot, its queue place.
+void Connection::release_engine() {
+  MetricsShard& m = w_.metrics();
+  if (admitted_) {
+    bump(m.running, std::int64_t{-1});
+    bump(m.kv_tokens, -kv_held_);
+    kv_held_ = 0;
+    admitted_ = false;
+    if (holds_slot_) w_.engine().release();
+    holds_slot_ = false;
+  } else if (w_.engine().batch_bounded() && ticket_ != 0) {
+    w_.engine().cancel(ticket_);  // false: its start is posted already; begin() passes the slot on
+  }
+  ticket_ = 0;
 }
 
 // x-mock-reset-after / --reset-after: abort the TCP connection with an RST
@@ -488,9 +544,7 @@ void Connection::end_generation(Finish reason) {
 void Connection::do_reset() {
   MetricsShard& m = w_.metrics();
   bump(m.injected_resets, std::uint64_t{1});
-  bump(m.running, std::int64_t{-1});
-  bump(m.kv_tokens, -kv_held_);
-  kv_held_ = 0;
+  release_engine();
   ++gen_;
   phase_ = Phase::responding;
   error_code ec;
@@ -609,8 +663,10 @@ void Connection::close() {
 // ---------------------------------------------------------------------------
 // Worker
 
-Worker::Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards)
+Worker::Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards,
+               Engine& engine)
     : cfg_(cfg),
+      engine_(engine),
       shard_(shard),
       shards_(shards),
       acceptor_(ioc_.get_executor()),

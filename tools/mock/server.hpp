@@ -24,6 +24,7 @@
 #include <boost/asio.hpp>
 
 #include "config.hpp"
+#include "engine.hpp"
 #include "metrics.hpp"
 #include "util.hpp"
 
@@ -44,7 +45,9 @@ class Connection;
 class Worker {
  public:
   // `shards` lists every worker's metrics (for /metrics); `shard` is this one's.
-  Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards);
+  // `engine` (the batch and prefix cache model) is shared by every worker of the instance.
+  Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards,
+         Engine& engine);
   ~Worker();
 
   // Binds and listens on `ep` with SO_REUSEADDR and SO_REUSEPORT. Throws
@@ -61,6 +64,7 @@ class Worker {
   void schedule(Clock::time_point at, std::shared_ptr<Connection> conn, std::uint64_t gen);
 
   const MockConfig& cfg() const { return cfg_; }
+  Engine& engine() { return engine_; }
   MetricsShard& metrics() { return shard_; }
   const std::vector<MetricsShard*>& all_metrics() const { return shards_; }
   Rng& rng() { return rng_; }
@@ -83,6 +87,7 @@ class Worker {
   void sweep();
 
   const MockConfig& cfg_;
+  Engine& engine_;
   MetricsShard& shard_;
   const std::vector<MetricsShard*>& shards_;
   asio::io_context ioc_{1};

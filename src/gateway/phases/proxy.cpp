@@ -230,6 +230,34 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   co_return o;
 }
 
+routing::PickRequest GatewayPhases::pick_request(const RequestContext& ctx, const core::PoolConfig& pc) const {
+  routing::PickRequest r;
+  if (!pc.session_header.empty()) {
+    const auto v = down_.request()[pc.session_header];
+    r.session = std::string_view(v.data(), v.size());
+  }
+  if (pc.balance != core::Balance::prefix_affinity) return r;
+  r.model = ctx.target.upstream_model.empty() ? std::string_view(ctx.model) : ctx.target.upstream_model;
+  // The prompt as sent upstream, unparsed: the JSON text of its member (a
+  // view into the body; the same text renders to the same bytes, so its
+  // blocks hash alike across requests).
+  const char* member = nullptr;
+  switch (ctx.route) {
+    case RouteKind::chat_completions:
+    case RouteKind::messages:  // translated to a chat completion upstream
+      member = "messages";
+      break;
+    case RouteKind::completions:
+      member = "prompt";
+      break;
+    default:
+      return r;
+  }
+  if (auto span = api::find_member(ctx.upstream_body, member))
+    r.prompt = ctx.upstream_body.substr(span->value_begin, span->value_end - span->value_begin);
+  return r;
+}
+
 core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   // The client may leave while we wait on the upstream: watch for it.
   down_.watch_for_close(/*release_buffer=*/ctx.stream);
@@ -296,7 +324,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   ctx.source = &exchange_;
 
   auto now = core::now();
-  routing::Attempts attempts(pool, w_.rng(), now);
+  routing::Attempts attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  metrics.count_pick(pool.last_rule());
   // Read, parse, route and admit count once, before the first target.
   // (A request resent alone after its batch was refused counted its time to the batch already.)
   std::int64_t added =

@@ -1,0 +1,57 @@
+// The load scraper: one coroutine per endpoint of every pool with
+// load_metrics enabled, on the control io_context (one thread, not a
+// worker), each fetching `GET load_metrics.path` every interval and
+// publishing what parse_vllm_load finds to the pool's LoadBoard (a failed or
+// unparsable scrape clears it: that endpoint falls back to in-flight only).
+//
+// One scraper per process rather than one per worker: a vLLM server renders
+// /metrics in its Python API process, the one that saturates first, so it is
+// asked once per interval whatever the worker count; and the request path
+// only ever reads one atomic per endpoint.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "core/config.hpp"
+#include "http/io.hpp"
+#include "routing/pool.hpp"
+
+namespace weir::routing {
+
+class LoadScraper {
+ public:
+  // `states[p]` is pool p's shared state and `addrs[p][i]` the address of
+  // its endpoint i; all outlive the scraper.
+  LoadScraper(boost::asio::io_context& control, const core::Config& cfg,
+              const std::vector<std::unique_ptr<SharedPoolState>>& states,
+              const std::vector<std::vector<http::tcp::endpoint>>& addrs);
+  // Starts the scrape loops (none when no pool asks for them). Each
+  // endpoint's first scrape is spread over the first interval.
+  void start();
+  // The loops end at their next wake-up (call on the control thread or before it runs).
+  void stop() { stopped_.store(true, std::memory_order_relaxed); }
+  // Scrape loops started.
+  std::size_t loops() const { return targets_.size(); }
+
+  // One endpoint's loop: what it scrapes and where it publishes.
+  struct Target {
+    const core::PoolConfig* pool = nullptr;
+    http::tcp::endpoint addr;
+    std::uint32_t index = 0;  // endpoint index in the pool
+    std::uint32_t count = 0;  // endpoints in the pool (spreads the first scrapes)
+    LoadBoard* board = nullptr;
+    const std::atomic<bool>* stopped = nullptr;
+  };
+
+ private:
+  boost::asio::io_context& io_;
+  std::vector<Target> targets_;  // built whole before any loop starts: loops hold references
+  std::atomic<bool> stopped_{false};
+};
+
+}  // namespace weir::routing
