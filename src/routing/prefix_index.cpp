@@ -1,5 +1,7 @@
 #include "routing/prefix_index.hpp"
 
+#include "routing/mix.hpp"
+
 #include <bit>
 #include <cstring>
 
@@ -9,15 +11,7 @@ namespace {
 
 constexpr std::uint64_t kMul = 0x9E3779B97F4A7C15ull;
 
-std::uint64_t mix(std::uint64_t h) {
-  // splitmix64's finalizer.
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
+constexpr std::uint64_t mix(std::uint64_t h) { return mix64(h); }
 
 // 64-bit hash of `s` chained on `seed`: 8 bytes per multiply.
 std::uint64_t hash_bytes(std::string_view s, std::uint64_t seed) {

@@ -1,5 +1,7 @@
 #include "routing/session_affinity.hpp"
 
+#include "routing/mix.hpp"
+
 #include <algorithm>
 
 #include "routing/prefix_index.hpp"
@@ -7,16 +9,8 @@
 namespace weir::routing {
 
 namespace {
-// splitmix64's finalizer: the weight of (session, endpoint).
-std::uint64_t weight(std::uint64_t a, std::uint64_t b) {
-  std::uint64_t h = a ^ (b * 0x9E3779B97F4A7C15ull);
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  h ^= h >> 31;
-  return h;
-}
+// The rendezvous weight of (session, endpoint).
+std::uint64_t weight(std::uint64_t a, std::uint64_t b) { return mix64(a ^ (b * 0x9E3779B97F4A7C15ull)); }
 }  // namespace
 
 std::uint64_t endpoint_seed(std::string_view host_port) { return text_hash(host_port, 0xe9d); }

@@ -20,6 +20,24 @@ bool set_and_not_off(std::string_view body, const std::optional<MemberSpan>& m) 
   return v != "null" && v != "false";
 }
 
+// One value of a JSON text replaced: bytes [begin, end) by `with`.
+struct Edit {
+  std::size_t begin = 0, end = 0;
+  std::string_view with;
+};
+
+// Appends `data` with `edits` (non-overlapping, in any order) applied.
+void append_spliced(std::string_view data, std::span<Edit> edits, std::string& out) {
+  std::sort(edits.begin(), edits.end(), [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+  std::size_t at = 0;
+  for (const Edit& e : edits) {
+    out.append(data.substr(at, e.begin - at));
+    out.append(e.with);
+    at = e.end;
+  }
+  out.append(data.substr(at));
+}
+
 std::optional<std::uint32_t> parse_index(std::string_view v) {
   std::uint32_t n = 0;
   const auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
@@ -174,24 +192,12 @@ BatchChunk parse_batch_chunk(std::string_view data) {
 
 void append_member_chunk(std::string_view data, const BatchChunk& c, std::string_view id_json,
                          std::string_view usage_json, std::string& out) {
-  struct Edit {
-    std::size_t begin, end;
-    std::string_view with;
-  };
   std::array<Edit, 3> edits{};
   std::size_t n = 0;
   if (c.id) edits[n++] = {c.id->value_begin, c.id->value_end, id_json};
   if (c.kind == BatchChunk::Kind::choice) edits[n++] = {c.index_value.begin, c.index_value.end, "0"};
   if (c.usage && !usage_json.empty()) edits[n++] = {c.usage->value_begin, c.usage->value_end, usage_json};
-  std::sort(edits.begin(), edits.begin() + static_cast<std::ptrdiff_t>(n),
-            [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    out.append(data.substr(at, edits[i].begin - at));
-    out.append(edits[i].with);
-    at = edits[i].end;
-  }
-  out.append(data.substr(at));
+  append_spliced(data, std::span(edits.data(), n), out);
 }
 
 bool append_member_usage(std::string_view total, std::string_view own, std::string& out) {
@@ -200,16 +206,9 @@ bool append_member_usage(std::string_view total, std::string_view own, std::stri
   if (!find_members(total, kNums, t) || !find_members(own, kNums, o)) return false;
   for (std::size_t i = 0; i < 3; ++i)
     if (!t[i] || !o[i]) return false;
-  // The three numbers in the total's own order.
-  std::array<std::size_t, 3> order = {0, 1, 2};
-  std::sort(order.begin(), order.end(), [&](auto a, auto b) { return t[a]->value_begin < t[b]->value_begin; });
-  std::size_t at = 0;
-  for (auto i : order) {
-    out.append(total.substr(at, t[i]->value_begin - at));
-    out.append(value_of(own, *o[i]));
-    at = t[i]->value_end;
-  }
-  out.append(total.substr(at));
+  std::array<Edit, 3> edits;
+  for (std::size_t i = 0; i < 3; ++i) edits[i] = {t[i]->value_begin, t[i]->value_end, value_of(own, *o[i])};
+  append_spliced(total, edits, out);
   return true;
 }
 
@@ -224,23 +223,11 @@ bool append_usage_chunk(std::string_view data, const BatchChunk& c, std::string_
     if (auto m = find_member(usage, k); m && value_of(usage, *m) == "null" && remove_member(usage, k, tmp))
       usage.swap(tmp);
   }
-  struct Edit {
-    std::size_t begin, end;
-    std::string_view with;
-  };
   std::array<Edit, 3> edits{Edit{ch[0]->value_begin, ch[0]->value_end, "[]"},
-                            Edit{c.usage->value_begin, c.usage->value_end, usage}, Edit{0, 0, {}}};
+                            Edit{c.usage->value_begin, c.usage->value_end, usage}, Edit{}};
   std::size_t n = 2;
   if (c.id) edits[n++] = {c.id->value_begin, c.id->value_end, id_json};
-  std::sort(edits.begin(), edits.begin() + static_cast<std::ptrdiff_t>(n),
-            [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
-  std::size_t at = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    out.append(data.substr(at, edits[i].begin - at));
-    out.append(edits[i].with);
-    at = edits[i].end;
-  }
-  out.append(data.substr(at));
+  append_spliced(data, std::span(edits.data(), n), out);
   return true;
 }
 
