@@ -74,8 +74,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
     state_ = State::sending;
     window_.cancel();
     if (b_ && mode_ == Mode::batch) b_->close(this);
-    if (present_ == 0) {
+    if (present_ == 0 || b_ == nullptr) {  // nobody to send for, or the worker is stopping
       state_ = State::done;
+      fail_all(UpstreamFailure::cancelled);
       return;
     }
     asio::co_spawn(b_->env_.ex, run(shared_from_this()), asio::detached);
@@ -197,7 +198,12 @@ class Batch : public std::enable_shared_from_this<Batch> {
 
 core::Task<void> Batch::send() {
   auto self = shared_from_this();
-  const BatchEnv& env = b_->env_;
+  if (b_ == nullptr) {  // the worker stopped before the batch could leave
+    finished();
+    fail_all(UpstreamFailure::cancelled);
+    co_return;
+  }
+  const BatchEnv& env = b_->env_;  // the batcher outlives every batch it sent (the worker's io_context stops first)
   const core::PoolConfig& pc = *env.pool_cfg;
   routing::WorkerPool& pool = *env.pool;
   // Members that left between flush() and now are not sent at all.
