@@ -27,11 +27,10 @@ struct ProbeRequest {
 // miscopies coroutine parameters passed on the stack.)
 Task<bool> probe_health(Executor ex, const ProbeRequest& r);
 
-// `GET <path>` the same way, reading the whole response (Connection: close,
-// read to EOF within r.timeout) into `body`: its body, de-chunked if the
-// server sent Transfer-Encoding: chunked (RFC 9112 §7.1). Returns the
-// status code, or 0 on refusal, timeout, reset, a malformed response or
-// more than `max_bytes` of response (`body` then holds nothing useful).
+// `GET <path>` the same way, reading the whole response within r.timeout
+// (Beast's parser: Content-Length, chunked or close-delimited, RFC 9112 §6)
+// into `body`. Returns the status code, or 0 on refusal, timeout, reset, a
+// malformed or cut response, or a body over `max_bytes` (`body` then empty).
 // (Parameters by reference: see probe_health.)
 Task<int> fetch_text(Executor ex, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes);
 
