@@ -1,0 +1,400 @@
+#include "batching/upstream_batch.hpp"
+
+#include <algorithm>
+
+#include <boost/beast/http/field.hpp>
+
+#include "core/text.hpp"
+#include "core/time.hpp"
+#include "routing/attempts.hpp"
+
+namespace weir::batching {
+
+namespace bh = boost::beast::http;
+
+namespace {
+bool is_event_stream(std::string_view content_type) {
+  return content_type.size() >= 17 && core::iequals(content_type.substr(0, 17), "text/event-stream");
+}
+}  // namespace
+
+core::Task<void> Batch::send() {
+  auto self = shared_from_this();
+  if (b_ == nullptr) {  // the worker stopped before the batch could leave
+    finished();
+    fail_all(UpstreamFailure::cancelled);
+    co_return;
+  }
+  const BatchEnv& env = b_->env_;  // the batcher outlives every batch it sent (the worker's io_context stops first)
+  const core::PoolConfig& pc = *env.pool_cfg;
+  routing::WorkerPool& pool = *env.pool;
+  // Members that left between flush() and now are not sent at all.
+  std::erase(members_, nullptr);
+  for (std::size_t i = 0; i < members_.size(); ++i) members_[i]->slot_ = static_cast<std::uint32_t>(i);
+  if (members_.empty()) {
+    finished();
+    co_return;
+  }
+  if (mode_ == Mode::batch) {
+    // The body: the first member's, with every member's prompt as a list.
+    std::vector<std::string_view> prompts;
+    prompts.reserve(members_.size());
+    for (auto* m : members_) prompts.push_back(m->req_.prompt);
+    // The key is the member's body template, then (after a NUL) the fields that go upstream.
+    const std::string_view body_template = std::string_view(key_).substr(0, key_.find('\0'));
+    api::openai::build_completion_batch(body_template, prompts, scratch_, body_);
+  } else {
+    api::openai::build_coalesced(members_.front()->req_.body, members_.front()->req_.stream, scratch_, body_);
+  }
+  sent_size_ = static_cast<std::uint32_t>(members_.size());
+  env.next_request_id(request_id_);
+  if (env.stats && mode_ == Mode::batch) {
+    ++env.stats->batches;
+    env.stats->members += sent_size_;
+  }
+
+  routing::Attempts attempts(pool, *env.rng, core::now());
+  UpstreamFailure failure = UpstreamFailure::none;
+  bool started = false;
+  for (;;) {
+    if (present_ == 0) break;
+    const std::uint32_t ep_idx = attempts.endpoint();
+    auto& ep = pool.endpoint(ep_idx);
+    endpoint_ = static_cast<int>(ep_idx);
+    auto pooled = attempts.fresh_only() ? nullptr : ep.conns.take(core::now());
+    const bool reused = pooled != nullptr;
+    if (reused) {
+      exchange_.use(std::move(pooled));
+    } else {
+      if (env.upstream_connects) ++*env.upstream_connects;
+      failure = co_await exchange_.connect(ep.addr, pc.timeouts.connect);
+      if (present_ == 0) break;
+      if (failure != UpstreamFailure::none) {
+        if (env.on_attempt) env.on_attempt(ep_idx, failure);
+        if (attempts.on_connect_failure(failure, core::now())) continue;
+        break;
+      }
+      attempts.on_connected();
+    }
+    // The head: the first member still here lends its request's end-to-end fields.
+    const BatchMember* lead = nullptr;
+    for (auto* m : members_)
+      if (m && !lead) lead = m;
+    if (!lead) break;
+    head_buf_.clear();
+    http::append_upstream_request_head(head_buf_, *lead->req_.head,
+                                       http::UpstreamHeadOptions{
+                                           .target = lead->req_.target,
+                                           .host_header = ep.cfg->host_header,
+                                           .body_bytes = body_.size(),
+                                           .request_id = request_id_,
+                                           .api_key = env.api_key,
+                                           .identity = true,
+                                           .strip_credentials = lead->req_.strip_credentials,
+                                       });
+    pool.on_start(ep_idx);
+    sent_at_ = core::now();
+    // Non-streaming members wait for whole answers, as they would unbatched
+    // (where vLLM sends nothing until the end): the gaps between the
+    // batch's events are bounded by first_byte, not by idle.
+    const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.first_byte;
+    failure = co_await exchange_.start(
+        {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = idle});
+    if (env.on_attempt) env.on_attempt(ep_idx, failure);
+    const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
+                               (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
+    if (failure == UpstreamFailure::none || answer_failed) (void)pool.report_answer(ep_idx, answer_failed, core::now());
+    routing::RetryDecision d;
+    if (failure == UpstreamFailure::none) {
+      const int status = exchange_.head().result_int();
+      if (!routing::retryable_status(status)) {
+        started = true;
+        break;
+      }
+      d = attempts.on_status(status, exchange_.head()[bh::field::retry_after], core::now());
+      if (!d.retry) {
+        started = true;  // pass the upstream's answer on
+        break;
+      }
+      pool.on_finish(ep_idx);
+      if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
+    } else {
+      pool.on_finish(ep_idx);
+      if (present_ == 0) break;
+      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - sent_at_,
+                                       core::now());
+      exchange_.release();
+      if (!d.retry) break;
+    }
+    if (d.delay.count() > 0) {
+      window_.expires_after(d.delay);
+      co_await window_.async_wait(core::use_task);
+    }
+  }
+  if (!started) {
+    exchange_.release();
+    finished();
+    fail_all(present_ == 0 ? UpstreamFailure::cancelled
+                           : (failure == UpstreamFailure::none ? UpstreamFailure::protocol : failure));
+    co_return;
+  }
+  const auto ep_idx = static_cast<std::uint32_t>(endpoint_);
+  const int status = exchange_.head().result_int();
+  if (mode_ == Mode::batch && sent_size_ > 1 && (status == 400 || status == 413 || status == 422)) {
+    // vLLM validates every prompt of a list and refuses the whole request
+    // for one (too long for the model, say): each member goes on its own,
+    // so only the one at fault gets the error.
+    if (env.stats) ++env.stats->split;
+    exchange_.cancel();
+    exchange_.release();
+    pool.on_finish(ep_idx);
+    finished();
+    for_present([&](BatchMember& m) {
+      m.split_status_ = status;
+      m.end(UpstreamFailure::none);
+      m.head_ready_ = false;
+    });
+    members_.clear();
+    present_ = 0;
+    co_return;
+  }
+  head_ = exchange_.head();
+  const bool stream = head_.result_int() == 200 && is_event_stream(head_[bh::field::content_type]);
+  if (stream && mode_ == Mode::batch) {
+    json_head_ = head_;
+    json_head_.set(bh::field::content_type, "application/json");
+    json_ok_ = true;
+  }
+  state_ = State::streaming;
+  if (stream)
+    co_await relay_stream();
+  else
+    co_await relay_whole();
+  finished();
+  pool.on_finish(ep_idx);
+  if (auto c = exchange_.release()) {
+    ++c->uses;
+    pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
+  }
+}
+
+// Not a stream (an error status, or an upstream that ignored "stream"):
+// every member gets the whole answer as it came.
+core::Task<void> Batch::relay_whole() {
+  for_present([&](BatchMember& m) {
+    m.head_ready_ = true;
+    m.ev_.notify();
+  });
+  body_.clear();
+  UpstreamFailure failure = UpstreamFailure::none;
+  while (!exchange_.done()) {
+    const std::size_t have = body_.size();
+    body_.resize(have + 16384);
+    const http::BodyRead r = co_await exchange_.read(std::span<char>(body_.data() + have, 16384));
+    body_.resize(have + r.bytes);
+    if (r.failure != UpstreamFailure::none) {
+      failure = r.failure;
+      break;
+    }
+    if (body_.size() > b_->env_.max_response_bytes) {
+      failure = UpstreamFailure::protocol;
+      break;
+    }
+    if (r.end) break;
+  }
+  if (failure != UpstreamFailure::none) {
+    fail_all(failure);
+    co_return;
+  }
+  const auto id = api::find_member(body_, "id");
+  const bool own_ids = mode_ == Mode::coalesce && head_.result_int() == 200 && id;
+  const std::string up_id = own_ids ? body_.substr(id->value_begin, id->value_end - id->value_begin) : std::string();
+  for_present([&](BatchMember& m) {
+    if (own_ids) {
+      // A coalesced answer: each member's under its own response id.
+      scratch_.clear();
+      api::openai::append_with_id(body_, id_of(m, up_id), scratch_);
+      m.push(scratch_);
+    } else {
+      m.push(body_);
+    }
+    m.end(UpstreamFailure::none);
+  });
+}
+
+core::Task<void> Batch::relay_stream() {
+  for_present([&](BatchMember& m) {
+    m.head_ready_ = true;
+    m.ev_.notify();
+  });
+  const auto into = b_->env_.body_scratch;
+  UpstreamFailure failure = UpstreamFailure::none;
+  while (!exchange_.done()) {
+    const http::BodyRead r = co_await exchange_.read(into);
+    if (aborted_) co_return;  // every member left: the exchange was aborted
+    if (r.bytes > 0) {
+      sse_.push(std::string_view(into.data(), r.bytes));
+      while (auto ev = sse_.next()) dispatch(*ev);
+      if (sse_.error()) failure = UpstreamFailure::protocol;
+    }
+    if (r.failure != UpstreamFailure::none) failure = r.failure;
+    if (failure != UpstreamFailure::none || r.end) break;
+  }
+  if (failure != UpstreamFailure::none) {
+    exchange_.cancel();
+    // Streaming members have had their events: the failure ends their streams in-band.
+    fail_all(failure);
+    co_return;
+  }
+  finish_members();
+}
+
+void Batch::dispatch(const http::SseEvent& ev) {
+  if (!ev.has_data) return;  // comments and keep-alives are the upstream's
+  if (mode_ == Mode::coalesce) {
+    // Kept for members that join later (joinable() bounds it), read once for all.
+    replay_spans_.push_back({replay_.size(), ev.data.size()});
+    replay_.append(ev.data);
+    const Event e = read_event(std::string_view(replay_).substr(replay_spans_.back().first));
+    for_present([&](BatchMember& m) { deliver(m, e); });
+    return;
+  }
+  if (ev.is_done()) {
+    for_present([&](BatchMember& m) {
+      if (m.req_.stream) m.push("data: [DONE]\n\n");
+    });
+    return;
+  }
+  const std::string_view data = ev.data;
+  const BatchChunk c = api::openai::parse_batch_chunk(data);
+  const std::string_view up_id =
+      c.id ? data.substr(c.id->value_begin, c.id->value_end - c.id->value_begin) : std::string_view("\"cmpl\"");
+  const auto id_of = [&](BatchMember& m) { return this->id_of(m, up_id); };
+  switch (c.kind) {
+    case BatchChunk::Kind::choice: {
+      if (c.index >= members_.size() || members_[c.index] == nullptr) return;  // that member left
+      BatchMember& m = *members_[c.index];
+      const std::string_view usage =
+          c.usage ? data.substr(c.usage->value_begin, c.usage->value_end - c.usage->value_begin) : std::string_view();
+      if (!usage.empty() && usage != "null") m.last_usage_.assign(usage);
+      (void)id_of(m);
+      // Its only choice (n = 1) finished: the member is done now, not when the batch's longest prompt is.
+      const bool last =
+          c.finish && data.substr(c.finish->value_begin, c.finish->value_end - c.finish->value_begin) != "null";
+      if (!m.req_.stream) {
+        m.assembler_.on_chunk(data, c);
+        if (last) {
+          scratch_.clear();
+          m.assembler_.finish(m.id_json_, scratch_);
+          m.push(scratch_);
+          complete(m, UpstreamFailure::none);
+        }
+        return;
+      }
+      scratch_.assign("data: ");
+      api::openai::append_member_chunk(data, c, id_of(m), m.req_.continuous_usage ? std::string_view() : "null",
+                                       scratch_);
+      scratch_ += "\n\n";
+      if (last) {
+        // What vLLM sends it next unbatched: its usage chunk (when asked for), then [DONE].
+        if (m.req_.include_usage) {
+          const std::size_t at = scratch_.size();
+          scratch_ += "data: ";
+          if (api::openai::append_usage_chunk(data, c, m.id_json_, scratch_))
+            scratch_ += "\n\n";
+          else
+            scratch_.resize(at);  // no per-chunk usage (not vLLM?): its own usage is unknown, not another's
+        }
+        scratch_ += "data: [DONE]\n\n";
+        m.push(scratch_);
+        complete(m, UpstreamFailure::none);
+        return;
+      }
+      m.push(scratch_);
+      return;
+    }
+    case BatchChunk::Kind::usage: {
+      final_usage_.assign(data.substr(c.usage->value_begin, c.usage->value_end - c.usage->value_begin));
+      for_present([&](BatchMember& m) {
+        if (!m.req_.stream || !m.req_.include_usage) return;
+        std::string usage;
+        if (!api::openai::append_member_usage(final_usage_, m.last_usage_, usage))
+          return;  // no per-chunk usage (not vLLM?): the member's usage is unknown, not another's
+        scratch_.assign("data: ");
+        api::openai::append_member_chunk(data, c, id_of(m), usage, scratch_);
+        scratch_ += "\n\n";
+        m.push(scratch_);
+      });
+      return;
+    }
+    case BatchChunk::Kind::other:
+      // An in-band error (vLLM's {"error": ...}): it is every member's. A
+      // stream relays it; a non-streaming answer cannot be whole: it fails.
+      for (auto* m : members_) {
+        if (m == nullptr) continue;
+        if (!m->req_.stream) {
+          complete(*m, UpstreamFailure::protocol);
+          continue;
+        }
+        scratch_.assign("data: ");
+        scratch_.append(data);
+        scratch_ += "\n\n";
+        m->push(scratch_);
+      }
+      return;
+  }
+}
+
+std::string_view Batch::id_of(BatchMember& m, std::string_view upstream_id_json) {
+  if (m.id_json_.empty())
+    api::openai::append_member_id(upstream_id_json, request_id_, m.req_.request_id, m.slot_, m.id_json_);
+  return m.id_json_;
+}
+
+Batch::Event Batch::read_event(std::string_view data) {
+  Event e{.data = data};
+  if (data == "[DONE]") {
+    e.done = true;
+    return e;
+  }
+  e.id = api::find_member(data, "id");
+  e.usage_only =
+      api::find_member(data, "usage") && api::openai::parse_batch_chunk(data).kind == BatchChunk::Kind::usage;
+  return e;
+}
+
+void Batch::deliver(BatchMember& m, const Event& e) {
+  if (!m.req_.stream) return;
+  if (e.done) {
+    m.push("data: [DONE]\n\n");
+    return;
+  }
+  // The usage chunk (asked for on every member's behalf) only to members whose own body asked for it.
+  if (e.usage_only && !m.req_.include_usage) return;
+  scratch_.assign("data: ");
+  if (e.id)
+    api::openai::append_with_id(e.data, id_of(m, e.data.substr(e.id->value_begin, e.id->value_end - e.id->value_begin)),
+                                scratch_);
+  else
+    scratch_.append(e.data);
+  scratch_ += "\n\n";
+  m.push(scratch_);
+}
+
+void Batch::finish_members() {
+  for_present([&](BatchMember& m) {
+    if (!m.req_.stream && mode_ == Mode::batch) {
+      if (m.assembler_.chunks() == 0) {
+        m.end(UpstreamFailure::protocol);  // the stream ended before this member's answer
+        return;
+      }
+      if (m.id_json_.empty())
+        api::openai::append_member_id("\"cmpl\"", request_id_, m.req_.request_id, m.slot_, m.id_json_);
+      scratch_.clear();
+      m.assembler_.finish(m.id_json_, scratch_);
+      m.push(scratch_);
+    }
+    m.end(UpstreamFailure::none);
+  });
+}
+}  // namespace weir::batching

@@ -1,0 +1,197 @@
+// The upstream request of one micro-batch or coalesced generation, and
+// its demultiplexer: internal to the batching module (batching/batch.hpp is
+// the interface). Its send, relay and demultiplexing live in
+// upstream_batch.cpp; the members and the batcher in batch.cpp.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+#include "batching/batch.hpp"
+#include "http/exchange.hpp"
+#include "http/sse.hpp"
+
+namespace weir::batching {
+
+namespace asio = boost::asio;
+using api::openai::BatchChunk;
+using http::UpstreamFailure;
+
+// One upstream request shared by its members. Open (collecting) until full
+// or its window ends; then run() sends it and fans the response out. Held
+// by the batcher while open, by run() while it runs, and by each member
+// until its next request (their head() reads the batch's copy of the head).
+class Batch : public std::enable_shared_from_this<Batch> {
+ public:
+  enum class Mode : std::uint8_t {
+    batch,     // a prompt list, demultiplexed by choice index
+    coalesce,  // one request's generation, the same events to every member
+  };
+  Batch(MicroBatcher& b, std::string_view key, Mode mode)
+      : b_(&b), key_(key), mode_(mode), window_(b.env_.ex), exchange_(b.env_.ex, b.env_.read_scratch) {}
+  Mode mode() const { return mode_; }
+  // A coalesced generation takes members until its response ends, or until
+  // what a late member would be replayed passes kMaxReplayBytes (a long
+  // generation: identical requests then start their own).
+  static constexpr std::size_t kMaxReplayBytes = 1u << 20;
+  bool joinable() const { return state_ != State::done && present_ > 0 && replay_.size() <= kMaxReplayBytes; }
+
+  const std::string& key() const { return key_; }
+  std::size_t size() const { return members_.size(); }
+
+  void add(BatchMember& m) {
+    m.slot_ = static_cast<std::uint32_t>(members_.size());
+    members_.push_back(&m);
+    ++present_;
+    if (state_ == State::streaming) {
+      // A late member of a coalesced generation: what the others have had so far, then the rest.
+      m.head_ready_ = true;
+      for (auto [at, n] : replay_spans_) deliver(m, read_event(std::string_view(replay_).substr(at, n)));
+      m.ev_.notify();
+    }
+  }
+
+  // Starts the window (the first member joined).
+  void arm(std::chrono::milliseconds window) {
+    window_.expires_after(window);
+    window_.async_wait([self = shared_from_this()](const boost::system::error_code& ec) {
+      if (!ec) self->flush();
+    });
+  }
+
+  // Closes the batch and sends it (full, or its window ended).
+  void flush() {
+    if (state_ != State::open) return;
+    state_ = State::sending;
+    window_.cancel();
+    if (b_ && mode_ == Mode::batch) b_->close(this);
+    if (present_ == 0 || b_ == nullptr) {  // nobody to send for, or the worker is stopping
+      state_ = State::done;
+      fail_all(UpstreamFailure::cancelled);
+      return;
+    }
+    asio::co_spawn(b_->env_.ex, run(shared_from_this()), asio::detached);
+  }
+
+  // Member `m` left (its client went away, or it was cut off).
+  void leave(BatchMember& m) {
+    if (m.slot_ >= members_.size() || members_[m.slot_] != &m) return;
+    --present_;
+    if (state_ == State::open) {
+      // Not sent yet: it is no longer part of the batch at all.
+      members_.erase(members_.begin() + m.slot_);
+      for (std::size_t i = m.slot_; i < members_.size(); ++i) members_[i]->slot_ = static_cast<std::uint32_t>(i);
+      if (present_ == 0) {
+        state_ = State::done;
+        window_.cancel();
+        if (b_) b_->close(this);
+      }
+      return;
+    }
+    members_[m.slot_] = nullptr;
+    if (present_ == 0 && b_) b_->close(this);  // a coalesced generation nobody reads takes no one new
+    if (present_ == 0 && state_ != State::done) {
+      // Nobody is left to read the answer: abort it, so the model server stops generating.
+      aborted_ = true;
+      if (b_ && b_->env_.stats) ++b_->env_.stats->aborted;
+      exchange_.cancel();
+      window_.cancel();  // a retry backoff
+    }
+  }
+
+  // The batcher is going away (worker shutdown): no more calls into it.
+  void detach() { b_ = nullptr; }
+
+  const http::ResponseHead& head_for(const BatchMember& m) const {
+    return mode_ == Mode::batch && !m.req_.stream && json_ok_ ? json_head_ : head_;
+  }
+  std::string_view id() const { return request_id_; }
+  // Members the upstream request serves (coalesced: so far).
+  std::uint32_t sent_size() const {
+    return mode_ == Mode::coalesce ? static_cast<std::uint32_t>(members_.size()) : sent_size_;
+  }
+  int endpoint() const { return endpoint_; }
+  std::chrono::steady_clock::time_point sent_at() const { return sent_at_; }
+
+ private:
+  enum class State : std::uint8_t { open, sending, streaming, done };
+
+  static core::Task<void> run(std::shared_ptr<Batch> self) { co_await self->send(); }
+
+  template <class Fn>
+  void for_present(Fn&& fn) {
+    for (auto* m : members_)
+      if (m) fn(*m);
+  }
+
+  void fail_all(UpstreamFailure f) {
+    for_present([&](BatchMember& m) { m.end(f); });
+    members_.clear();
+    present_ = 0;
+  }
+
+  core::Task<void> send();
+  core::Task<void> relay_stream();
+  core::Task<void> relay_whole();
+  void dispatch(const http::SseEvent& ev);
+  // Coalesced: one upstream event's data ("[DONE]" included), read once,
+  // and as member `m` gets it.
+  struct Event {
+    std::string_view data;
+    std::optional<api::MemberSpan> id;
+    bool done = false;
+    bool usage_only = false;  // the final usage chunk
+  };
+  static Event read_event(std::string_view data);
+  void deliver(BatchMember& m, const Event& e);
+  void finish_members();
+  // Member `m`'s answer is whole (or failed) before the batch's: it ends now
+  // and is no longer the batch's (its session may reuse it at once).
+  void complete(BatchMember& m, UpstreamFailure f) {
+    members_[m.slot_] = nullptr;
+    --present_;
+    m.end(f);
+  }
+  // The response is over (or failed): a coalesced generation takes no one new.
+  void finished() {
+    state_ = State::done;
+    if (b_ && mode_ == Mode::coalesce) b_->close(this);
+  }
+  // The member's response id (computed once, from the upstream's id `upstream_id_json`).
+  std::string_view id_of(BatchMember& m, std::string_view upstream_id_json);
+
+  MicroBatcher* b_;
+  std::string key_;
+  Mode mode_;
+  // Coalesced stream: every upstream event's data so far, one after another
+  // (amortized growth: no allocation per event), and where each one is.
+  std::string replay_;
+  std::vector<std::pair<std::size_t, std::size_t>> replay_spans_;
+  std::vector<BatchMember*> members_;  // slot → member; null once it left after the batch was sent
+  std::uint32_t present_ = 0;
+  std::uint32_t sent_size_ = 0;
+  State state_ = State::open;
+  bool aborted_ = false;
+  core::Timer window_;
+  http::Exchange exchange_;
+  http::SseReader sse_{4u << 20};
+  std::string body_;  // the upstream request body, then (not a stream) the upstream's answer
+  std::string head_buf_;
+  std::string request_id_;
+  http::ResponseHead head_;       // the upstream's response head
+  http::ResponseHead json_head_;  // the same as non-streaming members get it
+  bool json_ok_ = false;          // the upstream answered 200 with a stream: json_head_ is set
+  std::string final_usage_;       // the upstream's final usage object (summed over prompts)
+  std::string scratch_;
+  int endpoint_ = -1;
+  std::chrono::steady_clock::time_point sent_at_{};
+};
+
+}  // namespace weir::batching
