@@ -24,6 +24,7 @@ void RequestContext::reset() {
   upstream_body = {};
   upstream_body_buf.clear();
   edit_buf.clear();
+  responses_echo.clear();
   strip_usage = false;
   source = nullptr;
   upstream_status = 0;

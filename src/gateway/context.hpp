@@ -59,6 +59,7 @@ struct RequestContext {
   std::string_view upstream_body;          // the client's body, or a spliced copy in upstream_body_buf / edit_buf
   std::string upstream_body_buf;           // lent by the worker while the request is sent
   std::string edit_buf;                    // second buffer for spliced bodies (lent)
+  std::string responses_echo;              // /v1/responses: the request's members of the answer (api/responses/)
   bool strip_usage = false;                // Weir asked for the usage chunk; the client did not
   http::ResponseSource* source = nullptr;  // the response being relayed (cancelled when the client leaves)
   int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived

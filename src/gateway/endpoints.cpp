@@ -14,6 +14,8 @@ std::string_view route_label(RouteKind r) {
       return "/v1/messages";
     case RouteKind::messages_count_tokens:
       return "/v1/messages/count_tokens";
+    case RouteKind::responses:
+      return "/v1/responses";
     case RouteKind::tokenize:
       return "/tokenize";
     case RouteKind::detokenize:
@@ -56,6 +58,7 @@ RouteKind classify_path(std::string_view path) {
   if (path == "/v1/embeddings") return RouteKind::embeddings;
   if (path == "/v1/messages") return RouteKind::messages;
   if (path == "/v1/messages/count_tokens") return RouteKind::messages_count_tokens;
+  if (path == "/v1/responses") return RouteKind::responses;
   if (path == "/tokenize") return RouteKind::tokenize;
   if (path == "/detokenize") return RouteKind::detokenize;
   if (path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank") return RouteKind::rerank;
@@ -75,6 +78,7 @@ std::optional<api::ApiKind> api_of(RouteKind r) {
     case RouteKind::chat_completions:
     case RouteKind::messages:
     case RouteKind::messages_count_tokens:
+    case RouteKind::responses:
       return api::ApiKind::chat_completions;
     case RouteKind::completions:
       return api::ApiKind::completions;

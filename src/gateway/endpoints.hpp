@@ -1,5 +1,6 @@
 // The routes Weir serves and how a request target maps to one (OpenAI API
-// paths, Anthropic's /v1/messages; Weir's own /health, /ready, /metrics).
+// paths, Anthropic's /v1/messages, OpenAI's /v1/responses; Weir's own
+// /health, /ready, /metrics).
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,7 @@ enum class RouteKind : std::uint8_t {
   embeddings,
   messages,               // Anthropic POST /v1/messages
   messages_count_tokens,  // Anthropic POST /v1/messages/count_tokens
+  responses,              // OpenAI POST /v1/responses, translated to chat completions
   // vLLM's other routes (vLLM 0.10 api_server.py), passed through to the
   // model's pool with the same auth, limits and log line:
   tokenize,    // POST /tokenize
@@ -40,8 +42,8 @@ std::string_view route_label(RouteKind r);
 std::string_view path_of(std::string_view target);
 RouteKind classify_path(std::string_view path);
 
-// The OpenAI API a POST route speaks upstream (the Anthropic routes:
-// chat_completions), or nullopt for Weir's own GET routes.
+// The OpenAI API a POST route speaks upstream (the Anthropic and Responses
+// routes: chat_completions), or nullopt for Weir's own GET routes.
 std::optional<api::ApiKind> api_of(RouteKind r);
 // True for vLLM's non-generating JSON routes (tokenize … classify): no
 // completion tokens, no stream; routed by `model`, or to the default pool
@@ -50,6 +52,11 @@ inline bool is_vllm_extra(RouteKind r) { return r >= RouteKind::tokenize && r <=
 // True for the Anthropic Messages routes: the body is translated for an
 // OpenAI-compatible upstream and the answer back (api/anthropic/).
 inline bool is_anthropic(RouteKind r) { return r == RouteKind::messages || r == RouteKind::messages_count_tokens; }
+// True for OpenAI's Responses route: translated to chat completions and
+// back (api/responses/).
+inline bool is_responses(RouteKind r) { return r == RouteKind::responses; }
+// True when the client's body is not the upstream's: the routes above.
+inline bool is_translated(RouteKind r) { return is_anthropic(r) || is_responses(r); }
 // Methods a route accepts: "POST" for the API routes, "GET, HEAD" for the
 // others (the Allow field of a 405).
 std::string_view allowed_methods(RouteKind r);

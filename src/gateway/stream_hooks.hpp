@@ -1,9 +1,10 @@
 // What is done to each SSE event between the upstream and the client
 // (DESIGN.md, respond phase: "a hook per event"). Fixed members, no
 // allocation and no std::function per event: usage capture and the
-// usage-chunk strip (api/openai/stream.hpp), and the Anthropic Messages
-// translation (api/anthropic/stream.hpp), which rewrites every event
-// instead of passing it through; micro-batch demultiplexing plugs in here
+// usage-chunk strip (api/openai/stream.hpp), and the Anthropic Messages and
+// OpenAI Responses translations (api/anthropic/stream.hpp,
+// api/responses/stream.hpp), which rewrite every event instead of passing
+// it through; micro-batch demultiplexing plugs in here
 // as a further member (docs/architecture.md).
 #pragma once
 
@@ -13,44 +14,68 @@
 
 #include "api/anthropic/stream.hpp"
 #include "api/openai/stream.hpp"
+#include "api/responses/stream.hpp"
 #include "http/sse.hpp"
 
 namespace weir::gateway {
 
+// The client's stream dialect, when it is not the upstream's.
+enum class Translation : std::uint8_t { none, anthropic, responses };
+
 class StreamHooks {
  public:
   // Before a stream starts: `strip_usage` when Weir asked for the usage
-  // chunk on the client's behalf; `translate` for an Anthropic stream.
-  void reset(bool strip_usage, bool translate = false) {
+  // chunk on the client's behalf; `t` for a translated stream. A Responses
+  // stream takes the request's `echo` (it must outlive the stream) and the
+  // request id (api/responses/stream.hpp).
+  void reset(bool strip_usage, Translation t = Translation::none, std::string_view echo = {},
+             std::string_view request_id = {}) {
     usage_.reset(strip_usage);
-    if (translate || translate_) anthropic_.reset();
-    translate_ = translate;
+    if (t == Translation::anthropic || translate_ == Translation::anthropic) anthropic_.reset();
+    if (t == Translation::responses || translate_ == Translation::responses) responses_.reset(echo, request_id);
+    translate_ = t;
     done_relayed_ = false;
     data_events_ = 0;
   }
 
   // True when events are translated (translate()), not passed through (on_event()).
-  bool translating() const { return translate_; }
-  // An Anthropic stream: appends the client's events for the upstream event
+  bool translating() const { return translate_ != Translation::none; }
+  // A translated stream: appends the client's events for the upstream event
   // `ev` to `out` (usage is read as on_event does). Returns true when it
   // appended any.
   bool translate(const http::SseEvent& ev, std::string& out) {
     if (!ev.has_data) return false;  // upstream comments and blank blocks are not the client's
     const std::size_t before = out.size();
     if (!ev.is_done()) (void)usage_.on_data(ev.data);
-    anthropic_.on_data(ev.data, out);
-    done_relayed_ = anthropic_.ended();
+    if (translate_ == Translation::responses) {
+      responses_.on_data(ev.data, out);
+      done_relayed_ = responses_.ended();
+    } else {
+      anthropic_.on_data(ev.data, out);
+      done_relayed_ = anthropic_.ended();
+    }
     if (out.size() == before) return false;
     ++data_events_;
     return true;
   }
-  // An Anthropic stream's upstream body ended normally: the closing events (api/anthropic/stream.hpp).
+  // A translated stream's upstream body ended normally: the closing events.
   void finish(std::string& out) {
+    if (translate_ == Translation::responses) {
+      responses_.finish(out);
+      done_relayed_ = responses_.ended();
+      return;
+    }
     anthropic_.finish(out);
     done_relayed_ = anthropic_.ended();
   }
-  // An Anthropic stream failed after its head went out: one `event: error`.
+  // A translated stream failed after its head went out: Anthropic's one
+  // `event: error`, Responses' response.failed.
   void fail(int status, std::string_view message, std::string& out) {
+    if (translate_ == Translation::responses) {
+      responses_.fail(status, message, out);
+      done_relayed_ = responses_.ended();
+      return;
+    }
     anthropic_.fail(status, message, out);
     done_relayed_ = anthropic_.ended();
   }
@@ -78,7 +103,8 @@ class StreamHooks {
  private:
   api::openai::UsageHook usage_;
   api::anthropic::StreamTranslator anthropic_;
-  bool translate_ = false;
+  api::responses::StreamTranslator responses_;
+  Translation translate_ = Translation::none;
   bool done_relayed_ = false;
   std::uint32_t data_events_ = 0;
 };

@@ -1,10 +1,12 @@
 // The parse and route phases: the JSON body's fields (api/request.hpp),
-// then model → pool (routing/route_table.hpp). An Anthropic request is
-// translated here into the upstream's chat-completions body (api/anthropic/).
+// then model → pool (routing/route_table.hpp). An Anthropic or Responses
+// request is translated here into the upstream's chat-completions body
+// (api/anthropic/, api/responses/).
 #include <algorithm>
 #include <charconv>
 
 #include "api/anthropic/request.hpp"
+#include "api/responses/request.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 
@@ -19,12 +21,15 @@ bool GatewayPhases::proxied(const RequestContext& ctx) const {
 Outcome GatewayPhases::parse(RequestContext& ctx) {
   const auto api = api_of(ctx.route);
   if (!api) return Outcome::next();
-  if (is_anthropic(ctx.route)) {
+  if (is_translated(ctx.route)) {
     // The translation is the upstream body: it goes in a lent buffer until the commit point.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
-    auto fields = api::anthropic::translate_request(
-        ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
-        down_.body(), ctx.edit_buf);
+    auto fields =
+        is_responses(ctx.route)
+            ? api::responses::translate_request(down_.body(), ctx.edit_buf, ctx.responses_echo)
+            : api::anthropic::translate_request(ctx.route == RouteKind::messages ? api::anthropic::Target::messages
+                                                                                 : api::anthropic::Target::count_tokens,
+                                                down_.body(), ctx.edit_buf);
     if (!fields) return Outcome::failed(std::move(fields.error()));
     ctx.fields = std::move(*fields);
     ctx.model = std::move(ctx.fields.model);

@@ -10,6 +10,7 @@
 #include "api/json_scan.hpp"
 #include "api/openai/batch.hpp"
 #include "api/openai/stream.hpp"
+#include "api/responses/request.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
@@ -26,8 +27,9 @@ bool is_event_stream(std::string_view content_type) {
   return content_type.size() >= 17 && core::iequals(content_type.substr(0, 17), "text/event-stream");
 }
 // The upstream's target: the client's, or the OpenAI-compatible path an
-// Anthropic route is translated to.
+// Anthropic or Responses route is translated to.
 std::string_view upstream_target(RouteKind r, std::string_view client_target) {
+  if (r == RouteKind::responses) return api::responses::upstream_path();
   if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
   if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
   return client_target;
@@ -46,10 +48,10 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     ctx.upstream_body = {};
     return;
   }
-  // An Anthropic request's upstream body is its translation (parse phase),
+  // A translated request's upstream body is its translation (parse phase),
   // which asks a stream for its usage chunk itself.
-  const bool anthropic = is_anthropic(ctx.route);
-  std::string_view body = anthropic ? std::string_view(ctx.edit_buf) : down_.body();
+  const bool translated = is_translated(ctx.route);
+  std::string_view body = translated ? std::string_view(ctx.edit_buf) : down_.body();
   ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
   if (!ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model) {
     ctx.scratch.clear();
@@ -57,7 +59,7 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
     if (api::set_member(body, "model", ctx.scratch, ctx.upstream_body_buf)) body = ctx.upstream_body_buf;
   }
-  if (!anthropic && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
+  if (!translated && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
       w_.config().pools[ctx.target.pool].request_usage) {
     // Ask for the usage chunk so this stream's tokens are known; the client
     // did not ask for it, so the stream hooks drop it from the client's stream.

@@ -2,11 +2,14 @@
 // compressed streams): read within server.max_response, usage read from it,
 // Content-Encoding kept consistent with the bytes (passed through to a
 // client that accepts it, decoded for one that does not), then one write.
-// An Anthropic request's answer is decoded and translated (api/anthropic/response.hpp).
+// An Anthropic request's answer is decoded and translated (api/anthropic/response.hpp);
+// so is a Responses request's successful answer (api/responses/response.hpp),
+// whose errors are OpenAI's already and pass through.
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
 #include "api/anthropic/response.hpp"
+#include "api/responses/response.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
@@ -67,9 +70,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // client that accepts it; decode it for one that does not.
   const std::string_view encoding = head[bh::field::content_encoding];
   const bool encoded = !encoding.empty() && !core::iequals(encoding, "identity");
-  // An Anthropic answer is always decoded: it is rewritten.
+  // A translated answer is always decoded: it is rewritten.
   const bool anthropic = is_anthropic(ctx.route);
-  const bool accepted = encoded && !anthropic && http::has_token(req[bh::field::accept_encoding], encoding);
+  const bool accepted =
+      encoded && !is_translated(ctx.route) && http::has_token(req[bh::field::accept_encoding], encoding);
   std::string_view plain = out;  // the decoded body, for reading usage
   bool drop_encoding = false;
   if (encoded && out.empty()) {
@@ -105,7 +109,19 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.error_source = status >= 500 ? core::ErrorSource::upstream : core::ErrorSource::client;
     ctx.error_code = "upstream_status";
   }
-  std::string translated;  // Anthropic requests only
+  std::string translated;  // Anthropic and Responses requests only
+  const bool responses = is_responses(ctx.route) && status >= 200 && status < 300 && status != 204;
+  if (responses) {
+    if (!api::responses::translate_response(plain, ctx.responses_echo, translated)) {
+      ctx.status = 502;
+      ctx.has_error = true;
+      ctx.error_source = core::ErrorSource::upstream;
+      ctx.error_code = "upstream_invalid_response";
+      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+    }
+    out = translated;
+    drop_encoding = encoded;
+  }
   if (anthropic && !(status == 204 || status == 304)) {
     if (ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
       ctx.has_usage = true;  // a count generates nothing and is not charged

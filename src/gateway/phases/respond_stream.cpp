@@ -1,8 +1,8 @@
 // The response as a stream: the client's head at once (it sees its stream
 // open before the first token), then each SSE event as soon as it is
 // complete, through the stream hooks; every event completed by one upstream
-// read leaves in one write (an Anthropic stream's events are translated on
-// the way: api/anthropic/stream.hpp). A client that stops reading is cut off at
+// read leaves in one write (an Anthropic or Responses stream's events are
+// translated on the way: api/anthropic/stream.hpp, api/responses/stream.hpp). A client that stops reading is cut off at
 // server.max_stream_buffer; one that leaves aborts the upstream request.
 #include "api/openai/stream.hpp"
 #include "gateway/failure.hpp"
@@ -46,7 +46,11 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   ctx.body.clear();
 
   ctx.sse.reset();
-  ctx.hooks.reset(ctx.strip_usage, is_anthropic(ctx.route));
+  ctx.hooks.reset(ctx.strip_usage,
+                  is_anthropic(ctx.route)   ? Translation::anthropic
+                  : is_responses(ctx.route) ? Translation::responses
+                                            : Translation::none,
+                  ctx.responses_echo, ctx.request_id);
   const auto into = w_.stream_body_buffer();
   std::string& events = w_.stream_events();  // used only until this read's events are sent
   http::UpstreamFailure failure = http::UpstreamFailure::none;
@@ -170,7 +174,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     ctx.body.clear();
   }
   if (ctx.hooks.translating()) {
-    // Anthropic has no [DONE]: the closing events, or an error if the upstream stopped short.
+    // Anthropic and Responses have no [DONE]: the closing events, or an error if the upstream stopped short.
     events.clear();
     ctx.hooks.finish(events);
     if (!events.empty()) down_.send_body(events);

@@ -98,6 +98,20 @@ TEST(Failure, ErrorDialects) {
   EXPECT_EQ(allowed_methods(RouteKind::messages_count_tokens), "POST");
 }
 
+TEST(Endpoints, ResponsesRoute) {
+  EXPECT_EQ(classify_path("/v1/responses"), RouteKind::responses);
+  EXPECT_EQ(classify_path("/v1/responses/resp_1"), RouteKind::other);  // no store: no GET/DELETE by id
+  EXPECT_EQ(route_label(RouteKind::responses), "/v1/responses");
+  EXPECT_EQ(api_of(RouteKind::responses), api::ApiKind::chat_completions);
+  EXPECT_EQ(allowed_methods(RouteKind::responses), "POST");
+  EXPECT_TRUE(is_responses(RouteKind::responses));
+  EXPECT_TRUE(is_translated(RouteKind::responses));
+  EXPECT_TRUE(is_translated(RouteKind::messages));
+  EXPECT_FALSE(is_anthropic(RouteKind::responses));
+  EXPECT_FALSE(is_translated(RouteKind::chat_completions));
+  EXPECT_FALSE(is_responses(RouteKind::chat_completions));
+}
+
 TEST(Endpoints, VllmRoutes) {
   for (const char* p : {"/tokenize", "/detokenize", "/rerank", "/v1/rerank", "/v2/rerank", "/score", "/v1/score",
                         "/pooling", "/classify"}) {

@@ -249,7 +249,7 @@ TEST(ApiAskForUsage, NotAnObjectIsNotChanged) {
 
 TEST(StreamHooks, AnthropicTranslationRewritesEveryEventAndReadsUsage) {
   StreamHooks hooks;
-  hooks.reset(false, true);
+  hooks.reset(false, Translation::anthropic);
   ASSERT_TRUE(hooks.translating());
   http::SseReader reader;
   const std::string wire =
@@ -270,6 +270,36 @@ TEST(StreamHooks, AnthropicTranslationRewritesEveryEventAndReadsUsage) {
   hooks.reset(true);
   EXPECT_FALSE(hooks.translating());
   EXPECT_FALSE(hooks.done_relayed());
+}
+
+TEST(StreamHooks, ResponsesTranslationEndsAtItsTerminalEvent) {
+  StreamHooks hooks;
+  const std::string echo = R"("store":false)";
+  hooks.reset(false, Translation::responses, echo, "req-1");
+  ASSERT_TRUE(hooks.translating());
+  http::SseReader reader;
+  const std::string wire =
+      event(kContent) + event(R"({"id":"c1","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})") +
+      event(kUsageOnly) + event("[DONE]");
+  reader.push(wire);
+  std::string out;
+  while (auto ev = reader.next()) (void)hooks.translate(*ev, out);
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_NE(out.find("event: response.completed\n"), std::string::npos);
+  EXPECT_EQ(out.find("[DONE]"), std::string::npos);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
+  // A failure after the terminal event adds nothing.
+  const std::size_t size = out.size();
+  hooks.fail(502, "late", out);
+  EXPECT_EQ(out.size(), size);
+  // A failure mid-stream: response.failed.
+  hooks.reset(false, Translation::responses, echo, "req-2");
+  out.clear();
+  hooks.fail(504, "timed out", out);
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_NE(out.find("event: response.failed\n"), std::string::npos);
+  hooks.reset(false);
+  EXPECT_FALSE(hooks.translating());
 }
 
 }  // namespace

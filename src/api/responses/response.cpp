@@ -1,0 +1,211 @@
+// Response objects written by hand with the shared JSON escaper (the stream
+// writes one per terminal event); a non-streaming chat.completion is read
+// with Boost.JSON into a stack arena.
+#include "api/responses/response.hpp"
+
+#include <iterator>
+#include <vector>
+
+#include <fmt/format.h>
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
+#include "core/error.hpp"
+#include "core/json_text.hpp"
+
+namespace weir::api::responses {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string_view string_at(const json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  return v && v->is_string() ? std::string_view(v->get_string().data(), v->get_string().size()) : std::string_view{};
+}
+
+}  // namespace
+
+void append_id(std::string& out, std::string_view prefix, std::string_view upstream_id) {
+  if (upstream_id.starts_with("chatcmpl-")) upstream_id.remove_prefix(9);
+  out += prefix;
+  out += upstream_id;
+}
+
+std::string_view status_of(std::string_view finish_reason, std::string_view& incomplete_reason) {
+  incomplete_reason = {};
+  if (finish_reason == "length") incomplete_reason = "max_output_tokens";
+  if (finish_reason == "content_filter") incomplete_reason = "content_filter";
+  return incomplete_reason.empty() ? std::string_view("completed") : std::string_view("incomplete");
+}
+
+void append_item_json(std::string& out, const OutputItem& item, std::string_view status, bool with_content) {
+  const std::string_view text = with_content ? std::string_view(item.text) : std::string_view{};
+  switch (item.kind) {
+    case OutputItem::Kind::reasoning:
+      out += R"({"id":)";
+      core::append_json_string(out, item.id);
+      out += R"(,"type":"reasoning","summary":[],"content":[)";
+      if (with_content) {
+        out += R"({"type":"reasoning_text","text":)";
+        core::append_json_string(out, text);
+        out += "}";
+      }
+      out += R"(],"status":")";
+      break;
+    case OutputItem::Kind::message:
+      out += R"({"id":)";
+      core::append_json_string(out, item.id);
+      out += R"(,"type":"message","role":"assistant","content":[)";
+      if (with_content) {
+        out += R"({"type":"output_text","text":)";
+        core::append_json_string(out, text);
+        out += R"(,"annotations":[],"logprobs":[]})";
+      }
+      out += R"(],"status":")";
+      break;
+    case OutputItem::Kind::function_call:
+      out += R"({"id":)";
+      core::append_json_string(out, item.id);
+      out += R"(,"type":"function_call","call_id":)";
+      core::append_json_string(out, item.call_id);
+      out += R"(,"name":)";
+      core::append_json_string(out, item.name);
+      out += R"(,"arguments":)";
+      core::append_json_string(out, text);
+      out += R"(,"status":")";
+      break;
+  }
+  out += status;
+  out += "\"}";
+}
+
+void append_usage_json(std::string& out, const ResponseUsage& u) {
+  const std::uint64_t total =
+      u.usage.total_tokens ? u.usage.total_tokens : u.usage.prompt_tokens + u.usage.completion_tokens;
+  fmt::format_to(std::back_inserter(out),
+                 R"({{"input_tokens":{},"input_tokens_details":{{"cached_tokens":{},"cache_write_tokens":0}},)"
+                 R"("output_tokens":{},"output_tokens_details":{{"reasoning_tokens":{}}},"total_tokens":{}}})",
+                 u.usage.prompt_tokens, u.usage.cached_tokens, u.usage.completion_tokens, u.reasoning_tokens, total);
+}
+
+void append_response_json(std::string& out, const ResponseHead& head, std::span<const OutputItem> items,
+                          const ResponseUsage* usage, std::string_view echo) {
+  out += R"({"id":)";
+  core::append_json_string(out, head.id);
+  fmt::format_to(std::back_inserter(out), R"(,"object":"response","created_at":{},"status":")", head.created_at);
+  out += head.status;
+  out += R"(","error":)";
+  if (head.status == "failed") {
+    out += R"({"code":"server_error","message":)";
+    core::append_json_string(out, head.error_message);
+    out += "}";
+  } else {
+    out += "null";
+  }
+  out += R"(,"incomplete_details":)";
+  if (head.incomplete_reason.empty()) {
+    out += "null";
+  } else {
+    out += R"({"reason":")";
+    out += head.incomplete_reason;
+    out += "\"}";
+  }
+  out += R"(,"model":)";
+  core::append_json_string(out, head.model);
+  out += R"(,"output":[)";
+  const bool in_progress = head.status == "in_progress";
+  for (std::size_t i = 0; i < items.size(); ++i) {
+    if (i) out += ",";
+    std::string_view status = "completed";
+    if (in_progress) status = "in_progress";
+    if (head.status == "incomplete" && i + 1 == items.size()) status = "incomplete";
+    if (head.status == "failed" && !items[i].done) status = "incomplete";
+    append_item_json(out, items[i], status);
+  }
+  out += R"(],"usage":)";
+  if (usage)
+    append_usage_json(out, *usage);
+  else
+    out += "null";
+  if (!echo.empty()) {
+    out += ",";
+    out += echo;
+  }
+  out += "}";
+}
+
+bool translate_response(std::string_view body, std::string_view echo, std::string& out) {
+  out.clear();
+  alignas(16) unsigned char buf[16 * 1024];
+  json::monotonic_resource mr(buf, sizeof buf);
+  json::storage_ptr sp(&mr);
+  boost::system::error_code ec;
+  const json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp);
+  const json::object* choice = nullptr;
+  const json::object* msg = nullptr;
+  if (!ec && doc.is_object())
+    if (const auto* cs = doc.get_object().if_contains("choices"); cs && cs->is_array() && !cs->get_array().empty())
+      if (const auto& c = cs->get_array()[0]; c.is_object()) {
+        choice = &c.get_object();
+        if (const auto* m = choice->if_contains("message"); m && m->is_object()) msg = &m->get_object();
+      }
+  if (!msg) {
+    core::append_error_json(out, core::upstream_unavailable("The upstream's answer is not a chat completion."));
+    return false;
+  }
+  const auto& root = doc.get_object();
+  const std::string_view upstream_id = string_at(root, "id");
+  std::vector<OutputItem> items;
+  std::string_view reasoning = string_at(*msg, "reasoning_content");
+  if (reasoning.empty()) reasoning = string_at(*msg, "reasoning");
+  if (!reasoning.empty()) {
+    OutputItem& it = items.emplace_back();
+    it.kind = OutputItem::Kind::reasoning;
+    append_id(it.id, "rs_", upstream_id);
+    it.text = reasoning;
+  }
+  if (const std::string_view text = string_at(*msg, "content"); !text.empty()) {
+    OutputItem& it = items.emplace_back();
+    append_id(it.id, "msg_", upstream_id);
+    it.text = text;
+  }
+  if (const auto* tc = msg->if_contains("tool_calls"); tc && tc->is_array()) {
+    std::size_t n = 0;
+    for (const auto& call : tc->get_array()) {
+      if (!call.is_object()) continue;
+      const auto* fn = call.get_object().if_contains("function");
+      if (!fn || !fn->is_object()) continue;
+      OutputItem& it = items.emplace_back();
+      it.kind = OutputItem::Kind::function_call;
+      append_id(it.id, "fc_", upstream_id);
+      fmt::format_to(std::back_inserter(it.id), "_{}", n);
+      it.call_id = string_at(call.get_object(), "id");
+      if (it.call_id.empty()) {
+        append_id(it.call_id, "call_", upstream_id);
+        fmt::format_to(std::back_inserter(it.call_id), "_{}", n);
+      }
+      it.name = string_at(fn->get_object(), "name");
+      it.text = string_at(fn->get_object(), "arguments");
+      ++n;
+    }
+  }
+  std::string id;
+  append_id(id, "resp_", upstream_id);
+  ResponseHead head;
+  head.id = id;
+  if (const auto* c = root.if_contains("created"); c && c->is_int64()) head.created_at = c->get_int64();
+  head.model = string_at(root, "model");
+  head.status = status_of(string_at(*choice, "finish_reason"), head.incomplete_reason);
+  ResponseUsage usage;
+  usage.usage = extract_usage(body).value_or(Usage{});
+  if (const auto* u = root.if_contains("usage"); u && u->is_object())
+    if (const auto* d = u->get_object().if_contains("completion_tokens_details"); d && d->is_object())
+      if (const auto* r = d->get_object().if_contains("reasoning_tokens"); r && r->is_int64() && r->get_int64() > 0)
+        usage.reasoning_tokens = static_cast<std::uint64_t>(r->get_int64());
+  append_response_json(out, head, items, &usage, echo);
+  return true;
+}
+
+}  // namespace weir::api::responses

@@ -1,0 +1,80 @@
+// OpenAI Responses API response objects built from an OpenAI/vLLM
+// chat-completions upstream's answers (OpenAI API reference: "Responses",
+// the Response object; vLLM's OpenAI-compatible server, v0.10.1 wire
+// format). Mappings: docs/protocols.md ("OpenAI Responses").
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "api/usage.hpp"
+
+namespace weir::api::responses {
+
+// One output item of a response, as the stream builds it up.
+struct OutputItem {
+  enum class Kind : std::uint8_t { reasoning, message, function_call };
+  Kind kind = Kind::message;
+  std::string id;       // "rs_…", "msg_…", "fc_…"
+  std::string call_id;  // function_call: the upstream's tool call id
+  std::string name;     // function_call: the function's name
+  std::string text;     // reasoning or message text, function_call arguments
+  bool done = true;     // a stream sent its output_item.done (a whole answer's items are)
+};
+
+// A response's own members (the request's are the echo: request.hpp).
+struct ResponseHead {
+  std::string_view id;                 // "resp_…"
+  std::int64_t created_at = 0;         // Unix seconds: the upstream's `created`
+  std::string_view model;              // the upstream's model name
+  std::string_view status;             // "in_progress", "completed", "incomplete", "failed"
+  std::string_view incomplete_reason;  // with "incomplete": "max_output_tokens" or "content_filter"
+  std::string_view error_message;      // with "failed": error {code: server_error, message}
+};
+
+// Usage as Responses reports it; `reasoning_tokens` from the upstream's
+// completion_tokens_details.reasoning_tokens (0 when it sends none, as vLLM
+// 0.10.1 does).
+struct ResponseUsage {
+  Usage usage;
+  std::uint64_t reasoning_tokens = 0;
+};
+
+// The ids of a response and its items, from the upstream completion id
+// ("chatcmpl-X" → X, so the x-request-id Weir sends shows in them):
+// appends `prefix` + X (prefix "resp_", "msg_", "rs_"; function calls add
+// "_<n>" themselves).
+void append_id(std::string& out, std::string_view prefix, std::string_view upstream_id);
+
+// Responses' status for a chat finish_reason: length → "incomplete" with
+// reason "max_output_tokens", content_filter → "incomplete" with
+// "content_filter"; anything else → "completed" (reason empty).
+std::string_view status_of(std::string_view finish_reason, std::string_view& incomplete_reason);
+
+// Appends one output item object. `status` is the item's ("in_progress",
+// "completed", "incomplete"); `with_content` false writes an item as
+// response.output_item.added shows it (empty text, arguments, parts).
+void append_item_json(std::string& out, const OutputItem& item, std::string_view status, bool with_content = true);
+
+// Appends the usage object {input_tokens, input_tokens_details{cached_tokens,
+// cache_write_tokens: 0}, output_tokens, output_tokens_details{reasoning_tokens},
+// total_tokens}.
+void append_usage_json(std::string& out, const ResponseUsage& u);
+
+// Appends the Response object: `head`, `items` (each "completed", except:
+// all "in_progress" while the response is, the last one "incomplete" when
+// the response is, and those not `done` "incomplete" when it failed),
+// `usage` (null when absent) and the request's `echo` members.
+void append_response_json(std::string& out, const ResponseHead& head, std::span<const OutputItem> items,
+                          const ResponseUsage* usage, std::string_view echo);
+
+// Translates a whole chat.completion body (the first choice) into a Response
+// written to `out` (overwritten): output items in order reasoning (vLLM's
+// reasoning_content, or `reasoning`), message (the content, when not empty),
+// one function_call per tool call. Returns false when `body` is not a chat
+// completion with a choice (out then holds an OpenAI server_error body).
+bool translate_response(std::string_view body, std::string_view echo, std::string& out);
+
+}  // namespace weir::api::responses

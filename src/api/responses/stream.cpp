@@ -1,0 +1,291 @@
+// The per-chunk translation: each upstream chunk is parsed with Boost.JSON
+// into a stack arena (a chunk is a few hundred bytes), and the events are
+// written by hand with the shared JSON escaper. The items' text is kept
+// (each string grows geometrically): the .done events and the terminal
+// response repeat it whole, as Responses requires.
+#include "api/responses/stream.hpp"
+
+#include <iterator>
+
+#include <fmt/format.h>
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
+#include "core/json_text.hpp"
+
+namespace weir::api::responses {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string_view string_at(const json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  return v && v->is_string() ? std::string_view(v->get_string().data(), v->get_string().size()) : std::string_view{};
+}
+
+constexpr std::string_view kEnd = "}\n\n";
+
+}  // namespace
+
+void StreamTranslator::reset(std::string_view echo, std::string_view fallback_id) {
+  *this = StreamTranslator{};
+  echo_ = echo;
+  fallback_id_ = fallback_id;
+}
+
+// `event: T\ndata: {"type":"T","sequence_number":N` — the caller adds the
+// event's other members and kEnd.
+void StreamTranslator::begin(std::string_view type, std::string& out) {
+  out += "event: ";
+  out += type;
+  out += "\ndata: {\"type\":\"";
+  out += type;
+  fmt::format_to(std::back_inserter(out), R"(","sequence_number":{})", seq_++);
+}
+
+void StreamTranslator::append_item_ref(std::string& out) const {
+  out += R"(,"item_id":)";
+  core::append_json_string(out, items_.back().id);
+  fmt::format_to(std::back_inserter(out), R"(,"output_index":{})", items_.size() - 1);
+}
+
+void StreamTranslator::start(std::string_view id, std::string_view model, std::int64_t created, std::string& out) {
+  started_ = true;
+  if (id.starts_with("chatcmpl-")) id.remove_prefix(9);
+  base_id_.assign(id);
+  resp_id_.clear();
+  append_id(resp_id_, "resp_", base_id_);
+  model_.assign(model);
+  created_ = created;
+  ResponseHead head{resp_id_, created_, model_, "in_progress", {}, {}};
+  for (std::string_view type : {std::string_view("response.created"), std::string_view("response.in_progress")}) {
+    begin(type, out);
+    out += R"(,"response":)";
+    append_response_json(out, head, {}, nullptr, echo_);
+    out += kEnd;
+  }
+}
+
+void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string_view call_id, std::string_view name) {
+  OutputItem& it = items_.emplace_back();
+  it.kind = kind;
+  it.done = false;
+  switch (kind) {
+    case OutputItem::Kind::reasoning:
+      append_id(it.id, "rs_", base_id_);
+      break;
+    case OutputItem::Kind::message:
+      append_id(it.id, "msg_", base_id_);
+      break;
+    case OutputItem::Kind::function_call:
+      append_id(it.id, "fc_", base_id_);
+      fmt::format_to(std::back_inserter(it.id), "_{}", tool_index_);
+      it.call_id.assign(call_id);
+      if (it.call_id.empty()) {
+        append_id(it.call_id, "call_", base_id_);
+        fmt::format_to(std::back_inserter(it.call_id), "_{}", tool_index_);
+      }
+      it.name.assign(name);
+      break;
+  }
+  open_ = true;
+  begin("response.output_item.added", out);
+  fmt::format_to(std::back_inserter(out), R"(,"output_index":{},"item":)", items_.size() - 1);
+  append_item_json(out, it, "in_progress", false);
+  out += kEnd;
+  if (kind == OutputItem::Kind::function_call) return;
+  begin("response.content_part.added", out);
+  append_item_ref(out);
+  out += kind == OutputItem::Kind::message
+             ? R"(,"content_index":0,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]})"
+             : R"(,"content_index":0,"part":{"type":"reasoning_text","text":""})";
+  out += kEnd;
+}
+
+void StreamTranslator::delta(std::string_view text, std::string& out) {
+  OutputItem& it = items_.back();
+  it.text.append(text);
+  switch (it.kind) {
+    case OutputItem::Kind::reasoning:
+      begin("response.reasoning_text.delta", out);
+      append_item_ref(out);
+      out += R"(,"content_index":0,"delta":)";
+      core::append_json_string(out, text);
+      break;
+    case OutputItem::Kind::message:
+      begin("response.output_text.delta", out);
+      append_item_ref(out);
+      out += R"(,"content_index":0,"delta":)";
+      core::append_json_string(out, text);
+      out += R"(,"logprobs":[])";
+      break;
+    case OutputItem::Kind::function_call:
+      begin("response.function_call_arguments.delta", out);
+      append_item_ref(out);
+      out += R"(,"delta":)";
+      core::append_json_string(out, text);
+      break;
+  }
+  out += kEnd;
+}
+
+void StreamTranslator::close(std::string& out) {
+  if (!open_) return;
+  open_ = false;
+  OutputItem& it = items_.back();
+  it.done = true;
+  // After the finish chunk the last item shares the response's fate.
+  const std::string_view status = finished_ && !incomplete_reason_.empty() ? "incomplete" : "completed";
+  switch (it.kind) {
+    case OutputItem::Kind::reasoning:
+    case OutputItem::Kind::message: {
+      const bool message = it.kind == OutputItem::Kind::message;
+      begin(message ? "response.output_text.done" : "response.reasoning_text.done", out);
+      append_item_ref(out);
+      out += R"(,"content_index":0,"text":)";
+      core::append_json_string(out, it.text);
+      if (message) out += R"(,"logprobs":[])";
+      out += kEnd;
+      begin("response.content_part.done", out);
+      append_item_ref(out);
+      out += message ? R"(,"content_index":0,"part":{"type":"output_text","text":)"
+                     : R"(,"content_index":0,"part":{"type":"reasoning_text","text":)";
+      core::append_json_string(out, it.text);
+      if (message) out += R"(,"annotations":[],"logprobs":[])";
+      out += "}";
+      out += kEnd;
+      break;
+    }
+    case OutputItem::Kind::function_call:
+      begin("response.function_call_arguments.done", out);
+      append_item_ref(out);
+      out += R"(,"name":)";
+      core::append_json_string(out, it.name);
+      out += R"(,"arguments":)";
+      core::append_json_string(out, it.text);
+      out += kEnd;
+      break;
+  }
+  begin("response.output_item.done", out);
+  fmt::format_to(std::back_inserter(out), R"(,"output_index":{},"item":)", items_.size() - 1);
+  append_item_json(out, it, status);
+  out += kEnd;
+}
+
+void StreamTranslator::terminate(std::string& out) {
+  close(out);
+  begin(status_ == "incomplete" ? "response.incomplete" : "response.completed", out);
+  out += R"(,"response":)";
+  ResponseHead head{resp_id_, created_, model_, status_, incomplete_reason_, {}};
+  append_response_json(out, head, items_, has_usage_ ? &usage_ : nullptr, echo_);
+  out += kEnd;
+  ended_ = true;
+}
+
+void StreamTranslator::fail(int status, std::string_view message, std::string& out) {
+  (void)status;  // Responses' stream errors carry a code, not a status: server_error
+  if (ended_) return;
+  if (!started_) start(fallback_id_, {}, 0, out);
+  begin("response.failed", out);
+  out += R"(,"response":)";
+  ResponseHead head{resp_id_, created_, model_, "failed", {}, message};
+  append_response_json(out, head, items_, has_usage_ ? &usage_ : nullptr, echo_);
+  out += kEnd;
+  ended_ = true;
+}
+
+void StreamTranslator::finish(std::string& out) {
+  if (ended_) return;
+  if (started_ && finished_) return terminate(out);
+  fail(502, "The upstream stream ended before the response was complete.", out);
+}
+
+void StreamTranslator::on_data(std::string_view data, std::string& out) {
+  if (ended_) return;
+  if (data == "[DONE]") {
+    if (started_ && finished_) return terminate(out);
+    return fail(502, "The upstream stream ended before the response was complete.", out);
+  }
+  alignas(16) unsigned char buf[8 * 1024];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(data.data(), data.size()), ec, &mr);
+  if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
+  const auto& chunk = v.get_object();
+  if (const auto* e = chunk.if_contains("error"); e && !e->is_null()) {
+    const std::string_view m = e->is_object() ? string_at(e->get_object(), "message") : std::string_view{};
+    return fail(500, m.empty() ? std::string_view("The upstream failed while streaming.") : m, out);
+  }
+  if (const auto* u = chunk.if_contains("usage"); u && u->is_object())
+    if (auto parsed = extract_usage(data)) {
+      usage_.usage = *parsed;
+      has_usage_ = true;
+      if (const auto* d = u->get_object().if_contains("completion_tokens_details"); d && d->is_object())
+        if (const auto* r = d->get_object().if_contains("reasoning_tokens"); r && r->is_int64() && r->get_int64() > 0)
+          usage_.reasoning_tokens = static_cast<std::uint64_t>(r->get_int64());
+    }
+  if (!started_) {
+    const auto* c = chunk.if_contains("created");
+    start(string_at(chunk, "id"), string_at(chunk, "model"), c && c->is_int64() ? c->get_int64() : 0, out);
+  }
+  const auto* choices = chunk.if_contains("choices");
+  const bool usage_only = choices && choices->is_array() && choices->get_array().empty();
+  if (choices && choices->is_array())
+    for (const auto& c : choices->get_array()) {
+      if (!c.is_object() || finished_) continue;
+      const auto& choice = c.get_object();
+      if (const auto* i = choice.if_contains("index"); i && i->is_number() && i->to_number<double>() != 0)
+        continue;  // a response has one output: only choice 0
+      if (const auto* d = choice.if_contains("delta"); d && d->is_object()) {
+        const auto& delta_obj = d->get_object();
+        std::string_view reasoning = string_at(delta_obj, "reasoning_content");
+        if (reasoning.empty()) reasoning = string_at(delta_obj, "reasoning");
+        if (!reasoning.empty()) {
+          if (!open_ || items_.back().kind != OutputItem::Kind::reasoning) {
+            close(out);
+            open(OutputItem::Kind::reasoning, out);
+          }
+          delta(reasoning, out);
+        }
+        if (const std::string_view text = string_at(delta_obj, "content"); !text.empty()) {
+          if (!open_ || items_.back().kind != OutputItem::Kind::message) {
+            close(out);
+            open(OutputItem::Kind::message, out);
+          }
+          delta(text, out);
+        }
+        if (const auto* tcs = delta_obj.if_contains("tool_calls"); tcs && tcs->is_array())
+          for (const auto& tc : tcs->get_array()) {
+            if (!tc.is_object()) continue;
+            const auto& call = tc.get_object();
+            std::int64_t idx = 0;
+            if (const auto* i = call.if_contains("index"); i && i->is_int64()) idx = i->get_int64();
+            const json::object* fn = nullptr;
+            if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
+            if (!open_ || items_.back().kind != OutputItem::Kind::function_call || idx != tool_index_) {
+              // vLLM streams parallel calls one after another; a delta for
+              // a call already done would reopen an item the client saw end.
+              if (idx <= last_tool_)
+                return fail(502, "The upstream interleaved the deltas of parallel tool calls.", out);
+              close(out);
+              tool_index_ = last_tool_ = idx;
+              open(OutputItem::Kind::function_call, out, string_at(call, "id"),
+                   fn ? string_at(*fn, "name") : std::string_view{});
+            }
+            if (fn)
+              if (const std::string_view args = string_at(*fn, "arguments"); !args.empty()) delta(args, out);
+          }
+      }
+      if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {
+        finished_ = true;
+        status_ = status_of(finish, incomplete_reason_);
+        close(out);
+      }
+    }
+  // The usage chunk follows the finish chunk: then the response is complete.
+  if (finished_ && usage_only && has_usage_) terminate(out);
+}
+
+}  // namespace weir::api::responses

@@ -1,0 +1,78 @@
+// OpenAI/vLLM chat-completion chunks → OpenAI Responses streaming events
+// (OpenAI API reference: "Responses streaming"; the openai SDK's
+// types/responses/*_event.py): response.created, response.in_progress, then
+// per output item response.output_item.added, its content part and deltas
+// (output_text, reasoning_text, function_call_arguments), their .done events
+// and response.output_item.done, then one terminal response.completed,
+// response.incomplete or response.failed carrying the whole response.
+// Each event is `event: <type>\ndata: <json>\n\n`, with `sequence_number`
+// 0, 1, 2… in `data`; there is no [DONE].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "api/responses/response.hpp"
+
+namespace weir::api::responses {
+
+class StreamTranslator {
+ public:
+  // Before a stream: `echo` (the request's members of the Response object,
+  // request.hpp) must outlive the stream; `fallback_id` names the response
+  // when the upstream fails before its first chunk (Weir's request id).
+  void reset(std::string_view echo, std::string_view fallback_id);
+
+  // Translates the `data` of one upstream SSE event (a chat.completion.chunk,
+  // the final usage chunk, an in-stream {"error"}, or [DONE]); appends the
+  // events it gives to `out` (none, or several). After the terminal event
+  // everything is swallowed: a repeated finish or usage chunk never gives a
+  // second one, and [DONE] never reaches the client.
+  void on_data(std::string_view data, std::string& out);
+
+  // The upstream's body ended normally: appends what the client still needs
+  // (the open item's .done events and the terminal event after a
+  // finish_reason; otherwise response.failed: the stream was cut short).
+  // Nothing once ended().
+  void finish(std::string& out);
+
+  // Appends response.failed (error {code: server_error, message}), after
+  // response.created when nothing went out yet, unless the stream already
+  // ended for the client; ends it. `status` is Weir's or the upstream's.
+  void fail(int status, std::string_view message, std::string& out);
+
+  // The terminal event went out: the stream is over for the client.
+  bool ended() const { return ended_; }
+
+ private:
+  void begin(std::string_view type, std::string& out);
+  void start(std::string_view id, std::string_view model, std::int64_t created, std::string& out);
+  void open(OutputItem::Kind kind, std::string& out, std::string_view call_id = {}, std::string_view name = {});
+  void delta(std::string_view text, std::string& out);
+  void close(std::string& out);
+  void append_item_ref(std::string& out) const;  // "item_id":…,"output_index":N
+  void terminate(std::string& out);
+
+  bool started_ = false;
+  bool ended_ = false;
+  bool finished_ = false;  // a finish_reason arrived
+  bool open_ = false;      // items_.back() is open
+  bool has_usage_ = false;
+  std::uint64_t seq_ = 0;         // the next event's sequence_number
+  std::int64_t tool_index_ = -1;  // OpenAI tool_calls[].index of the open function_call item
+  std::int64_t last_tool_ = -1;   // highest OpenAI tool index seen
+  std::int64_t created_ = 0;
+  std::string_view echo_;
+  std::string_view fallback_id_;
+  std::string_view status_ = "in_progress";
+  std::string_view incomplete_reason_;
+  std::string base_id_;  // the upstream id without "chatcmpl-"
+  std::string resp_id_;  // "resp_…"
+  std::string model_;
+  ResponseUsage usage_;
+  std::vector<OutputItem> items_;
+};
+
+}  // namespace weir::api::responses

@@ -1,0 +1,97 @@
+// OpenAI chat.completion (vLLM v0.10.1 bodies) → Responses' Response
+// object: items in order, ids, status, usage, and the echo.
+#include "api/responses/response.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/json/parse.hpp>
+
+namespace weir::api::responses {
+namespace {
+
+namespace json = boost::json;
+
+constexpr std::string_view kEcho = R"("tools":[],"store":false)";
+
+json::value response(std::string_view body) {
+  std::string out;
+  EXPECT_TRUE(translate_response(body, kEcho, out)) << out;
+  return json::parse(out);
+}
+
+TEST(ResponsesResponse, TextMessage) {
+  const auto v = response(
+      R"({"id":"chatcmpl-abc","object":"chat.completion","created":1700000000,"model":"mock-model","choices":[{"index":0,
+      "message":{"role":"assistant","content":" river stone","refusal":null,"annotations":null,"audio":null,
+      "function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"stop","stop_reason":null}],
+      "service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":9,"total_tokens":11,"completion_tokens":2,
+      "prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null})");
+  EXPECT_EQ(v, json::parse(R"({"id":"resp_abc","object":"response","created_at":1700000000,"status":"completed",
+    "error":null,"incomplete_details":null,"model":"mock-model",
+    "output":[{"id":"msg_abc","type":"message","role":"assistant","status":"completed",
+      "content":[{"type":"output_text","text":" river stone","annotations":[],"logprobs":[]}]}],
+    "usage":{"input_tokens":9,"input_tokens_details":{"cached_tokens":0,"cache_write_tokens":0},"output_tokens":2,
+      "output_tokens_details":{"reasoning_tokens":0},"total_tokens":11},
+    "tools":[],"store":false})"));
+}
+
+TEST(ResponsesResponse, ReasoningThenTextThenToolCallsWithCachedTokens) {
+  const auto v =
+      response(R"({"id":"chatcmpl-x","created":5,"model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":"Let me check.","reasoning_content":"The user wants weather.","tool_calls":[
+      {"id":"chatcmpl-tool-1","type":"function","function":{"name":"get_weather","arguments":"{\"q\": \"Paris\"}"}},
+      {"type":"function","function":{"name":"get_time","arguments":"{}"}}]},
+    "finish_reason":"tool_calls","stop_reason":null}],
+    "usage":{"prompt_tokens":100,"completion_tokens":7,"total_tokens":107,"prompt_tokens_details":{"cached_tokens":64},
+      "completion_tokens_details":{"reasoning_tokens":4}}})");
+  EXPECT_EQ(v.at("status"), "completed");
+  EXPECT_EQ(v.at("output"), json::parse(R"([
+    {"id":"rs_x","type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"The user wants weather."}],
+      "status":"completed"},
+    {"id":"msg_x","type":"message","role":"assistant","status":"completed",
+      "content":[{"type":"output_text","text":"Let me check.","annotations":[],"logprobs":[]}]},
+    {"id":"fc_x_0","type":"function_call","call_id":"chatcmpl-tool-1","name":"get_weather",
+      "arguments":"{\"q\": \"Paris\"}","status":"completed"},
+    {"id":"fc_x_1","type":"function_call","call_id":"call_x_1","name":"get_time","arguments":"{}","status":"completed"}])"));
+  EXPECT_EQ(v.at("usage"), json::parse(R"({"input_tokens":100,"input_tokens_details":{"cached_tokens":64,
+    "cache_write_tokens":0},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":4},"total_tokens":107})"));
+}
+
+TEST(ResponsesResponse, LengthIsIncomplete) {
+  auto v = response(R"({"id":"chatcmpl-l","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":"cut"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}})");
+  EXPECT_EQ(v.at("status"), "incomplete");
+  EXPECT_EQ(v.at("incomplete_details"), json::parse(R"({"reason":"max_output_tokens"})"));
+  EXPECT_EQ(v.at("output").at(0).at("status"), "incomplete");
+  v = response(R"({"id":"chatcmpl-f","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":"x"},"finish_reason":"content_filter"}]})");
+  EXPECT_EQ(v.at("incomplete_details").at("reason"), "content_filter");
+  EXPECT_EQ(v.at("usage").at("total_tokens"), 0);
+  // `reasoning` (newer vLLM) is read as reasoning_content; an empty message gives no message item.
+  v = response(R"({"id":"chatcmpl-r","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":"","reasoning":"hm"},"finish_reason":"stop"}]})");
+  ASSERT_EQ(v.at("output").as_array().size(), 1u);
+  EXPECT_EQ(v.at("output").at(0).at("type"), "reasoning");
+}
+
+TEST(ResponsesResponse, NotACompletionIsAServerError) {
+  for (std::string_view body : {R"({"id":"x","choices":[]})", "not json", R"({"object":"list"})"}) {
+    std::string out;
+    EXPECT_FALSE(translate_response(body, kEcho, out)) << body;
+    const auto v = json::parse(out);
+    EXPECT_EQ(v.at("error").at("code"), "upstream_unavailable");
+  }
+}
+
+TEST(ResponsesResponse, StatusOf) {
+  std::string_view reason;
+  EXPECT_EQ(status_of("stop", reason), "completed");
+  EXPECT_TRUE(reason.empty());
+  EXPECT_EQ(status_of("tool_calls", reason), "completed");
+  EXPECT_EQ(status_of("length", reason), "incomplete");
+  EXPECT_EQ(reason, "max_output_tokens");
+  EXPECT_EQ(status_of("", reason), "completed");
+}
+
+}  // namespace
+}  // namespace weir::api::responses

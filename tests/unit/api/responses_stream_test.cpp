@@ -1,0 +1,313 @@
+// OpenAI/vLLM chunks → Responses stream events, checked against the event
+// grammar (response.created, response.in_progress, items added, their parts
+// and deltas, .done events in order with dense output indices and
+// sequence numbers, one terminal event carrying the whole response): text,
+// reasoning, parallel tool calls, cached-token usage, repeated terminal
+// chunks, in-stream errors, and every recording split at every byte
+// through the SSE reader.
+#include "api/responses/stream.hpp"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <vector>
+
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "http/sse.hpp"
+
+namespace weir::api::responses {
+namespace {
+
+namespace json = boost::json;
+
+constexpr std::string_view kEcho = R"("tools":[],"store":false)";
+
+struct Event {
+  std::string type;
+  json::value data;
+};
+
+// Parses `event: T\ndata: J\n\n` blocks, checking the framing.
+std::vector<Event> events_of(std::string_view s) {
+  std::vector<Event> out;
+  while (!s.empty()) {
+    const auto end = s.find("\n\n");
+    EXPECT_NE(end, std::string_view::npos) << s;
+    if (end == std::string_view::npos) break;
+    const std::string_view block = s.substr(0, end);
+    s.remove_prefix(end + 2);
+    const auto nl = block.find('\n');
+    EXPECT_TRUE(block.starts_with("event: ")) << block;
+    EXPECT_TRUE(block.substr(nl + 1).starts_with("data: ")) << block;
+    Event e{std::string(block.substr(7, nl - 7)), json::parse(block.substr(nl + 7))};
+    EXPECT_EQ(e.data.at("type"), e.type.c_str());
+    out.push_back(std::move(e));
+  }
+  return out;
+}
+
+std::string run(const std::vector<std::string_view>& chunks, bool finish = true) {
+  StreamTranslator t;
+  t.reset(kEcho, "req-1");
+  std::string out;
+  for (auto c : chunks) t.on_data(c, out);
+  if (finish) t.finish(out);
+  return out;
+}
+
+bool terminal(const std::string& type) {
+  return type == "response.completed" || type == "response.incomplete" || type == "response.failed";
+}
+
+// The grammar; returns the terminal event's response. `failed`: the stream
+// may end with items left open.
+json::value expect_grammar(const std::vector<Event>& ev, bool failed = false) {
+  EXPECT_GE(ev.size(), 3u);
+  if (ev.size() < 3) return nullptr;
+  EXPECT_EQ(ev[0].type, "response.created");
+  EXPECT_EQ(ev[1].type, "response.in_progress");
+  EXPECT_EQ(ev[0].data.at("response").at("status"), "in_progress");
+  EXPECT_TRUE(ev[0].data.at("response").at("output").as_array().empty());
+  for (std::size_t i = 0; i < ev.size(); ++i) {
+    EXPECT_EQ(ev[i].data.at("sequence_number"), static_cast<std::int64_t>(i)) << ev[i].type;
+    EXPECT_EQ(terminal(ev[i].type), i + 1 == ev.size()) << ev[i].type;
+  }
+  const std::string id(ev[0].data.at("response").at("id").as_string());
+  std::int64_t next = 0;
+  std::int64_t open = -1;
+  std::string open_id;
+  std::string open_type;
+  bool part_open = false;
+  std::string text;
+  std::vector<json::value> done_items;
+  for (std::size_t i = 2; i + 1 < ev.size(); ++i) {
+    const auto& e = ev[i];
+    const auto& d = e.data.as_object();
+    SCOPED_TRACE(e.type);
+    if (e.type == "response.output_item.added") {
+      EXPECT_EQ(open, -1);
+      EXPECT_EQ(d.at("output_index"), next);
+      open = next;
+      open_id = d.at("item").at("id").as_string();
+      open_type = d.at("item").at("type").as_string();
+      EXPECT_EQ(d.at("item").at("status"), "in_progress");
+      text.clear();
+      continue;
+    }
+    EXPECT_EQ(d.at("output_index"), open);
+    if (e.type == "response.output_item.done") {
+      EXPECT_FALSE(part_open);
+      EXPECT_EQ(d.at("item").at("id"), open_id.c_str());
+      done_items.push_back(d.at("item"));
+      open = -1;
+      ++next;
+      continue;
+    }
+    EXPECT_EQ(d.at("item_id"), open_id.c_str());
+    if (e.type == "response.content_part.added") {
+      EXPECT_NE(open_type, "function_call");
+      EXPECT_FALSE(part_open);
+      part_open = true;
+      EXPECT_EQ(d.at("content_index"), 0);
+    } else if (e.type == "response.content_part.done") {
+      EXPECT_TRUE(part_open);
+      part_open = false;
+      EXPECT_EQ(d.at("part").at("text"), text.c_str());
+    } else if (e.type == "response.output_text.delta" || e.type == "response.reasoning_text.delta") {
+      EXPECT_TRUE(part_open);
+      EXPECT_EQ(e.type == "response.output_text.delta" ? "message" : "reasoning", open_type);
+      text += d.at("delta").as_string().c_str();
+    } else if (e.type == "response.output_text.done" || e.type == "response.reasoning_text.done") {
+      EXPECT_TRUE(part_open);
+      EXPECT_EQ(d.at("text"), text.c_str());
+    } else if (e.type == "response.function_call_arguments.delta") {
+      EXPECT_EQ(open_type, "function_call");
+      text += d.at("delta").as_string().c_str();
+    } else if (e.type == "response.function_call_arguments.done") {
+      EXPECT_EQ(d.at("arguments"), text.c_str());
+    } else {
+      ADD_FAILURE() << "unexpected event " << e.type;
+    }
+  }
+  const auto& r = ev.back().data.at("response");
+  EXPECT_EQ(r.at("id"), id.c_str());
+  if (!failed) {
+    EXPECT_EQ(open, -1);
+    EXPECT_EQ(r.at("output").as_array(), json::array(done_items.begin(), done_items.end()));
+  }
+  return r;
+}
+
+constexpr std::string_view kRole =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1700000000,"model":"mock-model","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]})";
+constexpr std::string_view kTok1 =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1700000000,"model":"mock-model","choices":[{"index":0,"delta":{"content":" river"},"logprobs":null,"finish_reason":null}]})";
+constexpr std::string_view kTok2 =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1700000000,"model":"mock-model","choices":[{"index":0,"delta":{"content":" stone"},"logprobs":null,"finish_reason":"length","stop_reason":null}]})";
+constexpr std::string_view kUsage =
+    R"({"id":"chatcmpl-r1","object":"chat.completion.chunk","created":1700000000,"model":"mock-model","choices":[],"usage":{"prompt_tokens":90,"total_tokens":92,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":64}}})";
+
+const std::vector<std::string_view> kText = {kRole, kTok1, kTok2, kUsage, "[DONE]"};
+const std::vector<std::string_view> kReasoningAndTools = {
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Hmm"}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":" ok"}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"content":"Sure."}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"chatcmpl-tool-a","type":"function","index":0,"function":{"name":"get_weather"}}]}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"q\": "}}]}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"type":"function","index":1,"function":{"name":"get_time","arguments":"{}"}}]}}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls","stop_reason":null}]})",
+    R"({"id":"chatcmpl-t","created":3,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14,"completion_tokens_details":{"reasoning_tokens":2}}})",
+    "[DONE]",
+};
+// A repeated finish chunk and usage chunk, then [DONE] twice.
+const std::vector<std::string_view> kRepeated = {kRole, kTok1, kTok2, kTok2, kUsage, kUsage, "[DONE]", "[DONE]"};
+// vLLM's in-stream error after some text.
+const std::vector<std::string_view> kError = {
+    kRole, kTok1, R"({"error":{"message":"engine dead","type":"InternalServerError","code":500}})", "[DONE]"};
+
+TEST(ResponsesStream, TextStreamWithCachedTokensIsIncompleteAtLength) {
+  const auto ev = events_of(run(kText));
+  const auto r = expect_grammar(ev);
+  ASSERT_EQ(ev.size(), 10u);
+  EXPECT_EQ(ev[0].data.at("response"), json::parse(R"({"id":"resp_r1","object":"response","created_at":1700000000,
+    "status":"in_progress","error":null,"incomplete_details":null,"model":"mock-model","output":[],"usage":null,
+    "tools":[],"store":false})"));
+  EXPECT_EQ(ev[2].data, json::parse(R"({"type":"response.output_item.added","sequence_number":2,"output_index":0,
+    "item":{"id":"msg_r1","type":"message","role":"assistant","content":[],"status":"in_progress"}})"));
+  EXPECT_EQ(ev[3].data, json::parse(R"({"type":"response.content_part.added","sequence_number":3,
+    "item_id":"msg_r1","output_index":0,"content_index":0,
+    "part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}})"));
+  EXPECT_EQ(ev[4].data, json::parse(R"({"type":"response.output_text.delta","sequence_number":4,
+    "item_id":"msg_r1","output_index":0,"content_index":0,"delta":" river","logprobs":[]})"));
+  EXPECT_EQ(ev[6].data.at("text"), " river stone");
+  EXPECT_EQ(ev[8].data.at("item").at("status"), "incomplete");
+  EXPECT_EQ(ev.back().type, "response.incomplete");
+  EXPECT_EQ(r.at("status"), "incomplete");
+  EXPECT_EQ(r.at("incomplete_details"), json::parse(R"({"reason":"max_output_tokens"})"));
+  EXPECT_EQ(r.at("usage"), json::parse(R"({"input_tokens":90,"input_tokens_details":{"cached_tokens":64,
+    "cache_write_tokens":0},"output_tokens":2,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":92})"));
+}
+
+TEST(ResponsesStream, ReasoningTextAndParallelToolCalls) {
+  const auto ev = events_of(run(kReasoningAndTools));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.completed");
+  EXPECT_EQ(r.at("status"), "completed");
+  EXPECT_EQ(r.at("output"), json::parse(R"([
+    {"id":"rs_t","type":"reasoning","summary":[],"content":[{"type":"reasoning_text","text":"Hmm ok"}],"status":"completed"},
+    {"id":"msg_t","type":"message","role":"assistant","content":[{"type":"output_text","text":"Sure.","annotations":[],
+      "logprobs":[]}],"status":"completed"},
+    {"id":"fc_t_0","type":"function_call","call_id":"chatcmpl-tool-a","name":"get_weather","arguments":"{\"q\": \"Paris\"}",
+      "status":"completed"},
+    {"id":"fc_t_1","type":"function_call","call_id":"call_t_1","name":"get_time","arguments":"{}","status":"completed"}])"));
+  EXPECT_EQ(r.at("usage").at("output_tokens_details").at("reasoning_tokens"), 2);
+  // Reasoning never leaks into the message text.
+  for (const auto& e : ev) {
+    if (e.type == "response.output_text.delta") {
+      EXPECT_EQ(e.data.at("delta"), "Sure.");
+    }
+  }
+  bool args_done = false;
+  for (const auto& e : ev) {
+    if (e.type == "response.function_call_arguments.done" && e.data.at("output_index") == 2) {
+      EXPECT_EQ(e.data.at("name"), "get_weather");
+      args_done = true;
+    }
+  }
+  EXPECT_TRUE(args_done);
+}
+
+TEST(ResponsesStream, RepeatedFinishAndUsageGiveOneTerminal) {
+  const std::string out = run(kRepeated);
+  const auto ev = events_of(out);
+  expect_grammar(ev);
+  EXPECT_EQ(out.find("[DONE]"), std::string::npos);
+  int terminals = 0;
+  for (const auto& e : ev) terminals += terminal(e.type);
+  EXPECT_EQ(terminals, 1);
+  EXPECT_EQ(ev.back().data.at("response").at("output").at(0).at("content").at(0).at("text"), " river stone");
+}
+
+TEST(ResponsesStream, NoUsageChunkEndsAtDoneOrBodyEnd) {
+  auto ev = events_of(run({kRole, kTok1, kTok2, "[DONE]"}, false));
+  auto r = expect_grammar(ev);
+  EXPECT_TRUE(r.at("usage").is_null());
+  ev = events_of(run({kRole, kTok1, kTok2}));
+  r = expect_grammar(ev);
+  EXPECT_EQ(r.at("status"), "incomplete");
+}
+
+TEST(ResponsesStream, UpstreamErrorsAndEarlyEndsFail) {
+  // vLLM's in-stream error: response.failed with its message, the open item left as is.
+  auto ev = events_of(run(kError));
+  auto r = expect_grammar(ev, true);
+  EXPECT_EQ(ev.back().type, "response.failed");
+  EXPECT_EQ(r.at("status"), "failed");
+  EXPECT_EQ(r.at("error"), json::parse(R"({"code":"server_error","message":"engine dead"})"));
+  EXPECT_EQ(r.at("output").at(0).at("status"), "incomplete");
+  // The body ended (or [DONE] came) without a finish_reason.
+  ev = events_of(run({kRole, kTok1}));
+  EXPECT_EQ(ev.back().type, "response.failed");
+  ev = events_of(run({kRole, kTok1, "[DONE]"}, false));
+  EXPECT_EQ(ev.back().type, "response.failed");
+  // A failure reported by the gateway after the head went out: one terminal, then nothing.
+  StreamTranslator t;
+  t.reset(kEcho, "req-1");
+  std::string out;
+  t.on_data(kRole, out);
+  t.fail(504, "timed out", out);
+  t.fail(504, "timed out", out);
+  t.on_data(kTok1, out);
+  t.finish(out);
+  ev = events_of(out);
+  ASSERT_EQ(ev.size(), 3u);
+  EXPECT_EQ(ev[2].data.at("response").at("error").at("message"), "timed out");
+  EXPECT_TRUE(t.ended());
+  // Nothing at all from the upstream: created and in_progress, named by the request id, then failed.
+  ev = events_of(run({"[DONE]"}));
+  ASSERT_EQ(ev.size(), 3u);
+  expect_grammar(ev, true);
+  EXPECT_EQ(ev[0].data.at("response").at("id"), "resp_req-1");
+  // A chunk that is not JSON.
+  ev = events_of(run({kRole, "{nope"}));
+  EXPECT_EQ(ev.back().type, "response.failed");
+}
+
+TEST(ResponsesStream, InterleavedToolDeltasFail) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}}]})",
+  }));
+  expect_grammar(ev, true);
+  EXPECT_EQ(ev.back().type, "response.failed");
+}
+
+TEST(ResponsesStream, EveryRecordingSplitAnywhereGivesTheSameEvents) {
+  for (const auto* rec : {&kText, &kReasoningAndTools, &kRepeated, &kError}) {
+    std::string wire;
+    for (auto c : *rec) http::append_sse_data(wire, c);
+    const std::string want = run(*rec);
+    for (std::size_t cut = 1; cut < wire.size(); ++cut) {
+      http::SseReader reader;
+      StreamTranslator t;
+      t.reset(kEcho, "req-1");
+      std::string out;
+      for (std::string_view part : {std::string_view(wire).substr(0, cut), std::string_view(wire).substr(cut)}) {
+        reader.push(part);
+        while (auto ev = reader.next())
+          if (ev->has_data) t.on_data(ev->data, out);
+      }
+      t.finish(out);
+      ASSERT_EQ(out, want) << "cut at " << cut;
+    }
+    expect_grammar(events_of(want), rec == &kError);
+  }
+}
+
+}  // namespace
+}  // namespace weir::api::responses
