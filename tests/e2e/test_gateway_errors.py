@@ -117,7 +117,7 @@ def test_wrong_method_405_with_allow(stack, method, path, allow):
     assert r.header("allow") == allow
 
 
-@pytest.mark.parametrize("method,path", [("GET", "/"), ("GET", "/v2/models"), ("POST", "/v1/responses"),
+@pytest.mark.parametrize("method,path", [("GET", "/"), ("GET", "/v2/models"), ("POST", "/v1/assistants"),
                                          ("POST", "/v1/chat/completions/x"), ("GET", "/v1/chat")])
 def test_unknown_path_404(stack, method, path):
     _, w = stack

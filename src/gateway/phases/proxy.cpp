@@ -247,6 +247,7 @@ routing::PickRequest GatewayPhases::pick_request(const RequestContext& ctx, cons
   switch (ctx.route) {
     case RouteKind::chat_completions:
     case RouteKind::messages:  // translated to a chat completion upstream
+    case RouteKind::responses:
       member = "messages";
       break;
     case RouteKind::completions:

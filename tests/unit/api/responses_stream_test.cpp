@@ -15,6 +15,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "../http/alloc_counter.hpp"
 #include "http/sse.hpp"
 
 namespace weir::api::responses {
@@ -307,6 +308,31 @@ TEST(ResponsesStream, EveryRecordingSplitAnywhereGivesTheSameEvents) {
     }
     expect_grammar(events_of(want), rec == &kError);
   }
+}
+
+// Steady state: a text delta costs no allocation of its own; the item's
+// text grows geometrically (DESIGN.md, Memory). The Anthropic translator
+// keeps no text, so this is the one cost the Responses grammar adds.
+TEST(ResponsesStream, TextDeltasAllocateOnlyForTheGrowingText) {
+  if (!test::AllocationScope::available()) GTEST_SKIP() << "allocation counting is off in this build";
+  StreamTranslator t;
+  t.reset(kEcho, "req-1");
+  std::string out;
+  out.reserve(64 * 1024);
+  t.on_data(kRole, out);
+  t.on_data(kTok1, out);  // the message item is open
+  constexpr int kEvents = 4000;
+  std::size_t allocations = 0;
+  {
+    test::AllocationScope scope;
+    for (int i = 0; i < kEvents; ++i) {
+      out.clear();
+      t.on_data(kTok1, out);
+    }
+    allocations = scope.count();
+  }
+  // " river" × 4000 = 24 KB of text: about log2(24K / 15) ≈ 11 doublings.
+  EXPECT_LE(allocations, 16u) << allocations << " allocations over " << kEvents << " events";
 }
 
 }  // namespace
