@@ -1,9 +1,14 @@
 #include "api/request.hpp"
 
+#include <utility>
+
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
+
+#include "core/multipart.hpp"
+#include "core/text.hpp"
 
 namespace weir::api {
 
@@ -137,7 +142,52 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
       if (kind == ApiKind::embeddings) f.n = 1;
       break;
     }
+    case ApiKind::audio:  // not JSON: parse_audio_request
+      break;
   }
+  return f;
+}
+
+std::optional<bool> form_bool(std::string_view v) {
+  for (std::string_view t : {"true", "1", "yes", "on", "t", "y"})
+    if (core::iequals(v, t)) return true;
+  for (std::string_view f : {"false", "0", "no", "off", "f", "n"})
+    if (core::iequals(v, f)) return false;
+  return std::nullopt;
+}
+
+tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view content_type, std::string_view body) {
+  auto boundary = core::form_boundary(content_type);
+  if (!boundary) return tl::unexpected(core::bad_request(std::move(boundary.error())));
+  auto parts = core::parse_form(body, *boundary);
+  if (!parts) return tl::unexpected(core::bad_request(std::move(parts.error())));
+  // The upstream's form parser (Starlette) keeps the last of repeated
+  // fields, Weir reads the first: a repeated field Weir acts on would route
+  // and authorize one model and run another, so it is refused.
+  for (std::string_view name : {"model", "stream", "stream_include_usage"}) {
+    int n = 0;
+    for (const auto& p : *parts) n += p.name == name;
+    if (n > 1)
+      return tl::unexpected(core::bad_request(fmt::format("'{}' is given more than once in the form.", name), name));
+  }
+  RequestFields f;
+  const auto* file = core::find_part(*parts, "file");
+  if (!file || !file->has_filename)
+    return tl::unexpected(core::bad_request("you must provide the audio as a 'file' part with a filename", "file"));
+  if (const auto* m = core::find_part(*parts, "model")) {
+    if (m->value.empty()) return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
+    f.model.assign(m->value);
+  }
+  for (const auto& [name, out] :
+       {std::pair{"stream", &f.stream}, std::pair{"stream_include_usage", &f.include_usage}}) {
+    const auto* p = core::find_part(*parts, name);
+    if (!p) continue;
+    const auto b = form_bool(p->value);
+    if (!b) return tl::unexpected(core::bad_request(fmt::format("'{}' must be a boolean.", name), name));
+    *out = *b;
+  }
+  f.has_stream_options = f.include_usage;
+  if (const auto* p = core::find_part(*parts, "prompt")) f.prompt_bytes = p->value.size();
   return f;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -16,7 +17,9 @@ namespace weir::api {
 // vllm_extra: vLLM's tokenize, detokenize, rerank, score, pooling and
 // classify bodies (vLLM 0.10 protocol.py): `model` optional, prompt text in
 // prompt/messages/input/text/query/documents/text_1/text_2.
-enum class ApiKind : std::uint8_t { chat_completions, completions, embeddings, vllm_extra };
+// audio: /v1/audio/transcriptions and /translations, multipart/form-data
+// bodies (parse_audio_request; vLLM 0.10 TranscriptionRequest).
+enum class ApiKind : std::uint8_t { chat_completions, completions, embeddings, vllm_extra, audio };
 
 struct RequestFields {
   std::string model;                // "model", non-empty (vllm_extra: may be empty, absent in the body)
@@ -39,6 +42,20 @@ struct RequestFields {
 // OpenAI's invalid_request_error): not JSON, not an object, `model` missing or
 // not a string, `stream` not a boolean, `stream_options` not an object,
 // `max_tokens`/`n` not positive integers. The body itself is not modified.
+// (ApiKind::audio bodies are not JSON: parse_audio_request.)
 tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body);
+
+// Parses a speech-to-text request: `content_type` is the request's
+// Content-Type (multipart/form-data with a boundary), `body` the form
+// (RFC 7578). Reads `model` (optional, as on vLLM's extra routes: absent →
+// the default pool), `stream` and `stream_include_usage` (form booleans:
+// true/false, 1/0, yes/no, on/off, any case), and `prompt` (its bytes are
+// prompt text). Errors (400 invalid_request_error, `param` named): not
+// multipart, a malformed form, no `file` part, an empty `model`, a bad boolean,
+// `model`, `stream` or `stream_include_usage` given twice.
+tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view content_type, std::string_view body);
+
+// A form boolean as vLLM's FastAPI/pydantic reads it; nullopt when it is none.
+std::optional<bool> form_bool(std::string_view v);
 
 }  // namespace weir::api

@@ -28,6 +28,10 @@ std::string_view route_label(RouteKind r) {
       return "/pooling";
     case RouteKind::classify:
       return "/classify";
+    case RouteKind::audio_transcriptions:
+      return "/v1/audio/transcriptions";
+    case RouteKind::audio_translations:
+      return "/v1/audio/translations";
     case RouteKind::version:
       return "/version";
     case RouteKind::models:
@@ -65,6 +69,8 @@ RouteKind classify_path(std::string_view path) {
   if (path == "/score" || path == "/v1/score") return RouteKind::score;
   if (path == "/pooling") return RouteKind::pooling;
   if (path == "/classify") return RouteKind::classify;
+  if (path == "/v1/audio/transcriptions") return RouteKind::audio_transcriptions;
+  if (path == "/v1/audio/translations") return RouteKind::audio_translations;
   if (path == "/version") return RouteKind::version;
   if (path == "/v1/models" || path.starts_with("/v1/models/")) return RouteKind::models;
   if (path == "/health") return RouteKind::health;
@@ -91,6 +97,9 @@ std::optional<api::ApiKind> api_of(RouteKind r) {
     case RouteKind::pooling:
     case RouteKind::classify:
       return api::ApiKind::vllm_extra;
+    case RouteKind::audio_transcriptions:
+    case RouteKind::audio_translations:
+      return api::ApiKind::audio;
     default:
       return std::nullopt;
   }

@@ -27,7 +27,11 @@ enum class RouteKind : std::uint8_t {
   score,       // POST /score, /v1/score
   pooling,     // POST /pooling
   classify,    // POST /classify
-  version,     // GET /version: the default pool's (else the first pool's) vLLM version
+  // vLLM's (and OpenAI's) speech-to-text routes: multipart/form-data bodies,
+  // routed by their `model` field, answered as JSON, text or an SSE stream.
+  audio_transcriptions,  // POST /v1/audio/transcriptions
+  audio_translations,    // POST /v1/audio/translations
+  version,               // GET /version: the default pool's (else the first pool's) vLLM version
   models,
   health,
   ready,
@@ -51,6 +55,8 @@ std::optional<api::ApiKind> api_of(RouteKind r);
 inline bool is_vllm_extra(RouteKind r) { return r >= RouteKind::tokenize && r <= RouteKind::classify; }
 // True for the Anthropic Messages routes: the body is translated for an
 // OpenAI-compatible upstream and the answer back (api/anthropic/).
+// True for the speech-to-text routes: multipart bodies (api::parse_audio_request).
+inline bool is_audio(RouteKind r) { return r == RouteKind::audio_transcriptions || r == RouteKind::audio_translations; }
 inline bool is_anthropic(RouteKind r) { return r == RouteKind::messages || r == RouteKind::messages_count_tokens; }
 // True for OpenAI's Responses route: translated to chat completions and
 // back (api/responses/).

@@ -65,6 +65,7 @@ class GatewayPhases final : public Phases {
   void next_target(RequestContext& ctx);
   // The upstream request body: the client's bytes with at most two members spliced.
   void prepare_upstream_body(RequestContext& ctx);
+  void prepare_audio_body(RequestContext& ctx);
   // What the pool's endpoint choice may see of the request (views into
   // ctx.upstream_body and the request head): the session header's value
   // when pc.session_header is set; the model and the prompt's JSON text

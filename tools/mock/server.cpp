@@ -288,6 +288,15 @@ void Connection::dispatch() {
       return respond(200, "application/json", std::move(body));
     }
   }
+  if (path == "/v1/audio/transcriptions" || path == "/v1/audio/translations") {
+    if (!post) return not_allowed("POST");
+    std::string body, content_type;
+    if (auto err = audio_body(path, req[http::field::content_type], req.body(), w_.cfg(), std::time(nullptr), body,
+                              content_type))
+      return respond(err->status, "application/json", error_body(err->status, err->message));
+    const std::string_view echo = req["x-mock-echo"];
+    return respond(200, content_type, std::move(body), !echo.empty() && echo != "0" ? echo_headers(req) : "");
+  }
   if (path == "/health") {
     if (!get) return not_allowed("GET");
     return respond(200, {}, {});  // vLLM: Response(status_code=200), no body, no content-type

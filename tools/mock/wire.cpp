@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
+#include "core/multipart.hpp"
+
 namespace weir::mock {
 namespace json = boost::json;
 
@@ -982,6 +984,81 @@ std::string models_body(const MockConfig& cfg, std::int64_t created, Rng& rng) {
   }
   out += "]}";
   return out;
+}
+
+std::optional<ApiError> audio_body(std::string_view path, std::string_view content_type_in, std::string_view body,
+                                   const MockConfig& cfg, std::int64_t created, std::string& out,
+                                   std::string& content_type) {
+  const auto boundary = core::form_boundary(content_type_in);
+  if (!boundary) return ApiError{400, boundary.error()};
+  const auto parts = core::parse_form(body, *boundary);
+  if (!parts) return ApiError{400, parts.error()};
+  const auto* file = core::find_part(*parts, "file");
+  if (!file) return validation("missing", "'file'", "Field required");
+  auto field = [&](std::string_view name, std::string_view dflt) {
+    const auto* p = core::find_part(*parts, name);
+    return p ? p->value : dflt;
+  };
+  const std::string_view model = field("model", cfg.models.front());
+  if (!cfg.any_model) {
+    bool served = false;
+    for (const auto& m : cfg.models) served = served || m == model;
+    if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", model)};
+  }
+  auto truthy = [&](std::string_view name) {
+    const auto v = field(name, "false");
+    return v == "true" || v == "True" || v == "1";
+  };
+  std::vector<std::string> words = {"heard", std::to_string(file->value.size()), "bytes", "of",
+                                    std::string(file->filename)};
+  for (std::string_view p = field("prompt", ""); !p.empty();) {
+    const auto sp = p.find(' ');
+    if (sp != 0) words.emplace_back(p.substr(0, sp));
+    if (sp == std::string_view::npos) break;
+    p.remove_prefix(sp + 1);
+  }
+  std::string text;
+  for (const auto& w : words) (text.empty() ? text : text += ' ') += w;
+  const std::uint64_t seconds = 1 + file->value.size() / 32000;  // 16 kHz, 16-bit mono
+  out.clear();
+  if (truthy("stream")) {
+    content_type = "text/event-stream";
+    const std::string_view object = path.ends_with("translations") ? "translation.chunk" : "transcription.chunk";
+    for (std::size_t i = 0; i < words.size(); ++i) {
+      out += fmt::format("data: {{\"id\":\"trsc-mock\",\"object\":\"{}\",\"created\":{},\"model\":\"", object, created);
+      append_json_escaped(out, model);
+      out += "\",\"choices\":[{\"delta\":{\"content\":\"";
+      append_json_escaped(out, i ? " " + words[i] : words[i]);
+      out += i + 1 == words.size() ? "\"},\"finish_reason\":\"stop\",\"stop_reason\":null}]}\n\n"
+                                   : "\"},\"finish_reason\":null,\"stop_reason\":null}]}\n\n";
+    }
+    if (truthy("stream_include_usage")) {
+      out += fmt::format("data: {{\"id\":\"trsc-mock\",\"object\":\"{}\",\"created\":{},\"model\":\"", object, created);
+      append_json_escaped(out, model);
+      out += fmt::format(
+          "\",\"choices\":[],\"usage\":{{\"prompt_tokens\":{0},\"total_tokens\":{1},"
+          "\"completion_tokens\":{2}}}}}\n\n",
+          seconds * 50, seconds * 50 + words.size(), words.size());
+    }
+    out += "data: [DONE]\n\n";
+    return std::nullopt;
+  }
+  const std::string_view format = field("response_format", "json");
+  if (format == "text" || format == "srt" || format == "vtt") {
+    content_type = "text/plain; charset=utf-8";
+    out = text;
+    return std::nullopt;
+  }
+  if (format != "json" && format != "verbose_json")
+    return ApiError{400, fmt::format("Unsupported response_format: {}", format)};
+  content_type = "application/json";
+  out = "{\"text\":\"";
+  append_json_escaped(out, text);
+  out += "\"";
+  if (format == "verbose_json")
+    out += fmt::format(",\"language\":\"{}\",\"duration\":\"{}\",\"segments\":[]", "en", seconds);
+  out += fmt::format(",\"usage\":{{\"type\":\"duration\",\"seconds\":{}}}}}", seconds);
+  return std::nullopt;
 }
 
 }  // namespace weir::mock

@@ -121,6 +121,22 @@ std::optional<ApiError> tokenize_body(std::string_view body, const MockConfig& c
 std::optional<ApiError> extra_route_body(std::string_view path, std::string_view body, const MockConfig& cfg,
                                          std::int64_t created, std::string& out, bool& handled);
 
+// POST /v1/audio/transcriptions and /v1/audio/translations (vLLM 0.10's
+// TranscriptionRequest, a multipart/form-data body with `file`, `model`,
+// `response_format`, `stream`, `stream_include_usage`). The "transcript" is
+// "heard N bytes of FILENAME" followed by the `prompt` field's words (so a
+// test sees the form arrived whole). Writes to `out` and sets
+// `content_type`: {"text", "usage":{"type":"duration","seconds"}} for json
+// (the default) and verbose_json (with language, duration, segments:[]),
+// the text alone as text/plain for text, srt and vtt; with stream=true an SSE
+// body of transcription.chunk events, one per word, a finish_reason "stop"
+// on the last, a usage chunk (choices:[]) when stream_include_usage, then
+// [DONE]. Errors: 400 for a body that is not a form or has no file, 404
+// for a model it does not serve.
+std::optional<ApiError> audio_body(std::string_view path, std::string_view content_type_in, std::string_view body,
+                                   const MockConfig& cfg, std::int64_t created, std::string& out,
+                                   std::string& content_type);
+
 // GET /v1/models body: vLLM's ModelList with one ModelCard per --model.
 std::string models_body(const MockConfig& cfg, std::int64_t created, Rng& rng);
 

@@ -21,7 +21,7 @@ core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
   // default depends on the context length, so take the route's default
   // (models.X.default_max_tokens) and let settle() correct it with the real usage.
   const std::uint64_t out_tokens =
-      *api == api::ApiKind::embeddings || *api == api::ApiKind::vllm_extra ||
+      *api == api::ApiKind::embeddings || *api == api::ApiKind::vllm_extra || *api == api::ApiKind::audio ||
               ctx.route == RouteKind::messages_count_tokens
           ? 0
           : std::uint64_t{f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens} * f.n * f.prompt_count;

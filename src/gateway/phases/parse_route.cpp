@@ -1,9 +1,12 @@
 // The parse and route phases: the JSON body's fields (api/request.hpp),
 // then model → pool (routing/route_table.hpp). An Anthropic or Responses
 // request is translated here into the upstream's chat-completions body
-// (api/anthropic/, api/responses/).
+// (api/anthropic/, api/responses/); a speech-to-text request's form is read
+// for its model and stream fields.
 #include <algorithm>
 #include <charconv>
+
+#include <boost/beast/http/field.hpp>
 
 #include "api/anthropic/request.hpp"
 #include "api/responses/request.hpp"
@@ -36,7 +39,9 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     ctx.stream = ctx.fields.stream;
     return Outcome::next();
   }
-  auto fields = api::parse_request(*api, down_.body());
+  auto fields = *api == api::ApiKind::audio
+                    ? api::parse_audio_request(down_.request()[boost::beast::http::field::content_type], down_.body())
+                    : api::parse_request(*api, down_.body());
   if (!fields) return Outcome::failed(std::move(fields.error()));
   ctx.fields = std::move(*fields);
   ctx.model = std::move(ctx.fields.model);

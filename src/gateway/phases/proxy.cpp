@@ -12,6 +12,7 @@
 #include "api/openai/stream.hpp"
 #include "api/responses/request.hpp"
 #include "core/json_text.hpp"
+#include "core/multipart.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
@@ -48,6 +49,10 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     ctx.upstream_body = {};
     return;
   }
+  if (is_audio(ctx.route)) {
+    prepare_audio_body(ctx);
+    return;
+  }
   // A translated request's upstream body is its translation (parse phase),
   // which asks a stream for its usage chunk itself.
   const bool translated = is_translated(ctx.route);
@@ -65,6 +70,44 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     // did not ask for it, so the stream hooks drop it from the client's stream.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
     if (api::openai::ask_for_usage(body, ctx.fields.has_stream_options, ctx.scratch, ctx.edit_buf)) {
+      body = ctx.edit_buf;
+      ctx.strip_usage = true;
+    }
+  }
+  ctx.upstream_body = body;
+}
+
+void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
+  // A speech-to-text form goes up as it came, with two edits: the model
+  // field renamed (or added) for the target's upstream_model, and a stream
+  // asking for its usage chunk (vLLM's stream_include_usage form field),
+  // which the stream hooks then drop from the client's stream. The form
+  // parsed in the parse phase, so it parses again here.
+  std::string_view body = down_.body();
+  ctx.strip_usage = false;
+  const auto boundary = core::form_boundary(down_.request()[boost::beast::http::field::content_type]);
+  const bool rename = !ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model;
+  if (boundary && rename) {
+    const auto parts = core::parse_form(body, *boundary);
+    if (parts && !parts->empty()) {
+      if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+      if (const auto* m = core::find_part(*parts, "model"))
+        core::replace_part_value(body, *m, ctx.target.upstream_model, ctx.upstream_body_buf);
+      else
+        core::append_form_field(body, *boundary, parts->back(), "model", ctx.target.upstream_model,
+                                ctx.upstream_body_buf);
+      body = ctx.upstream_body_buf;
+    }
+  }
+  if (boundary && ctx.stream && !ctx.fields.include_usage && w_.config().pools[ctx.target.pool].request_usage) {
+    const auto parts = core::parse_form(body, *boundary);
+    if (parts && !parts->empty()) {
+      if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
+      // A client's stream_include_usage=false is replaced, not contradicted by a second field.
+      if (const auto* u = core::find_part(*parts, "stream_include_usage"))
+        core::replace_part_value(body, *u, "true", ctx.edit_buf);
+      else
+        core::append_form_field(body, *boundary, parts->back(), "stream_include_usage", "true", ctx.edit_buf);
       body = ctx.edit_buf;
       ctx.strip_usage = true;
     }

@@ -1,0 +1,149 @@
+#include "core/multipart.hpp"
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "api/request.hpp"
+
+namespace weir::core {
+namespace {
+
+const std::string kBody =
+    "preamble, ignored\r\n"
+    "--XyZ\r\n"
+    "Content-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+    "Content-Type: audio/wav\r\n"
+    "\r\n"
+    "RIFF\r\n--Xy not a delimiter\r\n"
+    "--XyZ\r\n"
+    "content-disposition: FORM-DATA; name=model\r\n"
+    "\r\n"
+    "whisper\r\n"
+    "--XyZ  \r\n"
+    "Content-Disposition: form-data; name=\"prompt\"\r\n"
+    "\r\n"
+    "a; b\r\n"
+    "--XyZ--\r\n"
+    "epilogue --XyZ--\r\n";
+
+TEST(Multipart, BoundaryFromTheContentType) {
+  EXPECT_EQ(form_boundary("multipart/form-data; boundary=abc").value(), "abc");
+  EXPECT_EQ(form_boundary("Multipart/Form-Data;charset=utf-8; BOUNDARY=\"a b:c\"").value(), "a b:c");
+  EXPECT_FALSE(form_boundary("application/json"));
+  EXPECT_FALSE(form_boundary("multipart/form-data"));
+  EXPECT_FALSE(form_boundary("multipart/form-data; boundary="));
+  EXPECT_FALSE(form_boundary("multipart/form-data; boundary=" + std::string(71, 'a')));
+  EXPECT_FALSE(form_boundary("multipart/mixed; boundary=abc"));
+}
+
+TEST(Multipart, PartsWithTheirNamesFilenamesAndValues) {
+  auto parts = parse_form(kBody, "XyZ");
+  ASSERT_TRUE(parts) << parts.error();
+  ASSERT_EQ(parts->size(), 3u);
+  const auto& file = (*parts)[0];
+  EXPECT_EQ(file.name, "file");
+  EXPECT_TRUE(file.has_filename);
+  EXPECT_EQ(file.filename, "a.wav");
+  EXPECT_EQ(file.content_type, "audio/wav");
+  EXPECT_EQ(file.value, "RIFF\r\n--Xy not a delimiter");
+  EXPECT_EQ((*parts)[1].name, "model");
+  EXPECT_FALSE((*parts)[1].has_filename);
+  EXPECT_EQ((*parts)[1].value, "whisper");
+  EXPECT_EQ(find_part(*parts, "prompt")->value, "a; b");
+  EXPECT_EQ(find_part(*parts, "language"), nullptr);
+}
+
+TEST(Multipart, NoPreambleAndBareLineFeedsInHeads) {
+  const std::string body = "--b\nContent-Disposition: form-data; name=\"x\"\n\n1\r\n--b--";
+  auto parts = parse_form(body, "b");
+  ASSERT_TRUE(parts) << parts.error();
+  ASSERT_EQ(parts->size(), 1u);
+  EXPECT_EQ((*parts)[0].value, "1");
+}
+
+TEST(Multipart, MalformedBodiesAreErrors) {
+  EXPECT_FALSE(parse_form("", "b"));
+  EXPECT_FALSE(parse_form("no boundary here", "b"));
+  // No close delimiter.
+  EXPECT_FALSE(parse_form("--b\r\nContent-Disposition: form-data; name=x\r\n\r\n1", "b"));
+  // A head that never ends.
+  EXPECT_FALSE(parse_form("--b\r\nContent-Disposition: form-data; name=x", "b"));
+  // Not form-data, no disposition, a header line without a colon.
+  EXPECT_FALSE(parse_form("--b\r\nContent-Disposition: attachment\r\n\r\n1\r\n--b--", "b"));
+  EXPECT_FALSE(parse_form("--b\r\nContent-Type: text/plain\r\n\r\n1\r\n--b--", "b"));
+  EXPECT_FALSE(parse_form("--b\r\nbogus\r\n\r\n1\r\n--b--", "b"));
+  // Junk after a delimiter.
+  EXPECT_FALSE(parse_form("--bjunk\r\n", "b"));
+  std::string many;
+  for (int i = 0; i < 3; ++i) many += "--b\r\nContent-Disposition: form-data; name=x\r\n\r\n1\r\n";
+  many += "--b--";
+  EXPECT_TRUE(parse_form(many, "b", 3));
+  EXPECT_FALSE(parse_form(many, "b", 2));
+}
+
+TEST(Multipart, ReplaceAndAppendKeepTheRestByteForByte) {
+  auto parts = parse_form(kBody, "XyZ");
+  ASSERT_TRUE(parts);
+  std::string out;
+  replace_part_value(kBody, *find_part(*parts, "model"), "openai/whisper-large-v3", out);
+  auto again = parse_form(out, "XyZ");
+  ASSERT_TRUE(again) << again.error();
+  EXPECT_EQ(find_part(*again, "model")->value, "openai/whisper-large-v3");
+  EXPECT_EQ(find_part(*again, "file")->value, find_part(*parts, "file")->value);
+  EXPECT_EQ(out.size(), kBody.size() - 7 + 23);
+
+  append_form_field(kBody, "XyZ", parts->back(), "stream_include_usage", "true", out);
+  again = parse_form(out, "XyZ");
+  ASSERT_TRUE(again) << again.error();
+  ASSERT_EQ(again->size(), 4u);
+  EXPECT_EQ(again->back().name, "stream_include_usage");
+  EXPECT_EQ(again->back().value, "true");
+  EXPECT_EQ(find_part(*again, "prompt")->value, "a; b");
+  EXPECT_TRUE(out.ends_with("--XyZ--\r\nepilogue --XyZ--\r\n"));
+}
+
+std::string form(const std::string& fields) { return fields + "--B--\r\n"; }
+std::string field(const std::string& name, const std::string& value) {
+  return "--B\r\nContent-Disposition: form-data; name=\"" + name + "\"\r\n\r\n" + value + "\r\n";
+}
+const std::string kFile = "--B\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.wav\"\r\n\r\nRIFF\r\n";
+constexpr std::string_view kType = "multipart/form-data; boundary=B";
+
+TEST(AudioRequest, ModelStreamAndPrompt) {
+  auto f = api::parse_audio_request(
+      kType, form(kFile + field("model", "whisper") + field("stream", "True") + field("prompt", "hello")));
+  ASSERT_TRUE(f);
+  EXPECT_EQ(f->model, "whisper");
+  EXPECT_TRUE(f->stream);
+  EXPECT_FALSE(f->include_usage);
+  EXPECT_EQ(f->prompt_bytes, 5u);
+  f = api::parse_audio_request(kType, form(kFile + field("stream", "1") + field("stream_include_usage", "on")));
+  ASSERT_TRUE(f);
+  EXPECT_TRUE(f->model.empty());  // the default pool's
+  EXPECT_TRUE(f->include_usage);
+}
+
+TEST(AudioRequest, BadFormsAreClientErrorsNamingTheField) {
+  auto e = api::parse_audio_request("application/json", "{}");
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().status, 400);
+  e = api::parse_audio_request(kType, form(field("model", "whisper")));
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().param, "file");
+  e = api::parse_audio_request(kType, form(kFile + field("model", "")));
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().param, "model");
+  e = api::parse_audio_request(kType, form(kFile + field("stream", "maybe")));
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().param, "stream");
+  e = api::parse_audio_request(kType, form(kFile + field("model", "cheap") + field("model", "dear")));
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().param, "model");
+  e = api::parse_audio_request(kType, "--B\r\ngarbage");
+  ASSERT_FALSE(e);
+  EXPECT_EQ(e.error().status, 400);
+}
+
+}  // namespace
+}  // namespace weir::core
