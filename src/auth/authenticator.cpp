@@ -6,6 +6,7 @@
 
 #include "auth/redis_keys.hpp"
 #include "core/text.hpp"
+#include "core/time.hpp"
 
 namespace weir::auth {
 
@@ -26,6 +27,12 @@ struct RedisKeyPrincipal final : Principal {
 };
 
 [[gnu::cold, gnu::noinline]] core::Error incorrect_key() { return core::unauthorized("Incorrect API key provided."); }
+
+[[gnu::cold, gnu::noinline]] core::Error key_expired(const KeyPolicy& k) {
+  const auto s = std::chrono::duration_cast<std::chrono::seconds>(k.expires_at.time_since_epoch()).count();
+  return core::unauthorized(
+      fmt::format("The API key `{}` expired at {} (Unix time {}).", k.id, core::format_rfc3339(s), s));
+}
 
 [[gnu::cold, gnu::noinline]] core::Error key_lookup_pending_error() {
   return core::unavailable("The API key is being looked up; retry shortly.", 1);
@@ -120,6 +127,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_key(std::str
     if (redis_keys_) return authenticate_redis_key(digest, now);
     return reject(incorrect_key());
   }
+  if (kp->expires_at != WallTime{} && now >= kp->expires_at) [[unlikely]]
+    return reject(key_expired(*kp));
   auto& slot = key_principals_[static_cast<std::size_t>(kp - policy_->keys().data())];
   if (!slot) {
     auto p = std::make_shared<Principal>();
