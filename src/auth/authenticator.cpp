@@ -154,6 +154,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_redis_key(co
   }
   switch (e->state) {
     case RedisKeyCache::State::found:
+      if (const KeyPolicy* k = e->principal->key; k->expires_at != WallTime{} && now >= k->expires_at) [[unlikely]]
+        return reject(key_expired(*k));
       ++stats_.api_key_hits;
       ++stats_.redis_key_hits;
       return e->principal;
@@ -190,6 +192,7 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
       if (rec.models) k.models = ModelList(*rec.models);
       k.tier = rec.tier.empty() ? tenant->tier : rec.tier;
       k.scope = tenant->scope;  // limits and budget stay empty: the tenant's scope governs
+      if (rec.expires_at > 0) k.expires_at = WallTime(std::chrono::seconds(rec.expires_at));
       p->kind = CredentialKind::api_key;
       p->tenant = tenant;
       p->key = &k;

@@ -90,6 +90,12 @@ const json::value* claim_at(const json::object& claims, std::string_view path) {
   }
 }
 
+bool is_config_key(const KeyStore& keys, std::string_view id) {
+  for (const auto& k : keys.policy()->keys())
+    if (!k.runtime && k.id == id) return true;
+  return false;
+}
+
 std::int64_t unix_now() {
   return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
@@ -141,6 +147,8 @@ AdminRouter::Match AdminRouter::match(std::string_view method, std::string_view 
 AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cfg, Shared& shared, KeyStore* keys)
     : control_(control), cfg_(cfg), shared_(shared), keys_(keys), acceptor_(control.get_executor()) {
   if (shared_.auth_policy) initial_scopes_ = static_cast<std::uint32_t>(shared_.auth_policy->scopes().size());
+  if (shared_.redis_keys && shared_.auth_policy)
+    redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy->config());
   auto route = [this](const char* method, const char* pattern,
                       core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&)) {
     router_.add(method, pattern, [this, fn](AdminRequest& r) { return (this->*fn)(r); });
@@ -431,7 +439,13 @@ core::Task<AdminResponse> AdminServer::list_keys(AdminRequest&) {
     for (const auto& k : keys_->policy()->keys())
       if (!k.runtime) data.emplace_back(config_key_json(k));
     const auto now = unix_now();
-    for (const auto& k : keys_->keys()) {
+    std::vector<KeyRecord> from_redis;
+    if (redis_) {
+      auto all = co_await redis_->list();
+      if (!all) co_return error_response(all.error());
+      from_redis = std::move(*all);
+    }
+    for (const auto& k : redis_ ? from_redis : keys_->keys()) {
       auto o = key_json(k);
       o["read_only"] = false;
       o["expired"] = k.expires_at != 0 && now >= k.expires_at;
@@ -441,7 +455,7 @@ core::Task<AdminResponse> AdminServer::list_keys(AdminRequest&) {
   json::object o;
   o["object"] = "list";
   o["data"] = std::move(data);
-  o["persistence"] = !keys_ ? "none" : keys_->persistent() ? "keys_file" : "memory";
+  o["persistence"] = !keys_ ? "none" : redis_ ? "redis" : keys_->persistent() ? "keys_file" : "memory";
   co_return json_response(200, o);
 }
 
@@ -449,9 +463,14 @@ core::Task<AdminResponse> AdminServer::create_key(AdminRequest& r) {
   if (!keys_) co_return error_response(no_keys());
   auto body = parse_object(r.body);
   if (!body) co_return error_response(body.error());
-  auto c = keys_->create(*body, unix_now());
+  AdminResult<KeyStore::Change> c;
+  if (redis_) {
+    c = co_await redis_->create(std::move(*body), unix_now());
+  } else {
+    c = keys_->create(*body, unix_now());
+    if (c) co_await publish(keys_->policy());
+  }
   if (!c) co_return error_response(c.error());
-  co_await publish(keys_->policy());
   auto o = key_json(c->record);
   o["key"] = c->secret;  // the only time the secret is shown
   o["read_only"] = false;
@@ -460,7 +479,15 @@ core::Task<AdminResponse> AdminServer::create_key(AdminRequest& r) {
 
 core::Task<AdminResponse> AdminServer::get_key(AdminRequest& r) {
   if (!keys_) co_return error_response(no_keys());
-  const std::string& id = r.params.at(0);
+  const std::string id = r.params.at(0);
+  if (redis_ && !is_config_key(*keys_, id)) {
+    auto k = co_await redis_->get(id);
+    if (!k) co_return error_response(k.error());
+    auto o = key_json(*k);
+    o["read_only"] = false;
+    o["expired"] = k->expires_at != 0 && unix_now() >= k->expires_at;
+    co_return json_response(200, o);
+  }
   if (const KeyRecord* k = keys_->find(id)) {
     auto o = key_json(*k);
     o["read_only"] = false;
@@ -479,15 +506,18 @@ core::Task<AdminResponse> AdminServer::get_key(AdminRequest& r) {
 
 core::Task<AdminResponse> AdminServer::update_key(AdminRequest& r) {
   if (!keys_) co_return error_response(no_keys());
-  const std::string& id = r.params.at(0);
-  if (!keys_->find(id))
-    for (const auto& k : keys_->policy()->keys())
-      if (!k.runtime && k.id == id) co_return error_response(read_only(id));
+  const std::string id = r.params.at(0);
+  if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
   auto body = parse_object(r.body);
   if (!body) co_return error_response(body.error());
-  auto c = keys_->update(id, *body);
+  AdminResult<KeyStore::Change> c;
+  if (redis_) {
+    c = co_await redis_->update(id, std::move(*body));
+  } else {
+    c = keys_->update(id, *body);
+    if (c) co_await publish(keys_->policy());
+  }
   if (!c) co_return error_response(c.error());
-  co_await publish(keys_->policy());
   auto o = key_json(c->record);
   o["read_only"] = false;
   co_return json_response(200, o);
@@ -495,13 +525,16 @@ core::Task<AdminResponse> AdminServer::update_key(AdminRequest& r) {
 
 core::Task<AdminResponse> AdminServer::delete_key(AdminRequest& r) {
   if (!keys_) co_return error_response(no_keys());
-  const std::string& id = r.params.at(0);
-  if (!keys_->find(id))
-    for (const auto& k : keys_->policy()->keys())
-      if (!k.runtime && k.id == id) co_return error_response(read_only(id));
-  auto gone = keys_->revoke(id);
+  const std::string id = r.params.at(0);
+  if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
+  AdminResult<KeyRecord> gone;
+  if (redis_) {
+    gone = co_await redis_->revoke(id);
+  } else {
+    gone = keys_->revoke(id);
+    if (gone) co_await publish(keys_->policy());
+  }
   if (!gone) co_return error_response(gone.error());
-  co_await publish(keys_->policy());
   json::object o;
   o["object"] = "key";
   o["id"] = gone->id;
@@ -511,13 +544,16 @@ core::Task<AdminResponse> AdminServer::delete_key(AdminRequest& r) {
 
 core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
   if (!keys_) co_return error_response(no_keys());
-  const std::string& id = r.params.at(0);
-  if (!keys_->find(id))
-    for (const auto& k : keys_->policy()->keys())
-      if (!k.runtime && k.id == id) co_return error_response(read_only(id));
-  auto c = keys_->rotate(id);
+  const std::string id = r.params.at(0);
+  if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
+  AdminResult<KeyStore::Change> c;
+  if (redis_) {
+    c = co_await redis_->rotate(id);
+  } else {
+    c = keys_->rotate(id);
+    if (c) co_await publish(keys_->policy());
+  }
   if (!c) co_return error_response(c.error());
-  co_await publish(keys_->policy());
   auto o = key_json(c->record);
   o["key"] = c->secret;
   o["read_only"] = false;

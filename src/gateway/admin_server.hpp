@@ -23,6 +23,7 @@
 #include "core/async.hpp"
 #include "gateway/admin_config.hpp"
 #include "gateway/key_store.hpp"
+#include "gateway/redis_key_admin.hpp"
 #include "gateway/worker.hpp"
 #include "http/io.hpp"
 
@@ -79,7 +80,8 @@ core::Task<std::invoke_result_t<F&>> run_blocking(boost::asio::thread_pool& pool
   using R = std::invoke_result_t<F&>;
   namespace asio = boost::asio;
   auto ex = co_await asio::this_coro::executor;
-  auto [r] = co_await asio::async_initiate<std::decay_t<decltype(core::use_task)>, void(R)>(
+  auto token = core::use_task;
+  auto [r] = co_await asio::async_initiate<decltype(token), void(R)>(
       [&pool, ex](auto handler, F f) {
         auto work = asio::prefer(ex, asio::execution::outstanding_work.tracked);
         asio::post(pool, [work, f = std::move(f), h = std::move(handler)]() mutable {
@@ -88,7 +90,7 @@ core::Task<std::invoke_result_t<F&>> run_blocking(boost::asio::thread_pool& pool
                      [h = std::move(h), result = std::move(result)]() mutable { std::move(h)(std::move(result)); });
         });
       },
-      core::use_task, std::move(fn));
+      token, std::move(fn));
   co_return std::move(r);
 }
 
@@ -96,7 +98,9 @@ class AdminServer {
  public:
   // `control`: the control io_context (must run while this serves).
   // `keys`: the runtime key store, null when auth is not configured (the
-  // key routes then answer 409). `shared` must be complete (workers listed).
+  // key routes then answer 409); with shared.redis_keys, runtime keys are
+  // kept in Redis instead (RedisKeyAdmin) and `keys` serves the
+  // configuration's. `shared` must be complete (workers listed).
   AdminServer(boost::asio::io_context& control, const AdminConfig& cfg, Shared& shared, KeyStore* keys);
   ~AdminServer();
   AdminServer(const AdminServer&) = delete;
@@ -140,6 +144,8 @@ class AdminServer {
   AdminConfig cfg_;
   Shared& shared_;
   KeyStore* keys_;
+  // With auth.redis_keys: runtime keys live in Redis (every replica sees them), not in keys_.
+  std::unique_ptr<RedisKeyAdmin> redis_;
   http::Acceptor acceptor_;
   AdminRouter router_;
   // For routes that must block (run_blocking): one thread, off the control thread and the workers.

@@ -241,3 +241,56 @@ def test_metrics_and_ready_on_the_admin_port_and_scrapes_write_no_log_line(gw):
     assert r.status_code == 200
     entries = w.wait_log(lambda es: any(e.get("path") == "/v1/chat/completions" for e in es), 5)
     assert not [e for e in entries if e.get("path") == "/metrics"], entries
+
+
+def redis_config(mock, redis, admin_port: int) -> dict:
+    cfg = config(mock, admin_port)
+    cfg["auth"].update({"redis_keys": True, "key_cache_ttl": "300ms", "key_negative_ttl": "100ms"})
+    cfg["redis"] = {"url": redis.url, "key_prefix": f"weir-admin-{redis.port}:"}
+    return cfg
+
+
+def test_with_redis_a_key_created_on_one_replica_works_on_another(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    port_a, port_b = free_port(), free_port()
+    a = weir(config=redis_config(m, redis, port_a), env=ENV)
+    b = weir(config=redis_config(m, redis, port_b), env=ENV)
+    admin_a, admin_b = Admin(port_a), Admin(port_b)
+    wait_until(lambda: _ready(admin_a) and _ready(admin_b), 5, message="admin listeners")
+
+    k = admin_a.create(tenant="acme", models=["m"], metadata={"team": "c"}, name="shared")
+    assert sdk_chat(b, k["key"]) and sdk_chat(a, k["key"])
+    # Both replicas' admin APIs list it (from Redis).
+    listed = admin_b("GET", "/admin/v1/keys").json()
+    assert listed["persistence"] == "redis"
+    mine = [x for x in listed["data"] if x["id"] == k["id"]]
+    assert mine and mine[0]["metadata"] == {"team": "c"} and mine[0]["models"] == ["m"] and "key" not in mine[0]
+    # Own limits need the in-process limiter: refused, naming the field.
+    r = admin_a("POST", "/admin/v1/keys", json={"tenant": "acme", "limits": {"requests_per_minute": 5}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limits", r.text
+
+    # A change made through B reaches A within the key cache TTL.
+    r = admin_b("PATCH", f"/admin/v1/keys/{k['id']}", json={"models": ["other"]})
+    assert r.status_code == 200 and r.json()["models"] == ["other"], r.text
+    wait_until(lambda: chat(a, k["key"], "m").status_code == 403, 5, 0.05, "the narrowed models on A")
+    assert chat(a, k["key"], "other").status_code == 200
+
+    # Expiry in Redis: refused saying so.
+    r = admin_a("PATCH", f"/admin/v1/keys/{k['id']}", json={"expires_at": "2020-01-01T00:00:00Z"})
+    assert r.status_code == 200, r.text
+    wait_until(lambda: chat(b, k["key"], "other").status_code == 401, 5, 0.05, "the expired key on B")
+    assert "expired" in chat(b, k["key"], "other").json()["error"]["message"]
+    r = admin_a("PATCH", f"/admin/v1/keys/{k['id']}", json={"expires_at": None})
+    assert r.status_code == 200 and r.json()["expires_at"] is None, r.text
+
+    # Rotate on A: the new secret works on B, the old one stops.
+    r = admin_a("POST", f"/admin/v1/keys/{k['id']}/rotate")
+    assert r.status_code == 200, r.text
+    new = r.json()["key"]
+    wait_until(lambda: chat(b, new, "other").status_code == 200, 5, 0.05, "the rotated key on B")
+    wait_until(lambda: chat(b, k["key"], "other").status_code == 401, 5, 0.05, "the old secret refused on B")
+
+    # Revoke on B: A refuses it within the TTL.
+    assert admin_b("DELETE", f"/admin/v1/keys/{k['id']}").status_code == 200
+    wait_until(lambda: chat(a, new, "other").status_code == 401, 5, 0.05, "the revoked key on A")
+    assert admin_a("GET", f"/admin/v1/keys/{k['id']}").status_code == 404
