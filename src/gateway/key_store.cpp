@@ -365,9 +365,15 @@ AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next) {
     rk.push_back({std::move(c), k.scope});
   }
   auto policy = auth::AuthPolicy::build(base_, rk, next_scope_);
+  // State for the new scopes first (unused until the policy is published); a
+  // limiter that is full refuses the change, which would otherwise index past it.
+  if (limiter_ && limiter_->grows() && limiter_->scope_count() < policy->scopes().size() &&
+      !limiter_->grow(policy->scopes()))
+    return tl::unexpected(internal(
+        fmt::format("The key was not changed: the limiter holds at most {} admission scopes (keys created or given "
+                    "new limits since start-up); restart to renumber them.",
+                    limiter_->scope_count())));
   if (auto ok = save(next); !ok) return tl::unexpected(internal("The key was not changed: " + ok.error()));
-  if (limiter_ && limiter_->grows() && limiter_->scope_count() < policy->scopes().size())
-    limiter_->grow(policy->scopes());
   keys_ = std::move(next);
   policy_ = std::move(policy);
   return {};

@@ -11,6 +11,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/json/parse.hpp>
 
+#include "../auth/jwt_test_util.hpp"
 #include "admission/local_limiter.hpp"
 #include "auth/authenticator.hpp"
 #include "core/time.hpp"
@@ -275,6 +276,43 @@ TEST(AdminServer, TokenIsCheckedAgainstItsHash) {
     ASSERT_FALSE(r) << bad;
     EXPECT_EQ(r.error().status, 401);
   }
+}
+
+struct StaticJwks final : auth::JwksSource {
+  std::string body;
+  void fetch(Callback done) override { done(body); }
+  std::string describe() const override { return "static"; }
+};
+
+TEST(AdminServer, JwtWithTheAdminClaimIsAnAdmin) {
+  boost::asio::io_context io;
+  const auto& keys = auth::testing::Keys::get();
+  auto src = std::make_unique<StaticJwks>();
+  src->body = auth::testing::jwks_of({&keys.rsa});
+  auth::JwksCache jwks(io, std::move(src), auth::JwksOptions{});
+  jwks.start();
+  io.poll();
+  auto loaded = load("auth:\n  jwt: {jwks_file: /dev/null, issuer: https://idp.test, audience: weir}\n");
+  ASSERT_TRUE(loaded) << loaded.error().to_string();
+  Shared shared;
+  shared.auth_policy = auth::AuthPolicy::build(*loaded->auth);
+  shared.jwks = &jwks;
+  AdminConfig cfg;
+  cfg.jwt_claim = "weir.admin";  // no static token: only the claim grants admin
+  AdminServer server(io, cfg, shared, nullptr);
+  const auto exp = auth::testing::unix_seconds(std::chrono::system_clock::now()) + 600;
+  auto token = [&](std::string_view admin, std::string_view iss = "https://idp.test") {
+    return "Bearer " +
+           keys.rsa.token(fmt::format(R"({{"sub":"ops","iss":"{}","aud":"weir","exp":{},"weir":{{"admin":{}}}}})", iss,
+                                      exp, admin));
+  };
+  EXPECT_TRUE(server.check_token(token("true")));
+  auto no = server.check_token(token("false"));
+  ASSERT_FALSE(no);
+  EXPECT_NE(no.error().message.find("does not grant admin"), std::string::npos);
+  EXPECT_FALSE(server.check_token(token("true", "https://other.test")));  // verified like a client's token
+  EXPECT_FALSE(server.check_token("Bearer not-a-token"));
+  jwks.stop();
 }
 
 TEST(RunBlocking, RunsOffTheCallingThreadAndResumesOnIt) {
