@@ -8,6 +8,9 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <vector>
+
+#include "auth/policy.hpp"
 
 namespace weir::admission {
 
@@ -124,6 +127,23 @@ class Limiter {
   // `done` must be cheap (post to the worker's executor: see
   // admission/refill.hpp). Default: `done()` at once.
   virtual void refill(const Shortfall& /*need*/, std::uint32_t /*worker*/, std::function<void()> done) { done(); }
+
+  // --- Scopes added at run time (keys created through the admin API). ---
+
+  // Adds state for the scopes of `scopes` (a newer AuthPolicy::scopes())
+  // past the ones this limiter holds; existing scopes are untouched. Call on
+  // one thread (the control thread) and only then hand the policy that names
+  // the new scopes to the workers: posting it orders these writes before
+  // their reads. Returns false when this limiter cannot add scopes (a key
+  // with limits or a budget of its own cannot be created then).
+  virtual bool grow(const std::vector<auth::ScopeInfo>& /*scopes*/) { return false; }
+  // Starts scope `to` (just added by grow) with the settled spend of `from`
+  // in its current budget period: a key whose budget changed keeps its spend.
+  virtual void carry_spend(std::uint32_t /*from*/, std::uint32_t /*to*/, Instant /*now*/) {}
+  // Whether grow() can add scopes (LocalLimiter: yes; RedisLimiter: not yet).
+  virtual bool grows() const noexcept { return false; }
+  // Scopes this limiter holds (0 when it does not grow).
+  virtual std::uint32_t scope_count() const noexcept { return 0; }
 
  protected:
   std::atomic<bool> refusing_{false};  // set by a remote limiter during a fail-closed outage

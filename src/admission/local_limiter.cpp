@@ -14,35 +14,55 @@ LocalLimiter::LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint
     : workers_(std::max<std::uint32_t>(workers, 1)),
       shards_(std::min(std::max<std::uint32_t>(workers, 1), kMaxShards)),
       epoch_(epoch),
-      scopes_(std::make_unique<Scope[]>(scopes.size())),
-      scope_count_(scopes.size()) {
+      chunks_(std::make_unique<std::unique_ptr<Scope[]>[]>(kMaxScopes / kChunk)) {
+  grow(scopes);
+}
+
+void LocalLimiter::init(Scope& sc, const auth::ScopeInfo& info) {
   const double n = shards_;
-  for (std::size_t i = 0; i < scopes.size(); ++i) {
-    const auto& l = scopes[i].limits;
-    Scope& sc = scopes_[i];
-    const std::uint64_t rates[2] = {l.requests_per_minute, l.tokens_per_minute};
-    const std::uint64_t bursts[2] = {l.requests_burst, l.tokens_burst};
-    for (int b = 0; b < 2; ++b) {
-      Spec& s = sc.spec[b];
-      s.enabled = rates[b] > 0;
-      if (!s.enabled) continue;
-      s.rate_per_min = static_cast<double>(rates[b]);
-      s.depth = static_cast<double>(bursts[b] ? bursts[b] : rates[b]);
-      s.t_ns = kNsPerMin * n / s.rate_per_min;
-      s.tau_ns = s.depth / n * s.t_ns;
-    }
-    sc.max_streams = l.max_concurrent_streams;
-    sc.has_budget = scopes[i].budget.any();
-    sc.budget_nano_usd = scopes[i].budget.limit_nano_usd;
-    sc.period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(scopes[i].budget.period).count();
-    sc.shards = std::make_unique<Shard[]>(shards_);
-    for (std::uint32_t j = 0; j < shards_; ++j) {
-      sc.shards[j].tat[0].store(0.0, std::memory_order_relaxed);
-      sc.shards[j].tat[1].store(0.0, std::memory_order_relaxed);
-      const std::uint64_t share = sc.max_streams / shards_ + (j < sc.max_streams % shards_ ? 1 : 0);
-      sc.shards[j].free_streams.store(static_cast<std::int64_t>(share), std::memory_order_relaxed);
-    }
+  const auto& l = info.limits;
+  const std::uint64_t rates[2] = {l.requests_per_minute, l.tokens_per_minute};
+  const std::uint64_t bursts[2] = {l.requests_burst, l.tokens_burst};
+  for (int b = 0; b < 2; ++b) {
+    Spec& s = sc.spec[b];
+    s.enabled = rates[b] > 0;
+    if (!s.enabled) continue;
+    s.rate_per_min = static_cast<double>(rates[b]);
+    s.depth = static_cast<double>(bursts[b] ? bursts[b] : rates[b]);
+    s.t_ns = kNsPerMin * n / s.rate_per_min;
+    s.tau_ns = s.depth / n * s.t_ns;
   }
+  sc.max_streams = l.max_concurrent_streams;
+  sc.has_budget = info.budget.any();
+  sc.budget_nano_usd = info.budget.limit_nano_usd;
+  sc.period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(info.budget.period).count();
+  sc.shards = std::make_unique<Shard[]>(shards_);
+  for (std::uint32_t j = 0; j < shards_; ++j) {
+    sc.shards[j].tat[0].store(0.0, std::memory_order_relaxed);
+    sc.shards[j].tat[1].store(0.0, std::memory_order_relaxed);
+    const std::uint64_t share = sc.max_streams / shards_ + (j < sc.max_streams % shards_ ? 1 : 0);
+    sc.shards[j].free_streams.store(static_cast<std::int64_t>(share), std::memory_order_relaxed);
+  }
+}
+
+bool LocalLimiter::grow(const std::vector<auth::ScopeInfo>& scopes) {
+  if (scopes.size() > kMaxScopes) return false;
+  for (std::size_t i = scope_count_; i < scopes.size(); ++i) {
+    auto& chunk = chunks_[i / kChunk];
+    if (!chunk) chunk = std::make_unique<Scope[]>(kChunk);
+    init(chunk[i % kChunk], scopes[i]);
+  }
+  scope_count_ = std::max(scope_count_, scopes.size());
+  return true;
+}
+
+void LocalLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
+  if (from >= scope_count_ || to >= scope_count_) return;
+  const std::int64_t s = spent(from, now);
+  Scope& dst = at(to);
+  roll(dst, now);
+  dst.committed.fetch_add(s, std::memory_order_acq_rel);
+  dst.spent.fetch_add(s, std::memory_order_acq_rel);
 }
 
 LocalLimiter::~LocalLimiter() = default;
@@ -78,7 +98,7 @@ void LocalLimiter::refund(const Spec& s, std::atomic<double>& tat, double amount
 }
 
 TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || cost <= 0) return {};
   if (cost > s.depth + kEps) return TakeResult{.ok = false, .never = true};
@@ -109,14 +129,14 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
 }
 
 void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || amount <= 0) return;
   refund(s, sc.shards[shard_of(worker)].tat[static_cast<int>(b)], amount, ns(now));
 }
 
 void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || amount <= 0) return;
   auto& tat = sc.shards[shard_of(worker)].tat[static_cast<int>(b)];
@@ -128,7 +148,7 @@ void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, d
 }
 
 double LocalLimiter::available(std::uint32_t scope, Bucket b, Instant now) const {
-  const Scope& sc = scopes_[scope];
+  const Scope& sc = at(scope);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled) return 0;
   const double t = ns(now);
@@ -138,7 +158,7 @@ double LocalLimiter::available(std::uint32_t scope, Bucket b, Instant now) const
 }
 
 BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {
-  const Scope& sc = scopes_[scope];
+  const Scope& sc = at(scope);
   const Spec& s = sc.spec[static_cast<int>(b)];
   BucketView v;
   if (!s.enabled) return v;
@@ -156,7 +176,7 @@ BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
 }
 
 bool LocalLimiter::acquire_stream(std::uint32_t scope, std::uint32_t worker) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   if (sc.max_streams == 0) return true;
   const std::uint32_t own = shard_of(worker);
   for (std::uint32_t k = 0; k < shards_; ++k) {
@@ -170,13 +190,13 @@ bool LocalLimiter::acquire_stream(std::uint32_t scope, std::uint32_t worker) {
 }
 
 void LocalLimiter::release_stream(std::uint32_t scope, std::uint32_t worker) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   if (sc.max_streams == 0) return;
   sc.shards[shard_of(worker)].free_streams.fetch_add(1, std::memory_order_acq_rel);
 }
 
 std::uint64_t LocalLimiter::streams_in_use(std::uint32_t scope) const {
-  const Scope& sc = scopes_[scope];
+  const Scope& sc = at(scope);
   std::int64_t free = 0;
   for (std::uint32_t j = 0; j < shards_; ++j) free += sc.shards[j].free_streams.load(std::memory_order_relaxed);
   return sc.max_streams - static_cast<std::uint64_t>(free);
@@ -196,7 +216,7 @@ void LocalLimiter::roll(Scope& sc, Instant now) {
 }
 
 TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   if (!sc.has_budget) return {};
   roll(sc, now);
   if (period) *period = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire));
@@ -212,7 +232,7 @@ TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
 
 void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
                                 Instant now) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   if (!sc.has_budget) return;
   roll(sc, now);
   // A reservation from an earlier period went with it: charge the cost to this one.
@@ -223,13 +243,13 @@ void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std:
 }
 
 std::int64_t LocalLimiter::spent(std::uint32_t scope, Instant now) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   roll(sc, now);
   return sc.spent.load(std::memory_order_acquire);
 }
 
 std::int64_t LocalLimiter::committed(std::uint32_t scope, Instant now) {
-  Scope& sc = scopes_[scope];
+  Scope& sc = at(scope);
   roll(sc, now);
   return sc.committed.load(std::memory_order_acquire);
 }

@@ -58,6 +58,13 @@ class LocalLimiter final : public Limiter {
   void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
                     Instant now) override;
   std::int64_t spent(std::uint32_t scope, Instant now) override;
+  // Up to kMaxScopes in all; scopes live in chunks that never move.
+  bool grow(const std::vector<auth::ScopeInfo>& scopes) override;
+  void carry_spend(std::uint32_t from, std::uint32_t to, Instant now) override;
+  bool grows() const noexcept override { return true; }
+  std::uint32_t scope_count() const noexcept override { return static_cast<std::uint32_t>(scope_count_); }
+  static constexpr std::uint32_t kChunk = 64;
+  static constexpr std::uint32_t kMaxScopes = kChunk * 4096;
   // Settled spend plus reservations in flight, nano-USD. For tests and metrics.
   std::int64_t committed(std::uint32_t scope, Instant now);
 
@@ -89,6 +96,9 @@ class LocalLimiter final : public Limiter {
     std::atomic<std::int64_t> window{0};
   };
 
+  Scope& at(std::uint32_t scope) noexcept { return chunks_[scope / kChunk][scope % kChunk]; }
+  const Scope& at(std::uint32_t scope) const noexcept { return chunks_[scope / kChunk][scope % kChunk]; }
+  void init(Scope& sc, const auth::ScopeInfo& info);
   double ns(Instant t) const noexcept;
   std::uint32_t shard_of(std::uint32_t worker) const noexcept { return worker % shards_; }
   static double shard_available(const Spec& s, const std::atomic<double>& tat, double now) noexcept;
@@ -99,7 +109,9 @@ class LocalLimiter final : public Limiter {
   std::uint32_t workers_;
   std::uint32_t shards_;
   Instant epoch_;
-  std::unique_ptr<Scope[]> scopes_;
+  // Scope i is chunks_[i / kChunk][i % kChunk]; a chunk is allocated whole
+  // by the constructor or grow() and never moves.
+  std::unique_ptr<std::unique_ptr<Scope[]>[]> chunks_;
   std::size_t scope_count_ = 0;
 };
 

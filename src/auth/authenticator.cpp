@@ -6,6 +6,7 @@
 
 #include "auth/redis_keys.hpp"
 #include "core/text.hpp"
+#include "core/time.hpp"
 
 namespace weir::auth {
 
@@ -26,6 +27,12 @@ struct RedisKeyPrincipal final : Principal {
 };
 
 [[gnu::cold, gnu::noinline]] core::Error incorrect_key() { return core::unauthorized("Incorrect API key provided."); }
+
+[[gnu::cold, gnu::noinline]] core::Error key_expired(const KeyPolicy& k) {
+  const auto s = std::chrono::duration_cast<std::chrono::seconds>(k.expires_at.time_since_epoch()).count();
+  return core::unauthorized(
+      fmt::format("The API key `{}` expired at {} (Unix time {}).", k.id, core::format_rfc3339(s), s));
+}
 
 [[gnu::cold, gnu::noinline]] core::Error key_lookup_pending_error() {
   return core::unavailable("The API key is being looked up; retry shortly.", 1);
@@ -120,6 +127,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_key(std::str
     if (redis_keys_) return authenticate_redis_key(digest, now);
     return reject(incorrect_key());
   }
+  if (kp->expires_at != WallTime{} && now >= kp->expires_at) [[unlikely]]
+    return reject(key_expired(*kp));
   auto& slot = key_principals_[static_cast<std::size_t>(kp - policy_->keys().data())];
   if (!slot) {
     auto p = std::make_shared<Principal>();
@@ -145,6 +154,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_redis_key(co
   }
   switch (e->state) {
     case RedisKeyCache::State::found:
+      if (const KeyPolicy* k = e->principal->key; k->expires_at != WallTime{} && now >= k->expires_at) [[unlikely]]
+        return reject(key_expired(*k));
       ++stats_.api_key_hits;
       ++stats_.redis_key_hits;
       return e->principal;
@@ -181,6 +192,7 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
       if (rec.models) k.models = ModelList(*rec.models);
       k.tier = rec.tier.empty() ? tenant->tier : rec.tier;
       k.scope = tenant->scope;  // limits and budget stay empty: the tenant's scope governs
+      if (rec.expires_at > 0) k.expires_at = WallTime(std::chrono::seconds(rec.expires_at));
       p->kind = CredentialKind::api_key;
       p->tenant = tenant;
       p->key = &k;

@@ -61,6 +61,7 @@ struct ApiKeyConfig {
   std::string tier;                                // overrides the tenant's tier when non-empty
   Limits limits;                                   // per-key limits, on top of the tenant's
   Budget budget;                                   // per-key budget, on top of the tenant's
+  std::int64_t expires_at = 0;                     // Unix seconds after which the key is refused (401); 0 = never
 };
 
 // JWT bearer tokens (RFC 7519) verified with a JWKS (RFC 7517) from a URL or a file.

@@ -38,7 +38,15 @@ bool AuthPolicy::DigestEq::operator()(const Sha256Digest& a, const Sha256Digest&
   return CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
 
-std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config) {
+std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config) { return build(std::move(config), {}, 0); }
+
+std::uint32_t AuthPolicy::config_scopes(const AuthConfig& config) {
+  const bool anon_listed = config.tenants.count(config.anonymous_tenant) > 0;
+  return static_cast<std::uint32_t>(config.tenants.size() + (anon_listed ? 0 : 1) + config.api_keys.size());
+}
+
+std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std::vector<RuntimeKey>& runtime,
+                                                    std::uint32_t scope_count) {
   std::shared_ptr<AuthPolicy> p(new AuthPolicy());
   p->config_ = std::move(config);
   auto& tenants = p->config_.tenants;
@@ -72,8 +80,31 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config) {
     kp.limits = k.limits;
     kp.budget = k.budget;
     kp.scope = static_cast<std::uint32_t>(p->scopes_.size());
+    if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
     p->scopes_.push_back(ScopeInfo{"key:" + k.id, k.limits, k.budget});
     p->keys_.push_back(std::move(kp));
+  }
+  if (!runtime.empty() || scope_count > p->scopes_.size()) {
+    // Runtime keys keep the scope the key store gave them; the indexes
+    // between are placeholders (no limits: nothing is admitted against them).
+    if (scope_count > p->scopes_.size()) p->scopes_.resize(scope_count, ScopeInfo{"key:(retired)", {}, {}});
+    for (const auto& rk : runtime) {
+      const auto& k = rk.key;
+      KeyPolicy kp;
+      kp.id = k.id;
+      kp.sha256 = k.sha256;
+      kp.tenant = p->find_tenant(k.tenant);
+      if (!kp.tenant || rk.scope >= p->scopes_.size()) continue;
+      if (k.models) kp.models = ModelList(*k.models);
+      kp.tier = k.tier.empty() ? kp.tenant->tier : k.tier;
+      kp.limits = k.limits;
+      kp.budget = k.budget;
+      kp.scope = rk.scope;
+      if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
+      kp.runtime = true;
+      p->scopes_[rk.scope] = ScopeInfo{"key:" + k.id, k.limits, k.budget};
+      p->keys_.push_back(std::move(kp));
+    }
   }
   // Drop keys whose tenant is missing: parse_auth_config refuses them, this guards hand-built configs.
   p->keys_.erase(std::remove_if(p->keys_.begin(), p->keys_.end(), [](const KeyPolicy& k) { return !k.tenant; }),

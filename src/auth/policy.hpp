@@ -13,6 +13,7 @@
 
 #include "auth/config.hpp"
 #include "auth/crypto.hpp"
+#include "auth/jwt.hpp"
 
 namespace weir::auth {
 
@@ -53,6 +54,17 @@ struct KeyPolicy {
   Limits limits;
   Budget budget;
   std::uint32_t scope = 0;
+  WallTime expires_at{};  // refused from this instant on (401); epoch (the default) = never
+  bool runtime = false;   // created through the admin API (gateway/key_store.hpp), not the configuration
+};
+
+// A key created at run time (the admin API), with the admission scope the
+// key store gave it: scopes are never renumbered, so a new key's state is
+// added beside the existing ones (admission::Limiter::grow) and a key whose
+// limits or budget change gets a fresh scope.
+struct RuntimeKey {
+  ApiKeyConfig key;
+  std::uint32_t scope = 0;
 };
 
 // One admission scope: a tenant or a key, with its limits and budget. Scopes
@@ -67,6 +79,15 @@ class AuthPolicy {
  public:
   // Builds the policy from a parsed (already validated) configuration.
   static std::shared_ptr<const AuthPolicy> build(AuthConfig config);
+  // The same plus runtime keys, each with the scope it was given (all >= the
+  // configuration's scopes and < `scope_count`). scopes() then has
+  // `scope_count` entries; indexes no live key holds any more (revoked, or
+  // replaced after a change of limits) keep a placeholder without limits.
+  // A runtime key whose tenant is not configured is left out.
+  static std::shared_ptr<const AuthPolicy> build(AuthConfig config, const std::vector<RuntimeKey>& runtime,
+                                                 std::uint32_t scope_count);
+  // Scopes the configuration alone gives (tenants, then configured keys).
+  static std::uint32_t config_scopes(const AuthConfig& config);
 
   const AuthConfig& config() const noexcept { return config_; }
   // The tenant named `name`, or nullptr. O(log tenants).

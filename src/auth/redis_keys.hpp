@@ -1,6 +1,7 @@
 // Virtual keys stored in Redis (docs/auth.md, "Keys in Redis"): a hash
 // `<key_prefix>key:<sha256-hex of the key>` with fields id, tenant, models,
-// tier, revoked, looked up by the control thread and cached per worker. The
+// tier, revoked, expires_at (and, written by the admin API, name, metadata,
+// created_at), looked up by the control thread and cached per worker. The
 // key value is never stored, and neither it nor its hash reaches a log line.
 #pragma once
 
@@ -36,6 +37,7 @@ struct RedisKeyRecord {
   std::string tenant;                              // must name a configured tenant (checked per worker)
   std::optional<std::vector<std::string>> models;  // narrows the tenant's allow-list when set
   std::string tier;                                // overrides the tenant's tier when non-empty
+  std::int64_t expires_at = 0;                     // Unix seconds; refused from then on (401); 0 = never
 };
 
 // The answer to one lookup.
@@ -92,6 +94,8 @@ class RedisKeys {
   void lookup(const Sha256Digest& digest, Done done);
 
   std::chrono::milliseconds command_timeout() const noexcept { return options_.client.command_timeout; }
+  // The connection, for the admin API's writes of key records (control thread only).
+  store::Client& client() noexcept { return *client_; }
   const std::string& key_prefix() const noexcept { return options_.key_prefix; }
 
   // `<prefix>key:<64 lower-case hex digits>` (never log it).

@@ -494,9 +494,9 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
   // Sections owned by other modules are validated there (auth, tenants,
   // pricing, redis: gateway::load_config). A key nothing reads is an error
   // (limits: and batching: were accepted and ignored).
-  if (auto r = check_keys(
-          root, "",
-          {"listen", "workers", "server", "pools", "models", "default_pool", "auth", "tenants", "pricing", "redis"});
+  if (auto r = check_keys(root, "",
+                          {"listen", "workers", "server", "pools", "models", "default_pool", "auth", "tenants",
+                           "pricing", "redis", "admin"});
       !r)
     return located(r.error());
 

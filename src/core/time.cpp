@@ -1,5 +1,6 @@
 #include "core/time.hpp"
 
+#include <algorithm>
 #include <ctime>
 #include <iterator>
 
@@ -42,6 +43,60 @@ void append_rfc3339_now(std::string& out) {
   thread_local SecondCache<32> cache;
   out += cache.get(secs.time_since_epoch().count(), "%Y-%m-%dT%H:%M:%S");
   fmt::format_to(std::back_inserter(out), ".{:03d}Z", static_cast<int>(ms));
+}
+
+std::string format_rfc3339(std::int64_t unix_s) {
+  const std::chrono::sys_seconds t{std::chrono::seconds(unix_s)};
+  const auto day = std::chrono::floor<std::chrono::days>(t);
+  const std::chrono::year_month_day ymd{day};
+  const std::chrono::hh_mm_ss hms{t - day};
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", static_cast<int>(ymd.year()),
+                     static_cast<unsigned>(ymd.month()), static_cast<unsigned>(ymd.day()), hms.hours().count(),
+                     hms.minutes().count(), hms.seconds().count());
+}
+
+bool parse_rfc3339(std::string_view s, std::int64_t& unix_s) {
+  // date-time = full-date "T" partial-time time-offset (RFC 3339 §5.6)
+  auto digits = [&](std::size_t at, std::size_t n, int& out) {
+    if (at + n > s.size()) return false;
+    out = 0;
+    for (std::size_t i = at; i < at + n; ++i) {
+      if (s[i] < '0' || s[i] > '9') return false;
+      out = out * 10 + (s[i] - '0');
+    }
+    return true;
+  };
+  int y, mo, d, h, mi, sec;
+  if (s.size() < 20 || !digits(0, 4, y) || s[4] != '-' || !digits(5, 2, mo) || s[7] != '-' || !digits(8, 2, d) ||
+      (s[10] != 'T' && s[10] != 't' && s[10] != ' ') || !digits(11, 2, h) || s[13] != ':' || !digits(14, 2, mi) ||
+      s[16] != ':' || !digits(17, 2, sec))
+    return false;
+  std::size_t i = 19;
+  if (i < s.size() && s[i] == '.') {
+    ++i;
+    const std::size_t start = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    if (i == start) return false;
+  }
+  int offset_s = 0;
+  if (i < s.size() && (s[i] == 'Z' || s[i] == 'z')) {
+    ++i;
+  } else if (i < s.size() && (s[i] == '+' || s[i] == '-')) {
+    int oh, om;
+    if (!digits(i + 1, 2, oh) || i + 3 >= s.size() || s[i + 3] != ':' || !digits(i + 4, 2, om) || oh > 23 || om > 59)
+      return false;
+    offset_s = (s[i] == '-' ? -1 : 1) * (oh * 3600 + om * 60);
+    i += 6;
+  } else {
+    return false;
+  }
+  if (i != s.size()) return false;
+  const std::chrono::year_month_day ymd{std::chrono::year(y), std::chrono::month(static_cast<unsigned>(mo)),
+                                        std::chrono::day(static_cast<unsigned>(d))};
+  if (!ymd.ok() || h > 23 || mi > 59 || sec > 60) return false;
+  const auto days = std::chrono::sys_days(ymd).time_since_epoch().count();
+  unix_s = static_cast<std::int64_t>(days) * 86400 + h * 3600 + mi * 60 + std::min(sec, 59) - offset_s;
+  return true;
 }
 
 }  // namespace weir::core

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace weir::core {
 
@@ -23,6 +24,14 @@ inline std::int64_t micros_between(TimePoint from, TimePoint to) { return micros
 // 2026-11-30T03:12:45.123Z (access-log timestamps). The second is formatted
 // once per second per thread.
 void append_rfc3339_now(std::string& out);
+
+// Unix seconds as RFC 3339 in UTC without fraction, e.g. 2026-11-30T03:12:45Z.
+std::string format_rfc3339(std::int64_t unix_s);
+
+// Parses an RFC 3339 date-time ("2026-11-30T03:12:45Z", fraction and a
+// "+HH:MM"/"-HH:MM" offset allowed; 't'/'z' in lower case too) into Unix
+// seconds (a fraction is dropped). False when `s` is not one.
+bool parse_rfc3339(std::string_view s, std::int64_t& unix_s);
 
 // Appends "Date: <IMF-fixdate>\r\n" (RFC 9110 §6.6.1) for Weir's own
 // responses; formatted once a second per thread.

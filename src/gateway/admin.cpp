@@ -96,6 +96,10 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 }
 
 http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
+  co_await collect_metrics_text(self.shared(), self.io(), out);
+}
+
+http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out) {
   struct Gather {
     Gather(http::Executor ex, std::shared_ptr<const MetricLabels> labels, std::size_t n)
         : total(std::move(labels)), remaining(n), timer(ex) {}
@@ -103,12 +107,13 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
     std::size_t remaining;
     http::Timer timer;
   };
-  auto& shared = self.shared();
-  auto g = std::make_shared<Gather>(self.io().get_executor(), self.metrics().labels_ptr(), shared.workers.size());
+  // Label slots never change after start: reading worker 0's pointer from here is safe.
+  auto labels = shared.metric_labels ? shared.metric_labels : shared.workers.front()->metrics().labels_ptr();
+  auto g = std::make_shared<Gather>(home.get_executor(), std::move(labels), shared.workers.size());
   for (Worker* w : shared.workers) {
-    boost::asio::post(w->io(), [w, g, &self] {
+    boost::asio::post(w->io(), [w, g, &home] {
       MetricsShard copy = w->metrics();  // on w's own thread
-      boost::asio::post(self.io(), [g, copy = std::move(copy)]() mutable {
+      boost::asio::post(home, [g, copy = std::move(copy)]() mutable {
         g->total.merge(copy);
         if (--g->remaining == 0) g->timer.cancel();
       });

@@ -11,9 +11,12 @@
 #include "core/error.hpp"
 #include "http/io.hpp"
 
+#include <boost/asio/io_context.hpp>
+
 namespace weir::gateway {
 
 class Worker;
+struct Shared;
 
 // GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
 // created, owned_by}]} with every configured model and alias that `principal`
@@ -26,5 +29,9 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 // renders the merged set in Prometheus text format into `out`. Waits at most
 // one second for the other workers.
 http::Task<void> collect_metrics_text(Worker& self, std::string& out);
+// The same from any thread with an io_context of its own (`home`: the
+// caller's, e.g. the control thread's for the admin listener), given the
+// workers' `shared` state.
+http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out);
 
 }  // namespace weir::gateway

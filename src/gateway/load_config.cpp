@@ -112,6 +112,9 @@ core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv
     if (!pricing) return tl::unexpected(std::move(pricing.error()));
     auto redis = admission::parse_redis_config(root, file, getenv_fn);
     if (!redis) return tl::unexpected(std::move(redis.error()));
+    auto admin = parse_admin_config(root, out.config.server.listen, file, getenv_fn);
+    if (!admin) return tl::unexpected(std::move(admin.error()));
+    out.admin = std::move(*admin);
     if (root["auth"] || root["tenants"] || root["pricing"]) out.auth = std::move(*auth_cfg);
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);

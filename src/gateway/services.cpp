@@ -25,7 +25,14 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
     ko.key_prefix = redis_cfg->key_prefix;
     redis_keys_ = std::make_unique<auth::RedisKeys>(control, std::move(ko));
   }
-  policy_ = auth::AuthPolicy::build(std::move(auth_cfg));
+  if (loaded.admin) {
+    // Runtime keys (admin API): the configuration plus the persisted keys.
+    key_store_ = std::make_unique<KeyStore>(auth_cfg, loaded.admin->keys_file);
+    if (auto ok = key_store_->load(); !ok) error_ = ok.error();
+    policy_ = key_store_->policy();
+  } else {
+    policy_ = auth::AuthPolicy::build(std::move(auth_cfg));
+  }
   if (redis_cfg) {
     // Limits and spend shared with other replicas; leases keep Redis off the request path.
     auto r = std::make_unique<admission::RedisLimiter>(control, policy_->scopes(), workers, *redis_cfg,
@@ -35,6 +42,7 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
   } else {
     limiter_ = std::make_unique<admission::LocalLimiter>(policy_->scopes(), workers, std::chrono::steady_clock::now());
   }
+  if (key_store_) key_store_->set_limiter(limiter_.get());
 }
 
 Services::~Services() = default;

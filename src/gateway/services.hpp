@@ -15,6 +15,7 @@
 #include "auth/jwks_cache.hpp"
 #include "auth/redis_keys.hpp"
 #include "core/async.hpp"
+#include "gateway/key_store.hpp"
 #include "gateway/load_config.hpp"
 #include "gateway/worker.hpp"
 
@@ -23,8 +24,14 @@ namespace weir::gateway {
 class Services {
  public:
   // Builds what `loaded` asks for, on `control`, for `workers` worker
-  // threads; takes loaded.auth and loaded.pricing. Nothing starts yet.
+  // threads; takes loaded.auth and loaded.pricing. With loaded.admin (and
+  // auth), the runtime key store too: its keys_file is read here, and a
+  // file that cannot be read is a start-up error (`error()`). Nothing starts yet.
   Services(boost::asio::io_context& control, LoadedConfig& loaded, unsigned workers);
+  // Why construction failed (a keys file that cannot be read); empty = fine.
+  const std::string& error() const noexcept { return error_; }
+  // The runtime keys (admin API); null without admin: or without auth.
+  KeyStore* key_store() noexcept { return key_store_.get(); }
   ~Services();
   Services(const Services&) = delete;
   Services& operator=(const Services&) = delete;
@@ -49,6 +56,8 @@ class Services {
   std::unique_ptr<auth::RedisKeys> redis_keys_;
   std::unique_ptr<admission::Limiter> limiter_;
   admission::RedisLimiter* redis_limiter_ = nullptr;
+  std::unique_ptr<KeyStore> key_store_;
+  std::string error_;
 };
 
 }  // namespace weir::gateway

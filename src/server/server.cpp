@@ -10,6 +10,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include "gateway/admin_server.hpp"
 #include "gateway/services.hpp"
 #include "gateway/worker.hpp"
 #include "routing/load_scraper.hpp"
@@ -53,6 +54,10 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   asio::io_context main_io;
   routing::LoadScraper scraper(main_io, *config, shared.pool_states, shared.endpoint_addrs);
   gateway::Services services(main_io, loaded, n);
+  if (!services.error().empty()) {
+    fmt::print(stderr, "weir: {}\n", services.error());
+    return 1;
+  }
   services.attach(shared);
   shared.metric_labels = gateway::MetricLabels::build(*config, shared.auth_policy.get());
 
@@ -66,6 +71,18 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   std::vector<std::unique_ptr<gateway::Worker>> workers;
   for (unsigned i = 0; i < n; ++i) workers.push_back(std::make_unique<gateway::Worker>(shared, i));
   for (auto& w : workers) shared.workers.push_back(w.get());
+
+  // The admin API: its own listener on the control thread, never a worker's.
+  std::unique_ptr<gateway::AdminServer> admin;
+  std::uint16_t admin_port = 0;
+  if (loaded.admin) {
+    admin = std::make_unique<gateway::AdminServer>(main_io, *loaded.admin, shared, services.key_store());
+    admin_port = admin->listen(err);
+    if (admin_port == 0) {
+      fmt::print(stderr, "weir: {}\n", err);
+      return 1;
+    }
+  }
 
   // One Weir per address unless the operator says otherwise: worker 0 first
   // checks that no other process listens there (SO_REUSEPORT would let it
@@ -109,6 +126,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     shared.draining = true;
     services.begin_drain();
     scraper.stop();
+    if (admin) admin->stop();
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
   };
@@ -116,6 +134,13 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
 
   services.start();
   scraper.start();
+  if (admin) {
+    admin->start();
+    fmt::print(stderr, "weir: admin API on {}:{}{}\n", loaded.admin->listen.host, admin_port,
+               !services.key_store()                ? " (no tenants: runtime keys off)"
+               : services.key_store()->persistent() ? ", runtime keys in " + loaded.admin->keys_file
+                                                    : ", runtime keys in memory only (no admin.keys_file)");
+  }
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),

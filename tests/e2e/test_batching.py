@@ -33,7 +33,7 @@ def upstream_requests(*mocks) -> float:
 
 
 def completion_lines(w, n: int) -> list[dict]:
-    """The access-log lines of the first `n` completions (a /metrics scrape has its own line)."""
+    """The access-log lines of the first `n` completions."""
     def mine(es):
         return [e for e in es if e["path"] == "/v1/completions"]
     return mine(w.wait_log(lambda es: len(mine(es)) >= n))

@@ -133,7 +133,8 @@ void GatewayPhases::log(RequestContext& ctx) {
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
   if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
   m.sse_events += ctx.events;
-  if (w_.access_log().enabled()) write_access_log(ctx, end);
+  // A scrape every few seconds would drown the log: /metrics counts in the metrics, writes no line.
+  if (w_.access_log().enabled() && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
   ctx.principal.reset();
 }
 

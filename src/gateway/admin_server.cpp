@@ -1,0 +1,593 @@
+#include "gateway/admin_server.hpp"
+
+#include <openssl/crypto.h>
+
+#include <fmt/format.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/beast/core/basic_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "auth/jwt.hpp"
+#include "core/text.hpp"
+#include "gateway/admin.hpp"
+
+namespace weir::gateway {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bh = boost::beast::http;
+namespace json = boost::json;
+
+namespace {
+
+constexpr std::size_t kMaxBody = 1u << 20;
+constexpr auto kIdleTimeout = std::chrono::seconds(30);
+constexpr auto kRequestTimeout = std::chrono::seconds(10);
+
+std::vector<std::string> split_path(std::string_view path) {
+  std::vector<std::string> out;
+  while (!path.empty()) {
+    if (path.front() == '/') {
+      path.remove_prefix(1);
+      continue;
+    }
+    const auto slash = path.find('/');
+    out.emplace_back(path.substr(0, slash));
+    path = slash == std::string_view::npos ? std::string_view() : path.substr(slash);
+  }
+  return out;
+}
+
+AdminResponse json_response(int status, const json::value& v) { return AdminResponse{status, json::serialize(v)}; }
+
+AdminResponse error_response(const AdminError& e) { return AdminResponse{e.status, admin_error_json(e)}; }
+
+AdminError unauthorized(std::string message) {
+  return AdminError{401, "invalid_request_error", "invalid_api_key", std::move(message), {}};
+}
+
+AdminError no_keys() {
+  return AdminError{409,
+                    "invalid_request_error",
+                    "no_tenants",
+                    "Runtime keys need tenants: this configuration has no auth:/tenants: section.",
+                    {}};
+}
+
+AdminError read_only(std::string_view id) {
+  return AdminError{409,
+                    "invalid_request_error",
+                    "read_only",
+                    fmt::format("Key `{}` comes from the configuration file (source: config) and is read-only here.",
+                                id.substr(0, 128)),
+                    {}};
+}
+
+// The body as a JSON object, or 400 (invalid JSON; not an object).
+AdminResult<json::object> parse_object(const std::string& body) {
+  boost::system::error_code ec;
+  json::value v = json::parse(body, ec);
+  if (ec)
+    return tl::unexpected(
+        admin_bad_request(fmt::format("We could not parse the JSON body of your request ({}).", ec.message())));
+  if (!v.is_object()) return tl::unexpected(admin_bad_request("The request body must be a JSON object."));
+  return std::move(v.get_object());
+}
+
+// A claim by dotted path ("weir.admin"), or nullptr.
+const json::value* claim_at(const json::object& claims, std::string_view path) {
+  const json::object* obj = &claims;
+  for (;;) {
+    const auto dot = path.find('.');
+    const json::value* v = obj->if_contains(path.substr(0, dot));
+    if (!v || dot == std::string_view::npos) return v;
+    if (!v->is_object()) return nullptr;
+    obj = &v->get_object();
+    path.remove_prefix(dot + 1);
+  }
+}
+
+bool is_config_key(const KeyStore& keys, std::string_view id) {
+  for (const auto& k : keys.policy()->keys())
+    if (!k.runtime && k.id == id) return true;
+  return false;
+}
+
+std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+json::value bucket_json(const admission::BucketView& v) {
+  json::object o;
+  o["limit"] = v.limit;
+  o["remaining"] = v.remaining;
+  o["reset_ms"] = v.reset_ms;
+  return o;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- AdminRouter
+
+void AdminRouter::add(std::string method, std::string pattern, AdminHandler handler) {
+  routes_.push_back(Route{std::move(method), split_path(pattern), std::move(handler)});
+}
+
+AdminRouter::Match AdminRouter::match(std::string_view method, std::string_view path,
+                                      std::vector<std::string>& params) const {
+  const auto segs = split_path(path);
+  Match m;
+  for (const auto& r : routes_) {
+    if (r.segments.size() != segs.size()) continue;
+    std::vector<std::string> got;
+    bool ok = true;
+    for (std::size_t i = 0; i < segs.size() && ok; ++i) {
+      const auto& s = r.segments[i];
+      if (s.size() > 2 && s.front() == '{' && s.back() == '}')
+        got.push_back(segs[i]);
+      else
+        ok = s == segs[i];
+    }
+    if (!ok) continue;
+    if (r.method == method || (method == "HEAD" && r.method == "GET")) {
+      params = std::move(got);
+      m.handler = &r.handler;
+      return m;
+    }
+    if (m.allow.find(r.method) == std::string::npos) m.allow += (m.allow.empty() ? "" : ", ") + r.method;
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------- AdminServer
+
+AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cfg, Shared& shared, KeyStore* keys)
+    : control_(control), cfg_(cfg), shared_(shared), keys_(keys), acceptor_(control.get_executor()) {
+  if (shared_.auth_policy) initial_scopes_ = static_cast<std::uint32_t>(shared_.auth_policy->scopes().size());
+  if (shared_.redis_keys && shared_.auth_policy)
+    redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy->config());
+  auto route = [this](const char* method, const char* pattern,
+                      core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&)) {
+    router_.add(method, pattern, [this, fn](AdminRequest& r) { return (this->*fn)(r); });
+  };
+  route("GET", "/admin/v1/keys", &AdminServer::list_keys);
+  route("POST", "/admin/v1/keys", &AdminServer::create_key);
+  route("GET", "/admin/v1/keys/{id}", &AdminServer::get_key);
+  route("PATCH", "/admin/v1/keys/{id}", &AdminServer::update_key);
+  route("DELETE", "/admin/v1/keys/{id}", &AdminServer::delete_key);
+  route("POST", "/admin/v1/keys/{id}/rotate", &AdminServer::rotate_key);
+  route("GET", "/admin/v1/tenants", &AdminServer::list_tenants);
+  route("GET", "/admin/v1/tenants/{name}", &AdminServer::get_tenant);
+  route("GET", "/metrics", &AdminServer::metrics);
+  route("GET", "/ready", &AdminServer::ready);
+}
+
+AdminServer::~AdminServer() { blocking_.join(); }
+
+std::uint16_t AdminServer::listen(std::string& error) {
+  boost::system::error_code ec;
+  auto ip = asio::ip::make_address(cfg_.listen.host, ec);
+  if (ec) {
+    asio::ip::tcp::resolver resolver(control_);
+    auto results = resolver.resolve(cfg_.listen.host, "", ec);
+    if (ec || results.empty()) {
+      error = fmt::format("admin.listen: cannot resolve {}: {}", cfg_.listen.host, ec.message());
+      return 0;
+    }
+    ip = results.begin()->endpoint().address();
+  }
+  const http::tcp::endpoint ep(ip, cfg_.listen.port);
+  acceptor_.open(ep.protocol(), ec);
+  if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) acceptor_.bind(ep, ec);
+  if (!ec) acceptor_.listen(128, ec);
+  if (ec) {
+    error = fmt::format("admin.listen: cannot listen on {}:{}: {}", cfg_.listen.host, cfg_.listen.port, ec.message());
+    return 0;
+  }
+  return acceptor_.local_endpoint().port();
+}
+
+void AdminServer::start() { asio::co_spawn(control_.get_executor(), accept_loop(), asio::detached); }
+
+void AdminServer::stop() {
+  stopped_ = true;
+  boost::system::error_code ignored;
+  acceptor_.close(ignored);
+}
+
+core::Task<void> AdminServer::accept_loop() {
+  for (;;) {
+    auto [ec, sock] = co_await acceptor_.async_accept(core::use_task);
+    if (ec) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+      core::Timer t(control_.get_executor());
+      t.expires_after(std::chrono::milliseconds(10));
+      co_await t.async_wait(core::use_task);
+      continue;
+    }
+    asio::co_spawn(control_.get_executor(), serve(std::move(sock)), [](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const std::exception& ex) {
+        fmt::print(stderr, "weir: admin: connection failed: {}\n", ex.what());
+      }
+    });
+  }
+}
+
+core::Task<void> AdminServer::serve(http::Socket sock) {
+  beast::basic_stream<asio::ip::tcp, core::Executor> stream(std::move(sock));
+  beast::flat_buffer buf;
+  for (;;) {
+    bh::request_parser<bh::string_body> parser;
+    parser.header_limit(16 * 1024);
+    parser.body_limit(kMaxBody);
+    stream.expires_after(buf.size() ? kRequestTimeout : kIdleTimeout);
+    auto [ec, n] = co_await bh::async_read(stream, buf, parser, core::use_task);
+    bh::response<bh::string_body> res;
+    res.version(11);
+    if (ec) {
+      if (ec == bh::error::end_of_stream || ec == beast::error::timeout || !parser.got_some()) co_return;
+      AdminError e = admin_bad_request(fmt::format("Malformed HTTP request: {}.", ec.message()));
+      if (ec == bh::error::body_limit)
+        e = AdminError{413,
+                       "invalid_request_error",
+                       "payload_too_large",
+                       fmt::format("The body is larger than {} bytes.", kMaxBody),
+                       {}};
+      res.result(static_cast<unsigned>(e.status));
+      res.set(bh::field::content_type, "application/json");
+      res.body() = admin_error_json(e);
+      res.keep_alive(false);
+      res.prepare_payload();
+      stream.expires_after(kRequestTimeout);
+      co_await bh::async_write(stream, res, core::use_task);
+      co_return;
+    }
+    auto& msg = parser.get();
+    AdminRequest req;
+    req.method = std::string(msg.method_string());
+    const std::string_view target = msg.target();
+    const auto q = target.find('?');
+    req.path = std::string(target.substr(0, q));
+    if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
+    req.body = std::move(msg.body());
+    const std::string authorization(msg[bh::field::authorization]);
+    const bool keep = msg.keep_alive() && !stopped_;
+    AdminResponse r = co_await dispatch(req, authorization);
+    res.result(static_cast<unsigned>(r.status));
+    res.set(bh::field::content_type, r.content_type);
+    res.set(bh::field::cache_control, "no-store");
+    if (r.status == 401) res.set(bh::field::www_authenticate, "Bearer realm=\"weir-admin\"");
+    if (r.status == 405) {
+      std::vector<std::string> ignored;
+      res.set(bh::field::allow, router_.match("", req.path, ignored).allow);
+    }
+    res.body() = req.method == "HEAD" ? std::string() : std::move(r.body);
+    res.keep_alive(keep);
+    res.prepare_payload();
+    stream.expires_after(kRequestTimeout);
+    auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
+    if (wec || !keep) co_return;
+  }
+}
+
+tl::expected<void, AdminError> AdminServer::check_token(std::string_view authorization) const {
+  authorization = core::trim_ows(authorization);
+  if (authorization.empty())
+    return tl::unexpected(
+        unauthorized("You didn't provide an admin token. Pass it in an Authorization header using Bearer auth "
+                     "(Authorization: Bearer ADMIN_TOKEN)."));
+  const auto sp = authorization.find_first_of(" \t");
+  if (sp == std::string_view::npos || !core::iequals(authorization.substr(0, sp), "Bearer"))
+    return tl::unexpected(unauthorized("The Authorization header must use the Bearer scheme."));
+  const std::string_view token = core::trim_ows(authorization.substr(sp + 1));
+  if (cfg_.has_token) {
+    const auth::Sha256Digest d = auth::sha256(token);
+    if (CRYPTO_memcmp(d.data(), cfg_.token_sha256.data(), d.size()) == 0) return {};
+  }
+  if (!cfg_.jwt_claim.empty() && shared_.jwks && shared_.auth_policy && shared_.auth_policy->config().jwt &&
+      auth::looks_like_jwt(token)) {
+    const auto& j = *shared_.auth_policy->config().jwt;
+    auth::ClaimsPolicy claims;
+    claims.issuer = j.issuer;
+    claims.audiences = j.audiences;
+    claims.leeway = j.leeway;
+    claims.require_exp = j.require_exp;
+    const auto keys = shared_.jwks->keys();
+    if (!keys) return tl::unexpected(unauthorized("Signing keys are not loaded yet."));
+    auto v = auth::verify_jwt(token, *keys, claims, std::chrono::system_clock::now());
+    if (!v) return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
+    const json::value* c = claim_at(v->claims, cfg_.jwt_claim);
+    if (c && ((c->is_bool() && c->get_bool()) || (c->is_string() && c->get_string() == "true"))) return {};
+    return tl::unexpected(unauthorized(fmt::format("The token's '{}' claim does not grant admin.", cfg_.jwt_claim)));
+  }
+  return tl::unexpected(unauthorized("Incorrect admin token provided."));
+}
+
+core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_view authorization) {
+  // /metrics and /ready answer as on the client port (no secret in them); everything else needs the token.
+  const bool open = req.path == "/metrics" || req.path == "/ready";
+  if (!open) {
+    if (auto ok = check_token(authorization); !ok) co_return error_response(ok.error());
+  }
+  auto m = router_.match(req.method, req.path, req.params);
+  if (!m.handler) {
+    if (!m.allow.empty())
+      co_return error_response(AdminError{405,
+                                          "invalid_request_error",
+                                          "method_not_allowed",
+                                          fmt::format("Method {} is not allowed on {} (allowed: {}).",
+                                                      req.method.substr(0, 16), req.path.substr(0, 256), m.allow),
+                                          {}});
+    co_return error_response(AdminError{404,
+                                        "invalid_request_error",
+                                        "unknown_url",
+                                        fmt::format("Unknown admin path: {}.", req.path.substr(0, 256)),
+                                        {}});
+  }
+  co_return co_await (*m.handler)(req);
+}
+
+core::Task<void> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> policy) {
+  struct Gather {
+    explicit Gather(core::Executor ex, std::size_t n) : remaining(n), timer(ex) {}
+    std::size_t remaining;
+    core::Timer timer;
+  };
+  auto g = std::make_shared<Gather>(control_.get_executor(), shared_.workers.size());
+  if (g->remaining == 0) co_return;
+  for (Worker* w : shared_.workers) {
+    asio::post(w->io(), [w, g, policy, this] {
+      if (auto* a = w->authenticator()) a->set_policy(policy);  // on w's own thread
+      asio::post(control_, [g] {
+        if (--g->remaining == 0) g->timer.cancel();
+      });
+    });
+  }
+  g->timer.expires_after(std::chrono::seconds(2));
+  co_await g->timer.async_wait(core::use_task);
+}
+
+// ---------------------------------------------------------------- usage
+
+json::object AdminServer::usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const {
+  json::object u;
+  auto* lim = shared_.limiter;
+  const bool held = lim && (lim->grows() ? scope < lim->scope_count() : scope < initial_scopes_);
+  const auto now = std::chrono::steady_clock::now();
+  u["requests"] = held && l.requests_per_minute ? bucket_json(lim->view(scope, admission::Bucket::requests, now))
+                                                : json::value(nullptr);
+  u["tokens"] = held && l.tokens_per_minute ? bucket_json(lim->view(scope, admission::Bucket::tokens, now))
+                                            : json::value(nullptr);
+  if (held && l.max_concurrent_streams) {
+    json::object s;
+    s["limit"] = l.max_concurrent_streams;
+    s["in_flight"] = lim->streams_in_use(scope);
+    u["streams"] = std::move(s);
+  } else {
+    u["streams"] = nullptr;
+  }
+  if (held && b.any()) {
+    const std::int64_t spent = lim->spent(scope, now);
+    json::object s;
+    s["limit_usd"] = static_cast<double>(b.limit_nano_usd) / 1e9;
+    s["spent_usd"] = static_cast<double>(spent) / 1e9;
+    s["remaining_usd"] = static_cast<double>(b.limit_nano_usd - spent) / 1e9;
+    s["period"] = budget_json(b).as_object().at("period");
+    u["budget"] = std::move(s);
+  } else {
+    u["budget"] = nullptr;
+  }
+  return u;
+}
+
+json::object AdminServer::tenant_json(const auth::TenantPolicy& t) const {
+  json::object o;
+  o["object"] = "tenant";
+  o["name"] = t.name;
+  const auto& cfg = shared_.auth_policy->config().tenants;
+  json::array models;
+  if (auto it = cfg.find(t.name); it != cfg.end())
+    for (const auto& m : it->second.models) models.emplace_back(m);
+  o["models"] = std::move(models);
+  o["priority"] = t.priority;
+  o["tier"] = t.tier;
+  o["limits"] = limits_json(t.limits);
+  o["budget"] = budget_json(t.budget);
+  o["usage"] = usage_json(t.scope, t.limits, t.budget);
+  std::size_t runtime = 0;
+  if (keys_)
+    for (const auto& k : keys_->keys()) runtime += k.tenant == t.name;
+  o["runtime_keys"] = runtime;
+  return o;
+}
+
+json::object AdminServer::config_key_json(const auth::KeyPolicy& k) const {
+  json::object o;
+  o["object"] = "key";
+  o["id"] = k.id;
+  o["name"] = nullptr;
+  o["tenant"] = k.tenant->name;
+  o["models"] = nullptr;
+  for (const auto& c : shared_.auth_policy->config().api_keys)
+    if (c.id == k.id && c.models) {
+      json::array a;
+      for (const auto& m : *c.models) a.emplace_back(m);
+      o["models"] = std::move(a);
+    }
+  o["limits"] = limits_json(k.limits);
+  o["budget"] = budget_json(k.budget);
+  o["expires_at"] = nullptr;
+  o["metadata"] = json::object{};
+  o["created_at"] = nullptr;
+  o["source"] = "config";
+  o["read_only"] = true;
+  return o;
+}
+
+// ---------------------------------------------------------------- handlers
+
+core::Task<AdminResponse> AdminServer::list_keys(AdminRequest&) {
+  json::array data;
+  if (keys_) {
+    for (const auto& k : keys_->policy()->keys())
+      if (!k.runtime) data.emplace_back(config_key_json(k));
+    const auto now = unix_now();
+    std::vector<KeyRecord> from_redis;
+    if (redis_) {
+      auto all = co_await redis_->list();
+      if (!all) co_return error_response(all.error());
+      from_redis = std::move(*all);
+    }
+    for (const auto& k : redis_ ? from_redis : keys_->keys()) {
+      auto o = key_json(k);
+      o["read_only"] = false;
+      o["expired"] = k.expires_at != 0 && now >= k.expires_at;
+      data.emplace_back(std::move(o));
+    }
+  }
+  json::object o;
+  o["object"] = "list";
+  o["data"] = std::move(data);
+  o["persistence"] = !keys_ ? "none" : redis_ ? "redis" : keys_->persistent() ? "keys_file" : "memory";
+  co_return json_response(200, o);
+}
+
+core::Task<AdminResponse> AdminServer::create_key(AdminRequest& r) {
+  if (!keys_) co_return error_response(no_keys());
+  auto body = parse_object(r.body);
+  if (!body) co_return error_response(body.error());
+  AdminResult<KeyStore::Change> c;
+  if (redis_) {
+    c = co_await redis_->create(std::move(*body), unix_now());
+  } else {
+    c = keys_->create(*body, unix_now());
+    if (c) co_await publish(keys_->policy());
+  }
+  if (!c) co_return error_response(c.error());
+  auto o = key_json(c->record);
+  o["key"] = c->secret;  // the only time the secret is shown
+  o["read_only"] = false;
+  co_return json_response(201, o);
+}
+
+core::Task<AdminResponse> AdminServer::get_key(AdminRequest& r) {
+  if (!keys_) co_return error_response(no_keys());
+  const std::string id = r.params.at(0);
+  if (redis_ && !is_config_key(*keys_, id)) {
+    auto k = co_await redis_->get(id);
+    if (!k) co_return error_response(k.error());
+    auto o = key_json(*k);
+    o["read_only"] = false;
+    o["expired"] = k->expires_at != 0 && unix_now() >= k->expires_at;
+    co_return json_response(200, o);
+  }
+  if (const KeyRecord* k = keys_->find(id)) {
+    auto o = key_json(*k);
+    o["read_only"] = false;
+    o["expired"] = k->expires_at != 0 && unix_now() >= k->expires_at;
+    o["usage"] = usage_json(k->scope, k->limits, k->budget);
+    co_return json_response(200, o);
+  }
+  for (const auto& k : keys_->policy()->keys())
+    if (!k.runtime && k.id == id) {
+      auto o = config_key_json(k);
+      o["usage"] = usage_json(k.scope, k.limits, k.budget);
+      co_return json_response(200, o);
+    }
+  co_return error_response(admin_not_found(fmt::format("No key with id `{}`.", id.substr(0, 128))));
+}
+
+core::Task<AdminResponse> AdminServer::update_key(AdminRequest& r) {
+  if (!keys_) co_return error_response(no_keys());
+  const std::string id = r.params.at(0);
+  if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
+  auto body = parse_object(r.body);
+  if (!body) co_return error_response(body.error());
+  AdminResult<KeyStore::Change> c;
+  if (redis_) {
+    c = co_await redis_->update(id, std::move(*body));
+  } else {
+    c = keys_->update(id, *body);
+    if (c) co_await publish(keys_->policy());
+  }
+  if (!c) co_return error_response(c.error());
+  auto o = key_json(c->record);
+  o["read_only"] = false;
+  co_return json_response(200, o);
+}
+
+core::Task<AdminResponse> AdminServer::delete_key(AdminRequest& r) {
+  if (!keys_) co_return error_response(no_keys());
+  const std::string id = r.params.at(0);
+  if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
+  AdminResult<KeyRecord> gone;
+  if (redis_) {
+    gone = co_await redis_->revoke(id);
+  } else {
+    gone = keys_->revoke(id);
+    if (gone) co_await publish(keys_->policy());
+  }
+  if (!gone) co_return error_response(gone.error());
+  json::object o;
+  o["object"] = "key";
+  o["id"] = gone->id;
+  o["deleted"] = true;
+  co_return json_response(200, o);
+}
+
+core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
+  if (!keys_) co_return error_response(no_keys());
+  const std::string id = r.params.at(0);
+  if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
+  AdminResult<KeyStore::Change> c;
+  if (redis_) {
+    c = co_await redis_->rotate(id);
+  } else {
+    c = keys_->rotate(id);
+    if (c) co_await publish(keys_->policy());
+  }
+  if (!c) co_return error_response(c.error());
+  auto o = key_json(c->record);
+  o["key"] = c->secret;
+  o["read_only"] = false;
+  co_return json_response(200, o);
+}
+
+core::Task<AdminResponse> AdminServer::list_tenants(AdminRequest&) {
+  json::array data;
+  if (shared_.auth_policy)
+    for (const auto& t : shared_.auth_policy->tenants()) data.emplace_back(tenant_json(t));
+  json::object o;
+  o["object"] = "list";
+  o["data"] = std::move(data);
+  co_return json_response(200, o);
+}
+
+core::Task<AdminResponse> AdminServer::get_tenant(AdminRequest& r) {
+  const std::string& name = r.params.at(0);
+  const auth::TenantPolicy* t = shared_.auth_policy ? shared_.auth_policy->find_tenant(name) : nullptr;
+  if (!t) co_return error_response(admin_not_found(fmt::format("No tenant named `{}`.", name.substr(0, 128))));
+  co_return json_response(200, tenant_json(*t));
+}
+
+core::Task<AdminResponse> AdminServer::metrics(AdminRequest&) {
+  AdminResponse r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  co_await collect_metrics_text(shared_, control_, r.body);
+  co_return r;
+}
+
+core::Task<AdminResponse> AdminServer::ready(AdminRequest&) {
+  if (shared_.draining.load())
+    co_return error_response(AdminError{503, "server_error", "draining", "Weir is draining.", {}});
+  co_return AdminResponse{200, R"({"status":"ready"})"};
+}
+
+}  // namespace weir::gateway

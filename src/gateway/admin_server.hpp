@@ -1,0 +1,157 @@
+// The admin API's listener (docs/admin-api.md): HTTP/1.1 + JSON under
+// /admin/v1/, plus /metrics and /ready, on the control io_context (the
+// thread that runs JWKS refreshes and Redis syncs, never a worker's), so an
+// admin request can not delay the request path. It reads worker state by
+// posting to the workers and publishes key changes the same way.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/execution/outstanding_work.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/prefer.hpp>
+#include <boost/asio/thread_pool.hpp>
+
+#include "core/async.hpp"
+#include "gateway/admin_config.hpp"
+#include "gateway/key_store.hpp"
+#include "gateway/redis_key_admin.hpp"
+#include "gateway/worker.hpp"
+#include "http/io.hpp"
+
+namespace weir::gateway {
+
+// One admin request, as a handler sees it.
+struct AdminRequest {
+  std::string method;
+  std::string path;                 // without the query
+  std::string query;                // after '?', undecoded; empty when none
+  std::string body;                 // at most 1 MiB
+  std::vector<std::string> params;  // the {name} segments of the route's pattern, in order
+};
+
+struct AdminResponse {
+  int status = 200;
+  std::string body;
+  std::string content_type = "application/json";
+};
+
+using AdminHandler = std::function<core::Task<AdminResponse>(AdminRequest&)>;
+
+// Routes by method and path pattern ("/admin/v1/keys/{id}/rotate": each
+// {name} matches one non-empty segment). One line per route:
+//   router.add("GET", "/admin/v1/keys/{id}", [this](AdminRequest& r) { return get_key(r); });
+class AdminRouter {
+ public:
+  void add(std::string method, std::string pattern, AdminHandler handler);
+
+  struct Match {
+    const AdminHandler* handler = nullptr;  // null: see allow
+    std::string allow;                      // methods of patterns that matched the path ("" = 404)
+  };
+  // The route for `method` and `path`; fills `params`. No handler and an
+  // empty `allow`: 404; no handler and `allow` set: 405 with Allow: allow.
+  Match match(std::string_view method, std::string_view path, std::vector<std::string>& params) const;
+
+ private:
+  struct Route {
+    std::string method;
+    std::vector<std::string> segments;  // "{...}" = a parameter
+    AdminHandler handler;
+  };
+  std::vector<Route> routes_;
+};
+
+// Runs `fn` (a blocking call: a database query, a file scan) on `pool` and
+// resumes the calling coroutine on its own executor with fn's result, so
+// a handler on the control thread never blocks it:
+//   auto rows = co_await run_blocking(blocking_pool, [q] { return store.query(q); });
+// `fn` must not throw (catch inside and return an error value).
+template <class F>
+core::Task<std::invoke_result_t<F&>> run_blocking(boost::asio::thread_pool& pool, F fn) {
+  using R = std::invoke_result_t<F&>;
+  namespace asio = boost::asio;
+  auto ex = co_await asio::this_coro::executor;
+  auto token = core::use_task;
+  auto [r] = co_await asio::async_initiate<decltype(token), void(R)>(
+      [&pool, ex](auto handler, F f) {
+        auto work = asio::prefer(ex, asio::execution::outstanding_work.tracked);
+        asio::post(pool, [work, f = std::move(f), h = std::move(handler)]() mutable {
+          R result = f();
+          asio::post(work,
+                     [h = std::move(h), result = std::move(result)]() mutable { std::move(h)(std::move(result)); });
+        });
+      },
+      token, std::move(fn));
+  co_return std::move(r);
+}
+
+class AdminServer {
+ public:
+  // `control`: the control io_context (must run while this serves).
+  // `keys`: the runtime key store, null when auth is not configured (the
+  // key routes then answer 409); with shared.redis_keys, runtime keys are
+  // kept in Redis instead (RedisKeyAdmin) and `keys` serves the
+  // configuration's. `shared` must be complete (workers listed).
+  AdminServer(boost::asio::io_context& control, const AdminConfig& cfg, Shared& shared, KeyStore* keys);
+  ~AdminServer();
+  AdminServer(const AdminServer&) = delete;
+  AdminServer& operator=(const AdminServer&) = delete;
+
+  // Binds admin.listen. Returns the bound port, or 0 with `error` set.
+  std::uint16_t listen(std::string& error);
+  void start();
+  // Stops accepting (the drain began). Open admin connections end with their request.
+  void stop();
+
+  // Whether `authorization` (the header's value) carries the admin token
+  // (SHA-256 compared in constant time) or, with admin.jwt_claim, a JWT
+  // that auth.jwt verifies and whose claim is true. Empty error = ok.
+  tl::expected<void, AdminError> check_token(std::string_view authorization) const;
+
+ private:
+  core::Task<void> accept_loop();
+  core::Task<void> serve(http::Socket sock);
+  core::Task<AdminResponse> dispatch(AdminRequest& req, std::string_view authorization);
+  // Sends `policy` to every worker (each swaps its Authenticator's policy on
+  // its own thread) and returns once all did (or after 2 s).
+  core::Task<void> publish(std::shared_ptr<const auth::AuthPolicy> policy);
+
+  core::Task<AdminResponse> list_keys(AdminRequest& r);
+  core::Task<AdminResponse> create_key(AdminRequest& r);
+  core::Task<AdminResponse> get_key(AdminRequest& r);
+  core::Task<AdminResponse> update_key(AdminRequest& r);
+  core::Task<AdminResponse> delete_key(AdminRequest& r);
+  core::Task<AdminResponse> rotate_key(AdminRequest& r);
+  core::Task<AdminResponse> list_tenants(AdminRequest& r);
+  core::Task<AdminResponse> get_tenant(AdminRequest& r);
+  core::Task<AdminResponse> metrics(AdminRequest& r);
+  core::Task<AdminResponse> ready(AdminRequest& r);
+
+  boost::json::object usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const;
+  boost::json::object tenant_json(const auth::TenantPolicy& t) const;
+  boost::json::object config_key_json(const auth::KeyPolicy& k) const;
+
+  boost::asio::io_context& control_;
+  AdminConfig cfg_;
+  Shared& shared_;
+  KeyStore* keys_;
+  // With auth.redis_keys: runtime keys live in Redis (every replica sees them), not in keys_.
+  std::unique_ptr<RedisKeyAdmin> redis_;
+  http::Acceptor acceptor_;
+  AdminRouter router_;
+  // For routes that must block (run_blocking): one thread, off the control thread and the workers.
+  boost::asio::thread_pool blocking_{1};
+  std::uint32_t initial_scopes_ = 0;  // scopes a limiter that does not grow holds
+  bool stopped_ = false;
+};
+
+}  // namespace weir::gateway

@@ -1,0 +1,522 @@
+#include "gateway/key_store.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fmt/format.h>
+#include <openssl/rand.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "auth/base64url.hpp"
+#include "core/time.hpp"
+
+namespace weir::gateway {
+
+namespace json = boost::json;
+
+AdminError admin_bad_request(std::string message, std::string param) {
+  return AdminError{400, "invalid_request_error", {}, std::move(message), std::move(param)};
+}
+
+AdminError admin_not_found(std::string message) {
+  return AdminError{404, "invalid_request_error", "not_found", std::move(message), {}};
+}
+
+std::string admin_error_json(const AdminError& e) {
+  json::object err;
+  err["message"] = e.message;
+  err["type"] = e.type;
+  err["param"] = e.param.empty() ? json::value(nullptr) : json::value(e.param);
+  err["code"] = e.code.empty() ? json::value(nullptr) : json::value(e.code);
+  json::object o;
+  o["error"] = std::move(err);
+  return json::serialize(o);
+}
+
+namespace {
+
+constexpr std::size_t kMaxMetadataBytes = 16 * 1024;
+constexpr std::size_t kMaxModels = 1024;
+constexpr std::size_t kMaxName = 256;
+
+AdminError internal(std::string message) { return AdminError{500, "server_error", {}, std::move(message), {}}; }
+
+// A ConfigError from the YAML parsers as a 400 naming the JSON field.
+AdminError from_config_error(const core::ConfigError& e) { return admin_bad_request(e.message, e.key); }
+
+std::string random_hex(std::size_t bytes) {
+  std::string raw(bytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(raw.data()), static_cast<int>(raw.size())) != 1)
+    throw std::runtime_error("RAND_bytes failed");
+  return auth::to_hex(raw);
+}
+
+std::string format_period(std::chrono::milliseconds p) {
+  return p.count() % 1000 == 0 ? fmt::format("{}s", p.count() / 1000) : fmt::format("{}ms", p.count());
+}
+
+AdminResult<std::optional<std::vector<std::string>>> parse_models(const json::value& v) {
+  if (v.is_null()) return std::optional<std::vector<std::string>>{};
+  if (!v.is_array()) return tl::unexpected(admin_bad_request("models must be a list of model names or null", "models"));
+  std::vector<std::string> out;
+  const auto& a = v.get_array();
+  if (a.size() > kMaxModels)
+    return tl::unexpected(admin_bad_request(fmt::format("models lists at most {} names", kMaxModels), "models"));
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!a[i].is_string() || a[i].get_string().empty())
+      return tl::unexpected(admin_bad_request("each model must be a non-empty string", fmt::format("models[{}]", i)));
+    out.emplace_back(a[i].get_string());
+  }
+  return std::optional<std::vector<std::string>>(std::move(out));
+}
+
+AdminResult<json::object> parse_metadata(const json::value& v) {
+  if (v.is_null()) return json::object{};
+  if (!v.is_object()) return tl::unexpected(admin_bad_request("metadata must be a JSON object", "metadata"));
+  if (json::serialize(v).size() > kMaxMetadataBytes)
+    return tl::unexpected(
+        admin_bad_request(fmt::format("metadata must serialise to at most {} bytes", kMaxMetadataBytes), "metadata"));
+  return v.get_object();
+}
+
+AdminResult<std::string> parse_name(const json::value& v) {
+  if (v.is_null()) return std::string();
+  if (!v.is_string() || v.get_string().size() > kMaxName)
+    return tl::unexpected(
+        admin_bad_request(fmt::format("name must be a string of at most {} bytes", kMaxName), "name"));
+  return std::string(v.get_string());
+}
+
+// A JSON scalar as YAML text for the configuration's parsers.
+std::optional<std::string> scalar_text(const json::value& v) {
+  if (v.is_int64()) return std::to_string(v.get_int64());
+  if (v.is_uint64()) return std::to_string(v.get_uint64());
+  if (v.is_double()) return fmt::format("{}", v.get_double());
+  if (v.is_string()) return std::string(v.get_string());
+  return std::nullopt;
+}
+
+AdminResult<YAML::Node> to_yaml_map(const json::value& v, const std::string& param) {
+  if (!v.is_object()) return tl::unexpected(admin_bad_request(param + " must be a JSON object", param));
+  YAML::Node n(YAML::NodeType::Map);
+  for (const auto& [k, val] : v.get_object()) {
+    auto text = scalar_text(val);
+    if (!text) return tl::unexpected(admin_bad_request("expected a number or a string", param + "." + std::string(k)));
+    n[std::string(k)] = *text;
+  }
+  return n;
+}
+
+}  // namespace
+
+boost::json::object limits_json(const auth::Limits& l) {
+  json::object o;
+  if (l.requests_per_minute) o["requests_per_minute"] = l.requests_per_minute;
+  if (l.tokens_per_minute) o["tokens_per_minute"] = l.tokens_per_minute;
+  if (l.max_concurrent_streams) o["max_concurrent_streams"] = l.max_concurrent_streams;
+  if (l.requests_burst) o["requests_burst"] = l.requests_burst;
+  if (l.tokens_burst) o["tokens_burst"] = l.tokens_burst;
+  return o;
+}
+
+boost::json::value budget_json(const auth::Budget& b) {
+  if (!b.any()) return nullptr;
+  json::object o;
+  o["usd"] = static_cast<double>(b.limit_nano_usd) / 1e9;
+  o["period"] = b.period.count() ? json::value(format_period(b.period)) : json::value(nullptr);
+  return o;
+}
+
+AdminResult<auth::Limits> parse_limits_json(const boost::json::value& v, const std::string& param) {
+  if (v.is_null()) return auth::Limits{};
+  auto n = to_yaml_map(v, param);
+  if (!n) return tl::unexpected(n.error());
+  auto l = auth::parse_limits(*n, param);
+  if (!l) return tl::unexpected(from_config_error(l.error()));
+  return *l;
+}
+
+AdminResult<auth::Budget> parse_budget_json(const boost::json::value& v, const std::string& param) {
+  if (v.is_null()) return auth::Budget{};
+  if (v.is_object()) {
+    if (const auto* p = v.get_object().if_contains("period"); p && p->is_null()) {
+      json::object copy = v.get_object();  // period: null = never resets
+      copy.erase("period");
+      return parse_budget_json(copy, param);
+    }
+  }
+  auto n = to_yaml_map(v, param);
+  if (!n) return tl::unexpected(n.error());
+  auto b = auth::parse_budget(*n, param);
+  if (!b) return tl::unexpected(from_config_error(b.error()));
+  return *b;
+}
+
+AdminResult<std::int64_t> parse_expiry_json(const boost::json::value& v, const std::string& param) {
+  if (v.is_null()) return std::int64_t{0};
+  std::int64_t s = 0;
+  if (v.is_int64() || v.is_uint64()) {
+    s = v.is_int64() ? v.get_int64() : static_cast<std::int64_t>(v.get_uint64());
+  } else if (v.is_string()) {
+    if (!core::parse_rfc3339(v.get_string(), s))
+      return tl::unexpected(admin_bad_request(
+          "expected an RFC 3339 date-time such as 2027-01-31T00:00:00Z, Unix seconds, or null", param));
+  } else {
+    return tl::unexpected(admin_bad_request("expected an RFC 3339 string, Unix seconds, or null", param));
+  }
+  if (s <= 0 || s > 253402300799)  // 9999-12-31T23:59:59Z
+    return tl::unexpected(admin_bad_request("must be after 1970 and before the year 10000", param));
+  return s;
+}
+
+std::string generate_key_secret() {
+  unsigned char raw[32];
+  if (RAND_bytes(raw, sizeof raw) != 1) throw std::runtime_error("RAND_bytes failed");
+  std::string out = "sk-weir-";
+  auth::base64url_encode(out, std::string_view(reinterpret_cast<const char*>(raw), sizeof raw));
+  OPENSSL_cleanse(raw, sizeof raw);
+  return out;
+}
+
+boost::json::object key_json(const KeyRecord& k) {
+  json::object o;
+  o["object"] = "key";
+  o["id"] = k.id;
+  o["name"] = k.name.empty() ? json::value(nullptr) : json::value(k.name);
+  o["tenant"] = k.tenant;
+  if (k.models) {
+    json::array a;
+    for (const auto& m : *k.models) a.emplace_back(m);
+    o["models"] = std::move(a);
+  } else {
+    o["models"] = nullptr;
+  }
+  o["limits"] = limits_json(k.limits);
+  o["budget"] = budget_json(k.budget);
+  o["expires_at"] = k.expires_at ? json::value(k.expires_at) : json::value(nullptr);
+  o["metadata"] = k.metadata;
+  o["created_at"] = k.created_at;
+  o["source"] = "admin";
+  return o;
+}
+
+boost::json::object key_file_json(const KeyRecord& k) {
+  json::object o = key_json(k);
+  o.erase("object");
+  o.erase("source");
+  o["sha256"] = auth::to_hex(k.sha256);
+  return o;
+}
+
+AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
+  KeyRecord k;
+  auto str = [&](std::string_view f) -> std::string {
+    const auto* v = o.if_contains(f);
+    return v && v->is_string() ? std::string(v->get_string()) : std::string();
+  };
+  k.id = str("id");
+  k.tenant = str("tenant");
+  auto d = auth::parse_sha256_hex(str("sha256"));
+  if (k.id.empty() || k.tenant.empty() || !d)
+    return tl::unexpected(admin_bad_request("a key needs id, tenant, sha256"));
+  k.sha256 = *d;
+  k.name = str("name");
+  const json::value null_value;
+  auto field = [&](std::string_view f) -> const json::value& {
+    const auto* v = o.if_contains(f);
+    return v ? *v : null_value;
+  };
+  auto models = parse_models(field("models"));
+  if (!models) return tl::unexpected(models.error());
+  k.models = std::move(*models);
+  auto limits = parse_limits_json(field("limits"), "limits");
+  if (!limits) return tl::unexpected(limits.error());
+  k.limits = *limits;
+  auto budget = parse_budget_json(field("budget"), "budget");
+  if (!budget) return tl::unexpected(budget.error());
+  k.budget = *budget;
+  auto exp = parse_expiry_json(field("expires_at"), "expires_at");
+  if (!exp) return tl::unexpected(exp.error());
+  k.expires_at = *exp;
+  auto md = parse_metadata(field("metadata"));
+  if (!md) return tl::unexpected(md.error());
+  k.metadata = std::move(*md);
+  if (const auto& c = field("created_at"); c.is_int64()) k.created_at = c.get_int64();
+  return k;
+}
+
+// ---------------------------------------------------------------- KeyStore
+
+KeyStore::KeyStore(auth::AuthConfig base, std::string keys_file) : base_(std::move(base)), file_(std::move(keys_file)) {
+  next_scope_ = auth::AuthPolicy::config_scopes(base_);
+  policy_ = auth::AuthPolicy::build(base_, {}, next_scope_);
+}
+
+tl::expected<void, std::string> KeyStore::load() {
+  if (file_.empty()) return {};
+  std::error_code exists_ec;
+  if (!std::filesystem::exists(file_, exists_ec) && !exists_ec) return {};  // no keys yet
+  std::ifstream in(file_, std::ios::binary);
+  if (!in) return tl::unexpected(fmt::format("admin.keys_file {}: {}", file_, std::strerror(errno)));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  boost::system::error_code ec;
+  json::value v = json::parse(ss.str(), ec);
+  if (ec || !v.is_object() || !v.get_object().contains("keys") || !v.at("keys").is_array())
+    return tl::unexpected(
+        fmt::format("admin.keys_file {}: not a Weir keys file ({{\"version\":1,\"keys\":[...]}})", file_));
+  std::vector<KeyRecord> keys;
+  std::size_t i = 0;
+  for (const auto& e : v.at("keys").get_array()) {
+    if (!e.is_object()) return tl::unexpected(fmt::format("admin.keys_file {}: keys[{}] is not an object", file_, i));
+    auto k = key_from_file_json(e.get_object());
+    if (!k)
+      return tl::unexpected(fmt::format("admin.keys_file {}: keys[{}]: {}{}", file_, i,
+                                        k.error().param.empty() ? "" : k.error().param + ": ", k.error().message));
+    if (!base_.tenants.count(k->tenant))
+      fmt::print(stderr,
+                 "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
+                 "kept and refused until the tenant is back\n",
+                 file_, k->id, k->tenant);
+    k->scope = next_scope_++;
+    keys.push_back(std::move(*k));
+    ++i;
+  }
+  keys_ = std::move(keys);
+  std::vector<auth::RuntimeKey> rk;
+  for (const auto& k : keys_) {
+    auth::ApiKeyConfig c;
+    c.id = k.id;
+    c.sha256 = k.sha256;
+    c.tenant = k.tenant;
+    c.models = k.models;
+    c.limits = k.limits;
+    c.budget = k.budget;
+    c.expires_at = k.expires_at;
+    rk.push_back({std::move(c), k.scope});
+  }
+  policy_ = auth::AuthPolicy::build(base_, rk, next_scope_);
+  return {};
+}
+
+const KeyRecord* KeyStore::find(std::string_view id) const {
+  for (const auto& k : keys_)
+    if (k.id == id) return &k;
+  return nullptr;
+}
+
+bool KeyStore::id_taken(std::string_view id) const {
+  if (find(id)) return true;
+  for (const auto& k : base_.api_keys)
+    if (k.id == id) return true;
+  return false;
+}
+
+tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& keys) const {
+  if (file_.empty()) return {};
+  json::array a;
+  for (const auto& k : keys) a.emplace_back(key_file_json(k));
+  json::object root;
+  root["version"] = 1;
+  root["keys"] = std::move(a);
+  const std::string text = json::serialize(root) + "\n";
+  const std::string tmp = file_ + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  ::fchmod(fd, 0600);  // an older file of another mode keeps its mode on O_TRUNC
+  std::size_t off = 0;
+  while (off < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int err = errno;
+      ::close(fd);
+      return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
+    }
+    off += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0)
+    return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  if (::rename(tmp.c_str(), file_.c_str()) != 0)
+    return tl::unexpected(fmt::format("cannot replace {}: {}", file_, std::strerror(errno)));
+  return {};
+}
+
+AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next) {
+  std::vector<auth::RuntimeKey> rk;
+  rk.reserve(next.size());
+  for (const auto& k : next) {
+    auth::ApiKeyConfig c;
+    c.id = k.id;
+    c.sha256 = k.sha256;
+    c.tenant = k.tenant;
+    c.models = k.models;
+    c.limits = k.limits;
+    c.budget = k.budget;
+    c.expires_at = k.expires_at;
+    rk.push_back({std::move(c), k.scope});
+  }
+  auto policy = auth::AuthPolicy::build(base_, rk, next_scope_);
+  // State for the new scopes first (unused until the policy is published); a
+  // limiter that is full refuses the change, which would otherwise index past it.
+  if (limiter_ && limiter_->grows() && limiter_->scope_count() < policy->scopes().size() &&
+      !limiter_->grow(policy->scopes()))
+    return tl::unexpected(internal(
+        fmt::format("The key was not changed: the limiter holds at most {} admission scopes (keys created or given "
+                    "new limits since start-up); restart to renumber them.",
+                    limiter_->scope_count())));
+  if (auto ok = save(next); !ok) return tl::unexpected(internal("The key was not changed: " + ok.error()));
+  keys_ = std::move(next);
+  policy_ = std::move(policy);
+  return {};
+}
+
+AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, std::int64_t now_s) {
+  static constexpr std::string_view kFields[] = {"tenant",     "models",   "limits", "budget",
+                                                 "expires_at", "metadata", "name"};
+  for (const auto& [k, v] : body) {
+    bool known = false;
+    for (auto f : kFields) known = known || std::string_view(k) == f;
+    if (!known)
+      return tl::unexpected(admin_bad_request(fmt::format("unknown field '{}'", std::string_view(k).substr(0, 64)),
+                                              std::string(std::string_view(k).substr(0, 64))));
+  }
+  const json::value null_value;
+  auto field = [&](std::string_view f) -> const json::value& {
+    const auto* v = body.if_contains(f);
+    return v ? *v : null_value;
+  };
+  KeyRecord k;
+  const auto& tenant = field("tenant");
+  if (!tenant.is_string() || tenant.get_string().empty())
+    return tl::unexpected(admin_bad_request("tenant is required: the name of a configured tenant", "tenant"));
+  k.tenant = std::string(tenant.get_string());
+  if (!base_.tenants.count(k.tenant))
+    return tl::unexpected(AdminError{404, "invalid_request_error", "tenant_not_found",
+                                     fmt::format("No tenant named `{}` is configured.", k.tenant.substr(0, 128)),
+                                     "tenant"});
+  auto models = parse_models(field("models"));
+  if (!models) return tl::unexpected(models.error());
+  k.models = std::move(*models);
+  auto limits = parse_limits_json(field("limits"), "limits");
+  if (!limits) return tl::unexpected(limits.error());
+  k.limits = *limits;
+  auto budget = parse_budget_json(field("budget"), "budget");
+  if (!budget) return tl::unexpected(budget.error());
+  k.budget = *budget;
+  auto exp = parse_expiry_json(field("expires_at"), "expires_at");
+  if (!exp) return tl::unexpected(exp.error());
+  k.expires_at = *exp;
+  auto md = parse_metadata(field("metadata"));
+  if (!md) return tl::unexpected(md.error());
+  k.metadata = std::move(*md);
+  auto name = parse_name(field("name"));
+  if (!name) return tl::unexpected(name.error());
+  k.name = std::move(*name);
+  if ((k.limits.any() || k.budget.any()) && limiter_ && !limiter_->grows())
+    return tl::unexpected(admin_bad_request(
+        "keys with limits or a budget of their own need in-process limits: with redis: the limiter cannot add "
+        "scopes at run time yet",
+        k.limits.any() ? "limits" : "budget"));
+  do k.id = "vk_" + random_hex(8);
+  while (id_taken(k.id));
+  std::string secret = generate_key_secret();
+  k.sha256 = auth::sha256(secret);
+  k.created_at = now_s;
+  k.scope = next_scope_++;
+  auto next = keys_;
+  next.push_back(k);
+  if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
+  return Change{std::move(k), std::move(secret)};
+}
+
+AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost::json::object& body) {
+  const KeyRecord* cur = find(id);
+  if (!cur) return tl::unexpected(admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128))));
+  KeyRecord k = *cur;
+  bool rescope = false;
+  for (const auto& [f, v] : body) {
+    if (f == "models") {
+      auto m = parse_models(v);
+      if (!m) return tl::unexpected(m.error());
+      k.models = std::move(*m);
+    } else if (f == "limits") {
+      auto l = parse_limits_json(v, "limits");
+      if (!l) return tl::unexpected(l.error());
+      k.limits = *l;
+      rescope = true;
+    } else if (f == "budget") {
+      auto b = parse_budget_json(v, "budget");
+      if (!b) return tl::unexpected(b.error());
+      k.budget = *b;
+      rescope = true;
+    } else if (f == "expires_at") {
+      auto e = parse_expiry_json(v, "expires_at");
+      if (!e) return tl::unexpected(e.error());
+      k.expires_at = *e;
+    } else if (f == "metadata") {
+      auto m = parse_metadata(v);
+      if (!m) return tl::unexpected(m.error());
+      k.metadata = std::move(*m);
+    } else if (f == "name") {
+      auto n = parse_name(v);
+      if (!n) return tl::unexpected(n.error());
+      k.name = std::move(*n);
+    } else {
+      const std::string_view name(f);
+      const bool fixed = name == "tenant" || name == "id" || name == "key" || name == "created_at";
+      return tl::unexpected(
+          admin_bad_request(fixed ? fmt::format("'{}' cannot be changed (create a new key instead)", name)
+                                  : fmt::format("unknown field '{}'", name.substr(0, 64)),
+                            std::string(name.substr(0, 64))));
+    }
+  }
+  if (rescope && (k.limits.any() || k.budget.any()) && limiter_ && !limiter_->grows())
+    return tl::unexpected(admin_bad_request(
+        "keys with limits or a budget of their own need in-process limits: with redis: the limiter cannot add "
+        "scopes at run time yet",
+        "limits"));
+  const std::uint32_t old_scope = k.scope;
+  if (rescope) k.scope = next_scope_++;  // fresh buckets at the new limits; the spend carries over below
+  auto next = keys_;
+  for (auto& e : next)
+    if (e.id == k.id) e = k;
+  if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
+  if (rescope && limiter_ && k.budget.any())
+    limiter_->carry_spend(old_scope, k.scope, std::chrono::steady_clock::now());
+  return Change{std::move(k), {}};
+}
+
+AdminResult<KeyRecord> KeyStore::revoke(std::string_view id) {
+  const KeyRecord* cur = find(id);
+  if (!cur) return tl::unexpected(admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128))));
+  KeyRecord gone = *cur;
+  std::vector<KeyRecord> next;
+  for (const auto& e : keys_)
+    if (e.id != id) next.push_back(e);
+  if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
+  return gone;
+}
+
+AdminResult<KeyStore::Change> KeyStore::rotate(std::string_view id) {
+  const KeyRecord* cur = find(id);
+  if (!cur) return tl::unexpected(admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128))));
+  KeyRecord k = *cur;
+  std::string secret = generate_key_secret();
+  k.sha256 = auth::sha256(secret);
+  auto next = keys_;
+  for (auto& e : next)
+    if (e.id == k.id) e = k;
+  if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
+  return Change{std::move(k), std::move(secret)};
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,203 @@
+#include "gateway/redis_key_admin.hpp"
+
+#include <fmt/format.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+namespace weir::gateway {
+
+namespace json = boost::json;
+
+namespace {
+
+// The fields the admin reads and writes (the lookup path reads the first six).
+constexpr std::string_view kFields[] = {"id",         "tenant", "models",   "tier",      "revoked",
+                                        "expires_at", "name",   "metadata", "created_at"};
+
+AdminError unavailable(const store::Error& e) {
+  return AdminError{503,
+                    "server_error",
+                    "key_store_unavailable",
+                    fmt::format("The Redis key store did not answer ({}); nothing was changed.", e.message),
+                    {}};
+}
+
+AdminError not_found(std::string_view id) {
+  return admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128)));
+}
+
+std::string join_models(const std::optional<std::vector<std::string>>& m) {
+  std::string out;
+  if (!m) return out;
+  for (const auto& s : *m) out += (out.empty() ? "" : ",") + s;
+  return out;
+}
+
+// A record from HMGET's values (kFields order), or nullopt for revoked or invalid ones.
+std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::Reply& a) {
+  if (a.type != store::Reply::Type::array || a.elements.size() != std::size(kFields)) return std::nullopt;
+  auto v = [&](std::size_t i) -> const std::string& { return a.elements[i].str; };
+  if (v(0).empty() || v(1).empty() || (!v(4).empty() && v(4) != "0")) return std::nullopt;
+  KeyRecord k;
+  auto hex = std::string_view(redis_key).substr(redis_key.size() - 64);
+  auto d = auth::parse_sha256_hex(hex);
+  if (!d) return std::nullopt;
+  k.sha256 = *d;
+  k.id = v(0);
+  k.tenant = v(1);
+  if (!v(2).empty()) {
+    std::vector<std::string> models;
+    std::string_view csv = v(2);
+    while (!csv.empty()) {
+      const auto comma = csv.find(',');
+      if (auto item = csv.substr(0, comma); !item.empty()) models.emplace_back(item);
+      csv = comma == std::string_view::npos ? std::string_view() : csv.substr(comma + 1);
+    }
+    k.models = std::move(models);
+  }
+  k.expires_at = a.elements[5].as_int(0);
+  k.name = v(6);
+  if (!v(7).empty()) {
+    boost::system::error_code ec;
+    auto md = json::parse(v(7), ec);
+    if (!ec && md.is_object()) k.metadata = std::move(md.get_object());
+  }
+  k.created_at = a.elements[8].as_int(0);
+  return k;
+}
+
+}  // namespace
+
+RedisKeyAdmin::RedisKeyAdmin(auth::RedisKeys& keys, const auth::AuthConfig& base) : keys_(keys), base_(base) {}
+
+core::Task<AdminResult<void>> RedisKeyAdmin::write(const KeyRecord& k) {
+  std::vector<std::string> args = {"HSET", auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256)};
+  auto add = [&](std::string_view f, std::string v) {
+    args.emplace_back(f);
+    args.push_back(std::move(v));
+  };
+  add("id", k.id);
+  add("tenant", k.tenant);
+  add("models", join_models(k.models));
+  add("revoked", "0");
+  add("expires_at", k.expires_at ? std::to_string(k.expires_at) : std::string());
+  add("name", k.name);
+  add("metadata", json::serialize(k.metadata));
+  add("created_at", std::to_string(k.created_at));
+  auto r = co_await keys_.client().exec(store::Command(std::span<const std::string>(args)));
+  if (!r) co_return tl::unexpected(unavailable(r.error()));
+  co_return AdminResult<void>{};
+}
+
+core::Task<AdminResult<void>> RedisKeyAdmin::set_revoked(const KeyRecord& k) {
+  const std::string key = auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256);
+  auto r = co_await keys_.client().exec(store::Command{"HSET", key, "revoked", "1"});
+  if (!r) co_return tl::unexpected(unavailable(r.error()));
+  co_return AdminResult<void>{};
+}
+
+core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::list() {
+  std::vector<KeyRecord> out;
+  const std::string pattern = keys_.key_prefix() + "key:*";
+  std::string cursor = "0";
+  do {
+    auto r = co_await keys_.client().exec(store::Command{"SCAN", cursor, "MATCH", pattern, "COUNT", "500"});
+    if (!r) co_return tl::unexpected(unavailable(r.error()));
+    if (r->type != store::Reply::Type::array || r->elements.size() != 2)
+      co_return tl::unexpected(AdminError{500, "server_error", {}, "Unexpected SCAN reply from Redis.", {}});
+    cursor = r->elements[0].str;
+    std::vector<store::Command> gets;
+    std::vector<std::string> names;
+    for (const auto& n : r->elements[1].elements) {
+      if (n.str.size() < 64) continue;
+      std::vector<std::string_view> args = {"HMGET", n.str};
+      for (auto f : kFields) args.push_back(f);
+      gets.emplace_back(std::span<const std::string_view>(args));
+      names.push_back(n.str);
+    }
+    if (gets.empty()) continue;
+    auto replies = co_await keys_.client().exec(std::move(gets));
+    for (std::size_t i = 0; i < replies.size() && i < names.size(); ++i) {
+      if (!replies[i]) {
+        if (replies[i].error().code == store::Errc::server) continue;  // not a hash
+        co_return tl::unexpected(unavailable(replies[i].error()));
+      }
+      if (auto k = from_fields(names[i], *replies[i])) out.push_back(std::move(*k));
+    }
+  } while (cursor != "0");
+  std::sort(out.begin(), out.end(), [](const KeyRecord& a, const KeyRecord& b) { return a.created_at < b.created_at; });
+  co_return out;
+}
+
+core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::get(std::string id) {
+  auto all = co_await list();
+  if (!all) co_return tl::unexpected(all.error());
+  for (auto& k : *all)
+    if (k.id == id) co_return std::move(k);
+  co_return tl::unexpected(not_found(id));
+}
+
+core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::object body, std::int64_t now_s) {
+  // The in-memory store validates the body exactly as for local keys; its record is written to Redis.
+  KeyStore scratch(base_, "");
+  auto c = scratch.create(body, now_s);
+  if (!c) co_return tl::unexpected(c.error());
+  if (c->record.limits.any() || c->record.budget.any())
+    co_return tl::unexpected(admin_bad_request(
+        "keys with limits or a budget of their own are not supported with keys in Redis yet (the Redis limiter "
+        "cannot add scopes at run time); the tenant's limits and budget apply",
+        c->record.limits.any() ? "limits" : "budget"));
+  if (auto ok = co_await write(c->record); !ok) co_return tl::unexpected(ok.error());
+  co_return std::move(*c);
+}
+
+core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, boost::json::object body) {
+  auto cur = co_await get(id);
+  if (!cur) co_return tl::unexpected(cur.error());
+  for (const auto& [f, v] : body) {
+    const std::string_view name(f);
+    if (name == "limits" || name == "budget")
+      if (!v.is_null())
+        co_return tl::unexpected(admin_bad_request(
+            "keys with limits or a budget of their own are not supported with keys in Redis yet", std::string(name)));
+  }
+  // The change is validated and applied by a scratch store (the rules of local keys), then written.
+  KeyStore scratch(base_, "");
+  json::object seed;
+  seed["tenant"] = cur->tenant;
+  if (cur->models) seed["models"] = json::array(cur->models->begin(), cur->models->end());
+  if (cur->expires_at) seed["expires_at"] = cur->expires_at;
+  seed["metadata"] = cur->metadata;
+  if (!cur->name.empty()) seed["name"] = cur->name;
+  auto made = scratch.create(seed, cur->created_at);
+  if (!made) co_return tl::unexpected(made.error());
+  auto u = scratch.update(made->record.id, body);
+  if (!u) co_return tl::unexpected(u.error());
+  KeyRecord k = *cur;
+  k.models = u->record.models;
+  k.expires_at = u->record.expires_at;
+  k.metadata = u->record.metadata;
+  k.name = u->record.name;
+  if (auto ok = co_await write(k); !ok) co_return tl::unexpected(ok.error());
+  co_return KeyStore::Change{std::move(k), {}};
+}
+
+core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::revoke(std::string id) {
+  auto cur = co_await get(id);
+  if (!cur) co_return tl::unexpected(cur.error());
+  if (auto ok = co_await set_revoked(*cur); !ok) co_return tl::unexpected(ok.error());
+  co_return std::move(*cur);
+}
+
+core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::rotate(std::string id) {
+  auto cur = co_await get(id);
+  if (!cur) co_return tl::unexpected(cur.error());
+  KeyRecord k = *cur;
+  std::string secret = generate_key_secret();
+  k.sha256 = auth::sha256(secret);
+  if (auto ok = co_await write(k); !ok) co_return tl::unexpected(ok.error());
+  if (auto ok = co_await set_revoked(*cur); !ok) co_return tl::unexpected(ok.error());
+  co_return KeyStore::Change{std::move(k), std::move(secret)};
+}
+
+}  // namespace weir::gateway

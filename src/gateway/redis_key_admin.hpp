@@ -1,0 +1,47 @@
+// Runtime keys stored in Redis (auth.redis_keys with `redis:`): the admin
+// API writes the hash every replica already looks keys up in (docs/auth.md,
+// "Keys in Redis"), extended with expires_at, name, metadata and created_at,
+// so a key created through one replica's admin API works on every replica
+// within auth.key_cache_ttl, and a revocation or a change reaches them in
+// the same time. Control thread only (the key store's Redis connection).
+//
+// Keys with limits or a budget of their own are refused here (400): the
+// Redis limiter cannot add admission scopes at run time yet.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+#include <boost/json/object.hpp>
+
+#include "auth/config.hpp"
+#include "auth/redis_keys.hpp"
+#include "core/async.hpp"
+#include "gateway/key_store.hpp"
+
+namespace weir::gateway {
+
+class RedisKeyAdmin {
+ public:
+  // `keys`: the gateway's Redis key store (its connection is shared);
+  // `base`: the configuration's auth section (tenants). Both outlive this.
+  RedisKeyAdmin(auth::RedisKeys& keys, const auth::AuthConfig& base);
+
+  // The KeyStore operations (same bodies, same errors), plus 503 when Redis
+  // does not answer. Revoked records are not listed, found or changed.
+  core::Task<AdminResult<KeyStore::Change>> create(boost::json::object body, std::int64_t now_s);
+  core::Task<AdminResult<std::vector<KeyRecord>>> list();
+  core::Task<AdminResult<KeyRecord>> get(std::string id);
+  core::Task<AdminResult<KeyStore::Change>> update(std::string id, boost::json::object body);
+  core::Task<AdminResult<KeyRecord>> revoke(std::string id);
+  core::Task<AdminResult<KeyStore::Change>> rotate(std::string id);
+
+ private:
+  core::Task<AdminResult<void>> write(const KeyRecord& k);
+  core::Task<AdminResult<void>> set_revoked(const KeyRecord& k);
+
+  auth::RedisKeys& keys_;
+  const auth::AuthConfig& base_;
+};
+
+}  // namespace weir::gateway

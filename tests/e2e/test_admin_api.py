@@ -1,0 +1,296 @@
+"""The admin API (docs/admin-api.md): its own listener, bearer-token auth,
+runtime virtual keys with limits and budgets of their own, tenants' state,
+/metrics and /ready beside it. Real weir and weir-mock processes on free
+ports; keys are used through the official openai SDK."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+import time
+
+import httpx
+import openai
+import pytest
+
+from conftest import free_port, wait_until
+
+TOKEN = "admin-test-token-0123456789"
+MOCK_FLAGS = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
+ENV = {"WEIR_TEST_ADMIN_TOKEN": TOKEN}
+
+
+def sha(s: str) -> str:
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+def config(mock, admin_port: int, **admin_extra) -> dict:
+    return {
+        "pools": {"p": {"endpoints": [mock.base_url]}},
+        "models": {"m": {"pool": "p", "default_max_tokens": 8}, "other": {"pool": "p", "upstream_model": "m",
+                                                                        "default_max_tokens": 8}},
+        "tenants": {"acme": {"models": ["m", "other"], "limits": {"requests_per_minute": 1000}}},
+        "auth": {"required": True, "api_keys": [{"id": "acme-cfg", "sha256": sha("sk-acme-cfg"), "tenant": "acme"}]},
+        # 1 USD per 1M input tokens, 2 USD per 1M output tokens.
+        "pricing": {"*": {"input": 1.0, "output": 2.0}},
+        "admin": {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN", **admin_extra},
+    }
+
+
+class Admin:
+    def __init__(self, port: int):
+        self.base = f"http://127.0.0.1:{port}"
+
+    def __call__(self, method: str, path: str, token: str | None = TOKEN, **kw) -> httpx.Response:
+        headers = kw.pop("headers", {})
+        if token is not None:
+            headers["authorization"] = f"Bearer {token}"
+        return httpx.request(method, self.base + path, headers=headers, timeout=10, **kw)
+
+    def create(self, **body) -> dict:
+        r = self("POST", "/admin/v1/keys", json=body)
+        assert r.status_code == 201, r.text
+        return r.json()
+
+
+def start(mock, weir, **admin_extra):
+    port = free_port()
+    w = weir(config=config(mock, port, **admin_extra), env=ENV)
+    admin = Admin(port)
+    wait_until(lambda: _ready(admin), 5, message="admin listener")
+    return w, admin
+
+
+def _ready(admin: Admin) -> bool:
+    try:
+        return admin("GET", "/ready", token=None).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+def chat(w, key: str, model: str = "m") -> httpx.Response:
+    return httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {key}"}, timeout=30,
+                      json={"model": model, "messages": [{"role": "user", "content": "hi"}]})
+
+
+def sdk_chat(w, key: str, model: str = "m") -> str:
+    client = openai.OpenAI(base_url=w.v1, api_key=key, max_retries=0, timeout=30)
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}], stream=True)
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+
+
+@pytest.fixture
+def gw(mock, weir):
+    return start(mock(*MOCK_FLAGS), weir)
+
+
+def test_admin_requests_need_the_token_and_errors_are_openai_shaped(gw):
+    w, admin = gw
+    r = admin("GET", "/admin/v1/keys", token=None)
+    assert r.status_code == 401, r.text
+    assert r.json()["error"]["code"] == "invalid_api_key" and "admin token" in r.json()["error"]["message"]
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    assert admin("GET", "/admin/v1/keys", token="wrong-token").status_code == 401
+    assert admin("GET", "/admin/v1/keys", token=TOKEN[:-1]).status_code == 401
+    # Without the token even unknown paths say 401 (nothing to probe).
+    assert admin("GET", "/admin/v1/nothing", token=None).status_code == 401
+    assert admin("GET", "/admin/v1/nothing").status_code == 404
+    r = admin("PUT", "/admin/v1/keys")
+    assert r.status_code == 405 and "GET" in r.headers["allow"] and "POST" in r.headers["allow"], r.text
+    r = admin("POST", "/admin/v1/keys", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+    r = admin("POST", "/admin/v1/keys", json={"tenant": "acme", "limits": {"requests_per_minute": "many"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limits.requests_per_minute", r.text
+    r = admin("POST", "/admin/v1/keys", json={"tenant": "nobody"})
+    assert r.status_code == 404 and r.json()["error"]["param"] == "tenant", r.text
+    r = admin("POST", "/admin/v1/keys", json={"tenant": "acme", "expires_at": "tomorrow"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "expires_at", r.text
+    # The admin API is never on the client port.
+    r = httpx.get(w.v1.removesuffix("/v1") + "/admin/v1/keys", headers={"authorization": f"Bearer {TOKEN}"})
+    assert r.status_code in (401, 404), r.text
+    # Config keys are listed, read-only, without secrets.
+    keys = admin("GET", "/admin/v1/keys").json()
+    assert keys["persistence"] == "memory"
+    cfg = [k for k in keys["data"] if k["id"] == "acme-cfg"][0]
+    assert cfg["source"] == "config" and cfg["read_only"] is True and "key" not in cfg and "sha256" not in cfg
+    assert admin("DELETE", "/admin/v1/keys/acme-cfg").status_code == 409
+
+
+def test_a_runtime_key_has_its_own_limit_beside_its_tenant(gw):
+    w, admin = gw
+    k = admin.create(tenant="acme", name="ci", limits={"requests_per_minute": 2}, metadata={"team": "c"})
+    assert k["key"].startswith("sk-weir-") and len(k["key"]) == len("sk-weir-") + 43
+    assert k["id"].startswith("vk_") and k["tenant"] == "acme" and k["limits"] == {"requests_per_minute": 2}
+    assert k["metadata"] == {"team": "c"} and k["source"] == "admin" and k["created_at"] > 0
+    assert sdk_chat(w, k["key"])
+    assert sdk_chat(w, k["key"])
+    with pytest.raises(openai.RateLimitError) as e:
+        sdk_chat(w, k["key"])
+    assert f"key `{k['id']}`" in str(e.value)
+    # The tenant still has room: its configured key goes on.
+    assert chat(w, "sk-acme-cfg").status_code == 200
+    # The secret is shown once: never in list or get.
+    listed = admin("GET", "/admin/v1/keys").json()["data"]
+    assert k["id"] in [x["id"] for x in listed] and all("key" not in x for x in listed)
+    got = admin("GET", f"/admin/v1/keys/{k['id']}").json()
+    assert "key" not in got and got["usage"]["requests"]["limit"] == 2 and got["usage"]["requests"]["remaining"] == 0
+    # Tenants: limits and current bucket levels.
+    t = admin("GET", "/admin/v1/tenants/acme").json()
+    # (1000 per minute refills ~17 a second: the level is near full again already.)
+    assert t["limits"] == {"requests_per_minute": 1000} and t["usage"]["requests"]["limit"] == 1000
+    assert 990 <= t["usage"]["requests"]["remaining"] <= 1000 and t["usage"]["budget"] is None
+    assert t["runtime_keys"] == 1
+    assert [x["name"] for x in admin("GET", "/admin/v1/tenants").json()["data"]].count("acme") == 1
+    assert admin("GET", "/admin/v1/tenants/nobody").status_code == 404
+    # Raising its limit takes effect at once (a fresh bucket at the new rate).
+    r = admin("PATCH", f"/admin/v1/keys/{k['id']}", json={"limits": {"requests_per_minute": 100}})
+    assert r.status_code == 200 and r.json()["limits"] == {"requests_per_minute": 100}, r.text
+    assert chat(w, k["key"]).status_code == 200
+
+
+def test_patch_models_revoke_and_rotate(gw):
+    w, admin = gw
+    k = admin.create(tenant="acme")
+    assert chat(w, k["key"], "m").status_code == 200
+    r = admin("PATCH", f"/admin/v1/keys/{k['id']}", json={"models": ["other"]})
+    assert r.status_code == 200 and r.json()["models"] == ["other"], r.text
+    r = chat(w, k["key"], "m")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed", r.text
+    assert chat(w, k["key"], "other").status_code == 200
+    r = admin("PATCH", f"/admin/v1/keys/{k['id']}", json={"tenant": "other"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "tenant", r.text
+
+    # Rotate: a new secret, the old one stops working.
+    r = admin("POST", f"/admin/v1/keys/{k['id']}/rotate")
+    assert r.status_code == 200, r.text
+    new = r.json()["key"]
+    assert new != k["key"] and r.json()["id"] == k["id"]
+    assert chat(w, k["key"], "other").status_code == 401
+    assert sdk_chat(w, new, "other")
+
+    # Revoke: the next request gets 401.
+    r = admin("DELETE", f"/admin/v1/keys/{k['id']}")
+    assert r.status_code == 200 and r.json() == {"object": "key", "id": k["id"], "deleted": True}, r.text
+    with pytest.raises(openai.AuthenticationError):
+        sdk_chat(w, new, "other")
+    assert admin("GET", f"/admin/v1/keys/{k['id']}").status_code == 404
+    assert admin("DELETE", f"/admin/v1/keys/{k['id']}").status_code == 404
+
+
+def test_a_key_budget_runs_out_and_an_expired_key_is_refused(gw):
+    w, admin = gw
+    # A request reserves its worst case, ~(9 prompt + 8 output tokens) at 1/2 USD per 1M:
+    # ~2.5e-5 USD, and costs at least 8e-6 USD (4 output tokens). A budget of 5e-5 USD
+    # admits a few requests, then refuses with 429.
+    k = admin.create(tenant="acme", budget={"usd": 0.00005, "period": "1h"})
+    assert k["budget"] == {"usd": 0.00005, "period": "3600s"}
+    codes = [chat(w, k["key"]).status_code for _ in range(6)]
+    assert codes[0] == 200 and codes[-1] == 429, codes
+    r = chat(w, k["key"])
+    assert r.json()["error"]["code"] == "insufficient_quota" and k["id"] in r.json()["error"]["message"], r.text
+    usage = admin("GET", f"/admin/v1/keys/{k['id']}").json()["usage"]["budget"]
+    assert usage["limit_usd"] == pytest.approx(0.00005) and 0 < usage["spent_usd"] <= 0.00005
+    assert usage["remaining_usd"] == pytest.approx(0.00005 - usage["spent_usd"])
+    # The tenant has no budget: its other keys go on.
+    assert chat(w, "sk-acme-cfg").status_code == 200
+
+    # Expiry: in the future it works; moved into the past, the key is refused saying so.
+    e = admin.create(tenant="acme", expires_at=int(time.time()) + 3600)
+    assert chat(w, e["key"]).status_code == 200
+    r = admin("PATCH", f"/admin/v1/keys/{e['id']}", json={"expires_at": "2020-01-01T00:00:00Z"})
+    assert r.status_code == 200 and r.json()["expires_at"] == 1577836800, r.text
+    r = chat(w, e["key"])
+    assert r.status_code == 401 and "expired" in r.json()["error"]["message"], r.text
+    assert admin("GET", f"/admin/v1/keys/{e['id']}").json()["expired"] is True
+    # A key created with an expiry a second away stops working by itself.
+    soon = admin.create(tenant="acme", expires_at=int(time.time()) + 2)
+    assert chat(w, soon["key"]).status_code == 200
+    wait_until(lambda: chat(w, soon["key"]).status_code == 401, 5, 0.2, "the key to expire")
+
+
+def test_runtime_keys_survive_a_restart_with_keys_file(mock, weir, tmp_path):
+    m = mock(*MOCK_FLAGS)
+    keys_file = tmp_path / "keys.json"
+    w, admin = start(m, weir, keys_file=str(keys_file))
+    k = admin.create(tenant="acme", models=["m"], limits={"requests_per_minute": 50}, metadata={"owner": "ci"})
+    gone = admin.create(tenant="acme")
+    assert admin("DELETE", f"/admin/v1/keys/{gone['id']}").status_code == 200
+    assert stat.S_IMODE(os.stat(keys_file).st_mode) == 0o600
+    text = keys_file.read_text()
+    assert k["key"] not in text and sha(k["key"]) in text and gone["id"] not in text
+    assert admin("GET", "/admin/v1/keys").json()["persistence"] == "keys_file"
+    w.process.stop()
+
+    w2 = weir(config=config(m, int(admin.base.rsplit(":", 1)[1]), keys_file=str(keys_file)), env=ENV)
+    wait_until(lambda: _ready(admin), 5, message="admin listener after the restart")
+    assert sdk_chat(w2, k["key"])
+    assert chat(w2, gone["key"]).status_code == 401
+    got = admin("GET", f"/admin/v1/keys/{k['id']}").json()
+    assert got["limits"] == {"requests_per_minute": 50} and got["models"] == ["m"] and got["metadata"] == {"owner": "ci"}
+
+
+def test_metrics_and_ready_on_the_admin_port_and_scrapes_write_no_log_line(gw):
+    w, admin = gw
+    r = admin("GET", "/metrics", token=None)
+    assert r.status_code == 200 and "weir_requests_total" in r.text, r.text[:200]
+    assert r.headers["content-type"].startswith("text/plain")
+    assert admin("GET", "/ready", token=None).json() == {"status": "ready"}
+    assert httpx.get(w.base_url + "/metrics").status_code == 200
+    r = chat(w, "sk-acme-cfg")
+    assert r.status_code == 200
+    entries = w.wait_log(lambda es: any(e.get("path") == "/v1/chat/completions" for e in es), 5)
+    assert not [e for e in entries if e.get("path") == "/metrics"], entries
+
+
+def redis_config(mock, redis, admin_port: int) -> dict:
+    cfg = config(mock, admin_port)
+    cfg["auth"].update({"redis_keys": True, "key_cache_ttl": "300ms", "key_negative_ttl": "100ms"})
+    cfg["redis"] = {"url": redis.url, "key_prefix": f"weir-admin-{redis.port}:"}
+    return cfg
+
+
+def test_with_redis_a_key_created_on_one_replica_works_on_another(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    port_a, port_b = free_port(), free_port()
+    a = weir(config=redis_config(m, redis, port_a), env=ENV)
+    b = weir(config=redis_config(m, redis, port_b), env=ENV)
+    admin_a, admin_b = Admin(port_a), Admin(port_b)
+    wait_until(lambda: _ready(admin_a) and _ready(admin_b), 5, message="admin listeners")
+
+    k = admin_a.create(tenant="acme", models=["m"], metadata={"team": "c"}, name="shared")
+    assert sdk_chat(b, k["key"]) and sdk_chat(a, k["key"])
+    # Both replicas' admin APIs list it (from Redis).
+    listed = admin_b("GET", "/admin/v1/keys").json()
+    assert listed["persistence"] == "redis"
+    mine = [x for x in listed["data"] if x["id"] == k["id"]]
+    assert mine and mine[0]["metadata"] == {"team": "c"} and mine[0]["models"] == ["m"] and "key" not in mine[0]
+    # Own limits need the in-process limiter: refused, naming the field.
+    r = admin_a("POST", "/admin/v1/keys", json={"tenant": "acme", "limits": {"requests_per_minute": 5}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limits", r.text
+
+    # A change made through B reaches A within the key cache TTL.
+    r = admin_b("PATCH", f"/admin/v1/keys/{k['id']}", json={"models": ["other"]})
+    assert r.status_code == 200 and r.json()["models"] == ["other"], r.text
+    wait_until(lambda: chat(a, k["key"], "m").status_code == 403, 5, 0.05, "the narrowed models on A")
+    assert chat(a, k["key"], "other").status_code == 200
+
+    # Expiry in Redis: refused saying so.
+    r = admin_a("PATCH", f"/admin/v1/keys/{k['id']}", json={"expires_at": "2020-01-01T00:00:00Z"})
+    assert r.status_code == 200, r.text
+    wait_until(lambda: chat(b, k["key"], "other").status_code == 401, 5, 0.05, "the expired key on B")
+    assert "expired" in chat(b, k["key"], "other").json()["error"]["message"]
+    r = admin_a("PATCH", f"/admin/v1/keys/{k['id']}", json={"expires_at": None})
+    assert r.status_code == 200 and r.json()["expires_at"] is None, r.text
+
+    # Rotate on A: the new secret works on B, the old one stops.
+    r = admin_a("POST", f"/admin/v1/keys/{k['id']}/rotate")
+    assert r.status_code == 200, r.text
+    new = r.json()["key"]
+    wait_until(lambda: chat(b, new, "other").status_code == 200, 5, 0.05, "the rotated key on B")
+    wait_until(lambda: chat(b, k["key"], "other").status_code == 401, 5, 0.05, "the old secret refused on B")
+
+    # Revoke on B: A refuses it within the TTL.
+    assert admin_b("DELETE", f"/admin/v1/keys/{k['id']}").status_code == 200
+    wait_until(lambda: chat(a, new, "other").status_code == 401, 5, 0.05, "the revoked key on A")
+    assert admin_a("GET", f"/admin/v1/keys/{k['id']}").status_code == 404

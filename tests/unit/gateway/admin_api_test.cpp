@@ -1,0 +1,342 @@
+// The admin API's pieces without sockets: the admin: section, the runtime
+// key store (scopes, policies, the keys file), growing a limiter, the token
+// check, the router and run_blocking (docs/admin-api.md).
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/json/parse.hpp>
+
+#include "../auth/jwt_test_util.hpp"
+#include "admission/local_limiter.hpp"
+#include "auth/authenticator.hpp"
+#include "core/time.hpp"
+#include "gateway/admin_server.hpp"
+#include "gateway/key_store.hpp"
+#include "gateway/load_config.hpp"
+
+namespace weir::gateway {
+namespace {
+
+namespace json = boost::json;
+
+const char* env(const char* name) {
+  return std::string_view(name) == "ADMIN_TOKEN" ? "a-long-enough-admin-token" : nullptr;
+}
+
+constexpr std::string_view kBase = R"(listen: 127.0.0.1:8080
+pools:
+  p: {endpoints: ["http://127.0.0.1:9"]}
+models:
+  m: {pool: p}
+tenants:
+  acme: {limits: {requests_per_minute: 100}}
+)";
+
+core::ConfigResult<LoadedConfig> load(std::string_view extra) {
+  return load_config_text(std::string(kBase) + std::string(extra), "weir.yaml", &env);
+}
+
+TEST(AdminConfig, ParsesAndRefusesWhatCannotWork) {
+  auto ok = load("admin: {listen: 127.0.0.1:8081, token_env: ADMIN_TOKEN, keys_file: /tmp/k.json}\n");
+  ASSERT_TRUE(ok) << ok.error().to_string();
+  ASSERT_TRUE(ok->admin);
+  EXPECT_EQ(ok->admin->listen.port, 8081);
+  EXPECT_EQ(ok->admin->token_sha256, auth::sha256("a-long-enough-admin-token"));
+  EXPECT_EQ(ok->admin->keys_file, "/tmp/k.json");
+  EXPECT_FALSE(load("")->admin);  // no admin: = nothing listens
+
+  auto err = [](std::string_view extra) {
+    auto r = load(extra);
+    EXPECT_FALSE(r) << extra;
+    return r ? std::string() : r.error().key + ": " + r.error().message;
+  };
+  EXPECT_NE(err("admin: {token_env: ADMIN_TOKEN}\n").find("admin.listen"), std::string::npos);
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8080, token_env: ADMIN_TOKEN}\n").find("client listener"),
+            std::string::npos);
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8081}\n").find("never open"), std::string::npos);
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_env: UNSET}\n").find("not set"), std::string::npos);
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_sha256: abc}\n").find("64 hex"), std::string::npos);
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_env: ADMIN_TOKEN, jwt_claim: weir_admin}\n").find("auth.jwt"),
+            std::string::npos);
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_env: ADMIN_TOKEN, port: 1}\n").find("port"), std::string::npos);
+}
+
+TEST(Rfc3339, ParsesAndFormats) {
+  std::int64_t s = 0;
+  ASSERT_TRUE(core::parse_rfc3339("2020-01-01T00:00:00Z", s));
+  EXPECT_EQ(s, 1577836800);
+  ASSERT_TRUE(core::parse_rfc3339("2020-01-01T02:30:00.5+02:30", s));
+  EXPECT_EQ(s, 1577836800);
+  EXPECT_FALSE(core::parse_rfc3339("2020-02-30T00:00:00Z", s));
+  EXPECT_FALSE(core::parse_rfc3339("2020-01-01T00:00:00", s));
+  EXPECT_FALSE(core::parse_rfc3339("tomorrow", s));
+  EXPECT_EQ(core::format_rfc3339(1577836800), "2020-01-01T00:00:00Z");
+}
+
+auth::AuthConfig base_auth() {
+  auto r = load("auth:\n  api_keys: [{id: cfg, tenant: acme, sha256: " + auth::to_hex(auth::sha256("sk-cfg")) + "}]\n");
+  EXPECT_TRUE(r) << r.error().to_string();
+  return *r->auth;
+}
+
+json::object obj(std::string_view text) { return json::parse(text).as_object(); }
+
+TEST(KeyStore, NewKeysGetNewScopesWithoutRenumberingAndReachTheLimiter) {
+  KeyStore store(base_auth(), "");
+  const auto first = store.policy();
+  const auto cfg_scopes = static_cast<std::uint32_t>(first->scopes().size());  // acme, anonymous, cfg
+  ASSERT_EQ(cfg_scopes, 3u);
+  admission::LocalLimiter limiter(first->scopes(), 2, std::chrono::steady_clock::now());
+  store.set_limiter(&limiter);
+  const auto now = std::chrono::steady_clock::now();
+  // State of an existing scope survives growth.
+  ASSERT_TRUE(limiter.take(first->find_tenant("acme")->scope, admission::Bucket::requests, 0, 1, now).ok);
+
+  auto a = store.create(obj(R"({"tenant":"acme","limits":{"requests_per_minute":2}})"), 1000);
+  ASSERT_TRUE(a) << a.error().message;
+  EXPECT_EQ(a->record.scope, cfg_scopes);
+  EXPECT_TRUE(a->secret.starts_with("sk-weir-"));
+  auto b = store.create(obj(R"({"tenant":"acme"})"), 1000);
+  ASSERT_TRUE(b);
+  EXPECT_EQ(b->record.scope, cfg_scopes + 1);
+
+  const auto p = store.policy();
+  EXPECT_NE(p, first);  // a new immutable policy; the old one is unchanged
+  EXPECT_EQ(first->find_key(auth::sha256(a->secret)), nullptr);
+  const auth::KeyPolicy* ka = p->find_key(auth::sha256(a->secret));
+  ASSERT_NE(ka, nullptr);
+  EXPECT_TRUE(ka->runtime);
+  EXPECT_EQ(ka->scope, cfg_scopes);
+  EXPECT_EQ(p->scopes()[ka->scope].limits.requests_per_minute, 2u);
+  EXPECT_EQ(p->find_key(auth::sha256("sk-cfg"))->scope, first->find_key(auth::sha256("sk-cfg"))->scope);
+  EXPECT_EQ(limiter.scope_count(), p->scopes().size());
+  EXPECT_EQ(limiter.view(0, admission::Bucket::requests, now).remaining, 99u);  // acme kept its take
+  EXPECT_TRUE(limiter.take(ka->scope, admission::Bucket::requests, 0, 1, now).ok);
+  EXPECT_TRUE(limiter.take(ka->scope, admission::Bucket::requests, 1, 1, now).ok);
+  EXPECT_FALSE(limiter.take(ka->scope, admission::Bucket::requests, 0, 1, now).ok);
+
+  // New limits: a fresh scope; other fields keep the scope.
+  auto u = store.update(a->record.id, obj(R"({"limits":{"requests_per_minute":5},"metadata":{"x":1}})"));
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->record.scope, cfg_scopes + 2);
+  auto m = store.update(a->record.id, obj(R"({"models":["m"]})"));
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->record.scope, cfg_scopes + 2);
+  EXPECT_FALSE(store.policy()->find_key(auth::sha256(a->secret))->models->allows("other"));
+  EXPECT_FALSE(store.update(a->record.id, obj(R"({"tenant":"x"})")));
+  EXPECT_FALSE(store.update("vk_none", obj("{}")));
+
+  // Rotate: same id and scope, new secret; revoke: gone.
+  auto r = store.rotate(a->record.id);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->record.scope, cfg_scopes + 2);
+  EXPECT_EQ(store.policy()->find_key(auth::sha256(a->secret)), nullptr);
+  EXPECT_NE(store.policy()->find_key(auth::sha256(r->secret)), nullptr);
+  ASSERT_TRUE(store.revoke(a->record.id));
+  EXPECT_EQ(store.policy()->find_key(auth::sha256(r->secret)), nullptr);
+  EXPECT_EQ(store.keys().size(), 1u);
+}
+
+TEST(KeyStore, RefusesBadFieldsNamingThem) {
+  KeyStore store(base_auth(), "");
+  auto param = [&](std::string_view body) {
+    auto r = store.create(obj(body), 1);
+    EXPECT_FALSE(r) << body;
+    return r ? std::string() : r.error().param;
+  };
+  EXPECT_EQ(param(R"({})"), "tenant");
+  EXPECT_EQ(param(R"({"tenant":"acme","limits":{"requests_per_minute":-1}})"), "limits.requests_per_minute");
+  EXPECT_EQ(param(R"({"tenant":"acme","limits":{"rpm":1}})"), "limits.rpm");
+  EXPECT_EQ(param(R"({"tenant":"acme","budget":{"period":"1h"}})"), "budget.usd");
+  EXPECT_EQ(param(R"({"tenant":"acme","models":"m"})"), "models");
+  EXPECT_EQ(param(R"({"tenant":"acme","metadata":[1]})"), "metadata");
+  EXPECT_EQ(param(R"({"tenant":"acme","expires_at":"soon"})"), "expires_at");
+  EXPECT_EQ(param(R"({"tenant":"acme","secret":"x"})"), "secret");
+  auto t = store.create(obj(R"({"tenant":"nobody"})"), 1);
+  ASSERT_FALSE(t);
+  EXPECT_EQ(t.error().status, 404);
+  EXPECT_TRUE(store.keys().empty());
+}
+
+TEST(KeyStore, BudgetChangeCarriesSpend) {
+  KeyStore store(base_auth(), "");
+  admission::LocalLimiter limiter(store.policy()->scopes(), 1, std::chrono::steady_clock::now());
+  store.set_limiter(&limiter);
+  auto a = store.create(obj(R"({"tenant":"acme","budget":{"usd":1}})"), 1);
+  ASSERT_TRUE(a);
+  const auto now = std::chrono::steady_clock::now();
+  limiter.settle_spend(a->record.scope, 0, 300'000'000, 0, now);  // $0.30 spent
+  auto u = store.update(a->record.id, obj(R"({"budget":{"usd":2,"period":"24h"}})"));
+  ASSERT_TRUE(u);
+  EXPECT_NE(u->record.scope, a->record.scope);
+  EXPECT_EQ(limiter.spent(u->record.scope, now), 300'000'000);
+}
+
+TEST(KeyStore, KeysFilePersistsHashesOnlyWithMode0600) {
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  std::filesystem::remove(file);
+  std::string secret, id;
+  {
+    KeyStore store(base_auth(), file);
+    ASSERT_TRUE(store.load());  // missing = empty
+    auto a = store.create(obj(R"({"tenant":"acme","models":["m"],"limits":{"tokens_per_minute":1000},
+                                 "budget":{"usd":0.5,"period":"1h"},"expires_at":"2099-01-01T00:00:00Z",
+                                 "metadata":{"team":"c"},"name":"ci"})"),
+                          1234);
+    ASSERT_TRUE(a);
+    secret = a->secret;
+    id = a->record.id;
+  }
+  struct stat st {};
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  std::ifstream in(file);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find(secret), std::string::npos);
+  EXPECT_NE(text.find(auth::to_hex(auth::sha256(secret))), std::string::npos);
+
+  KeyStore again(base_auth(), file);
+  ASSERT_TRUE(again.load());
+  ASSERT_EQ(again.keys().size(), 1u);
+  const KeyRecord& k = again.keys()[0];
+  EXPECT_EQ(k.id, id);
+  EXPECT_EQ(k.name, "ci");
+  EXPECT_EQ(k.limits.tokens_per_minute, 1000u);
+  EXPECT_EQ(k.budget.limit_nano_usd, 500'000'000);
+  EXPECT_EQ(k.budget.period, std::chrono::hours(1));
+  EXPECT_EQ(k.expires_at, 4070908800);
+  EXPECT_EQ(k.created_at, 1234);
+  EXPECT_EQ(json::serialize(k.metadata), R"({"team":"c"})");
+  EXPECT_NE(again.policy()->find_key(auth::sha256(secret)), nullptr);
+
+  std::ofstream(file) << "not json";
+  KeyStore broken(base_auth(), file);
+  EXPECT_FALSE(broken.load());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KeyStore, PublishedPolicyAuthenticatesAndExpiryIsRefusedSayingSo) {
+  KeyStore store(base_auth(), "");
+  auth::Authenticator authn(store.policy(), nullptr);
+  auto a = store.create(obj(R"({"tenant":"acme","expires_at":2000000000})"), 1);
+  ASSERT_TRUE(a);
+  const auto before = auth::WallTime(std::chrono::seconds(1999999999));
+  EXPECT_FALSE(authn.authenticate("Bearer " + a->secret, "", before));  // the old policy: unknown
+  authn.set_policy(store.policy());                                     // what a worker does on the post
+  auto ok = authn.authenticate("Bearer " + a->secret, "", before);
+  ASSERT_TRUE(ok) << ok.error().message;
+  EXPECT_EQ((*ok)->key_id(), a->record.id);
+  auto expired = authn.authenticate("Bearer " + a->secret, "", auth::WallTime(std::chrono::seconds(2000000000)));
+  ASSERT_FALSE(expired);
+  EXPECT_EQ(expired.error().status, 401);
+  EXPECT_NE(expired.error().message.find("expired at 2033-05-18T03:33:20Z"), std::string::npos)
+      << expired.error().message;
+}
+
+TEST(AdminRouter, MatchesPatternsAndTellsAllowedMethods) {
+  AdminRouter router;
+  auto h = [](AdminRequest&) -> core::Task<AdminResponse> { co_return AdminResponse{}; };
+  router.add("GET", "/admin/v1/keys", h);
+  router.add("POST", "/admin/v1/keys", h);
+  router.add("GET", "/admin/v1/keys/{id}", h);
+  router.add("POST", "/admin/v1/keys/{id}/rotate", h);
+  std::vector<std::string> params;
+  EXPECT_TRUE(router.match("GET", "/admin/v1/keys", params).handler);
+  auto m = router.match("POST", "/admin/v1/keys/vk_1/rotate", params);
+  ASSERT_TRUE(m.handler);
+  ASSERT_EQ(params.size(), 1u);
+  EXPECT_EQ(params[0], "vk_1");
+  auto wrong = router.match("DELETE", "/admin/v1/keys", params);
+  EXPECT_FALSE(wrong.handler);
+  EXPECT_EQ(wrong.allow, "GET, POST");
+  auto none = router.match("GET", "/admin/v1/keys/a/b", params);
+  EXPECT_FALSE(none.handler);
+  EXPECT_TRUE(none.allow.empty());
+  EXPECT_TRUE(router.match("HEAD", "/admin/v1/keys/x", params).handler);
+}
+
+TEST(AdminServer, TokenIsCheckedAgainstItsHash) {
+  boost::asio::io_context io;
+  Shared shared;
+  AdminConfig cfg;
+  cfg.has_token = true;
+  cfg.token_sha256 = auth::sha256("the-admin-token");
+  AdminServer server(io, cfg, shared, nullptr);
+  EXPECT_TRUE(server.check_token("Bearer the-admin-token"));
+  EXPECT_TRUE(server.check_token("bearer  the-admin-token "));
+  for (std::string_view bad : {"", "Bearer", "Bearer the-admin-toke", "Basic the-admin-token", "the-admin-token"}) {
+    auto r = server.check_token(bad);
+    ASSERT_FALSE(r) << bad;
+    EXPECT_EQ(r.error().status, 401);
+  }
+}
+
+struct StaticJwks final : auth::JwksSource {
+  std::string body;
+  void fetch(Callback done) override { done(body); }
+  std::string describe() const override { return "static"; }
+};
+
+TEST(AdminServer, JwtWithTheAdminClaimIsAnAdmin) {
+  boost::asio::io_context io;
+  const auto& keys = auth::testing::Keys::get();
+  auto src = std::make_unique<StaticJwks>();
+  src->body = auth::testing::jwks_of({&keys.rsa});
+  auth::JwksCache jwks(io, std::move(src), auth::JwksOptions{});
+  jwks.start();
+  io.poll();
+  auto loaded = load("auth:\n  jwt: {jwks_file: /dev/null, issuer: https://idp.test, audience: weir}\n");
+  ASSERT_TRUE(loaded) << loaded.error().to_string();
+  Shared shared;
+  shared.auth_policy = auth::AuthPolicy::build(*loaded->auth);
+  shared.jwks = &jwks;
+  AdminConfig cfg;
+  cfg.jwt_claim = "weir.admin";  // no static token: only the claim grants admin
+  AdminServer server(io, cfg, shared, nullptr);
+  const auto exp = auth::testing::unix_seconds(std::chrono::system_clock::now()) + 600;
+  auto token = [&](std::string_view admin, std::string_view iss = "https://idp.test") {
+    return "Bearer " +
+           keys.rsa.token(fmt::format(R"({{"sub":"ops","iss":"{}","aud":"weir","exp":{},"weir":{{"admin":{}}}}})", iss,
+                                      exp, admin));
+  };
+  EXPECT_TRUE(server.check_token(token("true")));
+  auto no = server.check_token(token("false"));
+  ASSERT_FALSE(no);
+  EXPECT_NE(no.error().message.find("does not grant admin"), std::string::npos);
+  EXPECT_FALSE(server.check_token(token("true", "https://other.test")));  // verified like a client's token
+  EXPECT_FALSE(server.check_token("Bearer not-a-token"));
+  jwks.stop();
+}
+
+TEST(RunBlocking, RunsOffTheCallingThreadAndResumesOnIt) {
+  boost::asio::io_context io;
+  boost::asio::thread_pool pool(1);
+  const auto caller = std::this_thread::get_id();
+  std::thread::id ran_on, resumed_on;
+  int result = 0;
+  boost::asio::co_spawn(
+      io,
+      [&]() -> core::Task<void> {
+        result = co_await run_blocking(pool, [&] {
+          ran_on = std::this_thread::get_id();
+          return 42;
+        });
+        resumed_on = std::this_thread::get_id();
+      },
+      boost::asio::detached);
+  io.run();
+  pool.join();
+  EXPECT_EQ(result, 42);
+  EXPECT_NE(ran_on, caller);
+  EXPECT_EQ(resumed_on, caller);
+}
+
+}  // namespace
+}  // namespace weir::gateway
