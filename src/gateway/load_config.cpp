@@ -112,6 +112,9 @@ core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv
     if (!pricing) return tl::unexpected(std::move(pricing.error()));
     auto redis = admission::parse_redis_config(root, file, getenv_fn);
     if (!redis) return tl::unexpected(std::move(redis.error()));
+    auto request_log = requestlog::parse_request_log_config(root, file);
+    if (!request_log) return tl::unexpected(std::move(request_log.error()));
+    out.request_log = std::move(*request_log);
     if (root["auth"] || root["tenants"] || root["pricing"]) out.auth = std::move(*auth_cfg);
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);

@@ -18,6 +18,7 @@
 #include "admission/redis_config.hpp"
 #include "auth/config.hpp"
 #include "core/config.hpp"
+#include "requestlog/config.hpp"
 
 namespace weir::gateway {
 
@@ -30,6 +31,7 @@ struct LoadedConfig {
   std::optional<auth::AuthConfig> auth;
   admission::Pricing pricing;                   // pricing:, empty without one
   std::optional<admission::RedisConfig> redis;  // redis:, when present
+  std::optional<requestlog::RequestLogConfig> request_log;  // request_log:, when present
   // Valid but probably wrong, each "FILE:LINE:COL: KEY: message" (an
   // allow-list entry or a price no model matches, a redis: section nothing
   // uses). --check and start-up print them as "weir: warning: ..." to stderr
