@@ -29,8 +29,8 @@ struct LoadedConfig {
   // in the file (identity and admission on); nullopt = every request is
   // anonymous and no limit applies.
   std::optional<auth::AuthConfig> auth;
-  admission::Pricing pricing;                   // pricing:, empty without one
-  std::optional<admission::RedisConfig> redis;  // redis:, when present
+  admission::Pricing pricing;                               // pricing:, empty without one
+  std::optional<admission::RedisConfig> redis;              // redis:, when present
   std::optional<requestlog::RequestLogConfig> request_log;  // request_log:, when present
   // Valid but probably wrong, each "FILE:LINE:COL: KEY: message" (an
   // allow-list entry or a price no model matches, a redis: section nothing

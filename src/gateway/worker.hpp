@@ -53,7 +53,7 @@ struct Shared {
   // Label slots of every worker's metrics shard; null: each worker builds
   // them from `config` and `auth_policy` (tests).
   std::shared_ptr<const MetricLabels> metric_labels;
-  std::uint64_t instance_id = 0;  // random per process, prefix of generated request ids
+  std::uint64_t instance_id = 0;              // random per process, prefix of generated request ids
   requestlog::Writer* request_log = nullptr;  // owned by the server; null without request_log:
 };
 

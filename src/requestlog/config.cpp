@@ -18,8 +18,8 @@ ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
   if (!n["url"]) return tl::unexpected(config_error(n, "request_log.url", "missing (sqlite:/path/requests.db)"));
   WEIR_TRY(url, core::read_string(n["url"], "request_log.url"));
   if (url.starts_with("postgres://") || url.starts_with("postgresql://"))
-    return tl::unexpected(config_error(n["url"], "request_log.url",
-                                       "PostgreSQL is not supported yet; use sqlite:/path/requests.db"));
+    return tl::unexpected(
+        config_error(n["url"], "request_log.url", "PostgreSQL is not supported yet; use sqlite:/path/requests.db"));
   if (!url.starts_with("sqlite:"))
     return tl::unexpected(config_error(n["url"], "request_log.url", "expected sqlite:/path/requests.db"));
   std::string path = url.substr(7);
@@ -33,8 +33,7 @@ ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
   const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-    return tl::unexpected(
-        config_error(n["url"], "request_log.url", fmt::format("directory {} does not exist", dir)));
+    return tl::unexpected(config_error(n["url"], "request_log.url", fmt::format("directory {} does not exist", dir)));
   c.url = url;
   c.path = path;
   if (auto v = n["queue"]) {

@@ -18,7 +18,7 @@ struct RequestLogConfig {
   std::string path;  // the SQLite file (the URL's path; relative to the working directory)
   // Records each worker's queue holds before new ones are dropped (and counted).
   std::uint32_t queue = 4096;
-  std::uint32_t batch = 256;                  // rows per insert transaction, at most
+  std::uint32_t batch = 256;                      // rows per insert transaction, at most
   std::chrono::milliseconds flush_interval{100};  // the writer wakes this often when the queues are short of a batch
   // Retention: rows older than max_age (0 = no age limit) and beyond the
   // newest max_rows (0 = no row limit) are deleted every `retention_interval`.
@@ -32,6 +32,6 @@ struct RequestLogConfig {
 // URL that is not sqlite:PATH (postgres:// is named as not built yet), a
 // directory that does not exist, queue or batch out of range.
 core::ConfigResult<std::optional<RequestLogConfig>> parse_request_log_config(const YAML::Node& root,
-                                                                              const std::string& file);
+                                                                             const std::string& file);
 
 }  // namespace weir::requestlog

@@ -28,8 +28,7 @@ std::string form_decode(std::string_view s) {
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '+') {
       out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size() && hex_digit(s[i + 1]) >= 0 &&
-               hex_digit(s[i + 2]) >= 0) {
+    } else if (s[i] == '%' && i + 2 < s.size() && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
       out += static_cast<char>(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]));
       i += 2;
     } else {
@@ -152,9 +151,7 @@ bool parse_cursor(std::string_view s, std::int64_t& ts_us, std::int64_t& id) {
   return id > 0;
 }
 
-core::Error bad(std::string message, std::string_view param) {
-  return core::bad_request(std::move(message), param);
-}
+core::Error bad(std::string message, std::string_view param) { return core::bad_request(std::move(message), param); }
 
 }  // namespace
 
@@ -165,8 +162,8 @@ std::string make_cursor(std::int64_t ts_us, std::int64_t id) {
 tl::expected<Query, core::Error> parse_query(std::string_view url_query) {
   Query q;
   // The parameters' names as literals: core::Error::param is a view.
-  static constexpr std::string_view kNames[] = {"since",  "until",  "tenant", "key_id",
-                                                "model",  "status", "limit",  "cursor"};
+  static constexpr std::string_view kNames[] = {"since", "until",  "tenant", "key_id",
+                                                "model", "status", "limit",  "cursor"};
   bool seen[std::size(kNames)] = {};
   if (!url_query.empty() && url_query.front() == '?') url_query.remove_prefix(1);
   while (!url_query.empty()) {

@@ -19,8 +19,8 @@ namespace weir::requestlog {
 
 // A request-log query, from the URL query string (parse_query).
 struct Query {
-  std::optional<std::int64_t> since_us;  // ts_us >= since (inclusive), Unix µs
-  std::optional<std::int64_t> until_us;  // ts_us < until (exclusive)
+  std::optional<std::int64_t> since_us;              // ts_us >= since (inclusive), Unix µs
+  std::optional<std::int64_t> until_us;              // ts_us < until (exclusive)
   std::optional<std::string> tenant, key_id, model;  // exact match
   int status_min = 0, status_max = 0;                // status in [min, max]; 0 = any
   std::uint32_t limit = 50;                          // 1..1000

@@ -64,9 +64,7 @@ class RecordQueue {
   // --- any thread ---
   std::uint64_t dropped() const { return dropped_.load(std::memory_order_relaxed); }
   // Records queued now (approximate while both sides run).
-  std::uint64_t size() const {
-    return head_.load(std::memory_order_acquire) - tail_.load(std::memory_order_acquire);
-  }
+  std::uint64_t size() const { return head_.load(std::memory_order_acquire) - tail_.load(std::memory_order_acquire); }
   std::uint32_t capacity() const { return capacity_; }
 
  private:

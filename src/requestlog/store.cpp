@@ -128,15 +128,15 @@ bool Writer::open_store(std::string& error) {
     Stmt* out;
     const char* sql;
   };
-  for (P p : {P{&begin_, "BEGIN IMMEDIATE"}, P{&commit_, "COMMIT"}, P{&rollback_, "ROLLBACK"},
-              P{&insert_,
-                "INSERT INTO requests (ts_us, request_id, tenant, key_id, model, status, record) "
-                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
-              P{&delete_older_,
-                "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE ts_us < ?1 LIMIT 10000)"},
-              P{&nth_newest_, "SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1"},
-              P{&delete_upto_,
-                "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE id <= ?1 ORDER BY id LIMIT 10000)"}}) {
+  for (P p :
+       {P{&begin_, "BEGIN IMMEDIATE"}, P{&commit_, "COMMIT"}, P{&rollback_, "ROLLBACK"},
+        P{&insert_,
+          "INSERT INTO requests (ts_us, request_id, tenant, key_id, model, status, record) "
+          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
+        P{&delete_older_, "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE ts_us < ?1 LIMIT 10000)"},
+        P{&nth_newest_, "SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1"},
+        P{&delete_upto_,
+          "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE id <= ?1 ORDER BY id LIMIT 10000)"}}) {
     *p.out = db_.prepare(p.sql, why);
     if (!*p.out) return fail(why);
   }
@@ -260,9 +260,9 @@ void Writer::stop(SteadyClock::time_point deadline) {
   if (thread_.joinable()) thread_.join();
 }
 
-void Writer::report() {
+void Writer::report(bool now_anyway) {
   const auto now = SteadyClock::now();
-  if (now - last_report_ < kReportEvery) return;
+  if (!now_anyway && now - last_report_ < kReportEvery) return;
   std::uint64_t drops = dropped_write_.load(std::memory_order_relaxed);
   for (const auto& q : queues_) drops += q->dropped();
   const std::uint64_t errors = errors_.load(std::memory_order_relaxed);
@@ -278,8 +278,7 @@ void Writer::report() {
 
 void Writer::run() {
   auto unix_us = [] {
-    return std::chrono::duration_cast<std::chrono::microseconds>(
-               std::chrono::system_clock::now().time_since_epoch())
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
         .count();
   };
   auto next_retention = SteadyClock::now();
@@ -332,8 +331,7 @@ void Writer::run() {
     }
   dropped_shutdown_.fetch_add(left, std::memory_order_relaxed);
   if (left) fmt::print(stderr, "weir: request log: {} records not written at shutdown (drain deadline)\n", left);
-  last_report_ = {};
-  report();
+  report(true);
   close_statements();
   db_.close();
   open_.store(false, std::memory_order_relaxed);

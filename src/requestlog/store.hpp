@@ -33,14 +33,14 @@ namespace weir::requestlog {
 
 // Counters for /metrics; readable from any thread.
 struct WriterStats {
-  std::uint64_t written = 0;            // rows committed
-  std::uint64_t dropped_queue_full = 0;  // records a worker found no room for
+  std::uint64_t written = 0;              // rows committed
+  std::uint64_t dropped_queue_full = 0;   // records a worker found no room for
   std::uint64_t dropped_write_error = 0;  // records in a transaction that failed
-  std::uint64_t dropped_shutdown = 0;   // records still queued when the shutdown drain ran out of time
-  std::uint64_t errors = 0;             // failed opens, statements and commits
-  std::uint64_t deleted = 0;            // rows removed by retention
-  std::uint64_t queued = 0;             // records in the queues now
-  bool open = false;                    // the store is open for writing
+  std::uint64_t dropped_shutdown = 0;     // records still queued when the shutdown drain ran out of time
+  std::uint64_t errors = 0;               // failed opens, statements and commits
+  std::uint64_t deleted = 0;              // rows removed by retention
+  std::uint64_t queued = 0;               // records in the queues now
+  bool open = false;                      // the store is open for writing
 };
 
 class Writer {
@@ -82,7 +82,8 @@ class Writer {
   void run();
   void count_error(const std::string& what);
   void close_statements();
-  void report();  // the rate-limited stderr lines
+  // The stderr lines (drops, errors since the last), at most every 10 s unless `now_anyway`.
+  void report(bool now_anyway = false);
   std::int64_t delete_chunked(Stmt& stmt, std::int64_t arg);
 
   RequestLogConfig config_;

@@ -8,12 +8,12 @@
 #include <filesystem>
 #include <thread>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 #include <boost/json.hpp>
-#include <fmt/format.h>
 
-#include "requestlog/config.hpp"
 #include "core/error.hpp"
+#include "requestlog/config.hpp"
 #include "requestlog/query.hpp"
 
 namespace weir::requestlog {
@@ -329,8 +329,9 @@ TEST(ParseQueryTest, Defaults) {
 }
 
 TEST(ParseQueryTest, ValuesAndDecoding) {
-  auto q = parse_query("?tenant=team%20c&model=meta-llama%2FLlama-3.1-8B&key_id=a+b&status=4xx&limit=1000&"
-                       "since=1970-01-01T00:00:01.5Z&until=2026-12-01T23:05:00-02:30");
+  auto q = parse_query(
+      "?tenant=team%20c&model=meta-llama%2FLlama-3.1-8B&key_id=a+b&status=4xx&limit=1000&"
+      "since=1970-01-01T00:00:01.5Z&until=2026-12-01T23:05:00-02:30");
   ASSERT_TRUE(q) << q.error().message;
   EXPECT_EQ(*q->tenant, "team c");
   EXPECT_EQ(*q->model, "meta-llama/Llama-3.1-8B");
@@ -356,15 +357,29 @@ TEST(ParseQueryTest, BadInputNamesTheParam) {
     const char* qs;
     const char* param;  // "" = null
   };
-  for (Case c : {Case{"limit=0", "limit"}, Case{"limit=1001", "limit"}, Case{"limit=abc", "limit"},
-                 Case{"limit=", "limit"}, Case{"limit=-1", "limit"}, Case{"since=yesterday", "since"},
-                 Case{"since=2026-13-01T00:00:00Z", "since"}, Case{"since=2026-02-29T00:00:00Z", "since"},
-                 Case{"since=2026-12-01T24:00:00Z", "since"}, Case{"since=2026-12-01T23:00:00", "since"},
-                 Case{"until=2026-12-01", "until"}, Case{"until=1.2.3", "until"}, Case{"status=200x", "status"},
-                 Case{"status=600", "status"}, Case{"status=6xx", "status"}, Case{"status=", "status"},
-                 Case{"tenant=", "tenant"}, Case{"cursor=zz", "cursor"}, Case{"cursor=%20", "cursor"},
-                 Case{"cursor=00000000000000000000000000000000", "cursor"}, Case{"limit=5&limit=6", "limit"},
-                 Case{"since=200&until=100", "since"}, Case{"sinse=1", ""}}) {
+  for (Case c : {Case{"limit=0", "limit"},
+                 Case{"limit=1001", "limit"},
+                 Case{"limit=abc", "limit"},
+                 Case{"limit=", "limit"},
+                 Case{"limit=-1", "limit"},
+                 Case{"since=yesterday", "since"},
+                 Case{"since=2026-13-01T00:00:00Z", "since"},
+                 Case{"since=2026-02-29T00:00:00Z", "since"},
+                 Case{"since=2026-12-01T24:00:00Z", "since"},
+                 Case{"since=2026-12-01T23:00:00", "since"},
+                 Case{"until=2026-12-01", "until"},
+                 Case{"until=1.2.3", "until"},
+                 Case{"status=200x", "status"},
+                 Case{"status=600", "status"},
+                 Case{"status=6xx", "status"},
+                 Case{"status=", "status"},
+                 Case{"tenant=", "tenant"},
+                 Case{"cursor=zz", "cursor"},
+                 Case{"cursor=%20", "cursor"},
+                 Case{"cursor=00000000000000000000000000000000", "cursor"},
+                 Case{"limit=5&limit=6", "limit"},
+                 Case{"since=200&until=100", "since"},
+                 Case{"sinse=1", ""}}) {
     auto q = parse_query(c.qs);
     ASSERT_FALSE(q) << c.qs;
     EXPECT_EQ(q.error().status, 400) << c.qs;
@@ -383,9 +398,10 @@ TEST(RequestLogConfigTest, ParsesAndChecks) {
   auto none = parse("pools: {}\n");
   ASSERT_TRUE(none);
   EXPECT_FALSE(none->has_value());
-  auto full = parse(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1024, batch: 64, flush_interval: 20ms, "
-                                "retention: {{max_age: 7d, max_rows: 5000, interval: 10s}}}}\n",
-                                dir.path.string()));
+  auto full =
+      parse(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1024, batch: 64, flush_interval: 20ms, "
+                        "retention: {{max_age: 7d, max_rows: 5000, interval: 10s}}}}\n",
+                        dir.path.string()));
   ASSERT_TRUE(full) << full.error().to_string();
   const auto& c = **full;
   EXPECT_EQ(c.path, (dir.path / "r.db").string());
@@ -406,11 +422,11 @@ TEST(RequestLogConfigTest, ParsesAndChecks) {
     return r ? std::string("ok") : r.error().to_string();
   };
   EXPECT_EQ(error("request_log: {url: 'sqlite:/nonexistent-dir/r.db'}\n"),
-            "weir.yaml:1:19: request_log.url: directory /nonexistent-dir does not exist");
+            "weir.yaml:1:20: request_log.url: directory /nonexistent-dir does not exist");
   EXPECT_EQ(error("request_log: {url: 'postgres://db/weir'}\n"),
-            "weir.yaml:1:19: request_log.url: PostgreSQL is not supported yet; use sqlite:/path/requests.db");
+            "weir.yaml:1:20: request_log.url: PostgreSQL is not supported yet; use sqlite:/path/requests.db");
   EXPECT_EQ(error("request_log: {url: 'mysql://x'}\n"),
-            "weir.yaml:1:19: request_log.url: expected sqlite:/path/requests.db");
+            "weir.yaml:1:20: request_log.url: expected sqlite:/path/requests.db");
   EXPECT_EQ(error("request_log: {queue: 5}\n"), "weir.yaml:1:14: request_log.url: missing (sqlite:/path/requests.db)");
   EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', batchh: 1}}\n", dir.path.string())), "ok");
   EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1}}\n", dir.path.string())), "ok");
