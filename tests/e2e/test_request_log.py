@@ -161,3 +161,43 @@ def test_missing_directory_is_a_configuration_error(tmp_path, mock):
     r = subprocess.run([binary("weir"), "--config", str(cfg), "--check"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 2, r
     assert f"request_log.url: directory {tmp_path}/nowhere does not exist" in r.stderr
+
+
+def test_weir_requests_cli_filters_and_pages(tmp_path, mock, weir):
+    import subprocess
+    from conftest import binary
+    m = mock(*MOCK_FLAGS)
+    db = str(tmp_path / "requests.db")
+    w = weir(config=config(m, f"sqlite:{db}"))
+    acme = [rid() for _ in range(7)]
+    for i in acme:
+        assert chat(w, "sk-acme", i).status_code == 200
+    denied = rid()
+    assert chat(w, "sk-nope", denied).status_code == 401
+    wait_until(lambda: {r["request_id"] for r in rows(db)} >= set(acme) | {denied}, 5, message="rows stored")
+
+    def cli(*args):
+        r = subprocess.run([binary("weir"), "requests", "--db", db, *args], capture_output=True, text=True,
+                           timeout=10)
+        return r.returncode, r.stdout, r.stderr
+
+    seen, cursor = [], None
+    while True:
+        rc, out, err = cli("--tenant", "acme", "--limit", "3", *(["--cursor", cursor] if cursor else []))
+        assert rc == 0, err
+        page = json.loads(out)
+        assert page["object"] == "list" and len(page["data"]) <= 3
+        seen += [r["request_id"] for r in page["data"]]
+        cursor = page["next_cursor"]
+        assert page["has_more"] == (cursor is not None)
+        if not cursor:
+            break
+    assert seen == list(reversed(acme))  # newest first, each once
+    rc, out, _ = cli("--status", "4xx")
+    assert rc == 0 and [r["request_id"] for r in json.loads(out)["data"]] == [denied]
+    rc, out, _ = cli("--id", acme[2])
+    assert rc == 0 and json.loads(out)["request_id"] == acme[2]
+    rc, _, err = cli("--id", "no-such-request")
+    assert rc == 1 and "no request with id" in err
+    rc, _, err = cli("--limit", "0")
+    assert rc == 2 and "--limit" in err
