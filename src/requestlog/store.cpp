@@ -1,5 +1,6 @@
 #include "requestlog/store.hpp"
 
+#include <pthread.h>
 #include <sqlite3.h>
 
 #include <fmt/format.h>
@@ -244,10 +245,14 @@ void Writer::apply_retention(std::int64_t now_us) {
 void Writer::start() {
   std::string error;
   if (!open_store(error))
-    fmt::print(stderr, "weir: {}; serving on, records are dropped (and counted) until it opens\n", error);
+    fmt::print(stderr,
+               "weir: {}; serving on: records wait in the queues (dropped and counted when full) while it is "
+               "retried every second\n",
+               error);
   reported_errors_ = errors_.load(std::memory_order_relaxed);
   last_report_ = SteadyClock::now();
   thread_ = std::thread([this] { run(); });
+  pthread_setname_np(thread_.native_handle(), "weir-requestlog");  // at most 15 characters
 }
 
 void Writer::stop(SteadyClock::time_point deadline) {

@@ -173,10 +173,15 @@ TEST(WriterTest, ThreadWritesAndDrainsOnStop) {
   cfg.flush_interval = 5ms;
   Writer w(cfg, 2);
   w.start();
-  for (int i = 0; i < 500; ++i) ASSERT_TRUE(push(w.queue(i % 2), i, fmt::format("r{}", i)));
+  // Recent records (retention runs on the thread's first pass: max_age 7d must keep them).
+  const std::int64_t now_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  for (int i = 0; i < 500; ++i) ASSERT_TRUE(push(w.queue(i % 2), now_us + i, fmt::format("r{}", i)));
   w.stop(std::chrono::steady_clock::now() + 5s);
   EXPECT_EQ(w.stats().written, 500u);
   EXPECT_EQ(w.stats().dropped_shutdown, 0u);
+  EXPECT_EQ(w.stats().deleted, 0u);
   EXPECT_EQ(count_rows(dir.path / "r.db"), 500);
 }
 
