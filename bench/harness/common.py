@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from dataclasses import dataclass, field
 
 import measure
@@ -60,6 +62,14 @@ def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-ba
                        extra_env={"LD_PRELOAD": ALLOCATORS[a]})
         report.add_meta(f"weir ({a})", f"build/bin/weir with LD_PRELOAD={ALLOCATORS[a]}")
         out.append(t)
+    if env.request_log:
+        # The same config with every request's record stored in SQLite (a fresh file per run).
+        cfg = json.loads(json.dumps(config))
+        cfg["request_log"] = {"url": f"sqlite:{env.work / (tag + '-requests.db')}"}
+        t = start_weir(env, "weir (request log)", cfg, tag=f"{tag}-requestlog", name="weir-requestlog")
+        report.add_meta("weir (request log)", "build/bin/weir with request_log: {url: sqlite:WORK/requests.db} "
+                        "(queue 4096, batch 256, flush 100ms)")
+        out.append(t)
     return out
 
 
@@ -92,7 +102,8 @@ def fmt_ratio(r) -> str:
 
 
 PRETTY = {"litellm": "LiteLLM", "bifrost": "Bifrost", "portkey": "Portkey", "nginx": "nginx", "weir": "Weir",
-          "weir-baseline": "Weir (baseline)", "weir-jemalloc": "Weir (jemalloc)", "weir-mimalloc": "Weir (mimalloc)"}
+          "weir-baseline": "Weir (baseline)", "weir-jemalloc": "Weir (jemalloc)", "weir-mimalloc": "Weir (mimalloc)",
+          "weir-requestlog": "Weir (request log)"}
 
 
 def gateway_failed(res: dict) -> str | None:

@@ -55,6 +55,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="comma-separated mallocs (jemalloc, mimalloc) to LD_PRELOAD into extra build/bin/weir "
                          "targets 'weir (NAME)', alternated in the same rounds of the latency, stream and memory "
                          "suites (glibc's malloc is the plain 'weir')")
+    ap.add_argument("--request-log", action="store_true",
+                    help="also measure build/bin/weir with request_log: (a SQLite file in the work dir) beside it, "
+                         "same config otherwise, alternated in the same rounds: target 'weir (request log)' in the "
+                         "latency, stream and memory suites")
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
@@ -157,7 +161,7 @@ def main(argv: list[str]) -> int:
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
         env = Env(bin_dir=snap, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
                   priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet, baseline=baseline,
-                  allocators=allocators)
+                  allocators=allocators, request_log=args.request_log)
         print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
         t0 = time.monotonic()
         try:

@@ -39,6 +39,7 @@ class Env:
     verbose: bool = True
     baseline: pathlib.Path | None = None  # --baseline-bin: a second weir binary measured beside build/bin/weir
     allocators: tuple[str, ...] = ()      # --allocators: build/bin/weir again under each LD_PRELOADed malloc
+    request_log: bool = False             # --request-log: build/bin/weir again with request_log: (SQLite) on
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name

@@ -36,8 +36,9 @@ void append_http_date(std::string& out) {
   out += cache.get(s, "Date: %a, %d %b %Y %H:%M:%S GMT\r\n");
 }
 
-void append_rfc3339_now(std::string& out) {
-  const auto now = std::chrono::system_clock::now();
+void append_rfc3339_now(std::string& out) { append_rfc3339(out, std::chrono::system_clock::now()); }
+
+void append_rfc3339(std::string& out, std::chrono::system_clock::time_point now) {
   const auto secs = std::chrono::time_point_cast<std::chrono::seconds>(now);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - secs).count();
   thread_local SecondCache<32> cache;

@@ -24,6 +24,8 @@ inline std::int64_t micros_between(TimePoint from, TimePoint to) { return micros
 // 2026-11-30T03:12:45.123Z (access-log timestamps). The second is formatted
 // once per second per thread.
 void append_rfc3339_now(std::string& out);
+// The same for a given wall-clock time `t`.
+void append_rfc3339(std::string& out, std::chrono::system_clock::time_point t);
 
 // Unix seconds as RFC 3339 in UTC without fraction, e.g. 2026-11-30T03:12:45Z.
 std::string format_rfc3339(std::int64_t unix_s);

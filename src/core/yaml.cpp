@@ -97,8 +97,11 @@ ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, co
     ms = num * 60'000.0;
   else if (unit == "h")
     ms = num * 3'600'000.0;
+  else if (unit == "d")
+    ms = num * 86'400'000.0;
   else
-    return tl::unexpected(config_error(node, key, fmt::format("unknown duration unit '{}' (use ms, s, m or h)", unit)));
+    return tl::unexpected(
+        config_error(node, key, fmt::format("unknown duration unit '{}' (use ms, s, m, h or d)", unit)));
   if (ms > 365.0 * 24 * 3'600'000.0) return tl::unexpected(config_error(node, key, "duration is longer than a year"));
   return std::chrono::milliseconds(static_cast<std::int64_t>(ms + 0.5));
 }

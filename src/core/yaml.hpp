@@ -34,7 +34,7 @@ ConfigResult<std::string> read_string(const YAML::Node& node, const std::string&
 ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key);
 ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key, std::int64_t min, std::int64_t max);
 ConfigResult<double> read_double(const YAML::Node& node, const std::string& key, double min, double max);
-// A duration: an integer of milliseconds or a string with unit "250ms", "2s", "1m", "1h".
+// A duration: an integer of milliseconds or a string with unit "250ms", "2s", "1m", "1h", "7d".
 ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, const std::string& key);
 // A size: an integer of bytes or a string "512KiB", "4MiB", "1GiB", "64KB", "1MB".
 ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string& key);

@@ -124,6 +124,28 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
   g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
   if (shared.limiter && shared.auth_policy)
     append_budget_metrics(out, *shared.auth_policy, *shared.limiter, g->total.labels());
+  if (shared.request_log) {
+    // The request-log store's writer (atomics, safe to read here).
+    const auto s = shared.request_log->stats();
+    core::PromWriter w(out);
+    w.header("weir_request_log_written_total", "counter", "Request records stored (request_log:).");
+    w.sample("weir_request_log_written_total", "", s.written);
+    w.header("weir_request_log_dropped_total", "counter",
+             "Request records not stored: queue_full (the writer is behind or the store is down), write_error (their "
+             "transaction failed), shutdown (the drain ran out of time).");
+    w.sample("weir_request_log_dropped_total", "reason=\"queue_full\"", s.dropped_queue_full);
+    w.sample("weir_request_log_dropped_total", "reason=\"write_error\"", s.dropped_write_error);
+    w.sample("weir_request_log_dropped_total", "reason=\"shutdown\"", s.dropped_shutdown);
+    w.header("weir_request_log_errors_total", "counter",
+             "Request-log store errors: failed opens, statements and commits.");
+    w.sample("weir_request_log_errors_total", "", s.errors);
+    w.header("weir_request_log_deleted_total", "counter", "Rows deleted by retention (max_age, max_rows).");
+    w.sample("weir_request_log_deleted_total", "", s.deleted);
+    w.header("weir_request_log_queued", "gauge", "Request records waiting in the workers' queues.");
+    w.sample("weir_request_log_queued", "", static_cast<double>(s.queued));
+    w.header("weir_request_log_open", "gauge", "1 while the request-log store is open for writing.");
+    w.sample("weir_request_log_open", "", static_cast<double>(s.open));
+  }
   if (shared.redis_limiter) {
     // Shared limits: the state of the Redis leases (atomics, safe to read here).
     const auto s = shared.redis_limiter->stats();

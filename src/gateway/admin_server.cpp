@@ -13,6 +13,7 @@
 #include "auth/jwt.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
+#include "requestlog/store.hpp"
 
 namespace weir::gateway {
 
@@ -44,6 +45,21 @@ std::vector<std::string> split_path(std::string_view path) {
 AdminResponse json_response(int status, const json::value& v) { return AdminResponse{status, json::serialize(v)}; }
 
 AdminResponse error_response(const AdminError& e) { return AdminResponse{e.status, admin_error_json(e)}; }
+
+// A request-log error (core::Error: 400 with its param, 503) in the admin API's shape.
+AdminResponse store_error(const core::Error& e) {
+  return error_response(
+      AdminError{e.status, std::string(e.type), std::string(e.code), e.message, std::string(e.param)});
+}
+
+AdminError no_request_log() {
+  return AdminError{
+      404,
+      "invalid_request_error",
+      "no_request_log",
+      "The request log is off: configure request_log: {url: \"sqlite:PATH\"} to store and query requests.",
+      {}};
+}
 
 AdminError unauthorized(std::string message) {
   return AdminError{401, "invalid_request_error", "invalid_api_key", std::move(message), {}};
@@ -161,8 +177,11 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
   route("POST", "/admin/v1/keys/{id}/rotate", &AdminServer::rotate_key);
   route("GET", "/admin/v1/tenants", &AdminServer::list_tenants);
   route("GET", "/admin/v1/tenants/{name}", &AdminServer::get_tenant);
+  route("GET", "/admin/v1/requests", &AdminServer::list_requests);
+  route("GET", "/admin/v1/requests/{id}", &AdminServer::get_request);
   route("GET", "/metrics", &AdminServer::metrics);
   route("GET", "/ready", &AdminServer::ready);
+  if (shared_.request_log) requests_ = std::make_unique<requestlog::Reader>(shared_.request_log->config().path);
 }
 
 AdminServer::~AdminServer() { blocking_.join(); }
@@ -588,6 +607,25 @@ core::Task<AdminResponse> AdminServer::ready(AdminRequest&) {
   if (shared_.draining.load())
     co_return error_response(AdminError{503, "server_error", "draining", "Weir is draining.", {}});
   co_return AdminResponse{200, R"({"status":"ready"})"};
+}
+
+core::Task<AdminResponse> AdminServer::list_requests(AdminRequest& r) {
+  if (!requests_) co_return error_response(no_request_log());
+  auto q = requestlog::parse_query(r.query);
+  if (!q) co_return store_error(q.error());
+  requestlog::Reader* reader = requests_.get();
+  auto page = co_await run_blocking(blocking_, [reader, query = *q] { return reader->query_json(query); });
+  if (!page) co_return store_error(page.error());
+  co_return AdminResponse{200, std::move(*page)};
+}
+
+core::Task<AdminResponse> AdminServer::get_request(AdminRequest& r) {
+  if (!requests_) co_return error_response(no_request_log());
+  requestlog::Reader* reader = requests_.get();
+  auto one = co_await run_blocking(blocking_, [reader, id = r.params.at(0)] { return reader->get_json(id); });
+  if (!one) co_return store_error(one.error());
+  if (!*one) co_return error_response(admin_not_found("No stored request has the id " + r.params.at(0) + "."));
+  co_return AdminResponse{200, std::move(**one)};
 }
 
 }  // namespace weir::gateway

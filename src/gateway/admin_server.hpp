@@ -26,6 +26,7 @@
 #include "gateway/redis_key_admin.hpp"
 #include "gateway/worker.hpp"
 #include "http/io.hpp"
+#include "requestlog/query.hpp"
 
 namespace weir::gateway {
 
@@ -135,12 +136,19 @@ class AdminServer {
   core::Task<AdminResponse> get_tenant(AdminRequest& r);
   core::Task<AdminResponse> metrics(AdminRequest& r);
   core::Task<AdminResponse> ready(AdminRequest& r);
+  // GET /admin/v1/requests?since=&until=&tenant=&key_id=&model=&status=&limit=&cursor=
+  // and GET /admin/v1/requests/{request_id}: the request-log store
+  // (requestlog::Reader, queried on the blocking pool); 404 without request_log:.
+  core::Task<AdminResponse> list_requests(AdminRequest& r);
+  core::Task<AdminResponse> get_request(AdminRequest& r);
 
   boost::json::object usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const;
   boost::json::object tenant_json(const auth::TenantPolicy& t) const;
   boost::json::object config_key_json(const auth::KeyPolicy& k) const;
 
   boost::asio::io_context& control_;
+  // The request log's read side (its own read-only connection), or null without request_log:.
+  std::unique_ptr<requestlog::Reader> requests_;
   AdminConfig cfg_;
   Shared& shared_;
   KeyStore* keys_;

@@ -115,6 +115,9 @@ core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv
     auto admin = parse_admin_config(root, out.config.server.listen, file, getenv_fn);
     if (!admin) return tl::unexpected(std::move(admin.error()));
     out.admin = std::move(*admin);
+    auto request_log = requestlog::parse_request_log_config(root, file);
+    if (!request_log) return tl::unexpected(std::move(request_log.error()));
+    out.request_log = std::move(*request_log);
     if (root["auth"] || root["tenants"] || root["pricing"]) out.auth = std::move(*auth_cfg);
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);

@@ -19,6 +19,7 @@
 #include "auth/config.hpp"
 #include "core/config.hpp"
 #include "gateway/admin_config.hpp"
+#include "requestlog/config.hpp"
 
 namespace weir::gateway {
 
@@ -29,9 +30,10 @@ struct LoadedConfig {
   // in the file (identity and admission on); nullopt = every request is
   // anonymous and no limit applies.
   std::optional<auth::AuthConfig> auth;
-  admission::Pricing pricing;                   // pricing:, empty without one
-  std::optional<admission::RedisConfig> redis;  // redis:, when present
-  std::optional<AdminConfig> admin;             // admin:, when present (the admin API listens)
+  admission::Pricing pricing;                               // pricing:, empty without one
+  std::optional<admission::RedisConfig> redis;              // redis:, when present
+  std::optional<AdminConfig> admin;                         // admin:, when present (the admin API listens)
+  std::optional<requestlog::RequestLogConfig> request_log;  // request_log:, when present
   // Valid but probably wrong, each "FILE:LINE:COL: KEY: message" (an
   // allow-list entry or a price no model matches, a redis: section nothing
   // uses). --check and start-up print them as "weir: warning: ..." to stderr

@@ -10,6 +10,7 @@
 #include "gateway/pipeline.hpp"
 #include "http/downstream.hpp"
 #include "http/exchange.hpp"
+#include "requestlog/queue.hpp"
 #include "routing/balance.hpp"
 
 namespace weir::gateway {
@@ -95,7 +96,12 @@ class GatewayPhases final : public Phases {
   std::string_view upstream_host(const RequestContext& ctx) const;
   // weir_upstream_failures_total for the request's current endpoint.
   void count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f);
+  // The access-log line (when the access log is on) and the request-log
+  // store's record (request_log:), one formatting for both.
   void write_access_log(RequestContext& ctx, core::TimePoint end);
+  // Copies the record into the worker's queue, or counts it dropped when full.
+  static void push_record(requestlog::RecordQueue& q, const RequestContext& ctx,
+                          std::chrono::system_clock::time_point wall, std::string_view line);
 
   Worker& w_;
   http::Downstream& down_;

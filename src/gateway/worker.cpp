@@ -31,6 +31,7 @@ Worker::Worker(Shared& shared, unsigned index)
       metrics_(shared.metric_labels ? shared.metric_labels
                                     : MetricLabels::build(*shared.config, shared.auth_policy.get())),
       log_(shared.log_sink),
+      record_queue_(shared.request_log ? &shared.request_log->queue(index) : nullptr),
       tick_(io_.get_executor()) {
   const auto& cfg = *shared.config;
   pools_.reserve(cfg.pools.size());

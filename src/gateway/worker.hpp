@@ -21,6 +21,7 @@
 #include "core/config.hpp"
 #include "gateway/metrics.hpp"
 #include "http/io.hpp"
+#include "requestlog/store.hpp"
 #include "routing/pool.hpp"
 #include "routing/route_table.hpp"
 
@@ -52,7 +53,8 @@ struct Shared {
   // Label slots of every worker's metrics shard; null: each worker builds
   // them from `config` and `auth_policy` (tests).
   std::shared_ptr<const MetricLabels> metric_labels;
-  std::uint64_t instance_id = 0;  // random per process, prefix of generated request ids
+  std::uint64_t instance_id = 0;              // random per process, prefix of generated request ids
+  requestlog::Writer* request_log = nullptr;  // owned by the server; null without request_log:
 };
 
 class Worker {
@@ -87,6 +89,10 @@ class Worker {
   routing::Rng& rng() { return rng_; }
   MetricsShard& metrics() { return metrics_; }
   core::AccessLog& access_log() { return log_; }
+  // This worker's queue to the request-log store; null without request_log:.
+  requestlog::RecordQueue* record_queue() { return record_queue_; }
+  // Where a record's line is formatted when the access log is off.
+  std::string& record_scratch() { return record_scratch_; }
   unsigned index() const { return index_; }
   // The authenticate and admit phases; null when auth is not configured.
   auth::Authenticator* authenticator() { return authn_.get(); }
@@ -140,6 +146,8 @@ class Worker {
   routing::Rng rng_;
   MetricsShard metrics_;
   core::AccessLog log_;
+  requestlog::RecordQueue* record_queue_ = nullptr;
+  std::string record_scratch_;
   std::unique_ptr<auth::Authenticator> authn_;
   std::unique_ptr<admission::Admission> admission_;
   std::vector<std::unique_ptr<batching::MicroBatcher>> batchers_;  // per pool, null = off

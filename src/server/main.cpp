@@ -1,15 +1,84 @@
 // weir: the gateway binary.
 //   weir --config weir.yaml
 //   weir --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000   (quick mode)
+//   weir requests --db requests.db --tenant acme --status 5xx         (read the request log)
+#include <cctype>
 #include <csignal>
 #include <cstdio>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
 
 #include "core/process_metrics.hpp"
 #include "gateway/load_config.hpp"
+#include "requestlog/query.hpp"
 #include "server/server.hpp"
+
+namespace {
+
+// `weir requests`: the request-log store read without the admin API, through
+// the same parse_query and Reader. Prints the JSON answer; 0, or 1 (not
+// found), 2 (bad arguments or store).
+struct RequestsArgs {
+  std::string db, since, until, tenant, key_id, model, status, limit, cursor, id;
+};
+
+void append_param(std::string& q, std::string_view name, const std::string& value) {
+  if (value.empty()) return;
+  if (!q.empty()) q += '&';
+  q += name;
+  q += '=';
+  for (unsigned char c : value) {
+    if (std::isalnum(c) || c == '-' || c == '_' || c == '.' || c == '~' || c == ':')
+      q += static_cast<char>(c);
+    else
+      fmt::format_to(std::back_inserter(q), "%{:02X}", c);
+  }
+}
+
+int run_requests(const RequestsArgs& a) {
+  weir::requestlog::Reader reader(a.db);
+  if (!a.id.empty()) {
+    auto r = reader.get_json(a.id);
+    if (!r) {
+      fmt::print(stderr, "weir requests: {}\n", r.error().message);
+      return 2;
+    }
+    if (!*r) {
+      fmt::print(stderr, "weir requests: no request with id {}\n", a.id);
+      return 1;
+    }
+    fmt::print("{}\n", **r);
+    return 0;
+  }
+  std::string qs;
+  append_param(qs, "since", a.since);
+  append_param(qs, "until", a.until);
+  append_param(qs, "tenant", a.tenant);
+  append_param(qs, "key_id", a.key_id);
+  append_param(qs, "model", a.model);
+  append_param(qs, "status", a.status);
+  append_param(qs, "limit", a.limit);
+  append_param(qs, "cursor", a.cursor);
+  auto q = weir::requestlog::parse_query(qs);
+  if (!q) {
+    std::string opt(q.error().param);
+    for (char& c : opt)
+      if (c == '_') c = '-';
+    fmt::print(stderr, "weir requests: --{}: {}\n", opt, q.error().message);
+    return 2;
+  }
+  auto r = reader.query_json(*q);
+  if (!r) {
+    fmt::print(stderr, "weir requests: {}\n", r.error().message);
+    return 2;
+  }
+  fmt::print("{}\n", *r);
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   // SIGHUP reopens the access log once the server runs (server.cpp); until
@@ -31,7 +100,21 @@ int main(int argc, char** argv) {
   app.add_flag("--check", check, "validate the configuration and exit");
   app.set_version_flag("--version",
                        fmt::format("weir {} ({})", weir::core::build_version(), weir::core::build_commit()));
+  RequestsArgs ra;
+  auto* requests = app.add_subcommand(
+      "requests", "print requests from the request-log store (request_log:) as JSON, newest first, and exit");
+  requests->add_option("--db", ra.db, "the SQLite file (request_log.url without sqlite:)")->required();
+  requests->add_option("--since", ra.since, "RFC 3339 time or Unix seconds (inclusive)");
+  requests->add_option("--until", ra.until, "RFC 3339 time or Unix seconds (exclusive)");
+  requests->add_option("--tenant", ra.tenant, "tenant name");
+  requests->add_option("--key-id", ra.key_id, "API key id");
+  requests->add_option("--model", ra.model, "model as the client sent it");
+  requests->add_option("--status", ra.status, "HTTP status (429) or class (5xx)");
+  requests->add_option("--limit", ra.limit, "rows, 1..1000 (default 50)");
+  requests->add_option("--cursor", ra.cursor, "next_cursor of the previous page");
+  requests->add_option("--id", ra.id, "one request by its request id");
   CLI11_PARSE(app, argc, argv);
+  if (*requests) return run_requests(ra);
 
   // One loader for --check and for start-up: both accept and refuse the same files.
   weir::gateway::ConfigSource source;

@@ -13,11 +13,16 @@
 #include "gateway/admin_server.hpp"
 #include "gateway/services.hpp"
 #include "gateway/worker.hpp"
+#include "requestlog/store.hpp"
 #include "routing/load_scraper.hpp"
 
 namespace weir::server {
 
 namespace asio = boost::asio;
+
+// How long the request-log writer may take, after the workers stopped, to
+// store the records still queued.
+constexpr auto kRequestLogDrain = std::chrono::seconds(5);
 
 int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   auto config = std::make_shared<core::Config>(std::move(loaded.config));
@@ -66,6 +71,14 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   if (!shared.log_sink) {
     fmt::print(stderr, "weir: {}\n", err);
     return 1;
+  }
+
+  // The request-log store's writer (request_log:): its queues exist before
+  // the workers that fill them, and it outlives them (stopped after join).
+  std::unique_ptr<requestlog::Writer> request_log;
+  if (loaded.request_log) {
+    request_log = std::make_unique<requestlog::Writer>(*loaded.request_log, n);
+    shared.request_log = request_log.get();
   }
 
   std::vector<std::unique_ptr<gateway::Worker>> workers;
@@ -141,6 +154,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                : services.key_store()->persistent() ? ", runtime keys in " + loaded.admin->keys_file
                                                     : ", runtime keys in memory only (no admin.keys_file)");
   }
+  if (request_log) request_log->start();
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
@@ -151,6 +165,8 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   for (auto& w : workers) w->join();
   asio::co_spawn(main_io, services.stop(), [&](std::exception_ptr) { main_io.stop(); });
   signal_thread.join();
+  // Bounded: what the writer cannot store within 5 s more is dropped and counted.
+  if (request_log) request_log->stop(std::chrono::steady_clock::now() + kRequestLogDrain);
   fmt::print(stderr, "weir: stopped\n");
   return 0;
 }

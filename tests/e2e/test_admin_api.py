@@ -294,3 +294,55 @@ def test_with_redis_a_key_created_on_one_replica_works_on_another(mock, weir, re
     assert admin_b("DELETE", f"/admin/v1/keys/{k['id']}").status_code == 200
     wait_until(lambda: chat(a, new, "other").status_code == 401, 5, 0.05, "the revoked key on A")
     assert admin_a("GET", f"/admin/v1/keys/{k['id']}").status_code == 404
+
+
+def test_the_request_log_is_queried_through_the_admin_api(tmp_path, mock, weir):
+    m = mock(*MOCK_FLAGS)
+    port = free_port()
+    cfg = config(m, port)
+    cfg["request_log"] = {"url": f"sqlite:{tmp_path}/requests.db", "flush_interval": "10ms"}
+    w = weir(config=cfg, env=ENV)
+    admin = Admin(port)
+    wait_until(lambda: _ready(admin), 5, message="admin listener")
+    ids = []
+    for i in range(5):
+        r = httpx.post(w.v1 + "/chat/completions", timeout=30,
+                       headers={"authorization": "Bearer sk-acme-cfg", "x-request-id": f"req-{i}"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200
+        ids.append(f"req-{i}")
+    assert chat(w, "sk-wrong").status_code == 401
+
+    def stored():
+        got = admin("GET", "/admin/v1/requests?limit=1000").json()["data"]
+        return len(got) >= 6
+    wait_until(stored, 5, message="six stored requests")
+    # Pages of two, newest first, by keyset cursor, until has_more is false.
+    seen, cursor = [], None
+    while True:
+        r = admin("GET", "/admin/v1/requests", params={"tenant": "acme", "limit": 2, **({"cursor": cursor} if cursor else {})})
+        assert r.status_code == 200, r.text
+        page = r.json()
+        assert page["object"] == "list" and len(page["data"]) <= 2
+        seen += [d["request_id"] for d in page["data"]]
+        if not page["has_more"]:
+            assert page["next_cursor"] is None
+            break
+        cursor = page["next_cursor"]
+    assert seen == list(reversed(ids))
+    # Filters: status, and one request by id.
+    (bad,) = admin("GET", "/admin/v1/requests?status=401").json()["data"]
+    assert bad["status"] == 401
+    one = admin("GET", "/admin/v1/requests/req-3")
+    assert one.status_code == 200 and one.json()["request_id"] == "req-3" and one.json()["key_id"] == "acme-cfg"
+    assert admin("GET", "/admin/v1/requests/nope").status_code == 404
+    # Bad query parameters: 400 naming them; no token: 401.
+    r = admin("GET", "/admin/v1/requests?limit=0")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limit"
+    assert admin("GET", "/admin/v1/requests", token=None).status_code == 401
+
+
+def test_without_a_request_log_the_request_routes_say_so(mock, weir):
+    _, admin = start(mock(*MOCK_FLAGS), weir)
+    r = admin("GET", "/admin/v1/requests")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "no_request_log"

@@ -133,16 +133,24 @@ void GatewayPhases::log(RequestContext& ctx) {
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
   if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
   m.sse_events += ctx.events;
-  // A scrape every few seconds would drown the log: /metrics counts in the metrics, writes no line.
-  if (w_.access_log().enabled() && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
+  // A scrape every few seconds would drown the log: /metrics counts in the
+  // metrics, writes no line and stores no record.
+  if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
   ctx.principal.reset();
 }
 
 void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
+  // One line, formatted once: into the access log's buffer, or (access log
+  // off) into the worker's scratch, and copied from there into the record
+  // queue of the request-log store.
   auto& log = w_.access_log();
-  std::string& out = log.begin_line();
+  const bool to_log = log.enabled();
+  std::string& out = to_log ? log.begin_line() : w_.record_scratch();
+  if (!to_log) out.clear();
+  const std::size_t line_start = out.size();
+  const auto wall = std::chrono::system_clock::now();
   out += R"({"ts":")";
-  core::append_rfc3339_now(out);
+  core::append_rfc3339(out, wall);
   out += R"(","request_id":)";
   core::append_json_string(out, ctx.request_id);
   out += R"(,"method":)";
@@ -229,10 +237,10 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += "]";
   }
   if (ctx.has_usage)
-    fmt::format_to(std::back_inserter(out), R"(,"prompt_tokens":{},"completion_tokens":{})", ctx.usage.prompt_tokens,
-                   ctx.usage.completion_tokens);
+    fmt::format_to(std::back_inserter(out), R"(,"prompt_tokens":{},"completion_tokens":{},"cached_tokens":{})",
+                   ctx.usage.prompt_tokens, ctx.usage.completion_tokens, ctx.usage.cached_tokens);
   else
-    out += R"(,"prompt_tokens":null,"completion_tokens":null)";
+    out += R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)";
   if (ctx.has_error) {
     out += R"(,"error":{"source":")";
     out += core::to_string(ctx.error_source);
@@ -243,7 +251,31 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += R"(,"error":null)";
   }
   out += "}";
-  log.end_line();
+  if (auto* q = w_.record_queue()) push_record(*q, ctx, wall, std::string_view(out).substr(line_start));
+  if (to_log) log.end_line();
+}
+
+void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext& ctx,
+                                std::chrono::system_clock::time_point wall, std::string_view line) {
+  requestlog::Record* r = q.begin_push();
+  if (!r) {
+    q.drop();  // the writer is behind: counted, and said on stderr by the writer
+    return;
+  }
+  // The line's "ts" has millisecond precision; the column keeps the same millisecond.
+  r->ts_us = std::chrono::duration_cast<std::chrono::milliseconds>(wall.time_since_epoch()).count() * 1000;
+  r->status = ctx.status;
+  r->request_id.assign(ctx.request_id);
+  r->model.assign(core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
+  if (ctx.principal) {
+    r->tenant.assign(ctx.principal->tenant_name());
+    r->key_id.assign(core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));
+  } else {
+    r->tenant.clear();
+    r->key_id.clear();
+  }
+  r->json.assign(line);
+  q.commit();
 }
 
 }  // namespace weir::gateway

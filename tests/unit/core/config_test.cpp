@@ -78,7 +78,7 @@ TEST(Config, ErrorsNameFileLineAndKey) {
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [https://x:1]\ndefault_pool: a\n"),
             "weir.yaml:3:17: pools.a.endpoints[0]: 'https://x:1': only http:// endpoints are supported");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    timeouts: {idle: 5parsecs}\ndefault_pool: a\n"),
-            "weir.yaml:4:22: pools.a.timeouts.idle: unknown duration unit 'parsecs' (use ms, s, m or h)");
+            "weir.yaml:4:22: pools.a.timeouts.idle: unknown duration unit 'parsecs' (use ms, s, m, h or d)");
   EXPECT_EQ(error_of("workers: many\npools:\n  a: {endpoints: [http://x:1]}\ndefault_pool: a\n"),
             "weir.yaml:1:10: workers: expected an integer, got 'many'");
 }

@@ -49,6 +49,9 @@ pricing:
   m: {{input: 1.0, output: 2.0}}
 redis:
   url: redis://127.0.0.1:6379/0
+request_log:
+  url: sqlite:/tmp/weir-load-config-test.db
+  queue: 128
 )",
                             kSha));
   ASSERT_TRUE(r) << r.error().to_string();
@@ -58,6 +61,9 @@ redis:
   ASSERT_NE(r->pricing.find("m"), nullptr);
   ASSERT_TRUE(r->redis);
   EXPECT_EQ(r->redis->port, 6379);
+  ASSERT_TRUE(r->request_log);
+  EXPECT_EQ(r->request_log->path, "/tmp/weir-load-config-test.db");
+  EXPECT_EQ(r->request_log->queue, 128u);
   EXPECT_TRUE(r->warnings.empty()) << r->warnings.front();
   EXPECT_EQ(r->config.source, "weir.yaml");
 }
@@ -67,6 +73,7 @@ TEST(LoadConfig, WithoutIdentitySectionsEveryRequestIsAnonymous) {
   ASSERT_TRUE(r) << r.error().to_string();
   EXPECT_FALSE(r->auth);
   EXPECT_FALSE(r->redis);
+  EXPECT_FALSE(r->request_log);
   EXPECT_TRUE(r->pricing.empty());
   auto p = load("pricing:\n  m: {input: 1}\n");  // pricing alone turns admission on, as before
   ASSERT_TRUE(p) << p.error().to_string();

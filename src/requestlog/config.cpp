@@ -1,0 +1,90 @@
+#include "requestlog/config.hpp"
+
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+
+namespace weir::requestlog {
+
+namespace {
+
+using core::config_error;
+using core::ConfigResult;
+
+ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
+  RequestLogConfig c;
+  if (!n.IsMap()) return tl::unexpected(config_error(n, "request_log", "expected a mapping (url, queue, batch, ...)"));
+  WEIR_TRY_VOID(core::check_keys(n, "request_log", {"url", "queue", "batch", "flush_interval", "retention"}));
+  if (!n["url"]) return tl::unexpected(config_error(n, "request_log.url", "missing (sqlite:/path/requests.db)"));
+  WEIR_TRY(url, core::read_string(n["url"], "request_log.url"));
+  if (url.starts_with("postgres://") || url.starts_with("postgresql://"))
+    return tl::unexpected(
+        config_error(n["url"], "request_log.url", "PostgreSQL is not supported yet; use sqlite:/path/requests.db"));
+  if (!url.starts_with("sqlite:"))
+    return tl::unexpected(config_error(n["url"], "request_log.url", "expected sqlite:/path/requests.db"));
+  std::string path = url.substr(7);
+  // sqlite:///abs/path (URI style) and sqlite:/abs/path are the same file.
+  if (path.starts_with("///")) path.erase(0, 2);
+  if (path.empty() || path.back() == '/')
+    return tl::unexpected(config_error(n["url"], "request_log.url", "expected a file path after sqlite:"));
+  // A directory that does not exist is a mistake caught here (and by --check);
+  // one that exists but is not writable is found at start-up, and counted.
+  const auto slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+    return tl::unexpected(config_error(n["url"], "request_log.url", fmt::format("directory {} does not exist", dir)));
+  c.url = url;
+  c.path = path;
+  if (auto v = n["queue"]) {
+    WEIR_TRY(i, core::read_int(v, "request_log.queue", 16, 1 << 20));
+    c.queue = static_cast<std::uint32_t>(i);
+  }
+  if (auto v = n["batch"]) {
+    WEIR_TRY(i, core::read_int(v, "request_log.batch", 1, 100'000));
+    c.batch = static_cast<std::uint32_t>(i);
+  }
+  if (auto v = n["flush_interval"]) {
+    WEIR_TRY(ms, core::read_duration(v, "request_log.flush_interval"));
+    if (ms.count() < 1 || ms.count() > 10'000)
+      return tl::unexpected(config_error(v, "request_log.flush_interval", "must be between 1ms and 10s"));
+    c.flush_interval = ms;
+  }
+  if (auto r = n["retention"]) {
+    if (!r.IsMap())
+      return tl::unexpected(config_error(r, "request_log.retention", "expected a mapping (max_age, max_rows)"));
+    WEIR_TRY_VOID(core::check_keys(r, "request_log.retention", {"max_age", "max_rows", "interval"}));
+    if (auto v = r["max_age"]) {
+      WEIR_TRY(ms, core::read_duration(v, "request_log.retention.max_age"));
+      c.max_age = ms;
+    }
+    if (auto v = r["max_rows"]) {
+      WEIR_TRY(i, core::read_int(v, "request_log.retention.max_rows", 0, std::int64_t{1} << 40));
+      c.max_rows = static_cast<std::uint64_t>(i);
+    }
+    if (auto v = r["interval"]) {
+      WEIR_TRY(ms, core::read_duration(v, "request_log.retention.interval"));
+      if (ms.count() < 100)
+        return tl::unexpected(config_error(v, "request_log.retention.interval", "must be at least 100ms"));
+      c.retention_interval = ms;
+    }
+  }
+  return c;
+}
+
+}  // namespace
+
+ConfigResult<std::optional<RequestLogConfig>> parse_request_log_config(const YAML::Node& root,
+                                                                       const std::string& file) {
+  const YAML::Node n = root["request_log"];
+  if (!n) return std::optional<RequestLogConfig>{};
+  auto c = parse_impl(n);
+  if (!c) {
+    auto e = std::move(c.error());
+    e.file = file;
+    return tl::unexpected(std::move(e));
+  }
+  return std::optional<RequestLogConfig>(std::move(*c));
+}
+
+}  // namespace weir::requestlog

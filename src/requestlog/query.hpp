@@ -1,0 +1,71 @@
+// Reading the request-log store (requestlog/store.hpp) for the admin API's
+// GET /admin/v1/requests and GET /admin/v1/requests/{request_id}: on a
+// non-worker thread, through a read-only SQLite connection of its own (WAL
+// lets it read while the writer writes).
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <tl/expected.hpp>
+
+#include "core/error.hpp"
+#include "requestlog/sqlite.hpp"
+
+namespace weir::requestlog {
+
+// A request-log query, from the URL query string (parse_query).
+struct Query {
+  std::optional<std::int64_t> since_us;              // ts_us >= since (inclusive), Unix µs
+  std::optional<std::int64_t> until_us;              // ts_us < until (exclusive)
+  std::optional<std::string> tenant, key_id, model;  // exact match
+  int status_min = 0, status_max = 0;                // status in [min, max]; 0 = any
+  std::uint32_t limit = 50;                          // 1..1000
+  // Keyset position: rows strictly older than (ts_us, id) in the order
+  // newest first (the previous page's last row).
+  std::optional<std::int64_t> after_ts_us;
+  std::int64_t after_id = 0;
+};
+
+// Parses `since=&until=&tenant=&key_id=&model=&status=&limit=&cursor=` (the
+// part after '?', percent-decoded, '+' is a space; application/x-www-form-urlencoded):
+//   since, until  RFC 3339 (2026-12-01T23:05:00Z, fractions and ±hh:mm
+//                 offsets allowed) or Unix seconds (1764630300, 1764630300.25)
+//   status        a status (429) or a class (4xx)
+//   limit         1..1000, default 50
+//   cursor        a previous answer's next_cursor (opaque)
+// An unknown or repeated parameter or a bad value is a core::bad_request
+// (400, invalid_request_error) whose `param` names it.
+tl::expected<Query, core::Error> parse_query(std::string_view url_query);
+
+// The opaque cursor for a keyset position (ts_us, id); parse_query reads it back.
+std::string make_cursor(std::int64_t ts_us, std::int64_t id);
+
+// A read-only view of the store at `path`. Thread-safe (one query at a
+// time, serialized on an internal mutex); never use it on a worker thread.
+class Reader {
+ public:
+  explicit Reader(std::string path) : path_(std::move(path)) {}
+
+  // {"object":"list","data":[records, newest first],"has_more":bool,
+  //  "next_cursor":string|null}; each record is the access-log line's JSON
+  //  object as stored. Newest first = by ts_us then insertion order,
+  //  descending; pages follow next_cursor (keyset, stable while rows are added).
+  // Errors: 503 (core::unavailable) when the store cannot be opened or read.
+  tl::expected<std::string, core::Error> query_json(const Query& q);
+  // The record with this request id (the newest, if a client reused an
+  // x-request-id), or nullopt (a 404 for the caller). Errors as query_json.
+  tl::expected<std::optional<std::string>, core::Error> get_json(std::string_view request_id);
+
+ private:
+  tl::expected<void, core::Error> ensure_open();
+
+  std::string path_;
+  std::mutex mu_;
+  Db db_;
+};
+
+}  // namespace weir::requestlog

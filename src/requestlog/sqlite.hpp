@@ -1,0 +1,61 @@
+// A thin RAII layer over SQLite's C API (https://sqlite.org/c3ref/intro.html):
+// a connection and prepared statements that finalize themselves. Errors are
+// SQLite's result codes; the message is the connection's sqlite3_errmsg().
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+struct sqlite3;
+struct sqlite3_stmt;
+
+namespace weir::requestlog {
+
+class Stmt {
+ public:
+  Stmt() = default;
+  explicit Stmt(sqlite3_stmt* s) : s_(s) {}
+  Stmt(Stmt&& o) noexcept : s_(o.s_) { o.s_ = nullptr; }
+  Stmt& operator=(Stmt&& o) noexcept;
+  ~Stmt();
+  explicit operator bool() const { return s_ != nullptr; }
+
+  // Parameters are 1-based. Text is bound without a copy (SQLITE_STATIC):
+  // it must stay valid until the statement is stepped and reset.
+  void bind(int i, std::int64_t v);
+  void bind(int i, std::string_view text);
+  void bind_text_or_null(int i, std::string_view text);  // empty → NULL
+  // SQLITE_ROW, SQLITE_DONE or an error code.
+  int step();
+  void reset();
+  std::int64_t column_int64(int i) const;
+  std::string_view column_text(int i) const;  // empty for NULL
+
+ private:
+  sqlite3_stmt* s_ = nullptr;
+};
+
+class Db {
+ public:
+  Db() = default;
+  Db(Db&& o) noexcept : db_(o.db_) { o.db_ = nullptr; }
+  Db& operator=(Db&& o) noexcept;
+  ~Db();
+  explicit operator bool() const { return db_ != nullptr; }
+
+  // Opens `path` read-write (creating it) or read-only; false with `error` set.
+  bool open(const std::string& path, bool read_only, std::string& error);
+  void close();
+  // Runs one or more statements; false with `error` set.
+  bool exec(const char* sql, std::string& error);
+  // A prepared statement, or an empty one with `error` set.
+  Stmt prepare(std::string_view sql, std::string& error);
+  std::string errmsg() const;
+  std::int64_t changes() const;
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+}  // namespace weir::requestlog

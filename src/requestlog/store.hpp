@@ -1,0 +1,115 @@
+// The request-log store's writer: one thread that empties every worker's
+// RecordQueue into SQLite (one file, WAL mode, so readers run beside it) in
+// batched transactions with prepared statements, and applies retention.
+// The request path only pushes into its worker's queue (requestlog/queue.hpp)
+// and never waits: a full queue drops the record, a failed transaction drops
+// its batch, and both are counted (weir_request_log_dropped_total) and said
+// on stderr at most every 10 s.
+//
+// Table `requests` (schema version 1, PRAGMA user_version):
+//   id INTEGER PRIMARY KEY   insertion order
+//   ts_us INTEGER            the record's "ts", Unix µs
+//   request_id, tenant, key_id, model TEXT (NULL when absent), status INTEGER
+//   record TEXT              the access-log line's JSON object
+// with indexes on (ts_us, id), (tenant, ts_us, id), (key_id, ts_us, id),
+// (model, ts_us, id), (status, ts_us, id) and (request_id).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "requestlog/config.hpp"
+#include "requestlog/queue.hpp"
+#include "requestlog/sqlite.hpp"
+
+namespace weir::requestlog {
+
+// Counters for /metrics; readable from any thread.
+struct WriterStats {
+  std::uint64_t written = 0;              // rows committed
+  std::uint64_t dropped_queue_full = 0;   // records a worker found no room for
+  std::uint64_t dropped_write_error = 0;  // records in a transaction that failed
+  std::uint64_t dropped_shutdown = 0;     // records still queued when the shutdown drain ran out of time
+  std::uint64_t errors = 0;               // failed opens, statements and commits
+  std::uint64_t deleted = 0;              // rows removed by retention
+  std::uint64_t queued = 0;               // records in the queues now
+  bool open = false;                      // the store is open for writing
+};
+
+class Writer {
+ public:
+  // One queue of config.queue records per worker. Nothing opens or starts yet.
+  Writer(RequestLogConfig config, unsigned workers);
+  ~Writer();  // stop(now) if still running
+  Writer(const Writer&) = delete;
+  Writer& operator=(const Writer&) = delete;
+
+  RecordQueue& queue(unsigned worker) { return *queues_[worker]; }
+  const RequestLogConfig& config() const { return config_; }
+
+  // Opens the store and starts the thread. A store that cannot be opened
+  // (unwritable directory or file, a corrupt file) is not fatal: the error
+  // goes to stderr and is counted, records wait in the queues (then drop)
+  // and the thread tries again every second.
+  void start();
+  // After the workers stopped: writes what is queued until `deadline`,
+  // counts the rest as dropped, closes the store and joins the thread.
+  void stop(std::chrono::steady_clock::time_point deadline);
+
+  WriterStats stats() const;
+
+  // --- the thread's steps, public for tests; call them only while the
+  // thread is not running ---
+  // Opens the file, sets WAL mode, creates the schema, prepares the
+  // statements. False with `error` set (and counted).
+  bool open_store(std::string& error);
+  // One transaction of up to config.batch records taken from the queues in
+  // turn. Returns the records taken (written, or dropped when it failed).
+  std::size_t write_batch();
+  // Deletes rows with ts_us < now_us - max_age and all but the newest
+  // max_rows (chunks of 10,000 rows, each its own transaction).
+  void apply_retention(std::int64_t now_us);
+  std::uint64_t transactions() const { return transactions_; }
+
+ private:
+  void run();
+  void count_error(const std::string& what);
+  void close_statements();
+  // The stderr lines (drops, errors since the last), at most every 10 s unless `now_anyway`.
+  void report(bool now_anyway = false);
+  std::int64_t delete_chunked(Stmt& stmt, std::int64_t arg);
+
+  RequestLogConfig config_;
+  std::vector<std::unique_ptr<RecordQueue>> queues_;
+  Db db_;
+  Stmt begin_, commit_, rollback_, insert_, delete_older_, nth_newest_, delete_upto_;
+  std::string scratch_;  // a column made valid UTF-8
+  std::size_t next_queue_ = 0;
+  std::uint64_t transactions_ = 0;
+
+  std::atomic<std::uint64_t> written_{0}, dropped_write_{0}, dropped_shutdown_{0}, errors_{0}, deleted_{0};
+  std::atomic<bool> open_{false};
+  // Rate-limited reporting (writer thread).
+  std::chrono::steady_clock::time_point last_report_{};
+  std::uint64_t reported_drops_ = 0;
+  std::uint64_t reported_errors_ = 0;
+  std::string last_error_;
+
+  std::mutex mu_;  // guards stop_ and deadline_ between the stopping thread and the writer, never a worker
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::chrono::steady_clock::time_point deadline_{};
+  std::thread thread_;
+};
+
+// True when `s` is well-formed UTF-8 (Unicode §3.9, Table 3-7).
+bool valid_utf8(std::string_view s) noexcept;
+
+}  // namespace weir::requestlog

@@ -1,0 +1,441 @@
+// The request-log store: the per-worker ring, the writer's batches and
+// retention against a real SQLite file, and the queries over it.
+#include "requestlog/store.hpp"
+
+#include <sqlite3.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <thread>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <boost/json.hpp>
+
+#include "core/error.hpp"
+#include "requestlog/config.hpp"
+#include "requestlog/query.hpp"
+
+namespace weir::requestlog {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    char tmpl[] = "/tmp/weir-requestlog-XXXXXX";
+    path = ::mkdtemp(tmpl);
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::permissions(path, fs::perms::owner_all, ec);
+    fs::remove_all(path, ec);
+  }
+};
+
+RequestLogConfig config_at(const fs::path& db, std::uint32_t queue = 64, std::uint32_t batch = 16) {
+  RequestLogConfig c;
+  c.path = db.string();
+  c.url = "sqlite:" + c.path;
+  c.queue = queue;
+  c.batch = batch;
+  return c;
+}
+
+// Pushes one record; false when the queue was full (and the drop counted).
+bool push(RecordQueue& q, std::int64_t ts_us, std::string id, int status = 200, std::string tenant = "t1",
+          std::string model = "m") {
+  Record* r = q.begin_push();
+  if (!r) {
+    q.drop();
+    return false;
+  }
+  r->ts_us = ts_us;
+  r->status = status;
+  r->request_id = id;
+  r->tenant = tenant;
+  r->key_id = tenant.empty() ? "" : "k-" + tenant;
+  r->model = model;
+  r->json = fmt::format(R"({{"request_id":"{}","status":{},"ts_us":{}}})", id, status, ts_us);
+  q.commit();
+  return true;
+}
+
+std::int64_t count_rows(const fs::path& db, const char* where = "1") {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  const std::string sql = std::string("SELECT count(*) FROM requests WHERE ") + where;
+  EXPECT_EQ(sqlite3_prepare_v2(h, sql.c_str(), -1, &s, nullptr), SQLITE_OK);
+  EXPECT_EQ(sqlite3_step(s), SQLITE_ROW);
+  const auto n = sqlite3_column_int64(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+  return n;
+}
+
+TEST(RecordQueueTest, FullQueueDropsAndCountsWithoutBlocking) {
+  RecordQueue q(4);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(push(q, i, fmt::format("r{}", i)));
+  EXPECT_FALSE(push(q, 5, "r5"));
+  EXPECT_FALSE(push(q, 6, "r6"));
+  EXPECT_EQ(q.dropped(), 2u);
+  EXPECT_EQ(q.size(), 4u);
+  // FIFO, and a popped slot is free again.
+  ASSERT_NE(q.front(), nullptr);
+  EXPECT_EQ(q.front()->request_id, "r0");
+  q.pop();
+  EXPECT_TRUE(push(q, 7, "r7"));
+  std::vector<std::string> order;
+  while (const Record* r = q.front()) {
+    order.push_back(r->request_id);
+    q.pop();
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"r1", "r2", "r3", "r7"}));
+  EXPECT_EQ(q.front(), nullptr);
+}
+
+TEST(RecordQueueTest, OneProducerOneConsumerLoseNothingButDrops) {
+  RecordQueue q(64);
+  constexpr int kN = 200'000;
+  std::thread producer([&] {
+    for (int i = 0; i < kN; ++i) push(q, i, "x");
+  });
+  std::int64_t seen = 0, last = -1;
+  bool ordered = true;
+  while (seen + static_cast<std::int64_t>(q.dropped()) < kN || q.front()) {
+    if (const Record* r = q.front()) {
+      ordered = ordered && r->ts_us > last && r->request_id == "x";
+      last = r->ts_us;
+      q.pop();
+      ++seen;
+    }
+  }
+  producer.join();
+  EXPECT_TRUE(ordered);
+  EXPECT_EQ(seen + static_cast<std::int64_t>(q.dropped()), kN);
+}
+
+TEST(WriterTest, BatchesInsertsInTransactionsOfAtMostBatch) {
+  TempDir dir;
+  Writer w(config_at(dir.path / "r.db", 64, 16), 2);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  for (int i = 0; i < 30; ++i) push(w.queue(0), 1000 + i, fmt::format("a{}", i));
+  for (int i = 0; i < 10; ++i) push(w.queue(1), 2000 + i, fmt::format("b{}", i));
+  EXPECT_EQ(w.write_batch(), 16u);
+  EXPECT_EQ(w.transactions(), 1u);
+  EXPECT_EQ(count_rows(dir.path / "r.db"), 16);
+  std::size_t total = 16;
+  while (std::size_t n = w.write_batch()) {
+    EXPECT_LE(n, 16u);
+    total += n;
+  }
+  EXPECT_EQ(total, 40u);
+  EXPECT_EQ(w.transactions(), 3u);  // 16 + 16 + 8
+  EXPECT_EQ(count_rows(dir.path / "r.db"), 40);
+  EXPECT_EQ(count_rows(dir.path / "r.db", "tenant = 't1' AND key_id = 'k-t1' AND status = 200"), 40);
+  EXPECT_EQ(w.stats().written, 40u);
+  EXPECT_EQ(w.stats().queued, 0u);
+  // WAL mode.
+  EXPECT_TRUE(fs::exists(dir.path / "r.db-wal"));
+}
+
+TEST(WriterTest, RetentionByAgeAndByRowCount) {
+  TempDir dir;
+  auto cfg = config_at(dir.path / "r.db", 4096, 256);
+  cfg.max_age = 1000ms;
+  cfg.max_rows = 100;
+  Writer w(cfg, 1);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  const std::int64_t now = 10'000'000'000;
+  // 50 rows older than max_age, 150 fresh.
+  for (int i = 0; i < 50; ++i) push(w.queue(0), now - 2'000'000 + i, fmt::format("old{}", i));
+  for (int i = 0; i < 150; ++i) push(w.queue(0), now - 500'000 + i, fmt::format("new{}", i));
+  while (w.write_batch()) {
+  }
+  ASSERT_EQ(count_rows(dir.path / "r.db"), 200);
+  w.apply_retention(now);
+  EXPECT_EQ(count_rows(dir.path / "r.db"), 100);
+  EXPECT_EQ(count_rows(dir.path / "r.db", "request_id LIKE 'old%'"), 0);
+  // The newest 100 remain.
+  EXPECT_EQ(count_rows(dir.path / "r.db", "request_id IN ('new149', 'new50')"), 2);
+  EXPECT_EQ(count_rows(dir.path / "r.db", "request_id = 'new49'"), 0);
+  EXPECT_EQ(w.stats().deleted, 100u);
+}
+
+TEST(WriterTest, ThreadWritesAndDrainsOnStop) {
+  TempDir dir;
+  auto cfg = config_at(dir.path / "r.db", 1024, 64);
+  cfg.flush_interval = 5ms;
+  Writer w(cfg, 2);
+  w.start();
+  // Recent records (retention runs on the thread's first pass: max_age 7d must keep them).
+  const std::int64_t now_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  for (int i = 0; i < 500; ++i) ASSERT_TRUE(push(w.queue(i % 2), now_us + i, fmt::format("r{}", i)));
+  w.stop(std::chrono::steady_clock::now() + 5s);
+  EXPECT_EQ(w.stats().written, 500u);
+  EXPECT_EQ(w.stats().dropped_shutdown, 0u);
+  EXPECT_EQ(w.stats().deleted, 0u);
+  EXPECT_EQ(count_rows(dir.path / "r.db"), 500);
+}
+
+TEST(WriterTest, UnwritableStoreCountsErrorsAndDropsWithoutBlocking) {
+  TempDir dir;
+  // A path SQLite cannot open for writing, whoever runs the test: a directory.
+  fs::create_directory(dir.path / "r.db");
+  auto cfg = config_at(dir.path / "r.db", 8, 4);
+  Writer w(cfg, 1);
+  w.start();  // not fatal
+  EXPECT_FALSE(w.stats().open);
+  EXPECT_GE(w.stats().errors, 1u);
+  int pushed = 0;
+  for (int i = 0; i < 20; ++i) pushed += push(w.queue(0), i, "x");
+  EXPECT_EQ(pushed, 8);  // records wait while the store is closed, then drop
+  EXPECT_EQ(w.stats().dropped_queue_full, 12u);
+  w.stop(std::chrono::steady_clock::now() + 100ms);
+  EXPECT_EQ(w.stats().written, 0u);
+  EXPECT_EQ(w.stats().dropped_shutdown, 8u);
+}
+
+TEST(WriterTest, InvalidUtf8ColumnsAreStoredValid) {
+  TempDir dir;
+  Writer w(config_at(dir.path / "r.db"), 1);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  push(w.queue(0), 1, "id", 200, "t1", "bad\xff\xfemodel");
+  ASSERT_EQ(w.write_batch(), 1u);
+  EXPECT_EQ(count_rows(dir.path / "r.db", "model = 'bad' || char(65533) || char(65533) || 'model'"), 1);
+  EXPECT_TRUE(valid_utf8("h\xc3\xa9llo"));
+  EXPECT_FALSE(valid_utf8("\xed\xa0\x80"));  // a surrogate
+  EXPECT_FALSE(valid_utf8("\xc3"));
+}
+
+// --- queries ---
+
+struct Filled {
+  TempDir dir;
+  fs::path db;
+  std::vector<std::string> ids_newest_first;
+};
+
+// 250 rows: 5 per millisecond (ties in time), tenants t0..t2, statuses 200/429/502.
+void fill(Filled& f) {
+  f.db = f.dir.path / "r.db";
+  Writer w(config_at(f.db, 512, 64), 1);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  for (int i = 0; i < 250; ++i) {
+    const int status = i % 10 == 0 ? 429 : i % 25 == 0 ? 502 : 200;
+    push(w.queue(0), 1'764'630'000'000'000 + (i / 5) * 1000, fmt::format("req-{:03}", i), status,
+         fmt::format("t{}", i % 3), i % 2 ? "llama" : "qwen");
+  }
+  while (w.write_batch()) {
+  }
+  for (int i = 249; i >= 0; --i) f.ids_newest_first.push_back(fmt::format("req-{:03}", i));
+}
+
+std::vector<std::string> ids_of(const std::string& json, bool& has_more, std::string& cursor) {
+  auto v = boost::json::parse(json).as_object();
+  EXPECT_EQ(v["object"].as_string(), "list");
+  has_more = v["has_more"].as_bool();
+  cursor = v["next_cursor"].is_null() ? "" : std::string(v["next_cursor"].as_string());
+  std::vector<std::string> ids;
+  for (const auto& r : v["data"].as_array()) ids.emplace_back(r.as_object().at("request_id").as_string());
+  return ids;
+}
+
+TEST(ReaderTest, KeysetPagesCoverEveryRowOnceNewestFirstWithTies) {
+  Filled f;
+  fill(f);
+  Reader reader(f.db.string());
+  std::vector<std::string> all;
+  std::string cursor;
+  int pages = 0;
+  for (;;) {
+    auto q = parse_query("limit=7" + (cursor.empty() ? "" : "&cursor=" + cursor));
+    ASSERT_TRUE(q) << q.error().message;
+    auto page = reader.query_json(*q);
+    ASSERT_TRUE(page) << page.error().message;
+    bool more = false;
+    auto ids = ids_of(*page, more, cursor);
+    EXPECT_LE(ids.size(), 7u);
+    all.insert(all.end(), ids.begin(), ids.end());
+    ++pages;
+    if (!more) {
+      EXPECT_TRUE(cursor.empty());
+      break;
+    }
+    ASSERT_FALSE(cursor.empty());
+  }
+  EXPECT_EQ(pages, 36);  // 250 / 7 rounded up
+  EXPECT_EQ(all, f.ids_newest_first);
+}
+
+TEST(ReaderTest, Filters) {
+  Filled f;
+  fill(f);
+  Reader reader(f.db.string());
+  auto run = [&](const std::string& qs) {
+    auto q = parse_query(qs);
+    EXPECT_TRUE(q) << q.error().message;
+    auto page = reader.query_json(*q);
+    EXPECT_TRUE(page) << page.error().message;
+    bool more;
+    std::string cursor;
+    return ids_of(*page, more, cursor);
+  };
+  EXPECT_EQ(run("status=429&limit=1000").size(), 25u);
+  EXPECT_EQ(run("status=5xx&limit=1000").size(), 5u);  // 25, 75, ..., 225
+  EXPECT_EQ(run("tenant=t1&limit=1000").size(), 83u);
+  EXPECT_EQ(run("tenant=t1&model=llama&limit=1000").size(), 42u);
+  EXPECT_EQ(run("key_id=k-t2&limit=1000").size(), 83u);
+  EXPECT_EQ(run("tenant=nobody").size(), 0u);
+  // since inclusive, until exclusive: rows 5..9 share the millisecond 1764630000.001.
+  EXPECT_EQ(run("since=2025-12-01T23:00:00.001Z&until=2025-12-01T23:00:00.002Z"),
+            (std::vector<std::string>{"req-009", "req-008", "req-007", "req-006", "req-005"}));
+  EXPECT_EQ(run("since=1764630000.049&limit=1000").size(), 5u);
+  EXPECT_EQ(run("since=2025-12-02T00:00:00.049%2B01:00&limit=1000").size(), 5u);
+  EXPECT_EQ(run("").size(), 50u);  // the default limit
+}
+
+TEST(ReaderTest, GetById) {
+  Filled f;
+  fill(f);
+  Reader reader(f.db.string());
+  auto one = reader.get_json("req-042");
+  ASSERT_TRUE(one);
+  ASSERT_TRUE(one->has_value());
+  EXPECT_EQ(boost::json::parse(**one).as_object().at("request_id").as_string(), "req-042");
+  auto none = reader.get_json("req-999");
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->has_value());
+}
+
+TEST(ReaderTest, MissingStoreIs503) {
+  TempDir dir;
+  Reader reader((dir.path / "none.db").string());
+  auto r = reader.get_json("x");
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 503);
+}
+
+TEST(ParseQueryTest, Defaults) {
+  auto q = parse_query("");
+  ASSERT_TRUE(q);
+  EXPECT_EQ(q->limit, 50u);
+  EXPECT_FALSE(q->since_us || q->until_us || q->tenant || q->key_id || q->model || q->after_ts_us);
+  EXPECT_EQ(q->status_min, 0);
+}
+
+TEST(ParseQueryTest, ValuesAndDecoding) {
+  auto q = parse_query(
+      "?tenant=team%20c&model=meta-llama%2FLlama-3.1-8B&key_id=a+b&status=4xx&limit=1000&"
+      "since=1970-01-01T00:00:01.5Z&until=2026-12-01T23:05:00-02:30");
+  ASSERT_TRUE(q) << q.error().message;
+  EXPECT_EQ(*q->tenant, "team c");
+  EXPECT_EQ(*q->model, "meta-llama/Llama-3.1-8B");
+  EXPECT_EQ(*q->key_id, "a b");
+  EXPECT_EQ(q->status_min, 400);
+  EXPECT_EQ(q->status_max, 499);
+  EXPECT_EQ(q->limit, 1000u);
+  EXPECT_EQ(*q->since_us, 1'500'000);
+  // 2026-12-02T01:35:00Z
+  EXPECT_EQ(*q->until_us, 1'796'175'300LL * 1'000'000);
+  auto u = parse_query("since=0&until=1796175300");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(*u->since_us, 0);
+  EXPECT_EQ(*u->until_us, 1'796'175'300LL * 1'000'000);
+  auto c = parse_query("cursor=" + make_cursor(1'764'630'000'123'000, 42));
+  ASSERT_TRUE(c);
+  EXPECT_EQ(*c->after_ts_us, 1'764'630'000'123'000);
+  EXPECT_EQ(c->after_id, 42);
+}
+
+TEST(ParseQueryTest, BadInputNamesTheParam) {
+  struct Case {
+    const char* qs;
+    const char* param;  // "" = null
+  };
+  for (Case c : {Case{"limit=0", "limit"},
+                 Case{"limit=1001", "limit"},
+                 Case{"limit=abc", "limit"},
+                 Case{"limit=", "limit"},
+                 Case{"limit=-1", "limit"},
+                 Case{"since=yesterday", "since"},
+                 Case{"since=2026-13-01T00:00:00Z", "since"},
+                 Case{"since=2026-02-29T00:00:00Z", "since"},
+                 Case{"since=2026-12-01T24:00:00Z", "since"},
+                 Case{"since=2026-12-01T23:00:00", "since"},
+                 Case{"until=2026-12-01", "until"},
+                 Case{"until=1.2.3", "until"},
+                 Case{"status=200x", "status"},
+                 Case{"status=600", "status"},
+                 Case{"status=6xx", "status"},
+                 Case{"status=", "status"},
+                 Case{"tenant=", "tenant"},
+                 Case{"cursor=zz", "cursor"},
+                 Case{"cursor=%20", "cursor"},
+                 Case{"cursor=00000000000000000000000000000000", "cursor"},
+                 Case{"limit=5&limit=6", "limit"},
+                 Case{"since=200&until=100", "since"},
+                 Case{"sinse=1", ""}}) {
+    auto q = parse_query(c.qs);
+    ASSERT_FALSE(q) << c.qs;
+    EXPECT_EQ(q.error().status, 400) << c.qs;
+    EXPECT_EQ(q.error().type, "invalid_request_error") << c.qs;
+    EXPECT_EQ(q.error().param, c.param) << c.qs;
+    // OpenAI's shape with `param`.
+    auto body = boost::json::parse(core::error_json(q.error())).as_object();
+    EXPECT_TRUE(body.at("error").as_object().contains("param")) << c.qs;
+  }
+  EXPECT_TRUE(parse_query("since=2024-02-29T00:00:00Z"));  // a leap day
+}
+
+TEST(RequestLogConfigTest, ParsesAndChecks) {
+  TempDir dir;
+  auto parse = [&](const std::string& yaml) { return parse_request_log_config(YAML::Load(yaml), "weir.yaml"); };
+  auto none = parse("pools: {}\n");
+  ASSERT_TRUE(none);
+  EXPECT_FALSE(none->has_value());
+  auto full =
+      parse(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1024, batch: 64, flush_interval: 20ms, "
+                        "retention: {{max_age: 7d, max_rows: 5000, interval: 10s}}}}\n",
+                        dir.path.string()));
+  ASSERT_TRUE(full) << full.error().to_string();
+  const auto& c = **full;
+  EXPECT_EQ(c.path, (dir.path / "r.db").string());
+  EXPECT_EQ(c.queue, 1024u);
+  EXPECT_EQ(c.batch, 64u);
+  EXPECT_EQ(c.flush_interval, 20ms);
+  EXPECT_EQ(c.max_age, std::chrono::hours(24 * 7));
+  EXPECT_EQ(c.max_rows, 5000u);
+  EXPECT_EQ(c.retention_interval, 10s);
+  auto defaults = parse(fmt::format("request_log: {{url: 'sqlite:{}/r.db'}}\n", dir.path.string()));
+  ASSERT_TRUE(defaults);
+  EXPECT_EQ((*defaults)->queue, 4096u);
+  EXPECT_EQ((*defaults)->batch, 256u);
+  EXPECT_EQ((*defaults)->flush_interval, 100ms);
+  EXPECT_EQ((*defaults)->max_rows, 1'000'000u);
+  auto error = [&](const std::string& yaml) {
+    auto r = parse(yaml);
+    return r ? std::string("ok") : r.error().to_string();
+  };
+  EXPECT_EQ(error("request_log: {url: 'sqlite:/nonexistent-dir/r.db'}\n"),
+            "weir.yaml:1:20: request_log.url: directory /nonexistent-dir does not exist");
+  EXPECT_EQ(error("request_log: {url: 'postgres://db/weir'}\n"),
+            "weir.yaml:1:20: request_log.url: PostgreSQL is not supported yet; use sqlite:/path/requests.db");
+  EXPECT_EQ(error("request_log: {url: 'mysql://x'}\n"),
+            "weir.yaml:1:20: request_log.url: expected sqlite:/path/requests.db");
+  EXPECT_EQ(error("request_log: {queue: 5}\n"), "weir.yaml:1:14: request_log.url: missing (sqlite:/path/requests.db)");
+  EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', batchh: 1}}\n", dir.path.string())), "ok");
+  EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1}}\n", dir.path.string())), "ok");
+}
+
+}  // namespace
+}  // namespace weir::requestlog
