@@ -16,13 +16,14 @@ import datetime
 import ipaddress
 import pathlib
 import ssl
+import subprocess
 import threading
+import time
 
 import httpx
-import openai
 import pytest
 
-from conftest import wait_until
+from conftest import binary, wait_until
 
 crypto = pytest.importorskip("cryptography")
 from cryptography import x509  # noqa: E402
@@ -371,9 +372,6 @@ def test_health_probe_over_https_with_a_bad_certificate_marks_the_endpoint_down(
 
 
 def test_bad_ca_file_is_refused_at_start(pki, tmp_path):
-    import subprocess
-
-    from conftest import binary
     bad = tmp_path / "bad.pem"
     bad.write_text("not a certificate\n")
     cfg = tmp_path / "weir.yaml"
@@ -383,3 +381,17 @@ def test_bad_ca_file_is_refused_at_start(pki, tmp_path):
         p = subprocess.run([binary("weir"), "--config", cfg, *check], capture_output=True, text=True, timeout=20)
         assert p.returncode == 2, p.stderr
         assert "pools.hosted.tls: cannot load ca_file" in p.stderr, p.stderr
+
+
+def test_a_tls_connection_the_server_closed_is_not_reused(pki, mock, relay, weir):
+    # weir-mock closes idle keep-alive connections after 1 s; the relay then closes its TLS side
+    # (close_notify). Weir keeps idle connections 10 s here, so only its stale check can notice.
+    r = relay(pki.server, mock("--keep-alive-s", 1))
+    w = weir(config=https_config(r.url, {"ca_file": str(pki.ca.pem)}, idle_keepalive="10s"), workers=1)
+    assert chat(w).status_code == 200
+    wait_until(lambda: r.connections == 1, 5)
+    time.sleep(1.6)
+    for i in range(3):
+        assert chat(w, stream=i == 1).status_code == 200
+    assert r.connections == 2  # one new connection, then reused
+    assert w.metric("weir_upstream_connects_total") == 2
