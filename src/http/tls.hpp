@@ -41,11 +41,23 @@ class TlsClient {
 struct TlsStream {
   TlsStream(Socket& s, boost::asio::ssl::context& ctx) : stream(s, ctx) {}
   boost::asio::ssl::stream<Socket&> stream;
+  // Where this connection's session tickets are kept (offer_session); null client: not kept.
+  const TlsClient* session_client = nullptr;
+  tcp::endpoint session_addr;
+  std::string_view session_name;
 };
 
 // Prepares `s` for a client handshake with `t`: SNI, the name to verify,
 // verification on or off. Returns false with `error` set when OpenSSL refuses.
 bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error);
+
+// Session resumption (RFC 8446 §2.2 tickets; RFC 5077 for TLS 1.2): offers
+// the newest session this thread got from `addr` under `t` (same context,
+// same name), and keeps the tickets the server sends on `s` for the next
+// connection. One session per (context, address, name) per thread: workers
+// never share connections, so they share no sessions and take no lock.
+// Call after prepare_client, before the handshake; `s` must outlive its I/O.
+void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr);
 
 // Why a handshake failed, for the log: the certificate verification result
 // when verification failed ("certificate has expired", "unable to get local

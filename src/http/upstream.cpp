@@ -124,6 +124,7 @@ Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, co
       c.abort(UpstreamFailure::tls);
       co_return UpstreamFailure::tls;
     }
+    offer_session(*c.tls_, tls, ep);
     auto [hec] = co_await c.tls_->stream.async_handshake(boost::asio::ssl::stream_base::client, use_task);
     c.watchdog().disarm();
     if (hec) {

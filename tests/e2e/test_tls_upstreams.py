@@ -147,6 +147,7 @@ class TlsRelay:
         self.upstream_port = upstream_port
         self.connections = 0         # TLS handshakes completed
         self.alpn: list[str | None] = []
+        self.resumed: list[bool] = []  # per connection: the client resumed a session (a ticket)
         self.received = bytearray()  # every byte the clients sent, in order
         self.lock = threading.Lock()
         self.loop = asyncio.new_event_loop()
@@ -169,6 +170,7 @@ class TlsRelay:
         with self.lock:
             self.connections += 1
             self.alpn.append(ssl_obj.selected_alpn_protocol() if ssl_obj else None)
+            self.resumed.append(bool(ssl_obj and ssl_obj.session_reused))
         try:
             up_r, up_w = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         except OSError:
@@ -395,3 +397,15 @@ def test_a_tls_connection_the_server_closed_is_not_reused(pki, mock, relay, weir
         assert chat(w, stream=i == 1).status_code == 200
     assert r.connections == 2  # one new connection, then reused
     assert w.metric("weir_upstream_connects_total") == 2
+
+
+def test_a_new_connection_resumes_the_tls_session(pki, mock, relay, weir):
+    # As above, the server closes idle connections after 1 s: the next connection offers the ticket
+    # the first one received (TLS 1.3 resumption), so it costs no certificate exchange.
+    r = relay(pki.server, mock("--keep-alive-s", 1))
+    w = weir(config=https_config(r.url, {"ca_file": str(pki.ca.pem)}, idle_keepalive="10s"), workers=1)
+    assert chat(w).status_code == 200
+    time.sleep(1.6)
+    assert chat(w).status_code == 200
+    assert r.connections == 2
+    assert r.resumed == [False, True]
