@@ -67,9 +67,11 @@ core::Task<void> Batch::send() {
       exchange_.use(std::move(pooled));
     } else {
       if (env.upstream_connects) ++*env.upstream_connects;
-      failure = co_await exchange_.connect(ep.addr, pc.timeouts.connect);
+      failure = co_await exchange_.connect(ep.addr, ep.tls, pc.timeouts.connect);
       if (present_ == 0) break;
       if (failure != UpstreamFailure::none) {
+        if (failure == UpstreamFailure::tls)
+          routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
         if (env.on_attempt) env.on_attempt(ep_idx, failure);
         if (attempts.on_connect_failure(failure, core::now())) continue;
         break;
@@ -85,6 +87,8 @@ core::Task<void> Batch::send() {
     http::append_upstream_request_head(head_buf_, *lead->req_.head,
                                        http::UpstreamHeadOptions{
                                            .target = lead->req_.target,
+                                           .base_path = ep.cfg->base_path,
+                                           .base_query = ep.cfg->query,
                                            .host_header = ep.cfg->host_header,
                                            .body_bytes = body_.size(),
                                            .request_id = request_id_,

@@ -240,18 +240,76 @@ ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, Po
   return {};
 }
 
+// A file the process must be able to read at start-up.
+ConfigResult<void> check_readable(const YAML::Node& v, const std::string& key, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return tl::unexpected(config_error(v, key, fmt::format("cannot read '{}'", path)));
+  return {};
+}
+
+ConfigResult<void> parse_tls(const YAML::Node& t, const std::string& key, TlsConfig& tls) {
+  WEIR_TRY_VOID(check_keys(t, key, {"ca_file", "verify", "server_name", "client_cert", "client_key"}));
+  if (auto v = t["ca_file"]) {
+    WEIR_TRY(s, read_string(v, key + ".ca_file"));
+    WEIR_TRY_VOID(check_readable(v, key + ".ca_file", s));
+    tls.ca_file = s;
+  }
+  if (auto v = t["verify"]) {
+    WEIR_TRY(b, read_bool(v, key + ".verify"));
+    tls.verify = b;
+  }
+  if (auto v = t["server_name"]) {
+    WEIR_TRY(s, read_string(v, key + ".server_name"));
+    if (s.empty() || s.find_first_of(" /:@") != std::string::npos)
+      return tl::unexpected(config_error(v, key + ".server_name", "expected a host name"));
+    tls.server_name = s;
+  }
+  if (auto v = t["client_cert"]) {
+    WEIR_TRY(s, read_string(v, key + ".client_cert"));
+    WEIR_TRY_VOID(check_readable(v, key + ".client_cert", s));
+    tls.client_cert = s;
+  }
+  if (auto v = t["client_key"]) {
+    WEIR_TRY(s, read_string(v, key + ".client_key"));
+    WEIR_TRY_VOID(check_readable(v, key + ".client_key", s));
+    tls.client_key = s;
+  }
+  if (tls.client_cert.empty() != tls.client_key.empty())
+    return tl::unexpected(config_error(t, key, "client_cert and client_key go together (mutual TLS)"));
+  return {};
+}
+
 ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n) {
   const std::string key = "pools." + name;
   PoolConfig p;
   p.name = name;
   WEIR_TRY_VOID(check_keys(n, key,
-                           {"endpoints", "timeouts", "max_idle_per_endpoint", "idle_keepalive", "api_key",
-                            "api_key_env", "eject_for", "request_usage", "retry", "outlier", "health", "balance",
-                            "load_metrics", "imbalance", "prefix_affinity", "session_header", "batch", "coalesce"}));
+                           {"endpoints",
+                            "timeouts",
+                            "max_idle_per_endpoint",
+                            "idle_keepalive",
+                            "api_key",
+                            "api_key_env",
+                            "eject_for",
+                            "request_usage",
+                            "retry",
+                            "outlier",
+                            "health",
+                            "balance",
+                            "load_metrics",
+                            "imbalance",
+                            "prefix_affinity",
+                            "session_header",
+                            "batch",
+                            "coalesce",
+                            "type",
+                            "tls"}));
   auto eps = n["endpoints"];
-  if (!eps) return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// URLs)"));
+  if (!eps)
+    return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// or https:// URLs)"));
   if (!eps.IsSequence() || eps.size() == 0)
-    return tl::unexpected(config_error(eps, key + ".endpoints", "expected a non-empty list of http:// URLs"));
+    return tl::unexpected(
+        config_error(eps, key + ".endpoints", "expected a non-empty list of http:// or https:// URLs"));
   for (std::size_t i = 0; i < eps.size(); ++i) {
     const std::string k = fmt::format("{}.endpoints[{}]", key, i);
     WEIR_TRY(url, read_string(eps[i], k));
@@ -356,6 +414,23 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
       return tl::unexpected(
           config_error(v, key + ".api_key_env", fmt::format("environment variable {} is not set", s)));
     p.api_key = env;
+    p.api_key_env = s;
+  }
+  if (auto v = n["type"]) {
+    WEIR_TRY(s, read_string(v, key + ".type"));
+    if (s == "anthropic")
+      return tl::unexpected(config_error(
+          v, key + ".type",
+          "anthropic upstreams are not supported yet (give an OpenAI-compatible endpoint and type: openai)"));
+    if (s != "openai") return tl::unexpected(config_error(v, key + ".type", "expected openai"));
+    p.type = UpstreamType::openai;
+  }
+  if (auto t = n["tls"]) {
+    WEIR_TRY_VOID(parse_tls(t, key + ".tls", p.tls));
+    bool any_tls = false;
+    for (const auto& e : p.endpoints) any_tls = any_tls || e.tls;
+    if (!any_tls)
+      return tl::unexpected(config_error(t, key + ".tls", "is set but no endpoint of the pool is https://"));
   }
   return p;
 }
@@ -450,23 +525,31 @@ ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url) {
     return tl::unexpected(ConfigError{.message = fmt::format("'{}'{}", shown, why)});
   };
   auto u = boost::urls::parse_uri(url);
-  if (!u) return fail(" is not a URL (expected http://host[:port])");
+  if (!u) return fail(" is not a URL (expected http://host[:port] or https://host[:port][/base])");
   if (u->has_userinfo())
     return fail(
         ": credentials (userinfo before '@') are not allowed in endpoint URLs: Weir never sends them and would "
         "log them; give the upstream's key as the pool's api_key or api_key_env");
-  if (u->scheme() != "http") return fail(": only http:// endpoints are supported");
+  const bool tls = u->scheme() == "https";
+  if (!tls && u->scheme() != "http") return fail(": only http:// and https:// endpoints are supported");
   if (u->host().empty()) return fail(" has no host");
-  if (!u->encoded_path().empty() && u->encoded_path() != "/")
-    return fail(": give the server root (the /v1/... path comes from the request)");
+  if (u->has_fragment()) return fail(": a fragment means nothing in an endpoint URL");
   EndpointConfig e;
+  e.tls = tls;
+  // The path is a base the request's path maps onto (https://api.openai.com/v1).
+  std::string_view path = u->encoded_path();
+  while (!path.empty() && path.back() == '/') path.remove_suffix(1);
+  if (!path.empty() && path.front() != '/') return fail(": the path must start with '/'");
+  if (path.find_first_of(" \r\n") != std::string_view::npos) return fail(": the path has a space or line break");
+  e.base_path = std::string(path);
+  if (u->has_query()) e.query = std::string(u->encoded_query());
   e.url = std::string(url);
   e.display = shown;
   e.host = std::string(u->host_address());
   if (u->host_type() == boost::urls::host_type::ipv6) {
     // host_address() of [::1] is "::1"
   }
-  e.port = u->has_port() ? u->port_number() : 80;
+  e.port = u->has_port() ? u->port_number() : (tls ? 443 : 80);
   if (u->has_port() && u->port_number() == 0) return fail(" has port 0");
   e.host_header = std::string(u->encoded_host_and_port());
   if (!u->has_port()) e.host_header = std::string(u->encoded_host());

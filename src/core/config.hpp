@@ -60,13 +60,35 @@ struct UpstreamTimeouts {
   Millis idle{60'000};         // between two reads of the response (between SSE events)
 };
 
-// One model server: http://host:port. Addresses are resolved once at start-up.
+// One model server: http://host:port or https://host[:port][/base]. Addresses
+// are resolved once at start-up.
 struct EndpointConfig {
-  std::string url;      // as written in the config: may hold a query with secrets, never print it
-  std::string display;  // core::redact_url(url): what logs and messages show
-  std::string host;     // host part, for the Host header
-  std::uint16_t port = 80;
-  std::string host_header;  // "host:port" as sent upstream
+  std::string url;          // as written in the config: may hold a query with secrets, never print it
+  std::string display;      // core::redact_url(url): what logs and messages show
+  std::string host;         // host part, for the Host header, SNI and certificate verification
+  std::uint16_t port = 80;  // 80 for http://, 443 for https:// unless given
+  std::string host_header;  // "host:port" as sent upstream (no port when it is the scheme's default)
+  bool tls = false;         // https://
+  // The URL's path without a trailing '/' ("" for the server root): an
+  // OpenAI-style base URL such as https://api.openai.com/v1 or an Azure
+  // deployment base (http/forward.hpp's append_upstream_target maps the
+  // request's path onto it).
+  std::string base_path;
+  std::string query;  // the URL's query without '?' ("" for none), appended to every request target
+};
+
+// TLS to a pool's https:// endpoints (OpenSSL through Asio's SSL stream).
+struct TlsConfig {
+  std::string ca_file;      // PEM bundle of trusted CAs; empty = the system store (/etc/ssl/certs)
+  bool verify = true;       // verify the certificate chain and name; false is for tests only (loudly logged)
+  std::string server_name;  // SNI and the name verified; empty = the endpoint URL's host
+  std::string client_cert;  // PEM certificate chain for mutual TLS; empty = none
+  std::string client_key;   // PEM private key of client_cert
+};
+
+// What speaks at the other end of a pool's endpoints.
+enum class UpstreamType : std::uint8_t {
+  openai,  // an OpenAI-compatible server: vLLM, SGLang, a hosted OpenAI-compatible API (the default)
 };
 
 // Retries of a request on one pool, only while nothing has reached the
@@ -168,7 +190,10 @@ struct PoolConfig {
   std::uint32_t max_idle_per_endpoint = 512;  // idle keep-alive connections kept per worker
   Millis idle_keepalive{4'000};               // drop idle connections older than this (uvicorn closes at 5 s)
   std::string api_key;                        // sent upstream as "Authorization: Bearer"; empty = none
-  Millis eject_for{2'000};                    // an endpoint that refuses connections is skipped this long
+  std::string api_key_env;                    // the environment variable api_key came from (for messages)
+  UpstreamType type = UpstreamType::openai;
+  TlsConfig tls;            // used by https:// endpoints
+  Millis eject_for{2'000};  // an endpoint that refuses connections is skipped this long
   // Ask the upstream for stream_options.include_usage on streams whose client
   // did not (and drop that usage chunk from the client's stream), so every
   // stream's tokens are known to the log, metrics, limits and budgets.

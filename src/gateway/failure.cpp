@@ -51,6 +51,9 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
       return core::upstream_timeout(upstream_message(who, "timed out", "Connecting to upstream"));
     case http::UpstreamFailure::timeout:
       return core::upstream_timeout(upstream_message(who, fmt::format("timed out{}", when)));
+    case http::UpstreamFailure::tls:
+      // The reason (certificate, name, protocol) is in Weir's log, not in the client's answer.
+      return core::upstream_unavailable(upstream_message(who, "failed the TLS handshake"));
     case http::UpstreamFailure::protocol:
       return core::upstream_unavailable(upstream_message(who, fmt::format("sent an invalid HTTP response{}", when)));
     default:

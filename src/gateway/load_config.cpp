@@ -1,6 +1,10 @@
 #include "gateway/load_config.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
+
+#include "http/tls.hpp"
 
 namespace weir::gateway {
 
@@ -121,6 +125,30 @@ core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv
     if (root["auth"] || root["tenants"] || root["pricing"]) out.auth = std::move(*auth_cfg);
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);
+  }
+  // TLS contexts: a PEM file that does not load is a configuration error,
+  // verification turned off a warning.
+  const auto& pools = out.config.pools;
+  out.tls.resize(pools.size());
+  for (std::size_t p = 0; p < pools.size(); ++p) {
+    const auto& pc = pools[p];
+    if (std::none_of(pc.endpoints.begin(), pc.endpoints.end(), [](const auto& e) { return e.tls; })) continue;
+    const YAML::Node node = root && root["pools"] ? root["pools"][pc.name]["tls"] : YAML::Node();
+    std::string error;
+    out.tls[p] = http::TlsClient::make(pc.tls, error);
+    if (!out.tls[p]) {
+      auto e = node ? core::config_error(node, "pools." + pc.name + ".tls", error)
+                    : core::ConfigError{.key = "pools." + pc.name + ".tls", .message = error};
+      e.file = file;
+      return tl::unexpected(std::move(e));
+    }
+    if (!pc.tls.verify) {
+      auto e = core::config_error(node["verify"], "pools." + pc.name + ".tls.verify",
+                                  "false: the certificates of the pool's https:// endpoints are NOT checked; anyone "
+                                  "on the path can read and change its traffic (for tests only)");
+      e.file = file;
+      out.warnings.push_back(e.to_string());
+    }
   }
   compute_warnings(out);
   return out;

@@ -9,6 +9,7 @@
 // parsers (module order core < ... < auth < admission < ... < gateway).
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -20,6 +21,7 @@
 #include "core/config.hpp"
 #include "gateway/admin_config.hpp"
 #include "requestlog/config.hpp"
+#include "http/upstream.hpp"  // http::TlsClient (declared)
 
 namespace weir::gateway {
 
@@ -39,6 +41,10 @@ struct LoadedConfig {
   // uses). --check and start-up print them as "weir: warning: ..." to stderr
   // and go on.
   std::vector<std::string> warnings;
+  // Per pool (index as in config.pools): the TLS client context of its
+  // https:// endpoints, built here so --check refuses a ca_file or client
+  // certificate OpenSSL cannot load; null for a pool without https://.
+  std::vector<std::shared_ptr<http::TlsClient>> tls;
 };
 
 // Where the configuration comes from: the command line.

@@ -252,7 +252,8 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
       const auto labels = endpoint_labels(p, e);
       const std::size_t slot = L.endpoint_base[p] + e;
       for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
-                     http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol})
+                     http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol,
+                     http::UpstreamFailure::tls})
         w.sample("weir_upstream_failures_total", fmt::format("{},kind=\"{}\"", labels, http::to_string(f)),
                  upstream_failures_[slot * kFailureKinds + kind_of(f)]);
     }

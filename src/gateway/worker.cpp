@@ -246,8 +246,12 @@ http::Task<void> Worker::probe_loop(std::size_t pool_index) {
     due += hc.interval;
     for (std::uint32_t i = 0; i < pool.size(); ++i) {
       const auto& ep = pool.endpoint(i);
-      const http::ProbeRequest req{
-          .addr = ep.addr, .host_header = ep.cfg->host_header, .path = hc.path, .timeout = hc.timeout};
+      const http::ProbeRequest req{.addr = ep.addr,
+                                   .host_header = ep.cfg->host_header,
+                                   .path = hc.path,
+                                   .timeout = hc.timeout,
+                                   .tls = ep.tls,
+                                   .api_key = pool.config().api_key};
       const bool ok = co_await http::probe_health(io_.get_executor(), req);
       if (pool.report_probe(i, ok, std::chrono::steady_clock::now())) {
         ++metrics_.health_transitions;

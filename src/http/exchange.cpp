@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "http/tls.hpp"
+
 #include <boost/asio/buffer.hpp>
 #include <boost/beast/http/read.hpp>
 
@@ -27,9 +29,10 @@ Exchange::~Exchange() = default;
 
 void Exchange::use(std::unique_ptr<UpstreamConnection> c) { conn_ = std::move(c); }
 
-Task<UpstreamFailure> Exchange::connect(const tcp::endpoint& ep, std::chrono::milliseconds timeout) {
+Task<UpstreamFailure> Exchange::connect(const tcp::endpoint& ep, const TlsTarget& tls,
+                                        std::chrono::milliseconds timeout) {
   conn_ = std::make_unique<UpstreamConnection>(ex_);
-  co_return co_await http::connect(*conn_, ep, timeout);
+  co_return co_await http::connect(*conn_, ep, tls, timeout);
 }
 
 void Exchange::shrink() {
@@ -62,8 +65,16 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   trailing_ = false;
   conn_->watchdog().expires_after(r.first_byte);
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(r.head), asio::buffer(r.body.data(), r.body.size())};
-  auto [wec, wn] = co_await write_all_now(conn_->socket(), bufs);
-  error_code ec = wec;
+  TlsStream* tls = conn_->tls();
+  error_code ec;
+  if (tls) {
+    // Through the TLS stream's composed write (OpenSSL may also need to read while writing).
+    auto [wec, wn] = co_await asio::async_write(tls->stream, bufs, use_task);
+    ec = wec;
+  } else {
+    auto [wec, wn] = co_await write_all_now(conn_->socket(), bufs);
+    ec = wec;
+  }
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
   // Hints) come before the final one: skip them.
   for (bool interim = true; !ec && interim;) {
@@ -74,8 +85,16 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     if (r.head_request) parser_->skip(true);
     // 4 KiB: a small answer (head and body, ~1 KB from vLLM) in one recv; a
     // stream gives the room back (shrink()).
-    auto [rec, rn] = co_await read_message(conn_->socket(), conn_->buffer(), *parser_, /*until_head=*/true, kHeadRead);
-    ec = rec;
+    std::size_t rn = 0;
+    if (tls) {
+      auto [rec, n] = co_await read_message(tls->stream, conn_->buffer(), *parser_, /*until_head=*/true, kHeadRead);
+      ec = rec;
+      rn = n;
+    } else {
+      auto [rec, n] = co_await read_message(conn_->socket(), conn_->buffer(), *parser_, /*until_head=*/true, kHeadRead);
+      ec = rec;
+      rn = n;
+    }
     // Every byte the upstream sent counts, also an incomplete status line the
     // parser did not consume: it read the request.
     head_bytes_ += rn + conn_->buffer().size();
@@ -110,13 +129,6 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
       in = std::string_view(static_cast<const char*>(raw.data().data()), raw.size());
     } else {
       conn_->watchdog().expires_after(idle_);
-      if (drained_) {
-        auto [wec] = co_await sock.async_wait(tcp::socket::wait_read, use_task);
-        if (wec) {
-          r.failure = classify(*conn_, wec);
-          break;
-        }
-      }
       // Bytes carried from the last read (a chunk header split across
       // reads) go first, and the recv lands right after them.
       const std::size_t carried = raw.size();
@@ -124,11 +136,29 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         r.failure = UpstreamFailure::protocol;
         break;
       }
+      const auto room = asio::buffer(scratch_.data() + carried, scratch_.size() - carried);
       error_code ec;
-      const std::size_t n = sock.read_some(asio::buffer(scratch_.data() + carried, scratch_.size() - carried), ec);
-      if (ec == asio::error::would_block || ec == asio::error::try_again) {
-        drained_ = true;
-        continue;
+      std::size_t n = 0;
+      if (TlsStream* tls = conn_->tls()) [[unlikely]] {
+        // TLS: OpenSSL may hold decrypted bytes the socket no longer shows
+        // as readable, so no readiness wait of our own: the stream's read
+        // returns what it has or waits for the next record.
+        auto [tec, tn] = co_await tls->stream.async_read_some(room, use_task);
+        ec = is_tls_close(tec) ? error_code(asio::error::eof) : tec;
+        n = tn;
+      } else {
+        if (drained_) {
+          auto [wec] = co_await sock.async_wait(tcp::socket::wait_read, use_task);
+          if (wec) {
+            r.failure = classify(*conn_, wec);
+            break;
+          }
+        }
+        n = sock.read_some(room, ec);
+        if (ec == asio::error::would_block || ec == asio::error::try_again) {
+          drained_ = true;
+          continue;
+        }
       }
       if (ec == asio::error::eof) {
         // A body that ends at close (no length, not chunked) is complete now.

@@ -65,10 +65,32 @@ bool forwarded_upstream(const Field& f, bool identity, bool strip_credentials) {
 
 }  // namespace
 
+void append_upstream_target(std::string& out, std::string_view target, std::string_view base, std::string_view query) {
+  const std::size_t start = out.size();
+  if (!base.empty()) {
+    const bool versioned = target.starts_with("/v1") && (target.size() == 3 || target[3] == '/' || target[3] == '?');
+    if (versioned) {
+      target.remove_prefix(3);
+      out += base;
+    } else {
+      out += base.ends_with("/v1") ? base.substr(0, base.size() - 3) : base;
+    }
+  }
+  out += target;
+  if (out.size() == start || out[start] == '?') out.insert(start, 1, '/');  // origin-form starts with a path
+  if (!query.empty()) {
+    out += target.find('?') == std::string_view::npos ? '?' : '&';
+    out += query;
+  }
+}
+
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o) {
   out += req.method_string();
   out += ' ';
-  out += o.target;
+  if (o.base_path.empty() && o.base_query.empty())
+    out += o.target;
+  else
+    append_upstream_target(out, o.target, o.base_path, o.base_query);
   out += " HTTP/1.1\r\nHost: ";
   out += o.host_header;
   out += "\r\n";
@@ -115,11 +137,13 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 }
 
 std::string_view strip_upstream_origin(std::string_view uri, std::string_view host) {
-  constexpr std::string_view scheme = "http://";
-  if (host.empty() || uri.size() < scheme.size() + host.size() || !iequals(uri.substr(0, scheme.size()), scheme) ||
-      !iequals(uri.substr(scheme.size(), host.size()), host))
+  // http:// or https:// (the endpoint's own scheme either way: the Host is the same).
+  const std::size_t scheme = uri.size() >= 8 && iequals(uri.substr(0, 8), "https://") ? 8 : 7;
+  if (host.empty() || uri.size() < scheme + host.size() ||
+      !iequals(uri.substr(0, scheme), scheme == 8 ? "https://" : "http://") ||
+      !iequals(uri.substr(scheme, host.size()), host))
     return uri;
-  const std::string_view rest = uri.substr(scheme.size() + host.size());
+  const std::string_view rest = uri.substr(scheme + host.size());
   if (rest.empty()) return "/";
   if (rest.front() == '/' || rest.front() == '?' || rest.front() == '#') return rest;
   return uri;  // another host that starts with this one's name ("10.0.0.1:80" vs "10.0.0.1:8000")

@@ -17,6 +17,8 @@ using ResponseHead = boost::beast::http::response_header<>;
 // What the upstream request head carries besides the client's end-to-end fields.
 struct UpstreamHeadOptions {
   std::string_view target;         // request target sent upstream (origin-form, e.g. "/v1/chat/completions")
+  std::string_view base_path;      // the endpoint URL's path ("" = server root): append_upstream_target
+  std::string_view base_query;     // the endpoint URL's query without '?' ("" = none)
   std::string_view host_header;    // "host:port" of the endpoint
   std::size_t body_bytes = 0;      // Content-Length of the body Weir sends (always sent for a POST)
   std::string_view request_id;     // sent as x-request-id (the client's own is replaced)
@@ -24,6 +26,20 @@ struct UpstreamHeadOptions {
   bool identity = false;           // ask for an uncompressed body (streams are parsed event by event)
   bool strip_credentials = false;  // drop the client's Authorization and x-api-key (they were for Weir)
 };
+
+// Appends the request target sent to an endpoint whose URL has a path
+// `base` (no trailing '/') and a query `query`: OpenAI-style base URLs, as
+// an SDK's base_url, where the request's "/v1" is the base. A target under
+// /v1 ("/v1" then '/', '?' or its end) has that "/v1" replaced by `base`;
+// another target (vLLM's /tokenize, /health) goes under `base` less a final
+// "/v1" segment. Then `query` joins the target's own query ('?' or '&').
+// With base and query empty the target is appended unchanged.
+// Examples: base "/v1": "/v1/chat/completions" -> "/v1/chat/completions",
+// "/tokenize" -> "/tokenize"; base "/openai/deployments/gpt4o", query
+// "api-version=2024-10-21": "/v1/chat/completions" ->
+// "/openai/deployments/gpt4o/chat/completions?api-version=2024-10-21";
+// base "/proxy/vllm/v1": "/metrics" -> "/proxy/vllm/metrics".
+void append_upstream_target(std::string& out, std::string_view target, std::string_view base, std::string_view query);
 
 // Appends the HTTP/1.1 request head for the upstream: request line, Host,
 // Content-Length (every body sent upstream has its length: bytes without one
@@ -49,7 +65,7 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // (the caller sends the request's own), and Content-Encoding when
 // `drop_encoding` (the caller decoded the body). No status line, no blank line.
 // A Location or Content-Location that points at the upstream itself
-// (`http://<upstream_host>`, the Host Weir sent: what a server that builds
+// (`http(s)://<upstream_host>`, the Host Weir sent: what a server that builds
 // absolute redirects from Host writes, e.g. a trailing-slash redirect) is
 // made relative (RFC 9110 §10.2.2 allows it), so the client is sent to the
 // same path through the gateway and never learns the endpoint's address;
@@ -57,7 +73,7 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
                             std::string_view upstream_host = {});
 
-// `uri` without a leading "http://<host>" (host compared case-insensitively)
+// `uri` without a leading "http://<host>" or "https://<host>" (host compared case-insensitively)
 // when it has that prefix followed by '/', '?', '#' or nothing ("/" then);
 // otherwise `uri` unchanged.
 std::string_view strip_upstream_origin(std::string_view uri, std::string_view host);

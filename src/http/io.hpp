@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <tuple>
+#include <type_traits>
 
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
@@ -60,8 +61,14 @@ Task<std::tuple<boost::system::error_code, std::size_t>> write_all_now(Socket& s
 // recv filled its buffer); otherwise, and when that recv finds the socket
 // empty, async_read_some waits for readiness. A read takes the buffer's free
 // capacity, at least `min_read` bytes (Beast's 512 by default) and at most 64 KiB.
-template <class Parser>
-Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Socket& sock, boost::beast::flat_buffer& buf,
+//
+// `Stream` is the Socket, or a TLS stream over one (asio::ssl::stream):
+// that one is read only through its async_read_some (OpenSSL buffers
+// records the socket's readiness does not show); its close without
+// close_notify comes back as ssl::error::stream_truncated (http::classify
+// takes it for a reset).
+template <class Stream, class Parser>
+Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& sock, boost::beast::flat_buffer& buf,
                                                                       Parser& parser, bool until_head,
                                                                       std::size_t min_read = 512) {
   namespace bh = boost::beast::http;
@@ -85,8 +92,11 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Socket& so
         std::min(std::clamp<std::size_t>(buf.capacity() - buf.size(), min_read, 65536), buf.max_size() - buf.size());
     error_code ec;
     std::size_t n = 0;
-    if (try_now) n = sock.read_some(buf.prepare(want), ec);
-    if (!try_now || ec == asio::error::would_block || ec == asio::error::try_again) {
+    constexpr bool plain = std::is_same_v<Stream, Socket>;
+    if constexpr (plain) {
+      if (try_now) n = sock.read_some(buf.prepare(want), ec);
+    }
+    if (!plain || !try_now || ec == asio::error::would_block || ec == asio::error::try_again) {
       auto [rec, rn] = co_await sock.async_read_some(buf.prepare(want), use_task);
       ec = rec;
       n = rn;

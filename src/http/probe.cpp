@@ -1,5 +1,7 @@
 #include "http/probe.hpp"
 
+#include "http/tls.hpp"
+
 #include <array>
 #include <memory>
 #include <string>
@@ -26,65 +28,98 @@ void close_at_deadline(Timer& deadline, const std::shared_ptr<Socket>& sock, con
   });
 }
 
+// The probe's request: GET `r.path`, Connection: close, the pool's key when it has one.
+std::string probe_request(const ProbeRequest& r, std::string_view agent, std::string_view accept) {
+  std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\n", r.path, r.host_header, agent);
+  if (!accept.empty()) fmt::format_to(std::back_inserter(req), "Accept: {}\r\n", accept);
+  if (!r.api_key.empty()) fmt::format_to(std::back_inserter(req), "Authorization: Bearer {}\r\n", r.api_key);
+  req += "Connection: close\r\n\r\n";
+  return req;
+}
+
+// The status line check of probe_health over `stream` (the socket or TLS over it).
+template <class Stream>
+Task<bool> probe_over(Stream& stream, const ProbeRequest& r) {
+  const std::string req = probe_request(r, "weir-health", {});
+  auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(req), use_task);
+  (void)wn;
+  std::array<char, 64> buf{};
+  std::size_t have = 0;
+  while (!wec && have < 12) {  // "HTTP/1.1 200"
+    auto [rec, n] = co_await stream.async_read_some(asio::buffer(buf.data() + have, buf.size() - have), use_task);
+    if (rec) break;
+    have += n;
+  }
+  const std::string_view line(buf.data(), have);
+  co_return have >= 12 && line.starts_with("HTTP/1.") && line[8] == ' ' && line[9] == '2';
+}
+
+// The GET of fetch_text over `stream`; returns the status (0 on failure).
+template <class Stream>
+Task<int> fetch_over(Stream& stream, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes) {
+  const std::string req = probe_request(r, "weir-load", "text/plain");
+  auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(req), use_task);
+  (void)wn;
+  if (wec) co_return 0;
+  // Beast frames the answer (Content-Length, chunked or close-delimited) within max_bytes.
+  boost::beast::flat_buffer buf;
+  boost::beast::http::response_parser<boost::beast::http::string_body> parser;
+  parser.body_limit(max_bytes);
+  auto [rec, rn] = co_await boost::beast::http::async_read(stream, buf, parser, use_task);
+  (void)rn;
+  // A TLS peer that closes without close_notify after a complete message is fine.
+  if (rec && !(is_tls_close(rec) && parser.is_done())) co_return 0;
+  body = std::move(parser.get().body());
+  co_return parser.get().result_int();
+}
+
+// Connects (and, for https://, handshakes) within the deadline, then runs
+// probe_over (`body` null: returns 1 for a 2xx status line, else 0) or
+// fetch_over (returns the status, 0 on failure). (Scalars and references
+// only: see probe.hpp on GCC 12.)
+Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body, const std::size_t& max_bytes) {
+  auto sock = std::make_shared<Socket>(ex);
+  Timer deadline(ex);
+  close_at_deadline(deadline, sock, r);
+  int result = 0;
+  auto [cec] = co_await sock->async_connect(r.addr, use_task);
+  if (!cec && sock->is_open()) {
+    if (r.tls.client) {
+      TlsStream tls(*sock, r.tls.client->context());
+      std::string error;
+      if (prepare_client(tls, r.tls, error)) {
+        auto [hec] = co_await tls.stream.async_handshake(asio::ssl::stream_base::client, use_task);
+        if (!hec && body) {
+          result = co_await fetch_over(tls.stream, r, *body, max_bytes);
+        } else if (!hec) {
+          const bool ok = co_await probe_over(tls.stream, r);
+          result = ok ? 1 : 0;
+        }
+      }
+    } else if (body) {
+      result = co_await fetch_over(*sock, r, *body, max_bytes);
+    } else {
+      const bool ok = co_await probe_over(*sock, r);
+      result = ok ? 1 : 0;
+    }
+  }
+  deadline.cancel();
+  boost::system::error_code ignored;
+  sock->close(ignored);
+  co_return result;
+}
+
 }  // namespace
 
 Task<bool> probe_health(Executor ex, const ProbeRequest& r) {
-  auto sock = std::make_shared<Socket>(ex);
-  Timer deadline(ex);
-  close_at_deadline(deadline, sock, r);
-  auto [cec] = co_await sock->async_connect(r.addr, use_task);
-  bool ok = false;
-  if (!cec && sock->is_open()) {
-    const std::string req = fmt::format(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: weir-health\r\nConnection: close\r\n\r\n", r.path, r.host_header);
-    auto [wec, wn] = co_await asio::async_write(*sock, asio::buffer(req), use_task);
-    std::array<char, 64> buf{};
-    std::size_t have = 0;
-    while (!wec && have < 12) {  // "HTTP/1.1 200"
-      auto [rec, n] = co_await sock->async_read_some(asio::buffer(buf.data() + have, buf.size() - have), use_task);
-      if (rec) break;
-      have += n;
-    }
-    const std::string_view line(buf.data(), have);
-    ok = have >= 12 && line.starts_with("HTTP/1.") && line[8] == ' ' && line[9] == '2';
-    (void)wn;
-  }
-  deadline.cancel();
-  boost::system::error_code ignored;
-  sock->close(ignored);
-  co_return ok;
+  const std::size_t none = 0;
+  const int ok = co_await with_connection(ex, r, nullptr, none);
+  co_return ok == 1;
 }
 
 Task<int> fetch_text(Executor ex, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes) {
-  auto sock = std::make_shared<Socket>(ex);
-  Timer deadline(ex);
-  close_at_deadline(deadline, sock, r);
   body.clear();
-  int status = 0;
-  auto [cec] = co_await sock->async_connect(r.addr, use_task);
-  if (!cec && sock->is_open()) {
-    const std::string req = fmt::format(
-        "GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: weir-load\r\nAccept: text/plain\r\nConnection: close\r\n\r\n",
-        r.path, r.host_header);
-    auto [wec, wn] = co_await asio::async_write(*sock, asio::buffer(req), use_task);
-    (void)wn;
-    if (!wec) {
-      // Beast frames the answer (Content-Length, chunked or close-delimited) within max_bytes.
-      boost::beast::flat_buffer buf;
-      boost::beast::http::response_parser<boost::beast::http::string_body> parser;
-      parser.body_limit(max_bytes);
-      auto [rec, rn] = co_await boost::beast::http::async_read(*sock, buf, parser, use_task);
-      (void)rn;
-      if (!rec) {
-        status = parser.get().result_int();
-        body = std::move(parser.get().body());
-      }
-    }
-  }
-  deadline.cancel();
-  boost::system::error_code ignored;
-  sock->close(ignored);
-  co_return status;
+  co_return co_await with_connection(ex, r, &body, max_bytes);
 }
 
 }  // namespace weir::http

@@ -9,6 +9,7 @@
 #include <string_view>
 
 #include "http/io.hpp"
+#include "http/upstream.hpp"
 
 namespace weir::http {
 
@@ -19,10 +20,13 @@ struct ProbeRequest {
   std::string_view host_header;              // "host:port" as sent in Host
   std::string_view path;                     // e.g. "/health"
   std::chrono::milliseconds timeout{1'000};  // connect + request + status line
+  TlsTarget tls;                             // https:// endpoints: TLS with this context and name (else plain)
+  std::string_view api_key;                  // non-empty: sent as "Authorization: Bearer" (hosted APIs' /v1/models)
 };
 
 // True when the server answered with a 2xx status line (RFC 9112 §4) in
-// time; false on refusal, timeout, reset or any other status. Closes the
+// time; false on refusal, timeout, reset, a failed TLS handshake or
+// certificate check, or any other status. Closes the
 // connection either way (Connection: close). (`r` by reference: GCC 12
 // miscopies coroutine parameters passed on the stack.)
 Task<bool> probe_health(Executor ex, const ProbeRequest& r);

@@ -69,9 +69,13 @@ class UpstreamExchange : public ResponseSource {
 
   // Takes a pooled connection for the next start().
   virtual void use(std::unique_ptr<UpstreamConnection> c) = 0;
-  // Opens a fresh connection to `ep` within `timeout` for the next start().
-  // Returns connect_refused, connect_timeout or cancelled on failure.
-  virtual Task<UpstreamFailure> connect(const tcp::endpoint& ep, std::chrono::milliseconds timeout) = 0;
+  // Opens a fresh connection to `ep` (with TLS when `tls.client` is set)
+  // within `timeout` for the next start(). Returns connect_refused,
+  // connect_timeout, tls (connect_error() says why) or cancelled on failure.
+  virtual Task<UpstreamFailure> connect(const tcp::endpoint& ep, const TlsTarget& tls,
+                                        std::chrono::milliseconds timeout) = 0;
+  // Why the last connect() failed its TLS handshake, for the log ("" otherwise).
+  virtual std::string_view connect_error() const { return {}; }
   // Sends `r` and reads the response head. Returns none, or why it failed
   // (reset, timeout, protocol, cancelled). (`r` goes by reference: GCC 12
   // miscopies coroutine parameters passed on the stack.)

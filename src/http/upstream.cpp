@@ -1,5 +1,7 @@
 #include "http/upstream.hpp"
 
+#include "http/tls.hpp"
+
 #include <sys/socket.h>
 
 #include <cerrno>
@@ -23,6 +25,8 @@ std::string_view to_string(UpstreamFailure f) {
       return "reset";
     case UpstreamFailure::protocol:
       return "protocol";
+    case UpstreamFailure::tls:
+      return "tls";
     case UpstreamFailure::cancelled:
       return "cancelled";
     case UpstreamFailure::count_:
@@ -33,6 +37,8 @@ std::string_view to_string(UpstreamFailure f) {
 
 UpstreamConnection::UpstreamConnection(Executor ex)
     : sock_(ex), watchdog_(ex, [this] { abort(UpstreamFailure::timeout); }) {}
+
+UpstreamConnection::~UpstreamConnection() = default;
 
 void UpstreamConnection::abort(UpstreamFailure why) {
   if (aborted_for_ == UpstreamFailure::none) aborted_for_ = why;
@@ -98,17 +104,38 @@ std::size_t ConnectionPool::sweep(std::chrono::steady_clock::time_point now) {
 
 void ConnectionPool::clear() { idle_.clear(); }
 
-Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, std::chrono::milliseconds timeout) {
+Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, const TlsTarget& tls,
+                              std::chrono::milliseconds timeout) {
   c.watchdog().expires_after(timeout);
   auto [ec] = co_await c.socket().async_connect(ep, use_task);
-  c.watchdog().disarm();
   if (ec) {
+    c.watchdog().disarm();
     if (c.aborted_for() == UpstreamFailure::timeout) co_return UpstreamFailure::connect_timeout;
     if (c.aborted_for() == UpstreamFailure::cancelled) co_return UpstreamFailure::cancelled;
     co_return UpstreamFailure::connect_refused;
   }
   boost::system::error_code ignored;
   c.socket().set_option(tcp::no_delay(true), ignored);
+  if (tls.client) {
+    // The handshake shares the connect deadline (the watchdog is still armed).
+    c.tls_ = std::make_unique<TlsStream>(c.sock_, tls.client->context());
+    if (!prepare_client(*c.tls_, tls, c.tls_error_)) {
+      c.watchdog().disarm();
+      c.abort(UpstreamFailure::tls);
+      co_return UpstreamFailure::tls;
+    }
+    offer_session(*c.tls_, tls, ep);
+    auto [hec] = co_await c.tls_->stream.async_handshake(boost::asio::ssl::stream_base::client, use_task);
+    c.watchdog().disarm();
+    if (hec) {
+      if (c.aborted_for() == UpstreamFailure::timeout) co_return UpstreamFailure::connect_timeout;
+      if (c.aborted_for() == UpstreamFailure::cancelled) co_return UpstreamFailure::cancelled;
+      c.tls_error_ = handshake_failure_reason(*c.tls_, hec);
+      c.abort(UpstreamFailure::tls);
+      co_return UpstreamFailure::tls;
+    }
+  }
+  c.watchdog().disarm();
   c.socket().non_blocking(true, ignored);  // write_all_now() and the stream relay's reads try at once
   co_return UpstreamFailure::none;
 }
@@ -116,6 +143,7 @@ Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, st
 UpstreamFailure classify(const UpstreamConnection& c, const boost::system::error_code& ec) {
   if (c.aborted_for() != UpstreamFailure::none) return c.aborted_for();
   if (!ec) return UpstreamFailure::none;
+  if (is_tls_close(ec)) return UpstreamFailure::reset;
   namespace bh = boost::beast::http;
   if (ec == bh::error::end_of_stream || ec == boost::asio::error::eof || ec == boost::asio::error::connection_reset ||
       ec == boost::asio::error::broken_pipe || ec == bh::error::partial_message ||

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -24,6 +25,7 @@ enum class UpstreamFailure : std::uint8_t {
   timeout,          // first byte or idle timeout while reading → 504
   reset,            // connection reset / closed early → 502
   protocol,         // unparsable response → 502
+  tls,              // TLS handshake or certificate verification failed → 502, like a refused connect
   cancelled,        // Weir closed it (client left) — not the upstream's fault
   count_,
 };
@@ -35,14 +37,31 @@ constexpr bool is_upstream_fault(UpstreamFailure f) {
   return f != UpstreamFailure::none && f != UpstreamFailure::cancelled && f != UpstreamFailure::count_;
 }
 
-// One TCP connection to one endpoint, with its read buffer and deadline.
+class TlsClient;  // http/tls.hpp
+struct TlsStream;
+
+// Where a TLS connection goes (https:// endpoints): the pool's client
+// context and the name sent as SNI (RFC 6066 §3: never an IP literal) and
+// verified against the certificate (RFC 6125). A null client: plain TCP.
+struct TlsTarget {
+  TlsClient* client = nullptr;
+  std::string_view server_name;
+};
+
+// One TCP connection to one endpoint, with its read buffer and deadline,
+// and for an https:// endpoint its TLS stream over the socket.
 class UpstreamConnection {
  public:
   explicit UpstreamConnection(Executor ex);
+  ~UpstreamConnection();
   UpstreamConnection(const UpstreamConnection&) = delete;
   UpstreamConnection& operator=(const UpstreamConnection&) = delete;
 
   Socket& socket() { return sock_; }
+  // The TLS stream over socket(), or null on a plain connection.
+  TlsStream* tls() { return tls_.get(); }
+  // Why the last connect() failed its TLS handshake (for the log), else empty.
+  const std::string& tls_error() const { return tls_error_; }
   boost::beast::flat_buffer& buffer() { return buf_; }
   core::Watchdog& watchdog() { return watchdog_; }
 
@@ -58,10 +77,14 @@ class UpstreamConnection {
   std::chrono::steady_clock::time_point idle_since{};
 
  private:
+  friend Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, const TlsTarget& tls,
+                                       std::chrono::milliseconds timeout);
   Socket sock_;
   boost::beast::flat_buffer buf_;
   core::Watchdog watchdog_;
   UpstreamFailure aborted_for_ = UpstreamFailure::none;
+  std::unique_ptr<TlsStream> tls_;  // only for https:// endpoints: plain connections allocate nothing more
+  std::string tls_error_;
 };
 
 // Idle keep-alive connections to one endpoint, newest first out (LIFO keeps
@@ -97,9 +120,12 @@ class ConnectionPool {
   std::chrono::milliseconds max_idle_age_;
 };
 
-// Opens a TCP connection to `ep` with TCP_NODELAY, failing after `timeout`.
-// Returns the failure kind (connect_refused, connect_timeout, cancelled).
-Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, std::chrono::milliseconds timeout);
+// Opens a TCP connection to `ep` with TCP_NODELAY and, when `tls.client` is
+// set, runs the TLS client handshake on it (SNI, certificate verification,
+// ALPN http/1.1), all within `timeout`. Returns the failure kind
+// (connect_refused, connect_timeout, tls with c.tls_error() set, cancelled).
+Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, const TlsTarget& tls,
+                              std::chrono::milliseconds timeout);
 
 // Maps a socket/Beast error seen while talking to the upstream to a failure kind,
 // taking into account why Weir itself may have aborted the connection.

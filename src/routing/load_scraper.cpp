@@ -24,7 +24,9 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   const http::ProbeRequest req{.addr = t.addr,
                                .host_header = t.pool->endpoints[t.index].host_header,
                                .path = lm.path,
-                               .timeout = std::min(lm.timeout, lm.interval)};
+                               .timeout = std::min(lm.timeout, lm.interval),
+                               .tls = t.tls,
+                               .api_key = t.pool->api_key};
   const std::size_t max_bytes = kMaxMetricsBytes;
   for (;;) {
     next.expires_at(due);
@@ -58,7 +60,8 @@ LoadScraper::LoadScraper(boost::asio::io_context& control, const core::Config& c
                           .index = i,
                           .count = n,
                           .board = &states[p]->loads,
-                          .stopped = &stopped_});
+                          .stopped = &stopped_,
+                          .tls = tls_target(pool, pool.endpoints[i], states[p]->tls.get())});
   }
 }
 

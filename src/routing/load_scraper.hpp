@@ -25,8 +25,8 @@ namespace weir::routing {
 
 class LoadScraper {
  public:
-  // `states[p]` is pool p's shared state and `addrs[p][i]` the address of
-  // its endpoint i; all outlive the scraper.
+  // `states[p]` is pool p's shared state (its TLS context for https://
+  // endpoints) and `addrs[p][i]` the address of its endpoint i; all outlive the scraper.
   LoadScraper(boost::asio::io_context& control, const core::Config& cfg,
               const std::vector<std::unique_ptr<SharedPoolState>>& states,
               const std::vector<std::vector<http::tcp::endpoint>>& addrs);
@@ -46,6 +46,7 @@ class LoadScraper {
     std::uint32_t count = 0;  // endpoints in the pool (spreads the first scrapes)
     LoadBoard* board = nullptr;
     const std::atomic<bool>* stopped = nullptr;
+    http::TlsTarget tls;  // https:// endpoints: the pool's TLS context (SharedPoolState::tls)
   };
 
  private:

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <array>
 
+#include <fmt/format.h>
+
 #include "routing/least_load.hpp"
 #include "routing/p2c.hpp"
 #include "routing/prefix_affinity.hpp"
@@ -16,6 +18,20 @@ SharedPoolState::SharedPoolState(const core::PoolConfig& cfg)
                    ? std::make_unique<PrefixIndex>(cfg.prefix_affinity.index_entries)
                    : nullptr) {}
 
+http::TlsTarget tls_target(const core::PoolConfig& cfg, const core::EndpointConfig& e, http::TlsClient* client) {
+  if (!e.tls || !client) return {};
+  return {.client = client, .server_name = cfg.tls.server_name.empty() ? e.host : cfg.tls.server_name};
+}
+
+void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view reason,
+                     std::chrono::steady_clock::time_point now) {
+  if (e.tls_failure_logged != std::chrono::steady_clock::time_point{} &&
+      now - e.tls_failure_logged < std::chrono::seconds(10))
+    return;
+  e.tls_failure_logged = now;
+  fmt::print(stderr, "weir: pool {} endpoint {}: TLS connect failed: {}\n", pool, e.cfg->display, reason);
+}
+
 WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
                        SharedPoolState* shared)
     : cfg_(&cfg), shared_(shared) {
@@ -25,6 +41,7 @@ WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp:
         .cfg = &cfg.endpoints[i],
         .addr = addrs.at(i),
         .conns = http::ConnectionPool(cfg.max_idle_per_endpoint, cfg.idle_keepalive),
+        .tls = tls_target(cfg, cfg.endpoints[i], shared ? shared->tls.get() : nullptr),
     });
     seeds_.push_back(endpoint_seed(cfg.endpoints[i].host_header));
   }

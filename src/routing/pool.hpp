@@ -22,7 +22,8 @@ struct EndpointState {
   const core::EndpointConfig* cfg = nullptr;
   http::tcp::endpoint addr;
   http::ConnectionPool conns;
-  std::uint32_t in_flight = 0;                            // requests of this worker currently on this endpoint
+  http::TlsTarget tls;          // https:// endpoints: the pool's TLS context and the server name; else no client
+  std::uint32_t in_flight = 0;  // requests of this worker currently on this endpoint
   std::chrono::steady_clock::time_point ejected_until{};  // skipped by pick() until then
   std::uint32_t consecutive_failures = 0;                 // connect failures in a row
   std::uint32_t failed_answers = 0;                       // outlier detection: failed answers in a row
@@ -31,7 +32,15 @@ struct EndpointState {
   bool probe_down = false;                                // ejected by the health probes until one succeeds
   std::uint32_t scrape_seq = 0;           // the last /metrics scrape this worker saw (LoadSnapshot::seq)
   std::uint32_t in_flight_at_scrape = 0;  // in_flight when it saw it
+  std::chrono::steady_clock::time_point tls_failure_logged{};  // log_tls_failure's rate limit
 };
+
+// Logs (stderr) why a TLS handshake with endpoint `e` of pool `pool` failed
+// (http::UpstreamConnection::tls_error: the verification result or the
+// handshake error), at most once per 10 s per endpoint and worker, so a
+// pool with a bad certificate does not flood the log.
+void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view reason,
+                     std::chrono::steady_clock::time_point now);
 
 // What the workers of one process share about one pool: the endpoints'
 // scraped load (written by the LoadScraper on the control thread) and, for
@@ -41,7 +50,14 @@ struct SharedPoolState {
   explicit SharedPoolState(const core::PoolConfig& cfg);
   LoadBoard loads;
   std::unique_ptr<PrefixIndex> prefixes;  // null unless balance is prefix_affinity
+  // The TLS client context of the pool's https:// endpoints (set by the
+  // server at start-up, http::TlsClient::make); null when none is https://.
+  std::shared_ptr<http::TlsClient> tls;
 };
+
+// The TLS target of endpoint `e` of pool `cfg` with context `client`: the
+// pool's tls.server_name, else the endpoint's host. No client for http://.
+http::TlsTarget tls_target(const core::PoolConfig& cfg, const core::EndpointConfig& e, http::TlsClient* client);
 
 class WorkerPool {
  public:
@@ -50,7 +66,8 @@ class WorkerPool {
 
   // `addrs[i]` is the resolved address of cfg.endpoints[i]. `shared` (may be
   // null: then every endpoint's load is its in-flight count, and
-  // prefix_affinity has no index and balances on load alone) outlives the pool.
+  // prefix_affinity has no index and balances on load alone, and https://
+  // endpoints have no TLS context: tests only) outlives the pool.
   WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
              SharedPoolState* shared = nullptr);
 

@@ -53,7 +53,11 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     }
   }
 
-  for (const auto& p : config->pools) shared.pool_states.push_back(std::make_unique<routing::SharedPoolState>(p));
+  for (std::size_t p = 0; p < config->pools.size(); ++p) {
+    auto& state = shared.pool_states.emplace_back(std::make_unique<routing::SharedPoolState>(config->pools[p]));
+    // Built (and checked) by load_config, so --check refuses what start-up would.
+    if (p < loaded.tls.size()) state->tls = loaded.tls[p];
+  }
 
   // The control plane: signals, JWKS refreshes, Redis syncs, load scrapes. Its thread is not a worker.
   asio::io_context main_io;

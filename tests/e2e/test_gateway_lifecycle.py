@@ -79,7 +79,7 @@ def test_check_accepts_good_configs(tmp_path):
 
 
 def test_bad_quick_mode_flags():
-    r = weir_run("--listen", "127.0.0.1:1", "--upstream", "https://example.com")
+    r = weir_run("--listen", "127.0.0.1:1", "--upstream", "ftp://example.com")
     assert r.returncode != 0 and "--upstream" in r.stderr
     r = weir_run("--listen", "nonsense", "--upstream", "http://127.0.0.1:9")
     assert r.returncode != 0 and "--listen" in r.stderr

@@ -399,9 +399,11 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     } else {
       ++metrics.upstream_connects;
       const auto t_connect = core::now();
-      failure = co_await exchange_.connect(ep.addr, pc.timeouts.connect);
+      failure = co_await exchange_.connect(ep.addr, ep.tls, pc.timeouts.connect);
       if (down_.client_gone()) break;
       if (failure != http::UpstreamFailure::none) {
+        if (failure == http::UpstreamFailure::tls)
+          routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
         metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
         record(ep_idx, 0, failure, t_connect);
         if (attempts.on_connect_failure(failure, core::now())) {
@@ -419,6 +421,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     http::append_upstream_request_head(ctx.head, req,
                                        http::UpstreamHeadOptions{
                                            .target = upstream_target(ctx.route, req.target()),
+                                           .base_path = ep.cfg->base_path,
+                                           .base_query = ep.cfg->query,
                                            .host_header = ep.cfg->host_header,
                                            .body_bytes = ctx.upstream_body.size(),
                                            .request_id = ctx.request_id,

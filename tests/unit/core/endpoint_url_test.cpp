@@ -34,8 +34,8 @@ TEST(EndpointUrl, NoMessageEchoesASecret) {
   // Refused for another reason (scheme, path, port, syntax): still no secret in the message.
   expect_hidden(error_of("https://alice:hunter2@h:1/"), {"hunter2", "alice"});
   expect_hidden(error_of("ftp://alice:hunter2@h:1/"), {"hunter2"});
-  expect_hidden(error_of("https://h:1/?api_key=SECRET1"), {"SECRET1"});
-  expect_hidden(error_of("http://h:1/v1?token=SECRET2"), {"SECRET2"});
+  expect_hidden(error_of("ftp://h:1/?api_key=SECRET1"), {"SECRET1"});
+  expect_hidden(error_of("https://h:1/v1?token=SECRET2#f"), {"SECRET2"});
   expect_hidden(error_of("http://h:0/?key=SECRET3"), {"SECRET3"});
   expect_hidden(error_of("http://alice:hunter2@h:99999/"), {"hunter2"});  // unparsable
   expect_hidden(error_of("http://u:pa ss@h/"), {"pa ss"});                // unparsable
@@ -43,12 +43,39 @@ TEST(EndpointUrl, NoMessageEchoesASecret) {
   expect_hidden(error_of("http://h:1/x#access_token=SECRET4"), {"SECRET4"});
 }
 
-TEST(EndpointUrl, AcceptsAQueryButDoesNotUseIt) {
+TEST(EndpointUrl, KeepsTheQueryForTheTargetNotTheHost) {
   auto e = parse_endpoint_url("http://127.0.0.1:8000/?api_key=SECRET");
   ASSERT_TRUE(e) << e.error().message;
   EXPECT_EQ(e->host, "127.0.0.1");
   EXPECT_EQ(e->port, 8000);
   EXPECT_EQ(e->host_header, "127.0.0.1:8000");  // the Host header carries no query
+  EXPECT_EQ(e->query, "api_key=SECRET");        // appended to every request target (Azure's api-version)
+  EXPECT_EQ(e->display, "http://127.0.0.1:8000/?api_key=REDACTED");
+  EXPECT_FALSE(e->tls);
+  EXPECT_EQ(e->base_path, "");
+}
+
+TEST(EndpointUrl, HttpsWithBasePaths) {
+  auto o = parse_endpoint_url("https://api.openai.com/v1/");
+  ASSERT_TRUE(o) << o.error().message;
+  EXPECT_TRUE(o->tls);
+  EXPECT_EQ(o->port, 443);
+  EXPECT_EQ(o->host, "api.openai.com");
+  EXPECT_EQ(o->host_header, "api.openai.com");
+  EXPECT_EQ(o->base_path, "/v1");  // the trailing '/' goes
+  auto a = parse_endpoint_url("https://res.openai.azure.com/openai/deployments/gpt-4o?api-version=2024-10-21");
+  ASSERT_TRUE(a) << a.error().message;
+  EXPECT_EQ(a->base_path, "/openai/deployments/gpt-4o");
+  EXPECT_EQ(a->query, "api-version=2024-10-21");
+  auto v6 = parse_endpoint_url("https://[::1]:8443");
+  ASSERT_TRUE(v6) << v6.error().message;
+  EXPECT_EQ(v6->host, "::1");
+  EXPECT_EQ(v6->port, 8443);
+  EXPECT_EQ(v6->host_header, "[::1]:8443");
+  auto plain = parse_endpoint_url("http://10.0.0.1");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->port, 80);
+  EXPECT_EQ(plain->host_header, "10.0.0.1");
 }
 
 TEST(EndpointUrl, QuickModeRefusesCredentials) {

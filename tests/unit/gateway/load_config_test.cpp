@@ -3,6 +3,9 @@
 // key, and warnings flag what is valid but can do nothing.
 #include "gateway/load_config.hpp"
 
+#include <algorithm>
+#include <cstdio>
+
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -171,6 +174,36 @@ TEST(LoadConfig, FilesAndQuickMode) {
   auto bad = load_config(ConfigSource{.upstream = "http://user:pw@127.0.0.1:8000"});
   ASSERT_FALSE(bad);
   EXPECT_EQ(bad.error().key, "--upstream");
+}
+
+// TLS contexts are built by the loader: --check refuses a CA file OpenSSL cannot load.
+TEST(LoadConfig, TlsContextsAreBuiltAndCheckedHere) {
+  const std::string bad = testing::TempDir() + "weir-load-config-bad-ca.pem";
+  {
+    std::FILE* f = std::fopen(bad.c_str(), "w");
+    std::fputs("not a certificate\n", f);
+    std::fclose(f);
+  }
+  auto r = load_config_text(
+      "pools:\n  h:\n    endpoints: [https://127.0.0.1:9]\n    tls: {ca_file: " + bad + "}\ndefault_pool: h\n",
+      "weir.yaml", &env);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().key, "pools.h.tls");
+  EXPECT_EQ(r.error().line, 4);
+  EXPECT_NE(r.error().message.find("cannot load ca_file"), std::string::npos) << r.error().to_string();
+
+  auto ok = load_config_text(
+      "pools:\n  h:\n    endpoints: [https://127.0.0.1:9]\n    tls: {verify: false}\n"
+      "  p:\n    endpoints: [http://127.0.0.1:9]\ndefault_pool: h\n",
+      "weir.yaml", &env);
+  ASSERT_TRUE(ok) << ok.error().to_string();
+  ASSERT_EQ(ok->tls.size(), 2u);
+  EXPECT_TRUE(ok->tls[0]);
+  EXPECT_FALSE(ok->tls[1]);  // a plain pool has no context
+  const auto tls_warnings = std::count_if(ok->warnings.begin(), ok->warnings.end(), [](const std::string& w) {
+    return w.find("weir.yaml:4:") != std::string::npos && w.find("pools.h.tls.verify: false") != std::string::npos;
+  });
+  EXPECT_EQ(tls_warnings, 1);
 }
 
 }  // namespace weir::gateway

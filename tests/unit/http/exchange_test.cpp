@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "alloc_counter.hpp"
 #include "io_test_util.hpp"
 
 namespace weir::http {
@@ -27,6 +28,8 @@ using namespace std::chrono_literals;
 using test::run_until;
 using test::settle;
 using test::spawn;
+// A plain TCP connection (no TLS client): outlives the coroutines that take it by reference.
+const http::TlsTarget kPlain{};
 
 constexpr std::string_view kRequestHead = "POST /v1/completions HTTP/1.1\r\nHost: u:8000\r\nContent-Length: 2\r\n\r\n";
 constexpr std::string_view kChunkedHead =
@@ -110,7 +113,7 @@ class HttpExchange : public ::testing::Test {
     auto c = std::make_unique<UpstreamConnection>(io.get_executor());
     std::optional<UpstreamFailure> f;
     const tcp::endpoint ep = acc->local_endpoint();  // outlives the coroutine (it takes a reference)
-    spawn(io, http::connect(*c, ep, 5s), f);
+    spawn(io, http::connect(*c, ep, kPlain, 5s), f);
     ASSERT_TRUE(run_until(io, [&] { return f.has_value(); }));
     ASSERT_EQ(*f, UpstreamFailure::none);
     accept_up();
@@ -587,7 +590,7 @@ TEST_F(HttpExchange, FreshConnectThroughTheExchange) {
   std::optional<UpstreamFailure> f;
   conn = nullptr;
   const tcp::endpoint ep = acc->local_endpoint();
-  spawn(io, ex->connect(ep, 5s), f);
+  spawn(io, ex->connect(ep, kPlain, 5s), f);
   ASSERT_TRUE(run_until(io, [&] { return f.has_value(); }));
   ASSERT_EQ(*f, UpstreamFailure::none);
   accept_up();
@@ -604,7 +607,7 @@ TEST_F(HttpExchange, ConnectToNobodyIsConnectRefused) {
   closed.close();
   std::optional<UpstreamFailure> f;
   conn = nullptr;
-  spawn(io, ex->connect(ep, 5s), f);
+  spawn(io, ex->connect(ep, kPlain, 5s), f);
   ASSERT_TRUE(run_until(io, [&] { return f.has_value(); }));
   EXPECT_EQ(*f, UpstreamFailure::connect_refused);
 }
@@ -703,6 +706,29 @@ TEST_F(HttpExchange, InterimResponsesBeforeTheFinalOneAreSkipped) {
   ASSERT_TRUE(finish());
   EXPECT_EQ(ex->head().result_int(), 200);
   expect_body("ok");
+}
+
+// The plain http:// path pays nothing for TLS (issue 12): a stream's reads
+// on a plain connection allocate nothing in steady state.
+TEST_F(HttpExchange, SteadyStateReadsOnAPlainConnectionDoNotAllocate) {
+  if (!test::AllocationScope::available()) GTEST_SKIP() << "no counting operator new in this binary";
+  const std::string event = "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n";
+  const std::string framed = chunked(event, {event.size()});
+  const std::string one = framed.substr(0, framed.size() - 5);  // without the last-chunk "0\r\n\r\n"
+  begin();
+  upstream_writes(kChunkedHead);
+  for (int i = 0; i < 8; ++i) upstream_writes(one);  // warm-up: buffers and coroutine frames recycled
+  std::size_t allocations = 0;
+  {
+    test::AllocationScope scope;
+    for (int i = 0; i < 64; ++i) upstream_writes(one);
+    allocations = scope.count();
+  }
+  upstream_writes("0\r\n\r\n");
+  ASSERT_TRUE(finish());
+  EXPECT_TRUE(run.end);
+  EXPECT_EQ(run.body.size(), event.size() * 72);
+  EXPECT_EQ(allocations, 0u);
 }
 
 }  // namespace

@@ -332,6 +332,46 @@ TEST(HttpForward, StripUpstreamOriginMatchesTheWholeHost) {
   EXPECT_EQ(strip_upstream_origin("http://h:8000/p", "h"), "http://h:8000/p");
   EXPECT_EQ(strip_upstream_origin("/p", "h"), "/p");
   EXPECT_EQ(strip_upstream_origin("http://h/p", ""), "http://h/p");
+  EXPECT_EQ(strip_upstream_origin("https://api.example.com/v1/x", "api.example.com"), "/v1/x");
+  EXPECT_EQ(strip_upstream_origin("HTTPS://API.example.com", "api.example.com"), "/");
+}
+
+// The endpoint URL's path as an OpenAI-style base (https://api.openai.com/v1, Azure deployment bases).
+std::string target(std::string_view t, std::string_view base, std::string_view query = {}) {
+  std::string out = "x";
+  append_upstream_target(out, t, base, query);
+  return out.substr(1);
+}
+
+TEST(HttpForward, UpstreamTargetOnABasePath) {
+  // No base: unchanged.
+  EXPECT_EQ(target("/v1/chat/completions", ""), "/v1/chat/completions");
+  EXPECT_EQ(target("/tokenize", ""), "/tokenize");
+  // An OpenAI-style base: its /v1 is the request's /v1.
+  EXPECT_EQ(target("/v1/chat/completions", "/v1"), "/v1/chat/completions");
+  EXPECT_EQ(target("/v1/models", "/v1"), "/v1/models");
+  EXPECT_EQ(target("/tokenize", "/v1"), "/tokenize");
+  EXPECT_EQ(target("/v1", "/v1"), "/v1");
+  EXPECT_EQ(target("/v1x/y", "/v1"), "/v1x/y");  // "/v1x" is not the /v1 segment
+  // A proxied vLLM: everything under the base's root.
+  EXPECT_EQ(target("/v1/completions", "/proxy/vllm/v1"), "/proxy/vllm/v1/completions");
+  EXPECT_EQ(target("/tokenize", "/proxy/vllm/v1"), "/proxy/vllm/tokenize");
+  // Azure: a deployment base without /v1, and api-version as the endpoint's query.
+  EXPECT_EQ(target("/v1/chat/completions", "/openai/deployments/gpt-4o", "api-version=2024-10-21"),
+            "/openai/deployments/gpt-4o/chat/completions?api-version=2024-10-21");
+  EXPECT_EQ(target("/v1/models?limit=2", "/openai/deployments/d", "api-version=1"),
+            "/openai/deployments/d/models?limit=2&api-version=1");
+  // A query alone, on the server root.
+  EXPECT_EQ(target("/v1/embeddings", "", "tenant=a"), "/v1/embeddings?tenant=a");
+}
+
+TEST(HttpForward, RequestHeadUsesTheBasePath) {
+  std::string out;
+  auto o = options();
+  o.base_path = "/openai/deployments/d";
+  o.base_query = "api-version=2024-10-21";
+  append_upstream_request_head(out, request(kClientHead), o);
+  EXPECT_EQ(lines(out)[0], "POST /openai/deployments/d/chat/completions?api-version=2024-10-21 HTTP/1.1");
 }
 
 }  // namespace

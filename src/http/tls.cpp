@@ -1,0 +1,174 @@
+#include "http/tls.hpp"
+
+#include <openssl/err.h>
+#include <openssl/ssl.h>
+#include <openssl/x509v3.h>
+
+#include <vector>
+
+#include <fmt/format.h>
+#include <boost/asio/ip/address.hpp>
+#include <boost/asio/ssl/error.hpp>
+
+namespace weir::http {
+
+namespace ssl = boost::asio::ssl;
+
+namespace {
+
+// The sessions of one thread: one per (context, address, name), newest ticket kept.
+struct CachedSession {
+  const TlsClient* client;
+  tcp::endpoint addr;
+  std::string name;
+  SSL_SESSION* session;
+};
+struct SessionCache {
+  std::vector<CachedSession> entries;
+  SessionCache() = default;
+  SessionCache(const SessionCache&) = delete;
+  SessionCache& operator=(const SessionCache&) = delete;
+  ~SessionCache() {
+    for (auto& e : entries) SSL_SESSION_free(e.session);
+  }
+  CachedSession* find(const TlsClient* c, const tcp::endpoint& a, std::string_view n) {
+    for (auto& e : entries)
+      if (e.client == c && e.addr == a && e.name == n) return &e;
+    return nullptr;
+  }
+};
+thread_local SessionCache t_sessions;
+
+// The SSL ex_data slot that points at the connection's TlsStream.
+int stream_slot() {
+  static const int slot = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  return slot;
+}
+
+// OpenSSL's new-session callback (a ticket arrived, or a TLS 1.2 handshake
+// ended): keeps a copy of `session` for the connection's key. Returns 0:
+// the original stays OpenSSL's.
+int on_new_session(SSL* ssl, SSL_SESSION* session) {
+  const auto* s = static_cast<const TlsStream*>(SSL_get_ex_data(ssl, stream_slot()));
+  if (!s || !s->session_client) return 0;
+  // A copy: the connection's own session is marked not resumable when the
+  // connection is closed without a TLS shutdown (how pooled connections end).
+  SSL_SESSION* copy = SSL_SESSION_dup(session);
+  if (!copy) return 0;
+  session = copy;
+  if (auto* e = t_sessions.find(s->session_client, s->session_addr, s->session_name)) {
+    SSL_SESSION_free(e->session);
+    e->session = session;
+  } else {
+    t_sessions.entries.push_back({.client = s->session_client,
+                                  .addr = s->session_addr,
+                                  .name = std::string(s->session_name),
+                                  .session = session});
+  }
+  return 0;  // OpenSSL keeps (and frees) the original
+}
+
+// The oldest OpenSSL error on this thread's queue, as text; clears the queue.
+std::string openssl_reason() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "unknown error";
+  char buf[256];
+  ERR_error_string_n(e, buf, sizeof buf);
+  return buf;
+}
+}  // namespace
+
+TlsClient::TlsClient(bool verify) : ctx_(ssl::context::tls_client), verify_(verify) {}
+
+std::shared_ptr<TlsClient> TlsClient::make(const core::TlsConfig& cfg, std::string& error) {
+  std::shared_ptr<TlsClient> c(new TlsClient(cfg.verify));
+  SSL_CTX* ctx = c->ctx_.native_handle();
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  ERR_clear_error();
+  if (!cfg.ca_file.empty()) {
+    if (SSL_CTX_load_verify_locations(ctx, cfg.ca_file.c_str(), nullptr) != 1) {
+      error = fmt::format("cannot load ca_file '{}': {}", cfg.ca_file, openssl_reason());
+      return nullptr;
+    }
+  } else if (SSL_CTX_set_default_verify_paths(ctx) != 1) {
+    error = fmt::format("cannot load the system certificate store: {}", openssl_reason());
+    return nullptr;
+  }
+  if (!cfg.client_cert.empty()) {
+    if (SSL_CTX_use_certificate_chain_file(ctx, cfg.client_cert.c_str()) != 1) {
+      error = fmt::format("cannot load client_cert '{}': {}", cfg.client_cert, openssl_reason());
+      return nullptr;
+    }
+    if (SSL_CTX_use_PrivateKey_file(ctx, cfg.client_key.c_str(), SSL_FILETYPE_PEM) != 1) {
+      error = fmt::format("cannot load client_key '{}': {}", cfg.client_key, openssl_reason());
+      return nullptr;
+    }
+    if (SSL_CTX_check_private_key(ctx) != 1) {
+      error = fmt::format("client_key '{}' does not match client_cert '{}'", cfg.client_key, cfg.client_cert);
+      return nullptr;
+    }
+  }
+  // ALPN: HTTP/1.1 only (RFC 7301 §3.1 wire format: length-prefixed names).
+  static constexpr unsigned char kAlpn[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+  SSL_CTX_set_alpn_protos(ctx, kAlpn, sizeof kAlpn);
+  // Client-side resumption: sessions kept per thread by on_new_session, not in OpenSSL's cache.
+  SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+  SSL_CTX_sess_set_new_cb(ctx, on_new_session);
+  SSL_CTX_set_verify(ctx, cfg.verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
+  return c;
+}
+
+bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error) {
+  SSL* ssl = s.stream.native_handle();
+  const std::string name(t.server_name);
+  boost::system::error_code ec;
+  (void)boost::asio::ip::make_address(name, ec);
+  const bool is_ip = !ec;
+  // RFC 6066 §3: SNI carries host names only, never an address literal.
+  if (!is_ip && SSL_set_tlsext_host_name(ssl, name.c_str()) != 1) {
+    error = "cannot set the TLS server name: " + openssl_reason();
+    return false;
+  }
+  if (!t.client->verify()) return true;
+  // OpenSSL checks the name during the handshake (X509_VERIFY_PARAM):
+  // a mismatch fails it with X509_V_ERR_HOSTNAME_MISMATCH / IP_ADDRESS_MISMATCH.
+  X509_VERIFY_PARAM* param = SSL_get0_param(ssl);
+  const int ok = is_ip ? X509_VERIFY_PARAM_set1_ip_asc(param, name.c_str())
+                       : X509_VERIFY_PARAM_set1_host(param, name.c_str(), name.size());
+  if (ok != 1) {
+    error = "cannot set the name to verify: " + openssl_reason();
+    return false;
+  }
+  X509_VERIFY_PARAM_set_hostflags(param, X509_CHECK_FLAG_NO_PARTIAL_WILDCARDS);
+  return true;
+}
+
+void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr) {
+  SSL* ssl = s.stream.native_handle();
+  s.session_client = t.client;
+  s.session_addr = addr;
+  s.session_name = t.server_name;
+  SSL_set_ex_data(ssl, stream_slot(), &s);
+  auto* e = t_sessions.find(t.client, addr, t.server_name);
+  if (!e || !SSL_SESSION_is_resumable(e->session)) return;
+  // A copy again, so closing this connection without a shutdown cannot spoil the kept one.
+  if (SSL_SESSION* copy = SSL_SESSION_dup(e->session)) {
+    SSL_set_session(ssl, copy);  // takes its own reference
+    SSL_SESSION_free(copy);
+  }
+}
+
+std::string handshake_failure_reason(TlsStream& s, const boost::system::error_code& ec) {
+  const long v = SSL_get_verify_result(s.stream.native_handle());
+  if (v != X509_V_OK) return fmt::format("certificate verification failed: {}", X509_verify_cert_error_string(v));
+  if (ec == boost::asio::error::eof || ec == ssl::error::stream_truncated)
+    return "the server closed the connection during the TLS handshake";
+  return fmt::format("TLS handshake failed: {}", ec.message());
+}
+
+bool is_tls_close(const boost::system::error_code& ec) {
+  return ec == boost::asio::error::eof || ec == ssl::error::stream_truncated;
+}
+
+}  // namespace weir::http

@@ -1,0 +1,72 @@
+// TLS to upstreams (https:// endpoints): one client context per pool, and
+// the SSL stream an UpstreamConnection layers over its socket. OpenSSL 3
+// through Asio's SSL stream; only the translation units that speak TLS
+// include this header.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/ssl/context.hpp>
+#include <boost/asio/ssl/stream.hpp>
+
+#include "core/config.hpp"
+#include "http/io.hpp"
+#include "http/upstream.hpp"  // TlsTarget
+
+namespace weir::http {
+
+// One pool's client TLS context (an SSL_CTX, shared read-only by every
+// worker and the control thread: OpenSSL allows SSL objects to be made from
+// one context on many threads): trusted CAs (ca_file, else the system
+// store), verification on or off, the client certificate for mutual TLS,
+// ALPN "http/1.1" (RFC 7301), TLS 1.2 at least.
+class TlsClient {
+ public:
+  // Builds the context for `cfg`. Returns null and sets `error` (which
+  // file, OpenSSL's reason) when a PEM file cannot be loaded.
+  static std::shared_ptr<TlsClient> make(const core::TlsConfig& cfg, std::string& error);
+
+  boost::asio::ssl::context& context() { return ctx_; }
+  bool verify() const { return verify_; }
+
+ private:
+  explicit TlsClient(bool verify);
+  boost::asio::ssl::context ctx_;
+  bool verify_;
+};
+
+// The SSL stream over an UpstreamConnection's socket (which it does not own).
+struct TlsStream {
+  TlsStream(Socket& s, boost::asio::ssl::context& ctx) : stream(s, ctx) {}
+  boost::asio::ssl::stream<Socket&> stream;
+  // Where this connection's session tickets are kept (offer_session); null client: not kept.
+  const TlsClient* session_client = nullptr;
+  tcp::endpoint session_addr;
+  std::string_view session_name;
+};
+
+// Prepares `s` for a client handshake with `t`: SNI, the name to verify,
+// verification on or off. Returns false with `error` set when OpenSSL refuses.
+bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error);
+
+// Session resumption (RFC 8446 §2.2 tickets; RFC 5077 for TLS 1.2): offers
+// the newest session this thread got from `addr` under `t` (same context,
+// same name), and keeps the tickets the server sends on `s` for the next
+// connection. One session per (context, address, name) per thread: workers
+// never share connections, so they share no sessions and take no lock.
+// Call after prepare_client, before the handshake; `s` must outlive its I/O.
+void offer_session(TlsStream& s, const TlsTarget& t, const tcp::endpoint& addr);
+
+// Why a handshake failed, for the log: the certificate verification result
+// when verification failed ("certificate has expired", "unable to get local
+// issuer certificate", "hostname mismatch"), else the handshake error's text.
+std::string handshake_failure_reason(TlsStream& s, const boost::system::error_code& ec);
+
+// True for the read errors that mean the peer closed the TLS connection:
+// eof (close_notify) and stream_truncated (a close without it, which many
+// servers do and which the HTTP framing then judges).
+bool is_tls_close(const boost::system::error_code& ec);
+
+}  // namespace weir::http
