@@ -20,8 +20,8 @@
 #include "auth/config.hpp"
 #include "core/config.hpp"
 #include "gateway/admin_config.hpp"
-#include "requestlog/config.hpp"
 #include "http/upstream.hpp"  // http::TlsClient (declared)
+#include "requestlog/config.hpp"
 
 namespace weir::gateway {
 
