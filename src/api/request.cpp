@@ -1,6 +1,8 @@
 #include "api/request.hpp"
 
+#include <cmath>
 #include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -146,6 +148,23 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
       break;
   }
   return f;
+}
+
+bool numbers_finite(const json::value& v) {
+  // Iterative: a DOM is at most parse_options::max_depth deep, but no recursion is needed.
+  std::vector<const json::value*> todo{&v};
+  while (!todo.empty()) {
+    const json::value* x = todo.back();
+    todo.pop_back();
+    if (x->is_double()) {
+      if (!std::isfinite(x->get_double())) return false;
+    } else if (x->is_array()) {
+      for (const auto& e : x->get_array()) todo.push_back(&e);
+    } else if (x->is_object()) {
+      for (const auto& kv : x->get_object()) todo.push_back(&kv.value());
+    }
+  }
+  return true;
 }
 
 std::optional<bool> form_bool(std::string_view v) {

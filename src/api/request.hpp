@@ -12,6 +12,10 @@
 
 #include "core/error.hpp"
 
+namespace boost::json {
+class value;
+}
+
 namespace weir::api {
 
 // vllm_extra: vLLM's tokenize, detokenize, rerank, score, pooling and
@@ -54,6 +58,12 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
 // multipart, a malformed form, no `file` part, an empty `model`, a bad boolean,
 // `model`, `stream` or `stream_include_usage` given twice.
 tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view content_type, std::string_view body);
+
+// True when every number in `v` (nested to any depth) is finite. A
+// translated body is rebuilt from Boost.JSON's DOM, where a literal such as
+// 1e400 became ±infinity: serialized again it would be `Infinity`, which is
+// not JSON (RFC 8259 §6), so the translators refuse such a body with a 400.
+bool numbers_finite(const boost::json::value& v);
 
 // A form boolean as vLLM's FastAPI/pydantic reads it; nullopt when it is none.
 std::optional<bool> form_bool(std::string_view v);

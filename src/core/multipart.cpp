@@ -56,14 +56,22 @@ tl::expected<std::string_view, std::string> form_boundary(std::string_view conte
     return tl::unexpected(
         std::string("The request body must be multipart/form-data (Content-Type: "
                     "multipart/form-data; boundary=...)."));
+  // Two boundary parameters would let Weir read one form and the upstream
+  // (whose parser keeps the last) another: refused.
+  std::string_view found;
+  int count = 0;
   while (!rest.empty()) {
     std::string_view b;
     if (!param_value(next_param(rest), "boundary", b)) continue;
     if (b.empty() || b.size() > 70 || b.find_first_of("\\\"\r\n") != std::string_view::npos)
       return tl::unexpected(std::string("The multipart boundary must be 1 to 70 characters (RFC 2046)."));
-    return b;
+    found = b;
+    ++count;
   }
-  return tl::unexpected(std::string("The multipart/form-data Content-Type has no boundary parameter."));
+  if (count > 1)
+    return tl::unexpected(std::string("The multipart/form-data Content-Type has more than one boundary parameter."));
+  if (count == 0) return tl::unexpected(std::string("The multipart/form-data Content-Type has no boundary parameter."));
+  return found;
 }
 
 tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view body, std::string_view boundary,
@@ -110,16 +118,28 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
       if (iequals(name, "content-type")) {
         part.content_type = value;
       } else if (iequals(name, "content-disposition")) {
+        // Every way a part could name itself twice, or in a spelling Weir
+        // does not decode, is refused: the upstream must read the fields
+        // Weir routed and authorized by, not others.
+        if (disposition)
+          return tl::unexpected(std::string("A multipart part has more than one Content-Disposition header."));
         if (!iequals(next_param(value), "form-data"))
           return tl::unexpected(std::string("A multipart part's Content-Disposition is not form-data."));
         disposition = true;
+        bool named = false;
         while (!value.empty()) {
           const auto p = next_param(value);
           std::string_view v;
           if (param_value(p, "name", v)) {
+            if (named) return tl::unexpected(std::string("A multipart part has more than one name parameter."));
+            named = true;
             part.name = v;
-          } else if (param_value(p, "filename", v)) {
-            part.filename = v;
+          } else if (param_value(p, "name*", v)) {
+            return tl::unexpected(
+                std::string("A multipart part's name must be a plain name= parameter (RFC 7578 4.2: no name*)."));
+          } else if (param_value(p, "filename", v) || param_value(p, "filename*", v)) {
+            // filename* (RFC 5987's charset'lang'value) is kept as written: Weir only needs to know it is a file.
+            if (!part.has_filename || part.filename.empty()) part.filename = v;
             part.has_filename = true;
           }
         }

@@ -25,7 +25,8 @@ struct FormPart {
 // The boundary of a `Content-Type: multipart/form-data; boundary=...` value
 // (media type and parameter names case-insensitive; the boundary quoted or
 // not, 1..70 characters, RFC 2046 §5.1.1). Errors (a sentence for a 400):
-// another media type, no boundary, an empty or too long one.
+// another media type, no boundary, two boundary parameters, an empty or
+// too long one.
 tl::expected<std::string_view, std::string> form_boundary(std::string_view content_type);
 
 // The parts of `body`, in order. The body is: an optional preamble, then
@@ -33,8 +34,11 @@ tl::expected<std::string_view, std::string> form_boundary(std::string_view conte
 // the close delimiter "--boundary--"; each part is header lines, an empty
 // line, then its content (RFC 2046 §5.1.1). Bare LF line ends are accepted
 // in part heads. Errors (a sentence for a 400): no first delimiter, a part
-// without a head or without a Content-Disposition of form-data, no close
-// delimiter, more than `max_parts` parts.
+// without a head or without a Content-Disposition of form-data, a part
+// with two Content-Disposition headers or two name parameters or an RFC
+// 2231 name* (RFC 7578 §4.2 forbids it; the upstream would decode it and
+// see a field Weir did not), no close delimiter, more than `max_parts`
+// parts. filename* counts as a filename (kept undecoded).
 tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view body, std::string_view boundary,
                                                             std::size_t max_parts = 256);
 

@@ -614,7 +614,8 @@ core::Task<AdminResponse> AdminServer::list_requests(AdminRequest& r) {
   auto q = requestlog::parse_query(r.query);
   if (!q) co_return store_error(q.error());
   requestlog::Reader* reader = requests_.get();
-  auto page = co_await run_blocking(blocking_, [reader, query = *q] { return reader->query_json(query); });
+  const requestlog::Query& query = *q;  // lives in this frame across the co_await
+  auto page = co_await run_blocking(blocking_, [reader, &query] { return reader->query_json(query); });
   if (!page) co_return store_error(page.error());
   co_return AdminResponse{200, std::move(*page)};
 }
@@ -622,9 +623,10 @@ core::Task<AdminResponse> AdminServer::list_requests(AdminRequest& r) {
 core::Task<AdminResponse> AdminServer::get_request(AdminRequest& r) {
   if (!requests_) co_return error_response(no_request_log());
   requestlog::Reader* reader = requests_.get();
-  auto one = co_await run_blocking(blocking_, [reader, id = r.params.at(0)] { return reader->get_json(id); });
+  const std::string& id = r.params.at(0);  // the request outlives the co_await
+  auto one = co_await run_blocking(blocking_, [reader, &id] { return reader->get_json(id); });
   if (!one) co_return store_error(one.error());
-  if (!*one) co_return error_response(admin_not_found("No stored request has the id " + r.params.at(0) + "."));
+  if (!*one) co_return error_response(admin_not_found("No stored request has the id " + id + "."));
   co_return AdminResponse{200, std::move(**one)};
 }
 

@@ -75,9 +75,16 @@ class AdminRouter {
 // resumes the calling coroutine on its own executor with fn's result, so
 // a handler on the control thread never blocks it:
 //   auto rows = co_await run_blocking(blocking_pool, [q] { return store.query(q); });
-// `fn` must not throw (catch inside and return an error value).
+// `fn` must not throw (catch inside and return an error value), and must be
+// trivially copyable: it captures pointers or references to the caller's
+// locals (they outlive the co_await), never owning values.
 template <class F>
 core::Task<std::invoke_result_t<F&>> run_blocking(boost::asio::thread_pool& pool, F fn) {
+  // GCC 12 copies a coroutine's by-value parameters into its frame wrongly
+  // when they own memory (a lambda capturing a std::string was freed twice):
+  // capture pointers or references to the caller's locals, which outlive
+  // the co_await, never owning values.
+  static_assert(std::is_trivially_copyable_v<F>, "run_blocking: capture by pointer or reference only");
   using R = std::invoke_result_t<F&>;
   namespace asio = boost::asio;
   auto ex = co_await asio::this_coro::executor;

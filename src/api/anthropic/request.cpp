@@ -9,6 +9,7 @@
 #include <boost/json/serializer.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/request.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::api::anthropic {
@@ -316,6 +317,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
     return invalid(fmt::format("The request body is not valid JSON: {}.", ec.message()));
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.");
+  if (!numbers_finite(doc)) return invalid("The request body has a number too large for a JSON number (e.g. 1e400).");
   const auto& in = doc.get_object();
 
   RequestFields f;

@@ -9,6 +9,7 @@
 #include <boost/json/serializer.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/request.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::api::responses {
@@ -364,6 +365,8 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
     return invalid(fmt::format("The request body is not valid JSON: {}.", ec.message()), {});
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.", {});
+  if (!numbers_finite(doc))
+    return invalid("The request body has a number too large for a JSON number (e.g. 1e400).", {});
   const auto& in = doc.get_object();
 
   // Without a response store there is nothing to continue from or run later.

@@ -35,6 +35,8 @@ TEST(Multipart, BoundaryFromTheContentType) {
   EXPECT_FALSE(form_boundary("multipart/form-data; boundary="));
   EXPECT_FALSE(form_boundary("multipart/form-data; boundary=" + std::string(71, 'a')));
   EXPECT_FALSE(form_boundary("multipart/mixed; boundary=abc"));
+  EXPECT_FALSE(form_boundary("multipart/form-data; boundary=abc; boundary=xyz"));  // which one would the upstream use?
+  EXPECT_EQ(form_boundary("multipart/form-data; xboundary=q; boundary=abc").value(), "abc");
 }
 
 TEST(Multipart, PartsWithTheirNamesFilenamesAndValues) {
@@ -73,6 +75,17 @@ TEST(Multipart, MalformedBodiesAreErrors) {
   EXPECT_FALSE(parse_form("--b\r\nContent-Disposition: attachment\r\n\r\n1\r\n--b--", "b"));
   EXPECT_FALSE(parse_form("--b\r\nContent-Type: text/plain\r\n\r\n1\r\n--b--", "b"));
   EXPECT_FALSE(parse_form("--b\r\nbogus\r\n\r\n1\r\n--b--", "b"));
+  // A second name, a name* the upstream would decode, two dispositions: refused.
+  EXPECT_FALSE(parse_form("--b\r\nContent-Disposition: form-data; name=a; name=model\r\n\r\n1\r\n--b--", "b"));
+  EXPECT_FALSE(parse_form("--b\r\nContent-Disposition: form-data; name*=UTF-8''model\r\n\r\n1\r\n--b--", "b"));
+  EXPECT_FALSE(parse_form(
+      "--b\r\nContent-Disposition: form-data; name=a\r\nContent-Disposition: form-data; name=model\r\n\r\n1\r\n--b--",
+      "b"));
+  // filename* alone makes a file part.
+  auto f =
+      parse_form("--b\r\nContent-Disposition: form-data; name=file; filename*=UTF-8''a.wav\r\n\r\n1\r\n--b--", "b");
+  ASSERT_TRUE(f);
+  EXPECT_TRUE((*f)[0].has_filename);
   // Junk after a delimiter.
   EXPECT_FALSE(parse_form("--bjunk\r\n", "b"));
   std::string many;
