@@ -27,12 +27,12 @@ class StreamHooks {
   // Before a stream starts: `strip_usage` when Weir asked for the usage
   // chunk on the client's behalf; `t` for a translated stream. A Responses
   // stream takes the request's `echo` (it must outlive the stream) and the
-  // request id (api/responses/stream.hpp).
+  // request id and model (api/responses/stream.hpp).
   void reset(bool strip_usage, Translation t = Translation::none, std::string_view echo = {},
-             std::string_view request_id = {}) {
+             std::string_view request_id = {}, std::string_view model = {}) {
     usage_.reset(strip_usage);
     if (t == Translation::anthropic || translate_ == Translation::anthropic) anthropic_.reset();
-    if (t == Translation::responses || translate_ == Translation::responses) responses_.reset(echo, request_id);
+    if (t == Translation::responses || translate_ == Translation::responses) responses_.reset(echo, request_id, model);
     translate_ = t;
     done_relayed_ = false;
     data_events_ = 0;

@@ -5,6 +5,8 @@
 // response repeat it whole, as Responses requires.
 #include "api/responses/stream.hpp"
 
+#include <ctime>
+
 #include <iterator>
 
 #include <fmt/format.h>
@@ -29,10 +31,11 @@ constexpr std::string_view kEnd = "}\n\n";
 
 }  // namespace
 
-void StreamTranslator::reset(std::string_view echo, std::string_view fallback_id) {
+void StreamTranslator::reset(std::string_view echo, std::string_view fallback_id, std::string_view fallback_model) {
   *this = StreamTranslator{};
   echo_ = echo;
   fallback_id_ = fallback_id;
+  fallback_model_ = fallback_model;
 }
 
 // `event: T\ndata: {"type":"T","sequence_number":N` — the caller adds the
@@ -187,7 +190,8 @@ void StreamTranslator::terminate(std::string& out) {
 void StreamTranslator::fail(int status, std::string_view message, std::string& out) {
   (void)status;  // Responses' stream errors carry a code, not a status: server_error
   if (ended_) return;
-  if (!started_) start(fallback_id_, {}, 0, out);
+  // Nothing came from the upstream: the response is this request's, created now.
+  if (!started_) start(fallback_id_, fallback_model_, static_cast<std::int64_t>(std::time(nullptr)), out);
   begin("response.failed", out);
   out += R"(,"response":)";
   ResponseHead head{resp_id_, created_, model_, "failed", {}, message};

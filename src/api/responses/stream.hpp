@@ -22,8 +22,9 @@ class StreamTranslator {
  public:
   // Before a stream: `echo` (the request's members of the Response object,
   // request.hpp) must outlive the stream; `fallback_id` names the response
-  // when the upstream fails before its first chunk (Weir's request id).
-  void reset(std::string_view echo, std::string_view fallback_id);
+  // when the upstream fails before its first chunk (Weir's request id), and
+  // `fallback_model` (the model the client asked for) is its model then.
+  void reset(std::string_view echo, std::string_view fallback_id, std::string_view fallback_model = {});
 
   // Translates the `data` of one upstream SSE event (a chat.completion.chunk,
   // the final usage chunk, an in-stream {"error"}, or [DONE]); appends the
@@ -66,6 +67,7 @@ class StreamTranslator {
   std::int64_t created_ = 0;
   std::string_view echo_;
   std::string_view fallback_id_;
+  std::string_view fallback_model_;
   std::string_view status_ = "in_progress";
   std::string_view incomplete_reason_;
   std::string base_id_;  // the upstream id without "chatcmpl-"

@@ -50,7 +50,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
                   is_anthropic(ctx.route)   ? Translation::anthropic
                   : is_responses(ctx.route) ? Translation::responses
                                             : Translation::none,
-                  ctx.responses_echo, ctx.request_id);
+                  ctx.responses_echo, ctx.request_id, ctx.model);
   const auto into = w_.stream_body_buffer();
   std::string& events = w_.stream_events();  // used only until this read's events are sent
   http::UpstreamFailure failure = http::UpstreamFailure::none;
