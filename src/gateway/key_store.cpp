@@ -216,6 +216,31 @@ boost::json::object key_file_json(const KeyRecord& k) {
   return o;
 }
 
+namespace {
+// The settings a key record carries (models, limits, budget, expiry,
+// metadata), read from `field(name)` (null when absent) into `k`: shared by
+// the keys file and POST /admin/v1/keys. Errors name the field.
+template <class Field>
+AdminResult<void> read_key_settings(const Field& field, KeyRecord& k) {
+  auto models = parse_models(field("models"));
+  if (!models) return tl::unexpected(models.error());
+  k.models = std::move(*models);
+  auto limits = parse_limits_json(field("limits"), "limits");
+  if (!limits) return tl::unexpected(limits.error());
+  k.limits = *limits;
+  auto budget = parse_budget_json(field("budget"), "budget");
+  if (!budget) return tl::unexpected(budget.error());
+  k.budget = *budget;
+  auto exp = parse_expiry_json(field("expires_at"), "expires_at");
+  if (!exp) return tl::unexpected(exp.error());
+  k.expires_at = *exp;
+  auto md = parse_metadata(field("metadata"));
+  if (!md) return tl::unexpected(md.error());
+  k.metadata = std::move(*md);
+  return {};
+}
+}  // namespace
+
 AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
   KeyRecord k;
   auto str = [&](std::string_view f) -> std::string {
@@ -234,21 +259,7 @@ AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
     const auto* v = o.if_contains(f);
     return v ? *v : null_value;
   };
-  auto models = parse_models(field("models"));
-  if (!models) return tl::unexpected(models.error());
-  k.models = std::move(*models);
-  auto limits = parse_limits_json(field("limits"), "limits");
-  if (!limits) return tl::unexpected(limits.error());
-  k.limits = *limits;
-  auto budget = parse_budget_json(field("budget"), "budget");
-  if (!budget) return tl::unexpected(budget.error());
-  k.budget = *budget;
-  auto exp = parse_expiry_json(field("expires_at"), "expires_at");
-  if (!exp) return tl::unexpected(exp.error());
-  k.expires_at = *exp;
-  auto md = parse_metadata(field("metadata"));
-  if (!md) return tl::unexpected(md.error());
-  k.metadata = std::move(*md);
+  if (auto ok = read_key_settings(field, k); !ok) return tl::unexpected(ok.error());
   if (const auto& c = field("created_at"); c.is_int64()) k.created_at = c.get_int64();
   return k;
 }
@@ -403,21 +414,7 @@ AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, 
     return tl::unexpected(AdminError{404, "invalid_request_error", "tenant_not_found",
                                      fmt::format("No tenant named `{}` is configured.", k.tenant.substr(0, 128)),
                                      "tenant"});
-  auto models = parse_models(field("models"));
-  if (!models) return tl::unexpected(models.error());
-  k.models = std::move(*models);
-  auto limits = parse_limits_json(field("limits"), "limits");
-  if (!limits) return tl::unexpected(limits.error());
-  k.limits = *limits;
-  auto budget = parse_budget_json(field("budget"), "budget");
-  if (!budget) return tl::unexpected(budget.error());
-  k.budget = *budget;
-  auto exp = parse_expiry_json(field("expires_at"), "expires_at");
-  if (!exp) return tl::unexpected(exp.error());
-  k.expires_at = *exp;
-  auto md = parse_metadata(field("metadata"));
-  if (!md) return tl::unexpected(md.error());
-  k.metadata = std::move(*md);
+  if (auto ok = read_key_settings(field, k); !ok) return tl::unexpected(ok.error());
   auto name = parse_name(field("name"));
   if (!name) return tl::unexpected(name.error());
   k.name = std::move(*name);
