@@ -152,16 +152,16 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
 
 bool numbers_finite(const json::value& v) {
   // Iterative: a DOM is at most parse_options::max_depth deep, but no recursion is needed.
-  std::vector<const json::value*> todo{&v};
-  while (!todo.empty()) {
-    const json::value* x = todo.back();
-    todo.pop_back();
+  std::vector<const json::value*> pending{&v};
+  while (!pending.empty()) {
+    const json::value* x = pending.back();
+    pending.pop_back();
     if (x->is_double()) {
       if (!std::isfinite(x->get_double())) return false;
     } else if (x->is_array()) {
-      for (const auto& e : x->get_array()) todo.push_back(&e);
+      for (const auto& e : x->get_array()) pending.push_back(&e);
     } else if (x->is_object()) {
-      for (const auto& kv : x->get_object()) todo.push_back(&kv.value());
+      for (const auto& kv : x->get_object()) pending.push_back(&kv.value());
     }
   }
   return true;

@@ -239,6 +239,23 @@ AdminResult<void> read_key_settings(const Field& field, KeyRecord& k) {
   k.metadata = std::move(*md);
   return {};
 }
+// The keys as the auth policy takes them (their admission scopes kept).
+std::vector<auth::RuntimeKey> runtime_keys(const std::vector<KeyRecord>& keys) {
+  std::vector<auth::RuntimeKey> rk;
+  rk.reserve(keys.size());
+  for (const auto& k : keys) {
+    auth::ApiKeyConfig c;
+    c.id = k.id;
+    c.sha256 = k.sha256;
+    c.tenant = k.tenant;
+    c.models = k.models;
+    c.limits = k.limits;
+    c.budget = k.budget;
+    c.expires_at = k.expires_at;
+    rk.push_back({std::move(c), k.scope});
+  }
+  return rk;
+}
 }  // namespace
 
 AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
@@ -302,19 +319,7 @@ tl::expected<void, std::string> KeyStore::load() {
     ++i;
   }
   keys_ = std::move(keys);
-  std::vector<auth::RuntimeKey> rk;
-  for (const auto& k : keys_) {
-    auth::ApiKeyConfig c;
-    c.id = k.id;
-    c.sha256 = k.sha256;
-    c.tenant = k.tenant;
-    c.models = k.models;
-    c.limits = k.limits;
-    c.budget = k.budget;
-    c.expires_at = k.expires_at;
-    rk.push_back({std::move(c), k.scope});
-  }
-  policy_ = auth::AuthPolicy::build(base_, rk, next_scope_);
+  policy_ = auth::AuthPolicy::build(base_, runtime_keys(keys_), next_scope_);
   return {};
 }
 
@@ -362,20 +367,7 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
 }
 
 AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next) {
-  std::vector<auth::RuntimeKey> rk;
-  rk.reserve(next.size());
-  for (const auto& k : next) {
-    auth::ApiKeyConfig c;
-    c.id = k.id;
-    c.sha256 = k.sha256;
-    c.tenant = k.tenant;
-    c.models = k.models;
-    c.limits = k.limits;
-    c.budget = k.budget;
-    c.expires_at = k.expires_at;
-    rk.push_back({std::move(c), k.scope});
-  }
-  auto policy = auth::AuthPolicy::build(base_, rk, next_scope_);
+  auto policy = auth::AuthPolicy::build(base_, runtime_keys(next), next_scope_);
   // State for the new scopes first (unused until the policy is published); a
   // limiter that is full refuses the change, which would otherwise index past it.
   if (limiter_ && limiter_->grows() && limiter_->scope_count() < policy->scopes().size() &&
