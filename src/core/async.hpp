@@ -8,7 +8,9 @@
 #include <functional>
 #include <memory>
 
+#include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -52,6 +54,48 @@ class Event {
  private:
   Timer timer_;
   bool signalled_ = false;
+};
+
+// A one-waiter wake-up resumed in place: wake() runs the parked coroutine
+// inside the call, up to its next suspension, instead of queueing its
+// resumption through the scheduler as Event does (Asio 1.26 polls epoll once
+// per queued completion: an epoll_wait(0) per wake-up). For a completion
+// handler whose last act is the wake-up: the woken coroutine may destroy
+// whatever the caller was working on, so wake() must be the caller's last
+// use of it. A wake() before wait() is remembered.
+//
+// The parked coroutine is owned by this object while it waits: destroy a
+// Waiter only after its coroutine was woken (an io_context destroyed with a
+// coroutine parked here leaks its frame).
+class Waiter {
+ public:
+  void wake() {
+    woken_ = true;
+    if (parked_) {
+      asio::any_completion_handler<void()> h;
+      h.swap(parked_);
+      std::move(h)();
+    }
+  }
+
+  // Returns once wake() has been called since the last wait() returned.
+  Task<void> wait() {
+    if (!woken_) {
+      co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
+          [this](auto h) {
+            // swap, not move assignment: Boost 1.81's any_completion_handler
+            // move-assigns through its converting constructor (it wraps itself).
+            asio::any_completion_handler<void()> parked(std::move(h));
+            parked_.swap(parked);
+          },
+          asio::use_awaitable_t<Executor>{});
+    }
+    woken_ = false;
+  }
+
+ private:
+  asio::any_completion_handler<void()> parked_;
+  bool woken_ = false;
 };
 
 // A deadline for one connection's current I/O step, cheap to move.

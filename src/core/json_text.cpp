@@ -1,6 +1,7 @@
 #include "core/json_text.hpp"
 
 #include <array>
+#include <charconv>
 
 namespace weir::core {
 
@@ -124,6 +125,36 @@ std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept
     if ((static_cast<unsigned char>(s[cut]) & 0xC0) != 0x80) return s.substr(0, cut);
   }
   return s.substr(0, max_bytes);  // not UTF-8 there anyway: the escaper replaces it
+}
+
+void append_uint(std::string& out, std::uint64_t v) {
+  char buf[20];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+void append_int(std::string& out, std::int64_t v) {
+  char buf[20];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  out.append(buf, r.ptr);
+}
+
+void append_scaled(std::string& out, std::int64_t v, unsigned decimals) {
+  std::uint64_t scale = 1;
+  for (unsigned i = 0; i < decimals; ++i) scale *= 10;
+  // |v| without overflow at INT64_MIN.
+  const std::uint64_t mag = v < 0 ? 0 - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
+  if (v < 0) out += '-';
+  append_uint(out, mag / scale);
+  if (decimals == 0) return;
+  char frac[20];
+  std::uint64_t f = mag % scale;
+  for (unsigned i = decimals; i > 0; --i) {
+    frac[i - 1] = static_cast<char>('0' + f % 10);
+    f /= 10;
+  }
+  out += '.';
+  out.append(frac, decimals);
 }
 
 }  // namespace weir::core

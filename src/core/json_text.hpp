@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -18,6 +19,18 @@ namespace weir::core {
 // decoder and Python's errors="replace" count them. Runs of plain ASCII are
 // copied in one append.
 void append_json_string(std::string& out, std::string_view s);
+
+// Appends `v` in decimal (a JSON number), with no format-string parsing:
+// the access log's counters on the request path.
+void append_uint(std::string& out, std::uint64_t v);
+void append_int(std::string& out, std::int64_t v);
+
+// Appends v / 10^decimals with exactly `decimals` fraction digits: a
+// quantity kept as an integer in a small unit printed in a larger one (µs
+// as ms: append_scaled(out, 1234, 3) → "1.234"; nano-USD as USD with 9
+// digits), exact where printing the quotient as a double could round.
+// decimals ≤ 18.
+void append_scaled(std::string& out, std::int64_t v, unsigned decimals);
 
 // The longest prefix of `s` of at most `max_bytes` bytes that does not end
 // inside a UTF-8 sequence (a cut that would split one backs off to its lead

@@ -43,7 +43,9 @@ void append_rfc3339(std::string& out, std::chrono::system_clock::time_point now)
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - secs).count();
   thread_local SecondCache<32> cache;
   out += cache.get(secs.time_since_epoch().count(), "%Y-%m-%dT%H:%M:%S");
-  fmt::format_to(std::back_inserter(out), ".{:03d}Z", static_cast<int>(ms));
+  const char frac[5] = {'.', static_cast<char>('0' + ms / 100), static_cast<char>('0' + ms / 10 % 10),
+                        static_cast<char>('0' + ms % 10), 'Z'};
+  out.append(frac, sizeof frac);
 }
 
 std::string format_rfc3339(std::int64_t unix_s) {

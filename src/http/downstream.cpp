@@ -31,8 +31,7 @@ Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t*
                   timed_out_ = true;
                   error_code ignored;
                   sock_.cancel(ignored);
-                }),
-      done_(sock_.get_executor()) {
+                }) {
   error_code ignored;
   sock_.set_option(tcp::no_delay(true), ignored);
   sock_.non_blocking(true, ignored);  // flush() and write_all() try a send before they wait
@@ -161,7 +160,9 @@ void Downstream::watch_for_close(bool release_buffer) {
   // The read takes what room the buffer already has (a pipelined or next
   // request then usually arrives whole, in this one recv), at least kMonitorRead.
   const auto room = in_.prepare(std::max(kMonitorRead, in_.capacity() - in_.size()));
-  sock_.async_read_some(room, [this](error_code ec, std::size_t n) {
+  // The request was read to a short recv: the socket is drained, and
+  // async_recv waits for the next edge without a recv that finds it empty.
+  async_recv(sock_, room, [this](error_code ec, std::size_t n) {
     reading_ = false;
     if (!ec) {
       in_.commit(n);  // the start of a pipelined request: keep it
@@ -169,7 +170,7 @@ void Downstream::watch_for_close(bool release_buffer) {
       on_gone();
     }
     monitor_cancelled_ = false;
-    done_.notify();
+    done_.wake();
   });
 }
 
@@ -292,7 +293,7 @@ void Downstream::start_write_loop() {
       write_failed_ = true;
       out_.clear();
       on_gone();
-      done_.notify();
+      done_.wake();
       return;
     }
     if (!out_.empty()) {
@@ -300,7 +301,7 @@ void Downstream::start_write_loop() {
       return;
     }
     watchdog_.disarm();
-    done_.notify();
+    done_.wake();
   });
 }
 

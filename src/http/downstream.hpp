@@ -185,10 +185,11 @@ class Downstream {
   bool peer_gone_ = false;
   bool monitor_cancelled_ = false;
   // Wakes the one coroutine waiting for the posted read or the write loop to
-  // finish (each waits in a loop on its own flag, so one event serves both).
+  // finish (each waits in a loop on its own flag, so one waiter serves both).
   // One waiter at a time: the connection's own coroutine (read_head, drain,
-  // shutdown), never two at once.
-  core::Event done_;
+  // shutdown), never two at once. Resumed in place, as the completion
+  // handlers' last act (a keep-alive request then costs no epoll_wait(0)).
+  core::Waiter done_;
 
   bool writing_ = false;
   bool write_failed_ = false;

@@ -59,7 +59,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   idle_ = r.idle;
   head_bytes_ = 0;
   need_more_ = false;
-  drained_ = false;
+  drained_ = true;  // the head's read emptied the socket (or its bytes wait in the buffer)
   full_reads_ = 0;
   shrink_ = false;
   trailing_ = false;
@@ -106,10 +106,9 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
 }
 
 // The read loop, written for the steady state of a long stream: per
-// upstream read one readiness wait (Asio re-arms the descriptor with one
-// epoll_ctl), one recv and no completion queued through the scheduler
-// (async_read_some would try a recv that finds the socket empty after every
-// read: Asio 1.26 marks a socket drained only at EOF). A recv lands in the
+// upstream read one recv, run by the reactor when epoll reports the bytes
+// (async_recv: no recv that finds the socket empty, no epoll_ctl), and no
+// completion queued through the scheduler. A recv lands in the
 // worker's scratch buffer and is parsed at once (Beast's parser takes the
 // chunk framing off into `into`); only bytes that did not fit `into`, or a
 // chunk header split across reads, wait in the connection's buffer.
@@ -146,14 +145,14 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         auto [tec, tn] = co_await tls->stream.async_read_some(room, use_task);
         ec = is_tls_close(tec) ? error_code(asio::error::eof) : tec;
         n = tn;
+      } else if (drained_) {
+        // Edge-triggered (http/edge_recv.hpp): after a short read the recv
+        // waits for epoll's next edge, with no system call to start it.
+        auto [rec, rn] = co_await async_recv(sock, room, use_task);
+        ec = rec;
+        n = rn;
       } else {
-        if (drained_) {
-          auto [wec] = co_await sock.async_wait(tcp::socket::wait_read, use_task);
-          if (wec) {
-            r.failure = classify(*conn_, wec);
-            break;
-          }
-        }
+        // The last read filled the buffer: more is likely waiting.
         n = sock.read_some(room, ec);
         if (ec == asio::error::would_block || ec == asio::error::try_again) {
           drained_ = true;

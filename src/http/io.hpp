@@ -13,6 +13,7 @@
 #include <boost/beast/http/error.hpp>
 
 #include "core/async.hpp"
+#include "http/edge_recv.hpp"
 
 namespace weir::http {
 
@@ -97,9 +98,17 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
       if (try_now) n = sock.read_some(buf.prepare(want), ec);
     }
     if (!plain || !try_now || ec == asio::error::would_block || ec == asio::error::try_again) {
-      auto [rec, rn] = co_await sock.async_read_some(buf.prepare(want), use_task);
-      ec = rec;
-      n = rn;
+      if constexpr (plain) {
+        // Edge-triggered: a socket a short read drained is not tried again
+        // before epoll reports new bytes (http/edge_recv.hpp).
+        auto [rec, rn] = co_await async_recv(sock, buf.prepare(want), use_task);
+        ec = rec;
+        n = rn;
+      } else {
+        auto [rec, rn] = co_await sock.async_read_some(buf.prepare(want), use_task);
+        ec = rec;
+        n = rn;
+      }
     }
     if (ec == asio::error::eof) {
       if (!parser.got_some()) co_return std::tuple{error_code(bh::error::end_of_stream), used};

@@ -189,29 +189,46 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
       out += "null";
     else
       core::append_json_string(out, core::utf8_prefix(ctx.principal->subject, core::kMaxEchoBytes));
-    fmt::format_to(std::back_inserter(out), R"(,"spend_usd":{:.9f})", static_cast<double>(ctx.spend_nano_usd) / 1e9);
+    out += R"(,"spend_usd":)";
+    core::append_scaled(out, static_cast<std::int64_t>(ctx.spend_nano_usd), 9);
   }
-  fmt::format_to(std::back_inserter(out), R"(,"status":{},"stream":{})", ctx.status, ctx.stream);
-  auto ms = [&](core::TimePoint a, core::TimePoint b) {
-    return static_cast<double>(core::micros_between(a, b)) / 1000.0;
-  };
+  // Numbers by hand (core/json_text.hpp): no format string parsed per line.
+  out += R"(,"status":)";
+  core::append_int(out, ctx.status);
+  out += ctx.stream ? R"(,"stream":true)" : R"(,"stream":false)";
+  // Milliseconds with 3 decimals, from integer microseconds.
+  auto ms = [&](core::TimePoint a, core::TimePoint b) { core::append_scaled(out, core::micros_between(a, b), 3); };
+  out += R"(,"ttft_ms":)";
   if (ctx.t_first_token != core::TimePoint{})
-    fmt::format_to(std::back_inserter(out), R"(,"ttft_ms":{:.3f})", ms(ctx.t_start, ctx.t_first_token));
+    ms(ctx.t_start, ctx.t_first_token);
   else
-    out += R"(,"ttft_ms":null)";
-  fmt::format_to(std::back_inserter(out), R"(,"duration_ms":{:.3f})", ms(ctx.t_start, end));
+    out += "null";
+  out += R"(,"duration_ms":)";
+  ms(ctx.t_start, end);
+  out += R"(,"upstream_ms":)";
   if (ctx.t_upstream_sent != core::TimePoint{} && ctx.t_upstream_done != core::TimePoint{})
-    fmt::format_to(std::back_inserter(out), R"(,"upstream_ms":{:.3f})", ms(ctx.t_upstream_sent, ctx.t_upstream_done));
+    ms(ctx.t_upstream_sent, ctx.t_upstream_done);
   else
-    out += R"(,"upstream_ms":null)";
-  fmt::format_to(std::back_inserter(out), R"(,"added_us":{},"bytes_in":{},"bytes_out":{},"events":{},"retries":{})",
-                 ctx.added_us, ctx.bytes_in, down_.bytes_out(), ctx.events, ctx.retries);
+    out += "null";
+  out += R"(,"added_us":)";
+  core::append_int(out, ctx.added_us);
+  out += R"(,"bytes_in":)";
+  core::append_uint(out, ctx.bytes_in);
+  out += R"(,"bytes_out":)";
+  core::append_uint(out, down_.bytes_out());
+  out += R"(,"events":)";
+  core::append_uint(out, ctx.events);
+  out += R"(,"retries":)";
+  core::append_uint(out, ctx.retries);
   if (!ctx.batch_id.empty()) {
     // A micro-batch member: join its line to the batch's other members by id.
     out += R"(,"batch":{"id":)";
     core::append_json_string(out, ctx.batch_id);
-    fmt::format_to(std::back_inserter(out), R"(,"size":{},"slot":{},"coalesced":{}}})", ctx.batch_size, ctx.batch_slot,
-                   ctx.coalesced);
+    out += R"(,"size":)";
+    core::append_uint(out, ctx.batch_size);
+    out += R"(,"slot":)";
+    core::append_uint(out, ctx.batch_slot);
+    out += ctx.coalesced ? R"(,"coalesced":true})" : R"(,"coalesced":false})";
   }
   if (ctx.attempt_count > 1) {
     // Every attempt, in order, when there was more than one (docs/reliability.md).
@@ -223,23 +240,30 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
       core::append_json_string(out, pool.name);
       out += R"(,"endpoint":)";
       core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
+      out += R"(,"status":)";
       if (a.status)
-        fmt::format_to(std::back_inserter(out), R"(,"status":{})", a.status);
+        core::append_int(out, a.status);
       else
-        out += R"(,"status":null)";
+        out += "null";
       out += R"(,"failure":)";
       if (a.failure == http::UpstreamFailure::none)
         out += "null";
       else
         core::append_json_string(out, http::to_string(a.failure));
-      fmt::format_to(std::back_inserter(out), R"(,"ms":{:.3f}}})", static_cast<double>(a.us) / 1000.0);
+      out += R"(,"ms":)";
+      core::append_scaled(out, static_cast<std::int64_t>(a.us), 3);
+      out += "}";
     }
     out += "]";
   }
-  if (ctx.has_usage)
-    fmt::format_to(std::back_inserter(out), R"(,"prompt_tokens":{},"completion_tokens":{},"cached_tokens":{})",
-                   ctx.usage.prompt_tokens, ctx.usage.completion_tokens, ctx.usage.cached_tokens);
-  else
+  if (ctx.has_usage) {
+    out += R"(,"prompt_tokens":)";
+    core::append_uint(out, ctx.usage.prompt_tokens);
+    out += R"(,"completion_tokens":)";
+    core::append_uint(out, ctx.usage.completion_tokens);
+    out += R"(,"cached_tokens":)";
+    core::append_uint(out, ctx.usage.cached_tokens);
+  } else
     out += R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)";
   if (ctx.has_error) {
     out += R"(,"error":{"source":")";

@@ -1,0 +1,168 @@
+// http::async_recv over a real loopback TCP pair: it reads as async_read_some
+// does (bytes, EOF, reset, cancel, close), and its edge-triggered discipline
+// never loses the end of a stream: a FIN or RST that arrives together with
+// the last bytes, where no later epoll edge will come, is still reported.
+#include "http/edge_recv.hpp"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "http/io.hpp"
+#include "io_test_util.hpp"
+
+namespace weir::http {
+namespace {
+
+using boost::system::error_code;
+using test::run_until;
+
+class HttpEdgeRecv : public ::testing::Test {
+ protected:
+  asio::io_context io{BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO};  // as a worker's
+  test::Peer peer;
+  std::optional<Socket> sock;
+
+  void SetUp() override {
+    Acceptor acc(io.get_executor(), tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
+    peer.sock.connect(acc.local_endpoint());
+    sock.emplace(acc.accept());
+    sock->non_blocking(true);
+  }
+
+  // What each completed read returned, in order, until `limit` reads or an error.
+  struct Reads {
+    std::string bytes;
+    std::vector<std::size_t> sizes;
+    error_code ec;
+    bool done = false;
+  };
+
+  // Keeps one async_recv of `size` bytes in flight until an error ends the stream.
+  void read_loop(Reads& r, std::size_t size) {
+    auto buf = std::make_shared<std::vector<char>>(size);
+    async_recv(*sock, asio::buffer(*buf), [this, &r, buf, size](error_code ec, std::size_t n) {
+      r.bytes.append(buf->data(), n);
+      if (ec) {
+        r.ec = ec;
+        r.done = true;
+        return;
+      }
+      r.sizes.push_back(n);
+      read_loop(r, size);
+    });
+  }
+};
+
+TEST_F(HttpEdgeRecv, ReadsWhatArrivesAfterItWaitsAndLaterBytesToo) {
+  Reads r;
+  read_loop(r, 64);
+  test::settle(io);  // the first recv found nothing: it waits for the edge
+  EXPECT_TRUE(r.sizes.empty());
+  peer.send("hello");
+  ASSERT_TRUE(run_until(io, [&] { return r.bytes == "hello"; }));
+  // Drained by a short read: the next read waits for the next edge.
+  peer.send(" world");
+  ASSERT_TRUE(run_until(io, [&] { return r.bytes == "hello world"; }));
+  peer.sock.close();
+  ASSERT_TRUE(run_until(io, [&] { return r.done; }));
+  EXPECT_EQ(r.ec, asio::error::eof);
+  EXPECT_EQ(r.bytes, "hello world");
+}
+
+TEST_F(HttpEdgeRecv, AFinThatArrivesWithTheLastBytesIsReported) {
+  // The read is queued before the bytes come, so one epoll harvest carries
+  // both the bytes and the FIN: the recv returns the bytes (short), and no
+  // later edge will announce the EOF behind them.
+  Reads r;
+  read_loop(r, 64);
+  test::settle(io);
+  peer.send("last words");
+  peer.sock.shutdown(asio::socket_base::shutdown_send);
+  ASSERT_TRUE(run_until(io, [&] { return r.done; })) << "the EOF behind the last bytes was lost";
+  EXPECT_EQ(r.bytes, "last words");
+  EXPECT_EQ(r.ec, asio::error::eof);
+}
+
+TEST_F(HttpEdgeRecv, AResetThatArrivesWithTheLastBytesIsReported) {
+  Reads r;
+  read_loop(r, 64);
+  test::settle(io);
+  peer.send("partial");
+  peer.reset();
+  ASSERT_TRUE(run_until(io, [&] { return r.done; })) << "the reset behind the last bytes was lost";
+  EXPECT_TRUE(r.ec == asio::error::connection_reset || r.ec == asio::error::eof) << r.ec.message();
+}
+
+TEST_F(HttpEdgeRecv, BytesAndFinBeforeTheFirstReadAreAllReported) {
+  peer.send("early");
+  peer.sock.shutdown(asio::socket_base::shutdown_send);
+  Reads r;
+  read_loop(r, 64);
+  ASSERT_TRUE(run_until(io, [&] { return r.done; }));
+  EXPECT_EQ(r.bytes, "early");
+  EXPECT_EQ(r.ec, asio::error::eof);
+}
+
+TEST_F(HttpEdgeRecv, AStreamLargerThanTheBufferArrivesWhole) {
+  std::string big(200'000, 'x');
+  for (std::size_t i = 0; i < big.size(); ++i) big[i] = static_cast<char>('a' + i % 26);
+  Reads r;
+  read_loop(r, 4096);
+  std::thread writer([&] {
+    peer.send(big);
+    peer.sock.shutdown(asio::socket_base::shutdown_send);
+  });
+  const bool ended = run_until(io, [&] { return r.done; });
+  writer.join();
+  ASSERT_TRUE(ended);
+  EXPECT_EQ(r.ec, asio::error::eof);
+  EXPECT_EQ(r.bytes, big);
+}
+
+TEST_F(HttpEdgeRecv, CancelAndCloseCompleteAWaitingRead) {
+  Reads r;
+  read_loop(r, 64);
+  test::settle(io);
+  sock->cancel();
+  ASSERT_TRUE(run_until(io, [&] { return r.done; }));
+  EXPECT_EQ(r.ec, asio::error::operation_aborted);
+
+  Reads c;
+  read_loop(c, 64);
+  test::settle(io);
+  sock->close();
+  ASSERT_TRUE(run_until(io, [&] { return c.done; }));
+  EXPECT_EQ(c.ec, asio::error::operation_aborted);
+
+  Reads after;
+  read_loop(after, 64);  // on a closed socket
+  ASSERT_TRUE(run_until(io, [&] { return after.done; }));
+  EXPECT_EQ(after.ec, asio::error::bad_descriptor);
+}
+
+TEST_F(HttpEdgeRecv, WorksAfterAsioOwnReadsAndWaitsOnTheSameSocket) {
+  // Asio's own operations re-register the descriptor (EPOLLOUT for a write
+  // that waits): the edge discipline survives them.
+  peer.send("a");
+  char one = 0;
+  std::optional<std::size_t> got;
+  sock->async_read_some(asio::buffer(&one, 1), [&](error_code, std::size_t n) { got = n; });
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  bool waited = false;
+  sock->async_wait(tcp::socket::wait_write, [&](error_code) { waited = true; });
+  ASSERT_TRUE(run_until(io, [&] { return waited; }));
+  Reads r;
+  read_loop(r, 64);
+  test::settle(io);
+  peer.send("bc");
+  peer.sock.shutdown(asio::socket_base::shutdown_send);
+  ASSERT_TRUE(run_until(io, [&] { return r.done; }));
+  EXPECT_EQ(r.bytes, "bc");
+  EXPECT_EQ(r.ec, asio::error::eof);
+}
+
+}  // namespace
+}  // namespace weir::http
