@@ -23,15 +23,11 @@ constexpr std::string_view kLastChunk = "0\r\n\r\n";
 }  // namespace
 
 Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total)
-    : sock_(std::move(sock)),
-      sc_(sc),
-      bytes_out_total_(bytes_out_total),
-      watchdog_(sock_.get_executor(),
-                [this] {
-                  timed_out_ = true;
-                  error_code ignored;
-                  sock_.cancel(ignored);
-                }) {
+    : sock_(std::move(sock)), sc_(sc), bytes_out_total_(bytes_out_total), watchdog_(sock_.get_executor(), [this] {
+        timed_out_ = true;
+        error_code ignored;
+        sock_.cancel(ignored);
+      }) {
   error_code ignored;
   sock_.set_option(tcp::no_delay(true), ignored);
   sock_.non_blocking(true, ignored);  // flush() and write_all() try a send before they wait

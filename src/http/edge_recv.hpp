@@ -139,8 +139,7 @@ class RecvOp : public ad::reactor_op {
     ptr p = {std::addressof(o->handler_), o, o};
     ad::handler_work<Handler, Executor> w(std::move(o->work_));
     // Free the operation before the upcall (the handler may start the next one).
-    ad::binder2<Handler, boost::system::error_code, std::size_t> handler(o->handler_, o->ec_,
-                                                                         o->bytes_transferred_);
+    ad::binder2<Handler, boost::system::error_code, std::size_t> handler(o->handler_, o->ec_, o->bytes_transferred_);
     p.h = std::addressof(handler.handler_);
     p.reset();
     if (owner) {
