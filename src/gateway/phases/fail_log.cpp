@@ -12,6 +12,8 @@
 
 namespace weir::gateway {
 
+using namespace std::string_view_literals;
+
 core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) {
   auto& m = w_.metrics();
   ctx.set_error(e);
@@ -149,132 +151,132 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   if (!to_log) out.clear();
   const std::size_t line_start = out.size();
   const auto wall = std::chrono::system_clock::now();
-  out += R"({"ts":")";
+  out += R"({"ts":")"sv;
   core::append_rfc3339(out, wall);
-  out += R"(","request_id":)";
+  out += R"(","request_id":)"sv;
   core::append_json_string(out, ctx.request_id);
-  out += R"(,"method":)";
+  out += R"(,"method":)"sv;
   core::append_json_string(out, ctx.method);
-  out += R"(,"path":)";
+  out += R"(,"path":)"sv;
   core::append_json_string(out, ctx.path);
-  out += R"(,"model":)";
+  out += R"(,"model":)"sv;
   // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
   if (ctx.model.empty())
-    out += "null";
+    out += "null"sv;
   else
     core::append_json_string(out, core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
   const auto& cfg = w_.config();
-  out += R"(,"pool":)";
+  out += R"(,"pool":)"sv;
   if (ctx.pool < 0)
-    out += "null";
+    out += "null"sv;
   else
     core::append_json_string(out, cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
-  out += R"(,"endpoint":)";
+  out += R"(,"endpoint":)"sv;
   if (ctx.pool < 0 || ctx.endpoint < 0)
-    out += "null";
+    out += "null"sv;
   else
     core::append_json_string(
         out, cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
   if (ctx.principal) {
-    out += R"(,"tenant":)";
+    out += R"(,"tenant":)"sv;
     core::append_json_string(out, ctx.principal->tenant_name());
-    out += R"(,"key_id":)";
+    out += R"(,"key_id":)"sv;
     if (ctx.principal->key_id().empty())
-      out += "null";
+      out += "null"sv;
     else
       core::append_json_string(out, core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
     // A JWT's subject claim (auth.jwt.subject_claim): who, within the tenant, asked.
-    out += R"(,"subject":)";
+    out += R"(,"subject":)"sv;
     if (ctx.principal->kind != auth::CredentialKind::jwt || ctx.principal->subject.empty())
-      out += "null";
+      out += "null"sv;
     else
       core::append_json_string(out, core::utf8_prefix(ctx.principal->subject, core::kMaxEchoBytes));
-    out += R"(,"spend_usd":)";
+    out += R"(,"spend_usd":)"sv;
     core::append_scaled(out, static_cast<std::int64_t>(ctx.spend_nano_usd), 9);
   }
   // Numbers by hand (core/json_text.hpp): no format string parsed per line.
-  out += R"(,"status":)";
+  out += R"(,"status":)"sv;
   core::append_int(out, ctx.status);
-  out += ctx.stream ? R"(,"stream":true)" : R"(,"stream":false)";
+  out += ctx.stream ? R"(,"stream":true)"sv : R"(,"stream":false)"sv;
   // Milliseconds with 3 decimals, from integer microseconds.
   auto ms = [&](core::TimePoint a, core::TimePoint b) { core::append_scaled(out, core::micros_between(a, b), 3); };
-  out += R"(,"ttft_ms":)";
+  out += R"(,"ttft_ms":)"sv;
   if (ctx.t_first_token != core::TimePoint{})
     ms(ctx.t_start, ctx.t_first_token);
   else
-    out += "null";
-  out += R"(,"duration_ms":)";
+    out += "null"sv;
+  out += R"(,"duration_ms":)"sv;
   ms(ctx.t_start, end);
-  out += R"(,"upstream_ms":)";
+  out += R"(,"upstream_ms":)"sv;
   if (ctx.t_upstream_sent != core::TimePoint{} && ctx.t_upstream_done != core::TimePoint{})
     ms(ctx.t_upstream_sent, ctx.t_upstream_done);
   else
-    out += "null";
-  out += R"(,"added_us":)";
+    out += "null"sv;
+  out += R"(,"added_us":)"sv;
   core::append_int(out, ctx.added_us);
-  out += R"(,"bytes_in":)";
+  out += R"(,"bytes_in":)"sv;
   core::append_uint(out, ctx.bytes_in);
-  out += R"(,"bytes_out":)";
+  out += R"(,"bytes_out":)"sv;
   core::append_uint(out, down_.bytes_out());
-  out += R"(,"events":)";
+  out += R"(,"events":)"sv;
   core::append_uint(out, ctx.events);
-  out += R"(,"retries":)";
+  out += R"(,"retries":)"sv;
   core::append_uint(out, ctx.retries);
   if (!ctx.batch_id.empty()) {
     // A micro-batch member: join its line to the batch's other members by id.
-    out += R"(,"batch":{"id":)";
+    out += R"(,"batch":{"id":)"sv;
     core::append_json_string(out, ctx.batch_id);
-    out += R"(,"size":)";
+    out += R"(,"size":)"sv;
     core::append_uint(out, ctx.batch_size);
-    out += R"(,"slot":)";
+    out += R"(,"slot":)"sv;
     core::append_uint(out, ctx.batch_slot);
-    out += ctx.coalesced ? R"(,"coalesced":true})" : R"(,"coalesced":false})";
+    out += ctx.coalesced ? R"(,"coalesced":true})"sv : R"(,"coalesced":false})"sv;
   }
   if (ctx.attempt_count > 1) {
     // Every attempt, in order, when there was more than one (docs/reliability.md).
-    out += R"(,"attempts":[)";
+    out += R"(,"attempts":[)"sv;
     for (std::size_t i = 0; i < ctx.attempt_count; ++i) {
       const auto& a = ctx.attempt_log[i];
       const auto& pool = cfg.pools[static_cast<std::size_t>(a.pool)];
-      out += i ? R"(,{"pool":)" : R"({"pool":)";
+      out += i ? R"(,{"pool":)"sv : R"({"pool":)"sv;
       core::append_json_string(out, pool.name);
-      out += R"(,"endpoint":)";
+      out += R"(,"endpoint":)"sv;
       core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
-      out += R"(,"status":)";
+      out += R"(,"status":)"sv;
       if (a.status)
         core::append_int(out, a.status);
       else
-        out += "null";
-      out += R"(,"failure":)";
+        out += "null"sv;
+      out += R"(,"failure":)"sv;
       if (a.failure == http::UpstreamFailure::none)
-        out += "null";
+        out += "null"sv;
       else
         core::append_json_string(out, http::to_string(a.failure));
-      out += R"(,"ms":)";
+      out += R"(,"ms":)"sv;
       core::append_scaled(out, static_cast<std::int64_t>(a.us), 3);
-      out += "}";
+      out += "}"sv;
     }
-    out += "]";
+    out += "]"sv;
   }
   if (ctx.has_usage) {
-    out += R"(,"prompt_tokens":)";
+    out += R"(,"prompt_tokens":)"sv;
     core::append_uint(out, ctx.usage.prompt_tokens);
-    out += R"(,"completion_tokens":)";
+    out += R"(,"completion_tokens":)"sv;
     core::append_uint(out, ctx.usage.completion_tokens);
-    out += R"(,"cached_tokens":)";
+    out += R"(,"cached_tokens":)"sv;
     core::append_uint(out, ctx.usage.cached_tokens);
   } else
-    out += R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)";
+    out += R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)"sv;
   if (ctx.has_error) {
-    out += R"(,"error":{"source":")";
+    out += R"(,"error":{"source":")"sv;
     out += core::to_string(ctx.error_source);
-    out += R"(","code":)";
+    out += R"(","code":)"sv;
     core::append_json_string(out, ctx.error_code);
-    out += "}";
+    out += "}"sv;
   } else {
-    out += R"(,"error":null)";
+    out += R"(,"error":null)"sv;
   }
-  out += "}";
+  out += "}"sv;
   if (auto* q = w_.record_queue()) push_record(*q, ctx, wall, std::string_view(out).substr(line_start));
   if (to_log) log.end_line();
 }

@@ -21,13 +21,6 @@ namespace weir::gateway {
 
 namespace bh = boost::beast::http;
 
-namespace {
-// Room added to the body per read: 4 KiB for small answers (zero-filled by
-// resize, so no more than a read can use), growing with the body so a large
-// one (a 5 MB embeddings batch) takes few reads.
-std::size_t read_room(std::size_t have) { return std::clamp<std::size_t>(have, 4096, 1u << 20); }
-}  // namespace
-
 core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const auto& sc = w_.config().server;
   http::ResponseSource& src = *ctx.source;
@@ -35,12 +28,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   body.clear();
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool too_large = false;
+  // Reads land in the worker's body scratch and are appended: growing the
+  // body by resize() would zero-fill room no read may use (4 KiB for a 1 KB
+  // answer).
+  const auto into = w_.stream_body_buffer();
   while (!src.done()) {
-    const std::size_t have = body.size();
-    const std::size_t room = read_room(have);
-    body.resize(have + room);
-    const http::BodyRead r = co_await src.read(std::span<char>(body.data() + have, room));
-    body.resize(have + r.bytes);
+    const http::BodyRead r = co_await src.read(into);
+    body.append(into.data(), r.bytes);
     if (r.failure != http::UpstreamFailure::none) {
       failure = r.failure;
       break;
