@@ -62,13 +62,13 @@ function renderLogin() {
   const input = h("input", {type: "password", id: "token", name: "token", autocomplete: "off", spellcheck: "false",
     required: true, placeholder: "admin token"});
   const err = h("p", {class: "error", role: "alert", id: "login-error"});
-  if (notice) err.textContent = notice;
-  notice = null;
+  if (notice) err.textContent = notice; // kept until the next sign-in attempt
   const button = h("button", {type: "submit", class: "primary"}, "Sign in");
   const form = h("form", {class: "login", id: "login", on: {submit: async (e) => {
     e.preventDefault();
     button.disabled = true;
     err.textContent = "";
+    notice = null;
     try {
       await login(input.value.trim());
       input.value = "";

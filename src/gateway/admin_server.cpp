@@ -312,7 +312,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     res.set(bh::field::cache_control, r.cache_control);
     // Every answer, JSON included, under the console's policy: nothing here
     // may be framed, sniffed into another type, or run script from elsewhere.
-    res.set(bh::field::content_security_policy, console::kContentSecurityPolicy);
+    res.set("Content-Security-Policy", console::kContentSecurityPolicy);
     res.set("X-Content-Type-Options", "nosniff");
     res.set("X-Frame-Options", "DENY");
     res.set("Referrer-Policy", "no-referrer");

@@ -5,6 +5,7 @@
 import {get, seg} from "../api.js";
 import {h, logTime, mount, ms, num, statusBadge, text, usd} from "../dom.js";
 
+const LIVE_MS = 3000;
 const FILTERS = ["since", "until", "tenant", "key_id", "model", "status", "limit"];
 
 export function render(root, r) {
@@ -33,13 +34,17 @@ export function render(root, r) {
   h("div", {class: "field"}, h("button", {type: "submit", class: "primary", id: "apply-filters"}, "Apply")));
   const out = h("div", {});
   const pager = h("div", {class: "pager"});
+  // Live: the newest page again every LIVE_MS while it is the one shown (like tail -f).
+  const live = h("input", {type: "checkbox", id: "live", checked: true});
   mount(root, h("header", {class: "page-head"}, h("h1", {}, "Requests"),
+    h("label", {class: "live"}, live, " Live"),
     h("button", {type: "button", id: "refresh-requests", on: {click: () => load(null)}}, "Refresh")), form, out, pager);
 
-  let alive = true;
+  let alive = true, timer = null;
   const cursors = []; // cursors of the pages before this one (for "Newer")
   let current = null;
   const load = async (cursor) => {
+    clearTimeout(timer);
     const p = new URLSearchParams();
     for (const k of FILTERS) if (q.get(k)) p.set(k, q.get(k));
     if (cursor) p.set("cursor", cursor);
@@ -60,10 +65,17 @@ export function render(root, r) {
         ? "The request log is off: configure request_log: {url: \"sqlite:PATH\"} to store and query requests." : e.message));
       pager.replaceChildren();
     }
+    if (alive) timer = setTimeout(poll, LIVE_MS);
+  };
+  const poll = () => {
+    if (!alive) return;
+    if (live.checked && current === null) load(null);
+    else timer = setTimeout(poll, LIVE_MS);
   };
   load(null);
   return () => {
     alive = false;
+    clearTimeout(timer);
   };
 }
 

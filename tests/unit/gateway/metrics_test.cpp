@@ -479,12 +479,12 @@ TEST(GatewayMetricsShard, StatsJsonSumsTrafficByModelAndTenant) {
   m.merge(x);
   m.merge(y);
   const auto s = m.stats_json(w.loaded.config, w.policy.get());
-  ASSERT_EQ(s.at("object"), "stats");
+  ASSERT_EQ(s.at("object").as_string(), "stats");
   const auto& le = s.at("ttft_buckets_s").as_array();
   const auto& models = s.at("models").as_array();
   ASSERT_EQ(models.size(), 2u);  // llama, then the requests without a model
   const auto& llama = models[0].as_object();
-  EXPECT_EQ(llama.at("model"), "llama");
+  EXPECT_EQ(llama.at("model").as_string(), "llama");
   EXPECT_EQ(llama.at("requests").to_number<int>(), 3);
   EXPECT_EQ(llama.at("status").at("429").to_number<int>(), 1);
   EXPECT_EQ(llama.at("errors_4xx").to_number<int>(), 1);
@@ -504,14 +504,14 @@ TEST(GatewayMetricsShard, StatsJsonSumsTrafficByModelAndTenant) {
   const auto& tenants = s.at("tenants").as_array();
   // a and anonymous by name (the first two), then the overflow bucket holding c.
   ASSERT_EQ(tenants.size(), 3u);
-  EXPECT_EQ(tenants[0].at("tenant"), "a");
+  EXPECT_EQ(tenants[0].at("tenant").as_string(), "a");
   EXPECT_EQ(tenants[0].at("requests").to_number<int>(), 2);
   EXPECT_EQ(tenants[0].at("rate_limited").to_number<int>(), 1);
   EXPECT_DOUBLE_EQ(tenants[0].at("ttft").at("sum_s").as_double(), 0.05);
-  EXPECT_EQ(tenants[1].at("tenant"), "anonymous");
+  EXPECT_EQ(tenants[1].at("tenant").as_string(), "anonymous");
   EXPECT_EQ(tenants[1].at("requests").to_number<int>(), 0);
   EXPECT_TRUE(tenants[2].at("tenant").is_null());
-  EXPECT_EQ(tenants[2].at("overflow"), true);
+  EXPECT_TRUE(tenants[2].at("overflow").as_bool());
   EXPECT_EQ(tenants[2].at("errors_5xx").to_number<int>(), 1);
   EXPECT_EQ(tenants[2].at("prompt_tokens").to_number<int>(), 10);
 }
