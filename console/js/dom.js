@@ -55,7 +55,12 @@ export function usd(v) {
   if (v === null || v === undefined || Number.isNaN(v)) return "–";
   const a = Math.abs(v);
   if (a === 0) return "$0";
-  if (a < 1) return `${v < 0 ? "-" : ""}$${a.toFixed(6)}`;
+  if (a < 1) {
+    // Up to 6 decimals (a request costs millionths), at least 2, no trailing zeros: $0.05, $0.000016.
+    let t = a.toFixed(6).replace(/0+$/, "");
+    if (t.split(".")[1].length < 2) t = a.toFixed(2);
+    return `${v < 0 ? "-" : ""}$${t}`;
+  }
   return `${v < 0 ? "-" : ""}$${a.toLocaleString("en-US", {minimumFractionDigits: 2, maximumFractionDigits: 2})}`;
 }
 

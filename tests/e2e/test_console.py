@@ -14,6 +14,7 @@ accepts."""
 from __future__ import annotations
 
 import hashlib
+import http.client
 import os
 import re
 import shutil
@@ -322,8 +323,12 @@ def test_the_console_files_answer_with_types_etags_and_a_strict_policy(gw):
     assert js.headers["etag"] != etag
     head = httpx.head(base + "/console/js/app.js")
     assert head.status_code == 200 and head.content == b"" and int(head.headers["content-length"]) == len(js.content)
-    for path in ("/console/nope.js", "/console/../admin/v1/keys", "/console/js/%2e%2e/index.html"):
-        assert httpx.get(base + path).status_code == 404, path
+    for path in ("/console/nope.js", "/console/../admin/v1/keys", "/console/js/%2e%2e/index.html",
+                 "/console//index.html", "/console/js\\app.js"):
+        conn = http.client.HTTPConnection(base.removeprefix("http://"), timeout=5)  # sends the path as written
+        conn.request("GET", path)
+        assert conn.getresponse().status == 404, path
+        conn.close()
     r = httpx.post(base + "/console/index.html")
     assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD"
     # The files need no token, the data does; the JSON answers carry the same policy.

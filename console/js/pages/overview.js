@@ -1,7 +1,7 @@
 // Overview: live requests per second, TTFT and error rate, per model and
 // per tenant (GET /admin/v1/stats every 2 s, charted from the deltas).
 
-import {h, mount, ms, num, pct} from "../dom.js";
+import {h, mount, ms, num, pct, usd} from "../dom.js";
 import {LineChart} from "../chart.js";
 import * as stats from "../stats.js";
 
@@ -48,10 +48,11 @@ export function render(root) {
       tile("Requests since start", num(reqs), "tile-requests"),
       tile("Errors since start", `${num(errs)} (${pct(reqs ? errs / reqs : 0)})`, "tile-errors"));
     charts.modelRps.update(stats.series("models", "rps"));
-    charts.modelTtft.update(stats.series("models", "ttftP50", " p50").flatMap((s, i) => [s, stats.series("models", "ttftP99", " p99")[i]]));
+    const p99 = stats.series("models", "ttftP99", " p99");
+    charts.modelTtft.update(withData(stats.series("models", "ttftP50", " p50").flatMap((x, i) => [x, p99[i]])));
     charts.modelErr.update(stats.series("models", "errorRate"));
     charts.tenantRps.update(stats.series("tenants", "rps"));
-    charts.tenantTtft.update(stats.series("tenants", "ttftMean"));
+    charts.tenantTtft.update(withData(stats.series("tenants", "ttftMean")));
     charts.tenantErr.update(stats.series("tenants", "errorRate"));
     mount(modelTable, table("models", s.models.map((m) => ({
       name: m.model === null ? "(no model)" : m.model, row: m, now: models.get(m.model === null ? "(no model)" : m.model),
@@ -66,6 +67,11 @@ export function render(root) {
     off();
     for (const c of Object.values(charts)) c.destroy();
   };
+}
+
+// Series with at least one value (a model without streams has no TTFT: no legend entry either).
+function withData(series) {
+  return series.filter((x) => x.points.some((p) => p[1] !== null));
 }
 
 function tile(label, value, id) {
@@ -93,10 +99,6 @@ function table(kind, rows) {
         h("td", {class: "num"}, num(row.errors_5xx)),
         h("td", {class: "num"}, ttft(row)),
         h("td", {class: "num"}, `${num(row.prompt_tokens)} / ${num(row.completion_tokens)}`),
-        h("td", {class: "num"}, spend(row.spend_usd))))));
+        h("td", {class: "num"}, usd(row.spend_usd))))));
 }
 
-function spend(v) {
-  if (!v) return "$0";
-  return v < 1 ? `$${v.toFixed(6)}` : `$${v.toFixed(2)}`;
-}

@@ -11,24 +11,30 @@ export function render(root) {
   const body = h("div", {}, h("p", {class: "muted"}, "Loading…"));
   mount(root, h("header", {class: "page-head"}, h("h1", {}, "Tenants & spend"),
     h("p", {class: "muted"}, "Budgets are the current period's settled spend; requests in flight are not included.")), body);
-  let alive = true, timer = null;
+  let alive = true, timer = null, list = null;
+  // Drawn again when either source moves: the tenants (every REFRESH_MS) or the stats (every 2 s).
+  const draw = () => {
+    if (!alive || !list) return;
+    const s = stats.latest();
+    const since = new Map((s ? s.tenants : []).filter((t) => !t.overflow).map((t) => [t.tenant, t]));
+    mount(body, list.data.length === 0
+      ? h("p", {class: "muted"}, "No tenants: this configuration has no tenants: or auth: section.")
+      : h("div", {class: "cards"}, list.data.map((t) => card(t, since.get(t.name)))));
+  };
   const load = async () => {
     try {
-      const list = await get("/admin/v1/tenants");
-      if (!alive) return;
-      const s = stats.latest();
-      const since = new Map((s ? s.tenants : []).filter((t) => !t.overflow).map((t) => [t.tenant, t]));
-      mount(body, list.data.length === 0
-        ? h("p", {class: "muted"}, "No tenants: this configuration has no tenants: or auth: section.")
-        : h("div", {class: "cards"}, list.data.map((t) => card(t, since.get(t.name)))));
+      list = await get("/admin/v1/tenants");
+      draw();
     } catch (e) {
       if (alive) mount(body, h("p", {class: "error"}, `Could not load tenants: ${e.message}`));
     }
     if (alive) timer = setTimeout(load, REFRESH_MS);
   };
+  const off = stats.onStats(draw);
   load();
   return () => {
     alive = false;
+    off();
     clearTimeout(timer);
   };
 }

@@ -18,15 +18,19 @@ TEST(ConsoleAssets, EveryFileIsThereWithItsTypeAndAStrongEtag) {
   for (std::size_t i = 0; i < all.size(); ++i) {
     const Asset& a = all[i];
     EXPECT_TRUE(a.path.starts_with("/console/")) << a.path;
-    if (i > 0) EXPECT_LT(all[i - 1].path, a.path);  // sorted: find() searches by halves
+    if (i > 0) {
+      EXPECT_LT(all[i - 1].path, a.path);  // sorted: find() searches by halves
+    }
     EXPECT_FALSE(a.body.empty()) << a.path;
     ASSERT_EQ(a.etag.size(), 18u) << a.etag;
     EXPECT_EQ(a.etag.front(), '"');
     EXPECT_EQ(a.etag.back(), '"');
     etags.insert(a.etag);
-    if (a.path.ends_with(".js")) EXPECT_EQ(a.content_type, "text/javascript; charset=utf-8");
-    if (a.path.ends_with(".html")) EXPECT_EQ(a.content_type, "text/html; charset=utf-8");
-    if (a.path.ends_with(".css")) EXPECT_EQ(a.content_type, "text/css; charset=utf-8");
+    const std::string_view want = a.path.ends_with(".js")     ? "text/javascript; charset=utf-8"
+                                  : a.path.ends_with(".html") ? "text/html; charset=utf-8"
+                                  : a.path.ends_with(".css")  ? "text/css; charset=utf-8"
+                                                              : a.content_type;
+    EXPECT_EQ(a.content_type, want) << a.path;
     // No file reaches for another origin (the CSP would refuse it anyway); an SVG's xmlns is a name, not a fetch.
     if (a.path.ends_with(".svg")) continue;
     EXPECT_EQ(a.body.find("http://"), std::string_view::npos) << a.path;

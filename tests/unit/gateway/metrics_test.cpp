@@ -443,9 +443,6 @@ TEST(GatewayMetricsShard, TtftBucketsTellFiftyFromNinetyMilliseconds) {
   EXPECT_EQ(bucket("0.25"), 2);
 }
 
-}  // namespace
-}  // namespace weir::gateway
-
 TEST(GatewayMetricsShard, TtftByTenantIsASumAndCountBesideTheModelHistogram) {
   const auto w = with_auth("{}");
   const auto pa = principal(*w.policy, "a", "ka");
@@ -515,3 +512,6 @@ TEST(GatewayMetricsShard, StatsJsonSumsTrafficByModelAndTenant) {
   EXPECT_EQ(tenants[2].at("errors_5xx").to_number<int>(), 1);
   EXPECT_EQ(tenants[2].at("prompt_tokens").to_number<int>(), 10);
 }
+
+}  // namespace
+}  // namespace weir::gateway
