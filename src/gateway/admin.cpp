@@ -99,7 +99,7 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
   co_await collect_metrics_text(self.shared(), self.io(), out);
 }
 
-http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out) {
+http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home) {
   struct Gather {
     Gather(http::Executor ex, std::shared_ptr<const MetricLabels> labels, std::size_t n)
         : total(std::move(labels)), remaining(n), timer(ex) {}
@@ -121,9 +121,15 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
   }
   g->timer.expires_after(std::chrono::seconds(1));
   co_await g->timer.async_wait(http::use_task);
-  g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
+  // The late workers' copies (if any) still merge into g->total: hand out a copy.
+  co_return std::make_shared<MetricsShard>(g->total);
+}
+
+http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out) {
+  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared, home);
+  total->render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
   if (shared.limiter && shared.auth_policy)
-    append_budget_metrics(out, *shared.auth_policy, *shared.limiter, g->total.labels());
+    append_budget_metrics(out, *shared.auth_policy, *shared.limiter, total->labels());
   if (shared.request_log) {
     // The request-log store's writer (atomics, safe to read here).
     const auto s = shared.request_log->stats();

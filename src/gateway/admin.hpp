@@ -1,6 +1,7 @@
 // Weir's own endpoints: GET /v1/models and /metrics.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -15,6 +16,7 @@
 
 namespace weir::gateway {
 
+class MetricsShard;
 class Worker;
 struct Shared;
 
@@ -24,6 +26,10 @@ struct Shared;
 // object, or 404 model_not_found (also for a model the principal may not use).
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
                                                        const auth::Principal* principal);
+
+// Collects every worker's metrics shard (posting to each; no locks) and
+// returns them merged. Waits at most one second for the other workers.
+http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home);
 
 // Collects every worker's metrics shard (posting to each; no locks) and
 // renders the merged set in Prometheus text format into `out`. Waits at most

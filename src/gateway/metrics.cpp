@@ -2,9 +2,14 @@
 
 #include <algorithm>
 
+#include <map>
+
 #include <fmt/format.h>
+#include <boost/json/array.hpp>
 
 namespace weir::gateway {
+
+namespace json = boost::json;
 
 namespace {
 constexpr std::size_t kListed = 18;  // non-zero entries of kStatuses
@@ -180,6 +185,23 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   per_model("weir_spend_usd_total", "counter",
             "Spend in USD at the configured prices (pricing:), from the usage upstreams reported.", Family::spend,
             1e-9);
+  {
+    // Sum and count only (a summary without quantiles): mean TTFT per tenant
+    // is rate(_sum) / rate(_count); the per-model histogram has the buckets.
+    const char* name = "weir_tenant_time_to_first_token_seconds";
+    w.header(name, "summary",
+             "Time to first token by model and tenant (and key): sum and count only; the buckets are in "
+             "weir_time_to_first_token_seconds by model.");
+    const auto sums = family(Family::ttft_sum_us);
+    const auto counts = family(Family::ttft_count);
+    // Both families hold the same series (added together), in the same order.
+    for (std::size_t i = 0; i < sums.size() && i < counts.size(); ++i) {
+      const auto labels =
+          fmt::format("model=\"{}\"{}", model_label(model_of(sums[i].first)), identity_labels(sums[i].first));
+      w.sample(fmt::format("{}_sum", name), labels, static_cast<double>(sums[i].second) / 1e6);
+      w.sample(fmt::format("{}_count", name), labels, counts[i].second);
+    }
+  }
   w.header("weir_rate_limited_total", "counter",
            "Requests Weir's admission refused with 429, by reason (rate_limit_exceeded: a requests or tokens "
            "bucket or a stream cap; insufficient_quota: a budget).");
@@ -270,6 +292,122 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.sample("weir_sse_events_total", "", sse_events);
   w.header("weir_access_log_write_errors_total", "counter", "Access log writes that failed.");
   w.sample("weir_access_log_write_errors_total", "", log_errors);
+}
+
+json::object MetricsShard::stats_json(const core::Config& cfg, const auth::AuthPolicy* policy) const {
+  struct Traffic {
+    std::map<std::string, std::uint64_t> status;  // "200", "429", "5xx" (statuses without a slot of their own)
+    std::uint64_t requests = 0, errors_4xx = 0, errors_5xx = 0;
+    std::uint64_t prompt_tokens = 0, completion_tokens = 0, spend_nano_usd = 0, rate_limited = 0;
+    std::uint64_t ttft_sum_us = 0, ttft_count = 0;
+  };
+  const MetricLabels& L = *labels_;
+  std::vector<Traffic> models(models_), tenants(L.tenants.size());
+  for (const auto& [key, v] : counters_.sorted()) {
+    const auto f = static_cast<Family>(key >> 60);
+    const auto model = static_cast<std::size_t>((key >> 32) & 0x1ffff);
+    const auto tenant = static_cast<std::size_t>((key >> 16) & 0xffff);
+    const auto slot = static_cast<std::size_t>((key >> 49) & 0x1f);
+    Traffic* byt = tenant < tenants.size() ? &tenants[tenant] : nullptr;
+    for (Traffic* t : {model < models.size() ? &models[model] : nullptr, byt}) {
+      if (!t || (f == Family::rate_limited && t != byt)) continue;  // rate_limited has no model
+      switch (f) {
+        case Family::requests: {
+          const auto route = static_cast<RouteKind>((key >> 54) & 0x3f);
+          if (route == RouteKind::health || route == RouteKind::ready || route == RouteKind::metrics) break;
+          const int code = slot < kListed ? kStatuses[slot] : static_cast<int>(slot - kListed) * 100;
+          t->status[slot < kListed ? std::to_string(code) : fmt::format("{}xx", code / 100)] += v;
+          t->requests += v;
+          if (code >= 400 && code < 500) t->errors_4xx += v;
+          if (code >= 500) t->errors_5xx += v;
+          break;
+        }
+        case Family::prompt_tokens:
+          t->prompt_tokens += v;
+          break;
+        case Family::completion_tokens:
+          t->completion_tokens += v;
+          break;
+        case Family::spend:
+          t->spend_nano_usd += v;
+          break;
+        case Family::rate_limited:
+          t->rate_limited += v;
+          break;
+        case Family::ttft_sum_us:
+          t->ttft_sum_us += v;
+          break;
+        case Family::ttft_count:
+          t->ttft_count += v;
+          break;
+      }
+    }
+  }
+  auto traffic_json = [](const Traffic& t, json::object& o) {
+    o["requests"] = t.requests;
+    json::object st;
+    for (const auto& [k, n] : t.status) st[k] = n;
+    o["status"] = std::move(st);
+    o["errors_4xx"] = t.errors_4xx;
+    o["errors_5xx"] = t.errors_5xx;
+    o["prompt_tokens"] = t.prompt_tokens;
+    o["completion_tokens"] = t.completion_tokens;
+    o["spend_usd"] = static_cast<double>(t.spend_nano_usd) / 1e9;
+  };
+  json::object out;
+  out["object"] = "stats";
+  json::array le;
+  for (const auto b : core::ttft_buckets_us()) le.emplace_back(static_cast<double>(b) / 1e6);
+  out["ttft_buckets_s"] = std::move(le);
+  json::array ms;
+  for (std::size_t m = 0; m < models_; ++m) {
+    const Traffic& t = models[m];
+    const core::Histogram& h = ttft_[m];
+    if (t.requests == 0 && h.count() == 0 && m >= cfg.models.size()) continue;
+    json::object o;
+    if (m < cfg.models.size())
+      o["model"] = cfg.models[m].name;
+    else if (m == models_ - 2)
+      o["model"] = "*";  // a model the configuration does not list, sent to the default pool
+    else
+      o["model"] = nullptr;  // requests without one (refused before, or routes without a model)
+    traffic_json(t, o);
+    json::object ttft;
+    ttft["count"] = h.count();
+    ttft["sum_s"] = static_cast<double>(h.sum_us()) / 1e6;
+    json::array cum;  // cumulative, one per bound, then +Inf (= count)
+    std::uint64_t run = 0;
+    for (const auto c : h.counts()) cum.emplace_back(run += c);
+    ttft["buckets"] = std::move(cum);
+    o["ttft"] = std::move(ttft);
+    ms.emplace_back(std::move(o));
+  }
+  out["models"] = std::move(ms);
+  json::array ts;
+  for (std::size_t i = 0; i < tenants.size(); ++i) {
+    const Traffic& t = tenants[i];
+    json::object o;
+    const bool overflow = i + 1 == tenants.size();  // the "other" bucket past server.metrics.max_tenants
+    if (!overflow && policy && i < policy->tenants().size())
+      o["tenant"] = policy->tenants()[i].name;
+    else if (overflow)
+      o["tenant"] = nullptr;
+    else
+      continue;
+    o["overflow"] = overflow;
+    if (overflow && t.requests == 0) continue;
+    traffic_json(t, o);
+    o["rate_limited"] = t.rate_limited;
+    json::object ttft;
+    ttft["count"] = t.ttft_count;
+    ttft["sum_s"] = static_cast<double>(t.ttft_sum_us) / 1e6;
+    o["ttft"] = std::move(ttft);
+    ts.emplace_back(std::move(o));
+  }
+  out["tenants"] = std::move(ts);
+  out["active_streams"] = active_streams;
+  out["active_connections"] = active_connections;
+  return out;
 }
 
 }  // namespace weir::gateway

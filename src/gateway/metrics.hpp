@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <boost/json/object.hpp>
+
 #include "auth/policy.hpp"
 #include "batching/batch.hpp"
 #include "core/config.hpp"
@@ -84,6 +86,16 @@ class MetricsShard {
     counters_.add(series(Family::requests, static_cast<std::uint32_t>(r), status_slot(status), model, id), 1);
   }
   core::Histogram& ttft(std::uint32_t model) { return ttft_[model]; }
+  // One first token `us` µs after arrival: weir_time_to_first_token_seconds{model}
+  // and, for a request with identity labels, the sum and count of
+  // weir_tenant_time_to_first_token_seconds{model,tenant[,key_id]} (two
+  // counter-map adds; no histogram per tenant, so the series stay few).
+  void observe_ttft(std::uint32_t model, std::int64_t us, MetricIdentity id) {
+    ttft_[model].observe_us(us);
+    if (id.tenant == MetricIdentity::kNone && id.key == MetricIdentity::kNone) return;
+    counters_.add(series(Family::ttft_sum_us, 0, 0, model, id), static_cast<std::uint64_t>(us < 0 ? 0 : us));
+    counters_.add(series(Family::ttft_count, 0, 0, model, id), 1);
+  }
   // weir_inter_token_latency_seconds{model}: one observation per SSE data event after a stream's first.
   core::Histogram& itl(std::uint32_t model) { return itl_[model]; }
   core::Histogram& upstream_time(std::uint32_t model) { return upstream_[model]; }
@@ -134,6 +146,16 @@ class MetricsShard {
   }
   // Failures of kind `f` over every endpoint.
   std::uint64_t upstream_failures(http::UpstreamFailure f) const;
+  // weir_upstream_attempts_total and weir_upstream_failures_total (kind `f`)
+  // of endpoint `endpoint` of config pool `pool`; 0 for a slot that does not exist.
+  std::uint64_t attempts(std::uint32_t pool, std::uint32_t endpoint) const {
+    const auto e = endpoint_slot(pool, endpoint);
+    return e < attempts_.size() ? attempts_[e] : 0;
+  }
+  std::uint64_t upstream_failures(std::uint32_t pool, std::uint32_t endpoint, http::UpstreamFailure f) const {
+    const auto e = endpoint_slot(pool, endpoint);
+    return e < attempts_.size() ? upstream_failures_[e * kFailureKinds + kind_of(f)] : 0;
+  }
   std::uint64_t client_disconnects = 0;   // client left before the response ended
   std::uint64_t slow_client_cutoffs = 0;  // stream backlog or write timeout exceeded
   std::uint64_t bytes_in = 0;             // request bodies, bytes
@@ -145,6 +167,14 @@ class MetricsShard {
   // Renders the merged shard in Prometheus text format.
   void render(std::string& out, const core::Config& cfg, std::uint64_t access_log_write_errors) const;
 
+  // The merged shard's traffic by model and by tenant, cumulative since
+  // start, for GET /admin/v1/stats (docs/admin-api.md: the shape): requests
+  // by status, TTFT (a histogram per model; sum and count per tenant),
+  // tokens, spend (USD) and Weir's own 429s. Weir's own probe routes
+  // (/health, /ready, /metrics) are left out. `policy` names the tenant
+  // slots (null: no tenants).
+  boost::json::object stats_json(const core::Config& cfg, const auth::AuthPolicy* policy) const;
+
  private:
   static constexpr std::array<int, 20> kStatuses = {200, 400, 401, 403, 404, 405, 408, 413, 415, 422,
                                                     429, 431, 499, 500, 501, 502, 503, 504, 0,   0};
@@ -155,7 +185,15 @@ class MetricsShard {
 
   // The counters with identity labels live in one sparse map, keyed by
   // family (4 bits) | route (6) | status slot or reason (5) | model slot (17) | tenant (16) | key (16).
-  enum class Family : std::uint8_t { requests, prompt_tokens, completion_tokens, spend, rate_limited };
+  enum class Family : std::uint8_t {
+    requests,
+    prompt_tokens,
+    completion_tokens,
+    spend,
+    rate_limited,
+    ttft_sum_us,  // weir_tenant_time_to_first_token_seconds_sum, in µs
+    ttft_count,   // weir_tenant_time_to_first_token_seconds_count
+  };
   static std::uint64_t series(Family f, std::uint32_t route, std::uint32_t status, std::uint32_t model,
                               MetricIdentity id) {
     return std::uint64_t{static_cast<std::uint8_t>(f)} << 60 | std::uint64_t{route & 0x3f} << 54 |

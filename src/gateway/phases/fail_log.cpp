@@ -129,7 +129,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   }
   m.duration(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, end));
   if (ctx.t_first_token != core::TimePoint{})
-    m.ttft(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, ctx.t_first_token));
+    m.observe_ttft(ctx.model_slot, core::micros_between(ctx.t_start, ctx.t_first_token), id);
   if (ctx.t_upstream_done != core::TimePoint{} && ctx.t_upstream_sent != core::TimePoint{})
     m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);

@@ -443,5 +443,75 @@ TEST(GatewayMetricsShard, TtftBucketsTellFiftyFromNinetyMilliseconds) {
   EXPECT_EQ(bucket("0.25"), 2);
 }
 
+TEST(GatewayMetricsShard, TtftByTenantIsASumAndCountBesideTheModelHistogram) {
+  const auto w = with_auth("{}");
+  const auto pa = principal(*w.policy, "a", "ka");
+  MetricsShard m(w.labels);
+  m.observe_ttft(0, 40'000, w.labels->identity(&pa));
+  m.observe_ttft(0, 60'000, w.labels->identity(&pa));
+  m.observe_ttft(0, 7'000, {});  // no principal: the model's histogram only
+  const auto t = render(m, w.loaded.config);
+  EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_count", "model=\"llama\""), 3);
+  EXPECT_DOUBLE_EQ(sample(t, "weir_tenant_time_to_first_token_seconds_sum", "model=\"llama\",tenant=\"a\""), 0.1);
+  EXPECT_EQ(sample(t, "weir_tenant_time_to_first_token_seconds_count", "model=\"llama\",tenant=\"a\""), 2);
+  EXPECT_EQ(count_lines_starting(t, "weir_tenant_time_to_first_token_seconds_count{"), 1u);
+  EXPECT_NE(t.find("# TYPE weir_tenant_time_to_first_token_seconds summary\n"), std::string::npos);
+}
+
+TEST(GatewayMetricsShard, StatsJsonSumsTrafficByModelAndTenant) {
+  const auto w = with_auth("{max_tenants: 2}");
+  const auto pa = principal(*w.policy, "a", "ka"), pc = principal(*w.policy, "c");
+  const auto ia = w.labels->identity(&pa), ic = w.labels->identity(&pc);
+  MetricsShard x(w.labels), y(w.labels), m(w.labels);
+  x.count_request(RouteKind::chat_completions, 0, 200, ia);
+  x.count_request(RouteKind::chat_completions, 0, 429, ia);
+  y.count_request(RouteKind::completions, 0, 502, ic);
+  y.count_request(RouteKind::chat_completions, x.no_model(), 401);
+  y.count_request(RouteKind::metrics, x.no_model(), 200);  // a scrape is not traffic
+  x.count_rate_limited(RateLimitReason::rate_limit_exceeded, ia);
+  x.add_spend(0, 1'500'000'000, ia);
+  y.add_tokens(0, 10, 20, ic);
+  x.observe_ttft(0, 50'000, ia);
+  y.observe_ttft(0, 90'000, ic);
+  m.merge(x);
+  m.merge(y);
+  const auto s = m.stats_json(w.loaded.config, w.policy.get());
+  ASSERT_EQ(s.at("object").as_string(), "stats");
+  const auto& le = s.at("ttft_buckets_s").as_array();
+  const auto& models = s.at("models").as_array();
+  ASSERT_EQ(models.size(), 2u);  // llama, then the requests without a model
+  const auto& llama = models[0].as_object();
+  EXPECT_EQ(llama.at("model").as_string(), "llama");
+  EXPECT_EQ(llama.at("requests").to_number<int>(), 3);
+  EXPECT_EQ(llama.at("status").at("429").to_number<int>(), 1);
+  EXPECT_EQ(llama.at("errors_4xx").to_number<int>(), 1);
+  EXPECT_EQ(llama.at("errors_5xx").to_number<int>(), 1);
+  EXPECT_DOUBLE_EQ(llama.at("spend_usd").as_double(), 1.5);
+  EXPECT_EQ(llama.at("completion_tokens").to_number<int>(), 20);
+  const auto& buckets = llama.at("ttft").at("buckets").as_array();
+  ASSERT_EQ(buckets.size(), le.size() + 1);  // cumulative, then +Inf
+  EXPECT_EQ(buckets.back().to_number<int>(), 2);
+  for (std::size_t i = 0; i < le.size(); ++i) {
+    const double bound = le[i].to_number<double>();
+    EXPECT_EQ(buckets[i].to_number<int>(), (bound >= 0.05 ? 1 : 0) + (bound >= 0.09 ? 1 : 0)) << bound;
+  }
+  const auto& none = models[1].as_object();
+  EXPECT_TRUE(none.at("model").is_null());
+  EXPECT_EQ(none.at("requests").to_number<int>(), 1);  // the 401; the scrape left out
+  const auto& tenants = s.at("tenants").as_array();
+  // a and anonymous by name (the first two), then the overflow bucket holding c.
+  ASSERT_EQ(tenants.size(), 3u);
+  EXPECT_EQ(tenants[0].at("tenant").as_string(), "a");
+  EXPECT_EQ(tenants[0].at("requests").to_number<int>(), 2);
+  EXPECT_EQ(tenants[0].at("rate_limited").to_number<int>(), 1);
+  EXPECT_DOUBLE_EQ(tenants[0].at("ttft").at("sum_s").as_double(), 0.05);
+  EXPECT_EQ(tenants[1].at("tenant").as_string(), "anonymous");
+  EXPECT_EQ(tenants[1].at("requests").to_number<int>(), 0);
+  EXPECT_TRUE(tenants[2].at("tenant").is_null());
+  EXPECT_TRUE(tenants[2].at("overflow").as_bool());
+  EXPECT_EQ(tenants[2].at("errors_5xx").to_number<int>(), 1);
+  EXPECT_EQ(tenants[2].at("prompt_tokens").to_number<int>(), 10);
+}
+
 }  // namespace
 }  // namespace weir::gateway
