@@ -22,7 +22,7 @@ namespace weir::gateway {
 namespace bh = boost::beast::http;
 
 core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
-  const auto& sc = w_.config().server;
+  const auto& sc = ctx.gen->config().server;
   http::ResponseSource& src = *ctx.source;
   std::string& body = ctx.body;
   body.clear();
