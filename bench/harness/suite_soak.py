@@ -4,6 +4,7 @@ RSS within 10 % of the warmed-up baseline and the descriptors back to it."""
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import time
@@ -48,6 +49,10 @@ def pct_ms(d: dict, hist: str, p: str) -> float | None:
     return h.get(f"{p}_us") / 1000.0 if h.get("count") else None
 
 
+def fmt_ms(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
 def sub(a: float | None, b: float | None) -> float | None:
     return a - b if a is not None and b is not None else None
 
@@ -57,20 +62,28 @@ def unexpected_errors(d: dict) -> dict[str, int]:
 
 
 def access_log_lines(path: pathlib.Path) -> int:
+    """Access-log lines of chat completions (not the harness's readiness probes)."""
+    n = 0
     try:
-        with path.open("rb") as f:
-            return sum(1 for _ in f)
+        with path.open() as f:
+            for line in f:
+                try:
+                    n += json.loads(line).get("path") == "/v1/chat/completions"
+                except ValueError:
+                    n += 1  # a line that is not JSON is a line too: it will not match the count
     except OSError:
         return 0
+    return n
 
 
 def run(env: Env, opts: Options) -> Report:
     rep = Report("soak", TITLE, env)
     minutes = opts.soak_minutes if opts.soak_minutes else 10.0
     rate = opts.soak_rate if opts.soak_rate else 250.0
-    window = 3.0 if env.smoke else WINDOW_S
+    window = 2.0 if env.smoke else WINDOW_S
     windows = 3 if env.smoke else max(1, round(minutes * 60 / window))
-    idle = 6.0 if env.smoke else IDLE_S
+    # Longer than idle_keepalive (4 s) and the sweep after it: the upstream connections are gone.
+    idle = 5.5 if env.smoke else IDLE_S
     if env.smoke:
         rate = 40.0
     tokens = 32 if env.smoke else 128
@@ -140,7 +153,7 @@ def run(env: Env, opts: Options) -> Report:
         s["added_p99_ms"] = sub(s["ttft_p99_ms"], ttft99_d)
         samples.append(s)
         env.log(f"    window {i + 1}/{windows}: RSS {s['rss_mib']:.1f} MiB, {s['fds']} fds, ok {s['ok']}, "
-                f"left {s['left']}, added TTFT p50 {s['added_p50_ms']} p99 {s['added_p99_ms']} ms"
+                f"left {s['left']}, added TTFT p50 {fmt_ms(s['added_p50_ms'])} p99 {fmt_ms(s['added_p99_ms'])} ms"
                 + (f", unexpected {s['unexpected']}" if s["unexpected"] else ""))
 
     # Idle: the clients are gone; upstream connections age out (idle_keepalive), free heap is trimmed.
@@ -204,14 +217,14 @@ def run(env: Env, opts: Options) -> Report:
         f"upstream's injected error ({FAULTS:.0%} of attempts) twice in a row, passed on after the retry; "
         f"in-band: streams the upstream reset mid-way ({RESETS:.0%}), ended with an in-band error; "
         "added TTFT: the window's percentile minus the direct path's under the same load and faults "
-        f"(direct p50 {ttft50_d} ms, p99 {ttft99_d} ms).\n\n"
+        f"(direct p50 {fmt_ms(ttft50_d)} ms, p99 {fmt_ms(ttft99_d)} ms).\n\n"
         + table(["t (s)", "RSS MiB", "fds", "sent", "ok", "left", "503", "in-band", "other errors",
                  "added TTFT p50 ms", "added TTFT p99 ms", "Weir CPU (cores)"], rows)))
     rep.section("Idle", (
         f"Before any request: RSS {rss_start:.1f} MiB, {fds_start} descriptors. After the {window:g} s warm-up "
         f"(RSS {rss_warm_load:.1f} MiB under load) and {idle:g} s idle (the baseline): RSS {rss_base:.1f} MiB, "
         f"{fds_base} descriptors. After the soak and {idle:g} s idle: RSS {rss_end:.1f} MiB, {fds_end} "
-        "descriptors. During that idle minute:\n\n"
+        f"descriptors. During those {idle:g} s:\n\n"
         + table(["s idle", "RSS MiB", "fds"], [[f"{t:.0f}", f"{r:.1f}", str(f)] for t, r, f in idle_curve[::5 if
                                                                                                       not env.smoke
                                                                                                       else 2]])))
