@@ -58,16 +58,8 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     const auto& pc = cfg.pools[p];
     PoolSlot slot;
     slot.fingerprint = pool_fingerprint(cfg, pc);
-    const PoolSlot* same = nullptr;
-    if (previous)
-      for (const auto& old : previous->pools)
-        if (old.cfg->name == pc.name && old.fingerprint == slot.fingerprint) same = &old;
-    if (same) {
-      g->pools.push_back(*same);  // its objects go on as they are
-      continue;
-    }
-    slot.owner = g->config;
-    slot.cfg = &pc;
+    // Every endpoint is resolved again (as nginx does on a reload): a host
+    // name that now resolves elsewhere is a changed pool.
     if (p < in.addrs.size() && in.addrs[p].size() == pc.endpoints.size()) {
       slot.addrs = in.addrs[p];
     } else {
@@ -80,6 +72,16 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
         slot.addrs.push_back(r.begin()->endpoint());
       }
     }
+    const PoolSlot* same = nullptr;
+    if (previous)
+      for (const auto& old : previous->pools)
+        if (old.cfg->name == pc.name && old.fingerprint == slot.fingerprint && old.addrs == slot.addrs) same = &old;
+    if (same) {
+      g->pools.push_back(*same);  // its objects go on as they are
+      continue;
+    }
+    slot.owner = g->config;
+    slot.cfg = &pc;
     slot.state = std::make_shared<routing::SharedPoolState>(pc);
     if (p < in.tls.size()) slot.state->tls = in.tls[p];
     g->pools.push_back(std::move(slot));

@@ -77,11 +77,11 @@ struct GenerationInput {
   std::vector<std::vector<http::tcp::endpoint>> addrs;
 };
 
-// Builds the generation after `previous` (null at start-up) from `in`: a
-// pool with the same fingerprint as one of `previous` of the same name
-// keeps its PoolSlot; the endpoints of every other pool are resolved here
-// (getaddrinfo: blocks the calling thread, the control thread). Error:
-// "pools.NAME: cannot resolve HOST: REASON".
+// Builds the generation after `previous` (null at start-up) from `in`.
+// Every endpoint is resolved here (getaddrinfo: blocks the calling thread,
+// the control thread), unless `in.addrs` gives it; a pool with the same
+// name, fingerprint and addresses as one of `previous` keeps its PoolSlot.
+// Error: "pools.NAME: cannot resolve HOST: REASON".
 tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(GenerationInput in,
                                                                               const Generation* previous);
 

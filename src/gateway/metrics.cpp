@@ -71,9 +71,11 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
     if (raw) raw->emplace_back(name);
     return static_cast<std::uint16_t>(names.size() - 2);
   };
-  const auto scopes = policy->scopes().size();
-  l->tenant_slot.assign(scopes, MetricIdentity::kOther);
-  l->key_slot.assign(scopes, MetricIdentity::kOther);
+  // The previous labels' scope slots stay (scopes are never reused): a
+  // request admitted under an older policy still counts under its tenant.
+  const auto scopes = std::max(policy->scopes().size(), l->tenant_slot.size());
+  l->tenant_slot.resize(scopes, MetricIdentity::kOther);
+  l->key_slot.resize(scopes, MetricIdentity::kOther);
   if (mc.tenant_label) {
     if (l->tenants.empty()) l->tenants.emplace_back(kOther);
     for (const auto& t : policy->tenants())  // name order

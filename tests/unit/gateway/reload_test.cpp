@@ -312,6 +312,14 @@ TEST(AuthPolicyAcrossReloads, UnchangedTenantsAndKeysKeepTheirScopesOthersGetNew
   EXPECT_EQ(p2->scopes()[old_b].name, "key:(retired)");
   EXPECT_FALSE(p2->scopes()[key(*p1, "kb")].limits.any());
   EXPECT_EQ(p2->scopes()[key(*p2, "kb")].limits.requests_per_minute, 6u);
+  // Metric labels: b's old and new scopes both count under b (a request admitted before the reload).
+  const auto l1 = MetricLabels::build(cfg(kBase), p1.get());
+  const auto l2 = MetricLabels::build(cfg(kBase), p2.get(), l1.get());
+  const auto b_slot = l1->tenant_slot[old_b];
+  EXPECT_EQ(l1->tenants[b_slot], "b");
+  EXPECT_EQ(l2->tenant_slot[old_b], b_slot);
+  EXPECT_EQ(l2->tenant_slot[p2->find_tenant("b")->scope], b_slot);
+  EXPECT_EQ(l2->tenants[l2->tenant_slot[p2->find_tenant("c")->scope]], "c");
   // Built again from p2 with nothing changed: the same scopes.
   const auto p3 = auth::AuthPolicy::build(p2->config(), {}, 0, p2.get());
   EXPECT_EQ(p3->scopes().size(), p2->scopes().size());
