@@ -2,11 +2,14 @@
 
 #include <sys/stat.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 
 namespace weir::server {
 
@@ -127,6 +130,7 @@ bool Reloader::reload(std::string_view why) {
 bool Reloader::apply(std::string_view why) {
   auto& stats = shared_.reloads;
   if (stopped_) return false;
+  ++attempts_;
   if (source_.file.empty()) {
     fmt::print(stderr, "weir: {}: no configuration file to reload (quick mode)\n", why);
     return false;
@@ -166,15 +170,37 @@ bool Reloader::apply(std::string_view why) {
     shared_.auth_policy = *policy;
     if (admin_) admin_->reloaded(*policy);
   }
-  for (gateway::Worker* w : shared_.workers) w->post_install(*gen, *policy, [] {});
   start_scraper();
-  stats.succeeded.fetch_add(1, std::memory_order_relaxed);
-  stats.last_ok.store(true, std::memory_order_relaxed);
-  stats.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
-  stats.generation.store((*gen)->id, std::memory_order_relaxed);
-  fmt::print(stderr, "weir: {}: configuration reloaded from {} (generation {}): {}\n", why, source_.file, (*gen)->id,
-             changes);
   arm_watch();
+  // Counted and said once every worker has it: from then on every new
+  // request runs on it (a worker whose thread is gone, draining, never says).
+  struct Applied {
+    gateway::ReloadStats* stats;
+    const std::uint64_t* attempts;  // the reloader's count of attempts, read on the control thread
+    std::uint64_t attempt;          // this one's number
+    std::uint64_t id;
+    std::string line;
+    std::atomic<std::size_t> remaining;
+  };
+  auto applied = std::make_shared<Applied>(&stats, &attempts_, attempts_, (*gen)->id,
+                                           fmt::format("weir: {}: configuration reloaded from {} (generation {}): {}\n",
+                                                       why, source_.file, (*gen)->id, changes),
+                                           shared_.workers.size());
+  auto on_all = [applied] {
+    auto& st = *applied->stats;
+    st.succeeded.fetch_add(1, std::memory_order_relaxed);
+    // A later attempt (refused meanwhile) has the last word on "last".
+    if (*applied->attempts == applied->attempt) st.last_ok.store(true, std::memory_order_relaxed);
+    st.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
+    st.generation.store(applied->id, std::memory_order_relaxed);
+    std::fputs(applied->line.c_str(), stderr);
+  };
+  if (shared_.workers.empty()) on_all();
+  for (gateway::Worker* w : shared_.workers)
+    w->post_install(*gen, *policy, [applied, on_all, &control = control_] {
+      // On the worker's thread; the last one hands the count to the control thread.
+      if (applied->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) boost::asio::post(control, on_all);
+    });
   return true;
 }
 

@@ -77,6 +77,7 @@ class Reloader {
   std::unique_ptr<routing::LoadScraper> scraper_;
   std::vector<std::unique_ptr<routing::LoadScraper>> retired_scrapers_;  // stopped, loops not yet ended
   bool stopped_ = false;
+  std::uint64_t attempts_ = 0;  // reloads tried
   bool watching_ = false;
   FileStamp seen_;     // the file as the last reload (or start-up) read it
   FileStamp pending_;  // a change the watch saw once; applied when the next look finds it settled
