@@ -12,7 +12,7 @@ import time
 import configs
 from common import Options
 from loadgen import Load, run as bench_run
-from procs import HarnessError
+from procs import HarnessError, http_get
 from report import Report, table
 from targets import Env, Mock, Target, direct, start_weir
 
@@ -59,6 +59,28 @@ def sub(a: float | None, b: float | None) -> float | None:
 
 def unexpected_errors(d: dict) -> dict[str, int]:
     return {k: v for k, v in (d.get("errors") or {}).items() if v and k not in EXPECTED}
+
+
+def counter_sum(text: str, name: str, **labels: str) -> float:
+    """The sum of a Prometheus counter's samples whose labels include `labels`."""
+    total = 0.0
+    for line in text.splitlines():
+        if not line.startswith(name + "{") and not line.startswith(name + " "):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            total += float(value)
+    return total
+
+
+def upstream_failures(weir: Target, mock: Mock) -> dict[str, float]:
+    """Weir's upstream failures by kind, and the resets the mock injected."""
+    _, body = http_get(weir.url + "/metrics", timeout=5)
+    text = body.decode(errors="replace")
+    out = {k: counter_sum(text, "weir_upstream_failures_total", kind=k)
+           for k in ("reset", "protocol", "timeout", "connect_refused", "connect_timeout")}
+    out["mock_resets"] = counter_sum(mock.metrics(), "weir_mock_injected_resets_total")
+    return out
 
 
 def access_log_lines(path: pathlib.Path) -> int:
@@ -123,6 +145,7 @@ def run(env: Env, opts: Options) -> Report:
     env.log(f"  soak: direct path, {window:g} s at {rate:g} req/s")
     d_direct = bench_run(env, direct(mock), load(window), "soak-direct", mock=mock)
     ttft50_d, ttft99_d = pct_ms(d_direct, "ttft", "p50"), pct_ms(d_direct, "ttft", "p99")
+    resets_direct = counter_sum(mock.metrics(), "weir_mock_injected_resets_total")  # not Weir's
 
     # Warm-up, then idle: the baseline the end is compared with.
     env.log(f"  soak: warm-up {window:g} s through Weir, then {idle:g} s idle")
@@ -164,6 +187,8 @@ def run(env: Env, opts: Options) -> Report:
         idle_curve.append((round(time.monotonic() - t_idle, 1), rss_mib(weir), open_fds(weir)))
     rss_end, fds_end = rss_mib(weir), open_fds(weir)
     hwm = weir.memory_kb()["hwm_kb"] / 1024
+    failures = upstream_failures(weir, mock)
+    failures["mock_resets"] -= resets_direct
     log_lines = access_log_lines(access_log)
     alive = weir.alive()
     weir.stop()
@@ -186,12 +211,21 @@ def run(env: Env, opts: Options) -> Report:
         for k, v in s["unexpected"].items():
             unexpected[k] = unexpected.get(k, 0) + v
     answered = sum(s["sent"] for s in samples)
-    rep.goal("no errors beyond the injected faults", "none" if not unexpected else
-             ", ".join(f"{k} {v}" for k, v in unexpected.items()) + f" of {answered} requests",
-             "met" if not unexpected else "missed")
+    # Weir's view: every upstream failure is one the mock injected (a reset it sent), none other.
+    unexplained = {k: v for k, v in failures.items() if k in ("protocol", "timeout", "connect_refused",
+                                                              "connect_timeout") and v}
+    if failures["reset"] > failures["mock_resets"]:
+        unexplained["reset beyond the mock's"] = failures["reset"] - failures["mock_resets"]
+    clean = not unexpected and not unexplained
+    rep.goal("no errors beyond the injected faults",
+             ("none" if clean else "; ".join(filter(None, [
+                 ", ".join(f"{k} {v}" for k, v in unexpected.items()),
+                 ", ".join(f"upstream {k} {v:g}" for k, v in unexplained.items())])))
+             + f" ({answered} requests; Weir saw {failures['reset']:g} upstream resets, the mock sent "
+             f"{failures['mock_resets']:g})", "met" if clean else "missed")
     if env.smoke:
-        if unexpected:
-            rep.failures.append(f"soak: errors the faults do not explain: {unexpected}")
+        if unexpected or unexplained:
+            rep.failures.append(f"soak: errors the faults do not explain: {unexpected} {unexplained}")
         if fds_end > fds_base:
             rep.failures.append(f"soak: {fds_end - fds_base} descriptors more after idle than at the baseline")
         if not samples:
