@@ -17,6 +17,8 @@ class Options:
     peers: list[str] = field(default_factory=lambda: list(PEER_ORDER))
     install_peers: bool = True
     bifrost_variants: list[str] = field(default_factory=lambda: ["logging-on", "logging-off"])
+    soak_minutes: float = 0.0   # soak: minutes of load (0: the suite's default, 10)
+    soak_rate: float = 0.0      # soak: req/s (0: the suite's default, 250)
 
 
 def peers_for(env: Env, opts: Options) -> list[str]:

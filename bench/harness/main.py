@@ -26,7 +26,7 @@ from common import Options  # noqa: E402
 from procs import HarnessError  # noqa: E402
 from targets import REPO, Env, PEER_ORDER  # noqa: E402
 
-SUITES = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch", "routing"]
+SUITES = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch", "routing", "soak"]
 
 
 def load_suite(name: str):
@@ -59,6 +59,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="also measure build/bin/weir with request_log: (a SQLite file in the work dir) beside it, "
                          "same config otherwise, alternated in the same rounds: target 'weir (request log)' in the "
                          "latency, stream and memory suites")
+    ap.add_argument("--soak-minutes", type=float, default=0.0,
+                    help="soak: minutes of load after the warm-up (default 10)")
+    ap.add_argument("--soak-rate", type=float, default=0.0, help="soak: open-loop req/s (default 250)")
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
@@ -151,7 +154,8 @@ def main(argv: list[str]) -> int:
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     priority = not args.no_priority and procs.priority_available()
-    opts = Options(peers=[p for p in args.peers.split(",") if p], install_peers=not args.no_install)
+    opts = Options(peers=[p for p in args.peers.split(",") if p], install_peers=not args.no_install,
+                   soak_minutes=args.soak_minutes, soak_rate=args.soak_rate)
     rounds = args.rounds or (1 if smoke else 3)
     failures: list[str] = []
     written: list[pathlib.Path] = []

@@ -168,6 +168,9 @@ class MicroBatcher {
   // Open batches (collecting members), and coalesced generations in flight; for tests.
   std::size_t open_batches() const { return open_.size(); }
   std::size_t flights() const { return flights_.size(); }
+  // No batch is open, in flight or still sending: the batcher may be
+  // destroyed (a configuration reload retired its pool).
+  bool idle() const { return open_.empty() && flights_.empty() && running_ == 0; }
 
  private:
   friend class Batch;
@@ -176,6 +179,7 @@ class MicroBatcher {
   BatchEnv env_;
   std::vector<std::shared_ptr<Batch>> open_;
   std::vector<std::shared_ptr<Batch>> flights_;  // coalesced generations still joinable
+  std::size_t running_ = 0;                      // batches whose upstream request runs (Batch::run)
 };
 
 }  // namespace weir::batching

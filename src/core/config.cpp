@@ -37,10 +37,10 @@ ConfigResult<void> parse_metrics(const YAML::Node& n, MetricsConfig& m) {
 }
 
 ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
-  WEIR_TRY_VOID(
-      check_keys(n, "server",
-                 {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout", "write_timeout",
-                  "max_stream_buffer", "max_response", "drain_timeout", "access_log", "reuse_port", "metrics"}));
+  WEIR_TRY_VOID(check_keys(
+      n, "server",
+      {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout", "write_timeout",
+       "max_stream_buffer", "max_response", "drain_timeout", "access_log", "reuse_port", "metrics", "watch_config"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     s.max_body_bytes = b;
@@ -81,6 +81,18 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
     s.reuse_port = b;
   }
   if (auto v = n["metrics"]) WEIR_TRY_VOID(parse_metrics(v, s.metrics));
+  if (auto v = n["watch_config"]) {
+    // false (off), true (every second), or how often.
+    if (bool on = false; v.IsScalar() && YAML::convert<bool>::decode(v, on)) {
+      s.watch_config = on ? Millis{1'000} : Millis{0};
+    } else {
+      WEIR_TRY(ms, read_duration(v, "server.watch_config"));
+      if (ms.count() != 0 && (ms.count() < 100 || ms.count() > 3'600'000))
+        return tl::unexpected(config_error(v, "server.watch_config",
+                                           "expected false, true (every 1s), or an interval between 100ms and 1h"));
+      s.watch_config = ms;
+    }
+  }
   return {};
 }
 

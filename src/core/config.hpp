@@ -51,6 +51,9 @@ struct ServerConfig {
   std::string access_log = "-";                      // "-" stdout, "off", or a file path
   bool reuse_port = false;                           // start even if another process listens on `listen`, sharing it
   MetricsConfig metrics;                             // label dimensions of /metrics
+  // Reload the configuration file when it changes (besides SIGHUP): how
+  // often its size, time and inode are looked at; 0 = off (the default).
+  Millis watch_config{0};
 };
 
 // Upstream timeouts of one pool.

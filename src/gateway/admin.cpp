@@ -35,24 +35,26 @@ void append_model(std::string& out, std::string_view id, std::string_view owned_
 // reservations (the only way spend passes a limit: docs/admission.md).
 void append_budget_metrics(std::string& out, const auth::AuthPolicy& policy, admission::Limiter& limiter,
                            const MetricLabels& labels) {
-  const auto& tenants = policy.tenants();
-  const std::size_t own = labels.tenants.empty() ? 0 : std::min(tenants.size(), labels.tenants.size() - 1);
-  bool any = false;
-  for (std::size_t i = 0; i < own; ++i) any = any || tenants[i].budget.any();
-  if (!any) return;
+  // The budgeted tenants with a tenant label of their own.
+  std::vector<std::pair<const auth::TenantPolicy*, std::string_view>> shown;
+  if (!labels.tenants.empty())
+    for (const auto& t : policy.tenants()) {
+      const auto slot = t.scope < labels.tenant_slot.size() ? labels.tenant_slot[t.scope] : MetricIdentity::kOther;
+      if (t.budget.any() && slot != MetricIdentity::kOther && slot < labels.tenants.size())
+        shown.emplace_back(&t, labels.tenants[slot]);
+    }
+  if (shown.empty()) return;
   core::PromWriter w(out);
   w.header("weir_budget_limit_usd", "gauge", "The tenant's budget per period (tenants.X.budget), USD.");
-  for (std::size_t i = 0; i < own; ++i)
-    if (tenants[i].budget.any())
-      w.sample("weir_budget_limit_usd", fmt::format("tenant=\"{}\"", labels.tenants[i]),
-               static_cast<double>(tenants[i].budget.limit_nano_usd) / 1e9);
+  for (const auto& [t, label] : shown)
+    w.sample("weir_budget_limit_usd", fmt::format("tenant=\"{}\"", label),
+             static_cast<double>(t->budget.limit_nano_usd) / 1e9);
   w.header("weir_budget_remaining_usd", "gauge",
            "What is left of the tenant's budget in the current period (limit minus settled spend), USD.");
   const auto now = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < own; ++i)
-    if (tenants[i].budget.any())
-      w.sample("weir_budget_remaining_usd", fmt::format("tenant=\"{}\"", labels.tenants[i]),
-               static_cast<double>(tenants[i].budget.limit_nano_usd - limiter.spent(tenants[i].scope, now)) / 1e9);
+  for (const auto& [t, label] : shown)
+    w.sample("weir_budget_remaining_usd", fmt::format("tenant=\"{}\"", label),
+             static_cast<double>(t->budget.limit_nano_usd - limiter.spent(t->scope, now)) / 1e9);
 }
 }  // namespace
 
@@ -96,10 +98,15 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 }
 
 http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
-  co_await collect_metrics_text(self.shared(), self.io(), out);
+  // This worker's view: its generation's labels and its authenticator's policy.
+  const std::shared_ptr<const MetricLabels> labels = self.generation()->shared->labels;
+  const std::shared_ptr<const auth::AuthPolicy> policy =
+      self.authenticator() ? self.authenticator()->policy() : std::shared_ptr<const auth::AuthPolicy>();
+  co_await collect_metrics_text(self.shared(), self.io(), out, labels, policy);
 }
 
-http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home) {
+http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home,
+                                                          const std::shared_ptr<const MetricLabels>& labels) {
   struct Gather {
     Gather(http::Executor ex, std::shared_ptr<const MetricLabels> labels, std::size_t n)
         : total(std::move(labels)), remaining(n), timer(ex) {}
@@ -107,9 +114,8 @@ http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost:
     std::size_t remaining;
     http::Timer timer;
   };
-  // Label slots never change after start: reading worker 0's pointer from here is safe.
-  auto labels = shared.metric_labels ? shared.metric_labels : shared.workers.front()->metrics().labels_ptr();
-  auto g = std::make_shared<Gather>(home.get_executor(), std::move(labels), shared.workers.size());
+  // A worker on a later generation's labels brings them along (MetricsShard::merge).
+  auto g = std::make_shared<Gather>(home.get_executor(), labels, shared.workers.size());
   for (Worker* w : shared.workers) {
     boost::asio::post(w->io(), [w, g, &home] {
       MetricsShard copy = w->metrics();  // on w's own thread
@@ -125,11 +131,32 @@ http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost:
   co_return std::make_shared<MetricsShard>(g->total);
 }
 
-http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out) {
-  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared, home);
-  total->render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
-  if (shared.limiter && shared.auth_policy)
-    append_budget_metrics(out, *shared.auth_policy, *shared.limiter, total->labels());
+http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out,
+                                      const std::shared_ptr<const MetricLabels>& labels,
+                                      const std::shared_ptr<const auth::AuthPolicy>& policy) {
+  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared, home, labels);
+  total->render(out, shared.log_sink ? shared.log_sink->write_errors() : 0);
+  if (shared.limiter && policy) append_budget_metrics(out, *policy, *shared.limiter, total->labels());
+  {
+    // Configuration reloads (docs/operations.md): atomics the control thread writes.
+    const auto& r = shared.reloads;
+    core::PromWriter w(out);
+    w.header("weir_config_reloads_total", "counter",
+             "Configuration reloads (SIGHUP, server.watch_config) by result: success (applied), failure (the file was "
+             "refused: invalid, or a change that needs a restart; the running configuration was kept).");
+    w.sample("weir_config_reloads_total", "result=\"success\"", r.succeeded.load(std::memory_order_relaxed));
+    w.sample("weir_config_reloads_total", "result=\"failure\"", r.failed.load(std::memory_order_relaxed));
+    w.header("weir_config_last_reload_successful", "gauge",
+             "1 when the last reload attempt was applied (or none was made), 0 when it was refused.");
+    w.sample("weir_config_last_reload_successful", "", r.last_ok.load(std::memory_order_relaxed) ? 1.0 : 0.0);
+    w.header("weir_config_last_reload_success_timestamp_seconds", "gauge",
+             "Unix time the running configuration was loaded (start-up, or the last applied reload).");
+    w.sample("weir_config_last_reload_success_timestamp_seconds", "",
+             static_cast<double>(r.last_success_unix_s.load(std::memory_order_relaxed)));
+    w.header("weir_config_generation", "gauge",
+             "The running configuration generation: 1 at start-up, +1 per applied reload.");
+    w.sample("weir_config_generation", "", static_cast<double>(r.generation.load(std::memory_order_relaxed)));
+  }
   if (shared.request_log) {
     // The request-log store's writer (atomics, safe to read here).
     const auto s = shared.request_log->stats();

@@ -19,6 +19,7 @@ namespace weir::gateway {
 class MetricsShard;
 class Worker;
 struct Shared;
+struct MetricLabels;
 
 // GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
 // created, owned_by}]} with every configured model and alias that `principal`
@@ -28,8 +29,11 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
                                                        const auth::Principal* principal);
 
 // Collects every worker's metrics shard (posting to each; no locks) and
-// returns them merged. Waits at most one second for the other workers.
-http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home);
+// returns them merged, on `labels` (the caller's generation's; a worker on
+// later ones brings its own along). Waits at most one second for the other
+// workers. `labels` must outlive the call.
+http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home,
+                                                          const std::shared_ptr<const MetricLabels>& labels);
 
 // Collects every worker's metrics shard (posting to each; no locks) and
 // renders the merged set in Prometheus text format into `out`. Waits at most
@@ -38,6 +42,11 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out);
 // The same from any thread with an io_context of its own (`home`: the
 // caller's, e.g. the control thread's for the admin listener), given the
 // workers' `shared` state.
-http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out);
+// `labels` and `policy` (null without auth) are the caller's view of the
+// configuration (a worker's generation, or the control thread's) and must
+// outlive the call.
+http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out,
+                                      const std::shared_ptr<const MetricLabels>& labels,
+                                      const std::shared_ptr<const auth::AuthPolicy>& policy);
 
 }  // namespace weir::gateway

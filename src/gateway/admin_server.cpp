@@ -189,7 +189,7 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
     : control_(control), cfg_(cfg), shared_(shared), keys_(keys), acceptor_(control.get_executor()) {
   if (shared_.auth_policy) initial_scopes_ = static_cast<std::uint32_t>(shared_.auth_policy->scopes().size());
   if (shared_.redis_keys && shared_.auth_policy)
-    redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy->config());
+    redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy);
   auto route = [this](const char* method, const char* pattern,
                       core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&)) {
     router_.add(method, pattern, [this, fn](AdminRequest& r) { return (this->*fn)(r); });
@@ -643,7 +643,10 @@ core::Task<AdminResponse> AdminServer::get_tenant(AdminRequest& r) {
 core::Task<AdminResponse> AdminServer::metrics(AdminRequest&) {
   AdminResponse r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-  co_await collect_metrics_text(shared_, control_, r.body);
+  // The control thread's view (a reload replaces these on this thread).
+  const std::shared_ptr<const MetricLabels> labels = shared_.generation->labels;
+  const std::shared_ptr<const auth::AuthPolicy> policy = shared_.auth_policy;
+  co_await collect_metrics_text(shared_, control_, r.body, labels, policy);
   co_return r;
 }
 
@@ -713,8 +716,9 @@ std::optional<AdminResponse> AdminServer::console_file(const AdminRequest& r) co
 }
 
 core::Task<AdminResponse> AdminServer::stats(AdminRequest&) {
-  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared_, control_);
-  json::object o = total->stats_json(*shared_.config, shared_.auth_policy.get());
+  const std::shared_ptr<const MetricLabels> labels = shared_.generation->labels;  // lives across the co_await
+  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared_, control_, labels);
+  json::object o = total->stats_json();
   o["time_ms"] =
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
           .count();
@@ -734,13 +738,21 @@ struct EndpointSample {
   std::uint32_t consecutive_failures = 0;
   std::uint32_t failed_answers = 0;
 };
-using PoolSamples = std::vector<std::vector<EndpointSample>>;  // [pool][endpoint]
+// One worker's samples, [pool][endpoint] of its configuration generation.
+struct PoolSamples {
+  std::uint64_t generation = 0;
+  std::vector<std::vector<EndpointSample>> pools;
+};
 
 PoolSamples sample_pools(Worker& w) {
-  PoolSamples out(w.config().pools.size());
+  auto& gen = *w.generation();
+  PoolSamples samples;
+  samples.generation = gen.shared->id;
+  auto& out = samples.pools;
+  out.resize(gen.config().pools.size());
   const auto now = std::chrono::steady_clock::now();
   for (std::uint32_t p = 0; p < out.size(); ++p) {
-    auto& pool = w.pool(p);
+    auto& pool = gen.pool(p);
     out[p].resize(pool.size());
     for (std::uint32_t i = 0; i < pool.size(); ++i) {
       const auto& e = pool.endpoint(i);
@@ -756,7 +768,7 @@ PoolSamples sample_pools(Worker& w) {
       s.failed_answers = e.failed_answers;
     }
   }
-  return out;
+  return samples;
 }
 
 std::string_view balance_name(core::Balance b) {
@@ -774,7 +786,10 @@ std::string_view balance_name(core::Balance b) {
 }  // namespace
 
 core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
-  const std::shared_ptr<MetricsShard> totals = co_await collect_metrics(shared_, control_);
+  // The control thread's generation; a worker's samples count only when it is on the same one (a reload
+  // in between: a moment).
+  const std::shared_ptr<const Generation> gen = shared_.generation;
+  const std::shared_ptr<MetricsShard> totals = co_await collect_metrics(shared_, control_, gen->labels);
   struct Gather {
     Gather(core::Executor ex, std::size_t n) : remaining(n), timer(ex) {}
     std::vector<PoolSamples> samples;
@@ -795,7 +810,7 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
     g->timer.expires_after(std::chrono::seconds(1));
     co_await g->timer.async_wait(core::use_task);
   }
-  const core::Config& cfg = *shared_.config;
+  const core::Config& cfg = *gen->config;
   json::array data;
   for (std::uint32_t p = 0; p < cfg.pools.size(); ++p) {
     const auto& pc = cfg.pools[p];
@@ -813,8 +828,9 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
     for (std::uint32_t i = 0; i < pc.endpoints.size(); ++i) {
       EndpointSample sum;
       std::uint32_t ejected_on = 0;
-      for (const auto& ws : g->samples) {
-        if (p >= ws.size() || i >= ws[p].size()) continue;
+      for (const auto& w : g->samples) {
+        const auto& ws = w.pools;
+        if (w.generation != gen->id || p >= ws.size() || i >= ws[p].size()) continue;
         const auto& s = ws[p][i];
         sum.in_flight += s.in_flight;
         sum.idle += s.idle;
@@ -837,8 +853,8 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
       e["failed_probes"] = sum.failed_probes;
       e["consecutive_failures"] = sum.consecutive_failures;
       e["failed_answers"] = sum.failed_answers;
-      if (p < shared_.pool_states.size() && shared_.pool_states[p] && i < shared_.pool_states[p]->loads.size()) {
-        const auto l = shared_.pool_states[p]->loads.read(i);
+      if (p < gen->pools.size() && gen->pools[p].state && i < gen->pools[p].state->loads.size()) {
+        const auto l = gen->pools[p].state->loads.read(i);
         if (l.seq != 0) {
           json::object lo;
           lo["running"] = l.running;
@@ -851,12 +867,13 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
       } else {
         e["load"] = nullptr;
       }
-      e["attempts"] = totals->attempts(p, i);
+      const std::size_t slot = gen->labels->endpoint_slot(p, i);
+      e["attempts"] = totals->attempts_at(slot);
       json::object failures;
       for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                      http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol,
                      http::UpstreamFailure::tls})
-        failures[http::to_string(f)] = totals->upstream_failures(p, i, f);
+        failures[http::to_string(f)] = totals->upstream_failures_at(slot, f);
       e["failures"] = std::move(failures);
       eps.emplace_back(std::move(e));
     }

@@ -125,6 +125,11 @@ class AdminServer {
   void start();
   // Stops accepting (the drain began). Open admin connections end with their request.
   void stop();
+  // A configuration reload installed `policy` (shared.auth_policy): keys in
+  // Redis are checked against its tenants from now on.
+  void reloaded(const std::shared_ptr<const auth::AuthPolicy>& policy) {
+    if (redis_ && policy) redis_->set_base(policy);
+  }
 
   // Whether `authorization` (the header's value) carries the admin token
   // (SHA-256 compared in constant time) or, with admin.jwt_claim, a JWT

@@ -3,6 +3,7 @@
 namespace weir::gateway {
 
 void RequestContext::reset() {
+  gen.reset();
   read_failure = http::ReadFailure::none;
   request_id.clear();
   route = RouteKind::other;

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -26,7 +27,14 @@
 
 namespace weir::gateway {
 
+struct WorkerGeneration;
+
 struct RequestContext {
+  // The configuration generation the request runs on, from its read phase
+  // to its log line (gateway/generation.hpp): every index below (pool,
+  // endpoint, model slot) is into it.
+  std::shared_ptr<WorkerGeneration> gen;
+
   // --- read: what the head says ---
   http::ReadFailure read_failure = http::ReadFailure::none;  // the head could not be read (the session says why)
   std::string request_id;                                    // x-request-id, received or generated

@@ -20,6 +20,11 @@ namespace weir::gateway {
 using boost::system::error_code;
 using http::use_task;
 
+namespace {
+// Admission's default prices: never used (every admit passes its generation's).
+const admission::Pricing kNoPrices;
+}  // namespace
+
 Worker::Worker(Shared& shared, unsigned index)
     : shared_(shared),
       index_(index),
@@ -28,41 +33,128 @@ Worker::Worker(Shared& shared, unsigned index)
       io_(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO),
       acceptor_(io_.get_executor()),
       rng_(shared.instance_id ^ (0x9e3779b97f4a7c15ull * (index + 1))),
-      metrics_(shared.metric_labels ? shared.metric_labels
-                                    : MetricLabels::build(*shared.config, shared.auth_policy.get())),
+      metrics_(shared.generation->labels),
       log_(shared.log_sink),
       record_queue_(shared.request_log ? &shared.request_log->queue(index) : nullptr),
       tick_(io_.get_executor()) {
-  const auto& cfg = *shared.config;
-  pools_.reserve(cfg.pools.size());
-  for (std::size_t p = 0; p < cfg.pools.size(); ++p)
-    pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p],
-                        p < shared.pool_states.size() ? shared.pool_states[p].get() : nullptr);
-  batchers_.resize(cfg.pools.size());
-  for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
-    if (!cfg.pools[p].batch.enabled() && !cfg.pools[p].coalesce) continue;
-    batchers_[p] = std::make_unique<batching::MicroBatcher>(batching::BatchEnv{
-        .ex = io_.get_executor(),
-        .pool_cfg = &cfg.pools[p],
-        .pool = &pools_[p],
-        .rng = &rng_,
-        .read_scratch = stream_read_,
-        .body_scratch = stream_body_,
-        .max_response_bytes = cfg.server.max_response_bytes,
-        .api_key = cfg.pools[p].api_key,
-        .next_request_id = [this](std::string& out) { next_request_id(out); },
-        .stats = &metrics_.batch,
-        .upstream_connects = &metrics_.upstream_connects,
-        .on_attempt =
-            [this, pool = static_cast<std::uint32_t>(p)](std::uint32_t ep, http::UpstreamFailure f) {
-              metrics_.count_attempt(pool, ep);
-              if (f != http::UpstreamFailure::none) metrics_.count_upstream_failure(pool, ep, f);
-            },
-    });
-  }
+  gen_ = make_generation(shared.generation, nullptr);
   if (shared.auth_policy) {
     authn_ = std::make_unique<auth::Authenticator>(shared.auth_policy, shared.jwks, shared.redis_keys);
-    admission_ = std::make_unique<admission::Admission>(*shared.limiter, shared.pricing, index);
+    admission_ = std::make_unique<admission::Admission>(*shared.limiter, kNoPrices, index);
+  }
+}
+
+std::shared_ptr<WorkerGeneration> Worker::make_generation(std::shared_ptr<const Generation> g,
+                                                          WorkerGeneration* current) {
+  auto wg = std::make_shared<WorkerGeneration>();
+  wg->shared = std::move(g);
+  const Generation& gen = *wg->shared;
+  const auto& cfg = *gen.config;
+  for (std::size_t p = 0; p < gen.pools.size(); ++p) {
+    const PoolSlot& slot = gen.pools[p];
+    std::shared_ptr<routing::WorkerPool> pool;
+    std::shared_ptr<batching::MicroBatcher> batcher;
+    routing::WorkerPool* before = nullptr;  // the pool of that name the current generation has
+    if (current) {
+      for (std::size_t q = 0; q < current->shared->pools.size(); ++q) {
+        if (current->shared->pools[q].cfg->name != slot.cfg->name) continue;
+        if (current->shared->pools[q].state == slot.state) {  // unchanged: the same objects go on
+          pool = current->pools[q];
+          batcher = current->batchers[q];
+        } else {
+          before = current->pools[q].get();
+        }
+      }
+    }
+    if (!pool) {
+      pool = std::make_shared<routing::WorkerPool>(*slot.cfg, slot.addrs, slot.state.get(),
+                                                   std::make_shared<PoolSlot>(slot));
+      if (before) pool->carry_from(*before);
+      const auto& pc = *slot.cfg;
+      if (pc.batch.enabled() || pc.coalesce) {
+        // A batch's attempts count into its endpoints' series: their slots
+        // are fixed now (they never change for this pool object).
+        std::vector<std::size_t> slots;
+        for (std::uint32_t e = 0; e < pc.endpoints.size(); ++e)
+          slots.push_back(gen.labels->endpoint_slot(static_cast<std::uint32_t>(p), e));
+        batcher = std::make_shared<batching::MicroBatcher>(batching::BatchEnv{
+            .ex = io_.get_executor(),
+            .pool_cfg = &pc,
+            .pool = pool.get(),
+            .rng = &rng_,
+            .read_scratch = stream_read_,
+            .body_scratch = stream_body_,
+            .max_response_bytes = cfg.server.max_response_bytes,
+            .api_key = pc.api_key,
+            .next_request_id = [this](std::string& out) { next_request_id(out); },
+            .stats = &metrics_.batch,
+            .upstream_connects = &metrics_.upstream_connects,
+            .on_attempt =
+                [this, slots = std::move(slots)](std::uint32_t ep, http::UpstreamFailure f) {
+                  const std::size_t slot = ep < slots.size() ? slots[ep] : SIZE_MAX;
+                  metrics_.count_attempt_at(slot);
+                  if (f != http::UpstreamFailure::none) metrics_.count_upstream_failure_at(slot, f);
+                },
+        });
+      }
+    }
+    wg->pools.push_back(std::move(pool));
+    wg->batchers.push_back(std::move(batcher));
+  }
+  return wg;
+}
+
+void Worker::post_install(std::shared_ptr<const Generation> next, std::shared_ptr<const auth::AuthPolicy> policy,
+                          std::function<void()> done) {
+  asio::post(io_, [this, next = std::move(next), policy = std::move(policy), done = std::move(done)]() mutable {
+    install(std::move(next), std::move(policy));
+    done();
+  });
+}
+
+void Worker::install(std::shared_ptr<const Generation> next, std::shared_ptr<const auth::AuthPolicy> policy) {
+  if (next && next != gen_->shared) {
+    auto wg = make_generation(std::move(next), gen_.get());
+    metrics_.relabel(wg->shared->labels);
+    // The old generation's pools that the new one does not keep: their idle
+    // connections close now; a request still on them returns its
+    // connection there, and it closes when the generation is freed.
+    for (auto& p : gen_->pools) {
+      bool kept = false;
+      for (auto& q : wg->pools) kept = kept || q == p;
+      if (!kept)
+        for (std::uint32_t i = 0; i < p->size(); ++i) p->endpoint(i).conns.clear();
+    }
+    if (!draining_) start_probes(*wg, gen_.get());
+    retired_.push_back(std::move(gen_));
+    gen_ = std::move(wg);
+  }
+  if (policy && authn_) authn_->set_policy(std::move(policy));
+}
+
+void Worker::free_retired() {
+  // No request holds it any more, and no batch runs on a micro-batcher of its that
+  // the current generation does not have (a kept one lives on with it).
+  std::erase_if(retired_, [this](const std::shared_ptr<WorkerGeneration>& g) {
+    if (g.use_count() != 1) return false;
+    for (std::size_t p = 0; p < g->batchers.size(); ++p) {
+      const auto& b = g->batchers[p];
+      if (!b || b->idle()) continue;
+      bool kept = false;
+      for (const auto& c : gen_->batchers) kept = kept || c == b;
+      if (!kept) return false;
+    }
+    return true;
+  });
+}
+
+void Worker::start_probes(const WorkerGeneration& g, const WorkerGeneration* before) {
+  for (const auto& p : g.pools) {
+    if (!p->config().health.enabled) continue;
+    bool running = false;  // an unchanged pool's loop goes on
+    if (before)
+      for (const auto& q : before->pools) running = running || q == p;
+    if (!running) asio::co_spawn(io_.get_executor(), probe_loop(p), asio::detached);
   }
 }
 
@@ -128,8 +220,7 @@ std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port
 void Worker::start() {
   asio::co_spawn(io_.get_executor(), accept_loop(), asio::detached);
   asio::co_spawn(io_.get_executor(), tick_loop(), asio::detached);
-  for (std::size_t p = 0; p < pools_.size(); ++p)
-    if (pools_[p].config().health.enabled) asio::co_spawn(io_.get_executor(), probe_loop(p), asio::detached);
+  start_probes(*gen_, nullptr);
   thread_ = std::thread([this] {
     for (;;) {
       try {
@@ -221,8 +312,8 @@ http::Task<void> Worker::accept_loop() {
 
 void Worker::sweep_idle_upstreams() {
   const auto now = core::now();
-  for (auto& p : pools_)
-    for (std::uint32_t i = 0; i < p.size(); ++i) p.endpoint(i).conns.sweep(now);
+  for (auto& p : gen_->pools)
+    for (std::uint32_t i = 0; i < p->size(); ++i) p->endpoint(i).conns.sweep(now);
 }
 
 void Worker::trim_when_idle() {
@@ -241,16 +332,22 @@ void Worker::trim_when_idle() {
   ::malloc_trim(0);
 }
 
-http::Task<void> Worker::probe_loop(std::size_t pool_index) {
-  auto& pool = pools_[pool_index];
+http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_ptr) {
+  auto& pool = *pool_ptr;
   const auto& hc = pool.config().health;
   http::Timer next(io_.get_executor());
   // Workers start their probes spread over the interval, not all at once.
   auto due = std::chrono::steady_clock::now() + hc.interval * (index_ + 1) / (shared_.workers.size() + 1);
+  // The pool is still the current generation's (a reload that changed it started another loop).
+  auto current = [&] {
+    for (const auto& p : gen_->pools)
+      if (p == pool_ptr) return true;
+    return false;
+  };
   for (;;) {
     next.expires_at(due);
     co_await next.async_wait(use_task);
-    if (draining_) co_return;
+    if (draining_ || !current()) co_return;
     due += hc.interval;
     for (std::uint32_t i = 0; i < pool.size(); ++i) {
       const auto& ep = pool.endpoint(i);
@@ -278,14 +375,15 @@ http::Task<void> Worker::tick_loop() {
     co_await tick_.async_wait(use_task);
     log_.flush();
     if (tick % kSweepTicks == 0) sweep_idle_upstreams();
+    if (!retired_.empty()) free_retired();
     trim_when_idle();
     if (!draining_) continue;
     close_idle_sessions();
     if (std::chrono::steady_clock::now() >= drain_deadline_)
       for (Session* s = sessions_; s; s = s->next) s->force_close();
     if (session_count_ == 0) {
-      for (auto& p : pools_)
-        for (std::uint32_t i = 0; i < p.size(); ++i) p.endpoint(i).conns.clear();
+      for (auto& p : gen_->pools)
+        for (std::uint32_t i = 0; i < p->size(); ++i) p->endpoint(i).conns.clear();
       log_.flush();
       io_.stop();
       co_return;

@@ -1,5 +1,7 @@
 #include "http/upstream.hpp"
 
+#include <algorithm>
+
 #include "http/tls.hpp"
 
 #include <sys/socket.h>
@@ -107,6 +109,14 @@ std::size_t ConnectionPool::sweep(std::chrono::steady_clock::time_point now) {
 }
 
 void ConnectionPool::clear() { idle_.clear(); }
+
+void ConnectionPool::adopt(ConnectionPool& from) {
+  for (auto& c : from.idle_)
+    if (idle_.size() < max_idle_) idle_.push_back(std::move(c));
+  from.idle_.clear();
+  std::stable_sort(idle_.begin(), idle_.end(),
+                   [](const auto& a, const auto& b) { return a->idle_since < b->idle_since; });
+}
 
 Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, const TlsTarget& tls,
                               std::chrono::milliseconds timeout) {

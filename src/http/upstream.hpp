@@ -113,6 +113,10 @@ class ConnectionPool {
   std::size_t sweep(std::chrono::steady_clock::time_point now);
   // Closes every idle connection (drain, shutdown).
   void clear();
+  // Takes `from`'s idle connections (oldest first, each keeping its idle
+  // time), as many as this pool keeps: a configuration reload hands an
+  // endpoint's connections to the pool that serves it next.
+  void adopt(ConnectionPool& from);
   std::size_t idle() const { return idle_.size(); }
 
  private:

@@ -33,8 +33,8 @@ void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view r
 }
 
 WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
-                       SharedPoolState* shared)
-    : cfg_(&cfg), shared_(shared) {
+                       SharedPoolState* shared, std::shared_ptr<const void> keep)
+    : cfg_(&cfg), shared_(shared), keep_(std::move(keep)) {
   endpoints_.reserve(cfg.endpoints.size());
   for (std::size_t i = 0; i < cfg.endpoints.size(); ++i) {
     endpoints_.push_back(EndpointState{
@@ -166,6 +166,25 @@ bool WorkerPool::report_probe(std::uint32_t i, bool ok, Clock::time_point now) {
   const bool changed = !e.probe_down;
   e.probe_down = true;
   return changed;
+}
+
+void WorkerPool::carry_from(WorkerPool& old) {
+  for (auto& e : endpoints_) {
+    for (auto& o : old.endpoints_) {
+      if (o.cfg->url != e.cfg->url || o.addr != e.addr) continue;
+      e.ejected_until = o.ejected_until;
+      e.consecutive_failures = o.consecutive_failures;
+      e.failed_answers = o.failed_answers;
+      e.outlier_ejections = o.outlier_ejections;
+      if (cfg_->health.enabled) {  // else no probe would ever clear it
+        e.failed_probes = o.failed_probes;
+        e.probe_down = o.probe_down;
+      }
+      e.tls_failure_logged = o.tls_failure_logged;
+      if (!e.tls.client && !o.tls.client) e.conns.adopt(o.conns);
+      break;
+    }
+  }
 }
 
 void WorkerPool::report_success(std::uint32_t i) {

@@ -67,9 +67,11 @@ class WorkerPool {
   // `addrs[i]` is the resolved address of cfg.endpoints[i]. `shared` (may be
   // null: then every endpoint's load is its in-flight count, and
   // prefix_affinity has no index and balances on load alone, and https://
-  // endpoints have no TLS context: tests only) outlives the pool.
+  // endpoints have no TLS context: tests only) outlives the pool. `keep`
+  // holds what `cfg` and `shared` live in (a configuration generation's
+  // pool) for as long as the pool exists; empty: they outlive it.
   WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
-             SharedPoolState* shared = nullptr);
+             SharedPoolState* shared = nullptr, std::shared_ptr<const void> keep = {});
 
   const core::PoolConfig& config() const { return *cfg_; }
   std::uint32_t size() const { return static_cast<std::uint32_t>(endpoints_.size()); }
@@ -114,6 +116,14 @@ class WorkerPool {
   // when this probe changed it between up and down.
   bool report_probe(std::uint32_t i, bool ok, Clock::time_point now);
 
+  // A configuration reload replaced `old` (a pool of the same name) by this
+  // one: each endpoint of this pool that `old` has too (same URL and
+  // address) takes its health and ejection state and, over plain HTTP, its
+  // idle connections (a TLS connection was made with the old pool's
+  // context, which may trust other CAs, and is left to close). In-flight
+  // counts stay with `old`: its requests end there.
+  void carry_from(WorkerPool& old);
+
   // A request starts / ends on endpoint `i`: the in-flight count pick() balances on.
   void on_start(std::uint32_t i) {
     ++endpoints_[i].in_flight;
@@ -145,6 +155,7 @@ class WorkerPool {
   std::vector<std::uint64_t> seeds_;    // session rendezvous seed per endpoint: endpoint_seed(host:port)
   std::uint32_t in_flight_ = 0;
   std::uint32_t retrying_ = 0;
+  std::shared_ptr<const void> keep_;
 };
 
 }  // namespace weir::routing

@@ -81,8 +81,9 @@ int run_requests(const RequestsArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // SIGHUP reopens the access log once the server runs (server.cpp); until
-  // then (loading, resolving, binding) it must not kill the process either.
+  // SIGHUP reopens the access log and reloads the configuration once the
+  // server runs (server.cpp); until then (loading, resolving, binding) it
+  // must not kill the process either.
   std::signal(SIGHUP, SIG_IGN);
   CLI::App app{"Weir: an AI inference gateway (OpenAI-compatible, streams SSE from vLLM pools)", "weir"};
   std::string config_path, listen, upstream, access_log;
@@ -142,5 +143,5 @@ int main(int argc, char** argv) {
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }
-  return weir::server::run(std::move(*loaded), {workers, access_log, reuse_port});
+  return weir::server::run(std::move(*loaded), {workers, access_log, reuse_port, source});
 }

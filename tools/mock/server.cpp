@@ -328,6 +328,8 @@ std::optional<std::string> Connection::read_faults(const Request& req) {
   faults_.stall_after = cfg.stall_after;
   faults_.stall_ms = cfg.stall_ms;
   faults_.reset_after = cfg.reset_after;
+  // --reset-rate: only this share of the generations get --reset-after (x-mock-reset-after always does).
+  if (cfg.reset_after >= 0 && cfg.reset_rate < 1.0 && !(w_.rng().uniform() < cfg.reset_rate)) faults_.reset_after = -1;
 
   const auto flag = [&](std::string_view name, bool& out) -> std::optional<std::string> {
     const std::string_view v = req[name];

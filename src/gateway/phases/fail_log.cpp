@@ -68,12 +68,12 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
 }
 
 UpstreamSubject GatewayPhases::subject(const RequestContext& ctx) const {
-  return {w_.config().pools[static_cast<std::size_t>(ctx.pool)].name, ctx.model, ctx.request_id};
+  return {ctx.gen->config().pools[static_cast<std::size_t>(ctx.pool)].name, ctx.model, ctx.request_id};
 }
 
 std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
   if (ctx.pool < 0 || ctx.endpoint < 0) return {};
-  return w_.config()
+  return ctx.gen->config()
       .pools[static_cast<std::size_t>(ctx.pool)]
       .endpoints[static_cast<std::size_t>(ctx.endpoint)]
       .host_header;
@@ -81,8 +81,8 @@ std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
 
 void GatewayPhases::count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f) {
   if (ctx.pool >= 0 && ctx.endpoint >= 0)
-    w_.metrics().count_upstream_failure(static_cast<std::uint32_t>(ctx.pool), static_cast<std::uint32_t>(ctx.endpoint),
-                                        f);
+    w_.metrics().count_upstream_failure_at(
+        ctx.gen->endpoint_slot(static_cast<std::uint32_t>(ctx.pool), static_cast<std::uint32_t>(ctx.endpoint)), f);
 }
 
 void GatewayPhases::settle(RequestContext& ctx) {
@@ -139,6 +139,8 @@ void GatewayPhases::log(RequestContext& ctx) {
   // metrics, writes no line and stores no record.
   if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
   ctx.principal.reset();
+  // Done with its configuration: an idle keep-alive connection holds no generation.
+  ctx.gen.reset();
 }
 
 void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
@@ -165,7 +167,7 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += "null"sv;
   else
     core::append_json_string(out, core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
-  const auto& cfg = w_.config();
+  const auto& cfg = ctx.gen->config();
   out += R"(,"pool":)"sv;
   if (ctx.pool < 0)
     out += "null"sv;

@@ -18,7 +18,7 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
 
 core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
   if (ctx.route == RouteKind::models) {
-    auto r = models_response(w_.config(), ctx.path, ctx.principal.get());
+    auto r = models_response(ctx.gen->config(), ctx.path, ctx.principal.get());
     if (!r) co_return Outcome::failed(std::move(r.error()));
     co_await send_own(ctx, {200, "application/json", *r, {}});
   } else if (ctx.route == RouteKind::health) {

@@ -18,7 +18,8 @@ namespace weir::gateway {
 bool GatewayPhases::proxied(const RequestContext& ctx) const {
   if (api_of(ctx.route) || ctx.route == RouteKind::version) return true;
   // Quick mode: the upstream knows its models.
-  return ctx.route == RouteKind::models && w_.config().models.empty() && w_.config().default_pool;
+  const auto& cfg = ctx.gen->config();
+  return ctx.route == RouteKind::models && cfg.models.empty() && cfg.default_pool;
 }
 
 Outcome GatewayPhases::parse(RequestContext& ctx) {
@@ -54,14 +55,14 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   if (!api_of(ctx.route)) {
     // GET /v1/models in quick mode, GET /version: the default pool, else the first one.
     ctx.target = routing::Route{};
-    ctx.target.pool = static_cast<std::uint32_t>(w_.config().default_pool.value_or(0));
+    ctx.target.pool = static_cast<std::uint32_t>(ctx.gen->config().default_pool.value_or(0));
     ctx.pool = static_cast<int>(ctx.target.pool);
     return Outcome::next();
   }
-  if (ctx.model.empty() && !w_.config().default_pool)  // vLLM's extra routes may omit it
+  if (ctx.model.empty() && !ctx.gen->config().default_pool)  // vLLM's extra routes may omit it
     return Outcome::failed(core::bad_request(
         "you must provide a model parameter: Weir routes this request by it (or configure a default_pool)", "model"));
-  auto r = w_.routes().find(ctx.model);
+  auto r = ctx.gen->routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
   ctx.target = *r;
   if (!ctx.target.fallbacks.empty()) {
@@ -78,7 +79,8 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
       ctx.fallback_limit = static_cast<std::uint8_t>(std::min(n, 255u));
     }
   }
-  ctx.model_slot = r->model_index == routing::kUnlistedModel ? w_.metrics().unlisted_model() : r->model_index;
+  ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
+                                                             : ctx.gen->labels().model_slot[r->model_index];
   ctx.pool = static_cast<int>(r->pool);
   return Outcome::next();
 }

@@ -65,7 +65,7 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     if (api::set_member(body, "model", ctx.scratch, ctx.upstream_body_buf)) body = ctx.upstream_body_buf;
   }
   if (!translated && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
-      w_.config().pools[ctx.target.pool].request_usage) {
+      ctx.gen->config().pools[ctx.target.pool].request_usage) {
     // Ask for the usage chunk so this stream's tokens are known; the client
     // did not ask for it, so the stream hooks drop it from the client's stream.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
@@ -99,7 +99,7 @@ void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
       body = ctx.upstream_body_buf;
     }
   }
-  if (boundary && ctx.stream && !ctx.fields.include_usage && w_.config().pools[ctx.target.pool].request_usage) {
+  if (boundary && ctx.stream && !ctx.fields.include_usage && ctx.gen->config().pools[ctx.target.pool].request_usage) {
     const auto parts = core::parse_form(body, *boundary);
     if (parts && !parts->empty()) {
       if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
@@ -165,9 +165,9 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
 bool GatewayPhases::join_batch(RequestContext& ctx) {
   if (member_ == nullptr || ctx.fallback_step != 0) return false;
   if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
-  auto* batcher = w_.batcher(ctx.target.pool);
+  auto* batcher = ctx.gen->batcher(ctx.target.pool);
   if (batcher == nullptr) return false;
-  const auto& pc = w_.config().pools[ctx.target.pool];
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   prepare_upstream_body(ctx);
   std::optional<std::string_view> prompt;
   if (ctx.route == RouteKind::completions && pc.batch.enabled())
@@ -333,7 +333,7 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       co_return o;
     }
     o = co_await relay(ctx, exchange_);
-    auto& pool = w_.pool(ctx.target.pool);
+    auto& pool = ctx.gen->pool(ctx.target.pool);
     const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
     pool.on_finish(ep);
     ctx.source = nullptr;
@@ -364,7 +364,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   auto& metrics = w_.metrics();
   const auto& req = down_.request();
   prepare_upstream_body(ctx);
-  auto& pool = w_.pool(ctx.target.pool);
+  auto& gen = *ctx.gen;
+  auto& pool = gen.pool(ctx.target.pool);
   const auto& pc = pool.config();
   const bool head_request = req.method() == bh::verb::head;
   ctx.source = &exchange_;
@@ -391,7 +392,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     const std::uint32_t ep_idx = attempts.endpoint();
     auto& ep = pool.endpoint(ep_idx);
     ctx.endpoint = static_cast<int>(ep_idx);
-    metrics.count_attempt(ctx.target.pool, ep_idx);
+    metrics.count_attempt_at(gen.endpoint_slot(ctx.target.pool, ep_idx));
     auto pooled = attempts.fresh_only() ? nullptr : ep.conns.take(core::now());
     const bool reused = pooled != nullptr;
     if (reused) {
@@ -404,7 +405,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       if (failure != http::UpstreamFailure::none) {
         if (failure == http::UpstreamFailure::tls)
           routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
-        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
+        metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
         record(ep_idx, 0, failure, t_connect);
         if (attempts.on_connect_failure(failure, core::now())) {
           metrics.count_retry(routing::RetryReason::connect);
@@ -473,7 +474,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       // Every failed attempt counts against its endpoint, retried or not,
       // except a pooled connection the server had closed (resent at once).
       if (!(d.retry && d.reason == routing::RetryReason::stale))
-        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
+        metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
       exchange_.release();
       if (!d.retry) break;
     }

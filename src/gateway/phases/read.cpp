@@ -12,12 +12,13 @@ namespace weir::gateway {
 namespace bh = boost::beast::http;
 
 core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
-  ctx.model_slot = w_.metrics().no_model();
+  ctx.gen = w_.generation();  // the configuration this request runs on, to its end
+  ctx.model_slot = MetricsShard::no_model();
   if (ctx.read_failure != http::ReadFailure::none) {
     // The head is unusable: never an empty id in the log or the reply.
     ctx.method = "-";
     w_.next_request_id(ctx.request_id);
-    co_return Outcome::failed(read_error(ctx.read_failure, w_.config().server, down_.failure_detail()));
+    co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
   const auto& req = down_.request();
   const std::string_view path = path_of(req.target());
@@ -44,7 +45,7 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   if (!down_.body_complete()) {
     if (!down_.has_body_storage()) down_.lend_body_storage(w_.take_buffer());
     if (!co_await down_.read_body())
-      co_return Outcome::failed(read_error(down_.failure(), w_.config().server, down_.failure_detail()));
+      co_return Outcome::failed(read_error(down_.failure(), down_.config(), down_.failure_detail()));
   }
   ctx.bytes_in = down_.body().size();
   w_.metrics().bytes_in += ctx.bytes_in;

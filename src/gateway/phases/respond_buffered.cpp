@@ -22,7 +22,7 @@ namespace weir::gateway {
 namespace bh = boost::beast::http;
 
 core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
-  const auto& sc = w_.config().server;
+  const auto& sc = ctx.gen->config().server;
   http::ResponseSource& src = *ctx.source;
   std::string& body = ctx.body;
   body.clear();
@@ -51,6 +51,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (failure != http::UpstreamFailure::none) {
     count_upstream_failure(ctx, failure);
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
+    if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = failure;  // after its head
+    // The body broke (reset, timeout, an invalid message) before a byte of
+    // it reached the client: the next fallback takes the request (proxy),
+    // as for a failure before the head.
+    ctx.fail_over = http::is_upstream_fault(failure);
+    ctx.has_usage = false;
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
   const auto t0 = core::now();

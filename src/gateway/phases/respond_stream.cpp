@@ -13,7 +13,7 @@
 namespace weir::gateway {
 
 core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
-  const auto& sc = w_.config().server;
+  const auto& sc = down_.config();
   auto& metrics = w_.metrics();
   http::ResponseSource& src = *ctx.source;
   ++metrics.active_streams;
