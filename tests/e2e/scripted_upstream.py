@@ -17,6 +17,7 @@ Anthropic's statuses (401, 400, 429 with ``retry-after``, 529). ``POST
     vllm-text, vllm-tools, ...               recorded vLLM streams
     status-529, status-429, status-400 ...   an Anthropic error answer
     cut                                      the text stream, the connection closed in its middle
+    hang                                     the text stream's first delta, then nothing until the peer closes
     garbage                                  200 with a body that is not JSON
 
 ``x-split`` makes a stream arrive in pieces: ``x-split: 17`` sends the body
@@ -89,6 +90,7 @@ class ScriptedUpstream:
         self._stopped = False
         self._conns: list[socket.socket] = []
         self.connections = 0
+        self.aborted: list[str | None] = []  # x-request-id of "hang" streams whose connection the peer closed
 
     @property
     def base_url(self) -> str:
@@ -165,6 +167,21 @@ class ScriptedUpstream:
     def _answer(self, conn: socket.socket, peer, req: Request) -> bool:
         status, headers, body, stream = self._reply(req)
         split = req.header("x-split")
+        if req.header("x-script") == "hang" and stream:
+            # The stream stops after its first text delta and stays open until the peer closes it.
+            first = body[: body.index(b"event: content_block_delta") + 1]
+            first = body[: body.index(b"\n\n", len(first)) + 2]
+            conn.sendall(f"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                         f"{len(first):x}\r\n".encode() + first + b"\r\n")
+            conn.settimeout(30)
+            try:
+                while conn.recv(4096):
+                    pass
+            except OSError:
+                pass
+            with self._lock:
+                self.aborted.append(req.header("x-request-id"))
+            return False
         if req.header("x-script") == "cut" and stream:
             # The connection drops in the middle of the stream (no last chunk).
             half = body[: body.index(b"event: content_block_stop")]
@@ -235,7 +252,7 @@ class ScriptedUpstream:
             return code, h, anthropic_error(kind, message), False
         if path.endswith("count_tokens"):
             return 200, jh, json.dumps({"input_tokens": 14 + len(json.dumps(body["messages"])) // 8}).encode(), False
-        name = {"error-mid-stream": "error", "cut": "text"}.get(script, script)
+        name = {"error-mid-stream": "error", "cut": "text", "hang": "text"}.get(script, script)
         if body.get("stream"):
             sh = {"content-type": "text/event-stream; charset=utf-8", "cache-control": "no-cache",
                   "request-id": "req_011CSHoEeqs5C35K2UUqR7Fy"}

@@ -21,6 +21,7 @@ import httpx
 import openai
 import pytest
 
+from conftest import wait_until
 from scripted_upstream import ScriptedUpstream, recorded
 
 KEY = "sk-weir-client"         # the client's key for Weir
@@ -301,6 +302,19 @@ def test_upstream_that_misbehaves(stack):
     assert r.text.count("event: error") == 1
 
 
+def test_client_leaving_mid_stream_aborts_the_anthropic_request(stack):
+    up, w = stack
+    r = rid()
+    with httpx.stream("POST", w.v1 + "/chat/completions", timeout=30,
+                      json={"model": "claude-x", "stream": True, "messages": [{"role": "user", "content": "Hi"}]},
+                      headers={"authorization": f"Bearer {KEY}", "x-script": "hang", "x-request-id": r}) as resp:
+        for line in resp.iter_lines():
+            if '"content":"Hello"' in line:
+                break  # the first token is here: leave
+    wait_until(lambda: r in up.aborted, 10, message="the upstream connection closed by Weir")
+    assert w.log_for(r)["status"] == 499
+
+
 def test_what_anthropic_cannot_express_is_a_400_before_the_upstream(stack):
     up, w = stack
     before = len(up.requests)
@@ -477,6 +491,16 @@ def test_gzip_request_body_is_decoded(stack):
     bad = httpx.post(w.v1 + "/chat/completions", content=b"\x1f\x8b not gzip",
                      headers={"authorization": f"Bearer {KEY}", "content-encoding": "gzip"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_content_encoding"
+    # A body that inflates past server.max_body (4 MiB): 413, whatever its compressed size.
+    bomb = gzip.compress(b"0" * (5 << 20))
+    assert len(bomb) < 10_000
+    bad = httpx.post(w.v1 + "/chat/completions", content=bomb,
+                     headers={"authorization": f"Bearer {KEY}", "content-encoding": "gzip"}, timeout=30)
+    assert bad.status_code == 413 and bad.json()["error"]["code"] == "request_too_large"
+    # On an Anthropic route the refusal is in Anthropic's shape.
+    bad = httpx.post(w.base_url + "/v1/messages", content=b"{}",
+                     headers={"x-api-key": KEY, "content-encoding": "zstd"}, timeout=30)
+    assert bad.status_code == 415 and bad.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_integers_beyond_64_bits_reach_the_upstream_exactly(stack):
