@@ -169,6 +169,7 @@ def test_tool_calls_round_trip(stack, stream):
         c = oai(w).chat.completions.create(**kw)
         finish = c.choices[0].finish_reason
         assert c.choices[0].message.content == "I'll check the weather for you."
+        assert getattr(c.choices[0].message, "reasoning_content", None) == "Weather needs a tool."
         got = [{"id": t.id, "name": t.function.name, "arguments": t.function.arguments}
                for t in c.choices[0].message.tool_calls]
         assert [g["id"] for g in got] == ["toolu_01A09q90qw90lq917835lq9", "toolu_01B12"]
