@@ -49,7 +49,7 @@ bool has_wide_integer(const json::value& v) {
   return false;
 }
 
-WideIntegers::WideIntegers() {
+void WideIntegers::make_nonce() {
   // Unpredictable to the client, so no body can hold a token in advance.
   static thread_local std::mt19937_64 rng{std::random_device{}()};
   nonce_ = fmt::format("wi{:016x}{:016x}_", rng(), rng());
@@ -84,6 +84,7 @@ std::string_view WideIntegers::protect(std::string_view json, std::string& stora
       ++i;
     }
     if (!integer || !too_wide(json.substr(start, int_end - start))) continue;
+    if (nonce_.empty()) make_nonce();
     storage.append(json.substr(copied, start - copied));
     storage += '"';
     storage += nonce_;

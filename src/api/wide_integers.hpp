@@ -32,7 +32,8 @@ bool has_wide_integer(const boost::json::value& v);
 // string any number of levels deep (tool call arguments).
 class WideIntegers {
  public:
-  WideIntegers();
+  // Costs nothing until a literal is protected (the nonce is made then).
+  WideIntegers() = default;
 
   // Returns `json` (RFC 8259 text) with every integer literal outside a
   // string that does not fit int64/uint64 replaced by the JSON string of a
@@ -49,6 +50,8 @@ class WideIntegers {
   bool empty() const { return literals_.empty(); }
 
  private:
+  void make_nonce();
+
   std::string nonce_;
   std::vector<std::string> literals_;
 };
