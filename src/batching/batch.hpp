@@ -140,7 +140,7 @@ struct BatchEnv {
   std::span<char> read_scratch;  // the worker's upstream receive buffer (http::Exchange)
   std::span<char> body_scratch;  // and its body buffer: used only between a read and its demultiplexing
   std::size_t max_response_bytes = 0;
-  std::string_view api_key;                           // pools.X.api_key, sent as Authorization
+  std::string_view upstream_lines;                    // the pool's header lines (core::PoolConfig::upstream_lines)
   std::function<void(std::string&)> next_request_id;  // the batch's own upstream request id
   Stats* stats = nullptr;
   std::uint64_t* upstream_connects = nullptr;  // the worker's new-connection counter

@@ -26,6 +26,7 @@ void RequestContext::reset() {
   upstream_body_buf.clear();
   edit_buf.clear();
   responses_echo.clear();
+  chat_translated = anthropic_ready = false;
   strip_usage = false;
   source = nullptr;
   upstream_status = 0;
@@ -49,6 +50,7 @@ void RequestContext::reset() {
   has_usage = false;
   usage = {};
   bytes_in = 0;
+  body_decoded = false;
   events = 0;
   t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
   added_us = 0;

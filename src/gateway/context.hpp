@@ -68,6 +68,8 @@ struct RequestContext {
   std::string upstream_body_buf;           // lent by the worker while the request is sent
   std::string edit_buf;                    // second buffer for spliced bodies (lent)
   std::string responses_echo;              // /v1/responses: the request's members of the answer (api/responses/)
+  bool chat_translated = false;            // an Anthropic route: edit_buf holds its chat-completions translation
+  bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
   bool strip_usage = false;                // Weir asked for the usage chunk; the client did not
   http::ResponseSource* source = nullptr;  // the response being relayed (cancelled when the client leaves)
   int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived
@@ -111,7 +113,8 @@ struct RequestContext {
   std::string error_code;  // OpenAI error.code or a Weir reason
   bool has_usage = false;
   api::Usage usage;
-  std::uint64_t bytes_in = 0;  // request body bytes
+  std::uint64_t bytes_in = 0;  // request body bytes (as received: before a Content-Encoding is decoded)
+  bool body_decoded = false;   // the client's gzip/deflate body was decoded (read): its Content-Encoding stays here
   std::uint32_t events = 0;    // SSE data events relayed
 
   core::TimePoint t_start{};          // request head complete

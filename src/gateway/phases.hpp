@@ -5,6 +5,8 @@
 // per-request state is in the RequestContext.
 #pragma once
 
+#include <optional>
+
 #include "batching/batch.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/pipeline.hpp"
@@ -64,8 +66,24 @@ class GatewayPhases final : public Phases {
   bool fallback_left(const RequestContext& ctx) const;
   // Moves ctx.target to the next fallback target.
   void next_target(RequestContext& ctx);
-  // The upstream request body: the client's bytes with at most two members spliced.
-  void prepare_upstream_body(RequestContext& ctx);
+  // The upstream request body for ctx.target: the client's bytes with at
+  // most two members spliced, or its translation for the target's API (an
+  // Anthropic pool: api/anthropic/upstream_request.hpp; an Anthropic route
+  // to an OpenAI-compatible pool whose chat translation parse left to do).
+  // Returns why this target cannot take the request (a 400: a route or a
+  // field its API does not have), nullopt when the body is ready.
+  std::optional<core::Error> prepare_upstream_body(RequestContext& ctx);
+  // The target's pool speaks Anthropic's Messages API (pools.X.type: anthropic).
+  bool anthropic_pool(const RequestContext& ctx) const;
+  // The 400 for a route an Anthropic pool does not serve (completions, embeddings, vLLM's routes, audio).
+  core::Error not_served_by_anthropic(const RequestContext& ctx) const;
+  // Chat completions (the client's body, or a Responses request's chat
+  // translation) → the Anthropic Messages body for ctx.target, in
+  // ctx.upstream_body_buf. Returns the 400 for what Anthropic cannot express.
+  std::optional<core::Error> translate_for_anthropic(RequestContext& ctx);
+  // The stream hooks for the stream about to be relayed: the client's
+  // dialect (route) and the upstream's (ctx.target's pool).
+  void reset_stream_hooks(RequestContext& ctx);
   void prepare_audio_body(RequestContext& ctx);
   // What the pool's endpoint choice may see of the request (views into
   // ctx.upstream_body and the request head): the session header's value

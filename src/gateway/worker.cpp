@@ -85,7 +85,7 @@ std::shared_ptr<WorkerGeneration> Worker::make_generation(std::shared_ptr<const 
             .read_scratch = stream_read_,
             .body_scratch = stream_body_,
             .max_response_bytes = cfg.server.max_response_bytes,
-            .api_key = pc.api_key,
+            .upstream_lines = pc.upstream_lines,
             .next_request_id = [this](std::string& out) { next_request_id(out); },
             .stats = &metrics_.batch,
             .upstream_connects = &metrics_.upstream_connects,
@@ -356,7 +356,7 @@ http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_pt
                                    .path = hc.path,
                                    .timeout = hc.timeout,
                                    .tls = ep.tls,
-                                   .api_key = pool.config().api_key};
+                                   .upstream_lines = pool.config().upstream_lines};
       const bool ok = co_await http::probe_health(io_.get_executor(), req);
       if (pool.report_probe(i, ok, std::chrono::steady_clock::now())) {
         ++metrics_.health_transitions;

@@ -30,7 +30,7 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
                                .path = lm.path,
                                .timeout = std::min(lm.timeout, lm.interval),
                                .tls = t.tls,
-                               .api_key = t.pool->api_key};
+                               .upstream_lines = t.pool->upstream_lines};
   const std::size_t max_bytes = kMaxMetricsBytes;
   for (;;) {
     next.expires_at(due);

@@ -23,6 +23,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       append_error_body(ctx.body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
       ctx.scratch.clear();
       if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
+      if (e.status == 415) ctx.scratch += "Accept-Encoding: gzip, deflate, identity\r\n";
       if (e.status == 405) {
         ctx.scratch += "Allow: ";
         ctx.scratch += allowed_methods(ctx.route);
@@ -36,7 +37,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       // Headers are out: the error goes in the stream, as vLLM does, then
       // [DONE]; an Anthropic stream gets one `event: error`.
       ctx.scratch.clear();
-      if (ctx.hooks.translating()) {
+      if (!ctx.hooks.openai_client()) {
         ctx.hooks.fail(e.status, e.message, ctx.scratch);
       } else {
         ctx.body.clear();

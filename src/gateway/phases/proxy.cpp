@@ -6,7 +6,12 @@
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
+#include <ctime>
+
+#include <fmt/format.h>
+
 #include "api/anthropic/request.hpp"
+#include "api/anthropic/upstream_request.hpp"
 #include "api/json_scan.hpp"
 #include "api/openai/batch.hpp"
 #include "api/openai/stream.hpp"
@@ -28,8 +33,11 @@ bool is_event_stream(std::string_view content_type) {
   return content_type.size() >= 17 && core::iequals(content_type.substr(0, 17), "text/event-stream");
 }
 // The upstream's target: the client's, or the OpenAI-compatible path an
-// Anthropic or Responses route is translated to.
-std::string_view upstream_target(RouteKind r, std::string_view client_target) {
+// Anthropic or Responses route is translated to; for an Anthropic pool,
+// Anthropic's Messages path (the Anthropic routes keep the client's, with
+// its query: the SDK's ?beta=true).
+std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target) {
+  if (anthropic_pool) return is_anthropic(r) ? client_target : api::anthropic::messages_path();
   if (r == RouteKind::responses) return api::responses::upstream_path();
   if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
   if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
@@ -41,30 +49,76 @@ std::string_view upstream_target(RouteKind r, std::string_view client_target) {
 // no frame for this dispatch.
 core::Task<Outcome> GatewayPhases::respond(RequestContext& ctx) { return proxied(ctx) ? proxy(ctx) : serve_own(ctx); }
 
-void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
+bool GatewayPhases::anthropic_pool(const RequestContext& ctx) const {
+  return ctx.gen->config().pools[ctx.target.pool].type == core::UpstreamType::anthropic;
+}
+
+core::Error GatewayPhases::not_served_by_anthropic(const RequestContext& ctx) const {
+  return core::bad_request(
+      fmt::format("Model `{}` is served by pool `{}`, an Anthropic Messages API upstream, which has no {} route: use "
+                  "/v1/chat/completions, /v1/responses or /v1/messages.",
+                  core::utf8_prefix(ctx.model, core::kMaxEchoBytes), ctx.gen->config().pools[ctx.target.pool].name,
+                  route_label(ctx.route)),
+      "model", "unsupported_route");
+}
+
+std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
+  // The chat body: the client's, or the Responses request's translation (parse).
+  const std::string_view chat = is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body();
+  if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  const api::anthropic::UpstreamRequestOptions o{
+      .model = ctx.target.upstream_model.empty() ? std::string_view(ctx.model) : ctx.target.upstream_model,
+      .default_max_tokens = pc.anthropic.max_tokens};
+  if (auto r = api::anthropic::chat_to_messages(chat, o, ctx.upstream_body_buf); !r) return std::move(r.error());
+  return std::nullopt;
+}
+
+std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
   if (!api_of(ctx.route)) {
     // GET/HEAD (the upstream's model list): a request body means nothing
     // there, and forwarded without a length the upstream would read it as
     // the next request on the connection (request smuggling).
     ctx.upstream_body = {};
-    return;
+    return std::nullopt;
   }
+  const bool anthropic = anthropic_pool(ctx);
+  if (anthropic && !served_by_anthropic(ctx.route)) return not_served_by_anthropic(ctx);
   if (is_audio(ctx.route)) {
     prepare_audio_body(ctx);
-    return;
+    return std::nullopt;
+  }
+  ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
+  if (anthropic && !is_anthropic(ctx.route)) {
+    // Chat completions or Responses into Anthropic's Messages API (the
+    // model named in the translation); the route phase did it for the first target.
+    if (!(ctx.anthropic_ready && ctx.fallback_step == 0 && !ctx.batch_split))
+      if (auto e = translate_for_anthropic(ctx)) return e;
+    ctx.upstream_body = ctx.upstream_body_buf;
+    return std::nullopt;
+  }
+  if (!anthropic && is_anthropic(ctx.route) && !ctx.chat_translated) {
+    // The parse phase only read this request (its first target is an
+    // Anthropic pool); this OpenAI-compatible target needs the translation.
+    if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
+    auto fields = api::anthropic::translate_request(
+        ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
+        down_.body(), ctx.edit_buf);
+    if (!fields) return std::move(fields.error());
+    ctx.chat_translated = true;
   }
   // A translated request's upstream body is its translation (parse phase),
-  // which asks a stream for its usage chunk itself.
-  const bool translated = is_translated(ctx.route);
+  // which asks a stream for its usage chunk itself; an Anthropic route to an
+  // Anthropic pool is the client's body, whose stream always carries usage.
+  const bool translated = is_translated(ctx.route) && !anthropic;
   std::string_view body = translated ? std::string_view(ctx.edit_buf) : down_.body();
-  ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
   if (!ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model) {
     ctx.scratch.clear();
     core::append_json_string(ctx.scratch, ctx.target.upstream_model);
     if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
     if (api::set_member(body, "model", ctx.scratch, ctx.upstream_body_buf)) body = ctx.upstream_body_buf;
   }
-  if (!translated && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
+  if (!translated && !anthropic && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
       ctx.gen->config().pools[ctx.target.pool].request_usage) {
     // Ask for the usage chunk so this stream's tokens are known; the client
     // did not ask for it, so the stream hooks drop it from the client's stream.
@@ -75,6 +129,7 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     }
   }
   ctx.upstream_body = body;
+  return std::nullopt;
 }
 
 void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
@@ -113,6 +168,22 @@ void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
     }
   }
   ctx.upstream_body = body;
+}
+
+void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
+  const bool anthropic = anthropic_pool(ctx);
+  ctx.hooks.reset(StreamHooks::Setup{
+      .strip_usage = ctx.strip_usage,
+      .client = is_anthropic(ctx.route)   ? Translation::anthropic
+                : is_responses(ctx.route) ? Translation::responses
+                                          : Translation::none,
+      .upstream = anthropic ? UpstreamDialect::anthropic : UpstreamDialect::openai,
+      .include_usage = ctx.fields.include_usage,
+      .created = anthropic ? static_cast<std::int64_t>(std::time(nullptr)) : 0,
+      .echo = ctx.responses_echo,
+      .request_id = ctx.request_id,
+      .model = ctx.model,
+  });
 }
 
 void GatewayPhases::on_client_gone(RequestContext& ctx) {
@@ -168,12 +239,13 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
   auto* batcher = ctx.gen->batcher(ctx.target.pool);
   if (batcher == nullptr) return false;
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
-  prepare_upstream_body(ctx);
+  if (prepare_upstream_body(ctx)) return false;
   std::optional<std::string_view> prompt;
   if (ctx.route == RouteKind::completions && pc.batch.enabled())
     prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
   if (!prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
   const bool strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
+  if (ctx.body_decoded) return false;  // (rare) a decoded body's head differs from the others'
   // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
   member_->key() += '\0';  // never in valid JSON nor in a field
   http::append_forwarded_fields_key(member_->key(), down_.request(), strip_credentials);
@@ -192,7 +264,7 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
   }
   const auto& req = down_.request();
   const batching::BatchMember::Request r{.head = &req,
-                                         .target = upstream_target(ctx.route, req.target()),
+                                         .target = upstream_target(ctx.route, false, req.target()),
                                          .prompt = prompt.value_or(std::string_view()),
                                          .body = ctx.upstream_body,
                                          .request_id = ctx.request_id,
@@ -363,11 +435,17 @@ core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::m
 core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   auto& metrics = w_.metrics();
   const auto& req = down_.request();
-  prepare_upstream_body(ctx);
+  if (auto e = prepare_upstream_body(ctx)) {
+    // This target cannot take the request (a route or a field its API does
+    // not have): the next fallback may; else the client gets why.
+    ctx.fail_over = true;
+    co_return Outcome::failed(std::move(*e));
+  }
   auto& gen = *ctx.gen;
   auto& pool = gen.pool(ctx.target.pool);
   const auto& pc = pool.config();
   const bool head_request = req.method() == bh::verb::head;
+  const bool anthropic = pc.type == core::UpstreamType::anthropic;
   ctx.source = &exchange_;
 
   auto now = core::now();
@@ -419,20 +497,24 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     const auto t0 = core::now();
     if (ctx.head.capacity() <= sizeof(std::string)) ctx.head = w_.take_buffer();  // a stream gave it back
     ctx.head.clear();
-    http::append_upstream_request_head(ctx.head, req,
-                                       http::UpstreamHeadOptions{
-                                           .target = upstream_target(ctx.route, req.target()),
-                                           .base_path = ep.cfg->base_path,
-                                           .base_query = ep.cfg->query,
-                                           .host_header = ep.cfg->host_header,
-                                           .body_bytes = ctx.upstream_body.size(),
-                                           .request_id = ctx.request_id,
-                                           .api_key = pc.api_key,
-                                           .identity = ctx.stream,
-                                           // The client's credential is for Weir when Weir authenticates, or
-                                           // replaced by the pool's key: either way it never reaches the model server.
-                                           .strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr,
-                                       });
+    http::append_upstream_request_head(
+        ctx.head, req,
+        http::UpstreamHeadOptions{
+            .target = upstream_target(ctx.route, anthropic, req.target()),
+            .base_path = ep.cfg->base_path,
+            .base_query = ep.cfg->query,
+            .host_header = ep.cfg->host_header,
+            .body_bytes = ctx.upstream_body.size(),
+            .request_id = ctx.request_id,
+            .upstream_lines = pc.upstream_lines,
+            .identity = ctx.stream,
+            // The client's credential is for Weir when Weir authenticates, or
+            // replaced by the pool's key: either way it never reaches the model
+            // server. A hosted Anthropic API never gets the client's.
+            .strip_credentials = anthropic || !pc.api_key.empty() || w_.authenticator() != nullptr,
+            .anthropic = anthropic,
+            .body_decoded = ctx.body_decoded,
+        });
     ctx.t_upstream_sent = core::now();
     added += core::micros_between(t0, ctx.t_upstream_sent);
     failure = co_await exchange_.start({.head = ctx.head,
@@ -452,7 +534,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
         started = true;
         break;
       }
-      // 408/429/502/503/504: the upstream did not do the work. Another
+      // 408/429/502/503/504/529: the upstream did not do the work. Another
       // attempt here, the next fallback, or (neither left) this answer.
       d = attempts.on_status(status, exchange_.head()[bh::field::retry_after], core::now());
       if (!d.retry && !fallback_left(ctx)) {

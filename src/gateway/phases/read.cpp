@@ -1,11 +1,14 @@
 // The read phase: what the head names (route, method, request id), the
-// routes and methods Weir serves, and the body within limits.
+// routes and methods Weir serves, and the body within limits (decoded when
+// it comes gzip- or deflate-encoded).
 #include <boost/beast/http/verb.hpp>
 
 #include "core/json_text.hpp"
+#include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
+#include "http/gzip.hpp"
 
 namespace weir::gateway {
 
@@ -49,6 +52,25 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   }
   ctx.bytes_in = down_.body().size();
   w_.metrics().bytes_in += ctx.bytes_in;
+  if (const auto ce = req[bh::field::content_encoding];
+      !ce.empty() && !core::iequals(ce, "identity") && !down_.body().empty()) {
+    // A compressed body (RFC 9110 §8.4): gzip and deflate are decoded here,
+    // within server.max_body (what Weir would hold either way), so every
+    // route reads and forwards the JSON or form itself; other codings are a
+    // 415 naming what is accepted.
+    if (!(core::iequals(ce, "gzip") || core::iequals(ce, "x-gzip") || core::iequals(ce, "deflate")))
+      co_return Outcome::failed(core::unsupported_encoding(ce));
+    std::string decoded = w_.take_buffer();
+    bool over = false;
+    if (!http::gunzip(down_.body(), decoded, ctx.gen->config().server.max_body_bytes, &over)) {
+      w_.give_buffer(decoded);
+      if (over) co_return Outcome::failed(core::payload_too_large(ctx.gen->config().server.max_body_bytes));
+      co_return Outcome::failed(core::undecodable_body(ce));
+    }
+    down_.body().swap(decoded);
+    w_.give_buffer(decoded);
+    ctx.body_decoded = true;
+  }
   co_return Outcome::next();
 }
 
