@@ -95,6 +95,8 @@ core::Task<void> Batch::send() {
                                            .api_key = env.api_key,
                                            .identity = true,
                                            .strip_credentials = lead->req_.strip_credentials,
+                                           .traceparent = lead->req_.traceparent,
+                                           .tracestate = lead->req_.tracestate,
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();

@@ -32,6 +32,7 @@ Worker::Worker(Shared& shared, unsigned index)
                                     : MetricLabels::build(*shared.config, shared.auth_policy.get())),
       log_(shared.log_sink),
       record_queue_(shared.request_log ? &shared.request_log->queue(index) : nullptr),
+      trace_queue_(shared.tracer ? &shared.tracer->queue(index) : nullptr),
       tick_(io_.get_executor()) {
   const auto& cfg = *shared.config;
   pools_.reserve(cfg.pools.size());

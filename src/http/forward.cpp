@@ -106,7 +106,21 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     out += "\r\n";
   }
   if (o.identity) out += "Accept-Encoding: identity\r\n";
-  copy_end_to_end(out, req, [&](const auto& f) { return !forwarded_upstream(f, o.identity, o.strip_credentials); });
+  if (!o.traceparent.empty()) {
+    out += "traceparent: ";
+    out += o.traceparent;
+    out += "\r\n";
+    if (!o.tracestate.empty()) {
+      out += "tracestate: ";
+      out += o.tracestate;
+      out += "\r\n";
+    }
+  }
+  const bool own_trace = !o.traceparent.empty();
+  copy_end_to_end(out, req, [&](const auto& f) {
+    if (own_trace && (iequals(f.name_string(), "traceparent") || iequals(f.name_string(), "tracestate"))) return true;
+    return !forwarded_upstream(f, o.identity, o.strip_credentials);
+  });
   out += "\r\n";
 }
 

@@ -28,6 +28,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         ctx.scratch += allowed_methods(ctx.route);
         ctx.scratch += "\r\n";
       }
+      if (ctx.capture) capture_response(ctx, ctx.body);
       co_await send_own(ctx, {e.status, "application/json", ctx.body, ctx.scratch});
       if (ctx.status == 499) ++m.client_disconnects;
       break;
@@ -44,6 +45,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         http::append_sse_data(ctx.scratch, ctx.body);
         if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
       }
+      if (ctx.capture) capture_response(ctx, ctx.scratch);
       down_.queue_body(ctx.scratch);
       down_.queue_end();
       down_.flush();
@@ -138,6 +140,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   // A scrape every few seconds would drown the log: /metrics counts in the
   // metrics, writes no line and stores no record.
   if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
+  if (ctx.trace.sampled) push_trace(ctx, end);
   ctx.principal.reset();
 }
 
@@ -301,6 +304,14 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext
     r->key_id.clear();
   }
   r->json.assign(line);
+  // Captured bodies (request_log.capture_bodies): copied, so the context keeps its buffers.
+  for (auto [from, to] :
+       {std::pair{&ctx.captured_request, &r->request_body}, std::pair{&ctx.captured_response, &r->response_body}}) {
+    to->present = from->present;
+    to->truncated = from->truncated;
+    to->size = from->size;
+    to->bytes.assign(from->bytes);
+  }
   q.commit();
 }
 

@@ -109,6 +109,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // chunk with prompt_logprobs) is not a slow client.
     const std::size_t backlog = down_.backlog();
     if (!events.empty()) {
+      if (ctx.capture) capture_response(ctx, events);
       down_.send_body(events);
       if (first_read) {
         ctx.added_us += core::micros_between(t_read, core::now());
@@ -170,6 +171,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   }
   if (!ctx.committed) {  // a held stream that ended without a content event
     send_head();
+    if (ctx.capture) capture_response(ctx, ctx.body);
     if (!ctx.body.empty()) down_.send_body(ctx.body);
     ctx.body.clear();
   }
@@ -177,6 +179,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // Anthropic and Responses have no [DONE]: the closing events, or an error if the upstream stopped short.
     events.clear();
     ctx.hooks.finish(events);
+    if (ctx.capture) capture_response(ctx, events);
     if (!events.empty()) down_.send_body(events);
   }
   down_.queue_end();
