@@ -147,6 +147,10 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     w.sample("weir_request_log_errors_total", "", s.errors);
     w.header("weir_request_log_deleted_total", "counter", "Rows deleted by retention (max_age, max_rows).");
     w.sample("weir_request_log_deleted_total", "", s.deleted);
+    w.header("weir_request_log_bodies_dropped_total", "counter",
+             "Records stored without their captured bodies: the queues already held 32 MiB of bodies per worker "
+             "(capture_bodies while the store is slow or down).");
+    w.sample("weir_request_log_bodies_dropped_total", "", s.bodies_dropped);
     w.header("weir_request_log_queued", "gauge", "Request records waiting in the workers' queues.");
     w.sample("weir_request_log_queued", "", static_cast<double>(s.queued));
     w.header("weir_request_log_open", "gauge", "1 while the request-log store is open for writing.");

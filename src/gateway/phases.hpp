@@ -131,7 +131,8 @@ class GatewayPhases final : public Phases {
   void begin_capture(RequestContext& ctx);
   void capture_response(RequestContext& ctx, std::string_view bytes);
   // Copies the record into the worker's queue, or counts it dropped when full.
-  static void push_record(requestlog::RecordQueue& q, const RequestContext& ctx,
+  // `budget`: the captured bytes the queue may hold (null: no capture).
+  static void push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,
                           std::chrono::system_clock::time_point wall, std::string_view line);
 
   Worker& w_;

@@ -6,6 +6,7 @@
 // a record as long as the current one a push allocates nothing.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 
@@ -41,5 +42,28 @@ struct Record {
 };
 
 using RecordQueue = core::SpscRing<Record>;
+
+// The captured bytes one worker's queue may hold at once
+// (request_log.capture_bodies): while the writer is behind or the store is
+// down, the bodies of further records are not kept (the records are, and
+// counted in weir_request_log_bodies_dropped_total), so a queue of captured
+// records never holds queue × caps of memory. The worker takes, the writer
+// gives back once a record left the queue.
+struct BodyBudget {
+  static constexpr std::int64_t kMaxBytes = 32 << 20;  // per worker
+  std::atomic<std::int64_t> queued{0};                 // captured bytes in the queue now
+  std::atomic<std::uint64_t> dropped{0};               // records queued without their bodies (worker)
+  // Producer: room for `n` more bytes? False (and counted) when there is none.
+  bool take(std::int64_t n) {
+    if (queued.load(std::memory_order_relaxed) + n > kMaxBytes) {
+      dropped.store(dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+      return false;
+    }
+    queued.fetch_add(n, std::memory_order_relaxed);
+    return true;
+  }
+  // Consumer: `n` bytes left the queue.
+  void give(std::int64_t n) { queued.fetch_sub(n, std::memory_order_relaxed); }
+};
 
 }  // namespace weir::requestlog

@@ -76,7 +76,10 @@ bool valid_utf8(std::string_view s) noexcept {
 Writer::Writer(RequestLogConfig config, unsigned workers)
     : config_(std::move(config)),
       store_(config_.kind == StoreKind::postgres ? make_postgres_backend(config_) : make_sqlite_backend(config_)) {
-  for (unsigned i = 0; i < workers; ++i) queues_.push_back(std::make_unique<RecordQueue>(config_.queue));
+  for (unsigned i = 0; i < workers; ++i) {
+    queues_.push_back(std::make_unique<RecordQueue>(config_.queue));
+    budgets_.push_back(std::make_unique<BodyBudget>());
+  }
 }
 
 Writer::~Writer() {
@@ -162,6 +165,7 @@ std::size_t Writer::write_batch() {
   // Takes records from the queues in turn (one queue's backlog cannot starve the others).
   for (std::size_t visited = 0; visited < queues_.size() && taken < config_.batch && !failed; ++visited) {
     auto& q = *queues_[next_queue_];
+    auto& budget = *budgets_[next_queue_];
     next_queue_ = (next_queue_ + 1) % queues_.size();
     while (taken < config_.batch) {
       Record* r = q.front();
@@ -177,8 +181,12 @@ std::size_t Writer::write_batch() {
       for (std::string* col : {&r->request_id, &r->tenant, &r->key_id, &r->model, &r->json})
         make_valid_in_place(*col, scratch_);
       const bool ok = store_->add(*r, bodies_json(*r), why);
-      r->request_body.clear();  // the credential-free copy was stored; do not keep bodies in the ring
-      r->response_body.clear();
+      // Stored: the ring's slots do not keep bodies (queue × caps of memory otherwise).
+      for (CapturedBody* b : {&r->request_body, &r->response_body}) {
+        budget.give(static_cast<std::int64_t>(b->bytes.size()));
+        b->clear();
+        if (b->bytes.capacity() > 4096) std::string().swap(b->bytes);
+      }
       q.pop();
       ++taken;
       if (!ok) {
@@ -308,9 +316,10 @@ void Writer::run() {
     if (SteadyClock::now() >= deadline) break;
   }
   std::uint64_t left = 0;
-  for (auto& q : queues_)
-    while (q->front()) {
-      q->pop();
+  for (std::size_t i = 0; i < queues_.size(); ++i)
+    while (Record* r = queues_[i]->front()) {
+      budgets_[i]->give(static_cast<std::int64_t>(r->request_body.bytes.size() + r->response_body.bytes.size()));
+      queues_[i]->pop();
       ++left;
     }
   dropped_shutdown_.fetch_add(left, std::memory_order_relaxed);
@@ -328,6 +337,7 @@ WriterStats Writer::stats() const {
     s.queued += q->size();
   }
   s.dropped_write_error = dropped_write_.load(std::memory_order_relaxed);
+  for (const auto& b : budgets_) s.bodies_dropped += b->dropped.load(std::memory_order_relaxed);
   s.dropped_shutdown = dropped_shutdown_.load(std::memory_order_relaxed);
   s.errors = errors_.load(std::memory_order_relaxed);
   s.deleted = deleted_.load(std::memory_order_relaxed);

@@ -34,6 +34,7 @@ struct WriterStats {
   std::uint64_t errors = 0;               // failed opens, statements and commits
   std::uint64_t deleted = 0;              // rows removed by retention
   std::uint64_t queued = 0;               // records in the queues now
+  std::uint64_t bodies_dropped = 0;       // records stored without their captured bodies (BodyBudget full)
   bool open = false;                      // the store is open for writing
 };
 
@@ -46,6 +47,7 @@ class Writer {
   Writer& operator=(const Writer&) = delete;
 
   RecordQueue& queue(unsigned worker) { return *queues_[worker]; }
+  BodyBudget& body_budget(unsigned worker) { return *budgets_[worker]; }
   const RequestLogConfig& config() const { return config_; }
 
   // Opens the store and starts the thread. A store that cannot be opened
@@ -83,6 +85,7 @@ class Writer {
 
   RequestLogConfig config_;
   std::vector<std::unique_ptr<RecordQueue>> queues_;
+  std::vector<std::unique_ptr<BodyBudget>> budgets_;  // one per queue
   std::unique_ptr<StoreBackend> store_;
   std::string scratch_, bodies_, body_text_;  // the writer thread's reused buffers
   std::size_t next_queue_ = 0;

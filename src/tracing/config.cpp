@@ -52,7 +52,7 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
   if (!n.IsMap())
     return tl::unexpected(config_error(n, "tracing", "expected a mapping (otlp_endpoint, sample_ratio, ...)"));
   WEIR_TRY_VOID(core::check_keys(n, "tracing",
-                                 {"otlp_endpoint", "sample_ratio", "service_name", "resource", "headers", "headers_env",
+                                 {"otlp_endpoint", "sample_ratio", "parent_based", "service_name", "resource", "headers", "headers_env",
                                   "queue", "batch", "flush_interval", "timeout", "ca_file"}));
   if (!n["otlp_endpoint"])
     return tl::unexpected(config_error(n, "tracing.otlp_endpoint", "missing (e.g. http://127.0.0.1:4318)"));
@@ -69,6 +69,10 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
   if (auto v = n["sample_ratio"]) {
     WEIR_TRY(r, core::read_double(v, "tracing.sample_ratio", 0.0, 1.0));
     c.sample_ratio = r;
+  }
+  if (auto v = n["parent_based"]) {
+    WEIR_TRY(b, core::read_bool(v, "tracing.parent_based"));
+    c.parent_based = b;
   }
   if (auto v = n["service_name"]) {
     WEIR_TRY(s, core::read_string(v, "tracing.service_name"));

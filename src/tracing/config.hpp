@@ -23,6 +23,10 @@ struct TracingConfig {
   core::EndpointConfig endpoint;
   std::string target;         // the request target POSTed to (path and query)
   double sample_ratio = 1.0;  // 0..1: the share of new traces recorded (parent-based: a caller's decision wins)
+  // true: a valid traceparent's sampled flag decides (OpenTelemetry's ParentBased);
+  // false: sample_ratio decides for every request, so clients cannot make Weir
+  // record (or skip) their requests; the trace is continued either way.
+  bool parent_based = true;
   std::string service_name = "weir";
   // Resource attributes beside service.name, service.version and service.instance.id.
   std::vector<std::pair<std::string, std::string>> resource;

@@ -259,6 +259,14 @@ def test_sampling_is_parent_based_and_unsampled_requests_still_propagate(module_
     collector.wait_trace(t_on)
     assert w.process.stop() == 0  # the drain exports anything still queued
     assert collector.trace(root_trace) == [] and collector.trace(t_off) == []
+    # parent_based: false: the ratio decides for every request; the caller's trace still continues upstream.
+    w = weir(config=base_config(m, collector.url, sample_ratio=0, parent_based=False))
+    t_forced, p_forced = new_ids()
+    r = httpx.post(w.v1 + "/chat/completions", json=body, timeout=30,
+                   headers={**headers, "traceparent": f"00-{t_forced}-{p_forced}-01"})
+    assert parse_traceparent(r.headers["x-mock-traceparent"])[::2] == (t_forced, "00")
+    assert w.process.stop() == 0
+    assert collector.trace(t_forced) == []
 
 
 def test_a_collector_that_is_down_never_slows_requests(module_mock, weir):

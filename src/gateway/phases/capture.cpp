@@ -43,6 +43,10 @@ void GatewayPhases::begin_capture(RequestContext& ctx) {
   if (!cap || !ctx.principal || !cap->captures(ctx.principal->tenant_name())) return;
   ctx.capture = true;
   const auto& req = down_.request();
+  // One allocation each: the request's first bytes, and room for a response
+  // so a stream's events append without reallocating (up to 64 KiB; beyond, doubling).
+  ctx.captured_request.bytes.reserve(
+      static_cast<std::size_t>(std::min<std::uint64_t>(cap->max_request_bytes, down_.body().size())));
   take(ctx.captured_request, down_.body(), cap->max_request_bytes);
   // The request's own key or token never reaches the store, even pasted into a prompt.
   requestlog::redact_exact(ctx.captured_request.bytes, presented_credential(req), ctx.captured_request.truncated);

@@ -141,6 +141,12 @@ void GatewayPhases::log(RequestContext& ctx) {
   // metrics, writes no line and stores no record.
   if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
   if (ctx.trace.sampled) push_trace(ctx, end);
+  if (ctx.capture) {
+    // Captured bodies were copied into the record's slot: an idle keep-alive
+    // connection holds none (up to max_request_bytes + max_response_bytes each otherwise).
+    std::string().swap(ctx.captured_request.bytes);
+    std::string().swap(ctx.captured_response.bytes);
+  }
   ctx.principal.reset();
 }
 
@@ -280,11 +286,13 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += R"(,"error":null)"sv;
   }
   out += "}"sv;
-  if (auto* q = w_.record_queue()) push_record(*q, ctx, wall, std::string_view(out).substr(line_start));
+  if (auto* q = w_.record_queue())
+    push_record(*q, ctx.capture ? &w_.shared().request_log->body_budget(w_.index()) : nullptr, ctx, wall,
+                std::string_view(out).substr(line_start));
   if (to_log) log.end_line();
 }
 
-void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext& ctx,
+void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,
                                 std::chrono::system_clock::time_point wall, std::string_view line) {
   requestlog::Record* r = q.begin_push();
   if (!r) {
@@ -304,13 +312,19 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext
     r->key_id.clear();
   }
   r->json.assign(line);
-  // Captured bodies (request_log.capture_bodies): copied, so the context keeps its buffers.
+  // Captured bodies (request_log.capture_bodies), within the queue's budget.
+  const bool keep =
+      budget &&
+      budget->take(static_cast<std::int64_t>(ctx.captured_request.bytes.size() + ctx.captured_response.bytes.size()));
   for (auto [from, to] :
        {std::pair{&ctx.captured_request, &r->request_body}, std::pair{&ctx.captured_response, &r->response_body}}) {
-    to->present = from->present;
+    to->present = keep && from->present;
     to->truncated = from->truncated;
     to->size = from->size;
-    to->bytes.assign(from->bytes);
+    if (keep)
+      to->bytes.assign(from->bytes);
+    else
+      to->bytes.clear();
   }
   q.commit();
 }

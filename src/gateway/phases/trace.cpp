@@ -54,7 +54,8 @@ void GatewayPhases::begin_trace(RequestContext& ctx) {
   if (parent) {
     t.trace_id = parent->trace_id;
     t.parent_id = parent->span_id;
-    t.sampled = parent->sampled();  // parent-based: the caller decided
+    // Parent-based: the caller decided; else the ratio, as for a new trace.
+    t.sampled = tracer->config().parent_based ? parent->sampled() : tracer->sampler().root_sampled(t.trace_id);
     // tracestate lines make one list (RFC 9110 §5.3); an invalid one is dropped, the trace goes on.
     auto [it, end] = req.equal_range("tracestate");
     if (it != end) {

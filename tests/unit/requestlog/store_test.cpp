@@ -237,6 +237,32 @@ TEST(WriterTest, CapturedBodiesAreRedactedAndStoredAsJson) {
   EXPECT_TRUE(r->request_body.bytes.empty());
 }
 
+TEST(WriterTest, QueuedBodiesAreBoundedPerWorker) {
+  TempDir dir;
+  Writer w(config_at(dir.path / "r.db", 1024, 1024), 1);
+  BodyBudget& b = w.body_budget(0);
+  const std::int64_t body = 1 << 20;
+  int kept = 0;
+  for (int i = 0; i < 40; ++i) kept += b.take(body);
+  EXPECT_EQ(kept, 32);  // 32 MiB
+  EXPECT_EQ(w.stats().bodies_dropped, 8u);
+  // The writer gives back what it stored: bodies are kept again.
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  Record* r = w.queue(0).begin_push();
+  ASSERT_NE(r, nullptr);
+  r->ts_us = 1;
+  r->request_id = "x";
+  r->json = "{}";
+  r->request_body = {.present = true, .truncated = false, .size = 5, .bytes = "hello"};
+  w.queue(0).commit();
+  b.give(32 * body - 5);  // as if the 32 bodies left; the queued record's 5 bytes remain
+  EXPECT_EQ(b.queued.load(), 5);
+  ASSERT_EQ(w.write_batch(), 1u);
+  EXPECT_EQ(b.queued.load(), 0);
+  EXPECT_TRUE(b.take(body));
+}
+
 TEST(WriterTest, AVersion1StoreGetsTheBodiesColumn) {
   TempDir dir;
   const auto db = dir.path / "r.db";

@@ -34,6 +34,7 @@ TEST(TracingConfigTest, DefaultsAndTheTracesPath) {
   EXPECT_FALSE(c.endpoint.tls);
   EXPECT_EQ(c.target, "/v1/traces");  // OTEL_EXPORTER_OTLP_ENDPOINT's rule
   EXPECT_EQ(c.sample_ratio, 1.0);
+  EXPECT_TRUE(c.parent_based);
   EXPECT_EQ(c.service_name, "weir");
   EXPECT_EQ(c.queue, 2048u);
   EXPECT_EQ(c.batch, 256u);
@@ -52,6 +53,7 @@ TEST(TracingConfigTest, EveryKey) {
       "tracing:\n"
       "  otlp_endpoint: http://collector:4318\n"
       "  sample_ratio: 0.25\n"
+      "  parent_based: false\n"
       "  service_name: gateway-eu\n"
       "  resource: {deployment.environment: prod, k8s.pod.name: weir-0}\n"
       "  headers: {x-scope-orgid: tenant-1}\n"
@@ -63,6 +65,7 @@ TEST(TracingConfigTest, EveryKey) {
   ASSERT_TRUE(r) << r.error().to_string();
   const auto& c = **r;
   EXPECT_EQ(c.sample_ratio, 0.25);
+  EXPECT_FALSE(c.parent_based);
   EXPECT_EQ(c.service_name, "gateway-eu");
   ASSERT_EQ(c.resource.size(), 2u);
   EXPECT_EQ(c.resource[0], (std::pair<std::string, std::string>{"deployment.environment", "prod"}));
