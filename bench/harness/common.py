@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 from dataclasses import dataclass, field
 
@@ -70,6 +71,23 @@ def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-ba
         report.add_meta("weir (request log)", "build/bin/weir with request_log: {url: sqlite:WORK/requests.db} "
                         "(queue 4096, batch 256, flush 100ms)")
         out.append(t)
+    if env.tracing:
+        # The same config with every request traced (sample_ratio 1) and exported over OTLP/HTTP to a sink
+        # on the load CPU (bench/harness/otlp_sink.py), as a collector would take them.
+        import sys
+        from procs import free_port, launch, wait_ready
+        sink_port = free_port()
+        sink = launch(f"{tag}-otlp-sink", [sys.executable, str(pathlib.Path(__file__).with_name("otlp_sink.py")),
+                                           str(sink_port)], env.work / "logs", cpu=env.load_cpu, priority=False)
+        wait_ready(sink, sink_port, 15, "/")
+        cfg = json.loads(json.dumps(config))
+        cfg["tracing"] = {"otlp_endpoint": f"http://127.0.0.1:{sink_port}", "sample_ratio": 1.0}
+        t = start_weir(env, "weir (tracing)", cfg, tag=f"{tag}-tracing", name="weir-tracing")
+        t.companions.append(sink)
+        t.sink_url = f"http://127.0.0.1:{sink_port}/"
+        report.add_meta("weir (tracing)", "build/bin/weir with tracing: {otlp_endpoint: a sink on the load CPU, "
+                        "sample_ratio: 1.0} (every request's spans exported; queue 2048, batch 256, flush 1s)")
+        out.append(t)
     return out
 
 
@@ -103,7 +121,7 @@ def fmt_ratio(r) -> str:
 
 PRETTY = {"litellm": "LiteLLM", "bifrost": "Bifrost", "portkey": "Portkey", "nginx": "nginx", "weir": "Weir",
           "weir-baseline": "Weir (baseline)", "weir-jemalloc": "Weir (jemalloc)", "weir-mimalloc": "Weir (mimalloc)",
-          "weir-requestlog": "Weir (request log)"}
+          "weir-requestlog": "Weir (request log)", "weir-tracing": "Weir (tracing)"}
 
 
 def gateway_failed(res: dict) -> str | None:
