@@ -74,21 +74,27 @@ def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-ba
     if env.tracing:
         # The same config with every request traced (sample_ratio 1) and exported over OTLP/HTTP to a sink
         # on the load CPU (bench/harness/otlp_sink.py), as a collector would take them.
-        import sys
-        from procs import free_port, launch, wait_ready
-        sink_port = free_port()
-        sink = launch(f"{tag}-otlp-sink", [sys.executable, str(pathlib.Path(__file__).with_name("otlp_sink.py")),
-                                           str(sink_port)], env.work / "logs", cpu=env.load_cpu, priority=False)
-        wait_ready(sink, sink_port, 15, "/")
+        sink, sink_url = start_otlp_sink(env, f"{tag}-otlp-sink")
         cfg = json.loads(json.dumps(config))
-        cfg["tracing"] = {"otlp_endpoint": f"http://127.0.0.1:{sink_port}", "sample_ratio": 1.0}
+        cfg["tracing"] = {"otlp_endpoint": sink_url, "sample_ratio": 1.0}
         t = start_weir(env, "weir (tracing)", cfg, tag=f"{tag}-tracing", name="weir-tracing")
         t.companions.append(sink)
-        t.sink_url = f"http://127.0.0.1:{sink_port}/"
+        t.sink_url = sink_url + "/"
         report.add_meta("weir (tracing)", "build/bin/weir with tracing: {otlp_endpoint: a sink on the load CPU, "
                         "sample_ratio: 1.0} (every request's spans exported; queue 2048, batch 256, flush 1s)")
         out.append(t)
     return out
+
+
+def start_otlp_sink(env: Env, name: str):
+    """bench/harness/otlp_sink.py on a free port on the load CPU: (its Proc, its base URL)."""
+    import sys
+    from procs import free_port, launch, wait_ready
+    port = free_port()
+    sink = launch(name, [sys.executable, str(pathlib.Path(__file__).with_name("otlp_sink.py")), str(port)],
+                  env.work / "logs", cpu=env.load_cpu, priority=False)
+    wait_ready(sink, port, 15, "/")
+    return sink, f"http://127.0.0.1:{port}"
 
 
 def stop_targets(targets: list[Target]) -> None:
