@@ -97,6 +97,36 @@ def start_otlp_sink(env: Env, name: str):
     return sink, f"http://127.0.0.1:{port}"
 
 
+def twin_notes(targets: list[Target], report: Report) -> None:
+    """For the --request-log and --tracing twins: how much of the work they did, from their /metrics (a store
+    or a collector that fell behind drops, and dropped records cost less than stored ones)."""
+    from procs import http_get
+    for t in targets:
+        if t.name not in ("weir-requestlog", "weir-tracing") or not t.alive():
+            continue
+        t.resume()  # the cells pause the targets they do not measure
+        status, body = http_get(t.url + "/metrics", timeout=10)
+        if status != 200:
+            continue
+        vals: dict[str, float] = {}
+        for line in body.decode(errors="replace").splitlines():
+            if line.startswith(("weir_request_log_", "weir_tracing_", "weir_requests_total")):
+                name, _, v = line.rpartition(" ")
+                key = name.split("{")[0] + ("{" + name.split("{", 1)[1] if "reason=" in name else "")
+                vals[key] = vals.get(key, 0.0) + float(v)
+        reqs = vals.get("weir_requests_total", 0)
+        if t.name == "weir-requestlog":
+            dropped = sum(v for k, v in vals.items() if k.startswith("weir_request_log_dropped_total"))
+            report.note(f"{t.label}: {vals.get('weir_request_log_written_total', 0):,.0f} records stored, "
+                        f"{dropped:,.0f} dropped, of {reqs:,.0f} requests")
+        else:
+            dropped = {k.split('"')[1]: v for k, v in vals.items() if k.startswith("weir_tracing_spans_dropped_total{")}
+            report.note(f"{t.label}: {vals.get('weir_tracing_spans_exported_total', 0):,.0f} spans exported in "
+                        f"{vals.get('weir_tracing_exports_total', 0):,.0f} requests to the sink, dropped "
+                        + ", ".join(f"{k} {v:,.0f}" for k, v in dropped.items())
+                        + f", of {reqs:,.0f} requests")
+
+
 def stop_targets(targets: list[Target]) -> None:
     for t in targets:
         if t.kind != "direct":

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import shutil
 import subprocess
 
 import httpx
@@ -279,7 +280,12 @@ def test_a_collector_that_is_down_never_slows_requests(module_mock, weir):
     wait_until(lambda: w.metric("weir_tracing_spans_dropped_total", reason="export_failed")
                + w.metric("weir_tracing_spans_dropped_total", reason="queue_full") > 0, 10, message="drops counted")
     assert w.metric("weir_tracing_spans_exported_total") == 0
-    assert "tracing:" in w.process.log()
+    wait_until(lambda: "weir: tracing:" in w.process.log(), 5, message="the failure said on stderr at once")
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: scripts/setup installs Debian's prometheus package"
+    r = subprocess.run([promtool, "check", "metrics"], input=w.metrics_text(), capture_output=True, text=True,
+                       timeout=30)
+    assert r.returncode == 0, r.stdout + r.stderr
 
 
 def test_a_503_from_the_collector_is_retried_and_sigterm_drains(module_mock, weir, collector):
