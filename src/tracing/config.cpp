@@ -52,8 +52,8 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
   if (!n.IsMap())
     return tl::unexpected(config_error(n, "tracing", "expected a mapping (otlp_endpoint, sample_ratio, ...)"));
   WEIR_TRY_VOID(core::check_keys(n, "tracing",
-                                 {"otlp_endpoint", "sample_ratio", "parent_based", "service_name", "resource", "headers", "headers_env",
-                                  "queue", "batch", "flush_interval", "timeout", "ca_file"}));
+                                 {"otlp_endpoint", "sample_ratio", "parent_based", "service_name", "resource",
+                                  "headers", "headers_env", "queue", "batch", "flush_interval", "timeout", "ca_file"}));
   if (!n["otlp_endpoint"])
     return tl::unexpected(config_error(n, "tracing.otlp_endpoint", "missing (e.g. http://127.0.0.1:4318)"));
   WEIR_TRY(url, core::read_string(n["otlp_endpoint"], "tracing.otlp_endpoint"));
