@@ -62,6 +62,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--soak-minutes", type=float, default=0.0,
                     help="soak: minutes of load after the warm-up (default 10)")
     ap.add_argument("--soak-rate", type=float, default=0.0, help="soak: open-loop req/s (default 250)")
+    ap.add_argument("--tracing", action="store_true",
+                    help="also measure build/bin/weir with tracing: (every request's spans exported over OTLP/HTTP "
+                         "to a sink on the load CPU) beside it, same config otherwise, alternated in the same rounds: "
+                         "target 'weir (tracing)' in the latency, stream and memory suites")
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
@@ -165,7 +169,7 @@ def main(argv: list[str]) -> int:
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
         env = Env(bin_dir=snap, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
                   priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet, baseline=baseline,
-                  allocators=allocators, request_log=args.request_log)
+                  allocators=allocators, request_log=args.request_log, tracing=args.tracing)
         print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
         t0 = time.monotonic()
         try:

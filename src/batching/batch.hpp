@@ -67,6 +67,9 @@ class BatchMember final : public http::ResponseSource {
     bool include_usage = false;               // its body asks for the final usage chunk
     bool continuous_usage = false;            // its body asks for usage on every chunk
     bool strip_credentials = false;           // the client's Authorization / x-api-key never go upstream
+    // W3C Trace Context to send upstream in place of the client's (tracing:); empty = the client's pass.
+    std::string_view traceparent;
+    std::string_view tracestate;
   };
 
   explicit BatchMember(core::Executor ex) : ev_(ex) {}

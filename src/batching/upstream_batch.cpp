@@ -95,6 +95,8 @@ core::Task<void> Batch::send() {
                                            .upstream_lines = env.upstream_lines,
                                            .identity = true,
                                            .strip_credentials = lead->req_.strip_credentials,
+                                           .traceparent = lead->req_.traceparent,
+                                           .tracestate = lead->req_.tracestate,
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();

@@ -624,11 +624,11 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
   }
   if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
   // Sections owned by other modules are validated there (auth, tenants,
-  // pricing, redis, admin, request_log: gateway::load_config). A key nothing
+  // pricing, redis, admin, request_log, tracing: gateway::load_config). A key nothing
   // reads is an error (limits: and batching: were accepted and ignored).
   if (auto r = check_keys(root, "",
                           {"listen", "workers", "server", "pools", "models", "default_pool", "auth", "tenants",
-                           "pricing", "redis", "admin", "request_log"});
+                           "pricing", "redis", "admin", "request_log", "tracing"});
       !r)
     return located(r.error());
 

@@ -174,10 +174,35 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     w.sample("weir_request_log_errors_total", "", s.errors);
     w.header("weir_request_log_deleted_total", "counter", "Rows deleted by retention (max_age, max_rows).");
     w.sample("weir_request_log_deleted_total", "", s.deleted);
+    w.header("weir_request_log_bodies_dropped_total", "counter",
+             "Records stored without their captured bodies: the queues already held 32 MiB of bodies per worker "
+             "(capture_bodies while the store is slow or down).");
+    w.sample("weir_request_log_bodies_dropped_total", "", s.bodies_dropped);
     w.header("weir_request_log_queued", "gauge", "Request records waiting in the workers' queues.");
     w.sample("weir_request_log_queued", "", static_cast<double>(s.queued));
     w.header("weir_request_log_open", "gauge", "1 while the request-log store is open for writing.");
     w.sample("weir_request_log_open", "", static_cast<double>(s.open));
+  }
+  if (shared.tracer) {
+    // The trace exporter (atomics, safe to read here). Units: spans.
+    const auto s = shared.tracer->stats();
+    core::PromWriter w(out);
+    w.header("weir_tracing_spans_exported_total", "counter", "Spans the OTLP collector accepted (tracing:).");
+    w.sample("weir_tracing_spans_exported_total", "", s.exported);
+    w.header("weir_tracing_spans_dropped_total", "counter",
+             "Spans not delivered: queue_full (the exporter is behind), export_failed (their batch could not be "
+             "delivered after retries), rejected (the collector refused them), shutdown (the drain ran out of time).");
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"queue_full\"", s.dropped_queue_full);
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"export_failed\"", s.dropped_export);
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"rejected\"", s.dropped_rejected);
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"shutdown\"", s.dropped_shutdown);
+    w.header("weir_tracing_exports_total", "counter", "OTLP export requests the collector answered 2xx.");
+    w.sample("weir_tracing_exports_total", "", s.export_requests);
+    w.header("weir_tracing_export_errors_total", "counter",
+             "OTLP export requests that failed (connection, timeout, non-2xx answer), retries included.");
+    w.sample("weir_tracing_export_errors_total", "", s.export_errors);
+    w.header("weir_tracing_queued", "gauge", "Traces (one per sampled request) waiting in the workers' queues.");
+    w.sample("weir_tracing_queued", "", static_cast<double>(s.queued));
   }
   if (shared.redis_limiter) {
     // Shared limits: the state of the Redis leases (atomics, safe to read here).

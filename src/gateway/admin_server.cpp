@@ -82,7 +82,8 @@ AdminError no_request_log() {
       404,
       "invalid_request_error",
       "no_request_log",
-      "The request log is off: configure request_log: {url: \"sqlite:PATH\"} to store and query requests.",
+      "The request log is off: configure request_log: {url: \"sqlite:PATH\"} (or postgres://...) to store and "
+      "query requests.",
       {}};
 }
 
@@ -208,7 +209,7 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
   route("GET", "/admin/v1/pools", &AdminServer::pools);
   route("GET", "/metrics", &AdminServer::metrics);
   route("GET", "/ready", &AdminServer::ready);
-  if (shared_.request_log) requests_ = std::make_unique<requestlog::Reader>(shared_.request_log->config().path);
+  if (shared_.request_log) requests_ = std::make_unique<requestlog::Reader>(shared_.request_log->config());
 }
 
 AdminServer::~AdminServer() { blocking_.join(); }

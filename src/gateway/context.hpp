@@ -23,11 +23,45 @@
 #include "http/downstream.hpp"
 #include "http/response_source.hpp"
 #include "http/sse.hpp"
+#include "requestlog/queue.hpp"
 #include "routing/route_table.hpp"
+#include "tracing/context.hpp"
 
 namespace weir::gateway {
 
 struct WorkerGeneration;
+// A request's part in a trace (tracing:, docs/observability.md#traces):
+// its ids, what it propagates upstream, and the times of the child spans
+// it records when sampled. Fixed-size: recording allocates nothing.
+struct TraceState {
+  static constexpr std::size_t kMaxAttempts = 8;  // as RequestContext::kMaxAttemptRecords
+  bool on = false;                                // tracing is configured: ids are made and traceparent goes upstream
+  bool sampled = false;                           // the request's spans are recorded and exported
+  tracing::TraceId trace_id;
+  tracing::SpanId span_id;                 // the request's span
+  tracing::SpanId parent_id;               // the caller's, from a valid traceparent; invalid = none
+  std::string tracestate;                  // the caller's, checked (tracing::normalize_tracestate); sent upstream as is
+  std::string user_agent;                  // the client's User-Agent (sampled requests only), at most 256 bytes
+  tracing::TraceparentText traceparent{};  // what the current upstream attempt sends
+  tracing::SpanId attempt_span;            // the span id in `traceparent`; invalid = none yet
+  core::TimePoint auth_start{}, auth_end{}, admit_start{}, admit_end{}, batch_join{};
+  bool auth_span = false, auth_error = false, admit_span = false, admit_error = false;
+  // Per upstream attempt, index as RequestContext::attempt_log: the span id
+  // it sent (invalid: it never sent one, e.g. a refused connect) and when it ended.
+  std::array<tracing::SpanId, kMaxAttempts> attempt_ids{};
+  std::array<core::TimePoint, kMaxAttempts> attempt_end{};
+
+  std::string_view traceparent_view() const { return {traceparent.data(), traceparent.size()}; }
+  void reset() {
+    on = sampled = false;
+    trace_id = {};
+    span_id = parent_id = attempt_span = {};
+    tracestate.clear();
+    user_agent.clear();
+    auth_start = auth_end = admit_start = admit_end = batch_join = {};
+    auth_span = auth_error = admit_span = admit_error = false;
+  }
+};
 
 struct RequestContext {
   // The configuration generation the request runs on, from its read phase
@@ -94,7 +128,13 @@ struct RequestContext {
   std::array<AttemptRecord, kMaxAttemptRecords> attempt_log{};
   std::uint8_t attempt_count = 0;
   void record_attempt(const AttemptRecord& a) {
-    if (attempt_count < kMaxAttemptRecords) attempt_log[attempt_count++] = a;
+    if (attempt_count >= kMaxAttemptRecords) return;
+    if (trace.sampled) {
+      trace.attempt_ids[attempt_count] = trace.attempt_span;
+      trace.attempt_end[attempt_count] = core::now();
+      trace.attempt_span = {};  // the next attempt sends a new one
+    }
+    attempt_log[attempt_count++] = a;
   }
   // A micro-batch member (pools.X.batch): the batch's upstream request id,
   // members sent in it and this request's slot; for the access log.
@@ -105,6 +145,13 @@ struct RequestContext {
   bool batch_split = false;  // the upstream refused the batch whole: the request was then sent alone
   StreamHooks hooks;
   http::SseReader sse{4u << 20};
+
+  // --- tracing (tracing:) ---
+  TraceState trace;
+
+  // --- request_log.capture_bodies: this request's bodies, when its tenant opted in ---
+  bool capture = false;
+  requestlog::CapturedBody captured_request, captured_response;
 
   // --- outcome (log) ---
   int status = 0;  // status sent to the client (499 = client left first)

@@ -36,6 +36,7 @@ Worker::Worker(Shared& shared, unsigned index)
       metrics_(shared.generation->labels),
       log_(shared.log_sink),
       record_queue_(shared.request_log ? &shared.request_log->queue(index) : nullptr),
+      trace_queue_(shared.tracer ? &shared.tracer->queue(index) : nullptr),
       tick_(io_.get_executor()) {
   gen_ = make_generation(shared.generation, nullptr);
   if (shared.auth_policy) {

@@ -26,6 +26,7 @@
 #include "requestlog/store.hpp"
 #include "routing/pool.hpp"
 #include "routing/route_table.hpp"
+#include "tracing/exporter.hpp"
 
 namespace weir::gateway {
 
@@ -64,6 +65,9 @@ struct Shared {
   std::uint64_t instance_id = 0;                     // random per process, prefix of generated request ids
   requestlog::Writer* request_log = nullptr;         // owned by the server; null without request_log:
   ReloadStats reloads;
+  tracing::Exporter* tracer = nullptr;         // owned by the server; null without tracing:
+  // request_log.capture_bodies: the tenants whose bodies are stored; null = none.
+  const requestlog::CaptureConfig* capture = nullptr;
 };
 
 class Worker {
@@ -106,6 +110,11 @@ class Worker {
   requestlog::RecordQueue* record_queue() { return record_queue_; }
   // Where a record's line is formatted when the access log is off.
   std::string& record_scratch() { return record_scratch_; }
+  // Tracing (tracing:): the exporter (its sampler and config), this
+  // worker's queue to it and its id generator; null without tracing:.
+  tracing::Exporter* tracer() { return shared_.tracer; }
+  tracing::TraceQueue* trace_queue() { return trace_queue_; }
+  tracing::IdGenerator& trace_ids() { return trace_ids_; }
   unsigned index() const { return index_; }
   // The authenticate and admit phases; null when auth is not configured.
   auth::Authenticator* authenticator() { return authn_.get(); }
@@ -169,6 +178,8 @@ class Worker {
   core::AccessLog log_;
   requestlog::RecordQueue* record_queue_ = nullptr;
   std::string record_scratch_;
+  tracing::TraceQueue* trace_queue_ = nullptr;
+  tracing::IdGenerator trace_ids_;
   std::unique_ptr<auth::Authenticator> authn_;
   std::unique_ptr<admission::Admission> admission_;
   std::shared_ptr<WorkerGeneration> gen_;  // what new requests start on

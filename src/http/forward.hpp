@@ -27,6 +27,11 @@ struct UpstreamHeadOptions {
   bool strip_credentials = false;   // drop the client's Authorization and x-api-key (they were for Weir)
   bool anthropic = false;     // an Anthropic upstream: the client's anthropic-version is replaced (upstream_lines)
   bool body_decoded = false;  // Weir decoded the client's Content-Encoding: the header does not go upstream
+  // W3C Trace Context (tracing:): non-empty, sent in place of the client's
+  // traceparent and tracestate (tracestate only when non-empty); empty =
+  // the client's pass through as they came.
+  std::string_view traceparent;
+  std::string_view tracestate;
 };
 
 // Appends the request target sent to an endpoint whose URL has a path
@@ -49,7 +54,8 @@ void append_upstream_target(std::string& out, std::string_view target, std::stri
 // the pool's Authorization, then the client's fields minus hop-by-hop ones
 // (RFC 9110 §7.6.1), Host, Content-Length, Expect, x-request-id and, as the
 // options say, Accept-Encoding, Content-Encoding, anthropic-version and the
-// client's credentials; then the blank line.
+// client's credentials (and, with a traceparent in the options, the client's
+// traceparent and tracestate, replaced by the options'); then the blank line.
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
 
 // Appends, for deciding which requests may share one upstream request

@@ -1,5 +1,7 @@
 #include "server/server.hpp"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <random>
 #include <thread>
@@ -10,12 +12,14 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include "core/process_metrics.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/generation.hpp"
 #include "gateway/services.hpp"
 #include "gateway/worker.hpp"
 #include "requestlog/store.hpp"
 #include "server/reloader.hpp"
+#include "tracing/exporter.hpp"
 
 namespace weir::server {
 
@@ -24,6 +28,20 @@ namespace asio = boost::asio;
 // How long the request-log writer may take, after the workers stopped, to
 // store the records still queued.
 constexpr auto kRequestLogDrain = std::chrono::seconds(5);
+// The same for the trace exporter's queued spans.
+constexpr auto kTracingDrain = std::chrono::seconds(5);
+
+// The resource every exported span belongs to (tracing:).
+tracing::Resource trace_resource(const tracing::TracingConfig& c, std::uint64_t instance_id) {
+  tracing::Resource r;
+  r.service_name = c.service_name;
+  r.service_version = std::string(core::build_version());
+  r.instance_id = fmt::format("{:016x}", instance_id);
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) r.host_name = host;
+  r.extra = c.resource;
+  return r;
+}
 
 int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   auto config = std::make_shared<core::Config>(std::move(loaded.config));
@@ -71,6 +89,15 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   if (loaded.request_log) {
     request_log = std::make_unique<requestlog::Writer>(*loaded.request_log, n);
     shared.request_log = request_log.get();
+    if (request_log->config().capture) shared.capture = &*request_log->config().capture;
+  }
+
+  // The trace exporter (tracing:): the same life as the request-log writer.
+  std::unique_ptr<tracing::Exporter> tracer;
+  if (loaded.tracing) {
+    tracer =
+        std::make_unique<tracing::Exporter>(*loaded.tracing, n, trace_resource(*loaded.tracing, shared.instance_id));
+    shared.tracer = tracer.get();
   }
 
   std::vector<std::unique_ptr<gateway::Worker>> workers;
@@ -154,6 +181,11 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                                                     : ", runtime keys in memory only (no admin.keys_file)");
   }
   if (request_log) request_log->start();
+  if (tracer) {
+    tracer->start();
+    fmt::print(stderr, "weir: tracing to {} (sample_ratio {}, service {})\n", loaded.tracing->endpoint.display,
+               loaded.tracing->sample_ratio, loaded.tracing->service_name);
+  }
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
@@ -166,6 +198,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   signal_thread.join();
   // Bounded: what the writer cannot store within 5 s more is dropped and counted.
   if (request_log) request_log->stop(std::chrono::steady_clock::now() + kRequestLogDrain);
+  if (tracer) tracer->stop(std::chrono::steady_clock::now() + kTracingDrain);
   fmt::print(stderr, "weir: stopped\n");
   return 0;
 }

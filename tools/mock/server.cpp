@@ -385,6 +385,15 @@ std::string Connection::echo_headers(const Request& req) {
     for (char c : f.name_string()) names += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   }
   h += fmt::format("x-mock-headers: {}\r\n", sanitize(names));
+  // W3C Trace Context as received (a proxy must continue the trace with its own span id).
+  for (std::string_view name : {std::string_view("traceparent"), std::string_view("tracestate")}) {
+    std::string values;
+    for (auto [it, end] = req.equal_range(name); it != end; ++it) {
+      if (!values.empty()) values += ',';
+      values += it->value();
+    }
+    if (!values.empty()) h += fmt::format("x-mock-{}: {}\r\n", name, sanitize(values));
+  }
   return h;
 }
 

@@ -29,6 +29,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         ctx.scratch += allowed_methods(ctx.route);
         ctx.scratch += "\r\n";
       }
+      if (ctx.capture) capture_response(ctx, ctx.body);
       co_await send_own(ctx, {e.status, "application/json", ctx.body, ctx.scratch});
       if (ctx.status == 499) ++m.client_disconnects;
       break;
@@ -45,6 +46,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         http::append_sse_data(ctx.scratch, ctx.body);
         if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
       }
+      if (ctx.capture) capture_response(ctx, ctx.scratch);
       down_.queue_body(ctx.scratch);
       down_.queue_end();
       down_.flush();
@@ -139,6 +141,13 @@ void GatewayPhases::log(RequestContext& ctx) {
   // A scrape every few seconds would drown the log: /metrics counts in the
   // metrics, writes no line and stores no record.
   if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
+  if (ctx.trace.sampled) push_trace(ctx, end);
+  if (ctx.capture) {
+    // Captured bodies were copied into the record's slot: an idle keep-alive
+    // connection holds none (up to max_request_bytes + max_response_bytes each otherwise).
+    std::string().swap(ctx.captured_request.bytes);
+    std::string().swap(ctx.captured_response.bytes);
+  }
   ctx.principal.reset();
   // Done with its configuration: an idle keep-alive connection holds no generation.
   ctx.gen.reset();
@@ -280,11 +289,13 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     out += R"(,"error":null)"sv;
   }
   out += "}"sv;
-  if (auto* q = w_.record_queue()) push_record(*q, ctx, wall, std::string_view(out).substr(line_start));
+  if (auto* q = w_.record_queue())
+    push_record(*q, ctx.capture ? &w_.shared().request_log->body_budget(w_.index()) : nullptr, ctx, wall,
+                std::string_view(out).substr(line_start));
   if (to_log) log.end_line();
 }
 
-void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext& ctx,
+void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,
                                 std::chrono::system_clock::time_point wall, std::string_view line) {
   requestlog::Record* r = q.begin_push();
   if (!r) {
@@ -304,6 +315,20 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext
     r->key_id.clear();
   }
   r->json.assign(line);
+  // Captured bodies (request_log.capture_bodies), within the queue's budget.
+  const bool keep =
+      budget &&
+      budget->take(static_cast<std::int64_t>(ctx.captured_request.bytes.size() + ctx.captured_response.bytes.size()));
+  for (auto [from, to] :
+       {std::pair{&ctx.captured_request, &r->request_body}, std::pair{&ctx.captured_response, &r->response_body}}) {
+    to->present = keep && from->present;
+    to->truncated = from->truncated;
+    to->size = from->size;
+    if (keep)
+      to->bytes.assign(from->bytes);
+    else
+      to->bytes.clear();
+  }
   q.commit();
 }
 

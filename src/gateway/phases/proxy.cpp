@@ -263,15 +263,23 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
     continuous = member_is("continuous_usage_stats", "true");
   }
   const auto& req = down_.request();
-  const batching::BatchMember::Request r{.head = &req,
-                                         .target = upstream_target(ctx.route, false, req.target()),
-                                         .prompt = prompt.value_or(std::string_view()),
-                                         .body = ctx.upstream_body,
-                                         .request_id = ctx.request_id,
-                                         .stream = ctx.stream,
-                                         .include_usage = ctx.stream && include_usage,
-                                         .continuous_usage = ctx.stream && continuous,
-                                         .strip_credentials = strip_credentials};
+  if (ctx.trace.on) {
+    // The batch's upstream request carries its first member's traceparent.
+    begin_attempt_trace(ctx);
+    if (ctx.trace.sampled) ctx.trace.batch_join = core::now();
+  }
+  const batching::BatchMember::Request r{
+      .head = &req,
+      .target = upstream_target(ctx.route, false, req.target()),
+      .prompt = prompt.value_or(std::string_view()),
+      .body = ctx.upstream_body,
+      .request_id = ctx.request_id,
+      .stream = ctx.stream,
+      .include_usage = ctx.stream && include_usage,
+      .continuous_usage = ctx.stream && continuous,
+      .strip_credentials = strip_credentials,
+      .traceparent = ctx.trace.on ? ctx.trace.traceparent_view() : std::string_view(),
+      .tracestate = ctx.trace.tracestate};
   if (prompt)
     batcher->join(*member_, r);
   else
@@ -497,6 +505,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     const auto t0 = core::now();
     if (ctx.head.capacity() <= sizeof(std::string)) ctx.head = w_.take_buffer();  // a stream gave it back
     ctx.head.clear();
+    // W3C Trace Context upstream: the request's trace, a new span id per attempt.
+    if (ctx.trace.on) begin_attempt_trace(ctx);
     http::append_upstream_request_head(
         ctx.head, req,
         http::UpstreamHeadOptions{
@@ -514,6 +524,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             .strip_credentials = anthropic || !pc.api_key.empty() || w_.authenticator() != nullptr,
             .anthropic = anthropic,
             .body_decoded = ctx.body_decoded,
+            .traceparent = ctx.trace.on ? ctx.trace.traceparent_view() : std::string_view(),
+            .tracestate = ctx.trace.tracestate,
         });
     ctx.t_upstream_sent = core::now();
     added += core::micros_between(t0, ctx.t_upstream_sent);

@@ -32,6 +32,7 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     ctx.request_id.assign(id);
   else
     w_.next_request_id(ctx.request_id);
+  if (w_.tracer() && traced(ctx.route)) begin_trace(ctx);
 
   // Unknown routes and wrong methods are answered without reading the body:
   // the connection then closes unless there was none.

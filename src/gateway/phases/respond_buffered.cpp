@@ -190,6 +190,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (!no_body) http::append_content_length(ctx.head, out.size());
   ctx.head += "\r\n";
   ctx.added_us += core::micros_between(t0, core::now());
+  // What the client reads, decoded when the client gets it encoded (a body people can read).
+  if (ctx.capture && !no_body) capture_response(ctx, drop_encoding || !encoded ? out : plain);
   const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
   if (body.capacity() > (1u << 20)) std::string().swap(body);
   if (ctx.scratch.capacity() > (1u << 20)) std::string().swap(ctx.scratch);

@@ -105,6 +105,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // chunk with prompt_logprobs) is not a slow client.
     const std::size_t backlog = down_.backlog();
     if (!events.empty()) {
+      if (ctx.capture) capture_response(ctx, events);
       down_.send_body(events);
       if (first_read) {
         ctx.added_us += core::micros_between(t_read, core::now());
@@ -166,6 +167,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   }
   if (!ctx.committed) {  // a held stream that ended without a content event
     send_head();
+    if (ctx.capture) capture_response(ctx, ctx.body);
     if (!ctx.body.empty()) down_.send_body(ctx.body);
     ctx.body.clear();
   }
@@ -174,6 +176,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // (an Anthropic upstream's stream for a chat client: its [DONE]).
     events.clear();
     ctx.hooks.finish(events);
+    if (ctx.capture) capture_response(ctx, events);
     if (!events.empty()) down_.send_body(events);
   }
   down_.queue_end();

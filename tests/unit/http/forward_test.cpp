@@ -133,6 +133,29 @@ TEST(HttpForward, HostContentLengthAndRequestIdAreReplacedNotDuplicated) {
   EXPECT_EQ(values(out, "x-request-id"), Values{"req-weir"});
 }
 
+TEST(HttpForward, TraceContextIsTheClientsUnlessWeirSendsItsOwn) {
+  constexpr std::string_view head =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n"
+      "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
+      "TraceState: congo=1\r\ntracestate: rojo=2\r\nbaggage: k=v\r\n\r\n";
+  std::string out;
+  append_upstream_request_head(out, request(head), options());  // tracing off: passed through
+  EXPECT_EQ(values(out, "traceparent"), Values{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"});
+  EXPECT_EQ(values(out, "tracestate"), (Values{"congo=1", "rojo=2"}));
+  auto o = options();
+  o.traceparent = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+  o.tracestate = "congo=1,rojo=2";
+  out.clear();
+  append_upstream_request_head(out, request(head), o);  // tracing on: Weir's, once
+  EXPECT_EQ(values(out, "traceparent"), Values{"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"});
+  EXPECT_EQ(values(out, "tracestate"), Values{"congo=1,rojo=2"});
+  EXPECT_EQ(values(out, "baggage"), Values{"k=v"});  // not Weir's to change
+  o.tracestate = {};
+  out.clear();
+  append_upstream_request_head(out, request(head), o);
+  EXPECT_EQ(values(out, "tracestate"), Values{});
+}
+
 TEST(HttpForward, ChunkedClientBodyGoesUpstreamWithALength) {
   std::string out;
   append_upstream_request_head(
