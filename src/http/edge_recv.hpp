@@ -186,6 +186,7 @@ inline void watch_peer_close(ad::epoll_reactor& reactor, ad::socket_type fd, Des
 template <class Socket>
 struct InitiateRecv {
   Socket* sock;
+  bool speculative = true;  // false: the caller knows the socket is empty (see async_recv_drained)
   template <class Handler>
   void operator()(Handler&& h, asio::mutable_buffer b) const {
     using H = std::decay_t<Handler>;
@@ -206,7 +207,7 @@ struct InitiateRecv {
     if (now)
       reactor.post_immediate_completion(p.p, false);
     else
-      reactor.start_op(ad::reactor::read_op, impl.socket_, impl.reactor_data_, p.p, false, /*allow_speculative=*/true);
+      reactor.start_op(ad::reactor::read_op, impl.socket_, impl.reactor_data_, p.p, false, speculative);
     p.v = p.p = nullptr;
   }
 };
@@ -242,6 +243,22 @@ auto async_recv(boost::asio::basic_stream_socket<Protocol, core::Executor>& sock
   using Socket = boost::asio::basic_stream_socket<Protocol, core::Executor>;
   return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
       edge_detail::InitiateRecv<Socket>{&sock}, token, b);
+}
+
+// As async_recv, for a socket the caller knows is empty now: a recv of its
+// own just found it so (EAGAIN), or quiet_since_drained(sock). The recv then
+// happens only when epoll reports the next bytes, in the reactor's handling
+// of that event, and the handler runs right after it, before any other
+// handler. So `b` may be a buffer shared by many connections (a worker's
+// scratch) and is read before anything else can write to it. (async_recv may
+// recv at once when it starts and queue its completion behind other
+// handlers, which may then overwrite a shared buffer.)
+template <class Protocol, class Token>
+auto async_recv_drained(boost::asio::basic_stream_socket<Protocol, core::Executor>& sock, boost::asio::mutable_buffer b,
+                        Token&& token) {
+  using Socket = boost::asio::basic_stream_socket<Protocol, core::Executor>;
+  return boost::asio::async_initiate<Token, void(boost::system::error_code, std::size_t)>(
+      edge_detail::InitiateRecv<Socket>{&sock, false}, token, b);
 }
 
 }  // namespace weir::http

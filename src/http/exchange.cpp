@@ -5,6 +5,7 @@
 #include "http/tls.hpp"
 
 #include <boost/asio/buffer.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/beast/http/read.hpp>
 
 namespace weir::http {
@@ -61,6 +62,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   need_more_ = false;
   drained_ = true;  // the head's read emptied the socket (or its bytes wait in the buffer)
   full_reads_ = 0;
+  yield_ = false;
   shrink_ = false;
   trailing_ = false;
   conn_->watchdog().expires_after(r.first_byte);
@@ -145,18 +147,29 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         auto [tec, tn] = co_await tls->stream.async_read_some(room, use_task);
         ec = is_tls_close(tec) ? error_code(asio::error::eof) : tec;
         n = tn;
-      } else if (drained_) {
-        // Edge-triggered (http/edge_recv.hpp): after a short read the recv
-        // waits for epoll's next edge, with no system call to start it.
-        auto [rec, rn] = co_await async_recv(sock, room, use_task);
-        ec = rec;
-        n = rn;
       } else {
-        // The last read filled the buffer: more is likely waiting.
-        n = sock.read_some(room, ec);
-        if (ec == asio::error::would_block || ec == asio::error::try_again) {
+        // The recv lands in the worker's scratch, shared by every exchange
+        // of the worker: it must be parsed before any other handler runs.
+        // So either a recv now, in place, or a wait that recvs in the
+        // reactor's handling of epoll's next edge and resumes at once
+        // (async_recv_drained), never a recv whose completion is queued.
+        // Edge-triggered (http/edge_recv.hpp): after a short read with no
+        // event since, the wait starts with no system call.
+        if (yield_) {
+          // A fast upstream: let the worker's other connections run first.
+          yield_ = false;
+          co_await asio::post(ex_, asio::use_awaitable_t<Executor>{});
+        }
+        bool wait = drained_ && quiet_since_drained(sock);
+        if (!wait) {
+          n = sock.read_some(room, ec);
+          wait = ec == asio::error::would_block || ec == asio::error::try_again;
+        }
+        if (wait) {
           drained_ = true;
-          continue;
+          auto [rec, rn] = co_await async_recv_drained(sock, room, use_task);
+          ec = rec;
+          n = rn;
         }
       }
       if (ec == asio::error::eof) {
@@ -175,8 +188,11 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         break;
       }
       full_reads_ = n < scratch_.size() - carried ? 0 : full_reads_ + 1;
-      drained_ = full_reads_ == 0 || full_reads_ >= kYieldAfterFullReads;
-      if (full_reads_ >= kYieldAfterFullReads) full_reads_ = 0;
+      drained_ = full_reads_ == 0;
+      if (full_reads_ >= kYieldAfterFullReads) {
+        full_reads_ = 0;
+        yield_ = true;
+      }
       asio::buffer_copy(asio::buffer(scratch_.data(), carried), raw.data());
       raw.consume(carried);
       need_more_ = false;

@@ -52,6 +52,7 @@ class Exchange final : public UpstreamExchange {
   std::size_t head_bytes_ = 0;
   bool need_more_ = false;   // the carried bytes are an incomplete piece of framing: read more first
   bool drained_ = false;     // the last recv emptied the socket: wait for readiness before the next
+  bool yield_ = false;       // the next read lets other handlers run first (after kYieldAfterFullReads full reads)
   unsigned full_reads_ = 0;  // recvs in a row that filled the buffer (a fast upstream)
   bool shrink_ = false;      // shrink(): free the connection's read buffer once it is empty
   bool trailing_ = false;    // the upstream sent bytes beyond the response: do not reuse the connection
