@@ -39,8 +39,15 @@ PRICING = {"*": {"input": 1.0, "output": 2.0}}
 API_KEY = "sk-weir-bench-governed-0123456789abcdef"
 
 
+# server.access_log value that targets.start_weir replaces by a file of the target's own in the work dir.
+# The suites that compare Weir with nginx run Weir with its access log on, as a deployment runs it
+# (nginx's own access log stays off: the comparison is against nginx's cheapest hop).
+ACCESS_LOG_FILE = "<work dir>/<tag>-access.log"
+
+
 def plain(mock_url: str, access_log: str = "off") -> dict:
-    """One pool, no auth, no limits: the plain proxy hop."""
+    """One pool, no auth, no limits: the plain proxy hop. `access_log`: server.access_log ("off", "-", a path,
+    or ACCESS_LOG_FILE for a file of the target's own)."""
     return {
         "workers": 1,
         "server": {"access_log": access_log},

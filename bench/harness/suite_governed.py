@@ -17,10 +17,10 @@ def run(env: Env, opts: Options) -> Report:
     rep = Report("governed", TITLE, env)
     mock = Mock(env, ttft_ms=0, itl_ms=0, max_tokens=128)
     rep.add_meta("mock", mock.describe() + " (instant)")
-    plain = start_weir(env, "weir (checks off)", configs.plain(mock.url), tag="weir-plain")
-    gov = start_weir(env, "weir (governed)", configs.governed(mock.url), tag="weir-governed",
+    plain = start_weir(env, "weir (checks off)", configs.plain(mock.url, configs.ACCESS_LOG_FILE), tag="weir-plain")
+    gov = start_weir(env, "weir (governed)", configs.governed(mock.url, configs.ACCESS_LOG_FILE), tag="weir-governed",
                      headers=[f"Authorization: Bearer {configs.API_KEY}"])
-    rep.add_meta("weir", f"{plain.version}; --workers 1; access log off in both. Governed: API key (SHA-256 "
+    rep.add_meta("weir", f"{plain.version}; --workers 1; access log on in both (a file each). Governed: API key (SHA-256 "
                  "lookup) → tenant; tenant and key token buckets (requests, tokens), stream caps and budgets "
                  "(limits set never to trip), pricing, spend settled per request. Checks off: the same "
                  "pool, no auth section")

@@ -171,7 +171,7 @@ def syscall_run(env: Env, opts: Options, mock: Mock, kind: str, count: int, long
     Returns the calls per syscall and what weir-bench issued."""
     out_file = env.work / f"{tag}.strace"
     if kind == "weir":
-        t = start_weir(env, "weir under strace", configs.plain(mock.url), tag=tag, wrapper=strace_argv(out_file))
+        t = start_weir(env, "weir under strace", configs.plain(mock.url, configs.ACCESS_LOG_FILE), tag=tag, wrapper=strace_argv(out_file))
     else:
         t = peer_targets(env, mock, [kind], opts.install_peers, wrapper=strace_argv(out_file),
                          tag_suffix=f"-{tag}")[0]
@@ -296,10 +296,11 @@ def run(env: Env, opts: Options) -> Report:
                  "the same port with --ttft-ms 20 for the seed-002 shape")
     rep.add_meta("load", "weir-bench closed loop, payload `small` (chat completion \"Say hello.\", max_tokens 16, "
                  "not streamed); latency = e2e (request written → last byte)")
-    weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
-    rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, no limits, access log off "
-                 "(as nginx: access_log off)")
-    targets = [direct(mock), weir] + baseline_targets(env, configs.plain(mock.url), rep) + start_peers(env, opts, mock, rep)
+    weir = start_weir(env, "weir", configs.plain(mock.url, configs.ACCESS_LOG_FILE), tag="weir-plain")
+    rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, no limits, access log on "
+                 "(a file of its own; nginx's access_log off)")
+    targets = ([direct(mock), weir] + baseline_targets(env, configs.plain(mock.url, configs.ACCESS_LOG_FILE), rep)
+               + start_peers(env, opts, mock, rep))
 
     env.log("  latency: concurrency 1, instant mock")
     c1 = concurrency1(env, targets, mock, "c1", rep)

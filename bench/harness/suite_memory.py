@@ -116,13 +116,13 @@ def run(env: Env, opts: Options) -> Report:
     rep = Report("memory", TITLE, env)
     mock = Mock(env, ttft_ms=90, itl_ms=14, max_tokens=128, threads=1 if env.smoke else 2)
     # Idle first: Weir and the peers before their first request.
-    weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
+    weir = start_weir(env, "weir", configs.plain(mock.url, configs.ACCESS_LOG_FILE), tag="weir-plain")
     time.sleep(0.5)
-    gateways: list[Target] = [weir] + baseline_targets(env, configs.plain(mock.url), rep) + start_peers(env, opts, mock, rep)
+    gateways: list[Target] = [weir] + baseline_targets(env, configs.plain(mock.url, configs.ACCESS_LOG_FILE), rep) + start_peers(env, opts, mock, rep)
     time.sleep(1.0)
     idle = {t.label: rss_mib(t) for t in live(gateways)}
     env.log("  memory: idle " + ", ".join(f"{k} {v:.1f} MiB" for k, v in idle.items()))
-    rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, access log off")
+    rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, access log on (a file of its own)")
     rep.add_meta("steady load", f"{STEADY_RATE} req/s open loop of seed-000 streams (mock {mock.describe()}), "
                  "RSS sampled every second until it stops moving")
 

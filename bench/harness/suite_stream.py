@@ -151,9 +151,9 @@ def run(env: Env, opts: Options) -> Report:
     rep.add_meta("mock", mock.describe() + f": a role delta, {TOKENS} content deltas {ITL_MS} ms apart (the last "
                  f"with finish_reason), usage, [DONE] ({TOKENS + 3} SSE events); both mock threads share the load "
                  "CPU")
-    weir = start_weir(env, "weir", configs.plain(mock.url), tag="weir-plain")
-    rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, no limits, access log off")
-    targets = [direct(mock), weir] + baseline_targets(env, configs.plain(mock.url), rep) + start_peers(env, opts, mock, rep)
+    weir = start_weir(env, "weir", configs.plain(mock.url, configs.ACCESS_LOG_FILE), tag="weir-plain")
+    rep.add_meta("weir", f"{weir.version}; --workers 1; one pool, no auth, no limits, access log on (a file of its own)")
+    targets = [direct(mock), weir] + baseline_targets(env, configs.plain(mock.url, configs.ACCESS_LOG_FILE), rep) + start_peers(env, opts, mock, rep)
 
     # ------------------------------------------- concurrency 1, 16, 64 ---
     ttft_res: dict[int, dict[str, list[dict]]] = {}

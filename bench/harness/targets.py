@@ -8,6 +8,7 @@ gateway process, pinned to the gateway CPU. Peers come from
 
 from __future__ import annotations
 
+import configs
 import json
 import os
 import pathlib
@@ -223,6 +224,9 @@ def start_weir(env: Env, label: str, config: dict, tag: str = "weir", headers: l
         cfg = dict(config)
         cfg["listen"] = f"127.0.0.1:{port}"
         cfg.setdefault("workers", 1)
+        if cfg.get("server", {}).get("access_log") == configs.ACCESS_LOG_FILE:
+            # A file of this target's own in the work dir (kept with --keep-work), as in production.
+            cfg["server"] = dict(cfg["server"], access_log=str(env.work / f"{tag}-access.log"))
         path = env.work / f"{tag}.yaml"
         path.write_text(json.dumps(cfg, indent=2) + "\n")
         argv = list(wrapper or []) + [binary or env.binary("weir"), "--config", str(path)]
