@@ -1,6 +1,7 @@
 #include "http/exchange.hpp"
 
 #include <array>
+#include <cstring>
 
 #include "http/tls.hpp"
 
@@ -15,8 +16,7 @@ using boost::system::error_code;
 
 namespace {
 // After this many recvs in a row that filled the buffer (a fast upstream,
-// 8 x 16 KiB), wait for readiness anyway: the socket is still readable, so
-// the wait completes at once, after the worker's other streams had their turn.
+// 8 x 16 KiB), the next read first lets the worker's other handlers run (a post).
 constexpr unsigned kYieldAfterFullReads = 8;
 // No chunk header is this long: carried bytes that still do not parse are garbage.
 constexpr std::size_t kMaxCarry = 512;
@@ -63,6 +63,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   drained_ = true;  // the head's read emptied the socket (or its bytes wait in the buffer)
   full_reads_ = 0;
   yield_ = false;
+  carry_len_ = 0;
   shrink_ = false;
   trailing_ = false;
   conn_->watchdog().expires_after(r.first_byte);
@@ -132,7 +133,7 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
       conn_->watchdog().expires_after(idle_);
       // Bytes carried from the last read (a chunk header split across
       // reads) go first, and the recv lands right after them.
-      const std::size_t carried = raw.size();
+      const std::size_t carried = carry_len_ + raw.size();  // one of them is empty
       if (carried + kMaxCarry > scratch_.size()) {
         r.failure = UpstreamFailure::protocol;
         break;
@@ -193,8 +194,13 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         full_reads_ = 0;
         yield_ = true;
       }
-      asio::buffer_copy(asio::buffer(scratch_.data(), carried), raw.data());
-      raw.consume(carried);
+      if (carry_len_ > 0) {
+        std::memcpy(scratch_.data(), carry_.data(), carry_len_);
+        carry_len_ = 0;
+      } else {
+        asio::buffer_copy(asio::buffer(scratch_.data(), carried), raw.data());
+        raw.consume(carried);
+      }
       need_more_ = false;
       in = std::string_view(scratch_.data(), carried + n);
     }
@@ -225,8 +231,16 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
       raw.consume(off);
     } else if (off < in.size() && !rp.is_done()) {
       const std::size_t left = in.size() - off;
-      asio::buffer_copy(raw.prepare(left), asio::buffer(in.data() + off, left));
-      raw.commit(left);
+      if (need_more_ && left <= carry_.size()) {
+        // A piece of framing (a chunk's CRLF and the next size line, usually
+        // just "\r\n"): kept inline, so a stream that gave its buffer back
+        // (shrink()) does not take one again for it.
+        std::memcpy(carry_.data(), in.data() + off, left);
+        carry_len_ = static_cast<std::uint8_t>(left);
+      } else {
+        asio::buffer_copy(raw.prepare(left), asio::buffer(in.data() + off, left));
+        raw.commit(left);
+      }
     }
     if (bad) {
       r.failure = UpstreamFailure::protocol;

@@ -2,6 +2,7 @@
 // or fresh UpstreamConnection: the direct ResponseSource.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <memory>
@@ -50,12 +51,14 @@ class Exchange final : public UpstreamExchange {
   std::optional<Parser> parser_;
   std::chrono::milliseconds idle_{0};
   std::size_t head_bytes_ = 0;
-  bool need_more_ = false;   // the carried bytes are an incomplete piece of framing: read more first
-  bool drained_ = false;     // the last recv emptied the socket: wait for readiness before the next
-  bool yield_ = false;       // the next read lets other handlers run first (after kYieldAfterFullReads full reads)
-  unsigned full_reads_ = 0;  // recvs in a row that filled the buffer (a fast upstream)
-  bool shrink_ = false;      // shrink(): free the connection's read buffer once it is empty
-  bool trailing_ = false;    // the upstream sent bytes beyond the response: do not reuse the connection
+  bool need_more_ = false;        // the carried bytes are an incomplete piece of framing: read more first
+  bool drained_ = false;          // the last recv emptied the socket: wait for readiness before the next
+  bool yield_ = false;            // the next read lets other handlers run first (after kYieldAfterFullReads full reads)
+  unsigned full_reads_ = 0;       // recvs in a row that filled the buffer (a fast upstream)
+  bool shrink_ = false;           // shrink(): free the connection's read buffer once it is empty
+  std::uint8_t carry_len_ = 0;    // bytes in carry_
+  std::array<char, 32> carry_{};  // a short piece of framing the parser needs more after (need_more_)
+  bool trailing_ = false;         // the upstream sent bytes beyond the response: do not reuse the connection
 };
 
 }  // namespace weir::http

@@ -1,6 +1,9 @@
 #include "requestlog/postgres.hpp"
 
+#include <dlfcn.h>
 #include <libpq-fe.h>
+
+#include <type_traits>
 
 #include <charconv>
 
@@ -11,6 +14,71 @@
 namespace weir::requestlog {
 
 namespace {
+
+// libpq is loaded when a PostgreSQL store is first connected, not linked:
+// it brings about twenty libraries (Kerberos, LDAP, GnuTLS, …) whose
+// loading and initialisation add ~5 MiB to every Weir's resident set,
+// also to the many that never use PostgreSQL.
+struct Libpq {
+  decltype(&::PQclear) PQclear = nullptr;
+  decltype(&::PQcmdTuples) PQcmdTuples = nullptr;
+  decltype(&::PQconnectdbParams) PQconnectdbParams = nullptr;
+  decltype(&::PQerrorMessage) PQerrorMessage = nullptr;
+  decltype(&::PQexec) PQexec = nullptr;
+  decltype(&::PQexecParams) PQexecParams = nullptr;
+  decltype(&::PQfinish) PQfinish = nullptr;
+  decltype(&::PQgetResult) PQgetResult = nullptr;
+  decltype(&::PQgetisnull) PQgetisnull = nullptr;
+  decltype(&::PQgetlength) PQgetlength = nullptr;
+  decltype(&::PQgetvalue) PQgetvalue = nullptr;
+  decltype(&::PQntuples) PQntuples = nullptr;
+  decltype(&::PQputCopyData) PQputCopyData = nullptr;
+  decltype(&::PQputCopyEnd) PQputCopyEnd = nullptr;
+  decltype(&::PQresultErrorMessage) PQresultErrorMessage = nullptr;
+  decltype(&::PQresultStatus) PQresultStatus = nullptr;
+  decltype(&::PQsetClientEncoding) PQsetClientEncoding = nullptr;
+  decltype(&::PQsetNoticeProcessor) PQsetNoticeProcessor = nullptr;
+  decltype(&::PQstatus) PQstatus = nullptr;
+  std::string error;  // why it could not be loaded; empty when loaded
+};
+
+const Libpq& libpq() {
+  static const Libpq lib = [] {
+    Libpq l;
+    void* h = ::dlopen("libpq.so.5", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      const char* e = ::dlerror();
+      l.error = fmt::format("cannot load the PostgreSQL client library (libpq.so.5, Debian package libpq5): {}",
+                            e ? e : "not found");
+      return l;
+    }
+    const auto load = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
+      if (fn == nullptr && l.error.empty()) l.error = fmt::format("libpq.so.5 has no {}", name);
+    };
+    load(l.PQclear, "PQclear");
+    load(l.PQcmdTuples, "PQcmdTuples");
+    load(l.PQconnectdbParams, "PQconnectdbParams");
+    load(l.PQerrorMessage, "PQerrorMessage");
+    load(l.PQexec, "PQexec");
+    load(l.PQexecParams, "PQexecParams");
+    load(l.PQfinish, "PQfinish");
+    load(l.PQgetResult, "PQgetResult");
+    load(l.PQgetisnull, "PQgetisnull");
+    load(l.PQgetlength, "PQgetlength");
+    load(l.PQgetvalue, "PQgetvalue");
+    load(l.PQntuples, "PQntuples");
+    load(l.PQputCopyData, "PQputCopyData");
+    load(l.PQputCopyEnd, "PQputCopyEnd");
+    load(l.PQresultErrorMessage, "PQresultErrorMessage");
+    load(l.PQresultStatus, "PQresultStatus");
+    load(l.PQsetClientEncoding, "PQsetClientEncoding");
+    load(l.PQsetNoticeProcessor, "PQsetNoticeProcessor");
+    load(l.PQstatus, "PQstatus");
+    return l;
+  }();
+  return lib;
+}
 
 // libpq's messages end in a newline and may span lines: one line for logs.
 std::string one_line(const char* msg) {
@@ -98,23 +166,23 @@ class PostgresBackend final : public StoreBackend {
 
   bool commit(std::string& error) override {
     // One COPY per batch: a single statement, so the batch is stored whole or not at all.
-    PgResult start(PQexec(conn_.get(),
-                          "COPY requests (ts_us, request_id, tenant, key_id, model, status, record, bodies) "
-                          "FROM STDIN"));
-    if (PQresultStatus(start.get()) != PGRES_COPY_IN) {
+    PgResult start(libpq().PQexec(conn_.get(),
+                                  "COPY requests (ts_us, request_id, tenant, key_id, model, status, record, bodies) "
+                                  "FROM STDIN"));
+    if (libpq().PQresultStatus(start.get()) != PGRES_COPY_IN) {
       error = fmt::format("COPY: {}", start.get() ? start.error() : conn_.error());
       return false;
     }
-    if (PQputCopyData(conn_.get(), copy_.data(), static_cast<int>(copy_.size())) != 1 ||
-        PQputCopyEnd(conn_.get(), nullptr) != 1) {
+    if (libpq().PQputCopyData(conn_.get(), copy_.data(), static_cast<int>(copy_.size())) != 1 ||
+        libpq().PQputCopyEnd(conn_.get(), nullptr) != 1) {
       error = fmt::format("COPY: {}", conn_.error());
       drain_results();
       return false;
     }
     bool ok = true;
-    while (pg_result* raw = PQgetResult(conn_.get())) {
+    while (pg_result* raw = libpq().PQgetResult(conn_.get())) {
       PgResult r(raw);
-      if (ok && PQresultStatus(raw) != PGRES_COMMAND_OK) {
+      if (ok && libpq().PQresultStatus(raw) != PGRES_COMMAND_OK) {
         error = fmt::format("COPY: {}", r.error());
         ok = false;
       }
@@ -147,7 +215,7 @@ class PostgresBackend final : public StoreBackend {
 
  private:
   void drain_results() {
-    while (pg_result* raw = PQgetResult(conn_.get())) PQclear(raw);
+    while (pg_result* raw = libpq().PQgetResult(conn_.get())) libpq().PQclear(raw);
   }
 
   std::int64_t delete_chunked(const char* sql, const std::string& arg, std::string& error) {
@@ -159,7 +227,7 @@ class PostgresBackend final : public StoreBackend {
         return total;
       }
       std::int64_t n = 0;
-      const char* tuples = PQcmdTuples(r.get());
+      const char* tuples = libpq().PQcmdTuples(r.get());
       std::from_chars(tuples, tuples + std::char_traits<char>::length(tuples), n);
       total += n;
       if (n < kRetentionChunk) return total;
@@ -175,7 +243,7 @@ class PostgresBackend final : public StoreBackend {
 
 PgResult& PgResult::operator=(PgResult&& o) noexcept {
   if (this != &o) {
-    if (r_) PQclear(r_);
+    if (r_) libpq().PQclear(r_);
     r_ = o.r_;
     o.r_ = nullptr;
   }
@@ -183,21 +251,21 @@ PgResult& PgResult::operator=(PgResult&& o) noexcept {
 }
 
 PgResult::~PgResult() {
-  if (r_) PQclear(r_);
+  if (r_) libpq().PQclear(r_);
 }
 
 bool PgResult::ok() const {
-  const auto s = PQresultStatus(r_);
+  const auto s = libpq().PQresultStatus(r_);
   return r_ && (s == PGRES_COMMAND_OK || s == PGRES_TUPLES_OK);
 }
 
-int PgResult::rows() const { return r_ ? PQntuples(r_) : 0; }
+int PgResult::rows() const { return r_ ? libpq().PQntuples(r_) : 0; }
 
-bool PgResult::is_null(int row, int col) const { return PQgetisnull(r_, row, col) != 0; }
+bool PgResult::is_null(int row, int col) const { return libpq().PQgetisnull(r_, row, col) != 0; }
 
 std::string_view PgResult::text(int row, int col) const {
   if (is_null(row, col)) return {};
-  return {PQgetvalue(r_, row, col), static_cast<std::size_t>(PQgetlength(r_, row, col))};
+  return {libpq().PQgetvalue(r_, row, col), static_cast<std::size_t>(libpq().PQgetlength(r_, row, col))};
 }
 
 std::int64_t PgResult::int64(int row, int col) const {
@@ -207,7 +275,7 @@ std::int64_t PgResult::int64(int row, int col) const {
   return v;
 }
 
-std::string PgResult::error() const { return one_line(r_ ? PQresultErrorMessage(r_) : "no result"); }
+std::string PgResult::error() const { return one_line(r_ ? libpq().PQresultErrorMessage(r_) : "no result"); }
 
 PgConn& PgConn::operator=(PgConn&& o) noexcept {
   if (this != &o) {
@@ -221,32 +289,36 @@ PgConn& PgConn::operator=(PgConn&& o) noexcept {
 PgConn::~PgConn() { close(); }
 
 void PgConn::close() {
-  if (c_) PQfinish(c_);
+  if (c_) libpq().PQfinish(c_);
   c_ = nullptr;
 }
 
 bool PgConn::connect(const std::string& url, std::string& error) {
   close();
+  if (!libpq().error.empty()) {
+    error = libpq().error;
+    return false;
+  }
   // Defaults first: keywords in the URL (expanded from dbname) come after, so they win.
   // tcp_user_timeout (ms): a server that stops acknowledging fails a send within 10 s, not the kernel's minutes.
   const char* keys[] = {"connect_timeout",  "application_name", "keepalives", "keepalives_idle",
                         "tcp_user_timeout", "dbname",           nullptr};
   const char* values[] = {"5", "weir", "1", "30", "10000", url.c_str(), nullptr};
-  PGconn* c = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
+  PGconn* c = libpq().PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (!c) {
     error = "out of memory";
     return false;
   }
-  if (PQstatus(c) != CONNECTION_OK) {
-    error = one_line(PQerrorMessage(c));
-    PQfinish(c);
+  if (libpq().PQstatus(c) != CONNECTION_OK) {
+    error = one_line(libpq().PQerrorMessage(c));
+    libpq().PQfinish(c);
     return false;
   }
   c_ = c;
   // The schema's "already exists, skipping" NOTICEs would go to stderr: Weir's own messages say what matters.
-  PQsetNoticeProcessor(
+  libpq().PQsetNoticeProcessor(
       c_, [](void*, const char*) {}, nullptr);
-  if (PQsetClientEncoding(c_, "UTF8") != 0) {
+  if (libpq().PQsetClientEncoding(c_, "UTF8") != 0) {
     error = "cannot set client_encoding to UTF8: " + this->error();
     close();
     return false;
@@ -261,13 +333,14 @@ bool PgConn::connect(const std::string& url, std::string& error) {
 }
 
 PgResult PgConn::exec(const char* sql, const std::vector<const char*>& params) {
-  if (params.empty()) return PgResult(PQexec(c_, sql));
-  return PgResult(PQexecParams(c_, sql, static_cast<int>(params.size()), nullptr, params.data(), nullptr, nullptr, 0));
+  if (params.empty()) return PgResult(libpq().PQexec(c_, sql));
+  return PgResult(
+      libpq().PQexecParams(c_, sql, static_cast<int>(params.size()), nullptr, params.data(), nullptr, nullptr, 0));
 }
 
-std::string PgConn::error() const { return one_line(c_ ? PQerrorMessage(c_) : "not connected"); }
+std::string PgConn::error() const { return one_line(c_ ? libpq().PQerrorMessage(c_) : "not connected"); }
 
-bool PgConn::healthy() const { return c_ && PQstatus(c_) == CONNECTION_OK; }
+bool PgConn::healthy() const { return c_ && libpq().PQstatus(c_) == CONNECTION_OK; }
 
 void append_copy_text(std::string& out, std::string_view s) {
   for (char c : s) {
