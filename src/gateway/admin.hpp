@@ -25,6 +25,14 @@ struct Shared;
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
                                                        const auth::Principal* principal);
 
+// Why GET /ready answers 503 now, empty while ready (docs/reliability.md#readiness):
+// "Weir is draining.", or with server.ready_pools `all` the pools that have
+// no endpoint available on any worker (every one ejected: refused, failing,
+// probe-down or breaker open; a half-open one is available), with `any`
+// every pool when none has one. Only pools a model routes to (or the
+// default pool) count: a pool only a fallback names is a spare. Any thread (atomics).
+std::string ready_problem(const Shared& shared);
+
 // Collects every worker's metrics shard (posting to each; no locks) and
 // renders the merged set in Prometheus text format into `out`. Waits at most
 // one second for the other workers.

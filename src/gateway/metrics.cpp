@@ -49,6 +49,10 @@ MetricsShard::MetricsShard(std::shared_ptr<const MetricLabels> labels)
       duration_(models_, core::Histogram(core::latency_buckets_us())),
       attempts_(labels_->endpoint_base.back(), 0),
       upstream_failures_(attempts_.size() * kFailureKinds, 0),
+      ejections_(attempts_.size() * kOpenCauses, 0),
+      recoveries_(attempts_.size(), 0),
+      shed_((labels_->endpoint_base.size() - 1) * kShedReasons, 0),
+      per_pool_(labels_->endpoint_base.size() - 1),
       added_(core::added_latency_buckets_us()) {
   if (labels_->tenants.empty() && labels_->key_ids.empty()) {
     // Without identity labels, configured models have their token counters from the start.
@@ -70,6 +74,16 @@ std::uint64_t MetricsShard::upstream_failures(http::UpstreamFailure f) const {
   return n;
 }
 
+void MetricsShard::set_endpoint_health(
+    std::uint32_t pool, std::uint32_t endpoint,
+    const std::array<std::uint64_t, static_cast<std::size_t>(routing::OpenCause::count_)>& opened,
+    std::uint64_t recovered) {
+  const auto e = endpoint_slot(pool, endpoint);
+  if (e >= recoveries_.size()) return;
+  for (std::size_t c = 0; c < kOpenCauses; ++c) ejections_[e * kOpenCauses + c] = opened[c];
+  recoveries_[e] = recovered;
+}
+
 void MetricsShard::merge(const MetricsShard& o) {
   counters_.merge(o.counters_);
   for (std::size_t i = 0; i < models_ && i < o.models_; ++i) {
@@ -88,6 +102,16 @@ void MetricsShard::merge(const MetricsShard& o) {
   retry_budget_exhausted += o.retry_budget_exhausted;
   outlier_ejections += o.outlier_ejections;
   health_transitions += o.health_transitions;
+  first_token_timeouts += o.first_token_timeouts;
+  deadline_exceeded += o.deadline_exceeded;
+  for (std::size_t i = 0; i < ejections_.size() && i < o.ejections_.size(); ++i) ejections_[i] += o.ejections_[i];
+  for (std::size_t i = 0; i < recoveries_.size() && i < o.recoveries_.size(); ++i) recoveries_[i] += o.recoveries_[i];
+  for (std::size_t i = 0; i < shed_.size() && i < o.shed_.size(); ++i) shed_[i] += o.shed_[i];
+  for (std::size_t i = 0; i < per_pool_.size() && i < o.per_pool_.size(); ++i) {
+    per_pool_[i].queued += o.per_pool_[i].queued;
+    per_pool_[i].unavailable += o.per_pool_[i].unavailable;
+    per_pool_[i].waiting += o.per_pool_[i].waiting;
+  }
   batch.batches += o.batch.batches;
   batch.members += o.batch.members;
   batch.aborted += o.batch.aborted;
@@ -233,6 +257,53 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_upstream_health_transitions_total", "counter",
            "Endpoints the active health probes (pools.X.health) marked unhealthy or healthy again, per worker.");
   w.sample("weir_upstream_health_transitions_total", "", health_transitions);
+  w.header("weir_upstream_ejections_total", "counter",
+           "Times an endpoint was ejected (its circuit breaker opened) on a worker, by cause: connect, failures, "
+           "ttft, probe, half_open_failure.");
+  for (std::size_t p = 0; p < pools; ++p)
+    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1]; ++e)
+      for (auto c : {routing::OpenCause::connect, routing::OpenCause::failures, routing::OpenCause::ttft,
+                     routing::OpenCause::probe, routing::OpenCause::trial})
+        w.sample("weir_upstream_ejections_total",
+                 fmt::format("{},cause=\"{}\"", endpoint_labels(p, e), routing::open_cause_label(c)),
+                 ejections_[(L.endpoint_base[p] + e) * kOpenCauses + static_cast<std::size_t>(c)]);
+  w.header("weir_upstream_recoveries_total", "counter",
+           "Times an ejected endpoint was found healthy again on a worker (a half-open trial answered, or a health "
+           "probe succeeded).");
+  for (std::size_t p = 0; p < pools; ++p)
+    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1]; ++e)
+      w.sample("weir_upstream_recoveries_total", endpoint_labels(p, e), recoveries_[L.endpoint_base[p] + e]);
+  w.header("weir_upstream_pool_unavailable_total", "counter",
+           "Requests that found every endpoint of the pool ejected with a breaker (pools.X.breaker): sent to a "
+           "fallback or answered 503.");
+  for (std::size_t p = 0; p < pools && p < per_pool_.size(); ++p)
+    w.sample("weir_upstream_pool_unavailable_total", fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)),
+             per_pool_[p].unavailable);
+  w.header("weir_upstream_first_token_timeouts_total", "counter",
+           "Streams whose first token did not come within the pool's timeouts.first_token.");
+  w.sample("weir_upstream_first_token_timeouts_total", "", first_token_timeouts);
+  w.header("weir_deadline_exceeded_total", "counter",
+           "Requests whose own deadline (x-weir-timeout-ms) passed before their response ended.");
+  w.sample("weir_deadline_exceeded_total", "", deadline_exceeded);
+  auto queued_pools = [&](auto&& each) {
+    for (std::size_t p = 0; p < pools && p < per_pool_.size(); ++p)
+      if (cfg.pools[p].queue.enabled) each(p, fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)));
+  };
+  w.header("weir_requests_shed_total", "counter",
+           "Requests a pool's admission queue (pools.X.queue) refused, by reason: queue_full, saturated, "
+           "queue_timeout.");
+  queued_pools([&](std::size_t p, const std::string& pl) {
+    for (auto r : {routing::ShedReason::queue_full, routing::ShedReason::saturated, routing::ShedReason::queue_timeout})
+      w.sample("weir_requests_shed_total", fmt::format("{},reason=\"{}\"", pl, routing::shed_reason_label(r)),
+               shed_[p * kShedReasons + static_cast<std::size_t>(r)]);
+  });
+  w.header("weir_queued_requests_total", "counter", "Requests that waited in a pool's admission queue.");
+  queued_pools(
+      [&](std::size_t p, const std::string& pl) { w.sample("weir_queued_requests_total", pl, per_pool_[p].queued); });
+  w.header("weir_queue_waiting", "gauge", "Requests waiting in a pool's admission queue now (every worker).");
+  queued_pools([&](std::size_t p, const std::string& pl) {
+    w.sample("weir_queue_waiting", pl, static_cast<double>(per_pool_[p].waiting));
+  });
   w.header("weir_batches_total", "counter", "Micro-batches sent upstream as one request (pools.X.batch).");
   w.sample("weir_batches_total", "", batch.batches);
   w.header("weir_batched_requests_total", "counter", "Requests sent upstream as members of a micro-batch.");

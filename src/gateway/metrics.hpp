@@ -15,6 +15,8 @@
 #include "gateway/endpoints.hpp"
 #include "http/upstream.hpp"
 #include "routing/attempts.hpp"
+#include "routing/health.hpp"
+#include "routing/queue.hpp"
 
 namespace weir::gateway {
 
@@ -118,9 +120,32 @@ class MetricsShard {
   std::uint64_t retries(routing::RetryReason r) const { return retries_[static_cast<std::size_t>(r)]; }
   std::uint64_t upstream_fallbacks = 0;      // requests that moved on to a model's fallback target
   std::uint64_t retry_budget_exhausted = 0;  // retries refused by a pool's retry budget
-  std::uint64_t outlier_ejections = 0;       // endpoints ejected for failing answers in a row
+  std::uint64_t outlier_ejections = 0;       // endpoints ejected for failing answers in a row or a slow TTFT
   std::uint64_t health_transitions = 0;      // endpoints the health probes marked down or up again
-  batching::Stats batch;                     // micro-batches and coalescing (pools.X.batch, pools.X.coalesce)
+  std::uint64_t first_token_timeouts = 0;    // streams whose first token did not come in timeouts.first_token
+  std::uint64_t deadline_exceeded = 0;       // requests whose x-weir-timeout-ms passed
+  // weir_requests_shed_total{pool,reason}: requests a pool's queue shed.
+  void count_shed(std::uint32_t pool, routing::ShedReason r) {
+    if (pool < pools()) ++shed_[pool * kShedReasons + static_cast<std::size_t>(r)];
+  }
+  std::uint64_t shed(std::uint32_t pool, routing::ShedReason r) const {
+    return pool < pools() ? shed_[pool * kShedReasons + static_cast<std::size_t>(r)] : 0;
+  }
+  // weir_queued_requests_total{pool}: requests that waited in a pool's queue.
+  std::uint64_t& queued(std::uint32_t pool) { return pool < pools() ? per_pool_[pool].queued : spare_; }
+  // weir_upstream_pool_unavailable_total{pool}: requests that found every endpoint's breaker open.
+  std::uint64_t& pool_unavailable(std::uint32_t pool) { return pool < pools() ? per_pool_[pool].unavailable : spare_; }
+  // Set from the worker's pools when a snapshot is taken (Worker::metrics_snapshot):
+  // endpoint `endpoint` of pool `pool` opened `opened[cause]` times and recovered `recovered` times;
+  // the pool's queue holds `waiting` requests now.
+  void set_endpoint_health(
+      std::uint32_t pool, std::uint32_t endpoint,
+      const std::array<std::uint64_t, static_cast<std::size_t>(routing::OpenCause::count_)>& opened,
+      std::uint64_t recovered);
+  void set_queue_waiting(std::uint32_t pool, std::uint64_t waiting) {
+    if (pool < pools()) per_pool_[pool].waiting = waiting;
+  }
+  batching::Stats batch;  // micro-batches and coalescing (pools.X.batch, pools.X.coalesce)
   // weir_upstream_attempts_total{pool,endpoint}: requests sent (or connects
   // tried) to endpoint `endpoint` of config pool `pool`, retries included.
   void count_attempt(std::uint32_t pool, std::uint32_t endpoint) {
@@ -151,6 +176,9 @@ class MetricsShard {
   static constexpr std::size_t kStatusSlots = 24;  // the list above, then other 1xx/2xx/3xx/4xx/5xx
   static std::uint32_t status_slot(int status);
   static constexpr std::size_t kFailureKinds = static_cast<std::size_t>(http::UpstreamFailure::count_);
+  static constexpr std::size_t kShedReasons = static_cast<std::size_t>(routing::ShedReason::count_);
+  static constexpr std::size_t kOpenCauses = static_cast<std::size_t>(routing::OpenCause::count_);
+  std::uint32_t pools() const { return static_cast<std::uint32_t>(per_pool_.size()); }
   static std::size_t kind_of(http::UpstreamFailure f) { return static_cast<std::size_t>(f); }
 
   // The counters with identity labels live in one sparse map, keyed by
@@ -174,6 +202,16 @@ class MetricsShard {
   std::vector<core::Histogram> ttft_, itl_, upstream_, duration_;
   std::vector<std::uint64_t> attempts_;           // by endpoint slot
   std::vector<std::uint64_t> upstream_failures_;  // by endpoint slot x failure kind
+  std::vector<std::uint64_t> ejections_;          // by endpoint slot x open cause (from the pools)
+  std::vector<std::uint64_t> recoveries_;         // by endpoint slot (from the pools)
+  std::vector<std::uint64_t> shed_;               // by pool x shed reason
+  struct PerPool {
+    std::uint64_t queued = 0;       // requests that waited in the queue
+    std::uint64_t unavailable = 0;  // requests that found every breaker open
+    std::uint64_t waiting = 0;      // gauge: requests waiting now (from the pool)
+  };
+  std::vector<PerPool> per_pool_;
+  std::uint64_t spare_ = 0;  // written for a pool index out of range (never read)
   std::array<std::uint64_t, static_cast<std::size_t>(routing::RetryReason::count_)> retries_{};
   std::array<std::uint64_t, static_cast<std::size_t>(routing::PickRule::count_)> picks_{};
   core::Histogram added_;

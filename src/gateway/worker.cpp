@@ -37,7 +37,7 @@ Worker::Worker(Shared& shared, unsigned index)
   pools_.reserve(cfg.pools.size());
   for (std::size_t p = 0; p < cfg.pools.size(); ++p)
     pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p],
-                        p < shared.pool_states.size() ? shared.pool_states[p].get() : nullptr);
+                        p < shared.pool_states.size() ? shared.pool_states[p].get() : nullptr, index);
   batchers_.resize(cfg.pools.size());
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
     if (!cfg.pools[p].batch.enabled() && !cfg.pools[p].coalesce) continue;
@@ -67,6 +67,22 @@ Worker::Worker(Shared& shared, unsigned index)
 }
 
 Worker::~Worker() { join(); }
+
+MetricsShard Worker::metrics_snapshot() const {
+  MetricsShard m = metrics_;
+  for (std::size_t p = 0; p < pools_.size(); ++p) {
+    const auto& pool = pools_[p];
+    for (std::uint32_t i = 0; i < pool.size(); ++i)
+      m.set_endpoint_health(static_cast<std::uint32_t>(p), i, pool.endpoint(i).opened, pool.endpoint(i).recovered);
+    if (auto* q = pool.queue()) m.set_queue_waiting(static_cast<std::uint32_t>(p), q->waiting());
+  }
+  return m;
+}
+
+void Worker::dispatch_queues() {
+  const auto now = core::now();
+  for (auto& p : pools_) p.dispatch_queue(now);
+}
 
 std::string Worker::take_buffer() {
   if (spare_.empty()) return {};
@@ -245,18 +261,23 @@ http::Task<void> Worker::probe_loop(std::size_t pool_index) {
     if (draining_) co_return;
     due += hc.interval;
     for (std::uint32_t i = 0; i < pool.size(); ++i) {
-      const auto& ep = pool.endpoint(i);
+      auto& ep = pool.endpoint(i);
+      std::string tls_error;
       const http::ProbeRequest req{.addr = ep.addr,
                                    .host_header = ep.cfg->host_header,
                                    .path = hc.path,
                                    .timeout = hc.timeout,
                                    .tls = ep.tls,
-                                   .api_key = pool.config().api_key};
+                                   .api_key = pool.config().api_key,
+                                   .tls_error = &tls_error};
       const bool ok = co_await http::probe_health(io_.get_executor(), req);
+      // A failed handshake or certificate check says why (at most every 10 s per endpoint).
+      if (!ok && !tls_error.empty()) routing::log_tls_failure(ep, pool.config().name, tls_error, core::now());
       if (pool.report_probe(i, ok, std::chrono::steady_clock::now())) {
         ++metrics_.health_transitions;
-        fmt::print(stderr, "weir: worker {}: pool {} endpoint {} is {} (GET {})\n", index_, pool.config().name,
-                   ep.cfg->display, ok ? "healthy again" : "unhealthy", hc.path);
+        fmt::print(stderr, "weir: worker {}: pool {} endpoint {} is {} (GET {}{}{})\n", index_, pool.config().name,
+                   ep.cfg->display, ok ? "healthy again" : "unhealthy", hc.path,
+                   tls_error.empty() ? "" : ": TLS: ", tls_error);
       }
     }
   }
@@ -269,6 +290,7 @@ http::Task<void> Worker::tick_loop() {
     tick_.expires_after(std::chrono::milliseconds(50));
     co_await tick_.async_wait(use_task);
     log_.flush();
+    dispatch_queues();
     if (tick % kSweepTicks == 0) sweep_idle_upstreams();
     trim_when_idle();
     if (!draining_) continue;

@@ -88,6 +88,10 @@ class Worker {
   batching::MicroBatcher* batcher(std::uint32_t i) { return batchers_[i].get(); }
   routing::Rng& rng() { return rng_; }
   MetricsShard& metrics() { return metrics_; }
+  // A copy of the metrics shard with the pools' health and queue state in
+  // it (MetricsShard::set_endpoint_health, set_queue_waiting): on this
+  // worker's thread only.
+  MetricsShard metrics_snapshot() const;
   core::AccessLog& access_log() { return log_; }
   // This worker's queue to the request-log store; null without request_log:.
   requestlog::RecordQueue* record_queue() { return record_queue_; }
@@ -126,6 +130,9 @@ class Worker {
   http::Task<void> tick_loop();
   // Active health probes of pool `pool`'s endpoints (pools.X.health), every interval, until the worker stops.
   http::Task<void> probe_loop(std::size_t pool);
+  // Lets requests waiting in the pools' queues through where the gate
+  // opened without a request leaving (the pool is no longer saturated).
+  void dispatch_queues();
   void close_idle_sessions();
   // Closes the pooled upstream connections that aged past their pool's
   // idle_keepalive or that the model server closed (ConnectionPool::sweep).

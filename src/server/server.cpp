@@ -54,7 +54,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   }
 
   for (std::size_t p = 0; p < config->pools.size(); ++p) {
-    auto& state = shared.pool_states.emplace_back(std::make_unique<routing::SharedPoolState>(config->pools[p]));
+    auto& state = shared.pool_states.emplace_back(std::make_unique<routing::SharedPoolState>(config->pools[p], n));
     // Built (and checked) by load_config, so --check refuses what start-up would.
     if (p < loaded.tls.size()) state->tls = loaded.tls[p];
   }

@@ -239,7 +239,10 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
       out += i ? R"(,{"pool":)" : R"({"pool":)";
       core::append_json_string(out, pool.name);
       out += R"(,"endpoint":)";
-      core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
+      if (a.endpoint < 0)  // none was tried (breaker_open)
+        out += "null";
+      else
+        core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
       out += R"(,"status":)";
       if (a.status)
         core::append_int(out, a.status);
