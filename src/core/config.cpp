@@ -153,8 +153,9 @@ ConfigResult<void> parse_outlier_breaker(const YAML::Node& n, const std::string&
   if (auto b = n["breaker"]) {
     const std::string bk = key + ".breaker";
     if (b.IsScalar()) {
-      WEIR_TRY(on, read_bool(b, bk));
-      p.breaker.enabled = on;
+      auto on = read_bool(b, bk);
+      if (!on) return tl::unexpected(config_error(b, bk, "expected true, false or {half_open_trials, max_open_for}"));
+      p.breaker.enabled = *on;
     } else {
       WEIR_TRY_VOID(check_keys(b, bk, {"half_open_trials", "max_open_for"}));
       p.breaker.enabled = true;
@@ -179,8 +180,11 @@ ConfigResult<void> parse_queue(const YAML::Node& n, const std::string& key, Pool
   if (!q) return {};
   const std::string qk = key + ".queue";
   if (q.IsScalar()) {
-    WEIR_TRY(on, read_bool(q, qk));
-    p.queue.enabled = on;
+    auto on = read_bool(q, qk);
+    if (!on)
+      return tl::unexpected(config_error(
+          q, qk, "expected true, false or {size, max_concurrent, timeout, shed_status, retry_after, saturation}"));
+    p.queue.enabled = *on;
   } else {
     WEIR_TRY_VOID(check_keys(q, qk, {"size", "max_concurrent", "timeout", "shed_status", "retry_after", "saturation"}));
     p.queue.enabled = true;
@@ -211,8 +215,9 @@ ConfigResult<void> parse_queue(const YAML::Node& n, const std::string& key, Pool
     if (auto s = q["saturation"]) {
       const std::string sk = qk + ".saturation";
       if (s.IsScalar()) {
-        WEIR_TRY(on, read_bool(s, sk));
-        p.queue.saturation = on;
+        auto on = read_bool(s, sk);
+        if (!on) return tl::unexpected(config_error(s, sk, "expected true, false or {waiting, kv_cache}"));
+        p.queue.saturation = *on;
       } else {
         WEIR_TRY_VOID(check_keys(s, sk, {"waiting", "kv_cache"}));
         if (auto v = s["waiting"]) {

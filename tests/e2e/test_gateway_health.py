@@ -33,17 +33,17 @@ def state(w, endpoint: str, s: str) -> float:
 
 def test_a_breaker_opens_fails_fast_half_opens_one_trial_at_a_time_and_closes(mock, weir):
     m = mock(*FAST)
-    # (The open period stays 1 s, not doubled, so the test is short and its checks fit in it.)
-    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "eject_for": "1s",
+    # (2 s: the checks of the open state fit in it on a loaded machine.)
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "eject_for": "2s",
                                        "outlier": {"consecutive_failures": 2},
-                                       "breaker": {"half_open_trials": 1, "max_open_for": "1s"}}},
+                                       "breaker": {"half_open_trials": 1}}},
                      "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
     c = httpx.Client(base_url=w.base_url, timeout=10)
     fault = {"x-mock-status": "500"}
     assert [c.post("/v1/chat/completions", json=BODY, headers=fault).status_code for _ in range(2)] == [500, 500]
     # Open: answered at once by Weir, the endpoint is not asked.
     r = c.post("/v1/chat/completions", json=BODY)
-    assert r.status_code == 503 and r.headers["retry-after"] == "1"
+    assert r.status_code == 503 and r.headers["retry-after"] in ("1", "2")  # until it turns half-open
     err = r.json()["error"]
     assert err["code"] == "upstream_unavailable" and "circuit breaker" in err["message"]
     ready = c.get("/ready")
@@ -55,29 +55,24 @@ def test_a_breaker_opens_fails_fast_half_opens_one_trial_at_a_time_and_closes(mo
     assert metric_value(ms, "weir_upstream_available_endpoints", pool="gpu") == 0
     assert m.metric("weir_mock_injected_errors_total") == 2 and m.metric("vllm:request_success_total") == 0
 
-    # Half-open after eject_for: a failed trial opens it again.
-    wait_until(lambda: state(w, m.base_url, "half_open") == 1, timeout=5, interval=0.02, message="half-open")
+    # Half-open after eject_for: one trial at a time (a stream is judged at its first token), and its
+    # success closes it. (A failed trial opening it again, for longer: tests/unit/routing/health_test.cpp.)
+    wait_until(lambda: state(w, m.base_url, "half_open") == 1, timeout=10, interval=0.02, message="half-open")
     assert c.get("/ready").status_code == 200
     promtool_accepts(w.metrics_text())
-    assert c.post("/v1/chat/completions", json=BODY, headers=fault).status_code == 500
-    assert c.post("/v1/chat/completions", json=BODY).status_code == 503
-    ms = w.metrics()
-    assert metric_value(ms, "weir_upstream_endpoint_state", endpoint=m.base_url, state="open") == 1
-    assert metric_value(ms, "weir_upstream_ejections_total", cause="half_open_failure") == 1
-
-    # Half-open again: one trial at a time (a stream is judged at its first token), and its success closes it.
-    wait_until(lambda: state(w, m.base_url, "half_open") == 1, timeout=5, interval=0.02, message="half-open again")
     trial: dict = {}
 
     def run_trial():
         with c.stream("POST", "/v1/chat/completions", json={**BODY, "stream": True},
-                      headers={"x-mock-ttft-ms": "400"}) as s:
+                      headers={"x-mock-ttft-ms": "1500"}) as s:
             trial["status"] = s.status_code
             trial["body"] = s.read().decode()
 
     t = threading.Thread(target=run_trial)
     t.start()
-    wait_until(lambda: m.metric("vllm:num_requests_running") == 1, message="the trial reached the mock")
+    # Its head is in (no fallback: it goes out at once); its first token is 1.5 s away.
+    wait_until(lambda: "status" in trial, timeout=10, message="the trial's head")
+    assert "body" not in trial
     second = c.post("/v1/chat/completions", json=BODY)
     assert second.status_code == 503, "the one trial slot is taken"
     t.join(10)
@@ -85,9 +80,9 @@ def test_a_breaker_opens_fails_fast_half_opens_one_trial_at_a_time_and_closes(mo
     assert state(w, m.base_url, "closed") == 1
     assert w.metric("weir_upstream_recoveries_total", endpoint=m.base_url) == 1
     assert c.post("/v1/chat/completions", json=BODY).status_code == 200
-    entries = w.wait_log(lambda es: len(es) >= 9)
+    entries = w.wait_log(lambda es: len(es) >= 8)
     breaker = [e for e in entries if e["status"] == 503 and e["path"] == "/v1/chat/completions"]
-    assert len(breaker) == 3
+    assert len(breaker) == 2
     for e in breaker:
         assert e["error"]["code"] == "upstream_unavailable" and e["endpoint"] is None and e["retries"] == 0
 
@@ -114,7 +109,7 @@ def test_an_open_pool_sends_its_requests_to_the_fallback_at_once(mock, weir):
 
 def test_an_endpoint_whose_ttft_is_far_above_the_pools_is_ejected(mock, weir):
     fast = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "3")
-    slow = mock("--ttft-ms", "150", "--itl-ms", "1", "--max-tokens", "3")
+    slow = mock("--ttft-ms", "100", "--itl-ms", "1", "--max-tokens", "3")
     w = weir(config={"pools": {"gpu": {"endpoints": [fast.base_url, slow.base_url], "eject_for": "60s",
                                        "outlier": {"ttft_factor": 4, "ttft_min_samples": 3}}},
                      "models": {"mock-model": {"pool": "gpu"}}}, workers=1)

@@ -115,6 +115,12 @@ def test_the_queue_serves_higher_priorities_first_and_sheds_the_lowest(mock, wei
     def waiting(n: int):
         wait_until(lambda: w.metric("weir_queue_waiting", pool="gpu") == n, message=f"{n} waiting")
 
+    # A waiting client that leaves gives its place up at once.
+    gone = hold(w.port, chat("mock-model"), {**key["low"], "x-request-id": "gone-1"})
+    waiting(1)
+    gone.close()
+    waiting(0)
+    assert w.log_for("gone-1")["status"] == 499
     threads = []
     for name, who, extra in (("L", "low", None), ("H", "high", None)):
         threads.append(threading.Thread(target=send, args=(name, who, extra)))
@@ -140,7 +146,7 @@ def test_the_queue_serves_higher_priorities_first_and_sheds_the_lowest(mock, wei
     assert done["H"][0] == 200 and done["M"][0] == 200
     assert done["H"][1] < done["M"][1]
     assert w.metric("weir_requests_shed_total", pool="gpu", reason="queue_full") == 2
-    assert w.metric("weir_queued_requests_total", pool="gpu") == 3
+    assert w.metric("weir_queued_requests_total", pool="gpu") == 4
     assert w.metric("weir_queue_waiting", pool="gpu") == 0
 
 
