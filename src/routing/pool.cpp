@@ -144,6 +144,7 @@ void WorkerPool::after(std::uint32_t i, Transition t, bool drop_conns) {
   auto& e = endpoints_[i];
   if (t == Transition::opened) {
     ++e.opened[static_cast<std::size_t>(e.health.cause())];
+    if (ttft_) ttft_->clear(i);  // judged afresh when it is back
     if (drop_conns) e.conns.clear();
   } else if (t == Transition::closed) {
     ++e.recovered;
@@ -187,7 +188,6 @@ bool WorkerPool::report_answer(std::uint32_t i, bool failed, Clock::time_point n
   // (a pool that all fails is unavailable); without, within the cap.
   const bool may_open = failed && (policy_.breaker() || may_eject(i, now));
   const Transition t = h.on_answer(failed, trial, now, policy_, may_open);
-  if (t == Transition::opened && ttft_) ttft_->clear(i);
   after(i, t);
   return t == Transition::opened;
 }
@@ -198,7 +198,6 @@ bool WorkerPool::report_ttft(std::uint32_t i, std::uint32_t ttft_us, Clock::time
   const std::uint32_t in_use = size() - open_count(now);
   if (!ttft_->add(i, ttft_us, in_use) || !may_eject(i, now)) return false;
   const Transition t = endpoints_[i].health.open(now, policy_, OpenCause::ttft);
-  ttft_->clear(i);
   after(i, t);
   return t == Transition::opened;
 }
