@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pathlib
 
 from dataclasses import dataclass, field
 
@@ -17,6 +18,8 @@ class Options:
     peers: list[str] = field(default_factory=lambda: list(PEER_ORDER))
     install_peers: bool = True
     bifrost_variants: list[str] = field(default_factory=lambda: ["logging-on", "logging-off"])
+    soak_minutes: float = 0.0   # soak: minutes of load (0: the suite's default, 10)
+    soak_rate: float = 0.0      # soak: req/s (0: the suite's default, 250)
 
 
 def peers_for(env: Env, opts: Options) -> list[str]:
@@ -70,7 +73,60 @@ def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-ba
         report.add_meta("weir (request log)", "build/bin/weir with request_log: {url: sqlite:WORK/requests.db} "
                         "(queue 4096, batch 256, flush 100ms)")
         out.append(t)
+    if env.tracing:
+        # The same config with every request traced (sample_ratio 1) and exported over OTLP/HTTP to a sink
+        # on the load CPU (bench/harness/otlp_sink.py), as a collector would take them.
+        sink, sink_url = start_otlp_sink(env, f"{tag}-otlp-sink")
+        cfg = json.loads(json.dumps(config))
+        cfg["tracing"] = {"otlp_endpoint": sink_url, "sample_ratio": 1.0}
+        t = start_weir(env, "weir (tracing)", cfg, tag=f"{tag}-tracing", name="weir-tracing")
+        t.companions.append(sink)
+        t.sink_url = sink_url + "/"
+        report.add_meta("weir (tracing)", "build/bin/weir with tracing: {otlp_endpoint: a sink on the load CPU, "
+                        "sample_ratio: 1.0} (every request's spans exported; queue 2048, batch 256, flush 1s)")
+        out.append(t)
     return out
+
+
+def start_otlp_sink(env: Env, name: str):
+    """bench/harness/otlp_sink.py on a free port on the load CPU: (its Proc, its base URL)."""
+    import sys
+    from procs import free_port, launch, wait_ready
+    port = free_port()
+    sink = launch(name, [sys.executable, str(pathlib.Path(__file__).with_name("otlp_sink.py")), str(port)],
+                  env.work / "logs", cpu=env.load_cpu, priority=False)
+    wait_ready(sink, port, 15, "/")
+    return sink, f"http://127.0.0.1:{port}"
+
+
+def twin_notes(targets: list[Target], report: Report) -> None:
+    """For the --request-log and --tracing twins: how much of the work they did, from their /metrics (a store
+    or a collector that fell behind drops, and dropped records cost less than stored ones)."""
+    from procs import http_get
+    for t in targets:
+        if t.name not in ("weir-requestlog", "weir-tracing") or not t.alive():
+            continue
+        t.resume()  # the cells pause the targets they do not measure
+        status, body = http_get(t.url + "/metrics", timeout=10)
+        if status != 200:
+            continue
+        vals: dict[str, float] = {}
+        for line in body.decode(errors="replace").splitlines():
+            if line.startswith(("weir_request_log_", "weir_tracing_", "weir_requests_total")):
+                name, _, v = line.rpartition(" ")
+                key = name.split("{")[0] + ("{" + name.split("{", 1)[1] if "reason=" in name else "")
+                vals[key] = vals.get(key, 0.0) + float(v)
+        reqs = vals.get("weir_requests_total", 0)
+        if t.name == "weir-requestlog":
+            dropped = sum(v for k, v in vals.items() if k.startswith("weir_request_log_dropped_total"))
+            report.note(f"{t.label}: {vals.get('weir_request_log_written_total', 0):,.0f} records stored, "
+                        f"{dropped:,.0f} dropped, of {reqs:,.0f} requests")
+        else:
+            dropped = {k.split('"')[1]: v for k, v in vals.items() if k.startswith("weir_tracing_spans_dropped_total{")}
+            report.note(f"{t.label}: {vals.get('weir_tracing_spans_exported_total', 0):,.0f} spans exported in "
+                        f"{vals.get('weir_tracing_exports_total', 0):,.0f} requests to the sink, dropped "
+                        + ", ".join(f"{k} {v:,.0f}" for k, v in dropped.items())
+                        + f", of {reqs:,.0f} requests")
 
 
 def stop_targets(targets: list[Target]) -> None:
@@ -103,7 +159,7 @@ def fmt_ratio(r) -> str:
 
 PRETTY = {"litellm": "LiteLLM", "bifrost": "Bifrost", "portkey": "Portkey", "nginx": "nginx", "weir": "Weir",
           "weir-baseline": "Weir (baseline)", "weir-jemalloc": "Weir (jemalloc)", "weir-mimalloc": "Weir (mimalloc)",
-          "weir-requestlog": "Weir (request log)"}
+          "weir-requestlog": "Weir (request log)", "weir-tracing": "Weir (tracing)"}
 
 
 def gateway_failed(res: dict) -> str | None:

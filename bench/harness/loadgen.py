@@ -149,7 +149,7 @@ def error_rate(d: dict) -> float:
 
 
 def summarize_errors(d: dict) -> str:
-    errs = {k: v for k, v in d.get("errors", {}).items() if v and k != "cancelled"}
+    errs = {k: v for k, v in d.get("errors", {}).items() if v and k not in ("cancelled", "left")}
     if not errs:
         return ""
     parts = [f"{k} {v}" for k, v in errs.items()]

@@ -26,7 +26,7 @@ from common import Options  # noqa: E402
 from procs import HarnessError  # noqa: E402
 from targets import REPO, Env, PEER_ORDER  # noqa: E402
 
-SUITES = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch", "routing"]
+SUITES = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch", "routing", "translate", "soak"]
 
 
 def load_suite(name: str):
@@ -59,6 +59,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="also measure build/bin/weir with request_log: (a SQLite file in the work dir) beside it, "
                          "same config otherwise, alternated in the same rounds: target 'weir (request log)' in the "
                          "latency, stream and memory suites")
+    ap.add_argument("--soak-minutes", type=float, default=0.0,
+                    help="soak: minutes of load after the warm-up (default 10)")
+    ap.add_argument("--soak-rate", type=float, default=0.0, help="soak: open-loop req/s (default 250)")
+    ap.add_argument("--tracing", action="store_true",
+                    help="also measure build/bin/weir with tracing: (every request's spans exported over OTLP/HTTP "
+                         "to a sink on the load CPU) beside it, same config otherwise, alternated in the same rounds: "
+                         "target 'weir (tracing)' in the latency, stream and memory suites")
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
@@ -151,7 +158,8 @@ def main(argv: list[str]) -> int:
     out_dir = out_dir.resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
     priority = not args.no_priority and procs.priority_available()
-    opts = Options(peers=[p for p in args.peers.split(",") if p], install_peers=not args.no_install)
+    opts = Options(peers=[p for p in args.peers.split(",") if p], install_peers=not args.no_install,
+                   soak_minutes=args.soak_minutes, soak_rate=args.soak_rate)
     rounds = args.rounds or (1 if smoke else 3)
     failures: list[str] = []
     written: list[pathlib.Path] = []
@@ -161,7 +169,7 @@ def main(argv: list[str]) -> int:
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
         env = Env(bin_dir=snap, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
                   priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet, baseline=baseline,
-                  allocators=allocators, request_log=args.request_log)
+                  allocators=allocators, request_log=args.request_log, tracing=args.tracing)
         print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
         t0 = time.monotonic()
         try:

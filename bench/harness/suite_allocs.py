@@ -179,6 +179,24 @@ def run(env: Env, opts: Options) -> Report:
         ("all controls", configs.all_controls(mock.url, jwks, str(env.work / "access.log")),
          [f"Authorization: Bearer {token}"], "llama"),
     ]
+    sink = None
+    if env.request_log:
+        # The store's cost: the same "all controls" config with every record stored (the writer thread's
+        # allocations, SQLite's included, count too: heaptrack sees the whole process).
+        cfg = configs.all_controls(mock.url, jwks, str(env.work / "access-rl.log"))
+        # A small queue flushed often: its slots are all reused during the warm-up, so the runs measure the
+        # steady state (a fresh slot's strings grow once; a running gateway's slots have all grown).
+        cfg["request_log"] = {"url": f"sqlite:{env.work / 'allocs-requests.db'}", "queue": 64,
+                              "flush_interval": "20ms"}
+        variants.append(("all controls + request log", cfg, [f"Authorization: Bearer {token}"], "llama"))
+    if env.tracing:
+        # Every request traced (sample_ratio 1) and exported to a sink: the worker's part and the exporter
+        # thread's (encoding, HTTP) both count; the sites table tells them apart.
+        from common import start_otlp_sink
+        sink, sink_url = start_otlp_sink(env, "allocs-otlp-sink")
+        cfg = configs.all_controls(mock.url, jwks, str(env.work / "access-tr.log"))
+        cfg["tracing"] = {"otlp_endpoint": sink_url, "sample_ratio": 1.0, "queue": 64, "flush_interval": "20ms"}
+        variants.append(("all controls + tracing", cfg, [f"Authorization: Bearer {token}"], "llama"))
     results = {}
     for tool in ("heaptrack", "strace"):
         for name, cfg, headers, model in variants:
@@ -196,6 +214,8 @@ def run(env: Env, opts: Options) -> Report:
                 rep.failures.append(f"allocs: {tool} {name}: runs could not be separated "
                                     f"(events a/b/c {a['events']}/{b['events']}/{c['events']})")
     mock.stop()
+    if sink:
+        sink.stop(grace=5)
 
     rows = []
     for (tool, name), r in results.items():

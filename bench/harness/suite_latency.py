@@ -9,7 +9,7 @@ import time
 import configs
 import measure
 from common import (PRETTY, Options, added_cell, gateway_failed, live, peers_for, sat_text, start_peers,
-                    stop_targets, baseline_targets)
+                    stop_targets, twin_notes, baseline_targets)
 from loadgen import Load, run as bench_run, summarize_errors
 from measure import agg, median
 from procs import HarnessError
@@ -365,6 +365,7 @@ def run(env: Env, opts: Options) -> Report:
         "The shape of LiteLLM's published gateway benchmark (seed 002): a mock that answers after 20 ms, "
         "closed loop. Requests/s, e2e p50/p99 (ms) and added p50/p99 (ms, gateway − direct, same round).\n\n"
         + table(["concurrency", "target", "req/s", "p50", "p99", "added p50", "added p99", "notes"], rows)))
+    twin_notes(targets, rep)
     stop_targets(targets)
     mock.stop()
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import configs
-from common import Options, baseline_targets, live, start_peers, stop_targets
+from common import Options, baseline_targets, live, start_peers, stop_targets, twin_notes
 from loadgen import Load, run as bench_run, summarize_errors
 from measure import focus
 from report import Report, table
@@ -165,6 +165,7 @@ def run(env: Env, opts: Options) -> Report:
                     rep.failures.append(f"memory: {t.label} {failed[t.label]}")
     for t in gateways:
         t.pause()
+    twin_notes(gateways, rep)
     stop_targets(gateways)
     mock.stop()
 

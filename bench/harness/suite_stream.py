@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import configs
 import measure
-from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text, start_peers, stop_targets,
+from common import (PRETTY, Options, added_cell, gateway_failed, live, sat_text, start_peers, stop_targets, twin_notes,
                     baseline_targets)
 from loadgen import Load, error_rate, run as bench_run, summarize_errors
 from measure import agg, focus
@@ -331,6 +331,7 @@ def run(env: Env, opts: Options) -> Report:
                 rep.failures.append(f"streams: {s.t.label} failed at only {s.n} streams: {why}")
     for t in targets:
         t.pause()
+    twin_notes(targets, rep)
     stop_targets(targets)
     mock.stop()
 

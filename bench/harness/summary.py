@@ -9,7 +9,7 @@ import pathlib
 
 from report import fmt_over, fmt_signed, table
 
-ORDER = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch"]
+ORDER = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch", "soak"]
 
 
 def write(out_dir: pathlib.Path, *rest) -> pathlib.Path:

@@ -40,6 +40,7 @@ class Env:
     baseline: pathlib.Path | None = None  # --baseline-bin: a second weir binary measured beside build/bin/weir
     allocators: tuple[str, ...] = ()      # --allocators: build/bin/weir again under each LD_PRELOADed malloc
     request_log: bool = False             # --request-log: build/bin/weir again with request_log: (SQLite) on
+    tracing: bool = False                 # --tracing: build/bin/weir again with tracing: (OTLP to a sink) on
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
@@ -157,6 +158,8 @@ class Target:
     version: str = ""
     ready_path: str = "/health"
     ready_timeout: float = 30.0
+    companions: list = field(default_factory=list)  # processes that live and stop with it (the OTLP sink)
+    sink_url: str = ""             # --tracing: the sink's counts (GET)
 
     @property
     def chat_url(self) -> str:
@@ -174,6 +177,9 @@ class Target:
         if self.proc:
             self.proc.stop(grace=15)
             self.proc = None
+        for c in self.companions:
+            c.stop(grace=5)
+        self.companions = []
 
     def alive(self) -> bool:
         return self.kind == "direct" or (self.proc is not None and self.proc.alive())

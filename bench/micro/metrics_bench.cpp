@@ -73,7 +73,7 @@ void log_update(gateway::MetricsShard& m, const gateway::MetricLabels& labels, c
   m.count_request(gateway::RouteKind::chat_completions, model, 200, id);
   m.add_spend(model, 22'000, id);
   m.duration(model).observe_us(748'602);
-  m.ttft(model).observe_us(90'523);
+  m.observe_ttft(model, 90'523, id);
   m.upstream_time(model).observe_us(748'383);
   m.added().observe_us(141);
   m.add_tokens(model, 8, 48, id);

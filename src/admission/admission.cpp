@@ -118,7 +118,8 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
 }  // namespace
 
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
-                                                   TokenEstimate estimate, Instant now, Shortfall* wait) {
+                                                   TokenEstimate estimate, Instant now, Shortfall* wait,
+                                                   const Pricing* prices) {
   if (limiter_.refusing()) return tl::unexpected(store_unavailable());
   ScopeRef sc[2];
   const int n = scopes_of(principal, sc);
@@ -137,7 +138,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     any_budget = any_budget || t.budget_[i];
   }
   if (any_budget) {
-    t.price_ = pricing_.find(model);
+    t.price_ = (prices ? *prices : pricing_).find(model);
     if (t.price_)
       worst =
           cost_nano_usd(*t.price_, api::Usage{estimate.prompt_tokens, estimate.completion_tokens, estimated_tokens, 0});

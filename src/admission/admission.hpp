@@ -136,8 +136,13 @@ class Admission {
   //    and lists what the request needs. The caller may then wait once for
   //    the refill (admission::async_refill in admission/refill.hpp) and call
   //    admit() again without `wait`; that second answer is final.
+  //
+  // `prices` (the request's configuration generation's) prices the budget
+  // reservation; null: the Pricing given at construction. The ticket keeps
+  // a pointer into it: it must outlive the ticket.
   tl::expected<Ticket, core::Error> admit(const auth::Principal& principal, std::string_view model,
-                                          TokenEstimate estimate, Instant now, Shortfall* wait = nullptr);
+                                          TokenEstimate estimate, Instant now, Shortfall* wait = nullptr,
+                                          const Pricing* prices = nullptr);
 
   // Reconciles a finished request: charges (actual - estimated) tokens to
   // the tokens buckets (a refund when negative), replaces the budget

@@ -140,6 +140,13 @@ class Limiter {
   // Starts scope `to` (just added by grow) with the settled spend of `from`
   // in its current budget period: a key whose budget changed keeps its spend.
   virtual void carry_spend(std::uint32_t /*from*/, std::uint32_t /*to*/, Instant /*now*/) {}
+  // Starts scope `to` (just added by grow) where scope `from` is now: each
+  // bucket both have at the units `from` holds (capped at `to`'s depth; a
+  // debt carries as debt; a bucket `from` did not limit starts full), and
+  // the settled spend (carry_spend). Stream slots are not moved: requests
+  // holding one give it back to `from`. A configuration reload carries a
+  // tenant or key whose limits or budget changed this way.
+  virtual void carry(std::uint32_t from, std::uint32_t to, Instant now) { carry_spend(from, to, now); }
   // Whether grow() can add scopes (LocalLimiter: yes; RedisLimiter: not yet).
   virtual bool grows() const noexcept { return false; }
   // Scopes this limiter holds (0 when it does not grow).

@@ -65,6 +65,21 @@ void LocalLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now
   dst.spent.fetch_add(s, std::memory_order_acq_rel);
 }
 
+void LocalLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
+  if (from >= scope_count_ || to >= scope_count_ || from == to) return;
+  const double t = ns(now);
+  for (int b = 0; b < 2; ++b) {
+    const Spec& src = at(from).spec[b];
+    const Spec& dst = at(to).spec[b];
+    if (!src.enabled || !dst.enabled) continue;  // a bucket new to the scope starts full
+    const double level = std::min(available(from, static_cast<Bucket>(b), now), dst.depth);
+    // Spread evenly over the shards: available = (now + tau - tat) / t per shard.
+    const double tat = t + dst.tau_ns - level / shards_ * dst.t_ns;
+    for (std::uint32_t j = 0; j < shards_; ++j) at(to).shards[j].tat[b].store(tat, std::memory_order_relaxed);
+  }
+  carry_spend(from, to, now);
+}
+
 LocalLimiter::~LocalLimiter() = default;
 
 double LocalLimiter::ns(Instant t) const noexcept {

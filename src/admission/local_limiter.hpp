@@ -61,6 +61,7 @@ class LocalLimiter final : public Limiter {
   // Up to kMaxScopes in all; scopes live in chunks that never move.
   bool grow(const std::vector<auth::ScopeInfo>& scopes) override;
   void carry_spend(std::uint32_t from, std::uint32_t to, Instant now) override;
+  void carry(std::uint32_t from, std::uint32_t to, Instant now) override;
   bool grows() const noexcept override { return true; }
   std::uint32_t scope_count() const noexcept override { return static_cast<std::uint32_t>(scope_count_); }
   static constexpr std::uint32_t kChunk = 64;

@@ -31,6 +31,15 @@ struct MemberSpan {
 // object (only the top-level structure is checked: validate first).
 std::optional<MemberSpan> find_member(std::string_view json, std::string_view key);
 
+// find_member from the end: walks the top-level members backward from the
+// object's closing brace and stops at the first `key` it meets (the last
+// one, as find_member finds), so the cost is that of the members after it
+// (vLLM writes "usage" near the end of an answer and of a stream chunk).
+// Checks the object's braces and the members it walks, not those before the
+// match: for reading a value out of an upstream's answer, never for a
+// decision a malformed body could turn (routing, authorization).
+std::optional<MemberSpan> find_last_member(std::string_view json, std::string_view key);
+
 // Writes `json` to `out` with the top-level member `key` set to `value_json`
 // (a serialized JSON value, copied verbatim): its value replaced in place if
 // present (the last one, if duplicated: the one parsers keep), else inserted

@@ -1,11 +1,14 @@
 #include "api/request.hpp"
 
+#include <array>
 #include <cmath>
+#include <cstring>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
-#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/basic_parser_impl.hpp>
+#include <boost/json/error.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
@@ -18,17 +21,45 @@ namespace json = boost::json;
 
 namespace {
 
-// Adds the UTF-8 bytes of every string inside a message "content" (a string
-// or an array of parts {type:"text", text:"..."}).
-std::uint64_t content_bytes(const json::value& v) {
-  if (v.is_string()) return v.get_string().size();
-  std::uint64_t n = 0;
-  if (v.is_array())
-    for (const auto& part : v.get_array())
-      if (part.is_object())
-        if (auto* t = part.get_object().if_contains("text"); t && t->is_string()) n += t->get_string().size();
-  return n;
+// The JSON type of a value the checks below look at, and its scalar.
+struct Shape {
+  enum class Type : std::uint8_t { absent, null, boolean, int64, uint64, dbl, string, object, array };
+  Type type = Type::absent;
+  bool b = false;
+  std::int64_t i = 0;
+  std::uint64_t u = 0;
+  bool present() const { return type != Type::absent && type != Type::null; }
+};
+
+tl::expected<std::uint32_t, core::Error> positive_int(const Shape& v, std::string_view name) {
+  if (v.type == Shape::Type::int64 && v.i >= 1 && v.i <= 0xffffffffLL) return static_cast<std::uint32_t>(v.i);
+  if (v.type == Shape::Type::uint64 && v.u >= 1 && v.u <= 0xffffffffULL) return static_cast<std::uint32_t>(v.u);
+  return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
 }
+
+// What a value is to the gateway, from where it sits in the body.
+enum class Role : std::uint8_t {
+  other,
+  root,  // the body's object
+  model,
+  stream,
+  stream_options,
+  include_usage,  // stream_options.include_usage
+  max_completion_tokens,
+  max_tokens,
+  n,
+  messages,   // chat: the messages array
+  message,    // one of its elements
+  content,    // a message's content: a string or an array of parts
+  part,       // one content part
+  part_text,  // a part's text
+  prompt,     // completions' prompt, embeddings' input
+  prompt_item,
+};
+
+// The vLLM extra routes' text members (vLLM 0.10 protocol.py).
+constexpr std::array<std::string_view, 8> kExtraTexts = {"prompt", "messages",  "input",  "text",
+                                                         "query",  "documents", "text_1", "text_2"};
 
 // UTF-8 bytes of every string in `v` (nested arrays and objects, 8 levels),
 // and 4 per number (a token id): the prompt text of vLLM's pooling bodies.
@@ -44,106 +75,377 @@ std::uint64_t text_bytes(const json::value& v, int depth) {
   return n;
 }
 
-tl::expected<std::uint32_t, core::Error> positive_int(const json::value& v, std::string_view name) {
-  if (v.is_int64() && v.get_int64() >= 1 && v.get_int64() <= 0xffffffffLL)
-    return static_cast<std::uint32_t>(v.get_int64());
-  if (v.is_uint64() && v.get_uint64() >= 1 && v.get_uint64() <= 0xffffffffULL)
-    return static_cast<std::uint32_t>(v.get_uint64());
-  return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
-}
+// Boost.JSON's SAX events (basic_parser) turned into RequestFields' inputs
+// in one pass, with no DOM: which members are there, their types and
+// scalars, the sizes of the strings the prompt estimate counts. Repeated
+// keys: the last one wins (as Boost.JSON's DOM and Python's json read them,
+// so the gateway and vLLM see the same model); its accumulators start over
+// when a key repeats (vLLM's extra routes, whose texts are counted through
+// nested objects where a repeated key replaces its value too, count on a
+// DOM: parse_request). Never fails a parse itself: the checks run on the
+// whole, valid document (parse_request), so a syntax error anywhere comes
+// first, as it would from a DOM parse.
+class FieldsHandler {
+ public:
+  static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_array_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
+  static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
+
+  explicit FieldsHandler(ApiKind kind, std::string& model) : kind_(kind), model_text_(model) {}
+
+  // --- what the document said ---
+  Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n;
+  std::uint64_t chat_bytes = 0;     // the last messages array: content bytes
+  std::uint32_t chat_messages = 0;  // and its elements
+  Shape prompt;                     // completions' prompt / embeddings' input
+  std::uint64_t prompt_bytes = 0;
+  std::uint32_t prompt_items = 0;
+  Shape::Type first_item = Shape::Type::absent;
+
+  // --- basic_parser's handler interface ---
+  bool on_document_begin(boost::system::error_code&) { return true; }
+  bool on_document_end(boost::system::error_code&) { return true; }
+  bool on_object_begin(boost::system::error_code& ec) { return begin_container(Shape::Type::object, ec); }
+  bool on_object_end(std::size_t, boost::system::error_code&) {
+    end_container(0);
+    return true;
+  }
+  bool on_array_begin(boost::system::error_code& ec) { return begin_container(Shape::Type::array, ec); }
+  bool on_array_end(std::size_t size, boost::system::error_code&) {
+    end_container(size);
+    return true;
+  }
+  bool on_key_part(json::string_view s, std::size_t, boost::system::error_code&) {
+    append_key(s);
+    return true;
+  }
+  bool on_key(json::string_view s, std::size_t, boost::system::error_code&) {
+    append_key(s);
+    pending_ = key_role(std::string_view(key_, key_len_));
+    key_len_ = 0;
+    key_long_ = false;
+    return true;
+  }
+  bool on_string_part(json::string_view s, std::size_t, boost::system::error_code&) {
+    if (!in_string_) begin_string();
+    if (string_role_ == Role::model) model_text_.append(s.data(), s.size());
+    return true;
+  }
+  bool on_string(json::string_view s, std::size_t size, boost::system::error_code&) {
+    if (!in_string_) begin_string();
+    if (string_role_ == Role::model) model_text_.append(s.data(), s.size());
+    in_string_ = false;
+    scalar(string_role_, Shape{.type = Shape::Type::string}, size);
+    return true;
+  }
+  bool on_number_part(json::string_view, boost::system::error_code&) { return true; }
+  bool on_int64(std::int64_t v, json::string_view, boost::system::error_code&) {
+    scalar(next_role(), Shape{.type = Shape::Type::int64, .i = v}, 0);
+    return true;
+  }
+  bool on_uint64(std::uint64_t v, json::string_view, boost::system::error_code&) {
+    scalar(next_role(), Shape{.type = Shape::Type::uint64, .u = v}, 0);
+    return true;
+  }
+  bool on_double(double, json::string_view, boost::system::error_code&) {
+    scalar(next_role(), Shape{.type = Shape::Type::dbl}, 0);
+    return true;
+  }
+  bool on_bool(bool v, boost::system::error_code&) {
+    scalar(next_role(), Shape{.type = Shape::Type::boolean, .b = v}, 0);
+    return true;
+  }
+  bool on_null(boost::system::error_code&) {
+    scalar(next_role(), Shape{.type = Shape::Type::null}, 0);
+    return true;
+  }
+  bool on_comment_part(json::string_view, boost::system::error_code&) { return true; }
+  bool on_comment(json::string_view, boost::system::error_code&) { return true; }
+
+ private:
+  struct Frame {
+    Role role;
+    bool array;
+    std::uint32_t items = 0;
+  };
+
+  // The role of the value that starts now, from its container and key.
+  Role next_role() {
+    if (depth_ == 0) return Role::root;
+    Frame& top = frames_[depth_ - 1];
+    if (!top.array) {
+      const Role r = pending_;
+      pending_ = Role::other;
+      return r;
+    }
+    const std::uint32_t index = top.items++;
+    switch (top.role) {
+      case Role::messages:
+        return Role::message;
+      case Role::content:
+        return Role::part;
+      case Role::prompt:
+        item_index_ = index;
+        return Role::prompt_item;
+      default:
+        return Role::other;
+    }
+  }
+
+  Role key_role(std::string_view key) const {
+    if (key_long_ || depth_ == 0) return Role::other;
+    const Role in = frames_[depth_ - 1].role;
+    switch (in) {
+      case Role::root:
+        if (key == "model") return Role::model;
+        if (key == "stream") return Role::stream;
+        if (key == "stream_options") return Role::stream_options;
+        if (key == "max_completion_tokens") return Role::max_completion_tokens;
+        if (key == "max_tokens") return Role::max_tokens;
+        if (key == "n") return Role::n;
+        if (kind_ == ApiKind::chat_completions && key == "messages") return Role::messages;
+        if (kind_ == ApiKind::completions && key == "prompt") return Role::prompt;
+        if (kind_ == ApiKind::embeddings && key == "input") return Role::prompt;
+        return Role::other;
+      case Role::stream_options:
+        return key == "include_usage" ? Role::include_usage : Role::other;
+      case Role::message:
+        return key == "content" ? Role::content : Role::other;
+      case Role::part:
+        return key == "text" ? Role::part_text : Role::other;
+      default:
+        return Role::other;
+    }
+  }
+
+  void begin_string() {
+    in_string_ = true;
+    string_role_ = next_role();
+    if (string_role_ == Role::model) model_text_.clear();
+  }
+
+  // A value starts: a member's last occurrence resets what an earlier one counted.
+  void begin_value(Role r, const Shape& v) {
+    switch (r) {
+      case Role::root:
+        root = v;
+        break;
+      case Role::model:
+        model = v;
+        if (v.type != Shape::Type::string) model_text_.clear();
+        break;
+      case Role::stream:
+        stream = v;
+        break;
+      case Role::stream_options:
+        stream_options = v;
+        include_usage = {};
+        break;
+      case Role::include_usage:
+        include_usage = v;
+        break;
+      case Role::max_completion_tokens:
+        max_completion_tokens = v;
+        break;
+      case Role::max_tokens:
+        max_tokens = v;
+        break;
+      case Role::n:
+        n = v;
+        break;
+      case Role::messages:
+        chat_bytes = 0;
+        chat_messages = 0;
+        break;
+      case Role::message:
+        ++chat_messages;
+        message_bytes_ = 0;
+        break;
+      case Role::content:
+        message_bytes_ = 0;
+        break;
+      case Role::part:
+        part_bytes_ = 0;
+        break;
+      case Role::part_text:
+        part_bytes_ = 0;
+        break;
+      case Role::prompt:
+        prompt = v;
+        prompt_bytes = 0;
+        prompt_items = 0;
+        first_item = Shape::Type::absent;
+        break;
+      case Role::prompt_item:
+        ++prompt_items;
+        if (item_index_ == 0) first_item = v.type;
+        break;
+      case Role::other:
+        break;
+    }
+  }
+
+  void scalar(Role r, const Shape& v, std::size_t string_size) {
+    begin_value(r, v);
+    const bool is_string = v.type == Shape::Type::string;
+    switch (r) {
+      case Role::content:
+        if (is_string) message_bytes_ = string_size;
+        break;
+      case Role::part_text:
+        if (is_string) part_bytes_ = string_size;
+        break;
+      case Role::prompt:
+        if (is_string) prompt_bytes = string_size;
+        break;
+      case Role::prompt_item:
+        prompt_bytes += is_string ? string_size : 4;  // a string, or one token id
+        break;
+      default:
+        break;
+    }
+  }
+
+  bool begin_container(Shape::Type t, boost::system::error_code& ec) {
+    if (depth_ >= frames_.size()) {  // parse_options::max_depth stops the parser first
+      ec = json::error::too_deep;
+      return false;
+    }
+    const Role r = next_role();
+    begin_value(r, Shape{.type = t});
+    frames_[depth_++] = Frame{.role = r, .array = t == Shape::Type::array};
+    return true;
+  }
+
+  void end_container(std::size_t size) {
+    const Frame f = frames_[--depth_];
+    switch (f.role) {
+      case Role::message:
+        if (!f.array) chat_bytes += message_bytes_;
+        break;
+      case Role::part:
+        if (!f.array) message_bytes_ += part_bytes_;
+        break;
+      case Role::prompt_item:
+        if (f.array)
+          prompt_bytes += 4 * size;  // token ids
+        else
+          prompt_bytes += 4;
+        break;
+      default:
+        break;
+    }
+  }
+
+  void append_key(json::string_view s) {
+    if (key_long_ || key_len_ + s.size() > sizeof key_) {
+      key_long_ = true;  // longer than every key acted on
+      return;
+    }
+    std::memcpy(key_ + key_len_, s.data(), s.size());
+    key_len_ += s.size();
+  }
+
+  ApiKind kind_;
+  std::string& model_text_;
+  std::array<Frame, 80> frames_{};  // parse_options::max_depth (64) bounds the nesting
+  std::size_t depth_ = 0;
+  Role pending_ = Role::other;  // the role of the value after the last key
+  std::uint32_t item_index_ = 0;
+  bool in_string_ = false;
+  Role string_role_ = Role::other;
+  std::uint64_t message_bytes_ = 0;
+  std::uint64_t part_bytes_ = 0;
+  char key_[32];
+  std::size_t key_len_ = 0;
+  bool key_long_ = false;
+};
 
 }  // namespace
 
 tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body) {
-  // The DOM lives in a per-thread arena: parsing allocates nothing for bodies
-  // whose DOM fits in it, and it is released before this function returns.
-  alignas(16) static thread_local unsigned char arena[64 * 1024];
-  json::monotonic_resource mr(arena, sizeof arena);
+  // One SAX pass over the body (validated as a DOM parse would be: RFC 8259,
+  // UTF-8, 64 levels at most), then the checks in a fixed order.
+  RequestFields f;
   json::parse_options opt;
   opt.max_depth = 64;
+  json::basic_parser<FieldsHandler> p(opt, kind, f.model);
   boost::system::error_code ec;
-  json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, &mr, opt);
+  const std::size_t used = p.write_some(false, body.data(), body.size(), ec);
+  if (!ec && used < body.size()) ec = json::error::extra_data;
   if (ec) {
     if (body.empty()) return tl::unexpected(core::bad_request("The request body is empty; expected a JSON object."));
     return tl::unexpected(core::bad_request(fmt::format("The request body is not valid JSON: {}.", ec.message())));
   }
-  if (!doc.is_object()) return tl::unexpected(core::bad_request("The request body must be a JSON object."));
-  const auto& obj = doc.get_object();
+  const FieldsHandler& h = p.handler();
+  if (h.root.type != Shape::Type::object)
+    return tl::unexpected(core::bad_request("The request body must be a JSON object."));
 
-  RequestFields f;
-  const auto* model = obj.if_contains("model");
-  if ((!model || model->is_null()) && kind == ApiKind::vllm_extra) {
+  if (!h.model.present() && kind == ApiKind::vllm_extra) {
     // vLLM takes these without a model (its served model); the gateway routes them to the default pool.
-  } else if (!model || model->is_null()) {
+    f.model.clear();
+  } else if (!h.model.present()) {
     return tl::unexpected(core::bad_request("you must provide a model parameter", "model"));
-  } else {
-    if (!model->is_string() || model->get_string().empty())
-      return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
-    f.model.assign(model->get_string().data(), model->get_string().size());
+  } else if (h.model.type != Shape::Type::string || f.model.empty()) {
+    return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
   }
-
-  if (const auto* s = obj.if_contains("stream"); s && !s->is_null()) {
-    if (!s->is_bool()) return tl::unexpected(core::bad_request("'stream' must be a boolean.", "stream"));
-    f.stream = s->get_bool();
+  if (h.stream.present()) {
+    if (h.stream.type != Shape::Type::boolean)
+      return tl::unexpected(core::bad_request("'stream' must be a boolean.", "stream"));
+    f.stream = h.stream.b;
   }
-  if (const auto* so = obj.if_contains("stream_options"); so && !so->is_null()) {
-    if (!so->is_object())
+  if (h.stream_options.present()) {
+    if (h.stream_options.type != Shape::Type::object)
       return tl::unexpected(core::bad_request("'stream_options' must be an object.", "stream_options"));
     f.has_stream_options = true;
-    if (const auto* iu = so->get_object().if_contains("include_usage"); iu && iu->is_bool())
-      f.include_usage = iu->get_bool();
+    if (h.include_usage.type == Shape::Type::boolean) f.include_usage = h.include_usage.b;
   }
-  for (const char* name : {"max_completion_tokens", "max_tokens"}) {
-    if (const auto* m = obj.if_contains(name); m && !m->is_null() && f.max_tokens == 0) {
-      auto v = positive_int(*m, name);
-      if (!v) return tl::unexpected(v.error());
-      f.max_tokens = *v;
+  for (const auto& [name, v] :
+       {std::pair{"max_completion_tokens", &h.max_completion_tokens}, std::pair{"max_tokens", &h.max_tokens}}) {
+    if (v->present() && f.max_tokens == 0) {
+      auto t = positive_int(*v, name);
+      if (!t) return tl::unexpected(t.error());
+      f.max_tokens = *t;
     }
   }
-  if (const auto* n = obj.if_contains("n"); n && !n->is_null()) {
-    auto v = positive_int(*n, "n");
+  if (h.n.present()) {
+    auto v = positive_int(h.n, "n");
     if (!v) return tl::unexpected(v.error());
     f.n = *v;
   }
 
   switch (kind) {
     case ApiKind::chat_completions:
-      if (const auto* msgs = obj.if_contains("messages"); msgs && msgs->is_array())
-        for (const auto& m : msgs->get_array()) {
-          f.prompt_overhead_tokens += RequestFields::kChatTokensPerMessage;
-          if (m.is_object())
-            if (const auto* c = m.get_object().if_contains("content")) f.prompt_bytes += content_bytes(*c);
-        }
+      f.prompt_overhead_tokens = h.chat_messages * RequestFields::kChatTokensPerMessage;
+      f.prompt_bytes = h.chat_bytes;
       break;
-    case ApiKind::vllm_extra:
-      for (const char* name : {"prompt", "messages", "input", "text", "query", "documents", "text_1", "text_2"})
-        if (const auto* v = obj.if_contains(name)) f.prompt_bytes += text_bytes(*v, 0);
+    case ApiKind::vllm_extra: {
+      // Rare routes (tokenize, rerank, score, pooling): their texts are
+      // counted on a DOM of the (valid) body.
+      boost::system::error_code dec;
+      const json::value doc = json::parse(json::string_view(body.data(), body.size()), dec, {}, opt);
+      if (!dec && doc.is_object())
+        for (const std::string_view name : kExtraTexts)
+          if (const auto* v = doc.get_object().if_contains(name)) f.prompt_bytes += text_bytes(*v, 0);
       f.n = 1;
       f.stream = false;  // these routes never stream: nothing is added to their body
       break;
+    }
     case ApiKind::completions:
-    case ApiKind::embeddings: {
-      const auto* p = obj.if_contains(kind == ApiKind::completions ? "prompt" : "input");
-      if (!p) break;
-      if (p->is_string()) {
-        f.prompt_bytes = p->get_string().size();
-      } else if (p->is_array()) {
-        const auto& a = p->get_array();
-        const bool batch = !a.empty() && (a[0].is_string() || a[0].is_array());
-        f.prompt_count = batch ? static_cast<std::uint32_t>(a.size()) : 1;
-        for (const auto& e : a) {
-          if (e.is_string())
-            f.prompt_bytes += e.get_string().size();
-          else if (e.is_array())
-            f.prompt_bytes += 4 * e.get_array().size();  // token ids
-          else
-            f.prompt_bytes += 4;  // one token id
-        }
+    case ApiKind::embeddings:
+      if (h.prompt.type == Shape::Type::absent) break;
+      if (h.prompt.type == Shape::Type::string) {
+        f.prompt_bytes = h.prompt_bytes;
+      } else if (h.prompt.type == Shape::Type::array) {
+        const bool batch =
+            h.prompt_items > 0 && (h.first_item == Shape::Type::string || h.first_item == Shape::Type::array);
+        f.prompt_count = batch ? h.prompt_items : 1;
+        f.prompt_bytes = h.prompt_bytes;
       }
       f.prompt_overhead_tokens = f.prompt_count;  // BOS (add_special_tokens defaults to true)
       if (kind == ApiKind::embeddings) f.n = 1;
       break;
-    }
     case ApiKind::audio:  // not JSON: parse_audio_request
       break;
   }

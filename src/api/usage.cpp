@@ -1,10 +1,10 @@
-// OpenAI "usage" extraction: one top-level scan, then Boost.JSON on the usage
-// value only (a few dozen bytes), parsed into a stack buffer.
+// OpenAI "usage" extraction: "usage" found from the end of the object (where
+// vLLM writes it), then its few members; the counts are read as JSON integers in place. No DOM: this
+// runs once per response and on every usage chunk of a stream.
 #include "api/usage.hpp"
 
-#include <boost/json/monotonic_resource.hpp>
-#include <boost/json/parse.hpp>
-#include <boost/json/value.hpp>
+#include <array>
+#include <charconv>
 
 #include "api/json_scan.hpp"
 
@@ -12,44 +12,61 @@ namespace weir::api {
 namespace {
 
 // A token count: 0 when absent or null; nullopt for anything but a
-// non-negative JSON integer (1.5, 1e3, "12", true, -1 are all rejected).
-std::optional<std::uint64_t> count(const boost::json::object& o, std::string_view name) {
-  const boost::json::value* v = o.if_contains(name);
-  if (v == nullptr || v->is_null()) return 0;
-  if (v->is_uint64()) return v->get_uint64();
-  if (v->is_int64() && v->get_int64() >= 0) return static_cast<std::uint64_t>(v->get_int64());
-  return std::nullopt;
+// non-negative JSON integer (RFC 8259 §6: -?(0|[1-9][0-9]*), no fraction or
+// exponent; 1.5, 12.0, 1e3, 01, "12", true and -1 are all rejected; -0 is 0)
+// that fits 64 bits.
+std::optional<std::uint64_t> count(std::string_view v) {
+  if (v == "null") return 0;
+  std::string_view digits = v;
+  const bool negative = !digits.empty() && digits.front() == '-';
+  if (negative) digits.remove_prefix(1);
+  if (digits.empty() || (digits.size() > 1 && digits.front() == '0')) return std::nullopt;
+  std::uint64_t n = 0;
+  const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (r.ec != std::errc() || r.ptr != digits.data() + digits.size()) return std::nullopt;
+  if (negative && n != 0) return std::nullopt;
+  return n;
+}
+
+std::string_view value_of(std::string_view obj, const std::optional<MemberSpan>& m) {
+  return obj.substr(m->value_begin, m->value_end - m->value_begin);
 }
 
 }  // namespace
 
 std::optional<Usage> extract_usage(std::string_view json) {
-  const auto span = find_member(json, "usage");
+  const auto span = find_last_member(json, "usage");
   if (!span) return std::nullopt;
-  const std::string_view text = json.substr(span->value_begin, span->value_end - span->value_begin);
-  if (text.empty() || text.front() != '{') return std::nullopt;  // null, or not an object
+  const std::string_view usage = json.substr(span->value_begin, span->value_end - span->value_begin);
+  if (usage.empty() || usage.front() != '{') return std::nullopt;  // null, or not an object
 
-  unsigned char buffer[1024];
-  boost::json::monotonic_resource arena(buffer, sizeof buffer);
-  boost::system::error_code ec;
-  const boost::json::value v = boost::json::parse(text, ec, &arena);
-  if (ec || !v.is_object()) return std::nullopt;
-  const boost::json::object& usage = v.get_object();
-
-  const auto prompt = count(usage, "prompt_tokens");
-  const auto completion = count(usage, "completion_tokens");
-  const auto total = count(usage, "total_tokens");
-  if (!prompt || !completion || !total) return std::nullopt;
-  Usage out{*prompt, *completion, *total, 0};
+  static constexpr std::array<std::string_view, 4> kKeys = {"prompt_tokens", "completion_tokens", "total_tokens",
+                                                            "prompt_tokens_details"};
+  std::array<std::optional<MemberSpan>, 4> m;
+  if (!find_members(usage, kKeys, m)) return std::nullopt;
+  std::array<std::uint64_t, 3> n{};
+  for (std::size_t i = 0; i < n.size(); ++i) {
+    if (!m[i]) continue;
+    const auto c = count(value_of(usage, m[i]));
+    if (!c) return std::nullopt;
+    n[i] = *c;
+  }
+  Usage out{n[0], n[1], n[2], 0};
   // vLLM's rerank answers give only total_tokens: all of it is prompt.
-  if (!usage.contains("prompt_tokens") && *total >= *completion) out.prompt_tokens = *total - *completion;
+  if (!m[0] && n[2] >= n[1]) out.prompt_tokens = n[2] - n[1];
 
-  if (const boost::json::value* details = usage.if_contains("prompt_tokens_details")) {
-    if (details->is_object()) {
-      const auto cached = count(details->get_object(), "cached_tokens");
-      if (!cached) return std::nullopt;
-      out.cached_tokens = *cached;
-    } else if (!details->is_null()) {
+  if (m[3]) {
+    const std::string_view details = value_of(usage, m[3]);
+    if (!details.empty() && details.front() == '{') {
+      static constexpr std::array<std::string_view, 1> kCached = {"cached_tokens"};
+      std::array<std::optional<MemberSpan>, 1> c;
+      if (!find_members(details, kCached, c)) return std::nullopt;
+      if (c[0]) {
+        const auto cached = count(value_of(details, c[0]));
+        if (!cached) return std::nullopt;
+        out.cached_tokens = *cached;
+      }
+    } else if (details != "null") {
       return std::nullopt;
     }
   }

@@ -27,6 +27,7 @@ struct Limits {
   std::uint64_t tokens_burst = 0;
 
   bool any() const noexcept { return requests_per_minute || tokens_per_minute || max_concurrent_streams; }
+  bool operator==(const Limits&) const = default;
 };
 
 // A spend cap. Amounts in nano-USD (1e-9 USD) so sums stay exact integers.
@@ -40,6 +41,7 @@ struct Budget {
 
   // True when the scope has a budget: parsed from a `budget:` key, or a positive cap set in code.
   bool any() const noexcept { return enabled || limit_nano_usd > 0; }
+  bool operator==(const Budget&) const = default;
 };
 
 // One tenant (the unit of isolation: allowed models, limits, budget, priority).

@@ -46,7 +46,7 @@ std::uint32_t AuthPolicy::config_scopes(const AuthConfig& config) {
 }
 
 std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std::vector<RuntimeKey>& runtime,
-                                                    std::uint32_t scope_count) {
+                                                    std::uint32_t scope_count, const AuthPolicy* prior) {
   std::shared_ptr<AuthPolicy> p(new AuthPolicy());
   p->config_ = std::move(config);
   auto& tenants = p->config_.tenants;
@@ -56,6 +56,25 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     tenants.emplace(anon.name, std::move(anon));
   }
   const auto& cfg = p->config_;
+  // Scope numbers. Without a prior policy: tenants 0.., then the configured
+  // keys. With one: a tenant or configured key keeps its scope when its
+  // limits and budget did not change; everything else gets a fresh one
+  // past every scope the prior policy or the runtime keys hold.
+  std::uint32_t next = 0;
+  if (prior) next = std::max(scope_count, static_cast<std::uint32_t>(prior->scopes().size()));
+  auto tenant_scope = [&](const std::string& name, const TenantConfig& t) -> std::uint32_t {
+    if (prior)
+      if (const auto* old = prior->find_tenant(name); old && old->limits == t.limits && old->budget == t.budget)
+        return old->scope;
+    return next++;
+  };
+  auto key_scope = [&](const ApiKeyConfig& k) -> std::uint32_t {
+    if (prior)
+      for (const auto& old : prior->keys())
+        if (!old.runtime && old.id == k.id && old.limits == k.limits && old.budget == k.budget) return old.scope;
+    return next++;
+  };
+  std::vector<std::pair<std::uint32_t, ScopeInfo>> live;  // (scope, info) of every tenant and configured key
   p->tenants_.reserve(cfg.tenants.size());
   for (const auto& [name, t] : cfg.tenants) {  // std::map: name order
     TenantPolicy tp;
@@ -65,8 +84,8 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     tp.tier = t.tier;
     tp.limits = t.limits;
     tp.budget = t.budget;
-    tp.scope = static_cast<std::uint32_t>(p->scopes_.size());
-    p->scopes_.push_back(ScopeInfo{"tenant:" + name, t.limits, t.budget});
+    tp.scope = tenant_scope(name, t);
+    live.emplace_back(tp.scope, ScopeInfo{"tenant:" + name, t.limits, t.budget});
     p->tenants_.push_back(std::move(tp));
   }
   p->keys_.reserve(cfg.api_keys.size());
@@ -79,32 +98,32 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     kp.tier = k.tier.empty() && kp.tenant ? kp.tenant->tier : k.tier;
     kp.limits = k.limits;
     kp.budget = k.budget;
-    kp.scope = static_cast<std::uint32_t>(p->scopes_.size());
+    kp.scope = key_scope(k);
     if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
-    p->scopes_.push_back(ScopeInfo{"key:" + k.id, k.limits, k.budget});
+    live.emplace_back(kp.scope, ScopeInfo{"key:" + k.id, k.limits, k.budget});
     p->keys_.push_back(std::move(kp));
   }
-  if (!runtime.empty() || scope_count > p->scopes_.size()) {
-    // Runtime keys keep the scope the key store gave them; the indexes
-    // between are placeholders (no limits: nothing is admitted against them).
-    if (scope_count > p->scopes_.size()) p->scopes_.resize(scope_count, ScopeInfo{"key:(retired)", {}, {}});
-    for (const auto& rk : runtime) {
-      const auto& k = rk.key;
-      KeyPolicy kp;
-      kp.id = k.id;
-      kp.sha256 = k.sha256;
-      kp.tenant = p->find_tenant(k.tenant);
-      if (!kp.tenant || rk.scope >= p->scopes_.size()) continue;
-      if (k.models) kp.models = ModelList(*k.models);
-      kp.tier = k.tier.empty() ? kp.tenant->tier : k.tier;
-      kp.limits = k.limits;
-      kp.budget = k.budget;
-      kp.scope = rk.scope;
-      if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
-      kp.runtime = true;
-      p->scopes_[rk.scope] = ScopeInfo{"key:" + k.id, k.limits, k.budget};
-      p->keys_.push_back(std::move(kp));
-    }
+  if (!prior) next = static_cast<std::uint32_t>(live.size());
+  // Runtime keys keep the scope the key store gave them; the indexes no
+  // one holds are placeholders (no limits: nothing is admitted against them).
+  p->scopes_.assign(std::max(next, scope_count), ScopeInfo{"key:(retired)", {}, {}});
+  for (auto& [scope, info] : live) p->scopes_[scope] = std::move(info);
+  for (const auto& rk : runtime) {
+    const auto& k = rk.key;
+    KeyPolicy kp;
+    kp.id = k.id;
+    kp.sha256 = k.sha256;
+    kp.tenant = p->find_tenant(k.tenant);
+    if (!kp.tenant || rk.scope >= p->scopes_.size()) continue;
+    if (k.models) kp.models = ModelList(*k.models);
+    kp.tier = k.tier.empty() ? kp.tenant->tier : k.tier;
+    kp.limits = k.limits;
+    kp.budget = k.budget;
+    kp.scope = rk.scope;
+    if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
+    kp.runtime = true;
+    p->scopes_[rk.scope] = ScopeInfo{"key:" + k.id, k.limits, k.budget};
+    p->keys_.push_back(std::move(kp));
   }
   // Drop keys whose tenant is missing: parse_auth_config refuses them, this guards hand-built configs.
   p->keys_.erase(std::remove_if(p->keys_.begin(), p->keys_.end(), [](const KeyPolicy& k) { return !k.tenant; }),

@@ -68,7 +68,8 @@ struct RuntimeKey {
 };
 
 // One admission scope: a tenant or a key, with its limits and budget. Scopes
-// 0..tenants-1 are tenants in name order, then keys in configuration order.
+// 0..tenants-1 are tenants in name order, then keys in configuration order
+// (at start-up; a reload appends: AuthPolicy::build with a prior policy).
 struct ScopeInfo {
   std::string name;  // "tenant:NAME" or "key:ID"
   Limits limits;
@@ -84,8 +85,16 @@ class AuthPolicy {
   // `scope_count` entries; indexes no live key holds any more (revoked, or
   // replaced after a change of limits) keep a placeholder without limits.
   // A runtime key whose tenant is not configured is left out.
+  //
+  // With `prior` (the policy running before a configuration reload), a
+  // tenant or configured key that `prior` holds under the same name with
+  // the same limits and budget keeps its scope there, so its buckets,
+  // stream slots and spend go on; any other (new, or with new limits or a
+  // budget) gets a fresh scope from max(scope_count, prior's scopes) on, and
+  // a scope no one holds any more becomes a placeholder. Scopes are thus
+  // never renumbered nor reused (docs/operations.md, "Reloading").
   static std::shared_ptr<const AuthPolicy> build(AuthConfig config, const std::vector<RuntimeKey>& runtime,
-                                                 std::uint32_t scope_count);
+                                                 std::uint32_t scope_count, const AuthPolicy* prior = nullptr);
   // Scopes the configuration alone gives (tenants, then configured keys).
   static std::uint32_t config_scopes(const AuthConfig& config);
 

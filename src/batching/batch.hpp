@@ -67,6 +67,9 @@ class BatchMember final : public http::ResponseSource {
     bool include_usage = false;               // its body asks for the final usage chunk
     bool continuous_usage = false;            // its body asks for usage on every chunk
     bool strip_credentials = false;           // the client's Authorization / x-api-key never go upstream
+    // W3C Trace Context to send upstream in place of the client's (tracing:); empty = the client's pass.
+    std::string_view traceparent;
+    std::string_view tracestate;
   };
 
   explicit BatchMember(core::Executor ex) : ev_(ex) {}
@@ -140,7 +143,7 @@ struct BatchEnv {
   std::span<char> read_scratch;  // the worker's upstream receive buffer (http::Exchange)
   std::span<char> body_scratch;  // and its body buffer: used only between a read and its demultiplexing
   std::size_t max_response_bytes = 0;
-  std::string_view api_key;                           // pools.X.api_key, sent as Authorization
+  std::string_view upstream_lines;                    // the pool's header lines (core::PoolConfig::upstream_lines)
   std::function<void(std::string&)> next_request_id;  // the batch's own upstream request id
   Stats* stats = nullptr;
   std::uint64_t* upstream_connects = nullptr;  // the worker's new-connection counter
@@ -168,6 +171,9 @@ class MicroBatcher {
   // Open batches (collecting members), and coalesced generations in flight; for tests.
   std::size_t open_batches() const { return open_.size(); }
   std::size_t flights() const { return flights_.size(); }
+  // No batch is open, in flight or still sending: the batcher may be
+  // destroyed (a configuration reload retired its pool).
+  bool idle() const { return open_.empty() && flights_.empty() && running_ == 0; }
 
  private:
   friend class Batch;
@@ -176,6 +182,7 @@ class MicroBatcher {
   BatchEnv env_;
   std::vector<std::shared_ptr<Batch>> open_;
   std::vector<std::shared_ptr<Batch>> flights_;  // coalesced generations still joinable
+  std::size_t running_ = 0;                      // batches whose upstream request runs (Batch::run)
 };
 
 }  // namespace weir::batching

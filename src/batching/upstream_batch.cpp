@@ -96,9 +96,11 @@ core::Task<void> Batch::send() {
                                            .host_header = ep.cfg->host_header,
                                            .body_bytes = body_.size(),
                                            .request_id = request_id_,
-                                           .api_key = env.api_key,
+                                           .upstream_lines = env.upstream_lines,
                                            .identity = true,
                                            .strip_credentials = lead->req_.strip_credentials,
+                                           .traceparent = lead->req_.traceparent,
+                                           .tracestate = lead->req_.tracestate,
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();

@@ -77,6 +77,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
       fail_all(UpstreamFailure::cancelled);
       return;
     }
+    ++b_->running_;  // the batcher outlives the run (MicroBatcher::idle)
     asio::co_spawn(b_->env_.ex, run(shared_from_this()), asio::detached);
   }
 
@@ -123,7 +124,15 @@ class Batch : public std::enable_shared_from_this<Batch> {
  private:
   enum class State : std::uint8_t { open, sending, streaming, done };
 
-  static core::Task<void> run(std::shared_ptr<Batch> self) { co_await self->send(); }
+  static core::Task<void> run(std::shared_ptr<Batch> self) {
+    struct Done {
+      Batch& b;
+      ~Done() {
+        if (b.b_) --b.b_->running_;
+      }
+    } done{*self};
+    co_await self->send();
+  }
 
   template <class Fn>
   void for_present(Fn&& fn) {

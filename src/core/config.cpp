@@ -37,10 +37,10 @@ ConfigResult<void> parse_metrics(const YAML::Node& n, MetricsConfig& m) {
 }
 
 ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
-  WEIR_TRY_VOID(check_keys(
-      n, "server",
-      {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout", "write_timeout",
-       "max_stream_buffer", "max_response", "drain_timeout", "access_log", "reuse_port", "metrics", "ready_pools"}));
+  WEIR_TRY_VOID(check_keys(n, "server",
+                           {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout",
+                            "write_timeout", "max_stream_buffer", "max_response", "drain_timeout", "access_log",
+                            "reuse_port", "metrics", "ready_pools", "watch_config"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     s.max_body_bytes = b;
@@ -91,6 +91,18 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
       s.ready_pools = ServerConfig::ReadyPools::off;
     else
       return tl::unexpected(config_error(v, "server.ready_pools", "expected all, any or off"));
+  }
+  if (auto v = n["watch_config"]) {
+    // false (off), true (every second), or how often.
+    if (bool on = false; v.IsScalar() && YAML::convert<bool>::decode(v, on)) {
+      s.watch_config = on ? Millis{1'000} : Millis{0};
+    } else {
+      WEIR_TRY(ms, read_duration(v, "server.watch_config"));
+      if (ms.count() != 0 && (ms.count() < 100 || ms.count() > 3'600'000))
+        return tl::unexpected(config_error(v, "server.watch_config",
+                                           "expected false, true (every 1s), or an interval between 100ms and 1h"));
+      s.watch_config = ms;
+    }
   }
   return {};
 }
@@ -406,6 +418,56 @@ ConfigResult<void> parse_tls(const YAML::Node& t, const std::string& key, TlsCon
   return {};
 }
 
+// True when `v` can be sent as an HTTP field value as it is: visible ASCII
+// and spaces, not at the ends (RFC 9110 §5.5); a CR or LF would let a
+// configured key or version inject header lines.
+bool field_value_ok(std::string_view v) {
+  if (v.empty() || v.front() == ' ' || v.back() == ' ') return false;
+  for (const char c : v)
+    if (c < 0x20 || c > 0x7e) return false;
+  return true;
+}
+
+// A pool's `anthropic:` section (type: anthropic only), its checks against
+// the pool's other settings, and the header lines every request to the pool
+// carries (PoolConfig::upstream_lines).
+ConfigResult<void> parse_anthropic_upstream(const YAML::Node& n, const std::string& key, PoolConfig& p) {
+  const bool anthropic = p.type == UpstreamType::anthropic;
+  if (auto a = n["anthropic"]) {
+    if (!anthropic)
+      return tl::unexpected(config_error(a, key + ".anthropic", "is only for pools with type: anthropic"));
+    WEIR_TRY_VOID(check_keys(a, key + ".anthropic", {"version", "max_tokens"}));
+    if (auto v = a["version"]) {
+      WEIR_TRY(s, read_string(v, key + ".anthropic.version"));
+      if (!field_value_ok(s))
+        return tl::unexpected(
+            config_error(v, key + ".anthropic.version", "expected an anthropic-version value such as 2023-06-01"));
+      p.anthropic.version = s;
+    }
+    if (auto v = a["max_tokens"]) {
+      WEIR_TRY(i, read_int(v, key + ".anthropic.max_tokens", 1, 1'000'000));
+      p.anthropic.max_tokens = static_cast<std::uint32_t>(i);
+    }
+  }
+  if (!p.api_key.empty() && !field_value_ok(p.api_key))
+    return tl::unexpected(config_error(n[p.api_key_env.empty() ? "api_key" : "api_key_env"],
+                                       key + (p.api_key_env.empty() ? ".api_key" : ".api_key_env"),
+                                       "the key has characters an HTTP header cannot carry (spaces at its ends, "
+                                       "control characters or non-ASCII)"));
+  if (anthropic) {
+    // Micro-batching and coalescing merge OpenAI bodies; Anthropic's Messages API takes neither.
+    if (n["batch"])
+      return tl::unexpected(config_error(n["batch"], key + ".batch", "is not available for type: anthropic"));
+    if (p.coalesce)
+      return tl::unexpected(config_error(n["coalesce"], key + ".coalesce", "is not available for type: anthropic"));
+    if (!p.api_key.empty()) p.upstream_lines = fmt::format("x-api-key: {}\r\n", p.api_key);
+    p.upstream_lines += fmt::format("anthropic-version: {}\r\n", p.anthropic.version);
+  } else if (!p.api_key.empty()) {
+    p.upstream_lines = fmt::format("Authorization: Bearer {}\r\n", p.api_key);
+  }
+  return {};
+}
+
 ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n) {
   const std::string key = "pools." + name;
   PoolConfig p;
@@ -432,6 +494,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
                             "batch",
                             "coalesce",
                             "type",
+                            "anthropic",
                             "tls"}));
   auto eps = n["endpoints"];
   if (!eps)
@@ -545,12 +608,13 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   if (auto v = n["type"]) {
     WEIR_TRY(s, read_string(v, key + ".type"));
     if (s == "anthropic")
-      return tl::unexpected(config_error(
-          v, key + ".type",
-          "anthropic upstreams are not supported yet (give an OpenAI-compatible endpoint and type: openai)"));
-    if (s != "openai") return tl::unexpected(config_error(v, key + ".type", "expected openai"));
-    p.type = UpstreamType::openai;
+      p.type = UpstreamType::anthropic;
+    else if (s == "openai")
+      p.type = UpstreamType::openai;
+    else
+      return tl::unexpected(config_error(v, key + ".type", "expected openai or anthropic"));
   }
+  WEIR_TRY_VOID(parse_anthropic_upstream(n, key, p));
   if (auto t = n["tls"]) {
     WEIR_TRY_VOID(parse_tls(t, key + ".tls", p.tls));
     bool any_tls = false;
@@ -701,11 +765,11 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
   }
   if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
   // Sections owned by other modules are validated there (auth, tenants,
-  // pricing, redis, admin, request_log: gateway::load_config). A key nothing
+  // pricing, redis, admin, request_log, tracing: gateway::load_config). A key nothing
   // reads is an error (limits: and batching: were accepted and ignored).
   if (auto r = check_keys(root, "",
                           {"listen", "workers", "server", "pools", "models", "default_pool", "auth", "tenants",
-                           "pricing", "redis", "admin", "request_log"});
+                           "pricing", "redis", "admin", "request_log", "tracing"});
       !r)
     return located(r.error());
 

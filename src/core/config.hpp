@@ -55,6 +55,9 @@ struct ServerConfig {
   // all = while any pool has no endpoint available on any worker, any = while
   // no pool has one, off = draining only.
   enum class ReadyPools : std::uint8_t { all, any, off } ready_pools = ReadyPools::all;
+  // Reload the configuration file when it changes (besides SIGHUP): how
+  // often its size, time and inode are looked at; 0 = off (the default).
+  Millis watch_config{0};
 };
 
 // Upstream timeouts of one pool.
@@ -96,13 +99,28 @@ struct TlsConfig {
 
 // What speaks at the other end of a pool's endpoints.
 enum class UpstreamType : std::uint8_t {
-  openai,  // an OpenAI-compatible server: vLLM, SGLang, a hosted OpenAI-compatible API (the default)
+  openai,     // an OpenAI-compatible server: vLLM, SGLang, a hosted OpenAI-compatible API (the default)
+  anthropic,  // Anthropic's Messages API (POST /v1/messages): docs/upstreams.md, docs/protocols.md
+};
+
+// A `type: anthropic` pool's wire settings (docs/upstreams.md).
+struct AnthropicUpstreamConfig {
+  // The anthropic-version header sent on every request (Anthropic API
+  // reference, "Versions"): the client's own is replaced, since Weir reads
+  // and translates the answers in this version.
+  std::string version = "2023-06-01";
+  // max_tokens sent for a chat completion (or Responses request) that gives
+  // none: Anthropic requires it. 4096 is the largest output every Claude
+  // model accepts (Claude 3 Haiku and Opus stop at 4096), so the default
+  // never turns a valid request into a 400; tokens.
+  std::uint32_t max_tokens = 4096;
 };
 
 // Retries of a request on one pool, only while nothing has reached the
 // client (docs/reliability.md). Which failures: a connect failure (another
 // endpoint), a reset or a first-byte timeout before the response head, and
-// a response head with status 408, 429, 502, 503 or 504; never another 4xx,
+// a response head with status 408, 429, 502, 503, 504 or 529 (Anthropic's
+// overloaded_error); never another 4xx,
 // and never once a byte of the response went to the client.
 struct RetryConfig {
   std::uint32_t attempts =
@@ -241,9 +259,16 @@ struct PoolConfig {
   UpstreamTimeouts timeouts;
   std::uint32_t max_idle_per_endpoint = 512;  // idle keep-alive connections kept per worker
   Millis idle_keepalive{4'000};               // drop idle connections older than this (uvicorn closes at 5 s)
-  std::string api_key;                        // sent upstream as "Authorization: Bearer"; empty = none
+  std::string api_key;                        // the upstream's credential; empty = none
   std::string api_key_env;                    // the environment variable api_key came from (for messages)
   UpstreamType type = UpstreamType::openai;
+  AnthropicUpstreamConfig anthropic;  // type: anthropic only
+  // Header lines (each ending in CRLF) Weir adds to every request to the
+  // pool, probes and scrapes included, rendered once at load: the
+  // credential ("Authorization: Bearer <api_key>" for openai pools,
+  // "x-api-key: <api_key>" for anthropic ones) and, for anthropic pools,
+  // "anthropic-version: <version>". Empty for a keyless openai pool.
+  std::string upstream_lines;
   TlsConfig tls;            // used by https:// endpoints
   Millis eject_for{2'000};  // an endpoint that refuses connections is skipped this long
   // Ask the upstream for stream_options.include_usage on streams whose client

@@ -61,6 +61,17 @@ Error header_too_large(std::uint64_t limit_bytes) {
   return make(ErrorSource::client, 431, "invalid_request_error", {},
               fmt::format("The request head is larger than {} bytes.", limit_bytes));
 }
+Error unsupported_encoding(std::string_view coding) {
+  return make(ErrorSource::client, 415, "invalid_request_error", "unsupported_content_encoding",
+              fmt::format("Content-Encoding '{}' is not supported for request bodies; send the body as it is, or "
+                          "compressed with gzip or deflate.",
+                          utf8_prefix(coding, 64)));
+}
+Error undecodable_body(std::string_view coding) {
+  return make(ErrorSource::client, 400, "invalid_request_error", "invalid_content_encoding",
+              fmt::format("The request body is not valid {} data (Content-Encoding: {}).", utf8_prefix(coding, 64),
+                          utf8_prefix(coding, 64)));
+}
 Error client_closed(std::string_view code, std::string message) {
   return make(ErrorSource::client, 499, "client_closed", code, std::move(message));
 }

@@ -35,13 +35,18 @@ struct Error {
 // Those that echo request input (model, path, method) echo at most
 // kMaxEchoBytes (256) of each, cut on a UTF-8 boundary.
 Error bad_request(std::string message, std::string_view param = {},
-                  std::string_view code = {});                                      // 400 invalid_request_error
-Error model_not_found(std::string_view model);                                      // 404 model_not_found
-Error not_found(std::string_view path);                                             // 404 (unknown route)
-Error method_not_allowed(std::string_view method, std::string_view path);           // 405
-Error payload_too_large(std::uint64_t limit_bytes);                                 // 413
-Error request_timeout(std::string message);                                         // 408 (head or body too slow)
-Error header_too_large(std::uint64_t limit_bytes);                                  // 431
+                  std::string_view code = {});                             // 400 invalid_request_error
+Error model_not_found(std::string_view model);                             // 404 model_not_found
+Error not_found(std::string_view path);                                    // 404 (unknown route)
+Error method_not_allowed(std::string_view method, std::string_view path);  // 405
+Error payload_too_large(std::uint64_t limit_bytes);                        // 413
+Error request_timeout(std::string message);                                // 408 (head or body too slow)
+Error header_too_large(std::uint64_t limit_bytes);                         // 431
+// 415 unsupported_content_encoding: a request body in a Content-Encoding
+// Weir does not decode (RFC 9110 §15.5.16; the answer carries Accept-Encoding).
+Error unsupported_encoding(std::string_view coding);
+// 400 invalid_content_encoding: a gzip/deflate body that does not decode.
+Error undecodable_body(std::string_view coding);
 Error unauthorized(std::string message);                                            // 401 invalid_api_key
 Error forbidden(std::string message, std::string_view code = "model_not_allowed");  // 403
 Error rate_limited(std::string message, std::uint32_t retry_after_s);               // 429 rate_limit_exceeded

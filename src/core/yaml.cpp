@@ -1,7 +1,10 @@
 #include "core/yaml.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -151,6 +154,90 @@ ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,
     }
   }
   return {};
+}
+
+namespace {
+
+void canonical_into(std::string& out, const YAML::Node& n) {
+  if (!n || n.IsNull()) {
+    out += '~';
+    return;
+  }
+  if (n.IsScalar()) {
+    // Length-prefixed: no scalar can imitate structure.
+    out += std::to_string(n.Scalar().size());
+    out += ':';
+    out += n.Scalar();
+    return;
+  }
+  if (n.IsSequence()) {
+    out += '[';
+    for (const auto& item : n) {
+      canonical_into(out, item);
+      out += ',';
+    }
+    out += ']';
+    return;
+  }
+  // Sorted by key through indexes: assigning a YAML::Node (as a sort of
+  // nodes would) writes into the tree it refers to.
+  std::vector<YAML::Node> values;
+  std::vector<std::pair<std::string, std::size_t>> keys;
+  for (const auto& kv : n) {
+    keys.emplace_back(kv.first.Scalar(), values.size());
+    values.push_back(kv.second);
+  }
+  std::sort(keys.begin(), keys.end());
+  out += '{';
+  for (const auto& [k, i] : keys) {
+    out += std::to_string(k.size());
+    out += ':';
+    out += k;
+    out += '=';
+    canonical_into(out, values[i]);
+    out += ',';
+  }
+  out += '}';
+}
+
+}  // namespace
+
+std::string canonical_yaml(const YAML::Node& node) {
+  std::string out;
+  canonical_into(out, node);
+  return out;
+}
+
+std::optional<std::string> first_yaml_difference(const YAML::Node& a, const YAML::Node& b, const std::string& key) {
+  // A section on one side only is compared as an empty one: the difference is named down to its first key.
+  const bool a_none = !a || a.IsNull(), b_none = !b || b.IsNull();
+  const bool a_map = a ? a.IsMap() : false, b_map = b ? b.IsMap() : false;
+  if ((a_map && b_none) || (b_map && a_none)) {
+    const YAML::Node& m = a_map ? a : b;
+    std::vector<std::string> keys;
+    for (const auto& kv : m) keys.push_back(kv.first.Scalar());
+    std::sort(keys.begin(), keys.end());
+    if (keys.empty()) return std::nullopt;  // {} and nothing: the same configuration
+    return key.empty() ? keys.front() : key + "." + keys.front();
+  }
+  const bool a_seq = a && a.IsSequence(), b_seq = b && b.IsSequence();
+  if (a_map && b_map) {
+    std::vector<std::string> keys;
+    for (const auto& kv : a) keys.push_back(kv.first.Scalar());
+    for (const auto& kv : b) keys.push_back(kv.first.Scalar());
+    std::sort(keys.begin(), keys.end());
+    keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+    for (const auto& k : keys)
+      if (auto d = first_yaml_difference(a[k], b[k], key.empty() ? k : key + "." + k)) return d;
+    return std::nullopt;
+  }
+  if (a_seq && b_seq && a.size() == b.size()) {
+    for (std::size_t i = 0; i < a.size(); ++i)
+      if (auto d = first_yaml_difference(a[i], b[i], key + "[" + std::to_string(i) + "]")) return d;
+    return std::nullopt;
+  }
+  if (canonical_yaml(a) == canonical_yaml(b)) return std::nullopt;
+  return key;
 }
 
 }  // namespace weir::core

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -42,6 +43,17 @@ ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string
 // Fails on any key of map `node` that is not in `known` (catches typos).
 ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,
                               std::initializer_list<std::string_view> known);
+
+// The configuration text of `node` in one canonical form: map keys sorted,
+// flow and block style alike, scalars as written (so `1s` and `1000ms`
+// differ). Two subtrees are the same configuration when these are equal.
+// An undefined node is "~".
+std::string canonical_yaml(const YAML::Node& node);
+
+// The dotted key (under `key`; list items as `key[i]`) of the first place
+// where `a` and `b` differ, compared as canonical_yaml does; nullopt when
+// they are the same. A key present on one side only is a difference there.
+std::optional<std::string> first_yaml_difference(const YAML::Node& a, const YAML::Node& b, const std::string& key);
 
 }  // namespace weir::core
 

@@ -35,38 +35,40 @@ void append_model(std::string& out, std::string_view id, std::string_view owned_
 // reservations (the only way spend passes a limit: docs/admission.md).
 void append_budget_metrics(std::string& out, const auth::AuthPolicy& policy, admission::Limiter& limiter,
                            const MetricLabels& labels) {
-  const auto& tenants = policy.tenants();
-  const std::size_t own = labels.tenants.empty() ? 0 : std::min(tenants.size(), labels.tenants.size() - 1);
-  bool any = false;
-  for (std::size_t i = 0; i < own; ++i) any = any || tenants[i].budget.any();
-  if (!any) return;
+  // The budgeted tenants with a tenant label of their own.
+  std::vector<std::pair<const auth::TenantPolicy*, std::string_view>> shown;
+  if (!labels.tenants.empty())
+    for (const auto& t : policy.tenants()) {
+      const auto slot = t.scope < labels.tenant_slot.size() ? labels.tenant_slot[t.scope] : MetricIdentity::kOther;
+      if (t.budget.any() && slot != MetricIdentity::kOther && slot < labels.tenants.size())
+        shown.emplace_back(&t, labels.tenants[slot]);
+    }
+  if (shown.empty()) return;
   core::PromWriter w(out);
   w.header("weir_budget_limit_usd", "gauge", "The tenant's budget per period (tenants.X.budget), USD.");
-  for (std::size_t i = 0; i < own; ++i)
-    if (tenants[i].budget.any())
-      w.sample("weir_budget_limit_usd", fmt::format("tenant=\"{}\"", labels.tenants[i]),
-               static_cast<double>(tenants[i].budget.limit_nano_usd) / 1e9);
+  for (const auto& [t, label] : shown)
+    w.sample("weir_budget_limit_usd", fmt::format("tenant=\"{}\"", label),
+             static_cast<double>(t->budget.limit_nano_usd) / 1e9);
   w.header("weir_budget_remaining_usd", "gauge",
            "What is left of the tenant's budget in the current period (limit minus settled spend), USD.");
   const auto now = std::chrono::steady_clock::now();
-  for (std::size_t i = 0; i < own; ++i)
-    if (tenants[i].budget.any())
-      w.sample("weir_budget_remaining_usd", fmt::format("tenant=\"{}\"", labels.tenants[i]),
-               static_cast<double>(tenants[i].budget.limit_nano_usd - limiter.spent(tenants[i].scope, now)) / 1e9);
+  for (const auto& [t, label] : shown)
+    w.sample("weir_budget_remaining_usd", fmt::format("tenant=\"{}\"", label),
+             static_cast<double>(t->budget.limit_nano_usd - limiter.spent(t->scope, now)) / 1e9);
 }
 
 // The merged health of every endpoint (routing::HealthBoard, atomics) and
 // the saturation of the pools with a queue (the scraped loads).
-void append_health_metrics(std::string& out, const Shared& shared) {
-  const auto& cfg = *shared.config;
+void append_health_metrics(std::string& out, const Generation& gen) {
+  const auto& cfg = *gen.config;
   const auto now = std::chrono::steady_clock::now();
   core::PromWriter w(out);
-  const std::size_t pools = std::min(cfg.pools.size(), shared.pool_states.size());
+  const std::size_t pools = std::min(cfg.pools.size(), gen.pools.size());
   w.header("weir_upstream_endpoint_state", "gauge",
            "Workers on which the endpoint is closed (in use), open (ejected: its circuit breaker open) or half_open "
            "(letting trial requests through).");
   for (std::size_t p = 0; p < pools; ++p) {
-    const auto& st = *shared.pool_states[p];
+    const auto& st = *gen.pools[p].state;
     for (std::uint32_t e = 0; e < st.health.endpoints(); ++e) {
       std::array<std::uint32_t, static_cast<std::size_t>(routing::HealthState::count_)> n{};
       for (std::uint32_t k = 0; k < st.health.workers(); ++k)
@@ -83,7 +85,7 @@ void append_health_metrics(std::string& out, const Shared& shared) {
   w.header("weir_upstream_available_endpoints", "gauge",
            "Endpoints of the pool that some worker may send a request to now (closed or half-open there).");
   for (std::size_t p = 0; p < pools; ++p) {
-    const auto& st = *shared.pool_states[p];
+    const auto& st = *gen.pools[p].state;
     w.sample("weir_upstream_available_endpoints", fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)),
              static_cast<double>(st.health.available_endpoints(now, st.policy)));
   }
@@ -96,7 +98,7 @@ void append_health_metrics(std::string& out, const Shared& shared) {
   for (std::size_t p = 0; p < pools; ++p) {
     const auto& qc = cfg.pools[p].queue;
     if (!qc.enabled || !qc.saturation) continue;
-    const auto& st = *shared.pool_states[p];
+    const auto& st = *gen.pools[p].state;
     bool saturated = false;
     for (std::uint32_t e = 0; e < st.loads.size(); ++e) {
       if (!st.health.available(e, now, st.policy)) continue;
@@ -113,9 +115,9 @@ void append_health_metrics(std::string& out, const Shared& shared) {
 }
 }  // namespace
 
-std::string ready_problem(const Shared& shared) {
-  if (shared.draining.load()) return "Weir is draining.";
-  const auto& cfg = *shared.config;
+std::string ready_problem(const Generation& gen, bool draining) {
+  if (draining) return "Weir is draining.";
+  const auto& cfg = *gen.config;
   if (cfg.server.ready_pools == core::ServerConfig::ReadyPools::off) return {};
   // The pools that serve a model first (a pool only a fallback names is a spare), and the default pool.
   std::vector<bool> used(cfg.pools.size(), false);
@@ -124,10 +126,10 @@ std::string ready_problem(const Shared& shared) {
   const auto now = std::chrono::steady_clock::now();
   std::string down;
   std::size_t used_n = 0, down_n = 0;
-  for (std::size_t p = 0; p < cfg.pools.size() && p < shared.pool_states.size(); ++p) {
+  for (std::size_t p = 0; p < cfg.pools.size() && p < gen.pools.size(); ++p) {
     if (!used[p]) continue;
     ++used_n;
-    const auto& st = *shared.pool_states[p];
+    const auto& st = *gen.pools[p].state;
     if (st.health.available_endpoints(now, st.policy) > 0) continue;
     ++down_n;
     fmt::format_to(std::back_inserter(down), "{}`{}`", down.empty() ? "" : ", ", cfg.pools[p].name);
@@ -177,10 +179,15 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 }
 
 http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
-  co_await collect_metrics_text(self.shared(), self.io(), out);
+  // This worker's view: its generation and its authenticator's policy.
+  const std::shared_ptr<const Generation> gen = self.generation()->shared;
+  const std::shared_ptr<const auth::AuthPolicy> policy =
+      self.authenticator() ? self.authenticator()->policy() : std::shared_ptr<const auth::AuthPolicy>();
+  co_await collect_metrics_text(self.shared(), self.io(), out, gen, policy);
 }
 
-http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out) {
+http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home,
+                                                          const std::shared_ptr<const MetricLabels>& labels) {
   struct Gather {
     Gather(http::Executor ex, std::shared_ptr<const MetricLabels> labels, std::size_t n)
         : total(std::move(labels)), remaining(n), timer(ex) {}
@@ -188,9 +195,8 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     std::size_t remaining;
     http::Timer timer;
   };
-  // Label slots never change after start: reading worker 0's pointer from here is safe.
-  auto labels = shared.metric_labels ? shared.metric_labels : shared.workers.front()->metrics().labels_ptr();
-  auto g = std::make_shared<Gather>(home.get_executor(), std::move(labels), shared.workers.size());
+  // A worker on a later generation's labels brings them along (MetricsShard::merge).
+  auto g = std::make_shared<Gather>(home.get_executor(), labels, shared.workers.size());
   for (Worker* w : shared.workers) {
     boost::asio::post(w->io(), [w, g, &home] {
       MetricsShard copy = w->metrics_snapshot();  // on w's own thread
@@ -202,10 +208,37 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
   }
   g->timer.expires_after(std::chrono::seconds(1));
   co_await g->timer.async_wait(http::use_task);
-  g->total.render(out, *shared.config, shared.log_sink ? shared.log_sink->write_errors() : 0);
-  append_health_metrics(out, shared);
-  if (shared.limiter && shared.auth_policy)
-    append_budget_metrics(out, *shared.auth_policy, *shared.limiter, g->total.labels());
+  // The late workers' copies (if any) still merge into g->total: hand out a copy.
+  co_return std::make_shared<MetricsShard>(g->total);
+}
+
+http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out,
+                                      const std::shared_ptr<const Generation>& gen,
+                                      const std::shared_ptr<const auth::AuthPolicy>& policy) {
+  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared, home, gen->labels);
+  total->render(out, shared.log_sink ? shared.log_sink->write_errors() : 0);
+  append_health_metrics(out, *gen);
+  if (shared.limiter && policy) append_budget_metrics(out, *policy, *shared.limiter, total->labels());
+  {
+    // Configuration reloads (docs/operations.md): atomics the control thread writes.
+    const auto& r = shared.reloads;
+    core::PromWriter w(out);
+    w.header("weir_config_reloads_total", "counter",
+             "Configuration reloads (SIGHUP, server.watch_config) by result: success (applied), failure (the file was "
+             "refused: invalid, or a change that needs a restart; the running configuration was kept).");
+    w.sample("weir_config_reloads_total", "result=\"success\"", r.succeeded.load(std::memory_order_relaxed));
+    w.sample("weir_config_reloads_total", "result=\"failure\"", r.failed.load(std::memory_order_relaxed));
+    w.header("weir_config_last_reload_successful", "gauge",
+             "1 when the last reload attempt was applied (or none was made), 0 when it was refused.");
+    w.sample("weir_config_last_reload_successful", "", r.last_ok.load(std::memory_order_relaxed) ? 1.0 : 0.0);
+    w.header("weir_config_last_reload_success_timestamp_seconds", "gauge",
+             "Unix time the running configuration was loaded (start-up, or the last applied reload).");
+    w.sample("weir_config_last_reload_success_timestamp_seconds", "",
+             static_cast<double>(r.last_success_unix_s.load(std::memory_order_relaxed)));
+    w.header("weir_config_generation", "gauge",
+             "The running configuration generation: 1 at start-up, +1 per applied reload.");
+    w.sample("weir_config_generation", "", static_cast<double>(r.generation.load(std::memory_order_relaxed)));
+  }
   if (shared.request_log) {
     // The request-log store's writer (atomics, safe to read here).
     const auto s = shared.request_log->stats();
@@ -223,10 +256,35 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     w.sample("weir_request_log_errors_total", "", s.errors);
     w.header("weir_request_log_deleted_total", "counter", "Rows deleted by retention (max_age, max_rows).");
     w.sample("weir_request_log_deleted_total", "", s.deleted);
+    w.header("weir_request_log_bodies_dropped_total", "counter",
+             "Records stored without their captured bodies: the queues already held 32 MiB of bodies per worker "
+             "(capture_bodies while the store is slow or down).");
+    w.sample("weir_request_log_bodies_dropped_total", "", s.bodies_dropped);
     w.header("weir_request_log_queued", "gauge", "Request records waiting in the workers' queues.");
     w.sample("weir_request_log_queued", "", static_cast<double>(s.queued));
     w.header("weir_request_log_open", "gauge", "1 while the request-log store is open for writing.");
     w.sample("weir_request_log_open", "", static_cast<double>(s.open));
+  }
+  if (shared.tracer) {
+    // The trace exporter (atomics, safe to read here). Units: spans.
+    const auto s = shared.tracer->stats();
+    core::PromWriter w(out);
+    w.header("weir_tracing_spans_exported_total", "counter", "Spans the OTLP collector accepted (tracing:).");
+    w.sample("weir_tracing_spans_exported_total", "", s.exported);
+    w.header("weir_tracing_spans_dropped_total", "counter",
+             "Spans not delivered: queue_full (the exporter is behind), export_failed (their batch could not be "
+             "delivered after retries), rejected (the collector refused them), shutdown (the drain ran out of time).");
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"queue_full\"", s.dropped_queue_full);
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"export_failed\"", s.dropped_export);
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"rejected\"", s.dropped_rejected);
+    w.sample("weir_tracing_spans_dropped_total", "reason=\"shutdown\"", s.dropped_shutdown);
+    w.header("weir_tracing_exports_total", "counter", "OTLP export requests the collector answered 2xx.");
+    w.sample("weir_tracing_exports_total", "", s.export_requests);
+    w.header("weir_tracing_export_errors_total", "counter",
+             "OTLP export requests that failed (connection, timeout, non-2xx answer), retries included.");
+    w.sample("weir_tracing_export_errors_total", "", s.export_errors);
+    w.header("weir_tracing_queued", "gauge", "Traces (one per sampled request) waiting in the workers' queues.");
+    w.sample("weir_tracing_queued", "", static_cast<double>(s.queued));
   }
   if (shared.redis_limiter) {
     // Shared limits: the state of the Redis leases (atomics, safe to read here).

@@ -1,6 +1,7 @@
 // Weir's own endpoints: GET /v1/models and /metrics.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -15,8 +16,11 @@
 
 namespace weir::gateway {
 
+class MetricsShard;
 class Worker;
 struct Shared;
+struct MetricLabels;
+struct Generation;
 
 // GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
 // created, owned_by}]} with every configured model and alias that `principal`
@@ -30,8 +34,18 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 // no endpoint available on any worker (every one ejected: refused, failing,
 // probe-down or breaker open; a half-open one is available), with `any`
 // every pool when none has one. Only pools a model routes to (or the
-// default pool) count: a pool only a fallback names is a spare. Any thread (atomics).
-std::string ready_problem(const Shared& shared);
+// default pool) count: a pool only a fallback names is a spare. Reads
+// generation `gen`'s pools' health boards (atomics): any thread, with the
+// caller's generation (a worker's, or the control thread's). `draining`:
+// Shared::draining.
+std::string ready_problem(const Generation& gen, bool draining);
+
+// Collects every worker's metrics shard (posting to each; no locks) and
+// returns them merged, on `labels` (the caller's generation's; a worker on
+// later ones brings its own along). Waits at most one second for the other
+// workers. `labels` must outlive the call.
+http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home,
+                                                          const std::shared_ptr<const MetricLabels>& labels);
 
 // Collects every worker's metrics shard (posting to each; no locks) and
 // renders the merged set in Prometheus text format into `out`. Waits at most
@@ -40,6 +54,12 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out);
 // The same from any thread with an io_context of its own (`home`: the
 // caller's, e.g. the control thread's for the admin listener), given the
 // workers' `shared` state.
-http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out);
+// `gen` and `policy` (null without auth) are the caller's view of the
+// configuration (a worker's generation, or the control thread's) and must
+// outlive the call: its labels, and its pools' health boards and loads
+// (weir_upstream_endpoint_state, weir_upstream_available_endpoints, weir_pool_saturated).
+http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out,
+                                      const std::shared_ptr<const Generation>& gen,
+                                      const std::shared_ptr<const auth::AuthPolicy>& policy);
 
 }  // namespace weir::gateway

@@ -13,6 +13,8 @@
 #include "auth/jwt.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
+#include "gateway/console_assets.hpp"
+#include "gateway/metrics.hpp"
 #include "requestlog/store.hpp"
 
 namespace weir::gateway {
@@ -42,6 +44,29 @@ std::vector<std::string> split_path(std::string_view path) {
   return out;
 }
 
+// A path segment with its %XX escapes decoded (RFC 3986 §2.1), so an id
+// holding '/', '?' or '%' can be named (the console encodes with
+// encodeURIComponent). A '%' not followed by two hex digits stays as it is.
+std::string percent_decode(std::string_view s) {
+  auto hex = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+  };
+  std::string out;
+  out.reserve(s.size());
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && hex(s[i + 1]) >= 0 && hex(s[i + 2]) >= 0) {
+      out.push_back(static_cast<char>(hex(s[i + 1]) * 16 + hex(s[i + 2])));
+      i += 2;
+    } else {
+      out.push_back(s[i]);
+    }
+  }
+  return out;
+}
+
 AdminResponse json_response(int status, const json::value& v) { return AdminResponse{status, json::serialize(v)}; }
 
 AdminResponse error_response(const AdminError& e) { return AdminResponse{e.status, admin_error_json(e)}; }
@@ -57,7 +82,8 @@ AdminError no_request_log() {
       404,
       "invalid_request_error",
       "no_request_log",
-      "The request log is off: configure request_log: {url: \"sqlite:PATH\"} to store and query requests.",
+      "The request log is off: configure request_log: {url: \"sqlite:PATH\"} (or postgres://...) to store and "
+      "query requests.",
       {}};
 }
 
@@ -143,7 +169,7 @@ AdminRouter::Match AdminRouter::match(std::string_view method, std::string_view 
     for (std::size_t i = 0; i < segs.size() && ok; ++i) {
       const auto& s = r.segments[i];
       if (s.size() > 2 && s.front() == '{' && s.back() == '}')
-        got.push_back(segs[i]);
+        got.push_back(percent_decode(segs[i]));
       else
         ok = s == segs[i];
     }
@@ -164,7 +190,7 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
     : control_(control), cfg_(cfg), shared_(shared), keys_(keys), acceptor_(control.get_executor()) {
   if (shared_.auth_policy) initial_scopes_ = static_cast<std::uint32_t>(shared_.auth_policy->scopes().size());
   if (shared_.redis_keys && shared_.auth_policy)
-    redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy->config());
+    redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy);
   auto route = [this](const char* method, const char* pattern,
                       core::Task<AdminResponse> (AdminServer::*fn)(AdminRequest&)) {
     router_.add(method, pattern, [this, fn](AdminRequest& r) { return (this->*fn)(r); });
@@ -179,9 +205,11 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
   route("GET", "/admin/v1/tenants/{name}", &AdminServer::get_tenant);
   route("GET", "/admin/v1/requests", &AdminServer::list_requests);
   route("GET", "/admin/v1/requests/{id}", &AdminServer::get_request);
+  route("GET", "/admin/v1/stats", &AdminServer::stats);
+  route("GET", "/admin/v1/pools", &AdminServer::pools);
   route("GET", "/metrics", &AdminServer::metrics);
   route("GET", "/ready", &AdminServer::ready);
-  if (shared_.request_log) requests_ = std::make_unique<requestlog::Reader>(shared_.request_log->config().path);
+  if (shared_.request_log) requests_ = std::make_unique<requestlog::Reader>(shared_.request_log->config());
 }
 
 AdminServer::~AdminServer() { blocking_.join(); }
@@ -276,20 +304,36 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     req.path = std::string(target.substr(0, q));
     if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
     req.body = std::move(msg.body());
+    req.if_none_match = std::string(msg[bh::field::if_none_match]);
     const std::string authorization(msg[bh::field::authorization]);
     const bool keep = msg.keep_alive() && !stopped_;
     AdminResponse r = co_await dispatch(req, authorization);
     res.result(static_cast<unsigned>(r.status));
-    res.set(bh::field::content_type, r.content_type);
-    res.set(bh::field::cache_control, "no-store");
+    if (r.status != 304) res.set(bh::field::content_type, r.content_type);
+    res.set(bh::field::cache_control, r.cache_control);
+    // Every answer, JSON included, under the console's policy: nothing here
+    // may be framed, sniffed into another type, or run script from elsewhere.
+    res.set("Content-Security-Policy", console::kContentSecurityPolicy);
+    res.set("X-Content-Type-Options", "nosniff");
+    res.set("X-Frame-Options", "DENY");
+    res.set("Referrer-Policy", "no-referrer");
+    res.set("Cross-Origin-Opener-Policy", "same-origin");
+    res.set("Cross-Origin-Resource-Policy", "same-origin");
+    for (auto& [name, value] : r.headers) res.set(name, value);
     if (r.status == 401) res.set(bh::field::www_authenticate, "Bearer realm=\"weir-admin\"");
-    if (r.status == 405) {
+    if (r.status == 405 && res.find(bh::field::allow) == res.end()) {
       std::vector<std::string> ignored;
       res.set(bh::field::allow, router_.match("", req.path, ignored).allow);
     }
-    res.body() = req.method == "HEAD" ? std::string() : std::move(r.body);
     res.keep_alive(keep);
-    res.prepare_payload();
+    if (r.status == 304) {
+      // No body and no Content-Length (RFC 9110 §15.4.5: it would have to be the 200's).
+    } else if (req.method == "HEAD") {
+      res.content_length(r.body.size());  // the GET's length, without the body (RFC 9110 §9.3.2)
+    } else {
+      res.body() = std::move(r.body);
+      res.prepare_payload();
+    }
     stream.expires_after(kRequestTimeout);
     auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
     if (wec || !keep) co_return;
@@ -330,6 +374,7 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
 }
 
 core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_view authorization) {
+  if (auto file = console_file(req)) co_return std::move(*file);
   // /metrics and /ready answer as on the client port (no secret in them); everything else needs the token.
   const bool open = req.path == "/metrics" || req.path == "/ready";
   if (!open) {
@@ -599,7 +644,10 @@ core::Task<AdminResponse> AdminServer::get_tenant(AdminRequest& r) {
 core::Task<AdminResponse> AdminServer::metrics(AdminRequest&) {
   AdminResponse r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
-  co_await collect_metrics_text(shared_, control_, r.body);
+  // The control thread's view (a reload replaces these on this thread).
+  const std::shared_ptr<const Generation> gen = shared_.generation;
+  const std::shared_ptr<const auth::AuthPolicy> policy = shared_.auth_policy;
+  co_await collect_metrics_text(shared_, control_, r.body, gen, policy);
   co_return r;
 }
 
@@ -628,6 +676,218 @@ core::Task<AdminResponse> AdminServer::get_request(AdminRequest& r) {
   if (!one) co_return store_error(one.error());
   if (!*one) co_return error_response(admin_not_found("No stored request has the id " + id + "."));
   co_return AdminResponse{200, std::move(**one)};
+}
+
+// ---------------------------------------------------------------- console and dashboards
+
+std::optional<AdminResponse> AdminServer::console_file(const AdminRequest& r) const {
+  const std::string_view path = r.path;
+  const bool get = r.method == "GET" || r.method == "HEAD";
+  auto redirect = [](int status, std::string_view to) {
+    AdminResponse a{status, {}, "text/plain; charset=utf-8"};
+    a.body = fmt::format("See {}\n", to);
+    a.headers.emplace_back("Location", std::string(to));
+    return a;
+  };
+  if (path == "/") {
+    if (!get) return std::nullopt;  // the router's 401/404 (nothing else lives at /)
+    return redirect(302, "/console/");
+  }
+  if (path != "/console" && !path.starts_with("/console/")) return std::nullopt;
+  if (!get) {
+    AdminResponse a{405, "Method not allowed: the console's files answer GET and HEAD.\n", "text/plain; charset=utf-8"};
+    a.headers.emplace_back("Allow", "GET, HEAD");
+    return a;
+  }
+  if (path == "/console") return redirect(301, "/console/");
+  const console::Asset* f = console::find(path);
+  if (!f) return AdminResponse{404, "Not found.\n", "text/plain; charset=utf-8"};
+  AdminResponse a;
+  // The files keep their names from build to build: revalidate each time
+  // (one round trip, a 304 without the body while the ETag still matches).
+  a.cache_control = "no-cache";
+  a.headers.emplace_back("ETag", std::string(f->etag));
+  if (!r.if_none_match.empty() && console::etag_matches(r.if_none_match, f->etag)) {
+    a.status = 304;
+    return a;
+  }
+  a.content_type = std::string(f->content_type);
+  a.body = std::string(f->body);
+  return a;
+}
+
+core::Task<AdminResponse> AdminServer::stats(AdminRequest&) {
+  const std::shared_ptr<const MetricLabels> labels = shared_.generation->labels;  // lives across the co_await
+  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared_, control_, labels);
+  json::object o = total->stats_json();
+  o["time_ms"] =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
+  co_return json_response(200, o);
+}
+
+namespace {
+
+// One worker's view of one endpoint (WorkerPool, read on that worker's thread).
+struct EndpointSample {
+  std::uint32_t in_flight = 0;
+  std::uint32_t idle = 0;
+  bool ejected = false;         // open: skipped by pick() now (routing/health.hpp)
+  std::int64_t ejected_ms = 0;  // ... open for this much longer
+  bool probe_down = false;      // by the active health probes
+  std::uint32_t failed_probes = 0;
+  std::uint32_t consecutive_failures = 0;  // openings in a row (the doubling)
+  std::uint32_t failed_answers = 0;        // failed answers in a row while closed
+};
+// One worker's samples, [pool][endpoint] of its configuration generation.
+struct PoolSamples {
+  std::uint64_t generation = 0;
+  std::vector<std::vector<EndpointSample>> pools;
+};
+
+PoolSamples sample_pools(Worker& w) {
+  auto& gen = *w.generation();
+  PoolSamples samples;
+  samples.generation = gen.shared->id;
+  auto& out = samples.pools;
+  out.resize(gen.config().pools.size());
+  const auto now = std::chrono::steady_clock::now();
+  for (std::uint32_t p = 0; p < out.size(); ++p) {
+    auto& pool = gen.pool(p);
+    out[p].resize(pool.size());
+    for (std::uint32_t i = 0; i < pool.size(); ++i) {
+      const auto& e = pool.endpoint(i);
+      auto& s = out[p][i];
+      s.in_flight = e.in_flight;
+      s.idle = static_cast<std::uint32_t>(e.conns.idle());
+      const auto state = pool.state(i, now);
+      s.ejected = state == routing::HealthState::open;
+      s.ejected_ms =
+          s.ejected ? std::chrono::duration_cast<std::chrono::milliseconds>(e.health.open_until() - now).count() : 0;
+      s.probe_down = e.health.probe_down();
+      s.failed_probes = e.health.failed_probes();
+      s.consecutive_failures = e.health.trips();
+      s.failed_answers = e.health.failures();
+    }
+  }
+  return samples;
+}
+
+std::string_view balance_name(core::Balance b) {
+  switch (b) {
+    case core::Balance::p2c:
+      return "p2c";
+    case core::Balance::least_load:
+      return "least_load";
+    case core::Balance::prefix_affinity:
+      return "prefix_affinity";
+  }
+  return "p2c";
+}
+
+}  // namespace
+
+core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
+  // The control thread's generation; a worker's samples count only when it is on the same one (a reload
+  // in between: a moment).
+  const std::shared_ptr<const Generation> gen = shared_.generation;
+  const std::shared_ptr<MetricsShard> totals = co_await collect_metrics(shared_, control_, gen->labels);
+  struct Gather {
+    Gather(core::Executor ex, std::size_t n) : remaining(n), timer(ex) {}
+    std::vector<PoolSamples> samples;
+    std::size_t remaining;
+    core::Timer timer;
+  };
+  auto g = std::make_shared<Gather>(control_.get_executor(), shared_.workers.size());
+  for (Worker* w : shared_.workers) {
+    asio::post(w->io(), [w, g, this] {
+      PoolSamples s = sample_pools(*w);  // on w's own thread
+      asio::post(control_, [g, s = std::move(s)]() mutable {
+        g->samples.push_back(std::move(s));
+        if (--g->remaining == 0) g->timer.cancel();
+      });
+    });
+  }
+  if (g->remaining > 0) {
+    g->timer.expires_after(std::chrono::seconds(1));
+    co_await g->timer.async_wait(core::use_task);
+  }
+  const core::Config& cfg = *gen->config;
+  json::array data;
+  for (std::uint32_t p = 0; p < cfg.pools.size(); ++p) {
+    const auto& pc = cfg.pools[p];
+    json::object po;
+    po["object"] = "pool";
+    po["name"] = pc.name;
+    json::array models;
+    for (const auto& m : cfg.models)
+      if (m.pool == p) models.emplace_back(m.name);
+    po["models"] = std::move(models);
+    po["balance"] = balance_name(pc.balance);
+    po["health_checks"] = pc.health.enabled;
+    std::size_t up = 0;
+    json::array eps;
+    for (std::uint32_t i = 0; i < pc.endpoints.size(); ++i) {
+      EndpointSample sum;
+      std::uint32_t ejected_on = 0;
+      for (const auto& w : g->samples) {
+        const auto& ws = w.pools;
+        if (w.generation != gen->id || p >= ws.size() || i >= ws[p].size()) continue;
+        const auto& s = ws[p][i];
+        sum.in_flight += s.in_flight;
+        sum.idle += s.idle;
+        ejected_on += s.ejected;
+        sum.ejected_ms = std::max(sum.ejected_ms, s.ejected_ms);
+        sum.probe_down = sum.probe_down || s.probe_down;
+        sum.failed_probes = std::max(sum.failed_probes, s.failed_probes);
+        sum.consecutive_failures = std::max(sum.consecutive_failures, s.consecutive_failures);
+        sum.failed_answers = std::max(sum.failed_answers, s.failed_answers);
+      }
+      json::object e;
+      e["url"] = pc.endpoints[i].display;  // secrets in its query redacted, as in the log and /metrics
+      const char* health = sum.probe_down ? "down" : ejected_on > 0 ? "ejected" : "up";
+      up += std::string_view(health) == "up";
+      e["health"] = health;
+      e["ejected_workers"] = ejected_on;
+      e["ejected_ms"] = sum.ejected_ms;
+      e["in_flight"] = sum.in_flight;
+      e["idle_connections"] = sum.idle;
+      e["failed_probes"] = sum.failed_probes;
+      e["consecutive_failures"] = sum.consecutive_failures;
+      e["failed_answers"] = sum.failed_answers;
+      if (p < gen->pools.size() && gen->pools[p].state && i < gen->pools[p].state->loads.size()) {
+        const auto l = gen->pools[p].state->loads.read(i);
+        if (l.seq != 0) {
+          json::object lo;
+          lo["running"] = l.running;
+          lo["waiting"] = l.waiting;
+          lo["kv_cache_usage"] = static_cast<double>(l.kv_permille) / 1000.0;
+          e["load"] = std::move(lo);
+        } else {
+          e["load"] = nullptr;
+        }
+      } else {
+        e["load"] = nullptr;
+      }
+      const std::size_t slot = gen->labels->endpoint_slot(p, i);
+      e["attempts"] = totals->attempts_at(slot);
+      json::object failures;
+      for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
+                     http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol,
+                     http::UpstreamFailure::tls})
+        failures[http::to_string(f)] = totals->upstream_failures_at(slot, f);
+      e["failures"] = std::move(failures);
+      eps.emplace_back(std::move(e));
+    }
+    po["healthy_endpoints"] = up;
+    po["endpoints"] = std::move(eps);
+    data.emplace_back(std::move(po));
+  }
+  json::object o;
+  o["object"] = "list";
+  o["data"] = std::move(data);
+  o["workers"] = shared_.workers.size();
+  co_return json_response(200, o);
 }
 
 }  // namespace weir::gateway

@@ -8,9 +8,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include <boost/asio/async_result.hpp>
@@ -36,6 +38,7 @@ struct AdminRequest {
   std::string path;                 // without the query
   std::string query;                // after '?', undecoded; empty when none
   std::string body;                 // at most 1 MiB
+  std::string if_none_match;        // the If-None-Match field (the console's files), empty when none
   std::vector<std::string> params;  // the {name} segments of the route's pattern, in order
 };
 
@@ -43,6 +46,9 @@ struct AdminResponse {
   int status = 200;
   std::string body;
   std::string content_type = "application/json";
+  std::string cache_control = "no-store";
+  // More fields (Location, ETag, Allow), in order.
+  std::vector<std::pair<std::string, std::string>> headers;
 };
 
 using AdminHandler = std::function<core::Task<AdminResponse>(AdminRequest&)>;
@@ -119,6 +125,11 @@ class AdminServer {
   void start();
   // Stops accepting (the drain began). Open admin connections end with their request.
   void stop();
+  // A configuration reload installed `policy` (shared.auth_policy): keys in
+  // Redis are checked against its tenants from now on.
+  void reloaded(const std::shared_ptr<const auth::AuthPolicy>& policy) {
+    if (redis_ && policy) redis_->set_base(policy);
+  }
 
   // Whether `authorization` (the header's value) carries the admin token
   // (SHA-256 compared in constant time) or, with admin.jwt_claim, a JWT
@@ -148,6 +159,17 @@ class AdminServer {
   // (requestlog::Reader, queried on the blocking pool); 404 without request_log:.
   core::Task<AdminResponse> list_requests(AdminRequest& r);
   core::Task<AdminResponse> get_request(AdminRequest& r);
+  // GET /admin/v1/stats: traffic by model and tenant since start (MetricsShard::stats_json).
+  core::Task<AdminResponse> stats(AdminRequest& r);
+  // GET /admin/v1/pools: every pool and endpoint with its health, in-flight
+  // requests, idle connections, scraped load, attempts and failures,
+  // gathered from every worker.
+  core::Task<AdminResponse> pools(AdminRequest& r);
+  // The web console's files (docs/console.md): "/" redirects to /console/,
+  // /console/... answers from console::assets() with an ETag (304 when
+  // If-None-Match matches). No token: they hold no data; the console asks
+  // for the token and sends it with every API call. Null for other paths.
+  std::optional<AdminResponse> console_file(const AdminRequest& r) const;
 
   boost::json::object usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const;
   boost::json::object tenant_json(const auth::TenantPolicy& t) const;

@@ -3,6 +3,7 @@
 namespace weir::gateway {
 
 void RequestContext::reset() {
+  gen.reset();
   read_failure = http::ReadFailure::none;
   request_id.clear();
   route = RouteKind::other;
@@ -25,6 +26,7 @@ void RequestContext::reset() {
   upstream_body_buf.clear();
   edit_buf.clear();
   responses_echo.clear();
+  chat_translated = anthropic_ready = false;
   strip_usage = false;
   source = nullptr;
   upstream_status = 0;
@@ -56,9 +58,14 @@ void RequestContext::reset() {
   has_usage = false;
   usage = {};
   bytes_in = 0;
+  body_decoded = false;
   events = 0;
   t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
   added_us = 0;
+  trace.reset();
+  capture = false;
+  captured_request.clear();
+  captured_response.clear();
   head.clear();
   body.clear();
   scratch.clear();

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -23,12 +24,53 @@
 #include "http/downstream.hpp"
 #include "http/response_source.hpp"
 #include "http/sse.hpp"
+#include "requestlog/queue.hpp"
 #include "routing/queue.hpp"
 #include "routing/route_table.hpp"
+#include "tracing/context.hpp"
 
 namespace weir::gateway {
 
+struct WorkerGeneration;
+// A request's part in a trace (tracing:, docs/observability.md#traces):
+// its ids, what it propagates upstream, and the times of the child spans
+// it records when sampled. Fixed-size: recording allocates nothing.
+struct TraceState {
+  static constexpr std::size_t kMaxAttempts = 8;  // as RequestContext::kMaxAttemptRecords
+  bool on = false;                                // tracing is configured: ids are made and traceparent goes upstream
+  bool sampled = false;                           // the request's spans are recorded and exported
+  tracing::TraceId trace_id;
+  tracing::SpanId span_id;                 // the request's span
+  tracing::SpanId parent_id;               // the caller's, from a valid traceparent; invalid = none
+  std::string tracestate;                  // the caller's, checked (tracing::normalize_tracestate); sent upstream as is
+  std::string user_agent;                  // the client's User-Agent (sampled requests only), at most 256 bytes
+  tracing::TraceparentText traceparent{};  // what the current upstream attempt sends
+  tracing::SpanId attempt_span;            // the span id in `traceparent`; invalid = none yet
+  core::TimePoint auth_start{}, auth_end{}, admit_start{}, admit_end{}, batch_join{};
+  bool auth_span = false, auth_error = false, admit_span = false, admit_error = false;
+  // Per upstream attempt, index as RequestContext::attempt_log: the span id
+  // it sent (invalid: it never sent one, e.g. a refused connect) and when it ended.
+  std::array<tracing::SpanId, kMaxAttempts> attempt_ids{};
+  std::array<core::TimePoint, kMaxAttempts> attempt_end{};
+
+  std::string_view traceparent_view() const { return {traceparent.data(), traceparent.size()}; }
+  void reset() {
+    on = sampled = false;
+    trace_id = {};
+    span_id = parent_id = attempt_span = {};
+    tracestate.clear();
+    user_agent.clear();
+    auth_start = auth_end = admit_start = admit_end = batch_join = {};
+    auth_span = auth_error = admit_span = admit_error = false;
+  }
+};
+
 struct RequestContext {
+  // The configuration generation the request runs on, from its read phase
+  // to its log line (gateway/generation.hpp): every index below (pool,
+  // endpoint, model slot) is into it.
+  std::shared_ptr<WorkerGeneration> gen;
+
   // --- read: what the head says ---
   http::ReadFailure read_failure = http::ReadFailure::none;  // the head could not be read (the session says why)
   std::string request_id;                                    // x-request-id, received or generated
@@ -62,6 +104,8 @@ struct RequestContext {
   std::string upstream_body_buf;           // lent by the worker while the request is sent
   std::string edit_buf;                    // second buffer for spliced bodies (lent)
   std::string responses_echo;              // /v1/responses: the request's members of the answer (api/responses/)
+  bool chat_translated = false;            // an Anthropic route: edit_buf holds its chat-completions translation
+  bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
   bool strip_usage = false;                // Weir asked for the usage chunk; the client did not
   http::ResponseSource* source = nullptr;  // the response being relayed (cancelled when the client leaves)
   int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived
@@ -100,7 +144,13 @@ struct RequestContext {
   std::array<AttemptRecord, kMaxAttemptRecords> attempt_log{};
   std::uint8_t attempt_count = 0;
   void record_attempt(const AttemptRecord& a) {
-    if (attempt_count < kMaxAttemptRecords) attempt_log[attempt_count++] = a;
+    if (attempt_count >= kMaxAttemptRecords) return;
+    if (trace.sampled) {
+      trace.attempt_ids[attempt_count] = trace.attempt_span;
+      trace.attempt_end[attempt_count] = core::now();
+      trace.attempt_span = {};  // the next attempt sends a new one
+    }
+    attempt_log[attempt_count++] = a;
   }
   // A micro-batch member (pools.X.batch): the batch's upstream request id,
   // members sent in it and this request's slot; for the access log.
@@ -112,6 +162,13 @@ struct RequestContext {
   StreamHooks hooks;
   http::SseReader sse{4u << 20};
 
+  // --- tracing (tracing:) ---
+  TraceState trace;
+
+  // --- request_log.capture_bodies: this request's bodies, when its tenant opted in ---
+  bool capture = false;
+  requestlog::CapturedBody captured_request, captured_response;
+
   // --- outcome (log) ---
   int status = 0;  // status sent to the client (499 = client left first)
   bool has_error = false;
@@ -119,7 +176,8 @@ struct RequestContext {
   std::string error_code;  // OpenAI error.code or a Weir reason
   bool has_usage = false;
   api::Usage usage;
-  std::uint64_t bytes_in = 0;  // request body bytes
+  std::uint64_t bytes_in = 0;  // request body bytes (as received: before a Content-Encoding is decoded)
+  bool body_decoded = false;   // the client's gzip/deflate body was decoded (read): its Content-Encoding stays here
   std::uint32_t events = 0;    // SSE data events relayed
 
   core::TimePoint t_start{};          // request head complete

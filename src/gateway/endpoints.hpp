@@ -63,6 +63,12 @@ inline bool is_anthropic(RouteKind r) { return r == RouteKind::messages || r == 
 inline bool is_responses(RouteKind r) { return r == RouteKind::responses; }
 // True when the client's body is not the upstream's: the routes above.
 inline bool is_translated(RouteKind r) { return is_anthropic(r) || is_responses(r); }
+// True for the routes a `type: anthropic` pool serves (docs/protocols.md,
+// "Anthropic as the upstream"): chat completions and Responses translated
+// into Anthropic's Messages API, the Anthropic routes as they came.
+inline bool served_by_anthropic(RouteKind r) {
+  return r == RouteKind::chat_completions || r == RouteKind::responses || is_anthropic(r);
+}
 // Methods a route accepts: "POST" for the API routes, "GET, HEAD" for the
 // others (the Allow field of a 405).
 std::string_view allowed_methods(RouteKind r);

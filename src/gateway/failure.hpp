@@ -36,7 +36,7 @@ struct UpstreamSubject {
 // (refused, reset, garbage) or 504 upstream_timeout (connect, first byte,
 // idle): "Upstream pool `P` (model `M`) refused the connection (request R)."
 core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, bool mid_stream);
-// The last upstream of a pool answered `status` (408/429/502/503/504) and
+// The last upstream of a pool answered `status` (408/429/502/503/504/529) and
 // the request went on to a fallback that could not be reached either (502).
 core::Error upstream_status_error(int status, const UpstreamSubject& who);
 // Every endpoint of the pool is open (routing/health.hpp: its circuit

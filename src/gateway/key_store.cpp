@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -321,6 +322,22 @@ tl::expected<void, std::string> KeyStore::load() {
   keys_ = std::move(keys);
   policy_ = auth::AuthPolicy::build(base_, runtime_keys(keys_), next_scope_);
   return {};
+}
+
+std::shared_ptr<const auth::AuthPolicy> KeyStore::rebased_policy(const auth::AuthConfig& base) const {
+  return auth::AuthPolicy::build(base, runtime_keys(keys_), next_scope_, policy_.get());
+}
+
+void KeyStore::rebase(auth::AuthConfig base, std::shared_ptr<const auth::AuthPolicy> policy) {
+  base_ = std::move(base);
+  policy_ = std::move(policy);
+  next_scope_ = std::max(next_scope_, static_cast<std::uint32_t>(policy_->scopes().size()));
+  for (const auto& k : keys_)
+    if (!base_.tenants.count(k.tenant))
+      fmt::print(stderr,
+                 "weir: runtime key {} names tenant '{}', which the reloaded configuration does not have: the key is "
+                 "kept and refused until the tenant is back\n",
+                 k.id, k.tenant);
 }
 
 const KeyRecord* KeyStore::find(std::string_view id) const {

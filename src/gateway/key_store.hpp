@@ -87,6 +87,18 @@ class KeyStore {
   // once, after it was built from policy()->scopes().
   void set_limiter(admission::Limiter* limiter) { limiter_ = limiter; }
 
+  // A configuration reload (docs/operations.md, "Reloading"): the policy of
+  // `base` (the new auth: and tenants:) plus every runtime key, each with
+  // its scope; tenants and configured keys keep theirs unless their limits
+  // or budget changed (AuthPolicy::build with the current policy as prior).
+  // Nothing changes here until rebase() installs it.
+  std::shared_ptr<const auth::AuthPolicy> rebased_policy(const auth::AuthConfig& base) const;
+  // Installs `policy` (from rebased_policy(base), its scopes already in the
+  // limiter): new keys are checked against `base`'s tenants from now on. A
+  // runtime key whose tenant is gone is kept and refused until it is back
+  // (said on stderr).
+  void rebase(auth::AuthConfig base, std::shared_ptr<const auth::AuthPolicy> policy);
+
   // The current policy: the configuration plus every runtime key.
   const std::shared_ptr<const auth::AuthPolicy>& policy() const noexcept { return policy_; }
   const std::vector<KeyRecord>& keys() const noexcept { return keys_; }

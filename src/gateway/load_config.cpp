@@ -122,9 +122,30 @@ core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv
     auto request_log = requestlog::parse_request_log_config(root, file);
     if (!request_log) return tl::unexpected(std::move(request_log.error()));
     out.request_log = std::move(*request_log);
+    auto tracing_cfg = tracing::parse_tracing_config(root, file, getenv_fn);
+    if (!tracing_cfg) return tl::unexpected(std::move(tracing_cfg.error()));
+    out.tracing = std::move(*tracing_cfg);
     if (root["auth"] || root["tenants"] || root["pricing"]) out.auth = std::move(*auth_cfg);
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);
+    // Bodies are captured per tenant: the tenants must exist.
+    if (out.request_log && out.request_log->capture) {
+      const YAML::Node node = root["request_log"]["capture_bodies"]["tenants"];
+      auto fail = [&](std::size_t i, std::string message) {
+        auto e =
+            core::config_error(node[i], fmt::format("request_log.capture_bodies.tenants[{}]", i), std::move(message));
+        e.file = file;
+        return tl::unexpected(std::move(e));
+      };
+      for (std::size_t i = 0; i < node.size(); ++i) {
+        const std::string name = node[i].as<std::string>();
+        if (!out.auth)
+          return fail(i, "bodies are captured per tenant, and this configuration has no auth:/tenants: section");
+        if (name == "*") continue;
+        if (name != out.auth->anonymous_tenant && !out.auth->tenants.contains(name))
+          return fail(i, fmt::format("no tenant is named '{}' (tenants:)", name));
+      }
+    }
   }
   // TLS contexts: a PEM file that does not load is a configuration error,
   // verification turned off a warning.

@@ -22,6 +22,7 @@
 #include "gateway/admin_config.hpp"
 #include "http/upstream.hpp"  // http::TlsClient (declared)
 #include "requestlog/config.hpp"
+#include "tracing/config.hpp"
 
 namespace weir::gateway {
 
@@ -36,6 +37,7 @@ struct LoadedConfig {
   std::optional<admission::RedisConfig> redis;              // redis:, when present
   std::optional<AdminConfig> admin;                         // admin:, when present (the admin API listens)
   std::optional<requestlog::RequestLogConfig> request_log;  // request_log:, when present
+  std::optional<tracing::TracingConfig> tracing;            // tracing:, when present
   // Valid but probably wrong, each "FILE:LINE:COL: KEY: message" (an
   // allow-list entry or a price no model matches, a redis: section nothing
   // uses). --check and start-up print them as "weir: warning: ..." to stderr

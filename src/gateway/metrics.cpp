@@ -2,61 +2,138 @@
 
 #include <algorithm>
 
+#include <map>
+
 #include <fmt/format.h>
+#include <boost/json/array.hpp>
 
 namespace weir::gateway {
+
+namespace json = boost::json;
 
 namespace {
 constexpr std::size_t kListed = 18;  // non-zero entries of kStatuses
 constexpr std::string_view kOther = "other";
 }  // namespace
 
-std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg, const auth::AuthPolicy* policy) {
-  auto l = std::make_shared<MetricLabels>();
-  l->models = cfg.models.size();
-  l->endpoint_base.reserve(cfg.pools.size() + 1);
-  std::uint32_t n = 0;
-  for (const auto& p : cfg.pools) {
-    l->endpoint_base.push_back(n);
-    n += static_cast<std::uint32_t>(p.endpoints.size());
+std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg, const auth::AuthPolicy* policy,
+                                                        const MetricLabels* previous) {
+  auto l = previous ? std::make_shared<MetricLabels>(*previous) : std::make_shared<MetricLabels>();
+  if (!previous) l->settings = cfg.server.metrics;
+  const auto& mc = l->settings;
+  // Models: a name keeps its slot; a new one gets the next.
+  std::fill(l->model_current.begin(), l->model_current.end(), 0);
+  l->model_slot.clear();
+  for (const auto& m : cfg.models) {
+    const std::string label = core::escape_label(m.name);
+    const auto it = std::find(l->models.begin(), l->models.end(), label);
+    const auto slot = static_cast<std::uint32_t>(it - l->models.begin());
+    if (it == l->models.end()) {
+      l->models.push_back(label);
+      l->model_names.push_back(m.name);
+      l->model_current.push_back(0);
+    }
+    l->model_current[slot] = 1;
+    l->model_slot.push_back(slot);
   }
-  l->endpoint_base.push_back(n);
+  // Pools: by name.
+  std::fill(l->pool_current.begin(), l->pool_current.end(), 0);
+  std::fill(l->pool_queued.begin(), l->pool_queued.end(), 0);
+  l->pool_slot.clear();
+  for (const auto& p : cfg.pools) {
+    const std::string label = fmt::format("pool=\"{}\"", core::escape_label(p.name));
+    const auto it = std::find(l->pools.begin(), l->pools.end(), label);
+    const auto slot = static_cast<std::uint32_t>(it - l->pools.begin());
+    if (it == l->pools.end()) {
+      l->pools.push_back(label);
+      l->pool_current.push_back(0);
+      l->pool_queued.push_back(0);
+    }
+    l->pool_current[slot] = 1;
+    l->pool_queued[slot] = p.queue.enabled ? 1 : 0;
+    l->pool_slot.push_back(slot);
+  }
+  // Endpoints: by pool name and endpoint as shown (secrets in a query redacted).
+  std::fill(l->endpoint_current.begin(), l->endpoint_current.end(), 0);
+  l->endpoint_base.clear();
+  l->endpoint_slots.clear();
+  for (const auto& p : cfg.pools) {
+    l->endpoint_base.push_back(static_cast<std::uint32_t>(l->endpoint_slots.size()));
+    for (const auto& e : p.endpoints) {
+      const std::string label =
+          fmt::format("pool=\"{}\",endpoint=\"{}\"", core::escape_label(p.name), core::escape_label(e.display));
+      const auto it = std::find(l->endpoints.begin(), l->endpoints.end(), label);
+      const auto slot = static_cast<std::uint32_t>(it - l->endpoints.begin());
+      if (it == l->endpoints.end()) {
+        l->endpoints.push_back(label);
+        l->endpoint_current.push_back(0);
+      }
+      l->endpoint_current[slot] = 1;
+      l->endpoint_slots.push_back(slot);
+    }
+  }
+  l->endpoint_base.push_back(static_cast<std::uint32_t>(l->endpoint_slots.size()));
   if (!policy) return l;
-  const auto& mc = cfg.server.metrics;
-  const auto& tenants = policy->tenants();  // name order; tenant i has admission scope i
-  l->tenant_scopes = static_cast<std::uint32_t>(tenants.size());
+  // Identity slots by admission scope. A name keeps its slot; a new one gets
+  // the next while fewer than the cap have one, else "other" (the last entry).
+  const auto named = [](std::vector<std::string>& names, std::uint32_t cap, std::string_view name,
+                        std::vector<std::string>* raw = nullptr) -> std::uint16_t {
+    const std::string label = core::escape_label(name);
+    if (names.empty()) names.emplace_back(kOther);
+    const auto end = names.end() - 1;  // "other"
+    if (const auto it = std::find(names.begin(), end, label); it != end)
+      return static_cast<std::uint16_t>(it - names.begin());
+    if (names.size() - 1 >= cap) return MetricIdentity::kOther;
+    names.insert(end, label);
+    if (raw) raw->emplace_back(name);
+    return static_cast<std::uint16_t>(names.size() - 2);
+  };
+  // The previous labels' scope slots stay (scopes are never reused): a
+  // request admitted under an older policy still counts under its tenant.
+  const auto scopes = std::max(policy->scopes().size(), l->tenant_slot.size());
+  l->tenant_slot.resize(scopes, MetricIdentity::kOther);
+  l->key_slot.resize(scopes, MetricIdentity::kOther);
   if (mc.tenant_label) {
-    for (std::size_t i = 0; i < tenants.size() && i < mc.max_tenants; ++i)
-      l->tenants.push_back(core::escape_label(tenants[i].name));
-    l->tenants.emplace_back(kOther);
+    if (l->tenants.empty()) l->tenants.emplace_back(kOther);
+    for (const auto& t : policy->tenants())  // name order
+      if (t.scope < scopes) l->tenant_slot[t.scope] = named(l->tenants, mc.max_tenants, t.name, &l->tenant_names);
   }
   if (mc.key_id_label) {
-    // Key scopes follow the tenants', in configuration order ("key:ID").
-    const auto& scopes = policy->scopes();
-    for (std::size_t s = tenants.size(); s < scopes.size() && s - tenants.size() < mc.max_key_ids; ++s)
-      l->key_ids.push_back(core::escape_label(std::string_view(scopes[s].name).substr(4)));
-    l->key_ids.emplace_back(kOther);
+    if (l->key_ids.empty()) l->key_ids.emplace_back(kOther);
+    for (const auto& k : policy->keys())  // configuration order; runtime keys are "other"
+      if (!k.runtime && k.scope < scopes) l->key_slot[k.scope] = named(l->key_ids, mc.max_key_ids, k.id);
   }
   return l;
 }
 
 MetricsShard::MetricsShard(std::shared_ptr<const MetricLabels> labels)
-    : labels_(std::move(labels)),
-      models_(labels_->models + 2),
-      ttft_(models_, core::Histogram(core::ttft_buckets_us())),
-      itl_(models_, core::Histogram(core::itl_buckets_us())),
-      upstream_(models_, core::Histogram(core::latency_buckets_us())),
-      duration_(models_, core::Histogram(core::latency_buckets_us())),
-      attempts_(labels_->endpoint_base.back(), 0),
-      upstream_failures_(attempts_.size() * kFailureKinds, 0),
-      ejections_(attempts_.size() * kOpenCauses, 0),
-      recoveries_(attempts_.size(), 0),
-      shed_((labels_->endpoint_base.size() - 1) * kShedReasons, 0),
-      per_pool_(labels_->endpoint_base.size() - 1),
-      added_(core::added_latency_buckets_us()) {
+    : labels_(std::move(labels)), added_(core::added_latency_buckets_us()) {
+  ttft_.bounds = core::ttft_buckets_us();
+  itl_.bounds = core::itl_buckets_us();
+  upstream_.bounds = core::latency_buckets_us();
+  duration_.bounds = core::latency_buckets_us();
+  for (PerModel* h : {&ttft_, &itl_, &upstream_, &duration_})
+    for (auto& f : h->fixed) f = core::Histogram(h->bounds);
+  auto l = std::move(labels_);
+  relabel(std::move(l));
+}
+
+void MetricsShard::relabel(std::shared_ptr<const MetricLabels> labels) {
+  if (labels_ && (labels->models.size() < labels_->models.size() ||
+                  labels->endpoints.size() < labels_->endpoints.size() || labels->pools.size() < labels_->pools.size()))
+    return;  // older than ours
+  labels_ = std::move(labels);
+  for (PerModel* h : {&ttft_, &itl_, &upstream_, &duration_}) grow(*h, labels_->models.size());
+  attempts_.resize(std::max(attempts_.size(), labels_->endpoints.size()), 0);
+  upstream_failures_.resize(attempts_.size() * kFailureKinds, 0);
+  ejections_.resize(attempts_.size() * kOpenCauses, 0);
+  recoveries_.resize(attempts_.size(), 0);
+  per_pool_.resize(std::max(per_pool_.size(), labels_->pools.size()));
+  shed_.resize(per_pool_.size() * kShedReasons, 0);
   if (labels_->tenants.empty() && labels_->key_ids.empty()) {
     // Without identity labels, configured models have their token counters from the start.
-    for (std::uint32_t m = 0; m < labels_->models; ++m) add_tokens(m, 0, 0);
+    for (std::uint32_t m = 0; m < labels_->models.size(); ++m)
+      if (labels_->model_current[m]) add_tokens(m, 0, 0);
   }
 }
 
@@ -74,24 +151,20 @@ std::uint64_t MetricsShard::upstream_failures(http::UpstreamFailure f) const {
   return n;
 }
 
-void MetricsShard::set_endpoint_health(
-    std::uint32_t pool, std::uint32_t endpoint,
-    const std::array<std::uint64_t, static_cast<std::size_t>(routing::OpenCause::count_)>& opened,
-    std::uint64_t recovered) {
-  const auto e = endpoint_slot(pool, endpoint);
-  if (e >= recoveries_.size()) return;
-  for (std::size_t c = 0; c < kOpenCauses; ++c) ejections_[e * kOpenCauses + c] = opened[c];
-  recoveries_[e] = recovered;
+void MetricsShard::merge(PerModel& into, const PerModel& from) {
+  for (std::size_t i = 0; i < into.models.size() && i < from.models.size(); ++i) into.models[i].merge(from.models[i]);
+  for (std::size_t i = 0; i < into.fixed.size(); ++i) into.fixed[i].merge(from.fixed[i]);
 }
 
 void MetricsShard::merge(const MetricsShard& o) {
+  if (o.labels_->models.size() > labels_->models.size() || o.labels_->endpoints.size() > labels_->endpoints.size() ||
+      o.labels_->pools.size() > labels_->pools.size())
+    relabel(o.labels_);  // a worker already on a later generation
   counters_.merge(o.counters_);
-  for (std::size_t i = 0; i < models_ && i < o.models_; ++i) {
-    ttft_[i].merge(o.ttft_[i]);
-    itl_[i].merge(o.itl_[i]);
-    upstream_[i].merge(o.upstream_[i]);
-    duration_[i].merge(o.duration_[i]);
-  }
+  merge(ttft_, o.ttft_);
+  merge(itl_, o.itl_);
+  merge(upstream_, o.upstream_);
+  merge(duration_, o.duration_);
   added_.merge(o.added_);
   active_streams += o.active_streams;
   active_connections += o.active_connections;
@@ -127,12 +200,12 @@ void MetricsShard::merge(const MetricsShard& o) {
   sse_events += o.sse_events;
 }
 
-void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64_t log_errors) const {
+void MetricsShard::render(std::string& out, std::uint64_t log_errors) const {
   core::PromWriter w(out);
   const MetricLabels& L = *labels_;
-  auto model_label = [&](std::size_t i) -> std::string {
-    if (i < cfg.models.size()) return core::escape_label(cfg.models[i].name);
-    return i == models_ - 2 ? "*" : "";
+  auto model_label = [&](std::size_t i) -> std::string_view {
+    if (i < L.models.size()) return L.models[i];
+    return i == kUnlistedModel ? "*" : "";
   };
   auto status_label = [](std::size_t slot) -> std::string {
     if (slot < kListed) return std::to_string(kStatuses[slot]);
@@ -142,10 +215,12 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   auto identity_labels = [&](std::uint64_t key) {
     std::string s;
     const auto tenant = static_cast<std::uint16_t>(key >> 16), k = static_cast<std::uint16_t>(key);
-    if (tenant != MetricIdentity::kNone && tenant < L.tenants.size())
-      fmt::format_to(std::back_inserter(s), ",tenant=\"{}\"", L.tenants[tenant]);
-    if (k != MetricIdentity::kNone && k < L.key_ids.size())
-      fmt::format_to(std::back_inserter(s), ",key_id=\"{}\"", L.key_ids[k]);
+    if (tenant != MetricIdentity::kNone && !L.tenants.empty())
+      if (const auto i = MetricLabels::index_of(tenant, L.tenants); i < L.tenants.size())
+        fmt::format_to(std::back_inserter(s), ",tenant=\"{}\"", L.tenants[i]);
+    if (k != MetricIdentity::kNone && !L.key_ids.empty())
+      if (const auto i = MetricLabels::index_of(k, L.key_ids); i < L.key_ids.size())
+        fmt::format_to(std::back_inserter(s), ",key_id=\"{}\"", L.key_ids[i]);
     return s;
   };
   const auto series_list = counters_.sorted();  // grouped by family: it is the top bits
@@ -169,12 +244,14 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
                     model_label(model_of(key)), status_label(status_of(key)), identity_labels(key)),
         v);
 
-  auto hist = [&](const char* name, const char* help, const std::vector<core::Histogram>& hs) {
+  auto hist = [&](const char* name, const char* help, const PerModel& hs) {
     w.header(name, "histogram", help);
-    for (std::size_t m = 0; m + 1 < models_; ++m) {
-      if (hs[m].count() == 0 && m >= cfg.models.size()) continue;
-      w.histogram(name, fmt::format("model=\"{}\"", model_label(m)), hs[m]);
+    // Configured models even at 0; models no longer configured, and "*", once used ("": never).
+    for (std::size_t m = 0; m < hs.models.size() && m < L.models.size(); ++m) {
+      if (hs.models[m].count() == 0 && !L.model_current[m]) continue;
+      w.histogram(name, fmt::format("model=\"{}\"", L.models[m]), hs.models[m]);
     }
+    if (hs.fixed[0].count() != 0) w.histogram(name, "model=\"*\"", hs.fixed[0]);
   };
   hist("weir_time_to_first_token_seconds",
        "Time from the request's arrival to the first SSE event with data sent to the client.", ttft_);
@@ -204,6 +281,23 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   per_model("weir_spend_usd_total", "counter",
             "Spend in USD at the configured prices (pricing:), from the usage upstreams reported.", Family::spend,
             1e-9);
+  {
+    // Sum and count only (a summary without quantiles): mean TTFT per tenant
+    // is rate(_sum) / rate(_count); the per-model histogram has the buckets.
+    const char* name = "weir_tenant_time_to_first_token_seconds";
+    w.header(name, "summary",
+             "Time to first token by model and tenant (and key): sum and count only; the buckets are in "
+             "weir_time_to_first_token_seconds by model.");
+    const auto sums = family(Family::ttft_sum_us);
+    const auto counts = family(Family::ttft_count);
+    // Both families hold the same series (added together), in the same order.
+    for (std::size_t i = 0; i < sums.size() && i < counts.size(); ++i) {
+      const auto labels =
+          fmt::format("model=\"{}\"{}", model_label(model_of(sums[i].first)), identity_labels(sums[i].first));
+      w.sample(fmt::format("{}_sum", name), labels, static_cast<double>(sums[i].second) / 1e6);
+      w.sample(fmt::format("{}_count", name), labels, counts[i].second);
+    }
+  }
   w.header("weir_rate_limited_total", "counter",
            "Requests Weir's admission refused with 429, by reason (rate_limit_exceeded: a requests or tokens "
            "bucket or a stream cap; insufficient_quota: a budget).");
@@ -223,17 +317,19 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_upstream_connects_total", "counter", "New TCP connections opened to upstream endpoints.");
   w.sample("weir_upstream_connects_total", "", upstream_connects);
   // Pools and endpoints as configured (the endpoint as its URL is shown in
-  // the access log: secrets in a query redacted).
-  auto endpoint_labels = [&](std::size_t p, std::size_t e) {
-    return fmt::format("pool=\"{}\",endpoint=\"{}\"", core::escape_label(cfg.pools[p].name),
-                       core::escape_label(cfg.pools[p].endpoints[e].display));
+  // the access log: secrets in a query redacted); one no longer configured
+  // while it has a count.
+  auto endpoint_shown = [&](std::size_t slot) {
+    if (slot >= L.endpoints.size() || slot >= attempts_.size()) return false;
+    if (L.endpoint_current[slot] || attempts_[slot]) return true;
+    for (std::size_t k = 0; k < kFailureKinds; ++k)
+      if (upstream_failures_[slot * kFailureKinds + k]) return true;
+    return false;
   };
-  const std::size_t pools = std::min(cfg.pools.size(), L.endpoint_base.size() - 1);
   w.header("weir_upstream_attempts_total", "counter",
            "Requests sent (or connections tried) to each upstream endpoint, retries and fallbacks included.");
-  for (std::size_t p = 0; p < pools; ++p)
-    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1]; ++e)
-      w.sample("weir_upstream_attempts_total", endpoint_labels(p, e), attempts_[L.endpoint_base[p] + e]);
+  for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
+    if (endpoint_shown(slot)) w.sample("weir_upstream_attempts_total", L.endpoints[slot], attempts_[slot]);
   w.header("weir_upstream_retries_total", "counter",
            "Upstream attempts repeated before any byte reached the client, by why the previous one failed.");
   for (auto r : {routing::RetryReason::connect, routing::RetryReason::stale, routing::RetryReason::reset,
@@ -260,34 +356,47 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.header("weir_upstream_ejections_total", "counter",
            "Times an endpoint was ejected (its circuit breaker opened) on a worker, by cause: connect, failures, "
            "ttft, probe, half_open_failure.");
-  for (std::size_t p = 0; p < pools; ++p)
-    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1]; ++e)
-      for (auto c : {routing::OpenCause::connect, routing::OpenCause::failures, routing::OpenCause::ttft,
-                     routing::OpenCause::probe, routing::OpenCause::trial})
+  constexpr std::array kCauses = {routing::OpenCause::connect, routing::OpenCause::failures, routing::OpenCause::ttft,
+                                  routing::OpenCause::probe, routing::OpenCause::trial};
+  // An endpoint as configured, or one no longer configured while it has a count.
+  auto health_shown = [&](std::size_t slot) {
+    if (endpoint_shown(slot) || recoveries_at(slot)) return true;
+    for (auto c : kCauses)
+      if (ejections_at(slot, c)) return true;
+    return false;
+  };
+  for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
+    if (health_shown(slot))
+      for (auto c : kCauses)
         w.sample("weir_upstream_ejections_total",
-                 fmt::format("{},cause=\"{}\"", endpoint_labels(p, e), routing::open_cause_label(c)),
-                 ejections_[(L.endpoint_base[p] + e) * kOpenCauses + static_cast<std::size_t>(c)]);
+                 fmt::format("{},cause=\"{}\"", L.endpoints[slot], routing::open_cause_label(c)),
+                 ejections_at(slot, c));
   w.header("weir_upstream_recoveries_total", "counter",
            "Times an ejected endpoint was found healthy again on a worker (a half-open trial answered, or a health "
            "probe succeeded).");
-  for (std::size_t p = 0; p < pools; ++p)
-    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1]; ++e)
-      w.sample("weir_upstream_recoveries_total", endpoint_labels(p, e), recoveries_[L.endpoint_base[p] + e]);
+  for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
+    if (health_shown(slot)) w.sample("weir_upstream_recoveries_total", L.endpoints[slot], recoveries_at(slot));
+  // Pools as configured, or no longer configured while they have a count.
+  const std::size_t pools = std::min(L.pools.size(), per_pool_.size());
   w.header("weir_upstream_pool_unavailable_total", "counter",
            "Requests that found every endpoint of the pool ejected with a breaker (pools.X.breaker): sent to a "
            "fallback or answered 503.");
-  for (std::size_t p = 0; p < pools && p < per_pool_.size(); ++p)
-    w.sample("weir_upstream_pool_unavailable_total", fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)),
-             per_pool_[p].unavailable);
+  for (std::size_t p = 0; p < pools; ++p)
+    if (L.pool_current[p] || per_pool_[p].unavailable)
+      w.sample("weir_upstream_pool_unavailable_total", L.pools[p], per_pool_[p].unavailable);
   w.header("weir_upstream_first_token_timeouts_total", "counter",
            "Streams whose first token did not come within the pool's timeouts.first_token.");
   w.sample("weir_upstream_first_token_timeouts_total", "", first_token_timeouts);
   w.header("weir_deadline_exceeded_total", "counter",
            "Requests whose own deadline (x-weir-timeout-ms) passed before their response ended.");
   w.sample("weir_deadline_exceeded_total", "", deadline_exceeded);
+  // The pools configured with a queue, and those that had one while they have a count.
   auto queued_pools = [&](auto&& each) {
-    for (std::size_t p = 0; p < pools && p < per_pool_.size(); ++p)
-      if (cfg.pools[p].queue.enabled) each(p, fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)));
+    for (std::size_t p = 0; p < pools; ++p) {
+      bool counted = per_pool_[p].queued != 0 || per_pool_[p].waiting != 0;
+      for (std::size_t r = 0; r < kShedReasons; ++r) counted = counted || shed_[p * kShedReasons + r] != 0;
+      if ((L.pool_current[p] && L.pool_queued[p]) || counted) each(p, L.pools[p]);
+    }
   };
   w.header("weir_requests_shed_total", "counter",
            "Requests a pool's admission queue (pools.X.queue) refused, by reason: queue_full, saturated, "
@@ -318,16 +427,14 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
            "Requests served by a generation an identical request started (pools.X.coalesce).");
   w.sample("weir_coalesced_requests_total", "", batch.coalesced);
   w.header("weir_upstream_failures_total", "counter", "Upstream failures by pool, endpoint and kind.");
-  for (std::size_t p = 0; p < pools; ++p)
-    for (std::size_t e = 0; e < cfg.pools[p].endpoints.size() && L.endpoint_base[p] + e < L.endpoint_base[p + 1]; ++e) {
-      const auto labels = endpoint_labels(p, e);
-      const std::size_t slot = L.endpoint_base[p] + e;
-      for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
-                     http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol,
-                     http::UpstreamFailure::tls})
-        w.sample("weir_upstream_failures_total", fmt::format("{},kind=\"{}\"", labels, http::to_string(f)),
-                 upstream_failures_[slot * kFailureKinds + kind_of(f)]);
-    }
+  for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot) {
+    if (!endpoint_shown(slot)) continue;
+    for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
+                   http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol,
+                   http::UpstreamFailure::tls})
+      w.sample("weir_upstream_failures_total", fmt::format("{},kind=\"{}\"", L.endpoints[slot], http::to_string(f)),
+               upstream_failures_[slot * kFailureKinds + kind_of(f)]);
+  }
   w.header("weir_client_disconnects_total", "counter", "Clients that left before their response ended.");
   w.sample("weir_client_disconnects_total", "", client_disconnects);
   w.header("weir_slow_client_cutoffs_total", "counter",
@@ -341,6 +448,131 @@ void MetricsShard::render(std::string& out, const core::Config& cfg, std::uint64
   w.sample("weir_sse_events_total", "", sse_events);
   w.header("weir_access_log_write_errors_total", "counter", "Access log writes that failed.");
   w.sample("weir_access_log_write_errors_total", "", log_errors);
+}
+
+json::object MetricsShard::stats_json() const {
+  struct Traffic {
+    std::map<std::string, std::uint64_t> status;  // "200", "429", "5xx" (statuses without a slot of their own)
+    std::uint64_t requests = 0, errors_4xx = 0, errors_5xx = 0;
+    std::uint64_t prompt_tokens = 0, completion_tokens = 0, spend_nano_usd = 0, rate_limited = 0;
+    std::uint64_t ttft_sum_us = 0, ttft_count = 0;
+  };
+  const MetricLabels& L = *labels_;
+  // By model slot, then "*" and "" (no model); by tenant slot, "other" last.
+  const std::size_t named = L.models.size();
+  std::vector<Traffic> models(named + 2), tenants(L.tenants.size());
+  auto model_index = [&](std::size_t slot) {
+    return slot < named ? slot : slot >= kUnlistedModel ? named + (slot - kUnlistedModel) : models.size();
+  };
+  for (const auto& [key, v] : counters_.sorted()) {
+    const auto f = static_cast<Family>(key >> 60);
+    const auto model = model_index(static_cast<std::size_t>((key >> 32) & 0x1ffff));
+    const auto tenant_slot = static_cast<std::uint16_t>((key >> 16) & 0xffff);
+    const auto tenant = tenant_slot == MetricIdentity::kNone || tenants.empty()
+                            ? tenants.size()
+                            : MetricLabels::index_of(tenant_slot, L.tenants);
+    const auto slot = static_cast<std::size_t>((key >> 49) & 0x1f);
+    Traffic* byt = tenant < tenants.size() ? &tenants[tenant] : nullptr;
+    for (Traffic* t : {model < models.size() ? &models[model] : nullptr, byt}) {
+      if (!t || (f == Family::rate_limited && t != byt)) continue;  // rate_limited has no model
+      switch (f) {
+        case Family::requests: {
+          const auto route = static_cast<RouteKind>((key >> 54) & 0x3f);
+          if (route == RouteKind::health || route == RouteKind::ready || route == RouteKind::metrics) break;
+          const int code = slot < kListed ? kStatuses[slot] : static_cast<int>(slot - kListed) * 100;
+          t->status[slot < kListed ? std::to_string(code) : fmt::format("{}xx", code / 100)] += v;
+          t->requests += v;
+          if (code >= 400 && code < 500) t->errors_4xx += v;
+          if (code >= 500) t->errors_5xx += v;
+          break;
+        }
+        case Family::prompt_tokens:
+          t->prompt_tokens += v;
+          break;
+        case Family::completion_tokens:
+          t->completion_tokens += v;
+          break;
+        case Family::spend:
+          t->spend_nano_usd += v;
+          break;
+        case Family::rate_limited:
+          t->rate_limited += v;
+          break;
+        case Family::ttft_sum_us:
+          t->ttft_sum_us += v;
+          break;
+        case Family::ttft_count:
+          t->ttft_count += v;
+          break;
+      }
+    }
+  }
+  auto traffic_json = [](const Traffic& t, json::object& o) {
+    o["requests"] = t.requests;
+    json::object st;
+    for (const auto& [k, n] : t.status) st[k] = n;
+    o["status"] = std::move(st);
+    o["errors_4xx"] = t.errors_4xx;
+    o["errors_5xx"] = t.errors_5xx;
+    o["prompt_tokens"] = t.prompt_tokens;
+    o["completion_tokens"] = t.completion_tokens;
+    o["spend_usd"] = static_cast<double>(t.spend_nano_usd) / 1e9;
+  };
+  json::object out;
+  out["object"] = "stats";
+  json::array le;
+  for (const auto b : core::ttft_buckets_us()) le.emplace_back(static_cast<double>(b) / 1e6);
+  out["ttft_buckets_s"] = std::move(le);
+  json::array ms;
+  for (std::size_t m = 0; m < models.size(); ++m) {
+    const Traffic& t = models[m];
+    const core::Histogram& h = m < named ? ttft_.models[m] : ttft_.fixed[m - named];  // "*", then "" (no model)
+    const bool configured = m < named && L.model_current[m];
+    if (t.requests == 0 && h.count() == 0 && !configured) continue;
+    json::object o;
+    if (m < named)
+      o["model"] = L.model_names[m];
+    else if (m == named)
+      o["model"] = "*";  // a model the configuration does not list, sent to the default pool
+    else
+      o["model"] = nullptr;  // requests without one (refused before, or routes without a model)
+    traffic_json(t, o);
+    json::object ttft;
+    ttft["count"] = h.count();
+    ttft["sum_s"] = static_cast<double>(h.sum_us()) / 1e6;
+    json::array cum;  // cumulative, one per bound, then +Inf (= count)
+    std::uint64_t run = 0;
+    for (const auto c : h.counts()) cum.emplace_back(run += c);
+    ttft["buckets"] = std::move(cum);
+    o["ttft"] = std::move(ttft);
+    ms.emplace_back(std::move(o));
+  }
+  out["models"] = std::move(ms);
+  json::array ts;
+  for (std::size_t i = 0; i < tenants.size(); ++i) {
+    const Traffic& t = tenants[i];
+    json::object o;
+    const bool overflow = i + 1 == tenants.size();  // the "other" bucket past server.metrics.max_tenants
+    if (!overflow && i < L.tenant_names.size())
+      o["tenant"] = L.tenant_names[i];
+    else if (overflow)
+      o["tenant"] = nullptr;
+    else
+      continue;
+    o["overflow"] = overflow;
+    if (overflow && t.requests == 0) continue;
+    traffic_json(t, o);
+    o["rate_limited"] = t.rate_limited;
+    json::object ttft;
+    ttft["count"] = t.ttft_count;
+    ttft["sum_s"] = static_cast<double>(t.ttft_sum_us) / 1e6;
+    o["ttft"] = std::move(ttft);
+    ts.emplace_back(std::move(o));
+  }
+  out["tenants"] = std::move(ts);
+  out["active_streams"] = active_streams;
+  out["active_connections"] = active_connections;
+  return out;
 }
 
 }  // namespace weir::gateway

@@ -4,9 +4,13 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <boost/json/object.hpp>
 
 #include "auth/policy.hpp"
 #include "batching/batch.hpp"
@@ -21,44 +25,93 @@
 namespace weir::gateway {
 
 // The identity label values of a request's series: slots into
-// MetricLabels::tenants / key_ids, or kNone (the label is left out).
+// MetricLabels::tenants / key_ids, kOther ("other"), or kNone (the label is
+// left out).
 struct MetricIdentity {
   static constexpr std::uint16_t kNone = 0xffff;
+  static constexpr std::uint16_t kOther = 0xfffe;
   std::uint16_t tenant = kNone;
   std::uint16_t key = kNone;
 };
 
-// The label values /metrics uses beyond route, model and status, fixed at
-// start-up from the configuration (server.metrics) and the auth policy, so
-// every family's label sets are bounded by the configuration's size.
-// Shared read-only by every shard.
+// The label values /metrics uses beyond route, model and status, fixed per
+// configuration generation from the configuration (server.metrics) and the
+// auth policy, so every family's label sets are bounded by the
+// configurations' sizes. Shared read-only by every shard.
+//
+// Slots only grow: labels built for a reload (`previous` given) keep every
+// slot the previous ones gave (a model, endpoint, tenant or key keeps its
+// series and its count) and append what is new, so a request that started
+// on the older generation counts into the right series, and a series of a
+// model or endpoint no longer configured keeps its value until restart.
 struct MetricLabels {
-  // Slots from `cfg` and `policy` (null: no auth, so no tenant or key_id label).
-  static std::shared_ptr<const MetricLabels> build(const core::Config& cfg, const auth::AuthPolicy* policy);
+  // Slots from `cfg` and `policy` (null: no auth, so no tenant or key_id
+  // label), extending `previous` when given (its label settings are kept:
+  // server.metrics changes only at restart).
+  static std::shared_ptr<const MetricLabels> build(const core::Config& cfg, const auth::AuthPolicy* policy,
+                                                   const MetricLabels* previous = nullptr);
 
-  std::size_t models = 0;  // configured models
+  // Model slots: every configured model name seen since start-up, in order
+  // of first appearance; `models[s]` is its (escaped) label value and
+  // `model_current[s]` 1 while it is configured (rendered even at 0).
+  std::vector<std::string> models;
+  std::vector<std::string> model_names;  // the same, not escaped (JSON)
+  std::vector<std::uint8_t> model_current;
+  std::vector<std::uint32_t> model_slot;  // Config::models index -> slot
+  // Pool slots, the same way by pool name: `pools[s]` is 'pool="P"';
+  // `pool_queued[s]` 1 while it is configured with a queue (pools.X.queue).
+  std::vector<std::string> pools;
+  std::vector<std::uint8_t> pool_current;
+  std::vector<std::uint8_t> pool_queued;
+  std::vector<std::uint32_t> pool_slot;  // Config::pools index -> slot
+  // Endpoint slots, the same way: `endpoints[s]` is 'pool="P",endpoint="URL"'.
+  std::vector<std::string> endpoints;
+  std::vector<std::uint8_t> endpoint_current;
+  // Config pool p's endpoint e has slot endpoint_slots[endpoint_base[p] + e].
+  std::vector<std::uint32_t> endpoint_base;
+  std::vector<std::uint32_t> endpoint_slots;
   // Escaped label values by slot; the last one is "other" (tenants past
-  // server.metrics.max_tenants, in name order). Empty: no tenant label.
+  // server.metrics.max_tenants since start-up, and those of the first
+  // generation past it in name order). Empty: no tenant label.
   std::vector<std::string> tenants;
-  // The same for key_id: configured keys by config order past max_key_ids,
-  // and keys from Redis (auth.redis_keys), are "other". Empty: no key_id label.
+  std::vector<std::string> tenant_names;  // the named slots' tenants, not escaped (JSON)
+  // The same for key_id: configured keys past max_key_ids, and runtime keys
+  // (admin API, Redis), are "other". Empty: no key_id label.
   std::vector<std::string> key_ids;
-  std::uint32_t tenant_scopes = 0;           // the policy's tenants: admission scopes of keys start here
-  std::vector<std::uint32_t> endpoint_base;  // pool p's endpoints have slots [base[p], base[p + 1])
+  // Admission scope -> slot (kOther when past the end): tenants' scopes in
+  // tenant_slot, configured keys' in key_slot (auth/policy.hpp).
+  std::vector<std::uint16_t> tenant_slot;
+  std::vector<std::uint16_t> key_slot;
+  // Server settings the labels were built with (server.metrics).
+  core::MetricsConfig settings;
+
+  // The slot of endpoint `endpoint` of config pool `pool`; endpoints.size() when there is none.
+  std::size_t endpoint_slot(std::uint32_t pool, std::uint32_t endpoint) const {
+    if (pool + 1 >= endpoint_base.size() || endpoint_base[pool] + endpoint >= endpoint_base[pool + 1])
+      return endpoints.size();
+    return endpoint_slots[endpoint_base[pool] + endpoint];
+  }
+  // The slot of config pool `pool`; pools.size() when there is none.
+  std::size_t pool_slot_of(std::uint32_t pool) const {
+    return pool < pool_slot.size() ? pool_slot[pool] : pools.size();
+  }
+  // The series label of `slot` in `tenants` / `key_ids` (kOther: "other").
+  static std::size_t index_of(std::uint16_t slot, const std::vector<std::string>& names) {
+    return slot == MetricIdentity::kOther ? names.size() - 1 : slot;
+  }
 
   // The slots of `p`'s tenant and key (its admission scopes, auth/policy.hpp). O(1).
   MetricIdentity identity(const auth::Principal* p) const {
     MetricIdentity id;
     if (!p) return id;
     if (!tenants.empty()) {
-      const auto other = static_cast<std::uint32_t>(tenants.size() - 1);
-      id.tenant = static_cast<std::uint16_t>(p->tenant->scope < other ? p->tenant->scope : other);
+      const std::uint32_t s = p->tenant->scope;
+      id.tenant = s < tenant_slot.size() ? tenant_slot[s] : MetricIdentity::kOther;
     }
     if (p->key && !key_ids.empty()) {
-      const auto other = static_cast<std::uint32_t>(key_ids.size() - 1);
+      // A Redis key has its tenant's scope, a runtime key one past the table: "other".
       const std::uint32_t s = p->key->scope;
-      // A Redis key has its tenant's scope (below tenant_scopes): "other".
-      id.key = static_cast<std::uint16_t>(s >= tenant_scopes && s - tenant_scopes < other ? s - tenant_scopes : other);
+      id.key = s < key_slot.size() ? key_slot[s] : MetricIdentity::kOther;
     }
     return id;
   }
@@ -73,23 +126,41 @@ enum class RateLimitReason : std::uint8_t {
 
 class MetricsShard {
  public:
-  // Model label slots: configured models, then "*" (unlisted, default pool), then "" (no model).
+  // Model label slots: MetricLabels::models, then the fixed slots "*"
+  // (unlisted, default pool) and "" (no model).
+  static constexpr std::uint32_t kUnlistedModel = 0x1fffe;
+  static constexpr std::uint32_t kNoModel = 0x1ffff;
   explicit MetricsShard(std::shared_ptr<const MetricLabels> labels);
 
   const MetricLabels& labels() const { return *labels_; }
   const std::shared_ptr<const MetricLabels>& labels_ptr() const { return labels_; }
-  std::uint32_t unlisted_model() const { return static_cast<std::uint32_t>(models_ - 2); }
-  std::uint32_t no_model() const { return static_cast<std::uint32_t>(models_ - 1); }
+  // Moves the shard to `labels`, a later generation's (built from the
+  // current ones: MetricLabels::build with previous): every slot keeps its
+  // series; the new ones start at zero. Histograms never move, so a
+  // reference taken before stays valid. Older labels are ignored.
+  void relabel(std::shared_ptr<const MetricLabels> labels);
+  static constexpr std::uint32_t unlisted_model() { return kUnlistedModel; }
+  static constexpr std::uint32_t no_model() { return kNoModel; }
 
   // weir_requests_total{route,model,status[,tenant][,key_id]}.
   void count_request(RouteKind r, std::uint32_t model, int status, MetricIdentity id = {}) {
     counters_.add(series(Family::requests, static_cast<std::uint32_t>(r), status_slot(status), model, id), 1);
   }
-  core::Histogram& ttft(std::uint32_t model) { return ttft_[model]; }
+  core::Histogram& ttft(std::uint32_t model) { return hist(ttft_, model); }
+  // One first token `us` µs after arrival: weir_time_to_first_token_seconds{model}
+  // and, for a request with identity labels, the sum and count of
+  // weir_tenant_time_to_first_token_seconds{model,tenant[,key_id]} (two
+  // counter-map adds; no histogram per tenant, so the series stay few).
+  void observe_ttft(std::uint32_t model, std::int64_t us, MetricIdentity id) {
+    hist(ttft_, model).observe_us(us);
+    if (id.tenant == MetricIdentity::kNone && id.key == MetricIdentity::kNone) return;
+    counters_.add(series(Family::ttft_sum_us, 0, 0, model, id), static_cast<std::uint64_t>(us < 0 ? 0 : us));
+    counters_.add(series(Family::ttft_count, 0, 0, model, id), 1);
+  }
   // weir_inter_token_latency_seconds{model}: one observation per SSE data event after a stream's first.
-  core::Histogram& itl(std::uint32_t model) { return itl_[model]; }
-  core::Histogram& upstream_time(std::uint32_t model) { return upstream_[model]; }
-  core::Histogram& duration(std::uint32_t model) { return duration_[model]; }
+  core::Histogram& itl(std::uint32_t model) { return hist(itl_, model); }
+  core::Histogram& upstream_time(std::uint32_t model) { return hist(upstream_, model); }
+  core::Histogram& duration(std::uint32_t model) { return hist(duration_, model); }
   core::Histogram& added() { return added_; }
   // weir_{prompt,completion}_tokens_total{model[,tenant][,key_id]}.
   void add_tokens(std::uint32_t model, std::uint64_t prompt, std::uint64_t completion, MetricIdentity id = {}) {
@@ -124,51 +195,90 @@ class MetricsShard {
   std::uint64_t health_transitions = 0;      // endpoints the health probes marked down or up again
   std::uint64_t first_token_timeouts = 0;    // streams whose first token did not come in timeouts.first_token
   std::uint64_t deadline_exceeded = 0;       // requests whose x-weir-timeout-ms passed
+  // The per-pool series below take the pool's slot (MetricLabels::pool_slot_of
+  // of the request's generation: a pool keeps its slot, by name, across reloads).
   // weir_requests_shed_total{pool,reason}: requests a pool's queue shed.
-  void count_shed(std::uint32_t pool, routing::ShedReason r) {
-    if (pool < pools()) ++shed_[pool * kShedReasons + static_cast<std::size_t>(r)];
+  void count_shed(std::size_t pool_slot, routing::ShedReason r) {
+    if (pool_slot < per_pool_.size()) ++shed_[pool_slot * kShedReasons + static_cast<std::size_t>(r)];
   }
-  std::uint64_t shed(std::uint32_t pool, routing::ShedReason r) const {
-    return pool < pools() ? shed_[pool * kShedReasons + static_cast<std::size_t>(r)] : 0;
+  std::uint64_t shed(std::size_t pool_slot, routing::ShedReason r) const {
+    return pool_slot < per_pool_.size() ? shed_[pool_slot * kShedReasons + static_cast<std::size_t>(r)] : 0;
   }
   // weir_queued_requests_total{pool}: requests that waited in a pool's queue.
-  std::uint64_t& queued(std::uint32_t pool) { return pool < pools() ? per_pool_[pool].queued : spare_; }
-  // weir_upstream_pool_unavailable_total{pool}: requests that found every endpoint's breaker open.
-  std::uint64_t& pool_unavailable(std::uint32_t pool) { return pool < pools() ? per_pool_[pool].unavailable : spare_; }
-  // Set from the worker's pools when a snapshot is taken (Worker::metrics_snapshot):
-  // endpoint `endpoint` of pool `pool` opened `opened[cause]` times and recovered `recovered` times;
-  // the pool's queue holds `waiting` requests now.
-  void set_endpoint_health(
-      std::uint32_t pool, std::uint32_t endpoint,
-      const std::array<std::uint64_t, static_cast<std::size_t>(routing::OpenCause::count_)>& opened,
-      std::uint64_t recovered);
-  void set_queue_waiting(std::uint32_t pool, std::uint64_t waiting) {
-    if (pool < pools()) per_pool_[pool].waiting = waiting;
+  std::uint64_t& queued(std::size_t pool_slot) {
+    return pool_slot < per_pool_.size() ? per_pool_[pool_slot].queued : spare_;
   }
+  // weir_upstream_pool_unavailable_total{pool}: requests that found every endpoint's breaker open.
+  std::uint64_t& pool_unavailable(std::size_t pool_slot) {
+    return pool_slot < per_pool_.size() ? per_pool_[pool_slot].unavailable : spare_;
+  }
+  // weir_queue_waiting{pool}: added from the worker's pools when a snapshot
+  // is taken (Worker::metrics_snapshot): `waiting` requests in a queue of the pool now.
+  void add_queue_waiting(std::size_t pool_slot, std::uint64_t waiting) {
+    if (pool_slot < per_pool_.size()) per_pool_[pool_slot].waiting += waiting;
+  }
+  // weir_upstream_ejections_total{pool,endpoint,cause} and
+  // weir_upstream_recoveries_total{pool,endpoint}: the endpoint in slot
+  // `slot` (MetricLabels::endpoint_slot) opened for `cause` / was found
+  // healthy again (routing::WorkerPool::on_transition).
+  void count_ejection_at(std::size_t slot, routing::OpenCause cause) {
+    if (slot < recoveries_.size()) ++ejections_[slot * kOpenCauses + static_cast<std::size_t>(cause)];
+  }
+  void count_recovery_at(std::size_t slot) {
+    if (slot < recoveries_.size()) ++recoveries_[slot];
+  }
+  std::uint64_t ejections_at(std::size_t slot, routing::OpenCause cause) const {
+    return slot < recoveries_.size() ? ejections_[slot * kOpenCauses + static_cast<std::size_t>(cause)] : 0;
+  }
+  std::uint64_t recoveries_at(std::size_t slot) const { return slot < recoveries_.size() ? recoveries_[slot] : 0; }
   batching::Stats batch;  // micro-batches and coalescing (pools.X.batch, pools.X.coalesce)
   // weir_upstream_attempts_total{pool,endpoint}: requests sent (or connects
-  // tried) to endpoint `endpoint` of config pool `pool`, retries included.
-  void count_attempt(std::uint32_t pool, std::uint32_t endpoint) {
-    if (const auto e = endpoint_slot(pool, endpoint); e < attempts_.size()) ++attempts_[e];
+  // tried) to the endpoint in slot `slot` (MetricLabels::endpoint_slot of
+  // the request's generation), retries included.
+  void count_attempt_at(std::size_t slot) {
+    if (slot < attempts_.size()) ++attempts_[slot];
   }
   // weir_upstream_failures_total{pool,endpoint,kind}: failures the upstream
-  // caused (not Weir's own cancels).
+  // caused (not Weir's own cancels), of the endpoint in slot `slot`.
+  void count_upstream_failure_at(std::size_t slot, http::UpstreamFailure f) {
+    if (http::is_upstream_fault(f) && slot < attempts_.size()) ++upstream_failures_[slot * kFailureKinds + kind_of(f)];
+  }
+  // The same by config pool and endpoint index, through this shard's labels
+  // (for a request of an older generation use the *_at forms with its slots).
+  void count_attempt(std::uint32_t pool, std::uint32_t endpoint) {
+    count_attempt_at(labels_->endpoint_slot(pool, endpoint));
+  }
   void count_upstream_failure(std::uint32_t pool, std::uint32_t endpoint, http::UpstreamFailure f) {
-    const auto e = endpoint_slot(pool, endpoint);
-    if (http::is_upstream_fault(f) && e < attempts_.size()) ++upstream_failures_[e * kFailureKinds + kind_of(f)];
+    count_upstream_failure_at(labels_->endpoint_slot(pool, endpoint), f);
   }
   // Failures of kind `f` over every endpoint.
   std::uint64_t upstream_failures(http::UpstreamFailure f) const;
+  // weir_upstream_attempts_total and weir_upstream_failures_total (kind `f`)
+  // of the endpoint in slot `slot` (MetricLabels::endpoint_slot); 0 for a slot that does not exist.
+  std::uint64_t attempts_at(std::size_t slot) const { return slot < attempts_.size() ? attempts_[slot] : 0; }
+  std::uint64_t upstream_failures_at(std::size_t slot, http::UpstreamFailure f) const {
+    return slot < attempts_.size() ? upstream_failures_[slot * kFailureKinds + kind_of(f)] : 0;
+  }
   std::uint64_t client_disconnects = 0;   // client left before the response ended
   std::uint64_t slow_client_cutoffs = 0;  // stream backlog or write timeout exceeded
   std::uint64_t bytes_in = 0;             // request bodies, bytes
   std::uint64_t bytes_out = 0;            // response bytes written downstream
   std::uint64_t sse_events = 0;           // events relayed downstream
 
+  // Adds `o` (a shard of labels as late as this one's or earlier; later ones are adopted first).
   void merge(const MetricsShard& o);
 
   // Renders the merged shard in Prometheus text format.
-  void render(std::string& out, const core::Config& cfg, std::uint64_t access_log_write_errors) const;
+  void render(std::string& out, std::uint64_t access_log_write_errors) const;
+
+  // The merged shard's traffic by model and by tenant, cumulative since
+  // start, for GET /admin/v1/stats (docs/admin-api.md: the shape): requests
+  // by status, TTFT (a histogram per model; sum and count per tenant),
+  // tokens, spend (USD) and Weir's own 429s. Weir's own probe routes
+  // (/health, /ready, /metrics) are left out. Models and tenants are the
+  // labels' (every one since start-up: configured ones always, others
+  // while they have a count).
+  boost::json::object stats_json() const;
 
  private:
   static constexpr std::array<int, 20> kStatuses = {200, 400, 401, 403, 404, 405, 408, 413, 415, 422,
@@ -178,40 +288,56 @@ class MetricsShard {
   static constexpr std::size_t kFailureKinds = static_cast<std::size_t>(http::UpstreamFailure::count_);
   static constexpr std::size_t kShedReasons = static_cast<std::size_t>(routing::ShedReason::count_);
   static constexpr std::size_t kOpenCauses = static_cast<std::size_t>(routing::OpenCause::count_);
-  std::uint32_t pools() const { return static_cast<std::uint32_t>(per_pool_.size()); }
   static std::size_t kind_of(http::UpstreamFailure f) { return static_cast<std::size_t>(f); }
+
+  // One histogram per configured model slot (a deque: growing it on
+  // relabel never moves one), and the "*" and "" slots.
+  struct PerModel {
+    std::deque<core::Histogram> models;
+    std::array<core::Histogram, 2> fixed;  // kUnlistedModel, kNoModel
+    std::span<const std::int64_t> bounds;
+  };
+  static core::Histogram& hist(PerModel& h, std::uint32_t model) {
+    return model >= kUnlistedModel ? h.fixed[model - kUnlistedModel] : h.models[model];
+  }
+  static void grow(PerModel& h, std::size_t models) {
+    while (h.models.size() < models) h.models.emplace_back(h.bounds);
+  }
+  static void merge(PerModel& into, const PerModel& from);
 
   // The counters with identity labels live in one sparse map, keyed by
   // family (4 bits) | route (6) | status slot or reason (5) | model slot (17) | tenant (16) | key (16).
-  enum class Family : std::uint8_t { requests, prompt_tokens, completion_tokens, spend, rate_limited };
+  enum class Family : std::uint8_t {
+    requests,
+    prompt_tokens,
+    completion_tokens,
+    spend,
+    rate_limited,
+    ttft_sum_us,  // weir_tenant_time_to_first_token_seconds_sum, in µs
+    ttft_count,   // weir_tenant_time_to_first_token_seconds_count
+  };
   static std::uint64_t series(Family f, std::uint32_t route, std::uint32_t status, std::uint32_t model,
                               MetricIdentity id) {
     return std::uint64_t{static_cast<std::uint8_t>(f)} << 60 | std::uint64_t{route & 0x3f} << 54 |
            std::uint64_t{status & 0x1f} << 49 | std::uint64_t{model & 0x1ffff} << 32 | std::uint64_t{id.tenant} << 16 |
            id.key;
   }
-  std::size_t endpoint_slot(std::uint32_t pool, std::uint32_t endpoint) const {
-    const auto& base = labels_->endpoint_base;
-    if (pool + 1 >= base.size() || base[pool] + endpoint >= base[pool + 1]) return attempts_.size();
-    return base[pool] + endpoint;
-  }
 
   std::shared_ptr<const MetricLabels> labels_;
-  std::size_t models_;
   core::CounterMap counters_;
-  std::vector<core::Histogram> ttft_, itl_, upstream_, duration_;
+  PerModel ttft_, itl_, upstream_, duration_;
   std::vector<std::uint64_t> attempts_;           // by endpoint slot
   std::vector<std::uint64_t> upstream_failures_;  // by endpoint slot x failure kind
-  std::vector<std::uint64_t> ejections_;          // by endpoint slot x open cause (from the pools)
-  std::vector<std::uint64_t> recoveries_;         // by endpoint slot (from the pools)
-  std::vector<std::uint64_t> shed_;               // by pool x shed reason
+  std::vector<std::uint64_t> ejections_;          // by endpoint slot x open cause
+  std::vector<std::uint64_t> recoveries_;         // by endpoint slot
+  std::vector<std::uint64_t> shed_;               // by pool slot x shed reason
   struct PerPool {
     std::uint64_t queued = 0;       // requests that waited in the queue
     std::uint64_t unavailable = 0;  // requests that found every breaker open
     std::uint64_t waiting = 0;      // gauge: requests waiting now (from the pool)
   };
-  std::vector<PerPool> per_pool_;
-  std::uint64_t spare_ = 0;  // written for a pool index out of range (never read)
+  std::vector<PerPool> per_pool_;  // by pool slot
+  std::uint64_t spare_ = 0;        // written for a pool slot out of range (never read)
   std::array<std::uint64_t, static_cast<std::size_t>(routing::RetryReason::count_)> retries_{};
   std::array<std::uint64_t, static_cast<std::size_t>(routing::PickRule::count_)> picks_{};
   core::Histogram added_;

@@ -5,6 +5,8 @@
 // per-request state is in the RequestContext.
 #pragma once
 
+#include <optional>
+
 #include "batching/batch.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/pipeline.hpp"
@@ -12,10 +14,22 @@
 #include "http/exchange.hpp"
 #include "requestlog/queue.hpp"
 #include "routing/balance.hpp"
+#include "tracing/record.hpp"
 
 namespace weir::gateway {
 
 class Worker;
+
+// A sampled request's spans (phases/trace.cpp), for its worker's trace
+// queue: `rec` filled from `ctx` (pool and endpoint names from `cfg`, new
+// child span ids from `ids`), the request span ending at `end` (steady)
+// = `wall` (Unix time), `bytes_out` the response bytes sent. Copies into
+// `rec`'s strings only: no allocation once they have grown.
+void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, const core::Config& cfg,
+                       tracing::IdGenerator& ids, core::TimePoint end, std::chrono::system_clock::time_point wall,
+                       std::uint64_t bytes_out);
+// The spans fill_trace_record makes for `ctx` (what a full queue drops).
+std::size_t trace_span_count(const RequestContext& ctx);
 
 class GatewayPhases final : public Phases {
  public:
@@ -82,8 +96,24 @@ class GatewayPhases final : public Phases {
   bool fallback_left(const RequestContext& ctx) const;
   // Moves ctx.target to the next fallback target.
   void next_target(RequestContext& ctx);
-  // The upstream request body: the client's bytes with at most two members spliced.
-  void prepare_upstream_body(RequestContext& ctx);
+  // The upstream request body for ctx.target: the client's bytes with at
+  // most two members spliced, or its translation for the target's API (an
+  // Anthropic pool: api/anthropic/upstream_request.hpp; an Anthropic route
+  // to an OpenAI-compatible pool whose chat translation parse left to do).
+  // Returns why this target cannot take the request (a 400: a route or a
+  // field its API does not have), nullopt when the body is ready.
+  std::optional<core::Error> prepare_upstream_body(RequestContext& ctx);
+  // The target's pool speaks Anthropic's Messages API (pools.X.type: anthropic).
+  bool anthropic_pool(const RequestContext& ctx) const;
+  // The 400 for a route an Anthropic pool does not serve (completions, embeddings, vLLM's routes, audio).
+  core::Error not_served_by_anthropic(const RequestContext& ctx) const;
+  // Chat completions (the client's body, or a Responses request's chat
+  // translation) → the Anthropic Messages body for ctx.target, in
+  // ctx.upstream_body_buf. Returns the 400 for what Anthropic cannot express.
+  std::optional<core::Error> translate_for_anthropic(RequestContext& ctx);
+  // The stream hooks for the stream about to be relayed: the client's
+  // dialect (route) and the upstream's (ctx.target's pool).
+  void reset_stream_hooks(RequestContext& ctx);
   void prepare_audio_body(RequestContext& ctx);
   // What the pool's endpoint choice may see of the request (views into
   // ctx.upstream_body and the request head): the session header's value
@@ -117,8 +147,28 @@ class GatewayPhases final : public Phases {
   // The access-log line (when the access log is on) and the request-log
   // store's record (request_log:), one formatting for both.
   void write_access_log(RequestContext& ctx, core::TimePoint end);
+  // Tracing (phases/trace.cpp). Whether requests of route `r` are traced
+  // (not /metrics, /health, /ready).
+  static bool traced(RouteKind r);
+  // The request's trace context: the caller's traceparent (continued when
+  // valid, ignored otherwise) and tracestate, or a new trace; the sampling
+  // decision (parent-based, else tracing.sample_ratio).
+  void begin_trace(RequestContext& ctx);
+  // A new span id for the upstream attempt about to start, and the
+  // traceparent it sends (ctx.trace.traceparent).
+  void begin_attempt_trace(RequestContext& ctx);
+  // A sampled request's spans into the worker's trace queue (or counted
+  // dropped when it is full); `end` is the end of the request span.
+  void push_trace(RequestContext& ctx, core::TimePoint end);
+  // Body capture (phases/capture.cpp, request_log.capture_bodies): after
+  // authentication, for a tenant that opted in, the request body's first
+  // bytes (its credential redacted) and ctx.capture on; then each piece of
+  // the response as it goes to the client (nothing without ctx.capture).
+  void begin_capture(RequestContext& ctx);
+  void capture_response(RequestContext& ctx, std::string_view bytes);
   // Copies the record into the worker's queue, or counts it dropped when full.
-  static void push_record(requestlog::RecordQueue& q, const RequestContext& ctx,
+  // `budget`: the captured bytes the queue may hold (null: no capture).
+  static void push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,
                           std::chrono::system_clock::time_point wall, std::string_view line);
 
   Worker& w_;

@@ -68,7 +68,8 @@ std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::
 
 }  // namespace
 
-RedisKeyAdmin::RedisKeyAdmin(auth::RedisKeys& keys, const auth::AuthConfig& base) : keys_(keys), base_(base) {}
+RedisKeyAdmin::RedisKeyAdmin(auth::RedisKeys& keys, std::shared_ptr<const auth::AuthPolicy> base)
+    : keys_(keys), base_(std::move(base)) {}
 
 core::Task<AdminResult<void>> RedisKeyAdmin::write(const KeyRecord& k) {
   std::vector<std::string> args = {"HSET", auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256)};
@@ -139,7 +140,8 @@ core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::get(std::string id) {
 
 core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::object body, std::int64_t now_s) {
   // The in-memory store validates the body exactly as for local keys; its record is written to Redis.
-  KeyStore scratch(base_, "");
+  const auto base = base_;  // a reload may replace base_ while this waits on Redis
+  KeyStore scratch(base->config(), "");
   auto c = scratch.create(body, now_s);
   if (!c) co_return tl::unexpected(c.error());
   if (c->record.limits.any() || c->record.budget.any())
@@ -152,6 +154,7 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::obj
 }
 
 core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, boost::json::object body) {
+  const auto base = base_;  // a reload may replace base_ while this waits on Redis
   auto cur = co_await get(id);
   if (!cur) co_return tl::unexpected(cur.error());
   for (const auto& [f, v] : body) {
@@ -162,7 +165,7 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
             "keys with limits or a budget of their own are not supported with keys in Redis yet", std::string(name)));
   }
   // The change is validated and applied by a scratch store (the rules of local keys), then written.
-  KeyStore scratch(base_, "");
+  KeyStore scratch(base->config(), "");
   json::object seed;
   seed["tenant"] = cur->tenant;
   if (cur->models) seed["models"] = json::array(cur->models->begin(), cur->models->end());

@@ -23,9 +23,12 @@ namespace weir::gateway {
 
 class RedisKeyAdmin {
  public:
-  // `keys`: the gateway's Redis key store (its connection is shared);
-  // `base`: the configuration's auth section (tenants). Both outlive this.
-  RedisKeyAdmin(auth::RedisKeys& keys, const auth::AuthConfig& base);
+  // `keys`: the gateway's Redis key store (its connection is shared; it
+  // outlives this); `base`: the policy whose configuration (tenants) keys
+  // are checked against.
+  RedisKeyAdmin(auth::RedisKeys& keys, std::shared_ptr<const auth::AuthPolicy> base);
+  // A configuration reload: later operations check against `base`'s tenants.
+  void set_base(std::shared_ptr<const auth::AuthPolicy> base) { base_ = std::move(base); }
 
   // The KeyStore operations (same bodies, same errors), plus 503 when Redis
   // does not answer. Revoked records are not listed, found or changed.
@@ -41,7 +44,7 @@ class RedisKeyAdmin {
   core::Task<AdminResult<void>> set_revoked(const KeyRecord& k);
 
   auth::RedisKeys& keys_;
-  const auth::AuthConfig& base_;
+  std::shared_ptr<const auth::AuthPolicy> base_;
 };
 
 }  // namespace weir::gateway

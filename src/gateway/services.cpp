@@ -1,5 +1,9 @@
 #include "gateway/services.hpp"
 
+#include <chrono>
+
+#include <fmt/format.h>
+
 #include "admission/local_limiter.hpp"
 
 namespace weir::gateway {
@@ -7,7 +11,6 @@ namespace weir::gateway {
 Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsigned workers) {
   if (!loaded.auth) return;  // every request anonymous, no limits
   auto& auth_cfg = *loaded.auth;
-  pricing_ = std::move(loaded.pricing);
   if (auth_cfg.jwt) {
     const auto& j = *auth_cfg.jwt;
     auto source = j.jwks_url.empty() ? auth::make_file_jwks_source(j.jwks_file)
@@ -49,11 +52,58 @@ Services::~Services() = default;
 
 void Services::attach(Shared& shared) {
   shared.auth_policy = policy_;
-  shared.pricing = pricing_;
   shared.jwks = jwks_.get();
   shared.redis_keys = redis_keys_.get();
   shared.limiter = limiter_.get();
   shared.redis_limiter = redis_limiter_;
+}
+
+tl::expected<Services::Reload, std::string> Services::prepare_reload(const LoadedConfig& next) const {
+  Reload r;
+  const auto prior = policy();
+  if (!next.auth || !prior) return r;  // identity and admission off (a change of that is restart-only)
+  r.auth = *next.auth;
+  r.policy = key_store_ ? key_store_->rebased_policy(*r.auth) : auth::AuthPolicy::build(*r.auth, {}, 0, prior.get());
+  const std::size_t before = prior->scopes().size();
+  auto check = [&](std::string_view kind, const std::string& name, std::uint32_t old_scope, std::uint32_t scope,
+                   const auth::Limits& l, const auth::Budget& b, bool existed) -> tl::expected<void, std::string> {
+    if (existed && old_scope != scope) r.carries.emplace_back(old_scope, scope);
+    if (scope < before || !(l.any() || b.any()) || limiter_->grows()) return {};
+    return tl::unexpected(fmt::format(
+        "{}: with redis: the limits and budgets of tenants and keys change only at restart (the shared limiter cannot "
+        "add admission scopes at run time); {} `{}` is new or its limits or budget changed",
+        kind == "tenant" ? "tenants." + name : "auth.api_keys (id " + name + ")", kind, name));
+  };
+  for (const auto& t : r.policy->tenants()) {
+    const auto* old = prior->find_tenant(t.name);
+    if (auto ok = check("tenant", t.name, old ? old->scope : 0, t.scope, t.limits, t.budget, old != nullptr); !ok)
+      return tl::unexpected(ok.error());
+  }
+  for (const auto& k : r.policy->keys()) {
+    if (k.runtime) continue;  // keeps its scope
+    const auth::KeyPolicy* old = nullptr;
+    for (const auto& o : prior->keys())
+      if (!o.runtime && o.id == k.id) old = &o;
+    if (auto ok = check("key", k.id, old ? old->scope : 0, k.scope, k.limits, k.budget, old != nullptr); !ok)
+      return tl::unexpected(ok.error());
+  }
+  return r;
+}
+
+tl::expected<std::shared_ptr<const auth::AuthPolicy>, std::string> Services::commit_reload(Reload r) {
+  if (!r.policy) return r.policy;
+  if (limiter_->grows() && limiter_->scope_count() < r.policy->scopes().size() && !limiter_->grow(r.policy->scopes()))
+    return tl::unexpected(
+        fmt::format("the limiter holds at most {} admission scopes (tenants and keys, and each change of their limits "
+                    "since start-up): restart to renumber them",
+                    limiter_->scope_count()));
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [from, to] : r.carries) limiter_->carry(from, to, now);
+  if (key_store_)
+    key_store_->rebase(std::move(*r.auth), r.policy);
+  else
+    policy_ = r.policy;
+  return r.policy;
 }
 
 void Services::start() {

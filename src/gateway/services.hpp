@@ -7,6 +7,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <tl/expected.hpp>
 
 #include <boost/asio/io_context.hpp>
 
@@ -36,9 +42,30 @@ class Services {
   Services(const Services&) = delete;
   Services& operator=(const Services&) = delete;
 
-  // Fills the workers' view: policy, pricing, limiter, key set, key store.
+  // Fills the workers' view: policy, limiter, key set, key store.
   // Call before the workers are constructed.
   void attach(Shared& shared);
+
+  // A configuration reload (docs/operations.md, "Reloading"), on the
+  // control thread, in two steps. prepare_reload() builds the auth policy
+  // of `next` (nothing changes yet): tenants and keys keep their admission
+  // scopes unless their limits or budget changed (then a new scope, to
+  // which commit carries the old one's bucket levels and spend); runtime
+  // keys stay. It refuses what this process cannot apply: a new scope with
+  // limits or a budget when the limiter cannot add scopes (redis:), naming
+  // the tenant or key. commit_reload() adds the limiter state of the new
+  // scopes and carries the changed ones over, makes the policy the one the
+  // admin API and later key changes start from, and returns it for the
+  // workers; an error (the limiter is full) changes nothing.
+  struct Reload {
+    std::optional<auth::AuthConfig> auth;                          // the new auth: and tenants:, with auth on
+    std::shared_ptr<const auth::AuthPolicy> policy;                // null without auth
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> carries;  // (old scope, new scope)
+  };
+  tl::expected<Reload, std::string> prepare_reload(const LoadedConfig& next) const;
+  tl::expected<std::shared_ptr<const auth::AuthPolicy>, std::string> commit_reload(Reload r);
+  // The policy the last key change or reload made (null without auth).
+  std::shared_ptr<const auth::AuthPolicy> policy() const { return key_store_ ? key_store_->policy() : policy_; }
   // Starts fetching keys and syncing limits (on the control thread, or before it runs).
   void start();
   // The drain began: no more periodic JWKS fetches (cached keys stay valid).
@@ -51,7 +78,6 @@ class Services {
 
  private:
   std::shared_ptr<const auth::AuthPolicy> policy_;
-  admission::Pricing pricing_;
   std::unique_ptr<auth::JwksCache> jwks_;
   std::unique_ptr<auth::RedisKeys> redis_keys_;
   std::unique_ptr<admission::Limiter> limiter_;

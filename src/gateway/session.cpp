@@ -6,7 +6,8 @@ namespace weir::gateway {
 
 Session::Session(Worker& w, http::Socket sock)
     : w_(w),
-      down_(std::move(sock), w.config().server, &w.metrics().bytes_out),
+      config_(w.generation()->shared->config),
+      down_(std::move(sock), config_->server, &w.metrics().bytes_out),
       exchange_(w.io().get_executor(), w.stream_read_buffer()),
       member_(w.io().get_executor()),
       phases_(w, down_, exchange_, &member_) {

@@ -42,6 +42,11 @@ class Session final : private http::Downstream::Listener {
   void on_client_gone() override;
 
   Worker& w_;
+  // The configuration the connection was accepted under: its server limits
+  // and timeouts (server:) hold for the connection's life; a reload applies
+  // them to new connections (each request runs on the generation current
+  // when it starts).
+  std::shared_ptr<const core::Config> config_;
   http::Downstream down_;
   http::Exchange exchange_;       // the direct upstream exchange, reused by each request
   batching::BatchMember member_;  // the request's place in a micro-batch (pools.X.batch)

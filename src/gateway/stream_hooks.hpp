@@ -1,18 +1,23 @@
 // What is done to each SSE event between the upstream and the client
 // (DESIGN.md, respond phase: "a hook per event"). Fixed members, no
 // allocation and no std::function per event: usage capture and the
-// usage-chunk strip (api/openai/stream.hpp), and the Anthropic Messages and
+// usage-chunk strip (api/openai/stream.hpp), the Anthropic Messages and
 // OpenAI Responses translations (api/anthropic/stream.hpp,
 // api/responses/stream.hpp), which rewrite every event instead of passing
-// it through; micro-batch demultiplexing plugs in here
-// as a further member (docs/architecture.md).
+// it through, and an Anthropic upstream's events, translated into chat
+// chunks (api/anthropic/upstream_stream.hpp; then into Responses events
+// for a Responses client) or observed as they pass to an Anthropic client;
+// micro-batch demultiplexing plugs in here as a further member
+// (docs/architecture.md).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "api/anthropic/response.hpp"
 #include "api/anthropic/stream.hpp"
+#include "api/anthropic/upstream_stream.hpp"
 #include "api/openai/stream.hpp"
 #include "api/responses/stream.hpp"
 #include "http/sse.hpp"
@@ -22,37 +27,99 @@ namespace weir::gateway {
 // The client's stream dialect, when it is not the upstream's.
 enum class Translation : std::uint8_t { none, anthropic, responses };
 
+// What the pool's endpoints speak (core::UpstreamType): OpenAI chat chunks
+// (vLLM, hosted OpenAI-compatible APIs) or Anthropic's Messages events.
+enum class UpstreamDialect : std::uint8_t { openai, anthropic };
+
 class StreamHooks {
  public:
+  // What a stream's hooks do, set once per stream by reset().
+  struct Setup {
+    bool strip_usage = false;  // Weir asked for the usage chunk on the client's behalf (OpenAI upstreams)
+    Translation client = Translation::none;
+    UpstreamDialect upstream = UpstreamDialect::openai;
+    bool include_usage = false;   // an OpenAI chat client asked for the usage chunk (Anthropic upstreams)
+    std::int64_t created = 0;     // Unix seconds for chunks made from an Anthropic stream
+    std::string_view echo;        // Responses: the request's members of the answer (must outlive the stream)
+    std::string_view request_id;  // Responses: the id when the upstream fails before its first chunk
+    std::string_view model;       // Responses: the model then
+  };
+
   // Before a stream starts: `strip_usage` when Weir asked for the usage
-  // chunk on the client's behalf; `t` for a translated stream. A Responses
-  // stream takes the request's `echo` (it must outlive the stream) and the
-  // request id and model (api/responses/stream.hpp).
+  // chunk on the client's behalf; `t` for a translated stream from an
+  // OpenAI upstream. A Responses stream takes the request's `echo` (it must
+  // outlive the stream) and the request id and model (api/responses/stream.hpp).
   void reset(bool strip_usage, Translation t = Translation::none, std::string_view echo = {},
              std::string_view request_id = {}, std::string_view model = {}) {
-    usage_.reset(strip_usage);
-    if (t == Translation::anthropic || translate_ == Translation::anthropic) anthropic_.reset();
-    if (t == Translation::responses || translate_ == Translation::responses) responses_.reset(echo, request_id, model);
-    translate_ = t;
+    reset(Setup{.strip_usage = strip_usage, .client = t, .echo = echo, .request_id = request_id, .model = model});
+  }
+  void reset(const Setup& s) {
+    usage_.reset(s.strip_usage);
+    const Mode m = mode_of(s.client, s.upstream);
+    if (m == Mode::anthropic || mode_ == Mode::anthropic) anthropic_.reset();
+    if (s.client == Translation::responses || mode_ == Mode::responses || mode_ == Mode::responses_from_anthropic)
+      responses_.reset(s.echo, s.request_id, s.model);
+    if (s.upstream == UpstreamDialect::anthropic) {
+      upstream_.reset(s.client == Translation::responses || s.include_usage, s.created);
+      passthrough_.reset();
+    }
+    mode_ = m;
     done_relayed_ = false;
     data_events_ = 0;
   }
 
-  // True when events are translated (translate()), not passed through (on_event()).
-  bool translating() const { return translate_ != Translation::none; }
+  // True when events are rewritten or observed (translate()), not passed
+  // through by on_event(): a client dialect other than the upstream's, or
+  // an Anthropic upstream (whose usage is read differently).
+  bool translating() const { return mode_ != Mode::plain; }
+  // The client's stream is OpenAI chat chunks (on_event(), or an Anthropic
+  // upstream translated into them): an in-band failure is then
+  // `data: {"error": …}` and `data: [DONE]` (gateway/phases fail()).
+  bool openai_client() const { return mode_ == Mode::plain || mode_ == Mode::chat_from_anthropic; }
+
   // A translated stream: appends the client's events for the upstream event
   // `ev` to `out` (usage is read as on_event does). Returns true when it
-  // appended any.
+  // appended any data event (an Anthropic stream passing through also
+  // appends its comments, returning false).
   bool translate(const http::SseEvent& ev, std::string& out) {
-    if (!ev.has_data) return false;  // upstream comments and blank blocks are not the client's
     const std::size_t before = out.size();
-    if (!ev.is_done()) (void)usage_.on_data(ev.data);
-    if (translate_ == Translation::responses) {
-      responses_.on_data(ev.data, out);
-      done_relayed_ = responses_.ended();
-    } else {
-      anthropic_.on_data(ev.data, out);
-      done_relayed_ = anthropic_.ended();
+    switch (mode_) {
+      case Mode::anthropic_passthrough:
+        // The client speaks the upstream's dialect: every byte as it came
+        // (a comment too, though it is no data event).
+        out += ev.raw;
+        if (!ev.has_data) return false;
+        passthrough_.on_data(ev.data);
+        if (passthrough_.has_usage()) usage_.set(passthrough_.usage());
+        done_relayed_ = passthrough_.ended();
+        break;
+      case Mode::chat_from_anthropic: {
+        if (!ev.has_data) return false;
+        ChatSink sink{out};
+        upstream_.on_data(ev.data, sink);
+        after_upstream();
+        done_relayed_ = upstream_.ended();
+        break;
+      }
+      case Mode::responses_from_anthropic: {
+        if (!ev.has_data) return false;
+        ResponsesSink sink{responses_, out};
+        upstream_.on_data(ev.data, sink);
+        after_upstream();
+        done_relayed_ = responses_.ended();
+        break;
+      }
+      default:
+        if (!ev.has_data) return false;  // upstream comments and blank blocks are not the client's
+        if (!ev.is_done()) (void)usage_.on_data(ev.data);
+        if (mode_ == Mode::responses) {
+          responses_.on_data(ev.data, out);
+          done_relayed_ = responses_.ended();
+        } else {
+          anthropic_.on_data(ev.data, out);
+          done_relayed_ = anthropic_.ended();
+        }
+        break;
     }
     if (out.size() == before) return false;
     ++data_events_;
@@ -60,24 +127,64 @@ class StreamHooks {
   }
   // A translated stream's upstream body ended normally: the closing events.
   void finish(std::string& out) {
-    if (translate_ == Translation::responses) {
-      responses_.finish(out);
-      done_relayed_ = responses_.ended();
-      return;
+    switch (mode_) {
+      case Mode::responses:
+        responses_.finish(out);
+        done_relayed_ = responses_.ended();
+        return;
+      case Mode::anthropic:
+        anthropic_.finish(out);
+        done_relayed_ = anthropic_.ended();
+        return;
+      case Mode::anthropic_passthrough:
+        // A body that ends before message_stop was cut short: say so, as Anthropic would.
+        if (!passthrough_.ended())
+          append_anthropic_error(out, 502, "The upstream stream ended before the message was complete.");
+        done_relayed_ = true;
+        return;
+      case Mode::chat_from_anthropic: {
+        ChatSink sink{out};
+        upstream_.finish(sink);
+        done_relayed_ = upstream_.ended();
+        return;
+      }
+      case Mode::responses_from_anthropic: {
+        ResponsesSink sink{responses_, out};
+        upstream_.finish(sink);
+        responses_.finish(out);
+        done_relayed_ = responses_.ended();
+        return;
+      }
+      case Mode::plain:
+        return;
     }
-    anthropic_.finish(out);
-    done_relayed_ = anthropic_.ended();
   }
-  // A translated stream failed after its head went out: Anthropic's one
+  // A translated stream failed after its head went out, for a client whose
+  // dialect has its own error event (!openai_client()): Anthropic's one
   // `event: error`, Responses' response.failed.
   void fail(int status, std::string_view message, std::string& out) {
-    if (translate_ == Translation::responses) {
-      responses_.fail(status, message, out);
-      done_relayed_ = responses_.ended();
-      return;
+    switch (mode_) {
+      case Mode::responses:
+      case Mode::responses_from_anthropic:
+        responses_.fail(status, message, out);
+        done_relayed_ = responses_.ended();
+        return;
+      case Mode::anthropic_passthrough:
+        if (!passthrough_.ended()) append_anthropic_error(out, status, message);
+        done_relayed_ = true;
+        return;
+      default:
+        anthropic_.fail(status, message, out);
+        done_relayed_ = anthropic_.ended();
+        return;
     }
-    anthropic_.fail(status, message, out);
-    done_relayed_ = anthropic_.ended();
+  }
+  // For holding a stream's head until its first content (a fallback is
+  // left): what the upstream event carries, in the upstream's dialect.
+  api::openai::ChunkKind classify(const http::SseEvent& ev) const {
+    if (!ev.has_data || ev.is_done()) return api::openai::ChunkKind::empty;
+    return upstream_dialect() == UpstreamDialect::anthropic ? api::anthropic::classify_event(ev.data)
+                                                            : api::openai::classify_chunk(ev.data);
   }
 
   // Called for every complete event, in order. Returns true when `ev.raw`
@@ -101,10 +208,62 @@ class StreamHooks {
   const api::openai::UsageHook& usage() const { return usage_; }
 
  private:
+  // The client's dialect × the upstream's.
+  enum class Mode : std::uint8_t {
+    plain,                     // OpenAI → OpenAI: on_event()
+    anthropic,                 // OpenAI upstream → Anthropic client
+    responses,                 // OpenAI upstream → Responses client
+    anthropic_passthrough,     // Anthropic → Anthropic: passed as it came, usage read
+    chat_from_anthropic,       // Anthropic upstream → OpenAI chat client
+    responses_from_anthropic,  // Anthropic upstream → chat chunks → Responses client
+  };
+  static Mode mode_of(Translation client, UpstreamDialect upstream) {
+    if (upstream == UpstreamDialect::anthropic)
+      return client == Translation::anthropic   ? Mode::anthropic_passthrough
+             : client == Translation::responses ? Mode::responses_from_anthropic
+                                                : Mode::chat_from_anthropic;
+    return client == Translation::anthropic   ? Mode::anthropic
+           : client == Translation::responses ? Mode::responses
+                                              : Mode::plain;
+  }
+  UpstreamDialect upstream_dialect() const {
+    return mode_ == Mode::anthropic_passthrough || mode_ == Mode::chat_from_anthropic ||
+                   mode_ == Mode::responses_from_anthropic
+               ? UpstreamDialect::anthropic
+               : UpstreamDialect::openai;
+  }
+  void after_upstream() {
+    if (upstream_.has_usage()) usage_.set(upstream_.usage());
+  }
+  static void append_anthropic_error(std::string& out, int status, std::string_view message) {
+    out += "event: error\ndata: ";
+    api::anthropic::append_error_json(out, status, message);
+    out += "\n\n";
+  }
+  // The translated OpenAI chunks of an Anthropic stream, framed as SSE for a chat client.
+  struct ChatSink final : api::anthropic::ChunkSink {
+    explicit ChatSink(std::string& o) : out(o) {}
+    void chunk(std::string_view data) override {
+      out += "data: ";
+      out += data;
+      out += "\n\n";
+    }
+    std::string& out;
+  };
+  // … or fed to the Responses translator, as an OpenAI upstream's would be.
+  struct ResponsesSink final : api::anthropic::ChunkSink {
+    ResponsesSink(api::responses::StreamTranslator& t, std::string& o) : tr(t), out(o) {}
+    void chunk(std::string_view data) override { tr.on_data(data, out); }
+    api::responses::StreamTranslator& tr;
+    std::string& out;
+  };
+
   api::openai::UsageHook usage_;
   api::anthropic::StreamTranslator anthropic_;
   api::responses::StreamTranslator responses_;
-  Translation translate_ = Translation::none;
+  api::anthropic::UpstreamStreamTranslator upstream_;
+  api::anthropic::PassthroughObserver passthrough_;
+  Mode mode_ = Mode::plain;
   bool done_relayed_ = false;
   std::uint32_t data_events_ = 0;
 };

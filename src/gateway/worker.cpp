@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <fmt/format.h>
@@ -20,6 +21,11 @@ namespace weir::gateway {
 using boost::system::error_code;
 using http::use_task;
 
+namespace {
+// Admission's default prices: never used (every admit passes its generation's).
+const admission::Pricing kNoPrices;
+}  // namespace
+
 Worker::Worker(Shared& shared, unsigned index)
     : shared_(shared),
       index_(index),
@@ -28,60 +34,176 @@ Worker::Worker(Shared& shared, unsigned index)
       io_(BOOST_ASIO_CONCURRENCY_HINT_UNSAFE_IO),
       acceptor_(io_.get_executor()),
       rng_(shared.instance_id ^ (0x9e3779b97f4a7c15ull * (index + 1))),
-      metrics_(shared.metric_labels ? shared.metric_labels
-                                    : MetricLabels::build(*shared.config, shared.auth_policy.get())),
+      metrics_(shared.generation->labels),
       log_(shared.log_sink),
       record_queue_(shared.request_log ? &shared.request_log->queue(index) : nullptr),
+      trace_queue_(shared.tracer ? &shared.tracer->queue(index) : nullptr),
       tick_(io_.get_executor()) {
-  const auto& cfg = *shared.config;
-  pools_.reserve(cfg.pools.size());
-  for (std::size_t p = 0; p < cfg.pools.size(); ++p)
-    pools_.emplace_back(cfg.pools[p], shared.endpoint_addrs[p],
-                        p < shared.pool_states.size() ? shared.pool_states[p].get() : nullptr, index);
-  batchers_.resize(cfg.pools.size());
-  for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
-    if (!cfg.pools[p].batch.enabled() && !cfg.pools[p].coalesce) continue;
-    batchers_[p] = std::make_unique<batching::MicroBatcher>(batching::BatchEnv{
-        .ex = io_.get_executor(),
-        .pool_cfg = &cfg.pools[p],
-        .pool = &pools_[p],
-        .rng = &rng_,
-        .read_scratch = stream_read_,
-        .body_scratch = stream_body_,
-        .max_response_bytes = cfg.server.max_response_bytes,
-        .api_key = cfg.pools[p].api_key,
-        .next_request_id = [this](std::string& out) { next_request_id(out); },
-        .stats = &metrics_.batch,
-        .upstream_connects = &metrics_.upstream_connects,
-        .on_attempt =
-            [this, pool = static_cast<std::uint32_t>(p)](std::uint32_t ep, http::UpstreamFailure f) {
-              metrics_.count_attempt(pool, ep);
-              if (f != http::UpstreamFailure::none) metrics_.count_upstream_failure(pool, ep, f);
-            },
-    });
-  }
+  gen_ = make_generation(shared.generation, nullptr);
   if (shared.auth_policy) {
     authn_ = std::make_unique<auth::Authenticator>(shared.auth_policy, shared.jwks, shared.redis_keys);
-    admission_ = std::make_unique<admission::Admission>(*shared.limiter, shared.pricing, index);
+    admission_ = std::make_unique<admission::Admission>(*shared.limiter, kNoPrices, index);
+  }
+}
+
+std::shared_ptr<WorkerGeneration> Worker::make_generation(std::shared_ptr<const Generation> g,
+                                                          WorkerGeneration* current) {
+  auto wg = std::make_shared<WorkerGeneration>();
+  wg->shared = std::move(g);
+  const Generation& gen = *wg->shared;
+  const auto& cfg = *gen.config;
+  for (std::size_t p = 0; p < gen.pools.size(); ++p) {
+    const PoolSlot& slot = gen.pools[p];
+    std::shared_ptr<routing::WorkerPool> pool;
+    std::shared_ptr<batching::MicroBatcher> batcher;
+    routing::WorkerPool* before = nullptr;  // the pool of that name the current generation has
+    if (current) {
+      for (std::size_t q = 0; q < current->shared->pools.size(); ++q) {
+        if (current->shared->pools[q].cfg->name != slot.cfg->name) continue;
+        if (current->shared->pools[q].state == slot.state) {  // unchanged: the same objects go on
+          pool = current->pools[q];
+          batcher = current->batchers[q];
+        } else {
+          before = current->pools[q].get();
+        }
+      }
+    }
+    if (!pool) {
+      pool = std::make_shared<routing::WorkerPool>(*slot.cfg, slot.addrs, slot.state.get(), index_,
+                                                   std::make_shared<PoolSlot>(slot));
+      if (before) pool->carry_from(*before);
+      const auto& pc = *slot.cfg;
+      {
+        // Its endpoints' openings and recoveries count into their series (slots fixed for this pool object).
+        std::vector<std::size_t> slots;
+        for (std::uint32_t e = 0; e < pc.endpoints.size(); ++e)
+          slots.push_back(gen.labels->endpoint_slot(static_cast<std::uint32_t>(p), e));
+        pool->on_transition(
+            [this, slots = std::move(slots)](std::uint32_t ep, routing::Transition t, routing::OpenCause cause) {
+              const std::size_t slot = ep < slots.size() ? slots[ep] : SIZE_MAX;
+              if (t == routing::Transition::opened)
+                metrics_.count_ejection_at(slot, cause);
+              else if (t == routing::Transition::closed)
+                metrics_.count_recovery_at(slot);
+            });
+      }
+      if (pc.batch.enabled() || pc.coalesce) {
+        // A batch's attempts count into its endpoints' series: their slots
+        // are fixed now (they never change for this pool object).
+        std::vector<std::size_t> slots;
+        for (std::uint32_t e = 0; e < pc.endpoints.size(); ++e)
+          slots.push_back(gen.labels->endpoint_slot(static_cast<std::uint32_t>(p), e));
+        batcher = std::make_shared<batching::MicroBatcher>(batching::BatchEnv{
+            .ex = io_.get_executor(),
+            .pool_cfg = &pc,
+            .pool = pool.get(),
+            .rng = &rng_,
+            .read_scratch = stream_read_,
+            .body_scratch = stream_body_,
+            .max_response_bytes = cfg.server.max_response_bytes,
+            .upstream_lines = pc.upstream_lines,
+            .next_request_id = [this](std::string& out) { next_request_id(out); },
+            .stats = &metrics_.batch,
+            .upstream_connects = &metrics_.upstream_connects,
+            .on_attempt =
+                [this, slots = std::move(slots)](std::uint32_t ep, http::UpstreamFailure f) {
+                  const std::size_t slot = ep < slots.size() ? slots[ep] : SIZE_MAX;
+                  metrics_.count_attempt_at(slot);
+                  if (f != http::UpstreamFailure::none) metrics_.count_upstream_failure_at(slot, f);
+                },
+        });
+      }
+    }
+    wg->pools.push_back(std::move(pool));
+    wg->batchers.push_back(std::move(batcher));
+  }
+  return wg;
+}
+
+void Worker::post_install(std::shared_ptr<const Generation> next, std::shared_ptr<const auth::AuthPolicy> policy,
+                          std::function<void()> done) {
+  asio::post(io_, [this, next = std::move(next), policy = std::move(policy), done = std::move(done)]() mutable {
+    install(std::move(next), std::move(policy));
+    done();
+  });
+}
+
+void Worker::install(std::shared_ptr<const Generation> next, std::shared_ptr<const auth::AuthPolicy> policy) {
+  if (next && next != gen_->shared) {
+    auto wg = make_generation(std::move(next), gen_.get());
+    metrics_.relabel(wg->shared->labels);
+    // The old generation's pools that the new one does not keep: their idle
+    // connections close now; a request still on them returns its
+    // connection there, and it closes when the generation is freed.
+    for (auto& p : gen_->pools) {
+      bool kept = false;
+      for (auto& q : wg->pools) kept = kept || q == p;
+      if (!kept)
+        for (std::uint32_t i = 0; i < p->size(); ++i) p->endpoint(i).conns.clear();
+    }
+    if (!draining_) start_probes(*wg, gen_.get());
+    retired_.push_back(std::move(gen_));
+    gen_ = std::move(wg);
+  }
+  if (policy && authn_) authn_->set_policy(std::move(policy));
+}
+
+void Worker::free_retired() {
+  // No request holds it any more, and no batch runs on a micro-batcher of its that
+  // the current generation does not have (a kept one lives on with it).
+  std::erase_if(retired_, [this](const std::shared_ptr<WorkerGeneration>& g) {
+    if (g.use_count() != 1) return false;
+    for (std::size_t p = 0; p < g->batchers.size(); ++p) {
+      const auto& b = g->batchers[p];
+      if (!b || b->idle()) continue;
+      bool kept = false;
+      for (const auto& c : gen_->batchers) kept = kept || c == b;
+      if (!kept) return false;
+    }
+    return true;
+  });
+}
+
+void Worker::start_probes(const WorkerGeneration& g, const WorkerGeneration* before) {
+  for (const auto& p : g.pools) {
+    if (!p->config().health.enabled) continue;
+    bool running = false;  // an unchanged pool's loop goes on
+    if (before)
+      for (const auto& q : before->pools) running = running || q == p;
+    if (!running) asio::co_spawn(io_.get_executor(), probe_loop(p), asio::detached);
   }
 }
 
 Worker::~Worker() { join(); }
 
-MetricsShard Worker::metrics_snapshot() const {
+template <typename F>
+void Worker::for_each_pool(F&& f) {
+  // The current generation's pools, then the retired ones' that it does not
+  // have (their requests still queue and finish there); each object once.
+  std::vector<const routing::WorkerPool*> seen;
+  auto visit = [&](WorkerGeneration& g) {
+    for (std::size_t p = 0; p < g.pools.size(); ++p) {
+      routing::WorkerPool* pool = g.pools[p].get();
+      if (std::find(seen.begin(), seen.end(), pool) != seen.end()) continue;
+      seen.push_back(pool);
+      f(g, static_cast<std::uint32_t>(p), *pool);
+    }
+  };
+  visit(*gen_);
+  for (auto& g : retired_) visit(*g);
+}
+
+MetricsShard Worker::metrics_snapshot() {
   MetricsShard m = metrics_;
-  for (std::size_t p = 0; p < pools_.size(); ++p) {
-    const auto& pool = pools_[p];
-    for (std::uint32_t i = 0; i < pool.size(); ++i)
-      m.set_endpoint_health(static_cast<std::uint32_t>(p), i, pool.endpoint(i).opened, pool.endpoint(i).recovered);
-    if (auto* q = pool.queue()) m.set_queue_waiting(static_cast<std::uint32_t>(p), q->waiting());
-  }
+  for_each_pool([&](WorkerGeneration& g, std::uint32_t p, routing::WorkerPool& pool) {
+    if (const auto* q = pool.queue()) m.add_queue_waiting(g.labels().pool_slot_of(p), q->waiting());
+  });
   return m;
 }
 
 void Worker::dispatch_queues() {
   const auto now = core::now();
-  for (auto& p : pools_) p.dispatch_queue(now);
+  for_each_pool([&](WorkerGeneration&, std::uint32_t, routing::WorkerPool& pool) { pool.dispatch_queue(now); });
 }
 
 std::string Worker::take_buffer() {
@@ -144,8 +266,7 @@ std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port
 void Worker::start() {
   asio::co_spawn(io_.get_executor(), accept_loop(), asio::detached);
   asio::co_spawn(io_.get_executor(), tick_loop(), asio::detached);
-  for (std::size_t p = 0; p < pools_.size(); ++p)
-    if (pools_[p].config().health.enabled) asio::co_spawn(io_.get_executor(), probe_loop(p), asio::detached);
+  start_probes(*gen_, nullptr);
   thread_ = std::thread([this] {
     for (;;) {
       try {
@@ -181,9 +302,17 @@ void Worker::close_idle_sessions() {
 }
 
 void Worker::next_request_id(std::string& out) {
-  out.clear();
-  fmt::format_to(std::back_inserter(out), "{:08x}{:02x}{:010x}", static_cast<std::uint32_t>(shared_.instance_id),
-                 index_ & 0xff, ++request_seq_);
+  // 8 hex digits of the instance, 2 of the worker, 10 of the counter (as
+  // "{:08x}{:02x}{:010x}", written by hand: once per request).
+  static constexpr char kHex[] = "0123456789abcdef";
+  char id[20];
+  auto put = [&](std::size_t at, std::size_t digits, std::uint64_t v) {
+    for (std::size_t i = at + digits; i > at; --i, v >>= 4) id[i - 1] = kHex[v & 0xf];
+  };
+  put(0, 8, static_cast<std::uint32_t>(shared_.instance_id));
+  put(8, 2, index_ & 0xff);
+  put(10, 10, ++request_seq_ & 0xff'ffff'ffffULL);
+  out.assign(id, sizeof id);
 }
 
 void Worker::add_session(Session* s) {
@@ -229,8 +358,8 @@ http::Task<void> Worker::accept_loop() {
 
 void Worker::sweep_idle_upstreams() {
   const auto now = core::now();
-  for (auto& p : pools_)
-    for (std::uint32_t i = 0; i < p.size(); ++i) p.endpoint(i).conns.sweep(now);
+  for (auto& p : gen_->pools)
+    for (std::uint32_t i = 0; i < p->size(); ++i) p->endpoint(i).conns.sweep(now);
 }
 
 void Worker::trim_when_idle() {
@@ -249,16 +378,22 @@ void Worker::trim_when_idle() {
   ::malloc_trim(0);
 }
 
-http::Task<void> Worker::probe_loop(std::size_t pool_index) {
-  auto& pool = pools_[pool_index];
+http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_ptr) {
+  auto& pool = *pool_ptr;
   const auto& hc = pool.config().health;
   http::Timer next(io_.get_executor());
   // Workers start their probes spread over the interval, not all at once.
   auto due = std::chrono::steady_clock::now() + hc.interval * (index_ + 1) / (shared_.workers.size() + 1);
+  // The pool is still the current generation's (a reload that changed it started another loop).
+  auto current = [&] {
+    for (const auto& p : gen_->pools)
+      if (p == pool_ptr) return true;
+    return false;
+  };
   for (;;) {
     next.expires_at(due);
     co_await next.async_wait(use_task);
-    if (draining_) co_return;
+    if (draining_ || !current()) co_return;
     due += hc.interval;
     for (std::uint32_t i = 0; i < pool.size(); ++i) {
       auto& ep = pool.endpoint(i);
@@ -268,7 +403,7 @@ http::Task<void> Worker::probe_loop(std::size_t pool_index) {
                                    .path = hc.path,
                                    .timeout = hc.timeout,
                                    .tls = ep.tls,
-                                   .api_key = pool.config().api_key,
+                                   .upstream_lines = pool.config().upstream_lines,
                                    .tls_error = &tls_error};
       const bool ok = co_await http::probe_health(io_.get_executor(), req);
       // A failed handshake or certificate check says why (at most every 10 s per endpoint).
@@ -292,14 +427,15 @@ http::Task<void> Worker::tick_loop() {
     log_.flush();
     dispatch_queues();
     if (tick % kSweepTicks == 0) sweep_idle_upstreams();
+    if (!retired_.empty()) free_retired();
     trim_when_idle();
     if (!draining_) continue;
     close_idle_sessions();
     if (std::chrono::steady_clock::now() >= drain_deadline_)
       for (Session* s = sessions_; s; s = s->next) s->force_close();
     if (session_count_ == 0) {
-      for (auto& p : pools_)
-        for (std::uint32_t i = 0; i < p.size(); ++i) p.endpoint(i).conns.clear();
+      for (auto& p : gen_->pools)
+        for (std::uint32_t i = 0; i < p->size(); ++i) p->endpoint(i).conns.clear();
       log_.flush();
       io_.stop();
       co_return;

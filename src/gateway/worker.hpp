@@ -1,6 +1,7 @@
 // A worker: one thread, one io_context, its own SO_REUSEPORT listener, its
-// own upstream pools, metrics shard and access-log buffer. Workers share only
-// the immutable configuration snapshot and route table.
+// own upstream pools, metrics shard and access-log buffer. Workers share
+// only the immutable configuration generation (gateway/generation.hpp) and
+// the control-plane services.
 #pragma once
 
 #include <array>
@@ -19,11 +20,13 @@
 #include "batching/batch.hpp"
 #include "core/access_log.hpp"
 #include "core/config.hpp"
+#include "gateway/generation.hpp"
 #include "gateway/metrics.hpp"
 #include "http/io.hpp"
 #include "requestlog/store.hpp"
 #include "routing/pool.hpp"
 #include "routing/route_table.hpp"
+#include "tracing/exporter.hpp"
 
 namespace weir::gateway {
 
@@ -32,29 +35,39 @@ namespace asio = boost::asio;
 class Session;
 class Worker;
 
-// What the workers share: read-only after start.
+// Configuration reloads (docs/operations.md): atomics the control thread
+// writes and /metrics reads from any thread.
+struct ReloadStats {
+  std::atomic<std::uint64_t> succeeded{0};
+  std::atomic<std::uint64_t> failed{0};
+  std::atomic<bool> last_ok{true};
+  std::atomic<std::int64_t> last_success_unix_s{0};  // set at start-up, then by each applied reload
+  std::atomic<std::uint64_t> generation{1};
+};
+
+// What the workers share.
 struct Shared {
-  std::shared_ptr<const core::Config> config;
-  std::unique_ptr<routing::RouteTable> routes;
+  // The configuration generation workers start on, then the one the last
+  // reload applied. Written and read on the control thread only once the
+  // workers run (each worker has its own pointer: Worker::generation()).
+  std::shared_ptr<const Generation> generation;
   std::shared_ptr<core::AccessLogSink> log_sink;
-  // Resolved address of every endpoint: [pool][endpoint].
-  std::vector<std::vector<http::tcp::endpoint>> endpoint_addrs;
-  // Per pool: scraped loads and the prefix index, shared by every worker (routing::SharedPoolState).
-  std::vector<std::unique_ptr<routing::SharedPoolState>> pool_states;
   std::vector<Worker*> workers;       // for metrics collection
   std::atomic<bool> draining{false};  // SIGTERM received
-  // Identity and admission; null when the config has no auth/tenants section.
+  // Identity and admission; null when the config has no auth/tenants
+  // section. After start the control thread's (admin API, reloads); each
+  // worker's Authenticator has its own.
   std::shared_ptr<const auth::AuthPolicy> auth_policy;
   auth::JwksCache* jwks = nullptr;                   // owned by the server; null without auth.jwt
   admission::Limiter* limiter = nullptr;             // owned by the server
   admission::RedisLimiter* redis_limiter = nullptr;  // the same object when limits are shared through Redis
   auth::RedisKeys* redis_keys = nullptr;             // owned by the server; null without auth.redis_keys
-  admission::Pricing pricing;
-  // Label slots of every worker's metrics shard; null: each worker builds
-  // them from `config` and `auth_policy` (tests).
-  std::shared_ptr<const MetricLabels> metric_labels;
-  std::uint64_t instance_id = 0;              // random per process, prefix of generated request ids
-  requestlog::Writer* request_log = nullptr;  // owned by the server; null without request_log:
+  std::uint64_t instance_id = 0;                     // random per process, prefix of generated request ids
+  requestlog::Writer* request_log = nullptr;         // owned by the server; null without request_log:
+  ReloadStats reloads;
+  tracing::Exporter* tracer = nullptr;  // owned by the server; null without tracing:
+  // request_log.capture_bodies: the tenants whose bodies are stored; null = none.
+  const requestlog::CaptureConfig* capture = nullptr;
 };
 
 class Worker {
@@ -78,25 +91,34 @@ class Worker {
   void drain(std::chrono::steady_clock::time_point deadline);
   void join();
 
+  // Thread-safe: installs configuration generation `next` (a reload) by a
+  // post to this worker's thread, and `policy` (null: unchanged) into its
+  // Authenticator; calls `done` on that thread once it is in. Requests in
+  // flight finish on the generation they started with.
+  void post_install(std::shared_ptr<const Generation> next, std::shared_ptr<const auth::AuthPolicy> policy,
+                    std::function<void()> done);
+
   // --- used by sessions, on this worker's thread only ---
   asio::io_context& io() { return io_; }
   Shared& shared() { return shared_; }
-  const core::Config& config() const { return *shared_.config; }
-  const routing::RouteTable& routes() const { return *shared_.routes; }
-  routing::WorkerPool& pool(std::uint32_t i) { return pools_[i]; }
-  // Pool `i`'s micro-batcher (pools.X.batch); null when batching is off there.
-  batching::MicroBatcher* batcher(std::uint32_t i) { return batchers_[i].get(); }
+  // The generation a request starts on now; the request holds it to its end.
+  const std::shared_ptr<WorkerGeneration>& generation() const { return gen_; }
   routing::Rng& rng() { return rng_; }
   MetricsShard& metrics() { return metrics_; }
-  // A copy of the metrics shard with the pools' health and queue state in
-  // it (MetricsShard::set_endpoint_health, set_queue_waiting): on this
-  // worker's thread only.
-  MetricsShard metrics_snapshot() const;
+  // A copy of the metrics shard with the pools' queue gauges in it
+  // (MetricsShard::add_queue_waiting: the requests waiting now in every
+  // pool of the current and retired generations): on this worker's thread only.
+  MetricsShard metrics_snapshot();
   core::AccessLog& access_log() { return log_; }
   // This worker's queue to the request-log store; null without request_log:.
   requestlog::RecordQueue* record_queue() { return record_queue_; }
   // Where a record's line is formatted when the access log is off.
   std::string& record_scratch() { return record_scratch_; }
+  // Tracing (tracing:): the exporter (its sampler and config), this
+  // worker's queue to it and its id generator; null without tracing:.
+  tracing::Exporter* tracer() { return shared_.tracer; }
+  tracing::TraceQueue* trace_queue() { return trace_queue_; }
+  tracing::IdGenerator& trace_ids() { return trace_ids_; }
   unsigned index() const { return index_; }
   // The authenticate and admit phases; null when auth is not configured.
   auth::Authenticator* authenticator() { return authn_.get(); }
@@ -128,10 +150,24 @@ class Worker {
  private:
   http::Task<void> accept_loop();
   http::Task<void> tick_loop();
-  // Active health probes of pool `pool`'s endpoints (pools.X.health), every interval, until the worker stops.
-  http::Task<void> probe_loop(std::size_t pool);
-  // Lets requests waiting in the pools' queues through where the gate
-  // opened without a request leaving (the pool is no longer saturated).
+  // Active health probes of `pool`'s endpoints (pools.X.health), every
+  // interval, until the worker stops or a reload retires the pool.
+  http::Task<void> probe_loop(std::shared_ptr<routing::WorkerPool> pool);
+  // This worker's view of `g`: the pools and batchers of `current` that `g`
+  // keeps (unchanged pools), new ones for the rest (carrying endpoint state).
+  std::shared_ptr<WorkerGeneration> make_generation(std::shared_ptr<const Generation> g, WorkerGeneration* current);
+  void install(std::shared_ptr<const Generation> next, std::shared_ptr<const auth::AuthPolicy> policy);
+  // Starts the probe loops of `g`'s pools that `before` did not have.
+  void start_probes(const WorkerGeneration& g, const WorkerGeneration* before);
+  // Frees retired generations no request holds any more (tick).
+  void free_retired();
+  // Calls f(generation, pool index there, pool) for every pool object of
+  // the current generation and of the retired ones, each once.
+  template <typename F>
+  void for_each_pool(F&& f);
+  // Lets requests waiting in the pools' queues (the current generation's
+  // and the retired ones') through where the gate opened without a request
+  // leaving (the pool is no longer saturated).
   void dispatch_queues();
   void close_idle_sessions();
   // Closes the pooled upstream connections that aged past their pool's
@@ -149,15 +185,18 @@ class Worker {
   unsigned index_;
   asio::io_context io_;
   http::Acceptor acceptor_;
-  std::vector<routing::WorkerPool> pools_;
   routing::Rng rng_;
   MetricsShard metrics_;
   core::AccessLog log_;
   requestlog::RecordQueue* record_queue_ = nullptr;
   std::string record_scratch_;
+  tracing::TraceQueue* trace_queue_ = nullptr;
+  tracing::IdGenerator trace_ids_;
   std::unique_ptr<auth::Authenticator> authn_;
   std::unique_ptr<admission::Admission> admission_;
-  std::vector<std::unique_ptr<batching::MicroBatcher>> batchers_;  // per pool, null = off
+  std::shared_ptr<WorkerGeneration> gen_;  // what new requests start on
+  // Replaced generations some request (or batch) still uses; freed on a tick once none does.
+  std::vector<std::shared_ptr<WorkerGeneration>> retired_;
   std::uint64_t request_seq_ = 0;
   static constexpr std::size_t kSpareBytes = 1u << 20;
   std::array<char, 16384> stream_read_{};

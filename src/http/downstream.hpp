@@ -55,6 +55,8 @@ class Downstream {
   Downstream& operator=(const Downstream&) = delete;
 
   void set_listener(Listener* l) { listener_ = l; }
+  // The limits and timeouts this connection runs with (its configuration generation's).
+  const core::ServerConfig& config() const { return sc_; }
 
   // --- reading ---
 

@@ -88,7 +88,12 @@ struct HarvestedEvents {  // what epoll_wait last reported for the descriptor (p
   using type = unsigned int ad::scheduler_operation::*;
   friend type member(HarvestedEvents);
 };
+struct TrySpeculative {  // per operation type: whether the next operation tries at once
+  using type = bool (DescriptorState::*)[ad::epoll_reactor::max_ops];
+  friend type member(TrySpeculative);
+};
 template struct Expose<EpollFd, &ad::epoll_reactor::epoll_fd_>;
+template struct Expose<TrySpeculative, &DescriptorState::try_speculative_>;
 template struct Expose<RegisteredEvents, &DescriptorState::registered_events_>;
 template struct Expose<HarvestedEvents, &ad::scheduler_operation::task_result_>;
 
@@ -97,6 +102,10 @@ template struct Expose<HarvestedEvents, &ad::scheduler_operation::task_result_>;
 inline unsigned int harvested_events(DescriptorState* d) {
   return ((ad::scheduler_operation*)d)->*member(HarvestedEvents{});  // NOLINT(google-readability-casting)
 }
+
+// Whether the reactor lets the socket's next read try a recv at once
+// (false after a read that drained it, until epoll reports it again).
+inline bool reads_try_at_once(DescriptorState* d) { return (d->*member(TrySpeculative{}))[ad::epoll_reactor::read_op]; }
 
 // The socket's reactor registration (protected in basic_socket; named
 // through a derived class, as the language allows).
@@ -203,6 +212,21 @@ struct InitiateRecv {
 };
 
 }  // namespace edge_detail
+
+// True when a read found `sock` drained (an async_recv's short read) and the
+// reactor has reported nothing readable on it since: no byte, FIN or RST was
+// harvested by an epoll_wait after that read. What arrived after the last
+// epoll_wait is not known yet (the next one reports it), so this is as good
+// as a recv(MSG_PEEK) made at that epoll_wait, and costs no system call.
+// False when unknown (a fresh socket, a read that filled its buffer, a read
+// through Asio's own operations, a closed socket).
+template <class Protocol>
+bool quiet_since_drained(boost::asio::basic_stream_socket<Protocol, core::Executor>& sock) {
+  using Socket = boost::asio::basic_stream_socket<Protocol, core::Executor>;
+  auto& impl = edge_detail::SocketAccess<Socket>::impl(sock);
+  if (impl.reactor_data_ == nullptr) return false;
+  return !edge_detail::reads_try_at_once(impl.reactor_data_);
+}
 
 // Reads up to b.size() bytes from `sock` (a plain TCP socket of a worker's
 // io_context), completing with (error_code, bytes) as

@@ -100,13 +100,26 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     out += "\r\n";
   }
   append_header(out, "x-request-id", o.request_id);
-  if (!o.api_key.empty()) {
-    out += "Authorization: Bearer ";
-    out += o.api_key;
-    out += "\r\n";
-  }
+  out += o.upstream_lines;
   if (o.identity) out += "Accept-Encoding: identity\r\n";
-  copy_end_to_end(out, req, [&](const auto& f) { return !forwarded_upstream(f, o.identity, o.strip_credentials); });
+  if (!o.traceparent.empty()) {
+    out += "traceparent: ";
+    out += o.traceparent;
+    out += "\r\n";
+    if (!o.tracestate.empty()) {
+      out += "tracestate: ";
+      out += o.tracestate;
+      out += "\r\n";
+    }
+  }
+  const bool own_trace = !o.traceparent.empty();
+  copy_end_to_end(out, req, [&](const auto& f) {
+    if ((o.body_decoded && f.name() == bh::field::content_encoding) ||
+        (o.anthropic && iequals(f.name_string(), "anthropic-version")) ||
+        (own_trace && (iequals(f.name_string(), "traceparent") || iequals(f.name_string(), "tracestate"))))
+      return true;
+    return !forwarded_upstream(f, o.identity, o.strip_credentials);
+  });
   out += "\r\n";
 }
 

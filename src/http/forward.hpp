@@ -16,15 +16,22 @@ using ResponseHead = boost::beast::http::response_header<>;
 
 // What the upstream request head carries besides the client's end-to-end fields.
 struct UpstreamHeadOptions {
-  std::string_view target;         // request target sent upstream (origin-form, e.g. "/v1/chat/completions")
-  std::string_view base_path;      // the endpoint URL's path ("" = server root): append_upstream_target
-  std::string_view base_query;     // the endpoint URL's query without '?' ("" = none)
-  std::string_view host_header;    // "host:port" of the endpoint
-  std::size_t body_bytes = 0;      // Content-Length of the body Weir sends (always sent for a POST)
-  std::string_view request_id;     // sent as x-request-id (the client's own is replaced)
-  std::string_view api_key;        // non-empty: "Authorization: Bearer <api_key>" (the pool's credential)
-  bool identity = false;           // ask for an uncompressed body (streams are parsed event by event)
-  bool strip_credentials = false;  // drop the client's Authorization and x-api-key (they were for Weir)
+  std::string_view target;          // request target sent upstream (origin-form, e.g. "/v1/chat/completions")
+  std::string_view base_path;       // the endpoint URL's path ("" = server root): append_upstream_target
+  std::string_view base_query;      // the endpoint URL's query without '?' ("" = none)
+  std::string_view host_header;     // "host:port" of the endpoint
+  std::size_t body_bytes = 0;       // Content-Length of the body Weir sends (always sent for a POST)
+  std::string_view request_id;      // sent as x-request-id (the client's own is replaced)
+  std::string_view upstream_lines;  // whole header lines (CRLF each) the pool adds: its credential, anthropic-version
+  bool identity = false;            // ask for an uncompressed body (streams are parsed event by event)
+  bool strip_credentials = false;   // drop the client's Authorization and x-api-key (they were for Weir)
+  bool anthropic = false;     // an Anthropic upstream: the client's anthropic-version is replaced (upstream_lines)
+  bool body_decoded = false;  // Weir decoded the client's Content-Encoding: the header does not go upstream
+  // W3C Trace Context (tracing:): non-empty, sent in place of the client's
+  // traceparent and tracestate (tracestate only when non-empty); empty =
+  // the client's pass through as they came.
+  std::string_view traceparent;
+  std::string_view tracestate;
 };
 
 // Appends the request target sent to an endpoint whose URL has a path
@@ -46,7 +53,9 @@ void append_upstream_target(std::string& out, std::string_view target, std::stri
 // would be read as the next request on a pooled connection), x-request-id,
 // the pool's Authorization, then the client's fields minus hop-by-hop ones
 // (RFC 9110 §7.6.1), Host, Content-Length, Expect, x-request-id and, as the
-// options say, Accept-Encoding and the client's credentials; then the blank line.
+// options say, Accept-Encoding, Content-Encoding, anthropic-version and the
+// client's credentials (and, with a traceparent in the options, the client's
+// traceparent and tracestate, replaced by the options'); then the blank line.
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
 
 // Appends, for deciding which requests may share one upstream request

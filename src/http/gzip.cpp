@@ -4,8 +4,9 @@
 
 namespace weir::http {
 
-bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out) {
+bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out, bool* over_limit) {
   out.clear();
+  if (over_limit) *over_limit = false;
   z_stream zs{};
   // 32 + 15: detect gzip or zlib header automatically, 32 KiB window.
   if (inflateInit2(&zs, 32 + 15) != Z_OK) return false;
@@ -20,6 +21,7 @@ bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out) {
     if (rc != Z_OK && rc != Z_STREAM_END) break;
     const std::size_t n = sizeof buf - zs.avail_out;
     if (out.size() + n > max_out) {
+      if (over_limit) *over_limit = true;
       rc = Z_MEM_ERROR;
       break;
     }

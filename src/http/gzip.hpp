@@ -9,7 +9,8 @@ namespace weir::http {
 
 // Decodes a gzip (or zlib-wrapped deflate) body into `out`, refusing output
 // beyond `max_out` bytes (decompression bombs). Returns false on corrupt or
-// truncated input or when the limit is hit; `out` is then unspecified.
-bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out);
+// truncated input or when the limit is hit (then `*over_limit`, when given,
+// says which); `out` is then unspecified.
+bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out, bool* over_limit = nullptr);
 
 }  // namespace weir::http

@@ -32,7 +32,7 @@ void close_at_deadline(Timer& deadline, const std::shared_ptr<Socket>& sock, con
 std::string probe_request(const ProbeRequest& r, std::string_view agent, std::string_view accept) {
   std::string req = fmt::format("GET {} HTTP/1.1\r\nHost: {}\r\nUser-Agent: {}\r\n", r.path, r.host_header, agent);
   if (!accept.empty()) fmt::format_to(std::back_inserter(req), "Accept: {}\r\n", accept);
-  if (!r.api_key.empty()) fmt::format_to(std::back_inserter(req), "Authorization: Bearer {}\r\n", r.api_key);
+  req += r.upstream_lines;
   req += "Connection: close\r\n\r\n";
   return req;
 }

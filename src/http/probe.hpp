@@ -21,7 +21,7 @@ struct ProbeRequest {
   std::string_view path;                     // e.g. "/health"
   std::chrono::milliseconds timeout{1'000};  // connect + request + status line
   TlsTarget tls;                             // https:// endpoints: TLS with this context and name (else plain)
-  std::string_view api_key;                  // non-empty: sent as "Authorization: Bearer" (hosted APIs' /v1/models)
+  std::string_view upstream_lines;           // the pool's header lines (credential, anthropic-version; CRLF each)
   std::string* tls_error = nullptr;          // non-null: set to why a TLS handshake or certificate check failed
 };
 

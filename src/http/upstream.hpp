@@ -98,20 +98,26 @@ class ConnectionPool {
 
   // A reusable connection, or nullptr. Connections idle longer than
   // max_idle_age, closed by the server, or holding unsolicited bytes are
-  // closed and dropped.
+  // closed and dropped (known from epoll at no cost for a quiet connection,
+  // else by a recv(MSG_PEEK)).
   std::unique_ptr<UpstreamConnection> take(std::chrono::steady_clock::time_point now);
   // Returns a connection after a complete response; closes it if the pool is full.
   void put(std::unique_ptr<UpstreamConnection> c, std::chrono::steady_clock::time_point now);
   // Closes the idle connections that are max_idle_age old (no system call)
   // and those the server has closed (FIN or RST pending: else they sit in
   // CLOSE-WAIT, holding a descriptor, until the next take() reaches them) or
-  // written to unasked: one recv(MSG_PEEK | MSG_DONTWAIT) per younger
-  // connection, about 1 µs each. Meant for a periodic timer off the request
+  // written to unasked: one recv(MSG_PEEK | MSG_DONTWAIT), about 1 µs, per
+  // younger connection epoll has reported something on since its response
+  // drained it, none for the quiet ones (http::quiet_since_drained). Meant for a periodic timer off the request
   // path (the worker's, every few hundred ms). Keeps the others in order.
   // Returns how many it closed.
   std::size_t sweep(std::chrono::steady_clock::time_point now);
   // Closes every idle connection (drain, shutdown).
   void clear();
+  // Takes `from`'s idle connections (oldest first, each keeping its idle
+  // time), as many as this pool keeps: a configuration reload hands an
+  // endpoint's connections to the pool that serves it next.
+  void adopt(ConnectionPool& from);
   std::size_t idle() const { return idle_.size(); }
 
  private:

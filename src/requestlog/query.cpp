@@ -153,6 +153,31 @@ bool parse_cursor(std::string_view s, std::int64_t& ts_us, std::int64_t& id) {
 
 core::Error bad(std::string message, std::string_view param) { return core::bad_request(std::move(message), param); }
 
+// Closes a list answer: `],"has_more":..,"next_cursor":..}`, the cursor from the last row shown.
+void finish_list(std::string& out, bool has_more, std::int64_t last_ts, std::int64_t last_id) {
+  fmt::format_to(std::back_inserter(out), R"(],"has_more":{},"next_cursor":)", has_more);
+  if (has_more) {
+    out += '"';
+    out += make_cursor(last_ts, last_id);
+    out += '"';
+  } else {
+    out += "null";
+  }
+  out += '}';
+}
+
+// The stored record with its captured bodies (a JSON object, or empty for
+// none) as a last member "bodies". The record is a JSON object Weir wrote: it ends in '}'.
+std::string with_bodies(std::string_view record, std::string_view bodies) {
+  std::string out(record);
+  if (bodies.empty() || out.empty() || out.back() != '}') return out;
+  out.pop_back();
+  out += out.size() > 1 ? R"(,"bodies":)" : R"("bodies":)";
+  out += bodies;
+  out += '}';
+  return out;
+}
+
 }  // namespace
 
 std::string make_cursor(std::int64_t ts_us, std::int64_t id) {
@@ -233,6 +258,7 @@ tl::expected<void, core::Error> Reader::ensure_open() {
 
 tl::expected<std::string, core::Error> Reader::query_json(const Query& q) {
   std::lock_guard lock(mu_);
+  if (kind_ == StoreKind::postgres) return query_pg(q);
   if (auto r = ensure_open(); !r) return tl::unexpected(std::move(r.error()));
   std::string sql = "SELECT id, ts_us, record FROM requests WHERE 1";
   if (q.since_us) sql += " AND ts_us >= :since";
@@ -281,32 +307,90 @@ tl::expected<std::string, core::Error> Reader::query_json(const Query& q) {
   }
   if (rc != SQLITE_ROW && rc != SQLITE_DONE)
     return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", db_.errmsg())));
-  fmt::format_to(std::back_inserter(out), R"(],"has_more":{},"next_cursor":)", has_more);
-  if (has_more) {
-    out += '"';
-    out += make_cursor(last_ts, last_id);
-    out += '"';
-  } else {
-    out += "null";
-  }
-  out += '}';
+  finish_list(out, has_more, last_ts, last_id);
   return out;
 }
 
 tl::expected<std::optional<std::string>, core::Error> Reader::get_json(std::string_view request_id) {
   std::lock_guard lock(mu_);
+  if (kind_ == StoreKind::postgres) return get_pg(request_id);
   if (auto r = ensure_open(); !r) return tl::unexpected(std::move(r.error()));
   std::string error;
-  Stmt st = db_.prepare("SELECT record FROM requests WHERE request_id = ?1 ORDER BY id DESC LIMIT 1", error);
+  Stmt st = db_.prepare("SELECT record, bodies FROM requests WHERE request_id = ?1 ORDER BY id DESC LIMIT 1", error);
   if (!st) {
     db_.close();
     return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", error)));
   }
   st.bind(1, request_id);
   const int rc = st.step();
-  if (rc == SQLITE_ROW) return std::optional<std::string>(std::string(st.column_text(0)));
+  if (rc == SQLITE_ROW) return std::optional<std::string>(with_bodies(st.column_text(0), st.column_text(1)));
   if (rc == SQLITE_DONE) return std::optional<std::string>();
   return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", db_.errmsg())));
+}
+
+tl::expected<std::string, core::Error> Reader::query_pg(const Query& q) {
+  auto unavailable = [&](const std::string& why) {
+    pg_.close();  // a server restarted, a network blip: connect again next time
+    return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", why)));
+  };
+  std::string error;
+  if (!pg_ && !pg_.connect(path_, error)) return unavailable(error);
+  // Text parameters, numbered as they are added.
+  std::vector<std::string> values;
+  std::string sql = "SELECT id, ts_us, record FROM requests WHERE true";
+  auto param = [&](std::string v, const char* cast) {
+    values.push_back(std::move(v));
+    return fmt::format("${}{}", values.size(), cast);
+  };
+  if (q.since_us) sql += " AND ts_us >= " + param(std::to_string(*q.since_us), "::bigint");
+  if (q.until_us) sql += " AND ts_us < " + param(std::to_string(*q.until_us), "::bigint");
+  if (q.tenant) sql += " AND tenant = " + param(*q.tenant, "");
+  if (q.key_id) sql += " AND key_id = " + param(*q.key_id, "");
+  if (q.model) sql += " AND model = " + param(*q.model, "");
+  if (q.status_min) {
+    sql += " AND status BETWEEN " + param(std::to_string(q.status_min), "::int");
+    sql += " AND " + param(std::to_string(q.status_max), "::int");
+  }
+  if (q.after_ts_us) {
+    sql += " AND (ts_us, id) < (" + param(std::to_string(*q.after_ts_us), "::bigint");
+    sql += ", " + param(std::to_string(q.after_id), "::bigint") + ")";
+  }
+  sql += " ORDER BY ts_us DESC, id DESC LIMIT " + param(std::to_string(q.limit + 1), "::bigint");
+  std::vector<const char*> params;
+  // A filter value with a NUL byte matches no stored row (PostgreSQL text cannot hold one).
+  for (const auto& v : values) {
+    if (v.find('\0') != std::string::npos)
+      return std::string(R"({"object":"list","data":[],"has_more":false,"next_cursor":null})");
+    params.push_back(v.c_str());
+  }
+  PgResult r = pg_.exec(sql.c_str(), params);
+  if (!r.ok()) return unavailable(r.error());
+  std::string out = R"({"object":"list","data":[)";
+  const int n = r.rows();
+  const bool has_more = n > static_cast<int>(q.limit);
+  const int shown = has_more ? static_cast<int>(q.limit) : n;
+  for (int i = 0; i < shown; ++i) {
+    if (i) out += ',';
+    out += r.text(i, 2);
+  }
+  finish_list(out, has_more, shown ? r.int64(shown - 1, 1) : 0, shown ? r.int64(shown - 1, 0) : 0);
+  return out;
+}
+
+tl::expected<std::optional<std::string>, core::Error> Reader::get_pg(std::string_view request_id) {
+  auto unavailable = [&](const std::string& why) {
+    pg_.close();
+    return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", why)));
+  };
+  std::string error;
+  if (!pg_ && !pg_.connect(path_, error)) return unavailable(error);
+  const std::string id(request_id);
+  if (id.find('\0') != std::string::npos) return std::optional<std::string>();
+  PgResult r =
+      pg_.exec("SELECT record, bodies FROM requests WHERE request_id = $1 ORDER BY id DESC LIMIT 1", {id.c_str()});
+  if (!r.ok()) return unavailable(r.error());
+  if (r.rows() == 0) return std::optional<std::string>();
+  return std::optional<std::string>(with_bodies(r.text(0, 0), r.text(0, 1)));
 }
 
 }  // namespace weir::requestlog

@@ -1,7 +1,8 @@
 // Reading the request-log store (requestlog/store.hpp) for the admin API's
-// GET /admin/v1/requests and GET /admin/v1/requests/{request_id}: on a
-// non-worker thread, through a read-only SQLite connection of its own (WAL
-// lets it read while the writer writes).
+// GET /admin/v1/requests and GET /admin/v1/requests/{request_id} and for
+// `weir requests`: on a non-worker thread, through a connection of its own
+// (SQLite: read-only, WAL lets it read while the writer writes; PostgreSQL:
+// a libpq connection).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,8 @@
 #include <tl/expected.hpp>
 
 #include "core/error.hpp"
+#include "requestlog/config.hpp"
+#include "requestlog/postgres.hpp"
 #include "requestlog/sqlite.hpp"
 
 namespace weir::requestlog {
@@ -44,11 +47,17 @@ tl::expected<Query, core::Error> parse_query(std::string_view url_query);
 // The opaque cursor for a keyset position (ts_us, id); parse_query reads it back.
 std::string make_cursor(std::int64_t ts_us, std::int64_t id);
 
-// A read-only view of the store at `path`. Thread-safe (one query at a
-// time, serialized on an internal mutex); never use it on a worker thread.
+// A read-only view of a store. Thread-safe (one query at a time,
+// serialized on an internal mutex); never use it on a worker thread.
 class Reader {
  public:
+  // The SQLite file at `path`.
   explicit Reader(std::string path) : path_(std::move(path)) {}
+  // The store `config` names (SQLite or PostgreSQL).
+  explicit Reader(const RequestLogConfig& config)
+      : kind_(config.kind),
+        path_(config.kind == StoreKind::sqlite ? config.path : config.url),
+        display_(config.display) {}
 
   // {"object":"list","data":[records, newest first],"has_more":bool,
   //  "next_cursor":string|null}; each record is the access-log line's JSON
@@ -57,15 +66,24 @@ class Reader {
   // Errors: 503 (core::unavailable) when the store cannot be opened or read.
   tl::expected<std::string, core::Error> query_json(const Query& q);
   // The record with this request id (the newest, if a client reused an
-  // x-request-id), or nullopt (a 404 for the caller). Errors as query_json.
+  // x-request-id), or nullopt (a 404 for the caller); with its captured
+  // bodies, when there are any, as a member "bodies": {"request"?: body,
+  // "response"?: body}, body = {"size": bytes, "truncated": bool, "text":
+  // string} or, for bytes that are not UTF-8, "base64" in place of "text".
+  // Errors as query_json.
   tl::expected<std::optional<std::string>, core::Error> get_json(std::string_view request_id);
 
  private:
   tl::expected<void, core::Error> ensure_open();
+  tl::expected<std::string, core::Error> query_pg(const Query& q);
+  tl::expected<std::optional<std::string>, core::Error> get_pg(std::string_view request_id);
 
-  std::string path_;
+  StoreKind kind_ = StoreKind::sqlite;
+  std::string path_;  // SQLite: the file; PostgreSQL: the URL (never shown: display_)
+  std::string display_;
   std::mutex mu_;
   Db db_;
+  PgConn pg_;
 };
 
 }  // namespace weir::requestlog

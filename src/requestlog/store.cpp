@@ -1,9 +1,14 @@
 #include "requestlog/store.hpp"
 
+#include <openssl/evp.h>
 #include <pthread.h>
-#include <sqlite3.h>
+
+#include <iterator>
 
 #include <fmt/format.h>
+
+#include "core/json_text.hpp"
+#include "requestlog/redact.hpp"
 
 namespace weir::requestlog {
 
@@ -11,27 +16,6 @@ namespace {
 
 using SteadyClock = std::chrono::steady_clock;
 
-constexpr const char* kSchema = R"sql(
-CREATE TABLE IF NOT EXISTS requests (
-  id INTEGER PRIMARY KEY,
-  ts_us INTEGER NOT NULL,
-  request_id TEXT NOT NULL,
-  tenant TEXT,
-  key_id TEXT,
-  model TEXT,
-  status INTEGER NOT NULL,
-  record TEXT NOT NULL
-);
-CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts_us, id);
-CREATE INDEX IF NOT EXISTS requests_tenant ON requests (tenant, ts_us, id);
-CREATE INDEX IF NOT EXISTS requests_key_id ON requests (key_id, ts_us, id);
-CREATE INDEX IF NOT EXISTS requests_model ON requests (model, ts_us, id);
-CREATE INDEX IF NOT EXISTS requests_status ON requests (status, ts_us, id);
-CREATE INDEX IF NOT EXISTS requests_request_id ON requests (request_id);
-PRAGMA user_version = 1;
-)sql";
-
-constexpr std::int64_t kRetentionChunk = 10'000;
 constexpr auto kReportEvery = std::chrono::seconds(10);
 constexpr auto kReopenEvery = std::chrono::seconds(1);
 
@@ -62,7 +46,8 @@ std::size_t utf8_len(std::string_view s, std::size_t i) noexcept {
   return n;
 }
 
-// `s` with every byte that starts no well-formed sequence replaced by U+FFFD.
+}  // namespace
+
 std::string_view make_valid(std::string_view s, std::string& out) {
   if (valid_utf8(s)) return s;
   out.clear();
@@ -79,8 +64,6 @@ std::string_view make_valid(std::string_view s, std::string& out) {
   return out;
 }
 
-}  // namespace
-
 bool valid_utf8(std::string_view s) noexcept {
   for (std::size_t i = 0; i < s.size();) {
     const std::size_t n = utf8_len(s, i);
@@ -90,16 +73,17 @@ bool valid_utf8(std::string_view s) noexcept {
   return true;
 }
 
-Writer::Writer(RequestLogConfig config, unsigned workers) : config_(std::move(config)) {
-  for (unsigned i = 0; i < workers; ++i) queues_.push_back(std::make_unique<RecordQueue>(config_.queue));
+Writer::Writer(RequestLogConfig config, unsigned workers)
+    : config_(std::move(config)),
+      store_(config_.kind == StoreKind::postgres ? make_postgres_backend(config_) : make_sqlite_backend(config_)) {
+  for (unsigned i = 0; i < workers; ++i) {
+    queues_.push_back(std::make_unique<RecordQueue>(config_.queue));
+    budgets_.push_back(std::make_unique<BodyBudget>());
+  }
 }
 
 Writer::~Writer() {
   if (thread_.joinable()) stop(SteadyClock::now());
-}
-
-void Writer::close_statements() {
-  for (Stmt* s : {&begin_, &commit_, &rollback_, &insert_, &delete_older_, &nth_newest_, &delete_upto_}) *s = Stmt();
 }
 
 void Writer::count_error(const std::string& what) {
@@ -108,100 +92,121 @@ void Writer::count_error(const std::string& what) {
 }
 
 bool Writer::open_store(std::string& error) {
-  close_statements();
-  auto fail = [&](std::string why) {
-    error = fmt::format("request log {}: {}", config_.path, why);
+  std::string why;
+  if (!store_->open(why)) {
+    error = fmt::format("request log {}: {}", config_.display, why);
     count_error(error);
-    close_statements();
-    db_.close();
     open_.store(false, std::memory_order_relaxed);
     return false;
-  };
-  std::string why;
-  if (!db_.open(config_.path, false, why)) return fail(why);
-  // WAL: readers (the admin API's queries) never block the writer nor it
-  // them; synchronous=NORMAL syncs at checkpoints, not per commit (a power
-  // loss may lose the last transactions, never corrupt the file).
-  if (!db_.exec("PRAGMA busy_timeout = 2000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", why))
-    return fail(why);
-  if (!db_.exec(kSchema, why)) return fail(why);
-  struct P {
-    Stmt* out;
-    const char* sql;
-  };
-  for (P p :
-       {P{&begin_, "BEGIN IMMEDIATE"}, P{&commit_, "COMMIT"}, P{&rollback_, "ROLLBACK"},
-        P{&insert_,
-          "INSERT INTO requests (ts_us, request_id, tenant, key_id, model, status, record) "
-          "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)"},
-        P{&delete_older_, "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE ts_us < ?1 LIMIT 10000)"},
-        P{&nth_newest_, "SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1"},
-        P{&delete_upto_,
-          "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE id <= ?1 ORDER BY id LIMIT 10000)"}}) {
-    *p.out = db_.prepare(p.sql, why);
-    if (!*p.out) return fail(why);
   }
   open_.store(true, std::memory_order_relaxed);
   return true;
 }
 
+namespace {
+
+// Appends one captured body as {"size":N,"truncated":bool,"text":"..."}
+// (valid UTF-8) or {..., "base64":"..."} (anything else), redacted first.
+void append_body(std::string& out, const CapturedBody& b, std::string& text) {
+  text.assign(b.bytes);
+  redact_patterns(text, b.truncated);
+  fmt::format_to(std::back_inserter(out), R"({{"size":{},"truncated":{},)", b.size, b.truncated);
+  std::string_view v = text;
+  // A multi-byte character cut by the cap is not a reason for base64.
+  if (b.truncated && !valid_utf8(v))
+    for (int k = 0; k < 3 && !v.empty() && !valid_utf8(v); ++k) v.remove_suffix(1);
+  if (valid_utf8(v)) {
+    out += R"("text":)";
+    core::append_json_string(out, v);
+  } else {
+    out += R"("base64":")";
+    const std::size_t at = out.size();
+    out.resize(at + 4 * ((text.size() + 2) / 3) + 1);
+    const int n = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data() + at),
+                                  reinterpret_cast<const unsigned char*>(text.data()), static_cast<int>(text.size()));
+    out.resize(at + static_cast<std::size_t>(n));
+    out += '"';
+  }
+  out += '}';
+}
+
+// Makes `s` valid UTF-8 in place (the slot is the writer's until pop()).
+void make_valid_in_place(std::string& s, std::string& scratch) {
+  if (valid_utf8(s)) return;
+  make_valid(s, scratch);
+  s.swap(scratch);
+}
+
+}  // namespace
+
+std::string_view Writer::bodies_json(Record& r) {
+  bodies_.clear();
+  if (!r.request_body.present && !r.response_body.present) return {};
+  bodies_ += '{';
+  if (r.request_body.present) {
+    bodies_ += R"("request":)";
+    append_body(bodies_, r.request_body, body_text_);
+  }
+  if (r.response_body.present) {
+    if (r.request_body.present) bodies_ += ',';
+    bodies_ += R"("response":)";
+    append_body(bodies_, r.response_body, body_text_);
+  }
+  bodies_ += '}';
+  return bodies_;
+}
+
 std::size_t Writer::write_batch() {
-  if (!db_ || queues_.empty()) return 0;
+  if (!store_->is_open() || queues_.empty()) return 0;
   std::size_t taken = 0;
   bool failed = false;
   bool in_txn = false;
+  std::string why;
   // Takes records from the queues in turn (one queue's backlog cannot starve the others).
   for (std::size_t visited = 0; visited < queues_.size() && taken < config_.batch && !failed; ++visited) {
     auto& q = *queues_[next_queue_];
+    auto& budget = *budgets_[next_queue_];
     next_queue_ = (next_queue_ + 1) % queues_.size();
     while (taken < config_.batch) {
-      const Record* r = q.front();
+      Record* r = q.front();
       if (!r) break;
       if (!in_txn) {
-        const int rc = begin_.step();
-        begin_.reset();
-        if (rc != SQLITE_DONE) {
-          count_error(fmt::format("request log {}: BEGIN: {}", config_.path, db_.errmsg()));
+        if (!store_->begin(why)) {
+          count_error(fmt::format("request log {}: {}", config_.display, why));
+          store_->rollback();
           return 0;  // nothing taken: the records stay queued
         }
         in_txn = true;
       }
-      insert_.bind(1, r->ts_us);
-      insert_.bind(2, make_valid(r->request_id, scratch_));
-      // Bound as static text: each view must outlive the step, so one scratch per column.
-      std::string s_tenant, s_key, s_model;
-      insert_.bind_text_or_null(3, make_valid(r->tenant, s_tenant));
-      insert_.bind_text_or_null(4, make_valid(r->key_id, s_key));
-      insert_.bind_text_or_null(5, make_valid(r->model, s_model));
-      insert_.bind(6, static_cast<std::int64_t>(r->status));
-      insert_.bind(7, std::string_view(r->json));
-      const int rc = insert_.step();
-      insert_.reset();
+      for (std::string* col : {&r->request_id, &r->tenant, &r->key_id, &r->model, &r->json})
+        make_valid_in_place(*col, scratch_);
+      const bool ok = store_->add(*r, bodies_json(*r), why);
+      // Stored: the ring's slots do not keep bodies (queue × caps of memory otherwise).
+      for (CapturedBody* b : {&r->request_body, &r->response_body}) {
+        budget.give(static_cast<std::int64_t>(b->bytes.size()));
+        b->clear();
+        if (b->bytes.capacity() > 4096) std::string().swap(b->bytes);
+      }
       q.pop();
       ++taken;
-      if (rc != SQLITE_DONE) {
-        count_error(fmt::format("request log {}: INSERT: {}", config_.path, db_.errmsg()));
+      if (!ok) {
+        count_error(fmt::format("request log {}: {}", config_.display, why));
         failed = true;
         break;
       }
     }
   }
   if (!in_txn) return taken;
-  if (!failed) {
-    const int rc = commit_.step();
-    commit_.reset();
-    if (rc != SQLITE_DONE) {
-      count_error(fmt::format("request log {}: COMMIT: {}", config_.path, db_.errmsg()));
-      failed = true;
-    }
+  if (!failed && !store_->commit(why)) {
+    count_error(fmt::format("request log {}: {}", config_.display, why));
+    failed = true;
   }
   ++transactions_;
   if (failed) {
-    rollback_.step();
-    rollback_.reset();
+    store_->rollback();
     dropped_write_.fetch_add(taken, std::memory_order_relaxed);
-    // Start over from a fresh connection (a file deleted or replaced, a full disk cleared).
-    db_.close();
+    // Start over from a fresh connection (a file deleted or replaced, a full disk cleared, a server restarted).
+    store_->close();
     open_.store(false, std::memory_order_relaxed);
   } else {
     written_.fetch_add(taken, std::memory_order_relaxed);
@@ -209,35 +214,17 @@ std::size_t Writer::write_batch() {
   return taken;
 }
 
-std::int64_t Writer::delete_chunked(Stmt& stmt, std::int64_t arg) {
-  std::int64_t total = 0;
-  for (;;) {
-    stmt.bind(1, arg);
-    const int rc = stmt.step();
-    stmt.reset();
-    if (rc != SQLITE_DONE) {
-      count_error(fmt::format("request log {}: retention: {}", config_.path, db_.errmsg()));
-      break;
-    }
-    const auto n = db_.changes();
-    total += n;
-    if (n < kRetentionChunk) break;
-  }
-  return total;
-}
-
 void Writer::apply_retention(std::int64_t now_us) {
-  if (!db_) return;
+  if (!store_->is_open()) return;
   std::int64_t deleted = 0;
-  if (config_.max_age.count() > 0) deleted += delete_chunked(delete_older_, now_us - config_.max_age.count() * 1000);
-  if (config_.max_rows > 0) {
-    nth_newest_.bind(1, static_cast<std::int64_t>(config_.max_rows));
-    const int rc = nth_newest_.step();
-    const std::int64_t cut = rc == SQLITE_ROW ? nth_newest_.column_int64(0) : -1;
-    nth_newest_.reset();
-    if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-      count_error(fmt::format("request log {}: retention: {}", config_.path, db_.errmsg()));
-    if (cut >= 0) deleted += delete_chunked(delete_upto_, cut);
+  std::string why;
+  if (config_.max_age.count() > 0) {
+    deleted += store_->delete_older(now_us - config_.max_age.count() * 1000, why);
+    if (!why.empty()) count_error(fmt::format("request log {}: {}", config_.display, why));
+  }
+  if (config_.max_rows > 0 && why.empty()) {
+    deleted += store_->keep_newest(config_.max_rows, why);
+    if (!why.empty()) count_error(fmt::format("request log {}: {}", config_.display, why));
   }
   deleted_.fetch_add(static_cast<std::uint64_t>(deleted), std::memory_order_relaxed);
 }
@@ -274,7 +261,7 @@ void Writer::report(bool now_anyway) {
   if (drops != reported_drops_)
     fmt::print(stderr, "weir: request log: {} records dropped in the last {}s ({})\n", drops - reported_drops_,
                std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(),
-               db_ ? "the store is slow: queue full" : "the store is not open");
+               store_->is_open() ? "the store is slow: queue full" : "the store is not open");
   if (errors != reported_errors_) fmt::print(stderr, "weir: {} ({} errors)\n", last_error_, errors - reported_errors_);
   reported_drops_ = drops;
   reported_errors_ = errors;
@@ -294,7 +281,7 @@ void Writer::run() {
       if (stop_) break;
     }
     std::size_t n = 0;
-    if (!db_) {
+    if (!store_->is_open()) {
       if (SteadyClock::now() >= next_open) {
         std::string error;
         open_store(error);
@@ -302,7 +289,7 @@ void Writer::run() {
       }
     } else {
       n = write_batch();
-      if (db_ && SteadyClock::now() >= next_retention) {
+      if (store_->is_open() && SteadyClock::now() >= next_retention) {
         apply_retention(unix_us());
         next_retention = SteadyClock::now() + config_.retention_interval;
       }
@@ -321,24 +308,24 @@ void Writer::run() {
     deadline = deadline_;
   }
   for (;;) {
-    if (!db_) {
+    if (!store_->is_open()) {
       std::string error;
       if (!open_store(error)) break;
     }
-    if (write_batch() == 0 && db_) break;
+    if (write_batch() == 0 && store_->is_open()) break;
     if (SteadyClock::now() >= deadline) break;
   }
   std::uint64_t left = 0;
-  for (auto& q : queues_)
-    while (q->front()) {
-      q->pop();
+  for (std::size_t i = 0; i < queues_.size(); ++i)
+    while (Record* r = queues_[i]->front()) {
+      budgets_[i]->give(static_cast<std::int64_t>(r->request_body.bytes.size() + r->response_body.bytes.size()));
+      queues_[i]->pop();
       ++left;
     }
   dropped_shutdown_.fetch_add(left, std::memory_order_relaxed);
   if (left) fmt::print(stderr, "weir: request log: {} records not written at shutdown (drain deadline)\n", left);
   report(true);
-  close_statements();
-  db_.close();
+  store_->close();
   open_.store(false, std::memory_order_relaxed);
 }
 
@@ -350,6 +337,7 @@ WriterStats Writer::stats() const {
     s.queued += q->size();
   }
   s.dropped_write_error = dropped_write_.load(std::memory_order_relaxed);
+  for (const auto& b : budgets_) s.bodies_dropped += b->dropped.load(std::memory_order_relaxed);
   s.dropped_shutdown = dropped_shutdown_.load(std::memory_order_relaxed);
   s.errors = errors_.load(std::memory_order_relaxed);
   s.deleted = deleted_.load(std::memory_order_relaxed);

@@ -1,18 +1,12 @@
 // The request-log store's writer: one thread that empties every worker's
-// RecordQueue into SQLite (one file, WAL mode, so readers run beside it) in
-// batched transactions with prepared statements, and applies retention.
-// The request path only pushes into its worker's queue (requestlog/queue.hpp)
-// and never waits: a full queue drops the record, a failed transaction drops
-// its batch, and both are counted (weir_request_log_dropped_total) and said
-// on stderr at most every 10 s.
-//
-// Table `requests` (schema version 1, PRAGMA user_version):
-//   id INTEGER PRIMARY KEY   insertion order
-//   ts_us INTEGER            the record's "ts", Unix µs
-//   request_id, tenant, key_id, model TEXT (NULL when absent), status INTEGER
-//   record TEXT              the access-log line's JSON object
-// with indexes on (ts_us, id), (tenant, ts_us, id), (key_id, ts_us, id),
-// (model, ts_us, id), (status, ts_us, id) and (request_id).
+// RecordQueue into the store (SQLite: one file, WAL mode, so readers run
+// beside it, prepared statements in one transaction per batch; PostgreSQL:
+// one COPY per batch) and applies retention. The request path only pushes
+// into its worker's queue (requestlog/queue.hpp) and never waits: a full
+// queue drops the record, a failed batch is dropped, and both are counted
+// (weir_request_log_dropped_total) and said on stderr at most every 10 s.
+// Captured bodies are redacted (requestlog/redact.hpp) and encoded here,
+// on the writer's thread. The schema: requestlog/backend.hpp.
 #pragma once
 
 #include <atomic>
@@ -25,9 +19,9 @@
 #include <thread>
 #include <vector>
 
+#include "requestlog/backend.hpp"
 #include "requestlog/config.hpp"
 #include "requestlog/queue.hpp"
-#include "requestlog/sqlite.hpp"
 
 namespace weir::requestlog {
 
@@ -40,6 +34,7 @@ struct WriterStats {
   std::uint64_t errors = 0;               // failed opens, statements and commits
   std::uint64_t deleted = 0;              // rows removed by retention
   std::uint64_t queued = 0;               // records in the queues now
+  std::uint64_t bodies_dropped = 0;       // records stored without their captured bodies (BodyBudget full)
   bool open = false;                      // the store is open for writing
 };
 
@@ -52,6 +47,7 @@ class Writer {
   Writer& operator=(const Writer&) = delete;
 
   RecordQueue& queue(unsigned worker) { return *queues_[worker]; }
+  BodyBudget& body_budget(unsigned worker) { return *budgets_[worker]; }
   const RequestLogConfig& config() const { return config_; }
 
   // Opens the store and starts the thread. A store that cannot be opened
@@ -67,11 +63,12 @@ class Writer {
 
   // --- the thread's steps, public for tests; call them only while the
   // thread is not running ---
-  // Opens the file, sets WAL mode, creates the schema, prepares the
-  // statements. False with `error` set (and counted).
+  // Opens the store (SQLite: the file in WAL mode; PostgreSQL: a
+  // connection), creates or upgrades the schema. False with `error` set (and counted).
   bool open_store(std::string& error);
-  // One transaction of up to config.batch records taken from the queues in
-  // turn. Returns the records taken (written, or dropped when it failed).
+  // One transaction (SQLite) or COPY (PostgreSQL) of up to config.batch
+  // records taken from the queues in turn. Returns the records taken
+  // (written, or dropped when it failed).
   std::size_t write_batch();
   // Deletes rows with ts_us < now_us - max_age and all but the newest
   // max_rows (chunks of 10,000 rows, each its own transaction).
@@ -81,16 +78,16 @@ class Writer {
  private:
   void run();
   void count_error(const std::string& what);
-  void close_statements();
   // The stderr lines (drops, errors since the last), at most every 10 s unless `now_anyway`.
   void report(bool now_anyway = false);
-  std::int64_t delete_chunked(Stmt& stmt, std::int64_t arg);
+  // `r`'s captured bodies as the `bodies` column's JSON (redacted), into bodies_; empty = none.
+  std::string_view bodies_json(Record& r);
 
   RequestLogConfig config_;
   std::vector<std::unique_ptr<RecordQueue>> queues_;
-  Db db_;
-  Stmt begin_, commit_, rollback_, insert_, delete_older_, nth_newest_, delete_upto_;
-  std::string scratch_;  // a column made valid UTF-8
+  std::vector<std::unique_ptr<BodyBudget>> budgets_;  // one per queue
+  std::unique_ptr<StoreBackend> store_;
+  std::string scratch_, bodies_, body_text_;  // the writer thread's reused buffers
   std::size_t next_queue_ = 0;
   std::uint64_t transactions_ = 0;
 
@@ -111,5 +108,8 @@ class Writer {
 
 // True when `s` is well-formed UTF-8 (Unicode §3.9, Table 3-7).
 bool valid_utf8(std::string_view s) noexcept;
+// `s` itself when well-formed UTF-8, else a copy in `out` with every byte
+// that starts no well-formed sequence replaced by U+FFFD.
+std::string_view make_valid(std::string_view s, std::string& out);
 
 }  // namespace weir::requestlog

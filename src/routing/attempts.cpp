@@ -23,7 +23,7 @@ std::string_view retry_reason_label(RetryReason r) {
 }
 
 bool retryable_status(int status) {
-  return status == 408 || status == 429 || status == 502 || status == 503 || status == 504;
+  return status == 408 || status == 429 || status == 502 || status == 503 || status == 504 || status == 529;
 }
 
 std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v) {
@@ -145,7 +145,7 @@ RetryDecision Attempts::on_status(int status, std::string_view retry_after, Cloc
   if (!retryable_status(status)) return d;
   const auto& rc = pool_.config().retry;
   auto wait = std::chrono::milliseconds(0);
-  if (!retry_after.empty() && (status == 429 || status == 503)) {
+  if (!retry_after.empty() && (status == 429 || status == 503 || status == 529)) {
     if (auto ra = parse_retry_after(retry_after)) {
       if (*ra > rc.retry_after_cap) return d;  // not worth waiting for here (a fallback may take it)
       wait = *ra;

@@ -29,7 +29,8 @@ struct RetryDecision {
 };
 
 // A response status worth another attempt (RFC 9110: 408 Request Timeout,
-// 429 Too Many Requests, 502/503/504): the upstream did not do the work.
+// 429 Too Many Requests, 502/503/504; Anthropic's 529 overloaded_error):
+// the upstream did not do the work.
 bool retryable_status(int status);
 
 // A Retry-After value (RFC 9110 §10.2.3) as delay-seconds; nullopt for an

@@ -125,6 +125,15 @@ Transition EndpointHealth::on_probe(bool ok, Clock::time_point now, Clock::time_
   return changed ? Transition::opened : Transition::none;
 }
 
+void EndpointHealth::carry(const EndpointHealth& old, bool probes) {
+  *this = old;
+  trials_ = 0;
+  if (!probes) {
+    failed_probes_ = 0;
+    probe_down_ = false;
+  }
+}
+
 TtftOutliers::TtftOutliers(std::uint32_t endpoints, double factor, std::uint32_t min_samples)
     : windows_(endpoints), factor_(factor), min_samples_(std::clamp<std::uint32_t>(min_samples, 1, kWindow)) {
   medians_.reserve(endpoints);
@@ -137,11 +146,7 @@ bool TtftOutliers::add(std::uint32_t i, std::uint32_t ttft_us, std::uint32_t jud
   w.next = (w.next + 1) % kWindow;
   if (w.count < kWindow) ++w.count;
   if (w.count < min_samples_) return false;
-  std::array<std::uint32_t, kWindow> tmp;
-  std::copy_n(w.us.begin(), w.count, tmp.begin());
-  const auto mid = tmp.begin() + (w.count - 1) / 2;  // the lower median
-  std::nth_element(tmp.begin(), mid, tmp.begin() + w.count);
-  w.median = std::max<std::uint32_t>(*mid, 1);
+  update_median(w);
   medians_.clear();
   for (const auto& o : windows_)
     if (o.median != 0) medians_.push_back(o.median);
@@ -151,8 +156,25 @@ bool TtftOutliers::add(std::uint32_t i, std::uint32_t ttft_us, std::uint32_t jud
   return static_cast<double>(w.median) >= factor_ * static_cast<double>(*pm);
 }
 
+void TtftOutliers::update_median(Window& w) const {
+  if (w.count < min_samples_) {
+    w.median = 0;
+    return;
+  }
+  std::array<std::uint32_t, kWindow> tmp = w.us;     // the first w.count are the samples
+  const auto mid = tmp.begin() + (w.count - 1) / 2;  // the lower median
+  std::nth_element(tmp.begin(), mid, tmp.begin() + w.count);
+  w.median = std::max<std::uint32_t>(*mid, 1);
+}
+
 void TtftOutliers::clear(std::uint32_t i) {
   if (i < windows_.size()) windows_[i] = Window{};
+}
+
+void TtftOutliers::adopt(std::uint32_t i, const TtftOutliers& old, std::uint32_t j) {
+  if (i >= windows_.size() || j >= old.windows_.size()) return;
+  windows_[i] = old.windows_[j];
+  update_median(windows_[i]);
 }
 
 HealthBoard::HealthBoard(std::uint32_t endpoints, std::uint32_t workers)

@@ -115,6 +115,13 @@ class EndpointHealth {
   // past the next one) and until a probe succeeds; that success makes it
   // half-open (breaker) or closed.
   Transition on_probe(bool ok, Clock::time_point now, Clock::time_point held_until, const HealthPolicy& p);
+  // A configuration reload: this endpoint takes over `old`'s machine (the
+  // same endpoint in the replaced pool): its open period, doubling and
+  // counts in a row, but no trial slot (the requests holding them give them
+  // back to `old`). Without `probes` (the pool has no health: section now)
+  // the probes' verdict is dropped: no probe would ever clear it (an
+  // opening it caused still ends by time).
+  void carry(const EndpointHealth& old, bool probes);
 
   bool is_open() const { return open_; }  // open or half-open (closed once an answer says so)
   Clock::time_point open_until() const { return open_until_; }
@@ -123,6 +130,7 @@ class EndpointHealth {
   std::uint32_t failures() const { return failures_; }  // failed answers in a row while closed
   std::uint32_t trials() const { return trials_; }      // trial requests in flight
   bool probe_down() const { return probe_down_; }
+  std::uint32_t failed_probes() const { return failed_probes_; }  // failed probes in a row
 
  private:
   Transition reopen(Clock::time_point now, const HealthPolicy& p, OpenCause cause);
@@ -155,6 +163,9 @@ class TtftOutliers {
   bool add(std::uint32_t i, std::uint32_t ttft_us, std::uint32_t judged = 2);
   // Forgets endpoint `i`'s samples (it was ejected: it is judged afresh when back).
   void clear(std::uint32_t i);
+  // A configuration reload: endpoint `i` takes endpoint `j`'s samples of
+  // `old` (the same endpoint in the replaced pool), judged by this one's min_samples.
+  void adopt(std::uint32_t i, const TtftOutliers& old, std::uint32_t j);
   // Endpoint `i`'s median over its window, 0 below min_samples.
   std::uint32_t median_us(std::uint32_t i) const { return i < windows_.size() ? windows_[i].median : 0; }
 
@@ -165,6 +176,8 @@ class TtftOutliers {
     std::uint32_t next = 0;    // where the next goes
     std::uint32_t median = 0;  // of the samples held, once count ≥ min_samples; else 0
   };
+  // Sets w.median from its samples (0 below min_samples_).
+  void update_median(Window& w) const;
   std::vector<Window> windows_;
   std::vector<std::uint32_t> medians_;  // scratch for the pool's median, reused
   double factor_;

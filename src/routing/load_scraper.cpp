@@ -17,6 +17,10 @@ constexpr std::size_t kMaxMetricsBytes = 4u << 20;
 // (`t` by reference: GCC 12 miscopies coroutine parameters passed on the stack.)
 http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   auto ex = co_await boost::asio::this_coro::executor;
+  struct Running {
+    std::shared_ptr<std::size_t> n;
+    ~Running() { --*n; }
+  } running{t.running};
   const auto& lm = t.pool->load_metrics;
   http::Timer next(ex);
   auto due = std::chrono::steady_clock::now() + lm.interval * t.index / (t.count + 1);
@@ -26,7 +30,7 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
                                .path = lm.path,
                                .timeout = std::min(lm.timeout, lm.interval),
                                .tls = t.tls,
-                               .api_key = t.pool->api_key};
+                               .upstream_lines = t.pool->upstream_lines};
   const std::size_t max_bytes = kMaxMetricsBytes;
   for (;;) {
     next.expires_at(due);
@@ -47,9 +51,9 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
 }  // namespace
 
 LoadScraper::LoadScraper(boost::asio::io_context& control, const core::Config& cfg,
-                         const std::vector<std::unique_ptr<SharedPoolState>>& states,
-                         const std::vector<std::vector<http::tcp::endpoint>>& addrs)
-    : io_(control) {
+                         const std::vector<SharedPoolState*>& states,
+                         const std::vector<std::vector<http::tcp::endpoint>>& addrs, std::shared_ptr<const void> keep)
+    : io_(control), keep_(std::move(keep)) {
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
     const auto& pool = cfg.pools[p];
     if (!pool.load_metrics.enabled) continue;
@@ -61,12 +65,16 @@ LoadScraper::LoadScraper(boost::asio::io_context& control, const core::Config& c
                           .count = n,
                           .board = &states[p]->loads,
                           .stopped = &stopped_,
+                          .running = running_,
                           .tls = tls_target(pool, pool.endpoints[i], states[p]->tls.get())});
   }
 }
 
 void LoadScraper::start() {
-  for (const auto& t : targets_) boost::asio::co_spawn(io_.get_executor(), scrape_loop(t), boost::asio::detached);
+  for (const auto& t : targets_) {
+    ++*running_;
+    boost::asio::co_spawn(io_.get_executor(), scrape_loop(t), boost::asio::detached);
+  }
 }
 
 }  // namespace weir::routing

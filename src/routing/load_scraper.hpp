@@ -26,10 +26,11 @@ namespace weir::routing {
 class LoadScraper {
  public:
   // `states[p]` is pool p's shared state (its TLS context for https://
-  // endpoints) and `addrs[p][i]` the address of its endpoint i; all outlive the scraper.
-  LoadScraper(boost::asio::io_context& control, const core::Config& cfg,
-              const std::vector<std::unique_ptr<SharedPoolState>>& states,
-              const std::vector<std::vector<http::tcp::endpoint>>& addrs);
+  // endpoints) and `addrs[p][i]` the address of its endpoint i; `keep`
+  // holds what `cfg` and `states` live in (a configuration generation) for
+  // as long as the scraper exists, else they must outlive it.
+  LoadScraper(boost::asio::io_context& control, const core::Config& cfg, const std::vector<SharedPoolState*>& states,
+              const std::vector<std::vector<http::tcp::endpoint>>& addrs, std::shared_ptr<const void> keep = {});
   // Starts the scrape loops (none when no pool asks for them). Each
   // endpoint's first scrape is spread over the first interval.
   void start();
@@ -37,6 +38,8 @@ class LoadScraper {
   void stop() { stopped_.store(true, std::memory_order_relaxed); }
   // Scrape loops started.
   std::size_t loops() const { return targets_.size(); }
+  // After stop(): every loop has ended (the scraper may be destroyed; on the control thread).
+  bool idle() const { return *running_ == 0; }
 
   // One endpoint's loop: what it scrapes and where it publishes.
   struct Target {
@@ -46,13 +49,17 @@ class LoadScraper {
     std::uint32_t count = 0;  // endpoints in the pool (spreads the first scrapes)
     LoadBoard* board = nullptr;
     const std::atomic<bool>* stopped = nullptr;
-    http::TlsTarget tls;  // https:// endpoints: the pool's TLS context (SharedPoolState::tls)
+    std::shared_ptr<std::size_t> running;  // loops still running (control thread)
+    http::TlsTarget tls;                   // https:// endpoints: the pool's TLS context (SharedPoolState::tls)
   };
 
  private:
   boost::asio::io_context& io_;
   std::vector<Target> targets_;  // built whole before any loop starts: loops hold references
   std::atomic<bool> stopped_{false};
+  // Shared with the loops' frames: the io_context may destroy them after the scraper.
+  std::shared_ptr<std::size_t> running_ = std::make_shared<std::size_t>(0);
+  std::shared_ptr<const void> keep_;
 };
 
 }  // namespace weir::routing

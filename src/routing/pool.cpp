@@ -36,7 +36,7 @@ void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view r
 }
 
 WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
-                       SharedPoolState* shared, std::uint32_t worker)
+                       SharedPoolState* shared, std::uint32_t worker, std::shared_ptr<const void> keep)
     : cfg_(&cfg),
       policy_(HealthPolicy::of(cfg)),
       worker_(worker),
@@ -45,7 +45,8 @@ WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp:
                                                  cfg.outlier.ttft_factor, cfg.outlier.ttft_min_samples)
                 : nullptr),
       queue_(cfg.queue.enabled ? std::make_unique<PoolQueue>(cfg.queue) : nullptr),
-      shared_(shared) {
+      shared_(shared),
+      keep_(std::move(keep)) {
   endpoints_.reserve(cfg.endpoints.size());
   for (std::size_t i = 0; i < cfg.endpoints.size(); ++i) {
     endpoints_.push_back(EndpointState{
@@ -149,6 +150,7 @@ void WorkerPool::after(std::uint32_t i, Transition t, bool drop_conns) {
   } else if (t == Transition::closed) {
     ++e.recovered;
   }
+  if (t != Transition::none && on_transition_) on_transition_(i, t, e.health.cause());
   if (!shared_) return;
   // Only a change is written: the cells of one endpoint's workers share a
   // cache line, and a write per request would bounce it between them.
@@ -250,6 +252,28 @@ std::uint32_t WorkerPool::dispatch_queue(Clock::time_point now) {
   std::uint32_t n = 0;
   while (queue_->admit_next(saturated(now))) ++n;
   return n;
+}
+
+void WorkerPool::carry_from(WorkerPool& old) {
+  for (std::uint32_t i = 0; i < size(); ++i) {
+    auto& e = endpoints_[i];
+    for (std::uint32_t j = 0; j < old.size(); ++j) {
+      auto& o = old.endpoints_[j];
+      if (o.cfg->url != e.cfg->url || o.addr != e.addr) continue;
+      // Its machine goes on under this pool's rules (an open period keeps its
+      // end); trial slots stay with `old`, whose requests give them back there.
+      // Without probes now, a probe's verdict is forgotten (no probe would
+      // clear it); an opening it caused ends by time.
+      e.health.carry(o.health, cfg_->health.enabled);
+      e.opened = o.opened;
+      e.recovered = o.recovered;
+      if (ttft_ && old.ttft_) ttft_->adopt(i, *old.ttft_, j);
+      e.tls_failure_logged = o.tls_failure_logged;
+      if (!e.tls.client && !o.tls.client) e.conns.adopt(o.conns);
+      after(i, Transition::none);  // publishes it on this pool's board
+      break;
+    }
+  }
 }
 
 }  // namespace weir::routing

@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -77,8 +78,10 @@ class WorkerPool {
   // prefix_affinity has no index and balances on load alone, and https://
   // endpoints have no TLS context: tests only) outlives the pool; `worker`
   // is the index this pool publishes its endpoints' health under there.
+  // `keep` holds what `cfg` and `shared` live in (a configuration
+  // generation's pool) for as long as the pool exists; empty: they outlive it.
   WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
-             SharedPoolState* shared = nullptr, std::uint32_t worker = 0);
+             SharedPoolState* shared = nullptr, std::uint32_t worker = 0, std::shared_ptr<const void> keep = {});
 
   const core::PoolConfig& config() const { return *cfg_; }
   std::uint32_t size() const { return static_cast<std::uint32_t>(endpoints_.size()); }
@@ -158,6 +161,23 @@ class WorkerPool {
   // Lets waiting requests through while the gate is open; returns how many.
   std::uint32_t dispatch_queue(Clock::time_point now);
 
+  // A configuration reload replaced `old` (a pool of the same name) by this
+  // one: each endpoint of this pool that `old` has too (same URL and
+  // address) takes its health machine (EndpointHealth::carry: open or
+  // half-open with its period and doubling, failures and failed probes in a
+  // row), its TTFT samples, its transition counts and, over plain HTTP, its
+  // idle connections (a TLS connection was made with the old pool's
+  // context, which may trust other CAs, and is left to close), and
+  // publishes it on this pool's board. In-flight counts, half-open trial
+  // slots and the admission queue (its waiters and active requests) stay
+  // with `old`: its requests end there.
+  void carry_from(WorkerPool& old);
+  // Called on this pool's thread at each opening of an endpoint (`t`
+  // opened, `cause` why) and each recovery (`t` closed): the worker's
+  // metrics. Not called for carry_from. Empty: none.
+  using TransitionHook = std::function<void(std::uint32_t endpoint, Transition t, OpenCause cause)>;
+  void on_transition(TransitionHook hook) { on_transition_ = std::move(hook); }
+
   // A request starts / ends on endpoint `i`: the in-flight count pick() balances on.
   void on_start(std::uint32_t i) {
     ++endpoints_[i].in_flight;
@@ -201,6 +221,8 @@ class WorkerPool {
   std::vector<std::uint64_t> seeds_;    // session rendezvous seed per endpoint: endpoint_seed(host:port)
   std::uint32_t in_flight_ = 0;
   std::uint32_t retrying_ = 0;
+  TransitionHook on_transition_;
+  std::shared_ptr<const void> keep_;
 };
 
 }  // namespace weir::routing

@@ -2,6 +2,7 @@
 //   weir --config weir.yaml
 //   weir --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000   (quick mode)
 //   weir requests --db requests.db --tenant acme --status 5xx         (read the request log)
+//   weir requests --url postgres://weir@db/weir --id REQUEST_ID
 #include <cctype>
 #include <csignal>
 #include <cstdio>
@@ -21,7 +22,7 @@ namespace {
 // the same parse_query and Reader. Prints the JSON answer; 0, or 1 (not
 // found), 2 (bad arguments or store).
 struct RequestsArgs {
-  std::string db, since, until, tenant, key_id, model, status, limit, cursor, id;
+  std::string db, url, since, until, tenant, key_id, model, status, limit, cursor, id;
 };
 
 void append_param(std::string& q, std::string_view name, const std::string& value) {
@@ -38,7 +39,24 @@ void append_param(std::string& q, std::string_view name, const std::string& valu
 }
 
 int run_requests(const RequestsArgs& a) {
-  weir::requestlog::Reader reader(a.db);
+  weir::requestlog::RequestLogConfig store;
+  if (!a.url.empty()) {
+    if (a.url.starts_with("postgres://") || a.url.starts_with("postgresql://")) {
+      store.kind = weir::requestlog::StoreKind::postgres;
+      store.url = a.url;
+    } else if (a.url.starts_with("sqlite:")) {
+      store.path = a.url.substr(a.url.starts_with("sqlite:///") ? 9 : 7);
+    } else {
+      fmt::print(stderr, "weir requests: --url: expected sqlite:/path/requests.db or postgres://user@host/db\n");
+      return 2;
+    }
+  } else if (!a.db.empty()) {
+    store.path = a.db;
+  } else {
+    fmt::print(stderr, "weir requests: give --db FILE (SQLite) or --url URL (sqlite:PATH or postgres://...)\n");
+    return 2;
+  }
+  weir::requestlog::Reader reader(store);
   if (!a.id.empty()) {
     auto r = reader.get_json(a.id);
     if (!r) {
@@ -81,8 +99,9 @@ int run_requests(const RequestsArgs& a) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  // SIGHUP reopens the access log once the server runs (server.cpp); until
-  // then (loading, resolving, binding) it must not kill the process either.
+  // SIGHUP reopens the access log and reloads the configuration once the
+  // server runs (server.cpp); until then (loading, resolving, binding) it
+  // must not kill the process either.
   std::signal(SIGHUP, SIG_IGN);
   CLI::App app{"Weir: an AI inference gateway (OpenAI-compatible, streams SSE from vLLM pools)", "weir"};
   std::string config_path, listen, upstream, access_log;
@@ -103,7 +122,10 @@ int main(int argc, char** argv) {
   RequestsArgs ra;
   auto* requests = app.add_subcommand(
       "requests", "print requests from the request-log store (request_log:) as JSON, newest first, and exit");
-  requests->add_option("--db", ra.db, "the SQLite file (request_log.url without sqlite:)")->required();
+  auto* db_opt = requests->add_option("--db", ra.db, "the SQLite file (request_log.url without sqlite:)");
+  auto* url_opt =
+      requests->add_option("--url", ra.url, "the store as request_log.url names it: sqlite:PATH or postgres://...");
+  db_opt->excludes(url_opt);
   requests->add_option("--since", ra.since, "RFC 3339 time or Unix seconds (inclusive)");
   requests->add_option("--until", ra.until, "RFC 3339 time or Unix seconds (exclusive)");
   requests->add_option("--tenant", ra.tenant, "tenant name");
@@ -142,5 +164,5 @@ int main(int argc, char** argv) {
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }
-  return weir::server::run(std::move(*loaded), {workers, access_log, reuse_port});
+  return weir::server::run(std::move(*loaded), {workers, access_log, reuse_port, source});
 }

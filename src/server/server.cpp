@@ -1,5 +1,7 @@
 #include "server/server.hpp"
 
+#include <unistd.h>
+
 #include <csignal>
 #include <random>
 #include <thread>
@@ -10,11 +12,14 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/signal_set.hpp>
 
+#include "core/process_metrics.hpp"
 #include "gateway/admin_server.hpp"
+#include "gateway/generation.hpp"
 #include "gateway/services.hpp"
 #include "gateway/worker.hpp"
 #include "requestlog/store.hpp"
-#include "routing/load_scraper.hpp"
+#include "server/reloader.hpp"
+#include "tracing/exporter.hpp"
 
 namespace weir::server {
 
@@ -23,6 +28,20 @@ namespace asio = boost::asio;
 // How long the request-log writer may take, after the workers stopped, to
 // store the records still queued.
 constexpr auto kRequestLogDrain = std::chrono::seconds(5);
+// The same for the trace exporter's queued spans.
+constexpr auto kTracingDrain = std::chrono::seconds(5);
+
+// The resource every exported span belongs to (tracing:).
+tracing::Resource trace_resource(const tracing::TracingConfig& c, std::uint64_t instance_id) {
+  tracing::Resource r;
+  r.service_name = c.service_name;
+  r.service_version = std::string(core::build_version());
+  r.instance_id = fmt::format("{:016x}", instance_id);
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) == 0) r.host_name = host;
+  r.extra = c.resource;
+  return r;
+}
 
 int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   auto config = std::make_shared<core::Config>(std::move(loaded.config));
@@ -31,44 +50,32 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   unsigned n = config->server.workers ? config->server.workers : std::max(1u, std::thread::hardware_concurrency());
 
   gateway::Shared shared;
-  shared.config = config;
-  shared.routes = std::make_unique<routing::RouteTable>(*config);
   shared.instance_id = std::random_device{}() ^ (static_cast<std::uint64_t>(std::random_device{}()) << 32);
 
-  // Endpoint addresses are resolved once, here.
-  {
-    asio::io_context io;
-    asio::ip::tcp::resolver resolver(io);
-    for (const auto& p : config->pools) {
-      auto& addrs = shared.endpoint_addrs.emplace_back();
-      for (const auto& e : p.endpoints) {
-        boost::system::error_code ec;
-        auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
-        if (ec || r.empty()) {
-          fmt::print(stderr, "weir: pools.{}: cannot resolve {}: {}\n", p.name, e.display, ec.message());
-          return 1;
-        }
-        addrs.push_back(r.begin()->endpoint());
-      }
-    }
-  }
-
-  for (std::size_t p = 0; p < config->pools.size(); ++p) {
-    auto& state = shared.pool_states.emplace_back(std::make_unique<routing::SharedPoolState>(config->pools[p], n));
-    // Built (and checked) by load_config, so --check refuses what start-up would.
-    if (p < loaded.tls.size()) state->tls = loaded.tls[p];
-  }
-
-  // The control plane: signals, JWKS refreshes, Redis syncs, load scrapes. Its thread is not a worker.
+  // The control plane: signals, JWKS refreshes, Redis syncs, load scrapes, reloads. Its thread is not a worker.
   asio::io_context main_io;
-  routing::LoadScraper scraper(main_io, *config, shared.pool_states, shared.endpoint_addrs);
   gateway::Services services(main_io, loaded, n);
   if (!services.error().empty()) {
     fmt::print(stderr, "weir: {}\n", services.error());
     return 1;
   }
   services.attach(shared);
-  shared.metric_labels = gateway::MetricLabels::build(*config, shared.auth_policy.get());
+
+  // The first configuration generation: endpoint addresses resolved here, pools' shared state, metric labels.
+  {
+    gateway::GenerationInput in;
+    in.config = config;
+    in.pricing = std::move(loaded.pricing);
+    in.tls = loaded.tls;  // built (and checked) by load_config, so --check refuses what start-up would
+    in.policy = shared.auth_policy.get();
+    in.workers = n;
+    auto gen = gateway::build_generation(std::move(in), nullptr);
+    if (!gen) {
+      fmt::print(stderr, "weir: {}\n", gen.error());
+      return 1;
+    }
+    shared.generation = std::move(*gen);
+  }
 
   std::string err;
   shared.log_sink = core::AccessLogSink::open(config->server.access_log, err);
@@ -83,6 +90,15 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   if (loaded.request_log) {
     request_log = std::make_unique<requestlog::Writer>(*loaded.request_log, n);
     shared.request_log = request_log.get();
+    if (request_log->config().capture) shared.capture = &*request_log->config().capture;
+  }
+
+  // The trace exporter (tracing:): the same life as the request-log writer.
+  std::unique_ptr<tracing::Exporter> tracer;
+  if (loaded.tracing) {
+    tracer =
+        std::make_unique<tracing::Exporter>(*loaded.tracing, n, trace_resource(*loaded.tracing, shared.instance_id));
+    shared.tracer = tracer.get();
   }
 
   std::vector<std::unique_ptr<gateway::Worker>> workers;
@@ -115,10 +131,15 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     port = bound;  // port 0: the others join the port the first one got
   }
 
+  // Configuration reloads: SIGHUP, and the file's changes with server.watch_config.
+  Reloader reloader(
+      main_io, opts.source,
+      {.listen = !opts.source.listen.empty(), .workers = opts.workers != 0, .access_log = !opts.access_log.empty()},
+      opts.workers, opts.access_log, shared, services, admin.get());
+
   std::signal(SIGPIPE, SIG_IGN);
   // SIGINT/SIGTERM drain; SIGHUP (systemd's ExecReload, logrotate) reopens
-  // the access log and is otherwise ignored: there is no hot reload yet, and
-  // its default action would kill the gateway.
+  // the access log, then reloads the configuration file.
   asio::signal_set signals(main_io, SIGINT, SIGTERM, SIGHUP);
   int signal_count = 0;
   std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
@@ -126,23 +147,25 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     if (ec) return;
     if (sig == SIGHUP) {
       std::string why;
-      if (shared.log_sink->path().empty())
-        fmt::print(stderr, "weir: SIGHUP received, ignored (no configuration reload; no access log file)\n");
-      else if (shared.log_sink->reopen(why))
-        fmt::print(stderr, "weir: SIGHUP received, access log {} reopened\n", shared.log_sink->path());
-      else
-        fmt::print(stderr, "weir: SIGHUP received: {}; still writing to the old file\n", why);
+      if (!shared.log_sink->path().empty()) {  // stdout or off: nothing to reopen
+        if (shared.log_sink->reopen(why))
+          fmt::print(stderr, "weir: SIGHUP received, access log {} reopened\n", shared.log_sink->path());
+        else
+          fmt::print(stderr, "weir: SIGHUP received: {}; still writing to the old file\n", why);
+      }
+      if (signal_count == 0) reloader.reload("SIGHUP");
       signals.async_wait(on_signal);
       return;
     }
     ++signal_count;
-    const auto deadline = signal_count == 1 ? std::chrono::steady_clock::now() + config->server.drain_timeout
-                                            : std::chrono::steady_clock::now();
+    const auto drain_timeout = shared.generation->config->server.drain_timeout;
+    const auto deadline =
+        signal_count == 1 ? std::chrono::steady_clock::now() + drain_timeout : std::chrono::steady_clock::now();
     fmt::print(stderr, "weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
                signal_count == 1 ? "draining" : "closing now");
     shared.draining = true;
     services.begin_drain();
-    scraper.stop();
+    reloader.stop();
     if (admin) admin->stop();
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
@@ -150,7 +173,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   signals.async_wait(on_signal);
 
   services.start();
-  scraper.start();
+  reloader.start();
   if (admin) {
     admin->start();
     fmt::print(stderr, "weir: admin API on {}:{}{}\n", loaded.admin->listen.host, admin_port,
@@ -159,6 +182,11 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                                                     : ", runtime keys in memory only (no admin.keys_file)");
   }
   if (request_log) request_log->start();
+  if (tracer) {
+    tracer->start();
+    fmt::print(stderr, "weir: tracing to {} (sample_ratio {}, service {})\n", loaded.tracing->endpoint.display,
+               loaded.tracing->sample_ratio, loaded.tracing->service_name);
+  }
   for (auto& w : workers) w->start();
   fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
@@ -171,6 +199,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   signal_thread.join();
   // Bounded: what the writer cannot store within 5 s more is dropped and counted.
   if (request_log) request_log->stop(std::chrono::steady_clock::now() + kRequestLogDrain);
+  if (tracer) tracer->stop(std::chrono::steady_clock::now() + kTracingDrain);
   fmt::print(stderr, "weir: stopped\n");
   return 0;
 }

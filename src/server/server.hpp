@@ -1,6 +1,6 @@
 // Process-level wiring: resolve endpoints, open the access log, start one
 // worker per core, handle SIGTERM/SIGINT by draining and SIGHUP by reopening
-// the access log, and exit.
+// the access log and reloading the configuration (server/reloader.hpp), and exit.
 #pragma once
 
 #include <memory>
@@ -10,9 +10,10 @@
 namespace weir::server {
 
 struct RunOptions {
-  unsigned workers = 0;     // overrides the config when non-zero
-  std::string access_log;   // overrides server.access_log when non-empty
-  bool reuse_port = false;  // --reuse-port: share the listen address with other processes (or server.reuse_port)
+  unsigned workers = 0;          // overrides the config when non-zero
+  std::string access_log;        // overrides server.access_log when non-empty
+  bool reuse_port = false;       // --reuse-port: share the listen address with other processes (or server.reuse_port)
+  gateway::ConfigSource source;  // where `loaded` came from: what SIGHUP loads again
 };
 
 // Runs `loaded` (from gateway::load_config, the loader --check uses too:

@@ -349,3 +349,55 @@ def test_without_a_request_log_the_request_routes_say_so(mock, weir):
     _, admin = start(mock(*MOCK_FLAGS), weir)
     r = admin("GET", "/admin/v1/requests")
     assert r.status_code == 404 and r.json()["error"]["code"] == "no_request_log"
+
+
+def test_stats_count_traffic_by_model_and_tenant_and_pools_show_endpoints(gw):
+    w, admin = gw
+    assert admin("GET", "/admin/v1/stats", token=None).status_code == 401
+    assert admin("GET", "/admin/v1/pools", token=None).status_code == 401
+    before = admin("GET", "/admin/v1/stats").json()
+    assert sdk_chat(w, "sk-acme-cfg")  # a stream: it has a TTFT
+    assert chat(w, "sk-acme-cfg", "nope").status_code in (403, 404)
+    assert chat(w, "sk-wrong").status_code == 401
+    httpx.get(w.base_url + "/metrics")  # scrapes are not traffic
+    s = admin("GET", "/admin/v1/stats").json()
+    assert s["object"] == "stats" and s["time_ms"] >= before["time_ms"]
+    m = {x["model"]: x for x in s["models"]}
+    assert m["m"]["requests"] == 1 and m["m"]["status"] == {"200": 1}
+    assert m["m"]["ttft"]["count"] == 1 and m["m"]["ttft"]["buckets"][-1] == 1
+    assert len(m["m"]["ttft"]["buckets"]) == len(s["ttft_buckets_s"]) + 1
+    assert m["m"]["spend_usd"] > 0 and m["m"]["completion_tokens"] > 0
+    assert sum(x["requests"] for x in s["models"]) == 3, s["models"]
+    assert sum(x["errors_4xx"] for x in s["models"]) == 2
+    (acme,) = [t for t in s["tenants"] if t["tenant"] == "acme"]
+    assert acme["requests"] == 2 and acme["errors_4xx"] == 1 and acme["ttft"]["count"] == 1
+    assert acme["ttft"]["sum_s"] > 0 and acme["spend_usd"] == pytest.approx(m["m"]["spend_usd"])
+    # The same TTFT by tenant in /metrics (sum and count).
+    text = admin("GET", "/metrics", token=None).text
+    assert 'weir_tenant_time_to_first_token_seconds_count{model="m",tenant="acme"} 1' in text
+
+    p = admin("GET", "/admin/v1/pools").json()
+    assert p["object"] == "list" and p["workers"] == 2
+    (pool,) = p["data"]
+    assert pool["name"] == "p" and pool["models"] == ["m", "other"] and pool["healthy_endpoints"] == 1
+    (ep,) = pool["endpoints"]
+    assert ep["health"] == "up" and ep["attempts"] >= 1 and ep["in_flight"] == 0
+    assert ep["idle_connections"] >= 1 and set(ep["failures"]) >= {"connect_refused", "reset", "timeout"}
+
+
+def test_pools_show_an_endpoint_that_refuses_connections_as_ejected(mock, weir):
+    m = mock(*MOCK_FLAGS)
+    port, dead = free_port(), free_port()
+    cfg = config(m, port)
+    cfg["pools"]["p"] = {"endpoints": [m.base_url, f"http://127.0.0.1:{dead}/?token=s3cret"], "eject_for": "60s"}
+    w = weir(config=cfg, env=ENV, workers=1)
+    admin = Admin(port)
+    wait_until(lambda: _ready(admin), 5, message="admin listener")
+    # p2c tries both endpoints soon; a refused connect is retried on the other one.
+    wait_until(lambda: chat(w, "sk-acme-cfg").status_code == 200 and
+               admin("GET", "/admin/v1/pools").json()["data"][0]["healthy_endpoints"] == 1
+               and admin("GET", "/admin/v1/pools").json()["data"][0]["endpoints"][1]["attempts"] > 0,
+               10, 0.01, "the dead endpoint tried")
+    ep = admin("GET", "/admin/v1/pools").json()["data"][0]["endpoints"][1]
+    assert ep["health"] == "ejected" and ep["ejected_workers"] == 1 and 0 < ep["ejected_ms"] <= 60000, ep
+    assert ep["failures"]["connect_refused"] >= 1 and "s3cret" not in ep["url"]

@@ -68,6 +68,8 @@ int main(int argc, char** argv) {
   std::string model = "mock-model", payload = "seed000", payload_file, path, json_out, csv_out;
   int max_tokens = -1;
   std::uint64_t seed = 1;
+  double leave = 0;
+  std::uint32_t leave_after = 8;
 
   app.add_option("url", url, "Target, http://HOST:PORT[/PATH]")->required();
   app.add_option("--rate,-R", rate, "Open loop: offered requests/s (all threads)");
@@ -95,6 +97,11 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_out, "Write the JSON report here ('-' for stdout)");
   app.add_option("--csv", csv_out, "Write the CSV percentiles here ('-' for stdout)");
   app.add_option("--seed", seed, "Seed of the Poisson arrivals")->capture_default_str();
+  app.add_option("--leave", leave,
+                 "Fraction (0..1) of requests whose client leaves mid-stream: closes the connection after "
+                 "--leave-after SSE events (outcome `left`, not an error)")
+      ->capture_default_str();
+  app.add_option("--leave-after", leave_after, "SSE events a leaving client reads first")->capture_default_str();
   app.add_flag("--quiet,-q", quiet, "No text report on stdout");
   CLI11_PARSE(app, argc, argv);
 
@@ -104,6 +111,8 @@ int main(int argc, char** argv) {
   if (!open_loop && rate > 0) return fail("--rate and --concurrency exclude each other");
   if (threads == 0) return fail("--threads must be >= 1");
   if (stream && no_stream) return fail("--stream and --no-stream exclude each other");
+  if (!(leave >= 0 && leave <= 1)) return fail("--leave must be between 0 and 1");
+  if (leave > 0 && leave_after == 0) return fail("--leave-after must be at least 1");
   const auto duration = parse_duration_ns(duration_s);
   const auto warmup = parse_duration_ns(warmup_s);
   const auto timeout = parse_duration_ns(timeout_s);
@@ -185,6 +194,8 @@ int main(int argc, char** argv) {
   plan.timeout_ns = *timeout;
   plan.stall_ns = *stall;
   plan.seed = seed;
+  plan.leave_fraction = leave;
+  plan.leave_after = leave_after;
   plan.start_ns = now_ns() + 20'000'000;  // every thread up before the first send
   plan.measure_start_ns = plan.start_ns + *warmup;
   plan.end_ns = plan.measure_start_ns + *duration;

@@ -32,6 +32,7 @@ struct MockConfig {
   int stall_after = -1;     // --stall-after: tokens sent before the stall; -1 = never
   int stall_ms = 0;         // --stall-ms: stall length, ms
   int reset_after = -1;     // --reset-after: tokens sent before an RST; -1 = never
+  double reset_rate = 1.0;  // --reset-rate: probability 0..1 that a generation gets the --reset-after RST
 
   // The engine model (engine.hpp): 0 = off.
   int prefix_cache_tokens = 0;   // --prefix-cache-tokens: prefix cache capacity (LRU of 16-token blocks), tokens

@@ -90,6 +90,10 @@ int main(int argc, char** argv) {
   app.add_option("--reset-after", cfg.reset_after, "Reset the connection (RST) after this many tokens (-1: never)")
       ->capture_default_str()
       ->check(CLI::Range(-1, 1 << 30));
+  app.add_option("--reset-rate", cfg.reset_rate,
+                 "Probability (0..1) that a generation gets the --reset-after RST (the others run to the end)")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 1.0));
   app.add_option("--tick-us", cfg.tick_us,
                  "Least time between two scheduler passes, us: dense token schedules go out in batches, "
                  "up to this late (0: every due time gets its own pass)")

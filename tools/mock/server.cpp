@@ -328,6 +328,8 @@ std::optional<std::string> Connection::read_faults(const Request& req) {
   faults_.stall_after = cfg.stall_after;
   faults_.stall_ms = cfg.stall_ms;
   faults_.reset_after = cfg.reset_after;
+  // --reset-rate: only this share of the generations get --reset-after (x-mock-reset-after always does).
+  if (cfg.reset_after >= 0 && cfg.reset_rate < 1.0 && !(w_.rng().uniform() < cfg.reset_rate)) faults_.reset_after = -1;
 
   const auto flag = [&](std::string_view name, bool& out) -> std::optional<std::string> {
     const std::string_view v = req[name];
@@ -383,6 +385,15 @@ std::string Connection::echo_headers(const Request& req) {
     for (char c : f.name_string()) names += static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
   }
   h += fmt::format("x-mock-headers: {}\r\n", sanitize(names));
+  // W3C Trace Context as received (a proxy must continue the trace with its own span id).
+  for (std::string_view name : {std::string_view("traceparent"), std::string_view("tracestate")}) {
+    std::string values;
+    for (auto [it, end] = req.equal_range(name); it != end; ++it) {
+      if (!values.empty()) values += ',';
+      values += it->value();
+    }
+    if (!values.empty()) h += fmt::format("x-mock-{}: {}\r\n", name, sanitize(values));
+  }
   return h;
 }
 

@@ -10,6 +10,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/request.hpp"
+#include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::api::anthropic {
@@ -311,13 +312,20 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   json::parse_options opt;
   opt.max_depth = 64;
   boost::system::error_code ec;
-  const json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp, opt);
+  json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp, opt);
   if (ec) {
     if (body.empty()) return invalid("The request body is empty; expected a JSON object.");
     return invalid(fmt::format("The request body is not valid JSON: {}.", ec.message()));
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.");
   if (!numbers_finite(doc)) return invalid("The request body has a number too large for a JSON number (e.g. 1e400).");
+  // An integer beyond 64 bits (a tool's schema, a tool_use input) is kept
+  // exactly: parsed again with it as a token, restored in the output.
+  WideIntegers wide;
+  std::string protected_body;
+  if (has_wide_integer(doc))
+    if (const auto text = wide.protect(body, protected_body); !wide.empty())
+      doc = json::parse(json::string_view(text.data(), text.size()), ec, sp, opt);
   const auto& in = doc.get_object();
 
   RequestFields f;
@@ -367,6 +375,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
     o.erase("tool_choice");
     o.erase("parallel_tool_calls");
     serialize_into(o, out);
+    wide.restore(out);
     return f;
   }
 
@@ -400,6 +409,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
     o["chat_template_kwargs"] = json::object({{"enable_thinking", type == "enabled"}}, sp);
   }
   serialize_into(o, out);
+  wide.restore(out);
   return f;
 }
 

@@ -8,6 +8,7 @@
 #include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::api::anthropic {
@@ -23,11 +24,14 @@ std::string_view string_at(const json::object& o, std::string_view name) {
   return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
 }
 
-// The input of a tool_use block: the arguments JSON when it is an object.
-json::value tool_input(std::string_view args, json::storage_ptr sp) {
+// The input of a tool_use block: the arguments JSON when it is an object
+// (integers beyond 64 bits kept as `wide`'s tokens).
+json::value tool_input(std::string_view args, json::storage_ptr sp, WideIntegers& wide) {
   if (args.empty()) return json::object(sp);
   boost::system::error_code ec;
-  json::value v = json::parse(json::string_view(args.data(), args.size()), ec, sp);
+  std::string storage;
+  const std::string_view text = wide.protect(args, storage);
+  json::value v = json::parse(json::string_view(text.data(), text.size()), ec, sp);
   if (!ec && v.is_object()) return v;
   return json::object({{"_raw", args}}, sp);
 }
@@ -122,6 +126,7 @@ bool translate_message(std::string_view body, std::string& out) {
   append_message_id(id, string_at(root, "id"));
 
   json::array content(sp);
+  WideIntegers wide;
   std::string_view thinking = string_at(*msg, "reasoning_content");
   if (thinking.empty()) thinking = string_at(*msg, "reasoning");
   if (!thinking.empty())
@@ -140,7 +145,7 @@ bool translate_message(std::string_view body, std::string& out) {
       content.push_back(json::object({{"type", "tool_use"},
                                       {"id", call_id},
                                       {"name", string_at(fn->get_object(), "name")},
-                                      {"input", tool_input(string_at(fn->get_object(), "arguments"), sp)}},
+                                      {"input", tool_input(string_at(fn->get_object(), "arguments"), sp, wide)}},
                                      sp));
       tool_calls = true;
       ++i;
@@ -167,6 +172,7 @@ bool translate_message(std::string_view body, std::string& out) {
   out += R"(,"usage":{)";
   append_usage_members(out, extract_usage(body).value_or(Usage{}));
   out += "}}";
+  wide.restore(out);
   return true;
 }
 

@@ -49,6 +49,11 @@ class UsageHook {
   bool on_data(std::string_view data);
   bool has_usage() const { return has_usage_; }
   const Usage& usage() const { return usage_; }
+  // Usage read elsewhere (an Anthropic upstream's events, in OpenAI's counts).
+  void set(const Usage& u) {
+    has_usage_ = true;
+    usage_ = u;
+  }
 
  private:
   bool strip_ = false;

@@ -10,6 +10,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/request.hpp"
+#include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::api::responses {
@@ -359,7 +360,7 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
   json::parse_options opt;
   opt.max_depth = 64;
   boost::system::error_code ec;
-  const json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp, opt);
+  json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp, opt);
   if (ec) {
     if (body.empty()) return invalid("The request body is empty; expected a JSON object.", {});
     return invalid(fmt::format("The request body is not valid JSON: {}.", ec.message()), {});
@@ -367,6 +368,13 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
   if (!doc.is_object()) return invalid("The request body must be a JSON object.", {});
   if (!numbers_finite(doc))
     return invalid("The request body has a number too large for a JSON number (e.g. 1e400).", {});
+  // An integer beyond 64 bits (a tool's or format's schema) is kept exactly:
+  // parsed again with it as a token, restored in the output and the echo.
+  WideIntegers wide;
+  std::string protected_body;
+  if (has_wide_integer(doc))
+    if (const auto text = wide.protect(body, protected_body); !wide.empty())
+      doc = json::parse(json::string_view(text.data(), text.size()), ec, sp, opt);
   const auto& in = doc.get_object();
 
   // Without a response store there is nothing to continue from or run later.
@@ -499,6 +507,8 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
 
   serialize_into(o, out);
   serialize_into(e, echo);
+  wide.restore(out);
+  wide.restore(echo);
   // The members only: the response object is written around them.
   echo.pop_back();
   echo.erase(0, 1);

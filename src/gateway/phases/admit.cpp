@@ -32,19 +32,20 @@ core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
   ctx.prompt_tokens_estimate = estimate.prompt_tokens;
   if (!ctx.principal) co_return Outcome::next();
   const std::string_view model = ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;
-  ctx.price = w_.shared().pricing.find(model);
+  const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it
+  ctx.price = prices.find(model);
   if (auto ok = auth::Authenticator::check_model(*ctx.principal, model); !ok)
     co_return Outcome::failed(std::move(ok.error()));
   auto* adm = w_.admission();
   auto now = std::chrono::steady_clock::now();
   admission::Shortfall wait;
-  auto t = adm->admit(*ctx.principal, model, estimate, now, &wait);
+  auto t = adm->admit(*ctx.principal, model, estimate, now, &wait, &prices);
   if (!t && wait.pending) {
     // A shared (Redis) limit: this replica's lease is short but the shared
     // bucket may cover it. Wait once for a refill; the second answer is final.
     co_await admission::async_refill(*w_.shared().limiter, wait, w_.index(), w_.io().get_executor(), use_task);
     now = std::chrono::steady_clock::now();
-    t = adm->admit(*ctx.principal, model, estimate, now);
+    t = adm->admit(*ctx.principal, model, estimate, now, nullptr, &prices);
   }
   // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
   const auto h = adm->rate_limit_headers(*ctx.principal, now);

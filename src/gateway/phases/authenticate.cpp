@@ -34,6 +34,7 @@ core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
   }
   if (!p) co_return Outcome::failed(std::move(p.error()));
   ctx.principal = std::move(*p);
+  if (w_.shared().capture) begin_capture(ctx);
   co_return Outcome::next();
 }
 

@@ -12,6 +12,8 @@
 
 namespace weir::gateway {
 
+using namespace std::string_view_literals;
+
 core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) {
   auto& m = w_.metrics();
   ctx.set_error(e);
@@ -21,11 +23,13 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       append_error_body(ctx.body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
       ctx.scratch.clear();
       if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
+      if (e.status == 415) ctx.scratch += "Accept-Encoding: gzip, deflate, identity\r\n";
       if (e.status == 405) {
         ctx.scratch += "Allow: ";
         ctx.scratch += allowed_methods(ctx.route);
         ctx.scratch += "\r\n";
       }
+      if (ctx.capture) capture_response(ctx, ctx.body);
       co_await send_own(ctx, {e.status, "application/json", ctx.body, ctx.scratch});
       if (ctx.status == 499) ++m.client_disconnects;
       break;
@@ -34,7 +38,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       // Headers are out: the error goes in the stream, as vLLM does, then
       // [DONE]; an Anthropic stream gets one `event: error`.
       ctx.scratch.clear();
-      if (ctx.hooks.translating()) {
+      if (!ctx.hooks.openai_client()) {
         ctx.hooks.fail(e.status, e.message, ctx.scratch);
       } else {
         ctx.body.clear();
@@ -42,6 +46,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         http::append_sse_data(ctx.scratch, ctx.body);
         if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
       }
+      if (ctx.capture) capture_response(ctx, ctx.scratch);
       down_.queue_body(ctx.scratch);
       down_.queue_end();
       down_.flush();
@@ -66,12 +71,12 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
 }
 
 UpstreamSubject GatewayPhases::subject(const RequestContext& ctx) const {
-  return {w_.config().pools[static_cast<std::size_t>(ctx.pool)].name, ctx.model, ctx.request_id};
+  return {ctx.gen->config().pools[static_cast<std::size_t>(ctx.pool)].name, ctx.model, ctx.request_id};
 }
 
 std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
   if (ctx.pool < 0 || ctx.endpoint < 0) return {};
-  return w_.config()
+  return ctx.gen->config()
       .pools[static_cast<std::size_t>(ctx.pool)]
       .endpoints[static_cast<std::size_t>(ctx.endpoint)]
       .host_header;
@@ -79,8 +84,8 @@ std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
 
 void GatewayPhases::count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f) {
   if (ctx.pool >= 0 && ctx.endpoint >= 0)
-    w_.metrics().count_upstream_failure(static_cast<std::uint32_t>(ctx.pool), static_cast<std::uint32_t>(ctx.endpoint),
-                                        f);
+    w_.metrics().count_upstream_failure_at(
+        ctx.gen->endpoint_slot(static_cast<std::uint32_t>(ctx.pool), static_cast<std::uint32_t>(ctx.endpoint)), f);
 }
 
 void GatewayPhases::settle(RequestContext& ctx) {
@@ -127,7 +132,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   }
   m.duration(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, end));
   if (ctx.t_first_token != core::TimePoint{})
-    m.ttft(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, ctx.t_first_token));
+    m.observe_ttft(ctx.model_slot, core::micros_between(ctx.t_start, ctx.t_first_token), id);
   if (ctx.t_upstream_done != core::TimePoint{} && ctx.t_upstream_sent != core::TimePoint{})
     m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
@@ -136,7 +141,16 @@ void GatewayPhases::log(RequestContext& ctx) {
   // A scrape every few seconds would drown the log: /metrics counts in the
   // metrics, writes no line and stores no record.
   if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
+  if (ctx.trace.sampled) push_trace(ctx, end);
+  if (ctx.capture) {
+    // Captured bodies were copied into the record's slot: an idle keep-alive
+    // connection holds none (up to max_request_bytes + max_response_bytes each otherwise).
+    std::string().swap(ctx.captured_request.bytes);
+    std::string().swap(ctx.captured_response.bytes);
+  }
   ctx.principal.reset();
+  // Done with its configuration: an idle keep-alive connection holds no generation.
+  ctx.gen.reset();
 }
 
 void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
@@ -149,140 +163,142 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   if (!to_log) out.clear();
   const std::size_t line_start = out.size();
   const auto wall = std::chrono::system_clock::now();
-  out += R"({"ts":")";
+  out += R"({"ts":")"sv;
   core::append_rfc3339(out, wall);
-  out += R"(","request_id":)";
+  out += R"(","request_id":)"sv;
   core::append_json_string(out, ctx.request_id);
-  out += R"(,"method":)";
+  out += R"(,"method":)"sv;
   core::append_json_string(out, ctx.method);
-  out += R"(,"path":)";
+  out += R"(,"path":)"sv;
   core::append_json_string(out, ctx.path);
-  out += R"(,"model":)";
+  out += R"(,"model":)"sv;
   // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
   if (ctx.model.empty())
-    out += "null";
+    out += "null"sv;
   else
     core::append_json_string(out, core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
-  const auto& cfg = w_.config();
-  out += R"(,"pool":)";
+  const auto& cfg = ctx.gen->config();
+  out += R"(,"pool":)"sv;
   if (ctx.pool < 0)
-    out += "null";
+    out += "null"sv;
   else
     core::append_json_string(out, cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
-  out += R"(,"endpoint":)";
+  out += R"(,"endpoint":)"sv;
   if (ctx.pool < 0 || ctx.endpoint < 0)
-    out += "null";
+    out += "null"sv;
   else
     core::append_json_string(
         out, cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
   if (ctx.principal) {
-    out += R"(,"tenant":)";
+    out += R"(,"tenant":)"sv;
     core::append_json_string(out, ctx.principal->tenant_name());
-    out += R"(,"key_id":)";
+    out += R"(,"key_id":)"sv;
     if (ctx.principal->key_id().empty())
-      out += "null";
+      out += "null"sv;
     else
       core::append_json_string(out, core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
     // A JWT's subject claim (auth.jwt.subject_claim): who, within the tenant, asked.
-    out += R"(,"subject":)";
+    out += R"(,"subject":)"sv;
     if (ctx.principal->kind != auth::CredentialKind::jwt || ctx.principal->subject.empty())
-      out += "null";
+      out += "null"sv;
     else
       core::append_json_string(out, core::utf8_prefix(ctx.principal->subject, core::kMaxEchoBytes));
-    out += R"(,"spend_usd":)";
+    out += R"(,"spend_usd":)"sv;
     core::append_scaled(out, static_cast<std::int64_t>(ctx.spend_nano_usd), 9);
   }
   // Numbers by hand (core/json_text.hpp): no format string parsed per line.
-  out += R"(,"status":)";
+  out += R"(,"status":)"sv;
   core::append_int(out, ctx.status);
-  out += ctx.stream ? R"(,"stream":true)" : R"(,"stream":false)";
+  out += ctx.stream ? R"(,"stream":true)"sv : R"(,"stream":false)"sv;
   // Milliseconds with 3 decimals, from integer microseconds.
   auto ms = [&](core::TimePoint a, core::TimePoint b) { core::append_scaled(out, core::micros_between(a, b), 3); };
-  out += R"(,"ttft_ms":)";
+  out += R"(,"ttft_ms":)"sv;
   if (ctx.t_first_token != core::TimePoint{})
     ms(ctx.t_start, ctx.t_first_token);
   else
-    out += "null";
-  out += R"(,"duration_ms":)";
+    out += "null"sv;
+  out += R"(,"duration_ms":)"sv;
   ms(ctx.t_start, end);
-  out += R"(,"upstream_ms":)";
+  out += R"(,"upstream_ms":)"sv;
   if (ctx.t_upstream_sent != core::TimePoint{} && ctx.t_upstream_done != core::TimePoint{})
     ms(ctx.t_upstream_sent, ctx.t_upstream_done);
   else
-    out += "null";
-  out += R"(,"added_us":)";
+    out += "null"sv;
+  out += R"(,"added_us":)"sv;
   core::append_int(out, ctx.added_us);
-  out += R"(,"bytes_in":)";
+  out += R"(,"bytes_in":)"sv;
   core::append_uint(out, ctx.bytes_in);
-  out += R"(,"bytes_out":)";
+  out += R"(,"bytes_out":)"sv;
   core::append_uint(out, down_.bytes_out());
-  out += R"(,"events":)";
+  out += R"(,"events":)"sv;
   core::append_uint(out, ctx.events);
-  out += R"(,"retries":)";
+  out += R"(,"retries":)"sv;
   core::append_uint(out, ctx.retries);
   if (!ctx.batch_id.empty()) {
     // A micro-batch member: join its line to the batch's other members by id.
-    out += R"(,"batch":{"id":)";
+    out += R"(,"batch":{"id":)"sv;
     core::append_json_string(out, ctx.batch_id);
-    out += R"(,"size":)";
+    out += R"(,"size":)"sv;
     core::append_uint(out, ctx.batch_size);
-    out += R"(,"slot":)";
+    out += R"(,"slot":)"sv;
     core::append_uint(out, ctx.batch_slot);
-    out += ctx.coalesced ? R"(,"coalesced":true})" : R"(,"coalesced":false})";
+    out += ctx.coalesced ? R"(,"coalesced":true})"sv : R"(,"coalesced":false})"sv;
   }
   if (ctx.attempt_count > 1) {
     // Every attempt, in order, when there was more than one (docs/reliability.md).
-    out += R"(,"attempts":[)";
+    out += R"(,"attempts":[)"sv;
     for (std::size_t i = 0; i < ctx.attempt_count; ++i) {
       const auto& a = ctx.attempt_log[i];
       const auto& pool = cfg.pools[static_cast<std::size_t>(a.pool)];
-      out += i ? R"(,{"pool":)" : R"({"pool":)";
+      out += i ? R"(,{"pool":)"sv : R"({"pool":)"sv;
       core::append_json_string(out, pool.name);
-      out += R"(,"endpoint":)";
+      out += R"(,"endpoint":)"sv;
       if (a.endpoint < 0)  // none was tried (breaker_open)
-        out += "null";
+        out += "null"sv;
       else
         core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
-      out += R"(,"status":)";
+      out += R"(,"status":)"sv;
       if (a.status)
         core::append_int(out, a.status);
       else
-        out += "null";
-      out += R"(,"failure":)";
+        out += "null"sv;
+      out += R"(,"failure":)"sv;
       if (a.failure == http::UpstreamFailure::none)
-        out += "null";
+        out += "null"sv;
       else
         core::append_json_string(out, http::to_string(a.failure));
-      out += R"(,"ms":)";
+      out += R"(,"ms":)"sv;
       core::append_scaled(out, static_cast<std::int64_t>(a.us), 3);
-      out += "}";
+      out += "}"sv;
     }
-    out += "]";
+    out += "]"sv;
   }
   if (ctx.has_usage) {
-    out += R"(,"prompt_tokens":)";
+    out += R"(,"prompt_tokens":)"sv;
     core::append_uint(out, ctx.usage.prompt_tokens);
-    out += R"(,"completion_tokens":)";
+    out += R"(,"completion_tokens":)"sv;
     core::append_uint(out, ctx.usage.completion_tokens);
-    out += R"(,"cached_tokens":)";
+    out += R"(,"cached_tokens":)"sv;
     core::append_uint(out, ctx.usage.cached_tokens);
   } else
-    out += R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)";
+    out += R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)"sv;
   if (ctx.has_error) {
-    out += R"(,"error":{"source":")";
+    out += R"(,"error":{"source":")"sv;
     out += core::to_string(ctx.error_source);
-    out += R"(","code":)";
+    out += R"(","code":)"sv;
     core::append_json_string(out, ctx.error_code);
-    out += "}";
+    out += "}"sv;
   } else {
-    out += R"(,"error":null)";
+    out += R"(,"error":null)"sv;
   }
-  out += "}";
-  if (auto* q = w_.record_queue()) push_record(*q, ctx, wall, std::string_view(out).substr(line_start));
+  out += "}"sv;
+  if (auto* q = w_.record_queue())
+    push_record(*q, ctx.capture ? &w_.shared().request_log->body_budget(w_.index()) : nullptr, ctx, wall,
+                std::string_view(out).substr(line_start));
   if (to_log) log.end_line();
 }
 
-void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext& ctx,
+void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,
                                 std::chrono::system_clock::time_point wall, std::string_view line) {
   requestlog::Record* r = q.begin_push();
   if (!r) {
@@ -302,6 +318,20 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, const RequestContext
     r->key_id.clear();
   }
   r->json.assign(line);
+  // Captured bodies (request_log.capture_bodies), within the queue's budget.
+  const bool keep =
+      budget &&
+      budget->take(static_cast<std::int64_t>(ctx.captured_request.bytes.size() + ctx.captured_response.bytes.size()));
+  for (auto [from, to] :
+       {std::pair{&ctx.captured_request, &r->request_body}, std::pair{&ctx.captured_response, &r->response_body}}) {
+    to->present = keep && from->present;
+    to->truncated = from->truncated;
+    to->size = from->size;
+    if (keep)
+      to->bytes.assign(from->bytes);
+    else
+      to->bytes.clear();
+  }
   q.commit();
 }
 

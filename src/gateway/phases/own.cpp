@@ -18,14 +18,14 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
 
 core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
   if (ctx.route == RouteKind::models) {
-    auto r = models_response(w_.config(), ctx.path, ctx.principal.get());
+    auto r = models_response(ctx.gen->config(), ctx.path, ctx.principal.get());
     if (!r) co_return Outcome::failed(std::move(r.error()));
     co_await send_own(ctx, {200, "application/json", *r, {}});
   } else if (ctx.route == RouteKind::health) {
     co_await send_own(ctx, {200, "application/json", R"({"status":"ok"})", {}});
   } else if (ctx.route == RouteKind::ready) {
     if (w_.draining()) co_return Outcome::failed(core::unavailable("Weir is draining."));
-    if (auto why = ready_problem(w_.shared()); !why.empty())
+    if (auto why = ready_problem(*ctx.gen->shared, false); !why.empty())
       co_return Outcome::failed(core::unavailable(std::move(why)));
     co_await send_own(ctx, {200, "application/json", R"({"status":"ready"})", {}});
   } else if (ctx.route == RouteKind::metrics) {

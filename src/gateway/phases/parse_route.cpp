@@ -1,14 +1,20 @@
 // The parse and route phases: the JSON body's fields (api/request.hpp),
 // then model → pool (routing/route_table.hpp). An Anthropic or Responses
 // request is translated here into the upstream's chat-completions body
-// (api/anthropic/, api/responses/); a speech-to-text request's form is read
-// for its model and stream fields.
+// (api/anthropic/, api/responses/), and a chat or Responses request whose
+// model is served by an Anthropic pool into Anthropic's Messages API
+// (api/anthropic/upstream_request.hpp); a speech-to-text request's form is
+// read for its model and stream fields.
 #include <algorithm>
 #include <charconv>
 
 #include <boost/beast/http/field.hpp>
 
+#include <boost/json/parse.hpp>
+
 #include "api/anthropic/request.hpp"
+#include "api/anthropic/upstream_request.hpp"
+#include "api/json_scan.hpp"
 #include "api/responses/request.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -22,12 +28,43 @@ constexpr std::uint32_t kMaxTimeoutMs = 86'400'000;
 bool GatewayPhases::proxied(const RequestContext& ctx) const {
   if (api_of(ctx.route) || ctx.route == RouteKind::version) return true;
   // Quick mode: the upstream knows its models.
-  return ctx.route == RouteKind::models && w_.config().models.empty() && w_.config().default_pool;
+  const auto& cfg = ctx.gen->config();
+  return ctx.route == RouteKind::models && cfg.models.empty() && cfg.default_pool;
 }
+
+namespace {
+// The body's top-level `model` string, unescaped ("" when there is none or
+// the body is not JSON: the full parse then says why).
+std::string peek_model(std::string_view body) {
+  const auto span = api::find_member(body, "model");
+  if (!span) return {};
+  const std::string_view v = body.substr(span->value_begin, span->value_end - span->value_begin);
+  if (v.size() < 2 || v.front() != '"') return {};
+  if (v.find('\\') == std::string_view::npos) return std::string(v.substr(1, v.size() - 2));
+  boost::system::error_code ec;
+  const auto parsed = boost::json::parse(boost::json::string_view(v.data(), v.size()), ec);
+  return !ec && parsed.is_string() ? std::string(parsed.get_string()) : std::string();
+}
+}  // namespace
 
 Outcome GatewayPhases::parse(RequestContext& ctx) {
   const auto api = api_of(ctx.route);
   if (!api) return Outcome::next();
+  if (is_anthropic(ctx.route)) {
+    // An Anthropic request to an Anthropic pool goes as it came: read what
+    // the gateway needs, leave the rest to the upstream (which accepts more
+    // than the chat translation can express). Its translation for an
+    // OpenAI-compatible fallback, if it gets that far, is made then (proxy).
+    const auto r = ctx.gen->routes().find(peek_model(down_.body()));
+    if (r && ctx.gen->config().pools[r->pool].type == core::UpstreamType::anthropic) {
+      auto fields = api::anthropic::read_messages_request(down_.body(), ctx.route == RouteKind::messages_count_tokens);
+      if (!fields) return Outcome::failed(std::move(fields.error()));
+      ctx.fields = std::move(*fields);
+      ctx.model = std::move(ctx.fields.model);
+      ctx.stream = ctx.fields.stream;
+      return Outcome::next();
+    }
+  }
   if (is_translated(ctx.route)) {
     // The translation is the upstream body: it goes in a lent buffer until the commit point.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
@@ -41,6 +78,7 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     ctx.fields = std::move(*fields);
     ctx.model = std::move(ctx.fields.model);
     ctx.stream = ctx.fields.stream;
+    ctx.chat_translated = is_anthropic(ctx.route);
     return Outcome::next();
   }
   auto fields = *api == api::ApiKind::audio
@@ -58,14 +96,14 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   if (!api_of(ctx.route)) {
     // GET /v1/models in quick mode, GET /version: the default pool, else the first one.
     ctx.target = routing::Route{};
-    ctx.target.pool = static_cast<std::uint32_t>(w_.config().default_pool.value_or(0));
+    ctx.target.pool = static_cast<std::uint32_t>(ctx.gen->config().default_pool.value_or(0));
     ctx.pool = static_cast<int>(ctx.target.pool);
     return Outcome::next();
   }
-  if (ctx.model.empty() && !w_.config().default_pool)  // vLLM's extra routes may omit it
+  if (ctx.model.empty() && !ctx.gen->config().default_pool)  // vLLM's extra routes may omit it
     return Outcome::failed(core::bad_request(
         "you must provide a model parameter: Weir routes this request by it (or configure a default_pool)", "model"));
-  auto r = w_.routes().find(ctx.model);
+  auto r = ctx.gen->routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
   ctx.target = *r;
   if (!ctx.target.fallbacks.empty()) {
@@ -82,7 +120,8 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
       ctx.fallback_limit = static_cast<std::uint8_t>(std::min(n, 255u));
     }
   }
-  ctx.model_slot = r->model_index == routing::kUnlistedModel ? w_.metrics().unlisted_model() : r->model_index;
+  ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
+                                                             : ctx.gen->labels().model_slot[r->model_index];
   ctx.pool = static_cast<int>(r->pool);
   // x-weir-timeout-ms: N bounds the whole request from its arrival, queueing
   // and retries included (docs/reliability.md#deadlines). Relative, as
@@ -96,6 +135,15 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
           core::bad_request("x-weir-timeout-ms must be a whole number of milliseconds from 1 to 86400000 (24 hours)."));
     ctx.deadline_ms = ms;
     ctx.deadline = ctx.t_start + std::chrono::milliseconds(ms);
+  }
+  if (anthropic_pool(ctx)) {
+    if (!served_by_anthropic(ctx.route)) return Outcome::failed(not_served_by_anthropic(ctx));
+    // Chat completions and Responses are translated for Anthropic here, so
+    // what Anthropic cannot express is a 400 before admission charges it.
+    if (!is_anthropic(ctx.route)) {
+      if (auto e = translate_for_anthropic(ctx)) return Outcome::failed(std::move(*e));
+      ctx.anthropic_ready = true;
+    }
   }
   return Outcome::next();
 }

@@ -9,7 +9,12 @@
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
+#include <ctime>
+
+#include <fmt/format.h>
+
 #include "api/anthropic/request.hpp"
+#include "api/anthropic/upstream_request.hpp"
 #include "api/json_scan.hpp"
 #include "api/openai/batch.hpp"
 #include "api/openai/stream.hpp"
@@ -31,8 +36,11 @@ bool is_event_stream(std::string_view content_type) {
   return content_type.size() >= 17 && core::iequals(content_type.substr(0, 17), "text/event-stream");
 }
 // The upstream's target: the client's, or the OpenAI-compatible path an
-// Anthropic or Responses route is translated to.
-std::string_view upstream_target(RouteKind r, std::string_view client_target) {
+// Anthropic or Responses route is translated to; for an Anthropic pool,
+// Anthropic's Messages path (the Anthropic routes keep the client's, with
+// its query: the SDK's ?beta=true).
+std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target) {
+  if (anthropic_pool) return is_anthropic(r) ? client_target : api::anthropic::messages_path();
   if (r == RouteKind::responses) return api::responses::upstream_path();
   if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
   if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
@@ -57,31 +65,77 @@ std::uint32_t retry_after_s(std::chrono::steady_clock::duration d) {
 // no frame for this dispatch.
 core::Task<Outcome> GatewayPhases::respond(RequestContext& ctx) { return proxied(ctx) ? proxy(ctx) : serve_own(ctx); }
 
-void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
+bool GatewayPhases::anthropic_pool(const RequestContext& ctx) const {
+  return ctx.gen->config().pools[ctx.target.pool].type == core::UpstreamType::anthropic;
+}
+
+core::Error GatewayPhases::not_served_by_anthropic(const RequestContext& ctx) const {
+  return core::bad_request(
+      fmt::format("Model `{}` is served by pool `{}`, an Anthropic Messages API upstream, which has no {} route: use "
+                  "/v1/chat/completions, /v1/responses or /v1/messages.",
+                  core::utf8_prefix(ctx.model, core::kMaxEchoBytes), ctx.gen->config().pools[ctx.target.pool].name,
+                  route_label(ctx.route)),
+      "model", "unsupported_route");
+}
+
+std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
+  // The chat body: the client's, or the Responses request's translation (parse).
+  const std::string_view chat = is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body();
+  if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  const api::anthropic::UpstreamRequestOptions o{
+      .model = ctx.target.upstream_model.empty() ? std::string_view(ctx.model) : ctx.target.upstream_model,
+      .default_max_tokens = pc.anthropic.max_tokens};
+  if (auto r = api::anthropic::chat_to_messages(chat, o, ctx.upstream_body_buf); !r) return std::move(r.error());
+  return std::nullopt;
+}
+
+std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
   if (!api_of(ctx.route)) {
     // GET/HEAD (the upstream's model list): a request body means nothing
     // there, and forwarded without a length the upstream would read it as
     // the next request on the connection (request smuggling).
     ctx.upstream_body = {};
-    return;
+    return std::nullopt;
   }
+  const bool anthropic = anthropic_pool(ctx);
+  if (anthropic && !served_by_anthropic(ctx.route)) return not_served_by_anthropic(ctx);
   if (is_audio(ctx.route)) {
     prepare_audio_body(ctx);
-    return;
+    return std::nullopt;
+  }
+  ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
+  if (anthropic && !is_anthropic(ctx.route)) {
+    // Chat completions or Responses into Anthropic's Messages API (the
+    // model named in the translation); the route phase did it for the first target.
+    if (!(ctx.anthropic_ready && ctx.fallback_step == 0 && !ctx.batch_split))
+      if (auto e = translate_for_anthropic(ctx)) return e;
+    ctx.upstream_body = ctx.upstream_body_buf;
+    return std::nullopt;
+  }
+  if (!anthropic && is_anthropic(ctx.route) && !ctx.chat_translated) {
+    // The parse phase only read this request (its first target is an
+    // Anthropic pool); this OpenAI-compatible target needs the translation.
+    if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
+    auto fields = api::anthropic::translate_request(
+        ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
+        down_.body(), ctx.edit_buf);
+    if (!fields) return std::move(fields.error());
+    ctx.chat_translated = true;
   }
   // A translated request's upstream body is its translation (parse phase),
-  // which asks a stream for its usage chunk itself.
-  const bool translated = is_translated(ctx.route);
+  // which asks a stream for its usage chunk itself; an Anthropic route to an
+  // Anthropic pool is the client's body, whose stream always carries usage.
+  const bool translated = is_translated(ctx.route) && !anthropic;
   std::string_view body = translated ? std::string_view(ctx.edit_buf) : down_.body();
-  ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
   if (!ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model) {
     ctx.scratch.clear();
     core::append_json_string(ctx.scratch, ctx.target.upstream_model);
     if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
     if (api::set_member(body, "model", ctx.scratch, ctx.upstream_body_buf)) body = ctx.upstream_body_buf;
   }
-  if (!translated && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
-      w_.config().pools[ctx.target.pool].request_usage) {
+  if (!translated && !anthropic && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
+      ctx.gen->config().pools[ctx.target.pool].request_usage) {
     // Ask for the usage chunk so this stream's tokens are known; the client
     // did not ask for it, so the stream hooks drop it from the client's stream.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
@@ -91,6 +145,7 @@ void GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
     }
   }
   ctx.upstream_body = body;
+  return std::nullopt;
 }
 
 void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
@@ -115,7 +170,7 @@ void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
       body = ctx.upstream_body_buf;
     }
   }
-  if (boundary && ctx.stream && !ctx.fields.include_usage && w_.config().pools[ctx.target.pool].request_usage) {
+  if (boundary && ctx.stream && !ctx.fields.include_usage && ctx.gen->config().pools[ctx.target.pool].request_usage) {
     const auto parts = core::parse_form(body, *boundary);
     if (parts && !parts->empty()) {
       if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
@@ -129,6 +184,22 @@ void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
     }
   }
   ctx.upstream_body = body;
+}
+
+void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
+  const bool anthropic = anthropic_pool(ctx);
+  ctx.hooks.reset(StreamHooks::Setup{
+      .strip_usage = ctx.strip_usage,
+      .client = is_anthropic(ctx.route)   ? Translation::anthropic
+                : is_responses(ctx.route) ? Translation::responses
+                                          : Translation::none,
+      .upstream = anthropic ? UpstreamDialect::anthropic : UpstreamDialect::openai,
+      .include_usage = ctx.fields.include_usage,
+      .created = anthropic ? static_cast<std::int64_t>(std::time(nullptr)) : 0,
+      .echo = ctx.responses_echo,
+      .request_id = ctx.request_id,
+      .model = ctx.model,
+  });
 }
 
 void GatewayPhases::on_client_gone(RequestContext& ctx) {
@@ -181,15 +252,16 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
 bool GatewayPhases::join_batch(RequestContext& ctx) {
   if (member_ == nullptr || ctx.fallback_step != 0) return false;
   if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
-  auto* batcher = w_.batcher(ctx.target.pool);
+  auto* batcher = ctx.gen->batcher(ctx.target.pool);
   if (batcher == nullptr) return false;
-  const auto& pc = w_.config().pools[ctx.target.pool];
-  prepare_upstream_body(ctx);
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  if (prepare_upstream_body(ctx)) return false;
   std::optional<std::string_view> prompt;
   if (ctx.route == RouteKind::completions && pc.batch.enabled())
     prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
   if (!prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
   const bool strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
+  if (ctx.body_decoded) return false;  // (rare) a decoded body's head differs from the others'
   // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
   member_->key() += '\0';  // never in valid JSON nor in a field
   http::append_forwarded_fields_key(member_->key(), down_.request(), strip_credentials);
@@ -207,15 +279,23 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
     continuous = member_is("continuous_usage_stats", "true");
   }
   const auto& req = down_.request();
-  const batching::BatchMember::Request r{.head = &req,
-                                         .target = upstream_target(ctx.route, req.target()),
-                                         .prompt = prompt.value_or(std::string_view()),
-                                         .body = ctx.upstream_body,
-                                         .request_id = ctx.request_id,
-                                         .stream = ctx.stream,
-                                         .include_usage = ctx.stream && include_usage,
-                                         .continuous_usage = ctx.stream && continuous,
-                                         .strip_credentials = strip_credentials};
+  if (ctx.trace.on) {
+    // The batch's upstream request carries its first member's traceparent.
+    begin_attempt_trace(ctx);
+    if (ctx.trace.sampled) ctx.trace.batch_join = core::now();
+  }
+  const batching::BatchMember::Request r{
+      .head = &req,
+      .target = upstream_target(ctx.route, false, req.target()),
+      .prompt = prompt.value_or(std::string_view()),
+      .body = ctx.upstream_body,
+      .request_id = ctx.request_id,
+      .stream = ctx.stream,
+      .include_usage = ctx.stream && include_usage,
+      .continuous_usage = ctx.stream && continuous,
+      .strip_credentials = strip_credentials,
+      .traceparent = ctx.trace.on ? ctx.trace.traceparent_view() : std::string_view(),
+      .tracestate = ctx.trace.tracestate};
   if (prompt)
     batcher->join(*member_, r);
   else
@@ -348,7 +428,7 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     // holds only this small one and the responder's.
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     Outcome o = Outcome::next();
-    if (w_.pool(ctx.target.pool).queue()) o = co_await enter_pool(ctx);
+    if (ctx.gen->pool(ctx.target.pool).queue()) o = co_await enter_pool(ctx);
     if (o.goes_on()) o = co_await attempt_pool(ctx);
     if (!o.goes_on()) {
       leave_queue(ctx);
@@ -361,7 +441,7 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     }
     const bool cutoff = arm_cutoff(ctx);
     o = co_await relay(ctx, exchange_);
-    auto& pool = w_.pool(ctx.target.pool);
+    auto& pool = ctx.gen->pool(ctx.target.pool);
     const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
     if (cutoff) o = after_cutoff(ctx, std::move(o));
     if (ctx.verdict_pending) judge_stream(ctx, o);
@@ -384,14 +464,14 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
 
 void GatewayPhases::leave_queue(RequestContext& ctx) {
   if (ctx.queue_pool < 0) return;
-  auto& pool = w_.pool(static_cast<std::uint32_t>(ctx.queue_pool));
+  auto& pool = ctx.gen->pool(static_cast<std::uint32_t>(ctx.queue_pool));
   ctx.queue_pool = -1;
   pool.queue()->done();
   pool.dispatch_queue(core::now());  // its place goes to the next one waiting
 }
 
 core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
-  auto& pool = w_.pool(ctx.target.pool);
+  auto& pool = ctx.gen->pool(ctx.target.pool);
   routing::PoolQueue& q = *pool.queue();
   const auto& qc = q.config();
   auto& m = w_.metrics();
@@ -415,7 +495,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
   }
   const auto reason = saturated ? ShedReason::saturated : ShedReason::queue_full;
   const auto shed = [&](ShedReason r) {
-    m.count_shed(ctx.target.pool, r);
+    m.count_shed(ctx.gen->pool_slot(ctx.target.pool), r);
     return Outcome::failed(overloaded(subject(ctx), r, qc.shed_status, retry_after_s(qc.retry_after)));
   };
   if (fallback_left(ctx)) {
@@ -441,7 +521,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
       ctx.backoff = nullptr;
     }
   } unlink{q, ctx};
-  ++m.queued(ctx.target.pool);
+  ++m.queued(ctx.gen->pool_slot(ctx.target.pool));
   auto until = now + qc.timeout;
   if (ctx.deadline != core::TimePoint{} && ctx.deadline < until) until = ctx.deadline;
   timer.expires_at(until);
@@ -467,7 +547,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
 }
 
 bool GatewayPhases::arm_cutoff(RequestContext& ctx) {
-  const auto& pc = w_.config().pools[ctx.target.pool];
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   ctx.cutoff = RequestContext::Cutoff::none;
   ctx.first_token_by = ctx.stream && pc.timeouts.first_token.count() > 0 ? ctx.t_upstream_sent + pc.timeouts.first_token
                                                                          : core::TimePoint{};
@@ -509,7 +589,7 @@ Outcome GatewayPhases::after_cutoff(RequestContext& ctx, Outcome o) {
       ctx.fail_over = false;
       if (ctx.verdict_pending) {
         ctx.verdict_pending = false;
-        if (ctx.trial) w_.pool(ctx.target.pool).end_trial(static_cast<std::uint32_t>(ctx.endpoint));
+        if (ctx.trial) ctx.gen->pool(ctx.target.pool).end_trial(static_cast<std::uint32_t>(ctx.endpoint));
         ctx.trial = false;
       }
       if (o.is_responded()) return o;
@@ -525,7 +605,7 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
   // stall or a failure before it counts against the endpoint as a failed
   // answer would (routing/health.hpp); a client that left, nothing.
   ctx.verdict_pending = false;
-  auto& pool = w_.pool(ctx.target.pool);
+  auto& pool = ctx.gen->pool(ctx.target.pool);
   const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
   const auto now = core::now();
   const bool first_token = ctx.t_first_token != core::TimePoint{};
@@ -556,10 +636,17 @@ core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::m
 core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   auto& metrics = w_.metrics();
   const auto& req = down_.request();
-  prepare_upstream_body(ctx);
-  auto& pool = w_.pool(ctx.target.pool);
+  if (auto e = prepare_upstream_body(ctx)) {
+    // This target cannot take the request (a route or a field its API does
+    // not have): the next fallback may; else the client gets why.
+    ctx.fail_over = true;
+    co_return Outcome::failed(std::move(*e));
+  }
+  auto& gen = *ctx.gen;
+  auto& pool = gen.pool(ctx.target.pool);
   const auto& pc = pool.config();
   const bool head_request = req.method() == bh::verb::head;
+  const bool anthropic = pc.type == core::UpstreamType::anthropic;
   ctx.source = &exchange_;
 
   auto now = core::now();
@@ -573,7 +660,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     // Every endpoint's breaker is open: the next fallback, or 503 until the first turns half-open.
     ctx.source = nullptr;
     ctx.endpoint = -1;
-    ++metrics.pool_unavailable(ctx.target.pool);
+    ++metrics.pool_unavailable(gen.pool_slot(ctx.target.pool));
     ctx.record_attempt(
         {.pool = static_cast<std::int16_t>(ctx.target.pool), .failure = http::UpstreamFailure::breaker_open});
     ctx.fail_over = !down_.client_gone();
@@ -600,7 +687,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     const std::uint32_t ep_idx = attempts.endpoint();
     auto& ep = pool.endpoint(ep_idx);
     ctx.endpoint = static_cast<int>(ep_idx);
-    metrics.count_attempt(ctx.target.pool, ep_idx);
+    metrics.count_attempt_at(gen.endpoint_slot(ctx.target.pool, ep_idx));
     auto pooled = attempts.fresh_only() ? nullptr : ep.conns.take(core::now());
     const bool reused = pooled != nullptr;
     if (reused) {
@@ -618,7 +705,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       if (failure != http::UpstreamFailure::none) {
         if (failure == http::UpstreamFailure::tls)
           routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
-        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
+        metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
         record(ep_idx, 0, failure, t_connect);
         if (attempts.on_connect_failure(failure, core::now())) {
           metrics.count_retry(routing::RetryReason::connect);
@@ -632,20 +719,28 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     const auto t0 = core::now();
     if (ctx.head.capacity() <= sizeof(std::string)) ctx.head = w_.take_buffer();  // a stream gave it back
     ctx.head.clear();
-    http::append_upstream_request_head(ctx.head, req,
-                                       http::UpstreamHeadOptions{
-                                           .target = upstream_target(ctx.route, req.target()),
-                                           .base_path = ep.cfg->base_path,
-                                           .base_query = ep.cfg->query,
-                                           .host_header = ep.cfg->host_header,
-                                           .body_bytes = ctx.upstream_body.size(),
-                                           .request_id = ctx.request_id,
-                                           .api_key = pc.api_key,
-                                           .identity = ctx.stream,
-                                           // The client's credential is for Weir when Weir authenticates, or
-                                           // replaced by the pool's key: either way it never reaches the model server.
-                                           .strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr,
-                                       });
+    // W3C Trace Context upstream: the request's trace, a new span id per attempt.
+    if (ctx.trace.on) begin_attempt_trace(ctx);
+    http::append_upstream_request_head(
+        ctx.head, req,
+        http::UpstreamHeadOptions{
+            .target = upstream_target(ctx.route, anthropic, req.target()),
+            .base_path = ep.cfg->base_path,
+            .base_query = ep.cfg->query,
+            .host_header = ep.cfg->host_header,
+            .body_bytes = ctx.upstream_body.size(),
+            .request_id = ctx.request_id,
+            .upstream_lines = pc.upstream_lines,
+            .identity = ctx.stream,
+            // The client's credential is for Weir when Weir authenticates, or
+            // replaced by the pool's key: either way it never reaches the model
+            // server. A hosted Anthropic API never gets the client's.
+            .strip_credentials = anthropic || !pc.api_key.empty() || w_.authenticator() != nullptr,
+            .anthropic = anthropic,
+            .body_decoded = ctx.body_decoded,
+            .traceparent = ctx.trace.on ? ctx.trace.traceparent_view() : std::string_view(),
+            .tracestate = ctx.trace.tracestate,
+        });
     ctx.t_upstream_sent = core::now();
     added += core::micros_between(t0, ctx.t_upstream_sent);
     failure = co_await exchange_.start({.head = ctx.head,
@@ -679,7 +774,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
         started = true;
         break;
       }
-      // 408/429/502/503/504: the upstream did not do the work. Another
+      // 408/429/502/503/504/529: the upstream did not do the work. Another
       // attempt here, the next fallback, or (neither left) this answer.
       d = attempts.on_status(status, exchange_.head()[bh::field::retry_after], core::now());
       if (!d.retry && !fallback_left(ctx)) {
@@ -701,7 +796,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       // Every failed attempt counts against its endpoint, retried or not,
       // except a pooled connection the server had closed (resent at once).
       if (!(d.retry && d.reason == routing::RetryReason::stale))
-        metrics.count_upstream_failure(ctx.target.pool, ep_idx, failure);
+        metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
       exchange_.release();
       if (!d.retry) break;
     }

@@ -1,23 +1,27 @@
 // The read phase: what the head names (route, method, request id), the
-// routes and methods Weir serves, and the body within limits.
+// routes and methods Weir serves, and the body within limits (decoded when
+// it comes gzip- or deflate-encoded).
 #include <boost/beast/http/verb.hpp>
 
 #include "core/json_text.hpp"
+#include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
+#include "http/gzip.hpp"
 
 namespace weir::gateway {
 
 namespace bh = boost::beast::http;
 
 core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
-  ctx.model_slot = w_.metrics().no_model();
+  ctx.gen = w_.generation();  // the configuration this request runs on, to its end
+  ctx.model_slot = MetricsShard::no_model();
   if (ctx.read_failure != http::ReadFailure::none) {
     // The head is unusable: never an empty id in the log or the reply.
     ctx.method = "-";
     w_.next_request_id(ctx.request_id);
-    co_return Outcome::failed(read_error(ctx.read_failure, w_.config().server, down_.failure_detail()));
+    co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
   const auto& req = down_.request();
   const std::string_view path = path_of(req.target());
@@ -28,6 +32,7 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     ctx.request_id.assign(id);
   else
     w_.next_request_id(ctx.request_id);
+  if (w_.tracer() && traced(ctx.route)) begin_trace(ctx);
 
   // Unknown routes and wrong methods are answered without reading the body:
   // the connection then closes unless there was none.
@@ -44,10 +49,29 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   if (!down_.body_complete()) {
     if (!down_.has_body_storage()) down_.lend_body_storage(w_.take_buffer());
     if (!co_await down_.read_body())
-      co_return Outcome::failed(read_error(down_.failure(), w_.config().server, down_.failure_detail()));
+      co_return Outcome::failed(read_error(down_.failure(), down_.config(), down_.failure_detail()));
   }
   ctx.bytes_in = down_.body().size();
   w_.metrics().bytes_in += ctx.bytes_in;
+  if (const auto ce = req[bh::field::content_encoding];
+      !ce.empty() && !core::iequals(ce, "identity") && !down_.body().empty()) {
+    // A compressed body (RFC 9110 §8.4): gzip and deflate are decoded here,
+    // within server.max_body (what Weir would hold either way), so every
+    // route reads and forwards the JSON or form itself; other codings are a
+    // 415 naming what is accepted.
+    if (!(core::iequals(ce, "gzip") || core::iequals(ce, "x-gzip") || core::iequals(ce, "deflate")))
+      co_return Outcome::failed(core::unsupported_encoding(ce));
+    std::string decoded = w_.take_buffer();
+    bool over = false;
+    if (!http::gunzip(down_.body(), decoded, ctx.gen->config().server.max_body_bytes, &over)) {
+      w_.give_buffer(decoded);
+      if (over) co_return Outcome::failed(core::payload_too_large(ctx.gen->config().server.max_body_bytes));
+      co_return Outcome::failed(core::undecodable_body(ce));
+    }
+    down_.body().swap(decoded);
+    w_.give_buffer(decoded);
+    ctx.body_decoded = true;
+  }
   co_return Outcome::next();
 }
 

@@ -4,11 +4,17 @@
 // client that accepts it, decoded for one that does not), then one write.
 // An Anthropic request's answer is decoded and translated (api/anthropic/response.hpp);
 // so is a Responses request's successful answer (api/responses/response.hpp),
-// whose errors are OpenAI's already and pass through.
+// whose errors are OpenAI's already and pass through. An Anthropic pool's
+// answer to a chat or Responses request becomes a chat completion (or an
+// OpenAI error) first (api/anthropic/upstream_response.hpp); to an
+// Anthropic request it passes as it came.
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
+#include <ctime>
+
 #include "api/anthropic/response.hpp"
+#include "api/anthropic/upstream_response.hpp"
 #include "api/responses/response.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
@@ -21,26 +27,20 @@ namespace weir::gateway {
 
 namespace bh = boost::beast::http;
 
-namespace {
-// Room added to the body per read: 4 KiB for small answers (zero-filled by
-// resize, so no more than a read can use), growing with the body so a large
-// one (a 5 MB embeddings batch) takes few reads.
-std::size_t read_room(std::size_t have) { return std::clamp<std::size_t>(have, 4096, 1u << 20); }
-}  // namespace
-
 core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
-  const auto& sc = w_.config().server;
+  const auto& sc = ctx.gen->config().server;
   http::ResponseSource& src = *ctx.source;
   std::string& body = ctx.body;
   body.clear();
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool too_large = false;
+  // Reads land in the worker's body scratch and are appended: growing the
+  // body by resize() would zero-fill room no read may use (4 KiB for a 1 KB
+  // answer).
+  const auto into = w_.stream_body_buffer();
   while (!src.done()) {
-    const std::size_t have = body.size();
-    const std::size_t room = read_room(have);
-    body.resize(have + room);
-    const http::BodyRead r = co_await src.read(std::span<char>(body.data() + have, room));
-    body.resize(have + r.bytes);
+    const http::BodyRead r = co_await src.read(into);
+    body.append(into.data(), r.bytes);
     if (r.failure != http::UpstreamFailure::none) {
       failure = r.failure;
       break;
@@ -57,6 +57,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (failure != http::UpstreamFailure::none) {
     count_upstream_failure(ctx, failure);
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
+    if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = failure;  // after its head
+    // The body broke (reset, timeout, an invalid message) before a byte of
+    // it reached the client: the next fallback takes the request (proxy),
+    // as for a failure before the head.
+    ctx.fail_over = http::is_upstream_fault(failure);
+    ctx.has_usage = false;
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
   const auto t0 = core::now();
@@ -70,10 +76,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // client that accepts it; decode it for one that does not.
   const std::string_view encoding = head[bh::field::content_encoding];
   const bool encoded = !encoding.empty() && !core::iequals(encoding, "identity");
-  // A translated answer is always decoded: it is rewritten.
-  const bool anthropic = is_anthropic(ctx.route);
-  const bool accepted =
-      encoded && !is_translated(ctx.route) && http::has_token(req[bh::field::accept_encoding], encoding);
+  // A translated answer is always decoded: it is rewritten. That is every
+  // answer whose client speaks another dialect than the pool.
+  const bool anthropic_up = anthropic_pool(ctx);
+  const bool anthropic = is_anthropic(ctx.route) && !anthropic_up;  // Anthropic client, OpenAI upstream
+  const bool rewritten = anthropic_up ? !is_anthropic(ctx.route) : is_translated(ctx.route);
+  const bool accepted = encoded && !rewritten && http::has_token(req[bh::field::accept_encoding], encoding);
   std::string_view plain = out;  // the decoded body, for reading usage
   bool drop_encoding = false;
   if (encoded && out.empty()) {
@@ -97,7 +105,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
   }
   if (status >= 200 && status < 300 && !plain.empty()) {
-    if (auto u = api::extract_usage(plain)) {
+    // An Anthropic pool's message counts differently (cache reads and writes apart).
+    if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain) : api::extract_usage(plain)) {
       ctx.has_usage = true;
       ctx.usage = *u;
     }
@@ -110,9 +119,30 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.error_code = "upstream_status";
   }
   std::string translated;  // Anthropic and Responses requests only
-  const bool responses = is_responses(ctx.route) && status >= 200 && status < 300 && status != 204;
+  std::string chat;        // an Anthropic pool's answer as a chat completion
+  std::string_view from = plain;
+  if (anthropic_up && rewritten && !(status == 204 || status == 304)) {
+    // Anthropic's message (or error) → OpenAI's chat completion (or error):
+    // the answer for a chat client, the input of the Responses translation.
+    bool ok = true;
+    if (status >= 200 && status < 300)
+      ok = api::anthropic::message_to_chat(plain, static_cast<std::int64_t>(std::time(nullptr)), chat);
+    else
+      api::anthropic::append_openai_error(chat, status, plain);
+    if (!ok) {
+      ctx.status = 502;
+      ctx.has_error = true;
+      ctx.error_source = core::ErrorSource::upstream;
+      ctx.error_code = "upstream_invalid_response";
+      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+    }
+    from = chat;
+    out = chat;
+    drop_encoding = encoded;
+  }
+  const bool responses = is_responses(ctx.route) && ctx.status >= 200 && ctx.status < 300 && status != 204;
   if (responses) {
-    if (!api::responses::translate_response(plain, ctx.responses_echo, translated)) {
+    if (!api::responses::translate_response(from, ctx.responses_echo, translated)) {
       ctx.status = 502;
       ctx.has_error = true;
       ctx.error_source = core::ErrorSource::upstream;
@@ -121,6 +151,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
     out = translated;
     drop_encoding = encoded;
+  }
+  if (anthropic_up && ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
+    ctx.has_usage = true;  // a count generates nothing and is not charged
+    ctx.usage = {};
   }
   if (anthropic && !(status == 204 || status == 304)) {
     if (ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
@@ -156,6 +190,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (!no_body) http::append_content_length(ctx.head, out.size());
   ctx.head += "\r\n";
   ctx.added_us += core::micros_between(t0, core::now());
+  // What the client reads, decoded when the client gets it encoded (a body people can read).
+  if (ctx.capture && !no_body) capture_response(ctx, drop_encoding || !encoded ? out : plain);
   const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
   if (body.capacity() > (1u << 20)) std::string().swap(body);
   if (ctx.scratch.capacity() > (1u << 20)) std::string().swap(ctx.scratch);

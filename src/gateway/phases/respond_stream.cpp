@@ -13,7 +13,7 @@
 namespace weir::gateway {
 
 core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
-  const auto& sc = w_.config().server;
+  const auto& sc = down_.config();
   auto& metrics = w_.metrics();
   http::ResponseSource& src = *ctx.source;
   ++metrics.active_streams;
@@ -46,11 +46,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   ctx.body.clear();
 
   ctx.sse.reset();
-  ctx.hooks.reset(ctx.strip_usage,
-                  is_anthropic(ctx.route)   ? Translation::anthropic
-                  : is_responses(ctx.route) ? Translation::responses
-                                            : Translation::none,
-                  ctx.responses_echo, ctx.request_id, ctx.model);
+  reset_stream_hooks(ctx);
   const auto into = w_.stream_body_buffer();
   std::string& events = w_.stream_events();  // used only until this read's events are sent
   http::UpstreamFailure failure = http::UpstreamFailure::none;
@@ -72,7 +68,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       ctx.sse.push(std::string_view(into.data(), r.bytes));
       while (auto ev = ctx.sse.next()) {
         if (holding && ev->has_data && !ev->is_done()) {
-          const auto c = api::openai::classify_chunk(ev->data);
+          const auto c = ctx.hooks.classify(*ev);
           if (c == api::openai::ChunkKind::error) failure = http::UpstreamFailure::protocol;
           if (c == api::openai::ChunkKind::content) holding = false;
         }
@@ -109,6 +105,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // chunk with prompt_logprobs) is not a slow client.
     const std::size_t backlog = down_.backlog();
     if (!events.empty()) {
+      if (ctx.capture) capture_response(ctx, events);
       down_.send_body(events);
       if (first_read) {
         ctx.added_us += core::micros_between(t_read, core::now());
@@ -173,13 +170,16 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   }
   if (!ctx.committed) {  // a held stream that ended without a content event
     send_head();
+    if (ctx.capture) capture_response(ctx, ctx.body);
     if (!ctx.body.empty()) down_.send_body(ctx.body);
     ctx.body.clear();
   }
   if (ctx.hooks.translating()) {
-    // Anthropic and Responses have no [DONE]: the closing events, or an error if the upstream stopped short.
+    // Anthropic and Responses have no [DONE]: the closing events, or an error if the upstream stopped short
+    // (an Anthropic upstream's stream for a chat client: its [DONE]).
     events.clear();
     ctx.hooks.finish(events);
+    if (ctx.capture) capture_response(ctx, events);
     if (!events.empty()) down_.send_body(events);
   }
   down_.queue_end();

@@ -107,6 +107,30 @@ const FindCase kFindCases[] = {
     {"unquoted_key", R"({model:1})", "model", std::nullopt},
 };
 
+// find_last_member agrees with find_member on every valid text of the table
+// (on malformed ones it checks only the members after its match).
+TEST_P(ApiFindMember, FromTheEndOnValidJson) {
+  const FindCase& c = GetParam();
+  boost::system::error_code ec;
+  (void)json::parse(c.json, ec);
+  if (ec) GTEST_SKIP() << "not JSON";
+  const auto forward = find_member(c.json, c.key);
+  const auto backward = find_last_member(c.json, c.key);
+  ASSERT_EQ(forward.has_value(), backward.has_value()) << c.json;
+  if (forward) {
+    EXPECT_EQ(backward->key_begin, forward->key_begin) << c.json;
+    EXPECT_EQ(backward->value_begin, forward->value_begin) << c.json;
+    EXPECT_EQ(backward->value_end, forward->value_end) << c.json;
+  }
+}
+
+TEST(ApiFindLastMember, MalformedEndsAreNotFound) {
+  for (std::string_view bad :
+       {R"({"usage":{"prompt_tokens":1})", R"([{"usage":1}])", R"({"usage":1}})", R"({"usage":1)", R"("usage":1})", "",
+        "}", "{", R"({"usage" 1})", R"({"usage":})", R"(x{"usage":1})"})
+    EXPECT_FALSE(find_last_member(bad, "usage")) << bad;
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, ApiFindMember, ::testing::ValuesIn(kFindCases),
                          [](const auto& info) { return std::string(info.param.name); });
 
@@ -446,6 +470,25 @@ TEST(ApiJsonScanProperty, FindMemberReturnsTheLastMatchingMember) {
     const GenObject o = gen.object();
     for (const std::string& key : probe_keys(gen, o)) {
       const auto span = find_member(o.text, key);
+      const GenMember* want = last_with_key(o, key);
+      if (want == nullptr) {
+        ASSERT_FALSE(span) << o.text << " key " << key;
+        continue;
+      }
+      ASSERT_TRUE(span) << o.text << " key " << key;
+      ASSERT_EQ(span->key_begin, want->key_begin) << o.text;
+      ASSERT_EQ(span->value_begin, want->value_begin) << o.text;
+      ASSERT_EQ(span->value_end, want->value_end) << o.text;
+    }
+  }
+}
+
+TEST(ApiJsonScanProperty, FindLastMemberReturnsTheLastMatchingMember) {
+  JsonGen gen(7);
+  for (int i = 0; i < kObjects; ++i) {
+    const GenObject o = gen.object();
+    for (const std::string& key : probe_keys(gen, o)) {
+      const auto span = find_last_member(o.text, key);
       const GenMember* want = last_with_key(o, key);
       if (want == nullptr) {
         ASSERT_FALSE(span) << o.text << " key " << key;

@@ -208,6 +208,36 @@ TEST(BenchStreamTracker, ErrorEventsAndAnthropicEnd) {
   EXPECT_EQ(tr.stats().usage_completion_tokens, 1);
 }
 
+TEST(BenchStreamTracker, ResponsesEventsTokensAndEnd) {
+  StreamTracker tr;
+  tr.start(nullptr, 0);
+  tr.feed(
+      "event: response.created\ndata: {\"type\":\"response.created\",\"response\":{\"text\":{\"format\":{\"type\":"
+      "\"text\"}},\"usage\":null},\"sequence_number\":0}\n\n"
+      "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"Hi\","
+      "\"sequence_number\":1}\n\n",
+      5);
+  tr.feed(
+      "event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"!\","
+      "\"sequence_number\":2}\n\n"
+      "event: response.output_text.done\ndata: {\"type\":\"response.output_text.done\",\"text\":\"Hi!\","
+      "\"sequence_number\":3}\n\n",
+      6);
+  EXPECT_TRUE(tr.truncated());
+  tr.feed(
+      "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"output\":[{\"content\":"
+      "[{\"text\":\"Hi!\"}]}],\"usage\":{\"input_tokens\":4,\"output_tokens\":2}},\"sequence_number\":4}\n\n",
+      7);
+  EXPECT_FALSE(tr.truncated());
+  EXPECT_EQ(tr.stats().tokens, 2u);  // the deltas; not the .done text nor the final snapshot
+  EXPECT_EQ(tr.stats().first_token_ns, 5);
+  EXPECT_EQ(tr.stats().usage_completion_tokens, 2);
+  EXPECT_EQ(tr.stats().usage_prompt_tokens, 4);
+  tr.start(nullptr, 0);
+  tr.feed("event: response.failed\ndata: {\"type\":\"response.failed\"}\n\n", 1);
+  EXPECT_TRUE(tr.stats().stream_error);
+}
+
 TEST(BenchStreamTracker, NothingCountsAfterDone) {
   StreamTracker tr;
   tr.start(nullptr, 0);

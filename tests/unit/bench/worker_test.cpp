@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -27,6 +28,7 @@ struct ServerOptions {
   bool send_done = true;              // end the stream with data: [DONE]
   bool close_after_response = false;  // close without announcing it (stale keep-alive)
   int delay_ms = 0;                   // before each response
+  int event_gap_ms = 0;               // SSE: write each event on its own, this far apart
 };
 
 // A blocking, thread-per-connection HTTP/1.1 server on 127.0.0.1:0.
@@ -92,6 +94,21 @@ class TestServer {
       in.erase(0, hdr_end + 4 + len);
       if (opt_.delay_ms) std::this_thread::sleep_for(std::chrono::milliseconds(opt_.delay_ms));
       boost::system::error_code ec;
+      if (opt_.sse && opt_.event_gap_ms) {
+        // Event by event (each a chunk), as a model server streams: a client may leave between them.
+        const std::string all = response();
+        std::size_t at = all.find("\r\n\r\n") + 4;
+        asio::write(s, asio::buffer(all.data(), at), ec);
+        while (!ec && at < all.size()) {
+          const std::size_t end = all.find("\n\n\r\n", at);  // an event's blank line, then its chunk's CRLF
+          const std::size_t next = end == std::string::npos ? all.size() : end + 4;
+          std::this_thread::sleep_for(std::chrono::milliseconds(opt_.event_gap_ms));
+          asio::write(s, asio::buffer(all.data() + at, next - at), ec);
+          at = next;
+        }
+        if (ec) return;
+        continue;
+      }
       asio::write(s, asio::buffer(response()), ec);
       if (ec || opt_.close_after_response || (opt_.sse && !opt_.send_done)) {
         s.close(ec);
@@ -219,6 +236,40 @@ TEST(BenchWorker, StreamsWithoutDoneAreTruncated) {
   EXPECT_EQ(outcome(s, Outcome::truncated), 20u);
   EXPECT_EQ(s.ttft.count(), 20u);  // the tokens that did arrive are measured
   EXPECT_EQ(s.e2e.count(), 0u);
+}
+
+TEST(BenchWorker, LeavingClientsCloseMidStreamAndAreNotErrors) {
+  TestServer server({.tokens = 20, .event_gap_ms = 2});
+  Plan p = make_plan(server.endpoint(), true);
+  p.rate = 100;  // 20 requests
+  p.leave_fraction = 1.0;
+  p.leave_after = 3;
+  Worker w(p, 0);
+  w.run();
+  const Stats& s = w.stats();
+  EXPECT_EQ(s.completed, 20u);
+  EXPECT_EQ(outcome(s, Outcome::left), 20u);
+  EXPECT_EQ(s.errors(), 0u);
+  EXPECT_EQ(s.ttft.count(), 20u);
+  EXPECT_LT(s.events, 20u * 23);  // none read its whole stream (23 events)
+  EXPECT_GE(s.events, 20u * 3);
+}
+
+TEST(BenchWorker, AFractionLeavesTheOthersReadToTheEnd) {
+  TestServer server({.tokens = 10, .event_gap_ms = 5});
+  Plan p = make_plan(server.endpoint(), true);
+  p.rate = 200;  // 40 requests; seed 1 draws 17 of them to leave
+  p.leave_fraction = 0.5;
+  p.leave_after = 2;
+  Worker w(p, 0);
+  w.run();
+  const Stats& s = w.stats();
+  EXPECT_EQ(s.completed, 40u);
+  // A drawn client whose whole stream came in one read has nothing left to leave: at most 17.
+  EXPECT_GE(outcome(s, Outcome::left), 10u);
+  EXPECT_LE(outcome(s, Outcome::left), 17u);
+  EXPECT_GE(outcome(s, Outcome::ok), 23u);
+  EXPECT_EQ(outcome(s, Outcome::left) + outcome(s, Outcome::ok), 40u);
 }
 
 TEST(BenchWorker, RefusedConnectionsAreConnectErrors) {

@@ -73,7 +73,7 @@ TEST(Config, ErrorsNameFileLineAndKey) {
       "weir.yaml:4:5: pools.a.timeoutz: unknown key (expected one of: endpoints, timeouts, "
       "max_idle_per_endpoint, idle_keepalive, api_key, api_key_env, eject_for, request_usage, retry, outlier, breaker, "
       "queue, health, "
-      "balance, load_metrics, imbalance, prefix_affinity, session_header, batch, coalesce, type, tls)");
+      "balance, load_metrics, imbalance, prefix_affinity, session_header, batch, coalesce, type, anthropic, tls)");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\nmodels:\n  m:\n    pool: nope\n"),
             "weir.yaml:6:11: models.m.pool: no pool named 'nope'");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [ftp://x:1]\ndefault_pool: a\n"),
@@ -256,10 +256,51 @@ TEST(ConfigTls, Errors) {
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [http://h]\n    tls: {verify: true}\n"),
             "weir.yaml:4:10: pools.h.tls: is set but no endpoint of the pool is https://");
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    type: bedrock\n"),
-            "weir.yaml:4:11: pools.h.type: expected openai");
-  const auto anthropic = error_of("pools:\n  h:\n    endpoints: [https://h]\n    type: anthropic\n");
-  EXPECT_NE(anthropic.find("not supported yet"), std::string::npos) << anthropic;
+            "weir.yaml:4:11: pools.h.type: expected openai or anthropic");
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h/v1#frag]\n"),
             "weir.yaml:3:17: pools.h.endpoints[0]: 'https://h/v1#REDACTED': a fragment means nothing in an endpoint "
             "URL");
+}
+
+TEST(ConfigAnthropic, PoolTypeVersionMaxTokensAndHeaderLines) {
+  auto c = parse_config(
+      "pools:\n  claude:\n    type: anthropic\n    endpoints: [https://api.anthropic.com]\n    api_key: sk-ant-1\n"
+      "    anthropic: {version: \"2023-06-01\", max_tokens: 8192}\n  vllm:\n    endpoints: [http://h:8000]\n"
+      "    api_key: k2\n  open:\n    endpoints: [http://h:8001]\ndefault_pool: claude\n",
+      "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  const auto& p = c->pools[0];
+  EXPECT_EQ(p.type, weir::core::UpstreamType::anthropic);
+  EXPECT_EQ(p.anthropic.version, "2023-06-01");
+  EXPECT_EQ(p.anthropic.max_tokens, 8192u);
+  EXPECT_EQ(p.upstream_lines, "x-api-key: sk-ant-1\r\nanthropic-version: 2023-06-01\r\n");
+  EXPECT_EQ(c->pools[1].upstream_lines, "Authorization: Bearer k2\r\n");
+  EXPECT_EQ(c->pools[2].upstream_lines, "");
+  // Defaults: 2023-06-01, 4096 tokens; a keyless Anthropic-compatible server still gets the version.
+  auto d =
+      parse_config("pools:\n  c:\n    type: anthropic\n    endpoints: [http://h:1]\ndefault_pool: c\n", "weir.yaml");
+  ASSERT_TRUE(d) << d.error().to_string();
+  EXPECT_EQ(d->pools[0].anthropic.max_tokens, 4096u);
+  EXPECT_EQ(d->pools[0].upstream_lines, "anthropic-version: 2023-06-01\r\n");
+}
+
+TEST(ConfigAnthropic, Errors) {
+  EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    anthropic: {version: x}\n"),
+            "weir.yaml:4:16: pools.h.anthropic: is only for pools with type: anthropic");
+  EXPECT_EQ(error_of("pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    anthropic: {max_tokens: 0}\n"),
+            "weir.yaml:5:29: pools.h.anthropic.max_tokens: 0 is out of range [1, 1000000]");
+  EXPECT_EQ(
+      error_of(
+          "pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    anthropic: {version: \"a\\r\\nX: y\"}\n"),
+      "weir.yaml:5:26: pools.h.anthropic.version: expected an anthropic-version value such as 2023-06-01");
+  EXPECT_EQ(error_of("pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    anthropic: {beta: x}\n"),
+            "weir.yaml:5:17: pools.h.anthropic.beta: unknown key (expected one of: version, max_tokens)");
+  EXPECT_EQ(error_of("pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    coalesce: true\n"),
+            "weir.yaml:5:15: pools.h.coalesce: is not available for type: anthropic");
+  EXPECT_EQ(error_of("pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    batch: {window: 5ms}\n"),
+            "weir.yaml:5:12: pools.h.batch: is not available for type: anthropic");
+  // A key that would inject header lines, for any pool type.
+  EXPECT_NE(error_of("pools:\n  h:\n    endpoints: [https://h]\n    api_key: \"k\\r\\nX-Evil: 1\"\n")
+                .find("pools.h.api_key: the key has characters an HTTP header cannot carry"),
+            std::string::npos);
 }

@@ -260,6 +260,9 @@ TEST(AdminRouter, MatchesPatternsAndTellsAllowedMethods) {
   EXPECT_FALSE(none.handler);
   EXPECT_TRUE(none.allow.empty());
   EXPECT_TRUE(router.match("HEAD", "/admin/v1/keys/x", params).handler);
+  // Parameters are percent-decoded after the split: an id may hold '/', '%' or '<'.
+  ASSERT_TRUE(router.match("GET", "/admin/v1/keys/a%2Fb%3Cc%25%zz%4", params).handler);
+  EXPECT_EQ(params.at(0), "a/b<c%%zz%4");
 }
 
 TEST(AdminServer, TokenIsCheckedAgainstItsHash) {

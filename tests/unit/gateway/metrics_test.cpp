@@ -28,9 +28,9 @@ core::Config config() {
   return std::move(*c);
 }
 
-std::string render(const MetricsShard& m, const core::Config& cfg, std::uint64_t log_errors = 0) {
+std::string render(const MetricsShard& m, std::uint64_t log_errors = 0) {
   std::string out;
-  m.render(out, cfg, log_errors);
+  m.render(out, log_errors);
   return out;
 }
 
@@ -73,7 +73,7 @@ TEST(GatewayMetricsShard, CountRequestSlotsByRouteModelAndStatus) {
   m.count_request(RouteKind::models, m.no_model(), 200);
   m.count_request(RouteKind::other, m.no_model(), 404);
   m.count_request(RouteKind::chat_completions, 0, 499);
-  const auto t = render(m, cfg);
+  const auto t = render(m);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/v1/chat/completions", "llama", "200")), 2);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/v1/chat/completions", "llama", "429")), 1);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/v1/chat/completions", "llama", "499")), 1);
@@ -92,7 +92,7 @@ TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
   MetricsShard m(MetricLabels::build(cfg, nullptr));
   for (int s : {101, 204, 206, 301, 304, 402, 418, 507, 599, 0, 700, -1})
     m.count_request(RouteKind::health, m.no_model(), s);
-  const auto t = render(m, cfg);
+  const auto t = render(m);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/health", "", "1xx")), 1);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/health", "", "2xx")), 2);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/health", "", "3xx")), 2);
@@ -109,7 +109,7 @@ TEST(GatewayMetricsShard, EveryListedStatusHasItsOwnSlot) {
                                    422, 429, 431, 499, 500, 501, 502, 503, 504};
   for (std::size_t i = 0; i < listed.size(); ++i)
     for (std::size_t k = 0; k <= i; ++k) m.count_request(RouteKind::ready, m.no_model(), listed[i]);
-  const auto t = render(m, cfg);
+  const auto t = render(m);
   for (std::size_t i = 0; i < listed.size(); ++i)
     EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/ready", "", std::to_string(listed[i]))),
               static_cast<double>(i + 1))
@@ -133,7 +133,7 @@ TEST(GatewayMetricsShard, UpstreamFailuresByKindAndCancelsAreNotCounted) {
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::cancelled), 0u);
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::none), 0u);
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::reset), 3u);
-  const auto t = render(m, cfg);
+  const auto t = render(m);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"connect_refused\""), 1);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"connect_timeout\""), 2);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"timeout\""), 1);
@@ -148,7 +148,7 @@ TEST(GatewayMetricsShard, UpstreamFailuresByKindAndCancelsAreNotCounted) {
 TEST(GatewayMetricsShard, EveryFailureKindIsRenderedEvenAtZero) {
   const auto cfg = config();
   MetricsShard m(MetricLabels::build(cfg, nullptr));
-  const auto t = render(m, cfg);
+  const auto t = render(m);
   for (std::string_view k : {"connect_refused", "connect_timeout", "timeout", "reset", "protocol"})
     EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"" + std::string(k) + "\""), 0) << k;
   EXPECT_EQ(count_lines_starting(t, "weir_requests_total{"), 0u);
@@ -193,7 +193,7 @@ TEST(GatewayMetricsShard, MergeAddsEverything) {
   fill(b, 3);
   total.merge(a);
   total.merge(b);
-  const auto t = render(total, cfg, 11);
+  const auto t = render(total, 11);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/v1/chat/completions", "llama", "200")), 5);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/v1/embeddings", "*", "413")), 5);
   EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_count", "model=\"llama\""), 5);
@@ -238,7 +238,7 @@ TEST(GatewayMetricsShard, MergedRenderEqualsTheRenderOfOneShardCountingItAll) {
   fill(one, 5);
   merged.merge(a);
   merged.merge(b);
-  EXPECT_EQ(render(merged, cfg), render(one, cfg));
+  EXPECT_EQ(render(merged), render(one));
 }
 
 TEST(GatewayMetricsShard, GaugesMayGoNegativeInAShardAndMergeToTheTruth) {
@@ -251,14 +251,14 @@ TEST(GatewayMetricsShard, GaugesMayGoNegativeInAShardAndMergeToTheTruth) {
   total.merge(a);
   total.merge(b);
   EXPECT_EQ(total.active_streams, 2);
-  EXPECT_EQ(sample(render(total, cfg), "weir_active_streams"), 2);
+  EXPECT_EQ(sample(render(total), "weir_active_streams"), 2);
 }
 
 TEST(GatewayMetricsShard, EveryRenderedLineIsAValidExpositionLine) {
   const auto cfg = config();
   MetricsShard m(MetricLabels::build(cfg, nullptr));
   fill(m, 1);
-  const auto t = render(m, cfg);
+  const auto t = render(m);
   ASSERT_TRUE(t.ends_with("\n"));
   std::istringstream in(t);
   std::string line;
@@ -328,8 +328,8 @@ TEST(GatewayMetricLabels, TenantsPastTheCapShareOther) {
   const auto pa = principal(*w.policy, "a", "ka"), pb = principal(*w.policy, "b"), pc = principal(*w.policy, "c");
   EXPECT_EQ(w.labels->identity(&pa).tenant, 0);
   EXPECT_EQ(w.labels->identity(&pa).key, MetricIdentity::kNone);
-  EXPECT_EQ(w.labels->identity(&pb).tenant, 2);
-  EXPECT_EQ(w.labels->identity(&pc).tenant, 2);
+  EXPECT_EQ(w.labels->identity(&pb).tenant, MetricIdentity::kOther);
+  EXPECT_EQ(w.labels->identity(&pc).tenant, MetricIdentity::kOther);
   EXPECT_EQ(w.labels->identity(nullptr).tenant, MetricIdentity::kNone);
 
   MetricsShard m(w.labels);
@@ -337,7 +337,7 @@ TEST(GatewayMetricLabels, TenantsPastTheCapShareOther) {
   m.count_request(RouteKind::chat_completions, 0, 200, w.labels->identity(&pb));
   m.count_request(RouteKind::chat_completions, 0, 200, w.labels->identity(&pc));
   m.count_request(RouteKind::chat_completions, 0, 401);  // no principal: no tenant label
-  const auto t = render(m, w.loaded.config);
+  const auto t = render(m);
   const auto req = req_labels("/v1/chat/completions", "llama", "200");
   EXPECT_EQ(sample(t, "weir_requests_total", req + ",tenant=\"a\""), 1);
   EXPECT_EQ(sample(t, "weir_requests_total", req + ",tenant=\"other\""), 2);
@@ -351,7 +351,7 @@ TEST(GatewayMetricLabels, KeyIdsAndTenantLabelOff) {
   ASSERT_EQ(w.labels->key_ids, (std::vector<std::string>{"ka", "other"}));
   const auto pa = principal(*w.policy, "a", "ka"), pb = principal(*w.policy, "b", "kb"), pc = principal(*w.policy, "c");
   EXPECT_EQ(w.labels->identity(&pa).key, 0);
-  EXPECT_EQ(w.labels->identity(&pb).key, 1);
+  EXPECT_EQ(w.labels->identity(&pb).key, MetricIdentity::kOther);
   EXPECT_EQ(w.labels->identity(&pc).key, MetricIdentity::kNone);  // no key
   // A key from Redis carries its tenant's scope: "other".
   auth::KeyPolicy redis_key;
@@ -360,10 +360,10 @@ TEST(GatewayMetricLabels, KeyIdsAndTenantLabelOff) {
   redis_key.scope = pc.tenant->scope;
   auto pr = pc;
   pr.key = &redis_key;
-  EXPECT_EQ(w.labels->identity(&pr).key, 1);
+  EXPECT_EQ(w.labels->identity(&pr).key, MetricIdentity::kOther);
   MetricsShard m(w.labels);
   m.add_tokens(0, 6, 5, w.labels->identity(&pa));
-  const auto t = render(m, w.loaded.config);
+  const auto t = render(m);
   EXPECT_EQ(sample(t, "weir_prompt_tokens_total", "model=\"llama\",key_id=\"ka\""), 6);
   EXPECT_EQ(sample(t, "weir_completion_tokens_total", "model=\"llama\",key_id=\"ka\""), 5);
   EXPECT_EQ(t.find("tenant="), std::string::npos);
@@ -385,7 +385,7 @@ TEST(GatewayMetricsShard, SpendTokensAndRateLimitsByTenantMergeAcrossShards) {
   y.count_rate_limited(RateLimitReason::insufficient_quota, ib);
   total.merge(x);
   total.merge(y);
-  const auto t = render(total, w.loaded.config);
+  const auto t = render(total);
   EXPECT_DOUBLE_EQ(sample(t, "weir_spend_usd_total", "model=\"llama\",tenant=\"a\",key_id=\"ka\""), 0.000025);
   EXPECT_DOUBLE_EQ(sample(t, "weir_spend_usd_total", "model=\"llama\",tenant=\"b\""), 1.5);
   EXPECT_EQ(count_lines_starting(t, "weir_spend_usd_total{"), 2u);
@@ -408,7 +408,7 @@ TEST(GatewayMetricsShard, AttemptsAndFailuresByPoolAndEndpointAsConfigured) {
   m.count_attempt(1, 1);  // q has one endpoint: ignored
   m.count_upstream_failure(0, 1, UpstreamFailure::reset);
   m.count_upstream_failure(1, 0, UpstreamFailure::connect_refused);
-  const auto t = render(m, w.loaded.config);
+  const auto t = render(m);
   const std::string p0 = "pool=\"p\",endpoint=\"http://127.0.0.1:1\"";
   const std::string p1 = "pool=\"p\",endpoint=\"http://127.0.0.1:2/?token=REDACTED\"";  // never the secret
   const std::string q0 = "pool=\"q\",endpoint=\"http://127.0.0.1:3\"";
@@ -429,7 +429,7 @@ TEST(GatewayMetricsShard, TtftBucketsTellFiftyFromNinetyMilliseconds) {
   MetricsShard m(MetricLabels::build(cfg, nullptr));
   m.ttft(0).observe_us(50'000);
   m.ttft(0).observe_us(90'000);
-  const auto t = render(m, cfg);
+  const auto t = render(m);
   const auto bucket = [&](std::string_view le) {
     return sample(t, "weir_time_to_first_token_seconds_bucket", "model=\"llama\",le=\"" + std::string(le) + "\"");
   };
@@ -441,6 +441,76 @@ TEST(GatewayMetricsShard, TtftBucketsTellFiftyFromNinetyMilliseconds) {
   for (int ms = 5; ms <= 200; ms += 5) EXPECT_GE(bucket(fmt::format("{}", ms / 1000.0)), 0) << ms;
   EXPECT_EQ(bucket("0.205"), -1);
   EXPECT_EQ(bucket("0.25"), 2);
+}
+
+TEST(GatewayMetricsShard, TtftByTenantIsASumAndCountBesideTheModelHistogram) {
+  const auto w = with_auth("{}");
+  const auto pa = principal(*w.policy, "a", "ka");
+  MetricsShard m(w.labels);
+  m.observe_ttft(0, 40'000, w.labels->identity(&pa));
+  m.observe_ttft(0, 60'000, w.labels->identity(&pa));
+  m.observe_ttft(0, 7'000, {});  // no principal: the model's histogram only
+  const auto t = render(m);
+  EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_count", "model=\"llama\""), 3);
+  EXPECT_DOUBLE_EQ(sample(t, "weir_tenant_time_to_first_token_seconds_sum", "model=\"llama\",tenant=\"a\""), 0.1);
+  EXPECT_EQ(sample(t, "weir_tenant_time_to_first_token_seconds_count", "model=\"llama\",tenant=\"a\""), 2);
+  EXPECT_EQ(count_lines_starting(t, "weir_tenant_time_to_first_token_seconds_count{"), 1u);
+  EXPECT_NE(t.find("# TYPE weir_tenant_time_to_first_token_seconds summary\n"), std::string::npos);
+}
+
+TEST(GatewayMetricsShard, StatsJsonSumsTrafficByModelAndTenant) {
+  const auto w = with_auth("{max_tenants: 2}");
+  const auto pa = principal(*w.policy, "a", "ka"), pc = principal(*w.policy, "c");
+  const auto ia = w.labels->identity(&pa), ic = w.labels->identity(&pc);
+  MetricsShard x(w.labels), y(w.labels), m(w.labels);
+  x.count_request(RouteKind::chat_completions, 0, 200, ia);
+  x.count_request(RouteKind::chat_completions, 0, 429, ia);
+  y.count_request(RouteKind::completions, 0, 502, ic);
+  y.count_request(RouteKind::chat_completions, x.no_model(), 401);
+  y.count_request(RouteKind::metrics, x.no_model(), 200);  // a scrape is not traffic
+  x.count_rate_limited(RateLimitReason::rate_limit_exceeded, ia);
+  x.add_spend(0, 1'500'000'000, ia);
+  y.add_tokens(0, 10, 20, ic);
+  x.observe_ttft(0, 50'000, ia);
+  y.observe_ttft(0, 90'000, ic);
+  m.merge(x);
+  m.merge(y);
+  const auto s = m.stats_json();
+  ASSERT_EQ(s.at("object").as_string(), "stats");
+  const auto& le = s.at("ttft_buckets_s").as_array();
+  const auto& models = s.at("models").as_array();
+  ASSERT_EQ(models.size(), 2u);  // llama, then the requests without a model
+  const auto& llama = models[0].as_object();
+  EXPECT_EQ(llama.at("model").as_string(), "llama");
+  EXPECT_EQ(llama.at("requests").to_number<int>(), 3);
+  EXPECT_EQ(llama.at("status").at("429").to_number<int>(), 1);
+  EXPECT_EQ(llama.at("errors_4xx").to_number<int>(), 1);
+  EXPECT_EQ(llama.at("errors_5xx").to_number<int>(), 1);
+  EXPECT_DOUBLE_EQ(llama.at("spend_usd").as_double(), 1.5);
+  EXPECT_EQ(llama.at("completion_tokens").to_number<int>(), 20);
+  const auto& buckets = llama.at("ttft").at("buckets").as_array();
+  ASSERT_EQ(buckets.size(), le.size() + 1);  // cumulative, then +Inf
+  EXPECT_EQ(buckets.back().to_number<int>(), 2);
+  for (std::size_t i = 0; i < le.size(); ++i) {
+    const double bound = le[i].to_number<double>();
+    EXPECT_EQ(buckets[i].to_number<int>(), (bound >= 0.05 ? 1 : 0) + (bound >= 0.09 ? 1 : 0)) << bound;
+  }
+  const auto& none = models[1].as_object();
+  EXPECT_TRUE(none.at("model").is_null());
+  EXPECT_EQ(none.at("requests").to_number<int>(), 1);  // the 401; the scrape left out
+  const auto& tenants = s.at("tenants").as_array();
+  // a and anonymous by name (the first two), then the overflow bucket holding c.
+  ASSERT_EQ(tenants.size(), 3u);
+  EXPECT_EQ(tenants[0].at("tenant").as_string(), "a");
+  EXPECT_EQ(tenants[0].at("requests").to_number<int>(), 2);
+  EXPECT_EQ(tenants[0].at("rate_limited").to_number<int>(), 1);
+  EXPECT_DOUBLE_EQ(tenants[0].at("ttft").at("sum_s").as_double(), 0.05);
+  EXPECT_EQ(tenants[1].at("tenant").as_string(), "anonymous");
+  EXPECT_EQ(tenants[1].at("requests").to_number<int>(), 0);
+  EXPECT_TRUE(tenants[2].at("tenant").is_null());
+  EXPECT_TRUE(tenants[2].at("overflow").as_bool());
+  EXPECT_EQ(tenants[2].at("errors_5xx").to_number<int>(), 1);
+  EXPECT_EQ(tenants[2].at("prompt_tokens").to_number<int>(), 10);
 }
 
 }  // namespace

@@ -121,15 +121,18 @@ struct Gateway {
                        "default_pool: p\n") {
     auto cfg = core::parse_config(yaml + "server: {access_log: 'off'}\n", "t");
     EXPECT_TRUE(cfg) << cfg.error().to_string();
-    shared.config = std::make_shared<core::Config>(std::move(*cfg));
-    shared.routes = std::make_unique<routing::RouteTable>(*shared.config);
+    GenerationInput in;
+    in.config = std::make_shared<core::Config>(std::move(*cfg));
     std::string err;
     shared.log_sink = core::AccessLogSink::open("off", err);
-    for (const auto& pool : shared.config->pools) {
+    for (const auto& pool : in.config->pools) {
       std::vector<http::tcp::endpoint> addrs;
       for (const auto& ep : pool.endpoints) addrs.emplace_back(asio::ip::make_address("127.0.0.1"), ep.port);
-      shared.endpoint_addrs.push_back(std::move(addrs));
+      in.addrs.push_back(std::move(addrs));
     }
+    auto gen = build_generation(std::move(in), nullptr);
+    EXPECT_TRUE(gen) << gen.error();
+    shared.generation = *gen;
     worker = std::make_unique<Worker>(shared, 0);
   }
 };
@@ -151,7 +154,7 @@ void serve(Gateway& g, ScriptedExchange& ex, const std::string& request, Served&
   client.connect(acc.local_endpoint());
   http::Socket server = acc.accept();
   asio::write(client, asio::buffer(request));
-  http::Downstream down(std::move(server), g.shared.config->server, nullptr);
+  http::Downstream down(std::move(server), g.shared.generation->config->server, nullptr);
   GatewayPhases phases(*g.worker, down, ex);
   struct Gone final : http::Downstream::Listener {
     GatewayPhases& p;
@@ -515,7 +518,7 @@ TEST(ProxyHealth, AStreamStalledBeforeItsFirstTokenIsCutAndCountsAgainstItsEndpo
   EXPECT_NE(r.response.find("data: {\"error\""), std::string::npos) << r.response;
   EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos) << r.response;
   EXPECT_EQ(g.worker->metrics().first_token_timeouts, 1u);
-  auto& pool = g.worker->pool(0);
+  auto& pool = g.worker->generation()->pool(0);
   EXPECT_EQ(pool.state(0, core::now()), routing::HealthState::open) << "a stall is a failed answer";
   EXPECT_EQ(pool.endpoint(0).health.cause(), routing::OpenCause::failures);
   EXPECT_EQ(pool.endpoint(0).health.trials(), 0u);
@@ -530,7 +533,7 @@ TEST(ProxyHealth, AStreamIsJudgedAtItsFirstTokenNotAtItsHead) {
   serve(g, ex, chat(true), r);
   EXPECT_EQ(r.ctx.status, 200);
   EXPECT_FALSE(r.ctx.has_error) << r.ctx.error_code;
-  EXPECT_EQ(g.worker->pool(0).state(0, core::now()), routing::HealthState::closed);
+  EXPECT_EQ(g.worker->generation()->pool(0).state(0, core::now()), routing::HealthState::closed);
   EXPECT_EQ(g.worker->metrics().first_token_timeouts, 0u);
 }
 
@@ -561,7 +564,8 @@ TEST(ProxyDeadline, ADeadlineBeforeTheCommitPointIsA504AndAfterItEndsTheStreamIn
   EXPECT_EQ(r.ctx.status, 504);
   EXPECT_EQ(r.ctx.error_code, "deadline_exceeded");
   EXPECT_NE(r.response.find("deadline of 50 ms"), std::string::npos) << r.response;
-  EXPECT_EQ(g.worker->pool(0).state(0, core::now()), routing::HealthState::closed) << "not the endpoint's fault";
+  EXPECT_EQ(g.worker->generation()->pool(0).state(0, core::now()), routing::HealthState::closed)
+      << "not the endpoint's fault";
 
   Gateway g2;
   ScriptedExchange ex2(g2.worker->io().get_executor());

@@ -302,5 +302,96 @@ TEST(StreamHooks, ResponsesTranslationEndsAtItsTerminalEvent) {
   EXPECT_FALSE(hooks.translating());
 }
 
+// An Anthropic upstream's stream (Anthropic's documented text stream, cut short of nothing).
+constexpr std::string_view kAnthropicStream =
+    "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\","
+    "\"role\":\"assistant\",\"content\":[],\"model\":\"claude\",\"stop_reason\":null,\"usage\":{\"input_tokens\":25,"
+    "\"cache_read_input_tokens\":5,\"output_tokens\":1}}}\n\n"
+    "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":"
+    "\"text\",\"text\":\"\"}}\n\n"
+    "event: ping\ndata: {\"type\": \"ping\"}\n\n"
+    "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":"
+    "\"text_delta\",\"text\":\"Hello\"}}\n\n"
+    "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"
+    "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":"
+    "{\"output_tokens\":15}}\n\n"
+    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+std::string translated(StreamHooks& hooks, std::string_view wire) {
+  http::SseReader reader;
+  reader.push(wire);
+  std::string out;
+  while (auto ev = reader.next()) (void)hooks.translate(*ev, out);
+  return out;
+}
+
+TEST(GatewayStreamHooks, AnthropicUpstreamToAChatClient) {
+  StreamHooks hooks;
+  hooks.reset(StreamHooks::Setup{
+      .client = Translation::none, .upstream = UpstreamDialect::anthropic, .include_usage = false, .created = 42});
+  ASSERT_TRUE(hooks.translating());
+  EXPECT_TRUE(hooks.openai_client());
+  const std::string out = translated(hooks, kAnthropicStream);
+  EXPECT_TRUE(out.starts_with("data: {\"id\":\"chatcmpl-msg_1\",\"object\":\"chat.completion.chunk\",\"created\":42"))
+      << out;
+  EXPECT_NE(out.find(R"("delta":{"content":"Hello"})"), std::string::npos);
+  EXPECT_NE(out.find(R"("finish_reason":"stop")"), std::string::npos);
+  EXPECT_EQ(out.find(R"("usage")"), std::string::npos);  // not asked for, still counted:
+  EXPECT_TRUE(out.ends_with("data: [DONE]\n\n"));
+  EXPECT_TRUE(hooks.done_relayed());
+  ASSERT_TRUE(hooks.usage().has_usage());
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 30u);
+  EXPECT_EQ(hooks.usage().usage().cached_tokens, 5u);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 15u);
+  http::SseReader r;
+  r.push("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\"}}\n\n");
+  const auto ev = r.next();
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(hooks.classify(*ev), api::openai::ChunkKind::error);
+}
+
+TEST(GatewayStreamHooks, AnthropicUpstreamToAnAnthropicClientPassesEveryByte) {
+  StreamHooks hooks;
+  hooks.reset(StreamHooks::Setup{.client = Translation::anthropic, .upstream = UpstreamDialect::anthropic});
+  ASSERT_TRUE(hooks.translating());
+  EXPECT_FALSE(hooks.openai_client());
+  EXPECT_EQ(translated(hooks, kAnthropicStream), kAnthropicStream);
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 30u);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 15u);
+  std::string out;
+  hooks.fail(502, "late", out);  // after message_stop: nothing
+  EXPECT_TRUE(out.empty());
+  // Cut short before message_stop: one error event closes it.
+  hooks.reset(StreamHooks::Setup{.client = Translation::anthropic, .upstream = UpstreamDialect::anthropic});
+  out = translated(hooks, kAnthropicStream.substr(0, kAnthropicStream.find("event: message_delta")));
+  EXPECT_FALSE(hooks.done_relayed());
+  hooks.finish(out);
+  EXPECT_TRUE(
+      out.ends_with("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"api_error\",\"message\":"
+                    "\"The upstream stream ended before the message was complete.\"}}\n\n"))
+      << out;
+}
+
+TEST(GatewayStreamHooks, AnthropicUpstreamToAResponsesClient) {
+  StreamHooks hooks;
+  const std::string echo = R"("store":false)";
+  hooks.reset(StreamHooks::Setup{.client = Translation::responses,
+                                 .upstream = UpstreamDialect::anthropic,
+                                 .created = 42,
+                                 .echo = echo,
+                                 .request_id = "req-1",
+                                 .model = "m"});
+  EXPECT_FALSE(hooks.openai_client());
+  const std::string out = translated(hooks, kAnthropicStream);
+  EXPECT_TRUE(out.starts_with("event: response.created\n")) << out;
+  EXPECT_NE(out.find(R"("delta":"Hello")"), std::string::npos) << out;
+  EXPECT_NE(out.find("event: response.completed\n"), std::string::npos);
+  EXPECT_NE(out.find(R"("id":"resp_msg_1")"), std::string::npos);
+  EXPECT_NE(out.find(R"("input_tokens":30,"input_tokens_details":{"cached_tokens":5)"), std::string::npos) << out;
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 15u);
+}
+
 }  // namespace
 }  // namespace weir::gateway

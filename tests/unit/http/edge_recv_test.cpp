@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/executor_work_guard.hpp>
+
 #include "http/io.hpp"
 #include "io_test_util.hpp"
 
@@ -162,6 +164,38 @@ TEST_F(HttpEdgeRecv, WorksAfterAsioOwnReadsAndWaitsOnTheSameSocket) {
   ASSERT_TRUE(run_until(io, [&] { return r.done; }));
   EXPECT_EQ(r.bytes, "bc");
   EXPECT_EQ(r.ec, asio::error::eof);
+}
+
+TEST_F(HttpEdgeRecv, QuietSinceDrainedTellsWhetherEpollReportedAnythingAfterAShortRead) {
+  EXPECT_FALSE(quiet_since_drained(*sock)) << "a fresh socket is not known to be drained";
+  std::optional<std::size_t> got;
+  char buf[64];
+  peer.send("hello");
+  async_recv(*sock, asio::buffer(buf), [&](error_code, std::size_t n) { got = n; });
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  EXPECT_EQ(*got, 5u);
+  EXPECT_TRUE(quiet_since_drained(*sock)) << "a short read drained it";
+  test::settle(io);
+  EXPECT_TRUE(quiet_since_drained(*sock)) << "nothing arrived";
+
+  // Bytes arrive with no read waiting: once an epoll_wait has harvested
+  // them, the socket is no longer quiet. (A worker's loop always has work
+  // pending, so it always waits in epoll; here a guard keeps it waiting.)
+  auto guard = asio::make_work_guard(io);
+  peer.send("unasked");
+  bool harvested = false;
+  ASSERT_TRUE(run_until(io, [&] { return harvested = !quiet_since_drained(*sock); })) << harvested;
+
+  // Read them: quiet again; then the peer closes: not quiet.
+  got.reset();
+  async_recv(*sock, asio::buffer(buf), [&](error_code, std::size_t n) { got = n; });
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  EXPECT_TRUE(quiet_since_drained(*sock));
+  peer.sock.close();
+  ASSERT_TRUE(run_until(io, [&] { return !quiet_since_drained(*sock); }));
+
+  sock->close();
+  EXPECT_FALSE(quiet_since_drained(*sock)) << "a closed socket is not known to be anything";
 }
 
 }  // namespace

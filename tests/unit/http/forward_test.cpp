@@ -73,7 +73,7 @@ UpstreamHeadOptions options() {
                              .host_header = "10.0.0.7:8000",
                              .body_bytes = 42,
                              .request_id = "req-weir",
-                             .api_key = {},
+                             .upstream_lines = {},
                              .identity = false,
                              .strip_credentials = false};
 }
@@ -133,6 +133,29 @@ TEST(HttpForward, HostContentLengthAndRequestIdAreReplacedNotDuplicated) {
   EXPECT_EQ(values(out, "x-request-id"), Values{"req-weir"});
 }
 
+TEST(HttpForward, TraceContextIsTheClientsUnlessWeirSendsItsOwn) {
+  constexpr std::string_view head =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n"
+      "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
+      "TraceState: congo=1\r\ntracestate: rojo=2\r\nbaggage: k=v\r\n\r\n";
+  std::string out;
+  append_upstream_request_head(out, request(head), options());  // tracing off: passed through
+  EXPECT_EQ(values(out, "traceparent"), Values{"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"});
+  EXPECT_EQ(values(out, "tracestate"), (Values{"congo=1", "rojo=2"}));
+  auto o = options();
+  o.traceparent = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+  o.tracestate = "congo=1,rojo=2";
+  out.clear();
+  append_upstream_request_head(out, request(head), o);  // tracing on: Weir's, once
+  EXPECT_EQ(values(out, "traceparent"), Values{"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"});
+  EXPECT_EQ(values(out, "tracestate"), Values{"congo=1,rojo=2"});
+  EXPECT_EQ(values(out, "baggage"), Values{"k=v"});  // not Weir's to change
+  o.tracestate = {};
+  out.clear();
+  append_upstream_request_head(out, request(head), o);
+  EXPECT_EQ(values(out, "tracestate"), Values{});
+}
+
 TEST(HttpForward, ChunkedClientBodyGoesUpstreamWithALength) {
   std::string out;
   append_upstream_request_head(
@@ -186,12 +209,43 @@ TEST(HttpForward, ClientCredentialsPassUnlessStripped) {
 
 TEST(HttpForward, PoolKeyReplacesTheClientCredential) {
   auto o = options();
-  o.api_key = "pool-secret";
+  o.upstream_lines = "Authorization: Bearer pool-secret\r\n";
   o.strip_credentials = true;  // as the proxy phase sets it whenever a pool has a key
   std::string out;
   append_upstream_request_head(out, request(kClientHead), o);
   EXPECT_EQ(values(out, "Authorization"), Values{"Bearer pool-secret"});
   EXPECT_EQ(values(out, "X-Api-Key"), Values{});
+}
+
+TEST(HttpForward, AnthropicPoolSendsItsKeyAndVersionInsteadOfTheClients) {
+  auto o = options();
+  o.upstream_lines = "x-api-key: sk-ant-pool\r\nanthropic-version: 2023-06-01\r\n";
+  o.strip_credentials = true;
+  o.anthropic = true;
+  std::string out;
+  append_upstream_request_head(out,
+                               request("POST /v1/messages HTTP/1.1\r\nHost: weir\r\nx-api-key: client-key\r\n"
+                                       "Authorization: Bearer client\r\nAnthropic-Version: 2023-01-01\r\n"
+                                       "anthropic-beta: tools-2024\r\nContent-Length: 2\r\n\r\n"),
+                               o);
+  EXPECT_EQ(values(out, "x-api-key"), Values{"sk-ant-pool"});
+  EXPECT_EQ(values(out, "Authorization"), Values{});
+  EXPECT_EQ(values(out, "anthropic-version"), Values{"2023-06-01"});
+  EXPECT_EQ(values(out, "anthropic-beta"), Values{"tools-2024"});  // the client's features pass
+}
+
+TEST(HttpForward, DecodedBodyLosesItsContentEncoding) {
+  auto o = options();
+  o.body_decoded = true;
+  std::string out;
+  append_upstream_request_head(
+      out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: weir\r\nContent-Encoding: gzip\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Content-Encoding"), Values{});
+  o.body_decoded = false;
+  out.clear();
+  append_upstream_request_head(
+      out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: weir\r\nContent-Encoding: gzip\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "Content-Encoding"), Values{"gzip"});
 }
 
 TEST(HttpForward, StripCredentialsMatchesFieldNamesCaseInsensitively) {

@@ -203,6 +203,94 @@ TEST(WriterTest, UnwritableStoreCountsErrorsAndDropsWithoutBlocking) {
   EXPECT_EQ(w.stats().dropped_shutdown, 8u);
 }
 
+TEST(WriterTest, CapturedBodiesAreRedactedAndStoredAsJson) {
+  TempDir dir;
+  Writer w(config_at(dir.path / "r.db"), 1);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  Record* r = w.queue(0).begin_push();
+  ASSERT_NE(r, nullptr);
+  r->ts_us = 1;
+  r->status = 200;
+  r->request_id = "with-bodies";
+  r->json = R"({"request_id":"with-bodies"})";
+  r->request_body = {.present = true,
+                     .truncated = false,
+                     .size = 60,
+                     .bytes = R"({"prompt":"key sk-proj-abcdefghijklmnopqrst here","api_key":"hunter2"})"};
+  r->response_body = {.present = true, .truncated = true, .size = 9000, .bytes = std::string("\xff\xfe\x00z", 4)};
+  w.queue(0).commit();
+  ASSERT_EQ(w.write_batch(), 1u);
+  Reader reader((dir.path / "r.db").string());
+  auto one = reader.get_json("with-bodies");
+  ASSERT_TRUE(one && *one);
+  const auto v = boost::json::parse(**one).as_object();
+  EXPECT_EQ(v.at("request_id").as_string(), "with-bodies");
+  const auto& req = v.at("bodies").at("request").as_object();
+  EXPECT_EQ(req.at("text").as_string(), R"({"prompt":"key [REDACTED] here","api_key":"[REDACTED]"})");
+  EXPECT_EQ(req.at("size").as_int64(), 60);
+  EXPECT_FALSE(req.at("truncated").as_bool());
+  const auto& res = v.at("bodies").at("response").as_object();
+  EXPECT_EQ(res.at("base64").as_string(), "//4Aeg==");
+  EXPECT_TRUE(res.at("truncated").as_bool());
+  // The ring's slot forgets the bodies once stored.
+  EXPECT_TRUE(r->request_body.bytes.empty());
+}
+
+TEST(WriterTest, QueuedBodiesAreBoundedPerWorker) {
+  TempDir dir;
+  Writer w(config_at(dir.path / "r.db", 1024, 1024), 1);
+  BodyBudget& b = w.body_budget(0);
+  const std::int64_t body = 1 << 20;
+  int kept = 0;
+  for (int i = 0; i < 40; ++i) kept += b.take(body);
+  EXPECT_EQ(kept, 32);  // 32 MiB
+  EXPECT_EQ(w.stats().bodies_dropped, 8u);
+  // The writer gives back what it stored: bodies are kept again.
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  Record* r = w.queue(0).begin_push();
+  ASSERT_NE(r, nullptr);
+  r->ts_us = 1;
+  r->request_id = "x";
+  r->json = "{}";
+  r->request_body = {.present = true, .truncated = false, .size = 5, .bytes = "hello"};
+  w.queue(0).commit();
+  b.give(32 * body - 5);  // as if the 32 bodies left; the queued record's 5 bytes remain
+  EXPECT_EQ(b.queued.load(), 5);
+  ASSERT_EQ(w.write_batch(), 1u);
+  EXPECT_EQ(b.queued.load(), 0);
+  EXPECT_TRUE(b.take(body));
+}
+
+TEST(WriterTest, AVersion1StoreGetsTheBodiesColumn) {
+  TempDir dir;
+  const auto db = dir.path / "r.db";
+  {
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(h,
+                           "CREATE TABLE requests (id INTEGER PRIMARY KEY, ts_us INTEGER NOT NULL, request_id TEXT "
+                           "NOT NULL, tenant TEXT, key_id TEXT, model TEXT, status INTEGER NOT NULL, record TEXT NOT "
+                           "NULL); INSERT INTO requests (ts_us, request_id, status, record) VALUES (1, 'old', 200, "
+                           "'{\"request_id\":\"old\"}'); PRAGMA user_version = 1;",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(h);
+  }
+  Writer w(config_at(db), 1);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  push(w.queue(0), 2, "new");
+  ASSERT_EQ(w.write_batch(), 1u);
+  EXPECT_EQ(count_rows(db), 2);
+  EXPECT_EQ(count_rows(db, "bodies IS NULL"), 2);
+  Reader reader(db.string());
+  auto old = reader.get_json("old");
+  ASSERT_TRUE(old && *old);
+  EXPECT_EQ(**old, R"({"request_id":"old"})");
+}
+
 TEST(WriterTest, InvalidUtf8ColumnsAreStoredValid) {
   TempDir dir;
   Writer w(config_at(dir.path / "r.db"), 1);
@@ -428,11 +516,43 @@ TEST(RequestLogConfigTest, ParsesAndChecks) {
   };
   EXPECT_EQ(error("request_log: {url: 'sqlite:/nonexistent-dir/r.db'}\n"),
             "weir.yaml:1:20: request_log.url: directory /nonexistent-dir does not exist");
-  EXPECT_EQ(error("request_log: {url: 'postgres://db/weir'}\n"),
-            "weir.yaml:1:20: request_log.url: PostgreSQL is not supported yet; use sqlite:/path/requests.db");
+  auto pg = parse("request_log: {url: 'postgres://weir:pw@db:5432/weir?sslmode=require'}\n");
+  ASSERT_TRUE(pg) << pg.error().to_string();
+  EXPECT_EQ((*pg)->kind, StoreKind::postgres);
+  EXPECT_EQ((*pg)->url, "postgres://weir:pw@db:5432/weir?sslmode=require");
+  EXPECT_EQ((*pg)->display.find("pw"), std::string::npos);  // never shown with its password
+  EXPECT_TRUE(parse("request_log: {url: 'postgresql://db/weir'}\n"));
+  EXPECT_EQ(error("request_log: {url: 'postgres://db/we ir'}\n"),
+            "weir.yaml:1:20: request_log.url: the URL must not hold spaces or line breaks");
   EXPECT_EQ(error("request_log: {url: 'mysql://x'}\n"),
-            "weir.yaml:1:20: request_log.url: expected sqlite:/path/requests.db");
-  EXPECT_EQ(error("request_log: {queue: 5}\n"), "weir.yaml:1:14: request_log.url: missing (sqlite:/path/requests.db)");
+            "weir.yaml:1:20: request_log.url: expected sqlite:/path/requests.db or postgres://user@host/db");
+  EXPECT_EQ(error("request_log: {queue: 5}\n"),
+            "weir.yaml:1:14: request_log.url: missing (sqlite:/path/requests.db or postgres://user@host/db)");
+  // capture_bodies
+  auto cap =
+      parse(fmt::format("request_log: {{url: 'sqlite:{}/r.db', capture_bodies: {{tenants: [acme, beta], "
+                        "max_request_bytes: 4KiB, max_response_bytes: 100}}}}\n",
+                        dir.path.string()));
+  ASSERT_TRUE(cap) << cap.error().to_string();
+  ASSERT_TRUE((*cap)->capture);
+  EXPECT_EQ((*cap)->capture->max_request_bytes, 4096u);
+  EXPECT_EQ((*cap)->capture->max_response_bytes, 100u);
+  EXPECT_TRUE((*cap)->capture->captures("beta"));
+  EXPECT_FALSE((*cap)->capture->captures("gamma"));
+  auto all = parse(
+      fmt::format("request_log: {{url: 'sqlite:{}/r.db', capture_bodies: {{tenants: ['*']}}}}\n", dir.path.string()));
+  ASSERT_TRUE(all);
+  EXPECT_TRUE((*all)->capture->captures("anyone"));
+  EXPECT_EQ((*all)->capture->max_request_bytes, 16384u);
+  EXPECT_NE(
+      error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', capture_bodies: {{tenants: []}}}}\n", dir.path.string()))
+          .find("request_log.capture_bodies.tenants"),
+      std::string::npos);
+  EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', capture_bodies: {{tenants: [a], "
+                              "max_request_bytes: 0}}}}\n",
+                              dir.path.string()))
+                .find("request_log.capture_bodies.max_request_bytes"),
+            std::string::npos);
   EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', batchh: 1}}\n", dir.path.string())), "ok");
   EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1}}\n", dir.path.string())), "ok");
 }

@@ -102,19 +102,33 @@ void StreamTracker::feed(std::string_view bytes, std::int64_t now_ns) {
 void StreamTracker::on_event(std::string_view type, std::string_view data, std::int64_t now_ns) {
   ++stats_.events;
   if (stats_.done) return;  // nothing after the end marker counts
-  if (data == "[DONE]" || type == "message_stop") {
+  if (data == "[DONE]" || type == "message_stop" || type == "response.completed" || type == "response.incomplete") {
+    // (A Responses stream's terminal event carries the usage.)
+    if (type.starts_with("response.")) {
+      const JsonScan scan = scan_json(data);
+      if (scan.completion_tokens >= 0) stats_.usage_completion_tokens = scan.completion_tokens;
+      if (scan.prompt_tokens >= 0) stats_.usage_prompt_tokens = scan.prompt_tokens;
+    }
     stats_.done = true;
     return;
   }
-  if (type == "error") {
+  if (type == "error" || type == "response.failed") {
     stats_.stream_error = true;
     return;
   }
-  const JsonScan scan = scan_json(data);
-  if (scan.is_error) stats_.stream_error = true;
-  if (scan.completion_tokens >= 0) stats_.usage_completion_tokens = scan.completion_tokens;
-  if (scan.prompt_tokens >= 0) stats_.usage_prompt_tokens = scan.prompt_tokens;
-  if (!scan.has_content) return;
+  bool token = false;
+  if (type.starts_with("response.")) {
+    // OpenAI Responses events: the text and reasoning deltas are the tokens;
+    // the .done events and the response snapshots repeat text already counted.
+    token = type == "response.output_text.delta" || type == "response.reasoning_text.delta";
+  } else {
+    const JsonScan scan = scan_json(data);
+    if (scan.is_error) stats_.stream_error = true;
+    if (scan.completion_tokens >= 0) stats_.usage_completion_tokens = scan.completion_tokens;
+    if (scan.prompt_tokens >= 0) stats_.usage_prompt_tokens = scan.prompt_tokens;
+    token = scan.has_content;
+  }
+  if (!token) return;
   ++stats_.tokens;
   if (stats_.first_token_ns < 0) {
     stats_.first_token_ns = now_ns;

@@ -15,7 +15,9 @@
 //                  a member "content", "text" or "reasoning_content" whose
 //                  value is a non-empty string (OpenAI chat chunk
 //                  choices[].delta.content, legacy completions choices[].text,
-//                  Anthropic content_block_delta delta.text, vLLM reasoning).
+//                  Anthropic content_block_delta delta.text, vLLM reasoning),
+//                  or an OpenAI Responses response.output_text.delta /
+//                  response.reasoning_text.delta event.
 //                  Role-only, usage-only and finish chunks are not tokens.
 //   TTFT         : arrival time of the first token event (callers subtract the
 //                  request's intended send time).
@@ -23,10 +25,12 @@
 //                  events (0 when several arrive in one read).
 //   tokens       : number of token events; usage.completion_tokens (or
 //                  Anthropic usage.output_tokens) is kept separately, last value wins.
-//   done         : `data: [DONE]` (OpenAI/vLLM) or `event: message_stop`
-//                  (Anthropic) was seen; a stream that ends without it is truncated.
+//   done         : `data: [DONE]` (OpenAI/vLLM), `event: message_stop`
+//                  (Anthropic) or `event: response.completed` / `response.incomplete`
+//                  (OpenAI Responses) was seen; a stream that ends without it is truncated.
 //   stalled      : some gap between consecutive token events exceeded stall_ns.
-//   stream_error : an `event: error` or a data object whose first member is "error".
+//   stream_error : an `event: error` or `event: response.failed`, or a data object
+//                  whose first member is "error".
 #pragma once
 
 #include <cstdint>

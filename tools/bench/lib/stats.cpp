@@ -30,13 +30,15 @@ std::string_view outcome_name(Outcome o) {
       return "protocol";
     case Outcome::cancelled:
       return "cancelled";
+    case Outcome::left:
+      return "left";
   }
   return "?";
 }
 
 std::uint64_t Stats::errors() const {
   return completed - outcomes[static_cast<std::size_t>(Outcome::ok)] -
-         outcomes[static_cast<std::size_t>(Outcome::cancelled)];
+         outcomes[static_cast<std::size_t>(Outcome::cancelled)] - outcomes[static_cast<std::size_t>(Outcome::left)];
 }
 
 void Stats::merge(const Stats& o) {
@@ -258,7 +260,8 @@ std::string to_text(const RunInfo& run, const Stats& s, const Verdict& v) {
                        fmt_dur(h->value_at_percentile(50)), fmt_dur(h->value_at_percentile(90)),
                        fmt_dur(h->value_at_percentile(99)), fmt_dur(h->value_at_percentile(99.9)), fmt_dur(h->max()));
   }
-  if (s.errors() > 0 || s.outcomes[static_cast<std::size_t>(Outcome::cancelled)] > 0) {
+  if (s.errors() > 0 || s.outcomes[static_cast<std::size_t>(Outcome::cancelled)] > 0 ||
+      s.outcomes[static_cast<std::size_t>(Outcome::left)] > 0) {
     out += "  errors:";
     for (std::size_t i = 1; i < kOutcomes; ++i) {
       if (s.outcomes[i]) out += fmt::format(" {}={}", outcome_name(static_cast<Outcome>(i)), s.outcomes[i]);

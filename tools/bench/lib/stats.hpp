@@ -25,8 +25,9 @@ enum class Outcome : std::uint8_t {
   io,            // connection reset or closed mid-response (not SSE)
   protocol,      // unparseable HTTP response
   cancelled,     // the run was interrupted (SIGINT) while the request was in flight
+  left,          // the client left mid-stream on purpose (--leave): closed its connection after --leave-after events
 };
-inline constexpr std::size_t kOutcomes = 10;
+inline constexpr std::size_t kOutcomes = 11;
 std::string_view outcome_name(Outcome o);
 
 struct Stats {
@@ -67,7 +68,7 @@ struct Stats {
   Histogram sender_lag;  // intended send -> release by the pacer (open loop)
   Histogram connect;     // TCP connect duration
 
-  std::uint64_t errors() const;  // completed - ok - cancelled
+  std::uint64_t errors() const;  // completed - ok - cancelled - left
   void merge(const Stats& other);
 };
 

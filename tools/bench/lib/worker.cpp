@@ -92,6 +92,7 @@ struct Req {
   std::uint32_t payload = 0;
   bool measured = false;
   bool retried = false;
+  bool leave = false;  // leaves mid-stream (--leave)
 };
 
 struct Conn;
@@ -178,6 +179,7 @@ struct Worker::Impl {
       users = plan.concurrency / n + (index < plan.concurrency % n ? 1 : 0);
     }
     next_payload = index;
+    leave_state = plan.seed * 0x9e3779b97f4a7c15ull + index + 1;
   }
 
   // ---- configuration and state ----
@@ -190,6 +192,7 @@ struct Worker::Impl {
   std::uint32_t users = 0;  // closed loop: this worker's share of --concurrency
   std::uint64_t cap = 1;    // this worker's share of --connections
   std::uint64_t next_payload = 0;
+  std::uint64_t leave_state = 0;  // splitmix64 state of the --leave draws
 
   std::vector<std::unique_ptr<Conn>> conns;  // every connection object ever made (stable)
   std::vector<Conn*> idle;                   // open, no request
@@ -214,6 +217,15 @@ struct Worker::Impl {
   void publish() {
     live.inflight.store(busy + pending.size(), std::memory_order_relaxed);
     live.open_connections.store(open, std::memory_order_relaxed);
+  }
+
+  // Uniform in [0, 1) (splitmix64): whether a request leaves mid-stream.
+  double next_unit() {
+    std::uint64_t z = (leave_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return static_cast<double>(z >> 11) * 0x1.0p-53;
   }
 
   std::uint32_t take_payload() {
@@ -288,6 +300,7 @@ struct Worker::Impl {
     r.intended_ns = intended;
     r.payload = take_payload();
     r.measured = intended >= plan.measure_start_ns;
+    r.leave = plan.leave_fraction > 0 && next_unit() < plan.leave_fraction;
     ++stats.requests_total;
     if (r.measured) {
       ++stats.scheduled;
@@ -493,6 +506,8 @@ struct Worker::Impl {
       finish(c);
     } else if (r < 0) {
       fail_and_close(c, Outcome::protocol);
+    } else if (c.req.leave && c.sse && c.tracker.stats().events >= plan.leave_after) {
+      fail_and_close(c, Outcome::left);  // the client goes away mid-stream
     } else {
       start_read(c);
     }

@@ -30,6 +30,11 @@ struct Plan {
   std::int64_t timeout_ns = 0;        // per request, from its write
   std::int64_t stall_ns = 0;          // ITL gap that marks a stream stalled (0: off)
   std::uint64_t seed = 1;
+  // --leave: this fraction (0..1) of requests, drawn per request from the
+  // seed, close their connection once their stream has `leave_after` events
+  // (a client that goes away mid-stream); outcome `left`.
+  double leave_fraction = 0;
+  std::uint32_t leave_after = 8;
 };
 
 // Counters the main thread reads for the progress line (relaxed; written by

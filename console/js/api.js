@@ -1,0 +1,103 @@
+// The admin API client: the admin token kept in sessionStorage (this tab
+// only, gone when it closes; never in a URL or a cookie, so no other site
+// can make the browser send it), sent as "Authorization: Bearer".
+//
+// A session ends when the API refuses the token (401: a wrong token, one
+// rotated on the server, an expired admin JWT) or after IDLE_MS without
+// any activity in the tab.
+
+const TOKEN = "weir.console.token";
+const ACTIVE = "weir.console.active";
+export const IDLE_MS = 30 * 60 * 1000;
+
+export class AuthError extends Error {}
+
+export class ApiError extends Error {
+  constructor(status, body) {
+    const e = body && body.error;
+    super(e && typeof e.message === "string" ? e.message : `HTTP ${status}`);
+    this.status = status;
+    this.param = e && e.param;
+    this.code = e && e.code;
+  }
+}
+
+let onSessionEnd = () => {};
+// fn(message): called once when the session ends (the token is gone by then).
+export function setSessionEndHandler(fn) {
+  onSessionEnd = fn;
+}
+
+export function token() {
+  return sessionStorage.getItem(TOKEN);
+}
+
+// Whether a token is stored and was used recently enough; drops a stale one.
+export function sessionAlive() {
+  if (!token()) return false;
+  const last = Number(sessionStorage.getItem(ACTIVE) || 0);
+  if (Date.now() - last > IDLE_MS) {
+    endSession("Your session expired after 30 minutes without activity. Sign in again.");
+    return false;
+  }
+  return true;
+}
+
+export function touch() {
+  if (token()) sessionStorage.setItem(ACTIVE, String(Date.now()));
+}
+
+export function endSession(message) {
+  const had = token() !== null;
+  sessionStorage.removeItem(TOKEN);
+  sessionStorage.removeItem(ACTIVE);
+  if (had) onSessionEnd(message);
+}
+
+async function send(method, path, body, bearer) {
+  const headers = {Authorization: `Bearer ${bearer}`};
+  const init = {method, headers, cache: "no-store", credentials: "omit", redirect: "error"};
+  if (body !== undefined) {
+    headers["Content-Type"] = "application/json";
+    init.body = JSON.stringify(body);
+  }
+  let res;
+  try {
+    res = await fetch(path, init);
+  } catch (e) {
+    throw new ApiError(0, {error: {message: `The admin API cannot be reached (${e.message}).`}});
+  }
+  const type = res.headers.get("content-type") || "";
+  const data = type.startsWith("application/json") ? await res.json().catch(() => null) : await res.text();
+  return {res, data};
+}
+
+// Signs in: checks `candidate` against the API before keeping it.
+export async function login(candidate) {
+  const {res, data} = await send("GET", "/admin/v1/tenants", undefined, candidate);
+  if (res.status === 401) throw new ApiError(401, data);
+  if (!res.ok) throw new ApiError(res.status, data);
+  sessionStorage.setItem(TOKEN, candidate);
+  touch();
+}
+
+// One API call with the session's token. Throws AuthError (and ends the
+// session) on 401, ApiError on any other non-2xx answer.
+export async function api(method, path, body) {
+  if (!sessionAlive()) throw new AuthError("signed out");
+  const {res, data} = await send(method, path, body, token());
+  if (res.status === 401) {
+    const why = data && data.error && typeof data.error.message === "string" ? data.error.message : "401";
+    endSession(`Your session ended: the admin API refused the token (${why}). Sign in again.`);
+    throw new AuthError(why);
+  }
+  if (!res.ok) throw new ApiError(res.status, data);
+  return data;
+}
+
+export const get = (path) => api("GET", path);
+
+// "/admin/v1/keys/" + id, with the id as one path segment.
+export function seg(s) {
+  return encodeURIComponent(String(s));
+}

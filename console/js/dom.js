@@ -1,0 +1,120 @@
+// DOM building for the console: elements and text nodes only.
+//
+// Everything the admin API returns is data (key names and metadata, tenant
+// names, request ids, models a client sent): it reaches the page through
+// text nodes and form values, never through an HTML parser. The server's
+// Content-Security-Policy enforces this too (require-trusted-types-for
+// 'script' with no policy: innerHTML and the like throw).
+
+const SAFE_ATTRS = new Set([
+  "id", "type", "name", "value", "placeholder", "for", "title", "role", "colspan", "min", "max", "step",
+  "autocomplete", "spellcheck", "readonly", "disabled", "required", "checked", "selected", "rows", "list",
+  "aria-label", "aria-live", "aria-current", "aria-hidden", "width", "height", "tabindex", "lang",
+]);
+
+// h("button", {class: "x", on: {click: fn}, href: "#/keys"}, "text", child, [more])
+// Attributes outside SAFE_ATTRS are refused (no on*, no style, no src); href
+// takes in-page links ("#/...") only; data-* go through dataset.
+export function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") el.className = Array.isArray(v) ? v.filter(Boolean).join(" ") : v;
+    else if (k === "on") for (const [ev, fn] of Object.entries(v)) el.addEventListener(ev, fn);
+    else if (k === "data") for (const [dk, dv] of Object.entries(v)) el.dataset[dk] = String(dv);
+    else if (k === "href") {
+      if (typeof v !== "string" || !v.startsWith("#")) throw new Error("h: only in-page links");
+      el.setAttribute("href", v);
+    } else if (k === "text") el.textContent = String(v);
+    else if (SAFE_ATTRS.has(k)) el.setAttribute(k, v === true ? "" : String(v));
+    else throw new Error(`h: attribute ${k} is not allowed`);
+  }
+  append(el, children);
+  return el;
+}
+
+function append(el, children) {
+  for (const c of children) {
+    if (c === null || c === undefined || c === false) continue;
+    if (Array.isArray(c)) append(el, c);
+    else if (c instanceof Node) el.appendChild(c);
+    else el.appendChild(document.createTextNode(String(c)));
+  }
+}
+
+// Replaces el's children (no HTML parsing).
+export function mount(el, ...children) {
+  el.replaceChildren();
+  append(el, children);
+  return el;
+}
+
+// --- formatting (all return plain strings) ---
+
+export function usd(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  const a = Math.abs(v);
+  if (a === 0) return "$0";
+  if (a < 1) {
+    // Up to 6 decimals (a request costs millionths), at least 2, no trailing zeros: $0.05, $0.000016.
+    let t = a.toFixed(6).replace(/0+$/, "");
+    if (t.split(".")[1].length < 2) t = a.toFixed(2);
+    return `${v < 0 ? "-" : ""}$${t}`;
+  }
+  return `${v < 0 ? "-" : ""}$${a.toLocaleString("en-US", {minimumFractionDigits: 2, maximumFractionDigits: 2})}`;
+}
+
+export function num(v, digits = 0) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  return Number(v).toLocaleString("en-US", {minimumFractionDigits: digits, maximumFractionDigits: digits});
+}
+
+export function ms(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  if (v >= 10000) return `${(v / 1000).toFixed(1)} s`;
+  if (v >= 100) return `${Math.round(v)} ms`;
+  return `${v.toFixed(1)} ms`;
+}
+
+export function pct(v) {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  return `${(v * 100).toFixed(v > 0 && v < 0.1 ? 1 : 0)}%`;
+}
+
+// Unix seconds → "2026-11-30 03:54:24Z" (UTC, like the request log's ts).
+export function unixTime(s) {
+  if (s === null || s === undefined) return "never";
+  return new Date(s * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+}
+
+// A request log ts ("2026-11-30T03:54:24.933Z") for a table cell.
+export function logTime(ts) {
+  return typeof ts === "string" ? ts.replace("T", " ") : "–";
+}
+
+// A duration in seconds ("86400s", as the API answers) → "1d", "12h", "90s".
+export function period(p) {
+  if (p === null || p === undefined) return "never resets";
+  const s = typeof p === "string" ? parseFloat(p) : p / 1000;
+  if (!Number.isFinite(s)) return String(p);
+  if (s % 86400 === 0) return `${s / 86400}d`;
+  if (s % 3600 === 0) return `${s / 3600}h`;
+  if (s % 60 === 0) return `${s / 60}m`;
+  return `${s}s`;
+}
+
+// A value of any JSON type as one line of text.
+export function text(v) {
+  if (v === null || v === undefined) return "–";
+  if (typeof v === "object") return JSON.stringify(v);
+  return String(v);
+}
+
+export function badge(kind, label) {
+  return h("span", {class: ["badge", `badge-${kind}`]}, label);
+}
+
+export function statusBadge(status) {
+  const kind = status >= 500 ? "bad" : status >= 400 ? "warn" : "ok";
+  return badge(kind, String(status));
+}

@@ -1,0 +1,184 @@
+// Anthropic message / error → OpenAI chat.completion / error, with
+// Boost.JSON (only answers of type: anthropic pools pay for it).
+#include "api/anthropic/upstream_response.hpp"
+
+#include <fmt/format.h>
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+#include <boost/json/value.hpp>
+
+#include "api/anthropic/response.hpp"
+#include "api/json_scan.hpp"
+#include "api/wide_integers.hpp"
+#include "core/error.hpp"
+#include "core/json_text.hpp"
+
+namespace weir::api::anthropic {
+
+namespace json = boost::json;
+
+namespace {
+
+std::string_view sv(const json::string& s) { return {s.data(), s.size()}; }
+
+std::string_view string_at(const json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
+}
+
+// A count: 0 when absent or null, nullopt when not a non-negative integer.
+std::optional<std::uint64_t> count(const json::object& o, std::string_view name) {
+  const auto* v = o.if_contains(name);
+  if (!v || v->is_null()) return 0;
+  if (v->is_uint64()) return v->get_uint64();
+  if (v->is_int64() && v->get_int64() >= 0) return static_cast<std::uint64_t>(v->get_int64());
+  return std::nullopt;
+}
+
+std::optional<AnthropicUsage> read_usage(const json::object& u) {
+  const auto in = count(u, "input_tokens");
+  const auto cc = count(u, "cache_creation_input_tokens");
+  const auto cr = count(u, "cache_read_input_tokens");
+  const auto out = count(u, "output_tokens");
+  if (!in || !cc || !cr || !out) return std::nullopt;
+  return AnthropicUsage{*in, *cc, *cr, *out};
+}
+
+}  // namespace
+
+std::string_view finish_reason(std::string_view stop_reason) {
+  if (stop_reason == "max_tokens" || stop_reason == "model_context_window_exceeded") return "length";
+  if (stop_reason == "tool_use") return "tool_calls";
+  if (stop_reason == "refusal") return "content_filter";
+  return "stop";
+}
+
+void append_openai_usage(std::string& out, const Usage& u) {
+  fmt::format_to(
+      std::back_inserter(out),
+      R"({{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":{}}}}})",
+      u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_tokens);
+}
+
+std::optional<Usage> extract_message_usage(std::string_view body) {
+  const auto span = find_member(body, "usage");
+  if (!span) return std::nullopt;
+  const std::string_view text = body.substr(span->value_begin, span->value_end - span->value_begin);
+  if (text.empty() || text.front() != '{') return std::nullopt;
+  unsigned char buf[2048];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(text.data(), text.size()), ec, &mr);
+  if (ec || !v.is_object()) return std::nullopt;
+  const auto u = read_usage(v.get_object());
+  if (!u) return std::nullopt;
+  return u->openai();
+}
+
+bool message_to_chat(std::string_view body, std::int64_t created, std::string& out) {
+  out.clear();
+  alignas(16) unsigned char buf[16 * 1024];
+  WideIntegers wide;
+  std::string protected_body;
+  std::string_view text = body;
+  for (int pass = 0; pass < 2; ++pass) {
+    json::monotonic_resource mr(buf, sizeof buf);
+    json::storage_ptr sp(&mr);
+    boost::system::error_code ec;
+    const json::value doc = json::parse(json::string_view(text.data(), text.size()), ec, sp);
+    const json::object* msg = !ec ? doc.if_object() : nullptr;
+    const json::array* content = nullptr;
+    if (msg)
+      if (const auto* c = msg->if_contains("content"); c && c->is_array()) content = &c->get_array();
+    if (!msg || !content || string_at(*msg, "type") != "message") {
+      core::append_error_json(out, core::upstream_unavailable("The upstream's answer is not an Anthropic message."));
+      return false;
+    }
+    if (pass == 0 && has_wide_integer(doc)) {
+      text = wide.protect(body, protected_body);
+      if (!wide.empty()) continue;
+    }
+    std::string texts;
+    std::string thinking;
+    std::string calls;  // the tool_calls array's members
+    std::size_t n_calls = 0;
+    bool has_text = false;
+    for (const auto& b : *content) {
+      const auto* block = b.if_object();
+      if (!block) continue;
+      const std::string_view type = string_at(*block, "type");
+      if (type == "text") {
+        has_text = true;
+        texts += string_at(*block, "text");
+      } else if (type == "thinking") {
+        thinking += string_at(*block, "thinking");
+      } else if (type == "tool_use") {
+        if (n_calls++ > 0) calls += ',';
+        calls += R"({"id":)";
+        core::append_json_string(calls, string_at(*block, "id"));
+        calls += R"(,"type":"function","function":{"name":)";
+        core::append_json_string(calls, string_at(*block, "name"));
+        calls += R"(,"arguments":)";
+        const auto* input = block->if_contains("input");
+        core::append_json_string(calls, input && !input->is_null() ? json::serialize(*input) : std::string("{}"));
+        calls += "}}";
+      }
+      // redacted_thinking, server tool blocks and their results have no chat equivalent.
+    }
+    out += R"({"id":)";
+    core::append_json_string(out, fmt::format("chatcmpl-{}", string_at(*msg, "id")));
+    fmt::format_to(std::back_inserter(out), R"(,"object":"chat.completion","created":{},"model":)", created);
+    core::append_json_string(out, string_at(*msg, "model"));
+    out += R"(,"choices":[{"index":0,"message":{"role":"assistant","content":)";
+    if (has_text)
+      core::append_json_string(out, texts);
+    else
+      out += "null";
+    out += R"(,"refusal":null)";
+    if (!thinking.empty()) {
+      out += R"(,"reasoning_content":)";
+      core::append_json_string(out, thinking);
+    }
+    if (n_calls > 0) {
+      out += R"(,"tool_calls":[)";
+      out += calls;
+      out += ']';
+    }
+    out += R"(},"logprobs":null,"finish_reason":)";
+    core::append_json_string(out, finish_reason(string_at(*msg, "stop_reason")));
+    out += R"(}],"usage":)";
+    std::optional<AnthropicUsage> u;
+    if (const auto* uv = msg->if_contains("usage"); uv && uv->is_object()) u = read_usage(uv->get_object());
+    append_openai_usage(out, u.value_or(AnthropicUsage{}).openai());
+    out += '}';
+    wide.restore(out);
+    return true;
+  }
+  return false;  // not reached
+}
+
+void append_openai_error(std::string& out, int status, std::string_view body) {
+  unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  std::string_view message;
+  std::string_view type;
+  if (!ec && v.is_object()) {
+    const auto& o = v.get_object();
+    if (const auto* e = o.if_contains("error"); e && e->is_object()) {
+      message = string_at(e->get_object(), "message");
+      type = string_at(e->get_object(), "type");
+    }
+    if (message.empty()) message = string_at(o, "message");
+  }
+  const std::string fallback = fmt::format("Upstream answered {}.", status);
+  out += R"({"error":{"message":)";
+  core::append_json_string(out, message.empty() ? std::string_view(fallback) : message);
+  out += R"(,"type":)";
+  core::append_json_string(out, type.empty() ? error_type(status) : type);
+  out += R"(,"param":null,"code":null}})";
+}
+
+}  // namespace weir::api::anthropic

@@ -1,0 +1,67 @@
+// Anthropic's Messages API as the upstream: its answers (Anthropic API
+// reference: "Messages" response, "Errors") as OpenAI chat completions
+// (OpenAI API reference: the chat completion object, "Error codes"), and
+// its usage read for Weir's own accounting. Mappings: docs/protocols.md
+// ("Anthropic as the upstream").
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "api/usage.hpp"
+
+namespace weir::api::anthropic {
+
+// OpenAI's finish_reason for an Anthropic stop_reason: end_turn,
+// stop_sequence, pause_turn → "stop"; max_tokens and
+// model_context_window_exceeded → "length"; tool_use → "tool_calls";
+// refusal → "content_filter"; anything else (null, unknown) → "stop".
+std::string_view finish_reason(std::string_view stop_reason);
+
+// Token counts of an Anthropic `usage` object as OpenAI counts them:
+// prompt_tokens = input_tokens + cache_creation_input_tokens +
+// cache_read_input_tokens (Anthropic counts cache reads and writes apart
+// from input_tokens; OpenAI's prompt_tokens includes them), cached_tokens =
+// cache_read_input_tokens, completion_tokens = output_tokens.
+struct AnthropicUsage {
+  std::uint64_t input = 0;
+  std::uint64_t cache_creation = 0;
+  std::uint64_t cache_read = 0;
+  std::uint64_t output = 0;
+  Usage openai() const {
+    const std::uint64_t prompt = input + cache_creation + cache_read;
+    return Usage{prompt, output, prompt + output, cache_read};
+  }
+};
+
+// Appends OpenAI's usage object for `u`: {"prompt_tokens","completion_tokens",
+// "total_tokens","prompt_tokens_details":{"cached_tokens"}}.
+void append_openai_usage(std::string& out, const Usage& u);
+
+// Reads the top-level `usage` of an Anthropic message (a whole response body)
+// as OpenAI counts it; nullopt when there is none or it is not an object of
+// non-negative integers.
+std::optional<Usage> extract_message_usage(std::string_view body);
+
+// Translates a whole Anthropic message (`type: "message"`) into an OpenAI
+// chat.completion written to `out` (overwritten): id "chatcmpl-" + the
+// message id, `created` (Unix seconds, Weir's clock: Anthropic sends none),
+// the upstream's model; one choice whose message has the text blocks
+// concatenated as `content` (null when there are none), the thinking blocks
+// as vLLM's `reasoning_content`, the tool_use blocks as `tool_calls` (id,
+// name, arguments = the input's JSON text); finish_reason from stop_reason;
+// usage as above. Returns false when `body` is not a message (out then holds
+// OpenAI's 502 upstream_error body).
+bool message_to_chat(std::string_view body, std::int64_t created, std::string& out);
+
+// Appends OpenAI's error object {"error":{"message","type","param":null,
+// "code":null}} for an Anthropic error answer (`status` and its body
+// {"type":"error","error":{"type","message"}}): Anthropic's error.type is
+// kept as the type (invalid_request_error, authentication_error,
+// rate_limit_error, overloaded_error, …); a body without one gives a type
+// from the status and "Upstream answered <status>.".
+void append_openai_error(std::string& out, int status, std::string_view body);
+
+}  // namespace weir::api::anthropic

@@ -1,0 +1,93 @@
+#include "gateway/generation.hpp"
+
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+#include "auth/crypto.hpp"
+#include "core/yaml.hpp"
+
+namespace weir::gateway {
+
+namespace {
+
+void append_file(std::string& out, const std::string& path) {
+  if (path.empty()) return;
+  std::ifstream in(path, std::ios::binary);
+  out += "\nfile:";
+  out += path;
+  out += '\n';
+  if (in) out.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+std::string pool_fingerprint(const core::Config& cfg, const core::PoolConfig& pool) {
+  std::string f;
+  const YAML::Node& root = cfg.root;
+  if (root && root["pools"] && root["pools"][pool.name]) {
+    f = core::canonical_yaml(root["pools"][pool.name]);
+  } else {
+    for (const auto& e : pool.endpoints) f += e.url + '\n';
+  }
+  f += "\napi_key:";
+  f += pool.api_key;  // from api_key_env: the environment's value
+  append_file(f, pool.tls.ca_file);
+  append_file(f, pool.tls.client_cert);
+  append_file(f, pool.tls.client_key);
+  f += fmt::format("\nmax_response:{}", cfg.server.max_response_bytes);
+  // Kept as a digest: the text holds the pool's key and client key.
+  return auth::to_hex(auth::sha256(f));
+}
+
+tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(GenerationInput in,
+                                                                              const Generation* previous) {
+  auto g = std::make_shared<Generation>();
+  g->id = previous ? previous->id + 1 : 1;
+  g->config = std::move(in.config);
+  g->routes = std::make_unique<routing::RouteTable>(*g->config);
+  g->pricing = std::move(in.pricing);
+  const auto& cfg = *g->config;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::resolver resolver(io);
+  for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
+    const auto& pc = cfg.pools[p];
+    PoolSlot slot;
+    slot.fingerprint = pool_fingerprint(cfg, pc);
+    // Every endpoint is resolved again (as nginx does on a reload): a host
+    // name that now resolves elsewhere is a changed pool.
+    if (p < in.addrs.size() && in.addrs[p].size() == pc.endpoints.size()) {
+      slot.addrs = in.addrs[p];
+    } else {
+      for (const auto& e : pc.endpoints) {
+        boost::system::error_code ec;
+        auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
+        if (ec || r.empty())
+          return tl::unexpected(
+              fmt::format("pools.{}: cannot resolve {}: {}", pc.name, e.display, ec ? ec.message() : "no address"));
+        slot.addrs.push_back(r.begin()->endpoint());
+      }
+    }
+    const PoolSlot* same = nullptr;
+    if (previous)
+      for (const auto& old : previous->pools)
+        if (old.cfg->name == pc.name && old.fingerprint == slot.fingerprint && old.addrs == slot.addrs) same = &old;
+    if (same) {
+      g->pools.push_back(*same);  // its objects go on as they are
+      continue;
+    }
+    slot.owner = g->config;
+    slot.cfg = &pc;
+    slot.state = std::make_shared<routing::SharedPoolState>(pc, in.workers);
+    if (p < in.tls.size()) slot.state->tls = in.tls[p];
+    g->pools.push_back(std::move(slot));
+  }
+  g->labels = MetricLabels::build(cfg, in.policy, previous ? previous->labels.get() : nullptr);
+  return std::shared_ptr<const Generation>(std::move(g));
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,164 @@
+// The request log in SQLite: one file in WAL mode (readers never block the
+// writer nor it them), prepared statements, one transaction per batch.
+#include <sqlite3.h>
+
+#include <fmt/format.h>
+
+#include "requestlog/backend.hpp"
+#include "requestlog/sqlite.hpp"
+
+namespace weir::requestlog {
+
+namespace {
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS requests (
+  id INTEGER PRIMARY KEY,
+  ts_us INTEGER NOT NULL,
+  request_id TEXT NOT NULL,
+  tenant TEXT,
+  key_id TEXT,
+  model TEXT,
+  status INTEGER NOT NULL,
+  record TEXT NOT NULL,
+  bodies TEXT
+);
+CREATE INDEX IF NOT EXISTS requests_ts ON requests (ts_us, id);
+CREATE INDEX IF NOT EXISTS requests_tenant ON requests (tenant, ts_us, id);
+CREATE INDEX IF NOT EXISTS requests_key_id ON requests (key_id, ts_us, id);
+CREATE INDEX IF NOT EXISTS requests_model ON requests (model, ts_us, id);
+CREATE INDEX IF NOT EXISTS requests_status ON requests (status, ts_us, id);
+CREATE INDEX IF NOT EXISTS requests_request_id ON requests (request_id);
+)sql";
+
+class SqliteBackend final : public StoreBackend {
+ public:
+  explicit SqliteBackend(const RequestLogConfig& c) : path_(c.path) {}
+
+  bool open(std::string& error) override {
+    close();
+    auto fail = [&](std::string why) {
+      error = std::move(why);
+      close();
+      return false;
+    };
+    std::string why;
+    if (!db_.open(path_, false, why)) return fail(why);
+    // WAL: readers (the admin API's queries) never block the writer nor it
+    // them; synchronous=NORMAL syncs at checkpoints, not per commit (a power
+    // loss may lose the last transactions, never corrupt the file).
+    if (!db_.exec("PRAGMA busy_timeout = 2000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", why))
+      return fail(why);
+    if (!db_.exec(kSchema, why)) return fail(why);
+    // Schema version 1 (before captured bodies) lacks the column.
+    {
+      Stmt has = db_.prepare("SELECT count(*) FROM pragma_table_info('requests') WHERE name = 'bodies'", why);
+      if (!has) return fail(why);
+      if (has.step() != SQLITE_ROW) return fail(db_.errmsg());
+      const bool present = has.column_int64(0) > 0;
+      has = Stmt();
+      if (!present && !db_.exec("ALTER TABLE requests ADD COLUMN bodies TEXT", why)) return fail(why);
+    }
+    if (!db_.exec("PRAGMA user_version = 2", why)) return fail(why);
+    struct P {
+      Stmt* out;
+      const char* sql;
+    };
+    for (P p :
+         {P{&begin_, "BEGIN IMMEDIATE"}, P{&commit_, "COMMIT"}, P{&rollback_, "ROLLBACK"},
+          P{&insert_,
+            "INSERT INTO requests (ts_us, request_id, tenant, key_id, model, status, record, bodies) "
+            "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)"},
+          P{&delete_older_, "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE ts_us < ?1 LIMIT 10000)"},
+          P{&nth_newest_, "SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET ?1"},
+          P{&delete_upto_,
+            "DELETE FROM requests WHERE id IN (SELECT id FROM requests WHERE id <= ?1 ORDER BY id LIMIT 10000)"}}) {
+      *p.out = db_.prepare(p.sql, why);
+      if (!*p.out) return fail(why);
+    }
+    return true;
+  }
+
+  bool is_open() const override { return static_cast<bool>(db_); }
+
+  void close() override {
+    for (Stmt* s : {&begin_, &commit_, &rollback_, &insert_, &delete_older_, &nth_newest_, &delete_upto_}) *s = Stmt();
+    db_.close();
+  }
+
+  bool begin(std::string& error) override { return step(begin_, "BEGIN", error); }
+
+  bool add(const Record& r, std::string_view bodies, std::string& error) override {
+    insert_.bind(1, r.ts_us);
+    insert_.bind(2, std::string_view(r.request_id));
+    insert_.bind_text_or_null(3, r.tenant);
+    insert_.bind_text_or_null(4, r.key_id);
+    insert_.bind_text_or_null(5, r.model);
+    insert_.bind(6, static_cast<std::int64_t>(r.status));
+    insert_.bind(7, std::string_view(r.json));
+    insert_.bind_text_or_null(8, bodies);
+    return step(insert_, "INSERT", error);
+  }
+
+  bool commit(std::string& error) override { return step(commit_, "COMMIT", error); }
+
+  void rollback() override {
+    if (!rollback_) return;
+    rollback_.step();
+    rollback_.reset();
+  }
+
+  std::int64_t delete_older(std::int64_t cutoff_us, std::string& error) override {
+    return delete_chunked(delete_older_, cutoff_us, error);
+  }
+
+  std::int64_t keep_newest(std::uint64_t max_rows, std::string& error) override {
+    nth_newest_.bind(1, static_cast<std::int64_t>(max_rows));
+    const int rc = nth_newest_.step();
+    const std::int64_t cut = rc == SQLITE_ROW ? nth_newest_.column_int64(0) : -1;
+    nth_newest_.reset();
+    if (rc != SQLITE_ROW && rc != SQLITE_DONE) {
+      error = fmt::format("retention: {}", db_.errmsg());
+      return 0;
+    }
+    return cut >= 0 ? delete_chunked(delete_upto_, cut, error) : 0;
+  }
+
+ private:
+  bool step(Stmt& s, const char* what, std::string& error) {
+    const int rc = s.step();
+    s.reset();
+    if (rc == SQLITE_DONE) return true;
+    error = fmt::format("{}: {}", what, db_.errmsg());
+    return false;
+  }
+
+  std::int64_t delete_chunked(Stmt& stmt, std::int64_t arg, std::string& error) {
+    std::int64_t total = 0;
+    for (;;) {
+      stmt.bind(1, arg);
+      const int rc = stmt.step();
+      stmt.reset();
+      if (rc != SQLITE_DONE) {
+        error = fmt::format("retention: {}", db_.errmsg());
+        return total;
+      }
+      const auto n = db_.changes();
+      total += n;
+      if (n < kRetentionChunk) break;
+    }
+    return total;
+  }
+
+  std::string path_;
+  Db db_;
+  Stmt begin_, commit_, rollback_, insert_, delete_older_, nth_newest_, delete_upto_;
+};
+
+}  // namespace
+
+std::unique_ptr<StoreBackend> make_sqlite_backend(const RequestLogConfig& config) {
+  return std::make_unique<SqliteBackend>(config);
+}
+
+}  // namespace weir::requestlog

@@ -1,0 +1,208 @@
+#include "server/reloader.hpp"
+
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+
+#include <fmt/format.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+
+namespace weir::server {
+
+namespace {
+
+std::int64_t unix_now_s() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+Reloader::Reloader(boost::asio::io_context& control, gateway::ConfigSource source,
+                   gateway::CommandLineOverrides overrides, unsigned cli_workers, std::string cli_access_log,
+                   gateway::Shared& shared, gateway::Services& services, gateway::AdminServer* admin)
+    : control_(control),
+      source_(std::move(source)),
+      overrides_(overrides),
+      cli_workers_(cli_workers),
+      cli_access_log_(std::move(cli_access_log)),
+      shared_(shared),
+      services_(services),
+      admin_(admin) {
+  seen_ = stamp();
+  shared_.reloads.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
+  shared_.reloads.generation.store(shared_.generation->id, std::memory_order_relaxed);
+}
+
+Reloader::~Reloader() = default;
+
+void Reloader::start() {
+  start_scraper();
+  arm_watch();
+}
+
+void Reloader::stop() {
+  stopped_ = true;
+  if (scraper_) scraper_->stop();
+}
+
+void Reloader::start_scraper() {
+  const auto& gen = shared_.generation;
+  std::vector<routing::SharedPoolState*> states;
+  std::vector<std::vector<http::tcp::endpoint>> addrs;
+  for (const auto& p : gen->pools) {
+    states.push_back(p.state.get());
+    addrs.push_back(p.addrs);
+  }
+  if (scraper_) {
+    scraper_->stop();
+    retired_scrapers_.push_back(std::move(scraper_));
+  }
+  scraper_ = std::make_unique<routing::LoadScraper>(control_, *gen->config, states, addrs, gen);
+  scraper_->start();
+  prune_scrapers();
+}
+
+void Reloader::prune_scrapers() {
+  std::erase_if(retired_scrapers_, [](const auto& s) { return s->idle(); });
+}
+
+Reloader::FileStamp Reloader::stamp() const {
+  FileStamp s;
+  struct stat st {};
+  if (source_.file.empty() || ::stat(source_.file.c_str(), &st) != 0) return s;
+  s.size = st.st_size;
+  s.mtime_ns = std::int64_t{st.st_mtim.tv_sec} * 1'000'000'000 + st.st_mtim.tv_nsec;
+  s.inode = st.st_ino;
+  s.dev = st.st_dev;
+  return s;
+}
+
+void Reloader::arm_watch() {
+  if (watching_ || stopped_ || source_.file.empty()) return;
+  if (shared_.generation->config->server.watch_config.count() <= 0) return;
+  watching_ = true;
+  boost::asio::co_spawn(control_, watch_loop(), boost::asio::detached);
+}
+
+core::Task<void> Reloader::watch_loop() {
+  core::Timer timer(control_.get_executor());
+  for (;;) {
+    const auto every = shared_.generation->config->server.watch_config;
+    if (stopped_ || every.count() <= 0) break;  // a reload turned it off
+    timer.expires_after(every);
+    co_await timer.async_wait(core::use_task);
+    if (stopped_) break;
+    prune_scrapers();
+    const FileStamp now = stamp();
+    if (now == seen_) {
+      pending_ = {};
+      continue;
+    }
+    // Changed: applied once two looks in a row see the same file, so a
+    // file being written is not read half-way.
+    if (!(now == pending_)) {
+      pending_ = now;
+      continue;
+    }
+    pending_ = {};
+    reload("the configuration file changed");
+  }
+  watching_ = false;
+}
+
+bool Reloader::reload(std::string_view why) {
+  try {
+    return apply(why);
+  } catch (const std::exception& e) {
+    // A bug, not the file: never let it take the gateway down.
+    shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
+    shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
+    fmt::print(stderr, "weir: {}: configuration reload failed: {}; still serving generation {}\n", why, e.what(),
+               shared_.generation->id);
+    return false;
+  }
+}
+
+bool Reloader::apply(std::string_view why) {
+  auto& stats = shared_.reloads;
+  if (stopped_) return false;
+  ++attempts_;
+  if (source_.file.empty()) {
+    fmt::print(stderr, "weir: {}: no configuration file to reload (quick mode)\n", why);
+    return false;
+  }
+  seen_ = stamp();
+  auto refuse = [&](const std::string& reason) {
+    stats.failed.fetch_add(1, std::memory_order_relaxed);
+    stats.last_ok.store(false, std::memory_order_relaxed);
+    fmt::print(stderr, "weir: {}: configuration reload refused: {}; still serving generation {}\n", why, reason,
+               shared_.generation->id);
+    return false;
+  };
+  auto loaded = gateway::load_config(source_);
+  if (!loaded) return refuse(loaded.error().to_string());
+  // What the command line fixed stays fixed.
+  auto& server = loaded->config.server;
+  if (cli_workers_) server.workers = cli_workers_;
+  if (!cli_access_log_.empty()) server.access_log = cli_access_log_;
+  const auto& running = *shared_.generation->config;
+  if (auto e = gateway::restart_only_change(running, loaded->config, overrides_)) return refuse(e->to_string());
+  auto auth = services_.prepare_reload(*loaded);
+  if (!auth) return refuse(auth.error());
+  for (const auto& w : loaded->warnings) fmt::print(stderr, "weir: warning: {}\n", w);
+  const std::string changes = gateway::describe_changes(running, loaded->config);
+  gateway::GenerationInput in;
+  in.config = std::make_shared<const core::Config>(std::move(loaded->config));
+  in.pricing = std::move(loaded->pricing);
+  in.tls = std::move(loaded->tls);
+  in.policy = auth->policy.get();
+  in.workers = static_cast<std::uint32_t>(shared_.workers.size());
+  auto gen = gateway::build_generation(std::move(in), shared_.generation.get());
+  if (!gen) return refuse(gen.error());
+  auto policy = services_.commit_reload(std::move(*auth));
+  if (!policy) return refuse(policy.error());
+  // Applied: from here on nothing fails.
+  shared_.generation = *gen;
+  if (*policy) {
+    shared_.auth_policy = *policy;
+    if (admin_) admin_->reloaded(*policy);
+  }
+  start_scraper();
+  arm_watch();
+  // Counted and said once every worker has it: from then on every new
+  // request runs on it (a worker whose thread is gone, draining, never says).
+  struct Applied {
+    gateway::ReloadStats* stats;
+    const std::uint64_t* attempts;  // the reloader's count of attempts, read on the control thread
+    std::uint64_t attempt;          // this one's number
+    std::uint64_t id;
+    std::string line;
+    std::atomic<std::size_t> remaining;
+  };
+  auto applied = std::make_shared<Applied>(&stats, &attempts_, attempts_, (*gen)->id,
+                                           fmt::format("weir: {}: configuration reloaded from {} (generation {}): {}\n",
+                                                       why, source_.file, (*gen)->id, changes),
+                                           shared_.workers.size());
+  auto on_all = [applied] {
+    auto& st = *applied->stats;
+    st.succeeded.fetch_add(1, std::memory_order_relaxed);
+    // A later attempt (refused meanwhile) has the last word on "last".
+    if (*applied->attempts == applied->attempt) st.last_ok.store(true, std::memory_order_relaxed);
+    st.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
+    st.generation.store(applied->id, std::memory_order_relaxed);
+    std::fputs(applied->line.c_str(), stderr);
+  };
+  if (shared_.workers.empty()) on_all();
+  for (gateway::Worker* w : shared_.workers)
+    w->post_install(*gen, *policy, [applied, on_all, &control = control_] {
+      // On the worker's thread; the last one hands the count to the control thread.
+      if (applied->remaining.fetch_sub(1, std::memory_order_acq_rel) == 1) boost::asio::post(control, on_all);
+    });
+  return true;
+}
+
+}  // namespace weir::server

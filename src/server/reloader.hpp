@@ -1,0 +1,86 @@
+// Configuration reloads (docs/operations.md, "Reloading"): SIGHUP, and the
+// configuration file's changes when server.watch_config is on. Runs on the
+// control thread: loads and validates the file with the loader start-up
+// and --check use (gateway::load_config), refuses a file with an error or
+// a change that needs a restart (gateway::restart_only_change), builds the
+// next configuration generation (gateway::build_generation) and auth
+// policy (gateway::Services), and posts them to every worker, each of
+// which swaps its pointer on its own thread: no lock on the request path,
+// and requests in flight finish on the generation they started with. A
+// refused file changes nothing: it is logged on stderr with its
+// file:line:column: key: reason and counted in weir_config_reloads_total.
+#pragma once
+
+#include <sys/stat.h>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "core/async.hpp"
+#include "gateway/admin_server.hpp"
+#include "gateway/load_config.hpp"
+#include "gateway/reload.hpp"
+#include "gateway/services.hpp"
+#include "gateway/worker.hpp"
+#include "routing/load_scraper.hpp"
+
+namespace weir::server {
+
+class Reloader {
+ public:
+  // `source`: where start-up read the configuration (quick mode: nothing to
+  // reload). `overrides`: what the command line fixed. `scraper`: the load
+  // scraper of the running generation (replaced by each reload). Everything
+  // else outlives the reloader.
+  Reloader(boost::asio::io_context& control, gateway::ConfigSource source, gateway::CommandLineOverrides overrides,
+           unsigned cli_workers, std::string cli_access_log, gateway::Shared& shared, gateway::Services& services,
+           gateway::AdminServer* admin);
+  ~Reloader();
+  Reloader(const Reloader&) = delete;
+  Reloader& operator=(const Reloader&) = delete;
+
+  // Starts the scraper of the start-up generation and, with
+  // server.watch_config, the file watch (on the control thread, or before it runs).
+  void start();
+  // The drain began: no more reloads, no more scrapes.
+  void stop();
+  // Loads the file and applies it, or says why not (stderr). `why`: what
+  // asked ("SIGHUP", "the file changed"). Returns true when it was applied.
+  bool reload(std::string_view why);
+
+ private:
+  bool apply(std::string_view why);  // reload(), which catches what this throws
+  void start_scraper();
+  void prune_scrapers();
+  void arm_watch();
+  core::Task<void> watch_loop();
+  // The file's identity now (size, mtime, inode); all zero when it cannot be stat'ed.
+  struct FileStamp {
+    std::int64_t size = -1, mtime_ns = 0;
+    std::uint64_t inode = 0, dev = 0;
+    bool operator==(const FileStamp&) const = default;
+  };
+  FileStamp stamp() const;
+
+  boost::asio::io_context& control_;
+  gateway::ConfigSource source_;
+  gateway::CommandLineOverrides overrides_;
+  unsigned cli_workers_;
+  std::string cli_access_log_;
+  gateway::Shared& shared_;
+  gateway::Services& services_;
+  gateway::AdminServer* admin_;
+  std::unique_ptr<routing::LoadScraper> scraper_;
+  std::vector<std::unique_ptr<routing::LoadScraper>> retired_scrapers_;  // stopped, loops not yet ended
+  bool stopped_ = false;
+  std::uint64_t attempts_ = 0;  // reloads tried
+  bool watching_ = false;
+  FileStamp seen_;     // the file as the last reload (or start-up) read it
+  FileStamp pending_;  // a change the watch saw once; applied when the next look finds it settled
+};
+
+}  // namespace weir::server

@@ -1,0 +1,216 @@
+// OpenAI chat-completions request → Anthropic Messages request (type:
+// anthropic pools): every mapped field, turns merged to alternate, the 400s
+// for what Anthropic cannot express, and the light read of an Anthropic
+// request that goes through as it came.
+#include "api/anthropic/upstream_request.hpp"
+
+#include <gtest/gtest.h>
+
+#include <fmt/format.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+namespace weir::api::anthropic {
+namespace {
+
+namespace json = boost::json;
+
+constexpr UpstreamRequestOptions kOpts{.model = "claude-up", .default_max_tokens = 4096};
+
+json::value anthropic(std::string_view chat, UpstreamRequestOptions o = kOpts) {
+  std::string out;
+  auto r = chat_to_messages(chat, o, out);
+  EXPECT_TRUE(r.has_value()) << (r ? "" : r.error().message);
+  if (!r) return nullptr;
+  return json::parse(out);
+}
+
+core::Error failure(std::string_view chat) {
+  std::string out;
+  auto r = chat_to_messages(chat, kOpts, out);
+  EXPECT_FALSE(r.has_value()) << out;
+  return r ? core::Error{} : r.error();
+}
+
+TEST(AnthropicUpstreamRequest, MinimalChatGetsTheModelAndTheDefaultMaxTokens) {
+  const auto a = anthropic(R"({"model":"gpt-x","messages":[{"role":"user","content":"hi"}]})");
+  EXPECT_EQ(a, json::parse(R"({"model":"claude-up","messages":[{"role":"user","content":[{"type":"text","text":"hi"}]}],
+                               "max_tokens":4096})"));
+}
+
+TEST(AnthropicUpstreamRequest, SamplingFieldsStopAndUser) {
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":7,
+    "max_tokens":99,"temperature":0.5,"top_p":0.9,"top_k":40,"stop":"END","stream":true,"user":"u-1",
+    "stream_options":{"include_usage":true},"frequency_penalty":1,"seed":3})");
+  EXPECT_EQ(a.at("max_tokens"), 7);  // max_completion_tokens wins, as in OpenAI's API
+  EXPECT_EQ(a.at("temperature"), 0.5);
+  EXPECT_EQ(a.at("top_p"), 0.9);
+  EXPECT_EQ(a.at("top_k"), 40);
+  EXPECT_EQ(a.at("stop_sequences"), json::parse(R"(["END"])"));
+  EXPECT_EQ(a.at("stream"), true);
+  EXPECT_EQ(a.at("metadata"), json::parse(R"({"user_id":"u-1"})"));
+  EXPECT_FALSE(a.as_object().contains("stream_options"));
+  EXPECT_FALSE(a.as_object().contains("frequency_penalty"));
+  EXPECT_FALSE(a.as_object().contains("seed"));
+  const auto b =
+      anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["a","b"],"max_tokens":3})");
+  EXPECT_EQ(b.at("stop_sequences"), json::parse(R"(["a","b"])"));
+  EXPECT_EQ(b.at("max_tokens"), 3);
+}
+
+TEST(AnthropicUpstreamRequest, SystemAndDeveloperMessagesBecomeSystemBlocksInOrder) {
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"system","content":"Be brief."},
+    {"role":"user","content":"hi"},{"role":"developer","content":[{"type":"text","text":"No emoji."}]}]})");
+  EXPECT_EQ(a.at("system"), json::parse(R"([{"type":"text","text":"Be brief."},{"type":"text","text":"No emoji."}])"));
+  EXPECT_EQ(a.at("messages").as_array().size(), 1u);
+}
+
+TEST(AnthropicUpstreamRequest, ImagesAsBase64AndUrlSources) {
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":[
+    {"type":"text","text":"what is it?"},
+    {"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo=","detail":"high"}},
+    {"type":"image_url","image_url":{"url":"https://example.com/cat.jpg"}}]}]})");
+  EXPECT_EQ(a.at("messages").at(0).at("content"), json::parse(R"([
+    {"type":"text","text":"what is it?"},
+    {"type":"image","source":{"type":"base64","media_type":"image/png","data":"iVBORw0KGgo="}},
+    {"type":"image","source":{"type":"url","url":"https://example.com/cat.jpg"}}])"));
+  EXPECT_EQ(
+      failure(
+          R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:image/png,abc"}}]}]})")
+          .status,
+      400);
+  EXPECT_EQ(
+      failure(
+          R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"ftp://x"}}]}]})")
+          .param,
+      "messages");
+}
+
+TEST(AnthropicUpstreamRequest, ToolCallsResultsAndTurnsThatAlternate) {
+  const auto a = anthropic(R"({"model":"m","messages":[
+    {"role":"user","content":"weather in Paris and Rome?"},
+    {"role":"assistant","content":"Checking.","tool_calls":[
+      {"id":"call_1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}},
+      {"id":"call_2","type":"function","function":{"name":"get_weather","arguments":""}}]},
+    {"role":"tool","tool_call_id":"call_1","content":"sunny"},
+    {"role":"tool","tool_call_id":"call_2","content":[{"type":"text","text":"rain"},{"type":"text","text":"cold"}]},
+    {"role":"user","content":"thanks"}]})");
+  EXPECT_EQ(a.at("messages"), json::parse(R"([
+    {"role":"user","content":[{"type":"text","text":"weather in Paris and Rome?"}]},
+    {"role":"assistant","content":[{"type":"text","text":"Checking."},
+      {"type":"tool_use","id":"call_1","name":"get_weather","input":{"city":"Paris"}},
+      {"type":"tool_use","id":"call_2","name":"get_weather","input":{}}]},
+    {"role":"user","content":[{"type":"tool_result","tool_use_id":"call_1","content":"sunny"},
+      {"type":"tool_result","tool_use_id":"call_2","content":"rain\ncold"},
+      {"type":"text","text":"thanks"}]}])"));
+}
+
+TEST(AnthropicUpstreamRequest, ToolsAndToolChoice) {
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+    "tools":[{"type":"function","function":{"name":"f","description":"does f","parameters":{"type":"object","properties":{"a":{"type":"integer"}}},"strict":true}},
+             {"type":"function","function":{"name":"g"}}],
+    "tool_choice":{"type":"function","function":{"name":"f"}},"parallel_tool_calls":false})");
+  EXPECT_EQ(a.at("tools"), json::parse(R"([
+    {"name":"f","description":"does f","input_schema":{"type":"object","properties":{"a":{"type":"integer"}}}},
+    {"name":"g","input_schema":{"type":"object","properties":{}}}])"));
+  EXPECT_EQ(a.at("tool_choice"), json::parse(R"({"type":"tool","name":"f","disable_parallel_tool_use":true})"));
+  auto choice = [](std::string_view c) {
+    return anthropic(fmt::format(R"({{"model":"m","messages":[{{"role":"user","content":"x"}}],
+      "tools":[{{"type":"function","function":{{"name":"f"}}}}],"tool_choice":{}}})",
+                                 c))
+        .at("tool_choice");
+  };
+  EXPECT_EQ(choice(R"("auto")"), json::parse(R"({"type":"auto"})"));
+  EXPECT_EQ(choice(R"("required")"), json::parse(R"({"type":"any"})"));
+  EXPECT_EQ(choice(R"("none")"), json::parse(R"({"type":"none"})"));
+  // parallel_tool_calls: false without a tool_choice: auto, one call at a time.
+  const auto b = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+    "tools":[{"type":"function","function":{"name":"f"}}],"parallel_tool_calls":false})");
+  EXPECT_EQ(b.at("tool_choice"), json::parse(R"({"type":"auto","disable_parallel_tool_use":true})"));
+}
+
+TEST(AnthropicUpstreamRequest, ReasoningEffortBecomesAThinkingBudget) {
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"medium"})");
+  EXPECT_EQ(a.at("thinking"), json::parse(R"({"type":"enabled","budget_tokens":4096})"));
+  EXPECT_EQ(a.at("max_tokens"), 4096 + 4096);  // the default answer's room on top of the budget
+  const auto b = anthropic(
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"high","max_tokens":2000})");
+  EXPECT_EQ(b.at("thinking").at("budget_tokens"), 1999);  // below max_tokens, as Anthropic requires
+  EXPECT_EQ(
+      failure(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low","max_tokens":500})")
+          .param,
+      "max_tokens");
+  const auto c = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"minimal"})");
+  EXPECT_FALSE(c.as_object().contains("thinking"));
+  // Anthropic's own thinking object (extra_body) goes as it is.
+  const auto d = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low",
+    "thinking":{"type":"enabled","budget_tokens":2048}})");
+  EXPECT_EQ(d.at("thinking"), json::parse(R"({"type":"enabled","budget_tokens":2048})"));
+}
+
+TEST(AnthropicUpstreamRequest, CacheControlOnPartsAndToolsIsKept) {
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":[
+    {"type":"text","text":"long doc","cache_control":{"type":"ephemeral"}}]}],
+    "tools":[{"type":"function","function":{"name":"f"},"cache_control":{"type":"ephemeral"}}]})");
+  EXPECT_EQ(a.at("messages").at(0).at("content").at(0).at("cache_control"), json::parse(R"({"type":"ephemeral"})"));
+  EXPECT_EQ(a.at("tools").at(0).at("cache_control"), json::parse(R"({"type":"ephemeral"})"));
+}
+
+TEST(AnthropicUpstreamRequest, WhatAnthropicCannotExpressIsA400NamingTheField) {
+  const auto hi = R"("messages":[{"role":"user","content":"x"}])";
+  EXPECT_EQ(failure(fmt::format(R"({{"model":"m",{},"n":2}})", hi)).param, "n");
+  EXPECT_EQ(failure(fmt::format(R"({{"model":"m",{},"logprobs":true}})", hi)).param, "logprobs");
+  EXPECT_EQ(failure(fmt::format(R"({{"model":"m",{},"response_format":{{"type":"json_object"}}}})", hi)).param,
+            "response_format");
+  EXPECT_EQ(failure(fmt::format(R"({{"model":"m",{},"modalities":["text","audio"]}})", hi)).param, "modalities");
+  EXPECT_EQ(failure(fmt::format(R"({{"model":"m",{},"tools":[{{"type":"web_search"}}]}})", hi)).param, "tools");
+  EXPECT_EQ(failure(fmt::format(R"({{"model":"m",{},"tool_choice":{{"type":"allowed_tools"}}}})", hi)).param,
+            "tool_choice");
+  const auto e =
+      failure(R"({"model":"m","messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{}}]}]})");
+  EXPECT_EQ(e.status, 400);
+  EXPECT_NE(e.message.find("messages[0].content[0].type"), std::string::npos) << e.message;
+  EXPECT_EQ(failure(R"({"model":"m","messages":[{"role":"assistant","tool_calls":[
+    {"id":"c","type":"function","function":{"name":"f","arguments":"[1,2]"}}]}]})")
+                .param,
+            "messages");
+  EXPECT_EQ(failure(R"({"model":"m","messages":[{"role":"function","name":"f","content":"x"}]})").param, "messages");
+  EXPECT_EQ(failure(R"({"model":"m","messages":[{"role":"tool","content":"x"}]})").param, "messages");
+  // n: 1, logprobs: false and a text response_format are what Anthropic does anyway.
+  anthropic(fmt::format(R"({{"model":"m",{},"n":1,"logprobs":false,"response_format":{{"type":"text"}}}})", hi));
+}
+
+TEST(AnthropicUpstreamRequest, IntegersBeyond64BitsSurviveInSchemasAndArguments) {
+  std::string out;
+  ASSERT_TRUE(chat_to_messages(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+    "tools":[{"type":"function","function":{"name":"f","parameters":{"maximum":18446744073709551616,"minimum":-99999999999999999999,"x":1.5}}}]})",
+                               kOpts, out));
+  EXPECT_NE(out.find(R"("maximum":18446744073709551616)"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"("minimum":-99999999999999999999)"), std::string::npos) << out;
+  ASSERT_TRUE(chat_to_messages(R"({"model":"m","messages":[{"role":"user","content":"x"},
+    {"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":"{\"n\": 123456789012345678901234567890}"}}]}]})",
+                               kOpts, out));
+  EXPECT_NE(out.find(R"("input":{"n":123456789012345678901234567890})"), std::string::npos) << out;
+}
+
+TEST(AnthropicUpstreamRequest, ReadsAnAnthropicRequestForTheGatewayOnly) {
+  auto f = read_messages_request(R"({"model":"claude","max_tokens":9,"stream":true,"system":"sys",
+    "messages":[{"role":"user","content":[{"type":"text","text":"hello"},
+      {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAAAAAAAAAAAAAAAAAA"}},
+      {"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"}}]}],
+    "tools":[{"type":"web_search_20250305","name":"web_search"}]})",
+                                 false);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->model, "claude");
+  EXPECT_EQ(f->max_tokens, 9u);
+  EXPECT_TRUE(f->stream);
+  EXPECT_EQ(f->prompt_bytes, 3u + 5u + 10u);  // sys, hello, web_search (no image or document data)
+  EXPECT_FALSE(read_messages_request(R"({"model":"c","messages":[]})", false));  // max_tokens required
+  EXPECT_TRUE(read_messages_request(R"({"model":"c","messages":[]})", true));    // not for a count
+  EXPECT_FALSE(read_messages_request(R"({"max_tokens":1,"messages":[]})", false));
+  EXPECT_FALSE(read_messages_request(R"({"model":"c","max_tokens":1,"messages":[],"stream":"yes"})", false));
+  EXPECT_FALSE(read_messages_request("not json", false));
+}
+
+}  // namespace
+}  // namespace weir::api::anthropic

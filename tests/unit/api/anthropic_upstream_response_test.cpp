@@ -1,0 +1,103 @@
+// Anthropic message / error / usage → OpenAI chat completion / error / usage
+// (type: anthropic pools), from the examples in Anthropic's API reference.
+#include "api/anthropic/upstream_response.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/json/parse.hpp>
+
+namespace weir::api::anthropic {
+namespace {
+
+namespace json = boost::json;
+
+json::value chat_of(std::string_view message) {
+  std::string out;
+  EXPECT_TRUE(message_to_chat(message, 1700000000, out)) << out;
+  return json::parse(out);
+}
+
+TEST(AnthropicUpstreamResponse, TextMessage) {
+  const auto c = chat_of(R"({"id":"msg_013Zva2CMHLNnXjNJJKqJ2EF","type":"message","role":"assistant",
+    "model":"claude-sonnet-4-20250514","content":[{"type":"text","text":"Hi! My name is Claude."}],
+    "stop_reason":"end_turn","stop_sequence":null,
+    "usage":{"input_tokens":2095,"output_tokens":503,"cache_creation_input_tokens":10,"cache_read_input_tokens":1000}})");
+  EXPECT_EQ(c, json::parse(R"({"id":"chatcmpl-msg_013Zva2CMHLNnXjNJJKqJ2EF","object":"chat.completion",
+    "created":1700000000,"model":"claude-sonnet-4-20250514","choices":[{"index":0,
+    "message":{"role":"assistant","content":"Hi! My name is Claude.","refusal":null},"logprobs":null,
+    "finish_reason":"stop"}],"usage":{"prompt_tokens":3105,"completion_tokens":503,"total_tokens":3608,
+    "prompt_tokens_details":{"cached_tokens":1000}}})"));
+}
+
+TEST(AnthropicUpstreamResponse, ThinkingTextAndToolUse) {
+  const auto c = chat_of(R"({"id":"msg_1","type":"message","role":"assistant","model":"claude",
+    "content":[{"type":"thinking","thinking":"Let me look.","signature":"EqQB"},
+               {"type":"redacted_thinking","data":"xyz"},
+               {"type":"text","text":"I'll check."},
+               {"type":"tool_use","id":"toolu_01A","name":"get_weather","input":{"location":"San Francisco, CA","n":1}},
+               {"type":"tool_use","id":"toolu_01B","name":"get_time","input":{}}],
+    "stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":10,"output_tokens":20}})");
+  const auto& m = c.at("choices").at(0).at("message");
+  EXPECT_EQ(m.at("content"), "I'll check.");
+  EXPECT_EQ(m.at("reasoning_content"), "Let me look.");
+  EXPECT_EQ(m.at("tool_calls"), json::parse(R"([
+    {"id":"toolu_01A","type":"function","function":{"name":"get_weather","arguments":"{\"location\":\"San Francisco, CA\",\"n\":1}"}},
+    {"id":"toolu_01B","type":"function","function":{"name":"get_time","arguments":"{}"}}])"));
+  EXPECT_EQ(c.at("choices").at(0).at("finish_reason"), "tool_calls");
+  EXPECT_EQ(c.at("usage").at("prompt_tokens_details").at("cached_tokens"), 0);
+}
+
+TEST(AnthropicUpstreamResponse, ToolOnlyAnswerHasNullContent) {
+  const auto c = chat_of(R"({"id":"msg_1","type":"message","role":"assistant","model":"claude",
+    "content":[{"type":"tool_use","id":"t","name":"f","input":{"big":123456789012345678901234567890}}],
+    "stop_reason":"tool_use","usage":{"input_tokens":1,"output_tokens":2}})");
+  EXPECT_TRUE(c.at("choices").at(0).at("message").at("content").is_null());
+  // An integer beyond 64 bits in the input reaches the arguments exactly.
+  EXPECT_EQ(c.at("choices").at(0).at("message").at("tool_calls").at(0).at("function").at("arguments"),
+            R"({"big":123456789012345678901234567890})");
+}
+
+TEST(AnthropicUpstreamResponse, StopReasons) {
+  EXPECT_EQ(finish_reason("end_turn"), "stop");
+  EXPECT_EQ(finish_reason("stop_sequence"), "stop");
+  EXPECT_EQ(finish_reason("pause_turn"), "stop");
+  EXPECT_EQ(finish_reason("max_tokens"), "length");
+  EXPECT_EQ(finish_reason("model_context_window_exceeded"), "length");
+  EXPECT_EQ(finish_reason("tool_use"), "tool_calls");
+  EXPECT_EQ(finish_reason("refusal"), "content_filter");
+  EXPECT_EQ(finish_reason(""), "stop");
+}
+
+TEST(AnthropicUpstreamResponse, NotAMessageIsAServerError) {
+  std::string out;
+  EXPECT_FALSE(message_to_chat(R"({"type":"error","error":{"type":"api_error","message":"x"}})", 0, out));
+  EXPECT_EQ(json::parse(out).at("error").at("type"), "upstream_error");
+  EXPECT_FALSE(message_to_chat("not json", 0, out));
+}
+
+TEST(AnthropicUpstreamResponse, ErrorsKeepAnthropicsTypeInOpenAIsShape) {
+  std::string out;
+  append_openai_error(
+      out, 529, R"({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"},"request_id":"req_1"})");
+  EXPECT_EQ(json::parse(out),
+            json::parse(R"({"error":{"message":"Overloaded","type":"overloaded_error","param":null,"code":null}})"));
+  out.clear();
+  append_openai_error(out, 401, "<html>nope</html>");
+  EXPECT_EQ(json::parse(out).at("error").at("type"), "authentication_error");
+  EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 401.");
+}
+
+TEST(AnthropicUpstreamResponse, UsageOfAMessage) {
+  const auto u = extract_message_usage(R"({"id":"m","usage":{"input_tokens":5,"cache_creation_input_tokens":2,
+    "cache_read_input_tokens":3,"output_tokens":7,"service_tier":"standard"},"content":[]})");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 10u);
+  EXPECT_EQ(u->cached_tokens, 3u);
+  EXPECT_EQ(u->completion_tokens, 7u);
+  EXPECT_EQ(u->total_tokens, 17u);
+  EXPECT_FALSE(extract_message_usage(R"({"input_tokens":5})"));  // a count_tokens answer has no usage
+  EXPECT_FALSE(extract_message_usage(R"({"usage":{"input_tokens":-1}})"));
+}
+
+}  // namespace
+}  // namespace weir::api::anthropic

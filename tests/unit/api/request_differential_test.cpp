@@ -1,0 +1,337 @@
+// api::parse_request (one SAX pass) against a reference built on Boost.JSON's
+// DOM (the implementation it replaced, kept here as the specification): on
+// generated bodies full of the members the gateway reads, in every type,
+// repeated, nested, misplaced and malformed, both must accept the same
+// bodies with the same fields and refuse the others with the same error.
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+#include <boost/json.hpp>
+
+#include "api/request.hpp"
+
+namespace weir::api {
+namespace {
+
+namespace json = boost::json;
+
+// --- the reference: the DOM-based parse_request, verbatim in behaviour ---
+
+std::uint64_t ref_content_bytes(const json::value& v) {
+  if (v.is_string()) return v.get_string().size();
+  std::uint64_t n = 0;
+  if (v.is_array())
+    for (const auto& part : v.get_array())
+      if (part.is_object())
+        if (auto* t = part.get_object().if_contains("text"); t && t->is_string()) n += t->get_string().size();
+  return n;
+}
+
+std::uint64_t ref_text_bytes(const json::value& v, int depth) {
+  if (v.is_string()) return v.get_string().size();
+  if (v.is_number()) return 4;
+  std::uint64_t n = 0;
+  if (depth >= 8) return n;
+  if (v.is_array())
+    for (const auto& e : v.get_array()) n += ref_text_bytes(e, depth + 1);
+  else if (v.is_object())
+    for (const auto& kv : v.get_object()) n += ref_text_bytes(kv.value(), depth + 1);
+  return n;
+}
+
+tl::expected<std::uint32_t, core::Error> ref_positive_int(const json::value& v, std::string_view name) {
+  if (v.is_int64() && v.get_int64() >= 1 && v.get_int64() <= 0xffffffffLL)
+    return static_cast<std::uint32_t>(v.get_int64());
+  if (v.is_uint64() && v.get_uint64() >= 1 && v.get_uint64() <= 0xffffffffULL)
+    return static_cast<std::uint32_t>(v.get_uint64());
+  return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
+}
+
+tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_view body) {
+  json::parse_options opt;
+  opt.max_depth = 64;
+  boost::system::error_code ec;
+  json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, {}, opt);
+  if (ec) {
+    if (body.empty()) return tl::unexpected(core::bad_request("The request body is empty; expected a JSON object."));
+    return tl::unexpected(core::bad_request(fmt::format("The request body is not valid JSON: {}.", ec.message())));
+  }
+  if (!doc.is_object()) return tl::unexpected(core::bad_request("The request body must be a JSON object."));
+  const auto& obj = doc.get_object();
+  RequestFields f;
+  const auto* model = obj.if_contains("model");
+  if ((!model || model->is_null()) && kind == ApiKind::vllm_extra) {
+  } else if (!model || model->is_null()) {
+    return tl::unexpected(core::bad_request("you must provide a model parameter", "model"));
+  } else {
+    if (!model->is_string() || model->get_string().empty())
+      return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
+    f.model.assign(model->get_string().data(), model->get_string().size());
+  }
+  if (const auto* s = obj.if_contains("stream"); s && !s->is_null()) {
+    if (!s->is_bool()) return tl::unexpected(core::bad_request("'stream' must be a boolean.", "stream"));
+    f.stream = s->get_bool();
+  }
+  if (const auto* so = obj.if_contains("stream_options"); so && !so->is_null()) {
+    if (!so->is_object())
+      return tl::unexpected(core::bad_request("'stream_options' must be an object.", "stream_options"));
+    f.has_stream_options = true;
+    if (const auto* iu = so->get_object().if_contains("include_usage"); iu && iu->is_bool())
+      f.include_usage = iu->get_bool();
+  }
+  for (const char* name : {"max_completion_tokens", "max_tokens"}) {
+    if (const auto* m = obj.if_contains(name); m && !m->is_null() && f.max_tokens == 0) {
+      auto v = ref_positive_int(*m, name);
+      if (!v) return tl::unexpected(v.error());
+      f.max_tokens = *v;
+    }
+  }
+  if (const auto* n = obj.if_contains("n"); n && !n->is_null()) {
+    auto v = ref_positive_int(*n, "n");
+    if (!v) return tl::unexpected(v.error());
+    f.n = *v;
+  }
+  switch (kind) {
+    case ApiKind::chat_completions:
+      if (const auto* msgs = obj.if_contains("messages"); msgs && msgs->is_array())
+        for (const auto& m : msgs->get_array()) {
+          f.prompt_overhead_tokens += RequestFields::kChatTokensPerMessage;
+          if (m.is_object())
+            if (const auto* c = m.get_object().if_contains("content")) f.prompt_bytes += ref_content_bytes(*c);
+        }
+      break;
+    case ApiKind::vllm_extra:
+      for (const char* name : {"prompt", "messages", "input", "text", "query", "documents", "text_1", "text_2"})
+        if (const auto* v = obj.if_contains(name)) f.prompt_bytes += ref_text_bytes(*v, 0);
+      f.n = 1;
+      f.stream = false;
+      break;
+    case ApiKind::completions:
+    case ApiKind::embeddings: {
+      const auto* p = obj.if_contains(kind == ApiKind::completions ? "prompt" : "input");
+      if (!p) break;
+      if (p->is_string()) {
+        f.prompt_bytes = p->get_string().size();
+      } else if (p->is_array()) {
+        const auto& a = p->get_array();
+        const bool batch = !a.empty() && (a[0].is_string() || a[0].is_array());
+        f.prompt_count = batch ? static_cast<std::uint32_t>(a.size()) : 1;
+        for (const auto& e : a) {
+          if (e.is_string())
+            f.prompt_bytes += e.get_string().size();
+          else if (e.is_array())
+            f.prompt_bytes += 4 * e.get_array().size();
+          else
+            f.prompt_bytes += 4;
+        }
+      }
+      f.prompt_overhead_tokens = f.prompt_count;
+      if (kind == ApiKind::embeddings) f.n = 1;
+      break;
+    }
+    case ApiKind::audio:
+      break;
+  }
+  return f;
+}
+
+// --- generated bodies ---
+
+class Gen {
+ public:
+  explicit Gen(std::uint32_t seed) : rng_(seed) {}
+
+  std::string body(ApiKind kind) {
+    std::string out;
+    if (pick(40) == 0) {  // not an object at the root, or not JSON at all
+      static const char* const kOdd[] = {"",
+                                         "[]",
+                                         "\"x\"",
+                                         "12",
+                                         "null",
+                                         "{",
+                                         "{\"model\":",
+                                         "{} {}",
+                                         "{\"a\":1,}",
+                                         "{\"model\":\"m\"} x",
+                                         "\xff",
+                                         "{\"model\":\"\\ud800\"}"};
+      return kOdd[pick(std::size(kOdd))];
+    }
+    out += '{';
+    const int members = static_cast<int>(pick(9));
+    bool first = true;
+    if (pick(5) != 0) {  // most bodies name a model, so their other fields get compared too
+      out += R"("model":"llama")";
+      first = false;
+    }
+    for (int i = 0; i < members; ++i) {
+      if (!first) out += ',';
+      first = false;
+      member(kind, out);
+    }
+    out += '}';
+    if (pick(30) == 0) out.insert(pick(out.size() + 1), std::string(1, " ,:{}[]\"x"[pick(9)]));  // damage
+    return out;
+  }
+
+ private:
+  std::size_t pick(std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng_); }
+
+  void key(std::string& out, std::string_view k) {
+    out += '"';
+    if (pick(12) == 0 && !k.empty()) {  // the same key, escaped
+      out += fmt::format("\\u{:04x}", static_cast<unsigned char>(k[0]));
+      out += k.substr(1);
+    } else {
+      out += k;
+    }
+    out += "\":";
+  }
+
+  void member(ApiKind kind, std::string& out) {
+    static const char* const kKeys[] = {"model",        "stream", "stream_options", "max_completion_tokens",
+                                        "max_tokens",   "n",      "messages",       "prompt",
+                                        "input",        "text",   "query",          "documents",
+                                        "text_1",       "text_2", "other",          "content",
+                                        "include_usage"};
+    const std::string_view k = kKeys[pick(std::size(kKeys))];
+    key(out, k);
+    if (k == "model") {
+      static const char* const kModels[] = {"\"llama\"", "\"\"", "null",           "7",
+                                            "[\"a\"]",   "true", "\"caf\\u00e9\"", "\"m\\\"q\""};
+      out += kModels[pick(std::size(kModels))];
+    } else if (k == "stream" || k == "include_usage") {
+      out += scalar();
+    } else if (k == "stream_options") {
+      if (pick(4) == 0) {
+        out += scalar();
+      } else {
+        out += "{";
+        const int n = static_cast<int>(pick(3));
+        for (int i = 0; i < n; ++i) {
+          if (i) out += ',';
+          key(out, pick(2) ? "include_usage" : "x");
+          out += scalar();
+        }
+        out += "}";
+      }
+    } else if (k == "max_completion_tokens" || k == "max_tokens" || k == "n") {
+      static const char* const kNums[] = {"1",   "16",   "0",     "-1",   "4294967295",           "4294967296", "1.5",
+                                          "1e2", "null", "\"3\"", "true", "18446744073709551615", "-0",         "[]"};
+      out += kNums[pick(std::size(kNums))];
+    } else {
+      value(out, 0);
+    }
+    (void)kind;
+  }
+
+  std::string scalar() {
+    static const char* const kScalars[] = {"true", "false", "null",  "0",    "1",
+                                           "-2",   "3.25",  "\"s\"", "\"\"", "\"\\u00e9\\n\""};
+    return kScalars[pick(std::size(kScalars))];
+  }
+
+  void value(std::string& out, int depth) {
+    const std::size_t r = depth > 10 ? 0 : pick(8);
+    if (r <= 2) {
+      out += scalar();
+    } else if (r == 3) {
+      out += '"';
+      out += std::string(pick(20), 'a' + static_cast<char>(pick(26)));
+      out += '"';
+    } else if (r <= 5) {  // an array (of messages, parts, prompts, token ids, anything)
+      out += '[';
+      const int n = static_cast<int>(pick(5));
+      for (int i = 0; i < n; ++i) {
+        if (i) out += ',';
+        value(out, depth + 1);
+      }
+      out += ']';
+    } else {  // an object: a message, a part, anything
+      out += '{';
+      const int n = static_cast<int>(pick(4));
+      static const char* const kInner[] = {"role", "content", "text", "type", "model", "x", "content"};
+      for (int i = 0; i < n; ++i) {
+        if (i) out += ',';
+        key(out, kInner[pick(std::size(kInner))]);
+        value(out, depth + 1);
+      }
+      out += '}';
+    }
+  }
+
+  std::mt19937 rng_;
+};
+
+void expect_same(ApiKind kind, const std::string& body) {
+  const auto got = parse_request(kind, body);
+  const auto want = reference(kind, body);
+  ASSERT_EQ(got.has_value(), want.has_value())
+      << body << "\n got: " << (got ? "ok" : got.error().message) << "\nwant: " << (want ? "ok" : want.error().message);
+  if (!want) {
+    EXPECT_EQ(got.error().message, want.error().message) << body;
+    EXPECT_EQ(got.error().param, want.error().param) << body;
+    EXPECT_EQ(got.error().status, want.error().status) << body;
+    return;
+  }
+  EXPECT_EQ(got->model, want->model) << body;
+  EXPECT_EQ(got->stream, want->stream) << body;
+  EXPECT_EQ(got->has_stream_options, want->has_stream_options) << body;
+  EXPECT_EQ(got->include_usage, want->include_usage) << body;
+  EXPECT_EQ(got->max_tokens, want->max_tokens) << body;
+  EXPECT_EQ(got->n, want->n) << body;
+  EXPECT_EQ(got->prompt_bytes, want->prompt_bytes) << body;
+  EXPECT_EQ(got->prompt_count, want->prompt_count) << body;
+  EXPECT_EQ(got->prompt_overhead_tokens, want->prompt_overhead_tokens) << body;
+}
+
+TEST(ApiParseRequestDifferential, GeneratedBodiesMatchTheDomReference) {
+  Gen gen(20261202);
+  for (const ApiKind kind :
+       {ApiKind::chat_completions, ApiKind::completions, ApiKind::embeddings, ApiKind::vllm_extra}) {
+    int accepted = 0;
+    for (int i = 0; i < 6000; ++i) {
+      const std::string body = gen.body(kind);
+      expect_same(kind, body);
+      if (::testing::Test::HasFailure()) return;  // one readable failure, not thousands
+      accepted += reference(kind, body).has_value();
+    }
+    EXPECT_GT(accepted, 1500) << "the generator must produce enough valid bodies to compare fields";
+  }
+}
+
+TEST(ApiParseRequestDifferential, HandPickedBodies) {
+  const char* const kBodies[] = {
+      R"({"model":"a","model":"b"})",
+      R"({"model":"a","model":null})",
+      R"({"model":"a","model":7,"model":"c"})",
+      R"({"model":"m","messages":[{"content":"abc"},"x",{"content":[{"text":"de"},{"text":"f","text":"gh"},"z"]}]})",
+      R"({"model":"m","messages":[{"content":"abc"}],"messages":[{"content":"x"}]})",
+      R"({"model":"m","messages":{"content":"abc"}})",
+      R"({"model":"m","messages":[{"content":"a","content":[{"text":"bb"}]}]})",
+      R"({"model":"m","messages":[{"content":[{"text":"bb"}],"content":"a"}]})",
+      R"({"model":"m","prompt":["ab",[1,2,3],7,{"x":1},null]})",
+      R"({"model":"m","prompt":[1,2,3]})",
+      R"({"model":"m","prompt":[[1,2],[3]]})",
+      R"({"model":"m","prompt":[]})",
+      R"({"model":"m","prompt":7})",
+      R"({"model":"m","input":["a","bc"],"n":3})",
+      R"({"model":"m","stream_options":{"include_usage":true,"include_usage":"x"}})",
+      R"({"model":"m","stream_options":{"include_usage":true},"stream_options":{}})",
+      R"({"model":"m","max_completion_tokens":5,"max_tokens":"bad"})",
+      R"({"model":"m","max_completion_tokens":null,"max_tokens":0})",
+      R"({"text":[[[[[[[[[["deep"]]]]]]]]],"query":[1,2.5,"ab",true,null]})",
+      R"({"text":[[[[[[[["eight"]]]]]]]],"documents":{"a":{"b":"cd"}}})",
+      R"({"prompt":"x","prompt":"yz","messages":[{"content":"c"}]})",
+  };
+  for (const ApiKind kind : {ApiKind::chat_completions, ApiKind::completions, ApiKind::embeddings, ApiKind::vllm_extra})
+    for (const char* b : kBodies) expect_same(kind, b);
+}
+
+}  // namespace
+}  // namespace weir::api

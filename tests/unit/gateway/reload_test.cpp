@@ -1,0 +1,438 @@
+// Configuration reloads (docs/operations.md, "Reloading"): what needs a
+// restart (gateway::restart_only_change), the change summary, pool
+// fingerprints, generations that keep what did not change
+// (gateway::build_generation), metric slots that only grow, admission
+// scopes across a reload (AuthPolicy::build with a prior policy,
+// LocalLimiter::carry, Services::prepare_reload / commit_reload) and a
+// worker installing a generation.
+#include "gateway/reload.hpp"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include <gtest/gtest.h>
+#include <boost/asio/io_context.hpp>
+
+#include "admission/local_limiter.hpp"
+#include "gateway/generation.hpp"
+#include "gateway/load_config.hpp"
+#include "gateway/services.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+namespace {
+
+using namespace std::chrono_literals;
+
+const std::string kBase =
+    "listen: 127.0.0.1:8080\n"
+    "workers: 2\n"
+    "server: {header_timeout: 5s, access_log: 'off'}\n"
+    "pools:\n"
+    "  gpu: {endpoints: [http://127.0.0.1:9001, http://127.0.0.1:9002], timeouts: {first_byte: 30s}}\n"
+    "  cpu: {endpoints: [http://127.0.0.1:9003]}\n"
+    "models:\n"
+    "  big: {pool: gpu, aliases: [large]}\n"
+    "  small: {pool: cpu}\n";
+
+core::Config cfg(const std::string& yaml) {
+  auto c = core::parse_config(yaml, "weir.yaml");
+  EXPECT_TRUE(c) << c.error().to_string();
+  return c ? std::move(*c) : core::Config{};
+}
+
+LoadedConfig loaded(const std::string& yaml) {
+  auto l = load_config_text(yaml, "weir.yaml");
+  EXPECT_TRUE(l) << l.error().to_string();
+  return std::move(*l);
+}
+
+std::optional<core::ConfigError> change(const std::string& before, const std::string& after,
+                                        CommandLineOverrides o = {}) {
+  return restart_only_change(cfg(before), cfg(after), o);
+}
+
+std::string replace(std::string s, std::string_view from, std::string_view to) {
+  const auto at = s.find(from);
+  EXPECT_NE(at, std::string::npos) << from;
+  if (at != std::string::npos) s.replace(at, from.size(), to);
+  return s;
+}
+
+TEST(RestartOnly, WhatTheRequestPathReadsReloads) {
+  // Pools, endpoints, timeouts, models, aliases, fallbacks, server limits: none needs a restart.
+  std::string next = replace(kBase, "http://127.0.0.1:9002", "http://127.0.0.1:9004");
+  next = replace(next, "first_byte: 30s", "first_byte: 1s");
+  next = replace(next, "aliases: [large]", "aliases: [huge], fallbacks: [{model: small}]");
+  next = replace(next, "header_timeout: 5s", "header_timeout: 1s, max_body: 1MiB, watch_config: 2s");
+  next += "  tiny: {pool: cpu}\n";
+  EXPECT_FALSE(change(kBase, next));
+  EXPECT_FALSE(change(kBase, kBase));
+  // The same configuration written otherwise (key order, flow or block style) is no change either.
+  const std::string restyled =
+      "workers: 2\n"
+      "listen: 127.0.0.1:8080\n"
+      "models:\n"
+      "  small:\n"
+      "    pool: cpu\n"
+      "  big: {aliases: [large], pool: gpu}\n"
+      "pools:\n"
+      "  cpu: {endpoints: [http://127.0.0.1:9003]}\n"
+      "  gpu:\n"
+      "    timeouts: {first_byte: 30s}\n"
+      "    endpoints:\n"
+      "      - http://127.0.0.1:9001\n"
+      "      - http://127.0.0.1:9002\n"
+      "server: {access_log: 'off', header_timeout: 5s}\n";
+  EXPECT_FALSE(change(kBase, restyled));
+}
+
+TEST(RestartOnly, ListenersWorkersAndStoresAreRefusedNamingTheKey) {
+  struct Case {
+    std::string after;
+    std::string key;
+  };
+  const std::vector<Case> cases = {
+      {replace(kBase, "127.0.0.1:8080", "127.0.0.1:8081"), "listen"},
+      {replace(kBase, "workers: 2", "workers: 4"), "workers"},
+      {replace(kBase, "access_log: 'off'", "access_log: /tmp/x.log"), "server.access_log"},
+      {replace(kBase, "header_timeout: 5s", "header_timeout: 5s, reuse_port: true"), "server.reuse_port"},
+      {replace(kBase, "header_timeout: 5s", "header_timeout: 5s, metrics: {max_tenants: 5}"),
+       "server.metrics.max_tenants"},
+  };
+  for (const auto& c : cases) {
+    const auto e = change(kBase, c.after);
+    ASSERT_TRUE(e) << c.key;
+    EXPECT_EQ(e->key, c.key);
+    EXPECT_EQ(e->file, "weir.yaml");
+    EXPECT_NE(e->message.find("changes only at restart"), std::string::npos) << e->message;
+  }
+  const auto e = change(kBase, replace(kBase, "127.0.0.1:8080", "127.0.0.1:8081"));
+  EXPECT_EQ(e->line, 1);  // the line of `listen` in the new file
+  EXPECT_NE(e->to_string().find("weir.yaml:1:"), std::string::npos) << e->to_string();
+  // What the command line fixed is not the file's to change.
+  EXPECT_FALSE(change(kBase, replace(kBase, "127.0.0.1:8080", "127.0.0.1:8081"), {.listen = true}));
+  EXPECT_FALSE(change(kBase, replace(kBase, "workers: 2", "workers: 4"), {.workers = true}));
+}
+
+TEST(RestartOnly, RedisAdminRequestLogAndIdentityOnOff) {
+  const std::string with = kBase +
+                           "redis: {url: redis://127.0.0.1:6379}\n"
+                           "admin: {listen: 127.0.0.1:9900, token_sha256: " +
+                           std::string(64, 'a') +
+                           "}\n"
+                           "request_log: {url: sqlite:/tmp/a.db}\n"
+                           "tenants: {acme: {limits: {requests_per_minute: 10}}}\n";
+  EXPECT_EQ(change(with, replace(with, "6379", "6380"))->key, "redis.url");
+  EXPECT_EQ(change(with, replace(with, "9900", "9901"))->key, "admin.listen");
+  EXPECT_EQ(change(with, replace(with, "/tmp/a.db", "/tmp/b.db"))->key, "request_log.url");
+  // Tenants' limits reload (with redis: only when no new limited scope results: Services decides).
+  EXPECT_FALSE(change(with, replace(with, "requests_per_minute: 10", "requests_per_minute: 20")));
+  // Turning identity and admission on or off is a restart.
+  EXPECT_EQ(change(kBase, kBase + "tenants: {acme: {}}\n")->key, "tenants");
+  EXPECT_EQ(change(kBase + "pricing: {big: {input: 1, output: 2}}\n", kBase)->key, "pricing");
+}
+
+TEST(RestartOnly, JwksSourceIsRestartOnlyClaimsReload) {
+  const std::string jwt = kBase +
+                          "auth:\n"
+                          "  jwt: {jwks_url: http://127.0.0.1:9/jwks, issuer: https://a.test, audience: weir}\n";
+  EXPECT_FALSE(change(jwt, replace(jwt, "https://a.test", "https://b.test")));
+  EXPECT_EQ(change(jwt, replace(jwt, "127.0.0.1:9/jwks", "127.0.0.1:10/jwks"))->key, "auth.jwt.jwks_url");
+  EXPECT_EQ(change(jwt, kBase + "auth: {required: false}\n")->key, "auth.jwt");
+}
+
+TEST(DescribeChanges, NamesPoolsModelsAndTenants) {
+  std::string next = replace(kBase, "http://127.0.0.1:9003", "http://127.0.0.1:9005");
+  next = replace(next, "  small: {pool: cpu}\n", "  tiny: {pool: cpu}\n");
+  EXPECT_EQ(describe_changes(cfg(kBase), cfg(next)), "pools ~cpu; models +tiny -small");
+  EXPECT_EQ(describe_changes(cfg(kBase), cfg(kBase)),
+            "no change to pools, models, tenants, keys, prices or server settings");
+}
+
+TEST(PoolFingerprint, SameConfigurationSamePrintWhateverTheStyle) {
+  const auto a = cfg(kBase);
+  const auto b =
+      cfg(replace(kBase, "{endpoints: [http://127.0.0.1:9001, http://127.0.0.1:9002], timeouts: {first_byte: 30s}}",
+                  "{timeouts: {first_byte: 30s}, endpoints: [http://127.0.0.1:9001, http://127.0.0.1:9002]}"));
+  EXPECT_EQ(pool_fingerprint(a, a.pools[0]), pool_fingerprint(b, b.pools[0]));
+  const auto c = cfg(replace(kBase, "first_byte: 30s", "first_byte: 31s"));
+  EXPECT_NE(pool_fingerprint(a, a.pools[0]), pool_fingerprint(c, c.pools[0]));
+  EXPECT_EQ(pool_fingerprint(a, a.pools[1]), pool_fingerprint(c, c.pools[1]));
+  EXPECT_EQ(pool_fingerprint(a, a.pools[0]).size(), 64u);  // a digest: the pool's key never kept in clear
+}
+
+TEST(PoolFingerprint, ARotatedCaFileIsAChange) {
+  char path[] = "/tmp/weir-ca-XXXXXX";
+  const int fd = ::mkstemp(path);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  const std::string yaml =
+      "pools: {t: {endpoints: [https://127.0.0.1:9443], tls: {ca_file: " + std::string(path) + "}}}\ndefault_pool: t\n";
+  std::ofstream(path) << "first bundle";
+  const auto a = cfg(yaml);
+  const auto before = pool_fingerprint(a, a.pools[0]);
+  std::ofstream(path) << "second bundle";
+  EXPECT_NE(pool_fingerprint(a, a.pools[0]), before);
+  std::remove(path);
+}
+
+std::shared_ptr<const Generation> generation(const std::string& yaml, const Generation* previous,
+                                             const auth::AuthPolicy* policy = nullptr) {
+  GenerationInput in;
+  in.config = std::make_shared<const core::Config>(cfg(yaml));
+  in.policy = policy;
+  auto g = build_generation(std::move(in), previous);
+  EXPECT_TRUE(g) << g.error();
+  return *g;
+}
+
+TEST(Generation, AnUnchangedPoolKeepsItsObjectsAChangedOneGetsNewOnes) {
+  const auto g1 = generation(kBase, nullptr);
+  EXPECT_EQ(g1->id, 1u);
+  ASSERT_EQ(g1->pools.size(), 2u);
+  EXPECT_EQ(g1->pools[0].addrs.size(), 2u);
+  // cpu changes; gpu is written otherwise but the same; a new pool arrives first.
+  const std::string next =
+      "pools:\n"
+      "  edge: {endpoints: [http://127.0.0.1:9010]}\n"
+      "  gpu: {timeouts: {first_byte: 30s}, endpoints: [http://127.0.0.1:9001, http://127.0.0.1:9002]}\n"
+      "  cpu: {endpoints: [http://127.0.0.1:9003, http://127.0.0.1:9004]}\n"
+      "models: {big: {pool: gpu}, tiny: {pool: edge}}\n";
+  const auto g2 = generation(next, g1.get());
+  EXPECT_EQ(g2->id, 2u);
+  ASSERT_EQ(g2->pools.size(), 3u);
+  EXPECT_EQ(g2->pools[1].state, g1->pools[0].state);  // gpu: same shared state, same config object
+  EXPECT_EQ(g2->pools[1].cfg, g1->pools[0].cfg);
+  EXPECT_EQ(g2->pools[1].owner, g1->config);
+  EXPECT_NE(g2->pools[2].state, g1->pools[1].state);  // cpu changed
+  EXPECT_EQ(g2->pools[2].addrs.size(), 2u);
+  EXPECT_EQ(g2->pools[2].owner, g2->config);
+  // Metric slots only grow: big keeps its slot, small stays (not current), tiny is new.
+  const auto& l1 = *g1->labels;
+  const auto& l2 = *g2->labels;
+  EXPECT_EQ(l2.model_slot[0], l1.model_slot[0]);  // big
+  EXPECT_EQ(l2.models.size(), 3u);
+  EXPECT_EQ(l2.models[l2.model_slot[1]], "tiny");
+  EXPECT_FALSE(l2.model_current[l1.model_slot[1]]);  // small
+  // gpu's endpoints keep their slots under their new pool index.
+  EXPECT_EQ(l2.endpoint_slot(1, 0), l1.endpoint_slot(0, 0));
+  EXPECT_EQ(l2.endpoint_slot(1, 1), l1.endpoint_slot(0, 1));
+  EXPECT_EQ(l2.endpoint_slot(2, 0), l1.endpoint_slot(1, 0));  // cpu's first endpoint: same pool and URL
+  EXPECT_EQ(l2.endpoints.size(), 5u);                         // 3 then, 2 new (edge's, cpu's second)
+}
+
+TEST(Generation, AnEndpointThatDoesNotResolveRefusesIt) {
+  auto g = build_generation(GenerationInput{.config = std::make_shared<const core::Config>(
+                                                cfg("pools: {p: {endpoints: [http://no-such-host.invalid:1]}}\n"
+                                                    "default_pool: p\n"))},
+                            nullptr);
+  ASSERT_FALSE(g);
+  EXPECT_NE(g.error().find("pools.p: cannot resolve http://no-such-host.invalid:1"), std::string::npos) << g.error();
+}
+
+std::string render(const MetricsShard& m) {
+  std::string out;
+  m.render(out, 0);
+  return out;
+}
+
+TEST(MetricsShard, RelabelKeepsEverySeriesAndHistogramsNeverMove) {
+  const auto g1 = generation(kBase, nullptr);
+  MetricsShard m(g1->labels);
+  const auto big = g1->labels->model_slot[0], small = g1->labels->model_slot[1];
+  core::Histogram& ttft_big = m.ttft(big);
+  ttft_big.observe_us(1'000);
+  m.count_request(RouteKind::chat_completions, small, 200);
+  m.count_attempt_at(g1->labels->endpoint_slot(1, 0));
+  // small goes, tiny and many others come (enough to grow the histogram table).
+  std::string next = replace(kBase, "  small: {pool: cpu}\n", "");
+  for (int i = 0; i < 100; ++i) next += "  m" + std::to_string(i) + ": {pool: cpu}\n";
+  const auto g2 = generation(next, g1.get());
+  m.relabel(g2->labels);
+  m.relabel(g1->labels);  // an older one is ignored
+  EXPECT_EQ(&m.ttft(big), &ttft_big);
+  ttft_big.observe_us(2'000);
+  const auto t = render(m);
+  EXPECT_NE(t.find("weir_time_to_first_token_seconds_count{model=\"big\"} 2"), std::string::npos);
+  EXPECT_NE(t.find("weir_requests_total{route=\"/v1/chat/completions\",model=\"small\",status=\"200\"} 1"),
+            std::string::npos);
+  EXPECT_NE(t.find("weir_time_to_first_token_seconds_count{model=\"m99\"} 0"), std::string::npos);
+  // small has no histogram count: no longer shown; its request count stays.
+  EXPECT_EQ(t.find("weir_time_to_first_token_seconds_count{model=\"small\"}"), std::string::npos);
+  EXPECT_NE(t.find("weir_upstream_attempts_total{pool=\"cpu\",endpoint=\"http://127.0.0.1:9003\"} 1"),
+            std::string::npos);
+  // A shard still on the old labels merges into one on the new ones, and the other way round.
+  MetricsShard old_shard(g1->labels), total(g1->labels);
+  old_shard.ttft(big).observe_us(3'000);
+  total.merge(old_shard);
+  total.merge(m);
+  EXPECT_NE(render(total).find("weir_time_to_first_token_seconds_count{model=\"big\"} 3"), std::string::npos);
+  EXPECT_EQ(total.labels().models.size(), g2->labels->models.size());
+}
+
+auth::AuthConfig auth_of(const std::string& tenants_yaml) {
+  auto l = loaded(kBase + tenants_yaml);
+  EXPECT_TRUE(l.auth);
+  return l.auth ? *l.auth : auth::AuthConfig{};
+}
+
+TEST(AuthPolicyAcrossReloads, UnchangedTenantsAndKeysKeepTheirScopesOthersGetNewOnes) {
+  const std::string key_a = "{id: ka, tenant: a, sha256: " + std::string(64, 'a') + "}";
+  const std::string key_b =
+      "{id: kb, tenant: b, sha256: " + std::string(64, 'b') + ", limits: {requests_per_minute: 5}}";
+  const auto p1 =
+      auth::AuthPolicy::build(auth_of("tenants: {a: {limits: {requests_per_minute: 10}}, b: {}}\n"
+                                      "auth: {api_keys: [" +
+                                      key_a + ", " + key_b + "]}\n"));
+  // a, anonymous, b, ka, kb
+  ASSERT_EQ(p1->scopes().size(), 5u);
+  const auto p2 = auth::AuthPolicy::build(
+      auth_of("tenants: {a: {limits: {requests_per_minute: 10}}, b: {budget: {usd: 1}}, c: {}}\n"
+              "auth: {api_keys: [" +
+              key_a + ", " + replace(key_b, "requests_per_minute: 5", "requests_per_minute: 6") + "]}\n"),
+      {}, 0, p1.get());
+  EXPECT_EQ(p2->find_tenant("a")->scope, p1->find_tenant("a")->scope);
+  EXPECT_EQ(p2->find_tenant("anonymous")->scope, p1->find_tenant("anonymous")->scope);
+  EXPECT_GE(p2->find_tenant("b")->scope, 5u);  // a budget now: a new scope
+  EXPECT_GE(p2->find_tenant("c")->scope, 5u);
+  EXPECT_NE(p2->find_tenant("b")->scope, p2->find_tenant("c")->scope);
+  auto key = [](const auth::AuthPolicy& p, std::string_view id) {
+    for (const auto& k : p.keys())
+      if (k.id == id) return k.scope;
+    ADD_FAILURE() << id;
+    return 0u;
+  };
+  EXPECT_EQ(key(*p2, "ka"), key(*p1, "ka"));
+  EXPECT_GE(key(*p2, "kb"), 5u);  // new limits: a new scope
+  // The scopes no one holds now are placeholders without limits; nothing is renumbered.
+  const auto old_b = p1->find_tenant("b")->scope;
+  EXPECT_EQ(p2->scopes()[old_b].name, "key:(retired)");
+  EXPECT_FALSE(p2->scopes()[key(*p1, "kb")].limits.any());
+  EXPECT_EQ(p2->scopes()[key(*p2, "kb")].limits.requests_per_minute, 6u);
+  // Metric labels: b's old and new scopes both count under b (a request admitted before the reload).
+  const auto l1 = MetricLabels::build(cfg(kBase), p1.get());
+  const auto l2 = MetricLabels::build(cfg(kBase), p2.get(), l1.get());
+  const auto b_slot = l1->tenant_slot[old_b];
+  EXPECT_EQ(l1->tenants[b_slot], "b");
+  EXPECT_EQ(l2->tenant_slot[old_b], b_slot);
+  EXPECT_EQ(l2->tenant_slot[p2->find_tenant("b")->scope], b_slot);
+  EXPECT_EQ(l2->tenants[l2->tenant_slot[p2->find_tenant("c")->scope]], "c");
+  // Built again from p2 with nothing changed: the same scopes.
+  const auto p3 = auth::AuthPolicy::build(p2->config(), {}, 0, p2.get());
+  EXPECT_EQ(p3->scopes().size(), p2->scopes().size());
+  EXPECT_EQ(p3->find_tenant("c")->scope, p2->find_tenant("c")->scope);
+}
+
+TEST(LocalLimiterCarry, BucketLevelsAndSpendCarryToTheNewScope) {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<auth::ScopeInfo> scopes(4);
+  scopes[0].limits.requests_per_minute = 60;
+  scopes[0].limits.requests_burst = 10;
+  scopes[0].budget.enabled = true;
+  scopes[0].budget.limit_nano_usd = 1'000'000'000;
+  scopes[1].limits.requests_per_minute = 600;  // more room: starts where scope 0 is
+  scopes[1].limits.requests_burst = 100;
+  scopes[1].budget = scopes[0].budget;
+  scopes[2].limits.requests_per_minute = 60;  // less room: capped at its depth
+  scopes[2].limits.requests_burst = 2;
+  scopes[3].limits.tokens_per_minute = 1000;  // a bucket scope 0 did not have: starts full
+  admission::LocalLimiter lim({scopes[0]}, 2, now - 1h);
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(lim.take(0, admission::Bucket::requests, i % 2, 1, now).ok);
+  std::uint32_t period = 0;
+  ASSERT_TRUE(lim.reserve_spend(0, 300'000'000, now, &period).ok);
+  lim.settle_spend(0, 300'000'000, 250'000'000, period, now);
+  ASSERT_TRUE(lim.grow(scopes));
+  lim.carry(0, 1, now);
+  lim.carry(0, 2, now);
+  lim.carry(0, 3, now);
+  EXPECT_NEAR(lim.available(1, admission::Bucket::requests, now), 3.0, 1e-6);
+  EXPECT_NEAR(lim.available(2, admission::Bucket::requests, now), 2.0, 1e-6);
+  EXPECT_NEAR(lim.available(3, admission::Bucket::tokens, now), 1000.0, 1e-6);
+  EXPECT_EQ(lim.spent(1, now), 250'000'000);
+  // The carried scope refills at its own rate: 600/min is 10 a second.
+  EXPECT_NEAR(lim.available(1, admission::Bucket::requests, now + 1s), 13.0, 1e-6);
+}
+
+TEST(ServicesReload, ChangedLimitsCarryOverAndTheLimiterGrows) {
+  const std::string tenants = "tenants: {a: {limits: {requests_per_minute: 10}}, b: {}}\n";
+  auto first = loaded(kBase + tenants);
+  boost::asio::io_context io;
+  Services services(io, first, 1);
+  ASSERT_TRUE(services.error().empty());
+  Shared shared;
+  services.attach(shared);
+  const auto p1 = services.policy();
+  const auto a1 = p1->find_tenant("a")->scope;
+  const auto now = std::chrono::steady_clock::now();
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(shared.limiter->take(a1, admission::Bucket::requests, 0, 1, now).ok);
+  // a's limit doubles: a new scope that starts with what a had left.
+  auto next = loaded(kBase + replace(tenants, "requests_per_minute: 10", "requests_per_minute: 20"));
+  auto r = services.prepare_reload(next);
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_EQ(services.policy(), p1);  // nothing changed yet
+  ASSERT_EQ(r->carries.size(), 1u);
+  auto p2 = services.commit_reload(std::move(*r));
+  ASSERT_TRUE(p2) << p2.error();
+  EXPECT_EQ(services.policy(), *p2);
+  const auto a2 = (*p2)->find_tenant("a")->scope;
+  EXPECT_NE(a2, a1);
+  EXPECT_EQ((*p2)->find_tenant("b")->scope, p1->find_tenant("b")->scope);
+  const auto later = std::chrono::steady_clock::now();
+  EXPECT_EQ(shared.limiter->view(a2, admission::Bucket::requests, later).limit, 20u);
+  EXPECT_EQ(shared.limiter->view(a2, admission::Bucket::requests, later).remaining, 6u);  // 10 - 4 taken
+}
+
+TEST(ServicesReload, WithRedisANewLimitedScopeIsRefusedNamingTheTenant) {
+  const std::string redis = "redis: {url: redis://127.0.0.1:1}\n";
+  const std::string tenants = "tenants: {a: {limits: {requests_per_minute: 10}}}\n";
+  auto first = loaded(kBase + redis + tenants);
+  boost::asio::io_context io;
+  Services services(io, first, 1);  // not started: no connection is made
+  ASSERT_TRUE(services.error().empty());
+  auto changed = services.prepare_reload(
+      loaded(kBase + redis + replace(tenants, "requests_per_minute: 10", "requests_per_minute: 11")));
+  ASSERT_FALSE(changed);
+  EXPECT_NE(changed.error().find("tenants.a: with redis:"), std::string::npos) << changed.error();
+  // A tenant without limits needs no limiter state: that reloads.
+  auto unlimited = services.prepare_reload(loaded(kBase + redis + replace(tenants, "}}}", "}}, b: {}}")));
+  ASSERT_TRUE(unlimited) << unlimited.error();
+  EXPECT_TRUE(services.commit_reload(std::move(*unlimited)));
+  EXPECT_NE(services.policy()->find_tenant("b"), nullptr);
+}
+
+TEST(WorkerInstall, UnchangedPoolsGoOnChangedOnesCarryTheirEndpoints) {
+  Shared shared;
+  std::string err;
+  shared.log_sink = core::AccessLogSink::open("off", err);
+  shared.generation = generation(kBase, nullptr);
+  Worker w(shared, 0);
+  const auto first = w.generation();
+  auto gpu = first->pools[0];
+  auto cpu = first->pools[1];
+  cpu->report_connect_failure(0, std::chrono::steady_clock::now());  // ejected for a while
+  const auto ejected_until = cpu->endpoint(0).health.open_until();
+  const auto g2 =
+      generation(replace(kBase, "[http://127.0.0.1:9003]", "[http://127.0.0.1:9003, http://127.0.0.1:9004]"),
+                 shared.generation.get());
+  bool done = false;
+  w.post_install(g2, nullptr, [&] { done = true; });
+  w.io().poll();
+  ASSERT_TRUE(done);
+  const auto& now = w.generation();
+  EXPECT_EQ(now->shared, g2);
+  EXPECT_EQ(now->pools[0], gpu);  // the same object: load, health and connections go on
+  EXPECT_NE(now->pools[1], cpu);
+  ASSERT_EQ(now->pools[1]->size(), 2u);
+  EXPECT_EQ(now->pools[1]->endpoint(0).health.open_until(), ejected_until);  // carried
+  EXPECT_FALSE(now->pools[1]->endpoint(1).health.is_open());
+  EXPECT_EQ(w.metrics().labels_ptr(), g2->labels);
+  // A request that started on the first generation still holds it whole.
+  EXPECT_EQ(first->pools[1], cpu);
+  EXPECT_EQ(&first->config(), g2->pools[0].owner.get());
+}
+
+}  // namespace
+}  // namespace weir::gateway
