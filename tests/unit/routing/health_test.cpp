@@ -4,7 +4,8 @@
 // that doubles per reopening, lets a bounded number of trials through when
 // half-open, closes on a success and reopens on a failure; without a
 // breaker an ejection ends by time alone; a pool whose every breaker is
-// open is unavailable; a slow-TTFT endpoint is ejected, never the whole pool.
+// open is unavailable; a slow-TTFT endpoint is ejected, never the whole pool;
+// a configuration reload carries an endpoint's machine and samples.
 #include "routing/health.hpp"
 
 #include <string>
@@ -159,6 +160,56 @@ TEST(EndpointHealth, ProbesOpenAfterUnhealthyAfterAndASuccessHalfOpensABreaker) 
     EXPECT_EQ(h.on_probe(true, t0 + 3s, t0 + 6s, p), Transition::closed);
     EXPECT_EQ(h.state(t0 + 3s, p), trials ? HealthState::half_open : HealthState::closed);
   }
+}
+
+TEST(EndpointHealth, ACarriedMachineKeepsItsPeriodAndDoublingButNoTrialSlot) {
+  const auto p = breaker_policy(1);
+  EndpointHealth old;
+  const auto t0 = Clock::now();
+  ASSERT_EQ(old.on_answer(true, false, t0, p, true), Transition::opened);
+  ASSERT_TRUE(old.begin(t0 + 1s, p));  // a trial in flight on the replaced pool
+  EndpointHealth next;
+  next.carry(old, true);
+  EXPECT_EQ(next.open_until(), old.open_until());
+  EXPECT_EQ(next.cause(), OpenCause::failures);
+  EXPECT_EQ(next.trips(), 1u);
+  EXPECT_EQ(next.trials(), 0u) << "the trial gives its slot back to the old pool";
+  EXPECT_TRUE(next.available(t0 + 1s, p));
+  EXPECT_FALSE(old.available(t0 + 1s, p));
+  // A failed trial on the new pool reopens it for twice as long: the doubling went on.
+  ASSERT_TRUE(next.begin(t0 + 1s, p));
+  EXPECT_EQ(next.on_answer(true, true, t0 + 1s, p, true), Transition::opened);
+  EXPECT_EQ(next.open_until(), t0 + 3s);
+
+  // Probe verdicts go only where probes run.
+  EndpointHealth probed;
+  ASSERT_EQ(probed.on_probe(false, t0, t0 + 5s, p), Transition::none);
+  ASSERT_EQ(probed.on_probe(false, t0, t0 + 5s, p), Transition::opened);
+  EndpointHealth with, without;
+  with.carry(probed, true);
+  without.carry(probed, false);
+  EXPECT_TRUE(with.probe_down());
+  EXPECT_EQ(with.failed_probes(), 2u);
+  EXPECT_FALSE(without.probe_down()) << "no probe would ever clear it";
+  EXPECT_EQ(without.failed_probes(), 0u);
+  EXPECT_EQ(without.state(t0 + 1s, p), HealthState::open) << "its opening still ends by time";
+  EXPECT_EQ(without.state(t0 + 5s, p), HealthState::half_open);
+}
+
+TEST(TtftOutliers, AdoptedSamplesAreJudgedByTheNewMinimum) {
+  TtftOutliers old(2, 3.0, 4);
+  for (int i = 0; i < 6; ++i) {
+    old.add(0, 1'000);
+    old.add(1, 9'000);
+  }
+  ASSERT_EQ(old.median_us(1), 9'000u);
+  TtftOutliers same(3, 3.0, 4), stricter(3, 3.0, 8);
+  same.adopt(2, old, 1);  // the endpoint moved from index 1 to 2
+  stricter.adopt(2, old, 1);
+  EXPECT_EQ(same.median_us(2), 9'000u);
+  EXPECT_EQ(stricter.median_us(2), 0u) << "6 samples are below the new minimum of 8";
+  same.adopt(0, old, 0);
+  EXPECT_TRUE(same.add(2, 9'000)) << "judged at once against the carried norm";
 }
 
 TEST(TtftOutliers, NeedsTheMinimumSamplesAndTwoJudgedEndpoints) {
