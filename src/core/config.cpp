@@ -186,7 +186,8 @@ ConfigResult<void> parse_outlier_breaker(const YAML::Node& n, const std::string&
   return {};
 }
 
-// pools.X.queue (after load_metrics: its saturation detector needs the scrapes).
+// pools.X.queue (after load_metrics: its saturation detector needs the
+// scrapes; and after type: an Anthropic pool has none to read).
 ConfigResult<void> parse_queue(const YAML::Node& n, const std::string& key, PoolConfig& p) {
   auto q = n["queue"];
   if (!q) return {};
@@ -242,6 +243,14 @@ ConfigResult<void> parse_queue(const YAML::Node& n, const std::string& key, Pool
         }
       }
     }
+  }
+  if (p.type == UpstreamType::anthropic) {
+    // Anthropic's API publishes no vLLM metrics: there is nothing to read
+    // saturation from (and a scrape would carry the pool's key to /metrics).
+    if (auto s = q.IsMap() ? q["saturation"] : YAML::Node(); s && p.queue.saturation)
+      return tl::unexpected(
+          config_error(s, qk + ".saturation", "is not available for type: anthropic (it reads vLLM's /metrics)"));
+    p.queue.saturation = false;
   }
   if (p.queue.enabled && p.queue.saturation) {
     // The saturation detector reads the endpoints' /metrics: the scraper must run.
@@ -591,7 +600,6 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   }
   WEIR_TRY_VOID(parse_balance(n, key, p));
   WEIR_TRY_VOID(parse_outlier_breaker(n, key, p));
-  WEIR_TRY_VOID(parse_queue(n, key, p));
   if (auto v = n["api_key"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key"));
     p.api_key = s;
@@ -614,6 +622,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     else
       return tl::unexpected(config_error(v, key + ".type", "expected openai or anthropic"));
   }
+  WEIR_TRY_VOID(parse_queue(n, key, p));
   WEIR_TRY_VOID(parse_anthropic_upstream(n, key, p));
   if (auto t = n["tls"]) {
     WEIR_TRY_VOID(parse_tls(t, key + ".tls", p.tls));

@@ -438,5 +438,23 @@ TEST(WorkerPoolConfig, BreakerQueueAndTtftKeysAreValidated) {
   EXPECT_FALSE(core::parse_config("server: {ready_pools: some}\npools: {a: {endpoints: [http://127.0.0.1:1]}}\n", "t"));
 }
 
+TEST(WorkerPoolConfig, AnAnthropicPoolsQueueHasNoSaturationToRead) {
+  const std::string pool = "pools: {a: {type: anthropic, endpoints: [https://api.anthropic.com], ";
+  auto c = core::parse_config(pool + "queue: {max_concurrent: 8}}}\ndefault_pool: a\n", "t");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_TRUE(c->pools[0].queue.enabled);
+  EXPECT_FALSE(c->pools[0].queue.saturation);
+  EXPECT_FALSE(c->pools[0].load_metrics.enabled) << "nothing scrapes Anthropic's API";
+  EXPECT_TRUE(core::parse_config(pool + "queue: {saturation: false}}}\ndefault_pool: a\n", "t"));
+  for (const char* q : {"queue: {saturation: true}", "queue: {saturation: {waiting: 3}}"}) {
+    SCOPED_TRACE(q);
+    auto bad = core::parse_config(pool + q + "}}\ndefault_pool: a\n", "t");
+    ASSERT_FALSE(bad);
+    EXPECT_NE(bad.error().to_string().find("pools.a.queue.saturation: is not available for type: anthropic"),
+              std::string::npos)
+        << bad.error().to_string();
+  }
+}
+
 }  // namespace
 }  // namespace weir::routing
