@@ -162,10 +162,14 @@ def test_a_stall_before_the_first_token_is_caught_by_the_first_token_timeout(moc
 def test_ready_turns_503_while_a_pool_has_no_endpoint_available(weir):
     dead = f"http://127.0.0.1:{free_port()}"
     for ready_pools, want in (("all", 503), ("off", 200)):
+        admin = f"http://127.0.0.1:{free_port()}"
         w = weir(config={"server": {"ready_pools": ready_pools},
+                         "admin": {"listen": admin.removeprefix("http://"), "token_env": "WEIR_TEST_ADMIN_TOKEN"},
                          "pools": {"gpu": {"endpoints": [dead], "eject_for": "60s", "breaker": {}}},
-                         "models": {"mock-model": {"pool": "gpu"}}}, workers=2)
+                         "models": {"mock-model": {"pool": "gpu"}}}, workers=2,
+                 env={"WEIR_TEST_ADMIN_TOKEN": "t" * 32})
         assert httpx.get(w.base_url + "/ready").status_code == 200
+        wait_until(lambda: _status(admin + "/ready") == 200, message="the admin listener")
 
         # Each worker that tries it finds it refusing; its first refusal opens the breaker there
         # (new connections: the kernel spreads them over both workers).
@@ -174,12 +178,21 @@ def test_ready_turns_503_while_a_pool_has_no_endpoint_available(weir):
             return w.metric("weir_upstream_endpoint_state", state="open") == 2
 
         wait_until(open_on_both, message="open on both workers")
-        r = httpx.get(w.base_url + "/ready")
-        assert r.status_code == want, r.text
-        if want == 503:
-            assert r.json()["error"]["message"] == "No endpoint of pool `gpu` is available (all ejected)."
+        for url in (w.base_url + "/ready", admin + "/ready"):  # the client port and the admin port
+            r = httpx.get(url)
+            assert r.status_code == want, (url, r.text)
+            if want == 503:
+                assert r.json()["error"]["message"] == "No endpoint of pool `gpu` is available (all ejected)."
+                assert r.json()["error"]["code"] == "service_unavailable" and r.headers["retry-after"] == "1"
         try:
             w.client().chat.completions.create(model="mock-model", messages=MSG)
             raise AssertionError("expected a 503")
         except openai.InternalServerError as e:
             assert e.status_code == 503 and e.response.headers["retry-after"]
+
+
+def _status(url: str) -> int:
+    try:
+        return httpx.get(url).status_code
+    except httpx.TransportError:
+        return 0
