@@ -40,10 +40,11 @@ struct MetricIdentity {
 // configurations' sizes. Shared read-only by every shard.
 //
 // Slots only grow: labels built for a reload (`previous` given) keep every
-// slot the previous ones gave (a model, endpoint, tenant or key keeps its
-// series and its count) and append what is new, so a request that started
-// on the older generation counts into the right series, and a series of a
-// model or endpoint no longer configured keeps its value until restart.
+// slot the previous ones gave (a model, pool, endpoint, tenant or key keeps
+// its series and its count) and append what is new, so a request that
+// started on the older generation counts into the right series, and a
+// series of a model, pool or endpoint no longer configured keeps its value
+// until restart.
 struct MetricLabels {
   // Slots from `cfg` and `policy` (null: no auth, so no tenant or key_id
   // label), extending `previous` when given (its label settings are kept:
