@@ -180,7 +180,9 @@ template <typename F>
 void Worker::for_each_pool(F&& f) {
   // The current generation's pools, then the retired ones' that it does not
   // have (their requests still queue and finish there); each object once.
-  std::vector<const routing::WorkerPool*> seen;
+  // (Every tick: the list of those seen is a reused member, no allocation.)
+  auto& seen = pools_seen_;
+  seen.clear();
   auto visit = [&](WorkerGeneration& g) {
     for (std::size_t p = 0; p < g.pools.size(); ++p) {
       routing::WorkerPool* pool = g.pools[p].get();

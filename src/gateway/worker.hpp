@@ -197,6 +197,7 @@ class Worker {
   std::shared_ptr<WorkerGeneration> gen_;  // what new requests start on
   // Replaced generations some request (or batch) still uses; freed on a tick once none does.
   std::vector<std::shared_ptr<WorkerGeneration>> retired_;
+  std::vector<const routing::WorkerPool*> pools_seen_;  // for_each_pool's scratch
   std::uint64_t request_seq_ = 0;
   static constexpr std::size_t kSpareBytes = 1u << 20;
   std::array<char, 16384> stream_read_{};
