@@ -58,6 +58,10 @@ core::Task<void> Batch::send() {
   bool started = false;
   for (;;) {
     if (present_ == 0) break;
+    if (attempts.unavailable()) {  // every endpoint's breaker is open
+      failure = UpstreamFailure::breaker_open;
+      break;
+    }
     const std::uint32_t ep_idx = attempts.endpoint();
     auto& ep = pool.endpoint(ep_idx);
     endpoint_ = static_cast<int>(ep_idx);
@@ -109,7 +113,7 @@ core::Task<void> Batch::send() {
     if (env.on_attempt) env.on_attempt(ep_idx, failure);
     const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
                                (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
-    if (failure == UpstreamFailure::none || answer_failed) (void)pool.report_answer(ep_idx, answer_failed, core::now());
+    if (failure == UpstreamFailure::none || answer_failed) (void)attempts.on_answer(answer_failed, core::now());
     routing::RetryDecision d;
     if (failure == UpstreamFailure::none) {
       const int status = exchange_.head().result_int();

@@ -37,10 +37,10 @@ ConfigResult<void> parse_metrics(const YAML::Node& n, MetricsConfig& m) {
 }
 
 ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
-  WEIR_TRY_VOID(check_keys(
-      n, "server",
-      {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout", "write_timeout",
-       "max_stream_buffer", "max_response", "drain_timeout", "access_log", "reuse_port", "metrics", "watch_config"}));
+  WEIR_TRY_VOID(check_keys(n, "server",
+                           {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout",
+                            "write_timeout", "max_stream_buffer", "max_response", "drain_timeout", "access_log",
+                            "reuse_port", "metrics", "ready_pools", "watch_config"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     s.max_body_bytes = b;
@@ -81,6 +81,17 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
     s.reuse_port = b;
   }
   if (auto v = n["metrics"]) WEIR_TRY_VOID(parse_metrics(v, s.metrics));
+  if (auto v = n["ready_pools"]) {
+    WEIR_TRY(str, read_string(v, "server.ready_pools"));
+    if (str == "all")
+      s.ready_pools = ServerConfig::ReadyPools::all;
+    else if (str == "any")
+      s.ready_pools = ServerConfig::ReadyPools::any;
+    else if (str == "off")
+      s.ready_pools = ServerConfig::ReadyPools::off;
+    else
+      return tl::unexpected(config_error(v, "server.ready_pools", "expected all, any or off"));
+  }
   if (auto v = n["watch_config"]) {
     // false (off), true (every second), or how often.
     if (bool on = false; v.IsScalar() && YAML::convert<bool>::decode(v, on)) {
@@ -122,6 +133,131 @@ ConfigResult<void> parse_retry(const YAML::Node& n, const std::string& key, Retr
   if (auto v = n["min_concurrent"]) {
     WEIR_TRY(i, read_int(v, key + ".min_concurrent", 0, 1'000'000));
     r.min_concurrent = static_cast<std::uint32_t>(i);
+  }
+  return {};
+}
+
+// pools.X.outlier (ejection on failures and on TTFT) and pools.X.breaker.
+ConfigResult<void> parse_outlier_breaker(const YAML::Node& n, const std::string& key, PoolConfig& p) {
+  if (auto o = n["outlier"]) {
+    const std::string ok = key + ".outlier";
+    WEIR_TRY_VOID(
+        check_keys(o, ok, {"consecutive_failures", "max_ejected_percent", "ttft_factor", "ttft_min_samples"}));
+    if (auto v = o["consecutive_failures"]) {
+      WEIR_TRY(i, read_int(v, ok + ".consecutive_failures", 0, 1'000'000));
+      p.outlier.consecutive_failures = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = o["max_ejected_percent"]) {
+      WEIR_TRY(i, read_int(v, ok + ".max_ejected_percent", 0, 100));
+      p.outlier.max_ejected_percent = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = o["ttft_factor"]) {
+      WEIR_TRY(d, read_double(v, ok + ".ttft_factor", 0.0, 1000.0));
+      if (d != 0 && d <= 1.0) return tl::unexpected(config_error(v, ok + ".ttft_factor", "must be 0 (off) or above 1"));
+      p.outlier.ttft_factor = d;
+    }
+    if (auto v = o["ttft_min_samples"]) {
+      // The window holds an endpoint's last 32 samples (routing/health.hpp).
+      WEIR_TRY(i, read_int(v, ok + ".ttft_min_samples", 1, 32));
+      p.outlier.ttft_min_samples = static_cast<std::uint32_t>(i);
+    }
+  }
+  if (auto b = n["breaker"]) {
+    const std::string bk = key + ".breaker";
+    if (b.IsScalar()) {
+      auto on = read_bool(b, bk);
+      if (!on) return tl::unexpected(config_error(b, bk, "expected true, false or {half_open_trials, max_open_for}"));
+      p.breaker.enabled = *on;
+    } else {
+      WEIR_TRY_VOID(check_keys(b, bk, {"half_open_trials", "max_open_for"}));
+      p.breaker.enabled = true;
+      if (auto v = b["half_open_trials"]) {
+        WEIR_TRY(i, read_int(v, bk + ".half_open_trials", 1, 1'000));
+        p.breaker.half_open_trials = static_cast<std::uint32_t>(i);
+      }
+      if (auto v = b["max_open_for"]) {
+        WEIR_TRY(ms, read_duration(v, bk + ".max_open_for"));
+        if (ms < p.eject_for)
+          return tl::unexpected(config_error(v, bk + ".max_open_for", "must not be less than the pool's eject_for"));
+        p.breaker.max_open_for = ms;
+      }
+    }
+  }
+  return {};
+}
+
+// pools.X.queue (after load_metrics: its saturation detector needs the
+// scrapes; and after type: an Anthropic pool has none to read).
+ConfigResult<void> parse_queue(const YAML::Node& n, const std::string& key, PoolConfig& p) {
+  auto q = n["queue"];
+  if (!q) return {};
+  const std::string qk = key + ".queue";
+  if (q.IsScalar()) {
+    auto on = read_bool(q, qk);
+    if (!on)
+      return tl::unexpected(config_error(
+          q, qk, "expected true, false or {size, max_concurrent, timeout, shed_status, retry_after, saturation}"));
+    p.queue.enabled = *on;
+  } else {
+    WEIR_TRY_VOID(check_keys(q, qk, {"size", "max_concurrent", "timeout", "shed_status", "retry_after", "saturation"}));
+    p.queue.enabled = true;
+    if (auto v = q["size"]) {
+      WEIR_TRY(i, read_int(v, qk + ".size", 0, 100'000));
+      p.queue.size = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = q["max_concurrent"]) {
+      WEIR_TRY(i, read_int(v, qk + ".max_concurrent", 0, 1'000'000));
+      p.queue.max_concurrent = static_cast<std::uint32_t>(i);
+    }
+    if (auto v = q["timeout"]) {
+      WEIR_TRY(ms, read_duration(v, qk + ".timeout"));
+      if (ms.count() <= 0) return tl::unexpected(config_error(v, qk + ".timeout", "must be positive"));
+      p.queue.timeout = ms;
+    }
+    if (auto v = q["shed_status"]) {
+      WEIR_TRY(i, read_int(v, qk + ".shed_status", 0, 999));
+      if (i != 429 && i != 503) return tl::unexpected(config_error(v, qk + ".shed_status", "expected 429 or 503"));
+      p.queue.shed_status = static_cast<int>(i);
+    }
+    if (auto v = q["retry_after"]) {
+      WEIR_TRY(ms, read_duration(v, qk + ".retry_after"));
+      if (ms.count() < 1'000 || ms.count() > 3'600'000)
+        return tl::unexpected(config_error(v, qk + ".retry_after", "must be between 1s and 1h"));
+      p.queue.retry_after = ms;
+    }
+    if (auto s = q["saturation"]) {
+      const std::string sk = qk + ".saturation";
+      if (s.IsScalar()) {
+        auto on = read_bool(s, sk);
+        if (!on) return tl::unexpected(config_error(s, sk, "expected true, false or {waiting, kv_cache}"));
+        p.queue.saturation = *on;
+      } else {
+        WEIR_TRY_VOID(check_keys(s, sk, {"waiting", "kv_cache"}));
+        if (auto v = s["waiting"]) {
+          WEIR_TRY(i, read_int(v, sk + ".waiting", 1, 1'000'000));
+          p.queue.saturation_waiting = static_cast<std::uint32_t>(i);
+        }
+        if (auto v = s["kv_cache"]) {
+          WEIR_TRY(d, read_double(v, sk + ".kv_cache", 0.01, 1.0));
+          p.queue.saturation_kv_cache = d;
+        }
+      }
+    }
+  }
+  if (p.type == UpstreamType::anthropic) {
+    // Anthropic's API publishes no vLLM metrics: there is nothing to read
+    // saturation from (and a scrape would carry the pool's key to /metrics).
+    if (auto s = q.IsMap() ? q["saturation"] : YAML::Node(); s && p.queue.saturation)
+      return tl::unexpected(
+          config_error(s, qk + ".saturation", "is not available for type: anthropic (it reads vLLM's /metrics)"));
+    p.queue.saturation = false;
+  }
+  if (p.queue.enabled && p.queue.saturation) {
+    // The saturation detector reads the endpoints' /metrics: the scraper must run.
+    if (auto m = n["load_metrics"]; m && m.IsScalar() && !p.load_metrics.enabled)
+      return tl::unexpected(config_error(m, key + ".load_metrics",
+                                         "is off, but queue.saturation reads it (give queue: {saturation: false})"));
+    p.load_metrics.enabled = true;
   }
   return {};
 }
@@ -345,13 +481,30 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   const std::string key = "pools." + name;
   PoolConfig p;
   p.name = name;
-  WEIR_TRY_VOID(check_keys(n, key, {"endpoints",      "timeouts",      "max_idle_per_endpoint",
-                                    "idle_keepalive", "api_key",       "api_key_env",
-                                    "eject_for",      "request_usage", "retry",
-                                    "outlier",        "health",        "balance",
-                                    "load_metrics",   "imbalance",     "prefix_affinity",
-                                    "session_header", "batch",         "coalesce",
-                                    "type",           "anthropic",     "tls"}));
+  WEIR_TRY_VOID(check_keys(n, key,
+                           {"endpoints",
+                            "timeouts",
+                            "max_idle_per_endpoint",
+                            "idle_keepalive",
+                            "api_key",
+                            "api_key_env",
+                            "eject_for",
+                            "request_usage",
+                            "retry",
+                            "outlier",
+                            "breaker",
+                            "queue",
+                            "health",
+                            "balance",
+                            "load_metrics",
+                            "imbalance",
+                            "prefix_affinity",
+                            "session_header",
+                            "batch",
+                            "coalesce",
+                            "type",
+                            "anthropic",
+                            "tls"}));
   auto eps = n["endpoints"];
   if (!eps)
     return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// or https:// URLs)"));
@@ -366,7 +519,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     p.endpoints.push_back(std::move(*ep));
   }
   if (auto t = n["timeouts"]) {
-    WEIR_TRY_VOID(check_keys(t, key + ".timeouts", {"connect", "first_byte", "idle"}));
+    WEIR_TRY_VOID(check_keys(t, key + ".timeouts", {"connect", "first_byte", "idle", "first_token"}));
     struct D {
       const char* k;
       Millis* out;
@@ -378,6 +531,12 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
         if (ms.count() <= 0) return tl::unexpected(config_error(v, key + ".timeouts." + d.k, "must be positive"));
         *d.out = ms;
       }
+    }
+    if (auto v = t["first_token"]) {
+      WEIR_TRY(ms, read_duration(v, key + ".timeouts.first_token"));
+      if (ms.count() < 0)
+        return tl::unexpected(config_error(v, key + ".timeouts.first_token", "must be 0 (off) or positive"));
+      p.timeouts.first_token = ms;
     }
   }
   if (auto v = n["max_idle_per_endpoint"]) {
@@ -440,17 +599,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     }
   }
   WEIR_TRY_VOID(parse_balance(n, key, p));
-  if (auto o = n["outlier"]) {
-    WEIR_TRY_VOID(check_keys(o, key + ".outlier", {"consecutive_failures", "max_ejected_percent"}));
-    if (auto v = o["consecutive_failures"]) {
-      WEIR_TRY(i, read_int(v, key + ".outlier.consecutive_failures", 0, 1'000'000));
-      p.outlier.consecutive_failures = static_cast<std::uint32_t>(i);
-    }
-    if (auto v = o["max_ejected_percent"]) {
-      WEIR_TRY(i, read_int(v, key + ".outlier.max_ejected_percent", 0, 100));
-      p.outlier.max_ejected_percent = static_cast<std::uint32_t>(i);
-    }
-  }
+  WEIR_TRY_VOID(parse_outlier_breaker(n, key, p));
   if (auto v = n["api_key"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key"));
     p.api_key = s;
@@ -473,6 +622,7 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     else
       return tl::unexpected(config_error(v, key + ".type", "expected openai or anthropic"));
   }
+  WEIR_TRY_VOID(parse_queue(n, key, p));
   WEIR_TRY_VOID(parse_anthropic_upstream(n, key, p));
   if (auto t = n["tls"]) {
     WEIR_TRY_VOID(parse_tls(t, key + ".tls", p.tls));

@@ -51,6 +51,10 @@ struct ServerConfig {
   std::string access_log = "-";                      // "-" stdout, "off", or a file path
   bool reuse_port = false;                           // start even if another process listens on `listen`, sharing it
   MetricsConfig metrics;                             // label dimensions of /metrics
+  // When GET /ready answers 503 besides draining (docs/reliability.md#readiness):
+  // all = while any pool has no endpoint available on any worker, any = while
+  // no pool has one, off = draining only.
+  enum class ReadyPools : std::uint8_t { all, any, off } ready_pools = ReadyPools::all;
   // Reload the configuration file when it changes (besides SIGHUP): how
   // often its size, time and inode are looked at; 0 = off (the default).
   Millis watch_config{0};
@@ -61,6 +65,10 @@ struct UpstreamTimeouts {
   Millis connect{2'000};       // TCP connect to an endpoint
   Millis first_byte{120'000};  // request written to first response byte (vLLM TTFT + queueing)
   Millis idle{60'000};         // between two reads of the response (between SSE events)
+  // A stream's request written → its first SSE data event (vLLM sends the
+  // response head at once and the first token at TTFT, so first_byte does
+  // not see a stall before the first token); 0 = off (idle alone bounds it).
+  Millis first_token{0};
 };
 
 // One model server: http://host:port or https://host[:port][/base]. Addresses
@@ -128,13 +136,57 @@ struct RetryConfig {
 };
 
 // Passive outlier detection (docs/reliability.md): an endpoint whose
-// answers fail `consecutive_failures` times in a row (a 5xx status, or a
-// reset or timeout before the head) is ejected for the pool's eject_for,
-// doubling per ejection in a row up to 16x, unless that would leave fewer
-// than (100 - max_ejected_percent) % of the endpoints in use.
+// answers fail `consecutive_failures` times in a row (a 5xx status, a reset
+// or timeout before the head, a stream's first-token timeout) is ejected
+// (its breaker opens, routing/health.hpp) for the pool's eject_for, doubling
+// per ejection in a row; one whose median TTFT over its last streams is
+// `ttft_factor` times the pool's median or more is ejected too. Neither
+// ejects beyond max_ejected_percent of the pool (failures may, with a
+// `breaker` section: see BreakerConfig).
 struct OutlierConfig {
   std::uint32_t consecutive_failures = 5;  // 0 = off
   std::uint32_t max_ejected_percent = 50;  // 0..100
+  double ttft_factor = 0;                  // 0 = off; else > 1
+  std::uint32_t ttft_min_samples = 20;     // streams an endpoint must have had (of its last 32) to be judged
+};
+
+// The circuit breaker of each endpoint (docs/reliability.md, routing/health.hpp).
+// Every ejection is the breaker's open state; with this section the open
+// period ends in a half-open state that lets `half_open_trials` requests at
+// a time through (a success closes it, a failure reopens it for twice as
+// long, up to max_open_for); failed answers open it whatever share of the
+// pool is open already; and a pool whose every endpoint is open sends its
+// requests on to the model's fallback at once, or answers 503 with
+// Retry-After. Without it an ejection ends by time alone (Envoy's outlier
+// detection) and a pool whose every endpoint is ejected still tries one.
+struct BreakerConfig {
+  bool enabled = false;                // a `breaker:` section is present
+  std::uint32_t half_open_trials = 1;  // requests let through at once when half-open, 1..1000
+  Millis max_open_for{0};              // cap of the doubling; 0 = 16 x eject_for
+};
+
+// The pool's admission queue, per worker (docs/reliability.md#overload).
+// A request goes on at once while this worker has fewer than
+// `max_concurrent` requests on the pool (0: no limit) and the pool is not
+// saturated; otherwise it waits, highest priority first
+// (tenants.X.priority, or a lower x-weir-priority), at most `timeout`. When
+// `size` requests wait already, the lowest-priority one of them and the
+// newcomer is shed with `shed_status` and Retry-After.
+struct QueueConfig {
+  bool enabled = false;              // a `queue:` section is present
+  std::uint32_t size = 64;           // requests waiting per worker, 0..100000 (0: shed at once)
+  std::uint32_t max_concurrent = 0;  // requests in flight per worker on the pool before queueing; 0 = no limit
+  Millis timeout{5'000};             // longest wait in the queue
+  int shed_status = 503;             // 503 or 429
+  Millis retry_after{1'000};         // the Retry-After of a shed answer (whole seconds, at least 1)
+  // The Gateway API Inference Extension's saturation detector: an endpoint
+  // is saturated when its vllm:num_requests_waiting is at least `waiting`
+  // or its vllm:kv_cache_usage_perc at least `kv_cache` (from load_metrics);
+  // the pool is when every endpoint with a fresh scrape is (one without
+  // counts as free). Turns load_metrics on.
+  bool saturation = true;
+  std::uint32_t saturation_waiting = 5;
+  double saturation_kv_cache = 0.8;
 };
 
 // Active health probes (docs/reliability.md): every `interval`, each worker
@@ -225,6 +277,8 @@ struct PoolConfig {
   bool request_usage = true;
   RetryConfig retry;
   OutlierConfig outlier;
+  BreakerConfig breaker;
+  QueueConfig queue;
   HealthConfig health;
   BatchConfig batch;
   // Request coalescing (docs/batching.md): identical deterministic chat and

@@ -56,7 +56,88 @@ void append_budget_metrics(std::string& out, const auth::AuthPolicy& policy, adm
     w.sample("weir_budget_remaining_usd", fmt::format("tenant=\"{}\"", label),
              static_cast<double>(t->budget.limit_nano_usd - limiter.spent(t->scope, now)) / 1e9);
 }
+
+// The merged health of every endpoint (routing::HealthBoard, atomics) and
+// the saturation of the pools with a queue (the scraped loads).
+void append_health_metrics(std::string& out, const Generation& gen) {
+  const auto& cfg = *gen.config;
+  const auto now = std::chrono::steady_clock::now();
+  core::PromWriter w(out);
+  const std::size_t pools = std::min(cfg.pools.size(), gen.pools.size());
+  w.header("weir_upstream_endpoint_state", "gauge",
+           "Workers on which the endpoint is closed (in use), open (ejected: its circuit breaker open) or half_open "
+           "(letting trial requests through).");
+  for (std::size_t p = 0; p < pools; ++p) {
+    const auto& st = *gen.pools[p].state;
+    for (std::uint32_t e = 0; e < st.health.endpoints(); ++e) {
+      std::array<std::uint32_t, static_cast<std::size_t>(routing::HealthState::count_)> n{};
+      for (std::uint32_t k = 0; k < st.health.workers(); ++k)
+        ++n[static_cast<std::size_t>(st.health.state(e, k, now, st.policy))];
+      for (auto s : {routing::HealthState::closed, routing::HealthState::open, routing::HealthState::half_open}) {
+        if (s == routing::HealthState::half_open && !st.policy.breaker()) continue;
+        w.sample("weir_upstream_endpoint_state",
+                 fmt::format("pool=\"{}\",endpoint=\"{}\",state=\"{}\"", core::escape_label(cfg.pools[p].name),
+                             core::escape_label(cfg.pools[p].endpoints[e].display), routing::health_state_label(s)),
+                 static_cast<double>(n[static_cast<std::size_t>(s)]));
+      }
+    }
+  }
+  w.header("weir_upstream_available_endpoints", "gauge",
+           "Endpoints of the pool that some worker may send a request to now (closed or half-open there).");
+  for (std::size_t p = 0; p < pools; ++p) {
+    const auto& st = *gen.pools[p].state;
+    w.sample("weir_upstream_available_endpoints", fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)),
+             static_cast<double>(st.health.available_endpoints(now, st.policy)));
+  }
+  bool any_saturation = false;
+  for (std::size_t p = 0; p < pools; ++p) any_saturation |= cfg.pools[p].queue.enabled && cfg.pools[p].queue.saturation;
+  if (!any_saturation) return;
+  w.header("weir_pool_saturated", "gauge",
+           "1 while every endpoint of the pool with a fresh /metrics scrape is saturated (queue.saturation: "
+           "vllm:num_requests_waiting or vllm:kv_cache_usage_perc at its threshold).");
+  for (std::size_t p = 0; p < pools; ++p) {
+    const auto& qc = cfg.pools[p].queue;
+    if (!qc.enabled || !qc.saturation) continue;
+    const auto& st = *gen.pools[p].state;
+    bool saturated = false;
+    for (std::uint32_t e = 0; e < st.loads.size(); ++e) {
+      if (!st.health.available(e, now, st.policy)) continue;
+      const auto l = st.loads.read(e);
+      if (l.seq == 0 || !routing::endpoint_saturated(l, qc)) {
+        saturated = false;
+        break;
+      }
+      saturated = true;
+    }
+    w.sample("weir_pool_saturated", fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)),
+             saturated ? 1.0 : 0.0);
+  }
+}
 }  // namespace
+
+std::string ready_problem(const Generation& gen, bool draining) {
+  if (draining) return "Weir is draining.";
+  const auto& cfg = *gen.config;
+  if (cfg.server.ready_pools == core::ServerConfig::ReadyPools::off) return {};
+  // The pools that serve a model first (a pool only a fallback names is a spare), and the default pool.
+  std::vector<bool> used(cfg.pools.size(), false);
+  for (const auto& m : cfg.models) used[m.pool] = true;
+  if (cfg.default_pool) used[*cfg.default_pool] = true;
+  const auto now = std::chrono::steady_clock::now();
+  std::string down;
+  std::size_t used_n = 0, down_n = 0;
+  for (std::size_t p = 0; p < cfg.pools.size() && p < gen.pools.size(); ++p) {
+    if (!used[p]) continue;
+    ++used_n;
+    const auto& st = *gen.pools[p].state;
+    if (st.health.available_endpoints(now, st.policy) > 0) continue;
+    ++down_n;
+    fmt::format_to(std::back_inserter(down), "{}`{}`", down.empty() ? "" : ", ", cfg.pools[p].name);
+  }
+  if (down_n == 0) return {};
+  if (cfg.server.ready_pools == core::ServerConfig::ReadyPools::any && down_n < used_n) return {};
+  return fmt::format("No endpoint of pool{} {} is available (all ejected).", down_n > 1 ? "s" : "", down);
+}
 
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
                                                        const auth::Principal* principal) {
@@ -98,11 +179,11 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 }
 
 http::Task<void> collect_metrics_text(Worker& self, std::string& out) {
-  // This worker's view: its generation's labels and its authenticator's policy.
-  const std::shared_ptr<const MetricLabels> labels = self.generation()->shared->labels;
+  // This worker's view: its generation and its authenticator's policy.
+  const std::shared_ptr<const Generation> gen = self.generation()->shared;
   const std::shared_ptr<const auth::AuthPolicy> policy =
       self.authenticator() ? self.authenticator()->policy() : std::shared_ptr<const auth::AuthPolicy>();
-  co_await collect_metrics_text(self.shared(), self.io(), out, labels, policy);
+  co_await collect_metrics_text(self.shared(), self.io(), out, gen, policy);
 }
 
 http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost::asio::io_context& home,
@@ -118,7 +199,7 @@ http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost:
   auto g = std::make_shared<Gather>(home.get_executor(), labels, shared.workers.size());
   for (Worker* w : shared.workers) {
     boost::asio::post(w->io(), [w, g, &home] {
-      MetricsShard copy = w->metrics();  // on w's own thread
+      MetricsShard copy = w->metrics_snapshot();  // on w's own thread
       boost::asio::post(home, [g, copy = std::move(copy)]() mutable {
         g->total.merge(copy);
         if (--g->remaining == 0) g->timer.cancel();
@@ -132,10 +213,11 @@ http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost:
 }
 
 http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out,
-                                      const std::shared_ptr<const MetricLabels>& labels,
+                                      const std::shared_ptr<const Generation>& gen,
                                       const std::shared_ptr<const auth::AuthPolicy>& policy) {
-  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared, home, labels);
+  const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared, home, gen->labels);
   total->render(out, shared.log_sink ? shared.log_sink->write_errors() : 0);
+  append_health_metrics(out, *gen);
   if (shared.limiter && policy) append_budget_metrics(out, *policy, *shared.limiter, total->labels());
   {
     // Configuration reloads (docs/operations.md): atomics the control thread writes.

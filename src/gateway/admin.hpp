@@ -20,6 +20,7 @@ class MetricsShard;
 class Worker;
 struct Shared;
 struct MetricLabels;
+struct Generation;
 
 // GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
 // created, owned_by}]} with every configured model and alias that `principal`
@@ -27,6 +28,17 @@ struct MetricLabels;
 // object, or 404 model_not_found (also for a model the principal may not use).
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
                                                        const auth::Principal* principal);
+
+// Why GET /ready answers 503 now, empty while ready (docs/reliability.md#readiness):
+// "Weir is draining.", or with server.ready_pools `all` the pools that have
+// no endpoint available on any worker (every one ejected: refused, failing,
+// probe-down or breaker open; a half-open one is available), with `any`
+// every pool when none has one. Only pools a model routes to (or the
+// default pool) count: a pool only a fallback names is a spare. Reads
+// generation `gen`'s pools' health boards (atomics): any thread, with the
+// caller's generation (a worker's, or the control thread's). `draining`:
+// Shared::draining.
+std::string ready_problem(const Generation& gen, bool draining);
 
 // Collects every worker's metrics shard (posting to each; no locks) and
 // returns them merged, on `labels` (the caller's generation's; a worker on
@@ -42,11 +54,12 @@ http::Task<void> collect_metrics_text(Worker& self, std::string& out);
 // The same from any thread with an io_context of its own (`home`: the
 // caller's, e.g. the control thread's for the admin listener), given the
 // workers' `shared` state.
-// `labels` and `policy` (null without auth) are the caller's view of the
+// `gen` and `policy` (null without auth) are the caller's view of the
 // configuration (a worker's generation, or the control thread's) and must
-// outlive the call.
+// outlive the call: its labels, and its pools' health boards and loads
+// (weir_upstream_endpoint_state, weir_upstream_available_endpoints, weir_pool_saturated).
 http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& home, std::string& out,
-                                      const std::shared_ptr<const MetricLabels>& labels,
+                                      const std::shared_ptr<const Generation>& gen,
                                       const std::shared_ptr<const auth::AuthPolicy>& policy);
 
 }  // namespace weir::gateway

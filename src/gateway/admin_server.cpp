@@ -645,15 +645,21 @@ core::Task<AdminResponse> AdminServer::metrics(AdminRequest&) {
   AdminResponse r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   // The control thread's view (a reload replaces these on this thread).
-  const std::shared_ptr<const MetricLabels> labels = shared_.generation->labels;
+  const std::shared_ptr<const Generation> gen = shared_.generation;
   const std::shared_ptr<const auth::AuthPolicy> policy = shared_.auth_policy;
-  co_await collect_metrics_text(shared_, control_, r.body, labels, policy);
+  co_await collect_metrics_text(shared_, control_, r.body, gen, policy);
   co_return r;
 }
 
 core::Task<AdminResponse> AdminServer::ready(AdminRequest&) {
   if (shared_.draining.load())
     co_return error_response(AdminError{503, "server_error", "draining", "Weir is draining.", {}});
+  // The pools' health as the client port's /ready sees it (the control thread's generation).
+  if (auto why = ready_problem(*shared_.generation, false); !why.empty()) {
+    AdminResponse r = error_response(AdminError{503, "server_error", "service_unavailable", std::move(why), {}});
+    r.headers.emplace_back("Retry-After", "1");  // as the client port's
+    co_return r;
+  }
   co_return AdminResponse{200, R"({"status":"ready"})"};
 }
 
@@ -732,12 +738,13 @@ namespace {
 struct EndpointSample {
   std::uint32_t in_flight = 0;
   std::uint32_t idle = 0;
-  bool ejected = false;         // skipped by pick() now
-  std::int64_t ejected_ms = 0;  // ... for this much longer
+  bool ejected = false;         // open: skipped by pick() now (routing/health.hpp)
+  bool half_open = false;       // half-open: only trial requests go there (breaker)
+  std::int64_t ejected_ms = 0;  // ... open for this much longer
   bool probe_down = false;      // by the active health probes
   std::uint32_t failed_probes = 0;
-  std::uint32_t consecutive_failures = 0;
-  std::uint32_t failed_answers = 0;
+  std::uint32_t consecutive_failures = 0;  // openings in a row (the doubling)
+  std::uint32_t failed_answers = 0;        // failed answers in a row while closed
 };
 // One worker's samples, [pool][endpoint] of its configuration generation.
 struct PoolSamples {
@@ -760,13 +767,15 @@ PoolSamples sample_pools(Worker& w) {
       auto& s = out[p][i];
       s.in_flight = e.in_flight;
       s.idle = static_cast<std::uint32_t>(e.conns.idle());
-      s.ejected = e.ejected_until > now;
+      const auto state = pool.state(i, now);
+      s.ejected = state == routing::HealthState::open;
+      s.half_open = state == routing::HealthState::half_open;
       s.ejected_ms =
-          s.ejected ? std::chrono::duration_cast<std::chrono::milliseconds>(e.ejected_until - now).count() : 0;
-      s.probe_down = e.probe_down;
-      s.failed_probes = e.failed_probes;
-      s.consecutive_failures = e.consecutive_failures;
-      s.failed_answers = e.failed_answers;
+          s.ejected ? std::chrono::duration_cast<std::chrono::milliseconds>(e.health.open_until() - now).count() : 0;
+      s.probe_down = e.health.probe_down();
+      s.failed_probes = e.health.failed_probes();
+      s.consecutive_failures = e.health.trips();
+      s.failed_answers = e.health.failures();
     }
   }
   return samples;
@@ -828,7 +837,7 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
     json::array eps;
     for (std::uint32_t i = 0; i < pc.endpoints.size(); ++i) {
       EndpointSample sum;
-      std::uint32_t ejected_on = 0;
+      std::uint32_t ejected_on = 0, half_open_on = 0;
       for (const auto& w : g->samples) {
         const auto& ws = w.pools;
         if (w.generation != gen->id || p >= ws.size() || i >= ws[p].size()) continue;
@@ -836,6 +845,7 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
         sum.in_flight += s.in_flight;
         sum.idle += s.idle;
         ejected_on += s.ejected;
+        half_open_on += s.half_open;
         sum.ejected_ms = std::max(sum.ejected_ms, s.ejected_ms);
         sum.probe_down = sum.probe_down || s.probe_down;
         sum.failed_probes = std::max(sum.failed_probes, s.failed_probes);
@@ -848,6 +858,7 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
       up += std::string_view(health) == "up";
       e["health"] = health;
       e["ejected_workers"] = ejected_on;
+      e["half_open_workers"] = half_open_on;
       e["ejected_ms"] = sum.ejected_ms;
       e["in_flight"] = sum.in_flight;
       e["idle_connections"] = sum.idle;

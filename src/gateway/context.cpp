@@ -36,6 +36,14 @@ void RequestContext::reset() {
   fallback_limit = 0xff;
   hold_head = fail_over = false;
   backoff = nullptr;
+  deadline = {};
+  deadline_ms = 0;
+  waiter = {};
+  queue_pool = -1;
+  verdict_pending = trial = false;
+  cutoff = Cutoff::none;
+  first_token_by = {};
+  if (cutoff_watch) cutoff_watch->disarm();
   attempt_count = 0;
   batch_id.clear();
   batch_size = batch_slot = 0;

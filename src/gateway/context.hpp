@@ -7,6 +7,7 @@
 #include <array>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -24,6 +25,7 @@
 #include "http/response_source.hpp"
 #include "http/sse.hpp"
 #include "requestlog/queue.hpp"
+#include "routing/queue.hpp"
 #include "routing/route_table.hpp"
 #include "tracing/context.hpp"
 
@@ -115,7 +117,21 @@ struct RequestContext {
   std::uint8_t fallback_limit = 0xff;
   bool hold_head = false;          // a stream whose head waits for its first content event (a fallback remains)
   bool fail_over = false;          // that stream failed before it: the proxy goes on to the next target
-  core::Timer* backoff = nullptr;  // the retry backoff being waited, cancelled when the client leaves
+  core::Timer* backoff = nullptr;  // the retry backoff or queue wait being waited, cancelled when the client leaves
+  // Reliability (docs/reliability.md): the request's own deadline
+  // (x-weir-timeout-ms; none = {}), its place in a pool's queue, and the verdict on a stream's answer that waits for
+  // its first token (the endpoint's health, routing/health.hpp).
+  core::TimePoint deadline{};
+  std::uint32_t deadline_ms = 0;  // the header's value, for the error message
+  routing::QueueWaiter waiter;    // its place in a pool's queue while it waits
+  int queue_pool = -1;            // the pool whose queue admitted it (PoolQueue::done() when it leaves), -1 = none
+  bool verdict_pending = false;   // the answer's verdict waits for the stream's first token
+  bool trial = false;             // ... and holds the endpoint's half-open trial slot
+  // What cut the response off: its first token did not come by
+  // first_token_by (pools.X.timeouts.first_token), or its deadline passed.
+  enum class Cutoff : std::uint8_t { none, first_token, deadline } cutoff = Cutoff::none;
+  core::TimePoint first_token_by{};
+  std::optional<core::Watchdog> cutoff_watch;  // made once per connection, when first needed
   // Every upstream attempt of the request, for the access log's `attempts`.
   struct AttemptRecord {
     std::int16_t pool = -1;

@@ -1,5 +1,6 @@
 #include "gateway/failure.hpp"
 
+#include <algorithm>
 #include <iterator>
 
 #include <fmt/format.h>
@@ -56,6 +57,8 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
       return core::upstream_unavailable(upstream_message(who, "failed the TLS handshake"));
     case http::UpstreamFailure::protocol:
       return core::upstream_unavailable(upstream_message(who, fmt::format("sent an invalid HTTP response{}", when)));
+    case http::UpstreamFailure::breaker_open:
+      return pool_unavailable(who, 1);
     default:
       return core::upstream_unavailable(upstream_message(who, fmt::format("closed the connection{}", when)));
   }
@@ -63,6 +66,46 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
 
 core::Error upstream_status_error(int status, const UpstreamSubject& who) {
   return core::upstream_unavailable(upstream_message(who, fmt::format("answered {}", status)));
+}
+
+core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_after_s) {
+  core::Error e;
+  e.source = core::ErrorSource::upstream;
+  e.status = 503;
+  e.type = "upstream_error";
+  e.code = "upstream_unavailable";
+  e.message = upstream_message(who, "has no endpoint available: every endpoint's circuit breaker is open");
+  e.retry_after_s = std::max<std::uint32_t>(retry_after_s, 1);
+  return e;
+}
+
+core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, std::uint32_t retry_after_s) {
+  core::Error e;
+  e.source = core::ErrorSource::upstream;
+  e.status = status;
+  e.type = "server_error";
+  e.code = "overloaded";
+  const char* what = why == ShedReason::saturated       ? "is saturated and its queue has no room for this request"
+                     : why == ShedReason::queue_timeout ? "stayed too busy for this request's time in its queue"
+                                                        : "is at its concurrency limit and its queue has no room for "
+                                                          "this request";
+  e.message = upstream_message(who, what);
+  e.retry_after_s = std::max<std::uint32_t>(retry_after_s, 1);
+  return e;
+}
+
+core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms) {
+  core::Error e;
+  e.source = core::ErrorSource::upstream;
+  e.status = 504;
+  e.type = "timeout";
+  e.code = "deadline_exceeded";
+  // "The request's deadline of 300 ms (x-weir-timeout-ms) passed before upstream pool `P` (model `M`) answered (request
+  // R)."
+  e.message = upstream_message(
+      who, "answered",
+      fmt::format("The request's deadline of {} ms (x-weir-timeout-ms) passed before upstream", budget_ms));
+  return e;
 }
 
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes) {

@@ -12,6 +12,7 @@
 #include "core/error.hpp"
 #include "http/downstream.hpp"
 #include "http/upstream.hpp"
+#include "routing/queue.hpp"
 
 namespace weir::gateway {
 
@@ -38,6 +39,19 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
 // The last upstream of a pool answered `status` (408/429/502/503/504/529) and
 // the request went on to a fallback that could not be reached either (502).
 core::Error upstream_status_error(int status, const UpstreamSubject& who);
+// Every endpoint of the pool is open (routing/health.hpp: its circuit
+// breaker) and no fallback is left: 503 upstream_unavailable with
+// Retry-After `retry_after_s` (at least 1): when the first breaker turns half-open.
+core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_after_s);
+using routing::ShedReason;
+// A request shed by the pool's admission queue (pools.X.queue): `status`
+// 503 or 429 (queue.shed_status), type server_error, code `overloaded`,
+// Retry-After `retry_after_s`.
+core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, std::uint32_t retry_after_s);
+// The request's own deadline (x-weir-timeout-ms: `budget_ms`) passed before
+// its response was committed (504, type timeout, code deadline_exceeded), or
+// during a stream (in-band, the same error).
+core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms);
 // A buffered upstream body over server.max_response (502).
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
 // A body in a Content-Encoding Weir cannot decode for a client that does not accept it (502).

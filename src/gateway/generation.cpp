@@ -82,7 +82,7 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     }
     slot.owner = g->config;
     slot.cfg = &pc;
-    slot.state = std::make_shared<routing::SharedPoolState>(pc);
+    slot.state = std::make_shared<routing::SharedPoolState>(pc, in.workers);
     if (p < in.tls.size()) slot.state->tls = in.tls[p];
     g->pools.push_back(std::move(slot));
   }

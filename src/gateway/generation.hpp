@@ -13,10 +13,13 @@
 //
 // A pool whose configuration did not change (pool_fingerprint) keeps its
 // objects across a reload: the same SharedPoolState (scraped loads, prefix
-// index, TLS context) and, on each worker, the same WorkerPool and
-// micro-batcher, so nothing about it is lost. A changed pool gets new ones;
-// its endpoints that stay (same URL) keep their health state and their idle
-// plain-HTTP connections (routing::WorkerPool::carry_from).
+// index, health board, TLS context) and, on each worker, the same
+// WorkerPool (endpoint health, admission queue) and micro-batcher, so
+// nothing about it is lost. A changed pool gets new ones; its endpoints
+// that stay (same URL and address) keep their health state (breaker,
+// ejection, TTFT samples) and their idle plain-HTTP connections
+// (routing::WorkerPool::carry_from); its queue starts empty (requests
+// queued before finish on the old pool).
 #pragma once
 
 #include <cstdint>
@@ -75,6 +78,9 @@ struct GenerationInput {
   // Per pool: its endpoints' addresses, already resolved (tests); empty =
   // resolve them here.
   std::vector<std::vector<http::tcp::endpoint>> addrs;
+  // The worker threads (fixed at start-up): each publishes its view of a
+  // new pool's endpoint health on the pool's board (routing::HealthBoard).
+  std::uint32_t workers = 1;
 };
 
 // Builds the generation after `previous` (null at start-up) from `in`.
@@ -99,6 +105,8 @@ struct WorkerGeneration {
   const admission::Pricing& pricing() const { return shared->pricing; }
   routing::WorkerPool& pool(std::uint32_t i) { return *pools[i]; }
   batching::MicroBatcher* batcher(std::uint32_t i) { return batchers[i].get(); }
+  // The metric slot of pool `pool` (this generation's index): weir_requests_shed_total and the other per-pool series.
+  std::size_t pool_slot(std::uint32_t pool) const { return shared->labels->pool_slot_of(pool); }
   // weir_upstream_* slot of endpoint `endpoint` of pool `pool` (this generation's indexes).
   std::size_t endpoint_slot(std::uint32_t pool, std::uint32_t endpoint) const {
     return shared->labels->endpoint_slot(pool, endpoint);

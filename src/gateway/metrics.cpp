@@ -36,6 +36,23 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
     l->model_current[slot] = 1;
     l->model_slot.push_back(slot);
   }
+  // Pools: by name.
+  std::fill(l->pool_current.begin(), l->pool_current.end(), 0);
+  std::fill(l->pool_queued.begin(), l->pool_queued.end(), 0);
+  l->pool_slot.clear();
+  for (const auto& p : cfg.pools) {
+    const std::string label = fmt::format("pool=\"{}\"", core::escape_label(p.name));
+    const auto it = std::find(l->pools.begin(), l->pools.end(), label);
+    const auto slot = static_cast<std::uint32_t>(it - l->pools.begin());
+    if (it == l->pools.end()) {
+      l->pools.push_back(label);
+      l->pool_current.push_back(0);
+      l->pool_queued.push_back(0);
+    }
+    l->pool_current[slot] = 1;
+    l->pool_queued[slot] = p.queue.enabled ? 1 : 0;
+    l->pool_slot.push_back(slot);
+  }
   // Endpoints: by pool name and endpoint as shown (secrets in a query redacted).
   std::fill(l->endpoint_current.begin(), l->endpoint_current.end(), 0);
   l->endpoint_base.clear();
@@ -102,13 +119,17 @@ MetricsShard::MetricsShard(std::shared_ptr<const MetricLabels> labels)
 }
 
 void MetricsShard::relabel(std::shared_ptr<const MetricLabels> labels) {
-  if (labels_ &&
-      (labels->models.size() < labels_->models.size() || labels->endpoints.size() < labels_->endpoints.size()))
+  if (labels_ && (labels->models.size() < labels_->models.size() ||
+                  labels->endpoints.size() < labels_->endpoints.size() || labels->pools.size() < labels_->pools.size()))
     return;  // older than ours
   labels_ = std::move(labels);
   for (PerModel* h : {&ttft_, &itl_, &upstream_, &duration_}) grow(*h, labels_->models.size());
   attempts_.resize(std::max(attempts_.size(), labels_->endpoints.size()), 0);
   upstream_failures_.resize(attempts_.size() * kFailureKinds, 0);
+  ejections_.resize(attempts_.size() * kOpenCauses, 0);
+  recoveries_.resize(attempts_.size(), 0);
+  per_pool_.resize(std::max(per_pool_.size(), labels_->pools.size()));
+  shed_.resize(per_pool_.size() * kShedReasons, 0);
   if (labels_->tenants.empty() && labels_->key_ids.empty()) {
     // Without identity labels, configured models have their token counters from the start.
     for (std::uint32_t m = 0; m < labels_->models.size(); ++m)
@@ -136,7 +157,8 @@ void MetricsShard::merge(PerModel& into, const PerModel& from) {
 }
 
 void MetricsShard::merge(const MetricsShard& o) {
-  if (o.labels_->models.size() > labels_->models.size() || o.labels_->endpoints.size() > labels_->endpoints.size())
+  if (o.labels_->models.size() > labels_->models.size() || o.labels_->endpoints.size() > labels_->endpoints.size() ||
+      o.labels_->pools.size() > labels_->pools.size())
     relabel(o.labels_);  // a worker already on a later generation
   counters_.merge(o.counters_);
   merge(ttft_, o.ttft_);
@@ -153,6 +175,16 @@ void MetricsShard::merge(const MetricsShard& o) {
   retry_budget_exhausted += o.retry_budget_exhausted;
   outlier_ejections += o.outlier_ejections;
   health_transitions += o.health_transitions;
+  first_token_timeouts += o.first_token_timeouts;
+  deadline_exceeded += o.deadline_exceeded;
+  for (std::size_t i = 0; i < ejections_.size() && i < o.ejections_.size(); ++i) ejections_[i] += o.ejections_[i];
+  for (std::size_t i = 0; i < recoveries_.size() && i < o.recoveries_.size(); ++i) recoveries_[i] += o.recoveries_[i];
+  for (std::size_t i = 0; i < shed_.size() && i < o.shed_.size(); ++i) shed_[i] += o.shed_[i];
+  for (std::size_t i = 0; i < per_pool_.size() && i < o.per_pool_.size(); ++i) {
+    per_pool_[i].queued += o.per_pool_[i].queued;
+    per_pool_[i].unavailable += o.per_pool_[i].unavailable;
+    per_pool_[i].waiting += o.per_pool_[i].waiting;
+  }
   batch.batches += o.batch.batches;
   batch.members += o.batch.members;
   batch.aborted += o.batch.aborted;
@@ -321,6 +353,66 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors) const {
   w.header("weir_upstream_health_transitions_total", "counter",
            "Endpoints the active health probes (pools.X.health) marked unhealthy or healthy again, per worker.");
   w.sample("weir_upstream_health_transitions_total", "", health_transitions);
+  w.header("weir_upstream_ejections_total", "counter",
+           "Times an endpoint was ejected (its circuit breaker opened) on a worker, by cause: connect, failures, "
+           "ttft, probe, half_open_failure.");
+  constexpr std::array kCauses = {routing::OpenCause::connect, routing::OpenCause::failures, routing::OpenCause::ttft,
+                                  routing::OpenCause::probe, routing::OpenCause::trial};
+  // An endpoint as configured, or one no longer configured while it has a count.
+  auto health_shown = [&](std::size_t slot) {
+    if (endpoint_shown(slot) || recoveries_at(slot)) return true;
+    for (auto c : kCauses)
+      if (ejections_at(slot, c)) return true;
+    return false;
+  };
+  for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
+    if (health_shown(slot))
+      for (auto c : kCauses)
+        w.sample("weir_upstream_ejections_total",
+                 fmt::format("{},cause=\"{}\"", L.endpoints[slot], routing::open_cause_label(c)),
+                 ejections_at(slot, c));
+  w.header("weir_upstream_recoveries_total", "counter",
+           "Times an ejected endpoint was found healthy again on a worker (a half-open trial answered, or a health "
+           "probe succeeded).");
+  for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
+    if (health_shown(slot)) w.sample("weir_upstream_recoveries_total", L.endpoints[slot], recoveries_at(slot));
+  // Pools as configured, or no longer configured while they have a count.
+  const std::size_t pools = std::min(L.pools.size(), per_pool_.size());
+  w.header("weir_upstream_pool_unavailable_total", "counter",
+           "Requests that found every endpoint of the pool ejected with a breaker (pools.X.breaker): sent to a "
+           "fallback or answered 503.");
+  for (std::size_t p = 0; p < pools; ++p)
+    if (L.pool_current[p] || per_pool_[p].unavailable)
+      w.sample("weir_upstream_pool_unavailable_total", L.pools[p], per_pool_[p].unavailable);
+  w.header("weir_upstream_first_token_timeouts_total", "counter",
+           "Streams whose first token did not come within the pool's timeouts.first_token.");
+  w.sample("weir_upstream_first_token_timeouts_total", "", first_token_timeouts);
+  w.header("weir_deadline_exceeded_total", "counter",
+           "Requests whose own deadline (x-weir-timeout-ms) passed before their response ended.");
+  w.sample("weir_deadline_exceeded_total", "", deadline_exceeded);
+  // The pools configured with a queue, and those that had one while they have a count.
+  auto queued_pools = [&](auto&& each) {
+    for (std::size_t p = 0; p < pools; ++p) {
+      bool counted = per_pool_[p].queued != 0 || per_pool_[p].waiting != 0;
+      for (std::size_t r = 0; r < kShedReasons; ++r) counted = counted || shed_[p * kShedReasons + r] != 0;
+      if ((L.pool_current[p] && L.pool_queued[p]) || counted) each(p, L.pools[p]);
+    }
+  };
+  w.header("weir_requests_shed_total", "counter",
+           "Requests a pool's admission queue (pools.X.queue) refused, by reason: queue_full, saturated, "
+           "queue_timeout.");
+  queued_pools([&](std::size_t p, const std::string& pl) {
+    for (auto r : {routing::ShedReason::queue_full, routing::ShedReason::saturated, routing::ShedReason::queue_timeout})
+      w.sample("weir_requests_shed_total", fmt::format("{},reason=\"{}\"", pl, routing::shed_reason_label(r)),
+               shed_[p * kShedReasons + static_cast<std::size_t>(r)]);
+  });
+  w.header("weir_queued_requests_total", "counter", "Requests that waited in a pool's admission queue.");
+  queued_pools(
+      [&](std::size_t p, const std::string& pl) { w.sample("weir_queued_requests_total", pl, per_pool_[p].queued); });
+  w.header("weir_queue_waiting", "gauge", "Requests waiting in a pool's admission queue now (every worker).");
+  queued_pools([&](std::size_t p, const std::string& pl) {
+    w.sample("weir_queue_waiting", pl, static_cast<double>(per_pool_[p].waiting));
+  });
   w.header("weir_batches_total", "counter", "Micro-batches sent upstream as one request (pools.X.batch).");
   w.sample("weir_batches_total", "", batch.batches);
   w.header("weir_batched_requests_total", "counter", "Requests sent upstream as members of a micro-batch.");

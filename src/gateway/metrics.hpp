@@ -19,6 +19,8 @@
 #include "gateway/endpoints.hpp"
 #include "http/upstream.hpp"
 #include "routing/attempts.hpp"
+#include "routing/health.hpp"
+#include "routing/queue.hpp"
 
 namespace weir::gateway {
 
@@ -38,10 +40,11 @@ struct MetricIdentity {
 // configurations' sizes. Shared read-only by every shard.
 //
 // Slots only grow: labels built for a reload (`previous` given) keep every
-// slot the previous ones gave (a model, endpoint, tenant or key keeps its
-// series and its count) and append what is new, so a request that started
-// on the older generation counts into the right series, and a series of a
-// model or endpoint no longer configured keeps its value until restart.
+// slot the previous ones gave (a model, pool, endpoint, tenant or key keeps
+// its series and its count) and append what is new, so a request that
+// started on the older generation counts into the right series, and a
+// series of a model, pool or endpoint no longer configured keeps its value
+// until restart.
 struct MetricLabels {
   // Slots from `cfg` and `policy` (null: no auth, so no tenant or key_id
   // label), extending `previous` when given (its label settings are kept:
@@ -56,6 +59,12 @@ struct MetricLabels {
   std::vector<std::string> model_names;  // the same, not escaped (JSON)
   std::vector<std::uint8_t> model_current;
   std::vector<std::uint32_t> model_slot;  // Config::models index -> slot
+  // Pool slots, the same way by pool name: `pools[s]` is 'pool="P"';
+  // `pool_queued[s]` 1 while it is configured with a queue (pools.X.queue).
+  std::vector<std::string> pools;
+  std::vector<std::uint8_t> pool_current;
+  std::vector<std::uint8_t> pool_queued;
+  std::vector<std::uint32_t> pool_slot;  // Config::pools index -> slot
   // Endpoint slots, the same way: `endpoints[s]` is 'pool="P",endpoint="URL"'.
   std::vector<std::string> endpoints;
   std::vector<std::uint8_t> endpoint_current;
@@ -82,6 +91,10 @@ struct MetricLabels {
     if (pool + 1 >= endpoint_base.size() || endpoint_base[pool] + endpoint >= endpoint_base[pool + 1])
       return endpoints.size();
     return endpoint_slots[endpoint_base[pool] + endpoint];
+  }
+  // The slot of config pool `pool`; pools.size() when there is none.
+  std::size_t pool_slot_of(std::uint32_t pool) const {
+    return pool < pool_slot.size() ? pool_slot[pool] : pools.size();
   }
   // The series label of `slot` in `tenants` / `key_ids` (kOther: "other").
   static std::size_t index_of(std::uint16_t slot, const std::vector<std::string>& names) {
@@ -179,9 +192,47 @@ class MetricsShard {
   std::uint64_t retries(routing::RetryReason r) const { return retries_[static_cast<std::size_t>(r)]; }
   std::uint64_t upstream_fallbacks = 0;      // requests that moved on to a model's fallback target
   std::uint64_t retry_budget_exhausted = 0;  // retries refused by a pool's retry budget
-  std::uint64_t outlier_ejections = 0;       // endpoints ejected for failing answers in a row
+  std::uint64_t outlier_ejections = 0;       // endpoints ejected for failing answers in a row or a slow TTFT
   std::uint64_t health_transitions = 0;      // endpoints the health probes marked down or up again
-  batching::Stats batch;                     // micro-batches and coalescing (pools.X.batch, pools.X.coalesce)
+  std::uint64_t first_token_timeouts = 0;    // streams whose first token did not come in timeouts.first_token
+  std::uint64_t deadline_exceeded = 0;       // requests whose x-weir-timeout-ms passed
+  // The per-pool series below take the pool's slot (MetricLabels::pool_slot_of
+  // of the request's generation: a pool keeps its slot, by name, across reloads).
+  // weir_requests_shed_total{pool,reason}: requests a pool's queue shed.
+  void count_shed(std::size_t pool_slot, routing::ShedReason r) {
+    if (pool_slot < per_pool_.size()) ++shed_[pool_slot * kShedReasons + static_cast<std::size_t>(r)];
+  }
+  std::uint64_t shed(std::size_t pool_slot, routing::ShedReason r) const {
+    return pool_slot < per_pool_.size() ? shed_[pool_slot * kShedReasons + static_cast<std::size_t>(r)] : 0;
+  }
+  // weir_queued_requests_total{pool}: requests that waited in a pool's queue.
+  std::uint64_t& queued(std::size_t pool_slot) {
+    return pool_slot < per_pool_.size() ? per_pool_[pool_slot].queued : spare_;
+  }
+  // weir_upstream_pool_unavailable_total{pool}: requests that found every endpoint's breaker open.
+  std::uint64_t& pool_unavailable(std::size_t pool_slot) {
+    return pool_slot < per_pool_.size() ? per_pool_[pool_slot].unavailable : spare_;
+  }
+  // weir_queue_waiting{pool}: added from the worker's pools when a snapshot
+  // is taken (Worker::metrics_snapshot): `waiting` requests in a queue of the pool now.
+  void add_queue_waiting(std::size_t pool_slot, std::uint64_t waiting) {
+    if (pool_slot < per_pool_.size()) per_pool_[pool_slot].waiting += waiting;
+  }
+  // weir_upstream_ejections_total{pool,endpoint,cause} and
+  // weir_upstream_recoveries_total{pool,endpoint}: the endpoint in slot
+  // `slot` (MetricLabels::endpoint_slot) opened for `cause` / was found
+  // healthy again (routing::WorkerPool::on_transition).
+  void count_ejection_at(std::size_t slot, routing::OpenCause cause) {
+    if (slot < recoveries_.size()) ++ejections_[slot * kOpenCauses + static_cast<std::size_t>(cause)];
+  }
+  void count_recovery_at(std::size_t slot) {
+    if (slot < recoveries_.size()) ++recoveries_[slot];
+  }
+  std::uint64_t ejections_at(std::size_t slot, routing::OpenCause cause) const {
+    return slot < recoveries_.size() ? ejections_[slot * kOpenCauses + static_cast<std::size_t>(cause)] : 0;
+  }
+  std::uint64_t recoveries_at(std::size_t slot) const { return slot < recoveries_.size() ? recoveries_[slot] : 0; }
+  batching::Stats batch;  // micro-batches and coalescing (pools.X.batch, pools.X.coalesce)
   // weir_upstream_attempts_total{pool,endpoint}: requests sent (or connects
   // tried) to the endpoint in slot `slot` (MetricLabels::endpoint_slot of
   // the request's generation), retries included.
@@ -236,6 +287,8 @@ class MetricsShard {
   static constexpr std::size_t kStatusSlots = 24;  // the list above, then other 1xx/2xx/3xx/4xx/5xx
   static std::uint32_t status_slot(int status);
   static constexpr std::size_t kFailureKinds = static_cast<std::size_t>(http::UpstreamFailure::count_);
+  static constexpr std::size_t kShedReasons = static_cast<std::size_t>(routing::ShedReason::count_);
+  static constexpr std::size_t kOpenCauses = static_cast<std::size_t>(routing::OpenCause::count_);
   static std::size_t kind_of(http::UpstreamFailure f) { return static_cast<std::size_t>(f); }
 
   // One histogram per configured model slot (a deque: growing it on
@@ -276,6 +329,16 @@ class MetricsShard {
   PerModel ttft_, itl_, upstream_, duration_;
   std::vector<std::uint64_t> attempts_;           // by endpoint slot
   std::vector<std::uint64_t> upstream_failures_;  // by endpoint slot x failure kind
+  std::vector<std::uint64_t> ejections_;          // by endpoint slot x open cause
+  std::vector<std::uint64_t> recoveries_;         // by endpoint slot
+  std::vector<std::uint64_t> shed_;               // by pool slot x shed reason
+  struct PerPool {
+    std::uint64_t queued = 0;       // requests that waited in the queue
+    std::uint64_t unavailable = 0;  // requests that found every breaker open
+    std::uint64_t waiting = 0;      // gauge: requests waiting now (from the pool)
+  };
+  std::vector<PerPool> per_pool_;  // by pool slot
+  std::uint64_t spare_ = 0;        // written for a pool slot out of range (never read)
   std::array<std::uint64_t, static_cast<std::size_t>(routing::RetryReason::count_)> retries_{};
   std::array<std::uint64_t, static_cast<std::size_t>(routing::PickRule::count_)> picks_{};
   core::Histogram added_;

@@ -59,6 +59,24 @@ class GatewayPhases final : public Phases {
   bool proxied(const RequestContext& ctx) const;
   core::Task<Outcome> serve_own(RequestContext& ctx);
   core::Task<Outcome> proxy(RequestContext& ctx);
+  // The pool's admission queue (pools.X.queue): next() once the request may
+  // go on (ctx.queue_pool holds its place), or the failure that sheds it
+  // (429/503 overloaded, 504 deadline, 499; fail_over when a fallback is
+  // left to take it instead). 400 for a bad x-weir-priority.
+  core::Task<Outcome> enter_pool(RequestContext& ctx);
+  // Gives back the queue place ctx.queue_pool holds, if any, and lets the next waiter in.
+  void leave_queue(RequestContext& ctx);
+  // Before relaying: arms ctx.cutoff_watch at the stream's first-token
+  // timeout or the request's deadline, whichever comes first. True when armed.
+  bool arm_cutoff(RequestContext& ctx);
+  // The cutoff fired: cancels the response source when the first token is
+  // late or the deadline passed (ctx.cutoff says which), else re-arms.
+  void on_cutoff(RequestContext& ctx);
+  // After the relay of an armed request: the deadline's own error for `o`, and the counts.
+  Outcome after_cutoff(RequestContext& ctx, Outcome o);
+  // The verdict on a stream's answer for its endpoint's health, once its
+  // first token came or it ended (`o`); and its TTFT (outlier.ttft_factor).
+  void judge_stream(RequestContext& ctx, const Outcome& o);
   // The attempts on ctx.target's pool (policy: routing::Attempts) until one
   // has a response head (next()), or they fail (502/504, 499). Sets
   // ctx.fail_over when it failed in a way a fallback may take over

@@ -3,6 +3,7 @@
 #include <malloc.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include <fmt/format.h>
@@ -68,10 +69,24 @@ std::shared_ptr<WorkerGeneration> Worker::make_generation(std::shared_ptr<const 
       }
     }
     if (!pool) {
-      pool = std::make_shared<routing::WorkerPool>(*slot.cfg, slot.addrs, slot.state.get(),
+      pool = std::make_shared<routing::WorkerPool>(*slot.cfg, slot.addrs, slot.state.get(), index_,
                                                    std::make_shared<PoolSlot>(slot));
       if (before) pool->carry_from(*before);
       const auto& pc = *slot.cfg;
+      {
+        // Its endpoints' openings and recoveries count into their series (slots fixed for this pool object).
+        std::vector<std::size_t> slots;
+        for (std::uint32_t e = 0; e < pc.endpoints.size(); ++e)
+          slots.push_back(gen.labels->endpoint_slot(static_cast<std::uint32_t>(p), e));
+        pool->on_transition(
+            [this, slots = std::move(slots)](std::uint32_t ep, routing::Transition t, routing::OpenCause cause) {
+              const std::size_t slot = ep < slots.size() ? slots[ep] : SIZE_MAX;
+              if (t == routing::Transition::opened)
+                metrics_.count_ejection_at(slot, cause);
+              else if (t == routing::Transition::closed)
+                metrics_.count_recovery_at(slot);
+            });
+      }
       if (pc.batch.enabled() || pc.coalesce) {
         // A batch's attempts count into its endpoints' series: their slots
         // are fixed now (they never change for this pool object).
@@ -160,6 +175,38 @@ void Worker::start_probes(const WorkerGeneration& g, const WorkerGeneration* bef
 }
 
 Worker::~Worker() { join(); }
+
+template <typename F>
+void Worker::for_each_pool(F&& f) {
+  // The current generation's pools, then the retired ones' that it does not
+  // have (their requests still queue and finish there); each object once.
+  // (Every tick: the list of those seen is a reused member, no allocation.)
+  auto& seen = pools_seen_;
+  seen.clear();
+  auto visit = [&](WorkerGeneration& g) {
+    for (std::size_t p = 0; p < g.pools.size(); ++p) {
+      routing::WorkerPool* pool = g.pools[p].get();
+      if (std::find(seen.begin(), seen.end(), pool) != seen.end()) continue;
+      seen.push_back(pool);
+      f(g, static_cast<std::uint32_t>(p), *pool);
+    }
+  };
+  visit(*gen_);
+  for (auto& g : retired_) visit(*g);
+}
+
+MetricsShard Worker::metrics_snapshot() {
+  MetricsShard m = metrics_;
+  for_each_pool([&](WorkerGeneration& g, std::uint32_t p, routing::WorkerPool& pool) {
+    if (const auto* q = pool.queue()) m.add_queue_waiting(g.labels().pool_slot_of(p), q->waiting());
+  });
+  return m;
+}
+
+void Worker::dispatch_queues() {
+  const auto now = core::now();
+  for_each_pool([&](WorkerGeneration&, std::uint32_t, routing::WorkerPool& pool) { pool.dispatch_queue(now); });
+}
 
 std::string Worker::take_buffer() {
   if (spare_.empty()) return {};
@@ -351,18 +398,23 @@ http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_pt
     if (draining_ || !current()) co_return;
     due += hc.interval;
     for (std::uint32_t i = 0; i < pool.size(); ++i) {
-      const auto& ep = pool.endpoint(i);
+      auto& ep = pool.endpoint(i);
+      std::string tls_error;
       const http::ProbeRequest req{.addr = ep.addr,
                                    .host_header = ep.cfg->host_header,
                                    .path = hc.path,
                                    .timeout = hc.timeout,
                                    .tls = ep.tls,
-                                   .upstream_lines = pool.config().upstream_lines};
+                                   .upstream_lines = pool.config().upstream_lines,
+                                   .tls_error = &tls_error};
       const bool ok = co_await http::probe_health(io_.get_executor(), req);
+      // A failed handshake or certificate check says why (at most every 10 s per endpoint).
+      if (!ok && !tls_error.empty()) routing::log_tls_failure(ep, pool.config().name, tls_error, core::now());
       if (pool.report_probe(i, ok, std::chrono::steady_clock::now())) {
         ++metrics_.health_transitions;
-        fmt::print(stderr, "weir: worker {}: pool {} endpoint {} is {} (GET {})\n", index_, pool.config().name,
-                   ep.cfg->display, ok ? "healthy again" : "unhealthy", hc.path);
+        fmt::print(stderr, "weir: worker {}: pool {} endpoint {} is {} (GET {}{}{})\n", index_, pool.config().name,
+                   ep.cfg->display, ok ? "healthy again" : "unhealthy", hc.path,
+                   tls_error.empty() ? "" : ": TLS: ", tls_error);
       }
     }
   }
@@ -375,6 +427,7 @@ http::Task<void> Worker::tick_loop() {
     tick_.expires_after(std::chrono::milliseconds(50));
     co_await tick_.async_wait(use_task);
     log_.flush();
+    dispatch_queues();
     if (tick % kSweepTicks == 0) sweep_idle_upstreams();
     if (!retired_.empty()) free_retired();
     trim_when_idle();

@@ -65,7 +65,7 @@ struct Shared {
   std::uint64_t instance_id = 0;                     // random per process, prefix of generated request ids
   requestlog::Writer* request_log = nullptr;         // owned by the server; null without request_log:
   ReloadStats reloads;
-  tracing::Exporter* tracer = nullptr;         // owned by the server; null without tracing:
+  tracing::Exporter* tracer = nullptr;  // owned by the server; null without tracing:
   // request_log.capture_bodies: the tenants whose bodies are stored; null = none.
   const requestlog::CaptureConfig* capture = nullptr;
 };
@@ -105,6 +105,10 @@ class Worker {
   const std::shared_ptr<WorkerGeneration>& generation() const { return gen_; }
   routing::Rng& rng() { return rng_; }
   MetricsShard& metrics() { return metrics_; }
+  // A copy of the metrics shard with the pools' queue gauges in it
+  // (MetricsShard::add_queue_waiting: the requests waiting now in every
+  // pool of the current and retired generations): on this worker's thread only.
+  MetricsShard metrics_snapshot();
   core::AccessLog& access_log() { return log_; }
   // This worker's queue to the request-log store; null without request_log:.
   requestlog::RecordQueue* record_queue() { return record_queue_; }
@@ -157,6 +161,14 @@ class Worker {
   void start_probes(const WorkerGeneration& g, const WorkerGeneration* before);
   // Frees retired generations no request holds any more (tick).
   void free_retired();
+  // Calls f(generation, pool index there, pool) for every pool object of
+  // the current generation and of the retired ones, each once.
+  template <typename F>
+  void for_each_pool(F&& f);
+  // Lets requests waiting in the pools' queues (the current generation's
+  // and the retired ones') through where the gate opened without a request
+  // leaving (the pool is no longer saturated).
+  void dispatch_queues();
   void close_idle_sessions();
   // Closes the pooled upstream connections that aged past their pool's
   // idle_keepalive or that the model server closed (ConnectionPool::sweep).
@@ -185,6 +197,7 @@ class Worker {
   std::shared_ptr<WorkerGeneration> gen_;  // what new requests start on
   // Replaced generations some request (or batch) still uses; freed on a tick once none does.
   std::vector<std::shared_ptr<WorkerGeneration>> retired_;
+  std::vector<const routing::WorkerPool*> pools_seen_;  // for_each_pool's scratch
   std::uint64_t request_seq_ = 0;
   static constexpr std::size_t kSpareBytes = 1u << 20;
   std::array<char, 16384> stream_read_{};

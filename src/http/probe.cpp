@@ -87,8 +87,12 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
     if (r.tls.client) {
       TlsStream tls(*sock, r.tls.client->context());
       std::string error;
-      if (prepare_client(tls, r.tls, error)) {
+      if (!prepare_client(tls, r.tls, error)) {
+        if (r.tls_error) *r.tls_error = error;
+      } else {
         auto [hec] = co_await tls.stream.async_handshake(asio::ssl::stream_base::client, use_task);
+        // (A handshake cut by the deadline closing the socket is a timeout, not a TLS verdict.)
+        if (hec && r.tls_error && sock->is_open()) *r.tls_error = handshake_failure_reason(tls, hec);
         if (!hec && body) {
           result = co_await fetch_over(tls.stream, r, *body, max_bytes);
         } else if (!hec) {

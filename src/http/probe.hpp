@@ -22,6 +22,7 @@ struct ProbeRequest {
   std::chrono::milliseconds timeout{1'000};  // connect + request + status line
   TlsTarget tls;                             // https:// endpoints: TLS with this context and name (else plain)
   std::string_view upstream_lines;           // the pool's header lines (credential, anthropic-version; CRLF each)
+  std::string* tls_error = nullptr;          // non-null: set to why a TLS handshake or certificate check failed
 };
 
 // True when the server answered with a 2xx status line (RFC 9112 §4) in

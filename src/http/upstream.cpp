@@ -31,6 +31,8 @@ std::string_view to_string(UpstreamFailure f) {
       return "tls";
     case UpstreamFailure::cancelled:
       return "cancelled";
+    case UpstreamFailure::breaker_open:
+      return "breaker_open";
     case UpstreamFailure::count_:
       break;
   }

@@ -27,6 +27,7 @@ enum class UpstreamFailure : std::uint8_t {
   protocol,         // unparsable response → 502
   tls,              // TLS handshake or certificate verification failed → 502, like a refused connect
   cancelled,        // Weir closed it (client left) — not the upstream's fault
+  breaker_open,     // no attempt: every endpoint of the pool is open (routing/health.hpp) → 503 + Retry-After
   count_,
 };
 

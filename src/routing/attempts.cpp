@@ -37,27 +37,46 @@ std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v) {
 }
 
 Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req)
-    : pool_(pool), rng_(rng), req_(req), endpoint_(pool.pick(now, rng, WorkerPool::npos, req)) {}
+    : pool_(pool), rng_(rng), req_(req), endpoint_(pool.pick(now, rng, WorkerPool::npos, req)) {
+  if (endpoint_ != WorkerPool::npos) trial_ = pool_.begin_request(endpoint_, now);
+}
 
 Attempts::~Attempts() {
   if (in_budget_) pool_.retry_end();
+  if (trial_) pool_.end_trial(endpoint_);
 }
 
 bool Attempts::on_connect_failure(http::UpstreamFailure /*f*/, Clock::time_point now) {
   ++connects_;
-  pool_.report_connect_failure(endpoint_, now);
+  pool_.report_connect_failure(endpoint_, now, trial_);
+  trial_ = false;
   if (connects_ >= pool_.size()) return false;
   // Another endpoint may take it: nothing has been sent anywhere. Each
   // endpoint is tried once per request, the ones not tried yet first.
   if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
+  const auto next = pool_.pick_excluding(now, rng_, tried_, req_);
+  if (next == WorkerPool::npos) return false;  // (breaker) every other endpoint is open
   ++retries_;
-  endpoint_ = pool_.pick_excluding(now, rng_, tried_, req_);
+  endpoint_ = next;
+  trial_ = pool_.begin_request(endpoint_, now);
   return true;
 }
 
 void Attempts::on_connected() {
   ++connects_;
   pool_.report_success(endpoint_);
+}
+
+bool Attempts::on_answer(bool failed, Clock::time_point now) {
+  const bool trial = trial_;
+  trial_ = false;
+  return pool_.report_answer(endpoint_, failed, now, trial);
+}
+
+bool Attempts::defer_answer() {
+  const bool trial = trial_;
+  trial_ = false;
+  return trial;
 }
 
 bool Attempts::take_retry(Clock::time_point now) {
@@ -75,7 +94,11 @@ bool Attempts::take_retry(Clock::time_point now) {
     in_budget_ = true;
   }
   if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
-  endpoint_ = pool_.pick_excluding(now, rng_, tried_, req_);
+  const auto next = pool_.pick_excluding(now, rng_, tried_, req_);
+  if (next == WorkerPool::npos) return false;  // (breaker) no endpoint may take it now
+  if (trial_) pool_.end_trial(endpoint_);
+  endpoint_ = next;
+  trial_ = pool_.begin_request(endpoint_, now);
   fresh_only_ = false;
   ++budgeted_;
   ++retries_;

@@ -47,13 +47,19 @@ class Attempts {
   static constexpr auto kStaleWindow = std::chrono::milliseconds(5);
 
   // Starts with the endpoint pool.pick() chooses at `now` for `req` (whose
-  // views must outlive this object: later attempts pick with it again).
+  // views must outlive this object: later attempts pick with it again);
+  // none when the pool is unavailable (unavailable(): every endpoint's
+  // breaker is open).
   Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req = {});
-  // Gives back the retry-budget slot this request took, if any.
+  // Gives back the retry-budget slot and the half-open trial slot this request holds, if any.
   ~Attempts();
   Attempts(const Attempts&) = delete;
   Attempts& operator=(const Attempts&) = delete;
 
+  // No endpoint may take the request (a breaker is open on each): nothing
+  // was picked, endpoint() is WorkerPool::npos. The caller fails over or
+  // answers 503 (WorkerPool::unavailable_for says for how long).
+  bool unavailable() const { return endpoint_ == WorkerPool::npos; }
   // The endpoint of the current attempt (index into the pool).
   std::uint32_t endpoint() const { return endpoint_; }
   // True when the current attempt must open a fresh connection (no pooled one).
@@ -70,6 +76,15 @@ class Attempts {
   bool on_connect_failure(http::UpstreamFailure f, Clock::time_point now);
   // The connection was opened.
   void on_connected();
+  // The current attempt's answer, for the endpoint's health (WorkerPool::report_answer):
+  // `failed` for a 5xx head, or a reset or timeout before it. Ends its
+  // half-open trial. Returns true when this ejected the endpoint.
+  bool on_answer(bool failed, Clock::time_point now);
+  // The verdict on the current attempt's answer waits (a stream is judged
+  // at its first token): the caller reports it through
+  // WorkerPool::report_answer(endpoint(), failed, now, trial) and takes over
+  // the half-open trial slot, if one is held (the return value).
+  bool defer_answer();
   // Sending the request or reading the response head failed on a connection
   // that was `reused` from the pool, after `upstream_bytes` of an answer and
   // `since_sent` after the request went out. Retried: the stale pooled
@@ -101,6 +116,7 @@ class Attempts {
   bool fresh_only_ = false;
   bool fresh_retry_used_ = false;
   bool in_budget_ = false;  // holds one of the pool's retry-budget slots
+  bool trial_ = false;      // holds a half-open trial slot of endpoint_
   bool budget_refused_ = false;
 };
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 
 #include <fmt/format.h>
 
@@ -12,8 +13,10 @@
 
 namespace weir::routing {
 
-SharedPoolState::SharedPoolState(const core::PoolConfig& cfg)
+SharedPoolState::SharedPoolState(const core::PoolConfig& cfg, std::uint32_t workers)
     : loads(static_cast<std::uint32_t>(cfg.endpoints.size())),
+      policy(HealthPolicy::of(cfg)),
+      health(static_cast<std::uint32_t>(cfg.endpoints.size()), workers),
       prefixes(cfg.balance == core::Balance::prefix_affinity
                    ? std::make_unique<PrefixIndex>(cfg.prefix_affinity.index_entries)
                    : nullptr) {}
@@ -33,8 +36,17 @@ void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view r
 }
 
 WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
-                       SharedPoolState* shared, std::shared_ptr<const void> keep)
-    : cfg_(&cfg), shared_(shared), keep_(std::move(keep)) {
+                       SharedPoolState* shared, std::uint32_t worker, std::shared_ptr<const void> keep)
+    : cfg_(&cfg),
+      policy_(HealthPolicy::of(cfg)),
+      worker_(worker),
+      ttft_(cfg.outlier.ttft_factor > 0
+                ? std::make_unique<TtftOutliers>(static_cast<std::uint32_t>(cfg.endpoints.size()),
+                                                 cfg.outlier.ttft_factor, cfg.outlier.ttft_min_samples)
+                : nullptr),
+      queue_(cfg.queue.enabled ? std::make_unique<PoolQueue>(cfg.queue) : nullptr),
+      shared_(shared),
+      keep_(std::move(keep)) {
   endpoints_.reserve(cfg.endpoints.size());
   for (std::size_t i = 0; i < cfg.endpoints.size(); ++i) {
     endpoints_.push_back(EndpointState{
@@ -100,19 +112,27 @@ std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::u
                                          const PickRequest& req) {
   const auto n = size();
   last_rule_ = PickRule::p2c;
-  if (n == 1) return 0;
+  if (n == 1) return !policy_.breaker() || endpoints_[0].health.available(now, policy_) ? 0 : npos;
   auto is_excluded = [&](std::uint32_t i) { return i < 64 && ((excluded >> i) & 1u); };
   bool any_left = false;
   for (std::uint32_t i = 0; i < n && !any_left; ++i) any_left = !is_excluded(i);
   if (!any_left) excluded = 0;
   scratch_.clear();
   for (std::uint32_t i = 0; i < n; ++i)
-    if (!is_excluded(i) && endpoints_[i].ejected_until <= now) scratch_.push_back(i);
+    if (!is_excluded(i) && endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
+  if (scratch_.empty() && policy_.breaker()) {
+    // A breaker never sends to an open endpoint: one this request tried
+    // already, if available, else none (the pool is unavailable).
+    for (std::uint32_t i = 0; i < n; ++i)
+      if (endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
+    if (scratch_.empty()) return npos;
+  }
   if (scratch_.empty()) {
     // Every endpoint left is ejected: try the one whose ejection ends first.
     std::uint32_t best = npos;
     for (std::uint32_t i = 0; i < n; ++i)
-      if (!is_excluded(i) && (best == npos || endpoints_[i].ejected_until < endpoints_[best].ejected_until)) best = i;
+      if (!is_excluded(i) && (best == npos || endpoints_[i].health.open_until() < endpoints_[best].health.open_until()))
+        best = i;
     return best;
   }
   if (cfg_->balance != core::Balance::p2c || (!req.session.empty() && !cfg_->session_header.empty()))
@@ -121,76 +141,139 @@ std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::u
   return p2c_pick(scratch_, rng, [this](std::uint32_t i) { return endpoints_[i].in_flight; });
 }
 
-void WorkerPool::report_connect_failure(std::uint32_t i, Clock::time_point now) {
+void WorkerPool::after(std::uint32_t i, Transition t, bool drop_conns) {
   auto& e = endpoints_[i];
-  e.consecutive_failures = std::min<std::uint32_t>(e.consecutive_failures + 1, 5);
-  e.ejected_until = now + cfg_->eject_for * (1u << (e.consecutive_failures - 1));
-  e.conns.clear();
+  if (t == Transition::opened) {
+    ++e.opened[static_cast<std::size_t>(e.health.cause())];
+    if (ttft_) ttft_->clear(i);  // judged afresh when it is back
+    if (drop_conns) e.conns.clear();
+  } else if (t == Transition::closed) {
+    ++e.recovered;
+  }
+  if (t != Transition::none && on_transition_) on_transition_(i, t, e.health.cause());
+  if (!shared_) return;
+  // Only a change is written: the cells of one endpoint's workers share a
+  // cache line, and a write per request would bounce it between them.
+  const std::uint64_t v = HealthBoard::pack(e.health);
+  if (v == e.published) return;
+  e.published = v;
+  shared_->health.publish(i, worker_, e.health);
 }
 
-bool WorkerPool::report_answer(std::uint32_t i, bool failed, Clock::time_point now) {
-  auto& e = endpoints_[i];
-  const auto& oc = cfg_->outlier;
-  if (!failed) {
-    e.failed_answers = 0;
-    if (e.ejected_until <= now) e.outlier_ejections = 0;
-    return false;
-  }
-  if (oc.consecutive_failures == 0 || ++e.failed_answers < oc.consecutive_failures) return false;
-  e.failed_answers = 0;
-  // Never eject beyond max_ejected_percent of the pool (Envoy's cap): a
-  // pool whose endpoints all fail keeps serving from them.
-  std::uint32_t ejected = 0;
-  for (const auto& o : endpoints_) ejected += o.ejected_until > now;
-  if (e.ejected_until > now) return false;
-  if (std::uint64_t{ejected + 1} * 100 > std::uint64_t{oc.max_ejected_percent} * size()) return false;
-  e.outlier_ejections = std::min<std::uint32_t>(e.outlier_ejections + 1, 5);
-  e.ejected_until = now + cfg_->eject_for * (1u << (e.outlier_ejections - 1));
-  return true;
+std::uint32_t WorkerPool::open_count(Clock::time_point now) const {
+  std::uint32_t n = 0;
+  for (const auto& e : endpoints_) n += e.health.state(now, policy_) == HealthState::open ? 1u : 0u;
+  return n;
+}
+
+bool WorkerPool::may_eject(std::uint32_t i, Clock::time_point now) const {
+  // Never beyond max_ejected_percent of the pool (Envoy's cap): a pool whose
+  // endpoints all fail keeps serving from them.
+  if (endpoints_[i].health.state(now, policy_) == HealthState::open) return false;
+  const std::uint64_t ejected = open_count(now) + 1;
+  return ejected * 100 <= std::uint64_t{cfg_->outlier.max_ejected_percent} * size();
+}
+
+void WorkerPool::report_connect_failure(std::uint32_t i, Clock::time_point now, bool trial) {
+  auto& h = endpoints_[i].health;
+  if (trial) h.end_trial();
+  after(i, h.on_connect_failure(now, policy_), /*drop_conns=*/true);
+  // Its idle connections go whether it was open already or not (the server is gone).
+  endpoints_[i].conns.clear();
+}
+
+void WorkerPool::report_success(std::uint32_t i) { after(i, endpoints_[i].health.on_connected(policy_)); }
+
+bool WorkerPool::report_answer(std::uint32_t i, bool failed, Clock::time_point now, bool trial) {
+  auto& h = endpoints_[i].health;
+  // With a breaker a failing endpoint opens whatever the share of the pool
+  // (a pool that all fails is unavailable); without, within the cap.
+  const bool may_open = failed && (policy_.breaker() || may_eject(i, now));
+  const Transition t = h.on_answer(failed, trial, now, policy_, may_open);
+  after(i, t);
+  return t == Transition::opened;
+}
+
+bool WorkerPool::report_ttft(std::uint32_t i, std::uint32_t ttft_us, Clock::time_point now) {
+  if (!ttft_) return false;
+  // Judged once every endpoint in use has its samples (the pool's norm is all of them).
+  const std::uint32_t in_use = size() - open_count(now);
+  if (!ttft_->add(i, ttft_us, in_use) || !may_eject(i, now)) return false;
+  const Transition t = endpoints_[i].health.open(now, policy_, OpenCause::ttft);
+  after(i, t);
+  return t == Transition::opened;
 }
 
 bool WorkerPool::report_probe(std::uint32_t i, bool ok, Clock::time_point now) {
-  auto& e = endpoints_[i];
   const auto& hc = cfg_->health;
-  if (ok) {
-    e.failed_probes = 0;
-    if (!e.probe_down) return false;
-    e.probe_down = false;
-    e.ejected_until = {};
-    return true;
+  // Held past the next probe, so no pick slips in between.
+  const Transition t = endpoints_[i].health.on_probe(ok, now, now + hc.interval + hc.timeout + hc.timeout, policy_);
+  after(i, t, /*drop_conns=*/true);
+  return t != Transition::none;
+}
+
+bool WorkerPool::any_available(Clock::time_point now) const {
+  for (const auto& e : endpoints_)
+    if (e.health.available(now, policy_)) return true;
+  return false;
+}
+
+WorkerPool::Clock::duration WorkerPool::unavailable_for(Clock::time_point now) const {
+  auto best = Clock::duration::max();
+  for (const auto& e : endpoints_) {
+    if (e.health.available(now, policy_)) return Clock::duration::zero();
+    // Half-open with every trial slot taken: a trial answers soon.
+    const auto until = e.health.open_until() > now ? e.health.open_until() - now : Clock::duration::zero();
+    best = std::min(best, until);
   }
-  if (++e.failed_probes < hc.unhealthy_after) return false;
-  // Ejected until the next probe can clear it (a little past it, so no pick slips in between).
-  e.ejected_until = std::max(e.ejected_until, now + hc.interval + hc.timeout + hc.timeout);
-  e.conns.clear();
-  const bool changed = !e.probe_down;
-  e.probe_down = true;
-  return changed;
+  return best == Clock::duration::max() ? Clock::duration::zero() : best;
+}
+
+bool endpoint_saturated(const LoadSnapshot& s, const core::QueueConfig& qc) {
+  const auto kv_limit = static_cast<std::uint32_t>(std::lround(qc.saturation_kv_cache * 1000));
+  return s.waiting >= qc.saturation_waiting || s.kv_permille >= kv_limit;
+}
+
+bool WorkerPool::saturated(Clock::time_point now) const {
+  if (!shared_ || !cfg_->queue.saturation) return false;
+  bool any = false;
+  for (std::uint32_t i = 0; i < size(); ++i) {
+    if (!endpoints_[i].health.available(now, policy_)) continue;
+    const LoadSnapshot s = shared_->loads.read(i);
+    // No scrape (never, or the last one failed): counts as free (fail open).
+    if (s.seq == 0 || !endpoint_saturated(s, cfg_->queue)) return false;
+    any = true;
+  }
+  return any;
+}
+
+std::uint32_t WorkerPool::dispatch_queue(Clock::time_point now) {
+  if (!queue_ || queue_->waiting() == 0) return 0;
+  std::uint32_t n = 0;
+  while (queue_->admit_next(saturated(now))) ++n;
+  return n;
 }
 
 void WorkerPool::carry_from(WorkerPool& old) {
-  for (auto& e : endpoints_) {
-    for (auto& o : old.endpoints_) {
+  for (std::uint32_t i = 0; i < size(); ++i) {
+    auto& e = endpoints_[i];
+    for (std::uint32_t j = 0; j < old.size(); ++j) {
+      auto& o = old.endpoints_[j];
       if (o.cfg->url != e.cfg->url || o.addr != e.addr) continue;
-      e.ejected_until = o.ejected_until;
-      e.consecutive_failures = o.consecutive_failures;
-      e.failed_answers = o.failed_answers;
-      e.outlier_ejections = o.outlier_ejections;
-      if (cfg_->health.enabled) {  // else no probe would ever clear it
-        e.failed_probes = o.failed_probes;
-        e.probe_down = o.probe_down;
-      }
+      // Its machine goes on under this pool's rules (an open period keeps its
+      // end); trial slots stay with `old`, whose requests give them back there.
+      // Without probes now, a probe's verdict is forgotten (no probe would
+      // clear it); an opening it caused ends by time.
+      e.health.carry(o.health, cfg_->health.enabled);
+      e.opened = o.opened;
+      e.recovered = o.recovered;
+      if (ttft_ && old.ttft_) ttft_->adopt(i, *old.ttft_, j);
       e.tls_failure_logged = o.tls_failure_logged;
       if (!e.tls.client && !o.tls.client) e.conns.adopt(o.conns);
+      after(i, Transition::none);  // publishes it on this pool's board
       break;
     }
   }
-}
-
-void WorkerPool::report_success(std::uint32_t i) {
-  auto& e = endpoints_[i];
-  e.consecutive_failures = 0;
-  if (!e.probe_down) e.ejected_until = {};  // the health probes clear their own ejection
 }
 
 }  // namespace weir::routing

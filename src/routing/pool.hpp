@@ -2,8 +2,10 @@
 // their idle upstream connections. Owned by one worker thread; no locks.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -12,8 +14,10 @@
 #include "http/io.hpp"
 #include "http/upstream.hpp"
 #include "routing/balance.hpp"
+#include "routing/health.hpp"
 #include "routing/load.hpp"
 #include "routing/prefix_index.hpp"
+#include "routing/queue.hpp"
 #include "routing/rng.hpp"
 
 namespace weir::routing {
@@ -24,12 +28,10 @@ struct EndpointState {
   http::ConnectionPool conns;
   http::TlsTarget tls;          // https:// endpoints: the pool's TLS context and the server name; else no client
   std::uint32_t in_flight = 0;  // requests of this worker currently on this endpoint
-  std::chrono::steady_clock::time_point ejected_until{};  // skipped by pick() until then
-  std::uint32_t consecutive_failures = 0;                 // connect failures in a row
-  std::uint32_t failed_answers = 0;                       // outlier detection: failed answers in a row
-  std::uint32_t outlier_ejections = 0;                    // outlier ejections in a row (the doubling)
-  std::uint32_t failed_probes = 0;                        // active health probes failed in a row
-  bool probe_down = false;                                // ejected by the health probes until one succeeds
+  EndpointHealth health;        // ejection and circuit breaker (routing/health.hpp)
+  std::uint64_t published = 0;  // the health last written to the shared HealthBoard (HealthBoard::pack)
+  std::array<std::uint64_t, static_cast<std::size_t>(OpenCause::count_)> opened{};  // openings by cause
+  std::uint64_t recovered = 0;            // half-open (or probe-ejected) endpoints found healthy again
   std::uint32_t scrape_seq = 0;           // the last /metrics scrape this worker saw (LoadSnapshot::seq)
   std::uint32_t in_flight_at_scrape = 0;  // in_flight when it saw it
   std::chrono::steady_clock::time_point tls_failure_logged{};  // log_tls_failure's rate limit
@@ -47,13 +49,20 @@ void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view r
 // balance: prefix_affinity, the prefix index. Built before the workers, kept
 // until they are gone; read and written without locks (load.hpp, prefix_index.hpp).
 struct SharedPoolState {
-  explicit SharedPoolState(const core::PoolConfig& cfg);
+  // `workers`: the worker threads that will publish their view of the endpoints' health.
+  explicit SharedPoolState(const core::PoolConfig& cfg, std::uint32_t workers = 1);
   LoadBoard loads;
+  HealthPolicy policy;                    // the pool's ejection and breaker rules
+  HealthBoard health;                     // every worker's view of every endpoint (/metrics, /ready)
   std::unique_ptr<PrefixIndex> prefixes;  // null unless balance is prefix_affinity
   // The TLS client context of the pool's https:// endpoints (set by the
   // server at start-up, http::TlsClient::make); null when none is https://.
   std::shared_ptr<http::TlsClient> tls;
 };
+
+// Endpoint load `s` (a scrape, s.seq != 0) passes a saturation threshold of
+// `qc` (the Inference Extension's detector): waiting requests or KV-cache use.
+bool endpoint_saturated(const LoadSnapshot& s, const core::QueueConfig& qc);
 
 // The TLS target of endpoint `e` of pool `cfg` with context `client`: the
 // pool's tls.server_name, else the endpoint's host. No client for http://.
@@ -67,30 +76,34 @@ class WorkerPool {
   // `addrs[i]` is the resolved address of cfg.endpoints[i]. `shared` (may be
   // null: then every endpoint's load is its in-flight count, and
   // prefix_affinity has no index and balances on load alone, and https://
-  // endpoints have no TLS context: tests only) outlives the pool. `keep`
-  // holds what `cfg` and `shared` live in (a configuration generation's
-  // pool) for as long as the pool exists; empty: they outlive it.
+  // endpoints have no TLS context: tests only) outlives the pool; `worker`
+  // is the index this pool publishes its endpoints' health under there.
+  // `keep` holds what `cfg` and `shared` live in (a configuration
+  // generation's pool) for as long as the pool exists; empty: they outlive it.
   WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,
-             SharedPoolState* shared = nullptr, std::shared_ptr<const void> keep = {});
+             SharedPoolState* shared = nullptr, std::uint32_t worker = 0, std::shared_ptr<const void> keep = {});
 
   const core::PoolConfig& config() const { return *cfg_; }
   std::uint32_t size() const { return static_cast<std::uint32_t>(endpoints_.size()); }
   EndpointState& endpoint(std::uint32_t i) { return endpoints_[i]; }
+  const EndpointState& endpoint(std::uint32_t i) const { return endpoints_[i]; }
 
-  // The endpoint for a request, among those that are not ejected (all of
-  // them if every one is ejected: the one whose ejection ends first), never
-  // `exclude` when another exists, chosen by the pool's policy (balance.hpp):
+  // The endpoint for a request, among those that are available (closed, or
+  // half-open with a trial slot free: routing/health.hpp), never `exclude`
+  // when another exists, chosen by the pool's policy (balance.hpp):
   // p2c on in-flight requests, least_load, or prefix_affinity on `req`'s
   // prompt; a `req.session` with session_header set goes by session
   // affinity first. prefix_affinity records the choice in the prefix index.
   // O(n) in the endpoints (p2c: O(1) for ≤ 2), plus for prefix_affinity
-  // O(prompt bytes) hashing (at most max_blocks * block_bytes).
+  // O(prompt bytes) hashing (at most max_blocks * block_bytes). When none is
+  // available: with a breaker, npos (the pool is unavailable); without, the
+  // one whose ejection ends first.
   std::uint32_t pick(Clock::time_point now, Rng& rng, std::uint32_t exclude = npos, const PickRequest& req = {}) {
     return pick_excluding(now, rng, exclude < 64 ? (std::uint64_t{1} << exclude) : 0, req);
   }
   // The same over the endpoints whose bit is clear in `excluded` (bit i =
   // endpoint i; endpoints from 64 on are never excluded); when every one is
-  // excluded, as pick(now, rng).
+  // excluded, or (breaker) none of the others is available, as pick(now, rng).
   std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded, const PickRequest& req = {});
 
   // Endpoint `i`'s load as the load-aware policies see it (balance.hpp's
@@ -102,27 +115,68 @@ class WorkerPool {
   // The shared state (null when none was given).
   SharedPoolState* shared() { return shared_; }
 
-  // Connect refused or timed out: eject for cfg.eject_for, doubling per
-  // consecutive failure up to 16×.
-  void report_connect_failure(std::uint32_t i, Clock::time_point now);
+  // --- health (routing/health.hpp): every report updates endpoint `i`'s
+  // machine, counts its transitions and publishes a change to the shared board.
+  const HealthPolicy& policy() const { return policy_; }
+  // The machine's state of endpoint `i` at `now`.
+  HealthState state(std::uint32_t i, Clock::time_point now) const { return endpoints_[i].health.state(now, policy_); }
+  // A request goes to endpoint `i`: true when it took a half-open trial slot
+  // (then give it back with the report of its answer, or end_trial()).
+  bool begin_request(std::uint32_t i, Clock::time_point now) { return endpoints_[i].health.begin(now, policy_); }
+  void end_trial(std::uint32_t i) { endpoints_[i].health.end_trial(); }
+  // Connect refused, timed out or failed TLS: opens it at once (eject_for,
+  // doubling per opening in a row) and closes its idle connections.
+  void report_connect_failure(std::uint32_t i, Clock::time_point now, bool trial = false);
+  // A connection to `i` opened (ends a refusal's ejection without a breaker).
   void report_success(std::uint32_t i);
-  // An answer from endpoint `i` (outlier detection, cfg.outlier): `failed`
-  // for a 5xx status or a reset/timeout before the head. Returns true when
-  // this ejected the endpoint. A good answer clears the count.
-  bool report_answer(std::uint32_t i, bool failed, Clock::time_point now);
+  // An answer from endpoint `i`: `failed` for a 5xx status, a reset or
+  // timeout before the head, or a stream's first-token timeout; `trial`
+  // when the request held a trial slot. Opens it at outlier.consecutive_failures
+  // failures in a row (never beyond max_ejected_percent of the pool without
+  // a breaker), reopens a half-open one on a failure and closes it on a
+  // success. Returns true when this opened it.
+  bool report_answer(std::uint32_t i, bool failed, Clock::time_point now, bool trial = false);
+  // A stream's TTFT on endpoint `i` (request written → first data event,
+  // µs), for outlier.ttft_factor. Returns true when this ejected `i` (never
+  // beyond max_ejected_percent of the pool).
+  bool report_ttft(std::uint32_t i, std::uint32_t ttft_us, Clock::time_point now);
   // An active health probe of endpoint `i` (cfg.health) ended. After
-  // cfg.health.unhealthy_after failures in a row the endpoint is ejected
-  // until a probe succeeds (re-ejected at each failed probe); returns true
-  // when this probe changed it between up and down.
+  // cfg.health.unhealthy_after failures in a row the endpoint is open until
+  // a probe succeeds (re-held at each failed probe); returns true when this
+  // probe changed it between up and down.
   bool report_probe(std::uint32_t i, bool ok, Clock::time_point now);
+  // Some endpoint may take a request at `now` (pick() would not return npos).
+  bool any_available(Clock::time_point now) const;
+  // How long until an endpoint may take a request again (0 when one may now).
+  Clock::duration unavailable_for(Clock::time_point now) const;
+
+  // --- overload (pools.X.queue): this worker's admission queue, null when off.
+  PoolQueue* queue() { return queue_.get(); }
+  const PoolQueue* queue() const { return queue_.get(); }
+  // The pool is saturated by its endpoints' own metrics (queue.saturation):
+  // every available endpoint with a scrape reports vllm:num_requests_waiting
+  // ≥ saturation.waiting or vllm:kv_cache_usage_perc ≥ saturation.kv_cache
+  // (at least one has a scrape). O(endpoints) relaxed loads.
+  bool saturated(Clock::time_point now) const;
+  // Lets waiting requests through while the gate is open; returns how many.
+  std::uint32_t dispatch_queue(Clock::time_point now);
 
   // A configuration reload replaced `old` (a pool of the same name) by this
   // one: each endpoint of this pool that `old` has too (same URL and
-  // address) takes its health and ejection state and, over plain HTTP, its
+  // address) takes its health machine (EndpointHealth::carry: open or
+  // half-open with its period and doubling, failures and failed probes in a
+  // row), its TTFT samples, its transition counts and, over plain HTTP, its
   // idle connections (a TLS connection was made with the old pool's
-  // context, which may trust other CAs, and is left to close). In-flight
-  // counts stay with `old`: its requests end there.
+  // context, which may trust other CAs, and is left to close), and
+  // publishes it on this pool's board. In-flight counts, half-open trial
+  // slots and the admission queue (its waiters and active requests) stay
+  // with `old`: its requests end there.
   void carry_from(WorkerPool& old);
+  // Called on this pool's thread at each opening of an endpoint (`t`
+  // opened, `cause` why) and each recovery (`t` closed): the worker's
+  // metrics. Not called for carry_from. Empty: none.
+  using TransitionHook = std::function<void(std::uint32_t endpoint, Transition t, OpenCause cause)>;
+  void on_transition(TransitionHook hook) { on_transition_ = std::move(hook); }
 
   // A request starts / ends on endpoint `i`: the in-flight count pick() balances on.
   void on_start(std::uint32_t i) {
@@ -143,7 +197,19 @@ class WorkerPool {
   void retry_end() { --retrying_; }
 
  private:
+  // After an event on endpoint `i`: counts transition `t`, closes the idle
+  // connections of an opened endpoint when `drop_conns`, publishes a change.
+  void after(std::uint32_t i, Transition t, bool drop_conns = false);
+  // Endpoints open (ejected) at `now`.
+  std::uint32_t open_count(Clock::time_point now) const;
+  // Opening one more keeps the pool within outlier.max_ejected_percent.
+  bool may_eject(std::uint32_t i, Clock::time_point now) const;
+
   const core::PoolConfig* cfg_;
+  HealthPolicy policy_;
+  std::uint32_t worker_ = 0;
+  std::unique_ptr<TtftOutliers> ttft_;  // outlier.ttft_factor set
+  std::unique_ptr<PoolQueue> queue_;    // queue configured
   std::vector<EndpointState> endpoints_;
   // The non-p2c policies (and sessions) over the healthy endpoints in scratch_.
   std::uint32_t pick_by_policy(Clock::time_point now, Rng& rng, const PickRequest& req);
@@ -155,6 +221,7 @@ class WorkerPool {
   std::vector<std::uint64_t> seeds_;    // session rendezvous seed per endpoint: endpoint_seed(host:port)
   std::uint32_t in_flight_ = 0;
   std::uint32_t retrying_ = 0;
+  TransitionHook on_transition_;
   std::shared_ptr<const void> keep_;
 };
 

@@ -160,6 +160,7 @@ bool Reloader::apply(std::string_view why) {
   in.pricing = std::move(loaded->pricing);
   in.tls = std::move(loaded->tls);
   in.policy = auth->policy.get();
+  in.workers = static_cast<std::uint32_t>(shared_.workers.size());
   auto gen = gateway::build_generation(std::move(in), shared_.generation.get());
   if (!gen) return refuse(gen.error());
   auto policy = services_.commit_reload(std::move(*auth));

@@ -68,6 +68,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     in.pricing = std::move(loaded.pricing);
     in.tls = loaded.tls;  // built (and checked) by load_config, so --check refuses what start-up would
     in.policy = shared.auth_policy.get();
+    in.workers = n;
     auto gen = gateway::build_generation(std::move(in), nullptr);
     if (!gen) {
       fmt::print(stderr, "weir: {}\n", gen.error());

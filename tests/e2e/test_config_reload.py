@@ -177,6 +177,28 @@ def test_a_stream_in_flight_across_a_reload_completes_untouched(mock, weir):
     wait_until(lambda: connections_to(slow.process.port) == 0, 5, message="connections to the removed endpoint closed")
 
 
+def test_an_open_breaker_stays_open_when_a_reload_changes_its_pool(mock, weir):
+    live = mock(*FAST)
+    dead = f"http://127.0.0.1:{free_port()}"
+    pool = {"endpoints": [dead], "eject_for": "60s", "breaker": {}}
+    cfg = {"pools": {"a": pool}, "models": {"m1": {"pool": "a", "upstream_model": "mock-model"}}}
+    w = weir(config=cfg, workers=1)
+    assert status(w, "m1") == 502  # refused: its breaker opens
+    r = httpx.post(w.v1 + "/chat/completions", json={"model": "m1", "messages": MSG}, timeout=10)
+    assert r.status_code == 503 and "circuit breaker is open" in r.text, r.text
+    assert httpx.get(w.base_url + "/ready").status_code == 503
+    # The pool changes (a live endpoint joins): the dead one keeps its open breaker in the new pool.
+    write(w, {"pools": {"a": {**pool, "endpoints": [dead, live.base_url]}}, "models": cfg["models"]}, workers=1)
+    sighup(w)
+    assert w.metric("weir_upstream_endpoint_state", endpoint=dead, state="open") == 1  # before any request
+    for _ in range(6):
+        assert status(w, "m1") == 200
+    assert live.metric("vllm:request_success_total") == 6
+    assert w.metric("weir_upstream_attempts_total", endpoint=dead) == 1, "nothing more went to the open endpoint"
+    assert w.metric("weir_upstream_ejections_total", endpoint=dead, cause="connect") == 1
+    assert httpx.get(w.base_url + "/ready").status_code == 200
+
+
 def test_watch_config_reloads_on_a_file_change_and_not_again_for_a_refused_one(mock, weir):
     a, b = mock(*FAST), mock(*FAST)
     cfg = two_pools(a)

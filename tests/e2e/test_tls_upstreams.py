@@ -371,6 +371,9 @@ def test_health_probe_over_https_with_a_bad_certificate_marks_the_endpoint_down(
     wait_until(lambda: w.metric("weir_upstream_health_transitions_total") >= 1, 5,
                message="the probe marks the endpoint unhealthy")
     assert "unhealthy" in weir_stderr(w)
+    # The probe's log says why, as a request's does.
+    assert "TLS: certificate verification failed: unable to get local issuer certificate" in weir_stderr(w)
+    assert "TLS connect failed: certificate verification failed" in weir_stderr(w)
 
 
 def test_bad_ca_file_is_refused_at_start(pki, tmp_path):

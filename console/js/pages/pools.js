@@ -50,6 +50,7 @@ function pool(p) {
           h("td", {class: "num"}, num(e.attempts)),
           h("td", {class: "num", title: failures.map(([k, n]) => `${k}: ${n}`).join(", ") || null}, num(total)),
           h("td", {class: "muted small"}, e.health === "ejected" ? `on ${e.ejected_workers} worker(s), ${num(e.ejected_ms)} ms more`
-            : e.health === "down" ? `${e.failed_probes} failed probes` : ""));
+            : e.health === "down" ? `${e.failed_probes} failed probes`
+            : e.half_open_workers > 0 ? `half-open on ${e.half_open_workers} worker(s)` : ""));
       }))));
 }

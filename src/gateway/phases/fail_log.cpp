@@ -253,7 +253,10 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
       out += i ? R"(,{"pool":)"sv : R"({"pool":)"sv;
       core::append_json_string(out, pool.name);
       out += R"(,"endpoint":)"sv;
-      core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
+      if (a.endpoint < 0)  // none was tried (breaker_open)
+        out += "null"sv;
+      else
+        core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
       out += R"(,"status":)"sv;
       if (a.status)
         core::append_int(out, a.status);

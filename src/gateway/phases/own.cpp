@@ -25,6 +25,8 @@ core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
     co_await send_own(ctx, {200, "application/json", R"({"status":"ok"})", {}});
   } else if (ctx.route == RouteKind::ready) {
     if (w_.draining()) co_return Outcome::failed(core::unavailable("Weir is draining."));
+    if (auto why = ready_problem(*ctx.gen->shared, false); !why.empty())
+      co_return Outcome::failed(core::unavailable(std::move(why)));
     co_await send_own(ctx, {200, "application/json", R"({"status":"ready"})", {}});
   } else if (ctx.route == RouteKind::metrics) {
     std::string text;

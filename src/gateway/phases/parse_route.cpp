@@ -21,6 +21,10 @@
 
 namespace weir::gateway {
 
+namespace {
+constexpr std::uint32_t kMaxTimeoutMs = 86'400'000;
+}  // namespace
+
 bool GatewayPhases::proxied(const RequestContext& ctx) const {
   if (api_of(ctx.route) || ctx.route == RouteKind::version) return true;
   // Quick mode: the upstream knows its models.
@@ -119,6 +123,19 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
                                                              : ctx.gen->labels().model_slot[r->model_index];
   ctx.pool = static_cast<int>(r->pool);
+  // x-weir-timeout-ms: N bounds the whole request from its arrival, queueing
+  // and retries included (docs/reliability.md#deadlines). Relative, as
+  // gRPC's grpc-timeout and Envoy's x-envoy-upstream-rq-timeout-ms, so no
+  // clock has to agree with Weir's.
+  if (const std::string_view h = down_.request()["x-weir-timeout-ms"]; !h.empty()) {
+    std::uint32_t ms = 0;
+    const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), ms);
+    if (ec != std::errc() || p != h.data() + h.size() || ms < 1 || ms > kMaxTimeoutMs)
+      return Outcome::failed(
+          core::bad_request("x-weir-timeout-ms must be a whole number of milliseconds from 1 to 86400000 (24 hours)."));
+    ctx.deadline_ms = ms;
+    ctx.deadline = ctx.t_start + std::chrono::milliseconds(ms);
+  }
   if (anthropic_pool(ctx)) {
     if (!served_by_anthropic(ctx.route)) return Outcome::failed(not_served_by_anthropic(ctx));
     // Chat completions and Responses are translated for Anthropic here, so

@@ -3,6 +3,9 @@
 // the pool's endpoints (policy in routing::Attempts), then the response as
 // a stream or a buffered body. Nothing is retried once a byte reached the
 // client (the commit point).
+#include <algorithm>
+#include <charconv>
+
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
@@ -42,6 +45,19 @@ std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_v
   if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
   if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
   return client_target;
+}
+// Time left before `deadline` (none: `d` unchanged): `d` or less, never below 1 ms.
+std::chrono::milliseconds within(std::chrono::milliseconds d, core::TimePoint deadline, core::TimePoint now) {
+  if (deadline == core::TimePoint{}) return d;
+  // Rounded up: a timeout the deadline capped fires at or past it, so it is seen as the deadline's.
+  const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
+  return std::max(std::chrono::milliseconds(1), std::min(d, left));
+}
+bool passed(core::TimePoint deadline, core::TimePoint now) { return deadline != core::TimePoint{} && now >= deadline; }
+// Whole seconds for a Retry-After, rounded up, at least 1.
+std::uint32_t retry_after_s(std::chrono::steady_clock::duration d) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  return static_cast<std::uint32_t>(std::clamp<std::int64_t>((ms + 999) / 1000, 1, 86'400));
 }
 }  // namespace
 
@@ -397,14 +413,25 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       next_target(ctx);
     }
   }
+  // A queue slot this request holds goes back whatever ends the request (a throw included).
+  struct QueueRelease {
+    GatewayPhases& self;
+    RequestContext& ctx;
+    ~QueueRelease() { self.leave_queue(ctx); }
+  } release{*this, ctx};
   // One pass per target: the route's pool, then each fallback while the
   // previous one failed before anything reached the client (ctx.fail_over,
   // set by the attempts or by a held stream).
   for (;;) {
-    // The attempts run in their own frame, gone once the response head is
-    // in: a long stream holds only this small one and the responder's.
-    Outcome o = co_await attempt_pool(ctx);
+    // The pool's admission queue (pools.X.queue), then the attempts, in
+    // their own frames, gone once the response head is in: a long stream
+    // holds only this small one and the responder's.
+    // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
+    Outcome o = Outcome::next();
+    if (ctx.gen->pool(ctx.target.pool).queue()) o = co_await enter_pool(ctx);
+    if (o.goes_on()) o = co_await attempt_pool(ctx);
     if (!o.goes_on()) {
+      leave_queue(ctx);
       if (ctx.fail_over && fallback_left(ctx)) {
         ctx.fail_over = false;
         next_target(ctx);
@@ -412,9 +439,12 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       }
       co_return o;
     }
+    const bool cutoff = arm_cutoff(ctx);
     o = co_await relay(ctx, exchange_);
     auto& pool = ctx.gen->pool(ctx.target.pool);
     const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
+    if (cutoff) o = after_cutoff(ctx, std::move(o));
+    if (ctx.verdict_pending) judge_stream(ctx, o);
     pool.on_finish(ep);
     ctx.source = nullptr;
     // Keep the connection only after a complete, keep-alive response.
@@ -422,6 +452,7 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       ++c->uses;
       pool.endpoint(ep).conns.put(std::move(c), core::now());
     }
+    leave_queue(ctx);
     if (ctx.fail_over && fallback_left(ctx)) {
       ctx.fail_over = false;
       next_target(ctx);
@@ -429,6 +460,168 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     }
     co_return o;
   }
+}
+
+void GatewayPhases::leave_queue(RequestContext& ctx) {
+  if (ctx.queue_pool < 0) return;
+  auto& pool = ctx.gen->pool(static_cast<std::uint32_t>(ctx.queue_pool));
+  ctx.queue_pool = -1;
+  pool.queue()->done();
+  pool.dispatch_queue(core::now());  // its place goes to the next one waiting
+}
+
+core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  routing::PoolQueue& q = *pool.queue();
+  const auto& qc = q.config();
+  auto& m = w_.metrics();
+  const auto now = core::now();
+  // The request's priority: its tenant's, or lower by x-weir-priority
+  // (without auth the header sets it: there is no tenant to cap it).
+  int priority = ctx.principal ? ctx.principal->priority() : 0;
+  if (const std::string_view h = down_.request()["x-weir-priority"]; !h.empty()) {
+    int v = -1;
+    const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), v);
+    if (ec != std::errc() || p != h.data() + h.size() || v < 0 || v > 100)
+      co_return Outcome::failed(core::bad_request("x-weir-priority must be a whole number from 0 to 100."));
+    priority = ctx.principal ? std::min(priority, v) : v;
+  }
+  // Every endpoint's breaker open: the attempts answer at once (a fallback, or 503).
+  if (pool.policy().breaker() && !pool.any_available(now)) co_return Outcome::next();
+  const bool saturated = pool.saturated(now);
+  if (q.try_enter(saturated)) {
+    ctx.queue_pool = static_cast<int>(ctx.target.pool);
+    co_return Outcome::next();
+  }
+  const auto reason = saturated ? ShedReason::saturated : ShedReason::queue_full;
+  const auto shed = [&](ShedReason r) {
+    m.count_shed(ctx.gen->pool_slot(ctx.target.pool), r);
+    return Outcome::failed(overloaded(subject(ctx), r, qc.shed_status, retry_after_s(qc.retry_after)));
+  };
+  if (fallback_left(ctx)) {
+    // The next target may have room: it takes the request rather than this queue.
+    ctx.fail_over = true;
+    co_return Outcome::failed(overloaded(subject(ctx), reason, qc.shed_status, retry_after_s(qc.retry_after)));
+  }
+  routing::QueueWaiter& waiter = ctx.waiter;
+  waiter = {};
+  waiter.priority = priority;
+  core::Timer timer(w_.io().get_executor());
+  waiter.timer = &timer;
+  routing::QueueWaiter* displaced = nullptr;
+  if (!q.push(waiter, displaced)) co_return shed(reason);
+  // (A displaced waiter counts its own shedding when it wakes.)
+  // However the wait ends, the waiter is no longer linked after it.
+  struct Unlink {
+    routing::PoolQueue& q;
+    RequestContext& ctx;
+    ~Unlink() {
+      q.leave(ctx.waiter);
+      ctx.waiter.timer = nullptr;
+      ctx.backoff = nullptr;
+    }
+  } unlink{q, ctx};
+  ++m.queued(ctx.gen->pool_slot(ctx.target.pool));
+  auto until = now + qc.timeout;
+  if (ctx.deadline != core::TimePoint{} && ctx.deadline < until) until = ctx.deadline;
+  timer.expires_at(until);
+  ctx.backoff = &timer;  // on_client_gone cancels it
+  co_await timer.async_wait(core::use_task);
+  ctx.backoff = nullptr;
+  switch (waiter.verdict) {
+    case routing::QueueWaiter::Verdict::admitted:
+      ctx.queue_pool = static_cast<int>(ctx.target.pool);
+      if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
+      co_return Outcome::next();
+    case routing::QueueWaiter::Verdict::shed:
+      co_return shed(pool.saturated(core::now()) ? ShedReason::saturated : ShedReason::queue_full);
+    default:
+      break;
+  }
+  if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  if (passed(ctx.deadline, core::now())) {
+    ++m.deadline_exceeded;
+    co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
+  }
+  co_return shed(ShedReason::queue_timeout);
+}
+
+bool GatewayPhases::arm_cutoff(RequestContext& ctx) {
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  ctx.cutoff = RequestContext::Cutoff::none;
+  ctx.first_token_by = ctx.stream && pc.timeouts.first_token.count() > 0 ? ctx.t_upstream_sent + pc.timeouts.first_token
+                                                                         : core::TimePoint{};
+  if (ctx.first_token_by == core::TimePoint{} && ctx.deadline == core::TimePoint{}) return false;
+  if (!ctx.cutoff_watch) ctx.cutoff_watch.emplace(w_.io().get_executor(), [this, &ctx] { on_cutoff(ctx); });
+  auto at = ctx.first_token_by;
+  if (at == core::TimePoint{} || (ctx.deadline != core::TimePoint{} && ctx.deadline < at)) at = ctx.deadline;
+  ctx.cutoff_watch->reset_expired();
+  ctx.cutoff_watch->expires_at(at);
+  return true;
+}
+
+void GatewayPhases::on_cutoff(RequestContext& ctx) {
+  const auto now = core::now();
+  if (passed(ctx.deadline, now)) {
+    ctx.cutoff = RequestContext::Cutoff::deadline;
+  } else if (ctx.first_token_by != core::TimePoint{} && ctx.t_first_token == core::TimePoint{} &&
+             now >= ctx.first_token_by) {
+    ctx.cutoff = RequestContext::Cutoff::first_token;
+  } else {
+    // The first token came in time: only the deadline is left to watch.
+    if (ctx.deadline != core::TimePoint{}) ctx.cutoff_watch->expires_at(ctx.deadline);
+    return;
+  }
+  // The responder's pending read completes as cancelled; it maps it (respond_stream).
+  if (ctx.source && !ctx.source->done()) ctx.source->cancel();
+}
+
+Outcome GatewayPhases::after_cutoff(RequestContext& ctx, Outcome o) {
+  ctx.cutoff_watch->disarm();
+  auto& m = w_.metrics();
+  switch (ctx.cutoff) {
+    case RequestContext::Cutoff::first_token:
+      ++m.first_token_timeouts;
+      return o;  // a timeout: a fallback may take it (respond_stream set fail_over)
+    case RequestContext::Cutoff::deadline:
+      // Nothing more for this request anywhere: no fallback, and the endpoint is not to blame.
+      ++m.deadline_exceeded;
+      ctx.fail_over = false;
+      if (ctx.verdict_pending) {
+        ctx.verdict_pending = false;
+        if (ctx.trial) ctx.gen->pool(ctx.target.pool).end_trial(static_cast<std::uint32_t>(ctx.endpoint));
+        ctx.trial = false;
+      }
+      if (o.is_responded()) return o;
+      return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
+    case RequestContext::Cutoff::none:
+      break;
+  }
+  return o;
+}
+
+void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
+  // The answer of a stream is judged at its first token (or its end): a
+  // stall or a failure before it counts against the endpoint as a failed
+  // answer would (routing/health.hpp); a client that left, nothing.
+  ctx.verdict_pending = false;
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
+  const auto now = core::now();
+  const bool first_token = ctx.t_first_token != core::TimePoint{};
+  const bool failed = !first_token && o.is_failed() && o.error().source == core::ErrorSource::upstream;
+  if (first_token || o.is_responded() || failed) {
+    if (pool.report_answer(ep, failed, now, ctx.trial)) ++w_.metrics().outlier_ejections;
+  } else if (ctx.trial) {
+    pool.end_trial(ep);
+  }
+  ctx.trial = false;
+  if (first_token && ctx.t_first_token > ctx.t_upstream_sent &&
+      pool.report_ttft(ep,
+                       static_cast<std::uint32_t>(std::min<std::int64_t>(
+                           core::micros_between(ctx.t_upstream_sent, ctx.t_first_token), 0xffffffff)),
+                       now))
+    ++w_.metrics().outlier_ejections;
 }
 
 core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::milliseconds d) {
@@ -457,7 +650,22 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   ctx.source = &exchange_;
 
   auto now = core::now();
+  if (passed(ctx.deadline, now)) {
+    ctx.source = nullptr;
+    ++metrics.deadline_exceeded;
+    co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
+  }
   routing::Attempts attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  if (attempts.unavailable()) {
+    // Every endpoint's breaker is open: the next fallback, or 503 until the first turns half-open.
+    ctx.source = nullptr;
+    ctx.endpoint = -1;
+    ++metrics.pool_unavailable(gen.pool_slot(ctx.target.pool));
+    ctx.record_attempt(
+        {.pool = static_cast<std::int16_t>(ctx.target.pool), .failure = http::UpstreamFailure::breaker_open});
+    ctx.fail_over = !down_.client_gone();
+    co_return Outcome::failed(pool_unavailable(subject(ctx), retry_after_s(pool.unavailable_for(now))));
+  }
   metrics.count_pick(pool.last_rule());
   // Read, parse, route and admit count once, before the first target.
   // (A request resent alone after its batch was refused counted its time to the batch already.)
@@ -465,6 +673,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split ? core::micros_between(ctx.t_start, now) : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool started = false;
+  bool deadline_hit = false;  // the request's deadline ended the attempts
   const std::uint32_t retries_before = ctx.retries;
   int last_status = 0;
   auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since) {
@@ -486,8 +695,13 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     } else {
       ++metrics.upstream_connects;
       const auto t_connect = core::now();
-      failure = co_await exchange_.connect(ep.addr, ep.tls, pc.timeouts.connect);
+      failure = co_await exchange_.connect(ep.addr, ep.tls, within(pc.timeouts.connect, ctx.deadline, t_connect));
       if (down_.client_gone()) break;
+      if (failure != http::UpstreamFailure::none && passed(ctx.deadline, core::now())) {
+        record(ep_idx, 0, failure, t_connect);
+        deadline_hit = true;  // the request's own deadline, not the endpoint's fault
+        break;
+      }
       if (failure != http::UpstreamFailure::none) {
         if (failure == http::UpstreamFailure::tls)
           routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
@@ -532,14 +746,28 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     failure = co_await exchange_.start({.head = ctx.head,
                                         .body = ctx.upstream_body,
                                         .head_request = head_request,
-                                        .first_byte = pc.timeouts.first_byte,
-                                        .idle = pc.timeouts.idle});
+                                        .first_byte = within(pc.timeouts.first_byte, ctx.deadline, ctx.t_upstream_sent),
+                                        .idle = within(pc.timeouts.idle, ctx.deadline, ctx.t_upstream_sent)});
     routing::RetryDecision d;
+    if (failure != http::UpstreamFailure::none && passed(ctx.deadline, core::now())) {
+      record(ep_idx, 0, failure, ctx.t_upstream_sent);
+      pool.on_finish(ep_idx);
+      exchange_.release();
+      deadline_hit = true;  // the request's own deadline, not the endpoint's fault
+      break;
+    }
     const bool answer_failed = failure == http::UpstreamFailure::reset || failure == http::UpstreamFailure::timeout ||
                                (failure == http::UpstreamFailure::none && exchange_.head().result_int() >= 500);
-    if ((failure == http::UpstreamFailure::none || answer_failed) &&
-        pool.report_answer(ep_idx, answer_failed, core::now()))
+    if (failure == http::UpstreamFailure::none && !answer_failed && ctx.stream && exchange_.head().result_int() < 300 &&
+        !head_request) {
+      // A stream's answer is judged at its first token (judge_stream): a
+      // stall before it counts against the endpoint too.
+      ctx.verdict_pending = true;
+      ctx.trial = attempts.defer_answer();
+    } else if ((failure == http::UpstreamFailure::none || answer_failed) &&
+               attempts.on_answer(answer_failed, core::now())) {
       ++metrics.outlier_ejections;
+    }
     if (failure == http::UpstreamFailure::none) {
       const int status = exchange_.head().result_int();
       if (!routing::retryable_status(status)) {
@@ -572,6 +800,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       exchange_.release();
       if (!d.retry) break;
     }
+    if (passed(ctx.deadline, core::now() + d.delay)) {  // the retry would start past the deadline
+      deadline_hit = true;
+      break;
+    }
     metrics.count_retry(d.reason);
     co_await wait_backoff(ctx, d.delay);
     if (down_.client_gone()) break;
@@ -585,11 +817,22 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   const auto ep_idx = attempts.endpoint();
   if (!started || down_.client_gone()) {
     if (started) pool.on_finish(ep_idx);
+    if (ctx.verdict_pending) {  // the client left right after the head: no verdict
+      ctx.verdict_pending = false;
+      if (ctx.trial) pool.end_trial(ep_idx);
+      ctx.trial = false;
+    }
     exchange_.release();
     ctx.source = nullptr;
     if (down_.client_gone()) {
       ctx.fail_over = false;
       co_return Outcome::failed(client_gone(ClientGone::closed));
+    }
+    if (deadline_hit) {
+      // The request's own deadline passed (or the next retry would start past it): no fallback either.
+      ctx.fail_over = false;
+      ++metrics.deadline_exceeded;
+      co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
     }
     if (failure == http::UpstreamFailure::none)  // the last attempt answered 408/429/5xx; a fallback takes it
       co_return Outcome::failed(upstream_status_error(last_status, subject(ctx)));

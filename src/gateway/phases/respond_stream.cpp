@@ -149,6 +149,9 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     down_.close();
     co_return Outcome::failed(client_gone(down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed));
   }
+  // The proxy cut the stream off (its first token was late, or its deadline passed): a timeout.
+  if (failure == http::UpstreamFailure::cancelled && ctx.cutoff != RequestContext::Cutoff::none)
+    failure = http::UpstreamFailure::timeout;
   if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
     count_upstream_failure(ctx, failure);
     src.cancel();

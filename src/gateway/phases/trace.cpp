@@ -93,7 +93,8 @@ void GatewayPhases::push_trace(RequestContext& ctx, core::TimePoint end) {
     q.drop(trace_span_count(ctx));  // the exporter is behind: counted, and said on stderr by the exporter
     return;
   }
-  fill_trace_record(*r, ctx, (ctx.gen ? *ctx.gen : *w_.generation()).config(), w_.trace_ids(), end, std::chrono::system_clock::now(), down_.bytes_out());
+  fill_trace_record(*r, ctx, (ctx.gen ? *ctx.gen : *w_.generation()).config(), w_.trace_ids(), end,
+                    std::chrono::system_clock::now(), down_.bytes_out());
   q.commit();
 }
 

@@ -71,7 +71,8 @@ TEST(Config, ErrorsNameFileLineAndKey) {
   EXPECT_EQ(
       error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    timeoutz: 1\n"),
       "weir.yaml:4:5: pools.a.timeoutz: unknown key (expected one of: endpoints, timeouts, "
-      "max_idle_per_endpoint, idle_keepalive, api_key, api_key_env, eject_for, request_usage, retry, outlier, health, "
+      "max_idle_per_endpoint, idle_keepalive, api_key, api_key_env, eject_for, request_usage, retry, outlier, breaker, "
+      "queue, health, "
       "balance, load_metrics, imbalance, prefix_affinity, session_header, batch, coalesce, type, anthropic, tls)");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\nmodels:\n  m:\n    pool: nope\n"),
             "weir.yaml:6:11: models.m.pool: no pool named 'nope'");

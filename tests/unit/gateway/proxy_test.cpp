@@ -495,5 +495,103 @@ TEST(ProxyFallback, AHeldStreamThatEndsWithoutContentIsSentWhole) {
   EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos) << r.response;
 }
 
+// --- endpoint health and deadlines (docs/reliability.md) ---
+
+std::string with_header(std::string req, std::string_view line) {
+  req.insert(req.find("\r\n") + 2, std::string(line) + "\r\n");
+  return req;
+}
+
+const std::string kOneBreaker =
+    "pools: {p: {endpoints: [http://127.0.0.1:1], eject_for: 10s, outlier: {consecutive_failures: 1},"
+    " breaker: {}, timeouts: {first_token: 50ms}}}\ndefault_pool: p\n";
+
+TEST(ProxyHealth, AStreamStalledBeforeItsFirstTokenIsCutAndCountsAgainstItsEndpoint) {
+  Gateway g(kOneBreaker);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream", .hang = true}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_GE(ex.cancels, 1) << "the stalled generation is cancelled upstream";
+  EXPECT_EQ(r.ctx.status, 200) << "its head went out at once (no fallback)";
+  EXPECT_EQ(r.ctx.error_code, "upstream_timeout");
+  EXPECT_NE(r.response.find("data: {\"error\""), std::string::npos) << r.response;
+  EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos) << r.response;
+  EXPECT_EQ(g.worker->metrics().first_token_timeouts, 1u);
+  auto& pool = g.worker->generation()->pool(0);
+  EXPECT_EQ(pool.state(0, core::now()), routing::HealthState::open) << "a stall is a failed answer";
+  EXPECT_EQ(pool.endpoint(0).health.cause(), routing::OpenCause::failures);
+  EXPECT_EQ(pool.endpoint(0).health.trials(), 0u);
+}
+
+TEST(ProxyHealth, AStreamIsJudgedAtItsFirstTokenNotAtItsHead) {
+  Gateway g(kOneBreaker);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream",
+                       .body = {sse_event(kRoleChunk) + sse_event(kHiChunk), "data: [DONE]\n\n"}}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_FALSE(r.ctx.has_error) << r.ctx.error_code;
+  EXPECT_EQ(g.worker->generation()->pool(0).state(0, core::now()), routing::HealthState::closed);
+  EXPECT_EQ(g.worker->metrics().first_token_timeouts, 0u);
+}
+
+TEST(ProxyHealth, APoolWhoseBreakerIsOpenAnswers503AtOnceWithRetryAfter) {
+  Gateway g(kOneBreaker);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.status = 500, .body = {"{}"}}};
+  Served first;
+  serve(g, ex, chat(false), first);
+  EXPECT_EQ(first.ctx.status, 500) << "the upstream's own answer passes through";
+  Served second;
+  serve(g, ex, chat(false), second);
+  EXPECT_EQ(ex.starts, 1) << "nothing was sent to the open endpoint";
+  EXPECT_EQ(second.ctx.status, 503);
+  EXPECT_EQ(second.ctx.error_code, "upstream_unavailable");
+  EXPECT_NE(second.response.find("Retry-After: 10\r\n"), std::string::npos) << second.response;
+  EXPECT_NE(second.response.find("circuit breaker is open"), std::string::npos) << second.response;
+  EXPECT_EQ(second.response.find("127.0.0.1"), std::string::npos) << second.response;
+}
+
+TEST(ProxyDeadline, ADeadlineBeforeTheCommitPointIsA504AndAfterItEndsTheStreamInBand) {
+  Gateway g;
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.body = {"{\"id\":"}, .hang = true}};  // a whole answer that never ends
+  Served r;
+  serve(g, ex, with_header(chat(false), "x-weir-timeout-ms: 50"), r);
+  EXPECT_GE(ex.cancels, 1);
+  EXPECT_EQ(r.ctx.status, 504);
+  EXPECT_EQ(r.ctx.error_code, "deadline_exceeded");
+  EXPECT_NE(r.response.find("deadline of 50 ms"), std::string::npos) << r.response;
+  EXPECT_EQ(g.worker->generation()->pool(0).state(0, core::now()), routing::HealthState::closed)
+      << "not the endpoint's fault";
+
+  Gateway g2;
+  ScriptedExchange ex2(g2.worker->io().get_executor());
+  ex2.script = {Attempt{.content_type = "text/event-stream", .body = {sse_event(kHiChunk)}, .hang = true}};
+  Served s;
+  serve(g2, ex2, with_header(chat(true), "x-weir-timeout-ms: 80"), s);
+  EXPECT_GE(ex2.cancels, 1);
+  EXPECT_EQ(s.ctx.status, 200);
+  EXPECT_EQ(s.ctx.error_code, "deadline_exceeded");
+  const auto token = s.response.find("\"Hi\"");
+  const auto error = s.response.find("\"deadline_exceeded\"");
+  ASSERT_NE(token, std::string::npos) << s.response;
+  ASSERT_NE(error, std::string::npos) << s.response;
+  EXPECT_LT(token, error);
+  EXPECT_NE(s.response.find("data: [DONE]"), std::string::npos) << s.response;
+  EXPECT_EQ(g2.worker->metrics().deadline_exceeded, 1u);
+
+  for (const char* bad : {"x-weir-timeout-ms: 0", "x-weir-timeout-ms: 1s", "x-weir-timeout-ms: 99999999999"}) {
+    Gateway g3;
+    ScriptedExchange ex3(g3.worker->io().get_executor());
+    Served b;
+    serve(g3, ex3, with_header(chat(false), bad), b);
+    EXPECT_EQ(b.ctx.status, 400) << bad;
+    EXPECT_EQ(ex3.starts, 0);
+  }
+}
+
 }  // namespace
 }  // namespace weir::gateway

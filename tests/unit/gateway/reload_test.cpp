@@ -4,7 +4,8 @@
 // (gateway::build_generation), metric slots that only grow, admission
 // scopes across a reload (AuthPolicy::build with a prior policy,
 // LocalLimiter::carry, Services::prepare_reload / commit_reload) and a
-// worker installing a generation.
+// worker installing a generation (endpoint health carried, per-pool and
+// per-endpoint health series kept).
 #include "gateway/reload.hpp"
 
 #include <unistd.h>
@@ -413,7 +414,7 @@ TEST(WorkerInstall, UnchangedPoolsGoOnChangedOnesCarryTheirEndpoints) {
   auto gpu = first->pools[0];
   auto cpu = first->pools[1];
   cpu->report_connect_failure(0, std::chrono::steady_clock::now());  // ejected for a while
-  const auto ejected_until = cpu->endpoint(0).ejected_until;
+  const auto ejected_until = cpu->endpoint(0).health.open_until();
   const auto g2 =
       generation(replace(kBase, "[http://127.0.0.1:9003]", "[http://127.0.0.1:9003, http://127.0.0.1:9004]"),
                  shared.generation.get());
@@ -426,12 +427,110 @@ TEST(WorkerInstall, UnchangedPoolsGoOnChangedOnesCarryTheirEndpoints) {
   EXPECT_EQ(now->pools[0], gpu);  // the same object: load, health and connections go on
   EXPECT_NE(now->pools[1], cpu);
   ASSERT_EQ(now->pools[1]->size(), 2u);
-  EXPECT_EQ(now->pools[1]->endpoint(0).ejected_until, ejected_until);  // carried
-  EXPECT_EQ(now->pools[1]->endpoint(1).ejected_until, std::chrono::steady_clock::time_point{});
+  EXPECT_EQ(now->pools[1]->endpoint(0).health.open_until(), ejected_until);  // carried
+  EXPECT_FALSE(now->pools[1]->endpoint(1).health.is_open());
   EXPECT_EQ(w.metrics().labels_ptr(), g2->labels);
   // A request that started on the first generation still holds it whole.
   EXPECT_EQ(first->pools[1], cpu);
   EXPECT_EQ(&first->config(), g2->pools[0].owner.get());
+}
+
+const std::string kBreaker =
+    "listen: 127.0.0.1:8080\n"
+    "server: {access_log: 'off'}\n"
+    "pools:\n"
+    "  gpu: {endpoints: [http://127.0.0.1:9001, http://127.0.0.1:9002], eject_for: 10s,\n"
+    "        outlier: {consecutive_failures: 1}, breaker: {}, queue: {max_concurrent: 1, size: 4}}\n"
+    "models: {big: {pool: gpu}}\n";
+
+TEST(WorkerInstall, AChangedPoolsEndpointsKeepTheirBreakerAndCountOnTheirSeries) {
+  Shared shared;
+  std::string err;
+  shared.log_sink = core::AccessLogSink::open("off", err);
+  shared.generation = generation(kBreaker, nullptr);
+  Worker w(shared, 0);
+  const auto first = w.generation();
+  auto& p1 = *first->pools[0];
+  const auto t0 = std::chrono::steady_clock::now();
+  p1.report_connect_failure(0, t0);            // 9001: open, cause connect
+  ASSERT_TRUE(p1.report_answer(1, true, t0));  // 9002: open, cause failures
+  const auto& board1 = shared.generation->pools[0].state->health;
+  EXPECT_EQ(board1.state(1, 0, t0, p1.policy()), routing::HealthState::open);
+  const auto later = p1.endpoint(1).health.open_until() + 1ms;
+  ASSERT_TRUE(p1.begin_request(1, later));  // a half-open trial in flight on the first generation
+  // A request waits in the first generation's queue.
+  ASSERT_TRUE(p1.queue()->try_enter(false));
+  routing::QueueWaiter waiter;
+  routing::QueueWaiter* displaced = nullptr;
+  ASSERT_TRUE(p1.queue()->push(waiter, displaced));
+
+  // gpu changes: 9001 goes, 9002 moves to index 0, 9003 arrives.
+  const auto g2 = generation(replace(kBreaker, "[http://127.0.0.1:9001, http://127.0.0.1:9002]",
+                                     "[http://127.0.0.1:9002, http://127.0.0.1:9003]"),
+                             shared.generation.get());
+  bool done = false;
+  w.post_install(g2, nullptr, [&] { done = true; });
+  w.io().poll();
+  ASSERT_TRUE(done);
+  auto& p2 = *w.generation()->pools[0];
+  ASSERT_NE(&p2, &p1);
+  const auto& h = p2.endpoint(0).health;
+  EXPECT_EQ(h.open_until(), p1.endpoint(1).health.open_until());
+  EXPECT_EQ(h.cause(), routing::OpenCause::failures);
+  EXPECT_EQ(h.trips(), 1u);
+  EXPECT_EQ(h.trials(), 0u);
+  EXPECT_EQ(p2.state(0, t0), routing::HealthState::open);
+  EXPECT_EQ(p2.state(1, t0), routing::HealthState::closed) << "9003 is new";
+  // Published on the new pool's board: /metrics and /ready read it.
+  const auto& board2 = g2->pools[0].state->health;
+  EXPECT_EQ(board2.state(0, 0, t0, p2.policy()), routing::HealthState::open);
+  EXPECT_EQ(board2.available_endpoints(t0, p2.policy()), 1u);
+  // The queue starts afresh: the waiter stays with the first generation and counts in the gauge.
+  ASSERT_NE(p2.queue(), nullptr);
+  EXPECT_EQ(p2.queue()->waiting(), 0u);
+  EXPECT_TRUE(p2.queue()->try_enter(false));
+  EXPECT_NE(render(w.metrics_snapshot()).find("weir_queue_waiting{pool=\"gpu\"} 1\n"), std::string::npos);
+  p1.queue()->leave(waiter);
+
+  // The old trial answers on the old pool; the new pool's trial fails: both count on 9002's series.
+  EXPECT_FALSE(p1.report_answer(1, false, later, true));
+  ASSERT_TRUE(p2.begin_request(0, later));
+  EXPECT_TRUE(p2.report_answer(0, true, later, true));
+  EXPECT_EQ(p2.endpoint(0).health.trips(), 2u) << "the doubling went on";
+  const auto slot9002 = g2->labels->endpoint_slot(0, 0);
+  EXPECT_EQ(slot9002, first->shared->labels->endpoint_slot(0, 1));
+  EXPECT_EQ(w.metrics().ejections_at(slot9002, routing::OpenCause::failures), 1u);
+  EXPECT_EQ(w.metrics().ejections_at(slot9002, routing::OpenCause::trial), 1u);
+  EXPECT_EQ(w.metrics().recoveries_at(slot9002), 1u);
+  const auto t = render(w.metrics_snapshot());
+  EXPECT_NE(
+      t.find("weir_upstream_ejections_total{pool=\"gpu\",endpoint=\"http://127.0.0.1:9001\",cause=\"connect\"} 1"),
+      std::string::npos)
+      << "a removed endpoint keeps its count";
+  EXPECT_NE(t.find("weir_upstream_recoveries_total{pool=\"gpu\",endpoint=\"http://127.0.0.1:9002\"} 1"),
+            std::string::npos)
+      << t;
+}
+
+TEST(MetricsShard, PerPoolSeriesKeepTheirPoolByNameAcrossReloads) {
+  const std::string base = replace(kBase, "cpu: {endpoints: [http://127.0.0.1:9003]}",
+                                   "cpu: {endpoints: [http://127.0.0.1:9003], queue: {}}");
+  const auto g1 = generation(base, nullptr);
+  MetricsShard m(g1->labels);
+  m.count_shed(g1->labels->pool_slot_of(1), routing::ShedReason::queue_full);
+  ++m.pool_unavailable(g1->labels->pool_slot_of(0));
+  // A new pool comes first; cpu moves to index 2 and loses its queue.
+  std::string next = replace(base, "pools:\n", "pools:\n  edge: {endpoints: [http://127.0.0.1:9010]}\n");
+  next = replace(next, ", queue: {}", "");
+  const auto g2 = generation(next, g1.get());
+  EXPECT_EQ(g2->labels->pool_slot_of(2), g1->labels->pool_slot_of(1));
+  m.relabel(g2->labels);
+  m.count_shed(g2->labels->pool_slot_of(2), routing::ShedReason::queue_full);  // a request of the first generation
+  const auto t = render(m);
+  EXPECT_NE(t.find("weir_requests_shed_total{pool=\"cpu\",reason=\"queue_full\"} 2"), std::string::npos) << t;
+  EXPECT_NE(t.find("weir_upstream_pool_unavailable_total{pool=\"gpu\"} 1"), std::string::npos);
+  EXPECT_NE(t.find("weir_upstream_pool_unavailable_total{pool=\"edge\"} 0"), std::string::npos);
+  EXPECT_EQ(t.find("weir_requests_shed_total{pool=\"edge\""), std::string::npos) << "edge has no queue";
 }
 
 }  // namespace

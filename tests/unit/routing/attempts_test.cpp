@@ -61,7 +61,7 @@ TEST(RoutingAttempts, OneEndpointConnectFailureIsFinal) {
   EXPECT_EQ(a.retries(), 0u);
   EXPECT_FALSE(a.on_connect_failure(UpstreamFailure::connect_refused, now));
   EXPECT_EQ(a.retries(), 0u);
-  EXPECT_GT(p->endpoint(0).ejected_until, now);  // ejected all the same
+  EXPECT_GT(p->endpoint(0).health.open_until(), now);  // ejected all the same
 }
 
 TEST(RoutingAttempts, ConnectFailuresTryEveryEndpointOnceThenStop) {
@@ -85,7 +85,7 @@ TEST(RoutingAttempts, ConnectFailuresTryEveryEndpointOnceThenStop) {
       EXPECT_EQ(a.retries(), static_cast<std::uint32_t>(n - 1));
       EXPECT_EQ(std::set<std::uint32_t>(tried.begin(), tried.end()).size(), static_cast<std::size_t>(n))
           << "an endpoint was tried twice";
-      for (int i = 0; i < n; ++i) EXPECT_GT(p->endpoint(static_cast<std::uint32_t>(i)).ejected_until, now);
+      for (int i = 0; i < n; ++i) EXPECT_GT(p->endpoint(static_cast<std::uint32_t>(i)).health.open_until(), now);
       if (HasFailure()) return;
     }
   }
@@ -123,13 +123,13 @@ TEST(RoutingAttempts, ConnectingClearsTheEjection) {
   const auto now = Clock::now();
   Attempts a(*p, rng, now);
   ASSERT_FALSE(a.on_connect_failure(UpstreamFailure::connect_timeout, now));
-  EXPECT_GT(p->endpoint(0).ejected_until, now);
-  EXPECT_EQ(p->endpoint(0).consecutive_failures, 1u);
+  EXPECT_GT(p->endpoint(0).health.open_until(), now);
+  EXPECT_EQ(p->endpoint(0).health.trips(), 1u);
   Attempts b(*p, rng, now + 1ms);  // the only endpoint: picked though ejected
   EXPECT_EQ(b.endpoint(), 0u);
   b.on_connected();
-  EXPECT_EQ(p->endpoint(0).ejected_until, Clock::time_point{});
-  EXPECT_EQ(p->endpoint(0).consecutive_failures, 0u);
+  EXPECT_FALSE(p->endpoint(0).health.is_open());
+  EXPECT_EQ(p->endpoint(0).health.trips(), 0u);
 }
 
 TEST(RoutingAttempts, RepeatedRefusalsEjectForLonger) {
@@ -140,7 +140,7 @@ TEST(RoutingAttempts, RepeatedRefusalsEjectForLonger) {
   for (int i = 0; i < 7; ++i) {
     Attempts a(*p, rng, now);
     EXPECT_FALSE(a.on_connect_failure(UpstreamFailure::connect_refused, now));
-    const auto ejected_for = p->endpoint(0).ejected_until - now;
+    const auto ejected_for = p->endpoint(0).health.open_until() - now;
     EXPECT_GE(ejected_for, last);
     EXPECT_LE(ejected_for, 16 * p->config().eject_for);
     last = ejected_for;
@@ -225,8 +225,8 @@ TEST(RoutingAttempts, StaleRetryOnlyForAReusedConnectionResetAtOnceBeforeAnyAnsw
     EXPECT_EQ(exchange_failed(a, c.f, c.reused, c.bytes, c.since), c.retried);
     EXPECT_EQ(a.fresh_only(), c.retried);
     EXPECT_EQ(a.retries(), c.retried ? 1u : 0u);
-    EXPECT_EQ(a.endpoint(), ep);                                    // an exchange failure never moves the request
-    EXPECT_EQ(p->endpoint(ep).ejected_until, Clock::time_point{});  // nor ejects anything
+    EXPECT_EQ(a.endpoint(), ep);                     // an exchange failure never moves the request
+    EXPECT_FALSE(p->endpoint(ep).health.is_open());  // nor ejects anything
   }
 }
 

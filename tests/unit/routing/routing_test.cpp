@@ -31,13 +31,13 @@ TEST(WorkerPool, EndpointsFailingAnswersInARowAreEjectedUpToTheCap) {
   EXPECT_TRUE(pool.report_answer(0, true, t0));  // the third in a row
   for (int i = 0; i < 200; ++i) EXPECT_NE(pool.pick(t0 + milliseconds(500), rng), 0u);
   for (int k = 0; k < 3; ++k) pool.report_answer(1, true, t0);
-  EXPECT_GT(pool.endpoint(1).ejected_until, t0);
+  EXPECT_GT(pool.endpoint(1).health.open_until(), t0);
   // Half the pool is out: the third failing endpoint stays in use.
   for (int k = 0; k < 3; ++k) EXPECT_FALSE(pool.report_answer(2, true, t0));
-  EXPECT_EQ(pool.endpoint(2).ejected_until, std::chrono::steady_clock::time_point{});
+  EXPECT_FALSE(pool.endpoint(2).health.is_open());
   // After eject_for endpoint 0 is back; failing again at once ejects it for twice as long.
   for (int k = 0; k < 3; ++k) pool.report_answer(0, true, t0 + milliseconds(1001));
-  EXPECT_EQ(pool.endpoint(0).ejected_until, t0 + milliseconds(1001) + std::chrono::seconds(2));
+  EXPECT_EQ(pool.endpoint(0).health.open_until(), t0 + milliseconds(1001) + std::chrono::seconds(2));
 }
 
 TEST(WorkerPool, FailedHealthProbesEjectUntilOneSucceeds) {
@@ -52,17 +52,17 @@ TEST(WorkerPool, FailedHealthProbesEjectUntilOneSucceeds) {
   routing::Rng rng(3);
   const auto t0 = std::chrono::steady_clock::now();
   EXPECT_FALSE(pool.report_probe(0, false, t0));
-  EXPECT_EQ(pool.endpoint(0).ejected_until, std::chrono::steady_clock::time_point{}) << "one failure is not enough";
+  EXPECT_FALSE(pool.endpoint(0).health.is_open()) << "one failure is not enough";
   EXPECT_TRUE(pool.report_probe(0, false, t0));
-  EXPECT_TRUE(pool.endpoint(0).probe_down);
+  EXPECT_TRUE(pool.endpoint(0).health.probe_down());
   for (int i = 0; i < 100; ++i) EXPECT_EQ(pool.pick(t0 + milliseconds(900), rng), 1u);
   EXPECT_FALSE(pool.report_probe(0, false, t0 + std::chrono::seconds(1)));  // still down: no transition
-  EXPECT_GT(pool.endpoint(0).ejected_until, t0 + std::chrono::seconds(2)) << "re-ejected past the next probe";
+  EXPECT_GT(pool.endpoint(0).health.open_until(), t0 + std::chrono::seconds(2)) << "re-ejected past the next probe";
   pool.report_success(0);  // a request that connected anyway does not end a probe ejection
-  EXPECT_TRUE(pool.endpoint(0).ejected_until > t0);
+  EXPECT_TRUE(pool.endpoint(0).health.is_open());
   EXPECT_TRUE(pool.report_probe(0, true, t0 + std::chrono::seconds(2)));
-  EXPECT_FALSE(pool.endpoint(0).probe_down);
-  EXPECT_EQ(pool.endpoint(0).ejected_until, std::chrono::steady_clock::time_point{});
+  EXPECT_FALSE(pool.endpoint(0).health.probe_down());
+  EXPECT_FALSE(pool.endpoint(0).health.is_open());
 }
 
 TEST(WorkerPool, HealthConfigIsValidated) {
@@ -161,9 +161,9 @@ TEST(WorkerPool, EjectsRefusingEndpointsAndRecovers) {
   EXPECT_EQ(hits.size(), 2u);
   pool.report_connect_failure(0, t0);
   EXPECT_EQ(pool.pick(t0 + std::chrono::milliseconds(1500), rng), 1u);
-  EXPECT_EQ(pool.endpoint(0).consecutive_failures, 2u);
+  EXPECT_EQ(pool.endpoint(0).health.trips(), 2u);
   pool.report_success(0);
-  EXPECT_EQ(pool.endpoint(0).consecutive_failures, 0u);
+  EXPECT_EQ(pool.endpoint(0).health.trips(), 0u);
   // Both ejected: the one ejected longest ago is tried.
   pool.report_connect_failure(0, t0);
   pool.report_connect_failure(1, t0 + std::chrono::milliseconds(10));

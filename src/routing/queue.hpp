@@ -1,0 +1,92 @@
+// One worker's admission queue for one pool (pools.X.queue,
+// docs/reliability.md#overload): a gate (fewer than max_concurrent
+// requests of this worker on the pool, and the pool not saturated) and,
+// behind it, a bounded list of waiting requests ordered by priority (higher
+// first, then arrival). When the list is full the lowest-priority request
+// (of the waiting ones and the newcomer; the newest among equals) is shed.
+//
+// Per worker, as every pool state is (shared-nothing): with N workers a
+// pool sees up to N x max_concurrent requests and N x size waiting. The
+// waiters are linked in place (their request contexts): no allocation, O(1)
+// for the common case of equal priorities (O(waiting) worst case to insert).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/async.hpp"
+#include "core/config.hpp"
+
+namespace weir::routing {
+
+// Why a request was shed (weir_requests_shed_total{reason}).
+enum class ShedReason : std::uint8_t {
+  queue_full,     // the gate was shut by queue.max_concurrent and the queue had no room for its priority
+  saturated,      // the pool was saturated (its endpoints' waiting requests or KV cache) and the queue had no room
+  queue_timeout,  // it waited queue.timeout in the queue
+  count_,
+};
+std::string_view shed_reason_label(ShedReason r);
+
+// A request waiting for its pool, linked in place (it lives in the
+// request's context for as long as it waits).
+struct QueueWaiter {
+  enum class Verdict : std::uint8_t {
+    none,      // not queued
+    waiting,   // in the list
+    admitted,  // let through: it now counts as active (PoolQueue::done() when it leaves the pool)
+    shed,      // displaced by a higher-priority newcomer while the list was full
+  };
+  int priority = 0;  // higher goes first (0..100)
+  Verdict verdict = Verdict::none;
+  core::Timer* timer = nullptr;  // its wait: cancelled to wake it when the verdict changes (null in tests)
+  QueueWaiter* prev = nullptr;   // toward the head (higher priority / earlier)
+  QueueWaiter* next = nullptr;
+};
+
+class PoolQueue {
+ public:
+  explicit PoolQueue(const core::QueueConfig& cfg) : cfg_(&cfg) {}
+
+  // A new request may go on at once (and is then active) when nobody is
+  // waiting, fewer than max_concurrent are active, and the pool is not
+  // `saturated`. False: it should wait (push()) or be shed.
+  bool try_enter(bool saturated) {
+    if (head_ || saturated || !has_room()) return false;
+    ++active_;
+    return true;
+  }
+  // Queues `w` behind every waiter of its priority or higher. When `size`
+  // are waiting already, the lowest-priority waiter (the newest among
+  // equals) is shed for `w` when `w` is higher, and returned (its verdict
+  // shed, its timer cancelled); otherwise `w` is not queued (verdict stays
+  // none) and false is returned. `displaced` is set to the shed waiter or null.
+  bool push(QueueWaiter& w, QueueWaiter*& displaced);
+  // Unlinks a waiter that gives up (its timeout or deadline passed, its client left).
+  void leave(QueueWaiter& w);
+  // Lets the highest-priority waiter through when the gate is open: its
+  // verdict becomes admitted (it is active), its timer is cancelled.
+  // Returns it, or null when nobody waits or the gate is shut.
+  QueueWaiter* admit_next(bool saturated);
+  // An active request left the pool.
+  void done() {
+    if (active_ > 0) --active_;
+  }
+
+  std::uint32_t waiting() const { return waiting_; }
+  std::uint32_t active() const { return active_; }
+  const core::QueueConfig& config() const { return *cfg_; }
+
+ private:
+  bool has_room() const { return cfg_->max_concurrent == 0 || active_ < cfg_->max_concurrent; }
+  void unlink(QueueWaiter& w);
+  static void wake(QueueWaiter& w, QueueWaiter::Verdict v);
+
+  const core::QueueConfig* cfg_;
+  QueueWaiter* head_ = nullptr;
+  QueueWaiter* tail_ = nullptr;
+  std::uint32_t waiting_ = 0;
+  std::uint32_t active_ = 0;
+};
+
+}  // namespace weir::routing
