@@ -1,6 +1,7 @@
 // Anthropic Messages request → OpenAI chat-completions body, with
 // Boost.JSON in a per-thread arena: only requests on /v1/messages pay for it.
 #include "api/anthropic/request.hpp"
+#include "api/json_dom.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -24,8 +25,6 @@ using Fail = tl::unexpected<core::Error>;
 Fail invalid(std::string message, std::string_view param = {}) {
   return Fail(core::bad_request(std::move(message), param));
 }
-
-std::string_view sv(const json::string& s) { return {s.data(), s.size()}; }
 
 // The `type` member of a content block or tool choice, or "".
 std::string_view type_of(const json::object& o) {

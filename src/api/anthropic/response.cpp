@@ -1,6 +1,7 @@
 // OpenAI chat.completion / vLLM answers → Anthropic message, count and
 // error bodies, with Boost.JSON (only /v1/messages responses pay for it).
 #include "api/anthropic/response.hpp"
+#include "api/json_dom.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -16,13 +17,6 @@ namespace weir::api::anthropic {
 namespace json = boost::json;
 
 namespace {
-
-std::string_view sv(const json::string& s) { return {s.data(), s.size()}; }
-
-std::string_view string_at(const json::object& o, std::string_view name) {
-  const auto* v = o.if_contains(name);
-  return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
-}
 
 // The input of a tool_use block: the arguments JSON when it is an object
 // (integers beyond 64 bits kept as `wide`'s tokens).

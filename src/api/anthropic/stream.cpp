@@ -2,6 +2,7 @@
 // into a stack arena (a chunk is a few hundred bytes), and the Anthropic
 // events are written by hand with the shared JSON escaper.
 #include "api/anthropic/stream.hpp"
+#include "api/json_dom.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -16,11 +17,6 @@ namespace weir::api::anthropic {
 namespace json = boost::json;
 
 namespace {
-
-std::string_view string_at(const json::object& o, std::string_view name) {
-  const auto* v = o.if_contains(name);
-  return v && v->is_string() ? std::string_view(v->get_string().data(), v->get_string().size()) : std::string_view{};
-}
 
 void begin_event(std::string& out, std::string_view type) {
   out += "event: ";

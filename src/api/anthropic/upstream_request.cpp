@@ -1,6 +1,7 @@
 // OpenAI chat-completions body → Anthropic Messages body, with Boost.JSON in
 // a per-thread arena: only requests to type: anthropic pools pay for it.
 #include "api/anthropic/upstream_request.hpp"
+#include "api/json_dom.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -21,13 +22,6 @@ namespace {
 using Fail = tl::unexpected<core::Error>;
 
 Fail invalid(std::string message, std::string_view param) { return Fail(core::bad_request(std::move(message), param)); }
-
-std::string_view sv(const json::string& s) { return {s.data(), s.size()}; }
-
-std::string_view string_at(const json::object& o, std::string_view name) {
-  const auto* v = o.if_contains(name);
-  return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
-}
 
 void serialize_into(const json::value& v, std::string& out) {
   out.clear();

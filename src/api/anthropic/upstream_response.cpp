@@ -1,6 +1,7 @@
 // Anthropic message / error → OpenAI chat.completion / error, with
 // Boost.JSON (only answers of type: anthropic pools pay for it).
 #include "api/anthropic/upstream_response.hpp"
+#include "api/json_dom.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -19,13 +20,6 @@ namespace weir::api::anthropic {
 namespace json = boost::json;
 
 namespace {
-
-std::string_view sv(const json::string& s) { return {s.data(), s.size()}; }
-
-std::string_view string_at(const json::object& o, std::string_view name) {
-  const auto* v = o.if_contains(name);
-  return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
-}
 
 // A count: 0 when absent or null, nullopt when not a non-negative integer.
 std::optional<std::uint64_t> count(const json::object& o, std::string_view name) {

@@ -2,6 +2,7 @@
 // a stack arena (an event is a few hundred bytes), and the chunks are
 // written by hand with the shared JSON escaper into reused buffers.
 #include "api/anthropic/upstream_stream.hpp"
+#include "api/json_dom.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -17,11 +18,6 @@ namespace weir::api::anthropic {
 namespace json = boost::json;
 
 namespace {
-
-std::string_view string_at(const json::object& o, std::string_view name) {
-  const auto* v = o.if_contains(name);
-  return v && v->is_string() ? std::string_view(v->get_string().data(), v->get_string().size()) : std::string_view{};
-}
 
 const json::object* object_at(const json::object& o, std::string_view name) {
   const auto* v = o.if_contains(name);

@@ -1,6 +1,7 @@
 // Responses request → OpenAI chat-completions body, with Boost.JSON in a
 // per-thread arena: only requests on /v1/responses pay for it.
 #include "api/responses/request.hpp"
+#include "api/json_dom.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -23,8 +24,6 @@ using Fail = tl::unexpected<core::Error>;
 
 // `param` must be a literal: core::Error keeps a view of it.
 Fail invalid(std::string message, std::string_view param) { return Fail(core::bad_request(std::move(message), param)); }
-
-std::string_view sv(const json::string& s) { return {s.data(), s.size()}; }
 
 // The `type` member of an item, part or tool, or "".
 std::string_view type_of(const json::object& o) {

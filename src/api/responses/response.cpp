@@ -2,6 +2,7 @@
 // writes one per terminal event); a non-streaming chat.completion is read
 // with Boost.JSON into a stack arena.
 #include "api/responses/response.hpp"
+#include "api/json_dom.hpp"
 
 #include <iterator>
 #include <vector>
@@ -18,14 +19,7 @@ namespace weir::api::responses {
 
 namespace json = boost::json;
 
-namespace {
-
-std::string_view string_at(const json::object& o, std::string_view name) {
-  const auto* v = o.if_contains(name);
-  return v && v->is_string() ? std::string_view(v->get_string().data(), v->get_string().size()) : std::string_view{};
-}
-
-}  // namespace
+namespace {}  // namespace
 
 void append_id(std::string& out, std::string_view prefix, std::string_view upstream_id) {
   if (upstream_id.starts_with("chatcmpl-")) upstream_id.remove_prefix(9);

@@ -4,6 +4,7 @@
 // (each string grows geometrically): the .done events and the terminal
 // response repeat it whole, as Responses requires.
 #include "api/responses/stream.hpp"
+#include "api/json_dom.hpp"
 
 #include <ctime>
 
@@ -21,11 +22,6 @@ namespace weir::api::responses {
 namespace json = boost::json;
 
 namespace {
-
-std::string_view string_at(const json::object& o, std::string_view name) {
-  const auto* v = o.if_contains(name);
-  return v && v->is_string() ? std::string_view(v->get_string().data(), v->get_string().size()) : std::string_view{};
-}
 
 constexpr std::string_view kEnd = "}\n\n";
 
