@@ -1,8 +1,10 @@
 // Small accessors for reading Boost.JSON DOMs in the protocol translators
 // (api/anthropic, api/responses): views into the DOM's own storage, valid
-// while the value lives.
+// while the value lives; and the per-thread block their DOMs start in.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <string_view>
 
 #include <boost/json/object.hpp>
@@ -17,6 +19,20 @@ inline std::string_view sv(const boost::json::string& s) { return {s.data(), s.s
 inline std::string_view string_at(const boost::json::object& o, std::string_view name) {
   const auto* v = o.if_contains(name);
   return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
+}
+
+// A per-thread block of `Size` bytes for a translator's DOMs (the first
+// buffer of a json::monotonic_resource; larger bodies go on to the heap),
+// one per `Tag` (a type of the call site's own, so nested translations
+// never share one). Allocated on the thread's first call and uninitialised:
+// a thread that never translates (the control thread, the request-log
+// writer) carries none, where a thread_local array would put `Size` bytes
+// in every thread's TLS block, zeroed, hence resident, at thread start.
+template <class Tag, std::size_t Size>
+unsigned char* thread_arena() {
+  thread_local std::unique_ptr<unsigned char[]> block;
+  if (!block) block.reset(new unsigned char[Size]);
+  return block.get();
 }
 
 }  // namespace weir::api

@@ -64,7 +64,8 @@ struct Generation {
 // (canonical: key order and style do not matter), its API key, the
 // contents of its TLS files (a rotated CA bundle or client certificate is
 // a change) and the server settings its batcher reads. Quick mode: the
-// endpoint URLs.
+// endpoint URLs. Compared as text: the key and the TLS files' contents are
+// in it only as SHA-256 digests.
 std::string pool_fingerprint(const core::Config& cfg, const core::PoolConfig& pool);
 
 // What build_generation takes.

@@ -1,7 +1,6 @@
 #include "requestlog/store.hpp"
 
 #include <openssl/evp.h>
-#include <pthread.h>
 
 #include <iterator>
 
@@ -83,7 +82,7 @@ Writer::Writer(RequestLogConfig config, unsigned workers)
 }
 
 Writer::~Writer() {
-  if (thread_.joinable()) stop(SteadyClock::now());
+  if (loop_.running()) stop(SteadyClock::now());
 }
 
 void Writer::count_error(const std::string& what) {
@@ -238,19 +237,14 @@ void Writer::start() {
                error);
   reported_errors_ = errors_.load(std::memory_order_relaxed);
   last_report_ = SteadyClock::now();
-  thread_ = std::thread([this] { run(); });
-  pthread_setname_np(thread_.native_handle(), "weir-requestlog");  // at most 15 characters
+  next_retention_ = SteadyClock::now();
+  next_open_ = SteadyClock::now() + kReopenEvery;
+  loop_.start(
+      "weir-requestlog", config_.batch, config_.flush_interval, [this] { return step(); },
+      [this](SteadyClock::time_point deadline) { drain(deadline); });
 }
 
-void Writer::stop(SteadyClock::time_point deadline) {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-    deadline_ = deadline;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+void Writer::stop(SteadyClock::time_point deadline) { loop_.stop(deadline); }
 
 void Writer::report(bool now_anyway) {
   const auto now = SteadyClock::now();
@@ -268,45 +262,29 @@ void Writer::report(bool now_anyway) {
   last_report_ = now;
 }
 
-void Writer::run() {
-  auto unix_us = [] {
-    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
-        .count();
-  };
-  auto next_retention = SteadyClock::now();
-  auto next_open = SteadyClock::now() + kReopenEvery;
-  for (;;) {
-    {
-      std::unique_lock lock(mu_);
-      if (stop_) break;
+std::size_t Writer::step() {
+  std::size_t n = 0;
+  if (!store_->is_open()) {
+    if (SteadyClock::now() >= next_open_) {
+      std::string error;
+      open_store(error);
+      next_open_ = SteadyClock::now() + kReopenEvery;
     }
-    std::size_t n = 0;
-    if (!store_->is_open()) {
-      if (SteadyClock::now() >= next_open) {
-        std::string error;
-        open_store(error);
-        next_open = SteadyClock::now() + kReopenEvery;
-      }
-    } else {
-      n = write_batch();
-      if (store_->is_open() && SteadyClock::now() >= next_retention) {
-        apply_retention(unix_us());
-        next_retention = SteadyClock::now() + config_.retention_interval;
-      }
-    }
-    report();
-    if (n < config_.batch) {
-      // Short of a batch: wait for the next flush (or the stop).
-      std::unique_lock lock(mu_);
-      cv_.wait_for(lock, config_.flush_interval, [this] { return stop_; });
+  } else {
+    n = write_batch();
+    if (store_->is_open() && SteadyClock::now() >= next_retention_) {
+      apply_retention(
+          std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+              .count());
+      next_retention_ = SteadyClock::now() + config_.retention_interval;
     }
   }
-  // The drain: the workers have stopped, so the queues only shrink.
-  SteadyClock::time_point deadline;
-  {
-    std::lock_guard lock(mu_);
-    deadline = deadline_;
-  }
+  report();
+  return n;
+}
+
+void Writer::drain(SteadyClock::time_point deadline) {
+  // The workers have stopped, so the queues only shrink.
   for (;;) {
     if (!store_->is_open()) {
       std::string error;

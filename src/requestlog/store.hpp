@@ -11,14 +11,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/batch_thread.hpp"
 #include "requestlog/backend.hpp"
 #include "requestlog/config.hpp"
 #include "requestlog/queue.hpp"
@@ -76,7 +74,10 @@ class Writer {
   std::uint64_t transactions() const { return transactions_; }
 
  private:
-  void run();
+  // One turn of the writer thread: a batch (or a reopen attempt), retention when due, the stderr report.
+  std::size_t step();
+  // After stop(): writes what is queued until `deadline`, counts the rest as dropped.
+  void drain(std::chrono::steady_clock::time_point deadline);
   void count_error(const std::string& what);
   // The stderr lines (drops, errors since the last), at most every 10 s unless `now_anyway`.
   void report(bool now_anyway = false);
@@ -99,11 +100,8 @@ class Writer {
   std::uint64_t reported_errors_ = 0;
   std::string last_error_;
 
-  std::mutex mu_;  // guards stop_ and deadline_ between the stopping thread and the writer, never a worker
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::chrono::steady_clock::time_point deadline_{};
-  std::thread thread_;
+  std::chrono::steady_clock::time_point next_retention_{}, next_open_{};  // writer thread
+  core::BatchThread loop_;                                                // last: joined before the members it uses go
 };
 
 // True when `s` is well-formed UTF-8 (Unicode §3.9, Table 3-7).

@@ -1,7 +1,5 @@
 #include "tracing/exporter.hpp"
 
-#include <pthread.h>
-
 #include <charconv>
 
 #include <fmt/format.h>
@@ -228,7 +226,7 @@ Exporter::Exporter(TracingConfig config, unsigned workers, Resource resource)
 }
 
 Exporter::~Exporter() {
-  if (thread_.joinable()) stop(SteadyClock::now());
+  if (loop_.running()) stop(SteadyClock::now());
 }
 
 std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
@@ -275,33 +273,26 @@ std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
     if (!retryable(r) || attempt == kMaxAttempts) break;
     const auto wait = r.retry_after.count() > 0 ? r.retry_after : backoff;
     if (SteadyClock::now() + wait >= deadline) break;
-    if (sleep_for(wait) && SteadyClock::now() >= deadline) break;
+    if (loop_.sleep_for(wait) && SteadyClock::now() >= deadline) break;
     backoff *= 2;
   }
   dropped_export_.fetch_add(spans, std::memory_order_relaxed);
   return taken;
 }
 
-bool Exporter::sleep_for(std::chrono::milliseconds d) {
-  std::unique_lock lock(mu_);
-  return cv_.wait_for(lock, d, [this] { return stop_; });
-}
-
 void Exporter::start() {
   last_report_ = SteadyClock::now();
-  thread_ = std::thread([this] { run(); });
-  pthread_setname_np(thread_.native_handle(), "weir-tracing");  // at most 15 characters
+  loop_.start(
+      "weir-tracing", config_.batch, config_.flush_interval,
+      [this] {
+        const std::size_t n = export_batch(SteadyClock::now() + config_.timeout * kMaxAttempts);
+        report();
+        return n;
+      },
+      [this](SteadyClock::time_point deadline) { drain(deadline); });
 }
 
-void Exporter::stop(SteadyClock::time_point deadline) {
-  {
-    std::lock_guard lock(mu_);
-    stop_ = true;
-    deadline_ = deadline;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-}
+void Exporter::stop(SteadyClock::time_point deadline) { loop_.stop(deadline); }
 
 void Exporter::report(bool now_anyway) {
   const auto now = SteadyClock::now();
@@ -324,25 +315,8 @@ void Exporter::report(bool now_anyway) {
   last_report_ = now;
 }
 
-void Exporter::run() {
-  for (;;) {
-    {
-      std::unique_lock lock(mu_);
-      if (stop_) break;
-    }
-    const std::size_t n = export_batch(SteadyClock::now() + config_.timeout * kMaxAttempts);
-    report();
-    if (n < config_.batch) {
-      std::unique_lock lock(mu_);
-      cv_.wait_for(lock, config_.flush_interval, [this] { return stop_; });
-    }
-  }
-  // The drain: the workers have stopped, so the queues only shrink.
-  SteadyClock::time_point deadline;
-  {
-    std::lock_guard lock(mu_);
-    deadline = deadline_;
-  }
+void Exporter::drain(SteadyClock::time_point deadline) {
+  // The workers have stopped, so the queues only shrink.
   while (SteadyClock::now() < deadline && export_batch(deadline) > 0) {
   }
   std::uint64_t left = 0;

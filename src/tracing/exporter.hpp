@@ -11,14 +11,12 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "core/batch_thread.hpp"
 #include "tracing/config.hpp"
 #include "tracing/context.hpp"
 #include "tracing/otlp_json.hpp"
@@ -76,10 +74,9 @@ class Exporter {
   const std::string& last_body() const { return body_; }
 
  private:
-  void run();
+  // After stop(): exports what is queued until `deadline`, counts the rest as dropped.
+  void drain(std::chrono::steady_clock::time_point deadline);
   void report(bool now_anyway = false);
-  // Waits `d`, or less when stop() is called; true when stopping.
-  bool sleep_for(std::chrono::milliseconds d);
 
   TracingConfig config_;
   Sampler sampler_;
@@ -98,11 +95,7 @@ class Exporter {
   std::uint64_t reported_errors_ = 0;
   std::string last_error_;
 
-  std::mutex mu_;  // guards stop_ and deadline_ between the stopping thread and the exporter, never a worker
-  std::condition_variable cv_;
-  bool stop_ = false;
-  std::chrono::steady_clock::time_point deadline_{};
-  std::thread thread_;
+  core::BatchThread loop_;  // last: joined before the members it uses go
 };
 
 }  // namespace weir::tracing

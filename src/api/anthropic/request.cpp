@@ -305,8 +305,8 @@ std::string_view upstream_path(Target t) { return t == Target::messages ? "/v1/c
 tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out) {
   // The DOMs (the client's and the upstream's) live in a per-thread arena,
   // then the heap for larger bodies (images); released before returning.
-  alignas(16) static thread_local unsigned char arena[64 * 1024];
-  json::monotonic_resource mr(arena, sizeof arena);
+  struct Arena;
+  json::monotonic_resource mr(thread_arena<Arena, 64 * 1024>(), 64 * 1024);
   json::storage_ptr sp(&mr);
   json::parse_options opt;
   opt.max_depth = 64;

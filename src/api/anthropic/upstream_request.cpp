@@ -445,12 +445,13 @@ std::string_view messages_path() { return "/v1/messages"; }
 
 tl::expected<void, core::Error> chat_to_messages(std::string_view chat, const UpstreamRequestOptions& o,
                                                  std::string& out) {
-  alignas(16) static thread_local unsigned char arena[64 * 1024];
+  struct Arena;
+  unsigned char* arena = thread_arena<Arena, 64 * 1024>();
   WideIntegers wide;
   std::string protected_body;
   std::string_view text = chat;
   for (int pass = 0; pass < 2; ++pass) {
-    json::monotonic_resource mr(arena, sizeof arena);
+    json::monotonic_resource mr(arena, 64 * 1024);
     json::storage_ptr sp(&mr);
     json::parse_options opt;
     opt.max_depth = 64;
@@ -475,8 +476,8 @@ tl::expected<void, core::Error> chat_to_messages(std::string_view chat, const Up
 }
 
 tl::expected<RequestFields, core::Error> read_messages_request(std::string_view body, bool count) {
-  alignas(16) static thread_local unsigned char arena[16 * 1024];
-  json::monotonic_resource mr(arena, sizeof arena);
+  struct Arena;
+  json::monotonic_resource mr(thread_arena<Arena, 16 * 1024>(), 16 * 1024);
   json::parse_options opt;
   opt.max_depth = 64;
   boost::system::error_code ec;

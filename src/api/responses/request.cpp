@@ -353,8 +353,8 @@ std::string_view upstream_path() { return "/v1/chat/completions"; }
 tl::expected<RequestFields, core::Error> translate_request(std::string_view body, std::string& out, std::string& echo) {
   // The DOMs (the client's, the upstream's, the echo) live in a per-thread
   // arena, then the heap for larger bodies; released before returning.
-  alignas(16) static thread_local unsigned char arena[64 * 1024];
-  json::monotonic_resource mr(arena, sizeof arena);
+  struct Arena;
+  json::monotonic_resource mr(thread_arena<Arena, 64 * 1024>(), 64 * 1024);
   json::storage_ptr sp(&mr);
   json::parse_options opt;
   opt.max_depth = 64;

@@ -1,0 +1,52 @@
+#pragma once
+// The loop of a background thread that moves records from the workers'
+// queues to a sink in batches: the request-log writer (requestlog/store.hpp)
+// and the OTLP exporter (tracing/exporter.hpp).
+//
+// The thread runs under SCHED_IDLE (sched(7)): it gets a core only when no
+// worker wants it, and a worker that wakes preempts it at once. A batch of
+// SQLite inserts or an OTLP POST therefore never delays a request; when the
+// cores stay busy for longer than the queues can hold, the queues drop, and
+// the owner counts the drops (the request path never waits either way).
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+namespace weir::core {
+
+class BatchThread {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  BatchThread() = default;
+  ~BatchThread();  // stop(now) if still running
+  BatchThread(const BatchThread&) = delete;
+  BatchThread& operator=(const BatchThread&) = delete;
+
+  // Starts thread `name` (at most 15 characters, for top/ps) at SCHED_IDLE.
+  // It calls step() until stop(); when a step returns fewer than `full`
+  // records taken, it first waits `idle` (or less, if stop() is called).
+  // After stop() it calls drain(deadline) once and ends.
+  void start(const char* name, std::size_t full, std::chrono::milliseconds idle, std::function<std::size_t()> step,
+             std::function<void(Clock::time_point)> drain);
+  // Wakes the thread, and joins it once drain(deadline) returned.
+  void stop(Clock::time_point deadline);
+  // For a step's backoff: waits `d`, or less when stop() is called; true when stopping.
+  bool sleep_for(std::chrono::milliseconds d);
+  bool running() const { return thread_.joinable(); }
+
+ private:
+  void run(std::size_t full, std::chrono::milliseconds idle, const std::function<std::size_t()>& step,
+           const std::function<void(Clock::time_point)>& drain);
+
+  std::mutex mu_;  // guards stop_ and deadline_ between the stopping thread and this one, never a worker
+  std::condition_variable cv_;
+  bool stop_ = false;
+  Clock::time_point deadline_{};
+  std::thread thread_;
+};
+
+}  // namespace weir::core

@@ -1,0 +1,70 @@
+// core::BatchThread: the loop under the request-log writer and the OTLP exporter.
+#include "core/batch_thread.hpp"
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+
+#include <gtest/gtest.h>
+
+namespace weir::core {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(BatchThread, StepsUntilStoppedThenDrainsOnceWithTheDeadline) {
+  BatchThread t;
+  std::atomic<int> steps{0}, drains{0}, policy{-1};
+  std::atomic<bool> idle_waits{false};
+  BatchThread::Clock::time_point seen{};
+  t.start(
+      "weir-test", 4, 1ms,
+      [&] {
+        policy = sched_getscheduler(0);
+        // Full batches at first (no wait between them), then short ones (a wait each).
+        return ++steps < 10 ? std::size_t{4} : std::size_t{1};
+      },
+      [&](BatchThread::Clock::time_point d) {
+        seen = d;
+        ++drains;
+      });
+  EXPECT_TRUE(t.running());
+  while (steps < 20) std::this_thread::sleep_for(1ms);
+  const auto deadline = BatchThread::Clock::now() + 5s;
+  t.stop(deadline);
+  EXPECT_FALSE(t.running());
+  EXPECT_EQ(drains, 1);
+  EXPECT_EQ(seen, deadline);
+  EXPECT_EQ(policy, SCHED_IDLE);  // never takes a core from a worker
+  const int after = steps;
+  std::this_thread::sleep_for(5ms);
+  EXPECT_EQ(steps, after);
+}
+
+TEST(BatchThread, StopWakesALongIdleWaitAndABackoff) {
+  BatchThread t;
+  std::atomic<bool> stopped_backoff{false};
+  std::atomic<int> steps{0};
+  t.start(
+      "weir-test", 1, 1h,
+      [&] {
+        if (++steps == 1) stopped_backoff = t.sleep_for(1h);  // a retry backoff, cut short by stop()
+        return std::size_t{0};
+      },
+      [](BatchThread::Clock::time_point) {});
+  while (steps < 1) std::this_thread::sleep_for(1ms);
+  const auto t0 = BatchThread::Clock::now();
+  t.stop(BatchThread::Clock::now());
+  EXPECT_LT(BatchThread::Clock::now() - t0, 30s);  // not the hour of either wait
+  EXPECT_TRUE(stopped_backoff);
+}
+
+TEST(BatchThread, SleepForWithoutAThreadWaitsItsTime) {
+  BatchThread t;
+  EXPECT_FALSE(t.sleep_for(1ms));
+  EXPECT_FALSE(t.running());
+}
+
+}  // namespace
+}  // namespace weir::core
