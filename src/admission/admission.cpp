@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include "core/json_text.hpp"
+
 namespace weir::admission {
 
 Ticket& Ticket::operator=(Ticket&& o) noexcept {
@@ -43,16 +45,56 @@ void Ticket::release() noexcept {
   stream_mask_ = 0;
 }
 
-std::string format_reset(std::uint64_t ms) {
-  if (ms == 0) return "0s";
-  if (ms < 1000) return fmt::format("{}ms", ms);
+void append_reset(std::string& out, std::uint64_t ms) {
+  if (ms == 0) {
+    out += "0s";
+    return;
+  }
+  if (ms < 1000) {
+    core::append_uint(out, ms);
+    out += "ms";
+    return;
+  }
   const std::uint64_t h = ms / 3'600'000, m = ms / 60'000 % 60, s = ms / 1000 % 60, frac = ms % 1000;
-  std::string secs = frac == 0 ? fmt::format("{}", s) : fmt::format("{}.{:03}", s, frac);
-  if (frac != 0)
-    while (secs.back() == '0') secs.pop_back();
-  if (h > 0) return fmt::format("{}h{}m{}s", h, m, secs);
-  if (m > 0) return fmt::format("{}m{}s", m, secs);
-  return secs + "s";
+  if (h > 0) {
+    core::append_uint(out, h);
+    out += 'h';
+  }
+  if (h > 0 || m > 0) {
+    core::append_uint(out, m);
+    out += 'm';
+  }
+  core::append_uint(out, s);
+  if (frac != 0) {
+    const char digits[3] = {static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
+                            static_cast<char>('0' + frac % 10)};
+    std::size_t n = 3;
+    while (digits[n - 1] == '0') --n;  // "1.5s", not "1.500s"
+    out += '.';
+    out.append(digits, n);
+  }
+  out += 's';
+}
+
+std::string format_reset(std::uint64_t ms) {
+  std::string s;
+  append_reset(s, ms);
+  return s;
+}
+
+void append_rate_limit_headers(std::string& out, std::string_view kind, const BucketView& b) {
+  auto line = [&](std::string_view what, auto&& value) {
+    out += "x-ratelimit-";
+    out += what;
+    out += '-';
+    out += kind;
+    out += ": ";
+    value();
+    out += "\r\n";
+  };
+  line("limit", [&] { core::append_uint(out, b.limit); });
+  line("remaining", [&] { core::append_uint(out, b.remaining); });
+  line("reset", [&] { append_reset(out, b.reset_ms); });
 }
 
 Admission::Admission(Limiter& limiter, const Pricing& pricing, std::uint32_t worker)

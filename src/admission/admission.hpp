@@ -104,8 +104,15 @@ struct RateLimitHeaders {
 };
 
 // A duration as OpenAI writes x-ratelimit-reset-* (Go duration syntax):
-// "0s", "20ms", "1s", "1.5s", "6m0s", "1h2m3s".
+// "0s", "20ms", "1s", "1.5s", "6m0s", "1h2m3s"; appended to `out` (no
+// allocation beyond its growth), or returned.
+void append_reset(std::string& out, std::uint64_t ms);
 std::string format_reset(std::uint64_t ms);
+
+// Appends OpenAI's three header lines for one bucket, each ending in CRLF:
+// x-ratelimit-limit-KIND, x-ratelimit-remaining-KIND, x-ratelimit-reset-KIND
+// (KIND: "requests" or "tokens"; limit per minute, remaining in whole units).
+void append_rate_limit_headers(std::string& out, std::string_view kind, const BucketView& b);
 
 class Admission {
  public:

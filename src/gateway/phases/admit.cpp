@@ -1,10 +1,6 @@
 // The admit phase: the model allow-list, rate limits, stream caps and
 // budgets of the principal's tenant and key (docs/admission.md), with
 // OpenAI's x-ratelimit-* headers for every answer to the request.
-#include <iterator>
-
-#include <fmt/format.h>
-
 #include "admission/refill.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -49,13 +45,8 @@ core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
   }
   // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
   const auto h = adm->rate_limit_headers(*ctx.principal, now);
-  auto put = [&](std::string_view kind, const admission::BucketView& b) {
-    fmt::format_to(std::back_inserter(ctx.rate_limit_lines),
-                   "x-ratelimit-limit-{0}: {1}\r\nx-ratelimit-remaining-{0}: {2}\r\nx-ratelimit-reset-{0}: {3}\r\n",
-                   kind, b.limit, b.remaining, admission::format_reset(b.reset_ms));
-  };
-  if (h.has_requests) put("requests", h.requests);
-  if (h.has_tokens) put("tokens", h.tokens);
+  if (h.has_requests) admission::append_rate_limit_headers(ctx.rate_limit_lines, "requests", h.requests);
+  if (h.has_tokens) admission::append_rate_limit_headers(ctx.rate_limit_lines, "tokens", h.tokens);
   if (!t) co_return Outcome::failed(std::move(t.error()));
   ctx.ticket = std::move(*t);
   co_return Outcome::next();

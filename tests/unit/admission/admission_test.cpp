@@ -448,6 +448,21 @@ TEST(AdmissionHeaders, RateLimitValuesAndResetFormat) {
   EXPECT_EQ(format_reset(1234), "1.234s");
   EXPECT_EQ(format_reset(360000), "6m0s");
   EXPECT_EQ(format_reset(3723500), "1h2m3.5s");
+  EXPECT_EQ(format_reset(3600000), "1h0m0s");
+  EXPECT_EQ(format_reset(60010), "1m0.01s");
+  EXPECT_EQ(format_reset(999), "999ms");
+}
+
+TEST(AdmissionHeaders, ThreeLinesPerBucketAppended) {
+  std::string out = "x: y\r\n";
+  append_rate_limit_headers(out, "requests", BucketView{.limit = 600, .remaining = 599, .reset_ms = 100});
+  append_rate_limit_headers(out, "tokens", BucketView{.limit = 0, .remaining = 18446744073709551615ull, .reset_ms = 0});
+  EXPECT_EQ(out,
+            "x: y\r\n"
+            "x-ratelimit-limit-requests: 600\r\nx-ratelimit-remaining-requests: 599\r\n"
+            "x-ratelimit-reset-requests: 100ms\r\n"
+            "x-ratelimit-limit-tokens: 0\r\nx-ratelimit-remaining-tokens: 18446744073709551615\r\n"
+            "x-ratelimit-reset-tokens: 0s\r\n");
 }
 
 TEST(AdmissionEstimate, PromptBytesOverFourPlusMaxTokens) {
