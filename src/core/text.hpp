@@ -1,7 +1,12 @@
 // ASCII text helpers shared by every module (header names, schemes, tokens).
 #pragma once
 
+#include <cstring>
 #include <string_view>
+
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
 
 namespace weir::core {
 
@@ -20,6 +25,44 @@ constexpr std::string_view trim_ows(std::string_view s) noexcept {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);
   return s;
+}
+
+// The first position of `needle` in `hay`, or npos (as string_view::find).
+// Where SSE2 is there (every x86-64) it tests 16 positions per step for two
+// of the needle's bytes together and compares only where both match (W.
+// Muła's SIMD substring search). The two are its second and second-to-last
+// for needles of 4 bytes or more, so that a JSON key's quotes ("usage")
+// are not what is tested: about one instruction per byte of an SSE event,
+// where glibc's memmem takes several and string_view::find calls memchr
+// again at each occurrence of the first byte.
+inline std::size_t find_substring(std::string_view hay, std::string_view needle) noexcept {
+  const std::size_t n = needle.size();
+  if (n == 0) return 0;
+  if (hay.size() < n) return std::string_view::npos;
+  const std::size_t end = hay.size() - n + 1;  // positions where the needle could start
+  std::size_t i = 0;
+#if defined(__SSE2__)
+  if (n >= 2) {
+    const std::size_t p = n >= 4 ? 1 : 0, q = n >= 4 ? n - 2 : n - 1;
+    const __m128i at_p = _mm_set1_epi8(needle[p]);
+    const __m128i at_q = _mm_set1_epi8(needle[q]);
+    // A step reads hay[i + p, i + p + 16) and hay[i + q, i + q + 16): inside `hay` while i + 16 <= end.
+    for (; i + 16 <= end; i += 16) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + i + p));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + i + q));
+      auto mask =
+          static_cast<unsigned>(_mm_movemask_epi8(_mm_and_si128(_mm_cmpeq_epi8(a, at_p), _mm_cmpeq_epi8(b, at_q))));
+      while (mask != 0) {
+        const auto at = i + static_cast<std::size_t>(__builtin_ctz(mask));
+        if (std::memcmp(hay.data() + at, needle.data(), n) == 0) return at;
+        mask &= mask - 1;
+      }
+    }
+  }
+#endif
+  for (; i < end; ++i)
+    if (hay[i] == needle.front() && std::memcmp(hay.data() + i + 1, needle.data() + 1, n - 1) == 0) return i;
+  return std::string_view::npos;
 }
 
 }  // namespace weir::core

@@ -6,6 +6,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/json_scan.hpp"
+#include "core/text.hpp"
 
 namespace weir::api::openai {
 
@@ -61,10 +62,10 @@ bool is_usage_only_chunk(std::string_view data) {
 }
 
 bool UsageHook::on_data(std::string_view data) {
-  // Once per SSE event: glibc's memmem (one pass), not string_view::find,
-  // which calls memchr again at each '"' of the chunk (~40 in a vLLM chunk).
-  static constexpr std::string_view kKey = "\"usage\"";
-  if (::memmem(data.data(), data.size(), kKey.data(), kKey.size()) == nullptr) return true;
+  // Once per SSE event: one SIMD pass (core::find_substring), not
+  // string_view::find, which calls memchr again at each '"' of the chunk
+  // (~40 in a vLLM chunk), nor glibc's memmem (~2 instructions per byte).
+  if (core::find_substring(data, "\"usage\"") == std::string_view::npos) return true;
   auto u = extract_usage(data);
   if (!u) return true;
   has_usage_ = true;
