@@ -230,29 +230,36 @@ def run(env: Env, opts: Options) -> Report:
         if not clean:
             continue
         c, a = max(clean.items(), key=lambda kv: kv[1].get("achieved_rate_rps") or 0)
-        best[label] = (a.get("achieved_rate_rps"), c, a)
+        cores, rps = a.get("target_cpu_cores"), a.get("achieved_rate_rps")
+        per_req = cores * 1e6 / rps if label != DIRECT and cores is not None and rps else None
+        best[label] = (rps, c, a, per_req)
         rows.append([label, f"{a['achieved_rate_rps']:,.0f}", c, f"{a['e2e_p99_us']:,.0f}",
-                     "" if label == DIRECT or a.get("target_cpu_cores") is None else f"{a['target_cpu_cores']:.2f}",
-                     sat_text(a)])
+                     "" if label == DIRECT or cores is None else f"{cores:.2f}",
+                     "" if per_req is None else f"{per_req:,.1f}", sat_text(a)])
         rep.row("max_rps", label, c, "max_rps_zero_failures", a["achieved_rate_rps"], "req/s", a["rounds"])
         if label != DIRECT:
-            rep.row("max_rps", label, c, "cpu_cores", a.get("target_cpu_cores"), "cores", a["rounds"])
+            rep.row("max_rps", label, c, "cpu_cores", cores, "cores", a["rounds"])
+            rep.row("max_rps", label, c, "cpu_per_request", per_req, "us", a["rounds"])
     rh, rs_ = best.get(HTTP), best.get(HTTPS)
     r_max = ratio(rs_[0], rh[0]) if rh and rs_ else None
     rep.row("max_rps", "https over http", "", "max_rps_https_over_http", r_max, "ratio")
     bound = ""
-    if rs_ and (rs_[2].get("target_cpu_cores") or 0) < 0.9:
-        bound = (f" In this run the https lane's Weir used {rs_[2]['target_cpu_cores']:.2f} of its core at the "
-                 "maximum: the limit was the load CPU (weir-bench and the mock, whose TLS work is there too), "
-                 "not Weir.")
-        rep.note("closed-loop maximum: the https lane was bound by the load CPU, not by Weir." + bound)
+    idle = [(label, b[2]["target_cpu_cores"]) for label, b in best.items()
+            if label != DIRECT and b[2].get("target_cpu_cores") is not None and b[2]["target_cpu_cores"] < 0.9]
+    if idle:
+        bound = (" In this run " + " and ".join(f"{label}'s Weir used {cores:.2f}" for label, cores in idle)
+                 + " of its core at the maximum: the limit was the load CPU (weir-bench and the mock, whose TLS "
+                 "work is there too), not Weir; the ratio is then the load side's.")
+        rep.note("closed-loop maximum:" + bound.replace(" In this run", " in this run", 1))
     rep.section("Closed-loop maximum (kept-alive connections)", (
         "The most requests/s with zero failures over concurrency "
         + ", ".join(str(c) for c in sorted({c for lv in front.values() for c in lv}))
-        + f" (closed loop, instant mocks), and Weir's CPU there (cores; 1.00 is its whole core). https ÷ http: "
+        + f" (closed loop, instant mocks), and Weir's CPU there (cores; 1.00 is its whole core, and per request: "
+        "cores ÷ req/s, over the measured window). https ÷ http: "
         f"{fmt_ratio(r_max)}. The direct row is the plain mock and the load generator alone on their core: the "
         "ceiling of every lane here, and the TLS mock spends more of that core than the plain one." + bound
-        + "\n\n" + table(["target", "max req/s", "at concurrency", "p99 (µs)", "Weir CPU", "notes"], rows)))
+        + "\n\n" + table(["target", "max req/s", "at concurrency", "p99 (µs)", "Weir CPU", "Weir CPU per request (µs)",
+                           "notes"], rows)))
 
     # ----------------------------------------------------------------- streams ---
     suite_stream.configure(env.smoke)
@@ -325,6 +332,8 @@ def run(env: Env, opts: Options) -> Report:
         for p in ("p50", "p99"):
             add_row(f"added TTFT {p}, concurrency {c} (µs)", ttft_added[c].get(HTTP, {}).get(p),
                     ttft_added[c].get(HTTPS, {}).get(p), "us")
+    add_row("Weir CPU per request at the closed-loop maximum (µs)", rh[3] if rh else None, rs_[3] if rs_ else None,
+            "us", 1)
     add_row("Weir CPU per request, kept-alive (µs)", cpu_req.get(HTTP), cpu_req.get(HTTPS), "us", 1)
     add_row("Weir CPU per request, new connection, resumed (µs)", cpu_req.get(HTTP_NEW), cpu_req.get(HTTPS_NEW),
             "us", 1)
