@@ -9,6 +9,7 @@ import hashlib
 import json
 import pathlib
 import time
+from dataclasses import dataclass
 
 POOL_DEFAULTS = {
     "timeouts": {"connect": "2s", "first_byte": "120s", "idle": "60s"},
@@ -91,6 +92,64 @@ def make_jwt(work: pathlib.Path) -> tuple[pathlib.Path, str]:
                         "tenant": "bench", "iat": now, "exp": now + 86400},
                        key, algorithm="RS256", headers={"kid": "bench-1"})
     return path, token
+
+
+@dataclass
+class TlsFiles:
+    """A throwaway CA and a server certificate it signed (PEM files): what weir-mock's TLS listener serves and
+    what Weir's https pool trusts (`pools.P.tls.ca_file`)."""
+    ca: pathlib.Path
+    cert: pathlib.Path
+    key: pathlib.Path
+
+
+def make_tls(work: pathlib.Path) -> TlsFiles:
+    """A self-signed CA and a certificate for 127.0.0.1 (IP SAN) and localhost, both ECDSA P-256 (what a
+    certificate authority issues by default today), valid for a day; written to WORK/tls/."""
+    import datetime
+    import ipaddress
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    d = work / "tls"
+    d.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Weir bench throwaway CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                       content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                       key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+          .sign(ca_key, hashes.SHA256()))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "weir-mock")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
+                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                           critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    out = TlsFiles(ca=d / "ca.pem", cert=d / "server.pem", key=d / "server.key")
+    out.ca.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    out.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    out.key.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                          serialization.NoEncryption()))
+    return out
+
+
+def plain_tls(mock_url: str, ca_file: pathlib.Path, access_log: str = "off") -> dict:
+    """plain() for an https:// mock: the pool trusts `ca_file` (verification on, as deployed)."""
+    cfg = plain(mock_url, access_log)
+    cfg["pools"]["mock"]["tls"] = {"ca_file": str(ca_file)}
+    return cfg
 
 
 def all_controls(mock_url: str, jwks_path: pathlib.Path, access_log: str) -> dict:

@@ -26,7 +26,8 @@ from common import Options  # noqa: E402
 from procs import HarnessError  # noqa: E402
 from targets import REPO, Env, PEER_ORDER  # noqa: E402
 
-SUITES = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch", "routing", "translate", "soak"]
+SUITES = ["seed000", "latency", "stream", "memory", "governed", "allocs", "batch", "routing", "translate", "tls",
+          "soak"]
 
 
 def load_suite(name: str):

@@ -17,6 +17,7 @@ import pathlib
 import resource
 import signal
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -73,11 +74,12 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return False
 
 
-def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float = 2.0) -> tuple[int, bytes]:
-    """GET url; returns (status, body); status 0 when the connection failed."""
+def http_get(url: str, headers: Mapping[str, str] | None = None, timeout: float = 2.0,
+             context: ssl.SSLContext | None = None) -> tuple[int, bytes]:
+    """GET url; returns (status, body); status 0 when the connection failed. `context`: an https URL's trust."""
     req = urllib.request.Request(url, headers=dict(headers or {}))
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             return r.status, r.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read() if e.fp else b""
@@ -260,8 +262,9 @@ def launch(name: str, argv: Sequence[str], log_dir: pathlib.Path, *, cpu: int | 
 
 
 def wait_ready(proc: Proc, port: int, timeout: float, http_path: str | None = None,
-               headers: Mapping[str, str] | None = None) -> None:
-    """Wait until `port` accepts connections (and GET http_path answers below 500); raise on exit/timeout."""
+               headers: Mapping[str, str] | None = None, context: ssl.SSLContext | None = None) -> None:
+    """Wait until `port` accepts connections (and GET http_path answers below 500); raise on exit/timeout.
+    With `context` the GET is https, trusting what the context trusts."""
     deadline = time.monotonic() + timeout
     while True:
         if not proc.alive():
@@ -270,7 +273,8 @@ def wait_ready(proc: Proc, port: int, timeout: float, http_path: str | None = No
         if port_open(port):
             if http_path is None:
                 return
-            status, _ = http_get(f"http://127.0.0.1:{port}{http_path}", headers)
+            scheme = "https" if context is not None else "http"
+            status, _ = http_get(f"{scheme}://127.0.0.1:{port}{http_path}", headers, context=context)
             if 0 < status < 500:
                 return
         if time.monotonic() > deadline:

@@ -60,10 +60,18 @@ class Mock:
     """weir-mock on a free port, pinned to the load CPU (with the load generator)."""
 
     def __init__(self, env: Env, name: str = "mock", ttft_ms: int = 90, itl_ms: int = 14,
-                 max_tokens: int = 128, threads: int = 1, extra: list[str] | None = None):
+                 max_tokens: int = 128, threads: int = 1, extra: list[str] | None = None,
+                 tls: "configs.TlsFiles | None" = None):
+        """`tls`: serve HTTPS on the port (weir-mock --tls-cert/--tls-key) with that certificate; the harness's
+        own requests to it (readiness, /metrics) trust `tls.ca`."""
         self.env = env
         self.name = name
         self.proc: Proc | None = None
+        self.tls = tls
+        self.ssl_context = None
+        if tls is not None:
+            import ssl
+            self.ssl_context = ssl.create_default_context(cafile=str(tls.ca))
         for attempt in range(3):
             self.port = free_port()
             try:
@@ -80,9 +88,11 @@ class Mock:
         argv = [self.env.binary("weir-mock"), "--listen", f"127.0.0.1:{self.port}", "--any-model",
                 "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--max-tokens", str(max_tokens),
                 "--threads", str(threads)] + (extra or [])
+        if self.tls is not None:
+            argv += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
         self.proc = launch(self.name, argv, self.env.work / "logs", cpu=self.env.load_cpu,
                            priority=self.env.priority)
-        wait_ready(self.proc, self.port, 15, "/health")
+        wait_ready(self.proc, self.port, 15, "/health", context=self.ssl_context)
 
     def restart(self, ttft_ms: int, itl_ms: int, max_tokens: int = 128, threads: int = 1,
                 extra: list[str] | None = None) -> None:
@@ -100,14 +110,15 @@ class Mock:
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls is not None else 'http'}://127.0.0.1:{self.port}"
 
     def describe(self) -> str:
         f = self.flags
-        return f"weir-mock --ttft-ms {f['ttft_ms']} --itl-ms {f['itl_ms']} --max-tokens {f['max_tokens']} --threads {f['threads']}"
+        return (f"weir-mock --ttft-ms {f['ttft_ms']} --itl-ms {f['itl_ms']} --max-tokens {f['max_tokens']} "
+                f"--threads {f['threads']}" + (" --tls-cert … --tls-key …" if self.tls is not None else ""))
 
     def metrics(self) -> str:
-        status, body = http_get(self.url + "/metrics", timeout=5)
+        status, body = http_get(self.url + "/metrics", timeout=5, context=self.ssl_context)
         return body.decode(errors="replace") if status == 200 else ""
 
     def running(self) -> int:

@@ -1,5 +1,6 @@
 #include "http/exchange.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -144,10 +145,18 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
       if (TlsStream* tls = conn_->tls()) [[unlikely]] {
         // TLS: OpenSSL may hold decrypted bytes the socket no longer shows
         // as readable, so no readiness wait of our own: the stream's read
-        // returns what it has or waits for the next record.
-        auto [tec, tn] = co_await tls->stream.async_read_some(room, use_task);
+        // returns what it has or waits for the next record. Not into the
+        // shared scratch: when OpenSSL already holds the bytes, Asio's SSL
+        // stream writes them into the buffer at once but completes as if
+        // posted, and the worker's other exchanges use the scratch meanwhile
+        // (found by bench/run tls: 16 streams, records arriving together).
+        // So into the connection's own buffer, copied on resumption.
+        if (!tls->read_buf) tls->read_buf = std::make_unique<char[]>(TlsStream::kReadBuf);
+        const std::size_t want = std::min(TlsStream::kReadBuf, room.size());
+        auto [tec, tn] = co_await tls->stream.async_read_some(asio::buffer(tls->read_buf.get(), want), use_task);
         ec = is_tls_close(tec) ? error_code(asio::error::eof) : tec;
         n = tn;
+        if (n > 0) std::memcpy(scratch_.data() + carried, tls->read_buf.get(), n);
       } else {
         // The recv lands in the worker's scratch, shared by every exchange
         // of the worker: it must be parsed before any other handler runs.

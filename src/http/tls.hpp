@@ -41,6 +41,10 @@ class TlsClient {
 struct TlsStream {
   TlsStream(Socket& s, boost::asio::ssl::context& ctx) : stream(s, ctx) {}
   boost::asio::ssl::stream<Socket&> stream;
+  // Where Exchange::read's body reads land before they are copied into the worker's shared scratch
+  // (kReadBuf bytes, made on the first body read): see there.
+  static constexpr std::size_t kReadBuf = 16 * 1024;  // a TLS record's most plaintext
+  std::unique_ptr<char[]> read_buf;
   // Where this connection's session tickets are kept (offer_session); null client: not kept.
   const TlsClient* session_client = nullptr;
   tcp::endpoint session_addr;

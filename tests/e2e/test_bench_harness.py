@@ -116,3 +116,44 @@ def test_unknown_suite_is_a_usage_error():
     r = subprocess.run([str(RUN), "nosuchsuite"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert "unknown suite" in r.stderr
+
+
+@pytest.mark.timeout(300)
+def test_smoke_tls_measures_every_lane_and_the_https_over_http_ratios():
+    # bench/run tls: Weir → weir-mock over http and over https (the mock's own TLS listener), kept-alive and
+    # with a new upstream connection per request (resumed and full handshakes). The smoke itself fails when a
+    # lane's mock counters do not show the connection handling it is named for.
+    r = bench_run("--smoke", "tls", "-q")
+    assert r.returncode == 0, f"bench/run failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    out = pathlib.Path(re.search(r"output in (\S+)", r.stdout).group(1))
+    try:
+        with (out / "tls.csv").open() as fh:
+            rows = list(csv.DictReader(fh))
+        lanes = {"weir → http", "weir → https", "weir → http, new connection per request",
+                 "weir → https, new connection per request (resumed)",
+                 "weir → https, new connection per request (full handshake)"}
+        assert lanes | {"direct (no gateway)"} <= {r["target"] for r in rows if r["section"] == "c1"}
+
+        def value(section, target, metric, param=None):
+            for row in rows:
+                if (row["section"], row["target"], row["metric"]) == (section, target, metric) and (
+                        param is None or row["param"] == str(param)):
+                    return row["value"]
+            raise AssertionError(f"no row {section}/{target}/{metric}/{param}")
+
+        for lane in lanes:
+            assert float(value("c1", lane, "cpu_per_request")) > 0
+            per_conn = float(value("c1", lane, "upstream_connections_per_request"))
+            assert per_conn < 0.1 if "new connection" not in lane else per_conn > 0.9, (lane, per_conn)
+        assert float(value("max_rps", "weir → https", "max_rps_zero_failures")) > 0
+        assert float(value("ttft", "weir → https", "added_ttft_p50", 16)) > -10_000
+        metrics = {row["metric"] for row in rows if row["section"] == "summary"}
+        assert {"closed-loop max req/s", "added e2e p99, concurrency 1 (µs)", "added TTFT p99, concurrency 16 (µs)",
+                "Weir CPU per request, kept-alive (µs)",
+                "Weir CPU per request, new connection, full handshake (µs)"} <= metrics, metrics
+        md = (out / "tls.md").read_text()
+        for needle in ("# `tls`", "## https ÷ http", "## What TLS adds per request", "## Closed-loop maximum",
+                       "## Streaming: added TTFT"):
+            assert needle in md, f"{needle!r} not in tls.md"
+    finally:
+        shutil.rmtree(out, ignore_errors=True)

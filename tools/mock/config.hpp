@@ -39,8 +39,14 @@ struct MockConfig {
   int prefill_us_per_token = 0;  // --prefill-us-per-token: first token later by this per uncached prompt token, µs
   int max_num_seqs = 0;          // --max-num-seqs: requests running at once; beyond, they wait (FIFO)
 
-  int tick_us = 1000;    // --tick-us: least time between two scheduler passes, µs
-  int keep_alive_s = 5;  // --keep-alive-s: idle keep-alive timeout (uvicorn/vLLM default 5 s)
+  int tick_us = 1000;          // --tick-us: least time between two scheduler passes, µs
+  int keep_alive_s = 5;        // --keep-alive-s: idle keep-alive timeout (uvicorn/vLLM default 5 s)
+  bool no_keep_alive = false;  // --no-keep-alive: every response says `connection: close` and the connection ends
+
+  // --tls-cert / --tls-key: serve HTTPS on --listen (both or neither); --tls-no-resume: no session tickets or cache.
+  std::string tls_cert;
+  std::string tls_key;
+  bool tls_no_resume = false;
 };
 
 }  // namespace weir::mock

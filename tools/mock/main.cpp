@@ -116,6 +116,16 @@ int main(int argc, char** argv) {
   app.add_option("--keep-alive-s", cfg.keep_alive_s, "Idle keep-alive timeout, s (uvicorn's default is 5)")
       ->capture_default_str()
       ->check(CLI::Range(1, 86400));
+  app.add_flag("--no-keep-alive", cfg.no_keep_alive,
+               "Close every connection after its response (`connection: close`): each request on a new connection");
+  auto* cert_opt = app.add_option("--tls-cert", cfg.tls_cert,
+                                  "Serve HTTPS on --listen with this PEM certificate (chain); needs --tls-key")
+                       ->check(CLI::ExistingFile);
+  auto* key_opt = app.add_option("--tls-key", cfg.tls_key, "PEM private key of --tls-cert")->check(CLI::ExistingFile);
+  cert_opt->needs(key_opt);
+  key_opt->needs(cert_opt);
+  app.add_flag("--tls-no-resume", cfg.tls_no_resume,
+               "With --tls-cert: no session tickets and no session cache, so every handshake is a full one");
   CLI11_PARSE(app, argc, argv);
   if (!models.empty()) cfg.models = models;
   if (!parse_listen(listen, cfg)) {
@@ -125,6 +135,17 @@ int main(int argc, char** argv) {
 
   std::signal(SIGPIPE, SIG_IGN);
   raise_fd_limit();
+
+  // One server context shared by every worker (OpenSSL makes each connection's SSL from it, thread-safe).
+  std::unique_ptr<boost::asio::ssl::context> tls;
+  if (!cfg.tls_cert.empty()) {
+    try {
+      tls = weir::mock::make_server_tls(cfg);
+    } catch (const std::exception& e) {
+      std::cerr << "weir-mock: --tls-cert/--tls-key: " << e.what() << "\n";
+      return 2;
+    }
+  }
 
   std::vector<std::unique_ptr<weir::mock::MetricsShard>> shard_store;
   std::vector<weir::mock::MetricsShard*> shards;
@@ -154,8 +175,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     for (int i = 0; i < cfg.threads; ++i) {
-      workers.push_back(
-          std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards, engine));
+      workers.push_back(std::make_unique<weir::mock::Worker>(cfg, i, *shards[static_cast<std::size_t>(i)], shards,
+                                                             engine, tls.get()));
       const auto port = workers.back()->listen(ep);
       ep.port(port);  // with --listen HOST:0 every worker shares the first one's port
     }
@@ -166,9 +187,11 @@ int main(int argc, char** argv) {
 
   std::string names;
   for (const auto& m : cfg.models) names += (names.empty() ? "" : ",") + m;
-  std::printf("weir-mock listening on %s:%u (threads=%d ttft=%dms itl=%dms max_tokens=%d models=%s%s)\n",
+  std::printf("weir-mock listening on %s:%u (threads=%d ttft=%dms itl=%dms max_tokens=%d models=%s%s%s%s)\n",
               ep.address().to_string().c_str(), static_cast<unsigned>(ep.port()), cfg.threads, cfg.ttft_ms, cfg.itl_ms,
-              cfg.max_tokens, names.c_str(), cfg.any_model ? " any-model" : "");
+              cfg.max_tokens, names.c_str(), cfg.any_model ? " any-model" : "",
+              tls ? (cfg.tls_no_resume ? " https no-resume" : " https") : "",
+              cfg.no_keep_alive ? " no-keep-alive" : "");
   std::fflush(stdout);
 
   std::vector<std::thread> threads;

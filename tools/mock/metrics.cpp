@@ -135,6 +135,17 @@ std::string render_metrics(const std::vector<MetricsShard*>& shards, const MockC
   w.sample("weir_mock_injected_resets_total", sum(&MetricsShard::injected_resets));
   w.head("weir_mock_connections_total", "Accepted TCP connections.", "counter");
   w.sample("weir_mock_connections_total", sum(&MetricsShard::connections));
+  if (!cfg.tls_cert.empty()) {
+    w.head("weir_mock_tls_handshakes_total", "Completed TLS handshakes (--tls-cert), by session resumption.",
+           "counter");
+    for (std::size_t r = 0; r < 2; ++r) {
+      double v = 0;
+      for (auto* s : shards) v += static_cast<double>(s->tls_handshakes[r].load(std::memory_order_relaxed));
+      w.sample("weir_mock_tls_handshakes_total", v, w.labels + (r ? ",resumed=\"true\"" : ",resumed=\"false\""));
+    }
+    w.head("weir_mock_tls_handshake_failures_total", "TLS handshakes that failed (--tls-cert).", "counter");
+    w.sample("weir_mock_tls_handshake_failures_total", sum(&MetricsShard::tls_handshake_failures));
+  }
   w.histogram("weir_mock_token_lag_seconds",
               "How late each token (or non-streaming response) left versus its due time.", shards, &MetricsShard::lag);
   return std::move(w.out);

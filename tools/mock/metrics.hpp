@@ -48,17 +48,19 @@ enum class Finish : std::uint8_t { stop = 0, length = 1, abort = 2 };
 // thread that renders /metrics.
 struct MetricsShard {
   MetricsShard();
-  std::atomic<std::int64_t> running{0};                 // generations in progress
-  std::atomic<std::int64_t> kv_tokens{0};               // prompt + generated tokens of running requests
-  std::atomic<std::uint64_t> prompt_tokens{0};          // vllm:prompt_tokens_total
-  std::atomic<std::uint64_t> generation_tokens{0};      // vllm:generation_tokens_total
-  std::array<std::atomic<std::uint64_t>, 3> success{};  // vllm:request_success_total by Finish
-  std::atomic<std::uint64_t> injected_errors{0};        // x-mock-status / --error-rate answers
-  std::atomic<std::uint64_t> injected_resets{0};        // x-mock-reset-after / --reset-after RSTs
-  std::atomic<std::uint64_t> connections{0};            // accepted connections
-  Histogram ttft;                                       // vllm:time_to_first_token_seconds
-  Histogram e2e;                                        // vllm:e2e_request_latency_seconds
-  Histogram lag;                                        // weir_mock_token_lag_seconds: token sent minus token due
+  std::atomic<std::int64_t> running{0};                        // generations in progress
+  std::atomic<std::int64_t> kv_tokens{0};                      // prompt + generated tokens of running requests
+  std::atomic<std::uint64_t> prompt_tokens{0};                 // vllm:prompt_tokens_total
+  std::atomic<std::uint64_t> generation_tokens{0};             // vllm:generation_tokens_total
+  std::array<std::atomic<std::uint64_t>, 3> success{};         // vllm:request_success_total by Finish
+  std::atomic<std::uint64_t> injected_errors{0};               // x-mock-status / --error-rate answers
+  std::atomic<std::uint64_t> injected_resets{0};               // x-mock-reset-after / --reset-after RSTs
+  std::atomic<std::uint64_t> connections{0};                   // accepted connections
+  std::array<std::atomic<std::uint64_t>, 2> tls_handshakes{};  // --tls-cert: completed handshakes, [1] resumed
+  std::atomic<std::uint64_t> tls_handshake_failures{0};        // --tls-cert: handshakes that failed
+  Histogram ttft;                                              // vllm:time_to_first_token_seconds
+  Histogram e2e;                                               // vllm:e2e_request_latency_seconds
+  Histogram lag;  // weir_mock_token_lag_seconds: token sent minus token due
 };
 
 // KV-cache capacity the mock pretends to have, tokens (vllm:kv_cache_usage_perc).

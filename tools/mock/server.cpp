@@ -7,8 +7,11 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <type_traits>
 
 #include <fmt/format.h>
+#include <openssl/ssl.h>
+#include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <boost/json.hpp>
@@ -64,37 +67,56 @@ std::string sanitize(std::string_view v) {
 
 }  // namespace
 
+using TlsStream = asio::ssl::stream<Socket>;
+
 // One accepted socket: reads requests one after another (keep-alive), answers
 // simple endpoints at once and runs generations on the worker's scheduler.
 // Lives as long as an operation or a scheduler entry holds a shared_ptr to it.
-class Connection : public std::enable_shared_from_this<Connection> {
+// `Stream` is the socket itself (plain HTTP) or a TlsStream over it (HTTPS,
+// after the server handshake); the code is the same but for the handshake and
+// flush()'s direct write, which only the plain socket takes.
+template <class Stream>
+class ConnectionT final : public Connection {
+  static constexpr bool kTls = !std::is_same_v<Stream, Socket>;
+
  public:
-  Connection(Worker& w, Socket s) : w_(w), socket_(std::move(s)), rbuf_(kReadBufferMax) { w_.add(this); }
-  ~Connection() {
+  // (Worker, Socket) for plain; (Worker, Socket, ssl::context&) for TLS.
+  template <class... Args>
+  explicit ConnectionT(Worker& w, Args&&... stream_args)
+      : w_(w), stream_(std::forward<Args>(stream_args)...), rbuf_(kReadBufferMax) {
+    w_.add(this);
+  }
+  ~ConnectionT() override {
     if (phase_ == Phase::generating) end_generation(Finish::abort);
     w_.remove(this);
   }
 
   void start() {
     error_code ec;
-    socket_.set_option(Tcp::no_delay(true), ec);
-    socket_.non_blocking(true, ec);  // flush() writes directly when it can
-    do_idle();
+    sock().set_option(Tcp::no_delay(true), ec);
+    if constexpr (kTls) {
+      // The handshake must finish within the request timeout (the sweep closes it otherwise).
+      deadline_ = Clock::now() + kRequestTimeout;
+      stream_.async_handshake(asio::ssl::stream_base::server,
+                              [self = self_ptr()](error_code e) { self->on_handshake(e); });
+    } else {
+      sock().non_blocking(true, ec);  // flush() writes directly when it can
+      do_idle();
+    }
   }
 
-  // Scheduler callback: the next step of generation `gen` is due.
-  void on_due(std::uint64_t gen, Clock::time_point now);
+  void on_due(std::uint64_t gen, Clock::time_point now) override;
 
-  // The sweep found the deadline passed, or the worker shuts down.
-  void expire() {
+  void expire() override {
     if (phase_ == Phase::generating) end_generation(Finish::abort);
     close();
   }
 
-  Clock::time_point deadline() const { return deadline_; }
-  std::size_t registry_index = 0;
-
  private:
+  std::shared_ptr<ConnectionT> self_ptr() { return std::static_pointer_cast<ConnectionT>(shared_from_this()); }
+  Socket& sock() { return beast::get_lowest_layer(stream_); }
+  void on_handshake(error_code ec);
+
   enum class Phase : std::uint8_t { idle, reading, responding, generating, draining, closed };
   using Request = http::request<http::string_body>;
 
@@ -128,7 +150,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void close();
 
   Worker& w_;
-  Socket socket_;
+  Stream stream_;
   beast::flat_buffer rbuf_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Phase phase_ = Phase::idle;
@@ -137,10 +159,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   bool keep_alive_ = true;
   bool head_ = false;         // HEAD request: headers only
   bool close_after_ = false;  // close once the queued bytes are written
-  Clock::time_point deadline_ = Clock::time_point::max();
-  std::string out_;      // bytes queued behind the write in flight
-  std::string wbuf_;     // bytes of the write in flight
-  std::string scratch_;  // chunk JSON under construction
+  std::string out_;           // bytes queued behind the write in flight
+  std::string wbuf_;          // bytes of the write in flight
+  std::string scratch_;       // chunk JSON under construction
 
   // The request being served.
   Plan plan_;
@@ -163,7 +184,22 @@ class Connection : public std::enable_shared_from_this<Connection> {
 // ---------------------------------------------------------------------------
 // Reading requests
 
-void Connection::do_idle() {
+// TLS: the server handshake is done (or failed); then serve as over plain HTTP.
+template <class Stream>
+void ConnectionT<Stream>::on_handshake(error_code ec) {
+  if constexpr (kTls) {
+    if (phase_ == Phase::closed) return;
+    if (ec) {
+      bump(w_.metrics().tls_handshake_failures, std::uint64_t{1});
+      return close();
+    }
+    bump(w_.metrics().tls_handshakes[SSL_session_reused(stream_.native_handle()) == 1 ? 1 : 0], std::uint64_t{1});
+    do_idle();
+  }
+}
+
+template <class Stream>
+void ConnectionT<Stream>::do_idle() {
   phase_ = Phase::idle;
   deadline_ = Clock::now() + std::chrono::seconds(w_.cfg().keep_alive_s);
   if (rbuf_.size() > 0) return read_request();
@@ -172,15 +208,17 @@ void Connection::do_idle() {
 
 // One read_some outstanding: while idle it waits for the next request's first
 // bytes; while generating it notices the client going away.
-void Connection::start_watch() {
+template <class Stream>
+void ConnectionT<Stream>::start_watch() {
   const std::size_t room = rbuf_.max_size() - rbuf_.size();
   if (room == 0) return;  // a client pipelining 1 MiB ahead: stop watching until we catch up
   read_pending_ = true;
-  socket_.async_read_some(rbuf_.prepare(std::min<std::size_t>(room, 16384)),
-                          [self = shared_from_this()](error_code ec, std::size_t n) { self->on_watch(ec, n); });
+  stream_.async_read_some(rbuf_.prepare(std::min<std::size_t>(room, 16384)),
+                          [self = self_ptr()](error_code ec, std::size_t n) { self->on_watch(ec, n); });
 }
 
-void Connection::on_watch(error_code ec, std::size_t n) {
+template <class Stream>
+void ConnectionT<Stream>::on_watch(error_code ec, std::size_t n) {
   read_pending_ = false;
   if (phase_ == Phase::closed) return;
   if (ec) {
@@ -202,20 +240,22 @@ void Connection::on_watch(error_code ec, std::size_t n) {
   }
 }
 
-void Connection::read_request() {
+template <class Stream>
+void ConnectionT<Stream>::read_request() {
   phase_ = Phase::reading;
   deadline_ = Clock::now() + kRequestTimeout;
   parser_.emplace();
   parser_->header_limit(kHeaderLimit);
   parser_->body_limit(kBodyLimit);
   read_pending_ = true;
-  http::async_read_header(socket_, rbuf_, *parser_,
-                          [self = shared_from_this()](error_code ec, std::size_t) { self->on_header(ec); });
+  http::async_read_header(stream_, rbuf_, *parser_,
+                          [self = self_ptr()](error_code ec, std::size_t) { self->on_header(ec); });
 }
 
 // The head is in. Answer `Expect: 100-continue` (curl sends it for bodies
 // over 1 KiB; uvicorn answers it) while the body is read.
-void Connection::on_header(error_code ec) {
+template <class Stream>
+void ConnectionT<Stream>::on_header(error_code ec) {
   read_pending_ = false;
   if (phase_ == Phase::closed) return;
   if (ec) return on_read_error(ec);
@@ -224,18 +264,19 @@ void Connection::on_header(error_code ec) {
     flush();
   }
   read_pending_ = true;
-  http::async_read(socket_, rbuf_, *parser_,
-                   [self = shared_from_this()](error_code e, std::size_t) { self->on_request(e); });
+  http::async_read(stream_, rbuf_, *parser_, [self = self_ptr()](error_code e, std::size_t) { self->on_request(e); });
 }
 
-void Connection::on_request(error_code ec) {
+template <class Stream>
+void ConnectionT<Stream>::on_request(error_code ec) {
   read_pending_ = false;
   if (phase_ == Phase::closed) return;
   if (!ec) return dispatch();
   on_read_error(ec);
 }
 
-void Connection::on_read_error(error_code ec) {
+template <class Stream>
+void ConnectionT<Stream>::on_read_error(error_code ec) {
   keep_alive_ = false;
   if (ec == http::error::body_limit)
     return respond_fatal(
@@ -250,10 +291,11 @@ void Connection::on_read_error(error_code ec) {
   close();
 }
 
-void Connection::dispatch() {
+template <class Stream>
+void ConnectionT<Stream>::dispatch() {
   Request& req = parser_->get();
   t_start_ = Clock::now();
-  keep_alive_ = req.keep_alive();
+  keep_alive_ = req.keep_alive() && !w_.cfg().no_keep_alive;
   head_ = req.method() == http::verb::head;
   close_after_ = false;
   echo_.clear();
@@ -320,7 +362,8 @@ void Connection::dispatch() {
 // ---------------------------------------------------------------------------
 // Generations
 
-std::optional<std::string> Connection::read_faults(const Request& req) {
+template <class Stream>
+std::optional<std::string> ConnectionT<Stream>::read_faults(const Request& req) {
   const MockConfig& cfg = w_.cfg();
   faults_ = Faults{};
   faults_.ttft_ms = cfg.ttft_ms;
@@ -369,7 +412,8 @@ std::optional<std::string> Connection::read_faults(const Request& req) {
 }
 
 // x-mock-echo: what arrived, so a test can prove a proxy delivered it intact.
-std::string Connection::echo_headers(const Request& req) {
+template <class Stream>
+std::string ConnectionT<Stream>::echo_headers(const Request& req) {
   const std::string& body = req.body();
   std::string h = fmt::format("x-mock-body-bytes: {}\r\nx-mock-body-sha256: {}\r\n", body.size(), sha256_hex(body));
   if (const auto it = req.find("x-request-id"); it != req.end())
@@ -397,7 +441,8 @@ std::string Connection::echo_headers(const Request& req) {
   return h;
 }
 
-void Connection::start_generation(Endpoint ep) {
+template <class Stream>
+void ConnectionT<Stream>::start_generation(Endpoint ep) {
   Request& req = parser_->get();
   if (auto err = read_faults(req)) return respond_error(400, *err);
   MetricsShard& m = w_.metrics();
@@ -451,10 +496,11 @@ void Connection::start_generation(Endpoint ep) {
   if (!engine.batch_bounded()) return begin(gen_);
   // A bounded batch: wait for a slot (vllm:num_requests_waiting), started on this worker's thread.
   ticket_ = engine.admit(
-      [self = shared_from_this(), gen = gen_, &ioc = w_.ioc()] { asio::post(ioc, [self, gen] { self->begin(gen); }); });
+      [self = self_ptr(), gen = gen_, &ioc = w_.ioc()] { asio::post(ioc, [self, gen] { self->begin(gen); }); });
 }
 
-void Connection::begin(std::uint64_t gen) {
+template <class Stream>
+void ConnectionT<Stream>::begin(std::uint64_t gen) {
   Engine& engine = w_.engine();
   if (gen != gen_ || phase_ != Phase::generating) {
     // Gone while its start was on its way: the slot passes on.
@@ -474,24 +520,26 @@ void Connection::begin(std::uint64_t gen) {
   bump(m.running, std::int64_t{1});
   bump(m.kv_tokens, kv_held_);
   if (streaming_) {
-    w_.schedule(due(0), shared_from_this(), gen_);
+    w_.schedule(due(0), self_ptr(), gen_);
   } else {
     // The whole answer leaves when the last token would have.
     int at = plan_.endpoint == Endpoint::embedding ? 0 : plan_.tokens - 1;
     if (faults_.reset_after >= 0) at = std::min(at, faults_.reset_after);
-    w_.schedule(due(at), shared_from_this(), gen_);
+    w_.schedule(due(at), self_ptr(), gen_);
   }
 }
 
 // When token `step` (0-based) is due: ttft, then one every itl, shifted by
 // the stall once `stall_after` tokens have gone out.
-Clock::time_point Connection::due(int step) const {
+template <class Stream>
+Clock::time_point ConnectionT<Stream>::due(int step) const {
   auto ms = static_cast<std::int64_t>(faults_.ttft_ms) + static_cast<std::int64_t>(step) * faults_.itl_ms;
   if (faults_.stall_after >= 0 && step >= faults_.stall_after) ms += faults_.stall_ms;
   return t_start_ + std::chrono::milliseconds(ms) + std::chrono::microseconds(delay_us_);
 }
 
-void Connection::on_due(std::uint64_t gen, Clock::time_point now) {
+template <class Stream>
+void ConnectionT<Stream>::on_due(std::uint64_t gen, Clock::time_point now) {
   if (gen != gen_ || phase_ != Phase::generating || last_queued_) return;
   MetricsShard& m = w_.metrics();
   if (!streaming_) {
@@ -526,13 +574,14 @@ void Connection::on_due(std::uint64_t gen, Clock::time_point now) {
     deadline_ = now + kWriteTimeout;
   } else {
     ++step_;
-    w_.schedule(due(step_), shared_from_this(), gen_);
+    w_.schedule(due(step_), self_ptr(), gen_);
   }
   flush();
 }
 
 // Counts the generation's end and releases what it held. Idempotent per generation.
-void Connection::end_generation(Finish reason) {
+template <class Stream>
+void ConnectionT<Stream>::end_generation(Finish reason) {
   if (phase_ != Phase::generating) return;
   MetricsShard& m = w_.metrics();
   bump(m.success[static_cast<std::size_t>(reason)], std::uint64_t{1});
@@ -544,7 +593,8 @@ void Connection::end_generation(Finish reason) {
 
 // What a running (or waiting) generation holds: its count in
 // vllm:num_requests_running and kv_tokens, its batch slot, its queue place.
-void Connection::release_engine() {
+template <class Stream>
+void ConnectionT<Stream>::release_engine() {
   MetricsShard& m = w_.metrics();
   if (admitted_) {
     bump(m.running, std::int64_t{-1});
@@ -561,14 +611,15 @@ void Connection::release_engine() {
 
 // x-mock-reset-after / --reset-after: abort the TCP connection with an RST
 // (SO_LINGER 0), as a crashed or killed model server would.
-void Connection::do_reset() {
+template <class Stream>
+void ConnectionT<Stream>::do_reset() {
   MetricsShard& m = w_.metrics();
   bump(m.injected_resets, std::uint64_t{1});
   release_engine();
   ++gen_;
   phase_ = Phase::responding;
   error_code ec;
-  socket_.set_option(asio::socket_base::linger(true, 0), ec);
+  sock().set_option(asio::socket_base::linger(true, 0), ec);
   close();
 }
 
@@ -576,8 +627,9 @@ void Connection::do_reset() {
 // Writing responses
 
 // Appends a response head as uvicorn writes it: date, server, then the body headers.
-void Connection::queue_head(int status, std::string_view content_type, std::size_t length, std::string_view extra,
-                            bool gzip, bool chunked) {
+template <class Stream>
+void ConnectionT<Stream>::queue_head(int status, std::string_view content_type, std::size_t length,
+                                     std::string_view extra, bool gzip, bool chunked) {
   fmt::format_to(std::back_inserter(out_), "HTTP/1.1 {} {}\r\ndate: {}\r\nserver: uvicorn\r\n", status,
                  reason_phrase(status), w_.date().now());
   if (chunked) {
@@ -592,8 +644,9 @@ void Connection::queue_head(int status, std::string_view content_type, std::size
   out_ += "\r\n";
 }
 
-void Connection::respond(int status, std::string_view content_type, std::string body, std::string_view extra,
-                         bool gzip) {
+template <class Stream>
+void ConnectionT<Stream>::respond(int status, std::string_view content_type, std::string body, std::string_view extra,
+                                  bool gzip) {
   if (gzip && !body.empty()) body = gzip_compress(body);
   queue_head(status, content_type, body.size(), extra, gzip, false);
   if (!head_) out_ += body;
@@ -603,13 +656,15 @@ void Connection::respond(int status, std::string_view content_type, std::string 
 }
 
 // An error for a generation endpoint: vLLM's shape, honouring x-mock-gzip and x-mock-echo.
-void Connection::respond_error(int status, std::string_view message, std::string_view type) {
+template <class Stream>
+void ConnectionT<Stream>::respond_error(int status, std::string_view message, std::string_view type) {
   parser_.reset();
   respond(status, "application/json", error_body(status, message, type), echo_, faults_.gzip);
 }
 
 // A protocol error: answer, then close.
-void Connection::respond_fatal(int status, std::string_view content_type, std::string body) {
+template <class Stream>
+void ConnectionT<Stream>::respond_fatal(int status, std::string_view content_type, std::string body) {
   close_after_ = true;
   keep_alive_ = false;
   head_ = false;
@@ -617,29 +672,35 @@ void Connection::respond_fatal(int status, std::string_view content_type, std::s
   respond(status, content_type, std::move(body));
 }
 
-void Connection::flush() {
+template <class Stream>
+void ConnectionT<Stream>::flush() {
   if (writing_ || out_.empty() || phase_ == Phase::closed) return;
-  if (phase_ == Phase::generating && !last_queued_) {
-    // Hot path (every token but the last): the socket buffer almost always
-    // has room, so write now and skip the completion-handler round trip. A
-    // final write still goes through on_write, which moves the state on.
-    error_code ec;
-    const std::size_t n = socket_.write_some(asio::buffer(out_), ec);
-    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
-      end_generation(Finish::abort);  // EPIPE / ECONNRESET: the client went away
-      return close();
+  if constexpr (!kTls) {
+    if (phase_ == Phase::generating && !last_queued_) {
+      // Hot path (every token but the last): the socket buffer almost always
+      // has room, so write now and skip the completion-handler round trip. A
+      // final write still goes through on_write, which moves the state on.
+      // (Not over TLS: a record OpenSSL has sealed must be written whole, so
+      // TLS writes all go through async_write.)
+      error_code ec;
+      const std::size_t n = stream_.write_some(asio::buffer(out_), ec);
+      if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+        end_generation(Finish::abort);  // EPIPE / ECONNRESET: the client went away
+        return close();
+      }
+      if (n == out_.size()) return out_.clear();
+      out_.erase(0, n);
     }
-    if (n == out_.size()) return out_.clear();
-    out_.erase(0, n);
   }
   wbuf_.swap(out_);
   out_.clear();
   writing_ = true;
-  asio::async_write(socket_, asio::buffer(wbuf_),
-                    [self = shared_from_this()](error_code ec, std::size_t) { self->on_write(ec); });
+  asio::async_write(stream_, asio::buffer(wbuf_),
+                    [self = self_ptr()](error_code ec, std::size_t) { self->on_write(ec); });
 }
 
-void Connection::on_write(error_code ec) {
+template <class Stream>
+void ConnectionT<Stream>::on_write(error_code ec) {
   writing_ = false;
   if (phase_ == Phase::closed) return;
   if (ec) {
@@ -655,7 +716,8 @@ void Connection::on_write(error_code ec) {
   if (phase_ == Phase::responding) after_response();
 }
 
-void Connection::after_response() {
+template <class Stream>
+void ConnectionT<Stream>::after_response() {
   parser_.reset();
   if (close_after_ || !keep_alive_) return lingering_close();
   do_idle();
@@ -663,29 +725,68 @@ void Connection::after_response() {
 
 // Half-close, then read until the client closes (or kDrainTimeout), so the
 // client sees our last bytes instead of an RST for unread input.
-void Connection::lingering_close() {
+template <class Stream>
+void ConnectionT<Stream>::lingering_close() {
   phase_ = Phase::draining;
   deadline_ = Clock::now() + kDrainTimeout;
   error_code ec;
-  socket_.shutdown(Tcp::socket::shutdown_send, ec);
+  sock().shutdown(Tcp::socket::shutdown_send, ec);
   rbuf_.consume(rbuf_.size());
   if (!read_pending_) start_watch();
 }
 
-void Connection::close() {
+template <class Stream>
+void ConnectionT<Stream>::close() {
   if (phase_ == Phase::closed) return;
   phase_ = Phase::closed;
   deadline_ = Clock::time_point::max();
   error_code ec;
-  socket_.close(ec);
+  sock().close(ec);
+}
+
+// ---------------------------------------------------------------------------
+// TLS context
+
+std::unique_ptr<asio::ssl::context> make_server_tls(const MockConfig& cfg) {
+  auto ctx = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+  SSL_CTX* c = ctx->native_handle();
+  SSL_CTX_set_min_proto_version(c, TLS1_2_VERSION);
+  ctx->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::single_dh_use);
+  ctx->use_certificate_chain_file(cfg.tls_cert);
+  ctx->use_private_key_file(cfg.tls_key, asio::ssl::context::pem);
+  if (SSL_CTX_check_private_key(c) != 1) throw std::runtime_error("the private key does not match the certificate");
+  if (cfg.tls_no_resume) {
+    // No TLS 1.3 tickets, no TLS 1.2 tickets, no server-side session cache: every handshake is a full one.
+    SSL_CTX_set_session_cache_mode(c, SSL_SESS_CACHE_OFF);
+    SSL_CTX_set_options(c, SSL_OP_NO_TICKET);
+    SSL_CTX_set_num_tickets(c, 0);
+  } else {
+    static constexpr unsigned char kSidContext[] = "weir-mock";
+    SSL_CTX_set_session_id_context(c, kSidContext, sizeof kSidContext - 1);
+  }
+  // ALPN: choose http/1.1 when the client offers it (as uvicorn's and nginx's TLS do).
+  SSL_CTX_set_alpn_select_cb(
+      c,
+      [](SSL*, const unsigned char** out, unsigned char* outlen, const unsigned char* in, unsigned int inlen,
+         void*) -> int {
+        static constexpr unsigned char kH11[] = {8, 'h', 't', 't', 'p', '/', '1', '.', '1'};
+        unsigned char* chosen = nullptr;
+        if (SSL_select_next_proto(&chosen, outlen, kH11, sizeof kH11, in, inlen) != OPENSSL_NPN_NEGOTIATED)
+          return SSL_TLSEXT_ERR_NOACK;
+        *out = chosen;
+        return SSL_TLSEXT_ERR_OK;
+      },
+      nullptr);
+  return ctx;
 }
 
 // ---------------------------------------------------------------------------
 // Worker
 
 Worker::Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards,
-               Engine& engine)
+               Engine& engine, asio::ssl::context* tls)
     : cfg_(cfg),
+      tls_(tls),
       engine_(engine),
       shard_(shard),
       shards_(shards),
@@ -748,7 +849,10 @@ void Worker::accept() {
       return;
     }
     bump(shard_.connections, std::uint64_t{1});
-    std::make_shared<Connection>(*this, std::move(s))->start();
+    if (tls_ != nullptr)
+      std::make_shared<ConnectionT<TlsStream>>(*this, std::move(s), *tls_)->start();
+    else
+      std::make_shared<ConnectionT<Socket>>(*this, std::move(s))->start();
     accept();
   });
 }

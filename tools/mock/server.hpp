@@ -14,6 +14,10 @@
 // outstanding on the socket; EOF or an error there means the client went
 // away, and the generation is aborted at once (vllm:request_success_total
 // {finished_reason="abort"} moves in the same event-loop turn).
+//
+// TLS (--tls-cert/--tls-key): the same Connection code over an Asio SSL
+// stream instead of the socket (a template on the stream type, so the plain
+// path's code is what it was: no TLS branch in it), after a server handshake.
 #pragma once
 
 #include <chrono>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include <boost/asio.hpp>
+#include <boost/asio/ssl/context.hpp>
 
 #include "config.hpp"
 #include "engine.hpp"
@@ -38,7 +43,27 @@ using Socket = asio::basic_stream_socket<Tcp, Executor>;
 using Acceptor = asio::basic_socket_acceptor<Tcp, Executor>;
 using Timer = asio::basic_waitable_timer<Clock, asio::wait_traits<Clock>, Executor>;
 
-class Connection;
+// What the Worker holds of a connection (its scheduler entries and the
+// registry); the served connection is a ConnectionT<Stream> (server.cpp) over
+// the plain socket or an SSL stream.
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  virtual ~Connection() = default;
+  // Scheduler callback: the next step of generation `gen` is due.
+  virtual void on_due(std::uint64_t gen, Clock::time_point now) = 0;
+  // The sweep found the deadline passed, or the worker shuts down.
+  virtual void expire() = 0;
+  Clock::time_point deadline() const { return deadline_; }
+  std::size_t registry_index = 0;
+
+ protected:
+  Clock::time_point deadline_ = Clock::time_point::max();
+};
+
+// The server TLS context of --tls-cert/--tls-key (TLS 1.2 at least; with
+// --tls-no-resume no tickets and no session cache). Throws with OpenSSL's
+// reason when a file does not load or the key does not match.
+std::unique_ptr<asio::ssl::context> make_server_tls(const MockConfig& cfg);
 
 // One event-loop thread: accepts, serves and schedules its own connections.
 // Every member function except shutdown() runs on the worker's own thread.
@@ -46,8 +71,9 @@ class Worker {
  public:
   // `shards` lists every worker's metrics (for /metrics); `shard` is this one's.
   // `engine` (the batch and prefix cache model) is shared by every worker of the instance.
+  // `tls` (shared by every worker, outlives them): serve HTTPS; null: plain HTTP.
   Worker(const MockConfig& cfg, int index, MetricsShard& shard, const std::vector<MetricsShard*>& shards,
-         Engine& engine);
+         Engine& engine, asio::ssl::context* tls = nullptr);
   ~Worker();
 
   // Binds and listens on `ep` with SO_REUSEADDR and SO_REUSEPORT. Throws
@@ -87,6 +113,7 @@ class Worker {
   void sweep();
 
   const MockConfig& cfg_;
+  asio::ssl::context* tls_;
   Engine& engine_;
   MetricsShard& shard_;
   const std::vector<MetricsShard*>& shards_;
