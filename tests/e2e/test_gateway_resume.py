@@ -303,13 +303,16 @@ def test_a_stream_that_stops_without_done_is_resumed_from_its_text(mock, weir, e
     cut = Replay([{"content": t} for t in tokens[:3]], ending)
     try:
         w = weir(config=pool_config([cut.base_url, healthy.base_url]), workers=1)
-        for _ in range(8):
+        for _ in range(24):  # p2c picks either endpoint first: 2^-24 that the replay is never first
             events = raw_stream(w, {"model": "mock-model", "messages": MSG, "stream": True}, {})
             assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
             chunks = [json.loads(e) for e in events[:-1]]
             assert not any("error" in ch for ch in chunks)
             assert "".join(ch["choices"][0]["delta"].get("content", "") for ch in chunks if ch["choices"]) == want
+            # the replay's id and created differ from the mock's: the continuation's chunks carry the replay's
+            assert len({ch["id"] for ch in chunks}) == 1 and len({ch["created"] for ch in chunks}) == 1
             if cut.requests:
+                assert chunks[-1]["id"] == "chatcmpl-replay" and chunks[-1]["created"] == 1
                 break
         assert cut.requests == 1, "the replay endpoint was never picked first"
         assert w.metric("weir_upstream_resumes_total") == 1
