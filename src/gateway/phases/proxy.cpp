@@ -440,8 +440,8 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   for (;;) {
     // The pool's admission queue (pools.X.queue), then the attempts, in
     // their own frames, gone once the response head is in: a long stream
-    // holds only this small one and the responder's. (A resume holds its
-    // request's place already.)
+    // holds only this small one and the responder's. (A resume does not
+    // queue again: its stream was admitted, and its client is waiting mid-message.)
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     Outcome o = Outcome::next();
     if (!ctx.resume.active && ctx.gen->pool(ctx.target.pool).queue()) o = co_await enter_pool(ctx);
