@@ -469,6 +469,9 @@ ConfigResult<void> parse_anthropic_upstream(const YAML::Node& n, const std::stri
       return tl::unexpected(config_error(n["batch"], key + ".batch", "is not available for type: anthropic"));
     if (p.coalesce)
       return tl::unexpected(config_error(n["coalesce"], key + ".coalesce", "is not available for type: anthropic"));
+    // A continuation is vLLM's continue_final_message: Anthropic's API has no such parameter on this path.
+    if (p.resume)
+      return tl::unexpected(config_error(n["resume"], key + ".resume", "is not available for type: anthropic"));
     if (!p.api_key.empty()) p.upstream_lines = fmt::format("x-api-key: {}\r\n", p.api_key);
     p.upstream_lines += fmt::format("anthropic-version: {}\r\n", p.anthropic.version);
   } else if (!p.api_key.empty()) {
@@ -481,30 +484,14 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   const std::string key = "pools." + name;
   PoolConfig p;
   p.name = name;
-  WEIR_TRY_VOID(check_keys(n, key,
-                           {"endpoints",
-                            "timeouts",
-                            "max_idle_per_endpoint",
-                            "idle_keepalive",
-                            "api_key",
-                            "api_key_env",
-                            "eject_for",
-                            "request_usage",
-                            "retry",
-                            "outlier",
-                            "breaker",
-                            "queue",
-                            "health",
-                            "balance",
-                            "load_metrics",
-                            "imbalance",
-                            "prefix_affinity",
-                            "session_header",
-                            "batch",
-                            "coalesce",
-                            "type",
-                            "anthropic",
-                            "tls"}));
+  WEIR_TRY_VOID(check_keys(n, key, {"endpoints",      "timeouts",        "max_idle_per_endpoint",
+                                    "idle_keepalive", "api_key",         "api_key_env",
+                                    "eject_for",      "request_usage",   "retry",
+                                    "outlier",        "breaker",         "queue",
+                                    "health",         "balance",         "load_metrics",
+                                    "imbalance",      "prefix_affinity", "session_header",
+                                    "batch",          "coalesce",        "resume",
+                                    "type",           "anthropic",       "tls"}));
   auto eps = n["endpoints"];
   if (!eps)
     return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// or https:// URLs)"));
@@ -581,6 +568,10 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   if (auto v = n["coalesce"]) {
     WEIR_TRY(b, read_bool(v, key + ".coalesce"));
     p.coalesce = b;
+  }
+  if (auto v = n["resume"]) {
+    WEIR_TRY(b, read_bool(v, key + ".resume"));
+    p.resume = b;
   }
   if (auto b = n["batch"]) {
     const std::string bk = key + ".batch";

@@ -284,6 +284,11 @@ struct PoolConfig {
   // Request coalescing (docs/batching.md): identical deterministic chat and
   // completions requests in flight at once share one upstream generation.
   bool coalesce = false;
+  // Resume mid-stream (docs/upstreams.md#resume-mid-stream): a chat
+  // completions stream whose upstream broke after content reached the
+  // client continues on another endpoint from the text received so far
+  // (vLLM's continue_final_message). Off by default.
+  bool resume = false;
   Balance balance = Balance::p2c;
   LoadMetricsConfig load_metrics;
   ImbalanceConfig imbalance;

@@ -51,6 +51,7 @@ void RequestContext::reset() {
   batch_split = false;
   hooks.reset(false);
   sse.reset();
+  resume.reset();
   status = 0;
   has_error = false;
   error_source = core::ErrorSource::internal;

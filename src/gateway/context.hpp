@@ -13,6 +13,7 @@
 
 #include "admission/admission.hpp"
 #include "admission/pricing.hpp"
+#include "api/openai/resume.hpp"
 #include "api/request.hpp"
 #include "api/usage.hpp"
 #include "auth/policy.hpp"
@@ -139,6 +140,7 @@ struct RequestContext {
     std::int16_t status = 0;  // response status, 0 = none (failure says why)
     http::UpstreamFailure failure = http::UpstreamFailure::none;
     std::uint32_t us = 0;  // request sent (or connect started) → outcome, µs
+    bool resume = false;   // a resume's attempt: it continued a stream that broke (pools.X.resume)
   };
   static constexpr std::size_t kMaxAttemptRecords = 8;
   std::array<AttemptRecord, kMaxAttemptRecords> attempt_log{};
@@ -161,6 +163,33 @@ struct RequestContext {
   bool batch_split = false;  // the upstream refused the batch whole: the request was then sent alone
   StreamHooks hooks;
   http::SseReader sse{4u << 20};
+  // Resume mid-stream (pools.X.resume, docs/upstreams.md#resume-mid-stream):
+  // only a chat-completions stream on a pool with resume on touches it.
+  struct Resume {
+    bool on = false;                  // the stream being relayed may be resumed: its chunks are noted in `tracker`
+    bool wanted = false;              // it broke after content reached the client (respond_stream)
+    bool active = false;              // the current attempt is a resume: its body is `body`, its chunks are rewritten
+    std::uint8_t count = 0;           // resumes made
+    std::uint64_t tokens_before = 0;  // completion tokens the client had when the current resume started
+    std::uint64_t broke = 0;          // endpoints whose stream broke for this request (bit i = endpoint i)
+    std::string_view original;        // the upstream body of the first attempt (kept: commit does not give it back)
+    std::string body;                 // the continuation body being sent
+    std::string chunk, raw;           // a rewritten chunk of the continuation, and its SSE event
+    // How begin_resume ends a broken stream whose generation was complete
+    // instead: [DONE] only (its finish_reason went out), or a closing chunk
+    // with finish_reason "length" first (max_tokens used up at the break).
+    enum class Finish : std::uint8_t { none, done, length } finish = Finish::none;
+    api::openai::ResumeTracker tracker;
+    void reset() {
+      on = wanted = active = false;
+      count = 0;
+      tokens_before = 0;
+      broke = 0;
+      original = {};
+      body.clear();
+      finish = Finish::none;
+    }
+  } resume;
 
   // --- tracing (tracing:) ---
   TraceState trace;

@@ -172,6 +172,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   for (std::size_t i = 0; i < retries_.size(); ++i) retries_[i] += o.retries_[i];
   for (std::size_t i = 0; i < picks_.size(); ++i) picks_[i] += o.picks_[i];
   upstream_fallbacks += o.upstream_fallbacks;
+  upstream_resumes += o.upstream_resumes;
   retry_budget_exhausted += o.retry_budget_exhausted;
   outlier_ejections += o.outlier_ejections;
   health_transitions += o.health_transitions;
@@ -344,6 +345,10 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors) const {
   w.header("weir_upstream_fallbacks_total", "counter",
            "Requests sent on to the next target of their model's fallback chain.");
   w.sample("weir_upstream_fallbacks_total", "", upstream_fallbacks);
+  w.header("weir_upstream_resumes_total", "counter",
+           "Streams that broke after content reached the client and were continued on another endpoint "
+           "(pools.X.resume).");
+  w.sample("weir_upstream_resumes_total", "", upstream_resumes);
   w.header("weir_upstream_retry_budget_exhausted_total", "counter",
            "Retries not made because the pool's retry budget (retry.budget) was spent.");
   w.sample("weir_upstream_retry_budget_exhausted_total", "", retry_budget_exhausted);

@@ -191,6 +191,7 @@ class MetricsShard {
   std::uint64_t picks(routing::PickRule r) const { return picks_[static_cast<std::size_t>(r)]; }
   std::uint64_t retries(routing::RetryReason r) const { return retries_[static_cast<std::size_t>(r)]; }
   std::uint64_t upstream_fallbacks = 0;      // requests that moved on to a model's fallback target
+  std::uint64_t upstream_resumes = 0;        // broken streams continued on another endpoint (pools.X.resume)
   std::uint64_t retry_budget_exhausted = 0;  // retries refused by a pool's retry budget
   std::uint64_t outlier_ejections = 0;       // endpoints ejected for failing answers in a row or a slow TTFT
   std::uint64_t health_transitions = 0;      // endpoints the health probes marked down or up again

@@ -90,6 +90,30 @@ class GatewayPhases final : public Phases {
   core::Task<Outcome> proxy_batched(RequestContext& ctx);
   // The response from ctx.source: a stream or a buffered body.
   core::Task<Outcome> relay(RequestContext& ctx, const http::ResponseSource& src);
+  // Resume mid-stream (pools.X.resume, docs/upstreams.md#resume-mid-stream).
+  // Whether the stream about to be relayed (unbatched, on ctx.target's
+  // pool) may be resumed: a chat-completions stream with n = 1, no
+  // logprobs, an OpenAI-compatible pool with resume on. Then its chunks are
+  // noted (ctx.resume.tracker) and commit() keeps the request.
+  bool resume_eligible(const RequestContext& ctx) const;
+  // After a relay that failed (`o`): what a stream that broke after content
+  // reached the client becomes. Resume: ctx.resume.body is the continuation,
+  // ctx.resume.active, and true is returned (proxy() runs the attempts again,
+  // on another endpoint). Finish: the generation was complete or its
+  // max_tokens used up, so ctx.resume.finish says how to end the stream
+  // (finish_stream); true. Else false: `o` stands (the in-band error).
+  bool begin_resume(RequestContext& ctx, const Outcome& o);
+  // Ends a broken stream whose generation was complete: a closing chunk
+  // (finish_reason "length") when `length`, then [DONE], as an unbroken stream would end.
+  core::Task<Outcome> finish_stream(RequestContext& ctx, bool length);
+  // One data event (not [DONE]) of a stream with resume on: a resume's
+  // chunk rewritten in place (`ev` then views ctx.resume's buffers), then
+  // noted. False when the event does not reach the client: the resume's
+  // role chunk, or an in-band error after content (then `failure` is set).
+  bool resume_note(RequestContext& ctx, http::SseEvent& ev, bool holding, http::UpstreamFailure& failure);
+  // The resume's response head: a 200 event stream to continue the client's
+  // stream with (else the resume failed: its attempt is ended here).
+  bool resumed_stream_ok(RequestContext& ctx);
   // Waits a retry backoff `d`; returns early when the client leaves.
   core::Task<void> wait_backoff(RequestContext& ctx, std::chrono::milliseconds d);
   // A fallback target is left for this request (and the client is still there).

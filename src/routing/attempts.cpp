@@ -41,6 +41,16 @@ Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const Pick
   if (endpoint_ != WorkerPool::npos) trial_ = pool_.begin_request(endpoint_, now);
 }
 
+Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req, std::uint64_t avoid)
+    : pool_(pool), rng_(rng), req_(req), endpoint_(WorkerPool::npos), tried_(avoid), avoid_(avoid) {
+  if (!enter_budget()) return;
+  // (pick_excluding falls back to an excluded endpoint when none other is left: not for a resume.)
+  const auto e = pool_.pick_excluding(now, rng_, avoid_, req_);
+  if (e == WorkerPool::npos || avoided(e)) return;
+  endpoint_ = e;
+  trial_ = pool_.begin_request(endpoint_, now);
+}
+
 Attempts::~Attempts() {
   if (in_budget_) pool_.retry_end();
   if (trial_) pool_.end_trial(endpoint_);
@@ -55,7 +65,7 @@ bool Attempts::on_connect_failure(http::UpstreamFailure /*f*/, Clock::time_point
   // endpoint is tried once per request, the ones not tried yet first.
   if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
   const auto next = pool_.pick_excluding(now, rng_, tried_, req_);
-  if (next == WorkerPool::npos) return false;  // (breaker) every other endpoint is open
+  if (next == WorkerPool::npos || avoided(next)) return false;  // (breaker) every other endpoint is open
   ++retries_;
   endpoint_ = next;
   trial_ = pool_.begin_request(endpoint_, now);
@@ -82,26 +92,31 @@ bool Attempts::defer_answer() {
 bool Attempts::take_retry(Clock::time_point now) {
   const auto& rc = pool_.config().retry;
   if (1 + budgeted_ >= rc.attempts) return false;
-  if (!in_budget_) {
-    // Envoy's retry budget: retries in flight at most `budget` of the
-    // requests in flight, never fewer than min_concurrent.
-    const auto allowed = std::max<double>(rc.min_concurrent, rc.budget * pool_.in_flight());
-    if (static_cast<double>(pool_.retries_in_flight()) >= allowed) {
-      budget_refused_ = true;
-      return false;
-    }
-    pool_.retry_begin();
-    in_budget_ = true;
-  }
+  if (!enter_budget()) return false;
   if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
   const auto next = pool_.pick_excluding(now, rng_, tried_, req_);
-  if (next == WorkerPool::npos) return false;  // (breaker) no endpoint may take it now
+  if (next == WorkerPool::npos || avoided(next)) return false;  // (breaker) no endpoint may take it now
   if (trial_) pool_.end_trial(endpoint_);
   endpoint_ = next;
   trial_ = pool_.begin_request(endpoint_, now);
   fresh_only_ = false;
   ++budgeted_;
   ++retries_;
+  return true;
+}
+
+bool Attempts::enter_budget() {
+  if (in_budget_) return true;
+  // Envoy's retry budget: retries in flight at most `budget` of the
+  // requests in flight, never fewer than min_concurrent.
+  const auto& rc = pool_.config().retry;
+  const auto allowed = std::max<double>(rc.min_concurrent, rc.budget * pool_.in_flight());
+  if (static_cast<double>(pool_.retries_in_flight()) >= allowed) {
+    budget_refused_ = true;
+    return false;
+  }
+  pool_.retry_begin();
+  in_budget_ = true;
   return true;
 }
 

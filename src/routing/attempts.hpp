@@ -51,6 +51,12 @@ class Attempts {
   // none when the pool is unavailable (unavailable(): every endpoint's
   // breaker is open).
   Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req = {});
+  // A resume's attempts (pools.X.resume): as above, but never to an
+  // endpoint in `avoid` (bit i = endpoint i: those whose stream broke for
+  // this request), and holding a slot of the pool's retry budget from the
+  // start (a resume is a retry). unavailable() when no other endpoint may
+  // take it or the budget is spent (budget_refused()).
+  Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req, std::uint64_t avoid);
   // Gives back the retry-budget slot and the half-open trial slot this request holds, if any.
   ~Attempts();
   Attempts(const Attempts&) = delete;
@@ -102,6 +108,9 @@ class Attempts {
  private:
   // Another attempt on this pool after `reason`, if attempts and budget allow; moves to another endpoint.
   bool take_retry(Clock::time_point now);
+  // Takes a slot of the pool's retry budget (once per request); false when it is spent.
+  bool enter_budget();
+  bool avoided(std::uint32_t i) const { return i < 64 && ((avoid_ >> i) & 1u); }
   std::chrono::milliseconds backoff();
 
   WorkerPool& pool_;
@@ -111,6 +120,7 @@ class Attempts {
   std::uint32_t connects_ = 0;
   std::uint32_t budgeted_ = 0;  // retries that count against retry.attempts (not connect failover nor the stale resend)
   std::uint64_t tried_ = 0;     // endpoints that failed this request (bit i = endpoint i)
+  std::uint64_t avoid_ = 0;     // endpoints never to pick (a resume's: their stream broke)
   std::uint32_t retries_ = 0;
   std::uint32_t backoffs_ = 0;
   bool fresh_only_ = false;

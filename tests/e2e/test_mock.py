@@ -732,3 +732,44 @@ def test_second_mock_shares_the_address_with_reuse_port(mock, processes):
     seen = set()
     wait_until(lambda: seen.add(chat(first).usage.completion_tokens) or seen == {3, 4}, 10,
                message=f"answers from both mocks (so far {seen})")
+
+
+def test_a_continuation_of_a_prefix_streams_exactly_the_rest(mock):
+    # continue_final_message (vLLM's chat-template parameter): the final assistant message's K words are the
+    # first K tokens, so the continuation is the rest of the unbroken run (what Weir's resume relies on).
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "10")
+    c = openai.OpenAI(base_url=m.v1, api_key="x", max_retries=0)
+    msgs = [{"role": "user", "content": "hi there"}]
+    full = c.chat.completions.create(model="mock-model", messages=msgs)
+    tokens = [" " + w for w in full.choices[0].message.content.split(" ")[1:]]
+    assert len(tokens) == 10
+    cont = {"continue_final_message": True, "add_generation_prompt": False}
+    prefix = [*msgs, {"role": "assistant", "content": "".join(tokens[:4])}]
+    chunks = list(c.chat.completions.create(model="mock-model", messages=prefix, stream=True, extra_body=cont,
+                                            stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "".join(tokens[4:])
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices and ch.choices[0].finish_reason] == ["stop"]
+    assert chunks[-1].usage.completion_tokens == 6
+    assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens + 4
+    # max_tokens counts the new tokens; non-streaming too
+    r = c.chat.completions.create(model="mock-model", messages=prefix, max_tokens=3, extra_body=cont)
+    assert r.choices[0].message.content == "".join(tokens[4:7]) and r.choices[0].finish_reason == "length"
+    # without the flag the assistant message is a closed turn: another text
+    other = c.chat.completions.create(model="mock-model", messages=prefix).choices[0].message.content
+    assert other != "".join(tokens[4:])
+    with pytest.raises(openai.BadRequestError):
+        c.chat.completions.create(model="mock-model", messages=prefix, extra_body={"continue_final_message": True})
+
+
+def test_a_reset_at_the_messages_length_comes_after_its_last_token(mock):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "10")
+    with httpx.stream("POST", m.base_url + "/v1/chat/completions", timeout=10, headers={"x-mock-reset-after": "4"},
+                      json={"model": "mock-model", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                            "max_tokens": 4}) as r:
+        raw = b""
+        with pytest.raises(httpx.HTTPError):
+            for piece in r.iter_raw():
+                raw += piece
+    text = raw.decode()
+    assert text.count('"finish_reason":"length"') == 1 and "[DONE]" not in text and '"usage"' not in text

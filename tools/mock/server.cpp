@@ -143,6 +143,9 @@ class ConnectionT final : public Connection {
   void on_write(error_code ec);
   void after_response();
   Clock::time_point due(int step) const;
+  // The RST (--reset-after, x-mock-reset-after) is at a position in the
+  // message: a generation that starts past it (a continuation) does not get it.
+  bool reset_due() const { return faults_.reset_after >= 0 && (plan_.start == 0 || plan_.start < faults_.reset_after); }
   void end_generation(Finish reason);
   void release_engine();
   void do_reset();
@@ -475,7 +478,7 @@ void ConnectionT<Stream>::start_generation(Endpoint ep) {
   parser_.reset();  // the body is no longer needed
 
   ++gen_;
-  step_ = 0;
+  step_ = plan_.start;
   last_queued_ = false;
   phase_ = Phase::generating;
   deadline_ = Clock::time_point::max();
@@ -520,21 +523,24 @@ void ConnectionT<Stream>::begin(std::uint64_t gen) {
   bump(m.running, std::int64_t{1});
   bump(m.kv_tokens, kv_held_);
   if (streaming_) {
-    w_.schedule(due(0), self_ptr(), gen_);
+    w_.schedule(due(plan_.start), self_ptr(), gen_);
   } else {
     // The whole answer leaves when the last token would have.
     int at = plan_.endpoint == Endpoint::embedding ? 0 : plan_.tokens - 1;
-    if (faults_.reset_after >= 0) at = std::min(at, faults_.reset_after);
+    if (reset_due()) at = std::min(at, faults_.reset_after);
     w_.schedule(due(at), self_ptr(), gen_);
   }
 }
 
-// When token `step` (0-based) is due: ttft, then one every itl, shifted by
-// the stall once `stall_after` tokens have gone out.
+// When token `step` (0-based, from plan_.start) is due: ttft, then one every
+// itl, shifted by the stall once the message holds `stall_after` tokens (a
+// continuation that starts past that point does not stall).
 template <class Stream>
 Clock::time_point ConnectionT<Stream>::due(int step) const {
-  auto ms = static_cast<std::int64_t>(faults_.ttft_ms) + static_cast<std::int64_t>(step) * faults_.itl_ms;
-  if (faults_.stall_after >= 0 && step >= faults_.stall_after) ms += faults_.stall_ms;
+  auto ms = static_cast<std::int64_t>(faults_.ttft_ms) + static_cast<std::int64_t>(step - plan_.start) * faults_.itl_ms;
+  if (faults_.stall_after >= 0 && step >= faults_.stall_after &&
+      (plan_.start == 0 || plan_.start < faults_.stall_after))
+    ms += faults_.stall_ms;
   return t_start_ + std::chrono::milliseconds(ms) + std::chrono::microseconds(delay_us_);
 }
 
@@ -544,10 +550,10 @@ void ConnectionT<Stream>::on_due(std::uint64_t gen, Clock::time_point now) {
   MetricsShard& m = w_.metrics();
   if (!streaming_) {
     const int at = plan_.endpoint == Endpoint::embedding ? 0 : plan_.tokens - 1;
-    if (faults_.reset_after >= 0 && faults_.reset_after <= at) return do_reset();
+    if (reset_due() && faults_.reset_after <= at) return do_reset();
     m.lag.observe(std::chrono::duration<double>(now - due(at)).count());
     if (plan_.endpoint != Endpoint::embedding) {
-      m.ttft.observe(std::chrono::duration<double>(due(0) - t_start_).count());
+      m.ttft.observe(std::chrono::duration<double>(due(plan_.start) - t_start_).count());
       bump(m.generation_tokens, plan_.completion_tokens());
     }
     std::string body;
@@ -561,15 +567,18 @@ void ConnectionT<Stream>::on_due(std::uint64_t gen, Clock::time_point now) {
     return flush();
   }
 
-  if (faults_.reset_after >= 0 && step_ >= faults_.reset_after) return do_reset();
+  if (reset_due() && step_ >= faults_.reset_after) return do_reset();
   m.lag.observe(std::chrono::duration<double>(now - due(step_)).count());
-  if (step_ == 0) m.ttft.observe(std::chrono::duration<double>(now - t_start_).count());
-  append_stream_step(plan_, step_, scratch_, out_);
+  if (step_ == plan_.start) m.ttft.observe(std::chrono::duration<double>(now - t_start_).count());
+  // An RST at the message's length: the last token (and its finish_reason)
+  // goes out, then the RST one itl later, before the usage chunk and [DONE].
+  const bool cut_at_end = reset_due() && faults_.reset_after == plan_.tokens;
+  append_stream_step(plan_, step_, scratch_, out_, !cut_at_end);
   const auto produced = static_cast<std::uint64_t>(plan_.choices());
   bump(m.generation_tokens, produced);
   bump(m.kv_tokens, static_cast<std::int64_t>(produced));
   kv_held_ += static_cast<std::int64_t>(produced);
-  if (step_ == plan_.tokens - 1) {
+  if (step_ == plan_.tokens - 1 && !cut_at_end) {
     last_queued_ = true;
     deadline_ = now + kWriteTimeout;
   } else {

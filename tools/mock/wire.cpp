@@ -197,6 +197,38 @@ OptErr read_messages(const json::object& o, Plan& plan, std::string_view& last_r
   return std::nullopt;
 }
 
+// continue_final_message with a final assistant message whose content is a
+// string: the generation goes on from that message's tokens (Plan::start),
+// as vLLM continues it without closing the turn. The text and its hash are
+// those of the conversation before that message, so a continuation of the
+// first K tokens of a run produces exactly the rest of it. The message
+// costs its words in prompt tokens, not the 4 of a closed turn (its open
+// header stands for the generation prompt add_generation_prompt would add).
+void continue_message(const json::array& msgs, const MockConfig& cfg, std::optional<std::int64_t> requested_max,
+                      Plan& plan) {
+  if (msgs.empty() || plan.prompt_hash.empty()) return;
+  const auto& last = msgs.back().get_object();  // read_messages checked every message is an object with a role
+  const json::value* role = last.if_contains("role");
+  const json::value* content = last.if_contains("content");
+  if (role == nullptr || !role->is_string() || role->get_string() != "assistant" || content == nullptr ||
+      !content->is_string())
+    return;
+  const std::uint32_t done = count_words(content->get_string());
+  const json::array before(msgs.begin(), msgs.end() - 1);
+  plan.prompt_hash.back() = mix64(fnv1a(json::serialize(before), fnv1a("c")));
+  plan.prompt_tokens.back() -= std::min<std::uint32_t>(plan.prompt_tokens.back(), 4);
+  plan.start = static_cast<int>(std::min<std::uint32_t>(done, 1u << 20));
+  plan.cut_by_length = false;
+  if (plan.start >= cfg.max_tokens) {
+    plan.tokens = plan.start + 1;  // past the natural length: one more word, then stop
+  } else if (requested_max && *requested_max < cfg.max_tokens - plan.start) {
+    plan.tokens = plan.start + static_cast<int>(*requested_max);
+    plan.cut_by_length = true;
+  } else {
+    plan.tokens = cfg.max_tokens;
+  }
+}
+
 // stream_options: {"include_usage": bool = true, "continuous_usage_stats": bool = false}.
 // An explicit null reads as false (pydantic keeps None, which is falsy).
 OptErr read_stream_options(const json::object& o, bool stream, Plan& plan) {
@@ -307,6 +339,7 @@ void Plan::clear() {
   stream = false;
   n = 1;
   tokens = 1;
+  start = 0;
   cut_by_length = false;
   include_usage = false;
   continuous_usage = false;
@@ -429,6 +462,11 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
     }
     std::optional<bool> add_generation_prompt;
     if (auto e = opt_bool(o, "add_generation_prompt", add_generation_prompt)) return e;
+    std::optional<bool> continue_final;
+    if (auto e = opt_bool(o, "continue_final_message", continue_final)) return e;
+    if (continue_final.value_or(false) && add_generation_prompt.value_or(true))
+      return ApiError{400, "Cannot set both `continue_final_message` and `add_generation_prompt` to True."};
+    if (continue_final.value_or(false)) continue_message(o.at("messages").get_array(), cfg, requested_max, plan);
     const std::string_view role =
         (add_generation_prompt.value_or(true) || last_role.empty()) ? std::string_view("assistant") : last_role;
     append_json_escaped(plan.role_json, role);
@@ -534,12 +572,12 @@ void append_sse_chunk(std::string& out, std::string_view json) {
   out += "\n\n\r\n";
 }
 
-void append_stream_step(const Plan& p, int step, std::string& s, std::string& out) {
+void append_stream_step(const Plan& p, int step, std::string& s, std::string& out, bool end) {
   const bool last = step == p.tokens - 1;
-  const std::uint64_t done = static_cast<std::uint64_t>(step) + 1;  // tokens per choice after this step
+  const auto done = static_cast<std::uint64_t>(step - p.start) + 1;  // tokens per choice produced after this step
   if (p.endpoint == Endpoint::chat) {
     const std::uint64_t prompt = p.total_prompt_tokens;
-    if (step == 0) {
+    if (step == p.start) {
       for (int i = 0; i < p.n; ++i) {
         s = p.chunk_prefix;
         append_int(s, static_cast<std::uint64_t>(i));
@@ -617,7 +655,7 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
       }
     }
   }
-  if (!last) return;
+  if (!last || !end) return;
   if (p.include_usage) {
     s = p.usage_prefix;
     append_usage(s, p.total_prompt_tokens, p.completion_tokens(), false);
@@ -673,7 +711,7 @@ void append_full_body(const Plan& p, std::string& out) {
           out += "null";
         } else {
           out += '"';
-          for (int t = r; t < p.tokens; ++t) out += token_text(p.prompt_hash[pi], i, t);
+          for (int t = std::max(r, p.start); t < p.tokens; ++t) out += token_text(p.prompt_hash[pi], i, t);
           out += '"';
         }
         out += ",\"refusal\":null,\"annotations\":null,\"audio\":null,\"function_call\":null,\"tool_calls\":[";
@@ -686,11 +724,11 @@ void append_full_body(const Plan& p, std::string& out) {
               tool_call_id(p, j), name, tool_args_head(), tool_args_tail(p, j));
         }
         out += "],\"reasoning_content\":";
-        if (r == 0) {
+        if (r <= p.start) {
           out += "null";
         } else {
           out += '"';
-          for (int t = 0; t < r; ++t) out += token_text(p.prompt_hash[pi], i, t);
+          for (int t = p.start; t < r; ++t) out += token_text(p.prompt_hash[pi], i, t);
           out += '"';
         }
         out += "},\"logprobs\":null,\"finish_reason\":";

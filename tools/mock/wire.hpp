@@ -37,8 +37,14 @@ struct ApiError {
 struct Plan {
   Endpoint endpoint = Endpoint::chat;
   bool stream = false;
-  int n = 1;                                 // choices per prompt
-  int tokens = 1;                            // tokens generated per choice, >= 1
+  int n = 1;       // choices per prompt
+  int tokens = 1;  // the message's length per choice in tokens (its end position), > start
+  // Chat with continue_final_message (vLLM's chat-template parameter) and a
+  // final assistant message: the tokens that message already holds. The
+  // generation continues at this position (token `start` is the first one
+  // produced), so a continuation of an unbroken run's prefix produces
+  // exactly the rest of that run. 0 otherwise.
+  int start = 0;
   bool cut_by_length = false;                // finish_reason "length" (the request's limit cut it) else "stop"
   bool include_usage = false;                // final usage chunk (stream_options.include_usage)
   bool continuous_usage = false;             // usage on every chunk (stream_options.continuous_usage_stats)
@@ -61,8 +67,10 @@ struct Plan {
 
   // Number of choices in the response: prompts * n.
   int choices() const { return static_cast<int>(prompt_hash.size()) * n; }
+  // Tokens produced per choice (from `start` to `tokens`).
+  int produced() const { return tokens - start; }
   std::uint64_t completion_tokens() const {
-    return static_cast<std::uint64_t>(choices()) * static_cast<std::uint64_t>(tokens);
+    return static_cast<std::uint64_t>(choices()) * static_cast<std::uint64_t>(produced());
   }
   void clear();
 };
@@ -82,11 +90,13 @@ std::string_view token_text(std::uint64_t prompt_hash, int choice, int pos);
 // (RFC 9112 §7.1), the way uvicorn frames each body message.
 void append_sse_chunk(std::string& out, std::string_view json);
 
-// Appends the SSE chunks of streaming step `step` (0-based token position) of
-// `plan` to `out`: at step 0 the chat role chunks, then one token chunk per
+// Appends the SSE chunks of streaming step `step` (0-based token position in
+// the message, from plan.start) of `plan` to `out`: at step plan.start the chat role chunks, then one token chunk per
 // choice; at the last step also the final usage chunk (if asked), `data:
 // [DONE]` and the chunked-encoding terminator. `scratch` is a reusable buffer.
-void append_stream_step(const Plan& plan, int step, std::string& scratch, std::string& out);
+// `end` false: the last step without the usage chunk, [DONE] and the
+// terminator (a stream cut right after its last token).
+void append_stream_step(const Plan& plan, int step, std::string& scratch, std::string& out, bool end = true);
 
 // Appends the non-streaming JSON body (chat.completion, text_completion, or
 // the embedding list) to `out`.

@@ -269,6 +269,7 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
         core::append_json_string(out, http::to_string(a.failure));
       out += R"(,"ms":)"sv;
       core::append_scaled(out, static_cast<std::int64_t>(a.us), 3);
+      if (a.resume) out += R"(,"resume":true)"sv;  // it continued a stream that broke (pools.X.resume)
       out += "}"sv;
     }
     out += "]"sv;

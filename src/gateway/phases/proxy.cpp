@@ -5,6 +5,7 @@
 // client (the commit point).
 #include <algorithm>
 #include <charconv>
+#include <optional>
 
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
@@ -25,6 +26,7 @@
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
+#include "http/sse.hpp"
 #include "routing/attempts.hpp"
 
 namespace weir::gateway {
@@ -96,6 +98,11 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
     // there, and forwarded without a length the upstream would read it as
     // the next request on the connection (request smuggling).
     ctx.upstream_body = {};
+    return std::nullopt;
+  }
+  if (ctx.resume.active) {
+    // A resume sends its continuation (begin_resume); the usage chunk asked for stays asked for.
+    ctx.upstream_body = ctx.resume.body;
     return std::nullopt;
   }
   const bool anthropic = anthropic_pool(ctx);
@@ -210,6 +217,12 @@ void GatewayPhases::on_client_gone(RequestContext& ctx) {
 void GatewayPhases::commit(RequestContext& ctx) {
   if (ctx.committed) return;
   ctx.committed = true;
+  if (ctx.resume.on) {
+    // A stream that may resume keeps its request: a continuation is built
+    // from the body it sent and goes with the client's head fields.
+    ctx.resume.original = ctx.upstream_body;
+    return;
+  }
   // The request cannot be sent again: its storage goes back to the worker,
   // so a long stream does not hold it.
   ctx.upstream_body = {};
@@ -244,7 +257,7 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
       ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !src.done() && !encoded;
   // With a fallback left, a stream's head waits for its first content
   // event: until then it can still fail over.
-  ctx.hold_head = stream && fallback_left(ctx);
+  ctx.hold_head = stream && fallback_left(ctx) && !ctx.committed;
   if (stream) return respond_stream(ctx);
   return respond_buffered(ctx);
 }
@@ -422,22 +435,42 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   // One pass per target: the route's pool, then each fallback while the
   // previous one failed before anything reached the client (ctx.fail_over,
   // set by the attempts or by a held stream).
+  // A stream that broke, while its resume is tried: what the client gets if the resume fails.
+  std::optional<Outcome> broken;
   for (;;) {
     // The pool's admission queue (pools.X.queue), then the attempts, in
     // their own frames, gone once the response head is in: a long stream
-    // holds only this small one and the responder's.
+    // holds only this small one and the responder's. (A resume does not
+    // queue again: its stream was admitted, and its client is waiting mid-message.)
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     Outcome o = Outcome::next();
-    if (ctx.gen->pool(ctx.target.pool).queue()) o = co_await enter_pool(ctx);
+    if (!ctx.resume.active && ctx.gen->pool(ctx.target.pool).queue()) o = co_await enter_pool(ctx);
     if (o.goes_on()) o = co_await attempt_pool(ctx);
     if (!o.goes_on()) {
       leave_queue(ctx);
+      if (ctx.resume.active) {
+        // No endpoint took the continuation: the stream ends as it would have without resume
+        // (or the client left meanwhile: its 499).
+        ctx.fail_over = false;
+        if (down_.client_gone()) co_return o;
+        co_return std::move(*broken);
+      }
       if (ctx.fail_over && fallback_left(ctx)) {
         ctx.fail_over = false;
         next_target(ctx);
         continue;
       }
       co_return o;
+    }
+    if (ctx.resume.active) {
+      if (!resumed_stream_ok(ctx)) {
+        leave_queue(ctx);
+        co_return std::move(*broken);
+      }
+      ++w_.metrics().upstream_resumes;
+    } else if ((ctx.resume.on = resume_eligible(ctx))) {
+      const std::uint64_t max = ctx.fields.max_tokens;
+      ctx.resume.tracker.reset(max > 0 ? std::min<std::uint64_t>(max * 8, 64 * 1024) : 4096);
     }
     const bool cutoff = arm_cutoff(ctx);
     o = co_await relay(ctx, exchange_);
@@ -458,8 +491,106 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       next_target(ctx);
       continue;
     }
+    if (ctx.resume.wanted && begin_resume(ctx, o)) {
+      if (ctx.resume.finish != RequestContext::Resume::Finish::none) {
+        Outcome f = co_await finish_stream(ctx, ctx.resume.finish == RequestContext::Resume::Finish::length);
+        co_return f;
+      }
+      broken.emplace(std::move(o));
+      continue;
+    }
     co_return o;
   }
+}
+
+bool GatewayPhases::resume_eligible(const RequestContext& ctx) const {
+  if (ctx.route != RouteKind::chat_completions || !ctx.stream || ctx.fields.n != 1) return false;
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  if (!pc.resume || pc.type != core::UpstreamType::openai) return false;
+  return !api::openai::resume_excluded(ctx.upstream_body);
+}
+
+bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
+  auto& r = ctx.resume;
+  r.wanted = false;
+  r.active = false;
+  r.finish = RequestContext::Resume::Finish::none;
+  if (!r.on || !ctx.committed || !o.is_failed() || o.error().source != core::ErrorSource::upstream) return false;
+  if (down_.client_gone() || ctx.cutoff == RequestContext::Cutoff::deadline || passed(ctx.deadline, core::now()))
+    return false;
+  const auto& tr = r.tracker;
+  if (tr.blocked()) return false;  // tool calls in flight, reasoning, another choice
+  if (tr.finished()) {
+    // The finish_reason reached the client: only the stream's end was lost.
+    r.finish = RequestContext::Resume::Finish::done;
+    return true;
+  }
+  if (tr.tokens() == 0) return false;
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  if (r.count >= std::max<std::uint32_t>(1, pc.retry.attempts - 1)) return false;
+  switch (api::openai::continuation_body(r.original, tr.text_json(), tr.tokens(), r.body)) {
+    case api::openai::Continuation::exhausted:
+      r.finish = RequestContext::Resume::Finish::length;
+      return true;
+    case api::openai::Continuation::unsupported:
+      return false;
+    case api::openai::Continuation::ok:
+      break;
+  }
+  if (ctx.endpoint >= 0 && ctx.endpoint < 64) r.broke |= std::uint64_t{1} << ctx.endpoint;
+  ++r.count;
+  r.active = true;
+  r.tokens_before = tr.tokens();
+  ++ctx.retries;
+  return true;
+}
+
+bool GatewayPhases::resumed_stream_ok(RequestContext& ctx) {
+  const auto& head = exchange_.head();
+  const auto ce = head[bh::field::content_encoding];
+  if (ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !exchange_.done() &&
+      (ce.empty() || core::iequals(ce, "identity")))
+    return true;
+  // Not a stream to continue with (an upstream that refuses continue_final_message answers 400):
+  // the attempt ends here, its answer unread.
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
+  if (ctx.verdict_pending) {
+    ctx.verdict_pending = false;
+    if (ctx.trial) pool.end_trial(ep);
+    ctx.trial = false;
+  }
+  pool.on_finish(ep);
+  if (auto c = exchange_.release()) pool.endpoint(ep).conns.put(std::move(c), core::now());
+  ctx.source = nullptr;
+  return false;
+}
+
+core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool length) {
+  ctx.scratch.clear();
+  if (length) {
+    // The chunk an unbroken stream ends with when max_tokens cuts it, with the stream's own id.
+    const auto& tr = ctx.resume.tracker;
+    ctx.body.clear();
+    ctx.body += R"({"id":)";
+    ctx.body += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();
+    ctx.body += R"(,"object":"chat.completion.chunk","created":)";
+    ctx.body += tr.created_json().empty() ? std::string_view("0") : tr.created_json();
+    ctx.body += R"(,"model":)";
+    ctx.body += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
+    ctx.body += R"(,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length","stop_reason":null}]})";
+    http::append_sse_data(ctx.scratch, ctx.body);
+    ++ctx.events;
+  }
+  http::append_sse_data(ctx.scratch, "[DONE]");
+  ++ctx.events;
+  if (ctx.capture) capture_response(ctx, ctx.scratch);
+  down_.queue_body(ctx.scratch);
+  down_.queue_end();
+  down_.flush();
+  co_await down_.drain();
+  if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  co_return Outcome::responded();
 }
 
 void GatewayPhases::leave_queue(RequestContext& ctx) {
@@ -608,7 +739,8 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
   auto& pool = ctx.gen->pool(ctx.target.pool);
   const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
   const auto now = core::now();
-  const bool first_token = ctx.t_first_token != core::TimePoint{};
+  // A resume's stream is judged at its own first event (the client's first token came long before).
+  const bool first_token = ctx.resume.active ? ctx.hooks.data_events() > 0 : ctx.t_first_token != core::TimePoint{};
   const bool failed = !first_token && o.is_failed() && o.error().source == core::ErrorSource::upstream;
   if (first_token || o.is_responded() || failed) {
     if (pool.report_answer(ep, failed, now, ctx.trial)) ++w_.metrics().outlier_ejections;
@@ -616,7 +748,7 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
     pool.end_trial(ep);
   }
   ctx.trial = false;
-  if (first_token && ctx.t_first_token > ctx.t_upstream_sent &&
+  if (first_token && !ctx.resume.active && ctx.t_first_token > ctx.t_upstream_sent &&
       pool.report_ttft(ep,
                        static_cast<std::uint32_t>(std::min<std::int64_t>(
                            core::micros_between(ctx.t_upstream_sent, ctx.t_first_token), 0xffffffff)),
@@ -655,7 +787,18 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     ++metrics.deadline_exceeded;
     co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
   }
-  routing::Attempts attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  const bool resuming = ctx.resume.active;
+  // A resume never goes back to an endpoint whose stream broke, and holds a retry-budget slot.
+  routing::Attempts attempts = resuming
+                                   ? routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc), ctx.resume.broke)
+                                   : routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  if (resuming && attempts.unavailable()) {
+    // No other endpoint (or no budget) for the continuation: the broken stream's error stands (proxy).
+    if (attempts.budget_refused()) ++metrics.retry_budget_exhausted;
+    ctx.source = nullptr;
+    ctx.fail_over = false;
+    co_return Outcome::failed(pool_unavailable(subject(ctx), retry_after_s(pool.unavailable_for(now))));
+  }
   if (attempts.unavailable()) {
     // Every endpoint's breaker is open: the next fallback, or 503 until the first turns half-open.
     ctx.source = nullptr;
@@ -670,7 +813,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   // Read, parse, route and admit count once, before the first target.
   // (A request resent alone after its batch was refused counted its time to the batch already.)
   std::int64_t added =
-      ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split ? core::micros_between(ctx.t_start, now) : 0);
+      ctx.added_us +
+      (ctx.fallback_step == 0 && !ctx.batch_split && !resuming ? core::micros_between(ctx.t_start, now) : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool started = false;
   bool deadline_hit = false;  // the request's deadline ended the attempts
@@ -681,7 +825,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                         .endpoint = static_cast<std::int16_t>(ep),
                         .status = static_cast<std::int16_t>(status),
                         .failure = f,
-                        .us = static_cast<std::uint32_t>(core::micros_between(since, core::now()))});
+                        .us = static_cast<std::uint32_t>(core::micros_between(since, core::now())),
+                        .resume = resuming});
   };
   for (;;) {
     const std::uint32_t ep_idx = attempts.endpoint();

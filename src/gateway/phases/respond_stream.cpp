@@ -9,8 +9,37 @@
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 #include "http/headers.hpp"
+#include "http/sse.hpp"
 
 namespace weir::gateway {
+
+bool GatewayPhases::resume_note(RequestContext& ctx, http::SseEvent& ev, bool holding, http::UpstreamFailure& failure) {
+  auto& r = ctx.resume;
+  if (r.active) {
+    // A resume's chunk, as the client's one stream goes on: its id, no second role chunk, usage over both attempts.
+    const auto& tr = r.tracker;
+    switch (api::openai::rewrite_chunk(ev.data, tr.id_json(), tr.created_json(), tr.model_json(), r.tokens_before,
+                                       r.chunk, ctx.scratch)) {
+      case api::openai::Rewrite::drop:
+        return false;
+      case api::openai::Rewrite::changed:
+        r.raw.clear();
+        http::append_sse_data(r.raw, r.chunk);
+        ev.data = r.chunk;
+        ev.raw = r.raw;
+        break;
+      case api::openai::Rewrite::keep:
+        break;
+    }
+  }
+  if (r.tracker.on_chunk(ev.data) == api::openai::ChunkNote::error && !holding &&
+      (r.tracker.resumable() || r.tracker.finished())) {
+    // vLLM's in-band error after content: the stream broke; it is not the client's to see if a resume mends it.
+    failure = http::UpstreamFailure::protocol;
+    return false;
+  }
+  return true;
+}
 
 core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   const auto& sc = down_.config();
@@ -35,14 +64,14 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     down_.send(ctx.head);
     // A long stream keeps neither the head's storage nor the request's fields.
     w_.give_buffer(ctx.head);
-    down_.release_request_fields();
+    if (!ctx.resume.on) down_.release_request_fields();  // a resume sends them again
     src.shrink();
     ctx.added_us += core::micros_between(t0, core::now());
   };
   // A held stream (a fallback is left) commits at its first content event;
   // the events before it (vLLM's role-only first chunk) wait in ctx.body.
   bool holding = ctx.hold_head;
-  if (!holding) send_head();
+  if (!holding && !ctx.committed) send_head();  // (a resume's stream continues the client's)
   ctx.body.clear();
 
   ctx.sse.reset();
@@ -77,6 +106,10 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
           ++ctx.events;
           data_event(t_read);
           if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
+          continue;
+        }
+        if (ctx.resume.on && ev->has_data && !ev->is_done() && !resume_note(ctx, *ev, holding, failure)) {
+          if (failure != http::UpstreamFailure::none) break;
           continue;
         }
         if (!ctx.hooks.on_event(*ev)) continue;
@@ -124,6 +157,11 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // goes back to the pool.
     if (down_.client_gone() && !ctx.hooks.done_relayed()) break;
   }
+  // With resume on, a stream whose body ended without [DONE] after content broke too (it may be resumed).
+  if (ctx.resume.on && failure == http::UpstreamFailure::none && !cut_off && ctx.committed &&
+      !ctx.hooks.done_relayed() && !down_.client_gone() &&
+      (ctx.resume.tracker.tokens() > 0 || ctx.resume.tracker.finished()))
+    failure = http::UpstreamFailure::protocol;
   ctx.t_upstream_done = core::now();
   --metrics.active_streams;
   ctx.sse.reset();
@@ -165,7 +203,8 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       ctx.fail_over = true;
       co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
     }
-    // Headers are out: fail() ends the stream in-band, as vLLM does.
+    // Headers are out: fail() ends the stream in-band, as vLLM does (or, with resume on, proxy() may continue it).
+    ctx.resume.wanted = ctx.resume.on;
     co_return Outcome::failed(upstream_error(failure, subject(ctx), true));
   }
   if (!ctx.committed) {  // a held stream that ended without a content event

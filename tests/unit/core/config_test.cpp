@@ -73,7 +73,8 @@ TEST(Config, ErrorsNameFileLineAndKey) {
       "weir.yaml:4:5: pools.a.timeoutz: unknown key (expected one of: endpoints, timeouts, "
       "max_idle_per_endpoint, idle_keepalive, api_key, api_key_env, eject_for, request_usage, retry, outlier, breaker, "
       "queue, health, "
-      "balance, load_metrics, imbalance, prefix_affinity, session_header, batch, coalesce, type, anthropic, tls)");
+      "balance, load_metrics, imbalance, prefix_affinity, session_header, batch, coalesce, resume, type, anthropic, "
+      "tls)");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\nmodels:\n  m:\n    pool: nope\n"),
             "weir.yaml:6:11: models.m.pool: no pool named 'nope'");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [ftp://x:1]\ndefault_pool: a\n"),
@@ -182,6 +183,16 @@ TEST(Config, ServerMetricsLabelsAndCaps) {
                      "max_key_ids)"),
             std::string::npos)
       << err;
+}
+
+TEST(Config, ResumeIsOffByDefault) {
+  auto c = parse_config(
+      "pools: {a: {endpoints: [http://127.0.0.1:8001]}, b: {endpoints: [http://127.0.0.1:8002], "
+      "resume: true}}\ndefault_pool: a\n",
+      "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_FALSE(c->pools[0].resume);
+  EXPECT_TRUE(c->pools[1].resume);
 }
 
 TEST(Config, ReusePortIsOffByDefaultAndABoolean) {
@@ -297,6 +308,10 @@ TEST(ConfigAnthropic, Errors) {
             "weir.yaml:5:17: pools.h.anthropic.beta: unknown key (expected one of: version, max_tokens)");
   EXPECT_EQ(error_of("pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    coalesce: true\n"),
             "weir.yaml:5:15: pools.h.coalesce: is not available for type: anthropic");
+  EXPECT_EQ(error_of("pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    resume: true\n"),
+            "weir.yaml:5:13: pools.h.resume: is not available for type: anthropic");
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    resume: maybe\n"),
+            "weir.yaml:4:13: pools.a.resume: expected true or false");
   EXPECT_EQ(error_of("pools:\n  h:\n    type: anthropic\n    endpoints: [https://h]\n    batch: {window: 5ms}\n"),
             "weir.yaml:5:12: pools.h.batch: is not available for type: anthropic");
   // A key that would inject header lines, for any pool type.

@@ -14,6 +14,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
+#include <boost/json.hpp>
 
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -591,6 +592,124 @@ TEST(ProxyDeadline, ADeadlineBeforeTheCommitPointIsA504AndAfterItEndsTheStreamIn
     EXPECT_EQ(b.ctx.status, 400) << bad;
     EXPECT_EQ(ex3.starts, 0);
   }
+}
+
+}  // namespace
+}  // namespace weir::gateway
+
+namespace weir::gateway {
+namespace {
+
+// Resume mid-stream (pools.X.resume): the continuation request and what the client's one stream becomes.
+const std::string kResuming =
+    "pools: {p: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2], resume: true}}\ndefault_pool: p\n";
+
+std::string resume_chunk(std::string_view id, std::string_view delta, std::string_view finish = "null") {
+  return "data: {\"id\":\"" + std::string(id) +
+         "\",\"object\":\"chat.completion.chunk\",\"created\":" + (id == "a" ? "1" : "2") +
+         ",\"model\":\"m\",\"choices\":[{\"index\":0,\"delta\":" + std::string(delta) +
+         ",\"logprobs\":null,\"finish_reason\":" + std::string(finish) + "}]}\n\n";
+}
+
+std::string chat_body(std::string_view body) {
+  return "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: " +
+         std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n" + std::string(body);
+}
+
+TEST(ProxyResume, ABrokenStreamGoesOnFromTheOtherEndpointAsOneStream) {
+  Gateway g(kResuming);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {
+      Attempt{.content_type = "text/event-stream",
+              .body = {resume_chunk("a", R"({"role":"assistant","content":""})") +
+                       resume_chunk("a", R"({"content":" H\u00e9"})") + resume_chunk("a", R"({"content":" \"x\""})")},
+              .body_failure = UpstreamFailure::reset},
+      Attempt{.content_type = "text/event-stream",
+              .body = {resume_chunk("b", R"({"role":"assistant","content":""})") +
+                           resume_chunk("b", R"({"content":" there"})", R"("stop")"),
+                       R"(data: {"id":"b","object":"chat.completion.chunk","created":2,"model":"m","choices":[],)"
+                       R"("usage":{"prompt_tokens":12,"total_tokens":13,"completion_tokens":1}})"
+                       "\n\ndata: [DONE]\n\n"}}};
+  Served r;
+  serve(g, ex,
+        chat_body(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true,"max_tokens":10,)"
+                  R"("stream_options":{"include_usage":true}})"),
+        r);
+  ASSERT_EQ(ex.starts, 2);
+  const auto cont = boost::json::parse(ex.bodies[1]).as_object();
+  const auto& msgs = cont.at("messages").as_array();
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(msgs[1].at("role").as_string(), "assistant");
+  EXPECT_EQ(msgs[1].at("content").as_string(), " H\u00e9 \"x\"");
+  EXPECT_EQ(cont.at("continue_final_message").as_bool(), true);
+  EXPECT_EQ(cont.at("add_generation_prompt").as_bool(), false);
+  EXPECT_EQ(cont.at("max_tokens").as_int64(), 8);
+  // the client: one head, one role chunk, one id, no error, one [DONE], the usage of the whole message
+  EXPECT_EQ(r.response.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r.response;
+  EXPECT_EQ(r.response.find("HTTP/1.1", 1), std::string::npos);
+  const auto count = [&](std::string_view s) {
+    std::size_t n = 0;
+    for (auto i = r.response.find(s); i != std::string::npos; i = r.response.find(s, i + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("\"role\""), 1u) << r.response;
+  EXPECT_EQ(count("\"id\":\"b\""), 0u) << r.response;
+  EXPECT_EQ(count("\"created\":2"), 0u) << r.response;
+  EXPECT_EQ(count("data: [DONE]"), 1u);
+  EXPECT_EQ(count("\"error\""), 0u);
+  EXPECT_NE(r.response.find(R"("prompt_tokens":10,"total_tokens":13,"completion_tokens":3)"), std::string::npos)
+      << r.response;
+  EXPECT_LT(r.response.find(R"(\"x\")"), r.response.find("\" there\""));
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_FALSE(r.ctx.has_error);
+  EXPECT_EQ(r.ctx.usage.prompt_tokens, 10u);
+  EXPECT_EQ(r.ctx.usage.completion_tokens, 3u);
+  ASSERT_EQ(r.ctx.attempt_count, 2);
+  EXPECT_EQ(r.ctx.attempt_log[0].failure, UpstreamFailure::reset);
+  EXPECT_FALSE(r.ctx.attempt_log[0].resume);
+  EXPECT_TRUE(r.ctx.attempt_log[1].resume);
+  EXPECT_NE(r.ctx.attempt_log[0].endpoint, r.ctx.attempt_log[1].endpoint);
+  EXPECT_EQ(r.ctx.retries, 1u);
+  EXPECT_EQ(g.worker->metrics().upstream_resumes, 1u);
+}
+
+TEST(ProxyResume, WithResumeOffOrAToolCallInFlightTheStreamEndsInBand) {
+  for (const bool tool : {false, true}) {
+    Gateway g(tool ? kResuming
+                   : std::string("pools: {p: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2]}}\n"
+                                 "default_pool: p\n"));
+    ScriptedExchange ex(g.worker->io().get_executor());
+    std::string body =
+        resume_chunk("a", R"({"role":"assistant","content":""})") + resume_chunk("a", R"({"content":" Hi"})");
+    if (tool) body += resume_chunk("a", R"({"tool_calls":[{"index":0,"id":"c","function":{"name":"f"}}]})");
+    ex.script = {Attempt{.content_type = "text/event-stream", .body = {body}, .body_failure = UpstreamFailure::reset},
+                 Attempt{}};
+    Served r;
+    serve(g, ex, chat(true), r);
+    EXPECT_EQ(ex.starts, 1) << tool;
+    EXPECT_EQ(r.ctx.error_code, "upstream_unavailable");
+    EXPECT_NE(r.response.find("data: {\"error\""), std::string::npos) << r.response;
+    EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos);
+    EXPECT_EQ(g.worker->metrics().upstream_resumes, 0u);
+  }
+}
+
+TEST(ProxyResume, AContinuationAnsweredWithAnErrorLeavesTheInBandError) {
+  Gateway g(kResuming);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream",
+                       .body = {resume_chunk("a", R"({"role":"assistant","content":""})") +
+                                resume_chunk("a", R"({"content":" Hi"})")},
+                       .body_failure = UpstreamFailure::reset},
+               Attempt{.status = 400, .body = {R"({"error":{"message":"continue_final_message?"}})"}}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_EQ(ex.starts, 2);
+  EXPECT_EQ(r.response.find("continue_final_message?"), std::string::npos) << r.response;
+  EXPECT_NE(r.response.find("data: {\"error\""), std::string::npos) << r.response;
+  EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos);
+  EXPECT_EQ(r.ctx.error_code, "upstream_unavailable");
+  EXPECT_EQ(g.worker->metrics().upstream_resumes, 0u);
 }
 
 }  // namespace

@@ -391,3 +391,54 @@ TEST(RoutingAttempts, FallbacksResolveToPoolsAndUpstreamNames) {
 
 }  // namespace
 }  // namespace weir::routing
+
+namespace weir::routing {
+namespace {
+
+// A resume's attempts (pools.X.resume): never to an endpoint whose stream broke, and a retry-budget slot held.
+TEST(RoutingAttempts, AResumeNeverPicksAnAvoidedEndpoint) {
+  for (int seed = 0; seed < kSeeds; ++seed) {
+    Pool p(3);
+    Rng rng(static_cast<std::uint64_t>(seed));
+    const auto now = Clock::now();
+    Attempts a(*p, rng, now, {}, /*avoid=*/0b001);
+    ASSERT_FALSE(a.unavailable());
+    EXPECT_NE(a.endpoint(), 0u);
+    EXPECT_EQ(p->retries_in_flight(), 1u);
+    // the other one refuses: the last one left is the third, never the avoided first
+    const auto first = a.endpoint();
+    ASSERT_TRUE(a.on_connect_failure(UpstreamFailure::connect_refused, now));
+    EXPECT_NE(a.endpoint(), 0u);
+    EXPECT_NE(a.endpoint(), first);
+    EXPECT_FALSE(a.on_connect_failure(UpstreamFailure::connect_refused, now));
+  }
+}
+
+TEST(RoutingAttempts, AResumeWithNoOtherEndpointIsUnavailable) {
+  Pool one(1);
+  Rng rng(1);
+  const auto now = Clock::now();
+  {
+    Attempts a(*one, rng, now, {}, 0b1);
+    EXPECT_TRUE(a.unavailable());
+    EXPECT_FALSE(a.budget_refused());
+  }
+  EXPECT_EQ(one->retries_in_flight(), 0u);  // the budget slot went back
+  Pool two(2);
+  Attempts a(*two, rng, now, {}, 0b10);
+  ASSERT_FALSE(a.unavailable());
+  EXPECT_EQ(a.endpoint(), 0u);
+  EXPECT_FALSE(a.on_connect_failure(UpstreamFailure::connect_refused, now));  // not back to endpoint 1
+}
+
+TEST(RoutingAttempts, AResumeNeedsTheRetryBudget) {
+  Pool p(2, "{attempts: 2, budget: 0.0, min_concurrent: 0}");
+  Rng rng(1);
+  const auto now = Clock::now();
+  Attempts a(*p, rng, now, {}, 0b1);
+  EXPECT_TRUE(a.unavailable());
+  EXPECT_TRUE(a.budget_refused());
+}
+
+}  // namespace
+}  // namespace weir::routing
