@@ -173,20 +173,26 @@ struct RequestContext {
     std::uint64_t tokens_before = 0;  // completion tokens the client had when the current resume started
     std::uint64_t broke = 0;          // endpoints whose stream broke for this request (bit i = endpoint i)
     std::string_view original;        // the upstream body of the first attempt (kept: commit does not give it back)
-    std::string body;                 // the continuation body being sent
-    std::string chunk, raw;           // a rewritten chunk of the continuation, and its SSE event
     // How begin_resume ends a broken stream whose generation was complete
     // instead: [DONE] only (its finish_reason went out), or a closing chunk
     // with finish_reason "length" first (max_tokens used up at the break).
     enum class Finish : std::uint8_t { none, done, length } finish = Finish::none;
-    api::openai::ResumeTracker tracker;
+    // What only a stream that may resume uses, made when the connection's
+    // first one starts and kept for its next: every other stream carries a
+    // pointer here, not ~200 bytes (memory per open stream).
+    struct Buffers {
+      std::string body;        // the continuation body being sent
+      std::string chunk, raw;  // a rewritten chunk of the continuation, and its SSE event
+      api::openai::ResumeTracker tracker;
+    };
+    std::unique_ptr<Buffers> buf;  // set whenever `on`
     void reset() {
       on = wanted = active = false;
       count = 0;
       tokens_before = 0;
       broke = 0;
       original = {};
-      body.clear();
+      if (buf) buf->body.clear();
       finish = Finish::none;
     }
   } resume;

@@ -94,10 +94,10 @@ class GatewayPhases final : public Phases {
   // Whether the stream about to be relayed (unbatched, on ctx.target's
   // pool) may be resumed: a chat-completions stream with n = 1, no
   // logprobs, an OpenAI-compatible pool with resume on. Then its chunks are
-  // noted (ctx.resume.tracker) and commit() keeps the request.
+  // noted (ctx.resume.buf->tracker) and commit() keeps the request.
   bool resume_eligible(const RequestContext& ctx) const;
   // After a relay that failed (`o`): what a stream that broke after content
-  // reached the client becomes. Resume: ctx.resume.body is the continuation,
+  // reached the client becomes. Resume: ctx.resume.buf->body is the continuation,
   // ctx.resume.active, and true is returned (proxy() runs the attempts again,
   // on another endpoint). Finish: the generation was complete or its
   // max_tokens used up, so ctx.resume.finish says how to end the stream

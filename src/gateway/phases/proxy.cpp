@@ -102,7 +102,7 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
   }
   if (ctx.resume.active) {
     // A resume sends its continuation (begin_resume); the usage chunk asked for stays asked for.
-    ctx.upstream_body = ctx.resume.body;
+    ctx.upstream_body = ctx.resume.buf->body;
     return std::nullopt;
   }
   const bool anthropic = anthropic_pool(ctx);
@@ -470,7 +470,8 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       ++w_.metrics().upstream_resumes;
     } else if ((ctx.resume.on = resume_eligible(ctx))) {
       const std::uint64_t max = ctx.fields.max_tokens;
-      ctx.resume.tracker.reset(max > 0 ? std::min<std::uint64_t>(max * 8, 64 * 1024) : 4096);
+      if (!ctx.resume.buf) ctx.resume.buf = std::make_unique<RequestContext::Resume::Buffers>();
+      ctx.resume.buf->tracker.reset(max > 0 ? std::min<std::uint64_t>(max * 8, 64 * 1024) : 4096);
     }
     const bool cutoff = arm_cutoff(ctx);
     o = co_await relay(ctx, exchange_);
@@ -518,7 +519,7 @@ bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
   if (!r.on || !ctx.committed || !o.is_failed() || o.error().source != core::ErrorSource::upstream) return false;
   if (down_.client_gone() || ctx.cutoff == RequestContext::Cutoff::deadline || passed(ctx.deadline, core::now()))
     return false;
-  const auto& tr = r.tracker;
+  const auto& tr = r.buf->tracker;
   if (tr.blocked()) return false;  // tool calls in flight, reasoning, another choice
   if (tr.finished()) {
     // The finish_reason reached the client: only the stream's end was lost.
@@ -528,7 +529,7 @@ bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
   if (tr.tokens() == 0) return false;
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   if (r.count >= std::max<std::uint32_t>(1, pc.retry.attempts - 1)) return false;
-  switch (api::openai::continuation_body(r.original, tr.text_json(), tr.tokens(), r.body)) {
+  switch (api::openai::continuation_body(r.original, tr.text_json(), tr.tokens(), r.buf->body)) {
     case api::openai::Continuation::exhausted:
       r.finish = RequestContext::Resume::Finish::length;
       return true;
@@ -570,7 +571,7 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
   ctx.scratch.clear();
   if (length) {
     // The chunk an unbroken stream ends with when max_tokens cuts it, with the stream's own id.
-    const auto& tr = ctx.resume.tracker;
+    const auto& tr = ctx.resume.buf->tracker;
     ctx.body.clear();
     ctx.body += R"({"id":)";
     ctx.body += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();

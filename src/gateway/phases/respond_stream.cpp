@@ -17,23 +17,23 @@ bool GatewayPhases::resume_note(RequestContext& ctx, http::SseEvent& ev, bool ho
   auto& r = ctx.resume;
   if (r.active) {
     // A resume's chunk, as the client's one stream goes on: its id, no second role chunk, usage over both attempts.
-    const auto& tr = r.tracker;
+    const auto& tr = r.buf->tracker;
     switch (api::openai::rewrite_chunk(ev.data, tr.id_json(), tr.created_json(), tr.model_json(), r.tokens_before,
-                                       r.chunk, ctx.scratch)) {
+                                       r.buf->chunk, ctx.scratch)) {
       case api::openai::Rewrite::drop:
         return false;
       case api::openai::Rewrite::changed:
-        r.raw.clear();
-        http::append_sse_data(r.raw, r.chunk);
-        ev.data = r.chunk;
-        ev.raw = r.raw;
+        r.buf->raw.clear();
+        http::append_sse_data(r.buf->raw, r.buf->chunk);
+        ev.data = r.buf->chunk;
+        ev.raw = r.buf->raw;
         break;
       case api::openai::Rewrite::keep:
         break;
     }
   }
-  if (r.tracker.on_chunk(ev.data) == api::openai::ChunkNote::error && !holding &&
-      (r.tracker.resumable() || r.tracker.finished())) {
+  if (r.buf->tracker.on_chunk(ev.data) == api::openai::ChunkNote::error && !holding &&
+      (r.buf->tracker.resumable() || r.buf->tracker.finished())) {
     // vLLM's in-band error after content: the stream broke; it is not the client's to see if a resume mends it.
     failure = http::UpstreamFailure::protocol;
     return false;
@@ -160,7 +160,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   // With resume on, a stream whose body ended without [DONE] after content broke too (it may be resumed).
   if (ctx.resume.on && failure == http::UpstreamFailure::none && !cut_off && ctx.committed &&
       !ctx.hooks.done_relayed() && !down_.client_gone() &&
-      (ctx.resume.tracker.tokens() > 0 || ctx.resume.tracker.finished()))
+      (ctx.resume.buf->tracker.tokens() > 0 || ctx.resume.buf->tracker.finished()))
     failure = http::UpstreamFailure::protocol;
   ctx.t_upstream_done = core::now();
   --metrics.active_streams;
