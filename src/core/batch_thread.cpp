@@ -9,18 +9,20 @@ BatchThread::~BatchThread() {
   if (thread_.joinable()) stop(Clock::now());
 }
 
-void BatchThread::start(const char* name, std::size_t full, std::chrono::milliseconds idle,
+void BatchThread::start(const char* name, Priority priority, std::size_t full, std::chrono::milliseconds idle,
                         std::function<std::size_t()> step, std::function<void(Clock::time_point)> drain) {
   {
     std::lock_guard lock(mu_);
     stop_ = false;
   }
-  thread_ = std::thread([this, full, idle, step = std::move(step), drain = std::move(drain)] {
+  thread_ = std::thread([this, priority, full, idle, step = std::move(step), drain = std::move(drain)] {
     // Lowering a thread's own policy needs no privilege; if it fails anyway
     // (a seccomp filter), the thread runs at the default policy.
-    sched_param p{};
-    p.sched_priority = 0;
-    pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
+    if (priority == Priority::idle) {
+      sched_param p{};
+      p.sched_priority = 0;
+      pthread_setschedparam(pthread_self(), SCHED_IDLE, &p);
+    }
     run(full, idle, step, drain);
   });
   pthread_setname_np(thread_.native_handle(), name);

@@ -3,11 +3,13 @@
 // queues to a sink in batches: the request-log writer (requestlog/store.hpp)
 // and the OTLP exporter (tracing/exporter.hpp).
 //
-// The thread runs under SCHED_IDLE (sched(7)): it gets a core only when no
-// worker wants it, and a worker that wakes preempts it at once. A batch of
-// SQLite inserts or an OTLP POST therefore never delays a request; when the
-// cores stay busy for longer than the queues can hold, the queues drop, and
-// the owner counts the drops (the request path never waits either way).
+// By default the thread runs under SCHED_IDLE (sched(7)): it gets a core
+// only when no worker wants it, and a worker that wakes preempts it at once.
+// A batch of SQLite inserts or an OTLP POST therefore never delays a request;
+// when the cores stay busy for longer than the queues can hold, the queues
+// drop, and the owner counts the drops (the request path never waits either
+// way). Priority::normal (SCHED_OTHER, the workers' own policy) trades some
+// request throughput at saturation for fewer drops.
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -20,18 +22,19 @@ namespace weir::core {
 class BatchThread {
  public:
   using Clock = std::chrono::steady_clock;
+  enum class Priority { idle, normal };  // SCHED_IDLE, or SCHED_OTHER like the workers
 
   BatchThread() = default;
   ~BatchThread();  // stop(now) if still running
   BatchThread(const BatchThread&) = delete;
   BatchThread& operator=(const BatchThread&) = delete;
 
-  // Starts thread `name` (at most 15 characters, for top/ps) at SCHED_IDLE.
+  // Starts thread `name` (at most 15 characters, for top/ps) at `priority`.
   // It calls step() until stop(); when a step returns fewer than `full`
   // records taken, it first waits `idle` (or less, if stop() is called).
   // After stop() it calls drain(deadline) once and ends.
-  void start(const char* name, std::size_t full, std::chrono::milliseconds idle, std::function<std::size_t()> step,
-             std::function<void(Clock::time_point)> drain);
+  void start(const char* name, Priority priority, std::size_t full, std::chrono::milliseconds idle,
+             std::function<std::size_t()> step, std::function<void(Clock::time_point)> drain);
   // Wakes the thread, and joins it once drain(deadline) returned.
   void stop(Clock::time_point deadline);
   // For a step's backoff: waits `d`, or less when stop() is called; true when stopping.

@@ -45,6 +45,17 @@ ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key) {
   return v;
 }
 
+ConfigResult<std::size_t> read_choice(const YAML::Node& node, const std::string& key,
+                                      std::initializer_list<std::string_view> choices) {
+  std::string list;
+  std::size_t i = 0;
+  for (auto c : choices) {
+    if (node.IsScalar() && node.Scalar() == c) return i;
+    list += (i++ == 0 ? "" : " or ") + std::string(c);
+  }
+  return tl::unexpected(config_error(node, key, fmt::format("expected {}", list)));
+}
+
 ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key, std::int64_t min,
                                     std::int64_t max) {
   if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected an integer"));

@@ -37,6 +37,9 @@ ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& k
 ConfigResult<double> read_double(const YAML::Node& node, const std::string& key, double min, double max);
 // A duration: an integer of milliseconds or a string with unit "250ms", "2s", "1m", "1h", "7d".
 ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, const std::string& key);
+// One of `choices` ("idle", "normal"): its index; any other value names them all.
+ConfigResult<std::size_t> read_choice(const YAML::Node& node, const std::string& key,
+                                      std::initializer_list<std::string_view> choices);
 // A size: an integer of bytes or a string "512KiB", "4MiB", "1GiB", "64KB", "1MB".
 ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string& key);
 

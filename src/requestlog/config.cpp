@@ -16,8 +16,8 @@ using core::ConfigResult;
 ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
   RequestLogConfig c;
   if (!n.IsMap()) return tl::unexpected(config_error(n, "request_log", "expected a mapping (url, queue, batch, ...)"));
-  WEIR_TRY_VOID(
-      core::check_keys(n, "request_log", {"url", "queue", "batch", "flush_interval", "retention", "capture_bodies"}));
+  WEIR_TRY_VOID(core::check_keys(
+      n, "request_log", {"url", "queue", "batch", "flush_interval", "retention", "capture_bodies", "priority"}));
   if (!n["url"])
     return tl::unexpected(
         config_error(n, "request_log.url", "missing (sqlite:/path/requests.db or postgres://user@host/db)"));
@@ -64,6 +64,10 @@ ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
     if (ms.count() < 1 || ms.count() > 10'000)
       return tl::unexpected(config_error(v, "request_log.flush_interval", "must be between 1ms and 10s"));
     c.flush_interval = ms;
+  }
+  if (auto v = n["priority"]) {
+    WEIR_TRY(i, core::read_choice(v, "request_log.priority", {"idle", "normal"}));
+    c.priority = i == 0 ? core::BatchThread::Priority::idle : core::BatchThread::Priority::normal;
   }
   if (auto r = n["retention"]) {
     if (!r.IsMap())

@@ -12,6 +12,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/batch_thread.hpp"
 #include "core/yaml.hpp"
 
 namespace weir::requestlog {
@@ -51,6 +52,10 @@ struct RequestLogConfig {
   std::uint64_t max_rows = 1'000'000;
   std::chrono::milliseconds retention_interval{60'000};
   std::optional<CaptureConfig> capture;  // capture_bodies:, when present
+  // The writer thread's CPU priority: idle (SCHED_IDLE, the default) never
+  // takes a core from a worker but drops records while the cores stay busy;
+  // normal (SCHED_OTHER) keeps them at some request throughput at saturation.
+  core::BatchThread::Priority priority = core::BatchThread::Priority::idle;
 };
 
 // Parses the top-level `request_log:` of `root`; nullopt when absent.

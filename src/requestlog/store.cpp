@@ -240,7 +240,7 @@ void Writer::start() {
   next_retention_ = SteadyClock::now();
   next_open_ = SteadyClock::now() + kReopenEvery;
   loop_.start(
-      "weir-requestlog", config_.batch, config_.flush_interval, [this] { return step(); },
+      "weir-requestlog", config_.priority, config_.batch, config_.flush_interval, [this] { return step(); },
       [this](SteadyClock::time_point deadline) { drain(deadline); });
 }
 

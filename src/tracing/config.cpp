@@ -51,9 +51,10 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
   TracingConfig c;
   if (!n.IsMap())
     return tl::unexpected(config_error(n, "tracing", "expected a mapping (otlp_endpoint, sample_ratio, ...)"));
-  WEIR_TRY_VOID(core::check_keys(n, "tracing",
-                                 {"otlp_endpoint", "sample_ratio", "parent_based", "service_name", "resource",
-                                  "headers", "headers_env", "queue", "batch", "flush_interval", "timeout", "ca_file"}));
+  WEIR_TRY_VOID(
+      core::check_keys(n, "tracing",
+                       {"otlp_endpoint", "sample_ratio", "parent_based", "service_name", "resource", "headers",
+                        "headers_env", "queue", "batch", "flush_interval", "timeout", "ca_file", "priority"}));
   if (!n["otlp_endpoint"])
     return tl::unexpected(config_error(n, "tracing.otlp_endpoint", "missing (e.g. http://127.0.0.1:4318)"));
   WEIR_TRY(url, core::read_string(n["otlp_endpoint"], "tracing.otlp_endpoint"));
@@ -132,6 +133,10 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
     if (ms.count() < 1 || ms.count() > 60'000)
       return tl::unexpected(config_error(v, "tracing.flush_interval", "must be between 1ms and 60s"));
     c.flush_interval = ms;
+  }
+  if (auto v = n["priority"]) {
+    WEIR_TRY(i, core::read_choice(v, "tracing.priority", {"idle", "normal"}));
+    c.priority = i == 0 ? core::BatchThread::Priority::idle : core::BatchThread::Priority::normal;
   }
   if (auto v = n["timeout"]) {
     WEIR_TRY(ms, core::read_duration(v, "tracing.timeout"));

@@ -11,6 +11,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/batch_thread.hpp"
 #include "core/config.hpp"
 #include "core/yaml.hpp"
 
@@ -38,6 +39,8 @@ struct TracingConfig {
   std::chrono::milliseconds flush_interval{1000};  // the exporter wakes this often when short of a batch
   std::chrono::milliseconds timeout{10'000};       // one export: connect, send and answer
   std::string ca_file;                             // https:// endpoints: trusted CAs (PEM); empty = the system store
+  // The exporter thread's CPU priority (as request_log.priority): idle by default.
+  core::BatchThread::Priority priority = core::BatchThread::Priority::idle;
 };
 
 using GetEnv = const char* (*)(const char*);

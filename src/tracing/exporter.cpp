@@ -283,7 +283,7 @@ std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
 void Exporter::start() {
   last_report_ = SteadyClock::now();
   loop_.start(
-      "weir-tracing", config_.batch, config_.flush_interval,
+      "weir-tracing", config_.priority, config_.batch, config_.flush_interval,
       [this] {
         const std::size_t n = export_batch(SteadyClock::now() + config_.timeout * kMaxAttempts);
         report();

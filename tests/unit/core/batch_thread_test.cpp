@@ -16,10 +16,9 @@ using namespace std::chrono_literals;
 TEST(BatchThread, StepsUntilStoppedThenDrainsOnceWithTheDeadline) {
   BatchThread t;
   std::atomic<int> steps{0}, drains{0}, policy{-1};
-  std::atomic<bool> idle_waits{false};
   BatchThread::Clock::time_point seen{};
   t.start(
-      "weir-test", 4, 1ms,
+      "weir-test", BatchThread::Priority::idle, 4, 1ms,
       [&] {
         policy = sched_getscheduler(0);
         // Full batches at first (no wait between them), then short ones (a wait each).
@@ -47,7 +46,7 @@ TEST(BatchThread, StopWakesALongIdleWaitAndABackoff) {
   std::atomic<bool> stopped_backoff{false};
   std::atomic<int> steps{0};
   t.start(
-      "weir-test", 1, 1h,
+      "weir-test", BatchThread::Priority::idle, 1, 1h,
       [&] {
         if (++steps == 1) stopped_backoff = t.sleep_for(1h);  // a retry backoff, cut short by stop()
         return std::size_t{0};
@@ -58,6 +57,21 @@ TEST(BatchThread, StopWakesALongIdleWaitAndABackoff) {
   t.stop(BatchThread::Clock::now());
   EXPECT_LT(BatchThread::Clock::now() - t0, 30s);  // not the hour of either wait
   EXPECT_TRUE(stopped_backoff);
+}
+
+TEST(BatchThread, NormalPriorityKeepsTheWorkersPolicy) {
+  BatchThread t;
+  std::atomic<int> policy{-1};
+  t.start(
+      "weir-test", BatchThread::Priority::normal, 1, 1ms,
+      [&] {
+        policy = sched_getscheduler(0);
+        return std::size_t{0};
+      },
+      [](BatchThread::Clock::time_point) {});
+  while (policy == -1) std::this_thread::sleep_for(1ms);
+  t.stop(BatchThread::Clock::now());
+  EXPECT_EQ(policy, SCHED_OTHER);
 }
 
 TEST(BatchThread, SleepForWithoutAThreadWaitsItsTime) {

@@ -493,7 +493,7 @@ TEST(RequestLogConfigTest, ParsesAndChecks) {
   EXPECT_FALSE(none->has_value());
   auto full =
       parse(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1024, batch: 64, flush_interval: 20ms, "
-                        "retention: {{max_age: 7d, max_rows: 5000, interval: 10s}}}}\n",
+                        "retention: {{max_age: 7d, max_rows: 5000, interval: 10s}}, priority: normal}}\n",
                         dir.path.string()));
   ASSERT_TRUE(full) << full.error().to_string();
   const auto& c = **full;
@@ -504,12 +504,14 @@ TEST(RequestLogConfigTest, ParsesAndChecks) {
   EXPECT_EQ(c.max_age, std::chrono::hours(24 * 7));
   EXPECT_EQ(c.max_rows, 5000u);
   EXPECT_EQ(c.retention_interval, 10s);
+  EXPECT_EQ(c.priority, core::BatchThread::Priority::normal);
   auto defaults = parse(fmt::format("request_log: {{url: 'sqlite:{}/r.db'}}\n", dir.path.string()));
   ASSERT_TRUE(defaults);
   EXPECT_EQ((*defaults)->queue, 4096u);
   EXPECT_EQ((*defaults)->batch, 256u);
   EXPECT_EQ((*defaults)->flush_interval, 100ms);
   EXPECT_EQ((*defaults)->max_rows, 1'000'000u);
+  EXPECT_EQ((*defaults)->priority, core::BatchThread::Priority::idle);
   auto error = [&](const std::string& yaml) {
     auto r = parse(yaml);
     return r ? std::string("ok") : r.error().to_string();
@@ -555,6 +557,9 @@ TEST(RequestLogConfigTest, ParsesAndChecks) {
             std::string::npos);
   EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', batchh: 1}}\n", dir.path.string())), "ok");
   EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', queue: 1}}\n", dir.path.string())), "ok");
+  EXPECT_NE(error(fmt::format("request_log: {{url: 'sqlite:{}/r.db', priority: high}}\n", dir.path.string()))
+                .find(": request_log.priority: expected idle or normal"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -40,6 +40,7 @@ TEST(TracingConfigTest, DefaultsAndTheTracesPath) {
   EXPECT_EQ(c.batch, 256u);
   EXPECT_EQ(c.flush_interval, 1000ms);
   EXPECT_EQ(c.timeout, 10s);
+  EXPECT_EQ(c.priority, core::BatchThread::Priority::idle);
   // A URL with a path is used as written (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT's rule).
   auto p = parse("tracing: {otlp_endpoint: 'https://otel.example.com/api/v1/otlp/traces?x=1'}\n");
   ASSERT_TRUE(p);
@@ -61,7 +62,8 @@ TEST(TracingConfigTest, EveryKey) {
       "  queue: 512\n"
       "  batch: 64\n"
       "  flush_interval: 250ms\n"
-      "  timeout: 3s\n");
+      "  timeout: 3s\n"
+      "  priority: normal\n");
   ASSERT_TRUE(r) << r.error().to_string();
   const auto& c = **r;
   EXPECT_EQ(c.sample_ratio, 0.25);
@@ -76,6 +78,7 @@ TEST(TracingConfigTest, EveryKey) {
   EXPECT_EQ(c.batch, 64u);
   EXPECT_EQ(c.flush_interval, 250ms);
   EXPECT_EQ(c.timeout, 3s);
+  EXPECT_EQ(c.priority, core::BatchThread::Priority::normal);
 }
 
 TEST(TracingConfigTest, ErrorsNameTheKey) {
@@ -101,6 +104,8 @@ TEST(TracingConfigTest, ErrorsNameTheKey) {
             std::string::npos);
   EXPECT_NE(error("tracing: {otlp_endpoint: 'http://c:4318', ca_file: /etc/hostname}\n").find("https://"),
             std::string::npos);
+  EXPECT_EQ(error("tracing: {otlp_endpoint: 'http://c:4318', priority: 5}\n"),
+            "weir.yaml:1:53: tracing.priority: expected idle or normal");
   EXPECT_NE(error("tracing: [1]\n").find("expected a mapping"), std::string::npos);
 }
 
