@@ -183,10 +183,12 @@ bool Reloader::apply(std::string_view why) {
     std::string line;
     std::atomic<std::size_t> remaining;
   };
-  auto applied = std::make_shared<Applied>(&stats, &attempts_, attempts_, (*gen)->id,
+  // Braces, not make_shared's parentheses: Clang 14 (the sanitizer build) lacks P0960.
+  auto applied =
+      std::shared_ptr<Applied>(new Applied{&stats, &attempts_, attempts_, (*gen)->id,
                                            fmt::format("weir: {}: configuration reloaded from {} (generation {}): {}\n",
                                                        why, source_.file, (*gen)->id, changes),
-                                           shared_.workers.size());
+                                           shared_.workers.size()});
   auto on_all = [applied] {
     auto& st = *applied->stats;
     st.succeeded.fetch_add(1, std::memory_order_relaxed);
