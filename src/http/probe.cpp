@@ -54,13 +54,25 @@ Task<bool> probe_over(Stream& stream, const ProbeRequest& r) {
   co_return have >= 12 && line.starts_with("HTTP/1.") && line[8] == ' ' && line[9] == '2';
 }
 
-// The GET of fetch_text over `stream`; returns the status (0 on failure).
+// Says why fetch_text failed, when asked: `what` and the error, or that the
+// deadline passed (it closed the socket under the pending operation).
+void fail(const ProbeRequest& r, const Socket& sock, std::string_view what, const boost::system::error_code& ec) {
+  if (!r.failure) return;
+  *r.failure = sock.is_open() ? fmt::format("{}: {}", what, ec.message())
+                              : fmt::format("no answer within {} ms", r.timeout.count());
+}
+
+// The GET of fetch_text over `stream` (on `sock`); returns the status (0 on failure).
 template <class Stream>
-Task<int> fetch_over(Stream& stream, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes) {
-  const std::string req = probe_request(r, "weir-load", "text/plain");
+Task<int> fetch_over(Stream& stream, const Socket& sock, const ProbeRequest& r, std::string& body,
+                     const std::size_t& max_bytes) {
+  const std::string req = probe_request(r, r.user_agent, r.accept);
   auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(req), use_task);
   (void)wn;
-  if (wec) co_return 0;
+  if (wec) {
+    fail(r, sock, "request write failed", wec);
+    co_return 0;
+  }
   // Beast frames the answer (Content-Length, chunked or close-delimited) within max_bytes.
   boost::beast::flat_buffer buf;
   boost::beast::http::response_parser<boost::beast::http::string_body> parser;
@@ -68,7 +80,10 @@ Task<int> fetch_over(Stream& stream, const ProbeRequest& r, std::string& body, c
   auto [rec, rn] = co_await boost::beast::http::async_read(stream, buf, parser, use_task);
   (void)rn;
   // A TLS peer that closes without close_notify after a complete message is fine.
-  if (rec && !(is_tls_close(rec) && parser.is_done())) co_return 0;
+  if (rec && !(is_tls_close(rec) && parser.is_done())) {
+    fail(r, sock, "response read failed", rec);
+    co_return 0;
+  }
   body = std::move(parser.get().body());
   co_return parser.get().result_int();
 }
@@ -83,25 +98,33 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
   close_at_deadline(deadline, sock, r);
   int result = 0;
   auto [cec] = co_await sock->async_connect(r.addr, use_task);
+  if (cec || !sock->is_open()) fail(r, *sock, "cannot connect", cec);
   if (!cec && sock->is_open()) {
     if (r.tls.client) {
       TlsStream tls(*sock, r.tls.client->context());
       std::string error;
       if (!prepare_client(tls, r.tls, error)) {
         if (r.tls_error) *r.tls_error = error;
+        if (r.failure) *r.failure = error;
       } else {
         auto [hec] = co_await tls.stream.async_handshake(asio::ssl::stream_base::client, use_task);
         // (A handshake cut by the deadline closing the socket is a timeout, not a TLS verdict.)
-        if (hec && r.tls_error && sock->is_open()) *r.tls_error = handshake_failure_reason(tls, hec);
+        if (hec && sock->is_open()) {
+          error = handshake_failure_reason(tls, hec);
+          if (r.tls_error) *r.tls_error = error;
+          if (r.failure) *r.failure = "TLS handshake failed: " + error;
+        } else if (hec) {
+          fail(r, *sock, "TLS handshake failed", hec);
+        }
         if (!hec && body) {
-          result = co_await fetch_over(tls.stream, r, *body, max_bytes);
+          result = co_await fetch_over(tls.stream, *sock, r, *body, max_bytes);
         } else if (!hec) {
           const bool ok = co_await probe_over(tls.stream, r);
           result = ok ? 1 : 0;
         }
       }
     } else if (body) {
-      result = co_await fetch_over(*sock, r, *body, max_bytes);
+      result = co_await fetch_over(*sock, *sock, r, *body, max_bytes);
     } else {
       const bool ok = co_await probe_over(*sock, r);
       result = ok ? 1 : 0;

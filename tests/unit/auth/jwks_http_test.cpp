@@ -11,6 +11,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <fstream>
+#include <optional>
 
 #include "auth/jwks_cache.hpp"
 #include "jwt_test_util.hpp"
@@ -104,6 +105,20 @@ TEST(AuthJwksHttp, Non200AndGarbageAreFailures) {
   ASSERT_TRUE(run_until(ioc, [&] { return cache.stats().failures == 1; }));
   cache.stop();
   EXPECT_TRUE(cache.keys()->keys.empty());
+
+  // The source's own words, for the log: the status, a refused connection, an oversized document.
+  auto said = [&](const std::string& url) {
+    std::optional<std::string> err;
+    auto src = make_http_jwks_source(ioc, url, 2s);
+    src->fetch([&](JwksSource::Result r) { err = r ? "ok" : r.error(); });
+    EXPECT_TRUE(run_until(ioc, [&] { return err.has_value(); }));
+    return err.value_or("");
+  };
+  EXPECT_EQ(said(server.url()), "JWKS endpoint answered 503");
+  server.stop();
+  EXPECT_EQ(said(server.url()).rfind("JWKS fetch failed: cannot connect: ", 0), 0u);
+  JwksServer big(ioc, std::string(2 << 20, ' '));
+  EXPECT_EQ(said(big.url()).rfind("JWKS fetch failed: response read failed: ", 0), 0u);
 
   std::string err;
   auto bad = make_http_jwks_source(ioc, "http://user:pw@127.0.0.1:1/x", 1s);
