@@ -82,7 +82,8 @@ void BM_Tracing_RecordSampledRequest(benchmark::State& state) {
   ctx.t_first_token = t0 + std::chrono::milliseconds(91);
   ctx.t_upstream_sent = t0 + std::chrono::microseconds(150);
   ctx.t_upstream_done = t0 + std::chrono::milliseconds(1900);
-  auto& t = ctx.trace;
+  ctx.trace = std::make_unique<gateway::TraceState>();
+  auto& t = *ctx.trace;
   t.on = t.sampled = true;
   t.trace_id = ids.trace_id();
   t.span_id = ids.span_id();

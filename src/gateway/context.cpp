@@ -63,7 +63,7 @@ void RequestContext::reset() {
   events = 0;
   t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
   added_us = 0;
-  trace.reset();
+  if (trace) trace->reset();
   capture = false;
   captured_request.clear();
   captured_response.clear();

@@ -147,10 +147,10 @@ struct RequestContext {
   std::uint8_t attempt_count = 0;
   void record_attempt(const AttemptRecord& a) {
     if (attempt_count >= kMaxAttemptRecords) return;
-    if (trace.sampled) {
-      trace.attempt_ids[attempt_count] = trace.attempt_span;
-      trace.attempt_end[attempt_count] = core::now();
-      trace.attempt_span = {};  // the next attempt sends a new one
+    if (trace_sampled()) {
+      trace->attempt_ids[attempt_count] = trace->attempt_span;
+      trace->attempt_end[attempt_count] = core::now();
+      trace->attempt_span = {};  // the next attempt sends a new one
     }
     attempt_log[attempt_count++] = a;
   }
@@ -198,7 +198,12 @@ struct RequestContext {
   } resume;
 
   // --- tracing (tracing:) ---
-  TraceState trace;
+  // Made by begin_trace for the connection's first traced request and kept
+  // for its next; null while tracing is off, so an open stream does not
+  // carry its ~340 bytes (memory per open stream).
+  std::unique_ptr<TraceState> trace;
+  bool trace_on() const { return trace && trace->on; }            // ids made, traceparent goes upstream
+  bool trace_sampled() const { return trace && trace->sampled; }  // spans recorded and exported
 
   // --- request_log.capture_bodies: this request's bodies, when its tenant opted in ---
   bool capture = false;

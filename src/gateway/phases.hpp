@@ -33,10 +33,9 @@ std::size_t trace_span_count(const RequestContext& ctx);
 
 class GatewayPhases final : public Phases {
  public:
-  // `member`: the session's micro-batch seat; null = never batched (tests).
-  GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange,
-                batching::BatchMember* member = nullptr)
-      : w_(w), down_(down), exchange_(exchange), member_(member) {}
+  // `batching`: the session may join micro-batches (pools.X.batch); false = never batched (tests).
+  GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange, bool batching = false);
+  ~GatewayPhases();
 
   core::Task<Outcome> read(RequestContext& ctx) override;
   core::Task<Outcome> authenticate(RequestContext& ctx) override;
@@ -179,7 +178,7 @@ class GatewayPhases final : public Phases {
   // decision (parent-based, else tracing.sample_ratio).
   void begin_trace(RequestContext& ctx);
   // A new span id for the upstream attempt about to start, and the
-  // traceparent it sends (ctx.trace.traceparent).
+  // traceparent it sends (ctx.trace->traceparent).
   void begin_attempt_trace(RequestContext& ctx);
   // A sampled request's spans into the worker's trace queue (or counted
   // dropped when it is full); `end` is the end of the request span.
@@ -198,7 +197,10 @@ class GatewayPhases final : public Phases {
   Worker& w_;
   http::Downstream& down_;
   http::UpstreamExchange& exchange_;
-  batching::BatchMember* member_;
+  bool batching_;
+  // The session's micro-batch seat, made when its first request reaches a
+  // batching pool: other sessions carry a null pointer, not ~570 bytes.
+  std::unique_ptr<batching::BatchMember> member_;
 };
 
 }  // namespace weir::gateway

@@ -11,27 +11,27 @@ core::Task<void> run_pipeline(Phases& p, RequestContext& ctx) {
   try {
     o = co_await p.read(ctx);
     if (o.goes_on()) {
-      const auto t0 = ctx.trace.sampled ? core::now() : core::TimePoint{};
+      const auto t0 = ctx.trace_sampled() ? core::now() : core::TimePoint{};
       o = co_await p.authenticate(ctx);
       // A span when credentials were checked (auth configured, a route that needs it).
-      if (ctx.trace.sampled && (ctx.principal || o.is_failed())) {
-        ctx.trace.auth_span = true;
-        ctx.trace.auth_start = t0;
-        ctx.trace.auth_end = core::now();
-        ctx.trace.auth_error = o.is_failed();
+      if (ctx.trace_sampled() && (ctx.principal || o.is_failed())) {
+        ctx.trace->auth_span = true;
+        ctx.trace->auth_start = t0;
+        ctx.trace->auth_end = core::now();
+        ctx.trace->auth_error = o.is_failed();
       }
     }
     if (o.goes_on()) o = p.parse(ctx);
     if (o.goes_on()) o = p.route(ctx);
     if (o.goes_on()) {
-      const auto t0 = ctx.trace.sampled ? core::now() : core::TimePoint{};
+      const auto t0 = ctx.trace_sampled() ? core::now() : core::TimePoint{};
       o = co_await p.admit(ctx);
       // A span when admission ran (a principal: limits, budgets, the allow-list).
-      if (ctx.trace.sampled && ctx.principal) {
-        ctx.trace.admit_span = true;
-        ctx.trace.admit_start = t0;
-        ctx.trace.admit_end = core::now();
-        ctx.trace.admit_error = o.is_failed();
+      if (ctx.trace_sampled() && ctx.principal) {
+        ctx.trace->admit_span = true;
+        ctx.trace->admit_start = t0;
+        ctx.trace->admit_end = core::now();
+        ctx.trace->admit_error = o.is_failed();
       }
     }
     if (o.goes_on()) o = co_await p.respond(ctx);

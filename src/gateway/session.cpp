@@ -9,8 +9,7 @@ Session::Session(Worker& w, http::Socket sock)
       config_(w.generation()->shared->config),
       down_(std::move(sock), config_->server, &w.metrics().bytes_out),
       exchange_(w.io().get_executor(), w.stream_read_buffer()),
-      member_(w.io().get_executor()),
-      phases_(w, down_, exchange_, &member_) {
+      phases_(w, down_, exchange_, /*batching=*/true) {
   down_.set_listener(this);
   w_.add_session(this);
   ++w_.metrics().active_connections;

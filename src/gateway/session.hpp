@@ -7,7 +7,6 @@
 
 #include <memory>
 
-#include "batching/batch.hpp"
 #include "gateway/context.hpp"
 #include "gateway/phases.hpp"
 #include "http/downstream.hpp"
@@ -48,8 +47,7 @@ class Session final : private http::Downstream::Listener {
   // when it starts).
   std::shared_ptr<const core::Config> config_;
   http::Downstream down_;
-  http::Exchange exchange_;       // the direct upstream exchange, reused by each request
-  batching::BatchMember member_;  // the request's place in a micro-batch (pools.X.batch)
+  http::Exchange exchange_;  // the direct upstream exchange, reused by each request
   RequestContext ctx_;
   GatewayPhases phases_;
 };

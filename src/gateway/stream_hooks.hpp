@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -56,12 +57,18 @@ class StreamHooks {
   void reset(const Setup& s) {
     usage_.reset(s.strip_usage);
     const Mode m = mode_of(s.client, s.upstream);
-    if (m == Mode::anthropic || mode_ == Mode::anthropic) anthropic_.reset();
-    if (s.client == Translation::responses || mode_ == Mode::responses || mode_ == Mode::responses_from_anthropic)
-      responses_.reset(s.echo, s.request_id, s.model);
-    if (s.upstream == UpstreamDialect::anthropic) {
-      upstream_.reset(s.client == Translation::responses || s.include_usage, s.created);
-      passthrough_.reset();
+    // The translators are made on the connection's first translated stream
+    // and kept for its next: a plain stream carries a null pointer, not
+    // their ~600 bytes (memory per open stream).
+    if (m != Mode::plain && !tr_) tr_ = std::make_unique<Translators>();
+    if (tr_) {
+      if (m == Mode::anthropic || mode_ == Mode::anthropic) tr_->anthropic.reset();
+      if (s.client == Translation::responses || mode_ == Mode::responses || mode_ == Mode::responses_from_anthropic)
+        tr_->responses.reset(s.echo, s.request_id, s.model);
+      if (s.upstream == UpstreamDialect::anthropic) {
+        tr_->upstream.reset(s.client == Translation::responses || s.include_usage, s.created);
+        tr_->passthrough.reset();
+      }
     }
     mode_ = m;
     done_relayed_ = false;
@@ -89,35 +96,35 @@ class StreamHooks {
         // (a comment too, though it is no data event).
         out += ev.raw;
         if (!ev.has_data) return false;
-        passthrough_.on_data(ev.data);
-        if (passthrough_.has_usage()) usage_.set(passthrough_.usage());
-        done_relayed_ = passthrough_.ended();
+        tr_->passthrough.on_data(ev.data);
+        if (tr_->passthrough.has_usage()) usage_.set(tr_->passthrough.usage());
+        done_relayed_ = tr_->passthrough.ended();
         break;
       case Mode::chat_from_anthropic: {
         if (!ev.has_data) return false;
         ChatSink sink{out};
-        upstream_.on_data(ev.data, sink);
+        tr_->upstream.on_data(ev.data, sink);
         after_upstream();
-        done_relayed_ = upstream_.ended();
+        done_relayed_ = tr_->upstream.ended();
         break;
       }
       case Mode::responses_from_anthropic: {
         if (!ev.has_data) return false;
-        ResponsesSink sink{responses_, out};
-        upstream_.on_data(ev.data, sink);
+        ResponsesSink sink{tr_->responses, out};
+        tr_->upstream.on_data(ev.data, sink);
         after_upstream();
-        done_relayed_ = responses_.ended();
+        done_relayed_ = tr_->responses.ended();
         break;
       }
       default:
         if (!ev.has_data) return false;  // upstream comments and blank blocks are not the client's
         if (!ev.is_done()) (void)usage_.on_data(ev.data);
         if (mode_ == Mode::responses) {
-          responses_.on_data(ev.data, out);
-          done_relayed_ = responses_.ended();
+          tr_->responses.on_data(ev.data, out);
+          done_relayed_ = tr_->responses.ended();
         } else {
-          anthropic_.on_data(ev.data, out);
-          done_relayed_ = anthropic_.ended();
+          tr_->anthropic.on_data(ev.data, out);
+          done_relayed_ = tr_->anthropic.ended();
         }
         break;
     }
@@ -129,30 +136,30 @@ class StreamHooks {
   void finish(std::string& out) {
     switch (mode_) {
       case Mode::responses:
-        responses_.finish(out);
-        done_relayed_ = responses_.ended();
+        tr_->responses.finish(out);
+        done_relayed_ = tr_->responses.ended();
         return;
       case Mode::anthropic:
-        anthropic_.finish(out);
-        done_relayed_ = anthropic_.ended();
+        tr_->anthropic.finish(out);
+        done_relayed_ = tr_->anthropic.ended();
         return;
       case Mode::anthropic_passthrough:
         // A body that ends before message_stop was cut short: say so, as Anthropic would.
-        if (!passthrough_.ended())
+        if (!tr_->passthrough.ended())
           append_anthropic_error(out, 502, "The upstream stream ended before the message was complete.");
         done_relayed_ = true;
         return;
       case Mode::chat_from_anthropic: {
         ChatSink sink{out};
-        upstream_.finish(sink);
-        done_relayed_ = upstream_.ended();
+        tr_->upstream.finish(sink);
+        done_relayed_ = tr_->upstream.ended();
         return;
       }
       case Mode::responses_from_anthropic: {
-        ResponsesSink sink{responses_, out};
-        upstream_.finish(sink);
-        responses_.finish(out);
-        done_relayed_ = responses_.ended();
+        ResponsesSink sink{tr_->responses, out};
+        tr_->upstream.finish(sink);
+        tr_->responses.finish(out);
+        done_relayed_ = tr_->responses.ended();
         return;
       }
       case Mode::plain:
@@ -166,16 +173,19 @@ class StreamHooks {
     switch (mode_) {
       case Mode::responses:
       case Mode::responses_from_anthropic:
-        responses_.fail(status, message, out);
-        done_relayed_ = responses_.ended();
+        tr_->responses.fail(status, message, out);
+        done_relayed_ = tr_->responses.ended();
         return;
       case Mode::anthropic_passthrough:
-        if (!passthrough_.ended()) append_anthropic_error(out, status, message);
+        if (!tr_->passthrough.ended()) append_anthropic_error(out, status, message);
         done_relayed_ = true;
         return;
-      default:
-        anthropic_.fail(status, message, out);
-        done_relayed_ = anthropic_.ended();
+      case Mode::plain:
+      case Mode::chat_from_anthropic:
+        return;  // an OpenAI chat client: gateway/phases fail() writes its in-band error
+      case Mode::anthropic:
+        tr_->anthropic.fail(status, message, out);
+        done_relayed_ = tr_->anthropic.ended();
         return;
     }
   }
@@ -233,7 +243,7 @@ class StreamHooks {
                : UpstreamDialect::openai;
   }
   void after_upstream() {
-    if (upstream_.has_usage()) usage_.set(upstream_.usage());
+    if (tr_->upstream.has_usage()) usage_.set(tr_->upstream.usage());
   }
   static void append_anthropic_error(std::string& out, int status, std::string_view message) {
     out += "event: error\ndata: ";
@@ -258,11 +268,15 @@ class StreamHooks {
     std::string& out;
   };
 
+  struct Translators {
+    api::anthropic::StreamTranslator anthropic;
+    api::responses::StreamTranslator responses;
+    api::anthropic::UpstreamStreamTranslator upstream;
+    api::anthropic::PassthroughObserver passthrough;
+  };
+
   api::openai::UsageHook usage_;
-  api::anthropic::StreamTranslator anthropic_;
-  api::responses::StreamTranslator responses_;
-  api::anthropic::UpstreamStreamTranslator upstream_;
-  api::anthropic::PassthroughObserver passthrough_;
+  std::unique_ptr<Translators> tr_;  // set whenever mode_ is not plain
   Mode mode_ = Mode::plain;
   bool done_relayed_ = false;
   std::uint32_t data_events_ = 0;

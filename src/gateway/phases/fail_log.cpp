@@ -141,7 +141,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   // A scrape every few seconds would drown the log: /metrics counts in the
   // metrics, writes no line and stores no record.
   if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
-  if (ctx.trace.sampled) push_trace(ctx, end);
+  if (ctx.trace_sampled()) push_trace(ctx, end);
   if (ctx.capture) {
     // Captured bodies were copied into the record's slot: an idle keep-alive
     // connection holds none (up to max_request_bytes + max_response_bytes each otherwise).

@@ -262,11 +262,17 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   return respond_buffered(ctx);
 }
 
+GatewayPhases::GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange, bool batching)
+    : w_(w), down_(down), exchange_(exchange), batching_(batching) {}
+
+GatewayPhases::~GatewayPhases() = default;
+
 bool GatewayPhases::join_batch(RequestContext& ctx) {
-  if (member_ == nullptr || ctx.fallback_step != 0) return false;
+  if (!batching_ || ctx.fallback_step != 0) return false;
   if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
   auto* batcher = ctx.gen->batcher(ctx.target.pool);
   if (batcher == nullptr) return false;
+  if (!member_) member_ = std::make_unique<batching::BatchMember>(w_.io().get_executor());
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   if (prepare_upstream_body(ctx)) return false;
   std::optional<std::string_view> prompt;
@@ -292,10 +298,10 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
     continuous = member_is("continuous_usage_stats", "true");
   }
   const auto& req = down_.request();
-  if (ctx.trace.on) {
+  if (ctx.trace_on()) {
     // The batch's upstream request carries its first member's traceparent.
     begin_attempt_trace(ctx);
-    if (ctx.trace.sampled) ctx.trace.batch_join = core::now();
+    if (ctx.trace->sampled) ctx.trace->batch_join = core::now();
   }
   const batching::BatchMember::Request r{
       .head = &req,
@@ -307,8 +313,8 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
       .include_usage = ctx.stream && include_usage,
       .continuous_usage = ctx.stream && continuous,
       .strip_credentials = strip_credentials,
-      .traceparent = ctx.trace.on ? ctx.trace.traceparent_view() : std::string_view(),
-      .tracestate = ctx.trace.tracestate};
+      .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
+      .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view()};
   if (prompt)
     batcher->join(*member_, r);
   else
@@ -866,7 +872,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     if (ctx.head.capacity() <= sizeof(std::string)) ctx.head = w_.take_buffer();  // a stream gave it back
     ctx.head.clear();
     // W3C Trace Context upstream: the request's trace, a new span id per attempt.
-    if (ctx.trace.on) begin_attempt_trace(ctx);
+    if (ctx.trace_on()) begin_attempt_trace(ctx);
     http::append_upstream_request_head(
         ctx.head, req,
         http::UpstreamHeadOptions{
@@ -884,8 +890,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             .strip_credentials = anthropic || !pc.api_key.empty() || w_.authenticator() != nullptr,
             .anthropic = anthropic,
             .body_decoded = ctx.body_decoded,
-            .traceparent = ctx.trace.on ? ctx.trace.traceparent_view() : std::string_view(),
-            .tracestate = ctx.trace.tracestate,
+            .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
+            .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
         });
     ctx.t_upstream_sent = core::now();
     added += core::micros_between(t0, ctx.t_upstream_sent);

@@ -44,7 +44,8 @@ bool GatewayPhases::traced(RouteKind r) {
 
 void GatewayPhases::begin_trace(RequestContext& ctx) {
   tracing::Exporter* tracer = w_.tracer();
-  auto& t = ctx.trace;
+  if (!ctx.trace) ctx.trace = std::make_unique<TraceState>();
+  auto& t = *ctx.trace;
   t.on = true;
   const auto& req = down_.request();
   // Exactly one traceparent line (§3.2: several make it invalid); any other case starts a new trace.
@@ -81,7 +82,7 @@ void GatewayPhases::begin_trace(RequestContext& ctx) {
 }
 
 void GatewayPhases::begin_attempt_trace(RequestContext& ctx) {
-  auto& t = ctx.trace;
+  auto& t = *ctx.trace;  // trace_on()
   t.attempt_span = w_.trace_ids().span_id();
   tracing::format_traceparent(t.traceparent, t.trace_id, t.attempt_span, t.sampled);
 }
@@ -99,7 +100,7 @@ void GatewayPhases::push_trace(RequestContext& ctx, core::TimePoint end) {
 }
 
 std::size_t trace_span_count(const RequestContext& ctx) {
-  const auto& t = ctx.trace;
+  const auto& t = *ctx.trace;  // trace_sampled()
   return 1 + t.auth_span + t.admit_span + (t.batch_join != core::TimePoint{}) + ctx.attempt_count +
          (ctx.t_first_byte != core::TimePoint{});
 }
@@ -108,7 +109,7 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
                        tracing::IdGenerator& ids, core::TimePoint end, std::chrono::system_clock::time_point wall,
                        std::uint64_t bytes_out) {
   tracing::TraceRecord* r = &rec;
-  const auto& t = ctx.trace;
+  const auto& t = *ctx.trace;  // trace_sampled()
   const bool batched = t.batch_join != core::TimePoint{};
   const bool responded = ctx.t_first_byte != core::TimePoint{};
   const auto t0 = ctx.t_start;
