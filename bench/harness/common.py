@@ -50,26 +50,29 @@ ALLOCATORS = {"jemalloc": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2",
               "mimalloc": "/usr/lib/x86_64-linux-gnu/libmimalloc.so.2"}
 
 
-def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-baseline") -> list[Target]:
-    """Weir variants measured beside build/bin/weir with the same `config`, in the same rounds: the
-    --baseline-bin weir ('weir (baseline)') and build/bin/weir under each --allocators malloc
-    ('weir (jemalloc)', ...). Empty when neither option was given."""
+def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-baseline",
+                     headers: list[str] | None = None) -> list[Target]:
+    """Weir variants measured beside build/bin/weir with the same `config` (and client `headers`), in the same
+    rounds: the --baseline-bin weir ('weir (baseline)'), build/bin/weir under each --allocators malloc
+    ('weir (jemalloc)', ...), and the --request-log and --tracing twins. Empty when no option asked for one."""
     from targets import start_weir
     out = []
     if env.baseline:
-        t = start_weir(env, "weir (baseline)", config, tag=tag, binary=str(env.baseline), name="weir-baseline")
+        t = start_weir(env, "weir (baseline)", config, tag=tag, binary=str(env.baseline), name="weir-baseline",
+                       headers=headers)
         report.add_meta("weir (baseline)", t.version or str(env.baseline))
         out.append(t)
     for a in env.allocators:
         t = start_weir(env, f"weir ({a})", config, tag=f"{tag}-{a}", name=f"weir-{a}",
-                       extra_env={"LD_PRELOAD": ALLOCATORS[a]})
+                       extra_env={"LD_PRELOAD": ALLOCATORS[a]}, headers=headers)
         report.add_meta(f"weir ({a})", f"build/bin/weir with LD_PRELOAD={ALLOCATORS[a]}")
         out.append(t)
     if env.request_log:
         # The same config with every request's record stored in SQLite (a fresh file per run).
         cfg = json.loads(json.dumps(config))
         cfg["request_log"] = {"url": f"sqlite:{env.work / (tag + '-requests.db')}"}
-        t = start_weir(env, "weir (request log)", cfg, tag=f"{tag}-requestlog", name="weir-requestlog")
+        t = start_weir(env, "weir (request log)", cfg, tag=f"{tag}-requestlog", name="weir-requestlog",
+                       headers=headers)
         report.add_meta("weir (request log)", "build/bin/weir with request_log: {url: sqlite:WORK/requests.db} "
                         "(queue 4096, batch 256, flush 100ms)")
         out.append(t)
@@ -79,7 +82,7 @@ def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-ba
         sink, sink_url = start_otlp_sink(env, f"{tag}-otlp-sink")
         cfg = json.loads(json.dumps(config))
         cfg["tracing"] = {"otlp_endpoint": sink_url, "sample_ratio": 1.0}
-        t = start_weir(env, "weir (tracing)", cfg, tag=f"{tag}-tracing", name="weir-tracing")
+        t = start_weir(env, "weir (tracing)", cfg, tag=f"{tag}-tracing", name="weir-tracing", headers=headers)
         t.companions.append(sink)
         t.sink_url = sink_url + "/"
         report.add_meta("weir (tracing)", "build/bin/weir with tracing: {otlp_endpoint: a sink on the load CPU, "

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import configs
 import measure
-from common import (PRETTY, Options, added_cell, fmt_ratio, gateway_failed, live, ms, ratio, sat_text, start_peers,
-                    stop_targets)
+from common import (PRETTY, Options, added_cell, baseline_targets, fmt_ratio, gateway_failed, live, ms, ratio,
+                    sat_text, start_peers, stop_targets, twin_notes)
 from loadgen import Load
 from measure import agg
 from report import Report, table
@@ -28,8 +28,9 @@ def run(env: Env, opts: Options) -> Report:
                  "(Weir routes each to its pool)")
     jwks, token = configs.make_jwt(env.work)
     access_log = env.work / "weir-access.log"
+    auth = [f"Authorization: Bearer {token}"]
     weir = start_weir(env, "weir (all controls)", configs.all_controls(mock.url, jwks, str(access_log)),
-                      tag="weir-seed000", headers=[f"Authorization: Bearer {token}"])
+                      tag="weir-seed000", headers=auth)
     rep.add_meta("weir", f"{weir.version}; --workers 1; JWT RS256 against a JWKS file (cached key set, "
                  "verified-token cache), tenant lookup, tenant rate limits (requests, tokens), stream cap and "
                  "budget set never to trip, pricing, four pools by model name, access log on (a file)")
@@ -38,14 +39,17 @@ def run(env: Env, opts: Options) -> Report:
     for k in ("auth", "tenants", "pricing"):
         bare_cfg.pop(k)
     bare = start_weir(env, "weir (no controls)", bare_cfg, tag="weir-seed000-bare")
-    targets = [direct(mock), weir, bare] + start_peers(env, opts, mock, rep)
+    # --baseline-bin, --allocators, --request-log, --tracing: variants of the all-controls gateway, same rounds.
+    variants = baseline_targets(env, configs.all_controls(mock.url, jwks, str(env.work / "weir-variant-access.log")),
+                                rep, tag="weir-seed000-variant", headers=auth)
+    targets = [direct(mock), weir, bare] + variants + start_peers(env, opts, mock, rep)
 
     tokens = 16 if env.smoke else 128     # smoke: short streams, the harness is checked, not the numbers
     seed_lines = [configs.chat_body(m, tokens) for m in configs.SEED_MODELS]
     peer_line = [configs.chat_body("{model}", tokens)]
 
     def load_for(t) -> Load:
-        lines = seed_lines if t.name in ("weir", "direct") else peer_line
+        lines = seed_lines if t.name == "direct" or t.name.startswith("weir") else peer_line
         return Load(rate=rate, duration=duration, warmup=warmup, payload_lines=lines, timeout=15,
                     stall_ms=1000)
 
@@ -77,6 +81,7 @@ def run(env: Env, opts: Options) -> Report:
         if weir.label in dropped:
             stop_reason = f"Weir saturated at {rate} req/s"
             break
+    twin_notes(targets, rep)
     stop_targets(targets)
     mock.stop()
 
