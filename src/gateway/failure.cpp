@@ -59,6 +59,17 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
       return core::upstream_unavailable(upstream_message(who, fmt::format("sent an invalid HTTP response{}", when)));
     case http::UpstreamFailure::breaker_open:
       return pool_unavailable(who, 1);
+    case http::UpstreamFailure::local_resources: {
+      core::Error e;
+      e.source = core::ErrorSource::internal;
+      e.status = 503;
+      e.type = "server_error";
+      e.code = "gateway_overloaded";
+      e.message = upstream_message(who, "right now: it is out of file descriptors or local ports",
+                                   "The gateway cannot open a connection to upstream");
+      e.retry_after_s = 1;
+      return e;
+    }
     default:
       return core::upstream_unavailable(upstream_message(who, fmt::format("closed the connection{}", when)));
   }

@@ -243,7 +243,8 @@ class MetricsShard {
   // weir_upstream_failures_total{pool,endpoint,kind}: failures the upstream
   // caused (not Weir's own cancels), of the endpoint in slot `slot`.
   void count_upstream_failure_at(std::size_t slot, http::UpstreamFailure f) {
-    if (http::is_upstream_fault(f) && slot < attempts_.size()) ++upstream_failures_[slot * kFailureKinds + kind_of(f)];
+    if ((http::is_upstream_fault(f) || f == http::UpstreamFailure::local_resources) && slot < attempts_.size())
+      ++upstream_failures_[slot * kFailureKinds + kind_of(f)];
   }
   // The same by config pool and endpoint index, through this shard's labels
   // (for a request of an older generation use the *_at forms with its slots).

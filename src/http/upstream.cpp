@@ -33,6 +33,8 @@ std::string_view to_string(UpstreamFailure f) {
       return "cancelled";
     case UpstreamFailure::breaker_open:
       return "breaker_open";
+    case UpstreamFailure::local_resources:
+      return "local_resources";
     case UpstreamFailure::count_:
       break;
   }
@@ -128,6 +130,11 @@ Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, co
     c.watchdog().disarm();
     if (c.aborted_for() == UpstreamFailure::timeout) co_return UpstreamFailure::connect_timeout;
     if (c.aborted_for() == UpstreamFailure::cancelled) co_return UpstreamFailure::cancelled;
+    // socket(2) or connect(2) failing for want of Weir's own resources (ports: connect(2)).
+    if (ec == boost::asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system ||
+        ec == boost::asio::error::no_buffer_space || ec == boost::asio::error::no_memory ||
+        ec == boost::system::errc::address_not_available)
+      co_return UpstreamFailure::local_resources;
     co_return UpstreamFailure::connect_refused;
   }
   boost::system::error_code ignored;

@@ -28,14 +28,19 @@ enum class UpstreamFailure : std::uint8_t {
   tls,              // TLS handshake or certificate verification failed → 502, like a refused connect
   cancelled,        // Weir closed it (client left) — not the upstream's fault
   breaker_open,     // no attempt: every endpoint of the pool is open (routing/health.hpp) → 503 + Retry-After
+  // Weir could not open a socket: out of descriptors (EMFILE, ENFILE),
+  // buffers or memory, or local ports (EADDRNOTAVAIL) → 503 + Retry-After;
+  // Weir's shortage, never held against the endpoint.
+  local_resources,
   count_,
 };
 
 // The label of a failure kind (metrics, logs): "connect_refused", "reset", ...
 std::string_view to_string(UpstreamFailure f);
-// True for a failure the upstream caused (none and cancelled are not).
+// True for a failure the upstream caused (none, cancelled and local_resources are not).
 constexpr bool is_upstream_fault(UpstreamFailure f) {
-  return f != UpstreamFailure::none && f != UpstreamFailure::cancelled && f != UpstreamFailure::count_;
+  return f != UpstreamFailure::none && f != UpstreamFailure::cancelled && f != UpstreamFailure::local_resources &&
+         f != UpstreamFailure::count_;
 }
 
 class TlsClient;  // http/tls.hpp

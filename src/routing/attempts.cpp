@@ -56,7 +56,13 @@ Attempts::~Attempts() {
   if (trial_) pool_.end_trial(endpoint_);
 }
 
-bool Attempts::on_connect_failure(http::UpstreamFailure /*f*/, Clock::time_point now) {
+bool Attempts::on_connect_failure(http::UpstreamFailure f, Clock::time_point now) {
+  if (f == http::UpstreamFailure::local_resources) {
+    // Weir's own shortage: no verdict on the endpoint, and another would fare no better.
+    if (trial_) pool_.end_trial(endpoint_);
+    trial_ = false;
+    return false;
+  }
   ++connects_;
   pool_.report_connect_failure(endpoint_, now, trial_);
   trial_ = false;

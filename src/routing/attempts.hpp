@@ -79,6 +79,8 @@ class Attempts {
   // out): ejects the endpoint. True when another endpoint may take the
   // request (nothing was sent anywhere), which becomes endpoint(). Every
   // endpoint is tried once per request; this costs no retry budget.
+  // local_resources (Weir out of descriptors or ports) ejects nothing and
+  // returns false.
   bool on_connect_failure(http::UpstreamFailure f, Clock::time_point now);
   // The connection was opened.
   void on_connected();

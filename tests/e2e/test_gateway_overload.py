@@ -6,6 +6,8 @@ shedding; the per-request deadline (x-weir-timeout-ms) across queueing, retries 
 from __future__ import annotations
 
 import hashlib
+import os
+import resource
 import shutil
 import subprocess
 import threading
@@ -201,3 +203,40 @@ def test_the_deadline_header_bounds_queueing_retries_and_streams(mock, weir):
     entries = w.wait_log(lambda es: len(es) >= 9)
     assert [e["status"] for e in entries] == [504, 504, 504, 499, 200, 400, 400, 400, 400]
     assert [entries[i]["error"]["code"] for i in (0, 1, 2, 4)] == ["deadline_exceeded"] * 4
+
+
+def lowest_free_fd(pid: int) -> int:
+    used = {int(n) for n in os.listdir(f"/proc/{pid}/fd")}
+    return next(i for i in range(len(used) + 1) if i not in used)
+
+
+def test_out_of_descriptors_is_the_gateways_503_and_never_held_against_the_endpoint(mock, weir):
+    # Weir cannot open an upstream socket (EMFILE): a 503 of its own with Retry-After, the attempt in the
+    # access log, and the endpoint neither ejected nor counted as refusing: the next request goes through.
+    m = mock(*FAST)
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url], "max_idle_per_endpoint": 0}},
+                     "models": {"mock-model": {"pool": "p"}}}, workers=1)
+    c = httpx.Client(base_url=w.base_url, timeout=10)  # one kept-alive connection: no new descriptor to serve it
+    assert c.post("/v1/chat/completions", json=chat("mock-model")).status_code == 200
+    pid = w.process.pid
+    soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
+    # Every descriptor below the limit is taken: the next socket(2) fails with EMFILE.
+    resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free_fd(pid), hard))
+    try:
+        for stream in (False, True):
+            r = c.post("/v1/chat/completions", json=chat("mock-model", stream=stream))
+            assert r.status_code == 503, r.text
+            assert r.headers["retry-after"] == "1"
+            err = r.json()["error"]
+            assert err["code"] == "gateway_overloaded" and err["type"] == "server_error", err
+            assert "out of file descriptors" in err["message"] and m.base_url not in err["message"], err
+    finally:
+        resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, hard))
+    assert c.post("/v1/chat/completions", json=chat("mock-model")).status_code == 200
+    entries = w.wait_log(lambda es: len(es) >= 4)
+    failed = [e for e in entries if e["status"] == 503]
+    assert len(failed) == 2, entries
+    for e in failed:
+        assert e["error"] == {"source": "internal", "code": "gateway_overloaded"}, e
+    assert w.metric("weir_upstream_failures_total", kind="local_resources") == 2
+    assert w.metric("weir_upstream_failures_total", kind="connect_refused") == 0
