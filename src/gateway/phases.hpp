@@ -35,7 +35,7 @@ class GatewayPhases final : public Phases {
  public:
   // `batching`: the session may join micro-batches (pools.X.batch); false = never batched (tests).
   GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange, bool batching = false);
-  ~GatewayPhases();
+  ~GatewayPhases() override;
 
   core::Task<Outcome> read(RequestContext& ctx) override;
   core::Task<Outcome> authenticate(RequestContext& ctx) override;
