@@ -126,6 +126,7 @@ TEST(GatewayMetricsShard, UpstreamFailuresByKindAndCancelsAreNotCounted) {
   for (int i = 0; i < 3; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::reset);
   for (int i = 0; i < 4; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::protocol);
   for (int i = 0; i < 2; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::tls);
+  m.count_upstream_failure(0, 0, UpstreamFailure::local_resources);  // Weir's shortage: counted, by its own kind
   m.count_upstream_failure(0, 0, UpstreamFailure::cancelled);
   m.count_upstream_failure(0, 0, UpstreamFailure::none);
   m.count_upstream_failure(0, 1, UpstreamFailure::reset);  // no such endpoint: ignored
@@ -140,9 +141,10 @@ TEST(GatewayMetricsShard, UpstreamFailuresByKindAndCancelsAreNotCounted) {
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"reset\""), 3);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"protocol\""), 4);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"tls\""), 2);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"local_resources\""), 1);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"cancelled\""), -1);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"none\""), -1);
-  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 6u);
+  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 7u);
 }
 
 TEST(GatewayMetricsShard, EveryFailureKindIsRenderedEvenAtZero) {
@@ -419,7 +421,7 @@ TEST(GatewayMetricsShard, AttemptsAndFailuresByPoolAndEndpointAsConfigured) {
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", p1 + ",kind=\"reset\""), 1);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", p0 + ",kind=\"reset\""), 0);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", q0 + ",kind=\"connect_refused\""), 1);
-  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 18u);  // 3 endpoints x 6 kinds
+  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 21u);  // 3 endpoints x 7 kinds
   EXPECT_EQ(t.find("s3cret"), std::string::npos);
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::reset), 1u);
 }

@@ -117,6 +117,21 @@ TEST(RoutingAttempts, TheRefusingEndpointIsEjectedAndLaterPicksAvoidIt) {
   }
 }
 
+TEST(RoutingAttempts, WeirsOwnShortageEjectsNothingAndIsFinal) {
+  // EMFILE and kin (UpstreamFailure::local_resources): another endpoint would fare no better, and the
+  // endpoint did nothing wrong: no retry, no ejection (later requests still pick it).
+  Pool p(2);
+  Rng rng(7);
+  const auto now = Clock::now();
+  Attempts first(*p, rng, now);
+  const auto ep = first.endpoint();
+  EXPECT_FALSE(first.on_connect_failure(UpstreamFailure::local_resources, now));
+  EXPECT_EQ(first.endpoint(), ep);
+  bool picked_again = false;
+  for (int i = 0; i < 200 && !picked_again; ++i) picked_again = Attempts(*p, rng, now + 1ms).endpoint() == ep;
+  EXPECT_TRUE(picked_again);
+}
+
 TEST(RoutingAttempts, ConnectingClearsTheEjection) {
   Pool p(1);
   Rng rng(3);
