@@ -19,6 +19,8 @@ inline std::int64_t micros(Clock::duration d) {
   return us < 0 ? 0 : us;
 }
 inline std::int64_t micros_between(TimePoint from, TimePoint to) { return micros(to - from); }
+// True when `deadline` is set (not the epoch) and `now` is at or past it.
+inline bool passed(TimePoint deadline, TimePoint now) { return deadline != TimePoint{} && now >= deadline; }
 
 // Appends the current UTC time as RFC 3339 with milliseconds, e.g.
 // 2026-11-30T03:12:45.123Z (access-log timestamps). The second is formatted

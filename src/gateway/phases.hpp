@@ -28,6 +28,11 @@ class Worker;
 void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, const core::Config& cfg,
                        tracing::IdGenerator& ids, core::TimePoint end, std::chrono::system_clock::time_point wall,
                        std::uint64_t bytes_out);
+// The upstream's target: the client's, or the OpenAI-compatible path an
+// Anthropic or Responses route is translated to; for an Anthropic pool,
+// Anthropic's Messages path (the Anthropic routes keep the client's, with
+// its query: the SDK's ?beta=true). Static text or a view of `client_target`.
+std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target);
 // The spans fill_trace_record makes for `ctx` (what a full queue drops).
 std::size_t trace_span_count(const RequestContext& ctx);
 

@@ -11,7 +11,14 @@
 #include <string>
 #include <string_view>
 
+#include "core/text.hpp"
+
 namespace weir::http {
+
+// True for a Content-Type of text/event-stream (WHATWG SSE), parameters allowed, any letter case.
+inline bool is_event_stream(std::string_view content_type) {
+  return content_type.size() >= 17 && core::iequals(content_type.substr(0, 17), "text/event-stream");
+}
 
 // One complete event: a block of lines ended by an empty line.
 // All views stay valid until the next call to SseReader::push() or next().

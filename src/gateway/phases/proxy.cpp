@@ -34,20 +34,6 @@ namespace weir::gateway {
 namespace bh = boost::beast::http;
 
 namespace {
-bool is_event_stream(std::string_view content_type) {
-  return content_type.size() >= 17 && core::iequals(content_type.substr(0, 17), "text/event-stream");
-}
-// The upstream's target: the client's, or the OpenAI-compatible path an
-// Anthropic or Responses route is translated to; for an Anthropic pool,
-// Anthropic's Messages path (the Anthropic routes keep the client's, with
-// its query: the SDK's ?beta=true).
-std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target) {
-  if (anthropic_pool) return is_anthropic(r) ? client_target : api::anthropic::messages_path();
-  if (r == RouteKind::responses) return api::responses::upstream_path();
-  if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
-  if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
-  return client_target;
-}
 // Time left before `deadline` (none: `d` unchanged): `d` or less, never below 1 ms.
 std::chrono::milliseconds within(std::chrono::milliseconds d, core::TimePoint deadline, core::TimePoint now) {
   if (deadline == core::TimePoint{}) return d;
@@ -55,13 +41,20 @@ std::chrono::milliseconds within(std::chrono::milliseconds d, core::TimePoint de
   const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - now);
   return std::max(std::chrono::milliseconds(1), std::min(d, left));
 }
-bool passed(core::TimePoint deadline, core::TimePoint now) { return deadline != core::TimePoint{} && now >= deadline; }
 // Whole seconds for a Retry-After, rounded up, at least 1.
 std::uint32_t retry_after_s(std::chrono::steady_clock::duration d) {
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>((ms + 999) / 1000, 1, 86'400));
 }
 }  // namespace
+
+std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target) {
+  if (anthropic_pool) return is_anthropic(r) ? client_target : api::anthropic::messages_path();
+  if (r == RouteKind::responses) return api::responses::upstream_path();
+  if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
+  if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
+  return client_target;
+}
 
 // Not a coroutine: the task it returns is the phase's, so a stream holds
 // no frame for this dispatch.
@@ -254,140 +247,12 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   const auto ce = head[bh::field::content_encoding];
   const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
   const bool stream =
-      ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !src.done() && !encoded;
+      ctx.upstream_status == 200 && http::is_event_stream(head[bh::field::content_type]) && !src.done() && !encoded;
   // With a fallback left, a stream's head waits for its first content
   // event: until then it can still fail over.
   ctx.hold_head = stream && fallback_left(ctx) && !ctx.committed;
   if (stream) return respond_stream(ctx);
   return respond_buffered(ctx);
-}
-
-GatewayPhases::GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange, bool batching)
-    : w_(w), down_(down), exchange_(exchange), batching_(batching) {}
-
-GatewayPhases::~GatewayPhases() = default;
-
-bool GatewayPhases::join_batch(RequestContext& ctx) {
-  if (!batching_ || ctx.fallback_step != 0) return false;
-  if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
-  auto* batcher = ctx.gen->batcher(ctx.target.pool);
-  if (batcher == nullptr) return false;
-  if (!member_) member_ = std::make_unique<batching::BatchMember>(w_.io().get_executor());
-  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
-  if (prepare_upstream_body(ctx)) return false;
-  std::optional<std::string_view> prompt;
-  if (ctx.route == RouteKind::completions && pc.batch.enabled())
-    prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
-  if (!prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
-  const bool strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
-  if (ctx.body_decoded) return false;  // (rare) a decoded body's head differs from the others'
-  // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
-  member_->key() += '\0';  // never in valid JSON nor in a field
-  http::append_forwarded_fields_key(member_->key(), down_.request(), strip_credentials);
-  // What the member's own upstream request asked for: usage at the end
-  // (vLLM's StreamOptions.include_usage defaults to true) and on every chunk.
-  bool include_usage = false;
-  bool continuous = false;
-  if (auto so = api::find_member(ctx.upstream_body, "stream_options")) {
-    const std::string_view obj = ctx.upstream_body.substr(so->value_begin, so->value_end - so->value_begin);
-    const auto member_is = [&](std::string_view key, std::string_view v) {
-      const auto m = api::find_member(obj, key);
-      return m && obj.substr(m->value_begin, m->value_end - m->value_begin) == v;
-    };
-    include_usage = !api::find_member(obj, "include_usage") || member_is("include_usage", "true");
-    continuous = member_is("continuous_usage_stats", "true");
-  }
-  const auto& req = down_.request();
-  if (ctx.trace_on()) {
-    // The batch's upstream request carries its first member's traceparent.
-    begin_attempt_trace(ctx);
-    if (ctx.trace->sampled) ctx.trace->batch_join = core::now();
-  }
-  const batching::BatchMember::Request r{
-      .head = &req,
-      .target = upstream_target(ctx.route, false, req.target()),
-      .prompt = prompt.value_or(std::string_view()),
-      .body = ctx.upstream_body,
-      .request_id = ctx.request_id,
-      .stream = ctx.stream,
-      .include_usage = ctx.stream && include_usage,
-      .continuous_usage = ctx.stream && continuous,
-      .strip_credentials = strip_credentials,
-      .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
-      .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view()};
-  if (prompt)
-    batcher->join(*member_, r);
-  else
-    batcher->coalesce(*member_, r);
-  return true;
-}
-
-core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
-  batching::BatchMember& m = *member_;
-  ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
-  const bool ok = co_await m.wait_head();
-  const auto now = core::now();
-  ctx.endpoint = m.endpoint();
-  if (m.sent_at() != core::TimePoint{}) {
-    // A late member of a coalesced generation joined one already sent.
-    ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
-    // Read, parse, route, admit and the batch window: all of it Weir's.
-    ctx.added_us += core::micros_between(ctx.t_start, ctx.t_upstream_sent);
-    ctx.batch_id.assign(m.batch_id());
-    ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
-    ctx.batch_slot = static_cast<std::uint16_t>(m.slot());
-    ctx.coalesced = m.coalesced();
-  } else {
-    ctx.added_us += core::micros_between(ctx.t_start, now);
-  }
-  if (down_.client_gone()) {
-    m.cancel();
-    ctx.source = nullptr;
-    co_return Outcome::failed(client_gone(ClientGone::closed));
-  }
-  if (!ok && m.resend_alone()) {
-    ctx.source = nullptr;
-    ctx.batch_split = true;
-    ++ctx.retries;
-    ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
-                        .endpoint = static_cast<std::int16_t>(ctx.endpoint),
-                        .status = static_cast<std::int16_t>(m.split_status()),
-                        .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
-    co_return Outcome::next();  // not an outcome: proxy() sends the request alone
-  }
-  if (!ok) {
-    ctx.source = nullptr;
-    const auto f = m.failure();  // counted in the metrics once, by the batch
-    ctx.fail_over = http::is_upstream_fault(f);
-    if (ctx.endpoint >= 0)
-      ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
-                          .endpoint = static_cast<std::int16_t>(ctx.endpoint),
-                          .failure = f,
-                          .us = ctx.t_upstream_sent == core::TimePoint{}
-                                    ? 0u
-                                    : static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
-    co_return Outcome::failed(upstream_error(f, subject(ctx), false));
-  }
-  ctx.upstream_status = m.head().result_int();
-  ctx.t_first_byte = now;
-  ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
-                      .endpoint = static_cast<std::int16_t>(ctx.endpoint),
-                      .status = static_cast<std::int16_t>(ctx.upstream_status),
-                      .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
-  if (routing::retryable_status(ctx.upstream_status) && fallback_left(ctx)) {
-    // The pool's answer is one a fallback takes over (429, 503, ...): this
-    // member leaves the batch for its model's next target, as it would unbatched.
-    m.cancel();
-    ctx.source = nullptr;
-    ctx.fail_over = true;
-    co_return Outcome::failed(upstream_status_error(ctx.upstream_status, subject(ctx)));
-  }
-  // A stream's head waits for its first content while a fallback is left (relay), as unbatched.
-  Outcome o = co_await relay(ctx, m);
-  ctx.source = nullptr;
-  // A non-streaming member whose batch failed before its answer: nothing reached the client.
-  if (!o.is_responded() && !ctx.committed && http::is_upstream_fault(m.failure())) ctx.fail_over = true;
-  co_return o;
 }
 
 routing::PickRequest GatewayPhases::pick_request(const RequestContext& ctx, const core::PoolConfig& pc) const {
@@ -510,96 +375,6 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   }
 }
 
-bool GatewayPhases::resume_eligible(const RequestContext& ctx) const {
-  if (ctx.route != RouteKind::chat_completions || !ctx.stream || ctx.fields.n != 1) return false;
-  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
-  if (!pc.resume || pc.type != core::UpstreamType::openai) return false;
-  return !api::openai::resume_excluded(ctx.upstream_body);
-}
-
-bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
-  auto& r = ctx.resume;
-  r.wanted = false;
-  r.active = false;
-  r.finish = RequestContext::Resume::Finish::none;
-  if (!r.on || !ctx.committed || !o.is_failed() || o.error().source != core::ErrorSource::upstream) return false;
-  if (down_.client_gone() || ctx.cutoff == RequestContext::Cutoff::deadline || passed(ctx.deadline, core::now()))
-    return false;
-  const auto& tr = r.buf->tracker;
-  if (tr.blocked()) return false;  // tool calls in flight, reasoning, another choice
-  if (tr.finished()) {
-    // The finish_reason reached the client: only the stream's end was lost.
-    r.finish = RequestContext::Resume::Finish::done;
-    return true;
-  }
-  if (tr.tokens() == 0) return false;
-  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
-  if (r.count >= std::max<std::uint32_t>(1, pc.retry.attempts - 1)) return false;
-  switch (api::openai::continuation_body(r.original, tr.text_json(), tr.tokens(), r.buf->body)) {
-    case api::openai::Continuation::exhausted:
-      r.finish = RequestContext::Resume::Finish::length;
-      return true;
-    case api::openai::Continuation::unsupported:
-      return false;
-    case api::openai::Continuation::ok:
-      break;
-  }
-  if (ctx.endpoint >= 0 && ctx.endpoint < 64) r.broke |= std::uint64_t{1} << ctx.endpoint;
-  ++r.count;
-  r.active = true;
-  r.tokens_before = tr.tokens();
-  ++ctx.retries;
-  return true;
-}
-
-bool GatewayPhases::resumed_stream_ok(RequestContext& ctx) {
-  const auto& head = exchange_.head();
-  const auto ce = head[bh::field::content_encoding];
-  if (ctx.upstream_status == 200 && is_event_stream(head[bh::field::content_type]) && !exchange_.done() &&
-      (ce.empty() || core::iequals(ce, "identity")))
-    return true;
-  // Not a stream to continue with (an upstream that refuses continue_final_message answers 400):
-  // the attempt ends here, its answer unread.
-  auto& pool = ctx.gen->pool(ctx.target.pool);
-  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
-  if (ctx.verdict_pending) {
-    ctx.verdict_pending = false;
-    if (ctx.trial) pool.end_trial(ep);
-    ctx.trial = false;
-  }
-  pool.on_finish(ep);
-  if (auto c = exchange_.release()) pool.endpoint(ep).conns.put(std::move(c), core::now());
-  ctx.source = nullptr;
-  return false;
-}
-
-core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool length) {
-  ctx.scratch.clear();
-  if (length) {
-    // The chunk an unbroken stream ends with when max_tokens cuts it, with the stream's own id.
-    const auto& tr = ctx.resume.buf->tracker;
-    ctx.body.clear();
-    ctx.body += R"({"id":)";
-    ctx.body += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();
-    ctx.body += R"(,"object":"chat.completion.chunk","created":)";
-    ctx.body += tr.created_json().empty() ? std::string_view("0") : tr.created_json();
-    ctx.body += R"(,"model":)";
-    ctx.body += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
-    ctx.body += R"(,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length","stop_reason":null}]})";
-    http::append_sse_data(ctx.scratch, ctx.body);
-    ++ctx.events;
-  }
-  http::append_sse_data(ctx.scratch, "[DONE]");
-  ++ctx.events;
-  if (ctx.capture) capture_response(ctx, ctx.scratch);
-  down_.queue_body(ctx.scratch);
-  down_.queue_end();
-  down_.flush();
-  co_await down_.drain();
-  if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
-  co_return Outcome::responded();
-}
-
 void GatewayPhases::leave_queue(RequestContext& ctx) {
   if (ctx.queue_pool < 0) return;
   auto& pool = ctx.gen->pool(static_cast<std::uint32_t>(ctx.queue_pool));
@@ -677,7 +452,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
       break;
   }
   if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
-  if (passed(ctx.deadline, core::now())) {
+  if (core::passed(ctx.deadline, core::now())) {
     ++m.deadline_exceeded;
     co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
   }
@@ -700,7 +475,7 @@ bool GatewayPhases::arm_cutoff(RequestContext& ctx) {
 
 void GatewayPhases::on_cutoff(RequestContext& ctx) {
   const auto now = core::now();
-  if (passed(ctx.deadline, now)) {
+  if (core::passed(ctx.deadline, now)) {
     ctx.cutoff = RequestContext::Cutoff::deadline;
   } else if (ctx.first_token_by != core::TimePoint{} && ctx.t_first_token == core::TimePoint{} &&
              now >= ctx.first_token_by) {
@@ -789,7 +564,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   ctx.source = &exchange_;
 
   auto now = core::now();
-  if (passed(ctx.deadline, now)) {
+  if (core::passed(ctx.deadline, now)) {
     ctx.source = nullptr;
     ++metrics.deadline_exceeded;
     co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
@@ -849,7 +624,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       const auto t_connect = core::now();
       failure = co_await exchange_.connect(ep.addr, ep.tls, within(pc.timeouts.connect, ctx.deadline, t_connect));
       if (down_.client_gone()) break;
-      if (failure != http::UpstreamFailure::none && passed(ctx.deadline, core::now())) {
+      if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, core::now())) {
         record(ep_idx, 0, failure, t_connect);
         deadline_hit = true;  // the request's own deadline, not the endpoint's fault
         break;
@@ -901,7 +676,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                                         .first_byte = within(pc.timeouts.first_byte, ctx.deadline, ctx.t_upstream_sent),
                                         .idle = within(pc.timeouts.idle, ctx.deadline, ctx.t_upstream_sent)});
     routing::RetryDecision d;
-    if (failure != http::UpstreamFailure::none && passed(ctx.deadline, core::now())) {
+    if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, core::now())) {
       record(ep_idx, 0, failure, ctx.t_upstream_sent);
       pool.on_finish(ep_idx);
       exchange_.release();
@@ -952,7 +727,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       exchange_.release();
       if (!d.retry) break;
     }
-    if (passed(ctx.deadline, core::now() + d.delay)) {  // the retry would start past the deadline
+    if (core::passed(ctx.deadline, core::now() + d.delay)) {  // the retry would start past the deadline
       deadline_hit = true;
       break;
     }

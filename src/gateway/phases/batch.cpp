@@ -1,0 +1,142 @@
+// Micro-batching (pools.X.batch, pools.X.coalesce; docs/architecture.md):
+// a request's seat in its pool's batcher, and its answer demultiplexed
+// from the batch's upstream response.
+#include <optional>
+
+#include "api/json_scan.hpp"
+#include "api/openai/batch.hpp"
+#include "gateway/failure.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+GatewayPhases::GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamExchange& exchange, bool batching)
+    : w_(w), down_(down), exchange_(exchange), batching_(batching) {}
+
+GatewayPhases::~GatewayPhases() = default;
+
+bool GatewayPhases::join_batch(RequestContext& ctx) {
+  if (!batching_ || ctx.fallback_step != 0) return false;
+  if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
+  auto* batcher = ctx.gen->batcher(ctx.target.pool);
+  if (batcher == nullptr) return false;
+  if (!member_) member_ = std::make_unique<batching::BatchMember>(w_.io().get_executor());
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  if (prepare_upstream_body(ctx)) return false;
+  std::optional<std::string_view> prompt;
+  if (ctx.route == RouteKind::completions && pc.batch.enabled())
+    prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
+  if (!prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
+  const bool strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
+  if (ctx.body_decoded) return false;  // (rare) a decoded body's head differs from the others'
+  // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
+  member_->key() += '\0';  // never in valid JSON nor in a field
+  http::append_forwarded_fields_key(member_->key(), down_.request(), strip_credentials);
+  // What the member's own upstream request asked for: usage at the end
+  // (vLLM's StreamOptions.include_usage defaults to true) and on every chunk.
+  bool include_usage = false;
+  bool continuous = false;
+  if (auto so = api::find_member(ctx.upstream_body, "stream_options")) {
+    const std::string_view obj = ctx.upstream_body.substr(so->value_begin, so->value_end - so->value_begin);
+    const auto member_is = [&](std::string_view key, std::string_view v) {
+      const auto m = api::find_member(obj, key);
+      return m && obj.substr(m->value_begin, m->value_end - m->value_begin) == v;
+    };
+    include_usage = !api::find_member(obj, "include_usage") || member_is("include_usage", "true");
+    continuous = member_is("continuous_usage_stats", "true");
+  }
+  const auto& req = down_.request();
+  if (ctx.trace_on()) {
+    // The batch's upstream request carries its first member's traceparent.
+    begin_attempt_trace(ctx);
+    if (ctx.trace->sampled) ctx.trace->batch_join = core::now();
+  }
+  const batching::BatchMember::Request r{
+      .head = &req,
+      .target = upstream_target(ctx.route, false, req.target()),
+      .prompt = prompt.value_or(std::string_view()),
+      .body = ctx.upstream_body,
+      .request_id = ctx.request_id,
+      .stream = ctx.stream,
+      .include_usage = ctx.stream && include_usage,
+      .continuous_usage = ctx.stream && continuous,
+      .strip_credentials = strip_credentials,
+      .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
+      .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view()};
+  if (prompt)
+    batcher->join(*member_, r);
+  else
+    batcher->coalesce(*member_, r);
+  return true;
+}
+
+core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
+  batching::BatchMember& m = *member_;
+  ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
+  const bool ok = co_await m.wait_head();
+  const auto now = core::now();
+  ctx.endpoint = m.endpoint();
+  if (m.sent_at() != core::TimePoint{}) {
+    // A late member of a coalesced generation joined one already sent.
+    ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
+    // Read, parse, route, admit and the batch window: all of it Weir's.
+    ctx.added_us += core::micros_between(ctx.t_start, ctx.t_upstream_sent);
+    ctx.batch_id.assign(m.batch_id());
+    ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
+    ctx.batch_slot = static_cast<std::uint16_t>(m.slot());
+    ctx.coalesced = m.coalesced();
+  } else {
+    ctx.added_us += core::micros_between(ctx.t_start, now);
+  }
+  if (down_.client_gone()) {
+    m.cancel();
+    ctx.source = nullptr;
+    co_return Outcome::failed(client_gone(ClientGone::closed));
+  }
+  if (!ok && m.resend_alone()) {
+    ctx.source = nullptr;
+    ctx.batch_split = true;
+    ++ctx.retries;
+    ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                        .endpoint = static_cast<std::int16_t>(ctx.endpoint),
+                        .status = static_cast<std::int16_t>(m.split_status()),
+                        .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+    co_return Outcome::next();  // not an outcome: proxy() sends the request alone
+  }
+  if (!ok) {
+    ctx.source = nullptr;
+    const auto f = m.failure();  // counted in the metrics once, by the batch
+    ctx.fail_over = http::is_upstream_fault(f);
+    if (ctx.endpoint >= 0)
+      ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                          .endpoint = static_cast<std::int16_t>(ctx.endpoint),
+                          .failure = f,
+                          .us = ctx.t_upstream_sent == core::TimePoint{}
+                                    ? 0u
+                                    : static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+    co_return Outcome::failed(upstream_error(f, subject(ctx), false));
+  }
+  ctx.upstream_status = m.head().result_int();
+  ctx.t_first_byte = now;
+  ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                      .endpoint = static_cast<std::int16_t>(ctx.endpoint),
+                      .status = static_cast<std::int16_t>(ctx.upstream_status),
+                      .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+  if (routing::retryable_status(ctx.upstream_status) && fallback_left(ctx)) {
+    // The pool's answer is one a fallback takes over (429, 503, ...): this
+    // member leaves the batch for its model's next target, as it would unbatched.
+    m.cancel();
+    ctx.source = nullptr;
+    ctx.fail_over = true;
+    co_return Outcome::failed(upstream_status_error(ctx.upstream_status, subject(ctx)));
+  }
+  // A stream's head waits for its first content while a fallback is left (relay), as unbatched.
+  Outcome o = co_await relay(ctx, m);
+  ctx.source = nullptr;
+  // A non-streaming member whose batch failed before its answer: nothing reached the client.
+  if (!o.is_responded() && !ctx.committed && http::is_upstream_fault(m.failure())) ctx.fail_over = true;
+  co_return o;
+}
+
+}  // namespace weir::gateway

@@ -1,0 +1,107 @@
+// Resume mid-stream (pools.X.resume, docs/upstreams.md#resume-mid-stream):
+// whether a broken chat stream may continue on another endpoint, the
+// continuation's request, and the checks on its first chunks.
+#include <optional>
+
+#include <boost/beast/http/field.hpp>
+
+#include "gateway/failure.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+#include "http/sse.hpp"
+
+namespace weir::gateway {
+
+namespace bh = boost::beast::http;
+
+bool GatewayPhases::resume_eligible(const RequestContext& ctx) const {
+  if (ctx.route != RouteKind::chat_completions || !ctx.stream || ctx.fields.n != 1) return false;
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  if (!pc.resume || pc.type != core::UpstreamType::openai) return false;
+  return !api::openai::resume_excluded(ctx.upstream_body);
+}
+
+bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
+  auto& r = ctx.resume;
+  r.wanted = false;
+  r.active = false;
+  r.finish = RequestContext::Resume::Finish::none;
+  if (!r.on || !ctx.committed || !o.is_failed() || o.error().source != core::ErrorSource::upstream) return false;
+  if (down_.client_gone() || ctx.cutoff == RequestContext::Cutoff::deadline || core::passed(ctx.deadline, core::now()))
+    return false;
+  const auto& tr = r.buf->tracker;
+  if (tr.blocked()) return false;  // tool calls in flight, reasoning, another choice
+  if (tr.finished()) {
+    // The finish_reason reached the client: only the stream's end was lost.
+    r.finish = RequestContext::Resume::Finish::done;
+    return true;
+  }
+  if (tr.tokens() == 0) return false;
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  if (r.count >= std::max<std::uint32_t>(1, pc.retry.attempts - 1)) return false;
+  switch (api::openai::continuation_body(r.original, tr.text_json(), tr.tokens(), r.buf->body)) {
+    case api::openai::Continuation::exhausted:
+      r.finish = RequestContext::Resume::Finish::length;
+      return true;
+    case api::openai::Continuation::unsupported:
+      return false;
+    case api::openai::Continuation::ok:
+      break;
+  }
+  if (ctx.endpoint >= 0 && ctx.endpoint < 64) r.broke |= std::uint64_t{1} << ctx.endpoint;
+  ++r.count;
+  r.active = true;
+  r.tokens_before = tr.tokens();
+  ++ctx.retries;
+  return true;
+}
+
+bool GatewayPhases::resumed_stream_ok(RequestContext& ctx) {
+  const auto& head = exchange_.head();
+  const auto ce = head[bh::field::content_encoding];
+  if (ctx.upstream_status == 200 && http::is_event_stream(head[bh::field::content_type]) && !exchange_.done() &&
+      (ce.empty() || core::iequals(ce, "identity")))
+    return true;
+  // Not a stream to continue with (an upstream that refuses continue_final_message answers 400):
+  // the attempt ends here, its answer unread.
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
+  if (ctx.verdict_pending) {
+    ctx.verdict_pending = false;
+    if (ctx.trial) pool.end_trial(ep);
+    ctx.trial = false;
+  }
+  pool.on_finish(ep);
+  if (auto c = exchange_.release()) pool.endpoint(ep).conns.put(std::move(c), core::now());
+  ctx.source = nullptr;
+  return false;
+}
+
+core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool length) {
+  ctx.scratch.clear();
+  if (length) {
+    // The chunk an unbroken stream ends with when max_tokens cuts it, with the stream's own id.
+    const auto& tr = ctx.resume.buf->tracker;
+    ctx.body.clear();
+    ctx.body += R"({"id":)";
+    ctx.body += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();
+    ctx.body += R"(,"object":"chat.completion.chunk","created":)";
+    ctx.body += tr.created_json().empty() ? std::string_view("0") : tr.created_json();
+    ctx.body += R"(,"model":)";
+    ctx.body += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
+    ctx.body += R"(,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length","stop_reason":null}]})";
+    http::append_sse_data(ctx.scratch, ctx.body);
+    ++ctx.events;
+  }
+  http::append_sse_data(ctx.scratch, "[DONE]");
+  ++ctx.events;
+  if (ctx.capture) capture_response(ctx, ctx.scratch);
+  down_.queue_body(ctx.scratch);
+  down_.queue_end();
+  down_.flush();
+  co_await down_.drain();
+  if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  co_return Outcome::responded();
+}
+
+}  // namespace weir::gateway
