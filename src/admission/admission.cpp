@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "core/json_text.hpp"
+#include "core/text_writer.hpp"
 
 namespace weir::admission {
 
@@ -45,35 +46,44 @@ void Ticket::release() noexcept {
   stream_mask_ = 0;
 }
 
-void append_reset(std::string& out, std::uint64_t ms) {
+namespace {
+
+void put_reset(core::TextWriter& w, std::uint64_t ms) {
   if (ms == 0) {
-    out += "0s";
+    w.put("0s");
     return;
   }
   if (ms < 1000) {
-    core::append_uint(out, ms);
-    out += "ms";
+    w.put_uint(ms);
+    w.put("ms");
     return;
   }
   const std::uint64_t h = ms / 3'600'000, m = ms / 60'000 % 60, s = ms / 1000 % 60, frac = ms % 1000;
   if (h > 0) {
-    core::append_uint(out, h);
-    out += 'h';
+    w.put_uint(h);
+    w.put('h');
   }
   if (h > 0 || m > 0) {
-    core::append_uint(out, m);
-    out += 'm';
+    w.put_uint(m);
+    w.put('m');
   }
-  core::append_uint(out, s);
+  w.put_uint(s);
   if (frac != 0) {
     const char digits[3] = {static_cast<char>('0' + frac / 100), static_cast<char>('0' + frac / 10 % 10),
                             static_cast<char>('0' + frac % 10)};
     std::size_t n = 3;
     while (digits[n - 1] == '0') --n;  // "1.5s", not "1.500s"
-    out += '.';
-    out.append(digits, n);
+    w.put('.');
+    w.put(std::string_view(digits, n));
   }
-  out += 's';
+  w.put('s');
+}
+
+}  // namespace
+
+void append_reset(std::string& out, std::uint64_t ms) {
+  core::TextWriter w(out, 32);
+  put_reset(w, ms);
 }
 
 std::string format_reset(std::uint64_t ms) {
@@ -83,18 +93,20 @@ std::string format_reset(std::uint64_t ms) {
 }
 
 void append_rate_limit_headers(std::string& out, std::string_view kind, const BucketView& b) {
-  auto line = [&](std::string_view what, auto&& value) {
-    out += "x-ratelimit-";
-    out += what;
-    out += '-';
-    out += kind;
-    out += ": ";
-    value();
-    out += "\r\n";
-  };
-  line("limit", [&] { core::append_uint(out, b.limit); });
-  line("remaining", [&] { core::append_uint(out, b.remaining); });
-  line("reset", [&] { append_reset(out, b.reset_ms); });
+  core::TextWriter w(out, 192);
+  w.put("x-ratelimit-limit-");
+  w.put(kind);
+  w.put(": ");
+  w.put_uint(b.limit);
+  w.put("\r\nx-ratelimit-remaining-");
+  w.put(kind);
+  w.put(": ");
+  w.put_uint(b.remaining);
+  w.put("\r\nx-ratelimit-reset-");
+  w.put(kind);
+  w.put(": ");
+  put_reset(w, b.reset_ms);
+  w.put("\r\n");
 }
 
 Admission::Admission(Limiter& limiter, const Pricing& pricing, std::uint32_t worker)

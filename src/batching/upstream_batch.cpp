@@ -6,6 +6,7 @@
 
 #include "core/text.hpp"
 #include "core/time.hpp"
+#include "http/headers.hpp"
 #include "routing/attempts.hpp"
 
 namespace weir::batching {
@@ -121,7 +122,7 @@ core::Task<void> Batch::send() {
         started = true;
         break;
       }
-      d = attempts.on_status(status, exchange_.head()[bh::field::retry_after], core::now());
+      d = attempts.on_status(status, http::first_field(exchange_.head(), bh::field::retry_after), core::now());
       if (!d.retry) {
         started = true;  // pass the upstream's answer on
         break;
@@ -169,7 +170,7 @@ core::Task<void> Batch::send() {
     co_return;
   }
   head_ = exchange_.head();
-  const bool stream = head_.result_int() == 200 && is_event_stream(head_[bh::field::content_type]);
+  const bool stream = head_.result_int() == 200 && is_event_stream(http::first_field(head_, bh::field::content_type));
   if (stream && mode_ == Mode::batch) {
     json_head_ = head_;
     json_head_.set(bh::field::content_type, "application/json");

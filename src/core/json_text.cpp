@@ -1,7 +1,11 @@
 #include "core/json_text.hpp"
 
+#include "core/text_writer.hpp"
+
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <cstring>
 
 namespace weir::core {
 
@@ -58,62 +62,102 @@ std::size_t utf8_step(const unsigned char* p, std::size_t n, bool& valid) {
 
 }  // namespace
 
-void append_json_string(std::string& out, std::string_view s) {
+void TextWriter::put_json_string(std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const std::size_t n = s.size();
-  out += '"';
-  std::size_t run = 0;  // start of the bytes not yet appended
+  // Room for the string as it is and its quotes; each escape or
+  // replacement makes room for itself and the rest again (at most 6 bytes
+  // per byte; the string grows geometrically, not to 6 × n up front).
+  ensure(n + 2);
+  *p_++ = '"';
+  std::size_t run = 0;  // start of the bytes not yet copied
   std::size_t i = 0;
+  auto copy = [&](const void* from, std::size_t len) {
+    std::memcpy(p_, from, len);
+    p_ += len;
+  };
   while (i < n) {
     const unsigned char c = p[i];
     if (kClass[c] == 0) {
       ++i;
       continue;
     }
-    out.append(s.data() + run, i - run);
+    copy(s.data() + run, i - run);
+    ensure(6 + (n - i) + 1);
     if (c < 0x80) {
+      *p_++ = '\\';
       switch (c) {
         case '"':
-          out += "\\\"";
-          break;
         case '\\':
-          out += "\\\\";
+          *p_++ = static_cast<char>(c);
           break;
         case '\b':
-          out += "\\b";
+          *p_++ = 'b';
           break;
         case '\f':
-          out += "\\f";
+          *p_++ = 'f';
           break;
         case '\n':
-          out += "\\n";
+          *p_++ = 'n';
           break;
         case '\r':
-          out += "\\r";
+          *p_++ = 'r';
           break;
         case '\t':
-          out += "\\t";
+          *p_++ = 't';
           break;
         default:
-          out += "\\u00";
-          out += hex[c >> 4];
-          out += hex[c & 15];
+          copy("u00", 3);
+          *p_++ = hex[c >> 4];
+          *p_++ = hex[c & 15];
       }
       ++i;
     } else {
       bool valid = false;
       const std::size_t len = utf8_step(p + i, n - i, valid);
       if (valid)
-        out.append(s.data() + i, len);
+        copy(s.data() + i, len);
       else
-        out += kReplacement;
+        copy(kReplacement.data(), kReplacement.size());
       i += len;
     }
     run = i;
   }
-  out.append(s.data() + run, n - run);
-  out += '"';
+  copy(s.data() + run, n - run);
+  *p_++ = '"';
+}
+
+void TextWriter::grow(std::size_t n) {
+  // Geometric: at least what this writer wrote so far again, so a long
+  // text costs amortized O(1) per byte.
+  const std::size_t at = static_cast<std::size_t>(p_ - out_.data());
+  out_.resize(at + std::max({n, std::size_t{256}, at - base_}));
+  p_ = out_.data() + at;
+  end_ = out_.data() + out_.size();
+}
+
+void TextWriter::put_scaled(std::int64_t v, unsigned decimals) {
+  std::uint64_t scale = 1;
+  for (unsigned i = 0; i < decimals; ++i) scale *= 10;
+  // |v| without overflow at INT64_MIN.
+  const std::uint64_t mag = v < 0 ? 0 - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
+  ensure(1 + 20 + 1 + 20);
+  if (v < 0) *p_++ = '-';
+  p_ = std::to_chars(p_, p_ + 20, mag / scale).ptr;
+  if (decimals == 0) return;
+  *p_++ = '.';
+  std::uint64_t f = mag % scale;
+  for (unsigned i = decimals; i > 0; --i) {
+    p_[i - 1] = static_cast<char>('0' + f % 10);
+    f /= 10;
+  }
+  p_ += decimals;
+}
+
+void append_json_string(std::string& out, std::string_view s) {
+  TextWriter w(out, s.size() + 2);
+  w.put_json_string(s);
 }
 
 std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
@@ -140,21 +184,8 @@ void append_int(std::string& out, std::int64_t v) {
 }
 
 void append_scaled(std::string& out, std::int64_t v, unsigned decimals) {
-  std::uint64_t scale = 1;
-  for (unsigned i = 0; i < decimals; ++i) scale *= 10;
-  // |v| without overflow at INT64_MIN.
-  const std::uint64_t mag = v < 0 ? 0 - static_cast<std::uint64_t>(v) : static_cast<std::uint64_t>(v);
-  if (v < 0) out += '-';
-  append_uint(out, mag / scale);
-  if (decimals == 0) return;
-  char frac[20];
-  std::uint64_t f = mag % scale;
-  for (unsigned i = decimals; i > 0; --i) {
-    frac[i - 1] = static_cast<char>('0' + f % 10);
-    f /= 10;
-  }
-  out += '.';
-  out.append(frac, decimals);
+  TextWriter w(out, 42);
+  w.put_scaled(v, decimals);
 }
 
 }  // namespace weir::core

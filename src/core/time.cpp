@@ -1,5 +1,7 @@
 #include "core/time.hpp"
 
+#include "core/text_writer.hpp"
+
 #include <algorithm>
 #include <ctime>
 #include <iterator>
@@ -38,14 +40,19 @@ void append_http_date(std::string& out) {
 
 void append_rfc3339_now(std::string& out) { append_rfc3339(out, std::chrono::system_clock::now()); }
 
-void append_rfc3339(std::string& out, std::chrono::system_clock::time_point now) {
+void put_rfc3339(TextWriter& w, std::chrono::system_clock::time_point now) {
   const auto secs = std::chrono::time_point_cast<std::chrono::seconds>(now);
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - secs).count();
   thread_local SecondCache<32> cache;
-  out += cache.get(secs.time_since_epoch().count(), "%Y-%m-%dT%H:%M:%S");
+  w.put(std::string_view(cache.get(secs.time_since_epoch().count(), "%Y-%m-%dT%H:%M:%S")));
   const char frac[5] = {'.', static_cast<char>('0' + ms / 100), static_cast<char>('0' + ms / 10 % 10),
                         static_cast<char>('0' + ms % 10), 'Z'};
-  out.append(frac, sizeof frac);
+  w.put(std::string_view(frac, sizeof frac));
+}
+
+void append_rfc3339(std::string& out, std::chrono::system_clock::time_point now) {
+  TextWriter w(out, 24);
+  put_rfc3339(w, now);
 }
 
 std::string format_rfc3339(std::int64_t unix_s) {

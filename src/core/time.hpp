@@ -8,6 +8,8 @@
 
 namespace weir::core {
 
+class TextWriter;  // core/text_writer.hpp
+
 using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 
@@ -26,8 +28,10 @@ inline bool passed(TimePoint deadline, TimePoint now) { return deadline != TimeP
 // 2026-11-30T03:12:45.123Z (access-log timestamps). The second is formatted
 // once per second per thread.
 void append_rfc3339_now(std::string& out);
-// The same for a given wall-clock time `t`.
+// The same for a given wall-clock time `t`; or through a TextWriter.
 void append_rfc3339(std::string& out, std::chrono::system_clock::time_point t);
+void put_rfc3339(TextWriter& w, std::chrono::system_clock::time_point t);
+void put_rfc3339(TextWriter& w, std::chrono::system_clock::time_point t);
 
 // Unix seconds as RFC 3339 in UTC without fraction, e.g. 2026-11-30T03:12:45Z.
 std::string format_rfc3339(std::int64_t unix_s);

@@ -12,6 +12,7 @@
 #include "gateway/pipeline.hpp"
 #include "http/downstream.hpp"
 #include "http/exchange.hpp"
+#include "http/headers.hpp"
 #include "requestlog/queue.hpp"
 #include "routing/balance.hpp"
 #include "tracing/record.hpp"

@@ -109,7 +109,7 @@ Task<bool> Downstream::read_body() {
     co_return false;
   }
   // RFC 9110 §10.1.1: an HTTP/1.0 request's 100-continue expectation is ignored.
-  if (req.version() >= 11 && iequals(req[bh::field::expect], "100-continue")) {
+  if (req.version() >= 11 && iequals(first_field(req, bh::field::expect), "100-continue")) {
     static constexpr std::string_view k100 = "HTTP/1.1 100 Continue\r\n\r\n";
     watchdog_.expires_after(sc_.write_timeout);
     auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(k100), use_task);

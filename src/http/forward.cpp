@@ -21,11 +21,13 @@ void append_uint(std::string& out, std::uint64_t v) {
 
 // True when `name` is hop-by-hop in `fields`: a fixed one, or named by any
 // Connection line (RFC 9110 §5.3: lines of one name make one list).
+// `connection`: false when the caller knows `fields` has no Connection line.
 template <class Fields>
-bool hop_by_hop_in(const Fields& fields, std::string_view name) {
+bool hop_by_hop_in(const Fields& fields, std::string_view name, bool connection = true) {
   if (is_hop_by_hop(name, {})) return true;
-  for (auto [it, end] = fields.equal_range(bh::field::connection); it != end; ++it)
-    if (has_token(it->value(), name)) return true;
+  if (!connection) return false;
+  for (const auto& e : fields)
+    if (e.name() == bh::field::connection && has_token(e.value(), name)) return true;
   return false;
 }
 
@@ -33,9 +35,10 @@ bool hop_by_hop_in(const Fields& fields, std::string_view name) {
 // §7.6.1 and x-request-id left out) for which `skip(field)` is false.
 template <class Fields, class Skip>
 void copy_end_to_end(std::string& out, const Fields& fields, Skip skip) {
+  const bool connection = has_field(fields, bh::field::connection);  // most messages have none
   for (const auto& f : fields) {
     const auto name = f.name_string();
-    if (skip(f) || hop_by_hop_in(fields, name) || iequals(name, "x-request-id")) continue;
+    if (skip(f) || hop_by_hop_in(fields, name, connection) || iequals(name, "x-request-id")) continue;
     out += name;
     out += ": ";
     out += f.value();

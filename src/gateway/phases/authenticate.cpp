@@ -18,19 +18,22 @@ core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
     co_return Outcome::next();
   const auto& req = down_.request();
   const auto now = [] { return std::chrono::system_clock::now(); };
-  auto p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], now());
+  auto p =
+      authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"), now());
   if (!p && authn->refetch_mark()) {
     // The token names a key we do not hold yet (a rotation): wait for the
     // refetch it started, at most 2 s, and try once more.
     co_await auth::async_wait_fetch(*authn->jwks(), *authn->refetch_mark(), std::chrono::seconds(2),
                                     w_.io().get_executor(), use_task);
-    p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], now());
+    p = authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),
+                            now());
   } else if (!p && authn->key_lookup_pending()) {
     // An API key this worker has not seen: one lookup in Redis (bounded by
     // redis.command_timeout), whose answer the worker caches; then the
     // second authenticate() is final (found, refused, or 503 unavailable).
     co_await auth::async_key_lookup(*authn, w_.io().get_executor(), use_task);
-    p = authn->authenticate(req[bh::field::authorization], req["x-api-key"], now());
+    p = authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),
+                            now());
   }
   if (!p) co_return Outcome::failed(std::move(p.error()));
   ctx.principal = std::move(*p);

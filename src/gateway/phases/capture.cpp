@@ -19,13 +19,13 @@ namespace {
 
 // The credential the client presented: the bearer token, or x-api-key's value.
 std::string_view presented_credential(const http::RequestHead& req) {
-  std::string_view auth = req[bh::field::authorization];
+  std::string_view auth = http::first_field(req, bh::field::authorization);
   if (auth.size() > 7 && core::iequals(auth.substr(0, 7), "bearer ")) {
     auth.remove_prefix(7);
     while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
     return auth;
   }
-  return req["x-api-key"];
+  return http::first_field(req, "x-api-key");
 }
 
 void take(requestlog::CapturedBody& b, std::string_view bytes, std::uint64_t cap) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "core/json_text.hpp"
+#include "core/text_writer.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -163,136 +164,139 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   if (!to_log) out.clear();
   const std::size_t line_start = out.size();
   const auto wall = std::chrono::system_clock::now();
-  out += R"({"ts":")"sv;
-  core::append_rfc3339(out, wall);
-  out += R"(","request_id":)"sv;
-  core::append_json_string(out, ctx.request_id);
-  out += R"(,"method":)"sv;
-  core::append_json_string(out, ctx.method);
-  out += R"(,"path":)"sv;
-  core::append_json_string(out, ctx.path);
-  out += R"(,"model":)"sv;
+  // Pieces written through one pointer: no call and capacity check per piece.
+  core::TextWriter w(out, 1024);
+  w.put(R"({"ts":")"sv);
+  core::put_rfc3339(w, wall);
+  w.put(R"(","request_id":)"sv);
+  w.put_json_string(ctx.request_id);
+  w.put(R"(,"method":)"sv);
+  w.put_json_string(ctx.method);
+  w.put(R"(,"path":)"sv);
+  w.put_json_string(ctx.path);
+  w.put(R"(,"model":)"sv);
   // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
   if (ctx.model.empty())
-    out += "null"sv;
+    w.put("null"sv);
   else
-    core::append_json_string(out, core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
+    w.put_json_string(core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
   const auto& cfg = ctx.gen->config();
-  out += R"(,"pool":)"sv;
+  w.put(R"(,"pool":)"sv);
   if (ctx.pool < 0)
-    out += "null"sv;
+    w.put("null"sv);
   else
-    core::append_json_string(out, cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
-  out += R"(,"endpoint":)"sv;
+    w.put_json_string(cfg.pools[static_cast<std::size_t>(ctx.pool)].name);
+  w.put(R"(,"endpoint":)"sv);
   if (ctx.pool < 0 || ctx.endpoint < 0)
-    out += "null"sv;
+    w.put("null"sv);
   else
-    core::append_json_string(
-        out, cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
+    w.put_json_string(
+        cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
   if (ctx.principal) {
-    out += R"(,"tenant":)"sv;
-    core::append_json_string(out, ctx.principal->tenant_name());
-    out += R"(,"key_id":)"sv;
+    w.put(R"(,"tenant":)"sv);
+    w.put_json_string(ctx.principal->tenant_name());
+    w.put(R"(,"key_id":)"sv);
     if (ctx.principal->key_id().empty())
-      out += "null"sv;
+      w.put("null"sv);
     else
-      core::append_json_string(out, core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
+      w.put_json_string(core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
     // A JWT's subject claim (auth.jwt.subject_claim): who, within the tenant, asked.
-    out += R"(,"subject":)"sv;
+    w.put(R"(,"subject":)"sv);
     if (ctx.principal->kind != auth::CredentialKind::jwt || ctx.principal->subject.empty())
-      out += "null"sv;
+      w.put("null"sv);
     else
-      core::append_json_string(out, core::utf8_prefix(ctx.principal->subject, core::kMaxEchoBytes));
-    out += R"(,"spend_usd":)"sv;
-    core::append_scaled(out, static_cast<std::int64_t>(ctx.spend_nano_usd), 9);
+      w.put_json_string(core::utf8_prefix(ctx.principal->subject, core::kMaxEchoBytes));
+    w.put(R"(,"spend_usd":)"sv);
+    w.put_scaled(static_cast<std::int64_t>(ctx.spend_nano_usd), 9);
   }
   // Numbers by hand (core/json_text.hpp): no format string parsed per line.
-  out += R"(,"status":)"sv;
-  core::append_int(out, ctx.status);
-  out += ctx.stream ? R"(,"stream":true)"sv : R"(,"stream":false)"sv;
+  w.put(R"(,"status":)"sv);
+  w.put_int(ctx.status);
+  w.put(ctx.stream ? R"(,"stream":true)"sv : R"(,"stream":false)"sv);
   // Milliseconds with 3 decimals, from integer microseconds.
-  auto ms = [&](core::TimePoint a, core::TimePoint b) { core::append_scaled(out, core::micros_between(a, b), 3); };
-  out += R"(,"ttft_ms":)"sv;
+  auto ms = [&](core::TimePoint a, core::TimePoint b) { w.put_scaled(core::micros_between(a, b), 3); };
+  w.put(R"(,"ttft_ms":)"sv);
   if (ctx.t_first_token != core::TimePoint{})
     ms(ctx.t_start, ctx.t_first_token);
   else
-    out += "null"sv;
-  out += R"(,"duration_ms":)"sv;
+    w.put("null"sv);
+  w.put(R"(,"duration_ms":)"sv);
   ms(ctx.t_start, end);
-  out += R"(,"upstream_ms":)"sv;
+  w.put(R"(,"upstream_ms":)"sv);
   if (ctx.t_upstream_sent != core::TimePoint{} && ctx.t_upstream_done != core::TimePoint{})
     ms(ctx.t_upstream_sent, ctx.t_upstream_done);
   else
-    out += "null"sv;
-  out += R"(,"added_us":)"sv;
-  core::append_int(out, ctx.added_us);
-  out += R"(,"bytes_in":)"sv;
-  core::append_uint(out, ctx.bytes_in);
-  out += R"(,"bytes_out":)"sv;
-  core::append_uint(out, down_.bytes_out());
-  out += R"(,"events":)"sv;
-  core::append_uint(out, ctx.events);
-  out += R"(,"retries":)"sv;
-  core::append_uint(out, ctx.retries);
+    w.put("null"sv);
+  w.put(R"(,"added_us":)"sv);
+  w.put_int(ctx.added_us);
+  w.put(R"(,"bytes_in":)"sv);
+  w.put_uint(ctx.bytes_in);
+  w.put(R"(,"bytes_out":)"sv);
+  w.put_uint(down_.bytes_out());
+  w.put(R"(,"events":)"sv);
+  w.put_uint(ctx.events);
+  w.put(R"(,"retries":)"sv);
+  w.put_uint(ctx.retries);
   if (!ctx.batch_id.empty()) {
     // A micro-batch member: join its line to the batch's other members by id.
-    out += R"(,"batch":{"id":)"sv;
-    core::append_json_string(out, ctx.batch_id);
-    out += R"(,"size":)"sv;
-    core::append_uint(out, ctx.batch_size);
-    out += R"(,"slot":)"sv;
-    core::append_uint(out, ctx.batch_slot);
-    out += ctx.coalesced ? R"(,"coalesced":true})"sv : R"(,"coalesced":false})"sv;
+    w.put(R"(,"batch":{"id":)"sv);
+    w.put_json_string(ctx.batch_id);
+    w.put(R"(,"size":)"sv);
+    w.put_uint(ctx.batch_size);
+    w.put(R"(,"slot":)"sv);
+    w.put_uint(ctx.batch_slot);
+    w.put(ctx.coalesced ? R"(,"coalesced":true})"sv : R"(,"coalesced":false})"sv);
   }
   if (ctx.attempt_count > 1) {
     // Every attempt, in order, when there was more than one (docs/reliability.md).
-    out += R"(,"attempts":[)"sv;
+    w.put(R"(,"attempts":[)"sv);
     for (std::size_t i = 0; i < ctx.attempt_count; ++i) {
       const auto& a = ctx.attempt_log[i];
       const auto& pool = cfg.pools[static_cast<std::size_t>(a.pool)];
-      out += i ? R"(,{"pool":)"sv : R"({"pool":)"sv;
-      core::append_json_string(out, pool.name);
-      out += R"(,"endpoint":)"sv;
+      w.put(i ? R"(,{"pool":)"sv : R"({"pool":)"sv);
+      w.put_json_string(pool.name);
+      w.put(R"(,"endpoint":)"sv);
       if (a.endpoint < 0)  // none was tried (breaker_open)
-        out += "null"sv;
+        w.put("null"sv);
       else
-        core::append_json_string(out, pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
-      out += R"(,"status":)"sv;
+        w.put_json_string(pool.endpoints[static_cast<std::size_t>(a.endpoint)].display);
+      w.put(R"(,"status":)"sv);
       if (a.status)
-        core::append_int(out, a.status);
+        w.put_int(a.status);
       else
-        out += "null"sv;
-      out += R"(,"failure":)"sv;
+        w.put("null"sv);
+      w.put(R"(,"failure":)"sv);
       if (a.failure == http::UpstreamFailure::none)
-        out += "null"sv;
+        w.put("null"sv);
       else
-        core::append_json_string(out, http::to_string(a.failure));
-      out += R"(,"ms":)"sv;
-      core::append_scaled(out, static_cast<std::int64_t>(a.us), 3);
-      if (a.resume) out += R"(,"resume":true)"sv;  // it continued a stream that broke (pools.X.resume)
-      out += "}"sv;
+        w.put_json_string(http::to_string(a.failure));
+      w.put(R"(,"ms":)"sv);
+      w.put_scaled(static_cast<std::int64_t>(a.us), 3);
+      if (a.resume) w.put(R"(,"resume":true)"sv);  // it continued a stream that broke (pools.X.resume)
+      w.put("}"sv);
     }
-    out += "]"sv;
+    w.put("]"sv);
   }
   if (ctx.has_usage) {
-    out += R"(,"prompt_tokens":)"sv;
-    core::append_uint(out, ctx.usage.prompt_tokens);
-    out += R"(,"completion_tokens":)"sv;
-    core::append_uint(out, ctx.usage.completion_tokens);
-    out += R"(,"cached_tokens":)"sv;
-    core::append_uint(out, ctx.usage.cached_tokens);
+    w.put(R"(,"prompt_tokens":)"sv);
+    w.put_uint(ctx.usage.prompt_tokens);
+    w.put(R"(,"completion_tokens":)"sv);
+    w.put_uint(ctx.usage.completion_tokens);
+    w.put(R"(,"cached_tokens":)"sv);
+    w.put_uint(ctx.usage.cached_tokens);
   } else
-    out += R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)"sv;
+    w.put(R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)"sv);
   if (ctx.has_error) {
-    out += R"(,"error":{"source":")"sv;
-    out += core::to_string(ctx.error_source);
-    out += R"(","code":)"sv;
-    core::append_json_string(out, ctx.error_code);
-    out += "}"sv;
+    w.put(R"(,"error":{"source":")"sv);
+    w.put(core::to_string(ctx.error_source));
+    w.put(R"(","code":)"sv);
+    w.put_json_string(ctx.error_code);
+    w.put("}"sv);
   } else {
-    out += R"(,"error":null)"sv;
+    w.put(R"(,"error":null)"sv);
   }
-  out += "}"sv;
+  w.put("}"sv);
+  w.finish();
   if (auto* q = w_.record_queue())
     push_record(*q, ctx.capture ? &w_.shared().request_log->body_budget(w_.index()) : nullptr, ctx, wall,
                 std::string_view(out).substr(line_start));

@@ -82,7 +82,8 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     return Outcome::next();
   }
   auto fields = *api == api::ApiKind::audio
-                    ? api::parse_audio_request(down_.request()[boost::beast::http::field::content_type], down_.body())
+                    ? api::parse_audio_request(
+                          http::first_field(down_.request(), boost::beast::http::field::content_type), down_.body())
                     : api::parse_request(*api, down_.body());
   if (!fields) return Outcome::failed(std::move(fields.error()));
   ctx.fields = std::move(*fields);
@@ -108,7 +109,7 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   ctx.target = *r;
   if (!ctx.target.fallbacks.empty()) {
     // x-weir-fallbacks: N (0..) caps the chain for this request; "none" is 0.
-    const std::string_view h = down_.request()["x-weir-fallbacks"];
+    const std::string_view h = http::first_field(down_.request(), "x-weir-fallbacks");
     if (!h.empty()) {
       unsigned n = 0;
       const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), n);
@@ -127,7 +128,7 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   // and retries included (docs/reliability.md#deadlines). Relative, as
   // gRPC's grpc-timeout and Envoy's x-envoy-upstream-rq-timeout-ms, so no
   // clock has to agree with Weir's.
-  if (const std::string_view h = down_.request()["x-weir-timeout-ms"]; !h.empty()) {
+  if (const std::string_view h = http::first_field(down_.request(), "x-weir-timeout-ms"); !h.empty()) {
     std::uint32_t ms = 0;
     const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), ms);
     if (ec != std::errc() || p != h.data() + h.size() || ms < 1 || ms > kMaxTimeoutMs)

@@ -156,7 +156,8 @@ void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
   // parsed in the parse phase, so it parses again here.
   std::string_view body = down_.body();
   ctx.strip_usage = false;
-  const auto boundary = core::form_boundary(down_.request()[boost::beast::http::field::content_type]);
+  const auto boundary =
+      core::form_boundary(http::first_field(down_.request(), boost::beast::http::field::content_type));
   const bool rename = !ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model;
   if (boundary && rename) {
     const auto parts = core::parse_form(body, *boundary);
@@ -244,10 +245,11 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   // Streams are asked for in identity; events cannot be read out of
   // compressed bytes, so a stream compressed anyway is relayed whole, as a
   // buffered body (decoded for a client that did not accept the encoding).
-  const auto ce = head[bh::field::content_encoding];
+  const auto ce = http::first_field(head, bh::field::content_encoding);
   const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
-  const bool stream =
-      ctx.upstream_status == 200 && http::is_event_stream(head[bh::field::content_type]) && !src.done() && !encoded;
+  const bool stream = ctx.upstream_status == 200 &&
+                      http::is_event_stream(http::first_field(head, bh::field::content_type)) && !src.done() &&
+                      !encoded;
   // With a fallback left, a stream's head waits for its first content
   // event: until then it can still fail over.
   ctx.hold_head = stream && fallback_left(ctx) && !ctx.committed;
@@ -258,7 +260,7 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
 routing::PickRequest GatewayPhases::pick_request(const RequestContext& ctx, const core::PoolConfig& pc) const {
   routing::PickRequest r;
   if (!pc.session_header.empty()) {
-    const auto v = down_.request()[pc.session_header];
+    const auto v = http::first_field(down_.request(), pc.session_header);
     r.session = std::string_view(v.data(), v.size());
   }
   if (pc.balance != core::Balance::prefix_affinity) return r;
@@ -392,7 +394,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
   // The request's priority: its tenant's, or lower by x-weir-priority
   // (without auth the header sets it: there is no tenant to cap it).
   int priority = ctx.principal ? ctx.principal->priority() : 0;
-  if (const std::string_view h = down_.request()["x-weir-priority"]; !h.empty()) {
+  if (const std::string_view h = http::first_field(down_.request(), "x-weir-priority"); !h.empty()) {
     int v = -1;
     const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), v);
     if (ec != std::errc() || p != h.data() + h.size() || v < 0 || v > 100)
@@ -703,7 +705,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       }
       // 408/429/502/503/504/529: the upstream did not do the work. Another
       // attempt here, the next fallback, or (neither left) this answer.
-      d = attempts.on_status(status, exchange_.head()[bh::field::retry_after], core::now());
+      d = attempts.on_status(status, http::first_field(exchange_.head(), bh::field::retry_after), core::now());
       if (!d.retry && !fallback_left(ctx)) {
         started = true;
         break;

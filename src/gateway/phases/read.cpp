@@ -28,7 +28,7 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   ctx.route = classify_path(path);
   ctx.method.assign(req.method_string());
   ctx.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
-  if (auto id = req["x-request-id"]; valid_request_id(id))
+  if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id))
     ctx.request_id.assign(id);
   else
     w_.next_request_id(ctx.request_id);
@@ -53,7 +53,7 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   }
   ctx.bytes_in = down_.body().size();
   w_.metrics().bytes_in += ctx.bytes_in;
-  if (const auto ce = req[bh::field::content_encoding];
+  if (const auto ce = http::first_field(req, bh::field::content_encoding);
       !ce.empty() && !core::iequals(ce, "identity") && !down_.body().empty()) {
     // A compressed body (RFC 9110 §8.4): gzip and deflate are decoded here,
     // within server.max_body (what Weir would hold either way), so every

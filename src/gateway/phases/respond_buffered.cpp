@@ -74,14 +74,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // Content-Encoding: the body's bytes must always match its headers, and a
   // client never gets an encoding it did not accept. Pass gzip through to a
   // client that accepts it; decode it for one that does not.
-  const std::string_view encoding = head[bh::field::content_encoding];
+  const std::string_view encoding = http::first_field(head, bh::field::content_encoding);
   const bool encoded = !encoding.empty() && !core::iequals(encoding, "identity");
   // A translated answer is always decoded: it is rewritten. That is every
   // answer whose client speaks another dialect than the pool.
   const bool anthropic_up = anthropic_pool(ctx);
   const bool anthropic = is_anthropic(ctx.route) && !anthropic_up;  // Anthropic client, OpenAI upstream
   const bool rewritten = anthropic_up ? !is_anthropic(ctx.route) : is_translated(ctx.route);
-  const bool accepted = encoded && !rewritten && http::has_token(req[bh::field::accept_encoding], encoding);
+  const bool accepted =
+      encoded && !rewritten && http::has_token(http::first_field(req, bh::field::accept_encoding), encoding);
   std::string_view plain = out;  // the decoded body, for reading usage
   bool drop_encoding = false;
   if (encoded && out.empty()) {

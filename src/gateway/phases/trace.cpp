@@ -78,7 +78,8 @@ void GatewayPhases::begin_trace(RequestContext& ctx) {
   }
   t.span_id = w_.trace_ids().span_id();
   // Kept now: a stream releases the request's fields once its head is out.
-  if (t.sampled) t.user_agent.assign(core::utf8_prefix(req[boost::beast::http::field::user_agent], 256));
+  if (t.sampled)
+    t.user_agent.assign(core::utf8_prefix(http::first_field(req, boost::beast::http::field::user_agent), 256));
 }
 
 void GatewayPhases::begin_attempt_trace(RequestContext& ctx) {

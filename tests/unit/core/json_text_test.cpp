@@ -1,6 +1,7 @@
 // append_json_string writes valid JSON for any bytes (issue 8, defect 6):
 // every output is parsed back with Boost.JSON (which refuses invalid UTF-8).
 #include "core/json_text.hpp"
+#include "core/text_writer.hpp"
 
 #include <random>
 
@@ -173,4 +174,48 @@ TEST(JsonText, JsonScanUsesTheSameEscaper) {
   auto v = boost::json::parse(out, ec);
   ASSERT_FALSE(ec) << ::testing::PrintToString(out);
   EXPECT_EQ(v.as_object().at("k" + kFFFD + "\x01").as_int64(), 2);
+}
+
+TEST(TextWriter, AppendsAfterWhatTheStringHeldAndTrimsTheRoom) {
+  std::string out = "head:";
+  {
+    weir::core::TextWriter w(out, 4);  // less room than needed: grows
+    w.put("abc");
+    w.put(',');
+    w.put_uint(18446744073709551615ull);
+    w.put(',');
+    w.put_int(-9223372036854775807ll - 1);
+    w.put(',');
+    w.put_scaled(-1234, 3);
+    w.put(',');
+    w.put_json_string("q\"\n\xFF");
+  }
+  const std::string expected = "head:abc,18446744073709551615,-9223372036854775808,-1.234,\"q\\\"\\n" + kFFFD + "\"";
+  EXPECT_EQ(out, expected);
+  weir::core::TextWriter w(out);  // room made, nothing written: the string is as it was
+  w.finish();
+  w.finish();  // idempotent
+  EXPECT_EQ(out, expected);
+}
+
+TEST(TextWriter, EscapingGrowsGeometricallyAndMatchesTheStringForm) {
+  // Every byte escaped (6 bytes each) and every byte replaced (3 each): the
+  // same text as append_json_string, and capacity within a small factor of
+  // the size (no 6 × n reservation for text that needs none).
+  for (const std::string& s : {std::string(100'000, '\x01'), std::string(100'000, '\xFF'), std::string(100'000, 'a')}) {
+    std::string a = "x", b = "x";
+    weir::core::append_json_string(a, s);
+    {
+      weir::core::TextWriter w(b, 8);
+      w.put_json_string(s);
+    }
+    EXPECT_EQ(a, b);
+    boost::system::error_code ec;
+    const auto v = boost::json::parse(std::string_view(a).substr(1), ec);
+    ASSERT_FALSE(ec);
+    EXPECT_LE(a.capacity(), 4 * a.size() + 512);  // room doubled, then the string's own doubling
+  }
+  std::string plain;
+  weir::core::append_json_string(plain, std::string(100'000, 'a'));
+  EXPECT_LE(plain.capacity(), plain.size() + 512);
 }

@@ -1,6 +1,7 @@
 #include "http/headers.hpp"
 
 #include <gtest/gtest.h>
+#include <boost/beast/http.hpp>
 
 #include "http/gzip.hpp"
 
@@ -55,4 +56,20 @@ TEST(Gzip, RejectsGarbageAndBombs) {
   EXPECT_EQ(out, std::string(100000, 'a'));
   EXPECT_FALSE(gunzip(gz, out, 1000));                              // over the output limit
   EXPECT_FALSE(gunzip(gz.substr(0, gz.size() - 9), out, 1 << 20));  // truncated
+}
+
+TEST(Headers, FirstFieldAnswersAsBeastsLookupDoes) {
+  namespace bh = boost::beast::http;
+  bh::request<bh::empty_body> req;
+  req.insert("X-API-Key", "k1");
+  req.insert(bh::field::content_type, "application/json");
+  req.insert("x-api-key", "k2");  // a repeat: the first one answers
+  req.insert("CONNECTION", "x-secret");
+  req.insert("Authorization", "Bearer t");
+  for (const auto f : {bh::field::content_type, bh::field::authorization, bh::field::connection, bh::field::accept})
+    EXPECT_EQ(first_field(req, f), std::string_view(req[f])) << f;
+  for (const std::string_view name : {"x-api-key", "X-Api-Key", "content-type", "x-absent", "x-api-ke"})
+    EXPECT_EQ(first_field(req, name), std::string_view(req[name])) << name;
+  EXPECT_TRUE(has_field(req, bh::field::connection));
+  EXPECT_FALSE(has_field(req, bh::field::expect));
 }
