@@ -192,9 +192,12 @@ class GatewayPhases final : public Phases {
   // Body capture (phases/capture.cpp, request_log.capture_bodies): after
   // authentication, for a tenant that opted in, the request body's first
   // bytes (its credential redacted) and ctx.capture on; then each piece of
-  // the response as it goes to the client (nothing without ctx.capture).
+  // the response as it goes to the client (nothing without ctx.capture);
+  // at the end, the credential redacted from the response too (a model that
+  // repeats a key it was shown).
   void begin_capture(RequestContext& ctx);
   void capture_response(RequestContext& ctx, std::string_view bytes);
+  void end_capture(RequestContext& ctx);
   // Copies the record into the worker's queue, or counts it dropped when full.
   // `budget`: the captured bytes the queue may hold (null: no capture).
   static void push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,

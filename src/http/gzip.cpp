@@ -27,6 +27,16 @@ bool gunzip(std::string_view in, std::string& out, std::uint64_t max_out, bool* 
     }
     out.append(buf, n);
     if (rc == Z_OK && n == 0 && zs.avail_in == 0) break;  // truncated input
+    // A gzip body is a series of members (RFC 1952 §2.2; `cat a.gz b.gz`):
+    // after one ends, the next one starts. Anything else after it is not
+    // gzip, and is refused rather than dropped unread.
+    if (rc == Z_STREAM_END && zs.avail_in > 0) {
+      if (zs.avail_in < 2 || zs.next_in[0] != 0x1f || zs.next_in[1] != 0x8b || inflateReset(&zs) != Z_OK) {
+        rc = Z_DATA_ERROR;
+        break;
+      }
+      rc = Z_OK;
+    }
   }
   inflateEnd(&zs);
   return rc == Z_STREAM_END;

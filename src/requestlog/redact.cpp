@@ -1,5 +1,6 @@
 #include "requestlog/redact.hpp"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/url.hpp"
@@ -68,21 +69,118 @@ std::size_t secret_at(std::string_view s, std::size_t i, bool truncated) {
 
 }  // namespace
 
+namespace {
+
+int hex_digit(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+// At t[i]: one character as a JSON string spells it (RFC 8259 §7), decoded
+// into `c`: a byte as it is (1), a two-character escape \" \\ \/ \b \f
+// \n \r \t (2), or \u00XX for an ASCII character (6). Returns its length
+// in `t`, 0 when none starts there (a lone or cut backslash, or \u beyond
+// ASCII: secrets are ASCII).
+std::size_t unit_at(std::string_view t, std::size_t i, char& c) {
+  if (t[i] != '\\') {
+    c = t[i];
+    return 1;
+  }
+  if (i + 1 >= t.size()) return 0;
+  switch (t[i + 1]) {
+    case '"':
+    case '\\':
+    case '/':
+      c = t[i + 1];
+      return 2;
+    case 'b':
+      c = '\b';
+      return 2;
+    case 'f':
+      c = '\f';
+      return 2;
+    case 'n':
+      c = '\n';
+      return 2;
+    case 'r':
+      c = '\r';
+      return 2;
+    case 't':
+      c = '\t';
+      return 2;
+    case 'u': {
+      if (i + 6 > t.size() || t[i + 2] != '0' || t[i + 3] != '0') return 0;
+      const int hi = hex_digit(t[i + 4]), lo = hex_digit(t[i + 5]);
+      if (hi < 0 || lo < 0 || hi > 7) return 0;
+      c = static_cast<char>(hi * 16 + lo);
+      return 6;
+    }
+    default:
+      return 0;
+  }
+}
+
+// How `secret` is spelled at t[i], escapes allowed: `matched` secret bytes
+// over `len` bytes of `t` (matched == secret.size(): all of it).
+struct Spelling {
+  std::size_t matched = 0;
+  std::size_t len = 0;
+};
+
+Spelling spelled_at(std::string_view t, std::size_t i, std::string_view secret) {
+  Spelling s;
+  while (s.matched < secret.size() && i + s.len < t.size()) {
+    char c = 0;
+    const std::size_t n = unit_at(t, i + s.len, c);
+    if (n == 0 || c != secret[s.matched]) break;
+    ++s.matched;
+    s.len += n;
+  }
+  return s;
+}
+
+}  // namespace
+
 void redact_exact(std::string& text, std::string_view secret, bool truncated) {
   if (secret.size() < 8) return;
-  std::size_t at = 0;
-  while ((at = text.find(secret, at)) != std::string::npos) {
-    text.replace(at, secret.size(), kRedacted);
-    at += kRedacted.size();
-  }
-  if (!truncated) return;
-  // A prefix of the secret cut by the cap at the very end.
-  for (std::size_t n = std::min(secret.size() - 1, text.size()); n >= 4; --n) {
-    if (std::string_view(text).substr(text.size() - n) == secret.substr(0, n)) {
-      text.replace(text.size() - n, n, kRedacted);
-      return;
+  const std::string_view t = text;
+  std::string out;
+  std::size_t copied = 0;  // t[copied, i) is still to be copied into out
+  bool changed = false;
+  auto replace = [&](std::size_t from, std::size_t to) {
+    if (!changed) out.reserve(t.size());
+    out.append(t.substr(copied, from - copied));
+    out += kRedacted;
+    copied = to;
+    changed = true;
+  };
+  // The secret as it is or JSON-escaped (a client may spell it \u0073k-...
+  // or with \/ in a JSON string): tried where its first byte or an escape is.
+  for (std::size_t i = 0; i < t.size();) {
+    if (t[i] != secret[0] && t[i] != '\\') {
+      ++i;
+      continue;
     }
+    const Spelling s = spelled_at(t, i, secret);
+    if (s.matched == secret.size()) {
+      replace(i, i + s.len);
+      i += s.len;
+      continue;
+    }
+    // Cut by the cap at the very end: a prefix of 4 bytes or more goes.
+    const std::size_t stop = i + s.len;
+    const bool cut_escape = stop < t.size() && t[stop] == '\\' && t.size() - stop < 6;  // "\u00" at the end
+    if (truncated && s.matched >= 4 && (stop == t.size() || cut_escape)) {
+      replace(i, t.size());
+      break;
+    }
+    ++i;
   }
+  if (!changed) return;
+  out.append(t.substr(std::min(copied, t.size())));
+  text.swap(out);
 }
 
 void redact_patterns(std::string& text, bool truncated) {

@@ -13,11 +13,13 @@ inline constexpr std::string_view kRedacted = "[REDACTED]";
 
 // Replaces every occurrence of `secret` (the credential the request was
 // made with: the bearer token or x-api-key value, at least 8 bytes) in
-// `text` with kRedacted; when `text` was truncated (`truncated`) and ends
-// with a prefix of `secret` of 4 bytes or more, that tail goes too. Exact
-// and certain: the request's own key or token is never stored, even when
-// a client pastes it into a prompt. Runs on the worker, only for requests
-// whose tenant opted in to capture.
+// `text` with kRedacted, spelled as it is or with JSON string escapes
+// (RFC 8259 §7: \u0073k-..., \/, \"; a body is JSON text); when `text` was
+// truncated (`truncated`) and ends with a prefix of `secret` of 4 bytes or
+// more, that tail goes too. Exact and certain: the request's own key or
+// token is never stored, even when a client pastes it into a prompt or the
+// model repeats it. Runs on the worker, only for requests whose tenant
+// opted in to capture.
 void redact_exact(std::string& text, std::string_view secret, bool truncated);
 
 // Best-effort patterns, run by the store's writer thread before a body is

@@ -492,6 +492,17 @@ def test_gzip_request_body_is_decoded(stack):
     bad = httpx.post(w.v1 + "/chat/completions", content=b"\x1f\x8b not gzip",
                      headers={"authorization": f"Bearer {KEY}", "content-encoding": "gzip"}, timeout=30)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_content_encoding"
+    # Several gzip members in a row (RFC 1952 §2.2, what `cat a.gz b.gz` makes): decoded whole.
+    r3 = rid()
+    resp = httpx.post(w.v1 + "/chat/completions", content=gzip.compress(vbody[:20]) + gzip.compress(vbody[20:]),
+                      headers={"authorization": f"Bearer {KEY}", "content-encoding": "gzip",
+                               "x-request-id": r3, "x-script": "vllm-text"}, timeout=30)
+    assert resp.status_code == 200, resp.text
+    assert json.loads(sent(up, r3)[0].body)["messages"] == [{"role": "user", "content": "Hi"}]
+    # Bytes after the last member that are not gzip: refused, never dropped unread.
+    bad = httpx.post(w.v1 + "/chat/completions", content=gzip.compress(body) + b"garbage",
+                     headers={"authorization": f"Bearer {KEY}", "content-encoding": "gzip"}, timeout=30)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_content_encoding"
     # A body that inflates past server.max_body (4 MiB): 413, whatever its compressed size.
     bomb = gzip.compress(b"0" * (5 << 20))
     assert len(bomb) < 10_000

@@ -117,6 +117,28 @@ def test_keys_and_tokens_never_reach_the_store(gw):
     assert req["truncated"] is True and ACME_KEY[:6] not in req["text"] and req["text"].endswith("[REDACTED]")
 
 
+def test_the_key_spelled_with_json_escapes_never_reaches_the_store(gw):
+    # JSON text may spell any character as \\u00XX (RFC 8259 §7): the stored body is JSON text, so its decoded
+    # form must not hold the key either.
+    w, admin = gw
+    spellings = {
+        "all": "".join(f"\\u{ord(c):04x}" for c in ACME_KEY),
+        "one": ACME_KEY[:-1] + f"\\u{ord(ACME_KEY[-1]):04x}",
+        "upper": ACME_KEY.replace("sk-", "\\u0073k\\u002D", 1),
+    }
+    for name, spelled in spellings.items():
+        i = rid()
+        raw = '{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"key ' + spelled + ' ok"}]}'
+        r = httpx.post(w.v1 + "/chat/completions", content=raw, timeout=30,
+                       headers={"authorization": f"Bearer {ACME_KEY}", "x-request-id": i,
+                                "content-type": "application/json"})
+        assert r.status_code == 200, (name, r.text)
+        text = stored(admin, i)["bodies"]["request"]["text"]
+        decoded = json.loads(text)["messages"][0]["content"]
+        assert ACME_KEY not in decoded and ACME_KEY[-12:] not in decoded, (name, text)
+        assert decoded == "key [REDACTED] ok", (name, text)
+
+
 def test_other_tenants_and_refused_requests_have_no_bodies(gw):
     w, admin = gw
     i = rid()

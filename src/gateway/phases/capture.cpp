@@ -59,4 +59,10 @@ void GatewayPhases::capture_response(RequestContext& ctx, std::string_view bytes
   take(ctx.captured_response, bytes, w_.shared().capture->max_response_bytes);
 }
 
+void GatewayPhases::end_capture(RequestContext& ctx) {
+  if (!ctx.capture) return;
+  requestlog::redact_exact(ctx.captured_response.bytes, presented_credential(down_.request()),
+                           ctx.captured_response.truncated);
+}
+
 }  // namespace weir::gateway

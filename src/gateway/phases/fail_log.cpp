@@ -141,6 +141,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   m.sse_events += ctx.events;
   // A scrape every few seconds would drown the log: /metrics counts in the
   // metrics, writes no line and stores no record.
+  end_capture(ctx);
   if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
   if (ctx.trace_sampled()) push_trace(ctx, end);
   if (ctx.capture) {

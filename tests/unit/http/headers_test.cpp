@@ -56,6 +56,16 @@ TEST(Gzip, RejectsGarbageAndBombs) {
   EXPECT_EQ(out, std::string(100000, 'a'));
   EXPECT_FALSE(gunzip(gz, out, 1000));                              // over the output limit
   EXPECT_FALSE(gunzip(gz.substr(0, gz.size() - 9), out, 1 << 20));  // truncated
+  // Several members in a row (RFC 1952 §2.2): all of them, the limit over the whole.
+  const std::string two = std::string(gz) + std::string(gz);
+  ASSERT_TRUE(gunzip(two, out, 1 << 20));
+  EXPECT_EQ(out, std::string(200000, 'a'));
+  EXPECT_FALSE(gunzip(two, out, 150000));
+  EXPECT_FALSE(gunzip(two.substr(0, two.size() - 9), out, 1 << 20));  // the second one cut
+  // Bytes after the last member that are not another one: refused, not dropped.
+  EXPECT_FALSE(gunzip(std::string(gz) + "garbage", out, 1 << 20));
+  EXPECT_FALSE(gunzip(std::string(gz) + "\x1f", out, 1 << 20));
+  EXPECT_FALSE(gunzip(std::string(gz) + std::string(4, '\0'), out, 1 << 20));
 }
 
 TEST(Headers, FirstFieldAnswersAsBeastsLookupDoes) {

@@ -2,6 +2,8 @@
 // the shapes of keys and tokens (patterns), also when the cap cut them.
 #include "requestlog/redact.hpp"
 
+#include <cstdio>
+
 #include <gtest/gtest.h>
 
 namespace weir::requestlog {
@@ -26,6 +28,28 @@ TEST(RedactTest, TheRequestsOwnCredentialEverywhere) {
   EXPECT_EQ(exact("tail sk-", key, true), "tail sk-");  // 3 bytes: too short to tell
   EXPECT_EQ(exact("tail sk-weir-9f", key, false), "tail sk-weir-9f");
   EXPECT_EQ(exact("short", "abc"), "short");  // secrets under 8 bytes are not searched
+}
+
+TEST(RedactTest, TheCredentialSpelledWithJsonEscapes) {
+  const std::string key = "sk-weir-9f8e7d6c5b4a";
+  // Every character \u-escaped, one escaped, \/ where a client escaped a slash-free key anyway.
+  std::string all;
+  for (char c : key) {
+    char buf[8];
+    std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
+    all += buf;
+  }
+  EXPECT_EQ(exact("{\"content\":\"my key " + all + " ok\"}", key), "{\"content\":\"my key [REDACTED] ok\"}");
+  EXPECT_EQ(exact("a \\u0073k-weir-9f8e7d6c5b4a b", key), "a [REDACTED] b");
+  EXPECT_EQ(exact("a sk-weir-9f8e7d6c5b\\u0034a b", key), "a [REDACTED] b");
+  EXPECT_EQ(exact("a sk-weir-9f8e7d6c5b\\u0034A b", key), "a sk-weir-9f8e7d6c5b\\u0034A b");  // not the key
+  const std::string slashy = "abc/def/ghijklmn";
+  EXPECT_EQ(exact("x abc\\/def\\/ghijklmn y", slashy), "x [REDACTED] y");
+  // Cut by the cap inside an escape or after one: the tail goes.
+  EXPECT_EQ(exact("tail \\u0073k-w\\u00", key, true), "tail [REDACTED]");
+  EXPECT_EQ(exact("tail \\u0073k-we", key, true), "tail [REDACTED]");
+  // Escapes that spell other text, and a backslash at the very end, are left.
+  EXPECT_EQ(exact("\\n\\u0041 \\", key), "\\n\\u0041 \\");
 }
 
 TEST(RedactTest, KeyShapes) {
