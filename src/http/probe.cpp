@@ -3,6 +3,7 @@
 #include "http/tls.hpp"
 
 #include <array>
+#include <charconv>
 #include <memory>
 #include <string>
 
@@ -15,6 +16,12 @@
 namespace weir::http {
 
 namespace {
+
+namespace bh = boost::beast::http;
+using Parser = bh::response_parser<bh::string_body>;
+// A request as written: its head and its body (empty for a GET). One buffer
+// type for every write here, so each stream type has one write operation.
+using RequestBuffers = std::array<asio::const_buffer, 2>;
 
 // Closes `sock` at `r.timeout`: whatever is pending on it then completes with an error.
 void close_at_deadline(Timer& deadline, const std::shared_ptr<Socket>& sock, const ProbeRequest& r) {
@@ -41,7 +48,8 @@ std::string probe_request(const ProbeRequest& r, std::string_view agent, std::st
 template <class Stream>
 Task<bool> probe_over(Stream& stream, const ProbeRequest& r) {
   const std::string req = probe_request(r, "weir-health", {});
-  auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(req), use_task);
+  const RequestBuffers out{asio::buffer(req), asio::const_buffer()};
+  auto [wec, wn] = co_await asio::async_write(stream, out, use_task);
   (void)wn;
   std::array<char, 64> buf{};
   std::size_t have = 0;
@@ -62,26 +70,38 @@ void fail(const ProbeRequest& r, const Socket& sock, std::string_view what, cons
                               : fmt::format("no answer within {} ms", r.timeout.count());
 }
 
-// The GET of fetch_text over `stream` (on `sock`); returns the status (0 on failure).
+// Writes `request` to `stream`, then reads the answer into `parser` (Beast
+// frames it: Content-Length, chunked or close-delimited, RFC 9112 §6,
+// within the parser's limits), keeping what follows it in `buf`. Returns the
+// error, if any; `wrote` says whether the request went out. Shared by
+// fetch_text and KeptConnection::post.
 template <class Stream>
-Task<int> fetch_over(Stream& stream, const Socket& sock, const ProbeRequest& r, std::string& body,
-                     const std::size_t& max_bytes) {
-  const std::string req = probe_request(r, r.user_agent, r.accept);
-  auto [wec, wn] = co_await asio::async_write(stream, asio::buffer(req), use_task);
+Task<boost::system::error_code> exchange_over(Stream& stream, const RequestBuffers& request,
+                                              boost::beast::flat_buffer& buf, Parser& parser, bool& wrote) {
+  auto [wec, wn] = co_await asio::async_write(stream, request, use_task);
   (void)wn;
-  if (wec) {
-    fail(r, sock, "request write failed", wec);
-    co_return 0;
-  }
-  // Beast frames the answer (Content-Length, chunked or close-delimited) within max_bytes.
-  boost::beast::flat_buffer buf;
-  boost::beast::http::response_parser<boost::beast::http::string_body> parser;
-  parser.body_limit(max_bytes);
-  auto [rec, rn] = co_await boost::beast::http::async_read(stream, buf, parser, use_task);
+  if (wec) co_return wec;
+  wrote = true;
+  auto [rec, rn] = co_await bh::async_read(stream, buf, parser, use_task);
   (void)rn;
   // A TLS peer that closes without close_notify after a complete message is fine.
-  if (rec && !(is_tls_close(rec) && parser.is_done())) {
-    fail(r, sock, "response read failed", rec);
+  if (rec && is_tls_close(rec) && parser.is_done()) co_return boost::system::error_code();
+  co_return rec;
+}
+
+// The GET of fetch_text on `sock`, over `tls` when not null; returns the status (0 on failure).
+Task<int> fetch_over(Socket& sock, TlsStream* tls, const ProbeRequest& r, std::string& body,
+                     const std::size_t& max_bytes) {
+  const std::string req = probe_request(r, r.user_agent, r.accept);
+  const RequestBuffers out{asio::buffer(req), asio::const_buffer()};
+  boost::beast::flat_buffer buf;
+  Parser parser;
+  parser.body_limit(max_bytes);
+  bool wrote = false;
+  const auto ec = tls ? co_await exchange_over(tls->stream, out, buf, parser, wrote)
+                      : co_await exchange_over(sock, out, buf, parser, wrote);
+  if (ec) {
+    fail(r, sock, wrote ? "response read failed" : "request write failed", ec);
     co_return 0;
   }
   body = std::move(parser.get().body());
@@ -117,14 +137,14 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
           fail(r, *sock, "TLS handshake failed", hec);
         }
         if (!hec && body) {
-          result = co_await fetch_over(tls.stream, *sock, r, *body, max_bytes);
+          result = co_await fetch_over(*sock, &tls, r, *body, max_bytes);
         } else if (!hec) {
           const bool ok = co_await probe_over(tls.stream, r);
           result = ok ? 1 : 0;
         }
       }
     } else if (body) {
-      result = co_await fetch_over(*sock, *sock, r, *body, max_bytes);
+      result = co_await fetch_over(*sock, nullptr, r, *body, max_bytes);
     } else {
       const bool ok = co_await probe_over(*sock, r);
       result = ok ? 1 : 0;
@@ -147,6 +167,172 @@ Task<bool> probe_health(Executor ex, const ProbeRequest& r) {
 Task<int> fetch_text(Executor ex, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes) {
   body.clear();
   co_return co_await with_connection(ex, r, &body, max_bytes);
+}
+
+namespace {
+
+using Resolver = asio::ip::basic_resolver<tcp, Executor>;
+
+// One open connection of a KeptConnection: the socket, TLS over it for
+// https://, what was read past the last answer.
+struct KeptSocket {
+  explicit KeptSocket(Executor ex) : sock(ex) {}
+  Socket sock;
+  std::unique_ptr<TlsStream> tls;  // declared after `sock`, which it refers to
+  boost::beast::flat_buffer buf;
+  bool timed_out = false;  // the step's deadline passed: its timer closed `sock`
+};
+
+// Closes `c`'s socket `after` from now, unless `timer` is cancelled first:
+// whatever is pending on it then completes with an error.
+void close_after(Timer& timer, const std::shared_ptr<KeptSocket>& c, std::chrono::milliseconds after) {
+  c->timed_out = false;
+  timer.expires_after(after);
+  timer.async_wait([weak = std::weak_ptr<KeptSocket>(c)](boost::system::error_code ec) {
+    if (ec) return;
+    if (auto s = weak.lock()) {
+      s->timed_out = true;
+      boost::system::error_code ignored;
+      s->sock.close(ignored);
+    }
+  });
+}
+
+// The seconds of a Retry-After in its delay-seconds form; 0 for none, an HTTP date or junk.
+std::chrono::seconds retry_after_of(std::string_view v) {
+  std::int64_t s = 0;
+  const auto [p, e] = std::from_chars(v.data(), v.data() + v.size(), s);
+  if (v.empty() || e != std::errc() || p != v.data() + v.size() || s <= 0) return std::chrono::seconds(0);
+  return std::chrono::seconds(s);
+}
+
+}  // namespace
+
+struct KeptConnection::State {
+  State(Executor e, PostTarget t) : ex(e), target(std::move(t)), timer(e) {}
+  Executor ex;
+  PostTarget target;
+  std::shared_ptr<TlsClient> tls;    // https:// only
+  std::string tls_error;             // why `tls` could not be made
+  std::shared_ptr<KeptSocket> conn;  // null: none open
+  Timer timer;                       // the current step's deadline
+};
+
+KeptConnection::KeptConnection(Executor ex, PostTarget target) : s_(std::make_unique<State>(ex, std::move(target))) {
+  if (s_->target.tls) {
+    core::TlsConfig cfg;
+    cfg.ca_file = s_->target.ca_file;  // empty: the system store; names verified
+    s_->tls = TlsClient::make(cfg, s_->tls_error);
+  }
+}
+
+KeptConnection::~KeptConnection() { close(); }
+
+bool KeptConnection::connected() const { return s_->conn != nullptr; }
+
+void KeptConnection::close() {
+  s_->timer.cancel();
+  if (!s_->conn) return;
+  boost::system::error_code ignored;
+  s_->conn->sock.shutdown(tcp::socket::shutdown_both, ignored);
+  s_->conn->sock.close(ignored);
+  s_->conn.reset();
+}
+
+Task<PostAnswer> KeptConnection::post(const PostRequest& r) {
+  PostAnswer a;
+  for (int round = 0; round < 2; ++round) {
+    const bool reused = connected();
+    if (!reused) {
+      if (std::string error = co_await open(r); !error.empty()) {
+        close();
+        a = PostAnswer();
+        a.error = std::move(error);
+        co_return a;
+      }
+    }
+    bool answered = false;
+    a = co_await send(r, answered);
+    if (a.status != 0 || !reused || answered) break;
+  }
+  co_return a;
+}
+
+// Resolves the host, connects to each address in turn and, for https://,
+// handshakes: each step within r.timeout. Returns why it failed ("" when open).
+Task<std::string> KeptConnection::open(const PostRequest& r) {
+  State& s = *s_;
+  if (s.target.tls && !s.tls) co_return s.tls_error;
+  auto resolver = std::make_shared<Resolver>(s.ex);
+  s.timer.expires_after(r.timeout);
+  s.timer.async_wait([weak = std::weak_ptr<Resolver>(resolver)](boost::system::error_code ec) {
+    if (auto res = weak.lock(); res && !ec) res->cancel();
+  });
+  const std::string port = std::to_string(s.target.port);
+  auto [rec, endpoints] = co_await resolver->async_resolve(s.target.host, port, use_task);
+  s.timer.cancel();
+  if (rec) co_return fmt::format("cannot resolve {}: {}", s.target.host, rec.message());
+
+  auto c = std::make_shared<KeptSocket>(s.ex);
+  close_after(s.timer, c, r.timeout);  // the connect and the TLS handshake
+  boost::system::error_code cec = asio::error::host_not_found;
+  for (const auto& entry : endpoints) {
+    if (c->timed_out) break;
+    boost::system::error_code closed;
+    c->sock.close(closed);
+    std::tie(cec) = co_await c->sock.async_connect(entry.endpoint(), use_task);
+    if (!cec) break;
+  }
+  if (!cec && c->timed_out) cec = asio::error::timed_out;
+  if (cec) co_return fmt::format("cannot connect: {}", c->timed_out ? "timed out" : cec.message());
+  boost::system::error_code ignored;
+  c->sock.set_option(tcp::no_delay(true), ignored);
+  if (s.tls) {
+    c->tls = std::make_unique<TlsStream>(c->sock, s.tls->context());
+    std::string error;
+    if (!prepare_client(*c->tls, TlsTarget{.client = s.tls.get(), .server_name = s.target.host}, error))
+      co_return error;
+    auto [hec] = co_await c->tls->stream.async_handshake(asio::ssl::stream_base::client, use_task);
+    if (hec) {
+      if (c->timed_out) co_return std::string("TLS handshake failed: timed out");
+      error = handshake_failure_reason(*c->tls, hec);
+      co_return error.starts_with("TLS ") ? error : "TLS handshake failed: " + error;
+    }
+  }
+  s.timer.cancel();
+  s.conn = std::move(c);
+  co_return std::string();
+}
+
+// The POST on the open connection, within r.timeout; `answered`: some of an
+// answer came back (else a kept connection may have been closed in between).
+Task<PostAnswer> KeptConnection::send(const PostRequest& r, bool& answered) {
+  State& s = *s_;
+  const std::shared_ptr<KeptSocket> c = s.conn;
+  PostAnswer a;
+  const std::string head =
+      fmt::format("POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: {}\r\n{}Content-Length: {}\r\n\r\n", r.target,
+                  r.host_header, r.content_type, r.header_lines, r.body.size());
+  const RequestBuffers request{asio::buffer(head), asio::buffer(r.body.data(), r.body.size())};
+  Parser parser;
+  parser.body_limit(r.max_body);
+  bool wrote = false;
+  close_after(s.timer, c, r.timeout);
+  const auto ec = c->tls ? co_await exchange_over(c->tls->stream, request, c->buf, parser, wrote)
+                         : co_await exchange_over(c->sock, request, c->buf, parser, wrote);
+  s.timer.cancel();
+  answered = parser.got_some();
+  if (ec) {
+    a.error = c->timed_out ? "timed out" : ec.message();
+    close();
+    co_return a;
+  }
+  auto& res = parser.get();
+  a.status = res.result_int();
+  a.retry_after = retry_after_of(res[bh::field::retry_after]);
+  a.body = std::move(res.body());
+  if (!res.keep_alive()) close();
+  co_return a;
 }
 
 }  // namespace weir::http

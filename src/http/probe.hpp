@@ -1,10 +1,16 @@
-// An active health probe of one model server: `GET <path>` over a fresh
-// connection, answered within a timeout. It costs the model server no
-// generation (vLLM's GET /health answers 200 with an empty body; /v1/models
-// works for any OpenAI-compatible server).
+// The control plane's small HTTP/1.1 client. An active health probe of one
+// model server: `GET <path>` over a fresh connection, answered within a
+// timeout. It costs the model server no generation (vLLM's GET /health
+// answers 200 with an empty body; /v1/models works for any
+// OpenAI-compatible server). fetch_text: a small document (JWKS, a model
+// server's /metrics). KeptConnection: POSTs on one kept-alive connection
+// (the trace exporter's OTLP/HTTP requests, tracing/exporter.cpp).
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -45,5 +51,63 @@ Task<bool> probe_health(Executor ex, const ProbeRequest& r);
 // for small documents (auth/jwks_http.cpp).
 // (Parameters by reference: see probe_health.)
 Task<int> fetch_text(Executor ex, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes);
+
+// Where a KeptConnection goes.
+struct PostTarget {
+  std::string host;  // resolved at each connect (each address in turn); https://: SNI and the name verified
+  std::uint16_t port = 80;
+  bool tls = false;     // https://: TLS 1.2 at least, the certificate chain and the host name verified
+  std::string ca_file;  // https://: trusted CAs (PEM); empty = the system store
+};
+
+// One POST (its fields are read while it runs: keep them alive until it completes).
+struct PostRequest {
+  std::string_view target;        // path and query
+  std::string_view host_header;   // "host:port" as sent in Host
+  std::string_view content_type;  // of `body`
+  std::string_view header_lines;  // more header lines (User-Agent, credentials), CRLF each
+  std::string_view body;          // sent with its Content-Length
+  // Each step within it: the name's resolution, the connect (with the TLS
+  // handshake), then the request and its answer.
+  std::chrono::milliseconds timeout{1'000};
+  std::size_t max_body = 64 * 1024;  // an answer with a longer body is an error (status 0)
+};
+
+// What a POST got back.
+struct PostAnswer {
+  int status = 0;     // the answer's status; 0 = none (`error` says why)
+  std::string error;  // empty on an answer
+  // Retry-After in seconds (RFC 9110 §10.2.3: only its delay-seconds form); 0 = none.
+  std::chrono::seconds retry_after{};
+  std::string body;  // the answer's body (Content-Length, chunked or close-delimited)
+};
+
+// POSTs to one endpoint on one kept-alive connection (plain or TLS), opened
+// on the first POST and again after the server closed it or an error. One
+// POST at a time, on the executor's thread.
+class KeptConnection {
+ public:
+  // For https://, the TLS context is built here; a CA file that cannot be
+  // loaded fails every POST, saying why.
+  KeptConnection(Executor ex, PostTarget target);
+  ~KeptConnection();
+  KeptConnection(const KeptConnection&) = delete;
+  KeptConnection& operator=(const KeptConnection&) = delete;
+
+  // POSTs r.body to r.target. A kept connection the server closed in
+  // between fails before any answer: the POST is then sent once more, on a
+  // new connection. Any error, and an answer with Connection: close, closes
+  // the connection. (`r` by reference: see probe_health.)
+  Task<PostAnswer> post(const PostRequest& r);
+  // Closes the connection, if open (a new one is opened by the next POST).
+  void close();
+  bool connected() const;
+
+ private:
+  struct State;
+  Task<std::string> open(const PostRequest& r);
+  Task<PostAnswer> send(const PostRequest& r, bool& answered);
+  std::unique_ptr<State> s_;
+};
 
 }  // namespace weir::http

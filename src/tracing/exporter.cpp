@@ -1,33 +1,28 @@
 #include "tracing/exporter.hpp"
 
+#include <algorithm>
 #include <charconv>
+#include <iterator>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
-#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/ssl.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/beast/core.hpp>
-#include <boost/beast/http.hpp>
-#include <boost/beast/ssl.hpp>
 #include <boost/json/parse.hpp>
 
 #include "core/process_metrics.hpp"
+#include "core/text.hpp"
+#include "http/probe.hpp"
 
 namespace weir::tracing {
 
 namespace asio = boost::asio;
-namespace beast = boost::beast;
-namespace bh = beast::http;
-using tcp = asio::ip::tcp;
 using SteadyClock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr auto kTuple = asio::as_tuple(asio::use_awaitable);
 constexpr std::size_t kAnswerLimit = 64 * 1024;
 constexpr auto kReportEvery = std::chrono::seconds(10);
 // Retries of one batch (OTLP/HTTP §"Retryable Response Codes": 429, 502,
@@ -63,158 +58,72 @@ std::uint64_t rejected_spans(std::string_view body, std::string& message) {
   return 0;
 }
 
+// The request's header lines besides Host, Content-Type and Content-Length:
+// User-Agent, then the configured headers. A configured header replaces an
+// earlier one of the same name (User-Agent included), the last one winning.
+std::string header_lines(const TracingConfig& c) {
+  const std::string agent = fmt::format("weir/{}", core::build_version());
+  std::vector<std::pair<std::string_view, std::string_view>> fields{{"User-Agent", agent}};
+  for (const auto& h : c.headers) {
+    std::erase_if(fields, [&](const auto& f) { return core::iequals(f.first, h.first); });
+    fields.emplace_back(h.first, h.second);
+  }
+  std::string out;
+  for (const auto& [name, value] : fields) fmt::format_to(std::back_inserter(out), "{}: {}\r\n", name, value);
+  return out;
+}
+
 }  // namespace
 
-// A small HTTP/1.1 client for one OTLP/HTTP endpoint: POSTs on one
-// kept-alive connection (plain or TLS), each step bounded by a timeout,
-// run to completion on the exporter's thread (its own io_context).
+// The exporter's OTLP/HTTP client: POSTs on one kept-alive connection
+// (plain or TLS; the control plane's HTTP client, http/probe.hpp), each step
+// bounded by a timeout, run to completion on the exporter's thread (its own
+// io_context).
 class OtlpClient {
  public:
-  explicit OtlpClient(const TracingConfig& c) : c_(c) {
-    if (c_.endpoint.tls) {
-      tls_ctx_.emplace(asio::ssl::context::tls_client);
-      tls_ctx_->set_options(asio::ssl::context::no_tlsv1 | asio::ssl::context::no_tlsv1_1);
-      boost::system::error_code ec;
-      if (c_.ca_file.empty())
-        tls_ctx_->set_default_verify_paths(ec);
-      else
-        tls_ctx_->load_verify_file(c_.ca_file, ec);
-      tls_ctx_->set_verify_mode(asio::ssl::verify_peer);
-    }
-    req_.method(bh::verb::post);
-    req_.target(c_.target);
-    req_.version(11);
-    req_.set(bh::field::host, c_.endpoint.host_header);
-    req_.set(bh::field::content_type, "application/json");
-    req_.set(bh::field::user_agent, fmt::format("weir/{}", core::build_version()));
-    for (const auto& [k, v] : c_.headers) req_.set(k, v);
-  }
+  explicit OtlpClient(const TracingConfig& c)
+      : c_(c),
+        lines_(header_lines(c)),
+        conn_(ioc_.get_executor(),
+              http::PostTarget{
+                  .host = c.endpoint.host, .port = c.endpoint.port, .tls = c.endpoint.tls, .ca_file = c.ca_file}) {}
 
-  // POSTs `body` (taken, and given back when done) within `timeout`.
-  PostResult post(std::string& body, std::chrono::milliseconds timeout) {
-    req_.body() = std::move(body);
-    req_.prepare_payload();
+  // POSTs `body` within `timeout` (each step: connect, then send and answer).
+  PostResult post(const std::string& body, std::chrono::milliseconds timeout) {
+    const http::PostRequest req{.target = c_.target,
+                                .host_header = c_.endpoint.host_header,
+                                .content_type = "application/json",
+                                .header_lines = lines_,
+                                .body = body,
+                                .timeout = timeout,
+                                .max_body = kAnswerLimit};
     PostResult out;
-    // A kept-alive connection the collector closed in between fails before
-    // any answer: once, on a fresh connection.
-    for (int round = 0; round < 2; ++round) {
-      const bool reused = connected();
-      bool answered = false;
-      asio::co_spawn(ioc_, exchange(timeout, answered), [&](std::exception_ptr e, PostResult r) {
-        if (e) {
-          try {
-            std::rethrow_exception(e);
-          } catch (const std::exception& ex) {
-            r.error = ex.what();
-          }
-          close();
+    asio::co_spawn(ioc_, conn_.post(req), [&](std::exception_ptr e, http::PostAnswer a) {
+      if (e) {
+        try {
+          std::rethrow_exception(e);
+        } catch (const std::exception& ex) {
+          a.error = ex.what();
         }
-        out = std::move(r);
-      });
-      ioc_.restart();
-      ioc_.run();
-      if (out.status != 0 || !reused || answered) break;
-    }
-    body = std::move(req_.body());
+        conn_.close();
+      }
+      out.status = a.status;
+      out.error = std::move(a.error);
+      out.retry_after = std::min<std::chrono::milliseconds>(a.retry_after, kMaxRetryAfter);
+      out.body = std::move(a.body);
+    });
+    ioc_.restart();
+    ioc_.run();
     return out;
   }
 
-  void close() {
-    boost::system::error_code ec;
-    if (tls_) {
-      beast::get_lowest_layer(*tls_).socket().shutdown(tcp::socket::shutdown_both, ec);
-      tls_.reset();
-    }
-    if (plain_) {
-      plain_->socket().shutdown(tcp::socket::shutdown_both, ec);
-      plain_.reset();
-    }
-  }
+  void close() { conn_.close(); }
 
  private:
-  bool connected() const { return plain_ || tls_; }
-
-  asio::awaitable<PostResult> exchange(std::chrono::milliseconds timeout, bool& answered) {
-    PostResult r;
-    if (!connected()) {
-      if (auto err = co_await connect(timeout); !err.empty()) {
-        r.error = std::move(err);
-        close();
-        co_return r;
-      }
-    }
-    auto& lowest = tls_ ? beast::get_lowest_layer(*tls_) : *plain_;
-    lowest.expires_after(timeout);
-    bh::response_parser<bh::string_body> parser;
-    parser.body_limit(kAnswerLimit);
-    boost::system::error_code ec;
-    if (tls_) {
-      std::tie(ec, std::ignore) = co_await bh::async_write(*tls_, req_, kTuple);
-      if (!ec) std::tie(ec, std::ignore) = co_await bh::async_read(*tls_, buf_, parser, kTuple);
-    } else {
-      std::tie(ec, std::ignore) = co_await bh::async_write(*plain_, req_, kTuple);
-      if (!ec) std::tie(ec, std::ignore) = co_await bh::async_read(*plain_, buf_, parser, kTuple);
-    }
-    answered = parser.got_some();
-    if (ec) {
-      r.error = ec == beast::error::timeout ? "timed out" : ec.message();
-      close();
-      co_return r;
-    }
-    auto& res = parser.get();
-    r.status = res.result_int();
-    if (auto ra = res[bh::field::retry_after]; !ra.empty()) {
-      std::int64_t s = 0;
-      auto [p, e] = std::from_chars(ra.data(), ra.data() + ra.size(), s);
-      if (e == std::errc() && p == ra.data() + ra.size() && s > 0)
-        r.retry_after = std::min<std::chrono::milliseconds>(std::chrono::seconds(s), kMaxRetryAfter);
-    }
-    r.body = std::move(res.body());
-    if (!res.keep_alive()) close();
-    co_return r;
-  }
-
-  asio::awaitable<std::string> connect(std::chrono::milliseconds timeout) {
-    auto ex = co_await asio::this_coro::executor;
-    tcp::resolver resolver(ex);
-    asio::steady_timer guard(ex);
-    guard.expires_after(timeout);
-    guard.async_wait([&](boost::system::error_code ec) {
-      if (!ec) resolver.cancel();
-    });
-    auto [rec, endpoints] = co_await resolver.async_resolve(c_.endpoint.host, std::to_string(c_.endpoint.port), kTuple);
-    guard.cancel();
-    if (rec) co_return fmt::format("cannot resolve {}: {}", c_.endpoint.host, rec.message());
-    buf_.clear();
-    if (!tls_ctx_) {
-      plain_.emplace(ex);
-      plain_->expires_after(timeout);
-      auto [cec, ep] = co_await plain_->async_connect(endpoints, kTuple);
-      if (cec) co_return fmt::format("cannot connect: {}", cec == beast::error::timeout ? "timed out" : cec.message());
-      plain_->socket().set_option(tcp::no_delay(true));
-      co_return std::string();
-    }
-    tls_.emplace(ex, *tls_ctx_);
-    if (!SSL_set_tlsext_host_name(tls_->native_handle(), c_.endpoint.host.c_str()))
-      co_return std::string("cannot set the TLS server name");
-    tls_->set_verify_callback(asio::ssl::host_name_verification(c_.endpoint.host));
-    auto& lowest = beast::get_lowest_layer(*tls_);
-    lowest.expires_after(timeout);
-    auto [cec, ep] = co_await lowest.async_connect(endpoints, kTuple);
-    if (cec) co_return fmt::format("cannot connect: {}", cec == beast::error::timeout ? "timed out" : cec.message());
-    lowest.socket().set_option(tcp::no_delay(true));
-    auto [hec] = co_await tls_->async_handshake(asio::ssl::stream_base::client, kTuple);
-    if (hec) co_return fmt::format("TLS handshake failed: {}", hec.message());
-    co_return std::string();
-  }
-
   const TracingConfig& c_;
+  const std::string lines_;
   asio::io_context ioc_{1};
-  std::optional<asio::ssl::context> tls_ctx_;
-  std::optional<beast::tcp_stream> plain_;
-  std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;
-  beast::flat_buffer buf_;
-  bh::request<bh::string_body> req_;
+  http::KeptConnection conn_;  // after ioc_: closed before the io_context goes
 };
 
 Exporter::Exporter(TracingConfig config, unsigned workers, Resource resource)

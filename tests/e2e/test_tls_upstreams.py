@@ -412,3 +412,52 @@ def test_a_new_connection_resumes_the_tls_session(pki, mock, relay, weir):
     assert chat(w).status_code == 200
     assert r.connections == 2
     assert r.resumed == [False, True]
+
+
+# ---------------------------------------------------------------------------
+# Traces to an https:// OTLP endpoint (the exporter's client: http/probe.hpp's KeptConnection)
+
+
+def traced_config(mock, otlp_url: str, ca_file: pathlib.Path) -> dict:
+    return {"pools": {"p": {"endpoints": [mock.base_url]}}, "models": {MODEL: {"pool": "p"}},
+            "tracing": {"otlp_endpoint": otlp_url, "ca_file": str(ca_file), "flush_interval": "10ms",
+                        "timeout": "2s"}}
+
+
+def test_traces_go_to_an_https_collector_on_one_kept_alive_connection(pki, mock, weir):
+    from otlp import Collector
+    collector = Collector()
+    r = TlsRelay(pki.server, collector.port)
+    try:
+        w = weir(config=traced_config(mock(), r.url, pki.ca.pem), workers=1)
+        for i in range(3):  # one export each: the next request waits for the last one's spans
+            assert chat(w).status_code == 200
+            wait_until(lambda: w.metric("weir_tracing_exports_total") >= i + 1, 10, message="an export")
+        assert w.metric("weir_tracing_spans_exported_total") >= 3
+        assert w.metric("weir_tracing_export_errors_total") == 0
+        assert r.connections == 1  # the connection is kept alive between exports
+        assert r.text().count("POST /v1/traces HTTP/1.1\r\n") == 3
+        assert "Content-Type: application/json\r\n" in r.text()
+    finally:
+        r.close()
+        collector.close()
+
+
+@pytest.mark.parametrize("case,reason", [
+    ("unknown_ca", "certificate verification failed: unable to get local issuer certificate"),
+    ("wrong_name", "certificate verification failed: IP address mismatch"),
+])
+def test_an_https_collector_with_a_bad_certificate_gets_no_spans(pki, mock, weir, case, reason):
+    from otlp import Collector
+    collector = Collector()
+    r = TlsRelay({"unknown_ca": pki.untrusted, "wrong_name": pki.wrong_name}[case], collector.port)
+    try:
+        w = weir(config=traced_config(mock(), r.url, pki.ca.pem), workers=1)
+        assert chat(w).status_code == 200
+        wait_until(lambda: w.metric("weir_tracing_export_errors_total") >= 1, 10, message="export errors counted")
+        wait_until(lambda: reason in weir_stderr(w), 5, message=f"'{reason}' said on stderr")
+        assert w.metric("weir_tracing_spans_exported_total") == 0
+        assert collector.requests == []
+    finally:
+        r.close()
+        collector.close()
