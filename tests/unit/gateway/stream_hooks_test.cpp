@@ -12,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../http/alloc_counter.hpp"
 #include "api/openai/stream.hpp"
 #include "http/sse.hpp"
 
@@ -193,6 +194,30 @@ TEST(GatewayStreamHooks, AnInvalidUsageLeavesAnEarlierValidOne) {
   relay(hooks, event(kContentWithUsage) + event(R"({"choices":[],"usage":{"prompt_tokens":-1}})"));
   ASSERT_TRUE(hooks.usage().has_usage());
   EXPECT_EQ(hooks.usage().usage().completion_tokens, 1u);
+}
+
+TEST(GatewayStreamHooks, NoAllocationPerEvent) {
+  // The relay's hot path (DESIGN.md, Memory): content chunks, Weir's usage chunk (valid or not), [DONE]
+  // and what follows it go through on_event without touching the heap.
+  if (!test::AllocationScope::available()) GTEST_SKIP() << "operator new is not the counting one here";
+  std::string stream;
+  for (int i = 0; i < 64; ++i) stream += event(kContent) + event(kContentUsageNull);
+  stream += event(R"({"id":"c1","choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":2}})") +
+            event(kUsageOnly) + event("[DONE]") + event(kContent) + event("[DONE]");
+  StreamHooks hooks;
+  http::SseReader reader;
+  std::size_t passed = 0;
+  std::size_t allocations = 0;
+  {
+    test::AllocationScope scope;
+    hooks.reset(true);
+    reader.push(stream);
+    while (auto ev = reader.next()) passed += hooks.on_event(*ev) ? 1 : 0;
+    allocations = scope.count();
+  }
+  EXPECT_EQ(allocations, 0u);
+  EXPECT_EQ(passed, 129u);  // the content chunks and one [DONE]
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
 }
 
 TEST(ApiOpenAiStream, IsUsageOnlyChunk) {
