@@ -75,6 +75,10 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
   }
 }
 
+core::Error upstream_stream_incomplete(const UpstreamSubject& who) {
+  return core::upstream_unavailable(upstream_message(who, "ended the stream before it was complete"));
+}
+
 core::Error upstream_status_error(int status, const UpstreamSubject& who) {
   return core::upstream_unavailable(upstream_message(who, fmt::format("answered {}", status)));
 }

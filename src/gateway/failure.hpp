@@ -36,6 +36,11 @@ struct UpstreamSubject {
 // (refused, reset, garbage) or 504 upstream_timeout (connect, first byte,
 // idle): "Upstream pool `P` (model `M`) refused the connection (request R)."
 core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, bool mid_stream);
+// An OpenAI stream whose body ended (cleanly, or by the upstream's close)
+// without its `data: [DONE]`: 502 upstream_unavailable, "Upstream pool `P`
+// (model `M`) ended the stream before it was complete (request R)." Its
+// failure kind is http::UpstreamFailure::protocol.
+core::Error upstream_stream_incomplete(const UpstreamSubject& who);
 // The last upstream of a pool answered `status` (408/429/502/503/504/529) and
 // the request went on to a fallback that could not be reached either (502).
 core::Error upstream_status_error(int status, const UpstreamSubject& who);

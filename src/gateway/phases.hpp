@@ -150,6 +150,9 @@ class GatewayPhases final : public Phases {
   // (`messages`, `prompt`) for balance: prefix_affinity. Nothing is copied.
   routing::PickRequest pick_request(const RequestContext& ctx, const core::PoolConfig& pc) const;
   core::Task<Outcome> respond_stream(RequestContext& ctx);
+  // The stream being relayed is complete only at the upstream's `data: [DONE]`:
+  // an OpenAI chat or completions stream passed through (not translated).
+  bool done_expected(const RequestContext& ctx) const;
   core::Task<Outcome> respond_buffered(RequestContext& ctx);
   // The commit point: the first byte of the response goes to the client's
   // queue. Nothing can be retried after it, so the request body goes back to

@@ -198,8 +198,12 @@ class StreamHooks {
   }
 
   // Called for every complete event, in order. Returns true when `ev.raw`
-  // goes to the client unchanged, false when it is dropped.
+  // goes to the client unchanged, false when it is dropped. After `[DONE]`
+  // the stream is over for the client (the OpenAI wire contract; the
+  // translators drop what follows their end as well): a second `[DONE]`,
+  // late chunks and comments are dropped, their usage unread.
   bool on_event(const http::SseEvent& ev) {
+    if (done_relayed_) return false;
     if (!ev.has_data) return true;  // comments and blank blocks pass through
     if (ev.is_done()) {
       done_relayed_ = true;

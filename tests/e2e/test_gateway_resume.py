@@ -221,8 +221,9 @@ def test_a_one_endpoint_pool_does_not_resume_on_the_endpoint_that_broke(mock, we
 
 class Replay:
     """A raw upstream that answers every request with a vLLM stream of `deltas` (a role chunk first), then
-    ends it without [DONE] or a finish_reason: `ending` "close" (the connection closed mid-body) or
-    "eof" (a complete chunked body: the upstream just stopped)."""
+    ends it without [DONE] or a finish_reason: `ending` "close" (the connection closed mid-body),
+    "eof" (a complete chunked body: the upstream just stopped) or "close-delimited" (no length and no
+    chunking: the close that ends the body comes early)."""
 
     def __init__(self, deltas: list[dict], ending: str = "close"):
         self.deltas = [{"role": "assistant", "content": ""}, *deltas]
@@ -261,13 +262,14 @@ class Replay:
             while len(body) < length:
                 body += conn.recv(65536)
             self.requests += 1
-            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n"
-                         b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+            plain = self.ending == "close-delimited"
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream; charset=utf-8\r\n" +
+                         (b"" if plain else b"transfer-encoding: chunked\r\n") + b"connection: close\r\n\r\n")
             base = {"id": "chatcmpl-replay", "object": "chat.completion.chunk", "created": 1, "model": "mock-model"}
             for delta in self.deltas:
                 ev = b"data: " + json.dumps({**base, "choices": [{"index": 0, "delta": delta, "logprobs": None,
                                                                   "finish_reason": None}]}).encode() + b"\n\n"
-                conn.sendall(b"%x\r\n%s\r\n" % (len(ev), ev))
+                conn.sendall(ev if plain else b"%x\r\n%s\r\n" % (len(ev), ev))
             if self.ending == "eof":
                 conn.sendall(b"0\r\n\r\n")
                 conn.recv(1)  # until Weir closes (connection: close)
@@ -292,7 +294,7 @@ def test_a_tool_call_in_flight_is_not_resumed(weir):
             u.close()
 
 
-@pytest.mark.parametrize("ending", ["close", "eof"])
+@pytest.mark.parametrize("ending", ["close", "eof", "close-delimited"])
 def test_a_stream_that_stops_without_done_is_resumed_from_its_text(mock, weir, ending):
     # The replay sends the mock's own first 3 tokens, then stops: the resume on the mock brings the rest.
     healthy = mock(*FAST)

@@ -1,6 +1,6 @@
 """The SSE relay against an upstream that frames streams the way real servers
 may: events split at every byte, CRLF line ends, comments and fields, very
-large events, a body delimited by close, no [DONE], a truncated stream.
+large events, a body delimited by close, no [DONE] (a broken stream), a truncated stream.
 
 The upstream is a tiny raw-socket server in the test (weir-mock always frames
 the same way), answering per the request's x-case header.
@@ -179,11 +179,15 @@ def test_one_mib_event(stack):
     assert sse_data(r.body) == [BIG, "[DONE]"]
 
 
-def test_stream_without_done_ends_cleanly(stack):
+def test_stream_without_done_is_broken_after_its_tokens(stack):
+    # vLLM always ends with [DONE]: a body that just stops without it was cut short (test_gateway_stream_end.py).
     r = stream(stack, "no-done")
     events = sse_data(r.body)
-    assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events] == [" a", " b"]
-    assert stack.log_for("sse-no-done")["status"] == 200
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert [json.loads(e)["choices"][0]["delta"]["content"] for e in events[:-2]] == [" a", " b"]
+    assert "ended the stream before it was complete" in json.loads(events[-2])["error"]["message"]
+    entry = stack.log_for("sse-no-done")
+    assert entry["status"] == 200 and entry["error"] == {"source": "upstream", "code": "upstream_unavailable"}
 
 
 @pytest.mark.parametrize("case", ["truncated", "huge"])

@@ -58,7 +58,7 @@ bool is_usage_only_chunk(std::string_view data) {
   if (v.size() < 2 || v.front() != '[' || v.back() != ']') return false;
   for (char c : v.substr(1, v.size() - 2))
     if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return false;
-  return true;
+  return find_member(data, "usage").has_value();
 }
 
 bool UsageHook::on_data(std::string_view data) {
@@ -66,11 +66,14 @@ bool UsageHook::on_data(std::string_view data) {
   // string_view::find, which calls memchr again at each '"' of the chunk
   // (~40 in a vLLM chunk), nor glibc's memmem (~2 instructions per byte).
   if (core::find_substring(data, "\"usage\"") == std::string_view::npos) return true;
-  auto u = extract_usage(data);
-  if (!u) return true;
-  has_usage_ = true;
-  usage_ = *u;
-  // The usage chunk Weir asked for on the client's behalf: not theirs.
+  // Counts that do not read (negative, fractional, not numbers) are no
+  // usage: the request is metered as one without (gateway settle()).
+  if (auto u = extract_usage(data)) {
+    has_usage_ = true;
+    usage_ = *u;
+  }
+  // The usage chunk Weir asked for on the client's behalf is not theirs,
+  // whatever its numbers say: it is known by its shape, not by its counts.
   return !(strip_ && is_usage_only_chunk(data));
 }
 

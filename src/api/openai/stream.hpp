@@ -22,7 +22,9 @@ namespace weir::api::openai {
 // `scratch` is working storage. Every other byte is the client's.
 bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out);
 
-// An OpenAI/vLLM stream's final usage chunk: `"choices": []` plus usage.
+// An OpenAI/vLLM stream's final usage chunk, by its shape: top-level
+// `"choices": []` and a `usage` member, whatever the member's value (its
+// counts are extract_usage's business, not this test's).
 bool is_usage_only_chunk(std::string_view data);
 
 // What one streamed chunk (an SSE event's data, not [DONE]) carries, for
@@ -45,7 +47,9 @@ class UsageHook {
     usage_ = {};
   }
   // Reads the `data` of one SSE event. Returns false when the event must
-  // not reach the client (the usage chunk Weir asked for).
+  // not reach the client: the usage chunk Weir asked for
+  // (is_usage_only_chunk), also when its counts are invalid (then it is no
+  // usage: has_usage() stays as it was).
   bool on_data(std::string_view data);
   bool has_usage() const { return has_usage_; }
   const Usage& usage() const { return usage_; }

@@ -41,6 +41,10 @@ bool GatewayPhases::resume_note(RequestContext& ctx, http::SseEvent& ev, bool ho
   return true;
 }
 
+bool GatewayPhases::done_expected(const RequestContext& ctx) const {
+  return !ctx.hooks.translating() && (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions);
+}
+
 core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   const auto& sc = down_.config();
   auto& metrics = w_.metrics();
@@ -96,6 +100,8 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     if (r.bytes > 0) {
       ctx.sse.push(std::string_view(into.data(), r.bytes));
       while (auto ev = ctx.sse.next()) {
+        // After [DONE] (a translated stream: its end) nothing more of the upstream's is the client's.
+        if (ctx.hooks.done_relayed()) continue;
         if (holding && ev->has_data && !ev->is_done()) {
           const auto c = ctx.hooks.classify(*ev);
           if (c == api::openai::ChunkKind::error) failure = http::UpstreamFailure::protocol;
@@ -123,7 +129,9 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       if (ctx.sse.error()) failure = http::UpstreamFailure::protocol;
     }
     if (ctx.hold_head && !ctx.committed) {
-      if (failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!holding || r.end)) {
+      // (A body that ended without its [DONE] is no whole stream: it fails over below.)
+      const bool whole = r.end && (ctx.hooks.done_relayed() || !done_expected(ctx));
+      if (failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!holding || whole)) {
         // The first content event (or the whole stream) is here: commit, with what was held before it.
         send_head();
         events.insert(0, ctx.body);
@@ -157,11 +165,14 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // goes back to the pool.
     if (down_.client_gone() && !ctx.hooks.done_relayed()) break;
   }
-  // With resume on, a stream whose body ended without [DONE] after content broke too (it may be resumed).
-  if (ctx.resume.on && failure == http::UpstreamFailure::none && !cut_off && ctx.committed &&
-      !ctx.hooks.done_relayed() && !down_.client_gone() &&
-      (ctx.resume.buf->tracker.tokens() > 0 || ctx.resume.buf->tracker.finished()))
-    failure = http::UpstreamFailure::protocol;
+  // An OpenAI chat or completions stream ends with `data: [DONE]` (vLLM
+  // always sends it): a body that ended without it, cleanly or by a close,
+  // was cut short, even after its finish_reason and usage. It is a broken
+  // stream (failure `protocol`), as a reset mid-stream is: the in-band error,
+  // a fallback while nothing was sent, or, with resume on, a resume.
+  const bool incomplete = failure == http::UpstreamFailure::none && !cut_off && !ctx.hooks.done_relayed() &&
+                          !down_.client_gone() && done_expected(ctx);
+  if (incomplete) failure = http::UpstreamFailure::protocol;
   ctx.t_upstream_done = core::now();
   --metrics.active_streams;
   ctx.sse.reset();
@@ -201,11 +212,13 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       ctx.events = 0;  // none of them reached the client
       ctx.t_first_token = {};
       ctx.fail_over = true;
-      co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
+      co_return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
+                                           : upstream_error(failure, subject(ctx), false));
     }
     // Headers are out: fail() ends the stream in-band, as vLLM does (or, with resume on, proxy() may continue it).
     ctx.resume.wanted = ctx.resume.on;
-    co_return Outcome::failed(upstream_error(failure, subject(ctx), true));
+    co_return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
+                                         : upstream_error(failure, subject(ctx), true));
   }
   if (!ctx.committed) {  // a held stream that ended without a content event
     send_head();

@@ -41,6 +41,8 @@ TEST(Failure, EveryKindMapsToOneStatusCodeAndSource) {
        core::ErrorSource::upstream},
       {"garbage", upstream_error(UpstreamFailure::protocol, who, true), 502, "upstream_unavailable",
        core::ErrorSource::upstream},
+      {"stream without [DONE]", upstream_stream_incomplete(who), 502, "upstream_unavailable",
+       core::ErrorSource::upstream},
       {"too large", upstream_too_large(who, 1024), 502, "upstream_unavailable", core::ErrorSource::upstream},
       {"undecodable", upstream_undecodable(who, "br"), 502, "upstream_unavailable", core::ErrorSource::upstream},
       {"client closed", client_gone(ClientGone::closed), 499, "client_closed_request", core::ErrorSource::client},
@@ -66,6 +68,8 @@ TEST(Failure, UpstreamMessagesNamePoolModelAndRequestNeverAnAddress) {
     EXPECT_EQ(e.message.find("http://"), std::string::npos) << e.message;
   }
   EXPECT_NE(upstream_error(http::UpstreamFailure::reset, who, true).message.find("while streaming"), std::string::npos);
+  EXPECT_EQ(upstream_stream_incomplete(who).message,
+            "Upstream pool `llama` (model `llama-3`) ended the stream before it was complete (request 0123abcd).");
 }
 
 TEST(Failure, DeliveryDependsOnlyOnTheCommitPoint) {

@@ -594,6 +594,114 @@ TEST(ProxyDeadline, ADeadlineBeforeTheCommitPointIsA504AndAfterItEndsTheStreamIn
   }
 }
 
+// --- how a stream ends (docs/reliability.md: an OpenAI stream is complete at its [DONE]) ---
+
+std::size_t occurrences(std::string_view hay, std::string_view needle) {
+  std::size_t n = 0;
+  for (auto i = hay.find(needle); i != std::string_view::npos; i = hay.find(needle, i + 1)) ++n;
+  return n;
+}
+
+const std::string kFinishChunk = R"({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})";
+const std::string kUsageChunk = R"({"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}})";
+
+TEST(ProxyStreamEnd, ABodyThatEndsWithoutDoneIsABrokenStreamAfterItsTokens) {
+  // Even after its finish_reason and usage: the wire contract's end is [DONE].
+  for (const bool finished : {false, true}) {
+    SCOPED_TRACE(finished);
+    Gateway g;
+    ScriptedExchange ex(g.worker->io().get_executor());
+    std::string body = sse_event(kRoleChunk) + sse_event(kHiChunk);
+    if (finished) body += sse_event(kFinishChunk) + sse_event(kUsageChunk);
+    ex.script = {Attempt{.content_type = "text/event-stream", .body = {body}}, Attempt{}};
+    Served r;
+    serve(g, ex, chat(true), r);
+    EXPECT_EQ(ex.starts, 1) << "never sent again after the commit point";
+    EXPECT_EQ(r.ctx.status, 200);
+    EXPECT_EQ(r.ctx.error_code, "upstream_unavailable");
+    EXPECT_EQ(r.ctx.error_source, core::ErrorSource::upstream);
+    const auto token = r.response.find("\"Hi\"");
+    const auto error = r.response.find("data: {\"error\"");
+    ASSERT_NE(token, std::string::npos) << r.response;
+    ASSERT_NE(error, std::string::npos) << r.response;
+    EXPECT_LT(token, error);
+    EXPECT_LT(error, r.response.find("data: [DONE]"));
+    EXPECT_NE(r.response.find("ended the stream before it was complete"), std::string::npos) << r.response;
+    EXPECT_EQ(occurrences(r.response, "\"Hi\""), 1u);
+    EXPECT_EQ(occurrences(r.response, "data: [DONE]"), 1u);
+    EXPECT_EQ(occurrences(r.response, "\"usage\""), 0u) << "Weir asked for it: not the client's";
+    EXPECT_NE(r.response.find("0\r\n\r\n"), std::string::npos) << "the chunked body ends";
+    EXPECT_EQ(r.ctx.events, finished ? 3u : 2u);
+    EXPECT_EQ(r.ctx.has_usage, finished) << "a usage that came is kept for metering";
+    EXPECT_EQ(r.ctx.usage.completion_tokens, finished ? 1u : 0u);
+    ASSERT_EQ(r.ctx.attempt_count, 1);
+    EXPECT_EQ(r.ctx.attempt_log[0].failure, UpstreamFailure::protocol);
+    EXPECT_EQ(g.worker->metrics().upstream_failures(UpstreamFailure::protocol), 1u);
+  }
+}
+
+TEST(ProxyStreamEnd, AHeldStreamThatEndsWithoutDoneOrContentFailsOver) {
+  Gateway g(kFallback);
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream", .body = {sse_event(kRoleChunk)}},
+               Attempt{.content_type = "text/event-stream",
+                       .body = {sse_event(kRoleChunk) + sse_event(kHiChunk), "data: [DONE]\n\n"}}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_EQ(ex.starts, 2);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_FALSE(r.ctx.has_error) << r.ctx.error_code;
+  EXPECT_EQ(occurrences(r.response, "HTTP/1.1"), 1u);
+  EXPECT_EQ(occurrences(r.response, "\"role\""), 1u) << r.response;
+  EXPECT_EQ(occurrences(r.response, "data: [DONE]"), 1u);
+  EXPECT_EQ(r.response.find("\"error\""), std::string::npos) << r.response;
+  ASSERT_EQ(r.ctx.attempt_count, 2);
+  EXPECT_EQ(r.ctx.attempt_log[0].failure, UpstreamFailure::protocol);
+  EXPECT_EQ(r.ctx.attempt_log[1].failure, UpstreamFailure::none);
+}
+
+TEST(ProxyStreamEnd, NothingAfterDoneReachesTheClient) {
+  Gateway g;
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream",
+                       .body = {sse_event(kRoleChunk) + sse_event(kHiChunk) + "data: [DONE]\n\n" +
+                                    sse_event(R"({"choices":[{"index":0,"delta":{"content":"AFTER"}}]})"),
+                                ": late\n\n" + sse_event(kUsageChunk) + "data: [DONE]\n\n"}}};
+  Served r;
+  serve(g, ex, chat(true), r);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_FALSE(r.ctx.has_error) << r.ctx.error_code;
+  EXPECT_EQ(occurrences(r.response, "data: [DONE]"), 1u) << r.response;
+  EXPECT_EQ(r.response.find("AFTER"), std::string::npos) << r.response;
+  EXPECT_EQ(r.response.find(": late"), std::string::npos) << r.response;
+  EXPECT_EQ(r.ctx.events, 3u);
+  EXPECT_FALSE(r.ctx.has_usage) << "what came after [DONE] is not read";
+}
+
+TEST(ProxyStreamEnd, AStreamOnARouteWithoutTheDoneContractEndsWithItsBody) {
+  // A stream on a route with no [DONE] contract (here: an audio transcription) that just ends is complete.
+  Gateway g;
+  ScriptedExchange ex(g.worker->io().get_executor());
+  ex.script = {Attempt{.content_type = "text/event-stream",
+                       .body = {sse_event(R"({"type":"transcript.text.delta","delta":"hi"})")}}};
+  const std::string form =
+      "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n"
+      "--b\r\nContent-Disposition: form-data; name=\"stream\"\r\n\r\ntrue\r\n"
+      "--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
+      "Content-Type: audio/wav\r\n\r\nRIFF\r\n--b--\r\n";
+  Served r;
+  serve(g, ex,
+        "POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nContent-Type: multipart/form-data; boundary=b\r\n"
+        "Content-Length: " +
+            std::to_string(form.size()) + "\r\nConnection: close\r\n\r\n" + form,
+        r);
+  EXPECT_EQ(r.ctx.status, 200);
+  EXPECT_FALSE(r.ctx.has_error) << r.ctx.error_code;
+  EXPECT_EQ(r.response.find("\"error\""), std::string::npos) << r.response;
+  EXPECT_NE(r.response.find("transcript.text.delta"), std::string::npos) << r.response;
+  EXPECT_TRUE(r.ctx.stream);
+}
+
 }  // namespace
 }  // namespace weir::gateway
 
@@ -691,6 +799,33 @@ TEST(ProxyResume, WithResumeOffOrAToolCallInFlightTheStreamEndsInBand) {
     EXPECT_NE(r.response.find("data: {\"error\""), std::string::npos) << r.response;
     EXPECT_NE(r.response.find("data: [DONE]"), std::string::npos);
     EXPECT_EQ(g.worker->metrics().upstream_resumes, 0u);
+  }
+}
+
+TEST(ProxyResume, AStreamThatEndsWithoutDoneAfterContentIsResumedAndOneThatLostOnlyItsDoneGetsIt) {
+  for (const bool finished : {false, true}) {
+    SCOPED_TRACE(finished);
+    Gateway g(kResuming);
+    ScriptedExchange ex(g.worker->io().get_executor());
+    std::string first =
+        resume_chunk("a", R"({"role":"assistant","content":""})") + resume_chunk("a", R"({"content":" Hi"})");
+    if (finished) first += resume_chunk("a", "{}", R"("stop")");
+    ex.script = {Attempt{.content_type = "text/event-stream", .body = {first}},
+                 Attempt{.content_type = "text/event-stream",
+                         .body = {resume_chunk("b", R"({"role":"assistant","content":""})") +
+                                  resume_chunk("b", R"({"content":" there"})", R"("stop")") + "data: [DONE]\n\n"}}};
+    Served r;
+    serve(g, ex, chat(true), r);
+    EXPECT_EQ(ex.starts, finished ? 1 : 2) << "a finished generation is not generated again";
+    EXPECT_EQ(r.ctx.status, 200);
+    EXPECT_FALSE(r.ctx.has_error) << r.ctx.error_code;
+    EXPECT_EQ(occurrences(r.response, "\"error\""), 0u) << r.response;
+    EXPECT_EQ(occurrences(r.response, "data: [DONE]"), 1u) << r.response;
+    EXPECT_EQ(occurrences(r.response, "\" Hi\""), 1u) << r.response;
+    EXPECT_EQ(occurrences(r.response, "\"finish_reason\":\"stop\""), 1u) << r.response;
+    EXPECT_EQ(occurrences(r.response, "\" there\""), finished ? 0u : 1u) << r.response;
+    EXPECT_EQ(r.ctx.attempt_log[0].failure, UpstreamFailure::protocol);
+    EXPECT_EQ(g.worker->metrics().upstream_resumes, finished ? 0u : 1u);
   }
 }
 

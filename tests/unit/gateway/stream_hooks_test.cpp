@@ -2,7 +2,9 @@
 // api::openai::UsageHook) on real SSE events, and ask_for_usage's edit of
 // the request body: only the usage chunk Weir asked for is dropped, usage
 // is read either way, [DONE] ends the stream for the client, comments pass;
-// the body edit changes stream_options and nothing else.
+// the body edit changes stream_options and nothing else; nothing after
+// [DONE] reaches the client; the usage chunk is known by its shape, also
+// when its counts are invalid.
 #include "gateway/stream_hooks.hpp"
 
 #include <string>
@@ -10,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "../http/alloc_counter.hpp"
 #include "api/openai/stream.hpp"
 #include "http/sse.hpp"
 
@@ -150,12 +153,82 @@ TEST(GatewayStreamHooks, UsageChunkSplitAcrossPushesIsStillDropped) {
   }
 }
 
+TEST(GatewayStreamHooks, NothingAfterDoneReachesTheClient) {
+  // vLLM ends with one [DONE]; a second one, late chunks and comments after it are not the client's.
+  StreamHooks hooks;
+  hooks.reset(true);
+  const std::string stream =
+      event(kContent) + event("[DONE]") + event(kContentWithUsage) + ": late\n\n" + event(kUsageOnly) + event("[DONE]");
+  EXPECT_EQ(relay(hooks, stream), event(kContent) + event("[DONE]"));
+  EXPECT_TRUE(hooks.done_relayed());
+  EXPECT_EQ(hooks.data_events(), 2u);
+  EXPECT_FALSE(hooks.usage().has_usage()) << "usage after [DONE] is not read";
+}
+
+TEST(GatewayStreamHooks, TheUsageChunkWeirAskedForIsDroppedWhateverItsCounts) {
+  // Known by its shape (choices [] and a usage member), not by whether its numbers read.
+  for (std::string_view bad : {
+           R"({"id":"c1","choices":[],"usage":{"prompt_tokens":-1000,"completion_tokens":-5000,"total_tokens":-6000}})",
+           R"({"id":"c1","choices":[],"usage":{"prompt_tokens":1.5,"completion_tokens":2,"total_tokens":3}})",
+           R"({"id":"c1","choices":[],"usage":{"prompt_tokens":"12","completion_tokens":2,"total_tokens":14}})",
+           R"({"id":"c1","choices":[],"usage":{"prompt_tokens":99999999999999999999999,"completion_tokens":1}})",
+           R"({"id":"c1","choices":[],"usage":null})",
+           R"({"id":"c1","choices":[],"usage":"n/a"})",
+       }) {
+    SCOPED_TRACE(bad);
+    StreamHooks hooks;
+    hooks.reset(/*strip_usage=*/true);
+    EXPECT_EQ(relay(hooks, event(kContent) + event(bad) + event("[DONE]")), event(kContent) + event("[DONE]"));
+    EXPECT_FALSE(hooks.usage().has_usage()) << "invalid counts are no usage";
+    EXPECT_EQ(hooks.data_events(), 2u);
+    // A client that asked for usage gets the chunk as the upstream sent it (still no usage for metering).
+    hooks.reset(/*strip_usage=*/false);
+    EXPECT_EQ(relay(hooks, event(bad)), event(bad));
+    EXPECT_FALSE(hooks.usage().has_usage());
+  }
+}
+
+TEST(GatewayStreamHooks, AnInvalidUsageLeavesAnEarlierValidOne) {
+  StreamHooks hooks;
+  hooks.reset(true);
+  relay(hooks, event(kContentWithUsage) + event(R"({"choices":[],"usage":{"prompt_tokens":-1}})"));
+  ASSERT_TRUE(hooks.usage().has_usage());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 1u);
+}
+
+TEST(GatewayStreamHooks, NoAllocationPerEvent) {
+  // The relay's hot path (DESIGN.md, Memory): content chunks, Weir's usage chunk (valid or not), [DONE]
+  // and what follows it go through on_event without touching the heap.
+  if (!test::AllocationScope::available()) GTEST_SKIP() << "operator new is not the counting one here";
+  std::string stream;
+  for (int i = 0; i < 64; ++i) stream += event(kContent) + event(kContentUsageNull);
+  stream += event(R"({"id":"c1","choices":[],"usage":{"prompt_tokens":-1,"completion_tokens":2}})") +
+            event(kUsageOnly) + event("[DONE]") + event(kContent) + event("[DONE]");
+  StreamHooks hooks;
+  http::SseReader reader;
+  std::size_t passed = 0;
+  std::size_t allocations = 0;
+  {
+    test::AllocationScope scope;
+    hooks.reset(true);
+    reader.push(stream);
+    while (auto ev = reader.next()) passed += hooks.on_event(*ev) ? 1 : 0;
+    allocations = scope.count();
+  }
+  EXPECT_EQ(allocations, 0u);
+  EXPECT_EQ(passed, 129u);  // the content chunks and one [DONE]
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
+}
+
 TEST(ApiOpenAiStream, IsUsageOnlyChunk) {
   EXPECT_TRUE(is_usage_only_chunk(kUsageOnly));
   EXPECT_TRUE(is_usage_only_chunk(R"({"choices":[ ],"usage":{}})"));
   EXPECT_TRUE(is_usage_only_chunk("{\"choices\":[\n\t],\"usage\":{}}"));
   EXPECT_FALSE(is_usage_only_chunk(kContentWithUsage));
-  EXPECT_FALSE(is_usage_only_chunk(R"({"usage":{"prompt_tokens":1}})"));  // no choices member
+  EXPECT_FALSE(is_usage_only_chunk(R"({"usage":{"prompt_tokens":1}})"));               // no choices member
+  EXPECT_FALSE(is_usage_only_chunk(R"({"choices":[]})"));                              // no usage member
+  EXPECT_FALSE(is_usage_only_chunk(R"({"choices":[],"x":{"usage":{}}})"));             // only the top level counts
+  EXPECT_TRUE(is_usage_only_chunk(R"({"choices":[],"usage":{"prompt_tokens":-1}})"));  // whatever its counts
   EXPECT_FALSE(is_usage_only_chunk(R"({"choices":null,"usage":{}})"));
   EXPECT_FALSE(is_usage_only_chunk(R"({"choices":{},"usage":{}})"));
   EXPECT_FALSE(is_usage_only_chunk(R"({"x":{"choices":[]},"choices":[1]})"));  // only the top level counts
