@@ -9,7 +9,10 @@ std::int64_t cost_nano_usd(const ModelPrice& price, const api::Usage& usage) noe
   const long double pico = static_cast<long double>(usage.prompt_tokens - cached) * price.input +
                            static_cast<long double>(cached) * price.cached_input +
                            static_cast<long double>(usage.completion_tokens) * price.output;
-  return static_cast<std::int64_t>(std::ceil(pico / 1000.0L));
+  const long double nano = std::ceil(pico / 1000.0L);
+  // A faulty upstream's absurd usage (10^15 tokens) saturates instead of
+  // overflowing the conversion (undefined behaviour) or the spend sums.
+  return nano >= static_cast<long double>(kMaxCostNanoUsd) ? kMaxCostNanoUsd : static_cast<std::int64_t>(nano);
 }
 
 const ModelPrice* Pricing::find(std::string_view model) const noexcept {

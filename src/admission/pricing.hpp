@@ -23,9 +23,13 @@ struct ModelPrice {
   std::int64_t cached_input = 0;  // usage.prompt_tokens_details.cached_tokens
 };
 
-// The spend of `usage` at `price`, in nano-USD, rounded up. Cached tokens are
-// a subset of prompt_tokens (OpenAI usage object); completion tokens count
-// at the output price.
+// The most one request can cost, in nano-USD: 10^15 ($1,000,000), so that
+// spend sums over a budget period stay far inside int64.
+inline constexpr std::int64_t kMaxCostNanoUsd = 1'000'000'000'000'000;
+
+// The spend of `usage` at `price`, in nano-USD, rounded up, at most
+// kMaxCostNanoUsd. Cached tokens are a subset of prompt_tokens (OpenAI usage
+// object); completion tokens count at the output price.
 std::int64_t cost_nano_usd(const ModelPrice& price, const api::Usage& usage) noexcept;
 
 class Pricing {

@@ -2,6 +2,8 @@
 
 #include <thread>
 
+#include <limits>
+
 #include <gtest/gtest.h>
 
 #include "admission/local_limiter.hpp"
@@ -487,6 +489,10 @@ pricing:
   // 1000 tokens at $0.15/1M = $0.00015 = 150000 nano-USD; one token rounds up.
   EXPECT_EQ(cost_nano_usd(*p->find("gpt-4o-mini"), api::Usage{1000, 0, 1000, 0}), 150'000);
   EXPECT_EQ(cost_nano_usd(*p->find("gpt-4o-mini"), api::Usage{1, 0, 1, 0}), 150);
+  // Absurd usage from a faulty upstream saturates (no int64 overflow, UBSan-clean).
+  const std::uint64_t huge = std::numeric_limits<std::uint64_t>::max();
+  EXPECT_EQ(cost_nano_usd(*p->find("gpt-4o-mini"), api::Usage{huge, 0, huge, huge}), kMaxCostNanoUsd);
+  EXPECT_EQ(cost_nano_usd(*p->find("gpt-4o-mini"), api::Usage{1'000'000'000'000'000, 0, 0, 0}), kMaxCostNanoUsd);
 
   auto bad = parse_pricing_config(YAML::Load("pricing:\n  m: {input: 1, ouput: 2}\n"), "w.yaml");
   ASSERT_FALSE(bad);
