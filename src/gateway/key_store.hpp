@@ -84,8 +84,9 @@ class KeyStore {
   // `keys_file`: empty = in memory only.
   KeyStore(auth::AuthConfig base, std::string keys_file);
 
-  // Reads keys_file (a missing file is an empty store). Call once, before
-  // policy() is first used. Error: a message naming the file.
+  // Reads keys_file (a missing file is an empty store) and never writes it:
+  // start-up and `weir --check` both call it. Call once, before policy() is
+  // first used. Error: "admin.keys_file PATH: what is wrong".
   tl::expected<void, std::string> load();
   // The limiter whose scopes follow this store's (grow, carry_spend); set
   // once, after it was built from policy()->scopes().
