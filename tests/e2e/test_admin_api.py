@@ -209,6 +209,35 @@ def test_a_key_budget_runs_out_and_an_expired_key_is_refused(gw):
     wait_until(lambda: chat(w, soon["key"]).status_code == 401, 5, 0.2, "the key to expire")
 
 
+def test_a_budget_429_says_when_the_budget_admits_again(gw):
+    w, admin = gw
+    # Spent within its hour: Retry-After (whole seconds) runs to the end of the period,
+    # which in-process starts with the process: under an hour, and most of it.
+    k = admin.create(tenant="acme", budget={"usd": 0.00005, "period": "1h"})
+    for _ in range(8):
+        r = chat(w, k["key"])
+        if r.status_code == 429:
+            break
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", r.text
+    retry = r.headers.get("retry-after")
+    assert retry is not None and retry.isdigit(), r.headers
+    assert 3600 - 300 < int(retry) <= 3600, retry
+    # The x-ratelimit-* lines of the tenant's requests bucket still come with it.
+    assert r.headers["x-ratelimit-limit-requests"] == "1000", r.headers
+    # A budget that never resets: no Retry-After (no wait helps).
+    never = admin.create(tenant="acme", budget={"usd": 0.00005})
+    for _ in range(8):
+        r = chat(w, never["key"])
+        if r.status_code == 429:
+            break
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", r.text
+    assert "retry-after" not in r.headers, r.headers
+    # Nor for $0.
+    zero = admin.create(tenant="acme", budget={"usd": 0, "period": "1h"})
+    r = chat(w, zero["key"])
+    assert r.status_code == 429 and "retry-after" not in r.headers, (r.text, r.headers)
+
+
 # A field of POST/PATCH /admin/v1/keys, a value of the wrong JSON type, and the param the 400 names.
 WRONG_TYPES = [
     ({"limits": {"requests_per_minute": "60"}}, "limits.requests_per_minute"),
