@@ -163,10 +163,12 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
         fmt::format("You exceeded your current quota: this request's worst-case cost (${:.6f}) is more than the whole "
                     "budget of {} `{}` (${:.6f}). Lower max_tokens or the prompt.",
                     worst, sc.kind, sc.name, limit));
+  // Retry-After: when the budget can admit it again (Limiter::reserve_spend); none when it never resets.
   return core::insufficient_quota(
       fmt::format("You exceeded your current quota: the budget of {} `{}` (${:.6f}) cannot cover this request's "
                   "worst-case cost (${:.6f}) in this period.",
-                  sc.kind, sc.name, limit, worst));
+                  sc.kind, sc.name, limit, worst),
+      r.retry_after_s);
 }
 
 }  // namespace

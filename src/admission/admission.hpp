@@ -127,7 +127,11 @@ class Admission {
   // one request from the requests bucket, estimate.total() tokens from the
   // tokens bucket. A refusal undoes what earlier steps took.
   // Errors: 429 insufficient_quota (the budget cannot cover the request's
-  // worst-case cost in this period, or is $0);
+  // worst-case cost in this period, or is $0), with retry_after_s when the
+  // budget can admit it again (Limiter::reserve_spend: 1 while only
+  // reservations in flight are in the way, else the end of the budget
+  // period; 0 for a budget that never resets, for $0, and for a request
+  // whose worst-case cost exceeds the whole budget);
   // 429 rate_limit_exceeded, type "requests" or "tokens", with
   // retry_after_s computed from the bucket (requests or tokens per minute,
   // or too many concurrent streams: retry_after_s = 1); a request larger

@@ -35,6 +35,14 @@ struct TakeResult {
   std::uint32_t retry_after_s = 0;
 };
 
+// `ns` (> 0) as Retry-After's whole seconds (RFC 9110 §10.2.3): rounded up,
+// at least 1, capped at what a TakeResult holds.
+constexpr std::uint32_t whole_seconds_up(std::int64_t ns) noexcept {
+  if (ns <= 1'000'000'000) return 1;
+  const std::int64_t s = (ns - 1) / 1'000'000'000 + 1;
+  return s > 0xFFFFFFFF ? 0xFFFFFFFFu : static_cast<std::uint32_t>(s);
+}
+
 // What a request needs of one scope, for refill().
 enum class Resource : std::uint8_t { requests, tokens, streams, budget };
 struct Need {
@@ -97,7 +105,13 @@ class Limiter {
   // spent + reserved < limit (so a budget of $0 admits nothing, not even a
   // free request). Refused: ok = false; `never` when nano_usd exceeds the
   // whole budget (no wait helps); `pending` (remote limiters) when this
-  // process's share is short but the shared store may cover it. On ok,
+  // process's share is short but the shared store may cover it. A refusal
+  // that is not `never` carries `retry_after_s`, when the budget can admit
+  // the request again: 1 when the settled spend leaves room for it (only
+  // reservations of requests in flight are in the way), else the seconds
+  // until the budget period ends (rounded up); 0 (no Retry-After) when the
+  // budget never resets (no period) and its settled spend leaves no room,
+  // and for a budget of $0. On ok,
   // `*period` is the budget period the reservation was taken in: pass it to
   // settle_spend. A scope without a budget always answers ok.
   virtual TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) = 0;

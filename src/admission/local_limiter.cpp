@@ -242,7 +242,17 @@ TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
     if (sc.committed.compare_exchange_weak(cur, cur + nano_usd, std::memory_order_acq_rel, std::memory_order_relaxed))
       return {};
   }
-  return TakeResult{.ok = false};
+  return TakeResult{.ok = false, .retry_after_s = budget_retry_after(sc, nano_usd, now)};
+}
+
+std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept {
+  const std::int64_t limit = sc.budget_nano_usd;
+  if (limit <= 0) return 0;  // $0: nothing is ever admitted
+  const std::int64_t settled = sc.spent.load(std::memory_order_acquire);
+  if (settled < limit && settled + nano_usd <= limit) return 1;  // reservations in flight are in the way
+  if (sc.period_ns <= 0) return 0;                               // never resets
+  const std::int64_t since = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count();
+  return whole_seconds_up(sc.period_ns - since % sc.period_ns);  // until the window rolls
 }
 
 void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,

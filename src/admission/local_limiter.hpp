@@ -106,6 +106,8 @@ class LocalLimiter final : public Limiter {
   static double take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept;
   static void refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept;
   void roll(Scope& sc, Instant now);
+  // A refused reservation's Retry-After (Limiter::reserve_spend).
+  std::uint32_t budget_retry_after(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept;
 
   std::uint32_t workers_;
   std::uint32_t shards_;

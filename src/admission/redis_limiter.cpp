@@ -281,6 +281,8 @@ struct alignas(64) RedisLimiter::Spend {
   std::atomic<std::int64_t> biggest{0};  // largest reservation asked for since the budget went idle
   std::atomic<bool> wanted{false};       // a reservation found `free` short since the last sync
   std::atomic<bool> touched{false};      // used since the last push (spent(), reserve_spend(), settle_spend())
+  // When the current period ends per the last reply, ns since epoch_ (Retry-After); -1 before it or never.
+  std::atomic<std::int64_t> period_end_ns{-1};
 };
 
 struct RedisLimiter::SpendCtl {
@@ -496,7 +498,7 @@ std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
 }
 
 TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
-  const SpendCtl& c = spend_ctl_[scope];  // enabled and limit are read-only after construction
+  const SpendCtl& c = spend_ctl_[scope];  // enabled, limit and period_ms are read-only after construction
   if (!c.enabled) return {};
   Spend& sp = spend_[scope];
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
@@ -520,7 +522,15 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   if (!degraded_.load(std::memory_order_relaxed) &&
       sp.spare.load(std::memory_order_relaxed) + std::max<std::int64_t>(cur, 0) >= nano_usd)
     return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
-  return TakeResult{.ok = false};
+  // When it can admit again: the replicas' settled spend leaves room (only
+  // reservations in flight, here or on other replicas, are in the way), or
+  // the period ends (as Redis counts it), or never.
+  const std::int64_t settled = spent(scope, now);
+  if (settled < c.limit && settled + nano_usd <= c.limit) return TakeResult{.ok = false, .retry_after_s = 1};
+  if (c.period_ms <= 0) return TakeResult{.ok = false};
+  const std::int64_t end = sp.period_end_ns.load(std::memory_order_relaxed);
+  const auto left = end < 0 ? std::int64_t{1'000'000'000} : end - static_cast<std::int64_t>(ns(now));
+  return TakeResult{.ok = false, .retry_after_s = whole_seconds_up(left)};
 }
 
 void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual,
@@ -937,6 +947,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
         c.seen_free = sp.free.load(std::memory_order_relaxed);
         c.period_end = left < 0 ? Instant::max() : replied + std::chrono::milliseconds(left);
+        sp.period_end_ns.store(left < 0 ? -1 : static_cast<std::int64_t>(ns(c.period_end)), std::memory_order_relaxed);
         break;
       }
       case Op::Kind::ping:

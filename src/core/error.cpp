@@ -86,8 +86,10 @@ Error rate_limited(std::string message, std::uint32_t retry_after_s) {
   e.retry_after_s = retry_after_s;
   return e;
 }
-Error insufficient_quota(std::string message) {
-  return make(ErrorSource::client, 429, "insufficient_quota", "insufficient_quota", std::move(message));
+Error insufficient_quota(std::string message, std::uint32_t retry_after_s) {
+  auto e = make(ErrorSource::client, 429, "insufficient_quota", "insufficient_quota", std::move(message));
+  e.retry_after_s = retry_after_s;
+  return e;
 }
 Error upstream_unavailable(std::string message) {
   return make(ErrorSource::upstream, 502, "upstream_error", "upstream_unavailable", std::move(message));

@@ -50,7 +50,7 @@ Error undecodable_body(std::string_view coding);
 Error unauthorized(std::string message);                                            // 401 invalid_api_key
 Error forbidden(std::string message, std::string_view code = "model_not_allowed");  // 403
 Error rate_limited(std::string message, std::uint32_t retry_after_s);               // 429 rate_limit_exceeded
-Error insufficient_quota(std::string message);                                      // 429 insufficient_quota
+Error insufficient_quota(std::string message, std::uint32_t retry_after_s = 0);     // 429 insufficient_quota
 Error upstream_unavailable(std::string message);                                    // 502 upstream_error
 Error upstream_timeout(std::string message);                                        // 504 timeout
 Error unavailable(std::string message, std::uint32_t retry_after_s = 1);            // 503 (draining, overload)

@@ -367,7 +367,9 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
     auto v = auth::verify_jwt(token, *keys, claims, std::chrono::system_clock::now());
     if (!v) return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
     const json::value* c = claim_at(v->claims, cfg_.jwt_claim);
-    if (c && ((c->is_bool() && c->get_bool()) || (c->is_string() && c->get_string() == "true"))) return {};
+    // Only the JSON boolean true: identity providers often map user attributes to strings, and a
+    // string "true" an ordinary user can set must not grant admin.
+    if (c && c->is_bool() && c->get_bool()) return {};
     return tl::unexpected(unauthorized(fmt::format("The token's '{}' claim does not grant admin.", cfg_.jwt_claim)));
   }
   return tl::unexpected(unauthorized("Incorrect admin token provided."));

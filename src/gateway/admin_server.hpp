@@ -133,7 +133,8 @@ class AdminServer {
 
   // Whether `authorization` (the header's value) carries the admin token
   // (SHA-256 compared in constant time) or, with admin.jwt_claim, a JWT
-  // that auth.jwt verifies and whose claim is true. Empty error = ok.
+  // that auth.jwt verifies and whose claim is the JSON boolean true (not
+  // the string "true", nor 1). Empty error = ok.
   tl::expected<void, AdminError> check_token(std::string_view authorization) const;
 
  private:

@@ -5,9 +5,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
@@ -105,15 +108,96 @@ std::optional<std::string> scalar_text(const json::value& v) {
   return std::nullopt;
 }
 
-AdminResult<YAML::Node> to_yaml_map(const json::value& v, const std::string& param) {
+// A JSON number with an integer value, as decimal text: an integer literal,
+// or a number without a fraction written otherwise (60.0, 6e1) up to 2^53,
+// the integers JSON Schema's "integer" (OpenAPI 3.1) admits. Strings,
+// booleans and numbers with a fraction are not integers: nullopt.
+std::optional<std::string> integer_text(const json::value& v) {
+  if (v.is_int64()) return std::to_string(v.get_int64());
+  if (v.is_uint64()) return std::to_string(v.get_uint64());
+  if (v.is_double()) {
+    const double d = v.get_double();
+    if (std::isfinite(d) && std::trunc(d) == d && std::fabs(d) <= 9007199254740992.0)
+      return std::to_string(static_cast<std::int64_t>(d));
+  }
+  return std::nullopt;
+}
+
+std::string_view json_kind(const json::value& v) {
+  switch (v.kind()) {
+    case json::kind::string:
+      return "a string";
+    case json::kind::bool_:
+      return "a boolean";
+    case json::kind::null:
+      return "null";
+    case json::kind::array:
+      return "an array";
+    case json::kind::object:
+      return "an object";
+    case json::kind::double_:
+      return "a number with a fraction";
+    default:
+      return "a number";
+  }
+}
+
+// What a field of limits: or budget: takes in the admin API's JSON (the
+// configuration file's YAML is laxer: there "60" is 60).
+enum class FieldType : std::uint8_t {
+  integer,   // a JSON integer (integer_text)
+  number,    // any JSON number
+  duration,  // a string ("24h", "3600s") or a JSON integer (milliseconds)
+};
+
+// The JSON object `v` as a YAML map for the configuration's parsers, each
+// member checked against `type_of(name)` first (no string, boolean or
+// fraction coerced into a number). Names type_of does not know pass as
+// they are, for the parser's own unknown-field error. Errors name the
+// member (`param`.NAME).
+AdminResult<YAML::Node> to_yaml_map(const json::value& v, const std::string& param,
+                                    std::optional<FieldType> (*type_of)(std::string_view)) {
   if (!v.is_object()) return tl::unexpected(admin_bad_request(param + " must be a JSON object", param));
   YAML::Node n(YAML::NodeType::Map);
   for (const auto& [k, val] : v.get_object()) {
-    auto text = scalar_text(val);
-    if (!text) return tl::unexpected(admin_bad_request("expected a number or a string", param + "." + std::string(k)));
+    const std::string_view field(k);
+    const std::string name = param + "." + std::string(field.substr(0, 64));
+    const auto type = type_of(field);
+    std::optional<std::string> text = scalar_text(val);
+    std::string_view expected = "a number or a string";
+    if (type) switch (*type) {
+        case FieldType::integer:
+          text = integer_text(val);
+          expected = "an integer";
+          break;
+        case FieldType::number:
+          text = val.is_number() ? scalar_text(val) : std::nullopt;
+          expected = "a number";
+          break;
+        case FieldType::duration:
+          text = val.is_string() ? std::optional<std::string>(std::string(val.get_string())) : integer_text(val);
+          expected = "a duration string such as \"24h\" or an integer number of milliseconds";
+          break;
+      }
+    if (!text)
+      return tl::unexpected(
+          admin_bad_request(fmt::format("{} must be {}, not {}", name, expected, json_kind(val)), name));
     n[std::string(k)] = *text;
   }
   return n;
+}
+
+std::optional<FieldType> limits_field(std::string_view name) {
+  for (auto f :
+       {"requests_per_minute", "tokens_per_minute", "max_concurrent_streams", "requests_burst", "tokens_burst"})
+    if (name == f) return FieldType::integer;
+  return std::nullopt;
+}
+
+std::optional<FieldType> budget_field(std::string_view name) {
+  if (name == "usd") return FieldType::number;
+  if (name == "period") return FieldType::duration;
+  return std::nullopt;
 }
 
 }  // namespace
@@ -138,7 +222,7 @@ boost::json::value budget_json(const auth::Budget& b) {
 
 AdminResult<auth::Limits> parse_limits_json(const boost::json::value& v, const std::string& param) {
   if (v.is_null()) return auth::Limits{};
-  auto n = to_yaml_map(v, param);
+  auto n = to_yaml_map(v, param, limits_field);
   if (!n) return tl::unexpected(n.error());
   auto l = auth::parse_limits(*n, param);
   if (!l) return tl::unexpected(from_config_error(l.error()));
@@ -154,7 +238,7 @@ AdminResult<auth::Budget> parse_budget_json(const boost::json::value& v, const s
       return parse_budget_json(copy, param);
     }
   }
-  auto n = to_yaml_map(v, param);
+  auto n = to_yaml_map(v, param, budget_field);
   if (!n) return tl::unexpected(n.error());
   auto b = auth::parse_budget(*n, param);
   if (!b) return tl::unexpected(from_config_error(b.error()));
@@ -164,8 +248,10 @@ AdminResult<auth::Budget> parse_budget_json(const boost::json::value& v, const s
 AdminResult<std::int64_t> parse_expiry_json(const boost::json::value& v, const std::string& param) {
   if (v.is_null()) return std::int64_t{0};
   std::int64_t s = 0;
-  if (v.is_int64() || v.is_uint64()) {
-    s = v.is_int64() ? v.get_int64() : static_cast<std::int64_t>(v.get_uint64());
+  if (v.is_uint64() && v.get_uint64() > static_cast<std::uint64_t>(INT64_MAX)) {
+    s = INT64_MAX;  // refused below
+  } else if (auto i = integer_text(v)) {
+    s = std::stoll(*i);
   } else if (v.is_string()) {
     if (!core::parse_rfc3339(v.get_string(), s))
       return tl::unexpected(admin_bad_request(

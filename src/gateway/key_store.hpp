@@ -64,10 +64,14 @@ struct KeyRecord {
 boost::json::object limits_json(const auth::Limits& l);
 boost::json::value budget_json(const auth::Budget& b);
 // The configuration's parsers applied to JSON: {requests_per_minute, ...}
-// and {usd, period}. Errors name the field ("limits.requests_per_minute").
+// and {usd, period}, after a type check the YAML file does not make: a
+// limit is a JSON integer (60, also 60.0; not "60", true or 1.5), usd a
+// JSON number, period a string or an integer (ms). A limit of 0 is no limit
+// (absent from limits_json). Errors: 400 naming the field
+// ("limits.requests_per_minute").
 AdminResult<auth::Limits> parse_limits_json(const boost::json::value& v, const std::string& param);
 AdminResult<auth::Budget> parse_budget_json(const boost::json::value& v, const std::string& param);
-// expires_at: RFC 3339 string or Unix seconds; null = never (0).
+// expires_at: RFC 3339 string or Unix seconds (a JSON integer); null = never (0).
 AdminResult<std::int64_t> parse_expiry_json(const boost::json::value& v, const std::string& param);
 
 // A new secret: "sk-weir-" + 32 random bytes (OpenSSL RAND_bytes) in
@@ -80,8 +84,9 @@ class KeyStore {
   // `keys_file`: empty = in memory only.
   KeyStore(auth::AuthConfig base, std::string keys_file);
 
-  // Reads keys_file (a missing file is an empty store). Call once, before
-  // policy() is first used. Error: a message naming the file.
+  // Reads keys_file (a missing file is an empty store) and never writes it:
+  // start-up and `weir --check` both call it. Call once, before policy() is
+  // first used. Error: "admin.keys_file PATH: what is wrong".
   tl::expected<void, std::string> load();
   // The limiter whose scopes follow this store's (grow, carry_spend); set
   // once, after it was built from policy()->scopes().

@@ -32,7 +32,9 @@ class Services {
   // Builds what `loaded` asks for, on `control`, for `workers` worker
   // threads; takes loaded.auth and loaded.pricing. With loaded.admin (and
   // auth), the runtime key store too: its keys_file is read here, and a
-  // file that cannot be read is a start-up error (`error()`). Nothing starts yet.
+  // file that cannot be read or is not a valid keys file is a configuration
+  // error (`error()`: start-up exits 2, as `weir --check` does on the same
+  // file). Nothing starts yet.
   Services(boost::asio::io_context& control, LoadedConfig& loaded, unsigned workers);
   // Why construction failed (a keys file that cannot be read); empty = fine.
   const std::string& error() const noexcept { return error_; }

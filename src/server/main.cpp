@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/process_metrics.hpp"
+#include "gateway/key_store.hpp"
 #include "gateway/load_config.hpp"
 #include "requestlog/query.hpp"
 #include "server/server.hpp"
@@ -160,6 +161,14 @@ int main(int argc, char** argv) {
   }
   for (const auto& w : loaded->warnings) fmt::print(stderr, "weir: warning: {}\n", w);
   if (check) {
+    // The runtime keys file is read as start-up reads it (Services), and not written.
+    if (loaded->auth && loaded->admin && !loaded->admin->keys_file.empty()) {
+      weir::gateway::KeyStore keys(*loaded->auth, loaded->admin->keys_file);
+      if (auto ok = keys.load(); !ok) {
+        fmt::print(stderr, "weir: configuration error: {}\n", ok.error());
+        return 2;
+      }
+    }
     const auto& c = loaded->config;
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;

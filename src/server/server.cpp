@@ -56,8 +56,9 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   asio::io_context main_io;
   gateway::Services services(main_io, loaded, n);
   if (!services.error().empty()) {
-    fmt::print(stderr, "weir: {}\n", services.error());
-    return 1;
+    // An admin.keys_file that cannot be read or is not a valid keys file: --check refuses it too.
+    fmt::print(stderr, "weir: configuration error: {}\n", services.error());
+    return 2;
   }
   services.attach(shared);
 

@@ -209,6 +209,84 @@ def test_a_key_budget_runs_out_and_an_expired_key_is_refused(gw):
     wait_until(lambda: chat(w, soon["key"]).status_code == 401, 5, 0.2, "the key to expire")
 
 
+def test_a_budget_429_says_when_the_budget_admits_again(gw):
+    w, admin = gw
+    # Spent within its hour: Retry-After (whole seconds) runs to the end of the period,
+    # which in-process starts with the process: under an hour, and most of it.
+    k = admin.create(tenant="acme", budget={"usd": 0.00005, "period": "1h"})
+    for _ in range(8):
+        r = chat(w, k["key"])
+        if r.status_code == 429:
+            break
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", r.text
+    retry = r.headers.get("retry-after")
+    assert retry is not None and retry.isdigit(), r.headers
+    assert 3600 - 300 < int(retry) <= 3600, retry
+    # The x-ratelimit-* lines of the tenant's requests bucket still come with it.
+    assert r.headers["x-ratelimit-limit-requests"] == "1000", r.headers
+    # A budget that never resets: no Retry-After (no wait helps).
+    never = admin.create(tenant="acme", budget={"usd": 0.00005})
+    for _ in range(8):
+        r = chat(w, never["key"])
+        if r.status_code == 429:
+            break
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", r.text
+    assert "retry-after" not in r.headers, r.headers
+    # Nor for $0.
+    zero = admin.create(tenant="acme", budget={"usd": 0, "period": "1h"})
+    r = chat(w, zero["key"])
+    assert r.status_code == 429 and "retry-after" not in r.headers, (r.text, r.headers)
+
+
+# A field of POST/PATCH /admin/v1/keys, a value of the wrong JSON type, and the param the 400 names.
+WRONG_TYPES = [
+    ({"limits": {"requests_per_minute": "60"}}, "limits.requests_per_minute"),
+    ({"limits": {"tokens_per_minute": True}}, "limits.tokens_per_minute"),
+    ({"limits": {"max_concurrent_streams": 1.5}}, "limits.max_concurrent_streams"),
+    ({"limits": {"requests_per_minute": 5, "requests_burst": "10"}}, "limits.requests_burst"),
+    ({"limits": {"tokens_burst": [100]}}, "limits.tokens_burst"),
+    ({"limits": {"tokens_per_minute": None}}, "limits.tokens_per_minute"),
+    ({"budget": {"usd": "25"}}, "budget.usd"),
+    ({"budget": {"usd": False}}, "budget.usd"),
+    ({"budget": {"usd": 1, "period": 1.5}}, "budget.period"),
+    ({"budget": {"usd": 1, "period": True}}, "budget.period"),
+    ({"expires_at": True}, "expires_at"),
+    ({"expires_at": 1900000000.5}, "expires_at"),
+    ({"expires_at": "1900000000"}, "expires_at"),
+]
+
+
+@pytest.mark.parametrize("method", ["POST", "PATCH"])
+def test_numeric_key_fields_take_json_numbers_only(gw, method):
+    w, admin = gw
+    k = admin.create(tenant="acme", limits={"requests_per_minute": 7})
+    for body, param in WRONG_TYPES:
+        if method == "POST":
+            r = admin("POST", "/admin/v1/keys", json={"tenant": "acme", **body})
+        else:
+            r = admin("PATCH", f"/admin/v1/keys/{k['id']}", json=body)
+        assert r.status_code == 400, (body, r.text)
+        err = r.json()["error"]
+        assert err["type"] == "invalid_request_error" and err["param"] == param, (body, r.text)
+    # Nothing changed, nothing was created.
+    assert admin("GET", f"/admin/v1/keys/{k['id']}").json()["limits"] == {"requests_per_minute": 7}
+    assert len(admin("GET", "/admin/v1/keys").json()["data"]) == 2  # the config key and k
+    # A number without a fraction is an integer (JSON Schema's "integer"); 0 means no limit.
+    body = {"limits": {"requests_per_minute": 60.0, "tokens_per_minute": 0}, "budget": {"usd": 2, "period": 3600000},
+            "expires_at": 1900000000.0}
+    if method == "POST":
+        r = admin("POST", "/admin/v1/keys", json={"tenant": "acme", **body})
+        assert r.status_code == 201, r.text
+    else:
+        r = admin("PATCH", f"/admin/v1/keys/{k['id']}", json=body)
+        assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["limits"] == {"requests_per_minute": 60}, got
+    assert got["budget"] == {"usd": 2.0, "period": "3600s"} and got["expires_at"] == 1900000000, got
+    r = admin("PATCH", f"/admin/v1/keys/{got['id']}", json={"limits": {"requests_per_minute": 0}})
+    assert r.status_code == 200 and r.json()["limits"] == {}, r.text
+
+
 def test_runtime_keys_survive_a_restart_with_keys_file(mock, weir, tmp_path):
     m = mock(*MOCK_FLAGS)
     keys_file = tmp_path / "keys.json"

@@ -107,3 +107,59 @@ def test_key_env_set_passes_check(tmp_path):
     r = weir_run("--config", path, "--check", env={"WEIR_TEST_UNSET_KEY": "sk-test"})
     assert r.returncode == 0, r.stderr
     assert r.stderr == "", r.stderr
+
+
+KEYS_FILE_CONFIG = """\
+tenants:
+  acme: {{}}
+admin:
+  listen: 127.0.0.1:{admin_port}
+  token_env: WEIR_TEST_ADMIN_TOKEN
+  keys_file: {keys_file}
+"""
+
+# (name, keys file content, what the error says)
+BAD_KEYS_FILES = [
+    ("bad-sha256", '{"version":1,"keys":[{"id":"vk_1","sha256":"zz","tenant":"acme"}]}', "keys[0]"),
+    ("not-json", "{not json", "not a Weir keys file"),
+    ("no-keys", '{"version":1}', "not a Weir keys file"),
+    ("string-limit",
+     '{"version":1,"keys":[{"id":"vk_1","sha256":"' + SHA + '","tenant":"acme",'
+     '"limits":{"requests_per_minute":"60"}}]}', "limits.requests_per_minute"),
+]
+
+
+@pytest.mark.parametrize("name,content,says", BAD_KEYS_FILES, ids=[b[0] for b in BAD_KEYS_FILES])
+def test_a_corrupt_keys_file_is_a_configuration_error_for_check_and_start_up(tmp_path, name, content, says):
+    keys = tmp_path / "keys.json"
+    keys.write_text(content)
+    path = tmp_path / "keys.yaml"
+    port = free_port()
+    path.write_text(BASE.format(port=port) + KEYS_FILE_CONFIG.format(admin_port=free_port(), keys_file=keys))
+    env = {"WEIR_TEST_ADMIN_TOKEN": "admin-test-token-0123456789"}
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args, env=env)
+        assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+        assert "weir: configuration error: " in r.stderr, r.stderr
+        assert f"admin.keys_file {keys}" in r.stderr and says in r.stderr, r.stderr
+        assert "ok" not in r.stdout
+    # --check reads the file and does not write it.
+    assert keys.read_text() == content
+    with pytest.raises(OSError):  # start-up never listened
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+
+
+def test_a_valid_or_missing_keys_file_passes_check(tmp_path):
+    keys = tmp_path / "keys.json"
+    path = tmp_path / "keys.yaml"
+    path.write_text(BASE.format(port=free_port()) + KEYS_FILE_CONFIG.format(admin_port=free_port(), keys_file=keys))
+    env = {"WEIR_TEST_ADMIN_TOKEN": "admin-test-token-0123456789"}
+    r = weir_run("--config", path, "--check", env=env)
+    assert r.returncode == 0, r.stderr
+    assert not keys.exists(), "--check must not create the keys file"
+    content = ('{"version":1,"keys":[{"id":"vk_1","sha256":"' + SHA + '","tenant":"acme",'
+               '"limits":{"requests_per_minute":60},"budget":{"usd":2.5E1,"period":"3600s"},"expires_at":null}]}')
+    keys.write_text(content)
+    r = weir_run("--config", path, "--check", env=env)
+    assert r.returncode == 0, r.stderr
+    assert keys.read_text() == content

@@ -403,6 +403,64 @@ TEST(AdmissionBudget, TheReservationIsReleasedOnEveryPath) {
   EXPECT_TRUE(a2.admit(w2.tenant_only, "m", TokenEstimate::of(400, 30), T0));
 }
 
+TEST(AdmissionBudget, RefusalCarriesRetryAfterUntilTheBudgetCanAdmitAgain) {
+  // The limiter's epoch is T0 - 1h: with period 1h, windows start at T0, T0 + 1h, ...
+  auth::Budget b;
+  b.limit_nano_usd = kWorst;  // one worst case
+  b.period = 1h;
+  for (auto key_budget : {false, true}) {
+    World w({}, key_budget ? auth::Budget{} : b, {}, key_budget ? b : auth::Budget{});
+    Admission a(*w.limiter, w.pricing, 0);
+    const Instant at = T0 + 10min + 500ms;
+    {
+      auto held = a.admit(w.with_key, "m", kEst, at);
+      ASSERT_TRUE(held);
+      // Only the reservation of a request in flight is in the way: it may be back at once.
+      auto r = a.admit(w.with_key, "m", kEst, at);
+      ASSERT_FALSE(r);
+      EXPECT_EQ(r.error().code, "insufficient_quota");
+      EXPECT_EQ(r.error().retry_after_s, 1u);
+      a.settle(*held, api::Usage{100, 100, 200, 0}, at);  // spends the whole budget
+    }
+    // Spent: the budget admits again when its window rolls, 49 min 59.5 s later (rounded up).
+    auto r = a.admit(w.with_key, "m", kEst, at);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().code, "insufficient_quota");
+    EXPECT_EQ(r.error().retry_after_s, 3000u) << (key_budget ? "key" : "tenant");
+    r = a.admit(w.with_key, "m", kEst, T0 + 1h - 1ms);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().retry_after_s, 1u);  // 1 ms left: 1 s
+    EXPECT_TRUE(a.admit(w.with_key, "m", kEst, T0 + 1h)) << "the promised time";
+  }
+  // Never resets (no period): no Retry-After once the settled spend fills it.
+  auth::Budget forever;
+  forever.limit_nano_usd = kWorst;
+  World w({}, forever);
+  Admission a(*w.limiter, w.pricing, 0);
+  auto t = a.admit(w.tenant_only, "m", kEst, T0);
+  ASSERT_TRUE(t);
+  a.settle(*t, api::Usage{100, 100, 200, 0}, T0);
+  auto r = a.admit(w.tenant_only, "m", kEst, T0 + 100h);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 0u);
+  // Nor for a request whose worst case exceeds the whole budget, nor for a budget of $0: no wait helps.
+  auth::Budget small = b;
+  small.limit_nano_usd = kWorst - 1;
+  World ws({}, small);
+  Admission as(*ws.limiter, ws.pricing, 0);
+  r = as.admit(ws.tenant_only, "m", kEst, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 0u);
+  auth::Budget zero = b;
+  zero.enabled = true;
+  zero.limit_nano_usd = 0;
+  World wz({}, zero);
+  Admission az(*wz.limiter, wz.pricing, 0);
+  r = az.admit(wz.tenant_only, "unpriced", 0, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 0u);
+}
+
 TEST(AdmissionBudget, UsageAboveTheReservationIsRecorded) {
   auth::Budget b;
   b.limit_nano_usd = 2 * kWorst;

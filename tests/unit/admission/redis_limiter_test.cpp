@@ -323,12 +323,14 @@ TEST_F(RedisLimiterTest, BudgetCutOffSeenByBothReplicas) {
   const Answer a5 = admit(a, 0, w.principal, 10);
   EXPECT_FALSE(a5.ok);
   EXPECT_EQ(a5.code, "insufficient_quota");
+  EXPECT_EQ(a5.retry_after_s, 0u) << "a budget that never resets: no Retry-After";
   // B learns it from Redis within a budget sync or two.
   EXPECT_TRUE(eventually([&] { return b.limiter->spent(w.scope(), MonoClock::now()) == 1'000'000'000; }));
   const Answer b1 = admit(b, 1, w.principal, 10);
   EXPECT_FALSE(b1.ok);
   EXPECT_EQ(b1.status, 429);
   EXPECT_EQ(b1.code, "insufficient_quota");
+  EXPECT_EQ(b1.retry_after_s, 0u);
   // A retried push of the same running total does not count twice.
   a.sync_now(w.scope());
   EXPECT_EQ(b.limiter->spent(w.scope(), MonoClock::now()), 1'000'000'000);
@@ -345,6 +347,33 @@ TEST_F(RedisLimiterTest, BudgetPeriodRollsOverOnRedisTime) {
   EXPECT_FALSE(admit(a, 0, w.principal, 10).ok);
   // The next UTC-aligned second starts a new period.
   EXPECT_TRUE(eventually([&] { return admit(a, 0, w.principal, 10).ok; }, 5000ms));
+}
+
+TEST_F(RedisLimiterTest, BudgetRefusalRetryAfterIsTheEndOfTheRedisPeriod) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 100'000'000;  // $0.10 per hour (UTC-aligned hours of Redis time)
+  budget.period = 1h;
+  World w(rpm(100000), budget);
+  Replica a(w, cfg());
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced(); }));
+  // A request in flight holds $0.06: another of $0.06 only has to wait for it.
+  const std::uint64_t six = 30'000;  // 30000 completion tokens at $2 / 1M = $0.06
+  ASSERT_TRUE(admit(a, 0, w.principal, six, true).ok);
+  const Answer inflight = admit(a, 1, w.principal, six);
+  EXPECT_FALSE(inflight.ok);
+  EXPECT_EQ(inflight.code, "insufficient_quota");
+  EXPECT_EQ(inflight.retry_after_s, 1u);
+  // Spent: until the next hour of Redis time (the test machine's clock is Redis's).
+  ASSERT_TRUE(admit(a, 1, w.principal, 10, false, api::Usage{100'000, 0, 100'000, 0}).ok);
+  const Answer spent = admit(a, 1, w.principal, 10);
+  const auto unix_s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto left = 3600 - unix_s % 3600;
+  EXPECT_FALSE(spent.ok);
+  EXPECT_EQ(spent.code, "insufficient_quota");
+  EXPECT_GE(spent.retry_after_s, 1u);
+  EXPECT_LE(spent.retry_after_s, 3600u);
+  EXPECT_NEAR(static_cast<double>(spent.retry_after_s), static_cast<double>(left), 3.0);
 }
 
 TEST_F(RedisLimiterTest, StreamSlotsAreSharedAndACrashedReplicasSlotsExpire) {

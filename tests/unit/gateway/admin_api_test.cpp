@@ -313,6 +313,12 @@ TEST(AdminServer, JwtWithTheAdminClaimIsAnAdmin) {
   auto no = server.check_token(token("false"));
   ASSERT_FALSE(no);
   EXPECT_NE(no.error().message.find("does not grant admin"), std::string::npos);
+  // Only the JSON boolean true: a string an identity provider mapped from a user attribute is not.
+  for (const char* v : {R"("true")", R"("True")", "1", R"(["true"])", R"({"v":true})", "null"}) {
+    auto r = server.check_token(token(v));
+    ASSERT_FALSE(r) << v;
+    EXPECT_NE(r.error().message.find("does not grant admin"), std::string::npos) << v;
+  }
   EXPECT_FALSE(server.check_token(token("true", "https://other.test")));  // verified like a client's token
   EXPECT_FALSE(server.check_token("Bearer not-a-token"));
   jwks.stop();
