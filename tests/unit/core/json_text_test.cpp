@@ -219,3 +219,21 @@ TEST(TextWriter, EscapingGrowsGeometricallyAndMatchesTheStringForm) {
   weir::core::append_json_string(plain, std::string(100'000, 'a'));
   EXPECT_LE(plain.capacity(), plain.size() + 512);
 }
+
+TEST(JsonText, TheWordAtATimeScanMissesNoByteAtAnyPosition) {
+  // One byte of every value at every position of 40 plain bytes: escaped
+  // (or replaced) exactly as when it stands alone, whichever word it is in.
+  const std::string plain = "The quick brown fox jumps over a lazy do";
+  for (int v = 0; v < 256; ++v) {
+    std::string alone;
+    append_json_string(alone, std::string(1, static_cast<char>(v)));
+    const std::string inner = alone.substr(1, alone.size() - 2);
+    for (std::size_t at = 0; at <= plain.size(); ++at) {
+      std::string in = plain;
+      in.insert(at, 1, static_cast<char>(v));
+      std::string out;
+      append_json_string(out, in);
+      EXPECT_EQ(out, "\"" + plain.substr(0, at) + inner + plain.substr(at) + "\"") << v << " at " << at;
+    }
+  }
+}
