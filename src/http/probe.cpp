@@ -74,7 +74,10 @@ Task<int> fetch_over(Stream& stream, const Socket& sock, const ProbeRequest& r, 
     co_return 0;
   }
   // Beast frames the answer (Content-Length, chunked or close-delimited) within max_bytes.
-  boost::beast::flat_buffer buf;
+  // The read buffer is bounded (Beast's 8 KiB head limit, then one 64 KiB
+  // read): a chunk-size line or extensions that do not fit fail the fetch
+  // (buffer_overflow) instead of growing it.
+  boost::beast::flat_buffer buf(128 * 1024);
   boost::beast::http::response_parser<boost::beast::http::string_body> parser;
   parser.body_limit(max_bytes);
   auto [rec, rn] = co_await boost::beast::http::async_read(stream, buf, parser, use_task);

@@ -213,7 +213,7 @@ class OtlpClient {
   std::optional<asio::ssl::context> tls_ctx_;
   std::optional<beast::tcp_stream> plain_;
   std::optional<beast::ssl_stream<beast::tcp_stream>> tls_;
-  beast::flat_buffer buf_;
+  beast::flat_buffer buf_{128 * 1024};  // bounded: the 8 KiB head limit, then one 64 KiB read
   bh::request<bh::string_body> req_;
 };
 
