@@ -155,7 +155,8 @@ class EndlessChunkUpstream:
     """A raw upstream: GETs get a model list; a POST gets a chunked 200 whose first chunk-size line
     never ends (an extension of up to 64 MiB)."""
 
-    def __init__(self):
+    def __init__(self, answer: bytes | None = None):
+        self.answer = answer  # a POST's whole answer instead of the endless chunk line
         self.listener = socket.socket()
         self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.listener.bind(("127.0.0.1", 0))
@@ -198,6 +199,9 @@ class EndlessChunkUpstream:
                     conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                                  % (len(body), body))
                     continue
+                if self.answer is not None:
+                    conn.sendall(self.answer)
+                    continue
                 conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                              b"Transfer-Encoding: chunked\r\n\r\n4c;e=")
                 piece = b"a" * (1 << 20)
@@ -224,6 +228,19 @@ def test_upstream_endless_chunk_extension_is_502_with_memory_bounded(weir):
         assert_openai_error(r, 502)
         assert grown < 32 << 20, f"peak RSS grew {grown >> 20} MiB"
         assert up.sent < 64 << 20, "Weir read the whole endless chunk line"
+    finally:
+        up.close()
+
+
+def test_upstream_transfer_encoding_with_content_length_is_502(weir):
+    """RFC 9112 §6.3: Transfer-Encoding overrides Content-Length and the message ought to be handled
+    as an error; Beast would frame a non-chunked coding by Content-Length (a split response)."""
+    body = b'{"id":"x","object":"chat.completion","choices":[]}'
+    up = EndlessChunkUpstream(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: gzip\r\n"
+                              b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        w = weir(upstream=f"http://127.0.0.1:{up.port}", workers=1)
+        assert_openai_error(roundtrip_raw(w.port, request("POST", "/v1/chat/completions", CHAT), "POST"), 502)
     finally:
         up.close()
 
