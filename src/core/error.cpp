@@ -61,6 +61,11 @@ Error header_too_large(std::uint64_t limit_bytes) {
   return make(ErrorSource::client, 431, "invalid_request_error", {},
               fmt::format("The request head is larger than {} bytes.", limit_bytes));
 }
+Error unsupported_transfer_coding() {
+  return make(ErrorSource::client, 501, "invalid_request_error", "unsupported_transfer_coding",
+              "Transfer-Encoding other than chunked is not implemented; send the body with Content-Length or "
+              "Transfer-Encoding: chunked alone.");
+}
 Error unsupported_encoding(std::string_view coding) {
   return make(ErrorSource::client, 415, "invalid_request_error", "unsupported_content_encoding",
               fmt::format("Content-Encoding '{}' is not supported for request bodies; send the body as it is, or "

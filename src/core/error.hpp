@@ -42,6 +42,9 @@ Error method_not_allowed(std::string_view method, std::string_view path);  // 40
 Error payload_too_large(std::uint64_t limit_bytes);                        // 413
 Error request_timeout(std::string message);                                // 408 (head or body too slow)
 Error header_too_large(std::uint64_t limit_bytes);                         // 431
+// 501 unsupported_transfer_coding: a Transfer-Encoding other than chunked
+// (RFC 9112 §6.1: a server that does not understand a coding answers 501).
+Error unsupported_transfer_coding();
 // 415 unsupported_content_encoding: a request body in a Content-Encoding
 // Weir does not decode (RFC 9110 §15.5.16; the answer carries Accept-Encoding).
 Error unsupported_encoding(std::string_view coding);

@@ -25,6 +25,21 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
       e.message = "The client closed the connection before sending the whole body.";
       return e;
     }
+    case http::ReadFailure::bad_framing:
+      return core::bad_request(
+          "Malformed HTTP request: Transfer-Encoding must end in a single chunked, and comes with neither "
+          "Content-Length nor HTTP/1.0.");
+    case http::ReadFailure::unsupported_coding:
+      return core::unsupported_transfer_coding();
+    case http::ReadFailure::bad_host:
+      return core::bad_request("Malformed HTTP request: an HTTP/1.1 request needs exactly one valid Host header.");
+    case http::ReadFailure::bad_target:
+      return core::bad_request(
+          "Malformed HTTP request: the request target must be a path (/v1/...) or an http(s) absolute URI.");
+    case http::ReadFailure::framing_too_large:
+      return core::bad_request(
+          "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "
+          "is too large.");
     case http::ReadFailure::malformed:
     case http::ReadFailure::none:
       break;

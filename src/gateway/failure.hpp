@@ -16,10 +16,13 @@
 
 namespace weir::gateway {
 
-// A request whose head or body could not be read: 400 (malformed), 408
-// (head or body too slow), 413 (body over server.max_body), 431 (head over
-// server.max_header), or 499 client_closed_request (the client left
-// mid-body). `detail`: the parser's message for a malformed request.
+// A request whose head or body could not be read: 400 (malformed; framing
+// RFC 9112 refuses: Transfer-Encoding with Content-Length or not ending in
+// chunked, no or several Host, a target neither a path nor an http(s) URI, a
+// chunk line or extensions over server.max_header), 408 (head or body too
+// slow), 413 (body over server.max_body), 431 (head over server.max_header),
+// 501 (a transfer coding other than chunked), or 499 client_closed_request
+// (the client left mid-body). `detail`: the parser's message for a malformed request.
 core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::string_view detail);
 
 // Who failed, as a client may be told: the pool, the model asked for (empty:

@@ -7,6 +7,7 @@
 #include <boost/beast/http/read.hpp>
 
 #include "http/headers.hpp"
+#include "http/request_check.hpp"
 
 namespace weir::http {
 
@@ -20,10 +21,42 @@ namespace {
 // most of a stream's memory).
 constexpr std::size_t kMonitorRead = 64;
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
+// Room in the read buffer beyond server.max_header: one read (read_message
+// reads at most 64 KiB at a time).
+constexpr std::size_t kReadRoom = 64 * 1024;
+
+ReadFailure failure_of(HeadProblem p) {
+  switch (p) {
+    case HeadProblem::bad_framing:
+      return ReadFailure::bad_framing;
+    case HeadProblem::unsupported_coding:
+      return ReadFailure::unsupported_coding;
+    case HeadProblem::bad_host:
+      return ReadFailure::bad_host;
+    case HeadProblem::bad_target:
+      return ReadFailure::bad_target;
+    case HeadProblem::none:
+      break;
+  }
+  return ReadFailure::none;
+}
 }  // namespace
 
+void Downstream::ChunkExtBudget::operator()(std::uint64_t, boost::beast::string_view ext, error_code& ec) {
+  if (ext.size() > left) {
+    over = true;
+    ec = bh::error::bad_chunk_extension;
+    return;
+  }
+  left -= ext.size();
+}
+
 Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total)
-    : sock_(std::move(sock)), sc_(sc), bytes_out_total_(bytes_out_total), watchdog_(sock_.get_executor(), [this] {
+    : sock_(std::move(sock)),
+      sc_(sc),
+      bytes_out_total_(bytes_out_total),
+      in_(sc.max_header_bytes + kReadRoom),
+      watchdog_(sock_.get_executor(), [this] {
         timed_out_ = true;
         error_code ignored;
         sock_.cancel(ignored);
@@ -66,9 +99,12 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
 
   failure_ = ReadFailure::none;
   failure_ec_ = {};
+  target_ = {};
   if (parser_) body_store_.swap(parser_->get().body());  // keep the body storage's capacity
   parser_.emplace();
   parser_->header_limit(sc_.max_header_bytes);
+  chunk_ext_ = {.left = sc_.max_header_bytes, .over = false};
+  parser_->on_chunk_header(chunk_ext_);  // a reference: no allocation
   // No body limit while the head is read: Beast would reject a large
   // Content-Length as a header error; read_body() answers it with 413.
   parser_->body_limit(boost::none);
@@ -79,7 +115,16 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   idle_ = false;
   watchdog_.disarm();
   if (!ec) {
-    keep_alive_ = parser_->get().keep_alive() && !draining;
+    const auto& req = parser_->get();
+    if (const HeadProblem p = check_request_head(req); p != HeadProblem::none) [[unlikely]] {
+      // Framing that cannot be trusted, or a head RFC 9112 says to refuse:
+      // answered, then the connection closes (the bytes after it are no request).
+      keep_alive_ = false;
+      failure_ = failure_of(p);
+      co_return Head::failed;
+    }
+    target_ = origin_form(req.target(), target_buf_);
+    keep_alive_ = req.keep_alive() && !draining;
     co_return Head::request;
   }
   // A connection that closes or idles out between requests is not a request.
@@ -93,6 +138,8 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     failure_ = ReadFailure::head_timeout;
   } else if (ec == bh::error::header_limit) {
     failure_ = ReadFailure::head_too_large;
+  } else if (ec == bh::error::buffer_overflow) {
+    failure_ = ReadFailure::framing_too_large;
   } else {
     failure_ = ReadFailure::malformed;
   }
@@ -134,6 +181,8 @@ Task<bool> Downstream::read_body() {
   failure_ec_ = ec;
   if (ec == bh::error::body_limit) {
     failure_ = ReadFailure::body_too_large;
+  } else if (ec == bh::error::buffer_overflow || chunk_ext_.over) {
+    failure_ = ReadFailure::framing_too_large;
   } else if (timed_out_) {
     timed_out_ = false;
     failure_ = ReadFailure::body_timeout;
@@ -155,7 +204,11 @@ void Downstream::watch_for_close(bool release_buffer) {
   reading_ = true;
   // The read takes what room the buffer already has (a pipelined or next
   // request then usually arrives whole, in this one recv), at least kMonitorRead.
-  const auto room = in_.prepare(std::max(kMonitorRead, in_.capacity() - in_.size()));
+  // Never past the buffer's bound (prepare() would throw): a buffer that
+  // full holds a whole pipelined request to serve next.
+  const std::size_t free = in_.max_size() - in_.size();
+  if (free == 0) return;
+  const auto room = in_.prepare(std::min(free, std::max(kMonitorRead, in_.capacity() - in_.size())));
   // The request was read to a short recv: the socket is drained, and
   // async_recv waits for the next edge without a recv that finds it empty.
   async_recv(sock_, room, [this](error_code ec, std::size_t n) {

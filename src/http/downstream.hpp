@@ -27,12 +27,18 @@ namespace weir::http {
 // error body in one place (gateway/failure.hpp).
 enum class ReadFailure : std::uint8_t {
   none,
-  malformed,       // unparsable head or body → 400
-  head_timeout,    // the head did not arrive within server.header_timeout → 408
-  head_too_large,  // the head is over server.max_header → 431
-  body_timeout,    // the body did not arrive within server.body_timeout → 408
-  body_too_large,  // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
-  client_closed,   // the client left before sending the whole body → 499, nothing sent
+  malformed,    // unparsable head or body → 400
+  bad_framing,  // Transfer-Encoding with Content-Length, on HTTP/1.0, or not ending in chunked → 400 (RFC 9112 §6.3)
+  unsupported_coding,  // a transfer coding other than chunked → 501 (RFC 9112 §6.1)
+  bad_host,            // HTTP/1.1 without Host, with several, or an invalid one → 400 (RFC 9112 §3.2)
+  bad_target,          // a request-target neither origin-form nor http(s) absolute-form → 400 (RFC 9112 §3.2)
+  framing_too_large,   // a chunk-size line or trailer section over the read buffer, or chunk extensions
+                       // over server.max_header in all → 400 (RFC 9112 §7.1.1)
+  head_timeout,        // the head did not arrive within server.header_timeout → 408
+  head_too_large,      // the head is over server.max_header → 431
+  body_timeout,        // the body did not arrive within server.body_timeout → 408
+  body_too_large,      // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
+  client_closed,       // the client left before sending the whole body → 499, nothing sent
 };
 
 class Downstream {
@@ -68,8 +74,15 @@ class Downstream {
   // Waits for the next request head: within server.header_timeout for the
   // first request of the connection, server.keepalive_timeout for the
   // next ones. `draining`: a connection with nothing buffered ends instead.
+  // A head Beast parses is then checked for what RFC 9112 asks of a server
+  // (http/request_check.hpp: framing, Host, target form); a failed one
+  // never keeps the connection alive.
   Task<Head> read_head(bool first, bool draining);
   const RequestHead& request() const { return parser_->get(); }
+  // The request-target in origin-form ("/p?q", RFC 9112 §3.2.1): an
+  // absolute-form target ("http://h/p?q", §3.2.2) without its scheme and
+  // authority. Valid from a read_head() that returned Head::request until the next.
+  std::string_view target() const { return target_; }
   // The request's body; complete once body_complete() (else after read_body()).
   std::string& body() { return parser_->get().body(); }
   bool body_complete() const { return parser_->is_done(); }
@@ -170,8 +183,23 @@ class Downstream {
   Socket sock_;
   const core::ServerConfig& sc_;
   std::uint64_t* bytes_out_total_;
+  // Counts a chunked body's chunk-extension bytes against a budget: Beast's
+  // body_limit counts chunk data only (the class of CVE-2024-22019).
+  struct ChunkExtBudget {
+    std::uint64_t left = 0;  // bytes of extensions still allowed in this body
+    bool over = false;       // the budget ran out: the body was refused
+    void operator()(std::uint64_t, boost::beast::string_view ext, boost::system::error_code& ec);
+  };
+
   Listener* listener_ = nullptr;
+  // Bounded (server.max_header + one 64 KiB read): a head is parsed whole
+  // within max_header, a body piece by piece, so no parse step needs more;
+  // a chunk-size line or trailer section that does not fit is refused
+  // (buffer_overflow) instead of held (the class of CVE-2023-39326).
   boost::beast::flat_buffer in_;
+  std::string_view target_;  // target(): into the parser's head or target_buf_
+  std::string target_buf_;   // an absolute-form target's origin-form when it needs a "/" added
+  ChunkExtBudget chunk_ext_;
   core::Watchdog watchdog_;
   std::optional<RequestParser> parser_;
   std::string body_store_;

@@ -4,6 +4,7 @@
 #include <array>
 #include <cstring>
 
+#include "http/headers.hpp"
 #include "http/tls.hpp"
 
 #include <boost/asio/buffer.hpp>
@@ -106,6 +107,12 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     interim = status >= 100 && status < 200 && status != 101;
   }
   if (ec) co_return classify(*conn_, ec);
+  // Transfer-Encoding with Content-Length: Beast frames a coding other than
+  // chunked by the Content-Length, where RFC 9112 §6.3 says Transfer-Encoding
+  // overrides it and the message "ought to be handled as an error" (it may
+  // split the response, and the pooled connection with it).
+  if (parser_->content_length() && has_field(parser_->get(), bh::field::transfer_encoding)) [[unlikely]]
+    co_return UpstreamFailure::protocol;
   co_return UpstreamFailure::none;
 }
 

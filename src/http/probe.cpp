@@ -70,6 +70,11 @@ void fail(const ProbeRequest& r, const Socket& sock, std::string_view what, cons
                               : fmt::format("no answer within {} ms", r.timeout.count());
 }
 
+// The most a read buffer of this client holds: Beast's 8 KiB head limit,
+// then one 64 KiB read. A chunk-size line or chunk extensions that do not
+// fit fail the read (buffer_overflow) instead of growing it without bound.
+constexpr std::size_t kReadBufferCap = 128 * 1024;
+
 // Writes `request` to `stream`, then reads the answer into `parser` (Beast
 // frames it: Content-Length, chunked or close-delimited, RFC 9112 §6,
 // within the parser's limits), keeping what follows it in `buf`. Returns the
@@ -94,7 +99,7 @@ Task<int> fetch_over(Socket& sock, TlsStream* tls, const ProbeRequest& r, std::s
                      const std::size_t& max_bytes) {
   const std::string req = probe_request(r, r.user_agent, r.accept);
   const RequestBuffers out{asio::buffer(req), asio::const_buffer()};
-  boost::beast::flat_buffer buf;
+  boost::beast::flat_buffer buf(kReadBufferCap);
   Parser parser;
   parser.body_limit(max_bytes);
   bool wrote = false;
@@ -179,7 +184,7 @@ struct KeptSocket {
   explicit KeptSocket(Executor ex) : sock(ex) {}
   Socket sock;
   std::unique_ptr<TlsStream> tls;  // declared after `sock`, which it refers to
-  boost::beast::flat_buffer buf;
+  boost::beast::flat_buffer buf{kReadBufferCap};
   bool timed_out = false;  // the step's deadline passed: its timer closed `sock`
 };
 

@@ -54,7 +54,7 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
   }
   const batching::BatchMember::Request r{
       .head = &req,
-      .target = upstream_target(ctx.route, false, req.target()),
+      .target = upstream_target(ctx.route, false, down_.target()),
       .prompt = prompt.value_or(std::string_view()),
       .body = ctx.upstream_body,
       .request_id = ctx.request_id,

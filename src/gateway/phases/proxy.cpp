@@ -653,7 +653,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     http::append_upstream_request_head(
         ctx.head, req,
         http::UpstreamHeadOptions{
-            .target = upstream_target(ctx.route, anthropic, req.target()),
+            .target = upstream_target(ctx.route, anthropic, down_.target()),
             .base_path = ep.cfg->base_path,
             .base_query = ep.cfg->query,
             .host_header = ep.cfg->host_header,

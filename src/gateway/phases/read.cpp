@@ -24,7 +24,7 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
   const auto& req = down_.request();
-  const std::string_view path = path_of(req.target());
+  const std::string_view path = path_of(down_.target());  // origin-form: no client-chosen authority
   ctx.route = classify_path(path);
   ctx.method.assign(req.method_string());
   ctx.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));

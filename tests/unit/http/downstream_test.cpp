@@ -445,6 +445,105 @@ TEST_F(HttpDownstream, MalformedChunkedBodyIsMalformed) {
   EXPECT_EQ(down->failure(), ReadFailure::malformed);
 }
 
+TEST_F(HttpDownstream, ChunkExtensionsOverMaxHeaderAreFramingTooLarge) {
+  // Beast's body_limit counts chunk data only: extensions are counted
+  // against server.max_header, in one chunk or spread over many.
+  sc.max_header_bytes = 1024;
+  sc.max_body_bytes = 1 << 20;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4c;e=" + std::string(2000, 'a') +
+              "\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::framing_too_large);
+  EXPECT_FALSE(down->keep_alive());
+
+  restart();
+  std::string many = "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 20; ++i) many += "1;e=" + std::string(100, 'a') + "\r\nz\r\n";
+  client.send(many);
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::framing_too_large);
+}
+
+TEST_F(HttpDownstream, ChunkExtensionsWithinMaxHeaderAreRead) {
+  sc.max_header_bytes = 1024;
+  start();
+  client.send(
+      "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;name=value\r\nhello\r\n0;last\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), "hello");
+}
+
+TEST_F(HttpDownstream, AChunkSizeLineOverTheReadBufferIsFramingTooLargeNotHeld) {
+  // 32 MiB of leading zeros was held whole: the read buffer is bounded
+  // (server.max_header + 64 KiB) and a line that does not fit is refused.
+  sc.max_header_bytes = 1024;
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  const std::string zeros(16 * 1024, '0');
+  for (int i = 0; i < 8 && !r; ++i) {
+    client.send(zeros);
+    settle(io);
+  }
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(down->failure(), ReadFailure::framing_too_large);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, TransferEncodingNotEndingInChunkedIsBadFramingAndCloses) {
+  // RFC 9112 §6.3: Beast framed these by Content-Length (or as bodiless),
+  // and the bytes after became the next request (smuggling).
+  for (const std::string bad :
+       {"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked, identity\r\nContent-Length: 5\r\n\r\nhello",
+        "POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: xchunked\r\n\r\n",
+        "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"}) {
+    SCOPED_TRACE(bad);
+    restart();
+    client.send(bad);
+    ASSERT_EQ(head(), Head::failed);
+    EXPECT_EQ(down->failure(), ReadFailure::bad_framing);
+    EXPECT_FALSE(down->keep_alive());
+  }
+  restart();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n");
+  ASSERT_EQ(head(), Head::failed);
+  EXPECT_EQ(down->failure(), ReadFailure::unsupported_coding);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, Http11WithoutOneValidHostIsBadHost) {
+  for (const std::string bad : {"GET / HTTP/1.1\r\n\r\n", "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                                "GET / HTTP/1.1\r\nHost: a b/c\r\n\r\n"}) {
+    SCOPED_TRACE(bad);
+    restart();
+    client.send(bad);
+    ASSERT_EQ(head(), Head::failed);
+    EXPECT_EQ(down->failure(), ReadFailure::bad_host);
+    EXPECT_FALSE(down->keep_alive());
+  }
+}
+
+TEST_F(HttpDownstream, AbsoluteFormTargetIsServedByItsPath) {
+  start();
+  client.send("GET http://evil.example/v1/models?x=1 HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  EXPECT_EQ(down->target(), "/v1/models?x=1");
+  client.send("GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->target(), "/v1/models");
+  client.send("GET * HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(head(false), Head::failed);
+  EXPECT_EQ(down->failure(), ReadFailure::bad_target);
+}
+
 TEST_F(HttpDownstream, ClientClosingMidBodyIsClientClosed) {
   start();
   client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789");

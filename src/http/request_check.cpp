@@ -1,0 +1,141 @@
+#include "http/request_check.hpp"
+
+#include <boost/beast/http/field.hpp>
+
+#include "http/headers.hpp"
+
+namespace weir::http {
+
+namespace bh = boost::beast::http;
+
+namespace {
+
+bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
+bool is_alpha(unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
+bool is_hex(unsigned char c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
+// unreserved / sub-delims (RFC 3986 §2.2, §2.3): a reg-name's characters but pct-encoded.
+bool is_reg_char(unsigned char c) {
+  return is_alpha(c) || is_digit(c) ||
+         (c != 0 && std::string_view("-._~!$&'()*+,;=").find(static_cast<char>(c)) != std::string_view::npos);
+}
+
+// Walks a comma-separated list of transfer codings (RFC 9110 §5.6.1: empty
+// elements and OWS allowed; a coding may carry ";param" parts).
+struct CodingScan {
+  unsigned codings = 0;  // codings seen
+  unsigned chunked = 0;  // of which chunked
+  bool last_chunked = false;
+  bool empty = true;  // no coding at all
+
+  void add(std::string_view list) {
+    std::size_t i = 0;
+    while (i <= list.size()) {
+      std::size_t comma = list.find(',', i);
+      if (comma == std::string_view::npos) comma = list.size();
+      std::string_view item = core::trim_ows(list.substr(i, comma - i));
+      if (const auto semi = item.find(';'); semi != std::string_view::npos) item = core::trim_ows(item.substr(0, semi));
+      if (!item.empty()) {
+        empty = false;
+        ++codings;
+        last_chunked = iequals(item, "chunked");
+        if (last_chunked) ++chunked;
+      }
+      i = comma + 1;
+    }
+  }
+};
+
+// The length of an absolute-form target's "http://" or "https://" (any
+// case, RFC 9110 §4.2), or 0.
+std::size_t scheme_len(std::string_view t) {
+  if (t.size() >= 7 && iequals(t.substr(0, 7), "http://")) return 7;
+  if (t.size() >= 8 && iequals(t.substr(0, 8), "https://")) return 8;
+  return 0;
+}
+
+}  // namespace
+
+bool valid_host(std::string_view v) {
+  std::size_t i = 0;
+  if (!v.empty() && v[0] == '[') {
+    // IP-literal: IPv6address or IPvFuture; checked for its characters only.
+    const auto close = v.find(']');
+    if (close == std::string_view::npos || close == 1) return false;
+    for (std::size_t k = 1; k < close; ++k) {
+      const auto c = static_cast<unsigned char>(v[k]);
+      if (!(is_reg_char(c) || c == ':')) return false;
+    }
+    i = close + 1;
+  } else {
+    for (; i < v.size() && v[i] != ':'; ++i) {
+      const auto c = static_cast<unsigned char>(v[i]);
+      if (c == '%') {
+        if (i + 2 >= v.size() || !is_hex(static_cast<unsigned char>(v[i + 1])) ||
+            !is_hex(static_cast<unsigned char>(v[i + 2])))
+          return false;
+        i += 2;
+      } else if (!is_reg_char(c)) {
+        return false;
+      }
+    }
+  }
+  if (i == v.size()) return true;
+  if (v[i] != ':') return false;
+  for (++i; i < v.size(); ++i)
+    if (!is_digit(static_cast<unsigned char>(v[i]))) return false;
+  return true;
+}
+
+std::string_view origin_form(std::string_view target, std::string& scratch) {
+  if (!target.empty() && target[0] == '/') return target;
+  const std::size_t scheme = scheme_len(target);
+  if (scheme == 0) return {};
+  const std::size_t end = target.find_first_of("/?#", scheme);
+  if (end == std::string_view::npos) return "/";
+  if (target[end] == '/') return target.substr(end);
+  if (target[end] == '#') return {};  // a fragment is no part of a request target (RFC 9112 §3.2)
+  scratch.assign("/");
+  scratch.append(target.substr(end));
+  return scratch;
+}
+
+HeadProblem check_request_head(const RequestHead& req) {
+  unsigned hosts = 0;
+  std::string_view host;
+  bool te = false;
+  bool cl = false;
+  CodingScan codings;
+  for (const auto& f : req) {
+    switch (f.name()) {
+      case bh::field::host:
+        ++hosts;
+        host = f.value();
+        break;
+      case bh::field::transfer_encoding:
+        te = true;
+        codings.add(f.value());
+        break;
+      case bh::field::content_length:
+        cl = true;
+        break;
+      default:
+        break;
+    }
+  }
+  if (te) {
+    // RFC 9112 §6.1: a server MAY treat an HTTP/1.0 request with
+    // Transfer-Encoding as faulty framing; §6.3: with Content-Length it is
+    // a smuggling attempt; chunked must come last and once.
+    if (req.version() < 11 || cl || codings.empty || !codings.last_chunked || codings.chunked != 1)
+      return HeadProblem::bad_framing;
+    if (codings.codings > 1) return HeadProblem::unsupported_coding;
+  }
+  if (req.version() >= 11 && (hosts != 1 || !valid_host(core::trim_ows(host)))) return HeadProblem::bad_host;
+  if (req.version() < 11 && hosts > 1) return HeadProblem::bad_host;
+  const std::string_view t = req.target();
+  if (t.empty() || (t[0] != '/' && scheme_len(t) == 0) || t.find('#') != std::string_view::npos)
+    return HeadProblem::bad_target;
+  return HeadProblem::none;
+}
+
+}  // namespace weir::http

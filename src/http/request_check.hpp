@@ -1,0 +1,49 @@
+// The checks of a request head that RFC 9112 asks of a server and Beast's
+// parser does not make: message framing (Transfer-Encoding, §6.1 and §6.3),
+// Host (§3.2) and the request-target's form (§3.2). Shared by the client
+// listener (http/downstream.hpp) and the admin listener.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "http/forward.hpp"
+
+namespace weir::http {
+
+// What is wrong with a request head; every problem is answered, then the
+// connection is closed (its framing cannot be trusted for a next request).
+enum class HeadProblem : std::uint8_t {
+  none,
+  // Transfer-Encoding with Content-Length, on an HTTP/1.0 request, empty, or
+  // whose final coding is not a single chunked (RFC 9112 §6.1, §6.3 item 3): 400.
+  bad_framing,
+  // A transfer coding other than chunked (gzip, deflate, identity, ...)
+  // before the final chunked: Weir implements none (RFC 9112 §6.1): 501.
+  unsupported_coding,
+  // HTTP/1.1 without Host, with more than one, or with a value that is not
+  // uri-host [":" port] (RFC 9112 §3.2, RFC 3986 §3.2.2): 400.
+  bad_host,
+  // Neither origin-form ("/p?q") nor absolute-form with an http or https
+  // URI ("http://h/p?q"): asterisk-form and authority-form, which Weir
+  // serves no method for (RFC 9112 §3.2.3, §3.2.4): 400.
+  bad_target,
+};
+
+// Checks `req` (a parsed head) for the problems above, in one scan of its
+// fields; allocates nothing.
+HeadProblem check_request_head(const RequestHead& req);
+
+// True for a valid Host field value: uri-host [":" port] (RFC 9110 §7.2,
+// RFC 3986 §3.2.2); an empty value is valid (an empty reg-name).
+bool valid_host(std::string_view v);
+
+// The origin-form ("/p?q", RFC 9112 §3.2.1) of a request target: an
+// origin-form target as it is; an absolute-form one ("http://h/p?q",
+// §3.2.2) without its scheme and authority, and "/" for an empty path
+// (§3.3), written into `scratch` only when the path is empty and a query
+// follows. Returns "" for any other form. The view is into `target` or `scratch`.
+std::string_view origin_form(std::string_view target, std::string& scratch);
+
+}  // namespace weir::http

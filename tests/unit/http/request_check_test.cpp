@@ -1,0 +1,127 @@
+// http::check_request_head, valid_host and origin_form: what RFC 9112 asks
+// of a server beyond Beast's parse (framing §6.1/§6.3, Host §3.2, target
+// forms §3.2), on heads parsed by Beast as the listeners parse them.
+#include "http/request_check.hpp"
+
+#include <string>
+
+#include <gtest/gtest.h>
+#include <boost/beast/http.hpp>
+
+namespace weir::http {
+namespace {
+
+namespace bh = boost::beast::http;
+
+// Parses `raw` (a head) as Beast does for the listeners; fails the test on a parse error.
+RequestHead parse(std::string_view raw) {
+  bh::request_parser<bh::empty_body> p;
+  p.eager(false);
+  boost::system::error_code ec;
+  p.put(boost::asio::buffer(raw.data(), raw.size()), ec);
+  EXPECT_FALSE(ec) << ec.message() << " in " << raw;
+  return p.release().base();
+}
+
+HeadProblem check(std::string_view raw) { return check_request_head(parse(raw)); }
+
+TEST(RequestCheck, PlainRequestsPass) {
+  EXPECT_EQ(check("GET /v1/models HTTP/1.1\r\nHost: weir.test\r\n\r\n"), HeadProblem::none);
+  EXPECT_EQ(check("POST /v1/chat/completions HTTP/1.1\r\nHost: a:8080\r\nContent-Length: 2\r\n\r\n"),
+            HeadProblem::none);
+  EXPECT_EQ(check("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            HeadProblem::none);
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: CHUNKED\r\n\r\n"), HeadProblem::none);
+  // HTTP/1.0 needs no Host.
+  EXPECT_EQ(check("GET /health HTTP/1.0\r\n\r\n"), HeadProblem::none);
+  // Absolute-form (RFC 9112 §3.2.2).
+  EXPECT_EQ(check("POST http://evil.example/v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::none);
+}
+
+TEST(RequestCheck, TransferEncodingOtherThanAFinalChunkedIsBadFraming) {
+  // RFC 9112 §6.3: chunked is not the final coding → 400.
+  for (const char* te :
+       {"identity", "chunked, identity", "xchunked", "gzip", "chunked;x=1, gzip", "chunked, chunked"}) {
+    SCOPED_TRACE(te);
+    EXPECT_EQ(check(std::string("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ") + te + "\r\n\r\n"),
+              HeadProblem::bad_framing);
+  }
+  // Two fields are one list (RFC 9110 §5.3): "chunked" then "chunked" is chunked twice.
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: identity\r\n\r\n"),
+            HeadProblem::bad_framing);
+}
+
+TEST(RequestCheck, TransferEncodingWithContentLengthIsBadFraming) {
+  // Beast itself refuses Content-Length after a chunked Transfer-Encoding;
+  // before it, or with another coding, it frames by Content-Length.
+  for (const char* te : {"chunked, identity", "xchunked", "gzip", "identity"}) {
+    SCOPED_TRACE(te);
+    EXPECT_EQ(
+        check(std::string("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ") + te + "\r\nContent-Length: 5\r\n\r\n"),
+        HeadProblem::bad_framing);
+  }
+}
+
+TEST(RequestCheck, TransferEncodingOnHttp10IsBadFraming) {
+  EXPECT_EQ(check("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n"), HeadProblem::bad_framing);
+}
+
+TEST(RequestCheck, CodingsBeforeChunkedAreNotImplemented) {
+  // RFC 9112 §6.1: a coding the server does not understand → 501.
+  for (const char* te : {"gzip, chunked", "identity, chunked", "deflate ,chunked"}) {
+    SCOPED_TRACE(te);
+    EXPECT_EQ(check(std::string("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ") + te + "\r\n\r\n"),
+              HeadProblem::unsupported_coding);
+  }
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            HeadProblem::unsupported_coding);
+}
+
+TEST(RequestCheck, Http11HostMustBeOneAndValid) {
+  EXPECT_EQ(check("GET / HTTP/1.1\r\n\r\n"), HeadProblem::bad_host);
+  EXPECT_EQ(check("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n"), HeadProblem::bad_host);
+  EXPECT_EQ(check("GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n"), HeadProblem::bad_host);
+  EXPECT_EQ(check("GET / HTTP/1.1\r\nHost: a b/c\r\n\r\n"), HeadProblem::bad_host);
+  // More than one is refused on HTTP/1.0 too.
+  EXPECT_EQ(check("GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n"), HeadProblem::bad_host);
+  // An empty Host is an empty reg-name: valid.
+  EXPECT_EQ(check("GET / HTTP/1.1\r\nHost:\r\n\r\n"), HeadProblem::none);
+}
+
+TEST(RequestCheck, ValidHostFollowsRfc3986) {
+  for (const char* ok : {"", "weir.test", "weir.test:8080", "127.0.0.1", "127.0.0.1:1", "[::1]", "[::1]:443",
+                         "[v1.fe80::a+en1]", "a%20b", "x-y_z~!$&'()*+,;=", "host:"}) {
+    SCOPED_TRACE(ok);
+    EXPECT_TRUE(valid_host(ok));
+  }
+  for (const char* bad :
+       {"a b", "a/b", "a?b", "a#b", "a@b", "h:80:80", "h:8a", "[::1", "[]", "[::1]x", "a%2", "a%zz", "\"q\"", "a\tb"}) {
+    SCOPED_TRACE(bad);
+    EXPECT_FALSE(valid_host(bad));
+  }
+}
+
+TEST(RequestCheck, AsteriskAndAuthorityFormAreBadTargets) {
+  EXPECT_EQ(check("POST * HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
+  EXPECT_EQ(check("OPTIONS * HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
+  EXPECT_EQ(check("POST evil.example:443 HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
+  EXPECT_EQ(check("CONNECT evil.example:443 HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
+  EXPECT_EQ(check("POST ftp://h/v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
+  EXPECT_EQ(check("POST /v1/chat/completions#f HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
+}
+
+TEST(RequestCheck, OriginFormOfATarget) {
+  std::string scratch;
+  EXPECT_EQ(origin_form("/v1/models?x=1", scratch), "/v1/models?x=1");
+  EXPECT_EQ(origin_form("http://evil.example/v1/chat/completions", scratch), "/v1/chat/completions");
+  EXPECT_EQ(origin_form("HTTPS://evil.example:8443/v1/x?q=1", scratch), "/v1/x?q=1");
+  EXPECT_EQ(origin_form("http://evil.example", scratch), "/");
+  EXPECT_EQ(origin_form("http://evil.example?q=1", scratch), "/?q=1");  // RFC 9112 §3.3: an empty path is "/"
+  EXPECT_EQ(origin_form("http://u@evil.example/p", scratch), "/p");
+  EXPECT_EQ(origin_form("*", scratch), "");
+  EXPECT_EQ(origin_form("evil.example:443", scratch), "");
+  EXPECT_EQ(origin_form("", scratch), "");
+}
+
+}  // namespace
+}  // namespace weir::http
