@@ -74,6 +74,7 @@ void TextWriter::put_json_string(std::string_view s) {
   std::size_t run = 0;  // start of the bytes not yet copied
   std::size_t i = 0;
   auto copy = [&](const void* from, std::size_t len) {
+    if (len == 0) return;  // `from` may be null (an empty view): memcpy must not see it
     std::memcpy(p_, from, len);
     p_ += len;
   };

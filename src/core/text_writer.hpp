@@ -42,6 +42,7 @@ class TextWriter {
   }
 
   [[gnu::always_inline]] void put(std::string_view s) {
+    if (s.empty()) return;  // its data() may be null, which memcpy must not see
     ensure(s.size());
     std::memcpy(p_, s.data(), s.size());
     p_ += s.size();
