@@ -376,6 +376,65 @@ TEST_F(RedisLimiterTest, BudgetRefusalRetryAfterIsTheEndOfTheRedisPeriod) {
   EXPECT_NEAR(static_cast<double>(spent.retry_after_s), static_cast<double>(left), 3.0);
 }
 
+// A calendar day whose local midnight is a few seconds away: the offset
+// (any number of seconds here; the configuration takes whole minutes up to
+// 14:00) puts the test machine's clock, which is Redis's, at 23:59:56 local.
+TEST_F(RedisLimiterTest, CalendarDayWindowAndRolloverAgreeAcrossReplicas) {
+  const auto unix_s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  auth::Budget budget;
+  budget.limit_nano_usd = 100'000'000;  // $0.10 per day
+  budget.calendar = core::CalendarPeriod::day;
+  budget.utc_offset_s = static_cast<std::int32_t>(((86400 - 4 - unix_s % 86400) % 86400 + 86400) % 86400);
+  const auto rollover = std::chrono::system_clock::time_point(std::chrono::seconds(
+      core::calendar_window(core::CalendarPeriod::day, unix_s * 1'000'000'000, budget.utc_offset_s).end_ns /
+      1'000'000'000));
+  World w(rpm(100000), budget);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced() && b.limiter->synced(); }));
+  const api::Usage dime{100'000, 0, 100'000, 0};  // $0.10
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, dime).ok);
+  ASSERT_TRUE(eventually([&] { return b.limiter->spent(w.scope(), MonoClock::now()) == 100'000'000; }));
+  const Answer ra = admit(a, 0, w.principal, 10);
+  const Answer rb = admit(b, 1, w.principal, 10);
+  const auto left =
+      std::chrono::duration_cast<std::chrono::seconds>(rollover - std::chrono::system_clock::now()).count();
+  if (left >= 1) {  // still before the local midnight: both refuse until it
+    EXPECT_FALSE(ra.ok);
+    EXPECT_FALSE(rb.ok);
+    EXPECT_EQ(ra.code, "insufficient_quota");
+    EXPECT_EQ(rb.code, "insufficient_quota");
+    EXPECT_NEAR(static_cast<double>(ra.retry_after_s), static_cast<double>(left), 1.5);
+    EXPECT_NEAR(static_cast<double>(rb.retry_after_s), static_cast<double>(left), 1.5);
+  }
+  // The new day: both replicas admit again, and agree on the new window's spend.
+  std::this_thread::sleep_until(rollover + 50ms);
+  EXPECT_TRUE(eventually([&] { return admit(a, 0, w.principal, 10).ok; }, 5000ms));
+  EXPECT_TRUE(eventually([&] { return admit(b, 1, w.principal, 10).ok; }, 5000ms));
+  ASSERT_TRUE(admit(b, 1, w.principal, 10, false, dime).ok);
+  EXPECT_TRUE(eventually([&] { return a.limiter->spent(w.scope(), MonoClock::now()) == 100'000'000; }));
+  EXPECT_TRUE(eventually([&] { return !admit(a, 0, w.principal, 10).ok; }));
+}
+
+// A calendar month of Redis time: the window's end is the next 1st 00:00 UTC.
+TEST_F(RedisLimiterTest, CalendarMonthRetryAfterIsTheNextFirstOfTheMonth) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 100'000'000;
+  budget.calendar = core::CalendarPeriod::month;
+  World w(rpm(100000), budget);
+  Replica a(w, cfg());
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced(); }));
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, api::Usage{100'000, 0, 100'000, 0}).ok);
+  const Answer r = admit(a, 0, w.principal, 10);
+  const auto now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto end_ns = core::calendar_window(core::CalendarPeriod::month, now_ns, 0).end_ns;
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.code, "insufficient_quota");
+  EXPECT_NEAR(static_cast<double>(r.retry_after_s), static_cast<double>(end_ns - now_ns) / 1e9, 3.0);
+}
+
 TEST_F(RedisLimiterTest, StreamSlotsAreSharedAndACrashedReplicasSlotsExpire) {
   auth::Limits l;
   l.max_concurrent_streams = 10;
