@@ -1015,4 +1015,6 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   for (auto& w : waiters) w();
 }
 
+const std::string& budget_lua_text() { return budget_script().text(); }
+
 }  // namespace weir::admission

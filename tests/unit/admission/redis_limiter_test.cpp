@@ -15,10 +15,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include <hiredis/hiredis.h>
+
 #include "../store/redis_server.hpp"
 #include "admission/admission.hpp"
 #include "admission/refill.hpp"
 #include "auth/config.hpp"
+#include "core/calendar.hpp"
 
 namespace weir::admission {
 namespace {
@@ -433,6 +436,63 @@ TEST_F(RedisLimiterTest, CalendarMonthRetryAfterIsTheNextFirstOfTheMonth) {
   EXPECT_FALSE(r.ok);
   EXPECT_EQ(r.code, "insufficient_quota");
   EXPECT_NEAR(static_cast<double>(r.retry_after_s), static_cast<double>(end_ns - now_ns) / 1e9, 3.0);
+}
+
+// budget.lua's calendar windows against core::calendar_window: the script
+// run directly, its `offset` argument moving Redis time's "local" instant to
+// chosen dates (month ends, a leap day, New Year, an ISO Monday), so the Lua
+// arithmetic is checked on dates the test machine's clock is not at.
+TEST_F(RedisLimiterTest, BudgetLuaCalendarWindowsMatchTheCpp) {
+  redisContext* rc = redisConnect("127.0.0.1", server_->port());
+  ASSERT_TRUE(rc && !rc->err);
+  auto redis_ms = [&] {
+    auto* r = static_cast<redisReply*>(redisCommand(rc, "TIME"));
+    const std::int64_t ms = std::stoll(r->element[0]->str) * 1000 + std::stoll(r->element[1]->str) / 1000;
+    freeReplyObject(r);
+    return ms;
+  };
+  constexpr std::int64_t kDayMs = 86'400'000;
+  struct Case {
+    core::CalendarPeriod p;
+    std::int64_t local_ms;  // the "local" instant wanted, Unix ms
+  };
+  auto at = [](std::int64_t y, unsigned m, unsigned d, std::int64_t ms_of_day) {
+    return core::days_from_civil(y, m, d) * kDayMs + ms_of_day;
+  };
+  const std::vector<Case> cases = {
+      {core::CalendarPeriod::month, at(2028, 2, 29, 12 * 3600'000)},   // leap February: 29 days
+      {core::CalendarPeriod::month, at(2028, 3, 1, 0)},                // its rollover instant
+      {core::CalendarPeriod::month, at(2028, 2, 29, kDayMs - 1000)},   // a second before it
+      {core::CalendarPeriod::month, at(2026, 12, 31, kDayMs - 1000)},  // December
+      {core::CalendarPeriod::month, at(2027, 1, 1, 0)},                // -> January
+      {core::CalendarPeriod::month, at(2100, 2, 28, 0)},               // not a leap year
+      {core::CalendarPeriod::month, at(2000, 2, 29, 0)},               // a leap year
+      {core::CalendarPeriod::week, at(2026, 12, 28, 0)},               // a Monday 00:00
+      {core::CalendarPeriod::week, at(2026, 12, 27, kDayMs - 1000)},   // the Sunday before
+      {core::CalendarPeriod::week, at(2027, 1, 1, 0)},
+      {core::CalendarPeriod::day, at(2026, 12, 3, 0)},
+      {core::CalendarPeriod::day, at(2026, 12, 2, kDayMs - 1000)},
+  };
+  const std::string& lua = budget_lua_text();
+  for (const auto& c : cases) {
+    const std::int64_t offset = c.local_ms - redis_ms();  // Redis's now + offset >= local_ms, by the script's run time
+    const std::string off = std::to_string(offset);
+    const std::string cal = std::to_string(static_cast<int>(c.p));
+    const char* argv[] = {"EVAL", lua.c_str(), "1", "t-lua-cal", "r1",   "0",         "-1",
+                          "0",    "0",         "0", "1",         "1000", cal.c_str(), off.c_str()};
+    auto* r = static_cast<redisReply*>(redisCommandArgv(rc, 14, argv, nullptr));
+    ASSERT_TRUE(r && r->type == REDIS_REPLY_ARRAY && r->elements == 6) << (r && r->str ? r->str : "no reply");
+    const std::int64_t idx = r->element[3]->integer;
+    const std::int64_t left = r->element[4]->integer;
+    freeReplyObject(r);
+    // The C++ window of the same local instant, at offset 0 (the offset is already in local_ms).
+    const auto w = core::calendar_window(c.p, c.local_ms * 1'000'000, 0);
+    EXPECT_EQ(idx, w.index) << core::format_rfc3339_utc(c.local_ms * 1'000'000);
+    const std::int64_t want_left = w.end_ns / 1'000'000 - c.local_ms;
+    EXPECT_LE(left, want_left) << core::format_rfc3339_utc(c.local_ms * 1'000'000);
+    EXPECT_GE(left, want_left - 500) << core::format_rfc3339_utc(c.local_ms * 1'000'000);
+  }
+  redisFree(rc);
 }
 
 TEST_F(RedisLimiterTest, StreamSlotsAreSharedAndACrashedReplicasSlotsExpire) {
