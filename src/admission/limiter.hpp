@@ -43,6 +43,13 @@ constexpr std::uint32_t whole_seconds_up(std::int64_t ns) noexcept {
   return s > 0xFFFFFFFF ? 0xFFFFFFFFu : static_cast<std::uint32_t>(s);
 }
 
+// A budget's current window as Unix ns (UTC): [start_ns, end_ns); both 0
+// when the budget never resets.
+struct BudgetWindow {
+  std::int64_t start_ns = 0;
+  std::int64_t end_ns = 0;
+};
+
 // What a request needs of one scope, for refill().
 enum class Resource : std::uint8_t { requests, tokens, streams, budget };
 struct Need {
@@ -125,6 +132,12 @@ class Limiter {
   // Settled spend of `scope` in its current budget period, nano-USD
   // (reservations of requests in flight not included).
   virtual std::int64_t spent(std::uint32_t scope, Instant now) = 0;
+  // The current window of `scope`'s budget `b` (for the admin API's usage).
+  // The default, the shared store's windows: calendar windows of the system
+  // clock (UTC plus b.utc_offset_s), duration windows floor(Unix time /
+  // period) (UTC-aligned, as budget.lua counts them). A read of the system
+  // clock: not for the request path.
+  virtual BudgetWindow budget_window(std::uint32_t scope, const auth::Budget& b, Instant now) const;
 
   // --- Remote stores (RedisLimiter). In-process limiters keep the defaults. ---
 

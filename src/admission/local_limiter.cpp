@@ -1,6 +1,7 @@
 #include "admission/local_limiter.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 namespace weir::admission {
@@ -8,12 +9,22 @@ namespace weir::admission {
 namespace {
 constexpr double kEps = 1e-9;  // units: below this a bucket counts as exact
 constexpr double kNsPerMin = 60e9;
+
+// The Unix time (ns) of steady instant `t`: one read of each clock.
+std::int64_t unix_ns_of(Instant t) noexcept {
+  const auto wall = std::chrono::system_clock::now();
+  const auto mono = MonoClock::now();
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(wall.time_since_epoch()).count() -
+         std::chrono::duration_cast<std::chrono::nanoseconds>(mono - t).count();
+}
 }  // namespace
 
-LocalLimiter::LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint32_t workers, Instant epoch)
+LocalLimiter::LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint32_t workers, Instant epoch,
+                           std::optional<std::int64_t> epoch_unix_ns)
     : workers_(std::max<std::uint32_t>(workers, 1)),
       shards_(std::min(std::max<std::uint32_t>(workers, 1), kMaxShards)),
       epoch_(epoch),
+      epoch_unix_ns_(epoch_unix_ns ? *epoch_unix_ns : unix_ns_of(epoch)),
       chunks_(std::make_unique<std::unique_ptr<Scope[]>[]>(kMaxScopes / kChunk)) {
   grow(scopes);
 }
@@ -36,6 +47,10 @@ void LocalLimiter::init(Scope& sc, const auth::ScopeInfo& info) {
   sc.has_budget = info.budget.any();
   sc.budget_nano_usd = info.budget.limit_nano_usd;
   sc.period_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(info.budget.period).count();
+  sc.calendar = info.budget.calendar;
+  sc.utc_offset_s = info.budget.utc_offset_s;
+  // A calendar window's index may be any int64: the first call rolls into it.
+  sc.window.store(sc.calendar != core::CalendarPeriod::none ? INT64_MIN : 0, std::memory_order_relaxed);
   sc.shards = std::make_unique<Shard[]>(shards_);
   for (std::uint32_t j = 0; j < shards_; ++j) {
     sc.shards[j].tat[0].store(0.0, std::memory_order_relaxed);
@@ -81,6 +96,19 @@ void LocalLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
 }
 
 LocalLimiter::~LocalLimiter() = default;
+
+BudgetWindow Limiter::budget_window(std::uint32_t /*scope*/, const auth::Budget& b, Instant /*now*/) const {
+  const std::int64_t t =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  if (b.calendar != core::CalendarPeriod::none) {
+    const auto w = core::calendar_window(b.calendar, t, b.utc_offset_s);
+    return {w.start_ns, w.end_ns};
+  }
+  const std::int64_t p = std::chrono::duration_cast<std::chrono::nanoseconds>(b.period).count();
+  if (p <= 0) return {};
+  const std::int64_t start = core::floor_div(t, p) * p;
+  return {start, start + p};
+}
 
 double LocalLimiter::ns(Instant t) const noexcept {
   return std::chrono::duration<double, std::nano>(t - epoch_).count();
@@ -218,8 +246,13 @@ std::uint64_t LocalLimiter::streams_in_use(std::uint32_t scope) const {
 }
 
 void LocalLimiter::roll(Scope& sc, Instant now) {
-  if (sc.period_ns <= 0) return;
-  const std::int64_t w = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count() / sc.period_ns;
+  std::int64_t w = 0;
+  if (sc.calendar != core::CalendarPeriod::none)
+    w = core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).index;
+  else if (sc.period_ns > 0)
+    w = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count() / sc.period_ns;
+  else
+    return;
   std::int64_t cur = sc.window.load(std::memory_order_acquire);
   // One winner resets; a reservation or spend added between its CAS and its
   // stores is lost to the new window (documented tolerance: the requests
@@ -250,7 +283,9 @@ std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nan
   if (limit <= 0) return 0;  // $0: nothing is ever admitted
   const std::int64_t settled = sc.spent.load(std::memory_order_acquire);
   if (settled < limit && settled + nano_usd <= limit) return 1;  // reservations in flight are in the way
-  if (sc.period_ns <= 0) return 0;                               // never resets
+  if (sc.calendar != core::CalendarPeriod::none)                 // until the next calendar window starts
+    return whole_seconds_up(core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).end_ns - unix_ns(now));
+  if (sc.period_ns <= 0) return 0;  // never resets
   const std::int64_t since = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count();
   return whole_seconds_up(sc.period_ns - since % sc.period_ns);  // until the window rolls
 }
@@ -271,6 +306,20 @@ std::int64_t LocalLimiter::spent(std::uint32_t scope, Instant now) {
   Scope& sc = at(scope);
   roll(sc, now);
   return sc.spent.load(std::memory_order_acquire);
+}
+
+BudgetWindow LocalLimiter::budget_window(std::uint32_t scope, const auth::Budget& b, Instant now) const {
+  if (scope >= scope_count_) return Limiter::budget_window(scope, b, now);
+  const Scope& sc = at(scope);
+  const std::int64_t t = unix_ns(now);
+  if (sc.calendar != core::CalendarPeriod::none) {
+    const auto w = core::calendar_window(sc.calendar, t, sc.utc_offset_s);
+    return {w.start_ns, w.end_ns};
+  }
+  if (sc.period_ns <= 0) return {};
+  const std::int64_t since = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count();
+  const std::int64_t start = t - since % sc.period_ns;
+  return {start, start + sc.period_ns};
 }
 
 std::int64_t LocalLimiter::committed(std::uint32_t scope, Instant now) {

@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "admission/limiter.hpp"
@@ -34,8 +35,13 @@ namespace weir::admission {
 // spend plus the reservations of requests in flight), on which a
 // reservation is one compare-and-swap that never passes the limit, and
 // `spent` (settled only, for reporting). A budget period rolls when a call
-// sees a later window of the steady clock since `epoch` (in-process:
-// periods start when the process does).
+// sees a later window: for a duration, a window of the steady clock since
+// `epoch` (in-process: duration periods start when the limiter is created);
+// for a calendar period (day, ISO week, month; core/calendar.hpp), a window
+// of wall-clock time on UTC plus the budget's offset. Wall-clock time is the
+// steady `now` mapped by the wall-clock time of `epoch`, read once at
+// creation: no clock read per request, and a later step of the system
+// clock is not followed (NTP slewing is, as the steady clock slews alike).
 class LocalLimiter final : public Limiter {
  public:
   // Most workers a limiter shards for (more are folded onto these shards).
@@ -43,7 +49,11 @@ class LocalLimiter final : public Limiter {
 
   // `scopes`: AuthPolicy::scopes(). `workers`: worker threads (>= 1).
   // `epoch`: origin of the limiter's time axis (any Instant <= the first `now`).
-  LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint32_t workers, Instant epoch);
+  // `epoch_unix_ns`: the wall-clock time of `epoch`, ns since 1970-01-01
+  // UTC (Unix time), for calendar budgets; nullopt = read the system clock
+  // now and map it back to `epoch`. Tests give it to fix the calendar.
+  LocalLimiter(const std::vector<auth::ScopeInfo>& scopes, std::uint32_t workers, Instant epoch,
+               std::optional<std::int64_t> epoch_unix_ns = std::nullopt);
   ~LocalLimiter() override;
 
   std::uint32_t workers() const noexcept override { return workers_; }
@@ -68,6 +78,11 @@ class LocalLimiter final : public Limiter {
   static constexpr std::uint32_t kMaxScopes = kChunk * 4096;
   // Settled spend plus reservations in flight, nano-USD. For tests and metrics.
   std::int64_t committed(std::uint32_t scope, Instant now);
+  BudgetWindow budget_window(std::uint32_t scope, const auth::Budget& b, Instant now) const override;
+  // `now` as Unix ns (the steady->wall mapping of the constructor).
+  std::int64_t unix_ns(Instant now) const noexcept {
+    return epoch_unix_ns_ + std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count();
+  }
 
   // Units available in bucket `b` of `scope` now, summed over shards (may be
   // negative while in debt). For tests and metrics.
@@ -91,6 +106,8 @@ class LocalLimiter final : public Limiter {
     bool has_budget = false;
     std::int64_t budget_nano_usd = 0;
     std::int64_t period_ns = 0;
+    core::CalendarPeriod calendar = core::CalendarPeriod::none;
+    std::int32_t utc_offset_s = 0;
     std::unique_ptr<Shard[]> shards;
     alignas(64) std::atomic<std::int64_t> committed{0};  // spent + reserved
     std::atomic<std::int64_t> spent{0};
@@ -112,6 +129,7 @@ class LocalLimiter final : public Limiter {
   std::uint32_t workers_;
   std::uint32_t shards_;
   Instant epoch_;
+  std::int64_t epoch_unix_ns_ = 0;  // wall-clock time of epoch_, Unix ns
   // Scope i is chunks_[i / kChunk][i % kChunk]; a chunk is allocated whole
   // by the constructor or grow() and never moves.
   std::unique_ptr<std::unique_ptr<Scope[]>[]> chunks_;

@@ -123,8 +123,15 @@ return {grant, others, starved}
 // total - the others' live allowances)): the allowances and the spend add up
 // to at most the limit (requests already in flight keep what they reserved),
 // so replicas cannot overspend concurrently.
+// A calendar period (calendar = 1 day, 2 ISO week, 3 month; core/calendar.hpp)
+// counts windows of Redis TIME plus `offset` ms: period = days since
+// 1970-01-01, ISO weeks since Monday 1969-12-29, or months since 1970-01 of
+// that local time (the month from Hinnant's civil_from_days), its hash
+// named <base>:d<period>, :w<period> or :m<period>; so every replica, and
+// the in-process limiter, agree on the window and its end.
 // KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: none),
-// cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms.
+// cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms,
+// calendar (0 = none: period ms applies), offset ms (east of UTC).
 // Returns {granted, total, this replica's s:, period, ms left (-1 = never), others' allowances}.
 const store::Script& budget_script() {
   static const store::Script s(R"lua(
@@ -138,19 +145,60 @@ local inuse = tonumber(ARGV[5])
 local want = tonumber(ARGV[6])
 local limit = tonumber(ARGV[7])
 local ttl = tonumber(ARGV[8])
-local idx, left = 0, -1
-if period > 0 then
+local cal = tonumber(ARGV[9] or '0')
+local offset = tonumber(ARGV[10] or '0')
+local idx, left, tag, span = 0, -1, '', period
+local DAY = 86400000
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = m > 2 and m - 3 or m + 9
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+if cal > 0 then
+  local t = now + offset
+  local day = math.floor(t / DAY)
+  local first, nxt
+  if cal == 1 then
+    idx, first, nxt, tag, span = day, day, day + 1, 'd', DAY
+  elseif cal == 2 then
+    idx = math.floor((day + 3) / 7)
+    first = idx * 7 - 3
+    nxt, tag, span = first + 7, 'w', 7 * DAY
+  else
+    local y, m = civil_from_days(day)
+    idx = (y - 1970) * 12 + m - 1
+    if m == 12 then nxt = days_from_civil(y + 1, 1, 1) else nxt = days_from_civil(y, m + 1, 1) end
+    tag, span = 'm', 31 * DAY
+  end
+  left = nxt * DAY - t
+elseif period > 0 then
   idx = math.floor(now / period)
   left = (idx + 1) * period - now
 end
-local function key(i) return KEYS[1] .. ':' .. string.format('%.0f', i) end
+local function key(i) return KEYS[1] .. ':' .. tag .. string.format('%.0f', i) end
 if claimed >= 0 and cum > 0 then
   local k = key(claimed)
   local old = tonumber(redis.call('HGET', k, 's:' .. id) or '0')
   if cum > old then
     redis.call('HINCRBY', k, 'total', string.format('%.0f', cum - old))
     redis.call('HSET', k, 's:' .. id, ARGV[4])
-    if period > 0 then redis.call('PEXPIRE', k, 2 * period + 60000) end
+    if span > 0 then redis.call('PEXPIRE', k, 2 * span + 60000) end
   end
 end
 local k = key(idx)
@@ -175,7 +223,7 @@ end
 local grant = math.max(inuse, math.min(want, limit - total - others))
 if grant > 0 then
   redis.call('HSET', k, me, string.format('%.0f:%.0f', grant, now + ttl))
-  if period > 0 then redis.call('PEXPIRE', k, 2 * period + 60000) end
+  if span > 0 then redis.call('PEXPIRE', k, 2 * span + 60000) end
 else
   redis.call('HDEL', k, me)
 end
@@ -290,6 +338,8 @@ struct RedisLimiter::SpendCtl {
   std::string key;
   std::int64_t limit = 0;  // nano-USD
   std::int64_t period_ms = 0;
+  int calendar = 0;            // core::CalendarPeriod (0 = none: period_ms applies)
+  std::int64_t offset_ms = 0;  // a calendar period's offset east of UTC
   std::int64_t idx = -1;       // period of `mine` per the last reply; -1 before the first
   std::int64_t pushed = 0;     // `mine` at the last acknowledged push
   std::int64_t allowance = 0;  // granted by the last reply (plus an outage's extra)
@@ -374,6 +424,8 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
     pc.limit = scopes[i].budget.limit_nano_usd;
     pc.remaining = pc.limit;
     pc.period_ms = scopes[i].budget.period.count();
+    pc.calendar = static_cast<int>(scopes[i].budget.calendar);
+    pc.offset_ms = std::int64_t{scopes[i].budget.utc_offset_s} * 1000;
     spend_[i].spare.store(pc.limit, std::memory_order_relaxed);  // before the first reply nobody is known to hold any
   }
   loop_ = std::make_unique<Loop>(control_);
@@ -527,7 +579,7 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   // the period ends (as Redis counts it), or never.
   const std::int64_t settled = spent(scope, now);
   if (settled < c.limit && settled + nano_usd <= c.limit) return TakeResult{.ok = false, .retry_after_s = 1};
-  if (c.period_ms <= 0) return TakeResult{.ok = false};
+  if (c.period_ms <= 0 && c.calendar == 0) return TakeResult{.ok = false};
   const std::int64_t end = sp.period_end_ns.load(std::memory_order_relaxed);
   const auto left = end < 0 ? std::int64_t{1'000'000'000} : end - static_cast<std::int64_t>(ns(now));
   return TakeResult{.ok = false, .retry_after_s = whole_seconds_up(left)};
@@ -836,8 +888,9 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     if (!due) continue;
     c.last_sync = now;
     const std::string keys[] = {c.key};
-    const std::string args[] = {replica_id_, str(c.period_ms), str(c.idx),   str(mine),
-                                str(inuse),  str(want),        str(c.limit), str(config_.slot_ttl.count())};
+    const std::string args[] = {replica_id_,     str(c.period_ms), str(c.idx),   str(mine),
+                                str(inuse),      str(want),        str(c.limit), str(config_.slot_ttl.count()),
+                                str(c.calendar), str(c.offset_ms)};
     cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
     ops.push_back(Op{Op::Kind::spend, i, mine, inuse, 0, waiting});
   }
@@ -961,5 +1014,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   }
   for (auto& w : waiters) w();
 }
+
+const std::string& budget_lua_text() { return budget_script().text(); }
 
 }  // namespace weir::admission

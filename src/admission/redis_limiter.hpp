@@ -56,6 +56,10 @@ namespace weir::admission {
 // it runs); the Limiter calls from workers; stats()/degraded() from any
 // thread. Destroy after shutdown() completed and after the control
 // io_context stopped (handlers posted by refill() point at this object).
+// The Lua source of the budget script (KEYS and ARGV in redis_limiter.cpp),
+// for tests that run it against a real Redis with their own arguments.
+const std::string& budget_lua_text();
+
 class RedisLimiter final : public Limiter {
  public:
   using LogFn = std::function<void(std::string_view)>;

@@ -1,5 +1,6 @@
 #include "auth/config.hpp"
 
+#include <cctype>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -36,7 +37,8 @@ ConfigResult<std::uint64_t> read_count(const YAML::Node& node, const std::string
   return static_cast<std::uint64_t>(*v);
 }
 
-ConfigResult<TenantConfig> parse_tenant(const YAML::Node& node, const std::string& name, const std::string& key) {
+ConfigResult<TenantConfig> parse_tenant(const YAML::Node& node, const std::string& name, const std::string& key,
+                                        std::int32_t utc_offset_s) {
   TenantConfig t;
   t.name = name;
   if (node.IsNull()) return t;  // "NAME:" with nothing = all models, no limits
@@ -59,7 +61,7 @@ ConfigResult<TenantConfig> parse_tenant(const YAML::Node& node, const std::strin
     t.limits = *l;
   }
   if (node["budget"]) {
-    WEIR_TRY_RESULT(b, parse_budget(node["budget"], key + ".budget"));
+    WEIR_TRY_RESULT(b, parse_budget(node["budget"], key + ".budget", utc_offset_s));
     t.budget = *b;
   }
   return t;
@@ -142,7 +144,8 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
   return j;
 }
 
-ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::string& key, GetEnv getenv_fn) {
+ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::string& key, GetEnv getenv_fn,
+                                         std::int32_t utc_offset_s) {
   ApiKeyConfig k;
   if (auto ok =
           core::check_keys(node, key, {"id", "sha256", "key_env", "tenant", "models", "tier", "limits", "budget"});
@@ -183,7 +186,7 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
     k.limits = *l;
   }
   if (node["budget"]) {
-    WEIR_TRY_RESULT(b, parse_budget(node["budget"], key + ".budget"));
+    WEIR_TRY_RESULT(b, parse_budget(node["budget"], key + ".budget", utc_offset_s));
     k.budget = *b;
   }
   return k;
@@ -191,12 +194,23 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
 
 ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
   AuthConfig cfg;
+  // Read first: the tenants' and keys' calendar budgets take it.
+  if (const YAML::Node a = root["auth"]; a && a.IsMap() && a["budget_utc_offset"]) {
+    const YAML::Node off = a["budget_utc_offset"];
+    const auto v = off.IsScalar() ? core::parse_utc_offset(off.Scalar()) : std::nullopt;
+    if (!v)
+      return tl::unexpected(config_error(off, "auth.budget_utc_offset",
+                                         "expected a fixed UTC offset \"+HH:MM\" or \"-HH:MM\" (at most 14:00) or "
+                                         "\"Z\", e.g. \"+05:30\"; "
+                                         "time zone names are not supported and daylight saving is not applied"));
+    cfg.budget_utc_offset_s = *v;
+  }
   const YAML::Node tenants = root["tenants"];
   if (tenants) {
     if (!tenants.IsMap()) return tl::unexpected(config_error(tenants, "tenants", "expected a mapping of tenant names"));
     for (const auto& kv : tenants) {
       const std::string name = kv.first.Scalar();
-      WEIR_TRY_RESULT(t, parse_tenant(kv.second, name, "tenants." + name));
+      WEIR_TRY_RESULT(t, parse_tenant(kv.second, name, "tenants." + name, cfg.budget_utc_offset_s));
       cfg.tenants.emplace(name, std::move(*t));
     }
   }
@@ -206,7 +220,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
   } else {
     if (auto ok = core::check_keys(auth, "auth",
                                    {"required", "anonymous_tenant", "jwt", "api_keys", "redis_keys", "key_cache_ttl",
-                                    "key_negative_ttl", "key_cache_entries"});
+                                    "key_negative_ttl", "key_cache_entries", "budget_utc_offset"});
         !ok)
       return tl::unexpected(ok.error());
     if (auth["redis_keys"]) {
@@ -250,7 +264,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
       std::set<Sha256Digest> hashes;
       for (std::size_t i = 0; i < keys.size(); ++i) {
         const std::string key = fmt::format("auth.api_keys[{}]", i);
-        WEIR_TRY_RESULT(k, parse_api_key(keys[i], key, getenv_fn));
+        WEIR_TRY_RESULT(k, parse_api_key(keys[i], key, getenv_fn, cfg.budget_utc_offset_s));
         if (!cfg.tenants.count(k->tenant))
           return tl::unexpected(config_error(keys[i]["tenant"], key + ".tenant",
                                              fmt::format("tenant '{}' is not defined under tenants", k->tenant)));
@@ -292,7 +306,7 @@ ConfigResult<Limits> parse_limits(const YAML::Node& node, const std::string& key
   return l;
 }
 
-ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key) {
+ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key, std::int32_t utc_offset_s) {
   Budget b;
   if (auto ok = core::check_keys(node, key, {"usd", "period"}); !ok) return tl::unexpected(ok.error());
   if (!node["usd"]) return tl::unexpected(config_error(node, key + ".usd", "missing (the spend cap in USD)"));
@@ -300,6 +314,19 @@ ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key
   b.enabled = true;  // usd: 0 is a budget of zero (a frozen scope), not "no budget"
   b.limit_nano_usd = static_cast<std::int64_t>(std::llround(*usd * 1e9));
   if (node["period"]) {
+    const YAML::Node pn = node["period"];
+    if (pn.IsScalar() && !pn.Scalar().empty() && std::isalpha(static_cast<unsigned char>(pn.Scalar()[0]))) {
+      const auto cal = core::parse_calendar_period(pn.Scalar());
+      if (!cal)
+        return tl::unexpected(
+            config_error(pn, key + ".period",
+                         fmt::format("'{}' is not a period: expected day, week, month (calendar windows, UTC or "
+                                     "auth.budget_utc_offset) or a duration such as 24h, 720h, 30m, 0 (never)",
+                                     pn.Scalar())));
+      b.calendar = *cal;
+      b.utc_offset_s = utc_offset_s;
+      return b;
+    }
     WEIR_TRY_RESULT(p, core::read_duration(node["period"], key + ".period"));
     if (p->count() > 0 && *p < std::chrono::seconds(1))
       return tl::unexpected(config_error(node["period"], key + ".period", "must be at least 1s (or 0 for never)"));

@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "auth/crypto.hpp"
+#include "core/calendar.hpp"
 #include "core/yaml.hpp"
 
 namespace weir::auth {
@@ -34,13 +35,22 @@ struct Limits {
 // A scope has a budget only when its configuration has a `budget:` key;
 // `usd: 0` (or an amount that rounds to 0 nano-USD) is a budget of zero:
 // nothing may be spent, which freezes the scope (docs/auth.md).
+//
+// The period is either a duration (`period`; windows of that length) or a
+// calendar period (`calendar`: day, ISO week or month, windows of wall-clock
+// time on UTC shifted by `utc_offset_s`, docs/admission.md "Budgets"), never
+// both; neither = spend never resets.
 struct Budget {
   bool enabled = false;                 // a `budget:` key was given
   std::int64_t limit_nano_usd = 0;      // the cap when enabled; 0 = nothing may be spent
-  std::chrono::milliseconds period{0};  // window after which spend resets; 0 = never
+  std::chrono::milliseconds period{0};  // window after which spend resets; 0 = never (or calendar)
+  core::CalendarPeriod calendar = core::CalendarPeriod::none;  // `period: day|week|month`
+  std::int32_t utc_offset_s = 0;  // calendar windows' offset east of UTC, seconds (auth.budget_utc_offset)
 
   // True when the scope has a budget: parsed from a `budget:` key, or a positive cap set in code.
   bool any() const noexcept { return enabled || limit_nano_usd > 0; }
+  // True when spend resets (a duration or a calendar period).
+  bool resets() const noexcept { return period.count() > 0 || calendar != core::CalendarPeriod::none; }
   bool operator==(const Budget&) const = default;
 };
 
@@ -97,6 +107,9 @@ struct AuthConfig {
   std::chrono::milliseconds key_negative_ttl{std::chrono::seconds(5)};  // an unknown/revoked key is refused this long
   std::size_t key_cache_entries = 4096;                                 // cached Redis keys (found or not) per worker
   std::map<std::string, TenantConfig, std::less<>> tenants;
+  // auth.budget_utc_offset: every calendar budget's (period: day|week|month)
+  // offset east of UTC, seconds; also given to runtime keys' calendar budgets.
+  std::int32_t budget_utc_offset_s = 0;
 };
 
 // Environment lookup, injectable for tests (returns nullptr when unset).
@@ -114,7 +127,9 @@ core::ConfigResult<AuthConfig> parse_auth_config(const YAML::Node& root, const s
 // Parses a `limits:` map (requests_per_minute, tokens_per_minute,
 // max_concurrent_streams, requests_burst, tokens_burst).
 core::ConfigResult<Limits> parse_limits(const YAML::Node& node, const std::string& key);
-// Parses a `budget:` map (usd, period).
-core::ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key);
+// Parses a `budget:` map (usd, period). `period` is a duration (>= 1s, or 0
+// for never) or one of day, week, month (any case); a calendar budget gets
+// `utc_offset_s` (seconds east of UTC).
+core::ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key, std::int32_t utc_offset_s = 0);
 
 }  // namespace weir::auth

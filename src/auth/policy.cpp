@@ -119,10 +119,12 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     kp.tier = k.tier.empty() ? kp.tenant->tier : k.tier;
     kp.limits = k.limits;
     kp.budget = k.budget;
+    // A runtime key's calendar budget is aligned like the configuration's (auth.budget_utc_offset).
+    if (kp.budget.calendar != core::CalendarPeriod::none) kp.budget.utc_offset_s = cfg.budget_utc_offset_s;
     kp.scope = rk.scope;
     if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
     kp.runtime = true;
-    p->scopes_[rk.scope] = ScopeInfo{"key:" + k.id, k.limits, k.budget};
+    p->scopes_[rk.scope] = ScopeInfo{"key:" + k.id, k.limits, kp.budget};
     p->keys_.push_back(std::move(kp));
   }
   // Drop keys whose tenant is missing: parse_auth_config refuses them, this guards hand-built configs.

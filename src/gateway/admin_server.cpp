@@ -13,6 +13,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "auth/jwt.hpp"
+#include "core/calendar.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
 #include "gateway/console_assets.hpp"
@@ -518,6 +519,10 @@ json::object AdminServer::usage_json(std::uint32_t scope, const auth::Limits& l,
     s["spent_usd"] = static_cast<double>(spent) / 1e9;
     s["remaining_usd"] = static_cast<double>(b.limit_nano_usd - spent) / 1e9;
     s["period"] = budget_json(b).as_object().at("period");
+    // The current window, RFC 3339 UTC; null when the budget never resets.
+    const auto w = lim->budget_window(scope, b, now);
+    s["window_start"] = b.resets() ? json::value(core::format_rfc3339_utc(w.start_ns)) : json::value(nullptr);
+    s["window_end"] = b.resets() ? json::value(core::format_rfc3339_utc(w.end_ns)) : json::value(nullptr);
     u["budget"] = std::move(s);
   } else {
     u["budget"] = nullptr;

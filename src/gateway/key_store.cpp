@@ -176,7 +176,9 @@ AdminResult<YAML::Node> to_yaml_map(const json::value& v, const std::string& par
           break;
         case FieldType::duration:
           text = val.is_string() ? std::optional<std::string>(std::string(val.get_string())) : integer_text(val);
-          expected = "a duration string such as \"24h\" or an integer number of milliseconds";
+          expected =
+              "\"day\", \"week\", \"month\", a duration string such as \"24h\" or an integer number of "
+              "milliseconds";
           break;
       }
     if (!text)
@@ -216,7 +218,10 @@ boost::json::value budget_json(const auth::Budget& b) {
   if (!b.any()) return nullptr;
   json::object o;
   o["usd"] = static_cast<double>(b.limit_nano_usd) / 1e9;
-  o["period"] = b.period.count() ? json::value(format_period(b.period)) : json::value(nullptr);
+  if (b.calendar != core::CalendarPeriod::none)
+    o["period"] = core::calendar_period_name(b.calendar);
+  else
+    o["period"] = b.period.count() ? json::value(format_period(b.period)) : json::value(nullptr);
   return o;
 }
 

@@ -60,13 +60,15 @@ struct KeyRecord {
 };
 
 // `limits` and `budget` as the admin API writes them (the configuration's
-// key names; a budget's period as "<n>s" or "<n>ms"; no budget = null).
+// key names; a budget's period as "<n>s" or "<n>ms", or "day", "week",
+// "month" for a calendar period; no budget = null).
 boost::json::object limits_json(const auth::Limits& l);
 boost::json::value budget_json(const auth::Budget& b);
 // The configuration's parsers applied to JSON: {requests_per_minute, ...}
 // and {usd, period}, after a type check the YAML file does not make: a
 // limit is a JSON integer (60, also 60.0; not "60", true or 1.5), usd a
-// JSON number, period a string or an integer (ms). A limit of 0 is no limit
+// JSON number, period a string ("day", "week", "month" in any case, or a
+// duration) or an integer (ms). A limit of 0 is no limit
 // (absent from limits_json). Errors: 400 naming the field
 // ("limits.requests_per_minute").
 AdminResult<auth::Limits> parse_limits_json(const boost::json::value& v, const std::string& param);

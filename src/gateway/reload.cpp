@@ -53,6 +53,7 @@ constexpr Fixed kFixed[] = {
     {"auth.key_cache_ttl", "keys in Redis are set up at start-up"},
     {"auth.key_negative_ttl", "keys in Redis are set up at start-up"},
     {"auth.key_cache_entries", "keys in Redis are set up at start-up"},
+    {"auth.budget_utc_offset", "calendar budget windows are aligned at start-up"},
 };
 
 core::ConfigError refused(const core::Config& next, const std::string& key, std::string_view top,

@@ -479,3 +479,46 @@ def test_pools_show_an_endpoint_that_refuses_connections_as_ejected(mock, weir):
     ep = admin("GET", "/admin/v1/pools").json()["data"][0]["endpoints"][1]
     assert ep["health"] == "ejected" and ep["ejected_workers"] == 1 and 0 < ep["ejected_ms"] <= 60000, ep
     assert ep["failures"]["connect_refused"] >= 1 and "s3cret" not in ep["url"]
+
+
+def test_a_calendar_day_budget_resets_at_the_next_utc_midnight(gw):
+    """budget.period: "day" (docs/admission.md, "Periods"): created and patched through the
+    admin API, refused through the openai SDK with insufficient_quota and a Retry-After
+    that runs to the next 00:00 UTC; usage shows the day's window."""
+    w, admin = gw
+    k = admin.create(tenant="acme", budget={"usd": 0.00005, "period": "Day"})
+    assert k["budget"] == {"usd": 0.00005, "period": "day"}, k
+    client = openai.OpenAI(base_url=w.v1, api_key=k["key"], max_retries=0, timeout=30)
+    err = None
+    for _ in range(8):
+        try:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        except openai.RateLimitError as e:
+            err = e
+            break
+    assert err is not None, "the day's budget never ran out"
+    assert err.body["code"] == "insufficient_quota", err.body
+    now = time.time()
+    to_midnight = 86400 - now % 86400
+    retry = err.response.headers.get("retry-after")
+    assert retry is not None and retry.isdigit(), err.response.headers
+    assert abs(int(retry) - to_midnight) <= 5, (retry, to_midnight)
+    got = admin("GET", f"/admin/v1/keys/{k['id']}").json()
+    assert got["budget"] == {"usd": 0.00005, "period": "day"}, got["budget"]
+    usage = got["usage"]["budget"]
+    day = time.strftime("%Y-%m-%d", time.gmtime(now))
+    nxt = time.strftime("%Y-%m-%d", time.gmtime(now + to_midnight + 1))
+    assert usage["period"] == "day" and usage["window_start"] == f"{day}T00:00:00Z", usage
+    assert usage["window_end"] == f"{nxt}T00:00:00Z", usage
+    assert 0 < usage["spent_usd"] <= 0.00005 + 1e-12, usage
+
+    # PATCH to a week and a month; a word that is not a period is a 400 naming budget.period.
+    r = admin("PATCH", f"/admin/v1/keys/{k['id']}", json={"budget": {"usd": 1, "period": "WEEK"}})
+    assert r.status_code == 200 and r.json()["budget"] == {"usd": 1.0, "period": "week"}, r.text
+    r = admin("PATCH", f"/admin/v1/keys/{k['id']}", json={"budget": {"usd": 1, "period": "month"}})
+    assert r.status_code == 200 and r.json()["budget"]["period"] == "month", r.text
+    month = admin("GET", f"/admin/v1/keys/{k['id']}").json()["usage"]["budget"]
+    assert month["window_start"] == time.strftime("%Y-%m-01T00:00:00Z", time.gmtime(now)), month
+    r = admin("POST", "/admin/v1/keys", json={"tenant": "acme", "budget": {"usd": 1, "period": "fortnight"}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "budget.period", r.text
+    assert "day, week, month" in r.json()["error"]["message"], r.text

@@ -42,6 +42,9 @@ BAD = [
     ("redis-with-auth", "tenants:\n  acme: {}\nredis:\n  url: redis://u:pw@127.0.0.1:6379\n", 10, "redis.url"),
     ("limits-top-level", "limits:\n  requests_per_minute: 5\n", 7, "limits"),
     ("batching-top-level", "batching:\n  window: 5ms\n", 7, "batching"),
+    ("budget-period-word", "tenants:\n  acme:\n    budget: {usd: 1, period: fortnight}\n", 9,
+     "tenants.acme.budget.period"),
+    ("budget-utc-offset-zone", "auth:\n  budget_utc_offset: Europe/Paris\n", 8, "auth.budget_utc_offset"),
 ]
 
 

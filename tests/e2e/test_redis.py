@@ -145,3 +145,31 @@ def test_redis_outage_follows_fail_open(mock, weir, redis, fail_open):
     # Redis back on the same port: distributed limits resume.
     redis.start()
     wait_until(lambda: call().status_code == 200, 10, interval=0.1, message="admission after Redis returned")
+
+
+def test_a_calendar_day_budget_is_one_window_for_both_replicas(mock, weir, redis):
+    """period: day at auth.budget_utc_offset "+05:30": both replicas count the same local day of
+    Redis time, and refuse until the next 00:00 at +05:30 (18:30 UTC)."""
+    m = mock(*MOCK_FLAGS)
+    cfg = config(m, redis, {"budget": {"usd": 0.0001, "period": "day"}}, budget_sync_interval="50ms")
+    cfg["auth"]["budget_utc_offset"] = "+05:30"
+    a, b = weir(config=cfg), weir(config=cfg)
+
+    def call(w) -> httpx.Response:
+        return httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=30,
+                          json={"model": "m", "messages": [{"role": "user", "content": "spend a little " * 5}]})
+
+    for _ in range(200):
+        r = call(a)
+        if r.status_code == 429:
+            break
+        assert r.status_code == 200, r.text
+    else:
+        pytest.fail("the budget was never exhausted")
+    wait_until(lambda: call(b).status_code == 429, 5, interval=0.05, message="replica b refusing the spent budget")
+    offset = 5 * 3600 + 30 * 60
+    for w in (a, b):
+        r = call(w)
+        assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", r.text
+        to_midnight = 86400 - (time.time() + offset) % 86400
+        assert abs(int(r.headers["retry-after"]) - to_midnight) <= 5, (r.headers.get("retry-after"), to_midnight)

@@ -15,10 +15,13 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include <hiredis/hiredis.h>
+
 #include "../store/redis_server.hpp"
 #include "admission/admission.hpp"
 #include "admission/refill.hpp"
 #include "auth/config.hpp"
+#include "core/calendar.hpp"
 
 namespace weir::admission {
 namespace {
@@ -374,6 +377,122 @@ TEST_F(RedisLimiterTest, BudgetRefusalRetryAfterIsTheEndOfTheRedisPeriod) {
   EXPECT_GE(spent.retry_after_s, 1u);
   EXPECT_LE(spent.retry_after_s, 3600u);
   EXPECT_NEAR(static_cast<double>(spent.retry_after_s), static_cast<double>(left), 3.0);
+}
+
+// A calendar day whose local midnight is a few seconds away: the offset
+// (any number of seconds here; the configuration takes whole minutes up to
+// 14:00) puts the test machine's clock, which is Redis's, at 23:59:56 local.
+TEST_F(RedisLimiterTest, CalendarDayWindowAndRolloverAgreeAcrossReplicas) {
+  const auto unix_s =
+      std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  auth::Budget budget;
+  budget.limit_nano_usd = 100'000'000;  // $0.10 per day
+  budget.calendar = core::CalendarPeriod::day;
+  budget.utc_offset_s = static_cast<std::int32_t>(((86400 - 4 - unix_s % 86400) % 86400 + 86400) % 86400);
+  const auto rollover = std::chrono::system_clock::time_point(std::chrono::seconds(
+      core::calendar_window(core::CalendarPeriod::day, unix_s * 1'000'000'000, budget.utc_offset_s).end_ns /
+      1'000'000'000));
+  World w(rpm(100000), budget);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced() && b.limiter->synced(); }));
+  const api::Usage dime{100'000, 0, 100'000, 0};  // $0.10
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, dime).ok);
+  ASSERT_TRUE(eventually([&] { return b.limiter->spent(w.scope(), MonoClock::now()) == 100'000'000; }));
+  const Answer ra = admit(a, 0, w.principal, 10);
+  const Answer rb = admit(b, 1, w.principal, 10);
+  const auto left =
+      std::chrono::duration_cast<std::chrono::seconds>(rollover - std::chrono::system_clock::now()).count();
+  if (left >= 1) {  // still before the local midnight: both refuse until it
+    EXPECT_FALSE(ra.ok);
+    EXPECT_FALSE(rb.ok);
+    EXPECT_EQ(ra.code, "insufficient_quota");
+    EXPECT_EQ(rb.code, "insufficient_quota");
+    EXPECT_NEAR(static_cast<double>(ra.retry_after_s), static_cast<double>(left), 1.5);
+    EXPECT_NEAR(static_cast<double>(rb.retry_after_s), static_cast<double>(left), 1.5);
+  }
+  // The new day: both replicas admit again, and agree on the new window's spend.
+  std::this_thread::sleep_until(rollover + 50ms);
+  EXPECT_TRUE(eventually([&] { return admit(a, 0, w.principal, 10).ok; }, 5000ms));
+  EXPECT_TRUE(eventually([&] { return admit(b, 1, w.principal, 10).ok; }, 5000ms));
+  ASSERT_TRUE(admit(b, 1, w.principal, 10, false, dime).ok);
+  EXPECT_TRUE(eventually([&] { return a.limiter->spent(w.scope(), MonoClock::now()) == 100'000'000; }));
+  EXPECT_TRUE(eventually([&] { return !admit(a, 0, w.principal, 10).ok; }));
+}
+
+// A calendar month of Redis time: the window's end is the next 1st 00:00 UTC.
+TEST_F(RedisLimiterTest, CalendarMonthRetryAfterIsTheNextFirstOfTheMonth) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 100'000'000;
+  budget.calendar = core::CalendarPeriod::month;
+  World w(rpm(100000), budget);
+  Replica a(w, cfg());
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced(); }));
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, api::Usage{100'000, 0, 100'000, 0}).ok);
+  const Answer r = admit(a, 0, w.principal, 10);
+  const auto now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+  const auto end_ns = core::calendar_window(core::CalendarPeriod::month, now_ns, 0).end_ns;
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.code, "insufficient_quota");
+  EXPECT_NEAR(static_cast<double>(r.retry_after_s), static_cast<double>(end_ns - now_ns) / 1e9, 3.0);
+}
+
+// budget.lua's calendar windows against core::calendar_window: the script
+// run directly, its `offset` argument moving Redis time's "local" instant to
+// chosen dates (month ends, a leap day, New Year, an ISO Monday), so the Lua
+// arithmetic is checked on dates the test machine's clock is not at.
+TEST_F(RedisLimiterTest, BudgetLuaCalendarWindowsMatchTheCpp) {
+  redisContext* rc = redisConnect("127.0.0.1", server_->port());
+  ASSERT_TRUE(rc && !rc->err);
+  auto redis_ms = [&] {
+    auto* r = static_cast<redisReply*>(redisCommand(rc, "TIME"));
+    const std::int64_t ms = std::stoll(r->element[0]->str) * 1000 + std::stoll(r->element[1]->str) / 1000;
+    freeReplyObject(r);
+    return ms;
+  };
+  constexpr std::int64_t kDayMs = 86'400'000;
+  struct Case {
+    core::CalendarPeriod p;
+    std::int64_t local_ms;  // the "local" instant wanted, Unix ms
+  };
+  auto at = [](std::int64_t y, unsigned m, unsigned d, std::int64_t ms_of_day) {
+    return core::days_from_civil(y, m, d) * kDayMs + ms_of_day;
+  };
+  const std::vector<Case> cases = {
+      {core::CalendarPeriod::month, at(2028, 2, 29, 12 * 3600'000)},   // leap February: 29 days
+      {core::CalendarPeriod::month, at(2028, 3, 1, 0)},                // its rollover instant
+      {core::CalendarPeriod::month, at(2028, 2, 29, kDayMs - 1000)},   // a second before it
+      {core::CalendarPeriod::month, at(2026, 12, 31, kDayMs - 1000)},  // December
+      {core::CalendarPeriod::month, at(2027, 1, 1, 0)},                // -> January
+      {core::CalendarPeriod::month, at(2100, 2, 28, 0)},               // not a leap year
+      {core::CalendarPeriod::month, at(2000, 2, 29, 0)},               // a leap year
+      {core::CalendarPeriod::week, at(2026, 12, 28, 0)},               // a Monday 00:00
+      {core::CalendarPeriod::week, at(2026, 12, 27, kDayMs - 1000)},   // the Sunday before
+      {core::CalendarPeriod::week, at(2027, 1, 1, 0)},
+      {core::CalendarPeriod::day, at(2026, 12, 3, 0)},
+      {core::CalendarPeriod::day, at(2026, 12, 2, kDayMs - 1000)},
+  };
+  const std::string& lua = budget_lua_text();
+  for (const auto& c : cases) {
+    const std::int64_t offset = c.local_ms - redis_ms();  // Redis's now + offset >= local_ms, by the script's run time
+    const std::string off = std::to_string(offset);
+    const std::string cal = std::to_string(static_cast<int>(c.p));
+    const char* argv[] = {"EVAL", lua.c_str(), "1", "t-lua-cal", "r1",   "0",         "-1",
+                          "0",    "0",         "0", "1",         "1000", cal.c_str(), off.c_str()};
+    auto* r = static_cast<redisReply*>(redisCommandArgv(rc, 14, argv, nullptr));
+    ASSERT_TRUE(r && r->type == REDIS_REPLY_ARRAY && r->elements == 6) << (r && r->str ? r->str : "no reply");
+    const std::int64_t idx = r->element[3]->integer;
+    const std::int64_t left = r->element[4]->integer;
+    freeReplyObject(r);
+    // The C++ window of the same local instant, at offset 0 (the offset is already in local_ms).
+    const auto w = core::calendar_window(c.p, c.local_ms * 1'000'000, 0);
+    EXPECT_EQ(idx, w.index) << core::format_rfc3339_utc(c.local_ms * 1'000'000);
+    const std::int64_t want_left = w.end_ns / 1'000'000 - c.local_ms;
+    EXPECT_LE(left, want_left) << core::format_rfc3339_utc(c.local_ms * 1'000'000);
+    EXPECT_GE(left, want_left - 500) << core::format_rfc3339_utc(c.local_ms * 1'000'000);
+  }
+  redisFree(rc);
 }
 
 TEST_F(RedisLimiterTest, StreamSlotsAreSharedAndACrashedReplicasSlotsExpire) {

@@ -150,5 +150,66 @@ TEST(AuthConfig, JwksUrlRefusesCredentialsWithoutEchoingThem) {
   EXPECT_TRUE(parse("auth:\n  jwt:\n    jwks_url: https://idp.example.com/jwks?key=abc\n"));
 }
 
+TEST(CalendarConfig, PeriodWordsAndTheOffset) {
+  auto r = parse(R"(
+auth:
+  required: false
+  budget_utc_offset: "-08:00"
+tenants:
+  a: {budget: {usd: 100, period: day}}
+  b: {budget: {usd: 100, period: Week}}
+  c: {budget: {usd: 100, period: MONTH}}
+  d: {budget: {usd: 100, period: 720h}}
+)");
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_EQ(r->budget_utc_offset_s, -28800);
+  EXPECT_EQ(r->tenants.at("a").budget.calendar, core::CalendarPeriod::day);
+  EXPECT_EQ(r->tenants.at("a").budget.utc_offset_s, -28800);
+  EXPECT_EQ(r->tenants.at("a").budget.period.count(), 0);
+  EXPECT_TRUE(r->tenants.at("a").budget.resets());
+  EXPECT_EQ(r->tenants.at("b").budget.calendar, core::CalendarPeriod::week);
+  EXPECT_EQ(r->tenants.at("c").budget.calendar, core::CalendarPeriod::month);
+  EXPECT_EQ(r->tenants.at("d").budget.calendar, core::CalendarPeriod::none);
+  EXPECT_EQ(r->tenants.at("d").budget.period, 720h);
+  // Unquoted -08:00 and Z are read as the same text.
+  auto u = parse("auth:\n  budget_utc_offset: -08:00\ntenants:\n  a: {budget: {usd: 1, period: day}}\n");
+  ASSERT_TRUE(u) << u.error().to_string();
+  EXPECT_EQ(u->tenants.at("a").budget.utc_offset_s, -28800);
+  auto z = parse("auth:\n  budget_utc_offset: Z\ntenants:\n  a: {budget: {usd: 1, period: day}}\n");
+  ASSERT_TRUE(z);
+  EXPECT_EQ(z->budget_utc_offset_s, 0);
+  // Without the setting: UTC.
+  auto plain = parse("tenants:\n  a: {budget: {usd: 1, period: month}}\n");
+  ASSERT_TRUE(plain);
+  EXPECT_EQ(plain->tenants.at("a").budget.utc_offset_s, 0);
+  // Keys' budgets take it too.
+  auto k = parse(
+      "auth:\n  budget_utc_offset: \"+05:30\"\n  api_keys:\n    - id: k\n      sha256: "
+      "0000000000000000000000000000000000000000000000000000000000000000\n      tenant: a\n      budget: {usd: 1, "
+      "period: week}\ntenants:\n  a: {}\n");
+  ASSERT_TRUE(k) << k.error().to_string();
+  EXPECT_EQ(k->api_keys[0].budget.calendar, core::CalendarPeriod::week);
+  EXPECT_EQ(k->api_keys[0].budget.utc_offset_s, 19800);
+}
+
+TEST(CalendarConfig, BadValuesAreClearErrors) {
+  auto bad = parse("tenants:\n  a:\n    budget: {usd: 1, period: fortnight}\n");
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().key, "tenants.a.budget.period");
+  EXPECT_EQ(bad.error().file, "weir.yaml");
+  EXPECT_EQ(bad.error().line, 3);
+  EXPECT_NE(bad.error().message.find("day, week, month"), std::string::npos) << bad.error().to_string();
+  auto days = parse("tenants:\n  a:\n    budget: {usd: 1, period: days}\n");
+  ASSERT_FALSE(days);
+  EXPECT_EQ(days.error().key, "tenants.a.budget.period");
+  for (const char* off : {"Europe/Paris", "+5:30", "+15:00", "UTC", "[1]"}) {
+    auto e = parse(std::string("auth:\n  budget_utc_offset: ") + off + "\n");
+    ASSERT_FALSE(e) << off;
+    EXPECT_EQ(e.error().key, "auth.budget_utc_offset") << off;
+    EXPECT_EQ(e.error().line, 2) << off;
+    EXPECT_NE(e.error().message.find("+HH:MM"), std::string::npos) << e.error().to_string();
+  }
+}
+
 }  // namespace
 }  // namespace weir::auth

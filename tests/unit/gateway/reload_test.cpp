@@ -145,6 +145,17 @@ TEST(RestartOnly, JwksSourceIsRestartOnlyClaimsReload) {
   EXPECT_EQ(change(jwt, kBase + "auth: {required: false}\n")->key, "auth.jwt");
 }
 
+TEST(RestartOnly, TheBudgetUtcOffsetIsRestartOnlyCalendarPeriodsReload) {
+  const std::string cal = kBase +
+                          "auth: {required: false, budget_utc_offset: \"+05:30\"}\n"
+                          "tenants: {acme: {budget: {usd: 10, period: day}}}\n";
+  EXPECT_FALSE(change(cal, replace(cal, "period: day", "period: month")));
+  const auto e = change(cal, replace(cal, "+05:30", "-08:00"));
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->key, "auth.budget_utc_offset");
+  EXPECT_EQ(change(cal, replace(cal, ", budget_utc_offset: \"+05:30\"", ""))->key, "auth.budget_utc_offset");
+}
+
 TEST(DescribeChanges, NamesPoolsModelsAndTenants) {
   std::string next = replace(kBase, "http://127.0.0.1:9003", "http://127.0.0.1:9005");
   next = replace(next, "  small: {pool: cpu}\n", "  tiny: {pool: cpu}\n");
