@@ -19,6 +19,7 @@
 #endif
 
 #include "core/json_text.hpp"
+#include "core/text.hpp"
 
 namespace weir::api {
 namespace {
@@ -206,19 +207,12 @@ class Scanner {
   std::string_view s_;
 };
 
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // Reads the 4 hex digits at raw[i..i+4); -1 if malformed.
 long hex4(std::string_view raw, std::size_t i) {
   if (i + 4 > raw.size()) return -1;
   long v = 0;
   for (std::size_t k = 0; k < 4; ++k) {
-    const int h = hex_value(raw[i + k]);
+    const int h = core::hex_value(raw[i + k]);
     if (h < 0) return -1;
     v = v * 16 + h;
   }

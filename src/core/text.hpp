@@ -12,6 +12,15 @@ namespace weir::core {
 
 inline constexpr char ascii_lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c + 32) : c; }
 
+// The value of one hexadecimal digit (0-9, a-f, A-F), or -1 for any other
+// character: percent-encoding (RFC 3986 §2.1), JSON \uXXXX escapes (RFC 8259 §7).
+inline constexpr int hex_value(char c) noexcept {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
 // ASCII case-insensitive equality (HTTP field names, RFC 9110 §5.1; auth schemes, §11.1).
 constexpr bool iequals(std::string_view a, std::string_view b) noexcept {
   if (a.size() != b.size()) return false;

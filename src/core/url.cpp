@@ -2,6 +2,8 @@
 
 #include <array>
 
+#include "core/text.hpp"
+
 namespace weir::core {
 
 namespace {
@@ -12,13 +14,6 @@ constexpr std::array<std::string_view, 11> kSecretNames = {
     "key", "apikey", "api_key", "api-key", "token", "access_token", "sig", "signature", "password", "passwd", "secret"};
 constexpr std::array<std::string_view, 8> kSecretSuffixes = {"key",       "apikey",   "token",  "sig",
                                                              "signature", "password", "passwd", "secret"};
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 

@@ -8,17 +8,11 @@
 #include <fmt/format.h>
 
 #include "core/json_text.hpp"
+#include "core/text.hpp"
 
 namespace weir::requestlog {
 
 namespace {
-
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
 
 // application/x-www-form-urlencoded decoding (WHATWG URL §5.1): '+' is a
 // space, %XX a byte; a '%' not followed by two hex digits stays as it is.
@@ -28,8 +22,8 @@ std::string form_decode(std::string_view s) {
   for (std::size_t i = 0; i < s.size(); ++i) {
     if (s[i] == '+') {
       out += ' ';
-    } else if (s[i] == '%' && i + 2 < s.size() && hex_digit(s[i + 1]) >= 0 && hex_digit(s[i + 2]) >= 0) {
-      out += static_cast<char>(hex_digit(s[i + 1]) * 16 + hex_digit(s[i + 2]));
+    } else if (s[i] == '%' && i + 2 < s.size() && core::hex_value(s[i + 1]) >= 0 && core::hex_value(s[i + 2]) >= 0) {
+      out += static_cast<char>(core::hex_value(s[i + 1]) * 16 + core::hex_value(s[i + 2]));
       i += 2;
     } else {
       out += s[i];
@@ -142,7 +136,7 @@ bool parse_cursor(std::string_view s, std::int64_t& ts_us, std::int64_t& id) {
   if (s.size() != 32) return false;
   std::uint64_t v[2] = {0, 0};
   for (std::size_t i = 0; i < 32; ++i) {
-    const int d = hex_digit(s[i]);
+    const int d = core::hex_value(s[i]);
     if (d < 0 || (s[i] >= 'A' && s[i] <= 'F')) return false;
     v[i / 16] = v[i / 16] << 4 | static_cast<std::uint64_t>(d);
   }

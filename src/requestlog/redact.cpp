@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "core/text.hpp"
 #include "core/url.hpp"
 
 namespace weir::requestlog {
@@ -71,13 +72,6 @@ std::size_t secret_at(std::string_view s, std::size_t i, bool truncated) {
 
 namespace {
 
-int hex_digit(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
-}
-
 // At t[i]: one character as a JSON string spells it (RFC 8259 §7), decoded
 // into `c`: a byte as it is (1), a two-character escape \" \\ \/ \b \f
 // \n \r \t (2), or \u00XX for an ASCII character (6). Returns its length
@@ -112,7 +106,7 @@ std::size_t unit_at(std::string_view t, std::size_t i, char& c) {
       return 2;
     case 'u': {
       if (i + 6 > t.size() || t[i + 2] != '0' || t[i + 3] != '0') return 0;
-      const int hi = hex_digit(t[i + 4]), lo = hex_digit(t[i + 5]);
+      const int hi = core::hex_value(t[i + 4]), lo = core::hex_value(t[i + 5]);
       if (hi < 0 || lo < 0 || hi > 7) return 0;
       c = static_cast<char>(hi * 16 + lo);
       return 6;
