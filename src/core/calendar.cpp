@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include "core/time.hpp"
+
 namespace weir::core {
 
 namespace {
@@ -59,13 +61,6 @@ std::string format_utc_offset(std::int32_t seconds) {
   return fmt::format("{}{:02}:{:02}", sign, a / 3600, a / 60 % 60);
 }
 
-std::string format_rfc3339_utc(std::int64_t unix_ns) {
-  const std::int64_t s = floor_div(unix_ns, 1'000'000'000);
-  const std::int64_t days = floor_div(s, 86400);
-  const std::int64_t sod = s - days * 86400;
-  const CivilDate c = civil_from_days(days);
-  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", c.year, c.month, c.day, sod / 3600, sod / 60 % 60,
-                     sod % 60);
-}
+std::string format_rfc3339_utc(std::int64_t unix_ns) { return format_rfc3339(floor_div(unix_ns, 1'000'000'000)); }
 
 }  // namespace weir::core
