@@ -64,6 +64,10 @@ MODES: dict[str, tuple[list[bytes], str]] = {
                      DONE], "chunked"),
     "neg_usage": ([ROLE, W[0], FINISH, ev(usage_chunk(-1000, -5000)), DONE], "chunked"),
     "text_no_done": ([ev(text_chunk(" w0")), ev(text_chunk(" w1"))], "chunked"),
+    # A whole stream, then the connection closes before the chunked body's end ("cut").
+    "done_then_cut": ([ROLE, W[0], W[1], FINISH, USAGE, DONE], "cut"),
+    # [DONE] padded with spaces: the openai SDKs end on data that starts with "[DONE]".
+    "done_padded": ([ROLE, W[0], W[1], FINISH, b"data: [DONE]  \n\n"], "chunked"),
 }
 
 
@@ -117,8 +121,12 @@ class BadUpstream:
                         conn.sendall(out + b"connection: close\r\n\r\n" + b"".join(events))
                         return
                     out += b"transfer-encoding: chunked\r\n\r\n"
-                    out += b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
-                    conn.sendall(out)
+                    out += b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events)
+                    if ending == "cut":
+                        conn.sendall(out)
+                        conn.shutdown(socket.SHUT_RDWR)
+                        return
+                    conn.sendall(out + b"0\r\n\r\n")
             except OSError:
                 return
 
@@ -311,3 +319,30 @@ def test_with_resume_on_a_stream_that_lost_only_its_done_gets_it(weir, upstream)
     assert (entry["prompt_tokens"], entry["completion_tokens"]) == (5, 2)
     assert w.metric("weir_upstream_failures_total", kind="protocol") == 1
     assert w.metric("weir_upstream_resumes_total") == 0
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_an_upstream_that_fails_after_its_done_costs_only_its_connection(module_weir, upstream, resume):
+    # The stream was whole at [DONE]: a close before the body's end is no error after it, no failure
+    # counted against the endpoint (which would feed its ejection), and never a resume's second [DONE].
+    w = module_weir(config=config(upstream.base_url, **({"resume": True} if resume else {})))
+    rid = f"end-after-done-{resume}"
+    before = (w.metric("weir_upstream_failures_total", kind="reset"), protocol_failures(w))
+    events = raw_events(w, "done_then_cut", rid)
+    assert events[-1] == "[DONE]" and events.count("[DONE]") == 1
+    assert not any("error" in json.loads(e) for e in events[:-1])
+    entry = w.log_for(rid)
+    assert entry["status"] == 200 and entry["error"] is None
+    assert (entry["prompt_tokens"], entry["completion_tokens"]) == (5, 2)
+    assert (w.metric("weir_upstream_failures_total", kind="reset"), protocol_failures(w)) == before
+    # The SDK's view: a complete stream.
+    got = [c.choices[0].delta.content for c in sdk_stream(w, "done_then_cut", rid + "-sdk")
+           if c.choices and c.choices[0].delta.content]
+    assert got == [" w0", " w1"]
+
+
+def test_a_done_padded_with_spaces_ends_the_stream(gw):
+    events = raw_events(gw, "done_padded", "end-padded")
+    assert events.count("[DONE]  ") == 1 and events[-1] == "[DONE]  "
+    assert not any(INCOMPLETE in e for e in events)
+    assert gw.log_for("end-padded")["error"] is None

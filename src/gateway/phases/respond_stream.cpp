@@ -153,7 +153,17 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
         first_read = false;
       }
     }
-    if (r.failure != http::UpstreamFailure::none) failure = r.failure;
+    if (r.failure != http::UpstreamFailure::none) {
+      // After [DONE] the stream was whole for the client: an upstream that
+      // then resets, closes before its body's end or goes idle costs only
+      // its connection (not reused), never an error after the [DONE], a
+      // failure counted against the endpoint or a resume.
+      if (ctx.hooks.done_relayed()) {
+        src.cancel();
+        break;
+      }
+      failure = r.failure;
+    }
     if (failure != http::UpstreamFailure::none || r.end) break;
     if (backlog > sc.max_stream_buffer_bytes) {
       // The client is not keeping up: cut it off rather than buffer without bound.

@@ -668,8 +668,16 @@ TEST(HttpSseEvent, IsDone) {
   EXPECT_FALSE(e.is_done());
   e.has_data = true;
   EXPECT_TRUE(e.is_done());
-  e.data = "[DONE] ";
-  EXPECT_FALSE(e.is_done());
+  // Trailing spaces or tabs are tolerated (the openai SDKs end on data that starts with "[DONE]");
+  // anything else after it, or before it, is not the sentinel.
+  for (const char* d : {"[DONE] ", "[DONE]\t", "[DONE]  \t "}) {
+    e.data = d;
+    EXPECT_TRUE(e.is_done()) << d;
+  }
+  for (const char* d : {"[DONE]x", " [DONE]", "[DONE", "[done]", "[DONE]\n"}) {
+    e.data = d;
+    EXPECT_FALSE(e.is_done()) << d;
+  }
 }
 
 // ---------------------------------------------------------------------------
