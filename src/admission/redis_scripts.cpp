@@ -1,0 +1,215 @@
+#include "admission/redis_scripts.hpp"
+
+namespace weir::admission {
+
+// Token bucket lease. The global bucket lives in one hash: v = units
+// available (a float; negative while in debt), t = Redis TIME (µs) of the
+// last update. It refills by elapsed Redis time (never a replica's clock),
+// takes back unused units (capped at full), books debt, then grants
+// min(ask, whole units available). A missing key is a full bucket; the key
+// expires once it would be full again.
+// KEYS[1] bucket; ARGV: rate (units/min), depth, ask, put, owe.
+// Returns {granted, floor(units left), ms until full}.
+const store::Script& lease_script() {
+  static const store::Script s(R"lua(
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
+local rate = tonumber(ARGV[1]) / 60000000
+local depth = tonumber(ARGV[2])
+local ask = tonumber(ARGV[3])
+local put = tonumber(ARGV[4])
+local owe = tonumber(ARGV[5])
+local s = redis.call('HMGET', KEYS[1], 'v', 't')
+local v = tonumber(s[1])
+local last = tonumber(s[2])
+if v == nil or last == nil then
+  v = depth
+else
+  v = math.min(depth, v + math.max(0, now - last) * rate)
+end
+v = math.min(depth, v + put) - owe
+local grant = 0
+if ask > 0 and v >= 1 then grant = math.min(ask, math.floor(v)) end
+v = v - grant
+local full_ms = 0
+if v < depth then full_ms = math.ceil((depth - v) / rate / 1000) end
+redis.call('HSET', KEYS[1], 'v', string.format('%.17g', v), 't', string.format('%.0f', now))
+redis.call('PEXPIRE', KEYS[1], full_ms + 1000)
+return {grant, math.floor(v), full_ms}
+)lua");
+  return s;
+}
+
+// Stream slot lease. One hash per scope: replica id -> "held:expiry_ms:want".
+// Entries past their expiry (a replica that stopped renewing: crashed or
+// partitioned) are dropped; a replica gets min(want, limit - others) and is
+// recorded at no less than what it has in use. Fair share: while another
+// live replica wants more than it holds (it is refusing requests), a
+// replica is granted at most ceil(limit / replicas wanting), so one busy
+// replica cannot keep a small cap to itself (it shrinks to its share as its
+// streams end).
+// KEYS[1] hash; ARGV: replica id, want, in use, limit, ttl ms.
+// Returns {granted, slots held by the other live replicas, replicas starved}.
+const store::Script& slots_script() {
+  static const store::Script s(R"lua(
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local id = ARGV[1]
+local want = tonumber(ARGV[2])
+local inuse = tonumber(ARGV[3])
+local limit = tonumber(ARGV[4])
+local ttl = tonumber(ARGV[5])
+local all = redis.call('HGETALL', KEYS[1])
+local others, starved, wanting = 0, 0, 1
+for i = 1, #all, 2 do
+  if all[i] ~= id then
+    local held, exp, w = string.match(all[i + 1], '^(%d+):(%d+):?(%d*)$')
+    if held and tonumber(exp) > now then
+      others = others + tonumber(held)
+      w = tonumber(w) or 0
+      if w > 0 then wanting = wanting + 1 end
+      if w > tonumber(held) then starved = starved + 1 end
+    else
+      redis.call('HDEL', KEYS[1], all[i])
+    end
+  end
+end
+local grant = math.max(0, math.min(want, limit - others))
+if starved > 0 then grant = math.min(grant, math.ceil(limit / wanting)) end
+local hold = math.max(grant, inuse)
+if hold > 0 or want > 0 then
+  redis.call('HSET', KEYS[1], id, string.format('%.0f:%.0f:%.0f', hold, now + ttl, want))
+  redis.call('PEXPIRE', KEYS[1], ttl * 2)
+else
+  redis.call('HDEL', KEYS[1], id)
+end
+return {grant, others, starved}
+)lua");
+  return s;
+}
+
+// Budget: settled spend and reservations. One hash per (scope, period),
+// period = floor(Redis ms / period_ms) (UTC-aligned; 0 forever when
+// period_ms = 0), holding
+//   total     settled spend of every replica in the period (nano-USD)
+//   s:<id>    that replica's running total of settled spend (a push sets it
+//             to max(old, cum) and adds the difference to total, so a
+//             retried push counts once)
+//   a:<id>    "allowance:expiry_ms": what that replica may hold in
+//             reservations of requests in flight plus settled spend it has not
+//             pushed yet. Dropped once expired (a crashed replica's share
+//             comes back after ttl).
+// A replica asks for `want` and is granted max(in_use, min(want, limit -
+// total - the others' live allowances)): the allowances and the spend add up
+// to at most the limit (requests already in flight keep what they reserved),
+// so replicas cannot overspend concurrently.
+// A calendar period (calendar = 1 day, 2 ISO week, 3 month; core/calendar.hpp)
+// counts windows of Redis TIME plus `offset` ms: period = days since
+// 1970-01-01, ISO weeks since Monday 1969-12-29, or months since 1970-01 of
+// that local time (the month from Hinnant's civil_from_days), its hash
+// named <base>:d<period>, :w<period> or :m<period>; so every replica, and
+// the in-process limiter, agree on the window and its end.
+// KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: none),
+// cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms,
+// calendar (0 = none: period ms applies), offset ms (east of UTC).
+// Returns {granted, total, this replica's s:, period, ms left (-1 = never), others' allowances}.
+const store::Script& budget_script() {
+  static const store::Script s(R"lua(
+local tm = redis.call('TIME')
+local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
+local id = ARGV[1]
+local period = tonumber(ARGV[2])
+local claimed = tonumber(ARGV[3])
+local cum = tonumber(ARGV[4])
+local inuse = tonumber(ARGV[5])
+local want = tonumber(ARGV[6])
+local limit = tonumber(ARGV[7])
+local ttl = tonumber(ARGV[8])
+local cal = tonumber(ARGV[9] or '0')
+local offset = tonumber(ARGV[10] or '0')
+local idx, left, tag, span = 0, -1, '', period
+local DAY = 86400000
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = math.floor(y / 400)
+  local yoe = y - era * 400
+  local mp = m > 2 and m - 3 or m + 9
+  local doy = math.floor((153 * mp + 2) / 5) + d - 1
+  local doe = yoe * 365 + math.floor(yoe / 4) - math.floor(yoe / 100) + doy
+  return era * 146097 + doe - 719468
+end
+local function civil_from_days(z)
+  z = z + 719468
+  local era = math.floor(z / 146097)
+  local doe = z - era * 146097
+  local yoe = math.floor((doe - math.floor(doe / 1460) + math.floor(doe / 36524) - math.floor(doe / 146096)) / 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + math.floor(yoe / 4) - math.floor(yoe / 100))
+  local mp = math.floor((5 * doy + 2) / 153)
+  local m = mp < 10 and mp + 3 or mp - 9
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+if cal > 0 then
+  local t = now + offset
+  local day = math.floor(t / DAY)
+  local first, nxt
+  if cal == 1 then
+    idx, first, nxt, tag, span = day, day, day + 1, 'd', DAY
+  elseif cal == 2 then
+    idx = math.floor((day + 3) / 7)
+    first = idx * 7 - 3
+    nxt, tag, span = first + 7, 'w', 7 * DAY
+  else
+    local y, m = civil_from_days(day)
+    idx = (y - 1970) * 12 + m - 1
+    if m == 12 then nxt = days_from_civil(y + 1, 1, 1) else nxt = days_from_civil(y, m + 1, 1) end
+    tag, span = 'm', 31 * DAY
+  end
+  left = nxt * DAY - t
+elseif period > 0 then
+  idx = math.floor(now / period)
+  left = (idx + 1) * period - now
+end
+local function key(i) return KEYS[1] .. ':' .. tag .. string.format('%.0f', i) end
+if claimed >= 0 and cum > 0 then
+  local k = key(claimed)
+  local old = tonumber(redis.call('HGET', k, 's:' .. id) or '0')
+  if cum > old then
+    redis.call('HINCRBY', k, 'total', string.format('%.0f', cum - old))
+    redis.call('HSET', k, 's:' .. id, ARGV[4])
+    if span > 0 then redis.call('PEXPIRE', k, 2 * span + 60000) end
+  end
+end
+local k = key(idx)
+local all = redis.call('HGETALL', k)
+local total, mine, others = 0, 0, 0
+local me = 'a:' .. id
+for i = 1, #all, 2 do
+  local f = all[i]
+  if f == 'total' then
+    total = tonumber(all[i + 1])
+  elseif f == 's:' .. id then
+    mine = tonumber(all[i + 1])
+  elseif string.sub(f, 1, 2) == 'a:' and f ~= me then
+    local held, exp = string.match(all[i + 1], '^(%d+):(%d+)$')
+    if held and tonumber(exp) > now then
+      others = others + tonumber(held)
+    else
+      redis.call('HDEL', k, f)
+    end
+  end
+end
+local grant = math.max(inuse, math.min(want, limit - total - others))
+if grant > 0 then
+  redis.call('HSET', k, me, string.format('%.0f:%.0f', grant, now + ttl))
+  if span > 0 then redis.call('PEXPIRE', k, 2 * span + 60000) end
+else
+  redis.call('HDEL', k, me)
+end
+return {grant, total, mine, idx, left, others}
+)lua");
+  return s;
+}
+
+}  // namespace weir::admission

@@ -1,0 +1,23 @@
+// The Lua scripts of the Redis limiter (admission/redis_limiter.hpp): the
+// token-bucket lease, the stream-slot lease and the budget. Each runs
+// atomically in Redis on Redis TIME (never a replica's clock); what each
+// takes and returns is said above its definition in redis_scripts.cpp.
+#pragma once
+
+#include "store/resp.hpp"
+
+namespace weir::admission {
+
+// KEYS[1] bucket; ARGV: rate (units/min), depth, ask, put, owe.
+// Returns {granted, floor(units left), ms until full}.
+const store::Script& lease_script();
+// KEYS[1] hash; ARGV: replica id, want, in use, limit, ttl ms.
+// Returns {granted, slots held by the other live replicas, replicas starved}.
+const store::Script& slots_script();
+// KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: none),
+// cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms,
+// calendar (0 none, 1 day, 2 ISO week, 3 month), offset ms (east of UTC).
+// Returns {granted, total, this replica's s:, period, ms left (-1 = never), others' allowances}.
+const store::Script& budget_script();
+
+}  // namespace weir::admission
