@@ -50,7 +50,7 @@ void LocalLimiter::init(Scope& sc, const auth::ScopeInfo& info) {
   sc.calendar = info.budget.calendar;
   sc.utc_offset_s = info.budget.utc_offset_s;
   // A calendar window's index may be any int64: the first call rolls into it.
-  sc.window.store(sc.calendar != core::CalendarPeriod::none ? INT64_MIN : 0, std::memory_order_relaxed);
+  sc.window.store(INT64_MIN, std::memory_order_relaxed);  // the first roll() sets the current window
   sc.shards = std::make_unique<Shard[]>(shards_);
   for (std::uint32_t j = 0; j < shards_; ++j) {
     sc.shards[j].tat[0].store(0.0, std::memory_order_relaxed);
@@ -250,7 +250,7 @@ void LocalLimiter::roll(Scope& sc, Instant now) {
   if (sc.calendar != core::CalendarPeriod::none)
     w = core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).index;
   else if (sc.period_ns > 0)
-    w = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count() / sc.period_ns;
+    w = unix_ns(now) / sc.period_ns;  // UTC-aligned, as budget.lua counts them
   else
     return;
   std::int64_t cur = sc.window.load(std::memory_order_acquire);
@@ -286,8 +286,7 @@ std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nan
   if (sc.calendar != core::CalendarPeriod::none)                 // until the next calendar window starts
     return whole_seconds_up(core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).end_ns - unix_ns(now));
   if (sc.period_ns <= 0) return 0;  // never resets
-  const std::int64_t since = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count();
-  return whole_seconds_up(sc.period_ns - since % sc.period_ns);  // until the window rolls
+  return whole_seconds_up(sc.period_ns - unix_ns(now) % sc.period_ns);  // until the window rolls
 }
 
 void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
@@ -317,8 +316,7 @@ BudgetWindow LocalLimiter::budget_window(std::uint32_t scope, const auth::Budget
     return {w.start_ns, w.end_ns};
   }
   if (sc.period_ns <= 0) return {};
-  const std::int64_t since = std::chrono::duration_cast<std::chrono::nanoseconds>(now - epoch_).count();
-  const std::int64_t start = t - since % sc.period_ns;
+  const std::int64_t start = t - t % sc.period_ns;
   return {start, start + sc.period_ns};
 }
 

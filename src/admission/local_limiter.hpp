@@ -35,10 +35,11 @@ namespace weir::admission {
 // spend plus the reservations of requests in flight), on which a
 // reservation is one compare-and-swap that never passes the limit, and
 // `spent` (settled only, for reporting). A budget period rolls when a call
-// sees a later window: for a duration, a window of the steady clock since
-// `epoch` (in-process: duration periods start when the limiter is created);
-// for a calendar period (day, ISO week, month; core/calendar.hpp), a window
-// of wall-clock time on UTC plus the budget's offset. Wall-clock time is the
+// sees a later window: for a duration, floor(Unix time / period), so a
+// `24h` budget resets at 00:00 UTC and a `1h` one on the hour, as
+// budget.lua counts them with Redis; for a calendar period (day, ISO week,
+// month; core/calendar.hpp), a window of wall-clock time on UTC plus the
+// budget's offset. Wall-clock time is the
 // steady `now` mapped by the wall-clock time of `epoch`, read once at
 // creation: no clock read per request, and a later step of the system
 // clock is not followed (NTP slewing is, as the steady clock slews alike).

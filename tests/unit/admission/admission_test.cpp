@@ -44,7 +44,9 @@ struct World {
 
   World(auth::Limits tl, auth::Budget tb = {}, auth::Limits kl = {}, auth::Budget kb = {}, std::uint32_t workers = 1) {
     policy = auth::AuthPolicy::build(config(tl, tb, kl, kb));
-    limiter = std::make_unique<LocalLimiter>(policy->scopes(), workers, T0 - 1h);
+    // The epoch is 2026-01-01T00:00:00Z: budget windows (UTC-aligned) start
+    // at T0 - 1h, T0, T0 + 1h, ... for a period of 1h.
+    limiter = std::make_unique<LocalLimiter>(policy->scopes(), workers, T0 - 1h, std::int64_t{1'767'225'600} * 1'000'000'000);
     tenant_only.kind = auth::CredentialKind::jwt;
     tenant_only.tenant = policy->find_tenant("acme");
     with_key = tenant_only;
@@ -404,7 +406,7 @@ TEST(AdmissionBudget, TheReservationIsReleasedOnEveryPath) {
 }
 
 TEST(AdmissionBudget, RefusalCarriesRetryAfterUntilTheBudgetCanAdmitAgain) {
-  // The limiter's epoch is T0 - 1h: with period 1h, windows start at T0, T0 + 1h, ...
+  // The limiter's epoch is T0 - 1h, a whole UTC hour: with period 1h, windows start at T0, T0 + 1h, ...
   auth::Budget b;
   b.limit_nano_usd = kWorst;  // one worst case
   b.period = 1h;
