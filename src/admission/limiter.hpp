@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "auth/policy.hpp"
@@ -174,10 +175,22 @@ class Limiter {
   // holding one give it back to `from`. A configuration reload carries a
   // tenant or key whose limits or budget changed this way.
   virtual void carry(std::uint32_t from, std::uint32_t to, Instant now) { carry_spend(from, to, now); }
-  // Whether grow() can add scopes (LocalLimiter: yes; RedisLimiter: not yet).
+  // Whether grow() can add scopes (LocalLimiter and RedisLimiter: yes).
   virtual bool grows() const noexcept { return false; }
-  // Scopes this limiter holds (0 when it does not grow).
+  // Scopes this limiter holds (0 when it does not grow); the next scope
+  // added gets this index.
   virtual std::uint32_t scope_count() const noexcept { return 0; }
+  // Adds one scope past the ones held (grow() with `info` alone; the same
+  // thread rule) and returns its index, or nullopt when the limiter does
+  // not grow or is full.
+  std::optional<std::uint32_t> add_scope(const auth::ScopeInfo& info) {
+    if (!grows()) return std::nullopt;
+    const std::uint32_t n = scope_count();
+    std::vector<auth::ScopeInfo> scopes(n + 1);  // grow() reads only the entries past scope_count()
+    scopes[n] = info;
+    if (!grow(scopes)) return std::nullopt;
+    return n;
+  }
 
  protected:
   std::atomic<bool> refusing_{false};  // set by a remote limiter during a fail-closed outage

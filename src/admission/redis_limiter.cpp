@@ -71,6 +71,12 @@ std::string random_id() {
 
 }  // namespace
 
+struct RedisLimiter::Spec {
+  bool enabled = false;
+  double rate_per_min = 0;
+  double depth = 0;
+};
+
 struct alignas(64) RedisLimiter::Lease {
   std::atomic<std::int64_t> units{0};    // whole units this replica may admit; < 0 = debt not yet pushed
   std::atomic<bool> wanted{false};       // a take found it short since the last sync
@@ -144,6 +150,27 @@ struct RedisLimiter::SpendCtl {
   Instant period_end = Instant::max();
 };
 
+// One scope's state. Worker-shared parts first, each on its own cache line;
+// the *Ctl parts are the control thread's. Chunks of these never move, so
+// grow() can add scopes while workers read the existing ones.
+struct RedisLimiter::ScopeState {
+  Lease lease[2];  // per Bucket
+  Slots slots;
+  Spend spend;
+  // Read-only after init.
+  Spec spec[2];
+  std::int64_t max_streams = 0;
+  // Control thread.
+  LeaseCtl lease_ctl[2];
+  SlotsCtl slots_ctl;
+  SpendCtl spend_ctl;
+  // This scope's field in the shared hashes (slots.lua, budget.lua): the
+  // replica's id and the scope's index, so two scopes of one name here (a
+  // key whose limits changed, and its requests still in flight) never
+  // overwrite each other's stream slots or pushed spend.
+  std::string member;
+};
+
 struct RedisLimiter::Loop {
   explicit Loop(boost::asio::io_context& ioc) : tick(ioc.get_executor()), done(ioc.get_executor()) {}
   Timer tick;  // the sync interval; cancelled to wake the loop early
@@ -162,8 +189,7 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
       workers_(std::max<std::uint32_t>(workers, 1)),
       epoch_(epoch),
       log_(std::move(log)),
-      replica_id_(random_id()),
-      scope_count_(scopes.size()) {
+      replica_id_(random_id()) {
   if (!log_) log_ = [](std::string_view m) { fmt::print(stderr, "weir: redis: {}\n", m); };
   fallback_ = std::make_unique<LocalLimiter>(scaled(scopes, config_.fail_open_share), workers_, epoch_);
 
@@ -171,25 +197,26 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
   co.log = [this](std::string_view m) { this->log(m); };
   client_ = std::make_unique<store::Client>(control_, std::move(co));
 
-  const std::size_t n = scopes.size();
-  leases_ = std::make_unique<Lease[]>(n * 2);
-  slots_ = std::make_unique<Slots[]>(n);
-  spend_ = std::make_unique<Spend[]>(n);
-  spec_.resize(n * 2);
-  lease_ctl_.resize(n * 2);
-  slots_ctl_.resize(n);
-  spend_ctl_.resize(n);
-  max_streams_.resize(n);
-  scope_names_.reserve(n);
+  chunks_ = std::make_unique<std::unique_ptr<ScopeState[]>[]>(kMaxScopes / kChunk);
+  add_scopes(scopes);
+  loop_ = std::make_unique<Loop>(control_);
+}
+
+bool RedisLimiter::add_scopes(const std::vector<auth::ScopeInfo>& scopes) {
+  if (scopes.size() > kMaxScopes) return false;
   const double window_min = static_cast<double>(config_.lease_window.count()) / 60000.0;
-  for (std::size_t i = 0; i < n; ++i) {
+  const bool outage = degraded_.load(std::memory_order_relaxed) && config_.fail_open;
+  for (std::size_t i = scope_count_; i < scopes.size(); ++i) {
+    auto& chunk = chunks_[i / kChunk];
+    if (!chunk) chunk = std::make_unique<ScopeState[]>(kChunk);
+    ScopeState& st = chunk[i % kChunk];
     const auto& l = scopes[i].limits;
-    scope_names_.push_back(scopes[i].name);
+    st.member = fmt::format("{}/{}", replica_id_, i);
     const std::uint64_t rates[2] = {l.requests_per_minute, l.tokens_per_minute};
     const std::uint64_t bursts[2] = {l.requests_burst, l.tokens_burst};
     for (int b = 0; b < 2; ++b) {
-      Spec& s = spec_[i * 2 + b];
-      LeaseCtl& c = lease_ctl_[i * 2 + b];
+      Spec& s = st.spec[b];
+      LeaseCtl& c = st.lease_ctl[b];
       c.key = config_.key_prefix + "rl:" + scopes[i].name + (b == 0 ? ":req" : ":tok");
       s.enabled = rates[b] > 0;
       if (!s.enabled) continue;
@@ -201,16 +228,20 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
       c.low = (c.target + 1) / 2;
       c.high = 2 * c.target;
     }
-    max_streams_[i] = static_cast<std::int64_t>(l.max_concurrent_streams);
-    SlotsCtl& sc = slots_ctl_[i];
+    st.max_streams = static_cast<std::int64_t>(l.max_concurrent_streams);
+    SlotsCtl& sc = st.slots_ctl;
     sc.key = config_.key_prefix + "slots:" + scopes[i].name;
-    if (max_streams_[i] > 0) {
-      const auto m = static_cast<double>(max_streams_[i]);
+    if (st.max_streams > 0) {
+      const auto m = static_cast<double>(st.max_streams);
       sc.headroom = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::floor(m * config_.lease_max_share)));
       sc.low = (sc.headroom + 1) / 2;
       sc.local_max = std::max<std::int64_t>(1, static_cast<std::int64_t>(std::floor(m * config_.fail_open_share)));
+      if (outage) {  // as enter_degraded() gives every scope
+        st.slots.allowance.store(sc.local_max, std::memory_order_relaxed);
+        st.slots.free.store(sc.local_max, std::memory_order_relaxed);
+      }
     }
-    SpendCtl& pc = spend_ctl_[i];
+    SpendCtl& pc = st.spend_ctl;
     pc.enabled = scopes[i].budget.any();
     pc.key = config_.key_prefix + "budget:" + scopes[i].name;
     pc.limit = scopes[i].budget.limit_nano_usd;
@@ -218,9 +249,43 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
     pc.period_ms = scopes[i].budget.period.count();
     pc.calendar = static_cast<int>(scopes[i].budget.calendar);
     pc.offset_ms = std::int64_t{scopes[i].budget.utc_offset_s} * 1000;
-    spend_[i].spare.store(pc.limit, std::memory_order_relaxed);  // before the first reply nobody is known to hold any
+    // Before the first reply nobody is known to hold any of the budget.
+    st.spend.spare.store(pc.limit, std::memory_order_relaxed);
+    if (outage && pc.enabled) {  // as enter_degraded() gives every budget
+      const auto extra = static_cast<std::int64_t>(std::floor(static_cast<double>(pc.limit) * config_.fail_open_share));
+      st.spend.spare.store(0, std::memory_order_relaxed);
+      pc.allowance = extra;
+      st.spend.free.store(extra, std::memory_order_relaxed);
+    }
   }
-  loop_ = std::make_unique<Loop>(control_);
+  scope_count_ = std::max(scope_count_, scopes.size());
+  return true;
+}
+
+bool RedisLimiter::grow(const std::vector<auth::ScopeInfo>& scopes) {
+  if (scopes.size() <= scope_count_) return true;
+  if (scopes.size() > kMaxScopes) return false;
+  if (!fallback_->grow(scaled(scopes, config_.fail_open_share))) return false;
+  add_scopes(scopes);
+  // New budgets are read at once (their first reservation waits for it).
+  if (loop_->running) wake();
+  return true;
+}
+
+void RedisLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
+  // The shared state is found by the scope's name, which both scopes share
+  // (a tenant or key whose limits or budget changed): its buckets, stream
+  // slots and spend go on in Redis as they are. Only the fallback's local
+  // state is carried.
+  fallback_->carry(from, to, now);
+}
+
+void RedisLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
+  fallback_->carry_spend(from, to, now);
+}
+
+RedisLimiter::ScopeState& RedisLimiter::at(std::uint32_t scope) const noexcept {
+  return chunks_[scope / kChunk][scope % kChunk];
 }
 
 RedisLimiter::~RedisLimiter() {
@@ -234,7 +299,7 @@ double RedisLimiter::ns(Instant t) const noexcept {
 }
 
 double RedisLimiter::remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept {
-  const Spec& s = spec_[i];
+  const Spec& s = at(i / 2).spec[i % 2];
   const double at = l.remote_at_ns.load(std::memory_order_relaxed);
   if (at < 0) return s.depth;  // never synced: a bucket nobody used is full
   const double avail = l.remote_avail.load(std::memory_order_relaxed);
@@ -250,11 +315,11 @@ TakeResult RedisLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
     return fallback_->take(scope, b, worker, cost, now);
   }
   const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
-  const Spec& s = spec_[i];
+  const Spec& s = at(i / 2).spec[i % 2];
   if (!s.enabled || cost <= 0) return {};
   if (cost > s.depth + kEps) return TakeResult{.ok = false, .never = true};
   const std::int64_t c = whole_up(cost);
-  Lease& l = leases_[i];
+  Lease& l = at(i / 2).lease[i % 2];
   std::int64_t cur = l.units.load(std::memory_order_relaxed);
   while (cur >= c) {
     if (l.units.compare_exchange_weak(cur, cur - c, std::memory_order_acq_rel, std::memory_order_relaxed)) return {};
@@ -274,9 +339,9 @@ void RedisLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker
     return;
   }
   const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
-  if (!spec_[i].enabled) return;
+  if (!at(i / 2).spec[i % 2].enabled) return;
   const std::int64_t a = whole_down(amount);
-  if (a > 0) leases_[i].units.fetch_add(a, std::memory_order_acq_rel);
+  if (a > 0) at(i / 2).lease[i % 2].units.fetch_add(a, std::memory_order_acq_rel);
 }
 
 void RedisLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
@@ -285,19 +350,19 @@ void RedisLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, d
     return;
   }
   const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
-  if (!spec_[i].enabled) return;
+  if (!at(i / 2).spec[i % 2].enabled) return;
   const std::int64_t a = whole_up(amount);
   if (a > 0)
-    leases_[i].units.fetch_sub(a, std::memory_order_acq_rel);  // may go negative: the next sync pushes the debt
+    at(i / 2).lease[i % 2].units.fetch_sub(a, std::memory_order_acq_rel);  // may go negative: the next sync pushes the debt
 }
 
 BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {
   if (degraded_.load(std::memory_order_relaxed) && config_.fail_open) return fallback_->view(scope, b, now);
   const std::uint32_t i = scope * 2 + static_cast<std::uint32_t>(b);
-  const Spec& s = spec_[i];
+  const Spec& s = at(i / 2).spec[i % 2];
   BucketView v;
   if (!s.enabled) return v;
-  const Lease& l = leases_[i];
+  const Lease& l = at(i / 2).lease[i % 2];
   const double total = std::clamp(
       remote_estimate(l, i, ns(now)) + static_cast<double>(l.units.load(std::memory_order_relaxed)), 0.0, s.depth);
   v.limit = static_cast<std::uint64_t>(s.rate_per_min);
@@ -307,8 +372,8 @@ BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
 }
 
 bool RedisLimiter::acquire_stream(std::uint32_t scope, std::uint32_t /*worker*/) {
-  if (max_streams_[scope] == 0) return true;
-  Slots& s = slots_[scope];
+  if (at(scope).max_streams == 0) return true;
+  Slots& s = at(scope).slots;
   std::int64_t cur = s.free.load(std::memory_order_relaxed);
   while (cur > 0) {
     if (s.free.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return true;
@@ -318,33 +383,33 @@ bool RedisLimiter::acquire_stream(std::uint32_t scope, std::uint32_t /*worker*/)
 }
 
 void RedisLimiter::release_stream(std::uint32_t scope, std::uint32_t /*worker*/) {
-  if (max_streams_[scope] == 0) return;
-  slots_[scope].free.fetch_add(1, std::memory_order_acq_rel);
+  if (at(scope).max_streams == 0) return;
+  at(scope).slots.free.fetch_add(1, std::memory_order_acq_rel);
 }
 
 std::uint64_t RedisLimiter::streams_in_use(std::uint32_t scope) const {
-  if (max_streams_[scope] == 0) return 0;
-  const Slots& s = slots_[scope];
+  if (at(scope).max_streams == 0) return 0;
+  const Slots& s = at(scope).slots;
   const std::int64_t used = s.allowance.load(std::memory_order_acquire) - s.free.load(std::memory_order_acquire);
   return used > 0 ? static_cast<std::uint64_t>(used) : 0;
 }
 
 bool RedisLimiter::streams_refillable(std::uint32_t scope) const noexcept {
-  if (degraded_.load(std::memory_order_relaxed) || max_streams_[scope] == 0) return false;
-  const Slots& s = slots_[scope];
-  return s.others.load(std::memory_order_relaxed) + s.allowance.load(std::memory_order_relaxed) < max_streams_[scope];
+  if (degraded_.load(std::memory_order_relaxed) || at(scope).max_streams == 0) return false;
+  const Slots& s = at(scope).slots;
+  return s.others.load(std::memory_order_relaxed) + s.allowance.load(std::memory_order_relaxed) < at(scope).max_streams;
 }
 
 std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
-  Spend& sp = spend_[scope];
+  Spend& sp = at(scope).spend;
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
   return sp.others.load(std::memory_order_acquire) + sp.mine.load(std::memory_order_acquire);
 }
 
 TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
-  const SpendCtl& c = spend_ctl_[scope];  // enabled, limit and period_ms are read-only after construction
+  const SpendCtl& c = at(scope).spend_ctl;  // enabled, limit and period_ms are read-only after construction
   if (!c.enabled) return {};
-  Spend& sp = spend_[scope];
+  Spend& sp = at(scope).spend;
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
   if (period) *period = 0;  // settle_spend treats every period alike (see there)
   if (nano_usd > c.limit) return TakeResult{.ok = false, .never = true};
@@ -382,8 +447,8 @@ void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std:
   // A reservation from an earlier period still counts in in_use (Redis
   // granted this period's allowance with it), so both cases settle alike:
   // the cost is charged to the current period.
-  if (!spend_ctl_[scope].enabled) return;
-  Spend& sp = spend_[scope];
+  if (!at(scope).spend_ctl.enabled) return;
+  Spend& sp = at(scope).spend;
   if (reserved != 0) sp.in_use.fetch_sub(reserved, std::memory_order_acq_rel);
   if (reserved != actual) sp.free.fetch_add(reserved - actual, std::memory_order_acq_rel);
   if (actual > 0) sp.mine.fetch_add(actual, std::memory_order_acq_rel);
@@ -401,11 +466,11 @@ void RedisLimiter::refill(const Shortfall& need, std::uint32_t /*worker*/, std::
 }
 
 std::int64_t RedisLimiter::lease_units(std::uint32_t scope, Bucket b) const noexcept {
-  return leases_[scope * 2 + static_cast<std::uint32_t>(b)].units.load(std::memory_order_acquire);
+  return at(scope).lease[static_cast<std::uint32_t>(b)].units.load(std::memory_order_acquire);
 }
 
 std::int64_t RedisLimiter::budget_free(std::uint32_t scope) const noexcept {
-  return spend_[scope].free.load(std::memory_order_acquire);
+  return at(scope).spend.free.load(std::memory_order_acquire);
 }
 
 RedisLimiter::Stats RedisLimiter::stats() const noexcept {
@@ -449,11 +514,11 @@ void RedisLimiter::on_refill(const Shortfall& need, std::function<void()> done) 
     const Need& n = need.needs[k];
     if (n.scope >= scope_count_) continue;
     if (n.what == Resource::streams)
-      slots_ctl_[n.scope].waiting += std::max<std::int64_t>(1, whole_up(n.units));
+      at(n.scope).slots_ctl.waiting += std::max<std::int64_t>(1, whole_up(n.units));
     else if (n.what == Resource::budget)
-      spend_ctl_[n.scope].waiting += n.units;
+      at(n.scope).spend_ctl.waiting += n.units;
     else
-      lease_ctl_[n.scope * 2 + (n.what == Resource::tokens ? 1 : 0)].waiting += n.units;
+      at(n.scope).lease_ctl[n.what == Resource::tokens ? 1 : 0].waiting += n.units;
   }
   waiters_.push_back(std::move(done));
   wake();
@@ -493,26 +558,26 @@ void RedisLimiter::enter_degraded(const std::string& why) {
   outages_.fetch_add(1, std::memory_order_relaxed);
   if (config_.fail_open) {
     // Stream slots: the local share of each limit while Redis cannot arbitrate.
-    for (std::size_t i = 0; i < scope_count_; ++i) {
-      if (max_streams_[i] == 0) continue;
-      Slots& s = slots_[i];
+    for (std::uint32_t i = 0; i < scope_count_; ++i) {
+      if (at(i).max_streams == 0) continue;
+      Slots& s = at(i).slots;
       const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
-      s.allowance.store(slots_ctl_[i].local_max, std::memory_order_release);
-      s.free.fetch_add(slots_ctl_[i].local_max - a, std::memory_order_acq_rel);
+      s.allowance.store(at(i).slots_ctl.local_max, std::memory_order_release);
+      s.free.fetch_add(at(i).slots_ctl.local_max - a, std::memory_order_acq_rel);
     }
   }
   if (config_.fail_open) {
     // Budgets: besides its own allowance, a replica may reserve its share
     // of the budget no replica held at the last reply (docs/admission.md,
     // the outage bound). The next sync after the outage re-bases it.
-    for (std::size_t i = 0; i < scope_count_; ++i) {
-      SpendCtl& c = spend_ctl_[i];
+    for (std::uint32_t i = 0; i < scope_count_; ++i) {
+      SpendCtl& c = at(i).spend_ctl;
       if (!c.enabled) continue;
       const auto extra = static_cast<std::int64_t>(
-          std::floor(static_cast<double>(spend_[i].spare.exchange(0)) * config_.fail_open_share));
+          std::floor(static_cast<double>(at(i).spend.spare.exchange(0)) * config_.fail_open_share));
       if (extra <= 0) continue;
       c.allowance += extra;
-      spend_[i].free.fetch_add(extra, std::memory_order_acq_rel);
+      at(i).spend.free.fetch_add(extra, std::memory_order_acq_rel);
     }
   }
   degraded_.store(true, std::memory_order_release);
@@ -557,10 +622,10 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   // Leases (frozen during an outage: takes go to the fallback then).
   if (!deg || final_sync) {
     for (std::uint32_t i = 0; i < scope_count_ * 2; ++i) {
-      const Spec& s = spec_[i];
+      const Spec& s = at(i / 2).spec[i % 2];
       if (!s.enabled) continue;
-      Lease& l = leases_[i];
-      LeaseCtl& c = lease_ctl_[i];
+      Lease& l = at(i / 2).lease[i % 2];
+      LeaseCtl& c = at(i / 2).lease_ctl[i % 2];
       const std::int64_t u = l.units.load(std::memory_order_acquire);
       const bool wanted = l.wanted.load(std::memory_order_relaxed) && l.wanted.exchange(false);
       const bool used = wanted || u != c.seen || c.waiting > 0;
@@ -597,10 +662,10 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   const auto busy_renew =
       std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
   for (std::uint32_t i = 0; i < scope_count_; ++i) {
-    const std::int64_t limit = max_streams_[i];
+    const std::int64_t limit = at(i).max_streams;
     if (limit == 0) continue;
-    Slots& s = slots_[i];
-    SlotsCtl& c = slots_ctl_[i];
+    Slots& s = at(i).slots;
+    SlotsCtl& c = at(i).slots_ctl;
     const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
     const std::int64_t free = s.free.load(std::memory_order_acquire);
     const std::int64_t inuse = std::max<std::int64_t>(0, a - free);
@@ -624,7 +689,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     c.seen_free = free;
     if (!need) continue;
     const std::string keys[] = {c.key};
-    const std::string args[] = {replica_id_, str(want), str(inuse), str(limit), str(config_.slot_ttl.count())};
+    const std::string args[] = {at(i).member, str(want), str(inuse), str(limit), str(config_.slot_ttl.count())};
     cmds.push_back(store::Command::evalsha(slots_script(), keys, args));
     ops.push_back(Op{Op::Kind::slots, i, want, inuse, 0, waiting});
   }
@@ -633,9 +698,9 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   // reservations (top up below half the headroom, give back above twice it),
   // read the others' spend.
   for (std::uint32_t i = 0; i < scope_count_; ++i) {
-    SpendCtl& c = spend_ctl_[i];
+    SpendCtl& c = at(i).spend_ctl;
     if (!c.enabled) continue;
-    Spend& sp = spend_[i];
+    Spend& sp = at(i).spend;
     const std::int64_t mine = sp.mine.load(std::memory_order_acquire);
     const std::int64_t inuse = std::max<std::int64_t>(0, sp.in_use.load(std::memory_order_acquire));
     const std::int64_t free = sp.free.load(std::memory_order_acquire);
@@ -680,7 +745,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     if (!due) continue;
     c.last_sync = now;
     const std::string keys[] = {c.key};
-    const std::string args[] = {replica_id_,     str(c.period_ms), str(c.idx),   str(mine),
+    const std::string args[] = {at(i).member,    str(c.period_ms), str(c.idx),   str(mine),
                                 str(inuse),      str(want),        str(c.limit), str(config_.slot_ttl.count()),
                                 str(c.calendar), str(c.offset_ms)};
     cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
@@ -724,8 +789,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     }
     switch (op.kind) {
       case Op::Kind::lease: {
-        Lease& l = leases_[op.i];
-        LeaseCtl& c = lease_ctl_[op.i];
+        Lease& l = at(op.i / 2).lease[op.i % 2];
+        LeaseCtl& c = at(op.i / 2).lease_ctl[op.i % 2];
         if (ok && r->elements.size() >= 3) {
           const std::int64_t grant = r->elements[0].as_int();
           if (grant > 0) {
@@ -747,8 +812,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       }
       case Op::Kind::slots: {
         if (!ok) break;
-        Slots& s = slots_[op.i];
-        SlotsCtl& c = slots_ctl_[op.i];
+        Slots& s = at(op.i).slots;
+        SlotsCtl& c = at(op.i).slots_ctl;
         const std::int64_t grant = r->elements[0].as_int();
         const std::int64_t before = s.allowance.load(std::memory_order_relaxed);
         s.allowance.store(grant, std::memory_order_release);
@@ -763,8 +828,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       }
       case Op::Kind::spend: {
         if (!ok || r->elements.size() < 6) break;
-        Spend& sp = spend_[op.i];
-        SpendCtl& c = spend_ctl_[op.i];
+        Spend& sp = at(op.i).spend;
+        SpendCtl& c = at(op.i).spend_ctl;
         const std::int64_t grant = r->elements[0].as_int();
         const std::int64_t total = r->elements[1].as_int();
         const std::int64_t mine_remote = r->elements[2].as_int();

@@ -106,6 +106,20 @@ class RedisLimiter final : public Limiter {
                     Instant now) override;
   bool streams_refillable(std::uint32_t scope) const noexcept override;
   void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
+  // Adds the scopes of `scopes` past the ones held (control thread only;
+  // see Limiter::grow). A new scope's shared state is found by its name, so
+  // a key created on any replica shares its buckets, stream slots and
+  // budget with that key on every other replica; its first budget
+  // reservation waits for one sync. False past kMaxScopes.
+  bool grow(const std::vector<auth::ScopeInfo>& scopes) override;
+  // Scopes `from` and `to` share a name, hence their state in Redis: only
+  // the fail-open fallback's local state is carried.
+  void carry_spend(std::uint32_t from, std::uint32_t to, Instant now) override;
+  void carry(std::uint32_t from, std::uint32_t to, Instant now) override;
+  bool grows() const noexcept override { return true; }
+  std::uint32_t scope_count() const noexcept override { return static_cast<std::uint32_t>(scope_count_); }
+  static constexpr std::uint32_t kChunk = 64;
+  static constexpr std::uint32_t kMaxScopes = kChunk * 4096;
 
   // True during an outage (fallback or refusing).
   bool degraded() const noexcept { return degraded_.load(std::memory_order_relaxed); }
@@ -138,6 +152,8 @@ class RedisLimiter final : public Limiter {
   struct Spend;
   struct SpendCtl;
   struct Loop;
+  struct Spec;
+  struct ScopeState;
 
   store::Task<void> run();
   store::Task<void> sync_once(bool final_sync);
@@ -146,6 +162,9 @@ class RedisLimiter final : public Limiter {
   void enter_degraded(const std::string& why);
   void leave_degraded();
   void log(std::string_view msg) const;
+  // Initialises scopes [scope_count_, scopes.size()) (constructor, grow()).
+  bool add_scopes(const std::vector<auth::ScopeInfo>& scopes);
+  ScopeState& at(std::uint32_t scope) const noexcept;
   double remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept;
   double ns(Instant t) const noexcept;
 
@@ -155,28 +174,13 @@ class RedisLimiter final : public Limiter {
   Instant epoch_;
   LogFn log_;
   std::string replica_id_;
-  std::size_t scope_count_;
-  std::vector<std::string> scope_names_;
+  std::size_t scope_count_ = 0;  // written by the control thread only
   std::unique_ptr<LocalLimiter> fallback_;
   std::unique_ptr<store::Client> client_;
+  // Scope i is chunks_[i / kChunk][i % kChunk]; a chunk is allocated whole
+  // and never moves (workers read scopes while grow() adds others).
+  std::unique_ptr<std::unique_ptr<ScopeState[]>[]> chunks_;
 
-  // Worker-shared state: one cache line each.
-  std::unique_ptr<Lease[]> leases_;  // [scope * 2 + bucket]
-  std::unique_ptr<Slots[]> slots_;   // [scope]
-  std::unique_ptr<Spend[]> spend_;   // [scope]
-  // Read-only after construction.
-  struct Spec {
-    bool enabled = false;
-    double rate_per_min = 0;
-    double depth = 0;
-  };
-  std::vector<Spec> spec_;  // [scope * 2 + bucket]
-  std::vector<std::int64_t> max_streams_;
-
-  // Control-thread state.
-  std::vector<LeaseCtl> lease_ctl_;
-  std::vector<SlotsCtl> slots_ctl_;
-  std::vector<SpendCtl> spend_ctl_;
   std::unique_ptr<Loop> loop_;
   std::vector<std::function<void()>> waiters_;
 

@@ -191,7 +191,13 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
       k.tenant = tenant;
       if (rec.models) k.models = ModelList(*rec.models);
       k.tier = rec.tier.empty() ? tenant->tier : rec.tier;
-      k.scope = tenant->scope;  // limits and budget stay empty: the tenant's scope governs
+      if (rec.own_scope) {  // its own limits and budget, beside the tenant's (RedisKeys::Resolve)
+        k.scope = rec.scope;
+        k.limits = rec.limits;
+        k.budget = rec.budget;
+      } else {
+        k.scope = tenant->scope;  // limits and budget stay empty: the tenant's scope governs
+      }
       if (rec.expires_at > 0) k.expires_at = WallTime(std::chrono::seconds(rec.expires_at));
       p->kind = CredentialKind::api_key;
       p->tenant = tenant;

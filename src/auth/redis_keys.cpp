@@ -17,7 +17,7 @@ namespace {
 namespace asio = boost::asio;
 
 // Fields of a key record, in HMGET order.
-constexpr std::string_view kFields[] = {"id", "tenant", "models", "tier", "revoked", "expires_at"};
+constexpr std::string_view kFields[] = {"id", "tenant", "models", "tier", "revoked", "expires_at", "limits", "budget"};
 // A field longer than this makes the record invalid (a model list of a few hundred names fits).
 constexpr std::size_t kMaxField = 16 * 1024;
 constexpr auto kInvalidLogEvery = std::chrono::seconds(10);
@@ -121,7 +121,8 @@ store::Task<void> RedisKeys::fetch(Sha256Digest digest) {
   commands_.fetch_add(1, std::memory_order_relaxed);
   const std::string key = redis_key(options_.key_prefix, digest);
   auto reply = co_await client_->exec(
-      store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3], kFields[4], kFields[5]});
+      store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3], kFields[4], kFields[5], kFields[6],
+                     kFields[7]});
   const KeyLookup result = interpret(reply);
   switch (result.status) {
     case KeyLookup::Status::found:
@@ -190,6 +191,15 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
   if (auto models = split_models(v[2]); !models.empty()) rec->models = std::move(models);
   rec->tier = std::string(v[3]);
   rec->expires_at = a.elements[5].as_int(0);
+  if (resolve_ && (!v[6].empty() || !v[7].empty())) {
+    if (std::string why = resolve_(*rec, v[6], v[7]); !why.empty()) {
+      log_invalid(fmt::format("the key record with id '{}' has invalid limits or budget ({}); requests with it are "
+                              "refused",
+                              v[0].substr(0, 128), why));
+      out.status = Status::invalid;
+      return out;
+    }
+  }
   out.status = Status::found;
   out.record = std::move(rec);
   return out;

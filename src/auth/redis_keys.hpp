@@ -38,6 +38,14 @@ struct RedisKeyRecord {
   std::optional<std::vector<std::string>> models;  // narrows the tenant's allow-list when set
   std::string tier;                                // overrides the tenant's tier when non-empty
   std::int64_t expires_at = 0;                     // Unix seconds; refused from then on (401); 0 = never
+  // The key's own limits and budget (fields `limits` and `budget`, JSON as
+  // the admin API takes them), resolved on the control thread to an
+  // admission scope of the key's own (RedisKeys::Resolve). Without them the
+  // key's requests are governed by its tenant's scope alone.
+  bool own_scope = false;
+  std::uint32_t scope = 0;  // for own_scope
+  Limits limits;
+  Budget budget;
 };
 
 // The answer to one lookup.
@@ -80,6 +88,17 @@ class RedisKeys {
   RedisKeys(const RedisKeys&) = delete;
   RedisKeys& operator=(const RedisKeys&) = delete;
 
+  // Gives a record with `limits` or `budget` fields (their raw JSON text,
+  // either may be empty) its admission scope: sets own_scope, scope, limits
+  // and budget of `rec`, and returns "" — or a message saying why the fields
+  // are invalid (the record is then refused as invalid, and logged). Runs
+  // on the control thread before the lookup's answer is handed out, so the
+  // scope exists (admission::Limiter::grow) before any worker uses it.
+  using Resolve = std::function<std::string(RedisKeyRecord& rec, std::string_view limits, std::string_view budget)>;
+  // Without a resolver, such fields are ignored (the tenant's scope governs).
+  // Call before start().
+  void set_resolver(Resolve resolve) { resolve_ = std::move(resolve); }
+
   // Connects in the background (lookups before the connection is up queue
   // for at most command_timeout).
   void start();
@@ -120,6 +139,7 @@ class RedisKeys {
   boost::asio::io_context& control_;
   RedisKeysOptions options_;
   LogFn log_;
+  Resolve resolve_;
   std::unique_ptr<store::Client> client_;
   // Control-thread state.
   std::map<Sha256Digest, std::vector<Done>> inflight_;

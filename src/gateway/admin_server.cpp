@@ -18,6 +18,7 @@
 #include "gateway/admin.hpp"
 #include "gateway/console_assets.hpp"
 #include "gateway/metrics.hpp"
+#include "gateway/redis_key_scopes.hpp"
 #include "http/request_check.hpp"
 #include "requestlog/store.hpp"
 
@@ -629,6 +630,10 @@ core::Task<AdminResponse> AdminServer::get_key(AdminRequest& r) {
     auto o = key_json(*k);
     o["read_only"] = false;
     o["expired"] = k->expires_at != 0 && unix_now() >= k->expires_at;
+    // Its admission state as this replica holds it, once a request here looked it up.
+    if (k->limits.any() || k->budget.any())
+      if (auto scope = shared_.redis_key_scopes ? shared_.redis_key_scopes->scope_of(id) : std::nullopt)
+        o["usage"] = usage_json(*scope, k->limits, k->budget);
     co_return json_response(200, o);
   }
   if (const KeyRecord* k = keys_->find(id)) {

@@ -415,8 +415,13 @@ tl::expected<void, std::string> KeyStore::load() {
   return {};
 }
 
+std::uint32_t KeyStore::free_scope() const noexcept {
+  // Keys in Redis take scopes from the limiter at run time, past this store's.
+  return limiter_ ? std::max(next_scope_, limiter_->scope_count()) : next_scope_;
+}
+
 std::shared_ptr<const auth::AuthPolicy> KeyStore::rebased_policy(const auth::AuthConfig& base) const {
-  return auth::AuthPolicy::build(base, runtime_keys(keys_), next_scope_, policy_.get());
+  return auth::AuthPolicy::build(base, runtime_keys(keys_), free_scope(), policy_.get());
 }
 
 void KeyStore::rebase(auth::AuthConfig base, std::shared_ptr<const auth::AuthPolicy> policy) {
@@ -518,16 +523,12 @@ AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, 
   auto name = parse_name(field("name"));
   if (!name) return tl::unexpected(name.error());
   k.name = std::move(*name);
-  if ((k.limits.any() || k.budget.any()) && limiter_ && !limiter_->grows())
-    return tl::unexpected(admin_bad_request(
-        "keys with limits or a budget of their own need in-process limits: with redis: the limiter cannot add "
-        "scopes at run time yet",
-        k.limits.any() ? "limits" : "budget"));
   do k.id = "vk_" + random_hex(8);
   while (id_taken(k.id));
   std::string secret = generate_key_secret();
   k.sha256 = auth::sha256(secret);
   k.created_at = now_s;
+  next_scope_ = free_scope();
   k.scope = next_scope_++;
   auto next = keys_;
   next.push_back(k);
@@ -576,13 +577,11 @@ AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost:
                             std::string(name.substr(0, 64))));
     }
   }
-  if (rescope && (k.limits.any() || k.budget.any()) && limiter_ && !limiter_->grows())
-    return tl::unexpected(admin_bad_request(
-        "keys with limits or a budget of their own need in-process limits: with redis: the limiter cannot add "
-        "scopes at run time yet",
-        "limits"));
   const std::uint32_t old_scope = k.scope;
-  if (rescope) k.scope = next_scope_++;  // fresh buckets at the new limits; the spend carries over below
+  if (rescope) {
+    next_scope_ = free_scope();
+    k.scope = next_scope_++;
+  }  // fresh buckets at the new limits; the spend carries over below
   auto next = keys_;
   for (auto& e : next)
     if (e.id == k.id) e = k;

@@ -137,6 +137,9 @@ class KeyStore {
 
   auth::AuthConfig base_;
   std::string file_;
+  // The first scope index no one holds: past this store's keys and every
+  // scope the limiter added (keys in Redis, gateway/redis_key_scopes.hpp).
+  std::uint32_t free_scope() const noexcept;
   admission::Limiter* limiter_ = nullptr;
   std::vector<KeyRecord> keys_;
   std::uint32_t next_scope_ = 0;

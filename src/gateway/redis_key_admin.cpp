@@ -10,9 +10,9 @@ namespace json = boost::json;
 
 namespace {
 
-// The fields the admin reads and writes (the lookup path reads the first six).
-constexpr std::string_view kFields[] = {"id",         "tenant", "models",   "tier",      "revoked",
-                                        "expires_at", "name",   "metadata", "created_at"};
+// The fields the admin reads and writes (the lookup path reads the first six and the last two).
+constexpr std::string_view kFields[] = {"id",   "tenant",   "models",     "tier",   "revoked", "expires_at",
+                                        "name", "metadata", "created_at", "limits", "budget"};
 
 AdminError unavailable(const store::Error& e) {
   return AdminError{503,
@@ -63,6 +63,15 @@ std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::
     if (!ec && md.is_object()) k.metadata = std::move(md.get_object());
   }
   k.created_at = a.elements[8].as_int(0);
+  // Limits and budget as the admin wrote them (a record a lookup refuses as
+  // invalid is listed without them).
+  boost::system::error_code ec;
+  if (!v(9).empty())
+    if (auto l = json::parse(v(9), ec); !ec)
+      if (auto p = parse_limits_json(l, "limits")) k.limits = *p;
+  if (!v(10).empty())
+    if (auto b = json::parse(v(10), ec); !ec)
+      if (auto p = parse_budget_json(b, "budget")) k.budget = *p;
   return k;
 }
 
@@ -85,6 +94,9 @@ core::Task<AdminResult<void>> RedisKeyAdmin::write(const KeyRecord& k) {
   add("name", k.name);
   add("metadata", json::serialize(k.metadata));
   add("created_at", std::to_string(k.created_at));
+  // Empty when the key has none: its tenant's limits and budget govern it alone.
+  add("limits", k.limits.any() ? json::serialize(limits_json(k.limits)) : std::string());
+  add("budget", k.budget.any() ? json::serialize(budget_json(k.budget)) : std::string());
   auto r = co_await keys_.client().exec(store::Command(std::span<const std::string>(args)));
   if (!r) co_return tl::unexpected(unavailable(r.error()));
   co_return AdminResult<void>{};
@@ -144,11 +156,6 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::obj
   KeyStore scratch(base->config(), "");
   auto c = scratch.create(body, now_s);
   if (!c) co_return tl::unexpected(c.error());
-  if (c->record.limits.any() || c->record.budget.any())
-    co_return tl::unexpected(admin_bad_request(
-        "keys with limits or a budget of their own are not supported with keys in Redis yet (the Redis limiter "
-        "cannot add scopes at run time); the tenant's limits and budget apply",
-        c->record.limits.any() ? "limits" : "budget"));
   if (auto ok = co_await write(c->record); !ok) co_return tl::unexpected(ok.error());
   co_return std::move(*c);
 }
@@ -157,13 +164,6 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
   const auto base = base_;  // a reload may replace base_ while this waits on Redis
   auto cur = co_await get(id);
   if (!cur) co_return tl::unexpected(cur.error());
-  for (const auto& [f, v] : body) {
-    const std::string_view name(f);
-    if (name == "limits" || name == "budget")
-      if (!v.is_null())
-        co_return tl::unexpected(admin_bad_request(
-            "keys with limits or a budget of their own are not supported with keys in Redis yet", std::string(name)));
-  }
   // The change is validated and applied by a scratch store (the rules of local keys), then written.
   KeyStore scratch(base->config(), "");
   json::object seed;
@@ -172,6 +172,8 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
   if (cur->expires_at) seed["expires_at"] = cur->expires_at;
   seed["metadata"] = cur->metadata;
   if (!cur->name.empty()) seed["name"] = cur->name;
+  if (cur->limits.any()) seed["limits"] = limits_json(cur->limits);
+  if (cur->budget.any()) seed["budget"] = budget_json(cur->budget);
   auto made = scratch.create(seed, cur->created_at);
   if (!made) co_return tl::unexpected(made.error());
   auto u = scratch.update(made->record.id, body);
@@ -181,6 +183,8 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
   k.expires_at = u->record.expires_at;
   k.metadata = u->record.metadata;
   k.name = u->record.name;
+  k.limits = u->record.limits;
+  k.budget = u->record.budget;
   if (auto ok = co_await write(k); !ok) co_return tl::unexpected(ok.error());
   co_return KeyStore::Change{std::move(k), {}};
 }

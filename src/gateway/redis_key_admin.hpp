@@ -5,8 +5,10 @@
 // within auth.key_cache_ttl, and a revocation or a change reaches them in
 // the same time. Control thread only (the key store's Redis connection).
 //
-// Keys with limits or a budget of their own are refused here (400): the
-// Redis limiter cannot add admission scopes at run time yet.
+// A key's own limits and budget are stored as JSON in the fields `limits`
+// and `budget`; each replica gives such a key an admission scope when a
+// lookup finds it (gateway/redis_key_scopes.hpp), and a change reaches
+// every replica within auth.key_cache_ttl.
 #pragma once
 
 #include <string_view>

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "admission/local_limiter.hpp"
+#include "gateway/redis_key_scopes.hpp"
 
 namespace weir::gateway {
 
@@ -46,6 +47,16 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
     limiter_ = std::make_unique<admission::LocalLimiter>(policy_->scopes(), workers, std::chrono::steady_clock::now());
   }
   if (key_store_) key_store_->set_limiter(limiter_.get());
+  if (redis_keys_) {
+    redis_key_scopes_ = std::make_unique<RedisKeyScopes>(*limiter_, [this] {
+      const auto p = policy();
+      return p ? p->config().budget_utc_offset_s : 0;
+    });
+    redis_keys_->set_resolver([s = redis_key_scopes_.get()](auth::RedisKeyRecord& rec, std::string_view limits,
+                                                            std::string_view budget) {
+      return s->resolve(rec, limits, budget);
+    });
+  }
 }
 
 Services::~Services() = default;
@@ -54,6 +65,7 @@ void Services::attach(Shared& shared) {
   shared.auth_policy = policy_;
   shared.jwks = jwks_.get();
   shared.redis_keys = redis_keys_.get();
+  shared.redis_key_scopes = redis_key_scopes_.get();
   shared.limiter = limiter_.get();
   shared.redis_limiter = redis_limiter_;
 }
@@ -63,29 +75,19 @@ tl::expected<Services::Reload, std::string> Services::prepare_reload(const Loade
   const auto prior = policy();
   if (!next.auth || !prior) return r;  // identity and admission off (a change of that is restart-only)
   r.auth = *next.auth;
-  r.policy = key_store_ ? key_store_->rebased_policy(*r.auth) : auth::AuthPolicy::build(*r.auth, {}, 0, prior.get());
-  const std::size_t before = prior->scopes().size();
-  auto check = [&](std::string_view kind, const std::string& name, std::uint32_t old_scope, std::uint32_t scope,
-                   const auth::Limits& l, const auth::Budget& b, bool existed) -> tl::expected<void, std::string> {
-    if (existed && old_scope != scope) r.carries.emplace_back(old_scope, scope);
-    if (scope < before || !(l.any() || b.any()) || limiter_->grows()) return {};
-    return tl::unexpected(fmt::format(
-        "{}: with redis: the limits and budgets of tenants and keys change only at restart (the shared limiter cannot "
-        "add admission scopes at run time); {} `{}` is new or its limits or budget changed",
-        kind == "tenant" ? "tenants." + name : "auth.api_keys (id " + name + ")", kind, name));
+  r.policy = key_store_ ? key_store_->rebased_policy(*r.auth)
+                        : auth::AuthPolicy::build(*r.auth, {}, limiter_->scope_count(), prior.get());
+  // A tenant or configured key kept under its name but given a new scope
+  // (its limits or budget changed) carries its state over at commit.
+  auto carry = [&](std::uint32_t old_scope, std::uint32_t scope) {
+    if (old_scope != scope) r.carries.emplace_back(old_scope, scope);
   };
-  for (const auto& t : r.policy->tenants()) {
-    const auto* old = prior->find_tenant(t.name);
-    if (auto ok = check("tenant", t.name, old ? old->scope : 0, t.scope, t.limits, t.budget, old != nullptr); !ok)
-      return tl::unexpected(ok.error());
-  }
+  for (const auto& t : r.policy->tenants())
+    if (const auto* old = prior->find_tenant(t.name)) carry(old->scope, t.scope);
   for (const auto& k : r.policy->keys()) {
     if (k.runtime) continue;  // keeps its scope
-    const auth::KeyPolicy* old = nullptr;
     for (const auto& o : prior->keys())
-      if (!o.runtime && o.id == k.id) old = &o;
-    if (auto ok = check("key", k.id, old ? old->scope : 0, k.scope, k.limits, k.budget, old != nullptr); !ok)
-      return tl::unexpected(ok.error());
+      if (!o.runtime && o.id == k.id) carry(o.scope, k.scope);
   }
   return r;
 }

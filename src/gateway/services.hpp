@@ -27,6 +27,8 @@
 
 namespace weir::gateway {
 
+class RedisKeyScopes;
+
 class Services {
  public:
   // Builds what `loaded` asks for, on `control`, for `workers` worker
@@ -53,9 +55,8 @@ class Services {
   // of `next` (nothing changes yet): tenants and keys keep their admission
   // scopes unless their limits or budget changed (then a new scope, to
   // which commit carries the old one's bucket levels and spend); runtime
-  // keys stay. It refuses what this process cannot apply: a new scope with
-  // limits or a budget when the limiter cannot add scopes (redis:), naming
-  // the tenant or key. commit_reload() adds the limiter state of the new
+  // keys stay. New scopes are numbered past every scope the limiter holds
+  // (keys in Redis add theirs at run time). commit_reload() adds the limiter state of the new
   // scopes and carries the changed ones over, makes the policy the one the
   // admin API and later key changes start from, and returns it for the
   // workers; an error (the limiter is full) changes nothing.
@@ -84,6 +85,7 @@ class Services {
   std::unique_ptr<auth::RedisKeys> redis_keys_;
   std::unique_ptr<admission::Limiter> limiter_;
   admission::RedisLimiter* redis_limiter_ = nullptr;
+  std::unique_ptr<RedisKeyScopes> redis_key_scopes_;  // keys in Redis with limits or a budget of their own
   std::unique_ptr<KeyStore> key_store_;
   std::string error_;
 };

@@ -34,6 +34,7 @@ namespace asio = boost::asio;
 
 class Session;
 class Worker;
+class RedisKeyScopes;
 
 // Configuration reloads (docs/operations.md): atomics the control thread
 // writes and /metrics reads from any thread.
@@ -62,6 +63,7 @@ struct Shared {
   admission::Limiter* limiter = nullptr;             // owned by the server
   admission::RedisLimiter* redis_limiter = nullptr;  // the same object when limits are shared through Redis
   auth::RedisKeys* redis_keys = nullptr;             // owned by the server; null without auth.redis_keys
+  const RedisKeyScopes* redis_key_scopes = nullptr;  // the same lifetime: scopes of keys in Redis (control thread)
   std::uint64_t instance_id = 0;                     // random per process, prefix of generated request ids
   requestlog::Writer* request_log = nullptr;         // owned by the server; null without request_log:
   ReloadStats reloads;

@@ -560,6 +560,13 @@ class Redis:
             self.proc.kill()
             self.proc.wait(10)
 
+    def cli(self, *args: str) -> bytes:
+        """Sends one command (RESP); returns the start of the raw reply."""
+        payload = f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)
+        with socket.create_connection(("127.0.0.1", self.port), timeout=5) as s:
+            s.sendall(payload.encode())
+            return s.recv(65536)
+
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}"

@@ -106,3 +106,15 @@ def test_redis_down_cached_keys_keep_working_and_new_ones_get_503(mock, weir, re
     # One lookup found `known` (the other seven hit the cache); `unseen` found Redis gone.
     assert w.metric("weir_redis_key_lookups_total", result="found") == 1
     assert w.metric("weir_redis_key_lookups_total", result="unavailable") >= 1
+
+
+def test_a_key_added_with_its_own_limit_is_held_to_it_on_every_replica(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    cfg = config(m, redis, key_cache_ttl="300ms", key_negative_ttl="100ms")
+    a, b = weir(config=cfg), weir(config=cfg)
+    key = weir_key(redis, "add", "--tenant", "acme", "--id", "acme-ci", "--limits", '{"requests_per_minute": 2}')
+    codes = [chat(w, key).status_code for w in (a, b, a, b, a, b)]
+    assert 1 <= codes.count(200) <= 2 and codes.count(429) >= 4, codes
+    # Another key of the same tenant has no such limit.
+    other = weir_key(redis, "add", "--tenant", "acme", "--id", "acme-other")
+    assert [chat(w, other).status_code for w in (a, b, a, b)] == [200] * 4

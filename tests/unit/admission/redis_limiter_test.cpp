@@ -743,3 +743,109 @@ TEST_F(RedisOutageTest, NothingListeningAtStartFailsOpenAtOnce) {
 
 }  // namespace
 }  // namespace weir::admission
+
+namespace weir::admission {
+namespace {
+
+// --- Scopes added at run time (admin API keys with limits or a budget of their own). ---
+
+// A policy of tenant "acme" (no limits) plus runtime key "vk" at scope `scope`
+// with `limits` and `budget`; scopes() has scope + 1 entries.
+std::shared_ptr<const auth::AuthPolicy> with_key(std::uint32_t scope, auth::Limits limits, auth::Budget budget = {}) {
+  auth::AuthConfig c;
+  auth::TenantConfig t;
+  t.name = "acme";
+  c.tenants.emplace("acme", t);
+  auth::RuntimeKey rk;
+  rk.key.id = "vk";
+  rk.key.tenant = "acme";
+  rk.key.sha256 = auth::sha256("sk-runtime");
+  rk.key.limits = limits;
+  rk.key.budget = budget;
+  rk.scope = scope;
+  return auth::AuthPolicy::build(c, {rk}, scope + 1);
+}
+
+auth::Principal key_principal(const auth::AuthPolicy& policy) {
+  auth::Principal p;
+  p.kind = auth::CredentialKind::api_key;
+  p.tenant = policy.find_tenant("acme");
+  p.key = &policy.keys().front();
+  p.subject = "vk";
+  return p;
+}
+
+// grow() on the replica's control thread, as the admin API calls it.
+bool grow(Replica& r, const auth::AuthPolicy& policy) {
+  auto f = asio::post(r.control, asio::use_future([&] { return r.limiter->grow(policy.scopes()); }));
+  return f.get();
+}
+
+TEST_F(RedisLimiterTest, AKeyAddedAtRunTimeSharesItsLimitAcrossReplicas) {
+  World w(auth::Limits{});  // the tenant is unlimited: only the key's own limit applies
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  const auto policy = with_key(5, rpm(20));  // scopes 2..4 (past the two tenants): placeholders
+  ASSERT_TRUE(a.limiter->grows());
+  ASSERT_TRUE(grow(a, *policy));
+  ASSERT_TRUE(grow(b, *policy));
+  EXPECT_EQ(a.limiter->scope_count(), 6u);
+  const auto p = key_principal(*policy);
+  ASSERT_EQ(p.key->scope, 5u);
+  Tally t;
+  hammer({&a, &b}, 20, p, 0, t);  // 80 at once against 20 per minute
+  EXPECT_LE(t.ok.load(), 20 + 1 + 2);
+  EXPECT_GE(t.ok.load(), 20 - 4);
+  EXPECT_EQ(t.ok.load() + t.limited.load(), 80);
+  // The tenant's scope is untouched by the key's.
+  EXPECT_TRUE(admit(a, 0, w.principal).ok);
+}
+
+TEST_F(RedisLimiterTest, AKeyWhoseBudgetChangedKeepsItsSpendAndStreamsOnEveryReplica) {
+  auth::Budget dollar;
+  dollar.limit_nano_usd = 1'000'000'000;  // $1, never resets
+  auth::Limits one;
+  one.max_concurrent_streams = 1;
+  World w(auth::Limits{});
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  const auto before = with_key(2, one, dollar);  // scopes 0 and 1: the tenants acme and anonymous
+  ASSERT_TRUE(grow(a, *before));
+  ASSERT_TRUE(grow(b, *before));
+  const auto p1 = key_principal(*before);
+  // $0.60 spent on A, and one stream held open on A under the old scope.
+  ASSERT_TRUE(admit(a, 0, p1, 10, false, api::Usage{600'000, 0, 600'000, 0}).ok);
+  ASSERT_TRUE(admit(a, 1, p1, 10, true).ok);
+  // The key's budget and limits change (a PATCH): a new scope of the same name.
+  auth::Budget more = dollar;
+  more.limit_nano_usd = 1'100'000'000;  // $1.10
+  auth::Limits two;
+  two.max_concurrent_streams = 2;
+  const auto after = with_key(3, two, more);
+  ASSERT_TRUE(grow(a, *after));
+  ASSERT_TRUE(grow(b, *after));
+  a.limiter->carry(2, 3, MonoClock::now());
+  b.limiter->carry(2, 3, MonoClock::now());
+  const auto p2 = key_principal(*after);
+  ASSERT_EQ(p2.key->scope, 3u);
+  // Both replicas see the $0.60 under the new scope.
+  EXPECT_TRUE(eventually([&] { return b.limiter->spent(3, MonoClock::now()) >= 600'000'000; }));
+  EXPECT_TRUE(eventually([&] { return a.limiter->spent(3, MonoClock::now()) >= 600'000'000; }));
+  // A spends $0.20 more under the new scope: every replica counts $0.80 (the
+  // two scopes of one name on A push their spend separately).
+  ASSERT_TRUE(admit(a, 0, p2, 10, false, api::Usage{200'000, 0, 200'000, 0}).ok);
+  EXPECT_TRUE(eventually([&] { return b.limiter->spent(3, MonoClock::now()) == 800'000'000; }));
+  // The stream still open under the old scope counts against the new cap of 2,
+  // on the same replica and on the other.
+  ASSERT_TRUE(admit(a, 0, p2, 10, true).ok);
+  const Answer third = admit(b, 1, p2, 10, true);
+  EXPECT_FALSE(third.ok) << "2 streams at most: one under the old scope, one under the new";
+  EXPECT_EQ(third.code, "rate_limit_exceeded");
+  // $0.50 more does not fit in what is left of $1.10.
+  const Answer big = admit(b, 0, p2, 250'000);  // worst case 250k completion tokens at $2/1M = $0.50
+  EXPECT_FALSE(big.ok);
+  EXPECT_EQ(big.code, "insufficient_quota");
+}
+
+}  // namespace
+}  // namespace weir::admission

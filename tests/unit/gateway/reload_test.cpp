@@ -405,21 +405,35 @@ TEST(ServicesReload, ChangedLimitsCarryOverAndTheLimiterGrows) {
   EXPECT_EQ(shared.limiter->view(a2, admission::Bucket::requests, later).remaining, 6u);  // 10 - 4 taken
 }
 
-TEST(ServicesReload, WithRedisANewLimitedScopeIsRefusedNamingTheTenant) {
+TEST(ServicesReload, WithRedisATenantWhoseLimitsChangedGetsANewScopeOfTheSameName) {
   const std::string redis = "redis: {url: redis://127.0.0.1:1}\n";
   const std::string tenants = "tenants: {a: {limits: {requests_per_minute: 10}}}\n";
   auto first = loaded(kBase + redis + tenants);
   boost::asio::io_context io;
   Services services(io, first, 1);  // not started: no connection is made
   ASSERT_TRUE(services.error().empty());
+  const auto p1 = services.policy();
+  const auto a1 = p1->find_tenant("a")->scope;
   auto changed = services.prepare_reload(
-      loaded(kBase + redis + replace(tenants, "requests_per_minute: 10", "requests_per_minute: 11")));
-  ASSERT_FALSE(changed);
-  EXPECT_NE(changed.error().find("tenants.a: with redis:"), std::string::npos) << changed.error();
-  // A tenant without limits needs no limiter state: that reloads.
-  auto unlimited = services.prepare_reload(loaded(kBase + redis + replace(tenants, "}}}", "}}, b: {}}")));
-  ASSERT_TRUE(unlimited) << unlimited.error();
-  EXPECT_TRUE(services.commit_reload(std::move(*unlimited)));
+      loaded(kBase + redis + replace(tenants, "requests_per_minute: 10", "requests_per_minute: 11, max_concurrent_streams: 3")));
+  ASSERT_TRUE(changed) << changed.error();
+  auto p2 = services.commit_reload(std::move(*changed));
+  ASSERT_TRUE(p2) << p2.error();
+  const auto a2 = (*p2)->find_tenant("a")->scope;
+  EXPECT_NE(a2, a1);
+  // The shared state is found by name ("tenant:a", in Redis): the new scope
+  // carries the new limits; the old one stays for requests in flight.
+  EXPECT_EQ((*p2)->scopes()[a2].name, "tenant:a");
+  Shared shared;
+  services.attach(shared);
+  const auto now = std::chrono::steady_clock::now();
+  EXPECT_EQ(shared.limiter->view(a2, admission::Bucket::requests, now).limit, 11u);
+  EXPECT_EQ(shared.limiter->view(a1, admission::Bucket::requests, now).limit, 10u);
+  EXPECT_EQ(shared.limiter->scope_count(), (*p2)->scopes().size());
+  // A new tenant reloads too.
+  auto added = services.prepare_reload(loaded(kBase + redis + replace(tenants, "}}}", "}}, b: {limits: {requests_per_minute: 5}}}")));
+  ASSERT_TRUE(added) << added.error();
+  EXPECT_TRUE(services.commit_reload(std::move(*added)));
   EXPECT_NE(services.policy()->find_tenant("b"), nullptr);
 }
 
