@@ -1,0 +1,134 @@
+// RedisLimiter's per-scope state and sync loop, shared by its two files
+// (redis_limiter.cpp: scopes and the workers' calls; redis_sync.cpp: the
+// control thread's sync). Private to them: include nowhere else.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "admission/redis_limiter.hpp"
+#include "core/async.hpp"
+
+namespace weir::admission {
+
+namespace redis_detail {
+constexpr double kEps = 1e-9;
+inline std::int64_t whole_up(double x) { return static_cast<std::int64_t>(std::ceil(x - kEps)); }
+inline std::int64_t whole_down(double x) { return static_cast<std::int64_t>(std::floor(x + kEps)); }
+}  // namespace redis_detail
+
+struct RedisLimiter::Spec {
+  bool enabled = false;
+  double rate_per_min = 0;
+  double depth = 0;
+};
+
+struct alignas(64) RedisLimiter::Lease {
+  std::atomic<std::int64_t> units{0};    // whole units this replica may admit; < 0 = debt not yet pushed
+  std::atomic<bool> wanted{false};       // a take found it short since the last sync
+  std::atomic<double> remote_avail{0};   // units in the global bucket at the last reply
+  std::atomic<double> remote_at_ns{-1};  // when (ns since epoch_); < 0 = never synced
+};
+
+struct RedisLimiter::LeaseCtl {
+  std::string key;
+  std::int64_t target = 1;  // units a busy replica holds
+  std::int64_t low = 1;     // top up below this
+  std::int64_t high = 2;    // give back above this
+  std::int64_t seen = 0;    // units after the last sync: a change means use
+  Instant last_used{};
+  Instant keep_until{};  // units granted to waiting requests are not given back before their retry
+  double waiting = 0;    // units that waiting requests need (refill())
+};
+
+struct alignas(64) RedisLimiter::Slots {
+  std::atomic<std::int64_t> free{0};       // allowance - in use (< 0 after a shrink)
+  std::atomic<std::int64_t> allowance{0};  // slots this replica may hold (written by the control thread)
+  std::atomic<std::int64_t> others{0};     // slots the other replicas held at the last renewal
+  std::atomic<bool> wanted{false};
+};
+
+struct RedisLimiter::SlotsCtl {
+  std::string key;
+  std::int64_t headroom = 1;   // free slots a busy replica keeps
+  std::int64_t low = 1;        // renew below this many free
+  std::int64_t local_max = 1;  // allowance during an outage with fail_open
+  std::int64_t seen_free = 0;
+  std::int64_t waiting = 0;
+  std::int64_t told_want = 0;  // the want Redis last recorded for this replica
+  bool contended = false;      // another replica was starved at the last renewal
+  Instant last_used{};
+  Instant last_renew{};
+  Instant keep_until{};  // as LeaseCtl::keep_until
+};
+
+// A budget as workers see it (nano-USD). A reservation is one CAS on `free`.
+struct alignas(64) RedisLimiter::Spend {
+  // allowance - reservations in flight - settled spend not yet pushed (< 0 after a shrink or an overshoot)
+  std::atomic<std::int64_t> free{0};
+  std::atomic<std::int64_t> in_use{0};   // reservations of requests in flight
+  std::atomic<std::int64_t> mine{0};     // this replica's settled spend in the current period, pushed or not
+  std::atomic<std::int64_t> others{0};   // the other replicas' settled spend in it, as of the last reply
+  std::atomic<std::int64_t> spare{0};    // budget no replica held at the last reply (for `pending`)
+  std::atomic<std::int64_t> biggest{0};  // largest reservation asked for since the budget went idle
+  std::atomic<bool> wanted{false};       // a reservation found `free` short since the last sync
+  std::atomic<bool> touched{false};      // used since the last push (spent(), reserve_spend(), settle_spend())
+  // When the current period ends per the last reply, ns since epoch_ (Retry-After); -1 before it or never.
+  std::atomic<std::int64_t> period_end_ns{-1};
+};
+
+struct RedisLimiter::SpendCtl {
+  bool enabled = false;
+  std::string key;
+  std::int64_t limit = 0;  // nano-USD
+  std::int64_t period_ms = 0;
+  int calendar = 0;            // core::CalendarPeriod (0 = none: period_ms applies)
+  std::int64_t offset_ms = 0;  // a calendar period's offset east of UTC
+  std::int64_t idx = -1;       // period of `mine` per the last reply; -1 before the first
+  std::int64_t pushed = 0;     // `mine` at the last acknowledged push
+  std::int64_t allowance = 0;  // granted by the last reply (plus an outage's extra)
+  std::int64_t remaining = 0;  // limit - total - others' allowances at the last reply
+  std::int64_t seen_free = 0;
+  double waiting = 0;  // nano-USD that waiting requests need (refill())
+  Instant last_sync{};
+  Instant last_used{};
+  Instant keep_until{};  // as LeaseCtl::keep_until
+  Instant period_end = Instant::max();
+};
+
+// One scope's state. Worker-shared parts first, each on its own cache line;
+// the *Ctl parts are the control thread's. Chunks of these never move, so
+// grow() can add scopes while workers read the existing ones.
+struct RedisLimiter::ScopeState {
+  Lease lease[2];  // per Bucket
+  Slots slots;
+  Spend spend;
+  // Read-only after init.
+  Spec spec[2];
+  std::int64_t max_streams = 0;
+  // Control thread.
+  LeaseCtl lease_ctl[2];
+  SlotsCtl slots_ctl;
+  SpendCtl spend_ctl;
+  // This scope's field in the shared hashes (slots.lua, budget.lua): the
+  // replica's id and the scope's index, so two scopes of one name here (a
+  // key whose limits changed, and its requests still in flight) never
+  // overwrite each other's stream slots or pushed spend.
+  std::string member;
+};
+
+struct RedisLimiter::Loop {
+  explicit Loop(boost::asio::io_context& ioc) : tick(ioc.get_executor()), done(ioc.get_executor()) {}
+  core::Timer tick;  // the sync interval; cancelled to wake the loop early
+  core::Timer done;  // cancelled when run() returns (shutdown waits on it)
+  bool running = false;
+  bool sleeping = false;
+  bool again = false;
+  bool finished = true;
+  Instant outage_start{};
+};
+
+}  // namespace weir::admission

@@ -1,0 +1,431 @@
+// RedisLimiter's control plane: the sync loop (leases, stream slots,
+// budgets in one pipelined round trip), refills, outages and shutdown.
+#include <algorithm>
+#include <cmath>
+
+#include <fmt/format.h>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+
+#include "admission/redis_limiter.hpp"
+#include "admission/redis_limiter_state.hpp"
+#include "admission/redis_scripts.hpp"
+
+namespace weir::admission {
+
+namespace {
+
+namespace asio = boost::asio;
+using core::Timer;
+using core::use_task;
+using redis_detail::whole_down;
+using redis_detail::whole_up;
+
+// Errors that mean "Redis cannot serve us now" (as opposed to a bug in a request).
+bool is_outage(const store::Error& e) {
+  if (e.code != store::Errc::server) return true;
+  for (std::string_view p :
+       {"LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN"})
+    if (std::string_view(e.message).starts_with(p)) return true;
+  return false;
+}
+
+// Takes the units above `keep` out of `units` (workers may be taking at the
+// same time); returns what it took.
+std::int64_t take_above(std::atomic<std::int64_t>& units, std::int64_t keep) {
+  std::int64_t cur = units.load(std::memory_order_relaxed);
+  while (cur > keep) {
+    if (units.compare_exchange_weak(cur, keep, std::memory_order_acq_rel, std::memory_order_relaxed)) return cur - keep;
+  }
+  return 0;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------- control plane
+
+void RedisLimiter::start() {
+  if (loop_->running) return;
+  loop_->running = true;
+  loop_->finished = false;
+  loop_->again = true;  // the first sync (every budget) at once
+  loop_->done.expires_at(Timer::time_point::max());
+  client_->start();
+  asio::co_spawn(control_, run(), asio::detached);
+}
+
+void RedisLimiter::wake() {
+  if (loop_->sleeping)
+    loop_->tick.cancel();
+  else
+    loop_->again = true;
+}
+
+void RedisLimiter::on_refill(const Shortfall& need, std::function<void()> done) {
+  if (!loop_->running || degraded_.load(std::memory_order_relaxed)) {
+    done();
+    return;
+  }
+  for (std::uint8_t k = 0; k < need.count && k < Shortfall::kMax; ++k) {
+    const Need& n = need.needs[k];
+    if (n.scope >= scope_count_) continue;
+    if (n.what == Resource::streams)
+      at(n.scope).slots_ctl.waiting += std::max<std::int64_t>(1, whole_up(n.units));
+    else if (n.what == Resource::budget)
+      at(n.scope).spend_ctl.waiting += n.units;
+    else
+      at(n.scope).lease_ctl[n.what == Resource::tokens ? 1 : 0].waiting += n.units;
+  }
+  waiters_.push_back(std::move(done));
+  wake();
+}
+
+store::Task<void> RedisLimiter::run() {
+  while (loop_->running) {
+    if (!loop_->again) {
+      loop_->sleeping = true;
+      loop_->tick.expires_after(config_.sync_interval);
+      co_await loop_->tick.async_wait(use_task);
+      loop_->sleeping = false;
+      if (!loop_->running) break;
+    }
+    loop_->again = false;
+    co_await sync_once(false);
+  }
+  loop_->finished = true;
+  loop_->done.cancel();
+}
+
+store::Task<void> RedisLimiter::shutdown() {
+  stopping_.store(true, std::memory_order_relaxed);
+  loop_->running = false;
+  loop_->tick.cancel();
+  if (!loop_->finished) co_await loop_->done.async_wait(use_task);
+  co_await sync_once(true);
+  client_->stop();
+  auto waiters = std::move(waiters_);
+  waiters_.clear();
+  for (auto& w : waiters) w();
+}
+
+void RedisLimiter::enter_degraded(const std::string& why) {
+  if (degraded_.load(std::memory_order_relaxed)) return;
+  loop_->outage_start = MonoClock::now();
+  outages_.fetch_add(1, std::memory_order_relaxed);
+  if (config_.fail_open) {
+    // Stream slots: the local share of each limit while Redis cannot arbitrate.
+    for (std::uint32_t i = 0; i < scope_count_; ++i) {
+      if (at(i).max_streams == 0) continue;
+      Slots& s = at(i).slots;
+      const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
+      s.allowance.store(at(i).slots_ctl.local_max, std::memory_order_release);
+      s.free.fetch_add(at(i).slots_ctl.local_max - a, std::memory_order_acq_rel);
+    }
+  }
+  if (config_.fail_open) {
+    // Budgets: besides its own allowance, a replica may reserve its share
+    // of the budget no replica held at the last reply (docs/admission.md,
+    // the outage bound). The next sync after the outage re-bases it.
+    for (std::uint32_t i = 0; i < scope_count_; ++i) {
+      SpendCtl& c = at(i).spend_ctl;
+      if (!c.enabled) continue;
+      const auto extra = static_cast<std::int64_t>(
+          std::floor(static_cast<double>(at(i).spend.spare.exchange(0)) * config_.fail_open_share));
+      if (extra <= 0) continue;
+      c.allowance += extra;
+      at(i).spend.free.fetch_add(extra, std::memory_order_acq_rel);
+    }
+  }
+  degraded_.store(true, std::memory_order_release);
+  if (!config_.fail_open) refusing_.store(true, std::memory_order_relaxed);
+  if (config_.fail_open)
+    log(
+        fmt::format("Redis {}:{} unreachable ({}): fail_open is on, limiting per replica from local state "
+                    "(each limit x {}) until it is back",
+                    config_.host, config_.port, why, config_.fail_open_share));
+  else
+    log(fmt::format("Redis {}:{} unreachable ({}): fail_open is off, refusing requests with 503 until it is back",
+                    config_.host, config_.port, why));
+}
+
+void RedisLimiter::leave_degraded() {
+  if (!degraded_.load(std::memory_order_relaxed)) return;
+  refusing_.store(false, std::memory_order_relaxed);
+  degraded_.store(false, std::memory_order_release);
+  const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
+  log(fmt::format("Redis {}:{} reachable again after {:.1f} s: distributed limits resumed", config_.host, config_.port,
+                  secs));
+}
+
+store::Task<void> RedisLimiter::sync_once(bool final_sync) {
+  struct Op {
+    enum class Kind : std::uint8_t { lease, slots, spend, ping } kind;
+    std::uint32_t i;
+    std::int64_t a = 0, b = 0, c = 0;  // lease: ask, put, owe; slots: want, in use; spend: cum
+    bool for_waiters = false;          // requests wait for this grant: keep it until they retried
+  };
+  // Waiting requests retry on their worker after the sync; what they were
+  // granted must not go back (as excess) before then.
+  const auto grace = std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
+  const Instant now = MonoClock::now();
+  const bool deg = degraded_.load(std::memory_order_relaxed);
+  auto waiters = std::move(waiters_);
+  waiters_.clear();
+  std::vector<store::Command> cmds;
+  std::vector<Op> ops;
+  auto str = [](auto v) { return fmt::format("{}", v); };
+
+  // Leases (frozen during an outage: takes go to the fallback then).
+  if (!deg || final_sync) {
+    for (std::uint32_t i = 0; i < scope_count_ * 2; ++i) {
+      const Spec& s = at(i / 2).spec[i % 2];
+      if (!s.enabled) continue;
+      Lease& l = at(i / 2).lease[i % 2];
+      LeaseCtl& c = at(i / 2).lease_ctl[i % 2];
+      const std::int64_t u = l.units.load(std::memory_order_acquire);
+      const bool wanted = l.wanted.load(std::memory_order_relaxed) && l.wanted.exchange(false);
+      const bool used = wanted || u != c.seen || c.waiting > 0;
+      if (used) c.last_used = now;
+      const bool active = now - c.last_used < config_.lease_idle;
+      std::int64_t ask = 0, put = 0, owe = u < 0 ? -u : 0;
+      const std::int64_t held = std::max<std::int64_t>(u, 0);
+      if (final_sync || (!active && held > 0)) {
+        put = take_above(l.units, 0);
+      } else if (held > c.high && now >= c.keep_until) {
+        put = take_above(l.units, c.target);
+      } else if (c.waiting > 0 || (active && held < c.low)) {
+        ask = std::clamp<std::int64_t>(c.target + whole_up(c.waiting) - held, 0, whole_down(s.depth));
+      }
+      const bool waiting = c.waiting > 0;
+      c.waiting = 0;
+      if (owe > 0) l.units.fetch_add(owe, std::memory_order_acq_rel);
+      if (ask == 0 && put == 0 && owe == 0) {
+        c.seen = l.units.load(std::memory_order_relaxed);
+        continue;
+      }
+      const std::string keys[] = {c.key};
+      const std::string args[] = {str(std::llround(s.rate_per_min)), str(std::llround(s.depth)), str(ask), str(put),
+                                  str(owe)};
+      cmds.push_back(store::Command::evalsha(lease_script(), keys, args));
+      ops.push_back(Op{Op::Kind::lease, i, ask, put, owe, waiting});
+    }
+  }
+
+  // Stream slots.
+  const auto renew_every = config_.slot_ttl / 3;
+  // A busy replica renews this often, so it learns within ~100 ms that
+  // another replica is starved and shrinks to its fair share (slots.lua).
+  const auto busy_renew =
+      std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
+  for (std::uint32_t i = 0; i < scope_count_; ++i) {
+    const std::int64_t limit = at(i).max_streams;
+    if (limit == 0) continue;
+    Slots& s = at(i).slots;
+    SlotsCtl& c = at(i).slots_ctl;
+    const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
+    const std::int64_t free = s.free.load(std::memory_order_acquire);
+    const std::int64_t inuse = std::max<std::int64_t>(0, a - free);
+    const bool wanted = s.wanted.load(std::memory_order_relaxed) && s.wanted.exchange(false);
+    const bool used = wanted || free != c.seen_free || c.waiting > 0;
+    if (used) c.last_used = now;
+    const bool active = now - c.last_used < config_.lease_idle;
+    std::int64_t want = 0;
+    const bool keep = now < c.keep_until;
+    if (!final_sync) want = std::min(limit, active ? inuse + c.headroom + c.waiting : inuse);
+    if (keep && !final_sync) want = std::max(want, std::min(a, limit));
+    const bool holding = a > 0 || inuse > 0;
+    const bool need = final_sync ? holding
+                                 : (c.waiting > 0 || (deg && holding) || (active && free < c.low && want != a) ||
+                                    (free > 2 * c.headroom && !keep) || (!active && a > inuse && !keep) ||
+                                    (holding && now - c.last_renew >= renew_every) ||
+                                    (active && holding && (c.contended || now - c.last_renew >= busy_renew)) ||
+                                    (c.told_want > std::max(a, inuse) && want <= a));
+    const bool waiting = c.waiting > 0;
+    c.waiting = 0;
+    c.seen_free = free;
+    if (!need) continue;
+    const std::string keys[] = {c.key};
+    const std::string args[] = {at(i).member, str(want), str(inuse), str(limit), str(config_.slot_ttl.count())};
+    cmds.push_back(store::Command::evalsha(slots_script(), keys, args));
+    ops.push_back(Op{Op::Kind::slots, i, want, inuse, 0, waiting});
+  }
+
+  // Budgets: push this replica's settled spend, renew its allowance for
+  // reservations (top up below half the headroom, give back above twice it),
+  // read the others' spend.
+  for (std::uint32_t i = 0; i < scope_count_; ++i) {
+    SpendCtl& c = at(i).spend_ctl;
+    if (!c.enabled) continue;
+    Spend& sp = at(i).spend;
+    const std::int64_t mine = sp.mine.load(std::memory_order_acquire);
+    const std::int64_t inuse = std::max<std::int64_t>(0, sp.in_use.load(std::memory_order_acquire));
+    const std::int64_t free = sp.free.load(std::memory_order_acquire);
+    const bool wanted = sp.wanted.load(std::memory_order_relaxed) && sp.wanted.exchange(false);
+    const bool touched = sp.touched.load(std::memory_order_relaxed) && sp.touched.exchange(false);
+    const bool used = wanted || c.waiting > 0 || free != c.seen_free || inuse > 0;
+    if (used) c.last_used = now;
+    const bool active = now - c.last_used < config_.lease_idle;
+    if (!active) sp.biggest.store(0, std::memory_order_relaxed);
+    // Headroom: a share of what is left, and at least the largest request seen.
+    const std::int64_t headroom = std::max<std::int64_t>(
+        sp.biggest.load(std::memory_order_relaxed),
+        static_cast<std::int64_t>(
+            std::floor(static_cast<double>(std::max<std::int64_t>(c.remaining, 0)) * config_.lease_max_share)));
+    // The script adds `mine` to the period's total before it grants, so the
+    // allowance need only cover reservations in flight plus the headroom.
+    std::int64_t want = inuse;
+    if (active && !final_sync) want += headroom + whole_up(c.waiting);
+    const bool keep = now < c.keep_until && !final_sync;
+    if (keep) want = std::max(want, c.allowance);
+    bool due = false;
+    if (final_sync) {
+      due = (mine != c.pushed || c.allowance > 0) && c.idx >= 0;
+    } else if (deg) {
+      due = false;  // the outage probe (PING) runs below; allowances are frozen
+    } else if (c.idx < 0 || now >= c.period_end || c.waiting > 0) {
+      due = true;
+    } else if (active && free < (headroom + 1) / 2 && want != c.allowance) {
+      due = true;  // top up
+    } else if (free > 2 * headroom + 1 && !keep) {
+      due = true;  // give back
+    } else if (!active && c.allowance > inuse && !keep) {
+      due = true;  // idle: give back everything not in use
+    } else if (now - c.last_sync >= config_.budget_sync_interval && (touched || mine != c.pushed)) {
+      due = true;  // push the spend, read the others'
+    } else if (c.allowance > 0 && now - c.last_sync >= config_.slot_ttl / 3) {
+      due = true;  // renew before the allowance expires
+    }
+    const bool waiting = c.waiting > 0;
+    c.waiting = 0;
+    c.seen_free = free;
+    if (!due) continue;
+    c.last_sync = now;
+    const std::string keys[] = {c.key};
+    const std::string args[] = {at(i).member,    str(c.period_ms), str(c.idx),   str(mine),
+                                str(inuse),      str(want),        str(c.limit), str(config_.slot_ttl.count()),
+                                str(c.calendar), str(c.offset_ms)};
+    cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
+    ops.push_back(Op{Op::Kind::spend, i, mine, inuse, 0, waiting});
+  }
+
+  if (cmds.empty()) {
+    if (!deg || final_sync) {
+      for (auto& w : waiters) w();
+      co_return;
+    }
+    cmds.push_back(store::Command{"PING"});  // probe: is Redis back?
+    ops.push_back(Op{Op::Kind::ping, 0});
+  }
+
+  auto results = co_await client_->exec(std::move(cmds));
+  const Instant replied = MonoClock::now();
+  const double replied_ns = ns(replied);
+
+  std::string outage;
+  for (const auto& r : results)
+    if (!r && is_outage(r.error())) {
+      outage = r.error().message.empty() ? std::string(store::to_string(r.error().code)) : r.error().message;
+      break;
+    }
+  if (outage.empty()) {
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+    leave_degraded();
+  } else {
+    sync_failures_.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  bool logged_bug = false;
+  for (std::size_t k = 0; k < ops.size(); ++k) {
+    const Op& op = ops[k];
+    const auto& r = results[k];
+    const bool ok = r && r->type == store::Reply::Type::array && r->elements.size() >= 2;
+    if (!r && !is_outage(r.error()) && !logged_bug) {
+      log(fmt::format("sync command failed: {}", r.error().message));
+      logged_bug = true;
+    }
+    switch (op.kind) {
+      case Op::Kind::lease: {
+        Lease& l = at(op.i / 2).lease[op.i % 2];
+        LeaseCtl& c = at(op.i / 2).lease_ctl[op.i % 2];
+        if (ok && r->elements.size() >= 3) {
+          const std::int64_t grant = r->elements[0].as_int();
+          if (grant > 0) {
+            l.units.fetch_add(grant, std::memory_order_acq_rel);
+            units_granted_.fetch_add(static_cast<std::uint64_t>(grant), std::memory_order_relaxed);
+          }
+          if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
+          l.remote_avail.store(static_cast<double>(r->elements[1].as_int()), std::memory_order_relaxed);
+          l.remote_at_ns.store(replied_ns, std::memory_order_relaxed);
+          leases_n_.fetch_add(1, std::memory_order_relaxed);
+        } else {
+          // Debt stays local (counted twice if it did reach Redis); units given
+          // back stay lost unless they certainly never left: both on the safe side.
+          if (op.c > 0) l.units.fetch_sub(op.c, std::memory_order_acq_rel);
+          if (op.b > 0 && !r && r.error().not_sent()) l.units.fetch_add(op.b, std::memory_order_acq_rel);
+        }
+        c.seen = l.units.load(std::memory_order_relaxed);
+        break;
+      }
+      case Op::Kind::slots: {
+        if (!ok) break;
+        Slots& s = at(op.i).slots;
+        SlotsCtl& c = at(op.i).slots_ctl;
+        const std::int64_t grant = r->elements[0].as_int();
+        const std::int64_t before = s.allowance.load(std::memory_order_relaxed);
+        s.allowance.store(grant, std::memory_order_release);
+        s.free.fetch_add(grant - before, std::memory_order_acq_rel);
+        s.others.store(r->elements[1].as_int(), std::memory_order_relaxed);
+        c.contended = r->elements.size() >= 3 && r->elements[2].as_int() > 0;
+        c.told_want = op.a;
+        c.last_renew = replied;
+        if (op.for_waiters && grant > before) c.keep_until = replied + grace;
+        c.seen_free = s.free.load(std::memory_order_relaxed);
+        break;
+      }
+      case Op::Kind::spend: {
+        if (!ok || r->elements.size() < 6) break;
+        Spend& sp = at(op.i).spend;
+        SpendCtl& c = at(op.i).spend_ctl;
+        const std::int64_t grant = r->elements[0].as_int();
+        const std::int64_t total = r->elements[1].as_int();
+        const std::int64_t mine_remote = r->elements[2].as_int();
+        const std::int64_t idx = r->elements[3].as_int();
+        const std::int64_t left = r->elements[4].as_int(-1);
+        const std::int64_t others_alloc = r->elements[5].as_int();
+        // op.a = `mine` when sent: that much is now in Redis's total (or, when
+        // the period rolled, in the old period's), so it no longer takes
+        // room in this replica's allowance. free += grant - old allowance +
+        // spend just pushed (workers keep reserving meanwhile: one add).
+        const std::int64_t just_pushed = c.idx >= 0 ? op.a - c.pushed : 0;
+        sp.free.fetch_add(grant - c.allowance + just_pushed, std::memory_order_acq_rel);
+        c.allowance = grant;
+        if (c.idx >= 0 && idx != c.idx) {
+          // The period rolled over: what was pushed belongs to the old one.
+          sp.mine.fetch_sub(op.a, std::memory_order_acq_rel);
+          c.pushed = 0;
+        } else if (c.idx >= 0) {
+          c.pushed = op.a;
+        }
+        c.idx = idx;
+        sp.others.store(total - mine_remote, std::memory_order_release);
+        c.remaining = c.limit - total - others_alloc;
+        sp.spare.store(std::max<std::int64_t>(0, c.remaining - grant), std::memory_order_relaxed);
+        if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
+        c.seen_free = sp.free.load(std::memory_order_relaxed);
+        c.period_end = left < 0 ? Instant::max() : replied + std::chrono::milliseconds(left);
+        sp.period_end_ns.store(left < 0 ? -1 : static_cast<std::int64_t>(ns(c.period_end)), std::memory_order_relaxed);
+        break;
+      }
+      case Op::Kind::ping:
+        break;
+    }
+  }
+  if (outage.empty()) {
+    synced_.store(true, std::memory_order_release);
+  } else if (!final_sync) {
+    enter_degraded(outage);
+  }
+  for (auto& w : waiters) w();
+}
+
+}  // namespace weir::admission
