@@ -285,7 +285,7 @@ std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nan
   if (settled < limit && settled + nano_usd <= limit) return 1;  // reservations in flight are in the way
   if (sc.calendar != core::CalendarPeriod::none)                 // until the next calendar window starts
     return whole_seconds_up(core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).end_ns - unix_ns(now));
-  if (sc.period_ns <= 0) return 0;  // never resets
+  if (sc.period_ns <= 0) return 0;                                      // never resets
   return whole_seconds_up(sc.period_ns - unix_ns(now) % sc.period_ns);  // until the window rolls
 }
 

@@ -215,7 +215,8 @@ void RedisLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, d
   if (!at(i / 2).spec[i % 2].enabled) return;
   const std::int64_t a = whole_up(amount);
   if (a > 0)
-    at(i / 2).lease[i % 2].units.fetch_sub(a, std::memory_order_acq_rel);  // may go negative: the next sync pushes the debt
+    at(i / 2).lease[i % 2].units.fetch_sub(
+        a, std::memory_order_acq_rel);  // may go negative: the next sync pushes the debt
 }
 
 BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {

@@ -120,9 +120,8 @@ void RedisKeys::on_lookup(const Sha256Digest& digest, Done done) {
 store::Task<void> RedisKeys::fetch(Sha256Digest digest) {
   commands_.fetch_add(1, std::memory_order_relaxed);
   const std::string key = redis_key(options_.key_prefix, digest);
-  auto reply = co_await client_->exec(
-      store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3], kFields[4], kFields[5], kFields[6],
-                     kFields[7]});
+  auto reply = co_await client_->exec(store::Command{"HMGET", key, kFields[0], kFields[1], kFields[2], kFields[3],
+                                                     kFields[4], kFields[5], kFields[6], kFields[7]});
   const KeyLookup result = interpret(reply);
   switch (result.status) {
     case KeyLookup::Status::found:
@@ -193,9 +192,10 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
   rec->expires_at = a.elements[5].as_int(0);
   if (resolve_ && (!v[6].empty() || !v[7].empty())) {
     if (std::string why = resolve_(*rec, v[6], v[7]); !why.empty()) {
-      log_invalid(fmt::format("the key record with id '{}' has invalid limits or budget ({}); requests with it are "
-                              "refused",
-                              v[0].substr(0, 128), why));
+      log_invalid(
+          fmt::format("the key record with id '{}' has invalid limits or budget ({}); requests with it are "
+                      "refused",
+                      v[0].substr(0, 128), why));
       out.status = Status::invalid;
       return out;
     }

@@ -5,6 +5,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "gateway/admin.hpp"
+#include "gateway/admin_handlers.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/metrics.hpp"
 
@@ -12,10 +13,9 @@ namespace weir::gateway {
 
 namespace asio = boost::asio;
 namespace json = boost::json;
+using admin_detail::json_response;
 
 namespace {
-
-AdminResponse json_response(int status, const json::value& v) { return AdminResponse{status, json::serialize(v)}; }
 
 // One worker's view of one endpoint (WorkerPool, read on that worker's thread).
 struct EndpointSample {

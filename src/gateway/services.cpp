@@ -52,10 +52,10 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
       const auto p = policy();
       return p ? p->config().budget_utc_offset_s : 0;
     });
-    redis_keys_->set_resolver([s = redis_key_scopes_.get()](auth::RedisKeyRecord& rec, std::string_view limits,
-                                                            std::string_view budget) {
-      return s->resolve(rec, limits, budget);
-    });
+    redis_keys_->set_resolver(
+        [s = redis_key_scopes_.get()](auth::RedisKeyRecord& rec, std::string_view limits, std::string_view budget) {
+          return s->resolve(rec, limits, budget);
+        });
   }
 }
 

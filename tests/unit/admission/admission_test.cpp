@@ -46,7 +46,8 @@ struct World {
     policy = auth::AuthPolicy::build(config(tl, tb, kl, kb));
     // The epoch is 2026-01-01T00:00:00Z: budget windows (UTC-aligned) start
     // at T0 - 1h, T0, T0 + 1h, ... for a period of 1h.
-    limiter = std::make_unique<LocalLimiter>(policy->scopes(), workers, T0 - 1h, std::int64_t{1'767'225'600} * 1'000'000'000);
+    limiter =
+        std::make_unique<LocalLimiter>(policy->scopes(), workers, T0 - 1h, std::int64_t{1'767'225'600} * 1'000'000'000);
     tenant_only.kind = auth::CredentialKind::jwt;
     tenant_only.tenant = policy->find_tenant("acme");
     with_key = tenant_only;

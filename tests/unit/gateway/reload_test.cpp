@@ -415,7 +415,8 @@ TEST(ServicesReload, WithRedisATenantWhoseLimitsChangedGetsANewScopeOfTheSameNam
   const auto p1 = services.policy();
   const auto a1 = p1->find_tenant("a")->scope;
   auto changed = services.prepare_reload(
-      loaded(kBase + redis + replace(tenants, "requests_per_minute: 10", "requests_per_minute: 11, max_concurrent_streams: 3")));
+      loaded(kBase + redis +
+             replace(tenants, "requests_per_minute: 10", "requests_per_minute: 11, max_concurrent_streams: 3")));
   ASSERT_TRUE(changed) << changed.error();
   auto p2 = services.commit_reload(std::move(*changed));
   ASSERT_TRUE(p2) << p2.error();
@@ -431,7 +432,8 @@ TEST(ServicesReload, WithRedisATenantWhoseLimitsChangedGetsANewScopeOfTheSameNam
   EXPECT_EQ(shared.limiter->view(a1, admission::Bucket::requests, now).limit, 10u);
   EXPECT_EQ(shared.limiter->scope_count(), (*p2)->scopes().size());
   // A new tenant reloads too.
-  auto added = services.prepare_reload(loaded(kBase + redis + replace(tenants, "}}}", "}}, b: {limits: {requests_per_minute: 5}}}")));
+  auto added = services.prepare_reload(
+      loaded(kBase + redis + replace(tenants, "}}}", "}}, b: {limits: {requests_per_minute: 5}}}")));
   ASSERT_TRUE(added) << added.error();
   EXPECT_TRUE(services.commit_reload(std::move(*added)));
   EXPECT_NE(services.policy()->find_tenant("b"), nullptr);

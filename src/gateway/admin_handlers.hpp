@@ -1,0 +1,74 @@
+// Helpers of the admin API's handlers (admin_server.cpp, admin_keys.cpp,
+// admin_pools.cpp). Private to them: include nowhere else.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include <fmt/format.h>
+#include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
+
+#include "admission/limiter.hpp"
+#include "gateway/admin_server.hpp"
+#include "gateway/key_store.hpp"
+
+namespace weir::gateway::admin_detail {
+
+namespace json = boost::json;
+
+inline AdminResponse json_response(int status, const json::value& v) {
+  return AdminResponse{status, json::serialize(v)};
+}
+
+inline AdminResponse error_response(const AdminError& e) { return AdminResponse{e.status, admin_error_json(e)}; }
+
+inline AdminError no_keys() {
+  return AdminError{409,
+                    "invalid_request_error",
+                    "no_tenants",
+                    "Runtime keys need tenants: this configuration has no auth:/tenants: section.",
+                    {}};
+}
+
+inline AdminError read_only(std::string_view id) {
+  return AdminError{409,
+                    "invalid_request_error",
+                    "read_only",
+                    fmt::format("Key `{}` comes from the configuration file (source: config) and is read-only here.",
+                                id.substr(0, 128)),
+                    {}};
+}
+
+// The body as a JSON object, or 400 (invalid JSON; not an object).
+inline AdminResult<json::object> parse_object(const std::string& body) {
+  boost::system::error_code ec;
+  json::value v = json::parse(body, ec);
+  if (ec)
+    return tl::unexpected(
+        admin_bad_request(fmt::format("We could not parse the JSON body of your request ({}).", ec.message())));
+  if (!v.is_object()) return tl::unexpected(admin_bad_request("The request body must be a JSON object."));
+  return std::move(v.get_object());
+}
+
+inline bool is_config_key(const KeyStore& keys, std::string_view id) {
+  for (const auto& k : keys.policy()->keys())
+    if (!k.runtime && k.id == id) return true;
+  return false;
+}
+
+inline std::int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+inline json::value bucket_json(const admission::BucketView& v) {
+  json::object o;
+  o["limit"] = v.limit;
+  o["remaining"] = v.remaining;
+  o["reset_ms"] = v.reset_ms;
+  return o;
+}
+
+}  // namespace weir::gateway::admin_detail
