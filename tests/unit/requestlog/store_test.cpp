@@ -291,6 +291,80 @@ TEST(WriterTest, AVersion1StoreGetsTheBodiesColumn) {
   EXPECT_EQ(**old, R"({"request_id":"old"})");
 }
 
+// The names of the indexes on `requests`, sorted.
+std::vector<std::string> index_names(const fs::path& db) {
+  sqlite3* h = nullptr;
+  EXPECT_EQ(sqlite3_open_v2(db.c_str(), &h, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  sqlite3_stmt* s = nullptr;
+  EXPECT_EQ(sqlite3_prepare_v2(h,
+                               "SELECT name FROM sqlite_master WHERE type = 'index' AND tbl_name = 'requests' AND "
+                               "sql IS NOT NULL ORDER BY name",
+                               -1, &s, nullptr),
+            SQLITE_OK);
+  std::vector<std::string> out;
+  while (sqlite3_step(s) == SQLITE_ROW) out.emplace_back(reinterpret_cast<const char*>(sqlite3_column_text(s, 0)));
+  sqlite3_finalize(s);
+  sqlite3_close(h);
+  return out;
+}
+
+TEST(WriterTest, AVersion2StoreGetsOneTimeIndexInPlaceOfOnePerFilter) {
+  TempDir dir;
+  const auto db = dir.path / "r.db";
+  {
+    Writer w(config_at(db), 1);
+    std::string err;
+    ASSERT_TRUE(w.open_store(err)) << err;
+    push(w.queue(0), 1, "before");
+    ASSERT_EQ(w.write_batch(), 1u);
+  }
+  EXPECT_EQ(index_names(db), (std::vector<std::string>{"requests_request_id", "requests_time"}));
+  {  // what a Weir of schema 2 made
+    sqlite3* h = nullptr;
+    ASSERT_EQ(sqlite3_open(db.c_str(), &h), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(h,
+                           "DROP INDEX requests_time; CREATE INDEX requests_ts ON requests (ts_us, id); CREATE INDEX "
+                           "requests_tenant ON requests (tenant, ts_us, id); CREATE INDEX requests_key_id ON requests "
+                           "(key_id, ts_us, id); CREATE INDEX requests_model ON requests (model, ts_us, id); CREATE "
+                           "INDEX requests_status ON requests (status, ts_us, id); PRAGMA user_version = 2;",
+                           nullptr, nullptr, nullptr),
+              SQLITE_OK);
+    sqlite3_close(h);
+  }
+  Writer w(config_at(db), 1);
+  std::string err;
+  ASSERT_TRUE(w.open_store(err)) << err;
+  EXPECT_EQ(index_names(db), (std::vector<std::string>{"requests_request_id", "requests_time"}));
+  push(w.queue(0), 1, "after");
+  ASSERT_EQ(w.write_batch(), 1u);
+  EXPECT_EQ(count_rows(db), 2);
+}
+
+TEST(Utf8Test, EveryPositionOfALongStringIsChecked) {
+  // The word-at-a-time ASCII scan must not skip a bad byte, nor split a
+  // good sequence, wherever it falls against the 8-byte words.
+  for (std::size_t len = 1; len <= 40; ++len)
+    for (std::size_t at = 0; at < len; ++at) {
+      std::string s(len, 'a');
+      s[at] = '\xff';
+      EXPECT_FALSE(valid_utf8(s)) << len << " " << at;
+      s[at] = '\x80';  // a continuation byte alone
+      EXPECT_FALSE(valid_utf8(s)) << len << " " << at;
+      if (at + 3 <= len) {
+        s.replace(at, 3, "\xe2\x82\xac");  // U+20AC, three bytes
+        EXPECT_TRUE(valid_utf8(s)) << len << " " << at;
+        if (at + 3 < len) {
+          s[at + 3] = '\xbf';  // one continuation byte too many
+          EXPECT_FALSE(valid_utf8(s)) << len << " " << at;
+        }
+      }
+      if (at + 2 == len) {
+        s.replace(at, 2, "\xe2\x82");  // truncated at the end
+        EXPECT_FALSE(valid_utf8(s)) << len << " " << at;
+      }
+    }
+}
+
 TEST(WriterTest, InvalidUtf8ColumnsAreStoredValid) {
   TempDir dir;
   Writer w(config_at(dir.path / "r.db"), 1);
