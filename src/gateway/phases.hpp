@@ -54,8 +54,9 @@ class GatewayPhases final : public Phases {
 
   // The client closed while `ctx` was in flight (http::Downstream::Listener):
   // aborts the upstream request at once so the model server stops
-  // generating — not once the response is complete or [DONE] went out (its
-  // last bytes are read so the connection goes back to the pool).
+  // generating — not once the response is complete or [DONE] went out (the
+  // responder then takes the body's end if it has arrived, so the connection
+  // goes back to the pool, or closes it: respond_stream).
   void on_client_gone(RequestContext& ctx);
 
  private:

@@ -165,15 +165,25 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       failure = r.failure;
     }
     if (failure != http::UpstreamFailure::none || r.end) break;
+    // [DONE] (a translated stream: its end) went out: the client's response
+    // ends now, not when the upstream's body does (one that goes idle after
+    // its [DONE] would hold it open until timeouts.idle).
+    if (ctx.hooks.done_relayed()) break;
     if (backlog > sc.max_stream_buffer_bytes) {
       // The client is not keeping up: cut it off rather than buffer without bound.
       cut_off = true;
       break;
     }
-    // The client left (and the upstream was aborted), unless the stream was
-    // over for it: then read the upstream's last bytes, so its connection
-    // goes back to the pool.
-    if (down_.client_gone() && !ctx.hooks.done_relayed()) break;
+    // The client left (and the upstream was aborted).
+    if (down_.client_gone()) break;
+  }
+  // The stream ended for the client before the upstream's body did: the
+  // connection goes back to the pool only if the body's end has already
+  // arrived (vLLM sends it with its [DONE]); otherwise it is closed, never
+  // waited for. Nothing after the [DONE] is the client's.
+  if (ctx.hooks.done_relayed() && !src.done() && failure == http::UpstreamFailure::none) {
+    const bool ended = co_await src.take_end(into);  // (no co_await in a condition: GCC 12)
+    if (!ended) src.cancel();
   }
   // An OpenAI chat or completions stream ends with `data: [DONE]` (vLLM
   // always sends it): a body that ended without it, cleanly or by a close,
