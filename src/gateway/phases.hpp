@@ -63,6 +63,14 @@ class GatewayPhases final : public Phases {
   // True for requests that go upstream: the API routes, and GET /v1/models
   // in quick mode (the upstream knows its models).
   bool proxied(const RequestContext& ctx) const;
+  // The read phase's second half: the body within server.max_body and
+  // server.body_timeout (after "100 Continue" for a client that expects it),
+  // decoded when it comes gzip- or deflate-encoded. next(), or the failure
+  // (413, 408, 415, 400, 499).
+  core::Task<Outcome> read_body(RequestContext& ctx);
+  // authenticate()'s check of the credentials in the head: next() with
+  // ctx.principal set (or no authentication for the route), or 401/403/503.
+  core::Task<Outcome> check_credentials(RequestContext& ctx);
   core::Task<Outcome> serve_own(RequestContext& ctx);
   core::Task<Outcome> proxy(RequestContext& ctx);
   // The pool's admission queue (pools.X.queue): next() once the request may
