@@ -240,16 +240,38 @@ core::Task<void> Batch::relay_stream() {
   });
   const auto into = b_->env_.body_scratch;
   UpstreamFailure failure = UpstreamFailure::none;
+  bool done = false;  // the upstream's [DONE] was dispatched
   while (!exchange_.done()) {
     const http::BodyRead r = co_await exchange_.read(into);
     if (aborted_) co_return;  // every member left: the exchange was aborted
     if (r.bytes > 0) {
       sse_.push(std::string_view(into.data(), r.bytes));
-      while (auto ev = sse_.next()) dispatch(*ev);
-      if (sse_.error()) failure = UpstreamFailure::protocol;
+      // After the upstream's [DONE] nothing more is the members' (as unbatched: gateway/stream_hooks.hpp).
+      while (auto ev = sse_.next())
+        if (!done) {
+          done = ev->is_done();
+          dispatch(*ev);
+        }
+      if (sse_.error() && !done) failure = UpstreamFailure::protocol;
     }
-    if (r.failure != UpstreamFailure::none) failure = r.failure;
+    if (r.failure != UpstreamFailure::none) {
+      // After [DONE] the members' streams were whole: a failure costs only the connection.
+      if (done) {
+        exchange_.cancel();
+        break;
+      }
+      failure = r.failure;
+    }
     if (failure != UpstreamFailure::none || r.end) break;
+    // [DONE]: the members' streams end now, not when the upstream's body does
+    // (an upstream that goes idle after it would hold them until timeouts.idle).
+    if (done) break;
+  }
+  // The connection goes back to the pool only if the body's end has already
+  // arrived; otherwise it is closed, never waited for (as unbatched: gateway/phases/respond_stream.cpp).
+  if (done && failure == UpstreamFailure::none && !exchange_.done()) {
+    const bool ended = co_await exchange_.take_end(into);  // (no co_await in a condition: GCC 12)
+    if (!ended) exchange_.cancel();
   }
   if (failure != UpstreamFailure::none) {
     exchange_.cancel();

@@ -66,6 +66,10 @@ Error unsupported_transfer_coding() {
               "Transfer-Encoding other than chunked is not implemented; send the body with Content-Length or "
               "Transfer-Encoding: chunked alone.");
 }
+Error expectation_failed() {
+  return make(ErrorSource::client, 417, "invalid_request_error", "expectation_failed",
+              "The request's Expect field is not supported: the only expectation is 100-continue.");
+}
 Error unsupported_encoding(std::string_view coding) {
   return make(ErrorSource::client, 415, "invalid_request_error", "unsupported_content_encoding",
               fmt::format("Content-Encoding '{}' is not supported for request bodies; send the body as it is, or "

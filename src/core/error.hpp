@@ -45,6 +45,9 @@ Error header_too_large(std::uint64_t limit_bytes);                         // 43
 // 501 unsupported_transfer_coding: a Transfer-Encoding other than chunked
 // (RFC 9112 §6.1: a server that does not understand a coding answers 501).
 Error unsupported_transfer_coding();
+// 417 expectation_failed: an Expect member other than 100-continue (RFC 9110
+// §10.1.1), answered before the body is read.
+Error expectation_failed();
 // 415 unsupported_content_encoding: a request body in a Content-Encoding
 // Weir does not decode (RFC 9110 §15.5.16; the answer carries Accept-Encoding).
 Error unsupported_encoding(std::string_view coding);

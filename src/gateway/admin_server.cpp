@@ -32,12 +32,6 @@ using namespace admin_detail;
 
 namespace {
 
-constexpr std::size_t kMaxBody = 1u << 20;
-constexpr std::size_t kMaxHeader = 16 * 1024;  // request head limit (431)
-constexpr std::size_t kReadRoom = 64 * 1024;   // read-buffer room beyond a head: one read
-constexpr auto kIdleTimeout = std::chrono::seconds(30);
-constexpr auto kRequestTimeout = std::chrono::seconds(10);
-
 std::vector<std::string> split_path(std::string_view path) {
   std::vector<std::string> out;
   while (!path.empty()) {
@@ -225,146 +219,6 @@ core::Task<void> AdminServer::accept_loop() {
   }
 }
 
-core::Task<void> AdminServer::serve(http::Socket sock) {
-  beast::basic_stream<asio::ip::tcp, core::Executor> stream(std::move(sock));
-  // Bounded: a head is parsed whole within kMaxHeader, a body piece by
-  // piece; a chunk-size line or trailer section that does not fit is
-  // refused (buffer_overflow), never held (the class of CVE-2023-39326).
-  beast::flat_buffer buf(kMaxHeader + kReadRoom);
-  // Chunk extensions are counted against kMaxHeader: Beast's body_limit
-  // counts chunk data only (the class of CVE-2024-22019).
-  std::uint64_t ext_left = 0;
-  bool ext_over = false;
-  auto ext_budget = [&](std::uint64_t, beast::string_view ext, boost::system::error_code& ec) {
-    if (ext.size() > ext_left) {
-      ext_over = true;
-      ec = bh::error::bad_chunk_extension;
-      return;
-    }
-    ext_left -= ext.size();
-  };
-  for (;;) {
-    bh::request_parser<bh::string_body> parser;
-    parser.header_limit(kMaxHeader);
-    parser.body_limit(kMaxBody);
-    ext_left = kMaxHeader;
-    ext_over = false;
-    parser.on_chunk_header(ext_budget);
-    stream.expires_after(buf.size() ? kRequestTimeout : kIdleTimeout);
-    auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
-    if (ec && (ec == bh::error::end_of_stream || ec == beast::error::timeout || !parser.got_some())) co_return;
-    // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
-    // target form): refused before the body is read, as on the client listener.
-    http::HeadProblem problem = http::HeadProblem::none;
-    if (!ec) {
-      problem = http::check_request_head(parser.get().base());
-      if (problem == http::HeadProblem::none && !parser.is_done()) {
-        auto [bec, bn] = co_await bh::async_read(stream, buf, parser, core::use_task);
-        ec = bec;
-      }
-    }
-    bh::response<bh::string_body> res;
-    res.version(11);
-    if (ec || problem != http::HeadProblem::none) {
-      if (ec == beast::error::timeout) co_return;
-      AdminError e = admin_bad_request(fmt::format("Malformed HTTP request: {}.", ec.message()));
-      if (ec == bh::error::body_limit) {
-        e = AdminError{413,
-                       "invalid_request_error",
-                       "payload_too_large",
-                       fmt::format("The body is larger than {} bytes.", kMaxBody),
-                       {}};
-      } else if (ec == bh::error::header_limit) {  // 431 as on the client listener (RFC 6585 §5)
-        e = AdminError{
-            431, "invalid_request_error", {}, fmt::format("The request head is larger than {} bytes.", kMaxHeader), {}};
-      } else if (ec == bh::error::buffer_overflow || ext_over) {
-        e = admin_bad_request(
-            "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "
-            "is too large.");
-      } else if (problem == http::HeadProblem::unsupported_coding) {
-        e = AdminError{501,
-                       "invalid_request_error",
-                       "unsupported_transfer_coding",
-                       "Transfer-Encoding other than chunked is not implemented; send the body with Content-Length "
-                       "or Transfer-Encoding: chunked alone.",
-                       {}};
-      } else if (problem == http::HeadProblem::bad_framing) {
-        e = admin_bad_request(
-            "Malformed HTTP request: Transfer-Encoding must end in a single chunked, and comes with neither "
-            "Content-Length nor HTTP/1.0.");
-      } else if (problem == http::HeadProblem::bad_host) {
-        e = admin_bad_request("Malformed HTTP request: an HTTP/1.1 request needs exactly one valid Host header.");
-      } else if (problem == http::HeadProblem::bad_target) {
-        e = admin_bad_request("Malformed HTTP request: the request target must be a path or an http(s) absolute URI.");
-      }
-      res.result(static_cast<unsigned>(e.status));
-      res.set(bh::field::content_type, "application/json");
-      res.body() = admin_error_json(e);
-      res.keep_alive(false);
-      res.prepare_payload();
-      stream.expires_after(kRequestTimeout);
-      auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
-      if (wec) co_return;
-      // Lingering close (RFC 9112 §9.6): the client may still be sending (a
-      // head or body refused midway); closing with its bytes unread would
-      // reset the connection and could lose the answer. Read and discard
-      // for up to 2 s or 1 MiB, then close.
-      boost::system::error_code ignored;
-      stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
-      stream.expires_after(std::chrono::seconds(2));
-      std::array<char, 8192> sink;
-      for (std::size_t total = 0; total <= (1u << 20);) {
-        auto [rec, rn] = co_await stream.async_read_some(asio::buffer(sink), core::use_task);
-        if (rec) break;
-        total += rn;
-      }
-      co_return;
-    }
-    auto& msg = parser.get();
-    AdminRequest req;
-    req.method = std::string(msg.method_string());
-    std::string target_buf;
-    const std::string_view target = http::origin_form(msg.target(), target_buf);  // absolute-form: its path
-    const auto q = target.find('?');
-    req.path = std::string(target.substr(0, q));
-    if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
-    req.body = std::move(msg.body());
-    req.if_none_match = std::string(msg[bh::field::if_none_match]);
-    const std::string authorization(msg[bh::field::authorization]);
-    const bool keep = msg.keep_alive() && !stopped_;
-    AdminResponse r = co_await dispatch(req, authorization);
-    res.result(static_cast<unsigned>(r.status));
-    if (r.status != 304) res.set(bh::field::content_type, r.content_type);
-    res.set(bh::field::cache_control, r.cache_control);
-    // Every answer, JSON included, under the console's policy: nothing here
-    // may be framed, sniffed into another type, or run script from elsewhere.
-    res.set("Content-Security-Policy", console::kContentSecurityPolicy);
-    res.set("X-Content-Type-Options", "nosniff");
-    res.set("X-Frame-Options", "DENY");
-    res.set("Referrer-Policy", "no-referrer");
-    res.set("Cross-Origin-Opener-Policy", "same-origin");
-    res.set("Cross-Origin-Resource-Policy", "same-origin");
-    for (auto& [name, value] : r.headers) res.set(name, value);
-    if (r.status == 401) res.set(bh::field::www_authenticate, "Bearer realm=\"weir-admin\"");
-    if (r.status == 405 && res.find(bh::field::allow) == res.end()) {
-      std::vector<std::string> ignored;
-      res.set(bh::field::allow, router_.match("", req.path, ignored).allow);
-    }
-    res.keep_alive(keep);
-    if (r.status == 304) {
-      // No body and no Content-Length (RFC 9110 §15.4.5: it would have to be the 200's).
-    } else if (req.method == "HEAD") {
-      res.content_length(r.body.size());  // the GET's length, without the body (RFC 9110 §9.3.2)
-    } else {
-      res.body() = std::move(r.body);
-      res.prepare_payload();
-    }
-    stream.expires_after(kRequestTimeout);
-    auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
-    if (wec || !keep) co_return;
-  }
-}
-
 tl::expected<void, AdminError> AdminServer::check_token(std::string_view authorization) const {
   authorization = core::trim_ows(authorization);
   if (authorization.empty())
@@ -400,13 +254,17 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
   return tl::unexpected(unauthorized("Incorrect admin token provided."));
 }
 
+std::optional<AdminResponse> AdminServer::refuse_before_body(const AdminRequest& req,
+                                                             std::string_view authorization) const {
+  // /metrics and /ready answer as on the client port (no secret in them); everything else needs the token.
+  if (req.path == "/metrics" || req.path == "/ready") return std::nullopt;
+  if (auto ok = check_token(authorization); !ok) return error_response(ok.error());
+  return std::nullopt;
+}
+
 core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_view authorization) {
   if (auto file = console_file(req)) co_return std::move(*file);
-  // /metrics and /ready answer as on the client port (no secret in them); everything else needs the token.
-  const bool open = req.path == "/metrics" || req.path == "/ready";
-  if (!open) {
-    if (auto ok = check_token(authorization); !ok) co_return error_response(ok.error());
-  }
+  if (auto refused = refuse_before_body(req, authorization)) co_return std::move(*refused);
   auto m = router_.match(req.method, req.path, req.params);
   if (!m.handler) {
     if (!m.allow.empty())

@@ -139,8 +139,18 @@ class AdminServer {
 
  private:
   core::Task<void> accept_loop();
+  // One admin connection, HTTP/1.1 keep-alive (gateway/admin_serve.cpp):
+  // each request's head checked (http/request_check.hpp: framing, Host,
+  // target, Expect), "100 Continue" once a head that expects it passes
+  // refuse_before_body(), the body within 1 MiB, dispatch(), the answer.
   core::Task<void> serve(http::Socket sock);
   core::Task<AdminResponse> dispatch(AdminRequest& req, std::string_view authorization);
+  // What refuses `req` on its head alone, console files aside (they need no
+  // token): a missing or wrong admin token (401) on any path but /metrics
+  // and /ready. Asked by dispatch(), and by serve() before it answers
+  // "Expect: 100-continue" (RFC 9110 §10.1.1: a refused request gets its
+  // final answer instead of 100 Continue). nullopt when `req` goes on.
+  std::optional<AdminResponse> refuse_before_body(const AdminRequest& req, std::string_view authorization) const;
   // Sends `policy` to every worker (each swaps its Authenticator's policy on
   // its own thread) and returns once all did (or after 2 s).
   core::Task<void> publish(std::shared_ptr<const auth::AuthPolicy> policy);

@@ -60,6 +60,7 @@ void RequestContext::reset() {
   usage = {};
   bytes_in = 0;
   body_decoded = false;
+  body_deferred = false;
   events = 0;
   t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
   added_us = 0;

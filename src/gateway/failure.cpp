@@ -36,6 +36,8 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
     case http::ReadFailure::bad_target:
       return core::bad_request(
           "Malformed HTTP request: the request target must be a path (/v1/...) or an http(s) absolute URI.");
+    case http::ReadFailure::unsupported_expectation:
+      return core::expectation_failed();
     case http::ReadFailure::framing_too_large:
       return core::bad_request(
           "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "

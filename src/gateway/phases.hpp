@@ -54,14 +54,23 @@ class GatewayPhases final : public Phases {
 
   // The client closed while `ctx` was in flight (http::Downstream::Listener):
   // aborts the upstream request at once so the model server stops
-  // generating — not once the response is complete or [DONE] went out (its
-  // last bytes are read so the connection goes back to the pool).
+  // generating — not once the response is complete or [DONE] went out (the
+  // responder then takes the body's end if it has arrived, so the connection
+  // goes back to the pool, or closes it: respond_stream).
   void on_client_gone(RequestContext& ctx);
 
  private:
   // True for requests that go upstream: the API routes, and GET /v1/models
   // in quick mode (the upstream knows its models).
   bool proxied(const RequestContext& ctx) const;
+  // The read phase's second half: the body within server.max_body and
+  // server.body_timeout (after "100 Continue" for a client that expects it),
+  // decoded when it comes gzip- or deflate-encoded. next(), or the failure
+  // (413, 408, 415, 400, 499).
+  core::Task<Outcome> read_body(RequestContext& ctx);
+  // authenticate()'s check of the credentials in the head: next() with
+  // ctx.principal set (or no authentication for the route), or 401/403/503.
+  core::Task<Outcome> check_credentials(RequestContext& ctx);
   core::Task<Outcome> serve_own(RequestContext& ctx);
   core::Task<Outcome> proxy(RequestContext& ctx);
   // The pool's admission queue (pools.X.queue): next() once the request may

@@ -35,6 +35,8 @@ ReadFailure failure_of(HeadProblem p) {
       return ReadFailure::bad_host;
     case HeadProblem::bad_target:
       return ReadFailure::bad_target;
+    case HeadProblem::unsupported_expectation:
+      return ReadFailure::unsupported_expectation;
     case HeadProblem::none:
       break;
   }
@@ -155,11 +157,10 @@ Task<bool> Downstream::read_body() {
     failure_ = ReadFailure::body_too_large;
     co_return false;
   }
-  // RFC 9110 §10.1.1: an HTTP/1.0 request's 100-continue expectation is ignored.
-  if (req.version() >= 11 && iequals(first_field(req, bh::field::expect), "100-continue")) {
-    static constexpr std::string_view k100 = "HTTP/1.1 100 Continue\r\n\r\n";
+  // RFC 9110 §10.1.1 (an HTTP/1.0 request's 100-continue is ignored).
+  if (expects_continue(req)) {
     watchdog_.expires_after(sc_.write_timeout);
-    auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(k100), use_task);
+    auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(kContinue), use_task);
     watchdog_.disarm();
     if (ec) {
       peer_gone_ = true;

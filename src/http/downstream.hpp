@@ -32,6 +32,7 @@ enum class ReadFailure : std::uint8_t {
   unsupported_coding,  // a transfer coding other than chunked → 501 (RFC 9112 §6.1)
   bad_host,            // HTTP/1.1 without Host, with several, or an invalid one → 400 (RFC 9112 §3.2)
   bad_target,          // a request-target neither origin-form nor http(s) absolute-form → 400 (RFC 9112 §3.2)
+  unsupported_expectation,  // an Expect other than 100-continue → 417 (RFC 9110 §10.1.1)
   framing_too_large,   // a chunk-size line or trailer section over the read buffer, or chunk extensions
                        // over server.max_header in all → 400 (RFC 9112 §7.1.1)
   head_timeout,        // the head did not arrive within server.header_timeout → 408

@@ -58,6 +58,17 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
   return c;
 }
 
+Task<bool> Exchange::take_end(std::span<char> scratch) {
+  // A few reads at most: an upstream that keeps sending after [DONE] is not waited out either.
+  no_wait_ = true;
+  for (int i = 0; i < 4 && conn_ && parser_ && !parser_->is_done(); ++i) {
+    const BodyRead r = co_await read(scratch);
+    if (r.failure != UpstreamFailure::none || (r.bytes == 0 && !r.end)) break;
+  }
+  no_wait_ = false;
+  co_return done();
+}
+
 Task<UpstreamFailure> Exchange::start(const Request& r) {
   idle_ = r.idle;
   head_bytes_ = 0;
@@ -138,7 +149,7 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
     if (from_raw) {
       in = std::string_view(static_cast<const char*>(raw.data().data()), raw.size());
     } else {
-      conn_->watchdog().expires_after(idle_);
+      if (!no_wait_) conn_->watchdog().expires_after(idle_);
       // Bytes carried from the last read (a chunk header split across
       // reads) go first, and the recv lands right after them.
       const std::size_t carried = carry_len_ + raw.size();  // one of them is empty
@@ -149,6 +160,7 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
       const auto room = asio::buffer(scratch_.data() + carried, scratch_.size() - carried);
       error_code ec;
       std::size_t n = 0;
+      if (no_wait_ && conn_->tls()) break;  // (take_end: no TLS read without a wait)
       if (TlsStream* tls = conn_->tls()) [[unlikely]] {
         // TLS: OpenSSL may hold decrypted bytes the socket no longer shows
         // as readable, so no readiness wait of our own: the stream's read
@@ -172,16 +184,18 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         // (async_recv_drained), never a recv whose completion is queued.
         // Edge-triggered (http/edge_recv.hpp): after a short read with no
         // event since, the wait starts with no system call.
-        if (yield_) {
+        if (yield_ && !no_wait_) {
           // A fast upstream: let the worker's other connections run first.
           yield_ = false;
           co_await asio::post(ex_, asio::use_awaitable_t<Executor>{});
         }
-        bool wait = drained_ && quiet_since_drained(sock);
+        // (take_end: a recv now, whatever the reactor last saw: the bytes may be in, their edge not yet harvested.)
+        bool wait = !no_wait_ && drained_ && quiet_since_drained(sock);
         if (!wait) {
           n = sock.read_some(room, ec);
           wait = ec == asio::error::would_block || ec == asio::error::try_again;
         }
+        if (wait && no_wait_) break;  // nothing has arrived
         if (wait) {
           drained_ = true;
           auto [rec, rn] = co_await async_recv_drained(sock, room, use_task);

@@ -41,6 +41,10 @@ class Exchange final : public UpstreamExchange {
   Task<BodyRead> read(std::span<char> into) override;
   void cancel() override;
   void shrink() override;
+  // Plain TCP: non-blocking reads of what the socket already holds. TLS:
+  // only what the connection's buffer holds (a record may be half in: no
+  // read of the socket without a wait).
+  Task<bool> take_end(std::span<char> scratch) override;
 
  private:
   using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
@@ -59,6 +63,7 @@ class Exchange final : public UpstreamExchange {
   std::uint8_t carry_len_ = 0;    // bytes in carry_
   std::array<char, 32> carry_{};  // a short piece of framing the parser needs more after (need_more_)
   bool trailing_ = false;         // the upstream sent bytes beyond the response: do not reuse the connection
+  bool no_wait_ = false;          // take_end(): read() returns what has arrived, never waits
 };
 
 }  // namespace weir::http

@@ -99,12 +99,40 @@ std::string_view origin_form(std::string_view target, std::string& scratch) {
   return scratch;
 }
 
+namespace {
+// Expect = #expectation (RFC 9110 §10.1.1), empty members skipped:
+// 100-continue is the one HTTP defines. Counts the members of `v` that are
+// 100-continue (`continues`) and the others (`unknown`).
+struct ExpectScan {
+  unsigned continues = 0;
+  unsigned unknown = 0;
+  void add(std::string_view v) {
+    while (!v.empty()) {
+      const auto comma = v.find(',');
+      const std::string_view member = core::trim_ows(v.substr(0, comma));
+      if (!member.empty()) ++(iequals(member, "100-continue") ? continues : unknown);
+      if (comma == std::string_view::npos) break;
+      v.remove_prefix(comma + 1);
+    }
+  }
+};
+}  // namespace
+
+bool expects_continue(const RequestHead& req) {
+  if (req.version() < 11) return false;
+  ExpectScan scan;
+  for (const auto& f : req)
+    if (f.name() == bh::field::expect) scan.add(f.value());
+  return scan.continues > 0;
+}
+
 HeadProblem check_request_head(const RequestHead& req) {
   unsigned hosts = 0;
   std::string_view host;
   bool te = false;
   bool cl = false;
   CodingScan codings;
+  ExpectScan expect;
   for (const auto& f : req) {
     switch (f.name()) {
       case bh::field::host:
@@ -117,6 +145,9 @@ HeadProblem check_request_head(const RequestHead& req) {
         break;
       case bh::field::content_length:
         cl = true;
+        break;
+      case bh::field::expect:
+        expect.add(f.value());
         break;
       default:
         break;
@@ -135,6 +166,7 @@ HeadProblem check_request_head(const RequestHead& req) {
   const std::string_view t = req.target();
   if (t.empty() || (t[0] != '/' && scheme_len(t) == 0) || t.find('#') != std::string_view::npos)
     return HeadProblem::bad_target;
+  if (expect.unknown > 0) return HeadProblem::unsupported_expectation;
   return HeadProblem::none;
 }
 

@@ -1,7 +1,8 @@
 // The checks of a request head that RFC 9112 asks of a server and Beast's
 // parser does not make: message framing (Transfer-Encoding, §6.1 and §6.3),
-// Host (§3.2) and the request-target's form (§3.2). Shared by the client
-// listener (http/downstream.hpp) and the admin listener.
+// Host (§3.2), the request-target's form (§3.2) and Expect (RFC 9110
+// §10.1.1). Shared by the client listener (http/downstream.hpp) and the
+// admin listener.
 #pragma once
 
 #include <cstdint>
@@ -29,11 +30,27 @@ enum class HeadProblem : std::uint8_t {
   // URI ("http://h/p?q"): asterisk-form and authority-form, which Weir
   // serves no method for (RFC 9112 §3.2.3, §3.2.4): 400.
   bad_target,
+  // An Expect member other than 100-continue, the only expectation HTTP
+  // defines (RFC 9110 §10.1.1): 417, before the body is read.
+  unsupported_expectation,
 };
 
 // Checks `req` (a parsed head) for the problems above, in one scan of its
 // fields; allocates nothing.
 HeadProblem check_request_head(const RequestHead& req);
+
+// True when the client waits for an interim answer before it sends the body:
+// `Expect: 100-continue` (case-insensitive) on an HTTP/1.1 or later request
+// (RFC 9110 §10.1.1: an HTTP/1.0 request's is ignored). Once the head has
+// passed every check that does not need the body (check_request_head, then
+// the listener's own: route, method, credentials, the body's declared size),
+// the listener writes kContinue and reads the body; a head it refuses gets
+// its final answer without it, and the connection closes after (lingering,
+// RFC 9112 §9.6: the client may send the body anyway).
+bool expects_continue(const RequestHead& req);
+
+// The interim response that asks for the body (RFC 9110 §15.2.1).
+inline constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 
 // True for a valid Host field value: uri-host [":" port] (RFC 9110 §7.2,
 // RFC 3986 §3.2.2); an empty value is valid (an empty reg-name).

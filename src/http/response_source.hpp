@@ -50,6 +50,17 @@ class ResponseSource {
   // read buffer beyond what the body's framing needs. head() has only its
   // status after.
   virtual void shrink() {}
+  // The stream is over for the client (its `data: [DONE]`, or a translated
+  // stream's end, went out) but the body has not ended: takes the body's end
+  // if the upstream has already sent it, reading (into `scratch`, then
+  // discarding) only bytes that have already arrived, never waiting for more.
+  // Returns done(): true when the body ended properly (the connection can go
+  // back to the pool); false when the caller is to cancel() it. The default
+  // reads nothing.
+  virtual Task<bool> take_end(std::span<char> scratch) {
+    (void)scratch;
+    co_return done();
+  }
 };
 
 // One upstream attempt as the proxy phase drives it: a connection (pooled

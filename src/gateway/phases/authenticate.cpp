@@ -13,6 +13,18 @@ namespace bh = boost::beast::http;
 using core::use_task;
 
 core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
+  Outcome o = co_await check_credentials(ctx);
+  if (!ctx.body_deferred) co_return o;
+  if (!o.goes_on()) {
+    // Refused before "100 Continue": the client may send the body anyway;
+    // it is never read, so the connection closes after the answer (lingering).
+    down_.no_keep_alive();
+    co_return o;
+  }
+  co_return co_await read_body(ctx);  // (the 100 Continue, then the body)
+}
+
+core::Task<Outcome> GatewayPhases::check_credentials(RequestContext& ctx) {
   auto* authn = w_.authenticator();
   if (!authn || !(api_of(ctx.route) || ctx.route == RouteKind::models || ctx.route == RouteKind::version))
     co_return Outcome::next();

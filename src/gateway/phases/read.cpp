@@ -9,6 +9,7 @@
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 #include "http/gzip.hpp"
+#include "http/request_check.hpp"
 
 namespace weir::gateway {
 
@@ -46,6 +47,20 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     if (!down_.body_complete()) down_.no_keep_alive();
     co_return Outcome::failed(core::method_not_allowed(req.method_string(), path));
   }
+  // A client that expects 100-continue waits for it before it sends the
+  // body: it gets it only once the head has passed every check that does not
+  // need the body, its credentials included (RFC 9110 §10.1.1), so the body
+  // is read after authentication (authenticate()).
+  if (!down_.body_complete() && http::expects_continue(req)) {
+    ctx.body_deferred = true;
+    co_return Outcome::next();
+  }
+  co_return co_await read_body(ctx);
+}
+
+core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
+  ctx.body_deferred = false;
+  const auto& req = down_.request();
   if (!down_.body_complete()) {
     if (!down_.has_body_storage()) down_.lend_body_storage(w_.take_buffer());
     if (!co_await down_.read_body())

@@ -126,7 +126,8 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
         }
         events += ev->raw;
       }
-      if (ctx.sse.error()) failure = http::UpstreamFailure::protocol;
+      // (Garbage after [DONE] is not the client's: the stream was whole.)
+      if (ctx.sse.error() && !ctx.hooks.done_relayed()) failure = http::UpstreamFailure::protocol;
     }
     if (ctx.hold_head && !ctx.committed) {
       // (A body that ended without its [DONE] is no whole stream: it fails over below.)
@@ -165,15 +166,17 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       failure = r.failure;
     }
     if (failure != http::UpstreamFailure::none || r.end) break;
+    // [DONE] (a translated stream: its end) went out: the client's response
+    // ends now, not when the upstream's body does (one that goes idle after
+    // its [DONE] would hold it open until timeouts.idle).
+    if (ctx.hooks.done_relayed()) break;
     if (backlog > sc.max_stream_buffer_bytes) {
       // The client is not keeping up: cut it off rather than buffer without bound.
       cut_off = true;
       break;
     }
-    // The client left (and the upstream was aborted), unless the stream was
-    // over for it: then read the upstream's last bytes, so its connection
-    // goes back to the pool.
-    if (down_.client_gone() && !ctx.hooks.done_relayed()) break;
+    // The client left (and the upstream was aborted).
+    if (down_.client_gone()) break;
   }
   // An OpenAI chat or completions stream ends with `data: [DONE]` (vLLM
   // always sends it): a body that ended without it, cleanly or by a close,
@@ -246,6 +249,14 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   }
   down_.queue_end();
   down_.flush();
+  // The stream ended for the client (its response is whole, and on its way)
+  // before the upstream's body did: the connection goes back to the pool
+  // only if the body's end has already arrived; otherwise it is closed,
+  // never waited for. Nothing after the [DONE] is the client's.
+  if (ctx.hooks.done_relayed() && !src.done()) {
+    const bool ended = co_await src.take_end(into);  // (no co_await in a condition: GCC 12)
+    if (!ended) src.cancel();
+  }
   co_await down_.drain();
   if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
   co_return Outcome::responded();

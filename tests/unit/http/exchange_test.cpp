@@ -731,5 +731,53 @@ TEST_F(HttpExchange, SteadyStateReadsOnAPlainConnectionDoNotAllocate) {
   EXPECT_EQ(allocations, 0u);
 }
 
+// --- take_end: the body's end when it has already arrived, never a wait ---
+
+TEST_F(HttpExchange, TakeEndReadsOnlyWhatHasArrived) {
+  max_reads = 1;
+  begin();
+  upstream_writes(std::string(kChunkedHead) + "5\r\nhello\r\n");
+  ASSERT_TRUE(finish());
+  ASSERT_EQ(run.body, "hello");
+  ASSERT_FALSE(run.end);
+  std::vector<char> sink(4096);
+  // Nothing more has arrived: false at once (no wait for the upstream).
+  std::optional<bool> ended;
+  spawn(io, ex->take_end(std::span<char>(sink)), ended);
+  ASSERT_TRUE(run_until(io, [&] { return ended.has_value(); }, 1s));
+  EXPECT_FALSE(*ended);
+  EXPECT_FALSE(ex->done());
+  // Bytes after it (events past [DONE]) and the last chunk arrive: taken and discarded, the body is done.
+  up.send("6\r\n world\r\n0\r\n\r\n");
+  ASSERT_TRUE(run_until(io, [&] {
+    boost::system::error_code ec;
+    return conn->socket().available(ec) >= 16;
+  }));
+  ended.reset();
+  spawn(io, ex->take_end(std::span<char>(sink)), ended);
+  ASSERT_TRUE(run_until(io, [&] { return ended.has_value(); }, 1s));
+  EXPECT_TRUE(*ended);
+  EXPECT_TRUE(ex->done());
+  EXPECT_TRUE(release());  // a whole response: the connection can be pooled
+}
+
+TEST_F(HttpExchange, TakeEndAfterAnUpstreamCloseIsFalseAndTheConnectionIsNotKept) {
+  max_reads = 1;
+  begin();
+  upstream_writes(std::string(kChunkedHead) + "5\r\nhello\r\n");
+  ASSERT_TRUE(finish());
+  boost::system::error_code ignored;
+  up.sock.shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+  std::vector<char> sink(4096);
+  std::optional<bool> ended;
+  // (Until the FIN is in, false for want of bytes; after it, false for a body cut short.)
+  spawn(io, ex->take_end(std::span<char>(sink)), ended);
+  ASSERT_TRUE(run_until(io, [&] { return ended.has_value(); }, 1s));
+  EXPECT_FALSE(*ended);
+  EXPECT_FALSE(ex->done());
+  ex->cancel();
+  EXPECT_FALSE(release());
+}
+
 }  // namespace
 }  // namespace weir::http

@@ -1,6 +1,7 @@
 // http::check_request_head, valid_host and origin_form: what RFC 9112 asks
 // of a server beyond Beast's parse (framing §6.1/§6.3, Host §3.2, target
-// forms §3.2), on heads parsed by Beast as the listeners parse them.
+// forms §3.2), and RFC 9110's Expect (§10.1.1), on heads parsed by Beast as
+// the listeners parse them.
 #include "http/request_check.hpp"
 
 #include <string>
@@ -108,6 +109,36 @@ TEST(RequestCheck, AsteriskAndAuthorityFormAreBadTargets) {
   EXPECT_EQ(check("CONNECT evil.example:443 HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
   EXPECT_EQ(check("POST ftp://h/v1/chat/completions HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
   EXPECT_EQ(check("POST /v1/chat/completions#f HTTP/1.1\r\nHost: x\r\n\r\n"), HeadProblem::bad_target);
+}
+
+TEST(RequestCheck, ExpectOtherThan100ContinueIsUnsupported) {
+  // 100-continue, any case, with optional whitespace and empty list members, is the one expectation.
+  for (const char* e : {"100-continue", "100-Continue", " 100-CONTINUE ", "100-continue,", ", 100-continue", ""}) {
+    SCOPED_TRACE(e);
+    EXPECT_EQ(check(std::string("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: ") + e + "\r\n\r\n"),
+              HeadProblem::none);
+  }
+  for (const char* e : {"something-else", "100-continue, x-more", "200-ok", "100-continue=1", "100continue"}) {
+    SCOPED_TRACE(e);
+    EXPECT_EQ(check(std::string("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nExpect: ") + e + "\r\n\r\n"),
+              HeadProblem::unsupported_expectation);
+  }
+  // Two fields are one list: a second, unknown one fails it.
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nExpect: x\r\n\r\n"),
+            HeadProblem::unsupported_expectation);
+  // Framing problems come first (400 over 417).
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\nExpect: x\r\n\r\n"),
+            HeadProblem::bad_framing);
+}
+
+TEST(RequestCheck, ExpectsContinueOnlyFromHttp11) {
+  EXPECT_TRUE(expects_continue(parse("POST / HTTP/1.1\r\nHost: x\r\nExpect: 100-Continue\r\n\r\n")));
+  EXPECT_TRUE(expects_continue(parse("POST / HTTP/1.1\r\nHost: x\r\nExpect:  100-continue \r\n\r\n")));
+  EXPECT_TRUE(expects_continue(parse("POST / HTTP/1.1\r\nHost: x\r\nExpect: , 100-continue\r\n\r\n")));
+  // RFC 9110 §10.1.1: an HTTP/1.0 request's 100-continue is ignored.
+  EXPECT_FALSE(expects_continue(parse("POST / HTTP/1.0\r\nExpect: 100-continue\r\n\r\n")));
+  EXPECT_FALSE(expects_continue(parse("POST / HTTP/1.1\r\nHost: x\r\n\r\n")));
+  EXPECT_EQ(kContinue, "HTTP/1.1 100 Continue\r\n\r\n");
 }
 
 TEST(RequestCheck, OriginFormOfATarget) {

@@ -1,0 +1,212 @@
+// The admin listener's connections (admin: {listen: ...}): HTTP/1.1 with
+// keep-alive, one request at a time. A request's head is checked as on the
+// client listener (http/request_check.hpp), a head that expects
+// 100-continue gets it only once refuse_before_body() let it pass (RFC 9110
+// §10.1.1), then the body is read within kMaxBody and dispatch() answers.
+#include "gateway/admin_server.hpp"
+
+#include <array>
+#include <optional>
+
+#include <fmt/format.h>
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/basic_stream.hpp>
+#include <boost/beast/http.hpp>
+
+#include "gateway/admin.hpp"
+#include "gateway/console_assets.hpp"
+#include "http/request_check.hpp"
+
+namespace weir::gateway {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace bh = boost::beast::http;
+
+namespace {
+
+constexpr std::size_t kMaxBody = 1u << 20;
+constexpr std::size_t kMaxHeader = 16 * 1024;  // request head limit (431)
+constexpr std::size_t kReadRoom = 64 * 1024;   // read-buffer room beyond a head: one read
+constexpr auto kIdleTimeout = std::chrono::seconds(30);
+constexpr auto kRequestTimeout = std::chrono::seconds(10);
+
+using Stream = beast::basic_stream<asio::ip::tcp, core::Executor>;
+
+// Lingering close (RFC 9112 §9.6), after an answer the connection ends
+// with: the client may still be sending (a head or body refused midway, a
+// body sent after all without waiting for 100 Continue); closing with its
+// bytes unread would reset the connection and could lose the answer. Read
+// and discard for up to 2 s or 1 MiB, then close.
+core::Task<void> linger(Stream& stream) {
+  boost::system::error_code ignored;
+  stream.socket().shutdown(asio::ip::tcp::socket::shutdown_send, ignored);
+  stream.expires_after(std::chrono::seconds(2));
+  std::array<char, 8192> sink;
+  for (std::size_t total = 0; total <= (1u << 20);) {
+    auto [rec, rn] = co_await stream.async_read_some(asio::buffer(sink), core::use_task);
+    if (rec) break;
+    total += rn;
+  }
+}
+
+}  // namespace
+
+core::Task<void> AdminServer::serve(http::Socket sock) {
+  beast::basic_stream<asio::ip::tcp, core::Executor> stream(std::move(sock));
+  // Bounded: a head is parsed whole within kMaxHeader, a body piece by
+  // piece; a chunk-size line or trailer section that does not fit is
+  // refused (buffer_overflow), never held (the class of CVE-2023-39326).
+  beast::flat_buffer buf(kMaxHeader + kReadRoom);
+  // Chunk extensions are counted against kMaxHeader: Beast's body_limit
+  // counts chunk data only (the class of CVE-2024-22019).
+  std::uint64_t ext_left = 0;
+  bool ext_over = false;
+  auto ext_budget = [&](std::uint64_t, beast::string_view ext, boost::system::error_code& ec) {
+    if (ext.size() > ext_left) {
+      ext_over = true;
+      ec = bh::error::bad_chunk_extension;
+      return;
+    }
+    ext_left -= ext.size();
+  };
+  for (;;) {
+    bh::request_parser<bh::string_body> parser;
+    parser.header_limit(kMaxHeader);
+    parser.body_limit(kMaxBody);
+    ext_left = kMaxHeader;
+    ext_over = false;
+    parser.on_chunk_header(ext_budget);
+    stream.expires_after(buf.size() ? kRequestTimeout : kIdleTimeout);
+    auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
+    if (ec && (ec == bh::error::end_of_stream || ec == beast::error::timeout || !parser.got_some())) co_return;
+    // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
+    // target form, Expect): refused before the body is read, as on the client listener.
+    http::HeadProblem problem = http::HeadProblem::none;
+    std::optional<AdminResponse> refused;  // answered on the head alone, before 100 Continue
+    AdminRequest req;
+    if (!ec) {
+      problem = http::check_request_head(parser.get().base());
+      const auto& head = parser.get();
+      req.method = std::string(head.method_string());
+      std::string target_buf;
+      const std::string_view target = http::origin_form(head.target(), target_buf);  // absolute-form: its path
+      const auto q = target.find('?');
+      req.path = std::string(target.substr(0, q));
+      if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
+      if (problem == http::HeadProblem::none && !parser.is_done()) {
+        if (http::expects_continue(head.base())) {
+          // RFC 9110 §10.1.1: the client waits for 100 Continue before its
+          // body; a head refused without it (a missing or wrong token) gets
+          // its final answer instead, and the connection then closes.
+          if (!console_file(req)) refused = refuse_before_body(req, head[bh::field::authorization]);
+          if (!refused) {
+            stream.expires_after(kRequestTimeout);
+            auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(http::kContinue), core::use_task);
+            if (cec) co_return;
+          }
+        }
+        if (!refused) {
+          auto [bec, bn] = co_await bh::async_read(stream, buf, parser, core::use_task);
+          ec = bec;
+        }
+      }
+    }
+    bh::response<bh::string_body> res;
+    res.version(11);
+    if (ec || problem != http::HeadProblem::none) {
+      if (ec == beast::error::timeout) co_return;
+      AdminError e = admin_bad_request(fmt::format("Malformed HTTP request: {}.", ec.message()));
+      if (ec == bh::error::body_limit) {
+        e = AdminError{413,
+                       "invalid_request_error",
+                       "payload_too_large",
+                       fmt::format("The body is larger than {} bytes.", kMaxBody),
+                       {}};
+      } else if (ec == bh::error::header_limit) {  // 431 as on the client listener (RFC 6585 §5)
+        e = AdminError{
+            431, "invalid_request_error", {}, fmt::format("The request head is larger than {} bytes.", kMaxHeader), {}};
+      } else if (ec == bh::error::buffer_overflow || ext_over) {
+        e = admin_bad_request(
+            "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "
+            "is too large.");
+      } else if (problem == http::HeadProblem::unsupported_coding) {
+        e = AdminError{501,
+                       "invalid_request_error",
+                       "unsupported_transfer_coding",
+                       "Transfer-Encoding other than chunked is not implemented; send the body with Content-Length "
+                       "or Transfer-Encoding: chunked alone.",
+                       {}};
+      } else if (problem == http::HeadProblem::bad_framing) {
+        e = admin_bad_request(
+            "Malformed HTTP request: Transfer-Encoding must end in a single chunked, and comes with neither "
+            "Content-Length nor HTTP/1.0.");
+      } else if (problem == http::HeadProblem::bad_host) {
+        e = admin_bad_request("Malformed HTTP request: an HTTP/1.1 request needs exactly one valid Host header.");
+      } else if (problem == http::HeadProblem::bad_target) {
+        e = admin_bad_request("Malformed HTTP request: the request target must be a path or an http(s) absolute URI.");
+      } else if (problem == http::HeadProblem::unsupported_expectation) {
+        e = AdminError{417,
+                       "invalid_request_error",
+                       "expectation_failed",
+                       "The request's Expect field is not supported: the only expectation is 100-continue.",
+                       {}};
+      }
+      res.result(static_cast<unsigned>(e.status));
+      res.set(bh::field::content_type, "application/json");
+      res.body() = admin_error_json(e);
+      res.keep_alive(false);
+      res.prepare_payload();
+      stream.expires_after(kRequestTimeout);
+      auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
+      if (wec) co_return;
+      co_await linger(stream);
+      co_return;
+    }
+    auto& msg = parser.get();
+    req.body = std::move(msg.body());
+    req.if_none_match = std::string(msg[bh::field::if_none_match]);
+    const std::string authorization(msg[bh::field::authorization]);
+    // A request refused before its body: the body is never read, so the connection ends with the answer.
+    const bool keep = msg.keep_alive() && !stopped_ && !refused;
+    // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
+    AdminResponse r;
+    if (refused)
+      r = std::move(*refused);
+    else
+      r = co_await dispatch(req, authorization);
+    res.result(static_cast<unsigned>(r.status));
+    if (r.status != 304) res.set(bh::field::content_type, r.content_type);
+    res.set(bh::field::cache_control, r.cache_control);
+    // Every answer, JSON included, under the console's policy: nothing here
+    // may be framed, sniffed into another type, or run script from elsewhere.
+    res.set("Content-Security-Policy", console::kContentSecurityPolicy);
+    res.set("X-Content-Type-Options", "nosniff");
+    res.set("X-Frame-Options", "DENY");
+    res.set("Referrer-Policy", "no-referrer");
+    res.set("Cross-Origin-Opener-Policy", "same-origin");
+    res.set("Cross-Origin-Resource-Policy", "same-origin");
+    for (auto& [name, value] : r.headers) res.set(name, value);
+    if (r.status == 401) res.set(bh::field::www_authenticate, "Bearer realm=\"weir-admin\"");
+    if (r.status == 405 && res.find(bh::field::allow) == res.end()) {
+      std::vector<std::string> ignored;
+      res.set(bh::field::allow, router_.match("", req.path, ignored).allow);
+    }
+    res.keep_alive(keep);
+    if (r.status == 304) {
+      // No body and no Content-Length (RFC 9110 §15.4.5: it would have to be the 200's).
+    } else if (req.method == "HEAD") {
+      res.content_length(r.body.size());  // the GET's length, without the body (RFC 9110 §9.3.2)
+    } else {
+      res.body() = std::move(r.body);
+      res.prepare_payload();
+    }
+    stream.expires_after(kRequestTimeout);
+    auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
+    if (wec) co_return;
+    if (refused) co_await linger(stream);
+    if (!keep) co_return;
+  }
+}
+
+}  // namespace weir::gateway
