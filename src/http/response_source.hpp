@@ -51,9 +51,11 @@ class ResponseSource {
   // status after.
   virtual void shrink() {}
   // The stream is over for the client (its `data: [DONE]`, or a translated
-  // stream's end, went out) but the body has not ended: takes the body's end
-  // if the upstream has already sent it, reading (into `scratch`, then
-  // discarding) only bytes that have already arrived, never waiting for more.
+  // stream's end, went out, and its response is whole) but the body has not
+  // ended: takes the body's end, reading into `scratch` and discarding what
+  // arrived first, then waiting at most a short grace (http::Exchange: 100 ms,
+  // or timeouts.idle if shorter) for the rest: model servers write the end in
+  // a write of its own just after [DONE].
   // Returns done(): true when the body ended properly (the connection can go
   // back to the pool); false when the caller is to cancel() it. The default
   // reads nothing.

@@ -142,6 +142,11 @@ class IdleUpstream:
                     if headers.get("x-idle-mode") == "ended":
                         conn.sendall(out + b"0\r\n\r\n")
                         continue
+                    if headers.get("x-idle-mode") == "late":  # as uvicorn: the end in a write of its own, just after
+                        conn.sendall(out)
+                        time.sleep(0.01)
+                        conn.sendall(b"0\r\n\r\n")
+                        continue
                     conn.sendall(out)
                     # Idle: no terminating chunk, the connection open, until Weir closes it (or the test ends).
             except OSError:
@@ -283,6 +288,21 @@ def test_a_body_that_ends_with_its_done_keeps_its_upstream_connection(gw, upstre
         for _ in range(3):
             r = h.post("/v1/chat/completions", json=stream_body("/v1/chat/completions", ""))
             assert httpwire.sse_data(r.content)[-1] == "[DONE]"
+    assert upstream.accepted == accepted
+
+
+def test_a_body_end_written_just_after_its_done_keeps_its_upstream_connection(gw, upstream):
+    # uvicorn (vLLM's server) writes the chunked terminator in a write of its own a moment after
+    # [DONE]: Weir waits a short grace for it, so the connection is pooled, not replaced per stream.
+    hdr = {**AUTH, "x-idle-mode": "late"}
+    with httpx.Client(base_url=gw.base_url, timeout=IDLE_S + 10, headers=hdr) as h:
+        r = h.post("/v1/chat/completions", json=stream_body("/v1/chat/completions", ""))
+        assert httpwire.sse_data(r.content)[-1] == "[DONE]"
+        accepted = upstream.accepted
+        for _ in range(3):
+            t0 = time.monotonic()
+            r = h.post("/v1/chat/completions", json=stream_body("/v1/chat/completions", ""))
+            assert httpwire.sse_data(r.content)[-1] == "[DONE]" and time.monotonic() - t0 < FAST_S
     assert upstream.accepted == accepted
 
 
