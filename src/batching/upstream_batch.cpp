@@ -386,7 +386,7 @@ std::string_view Batch::id_of(BatchMember& m, std::string_view upstream_id_json)
 
 Batch::Event Batch::read_event(std::string_view data) {
   Event e{.data = data};
-  if (data == "[DONE]") {
+  if (core::is_sse_done(data)) {
     e.done = true;
     return e;
   }

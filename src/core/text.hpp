@@ -74,4 +74,15 @@ inline std::size_t find_substring(std::string_view hay, std::string_view needle)
   return std::string_view::npos;
 }
 
+// The OpenAI/vLLM end-of-stream sentinel in an SSE event's data: `[DONE]`,
+// with trailing spaces or tabs tolerated (the openai SDKs end a stream on
+// data that starts with "[DONE]"; an upstream that pads it is still done).
+// Every reader of an upstream's stream (relay, translators, batches) asks this.
+constexpr bool is_sse_done(std::string_view data) noexcept {
+  if (!data.starts_with("[DONE]")) return false;
+  for (const char c : data.substr(6))
+    if (c != ' ' && c != '\t') return false;
+  return true;
+}
+
 }  // namespace weir::core

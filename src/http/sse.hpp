@@ -47,15 +47,8 @@ struct SseEvent {
   // a proxy can still forward them.
   bool has_data = false;
 
-  // OpenAI/vLLM end-of-stream sentinel: `data: [DONE]`, with trailing
-  // spaces or tabs tolerated (the openai SDKs end a stream on data that
-  // starts with "[DONE]"; an upstream that pads it is still done).
-  bool is_done() const {
-    if (!has_data || !data.starts_with("[DONE]")) return false;
-    for (const char c : data.substr(6))
-      if (c != ' ' && c != '\t') return false;
-    return true;
-  }
+  // OpenAI/vLLM end-of-stream sentinel: `data: [DONE]` (core::is_sse_done).
+  bool is_done() const { return has_data && core::is_sse_done(data); }
 };
 
 // Incremental SSE parser. Bytes may be split at any point across push()

@@ -11,6 +11,7 @@
 
 #include "api/anthropic/response.hpp"
 #include "core/json_text.hpp"
+#include "core/text.hpp"
 
 namespace weir::api::anthropic {
 
@@ -120,7 +121,7 @@ void StreamTranslator::finish(std::string& out) {
 
 void StreamTranslator::on_data(std::string_view data, std::string& out) {
   if (ended_) return;
-  if (data == "[DONE]") {
+  if (core::is_sse_done(data)) {
     if (started_) return terminate(out);
     return fail(502, "The upstream stream ended before any message chunk.", out);
   }

@@ -16,6 +16,7 @@
 #include <boost/json/value.hpp>
 
 #include "core/json_text.hpp"
+#include "core/text.hpp"
 
 namespace weir::api::responses {
 
@@ -204,7 +205,7 @@ void StreamTranslator::finish(std::string& out) {
 
 void StreamTranslator::on_data(std::string_view data, std::string& out) {
   if (ended_) return;
-  if (data == "[DONE]") {
+  if (core::is_sse_done(data)) {
     if (started_ && finished_) return terminate(out);
     return fail(502, "The upstream stream ended before the response was complete.", out);
   }

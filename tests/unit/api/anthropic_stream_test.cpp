@@ -103,6 +103,14 @@ TEST(AnthropicStream, TextStream) {
     "usage":{"input_tokens":9,"output_tokens":2,"cache_read_input_tokens":0}})"));
 }
 
+TEST(AnthropicStream, APaddedDoneIsTheEndToo) {
+  // As on the plain relay (core::is_sse_done): trailing spaces or tabs.
+  const auto ev = events_of(run({kRole, kTok1, kTok2, kUsage, "[DONE] \t "}));
+  expect_grammar(ev);
+  ASSERT_EQ(ev.size(), 7u);
+  EXPECT_EQ(ev.back().type, "message_stop");
+}
+
 TEST(AnthropicStream, RepeatedFinishAndUsageGiveOneTerminal) {
   const std::string out = run({kRole, kTok1, kTok2, kTok2, kUsage, kUsage, "[DONE]", "[DONE]"});
   const auto ev = events_of(out);

@@ -37,5 +37,16 @@ TEST(FindSubstring, UsageKeyInAChunk) {
   EXPECT_EQ(find_substring(tail, "\"usage\""), 31u);
 }
 
+TEST(SseDone, TheSentinelWithTrailingBlanksOnly) {
+  static_assert(is_sse_done("[DONE]"));
+  EXPECT_TRUE(is_sse_done("[DONE]  \t"));
+  EXPECT_FALSE(is_sse_done(" [DONE]"));
+  EXPECT_FALSE(is_sse_done("[DONE]x"));
+  EXPECT_FALSE(is_sse_done("[DONE] x"));
+  EXPECT_FALSE(is_sse_done("[DONE"));
+  EXPECT_FALSE(is_sse_done(""));
+  EXPECT_FALSE(is_sse_done("[done]"));
+}
+
 }  // namespace
 }  // namespace weir::core
