@@ -40,7 +40,7 @@ void RequestContext::reset() {
   deadline_ms = 0;
   waiter = {};
   queue_pool = -1;
-  verdict_pending = trial = false;
+  verdict_pending = trial = end_pending = false;
   cutoff = Cutoff::none;
   first_token_by = {};
   if (cutoff_watch) cutoff_watch->disarm();

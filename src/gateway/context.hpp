@@ -127,6 +127,7 @@ struct RequestContext {
   routing::QueueWaiter waiter;    // its place in a pool's queue while it waits
   int queue_pool = -1;            // the pool whose queue admitted it (PoolQueue::done() when it leaves), -1 = none
   bool verdict_pending = false;   // the answer's verdict waits for the stream's first token
+  bool end_pending = false;       // the upstream body's end is still to come after the client's [DONE] (proxy.cpp)
   bool trial = false;             // ... and holds the endpoint's half-open trial slot
   // What cut the response off: its first token did not come by
   // first_token_by (pools.X.timeouts.first_token), or its deadline passed.

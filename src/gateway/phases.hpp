@@ -58,6 +58,12 @@ class GatewayPhases final : public Phases {
   // responder then takes the body's end if it has arrived, so the connection
   // goes back to the pool, or closes it: respond_stream).
   void on_client_gone(RequestContext& ctx);
+  // After the request was logged (Session::serve): a stream that ended for
+  // the client at its [DONE] before the upstream's body did (ctx.end_pending)
+  // waits a short grace for the body's end (http::UpstreamExchange::await_end),
+  // then its connection goes back to the pool, or is closed without it. The
+  // log line and the client's response never wait for this.
+  core::Task<void> take_upstream_end(RequestContext& ctx);
 
  private:
   // True for requests that go upstream: the API routes, and GET /v1/models
@@ -218,6 +224,10 @@ class GatewayPhases final : public Phases {
   Worker& w_;
   http::Downstream& down_;
   http::UpstreamExchange& exchange_;
+  // take_upstream_end(): where the exchange's connection goes back to.
+  std::shared_ptr<WorkerGeneration> end_gen_;
+  std::uint32_t end_pool_ = 0;
+  std::uint32_t end_ep_ = 0;
   bool batching_;
   // The session's micro-batch seat, made when its first request reaches a
   // batching pool: other sessions carry a null pointer, not ~570 bytes.

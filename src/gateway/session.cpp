@@ -41,6 +41,7 @@ core::Task<void> Session::serve() {
     down_.begin_request();
     if (head == http::Downstream::Head::failed) ctx_.read_failure = down_.failure();
     co_await run_pipeline(phases_, ctx_);
+    co_await phases_.take_upstream_end(ctx_);
     if (head == http::Downstream::Head::failed || !down_.keep_alive() || down_.client_gone() || down_.write_failed() ||
         down_.closed()) {
       if (!down_.client_gone() && !down_.closed()) co_await down_.lingering_close();

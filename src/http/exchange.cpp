@@ -24,7 +24,7 @@ constexpr unsigned kYieldAfterFullReads = 8;
 constexpr std::size_t kMaxCarry = 512;
 // The first read of an upstream response (see start()).
 constexpr std::size_t kHeadRead = 4096;
-// take_end(): how long the body's end may take after the client's stream ended.
+// await_end(): how long the body's end may take after the client's stream ended.
 constexpr std::chrono::milliseconds kEndGrace{100};
 }  // namespace
 
@@ -61,26 +61,25 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
 }
 
 Task<bool> Exchange::take_end(std::span<char> scratch) {
-  // What has arrived first, then a short wait: uvicorn (vLLM's server)
-  // writes the chunked terminator in a write of its own just after [DONE],
-  // and a connection closed for want of it costs the next request a new
-  // one (a TLS handshake on https). A few reads at most: an upstream that
-  // keeps sending after [DONE] is not waited out either.
+  // A few reads at most: an upstream that keeps sending after [DONE] is not waited out either.
   no_wait_ = true;
   for (int i = 0; i < 4 && conn_ && parser_ && !parser_->is_done(); ++i) {
     const BodyRead r = co_await read(scratch);
     if (r.failure != UpstreamFailure::none || (r.bytes == 0 && !r.end)) break;
   }
   no_wait_ = false;
-  if (conn_ && parser_ && !parser_->is_done() && conn_->aborted_for() == UpstreamFailure::none) {
-    const auto idle = idle_;
-    idle_ = idle.count() > 0 ? std::min(idle, kEndGrace) : kEndGrace;  // the watchdog's limit on each wait below
-    for (int i = 0; i < 4 && conn_ && parser_ && !parser_->is_done(); ++i) {
-      const BodyRead r = co_await read(scratch);
-      if (r.failure != UpstreamFailure::none) break;
-    }
-    idle_ = idle;
+  co_return done();
+}
+
+Task<bool> Exchange::await_end(std::span<char> scratch) {
+  if (!conn_ || !parser_ || parser_->is_done() || conn_->aborted_for() != UpstreamFailure::none) co_return done();
+  const auto idle = idle_;
+  idle_ = idle.count() > 0 ? std::min(idle, kEndGrace) : kEndGrace;  // the watchdog's limit on each wait below
+  for (int i = 0; i < 4 && conn_ && parser_ && !parser_->is_done(); ++i) {
+    const BodyRead r = co_await read(scratch);
+    if (r.failure != UpstreamFailure::none) break;
   }
+  idle_ = idle;
   co_return done();
 }
 

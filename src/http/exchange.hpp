@@ -45,6 +45,7 @@ class Exchange final : public UpstreamExchange {
   // only what the connection's buffer holds (a record may be half in: no
   // read of the socket without a wait).
   Task<bool> take_end(std::span<char> scratch) override;
+  Task<bool> await_end(std::span<char> scratch) override;
 
  private:
   using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;

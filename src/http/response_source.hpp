@@ -51,11 +51,9 @@ class ResponseSource {
   // status after.
   virtual void shrink() {}
   // The stream is over for the client (its `data: [DONE]`, or a translated
-  // stream's end, went out, and its response is whole) but the body has not
-  // ended: takes the body's end, reading into `scratch` and discarding what
-  // arrived first, then waiting at most a short grace (http::Exchange: 100 ms,
-  // or timeouts.idle if shorter) for the rest: model servers write the end in
-  // a write of its own just after [DONE].
+  // stream's end, went out) but the body has not ended: takes the body's end
+  // if the upstream has already sent it, reading (into `scratch`, then
+  // discarding) only bytes that have already arrived, never waiting for more.
   // Returns done(): true when the body ended properly (the connection can go
   // back to the pool); false when the caller is to cancel() it. The default
   // reads nothing.
@@ -100,6 +98,15 @@ class UpstreamExchange : public ResponseSource {
   // either way. Call only when no read() is pending (after the response
   // ended, failed, or a cancel() completed it).
   virtual std::unique_ptr<UpstreamConnection> release() = 0;
+  // After take_end() found the body's end not yet there (and before
+  // release()): waits for it at most a short grace (http::Exchange: 100 ms,
+  // or the request's idle limit if shorter), since model servers write the
+  // chunked terminator in a write of their own just after [DONE] (uvicorn,
+  // so vLLM). Returns done(). The default waits for nothing.
+  virtual Task<bool> await_end(std::span<char> scratch) {
+    (void)scratch;
+    co_return done();
+  }
 };
 
 }  // namespace weir::http

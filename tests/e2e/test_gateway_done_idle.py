@@ -233,7 +233,7 @@ def raw_stream(conn: httpwire.RawConn, path: str, rid: str, **extra) -> httpwire
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 def test_done_then_idle_ends_the_clients_response_at_once(gw, upstream, path):
     closed, s0 = upstream.closed_by_weir, spend(gw)
-    rid = "idle-raw-" + path.rsplit("/", 1)[1]
+    rid = "idle-raw-" + path.strip("/").replace("/", "-")
     with httpwire.RawConn(gw.port, timeout=IDLE_S + 10) as c:
         r = raw_stream(c, path, rid)
         # Complete (its chunked terminator), long before the idle timeout, and the connection kept alive.

@@ -354,8 +354,13 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     if (ctx.verdict_pending) judge_stream(ctx, o);
     pool.on_finish(ep);
     ctx.source = nullptr;
-    // Keep the connection only after a complete, keep-alive response.
-    if (auto c = exchange_.release()) {
+    // Keep the connection only after a complete, keep-alive response (one
+    // whose body's end is still to come: take_upstream_end, after the log).
+    if (ctx.end_pending) {
+      end_gen_ = ctx.gen;  // the log phase lets go of ctx.gen
+      end_pool_ = ctx.target.pool;
+      end_ep_ = ep;
+    } else if (auto c = exchange_.release()) {
       ++c->uses;
       pool.endpoint(ep).conns.put(std::move(c), core::now());
     }
@@ -771,6 +776,18 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   ctx.t_first_byte = core::now();
   ctx.upstream_status = exchange_.head().result_int();
   co_return Outcome::next();
+}
+
+core::Task<void> GatewayPhases::take_upstream_end(RequestContext& ctx) {
+  if (!ctx.end_pending) co_return;
+  ctx.end_pending = false;
+  co_await exchange_.await_end(w_.stream_body_buffer());
+  // Kept when its end came (release() drops it otherwise).
+  if (auto c = exchange_.release(); c && end_gen_) {
+    ++c->uses;
+    end_gen_->pool(end_pool_).endpoint(end_ep_).conns.put(std::move(c), core::now());
+  }
+  end_gen_.reset();
 }
 
 }  // namespace weir::gateway

@@ -250,12 +250,17 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   down_.queue_end();
   down_.flush();
   // The stream ended for the client (its response is whole, and on its way)
-  // before the upstream's body did: the connection goes back to the pool
-  // only if the body's end has already arrived; otherwise it is closed,
-  // never waited for. Nothing after the [DONE] is the client's.
+  // before the upstream's body did: the connection goes back to the pool if
+  // the body's end has already arrived. Else the session's own exchange
+  // waits a short grace for it once the request is logged
+  // (take_upstream_end); any other source is closed. Nothing after the
+  // [DONE] is the client's.
   if (ctx.hooks.done_relayed() && !src.done()) {
     const bool ended = co_await src.take_end(into);  // (no co_await in a condition: GCC 12)
-    if (!ended) src.cancel();
+    if (!ended && &src == &exchange_)
+      ctx.end_pending = true;
+    else if (!ended)
+      src.cancel();
   }
   co_await down_.drain();
   if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
