@@ -480,7 +480,10 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
 }
 
 AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next) {
-  auto policy = auth::AuthPolicy::build(base_, runtime_keys(next), next_scope_);
+  // With the running policy as the prior one: tenants and configured keys
+  // keep the scopes they have (a reload may have numbered them apart from
+  // name order), and so their buckets, slots and spend.
+  auto policy = auth::AuthPolicy::build(base_, runtime_keys(next), free_scope(), policy_.get());
   // State for the new scopes first (unused until the policy is published); a
   // limiter that is full refuses the change, which would otherwise index past it.
   if (limiter_ && limiter_->grows() && limiter_->scope_count() < policy->scopes().size() &&
@@ -549,13 +552,13 @@ AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost:
     } else if (f == "limits") {
       auto l = parse_limits_json(v, "limits");
       if (!l) return tl::unexpected(l.error());
+      rescope = rescope || *l != k.limits;  // the same values again (an idempotent tool): nothing changes
       k.limits = *l;
-      rescope = true;
     } else if (f == "budget") {
       auto b = parse_budget_json(v, "budget");
       if (!b) return tl::unexpected(b.error());
+      rescope = rescope || *b != k.budget;
       k.budget = *b;
-      rescope = true;
     } else if (f == "expires_at") {
       auto e = parse_expiry_json(v, "expires_at");
       if (!e) return tl::unexpected(e.error());

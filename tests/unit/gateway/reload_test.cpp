@@ -405,6 +405,44 @@ TEST(ServicesReload, ChangedLimitsCarryOverAndTheLimiterGrows) {
   EXPECT_EQ(shared.limiter->view(a2, admission::Bucket::requests, later).remaining, 6u);  // 10 - 4 taken
 }
 
+TEST(ServicesReload, AKeyChangeAfterAReloadKeepsTheScopesTheReloadGave) {
+  // A reload adds tenant `b` (before `z` by name) and changes `a`'s limits:
+  // they get scopes apart from name order. A runtime key created after it
+  // must not renumber them (each tenant's state stays its own).
+  const std::string tenants =
+      "tenants: {a: {limits: {requests_per_minute: 10}}, z: {limits: {requests_per_minute: 2}}}\n";
+  auto first = loaded(kBase + tenants + "admin: {listen: 127.0.0.1:0, token_sha256: " + std::string(64, 'a') + "}\n");
+  boost::asio::io_context io;
+  Services services(io, first, 1);
+  ASSERT_TRUE(services.error().empty()) << services.error();
+  ASSERT_NE(services.key_store(), nullptr);
+  auto r =
+      services.prepare_reload(loaded(kBase +
+                                     replace(replace(tenants, "requests_per_minute: 10", "requests_per_minute: 3"),
+                                             "}}\n", "}, b: {limits: {requests_per_minute: 7}}}\n") +
+                                     "admin: {listen: 127.0.0.1:0, token_sha256: " + std::string(64, 'a') + "}\n"));
+  ASSERT_TRUE(r) << r.error();
+  auto p2 = services.commit_reload(std::move(*r));
+  ASSERT_TRUE(p2) << p2.error();
+  const auto scope_of = [](const auth::AuthPolicy& p, const char* t) { return p.find_tenant(t)->scope; };
+  const auto a = scope_of(**p2, "a"), b = scope_of(**p2, "b"), z = scope_of(**p2, "z");
+  ASSERT_NE(a, b);
+  boost::json::object body;
+  body["tenant"] = "a";
+  body["limits"] = boost::json::object{{"requests_per_minute", 5}};
+  auto made = services.key_store()->create(body, 1);
+  ASSERT_TRUE(made) << made.error().message;
+  const auto p3 = services.policy();
+  EXPECT_EQ(scope_of(*p3, "a"), a);
+  EXPECT_EQ(scope_of(*p3, "b"), b);
+  EXPECT_EQ(scope_of(*p3, "z"), z);
+  // The same limits again: no new scope.
+  const auto key_scope = made->record.scope;
+  auto same = services.key_store()->update(made->record.id, boost::json::object{{"limits", body["limits"]}});
+  ASSERT_TRUE(same) << same.error().message;
+  EXPECT_EQ(same->record.scope, key_scope);
+}
+
 TEST(ServicesReload, WithRedisATenantWhoseLimitsChangedGetsANewScopeOfTheSameName) {
   const std::string redis = "redis: {url: redis://127.0.0.1:1}\n";
   const std::string tenants = "tenants: {a: {limits: {requests_per_minute: 10}}}\n";
