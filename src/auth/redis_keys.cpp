@@ -189,6 +189,16 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
   rec->tenant = std::string(v[1]);
   if (auto models = split_models(v[2]); !models.empty()) rec->models = std::move(models);
   rec->tier = std::string(v[3]);
+  // expires_at: Unix seconds as the admin API writes them; anything else
+  // (an RFC 3339 date, a negative number, text) is refused, never read as "never".
+  if (!v[5].empty() && (v[5].find_first_not_of("0123456789") != std::string_view::npos || v[5].size() > 18)) {
+    log_invalid(
+        fmt::format("the key record with id '{}' has an expires_at that is not Unix seconds ('{}'); requests "
+                    "with it are refused",
+                    v[0].substr(0, 128), v[5].substr(0, 64)));
+    out.status = Status::invalid;
+    return out;
+  }
   rec->expires_at = a.elements[5].as_int(0);
   if (resolve_ && (!v[6].empty() || !v[7].empty())) {
     if (std::string why = resolve_(*rec, v[6], v[7]); !why.empty()) {
@@ -205,7 +215,18 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
   return out;
 }
 
-void RedisKeys::log_invalid(std::string_view what) {
+void RedisKeys::log_invalid(std::string_view raw) {
+  // Record fields are anyone-with-Redis-access's text: control bytes are
+  // shown escaped, so a field cannot forge or split log lines.
+  std::string what;
+  what.reserve(raw.size());
+  for (const char c : raw) {
+    const auto u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f)
+      what += fmt::format("\\x{:02x}", u);
+    else
+      what += c;
+  }
   // An invalid record is refused per worker once per key_negative_ttl; keep the log to one line per 10 s.
   const auto now = std::chrono::steady_clock::now();
   if (last_invalid_log_ != std::chrono::steady_clock::time_point{} && now - last_invalid_log_ < kInvalidLogEvery) {

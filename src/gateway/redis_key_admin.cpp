@@ -63,15 +63,24 @@ std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::
     if (!ec && md.is_object()) k.metadata = std::move(md.get_object());
   }
   k.created_at = a.elements[8].as_int(0);
-  // Limits and budget as the admin wrote them (a record a lookup refuses as
-  // invalid is listed without them).
+  // Limits and budget as the admin wrote them. A record whose fields do not
+  // read (written by hand) is refused by every lookup: it is not listed,
+  // found or changed here either, so a PATCH cannot rewrite it into a key
+  // without its limits. Fix such a record in Redis.
   boost::system::error_code ec;
-  if (!v(9).empty())
-    if (auto l = json::parse(v(9), ec); !ec)
-      if (auto p = parse_limits_json(l, "limits")) k.limits = *p;
-  if (!v(10).empty())
-    if (auto b = json::parse(v(10), ec); !ec)
-      if (auto p = parse_budget_json(b, "budget")) k.budget = *p;
+  if (!v(9).empty()) {
+    auto l = json::parse(v(9), ec);
+    auto p = ec ? AdminResult<auth::Limits>(tl::unexpected(AdminError{})) : parse_limits_json(l, "limits");
+    if (!p) return std::nullopt;
+    k.limits = *p;
+  }
+  if (!v(10).empty()) {
+    auto b = json::parse(v(10), ec);
+    auto p = ec ? AdminResult<auth::Budget>(tl::unexpected(AdminError{})) : parse_budget_json(b, "budget");
+    if (!p) return std::nullopt;
+    k.budget = *p;
+  }
+  if (!v(5).empty() && v(5).find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
   return k;
 }
 

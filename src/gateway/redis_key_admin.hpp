@@ -33,7 +33,9 @@ class RedisKeyAdmin {
   void set_base(std::shared_ptr<const auth::AuthPolicy> base) { base_ = std::move(base); }
 
   // The KeyStore operations (same bodies, same errors), plus 503 when Redis
-  // does not answer. Revoked records are not listed, found or changed.
+  // does not answer. Revoked records, and records every lookup refuses
+  // (`limits`, `budget` or `expires_at` that do not read), are not listed,
+  // found or changed.
   core::Task<AdminResult<KeyStore::Change>> create(boost::json::object body, std::int64_t now_s);
   core::Task<AdminResult<std::vector<KeyRecord>>> list();
   core::Task<AdminResult<KeyRecord>> get(std::string id);

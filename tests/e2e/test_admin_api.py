@@ -426,8 +426,12 @@ def test_with_redis_a_key_with_its_own_limit_and_budget_holds_them_across_replic
     # Invalid limits written to Redis by hand: the key is refused (401), not let through unlimited.
     key = "sk-weir-by-hand-0123456789"
     h = f"weir-admin-{redis.port}:key:{sha(key)}"
-    redis.cli("HSET", h, "id", "by-hand", "tenant", "acme", "limits", "{not json")
+    redis.cli("HSET", h, "id", "by-hand", "tenant", "acme", "limits", '{"requests_per_minute": -1}')
     assert chat(a, key).status_code == 401
+    # Nor can the admin API rewrite it into a key without limits: not listed, not found, not changed.
+    assert admin_a("PATCH", "/admin/v1/keys/by-hand", json={"name": "renamed"}).status_code == 404
+    assert "by-hand" not in [x["id"] for x in admin_a("GET", "/admin/v1/keys").json()["data"]]
+    assert chat(b, key).status_code == 401
     redis.cli("HSET", h, "limits", '{"requests_per_minute": 1}')
     wait_until(lambda: chat(b, key).status_code == 200, 5, 0.05, "the repaired record")
 

@@ -4,6 +4,7 @@ the official openai SDK through two Weir replicas."""
 
 from __future__ import annotations
 
+import hashlib
 import subprocess
 import sys
 import time
@@ -118,3 +119,29 @@ def test_a_key_added_with_its_own_limit_is_held_to_it_on_every_replica(mock, wei
     # Another key of the same tenant has no such limit.
     other = weir_key(redis, "add", "--tenant", "acme", "--id", "acme-other")
     assert [chat(w, other).status_code for w in (a, b, a, b)] == [200] * 4
+
+
+def test_hand_written_records_that_do_not_read_are_refused_and_cannot_forge_log_lines(mock, weir, redis):
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis, key_cache_ttl="300ms", key_negative_ttl="100ms"))
+
+    def hset(key: str, *fields: str) -> None:
+        redis.cli("HSET", prefix(redis) + "key:" + hashlib.sha256(key.encode()).hexdigest(), *fields)
+
+    # A record's id with a line break cannot write a line of its own into the log (first: invalid
+    # records are logged once per 10 s).
+    forged = "sk-weir-forged-id"
+    hset(forged, "id", "evil\nweir: redis: FORGED LINE", "tenant", "acme", "limits", "{not json")
+    assert chat(w, forged).status_code == 401
+    wait_until(lambda: "invalid limits or budget" in w.process.log(), 5, message="the invalid record logged")
+    assert not any(line.startswith("weir: redis: FORGED") for line in w.process.log().splitlines())
+    assert "evil\\x0aweir: redis: FORGED LINE" in w.process.log()
+    # expires_at is Unix seconds: a date, a negative number or text is refused, never "no expiry".
+    for i, bad in enumerate(["2020-01-01T00:00:00Z", "-5", "abc", "1e9"]):
+        key = f"sk-weir-bad-expiry-{i}"
+        hset(key, "id", f"bad-expiry-{i}", "tenant", "acme", "expires_at", bad)
+        r = chat(w, key)
+        assert r.status_code == 401, (bad, r.text)
+    later = "sk-weir-good-expiry"
+    hset(later, "id", "good-expiry", "tenant", "acme", "expires_at", str(int(time.time()) + 3600))
+    assert chat(w, later).status_code == 200
