@@ -137,13 +137,34 @@ bool RedisLimiter::grow(const std::vector<auth::ScopeInfo>& scopes) {
 void RedisLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
   // The shared state is found by the scope's name, which both scopes share
   // (a tenant or key whose limits or budget changed): its buckets, stream
-  // slots and spend go on in Redis as they are. Only the fallback's local
-  // state is carried.
+  // slots and spend go on in Redis as they are. The fallback's local state
+  // is carried, and the spend when the budget's period changed.
   fallback_->carry(from, to, now);
+  carry_period_spend(from, to);
 }
 
 void RedisLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
   fallback_->carry_spend(from, to, now);
+  carry_period_spend(from, to);
+}
+
+void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {
+  if (from >= scope_count_ || to >= scope_count_ || from == to) return;
+  const SpendCtl& a = at(from).spend_ctl;
+  const SpendCtl& b = at(to).spend_ctl;
+  if (!a.enabled || !b.enabled) return;
+  // The same period: the same hash in Redis, whose total both scopes count.
+  if (a.period_ms == b.period_ms && a.calendar == b.calendar && a.offset_ms == b.offset_ms) return;
+  // Another period counts in another hash: this replica's settled spend of
+  // the old period starts the new one (each replica carries its own share,
+  // so the total carries once). As unpushed spend it takes room in the new
+  // scope's allowance until its first push (sync_once).
+  const std::int64_t mine = at(from).spend.mine.load(std::memory_order_acquire);
+  if (mine <= 0) return;
+  Spend& sp = at(to).spend;
+  sp.mine.fetch_add(mine, std::memory_order_acq_rel);
+  sp.free.fetch_sub(mine, std::memory_order_acq_rel);
+  sp.touched.store(true, std::memory_order_relaxed);
 }
 
 RedisLimiter::ScopeState& RedisLimiter::at(std::uint32_t scope) const noexcept {

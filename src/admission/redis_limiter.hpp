@@ -112,8 +112,9 @@ class RedisLimiter final : public Limiter {
   // budget with that key on every other replica; its first budget
   // reservation waits for one sync. False past kMaxScopes.
   bool grow(const std::vector<auth::ScopeInfo>& scopes) override;
-  // Scopes `from` and `to` share a name, hence their state in Redis: only
-  // the fail-open fallback's local state is carried.
+  // Scopes `from` and `to` share a name, hence their state in Redis: the
+  // fail-open fallback's local state is carried, and, when the budget's
+  // period changed (another count in Redis), this replica's settled spend.
   void carry_spend(std::uint32_t from, std::uint32_t to, Instant now) override;
   void carry(std::uint32_t from, std::uint32_t to, Instant now) override;
   bool grows() const noexcept override { return true; }
@@ -164,6 +165,8 @@ class RedisLimiter final : public Limiter {
   void log(std::string_view msg) const;
   // Initialises scopes [scope_count_, scopes.size()) (constructor, grow()).
   bool add_scopes(const std::vector<auth::ScopeInfo>& scopes);
+  // carry()'s part for a budget whose period changed (another hash in Redis).
+  void carry_period_spend(std::uint32_t from, std::uint32_t to);
   ScopeState& at(std::uint32_t scope) const noexcept;
   double remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept;
   double ns(Instant t) const noexcept;

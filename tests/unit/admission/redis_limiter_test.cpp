@@ -847,5 +847,40 @@ TEST_F(RedisLimiterTest, AKeyWhoseBudgetChangedKeepsItsSpendAndStreamsOnEveryRep
   EXPECT_EQ(big.code, "insufficient_quota");
 }
 
+TEST_F(RedisLimiterTest, AKeyWhoseBudgetPeriodChangedCarriesItsSpendOnce) {
+  auth::Budget day;
+  day.limit_nano_usd = 1'000'000'000;  // $1 a UTC day
+  day.calendar = core::CalendarPeriod::day;
+  World w(auth::Limits{});
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  const auto before = with_key(2, auth::Limits{}, day);
+  ASSERT_TRUE(grow(a, *before));
+  ASSERT_TRUE(grow(b, *before));
+  const auto p1 = key_principal(*before);
+  ASSERT_TRUE(admit(a, 0, p1, 10, false, api::Usage{400'000, 0, 400'000, 0}).ok);  // $0.40 on A
+  ASSERT_TRUE(admit(b, 0, p1, 10, false, api::Usage{200'000, 0, 200'000, 0}).ok);  // $0.20 on B
+  EXPECT_TRUE(eventually([&] { return a.limiter->spent(2, MonoClock::now()) == 600'000'000; }));
+  // `day` -> `24h`: another count in Redis (another hash); each replica carries its own share.
+  auth::Budget rolling = day;
+  rolling.calendar = core::CalendarPeriod::none;
+  rolling.period = std::chrono::hours(24);
+  const auto after = with_key(3, auth::Limits{}, rolling);
+  ASSERT_TRUE(grow(a, *after));
+  ASSERT_TRUE(grow(b, *after));
+  a.limiter->carry(2, 3, MonoClock::now());
+  b.limiter->carry(2, 3, MonoClock::now());
+  const auto p2 = key_principal(*after);
+  ASSERT_TRUE(admit(a, 1, p2, 10).ok);  // a request on each, so both push
+  ASSERT_TRUE(admit(b, 1, p2, 10).ok);
+  EXPECT_TRUE(eventually([&] {
+    return a.limiter->spent(3, MonoClock::now()) == 600'000'000 && b.limiter->spent(3, MonoClock::now()) == 600'000'000;
+  })) << a.limiter->spent(3, MonoClock::now())
+      << " " << b.limiter->spent(3, MonoClock::now());
+  const Answer big = admit(b, 0, p2, 250'000);  // worst case $0.50: does not fit in what is left of $1
+  EXPECT_FALSE(big.ok);
+  EXPECT_EQ(big.code, "insufficient_quota");
+}
+
 }  // namespace
 }  // namespace weir::admission
