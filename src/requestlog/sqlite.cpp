@@ -1,12 +1,84 @@
 #include "requestlog/sqlite.hpp"
 
+#include <dlfcn.h>
 #include <sqlite3.h>
+
+#include <string>
+#include <type_traits>
+
+#include <fmt/format.h>
 
 namespace weir::requestlog {
 
+namespace {
+
+// libsqlite3 is loaded when a request-log store first opens a database
+// (dlopen, as libpq is: postgres.cpp), not at start: a Weir without
+// request_log maps none of it (idle RSS).
+struct Libsqlite {
+  decltype(&::sqlite3_bind_int64) bind_int64 = nullptr;
+  decltype(&::sqlite3_bind_null) bind_null = nullptr;
+  decltype(&::sqlite3_bind_text64) bind_text64 = nullptr;
+  decltype(&::sqlite3_changes64) changes64 = nullptr;
+  decltype(&::sqlite3_close) close = nullptr;
+  decltype(&::sqlite3_close_v2) close_v2 = nullptr;
+  decltype(&::sqlite3_column_bytes) column_bytes = nullptr;
+  decltype(&::sqlite3_column_int64) column_int64 = nullptr;
+  decltype(&::sqlite3_column_text) column_text = nullptr;
+  decltype(&::sqlite3_errmsg) errmsg = nullptr;
+  decltype(&::sqlite3_errstr) errstr = nullptr;
+  decltype(&::sqlite3_exec) exec = nullptr;
+  decltype(&::sqlite3_finalize) finalize = nullptr;
+  decltype(&::sqlite3_free) free = nullptr;
+  decltype(&::sqlite3_open_v2) open_v2 = nullptr;
+  decltype(&::sqlite3_prepare_v3) prepare_v3 = nullptr;
+  decltype(&::sqlite3_reset) reset = nullptr;
+  decltype(&::sqlite3_step) step = nullptr;
+  std::string error;  // why it could not be loaded; empty when loaded
+};
+
+const Libsqlite& lib() {
+  static const Libsqlite lib = [] {
+    Libsqlite l;
+    void* h = ::dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_LOCAL);
+    if (h == nullptr) {
+      const char* e = ::dlerror();
+      l.error = fmt::format("cannot load the SQLite library (libsqlite3.so.0, Debian package libsqlite3-0): {}",
+                            e ? e : "not found");
+      return l;
+    }
+    const auto load = [&](auto& fn, const char* name) {
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
+      if (fn == nullptr && l.error.empty()) l.error = fmt::format("libsqlite3.so.0 has no {}", name);
+    };
+    load(l.bind_int64, "sqlite3_bind_int64");
+    load(l.bind_null, "sqlite3_bind_null");
+    load(l.bind_text64, "sqlite3_bind_text64");
+    load(l.changes64, "sqlite3_changes64");
+    load(l.close, "sqlite3_close");
+    load(l.close_v2, "sqlite3_close_v2");
+    load(l.column_bytes, "sqlite3_column_bytes");
+    load(l.column_int64, "sqlite3_column_int64");
+    load(l.column_text, "sqlite3_column_text");
+    load(l.errmsg, "sqlite3_errmsg");
+    load(l.errstr, "sqlite3_errstr");
+    load(l.exec, "sqlite3_exec");
+    load(l.finalize, "sqlite3_finalize");
+    load(l.free, "sqlite3_free");
+    load(l.open_v2, "sqlite3_open_v2");
+    load(l.prepare_v3, "sqlite3_prepare_v3");
+    load(l.reset, "sqlite3_reset");
+    load(l.step, "sqlite3_step");
+    return l;
+  }();
+  return lib;
+}
+
+}  // namespace
+
 Stmt& Stmt::operator=(Stmt&& o) noexcept {
   if (this != &o) {
-    if (s_) sqlite3_finalize(s_);
+    if (s_) lib().finalize(s_);
     s_ = o.s_;
     o.s_ = nullptr;
   }
@@ -14,32 +86,32 @@ Stmt& Stmt::operator=(Stmt&& o) noexcept {
 }
 
 Stmt::~Stmt() {
-  if (s_) sqlite3_finalize(s_);
+  if (s_) lib().finalize(s_);
 }
 
-void Stmt::bind(int i, std::int64_t v) { sqlite3_bind_int64(s_, i, v); }
+void Stmt::bind(int i, std::int64_t v) { lib().bind_int64(s_, i, v); }
 
 void Stmt::bind(int i, std::string_view text) {
-  sqlite3_bind_text64(s_, i, text.data(), text.size(), SQLITE_STATIC, SQLITE_UTF8);
+  lib().bind_text64(s_, i, text.data(), text.size(), SQLITE_STATIC, SQLITE_UTF8);
 }
 
 void Stmt::bind_text_or_null(int i, std::string_view text) {
   if (text.empty())
-    sqlite3_bind_null(s_, i);
+    lib().bind_null(s_, i);
   else
     bind(i, text);
 }
 
-int Stmt::step() { return sqlite3_step(s_); }
+int Stmt::step() { return lib().step(s_); }
 
-void Stmt::reset() { sqlite3_reset(s_); }
+void Stmt::reset() { lib().reset(s_); }
 
-std::int64_t Stmt::column_int64(int i) const { return sqlite3_column_int64(s_, i); }
+std::int64_t Stmt::column_int64(int i) const { return lib().column_int64(s_, i); }
 
 std::string_view Stmt::column_text(int i) const {
-  const auto* p = sqlite3_column_text(s_, i);
+  const auto* p = lib().column_text(s_, i);
   if (!p) return {};
-  return {reinterpret_cast<const char*>(p), static_cast<std::size_t>(sqlite3_column_bytes(s_, i))};
+  return {reinterpret_cast<const char*>(p), static_cast<std::size_t>(lib().column_bytes(s_, i))};
 }
 
 Db& Db::operator=(Db&& o) noexcept {
@@ -55,13 +127,17 @@ Db::~Db() { close(); }
 
 bool Db::open(const std::string& path, bool read_only, std::string& error) {
   close();
+  if (!lib().error.empty()) {
+    error = lib().error;
+    return false;
+  }
   const int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
                     SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
   sqlite3* db = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &db, flags, nullptr);
+  const int rc = lib().open_v2(path.c_str(), &db, flags, nullptr);
   if (rc != SQLITE_OK) {
-    error = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-    sqlite3_close(db);
+    error = db ? lib().errmsg(db) : lib().errstr(rc);
+    lib().close(db);
     return false;
   }
   db_ = db;
@@ -69,21 +145,21 @@ bool Db::open(const std::string& path, bool read_only, std::string& error) {
 }
 
 void Db::close() {
-  if (db_) sqlite3_close_v2(db_);
+  if (db_) lib().close_v2(db_);
   db_ = nullptr;
 }
 
 bool Db::exec(const char* sql, std::string& error) {
   char* msg = nullptr;
-  if (sqlite3_exec(db_, sql, nullptr, nullptr, &msg) == SQLITE_OK) return true;
+  if (lib().exec(db_, sql, nullptr, nullptr, &msg) == SQLITE_OK) return true;
   error = msg ? msg : errmsg();
-  sqlite3_free(msg);
+  lib().free(msg);
   return false;
 }
 
 Stmt Db::prepare(std::string_view sql, std::string& error) {
   sqlite3_stmt* s = nullptr;
-  if (sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()), SQLITE_PREPARE_PERSISTENT, &s, nullptr) !=
+  if (lib().prepare_v3(db_, sql.data(), static_cast<int>(sql.size()), SQLITE_PREPARE_PERSISTENT, &s, nullptr) !=
       SQLITE_OK) {
     error = errmsg();
     return Stmt();
@@ -91,8 +167,8 @@ Stmt Db::prepare(std::string_view sql, std::string& error) {
   return Stmt(s);
 }
 
-std::string Db::errmsg() const { return db_ ? sqlite3_errmsg(db_) : "not open"; }
+std::string Db::errmsg() const { return db_ ? lib().errmsg(db_) : "not open"; }
 
-std::int64_t Db::changes() const { return sqlite3_changes64(db_); }
+std::int64_t Db::changes() const { return lib().changes64(db_); }
 
 }  // namespace weir::requestlog
