@@ -20,9 +20,26 @@ Session::~Session() {
   w_.remove_session(this);
 }
 
+// One coroutine for the connection's whole life (its frame lives as long as
+// the connection: one frame, not a second one for the request loop).
 core::Task<void> Session::run(std::unique_ptr<Session> self) {
-  co_await self->serve();
-  co_await self->down_.shutdown();
+  Session& s = *self;
+  for (bool first = true;; first = false) {
+    const auto head = co_await s.down_.read_head(first, s.w_.draining());
+    if (head == http::Downstream::Head::closed) break;
+    s.ctx_.reset();
+    s.ctx_.t_start = core::now();
+    s.down_.begin_request();
+    if (head == http::Downstream::Head::failed) s.ctx_.read_failure = s.down_.failure();
+    co_await run_pipeline(s.phases_, s.ctx_);
+    co_await s.phases_.take_upstream_end(s.ctx_);
+    if (head == http::Downstream::Head::failed || !s.down_.keep_alive() || s.down_.client_gone() ||
+        s.down_.write_failed() || s.down_.closed()) {
+      if (!s.down_.client_gone() && !s.down_.closed()) co_await s.down_.lingering_close();
+      break;
+    }
+  }
+  co_await s.down_.shutdown();
 }
 
 void Session::force_close() {
@@ -31,23 +48,5 @@ void Session::force_close() {
 }
 
 void Session::on_client_gone() { phases_.on_client_gone(ctx_); }
-
-core::Task<void> Session::serve() {
-  for (bool first = true;; first = false) {
-    const auto head = co_await down_.read_head(first, w_.draining());
-    if (head == http::Downstream::Head::closed) co_return;
-    ctx_.reset();
-    ctx_.t_start = core::now();
-    down_.begin_request();
-    if (head == http::Downstream::Head::failed) ctx_.read_failure = down_.failure();
-    co_await run_pipeline(phases_, ctx_);
-    co_await phases_.take_upstream_end(ctx_);
-    if (head == http::Downstream::Head::failed || !down_.keep_alive() || down_.client_gone() || down_.write_failed() ||
-        down_.closed()) {
-      if (!down_.client_gone() && !down_.closed()) co_await down_.lingering_close();
-      co_return;
-    }
-  }
-}
 
 }  // namespace weir::gateway

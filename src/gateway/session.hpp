@@ -36,7 +36,6 @@ class Session final : private http::Downstream::Listener {
   Session* next = nullptr;
 
  private:
-  core::Task<void> serve();
   // The client closed while a request was in flight (GatewayPhases::on_client_gone).
   void on_client_gone() override;
 
