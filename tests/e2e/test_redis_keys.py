@@ -116,6 +116,11 @@ def test_a_key_added_with_its_own_limit_is_held_to_it_on_every_replica(mock, wei
     key = weir_key(redis, "add", "--tenant", "acme", "--id", "acme-ci", "--limits", '{"requests_per_minute": 2}')
     codes = [chat(w, key).status_code for w in (a, b, a, b, a, b)]
     assert 1 <= codes.count(200) <= 2 and codes.count(429) >= 4, codes
+    # What the gateway would refuse is refused before anything is stored.
+    bad = subprocess.run([sys.executable, str(ROOT / "scripts/weir-key"), "add", "--redis", redis.url, "--prefix",
+                          prefix(redis), "--tenant", "acme", "--id", "bad", "--limits", '{"requests_per_minute": -1}'],
+                         capture_output=True, text=True, timeout=30)
+    assert bad.returncode != 0 and "requests_per_minute" in bad.stderr and not bad.stdout, (bad.stdout, bad.stderr)
     # Another key of the same tenant has no such limit.
     other = weir_key(redis, "add", "--tenant", "acme", "--id", "acme-other")
     assert [chat(w, other).status_code for w in (a, b, a, b)] == [200] * 4
