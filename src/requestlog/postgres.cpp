@@ -1,14 +1,12 @@
 #include "requestlog/postgres.hpp"
 
-#include <dlfcn.h>
 #include <libpq-fe.h>
-
-#include <type_traits>
 
 #include <charconv>
 
 #include <fmt/format.h>
 
+#include "core/dynamic_library.hpp"
 #include "requestlog/backend.hpp"
 
 namespace weir::requestlog {
@@ -45,36 +43,27 @@ struct Libpq {
 const Libpq& libpq() {
   static const Libpq lib = [] {
     Libpq l;
-    void* h = ::dlopen("libpq.so.5", RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      const char* e = ::dlerror();
-      l.error = fmt::format("cannot load the PostgreSQL client library (libpq.so.5, Debian package libpq5): {}",
-                            e ? e : "not found");
-      return l;
-    }
-    const auto load = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
-      if (fn == nullptr && l.error.empty()) l.error = fmt::format("libpq.so.5 has no {}", name);
-    };
-    load(l.PQclear, "PQclear");
-    load(l.PQcmdTuples, "PQcmdTuples");
-    load(l.PQconnectdbParams, "PQconnectdbParams");
-    load(l.PQerrorMessage, "PQerrorMessage");
-    load(l.PQexec, "PQexec");
-    load(l.PQexecParams, "PQexecParams");
-    load(l.PQfinish, "PQfinish");
-    load(l.PQgetResult, "PQgetResult");
-    load(l.PQgetisnull, "PQgetisnull");
-    load(l.PQgetlength, "PQgetlength");
-    load(l.PQgetvalue, "PQgetvalue");
-    load(l.PQntuples, "PQntuples");
-    load(l.PQputCopyData, "PQputCopyData");
-    load(l.PQputCopyEnd, "PQputCopyEnd");
-    load(l.PQresultErrorMessage, "PQresultErrorMessage");
-    load(l.PQresultStatus, "PQresultStatus");
-    load(l.PQsetClientEncoding, "PQsetClientEncoding");
-    load(l.PQsetNoticeProcessor, "PQsetNoticeProcessor");
-    load(l.PQstatus, "PQstatus");
+    core::DynamicLibrary so("libpq.so.5", "the PostgreSQL client library (libpq.so.5, Debian package libpq5)");
+    so.load(l.PQclear, "PQclear");
+    so.load(l.PQcmdTuples, "PQcmdTuples");
+    so.load(l.PQconnectdbParams, "PQconnectdbParams");
+    so.load(l.PQerrorMessage, "PQerrorMessage");
+    so.load(l.PQexec, "PQexec");
+    so.load(l.PQexecParams, "PQexecParams");
+    so.load(l.PQfinish, "PQfinish");
+    so.load(l.PQgetResult, "PQgetResult");
+    so.load(l.PQgetisnull, "PQgetisnull");
+    so.load(l.PQgetlength, "PQgetlength");
+    so.load(l.PQgetvalue, "PQgetvalue");
+    so.load(l.PQntuples, "PQntuples");
+    so.load(l.PQputCopyData, "PQputCopyData");
+    so.load(l.PQputCopyEnd, "PQputCopyEnd");
+    so.load(l.PQresultErrorMessage, "PQresultErrorMessage");
+    so.load(l.PQresultStatus, "PQresultStatus");
+    so.load(l.PQsetClientEncoding, "PQsetClientEncoding");
+    so.load(l.PQsetNoticeProcessor, "PQsetNoticeProcessor");
+    so.load(l.PQstatus, "PQstatus");
+    l.error = so.error();
     return l;
   }();
   return lib;

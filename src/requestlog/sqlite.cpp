@@ -1,12 +1,12 @@
 #include "requestlog/sqlite.hpp"
 
-#include <dlfcn.h>
 #include <sqlite3.h>
 
 #include <string>
-#include <type_traits>
 
 #include <fmt/format.h>
+
+#include "core/dynamic_library.hpp"
 
 namespace weir::requestlog {
 
@@ -40,35 +40,26 @@ struct Libsqlite {
 const Libsqlite& lib() {
   static const Libsqlite lib = [] {
     Libsqlite l;
-    void* h = ::dlopen("libsqlite3.so.0", RTLD_NOW | RTLD_LOCAL);
-    if (h == nullptr) {
-      const char* e = ::dlerror();
-      l.error = fmt::format("cannot load the SQLite library (libsqlite3.so.0, Debian package libsqlite3-0): {}",
-                            e ? e : "not found");
-      return l;
-    }
-    const auto load = [&](auto& fn, const char* name) {
-      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(::dlsym(h, name));
-      if (fn == nullptr && l.error.empty()) l.error = fmt::format("libsqlite3.so.0 has no {}", name);
-    };
-    load(l.bind_int64, "sqlite3_bind_int64");
-    load(l.bind_null, "sqlite3_bind_null");
-    load(l.bind_text64, "sqlite3_bind_text64");
-    load(l.changes64, "sqlite3_changes64");
-    load(l.close, "sqlite3_close");
-    load(l.close_v2, "sqlite3_close_v2");
-    load(l.column_bytes, "sqlite3_column_bytes");
-    load(l.column_int64, "sqlite3_column_int64");
-    load(l.column_text, "sqlite3_column_text");
-    load(l.errmsg, "sqlite3_errmsg");
-    load(l.errstr, "sqlite3_errstr");
-    load(l.exec, "sqlite3_exec");
-    load(l.finalize, "sqlite3_finalize");
-    load(l.free, "sqlite3_free");
-    load(l.open_v2, "sqlite3_open_v2");
-    load(l.prepare_v3, "sqlite3_prepare_v3");
-    load(l.reset, "sqlite3_reset");
-    load(l.step, "sqlite3_step");
+    core::DynamicLibrary so("libsqlite3.so.0", "the SQLite library (libsqlite3.so.0, Debian package libsqlite3-0)");
+    so.load(l.bind_int64, "sqlite3_bind_int64");
+    so.load(l.bind_null, "sqlite3_bind_null");
+    so.load(l.bind_text64, "sqlite3_bind_text64");
+    so.load(l.changes64, "sqlite3_changes64");
+    so.load(l.close, "sqlite3_close");
+    so.load(l.close_v2, "sqlite3_close_v2");
+    so.load(l.column_bytes, "sqlite3_column_bytes");
+    so.load(l.column_int64, "sqlite3_column_int64");
+    so.load(l.column_text, "sqlite3_column_text");
+    so.load(l.errmsg, "sqlite3_errmsg");
+    so.load(l.errstr, "sqlite3_errstr");
+    so.load(l.exec, "sqlite3_exec");
+    so.load(l.finalize, "sqlite3_finalize");
+    so.load(l.free, "sqlite3_free");
+    so.load(l.open_v2, "sqlite3_open_v2");
+    so.load(l.prepare_v3, "sqlite3_prepare_v3");
+    so.load(l.reset, "sqlite3_reset");
+    so.load(l.step, "sqlite3_step");
+    l.error = so.error();
     return l;
   }();
   return lib;
