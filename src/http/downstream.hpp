@@ -29,17 +29,17 @@ enum class ReadFailure : std::uint8_t {
   none,
   malformed,    // unparsable head or body → 400
   bad_framing,  // Transfer-Encoding with Content-Length, on HTTP/1.0, or not ending in chunked → 400 (RFC 9112 §6.3)
-  unsupported_coding,  // a transfer coding other than chunked → 501 (RFC 9112 §6.1)
-  bad_host,            // HTTP/1.1 without Host, with several, or an invalid one → 400 (RFC 9112 §3.2)
-  bad_target,          // a request-target neither origin-form nor http(s) absolute-form → 400 (RFC 9112 §3.2)
+  unsupported_coding,       // a transfer coding other than chunked → 501 (RFC 9112 §6.1)
+  bad_host,                 // HTTP/1.1 without Host, with several, or an invalid one → 400 (RFC 9112 §3.2)
+  bad_target,               // a request-target neither origin-form nor http(s) absolute-form → 400 (RFC 9112 §3.2)
   unsupported_expectation,  // an Expect other than 100-continue → 417 (RFC 9110 §10.1.1)
-  framing_too_large,   // a chunk-size line or trailer section over the read buffer, or chunk extensions
-                       // over server.max_header in all → 400 (RFC 9112 §7.1.1)
-  head_timeout,        // the head did not arrive within server.header_timeout → 408
-  head_too_large,      // the head is over server.max_header → 431
-  body_timeout,        // the body did not arrive within server.body_timeout → 408
-  body_too_large,      // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
-  client_closed,       // the client left before sending the whole body → 499, nothing sent
+  framing_too_large,        // a chunk-size line or trailer section over the read buffer, or chunk extensions
+                            // over server.max_header in all → 400 (RFC 9112 §7.1.1)
+  head_timeout,             // the head did not arrive within server.header_timeout → 408
+  head_too_large,           // the head is over server.max_header → 431
+  body_timeout,             // the body did not arrive within server.body_timeout → 408
+  body_too_large,           // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
+  client_closed,            // the client left before sending the whole body → 499, nothing sent
 };
 
 class Downstream {

@@ -178,9 +178,9 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   if (admin) {
     admin->start();
     fmt::print(stderr, "weir: admin API on {}:{}{}\n", loaded.admin->listen.host, admin_port,
-               !services.key_store()                ? " (no tenants: runtime keys off)"
+               !services.key_store()                                    ? " (no tenants: runtime keys off)"
                : loaded.auth && loaded.auth->redis_keys && loaded.redis ? ", runtime keys in Redis (auth.redis_keys)"
-               : services.key_store()->persistent() ? ", runtime keys in " + loaded.admin->keys_file
+               : services.key_store()->persistent()                     ? ", runtime keys in " + loaded.admin->keys_file
                                                     : ", runtime keys in memory only (no admin.keys_file)");
   }
   if (request_log) request_log->start();

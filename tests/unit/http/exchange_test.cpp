@@ -744,7 +744,8 @@ TEST_F(HttpExchange, TakeEndReadsOnlyWhatHasArrived) {
   // Nothing more has arrived: false at once (no wait for the upstream).
   std::optional<bool> ended;
   spawn(io, ex->take_end(std::span<char>(sink)), ended);
-  ASSERT_TRUE(run_until(io, [&] { return ended.has_value(); }, 1s));
+  ASSERT_TRUE(run_until(
+      io, [&] { return ended.has_value(); }, 1s));
   EXPECT_FALSE(*ended);
   EXPECT_FALSE(ex->done());
   // Bytes after it (events past [DONE]) and the last chunk arrive: taken and discarded, the body is done.
@@ -755,7 +756,8 @@ TEST_F(HttpExchange, TakeEndReadsOnlyWhatHasArrived) {
   }));
   ended.reset();
   spawn(io, ex->take_end(std::span<char>(sink)), ended);
-  ASSERT_TRUE(run_until(io, [&] { return ended.has_value(); }, 1s));
+  ASSERT_TRUE(run_until(
+      io, [&] { return ended.has_value(); }, 1s));
   EXPECT_TRUE(*ended);
   EXPECT_TRUE(ex->done());
   EXPECT_TRUE(release());  // a whole response: the connection can be pooled
@@ -772,7 +774,8 @@ TEST_F(HttpExchange, TakeEndAfterAnUpstreamCloseIsFalseAndTheConnectionIsNotKept
   std::optional<bool> ended;
   // (Until the FIN is in, false for want of bytes; after it, false for a body cut short.)
   spawn(io, ex->take_end(std::span<char>(sink)), ended);
-  ASSERT_TRUE(run_until(io, [&] { return ended.has_value(); }, 1s));
+  ASSERT_TRUE(run_until(
+      io, [&] { return ended.has_value(); }, 1s));
   EXPECT_FALSE(*ended);
   EXPECT_FALSE(ex->done());
   ex->cancel();
