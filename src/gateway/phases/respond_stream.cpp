@@ -267,4 +267,16 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   co_return Outcome::responded();
 }
 
+core::Task<void> GatewayPhases::take_upstream_end(RequestContext& ctx) {
+  if (!ctx.end_pending) co_return;
+  ctx.end_pending = false;
+  co_await exchange_.await_end(w_.stream_body_buffer());
+  // Kept when its end came (release() drops it otherwise).
+  if (auto c = exchange_.release(); c && end_gen_) {
+    ++c->uses;
+    end_gen_->pool(end_pool_).endpoint(end_ep_).conns.put(std::move(c), core::now());
+  }
+  end_gen_.reset();
+}
+
 }  // namespace weir::gateway

@@ -1,0 +1,161 @@
+// The upstream request's body (the proxy phase's first step): the client's
+// body with at most two members spliced (model, stream_options), translated
+// for an Anthropic pool, or a multipart audio body passed on; and the
+// upstream target for each route.
+#include <algorithm>
+#include <charconv>
+#include <optional>
+
+#include <fmt/format.h>
+
+#include "api/anthropic/request.hpp"
+#include "api/anthropic/upstream_request.hpp"
+#include "api/json_scan.hpp"
+#include "api/openai/batch.hpp"
+#include "api/openai/stream.hpp"
+#include "api/responses/request.hpp"
+#include "core/json_text.hpp"
+#include "core/multipart.hpp"
+#include "core/text.hpp"
+#include "gateway/failure.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target) {
+  if (anthropic_pool) return is_anthropic(r) ? client_target : api::anthropic::messages_path();
+  if (r == RouteKind::responses) return api::responses::upstream_path();
+  if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
+  if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
+  return client_target;
+}
+
+bool GatewayPhases::anthropic_pool(const RequestContext& ctx) const {
+  return ctx.gen->config().pools[ctx.target.pool].type == core::UpstreamType::anthropic;
+}
+
+core::Error GatewayPhases::not_served_by_anthropic(const RequestContext& ctx) const {
+  return core::bad_request(
+      fmt::format("Model `{}` is served by pool `{}`, an Anthropic Messages API upstream, which has no {} route: use "
+                  "/v1/chat/completions, /v1/responses or /v1/messages.",
+                  core::utf8_prefix(ctx.model, core::kMaxEchoBytes), ctx.gen->config().pools[ctx.target.pool].name,
+                  route_label(ctx.route)),
+      "model", "unsupported_route");
+}
+
+std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
+  // The chat body: the client's, or the Responses request's translation (parse).
+  const std::string_view chat = is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body();
+  if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  const api::anthropic::UpstreamRequestOptions o{
+      .model = ctx.target.upstream_model.empty() ? std::string_view(ctx.model) : ctx.target.upstream_model,
+      .default_max_tokens = pc.anthropic.max_tokens};
+  if (auto r = api::anthropic::chat_to_messages(chat, o, ctx.upstream_body_buf); !r) return std::move(r.error());
+  return std::nullopt;
+}
+
+std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
+  if (!api_of(ctx.route)) {
+    // GET/HEAD (the upstream's model list): a request body means nothing
+    // there, and forwarded without a length the upstream would read it as
+    // the next request on the connection (request smuggling).
+    ctx.upstream_body = {};
+    return std::nullopt;
+  }
+  if (ctx.resume.active) {
+    // A resume sends its continuation (begin_resume); the usage chunk asked for stays asked for.
+    ctx.upstream_body = ctx.resume.buf->body;
+    return std::nullopt;
+  }
+  const bool anthropic = anthropic_pool(ctx);
+  if (anthropic && !served_by_anthropic(ctx.route)) return not_served_by_anthropic(ctx);
+  if (is_audio(ctx.route)) {
+    prepare_audio_body(ctx);
+    return std::nullopt;
+  }
+  ctx.strip_usage = false;  // decided again per target: pools differ in request_usage
+  if (anthropic && !is_anthropic(ctx.route)) {
+    // Chat completions or Responses into Anthropic's Messages API (the
+    // model named in the translation); the route phase did it for the first target.
+    if (!(ctx.anthropic_ready && ctx.fallback_step == 0 && !ctx.batch_split))
+      if (auto e = translate_for_anthropic(ctx)) return e;
+    ctx.upstream_body = ctx.upstream_body_buf;
+    return std::nullopt;
+  }
+  if (!anthropic && is_anthropic(ctx.route) && !ctx.chat_translated) {
+    // The parse phase only read this request (its first target is an
+    // Anthropic pool); this OpenAI-compatible target needs the translation.
+    if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
+    auto fields = api::anthropic::translate_request(
+        ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
+        down_.body(), ctx.edit_buf);
+    if (!fields) return std::move(fields.error());
+    ctx.chat_translated = true;
+  }
+  // A translated request's upstream body is its translation (parse phase),
+  // which asks a stream for its usage chunk itself; an Anthropic route to an
+  // Anthropic pool is the client's body, whose stream always carries usage.
+  const bool translated = is_translated(ctx.route) && !anthropic;
+  std::string_view body = translated ? std::string_view(ctx.edit_buf) : down_.body();
+  if (!ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model) {
+    ctx.scratch.clear();
+    core::append_json_string(ctx.scratch, ctx.target.upstream_model);
+    if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+    if (api::set_member(body, "model", ctx.scratch, ctx.upstream_body_buf)) body = ctx.upstream_body_buf;
+  }
+  if (!translated && !anthropic && ctx.stream && !ctx.fields.include_usage && ctx.route != RouteKind::embeddings &&
+      ctx.gen->config().pools[ctx.target.pool].request_usage) {
+    // Ask for the usage chunk so this stream's tokens are known; the client
+    // did not ask for it, so the stream hooks drop it from the client's stream.
+    if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
+    if (api::openai::ask_for_usage(body, ctx.fields.has_stream_options, ctx.scratch, ctx.edit_buf)) {
+      body = ctx.edit_buf;
+      ctx.strip_usage = true;
+    }
+  }
+  ctx.upstream_body = body;
+  return std::nullopt;
+}
+
+void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
+  // A speech-to-text form goes up as it came, with two edits: the model
+  // field renamed (or added) for the target's upstream_model, and a stream
+  // asking for its usage chunk (vLLM's stream_include_usage form field),
+  // which the stream hooks then drop from the client's stream. The form
+  // parsed in the parse phase, so it parses again here.
+  std::string_view body = down_.body();
+  ctx.strip_usage = false;
+  const auto boundary =
+      core::form_boundary(http::first_field(down_.request(), boost::beast::http::field::content_type));
+  const bool rename = !ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model;
+  if (boundary && rename) {
+    const auto parts = core::parse_form(body, *boundary);
+    if (parts && !parts->empty()) {
+      if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+      if (const auto* m = core::find_part(*parts, "model"))
+        core::replace_part_value(body, *m, ctx.target.upstream_model, ctx.upstream_body_buf);
+      else
+        core::append_form_field(body, *boundary, parts->back(), "model", ctx.target.upstream_model,
+                                ctx.upstream_body_buf);
+      body = ctx.upstream_body_buf;
+    }
+  }
+  if (boundary && ctx.stream && !ctx.fields.include_usage && ctx.gen->config().pools[ctx.target.pool].request_usage) {
+    const auto parts = core::parse_form(body, *boundary);
+    if (parts && !parts->empty()) {
+      if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
+      // A client's stream_include_usage=false is replaced, not contradicted by a second field.
+      if (const auto* u = core::find_part(*parts, "stream_include_usage"))
+        core::replace_part_value(body, *u, "true", ctx.edit_buf);
+      else
+        core::append_form_field(body, *boundary, parts->back(), "stream_include_usage", "true", ctx.edit_buf);
+      body = ctx.edit_buf;
+      ctx.strip_usage = true;
+    }
+  }
+  ctx.upstream_body = body;
+}
+
+}  // namespace weir::gateway
