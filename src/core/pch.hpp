@@ -1,5 +1,7 @@
 // Precompiled header: the heavy third-party headers most translation units use.
 #pragma once
+// First: its Asio specializations must precede every use (core/frame_recycler.hpp).
+#include "core/frame_recycler.hpp"
 #include <fmt/format.h>
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
