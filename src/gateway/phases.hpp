@@ -6,8 +6,11 @@
 #pragma once
 
 #include <optional>
+#include <span>
+#include <string>
 
 #include "batching/batch.hpp"
+#include "core/metrics.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/pipeline.hpp"
 #include "http/downstream.hpp"
@@ -165,6 +168,32 @@ class GatewayPhases final : public Phases {
   // (`messages`, `prompt`) for balance: prefix_affinity. Nothing is copied.
   routing::PickRequest pick_request(const RequestContext& ctx, const core::PoolConfig& pc) const;
   core::Task<Outcome> respond_stream(RequestContext& ctx);
+  // What a stream being relayed keeps from one upstream read to the next.
+  // (respond_stream's frame lives as long as the stream and a GCC 12 frame
+  // holds every local of the coroutine: the work between two reads is done
+  // in plain functions, whose locals are on the stack.)
+  struct StreamRelay {
+    http::ResponseSource* src = nullptr;  // ctx.source as the stream began
+    std::span<char> into;                 // the worker's body buffer each read lands in
+    std::string* events = nullptr;        // the worker's buffer for one read's events
+    core::Histogram* itl = nullptr;       // the model's inter-token latency
+    core::TimePoint last_event{};         // the previous data event relayed (none yet: epoch)
+    http::UpstreamFailure failure = http::UpstreamFailure::none;
+    bool holding = false;    // the head waits for the first content event
+    bool first_read = true;  // no read's events sent yet
+    bool cut_off = false;    // the client did not keep up (server.max_stream_buffer)
+  };
+  // Counts the stream and sends the client's head unless it is held.
+  StreamRelay begin_stream(RequestContext& ctx);
+  // The client's head (the commit point): status, `src`'s fields, ours.
+  void send_stream_head(RequestContext& ctx, http::ResponseSource& src);
+  // Relays read `r`'s events; returns false when the stream ends here (its
+  // end or its [DONE], a failure in s.failure, a slow client in s.cut_off,
+  // a client gone).
+  bool relay_read(RequestContext& ctx, StreamRelay& s, const http::BodyRead& r);
+  // After the last read: the outcome, or next() when the stream ended well
+  // and only the upstream's end (after a [DONE]) and the client's queue are left.
+  Outcome end_stream(RequestContext& ctx, StreamRelay& s);
   // The stream being relayed is complete only at the upstream's `data: [DONE]`:
   // an OpenAI chat or completions stream passed through (not translated).
   bool done_expected(const RequestContext& ctx) const;

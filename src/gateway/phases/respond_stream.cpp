@@ -45,145 +45,153 @@ bool GatewayPhases::done_expected(const RequestContext& ctx) const {
   return !ctx.hooks.translating() && (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions);
 }
 
-core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
-  const auto& sc = down_.config();
+void GatewayPhases::send_stream_head(RequestContext& ctx, http::ResponseSource& src) {
+  const auto t0 = core::now();
+  commit(ctx);
+  ctx.head.clear();
+  http::append_status_line(ctx.head, 200);
+  http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx));
+  http::append_header(ctx.head, "x-request-id", ctx.request_id);
+  ctx.head += ctx.rate_limit_lines;
+  http::append_connection_header(ctx.head, down_.connection_mode());
+  if (down_.http11()) ctx.head += "Transfer-Encoding: chunked\r\n";
+  ctx.head += "\r\n";
+  down_.send(ctx.head);
+  // A long stream keeps neither the head's storage nor the request's fields.
+  w_.give_buffer(ctx.head);
+  if (!ctx.resume.on) down_.release_request_fields();  // a resume sends them again
+  src.shrink();
+  ctx.added_us += core::micros_between(t0, core::now());
+}
+
+GatewayPhases::StreamRelay GatewayPhases::begin_stream(RequestContext& ctx) {
   auto& metrics = w_.metrics();
-  http::ResponseSource& src = *ctx.source;
+  StreamRelay s;
+  s.src = ctx.source;
   ++metrics.active_streams;
   ctx.status = 200;
   if (!down_.http11()) down_.no_keep_alive();  // HTTP/1.0: the body ends at close
 
-  // The commit point: the client's head goes out, and nothing can be retried after it.
-  auto send_head = [&] {
-    const auto t0 = core::now();
-    commit(ctx);
-    ctx.head.clear();
-    http::append_status_line(ctx.head, 200);
-    http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx));
-    http::append_header(ctx.head, "x-request-id", ctx.request_id);
-    ctx.head += ctx.rate_limit_lines;
-    http::append_connection_header(ctx.head, down_.connection_mode());
-    if (down_.http11()) ctx.head += "Transfer-Encoding: chunked\r\n";
-    ctx.head += "\r\n";
-    down_.send(ctx.head);
-    // A long stream keeps neither the head's storage nor the request's fields.
-    w_.give_buffer(ctx.head);
-    if (!ctx.resume.on) down_.release_request_fields();  // a resume sends them again
-    src.shrink();
-    ctx.added_us += core::micros_between(t0, core::now());
-  };
+  // The commit point (send_stream_head): the client's head goes out, and nothing can be retried after it.
   // A held stream (a fallback is left) commits at its first content event;
   // the events before it (vLLM's role-only first chunk) wait in ctx.body.
-  bool holding = ctx.hold_head;
-  if (!holding && !ctx.committed) send_head();  // (a resume's stream continues the client's)
+  s.holding = ctx.hold_head;
+  if (!s.holding && !ctx.committed) send_stream_head(ctx, *s.src);  // (a resume's stream continues the client's)
   ctx.body.clear();
 
   ctx.sse.reset();
   reset_stream_hooks(ctx);
-  const auto into = w_.stream_body_buffer();
-  std::string& events = w_.stream_events();  // used only until this read's events are sent
-  http::UpstreamFailure failure = http::UpstreamFailure::none;
+  s.into = w_.stream_body_buffer();
+  s.events = &w_.stream_events();  // used only until a read's events are sent
   // Inter-token latency: the time since the previous data event relayed
   // (events of one read share its time), one bucket increment per event.
-  core::Histogram& itl = metrics.itl(ctx.model_slot);
-  core::TimePoint last_event{};
+  s.itl = &metrics.itl(ctx.model_slot);
+  return s;
+}
+
+bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::BodyRead& r) {
+  const auto& sc = down_.config();
+  http::ResponseSource& src = *s.src;
+  std::string& events = *s.events;
   auto data_event = [&](core::TimePoint t) {
-    if (last_event != core::TimePoint{}) itl.observe_us(core::micros_between(last_event, t));
-    last_event = t;
+    if (s.last_event != core::TimePoint{}) s.itl->observe_us(core::micros_between(s.last_event, t));
+    s.last_event = t;
   };
-  bool first_read = true;
-  bool cut_off = false;
-  while (!src.done()) {
-    const http::BodyRead r = co_await src.read(into);
-    const auto t_read = core::now();
-    events.clear();
-    if (r.bytes > 0) {
-      ctx.sse.push(std::string_view(into.data(), r.bytes));
-      while (auto ev = ctx.sse.next()) {
-        // After [DONE] (a translated stream: its end) nothing more of the upstream's is the client's.
-        if (ctx.hooks.done_relayed()) continue;
-        if (holding && ev->has_data && !ev->is_done()) {
-          const auto c = ctx.hooks.classify(*ev);
-          if (c == api::openai::ChunkKind::error) failure = http::UpstreamFailure::protocol;
-          if (c == api::openai::ChunkKind::content) holding = false;
-        }
-        if (ctx.hooks.translating()) {
-          if (!ctx.hooks.translate(*ev, events)) continue;
-          ++ctx.events;
-          data_event(t_read);
-          if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
-          continue;
-        }
-        if (ctx.resume.on && ev->has_data && !ev->is_done() && !resume_note(ctx, *ev, holding, failure)) {
-          if (failure != http::UpstreamFailure::none) break;
-          continue;
-        }
-        if (!ctx.hooks.on_event(*ev)) continue;
-        if (ev->has_data) {
-          ++ctx.events;
-          if (!ev->is_done()) data_event(t_read);
-          if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
-        }
-        events += ev->raw;
+  const auto t_read = core::now();
+  events.clear();
+  if (r.bytes > 0) {
+    ctx.sse.push(std::string_view(s.into.data(), r.bytes));
+    while (auto ev = ctx.sse.next()) {
+      // After [DONE] (a translated stream: its end) nothing more of the upstream's is the client's.
+      if (ctx.hooks.done_relayed()) continue;
+      if (s.holding && ev->has_data && !ev->is_done()) {
+        const auto c = ctx.hooks.classify(*ev);
+        if (c == api::openai::ChunkKind::error) s.failure = http::UpstreamFailure::protocol;
+        if (c == api::openai::ChunkKind::content) s.holding = false;
       }
-      // (Garbage after [DONE] is not the client's: the stream was whole.)
-      if (ctx.sse.error() && !ctx.hooks.done_relayed()) failure = http::UpstreamFailure::protocol;
-    }
-    if (ctx.hold_head && !ctx.committed) {
-      // (A body that ended without its [DONE] is no whole stream: it fails over below.)
-      const bool whole = r.end && (ctx.hooks.done_relayed() || !done_expected(ctx));
-      if (failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!holding || whole)) {
-        // The first content event (or the whole stream) is here: commit, with what was held before it.
-        send_head();
-        events.insert(0, ctx.body);
-        ctx.body.clear();
-      } else {
-        ctx.body += events;
-        events.clear();
+      if (ctx.hooks.translating()) {
+        if (!ctx.hooks.translate(*ev, events)) continue;
+        ++ctx.events;
+        data_event(t_read);
+        if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
+        continue;
       }
-    }
-    // Bytes of earlier reads the client has not taken yet: the slow-client
-    // measure. Not this read's events: one event larger than the bound (a
-    // chunk with prompt_logprobs) is not a slow client.
-    const std::size_t backlog = down_.backlog();
-    if (!events.empty()) {
-      if (ctx.capture) capture_response(ctx, events);
-      down_.send_body(events);
-      if (first_read) {
-        ctx.added_us += core::micros_between(t_read, core::now());
-        first_read = false;
+      if (ctx.resume.on && ev->has_data && !ev->is_done() && !resume_note(ctx, *ev, s.holding, s.failure)) {
+        if (s.failure != http::UpstreamFailure::none) break;
+        continue;
       }
-    }
-    if (r.failure != http::UpstreamFailure::none) {
-      // After [DONE] the stream was whole for the client: an upstream that
-      // then resets, closes before its body's end or goes idle costs only
-      // its connection (not reused), never an error after the [DONE], a
-      // failure counted against the endpoint or a resume.
-      if (ctx.hooks.done_relayed()) {
-        src.cancel();
-        break;
+      if (!ctx.hooks.on_event(*ev)) continue;
+      if (ev->has_data) {
+        ++ctx.events;
+        if (!ev->is_done()) data_event(t_read);
+        if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
       }
-      failure = r.failure;
+      events += ev->raw;
     }
-    if (failure != http::UpstreamFailure::none || r.end) break;
-    // [DONE] (a translated stream: its end) went out: the client's response
-    // ends now, not when the upstream's body does (one that goes idle after
-    // its [DONE] would hold it open until timeouts.idle).
-    if (ctx.hooks.done_relayed()) break;
-    if (backlog > sc.max_stream_buffer_bytes) {
-      // The client is not keeping up: cut it off rather than buffer without bound.
-      cut_off = true;
-      break;
-    }
-    // The client left (and the upstream was aborted).
-    if (down_.client_gone()) break;
+    // (Garbage after [DONE] is not the client's: the stream was whole.)
+    if (ctx.sse.error() && !ctx.hooks.done_relayed()) s.failure = http::UpstreamFailure::protocol;
   }
+  if (ctx.hold_head && !ctx.committed) {
+    // (A body that ended without its [DONE] is no whole stream: it fails over below.)
+    const bool whole = r.end && (ctx.hooks.done_relayed() || !done_expected(ctx));
+    if (s.failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!s.holding || whole)) {
+      // The first content event (or the whole stream) is here: commit, with what was held before it.
+      send_stream_head(ctx, src);
+      events.insert(0, ctx.body);
+      ctx.body.clear();
+    } else {
+      ctx.body += events;
+      events.clear();
+    }
+  }
+  // Bytes of earlier reads the client has not taken yet: the slow-client
+  // measure. Not this read's events: one event larger than the bound (a
+  // chunk with prompt_logprobs) is not a slow client.
+  const std::size_t backlog = down_.backlog();
+  if (!events.empty()) {
+    if (ctx.capture) capture_response(ctx, events);
+    down_.send_body(events);
+    if (s.first_read) {
+      ctx.added_us += core::micros_between(t_read, core::now());
+      s.first_read = false;
+    }
+  }
+  if (r.failure != http::UpstreamFailure::none) {
+    // After [DONE] the stream was whole for the client: an upstream that
+    // then resets, closes before its body's end or goes idle costs only
+    // its connection (not reused), never an error after the [DONE], a
+    // failure counted against the endpoint or a resume.
+    if (ctx.hooks.done_relayed()) {
+      src.cancel();
+      return false;
+    }
+    s.failure = r.failure;
+  }
+  if (s.failure != http::UpstreamFailure::none || r.end) return false;
+  // [DONE] (a translated stream: its end) went out: the client's response
+  // ends now, not when the upstream's body does (one that goes idle after
+  // its [DONE] would hold it open until timeouts.idle).
+  if (ctx.hooks.done_relayed()) return false;
+  if (backlog > sc.max_stream_buffer_bytes) {
+    // The client is not keeping up: cut it off rather than buffer without bound.
+    s.cut_off = true;
+    return false;
+  }
+  // The client left (and the upstream was aborted).
+  return !down_.client_gone();
+}
+
+Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
+  auto& metrics = w_.metrics();
+  http::ResponseSource& src = *s.src;
+  std::string& events = *s.events;
+  http::UpstreamFailure failure = s.failure;
   // An OpenAI chat or completions stream ends with `data: [DONE]` (vLLM
   // always sends it): a body that ended without it, cleanly or by a close,
   // was cut short, even after its finish_reason and usage. It is a broken
   // stream (failure `protocol`), as a reset mid-stream is: the in-band error,
   // a fallback while nothing was sent, or, with resume on, a resume.
-  const bool incomplete = failure == http::UpstreamFailure::none && !cut_off && !ctx.hooks.done_relayed() &&
+  const bool incomplete = failure == http::UpstreamFailure::none && !s.cut_off && !ctx.hooks.done_relayed() &&
                           !down_.client_gone() && done_expected(ctx);
   if (incomplete) failure = http::UpstreamFailure::protocol;
   ctx.t_upstream_done = core::now();
@@ -193,10 +201,10 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     ctx.has_usage = true;
     ctx.usage = ctx.hooks.usage().usage();
   }
-  if (cut_off) {
+  if (s.cut_off) {
     src.cancel();
     down_.close();
-    co_return Outcome::failed(client_gone(ClientGone::slow));
+    return Outcome::failed(client_gone(ClientGone::slow));
   }
   // The client read [DONE] and left before the upstream's last bytes (the
   // openai SDK closes as soon as it reads [DONE]): a complete stream.
@@ -204,12 +212,12 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   if (down_.client_gone() && finished) {
     if (!src.done()) src.cancel();
     down_.close();
-    co_return Outcome::responded();
+    return Outcome::responded();
   }
   if (down_.client_gone() || down_.write_failed()) {
     if (!src.done()) src.cancel();
     down_.close();
-    co_return Outcome::failed(client_gone(down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed));
+    return Outcome::failed(client_gone(down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed));
   }
   // The proxy cut the stream off (its first token was late, or its deadline passed): a timeout.
   if (failure == http::UpstreamFailure::cancelled && ctx.cutoff != RequestContext::Cutoff::none)
@@ -225,16 +233,16 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       ctx.events = 0;  // none of them reached the client
       ctx.t_first_token = {};
       ctx.fail_over = true;
-      co_return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
-                                           : upstream_error(failure, subject(ctx), false));
+      return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
+                                        : upstream_error(failure, subject(ctx), false));
     }
     // Headers are out: fail() ends the stream in-band, as vLLM does (or, with resume on, proxy() may continue it).
     ctx.resume.wanted = ctx.resume.on;
-    co_return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
-                                         : upstream_error(failure, subject(ctx), true));
+    return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
+                                      : upstream_error(failure, subject(ctx), true));
   }
   if (!ctx.committed) {  // a held stream that ended without a content event
-    send_head();
+    send_stream_head(ctx, src);
     if (ctx.capture) capture_response(ctx, ctx.body);
     if (!ctx.body.empty()) down_.send_body(ctx.body);
     ctx.body.clear();
@@ -249,18 +257,29 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   }
   down_.queue_end();
   down_.flush();
+  return Outcome::next();
+}
+
+core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
+  StreamRelay s = begin_stream(ctx);
+  while (!s.src->done()) {
+    const http::BodyRead r = co_await s.src->read(s.into);
+    if (!relay_read(ctx, s, r)) break;
+  }
+  Outcome o = end_stream(ctx, s);
+  if (!o.goes_on()) co_return std::move(o);
   // The stream ended for the client (its response is whole, and on its way)
   // before the upstream's body did: the connection goes back to the pool if
   // the body's end has already arrived. Else the session's own exchange
   // waits a short grace for it once the request is logged
   // (take_upstream_end); any other source is closed. Nothing after the
   // [DONE] is the client's.
-  if (ctx.hooks.done_relayed() && !src.done()) {
-    const bool ended = co_await src.take_end(into);  // (no co_await in a condition: GCC 12)
-    if (!ended && &src == &exchange_)
+  if (ctx.hooks.done_relayed() && !s.src->done()) {
+    const bool ended = co_await s.src->take_end(s.into);  // (no co_await in a condition: GCC 12)
+    if (!ended && s.src == &exchange_)
       ctx.end_pending = true;
     else if (!ended)
-      src.cancel();
+      s.src->cancel();
   }
   co_await down_.drain();
   if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
