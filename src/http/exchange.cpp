@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <tuple>
 
 #include "http/headers.hpp"
 #include "http/tls.hpp"
@@ -148,48 +149,143 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
 // worker's scratch buffer and is parsed at once (Beast's parser takes the
 // chunk framing off into `into`); only bytes that did not fit `into`, or a
 // chunk header split across reads, wait in the connection's buffer.
+bool Exchange::begin_recv(std::size_t& carried, BodyRead& r) {
+  if (!no_wait_) conn_->watchdog().expires_after(idle_);
+  // Bytes carried from the last read (a chunk header split across
+  // reads) go first, and the recv lands right after them.
+  carried = carry_len_ + conn_->buffer().size();  // one of them is empty
+  if (carried + kMaxCarry > scratch_.size()) {
+    r.failure = UpstreamFailure::protocol;
+    return false;
+  }
+  if (no_wait_ && conn_->tls()) return false;  // (take_end: no TLS read without a wait)
+  return true;
+}
+
+Task<std::pair<error_code, std::size_t>> Exchange::recv_tls(std::size_t carried) {
+  // TLS: OpenSSL may hold decrypted bytes the socket no longer shows
+  // as readable, so no readiness wait of our own: the stream's read
+  // returns what it has or waits for the next record. Not into the
+  // shared scratch: when OpenSSL already holds the bytes, Asio's SSL
+  // stream writes them into the buffer at once but completes as if
+  // posted, and the worker's other exchanges use the scratch meanwhile
+  // (found by bench/run tls: 16 streams, records arriving together).
+  // So into the connection's own buffer, copied on resumption.
+  TlsStream* tls = conn_->tls();
+  if (!tls->read_buf) tls->read_buf = std::make_unique<char[]>(TlsStream::kReadBuf);
+  const std::size_t want = std::min(TlsStream::kReadBuf, scratch_.size() - carried);
+  auto [tec, tn] = co_await tls->stream.async_read_some(asio::buffer(tls->read_buf.get(), want), use_task);
+  if (tn > 0) std::memcpy(scratch_.data() + carried, tls->read_buf.get(), tn);
+  co_return std::pair<error_code, std::size_t>(is_tls_close(tec) ? error_code(asio::error::eof) : tec, tn);
+}
+
+bool Exchange::end_recv(error_code ec, std::size_t n, std::size_t carried, BodyRead& r, std::string_view& in) {
+  Parser& rp = *parser_;
+  auto& raw = conn_->buffer();
+  if (ec == asio::error::eof) {
+    // A body that ends at close (no length, not chunked) is complete now.
+    ec = {};
+    if (rp.got_some()) rp.put_eof(ec);
+    if (!ec && !rp.is_done()) ec = bh::error::partial_message;
+    if (ec)
+      r.failure = classify(*conn_, ec);
+    else
+      r.end = true;
+    return false;
+  }
+  if (ec) {
+    r.failure = classify(*conn_, ec);
+    return false;
+  }
+  full_reads_ = n < scratch_.size() - carried ? 0 : full_reads_ + 1;
+  drained_ = full_reads_ == 0;
+  if (full_reads_ >= kYieldAfterFullReads) {
+    full_reads_ = 0;
+    yield_ = true;
+  }
+  if (carry_len_ > 0) {
+    std::memcpy(scratch_.data(), carry_.data(), carry_len_);
+    carry_len_ = 0;
+  } else {
+    asio::buffer_copy(asio::buffer(scratch_.data(), carried), raw.data());
+    raw.consume(carried);
+  }
+  need_more_ = false;
+  in = std::string_view(scratch_.data(), carried + n);
+  return true;
+}
+
+bool Exchange::parse_into(std::string_view in, bool from_raw, std::span<char> into, BodyRead& r) {
+  Parser& rp = *parser_;
+  auto& raw = conn_->buffer();
+  // Parse what we have: framing off, body bytes into `into`.
+  std::size_t off = 0;
+  bool bad = false;
+  while (off < in.size() && !rp.is_done() && r.bytes < into.size()) {
+    rp.get().body().data = into.data() + r.bytes;
+    rp.get().body().size = into.size() - r.bytes;
+    error_code pec;
+    const std::size_t used = rp.put(asio::buffer(in.data() + off, in.size() - off), pec);
+    off += used;
+    const std::size_t got = into.size() - r.bytes - rp.get().body().size;
+    r.bytes += got;
+    if (pec == bh::error::need_more) {  // a partial chunk header: read on
+      need_more_ = true;
+      break;
+    }
+    if (pec && pec != bh::error::need_buffer) {
+      bad = true;
+      break;
+    }
+    if (used == 0 && got == 0 && !pec) break;
+  }
+  rp.get().body().data = nullptr;                         // `into` is the caller's, not the parser's
+  if (rp.is_done() && off < in.size()) trailing_ = true;  // bytes beyond the response
+  if (from_raw) {
+    raw.consume(off);
+  } else if (off < in.size() && !rp.is_done()) {
+    const std::size_t left = in.size() - off;
+    if (need_more_ && left <= carry_.size()) {
+      // A piece of framing (a chunk's CRLF and the next size line, usually
+      // just "\r\n"): kept inline, so a stream that gave its buffer back
+      // (shrink()) does not take one again for it.
+      std::memcpy(carry_.data(), in.data() + off, left);
+      carry_len_ = static_cast<std::uint8_t>(left);
+    } else {
+      asio::buffer_copy(raw.prepare(left), asio::buffer(in.data() + off, left));
+      raw.commit(left);
+    }
+  }
+  if (bad) {
+    r.failure = UpstreamFailure::protocol;
+    return false;
+  }
+  if (rp.is_done()) r.end = true;
+  if (shrink_ && raw.size() == 0) raw.shrink_to_fit();
+  if (r.bytes > 0 || r.end) return false;
+  if (from_raw && off == 0 && !need_more_) need_more_ = true;  // nothing parsed from the carried bytes: read more
+  return true;
+}
+
 Task<BodyRead> Exchange::read(std::span<char> into) {
   BodyRead r;
-  auto& sock = conn_->socket();
-  auto& raw = conn_->buffer();
-  Parser& rp = *parser_;
   for (;;) {
-    if (rp.is_done()) {
+    if (parser_->is_done()) {
       r.end = true;
       break;
     }
     std::string_view in;
-    const bool from_raw = raw.size() > 0 && !need_more_;
+    const bool from_raw = conn_->buffer().size() > 0 && !need_more_;
     if (from_raw) {
+      const auto& raw = conn_->buffer();
       in = std::string_view(static_cast<const char*>(raw.data().data()), raw.size());
     } else {
-      if (!no_wait_) conn_->watchdog().expires_after(idle_);
-      // Bytes carried from the last read (a chunk header split across
-      // reads) go first, and the recv lands right after them.
-      const std::size_t carried = carry_len_ + raw.size();  // one of them is empty
-      if (carried + kMaxCarry > scratch_.size()) {
-        r.failure = UpstreamFailure::protocol;
-        break;
-      }
-      const auto room = asio::buffer(scratch_.data() + carried, scratch_.size() - carried);
+      std::size_t carried = 0;
+      if (!begin_recv(carried, r)) break;
       error_code ec;
       std::size_t n = 0;
-      if (no_wait_ && conn_->tls()) break;  // (take_end: no TLS read without a wait)
-      if (TlsStream* tls = conn_->tls()) [[unlikely]] {
-        // TLS: OpenSSL may hold decrypted bytes the socket no longer shows
-        // as readable, so no readiness wait of our own: the stream's read
-        // returns what it has or waits for the next record. Not into the
-        // shared scratch: when OpenSSL already holds the bytes, Asio's SSL
-        // stream writes them into the buffer at once but completes as if
-        // posted, and the worker's other exchanges use the scratch meanwhile
-        // (found by bench/run tls: 16 streams, records arriving together).
-        // So into the connection's own buffer, copied on resumption.
-        if (!tls->read_buf) tls->read_buf = std::make_unique<char[]>(TlsStream::kReadBuf);
-        const std::size_t want = std::min(TlsStream::kReadBuf, room.size());
-        auto [tec, tn] = co_await tls->stream.async_read_some(asio::buffer(tls->read_buf.get(), want), use_task);
-        ec = is_tls_close(tec) ? error_code(asio::error::eof) : tec;
-        n = tn;
-        if (n > 0) std::memcpy(scratch_.data() + carried, tls->read_buf.get(), n);
+      if (conn_->tls()) [[unlikely]] {
+        std::tie(ec, n) = co_await recv_tls(carried);
       } else {
         // The recv lands in the worker's scratch, shared by every exchange
         // of the worker: it must be parsed before any other handler runs.
@@ -203,6 +299,8 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
           yield_ = false;
           co_await asio::post(ex_, asio::use_awaitable_t<Executor>{});
         }
+        auto& sock = conn_->socket();
+        const auto room = asio::buffer(scratch_.data() + carried, scratch_.size() - carried);
         // (take_end: a recv now, whatever the reactor last saw: the bytes may be in, their edge not yet harvested.)
         bool wait = !no_wait_ && drained_ && quiet_since_drained(sock);
         if (!wait) {
@@ -212,88 +310,12 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         if (wait && no_wait_) break;  // nothing has arrived
         if (wait) {
           drained_ = true;
-          auto [rec, rn] = co_await async_recv_drained(sock, room, use_task);
-          ec = rec;
-          n = rn;
+          std::tie(ec, n) = co_await async_recv_drained(sock, room, use_task);
         }
       }
-      if (ec == asio::error::eof) {
-        // A body that ends at close (no length, not chunked) is complete now.
-        ec = {};
-        if (rp.got_some()) rp.put_eof(ec);
-        if (!ec && !rp.is_done()) ec = bh::error::partial_message;
-        if (ec)
-          r.failure = classify(*conn_, ec);
-        else
-          r.end = true;
-        break;
-      }
-      if (ec) {
-        r.failure = classify(*conn_, ec);
-        break;
-      }
-      full_reads_ = n < scratch_.size() - carried ? 0 : full_reads_ + 1;
-      drained_ = full_reads_ == 0;
-      if (full_reads_ >= kYieldAfterFullReads) {
-        full_reads_ = 0;
-        yield_ = true;
-      }
-      if (carry_len_ > 0) {
-        std::memcpy(scratch_.data(), carry_.data(), carry_len_);
-        carry_len_ = 0;
-      } else {
-        asio::buffer_copy(asio::buffer(scratch_.data(), carried), raw.data());
-        raw.consume(carried);
-      }
-      need_more_ = false;
-      in = std::string_view(scratch_.data(), carried + n);
+      if (!end_recv(ec, n, carried, r, in)) break;
     }
-    // Parse what we have: framing off, body bytes into `into`.
-    std::size_t off = 0;
-    bool bad = false;
-    while (off < in.size() && !rp.is_done() && r.bytes < into.size()) {
-      rp.get().body().data = into.data() + r.bytes;
-      rp.get().body().size = into.size() - r.bytes;
-      error_code pec;
-      const std::size_t used = rp.put(asio::buffer(in.data() + off, in.size() - off), pec);
-      off += used;
-      const std::size_t got = into.size() - r.bytes - rp.get().body().size;
-      r.bytes += got;
-      if (pec == bh::error::need_more) {  // a partial chunk header: read on
-        need_more_ = true;
-        break;
-      }
-      if (pec && pec != bh::error::need_buffer) {
-        bad = true;
-        break;
-      }
-      if (used == 0 && got == 0 && !pec) break;
-    }
-    rp.get().body().data = nullptr;                         // `into` is the caller's, not the parser's
-    if (rp.is_done() && off < in.size()) trailing_ = true;  // bytes beyond the response
-    if (from_raw) {
-      raw.consume(off);
-    } else if (off < in.size() && !rp.is_done()) {
-      const std::size_t left = in.size() - off;
-      if (need_more_ && left <= carry_.size()) {
-        // A piece of framing (a chunk's CRLF and the next size line, usually
-        // just "\r\n"): kept inline, so a stream that gave its buffer back
-        // (shrink()) does not take one again for it.
-        std::memcpy(carry_.data(), in.data() + off, left);
-        carry_len_ = static_cast<std::uint8_t>(left);
-      } else {
-        asio::buffer_copy(raw.prepare(left), asio::buffer(in.data() + off, left));
-        raw.commit(left);
-      }
-    }
-    if (bad) {
-      r.failure = UpstreamFailure::protocol;
-      break;
-    }
-    if (rp.is_done()) r.end = true;
-    if (shrink_ && raw.size() == 0) raw.shrink_to_fit();
-    if (r.bytes > 0 || r.end) break;
-    if (from_raw && off == 0 && !need_more_) need_more_ = true;  // nothing parsed from the carried bytes: read more
+    if (!parse_into(in, from_raw, into, r)) break;
   }
   if (r.end || r.failure != UpstreamFailure::none) conn_->watchdog().disarm();
   co_return r;

@@ -9,6 +9,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <utility>
 
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/parser.hpp>
@@ -49,6 +50,25 @@ class Exchange final : public UpstreamExchange {
 
  private:
   using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
+
+  // read() in parts. Its frame lives as long as a stream waits on the
+  // upstream and a GCC 12 frame holds every local of the coroutine: what
+  // does not wait is done in plain functions, whose locals are on the stack.
+  //
+  // Before a recv: arms the idle deadline (not for take_end()); `carried` =
+  // bytes kept from the last read, which the recv lands after. False when
+  // read() returns now: they leave no room (r.failure set), or take_end()
+  // on a TLS connection (no read without a wait).
+  bool begin_recv(std::size_t& carried, BodyRead& r);
+  // A TLS connection's recv of up to scratch_.size() - `carried` bytes into
+  // scratch_ after the carried ones: (error, bytes).
+  Task<std::pair<boost::system::error_code, std::size_t>> recv_tls(std::size_t carried);
+  // After a recv of `n` bytes (error `ec`): `in` = the bytes to parse
+  // (carried ones first). False when the read ends here (r.end or r.failure set).
+  bool end_recv(boost::system::error_code ec, std::size_t n, std::size_t carried, BodyRead& r, std::string_view& in);
+  // Parses `in` (the connection's buffer when `from_raw`) into `into`,
+  // counting in `r`. False when read() returns r now.
+  bool parse_into(std::string_view in, bool from_raw, std::span<char> into, BodyRead& r);
 
   Executor ex_;
   std::span<char> scratch_;
