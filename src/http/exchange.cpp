@@ -162,6 +162,21 @@ bool Exchange::begin_recv(std::size_t& carried, BodyRead& r) {
   return true;
 }
 
+asio::mutable_buffer Exchange::room(std::size_t carried) const {
+  return asio::buffer(scratch_.data() + carried, scratch_.size() - carried);
+}
+
+bool Exchange::recv_now(std::size_t carried, error_code& ec, std::size_t& n) {
+  auto& sock = conn_->socket();
+  // (take_end: a recv now, whatever the reactor last saw: the bytes may be in, their edge not yet harvested.)
+  bool wait = !no_wait_ && drained_ && quiet_since_drained(sock);
+  if (!wait) {
+    n = sock.read_some(room(carried), ec);
+    wait = ec == asio::error::would_block || ec == asio::error::try_again;
+  }
+  return !wait;
+}
+
 Task<std::pair<error_code, std::size_t>> Exchange::recv_tls(std::size_t carried) {
   // TLS: OpenSSL may hold decrypted bytes the socket no longer shows
   // as readable, so no readiness wait of our own: the stream's read
@@ -299,18 +314,11 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
           yield_ = false;
           co_await asio::post(ex_, asio::use_awaitable_t<Executor>{});
         }
-        auto& sock = conn_->socket();
-        const auto room = asio::buffer(scratch_.data() + carried, scratch_.size() - carried);
-        // (take_end: a recv now, whatever the reactor last saw: the bytes may be in, their edge not yet harvested.)
-        bool wait = !no_wait_ && drained_ && quiet_since_drained(sock);
-        if (!wait) {
-          n = sock.read_some(room, ec);
-          wait = ec == asio::error::would_block || ec == asio::error::try_again;
-        }
+        const bool wait = !recv_now(carried, ec, n);
         if (wait && no_wait_) break;  // nothing has arrived
         if (wait) {
           drained_ = true;
-          std::tie(ec, n) = co_await async_recv_drained(sock, room, use_task);
+          std::tie(ec, n) = co_await async_recv_drained(conn_->socket(), room(carried), use_task);
         }
       }
       if (!end_recv(ec, n, carried, r, in)) break;

@@ -60,6 +60,12 @@ class Exchange final : public UpstreamExchange {
   // read() returns now: they leave no room (r.failure set), or take_end()
   // on a TLS connection (no read without a wait).
   bool begin_recv(std::size_t& carried, BodyRead& r);
+  // scratch_ after the `carried` bytes: where a recv lands.
+  boost::asio::mutable_buffer room(std::size_t carried) const;
+  // A plain connection's recv now, unless the socket is known drained (a
+  // wait then, not for take_end()). False when the recv must wait for
+  // readiness (async_recv_drained); else (ec, n) is the recv's.
+  bool recv_now(std::size_t carried, boost::system::error_code& ec, std::size_t& n);
   // A TLS connection's recv of up to scratch_.size() - `carried` bytes into
   // scratch_ after the carried ones: (error, bytes).
   Task<std::pair<boost::system::error_code, std::size_t>> recv_tls(std::size_t carried);
