@@ -9,12 +9,15 @@
 // frame made, however much bigger it is. A stream's long-lived frames (the
 // responder's, the upstream read's) are made right after the request's
 // short-lived ones (admit's 640 bytes, the attempt loop's 800) and kept those
-// blocks for the whole stream: ~0.6 KB per open stream of blocks sized for
+// blocks for the whole stream: ~1 KB per open stream of blocks sized for
 // frames that had ended. Here a block is reused only when it is at most a
-// quarter (plus 64 bytes) bigger than asked, and the smallest such block is
-// taken; else a block of the asked size is allocated. The steady state stays
-// allocation-free (each frame of an SSE event finds its own size again);
-// bench/ `allocs` counts it, bench/ `memory` measures the saving.
+// sixteenth (plus 16 bytes) bigger than asked, and the smallest such block is
+// taken; else a block of the asked size is allocated. A looser bound (a
+// quarter plus 64 bytes) still let a 304-byte responder frame keep a 368-byte
+// block and a 400-byte read frame a 464-byte one. With 32 slots per thread
+// (CMakeLists.txt), the steady state stays allocation-free: each frame of a
+// request or an SSE event finds a block of its own size again; bench/
+// `allocs` counts it, bench/ `memory` measures the saving.
 #pragma once
 
 #include <climits>
@@ -31,12 +34,12 @@ static_assert(BOOST_VERSION == 108100,
 namespace weir::core::frame_recycler {
 
 // The cache slot to reuse for a block of `chunks` chunks (Asio's 4-byte
-// units): the smallest cached block that fits with at most a quarter plus
-// 16 chunks (64 bytes) to spare; -1 if none. `slots` holds `n` pointers, null
+// units): the smallest cached block that fits with at most a sixteenth plus
+// 4 chunks (16 bytes) to spare; -1 if none. `slots` holds `n` pointers, null
 // or a block whose first byte is its size in chunks (Asio's layout); `align`:
 // the alignment asked, in bytes.
 inline int best_fit(void* const* slots, int n, std::size_t chunks, std::size_t align) noexcept {
-  const std::size_t most = chunks + chunks / 4 + 16;
+  const std::size_t most = chunks + chunks / 16 + 4;
   int best = -1;
   std::size_t best_size = most + 1;
   for (int i = 0; i < n; ++i) {

@@ -29,12 +29,15 @@ TEST(FrameRecycler, BestFitPicksTheSmallestCloseBlock) {
   alignas(16) unsigned char a[16] = {200}, b[16] = {100}, c[16] = {130};
   void* slots[4] = {a, nullptr, b, c};
   EXPECT_EQ(frame_recycler::best_fit(slots, 4, 100, 16), 2);   // exact
-  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 90, 16), 2);    // 100 over 130
-  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 101, 16), 3);   // 130 <= 101 + 25 + 16
-  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 131, 16), -1);  // 200 > 131 + 32 + 16: too big to spend
-  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 150, 16), 0);   // 200 <= 150 + 37 + 16
-  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 60, 16), -1);   // 100 > 60 + 15 + 16: none close enough
+  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 95, 16), 2);    // 100 <= 95 + 5 + 4
+  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 90, 16), -1);   // 100 > 90 + 5 + 4: too big to spend
+  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 125, 16), 3);   // 130 <= 125 + 7 + 4
+  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 101, 16), -1);  // 130 > 101 + 6 + 4
+  EXPECT_EQ(frame_recycler::best_fit(slots, 4, 190, 16), 0);   // 200 <= 190 + 11 + 4
   EXPECT_EQ(frame_recycler::best_fit(slots, 4, 201, 16), -1);  // none big enough
+  alignas(16) unsigned char d[32] = {100};
+  void* odd[1] = {d + 1};  // misaligned for 16
+  EXPECT_EQ(frame_recycler::best_fit(odd, 1, 100, 16), -1);
 }
 
 TEST(FrameRecycler, SmallFrameDoesNotTakeABigCachedBlock) {
