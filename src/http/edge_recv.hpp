@@ -204,10 +204,22 @@ struct InitiateRecv {
       watch_peer_close(reactor, impl.socket_, impl.reactor_data_, p.p->ec_);
       now = static_cast<bool>(p.p->ec_);
     }
-    if (now)
+    if (now) {
       reactor.post_immediate_completion(p.p, false);
-    else
-      reactor.start_op(ad::reactor::read_op, impl.socket_, impl.reactor_data_, p.p, false, speculative);
+    } else {
+      // The caller knows the socket is drained: the reactor's next harvest of
+      // an edge runs the recv, so the operation only queues. Asio's own way
+      // to queue without a recv first (allow_speculative false) re-arms the
+      // descriptor with an epoll_ctl, which also re-raises EPOLLOUT on a
+      // writable socket and wakes epoll_wait once for nothing: two system
+      // calls per upstream event. With the edge-triggered registration no
+      // arrival after the drain goes unreported (see the top), so marking
+      // reads as not to be tried at once (as Asio does after a drained read)
+      // and queueing as a speculative operation does the same without them.
+      if (!speculative && impl.reactor_data_)
+        (impl.reactor_data_->*member(TrySpeculative{}))[ad::epoll_reactor::read_op] = false;
+      reactor.start_op(ad::reactor::read_op, impl.socket_, impl.reactor_data_, p.p, false, /*allow_speculative=*/true);
+    }
     p.v = p.p = nullptr;
   }
 };

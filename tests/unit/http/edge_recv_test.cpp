@@ -198,5 +198,57 @@ TEST_F(HttpEdgeRecv, QuietSinceDrainedTellsWhetherEpollReportedAnythingAfterASho
   EXPECT_FALSE(quiet_since_drained(*sock)) << "a closed socket is not known to be anything";
 }
 
+// async_recv_drained queues on a drained socket without re-arming it (no
+// epoll_ctl, no writability wake-up): it must still see every later arrival.
+// The socket is registered for writability first (a write that waited), as
+// an upstream connection is after its connect.
+TEST_F(HttpEdgeRecv, ADrainedReadSeesBytesAndTheEndThatComeLater) {
+  bool writable = false;
+  sock->async_wait(Socket::wait_write, [&](error_code) { writable = true; });
+  ASSERT_TRUE(run_until(io, [&] { return writable; }));
+
+  char buf[64];
+  std::optional<std::size_t> got;
+  error_code got_ec;
+  auto on_read = [&](error_code ec, std::size_t n) {
+    got_ec = ec;
+    got = n;
+  };
+  // Drained by a short read of its own.
+  peer.send("hello");
+  async_recv(*sock, asio::buffer(buf), on_read);
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  ASSERT_TRUE(quiet_since_drained(*sock));
+  got.reset();
+  async_recv_drained(*sock, asio::buffer(buf), on_read);
+  auto guard = asio::make_work_guard(io);
+  test::settle(io);
+  EXPECT_FALSE(got.has_value()) << "nothing arrived: the read waits";
+  peer.send("world");
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  EXPECT_EQ(std::string(buf, *got), "world");
+
+  // Drained by the caller's own recv (EAGAIN), the reactor not told.
+  error_code ec;
+  EXPECT_EQ(sock->receive(asio::buffer(buf), 0, ec), 0u);
+  EXPECT_EQ(ec, asio::error::would_block);
+  got.reset();
+  async_recv_drained(*sock, asio::buffer(buf), on_read);
+  test::settle(io);
+  EXPECT_FALSE(got.has_value());
+  peer.send("again");
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  EXPECT_EQ(std::string(buf, *got), "again");
+
+  // The end of the stream, after a drained read queued.
+  got.reset();
+  async_recv_drained(*sock, asio::buffer(buf), on_read);
+  test::settle(io);
+  EXPECT_FALSE(got.has_value());
+  peer.sock.close();
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  EXPECT_EQ(got_ec, asio::error::eof);
+}
+
 }  // namespace
 }  // namespace weir::http
