@@ -28,9 +28,9 @@
 //   once and sees the EOF or the error (nginx's pending_eof).
 //
 // This follows Asio's reactor-operation pattern (the layout of
-// boost/asio/detail/reactive_socket_recv_op.hpp) and reads three private
-// fields of its epoll reactor (the epoll descriptor, a socket's registered
-// events and the events of its last harvest), so it is pinned to the Boost
+// boost/asio/detail/reactive_socket_recv_op.hpp) and reads private fields
+// of its epoll reactor (the epoll descriptor; a socket's registered events,
+// reactor, read speculation flag and the events of its last harvest), so it is pinned to the Boost
 // version it was written and tested for (tests/unit/http/edge_recv_test.cpp).
 #pragma once
 
@@ -88,12 +88,17 @@ struct HarvestedEvents {  // what epoll_wait last reported for the descriptor (p
   using type = unsigned int ad::scheduler_operation::*;
   friend type member(HarvestedEvents);
 };
+struct OwnReactor {  // the reactor a descriptor is registered with
+  using type = ad::epoll_reactor* DescriptorState::*;
+  friend type member(OwnReactor);
+};
 struct TrySpeculative {  // per operation type: whether the next operation tries at once
   using type = bool (DescriptorState::*)[ad::epoll_reactor::max_ops];
   friend type member(TrySpeculative);
 };
 template struct Expose<EpollFd, &ad::epoll_reactor::epoll_fd_>;
 template struct Expose<TrySpeculative, &DescriptorState::try_speculative_>;
+template struct Expose<OwnReactor, &DescriptorState::reactor_>;
 template struct Expose<RegisteredEvents, &DescriptorState::registered_events_>;
 template struct Expose<HarvestedEvents, &ad::scheduler_operation::task_result_>;
 
@@ -192,7 +197,12 @@ struct InitiateRecv {
     using H = std::decay_t<Handler>;
     H handler(std::forward<Handler>(h));
     auto& impl = SocketAccess<Socket>::impl(*sock);
-    auto& reactor = asio::use_service<ad::epoll_reactor>(asio::query(sock->get_executor(), asio::execution::context));
+    // The socket's reactor, from its registration: asio::use_service would
+    // lock the context's service registry and compare type names each time.
+    auto& reactor =
+        impl.reactor_data_ != nullptr
+            ? *(impl.reactor_data_->*member(OwnReactor{}))
+            : asio::use_service<ad::epoll_reactor>(asio::query(sock->get_executor(), asio::execution::context));
     typename RecvOp<H>::ptr p = {std::addressof(handler), RecvOp<H>::ptr::allocate(handler), nullptr};
     p.p = new (p.v) RecvOp<H>(impl.socket_, impl.reactor_data_, b, handler, sock->get_executor());
     // As the socket service's start_op: an empty buffer completes at once;

@@ -40,8 +40,9 @@ struct EolFinder {
 // from the line state the earlier bytes of the event left behind:
 // `at_line_start` (the last byte ended a line, or there is none yet) and
 // `skip_lf` (the last byte was a CR, so an LF now completes that break).
-// Returns one past the empty line's break, or nullptr if the bytes run out.
-const char* find_event_end(const char* p, EolFinder& f, bool& at_line_start, bool& skip_lf) {
+// Returns one past the empty line's break, or nullptr if the bytes run out;
+// `first_eol`: the first line break found in [p, ...) (nullptr: none).
+const char* find_event_end(const char* p, EolFinder& f, bool& at_line_start, bool& skip_lf, const char*& first_eol) {
   const char* const end = f.end;
   while (p < end) {
     if (skip_lf) {
@@ -66,6 +67,7 @@ const char* find_event_end(const char* p, EolFinder& f, bool& at_line_start, boo
       at_line_start = false;
       return nullptr;
     }
+    if (first_eol == nullptr) first_eol = eol;
     at_line_start = true;
     skip_lf = *eol == '\r';
     p = eol + 1;
@@ -99,7 +101,11 @@ std::optional<SseEvent> SseReader::next() {
 
   const char* const begin = input_.data();
   EolFinder f{begin + input_.size(), cr_next_};
-  const char* const end = find_event_end(begin, f, at_line_start_, skip_lf_);
+  // The event starts a line here, with nothing of it carried: its first line
+  // break, once found, tells whether it is one `data:` line (below).
+  const bool fresh = at_line_start_ && !skip_lf_ && carry_.empty();
+  const char* first_eol = nullptr;
+  const char* const end = find_event_end(begin, f, at_line_start_, skip_lf_, first_eol);
   cr_next_ = f.cr;
   if (end == nullptr) {
     if (carry_.size() + input_.size() > max_event_bytes_) return fail();
@@ -110,6 +116,17 @@ std::optional<SseEvent> SseReader::next() {
   const auto n = static_cast<std::size_t>(end - begin);
   if (carry_.size() + n > max_event_bytes_) return fail();
   input_.remove_prefix(n);
+  if (fresh && first_eol != nullptr && first_eol + 2 == end && first_eol[0] == '\n' && first_eol[1] == '\n' && n > 6 &&
+      std::memcmp(begin, "data:", 5) == 0) {
+    // One `data:` line and the empty line (every event of vLLM and OpenAI):
+    // its fields are known without parse_event's second pass over the bytes.
+    SseEvent ev;
+    ev.raw = {begin, n};
+    ev.data = std::string_view(begin + 5, static_cast<std::size_t>(first_eol - begin - 5));
+    if (!ev.data.empty() && ev.data.front() == ' ') ev.data.remove_prefix(1);
+    ev.has_data = true;
+    return ev;
+  }
   if (carry_.empty()) return parse_event({begin, n});
   carry_.append(begin, n);
   carry_emitted_ = true;
