@@ -12,6 +12,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/async_result.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/deferred.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -27,8 +28,12 @@ using Timer =
     asio::basic_waitable_timer<std::chrono::steady_clock, asio::wait_traits<std::chrono::steady_clock>, Executor>;
 
 // Completion token: `auto [ec, n] = co_await sock.async_read_some(buf, use_task);`
-// Errors come back as values; nothing on the request path throws.
-inline constexpr auto use_task = asio::as_tuple(asio::use_awaitable_t<Executor>{});
+// Errors come back as values; nothing on the request path throws. A
+// deferred operation, awaited at once: the coroutine's own frame holds the
+// operation and its result while it waits (use_awaitable would start it
+// from a coroutine of its own, a frame of ~220 bytes made and freed per
+// wait, and held for as long as the wait lasts: memory per open stream).
+inline constexpr auto use_task = asio::as_tuple(asio::deferred);
 
 // A one-waiter wake-up for coroutines on one thread: notify() from a
 // completion handler, co_await wait() in the coroutine. A notify() before
