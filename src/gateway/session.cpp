@@ -7,7 +7,7 @@ namespace weir::gateway {
 Session::Session(Worker& w, http::Socket sock)
     : w_(w),
       config_(w.generation()->shared->config),
-      down_(std::move(sock), config_->server, &w.metrics().bytes_out),
+      down_(std::move(sock), config_->server, &w.metrics().bytes_out, &w.parser_spares()),
       exchange_(w.io().get_executor(), w.stream_read_buffer()),
       phases_(w, down_, exchange_, /*batching=*/true) {
   down_.set_listener(this);

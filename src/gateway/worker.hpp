@@ -22,6 +22,7 @@
 #include "core/config.hpp"
 #include "gateway/generation.hpp"
 #include "gateway/metrics.hpp"
+#include "http/downstream.hpp"
 #include "http/io.hpp"
 #include "requestlog/store.hpp"
 #include "routing/pool.hpp"
@@ -146,6 +147,7 @@ class Worker {
   // Beast's parser takes out of it. An open stream holds neither.
   std::span<char> stream_read_buffer() { return stream_read_; }
   std::span<char> stream_body_buffer() { return stream_body_; }
+  http::ParserSpares& parser_spares() { return parser_spares_; }
   // The events of one upstream read on their way to the client (same rule).
   std::string& stream_events() { return stream_events_; }
 
@@ -185,6 +187,9 @@ class Worker {
 
   Shared& shared_;
   unsigned index_;
+  // Request parsers lent to the sessions (declared before io_: it outlives
+  // the sessions, which the io_context's handlers own).
+  http::ParserSpares parser_spares_;
   asio::io_context io_;
   http::Acceptor acceptor_;
   routing::Rng rng_;

@@ -2,6 +2,7 @@
 
 #include <array>
 #include <charconv>
+#include <memory>
 
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
@@ -53,25 +54,73 @@ void Downstream::ChunkExtBudget::operator()(std::uint64_t, boost::beast::string_
   left -= ext.size();
 }
 
-Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total)
+ParserSpares::~ParserSpares() {
+  for (std::size_t i = 0; i < count_; ++i) ::operator delete(spare_[i]);
+}
+
+void* ParserSpares::take() { return count_ > 0 ? spare_[--count_] : ::operator new(sizeof(Downstream::RequestParser)); }
+
+void ParserSpares::give(void* p) noexcept {
+  if (count_ < kMax)
+    spare_[count_++] = p;
+  else
+    ::operator delete(p);
+}
+
+Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total, ParserSpares* spares)
     : sock_(std::move(sock)),
       sc_(sc),
       bytes_out_total_(bytes_out_total),
       in_(sc.max_header_bytes + kReadRoom),
-      watchdog_(sock_.get_executor(), [this] {
-        timed_out_ = true;
-        error_code ignored;
-        sock_.cancel(ignored);
-      }) {
+      watchdog_(sock_.get_executor(),
+                [this] {
+                  timed_out_ = true;
+                  error_code ignored;
+                  sock_.cancel(ignored);
+                }),
+      spares_(spares) {
   error_code ignored;
   sock_.set_option(tcp::no_delay(true), ignored);
   sock_.non_blocking(true, ignored);  // flush() and write_all() try a send before they wait
 }
 
-Downstream::~Downstream() { watchdog_.stop(); }
+Downstream::~Downstream() {
+  watchdog_.stop();
+  drop_parser();
+}
 
-bool Downstream::head_request() const {
-  return parser_ && parser_->is_header_done() && parser_->get().method() == bh::verb::head;
+const RequestHead& Downstream::request() const {
+  static const RequestHead none;  // released: no fields
+  return parser_ ? parser_->get() : none;
+}
+
+void Downstream::renew_parser() {
+  if (parser_) {
+    body_store_.swap(parser_->get().body());  // keep the body storage's capacity
+    std::destroy_at(parser_);
+  } else {
+    void* storage = spares_ ? spares_->take() : ::operator new(sizeof(RequestParser));
+    parser_ = static_cast<RequestParser*>(storage);
+  }
+  try {
+    std::construct_at(parser_);
+  } catch (...) {
+    spares_ ? spares_->give(parser_) : ::operator delete(parser_);
+    parser_ = nullptr;
+    throw;
+  }
+}
+
+void Downstream::drop_parser() noexcept {
+  if (!parser_) return;
+  std::destroy_at(parser_);
+  spares_ ? spares_->give(parser_) : ::operator delete(parser_);
+  parser_ = nullptr;
+}
+
+void Downstream::release_request() {
+  target_ = {};  // (a view into the parser's head)
+  drop_parser();
 }
 
 void Downstream::begin_request() {
@@ -102,8 +151,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   failure_ = ReadFailure::none;
   failure_ec_ = {};
   target_ = {};
-  if (parser_) body_store_.swap(parser_->get().body());  // keep the body storage's capacity
-  parser_.emplace();
+  renew_parser();
+  version_ = 0;
+  head_method_ = false;
   parser_->header_limit(sc_.max_header_bytes);
   chunk_ext_ = {.left = sc_.max_header_bytes, .over = false};
   parser_->on_chunk_header(chunk_ext_);  // a reference: no allocation
@@ -116,6 +166,10 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true);
   idle_ = false;
   watchdog_.disarm();
+  if (parser_->is_header_done()) {
+    version_ = parser_->get().version();
+    head_method_ = parser_->get().method() == bh::verb::head;
+  }
   if (!ec) {
     const auto& req = parser_->get();
     if (const HeadProblem p = check_request_head(req); p != HeadProblem::none) [[unlikely]] {

@@ -7,7 +7,7 @@
 
 #include <array>
 #include <cstdint>
-#include <optional>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -42,6 +42,27 @@ enum class ReadFailure : std::uint8_t {
   client_closed,            // the client left before sending the whole body → 499, nothing sent
 };
 
+// Storage for request parsers, shared by a worker's connections: a
+// connection takes one for a request's head and gives it back when a stream
+// commits (Downstream::release_request) or the connection ends, so an open
+// stream holds none. One thread; must outlive the connections that use it.
+class ParserSpares {
+ public:
+  ParserSpares() = default;
+  ParserSpares(const ParserSpares&) = delete;
+  ParserSpares& operator=(const ParserSpares&) = delete;
+  ~ParserSpares();
+  // Storage for one parser: a spare, else a new allocation.
+  void* take();
+  // Keeps `p` (from take()) for the next take(), up to kMax spares; frees the rest.
+  void give(void* p) noexcept;
+
+ private:
+  static constexpr std::size_t kMax = 32;  // ~9 KiB of spares at most
+  std::array<void*, kMax> spare_{};
+  std::size_t count_ = 0;
+};
+
 class Downstream {
  public:
   // Told (once per connection) when the client closes or resets while a
@@ -55,8 +76,10 @@ class Downstream {
   };
 
   // `sc` must outlive the object; `bytes_out_total` (optional) is bumped by
-  // every byte written (the worker's weir_response_bytes_total).
-  Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total);
+  // every byte written (the worker's weir_response_bytes_total); `spares`
+  // (optional: else each parser is allocated and freed) lends the request
+  // parsers and must outlive the object.
+  Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t* bytes_out_total, ParserSpares* spares = nullptr);
   ~Downstream();
   Downstream(const Downstream&) = delete;
   Downstream& operator=(const Downstream&) = delete;
@@ -79,14 +102,18 @@ class Downstream {
   // (http/request_check.hpp: framing, Host, target form); a failed one
   // never keeps the connection alive.
   Task<Head> read_head(bool first, bool draining);
-  const RequestHead& request() const { return parser_->get(); }
+  // The request's head; after release_request(), an empty one (its version
+  // and method stay readable through http11() and head_request()).
+  const RequestHead& request() const;
   // The request-target in origin-form ("/p?q", RFC 9112 §3.2.1): an
   // absolute-form target ("http://h/p?q", §3.2.2) without its scheme and
-  // authority. Valid from a read_head() that returned Head::request until the next.
+  // authority. Valid from a read_head() that returned Head::request until the next
+  // (or release_request()).
   std::string_view target() const { return target_; }
   // The request's body; complete once body_complete() (else after read_body()).
-  std::string& body() { return parser_->get().body(); }
-  bool body_complete() const { return parser_->is_done(); }
+  // After release_request(): empty.
+  std::string& body() { return parser_ ? parser_->get().body() : body_store_; }
+  bool body_complete() const { return !parser_ || parser_->is_done(); }
   // Body storage kept across requests (capacity only). The gateway lends a
   // spare one before read_body() when there is none, and takes it back
   // (give_body_storage) once the request no longer needs its body.
@@ -100,19 +127,18 @@ class Downstream {
   // The parser's or socket's message for a malformed request (for the error body).
   std::string failure_detail() const { return failure_ec_.message(); }
 
-  bool http11() const { return parser_ && parser_->is_header_done() && parser_->get().version() >= 11; }
-  // Frees the request's header fields (a stream past its commit point needs
-  // only the version and keep-alive, which stay). request() has no fields after.
-  void release_request_fields() {
-    if (parser_ && parser_->is_header_done()) parser_->get().clear();
-  }
-  bool head_request() const;
+  bool http11() const { return version_ >= 11; }
+  // Gives the request's parser (its head, fields and body storage: ~300
+  // bytes and one allocation per field) back to the worker: a stream past
+  // its commit point needs only the version, method and keep-alive, which
+  // stay. request() is empty after, as are body() and target(); the next
+  // read_head() takes a parser again.
+  void release_request();
+  bool head_request() const { return head_method_; }
   // Whether the connection serves another request after this one.
   bool keep_alive() const { return keep_alive_; }
   void no_keep_alive() { keep_alive_ = false; }
-  ConnectionMode connection_mode() const {
-    return {keep_alive_, parser_ && parser_->is_header_done() && parser_->get().version() < 11};
-  }
+  ConnectionMode connection_mode() const { return {keep_alive_, version_ != 0 && version_ < 11}; }
 
   // Keeps a read posted while a request is in flight, so a client that
   // closes is noticed at once (Listener::on_client_gone); the bytes it reads
@@ -173,7 +199,13 @@ class Downstream {
   Task<void> shutdown();
 
  private:
+  friend class ParserSpares;
   using RequestParser = boost::beast::http::request_parser<boost::beast::http::string_body>;
+  // A parser for a new request: the connection's own, made anew in place,
+  // else one in a spare's storage (spares_) or a new allocation.
+  void renew_parser();
+  // Destroys the parser; its storage goes to spares_ (or is freed).
+  void drop_parser() noexcept;
   void start_write();
   void start_write_loop();
   // Tries one scatter write of `parts` now; queues what the socket did not take.
@@ -202,8 +234,11 @@ class Downstream {
   std::string target_buf_;   // an absolute-form target's origin-form when it needs a "/" added
   ChunkExtBudget chunk_ext_;
   core::Watchdog watchdog_;
-  std::optional<RequestParser> parser_;
+  RequestParser* parser_ = nullptr;  // from read_head() until release_request() or the connection's end
+  ParserSpares* spares_;
   std::string body_store_;
+  unsigned version_ = 0;      // the request's HTTP version (11 = 1.1) once its head is parsed, else 0
+  bool head_method_ = false;  // the request is a HEAD: its response has no body
   ReadFailure failure_ = ReadFailure::none;
   boost::system::error_code failure_ec_;
   bool timed_out_ = false;

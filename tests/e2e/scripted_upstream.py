@@ -15,6 +15,7 @@ Anthropic's statuses (401, 400, 429 with ``retry-after``, 529). ``POST
 
     text, tools, thinking, error-mid-stream  recorded answers (stream or not)
     vllm-text, vllm-tools, ...               recorded vLLM streams
+    vllm-echo                                a vLLM chat answer: the last message's text, then "."
     status-529, status-429, status-400 ...   an Anthropic error answer
     cut                                      the text stream, the connection closed in its middle
     hang                                     the text stream's first delta, then nothing until the peer closes
@@ -223,7 +224,7 @@ class ScriptedUpstream:
         if path == "/v1/chat/completions":
             # (An Anthropic script reaching a chat path, a fallback's, gets the plain text stream.)
             name = script.removeprefix("vllm-") if script.startswith("vllm-") else "text"
-            stream = recorded(f"vllm_{name}.sse")
+            stream = echo_stream(req.json()) if name == "echo" else recorded(f"vllm_{name}.sse")
             if json.loads(req.body or b"{}").get("stream"):
                 return 200, {"content-type": "text/event-stream"}, stream, True
             return 200, {"content-type": "application/json"}, vllm_completion(stream), False
@@ -260,6 +261,17 @@ class ScriptedUpstream:
         message = json.loads(recorded(f"anthropic_{name}.json"))
         message["model"] = body["model"]
         return 200, jh, json.dumps(message, ensure_ascii=False).encode(), False
+
+
+def echo_stream(body: dict) -> bytes:
+    """vLLM's stream of a chat answer that repeats the last message's text (one content delta), then "."."""
+    text = str(body["messages"][-1].get("content", ""))
+    def chunk(delta: dict, finish: str | None = None) -> bytes:
+        c = {"id": "chatcmpl-echo", "object": "chat.completion.chunk", "created": 1735689600, "model": "mock-model",
+             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]}
+        return b"data: " + json.dumps(c).encode() + b"\n\n"
+    return (chunk({"role": "assistant", "content": ""}) + chunk({"content": text}) + chunk({"content": "."}) +
+            chunk({}, "stop") + b"data: [DONE]\n\n")
 
 
 def vllm_completion(stream: bytes) -> bytes:

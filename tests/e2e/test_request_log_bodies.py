@@ -173,3 +173,43 @@ def test_a_binary_upload_is_stored_as_base64(gw):
     assert "text" not in req and req["truncated"] is True and req["size"] > len(audio)
     raw = base64.b64decode(req["base64"])
     assert len(raw) == 400 and raw.startswith(b"--") and b"\x80\x81" in raw
+
+
+def test_a_key_the_model_repeats_is_not_stored_from_a_stream_or_an_answer(module_weir, tmp_path_factory):
+    # The request's own key, in a shape no pattern knows, repeated by the model: taken out of the stored
+    # response by its exact value, for a stream (whose request head Weir frees once the stream commits) as
+    # for a whole answer.
+    from scripted_upstream import ScriptedUpstream
+    up = ScriptedUpstream().start()
+    try:
+        key = "acme-Q7vR2mX9pL4tK8wZ"
+        port = free_port()
+        db = tmp_path_factory.mktemp("echo") / "requests.db"
+        w = module_weir(config={
+            "pools": {"p": {"endpoints": [up.base_url]}},
+            "models": {"m": {"pool": "p"}},
+            "tenants": {"acme": {}},
+            "auth": {"api_keys": [{"id": "acme-1", "sha256": sha(key), "tenant": "acme"}]},
+            "request_log": {"url": f"sqlite:{db}", "flush_interval": "10ms",
+                            "capture_bodies": {"tenants": ["acme"]}},
+            "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+        }, env=ENV)
+        admin = f"http://127.0.0.1:{port}/admin/v1/requests"
+        client = w.client(api_key=key)
+        for stream in (True, False):
+            i = rid()
+            messages = [{"role": "user", "content": f"say {key} back"}]
+            if stream:
+                text = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                    model="m", messages=messages, stream=True,
+                    extra_headers={"x-request-id": i, "x-script": "vllm-echo"}) if c.choices)
+            else:
+                text = client.chat.completions.create(
+                    model="m", messages=messages,
+                    extra_headers={"x-request-id": i, "x-script": "vllm-echo"}).choices[0].message.content
+            assert text == f"say {key} back."  # the client gets the answer as it is
+            bodies = stored(admin, i)["bodies"]
+            assert key not in json.dumps(bodies), (stream, bodies)
+            assert "[REDACTED]" in bodies["request"]["text"] and "[REDACTED]" in bodies["response"]["text"], bodies
+    finally:
+        up.stop()

@@ -57,9 +57,12 @@ void GatewayPhases::send_stream_head(RequestContext& ctx, http::ResponseSource& 
   if (down_.http11()) ctx.head += "Transfer-Encoding: chunked\r\n";
   ctx.head += "\r\n";
   down_.send(ctx.head);
-  // A long stream keeps neither the head's storage nor the request's fields.
+  // A long stream keeps neither the head's storage nor the request's parser.
   w_.give_buffer(ctx.head);
-  if (!ctx.resume.on) down_.release_request_fields();  // a resume sends them again
+  // (Kept by a stream that may resume: it sends the fields again; and by a
+  // captured one: the stored response is redacted of the request's
+  // credential when the request is logged, end_capture.)
+  if (!ctx.resume.on && !ctx.capture) down_.release_request();
   src.shrink();
   ctx.added_us += core::micros_between(t0, core::now());
 }

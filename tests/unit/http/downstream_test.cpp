@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -39,6 +40,7 @@ class HttpDownstream : public ::testing::Test {
   std::optional<Acceptor> acc;
   std::uint64_t total_out = 0;
   CountingListener listener;
+  ParserSpares spares;             // as a worker's: outlives the connection
   std::optional<Downstream> down;  // last: destroyed first
 
   // Connects the client and wraps the accepted socket. `client_rcvbuf` /
@@ -51,7 +53,7 @@ class HttpDownstream : public ::testing::Test {
     client.sock.connect(acc->local_endpoint());
     Socket server = acc->accept();
     if (server_sndbuf) server.set_option(asio::socket_base::send_buffer_size(server_sndbuf));
-    down.emplace(std::move(server), sc, &total_out);
+    down.emplace(std::move(server), sc, &total_out, &spares);
     down->set_listener(&listener);
   }
 
@@ -117,6 +119,53 @@ TEST_F(HttpDownstream, Http11HeadKeepsAliveByDefault) {
   EXPECT_TRUE(down->connection_mode().keep_alive);
   EXPECT_FALSE(down->connection_mode().http10);
   EXPECT_EQ(down->failure(), ReadFailure::none);
+}
+
+TEST_F(HttpDownstream, AReleasedRequestKeepsItsFramingAndTheNextRequestIsReadWhole) {
+  start();
+  client.send("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(down->body(), "hello");
+  down->release_request();  // a stream past its commit point
+  // What the response's framing needs stays; the head, its fields and the body are gone.
+  EXPECT_TRUE(down->http11());
+  EXPECT_FALSE(down->head_request());
+  EXPECT_TRUE(down->keep_alive());
+  EXPECT_TRUE(down->connection_mode().keep_alive);
+  EXPECT_FALSE(down->connection_mode().http10);
+  EXPECT_TRUE(down->body_complete());
+  EXPECT_EQ(down->request()[bh::field::host], "");
+  EXPECT_EQ(down->request().target(), "");
+  EXPECT_EQ(down->target(), "");
+  EXPECT_EQ(down->body(), "");
+  down->release_request();  // twice: nothing more to give back
+  // The next request on the connection takes a parser again (the spare this one left).
+  client.send("HEAD /2 HTTP/1.0\r\nConnection: keep-alive\r\n\r\n");
+  ASSERT_EQ(head(false), Head::request);
+  EXPECT_EQ(down->request().target(), "/2");
+  EXPECT_EQ(down->target(), "/2");
+  EXPECT_TRUE(down->head_request());
+  EXPECT_FALSE(down->http11());
+  EXPECT_TRUE(down->connection_mode().http10);
+  down->release_request();
+  EXPECT_TRUE(down->head_request());
+  EXPECT_TRUE(down->connection_mode().http10);
+}
+
+TEST(HttpParserSpares, AGivenParserStorageIsTakenAgainUpToTheBound) {
+  ParserSpares s;
+  void* a = s.take();
+  void* b = s.take();
+  EXPECT_NE(a, b);
+  s.give(a);
+  EXPECT_EQ(s.take(), a);  // the spare, not a new allocation
+  s.give(a);
+  s.give(b);
+  // Beyond the bound, storage is freed rather than kept (no leak under ASan either way).
+  std::vector<void*> many;
+  for (int i = 0; i < 40; ++i) many.push_back(s.take());
+  for (void* p : many) s.give(p);
 }
 
 TEST_F(HttpDownstream, ConnectionCloseEndsKeepAlive) {
