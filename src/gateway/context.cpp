@@ -66,8 +66,10 @@ void RequestContext::reset() {
   added_us = 0;
   if (trace) trace->reset();
   capture = false;
-  captured_request.clear();
-  captured_response.clear();
+  if (captured) {
+    captured->request.clear();
+    captured->response.clear();
+  }
   head.clear();
   body.clear();
   scratch.clear();

@@ -208,7 +208,13 @@ struct RequestContext {
 
   // --- request_log.capture_bodies: this request's bodies, when its tenant opted in ---
   bool capture = false;
-  requestlog::CapturedBody captured_request, captured_response;
+  // Made by begin_capture for the connection's first captured request and
+  // kept for its next; null otherwise, so an open stream does not carry its
+  // ~100 bytes (memory per open stream). Cleared by reset().
+  struct Captured {
+    requestlog::CapturedBody request, response;
+  };
+  std::unique_ptr<Captured> captured;
 
   // --- outcome (log) ---
   int status = 0;  // status sent to the client (499 = client left first)

@@ -42,27 +42,29 @@ void GatewayPhases::begin_capture(RequestContext& ctx) {
   const requestlog::CaptureConfig* cap = w_.shared().capture;
   if (!cap || !ctx.principal || !cap->captures(ctx.principal->tenant_name())) return;
   ctx.capture = true;
+  if (!ctx.captured) ctx.captured = std::make_unique<RequestContext::Captured>();
+  auto& c = *ctx.captured;
   const auto& req = down_.request();
   // One allocation each: the request's first bytes, and room for a response
   // so a stream's events append without reallocating (up to 64 KiB; beyond, doubling).
-  ctx.captured_request.bytes.reserve(
+  c.request.bytes.reserve(
       static_cast<std::size_t>(std::min<std::uint64_t>(cap->max_request_bytes, down_.body().size())));
-  take(ctx.captured_request, down_.body(), cap->max_request_bytes);
+  take(c.request, down_.body(), cap->max_request_bytes);
   // The request's own key or token never reaches the store, even pasted into a prompt.
-  requestlog::redact_exact(ctx.captured_request.bytes, presented_credential(req), ctx.captured_request.truncated);
-  ctx.captured_response.bytes.reserve(
-      static_cast<std::size_t>(std::min<std::uint64_t>(cap->max_response_bytes, 1u << 16)));
+  requestlog::redact_exact(c.request.bytes, presented_credential(req), c.request.truncated);
+  c.response.bytes.reserve(static_cast<std::size_t>(std::min<std::uint64_t>(cap->max_response_bytes, 1u << 16)));
 }
 
 void GatewayPhases::capture_response(RequestContext& ctx, std::string_view bytes) {
   if (!ctx.capture) return;
-  take(ctx.captured_response, bytes, w_.shared().capture->max_response_bytes);
+  take(ctx.captured->response, bytes, w_.shared().capture->max_response_bytes);
 }
 
 void GatewayPhases::end_capture(RequestContext& ctx) {
   if (!ctx.capture) return;
-  requestlog::redact_exact(ctx.captured_response.bytes, presented_credential(down_.request()),
-                           ctx.captured_response.truncated);
+  // (A captured stream keeps its request head for this: respond_stream.cpp.)
+  requestlog::redact_exact(ctx.captured->response.bytes, presented_credential(down_.request()),
+                           ctx.captured->response.truncated);
 }
 
 }  // namespace weir::gateway

@@ -147,8 +147,8 @@ void GatewayPhases::log(RequestContext& ctx) {
   if (ctx.capture) {
     // Captured bodies were copied into the record's slot: an idle keep-alive
     // connection holds none (up to max_request_bytes + max_response_bytes each otherwise).
-    std::string().swap(ctx.captured_request.bytes);
-    std::string().swap(ctx.captured_response.bytes);
+    std::string().swap(ctx.captured->request.bytes);
+    std::string().swap(ctx.captured->response.bytes);
   }
   ctx.principal.reset();
   // Done with its configuration: an idle keep-alive connection holds no generation.
@@ -325,11 +325,11 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudg
   }
   r->json.assign(line);
   // Captured bodies (request_log.capture_bodies), within the queue's budget.
+  static const RequestContext::Captured kNone;
+  const RequestContext::Captured& cap = ctx.captured ? *ctx.captured : kNone;
   const bool keep =
-      budget &&
-      budget->take(static_cast<std::int64_t>(ctx.captured_request.bytes.size() + ctx.captured_response.bytes.size()));
-  for (auto [from, to] :
-       {std::pair{&ctx.captured_request, &r->request_body}, std::pair{&ctx.captured_response, &r->response_body}}) {
+      budget && budget->take(static_cast<std::int64_t>(cap.request.bytes.size() + cap.response.bytes.size()));
+  for (auto [from, to] : {std::pair{&cap.request, &r->request_body}, std::pair{&cap.response, &r->response_body}}) {
     to->present = keep && from->present;
     to->truncated = from->truncated;
     to->size = from->size;
