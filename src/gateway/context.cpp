@@ -25,7 +25,6 @@ void RequestContext::reset() {
   upstream_body = {};
   upstream_body_buf.clear();
   edit_buf.clear();
-  responses_echo.clear();
   chat_translated = anthropic_ready = false;
   strip_usage = false;
   source = nullptr;
@@ -45,7 +44,10 @@ void RequestContext::reset() {
   first_token_by = {};
   if (cutoff_watch) cutoff_watch->disarm();
   attempt_count = 0;
-  batch_id.clear();
+  if (extras) {
+    extras->responses_echo.clear();
+    extras->batch_id.clear();
+  }
   batch_size = batch_slot = 0;
   coalesced = false;
   batch_split = false;

@@ -104,7 +104,6 @@ struct RequestContext {
   std::string_view upstream_body;          // the client's body, or a spliced copy in upstream_body_buf / edit_buf
   std::string upstream_body_buf;           // lent by the worker while the request is sent
   std::string edit_buf;                    // second buffer for spliced bodies (lent)
-  std::string responses_echo;              // /v1/responses: the request's members of the answer (api/responses/)
   bool chat_translated = false;            // an Anthropic route: edit_buf holds its chat-completions translation
   bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
   bool strip_usage = false;                // Weir asked for the usage chunk; the client did not
@@ -157,7 +156,6 @@ struct RequestContext {
   }
   // A micro-batch member (pools.X.batch): the batch's upstream request id,
   // members sent in it and this request's slot; for the access log.
-  std::string batch_id;
   std::uint16_t batch_size = 0;
   std::uint16_t batch_slot = 0;
   bool coalesced = false;    // the batch is a coalesced generation (pools.X.coalesce)
@@ -197,6 +195,21 @@ struct RequestContext {
       finish = Finish::none;
     }
   } resume;
+
+  // What only some requests have, made on first use (extra()) and kept for
+  // the connection's next requests; null until then, so an open stream of
+  // most routes does not carry it (memory per open stream). Cleared by reset().
+  struct Extras {
+    std::string responses_echo;  // /v1/responses: the request's members of the answer (api/responses/)
+    std::string batch_id;        // a micro-batch member: the batch's upstream request id
+  };
+  std::unique_ptr<Extras> extras;
+  Extras& extra() {
+    if (!extras) extras = std::make_unique<Extras>();
+    return *extras;
+  }
+  std::string_view responses_echo() const { return extras ? std::string_view(extras->responses_echo) : ""; }
+  std::string_view batch_id() const { return extras ? std::string_view(extras->batch_id) : ""; }
 
   // --- tracing (tracing:) ---
   // Made by begin_trace for the connection's first traced request and kept

@@ -174,6 +174,7 @@ class GatewayPhases final : public Phases {
   // in plain functions, whose locals are on the stack.)
   struct StreamRelay {
     http::ResponseSource* src = nullptr;  // ctx.source as the stream began
+    http::Exchange* direct = nullptr;     // src, when it is a direct exchange: read in steps (respond_stream)
     std::span<char> into;                 // the worker's body buffer each read lands in
     std::string* events = nullptr;        // the worker's buffer for one read's events
     core::Histogram* itl = nullptr;       // the model's inter-token latency
@@ -185,6 +186,9 @@ class GatewayPhases final : public Phases {
   };
   // Counts the stream and sends the client's head unless it is held.
   StreamRelay begin_stream(RequestContext& ctx);
+  // A read respond_stream does not step through: s.src's own read(), or
+  // the direct exchange's from `step` (a TLS read, a yield).
+  static core::Task<http::BodyRead> read_rest(StreamRelay& s, http::Exchange::Step step);
   // The client's head (the commit point): status, `src`'s fields, ours.
   void send_stream_head(RequestContext& ctx, http::ResponseSource& src);
   // Relays read `r`'s events; returns false when the stream ends here (its

@@ -282,26 +282,37 @@ bool Exchange::parse_into(std::string_view in, bool from_raw, std::span<char> in
   return true;
 }
 
-Task<BodyRead> Exchange::read(std::span<char> into) {
-  BodyRead r;
+Exchange::Step Exchange::read_step(std::span<char> into, BodyRead& r) { return advance(into, r, nullptr); }
+
+Exchange::Step Exchange::read_step(std::span<char> into, BodyRead& r, error_code ec, std::size_t n) {
+  const Recv got{ec, n};
+  return advance(into, r, &got);
+}
+
+Exchange::Step Exchange::advance(std::span<char> into, BodyRead& r, const Recv* got) {
   for (;;) {
-    if (parser_->is_done()) {
-      r.end = true;
-      break;
-    }
     std::string_view in;
-    const bool from_raw = conn_->buffer().size() > 0 && !need_more_;
-    if (from_raw) {
-      const auto& raw = conn_->buffer();
-      in = std::string_view(static_cast<const char*>(raw.data().data()), raw.size());
+    bool from_raw = false;
+    if (got != nullptr) {
+      // The recv that Step::recv or Step::recv_tls waited for.
+      const bool more = end_recv(got->ec, got->n, carried_, r, in);
+      got = nullptr;
+      if (!more) break;
     } else {
-      std::size_t carried = 0;
-      if (!begin_recv(carried, r)) break;
-      error_code ec;
-      std::size_t n = 0;
-      if (conn_->tls()) [[unlikely]] {
-        std::tie(ec, n) = co_await recv_tls(carried);
+      if (parser_->is_done()) {
+        r.end = true;
+        break;
+      }
+      from_raw = conn_->buffer().size() > 0 && !need_more_;
+      if (from_raw) {
+        const auto& raw = conn_->buffer();
+        in = std::string_view(static_cast<const char*>(raw.data().data()), raw.size());
       } else {
+        std::size_t carried = 0;
+        if (!begin_recv(carried, r)) break;
+        carried_ = static_cast<std::uint32_t>(carried);
+        if (conn_->tls()) [[unlikely]]
+          return Step::recv_tls;
         // The recv lands in the worker's scratch, shared by every exchange
         // of the worker: it must be parsed before any other handler runs.
         // So either a recv now, in place, or a wait that recvs in the
@@ -312,20 +323,43 @@ Task<BodyRead> Exchange::read(std::span<char> into) {
         if (yield_ && !no_wait_) {
           // A fast upstream: let the worker's other connections run first.
           yield_ = false;
-          co_await asio::post(ex_, asio::use_awaitable_t<Executor>{});
+          return Step::yield;
         }
+        error_code ec;
+        std::size_t n = 0;
         const bool wait = !recv_now(carried, ec, n);
         if (wait && no_wait_) break;  // nothing has arrived
         if (wait) {
           drained_ = true;
-          std::tie(ec, n) = co_await async_recv_drained(conn_->socket(), room(carried), use_task);
+          return Step::recv;
         }
+        if (!end_recv(ec, n, carried, r, in)) break;
       }
-      if (!end_recv(ec, n, carried, r, in)) break;
     }
     if (!parse_into(in, from_raw, into, r)) break;
   }
   if (r.end || r.failure != UpstreamFailure::none) conn_->watchdog().disarm();
+  return Step::done;
+}
+
+// Not a coroutine: the task it returns is read_from's.
+Task<BodyRead> Exchange::read(std::span<char> into) { return read_from(Step::start, into, BodyRead{}); }
+
+Task<BodyRead> Exchange::read_from(Step step, std::span<char> into, BodyRead r) {
+  while (step != Step::done) {
+    error_code ec;
+    std::size_t n = 0;
+    if (step == Step::recv) {
+      std::tie(ec, n) = co_await recv_drained();
+    } else if (step == Step::recv_tls) {
+      std::tie(ec, n) = co_await recv_tls(carried_);
+    } else {
+      if (step == Step::yield) co_await asio::post(ex_, asio::use_awaitable_t<Executor>{});
+      step = read_step(into, r);
+      continue;
+    }
+    step = read_step(into, r, ec, n);
+  }
   co_return r;
 }
 

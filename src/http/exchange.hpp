@@ -5,6 +5,7 @@
 #include <array>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <span>
@@ -14,6 +15,7 @@
 #include <boost/beast/http/buffer_body.hpp>
 #include <boost/beast/http/parser.hpp>
 
+#include "http/edge_recv.hpp"
 #include "http/response_source.hpp"
 #include "http/upstream.hpp"
 
@@ -48,13 +50,33 @@ class Exchange final : public UpstreamExchange {
   Task<bool> take_end(std::span<char> scratch) override;
   Task<bool> await_end(std::span<char> scratch) override;
 
+  // read() in steps, for a caller that awaits the recv in its own coroutine
+  // frame (a stream's relay): no frame of read()'s is made per read, or held
+  // while the stream waits for its next event. read_step(into, r) runs the
+  // read until it returns (done: `r` is read()'s result) or must wait:
+  //   recv      the socket is drained: co_await recv_drained(), then hand
+  //             its (error, bytes) to read_step(into, r, ec, n), which goes on
+  //             the same way;
+  //   recv_tls, yield  a TLS read, or a turn for the worker's other
+  //             connections: co_await read_from(step, into, r).
+  // `r` is untouched until the step that returns done. read(into) is
+  // read_from(Step::start, into, {}).
+  enum class Step : std::uint8_t { start, done, recv, recv_tls, yield };
+  Step read_step(std::span<char> into, BodyRead& r);
+  Step read_step(std::span<char> into, BodyRead& r, boost::system::error_code ec, std::size_t n);
+  auto recv_drained() { return async_recv_drained(conn_->socket(), room(carried_), core::use_task); }
+  Task<BodyRead> read_from(Step step, std::span<char> into, BodyRead r);
+
  private:
   using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
 
-  // read() in parts. Its frame lives as long as a stream waits on the
-  // upstream and a GCC 12 frame holds every local of the coroutine: what
-  // does not wait is done in plain functions, whose locals are on the stack.
-  //
+  // read_step() in parts.
+  struct Recv {
+    boost::system::error_code ec;
+    std::size_t n;
+  };
+  // read_step's loop, from its top or (`got`) from the recv a step waited for.
+  Step advance(std::span<char> into, BodyRead& r, const Recv* got);
   // Before a recv: arms the idle deadline (not for take_end()); `carried` =
   // bytes kept from the last read, which the recv lands after. False when
   // read() returns now: they leave no room (r.failure set), or take_end()
@@ -82,6 +104,7 @@ class Exchange final : public UpstreamExchange {
   std::optional<Parser> parser_;
   std::chrono::milliseconds idle_{0};
   std::size_t head_bytes_ = 0;
+  std::uint32_t carried_ = 0;     // bytes the pending recv lands after (begin_recv's `carried`)
   bool need_more_ = false;        // the carried bytes are an incomplete piece of framing: read more first
   bool drained_ = false;          // the last recv emptied the socket: wait for readiness before the next
   bool yield_ = false;            // the next read lets other handlers run first (after kYieldAfterFullReads full reads)

@@ -82,7 +82,7 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
     ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
     // Read, parse, route, admit and the batch window: all of it Weir's.
     ctx.added_us += core::micros_between(ctx.t_start, ctx.t_upstream_sent);
-    ctx.batch_id.assign(m.batch_id());
+    ctx.extra().batch_id.assign(m.batch_id());
     ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
     ctx.batch_slot = static_cast<std::uint16_t>(m.slot());
     ctx.coalesced = m.coalesced();

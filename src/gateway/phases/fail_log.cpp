@@ -238,10 +238,10 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   w.put_uint(ctx.events);
   w.put(R"(,"retries":)"sv);
   w.put_uint(ctx.retries);
-  if (!ctx.batch_id.empty()) {
+  if (!ctx.batch_id().empty()) {
     // A micro-batch member: join its line to the batch's other members by id.
     w.put(R"(,"batch":{"id":)"sv);
-    w.put_json_string(ctx.batch_id);
+    w.put_json_string(ctx.batch_id());
     w.put(R"(,"size":)"sv);
     w.put_uint(ctx.batch_size);
     w.put(R"(,"slot":)"sv);

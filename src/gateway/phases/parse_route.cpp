@@ -70,7 +70,7 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
     auto fields =
         is_responses(ctx.route)
-            ? api::responses::translate_request(down_.body(), ctx.edit_buf, ctx.responses_echo)
+            ? api::responses::translate_request(down_.body(), ctx.edit_buf, ctx.extra().responses_echo)
             : api::anthropic::translate_request(ctx.route == RouteKind::messages ? api::anthropic::Target::messages
                                                                                  : api::anthropic::Target::count_tokens,
                                                 down_.body(), ctx.edit_buf);

@@ -55,7 +55,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
       .upstream = anthropic ? UpstreamDialect::anthropic : UpstreamDialect::openai,
       .include_usage = ctx.fields.include_usage,
       .created = anthropic ? static_cast<std::int64_t>(std::time(nullptr)) : 0,
-      .echo = ctx.responses_echo,
+      .echo = ctx.responses_echo(),
       .request_id = ctx.request_id,
       .model = ctx.model,
   });

@@ -143,7 +143,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   }
   const bool responses = is_responses(ctx.route) && ctx.status >= 200 && ctx.status < 300 && status != 204;
   if (responses) {
-    if (!api::responses::translate_response(from, ctx.responses_echo, translated)) {
+    if (!api::responses::translate_response(from, ctx.responses_echo(), translated)) {
       ctx.status = 502;
       ctx.has_error = true;
       ctx.error_source = core::ErrorSource::upstream;

@@ -71,6 +71,7 @@ GatewayPhases::StreamRelay GatewayPhases::begin_stream(RequestContext& ctx) {
   auto& metrics = w_.metrics();
   StreamRelay s;
   s.src = ctx.source;
+  s.direct = dynamic_cast<http::Exchange*>(s.src);
   ++metrics.active_streams;
   ctx.status = 200;
   if (!down_.http11()) down_.no_keep_alive();  // HTTP/1.0: the body ends at close
@@ -263,10 +264,25 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   return Outcome::next();
 }
 
+// Not a coroutine: the task it returns is the source's read.
+core::Task<http::BodyRead> GatewayPhases::read_rest(StreamRelay& s, http::Exchange::Step step) {
+  return s.direct != nullptr ? s.direct->read_from(step, s.into, {}) : s.src->read(s.into);
+}
+
 core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
   StreamRelay s = begin_stream(ctx);
   while (!s.src->done()) {
-    const http::BodyRead r = co_await s.src->read(s.into);
+    // The direct exchange's read in steps: its recv is awaited in this
+    // frame, so a stream holds no frame of the read's while it waits for
+    // its next event, and makes none per event. (Another source, a TLS
+    // read or a yield: the source's own read.)
+    http::BodyRead r;
+    auto step = s.direct != nullptr ? s.direct->read_step(s.into, r) : http::Exchange::Step::start;
+    while (step == http::Exchange::Step::recv) {
+      const auto [ec, n] = co_await s.direct->recv_drained();
+      step = s.direct->read_step(s.into, r, ec, n);
+    }
+    if (step != http::Exchange::Step::done) r = co_await read_rest(s, step);
     if (!relay_read(ctx, s, r)) break;
   }
   Outcome o = end_stream(ctx, s);

@@ -151,7 +151,7 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
   r->retries = ctx.retries;
   r->bytes_in = ctx.bytes_in;
   r->bytes_out = bytes_out;
-  r->batch_id.assign(ctx.batch_id);
+  r->batch_id.assign(ctx.batch_id());
   r->child_count = 0;
   auto add = [&](tracing::Step step, core::TimePoint from, core::TimePoint to, bool error) {
     tracing::ChildSpan* c = r->add_child();
