@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <utility>
 
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/as_tuple.hpp>
@@ -67,7 +68,7 @@ class Event {
 // per queued completion: an epoll_wait(0) per wake-up). For a completion
 // handler whose last act is the wake-up: the woken coroutine may destroy
 // whatever the caller was working on, so wake() must be the caller's last
-// use of it. A wake() before wait() is remembered.
+// use of it. A wake() while none is parked is remembered (take_wake()).
 //
 // The parked coroutine is owned by this object while it waits: destroy a
 // Waiter only after its coroutine was woken (an io_context destroyed with a
@@ -75,27 +76,33 @@ class Event {
 class Waiter {
  public:
   void wake() {
-    woken_ = true;
-    if (parked_) {
-      asio::any_completion_handler<void()> h;
-      h.swap(parked_);
-      std::move(h)();
+    if (!parked_) {
+      woken_ = true;
+      return;
     }
+    asio::any_completion_handler<void()> h;
+    h.swap(parked_);
+    std::move(h)();
   }
 
-  // Returns once wake() has been called since the last wait() returned.
-  Task<void> wait() {
-    if (!woken_) {
-      co_await asio::async_initiate<const asio::use_awaitable_t<Executor>&, void()>(
-          [this](auto h) {
-            // swap, not move assignment: Boost 1.81's any_completion_handler
-            // move-assigns through its converting constructor (it wraps itself).
-            asio::any_completion_handler<void()> parked(std::move(h));
-            parked_.swap(parked);
-          },
-          asio::use_awaitable_t<Executor>{});
-    }
-    woken_ = false;
+  // True once wake() has been called since the last take_wake() or park()
+  // completed; it consumes that wake-up.
+  bool take_wake() { return std::exchange(woken_, false); }
+
+  // Completes at the next wake(). Awaited only when take_wake() is false:
+  //   while (busy) if (!w.take_wake()) co_await w.park();
+  // (a wake() that came before park() is not seen by it). A deferred
+  // operation, never completed inside the call that starts it: the awaiting
+  // frame holds it, and no coroutine frame is made for the wait.
+  auto park() {
+    return asio::async_initiate<decltype(asio::deferred), void()>(
+        [this](auto h) {
+          // swap, not move assignment: Boost 1.81's any_completion_handler
+          // move-assigns through its converting constructor (it wraps itself).
+          asio::any_completion_handler<void()> parked(std::move(h));
+          parked_.swap(parked);
+        },
+        asio::deferred);
   }
 
  private:

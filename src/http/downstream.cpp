@@ -143,7 +143,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       idle_ = true;
       watchdog_.expires_after(sc_.keepalive_timeout);
     }
-    while (reading_) co_await done_.wait();
+    while (reading_) {
+      if (!done_.take_wake()) co_await done_.park();
+    }
   }
   if (peer_gone_ || closed_ || timed_out_) co_return Head::closed;
   if (draining && !first && in_.size() == 0) co_return Head::closed;
@@ -410,7 +412,9 @@ void Downstream::start_write_loop() {
 }
 
 Task<void> Downstream::drain() {
-  while (writing_) co_await done_.wait();
+  while (writing_) {
+    if (!done_.take_wake()) co_await done_.park();
+  }
 }
 
 Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
@@ -472,8 +476,12 @@ Task<void> Downstream::shutdown() {
   // the write loop (closing the socket completes them).
   error_code ignored;
   sock_.close(ignored);
-  while (reading_) co_await done_.wait();
-  while (writing_) co_await done_.wait();
+  while (reading_) {
+    if (!done_.take_wake()) co_await done_.park();
+  }
+  while (writing_) {
+    if (!done_.take_wake()) co_await done_.park();
+  }
 }
 
 }  // namespace weir::http

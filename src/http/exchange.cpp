@@ -354,7 +354,7 @@ Task<BodyRead> Exchange::read_from(Step step, std::span<char> into, BodyRead r) 
     } else if (step == Step::recv_tls) {
       std::tie(ec, n) = co_await recv_tls(carried_);
     } else {
-      if (step == Step::yield) co_await asio::post(ex_, asio::use_awaitable_t<Executor>{});
+      if (step == Step::yield) co_await asio::post(ex_, asio::deferred);
       step = read_step(into, r);
       continue;
     }

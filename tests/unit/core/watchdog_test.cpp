@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 
 namespace weir::core {
@@ -269,6 +270,68 @@ TEST(CoreEvent, ANotifyIsConsumedByOneWait) {
   run_for_at_least(io, 50ms);
   EXPECT_EQ(wakes, 2);
   io.stop();
+}
+
+// core::Waiter: wake() resumes the parked coroutine inside the call; a
+// wake() while none is parked is kept for take_wake(), once.
+TEST(CoreWaiter, WakeResumesTheParkedCoroutineInPlace) {
+  asio::io_context io;
+  Waiter w;
+  int stage = 0;
+  asio::co_spawn(
+      io,
+      [&]() -> Task<void> {
+        stage = 1;
+        co_await w.park();
+        stage = 2;
+        co_await w.park();
+        stage = 3;
+      },
+      asio::detached);
+  io.poll();
+  EXPECT_EQ(stage, 1);
+  w.wake();  // runs the coroutine to its next park before returning
+  EXPECT_EQ(stage, 2);
+  EXPECT_FALSE(w.take_wake());  // a wake-up that resumed a coroutine is not kept
+  w.wake();
+  EXPECT_EQ(stage, 3);
+}
+
+TEST(CoreWaiter, AWakeWhileNoneIsParkedIsKeptOnce) {
+  Waiter w;
+  EXPECT_FALSE(w.take_wake());
+  w.wake();
+  w.wake();  // a flag, not a count
+  EXPECT_TRUE(w.take_wake());
+  EXPECT_FALSE(w.take_wake());
+}
+
+TEST(CoreWaiter, TheBusyLoopSeesEveryWake) {
+  // The call sites' loop: wake-ups that come while the coroutine runs and
+  // while it is parked, interleaved; it ends when the work is done.
+  asio::io_context io;
+  Waiter w;
+  int busy = 3;
+  bool ended = false;
+  asio::co_spawn(
+      io,
+      [&]() -> Task<void> {
+        while (busy > 0) {
+          if (!w.take_wake()) co_await w.park();
+        }
+        ended = true;
+      },
+      asio::detached);
+  --busy;
+  w.wake();  // before the coroutine first runs: kept
+  io.poll();
+  EXPECT_FALSE(ended);  // busy is 2: it parked
+  --busy;
+  w.wake();  // resumes it; busy is 1: parks again
+  EXPECT_FALSE(ended);
+  --busy;
+  w.wake();
+  EXPECT_TRUE(ended);
 }
 
 }  // namespace
