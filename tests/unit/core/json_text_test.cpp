@@ -237,3 +237,27 @@ TEST(JsonText, TheWordAtATimeScanMissesNoByteAtAnyPosition) {
     }
   }
 }
+
+TEST(JsonText, SequencesAndEscapesAcrossSixteenByteStepsAreKept) {
+  // A well-formed 2-, 3- or 4-byte sequence, or two escapes in a row, at every
+  // position of 40 plain bytes: unchanged (or escaped) whichever step it
+  // straddles.
+  const std::string plain = "The quick brown fox jumps over a lazy do";
+  const std::pair<std::string, std::string> cases[] = {
+      {"\xC3\xA9", "\xC3\xA9"},
+      {"\xE2\x82\xAC", "\xE2\x82\xAC"},
+      {"\xF0\x9F\x98\x80", "\xF0\x9F\x98\x80"},
+      {"\"\\", "\\\"\\\\"},
+      {"\n\x01", "\\n\\u0001"},
+      {"\xC3\x28", kFFFD + "("},  // ill-formed: the lead byte is replaced, the next byte kept
+  };
+  for (const auto& [in_bytes, written] : cases) {
+    for (std::size_t at = 0; at <= plain.size(); ++at) {
+      std::string in = plain;
+      in.insert(at, in_bytes);
+      std::string out;
+      append_json_string(out, in);
+      EXPECT_EQ(out, "\"" + plain.substr(0, at) + written + plain.substr(at) + "\"") << at;
+    }
+  }
+}
