@@ -19,13 +19,36 @@ void append_uint(std::string& out, std::uint64_t v) {
   out.append(buf, p);
 }
 
-// True when `name` is hop-by-hop in `fields`: a fixed one, or named by any
-// Connection line (RFC 9110 §5.3: lines of one name make one list).
+// The fixed hop-by-hop fields (RFC 9110 §7.6.1, with the legacy
+// Proxy-Connection and Keep-Alive, and RFC 9110 §11.7's proxy credentials):
+// headers.cpp's is_hop_by_hop list, by Beast's field code (Beast gives every
+// field it knows its code whatever the case of the name, so none of these
+// is ever field::unknown).
+bool fixed_hop_by_hop(bh::field f) {
+  switch (f) {
+    case bh::field::connection:
+    case bh::field::proxy_connection:
+    case bh::field::keep_alive:
+    case bh::field::te:
+    case bh::field::transfer_encoding:
+    case bh::field::upgrade:
+    case bh::field::trailer:
+    case bh::field::proxy_authorization:
+    case bh::field::proxy_authenticate:
+      return true;
+    default:
+      return false;
+  }
+}
+
+// True when the field `f` of `fields` is hop-by-hop: a fixed one, or named
+// by any Connection line (RFC 9110 §5.3: lines of one name make one list).
 // `connection`: false when the caller knows `fields` has no Connection line.
-template <class Fields>
-bool hop_by_hop_in(const Fields& fields, std::string_view name, bool connection = true) {
-  if (is_hop_by_hop(name, {})) return true;
+template <class Fields, class Field>
+bool hop_by_hop_in(const Fields& fields, const Field& f, bool connection = true) {
+  if (fixed_hop_by_hop(f.name())) return true;
   if (!connection) return false;
+  const auto name = f.name_string();
   for (const auto& e : fields)
     if (e.name() == bh::field::connection && has_token(e.value(), name)) return true;
   return false;
@@ -38,7 +61,7 @@ void copy_end_to_end(std::string& out, const Fields& fields, Skip skip) {
   const bool connection = has_field(fields, bh::field::connection);  // most messages have none
   for (const auto& f : fields) {
     const auto name = f.name_string();
-    if (skip(f) || hop_by_hop_in(fields, name, connection) || iequals(name, "x-request-id")) continue;
+    if (skip(f) || hop_by_hop_in(fields, f, connection) || iequals(name, "x-request-id")) continue;
     out += name;
     out += ": ";
     out += f.value();
@@ -130,7 +153,7 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
   std::vector<std::string> lines;
   for (const auto& f : req) {
     const auto name = f.name_string();
-    if (!forwarded_upstream(f, /*identity=*/true, strip_credentials) || hop_by_hop_in(req, name) ||
+    if (!forwarded_upstream(f, /*identity=*/true, strip_credentials) || hop_by_hop_in(req, f) ||
         iequals(name, "x-request-id"))
       continue;
     // Fields about the client, not the request: the first member's go upstream.
@@ -174,7 +197,7 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
       const std::string_view v = f.value();
       const std::string_view rel = strip_upstream_origin(v, upstream_host);
       if (rel.size() == v.size()) return false;
-      if (!hop_by_hop_in(res, f.name_string())) {
+      if (!hop_by_hop_in(res, f)) {
         out += f.name_string();
         out += ": ";
         out += rel;

@@ -2,6 +2,7 @@
 // client's request head goes upstream (append_upstream_request_head) and
 // what of the upstream's response head goes back (append_response_fields).
 #include "http/forward.hpp"
+#include "http/headers.hpp"
 
 #include <cctype>
 #include <string>
@@ -123,6 +124,32 @@ TEST(HttpForward, HopByHopAndConnectionListedFieldsAreRemoved) {
   EXPECT_EQ(values(out, "Content-Type"), Values{"application/json"});
   EXPECT_EQ(values(out, "User-Agent"), Values{"openai-python/1.50"});
   EXPECT_EQ(values(out, "OpenAI-Organization"), Values{"org-1"});
+}
+
+TEST(HttpForward, FixedHopByHopFieldsGoInAnyCaseWithoutAConnectionLine) {
+  // No Connection line: only the fixed list decides, by Beast's field code,
+  // so the name's case does not matter; it is headers.cpp's list too.
+  constexpr std::string_view head =
+      "POST /v1/chat/completions HTTP/1.1\r\n"
+      "Host: gateway.example\r\n"
+      "kEEp-aLIVE: timeout=5\r\n"
+      "PROXY-CONNECTION: keep-alive\r\n"
+      "te: trailers\r\n"
+      "tRAILER: X-Checksum\r\n"
+      "UPGRADE: h2c\r\n"
+      "proxy-authorization: Basic Zm9vOmJhcg==\r\n"
+      "Proxy-Authenticate: Basic\r\n"
+      "X-Keep-Alive-Ish: kept\r\n"
+      "Content-Length: 0\r\n"
+      "\r\n";
+  std::string out;
+  append_upstream_request_head(out, request(head), options());
+  for (std::string_view f :
+       {"Keep-Alive", "Proxy-Connection", "TE", "Trailer", "Upgrade", "Proxy-Authorization", "Proxy-Authenticate"}) {
+    EXPECT_EQ(values(out, f), Values{}) << f;
+    EXPECT_TRUE(is_hop_by_hop(f, "")) << f;
+  }
+  EXPECT_EQ(values(out, "X-Keep-Alive-Ish"), Values{"kept"});
 }
 
 TEST(HttpForward, HostContentLengthAndRequestIdAreReplacedNotDuplicated) {
