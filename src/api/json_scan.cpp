@@ -419,9 +419,14 @@ bool find_members(std::string_view json, std::span<const std::string_view> keys,
   ObjectShape shape;
   for (auto& f : found) f.reset();
   return scan.for_each_member(shape, [&](const RawMember& m) {
+    // Whether the member's key has an escape, looked up once for all `keys`:
+    // without one it equals a key byte for byte or not at all.
     const std::string_view k = scan.key_text(m);
-    for (std::size_t i = 0; i < keys.size() && i < found.size(); ++i)
-      if (key_equals(k, keys[i])) found[i] = MemberSpan{m.key_begin, m.value_begin, m.value_end};
+    const bool escaped = std::memchr(k.data(), '\\', k.size()) != nullptr;
+    for (std::size_t i = 0; i < keys.size() && i < found.size(); ++i) {
+      if (escaped ? escaped_equals(k, keys[i]) : k == keys[i])
+        found[i] = MemberSpan{m.key_begin, m.value_begin, m.value_end};
+    }
   });
 }
 
