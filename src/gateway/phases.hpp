@@ -48,9 +48,11 @@ class GatewayPhases final : public Phases {
 
   core::Task<Outcome> read(RequestContext& ctx) override;
   core::Task<Outcome> authenticate(RequestContext& ctx) override;
+  std::optional<Outcome> authenticate_now(RequestContext& ctx) override;
   Outcome parse(RequestContext& ctx) override;
   Outcome route(RequestContext& ctx) override;
   core::Task<Outcome> admit(RequestContext& ctx) override;
+  std::optional<Outcome> admit_now(RequestContext& ctx) override;
   core::Task<Outcome> respond(RequestContext& ctx) override;
   core::Task<void> fail(RequestContext& ctx, const core::Error& e) override;
   void log(RequestContext& ctx) override;
@@ -79,7 +81,21 @@ class GatewayPhases final : public Phases {
   core::Task<Outcome> read_body(RequestContext& ctx);
   // authenticate()'s check of the credentials in the head: next() with
   // ctx.principal set (or no authentication for the route), or 401/403/503.
+  // After credentials_now() returned nullopt (credentials_pending_), it goes
+  // on from there: the key-set refetch or key lookup, then the final answer.
   core::Task<Outcome> check_credentials(RequestContext& ctx);
+  // The check without waiting: the answer, or nullopt when it needs a
+  // key-set refetch or a key lookup first (the authenticator holds which).
+  std::optional<Outcome> credentials_now(RequestContext& ctx);
+  // The answer for an authenticate() result (sets ctx.principal).
+  Outcome accept_credentials(RequestContext& ctx, tl::expected<auth::PrincipalPtr, core::Error> p);
+  // admit()'s steps before and after the limits: the token estimate (set in
+  // `estimate`), the model and price checks (an answer, or nullopt to go on
+  // with the limits), and the x-ratelimit-* lines and the ticket from
+  // admission's result.
+  std::optional<Outcome> admit_checks(RequestContext& ctx, admission::TokenEstimate& estimate);
+  Outcome admit_result(RequestContext& ctx, tl::expected<admission::Ticket, core::Error> t,
+                       std::chrono::steady_clock::time_point now);
   core::Task<Outcome> serve_own(RequestContext& ctx);
   core::Task<Outcome> proxy(RequestContext& ctx);
   // The pool's admission queue (pools.X.queue): next() once the request may
@@ -262,6 +278,8 @@ class GatewayPhases final : public Phases {
   std::uint32_t end_pool_ = 0;
   std::uint32_t end_ep_ = 0;
   bool batching_;
+  // credentials_now() stopped at a wait that check_credentials() takes on.
+  bool credentials_pending_ = false;
   // The session's micro-batch seat, made when its first request reaches a
   // batching pool: other sessions carry a null pointer, not ~570 bytes.
   std::unique_ptr<batching::BatchMember> member_;

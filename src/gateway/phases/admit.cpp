@@ -9,9 +9,18 @@ namespace weir::gateway {
 
 using core::use_task;
 
-core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
+namespace {
+
+// The model admission prices and checks: the route's canonical name, else the one asked for.
+std::string_view admit_model(const RequestContext& ctx) {
+  return ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;
+}
+
+}  // namespace
+
+std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admission::TokenEstimate& estimate) {
   const auto api = api_of(ctx.route);
-  if (!api) co_return Outcome::next();
+  if (!api) return Outcome::next();
   const auto& f = ctx.fields;
   // Completion budget when the request gives no max_tokens: vLLM's own
   // default depends on the context length, so take the route's default
@@ -23,33 +32,54 @@ core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
           : std::uint64_t{f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens} * f.n * f.prompt_count;
   // Tokenizing runs no model: it costs no tokens (but counts against request limits).
   const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize;
-  const auto estimate =
-      admission::TokenEstimate::of(free ? 0 : f.prompt_bytes, out_tokens, free ? 0 : f.prompt_overhead_tokens);
+  estimate = admission::TokenEstimate::of(free ? 0 : f.prompt_bytes, out_tokens, free ? 0 : f.prompt_overhead_tokens);
   ctx.prompt_tokens_estimate = estimate.prompt_tokens;
-  if (!ctx.principal) co_return Outcome::next();
-  const std::string_view model = ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;
+  if (!ctx.principal) return Outcome::next();
   const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it
-  ctx.price = prices.find(model);
-  if (auto ok = auth::Authenticator::check_model(*ctx.principal, model); !ok)
-    co_return Outcome::failed(std::move(ok.error()));
+  ctx.price = prices.find(admit_model(ctx));
+  if (auto ok = auth::Authenticator::check_model(*ctx.principal, admit_model(ctx)); !ok)
+    return Outcome::failed(std::move(ok.error()));
+  return std::nullopt;
+}
+
+Outcome GatewayPhases::admit_result(RequestContext& ctx, tl::expected<admission::Ticket, core::Error> t,
+                                    std::chrono::steady_clock::time_point now) {
+  // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
+  const auto h = w_.admission()->rate_limit_headers(*ctx.principal, now);
+  if (h.has_requests) admission::append_rate_limit_headers(ctx.rate_limit_lines, "requests", h.requests);
+  if (h.has_tokens) admission::append_rate_limit_headers(ctx.rate_limit_lines, "tokens", h.tokens);
+  if (!t) return Outcome::failed(std::move(t.error()));
+  ctx.ticket = std::move(*t);
+  return Outcome::next();
+}
+
+std::optional<Outcome> GatewayPhases::admit_now(RequestContext& ctx) {
+  admission::TokenEstimate estimate;
+  if (auto o = admit_checks(ctx, estimate)) return o;
+  // Limits shared through Redis may ask for a wait (a limiter answers
+  // `pending` only there): admit() takes it.
+  if (w_.shared().redis_limiter) return std::nullopt;
+  const auto now = std::chrono::steady_clock::now();
+  return admit_result(
+      ctx, w_.admission()->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &ctx.gen->pricing()), now);
+}
+
+core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
+  admission::TokenEstimate estimate;
+  if (auto o = admit_checks(ctx, estimate)) co_return std::move(*o);
   auto* adm = w_.admission();
+  const admission::Pricing& prices = ctx.gen->pricing();
   auto now = std::chrono::steady_clock::now();
   admission::Shortfall wait;
-  auto t = adm->admit(*ctx.principal, model, estimate, now, &wait, &prices);
+  auto t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, &wait, &prices);
   if (!t && wait.pending) {
     // A shared (Redis) limit: this replica's lease is short but the shared
     // bucket may cover it. Wait once for a refill; the second answer is final.
     co_await admission::async_refill(*w_.shared().limiter, wait, w_.index(), w_.io().get_executor(), use_task);
     now = std::chrono::steady_clock::now();
-    t = adm->admit(*ctx.principal, model, estimate, now, nullptr, &prices);
+    t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &prices);
   }
-  // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
-  const auto h = adm->rate_limit_headers(*ctx.principal, now);
-  if (h.has_requests) admission::append_rate_limit_headers(ctx.rate_limit_lines, "requests", h.requests);
-  if (h.has_tokens) admission::append_rate_limit_headers(ctx.rate_limit_lines, "tokens", h.tokens);
-  if (!t) co_return Outcome::failed(std::move(t.error()));
-  ctx.ticket = std::move(*t);
-  co_return Outcome::next();
+  co_return admit_result(ctx, std::move(t), now);
 }
 
 }  // namespace weir::gateway

@@ -24,33 +24,52 @@ core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
   co_return co_await read_body(ctx);  // (the 100 Continue, then the body)
 }
 
-core::Task<Outcome> GatewayPhases::check_credentials(RequestContext& ctx) {
+std::optional<Outcome> GatewayPhases::authenticate_now(RequestContext& ctx) {
+  if (ctx.body_deferred) return std::nullopt;  // the credentials, then "100 Continue" and the body: authenticate()
+  auto o = credentials_now(ctx);
+  credentials_pending_ = !o;
+  return o;
+}
+
+std::optional<Outcome> GatewayPhases::credentials_now(RequestContext& ctx) {
   auto* authn = w_.authenticator();
   if (!authn || !(api_of(ctx.route) || ctx.route == RouteKind::models || ctx.route == RouteKind::version))
-    co_return Outcome::next();
+    return Outcome::next();
   const auto& req = down_.request();
-  const auto now = [] { return std::chrono::system_clock::now(); };
-  auto p =
-      authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"), now());
-  if (!p && authn->refetch_mark()) {
+  auto p = authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),
+                               std::chrono::system_clock::now());
+  if (!p && (authn->refetch_mark() || authn->key_lookup_pending())) return std::nullopt;
+  return accept_credentials(ctx, std::move(p));
+}
+
+Outcome GatewayPhases::accept_credentials(RequestContext& ctx, tl::expected<auth::PrincipalPtr, core::Error> p) {
+  if (!p) return Outcome::failed(std::move(p.error()));
+  ctx.principal = std::move(*p);
+  if (w_.shared().capture) begin_capture(ctx);
+  return Outcome::next();
+}
+
+core::Task<Outcome> GatewayPhases::check_credentials(RequestContext& ctx) {
+  if (!std::exchange(credentials_pending_, false)) {
+    if (auto o = credentials_now(ctx)) co_return std::move(*o);
+  }
+  // credentials_now() stopped at a wait; the authenticator says which.
+  auto* authn = w_.authenticator();
+  if (authn->refetch_mark()) {
     // The token names a key we do not hold yet (a rotation): wait for the
     // refetch it started, at most 2 s, and try once more.
     co_await auth::async_wait_fetch(*authn->jwks(), *authn->refetch_mark(), std::chrono::seconds(2),
                                     w_.io().get_executor(), use_task);
-    p = authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),
-                            now());
-  } else if (!p && authn->key_lookup_pending()) {
+  } else {
     // An API key this worker has not seen: one lookup in Redis (bounded by
     // redis.command_timeout), whose answer the worker caches; then the
     // second authenticate() is final (found, refused, or 503 unavailable).
     co_await auth::async_key_lookup(*authn, w_.io().get_executor(), use_task);
-    p = authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),
-                            now());
   }
-  if (!p) co_return Outcome::failed(std::move(p.error()));
-  ctx.principal = std::move(*p);
-  if (w_.shared().capture) begin_capture(ctx);
-  co_return Outcome::next();
+  const auto& req = down_.request();
+  co_return accept_credentials(
+      ctx, authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),
+                               std::chrono::system_clock::now()));
 }
 
 }  // namespace weir::gateway

@@ -3,6 +3,7 @@
 // a failure, and log runs exactly once whatever happened (a throw included).
 #include "gateway/pipeline.hpp"
 
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -26,9 +27,18 @@ class FakePhases final : public Phases {
   int failed_status = 0;
   std::string failed_message;
   std::string throw_what = "bug";
+  bool ready = false;  // authenticate_now and admit_now answer (else they defer to the coroutines)
 
   core::Task<Outcome> read(RequestContext&) override { co_return step("read"); }
   core::Task<Outcome> authenticate(RequestContext&) override { co_return step("authenticate"); }
+  std::optional<Outcome> authenticate_now(RequestContext&) override {
+    if (!ready) return std::nullopt;
+    return step("authenticate!");
+  }
+  std::optional<Outcome> admit_now(RequestContext&) override {
+    if (!ready) return std::nullopt;
+    return step("admit!");
+  }
   Outcome parse(RequestContext&) override { return step("parse"); }
   Outcome route(RequestContext&) override { return step("route"); }
   core::Task<Outcome> admit(RequestContext&) override { co_return step("admit"); }
@@ -74,6 +84,22 @@ TEST(Pipeline, PhasesRunInOrderAndLogAlwaysRunsOnce) {
   EXPECT_EQ(p.trace, "read authenticate parse route admit respond log");
   EXPECT_EQ(p.logs, 1);
   EXPECT_EQ(p.fails, 0);
+}
+
+TEST(Pipeline, AReadyAnswerStandsForThePhaseCoroutine) {
+  FakePhases p;
+  p.ready = true;
+  run(p);
+  EXPECT_EQ(p.trace, "read authenticate! parse route admit! respond log");
+  for (const char* at : {"authenticate!", "admit!"}) {
+    FakePhases f;
+    f.ready = true;
+    f.stop_at = at;
+    run(f);
+    EXPECT_EQ(f.fails, 1) << at;
+    EXPECT_EQ(f.trace.find("respond"), std::string::npos) << at;  // a ready failure stops the phases after it
+    EXPECT_EQ(f.logs, 1) << at;
+  }
 }
 
 TEST(Pipeline, AFailureSkipsTheRestThenFailThenLog) {
