@@ -85,8 +85,9 @@ class Waiter {
     std::move(h)();
   }
 
-  // True once wake() has been called since the last take_wake() or park()
-  // completed; it consumes that wake-up.
+  // True when a wake() came while no coroutine was parked (since the last
+  // take_wake()); consumes it. A wake() that resumed a parked coroutine is
+  // not kept.
   bool take_wake() { return std::exchange(woken_, false); }
 
   // Completes at the next wake(). Awaited only when take_wake() is false:
