@@ -61,6 +61,8 @@ class AccessLog {
   void end_line();
   // Writes out what is buffered.
   void flush();
+  // True while lines wait for flush().
+  bool pending() const { return !buf_.empty(); }
 
  private:
   std::shared_ptr<AccessLogSink> sink_;

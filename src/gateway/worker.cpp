@@ -366,16 +366,17 @@ void Worker::sweep_idle_upstreams() {
 
 void Worker::trim_when_idle() {
   // glibc keeps the heap a burst of connections grew (each worker thread has
-  // its own arena) until something returns it: after kTrimAfterTicks with no
+  // its own arena) until something returns it: after kTrimAfter with no
   // session on this worker, and only once per burst, malloc_trim(0) gives the
   // arenas' free pages back to the kernel (a few hundred µs for a heap of
   // ~100 MB; nothing is being served on this worker then).
+  const auto now = std::chrono::steady_clock::now();
   if (session_count_ > 0) {
-    idle_ticks_ = 0;
+    idle_since_ = now;
     trimmed_ = false;
     return;
   }
-  if (trimmed_ || ++idle_ticks_ < kTrimAfterTicks) return;
+  if (trimmed_ || now - idle_since_ < kTrimAfter) return;
   trimmed_ = true;
   ::malloc_trim(0);
 }
@@ -420,15 +421,35 @@ http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_pt
   }
 }
 
+bool Worker::tick_has_work() {
+  if (log_.pending() || draining_ || !retired_.empty() || (session_count_ == 0 && !trimmed_)) return true;
+  bool waiting = false;
+  for_each_pool([&](WorkerGeneration&, std::uint32_t, routing::WorkerPool& pool) {
+    waiting = waiting || (pool.queue() && pool.queue()->waiting() > 0);
+  });
+  return waiting;
+}
+
 http::Task<void> Worker::tick_loop() {
-  // Flushes the access log every 50 ms, sweeps the idle upstream connections
-  // every kSweepTicks ticks, and drives the drain.
-  for (unsigned tick = 1;; ++tick) {
-    tick_.expires_after(std::chrono::milliseconds(50));
-    co_await tick_.async_wait(use_task);
+  // Flushes the access log, lets queued requests through, sweeps the idle
+  // upstream connections every kSlowTick, and drives the drain. Ticks come
+  // kFastTick apart while there is such work, else kSlowTick apart: a
+  // worker with nothing to do wakes 4 times a second, not 20 (its CPU at
+  // low rates: per SSE event at one stream, idle). A line logged or a
+  // request queued meanwhile brings the next tick forward (tick_soon).
+  auto next_sweep = std::chrono::steady_clock::now() + kSlowTick;
+  for (;;) {
+    tick_slow_ = !tick_has_work();
+    tick_.expires_after(tick_slow_ ? kSlowTick : kFastTick);
+    co_await tick_.async_wait(use_task);  // (cancelled: tick_soon or drain; tick at once)
+    tick_slow_ = false;
     log_.flush();
     dispatch_queues();
-    if (tick % kSweepTicks == 0) sweep_idle_upstreams();
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= next_sweep) {
+      sweep_idle_upstreams();
+      next_sweep = now + kSlowTick;
+    }
     if (!retired_.empty()) free_retired();
     trim_when_idle();
     if (!draining_) continue;

@@ -113,6 +113,15 @@ class Worker {
   // pool of the current and retired generations): on this worker's thread only.
   MetricsShard metrics_snapshot();
   core::AccessLog& access_log() { return log_; }
+  // Work for the tick came (a line into access_log(), a request into a
+  // pool's queue): while the worker ticks slowly (quiet: tick_loop), the
+  // next tick comes at once, so that work waits for a fast tick (50 ms) at
+  // most, as when the worker is busy.
+  void tick_soon() {
+    if (!tick_slow_) return;
+    tick_slow_ = false;
+    tick_.cancel();
+  }
   // This worker's queue to the request-log store; null without request_log:.
   requestlog::RecordQueue* record_queue() { return record_queue_; }
   // Where a record's line is formatted when the access log is off.
@@ -178,12 +187,18 @@ class Worker {
   // idle_keepalive or that the model server closed (ConnectionPool::sweep).
   void sweep_idle_upstreams();
   void trim_when_idle();
-  // The sweep runs every 5 ticks of 50 ms: a connection the server closed
-  // holds its descriptor (CLOSE-WAIT) for at most ~250 ms.
-  static constexpr unsigned kSweepTicks = 5;
-  // Ticks (50 ms) with no session before the worker returns free heap to
-  // the kernel (trim_when_idle): 1 s.
-  static constexpr unsigned kTrimAfterTicks = 20;
+  // Whether the next tick has work soon (tick_loop): lines to flush,
+  // requests waiting in a pool's queue, retired generations, a trim due,
+  // a drain.
+  bool tick_has_work();
+  // Ticks are kFastTick apart while tick_has_work(), else kSlowTick, the
+  // idle-connection sweep's period: a connection the server closed holds
+  // its descriptor (CLOSE-WAIT) for at most ~250 ms.
+  static constexpr std::chrono::milliseconds kFastTick{50};
+  static constexpr std::chrono::milliseconds kSlowTick{250};
+  // Time with no session before the worker returns free heap to the kernel
+  // (trim_when_idle).
+  static constexpr std::chrono::seconds kTrimAfter{1};
 
   Shared& shared_;
   unsigned index_;
@@ -214,8 +229,9 @@ class Worker {
   std::size_t spare_bytes_ = 0;
   Session* sessions_ = nullptr;  // intrusive list of live sessions
   std::size_t session_count_ = 0;
-  unsigned idle_ticks_ = 0;  // ticks since session_count_ fell to 0
-  bool trimmed_ = true;      // trim_when_idle ran since the last session ended (nothing to return at start)
+  std::chrono::steady_clock::time_point idle_since_{};  // when session_count_ last fell to 0
+  bool trimmed_ = true;     // trim_when_idle ran since the last session ended (nothing to return at start)
+  bool tick_slow_ = false;  // the pending tick is a slow one (tick_soon brings it forward)
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_{};
   std::thread thread_;

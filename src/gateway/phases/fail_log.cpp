@@ -301,7 +301,10 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   if (auto* q = w_.record_queue())
     push_record(*q, ctx.capture ? &w_.shared().request_log->body_budget(w_.index()) : nullptr, ctx, wall,
                 std::string_view(out).substr(line_start));
-  if (to_log) log.end_line();
+  if (to_log) {
+    log.end_line();
+    w_.tick_soon();
+  }
 }
 
 void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,

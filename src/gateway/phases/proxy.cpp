@@ -288,6 +288,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
   waiter.timer = &timer;
   routing::QueueWaiter* displaced = nullptr;
   if (!q.push(waiter, displaced)) co_return shed(reason);
+  w_.tick_soon();  // the tick lets it through when the gate opens without a request leaving
   // (A displaced waiter counts its own shedding when it wakes.)
   // However the wait ends, the waiter is no longer linked after it.
   struct Unlink {
