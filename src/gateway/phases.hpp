@@ -48,11 +48,11 @@ class GatewayPhases final : public Phases {
 
   core::Task<Outcome> read(RequestContext& ctx) override;
   core::Task<Outcome> authenticate(RequestContext& ctx) override;
-  std::optional<Outcome> authenticate_now(RequestContext& ctx) override;
+  bool authenticate_now(RequestContext& ctx, Outcome& o) override;
   Outcome parse(RequestContext& ctx) override;
   Outcome route(RequestContext& ctx) override;
   core::Task<Outcome> admit(RequestContext& ctx) override;
-  std::optional<Outcome> admit_now(RequestContext& ctx) override;
+  bool admit_now(RequestContext& ctx, Outcome& o) override;
   core::Task<Outcome> respond(RequestContext& ctx) override;
   core::Task<void> fail(RequestContext& ctx, const core::Error& e) override;
   void log(RequestContext& ctx) override;

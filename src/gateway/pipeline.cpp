@@ -12,10 +12,7 @@ core::Task<void> run_pipeline(Phases& p, RequestContext& ctx) {
     o = co_await p.read(ctx);
     if (o.goes_on()) {
       const auto t0 = ctx.trace_sampled() ? core::now() : core::TimePoint{};
-      if (auto ready = p.authenticate_now(ctx))
-        o = std::move(*ready);
-      else
-        o = co_await p.authenticate(ctx);
+      if (!p.authenticate_now(ctx, o)) o = co_await p.authenticate(ctx);
       // A span when credentials were checked (auth configured, a route that needs it).
       if (ctx.trace_sampled() && (ctx.principal || o.is_failed())) {
         ctx.trace->auth_span = true;
@@ -28,10 +25,7 @@ core::Task<void> run_pipeline(Phases& p, RequestContext& ctx) {
     if (o.goes_on()) o = p.route(ctx);
     if (o.goes_on()) {
       const auto t0 = ctx.trace_sampled() ? core::now() : core::TimePoint{};
-      if (auto ready = p.admit_now(ctx))
-        o = std::move(*ready);
-      else
-        o = co_await p.admit(ctx);
+      if (!p.admit_now(ctx, o)) o = co_await p.admit(ctx);
       // A span when admission ran (a principal: limits, budgets, the allow-list).
       if (ctx.trace_sampled() && ctx.principal) {
         ctx.trace->admit_span = true;

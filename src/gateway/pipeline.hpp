@@ -6,7 +6,6 @@
 #pragma once
 
 #include <memory>
-#include <optional>
 #include <utility>
 
 #include "core/async.hpp"
@@ -56,19 +55,20 @@ class Phases {
   virtual core::Task<Outcome> read(RequestContext& ctx) = 0;
   // Credential → principal (401/403/503).
   virtual core::Task<Outcome> authenticate(RequestContext& ctx) = 0;
-  // authenticate()'s answer when it needs no wait, else nullopt (then the
-  // pipeline awaits authenticate(), which goes on from where this stopped):
-  // most requests need no coroutine frame for the phase.
-  virtual std::optional<Outcome> authenticate_now(RequestContext&) { return std::nullopt; }
+  // authenticate()'s answer when it needs no wait: true, with `o` set. False
+  // (`o` untouched): the pipeline awaits authenticate(), which goes on from
+  // where this stopped. Most requests need no coroutine frame for the phase
+  // (and the pipeline's frame, held for a whole stream, no optional answer).
+  virtual bool authenticate_now(RequestContext&, Outcome& /*o*/) { return false; }
   // JSON body → the fields the gateway acts on (400).
   virtual Outcome parse(RequestContext& ctx) = 0;
   // Model → pool (404 model_not_found).
   virtual Outcome route(RequestContext& ctx) = 0;
   // Model allow-list, limits, budgets (403/429/503).
   virtual core::Task<Outcome> admit(RequestContext& ctx) = 0;
-  // admit()'s answer when it needs no wait, else nullopt (then the pipeline
-  // awaits admit()).
-  virtual std::optional<Outcome> admit_now(RequestContext&) { return std::nullopt; }
+  // admit()'s answer when it needs no wait: true, with `o` set; false: the
+  // pipeline awaits admit().
+  virtual bool admit_now(RequestContext&, Outcome& /*o*/) { return false; }
   // The upstream exchange and the response to the client, or Weir's own answer.
   virtual core::Task<Outcome> respond(RequestContext& ctx) = 0;
   // Turns a failure into the answer (gateway/failure.hpp: the one mapping).

@@ -441,7 +441,14 @@ http::Task<void> Worker::tick_loop() {
   for (;;) {
     tick_slow_ = !tick_has_work();
     tick_.expires_after(tick_slow_ ? kSlowTick : kFastTick);
-    co_await tick_.async_wait(use_task);  // (cancelled: tick_soon or drain; tick at once)
+    auto [ec] = co_await tick_.async_wait(use_task);
+    if (ec == asio::error::operation_aborted && !draining_) {
+      // tick_soon(): work came while quiet; it waits a fast tick, as it
+      // would on a busy worker (so lines logged close together still go
+      // out in one write). A drain's cancel ticks at once.
+      tick_.expires_after(kFastTick);
+      co_await tick_.async_wait(use_task);
+    }
     tick_slow_ = false;
     log_.flush();
     dispatch_queues();

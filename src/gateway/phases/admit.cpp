@@ -53,15 +53,19 @@ Outcome GatewayPhases::admit_result(RequestContext& ctx, tl::expected<admission:
   return Outcome::next();
 }
 
-std::optional<Outcome> GatewayPhases::admit_now(RequestContext& ctx) {
+bool GatewayPhases::admit_now(RequestContext& ctx, Outcome& o) {
   admission::TokenEstimate estimate;
-  if (auto o = admit_checks(ctx, estimate)) return o;
+  if (auto r = admit_checks(ctx, estimate)) {
+    o = std::move(*r);
+    return true;
+  }
   // Limits shared through Redis may ask for a wait (a limiter answers
   // `pending` only there): admit() takes it.
-  if (w_.shared().redis_limiter) return std::nullopt;
+  if (w_.shared().redis_limiter) return false;
   const auto now = std::chrono::steady_clock::now();
-  return admit_result(
+  o = admit_result(
       ctx, w_.admission()->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &ctx.gen->pricing()), now);
+  return true;
 }
 
 core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {

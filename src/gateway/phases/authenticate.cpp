@@ -24,11 +24,12 @@ core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
   co_return co_await read_body(ctx);  // (the 100 Continue, then the body)
 }
 
-std::optional<Outcome> GatewayPhases::authenticate_now(RequestContext& ctx) {
-  if (ctx.body_deferred) return std::nullopt;  // the credentials, then "100 Continue" and the body: authenticate()
-  auto o = credentials_now(ctx);
-  credentials_pending_ = !o;
-  return o;
+bool GatewayPhases::authenticate_now(RequestContext& ctx, Outcome& o) {
+  if (ctx.body_deferred) return false;  // the credentials, then "100 Continue" and the body: authenticate()
+  auto r = credentials_now(ctx);
+  credentials_pending_ = !r;
+  if (r) o = std::move(*r);
+  return r.has_value();
 }
 
 std::optional<Outcome> GatewayPhases::credentials_now(RequestContext& ctx) {

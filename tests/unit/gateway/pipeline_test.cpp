@@ -3,7 +3,6 @@
 // a failure, and log runs exactly once whatever happened (a throw included).
 #include "gateway/pipeline.hpp"
 
-#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -31,13 +30,15 @@ class FakePhases final : public Phases {
 
   core::Task<Outcome> read(RequestContext&) override { co_return step("read"); }
   core::Task<Outcome> authenticate(RequestContext&) override { co_return step("authenticate"); }
-  std::optional<Outcome> authenticate_now(RequestContext&) override {
-    if (!ready) return std::nullopt;
-    return step("authenticate!");
+  bool authenticate_now(RequestContext&, Outcome& o) override {
+    if (!ready) return false;
+    o = step("authenticate!");
+    return true;
   }
-  std::optional<Outcome> admit_now(RequestContext&) override {
-    if (!ready) return std::nullopt;
-    return step("admit!");
+  bool admit_now(RequestContext&, Outcome& o) override {
+    if (!ready) return false;
+    o = step("admit!");
+    return true;
   }
   Outcome parse(RequestContext&) override { return step("parse"); }
   Outcome route(RequestContext&) override { return step("route"); }
