@@ -115,8 +115,8 @@ class Worker {
   core::AccessLog& access_log() { return log_; }
   // Work for the tick came (a line into access_log(), a request into a
   // pool's queue): while the worker ticks slowly (quiet: tick_loop), the
-  // next tick comes at once, so that work waits for a fast tick (50 ms) at
-  // most, as when the worker is busy.
+  // slow tick is cut short to a fast one, so that work waits 50 ms at most,
+  // as when the worker is busy.
   void tick_soon() {
     if (!tick_slow_) return;
     tick_slow_ = false;
