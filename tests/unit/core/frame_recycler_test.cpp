@@ -65,7 +65,9 @@ TEST(FrameRecycler, BinsAreBoundedPerClassAndInBytes) {
   EXPECT_FALSE(bins.push(c, blocks.back()));  // the class is full: the caller frees it
   asio::aligned_delete(blocks.back());
   EXPECT_EQ(bins.cached(c), fr::kPerClass);
-  EXPECT_EQ(bins.pop(c, 16), blocks[fr::kPerClass - 1]);  // last in, first out
+  void* const popped = bins.pop(c, 16);
+  EXPECT_EQ(popped, blocks[fr::kPerClass - 1]);           // last in, first out
+  asio::aligned_delete(popped);                           // the caller owns what it popped
   EXPECT_EQ(bins.pop(fr::size_class(500), 16), nullptr);  // another class is empty
 
   // The byte bound: the biggest class until 64 KiB are held.
