@@ -19,34 +19,12 @@ void append_uint(std::string& out, std::uint64_t v) {
   out.append(buf, p);
 }
 
-// The fixed hop-by-hop fields (RFC 9110 §7.6.1, with the legacy
-// Proxy-Connection and Keep-Alive, and RFC 9110 §11.7's proxy credentials):
-// headers.cpp's is_hop_by_hop list, by Beast's field code (Beast gives every
-// field it knows its code whatever the case of the name, so none of these
-// is ever field::unknown).
-bool fixed_hop_by_hop(bh::field f) {
-  switch (f) {
-    case bh::field::connection:
-    case bh::field::proxy_connection:
-    case bh::field::keep_alive:
-    case bh::field::te:
-    case bh::field::transfer_encoding:
-    case bh::field::upgrade:
-    case bh::field::trailer:
-    case bh::field::proxy_authorization:
-    case bh::field::proxy_authenticate:
-      return true;
-    default:
-      return false;
-  }
-}
-
 // True when the field `f` of `fields` is hop-by-hop: a fixed one, or named
 // by any Connection line (RFC 9110 §5.3: lines of one name make one list).
 // `connection`: false when the caller knows `fields` has no Connection line.
 template <class Fields, class Field>
 bool hop_by_hop_in(const Fields& fields, const Field& f, bool connection = true) {
-  if (fixed_hop_by_hop(f.name())) return true;
+  if (is_fixed_hop_by_hop(f.name())) return true;
   if (!connection) return false;
   const auto name = f.name_string();
   for (const auto& e : fields)

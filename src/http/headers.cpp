@@ -35,13 +35,27 @@ bool has_token(std::string_view list, std::string_view token) {
   return false;
 }
 
+bool is_fixed_hop_by_hop(boost::beast::http::field f) {
+  using boost::beast::http::field;
+  switch (f) {
+    case field::connection:
+    case field::proxy_connection:
+    case field::keep_alive:
+    case field::te:
+    case field::transfer_encoding:
+    case field::upgrade:
+    case field::trailer:
+    case field::proxy_authorization:
+    case field::proxy_authenticate:
+      return true;
+    default:
+      return false;
+  }
+}
+
 bool is_hop_by_hop(std::string_view name, std::string_view connection_value) {
-  static constexpr std::string_view fixed[] = {"connection", "proxy-connection",    "keep-alive",
-                                               "te",         "transfer-encoding",   "upgrade",
-                                               "trailer",    "proxy-authorization", "proxy-authenticate"};
-  for (auto f : fixed)
-    if (iequals(name, f)) return true;
-  return !connection_value.empty() && has_token(connection_value, name);
+  return is_fixed_hop_by_hop(boost::beast::http::string_to_field(name)) ||
+         (!connection_value.empty() && has_token(connection_value, name));
 }
 
 void append_status_line(std::string& out, int status) {

@@ -6,16 +6,24 @@
 #include <string_view>
 #include <type_traits>
 
+#include <boost/beast/http/field.hpp>
+
 #include "core/text.hpp"
 
 namespace weir::http {
 
 using core::iequals;  // ASCII case-insensitive (field names, RFC 9110 §5.1)
 
-// True for fields a proxy must not forward (RFC 9110 §7.6.1): Connection,
-// Proxy-Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade, Trailer,
-// Proxy-Authorization, Proxy-Authenticate, and any field that the message's
-// Connection header lists (`connection_value`).
+// True for the fields a proxy never forwards (RFC 9110 §7.6.1, with the
+// legacy Proxy-Connection and Keep-Alive and §11.7's proxy credentials):
+// Connection, Proxy-Connection, Keep-Alive, TE, Transfer-Encoding, Upgrade,
+// Trailer, Proxy-Authorization, Proxy-Authenticate, by Beast's field code
+// (Beast gives every field it knows its code whatever the name's case, so
+// none of these is ever field::unknown). The one list of them.
+bool is_fixed_hop_by_hop(boost::beast::http::field f);
+
+// The same for a field name, or any field that the message's Connection
+// header lists (`connection_value`).
 bool is_hop_by_hop(std::string_view name, std::string_view connection_value);
 
 // True if the comma-separated list `list` contains `token` (case-insensitive),

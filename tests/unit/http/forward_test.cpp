@@ -128,7 +128,7 @@ TEST(HttpForward, HopByHopAndConnectionListedFieldsAreRemoved) {
 
 TEST(HttpForward, FixedHopByHopFieldsGoInAnyCaseWithoutAConnectionLine) {
   // No Connection line: only the fixed list decides, by Beast's field code,
-  // so the name's case does not matter; it is headers.cpp's list too.
+  // so the name's case does not matter (http::is_fixed_hop_by_hop, the one list).
   constexpr std::string_view head =
       "POST /v1/chat/completions HTTP/1.1\r\n"
       "Host: gateway.example\r\n"
