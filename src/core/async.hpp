@@ -1,13 +1,16 @@
 // Coroutines and deadlines on one worker thread: the concrete Asio types
 // every module uses (the io_context's own executor type instead of the
 // type-erased any_io_executor, whose copies show up in Beast profiles), a
-// one-waiter wake-up (Event) and a cheap per-connection deadline (Watchdog).
+// one-waiter wake-up (Event) and a cheap per-connection deadline (Watchdog,
+// WatchdogSet).
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include <boost/asio/any_completion_handler.hpp>
 #include <boost/asio/as_tuple.hpp>
@@ -111,78 +114,101 @@ class Waiter {
   bool woken_ = false;
 };
 
-// A deadline for one connection's current I/O step, cheap to move.
+class WatchdogSet;
+
+// A deadline for one connection's current I/O step.
 //
-// Setting a deadline is a store; the underlying timer is re-armed only when
-// the deadline moves earlier than the armed expiry or when it fires before
-// the (since moved) deadline (lazy re-arm). So "every I/O step has a
-// timeout" costs no timer operation per read or write in steady state. When a
-// deadline passes, the watchdog calls on_expired() once; the owner typically
-// closes its socket there, which completes pending operations with an error.
+// Setting a deadline is a store; the worker's one timer (WatchdogSet, one per
+// io_context) is re-armed only when a deadline moves earlier than the
+// earliest it waits for, and a deadline that moved later is looked at again
+// when its old time comes (lazy re-arm). So "every I/O step has a timeout"
+// costs no timer operation per read or write in steady state, and an open
+// connection holds no timer, no heap state and no pending timer wait of its
+// own (memory per open stream). When a deadline passes, the watchdog calls
+// on_expired() once; the owner typically closes its socket there, which
+// completes pending operations with an error.
+//
+// Not movable: the set holds its address while a deadline is pending. Made,
+// used and destroyed on the thread that runs its io_context (one thread per
+// io_context, as every worker's).
 class Watchdog {
  public:
   using Clock = std::chrono::steady_clock;
 
-  // `on_expired` runs on the io_context's thread; never after stop().
-  Watchdog(Executor ex, std::function<void()> on_expired) : s_(std::make_shared<State>(ex, std::move(on_expired))) {}
+  // `on_expired` runs on the io_context's thread, from the set's timer
+  // handler (never inside expires_*()); never after stop() or destruction.
+  Watchdog(Executor ex, std::function<void()> on_expired);
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
   ~Watchdog() { stop(); }
 
   // Fires at `deadline` unless moved again before then.
   void expires_at(Clock::time_point deadline) {
-    s_->deadline = deadline;
-    if (!s_->armed || deadline < s_->armed_at) arm(s_, deadline);
+    deadline_ = deadline;
+    if (slot_ == kNoSlot || deadline < key_) schedule(deadline);
   }
   void expires_after(Clock::duration d) { expires_at(Clock::now() + d); }
-  // No deadline until the next expires_*().
-  void disarm() { s_->deadline = Clock::time_point::max(); }
+  // No deadline until the next expires_*() (the set drops it lazily).
+  void disarm() { deadline_ = Clock::time_point::max(); }
   // True once a deadline has passed (sticky until reset_expired()).
-  bool expired() const { return s_->expired; }
-  void reset_expired() { s_->expired = false; }
-  // Never fires again; a pending timer wait completes harmlessly later.
+  bool expired() const { return expired_; }
+  void reset_expired() { expired_ = false; }
+  // Never fires again.
   void stop() {
-    s_->stopped = true;
-    s_->deadline = Clock::time_point::max();
-    if (s_->armed) s_->timer.cancel();
+    stopped_ = true;
+    deadline_ = Clock::time_point::max();
+    if (slot_ != kNoSlot) unschedule();
   }
 
  private:
-  struct State {
-    State(Executor ex, std::function<void()> f) : timer(ex), on_expired(std::move(f)) {}
-    Timer timer;
-    std::function<void()> on_expired;
-    Clock::time_point deadline = Clock::time_point::max();
-    Clock::time_point armed_at = Clock::time_point::max();
-    unsigned generation = 0;
-    bool armed = false;
-    bool stopped = false;
-    bool expired = false;
-  };
+  friend class WatchdogSet;
+  static constexpr std::uint32_t kNoSlot = 0xffffffffu;
+  void schedule(Clock::time_point at);
+  void unschedule();
 
-  static void arm(const std::shared_ptr<State>& s, Clock::time_point at) {
-    if (s->stopped) return;
-    s->armed = true;
-    s->armed_at = at;
-    const unsigned gen = ++s->generation;
-    s->timer.expires_at(at);  // cancels a pending wait: it completes as aborted and is ignored
-    s->timer.async_wait([s, gen](const boost::system::error_code& ec) { on_timer(s, ec, gen); });
+  WatchdogSet* set_;
+  std::function<void()> on_expired_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  Clock::time_point key_ = Clock::time_point::max();  // when the set looks at it next (while slot_ != kNoSlot)
+  std::uint32_t slot_ = kNoSlot;                      // its index in the set's heap
+  bool stopped_ = false;
+  bool expired_ = false;
+};
+
+// The watchdogs of one io_context: a binary min-heap of their next times and
+// one timer armed at the earliest (an io_context service, made with the
+// context's first Watchdog). The heap holds each armed watchdog once:
+// O(log n) to add one, move one earlier or drop one; moving one later is a
+// store (Watchdog::expires_at).
+class WatchdogSet : public asio::execution_context::service {
+ public:
+  using Clock = std::chrono::steady_clock;
+  static asio::execution_context::id id;
+  explicit WatchdogSet(asio::execution_context& ctx);
+
+  // Watchdogs waiting for their time (for tests).
+  std::size_t size() const { return heap_.size(); }
+
+ private:
+  friend class Watchdog;
+  void shutdown() override;
+  void schedule(Watchdog& w, Clock::time_point at);
+  void remove(Watchdog& w);
+  void place(std::uint32_t i, Watchdog* w) {
+    heap_[i] = w;
+    w->slot_ = i;
   }
+  void sift_up(std::uint32_t i);
+  void sift_down(std::uint32_t i);
+  void rearm();
+  void fire();
 
-  static void on_timer(const std::shared_ptr<State>& s, const boost::system::error_code& ec, unsigned gen) {
-    if (gen != s->generation) return;  // superseded by a later arm()
-    s->armed = false;
-    if (ec || s->stopped || s->deadline == Clock::time_point::max()) return;
-    if (Clock::now() < s->deadline) {
-      arm(s, s->deadline);
-      return;
-    }
-    s->expired = true;
-    s->deadline = Clock::time_point::max();
-    s->on_expired();
-  }
-
-  std::shared_ptr<State> s_;
+  std::vector<Watchdog*> heap_;
+  Timer timer_;
+  Clock::time_point armed_at_ = Clock::time_point::max();  // the timer's expiry while waiting_
+  unsigned generation_ = 0;                                // the current wait's; older ones are ignored
+  bool waiting_ = false;
+  bool down_ = false;  // the io_context is shutting down: nothing is scheduled any more
 };
 
 }  // namespace weir::core

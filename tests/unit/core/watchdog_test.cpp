@@ -207,6 +207,57 @@ TEST(CoreWatchdog, ADeadlineAlreadyPastFiresSoon) {
   EXPECT_EQ(f.at.size(), 1u);
 }
 
+TEST(CoreWatchdog, ManyFireInTheOrderOfTheirDeadlines) {
+  asio::io_context io;
+  constexpr int kN = 40;
+  std::vector<int> order;
+  std::vector<std::unique_ptr<Watchdog>> ws;
+  std::vector<Clock::time_point> deadline(kN);
+  const auto t0 = Clock::now();
+  for (int i = 0; i < kN; ++i) {
+    ws.push_back(std::make_unique<Watchdog>(io.get_executor(), [&order, i] { order.push_back(i); }));
+    deadline[i] = t0 + 5ms + std::chrono::milliseconds((i * 17) % kN);  // a permutation of 5..44 ms
+  }
+  for (int i = 0; i < kN; ++i) ws[i]->expires_at(deadline[i]);
+  ws[7]->expires_at(deadline[7] + 1s);  // moved later: not among these
+  ws[7]->disarm();
+  ws[11]->stop();  // leaves the heap at once
+  EXPECT_EQ(asio::use_service<WatchdogSet>(io).size(), static_cast<std::size_t>(kN - 1));
+  ASSERT_TRUE(run_until(io, [&] { return order.size() == kN - 2; }));
+  for (std::size_t k = 1; k < order.size(); ++k) EXPECT_LE(deadline[order[k - 1]], deadline[order[k]]);
+  run_for_at_least(io, 30ms);
+  EXPECT_EQ(order.size(), static_cast<std::size_t>(kN - 2));
+  EXPECT_EQ(asio::use_service<WatchdogSet>(io).size(), 0u);  // the disarmed one was dropped at its old time
+}
+
+TEST(CoreWatchdog, ACallbackMayDestroyAnotherThatIsDue) {
+  asio::io_context io;
+  int first = 0, second = 0;
+  auto b = std::make_unique<Watchdog>(io.get_executor(), [&] { ++second; });
+  Watchdog a(io.get_executor(), [&] {
+    ++first;
+    b.reset();  // due at the same time, not yet fired
+  });
+  const auto at = Clock::now() + 10ms;
+  a.expires_at(at);
+  b->expires_at(at + 1us);
+  ASSERT_TRUE(run_until(io, [&] { return first == 1; }));
+  run_for_at_least(io, 30ms);
+  EXPECT_EQ(second, 0);
+}
+
+TEST(CoreWatchdog, MayOutliveItsIoContext) {
+  // A connection's watchdog destroyed after its io_context (pending ones
+  // included): the set gave every watchdog up at shutdown.
+  std::optional<asio::io_context> io(std::in_place);
+  Fires f;
+  Watchdog pending(io->get_executor(), f.fn());
+  Watchdog idle(io->get_executor(), f.fn());
+  pending.expires_after(1h);
+  io.reset();
+  EXPECT_TRUE(f.at.empty());
+}
+
 // --- Event ---
 
 TEST(CoreEvent, NotifyBeforeWaitIsNotLost) {
