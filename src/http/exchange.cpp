@@ -133,6 +133,11 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     interim = status >= 100 && status < 200 && status != 101;
   }
   if (ec) co_return classify(*conn_, ec);
+  // 101 Switching Protocols answers only a request that asked to upgrade
+  // (RFC 9110 §15.2.2), and Weir never forwards Upgrade (hop-by-hop): a
+  // 101 here is the upstream's error, not a response to relay.
+  if (parser_->get().result_int() == 101) [[unlikely]]
+    co_return UpstreamFailure::protocol;
   // Transfer-Encoding with Content-Length: Beast frames a coding other than
   // chunked by the Content-Length, where RFC 9112 §6.3 says Transfer-Encoding
   // overrides it and the message "ought to be handled as an error" (it may

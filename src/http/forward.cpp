@@ -167,10 +167,14 @@ std::string_view strip_upstream_origin(std::string_view uri, std::string_view ho
 }
 
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
-                            std::string_view upstream_host) {
+                            std::string_view upstream_host, bool own_ratelimit) {
   copy_end_to_end(out, res, [&](const auto& f) {
     if (f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding))
       return true;
+    if (own_ratelimit && f.name() == bh::field::unknown) {
+      const std::string_view n = f.name_string();
+      if (n.size() > 12 && iequals(n.substr(0, 12), "x-ratelimit-")) return true;
+    }
     if (!upstream_host.empty() && (f.name() == bh::field::location || f.name() == bh::field::content_location)) {
       const std::string_view v = f.value();
       const std::string_view rel = strip_upstream_origin(v, upstream_host);

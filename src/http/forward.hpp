@@ -79,8 +79,11 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // made relative (RFC 9110 §10.2.2 allows it), so the client is sent to the
 // same path through the gateway and never learns the endpoint's address;
 // nginx's `proxy_redirect default` does the same.
+// `own_ratelimit`: the caller sends the tenant's x-ratelimit-* lines, so the
+// upstream's (a provider's own limits, on Weir's account) are dropped: a
+// client sees each name once, with the value that governs it.
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
-                            std::string_view upstream_host = {});
+                            std::string_view upstream_host = {}, bool own_ratelimit = false);
 
 // `uri` without a leading "http://<host>" or "https://<host>" (host compared case-insensitively)
 // when it has that prefix followed by '/', '?', '#' or nothing ("/" then);
