@@ -165,7 +165,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   body_store_.clear();
   idle_ = in_.size() == 0;
   watchdog_.expires_after(first ? sc_.header_timeout : sc_.keepalive_timeout);
-  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true);
+  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, 512, /*empty_lines=*/true);
   idle_ = false;
   watchdog_.disarm();
   if (parser_->is_header_done()) {

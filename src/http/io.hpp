@@ -68,10 +68,15 @@ Task<std::tuple<boost::system::error_code, std::size_t>> write_all_now(Socket& s
 // records the socket's readiness does not show); its close without
 // close_notify comes back as ssl::error::stream_truncated (http::classify
 // takes it for a reset).
+//
+// `empty_lines`: a request's read, where empty lines (CRLF, or a bare LF)
+// before the request-line are skipped, as RFC 9112 §2.2 asks of a server (a
+// client that ends a body with an extra CRLF); they count in the bytes used.
 template <class Stream, class Parser>
 Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& sock, boost::beast::flat_buffer& buf,
                                                                       Parser& parser, bool until_head,
-                                                                      std::size_t min_read = 512) {
+                                                                      std::size_t min_read = 512,
+                                                                      bool empty_lines = false) {
   namespace bh = boost::beast::http;
   using boost::system::error_code;
   const auto complete = [&] { return until_head ? parser.is_header_done() : parser.is_done(); };
@@ -79,6 +84,13 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
   bool try_now = buf.size() > 0;
   for (;;) {
     if (complete()) co_return std::tuple{error_code{}, used};
+    if (empty_lines && buf.size() > 0 && !parser.got_some()) {
+      const auto* p = static_cast<const char*>(buf.data().data());
+      std::size_t k = 0;
+      while (k < buf.size() && (p[k] == '\n' || (p[k] == '\r' && (k + 1 == buf.size() || p[k + 1] == '\n')))) ++k;
+      buf.consume(k);
+      used += k;
+    }
     if (buf.size() > 0) {
       error_code ec;
       const std::size_t n = parser.put(buf.data(), ec);
