@@ -240,8 +240,12 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
       const auto mark = jwks_->completed_fetches();
       if (jwks_->request_refresh(now)) refetch_mark_ = mark;
     }
-    if (err.kind == JwtFailure::no_keys)
+    // No key at all: none loaded yet (503, retry), or the key set in use has
+    // none Weir can use (an issuer that withdrew them all: no token is valid).
+    if (err.kind == JwtFailure::no_keys && jwks_->stats().updates == 0)
       return reject(core::unavailable("Signing keys are not loaded yet; retry shortly.", 1));
+    if (err.kind == JwtFailure::no_keys)
+      return reject(core::unauthorized("Invalid bearer token: the issuer's key set has no signing key Weir can use."));
     return reject(core::unauthorized("Invalid bearer token: " + err.message + "."));
   }
   const auto& jwt_cfg = *policy_->config().jwt;
