@@ -165,15 +165,17 @@ class Limiter {
   // their reads. Returns false when this limiter cannot add scopes (a key
   // with limits or a budget of its own cannot be created then).
   virtual bool grow(const std::vector<auth::ScopeInfo>& /*scopes*/) { return false; }
-  // Starts scope `to` (just added by grow) with the settled spend of `from`
-  // in its current budget period: a key whose budget changed keeps its spend.
+  // Starts scope `to` (just added by grow) with what `from` has in flight
+  // and spent: the spend of its current budget period, settled and reserved
+  // (a key whose budget changed keeps its spend), and the stream slots its
+  // requests hold, which count against `to`'s cap until they end. `from` is
+  // retired: the tickets that name it give their slots back and settle their
+  // spend where it went. Its buckets are not carried (`to`'s start full).
   virtual void carry_spend(std::uint32_t /*from*/, std::uint32_t /*to*/, Instant /*now*/) {}
-  // Starts scope `to` (just added by grow) where scope `from` is now: each
-  // bucket both have at the units `from` holds (capped at `to`'s depth; a
-  // debt carries as debt; a bucket `from` did not limit starts full), and
-  // the settled spend (carry_spend). Stream slots are not moved: requests
-  // holding one give it back to `from`. A configuration reload carries a
-  // tenant or key whose limits or budget changed this way.
+  // carry_spend, and each bucket both have starts at the units `from` holds
+  // (capped at `to`'s depth; a debt carries as debt; a bucket `from` did not
+  // limit starts full). A configuration reload carries a tenant or key whose
+  // limits or budget changed this way.
   virtual void carry(std::uint32_t from, std::uint32_t to, Instant now) { carry_spend(from, to, now); }
   // Whether grow() can add scopes (LocalLimiter and RedisLimiter: yes).
   virtual bool grows() const noexcept { return false; }

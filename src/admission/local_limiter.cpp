@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <thread>
 
 namespace weir::admission {
 
@@ -72,12 +73,8 @@ bool LocalLimiter::grow(const std::vector<auth::ScopeInfo>& scopes) {
 }
 
 void LocalLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
-  if (from >= scope_count_ || to >= scope_count_) return;
-  const std::int64_t s = spent(from, now);
-  Scope& dst = at(to);
-  roll(dst, now);
-  dst.committed.fetch_add(s, std::memory_order_acq_rel);
-  dst.spent.fetch_add(s, std::memory_order_acq_rel);
+  if (from >= scope_count_ || to >= scope_count_ || from == to) return;
+  retire(from, to, now);
 }
 
 void LocalLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
@@ -92,7 +89,74 @@ void LocalLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
     const double tat = t + dst.tau_ns - level / shards_ * dst.t_ns;
     for (std::uint32_t j = 0; j < shards_; ++j) at(to).shards[j].tat[b].store(tat, std::memory_order_relaxed);
   }
-  carry_spend(from, to, now);
+  retire(from, to, now);
+}
+
+void LocalLimiter::retire(std::uint32_t from, std::uint32_t to, Instant now) {
+  Scope& a = at(from);
+  Scope& b = at(to);
+  if (a.forward.load(std::memory_order_acquire) != kNoScope) return;  // carried before
+  roll(a, now);
+  roll(b, now);
+  // The marks first, each by one atomic add whose result is the value the
+  // carry moves: a ticket's operation lands before it (and is in that value)
+  // or after it (and follows `forward`, which it waits for if need be).
+  std::int64_t free = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j)
+    free += a.shards[j].free_streams.fetch_sub(kDead, std::memory_order_acq_rel);
+  const std::int64_t inherited = a.inherited.fetch_add(kDead, std::memory_order_acq_rel);
+  const std::int64_t committed = a.committed.fetch_add(kDeadSpend, std::memory_order_acq_rel);
+  const std::int64_t spent = a.spent.fetch_add(kDeadSpend, std::memory_order_acq_rel);
+  a.to_window = b.window.load(std::memory_order_acquire);
+  a.forward.store(to, std::memory_order_release);
+  // Streams held on `from` (with a cap there: without one none were counted).
+  const std::int64_t held = (a.max_streams > 0 ? static_cast<std::int64_t>(a.max_streams) - free : 0) + inherited;
+  if (held > 0) b.inherited.fetch_add(held, std::memory_order_acq_rel);
+  // The spend of the current period, settled and reserved: `to` counts it
+  // (a key whose budget changed keeps its spend, and requests in flight
+  // keep their reservations).
+  if (committed != 0) b.committed.fetch_add(committed, std::memory_order_acq_rel);
+  if (spent != 0) b.spent.fetch_add(spent, std::memory_order_acq_rel);
+}
+
+std::uint32_t LocalLimiter::forward_of(const Scope& sc) const noexcept {
+  // retire() marks the counters, then sets the link: one that saw a mark
+  // waits out the few instructions between.
+  std::uint32_t f;
+  while ((f = sc.forward.load(std::memory_order_acquire)) == kNoScope) std::this_thread::yield();
+  return f;
+}
+
+std::int64_t LocalLimiter::free_streams_sum(const Scope& sc) const noexcept {
+  std::int64_t free = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) free += sc.shards[j].free_streams.load(std::memory_order_acquire);
+  return free;
+}
+
+bool LocalLimiter::acquire_inherited(std::uint32_t scope) {
+  Scope& sc = at(scope);
+  const std::int64_t was = sc.inherited.fetch_add(1, std::memory_order_acq_rel);
+  if (was >= kDead / 2) return acquire_inherited(forward_of(sc));  // carried on too (the add fell in the old count)
+  if (sc.max_streams == 0) return true;
+  // Taken, then checked: never over the cap, at worst a refusal when two race.
+  if (free_streams_sum(sc) >= sc.inherited.load(std::memory_order_acquire)) return true;
+  release_inherited(scope);
+  return false;
+}
+
+void LocalLimiter::release_inherited(std::uint32_t scope) {
+  Scope& sc = at(scope);
+  if (sc.inherited.fetch_sub(1, std::memory_order_acq_rel) >= kDead / 2) release_inherited(forward_of(sc));
+}
+
+void LocalLimiter::add_committed(std::uint32_t scope, std::int64_t delta) {
+  Scope& sc = at(scope);
+  if (sc.committed.fetch_add(delta, std::memory_order_acq_rel) >= kDeadSpend / 2) add_committed(forward_of(sc), delta);
+}
+
+void LocalLimiter::add_spent(std::uint32_t scope, std::int64_t delta) {
+  Scope& sc = at(scope);
+  if (sc.spent.fetch_add(delta, std::memory_order_acq_rel) >= kDeadSpend / 2) add_spent(forward_of(sc), delta);
 }
 
 LocalLimiter::~LocalLimiter() = default;
@@ -142,6 +206,7 @@ void LocalLimiter::refund(const Spec& s, std::atomic<double>& tat, double amount
 
 TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) {
   Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return take(f, b, worker, cost, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || cost <= 0) return {};
   if (cost > s.depth + kEps) return TakeResult{.ok = false, .never = true};
@@ -173,6 +238,8 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
 
 void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
   Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope)
+    return give_back(f, b, worker, amount, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || amount <= 0) return;
   refund(s, sc.shards[shard_of(worker)].tat[static_cast<int>(b)], amount, ns(now));
@@ -180,6 +247,8 @@ void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker
 
 void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
   Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope)
+    return charge(f, b, worker, amount, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || amount <= 0) return;
   auto& tat = sc.shards[shard_of(worker)].tat[static_cast<int>(b)];
@@ -202,16 +271,16 @@ double LocalLimiter::available(std::uint32_t scope, Bucket b, Instant now) const
 
 BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const {
   const Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return view(f, b, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   BucketView v;
   if (!s.enabled) return v;
   const double t = ns(now);
-  double total = 0, until_full_ns = 0;
-  for (std::uint32_t j = 0; j < shards_; ++j) {
-    const auto& tat = sc.shards[j].tat[static_cast<int>(b)];
-    total += shard_available(s, tat, t);
-    until_full_ns = std::max(until_full_ns, tat.load(std::memory_order_relaxed) - t);
-  }
+  double total = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[static_cast<int>(b)], t);
+  // Until the whole bucket is full at its rate r (each of the N shards
+  // refills at r/N, so the slowest shard's own time would read N times long).
+  const double until_full_ns = std::max(s.depth - total, 0.0) * kNsPerMin / s.rate_per_min;
   v.limit = static_cast<std::uint64_t>(s.rate_per_min);
   v.remaining = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total + kEps));
   v.reset_ms = static_cast<std::uint64_t>(std::ceil(std::max(until_full_ns, 0.0) / 1e6 - 1e-9));
@@ -221,13 +290,25 @@ BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
 bool LocalLimiter::acquire_stream(std::uint32_t scope, std::uint32_t worker) {
   Scope& sc = at(scope);
   if (sc.max_streams == 0) return true;
+  // A ticket of a scope carried since (a request admitted across a reload):
+  // its slot counts where the scope's streams went.
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return acquire_inherited(f);
   const std::uint32_t own = shard_of(worker);
   for (std::uint32_t k = 0; k < shards_; ++k) {
     auto& free = sc.shards[(own + k) % shards_].free_streams;
     std::int64_t cur = free.load(std::memory_order_relaxed);
     while (cur > 0) {
-      if (free.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) return true;
+      if (free.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+        // Streams of a scope carried here still run: they count too.
+        if (sc.inherited.load(std::memory_order_acquire) > 0 &&
+            free_streams_sum(sc) < sc.inherited.load(std::memory_order_acquire)) {
+          release_stream(scope, worker);
+          return false;
+        }
+        return true;
+      }
     }
+    if (cur <= -kDead / 2) return acquire_inherited(forward_of(sc));  // carried meanwhile
   }
   return false;
 }
@@ -235,17 +316,20 @@ bool LocalLimiter::acquire_stream(std::uint32_t scope, std::uint32_t worker) {
 void LocalLimiter::release_stream(std::uint32_t scope, std::uint32_t worker) {
   Scope& sc = at(scope);
   if (sc.max_streams == 0) return;
-  sc.shards[shard_of(worker)].free_streams.fetch_add(1, std::memory_order_acq_rel);
+  // Into a counter marked dead: the slot was carried with the scope's streams.
+  if (sc.shards[shard_of(worker)].free_streams.fetch_add(1, std::memory_order_acq_rel) <= -kDead / 2)
+    release_inherited(forward_of(sc));
 }
 
 std::uint64_t LocalLimiter::streams_in_use(std::uint32_t scope) const {
   const Scope& sc = at(scope);
-  std::int64_t free = 0;
-  for (std::uint32_t j = 0; j < shards_; ++j) free += sc.shards[j].free_streams.load(std::memory_order_relaxed);
-  return sc.max_streams - static_cast<std::uint64_t>(free);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return streams_in_use(f);
+  const std::int64_t own = sc.max_streams > 0 ? static_cast<std::int64_t>(sc.max_streams) - free_streams_sum(sc) : 0;
+  return static_cast<std::uint64_t>(std::max<std::int64_t>(own + sc.inherited.load(std::memory_order_acquire), 0));
 }
 
 void LocalLimiter::roll(Scope& sc, Instant now) {
+  if (sc.forward.load(std::memory_order_acquire) != kNoScope) return;  // carried: its counts are marked dead
   std::int64_t w = 0;
   if (sc.calendar != core::CalendarPeriod::none)
     w = core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).index;
@@ -265,6 +349,12 @@ void LocalLimiter::roll(Scope& sc, Instant now) {
 
 TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
   Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) {
+    // Reserved where the scope was carried; settled through the link, as
+    // one of this scope's last window (settle_spend).
+    if (period) *period = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire));
+    return reserve_spend(f, nano_usd, now, nullptr);
+  }
   if (!sc.has_budget) return {};
   roll(sc, now);
   if (period) *period = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire));
@@ -275,6 +365,7 @@ TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
     if (sc.committed.compare_exchange_weak(cur, cur + nano_usd, std::memory_order_acq_rel, std::memory_order_relaxed))
       return {};
   }
+  if (cur >= kDeadSpend / 2) return reserve_spend(scope, nano_usd, now, period);  // carried meanwhile: the link is set
   return TakeResult{.ok = false, .retry_after_s = budget_retry_after(sc, nano_usd, now)};
 }
 
@@ -292,17 +383,25 @@ std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nan
 void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
                                 Instant now) {
   Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) {
+    // Carried: a reservation of the window it was carried in went with it,
+    // into the window `to_window` of the scope it went to.
+    const bool same = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire)) == period;
+    settle_spend(f, same ? reserved : 0, actual, static_cast<std::uint32_t>(sc.to_window), now);
+    return;
+  }
   if (!sc.has_budget) return;
   roll(sc, now);
   // A reservation from an earlier period went with it: charge the cost to this one.
   const bool same = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire)) == period;
   const std::int64_t delta = actual - (same ? reserved : 0);
-  if (delta != 0) sc.committed.fetch_add(delta, std::memory_order_acq_rel);
-  if (actual > 0) sc.spent.fetch_add(actual, std::memory_order_acq_rel);
+  if (delta != 0) add_committed(scope, delta);
+  if (actual > 0) add_spent(scope, actual);
 }
 
 std::int64_t LocalLimiter::spent(std::uint32_t scope, Instant now) {
   Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return spent(f, now);
   roll(sc, now);
   return sc.spent.load(std::memory_order_acquire);
 }
@@ -322,6 +421,7 @@ BudgetWindow LocalLimiter::budget_window(std::uint32_t scope, const auth::Budget
 
 std::int64_t LocalLimiter::committed(std::uint32_t scope, Instant now) {
   Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return committed(f, now);
   roll(sc, now);
   return sc.committed.load(std::memory_order_acquire);
 }

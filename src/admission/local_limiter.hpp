@@ -31,6 +31,15 @@ namespace weir::admission {
 // shards, release returns the slot to the releasing worker's shard. The sum
 // is exactly M at all times.
 //
+// A configuration change that gives a tenant or key new limits gives it a
+// new scope (carry()): the old scope's streams in flight and its committed
+// spend move to the new one, which counts them against its cap and budget,
+// and the tickets that still name the old scope give their slots and settle
+// their spend there through its forward link. The move is exact under
+// concurrency: each counter of the old scope is marked dead by one atomic
+// add, so every operation lands either before the mark (moved with it) or
+// after (and follows the link).
+//
 // A budget is two shared atomic counters per scope: `committed` (settled
 // spend plus the reservations of requests in flight), on which a
 // reservation is one compare-and-swap that never passes the limit, and
@@ -101,6 +110,14 @@ class LocalLimiter final : public Limiter {
     std::atomic<double> tat[2];  // per Bucket, ns since epoch; <= now means full
     std::atomic<std::int64_t> free_streams{0};
   };
+  // A scope carried to another (retire()) stays behind for the requests
+  // that hold its tickets: its counters are pushed far out of range (a dead
+  // mark: free_streams and `inherited` by -kDead / +kDead, committed and
+  // spent by +kDeadSpend), so an operation that lands in one after the
+  // carry sees it in the value it gets back, and takes itself to `forward`.
+  static constexpr std::int64_t kDead = std::int64_t{1} << 40;
+  static constexpr std::int64_t kDeadSpend = std::int64_t{1} << 61;
+  static constexpr std::uint32_t kNoScope = 0xffffffffu;
   struct Scope {
     Spec spec[2];
     std::uint64_t max_streams = 0;
@@ -113,6 +130,14 @@ class LocalLimiter final : public Limiter {
     alignas(64) std::atomic<std::int64_t> committed{0};  // spent + reserved
     std::atomic<std::int64_t> spent{0};
     std::atomic<std::int64_t> window{0};
+    // Streams admitted on the scopes carried here that still run: they
+    // count against max_streams until their tickets give them back.
+    std::atomic<std::int64_t> inherited{0};
+    // Set once it was carried: where its tickets' streams and spend go now;
+    // `to_window` is that scope's budget window at the carry (a reservation
+    // made here before it settles there as one of that window).
+    std::atomic<std::uint32_t> forward{kNoScope};
+    std::int64_t to_window = 0;
   };
 
   Scope& at(std::uint32_t scope) noexcept { return chunks_[scope / kChunk][scope % kChunk]; }
@@ -124,6 +149,18 @@ class LocalLimiter final : public Limiter {
   static double take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept;
   static void refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept;
   void roll(Scope& sc, Instant now);
+  // Carries the in-flight state of `from` (its streams and its committed
+  // spend) to `to` and marks `from` dead (Scope::forward).
+  void retire(std::uint32_t from, std::uint32_t to, Instant now);
+  // `forward` of a dead scope, once the carry that marked it has set it.
+  std::uint32_t forward_of(const Scope& sc) const noexcept;
+  // A stream slot counted in `inherited` (a ticket of a carried scope).
+  bool acquire_inherited(std::uint32_t scope);
+  void release_inherited(std::uint32_t scope);
+  // Committed and settled spend added to `scope`, following carries.
+  void add_committed(std::uint32_t scope, std::int64_t delta);
+  void add_spent(std::uint32_t scope, std::int64_t delta);
+  std::int64_t free_streams_sum(const Scope& sc) const noexcept;
   // A refused reservation's Retry-After (Limiter::reserve_spend).
   std::uint32_t budget_retry_after(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept;
 

@@ -584,13 +584,12 @@ AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost:
   if (rescope) {
     next_scope_ = free_scope();
     k.scope = next_scope_++;
-  }  // fresh buckets at the new limits; the spend carries over below
+  }  // fresh buckets at the new limits; the spend and the streams in flight carry over below
   auto next = keys_;
   for (auto& e : next)
     if (e.id == k.id) e = k;
   if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
-  if (rescope && limiter_ && k.budget.any())
-    limiter_->carry_spend(old_scope, k.scope, std::chrono::steady_clock::now());
+  if (rescope && limiter_) limiter_->carry_spend(old_scope, k.scope, std::chrono::steady_clock::now());
   return Change{std::move(k), {}};
 }
 

@@ -477,6 +477,19 @@ TEST(AdmissionBudget, UsageAboveTheReservationIsRecorded) {
   EXPECT_FALSE(a.admit(w.tenant_only, "m", kEst, T0));
 }
 
+TEST(AdmissionHeaders, ResetIsTheWholeBucketsTimeWhateverTheWorkers) {
+  // 6 requests a minute: one taken is full again in 10 s, with one worker or
+  // four (each shard refills at r/N, so the slowest shard alone reads N times long).
+  for (std::uint32_t workers : {1u, 4u}) {
+    std::vector<auth::ScopeInfo> scopes(1);
+    scopes[0].limits.requests_per_minute = 6;
+    LocalLimiter lim(scopes, workers, T0 - std::chrono::hours(1));
+    ASSERT_TRUE(lim.take(0, Bucket::requests, 0, 1, T0).ok);
+    EXPECT_EQ(lim.view(0, Bucket::requests, T0).reset_ms, 10000u) << workers;
+    EXPECT_EQ(lim.view(0, Bucket::requests, T0).remaining, 5u) << workers;
+  }
+}
+
 TEST(AdmissionHeaders, RateLimitValuesAndResetFormat) {
   auth::Limits l = rpm(60);
   l.tokens_per_minute = 6000;

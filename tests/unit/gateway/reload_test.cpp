@@ -10,8 +10,10 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <boost/asio/io_context.hpp>
@@ -374,6 +376,84 @@ TEST(LocalLimiterCarry, BucketLevelsAndSpendCarryToTheNewScope) {
   EXPECT_EQ(lim.spent(1, now), 250'000'000);
   // The carried scope refills at its own rate: 600/min is 10 a second.
   EXPECT_NEAR(lim.available(1, admission::Bucket::requests, now + 1s), 13.0, 1e-6);
+}
+
+TEST(LocalLimiterCarry, StreamsInFlightCountAgainstTheNewCap) {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<auth::ScopeInfo> scopes(2);
+  scopes[0].limits.max_concurrent_streams = 2;
+  scopes[1].limits.max_concurrent_streams = 2;
+  scopes[1].limits.requests_per_minute = 999;  // the change that made a new scope
+  admission::LocalLimiter lim({scopes[0]}, 2, now - 1h);
+  ASSERT_TRUE(lim.acquire_stream(0, 0));
+  ASSERT_TRUE(lim.acquire_stream(0, 1));
+  ASSERT_TRUE(lim.grow(scopes));
+  lim.carry(0, 1, now);
+  EXPECT_EQ(lim.streams_in_use(1), 2u);
+  EXPECT_FALSE(lim.acquire_stream(1, 0));  // both slots are held by requests admitted before the change
+  lim.release_stream(0, 1);                // one of them ends: its ticket names the old scope
+  EXPECT_EQ(lim.streams_in_use(1), 1u);
+  ASSERT_TRUE(lim.acquire_stream(1, 0));
+  EXPECT_FALSE(lim.acquire_stream(1, 1));
+  // A request admitted on the old scope after the change (its policy was read before): counted here too.
+  EXPECT_FALSE(lim.acquire_stream(0, 0));
+  lim.release_stream(0, 0);
+  ASSERT_TRUE(lim.acquire_stream(0, 1));
+  EXPECT_EQ(lim.streams_in_use(1), 2u);
+  lim.release_stream(0, 1);
+  lim.release_stream(1, 0);
+  EXPECT_EQ(lim.streams_in_use(1), 0u);
+  ASSERT_TRUE(lim.acquire_stream(1, 0));
+  ASSERT_TRUE(lim.acquire_stream(1, 1));
+  EXPECT_FALSE(lim.acquire_stream(1, 0));
+}
+
+TEST(LocalLimiterCarry, SpendInFlightSettlesOnTheNewScope) {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<auth::ScopeInfo> scopes(2);
+  scopes[0].budget.enabled = true;
+  scopes[0].budget.limit_nano_usd = 1'000'000'000;
+  scopes[1].budget = scopes[0].budget;
+  scopes[1].limits.requests_per_minute = 5;
+  admission::LocalLimiter lim({scopes[0]}, 1, now - 1h);
+  std::uint32_t period = 0;
+  ASSERT_TRUE(lim.reserve_spend(0, 300'000'000, now, &period).ok);
+  ASSERT_TRUE(lim.grow(scopes));
+  lim.carry(0, 1, now);
+  EXPECT_EQ(lim.committed(1, now), 300'000'000);  // the reservation in flight holds room in the new scope
+  EXPECT_FALSE(lim.reserve_spend(1, 800'000'000, now, nullptr).ok);
+  lim.settle_spend(0, 300'000'000, 200'000'000, period, now);  // the old ticket settles
+  EXPECT_EQ(lim.spent(1, now), 200'000'000);
+  EXPECT_EQ(lim.committed(1, now), 200'000'000);
+  EXPECT_TRUE(lim.reserve_spend(1, 800'000'000, now, nullptr).ok);
+}
+
+TEST(LocalLimiterCarry, NoSlotIsLostWhenACarryRacesTheTickets) {
+  const auto now = std::chrono::steady_clock::now();
+  std::vector<auth::ScopeInfo> scopes(3);
+  for (auto& s : scopes) s.limits.max_concurrent_streams = 4;
+  scopes[1].limits.requests_per_minute = 1000;
+  scopes[2].limits.requests_per_minute = 2000;
+  admission::LocalLimiter lim({scopes[0]}, 2, now - 1h);
+  ASSERT_TRUE(lim.grow(scopes));
+  std::atomic<bool> stop{false};
+  auto churn = [&](std::uint32_t worker) {
+    // Requests admitted on the first scope (an old policy) start and end throughout both carries.
+    while (!stop.load(std::memory_order_relaxed))
+      if (lim.acquire_stream(0, worker)) lim.release_stream(0, worker);
+  };
+  std::thread a(churn, 0), b(churn, 1);
+  std::this_thread::sleep_for(5ms);
+  lim.carry(0, 1, now);
+  std::this_thread::sleep_for(5ms);
+  lim.carry(1, 2, now);
+  std::this_thread::sleep_for(5ms);
+  stop = true;
+  a.join();
+  b.join();
+  EXPECT_EQ(lim.streams_in_use(2), 0u);
+  for (int i = 0; i < 4; ++i) EXPECT_TRUE(lim.acquire_stream(2, i % 2)) << i;
+  EXPECT_FALSE(lim.acquire_stream(2, 0));
 }
 
 TEST(ServicesReload, ChangedLimitsCarryOverAndTheLimiterGrows) {
