@@ -15,6 +15,7 @@
 
 #include "gateway/admin.hpp"
 #include "gateway/console_assets.hpp"
+#include "gateway/key_store.hpp"
 #include "http/request_check.hpp"
 
 namespace weir::gateway {
@@ -173,6 +174,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     AdminResponse r;
     if (refused)
       r = std::move(*refused);
+    else if (msg.count(bh::field::authorization) > 1)  // a singleton field (RFC 9110 §11.6.2): one credential
+      r = AdminResponse{400, admin_error_json(admin_bad_request(
+                                 "The request has more than one Authorization header; send one credential."))};
     else
       r = co_await dispatch(req, authorization);
     res.result(static_cast<unsigned>(r.status));

@@ -30,6 +30,7 @@ void RequestContext::reset() {
   source = nullptr;
   upstream_status = 0;
   committed = false;
+  drain_cut = false;
   retries = 0;
   fallback_step = 0;
   fallback_limit = 0xff;

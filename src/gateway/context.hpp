@@ -110,6 +110,7 @@ struct RequestContext {
   http::ResponseSource* source = nullptr;  // the response being relayed (cancelled when the client leaves)
   int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived
   bool committed = false;                  // a byte of the response reached the client's queue: nothing can be retried
+  bool drain_cut = false;                  // the drain deadline cut it off (GatewayPhases::cut_for_shutdown)
   std::uint32_t retries = 0;
   // Fallbacks (models.X.fallbacks): steps taken along target.fallbacks, and
   // how many the request allows (x-weir-fallbacks; at most the chain's length).

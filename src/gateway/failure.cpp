@@ -151,6 +151,12 @@ core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view en
                                         core::utf8_prefix(encoding, 64))));
 }
 
+core::Error drain_cut() {
+  auto e = core::unavailable("Weir shut down (server.drain_timeout passed) before this request finished; retry it.", 1);
+  e.code = "drain_timeout";
+  return e;
+}
+
 core::Error client_gone(ClientGone why) {
   switch (why) {
     case ClientGone::slow:

@@ -71,6 +71,9 @@ core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view en
 enum class ClientGone : std::uint8_t { closed, slow, write_timeout };
 // 499 (nginx's "client closed request"), source client: nothing is sent.
 core::Error client_gone(ClientGone why);
+// A request still in flight when server.drain_timeout passed: Weir cut it
+// (503 drain_timeout, source internal), not the client.
+core::Error drain_cut();
 
 // The error body's shape: OpenAI's {"error":{message,type,param,code}}
 // (core/error.hpp), or Anthropic's {"type":"error","error":{type,message}}

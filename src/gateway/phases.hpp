@@ -63,6 +63,14 @@ class GatewayPhases final : public Phases {
   // responder then takes the body's end if it has arrived, so the connection
   // goes back to the pool, or closes it: respond_stream).
   void on_client_gone(RequestContext& ctx);
+  // The drain deadline passed with `ctx` in flight, and the connection is
+  // about to close: an answer not yet begun gets its 503 (drain_cut()), a
+  // stream its in-band error and end, sent as far as the socket takes them
+  // now; the log line then says Weir cut it. Once per request.
+  void cut_for_shutdown(RequestContext& ctx);
+  // Why the client connection ended under a request: server.write_timeout
+  // cut it (a client that stopped reading), or the client closed it.
+  ClientGone why_gone() const { return down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed; }
   // After the request was logged (Session::serve): a stream that ended for
   // the client at its [DONE] before the upstream's body did (ctx.end_pending)
   // waits a short grace for the body's end (http::UpstreamExchange::await_end),
@@ -96,6 +104,11 @@ class GatewayPhases final : public Phases {
   std::optional<Outcome> admit_checks(RequestContext& ctx, admission::TokenEstimate& estimate);
   Outcome admit_result(RequestContext& ctx, tl::expected<admission::Ticket, core::Error> t,
                        std::chrono::steady_clock::time_point now);
+  // OpenAI's x-ratelimit-* lines for the principal's limits as they stand
+  // (admission's view; nothing is charged), into ctx.rate_limit_lines: set
+  // by admit, and by send_own for an answer given before admission (a 400,
+  // 403 or 404 of a known principal, GET /v1/models).
+  void note_rate_limits(RequestContext& ctx, std::chrono::steady_clock::time_point now);
   core::Task<Outcome> serve_own(RequestContext& ctx);
   core::Task<Outcome> proxy(RequestContext& ctx);
   // The pool's admission queue (pools.X.queue): next() once the request may

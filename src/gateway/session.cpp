@@ -31,7 +31,9 @@ core::Task<void> Session::run(std::unique_ptr<Session> self) {
     s.ctx_.t_start = core::now();
     s.down_.begin_request();
     if (head == http::Downstream::Head::failed) s.ctx_.read_failure = s.down_.failure();
+    s.in_request_ = true;
     co_await run_pipeline(s.phases_, s.ctx_);
+    s.in_request_ = false;
     co_await s.phases_.take_upstream_end(s.ctx_);
     if (head == http::Downstream::Head::failed || !s.down_.keep_alive() || s.down_.client_gone() ||
         s.down_.write_failed() || s.down_.closed()) {
@@ -43,6 +45,7 @@ core::Task<void> Session::run(std::unique_ptr<Session> self) {
 }
 
 void Session::force_close() {
+  if (in_request_) phases_.cut_for_shutdown(ctx_);  // its answer ends before the connection does
   down_.force_close();
   if (ctx_.source && !ctx_.source->done()) ctx_.source->cancel();
 }

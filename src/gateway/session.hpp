@@ -48,6 +48,7 @@ class Session final : private http::Downstream::Listener {
   http::Downstream down_;
   http::Exchange exchange_;  // the direct upstream exchange, reused by each request
   RequestContext ctx_;
+  bool in_request_ = false;  // ctx_ is a request in flight (its pipeline runs)
   GatewayPhases phases_;
 };
 

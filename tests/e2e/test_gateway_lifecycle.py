@@ -148,9 +148,16 @@ def test_drain_deadline_closes_long_streams(mock, weir):
     assert w.process.popen.wait(10) == 0
     assert time.monotonic() - t0 < 5
     rest = stream.read_to_eof()
-    assert b"[DONE]" not in rest
+    # The stream ends in-band, as any failure after the head does: Weir's
+    # error, then [DONE] and the last chunk, not a bare close.
+    err = rest.rfind(b'"code":"drain_timeout"')
+    assert err >= 0 and rest.find(b"data: [DONE]\n\n", err) > err
+    assert rest.endswith(b"\r\n0\r\n\r\n")
     wait_until(lambda: m.aborts() == 1, 5, message="the upstream request aborted at the drain deadline")
-    assert w.log_for("too-long")["status"] == 499
+    entry = w.log_for("too-long")
+    # Weir cut it, not the client: the head that went out, and the reason.
+    assert entry["status"] == 200
+    assert entry["error"]["code"] == "drain_timeout" and entry["error"]["source"] == "internal"
 
 
 def test_second_sigterm_stops_at_once(mock, weir):

@@ -45,12 +45,17 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
 Outcome GatewayPhases::admit_result(RequestContext& ctx, tl::expected<admission::Ticket, core::Error> t,
                                     std::chrono::steady_clock::time_point now) {
   // OpenAI's x-ratelimit-* headers go on every answer to this request, a 429 included.
-  const auto h = w_.admission()->rate_limit_headers(*ctx.principal, now);
-  if (h.has_requests) admission::append_rate_limit_headers(ctx.rate_limit_lines, "requests", h.requests);
-  if (h.has_tokens) admission::append_rate_limit_headers(ctx.rate_limit_lines, "tokens", h.tokens);
+  note_rate_limits(ctx, now);
   if (!t) return Outcome::failed(std::move(t.error()));
   ctx.ticket = std::move(*t);
   return Outcome::next();
+}
+
+void GatewayPhases::note_rate_limits(RequestContext& ctx, std::chrono::steady_clock::time_point now) {
+  ctx.rate_limit_lines.clear();
+  const auto h = w_.admission()->rate_limit_headers(*ctx.principal, now);
+  if (h.has_requests) admission::append_rate_limit_headers(ctx.rate_limit_lines, "requests", h.requests);
+  if (h.has_tokens) admission::append_rate_limit_headers(ctx.rate_limit_lines, "tokens", h.tokens);
 }
 
 bool GatewayPhases::admit_now(RequestContext& ctx, Outcome& o) {

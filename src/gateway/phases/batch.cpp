@@ -92,7 +92,7 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   if (down_.client_gone()) {
     m.cancel();
     ctx.source = nullptr;
-    co_return Outcome::failed(client_gone(ClientGone::closed));
+    co_return Outcome::failed(client_gone(why_gone()));
   }
   if (!ok && m.resend_alone()) {
     ctx.source = nullptr;

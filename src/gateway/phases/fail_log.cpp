@@ -25,6 +25,8 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       ctx.scratch.clear();
       if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
       if (e.status == 415) ctx.scratch += "Accept-Encoding: gzip, deflate, identity\r\n";
+      // A 401 names the scheme that would do (RFC 9110 §11.6.1, §15.5.2).
+      if (e.status == 401) ctx.scratch += "WWW-Authenticate: Bearer realm=\"weir\"\r\n";
       if (e.status == 405) {
         ctx.scratch += "Allow: ";
         ctx.scratch += allowed_methods(ctx.route);
@@ -32,7 +34,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       }
       if (ctx.capture) capture_response(ctx, ctx.body);
       co_await send_own(ctx, {e.status, "application/json", ctx.body, ctx.scratch});
-      if (ctx.status == 499) ++m.client_disconnects;
+      if (ctx.status == 499 && !ctx.drain_cut) ++m.client_disconnects;
       break;
     }
     case Delivery::in_band: {
@@ -54,7 +56,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       co_await down_.drain();
       if (down_.write_failed()) {
         ctx.status = 499;
-        ++m.client_disconnects;
+        if (!ctx.drain_cut) ++m.client_disconnects;
         down_.no_keep_alive();
       }
       break;
@@ -63,8 +65,10 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       if (e.status == 499) {
         // The 499 accounting, once: nginx's "client closed request".
         ctx.status = 499;
-        if (e.code != "slow_client") ++m.client_disconnects;
-        if (e.code != "client_closed_request") ++m.slow_client_cutoffs;
+        if (!ctx.drain_cut) {
+          if (e.code != "slow_client") ++m.client_disconnects;
+          if (e.code != "client_closed_request") ++m.slow_client_cutoffs;
+        }
         down_.no_keep_alive();
       }
       break;
@@ -110,16 +114,49 @@ void GatewayPhases::settle(RequestContext& ctx) {
   ctx.ticket.release();
 }
 
+void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
+  if (ctx.drain_cut || down_.closed()) return;
+  // A stream whose end went out waits only for the upstream's end: not cut.
+  // (A buffered answer still in flight is: its write is under way.)
+  if (ctx.committed && ctx.stream && ctx.hooks.done_relayed() && !down_.writing() && down_.queue_empty()) return;
+  ctx.drain_cut = true;
+  const core::Error e = drain_cut();
+  // Local strings: the suspended request may be using its own buffers.
+  std::string out, body;
+  if (!ctx.committed) {
+    if (down_.writing()) return;  // (a 100 Continue going out)
+    append_error_body(body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
+    http::append_own_response_head(out, e.status, "application/json", body.size(), ctx.request_id, ctx.rate_limit_lines,
+                                   "Retry-After: 1\r\n", {false, down_.connection_mode().http10});
+    out += body;
+    down_.send(out);
+  } else if (ctx.stream && !ctx.hooks.done_relayed()) {
+    if (!ctx.hooks.openai_client()) {
+      ctx.hooks.fail(e.status, e.message, out);
+    } else {
+      core::append_error_json(body, e);
+      http::append_sse_data(out, body);
+      http::append_sse_data(out, "[DONE]");
+    }
+    down_.queue_body(out);
+    down_.queue_end();
+    down_.flush();
+  }
+}
+
 void GatewayPhases::log(RequestContext& ctx) {
   const auto end = core::now();
   auto& m = w_.metrics();
   if (ctx.status == 0) ctx.status = down_.client_gone() ? 499 : 500;
-  if (ctx.status == 499 && !ctx.has_error) {
-    // Every 499 says why.
-    ctx.has_error = true;
-    ctx.error_source = core::ErrorSource::client;
-    ctx.error_code = "client_closed_request";
+  if (ctx.drain_cut) {
+    // Weir cut it, whatever the suspended request made of the closed socket.
+    if (!ctx.committed)
+      ctx.status = 503;
+    else if (ctx.status == 499 || ctx.status == 0)
+      ctx.status = ctx.stream ? 200 : (ctx.upstream_status ? ctx.upstream_status : 200);  // the head that went out
+    ctx.set_error(drain_cut());
   }
+  if (ctx.status == 499 && !ctx.has_error) ctx.set_error(client_gone(why_gone()));  // every 499 says why
   settle(ctx);
   const MetricIdentity id = m.labels().identity(ctx.principal.get());
   m.count_request(ctx.route, ctx.model_slot, ctx.status, id);

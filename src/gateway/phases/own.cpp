@@ -9,6 +9,10 @@ namespace weir::gateway {
 
 core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse& r) {
   ctx.status = r.status;
+  // An answer before admission (or without it) carries the principal's
+  // x-ratelimit-* too: every answer to a tenant's request does.
+  if (ctx.principal && ctx.rate_limit_lines.empty() && w_.admission() != nullptr)
+    note_rate_limits(ctx, std::chrono::steady_clock::now());
   ctx.head.clear();
   http::append_own_response_head(ctx.head, r.status, r.content_type, r.body.size(), ctx.request_id,
                                  ctx.rate_limit_lines, r.extra_lines, down_.connection_mode());

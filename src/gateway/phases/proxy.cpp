@@ -310,14 +310,14 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
   switch (waiter.verdict) {
     case routing::QueueWaiter::Verdict::admitted:
       ctx.queue_pool = static_cast<int>(ctx.target.pool);
-      if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
+      if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
       co_return Outcome::next();
     case routing::QueueWaiter::Verdict::shed:
       co_return shed(pool.saturated(core::now()) ? ShedReason::saturated : ShedReason::queue_full);
     default:
       break;
   }
-  if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
   if (core::passed(ctx.deadline, core::now())) {
     ++m.deadline_exceeded;
     co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
@@ -619,7 +619,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     ctx.source = nullptr;
     if (down_.client_gone()) {
       ctx.fail_over = false;
-      co_return Outcome::failed(client_gone(ClientGone::closed));
+      co_return Outcome::failed(client_gone(why_gone()));
     }
     if (deadline_hit) {
       // The request's own deadline passed (or the next retry would start past it): no fallback either.

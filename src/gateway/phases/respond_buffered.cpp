@@ -53,7 +53,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     if (r.end) break;
   }
   ctx.t_upstream_done = core::now();
-  if (down_.client_gone()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
   if (failure != http::UpstreamFailure::none) {
     count_upstream_failure(ctx, failure);
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
@@ -182,7 +182,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
-  http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx));
+  http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty());
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
   ctx.head += ctx.rate_limit_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());
@@ -196,7 +196,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
   if (body.capacity() > (1u << 20)) std::string().swap(body);
   if (ctx.scratch.capacity() > (1u << 20)) std::string().swap(ctx.scratch);
-  if (!sent) co_return Outcome::failed(client_gone(ClientGone::closed));
+  if (!sent) co_return Outcome::failed(client_gone(why_gone()));
   co_return Outcome::responded();
 }
 

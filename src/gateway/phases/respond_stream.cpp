@@ -50,7 +50,7 @@ void GatewayPhases::send_stream_head(RequestContext& ctx, http::ResponseSource& 
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, 200);
-  http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx));
+  http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx), !ctx.rate_limit_lines.empty());
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
   ctx.head += ctx.rate_limit_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());
@@ -221,7 +221,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   if (down_.client_gone() || down_.write_failed()) {
     if (!src.done()) src.cancel();
     down_.close();
-    return Outcome::failed(client_gone(down_.timed_out() ? ClientGone::write_timeout : ClientGone::closed));
+    return Outcome::failed(client_gone(why_gone()));
   }
   // The proxy cut the stream off (its first token was late, or its deadline passed): a timeout.
   if (failure == http::UpstreamFailure::cancelled && ctx.cutoff != RequestContext::Cutoff::none)
@@ -301,7 +301,7 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       s.src->cancel();
   }
   co_await down_.drain();
-  if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  if (down_.write_failed()) co_return Outcome::failed(client_gone(why_gone()));
   co_return Outcome::responded();
 }
 

@@ -100,7 +100,7 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
   down_.queue_end();
   down_.flush();
   co_await down_.drain();
-  if (down_.write_failed()) co_return Outcome::failed(client_gone(ClientGone::closed));
+  if (down_.write_failed()) co_return Outcome::failed(client_gone(why_gone()));
   co_return Outcome::responded();
 }
 
