@@ -126,7 +126,7 @@ core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, s
   return e;
 }
 
-core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms) {
+core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms, bool mid_stream) {
   core::Error e;
   e.source = core::ErrorSource::upstream;
   e.status = 504;
@@ -134,9 +134,10 @@ core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_m
   e.code = "deadline_exceeded";
   // "The request's deadline of 300 ms (x-weir-timeout-ms) passed before upstream pool `P` (model `M`) answered (request
   // R)."
-  e.message = upstream_message(
-      who, "answered",
-      fmt::format("The request's deadline of {} ms (x-weir-timeout-ms) passed before upstream", budget_ms));
+  // Mid-stream: "... passed while upstream pool `P` (model `M`) was streaming its answer (request R)."
+  e.message = upstream_message(who, mid_stream ? "was streaming its answer" : "answered",
+                               fmt::format("The request's deadline of {} ms (x-weir-timeout-ms) passed {} upstream",
+                                           budget_ms, mid_stream ? "while" : "before"));
   return e;
 }
 

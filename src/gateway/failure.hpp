@@ -58,8 +58,8 @@ using routing::ShedReason;
 core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, std::uint32_t retry_after_s);
 // The request's own deadline (x-weir-timeout-ms: `budget_ms`) passed before
 // its response was committed (504, type timeout, code deadline_exceeded), or
-// during a stream (in-band, the same error).
-core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms);
+// during a stream (in-band, the same error; `mid_stream` words it so).
+core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms, bool mid_stream = false);
 // A buffered upstream body over server.max_response (502).
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
 // A body in a Content-Encoding Weir cannot decode for a client that does not accept it (502).

@@ -372,7 +372,7 @@ Outcome GatewayPhases::after_cutoff(RequestContext& ctx, Outcome o) {
         ctx.trial = false;
       }
       if (o.is_responded()) return o;
-      return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
+      return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms, ctx.committed));
     case RequestContext::Cutoff::none:
       break;
   }
@@ -467,6 +467,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   bool started = false;
   bool deadline_hit = false;  // the request's deadline ended the attempts
   const std::uint32_t retries_before = ctx.retries;
+  std::uint32_t unsent = 0;  // the last retry decided was not sent
   int last_status = 0;
   auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since) {
     ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
@@ -593,19 +594,25 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       exchange_.release();
       if (!d.retry) break;
     }
+    // A retry decided but never sent (the deadline, or the client left in its
+    // backoff) is not one: neither in the log's `retries` nor in the metric.
     if (core::passed(ctx.deadline, core::now() + d.delay)) {  // the retry would start past the deadline
       deadline_hit = true;
+      unsent = 1;
+      break;
+    }
+    co_await wait_backoff(ctx, d.delay);
+    if (down_.client_gone()) {
+      unsent = 1;
       break;
     }
     metrics.count_retry(d.reason);
-    co_await wait_backoff(ctx, d.delay);
-    if (down_.client_gone()) break;
   }
   if (attempts.budget_refused()) ++metrics.retry_budget_exhausted;
   // Spent on this pool without an answer to pass on: the next fallback may take it.
   ctx.fail_over =
       !started && !down_.client_gone() && (failure == http::UpstreamFailure::none || http::is_upstream_fault(failure));
-  ctx.retries = retries_before + attempts.retries();
+  ctx.retries = retries_before + attempts.retries() - unsent;
   ctx.added_us = added;
   const auto ep_idx = attempts.endpoint();
   if (!started || down_.client_gone()) {
