@@ -102,6 +102,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate(std::string_
     const auto sp = authorization.find_first_of(" \t");
     if (sp != std::string_view::npos && iequals(authorization.substr(0, sp), "Bearer"))
       credential = trim(authorization.substr(sp + 1));
+    else if (iequals(authorization, "Bearer"))
+      ;  // the scheme with no credential: "You didn't provide an API key" below
     else if (trim(x_api_key).empty())
       return reject(core::unauthorized("The Authorization header must use the Bearer scheme."));
   }

@@ -185,10 +185,13 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     keep_alive_ = req.keep_alive() && !draining;
     co_return Head::request;
   }
-  // A connection that closes or idles out between requests is not a request.
-  if (ec == bh::error::end_of_stream || closed_ || (timed_out_ && n == 0 && in_.size() == 0) ||
-      ec == asio::error::connection_reset || ec == asio::error::eof || ec == asio::error::bad_descriptor)
+  // A connection that closes or idles out between requests is not a request
+  // (a reset after part of a head is: as a close with FIN there, it is logged).
+  const bool nothing = n == 0 && in_.size() == 0;
+  if (ec == bh::error::end_of_stream || closed_ || (timed_out_ && nothing) ||
+      (ec == asio::error::connection_reset && nothing) || ec == asio::error::eof || ec == asio::error::bad_descriptor)
     co_return Head::closed;
+  if (ec == asio::error::connection_reset) peer_gone_ = true;  // nothing can be answered
   keep_alive_ = false;
   failure_ec_ = ec;
   if (timed_out_) {

@@ -1,5 +1,7 @@
 #include "http/request_check.hpp"
 
+#include <array>
+
 #include <boost/beast/http/field.hpp>
 
 #include "http/headers.hpp"
@@ -11,13 +13,19 @@ namespace bh = boost::beast::http;
 namespace {
 
 bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-bool is_alpha(unsigned char c) { return (c | 0x20) >= 'a' && (c | 0x20) <= 'z'; }
 bool is_hex(unsigned char c) { return is_digit(c) || ((c | 0x20) >= 'a' && (c | 0x20) <= 'f'); }
 // unreserved / sub-delims (RFC 3986 §2.2, §2.3): a reg-name's characters but pct-encoded.
-bool is_reg_char(unsigned char c) {
-  return is_alpha(c) || is_digit(c) ||
-         (c != 0 && std::string_view("-._~!$&'()*+,;=").find(static_cast<char>(c)) != std::string_view::npos);
-}
+// reg-name's characters but pct-encoded (RFC 3986 §3.2.2): unreserved and
+// sub-delims. A table: the Host of every request is checked byte by byte.
+constexpr auto kRegChar = [] {
+  std::array<bool, 256> t{};
+  for (int c = 'a'; c <= 'z'; ++c) t[c] = t[c - 'a' + 'A'] = true;
+  for (int c = '0'; c <= '9'; ++c) t[c] = true;
+  for (const char c : std::string_view("-._~!$&'()*+,;=")) t[static_cast<unsigned char>(c)] = true;
+  return t;
+}();
+
+bool is_reg_char(unsigned char c) { return kRegChar[c]; }
 
 // Walks a comma-separated list of transfer codings (RFC 9110 §5.6.1: empty
 // elements and OWS allowed; a coding may carry ";param" parts).
