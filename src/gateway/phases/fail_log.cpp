@@ -115,7 +115,7 @@ void GatewayPhases::settle(RequestContext& ctx) {
 }
 
 void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
-  if (ctx.drain_cut || down_.closed()) return;
+  if (ctx.drain_cut || down_.closed() || down_.client_gone()) return;  // (a client that left first is its 499)
   // A stream whose end went out waits only for the upstream's end: not cut.
   // (A buffered answer still in flight is: its write is under way.)
   if (ctx.committed && ctx.stream && ctx.hooks.done_relayed() && !down_.writing() && down_.queue_empty()) return;
