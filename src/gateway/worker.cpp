@@ -144,6 +144,7 @@ void Worker::install(std::shared_ptr<const Generation> next, std::shared_ptr<con
     if (!draining_) start_probes(*wg, gen_.get());
     retired_.push_back(std::move(gen_));
     gen_ = std::move(wg);
+    wake_tick();  // the retired generation is freed by the tick
   }
   if (policy && authn_) authn_->set_policy(std::move(policy));
 }
@@ -323,6 +324,7 @@ void Worker::add_session(Session* s) {
   if (sessions_) sessions_->prev = s;
   sessions_ = s;
   ++session_count_;
+  wake_tick();
 }
 
 void Worker::remove_session(Session* s) {
@@ -332,7 +334,11 @@ void Worker::remove_session(Session* s) {
     sessions_ = s->next;
   if (s->next) s->next->prev = s->prev;
   s->prev = s->next = nullptr;
-  --session_count_;
+  if (--session_count_ == 0) {
+    // The trim is due kTrimAfter from now (also after a session shorter than a tick).
+    idle_since_ = std::chrono::steady_clock::now();
+    trimmed_ = false;
+  }
 }
 
 http::Task<void> Worker::accept_loop() {
@@ -430,18 +436,33 @@ bool Worker::tick_has_work() {
   return waiting;
 }
 
+bool Worker::tick_can_rest() {
+  if (session_count_ > 0 || !trimmed_ || tick_has_work()) return false;
+  for (auto& p : gen_->pools)
+    for (std::uint32_t i = 0; i < p->size(); ++i)
+      if (p->endpoint(i).conns.idle() > 0) return false;
+  return true;
+}
+
 http::Task<void> Worker::tick_loop() {
   // Flushes the access log, lets queued requests through, sweeps the idle
   // upstream connections every kSlowTick, and drives the drain. Ticks come
   // kFastTick apart while there is such work, else kSlowTick apart: a
   // worker with nothing to do wakes 4 times a second, not 20 (its CPU at
-  // low rates: per SSE event at one stream, idle). A line logged or a
-  // request queued meanwhile brings the next tick forward (tick_soon).
+  // low rates: per SSE event at one stream). A line logged or a request
+  // queued meanwhile brings the next tick forward (tick_soon). With no
+  // session and nothing pooled to sweep it rests until a session or a
+  // reload wakes it (wake_tick): an idle worker makes no system call.
   auto next_sweep = std::chrono::steady_clock::now() + kSlowTick;
   for (;;) {
     tick_slow_ = !tick_has_work();
-    tick_.expires_after(tick_slow_ ? kSlowTick : kFastTick);
+    tick_resting_ = tick_slow_ && tick_can_rest();
+    if (tick_resting_)
+      tick_.expires_at(std::chrono::steady_clock::time_point::max());
+    else
+      tick_.expires_after(tick_slow_ ? kSlowTick : kFastTick);
     auto [ec] = co_await tick_.async_wait(use_task);
+    tick_resting_ = false;
     if (ec == asio::error::operation_aborted && !draining_) {
       // tick_soon(): work came while quiet; it waits a fast tick, as it
       // would on a busy worker (so lines logged close together still go

@@ -191,6 +191,16 @@ class Worker {
   // requests waiting in a pool's queue, retired generations, a trim due,
   // a drain.
   bool tick_has_work();
+  // Whether the tick may wait for no time at all: no session, the heap
+  // trimmed, no pooled upstream connection to sweep, nothing else to do.
+  // A worker at rest makes no system call (nginx's makes none either);
+  // wake_tick() ends the wait when a session or a reload comes.
+  bool tick_can_rest();
+  void wake_tick() {
+    if (!tick_resting_) return;
+    tick_resting_ = false;
+    tick_.cancel();
+  }
   // Ticks are kFastTick apart while tick_has_work(), else kSlowTick, the
   // idle-connection sweep's period: a connection the server closed holds
   // its descriptor (CLOSE-WAIT) for at most ~250 ms.
@@ -230,8 +240,9 @@ class Worker {
   Session* sessions_ = nullptr;  // intrusive list of live sessions
   std::size_t session_count_ = 0;
   std::chrono::steady_clock::time_point idle_since_{};  // when session_count_ last fell to 0
-  bool trimmed_ = true;     // trim_when_idle ran since the last session ended (nothing to return at start)
-  bool tick_slow_ = false;  // the pending tick is a slow one (tick_soon brings it forward)
+  bool trimmed_ = true;        // trim_when_idle ran since the last session ended (nothing to return at start)
+  bool tick_slow_ = false;     // the pending tick is a slow one (tick_soon brings it forward)
+  bool tick_resting_ = false;  // the pending tick waits for no time (wake_tick ends it)
   bool draining_ = false;
   std::chrono::steady_clock::time_point drain_deadline_{};
   std::thread thread_;

@@ -315,3 +315,42 @@ def test_restart_on_the_same_port_is_not_blocked_by_time_wait(mock, weir):
     again = weir(config={"listen": f"127.0.0.1:{w.port}", "pools": {"p": {"endpoints": [m.base_url]}},
                          "models": {"mock-model": {"pool": "p"}}})
     assert serves(again)
+
+
+# --- at rest: an idle worker makes no system call --------------------------------------
+
+def wakeups(pid: int) -> int:
+    """Voluntary context switches of every thread of `pid` so far (each wait that ended)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/status") as f:
+            for line in f:
+                if line.startswith("voluntary_ctxt_switches:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def test_an_idle_gateway_rests_until_a_client_comes(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4")
+    w = weir(config={"workers": 1, "pools": {"p": {"endpoints": [m.base_url], "idle_keepalive": "300ms"}},
+                     "models": {"mock-model": {"pool": "p"}}})
+    c = w.client()
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                              extra_headers={"x-request-id": "before-rest"})
+    w.log_for("before-rest")
+    # The client's connection closed, the pooled upstream one aged out (300 ms), the heap was
+    # trimmed (1 s after the last session): then nothing is due, and the worker waits on nothing.
+    c.close()
+    deadline = time.monotonic() + 10
+    while True:
+        before = wakeups(w.process.pid)
+        time.sleep(1.0)
+        woke = wakeups(w.process.pid) - before
+        if woke == 0 or time.monotonic() > deadline:
+            break
+    assert woke == 0, f"{woke} wake-ups in a second at rest"
+    # A client wakes it: served, and its line written as promptly as ever.
+    c2 = w.client()
+    c2.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "x"}],
+                               extra_headers={"x-request-id": "after-rest"})
+    assert w.log_for("after-rest", timeout=2)["status"] == 200
