@@ -130,7 +130,8 @@ void Downstream::begin_request() {
 
 Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   if (reading_) {
-    if (in_.size() > 0) {
+    // (Empty lines are no request: RFC 9112 §2.2, a CRLF after a body.)
+    if (in_.size() > empty_lines_at(in_)) {
       // The next request is already buffered (pipelined): the posted read
       // would wait for bytes the client will not send before it gets its
       // answer. Stop it and serve what we have.
@@ -147,6 +148,10 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       if (!done_.take_wake()) co_await done_.park();
     }
   }
+  // Empty lines after the last request are dropped, so a connection that
+  // sent only those is idle. Never while a read into in_ is pending: a
+  // consume that empties a flat_buffer moves its write position.
+  in_.consume(empty_lines_at(in_));
   if (peer_gone_ || closed_ || timed_out_) co_return Head::closed;
   if (draining && !first && in_.size() == 0) co_return Head::closed;
 

@@ -71,7 +71,19 @@ Task<std::tuple<boost::system::error_code, std::size_t>> write_all_now(Socket& s
 //
 // `empty_lines`: a request's read, where empty lines (CRLF, or a bare LF)
 // before the request-line are skipped, as RFC 9112 §2.2 asks of a server (a
-// client that ends a body with an extra CRLF); they count in the bytes used.
+// client that ends a body with an extra CRLF). They are not counted in the
+// bytes used: a connection that sent only empty lines sent no request. A CR
+// that ends the bytes so far waits for the next byte (a bare CR is invalid:
+// the parser sees it), so the outcome does not depend on how they arrive.
+// Bytes of empty lines (CRLF or LF) at the start of `buf`.
+inline std::size_t empty_lines_at(const boost::beast::flat_buffer& buf) {
+  const auto* p = static_cast<const char*>(buf.data().data());
+  std::size_t k = 0;
+  while (k < buf.size() && (p[k] == '\n' || (p[k] == '\r' && k + 1 < buf.size() && p[k + 1] == '\n')))
+    k += p[k] == '\n' ? 1 : 2;
+  return k;
+}
+
 template <class Stream, class Parser>
 Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& sock, boost::beast::flat_buffer& buf,
                                                                       Parser& parser, bool until_head,
@@ -84,14 +96,12 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
   bool try_now = buf.size() > 0;
   for (;;) {
     if (complete()) co_return std::tuple{error_code{}, used};
+    bool wait_cr = false;
     if (empty_lines && buf.size() > 0 && !parser.got_some()) {
-      const auto* p = static_cast<const char*>(buf.data().data());
-      std::size_t k = 0;
-      while (k < buf.size() && (p[k] == '\n' || (p[k] == '\r' && (k + 1 == buf.size() || p[k + 1] == '\n')))) ++k;
-      buf.consume(k);
-      used += k;
+      buf.consume(empty_lines_at(buf));
+      wait_cr = buf.size() == 1 && *static_cast<const char*>(buf.data().data()) == '\r';
     }
-    if (buf.size() > 0) {
+    if (buf.size() > 0 && !wait_cr) {
       error_code ec;
       const std::size_t n = parser.put(buf.data(), ec);
       buf.consume(n);

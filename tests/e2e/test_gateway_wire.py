@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 
 import pytest
 
@@ -109,3 +112,46 @@ def test_head_proxied_models(stack):
         assert r.status == 200 and r.body == b""
         r2 = c.read_response("GET")
         assert r2.status == 200 and json.loads(r2.body) == {"status": "ok"}
+
+
+# --- empty lines before a request-line (RFC 9112 §2.2) ----------------------------------
+
+def test_empty_lines_before_a_request_are_skipped(stack):
+    _, w = stack
+    with RawConn(w.port) as c:
+        c.send(b"\r\n\r\n\n" + chat("crlf-1"))  # CRLFs and a bare LF, in the request's own write
+        assert c.read_response("POST").status == 200
+        c.send(b"\r\n")  # a CRLF after the body, alone, then the next request in another write
+        c.send(chat("crlf-2"))
+        assert c.read_response("POST").status == 200
+
+
+def test_a_bare_cr_is_not_an_empty_line_however_it_arrives(stack):
+    _, w = stack
+    for pieces in ([b"\rGET /health HTTP/1.1\r\nHost: x\r\n\r\n"], [b"\r", b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"]):
+        with RawConn(w.port) as c:
+            for p in pieces:
+                c.send(p)
+                time.sleep(0.05)  # (separate segments)
+            assert c.read_response("GET").status == 400, pieces
+
+
+def test_a_connection_that_sent_only_empty_lines_is_idle(module_mock, weir):
+    m = module_mock("--ttft-ms", "2", "--itl-ms", "2", "--max-tokens", "6")
+    w = weir(config={"server": {"keepalive_timeout": "500ms", "drain_timeout": "10s"},
+                     "pools": {"p": {"endpoints": [m.base_url]}}, "models": {"mock-model": {"pool": "p"}}})
+    with RawConn(w.port) as c:
+        c.send(chat("before-idle") + b"\r\n")
+        assert c.read_response("POST").status == 200
+        # Idle for keepalive_timeout: closed without a 408 and without a log line.
+        assert c.closed_by_peer(5)
+        assert c.read_to_eof() == b""
+    with RawConn(w.port) as c:
+        c.send(chat("then-drain") + b"\r\n")
+        assert c.read_response("POST").status == 200
+        t0 = time.monotonic()
+        os.kill(w.process.pid, signal.SIGTERM)  # an idle connection: closed at once, not at the drain deadline
+        assert w.process.popen.wait(5) == 0
+        assert time.monotonic() - t0 < 3
+    ids = [e.get("request_id") for e in w.log_entries()]
+    assert ids == ["before-idle", "then-drain"], ids

@@ -156,7 +156,9 @@ void GatewayPhases::log(RequestContext& ctx) {
       ctx.status = ctx.stream ? 200 : (ctx.upstream_status ? ctx.upstream_status : 200);  // the head that went out
     ctx.set_error(drain_cut());
   }
-  if (ctx.status == 499 && !ctx.has_error) ctx.set_error(client_gone(why_gone()));  // every 499 says why
+  // Every 499 says why the client went (a head it reset mid-way too: not why the head failed).
+  if (ctx.status == 499 && (!ctx.has_error || ctx.read_failure != http::ReadFailure::none))
+    ctx.set_error(client_gone(why_gone()));
   settle(ctx);
   const MetricIdentity id = m.labels().identity(ctx.principal.get());
   m.count_request(ctx.route, ctx.model_slot, ctx.status, id);
