@@ -44,6 +44,15 @@ Task<std::tuple<boost::system::error_code, std::size_t>> write_all_now(Socket& s
   co_return std::tuple{wec, n + wn};
 }
 
+// Bytes of empty lines (CRLF or LF) at the start of `buf`.
+inline std::size_t empty_lines_at(const boost::beast::flat_buffer& buf) {
+  const auto* p = static_cast<const char*>(buf.data().data());
+  std::size_t k = 0;
+  while (k < buf.size() && (p[k] == '\n' || (p[k] == '\r' && k + 1 < buf.size() && p[k + 1] == '\n')))
+    k += p[k] == '\n' ? 1 : 2;
+  return k;
+}
+
 // Reads from `sock` (non-blocking mode) into `buf` and feeds Beast's
 // `parser` until its head (`until_head`) or its whole message is parsed
 // (RFC 9112 framing, Beast's limits: header_limit, body_limit). Returns
@@ -75,15 +84,6 @@ Task<std::tuple<boost::system::error_code, std::size_t>> write_all_now(Socket& s
 // bytes used: a connection that sent only empty lines sent no request. A CR
 // that ends the bytes so far waits for the next byte (a bare CR is invalid:
 // the parser sees it), so the outcome does not depend on how they arrive.
-// Bytes of empty lines (CRLF or LF) at the start of `buf`.
-inline std::size_t empty_lines_at(const boost::beast::flat_buffer& buf) {
-  const auto* p = static_cast<const char*>(buf.data().data());
-  std::size_t k = 0;
-  while (k < buf.size() && (p[k] == '\n' || (p[k] == '\r' && k + 1 < buf.size() && p[k + 1] == '\n')))
-    k += p[k] == '\n' ? 1 : 2;
-  return k;
-}
-
 template <class Stream, class Parser>
 Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& sock, boost::beast::flat_buffer& buf,
                                                                       Parser& parser, bool until_head,
