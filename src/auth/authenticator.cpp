@@ -68,6 +68,10 @@ Authenticator::Authenticator(std::shared_ptr<const AuthPolicy> policy, JwksCache
 
 Authenticator::~Authenticator() = default;
 
+void Authenticator::forget_redis_keys() noexcept {
+  if (redis_cache_) redis_cache_->clear();
+}
+
 void Authenticator::set_policy(std::shared_ptr<const AuthPolicy> policy) {
   policy_ = std::move(policy);
   claims_ = ClaimsPolicy{};
@@ -181,7 +185,7 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
     case KeyLookup::Status::found: {
       if (!result.record) break;
       const RedisKeyRecord& rec = *result.record;
-      const TenantPolicy* tenant = policy_->find_tenant(rec.tenant);
+      const TenantPolicy* tenant = policy_->credential_tenant(rec.tenant);
       if (!tenant) {
         redis_cache_->insert(digest, State::forbidden, nullptr, result.record, now, cfg.key_negative_ttl);
         return;
@@ -256,7 +260,7 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
   if (tenant_name.empty())
     return reject(core::forbidden(fmt::format("The token has no '{}' claim naming a tenant.", jwt_cfg.tenant_claim),
                                   "tenant_not_allowed"));
-  const TenantPolicy* tenant = policy_->find_tenant(tenant_name);
+  const TenantPolicy* tenant = policy_->credential_tenant(tenant_name);
   if (!tenant)
     return reject(core::forbidden(fmt::format("Tenant `{}` is not configured.", tenant_name.substr(0, 128)),
                                   "tenant_not_allowed"));

@@ -74,6 +74,11 @@ class Authenticator {
   // Drops cached principals; requests in flight keep theirs.
   void set_policy(std::shared_ptr<const AuthPolicy> policy);
 
+  // Drops this worker's cached Redis key lookups (auth.redis_keys), so the
+  // next request with any key reads Redis again: after this replica's admin
+  // API changed, rotated or revoked a key there. Call on this worker's thread.
+  void forget_redis_keys() noexcept;
+
   // After a failed authenticate(): set when the token named a key id the
   // key set does not hold (or no keys are loaded) and a JWKS refetch was
   // started. The caller may wait until jwks()->completed_fetches() passes

@@ -154,6 +154,11 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
   if (!node["id"]) return tl::unexpected(config_error(node, key + ".id", "missing (a public name for the key)"));
   WEIR_TRY_RESULT(id, core::read_string(node["id"], key + ".id"));
   if (id->empty()) return tl::unexpected(config_error(node["id"], key + ".id", "must not be empty"));
+  // Runtime keys (the admin API) are named vk_<hex>: a configured key of the same name could not be told
+  // apart from one in logs and metrics, and would shadow it in the admin API (which could then not revoke it).
+  if (id->starts_with("vk_"))
+    return tl::unexpected(config_error(node["id"], key + ".id",
+                                       "ids beginning with 'vk_' are reserved for keys created through the admin API"));
   k.id = std::move(*id);
   if (!node["tenant"]) return tl::unexpected(config_error(node, key + ".tenant", "missing"));
   WEIR_TRY_RESULT(tenant, core::read_string(node["tenant"], key + ".tenant"));
@@ -279,6 +284,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
   if (!cfg.tenants.count(cfg.anonymous_tenant)) {
     TenantConfig anon;
     anon.name = cfg.anonymous_tenant;
+    anon.implicit = true;
     cfg.tenants.emplace(anon.name, std::move(anon));
   }
   return cfg;

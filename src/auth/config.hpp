@@ -57,11 +57,15 @@ struct Budget {
 // One tenant (the unit of isolation: allowed models, limits, budget, priority).
 struct TenantConfig {
   std::string name;
-  std::vector<std::string> models;  // allow-list: exact names, "prefix*", or "*"; empty = all models
-  int priority = 0;                 // higher is served first when shedding (0..100)
-  std::string tier;                 // default tier of its principals, e.g. "free", "pro"
+  std::vector<std::string> models{"*"};  // allow-list: exact names, "prefix*", or "*" (all, when omitted); [] = none
+  int priority = 0;                      // higher is served first when shedding (0..100)
+  std::string tier;                      // default tier of its principals, e.g. "free", "pro"
   Limits limits;
   Budget budget;
+  // Made by Weir for auth.anonymous_tenant when tenants: does not list it. It
+  // serves requests without credentials (auth.required: false) and nothing
+  // else: no API key, runtime key or JWT can name it.
+  bool implicit = false;
 };
 
 // One API key / virtual key. Only the SHA-256 of the key is kept.

@@ -8,7 +8,7 @@
 namespace weir::auth {
 
 ModelList::ModelList(const std::vector<std::string>& patterns) {
-  all_ = patterns.empty();
+  all_ = false;  // an empty list allows nothing; "*" allows everything
   for (const auto& p : patterns) {
     if (p == "*")
       all_ = true;
@@ -85,6 +85,7 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     tp.limits = t.limits;
     tp.budget = t.budget;
     tp.scope = tenant_scope(name, t);
+    tp.implicit = t.implicit;
     live.emplace_back(tp.scope, ScopeInfo{"tenant:" + name, t.limits, t.budget});
     p->tenants_.push_back(std::move(tp));
   }
@@ -93,7 +94,7 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     KeyPolicy kp;
     kp.id = k.id;
     kp.sha256 = k.sha256;
-    kp.tenant = p->find_tenant(k.tenant);
+    kp.tenant = p->credential_tenant(k.tenant);
     if (k.models) kp.models = ModelList(*k.models);
     kp.tier = k.tier.empty() && kp.tenant ? kp.tenant->tier : k.tier;
     kp.limits = k.limits;
@@ -113,7 +114,7 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     KeyPolicy kp;
     kp.id = k.id;
     kp.sha256 = k.sha256;
-    kp.tenant = p->find_tenant(k.tenant);
+    kp.tenant = p->credential_tenant(k.tenant);
     if (!kp.tenant || rk.scope >= p->scopes_.size()) continue;
     if (k.models) kp.models = ModelList(*k.models);
     kp.tier = k.tier.empty() ? kp.tenant->tier : k.tier;
@@ -140,6 +141,11 @@ const TenantPolicy* AuthPolicy::find_tenant(std::string_view name) const noexcep
                              [](const TenantPolicy& t, std::string_view n) { return t.name < n; });
   if (it != tenants_.end() && it->name == name) return &*it;
   return nullptr;
+}
+
+const TenantPolicy* AuthPolicy::credential_tenant(std::string_view name) const noexcept {
+  const TenantPolicy* t = find_tenant(name);
+  return t && !t->implicit ? t : nullptr;
 }
 
 const KeyPolicy* AuthPolicy::find_key(const Sha256Digest& digest) const noexcept {

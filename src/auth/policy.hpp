@@ -17,11 +17,12 @@
 
 namespace weir::auth {
 
-// A model allow-list: exact names, prefixes ("meta-llama/*" written as
-// "meta-llama/*" or "meta-llama/"...*), or everything ("*" or an empty list).
+// A model allow-list: exact names, prefixes ("meta-llama/*"), or everything
+// ("*"). A list with no entries allows nothing: an operator who empties a
+// tenant's or key's list locks it out, never opens it up.
 class ModelList {
  public:
-  ModelList() = default;
+  ModelList() = default;  // allows every model (a tenant that names no list)
   explicit ModelList(const std::vector<std::string>& patterns);
   // True when `model` is allowed. Cost: a scan of the list (lists are short).
   bool allows(std::string_view model) const noexcept;
@@ -42,6 +43,7 @@ struct TenantPolicy {
   Limits limits;
   Budget budget;
   std::uint32_t scope = 0;
+  bool implicit = false;  // TenantConfig::implicit
 };
 
 // An API key as requests see it (the key value itself is never held).
@@ -101,6 +103,9 @@ class AuthPolicy {
   const AuthConfig& config() const noexcept { return config_; }
   // The tenant named `name`, or nullptr. O(log tenants).
   const TenantPolicy* find_tenant(std::string_view name) const noexcept;
+  // The tenant a credential (API key, JWT claim) may name: find_tenant's,
+  // except the implicit anonymous tenant (TenantConfig::implicit), nullptr.
+  const TenantPolicy* credential_tenant(std::string_view name) const noexcept;
   // The key whose SHA-256 is `digest`, or nullptr. One hash probe; the final
   // comparison of digests is constant-time.
   const KeyPolicy* find_key(const Sha256Digest& digest) const noexcept;

@@ -181,6 +181,7 @@ core::Task<AdminResponse> AdminServer::update_key(AdminRequest& r) {
   AdminResult<KeyStore::Change> c;
   if (redis_) {
     c = co_await redis_->update(id, std::move(*body));
+    if (c) co_await forget_redis_keys();
   } else {
     c = keys_->update(id, *body);
     if (c) co_await publish(keys_->policy());
@@ -198,6 +199,7 @@ core::Task<AdminResponse> AdminServer::delete_key(AdminRequest& r) {
   AdminResult<KeyRecord> gone;
   if (redis_) {
     gone = co_await redis_->revoke(id);
+    if (gone) co_await forget_redis_keys();
   } else {
     gone = keys_->revoke(id);
     if (gone) co_await publish(keys_->policy());
@@ -217,6 +219,7 @@ core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
   AdminResult<KeyStore::Change> c;
   if (redis_) {
     c = co_await redis_->rotate(id);
+    if (c) co_await forget_redis_keys();
   } else {
     c = keys_->rotate(id);
     if (c) co_await publish(keys_->policy());

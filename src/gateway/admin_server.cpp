@@ -284,6 +284,18 @@ core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_v
 }
 
 core::Task<void> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> policy) {
+  co_await on_every_worker([policy](Worker& w) {
+    if (auto* a = w.authenticator()) a->set_policy(policy);
+  });
+}
+
+core::Task<void> AdminServer::forget_redis_keys() {
+  co_await on_every_worker([](Worker& w) {
+    if (auto* a = w.authenticator()) a->forget_redis_keys();
+  });
+}
+
+core::Task<void> AdminServer::on_every_worker(std::function<void(Worker&)> fn) {
   struct Gather {
     explicit Gather(core::Executor ex, std::size_t n) : remaining(n), timer(ex) {}
     std::size_t remaining;
@@ -292,8 +304,8 @@ core::Task<void> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> po
   auto g = std::make_shared<Gather>(control_.get_executor(), shared_.workers.size());
   if (g->remaining == 0) co_return;
   for (Worker* w : shared_.workers) {
-    asio::post(w->io(), [w, g, policy, this] {
-      if (auto* a = w->authenticator()) a->set_policy(policy);  // on w's own thread
+    asio::post(w->io(), [w, g, fn, this] {
+      fn(*w);  // on w's own thread
       asio::post(control_, [g] {
         if (--g->remaining == 0) g->timer.cancel();
       });

@@ -32,6 +32,8 @@
 
 namespace weir::gateway {
 
+class Worker;
+
 // One admin request, as a handler sees it.
 struct AdminRequest {
   std::string method;
@@ -154,6 +156,11 @@ class AdminServer {
   // Sends `policy` to every worker (each swaps its Authenticator's policy on
   // its own thread) and returns once all did (or after 2 s).
   core::Task<void> publish(std::shared_ptr<const auth::AuthPolicy> policy);
+  // Drops every worker's cached Redis key lookups (Authenticator::forget_redis_keys)
+  // and waits (at most 2 s) until each has: a key changed here takes effect here before the answer.
+  core::Task<void> forget_redis_keys();
+  // Runs `fn` on every worker's thread; returns once each has run it, or after 2 s.
+  core::Task<void> on_every_worker(std::function<void(Worker&)> fn);
 
   core::Task<AdminResponse> list_keys(AdminRequest& r);
   core::Task<AdminResponse> create_key(AdminRequest& r);

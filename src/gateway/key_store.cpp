@@ -67,11 +67,24 @@ std::string format_period(std::chrono::milliseconds p) {
   return p.count() % 1000 == 0 ? fmt::format("{}s", p.count() / 1000) : fmt::format("{}ms", p.count());
 }
 
+// A tenant a key may name: configured, not the implicit anonymous one
+// (auth::TenantConfig::implicit), which serves only requests without credentials.
+bool configured_tenant(const auth::AuthConfig& base, const std::string& name) {
+  const auto t = base.tenants.find(name);
+  return t != base.tenants.end() && !t->second.implicit;
+}
+
 AdminResult<std::optional<std::vector<std::string>>> parse_models(const json::value& v) {
   if (v.is_null()) return std::optional<std::vector<std::string>>{};
   if (!v.is_array()) return tl::unexpected(admin_bad_request("models must be a list of model names or null", "models"));
   std::vector<std::string> out;
   const auto& a = v.get_array();
+  // [] is refused rather than read: some gateways take it as "every model", and
+  // here it would allow none. Neither is what an empty list should silently do.
+  if (a.empty())
+    return tl::unexpected(admin_bad_request(
+        "models must not be empty (it would allow no model): send null for the tenant's list, or revoke the key",
+        "models"));
   if (a.size() > kMaxModels)
     return tl::unexpected(admin_bad_request(fmt::format("models lists at most {} names", kMaxModels), "models"));
   for (std::size_t i = 0; i < a.size(); ++i) {
@@ -401,7 +414,12 @@ tl::expected<void, std::string> KeyStore::load() {
     if (!k)
       return tl::unexpected(fmt::format("admin.keys_file {}: keys[{}]: {}{}", file_, i,
                                         k.error().param.empty() ? "" : k.error().param + ": ", k.error().message));
-    if (!base_.tenants.count(k->tenant))
+    for (const auto& c : base_.api_keys)
+      if (c.id == k->id)
+        return tl::unexpected(fmt::format(
+            "admin.keys_file {}: keys[{}]: id '{}' is also a configured key's (auth.api_keys): ids must be unique",
+            file_, i, k->id));
+    if (!configured_tenant(base_, k->tenant))
       fmt::print(stderr,
                  "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
                  "kept and refused until the tenant is back\n",
@@ -429,7 +447,7 @@ void KeyStore::rebase(auth::AuthConfig base, std::shared_ptr<const auth::AuthPol
   policy_ = std::move(policy);
   next_scope_ = std::max(next_scope_, static_cast<std::uint32_t>(policy_->scopes().size()));
   for (const auto& k : keys_)
-    if (!base_.tenants.count(k.tenant))
+    if (!configured_tenant(base_, k.tenant))
       fmt::print(stderr,
                  "weir: runtime key {} names tenant '{}', which the reloaded configuration does not have: the key is "
                  "kept and refused until the tenant is back\n",
@@ -518,7 +536,7 @@ AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, 
   if (!tenant.is_string() || tenant.get_string().empty())
     return tl::unexpected(admin_bad_request("tenant is required: the name of a configured tenant", "tenant"));
   k.tenant = std::string(tenant.get_string());
-  if (!base_.tenants.count(k.tenant))
+  if (!configured_tenant(base_, k.tenant))
     return tl::unexpected(AdminError{404, "invalid_request_error", "tenant_not_found",
                                      fmt::format("No tenant named `{}` is configured.", k.tenant.substr(0, 128)),
                                      "tenant"});

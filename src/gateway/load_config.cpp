@@ -43,9 +43,13 @@ void warn(LoadedConfig& out, const YAML::Node& node, std::string key, std::strin
 // resolved first), so an entry that names no configured model allows nothing.
 void check_allow_list(LoadedConfig& out, const YAML::Node& models, const std::string& key) {
   if (!models) return;
+  if (models.IsSequence() && models.size() == 0) {
+    warn(out, models, key, "an empty allow-list allows no model: omit it (or list \"*\") to allow every model");
+    return;
+  }
   auto one = [&](const YAML::Node& n, const std::string& k) {
     const std::string entry = n.Scalar();
-    if (entry == "*") return;
+    if (entry == "*" || out.config.default_pool) return;  // with a default_pool any model name is served
     const Match m = match_models(out.config, entry, true);
     if (m.served) return;
     if (!m.alias_of.empty())
@@ -68,15 +72,15 @@ void check_allow_list(LoadedConfig& out, const YAML::Node& models, const std::st
 
 void compute_warnings(LoadedConfig& out) {
   const auto& root = out.config.root;
-  // With a default_pool any model name is served (and allowed or priced as sent).
+  if (const auto tenants = root["tenants"]; tenants && tenants.IsMap())
+    for (const auto& kv : tenants)
+      if (kv.second.IsMap()) check_allow_list(out, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
+  if (const auto auth = root["auth"]; auth && auth.IsMap())
+    if (const auto keys = auth["api_keys"]; keys && keys.IsSequence())
+      for (std::size_t i = 0; i < keys.size(); ++i)
+        check_allow_list(out, keys[i]["models"], fmt::format("auth.api_keys[{}].models", i));
+  // With a default_pool any model name is served (and priced as sent).
   if (!out.config.default_pool) {
-    if (const auto tenants = root["tenants"]; tenants && tenants.IsMap())
-      for (const auto& kv : tenants)
-        if (kv.second.IsMap()) check_allow_list(out, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
-    if (const auto auth = root["auth"]; auth && auth.IsMap())
-      if (const auto keys = auth["api_keys"]; keys && keys.IsSequence())
-        for (std::size_t i = 0; i < keys.size(); ++i)
-          check_allow_list(out, keys[i]["models"], fmt::format("auth.api_keys[{}].models", i));
     if (const auto pricing = root["pricing"]; pricing && pricing.IsMap()) {
       for (const auto& kv : pricing) {
         const std::string model = kv.first.Scalar();

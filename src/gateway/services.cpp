@@ -75,6 +75,11 @@ tl::expected<Services::Reload, std::string> Services::prepare_reload(const Loade
   const auto prior = policy();
   if (!next.auth || !prior) return r;  // identity and admission off (a change of that is restart-only)
   r.auth = *next.auth;
+  if (key_store_)
+    for (const auto& k : r.auth->api_keys)
+      if (key_store_->find(k.id))
+        return tl::unexpected(
+            fmt::format("auth.api_keys: id '{}' is also a runtime key's (admin.keys_file): ids must be unique", k.id));
   r.policy = key_store_ ? key_store_->rebased_policy(*r.auth)
                         : auth::AuthPolicy::build(*r.auth, {}, limiter_->scope_count(), prior.get());
   // A tenant or configured key kept under its name but given a new scope

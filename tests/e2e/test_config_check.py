@@ -5,10 +5,12 @@ name the file, line and key and exit 2; warnings go to stderr and exit 0.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
 
+import httpx
 import pytest
 
 from conftest import binary, free_port
@@ -45,6 +47,10 @@ BAD = [
     ("budget-period-word", "tenants:\n  acme:\n    budget: {usd: 1, period: fortnight}\n", 9,
      "tenants.acme.budget.period"),
     ("budget-utc-offset-zone", "auth:\n  budget_utc_offset: Europe/Paris\n", 8, "auth.budget_utc_offset"),
+    # vk_<hex> names the admin API's keys: a configured one would shadow a runtime key.
+    ("key-id-reserved-prefix",
+     f"tenants:\n  acme: {{}}\nauth:\n  api_keys:\n    - {{id: vk_0123abcd, sha256: {SHA}, tenant: acme}}\n", 11,
+     "auth.api_keys[0].id"),
 ]
 
 
@@ -166,3 +172,50 @@ def test_a_valid_or_missing_keys_file_passes_check(tmp_path):
     r = weir_run("--config", path, "--check", env=env)
     assert r.returncode == 0, r.stderr
     assert keys.read_text() == content
+
+
+def test_an_empty_allow_list_allows_no_model_and_says_so(tmp_path, processes):
+    # `models: []` locks a tenant or key out (it never falls back to every model), with a warning.
+    path = tmp_path / "empty.yaml"
+    port = free_port()
+    key = "sk-empty-list"
+    digest = hashlib.sha256(key.encode()).hexdigest()
+    other = "sk-open-tenant"
+    path.write_text(BASE.format(port=port) + (
+        "tenants:\n  locked: {models: []}\n  open: {}\n"
+        f"auth:\n  api_keys:\n    - {{id: k1, sha256: {digest}, tenant: open, models: []}}\n"
+        f"    - {{id: k2, sha256: {hashlib.sha256(other.encode()).hexdigest()}, tenant: open}}\n"
+        f"    - {{id: k3, sha256: {SHA}, tenant: locked}}\n"))
+    r = weir_run("--config", path, "--check")
+    assert r.returncode == 0, r.stderr
+    warns = [l for l in r.stderr.splitlines() if l.startswith("weir: warning: ")]
+    assert any("tenants.locked.models" in l and "allows no model" in l for l in warns), r.stderr
+    assert any("auth.api_keys[0].models" in l and "allows no model" in l for l in warns), r.stderr
+    processes.start([binary("weir"), "--config", path], port, name="weir")
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    base = f"http://127.0.0.1:{port}/v1"
+    for k, want in ((key, 403), ("foo", 403)):   # SHA is sha256("foo"): the locked tenant's key
+        r = httpx.post(base + "/chat/completions", json=body, headers={"authorization": f"Bearer {k}"}, timeout=10)
+        assert r.status_code == want, r.text
+    r = httpx.get(base + "/models", headers={"authorization": f"Bearer {key}"}, timeout=10)
+    assert r.status_code == 200 and r.json()["data"] == [], r.text
+    # The open tenant (no list) keeps every model: it is refused only by its upstream (port 9: nothing listens).
+    r = httpx.get(base + "/models", headers={"authorization": f"Bearer {other}"}, timeout=10)
+    assert [d["id"] for d in r.json()["data"]] == ["m", "mm"], r.text
+
+
+def test_a_keys_file_id_that_a_configured_key_also_has_is_refused(tmp_path):
+    # One id, two keys: logs and metrics could not tell them apart, and the admin API could not revoke the
+    # runtime one (it found the read-only configured key first).
+    keys = tmp_path / "keys.json"
+    content = '{"version":1,"keys":[{"id":"ci","sha256":"' + SHA + '","tenant":"acme"}]}'
+    keys.write_text(content)
+    path = tmp_path / "keys.yaml"
+    other = hashlib.sha256(b"sk-config").hexdigest()
+    path.write_text(BASE.format(port=free_port()) + KEYS_FILE_CONFIG.format(admin_port=free_port(), keys_file=keys)
+                    + f"auth:\n  api_keys:\n    - {{id: ci, sha256: {other}, tenant: acme}}\n")
+    env = {"WEIR_TEST_ADMIN_TOKEN": "admin-test-token-0123456789"}
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args, env=env)
+        assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+        assert "id 'ci' is also a configured key's" in r.stderr, r.stderr

@@ -170,6 +170,42 @@ TEST(AuthAuthenticator, ModelAllowListIs403WithOpenAIShape) {
   EXPECT_FALSE(Authenticator::check_model(*beta, "gpt-4o-mini"));
 }
 
+TEST(AuthModelList, AnEmptyListAllowsNothingAndOnlyStarOrNoListAllowsAll) {
+  EXPECT_TRUE(ModelList().allows("any"));  // a tenant that names no list
+  EXPECT_FALSE(ModelList(std::vector<std::string>{}).allows("any"));
+  EXPECT_FALSE(ModelList(std::vector<std::string>{}).allows_all());
+  EXPECT_TRUE(ModelList({"m", "*"}).allows("any"));
+  EXPECT_TRUE(ModelList({"meta/*"}).allows("meta/x"));
+  EXPECT_FALSE(ModelList({"meta/*"}).allows("metax"));
+  // Through the configuration: `models: []` on a tenant or a key locks it out; omitted keeps every model.
+  auto cfg = parse_auth_config(YAML::Load(fmt::format(R"(
+tenants:
+  locked: {{models: []}}
+  open: {{}}
+auth:
+  api_keys:
+    - {{id: k1, sha256: {}, tenant: open, models: []}}
+)",
+                                                      to_hex(sha256(kAcmeKey)))),
+                               "test.yaml", &fake_env);
+  ASSERT_TRUE(cfg) << cfg.error().to_string();
+  auto policy = AuthPolicy::build(std::move(*cfg));
+  EXPECT_FALSE(policy->find_tenant("locked")->models.allows("m"));
+  EXPECT_TRUE(policy->find_tenant("open")->models.allows("m"));
+  Authenticator a(policy, nullptr);
+  auto k = *a.authenticate("", kAcmeKey, kNow);
+  EXPECT_FALSE(Authenticator::check_model(*k, "m"));
+}
+
+TEST_F(AuthJwtFlow, NoTokenMayNameTheImplicitAnonymousTenant) {
+  // "anonymous" is made for requests without credentials (auth.required: false): a token naming it is
+  // refused like one naming an unconfigured tenant, never given its unlimited, all-models policy.
+  auto r = bearer(Keys::get().rsa.token(claims(R"("anonymous")")));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 403);
+  EXPECT_EQ(r.error().code, "tenant_not_allowed");
+}
+
 TEST_F(AuthJwtFlow, VerifiesOnceThenHitsTheCache) {
   const auto token = Keys::get().rsa.token(claims());
   auto p1 = bearer(token);
