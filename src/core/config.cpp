@@ -764,6 +764,7 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     return located(e);
   }
   if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
+  if (auto r = check_unique_keys(root); !r) return located(r.error());
   // Sections owned by other modules are validated there (auth, tenants,
   // pricing, redis, admin, request_log, tracing: gateway::load_config). A key nothing
   // reads is an error (limits: and batching: were accepted and ignored).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <charconv>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -148,6 +149,36 @@ ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string
   const double v = num * mul;
   if (v > 1e15) return tl::unexpected(config_error(node, key, "size is too large"));
   return static_cast<std::uint64_t>(v + 0.5);
+}
+
+namespace {
+
+ConfigResult<void> unique_keys_under(const YAML::Node& node, const std::string& key, int depth) {
+  if (depth > 64) return tl::unexpected(config_error(node, key, "nested more than 64 levels deep"));
+  if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i)
+      if (auto r = unique_keys_under(node[i], fmt::format("{}[{}]", key, i), depth + 1); !r) return r;
+  } else if (node.IsMap()) {
+    std::unordered_map<std::string, int> seen;  // key -> its line
+    for (const auto& kv : node) {
+      const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : canonical_yaml(kv.first);
+      const std::string path = key.empty() ? name : key + "." + name;
+      const int line = kv.first.Mark().is_null() ? 0 : kv.first.Mark().line + 1;
+      if (const auto [it, fresh] = seen.emplace(name, line); !fresh)
+        return tl::unexpected(config_error(
+            kv.first, path,
+            fmt::format("duplicate key (first at line {}): a YAML mapping holds each key once; merge the two",
+                        it->second)));
+      if (auto r = unique_keys_under(kv.second, path, depth + 1); !r) return r;
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+ConfigResult<void> check_unique_keys(const YAML::Node& node, const std::string& key) {
+  return unique_keys_under(node, key, 0);
 }
 
 ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,

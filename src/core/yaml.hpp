@@ -43,6 +43,13 @@ ConfigResult<std::size_t> read_choice(const YAML::Node& node, const std::string&
 // A size: an integer of bytes or a string "512KiB", "4MiB", "1GiB", "64KB", "1MB".
 ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string& key);
 
+// Fails on the first mapping anywhere under `node` that holds a key twice
+// (YAML 1.2 §3.2.1.1: keys are unique; yaml-cpp keeps both, and a lookup
+// sees only the first, so a repeated section would be dropped unread). The
+// error is at the second one and names the first one's line. Also fails on
+// nesting deeper than 64 levels.
+ConfigResult<void> check_unique_keys(const YAML::Node& node, const std::string& key = "");
+
 // Fails on any key of map `node` that is not in `known` (catches typos).
 ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,
                               std::initializer_list<std::string_view> known);

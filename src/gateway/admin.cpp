@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
+#include <boost/url/pct_string_view.hpp>
 
 #include "auth/authenticator.hpp"
 #include "auth/redis_keys.hpp"
@@ -147,7 +148,15 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
   std::string out;
   constexpr std::string_view prefix = "/v1/models/";
   if (path.starts_with(prefix)) {
-    const std::string_view id = path.substr(prefix.size());
+    // The id is a path segment, percent-decoded (RFC 3986 §2.1): the OpenAI SDK sends
+    // "meta-llama/Llama-3.1-8B" as "meta-llama%2FLlama-3.1-8B". An invalid escape is taken as written.
+    std::string decoded;
+    std::string_view id = path.substr(prefix.size());
+    if (id.find('%') != std::string_view::npos)
+      if (auto pct = boost::urls::make_pct_string_view(id); pct) {
+        decoded = pct->decode();
+        id = decoded;
+      }
     for (const auto& m : cfg.models) {
       if (!visible(m)) continue;
       if (m.name == id) {

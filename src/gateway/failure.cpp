@@ -152,6 +152,13 @@ core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view en
                                         core::utf8_prefix(encoding, 64))));
 }
 
+core::Error upstream_untranslatable(const UpstreamSubject& who, std::string_view expected) {
+  auto e =
+      core::upstream_unavailable(upstream_message(who, fmt::format("answered with a body that is not {}", expected)));
+  e.code = "upstream_invalid_response";
+  return e;
+}
+
 core::Error drain_cut() {
   auto e = core::unavailable("Weir shut down (server.drain_timeout passed) before this request finished; retry it.", 1);
   e.code = "drain_timeout";

@@ -64,6 +64,9 @@ core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_m
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
 // A body in a Content-Encoding Weir cannot decode for a client that does not accept it (502).
 core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding);
+// A 2xx body a translated route cannot read as `expected` ("a chat completion",
+// "an Anthropic message"): 502 upstream_invalid_response.
+core::Error upstream_untranslatable(const UpstreamSubject& who, std::string_view expected);
 
 // Why a client is gone: it closed or reset (client_closed_request), it
 // stopped reading and passed server.max_stream_buffer (slow_client), or one

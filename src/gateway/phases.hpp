@@ -120,7 +120,8 @@ class GatewayPhases final : public Phases {
   void leave_queue(RequestContext& ctx);
   // Before relaying: arms ctx.cutoff_watch at the stream's first-token
   // timeout or the request's deadline, whichever comes first. True when armed.
-  bool arm_cutoff(RequestContext& ctx);
+  // `deadline_only`: the deadline alone (a batch member: the batch keeps the pool's timeouts).
+  bool arm_cutoff(RequestContext& ctx, bool deadline_only = false);
   // The cutoff fired: cancels the response source when the first token is
   // late or the deadline passed (ctx.cutoff says which), else re-arms.
   void on_cutoff(RequestContext& ctx);
@@ -138,8 +139,10 @@ class GatewayPhases final : public Phases {
   // batchable (api/openai/batch.hpp); returns false, having done nothing,
   // when it is not. Then the member is the response source.
   bool join_batch(RequestContext& ctx);
-  // A batch member's wait for its batch's response head, then its response.
+  // A batch member's wait for its batch's response head, then its response,
+  // within the request's deadline (x-weir-timeout-ms) as an unbatched one.
   core::Task<Outcome> proxy_batched(RequestContext& ctx);
+  core::Task<Outcome> batched_attempt(RequestContext& ctx);
   // The response from ctx.source: a stream or a buffered body.
   core::Task<Outcome> relay(RequestContext& ctx, const http::ResponseSource& src);
   // Resume mid-stream (pools.X.resume, docs/upstreams.md#resume-mid-stream).
@@ -253,6 +256,9 @@ class GatewayPhases final : public Phases {
   std::string_view upstream_host(const RequestContext& ctx) const;
   // weir_upstream_failures_total for the request's current endpoint.
   void count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f);
+  // A 2xx answer a translated route cannot read as `expected`: counted as an
+  // invalid response, then Weir's own 502 (upstream_untranslatable), with no usage.
+  Outcome untranslatable(RequestContext& ctx, std::string_view expected);
   // The access-log line (when the access log is on) and the request-log
   // store's record (request_log:), one formatting for both.
   void write_access_log(RequestContext& ctx, core::TimePoint end);

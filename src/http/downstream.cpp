@@ -184,6 +184,8 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       // answered, then the connection closes (the bytes after it are no request).
       keep_alive_ = false;
       failure_ = failure_of(p);
+      // A valid target names the route, whose shape the error then takes (gateway read phase).
+      if (p != HeadProblem::bad_target) target_ = origin_form(req.target(), target_buf_);
       co_return Head::failed;
     }
     target_ = origin_form(req.target(), target_buf_);

@@ -108,7 +108,8 @@ class Downstream {
   // The request-target in origin-form ("/p?q", RFC 9112 §3.2.1): an
   // absolute-form target ("http://h/p?q", §3.2.2) without its scheme and
   // authority. Valid from a read_head() that returned Head::request until the next
-  // (or release_request()).
+  // (or release_request()); after a Head::failed one, set when the head was
+  // read whole and refused for its framing, Host or Expect (else empty).
   std::string_view target() const { return target_; }
   // The request's body; complete once body_complete() (else after read_body()).
   // After release_request(): empty.

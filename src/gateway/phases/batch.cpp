@@ -72,6 +72,19 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
 }
 
 core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
+  // The deadline cancels the member wherever it is (in the window, waiting
+  // for the head, relaying): it leaves the batch, the others go on.
+  ctx.source = member_.get();
+  const bool cutoff = arm_cutoff(ctx, true);
+  Outcome o = co_await batched_attempt(ctx);
+  if (cutoff) {
+    if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it
+    o = after_cutoff(ctx, std::move(o));
+  }
+  co_return o;
+}
+
+core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   batching::BatchMember& m = *member_;
   ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
   const bool ok = co_await m.wait_head();

@@ -107,19 +107,16 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   auto r = ctx.gen->routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
   ctx.target = *r;
-  if (!ctx.target.fallbacks.empty()) {
-    // x-weir-fallbacks: N (0..) caps the chain for this request; "none" is 0.
-    const std::string_view h = http::first_field(down_.request(), "x-weir-fallbacks");
-    if (!h.empty()) {
-      unsigned n = 0;
-      const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), n);
-      if (h == "none")
-        n = 0;
-      else if (ec != std::errc() || p != h.data() + h.size())
-        return Outcome::failed(
-            core::bad_request("x-weir-fallbacks must be a number of fallbacks (0, 1, ...) or none."));
-      ctx.fallback_limit = static_cast<std::uint8_t>(std::min(n, 255u));
-    }
+  // x-weir-fallbacks: N (0..) caps the chain for this request; "none" is 0.
+  // Checked on every model, so a client's typo is a 400 before it matters.
+  if (const std::string_view h = http::first_field(down_.request(), "x-weir-fallbacks"); !h.empty()) {
+    unsigned n = 0;
+    const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), n);
+    if (h == "none")
+      n = 0;
+    else if (ec != std::errc() || p != h.data() + h.size())
+      return Outcome::failed(core::bad_request("x-weir-fallbacks must be a number of fallbacks (0, 1, ...) or none."));
+    ctx.fallback_limit = static_cast<std::uint8_t>(std::min(n, 255u));
   }
   ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
                                                              : ctx.gen->labels().model_slot[r->model_index];

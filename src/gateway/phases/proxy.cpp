@@ -325,11 +325,12 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
   co_return shed(ShedReason::queue_timeout);
 }
 
-bool GatewayPhases::arm_cutoff(RequestContext& ctx) {
+bool GatewayPhases::arm_cutoff(RequestContext& ctx, bool deadline_only) {
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   ctx.cutoff = RequestContext::Cutoff::none;
-  ctx.first_token_by = ctx.stream && pc.timeouts.first_token.count() > 0 ? ctx.t_upstream_sent + pc.timeouts.first_token
-                                                                         : core::TimePoint{};
+  ctx.first_token_by = !deadline_only && ctx.stream && pc.timeouts.first_token.count() > 0
+                           ? ctx.t_upstream_sent + pc.timeouts.first_token
+                           : core::TimePoint{};
   if (ctx.first_token_by == core::TimePoint{} && ctx.deadline == core::TimePoint{}) return false;
   if (!ctx.cutoff_watch) ctx.cutoff_watch.emplace(w_.io().get_executor(), [this, &ctx] { on_cutoff(ctx); });
   auto at = ctx.first_token_by;

@@ -18,13 +18,20 @@ namespace bh = boost::beast::http;
 core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   ctx.gen = w_.generation();  // the configuration this request runs on, to its end
   ctx.model_slot = MetricsShard::no_model();
-  if (ctx.read_failure != http::ReadFailure::none) {
-    // The head is unusable: never an empty id in the log or the reply.
+  const auto& req = down_.request();
+  // A head refused for its framing, Host or Expect was read whole: its route
+  // is known, so the error takes the route's shape (Anthropic's on
+  // /v1/messages) and the log names the request. Any other failure leaves
+  // no usable head: never an empty id in the log or the reply.
+  const bool head_read =
+      ctx.read_failure == http::ReadFailure::none || ctx.read_failure == http::ReadFailure::bad_framing ||
+      ctx.read_failure == http::ReadFailure::unsupported_coding ||
+      ctx.read_failure == http::ReadFailure::unsupported_expectation || ctx.read_failure == http::ReadFailure::bad_host;
+  if (!head_read) {
     ctx.method = "-";
     w_.next_request_id(ctx.request_id);
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
-  const auto& req = down_.request();
   const std::string_view path = path_of(down_.target());  // origin-form: no client-chosen authority
   ctx.route = classify_path(path);
   ctx.method.assign(req.method_string());
@@ -33,6 +40,8 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     ctx.request_id.assign(id);
   else
     w_.next_request_id(ctx.request_id);
+  if (ctx.read_failure != http::ReadFailure::none)
+    co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   if (w_.tracer() && traced(ctx.route)) begin_trace(ctx);
 
   // Unknown routes and wrong methods are answered without reading the body:

@@ -27,6 +27,12 @@ namespace weir::gateway {
 
 namespace bh = boost::beast::http;
 
+Outcome GatewayPhases::untranslatable(RequestContext& ctx, std::string_view expected) {
+  count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+  ctx.has_usage = false;
+  return Outcome::failed(upstream_untranslatable(subject(ctx), expected));
+}
+
 core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const auto& sc = ctx.gen->config().server;
   http::ResponseSource& src = *ctx.source;
@@ -130,26 +136,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       ok = api::anthropic::message_to_chat(plain, static_cast<std::int64_t>(std::time(nullptr)), chat);
     else
       api::anthropic::append_openai_error(chat, status, plain);
-    if (!ok) {
-      ctx.status = 502;
-      ctx.has_error = true;
-      ctx.error_source = core::ErrorSource::upstream;
-      ctx.error_code = "upstream_invalid_response";
-      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
-    }
+    if (!ok) co_return untranslatable(ctx, "an Anthropic message");
     from = chat;
     out = chat;
     drop_encoding = encoded;
   }
   const bool responses = is_responses(ctx.route) && ctx.status >= 200 && ctx.status < 300 && status != 204;
   if (responses) {
-    if (!api::responses::translate_response(from, ctx.responses_echo(), translated)) {
-      ctx.status = 502;
-      ctx.has_error = true;
-      ctx.error_source = core::ErrorSource::upstream;
-      ctx.error_code = "upstream_invalid_response";
-      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
-    }
+    if (!api::responses::translate_response(from, ctx.responses_echo(), translated))
+      co_return untranslatable(ctx, "a chat completion");
     out = translated;
     drop_encoding = encoded;
   }
@@ -169,13 +164,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       ok = api::anthropic::translate_message(plain, translated);
     else
       ok = api::anthropic::translate_count(plain, translated);
-    if (!ok) {
-      ctx.status = 502;
-      ctx.has_error = true;
-      ctx.error_source = core::ErrorSource::upstream;
-      ctx.error_code = "upstream_invalid_response";
-      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
-    }
+    if (!ok) co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "a chat completion" : "a token count");
     out = translated;
     drop_encoding = encoded;
   }
