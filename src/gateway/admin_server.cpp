@@ -283,26 +283,14 @@ core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_v
   co_return co_await (*m.handler)(req);
 }
 
-core::Task<void> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> policy) {
-  co_await on_every_worker([policy](Worker& w) {
-    if (auto* a = w.authenticator()) a->set_policy(policy);
-  });
-}
+struct AdminServer::WorkerGather {
+  WorkerGather(core::Executor ex, std::size_t n) : remaining(n), timer(ex) {}
+  std::size_t remaining;
+  core::Timer timer;
+};
 
-core::Task<void> AdminServer::forget_redis_keys() {
-  co_await on_every_worker([](Worker& w) {
-    if (auto* a = w.authenticator()) a->forget_redis_keys();
-  });
-}
-
-core::Task<void> AdminServer::on_every_worker(std::function<void(Worker&)> fn) {
-  struct Gather {
-    explicit Gather(core::Executor ex, std::size_t n) : remaining(n), timer(ex) {}
-    std::size_t remaining;
-    core::Timer timer;
-  };
-  auto g = std::make_shared<Gather>(control_.get_executor(), shared_.workers.size());
-  if (g->remaining == 0) co_return;
+std::shared_ptr<AdminServer::WorkerGather> AdminServer::post_to_every_worker(std::function<void(Worker&)> fn) {
+  auto g = std::make_shared<WorkerGather>(control_.get_executor(), shared_.workers.size());
   for (Worker* w : shared_.workers) {
     asio::post(w->io(), [w, g, fn, this] {
       fn(*w);  // on w's own thread
@@ -312,7 +300,26 @@ core::Task<void> AdminServer::on_every_worker(std::function<void(Worker&)> fn) {
     });
   }
   g->timer.expires_after(std::chrono::seconds(2));
+  return g;
+}
+
+core::Task<void> AdminServer::wait_for_workers(std::shared_ptr<WorkerGather> g) {
+  if (g->remaining == 0) co_return;
   co_await g->timer.async_wait(core::use_task);
+}
+
+core::Task<void> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> policy) {
+  auto g = post_to_every_worker([policy](Worker& w) {
+    if (auto* a = w.authenticator()) a->set_policy(policy);
+  });
+  co_await wait_for_workers(std::move(g));
+}
+
+core::Task<void> AdminServer::forget_redis_keys() {
+  auto g = post_to_every_worker([](Worker& w) {
+    if (auto* a = w.authenticator()) a->forget_redis_keys();
+  });
+  co_await wait_for_workers(std::move(g));
 }
 
 core::Task<AdminResponse> AdminServer::metrics(AdminRequest&) {

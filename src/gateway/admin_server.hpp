@@ -159,8 +159,13 @@ class AdminServer {
   // Drops every worker's cached Redis key lookups (Authenticator::forget_redis_keys)
   // and waits (at most 2 s) until each has: a key changed here takes effect here before the answer.
   core::Task<void> forget_redis_keys();
-  // Runs `fn` on every worker's thread; returns once each has run it, or after 2 s.
-  core::Task<void> on_every_worker(std::function<void(Worker&)> fn);
+  // Posts `fn` to every worker's thread; the returned gathering's timer is
+  // cancelled once each has run it and expires after 2 s (co_await it). A
+  // plain function, not a coroutine: GCC 12 mishandles a std::function (or a
+  // temporary one) handed to a coroutine.
+  struct WorkerGather;
+  std::shared_ptr<WorkerGather> post_to_every_worker(std::function<void(Worker&)> fn);
+  core::Task<void> wait_for_workers(std::shared_ptr<WorkerGather> g);
 
   core::Task<AdminResponse> list_keys(AdminRequest& r);
   core::Task<AdminResponse> create_key(AdminRequest& r);
