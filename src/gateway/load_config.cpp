@@ -48,7 +48,7 @@ void check_allow_list(LoadedConfig& out, const YAML::Node& models, const std::st
     return;
   }
   auto one = [&](const YAML::Node& n, const std::string& k) {
-    const std::string entry = n.Scalar();
+    const std::string& entry = n.Scalar();
     if (entry == "*" || out.config.default_pool) return;  // with a default_pool any model name is served
     const Match m = match_models(out.config, entry, true);
     if (m.served) return;
