@@ -111,6 +111,11 @@ class Downstream {
   // (or release_request()); after a Head::failed one, set when the head was
   // read whole and refused for its framing, Host or Expect (else empty).
   std::string_view target() const { return target_; }
+  // Whether the last read_head() read a head whole with a usable target
+  // (target() non-empty): the request then has a route, method and id to
+  // answer and log with, refused or not. False after a malformed, oversized,
+  // timed-out or bad-target head.
+  bool head_read() const noexcept { return !target_.empty(); }
   // The request's body; complete once body_complete() (else after read_body()).
   // After release_request(): empty.
   std::string& body() { return parser_ ? parser_->get().body() : body_store_; }

@@ -145,6 +145,22 @@ def test_head_errors_on_the_anthropic_route_have_anthropics_shape(gw, headers, s
     assert len(mine) == 1 and mine[0]["path"] == "/v1/messages" and mine[0]["method"] == "POST", mine
 
 
+@pytest.mark.parametrize("head", [
+    b"Host: x\r\nTransfer-Encoding: chunked, chunked\r\n",  # refused for its framing
+    b"Content-Length: 0\r\n",                                # refused for its Host (none)
+], ids=["framing", "host"])
+def test_a_refused_head_with_a_bad_target_is_logged_as_a_head_without_one(gw, head):
+    # Framing and Host are checked before the target, so these heads are refused for them; their
+    # target names no route, so each is answered and logged like a head without a usable target
+    # (method "-", an id of Weir's), never with an empty path and the client's method and id.
+    rid = b"bad-both-" + head[:4]
+    r = roundtrip(gw.port, b"POST v1/messages HTTP/1.1\r\nx-request-id: " + rid + b"\r\n" + head + b"\r\n0\r\n\r\n")
+    assert_openai_error(r, 400)
+    entries = gw.wait_log(lambda es: any(e.get("status") == 400 and e.get("method") == "-" for e in es))
+    assert not [e for e in entries if e.get("request_id") == rid.decode()], entries
+    assert not [e for e in entries if e.get("method") == "POST" and not e.get("path")], entries
+
+
 def test_a_bad_x_weir_fallbacks_is_a_400_on_every_model(gw):
     for v in ("zz", "-1", "1,2"):
         r = httpx.post(gw.v1 + "/chat/completions", headers={"x-weir-fallbacks": v}, timeout=10,

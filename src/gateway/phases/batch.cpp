@@ -74,8 +74,7 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
 core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   // The deadline cancels the member wherever it is (in the window, waiting
   // for the head, relaying): it leaves the batch, the others go on.
-  ctx.source = member_.get();
-  const bool cutoff = arm_cutoff(ctx, true);
+  const bool cutoff = arm_cutoff(ctx, true);  // batched_attempt() sets ctx.source before it first waits
   Outcome o = co_await batched_attempt(ctx);
   if (cutoff) {
     if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it

@@ -23,10 +23,7 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   // is known, so the error takes the route's shape (Anthropic's on
   // /v1/messages) and the log names the request. Any other failure leaves
   // no usable head: never an empty id in the log or the reply.
-  const bool head_read =
-      ctx.read_failure == http::ReadFailure::none || ctx.read_failure == http::ReadFailure::bad_framing ||
-      ctx.read_failure == http::ReadFailure::unsupported_coding ||
-      ctx.read_failure == http::ReadFailure::unsupported_expectation || ctx.read_failure == http::ReadFailure::bad_host;
+  const bool head_read = down_.head_read();
   if (!head_read) {
     ctx.method = "-";
     w_.next_request_id(ctx.request_id);
