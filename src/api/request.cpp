@@ -28,12 +28,21 @@ struct Shape {
   bool b = false;
   std::int64_t i = 0;
   std::uint64_t u = 0;
+  double d = 0;
   bool present() const { return type != Type::absent && type != Type::null; }
 };
 
+// A count the request sets (max_tokens, n): a positive integer, as vLLM's
+// pydantic models take one, a number without a fraction (2.0) too. It
+// passes to the upstream as written; Weir's estimate takes it up to
+// 2^32 − 1 (a larger one is the upstream's to refuse: vLLM names the
+// context length).
 tl::expected<std::uint32_t, core::Error> positive_int(const Shape& v, std::string_view name) {
-  if (v.type == Shape::Type::int64 && v.i >= 1 && v.i <= 0xffffffffLL) return static_cast<std::uint32_t>(v.i);
-  if (v.type == Shape::Type::uint64 && v.u >= 1 && v.u <= 0xffffffffULL) return static_cast<std::uint32_t>(v.u);
+  constexpr std::uint32_t kMax = 0xffffffffU;
+  if (v.type == Shape::Type::int64 && v.i >= 1) return static_cast<std::uint32_t>(std::min<std::int64_t>(v.i, kMax));
+  if (v.type == Shape::Type::uint64 && v.u >= 1) return static_cast<std::uint32_t>(std::min<std::uint64_t>(v.u, kMax));
+  if (v.type == Shape::Type::dbl && v.d >= 1 && std::isfinite(v.d) && v.d == std::floor(v.d))
+    return v.d >= static_cast<double>(kMax) ? kMax : static_cast<std::uint32_t>(v.d);
   return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
 }
 
@@ -148,8 +157,8 @@ class FieldsHandler {
     scalar(next_role(), Shape{.type = Shape::Type::uint64, .u = v}, 0);
     return true;
   }
-  bool on_double(double, json::string_view, boost::system::error_code&) {
-    scalar(next_role(), Shape{.type = Shape::Type::dbl}, 0);
+  bool on_double(double d, json::string_view, boost::system::error_code&) {
+    scalar(next_role(), Shape{.type = Shape::Type::dbl, .d = d}, 0);
     return true;
   }
   bool on_bool(bool v, boost::system::error_code&) {

@@ -15,7 +15,12 @@ namespace weir::core {
 namespace {
 
 ConfigResult<void> parse_metrics(const YAML::Node& n, MetricsConfig& m) {
-  WEIR_TRY_VOID(check_keys(n, "server.metrics", {"tenant_label", "max_tenants", "key_id_label", "max_key_ids"}));
+  WEIR_TRY_VOID(
+      check_keys(n, "server.metrics", {"tenant_label", "max_tenants", "key_id_label", "max_key_ids", "client_port"}));
+  if (auto v = n["client_port"]) {
+    WEIR_TRY(b, read_bool(v, "server.metrics.client_port"));
+    m.client_port = b;
+  }
   if (auto v = n["tenant_label"]) {
     WEIR_TRY(b, read_bool(v, "server.metrics.tenant_label"));
     m.tenant_label = b;
@@ -39,8 +44,8 @@ ConfigResult<void> parse_metrics(const YAML::Node& n, MetricsConfig& m) {
 ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   WEIR_TRY_VOID(check_keys(n, "server",
                            {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout",
-                            "write_timeout", "max_stream_buffer", "max_response", "drain_timeout", "access_log",
-                            "reuse_port", "metrics", "ready_pools", "watch_config"}));
+                            "write_timeout", "max_stream_buffer", "max_response", "max_event", "drain_timeout",
+                            "access_log", "reuse_port", "metrics", "ready_pools", "watch_config"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     s.max_body_bytes = b;
@@ -71,6 +76,12 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   if (auto v = n["max_response"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_response"));
     s.max_response_bytes = b;
+  }
+  if (auto v = n["max_event"]) {
+    WEIR_TRY(b, read_bytes(v, "server.max_event"));
+    if (b < 4096 || b > (1ULL << 30))
+      return tl::unexpected(config_error(v, "server.max_event", "must be between 4KiB and 1GiB"));
+    s.max_event_bytes = b;
   }
   if (auto v = n["access_log"]) {
     WEIR_TRY(str, read_string(v, "server.access_log"));

@@ -32,7 +32,8 @@ struct MetricsConfig {
   std::uint32_t max_tenants = 100;  // tenants with a label value of their own (in name order); the rest: "other"
   bool key_id_label = false;        // a `key_id` label for API-key requests
   std::uint32_t max_key_ids =
-      100;  // configured keys with their own value (config order); the rest, and Redis keys: "other"
+      100;                  // configured keys with their own value (config order); the rest, and Redis keys: "other"
+  bool client_port = true;  // GET /metrics on the client port too (always on the admin listener)
 };
 
 // Downstream (client-facing) limits and timeouts.
@@ -47,6 +48,7 @@ struct ServerConfig {
   Millis write_timeout{30'000};                      // one write to the client may take this long
   std::uint64_t max_stream_buffer_bytes = 1u << 20;  // per-stream output backlog before cut-off
   std::uint64_t max_response_bytes = 256u << 20;     // buffered non-streaming upstream body
+  std::uint64_t max_event_bytes = 4u << 20;          // one SSE event of an upstream's stream
   Millis drain_timeout{30'000};                      // SIGTERM: streams may finish this long
   std::string access_log = "-";                      // "-" stdout, "off", or a file path
   bool reuse_port = false;                           // start even if another process listens on `listen`, sharing it

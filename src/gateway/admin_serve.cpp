@@ -13,9 +13,14 @@
 #include <boost/beast/core/basic_stream.hpp>
 #include <boost/beast/http.hpp>
 
+#include "core/access_log.hpp"
+#include "core/json_text.hpp"
+#include "core/text_writer.hpp"
+#include "core/time.hpp"
 #include "gateway/admin.hpp"
 #include "gateway/console_assets.hpp"
 #include "gateway/key_store.hpp"
+#include "gateway/worker.hpp"
 #include "http/request_check.hpp"
 
 namespace weir::gateway {
@@ -53,6 +58,32 @@ core::Task<void> linger(Stream& stream) {
 
 }  // namespace
 
+void AdminServer::log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0,
+                              std::size_t bytes_in, std::size_t bytes_out) const {
+  // A scrape is not logged, as on the client port.
+  if (!shared_.log_sink || !shared_.log_sink->enabled() || path == "/metrics") return;
+  std::string line;
+  {
+    core::TextWriter w(line, 256);
+    w.put(R"({"ts":")");
+    core::put_rfc3339(w, std::chrono::system_clock::now());
+    w.put(R"(","listener":"admin","method":)");
+    w.put_json_string(core::utf8_prefix(method, 16));
+    w.put(R"(,"path":)");
+    w.put_json_string(core::utf8_prefix(path, core::kMaxEchoBytes));
+    w.put(R"(,"status":)");
+    w.put_int(status);
+    w.put(R"(,"duration_ms":)");
+    w.put_scaled(core::micros_between(t0, core::now()), 3);
+    w.put(R"(,"bytes_in":)");
+    w.put_uint(bytes_in);
+    w.put(R"(,"bytes_out":)");
+    w.put_uint(bytes_out);
+    w.put("}\n");
+  }
+  shared_.log_sink->write_lines(line);
+}
+
 core::Task<void> AdminServer::serve(http::Socket sock) {
   beast::basic_stream<asio::ip::tcp, core::Executor> stream(std::move(sock));
   // Bounded: a head is parsed whole within kMaxHeader, a body piece by
@@ -81,6 +112,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     stream.expires_after(buf.size() ? kRequestTimeout : kIdleTimeout);
     auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
     if (ec && (ec == bh::error::end_of_stream || ec == beast::error::timeout || !parser.got_some())) co_return;
+    const auto t0 = core::now();
     // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
     // target form, Expect): refused before the body is read, as on the client listener.
     http::HeadProblem problem = http::HeadProblem::none;
@@ -160,6 +192,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       res.prepare_payload();
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
+      log_request(ec ? std::string_view("-") : req.method, req.path, wec ? 499 : e.status, t0, 0, res.body().size());
       if (wec) co_return;
       co_await linger(stream);
       co_return;
@@ -206,7 +239,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       res.prepare_payload();
     }
     stream.expires_after(kRequestTimeout);
+    const std::size_t bytes_out = res.body().size();
     auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
+    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), bytes_out);
     if (wec) co_return;
     if (refused) co_await linger(stream);
     if (!keep) co_return;

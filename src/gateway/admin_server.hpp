@@ -23,6 +23,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "core/async.hpp"
+#include "core/time.hpp"
 #include "gateway/admin_config.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/redis_key_admin.hpp"
@@ -146,6 +147,12 @@ class AdminServer {
   // target, Expect), "100 Continue" once a head that expects it passes
   // refuse_before_body(), the body within 1 MiB, dispatch(), the answer.
   core::Task<void> serve(http::Socket sock);
+  // One access-log line per admin request (the shared sink, when it is on):
+  // {"ts", "listener":"admin", "method", "path" (no query), "status",
+  // "duration_ms", "bytes_in", "bytes_out"}; never a credential. /metrics
+  // scrapes are not logged.
+  void log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0, std::size_t bytes_in,
+                   std::size_t bytes_out) const;
   core::Task<AdminResponse> dispatch(AdminRequest& req, std::string_view authorization);
   // What refuses `req` on its head alone, console files aside (they need no
   // token): a missing or wrong admin token (401) on any path but /metrics

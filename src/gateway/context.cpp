@@ -34,7 +34,7 @@ void RequestContext::reset() {
   retries = 0;
   fallback_step = 0;
   fallback_limit = 0xff;
-  hold_head = fail_over = false;
+  hold_head = fail_over = error_relayed = false;
   backoff = nullptr;
   deadline = {};
   deadline_ms = 0;

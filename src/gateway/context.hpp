@@ -118,6 +118,7 @@ struct RequestContext {
   std::uint8_t fallback_limit = 0xff;
   bool hold_head = false;          // a stream whose head waits for its first content event (a fallback remains)
   bool fail_over = false;          // that stream failed before it: the proxy goes on to the next target
+  bool error_relayed = false;      // the upstream's in-band error event reached the client: fail() adds only the end
   core::Timer* backoff = nullptr;  // the retry backoff or queue wait being waited, cancelled when the client leaves
   // Reliability (docs/reliability.md): the request's own deadline
   // (x-weir-timeout-ms; none = {}), its place in a pool's queue, and the verdict on a stream's answer that waits for

@@ -92,6 +92,15 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
   }
 }
 
+core::Error upstream_error_event(const UpstreamSubject& who) {
+  return core::upstream_unavailable(upstream_message(who, "sent an error event in its stream"));
+}
+
+core::Error upstream_event_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes) {
+  return core::upstream_unavailable(
+      upstream_message(who, fmt::format("sent a stream event over {} bytes (server.max_event)", limit_bytes)));
+}
+
 core::Error upstream_stream_incomplete(const UpstreamSubject& who) {
   return core::upstream_unavailable(upstream_message(who, "ended the stream before it was complete"));
 }

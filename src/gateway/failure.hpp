@@ -44,6 +44,14 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
 // (model `M`) ended the stream before it was complete (request R)." Its
 // failure kind is http::UpstreamFailure::protocol.
 core::Error upstream_stream_incomplete(const UpstreamSubject& who);
+// A stream that carried the upstream's in-band error event (vLLM's
+// `data: {"error": …}`, or a chunk that was no JSON object): 502
+// upstream_unavailable, "Upstream pool `P` (model `M`) sent an error event in
+// its stream (request R)." Its failure kind is http::UpstreamFailure::protocol.
+core::Error upstream_error_event(const UpstreamSubject& who);
+// A stream with an event larger than server.max_event (`limit_bytes`): 502
+// upstream_unavailable, "… sent a stream event over N bytes (server.max_event)".
+core::Error upstream_event_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
 // The last upstream of a pool answered `status` (408/429/502/503/504/529) and
 // the request went on to a fallback that could not be reached either (502).
 core::Error upstream_status_error(int status, const UpstreamSubject& who);

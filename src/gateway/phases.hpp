@@ -212,10 +212,17 @@ class GatewayPhases final : public Phases {
     core::Histogram* itl = nullptr;       // the model's inter-token latency
     core::TimePoint last_event{};         // the previous data event relayed (none yet: epoch)
     http::UpstreamFailure failure = http::UpstreamFailure::none;
-    bool holding = false;    // the head waits for the first content event
-    bool first_read = true;  // no read's events sent yet
-    bool cut_off = false;    // the client did not keep up (server.max_stream_buffer)
+    bool holding = false;          // the head waits for the first content event
+    bool first_read = true;        // no read's events sent yet
+    bool cut_off = false;          // the client did not keep up (server.max_stream_buffer)
+    bool error_relayed = false;    // the upstream's in-band error event went into this read's events
+    bool event_too_large = false;  // an upstream event passed server.max_event
   };
+  // The error a stream that broke ends with (before its head went out, or after: `mid_stream`).
+  core::Error stream_failure(const RequestContext& ctx, const StreamRelay& s, http::UpstreamFailure failure,
+                             bool incomplete, bool mid_stream) const;
+  // The stream ends at the upstream's in-band error event, which the client has (relay_read).
+  static void error_relayed(StreamRelay& s);
   // Counts the stream and sends the client's head unless it is held.
   StreamRelay begin_stream(RequestContext& ctx);
   // A read respond_stream does not step through: s.src's own read(), or

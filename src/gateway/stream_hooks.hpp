@@ -197,6 +197,32 @@ class StreamHooks {
                                                             : api::openai::classify_chunk(ev.data);
   }
 
+  // Whether the upstream event is an error in place of tokens or after
+  // them: vLLM's and OpenAI's `data: {"error": …}` (older vLLM:
+  // `{"object": "error", …}`), Anthropic's `{"type": "error", …}`. A test
+  // of the event's first member, O(1) per event; only an event that begins
+  // like one is parsed.
+  bool error_event(const http::SseEvent& ev) const {
+    if (!ev.has_data || ev.is_done() || !api::openai::begins_like_error(ev.data)) return false;
+    return classify(ev) == api::openai::ChunkKind::error;
+  }
+
+  // A translated stream from an OpenAI upstream that its translator ended
+  // with an error event for the client (Anthropic's `event: error`,
+  // Responses' response.failed): the upstream's in-band error, or a chunk
+  // that was no JSON object.
+  bool translation_failed() const {
+    switch (mode_) {
+      case Mode::anthropic:
+        return tr_->anthropic.failed();
+      case Mode::responses:
+      case Mode::responses_from_anthropic:
+        return tr_->responses.failed();
+      default:
+        return false;
+    }
+  }
+
   // Called for every complete event, in order. Returns true when `ev.raw`
   // goes to the client unchanged, false when it is dropped. After `[DONE]`
   // the stream is over for the client (the OpenAI wire contract; the

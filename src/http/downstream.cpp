@@ -2,6 +2,7 @@
 
 #include <array>
 #include <charconv>
+#include <iterator>
 #include <memory>
 
 #include <boost/asio/write.hpp>
@@ -240,10 +241,23 @@ Task<bool> Downstream::read_body() {
   req.body().clear();
   // A small body usually came with the head: read_message parses it from in_
   // with no system call, and waits only for a part that is still missing.
+  // A chunked body may end with trailer fields, which Beast's parser adds
+  // to the head's: they are no part of it (RFC 9110 §6.5.1, RFC 9112
+  // §7.1.2: never merged into the header section), and are dropped, so no
+  // credential, encoding, deadline or forwarded field can arrive after the
+  // head was checked.
+  const bool chunked = parser_->chunked();
+  const auto head_fields = chunked ? std::distance(req.begin(), req.end()) : 0;
   if (!parser_->is_done()) watchdog_.expires_after(sc_.body_timeout);
   auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false);
   watchdog_.disarm();
-  if (!ec) co_return true;
+  if (!ec) {
+    if (chunked) {
+      auto it = std::next(req.begin(), head_fields);
+      while (it != req.end()) it = req.erase(it);
+    }
+    co_return true;
+  }
   keep_alive_ = false;
   failure_ec_ = ec;
   if (ec == bh::error::body_limit) {

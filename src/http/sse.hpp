@@ -101,6 +101,9 @@ class SseReader {
 
   // Forgets all state (for reuse on the next stream).
   void reset();
+  // Sets max_event_bytes for the next events (server.max_event), in bytes.
+  void set_max_event_bytes(std::size_t n) { max_event_bytes_ = n; }
+  std::size_t max_event_bytes() const { return max_event_bytes_; }
 
  private:
   std::size_t max_event_bytes_;

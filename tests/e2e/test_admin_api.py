@@ -637,3 +637,24 @@ def test_an_empty_models_list_and_the_implicit_anonymous_tenant_are_refused(mock
     # "anonymous" exists only for requests without credentials: no key may name it.
     r = admin("POST", "/admin/v1/keys", json={"tenant": "anonymous"})
     assert r.status_code == 404 and r.json()["error"]["code"] == "tenant_not_found", r.text
+
+
+def test_every_admin_request_has_one_access_log_line_without_its_credential(mock, weir):
+    # Wrong tokens (a brute force) and a key's creation are an operator's to see, as any request is.
+    m = mock(*MOCK_FLAGS)
+    w, admin = start(m, weir)
+    for i in range(3):
+        assert admin("GET", "/admin/v1/keys", token=f"wrong-token-{i}").status_code == 401
+    created = admin.create(tenant="acme", name="audited")
+    assert admin("GET", "/metrics", token=None).status_code == 200  # a scrape: not logged
+
+    def admin_lines(es):
+        return [e for e in es if e.get("listener") == "admin" and e.get("path", "").startswith("/admin/")]
+
+    entries = w.wait_log(lambda es: len(admin_lines(es)) >= 4, message="admin log lines")
+    lines = admin_lines(entries)
+    assert [(e["method"], e["status"]) for e in lines] == [("GET", 401)] * 3 + [("POST", 201)], lines
+    assert all(e["duration_ms"] >= 0 and e["bytes_out"] > 0 for e in lines), lines
+    assert not [e for e in entries if e.get("listener") == "admin" and e.get("path") == "/metrics"], entries
+    text = w.access_log_path.read_text()
+    assert "wrong-token" not in text and TOKEN not in text and created["key"] not in text

@@ -110,7 +110,7 @@ void StreamTranslator::fail(int status, std::string_view message, std::string& o
   begin_event(out, "error");
   append_error_json(out, status, message);
   out += "\n\n";
-  ended_ = true;
+  ended_ = failed_ = true;
 }
 
 void StreamTranslator::finish(std::string& out) {

@@ -38,6 +38,8 @@ class StreamTranslator {
 
   // message_stop or an error event went out: the stream is over for the client.
   bool ended() const { return ended_; }
+  // It ended with fail(): the upstream's error or a chunk that was no JSON object (or Weir's failure).
+  bool failed() const { return failed_; }
 
  private:
   enum class Block : std::uint8_t { none, text, thinking, tool };
@@ -50,6 +52,7 @@ class StreamTranslator {
 
   bool started_ = false;
   bool ended_ = false;
+  bool failed_ = false;
   bool finished_ = false;  // a finish_reason arrived
   bool has_usage_ = false;
   Block open_ = Block::none;

@@ -29,9 +29,11 @@ bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& 
 ChunkKind classify_chunk(std::string_view data) {
   boost::system::error_code ec;
   const boost::json::value v = boost::json::parse(data, ec);
-  if (ec || !v.is_object()) return ChunkKind::empty;
+  if (ec || !v.is_object()) return ChunkKind::error;  // an invalid stream
   const auto& o = v.get_object();
   if (o.contains("error")) return ChunkKind::error;
+  if (const auto* t = o.if_contains("object"); t && t->is_string() && t->get_string() == "error")
+    return ChunkKind::error;
   const auto* choices = o.if_contains("choices");
   if (!choices || !choices->is_array()) return ChunkKind::empty;
   auto non_empty_string = [](const boost::json::value* s) { return s && s->is_string() && !s->get_string().empty(); };
@@ -49,6 +51,28 @@ ChunkKind classify_chunk(std::string_view data) {
       return ChunkKind::content;
   }
   return ChunkKind::empty;
+}
+
+bool begins_like_error(std::string_view data) {
+  auto ws = [&](std::size_t i) {
+    while (i < data.size() && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r')) ++i;
+    return i;
+  };
+  auto at = [&](std::size_t i, std::string_view s) { return data.substr(i, s.size()) == s; };
+  std::size_t i = ws(0);
+  if (i >= data.size() || data[i] != '{') return false;
+  i = ws(i + 1);
+  if (at(i, "\"error\"")) return true;
+  std::size_t key = 0;
+  if (at(i, "\"object\""))
+    key = 8;
+  else if (at(i, "\"type\""))
+    key = 6;
+  else
+    return false;
+  i = ws(i + key);
+  if (i >= data.size() || data[i] != ':') return false;
+  return at(ws(i + 1), "\"error\"");
 }
 
 bool is_usage_only_chunk(std::string_view data) {

@@ -27,15 +27,20 @@ bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& 
 // counts are extract_usage's business, not this test's).
 bool is_usage_only_chunk(std::string_view data);
 
-// What one streamed chunk (an SSE event's data, not [DONE]) carries, for
-// holding a stream's head until its first content (a fallback is left):
+// What one streamed chunk (an SSE event's data, not [DONE]) carries:
 // `content` when a choice has text, a content/refusal/reasoning_content
 // delta, tool calls or a finish_reason; `error` for an in-band
-// `{"error": ...}` (vLLM's mid-stream error); `empty` otherwise (vLLM's
-// role-only first chunk, a usage-only chunk, anything unparsable). Parses
-// the chunk: used only on held streams, before their first content event.
+// `{"error": ...}` (vLLM's and OpenAI's stream error; vLLM before 0.6:
+// `"object": "error"`) and for data that is no JSON object (an invalid
+// stream); `empty` otherwise (vLLM's role-only first chunk, a usage-only
+// chunk). Parses the chunk: used on held streams before their first
+// content event, and on an event begins_like_error() picked out.
 enum class ChunkKind : std::uint8_t { empty, content, error };
 ChunkKind classify_chunk(std::string_view data);
+// True when `data`'s first member is "error", or "object" or "type" with the
+// value "error" (RFC 8259 whitespace allowed): the cheap test before
+// classify_chunk(), a few bytes per event.
+bool begins_like_error(std::string_view data);
 
 // The per-event usage hook: fixed state, no allocation per event.
 class UsageHook {

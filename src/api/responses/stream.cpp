@@ -194,7 +194,7 @@ void StreamTranslator::fail(int status, std::string_view message, std::string& o
   ResponseHead head{resp_id_, created_, model_, "failed", {}, message};
   append_response_json(out, head, items_, has_usage_ ? &usage_ : nullptr, echo_);
   out += kEnd;
-  ended_ = true;
+  ended_ = failed_ = true;
 }
 
 void StreamTranslator::finish(std::string& out) {

@@ -46,6 +46,8 @@ class StreamTranslator {
 
   // The terminal event went out: the stream is over for the client.
   bool ended() const { return ended_; }
+  // It ended with fail(): the upstream's error or a chunk that was no JSON object (or Weir's failure).
+  bool failed() const { return failed_; }
 
  private:
   void begin(std::string_view type, std::string& out);
@@ -58,6 +60,7 @@ class StreamTranslator {
 
   bool started_ = false;
   bool ended_ = false;
+  bool failed_ = false;
   bool finished_ = false;  // a finish_reason arrived
   bool open_ = false;      // items_.back() is open
   bool has_usage_ = false;

@@ -44,9 +44,12 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       if (!ctx.hooks.openai_client()) {
         ctx.hooks.fail(e.status, e.message, ctx.scratch);
       } else {
-        ctx.body.clear();
-        core::append_error_json(ctx.body, e);
-        http::append_sse_data(ctx.scratch, ctx.body);
+        // (Not when the upstream's own error event went out: only the end.)
+        if (!ctx.error_relayed) {
+          ctx.body.clear();
+          core::append_error_json(ctx.body, e);
+          http::append_sse_data(ctx.scratch, ctx.body);
+        }
         if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
       }
       if (ctx.capture) capture_response(ctx, ctx.scratch);

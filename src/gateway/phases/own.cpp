@@ -32,6 +32,11 @@ core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
     if (auto why = ready_problem(*ctx.gen->shared, false); !why.empty())
       co_return Outcome::failed(core::unavailable(std::move(why)));
     co_await send_own(ctx, {200, "application/json", R"({"status":"ready"})", {}});
+  } else if (ctx.route == RouteKind::metrics && !ctx.gen->config().server.metrics.client_port) {
+    // Served only on the admin listener (server.metrics.client_port: false): no such route here, and the
+    // request is logged as any unknown path is.
+    ctx.route = RouteKind::other;
+    co_return Outcome::failed(core::not_found(ctx.path));
   } else if (ctx.route == RouteKind::metrics) {
     std::string text;
     co_await collect_metrics_text(w_, text);

@@ -390,7 +390,10 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
   const auto now = core::now();
   // A resume's stream is judged at its own first event (the client's first token came long before).
   const bool first_token = ctx.resume.active ? ctx.hooks.data_events() > 0 : ctx.t_first_token != core::TimePoint{};
-  const bool failed = !first_token && o.is_failed() && o.error().source == core::ErrorSource::upstream;
+  // The upstream's in-band error event fails the answer wherever it comes: vLLM sends one for a fault of
+  // its own (the engine's), never for the client's request, which it refuses before the stream.
+  const bool failed =
+      (!first_token || ctx.error_relayed) && o.is_failed() && o.error().source == core::ErrorSource::upstream;
   if (first_token || o.is_responded() || failed) {
     if (pool.report_answer(ep, failed, now, ctx.trial)) ++w_.metrics().outlier_ejections;
   } else if (ctx.trial) {

@@ -111,6 +111,17 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       }
     }
   }
+  // A chat completion, completion or embedding list is a JSON object: a 2xx
+  // answer that begins otherwise (a load balancer's HTML page in front of
+  // vLLM) is no answer. It fails over while a fallback is left, else 502.
+  const bool json_route = ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+                          ctx.route == RouteKind::embeddings;
+  if (json_route && !anthropic_up && status >= 200 && status < 300 && !plain.empty() &&
+      plain[std::min(plain.find_first_not_of(" \t\r\n"), plain.size() - 1)] != '{') {
+    if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
+    ctx.fail_over = true;
+    co_return untranslatable(ctx, ctx.route == RouteKind::embeddings ? "an embedding list" : "a completion");
+  }
   if (status >= 200 && status < 300 && !plain.empty()) {
     // An Anthropic pool's message counts differently (cache reads and writes apart).
     if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain) : api::extract_usage(plain)) {

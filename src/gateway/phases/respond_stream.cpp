@@ -84,6 +84,7 @@ GatewayPhases::StreamRelay GatewayPhases::begin_stream(RequestContext& ctx) {
   ctx.body.clear();
 
   ctx.sse.reset();
+  ctx.sse.set_max_event_bytes(down_.config().max_event_bytes);
   reset_stream_hooks(ctx);
   s.into = w_.stream_body_buffer();
   s.events = &w_.stream_events();  // used only until a read's events are sent
@@ -91,6 +92,19 @@ GatewayPhases::StreamRelay GatewayPhases::begin_stream(RequestContext& ctx) {
   // (events of one read share its time), one bucket increment per event.
   s.itl = &metrics.itl(ctx.model_slot);
   return s;
+}
+
+core::Error GatewayPhases::stream_failure(const RequestContext& ctx, const StreamRelay& s,
+                                          http::UpstreamFailure failure, bool incomplete, bool mid_stream) const {
+  if (incomplete) return upstream_stream_incomplete(subject(ctx));
+  if (s.error_relayed) return upstream_error_event(subject(ctx));
+  if (s.event_too_large) return upstream_event_too_large(subject(ctx), ctx.sse.max_event_bytes());
+  return upstream_error(failure, subject(ctx), mid_stream);
+}
+
+void GatewayPhases::error_relayed(StreamRelay& s) {
+  s.failure = http::UpstreamFailure::protocol;
+  s.error_relayed = true;
 }
 
 bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::BodyRead& r) {
@@ -113,8 +127,18 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         if (c == api::openai::ChunkKind::error) s.failure = http::UpstreamFailure::protocol;
         if (c == api::openai::ChunkKind::content) s.holding = false;
       }
+      // The upstream's in-band error (vLLM's `data: {"error": …}`) in a
+      // stream that is not held: it reaches the client as it came (or
+      // translated), and the stream ends there, a failed answer: counted
+      // against the endpoint, logged, and no token (error_relayed).
+      const bool upstream_error = !s.holding && ctx.hooks.error_event(*ev);
       if (ctx.hooks.translating()) {
-        if (!ctx.hooks.translate(*ev, events)) continue;
+        const bool sent = ctx.hooks.translate(*ev, events);
+        if (!s.holding && (upstream_error || ctx.hooks.translation_failed())) {
+          error_relayed(s);
+          break;
+        }
+        if (!sent) continue;
         ++ctx.events;
         data_event(t_read);
         if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
@@ -125,6 +149,11 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         continue;
       }
       if (!ctx.hooks.on_event(*ev)) continue;
+      if (upstream_error) {
+        events += ev->raw;
+        error_relayed(s);
+        break;
+      }
       if (ev->has_data) {
         ++ctx.events;
         if (!ev->is_done()) data_event(t_read);
@@ -133,7 +162,10 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       events += ev->raw;
     }
     // (Garbage after [DONE] is not the client's: the stream was whole.)
-    if (ctx.sse.error() && !ctx.hooks.done_relayed()) s.failure = http::UpstreamFailure::protocol;
+    if (ctx.sse.error() && !ctx.hooks.done_relayed()) {
+      s.failure = http::UpstreamFailure::protocol;
+      s.event_too_large = true;
+    }
   }
   if (ctx.hold_head && !ctx.committed) {
     // (A body that ended without its [DONE] is no whole stream: it fails over below.)
@@ -237,13 +269,17 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       ctx.events = 0;  // none of them reached the client
       ctx.t_first_token = {};
       ctx.fail_over = true;
-      return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
-                                        : upstream_error(failure, subject(ctx), false));
+      return Outcome::failed(stream_failure(ctx, s, failure, incomplete, false));
     }
     // Headers are out: fail() ends the stream in-band, as vLLM does (or, with resume on, proxy() may continue it).
+    // The upstream's own error event already reached the client: fail() adds only the stream's end, and no resume
+    // mends a stream whose client saw it fail.
+    if (s.error_relayed) {
+      ctx.error_relayed = true;
+      return Outcome::failed(stream_failure(ctx, s, failure, incomplete, true));
+    }
     ctx.resume.wanted = ctx.resume.on;
-    return Outcome::failed(incomplete ? upstream_stream_incomplete(subject(ctx))
-                                      : upstream_error(failure, subject(ctx), true));
+    return Outcome::failed(stream_failure(ctx, s, failure, incomplete, true));
   }
   if (!ctx.committed) {  // a held stream that ended without a content event
     send_stream_head(ctx, src);

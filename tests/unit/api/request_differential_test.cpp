@@ -44,10 +44,16 @@ std::uint64_t ref_text_bytes(const json::value& v, int depth) {
 }
 
 tl::expected<std::uint32_t, core::Error> ref_positive_int(const json::value& v, std::string_view name) {
-  if (v.is_int64() && v.get_int64() >= 1 && v.get_int64() <= 0xffffffffLL)
-    return static_cast<std::uint32_t>(v.get_int64());
-  if (v.is_uint64() && v.get_uint64() >= 1 && v.get_uint64() <= 0xffffffffULL)
-    return static_cast<std::uint32_t>(v.get_uint64());
+  // An integral number of at least 1, taken up to 2^32 - 1 (api/request.cpp positive_int).
+  double x = 0;
+  if (v.is_int64())
+    x = static_cast<double>(v.get_int64());
+  else if (v.is_uint64())
+    x = static_cast<double>(v.get_uint64());
+  else if (v.is_double())
+    x = v.get_double();
+  if ((v.is_int64() || v.is_uint64() || v.is_double()) && x >= 1 && x == std::floor(x))
+    return x >= 4294967295.0 ? 4294967295U : static_cast<std::uint32_t>(x);
   return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
 }
 

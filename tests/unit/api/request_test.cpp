@@ -97,10 +97,19 @@ TEST(ApiParseRequest, MaxCompletionTokensTakesPrecedenceOverMaxTokens) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":100,"max_completion_tokens":null})").max_tokens, 100u);
   EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":null})").max_tokens, 0u);
   EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":4294967295})").max_tokens, 4294967295u);
+  // vLLM's pydantic models take a number without a fraction, and any size (vLLM then names the context length):
+  // Weir's estimate takes it up to 2^32 - 1.
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":2.0})").max_tokens, 2u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_completion_tokens":1e3})").max_tokens, 1000u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":4294967296})").max_tokens, 4294967295u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":99999999999})").max_tokens, 4294967295u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":18446744073709551616})").max_tokens, 4294967295u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":1e300})").max_tokens, 4294967295u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","n":3.0})").n, 3u);
 }
 
 TEST(ApiParseRequest, MaxTokensMustBeAPositiveInteger) {
-  for (std::string_view v : {"0", "-1", "1.5", "\"10\"", "true", "[]", "4294967296", "1e3"}) {
+  for (std::string_view v : {"0", "-1", "1.5", "\"10\"", "true", "[]", "-0.0", "0.5", "-1e300", "2.000001"}) {
     SCOPED_TRACE(v);
     EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_tokens":)") + std::string(v) + "}").param, "max_tokens");
     EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_completion_tokens":)") + std::string(v) + "}").param,

@@ -176,11 +176,18 @@ TEST(Config, ServerMetricsLabelsAndCaps) {
   EXPECT_EQ(c->server.metrics.max_tenants, 5u);
   EXPECT_TRUE(c->server.metrics.key_id_label);
   EXPECT_EQ(c->server.metrics.max_key_ids, 0u);
+  EXPECT_TRUE(c->server.metrics.client_port);  // the default
+  auto off =
+      parse_config("server: {metrics: {client_port: false}, max_event: 16MiB}\n" + std::string(pools), "weir.yaml");
+  ASSERT_TRUE(off) << off.error().to_string();
+  EXPECT_FALSE(off->server.metrics.client_port);
+  EXPECT_EQ(off->server.max_event_bytes, 16u << 20);
+  EXPECT_NE(error_of("server: {max_event: 1KiB}\n" + std::string(pools)).find("server.max_event"), std::string::npos);
   auto err = error_of("server: {metrics: {max_tenants: 100000}}\n" + std::string(pools));
   EXPECT_NE(err.find("server.metrics.max_tenants"), std::string::npos) << err;
   err = error_of("server: {metrics: {tenants: true}}\n" + std::string(pools));
   EXPECT_NE(err.find("server.metrics.tenants: unknown key (expected one of: tenant_label, max_tenants, key_id_label, "
-                     "max_key_ids)"),
+                     "max_key_ids, client_port)"),
             std::string::npos)
       << err;
 }
