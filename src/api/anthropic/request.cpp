@@ -99,7 +99,9 @@ tl::expected<void, core::Error> Translation::join_text(const json::value& v, std
 tl::expected<void, core::Error> Translation::system(const json::value& v) {
   json::string text(sp_);
   if (auto r = join_text(v, "system", text); !r) return r;
-  push("system", std::move(text));
+  // An empty system prompt ("" or []) is none: an explicit empty system
+  // message would replace a chat template's default one.
+  if (!text.empty()) push("system", std::move(text));
   return {};
 }
 
@@ -120,6 +122,8 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
   }
   if (!content->is_array())
     return invalid(fmt::format("{}.content: Input should be a string or a list of content blocks", where));
+  if (content->get_array().empty())
+    return invalid(fmt::format("{}.content: List should have at least 1 item", where), "messages");
   return *role == "user" ? user_turn(content->get_array(), where) : assistant_turn(content->get_array(), where);
 }
 
@@ -407,6 +411,8 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
       return invalid("thinking.type: Input should be 'enabled' or 'disabled'", "thinking");
     o["chat_template_kwargs"] = json::object({{"enable_thinking", type == "enabled"}}, sp);
   }
+  // Nothing to answer (Anthropic's API refuses it too): no generation from an empty prompt.
+  if (msgs->get_array().empty()) return invalid("messages: at least one message is required", "messages");
   serialize_into(o, out);
   wide.restore(out);
   return f;

@@ -148,7 +148,9 @@ bool translate_message(std::string_view body, std::string& out) {
   const std::string_view finish = string_at(*choice, "finish_reason");
   // vLLM's stop_reason: the matched stop string, a stop token id (a number), or null.
   const std::string_view matched = string_at(*choice, "stop_reason");
-  const std::string_view reason = tool_calls ? std::string_view("tool_use") : stop_reason(finish, matched);
+  // A tool call cut off by max_tokens ("length") is max_tokens, not tool_use: its input is incomplete.
+  const std::string_view reason =
+      tool_calls && finish != "length" ? std::string_view("tool_use") : stop_reason(finish, matched);
 
   json::object m(sp);
   m["id"] = id;

@@ -193,7 +193,9 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         finished_ = true;
         close(out);
         const std::string_view matched = string_at(choice, "stop_reason");
-        stop_reason_.assign(last_tool_ >= 0 ? std::string_view("tool_use") : stop_reason(finish, matched));
+        // A tool call cut off by max_tokens ("length") is max_tokens, not tool_use: its input is incomplete.
+        stop_reason_.assign(last_tool_ >= 0 && finish != "length" ? std::string_view("tool_use")
+                                                                  : stop_reason(finish, matched));
         if (stop_reason_ == "stop_sequence") stop_sequence_.assign(matched);
       }
     }

@@ -40,6 +40,19 @@ TEST(AnthropicRequest, MinimalRequest) {
   EXPECT_EQ(f.prompt_overhead_tokens, RequestFields::kChatTokensPerMessage);
 }
 
+TEST(AnthropicRequest, AnEmptyConversationIsRefusedAndAnEmptySystemIsNone) {
+  // Anthropic's API refuses both with a 400; translated, they would generate from an empty prompt.
+  EXPECT_EQ(failure(R"({"model":"m","max_tokens":4,"messages":[]})").param, "messages");
+  EXPECT_EQ(failure(R"({"model":"m","max_tokens":4,"messages":[{"role":"user","content":[]}]})").param, "messages");
+  // An empty system prompt sends no system message (a chat template keeps its default one).
+  for (std::string_view sys : {R"("")", "[]"}) {
+    SCOPED_TRACE(sys);
+    const auto v = upstream(std::string(R"({"model":"m","max_tokens":4,"system":)") + std::string(sys) +
+                            R"(,"messages":[{"role":"user","content":"Hi"}]})");
+    EXPECT_EQ(v.at("messages"), json::parse(R"([{"role":"user","content":"Hi"}])"));
+  }
+}
+
 TEST(AnthropicRequest, SamplingStopUserStreamAndThinking) {
   RequestFields f;
   const auto v = upstream(R"({"model":"m","max_tokens":5,"stream":true,"temperature":0.5,"top_p":0.9,"top_k":40,
@@ -109,7 +122,9 @@ TEST(AnthropicRequest, ToolsToolChoiceAndRoundTrip) {
 TEST(AnthropicRequest, ToolChoiceKinds) {
   for (auto [in, want] : {std::pair{R"({"type":"auto"})", R"("auto")"}, std::pair{R"({"type":"any"})", R"("required")"},
                           std::pair{R"({"type":"none"})", R"("none")"}}) {
-    const std::string body = std::string(R"({"model":"m","max_tokens":1,"messages":[],"tool_choice":)") + in + "}";
+    const std::string body =
+        std::string(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"}],"tool_choice":)") + in +
+        "}";
     EXPECT_EQ(upstream(body).at("tool_choice"), json::parse(want)) << in;
   }
 }

@@ -56,6 +56,11 @@ TEST(AnthropicResponse, StopReasons) {
   EXPECT_EQ(s.at("stop_reason"), "stop_sequence");
   EXPECT_EQ(s.at("stop_sequence"), "END");
   EXPECT_EQ(with("null", "null").at("stop_reason"), "end_turn");
+  // A tool call cut off by max_tokens: its input is incomplete, so max_tokens, not tool_use (Anthropic's reference).
+  const auto cut = message(R"({"id":"chatcmpl-1","model":"m","choices":[{"message":{"content":null,"tool_calls":[
+      {"id":"t1","type":"function","function":{"name":"f","arguments":"{\"city\": \"Par"}}]},
+      "finish_reason":"length","stop_reason":null}]})");
+  EXPECT_EQ(cut.at("stop_reason"), "max_tokens");
   // No usage: zeros rather than a missing member.
   EXPECT_EQ(s.at("usage").at("input_tokens"), 0);
 }

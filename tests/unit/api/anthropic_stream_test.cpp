@@ -160,6 +160,16 @@ TEST(AnthropicStream, ThinkingThenTextThenParallelTools) {
   EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "tool_use");
 }
 
+TEST(AnthropicStream, AToolCallCutOffByMaxTokensIsMaxTokens) {
+  const auto ev = events_of(run({
+      R"({"id":"chatcmpl-c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"t1","type":"function","index":0,"function":{"name":"f","arguments":"{\"city\": \"Par"}}]}}]})",
+      R"({"id":"chatcmpl-c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length","stop_reason":null}]})",
+      "[DONE]",
+  }));
+  expect_grammar(ev);
+  EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "max_tokens");
+}
+
 TEST(AnthropicStream, StopSequence) {
   const auto ev = events_of(run({
       R"({"id":"chatcmpl-s","model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop","stop_reason":"END"}]})",
