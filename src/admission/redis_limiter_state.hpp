@@ -129,6 +129,7 @@ struct RedisLimiter::Loop {
   bool again = false;
   bool finished = true;
   Instant outage_start{};
+  Instant recovered{};  // when Redis was last reachable again after an outage
 };
 
 }  // namespace weir::admission

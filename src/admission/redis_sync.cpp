@@ -152,6 +152,7 @@ void RedisLimiter::leave_degraded() {
   if (!degraded_.load(std::memory_order_relaxed)) return;
   refusing_.store(false, std::memory_order_relaxed);
   degraded_.store(false, std::memory_order_release);
+  loop_->recovered = MonoClock::now();  // every budget's spend is pushed again (sync_once)
   const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
   log(fmt::format("Redis {}:{} reachable again after {:.1f} s: distributed limits resumed", config_.host, config_.port,
                   secs));
@@ -294,6 +295,13 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       due = true;  // push the spend, read the others'
     } else if (c.allowance > 0 && now - c.last_sync >= config_.slot_ttl / 3) {
       due = true;  // renew before the allowance expires
+    } else if (mine > 0 && (now - c.last_sync >= config_.slot_ttl / 3 || c.last_sync < loop_->recovered)) {
+      // Re-seed, idle or not: a Redis that lost its data (a restart, a
+      // failover to an empty replica) holds only the spend of replicas that
+      // pushed since, and would grant the others' share again. Every replica
+      // pushes its spend at once after an outage it saw, and every
+      // slot_ttl / 3 in any case.
+      due = true;
     }
     const bool waiting = c.waiting > 0;
     c.waiting = 0;

@@ -173,3 +173,43 @@ def test_a_calendar_day_budget_is_one_window_for_both_replicas(mock, weir, redis
         assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", r.text
         to_midnight = 86400 - (time.time() + offset) % 86400
         assert abs(int(r.headers["retry-after"]) - to_midnight) <= 5, (r.headers.get("retry-after"), to_midnight)
+
+
+def test_a_redis_that_lost_its_data_is_reseeded_by_idle_replicas_too(mock, weir, redis):
+    # A restart without persistence or a failover to an empty replica: Redis keeps only what replicas
+    # push after it. Replica b is idle then; unless it pushes its spend again, replica a is granted b's
+    # share of the budget a second time.
+    worst = 9e-6 + 8e-6  # as above: 1 message of 4 bytes, max_tokens 4
+    m = mock(*MOCK_FLAGS)
+    cfg = config(m, redis, {"budget": {"usd": 10 * worst}}, budget_sync_interval="50ms", slot_ttl="3s")
+    a, b = weir(config=cfg), weir(config=cfg)
+
+    def call(w, i: int) -> httpx.Response:
+        return httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=30,
+                          json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": f"hi {i}"}]})
+
+    for i in range(4):
+        assert call(b, i).status_code == 200
+        assert call(a, i).status_code == 200
+
+    def spenders() -> int:
+        keys = [k for k in redis.cli("KEYS", f"weir-test-{redis.port}:budget:*").split(b"\r\n") if b"budget:" in k]
+        return max((redis.cli("HGETALL", k.decode()).count(b"s:") for k in keys), default=0)
+
+    def allowances() -> int:
+        keys = [k for k in redis.cli("KEYS", f"weir-test-{redis.port}:budget:*").split(b"\r\n") if b"budget:" in k]
+        return sum(redis.cli("HGETALL", k.decode()).count(b"a:") for k in keys)
+
+    wait_until(lambda: spenders() == 2, 5, message="both replicas' spend in Redis")
+    # Both idle (lease_idle: 1 s): their allowances given back, nothing left to renew.
+    wait_until(lambda: allowances() == 0, 10, interval=0.1, message="both replicas idle")
+    assert redis.cli("FLUSHALL").startswith(b"+OK")
+    # Both push their spend again, b without a request of its own.
+    wait_until(lambda: spenders() == 2, 5, interval=0.05, message="the idle replica's spend pushed again")
+    for i in range(40):
+        r = call(a, 100 + i)
+        if r.status_code == 429:
+            break
+        assert r.status_code == 200, r.text
+    served = [e for w in (a, b) for e in w.wait_log(lambda es: len(es) >= 4, 10) if e["status"] == 200]
+    assert sum(e["spend_usd"] for e in served) <= 10 * worst + 1e-12, [e["spend_usd"] for e in served]
