@@ -190,6 +190,14 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
         redis_cache_->insert(digest, State::forbidden, nullptr, result.record, now, cfg.key_negative_ttl);
         return;
       }
+      // A key id is unique (docs/auth.md): a record taking a configured or
+      // admin key's id would mix two credentials in the log, the metrics,
+      // the request log and a shared limit's key:<id>. Refused as unknown.
+      const auto& keys = policy_->keys();
+      if (std::any_of(keys.begin(), keys.end(), [&](const KeyPolicy& k) { return k.id == rec.id; })) {
+        redis_cache_->insert(digest, State::unknown, nullptr, nullptr, now, cfg.key_negative_ttl);
+        return;
+      }
       auto p = std::make_shared<RedisKeyPrincipal>();
       KeyPolicy& k = p->own_key;
       k.id = rec.id;

@@ -1,5 +1,7 @@
 #include "auth/jwk.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <openssl/bn.h>
 #include <openssl/core_names.h>
@@ -166,6 +168,18 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
     if (!use.empty() && use != "sig") {
       ++set.skipped;
       continue;
+    }
+    // key_ops (RFC 7517 §4.3), when present, must allow "verify": a key for
+    // encryption only is no signing key, whatever its `use` (or none) says.
+    if (const auto* ops = o->if_contains("key_ops"); ops && !ops->is_null()) {
+      const auto* list = ops->if_array();
+      const bool verify = list && std::any_of(list->begin(), list->end(), [](const boost::json::value& op) {
+                            return op.is_string() && op.get_string() == "verify";
+                          });
+      if (!verify) {
+        ++set.skipped;
+        continue;
+      }
     }
     Jwk k;
     k.kid = std::string(str_member(*o, "kid"));

@@ -199,7 +199,8 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
     out.status = Status::invalid;
     return out;
   }
-  rec->expires_at = a.elements[5].as_int(0);
+  // Empty: never. "0" is a time too (1970, as "1" is): expired, never read as "never".
+  rec->expires_at = v[5].empty() ? 0 : std::max<std::int64_t>(a.elements[5].as_int(0), 1);
   if (resolve_ && (!v[6].empty() || !v[7].empty())) {
     if (std::string why = resolve_(*rec, v[6], v[7]); !why.empty()) {
       log_invalid(

@@ -150,3 +150,23 @@ def test_hand_written_records_that_do_not_read_are_refused_and_cannot_forge_log_
     later = "sk-weir-good-expiry"
     hset(later, "id", "good-expiry", "tenant", "acme", "expires_at", str(int(time.time()) + 3600))
     assert chat(w, later).status_code == 200
+    # "0" is a time (1970), as "1" is: expired, never "no expiry" (the admin API writes "" for that).
+    for i, past in enumerate(["0", "1"]):
+        key = f"sk-weir-epoch-{i}"
+        hset(key, "id", f"epoch-{i}", "tenant", "acme", "expires_at", past)
+        assert chat(w, key).status_code == 401, past
+
+
+def test_a_redis_record_cannot_take_a_configured_keys_id(mock, weir, redis):
+    # Key ids are unique: a record reusing a configured key's id would mix two credentials (and
+    # two tenants) in the log, the metrics and a shared limit's key:<id>.
+    m = mock(*MOCK_FLAGS)
+    cfg = config(m, redis, api_keys=[{"id": "cfg-1", "sha256": hashlib.sha256(b"sk-cfg-1").hexdigest(),
+                                      "tenant": "acme"}])
+    w = weir(config=cfg)
+    for key, rid in (("sk-weir-clash", "cfg-1"), ("sk-weir-own", "own-1")):
+        redis.cli("HSET", prefix(redis) + "key:" + hashlib.sha256(key.encode()).hexdigest(), "id", rid,
+                  "tenant", "acme")
+    assert chat(w, "sk-weir-clash").status_code == 401
+    assert chat(w, "sk-weir-own").status_code == 200
+    assert chat(w, "sk-cfg-1").status_code == 200

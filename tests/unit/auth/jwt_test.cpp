@@ -239,6 +239,16 @@ TEST(AuthJwks, ParsesSupportedKeysAndSkipsTheRest) {
   ASSERT_TRUE(set) << set.error();
   EXPECT_EQ(set->keys.size(), 3u);
   EXPECT_EQ(set->skipped, 4u);
+  // key_ops without "verify" (RFC 7517 §4.3): no signing key, with or without `use`.
+  auto enc_only = k.rsa.jwk();
+  enc_only.insert(enc_only.size() - 1, R"(,"key_ops":["encrypt"])");
+  auto verify = k.ec.jwk(true);
+  verify.insert(verify.size() - 1, R"(,"key_ops":["verify"])");
+  auto ops = parse_jwks(fmt::format(R"({{"keys":[{},{}]}})", enc_only, verify));
+  ASSERT_TRUE(ops) << ops.error();
+  EXPECT_EQ(ops->keys.size(), 1u);
+  EXPECT_EQ(ops->skipped, 1u);
+  EXPECT_NE(ops->find("ec-1"), nullptr);
   ASSERT_NE(set->find("ec-1"), nullptr);
   EXPECT_EQ(set->find("ec-1")->alg, JwsAlg::es256);
   EXPECT_EQ(set->find("nope"), nullptr);
