@@ -239,8 +239,6 @@ Task<bool> Downstream::read_body() {
   // Reuse the connection's (or a lent) body storage: string_body reserves Content-Length.
   req.body().swap(body_store_);
   req.body().clear();
-  // A small body usually came with the head: read_message parses it from in_
-  // with no system call, and waits only for a part that is still missing.
   // A chunked body may end with trailer fields, which Beast's parser adds
   // to the head's: they are no part of it (RFC 9110 §6.5.1, RFC 9112
   // §7.1.2: never merged into the header section), and are dropped, so no
@@ -248,6 +246,8 @@ Task<bool> Downstream::read_body() {
   // head was checked.
   const bool chunked = parser_->chunked();
   const auto head_fields = chunked ? std::distance(req.begin(), req.end()) : 0;
+  // A small body usually came with the head: read_message parses it from in_
+  // with no system call, and waits only for a part that is still missing.
   if (!parser_->is_done()) watchdog_.expires_after(sc_.body_timeout);
   auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false);
   watchdog_.disarm();
