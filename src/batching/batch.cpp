@@ -49,7 +49,10 @@ core::Task<bool> BatchMember::wait_head() {
 }
 
 std::string_view BatchMember::batch_id() const { return batch_ ? batch_->id() : std::string_view(); }
-std::uint32_t BatchMember::batch_size() const { return batch_ ? batch_->sent_size() : 0; }
+std::uint32_t BatchMember::batch_size() const {
+  if (!batch_) return 0;
+  return batch_->mode() == Batch::Mode::coalesce ? joined_size_ : batch_->sent_size();
+}
 bool BatchMember::coalesced() const { return batch_ && batch_->mode() == Batch::Mode::coalesce; }
 int BatchMember::endpoint() const { return batch_ ? batch_->endpoint() : -1; }
 std::chrono::steady_clock::time_point BatchMember::sent_at() const {
@@ -95,36 +98,48 @@ MicroBatcher::~MicroBatcher() {
   for (auto& b : flights_) b->detach();
 }
 
-void MicroBatcher::join(BatchMember& m, const BatchMember::Request& r) {
+bool MicroBatcher::joinable(std::string_view key, bool coalesce) const {
+  if (coalesce)
+    return std::any_of(flights_.begin(), flights_.end(),
+                       [&](const auto& f) { return f->joinable() && f->key() == key; });
+  return std::any_of(open_.begin(), open_.end(), [&](const auto& b) { return b->key() == key; });
+}
+
+bool MicroBatcher::join(BatchMember& m, const BatchMember::Request& r, bool queue_place) {
   m.begin(r);
   std::shared_ptr<Batch> batch;
   for (auto& b : open_)
     if (b->key() == m.key_) batch = b;
-  if (!batch) {
+  const bool opened = !batch;
+  if (opened) {
     batch = std::make_shared<Batch>(*this, m.key_, Batch::Mode::batch);
+    if (queue_place) batch->hold_queue_place();
     open_.push_back(batch);
     batch->arm(config().window);
   }
   m.batch_ = batch;
   batch->add(m);
   if (batch->size() >= config().max_size) batch->flush();
+  return opened;
 }
 
-void MicroBatcher::coalesce(BatchMember& m, const BatchMember::Request& r) {
+bool MicroBatcher::coalesce(BatchMember& m, const BatchMember::Request& r, bool queue_place) {
   m.begin(r);
   for (auto& f : flights_) {
     if (f->joinable() && f->key() == m.key_) {
       m.batch_ = f;
       f->add(m);
       if (env_.stats) ++env_.stats->coalesced;
-      return;
+      return false;
     }
   }
   auto flight = std::make_shared<Batch>(*this, m.key_, Batch::Mode::coalesce);
+  if (queue_place) flight->hold_queue_place();
   flights_.push_back(flight);
   m.batch_ = flight;
   flight->add(m);
   flight->flush();  // no window: later arrivals join while it is in flight
+  return true;
 }
 
 void MicroBatcher::close(const Batch* b) {

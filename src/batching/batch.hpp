@@ -94,7 +94,9 @@ class BatchMember final : public http::ResponseSource {
 
   // --- once wait_head() returned true ---
   std::string_view batch_id() const;  // the batch's upstream x-request-id
-  std::uint32_t batch_size() const;   // members sent in the batch
+  // Members sent in the batch; of a coalesced generation, its members so
+  // far when this one joined (itself included: the same whenever it is read).
+  std::uint32_t batch_size() const;
   std::uint32_t slot() const { return slot_; }
   bool coalesced() const;  // a coalesced generation (pools.X.coalesce), not a prompt-list batch
   int endpoint() const;    // endpoint index in the pool
@@ -129,6 +131,7 @@ class BatchMember final : public http::ResponseSource {
   int split_status_ = 0;
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;
+  std::uint32_t joined_size_ = 0;               // the batch's members when this one joined
   std::string id_json_;                         // the member's response id, a JSON string
   std::string last_usage_;                      // its latest per-chunk usage object
   api::openai::CompletionAssembler assembler_;  // non-streaming members
@@ -162,12 +165,19 @@ class MicroBatcher {
   // Adds `m`, whose key() is set, to the open batch with the same key, or
   // opens one (its window starts now). A batch that reaches max_size leaves
   // at once. `r`'s views must stay valid until m.wait_head() returns.
-  void join(BatchMember& m, const BatchMember::Request& r);
+  // Returns true when `m` opened the batch. `queue_place`: the member holds
+  // a place in the pool's queue (pools.X.queue), which a batch it opens
+  // takes, and gives back (PoolQueue::done) when its upstream request ends.
+  bool join(BatchMember& m, const BatchMember::Request& r, bool queue_place = false);
   // Coalescing (pools.X.coalesce): `m`, whose key() is set by
   // api::openai::coalesce_key, shares the generation of an identical request
   // in flight (it first gets the events already relayed, then the rest), or
-  // starts one at once. `r.body` is the upstream body when it starts one.
-  void coalesce(BatchMember& m, const BatchMember::Request& r);
+  // starts one at once (true; `queue_place` as for join). `r.body` is the
+  // upstream body when it starts one.
+  bool coalesce(BatchMember& m, const BatchMember::Request& r, bool queue_place = false);
+  // Whether a member with `key` would join a batch open now (`coalesce`:
+  // a coalesced generation in flight) rather than open one.
+  bool joinable(std::string_view key, bool coalesce) const;
   // Open batches (collecting members), and coalesced generations in flight; for tests.
   std::size_t open_batches() const { return open_.size(); }
   std::size_t flights() const { return flights_.size(); }

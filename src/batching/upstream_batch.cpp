@@ -248,9 +248,9 @@ core::Task<void> Batch::relay_stream() {
       sse_.push(std::string_view(into.data(), r.bytes));
       // After the upstream's [DONE] nothing more is the members' (as unbatched: gateway/stream_hooks.hpp).
       while (auto ev = sse_.next())
-        if (!done) {
+        if (!done && failure == UpstreamFailure::none) {
           done = ev->is_done();
-          dispatch(*ev);
+          if (!dispatch(*ev)) failure = UpstreamFailure::protocol;
         }
       if (sse_.error() && !done) failure = UpstreamFailure::protocol;
     }
@@ -282,21 +282,21 @@ core::Task<void> Batch::relay_stream() {
   finish_members();
 }
 
-void Batch::dispatch(const http::SseEvent& ev) {
-  if (!ev.has_data) return;  // comments and keep-alives are the upstream's
+bool Batch::dispatch(const http::SseEvent& ev) {
+  if (!ev.has_data) return true;  // comments and keep-alives are the upstream's
   if (mode_ == Mode::coalesce) {
     // Kept for members that join later (joinable() bounds it), read once for all.
     replay_spans_.push_back({replay_.size(), ev.data.size()});
     replay_.append(ev.data);
     const Event e = read_event(std::string_view(replay_).substr(replay_spans_.back().first));
     for_present([&](BatchMember& m) { deliver(m, e); });
-    return;
+    return true;
   }
   if (ev.is_done()) {
     for_present([&](BatchMember& m) {
       if (m.req_.stream) m.push("data: [DONE]\n\n");
     });
-    return;
+    return true;
   }
   const std::string_view data = ev.data;
   const BatchChunk c = api::openai::parse_batch_chunk(data);
@@ -305,7 +305,7 @@ void Batch::dispatch(const http::SseEvent& ev) {
   const auto id_of = [&](BatchMember& m) { return this->id_of(m, up_id); };
   switch (c.kind) {
     case BatchChunk::Kind::choice: {
-      if (c.index >= members_.size() || members_[c.index] == nullptr) return;  // that member left
+      if (c.index >= members_.size() || members_[c.index] == nullptr) return true;  // that member left
       BatchMember& m = *members_[c.index];
       const std::string_view usage =
           c.usage ? data.substr(c.usage->value_begin, c.usage->value_end - c.usage->value_begin) : std::string_view();
@@ -322,7 +322,7 @@ void Batch::dispatch(const http::SseEvent& ev) {
           m.push(scratch_);
           complete(m, UpstreamFailure::none);
         }
-        return;
+        return true;
       }
       scratch_.assign("data: ");
       api::openai::append_member_chunk(data, c, id_of(m), m.req_.continuous_usage ? std::string_view() : "null",
@@ -341,10 +341,10 @@ void Batch::dispatch(const http::SseEvent& ev) {
         scratch_ += "data: [DONE]\n\n";
         m.push(scratch_);
         complete(m, UpstreamFailure::none);
-        return;
+        return true;
       }
       m.push(scratch_);
-      return;
+      return true;
     }
     case BatchChunk::Kind::usage: {
       final_usage_.assign(data.substr(c.usage->value_begin, c.usage->value_end - c.usage->value_begin));
@@ -352,15 +352,21 @@ void Batch::dispatch(const http::SseEvent& ev) {
         if (!m.req_.stream || !m.req_.include_usage) return;
         std::string usage;
         if (!api::openai::append_member_usage(final_usage_, m.last_usage_, usage))
-          return;  // no per-chunk usage (not vLLM?): the member's usage is unknown, not another's
+          return;  // (for this member) no per-chunk usage (not vLLM?): the member's usage is unknown, not another's
         scratch_.assign("data: ");
         api::openai::append_member_chunk(data, c, id_of(m), usage, scratch_);
         scratch_ += "\n\n";
         m.push(scratch_);
       });
-      return;
+      return true;
     }
+    case BatchChunk::Kind::empty:
+      return true;
     case BatchChunk::Kind::other:
+      // Some member's text, or none's: which is unknown, so it is given to
+      // no one (never another member's tokens), and the batch has failed.
+      return false;
+    case BatchChunk::Kind::error:
       // An in-band error (vLLM's {"error": ...}): it is every member's. A
       // stream relays it; a non-streaming answer cannot be whole: it fails.
       for (auto* m : members_) {
@@ -374,8 +380,9 @@ void Batch::dispatch(const http::SseEvent& ev) {
         scratch_ += "\n\n";
         m->push(scratch_);
       }
-      return;
+      return true;
   }
+  return false;
 }
 
 std::string_view Batch::id_of(BatchMember& m, std::string_view upstream_id_json) {

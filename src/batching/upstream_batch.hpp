@@ -49,6 +49,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   void add(BatchMember& m) {
     m.slot_ = static_cast<std::uint32_t>(members_.size());
     members_.push_back(&m);
+    m.joined_size_ = static_cast<std::uint32_t>(members_.size());
     ++present_;
     if (state_ == State::streaming) {
       // A late member of a coalesced generation: what the others have had so far, then the rest.
@@ -57,6 +58,11 @@ class Batch : public std::enable_shared_from_this<Batch> {
       m.ev_.notify();
     }
   }
+
+  // The batch holds a place in its pool's queue (pools.X.queue; its
+  // opener's): given back when its upstream request ends, or when it ends
+  // without one.
+  void hold_queue_place() { queue_place_ = true; }
 
   // Starts the window (the first member joined).
   void arm(std::chrono::milliseconds window) {
@@ -74,6 +80,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
     if (b_ && mode_ == Mode::batch) b_->close(this);
     if (present_ == 0 || b_ == nullptr) {  // nobody to send for, or the worker is stopping
       state_ = State::done;
+      release_queue_place();
       fail_all(UpstreamFailure::cancelled);
       return;
     }
@@ -92,6 +99,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
       if (present_ == 0) {
         state_ = State::done;
         window_.cancel();
+        release_queue_place();
         if (b_) b_->close(this);
       }
       return;
@@ -128,10 +136,22 @@ class Batch : public std::enable_shared_from_this<Batch> {
     struct Done {
       Batch& b;
       ~Done() {
+        b.release_queue_place();
         if (b.b_) --b.b_->running_;
       }
     } done{*self};
     co_await self->send();
+  }
+
+  void release_queue_place() {
+    if (!queue_place_) return;
+    queue_place_ = false;
+    if (b_ == nullptr) return;  // the worker is stopping: its pools with it
+    routing::WorkerPool& pool = *b_->env_.pool;
+    if (auto* q = pool.queue()) {
+      q->done();
+      pool.dispatch_queue(std::chrono::steady_clock::now());  // its place goes to the next one waiting
+    }
   }
 
   template <class Fn>
@@ -149,7 +169,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
   core::Task<void> send();
   core::Task<void> relay_stream();
   core::Task<void> relay_whole();
-  void dispatch(const http::SseEvent& ev);
+  // Gives an upstream event to its member(s); false when it can be given to
+  // none (BatchChunk::Kind::other): the batch has then failed (protocol).
+  bool dispatch(const http::SseEvent& ev);
   // Coalesced: one upstream event's data ("[DONE]" included), read once,
   // and as member `m` gets it.
   struct Event {
@@ -188,6 +210,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::uint32_t sent_size_ = 0;
   State state_ = State::open;
   bool aborted_ = false;
+  bool queue_place_ = false;  // hold_queue_place()
   core::Timer window_;
   http::Exchange exchange_;
   http::SseReader sse_{4u << 20};

@@ -114,8 +114,11 @@ class GatewayPhases final : public Phases {
   // The pool's admission queue (pools.X.queue): next() once the request may
   // go on (ctx.queue_pool holds its place), or the failure that sheds it
   // (429/503 overloaded, 504 deadline, 499; fail_over when a fallback is
-  // left to take it instead). 400 for a bad x-weir-priority.
-  core::Task<Outcome> enter_pool(RequestContext& ctx);
+  // left to take it instead). 400 for a bad x-weir-priority. A batchable
+  // request passes its `batch_key` (and whether it would coalesce): it is
+  // then also let out, without a place, when a batch it can join opens
+  // (next() with no ctx.queue_pool).
+  core::Task<Outcome> enter_pool(RequestContext& ctx, std::string_view batch_key = {}, bool coalesce = false);
   // Gives back the queue place ctx.queue_pool holds, if any, and lets the next waiter in.
   void leave_queue(RequestContext& ctx);
   // Before relaying: arms ctx.cutoff_watch at the stream's first-token
@@ -135,10 +138,21 @@ class GatewayPhases final : public Phases {
   // ctx.fail_over when it failed in a way a fallback may take over
   // (proxy() then moves to the next target of models.X.fallbacks).
   core::Task<Outcome> attempt_pool(RequestContext& ctx);
-  // The request joins a micro-batch of its pool (pools.X.batch) when it is
-  // batchable (api/openai/batch.hpp); returns false, having done nothing,
-  // when it is not. Then the member is the response source.
-  bool join_batch(RequestContext& ctx);
+  // Whether the request is batchable (api/openai/batch.hpp) in its pool
+  // (pools.X.batch or pools.X.coalesce): true with the member's key set and
+  // `plan` filled; false, having done nothing, when it is not.
+  struct BatchPlan {
+    std::optional<std::string_view> prompt;  // a micro-batch's member (its prompt); else a coalesced one
+    bool include_usage = false;
+    bool continuous_usage = false;
+    bool strip_credentials = false;
+  };
+  bool plan_batch(RequestContext& ctx, BatchPlan& plan);
+  // The request joins its micro-batch or coalesced generation (plan_batch
+  // said it may); the member is then the response source. A batch or
+  // generation it opens takes the queue place ctx.queue_pool holds (it is
+  // one upstream request: it holds the place until its response ends).
+  void join_batch(RequestContext& ctx, const BatchPlan& plan);
   // A batch member's wait for its batch's response head, then its response,
   // within the request's deadline (x-weir-timeout-ms) as an unbatched one.
   core::Task<Outcome> proxy_batched(RequestContext& ctx);

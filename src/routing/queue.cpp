@@ -54,6 +54,20 @@ void PoolQueue::leave(QueueWaiter& w) {
   w.verdict = QueueWaiter::Verdict::none;
 }
 
+std::uint32_t PoolQueue::release_joiners(std::string_view key, bool coalesce, std::uint32_t max) {
+  std::uint32_t n = 0;
+  for (QueueWaiter* w = head_; w && n < max;) {
+    QueueWaiter* next = w->next;
+    if (!w->batch_key.empty() && w->coalesce == coalesce && w->batch_key == key) {
+      unlink(*w);
+      wake(*w, QueueWaiter::Verdict::joined);
+      ++n;
+    }
+    w = next;
+  }
+  return n;
+}
+
 QueueWaiter* PoolQueue::admit_next(bool saturated) {
   if (!head_ || saturated || !has_room()) return nullptr;
   QueueWaiter* w = head_;

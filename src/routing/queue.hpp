@@ -36,8 +36,13 @@ struct QueueWaiter {
     waiting,   // in the list
     admitted,  // let through: it now counts as active (PoolQueue::done() when it leaves the pool)
     shed,      // displaced by a higher-priority newcomer while the list was full
+    joined,    // let out to join a micro-batch or coalesced generation that opened (release_joiners): not active
   };
   int priority = 0;  // higher goes first (0..100)
+  // A batchable request's compatibility key (batching::BatchMember::key),
+  // and whether it would coalesce; empty: not batchable.
+  std::string_view batch_key;
+  bool coalesce = false;
   Verdict verdict = Verdict::none;
   core::Timer* timer = nullptr;  // its wait: cancelled to wake it when the verdict changes (null in tests)
   QueueWaiter* prev = nullptr;   // toward the head (higher priority / earlier)
@@ -68,6 +73,10 @@ class PoolQueue {
   // verdict becomes admitted (it is active), its timer is cancelled.
   // Returns it, or null when nobody waits or the gate is shut.
   QueueWaiter* admit_next(bool saturated);
+  // A micro-batch or coalesced generation with `key` opened (it holds its
+  // own place): up to `max` waiters with that key are let out to join it
+  // (verdict joined, timers cancelled), highest priority first. Returns how many.
+  std::uint32_t release_joiners(std::string_view key, bool coalesce, std::uint32_t max);
   // An active request left the pool.
   void done() {
     if (active_ > 0) --active_;

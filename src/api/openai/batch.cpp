@@ -151,21 +151,32 @@ void append_with_id(std::string_view data, std::string_view id_json, std::string
 
 BatchChunk parse_batch_chunk(std::string_view data) {
   BatchChunk c;
-  static constexpr std::array<std::string_view, 5> kTop = {"id", "created", "model", "choices", "usage"};
+  static constexpr std::array<std::string_view, 6> kTop = {"id", "created", "model", "choices", "usage", "error"};
   std::array<std::optional<MemberSpan>, kTop.size()> f;
   if (!find_members(data, kTop, f)) return c;
   c.id = f[0];
   c.created = f[1];
   c.model = f[2];
   c.usage = f[4];
-  if (!f[3]) return c;
+  if (!f[3]) {
+    if (f[5]) c.kind = BatchChunk::Kind::error;
+    return c;
+  }
   const std::string_view choices = value_of(data, *f[3]);
   const auto first = first_element(choices);
   if (!first) {
-    // `"choices": []`: the final usage chunk.
-    if (choices.size() >= 2 && choices.front() == '[' && c.usage) c.kind = BatchChunk::Kind::usage;
+    // `"choices": []`: the final usage chunk (or, without usage, nothing for anyone).
+    if (choices.size() >= 2 && choices.front() == '[')
+      c.kind = c.usage ? BatchChunk::Kind::usage : BatchChunk::Kind::empty;
     return c;
   }
+  // One choice, no more: a chunk that carries two (two members' text) can
+  // be given whole to neither.
+  std::size_t after = first->end;
+  while (after < choices.size() &&
+         (choices[after] == ' ' || choices[after] == '\t' || choices[after] == '\n' || choices[after] == '\r'))
+    ++after;
+  if (after >= choices.size() || choices[after] != ']') return c;
   const std::size_t base = f[3]->value_begin + first->begin;
   const std::string_view choice = data.substr(base, first->end - first->begin);
   static constexpr std::array<std::string_view, 4> kChoice = {"index", "text", "finish_reason", "stop_reason"};

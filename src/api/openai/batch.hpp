@@ -74,7 +74,10 @@ struct BatchChunk {
   enum class Kind : std::uint8_t {
     choice,  // one choice: the member at `index`
     usage,   // `"choices": []` with the usage summed over every prompt
-    other,   // anything else (an in-band error): goes to every member unchanged
+    error,   // an in-band error (vLLM's {"error": ...}, no choices): every member's
+    empty,   // `"choices": []` and no usage: no member's
+    other,   // anything else (not a JSON object, a choice without a readable
+             // index): no member can be given it; the batch has failed
   };
   Kind kind = Kind::other;
   std::uint32_t index = 0;                // choice: choices[0].index
@@ -87,7 +90,10 @@ struct BatchChunk {
   std::optional<MemberSpan> finish;       // choice: its "finish_reason"
   std::optional<MemberSpan> stop_reason;  // choice: its "stop_reason"
 };
-// Reads `data`. A chunk whose choices[0] has no integer index is `other`.
+// Reads `data`. A chunk whose choices[0] has no integer index (missing,
+// negative, a string, a float, null, over 2^32-1), or that has more than
+// one choice, is `other`: its text is some member's (or several members'),
+// and no one member can be given it whole.
 BatchChunk parse_batch_chunk(std::string_view data);
 
 // Appends to `out` the chunk `data` (parsed as `c`) as one member gets it:

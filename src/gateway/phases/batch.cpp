@@ -16,7 +16,7 @@ GatewayPhases::GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamEx
 
 GatewayPhases::~GatewayPhases() = default;
 
-bool GatewayPhases::join_batch(RequestContext& ctx) {
+bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
   if (!batching_ || ctx.fallback_step != 0) return false;
   if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
   auto* batcher = ctx.gen->batcher(ctx.target.pool);
@@ -24,15 +24,15 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
   if (!member_) member_ = std::make_unique<batching::BatchMember>(w_.io().get_executor());
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   if (prepare_upstream_body(ctx)) return false;
-  std::optional<std::string_view> prompt;
+  plan = {};
   if (ctx.route == RouteKind::completions && pc.batch.enabled())
-    prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
-  if (!prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
-  const bool strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
+    plan.prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
+  if (!plan.prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
+  plan.strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
   if (ctx.body_decoded) return false;  // (rare) a decoded body's head differs from the others'
   // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
   member_->key() += '\0';  // never in valid JSON nor in a field
-  http::append_forwarded_fields_key(member_->key(), down_.request(), strip_credentials);
+  http::append_forwarded_fields_key(member_->key(), down_.request(), plan.strip_credentials);
   // What the member's own upstream request asked for: usage at the end
   // (vLLM's StreamOptions.include_usage defaults to true) and on every chunk.
   bool include_usage = false;
@@ -46,6 +46,13 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
     include_usage = !api::find_member(obj, "include_usage") || member_is("include_usage", "true");
     continuous = member_is("continuous_usage_stats", "true");
   }
+  plan.include_usage = ctx.stream && include_usage;
+  plan.continuous_usage = ctx.stream && continuous;
+  return true;
+}
+
+void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
+  auto* batcher = ctx.gen->batcher(ctx.target.pool);
   const auto& req = down_.request();
   if (ctx.trace_on()) {
     // The batch's upstream request carries its first member's traceparent.
@@ -55,20 +62,27 @@ bool GatewayPhases::join_batch(RequestContext& ctx) {
   const batching::BatchMember::Request r{
       .head = &req,
       .target = upstream_target(ctx.route, false, down_.target()),
-      .prompt = prompt.value_or(std::string_view()),
+      .prompt = plan.prompt.value_or(std::string_view()),
       .body = ctx.upstream_body,
       .request_id = ctx.request_id,
       .stream = ctx.stream,
-      .include_usage = ctx.stream && include_usage,
-      .continuous_usage = ctx.stream && continuous,
-      .strip_credentials = strip_credentials,
+      .include_usage = plan.include_usage,
+      .continuous_usage = plan.continuous_usage,
+      .strip_credentials = plan.strip_credentials,
       .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
       .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view()};
-  if (prompt)
-    batcher->join(*member_, r);
-  else
-    batcher->coalesce(*member_, r);
-  return true;
+  const bool holds_place = ctx.queue_pool >= 0;
+  const bool opened =
+      plan.prompt ? batcher->join(*member_, r, holds_place) : batcher->coalesce(*member_, r, holds_place);
+  if (opened && holds_place) {
+    ctx.queue_pool = -1;  // the batch's now: it gives the place back when its upstream request ends
+    // Requests waiting in the queue that can join it go with it, not each for a place of its own.
+    const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+    const std::uint32_t room = plan.prompt ? pc.batch.max_size - 1 : UINT32_MAX;
+    ctx.gen->pool(ctx.target.pool).queue()->release_joiners(member_->key(), !plan.prompt, room);
+  } else {
+    leave_queue(ctx);  // (none held, or the batch it joined has its own)
+  }
 }
 
 core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {

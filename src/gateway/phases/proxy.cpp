@@ -147,14 +147,33 @@ routing::PickRequest GatewayPhases::pick_request(const RequestContext& ctx, cons
 core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   // The client may leave while we wait on the upstream: watch for it.
   down_.watch_for_close(/*release_buffer=*/ctx.stream);
-  if (join_batch(ctx)) {
-    Outcome o = co_await proxy_batched(ctx);
-    // A batch the upstream refused whole: this request goes on its own (below, same target).
-    if (!ctx.batch_split) {
-      // A batch that failed before its head may still fall back (unbatched, on the next target).
-      if (!(ctx.fail_over && fallback_left(ctx))) co_return o;
+  if (BatchPlan plan; plan_batch(ctx, plan)) {
+    // A request that would open a batch or a generation (one upstream
+    // request) waits in the pool's queue as an unbatched one does; one that
+    // joins an open one rides on its place. (It may find one open after
+    // waiting: join_batch then gives its place back.)
+    // A request waiting in the queue is let out when a batch it can join
+    // opens (release_joiners); if that one is closed by the time it looks
+    // (full, its window over), it waits again.
+    auto& pool = ctx.gen->pool(ctx.target.pool);
+    auto* batcher = ctx.gen->batcher(ctx.target.pool);
+    Outcome q = Outcome::next();
+    while (q.goes_on() && pool.queue() && ctx.queue_pool < 0 && !batcher->joinable(member_->key(), !plan.prompt))
+      q = co_await enter_pool(ctx, member_->key(), !plan.prompt);
+    if (!q.goes_on()) {
+      if (!(ctx.fail_over && fallback_left(ctx))) co_return q;
       ctx.fail_over = false;
       next_target(ctx);
+    } else {
+      join_batch(ctx, plan);
+      Outcome o = co_await proxy_batched(ctx);
+      // A batch the upstream refused whole: this request goes on its own (below, same target).
+      if (!ctx.batch_split) {
+        // A batch that failed before its head may still fall back (unbatched, on the next target).
+        if (!(ctx.fail_over && fallback_left(ctx))) co_return o;
+        ctx.fail_over = false;
+        next_target(ctx);
+      }
     }
   }
   // A queue slot this request holds goes back whatever ends the request (a throw included).
@@ -248,7 +267,7 @@ void GatewayPhases::leave_queue(RequestContext& ctx) {
   pool.dispatch_queue(core::now());  // its place goes to the next one waiting
 }
 
-core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
+core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_view batch_key, bool coalesce) {
   auto& pool = ctx.gen->pool(ctx.target.pool);
   routing::PoolQueue& q = *pool.queue();
   const auto& qc = q.config();
@@ -284,6 +303,8 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
   routing::QueueWaiter& waiter = ctx.waiter;
   waiter = {};
   waiter.priority = priority;
+  waiter.batch_key = batch_key;
+  waiter.coalesce = coalesce;
   core::Timer timer(w_.io().get_executor());
   waiter.timer = &timer;
   routing::QueueWaiter* displaced = nullptr;
@@ -310,6 +331,9 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx) {
   switch (waiter.verdict) {
     case routing::QueueWaiter::Verdict::admitted:
       ctx.queue_pool = static_cast<int>(ctx.target.pool);
+      if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
+      co_return Outcome::next();
+    case routing::QueueWaiter::Verdict::joined:  // a batch it can join opened: it goes with that one's place
       if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
       co_return Outcome::next();
     case routing::QueueWaiter::Verdict::shed:
@@ -473,6 +497,16 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   const std::uint32_t retries_before = ctx.retries;
   std::uint32_t unsent = 0;  // the last retry decided was not sent
   int last_status = 0;
+  // A retry whose backoff would end past the request's deadline is not made
+  // (not counted either): the attempts on this pool are then spent, and the
+  // last answer goes to the client, or the next fallback takes the request.
+  // Only a deadline that has passed is the client's 504 deadline_exceeded.
+  const auto cancel_late_retry = [&](routing::RetryDecision& d) {
+    if (d.retry && core::passed(ctx.deadline, core::now() + d.delay)) {
+      d.retry = false;
+      unsent = 1;
+    }
+  };
   auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since) {
     ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                         .endpoint = static_cast<std::int16_t>(ep),
@@ -575,6 +609,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       // 408/429/502/503/504/529: the upstream did not do the work. Another
       // attempt here, the next fallback, or (neither left) this answer.
       d = attempts.on_status(status, http::first_field(exchange_.head(), bh::field::retry_after), core::now());
+      cancel_late_retry(d);
       if (!d.retry && !fallback_left(ctx)) {
         started = true;
         break;
@@ -591,6 +626,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       if (down_.client_gone()) break;
       d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent,
                                        core::now());
+      cancel_late_retry(d);
       // Every failed attempt counts against its endpoint, retried or not,
       // except a pooled connection the server had closed (resent at once).
       if (!(d.retry && d.reason == routing::RetryReason::stale))
@@ -600,11 +636,6 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     }
     // A retry decided but never sent (the deadline, or the client left in its
     // backoff) is not one: neither in the log's `retries` nor in the metric.
-    if (core::passed(ctx.deadline, core::now() + d.delay)) {  // the retry would start past the deadline
-      deadline_hit = true;
-      unsent = 1;
-      break;
-    }
     co_await wait_backoff(ctx, d.delay);
     if (down_.client_gone()) {
       unsent = 1;

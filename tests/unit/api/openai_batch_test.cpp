@@ -3,6 +3,7 @@
 // batched stream into each member's own chunks, byte for byte.
 #include "api/openai/batch.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <boost/json.hpp>
@@ -90,8 +91,18 @@ TEST(BatchChunk, ParsesChoiceUsageAndOther) {
   const std::string u =
       R"({"id":"cmpl-batch7","object":"text_completion","created":17,"model":"m","choices":[],"usage":{"prompt_tokens":9,"total_tokens":15,"completion_tokens":6}})";
   EXPECT_EQ(parse_batch_chunk(u).kind, BatchChunk::Kind::usage);
-  EXPECT_EQ(parse_batch_chunk(R"({"error":{"message":"boom","code":500}})").kind, BatchChunk::Kind::other);
-  EXPECT_EQ(parse_batch_chunk(R"({"choices":[{"index":"x"}]})").kind, BatchChunk::Kind::other);
+  EXPECT_EQ(parse_batch_chunk(R"({"error":{"message":"boom","code":500}})").kind, BatchChunk::Kind::error);
+  EXPECT_EQ(parse_batch_chunk(R"({"id":"x","choices":[]})").kind, BatchChunk::Kind::empty);
+  // A choice whose owner cannot be read: no member's (the demultiplexer fails the batch).
+  for (const char* index : {R"("x")", "-1", "1.0", "null", "18446744073709551616", "[0]"})
+    EXPECT_EQ(parse_batch_chunk(fmt::format(R"({{"choices":[{{"index":{},"text":"t"}}]}})", index)).kind,
+              BatchChunk::Kind::other)
+        << index;
+  EXPECT_EQ(parse_batch_chunk(R"({"choices":[{"text":"t"}]})").kind, BatchChunk::Kind::other);  // no index
+  // Two members' choices in one chunk: neither may be given the other's.
+  EXPECT_EQ(parse_batch_chunk(R"({"choices":[{"index":0,"text":"a"},{"index":1,"text":"b"}]})").kind,
+            BatchChunk::Kind::other);
+  EXPECT_EQ(parse_batch_chunk(R"({"choices":[{"index":0,"text":"a"} ]})").kind, BatchChunk::Kind::choice);
   EXPECT_EQ(parse_batch_chunk("not json").kind, BatchChunk::Kind::other);
 }
 
