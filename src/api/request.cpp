@@ -12,6 +12,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/json_scan.hpp"
 #include "core/multipart.hpp"
 #include "core/text.hpp"
 
@@ -59,6 +60,7 @@ enum class Role : std::uint8_t {
   n,
   messages,   // chat: the messages array
   message,    // one of its elements
+  rendered,   // chat: `tools`, `functions` or `documents`, which the chat template renders as text
   content,    // a message's content: a string or an array of parts
   part,       // one content part
   part_text,  // a part's text
@@ -84,6 +86,24 @@ std::uint64_t text_bytes(const json::value& v, int depth) {
   return n;
 }
 
+// What the prompt estimate counts of a value, beyond `content` (chat):
+// every string of a message's other members (tool_calls' names and
+// arguments, name, tool_call_id, reasoning_content). (`tools`,
+// `functions` and `documents`, which vLLM's chat templates print as JSON,
+// count as their JSON text: parse_request.)
+enum class Count : std::uint8_t { no, strings };
+
+// A message's members the estimate does not count as text: media (a data:
+// URL, base64 audio, an embedding: a 1 MB image is not 250k tokens), and
+// `role` (in the per-message overhead, kChatTokensPerMessage).
+bool uncounted_key(std::string_view key) {
+  static constexpr std::array<std::string_view, 9> kKeys = {
+      "role", "url", "data", "file_data", "image_url", "image_embeds", "input_audio", "audio_url", "video_url"};
+  for (const std::string_view k : kKeys)
+    if (key == k) return true;
+  return false;
+}
+
 // Boost.JSON's SAX events (basic_parser) turned into RequestFields' inputs
 // in one pass, with no DOM: which members are there, their types and
 // scalars, the sizes of the strings the prompt estimate counts. Repeated
@@ -105,9 +125,11 @@ class FieldsHandler {
 
   // --- what the document said ---
   Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n;
-  std::uint64_t chat_bytes = 0;     // the last messages array: content bytes
-  std::uint32_t chat_messages = 0;  // and its elements
-  Shape prompt;                     // completions' prompt / embeddings' input
+  std::uint64_t chat_bytes = 0;        // the last messages array: content bytes
+  std::uint64_t chat_other_bytes = 0;  // and its messages' other strings (Count::strings)
+  std::uint32_t chat_messages = 0;     // and its elements
+  bool rendered = false;               // tools, functions or documents is there
+  Shape prompt;                        // completions' prompt / embeddings' input
   std::uint64_t prompt_bytes = 0;
   std::uint32_t prompt_items = 0;
   Shape::Type first_item = Shape::Type::absent;
@@ -131,6 +153,10 @@ class FieldsHandler {
   }
   bool on_key(json::string_view s, std::size_t, boost::system::error_code&) {
     append_key(s);
+    // (Only where it matters: a member of a message or of what is counted inside one.)
+    pending_media_ = depth_ > 0 && !key_long_ &&
+                     (frames_[depth_ - 1].role == Role::message || frames_[depth_ - 1].count == Count::strings) &&
+                     uncounted_key(std::string_view(key_, key_len_));
     pending_ = key_role(std::string_view(key_, key_len_));
     key_len_ = 0;
     key_long_ = false;
@@ -146,6 +172,7 @@ class FieldsHandler {
     if (string_role_ == Role::model) model_text_.append(s.data(), s.size());
     in_string_ = false;
     scalar(string_role_, Shape{.type = Shape::Type::string}, size);
+    if (string_count_ == Count::strings) chat_other_bytes += size;
     return true;
   }
   bool on_number_part(json::string_view, boost::system::error_code&) { return true; }
@@ -177,15 +204,35 @@ class FieldsHandler {
     Role role;
     bool array;
     std::uint32_t items = 0;
+    Count count = Count::no;  // what of the strings (and keys) inside is counted
   };
 
-  // The role of the value that starts now, from its container and key.
+  // The role of the value that starts now, from its container and key;
+  // sets value_count_, what of it the estimate counts.
   Role next_role() {
+    const Role r = role_in_container();
+    value_count_ = Count::no;
+    if (depth_ > 0) {
+      const Frame& top = frames_[depth_ - 1];
+      if (media_)
+        value_count_ = Count::no;
+      else if (top.count == Count::strings)
+        value_count_ = top.count;
+      else if (top.role == Role::message && !top.array && r != Role::content)
+        value_count_ = Count::strings;
+    }
+    return r;
+  }
+
+  Role role_in_container() {
+    media_ = false;
     if (depth_ == 0) return Role::root;
     Frame& top = frames_[depth_ - 1];
     if (!top.array) {
       const Role r = pending_;
       pending_ = Role::other;
+      media_ = pending_media_;
+      pending_media_ = false;
       return r;
     }
     const std::uint32_t index = top.items++;
@@ -214,6 +261,8 @@ class FieldsHandler {
         if (key == "max_tokens") return Role::max_tokens;
         if (key == "n") return Role::n;
         if (kind_ == ApiKind::chat_completions && key == "messages") return Role::messages;
+        if (kind_ == ApiKind::chat_completions && (key == "tools" || key == "functions" || key == "documents"))
+          return Role::rendered;
         if (kind_ == ApiKind::completions && key == "prompt") return Role::prompt;
         if (kind_ == ApiKind::embeddings && key == "input") return Role::prompt;
         return Role::other;
@@ -222,7 +271,8 @@ class FieldsHandler {
       case Role::message:
         return key == "content" ? Role::content : Role::other;
       case Role::part:
-        return key == "text" ? Role::part_text : Role::other;
+        // vLLM's chat_utils makes prompt text of text, input_text, refusal and thinking parts.
+        return key == "text" || key == "refusal" || key == "thinking" ? Role::part_text : Role::other;
       default:
         return Role::other;
     }
@@ -231,6 +281,7 @@ class FieldsHandler {
   void begin_string() {
     in_string_ = true;
     string_role_ = next_role();
+    string_count_ = value_count_;
     if (string_role_ == Role::model) model_text_.clear();
   }
 
@@ -265,6 +316,7 @@ class FieldsHandler {
         break;
       case Role::messages:
         chat_bytes = 0;
+        chat_other_bytes = 0;
         chat_messages = 0;
         break;
       case Role::message:
@@ -289,6 +341,9 @@ class FieldsHandler {
       case Role::prompt_item:
         ++prompt_items;
         if (item_index_ == 0) first_item = v.type;
+        break;
+      case Role::rendered:
+        rendered = true;
         break;
       case Role::other:
         break;
@@ -323,7 +378,7 @@ class FieldsHandler {
     }
     const Role r = next_role();
     begin_value(r, Shape{.type = t});
-    frames_[depth_++] = Frame{.role = r, .array = t == Shape::Type::array};
+    frames_[depth_++] = Frame{.role = r, .array = t == Shape::Type::array, .count = value_count_};
     return true;
   }
 
@@ -361,6 +416,10 @@ class FieldsHandler {
   std::array<Frame, 80> frames_{};  // parse_options::max_depth (64) bounds the nesting
   std::size_t depth_ = 0;
   Role pending_ = Role::other;  // the role of the value after the last key
+  bool pending_media_ = false;  // the last key is an uncounted_key
+  bool media_ = false;          // the value starting now is an uncounted_key's
+  Count value_count_ = Count::no;
+  Count string_count_ = Count::no;
   std::uint32_t item_index_ = 0;
   bool in_string_ = false;
   Role string_role_ = Role::other;
@@ -427,7 +486,17 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
   switch (kind) {
     case ApiKind::chat_completions:
       f.prompt_overhead_tokens = h.chat_messages * RequestFields::kChatTokensPerMessage;
-      f.prompt_bytes = h.chat_bytes;
+      f.prompt_bytes = h.chat_bytes + h.chat_other_bytes;
+      if (h.rendered) {
+        // Tools and documents as the template prints them (tojson): their
+        // JSON text, numbers and punctuation included (the last of each, as
+        // vLLM reads a repeated key).
+        static constexpr std::array<std::string_view, 3> kRendered = {"tools", "functions", "documents"};
+        std::array<std::optional<MemberSpan>, kRendered.size()> spans;
+        if (find_members(body, kRendered, spans))
+          for (const auto& sp : spans)
+            if (sp) f.prompt_bytes += sp->value_end - sp->value_begin;
+      }
       break;
     case ApiKind::vllm_extra: {
       // Rare routes (tokenize, rerank, score, pooling): their texts are

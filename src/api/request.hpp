@@ -32,8 +32,12 @@ struct RequestFields {
   bool include_usage = false;       // stream_options.include_usage == true
   std::uint32_t max_tokens = 0;     // max_completion_tokens or max_tokens; 0 = not given
   std::uint32_t n = 1;              // choices per prompt
-  std::uint64_t prompt_bytes = 0;   // UTF-8 bytes of prompt text (messages' content, prompt, input)
-  std::uint32_t prompt_count = 1;   // prompts in a completions/embeddings batch
+  // UTF-8 bytes of prompt text: prompt, input, or a chat's messages (their
+  // content, and their other members' strings: tool calls' names and
+  // arguments, name, reasoning) and the keys and strings of its tools,
+  // functions and documents; media (image, audio, video URLs and data) not.
+  std::uint64_t prompt_bytes = 0;
+  std::uint32_t prompt_count = 1;  // prompts in a completions/embeddings batch
   // Prompt tokens the model server adds around the text: the chat template's
   // per-message framing (kChatTokensPerMessage each: role header, end of
   // turn, BOS and the assistant header amortized), or one BOS per prompt.

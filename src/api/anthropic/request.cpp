@@ -251,6 +251,7 @@ tl::expected<void, core::Error> Translation::tools(const json::value& v) {
     if (!schema || !schema->is_object()) return invalid(fmt::format("{}.input_schema: Field required", w), "tools");
     json::object params = schema->get_object();
     params.erase("cache_control");
+    fields_.prompt_bytes += name->size() + json::serialize(params).size();  // the template renders the schema
     fn["parameters"] = std::move(params);
     out.push_back(json::object({{"type", "function"}, {"function", std::move(fn)}}, sp_));
   }

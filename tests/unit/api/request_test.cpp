@@ -152,6 +152,50 @@ TEST(ApiParseRequest, ChatPromptBytesCountContentStringsAndTextParts) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[]})").prompt_overhead_tokens, 0u);
 }
 
+TEST(ApiParseRequest, ChatPromptBytesCountWhatTheTemplateRenders) {
+  // Tool definitions are printed into the prompt as JSON (tojson): they count
+  // as their JSON text, numbers and punctuation too; a 40 KB description is
+  // 10k tokens whether it sits in content or in a tool.
+  const std::string big(40000, 'x');
+  const std::string tools = R"([{"type":"function","function":{"name":"f","description":")" + big +
+                            R"(","parameters":{"type":"object","enum":[1,2,3]}}}])";
+  auto f = ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"hi"}],"tools":)" + tools + "}");
+  EXPECT_EQ(f.prompt_bytes, 2u + tools.size());
+  // Numbers count: 100k of them are no free prompt.
+  std::string nums = "[";
+  for (int i = 0; i < 100000; ++i) nums += i ? ",7" : "7";
+  nums += "]";
+  f = ok(kChat,
+         R"({"model":"m","tools":[{"type":"function","function":{"name":"f","parameters":{"enum":)" + nums + "}}}]}");
+  EXPECT_GT(f.prompt_bytes, 200000u);
+
+  f = ok(kChat, R"({"model":"m","messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c1",)"
+                R"("type":"function","function":{"name":"get","arguments":"{\"q\":1}"}}]},)"
+                R"({"role":"tool","tool_call_id":"c1","name":"get","content":"42"}]})");
+  // c1 + function + get + {"q":1} ; c1 + get + 42 (role values are in the per-message overhead)
+  EXPECT_EQ(f.prompt_bytes, (2u + 8 + 3 + 7) + (2 + 3 + 2));
+
+  // Legacy functions and vLLM's documents too (the last of a repeated key, as vLLM reads it).
+  EXPECT_EQ(ok(kChat, R"({"model":"m","functions":[{"name":"ab"}],"documents":[{"t":"xyz"}]})").prompt_bytes,
+            std::string_view(R"([{"name":"ab"}])").size() + std::string_view(R"([{"t":"xyz"}])").size());
+  EXPECT_EQ(ok(kChat, R"({"model":"m","tools":[1,2,3,4,5],"tools":[1]})").prompt_bytes, 3u);
+  // Refusal and thinking parts are prompt text (vLLM's chat_utils), as text parts are.
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"assistant","content":[{"type":"refusal","refusal":"no"},)"
+                      R"({"type":"thinking","thinking":"hmm"}]}]})")
+                .prompt_bytes,
+            5u);
+  // Media never (a data: URL is not text).
+  f = ok(kChat, R"({"model":"m","messages":[{"role":"user","content":[{"type":"image_url",)"
+                R"("image_url":{"url":"data:image/png;base64,AAAA"}},{"type":"input_audio",)"
+                R"("input_audio":{"data":"AAAA","format":"wav"}}],"images":[{"url":"u"}]}]})");
+  EXPECT_EQ(f.prompt_bytes, 0u);
+  // A repeated messages array is counted as the last one (as vLLM reads it).
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"user","name":"abcdef"}],)"
+                      R"("messages":[{"role":"user","name":"ab"}]})")
+                .prompt_bytes,
+            2u);
+}
+
 TEST(ApiParseRequest, CompletionsPromptStringListAndTokenIds) {
   auto f = ok(kCompletions, R"({"model":"m","prompt":"once upon"})");
   EXPECT_EQ(f.prompt_bytes, 9u);
