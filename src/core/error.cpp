@@ -50,6 +50,11 @@ Error method_not_allowed(std::string_view method, std::string_view path) {
               fmt::format("Method {} is not allowed for {}.", utf8_prefix(method, kMaxEchoBytes),
                           utf8_prefix(path, kMaxEchoBytes)));
 }
+Error method_not_implemented(std::string_view method) {
+  return make(
+      ErrorSource::client, 501, "invalid_request_error", "method_not_implemented",
+      fmt::format("Method {} is not implemented (methods are case-sensitive).", utf8_prefix(method, kMaxEchoBytes)));
+}
 Error payload_too_large(std::uint64_t limit_bytes) {
   return make(ErrorSource::client, 413, "invalid_request_error", "request_too_large",
               fmt::format("Request body is larger than the limit of {} bytes.", limit_bytes));

@@ -39,9 +39,12 @@ Error bad_request(std::string message, std::string_view param = {},
 Error model_not_found(std::string_view model);                             // 404 model_not_found
 Error not_found(std::string_view path);                                    // 404 (unknown route)
 Error method_not_allowed(std::string_view method, std::string_view path);  // 405
-Error payload_too_large(std::uint64_t limit_bytes);                        // 413
-Error request_timeout(std::string message);                                // 408 (head or body too slow)
-Error header_too_large(std::uint64_t limit_bytes);                         // 431
+// 501 method_not_implemented: a method Weir does not recognize for any
+// resource (RFC 9110 §9.1: methods are case-sensitive; "FOO", "post").
+Error method_not_implemented(std::string_view method);
+Error payload_too_large(std::uint64_t limit_bytes);  // 413
+Error request_timeout(std::string message);          // 408 (head or body too slow)
+Error header_too_large(std::uint64_t limit_bytes);   // 431
 // 501 unsupported_transfer_coding: a Transfer-Encoding other than chunked
 // (RFC 9112 §6.1: a server that does not understand a coding answers 501).
 Error unsupported_transfer_coding();

@@ -185,14 +185,24 @@ void append_json_string(std::string& out, std::string_view s) {
 }
 
 std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
-  if (s.size() <= max_bytes) return s;
-  // s[cut] is the first byte left out: while it continues a sequence, the
-  // cut backs off (at most 3 bytes, the longest a sequence continues).
-  for (std::size_t back = 0; back < 4 && back <= max_bytes; ++back) {
-    const std::size_t cut = max_bytes - back;
-    if ((static_cast<unsigned char>(s[cut]) & 0xC0) != 0x80) return s.substr(0, cut);
+  // Counted as written: each maximal ill-formed subsequence becomes one
+  // U+FFFD (3 bytes), so 256 bytes of 0xFF are cut to 85, not echoed as 768.
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  std::size_t i = 0;
+  std::size_t written = 0;
+  while (i < s.size()) {
+    std::size_t len = 1;
+    std::size_t w = 1;
+    if (p[i] >= 0x80) {
+      bool valid = false;
+      len = utf8_step(p + i, s.size() - i, valid);
+      w = valid ? len : kReplacement.size();
+    }
+    if (written + w > max_bytes) break;
+    i += len;
+    written += w;
   }
-  return s.substr(0, max_bytes);  // not UTF-8 there anyway: the escaper replaces it
+  return s.substr(0, i);
 }
 
 void append_uint(std::string& out, std::uint64_t v) {

@@ -32,9 +32,10 @@ void append_int(std::string& out, std::int64_t v);
 // decimals ≤ 18.
 void append_scaled(std::string& out, std::int64_t v, unsigned decimals);
 
-// The longest prefix of `s` of at most `max_bytes` bytes that does not end
-// inside a UTF-8 sequence (a cut that would split one backs off to its lead
-// byte), for capping client-supplied fields in logs and messages.
+// The longest prefix of `s` that never ends inside a UTF-8 sequence and is
+// at most `max_bytes` bytes as append_json_string writes it (each maximal
+// ill-formed subsequence as one 3-byte U+FFFD; escapes of control characters
+// not counted), for capping client-supplied fields in logs and messages.
 std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept;
 
 // Client-supplied fields (path, model, method) are echoed in logs and error

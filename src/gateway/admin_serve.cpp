@@ -202,7 +202,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     req.if_none_match = std::string(msg[bh::field::if_none_match]);
     const std::string authorization(msg[bh::field::authorization]);
     // A request refused before its body: the body is never read, so the connection ends with the answer.
-    const bool keep = msg.keep_alive() && !stopped_ && !refused;
+    const bool keep = parser.keep_alive() && !stopped_ && !refused;  // every Connection line (RFC 9110 §5.3)
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     AdminResponse r;
     if (refused)

@@ -1,5 +1,7 @@
 #include "gateway/endpoints.hpp"
 
+#include <cctype>
+
 namespace weir::gateway {
 
 std::string_view route_label(RouteKind r) {
@@ -56,6 +58,39 @@ std::string_view path_of(std::string_view target) {
   return q == std::string_view::npos ? target : target.substr(0, q);
 }
 
+namespace {
+// A model id after /v1/models/ (it may hold '/', as is or as %2F:
+// "org/model"), without what a server that normalizes paths would read as
+// another route: a "." or ".." segment, or a backslash, as written or
+// percent-encoded (%2E, %2F, %5C decoded first: "a%2F..%2Fmetrics").
+bool plain_model_path(std::string_view rest) {
+  const auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10; };
+  std::size_t seg_len = 0;  // bytes of the current segment, decoded
+  int dots = 0;             // how many of them are '.'
+  for (std::size_t i = 0; i <= rest.size(); ++i) {
+    char c = i < rest.size() ? rest[i] : '/';
+    if (c == '%' && i + 2 < rest.size() && std::isxdigit(static_cast<unsigned char>(rest[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(rest[i + 2]))) {
+      const char d = static_cast<char>(hex(rest[i + 1]) * 16 + hex(rest[i + 2]));
+      if (d == '.' || d == '/' || d == '\\') {
+        c = d;
+        i += 2;
+      }
+    }
+    if (c == '\\') return false;
+    if (c == '/') {
+      if (seg_len > 0 && dots == static_cast<int>(seg_len) && seg_len <= 2) return false;  // "." or ".."
+      seg_len = 0;
+      dots = 0;
+      continue;
+    }
+    ++seg_len;
+    dots += c == '.';
+  }
+  return true;
+}
+}  // namespace
+
 RouteKind classify_path(std::string_view path) {
   if (path == "/v1/chat/completions") return RouteKind::chat_completions;
   if (path == "/v1/completions") return RouteKind::completions;
@@ -72,7 +107,8 @@ RouteKind classify_path(std::string_view path) {
   if (path == "/v1/audio/transcriptions") return RouteKind::audio_transcriptions;
   if (path == "/v1/audio/translations") return RouteKind::audio_translations;
   if (path == "/version") return RouteKind::version;
-  if (path == "/v1/models" || path.starts_with("/v1/models/")) return RouteKind::models;
+  if (path == "/v1/models") return RouteKind::models;
+  if (path.starts_with("/v1/models/")) return plain_model_path(path.substr(11)) ? RouteKind::models : RouteKind::other;
   if (path == "/health") return RouteKind::health;
   if (path == "/ready") return RouteKind::ready;
   if (path == "/metrics") return RouteKind::metrics;

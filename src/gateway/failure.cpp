@@ -22,7 +22,7 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
       return core::payload_too_large(sc.max_body_bytes);
     case http::ReadFailure::client_closed: {
       auto e = client_gone(ClientGone::closed);
-      e.message = "The client closed the connection before sending the whole body.";
+      e.message = "The client closed the connection before sending the whole request.";
       return e;
     }
     case http::ReadFailure::bad_framing:

@@ -5,6 +5,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
+
+#include <openssl/rand.h>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
@@ -306,15 +309,27 @@ void Worker::close_idle_sessions() {
 
 void Worker::next_request_id(std::string& out) {
   // 8 hex digits of the instance, 2 of the worker, 10 of the counter (as
-  // "{:08x}{:02x}{:010x}", written by hand: once per request).
+  // "{:08x}{:02x}{:010x}", written by hand: once per request), then 8 of
+  // fresh randomness: unique in the process by the counter, and never
+  // predictable, so a client cannot plant (in its own x-request-id) the id
+  // a later request will be given.
   static constexpr char kHex[] = "0123456789abcdef";
-  char id[20];
+  char id[28];
   auto put = [&](std::size_t at, std::size_t digits, std::uint64_t v) {
     for (std::size_t i = at + digits; i > at; --i, v >>= 4) id[i - 1] = kHex[v & 0xf];
   };
   put(0, 8, static_cast<std::uint32_t>(shared_.instance_id));
   put(8, 2, index_ & 0xff);
   put(10, 10, ++request_seq_ & 0xff'ffff'ffffULL);
+  if (id_entropy_at_ + 4 > id_entropy_.size()) {
+    if (RAND_bytes(id_entropy_.data(), static_cast<int>(id_entropy_.size())) != 1)
+      for (auto& b : id_entropy_) b = static_cast<unsigned char>(rng_.next());  // (never: OpenSSL seeds from the OS)
+    id_entropy_at_ = 0;
+  }
+  std::uint32_t r = 0;
+  std::memcpy(&r, id_entropy_.data() + id_entropy_at_, 4);
+  id_entropy_at_ += 4;
+  put(20, 8, r);
   out.assign(id, sizeof id);
 }
 

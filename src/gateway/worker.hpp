@@ -136,7 +136,8 @@ class Worker {
   auth::Authenticator* authenticator() { return authn_.get(); }
   admission::Admission* admission() { return admission_.get(); }
   bool draining() const { return draining_; }
-  // A new request id: 16 hex digits of process id prefix, worker and counter.
+  // A new request id: 28 hex digits: the instance (8), the worker (2), a
+  // counter (10) and 8 random ones (no client can guess the next).
   void next_request_id(std::string& out);
 
   void add_session(Session* s);
@@ -231,6 +232,10 @@ class Worker {
   std::vector<std::shared_ptr<WorkerGeneration>> retired_;
   std::vector<const routing::WorkerPool*> pools_seen_;  // for_each_pool's scratch
   std::uint64_t request_seq_ = 0;
+  // Random bytes for generated request ids (OpenSSL's RAND_bytes, drawn
+  // 256 at a time): the ids' unguessable part.
+  std::array<unsigned char, 256> id_entropy_{};
+  std::size_t id_entropy_at_ = sizeof id_entropy_;
   static constexpr std::size_t kSpareBytes = 1u << 20;
   std::array<char, 16384> stream_read_{};
   std::array<char, 16384> stream_body_{};

@@ -174,6 +174,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, 512, /*empty_lines=*/true);
   idle_ = false;
   watchdog_.disarm();
+  // Beast's header_limit lets a head end a little past it (it checks as it
+  // goes, by line); the head's own size is the limit's measure (431).
+  if (!ec && n > sc_.max_header_bytes) ec = bh::error::header_limit;
   if (parser_->is_header_done()) {
     version_ = parser_->get().version();
     head_method_ = parser_->get().method() == bh::verb::head;
@@ -190,7 +193,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       co_return Head::failed;
     }
     target_ = origin_form(req.target(), target_buf_);
-    keep_alive_ = req.keep_alive() && !draining;
+    // The parser's verdict reads every Connection field line (RFC 9110 §5.3); the
+    // message's keep_alive() only the first, so a second line's "close" was missed.
+    keep_alive_ = parser_->keep_alive() && !draining;
     co_return Head::request;
   }
   // A connection that closes or idles out between requests is not a request
@@ -199,10 +204,14 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   if (ec == bh::error::end_of_stream || closed_ || (timed_out_ && nothing) ||
       (ec == asio::error::connection_reset && nothing) || ec == asio::error::eof || ec == asio::error::bad_descriptor)
     co_return Head::closed;
-  if (ec == asio::error::connection_reset) peer_gone_ = true;  // nothing can be answered
   keep_alive_ = false;
   failure_ec_ = ec;
-  if (timed_out_) {
+  if (ec == bh::error::partial_message || ec == asio::error::connection_reset) {
+    // Closed or reset in the middle of a head: a request the client left
+    // (499, nothing can be answered), not a malformed one (400).
+    peer_gone_ = true;
+    failure_ = ReadFailure::client_closed;
+  } else if (timed_out_) {
     timed_out_ = false;
     failure_ = ReadFailure::head_timeout;
   } else if (ec == bh::error::header_limit) {

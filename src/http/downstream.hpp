@@ -39,7 +39,7 @@ enum class ReadFailure : std::uint8_t {
   head_too_large,           // the head is over server.max_header → 431
   body_timeout,             // the body did not arrive within server.body_timeout → 408
   body_too_large,           // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
-  client_closed,            // the client left before sending the whole body → 499, nothing sent
+  client_closed,            // the client left before sending the whole request (head or body) → 499, nothing sent
 };
 
 // Storage for request parsers, shared by a worker's connections: a

@@ -154,17 +154,38 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 }
 
 std::string_view strip_upstream_origin(std::string_view uri, std::string_view host) {
-  // http:// or https:// (the endpoint's own scheme either way: the Host is the same).
-  const std::size_t scheme = uri.size() >= 8 && iequals(uri.substr(0, 8), "https://") ? 8 : 7;
-  if (host.empty() || uri.size() < scheme + host.size() ||
-      !iequals(uri.substr(0, scheme), scheme == 8 ? "https://" : "http://") ||
-      !iequals(uri.substr(scheme, host.size()), host))
-    return uri;
-  const std::string_view rest = uri.substr(scheme + host.size());
+  // http://, https:// (the endpoint's own scheme either way: the Host is the
+  // same), or a network-path reference "//" (RFC 3986 §4.2: the scheme of
+  // the request the client made).
+  std::size_t scheme = 0;
+  if (uri.size() >= 8 && iequals(uri.substr(0, 8), "https://"))
+    scheme = 8;
+  else if (uri.size() >= 7 && iequals(uri.substr(0, 7), "http://"))
+    scheme = 7;
+  else if (uri.starts_with("//"))
+    scheme = 2;
+  if (host.empty() || scheme == 0) return uri;
+  // A userinfo before the host ("http://user:pass@host/..."): the same origin.
+  std::size_t at = scheme;
+  const std::size_t authority_end = std::min(uri.find_first_of("/?#", scheme), uri.size());
+  if (const std::size_t u = uri.find('@', scheme); u != std::string_view::npos && u < authority_end) at = u + 1;
+  if (uri.size() < at + host.size() || !iequals(uri.substr(at, host.size()), host)) return uri;
+  const std::string_view rest = uri.substr(at + host.size());
   if (rest.empty()) return "/";
   if (rest.front() == '/' || rest.front() == '?' || rest.front() == '#') return rest;
   return uri;  // another host that starts with this one's name ("10.0.0.1:80" vs "10.0.0.1:8000")
 }
+
+namespace {
+// Appends the relative reference strip_upstream_origin gave: a path that
+// begins "//" would read as another host's ("http://up//evil.example/x"
+// must not become the network-path "//evil.example/x"), so it is written
+// "/.//evil.example/x", the same path.
+void append_relative(std::string& out, std::string_view rel) {
+  if (rel.starts_with("//")) out += "/.";
+  out += rel;
+}
+}  // namespace
 
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
                             std::string_view upstream_host, bool own_ratelimit) {
@@ -175,17 +196,85 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
       const std::string_view n = f.name_string();
       if (n.size() > 12 && iequals(n.substr(0, 12), "x-ratelimit-")) return true;
     }
-    if (!upstream_host.empty() && (f.name() == bh::field::location || f.name() == bh::field::content_location)) {
+    if (upstream_host.empty()) return false;
+    // Alt-Svc names the upstream's own alternatives (RFC 7838: its port, on
+    // whatever host the client reached): never the gateway's.
+    if (f.name() == bh::field::alt_svc) return true;
+    if (f.name() == bh::field::location || f.name() == bh::field::content_location) {
       const std::string_view v = f.value();
       const std::string_view rel = strip_upstream_origin(v, upstream_host);
       if (rel.size() == v.size()) return false;
       if (!hop_by_hop_in(res, f)) {
         out += f.name_string();
         out += ": ";
-        out += rel;
+        append_relative(out, rel);
         out += "\r\n";
       }
       return true;  // written here
+    }
+    if (f.name() == bh::field::link) {
+      // Link: <uri>; rel=next, <uri2>; ... (RFC 8288): each target at the upstream made relative.
+      const std::string_view v = f.value();
+      std::string rewritten;
+      std::size_t copied = 0;
+      // Each <target> (whitespace inside the brackets allowed) and each anchor="target" parameter.
+      const auto rewrite = [&](std::size_t begin, std::size_t end) {
+        while (begin < end && (v[begin] == ' ' || v[begin] == '\t')) ++begin;
+        while (end > begin && (v[end - 1] == ' ' || v[end - 1] == '\t')) --end;
+        const std::string_view uri = v.substr(begin, end - begin);
+        const std::string_view rel = strip_upstream_origin(uri, upstream_host);
+        if (rel.size() == uri.size()) return;
+        rewritten.append(v.substr(copied, begin - copied));
+        append_relative(rewritten, rel);
+        copied = end;
+      };
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        if (v[i] == '<') {
+          const std::size_t close = v.find('>', i);
+          if (close == std::string_view::npos) break;
+          rewrite(i + 1, close);
+          i = close;
+        } else if (v[i] == '"') {
+          const std::size_t close = v.find('"', i + 1);
+          if (close == std::string_view::npos) break;
+          rewrite(i + 1, close);  // a quoted parameter (anchor="..."): rewritten only if it names the upstream
+          i = close;
+        }
+      }
+      if (copied == 0) return false;
+      if (!hop_by_hop_in(res, f)) {
+        rewritten.append(v.substr(copied));
+        out += f.name_string();
+        out += ": ";
+        out += rewritten;
+        out += "\r\n";
+      }
+      return true;
+    }
+    if (f.name() == bh::field::unknown && iequals(f.name_string(), "refresh")) {
+      // Refresh: 0; url=http://<upstream>/x (a redirect browsers follow, as Location).
+      const std::string_view v = f.value();
+      std::size_t u = 0;
+      while (u + 4 <= v.size() && !iequals(v.substr(u, 4), "url=")) ++u;
+      if (u + 4 > v.size()) return false;
+      std::size_t begin = u + 4;
+      std::size_t end = v.size();
+      if (begin < end && (v[begin] == '"' || v[begin] == '\'')) {
+        ++begin;
+        if (end > begin && v[end - 1] == v[begin - 1]) --end;
+      }
+      const std::string_view uri = v.substr(begin, end - begin);
+      const std::string_view rel = strip_upstream_origin(uri, upstream_host);
+      if (rel.size() == uri.size()) return false;
+      if (!hop_by_hop_in(res, f)) {
+        out += f.name_string();
+        out += ": ";
+        out += v.substr(0, begin);
+        append_relative(out, rel);
+        out += v.substr(end);
+        out += "\r\n";
+      }
+      return true;
     }
     return false;
   });

@@ -78,14 +78,16 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // absolute redirects from Host writes, e.g. a trailing-slash redirect) is
 // made relative (RFC 9110 §10.2.2 allows it), so the client is sent to the
 // same path through the gateway and never learns the endpoint's address;
-// nginx's `proxy_redirect default` does the same.
+// nginx's `proxy_redirect default` does the same. A scheme-relative
+// `//<upstream_host>/...` too, and each such target of a Link field; an
+// Alt-Svc (the upstream's alternative ports) is dropped.
 // `own_ratelimit`: the caller sends the tenant's x-ratelimit-* lines, so the
 // upstream's (a provider's own limits, on Weir's account) are dropped: a
 // client sees each name once, with the value that governs it.
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
                             std::string_view upstream_host = {}, bool own_ratelimit = false);
 
-// `uri` without a leading "http://<host>" or "https://<host>" (host compared case-insensitively)
+// `uri` without a leading "http://<host>", "https://<host>" or "//<host>" (host compared case-insensitively)
 // when it has that prefix followed by '/', '?', '#' or nothing ("/" then);
 // otherwise `uri` unchanged.
 std::string_view strip_upstream_origin(std::string_view uri, std::string_view host);

@@ -336,7 +336,7 @@ Task<PostAnswer> KeptConnection::send(const PostRequest& r, bool& answered) {
   a.status = res.result_int();
   a.retry_after = retry_after_of(res[bh::field::retry_after]);
   a.body = std::move(res.body());
-  if (!res.keep_alive()) close();
+  if (!parser.keep_alive()) close();  // every Connection line (RFC 9110 §5.3)
   co_return a;
 }
 

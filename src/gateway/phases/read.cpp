@@ -43,6 +43,10 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
 
   // Unknown routes and wrong methods are answered without reading the body:
   // the connection then closes unless there was none.
+  if (req.method() == bh::verb::unknown) {  // a method no resource has: 501, not 405 (RFC 9110 §9.1)
+    if (!down_.body_complete()) down_.no_keep_alive();
+    co_return Outcome::failed(core::method_not_implemented(req.method_string()));
+  }
   if (ctx.route == RouteKind::other) {
     if (!down_.body_complete()) down_.no_keep_alive();
     co_return Outcome::failed(core::not_found(path));
@@ -74,8 +78,30 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
   }
   ctx.bytes_in = down_.body().size();
   w_.metrics().bytes_in += ctx.bytes_in;
-  if (const auto ce = http::first_field(req, bh::field::content_encoding);
-      !ce.empty() && !core::iequals(ce, "identity") && !down_.body().empty()) {
+  // The codings of every Content-Encoding line, as one list (RFC 9110 §5.3:
+  // "gzip" on two lines is "gzip, gzip", refused as the one line would be),
+  // empty elements ignored (§5.6.1: "gzip," is "gzip").
+  std::string_view ce;  // the one coding, or the whole list when there are several
+  std::string ce_list;  // (only when there are several)
+  std::size_t codings = 0;
+  for (const auto& f : req) {
+    if (f.name() != bh::field::content_encoding) continue;
+    std::string_view v = f.value();
+    while (!v.empty()) {
+      const std::size_t comma = v.find(',');
+      const std::string_view c = core::trim_ows(v.substr(0, comma));
+      v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+      if (c.empty()) continue;
+      if (++codings == 1) {
+        ce = c;
+      } else {
+        if (codings == 2) ce_list.assign(ce);
+        ce_list.append(", ").append(c);
+      }
+    }
+  }
+  if (codings > 1) ce = ce_list;
+  if (!ce.empty() && !core::iequals(ce, "identity") && !down_.body().empty()) {
     // A compressed body (RFC 9110 §8.4): gzip and deflate are decoded here,
     // within server.max_body (what Weir would hold either way), so every
     // route reads and forwards the JSON or form itself; other codings are a

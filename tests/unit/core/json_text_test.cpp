@@ -148,8 +148,25 @@ TEST(JsonText, Utf8PrefixCutsOnABoundary) {
             "c");
   EXPECT_EQ(utf8_prefix("\xE2\x82\xAC", 2), "");
   EXPECT_EQ(utf8_prefix("\xE2\x82\xAC", 0), "");
-  // Not UTF-8 at the cut: the plain cut (the escaper replaces what is left).
-  EXPECT_EQ(utf8_prefix("\x80\x80\x80\x80\x80\x80", 5), "\x80\x80\x80\x80\x80");
+  // Bytes that are not UTF-8 count as the U+FFFD each becomes (3 bytes):
+  // the cap holds for what is written, not for what was read.
+  EXPECT_EQ(utf8_prefix("\x80\x80\x80\x80\x80\x80", 5), "\x80");
+  EXPECT_EQ(utf8_prefix("\x80\x80\x80\x80\x80\x80", 6), "\x80\x80");
+  const std::string ff(400, '\xFF');
+  EXPECT_EQ(utf8_prefix(ff, 256).size(), 85u);
+  std::string written;
+  weir::core::append_json_string(written, utf8_prefix(ff, 256));
+  EXPECT_LE(written.size(), 256u + 2);  // and its quotes
+  // A truncated sequence is one replacement: "\xE2\x82" then "a" is 3 + 1 bytes.
+  EXPECT_EQ(utf8_prefix("\xE2\x82"
+                        "a",
+                        4),
+            "\xE2\x82"
+            "a");
+  EXPECT_EQ(utf8_prefix("\xE2\x82"
+                        "a",
+                        3),
+            "\xE2\x82");
 }
 
 TEST(JsonText, ErrorBodiesThatEchoInputAreValidAndCapped) {

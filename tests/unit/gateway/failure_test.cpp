@@ -102,6 +102,18 @@ TEST(Failure, ErrorDialects) {
   EXPECT_EQ(allowed_methods(RouteKind::messages_count_tokens), "POST");
 }
 
+TEST(Endpoints, AModelPathThatANormalizingServerWouldReadAsAnotherRouteIsNone) {
+  EXPECT_EQ(classify_path("/v1/models/meta-llama/Llama-3-8B"), RouteKind::models);  // ids hold '/'
+  EXPECT_EQ(classify_path("/v1/models/m.v2..x"), RouteKind::models);                // dots inside a segment
+  EXPECT_EQ(classify_path("/v1/models/%41"), RouteKind::models);
+  EXPECT_EQ(classify_path("/v1/models/meta-llama%2FLlama-3"), RouteKind::models);  // the openai SDK's encoding
+  EXPECT_EQ(classify_path("/v1/models/..."), RouteKind::models);
+  for (const char* p : {"/v1/models/../../metrics", "/v1/models/..", "/v1/models/./m", "/v1/models/a/../b",
+                        "/v1/models/%2e%2e%2f%2e%2e%2fis_sleeping", "/v1/models/%2E%2E", "/v1/models/a%2F..%2Fmetrics",
+                        "/v1/models/.%2e/x", "/v1/models/a%5cb", "/v1/models/a\\..\\b"})
+    EXPECT_EQ(classify_path(p), RouteKind::other) << p;
+}
+
 TEST(Endpoints, ResponsesRoute) {
   EXPECT_EQ(classify_path("/v1/responses"), RouteKind::responses);
   EXPECT_EQ(classify_path("/v1/responses/resp_1"), RouteKind::other);  // no store: no GET/DELETE by id

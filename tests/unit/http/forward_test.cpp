@@ -415,6 +415,39 @@ TEST(HttpForward, StripUpstreamOriginMatchesTheWholeHost) {
   EXPECT_EQ(strip_upstream_origin("http://h/p", ""), "http://h/p");
   EXPECT_EQ(strip_upstream_origin("https://api.example.com/v1/x", "api.example.com"), "/v1/x");
   EXPECT_EQ(strip_upstream_origin("HTTPS://API.example.com", "api.example.com"), "/");
+  // A network-path reference ("//host/...", RFC 3986 §4.2) names the upstream as well.
+  EXPECT_EQ(strip_upstream_origin("//h:80/v1/x", "h:80"), "/v1/x");
+  EXPECT_EQ(strip_upstream_origin("//h:8000/v1/x", "h:80"), "//h:8000/v1/x");
+  EXPECT_EQ(strip_upstream_origin("/v1//h:80", "h:80"), "/v1//h:80");
+}
+
+TEST(HttpForward, LinkTargetsAtTheUpstreamAreMadeRelativeAndAltSvcDropped) {
+  std::string out;
+  append_response_fields(out,
+                         response("HTTP/1.1 200 OK\r\nLink: <http://10.0.0.7:8000/v1/x?p=2>; rel=next, "
+                                  "<https://docs.example/y>; rel=help, <//10.0.0.7:8000/z>; rel=prev\r\n"
+                                  "Alt-Svc: h2=\":8001\"\r\nLink: </already>; rel=self\r\n\r\n"),
+                         false, "10.0.0.7:8000");
+  EXPECT_EQ(values(out, "Link"), (Values{"</v1/x?p=2>; rel=next, <https://docs.example/y>; rel=help, </z>; rel=prev",
+                                         "</already>; rel=self"}));
+  EXPECT_EQ(values(out, "Alt-Svc"), Values{});
+  EXPECT_EQ(out.find("10.0.0.7"), std::string::npos);
+  // Spaces inside the brackets, an anchor parameter, a userinfo, a Refresh redirect.
+  out.clear();
+  append_response_fields(out,
+                         response("HTTP/1.1 200 OK\r\nLink: < http://10.0.0.7:8000/a >; rel=x; "
+                                  "anchor=\"http://10.0.0.7:8000/z\"\r\nLocation: http://u:p@10.0.0.7:8000/x\r\n"
+                                  "Refresh: 0; url=http://10.0.0.7:8000/r\r\n\r\n"),
+                         false, "10.0.0.7:8000");
+  EXPECT_EQ(values(out, "Link"), Values{"< /a >; rel=x; anchor=\"/z\""});
+  EXPECT_EQ(values(out, "Location"), Values{"/x"});
+  EXPECT_EQ(values(out, "Refresh"), Values{"0; url=/r"});
+  EXPECT_EQ(out.find("10.0.0.7"), std::string::npos);
+  // A path that begins "//" stays a path on this host: never a redirect to another one.
+  out.clear();
+  append_response_fields(out, response("HTTP/1.1 302 Found\r\nLocation: http://10.0.0.7:8000//evil.example/x\r\n\r\n"),
+                         false, "10.0.0.7:8000");
+  EXPECT_EQ(values(out, "Location"), Values{"/.//evil.example/x"});
 }
 
 // The endpoint URL's path as an OpenAI-style base (https://api.openai.com/v1, Azure deployment bases).
