@@ -174,10 +174,24 @@ Continuation continuation_body(std::string_view body, std::string_view text_json
   json::object* last = !arr.empty() && arr.back().is_object() ? &arr.back().get_object() : nullptr;
   const auto* last_role = last ? last->if_contains("role") : nullptr;
   auto* last_content = last ? last->if_contains("content") : nullptr;
-  if (continuing && last_role && last_role->is_string() && last_role->get_string() == "assistant" && last_content &&
-      last_content->is_string()) {
-    // The client was continuing an assistant message of its own: the text goes on from it.
-    last_content->get_string().append(text.get_string());
+  // The client was continuing an assistant message of its own: the text goes
+  // on from it, a string or its last text part (as vLLM renders parts: the
+  // text continues where that part ends).
+  json::string* continued = nullptr;
+  if (continuing && last_role && last_role->is_string() && last_role->get_string() == "assistant" && last_content) {
+    if (last_content->is_string()) {
+      continued = &last_content->get_string();
+    } else if (last_content->is_array() && !last_content->get_array().empty() &&
+               last_content->get_array().back().is_object()) {
+      auto& part = last_content->get_array().back().get_object();
+      const auto* type = part.if_contains("type");
+      auto* t = part.if_contains("text");
+      if (type && type->is_string() && type->get_string() == "text" && t && t->is_string())
+        continued = &t->get_string();
+    }
+  }
+  if (continued) {
+    continued->append(text.get_string());
   } else {
     json::object m(&mr);
     m["role"] = "assistant";

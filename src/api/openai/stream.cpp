@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
@@ -27,8 +28,12 @@ bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& 
 }
 
 ChunkKind classify_chunk(std::string_view data) {
+  // The DOM of an ordinary chunk fits on the stack: no heap allocation
+  // (a larger one takes what more it needs from the heap).
+  alignas(16) unsigned char stack[4096];
+  boost::json::monotonic_resource mr(stack, sizeof stack);
   boost::system::error_code ec;
-  const boost::json::value v = boost::json::parse(data, ec);
+  const boost::json::value v = boost::json::parse(data, ec, &mr);
   if (ec || !v.is_object()) return ChunkKind::error;  // an invalid stream
   const auto& o = v.get_object();
   if (o.contains("error")) return ChunkKind::error;

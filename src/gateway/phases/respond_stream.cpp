@@ -122,10 +122,18 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     while (auto ev = ctx.sse.next()) {
       // After [DONE] (a translated stream: its end) nothing more of the upstream's is the client's.
       if (ctx.hooks.done_relayed()) continue;
+      // The first token is the first event with content (text, a tool
+      // call, reasoning, a finish): not a role-only chunk or a preamble
+      // (Azure's prompt_filter_results). TTFT, the first-token timeout and
+      // the endpoint's verdict (judge_stream) start from it. Events are
+      // classified only until it came (a held stream's too).
+      const bool first_pending = ctx.t_first_token == core::TimePoint{};
+      auto kind = api::openai::ChunkKind::empty;
+      if ((s.holding || first_pending) && ev->has_data && !ev->is_done()) kind = ctx.hooks.classify(*ev);
+      const bool first_token = first_pending && kind == api::openai::ChunkKind::content;
       if (s.holding && ev->has_data && !ev->is_done()) {
-        const auto c = ctx.hooks.classify(*ev);
-        if (c == api::openai::ChunkKind::error) s.failure = http::UpstreamFailure::protocol;
-        if (c == api::openai::ChunkKind::content) s.holding = false;
+        if (kind == api::openai::ChunkKind::error) s.failure = http::UpstreamFailure::protocol;
+        if (kind == api::openai::ChunkKind::content) s.holding = false;
       }
       // The upstream's in-band error (vLLM's `data: {"error": …}`) in a
       // stream that is not held: it reaches the client as it came (or
@@ -138,10 +146,10 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
           error_relayed(s);
           break;
         }
+        if (first_token) ctx.t_first_token = t_read;  // (its translation may come out with a later event)
         if (!sent) continue;
         ++ctx.events;
         data_event(t_read);
-        if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
         continue;
       }
       if (ctx.resume.on && ev->has_data && !ev->is_done() && !resume_note(ctx, *ev, s.holding, s.failure)) {
@@ -157,7 +165,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       if (ev->has_data) {
         ++ctx.events;
         if (!ev->is_done()) data_event(t_read);
-        if (ctx.t_first_token == core::TimePoint{}) ctx.t_first_token = t_read;
+        if (first_token) ctx.t_first_token = t_read;
       }
       events += ev->raw;
     }

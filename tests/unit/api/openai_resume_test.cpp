@@ -132,6 +132,28 @@ TEST(ContinuationBody, ContinuesTheClientsOwnFinalAssistantMessage) {
   EXPECT_FALSE(o.contains("echo"));
 }
 
+TEST(ContinuationBody, ContinuesAFinalAssistantMessageOfTextParts) {
+  // The prefill as content parts: the text goes on in its last text part, not in a second assistant
+  // message (whose template would end the first turn before it).
+  std::string out;
+  ASSERT_EQ(continuation_body(R"({"messages":[{"role":"user","content":"q"},{"role":"assistant","content":)"
+                              R"([{"type":"text","text":"A"},{"type":"text","text":"PRE:"}]}],)"
+                              R"("continue_final_message":true,"add_generation_prompt":false})",
+                              "AAA BBB", 1, out),
+            Continuation::ok);
+  const auto doc = parse(out);
+  const auto& msgs = doc.at("messages").as_array();
+  ASSERT_EQ(msgs.size(), 2u);
+  EXPECT_EQ(msgs[1].at("content").as_array()[0].at("text").as_string(), "A");
+  EXPECT_EQ(msgs[1].at("content").as_array()[1].at("text").as_string(), "PRE:AAA BBB");
+  // A last part that is no text (an image): the continuation is a message of its own.
+  ASSERT_EQ(continuation_body(R"({"messages":[{"role":"assistant","content":[{"type":"image_url","image_url":)"
+                              R"({"url":"u"}}]}],"continue_final_message":true})",
+                              "x", 1, out),
+            Continuation::ok);
+  EXPECT_EQ(parse(out).at("messages").as_array().size(), 2u);
+}
+
 TEST(ContinuationBody, RefusesWhatItCannotContinue) {
   std::string out;
   for (std::string_view bad :
