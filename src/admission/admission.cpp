@@ -313,9 +313,11 @@ RateLimitHeaders Admission::rate_limit_headers(const auth::Principal& principal,
   ScopeRef sc[2];
   const int n = scopes_of(principal, sc);
   RateLimitHeaders h;
+  // The scope that allows less now: fewer units remaining (what the caller
+  // can use is the least of them), and on a tie the smaller limit (two full
+  // buckets: the key's 50k under its tenant's 100k is the caller's limit).
   auto tighter = [](const BucketView& a, const BucketView& b) {
-    // Smaller share left wins; compare remaining/limit without division.
-    return static_cast<long double>(a.remaining) * b.limit < static_cast<long double>(b.remaining) * a.limit;
+    return a.remaining < b.remaining || (a.remaining == b.remaining && a.limit < b.limit);
   };
   for (int i = 0; i < n; ++i) {
     if (sc[i].limits->requests_per_minute) {

@@ -241,9 +241,20 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
   if (!jwt) return tl::unexpected(jwt.error());
   if (keys.keys.empty()) return fail(JwtFailure::no_keys, "no signing keys are loaded");
   if (jwt->has_kid) {
-    const Jwk* key = keys.find(jwt->kid);
-    if (!key) return fail(JwtFailure::unknown_kid, "token kid is not in the key set");
-    if (auto v = verify_signature(*jwt, *key); !v) return tl::unexpected(v.error());
+    // The key with that kid and of the type the token's alg needs: a set may
+    // give one kid to keys of different kty (RFC 7517 §4.5: alternatives).
+    const Jwk* first = nullptr;
+    const Jwk* of_kind = nullptr;
+    for (const auto& key : keys.keys) {
+      if (key.kid != jwt->kid) continue;
+      if (!first) first = &key;
+      if (key.kind == key_kind_for(jwt->alg)) {
+        of_kind = &key;
+        break;
+      }
+    }
+    if (!first) return fail(JwtFailure::unknown_kid, "token kid is not in the key set");
+    if (auto v = verify_signature(*jwt, of_kind ? *of_kind : *first); !v) return tl::unexpected(v.error());
   } else {
     bool verified = false, any = false;
     for (const auto& key : keys.keys) {

@@ -516,6 +516,13 @@ TEST(AdmissionHeaders, RateLimitValuesAndResetFormat) {
   EXPECT_EQ(hb.requests.limit, 10u);
   EXPECT_EQ(hb.requests.remaining, 9u);
   EXPECT_FALSE(hb.has_tokens);
+  // Both buckets full (nothing charged yet): the key's smaller limit is the caller's, not the
+  // tenant's (a tie of shares once went to the tenant, on a 429 in particular).
+  World full(rpm(1000), {}, rpm(10));
+  Admission c(*full.limiter, full.pricing, 0);
+  auto hc = c.rate_limit_headers(full.with_key, T0);
+  EXPECT_EQ(hc.requests.limit, 10u);
+  EXPECT_EQ(hc.requests.remaining, 10u);
 
   EXPECT_EQ(format_reset(0), "0s");
   EXPECT_EQ(format_reset(20), "20ms");

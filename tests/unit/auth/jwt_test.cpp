@@ -82,6 +82,23 @@ TEST(AuthJwt, AcceptsWithoutKidByTryingKeysOfTheRightKind) {
   EXPECT_EQ(failure(other.token(claims()), *keys), JwtFailure::bad_signature);
 }
 
+TEST(AuthJwt, OneKidOnKeysOfTwoTypesPicksTheTypeTheAlgNeeds) {
+  // RFC 7517 §4.5: keys of different kty may share a kid (alternatives). Either token verifies.
+  const auto& k = Keys::get();
+  TestKey ec = k.ec;
+  TestKey rsa = k.rsa;
+  ec.kid = rsa.kid = "2024-01";
+  auto keys = parse_jwks(jwks_of({&ec, &rsa}));
+  ASSERT_TRUE(keys);
+  EXPECT_TRUE(verify_jwt(ec.token(claims()), *keys, policy(), kNow));
+  auto r = verify_jwt(rsa.token(claims()), *keys, policy(), kNow);
+  EXPECT_TRUE(r) << r.error().message;
+  // A type no key of that kid has is still refused.
+  TestKey ed = k.ed;
+  ed.kid = "2024-01";
+  EXPECT_EQ(failure(ed.token(claims()), *keys), JwtFailure::key_mismatch);
+}
+
 TEST(AuthJwt, ExpiryAndNotBeforeHonourLeeway) {
   const auto& k = Keys::get();
   const auto keys = all_keys();
