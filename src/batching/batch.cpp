@@ -53,6 +53,10 @@ std::uint32_t BatchMember::batch_size() const {
   if (!batch_) return 0;
   return batch_->mode() == Batch::Mode::coalesce ? joined_size_ : batch_->sent_size();
 }
+std::span<const BatchMember::EarlierAttempt> BatchMember::earlier_attempts() const {
+  return batch_ ? batch_->earlier_attempts() : std::span<const EarlierAttempt>();
+}
+std::uint32_t BatchMember::batch_retries() const { return batch_ ? batch_->retries() : 0; }
 bool BatchMember::coalesced() const { return batch_ && batch_->mode() == Batch::Mode::coalesce; }
 int BatchMember::endpoint() const { return batch_ ? batch_->endpoint() : -1; }
 std::chrono::steady_clock::time_point BatchMember::sent_at() const {

@@ -35,6 +35,7 @@
 #include "core/config.hpp"
 #include "http/forward.hpp"
 #include "http/response_source.hpp"
+#include "routing/attempts.hpp"
 #include "routing/pool.hpp"
 
 namespace weir::batching {
@@ -101,6 +102,17 @@ class BatchMember final : public http::ResponseSource {
   bool coalesced() const;  // a coalesced generation (pools.X.coalesce), not a prompt-list batch
   int endpoint() const;    // endpoint index in the pool
   std::chrono::steady_clock::time_point sent_at() const;  // the batch's request went upstream
+  // The batch's attempts before its last one (retried: a connect failure,
+  // a 429/5xx, a reset), in order, for the member's access-log line; and
+  // the retries it made.
+  struct EarlierAttempt {
+    std::int16_t endpoint = -1;
+    std::int16_t status = 0;  // 0: none (a failure)
+    http::UpstreamFailure failure = http::UpstreamFailure::none;
+    std::uint32_t us = 0;
+  };
+  std::span<const EarlierAttempt> earlier_attempts() const;
+  std::uint32_t batch_retries() const;
 
   // --- ResponseSource ---
   // A streaming member gets the upstream's head; a non-streaming one the
@@ -154,6 +166,8 @@ struct BatchEnv {
   // endpoint `endpoint`, and how it failed (none: it got an answer); for
   // the per-endpoint metrics. Called once per attempt, not per member.
   std::function<void(std::uint32_t endpoint, http::UpstreamFailure f)> on_attempt;
+  // A retry the batch made (weir_upstream_retries_total{reason}), once per batch.
+  std::function<void(routing::RetryReason reason)> on_retry;
 };
 
 class MicroBatcher {

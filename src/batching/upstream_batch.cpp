@@ -72,13 +72,19 @@ core::Task<void> Batch::send() {
       exchange_.use(std::move(pooled));
     } else {
       if (env.upstream_connects) ++*env.upstream_connects;
+      const auto t_connect = core::now();
       failure = co_await exchange_.connect(ep.addr, ep.tls, pc.timeouts.connect);
       if (present_ == 0) break;
       if (failure != UpstreamFailure::none) {
         if (failure == UpstreamFailure::tls)
           routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
         if (env.on_attempt) env.on_attempt(ep_idx, failure);
-        if (attempts.on_connect_failure(failure, core::now())) continue;
+        if (attempts.on_connect_failure(failure, core::now())) {
+          note_attempt(ep_idx, 0, failure, t_connect);
+          ++retries_;
+          if (env.on_retry) env.on_retry(routing::RetryReason::connect);
+          continue;
+        }
         break;
       }
       attempts.on_connected();
@@ -127,6 +133,7 @@ core::Task<void> Batch::send() {
         started = true;  // pass the upstream's answer on
         break;
       }
+      note_attempt(ep_idx, status, UpstreamFailure::none, sent_at_);
       pool.on_finish(ep_idx);
       if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
     } else {
@@ -136,11 +143,15 @@ core::Task<void> Batch::send() {
                                        core::now());
       exchange_.release();
       if (!d.retry) break;
+      note_attempt(ep_idx, 0, failure, sent_at_);
     }
     if (d.delay.count() > 0) {
       window_.expires_after(d.delay);
       co_await window_.async_wait(core::use_task);
     }
+    if (present_ == 0) break;  // every member left in the backoff: no retry made
+    ++retries_;
+    if (env.on_retry) env.on_retry(d.reason);
   }
   if (!started) {
     exchange_.release();

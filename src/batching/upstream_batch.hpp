@@ -4,6 +4,8 @@
 // upstream_batch.cpp; the members and the batcher in batch.cpp.
 #pragma once
 
+#include <array>
+
 #include <memory>
 #include <optional>
 #include <string>
@@ -128,6 +130,8 @@ class Batch : public std::enable_shared_from_this<Batch> {
   }
   int endpoint() const { return endpoint_; }
   std::chrono::steady_clock::time_point sent_at() const { return sent_at_; }
+  std::span<const BatchMember::EarlierAttempt> earlier_attempts() const { return {tried_.data(), tried_count_}; }
+  std::uint32_t retries() const { return retries_; }
 
  private:
   enum class State : std::uint8_t { open, sending, streaming, done };
@@ -211,6 +215,20 @@ class Batch : public std::enable_shared_from_this<Batch> {
   State state_ = State::open;
   bool aborted_ = false;
   bool queue_place_ = false;  // hold_queue_place()
+  // The attempts before the last (at most 8 kept, as a request's log holds), and the retries made.
+  std::array<BatchMember::EarlierAttempt, 8> tried_{};
+  std::uint8_t tried_count_ = 0;
+  std::uint32_t retries_ = 0;
+  void note_attempt(std::uint32_t ep, int status, UpstreamFailure f, std::chrono::steady_clock::time_point since) {
+    if (tried_count_ >= tried_.size()) return;
+    tried_[tried_count_++] = {
+        .endpoint = static_cast<std::int16_t>(ep),
+        .status = static_cast<std::int16_t>(status),
+        .failure = f,
+        .us = static_cast<std::uint32_t>(std::min<std::int64_t>(
+            std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count(),
+            0xffffffff))};
+  }
   core::Timer window_;
   http::Exchange exchange_;
   http::SseReader sse_{4u << 20};

@@ -114,6 +114,7 @@ std::shared_ptr<WorkerGeneration> Worker::make_generation(std::shared_ptr<const 
                   metrics_.count_attempt_at(slot);
                   if (f != http::UpstreamFailure::none) metrics_.count_upstream_failure_at(slot, f);
                 },
+            .on_retry = [this](routing::RetryReason r) { metrics_.count_retry(r); },
         });
       }
     }

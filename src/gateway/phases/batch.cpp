@@ -103,6 +103,14 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   const bool ok = co_await m.wait_head();
   const auto now = core::now();
   ctx.endpoint = m.endpoint();
+  // The batch's attempts before its last (retried on its pool), as an unbatched request logs its own.
+  for (const auto& a : m.earlier_attempts())
+    ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
+                        .endpoint = a.endpoint,
+                        .status = a.status,
+                        .failure = a.failure,
+                        .us = a.us});
+  ctx.retries += m.batch_retries();
   if (m.sent_at() != core::TimePoint{}) {
     // A late member of a coalesced generation joined one already sent.
     ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
