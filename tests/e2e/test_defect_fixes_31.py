@@ -432,3 +432,45 @@ def test_a_stream_that_stalls_after_a_role_chunk_hits_the_first_token_timeout(we
         srv.close()
         for c in conns:
             c.close()
+
+
+# ------------------------------------------------------- a batch's retries in its members' lines
+
+def test_a_batchs_retries_show_in_each_members_log_line_and_the_metric(mock, weir):
+    # The batch retried on its pool (503, then 503), then its members fell back: each member's line
+    # shows every attempt, as an unbatched request's does, and the retry is counted once.
+    def busy(headers, body):
+        page = b'{"error":{"message":"busy","type":"ServiceUnavailable","code":503}}'
+        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s") % (len(page), page)
+    up = RawUpstream(busy)
+    backup = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    w = weir(config={"pools": {"gpu": {"endpoints": [up.url], "batch": {"window": "1s", "max_size": 2},
+                                       "retry": {"attempts": 2, "backoff": "10ms"},
+                                       "outlier": {"consecutive_failures": 0}},
+                               "backup": {"endpoints": [backup.base_url]}},
+                     "models": {"m": {"pool": "gpu", "upstream_model": "mock-model",
+                                      "fallbacks": [{"pool": "backup"}]}}}, workers=1)
+    try:
+        go = lambda i: httpx.post(w.base_url + "/v1/completions", timeout=30,
+                                  json={"model": "m", "prompt": f"member {i}", "max_tokens": 2}).status_code
+        assert in_parallel(go, [(0,), (1,)]) == [200, 200]
+    finally:
+        up.close()
+    entries = w.wait_log(lambda es: len(es) >= 2)
+    for e in entries:
+        assert [(a["pool"], a["status"]) for a in e["attempts"]] == [("gpu", 503), ("gpu", 503), ("backup", 200)], e
+        assert e["retries"] >= 1, e
+    assert w.metric("weir_upstream_retries_total", reason="status") == 1  # one retry: the batch's
+
+
+def test_an_include_usage_that_is_not_a_boolean_passes_as_sent(mock, weir):
+    # "true" (a string) is the upstream's to read or refuse: Weir neither rewrites it nor hides the
+    # answer. weir-mock refuses it, as a strict validator does: the client gets that 400.
+    up = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    w = weir(up, workers=1)
+    body = {"model": "mock-model", "stream": True, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],
+            "stream_options": {"include_usage": "true"}}
+    direct = httpx.post(up.base_url + "/v1/chat/completions", json=body, timeout=10)
+    through = httpx.post(w.base_url + "/v1/chat/completions", json=body, timeout=10)
+    assert through.status_code == direct.status_code == 400, (direct.text, through.text)

@@ -18,7 +18,12 @@ bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& 
   std::string_view obj = body.substr(span->value_begin, span->value_end - span->value_begin);
   // vLLM's StreamOptions.include_usage defaults to true: without the member
   // the upstream sends the usage chunk and the client gets it.
-  if (!find_member(obj, "include_usage")) return false;
+  const auto iu = find_member(obj, "include_usage");
+  if (!iu) return false;
+  // Only a client's false (or null) is turned on: any other value ("true",
+  // 1) is the upstream's to read or refuse, and the body goes as it came.
+  const std::string_view v = obj.substr(iu->value_begin, iu->value_end - iu->value_begin);
+  if (v != "false" && v != "null") return false;
   // vLLM ignores continuous_usage_stats unless include_usage is true: once
   // Weir turns usage on, keep per-chunk usage off, as the client had it.
   std::string no_continuous;

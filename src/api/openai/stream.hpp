@@ -17,8 +17,9 @@ namespace weir::api::openai {
 // client had it: vLLM honours it only with include_usage), so the stream
 // ends with a usage chunk. `has_stream_options`: the body has a
 // `stream_options` object. Returns false (out unspecified) when nothing was
-// changed: the client already asked for usage, or its stream_options
-// object has no include_usage (vLLM defaults it to true there).
+// changed: the client already asked for usage, its stream_options object
+// has no include_usage (vLLM defaults it to true there), or one that is
+// neither false nor null ("true", 1: the upstream's to read or refuse).
 // `scratch` is working storage. Every other byte is the client's.
 bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out);
 

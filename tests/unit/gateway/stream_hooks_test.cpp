@@ -264,6 +264,19 @@ TEST(ApiAskForUsage, NullStreamOptionsAreReplaced) {
   EXPECT_EQ(e.out, R"({"model":"m","stream_options":{"include_usage":true},"stream":true})");
 }
 
+TEST(ApiAskForUsage, AnIncludeUsageThatIsNeitherFalseNorNullIsLeftAlone) {
+  // "true" or 1: the upstream reads (vLLM's pydantic) or refuses it; Weir neither rewrites the body
+  // nor hides a usage chunk the client may have asked for.
+  for (std::string_view body : {R"({"model":"m","stream":true,"stream_options":{"include_usage":"true"}})",
+                                R"({"model":"m","stream":true,"stream_options":{"include_usage":1}})",
+                                R"({"model":"m","stream":true,"stream_options":{"include_usage":{}}})"}) {
+    SCOPED_TRACE(body);
+    EXPECT_FALSE(ask(body, true).changed);
+  }
+  EXPECT_TRUE(ask(R"({"model":"m","stream":true,"stream_options":{"include_usage":null}})", true).changed);
+  EXPECT_TRUE(ask(R"({"model":"m","stream":true,"stream_options":{"include_usage":false}})", true).changed);
+}
+
 TEST(ApiAskForUsage, StreamOptionsWithoutIncludeUsageAreLeftAlone) {
   // vLLM defaults include_usage to true there: the client gets usage anyway.
   for (std::string_view body : {R"({"model":"m","stream":true,"stream_options":{}})",
