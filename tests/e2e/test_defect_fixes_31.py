@@ -29,20 +29,26 @@ def sha(key: str) -> str:
 SLOW = ("--ttft-ms", "1500", "--itl-ms", "5", "--max-tokens", "4")
 
 
+def queued_batching(up, mode: str, size: int, window: str, max_size: int):
+    """A pool on `up` with one upstream request at a time (queue.max_concurrent 1) and coalescing or
+    micro-batching (`mode`); returns (pool config, route path, body(text) for it)."""
+    pool = {"endpoints": [up.base_url], "queue": {"size": size, "max_concurrent": 1, "timeout": "20s",
+                                                  "saturation": False}}
+    if mode == "coalesce":
+        pool["coalesce"] = True
+        return pool, "/v1/chat/completions", lambda text: {
+            "model": "mock-model", "temperature": 0, "max_tokens": 4, "messages": [{"role": "user", "content": text}]}
+    pool["batch"] = {"window": window, "max_size": max_size}
+    return pool, "/v1/completions", lambda text: {"model": "mock-model", "prompt": text, "max_tokens": 4}
+
+
 @pytest.mark.parametrize("mode", ["coalesce", "batch"])
 def test_a_request_that_opens_a_batch_waits_for_the_pools_queue(mock, weir, mode):
     # max_concurrent 1: a second upstream request must wait for the first to end, whether or not
     # the requests could be batched or coalesced (each one here opens its own: distinct prompts).
     up = mock(*SLOW)
-    pool = {"endpoints": [up.base_url], "queue": {"size": 4, "max_concurrent": 1, "timeout": "20s",
-                                                  "saturation": False}}
-    if mode == "coalesce":
-        pool["coalesce"] = True
-        path, body = "/v1/chat/completions", lambda i: {"model": "mock-model", "temperature": 0, "max_tokens": 4,
-                                                        "messages": [{"role": "user", "content": f"distinct {i}"}]}
-    else:
-        pool["batch"] = {"window": "10ms", "max_size": 2}
-        path, body = "/v1/completions", lambda i: {"model": "mock-model", "prompt": f"distinct {i}", "max_tokens": 4}
+    pool, path, text_body = queued_batching(up, mode, size=4, window="10ms", max_size=2)
+    body = lambda i: text_body(f"distinct {i}")
     w = weir(config={"pools": {"gpu": pool}, "default_pool": "gpu"}, workers=1)
     with cf.ThreadPoolExecutor(2) as ex:
         first = ex.submit(httpx.post, w.base_url + path, json=body(0), timeout=30)
@@ -66,19 +72,9 @@ def test_requests_waiting_in_the_queue_join_the_batch_that_opens(mock, weir, mod
     # opens a batch (or a generation), the others go with it, not each after the other for a place
     # of its own (which would turn batching off exactly when it is needed).
     up = mock(*SLOW)
-    pool = {"endpoints": [up.base_url], "queue": {"size": 16, "max_concurrent": 1, "timeout": "20s",
-                                                  "saturation": False}}
-    if mode == "coalesce":
-        pool["coalesce"] = True
-        path = "/v1/chat/completions"
-        body = lambda text: {"model": "mock-model", "temperature": 0, "max_tokens": 4,
-                             "messages": [{"role": "user", "content": text}]}
-        waiting = lambda i: body("same")
-    else:
-        pool["batch"] = {"window": "100ms", "max_size": 8}
-        path = "/v1/completions"
-        body = lambda text: {"model": "mock-model", "prompt": text, "max_tokens": 4}
-        waiting = lambda i: body(f"member {i}")
+    pool, path, body = queued_batching(up, mode, size=16, window="100ms", max_size=8)
+    # Identical requests coalesce; micro-batch members differ only in their prompts.
+    waiting = (lambda i: body("same")) if mode == "coalesce" else (lambda i: body(f"member {i}"))
     w = weir(config={"pools": {"gpu": pool}, "default_pool": "gpu"}, workers=1)
     with cf.ThreadPoolExecutor(5) as ex:
         blocker = ex.submit(httpx.post, w.base_url + path, json=body("blocker"), timeout=30)
