@@ -347,16 +347,23 @@ def test_generated_request_ids_cannot_be_guessed(wire):
 
 # -------------------------------------------------------- a deadline that a retry would overrun
 
+def busy_503(retry_after: str | None = None):
+    """A RawUpstream answer: vLLM's 503 (with Retry-After when given)."""
+    extra = f"Retry-After: {retry_after}\r\n".encode() if retry_after else b""
+
+    def answer(headers, body):
+        page = b'{"error":{"message":"busy","type":"ServiceUnavailable","code":503}}'
+        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n%s"
+                b"Content-Length: %d\r\n\r\n%s") % (extra, len(page), page)
+    return answer
+
+
 @pytest.mark.parametrize("wait", ["retry_after", "backoff"])
 def test_a_retry_the_deadline_rules_out_leaves_the_request_to_its_fallback(mock, weir, wait):
     # 500 ms left, and the pool's next retry would wait 1 s (the upstream's Retry-After) or 5 s (its
     # backoff): that retry is not made, and the fallback answers. Before, a 504 "deadline passed"
     # came at once, with no fallback tried.
-    def answer(headers, body):
-        page = b'{"error":{"message":"busy","type":"ServiceUnavailable","code":503}}'
-        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-                b"Content-Length: %d\r\n\r\n%s") % (len(page), page)
-    busy = RawUpstream(answer)
+    busy = RawUpstream(busy_503(retry_after="1"))
     good = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
     retry = ({"attempts": 3, "backoff": "10ms", "retry_after_cap": "5s"} if wait == "retry_after"
              else {"attempts": 2, "backoff": "5s", "max_backoff": "5s"})
@@ -435,11 +442,7 @@ def test_a_stream_that_stalls_after_a_role_chunk_hits_the_first_token_timeout(we
 def test_a_batchs_retries_show_in_each_members_log_line_and_the_metric(mock, weir):
     # The batch retried on its pool (503, then 503), then its members fell back: each member's line
     # shows every attempt, as an unbatched request's does, and the retry is counted once.
-    def busy(headers, body):
-        page = b'{"error":{"message":"busy","type":"ServiceUnavailable","code":503}}'
-        return (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                b"Content-Length: %d\r\n\r\n%s") % (len(page), page)
-    up = RawUpstream(busy)
+    up = RawUpstream(busy_503())
     backup = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
     w = weir(config={"pools": {"gpu": {"endpoints": [up.url], "batch": {"window": "1s", "max_size": 2},
                                        "retry": {"attempts": 2, "backoff": "10ms"},
