@@ -14,6 +14,7 @@ void BatchThread::start(const char* name, Priority priority, std::size_t full, s
   {
     std::lock_guard lock(mu_);
     stop_ = false;
+    done_ = false;
   }
   thread_ = std::thread([this, priority, full, idle, step = std::move(step), drain = std::move(drain)] {
     // Lowering a thread's own policy needs no privilege; if it fails anyway
@@ -43,6 +44,11 @@ void BatchThread::run(std::size_t full, std::chrono::milliseconds idle, const st
     deadline = deadline_;
   }
   drain(deadline);
+  {
+    std::lock_guard lock(mu_);
+    done_ = true;
+  }
+  cv_.notify_all();
 }
 
 void BatchThread::stop(Clock::time_point deadline) {
@@ -53,6 +59,22 @@ void BatchThread::stop(Clock::time_point deadline) {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+}
+
+bool BatchThread::stop_within(Clock::time_point deadline, Clock::time_point until) {
+  {
+    std::unique_lock lock(mu_);
+    stop_ = true;
+    deadline_ = deadline;
+    cv_.notify_all();
+    if (!cv_.wait_until(lock, until, [this] { return done_; })) {
+      lock.unlock();
+      thread_.detach();
+      return false;
+    }
+  }
+  if (thread_.joinable()) thread_.join();
+  return true;
 }
 
 bool BatchThread::sleep_for(std::chrono::milliseconds d) {

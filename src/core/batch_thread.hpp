@@ -37,6 +37,12 @@ class BatchThread {
              std::function<std::size_t()> step, std::function<void(Clock::time_point)> drain);
   // Wakes the thread, and joins it once drain(deadline) returned.
   void stop(Clock::time_point deadline);
+  // The same, but waits only until `until` (past `deadline`: drain's own
+  // grace): a sink blocked in a call with no timeout of its own (a database
+  // that stopped answering) cannot hold the process. Returns true when the
+  // thread ended; false when it did not: it is detached, and the owner must
+  // then outlive the process (never be destroyed: the thread may wake).
+  bool stop_within(Clock::time_point deadline, Clock::time_point until);
   // For a step's backoff: waits `d`, or less when stop() is called; true when stopping.
   bool sleep_for(std::chrono::milliseconds d);
   bool running() const { return thread_.joinable(); }
@@ -48,6 +54,7 @@ class BatchThread {
   std::mutex mu_;  // guards stop_ and deadline_ between the stopping thread and this one, never a worker
   std::condition_variable cv_;
   bool stop_ = false;
+  bool done_ = false;  // run() returned
   Clock::time_point deadline_{};
   std::thread thread_;
 };

@@ -254,7 +254,9 @@ void Writer::start() {
       [this](SteadyClock::time_point deadline) { drain(deadline); });
 }
 
-void Writer::stop(SteadyClock::time_point deadline) { loop_.stop(deadline); }
+bool Writer::stop(SteadyClock::time_point deadline) {
+  return loop_.stop_within(deadline, deadline + std::chrono::seconds(1));
+}
 
 void Writer::report(bool now_anyway) {
   const auto now = SteadyClock::now();

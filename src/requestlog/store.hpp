@@ -55,7 +55,11 @@ class Writer {
   void start();
   // After the workers stopped: writes what is queued until `deadline`,
   // counts the rest as dropped, closes the store and joins the thread.
-  void stop(std::chrono::steady_clock::time_point deadline);
+  // False when the thread was still inside a store call 1 s past the
+  // deadline (a PostgreSQL server that stopped answering: libpq waits
+  // without a timeout of its own): it is left, and the Writer must then
+  // never be destroyed.
+  bool stop(std::chrono::steady_clock::time_point deadline);
 
   WriterStats stats() const;
 

@@ -200,7 +200,14 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   asio::co_spawn(main_io, services.stop(), [&](std::exception_ptr) { main_io.stop(); });
   signal_thread.join();
   // Bounded: what the writer cannot store within 5 s more is dropped and counted.
-  if (request_log) request_log->stop(std::chrono::steady_clock::now() + kRequestLogDrain);
+  if (request_log && !request_log->stop(std::chrono::steady_clock::now() + kRequestLogDrain)) {
+    // Its thread is stuck in a store call (a server that stopped answering): it is left to the
+    // process's exit, and so is the writer it uses.
+    fmt::print(stderr,
+               "weir: request log: the store did not answer within the drain; the records still queued are "
+               "not written\n");
+    (void)request_log.release();
+  }
   if (tracer) tracer->stop(std::chrono::steady_clock::now() + kTracingDrain);
   fmt::print(stderr, "weir: stopped\n");
   return 0;

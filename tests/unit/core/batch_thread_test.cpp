@@ -5,6 +5,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -12,6 +14,45 @@ namespace weir::core {
 namespace {
 
 using namespace std::chrono_literals;
+
+TEST(BatchThread, StopWithinLeavesAThreadStuckInItsSinkAndReturns) {
+  // A sink call that never returns (a database that stopped answering) must not hold the process:
+  // stop_within gives up at `until` and leaves the thread, which may still wake later.
+  static BatchThread t;  // outlives its thread, as an owner of a left thread must
+  static std::promise<void> release;
+  static std::promise<void> drained;
+  std::atomic<bool> in_step{false};
+  auto released = release.get_future().share();
+  t.start(
+      "weir-test", BatchThread::Priority::normal, 1, 1ms,
+      [&in_step, released] {
+        in_step = true;
+        released.wait();
+        return std::size_t{0};
+      },
+      [](BatchThread::Clock::time_point) { drained.set_value(); });
+  while (!in_step) std::this_thread::sleep_for(1ms);
+  const auto t0 = BatchThread::Clock::now();
+  EXPECT_FALSE(t.stop_within(t0, t0 + 100ms));
+  EXPECT_LT(BatchThread::Clock::now() - t0, 5s);
+  EXPECT_FALSE(t.running());  // detached
+  // The call returns at last: the thread drains and ends on its own.
+  release.set_value();
+  EXPECT_EQ(drained.get_future().wait_for(10s), std::future_status::ready);
+  std::this_thread::sleep_for(50ms);  // (its last lock and notify)
+}
+
+TEST(BatchThread, StopWithinJoinsAThreadThatEnds) {
+  BatchThread t;
+  std::atomic<int> drains{0};
+  t.start(
+      "weir-test", BatchThread::Priority::normal, 1, 1ms, [] { return std::size_t{0}; },
+      [&](BatchThread::Clock::time_point) { ++drains; });
+  const auto now = BatchThread::Clock::now();
+  EXPECT_TRUE(t.stop_within(now, now + 10s));
+  EXPECT_EQ(drains, 1);
+  EXPECT_FALSE(t.running());
+}
 
 TEST(BatchThread, StepsUntilStoppedThenDrainsOnceWithTheDeadline) {
   BatchThread t;
