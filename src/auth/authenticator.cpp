@@ -97,9 +97,16 @@ tl::unexpected<core::Error> Authenticator::reject(core::Error e) {
   return tl::unexpected(std::move(e));
 }
 
+tl::unexpected<core::Error> Authenticator::reject_known(core::Error e, std::string_view tenant, std::string_view key_id,
+                                                        std::string_view subject) {
+  refused_.emplace(RefusedIdentity{std::string(tenant), std::string(key_id), std::string(subject)});
+  return reject(std::move(e));
+}
+
 tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate(std::string_view authorization,
                                                                     std::string_view x_api_key, WallTime now) {
   pending_key_.reset();
+  refused_.reset();
   std::string_view credential;
   authorization = trim(authorization);
   if (!authorization.empty()) {
@@ -134,7 +141,7 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_key(std::str
     return reject(incorrect_key());
   }
   if (kp->expires_at != WallTime{} && now >= kp->expires_at) [[unlikely]]
-    return reject(key_expired(*kp));
+    return reject_known(key_expired(*kp), kp->tenant->name, kp->id, {});
   auto& slot = key_principals_[static_cast<std::size_t>(kp - policy_->keys().data())];
   if (!slot) {
     auto p = std::make_shared<Principal>();
@@ -161,12 +168,13 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_redis_key(co
   switch (e->state) {
     case RedisKeyCache::State::found:
       if (const KeyPolicy* k = e->principal->key; k->expires_at != WallTime{} && now >= k->expires_at) [[unlikely]]
-        return reject(key_expired(*k));
+        return reject_known(key_expired(*k), k->tenant->name, k->id, {});
       ++stats_.api_key_hits;
       ++stats_.redis_key_hits;
       return e->principal;
     case RedisKeyCache::State::forbidden:
-      return reject(key_tenant_not_configured(e->record ? std::string_view(e->record->tenant) : std::string_view()));
+      if (!e->record) return reject(key_tenant_not_configured({}));
+      return reject_known(key_tenant_not_configured(e->record->tenant), e->record->tenant, e->record->id, {});
     case RedisKeyCache::State::unavailable:
       return reject(key_store_unavailable());
     case RedisKeyCache::State::unknown:
@@ -266,12 +274,15 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
   std::string_view tenant_name = string_claim(verified->claims, jwt_cfg.tenant_claim);
   if (tenant_name.empty()) tenant_name = jwt_cfg.default_tenant;
   if (tenant_name.empty())
-    return reject(core::forbidden(fmt::format("The token has no '{}' claim naming a tenant.", jwt_cfg.tenant_claim),
-                                  "tenant_not_allowed"));
+    return reject_known(
+        core::forbidden(fmt::format("The token has no '{}' claim naming a tenant.", jwt_cfg.tenant_claim),
+                        "tenant_not_allowed"),
+        {}, {}, string_claim(verified->claims, jwt_cfg.subject_claim));
   const TenantPolicy* tenant = policy_->credential_tenant(tenant_name);
   if (!tenant)
-    return reject(core::forbidden(fmt::format("Tenant `{}` is not configured.", tenant_name.substr(0, 128)),
-                                  "tenant_not_allowed"));
+    return reject_known(core::forbidden(fmt::format("Tenant `{}` is not configured.", tenant_name.substr(0, 128)),
+                                        "tenant_not_allowed"),
+                        tenant_name, {}, string_claim(verified->claims, jwt_cfg.subject_claim));
   auto p = std::make_shared<Principal>();
   p->kind = CredentialKind::jwt;
   p->tenant = tenant;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -91,6 +92,10 @@ class Authenticator {
   // found neither in the configuration nor in this worker's Redis-key cache
   // (a lookup is wanted: async_key_lookup); nullopt otherwise.
   const std::optional<PendingKeyLookup>& key_lookup_pending() const noexcept { return pending_key_; }
+  // After a failed authenticate(): who the refused credential names, when it
+  // was verified and refused on policy (see RefusedIdentity); nullopt for a
+  // missing, unknown or invalid credential.
+  const std::optional<RefusedIdentity>& refused_identity() const noexcept { return refused_; }
   RedisKeys* redis_keys() const noexcept { return redis_keys_; }
   // Caches the answer of a Redis key lookup asked for at `asked_at`
   // (async_key_lookup calls it on this worker's thread). A found key's
@@ -115,6 +120,8 @@ class Authenticator {
   tl::expected<PrincipalPtr, core::Error> authenticate_key(std::string_view key, WallTime now);
   tl::expected<PrincipalPtr, core::Error> authenticate_redis_key(const Sha256Digest& digest, WallTime now);
   tl::unexpected<core::Error> reject(core::Error e);
+  tl::unexpected<core::Error> reject_known(core::Error e, std::string_view tenant, std::string_view key_id,
+                                           std::string_view subject);
 
   std::shared_ptr<const AuthPolicy> policy_;
   JwksCache* jwks_;
@@ -128,6 +135,7 @@ class Authenticator {
   RedisKeys* redis_keys_ = nullptr;
   std::unique_ptr<RedisKeyCache> redis_cache_;  // with redis_keys_ only
   std::optional<PendingKeyLookup> pending_key_;
+  std::optional<RefusedIdentity> refused_;
   Stats stats_;
 };
 

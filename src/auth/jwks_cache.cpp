@@ -1,8 +1,10 @@
 #include "auth/jwks_cache.hpp"
 
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -111,9 +113,27 @@ void JwksCache::fetch_now() {
 
 void JwksCache::on_result(JwksSource::Result r) {
   in_flight_ = false;
-  bool ok = false;
-  if (r) ok = install(*r).has_value();
-  if (!ok) failures_.fetch_add(1, std::memory_order_relaxed);
+  tl::expected<void, std::string> installed =
+      r ? install(*r) : tl::expected<void, std::string>(tl::unexpect, std::move(r.error()));
+  const bool ok = installed.has_value();
+  // An operator sees each failed fetch (at most one per min_refetch_interval)
+  // and the first success after failures; a steady refetch prints nothing.
+  if (!ok) {
+    failures_.fetch_add(1, std::memory_order_relaxed);
+    const auto keys = keys_.load(std::memory_order_acquire);
+    const std::size_t kept = keys ? keys->keys.size() : 0;
+    fmt::print(stderr, "weir: JWKS fetch from {} failed: {}; {}\n", source_->describe(), installed.error(),
+               kept == 0 ? std::string("no keys yet, so every JWT is refused (401)")
+                         : fmt::format("still verifying with the {} key{} fetched before", kept, kept == 1 ? "" : "s"));
+    std::fflush(stderr);
+    failing_ = true;
+  } else if (failing_) {
+    failing_ = false;
+    const auto keys = keys_.load(std::memory_order_acquire);
+    fmt::print(stderr, "weir: JWKS fetch from {} succeeded again: {} key{}\n", source_->describe(),
+               keys ? keys->keys.size() : 0, keys && keys->keys.size() == 1 ? "" : "s");
+    std::fflush(stderr);
+  }
   const std::uint64_t completed = completed_.fetch_add(1, std::memory_order_release) + 1;
   if (!waiters_.empty()) {
     std::vector<std::pair<std::uint64_t, std::function<void()>>> still;

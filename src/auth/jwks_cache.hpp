@@ -57,7 +57,8 @@ struct JwksOptions {
 
 // Holds the current KeySet. Fetch failures and unparseable documents keep
 // the previous set: when the JWKS endpoint is down, Weir keeps serving with
-// the keys it has.
+// the keys it has. Each failed fetch prints one line on stderr (why, and
+// how many keys are kept), and so does the first success after failures.
 //
 // Threads: construct, start() and stop() on the control-plane thread (or
 // before it runs); keys(), generation() and request_refresh() from any
@@ -123,6 +124,7 @@ class JwksCache {
   std::atomic<std::int64_t> next_refetch_ns_{INT64_MIN};  // wall ns before which request_refresh refuses
   bool in_flight_ = false;                                // control thread only
   bool running_ = false;                                  // control thread only
+  bool failing_ = false;  // control thread only: the last fetch failed (its success is then logged)
   std::vector<std::pair<std::uint64_t, std::function<void()>>> waiters_;  // control thread only
   std::atomic<std::uint64_t> fetches_{0}, failures_{0}, updates_{0}, refresh_requests_{0}, refresh_limited_{0};
   std::atomic<std::uint64_t> completed_{0};

@@ -135,6 +135,17 @@ class AuthPolicy {
 // How the caller proved who it is.
 enum class CredentialKind : std::uint8_t { anonymous, api_key, jwt };
 
+// Who a refused credential names, when Weir verified it and refused it on
+// policy (an expired key, a key or token whose tenant is not configured):
+// for the access log, so an operator sees whose request a 401/403 was.
+// Empty fields are unknown. The tenant is the name the credential claims,
+// which may not be configured.
+struct RefusedIdentity {
+  std::string tenant;
+  std::string key_id;   // API keys
+  std::string subject;  // JWTs: the subject claim
+};
+
 // Who is calling: the result of authentication, shared by the requests that
 // present the same credential on one worker (so a request copies one pointer,
 // not strings). Holds its AuthPolicy alive, so `tenant` and `key` stay valid

@@ -10,6 +10,7 @@ void RequestContext::reset() {
   method.clear();
   path.clear();
   principal.reset();
+  refused.reset();
   model.clear();
   model_slot = 0;
   stream = false;

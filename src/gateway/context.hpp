@@ -81,6 +81,21 @@ struct RequestContext {
 
   // --- authenticate ---
   auth::PrincipalPtr principal;  // who is asking; null without auth
+  // Who a credential refused on policy names (401 expired key, 403 unknown
+  // tenant): logged in place of the principal's identity.
+  std::optional<auth::RefusedIdentity> refused;
+  // For the logs: the principal's tenant, key id and JWT subject, else the
+  // refused credential's; empty when unknown.
+  std::string_view log_tenant() const noexcept {
+    return principal ? principal->tenant_name() : refused ? std::string_view(refused->tenant) : std::string_view();
+  }
+  std::string_view log_key_id() const noexcept {
+    return principal ? principal->key_id() : refused ? std::string_view(refused->key_id) : std::string_view();
+  }
+  std::string_view log_subject() const noexcept {
+    if (principal) return principal->kind == auth::CredentialKind::jwt ? std::string_view(principal->subject) : "";
+    return refused ? std::string_view(refused->subject) : std::string_view();
+  }
 
   // --- parse ---
   std::string model;             // as the client sent it (at most 256 bytes)

@@ -202,6 +202,9 @@ def test_a_key_budget_runs_out_and_an_expired_key_is_refused(gw):
     assert r.status_code == 200 and r.json()["expires_at"] == 1577836800, r.text
     r = chat(w, e["key"])
     assert r.status_code == 401 and "expired" in r.json()["error"]["message"], r.text
+    # The log names the expired key and its tenant: whose request was refused.
+    line = w.log_for(r.headers["x-request-id"])
+    assert (line["tenant"], line["key_id"]) == ("acme", e["id"]), line
     assert admin("GET", f"/admin/v1/keys/{e['id']}").json()["expired"] is True
     # A key created with an expiry a second away stops working by itself.
     soon = admin.create(tenant="acme", expires_at=int(time.time()) + 2)

@@ -378,8 +378,15 @@ def test_jwt_from_a_jwks_url_with_key_rotation(mock, weir, jwks_server):
                        "exp": int(time.time()) + 600}, None, algorithm="none")]
     for t in bad:
         assert_openai_error(chat(w, t), 401, "invalid_api_key")
-    # A tenant that is not configured: 403.
-    assert chat(w, token(k1, "k1", tenant="nobody")).status_code == 403
+    # A tenant that is not configured: 403, and the log says who the
+    # verified token names (its subject and the tenant it claims).
+    r = chat(w, token(k1, "k1", tenant="nobody", sub="user-9"))
+    assert r.status_code == 403
+    line = w.log_for(r.headers["x-request-id"])
+    assert (line["tenant"], line["subject"], line["key_id"]) == ("nobody", "user-9", None), line
+    # An invalid token vouches for no one: no identity in its line.
+    r = chat(w, bad[0])
+    assert "tenant" not in w.log_for(r.headers["x-request-id"])
     # Rotation: the IdP adds k2 and signs with it. The first request with the
     # new kid makes Weir refetch and succeeds once the new set is in.
     hits = jwks_server.hits
@@ -410,6 +417,9 @@ def test_jwks_down_keeps_serving_with_cached_keys(mock, weir, jwks_server):
     k2 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     assert chat(w, token(k2, "k2")).status_code == 401
     assert chat(w, token(k1, "k1", sub="user-3")).status_code == 200
+    # The failed fetch is on stderr, with what Weir goes on with.
+    wait_until(lambda: "weir: JWKS fetch from " in w.process.log(), 5, message="the failed fetch's line")
+    assert "still verifying with the 1 key fetched before" in w.process.log(), w.process.log()
 
 
 def test_jwt_from_a_jwks_file(mock, weir, tmp_path):

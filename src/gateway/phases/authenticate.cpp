@@ -50,7 +50,10 @@ std::optional<Outcome> GatewayPhases::credentials_now(RequestContext& ctx) {
 }
 
 Outcome GatewayPhases::accept_credentials(RequestContext& ctx, tl::expected<auth::PrincipalPtr, core::Error> p) {
-  if (!p) return Outcome::failed(std::move(p.error()));
+  if (!p) {
+    if (const auto& who = w_.authenticator()->refused_identity()) ctx.refused = *who;
+    return Outcome::failed(std::move(p.error()));
+  }
   ctx.principal = std::move(*p);
   if (w_.shared().capture) begin_capture(ctx);
   return Outcome::next();

@@ -235,20 +235,22 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   else
     w.put_json_string(
         cfg.pools[static_cast<std::size_t>(ctx.pool)].endpoints[static_cast<std::size_t>(ctx.endpoint)].display);
-  if (ctx.principal) {
+  if (ctx.principal || ctx.refused) {
+    // A refused credential's identity (ctx.refused) is written the same way:
+    // the tenant it claims, its key id or subject; nothing was spent.
+    auto put_or_null = [&](std::string_view v) {
+      if (v.empty())
+        w.put("null"sv);
+      else
+        w.put_json_string(core::utf8_prefix(v, core::kMaxEchoBytes));  // Redis ids and JWT claims: any text
+    };
     w.put(R"(,"tenant":)"sv);
-    w.put_json_string(ctx.principal->tenant_name());
+    put_or_null(ctx.log_tenant());
     w.put(R"(,"key_id":)"sv);
-    if (ctx.principal->key_id().empty())
-      w.put("null"sv);
-    else
-      w.put_json_string(core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));  // Redis: any id
+    put_or_null(ctx.log_key_id());
     // A JWT's subject claim (auth.jwt.subject_claim): who, within the tenant, asked.
     w.put(R"(,"subject":)"sv);
-    if (ctx.principal->kind != auth::CredentialKind::jwt || ctx.principal->subject.empty())
-      w.put("null"sv);
-    else
-      w.put_json_string(core::utf8_prefix(ctx.principal->subject, core::kMaxEchoBytes));
+    put_or_null(ctx.log_subject());
     w.put(R"(,"spend_usd":)"sv);
     w.put_scaled(static_cast<std::int64_t>(ctx.spend_nano_usd), 9);
   }
@@ -361,13 +363,8 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudg
   r->status = ctx.status;
   r->request_id.assign(ctx.request_id);
   r->model.assign(core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
-  if (ctx.principal) {
-    r->tenant.assign(ctx.principal->tenant_name());
-    r->key_id.assign(core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));
-  } else {
-    r->tenant.clear();
-    r->key_id.clear();
-  }
+  r->tenant.assign(core::utf8_prefix(ctx.log_tenant(), core::kMaxEchoBytes));
+  r->key_id.assign(core::utf8_prefix(ctx.log_key_id(), core::kMaxEchoBytes));
   r->json.assign(line);
   // Captured bodies (request_log.capture_bodies), within the queue's budget.
   static const RequestContext::Captured kNone;

@@ -127,13 +127,8 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
   r->operation = operation_of(ctx.route);
   r->request_id.assign(ctx.request_id);
   r->model.assign(core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
-  if (ctx.principal) {
-    r->tenant.assign(ctx.principal->tenant_name());
-    r->key_id.assign(core::utf8_prefix(ctx.principal->key_id(), core::kMaxEchoBytes));
-  } else {
-    r->tenant.clear();
-    r->key_id.clear();
-  }
+  r->tenant.assign(core::utf8_prefix(ctx.log_tenant(), core::kMaxEchoBytes));
+  r->key_id.assign(core::utf8_prefix(ctx.log_key_id(), core::kMaxEchoBytes));
   r->user_agent.assign(t.user_agent);
   r->status = ctx.status;
   r->stream = ctx.stream;

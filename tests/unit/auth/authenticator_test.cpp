@@ -206,6 +206,24 @@ TEST_F(AuthJwtFlow, NoTokenMayNameTheImplicitAnonymousTenant) {
   EXPECT_EQ(r.error().code, "tenant_not_allowed");
 }
 
+TEST_F(AuthJwtFlow, RefusedTokenKeepsTheIdentityItNamesForTheLog) {
+  // A verified token whose tenant is not configured: 403, and the access log
+  // can still say who asked (the subject) and for which tenant.
+  auto r = bearer(Keys::get().rsa.token(claims(R"("ghost")")));
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().status, 403);
+  ASSERT_TRUE(auth->refused_identity());
+  EXPECT_EQ(auth->refused_identity()->tenant, "ghost");
+  EXPECT_EQ(auth->refused_identity()->subject, "user-1");
+  EXPECT_EQ(auth->refused_identity()->key_id, "");
+  // An invalid token names no one it could vouch for; a success clears it.
+  ASSERT_FALSE(bearer(Keys::get().rsa.token(claims(R"("acme")", -3600))));
+  EXPECT_FALSE(auth->refused_identity());
+  ASSERT_FALSE(bearer(Keys::get().rsa.token(claims(R"("ghost")"))));
+  ASSERT_TRUE(bearer(Keys::get().rsa.token(claims())));
+  EXPECT_FALSE(auth->refused_identity());
+}
+
 TEST_F(AuthJwtFlow, VerifiesOnceThenHitsTheCache) {
   const auto token = Keys::get().rsa.token(claims());
   auto p1 = bearer(token);
