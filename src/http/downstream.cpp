@@ -288,6 +288,20 @@ Task<bool> Downstream::read_body() {
   co_return false;
 }
 
+std::string_view Downstream::refused_request_line(std::string& scratch) const {
+  // Beast parses the request line as soon as it is whole, before the rest of
+  // the head: a head refused later (too large, a malformed field, a timeout)
+  // has its method and target in the parser, not in the buffer.
+  if (parser_ && parser_->got_some()) {
+    const auto& req = parser_->get();
+    if (!req.target().empty()) {
+      scratch.assign(req.method_string()).append(" ").append(req.target()).append(" ");
+      return scratch;
+    }
+  }
+  return {static_cast<const char*>(in_.data().data()), in_.size()};
+}
+
 void Downstream::watch_for_close(bool release_buffer) {
   if (reading_ || peer_gone_) return;
   if (release_buffer && in_.size() == 0) in_.shrink_to_fit();

@@ -116,6 +116,11 @@ class Downstream {
   // answer and log with, refused or not. False after a malformed, oversized,
   // timed-out or bad-target head.
   bool head_read() const noexcept { return !target_.empty(); }
+  // After a read_head() that failed without head_read(): its request line
+  // ("METHOD SP target SP ..."), as far as it came, for the log only (never
+  // trusted for routing): rebuilt from what the parser read of it, else
+  // the received bytes that were not parsed. `scratch` holds a rebuilt one.
+  std::string_view refused_request_line(std::string& scratch) const;
   // The request's body; complete once body_complete() (else after read_body()).
   // After release_request(): empty.
   std::string& body() { return parser_ ? parser_->get().body() : body_store_; }

@@ -188,10 +188,16 @@ void append_relative(std::string& out, std::string_view rel) {
 }  // namespace
 
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
-                            std::string_view upstream_host, bool own_ratelimit) {
+                            std::string_view upstream_host, bool own_ratelimit, std::string_view content_type) {
+  if (!content_type.empty()) {
+    out += "Content-Type: ";
+    out += content_type;
+    out += "\r\n";
+  }
   copy_end_to_end(out, res, [&](const auto& f) {
     if (f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding))
       return true;
+    if (!content_type.empty() && f.name() == bh::field::content_type) return true;
     if (own_ratelimit && f.name() == bh::field::unknown) {
       const std::string_view n = f.name_string();
       if (n.size() > 12 && iequals(n.substr(0, 12), "x-ratelimit-")) return true;

@@ -84,8 +84,11 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // `own_ratelimit`: the caller sends the tenant's x-ratelimit-* lines, so the
 // upstream's (a provider's own limits, on Weir's account) are dropped: a
 // client sees each name once, with the value that governs it.
+// `content_type`: when not empty, written in place of the upstream's
+// Content-Type (a body Weir made of another media type).
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
-                            std::string_view upstream_host = {}, bool own_ratelimit = false);
+                            std::string_view upstream_host = {}, bool own_ratelimit = false,
+                            std::string_view content_type = {});
 
 // `uri` without a leading "http://<host>", "https://<host>" or "//<host>" (host compared case-insensitively)
 // when it has that prefix followed by '/', '?', '#' or nothing ("/" then);

@@ -4,6 +4,7 @@
 
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
 #include "api/json_scan.hpp"
@@ -109,6 +110,33 @@ bool UsageHook::on_data(std::string_view data) {
   // The usage chunk Weir asked for on the client's behalf is not theirs,
   // whatever its numbers say: it is known by its shape, not by its counts.
   return !(strip_ && is_usage_only_chunk(data));
+}
+
+bool completion_as_chunk(std::string_view completion, std::string& out) {
+  boost::system::error_code ec;
+  boost::json::value v = boost::json::parse(completion, ec);
+  if (ec || !v.is_object()) return false;
+  auto& o = v.get_object();
+  auto* choices = o.if_contains("choices");
+  if (!choices || !choices->is_array()) return false;
+  o["object"] = "chat.completion.chunk";
+  for (auto& c : choices->get_array()) {
+    if (!c.is_object()) continue;
+    auto& choice = c.get_object();
+    boost::json::value delta = boost::json::object();
+    if (auto* m = choice.if_contains("message"); m && m->is_object()) delta = std::move(*m);
+    choice.erase("message");
+    if (auto* calls = delta.get_object().if_contains("tool_calls"); calls && calls->is_array()) {
+      std::int64_t i = 0;
+      for (auto& call : calls->get_array()) {
+        if (call.is_object() && !call.get_object().contains("index")) call.get_object()["index"] = i;
+        ++i;
+      }
+    }
+    choice["delta"] = std::move(delta);
+  }
+  out = boost::json::serialize(v);
+  return true;
 }
 
 }  // namespace weir::api::openai

@@ -43,6 +43,15 @@ ChunkKind classify_chunk(std::string_view data);
 // classify_chunk(), a few bytes per event.
 bool begins_like_error(std::string_view data);
 
+// A whole chat completion (`object: "chat.completion"`) as the one
+// `chat.completion.chunk` that carries all of it: each choice's `message`
+// becomes its `delta` (tool calls numbered by `index`, as streamed), its
+// finish_reason and usage kept. For an upstream that answered a streamed
+// request with the whole body: a translated stream (Anthropic Messages,
+// Responses) is made from this chunk. Returns false (out unspecified) when
+// `completion` is no JSON object with a `choices` array.
+bool completion_as_chunk(std::string_view completion, std::string& out);
+
 // The per-event usage hook: fixed state, no allocation per event.
 class UsageHook {
  public:

@@ -3,6 +3,8 @@
 // it comes gzip- or deflate-encoded).
 #include <boost/beast/http/verb.hpp>
 
+#include <algorithm>
+
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
@@ -15,6 +17,37 @@ namespace weir::gateway {
 
 namespace bh = boost::beast::http;
 
+namespace {
+
+// RFC 9110 §5.6.2 tchar.
+bool is_tchar(unsigned char c) {
+  return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+         std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos;
+}
+
+// The method and path (origin-form only, without its query, at most 256
+// bytes) of a head that was refused before it was parsed whole, from its
+// request line (RFC 9112 §3: method SP request-target SP ...), for the log;
+// "-" and an empty path when that line did not come or does not have that
+// shape.
+void log_request_line(std::string_view raw, RequestContext& ctx) {
+  ctx.method = "-";
+  const std::size_t sp = raw.find(' ');
+  if (sp == 0 || sp == std::string_view::npos || sp > 32) return;
+  const std::string_view method = raw.substr(0, sp);
+  if (!std::all_of(method.begin(), method.end(), [](char c) { return is_tchar(static_cast<unsigned char>(c)); }))
+    return;
+  std::string_view target = raw.substr(sp + 1);
+  const auto end = std::find_if(target.begin(), target.end(),
+                                [](char c) { return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f; });
+  target = target.substr(0, static_cast<std::size_t>(end - target.begin()));
+  if (target.empty() || target.front() != '/') return;  // both or neither: never a method without a path
+  ctx.method.assign(method);
+  ctx.path.assign(core::utf8_prefix(path_of(target), core::kMaxEchoBytes));
+}
+
+}  // namespace
+
 core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   ctx.gen = w_.generation();  // the configuration this request runs on, to its end
   ctx.model_slot = MetricsShard::no_model();
@@ -25,7 +58,9 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   // no usable head: never an empty id in the log or the reply.
   const bool head_read = down_.head_read();
   if (!head_read) {
-    ctx.method = "-";
+    // What the log can say about it: the method and path of its request
+    // line, when one came whole (never used to route or answer).
+    log_request_line(down_.refused_request_line(ctx.scratch), ctx);
     w_.next_request_id(ctx.request_id);
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
@@ -73,8 +108,10 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
   const auto& req = down_.request();
   if (!down_.body_complete()) {
     if (!down_.has_body_storage()) down_.lend_body_storage(w_.take_buffer());
-    if (!co_await down_.read_body())
+    if (!co_await down_.read_body()) {
+      ctx.bytes_in = down_.body().size();  // what came before the body failed
       co_return Outcome::failed(read_error(down_.failure(), down_.config(), down_.failure_detail()));
+    }
   }
   ctx.bytes_in = down_.body().size();
   w_.metrics().bytes_in += ctx.bytes_in;

@@ -14,8 +14,11 @@
 #include <ctime>
 
 #include "api/anthropic/response.hpp"
+#include "api/anthropic/stream.hpp"
 #include "api/anthropic/upstream_response.hpp"
+#include "api/openai/stream.hpp"
 #include "api/responses/response.hpp"
+#include "api/responses/stream.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
@@ -26,6 +29,40 @@
 namespace weir::gateway {
 
 namespace bh = boost::beast::http;
+
+namespace {
+
+// The events a translated stream would have given, made from an upstream's
+// whole answer to a streamed request (`chat`: a chat completion): an
+// upstream that ignored `stream: true` (api::openai::completion_as_chunk,
+// then the stream's own translator). A chat client gets its one chunk and
+// [DONE]. False when `chat` is no chat completion.
+bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, std::string& out) {
+  std::string chunk;
+  if (!api::openai::completion_as_chunk(chat, chunk)) return false;
+  switch (client) {
+    case Translation::none:
+      out.append("data: ").append(chunk).append("\n\ndata: [DONE]\n\n");
+      return true;
+    case Translation::anthropic: {
+      api::anthropic::StreamTranslator tr;
+      tr.reset();
+      tr.on_data(chunk, out);
+      tr.finish(out);
+      return !tr.failed();
+    }
+    case Translation::responses: {
+      api::responses::StreamTranslator tr;
+      tr.reset(ctx.responses_echo(), ctx.request_id, ctx.model);
+      tr.on_data(chunk, out);
+      tr.finish(out);
+      return !tr.failed();
+    }
+  }
+  return false;
+}
+
+}  // namespace
 
 Outcome GatewayPhases::untranslatable(RequestContext& ctx, std::string_view expected) {
   count_upstream_failure(ctx, http::UpstreamFailure::protocol);
@@ -139,6 +176,14 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   std::string translated;  // Anthropic and Responses requests only
   std::string chat;        // an Anthropic pool's answer as a chat completion
   std::string_view from = plain;
+  // A streamed request whose upstream answered with the whole body (it
+  // ignored `stream: true`): a client of a translated route (an Anthropic or
+  // Responses client, a chat client of an Anthropic pool) gets the stream it
+  // asked for, made from that body; a route in the upstream's own dialect
+  // passes the body as sent, as any proxy would.
+  const bool whole_for_stream =
+      ctx.stream && rewritten && status >= 200 && status < 300 && status != 204 &&
+      (ctx.route == RouteKind::messages || is_responses(ctx.route) || ctx.route == RouteKind::chat_completions);
   if (anthropic_up && rewritten && !(status == 204 || status == 304)) {
     // Anthropic's message (or error) → OpenAI's chat completion (or error):
     // the answer for a chat client, the input of the Responses translation.
@@ -152,7 +197,17 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     out = chat;
     drop_encoding = encoded;
   }
-  const bool responses = is_responses(ctx.route) && ctx.status >= 200 && ctx.status < 300 && status != 204;
+  if (whole_for_stream) {
+    const Translation client = is_anthropic(ctx.route)   ? Translation::anthropic
+                               : is_responses(ctx.route) ? Translation::responses
+                                                         : Translation::none;
+    if (!whole_answer_as_stream(from, client, ctx, translated))
+      co_return untranslatable(ctx, anthropic_up ? "an Anthropic message" : "a chat completion");
+    out = translated;
+    drop_encoding = encoded;
+  }
+  const bool responses =
+      !whole_for_stream && is_responses(ctx.route) && ctx.status >= 200 && ctx.status < 300 && status != 204;
   if (responses) {
     if (!api::responses::translate_response(from, ctx.responses_echo(), translated))
       co_return untranslatable(ctx, "a chat completion");
@@ -163,7 +218,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.has_usage = true;  // a count generates nothing and is not charged
     ctx.usage = {};
   }
-  if (anthropic && !(status == 204 || status == 304)) {
+  if (anthropic && !whole_for_stream && !(status == 204 || status == 304)) {
     if (ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
       ctx.has_usage = true;  // a count generates nothing and is not charged
       ctx.usage = {};
@@ -182,13 +237,22 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
-  http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty());
+  http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty(),
+                               whole_for_stream ? std::string_view("text/event-stream") : std::string_view());
+  if (whole_for_stream) ctx.head += "Cache-Control: no-cache\r\n";
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
   ctx.head += ctx.rate_limit_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());
   if (drop_encoding) ctx.head += "Vary: Accept-Encoding\r\n";
   const bool no_body = req.method() == bh::verb::head || status == 204 || status == 304;
-  if (!no_body) http::append_content_length(ctx.head, out.size());
+  if (!no_body) {
+    http::append_content_length(ctx.head, out.size());
+  } else if (req.method() == bh::verb::head && out.empty() && !drop_encoding && out.data() == body.data()) {
+    // A HEAD's answer has the fields a GET's would (RFC 9110 §9.3.2): the
+    // size the upstream says its GET body has, when the bytes pass as sent.
+    if (const auto cl = http::first_field(head, bh::field::content_length); !cl.empty())
+      http::append_header(ctx.head, "Content-Length", cl);
+  }
   ctx.head += "\r\n";
   ctx.added_us += core::micros_between(t0, core::now());
   // What the client reads, decoded when the client gets it encoded (a body people can read).
