@@ -265,17 +265,25 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!r.ok) {
       undo();
       if (r.pending) return pending();
-      auto e = r.never
-                   ? core::rate_limited(
-                         fmt::format("Request too large for {} `{}` on tokens per min (TPM): limit {}, requested {}.",
-                                     sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens),
-                         0)
-                   : core::rate_limited(
-                         fmt::format("Rate limit reached for {} `{}` on tokens per min (TPM): limit {}, requested {}. "
-                                     "Please try again in {}s.",
-                                     sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens,
-                                     r.retry_after_s),
-                         r.retry_after_s);
+      // Too large for the bucket: its depth refused it, which is tokens_burst when that is set below the rate.
+      const std::uint64_t burst = sc[i].limits->tokens_burst;
+      auto e =
+          r.never
+              ? core::rate_limited(
+                    burst > 0 && burst < sc[i].limits->tokens_per_minute
+                        ? fmt::format("Request too large for {} `{}` on tokens per min (TPM): burst {} (limit {} "
+                                      "per minute), requested {}.",
+                                      sc[i].kind, sc[i].name, burst, sc[i].limits->tokens_per_minute, estimated_tokens)
+                        : fmt::format("Request too large for {} `{}` on tokens per min (TPM): limit {}, requested "
+                                      "{}.",
+                                      sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens),
+                    0)
+              : core::rate_limited(
+                    fmt::format("Rate limit reached for {} `{}` on tokens per min (TPM): limit {}, requested {}. "
+                                "Please try again in {}s.",
+                                sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens,
+                                r.retry_after_s),
+                    r.retry_after_s);
       e.type = "tokens";
       return tl::unexpected(std::move(e));
     }

@@ -195,12 +195,13 @@ double LocalLimiter::take_up_to(const Spec& s, std::atomic<double>& tat, double 
   }
 }
 
-void LocalLimiter::refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept {
+double LocalLimiter::refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept {
   double cur = tat.load(std::memory_order_relaxed);
   while (true) {
     const double next = std::max(cur - amount * s.t_ns, now);  // a full bucket stays full
-    if (next >= cur) return;
-    if (tat.compare_exchange_weak(cur, next, std::memory_order_acq_rel, std::memory_order_relaxed)) return;
+    if (next >= cur) return amount;
+    if (tat.compare_exchange_weak(cur, next, std::memory_order_acq_rel, std::memory_order_relaxed))
+      return std::max(0.0, amount - (cur - next) / s.t_ns);  // what did not fit
   }
 }
 
@@ -242,7 +243,15 @@ void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker
     return give_back(f, b, worker, amount, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || amount <= 0) return;
-  refund(s, sc.shards[shard_of(worker)].tat[static_cast<int>(b)], amount, ns(now));
+  // The worker's own shard first; what does not fit there (a reservation
+  // that borrowed from other shards) goes to the others, so no unit the
+  // request did not use is lost while the bucket as a whole has room.
+  const double t = ns(now);
+  const int bi = static_cast<int>(b);
+  const std::uint32_t own = shard_of(worker);
+  double left = refund(s, sc.shards[own].tat[bi], amount, t);
+  for (std::uint32_t k = 1; k < shards_ && left > kEps; ++k)
+    left = refund(s, sc.shards[(own + k) % shards_].tat[bi], left, t);
 }
 
 void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {

@@ -23,8 +23,10 @@ namespace weir::admission {
 // deliberate debt from settle() and double rounding, < 1e-9 of a token per
 // operation). The error is on the safe side: under contention two workers
 // that each hold a partial borrow can both refuse a request that either
-// alone would have admitted, and a refund into a shard that refilled
-// meanwhile is capped at full.
+// alone would have admitted. A refund goes to the worker's own shard, and
+// what that shard cannot hold (units borrowed from others) to the other
+// shards; only what the whole bucket cannot hold (it refilled meanwhile) is
+// dropped, a bucket never above full.
 //
 // Stream slots (max_concurrent_streams = M) are split the same way, M/N per
 // shard with the remainder on the first ones; acquire borrows from other
@@ -147,7 +149,8 @@ class LocalLimiter final : public Limiter {
   std::uint32_t shard_of(std::uint32_t worker) const noexcept { return worker % shards_; }
   static double shard_available(const Spec& s, const std::atomic<double>& tat, double now) noexcept;
   static double take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept;
-  static void refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept;
+  // Puts `amount` units back into one shard, up to full; returns what did not fit.
+  static double refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept;
   void roll(Scope& sc, Instant now);
   // Carries the in-flight state of `from` (its streams and its committed
   // spend) to `to` and marks `from` dead (Scope::forward).

@@ -178,6 +178,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_redis_key(co
     case RedisKeyCache::State::unavailable:
       return reject(key_store_unavailable());
     case RedisKeyCache::State::unknown:
+      if (e->record) return reject_known(incorrect_key(), e->record->tenant, e->record->id, {});  // revoked
+      break;
     case RedisKeyCache::State::empty:
       break;
   }
@@ -235,8 +237,11 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
       redis_cache_->insert(digest, State::unavailable, nullptr, nullptr, now,
                            std::min<std::chrono::milliseconds>(cfg.key_negative_ttl, std::chrono::seconds(1)));
       return;
-    case KeyLookup::Status::unknown:
     case KeyLookup::Status::revoked:
+      // Refused as unknown; its id and tenant kept for the refusal's log line.
+      redis_cache_->insert(digest, State::unknown, nullptr, result.record, now, cfg.key_negative_ttl);
+      return;
+    case KeyLookup::Status::unknown:
     case KeyLookup::Status::invalid:
       break;
   }
@@ -268,6 +273,13 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
       return reject(core::unavailable("Signing keys are not loaded yet; retry shortly.", 1));
     if (err.kind == JwtFailure::no_keys)
       return reject(core::unauthorized("Invalid bearer token: the issuer's key set has no signing key Weir can use."));
+    if (err.claims) {  // signed, but expired, not yet valid, or for another issuer or audience
+      const auto& jwt_cfg = *policy_->config().jwt;
+      std::string_view tenant_name = string_claim(*err.claims, jwt_cfg.tenant_claim);
+      if (tenant_name.empty()) tenant_name = jwt_cfg.default_tenant;
+      return reject_known(core::unauthorized("Invalid bearer token: " + err.message + "."), tenant_name, {},
+                          string_claim(*err.claims, jwt_cfg.subject_claim));
+    }
     return reject(core::unauthorized("Invalid bearer token: " + err.message + "."));
   }
   const auto& jwt_cfg = *policy_->config().jwt;
@@ -297,11 +309,14 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
 }
 
 tl::expected<void, core::Error> Authenticator::check_model(const Principal& principal, std::string_view model) {
-  const bool ok = principal.tenant->models.allows(model) &&
-                  (!principal.key || !principal.key->models || principal.key->models->allows(model));
-  if (ok) return {};
-  return tl::unexpected(core::forbidden(
-      fmt::format("The model `{}` is not available to tenant `{}`.", model.substr(0, 256), principal.tenant->name)));
+  if (!principal.tenant->models.allows(model))
+    return tl::unexpected(core::forbidden(
+        fmt::format("The model `{}` is not available to tenant `{}`.", model.substr(0, 256), principal.tenant->name)));
+  if (principal.key && principal.key->models && !principal.key->models->allows(model))
+    // The key's own list refused it: say so, so no one goes looking in the tenant's.
+    return tl::unexpected(core::forbidden(fmt::format("The model `{}` is not available to API key `{}`.",
+                                                      model.substr(0, 256), principal.key->id.substr(0, 128))));
+  return {};
 }
 
 }  // namespace weir::auth

@@ -269,7 +269,11 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
     if (!verified) return fail(JwtFailure::bad_signature, "token signature is invalid");
   }
   auto exp = check_claims(jwt->claims, policy, now);
-  if (!exp) return tl::unexpected(exp.error());
+  if (!exp) {
+    JwtError e = std::move(exp.error());
+    e.claims = std::move(jwt->claims);  // signed by a key of the set: who it names is known
+    return tl::unexpected(std::move(e));
+  }
   return VerifiedJwt{std::move(jwt->claims), *exp};
 }
 

@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -38,6 +39,10 @@ std::string_view to_string(JwtFailure f);
 struct JwtError {
   JwtFailure kind = JwtFailure::malformed;
   std::string message;  // safe for the client and the log
+  // A token whose signature verified but whose registered claims did not
+  // hold (expired, not yet valid, issuer, audience): its claims, which are
+  // authentic, for the log (who it names). Empty otherwise.
+  std::optional<boost::json::object> claims;
 };
 
 // Which registered claims must hold, and how much clock skew to allow.

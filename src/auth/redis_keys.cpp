@@ -174,6 +174,12 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
   }
   if (!v[4].empty() && v[4] != "0") {
     out.status = Status::revoked;
+    if (!v[0].empty()) {  // who it was, for the refusal's log line
+      auto rec = std::make_shared<RedisKeyRecord>();
+      rec->id = std::string(v[0]);
+      rec->tenant = std::string(v[1]);
+      out.record = std::move(rec);
+    }
     return out;
   }
   if (v[0].empty() || v[1].empty()) {

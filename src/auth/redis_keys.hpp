@@ -58,7 +58,7 @@ struct KeyLookup {
     unavailable,  // Redis did not answer within command_timeout (down, refused, lost, too many lookups in flight)
   };
   Status status = Status::unavailable;
-  std::shared_ptr<const RedisKeyRecord> record;  // for found only
+  std::shared_ptr<const RedisKeyRecord> record;  // found: the record; revoked: its id and tenant only (for the log)
 };
 
 struct RedisKeysOptions {

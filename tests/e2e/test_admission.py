@@ -384,8 +384,11 @@ def test_jwt_from_a_jwks_url_with_key_rotation(mock, weir, jwks_server):
     assert r.status_code == 403
     line = w.log_for(r.headers["x-request-id"])
     assert (line["tenant"], line["subject"], line["key_id"]) == ("nobody", "user-9", None), line
-    # An invalid token vouches for no one: no identity in its line.
+    # A signed token that expired names its subject; one with a bad signature vouches for no one.
     r = chat(w, bad[0])
+    line = w.log_for(r.headers["x-request-id"])
+    assert (r.status_code, line["tenant"], line["subject"]) == (401, "acme", "user-1"), line
+    r = chat(w, bad[3])
     assert "tenant" not in w.log_for(r.headers["x-request-id"])
     # Rotation: the IdP adds k2 and signs with it. The first request with the
     # new kid makes Weir refetch and succeeds once the new set is in.

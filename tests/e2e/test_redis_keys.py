@@ -73,6 +73,10 @@ def test_a_key_added_in_redis_works_on_every_replica_and_revoking_it_ends_it(moc
     # Every replica refuses it once its cached answer (300 ms) expires.
     for w in (a, b):
         wait_until(lambda: chat(w, key).status_code == 401, 5, message="revoked key refused")
+    # The refusal's log line names the revoked key: who still uses it.
+    r = chat(a, key)
+    line = a.log_for(r.headers["x-request-id"])
+    assert (r.status_code, line["tenant"], line["key_id"]) == (401, "acme", "acme-ci"), line
 
 
 def test_a_key_narrowed_to_models_and_a_key_for_an_unknown_tenant(mock, weir, redis):
@@ -82,10 +86,13 @@ def test_a_key_narrowed_to_models_and_a_key_for_an_unknown_tenant(mock, weir, re
     assert chat(w, narrow, "m").status_code == 200
     r = chat(w, narrow, "other")
     assert r.status_code == 403 and r.json()["error"]["type"], r.text
+    assert "API key `narrow`" in r.json()["error"]["message"], r.text  # the key's list refused it, not the tenant's
     stray = weir_key(redis, "add", "--tenant", "nobody", "--id", "stray")
     r = chat(w, stray)
     assert r.status_code == 403, r.text
     assert "error" in r.json()
+    line = w.log_for(r.headers["x-request-id"])
+    assert (line["tenant"], line["key_id"]) == ("nobody", "stray"), line
 
 
 def test_redis_down_cached_keys_keep_working_and_new_ones_get_503(mock, weir, redis):

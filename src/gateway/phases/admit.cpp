@@ -30,8 +30,10 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
               ctx.route == RouteKind::messages_count_tokens
           ? 0
           : std::uint64_t{f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens} * f.n * f.prompt_count;
-  // Tokenizing runs no model: it costs no tokens (but counts against request limits).
-  const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize;
+  // Tokenizing and counting tokens run no model: they cost no tokens (but
+  // count against request limits; docs/protocols.md).
+  const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize ||
+                    ctx.route == RouteKind::messages_count_tokens;
   estimate = admission::TokenEstimate::of(free ? 0 : f.prompt_bytes, out_tokens, free ? 0 : f.prompt_overhead_tokens);
   ctx.prompt_tokens_estimate = estimate.prompt_tokens;
   if (!ctx.principal) return Outcome::next();

@@ -490,6 +490,25 @@ TEST(AdmissionHeaders, ResetIsTheWholeBucketsTimeWhateverTheWorkers) {
   }
 }
 
+TEST(AdmissionLimiter, ARefundOfBorrowedUnitsIsNotLost) {
+  // 2 workers, a 1,000-token bucket: 500 per shard. A reservation of 859 on
+  // worker 0 borrows 359 from worker 1's shard; giving 853 back must leave
+  // the bucket at 994, not at what worker 0's shard alone can hold.
+  std::vector<auth::ScopeInfo> scopes(1);
+  scopes[0].limits.tokens_per_minute = 60000;
+  scopes[0].limits.tokens_burst = 1000;
+  LocalLimiter lim(scopes, 2, T0 - std::chrono::hours(1));
+  ASSERT_TRUE(lim.take(0, Bucket::tokens, 0, 859, T0).ok);
+  EXPECT_NEAR(lim.available(0, Bucket::tokens, T0), 141, 1e-6);
+  lim.give_back(0, Bucket::tokens, 0, 853, T0);
+  EXPECT_NEAR(lim.available(0, Bucket::tokens, T0), 994, 1e-6);
+  // A request that needs 709 is admitted at once.
+  EXPECT_TRUE(lim.take(0, Bucket::tokens, 1, 709, T0).ok);
+  // Never above full: more given back than was taken is dropped.
+  lim.give_back(0, Bucket::tokens, 0, 5000, T0);
+  EXPECT_NEAR(lim.available(0, Bucket::tokens, T0), 1000, 1e-6);
+}
+
 TEST(AdmissionHeaders, RateLimitValuesAndResetFormat) {
   auth::Limits l = rpm(60);
   l.tokens_per_minute = 6000;

@@ -167,7 +167,10 @@ TEST(AuthAuthenticator, ModelAllowListIs403WithOpenAIShape) {
             R"("type":"permission_error","param":null,"code":"model_not_allowed"}})");
   auto beta = *a.authenticate("", kBetaKey, kNow);  // tenant allows all, the key narrows to one
   EXPECT_TRUE(Authenticator::check_model(*beta, "small-model"));
-  EXPECT_FALSE(Authenticator::check_model(*beta, "gpt-4o-mini"));
+  auto narrowed = Authenticator::check_model(*beta, "gpt-4o-mini");
+  ASSERT_FALSE(narrowed);
+  // The key's list refused it, not the tenant's: the message says so.
+  EXPECT_NE(narrowed.error().message.find("not available to API key `"), std::string::npos) << narrowed.error().message;
 }
 
 TEST(AuthModelList, AnEmptyListAllowsNothingAndOnlyStarOrNoListAllowsAll) {
@@ -216,8 +219,15 @@ TEST_F(AuthJwtFlow, RefusedTokenKeepsTheIdentityItNamesForTheLog) {
   EXPECT_EQ(auth->refused_identity()->tenant, "ghost");
   EXPECT_EQ(auth->refused_identity()->subject, "user-1");
   EXPECT_EQ(auth->refused_identity()->key_id, "");
-  // An invalid token names no one it could vouch for; a success clears it.
+  // A signed token that expired names who it is for (its claims are authentic).
   ASSERT_FALSE(bearer(Keys::get().rsa.token(claims(R"("acme")", -3600))));
+  ASSERT_TRUE(auth->refused_identity());
+  EXPECT_EQ(auth->refused_identity()->tenant, "acme");
+  EXPECT_EQ(auth->refused_identity()->subject, "user-1");
+  // A token whose signature does not verify vouches for no one; a success clears it.
+  auto forged = Keys::get().rsa.token(claims());
+  forged.replace(forged.size() - 4, 4, forged.ends_with("AAAA") ? "BBBB" : "AAAA");
+  ASSERT_FALSE(bearer(forged));
   EXPECT_FALSE(auth->refused_identity());
   ASSERT_FALSE(bearer(Keys::get().rsa.token(claims(R"("ghost")"))));
   ASSERT_TRUE(bearer(Keys::get().rsa.token(claims())));
