@@ -3,6 +3,7 @@
 #include "core/json_text.hpp"
 
 #include <fmt/format.h>
+#include <boost/beast/http/status.hpp>
 
 namespace weir::core {
 
@@ -204,8 +205,17 @@ std::string_view reason_phrase(int status) {
       return "Gateway Timeout";
     case 505:
       return "HTTP Version Not Supported";
-    default:
-      return "Unknown";
+    case 529:
+      return "Overloaded";  // (Anthropic's; no RFC names it)
+    default: {
+      // Every other status RFC 9110 and its registry name, from Beast's
+      // table; one no registry names gets no phrase (RFC 9112 §4: the
+      // reason-phrase may be empty), never a made-up one.
+      const auto s = boost::beast::http::int_to_status(static_cast<unsigned>(status));
+      if (s == boost::beast::http::status::unknown) return "";
+      const auto r = boost::beast::http::obsolete_reason(s);
+      return {r.data(), r.size()};
+    }
   }
 }
 

@@ -264,6 +264,7 @@ struct RequestContext {
   core::TimePoint t_first_token{};    // first SSE data event handed to the client
   core::TimePoint t_upstream_done{};  // upstream response complete
   std::int64_t added_us = 0;          // time inside Weir (see weir_gateway_added_seconds)
+  std::int64_t client_wait_us = 0;    // waiting for the client's body after its head (not Weir's time)
 
   // --- working storage, reused ---
   std::string head;     // a response or upstream request head being built

@@ -30,7 +30,10 @@ core::Task<void> Session::run(std::unique_ptr<Session> self) {
     s.ctx_.reset();
     s.ctx_.t_start = core::now();
     s.down_.begin_request();
-    if (head == http::Downstream::Head::failed) s.ctx_.read_failure = s.down_.failure();
+    if (head == http::Downstream::Head::failed) {
+      s.ctx_.read_failure = s.down_.failure();
+      s.ctx_.t_start = s.down_.head_started();  // a head that timed out took all that time
+    }
     s.in_request_ = true;
     co_await run_pipeline(s.phases_, s.ctx_);
     s.in_request_ = false;

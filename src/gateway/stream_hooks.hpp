@@ -133,38 +133,49 @@ class StreamHooks {
     return true;
   }
   // A translated stream's upstream body ended normally: the closing events.
-  void finish(std::string& out) {
+  // Returns true when the answer was cut short (no finish, no message_stop):
+  // the client was told so in its dialect, and the request failed upstream.
+  bool finish(std::string& out) {
+    bool cut = false;
     switch (mode_) {
       case Mode::responses:
+        cut = !tr_->responses.ended();
         tr_->responses.finish(out);
+        cut = cut && tr_->responses.failed();
         done_relayed_ = tr_->responses.ended();
-        return;
+        break;
       case Mode::anthropic:
+        cut = !tr_->anthropic.ended();
         tr_->anthropic.finish(out);
+        cut = cut && tr_->anthropic.failed();
         done_relayed_ = tr_->anthropic.ended();
-        return;
+        break;
       case Mode::anthropic_passthrough:
         // A body that ends before message_stop was cut short: say so, as Anthropic would.
-        if (!tr_->passthrough.ended())
-          append_anthropic_error(out, 502, "The upstream stream ended before the message was complete.");
+        cut = !tr_->passthrough.ended();
+        if (cut) append_anthropic_error(out, 502, "The upstream stream ended before the message was complete.");
         done_relayed_ = true;
-        return;
+        break;
       case Mode::chat_from_anthropic: {
+        cut = !tr_->upstream.ended() && !tr_->upstream.finished();
         ChatSink sink{out};
         tr_->upstream.finish(sink);
         done_relayed_ = tr_->upstream.ended();
-        return;
+        break;
       }
       case Mode::responses_from_anthropic: {
+        cut = !tr_->responses.ended();
         ResponsesSink sink{tr_->responses, out};
         tr_->upstream.finish(sink);
         tr_->responses.finish(out);
+        cut = cut && tr_->responses.failed();
         done_relayed_ = tr_->responses.ended();
-        return;
+        break;
       }
       case Mode::plain:
-        return;
+        break;
     }
+    return cut;
   }
   // A translated stream failed after its head went out, for a client whose
   // dialect has its own error event (!openai_client()): Anthropic's one

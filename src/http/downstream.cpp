@@ -169,10 +169,28 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   // Content-Length as a header error; read_body() answers it with 413.
   parser_->body_limit(boost::none);
   body_store_.clear();
-  idle_ = in_.size() == 0;
-  watchdog_.expires_after(first ? sc_.header_timeout : sc_.keepalive_timeout);
-  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, 512, /*empty_lines=*/true);
+  if (in_.size() == 0 && !first) {
+    // Between two requests: keepalive_timeout until the next head's first
+    // bytes; the head itself has header_timeout (below), so a head sent a
+    // byte at a time holds a kept-alive connection no longer than a new one
+    // (nginx's client_header_timeout).
+    idle_ = true;
+    watchdog_.expires_after(sc_.keepalive_timeout);
+    const auto room = in_.prepare(std::max<std::size_t>(512, in_.capacity() - in_.size()));
+    auto [rec, rn] = co_await async_recv(sock_, room, use_task);
+    idle_ = false;
+    if (rec || rn == 0) {
+      watchdog_.disarm();
+      co_return Head::closed;  // the client closed or idled out between requests: no request
+    }
+    in_.commit(rn);
+  }
+  head_started_ = core::Watchdog::Clock::now();
+  // A head already here whole is parsed at once: it keeps the later
+  // deadline (moving one earlier may re-arm the worker's timer, a system call).
+  watchdog_.expires_after(first || !head_buffered(in_) ? sc_.header_timeout : sc_.keepalive_timeout);
   idle_ = false;
+  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, 512, /*empty_lines=*/true);
   watchdog_.disarm();
   // Beast's header_limit lets a head end a little past it (it checks as it
   // goes, by line); the head's own size is the limit's measure (431).

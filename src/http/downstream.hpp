@@ -116,6 +116,9 @@ class Downstream {
   // answer and log with, refused or not. False after a malformed, oversized,
   // timed-out or bad-target head.
   bool head_read() const noexcept { return !target_.empty(); }
+  // When the last read_head()'s head began: its first bytes were here (a new
+  // connection: when reading began). For the log of a head that failed.
+  core::Watchdog::Clock::time_point head_started() const noexcept { return head_started_; }
   // After a read_head() that failed without head_read(): its request line
   // ("METHOD SP target SP ..."), as far as it came, for the log only (never
   // trusted for routing): rebuilt from what the parser read of it, else
@@ -245,6 +248,7 @@ class Downstream {
   std::string target_buf_;   // an absolute-form target's origin-form when it needs a "/" added
   ChunkExtBudget chunk_ext_;
   core::Watchdog watchdog_;
+  core::Watchdog::Clock::time_point head_started_{};  // read_head(): when the head's first bytes were here
   RequestParser* parser_ = nullptr;  // from read_head() until release_request() or the connection's end
   ParserSpares* spares_;
   std::string body_store_;

@@ -53,6 +53,22 @@ inline std::size_t empty_lines_at(const boost::beast::flat_buffer& buf) {
   return k;
 }
 
+// True when the first LF in `buf` has no CR before it: the line in
+// progress at the start of `buf` ends in a bare LF.
+inline bool has_bare_lf(const boost::beast::flat_buffer& buf) {
+  const std::string_view b(static_cast<const char*>(buf.data().data()), buf.size());
+  const std::size_t i = b.find('\n');
+  return i != std::string_view::npos && (i == 0 || b[i - 1] != '\r');
+}
+
+// True when `buf` holds a whole head (after any empty lines): its blank
+// line (CRLF CRLF) is there.
+inline bool head_buffered(const boost::beast::flat_buffer& buf) {
+  const std::size_t skip = empty_lines_at(buf);
+  const std::string_view rest(static_cast<const char*>(buf.data().data()) + skip, buf.size() - skip);
+  return rest.find("\r\n\r\n") != std::string_view::npos;
+}
+
 // Reads from `sock` (non-blocking mode) into `buf` and feeds Beast's
 // `parser` until its head (`until_head`) or its whole message is parsed
 // (RFC 9112 framing, Beast's limits: header_limit, body_limit). Returns
@@ -108,6 +124,13 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
       used += n;
       if (complete()) co_return std::tuple{error_code{}, used};  // (a buffer_body's need_buffer after its head)
       if (ec && ec != bh::error::need_more) co_return std::tuple{ec, used};
+      // A chunked body's parser that needs more with bytes left is inside a
+      // line (a chunk-size line, the CRLF after a chunk's data, a trailer):
+      // left bytes that hold a bare LF can never end that line. Refused now
+      // (RFC 9112 §7.1), not after body_timeout.
+      if (ec == bh::error::need_more && !until_head && parser.is_header_done() && parser.chunked() && buf.size() > 0 &&
+          has_bare_lf(buf))
+        co_return std::tuple{error_code(bh::error::bad_chunk), used};
       if (n > 0 && buf.size() > 0) continue;
     }
     if (buf.size() >= buf.max_size()) co_return std::tuple{error_code(bh::error::buffer_overflow), used};

@@ -133,6 +133,16 @@ std::optional<SseEvent> SseReader::next() {
   return parse_event(carry_);
 }
 
+bool SseReader::tail_is_done() const {
+  if (carry_emitted_ || overflow_ || !input_.empty()) return false;
+  std::string_view t = carry_;
+  if (t.ends_with("\r\n"))
+    t.remove_suffix(2);
+  else if (t.ends_with('\n') || t.ends_with('\r'))
+    t.remove_suffix(1);
+  return t == "data: [DONE]" || t == "data:[DONE]";
+}
+
 bool SseReader::skip_bom() {
   // carry_ holds what has been seen of the stream so far: a proper prefix of
   // the BOM (the bytes could still turn out to be one).

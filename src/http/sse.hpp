@@ -93,6 +93,12 @@ class SseReader {
   // next() has returned nullopt: the incomplete tail of the stream).
   std::size_t pending_bytes() const;
 
+  // After next() returned nullopt: whether the held, unfinished tail is a
+  // lone `data: [DONE]` line (with at most its line break, no empty line
+  // after). At the body's end WHATWG would discard it; the openai SDK reads
+  // it as the stream's end, and so does the relay (it ends the stream whole).
+  bool tail_is_done() const;
+
   // End of stream: WHATWG discards an incomplete event. Returns the number of
   // bytes discarded (0 when the stream ended on an event boundary, including
   // when all that is held is the LF completing the last event's CRLF), then

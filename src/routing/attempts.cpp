@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstring>
+#include <ctime>
 
 namespace weir::routing {
 
@@ -26,14 +28,35 @@ bool retryable_status(int status) {
   return status == 408 || status == 429 || status == 502 || status == 503 || status == 504 || status == 529;
 }
 
-std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v) {
+std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v,
+                                                           std::chrono::system_clock::time_point now) {
   while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
   while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
-  if (v.empty() || v.size() > 9) return std::nullopt;
-  std::uint32_t s = 0;
-  auto [p, ec] = std::from_chars(v.data(), v.data() + v.size(), s);
-  if (ec != std::errc() || p != v.data() + v.size()) return std::nullopt;
-  return std::chrono::milliseconds(std::uint64_t{s} * 1000);
+  if (v.empty()) return std::nullopt;
+  if (std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    // delay-seconds; more than 9 digits is longer than any cap (about 31 years): said as 10^9 s.
+    if (v.size() > 9) return std::chrono::milliseconds(std::int64_t{1'000'000'000} * 1000);
+    std::uint32_t s = 0;
+    std::from_chars(v.data(), v.data() + v.size(), s);
+    return std::chrono::milliseconds(std::uint64_t{s} * 1000);
+  }
+  // HTTP-date (RFC 9110 §5.6.7): IMF-fixdate, and the obsolete RFC 850 and
+  // asctime forms a recipient must accept; read by the C library's strptime
+  // (the "C" locale's English names), as UTC.
+  if (v.size() > 40) return std::nullopt;
+  char buf[48];
+  std::memcpy(buf, v.data(), v.size());
+  buf[v.size()] = '\0';
+  for (const char* format : {"%a, %d %b %Y %H:%M:%S GMT", "%A, %d-%b-%y %H:%M:%S GMT", "%a %b %e %H:%M:%S %Y"}) {
+    std::tm tm{};
+    const char* end = ::strptime(buf, format, &tm);
+    if (end == nullptr || *end != '\0') continue;
+    const std::time_t at = ::timegm(&tm);
+    if (at == static_cast<std::time_t>(-1)) return std::nullopt;
+    const auto delay = std::chrono::system_clock::from_time_t(at) - now;
+    return std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(delay));
+  }
+  return std::nullopt;
 }
 
 Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req)
@@ -167,7 +190,7 @@ RetryDecision Attempts::on_status(int status, std::string_view retry_after, Cloc
   const auto& rc = pool_.config().retry;
   auto wait = std::chrono::milliseconds(0);
   if (!retry_after.empty() && (status == 429 || status == 503 || status == 529)) {
-    if (auto ra = parse_retry_after(retry_after)) {
+    if (auto ra = parse_retry_after(retry_after, std::chrono::system_clock::now())) {
       if (*ra > rc.retry_after_cap) return d;  // not worth waiting for here (a fallback may take it)
       wait = *ra;
     }

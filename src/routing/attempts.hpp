@@ -33,9 +33,12 @@ struct RetryDecision {
 // the upstream did not do the work.
 bool retryable_status(int status);
 
-// A Retry-After value (RFC 9110 §10.2.3) as delay-seconds; nullopt for an
-// HTTP-date or anything unparsable (the backoff is used then).
-std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v);
+// A Retry-After value (RFC 9110 §10.2.3) as the delay it asks for: its
+// delay-seconds (more than 9 digits: 10^9 s, past any cap), or the time
+// from `now` (wall clock) to its HTTP-date (0 for a date passed); nullopt
+// for anything unparsable (the backoff is used then).
+std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v,
+                                                           std::chrono::system_clock::time_point now);
 
 class Attempts {
  public:

@@ -4,9 +4,13 @@
 //   weir requests --db requests.db --tenant acme --status 5xx         (read the request log)
 //   weir requests --url postgres://weir@db/weir --id REQUEST_ID
 #include <cctype>
+#include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
+
+#include <unistd.h>
 
 #include <fmt/format.h>
 #include <CLI/CLI.hpp>
@@ -170,6 +174,19 @@ int main(int argc, char** argv) {
       }
     }
     const auto& c = loaded->config;
+    // The access log start-up will open (append, created if missing): a file
+    // it could not write is refused here too, without creating it.
+    const std::string log = access_log.empty() ? c.server.access_log : access_log;
+    if (log != "-" && log != "off" && !log.empty()) {
+      const auto slash = log.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : log.substr(0, slash);
+      const bool exists = ::access(log.c_str(), F_OK) == 0;
+      if (exists ? ::access(log.c_str(), W_OK) != 0 : ::access(dir.c_str(), W_OK | X_OK) != 0) {
+        fmt::print(stderr, "weir: configuration error: server.access_log: cannot open {} for writing: {}\n", log,
+                   std::strerror(errno));
+        return 2;
+      }
+    }
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }

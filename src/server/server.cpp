@@ -10,6 +10,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
 
 #include "core/process_metrics.hpp"
@@ -167,7 +168,9 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     shared.draining = true;
     services.begin_drain();
     reloader.stop();
-    if (admin) admin->stop();
+    // The admin listener stays open through the drain (it closes once the
+    // workers are done): /ready answers 503 there, /health and /metrics
+    // still answer, while the client port no longer accepts.
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
   };
@@ -197,6 +200,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
 
   std::thread signal_thread([&] { main_io.run(); });
   for (auto& w : workers) w->join();
+  if (admin) asio::post(main_io, [&] { admin->stop(); });
   asio::co_spawn(main_io, services.stop(), [&](std::exception_ptr) { main_io.stop(); });
   signal_thread.join();
   // Bounded: what the writer cannot store within 5 s more is dropped and counted.

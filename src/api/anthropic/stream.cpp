@@ -67,8 +67,33 @@ void StreamTranslator::open(Block kind, std::string& out, std::string_view tool_
   out += "\n\n";
 }
 
+void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
+  // A tool_use block's input is an object (the Anthropic API): arguments
+  // that begin with `{` stream as they come; any other text (a list, a
+  // string, a bare word) is held and given at the block's end as
+  // {"_raw": "<the text>"}, as the non-streamed translation does.
+  if (tool_args_ == ToolArgs::none) {
+    const std::size_t first = args.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos) return;  // (whitespace before the value: nothing yet)
+    tool_args_ = args[first] == '{' ? ToolArgs::object : ToolArgs::raw;
+    if (tool_args_ == ToolArgs::object) args.remove_prefix(first);
+  }
+  if (tool_args_ == ToolArgs::object)
+    delta("input_json_delta", "partial_json", args, out);
+  else
+    tool_raw_.append(args);
+}
+
 void StreamTranslator::close(std::string& out) {
   if (open_ == Block::none) return;
+  if (open_ == Block::tool && tool_args_ == ToolArgs::raw) {
+    scratch_.assign(R"({"_raw":)");
+    core::append_json_string(scratch_, tool_raw_);
+    scratch_ += '}';
+    delta("input_json_delta", "partial_json", scratch_, out);
+  }
+  tool_args_ = ToolArgs::none;
+  tool_raw_.clear();
   begin_event(out, "content_block_stop");
   fmt::format_to(std::back_inserter(out),
                  R"({{"type":"content_block_stop","index":{}}})"
@@ -122,7 +147,9 @@ void StreamTranslator::finish(std::string& out) {
 void StreamTranslator::on_data(std::string_view data, std::string& out) {
   if (ended_) return;
   if (core::is_sse_done(data)) {
-    if (started_) return terminate(out);
+    // [DONE] before any finish_reason: the answer was cut short, never a whole end_turn.
+    if (started_ && finished_) return terminate(out);
+    if (started_) return fail(502, "The upstream stream ended before the message was complete.", out);
     return fail(502, "The upstream stream ended before any message chunk.", out);
   }
   alignas(16) unsigned char buf[8 * 1024];
@@ -185,8 +212,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               tool_index_ = last_tool_ = idx;
             }
             if (fn)
-              if (const std::string_view args = string_at(*fn, "arguments"); !args.empty())
-                delta("input_json_delta", "partial_json", args, out);
+              if (const std::string_view args = string_at(*fn, "arguments"); !args.empty()) tool_arguments(args, out);
           }
       }
       if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {

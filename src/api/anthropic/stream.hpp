@@ -1,7 +1,8 @@
 // OpenAI/vLLM chat-completion chunks → Anthropic Messages streaming events
 // (Anthropic API reference: "Streaming Messages"): message_start, then per
 // content block content_block_start / content_block_delta (text_delta,
-// thinking_delta, input_json_delta) / content_block_stop with dense
+// thinking_delta, input_json_delta: arguments that are no JSON object are
+// given at the block's end as {"_raw": text}) / content_block_stop with dense
 // indices 0, 1, 2…, then one message_delta (stop_reason, usage) and one
 // message_stop. Each event is `event: <type>\ndata: <json>\n\n`.
 #pragma once
@@ -47,6 +48,7 @@ class StreamTranslator {
   void start(std::string_view id, std::string_view model, std::string& out);
   void open(Block kind, std::string& out, std::string_view tool_id = {}, std::string_view tool_name = {});
   void close(std::string& out);
+  void tool_arguments(std::string_view args, std::string& out);
   void delta(std::string_view type, std::string_view field, std::string_view text, std::string& out);
   void terminate(std::string& out);
 
@@ -59,7 +61,12 @@ class StreamTranslator {
   std::uint32_t next_index_ = 0;  // the next content block's index
   std::int64_t tool_index_ = -1;  // OpenAI tool_calls[].index of the open tool_use block
   std::int64_t last_tool_ = -1;   // highest OpenAI tool index seen
-  std::string msg_id_;            // "msg_…"
+  // The open tool_use block's arguments: not begun yet, a JSON object
+  // (streamed as they come), or other text (held in tool_raw_).
+  enum class ToolArgs : std::uint8_t { none, object, raw };
+  ToolArgs tool_args_ = ToolArgs::none;
+  std::string tool_raw_;
+  std::string msg_id_;  // "msg_…"
   std::string stop_reason_;
   std::string stop_sequence_;
   Usage usage_;

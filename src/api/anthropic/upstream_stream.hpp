@@ -63,6 +63,8 @@ class UpstreamStreamTranslator {
 
   // [DONE] went to the sink: the stream is over for the client.
   bool ended() const { return ended_; }
+  // The finish chunk went out (a message_delta came): the answer is whole.
+  bool finished() const { return finish_sent_; }
   // Usage as OpenAI counts it (upstream_response.hpp), once message_start arrived.
   bool has_usage() const { return started_; }
   Usage usage() const { return usage_.openai(); }

@@ -33,6 +33,14 @@ bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
   // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
   member_->key() += '\0';  // never in valid JSON nor in a field
   http::append_forwarded_fields_key(member_->key(), down_.request(), plan.strip_credentials);
+  // A shared generation never crosses tenants: a late joiner gets at once
+  // what was generated, and that timing would tell one tenant what another
+  // is asking right now (as providers keep prompt caches per organisation).
+  // A prompt-list batch may: its members share no text and no timing.
+  if (!plan.prompt && ctx.principal) {
+    member_->key() += '\0';
+    member_->key() += ctx.principal->tenant_name();
+  }
   // What the member's own upstream request asked for: usage at the end
   // (vLLM's StreamOptions.include_usage defaults to true) and on every chunk.
   bool include_usage = false;
@@ -115,13 +123,13 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
     // A late member of a coalesced generation joined one already sent.
     ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
     // Read, parse, route, admit and the batch window: all of it Weir's.
-    ctx.added_us += core::micros_between(ctx.t_start, ctx.t_upstream_sent);
+    ctx.added_us += core::micros_between(ctx.t_start, ctx.t_upstream_sent) - ctx.client_wait_us;
     ctx.extra().batch_id.assign(m.batch_id());
     ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
     ctx.batch_slot = static_cast<std::uint16_t>(m.slot());
     ctx.coalesced = m.coalesced();
   } else {
-    ctx.added_us += core::micros_between(ctx.t_start, now);
+    ctx.added_us += core::micros_between(ctx.t_start, now) - ctx.client_wait_us;
   }
   if (down_.client_gone()) {
     m.cancel();

@@ -65,6 +65,10 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       break;
     }
     case Delivery::none:
+      // A response under way that cannot be finished: the connection closes,
+      // so the client sees an incomplete message (RFC 9112 §6.3), never a
+      // body that stops and a connection kept open.
+      if (ctx.committed) down_.no_keep_alive();
       if (e.status == 499) {
         // The 499 accounting, once: nginx's "client closed request".
         ctx.status = 499;

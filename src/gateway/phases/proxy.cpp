@@ -111,6 +111,10 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   // With a fallback left, a stream's head waits for its first content
   // event: until then it can still fail over.
   ctx.hold_head = stream && fallback_left(ctx) && !ctx.committed;
+  // An upstream may stream to a client that did not ask for it: the answer
+  // is a stream all the same, and a failure after its head ends it in-band
+  // (error event, [DONE], the chunked body's end), as for a streamed request.
+  if (stream) ctx.stream = true;
   if (stream) return respond_stream(ctx);
   return respond_buffered(ctx);
 }
@@ -488,9 +492,9 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   metrics.count_pick(pool.last_rule());
   // Read, parse, route and admit count once, before the first target.
   // (A request resent alone after its batch was refused counted its time to the batch already.)
-  std::int64_t added =
-      ctx.added_us +
-      (ctx.fallback_step == 0 && !ctx.batch_split && !resuming ? core::micros_between(ctx.t_start, now) : 0);
+  std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split && !resuming
+                                           ? core::micros_between(ctx.t_start, now) - ctx.client_wait_us
+                                           : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool started = false;
   bool deadline_hit = false;  // the request's deadline ended the attempts

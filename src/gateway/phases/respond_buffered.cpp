@@ -239,7 +239,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   http::append_status_line(ctx.head, ctx.status);
   http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty(),
                                whole_for_stream ? std::string_view("text/event-stream") : std::string_view());
-  if (whole_for_stream) ctx.head += "Cache-Control: no-cache\r\n";
+  if (whole_for_stream && http::first_field(head, bh::field::cache_control).empty())
+    ctx.head += "Cache-Control: no-cache\r\n";
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
   ctx.head += ctx.rate_limit_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());

@@ -175,6 +175,22 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       s.event_too_large = true;
     }
   }
+  if (r.end && r.failure == http::UpstreamFailure::none && s.failure == http::UpstreamFailure::none &&
+      !ctx.hooks.done_relayed() && ctx.sse.tail_is_done()) {
+    // The body ended cleanly in `data: [DONE]` without its empty line: the
+    // stream's end all the same (as the openai SDK reads it), given to the
+    // client whole.
+    http::SseEvent done;
+    done.raw = "data: [DONE]\n\n";
+    done.data = "[DONE]";
+    done.has_data = true;
+    if (ctx.hooks.translating()) {
+      if (ctx.hooks.translate(done, events)) ++ctx.events;
+    } else if (ctx.hooks.on_event(done)) {
+      ++ctx.events;
+      events += done.raw;
+    }
+  }
   if (ctx.hold_head && !ctx.committed) {
     // (A body that ended without its [DONE] is no whole stream: it fails over below.)
     const bool whole = r.end && (ctx.hooks.done_relayed() || !done_expected(ctx));
@@ -299,7 +315,13 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
     // Anthropic and Responses have no [DONE]: the closing events, or an error if the upstream stopped short
     // (an Anthropic upstream's stream for a chat client: its [DONE]).
     events.clear();
-    ctx.hooks.finish(events);
+    if (ctx.hooks.finish(events)) {
+      // Cut short: the translator told the client in its dialect; the log
+      // and the endpoint's record say the upstream failed, as for a chat stream.
+      count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+      if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
+      ctx.set_error(upstream_stream_incomplete(subject(ctx)));
+    }
     if (ctx.capture) capture_response(ctx, events);
     if (!events.empty()) down_.send_body(events);
   }

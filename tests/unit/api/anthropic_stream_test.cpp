@@ -170,6 +170,29 @@ TEST(AnthropicStream, AToolCallCutOffByMaxTokensIsMaxTokens) {
   EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "max_tokens");
 }
 
+TEST(AnthropicStream, ToolArgumentsThatAreNoObjectArriveAsRaw) {
+  // A tool_use input is an object: arguments that begin otherwise (a list, a
+  // string) are held and given whole at the block's end as {"_raw": text},
+  // as the non-streamed translation gives them; an object streams as it comes.
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"t1","index":0,"function":{"name":"f","arguments":" [1,"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"2]"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"t2","index":1,"function":{"name":"g","arguments":" "}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"a\":"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"1}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  expect_grammar(ev);
+  std::vector<std::string> partials[2];
+  for (const auto& e : ev)
+    if (e.type == "content_block_delta")
+      partials[e.data.at("index").as_int64()].emplace_back(e.data.at("delta").at("partial_json").as_string());
+  ASSERT_EQ(partials[0].size(), 1u);
+  EXPECT_EQ(json::parse(partials[0][0]), json::parse(R"({"_raw":" [1,2]"})"));
+  EXPECT_EQ(partials[1], (std::vector<std::string>{"{\"a\":", "1}"}));
+}
+
 TEST(AnthropicStream, StopSequence) {
   const auto ev = events_of(run({
       R"({"id":"chatcmpl-s","model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop","stop_reason":"END"}]})",

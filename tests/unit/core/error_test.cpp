@@ -61,5 +61,12 @@ TEST(Error, ReasonPhrases) {
   EXPECT_EQ(reason_phrase(200), "OK");
   EXPECT_EQ(reason_phrase(413), "Content Too Large");
   EXPECT_EQ(reason_phrase(504), "Gateway Timeout");
-  EXPECT_EQ(reason_phrase(599), "Unknown");
+  // Passed-through statuses keep their registered phrase; an unregistered one gets none (RFC 9112 §4).
+  EXPECT_EQ(reason_phrase(206), "Partial Content");
+  EXPECT_EQ(reason_phrase(307), "Temporary Redirect");
+  EXPECT_EQ(reason_phrase(308), "Permanent Redirect");
+  EXPECT_EQ(reason_phrase(410), "Gone");
+  EXPECT_EQ(reason_phrase(451), "Unavailable For Legal Reasons");
+  EXPECT_EQ(reason_phrase(529), "Overloaded");
+  EXPECT_EQ(reason_phrase(598), "");
 }

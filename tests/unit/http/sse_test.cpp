@@ -333,6 +333,25 @@ std::string describe_cuts(const std::vector<std::size_t>& cuts) {
 class HttpSseShortStream : public ::testing::TestWithParam<StreamCase> {};
 class HttpSseLongStream : public ::testing::TestWithParam<StreamCase> {};
 
+TEST(HttpSse, AFinalDoneWithoutItsEmptyLineIsTheTailOnlyWhenAlone) {
+  for (std::string_view tail : {"data: [DONE]\n", "data: [DONE]", "data:[DONE]\r\n"}) {
+    SseReader r;
+    const std::string body = std::string("data: {\"a\":1}\n\n") + std::string(tail);
+    r.push(body);
+    ASSERT_TRUE(r.next());
+    EXPECT_FALSE(r.next());
+    EXPECT_TRUE(r.tail_is_done()) << tail;
+  }
+  for (std::string_view tail : {"data: [DONE]x\n", "data: [DO", "event: x\ndata: [DONE]\n", ""}) {
+    SseReader r;
+    const std::string body = std::string("data: {\"a\":1}\n\n") + std::string(tail);
+    r.push(body);
+    ASSERT_TRUE(r.next());
+    EXPECT_FALSE(r.next());
+    EXPECT_FALSE(r.tail_is_done()) << tail;
+  }
+}
+
 TEST_P(HttpSseShortStream, WholeStreamMatchesReference) { EXPECT_TRUE(same_as_reference(GetParam(), {})); }
 
 TEST_P(HttpSseShortStream, EverySplitPointMatchesReference) {

@@ -7,6 +7,7 @@
 // over many seeds.
 #include "routing/attempts.hpp"
 
+#include <ctime>
 #include <set>
 #include <string>
 #include <vector>
@@ -330,15 +331,42 @@ TEST(RoutingAttempts, RetryAfterIsHonouredUpToItsCap) {
   }
   {
     Attempts a(*p, rng, now);
-    const auto d = a.on_status(503, "Wed, 21 Oct 2015 07:28:00 GMT", now);  // a date: the backoff instead
+    const auto d = a.on_status(503, "Wed, 21 Oct 2015 07:28:00 GMT", now);  // a date passed: no wait beyond the backoff
     ASSERT_TRUE(d.retry);
     EXPECT_LE(d.delay, 1ms);
   }
-  EXPECT_EQ(parse_retry_after(" 12 "), 12000ms);
-  EXPECT_FALSE(parse_retry_after("-1"));
-  EXPECT_FALSE(parse_retry_after("1.5"));
-  EXPECT_FALSE(parse_retry_after(""));
-  EXPECT_FALSE(parse_retry_after("99999999999"));
+  const auto wall = std::chrono::system_clock::from_time_t(1445412480);  // Wed, 21 Oct 2015 07:28:00 GMT
+  EXPECT_EQ(parse_retry_after(" 12 ", wall), 12000ms);
+  EXPECT_FALSE(parse_retry_after("-1", wall));
+  EXPECT_FALSE(parse_retry_after("1.5", wall));
+  EXPECT_FALSE(parse_retry_after("", wall));
+  EXPECT_FALSE(parse_retry_after("soon", wall));
+  // More than 9 digits: longer than any cap, never "no value" (which would retry at once).
+  EXPECT_GE(*parse_retry_after("99999999999", wall), std::chrono::hours(24 * 365));
+  // HTTP-date, in its three forms (RFC 9110 §5.6.7): the time from now to it.
+  EXPECT_EQ(parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT", wall), 30000ms);
+  EXPECT_EQ(parse_retry_after("Wednesday, 21-Oct-15 07:29:00 GMT", wall), 60000ms);
+  EXPECT_EQ(parse_retry_after("Wed Oct 21 07:28:05 2015", wall), 5000ms);
+  EXPECT_EQ(parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", wall), 0ms);  // passed
+  EXPECT_FALSE(parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT trailing", wall));
+}
+
+TEST(RoutingAttempts, ADateOrAHugeRetryAfterPastTheCapIsNotRetriedHere) {
+  Pool p(1, "{attempts: 3, backoff: 1ms, max_backoff: 1ms, retry_after_cap: 2s}");
+  Rng rng(1);
+  const auto now = Clock::now();
+  const auto later = [](int s) {
+    const std::time_t t = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now()) + s;
+    char buf[64];
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    std::strftime(buf, sizeof buf, "%a, %d %b %Y %H:%M:%S GMT", &tm);
+    return std::string(buf);
+  };
+  for (const std::string& ra : {later(3600), std::string("99999999999999999999")}) {
+    Attempts a(*p, rng, now);
+    EXPECT_FALSE(a.on_status(429, ra, now).retry) << ra;
+  }
 }
 
 TEST(RoutingAttempts, TheRetryBudgetBoundsRetriesInFlight) {
