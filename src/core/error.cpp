@@ -205,6 +205,8 @@ std::string_view reason_phrase(int status) {
       return "Gateway Timeout";
     case 505:
       return "HTTP Version Not Supported";
+    case 425:
+      return "Too Early";  // RFC 8470 (not in Beast's table)
     case 529:
       return "Overloaded";  // (Anthropic's; no RFC names it)
     default: {

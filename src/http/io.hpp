@@ -53,12 +53,12 @@ inline std::size_t empty_lines_at(const boost::beast::flat_buffer& buf) {
   return k;
 }
 
-// True when the first LF in `buf` has no CR before it: the line in
-// progress at the start of `buf` ends in a bare LF.
+// True when `buf` holds an LF that no CR precedes.
 inline bool has_bare_lf(const boost::beast::flat_buffer& buf) {
   const std::string_view b(static_cast<const char*>(buf.data().data()), buf.size());
-  const std::size_t i = b.find('\n');
-  return i != std::string_view::npos && (i == 0 || b[i - 1] != '\r');
+  for (std::size_t i = b.find('\n'); i != std::string_view::npos; i = b.find('\n', i + 1))
+    if (i == 0 || b[i - 1] != '\r') return true;
+  return false;
 }
 
 // True when `buf` holds a whole head (after any empty lines): its blank
@@ -124,10 +124,11 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
       used += n;
       if (complete()) co_return std::tuple{error_code{}, used};  // (a buffer_body's need_buffer after its head)
       if (ec && ec != bh::error::need_more) co_return std::tuple{ec, used};
-      // A chunked body's parser that needs more with bytes left is inside a
-      // line (a chunk-size line, the CRLF after a chunk's data, a trailer):
-      // left bytes that hold a bare LF can never end that line. Refused now
-      // (RFC 9112 §7.1), not after body_timeout.
+      // A chunked body's parser that needs more with bytes left is inside
+      // its framing (a chunk-size line, the CRLF after a chunk's data, the
+      // last chunk and its trailers; never chunk data, which it takes as it
+      // comes): left bytes that hold a bare LF can never complete it.
+      // Refused now (RFC 9112 §7.1), not after body_timeout.
       if (ec == bh::error::need_more && !until_head && parser.is_header_done() && parser.chunked() && buf.size() > 0 &&
           has_bare_lf(buf))
         co_return std::tuple{error_code(bh::error::bad_chunk), used};

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <iterator>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -180,8 +181,11 @@ int main(int argc, char** argv) {
     if (log != "-" && log != "off" && !log.empty()) {
       const auto slash = log.rfind('/');
       const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : log.substr(0, slash);
-      const bool exists = ::access(log.c_str(), F_OK) == 0;
-      if (exists ? ::access(log.c_str(), W_OK) != 0 : ::access(dir.c_str(), W_OK | X_OK) != 0) {
+      struct stat st {};
+      const bool exists = ::stat(log.c_str(), &st) == 0;
+      if (exists && S_ISDIR(st.st_mode)) errno = EISDIR;
+      if ((exists && S_ISDIR(st.st_mode)) ||
+          (exists ? ::access(log.c_str(), W_OK) != 0 : ::access(dir.c_str(), W_OK | X_OK) != 0)) {
         fmt::print(stderr, "weir: configuration error: server.access_log: cannot open {} for writing: {}\n", log,
                    std::strerror(errno));
         return 2;

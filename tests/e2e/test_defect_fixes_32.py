@@ -129,6 +129,27 @@ def test_a_responses_stream_is_made_from_an_upstream_answer_that_ignored_stream(
     assert [o.type for o in done.output] == ["message", "function_call"], done.output
 
 
+def test_an_anthropic_pools_whole_message_becomes_the_stream_an_anthropic_client_asked_for(module_weir):
+    def answer(headers, body):
+        page = json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": "claude-x",
+                           "content": [{"type": "text", "text": "Hello there"}], "stop_reason": "end_turn",
+                           "stop_sequence": None, "usage": {"input_tokens": 5, "output_tokens": 2}}).encode()
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+            len(page), page)
+    up = RawUpstream(answer)
+    w = module_weir(config={"pools": {"anth": {"type": "anthropic", "endpoints": [up.url], "api_key": "sk-up"}},
+                            "models": {"claude-x": {"pool": "anth"}}}, workers=1)
+    try:
+        client = anthropic.Anthropic(base_url=w.base_url, api_key="k", max_retries=0, timeout=30)
+        with client.messages.stream(model="claude-x", max_tokens=16,
+                                    messages=[{"role": "user", "content": "hi"}]) as s:
+            final = s.get_final_message()
+        assert final.content[0].text == "Hello there" and final.stop_reason == "end_turn", final
+        assert final.usage.output_tokens == 2
+    finally:
+        up.close()
+
+
 def test_a_plain_chat_stream_passes_the_whole_answer_as_sent(whole):
     # The client's and the upstream's dialect are the same: Weir relays what came, as any proxy would.
     r = httpx.post(whole.v1 + "/chat/completions", timeout=10,
@@ -183,6 +204,24 @@ def test_a_chunked_body_with_bare_lf_lines_is_400_at_once(gw):
     assert time.monotonic() - t0 < 0.9  # not body_timeout (1 s here, 60 s by default)
 
 
+@pytest.mark.parametrize("end", [b"0\n\r\n", b"0\r\n\n", b"0\r\nX-T: 1\n\r\n"], ids=["size", "last", "trailer"])
+def test_a_bare_lf_in_the_last_chunk_or_its_trailers_is_400_at_once(gw, end):
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    t0 = time.monotonic()
+    r = roundtrip(gw.port, head + b"%x\r\n" % len(body) + body + b"\r\n" + end)
+    assert r.status == 400, r.status
+    assert time.monotonic() - t0 < 0.9
+
+
+def test_a_request_line_cut_off_mid_target_names_no_path(gw):
+    with RawConn(gw.port, timeout=15) as c:
+        c.send(b"POST /v1/chat/comp")
+        assert c.read_response("POST").status == 408
+    entries = gw.wait_log(lambda es: any(e["status"] == 408 and e["method"] == "-" for e in es))
+    assert not [e for e in entries if e.get("path") == "/v1/chat/comp"], entries
+
+
 def test_check_refuses_an_access_log_start_up_could_not_open(tmp_path):
     cfg = tmp_path / "w.yaml"
     cfg.write_text("listen: 127.0.0.1:1\nserver: {access_log: /nonexistent-dir-32/x.log}\n"
@@ -193,6 +232,9 @@ def test_check_refuses_an_access_log_start_up_could_not_open(tmp_path):
     r = subprocess.run([binary("weir"), "--config", cfg, "--check"], capture_output=True, text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "x.log").exists()  # --check creates nothing
+    cfg.write_text(cfg.read_text().replace(str(tmp_path / "x.log"), str(tmp_path)))  # a directory
+    r = subprocess.run([binary("weir"), "--config", cfg, "--check"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "access_log" in r.stderr, (r.returncode, r.stderr)
 
 
 # --------------------------------------------------------------------------- upstream answers, round 2
@@ -311,14 +353,20 @@ def test_a_retry_after_date_within_the_cap_is_waited_for(module_weir):
 
 
 def test_reason_phrases_of_passed_through_statuses(module_weir):
+    status = [307]
+
     def answer(headers, body):
-        return b"HTTP/1.1 307 X\r\nLocation: /v1/x\r\nContent-Length: 0\r\n\r\n"
+        return b"HTTP/1.1 %d X\r\nLocation: /v1/x\r\nContent-Length: 0\r\n\r\n" % status[0]
     up = RawUpstream(answer)
     w = module_weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
     try:
         r = httpx.post(w.v1 + "/chat/completions", timeout=10,
                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
         assert r.status_code == 307 and r.reason_phrase == "Temporary Redirect", r.reason_phrase
+        status[0] = 425
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10,
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 425 and r.reason_phrase == "Too Early", r.reason_phrase
     finally:
         up.close()
 
@@ -443,3 +491,20 @@ def test_the_admin_port_answers_through_a_drain(module_mock, weir):
         auth = {"authorization": "Bearer admin-token-32-0123456789"}
         assert httpx.get(admin + "/metrics", timeout=2, headers=auth).status_code == 200
         assert httpx.get(admin + "/admin/v1/stats", timeout=2, headers=auth).status_code == 200
+
+
+def test_a_batched_non_streamed_member_without_an_answer_is_charged_nothing(module_mock, module_weir):
+    # The batch's upstream stream had a 2xx head, then reset: the member's client got a 502 and
+    # no head of its own, as the same request alone would (failing before its head): no charge.
+    up = module_mock("--ttft-ms", "20", "--itl-ms", "5", "--max-tokens", "16", "--reset-after", "3")
+    w = module_weir(config={
+        "pools": {"b": {"endpoints": [up.base_url], "batch": {"window": "20ms", "max_size": 8}}},
+        "default_pool": "b", "pricing": {"*": {"input": 1.0, "output": 2.0}},
+        "tenants": {"t": {}}, "auth": {"api_keys": [{"id": "k", "sha256": sha("sk-batch-32"), "tenant": "t"}]}},
+        workers=1)
+    r = httpx.post(w.v1 + "/completions", timeout=20,
+                   headers={"authorization": "Bearer sk-batch-32", "x-request-id": "batch-502-32"},
+                   json={"model": "mock-model", "prompt": "one two", "max_tokens": 6})
+    assert r.status_code == 502, r.text
+    line = w.log_for("batch-502-32")
+    assert line["batch"]["size"] == 1 and line["spend_usd"] == 0, line

@@ -102,6 +102,10 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
     if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it
     o = after_cutoff(ctx, std::move(o));
   }
+  // A non-streamed member that got no answer (502, 504) saw no head of its
+  // own: the batch's 2xx head is not its, so it is charged nothing, as the
+  // same request alone, failing before its head, would be (settle()).
+  if (!ctx.stream && !ctx.committed && !o.is_responded() && !o.goes_on()) ctx.upstream_status = 0;
   co_return o;
 }
 

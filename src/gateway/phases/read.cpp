@@ -40,6 +40,9 @@ void log_request_line(std::string_view raw, RequestContext& ctx) {
   std::string_view target = raw.substr(sp + 1);
   const auto end = std::find_if(target.begin(), target.end(),
                                 [](char c) { return static_cast<unsigned char>(c) <= 0x20 || c == 0x7f; });
+  // The target is whole only when the SP after it came: a line cut off
+  // mid-target names no path anyone asked for.
+  if (end == target.end() || *end != ' ') return;
   target = target.substr(0, static_cast<std::size_t>(end - target.begin()));
   if (target.empty() || target.front() != '/') return;  // both or neither: never a method without a path
   ctx.method.assign(method);

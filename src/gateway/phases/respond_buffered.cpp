@@ -182,8 +182,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // asked for, made from that body; a route in the upstream's own dialect
   // passes the body as sent, as any proxy would.
   const bool whole_for_stream =
-      ctx.stream && rewritten && status >= 200 && status < 300 && status != 204 &&
-      (ctx.route == RouteKind::messages || is_responses(ctx.route) || ctx.route == RouteKind::chat_completions);
+      ctx.stream && status >= 200 && status < 300 && status != 204 &&
+      (rewritten
+           ? ctx.route == RouteKind::messages || is_responses(ctx.route) || ctx.route == RouteKind::chat_completions
+           : anthropic_up && ctx.route == RouteKind::messages);  // (an Anthropic client of an Anthropic pool)
   if (anthropic_up && rewritten && !(status == 204 || status == 304)) {
     // Anthropic's message (or error) → OpenAI's chat completion (or error):
     // the answer for a chat client, the input of the Responses translation.
@@ -196,6 +198,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     from = chat;
     out = chat;
     drop_encoding = encoded;
+  }
+  if (whole_for_stream && !rewritten) {
+    // An Anthropic pool's whole message for an Anthropic client: made a
+    // chat completion first, then the stream as for the other routes.
+    if (!api::anthropic::message_to_chat(plain, static_cast<std::int64_t>(std::time(nullptr)), chat))
+      co_return untranslatable(ctx, "an Anthropic message");
+    from = chat;
   }
   if (whole_for_stream) {
     const Translation client = is_anthropic(ctx.route)   ? Translation::anthropic
