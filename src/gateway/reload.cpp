@@ -43,6 +43,7 @@ constexpr Fixed kFixed[] = {
     {"redis", "the Redis connections and the shared limiter are set up at start-up"},
     {"admin", "the admin API listener is bound at start-up"},
     {"request_log", "the request-log store is opened at start-up"},
+    {"tracing", "the tracer and its exporter are set up at start-up"},
     {"auth.jwt.jwks_url", "the JWKS cache is set up at start-up"},
     {"auth.jwt.jwks_file", "the JWKS cache is set up at start-up"},
     {"auth.jwt.refresh_interval", "the JWKS cache is set up at start-up"},

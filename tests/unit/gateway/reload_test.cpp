@@ -104,6 +104,8 @@ TEST(RestartOnly, ListenersWorkersAndStoresAreRefusedNamingTheKey) {
       {replace(kBase, "header_timeout: 5s", "header_timeout: 5s, reuse_port: true"), "server.reuse_port"},
       {replace(kBase, "header_timeout: 5s", "header_timeout: 5s, metrics: {max_tenants: 5}"),
        "server.metrics.max_tenants"},
+      // The tracer is built at start-up: a changed tracing: section was once "reloaded" and ignored.
+      {kBase + "tracing: {otlp_endpoint: 'http://127.0.0.1:4318', sample_ratio: 0.5}\n", "tracing.otlp_endpoint"},
   };
   for (const auto& c : cases) {
     const auto e = change(kBase, c.after);
