@@ -169,8 +169,8 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     services.begin_drain();
     reloader.stop();
     // The admin listener stays open through the drain (it closes once the
-    // workers are done): /ready answers 503 there, /health and /metrics
-    // still answer, while the client port no longer accepts.
+    // workers are done): /ready answers 503 there, and /metrics and the
+    // admin API still answer, while the client port no longer accepts.
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
   };
