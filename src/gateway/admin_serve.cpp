@@ -21,6 +21,7 @@
 #include "gateway/console_assets.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/worker.hpp"
+#include "http/io.hpp"
 #include "http/request_check.hpp"
 
 namespace weir::gateway {
@@ -102,6 +103,13 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     }
     ext_left -= ext.size();
   };
+  // The reads' deadline cancels the socket's pending read, and does not
+  // close it as the stream's own expiry would, so a head or body that did
+  // not come in time still gets its 408 (and its log line).
+  core::Watchdog read_deadline(stream.get_executor(), [&stream] {
+    boost::system::error_code ignored;
+    stream.socket().cancel(ignored);
+  });
   for (;;) {
     bh::request_parser<bh::string_body> parser;
     parser.header_limit(kMaxHeader);
@@ -109,9 +117,14 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     ext_left = kMaxHeader;
     ext_over = false;
     parser.on_chunk_header(ext_budget);
-    stream.expires_after(buf.size() ? kRequestTimeout : kIdleTimeout);
+    stream.expires_never();
+    read_deadline.reset_expired();
+    read_deadline.expires_after(buf.size() ? kRequestTimeout : kIdleTimeout);
     auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
-    if (ec && (ec == bh::error::end_of_stream || ec == beast::error::timeout || !parser.got_some())) co_return;
+    if (read_deadline.expired()) ec = beast::error::timeout;
+    // A connection that sent nothing (or only closed) ends quietly; a head
+    // that started and did not finish within kRequestTimeout gets a 408.
+    if (ec && (ec == bh::error::end_of_stream || !parser.got_some())) co_return;
     const auto t0 = core::now();
     // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
     // target form, Expect): refused before the body is read, as on the client listener.
@@ -134,23 +147,35 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
           // its final answer instead, and the connection then closes.
           if (!console_file(req)) refused = refuse_before_body(req, head[bh::field::authorization]);
           if (!refused) {
+            read_deadline.disarm();
             stream.expires_after(kRequestTimeout);
             auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(http::kContinue), core::use_task);
             if (cec) co_return;
+            stream.expires_never();
+            read_deadline.expires_after(kRequestTimeout);
           }
         }
         if (!refused) {
-          auto [bec, bn] = co_await bh::async_read(stream, buf, parser, core::use_task);
-          ec = bec;
+          // http::read_message, as on the client listener: a chunked body's
+          // framing with a bare LF is refused at once, not after the timeout.
+          read_deadline.expires_after(kRequestTimeout);
+          auto [bec, bn] = co_await http::read_message(stream, buf, parser, false);
+          ec = read_deadline.expired() ? beast::error::timeout : bec;
         }
       }
     }
+    read_deadline.disarm();
     bh::response<bh::string_body> res;
     res.version(11);
     if (ec || problem != http::HeadProblem::none) {
-      if (ec == beast::error::timeout) co_return;
       AdminError e = admin_bad_request(fmt::format("Malformed HTTP request: {}.", ec.message()));
-      if (ec == bh::error::body_limit) {
+      if (ec == beast::error::timeout) {  // the head or body did not come within kRequestTimeout
+        e = AdminError{408,
+                       "invalid_request_error",
+                       "request_timeout",
+                       fmt::format("The request did not arrive within {} s.", kRequestTimeout.count()),
+                       {}};
+      } else if (ec == bh::error::body_limit) {
         e = AdminError{413,
                        "invalid_request_error",
                        "payload_too_large",
@@ -192,7 +217,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       res.prepare_payload();
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
-      log_request(ec ? std::string_view("-") : req.method, req.path, wec ? 499 : e.status, t0, 0, res.body().size());
+      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path,
+                  wec ? 499 : e.status, t0, 0, res.body().size());
       if (wec) co_return;
       co_await linger(stream);
       co_return;
