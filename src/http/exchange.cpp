@@ -55,7 +55,7 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
   // Bytes after the end of the response put the connection out of step: the
   // next request on it would read them as its answer.
   const bool reusable = c && parser_ && parser_->is_done() && parser_->keep_alive() && c->is_open() &&
-                        c->aborted_for() == UpstreamFailure::none && !trailing_ && c->buffer().size() == 0;
+                        c->aborted_for() == UpstreamFailure::none && !trailing_ && !cut_off_ && c->buffer().size() == 0;
   if (c) c->watchdog().disarm();
   if (!reusable) c.reset();  // closes it
   return c;
@@ -94,6 +94,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   carry_len_ = 0;
   shrink_ = false;
   trailing_ = false;
+  cut_off_ = false;
   conn_->watchdog().expires_after(r.first_byte);
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(r.head), asio::buffer(r.body.data(), r.body.size())};
   TlsStream* tls = conn_->tls();
@@ -105,6 +106,16 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   } else {
     auto [wec, wn] = co_await write_all_now(conn_->socket(), bufs);
     ec = wec;
+    // An upstream may answer before it read the whole body (a 413, an early
+    // error) and close: the write then fails while its answer waits in the
+    // socket, readable before the reset. It is read and relayed, as Envoy
+    // does, not taken for a reset (RFC 9112 §9.3: a client sending a body
+    // watches for an error response); with no answer there the read below
+    // fails as the write did. The connection is not reused.
+    if (wn > 0 && (ec == asio::error::broken_pipe || ec == asio::error::connection_reset)) [[unlikely]] {
+      cut_off_ = true;
+      ec = {};
+    }
   }
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
   // Hints) come before the final one: skip them.
@@ -136,7 +147,10 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   // 101 Switching Protocols answers only a request that asked to upgrade
   // (RFC 9110 §15.2.2), and Weir never forwards Upgrade (hop-by-hop): a
   // 101 here is the upstream's error, not a response to relay.
-  if (parser_->get().result_int() == 101) [[unlikely]]
+  // A status outside 100-599 is no HTTP status (RFC 9110 §15: three digits,
+  // first 1-5); Beast takes any three digits, and "HTTP/1.1 000" relayed
+  // would be an invalid status line to the client.
+  if (const int status = parser_->get().result_int(); status == 101 || status < 100 || status > 599) [[unlikely]]
     co_return UpstreamFailure::protocol;
   // Transfer-Encoding with Content-Length: Beast frames a coding other than
   // chunked by the Content-Length, where RFC 9112 §6.3 says Transfer-Encoding

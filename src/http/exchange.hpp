@@ -68,7 +68,17 @@ class Exchange final : public UpstreamExchange {
   Task<BodyRead> read_from(Step step, std::span<char> into, BodyRead r);
 
  private:
-  using Parser = boost::beast::http::response_parser<boost::beast::http::buffer_body>;
+  // Beast's response parser, but a chunked body's trailer fields are
+  // dropped instead of added to the head's fields (RFC 9110 §6.5.1: a
+  // recipient must not merge a trailer field into the header section). A
+  // buffered answer is sent after its whole body, and would otherwise carry
+  // the upstream's trailers as headers (Set-Cookie, Content-Type, Location).
+  class Parser final : public boost::beast::http::response_parser<boost::beast::http::buffer_body> {
+    void on_field_impl(boost::beast::http::field name, boost::beast::string_view name_string,
+                       boost::beast::string_view value, boost::system::error_code&) override {
+      if (!is_header_done()) get().insert(name, name_string, value);
+    }
+  };
 
   // read_step() in parts.
   struct Recv {
@@ -113,6 +123,7 @@ class Exchange final : public UpstreamExchange {
   std::uint8_t carry_len_ = 0;    // bytes in carry_
   std::array<char, 32> carry_{};  // a short piece of framing the parser needs more after (need_more_)
   bool trailing_ = false;         // the upstream sent bytes beyond the response: do not reuse the connection
+  bool cut_off_ = false;          // the request's write failed after some bytes (an early answer is read): not reused
   bool no_wait_ = false;          // take_end(): read() returns what has arrived, never waits
 };
 
