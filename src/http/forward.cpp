@@ -47,24 +47,54 @@ void copy_end_to_end(std::string& out, const Fields& fields, Skip skip) {
   }
 }
 
-// True when the client's field `f` goes upstream (beside the hop-by-hop
-// and x-request-id rules of copy_end_to_end): never Host, Content-Length or
-// Expect (Weir frames the request), Accept-Encoding unless the body may be
-// compressed, the client's credentials unless they are passed through.
+// True when the client's field `f` goes upstream as it came (beside the
+// hop-by-hop and x-request-id rules of copy_end_to_end): never Host,
+// Content-Length or Expect (Weir frames the request), nor Accept-Encoding
+// (append_decodable_accept_encoding), the client's credentials unless they
+// are passed through.
 template <class Field>
-bool forwarded_upstream(const Field& f, bool identity, bool strip_credentials) {
+bool forwarded_upstream(const Field& f, bool strip_credentials) {
   switch (f.name()) {
     case bh::field::host:
     case bh::field::content_length:
     case bh::field::expect:
-      return false;
     case bh::field::accept_encoding:
-      return !identity;
+      return false;
     case bh::field::authorization:
       return !strip_credentials;
     default:
       return !(strip_credentials && iequals(f.name_string(), "x-api-key"));
   }
+}
+
+// The client's Accept-Encoding (all its lines as one list), cut to the
+// codings Weir decodes (gzip, x-gzip, deflate) and identity, each with its
+// weight: an answer in another coding (br, zstd) could not be read for
+// usage, and would pass uncounted by limits and budgets. None left:
+// identity. Nothing when the client sent no Accept-Encoding.
+void append_decodable_accept_encoding(std::string& out, const RequestHead& req) {
+  std::size_t start = std::string::npos;
+  for (const auto& f : req) {
+    if (f.name() != bh::field::accept_encoding) continue;
+    if (start == std::string::npos) {
+      out += "Accept-Encoding: ";
+      start = out.size();
+    }
+    for (std::string_view list = f.value(); !list.empty();) {
+      const auto comma = list.find(',');
+      const std::string_view item = core::trim_ows(list.substr(0, comma));
+      list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+      const std::string_view coding = core::trim_ows(item.substr(0, item.find(';')));
+      if (iequals(coding, "gzip") || iequals(coding, "x-gzip") || iequals(coding, "deflate") ||
+          iequals(coding, "identity")) {
+        if (out.size() > start) out += ", ";
+        out += item;
+      }
+    }
+  }
+  if (start == std::string::npos) return;
+  if (out.size() == start) out += "identity";
+  out += "\r\n";
 }
 
 }  // namespace
@@ -105,7 +135,10 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
   }
   append_header(out, "x-request-id", o.request_id);
   out += o.upstream_lines;
-  if (o.identity) out += "Accept-Encoding: identity\r\n";
+  if (o.identity)
+    out += "Accept-Encoding: identity\r\n";
+  else
+    append_decodable_accept_encoding(out, req);
   if (!o.traceparent.empty()) {
     out += "traceparent: ";
     out += o.traceparent;
@@ -122,7 +155,7 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
         (o.anthropic && iequals(f.name_string(), "anthropic-version")) ||
         (own_trace && (iequals(f.name_string(), "traceparent") || iequals(f.name_string(), "tracestate"))))
       return true;
-    return !forwarded_upstream(f, o.identity, o.strip_credentials);
+    return !forwarded_upstream(f, o.strip_credentials);
   });
   out += "\r\n";
 }
@@ -131,9 +164,7 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
   std::vector<std::string> lines;
   for (const auto& f : req) {
     const auto name = f.name_string();
-    if (!forwarded_upstream(f, /*identity=*/true, strip_credentials) || hop_by_hop_in(req, f) ||
-        iequals(name, "x-request-id"))
-      continue;
+    if (!forwarded_upstream(f, strip_credentials) || hop_by_hop_in(req, f) || iequals(name, "x-request-id")) continue;
     // Fields about the client, not the request: the first member's go upstream.
     if (iequals(name, "traceparent") || iequals(name, "tracestate") || iequals(name, "baggage") ||
         iequals(name, "user-agent") || iequals(name, "accept") ||

@@ -23,10 +23,11 @@ struct UpstreamHeadOptions {
   std::size_t body_bytes = 0;       // Content-Length of the body Weir sends (always sent for a POST)
   std::string_view request_id;      // sent as x-request-id (the client's own is replaced)
   std::string_view upstream_lines;  // whole header lines (CRLF each) the pool adds: its credential, anthropic-version
-  bool identity = false;            // ask for an uncompressed body (streams are parsed event by event)
-  bool strip_credentials = false;   // drop the client's Authorization and x-api-key (they were for Weir)
-  bool anthropic = false;     // an Anthropic upstream: the client's anthropic-version is replaced (upstream_lines)
-  bool body_decoded = false;  // Weir decoded the client's Content-Encoding: the header does not go upstream
+  bool identity = false;  // ask for an uncompressed body (streams are parsed event by event); else the client's
+                          // Accept-Encoding goes up cut to the codings Weir decodes (gzip, deflate, identity)
+  bool strip_credentials = false;  // drop the client's Authorization and x-api-key (they were for Weir)
+  bool anthropic = false;          // an Anthropic upstream: the client's anthropic-version is replaced (upstream_lines)
+  bool body_decoded = false;       // Weir decoded the client's Content-Encoding: the header does not go upstream
   // W3C Trace Context (tracing:): non-empty, sent in place of the client's
   // traceparent and tracestate (tracestate only when non-empty); empty =
   // the client's pass through as they came.
@@ -53,7 +54,8 @@ void append_upstream_target(std::string& out, std::string_view target, std::stri
 // would be read as the next request on a pooled connection), x-request-id,
 // the pool's Authorization, then the client's fields minus hop-by-hop ones
 // (RFC 9110 §7.6.1), Host, Content-Length, Expect, x-request-id and, as the
-// options say, Accept-Encoding, Content-Encoding, anthropic-version and the
+// options say, Accept-Encoding (identity, or the client's cut to the codings
+// Weir decodes), Content-Encoding, anthropic-version and the
 // client's credentials (and, with a traceparent in the options, the client's
 // traceparent and tracestate, replaced by the options'); then the blank line.
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
