@@ -85,4 +85,15 @@ constexpr bool is_sse_done(std::string_view data) noexcept {
   return true;
 }
 
+// True when `body`, outer JSON whitespace aside, begins with '{' and ends
+// with '}': the two bytes a JSON object's text must have. A quick check of a
+// whole answer (not a parse): it catches an HTML page, an array, a body cut
+// short or followed by other bytes, but not every malformed object.
+inline bool braced_as_object(std::string_view body) noexcept {
+  constexpr std::string_view ws = " \t\r\n";
+  const std::size_t first = body.find_first_not_of(ws);
+  if (first == std::string_view::npos) return false;
+  return body[first] == '{' && body[body.find_last_not_of(ws)] == '}';
+}
+
 }  // namespace weir::core

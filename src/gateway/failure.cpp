@@ -156,9 +156,9 @@ core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_b
 }
 
 core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding) {
-  return core::upstream_unavailable(
-      upstream_message(who, fmt::format("sent a body in Content-Encoding '{}' that Weir cannot decode for this client",
-                                        core::utf8_prefix(encoding, 64))));
+  return core::upstream_unavailable(upstream_message(
+      who, fmt::format("sent a body in Content-Encoding '{}', which Weir cannot decode (it decodes gzip and deflate)",
+                       core::utf8_prefix(encoding, 64))));
 }
 
 core::Error upstream_untranslatable(const UpstreamSubject& who, std::string_view expected) {

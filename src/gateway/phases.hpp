@@ -270,6 +270,11 @@ class GatewayPhases final : public Phases {
   // (The response goes by reference: GCC 12 miscopies coroutine parameters
   // passed on the stack.)
   core::Task<void> send_own(RequestContext& ctx, const OwnResponse& r);
+  // On an Anthropic route (/v1/messages, count_tokens): appends
+  // "request-id: <ctx.request_id>" to ctx.head, the header the anthropic SDK
+  // reads for a message's or an error's request id; not when the `upstream`
+  // head (an Anthropic pool's) has its own.
+  void append_anthropic_request_id(RequestContext& ctx, const http::ResponseHead* upstream);
   void settle(RequestContext& ctx);
   // Who failed upstream, for error messages (gateway/failure.hpp).
   UpstreamSubject subject(const RequestContext& ctx) const;

@@ -14,10 +14,23 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
   if (ctx.principal && ctx.rate_limit_lines.empty() && w_.admission() != nullptr)
     note_rate_limits(ctx, std::chrono::steady_clock::now());
   ctx.head.clear();
+  std::string_view extra = r.extra_lines;
+  std::string with_id;  // an Anthropic route's answer: its request-id too
+  if (is_anthropic(ctx.route)) {
+    with_id = r.extra_lines;
+    http::append_header(with_id, "request-id", ctx.request_id);
+    extra = with_id;
+  }
   http::append_own_response_head(ctx.head, r.status, r.content_type, r.body.size(), ctx.request_id,
-                                 ctx.rate_limit_lines, r.extra_lines, down_.connection_mode());
+                                 ctx.rate_limit_lines, extra, down_.connection_mode());
   const std::string_view body = down_.head_request() ? std::string_view{} : r.body;
   if (!co_await down_.write_all(ctx.head, body)) ctx.status = 499;
+}
+
+void GatewayPhases::append_anthropic_request_id(RequestContext& ctx, const http::ResponseHead* upstream) {
+  if (!is_anthropic(ctx.route)) return;
+  if (upstream != nullptr && !http::first_field(*upstream, "request-id").empty()) return;  // an Anthropic pool's own
+  http::append_header(ctx.head, "request-id", ctx.request_id);
 }
 
 core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {

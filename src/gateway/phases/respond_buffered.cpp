@@ -25,6 +25,7 @@
 #include "gateway/worker.hpp"
 #include "http/gzip.hpp"
 #include "http/headers.hpp"
+#include "http/sse.hpp"
 
 namespace weir::gateway {
 
@@ -60,6 +61,32 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
     }
   }
   return false;
+}
+
+// A stream the upstream compressed anyway (it ignored Accept-Encoding:
+// identity), decoded whole: the events a translated route's client asked
+// for, each upstream chunk run through the client's stream translator, as
+// respond_stream would have. False when the translator failed.
+bool decoded_stream_translated(std::string_view sse, Translation client, const RequestContext& ctx, std::string& out) {
+  http::SseReader reader;
+  reader.push(sse);
+  const auto run = [&](auto& tr) {
+    while (auto ev = reader.next()) {
+      if (!ev->has_data) continue;
+      if (ev->is_done()) break;
+      tr.on_data(ev->data, out);
+    }
+    tr.finish(out);
+    return !tr.failed();
+  };
+  if (client == Translation::anthropic) {
+    api::anthropic::StreamTranslator tr;
+    tr.reset();
+    return run(tr);
+  }
+  api::responses::StreamTranslator tr;
+  tr.reset(ctx.responses_echo(), ctx.request_id, ctx.model);
+  return run(tr);
 }
 
 }  // namespace
@@ -128,6 +155,11 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       encoded && !rewritten && http::has_token(http::first_field(req, bh::field::accept_encoding), encoding);
   std::string_view plain = out;  // the decoded body, for reading usage
   bool drop_encoding = false;
+  // A route whose 2xx answer is a chat completion, completion or embedding
+  // list in the upstream's dialect: a JSON object Weir reads usage from.
+  const bool json_route = ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+                          ctx.route == RouteKind::embeddings;
+  const bool read_2xx = json_route && status >= 200 && status < 300 && status != 204;
   if (encoded && out.empty()) {
     // Nothing to decode (Content-Length 0, or HEAD): drop a label the client did not ask for.
     drop_encoding = !accepted;
@@ -142,7 +174,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       }
     } else {
       plain = {};
-      if (!accepted) {
+      // Not for a client that did not accept the coding; nor for any client
+      // when the answer's usage must be read (a coding Weir did not ask for,
+      // br or zstd, would otherwise pass uncounted by limits and budgets).
+      if (!accepted || read_2xx) {
         count_upstream_failure(ctx, http::UpstreamFailure::protocol);
         co_return Outcome::failed(upstream_undecodable(subject(ctx), encoding));
       }
@@ -150,16 +185,29 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   }
   // A chat completion, completion or embedding list is a JSON object: a 2xx
   // answer that begins otherwise (a load balancer's HTML page in front of
-  // vLLM) is no answer. It fails over while a fallback is left, else 502.
-  const bool json_route = ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
-                          ctx.route == RouteKind::embeddings;
-  if (json_route && !anthropic_up && status >= 200 && status < 300 && !plain.empty() &&
-      plain[std::min(plain.find_first_not_of(" \t\r\n"), plain.size() - 1)] != '{') {
+  // vLLM), or ends otherwise (cut short: a Content-Length smaller than the
+  // body, bytes after the object), is no answer. It fails over while a
+  // fallback is left, else 502. Two bytes are looked at, not the whole
+  // body: a cut that happens to end at an inner '}' passes.
+  // A stream the upstream compressed anyway comes here whole (relay()).
+  const bool event_stream = status >= 200 && status < 300 && !anthropic_up &&
+                            http::is_event_stream(http::first_field(head, bh::field::content_type));
+  if (read_2xx && !anthropic_up && !event_stream && req.method() != bh::verb::head && !core::braced_as_object(plain)) {
     if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
     ctx.fail_over = true;
     co_return untranslatable(ctx, ctx.route == RouteKind::embeddings ? "an embedding list" : "a completion");
   }
-  if (status >= 200 && status < 300 && !plain.empty()) {
+  if (event_stream) {
+    // The usage chunk's, as a relayed stream reads it.
+    http::SseReader reader;
+    reader.push(plain);
+    while (auto ev = reader.next())
+      if (ev->has_data && !ev->is_done())
+        if (auto u = api::extract_usage(ev->data)) {
+          ctx.has_usage = true;
+          ctx.usage = *u;
+        }
+  } else if (status >= 200 && status < 300 && !plain.empty()) {
     // An Anthropic pool's message counts differently (cache reads and writes apart).
     if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain) : api::extract_usage(plain)) {
       ctx.has_usage = true;
@@ -173,6 +221,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.error_source = status >= 500 ? core::ErrorSource::upstream : core::ErrorSource::client;
     ctx.error_code = "upstream_status";
   }
+  // The Content-Type of a body Weir rewrote (the upstream's own labels
+  // what it sent: an HTML error page rewritten to JSON is JSON).
+  std::string_view content_type;
   std::string translated;  // Anthropic and Responses requests only
   std::string chat;        // an Anthropic pool's answer as a chat completion
   std::string_view from = plain;
@@ -181,8 +232,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // Responses client, a chat client of an Anthropic pool) gets the stream it
   // asked for, made from that body; a route in the upstream's own dialect
   // passes the body as sent, as any proxy would.
+  if (event_stream && rewritten) {
+    const Translation client = is_anthropic(ctx.route) ? Translation::anthropic : Translation::responses;
+    if (!decoded_stream_translated(plain, client, ctx, translated))
+      co_return untranslatable(ctx, "a chat completion stream");
+    out = translated;
+    drop_encoding = encoded;
+  }
   const bool whole_for_stream =
-      ctx.stream && status >= 200 && status < 300 && status != 204 &&
+      !event_stream && ctx.stream && status >= 200 && status < 300 && status != 204 &&
       (rewritten
            ? ctx.route == RouteKind::messages || is_responses(ctx.route) || ctx.route == RouteKind::chat_completions
            : anthropic_up && ctx.route == RouteKind::messages);  // (an Anthropic client of an Anthropic pool)
@@ -198,6 +256,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     from = chat;
     out = chat;
     drop_encoding = encoded;
+    content_type = "application/json";
   }
   if (whole_for_stream && !rewritten) {
     // An Anthropic pool's whole message for an Anthropic client: made a
@@ -214,20 +273,22 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       co_return untranslatable(ctx, anthropic_up ? "an Anthropic message" : "a chat completion");
     out = translated;
     drop_encoding = encoded;
+    content_type = "text/event-stream";
   }
-  const bool responses =
-      !whole_for_stream && is_responses(ctx.route) && ctx.status >= 200 && ctx.status < 300 && status != 204;
+  const bool responses = !whole_for_stream && !event_stream && is_responses(ctx.route) && ctx.status >= 200 &&
+                         ctx.status < 300 && status != 204;
   if (responses) {
     if (!api::responses::translate_response(from, ctx.responses_echo(), translated))
       co_return untranslatable(ctx, "a chat completion");
     out = translated;
     drop_encoding = encoded;
+    content_type = "application/json";
   }
   if (anthropic_up && ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
     ctx.has_usage = true;  // a count generates nothing and is not charged
     ctx.usage = {};
   }
-  if (anthropic && !whole_for_stream && !(status == 204 || status == 304)) {
+  if (anthropic && !whole_for_stream && !event_stream && !(status == 204 || status == 304)) {
     if (ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
       ctx.has_usage = true;  // a count generates nothing and is not charged
       ctx.usage = {};
@@ -242,15 +303,17 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     if (!ok) co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "a chat completion" : "a token count");
     out = translated;
     drop_encoding = encoded;
+    content_type = "application/json";
   }
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
   http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty(),
-                               whole_for_stream ? std::string_view("text/event-stream") : std::string_view());
+                               content_type);
   if (whole_for_stream && http::first_field(head, bh::field::cache_control).empty())
     ctx.head += "Cache-Control: no-cache\r\n";
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
+  append_anthropic_request_id(ctx, &head);
   ctx.head += ctx.rate_limit_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());
   if (drop_encoding) ctx.head += "Vary: Accept-Encoding\r\n";

@@ -52,6 +52,7 @@ void GatewayPhases::send_stream_head(RequestContext& ctx, http::ResponseSource& 
   http::append_status_line(ctx.head, 200);
   http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx), !ctx.rate_limit_lines.empty());
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
+  append_anthropic_request_id(ctx, &src.head());
   ctx.head += ctx.rate_limit_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());
   if (down_.http11()) ctx.head += "Transfer-Encoding: chunked\r\n";

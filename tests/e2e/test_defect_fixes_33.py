@@ -1,0 +1,281 @@
+"""Regression tests for defects found in stop 33 (each failed on the build before the fix). Real weir
+and weir-mock processes on free ports, raw sockets and scripted upstreams where the bytes matter."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import socket
+import threading
+import time
+
+import anthropic
+import httpx
+import pytest
+
+from conftest import free_port, wait_until
+from httpwire import RawConn, roundtrip
+from test_defect_fixes import RawUpstream
+
+ADMIN_TOKEN = "admin-token-33-0123456789"
+
+
+@pytest.fixture(scope="module")
+def admin(module_mock, module_weir):
+    up = module_mock("--any-model", "--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    port = free_port()
+    w = module_weir(config={"pools": {"p": {"endpoints": [up.base_url]}}, "default_pool": "p",
+                            "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_33"}},
+                    env={"WEIR_TEST_ADMIN_33": ADMIN_TOKEN}, workers=1)
+    wait_until(lambda: httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200, 5,
+               message="admin listener")
+    return w, port
+
+
+@pytest.mark.parametrize("end", [b"0\n\r\n", b"0\r\n\n", b"0\r\nX-T: 1\n\r\n"], ids=["size", "last", "trailer"])
+def test_the_admin_listener_refuses_a_bare_lf_in_a_chunked_body_at_once(admin, end):
+    _, port = admin
+    body = json.dumps({"name": "k"}).encode()
+    head = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() +
+            b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
+    t0 = time.monotonic()
+    r = roundtrip(port, head + b"%x\r\n" % len(body) + body + b"\r\n" + end, timeout=15)
+    assert r.status == 400, r.status
+    assert time.monotonic() - t0 < 5  # not the listener's 10 s request timeout
+
+
+def test_the_admin_listener_answers_and_logs_a_body_that_never_came(admin):
+    w, port = admin
+    with RawConn(port, timeout=20) as c:
+        c.send(b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() +
+               b"\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{")
+        r = c.read_response("POST")
+        assert r.status == 408, r.status
+        assert json.loads(r.body)["error"]["code"] == "request_timeout"
+    entries = w.wait_log(lambda es: any(e.get("listener") == "admin" and e.get("status") == 408 for e in es))
+    line = [e for e in entries if e.get("listener") == "admin" and e.get("status") == 408][-1]
+    assert line["method"] == "POST" and line["path"] == "/admin/v1/keys", line
+
+
+# --- the upstream's side of the wire ------------------------------------------------------------
+
+COMPLETION = json.dumps({
+    "id": "chatcmpl-33", "object": "chat.completion", "created": 1, "model": "m",
+    "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
+CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def answer_of(status_line: bytes, fields: bytes, body: bytes) -> bytes:
+    return status_line + b"\r\n" + fields + b"Content-Length: %d\r\n\r\n" % len(body) + body
+
+
+class ByCase:
+    """A raw upstream whose answer is chosen by the request's x-case header (the bytes it returns)."""
+
+    def __init__(self, cases: dict):
+        self.cases = cases
+        self.seen: list[dict] = []
+
+        def answer(headers, body):
+            self.seen.append(headers)
+            return self.cases[headers.get("x-case", "ok")]
+        self.up = RawUpstream(answer)
+
+    @property
+    def url(self):
+        return self.up.url
+
+
+@pytest.fixture(scope="module")
+def raw(module_weir):
+    chunked = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n" +
+               b"%x\r\n%s\r\n" % (len(COMPLETION), COMPLETION))
+    up = ByCase({
+        "ok": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", COMPLETION),
+        "trailers": chunked + b"0\r\nContent-Type: text/html\r\nSet-Cookie: session=evil\r\nX-Trailer: t\r\n\r\n",
+        "status000": answer_of(b"HTTP/1.1 000 X", b"Content-Type: application/json\r\n", COMPLETION),
+        "status099": answer_of(b"HTTP/1.1 099 X", b"Content-Type: application/json\r\n", COMPLETION),
+        "status600": answer_of(b"HTTP/1.1 600 X", b"Content-Type: application/json\r\n", COMPLETION),
+        "cut": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", COMPLETION[:-20]),
+        "garbage": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", COMPLETION + b"garbage"),
+        "empty": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", b""),
+        "html502": answer_of(b"HTTP/1.1 502 Bad Gateway", b"Content-Type: text/html\r\n",
+                             b"<html><body>502 Bad Gateway</body></html>"),
+        "br": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\nContent-Encoding: br\r\n",
+                        b"\x0b\x02\x80brotli-ish bytes"),
+    })
+    w = module_weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+    yield w, up
+    up.up.close()
+
+
+def test_upstream_trailers_never_become_response_headers(raw):
+    w, _ = raw
+    r = httpx.post(w.v1 + "/chat/completions", json=CHAT, headers={"x-case": "trailers"}, timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["total_tokens"] == 5
+    assert r.headers.get_list("content-type") == ["application/json"], r.headers
+    assert "set-cookie" not in r.headers and "x-trailer" not in r.headers, r.headers
+
+
+@pytest.mark.parametrize("case", ["status000", "status099", "status600"])
+def test_a_status_outside_100_to_599_is_an_invalid_answer(raw, case):
+    w, _ = raw
+    rid = f"bad-status-{case}"
+    r = httpx.post(w.v1 + "/chat/completions", json=CHAT, headers={"x-case": case, "x-request-id": rid},
+                   timeout=10)
+    assert r.status_code == 502, r.status_code
+    assert r.json()["error"]["type"]
+    assert w.log_for(rid)["status"] == 502
+
+
+@pytest.mark.parametrize("case", ["cut", "garbage", "empty"])
+def test_a_2xx_body_that_is_no_whole_object_is_a_502(raw, case):
+    w, _ = raw
+    rid = f"not-an-object-{case}"
+    r = httpx.post(w.v1 + "/chat/completions", json=CHAT, headers={"x-case": case, "x-request-id": rid},
+                   timeout=10)
+    assert r.status_code == 502, (r.status_code, r.text)
+    assert r.json()["error"]["code"] == "upstream_invalid_response"
+    assert w.log_for(rid)["status"] == 502
+
+
+def test_an_anthropic_error_rewritten_from_html_is_labelled_json(raw):
+    w, _ = raw
+    r = httpx.post(w.base_url + "/v1/messages", timeout=10, headers={"x-case": "html502"},
+                   json={"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 502
+    assert r.headers["content-type"] == "application/json", r.headers
+    assert r.json()["type"] == "error"
+
+
+def test_a_coding_weir_cannot_decode_is_refused_even_to_a_client_that_accepts_it(raw):
+    # Usage cannot be read out of it: passed on, it would escape limits and budgets.
+    w, _ = raw
+    r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10,
+                   headers={"x-case": "br", "accept-encoding": "br"})
+    assert r.status_code == 502, r.status_code
+
+
+@pytest.mark.parametrize("sent,upstream", [
+    ("gzip, deflate, br", "gzip, deflate"),
+    ("br;q=1.0, gzip;q=0.5, zstd", "gzip;q=0.5"),
+    ("br", "identity"),
+    ("*", "identity"),
+])
+def test_the_upstream_is_asked_only_for_codings_weir_decodes(raw, sent, upstream):
+    w, up = raw
+    r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10, headers={"accept-encoding": sent})
+    assert r.status_code == 200
+    assert up.seen[-1].get("accept-encoding") == upstream, up.seen[-1]
+
+
+def test_anthropic_routes_carry_the_request_id_header_the_sdk_reads(raw):
+    w, _ = raw
+    client = anthropic.Anthropic(base_url=w.base_url, api_key="x", max_retries=0)
+    raw_answer = client.messages.with_raw_response.create(
+        model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert raw_answer.headers["request-id"] == raw_answer.headers["x-request-id"]
+    assert raw_answer.parse()._request_id == raw_answer.headers["x-request-id"]
+    with pytest.raises(anthropic.APIStatusError) as e:
+        client.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}],
+                               extra_headers={"x-case": "html502"})
+    assert e.value.request_id and e.value.request_id == e.value.response.headers["x-request-id"]
+    with pytest.raises(anthropic.BadRequestError) as e:  # Weir's own error
+        client.messages.create(model="m", max_tokens=5, messages=[])
+    assert e.value.request_id == e.value.response.headers["x-request-id"]
+
+
+class EarlyAnswer:
+    """Reads a request's head only, answers at once with `data` and closes: the rest of the
+    body is left unread (the kernel resets the connection)."""
+
+    def __init__(self, data: bytes):
+        self.data = data
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self.serve, daemon=True).start()
+
+    def serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            with conn:
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    got = conn.recv(65536)
+                    if not got:
+                        break
+                    buf += got
+                try:
+                    conn.sendall(self.data)
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
+
+
+def test_an_answer_sent_before_the_body_was_read_is_relayed(module_weir):
+    # An upstream that refuses a large body answers 413 and closes while Weir is still sending:
+    # the client gets that 413, not a 502, and the endpoint is not blamed for a reset.
+    page = b'{"error":{"message":"too big","type":"invalid_request_error","code":413}}'
+    up = EarlyAnswer(answer_of(b"HTTP/1.1 413 Payload Too Large", b"Content-Type: application/json\r\n"
+                               b"Connection: close\r\n", page))
+    w = module_weir(config={"pools": {"p": {"endpoints": [f"http://127.0.0.1:{up.port}"]}}, "default_pool": "p",
+                            "server": {"max_body": "64MiB"}}, workers=1)
+    try:
+        before = w.metric("weir_upstream_failures_total") or 0
+        body = {"model": "m", "messages": [{"role": "user", "content": "x" * (12 << 20)}]}
+        r = httpx.post(w.v1 + "/chat/completions", json=body, timeout=30, headers={"x-request-id": "early-413"})
+        assert r.status_code == 413, (r.status_code, r.text)
+        assert r.json()["error"]["message"] == "too big"
+        assert w.log_for("early-413")["status"] == 413
+        assert (w.metric("weir_upstream_failures_total") or 0) == before
+    finally:
+        up.close()
+
+
+def gz_sse(events: list[bytes]) -> bytes:
+    body = gzip.compress(b"".join(b"data: " + e + b"\n\n" for e in events) + b"data: [DONE]\n\n")
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def chunk_event(delta: dict, finish=None, usage=None) -> bytes:
+    ev = {"id": "chatcmpl-gz", "object": "chat.completion.chunk", "created": 1, "model": "m",
+          "choices": [{"index": 0, "delta": delta, "finish_reason": finish}] if usage is None else []}
+    if usage is not None:
+        ev["usage"] = usage
+    return json.dumps(ev).encode()
+
+
+@pytest.fixture(scope="module")
+def gz_stream(module_weir):
+    usage = {"prompt_tokens": 4, "completion_tokens": 2, "total_tokens": 6}
+    data = gz_sse([chunk_event({"role": "assistant", "content": ""}), chunk_event({"content": "Hel"}),
+                   chunk_event({"content": "lo"}), chunk_event({}, "stop"), chunk_event({}, usage=usage)])
+    up = RawUpstream(lambda headers, body: data)
+    w = module_weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+    yield w
+    up.close()
+
+
+def test_a_stream_the_upstream_compressed_anyway_reaches_a_chat_client(gz_stream):
+    w = gz_stream
+    text = "".join(c.choices[0].delta.content or "" for c in w.client().chat.completions.create(
+        model="m", stream=True, messages=[{"role": "user", "content": "hi"}], extra_headers={"x-request-id": "gz-chat"})
+        if c.choices)
+    assert text == "Hello"
+    line = w.log_for("gz-chat")
+    assert line["status"] == 200 and line["completion_tokens"] == 2, line
+
+
+def test_a_stream_the_upstream_compressed_anyway_is_translated_for_an_anthropic_client(gz_stream):
+    w = gz_stream
+    client = anthropic.Anthropic(base_url=w.base_url, api_key="x", max_retries=0)
+    with client.messages.stream(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]) as s:
+        final = s.get_final_message()
+    assert final.content[0].text == "Hello" and final.stop_reason == "end_turn"
