@@ -117,9 +117,11 @@ bool completion_as_chunk(std::string_view completion, std::string& out) {
   boost::json::value v = boost::json::parse(completion, ec);
   if (ec || !v.is_object()) return false;
   auto& o = v.get_object();
+  // (Before the pointer below: adding "object" to a body without it may
+  // move the object's members.)
+  o["object"] = "chat.completion.chunk";
   auto* choices = o.if_contains("choices");
   if (!choices || !choices->is_array()) return false;
-  o["object"] = "chat.completion.chunk";
   for (auto& c : choices->get_array()) {
     if (!c.is_object()) continue;
     auto& choice = c.get_object();
