@@ -66,11 +66,7 @@ std::uint32_t WorkerPool::load(std::uint32_t i, bool* scraped) {
   const LoadSnapshot s = shared_ ? shared_->loads.read(i) : LoadSnapshot{};
   if (scraped) *scraped = s.seq != 0;
   if (s.seq == 0) return e.in_flight;
-  if (s.seq != e.scrape_seq) {
-    // A new scrape: it counts what was in flight until now.
-    e.scrape_seq = s.seq;
-    e.in_flight_at_scrape = e.in_flight;
-  }
+  see_scrape(i, s);
   return load_of(s.running + s.waiting,
                  static_cast<std::int64_t>(e.in_flight) - static_cast<std::int64_t>(e.in_flight_at_scrape));
 }
@@ -234,23 +230,55 @@ bool endpoint_saturated(const LoadSnapshot& s, const core::QueueConfig& qc) {
   return s.waiting >= qc.saturation_waiting || s.kv_permille >= kv_limit;
 }
 
-bool WorkerPool::saturated(Clock::time_point now) const {
-  if (!shared_ || !cfg_->queue.saturation) return false;
+void WorkerPool::see_scrape(std::uint32_t i, const LoadSnapshot& s) {
+  auto& e = endpoints_[i];
+  if (s.seq == e.scrape_seq) return;
+  // A new scrape: it counts what was in flight until now.
+  e.scrape_seq = s.seq;
+  e.in_flight_at_scrape = e.in_flight;
+  if (s.waiting > 0) e.capacity_seen = std::max(e.capacity_seen, s.running);
+}
+
+std::uint32_t WorkerPool::estimated_waiting(std::uint32_t i, const LoadSnapshot& s) {
+  see_scrape(i, s);
+  const auto& e = endpoints_[i];
+  const std::int64_t delta = static_cast<std::int64_t>(e.in_flight) - static_cast<std::int64_t>(e.in_flight_at_scrape);
+  if (e.capacity_seen > 0) {
+    const std::uint32_t load = load_of(s.running + s.waiting, delta);
+    return load > e.capacity_seen ? load - e.capacity_seen : 0;
+  }
+  return s.waiting > 0 ? load_of(s.waiting, delta) : 0;
+}
+
+std::uint32_t WorkerPool::room(Clock::time_point now) {
+  if (!shared_ || !cfg_->queue.saturation) return kUnlimited;
+  const auto kv_limit = static_cast<std::uint32_t>(std::lround(cfg_->queue.saturation_kv_cache * 1000));
+  const std::uint32_t full = cfg_->queue.saturation_waiting;
+  std::uint64_t room = 0;
   bool any = false;
   for (std::uint32_t i = 0; i < size(); ++i) {
     if (!endpoints_[i].health.available(now, policy_)) continue;
     const LoadSnapshot s = shared_->loads.read(i);
     // No scrape (never, or the last one failed): counts as free (fail open).
-    if (s.seq == 0 || !endpoint_saturated(s, cfg_->queue)) return false;
+    if (s.seq == 0) return kUnlimited;
     any = true;
+    const std::uint32_t waiting = estimated_waiting(i, s);
+    if (s.kv_permille < kv_limit && waiting < full) room += full - waiting;
   }
-  return any;
+  if (!any) return kUnlimited;
+  return static_cast<std::uint32_t>(std::min<std::uint64_t>(room, kUnlimited - 1));
 }
 
 std::uint32_t WorkerPool::dispatch_queue(Clock::time_point now) {
   if (!queue_ || queue_->waiting() == 0) return 0;
+  // At most the room there is: the requests let out start on an endpoint
+  // only when they resume, so the estimate does not see them yet.
+  std::uint32_t left = room(now);
   std::uint32_t n = 0;
-  while (queue_->admit_next(saturated(now))) ++n;
+  while (queue_->admit_next(left == 0)) {
+    ++n;
+    if (left != kUnlimited) --left;
+  }
   return n;
 }
 

@@ -34,6 +34,9 @@ struct EndpointState {
   std::uint64_t recovered = 0;            // half-open (or probe-ejected) endpoints found healthy again
   std::uint32_t scrape_seq = 0;           // the last /metrics scrape this worker saw (LoadSnapshot::seq)
   std::uint32_t in_flight_at_scrape = 0;  // in_flight when it saw it
+  // The most requests a scrape showed running while others waited: the
+  // server's batch capacity as learned (0 = never seen queueing).
+  std::uint32_t capacity_seen = 0;
   std::chrono::steady_clock::time_point tls_failure_logged{};  // log_tls_failure's rate limit
 };
 
@@ -154,11 +157,30 @@ class WorkerPool {
   PoolQueue* queue() { return queue_.get(); }
   const PoolQueue* queue() const { return queue_.get(); }
   // The pool is saturated by its endpoints' own metrics (queue.saturation):
-  // every available endpoint with a scrape reports vllm:num_requests_waiting
+  // every available endpoint with a scrape has vllm:num_requests_waiting
   // ≥ saturation.waiting or vllm:kv_cache_usage_perc ≥ saturation.kv_cache
-  // (at least one has a scrape). O(endpoints) relaxed loads.
-  bool saturated(Clock::time_point now) const;
-  // Lets waiting requests through while the gate is open; returns how many.
+  // (at least one has a scrape). Waiting is the scrape's plus what this
+  // worker started since, less what ended (estimated_waiting): between two
+  // scrapes the gate closes once this worker has filled vLLM's queue up to
+  // `waiting`, not only at the next scrape, so one tenant's burst cannot
+  // fill it far beyond and make the queue's higher priorities wait it out.
+  // O(endpoints) relaxed loads.
+  bool saturated(Clock::time_point now) { return room(now) == 0; }
+  // How many more requests this worker may send before the pool is
+  // saturated: over the available endpoints, saturation.waiting less each
+  // one's estimated waiting (none for one at the KV-cache threshold);
+  // kUnlimited without saturation, or when one has no scrape (fail open).
+  static constexpr std::uint32_t kUnlimited = 0xffffffffu;
+  std::uint32_t room(Clock::time_point now);
+  // Endpoint `i`'s waiting requests now, as estimated from scrape `s`: with
+  // a capacity learned (the most it was seen running while others waited),
+  // running + waiting + this worker's in-flight change since the scrape,
+  // beyond that capacity; without one, the scrape's waiting plus that change
+  // when it was queueing, else its waiting (free slots unknown: a burst on
+  // an idle server is not held back). Never below 0.
+  std::uint32_t estimated_waiting(std::uint32_t i, const LoadSnapshot& s);
+  // Lets waiting requests through while the gate is open, at most room(now)
+  // of them; returns how many.
   std::uint32_t dispatch_queue(Clock::time_point now);
 
   // A configuration reload replaced `old` (a pool of the same name) by this
@@ -211,6 +233,9 @@ class WorkerPool {
   std::unique_ptr<TtftOutliers> ttft_;  // outlier.ttft_factor set
   std::unique_ptr<PoolQueue> queue_;    // queue configured
   std::vector<EndpointState> endpoints_;
+  // Notes scrape `s` of endpoint `i` (its first sight: what is in flight
+  // then, and the capacity it shows while queueing).
+  void see_scrape(std::uint32_t i, const LoadSnapshot& s);
   // The non-p2c policies (and sessions) over the healthy endpoints in scratch_.
   std::uint32_t pick_by_policy(Clock::time_point now, Rng& rng, const PickRequest& req);
 

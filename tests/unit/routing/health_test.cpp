@@ -456,5 +456,43 @@ TEST(WorkerPoolConfig, AnAnthropicPoolsQueueHasNoSaturationToRead) {
   }
 }
 
+// The saturation gate between scrapes: this worker's starts since the
+// last scrape count as waiting once the server was seen queueing, so one
+// tenant's burst cannot fill vLLM's queue far past saturation.waiting.
+TEST(WorkerPoolSaturation, StartsSinceTheScrapeCountOnceTheServerWasSeenQueueing) {
+  Pool p(1, "queue: {size: 8, saturation: {waiting: 2, kv_cache: 0.99}}");
+  const auto now = Clock::now();
+  EXPECT_EQ(p->room(now), WorkerPool::kUnlimited) << "no scrape: fail open";
+  p.shared->loads.publish(0, {.running = 4, .waiting = 1});  // capacity 4 learned
+  EXPECT_EQ(p->room(now), 1u);
+  p->on_start(0);
+  EXPECT_EQ(p->room(now), 0u);
+  EXPECT_TRUE(p->saturated(now));
+  p->on_finish(0);
+  EXPECT_EQ(p->room(now), 1u) << "an end frees a place";
+  // A later scrape with free slots: the learned capacity says how many go before vLLM queues.
+  p.shared->loads.publish(0, {.running = 2, .waiting = 0});
+  EXPECT_EQ(p->room(now), 2u);
+  for (int k = 0; k < 3; ++k) p->on_start(0);
+  EXPECT_EQ(p->room(now), 1u);  // 2 + 3 running or waiting on a capacity of 4: 1 waiting
+  p->on_start(0);
+  EXPECT_TRUE(p->saturated(now));
+  p.shared->loads.publish(0, {.running = 4, .waiting = 0, .kv_usage = 0.995});
+  EXPECT_TRUE(p->saturated(now)) << "the KV cache at its threshold";
+}
+
+TEST(WorkerPoolSaturation, ABurstOnAServerNeverSeenQueueingIsNotHeldBack) {
+  Pool p(2, "queue: {size: 8, saturation: {waiting: 2, kv_cache: 0.99}}");
+  const auto now = Clock::now();
+  p.shared->loads.publish(0, {.running = 0});
+  p.shared->loads.publish(1, {.running = 1});
+  for (int k = 0; k < 50; ++k) p->on_start(static_cast<std::uint32_t>(k % 2));
+  EXPECT_EQ(p->room(now), 4u) << "free slots unknown: each endpoint's waiting stays the scrape's";
+  p.shared->loads.publish(0, {.running = 8, .waiting = 3});
+  EXPECT_EQ(p->room(now), 2u) << "endpoint 0 saturated, endpoint 1 takes two more";
+  p.shared->loads.clear(1);
+  EXPECT_EQ(p->room(now), WorkerPool::kUnlimited) << "an endpoint without a scrape: fail open";
+}
+
 }  // namespace
 }  // namespace weir::routing
