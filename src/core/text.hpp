@@ -91,6 +91,7 @@ constexpr bool is_sse_done(std::string_view data) noexcept {
 // short or followed by other bytes, but not every malformed object.
 inline bool braced_as_object(std::string_view body) noexcept {
   constexpr std::string_view ws = " \t\r\n";
+  if (body.starts_with("\xEF\xBB\xBF")) body.remove_prefix(3);  // a UTF-8 BOM a parser may ignore (RFC 8259 §8.1)
   const std::size_t first = body.find_first_not_of(ws);
   if (first == std::string_view::npos) return false;
   return body[first] == '{' && body[body.find_last_not_of(ws)] == '}';

@@ -119,11 +119,18 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     parser.on_chunk_header(ext_budget);
     stream.expires_never();
     read_deadline.reset_expired();
-    read_deadline.expires_after(buf.size() ? kRequestTimeout : kIdleTimeout);
+    if (buf.size() == 0) {
+      // Idle (kIdleTimeout) until the head's first byte: a connection that
+      // sends nothing in that time ends quietly.
+      read_deadline.expires_after(kIdleTimeout);
+      auto [wec] = co_await stream.socket().async_wait(asio::ip::tcp::socket::wait_read, core::use_task);
+      if (wec || read_deadline.expired()) co_return;
+    }
+    // From its first byte, the head has kRequestTimeout (then a 408).
+    read_deadline.expires_after(kRequestTimeout);
     auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
     if (read_deadline.expired()) ec = beast::error::timeout;
-    // A connection that sent nothing (or only closed) ends quietly; a head
-    // that started and did not finish within kRequestTimeout gets a 408.
+    // A connection that closed before a byte of its next head ends quietly.
     if (ec && (ec == bh::error::end_of_stream || !parser.got_some())) co_return;
     const auto t0 = core::now();
     // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
@@ -165,6 +172,11 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       }
     }
     read_deadline.disarm();
+    if (ec == bh::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset) {
+      // The client closed mid-request: nobody to answer (499, as on the client listener).
+      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0, 0, 0);
+      co_return;
+    }
     bh::response<bh::string_body> res;
     res.version(11);
     if (ec || problem != http::HeadProblem::none) {

@@ -4,6 +4,7 @@ and weir-mock processes on free ports, raw sockets and scripted upstreams where 
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import socket
 import threading
@@ -44,17 +45,35 @@ def test_the_admin_listener_refuses_a_bare_lf_in_a_chunked_body_at_once(admin, e
     assert time.monotonic() - t0 < 5  # not the listener's 10 s request timeout
 
 
-def test_the_admin_listener_answers_and_logs_a_body_that_never_came(admin):
+def test_the_admin_listener_answers_and_logs_a_head_or_body_that_never_came(admin):
+    # Both at once (each takes the listener's 10 s): a body that stops, and a head that stops
+    # after its first bytes (a slowloris is not held for the 30 s idle time).
     w, port = admin
-    with RawConn(port, timeout=20) as c:
-        c.send(b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() +
-               b"\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{")
-        r = c.read_response("POST")
+    body_conn, head_conn = RawConn(port, timeout=20), RawConn(port, timeout=20)
+    with body_conn, head_conn:
+        body_conn.send(b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+                       ADMIN_TOKEN.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{")
+        head_conn.send(b"GET /admin/v1/ke")
+        t0 = time.monotonic()
+        r = body_conn.read_response("POST")
         assert r.status == 408, r.status
         assert json.loads(r.body)["error"]["code"] == "request_timeout"
-    entries = w.wait_log(lambda es: any(e.get("listener") == "admin" and e.get("status") == 408 for e in es))
-    line = [e for e in entries if e.get("listener") == "admin" and e.get("status") == 408][-1]
-    assert line["method"] == "POST" and line["path"] == "/admin/v1/keys", line
+        assert head_conn.read_response("GET").status == 408
+        assert time.monotonic() - t0 < 15
+    entries = w.wait_log(lambda es: len([e for e in es if e.get("listener") == "admin" and e.get("status") == 408]) >= 2)
+    lines = [e for e in entries if e.get("listener") == "admin" and e.get("status") == 408]
+    assert any(e["method"] == "POST" and e["path"] == "/admin/v1/keys" for e in lines), lines
+
+
+def test_the_admin_listener_logs_a_client_that_left_mid_head_as_499(admin):
+    w, port = admin
+    admin_400 = lambda es: [e for e in es if e.get("listener") == "admin" and e.get("status") == 400]  # noqa: E731
+    before = len(admin_400(w.log_entries()))
+    with RawConn(port) as c:
+        c.send(b"GET /admin/v1/keys HTTP/1.1\r\nHost: x\r\n")
+        time.sleep(0.2)  # (the head's first bytes in before the close)
+    entries = w.wait_log(lambda es: any(e.get("listener") == "admin" and e.get("status") == 499 for e in es))
+    assert len(admin_400(entries)) == before, entries
 
 
 # --- the upstream's side of the wire ------------------------------------------------------------
@@ -263,14 +282,15 @@ def gz_stream(module_weir):
     up.close()
 
 
-def test_a_stream_the_upstream_compressed_anyway_reaches_a_chat_client(gz_stream):
+def test_a_stream_the_upstream_compressed_anyway_is_refused_on_a_chat_route(gz_stream):
+    # Relayed as decoded bytes, it would skip the relay's checks (a cut event, no [DONE], the
+    # usage chunk Weir asked for on the client's behalf): a 502, charged nothing.
     w = gz_stream
-    text = "".join(c.choices[0].delta.content or "" for c in w.client().chat.completions.create(
-        model="m", stream=True, messages=[{"role": "user", "content": "hi"}], extra_headers={"x-request-id": "gz-chat"})
-        if c.choices)
-    assert text == "Hello"
+    r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-request-id": "gz-chat"},
+                   json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_invalid_response", r.text
     line = w.log_for("gz-chat")
-    assert line["status"] == 200 and line["completion_tokens"] == 2, line
+    assert line["status"] == 502, line
 
 
 def test_a_stream_the_upstream_compressed_anyway_is_translated_for_an_anthropic_client(gz_stream):
@@ -279,3 +299,35 @@ def test_a_stream_the_upstream_compressed_anyway_is_translated_for_an_anthropic_
     with client.messages.stream(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}]) as s:
         final = s.get_final_message()
     assert final.content[0].text == "Hello" and final.stop_reason == "end_turn"
+
+
+def test_an_answer_weir_refused_with_a_502_is_charged_nothing(module_weir):
+    key = "sk-test-33-charge-0123456789"
+    up = ByCase({"cut": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", COMPLETION[:-20]),
+                 "ok": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", COMPLETION)})
+    w = module_weir(config={
+        "pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p",
+        "pricing": {"*": {"input": 1000.0, "output": 1000.0}},
+        "tenants": {"t": {"budget": {"usd": 100, "period": "24h"}}},
+        "auth": {"required": True, "api_keys": [{"id": "k", "sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                                 "tenant": "t"}]}}, workers=1)
+    try:
+        hdrs = {"authorization": f"Bearer {key}"}
+        r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10,
+                       headers=hdrs | {"x-case": "cut", "x-request-id": "refused-502"})
+        assert r.status_code == 502
+        assert not w.log_for("refused-502").get("spend_usd"), w.log_for("refused-502")
+        r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10, headers=hdrs | {"x-request-id": "paid-200"})
+        assert r.status_code == 200 and w.log_for("paid-200")["spend_usd"] > 0
+    finally:
+        up.up.close()
+
+
+def test_a_bom_before_a_whole_object_is_an_answer(module_weir):
+    up = ByCase({"ok": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", b"\xef\xbb\xbf" + COMPLETION)})
+    w = module_weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+    try:
+        r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10)
+        assert r.status_code == 200, r.text
+    finally:
+        up.up.close()

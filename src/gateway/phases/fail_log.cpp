@@ -105,11 +105,14 @@ void GatewayPhases::settle(RequestContext& ctx) {
     api::Usage u;
     if (ctx.has_usage) {
       u = ctx.usage;
-    } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300) {
+    } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300 && ctx.status < 500) {
       // No usage, but the upstream accepted the request and worked on it
       // (the client left mid-stream, or the stream broke): charge the prompt
       // as estimated and one token per content event relayed. An upstream
-      // that failed or refused (no 2xx head, a 4xx/5xx) is charged nothing.
+      // that failed or refused (no 2xx head, a 4xx/5xx) is charged nothing;
+      // nor is an answer Weir refused with a 5xx of its own before any of it
+      // reached the client (no whole JSON object, a coding it cannot
+      // decode, a body that broke or timed out): the client got nothing.
       u.prompt_tokens = ctx.prompt_tokens_estimate;
       u.completion_tokens = ctx.events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;

@@ -189,13 +189,21 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // body, bytes after the object), is no answer. It fails over while a
   // fallback is left, else 502. Two bytes are looked at, not the whole
   // body: a cut that happens to end at an inner '}' passes.
-  // A stream the upstream compressed anyway comes here whole (relay()).
+  // A stream the upstream compressed anyway (it was asked for identity)
+  // comes here whole (relay()): a translated route's client gets it
+  // through its stream translator below, which checks every event and the
+  // end; a route in the upstream's own dialect would get the bytes without
+  // the relay's checks (an event cut short, no [DONE], the usage chunk Weir
+  // asked for), so it is refused like any answer that is no completion.
   const bool event_stream = status >= 200 && status < 300 && !anthropic_up &&
                             http::is_event_stream(http::first_field(head, bh::field::content_type));
-  if (read_2xx && !anthropic_up && !event_stream && req.method() != bh::verb::head && !core::braced_as_object(plain)) {
+  if (read_2xx && !anthropic_up && req.method() != bh::verb::head &&
+      (event_stream ? !rewritten : !core::braced_as_object(plain))) {
     if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
     ctx.fail_over = true;
-    co_return untranslatable(ctx, ctx.route == RouteKind::embeddings ? "an embedding list" : "a completion");
+    co_return untranslatable(ctx, event_stream                         ? "an uncompressed event stream"
+                                  : ctx.route == RouteKind::embeddings ? "an embedding list"
+                                                                       : "a completion");
   }
   if (event_stream) {
     // The usage chunk's, as a relayed stream reads it.
