@@ -41,6 +41,11 @@ void Ticket::release() noexcept {
       if (reserve_mask_ & (1u << i)) limiter_->settle_spend(scope_[i], reserved_nano_usd_, 0, period_[i], now);
     reserve_mask_ = 0;
   }
+  release_streams();
+}
+
+void Ticket::release_streams() noexcept {
+  if (!limiter_ || stream_mask_ == 0) return;
   for (std::uint8_t i = 0; i < scopes_; ++i)
     if (stream_mask_ & (1u << i)) limiter_->release_stream(scope_[i], worker_);
   stream_mask_ = 0;

@@ -71,6 +71,12 @@ class Ticket {
   // Tokens stay charged at the estimate and no spend is recorded unless
   // settle() ran.
   void release() noexcept;
+  // Returns the stream slots only (idempotent): the request's last bytes
+  // are about to go out, and a client that reads them may send its next
+  // request at once, on another connection and worker; that request must
+  // find the slot free (max_concurrent_streams is exact). The reservations
+  // stay until settle().
+  void release_streams() noexcept;
   bool holds_streams() const noexcept { return stream_mask_ != 0; }
   bool settled() const noexcept { return settled_; }
   std::uint64_t estimated_tokens() const noexcept { return estimated_; }

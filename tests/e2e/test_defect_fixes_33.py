@@ -331,3 +331,34 @@ def test_a_bom_before_a_whole_object_is_an_answer(module_weir):
         assert r.status_code == 200, r.text
     finally:
         up.up.close()
+
+
+def test_a_client_within_its_concurrent_streams_is_never_refused_across_workers(module_mock, module_weir):
+    # Each client sends its next request on a new connection as soon as it has read the last
+    # answer; with 2 workers that request may land on the other one. The slot must be free by
+    # then: max_concurrent_streams is exact, not "exact once the other worker has logged".
+    key = "sk-test-33-streams-0123456789"
+    up = module_mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "2")
+    w = module_weir(config={
+        "pools": {"p": {"endpoints": [up.base_url]}}, "default_pool": "p",
+        "tenants": {"t": {"limits": {"max_concurrent_streams": 3}}},
+        "auth": {"required": True, "api_keys": [{"id": "k", "sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                                 "tenant": "t"}]}}, workers=2)
+    body = json.dumps({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}).encode()
+    stream_body = json.dumps({"model": "m", "max_tokens": 2, "stream": True,
+                              "messages": [{"role": "user", "content": "hi"}]}).encode()
+    statuses: list[int] = []
+
+    def client(n: int, payload: bytes):
+        for _ in range(n):
+            head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
+                    b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload))
+            statuses.append(roundtrip(w.port, head + payload).status)
+
+    threads = [threading.Thread(target=client, args=(400, body if i % 2 else stream_body)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(statuses) == 1200
+    assert statuses.count(429) == 0, {s: statuses.count(s) for s in set(statuses)}

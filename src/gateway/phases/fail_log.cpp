@@ -53,6 +53,7 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
       }
       if (ctx.capture) capture_response(ctx, ctx.scratch);
+      ctx.ticket.release_streams();  // (the stream's last bytes)
       down_.queue_body(ctx.scratch);
       down_.queue_end();
       down_.flush();

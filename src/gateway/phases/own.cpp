@@ -24,6 +24,7 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
   http::append_own_response_head(ctx.head, r.status, r.content_type, r.body.size(), ctx.request_id,
                                  ctx.rate_limit_lines, extra, down_.connection_mode());
   const std::string_view body = down_.head_request() ? std::string_view{} : r.body;
+  ctx.ticket.release_streams();  // (the request's last bytes: its stream slot is free before the client reads them)
   if (!co_await down_.write_all(ctx.head, body)) ctx.status = 499;
 }
 

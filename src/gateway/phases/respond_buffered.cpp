@@ -240,7 +240,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // Responses client, a chat client of an Anthropic pool) gets the stream it
   // asked for, made from that body; a route in the upstream's own dialect
   // passes the body as sent, as any proxy would.
-  if (event_stream && rewritten) {
+  // (Not a count_tokens answer: no stream is one; its translation refuses it below.)
+  const bool translate_events =
+      event_stream && rewritten && (ctx.route == RouteKind::messages || is_responses(ctx.route));
+  if (translate_events) {
     const Translation client = is_anthropic(ctx.route) ? Translation::anthropic : Translation::responses;
     if (!decoded_stream_translated(plain, client, ctx, translated))
       co_return untranslatable(ctx, "a chat completion stream");
@@ -283,7 +286,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     drop_encoding = encoded;
     content_type = "text/event-stream";
   }
-  const bool responses = !whole_for_stream && !event_stream && is_responses(ctx.route) && ctx.status >= 200 &&
+  const bool responses = !whole_for_stream && !translate_events && is_responses(ctx.route) && ctx.status >= 200 &&
                          ctx.status < 300 && status != 204;
   if (responses) {
     if (!api::responses::translate_response(from, ctx.responses_echo(), translated))
@@ -296,7 +299,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.has_usage = true;  // a count generates nothing and is not charged
     ctx.usage = {};
   }
-  if (anthropic && !whole_for_stream && !event_stream && !(status == 204 || status == 304)) {
+  if (anthropic && !whole_for_stream && !translate_events && !(status == 204 || status == 304)) {
     if (ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
       ctx.has_usage = true;  // a count generates nothing and is not charged
       ctx.usage = {};
@@ -338,6 +341,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   ctx.added_us += core::micros_between(t0, core::now());
   // What the client reads, decoded when the client gets it encoded (a body people can read).
   if (ctx.capture && !no_body) capture_response(ctx, drop_encoding || !encoded ? out : plain);
+  ctx.ticket.release_streams();  // (the answer is whole: its stream slot is free before the client reads it)
   const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
   if (body.capacity() > (1u << 20)) std::string().swap(body);
   if (ctx.scratch.capacity() > (1u << 20)) std::string().swap(ctx.scratch);

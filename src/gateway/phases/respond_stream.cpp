@@ -211,6 +211,9 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   const std::size_t backlog = down_.backlog();
   if (!events.empty()) {
     if (ctx.capture) capture_response(ctx, events);
+    // The stream's end ([DONE], or a translated stream's last event) goes
+    // out in these bytes: its slot is free before the client reads them.
+    if (ctx.hooks.done_relayed()) ctx.ticket.release_streams();
     down_.send_body(events);
     if (s.first_read) {
       ctx.added_us += core::micros_between(t_read, core::now());
@@ -306,7 +309,8 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
     ctx.resume.wanted = ctx.resume.on;
     return Outcome::failed(stream_failure(ctx, s, failure, incomplete, true));
   }
-  if (!ctx.committed) {  // a held stream that ended without a content event
+  ctx.ticket.release_streams();  // (the stream's last bytes go out below)
+  if (!ctx.committed) {          // a held stream that ended without a content event
     send_stream_head(ctx, src);
     if (ctx.capture) capture_response(ctx, ctx.body);
     if (!ctx.body.empty()) down_.send_body(ctx.body);

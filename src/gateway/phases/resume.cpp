@@ -96,6 +96,7 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
   http::append_sse_data(ctx.scratch, "[DONE]");
   ++ctx.events;
   if (ctx.capture) capture_response(ctx, ctx.scratch);
+  ctx.ticket.release_streams();  // (the stream's last bytes)
   down_.queue_body(ctx.scratch);
   down_.queue_end();
   down_.flush();
