@@ -106,7 +106,8 @@ void GatewayPhases::settle(RequestContext& ctx) {
     api::Usage u;
     if (ctx.has_usage) {
       u = ctx.usage;
-    } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300 && ctx.status < 500) {
+    } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300 &&
+               (ctx.status < 500 || ctx.cutoff == RequestContext::Cutoff::deadline)) {
       // No usage, but the upstream accepted the request and worked on it
       // (the client left mid-stream, or the stream broke): charge the prompt
       // as estimated and one token per content event relayed. An upstream
@@ -114,6 +115,8 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // nor is an answer Weir refused with a 5xx of its own before any of it
       // reached the client (no whole JSON object, a coding it cannot
       // decode, a body that broke or timed out): the client got nothing.
+      // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
+      // the client chose to stop a generation the upstream had begun.
       u.prompt_tokens = ctx.prompt_tokens_estimate;
       u.completion_tokens = ctx.events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;
