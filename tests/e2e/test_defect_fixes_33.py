@@ -119,6 +119,7 @@ def raw(module_weir):
         "cut": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", COMPLETION[:-20]),
         "garbage": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", COMPLETION + b"garbage"),
         "empty": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", b""),
+        "blank": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", b"  \r\n"),
         "html502": answer_of(b"HTTP/1.1 502 Bad Gateway", b"Content-Type: text/html\r\n",
                              b"<html><body>502 Bad Gateway</body></html>"),
         "br": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\nContent-Encoding: br\r\n",
@@ -148,7 +149,7 @@ def test_a_status_outside_100_to_599_is_an_invalid_answer(raw, case):
     assert w.log_for(rid)["status"] == 502
 
 
-@pytest.mark.parametrize("case", ["cut", "garbage", "empty"])
+@pytest.mark.parametrize("case", ["cut", "garbage", "blank"])
 def test_a_2xx_body_that_is_no_whole_object_is_a_502(raw, case):
     w, _ = raw
     rid = f"not-an-object-{case}"
@@ -157,6 +158,13 @@ def test_a_2xx_body_that_is_no_whole_object_is_a_502(raw, case):
     assert r.status_code == 502, (r.status_code, r.text)
     assert r.json()["error"]["code"] == "upstream_invalid_response"
     assert w.log_for(rid)["status"] == 502
+
+
+def test_an_empty_200_stays_an_empty_200(raw):
+    # (shared/cases: content-encoding) Weir does not make a 5xx of an empty answer.
+    w, _ = raw
+    r = httpx.post(w.v1 + "/chat/completions", json=CHAT, headers={"x-case": "empty"}, timeout=10)
+    assert r.status_code == 200 and r.content == b""
 
 
 def test_an_anthropic_error_rewritten_from_html_is_labelled_json(raw):

@@ -188,7 +188,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // vLLM), or ends otherwise (cut short: a Content-Length smaller than the
   // body, bytes after the object), is no answer. It fails over while a
   // fallback is left, else 502. Two bytes are looked at, not the whole
-  // body: a cut that happens to end at an inner '}' passes.
+  // body: a cut that happens to end at an inner '}' passes. An empty body
+  // passes as it came (an empty 200 stays one, also labelled gzip).
   // A stream the upstream compressed anyway (it was asked for identity)
   // comes here whole (relay()): a translated route's client gets it
   // through its stream translator below, which checks every event and the
@@ -198,7 +199,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const bool event_stream = status >= 200 && status < 300 && !anthropic_up &&
                             http::is_event_stream(http::first_field(head, bh::field::content_type));
   if (read_2xx && !anthropic_up && req.method() != bh::verb::head &&
-      (event_stream ? !rewritten : !core::braced_as_object(plain))) {
+      (event_stream ? !rewritten : !plain.empty() && !core::braced_as_object(plain))) {
     if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
     ctx.fail_over = true;
     co_return untranslatable(ctx, event_stream                         ? "an uncompressed event stream"
