@@ -90,6 +90,7 @@ constexpr bool is_sse_done(std::string_view data) noexcept {
 // whole answer (not a parse): it catches an HTML page, an array, a body cut
 // short or followed by other bytes, but not every malformed object.
 inline bool braced_as_object(std::string_view body) noexcept {
+  if (!body.empty() && body.front() == '{' && body.back() == '}') return true;  // (every vLLM answer)
   constexpr std::string_view ws = " \t\r\n";
   if (body.starts_with("\xEF\xBB\xBF")) body.remove_prefix(3);  // a UTF-8 BOM a parser may ignore (RFC 8259 §8.1)
   const std::size_t first = body.find_first_not_of(ws);

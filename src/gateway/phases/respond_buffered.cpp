@@ -196,7 +196,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // end; a route in the upstream's own dialect would get the bytes without
   // the relay's checks (an event cut short, no [DONE], the usage chunk Weir
   // asked for), so it is refused like any answer that is no completion.
-  const bool event_stream = status >= 200 && status < 300 && !anthropic_up &&
+  // (A JSON answer begins with '{': no look at its fields for that.)
+  const bool event_stream = status >= 200 && status < 300 && !anthropic_up && !plain.empty() && plain.front() != '{' &&
                             http::is_event_stream(http::first_field(head, bh::field::content_type));
   if (read_2xx && !anthropic_up && req.method() != bh::verb::head &&
       (event_stream ? !rewritten : !plain.empty() && !core::braced_as_object(plain))) {

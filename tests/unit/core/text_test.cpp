@@ -49,4 +49,17 @@ TEST(SseDone, TheSentinelWithTrailingBlanksOnly) {
 }
 
 }  // namespace
+TEST(BracedAsObject, FirstAndLastBytesOutsideWhitespaceAndABom) {
+  EXPECT_TRUE(braced_as_object("{}"));
+  EXPECT_TRUE(braced_as_object(" \r\n{\"a\":1}\n"));
+  EXPECT_TRUE(braced_as_object("\xEF\xBB\xBF{\"a\":1}"));
+  EXPECT_FALSE(braced_as_object(""));
+  EXPECT_FALSE(braced_as_object("  \n"));
+  EXPECT_FALSE(braced_as_object("<html></html>"));
+  EXPECT_FALSE(braced_as_object("[{}]"));
+  EXPECT_FALSE(braced_as_object("{\"a\":1,"));         // cut short
+  EXPECT_FALSE(braced_as_object("{\"a\":1}garbage"));  // bytes after it
+  EXPECT_FALSE(braced_as_object("data: {}\n\n"));
+}
+
 }  // namespace weir::core
