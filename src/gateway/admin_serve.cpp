@@ -126,13 +126,14 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       auto [wec] = co_await stream.socket().async_wait(asio::ip::tcp::socket::wait_read, core::use_task);
       if (wec || read_deadline.expired()) co_return;
     }
-    // From its first byte, the head has kRequestTimeout (then a 408).
+    // From its first byte, the head has kRequestTimeout (then a 408); the
+    // request's duration in its log line counts from there too.
+    const auto t0 = core::now();
     read_deadline.expires_after(kRequestTimeout);
     auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
     if (read_deadline.expired()) ec = beast::error::timeout;
     // A connection that closed before a byte of its next head ends quietly.
     if (ec && (ec == bh::error::end_of_stream || !parser.got_some())) co_return;
-    const auto t0 = core::now();
     // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
     // target form, Expect): refused before the body is read, as on the client listener.
     http::HeadProblem problem = http::HeadProblem::none;
@@ -174,7 +175,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     read_deadline.disarm();
     if (ec == bh::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset) {
       // The client closed mid-request: nobody to answer (499, as on the client listener).
-      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0, 0, 0);
+      // bytes_in: what of the body came before it closed.
+      const std::size_t got = parser.is_header_done() ? parser.get().body().size() : 0;
+      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0, got, 0);
       co_return;
     }
     bh::response<bh::string_body> res;

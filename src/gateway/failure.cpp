@@ -156,9 +156,11 @@ core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_b
 }
 
 core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding) {
-  return core::upstream_unavailable(upstream_message(
+  auto e = core::upstream_unavailable(upstream_message(
       who, fmt::format("sent a body in Content-Encoding '{}', which Weir cannot decode (it decodes gzip and deflate)",
                        core::utf8_prefix(encoding, 64))));
+  e.code = "upstream_invalid_response";  // as for a body that decodes to no answer
+  return e;
 }
 
 core::Error upstream_untranslatable(const UpstreamSubject& who, std::string_view expected) {

@@ -71,7 +71,8 @@ core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_m
 // A buffered upstream body over server.max_response (502).
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
 // A body in a Content-Encoding Weir cannot decode (it decodes gzip and deflate), for a client
-// that does not accept it or an answer whose usage Weir must read (502).
+// that does not accept it or an answer whose usage Weir must read (502, code
+// upstream_invalid_response).
 core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding);
 // A 2xx body a translated route cannot read as `expected` ("a chat completion",
 // "an Anthropic message"): 502 upstream_invalid_response.

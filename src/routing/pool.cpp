@@ -236,7 +236,15 @@ void WorkerPool::see_scrape(std::uint32_t i, const LoadSnapshot& s) {
   // A new scrape: it counts what was in flight until now.
   e.scrape_seq = s.seq;
   e.in_flight_at_scrape = e.in_flight;
-  if (s.waiting > 0) e.capacity_seen = std::max(e.capacity_seen, s.running);
+  // The batch capacity follows the server: while requests wait, what runs
+  // is all it takes now (it can shrink, e.g. under KV-cache pressure); once
+  // nothing waits, more running than that means it grew (a restart with a
+  // larger max_num_seqs, freed KV cache). Never only a maximum: a capacity
+  // learned once and never lowered or raised sheds for as long as it is off.
+  if (s.waiting > 0)
+    e.capacity_seen = s.running;
+  else if (e.capacity_seen > 0 && s.running > e.capacity_seen)
+    e.capacity_seen = s.running;
 }
 
 std::uint32_t WorkerPool::estimated_waiting(std::uint32_t i, const LoadSnapshot& s) {

@@ -366,4 +366,5 @@ def test_undecodable_completion_never_reaches_a_client(tiny, case):
         r = roundtrip(w.port, request("POST", "/v1/chat/completions", body,
                                       {"accept-encoding": accept, "x-case": case}))
         assert encoding_of(r) == "identity"
-        assert_openai_error(r, 502)
+        # One code for every body that is no answer, undecodable or not.
+        assert_openai_error(r, 502, "upstream_invalid_response")

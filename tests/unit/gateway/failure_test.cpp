@@ -44,7 +44,7 @@ TEST(Failure, EveryKindMapsToOneStatusCodeAndSource) {
       {"stream without [DONE]", upstream_stream_incomplete(who), 502, "upstream_unavailable",
        core::ErrorSource::upstream},
       {"too large", upstream_too_large(who, 1024), 502, "upstream_unavailable", core::ErrorSource::upstream},
-      {"undecodable", upstream_undecodable(who, "br"), 502, "upstream_unavailable", core::ErrorSource::upstream},
+      {"undecodable", upstream_undecodable(who, "br"), 502, "upstream_invalid_response", core::ErrorSource::upstream},
       {"client closed", client_gone(ClientGone::closed), 499, "client_closed_request", core::ErrorSource::client},
       {"slow client", client_gone(ClientGone::slow), 499, "slow_client", core::ErrorSource::client},
       {"write timeout", client_gone(ClientGone::write_timeout), 499, "client_write_timeout", core::ErrorSource::client},

@@ -481,6 +481,30 @@ TEST(WorkerPoolSaturation, StartsSinceTheScrapeCountOnceTheServerWasSeenQueueing
   EXPECT_TRUE(p->saturated(now)) << "the KV cache at its threshold";
 }
 
+// The learned capacity follows the server both ways: a server that gained
+// room (a restart with a larger batch, KV cache freed) is not held to the
+// capacity it had, and one that lost room is not credited with it.
+TEST(WorkerPoolSaturation, TheLearnedCapacityFollowsTheServer) {
+  Pool p(1, "queue: {size: 8, saturation: {waiting: 2, kv_cache: 0.99}}");
+  const auto now = Clock::now();
+  p.shared->loads.publish(0, {.running = 4, .waiting = 1});  // capacity 4
+  EXPECT_EQ(p->room(now), 1u);
+  // It grew: 16 running and nothing waiting.
+  p.shared->loads.publish(0, {.running = 16, .waiting = 0});
+  EXPECT_EQ(p->room(now), 2u);
+  p->on_start(0);
+  EXPECT_EQ(p->room(now), 1u) << "16 + 1 on a capacity of 16 (not 4): one waiting";
+  p.shared->loads.publish(0, {.running = 10, .waiting = 0});
+  EXPECT_EQ(p->room(now), 2u) << "10 running of 16: six more go before it queues";
+  for (int k = 0; k < 7; ++k) p->on_start(0);
+  EXPECT_EQ(p->room(now), 1u) << "10 + 7 on 16: one waiting";
+  // It shrank: 3 running while 1 waits.
+  p.shared->loads.publish(0, {.running = 3, .waiting = 1});
+  EXPECT_EQ(p->room(now), 1u);
+  p->on_start(0);
+  EXPECT_EQ(p->room(now), 0u) << "capacity 3 now: 3 + 1 + 1 is two waiting";
+}
+
 TEST(WorkerPoolSaturation, ABurstOnAServerNeverSeenQueueingIsNotHeldBack) {
   Pool p(2, "queue: {size: 8, saturation: {waiting: 2, kv_cache: 0.99}}");
   const auto now = Clock::now();
