@@ -51,7 +51,8 @@ def kill_running() -> None:
 
 def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None,
         stop_when=None) -> dict:
-    """Runs weir-bench once; returns its JSON plus `target_cpu_cores` (CPU over the measured window),
+    """Runs weir-bench once; returns its JSON plus `target_cpu_cores` (CPU over the measured window;
+    `target_cpu_user_cores` and `target_cpu_sys_cores` its utime and stime parts),
     `target_cpu_run_s` (CPU over the whole run, warm-up and drain included, ns resolution: what every
     request and SSE event weir-bench counted in `generator.requests_total` / `events_total` cost),
     `target_rss_kb`/`target_hwm_kb` (after the run), `mock_lag_p99_ms` (if `mock`).
@@ -105,9 +106,9 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
         while proc.poll() is None:
             now = time.monotonic()
             if cpu0 is None and now >= deadline_warm:
-                cpu0 = (target.cpu_seconds(), now)
+                cpu0 = (target.cpu_split(), now)
             if cpu0 is not None and cpu1 is None and now >= deadline_end:
-                cpu1 = (target.cpu_seconds(), now)
+                cpu1 = (target.cpu_split(), now)
             if stop_when and stop_when(now - t0):
                 proc.send_signal(signal.SIGINT)
                 break
@@ -120,7 +121,7 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
     finally:
         running.discard(proc)
     if cpu1 is None:
-        cpu1 = (target.cpu_seconds(), time.monotonic())
+        cpu1 = (target.cpu_split(), time.monotonic())
     # The gateway's last work for this run (closing the connections weir-bench left) follows its exit.
     time.sleep(0.02)
     run_cpu1 = target.cpu_ns()
@@ -132,7 +133,11 @@ def run(env: Env, target: Target, load: Load, tag: str, mock: Mock | None = None
         raise HarnessError(f"weir-bench against {target.label} ({tag}) wrote no report "
                            f"(exit {proc.returncode}): {stderr.strip()[-500:]}") from e
     wall = cpu1[1] - cpu0[1]
-    data["target_cpu_cores"] = (cpu1[0] - cpu0[0]) / wall if wall > 0.2 else None
+    user, system = cpu1[0][0] - cpu0[0][0], cpu1[0][1] - cpu0[0][1]
+    data["target_cpu_cores"] = (user + system) / wall if wall > 0.2 else None
+    # Apart: the gateway's own code (utime) and the kernel's work for it (stime), 10 ms ticks.
+    data["target_cpu_user_cores"] = user / wall if wall > 0.2 else None
+    data["target_cpu_sys_cores"] = system / wall if wall > 0.2 else None
     data["target_cpu_run_s"] = (run_cpu1 - run_cpu0) / 1e9 if target.proc else None
     data.update({f"target_{k}": v for k, v in target.memory_kb().items()})
     data["target_alive"] = target.alive()

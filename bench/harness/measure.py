@@ -110,6 +110,12 @@ def agg(results: list[dict]) -> dict:
         out[f"{h}_count"] = sum(r.get(h, {}).get("count", 0) for r in results)
     for k in ("achieved_rate_rps", "send_rate_rps", "tokens_per_s", "target_cpu_cores"):
         out[k] = median(r.get(k) for r in results)
+    # CPU per request (µs), user and system apart: each round's cores over its own rate.
+    for part in ("user", "sys"):
+        out[f"cpu_{part}_us_per_request"] = median(
+            r[f"target_cpu_{part}_cores"] / r["achieved_rate_rps"] * 1e6
+            if r.get(f"target_cpu_{part}_cores") is not None and r.get("achieved_rate_rps") else None
+            for r in results)
     out["errors_total"] = sum(r.get("errors_total", 0) for r in results)
     out["events_total"] = sum((r.get("generator") or {}).get("events_total") or 0 for r in results)
     out["cpu_us_per_event"] = median(cpu_us_per_event(r) for r in results)

@@ -150,17 +150,23 @@ class Proc:
         pids.sort(key=lambda p: (p != self.pid, p))
         return pids
 
-    def cpu_seconds(self) -> float:
-        """utime + stime of every process in the group, in seconds (/proc/PID/stat fields 14, 15)."""
-        total = 0
+    def cpu_split(self) -> tuple[float, float]:
+        """(utime, stime) of every process in the group, in seconds (/proc/PID/stat fields 14, 15):
+        the gateway's own code and the kernel's work for it, apart."""
+        user = system = 0
         for pid in self.group_pids():
             try:
                 stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
             except OSError:
                 continue
             fields = stat[stat.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
-        return total / CLK_TCK
+            user += int(fields[11])
+            system += int(fields[12])
+        return user / CLK_TCK, system / CLK_TCK
+
+    def cpu_seconds(self) -> float:
+        """utime + stime of every process in the group, in seconds (/proc/PID/stat fields 14, 15)."""
+        return sum(self.cpu_split())
 
     def cpu_ns(self) -> int:
         """CPU time of every thread in the group, in ns: the scheduler's per-thread runtime

@@ -199,6 +199,9 @@ class Target:
     def cpu_seconds(self) -> float:
         return self.proc.cpu_seconds() if self.proc else 0.0
 
+    def cpu_split(self) -> tuple[float, float]:
+        return self.proc.cpu_split() if self.proc else (0.0, 0.0)
+
     def cpu_ns(self) -> int:
         return self.proc.cpu_ns() if self.proc else 0
 
