@@ -173,11 +173,12 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       }
     }
     read_deadline.disarm();
+    // A refused or cut request's bytes_in: what of its body came.
+    const auto body_got = [&parser] { return parser.is_header_done() ? parser.get().body().size() : std::size_t{0}; };
     if (ec == bh::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset) {
       // The client closed mid-request: nobody to answer (499, as on the client listener).
-      // bytes_in: what of the body came before it closed.
-      const std::size_t got = parser.is_header_done() ? parser.get().body().size() : 0;
-      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0, got, 0);
+      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0,
+                  body_got(), 0);
       co_return;
     }
     bh::response<bh::string_body> res;
@@ -233,7 +234,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
       log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path,
-                  wec ? 499 : e.status, t0, 0, res.body().size());
+                  wec ? 499 : e.status, t0, body_got(), res.body().size());
       if (wec) co_return;
       co_await linger(stream);
       co_return;

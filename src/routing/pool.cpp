@@ -274,6 +274,8 @@ std::uint32_t WorkerPool::room(Clock::time_point now) {
     if (s.kv_permille < kv_limit && waiting < full) room += full - waiting;
   }
   if (!any) return kUnlimited;
+  // Those let out and not started yet will take their places.
+  room = room > let_out_ ? room - let_out_ : 0;
   return static_cast<std::uint32_t>(std::min<std::uint64_t>(room, kUnlimited - 1));
 }
 
@@ -283,9 +285,13 @@ std::uint32_t WorkerPool::dispatch_queue(Clock::time_point now) {
   // only when they resume, so the estimate does not see them yet.
   std::uint32_t left = room(now);
   std::uint32_t n = 0;
-  while (queue_->admit_next(left == 0)) {
+  while (auto* w = queue_->admit_next(left == 0)) {
     ++n;
-    if (left != kUnlimited) --left;
+    if (left != kUnlimited) {
+      --left;
+      ++let_out_;
+      w->holds_room = true;
+    }
   }
   return n;
 }

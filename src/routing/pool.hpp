@@ -174,15 +174,24 @@ class WorkerPool {
   static constexpr std::uint32_t kUnlimited = 0xffffffffu;
   std::uint32_t room(Clock::time_point now);
   // Endpoint `i`'s waiting requests now, as estimated from scrape `s`: with
-  // a capacity learned (the most it was seen running while others waited),
+  // a capacity learned (EndpointState::capacity_seen),
   // running + waiting + this worker's in-flight change since the scrape,
   // beyond that capacity; without one, the scrape's waiting plus that change
   // when it was queueing, else its waiting (free slots unknown: a burst on
   // an idle server is not held back). Never below 0.
   std::uint32_t estimated_waiting(std::uint32_t i, const LoadSnapshot& s);
   // Lets waiting requests through while the gate is open, at most room(now)
-  // of them; returns how many.
+  // of them; returns how many. Each one let out counts against room()
+  // until it resumes (admitted_resumed()): it starts on an endpoint only
+  // then, so several requests ending in one turn of the loop, each
+  // dispatching, do not each see the same room.
   std::uint32_t dispatch_queue(Clock::time_point now);
+  // A waiter dispatch_queue() let out with limited room (holds_room)
+  // resumed: it starts on an endpoint now, or gives up; either way it no
+  // longer counts against room().
+  void admitted_resumed() {
+    if (let_out_ > 0) --let_out_;
+  }
 
   // A configuration reload replaced `old` (a pool of the same name) by this
   // one: each endpoint of this pool that `old` has too (same URL and
@@ -232,6 +241,7 @@ class WorkerPool {
   HealthPolicy policy_;
   std::uint32_t worker_ = 0;
   std::unique_ptr<TtftOutliers> ttft_;  // outlier.ttft_factor set
+  std::uint32_t let_out_ = 0;           // waiters dispatch_queue() let out that have not resumed yet
   std::unique_ptr<PoolQueue> queue_;    // queue configured
   std::vector<EndpointState> endpoints_;
   // Notes scrape `s` of endpoint `i` (its first sight: what is in flight

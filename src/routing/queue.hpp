@@ -44,6 +44,9 @@ struct QueueWaiter {
   std::string_view batch_key;
   bool coalesce = false;
   Verdict verdict = Verdict::none;
+  // Admitted by a saturation gate with limited room: counts against the
+  // pool's room until it resumes (WorkerPool::admitted_resumed).
+  bool holds_room = false;
   core::Timer* timer = nullptr;  // its wait: cancelled to wake it when the verdict changes (null in tests)
   QueueWaiter* prev = nullptr;   // toward the head (higher priority / earlier)
   QueueWaiter* next = nullptr;

@@ -62,7 +62,8 @@ def test_the_admin_listener_answers_and_logs_a_head_or_body_that_never_came(admi
         assert time.monotonic() - t0 < 15
     entries = w.wait_log(lambda es: len([e for e in es if e.get("listener") == "admin" and e.get("status") == 408]) >= 2)
     lines = [e for e in entries if e.get("listener") == "admin" and e.get("status") == 408]
-    assert any(e["method"] == "POST" and e["path"] == "/admin/v1/keys" for e in lines), lines
+    # The body's one byte ("{") that came is counted.
+    assert any(e["method"] == "POST" and e["path"] == "/admin/v1/keys" and e["bytes_in"] == 1 for e in lines), lines
     # Each waited the 10 s from its head's first byte, and its line says so.
     assert all(e["duration_ms"] >= 9000 for e in lines), lines
 
@@ -309,12 +310,15 @@ def test_an_answer_weir_refused_with_a_502_is_charged_nothing(module_weir):
         up.up.close()
 
 
-def test_a_bom_before_a_whole_object_is_an_answer(module_weir):
+def test_a_bom_before_a_whole_object_is_an_answer_and_counted(module_weir):
     up = ByCase({"ok": answer_of(b"HTTP/1.1 200 OK", b"Content-Type: application/json\r\n", b"\xef\xbb\xbf" + COMPLETION)})
     w = module_weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
     try:
-        r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10)
+        r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10, headers={"x-request-id": "bom-200"})
         assert r.status_code == 200, r.text
+        # Its usage is read past the BOM (else its tokens escape limits and budgets).
+        line = w.log_for("bom-200")
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (3, 2), line
     finally:
         up.up.close()
 

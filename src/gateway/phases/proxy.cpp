@@ -334,6 +334,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
   ctx.backoff = nullptr;
   switch (waiter.verdict) {
     case routing::QueueWaiter::Verdict::admitted:
+      if (waiter.holds_room) pool.admitted_resumed();
       ctx.queue_pool = static_cast<int>(ctx.target.pool);
       if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
       co_return Outcome::next();

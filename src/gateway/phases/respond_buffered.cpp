@@ -183,6 +183,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       }
     }
   }
+  // A UTF-8 BOM before the JSON (RFC 8259 §8.1: a parser may ignore it) is
+  // no part of what is read: usage and translation see the text after it
+  // (the client's bytes keep it), so an answer it passes is counted.
+  if (plain.starts_with("\xEF\xBB\xBF")) plain.remove_prefix(3);
   // A chat completion, completion or embedding list is a JSON object: a 2xx
   // answer that begins otherwise (a load balancer's HTML page in front of
   // vLLM), or ends otherwise (cut short: a Content-Length smaller than the

@@ -8,6 +8,7 @@
 // a configuration reload carries an endpoint's machine and samples.
 #include "routing/health.hpp"
 
+#include <array>
 #include <string>
 #include <vector>
 
@@ -503,6 +504,33 @@ TEST(WorkerPoolSaturation, TheLearnedCapacityFollowsTheServer) {
   EXPECT_EQ(p->room(now), 1u);
   p->on_start(0);
   EXPECT_EQ(p->room(now), 0u) << "capacity 3 now: 3 + 1 + 1 is two waiting";
+}
+
+// Requests let out of the queue start only when they resume: until then
+// they hold their places, so several requests ending in one turn of the
+// loop (each dispatching) let out the room once, not once each.
+TEST(WorkerPoolSaturation, WaitersLetOutHoldTheirPlacesUntilTheyResume) {
+  Pool p(1, "queue: {size: 16, saturation: {waiting: 2, kv_cache: 0.99}}");
+  const auto now = Clock::now();
+  p.shared->loads.publish(0, {.running = 4, .waiting = 2});  // capacity 4, saturated
+  ASSERT_NE(p->queue(), nullptr);
+  std::array<QueueWaiter, 8> w{};
+  QueueWaiter* displaced = nullptr;
+  for (auto& x : w) ASSERT_TRUE(p->queue()->push(x, displaced));
+  EXPECT_EQ(p->dispatch_queue(now), 0u);
+  p.shared->loads.publish(0, {.running = 4, .waiting = 0});  // two places
+  EXPECT_EQ(p->dispatch_queue(now), 2u);
+  for (int k = 0; k < 5; ++k) EXPECT_EQ(p->dispatch_queue(now), 0u) << "the same room, seen again";
+  EXPECT_TRUE(w[0].holds_room && w[1].holds_room && !w[2].holds_room);
+  // One resumes and starts: still two on their way to vLLM's queue.
+  p->admitted_resumed();
+  p->on_start(0);
+  EXPECT_EQ(p->dispatch_queue(now), 0u);
+  p->admitted_resumed();
+  p->on_start(0);
+  EXPECT_EQ(p->dispatch_queue(now), 0u);
+  p->on_finish(0);  // one ends: its place goes to the next
+  EXPECT_EQ(p->dispatch_queue(now), 1u);
 }
 
 TEST(WorkerPoolSaturation, ABurstOnAServerNeverSeenQueueingIsNotHeldBack) {
