@@ -186,12 +186,19 @@ def test_an_anthropic_error_rewritten_from_html_is_labelled_json(raw):
     assert r.json()["type"] == "error"
 
 
-def test_a_coding_weir_cannot_decode_is_refused_even_to_a_client_that_accepts_it(raw):
-    # Usage cannot be read out of it: passed on, it would escape limits and budgets.
+@pytest.mark.parametrize("path,body", [
+    ("/v1/chat/completions", CHAT),
+    ("/v1/rerank", {"model": "m", "query": "q", "documents": ["a", "b"]}),
+    ("/tokenize", {"model": "m", "prompt": "hi"}),
+], ids=["chat", "rerank", "tokenize"])
+def test_a_coding_weir_cannot_decode_is_refused_even_to_a_client_that_accepts_it(raw, path, body):
+    # Usage cannot be read out of it: passed on, it would escape limits and budgets, on every
+    # route whose 2xx answers Weir reads usage from, not only the chat and completion ones.
     w, _ = raw
-    r = httpx.post(w.v1 + "/chat/completions", json=CHAT, timeout=10,
+    r = httpx.post(f"http://127.0.0.1:{w.port}{path}", json=body, timeout=10,
                    headers={"x-case": "br", "accept-encoding": "br"})
     assert r.status_code == 502, r.status_code
+    assert r.json()["error"]["code"] == "upstream_invalid_response"
 
 
 @pytest.mark.parametrize("sent,upstream", [

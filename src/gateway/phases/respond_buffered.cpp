@@ -175,9 +175,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     } else {
       plain = {};
       // Not for a client that did not accept the coding; nor for any client
-      // when the answer's usage must be read (a coding Weir did not ask for,
-      // br or zstd, would otherwise pass uncounted by limits and budgets).
-      if (!accepted || read_2xx) {
+      // when the answer is a 2xx Weir reads usage from, on any route (a
+      // coding Weir did not ask for, br or zstd, would otherwise pass
+      // uncounted by limits and budgets: a rerank, an Anthropic pool's message).
+      if (!accepted || (status >= 200 && status < 300 && status != 204)) {
         count_upstream_failure(ctx, http::UpstreamFailure::protocol);
         co_return Outcome::failed(upstream_undecodable(subject(ctx), encoding));
       }
