@@ -189,7 +189,20 @@ std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept
   // U+FFFD (3 bytes), so 256 bytes of 0xFF are cut to 85, not echoed as 768.
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::size_t i = 0;
-  std::size_t written = 0;
+  // ASCII within the cap (a path, a model name: nearly every call) is its
+  // own prefix: eight bytes a step until a non-ASCII one, which the loop
+  // below then takes from there.
+  if (s.size() <= max_bytes) {
+    while (i + 8 <= s.size()) {
+      std::uint64_t word;
+      std::memcpy(&word, p + i, 8);
+      if (word & 0x8080808080808080ULL) break;
+      i += 8;
+    }
+    while (i < s.size() && p[i] < 0x80) ++i;
+    if (i == s.size()) return s;
+  }
+  std::size_t written = i;  // ASCII so far: one byte written per byte
   while (i < s.size()) {
     std::size_t len = 1;
     std::size_t w = 1;

@@ -169,6 +169,27 @@ TEST(JsonText, Utf8PrefixCutsOnABoundary) {
             "\xE2\x82");
 }
 
+// The ASCII fast path (eight bytes a step within the cap) hands over to
+// the counting loop at the first non-ASCII byte, with what it passed counted.
+TEST(JsonText, Utf8PrefixAsciiRunsThenOtherBytes) {
+  const std::string ascii(20, 'a');
+  EXPECT_EQ(utf8_prefix(ascii, 20), ascii);
+  EXPECT_EQ(utf8_prefix(ascii, 19), ascii.substr(0, 19));
+  EXPECT_EQ(utf8_prefix(ascii, 0), "");
+  EXPECT_EQ(utf8_prefix("", 0), "");
+  for (std::size_t run : {0u, 7u, 8u, 9u, 16u, 17u}) {
+    SCOPED_TRACE(run);
+    const std::string bad = std::string(run, 'a') + "\xFF\xFF";  // each 0xFF is written as 3 bytes
+    EXPECT_EQ(utf8_prefix(bad, run + 2), bad.substr(0, run)) << "the first U+FFFD does not fit";
+    EXPECT_EQ(utf8_prefix(bad, run + 3), bad.substr(0, run + 1));
+    EXPECT_EQ(utf8_prefix(bad, run + 6), bad);
+    const std::string emoji = std::string(run, 'a') + "\xF0\x9F\x98\x80" + "b";
+    EXPECT_EQ(utf8_prefix(emoji, run + 4), emoji.substr(0, run + 4));
+    EXPECT_EQ(utf8_prefix(emoji, run + 5), emoji);
+    EXPECT_EQ(utf8_prefix(emoji, run + 3), emoji.substr(0, run));
+  }
+}
+
 TEST(JsonText, ErrorBodiesThatEchoInputAreValidAndCapped) {
   const std::string model = "m\xFF\xED\xA0\x80" + std::string(5000, 'x');
   for (const auto& e :
