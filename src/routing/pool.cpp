@@ -239,12 +239,23 @@ void WorkerPool::see_scrape(std::uint32_t i, const LoadSnapshot& s) {
   // The batch capacity follows the server: while requests wait, what runs
   // is all it takes now (it can shrink, e.g. under KV-cache pressure); once
   // nothing waits, more running than that means it grew (a restart with a
-  // larger max_num_seqs, freed KV cache). Never only a maximum: a capacity
-  // learned once and never lowered or raised sheds for as long as it is off.
+  // larger max_num_seqs, freed KV cache), by how much is unknown: the gate
+  // let only `waiting` more through, so it probes at twice what runs (as
+  // TCP's slow start does), and the next scrape with requests waiting sets
+  // it back to what runs. Never only a maximum: a capacity learned once and
+  // never lowered or raised sheds for as long as it is off.
   if (s.waiting > 0)
     e.capacity_seen = s.running;
   else if (e.capacity_seen > 0 && s.running > e.capacity_seen)
-    e.capacity_seen = s.running;
+    e.capacity_seen = std::min<std::uint32_t>(2 * s.running, 0xfffff);
+}
+
+void WorkerPool::observe_scrapes() {
+  if (!shared_ || !cfg_->queue.saturation) return;
+  for (std::uint32_t i = 0; i < size(); ++i) {
+    const LoadSnapshot s = shared_->loads.read(i);
+    if (s.seq != 0) see_scrape(i, s);
+  }
 }
 
 std::uint32_t WorkerPool::estimated_waiting(std::uint32_t i, const LoadSnapshot& s) {
@@ -280,7 +291,12 @@ std::uint32_t WorkerPool::room(Clock::time_point now) {
 }
 
 std::uint32_t WorkerPool::dispatch_queue(Clock::time_point now) {
-  if (!queue_ || queue_->waiting() == 0) return 0;
+  if (!queue_) return 0;
+  // Every scrape is seen, not only those a request's arrival looks at: a
+  // burst let through between two scrapes (nothing then arrives) still
+  // teaches the gate the capacity the next scrape shows.
+  observe_scrapes();
+  if (queue_->waiting() == 0) return 0;
   // At most the room there is: the requests let out start on an endpoint
   // only when they resume, so the estimate does not see them yet.
   std::uint32_t left = room(now);

@@ -186,6 +186,11 @@ class WorkerPool {
   // then, so several requests ending in one turn of the loop, each
   // dispatching, do not each see the same room.
   std::uint32_t dispatch_queue(Clock::time_point now);
+  // Reads every endpoint's latest scrape for the saturation gate (see_scrape:
+  // the learned capacity, this worker's in-flight count at the scrape).
+  // dispatch_queue() calls it, on the worker's tick and at every request's
+  // end; O(endpoints) relaxed loads, nothing without queue.saturation.
+  void observe_scrapes();
   // A waiter dispatch_queue() let out with limited room (holds_room)
   // resumed: it starts on an endpoint now, or gives up; either way it no
   // longer counts against room().

@@ -93,6 +93,9 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
 
 Outcome GatewayPhases::untranslatable(RequestContext& ctx, std::string_view expected) {
   count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+  // A 2xx that is no answer: the next target (a fallback) may give one.
+  if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
+  ctx.fail_over = true;
   ctx.has_usage = false;
   return Outcome::failed(upstream_untranslatable(subject(ctx), expected));
 }
@@ -155,10 +158,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       encoded && !rewritten && http::has_token(http::first_field(req, bh::field::accept_encoding), encoding);
   std::string_view plain = out;  // the decoded body, for reading usage
   bool drop_encoding = false;
-  // A route whose 2xx answer is a chat completion, completion or embedding
-  // list in the upstream's dialect: a JSON object Weir reads usage from.
+  // A route whose 2xx answer is a JSON object in the upstream's dialect
+  // (vLLM's: a chat completion, completion, embedding list, token list,
+  // rerank, score, pooling or classification result), which Weir reads
+  // usage from. (Not the audio routes: response_format text, srt, vtt.)
   const bool json_route = ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
-                          ctx.route == RouteKind::embeddings;
+                          ctx.route == RouteKind::embeddings || ctx.route == RouteKind::tokenize ||
+                          ctx.route == RouteKind::detokenize || ctx.route == RouteKind::rerank ||
+                          ctx.route == RouteKind::score || ctx.route == RouteKind::pooling ||
+                          ctx.route == RouteKind::classify;
   const bool read_2xx = json_route && status >= 200 && status < 300 && status != 204;
   if (encoded && out.empty()) {
     // Nothing to decode (Content-Length 0, or HEAD): drop a label the client did not ask for.
@@ -178,8 +186,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       // when the answer is a 2xx Weir reads usage from, on any route (a
       // coding Weir did not ask for, br or zstd, would otherwise pass
       // uncounted by limits and budgets: a rerank, an Anthropic pool's message).
-      if (!accepted || (status >= 200 && status < 300 && status != 204)) {
+      const bool answer_2xx = status >= 200 && status < 300 && status != 204;
+      if (!accepted || answer_2xx) {
         count_upstream_failure(ctx, http::UpstreamFailure::protocol);
+        if (answer_2xx) {  // no answer Weir can read: the next target (a fallback) may give one
+          if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
+          ctx.fail_over = true;
+        }
         co_return Outcome::failed(upstream_undecodable(subject(ctx), encoding));
       }
     }
@@ -206,11 +219,11 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
                             http::is_event_stream(http::first_field(head, bh::field::content_type));
   if (read_2xx && !anthropic_up && req.method() != bh::verb::head &&
       (event_stream ? !rewritten : !plain.empty() && !core::braced_as_object(plain))) {
-    if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
-    ctx.fail_over = true;
     co_return untranslatable(ctx, event_stream                         ? "an uncompressed event stream"
                                   : ctx.route == RouteKind::embeddings ? "an embedding list"
-                                                                       : "a completion");
+                                  : ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions
+                                      ? "a completion"
+                                      : "a JSON object");
   }
   if (event_stream) {
     // The usage chunk's, as a relayed stream reads it.

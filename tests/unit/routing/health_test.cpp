@@ -484,26 +484,50 @@ TEST(WorkerPoolSaturation, StartsSinceTheScrapeCountOnceTheServerWasSeenQueueing
 
 // The learned capacity follows the server both ways: a server that gained
 // room (a restart with a larger batch, KV cache freed) is not held to the
-// capacity it had, and one that lost room is not credited with it.
+// capacity it had (it is probed at twice what runs, so it is found in a few
+// scrapes, not `waiting` more per scrape), and one that lost room is not
+// credited with it.
 TEST(WorkerPoolSaturation, TheLearnedCapacityFollowsTheServer) {
   Pool p(1, "queue: {size: 8, saturation: {waiting: 2, kv_cache: 0.99}}");
   const auto now = Clock::now();
   p.shared->loads.publish(0, {.running = 4, .waiting = 1});  // capacity 4
   EXPECT_EQ(p->room(now), 1u);
-  // It grew: 16 running and nothing waiting.
-  p.shared->loads.publish(0, {.running = 16, .waiting = 0});
+  // 6 running, nothing waiting: it grew, by how much is unknown: probed at 12.
+  p.shared->loads.publish(0, {.running = 6, .waiting = 0});
   EXPECT_EQ(p->room(now), 2u);
+  for (int k = 0; k < 6; ++k) p->on_start(0);
+  EXPECT_EQ(p->room(now), 2u) << "6 + 6 on a capacity of 12: none waiting yet";
   p->on_start(0);
-  EXPECT_EQ(p->room(now), 1u) << "16 + 1 on a capacity of 16 (not 4): one waiting";
+  EXPECT_EQ(p->room(now), 1u) << "6 + 7 on 12: one waiting";
+  // Running no more than the capacity, nothing waiting: it stays.
   p.shared->loads.publish(0, {.running = 10, .waiting = 0});
-  EXPECT_EQ(p->room(now), 2u) << "10 running of 16: six more go before it queues";
-  for (int k = 0; k < 7; ++k) p->on_start(0);
-  EXPECT_EQ(p->room(now), 1u) << "10 + 7 on 16: one waiting";
-  // It shrank: 3 running while 1 waits.
-  p.shared->loads.publish(0, {.running = 3, .waiting = 1});
+  EXPECT_EQ(p->room(now), 2u);  // (the scrape seen before the starts that follow it)
+  for (int k = 0; k < 3; ++k) p->on_start(0);
+  EXPECT_EQ(p->room(now), 1u) << "10 + 3 on 12";
+  // It shrank (or the probe overshot): 5 running while 1 waits.
+  p.shared->loads.publish(0, {.running = 5, .waiting = 1});
   EXPECT_EQ(p->room(now), 1u);
   p->on_start(0);
-  EXPECT_EQ(p->room(now), 0u) << "capacity 3 now: 3 + 1 + 1 is two waiting";
+  EXPECT_EQ(p->room(now), 0u) << "capacity 5 now: 5 + 1 + 1 is two waiting";
+}
+
+// A burst let through between two scrapes, with nothing arriving after it,
+// still teaches the gate: the next scrape is read at the worker's tick or a
+// request's end (dispatch_queue), not only when a request arrives.
+TEST(WorkerPoolSaturation, EveryScrapeIsSeenNotOnlyThoseAnArrivalLooksAt) {
+  Pool p(1, "queue: {size: 8, saturation: {waiting: 2, kv_cache: 0.99}}");
+  const auto now = Clock::now();
+  p.shared->loads.publish(0, {.running = 0, .waiting = 0});
+  EXPECT_EQ(p->room(now), 2u);
+  for (int k = 0; k < 30; ++k) p->on_start(0);  // a burst: capacity unknown, not held back
+  p.shared->loads.publish(0, {.running = 4, .waiting = 26});
+  EXPECT_EQ(p->dispatch_queue(now), 0u);  // the tick: nobody waits in Weir's queue
+  for (int k = 0; k < 3; ++k) p->on_finish(0);
+  p.shared->loads.publish(0, {.running = 4, .waiting = 0});  // its capacity learned: 4
+  EXPECT_EQ(p->dispatch_queue(now), 0u);
+  EXPECT_EQ(p->room(now), 2u);
+  for (int k = 0; k < 2; ++k) p->on_start(0);
+  EXPECT_TRUE(p->saturated(now)) << "4 + 2 on a capacity of 4: the next burst is held";
 }
 
 // Requests let out of the queue start only when they resume: until then
