@@ -35,8 +35,9 @@ struct EndpointState {
   std::uint32_t scrape_seq = 0;           // the last /metrics scrape this worker saw (LoadSnapshot::seq)
   std::uint32_t in_flight_at_scrape = 0;  // in_flight when it saw it
   // The server's batch capacity as learned from the scrapes: what the
-  // latest scrape showing waiting requests had running, raised by any later
-  // scrape running more with none waiting (0 = never seen queueing).
+  // latest scrape showing waiting requests had running; a later scrape
+  // running more with none waiting raises it to twice that (a probe, see
+  // see_scrape) (0 = never seen queueing).
   std::uint32_t capacity_seen = 0;
   std::chrono::steady_clock::time_point tls_failure_logged{};  // log_tls_failure's rate limit
 };
