@@ -282,9 +282,15 @@ class GatewayPhases final : public Phases {
   std::string_view upstream_host(const RequestContext& ctx) const;
   // weir_upstream_failures_total for the request's current endpoint.
   void count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f);
-  // A 2xx answer a translated route cannot read as `expected`: counted as an
-  // invalid response, then Weir's own 502 (upstream_untranslatable), with no usage.
-  Outcome untranslatable(RequestContext& ctx, std::string_view expected);
+  // A 2xx answer Weir cannot read (no whole object, a coding it cannot
+  // decode, a translation that fails): counted as an invalid response on the
+  // attempt and the endpoint, failed over while a fallback is left, else
+  // Weir's own 502 `e`, with no usage.
+  Outcome no_answer(RequestContext& ctx, core::Error e);
+  // no_answer() with upstream_untranslatable: the answer is not `expected`.
+  Outcome untranslatable(RequestContext& ctx, std::string_view expected) {
+    return no_answer(ctx, upstream_untranslatable(subject(ctx), expected));
+  }
   // The access-log line (when the access log is on) and the request-log
   // store's record (request_log:), one formatting for both.
   void write_access_log(RequestContext& ctx, core::TimePoint end);

@@ -91,13 +91,13 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
 
 }  // namespace
 
-Outcome GatewayPhases::untranslatable(RequestContext& ctx, std::string_view expected) {
+Outcome GatewayPhases::no_answer(RequestContext& ctx, core::Error e) {
   count_upstream_failure(ctx, http::UpstreamFailure::protocol);
-  // A 2xx that is no answer: the next target (a fallback) may give one.
+  // The next target (a fallback) may give one.
   if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
   ctx.fail_over = true;
   ctx.has_usage = false;
-  return Outcome::failed(upstream_untranslatable(subject(ctx), expected));
+  return Outcome::failed(std::move(e));
 }
 
 core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
@@ -163,10 +163,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // rerank, score, pooling or classification result), which Weir reads
   // usage from. (Not the audio routes: response_format text, srt, vtt.)
   const bool json_route = ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
-                          ctx.route == RouteKind::embeddings || ctx.route == RouteKind::tokenize ||
-                          ctx.route == RouteKind::detokenize || ctx.route == RouteKind::rerank ||
-                          ctx.route == RouteKind::score || ctx.route == RouteKind::pooling ||
-                          ctx.route == RouteKind::classify;
+                          ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route);
   const bool read_2xx = json_route && status >= 200 && status < 300 && status != 204;
   if (encoded && out.empty()) {
     // Nothing to decode (Content-Length 0, or HEAD): drop a label the client did not ask for.
@@ -186,13 +183,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       // when the answer is a 2xx Weir reads usage from, on any route (a
       // coding Weir did not ask for, br or zstd, would otherwise pass
       // uncounted by limits and budgets: a rerank, an Anthropic pool's message).
-      const bool answer_2xx = status >= 200 && status < 300 && status != 204;
-      if (!accepted || answer_2xx) {
+      if (status >= 200 && status < 300 && status != 204)
+        co_return no_answer(ctx, upstream_undecodable(subject(ctx), encoding));
+      if (!accepted) {
         count_upstream_failure(ctx, http::UpstreamFailure::protocol);
-        if (answer_2xx) {  // no answer Weir can read: the next target (a fallback) may give one
-          if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
-          ctx.fail_over = true;
-        }
         co_return Outcome::failed(upstream_undecodable(subject(ctx), encoding));
       }
     }
