@@ -21,6 +21,7 @@
 #include "gateway/console_assets.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/worker.hpp"
+#include "http/flat_parser.hpp"
 #include "http/io.hpp"
 #include "http/request_check.hpp"
 
@@ -111,7 +112,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     stream.socket().cancel(ignored);
   });
   for (;;) {
-    bh::request_parser<bh::string_body> parser;
+    http::FlatParser<true, bh::string_body> parser;
     parser.header_limit(kMaxHeader);
     parser.body_limit(kMaxBody);
     ext_left = kMaxHeader;

@@ -96,8 +96,10 @@ const RequestHead& Downstream::request() const {
 }
 
 void Downstream::renew_parser() {
+  FlatFields::Storage fields_store;
   if (parser_) {
-    body_store_.swap(parser_->get().body());  // keep the body storage's capacity
+    body_store_.swap(parser_->get().body());       // keep the body storage's capacity
+    fields_store = parser_->get().take_storage();  // and the head's: a kept-alive connection's heads allocate nothing
     std::destroy_at(parser_);
   } else {
     void* storage = spares_ ? spares_->take() : ::operator new(sizeof(RequestParser));
@@ -105,6 +107,7 @@ void Downstream::renew_parser() {
   }
   try {
     std::construct_at(parser_);
+    parser_->get().adopt_storage(std::move(fields_store));
   } catch (...) {
     spares_ ? spares_->give(parser_) : ::operator delete(parser_);
     parser_ = nullptr;
@@ -266,25 +269,16 @@ Task<bool> Downstream::read_body() {
   // Reuse the connection's (or a lent) body storage: string_body reserves Content-Length.
   req.body().swap(body_store_);
   req.body().clear();
-  // A chunked body may end with trailer fields, which Beast's parser adds
-  // to the head's: they are no part of it (RFC 9110 §6.5.1, RFC 9112
-  // §7.1.2: never merged into the header section), and are dropped, so no
-  // credential, encoding, deadline or forwarded field can arrive after the
-  // head was checked.
-  const bool chunked = parser_->chunked();
-  const auto head_fields = chunked ? std::distance(req.begin(), req.end()) : 0;
+  // A chunked body's trailer fields are dropped by the parser (FlatParser:
+  // RFC 9110 §6.5.1, RFC 9112 §7.1.2, never merged into the header
+  // section), so no credential, encoding, deadline or forwarded field can
+  // arrive after the head was checked.
   // A small body usually came with the head: read_message parses it from in_
   // with no system call, and waits only for a part that is still missing.
   if (!parser_->is_done()) watchdog_.expires_after(sc_.body_timeout);
   auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false);
   watchdog_.disarm();
-  if (!ec) {
-    if (chunked) {
-      auto it = std::next(req.begin(), head_fields);
-      while (it != req.end()) it = req.erase(it);
-    }
-    co_return true;
-  }
+  if (!ec) co_return true;
   keep_alive_ = false;
   failure_ec_ = ec;
   if (ec == bh::error::body_limit) {

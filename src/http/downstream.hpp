@@ -12,11 +12,11 @@
 #include <string_view>
 
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/parser.hpp>
 #include <boost/beast/http/string_body.hpp>
 
 #include "core/async.hpp"
 #include "core/config.hpp"
+#include "http/flat_parser.hpp"
 #include "http/forward.hpp"
 #include "http/io.hpp"
 #include "http/response_head.hpp"
@@ -142,8 +142,8 @@ class Downstream {
   std::string failure_detail() const { return failure_ec_.message(); }
 
   bool http11() const { return version_ >= 11; }
-  // Gives the request's parser (its head, fields and body storage: ~300
-  // bytes and one allocation per field) back to the worker: a stream past
+  // Gives the request's parser (~300 bytes) back to the worker and frees its
+  // head's fields (one buffer, 512 bytes or more) and body: a stream past
   // its commit point needs only the version, method and keep-alive, which
   // stay. request() is empty after, as are body() and target(); the next
   // read_head() takes a parser again.
@@ -214,7 +214,7 @@ class Downstream {
 
  private:
   friend class ParserSpares;
-  using RequestParser = boost::beast::http::request_parser<boost::beast::http::string_body>;
+  using RequestParser = FlatParser<true, boost::beast::http::string_body>;
   // A parser for a new request: the connection's own, made anew in place,
   // else one in a spare's storage (spares_) or a new allocation.
   void renew_parser();

@@ -120,7 +120,9 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
   // Hints) come before the final one: skip them.
   for (bool interim = true; !ec && interim;) {
+    auto fields_store = parser_ ? parser_->get().take_storage() : FlatFields::Storage();  // the last head's room
     parser_.emplace();
+    parser_->get().adopt_storage(std::move(fields_store));
     parser_->header_limit(64u << 10);
     parser_->body_limit(boost::none);
     parser_->eager(true);

@@ -13,9 +13,9 @@
 #include <utility>
 
 #include <boost/beast/http/buffer_body.hpp>
-#include <boost/beast/http/parser.hpp>
 
 #include "http/edge_recv.hpp"
+#include "http/flat_parser.hpp"
 #include "http/response_source.hpp"
 #include "http/upstream.hpp"
 
@@ -68,17 +68,11 @@ class Exchange final : public UpstreamExchange {
   Task<BodyRead> read_from(Step step, std::span<char> into, BodyRead r);
 
  private:
-  // Beast's response parser, but a chunked body's trailer fields are
-  // dropped instead of added to the head's fields (RFC 9110 §6.5.1: a
-  // recipient must not merge a trailer field into the header section). A
-  // buffered answer is sent after its whole body, and would otherwise carry
-  // the upstream's trailers as headers (Set-Cookie, Content-Type, Location).
-  class Parser final : public boost::beast::http::response_parser<boost::beast::http::buffer_body> {
-    void on_field_impl(boost::beast::http::field name, boost::beast::string_view name_string,
-                       boost::beast::string_view value, boost::system::error_code&) override {
-      if (!is_header_done()) get().insert(name, name_string, value);
-    }
-  };
+  // A chunked body's trailer fields are dropped, not added to the head
+  // (FlatParser): a buffered answer is sent after its whole body, and would
+  // otherwise carry the upstream's trailers as headers (Set-Cookie,
+  // Content-Type, Location).
+  using Parser = FlatParser<false, boost::beast::http::buffer_body>;
 
   // read_step() in parts.
   struct Recv {

@@ -9,10 +9,14 @@
 
 #include <boost/beast/http/message.hpp>
 
+#include "http/flat_fields.hpp"
+
 namespace weir::http {
 
-using RequestHead = boost::beast::http::request_header<>;
-using ResponseHead = boost::beast::http::response_header<>;
+// Heads as Weir's parsers fill them (http/flat_parser.hpp): Beast's header
+// types over a flat field store (http/flat_fields.hpp).
+using RequestHead = boost::beast::http::request_header<FlatFields>;
+using ResponseHead = boost::beast::http::response_header<FlatFields>;
 
 // What the upstream request head carries besides the client's end-to-end fields.
 struct UpstreamHeadOptions {

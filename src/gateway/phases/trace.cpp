@@ -10,6 +10,7 @@
 #include "core/json_text.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
+#include "http/headers.hpp"
 
 namespace weir::gateway {
 
@@ -50,27 +51,24 @@ void GatewayPhases::begin_trace(RequestContext& ctx) {
   const auto& req = down_.request();
   // Exactly one traceparent line (§3.2: several make it invalid); any other case starts a new trace.
   std::optional<tracing::ParentContext> parent;
-  if (auto [it, end] = req.equal_range("traceparent"); it != end && std::next(it) == end)
-    parent = tracing::parse_traceparent(it->value());
+  if (req.count("traceparent") == 1) parent = tracing::parse_traceparent(req["traceparent"]);
   if (parent) {
     t.trace_id = parent->trace_id;
     t.parent_id = parent->span_id;
     // Parent-based: the caller decided; else the ratio, as for a new trace.
     t.sampled = tracer->config().parent_based ? parent->sampled() : tracer->sampler().root_sampled(t.trace_id);
     // tracestate lines make one list (RFC 9110 §5.3); an invalid one is dropped, the trace goes on.
-    auto [it, end] = req.equal_range("tracestate");
-    if (it != end) {
-      if (std::next(it) == end) {
-        tracing::normalize_tracestate(it->value(), t.tracestate);
-      } else {
-        ctx.scratch.clear();
-        for (; it != end; ++it) {
-          if (!ctx.scratch.empty()) ctx.scratch += ',';
-          ctx.scratch += it->value();
-        }
-        tracing::normalize_tracestate(ctx.scratch, t.tracestate);
-        ctx.scratch.clear();
+    if (const std::size_t lines = req.count("tracestate"); lines == 1) {
+      tracing::normalize_tracestate(req["tracestate"], t.tracestate);
+    } else if (lines > 1) {
+      ctx.scratch.clear();
+      for (const auto& f : req) {
+        if (!http::iequals(f.name_string(), "tracestate")) continue;
+        if (!ctx.scratch.empty()) ctx.scratch += ',';
+        ctx.scratch += f.value();
       }
+      tracing::normalize_tracestate(ctx.scratch, t.tracestate);
+      ctx.scratch.clear();
     }
   } else {
     t.trace_id = w_.trace_ids().trace_id();

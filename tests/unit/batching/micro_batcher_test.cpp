@@ -56,7 +56,7 @@ class MicroBatcherTest : public ::testing::Test {
   std::optional<MicroBatcher> batcher;
   std::vector<std::unique_ptr<BatchMember>> members;
   std::vector<std::string> bodies, ids;
-  std::vector<bh::request_header<>> heads;
+  std::vector<http::RequestHead> heads;
 
   void SetUp() override {
     acc.emplace(up.io, asio::ip::tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));

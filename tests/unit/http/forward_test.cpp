@@ -2,6 +2,7 @@
 // client's request head goes upstream (append_upstream_request_head) and
 // what of the upstream's response head goes back (append_response_fields).
 #include "http/forward.hpp"
+#include "http/flat_parser.hpp"
 #include "http/headers.hpp"
 
 #include <cctype>
@@ -19,7 +20,7 @@ namespace bh = boost::beast::http;
 
 // Parses a request or response head the way the gateway receives one.
 RequestHead request(std::string_view text) {
-  bh::request_parser<bh::empty_body> p;
+  FlatParser<true, bh::empty_body> p;
   p.eager(false);
   boost::system::error_code ec;
   p.put(boost::asio::buffer(text.data(), text.size()), ec);
@@ -28,7 +29,7 @@ RequestHead request(std::string_view text) {
   return p.get().base();
 }
 ResponseHead response(std::string_view text) {
-  bh::response_parser<bh::empty_body> p;
+  FlatParser<false, bh::empty_body> p;
   p.eager(false);
   boost::system::error_code ec;
   p.put(boost::asio::buffer(text.data(), text.size()), ec);

@@ -1,0 +1,126 @@
+// Beast's HTTP/1.1 parser (boost::beast::http::basic_parser: the whole of
+// RFC 9112's syntax, limits, chunked framing) filling a message whose head
+// is a FlatFields (http/flat_fields.hpp) rather than Beast's basic_fields.
+// The same interface as boost::beast::http::parser<isRequest, Body> for what
+// Weir uses of it (get(), release(), on_chunk_header(), and everything of
+// basic_parser), with one difference: a chunked body's trailer fields are
+// dropped, never merged into the head (RFC 9110 §6.5.1: a recipient must
+// not merge a trailer field into the header section unless the field's
+// definition allows it; Weir knows no such field). A body goes to `Body`'s
+// reader as in Beast's parser (string_body for a client's request,
+// buffer_body for an upstream's response).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <utility>
+
+#include <boost/asio/buffer.hpp>
+#include <boost/beast/http/basic_parser.hpp>
+#include <boost/beast/http/error.hpp>
+#include <boost/beast/http/message.hpp>
+
+#include "http/flat_fields.hpp"
+
+namespace weir::http {
+
+template <bool isRequest, class Body>
+class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
+ public:
+  using message_type = boost::beast::http::message<isRequest, Body, FlatFields>;
+  using string_view = boost::beast::string_view;
+  using error_code = boost::system::error_code;
+
+  FlatParser() : rd_(m_.base(), m_.body()) {}
+  FlatParser(const FlatParser&) = delete;
+  FlatParser& operator=(const FlatParser&) = delete;
+  ~FlatParser() override = default;
+
+  message_type& get() noexcept { return m_; }
+  const message_type& get() const noexcept { return m_; }
+  message_type release() noexcept { return std::move(m_); }
+
+  // Called with each chunk's size and extensions (as Beast's
+  // parser::on_chunk_header; `cb` is referenced, not copied: it must
+  // outlive the parse).
+  template <class Callback>
+  void on_chunk_header(Callback& cb) {
+    cb_h_ = std::ref(cb);
+  }
+
+ private:
+  void on_request_impl(boost::beast::http::verb method, string_view method_str, string_view target, int version,
+                       error_code& ec) override {
+    if constexpr (isRequest) {
+      if (used_) {
+        ec = boost::beast::http::error::stale_parser;
+        return;
+      }
+      used_ = true;
+      // The method first: header<true>::method() clears the line's method,
+      // which would otherwise copy the target once more.
+      if (method != boost::beast::http::verb::unknown)
+        m_.method(method);
+      else
+        m_.method_string(method_str);
+      m_.target(target);
+      m_.version(version);
+    } else {
+      (void)method, (void)method_str, (void)target, (void)version, (void)ec;
+    }
+  }
+
+  void on_response_impl(int code, string_view reason, int version, error_code& ec) override {
+    if constexpr (!isRequest) {
+      if (used_) {
+        ec = boost::beast::http::error::stale_parser;
+        return;
+      }
+      used_ = true;
+      m_.result(code);
+      m_.version(version);
+      m_.reason(reason);
+    } else {
+      (void)code, (void)reason, (void)version, (void)ec;
+    }
+  }
+
+  void on_field_impl(boost::beast::http::field name, string_view name_string, string_view value,
+                     error_code& ec) override {
+    if (this->is_header_done()) return;  // a trailer field: dropped (RFC 9110 §6.5.1)
+    if (name_string.size() > std::numeric_limits<std::uint16_t>::max()) {
+      ec = boost::beast::http::error::header_limit;
+      return;
+    }
+    m_.insert(name, name_string, value);
+  }
+
+  void on_header_impl(error_code& ec) override { ec = {}; }
+
+  void on_body_init_impl(const boost::optional<std::uint64_t>& content_length, error_code& ec) override {
+    rd_.init(content_length, ec);
+  }
+
+  std::size_t on_body_impl(string_view body, error_code& ec) override {
+    return rd_.put(boost::asio::buffer(body.data(), body.size()), ec);
+  }
+
+  void on_chunk_header_impl(std::uint64_t size, string_view extensions, error_code& ec) override {
+    if (cb_h_) cb_h_(size, extensions, ec);
+  }
+
+  std::size_t on_chunk_body_impl(std::uint64_t, string_view body, error_code& ec) override {
+    return rd_.put(boost::asio::buffer(body.data(), body.size()), ec);
+  }
+
+  void on_finish_impl(error_code& ec) override { rd_.finish(ec); }
+
+  message_type m_;
+  typename Body::reader rd_;
+  std::function<void(std::uint64_t, string_view, error_code&)> cb_h_;
+  bool used_ = false;
+};
+
+}  // namespace weir::http
