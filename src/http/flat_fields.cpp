@@ -165,7 +165,7 @@ FlatFields::Storage FlatFields::take_storage() noexcept {
 }
 
 void FlatFields::adopt_storage(Storage s) noexcept {
-  if (data_ || !s.bytes) return;
+  if (data_ || !s.bytes || s.capacity > kKeepBytes) return;
   data_ = std::move(s.bytes);
   cap_ = s.capacity;
   size_ = line_len_ = method_len_ = 0;

@@ -159,7 +159,10 @@ class FlatFields {
   // The buffer (its capacity) for another head: this one is left empty
   // (no fields, no method, target or reason).
   Storage take_storage() noexcept;
-  // Reuses `s`'s buffer for this head, when it has none of its own yet.
+  // Reuses `s`'s buffer for this head, when it has none of its own yet and
+  // `s` is at most kKeepBytes (a head far larger than usual, up to
+  // server.max_header, is not held by an idle connection): else frees it.
+  static constexpr std::uint32_t kKeepBytes = 4096;
   void adopt_storage(Storage s) noexcept;
 
   // Beast's Fields concept (boost/beast/http/fields.hpp).

@@ -255,5 +255,21 @@ TEST(FlatParser, AHeadOnReusedStorageAllocatesNothing) {
   EXPECT_EQ(next.get()[bh::field::user_agent], "OpenAI/Python 1.59.0");
 }
 
+TEST(FlatParser, AnOutsizedHeadsBufferIsNotKeptForTheNext) {
+  FlatFields::Storage big;
+  {
+    FlatFields f;
+    f.insert("x-big", std::string(3 * FlatFields::kKeepBytes, 'x'));
+    big = f.take_storage();
+  }
+  ASSERT_GT(big.capacity, FlatFields::kKeepBytes);
+  FlatFields next;
+  next.adopt_storage(std::move(big));
+  if (!test::AllocationScope::available()) GTEST_SKIP() << "no allocation counter in this build (sanitizers)";
+  test::AllocationScope scope;
+  next.insert(bh::field::host, "gw");
+  EXPECT_EQ(scope.count(), 1u);  // a buffer of its own, not the outsized one
+}
+
 }  // namespace
 }  // namespace weir::http
