@@ -80,7 +80,15 @@ void FlatFields::insert(field name, std::string_view name_string, std::string_vi
   if (name_string.size() > std::numeric_limits<std::uint16_t>::max()) throw std::length_error("field name too large");
   const std::size_t need = std::size_t{size_} + sizeof(Record) + name_string.size() + value.size();
   if (need > std::numeric_limits<std::uint32_t>::max()) throw std::length_error("fields too large");
-  if (need > cap_) reserve(need);
+  if (need > cap_) {
+    if (inside(name_string) || inside(value)) {
+      // Bytes of this buffer (a field copied from another): they move with the growth.
+      const std::string n(name_string), v(value);
+      insert(name, n, v);
+      return;
+    }
+    reserve(need);
+  }
   const Record r{static_cast<std::uint16_t>(name), static_cast<std::uint16_t>(name_string.size()),
                  static_cast<std::uint32_t>(value.size())};
   char* p = data_.get() + size_;
@@ -92,7 +100,8 @@ void FlatFields::insert(field name, std::string_view name_string, std::string_vi
 
 void FlatFields::reserve(std::size_t need) {
   if (need <= cap_) return;
-  const std::size_t cap = std::max(need, std::max(kFirstRoom, 2 * std::size_t{cap_}));
+  const std::size_t cap = std::min<std::size_t>(std::max(need, std::max(kFirstRoom, 2 * std::size_t{cap_})),
+                                                std::numeric_limits<std::uint32_t>::max());
   auto bytes = std::make_unique_for_overwrite<char[]>(cap);
   if (size_ > 0) std::memcpy(bytes.get(), data_.get(), size_);
   data_ = std::move(bytes);
@@ -135,11 +144,21 @@ std::size_t FlatFields::erase(std::string_view name) {
 }
 
 void FlatFields::set(field name, std::string_view value) {
+  if (inside(value)) {  // erase() would move the bytes first
+    const std::string v(value);
+    set(name, v);
+    return;
+  }
   erase(name);
   insert(name, value);
 }
 
 void FlatFields::set(std::string_view name, std::string_view value) {
+  if (inside(name) || inside(value)) {
+    const std::string n(name), v(value);
+    set(n, v);
+    return;
+  }
   erase(name);
   insert(name, value);
 }
@@ -176,7 +195,6 @@ void FlatFields::set_line(std::string_view method, std::string_view rest) {
   if (method.size() == method_len_ && (method.empty() || method.data() == d) &&
       rest.size() == line_len_ - method_len_ && rest.data() == d + method_len_)
     return;  // unchanged (header<true>::method(verb) clears a method that is already clear)
-  const auto inside = [d, this](std::string_view v) { return !v.empty() && v.data() >= d && v.data() < d + size_; };
   if (inside(method) || inside(rest)) {
     // Made of this buffer's bytes: copied out first (only heads built by hand).
     const std::string m(method), r(rest);

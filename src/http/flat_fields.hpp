@@ -202,6 +202,11 @@ class FlatFields {
 
   // Makes room for `need` bytes in all (the bytes kept).
   void reserve(std::size_t need);
+  // Whether `v` lies in this head's buffer (a field or line copied within the head).
+  bool inside(std::string_view v) const noexcept {
+    const char* d = data_.get();
+    return !v.empty() && d != nullptr && v.data() >= d && v.data() < d + size_;
+  }
 
   std::unique_ptr<char[]> data_;  // [method][target] or [reason], then the records
   std::uint32_t size_ = 0;        // bytes used

@@ -97,6 +97,24 @@ TEST(FlatFields, GrowsPastItsFirstRoomAndKeepsEveryByte) {
   EXPECT_EQ(f["X-FIELD-199"], std::string(199, static_cast<char>('a' + 199 % 26)));
 }
 
+TEST(FlatFields, AFieldMadeOfTheHeadsOwnBytesSurvivesGrowthAndSet) {
+  FlatFields f;
+  f.insert("x-source", std::string(400, 's'));
+  f.insert("x-other", "o");
+  // Past the first room: the buffer grows while the value is read from it.
+  f.insert("x-copy", f["x-source"]);
+  EXPECT_EQ(f["x-copy"], std::string(400, 's'));
+  // set() erases first: a value from a field it erases, or from one before it, must not move away under it.
+  f.set("x-source", f["x-other"]);
+  EXPECT_EQ(f["x-source"], "o");
+  f.set(bh::field::via, f["x-copy"]);
+  EXPECT_EQ(f[bh::field::via], std::string(400, 's'));
+  f.set("x-copy", f["x-copy"].substr(0, 3));
+  EXPECT_EQ(f["x-copy"], "sss");
+  EXPECT_EQ(lines(f),
+            (std::vector<std::string>{"x-other: o", "x-source: o", "Via: " + std::string(400, 's'), "x-copy: sss"}));
+}
+
 TEST(FlatFields, RefusesANameOver64KiB) {
   FlatFields f;
   EXPECT_THROW(f.insert(std::string(70000, 'x'), "v"), std::length_error);
