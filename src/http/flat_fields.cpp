@@ -20,8 +20,6 @@ namespace bh = boost::beast::http;
 // fields) or a vLLM response head fits, so a head grows at most once.
 constexpr std::size_t kFirstRoom = 512;
 
-bool same_name(std::string_view a, std::string_view b) noexcept { return core::iequals(a, b); }
-
 // The last token of a comma-separated list (a Transfer-Encoding's final coding).
 std::string_view last_token(std::string_view list) noexcept {
   std::string_view last;
@@ -41,7 +39,7 @@ FlatFields::const_iterator FlatFields::find(field name) const noexcept {
 FlatFields::const_iterator FlatFields::find(std::string_view name) const noexcept {
   const auto e = end();
   for (auto it = begin(); it != e; ++it)
-    if (same_name((*it).name_string(), name)) return it;
+    if (core::iequals((*it).name_string(), name)) return it;
   return e;
 }
 
@@ -63,7 +61,7 @@ std::size_t FlatFields::count(field name) const noexcept {
 
 std::size_t FlatFields::count(std::string_view name) const noexcept {
   std::size_t n = 0;
-  for (const auto& f : *this) n += same_name(f.name_string(), name);
+  for (const auto& f : *this) n += core::iequals(f.name_string(), name);
   return n;
 }
 
@@ -140,7 +138,7 @@ std::size_t FlatFields::erase(field name) {
 }
 
 std::size_t FlatFields::erase(std::string_view name) {
-  return erase_if([name](field, std::string_view n) { return same_name(n, name); });
+  return erase_if([name](field, std::string_view n) { return core::iequals(n, name); });
 }
 
 void FlatFields::set(field name, std::string_view value) {
