@@ -175,7 +175,10 @@ def test_budget_cut_off_with_insufficient_quota(gw):
     assert statuses[0] == 200 and statuses[-1] == 429, statuses
     with pytest.raises(openai.RateLimitError):
         w.client(api_key="sk-poor").chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    spent = [e["spend_usd"] for e in w.log_entries() if e.get("tenant") == "poor" and e["status"] == 200]
+    # A request's log line is written once its answer has gone out: wait for every served one's.
+    served = statuses.count(200)
+    entries = w.wait_log(lambda es: sum(e.get("tenant") == "poor" and e["status"] == 200 for e in es) >= served)
+    spent = [e["spend_usd"] for e in entries if e.get("tenant") == "poor" and e["status"] == 200]
     assert spent and all(s > 0 for s in spent)
     assert sum(spent) >= 0.00005 * 0.5
 
