@@ -61,10 +61,10 @@ Error payload_too_large(std::uint64_t limit_bytes) {
               fmt::format("Request body is larger than the limit of {} bytes.", limit_bytes));
 }
 Error request_timeout(std::string message) {
-  return make(ErrorSource::client, 408, "invalid_request_error", {}, std::move(message));
+  return make(ErrorSource::client, 408, "invalid_request_error", "request_timeout", std::move(message));
 }
 Error header_too_large(std::uint64_t limit_bytes) {
-  return make(ErrorSource::client, 431, "invalid_request_error", {},
+  return make(ErrorSource::client, 431, "invalid_request_error", "request_header_too_large",
               fmt::format("The request head is larger than {} bytes.", limit_bytes));
 }
 Error unsupported_transfer_coding() {

@@ -43,8 +43,8 @@ Error method_not_allowed(std::string_view method, std::string_view path);  // 40
 // resource (RFC 9110 §9.1: methods are case-sensitive; "FOO", "post").
 Error method_not_implemented(std::string_view method);
 Error payload_too_large(std::uint64_t limit_bytes);  // 413
-Error request_timeout(std::string message);          // 408 (head or body too slow)
-Error header_too_large(std::uint64_t limit_bytes);   // 431
+Error request_timeout(std::string message);          // 408 request_timeout (head or body too slow)
+Error header_too_large(std::uint64_t limit_bytes);   // 431 request_header_too_large (RFC 6585 §5)
 // 501 unsupported_transfer_coding: a Transfer-Encoding other than chunked
 // (RFC 9112 §6.1: a server that does not understand a coding answers 501).
 Error unsupported_transfer_coding();

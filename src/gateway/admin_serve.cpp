@@ -199,8 +199,11 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
                        fmt::format("The body is larger than {} bytes.", kMaxBody),
                        {}};
       } else if (ec == bh::error::header_limit) {  // 431 as on the client listener (RFC 6585 §5)
-        e = AdminError{
-            431, "invalid_request_error", {}, fmt::format("The request head is larger than {} bytes.", kMaxHeader), {}};
+        e = AdminError{431,
+                       "invalid_request_error",
+                       "request_header_too_large",
+                       fmt::format("The request head is larger than {} bytes.", kMaxHeader),
+                       {}};
       } else if (ec == bh::error::buffer_overflow || ext_over) {
         e = admin_bad_request(
             "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "

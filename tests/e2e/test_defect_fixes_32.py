@@ -171,6 +171,7 @@ def test_a_kept_alive_connections_next_head_has_header_timeout(gw):
         t0 = time.monotonic()
         r = c.read_response("GET")
         assert r.status == 408
+        assert r.json()["error"]["code"] == "request_timeout", r.body   # as the admin listener's
         assert time.monotonic() - t0 < 5, time.monotonic() - t0
 
 

@@ -369,5 +369,6 @@ def test_oversized_head_is_431_on_both_listeners(stack, listener):
     path = "/health" if listener == "client" else "/ready"
     with RawConn(port) as c:
         c.send(request("GET", path, None, {"x-big": "a" * 70_000}))
-        assert_openai_error(c.read_response("GET"), 431)
+        err = assert_openai_error(c.read_response("GET"), 431)
+        assert err["code"] == "request_header_too_large", err   # the same code on both listeners
         assert c.closed_by_peer()

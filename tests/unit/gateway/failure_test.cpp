@@ -24,9 +24,12 @@ TEST(Failure, EveryKindMapsToOneStatusCodeAndSource) {
   using http::UpstreamFailure;
   const Row rows[] = {
       {"malformed head", read_error(ReadFailure::malformed, sc, "bad method"), 400, "", core::ErrorSource::client},
-      {"head too slow", read_error(ReadFailure::head_timeout, sc, ""), 408, "", core::ErrorSource::client},
-      {"body too slow", read_error(ReadFailure::body_timeout, sc, ""), 408, "", core::ErrorSource::client},
-      {"head too large", read_error(ReadFailure::head_too_large, sc, ""), 431, "", core::ErrorSource::client},
+      {"head too slow", read_error(ReadFailure::head_timeout, sc, ""), 408, "request_timeout",
+       core::ErrorSource::client},
+      {"body too slow", read_error(ReadFailure::body_timeout, sc, ""), 408, "request_timeout",
+       core::ErrorSource::client},
+      {"head too large", read_error(ReadFailure::head_too_large, sc, ""), 431, "request_header_too_large",
+       core::ErrorSource::client},
       {"body too large", read_error(ReadFailure::body_too_large, sc, ""), 413, "request_too_large",
        core::ErrorSource::client},
       {"left mid-body", read_error(ReadFailure::client_closed, sc, ""), 499, "client_closed_request",
