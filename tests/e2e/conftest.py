@@ -96,6 +96,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def connections_to(port: int) -> int:
+    """Established TCP connections whose remote port is `port` (this network namespace)."""
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            if parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
+                n += 1
+    return n
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.005,
                message: str = "condition") -> object:
     """Polls ``predicate`` until it returns a truthy value (returned) or ``timeout`` s pass."""

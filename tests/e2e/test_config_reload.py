@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import free_port, to_yaml, wait_until
+from conftest import connections_to, free_port, to_yaml, wait_until
 
 FAST = ("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "6")
 MSG = [{"role": "user", "content": "hello"}]
@@ -45,21 +45,6 @@ def sighup(w, expect: str = "success") -> None:
 
 def status(w, model: str, **kw) -> int:
     return httpx.post(w.v1 + "/chat/completions", json={"model": model, "messages": MSG, **kw}, timeout=10).status_code
-
-
-def connections_to(port: int) -> int:
-    """Established TCP connections whose remote port is `port` (this network namespace)."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = open(table).read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
-                n += 1
-    return n
 
 
 def two_pools(a, b=None) -> dict:

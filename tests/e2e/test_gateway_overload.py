@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import wait_until
+from conftest import connections_to, wait_until
 from httpwire import RawConn, request, sse_data
 
 MSG = [{"role": "user", "content": "hello"}]
@@ -220,24 +220,6 @@ def lowest_free_fd(pid: int) -> int:
     return next(i for i in range(len(used) + 1) if i not in used)
 
 
-def sockets_to(pid: int, port: int) -> int:
-    """How many of process `pid`'s descriptors are TCP sockets connected to 127.0.0.1:`port` (/proc/net/tcp)."""
-    inodes = set()
-    for n in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            link = os.readlink(f"/proc/{pid}/fd/{n}")
-        except OSError:
-            continue
-        if link.startswith("socket:["):
-            inodes.add(link[8:-1])
-    count = 0
-    for line in open("/proc/net/tcp").read().splitlines()[1:]:
-        f = line.split()
-        if int(f[2].rsplit(":", 1)[1], 16) == port and f[9] in inodes:
-            count += 1
-    return count
-
-
 def test_out_of_descriptors_is_the_gateways_503_and_never_held_against_the_endpoint(mock, weir):
     # Weir cannot open an upstream socket (EMFILE): a 503 of its own with Retry-After, the attempt in the
     # access log, and the endpoint neither ejected nor counted as refusing: the next request goes through.
@@ -250,7 +232,7 @@ def test_out_of_descriptors_is_the_gateways_503_and_never_held_against_the_endpo
     # The first request's upstream connection is closed (max_idle_per_endpoint 0) after its answer went out:
     # once it is gone, the descriptors below the limit set next stay taken.
     mock_port = int(m.base_url.rsplit(":", 1)[1].split("/")[0])
-    wait_until(lambda: sockets_to(pid, mock_port) == 0, message="the first upstream connection closed")
+    wait_until(lambda: connections_to(mock_port) == 0, message="the first upstream connection closed")
     soft, hard = resource.prlimit(pid, resource.RLIMIT_NOFILE)
     # Every descriptor below the limit is taken: the next socket(2) fails with EMFILE.
     resource.prlimit(pid, resource.RLIMIT_NOFILE, (lowest_free_fd(pid), hard))
