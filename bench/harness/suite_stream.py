@@ -42,7 +42,9 @@ def ttft_load(env: Env, c: int) -> Load:
     tokens). Concurrency 1: closed loop, one stream at a time. 16 and 64: open loop at the rate that keeps
     that many in flight (c / stream length), from the intended send time, as every open-loop run here."""
     short_s = (TTFT_MS + ITL_MS) / 1000.0
-    dur = 0.7 if env.smoke else (6.0 if c == 1 else 4.0)
+    # Concurrency 1 runs ~24 streams a second: 20 s gives ~490 first tokens a round, so its p99 is the fifth
+    # slowest (6 s gave ~150: the p99 was the second slowest, and moved by hundreds of µs between runs).
+    dur = 0.7 if env.smoke else (20.0 if c == 1 else 4.0)
     if c == 1:
         return Load(concurrency=1, duration=dur, warmup=0.3, payload="seed000", max_tokens=2, stream=True,
                     stall_ms=GAP_LIMIT_MS, timeout=30)

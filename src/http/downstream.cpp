@@ -22,6 +22,9 @@ namespace {
 // an open stream then holds no more than that (per-connection buffers are
 // most of a stream's memory).
 constexpr std::size_t kMonitorRead = 64;
+// Input buffer capacity a connection keeps after a request's body: a head and
+// a small body (most requests) fit, so their reads allocate nothing.
+constexpr std::size_t kKeepInput = 4096;
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
 // Room in the read buffer beyond server.max_header: one read (read_message
 // reads at most 64 KiB at a time).
@@ -130,6 +133,7 @@ void Downstream::release_request() {
 void Downstream::begin_request() {
   bytes_out_ = 0;
   chunked_ = http11();
+  ended_ = false;
 }
 
 Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
@@ -278,6 +282,9 @@ Task<bool> Downstream::read_body() {
   if (!parser_->is_done()) watchdog_.expires_after(sc_.body_timeout);
   auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false);
   watchdog_.disarm();
+  // A large body grew the input buffer (reads of up to 64 KiB): a kept-alive
+  // connection does not hold that between requests.
+  if (in_.size() == 0 && in_.capacity() > kKeepInput) in_.shrink_to_fit();
   if (!ec) co_return true;
   keep_alive_ = false;
   failure_ec_ = ec;
@@ -358,7 +365,8 @@ void Downstream::queue_body(std::string_view bytes) {
 }
 
 void Downstream::queue_end() {
-  if (chunked_) out_ += kLastChunk;
+  if (chunked_ && !ended_) out_ += kLastChunk;
+  ended_ = true;
 }
 
 void Downstream::flush() {
@@ -429,12 +437,13 @@ void Downstream::send_now(const std::array<std::string_view, N>& parts) {
 
 void Downstream::send(std::string_view raw) { send_now(std::array<std::string_view, 1>{raw}); }
 
-void Downstream::send_body(std::string_view bytes) {
+void Downstream::send_body(std::string_view bytes, bool last) {
   if (bytes.empty()) return;  // an empty chunk would end the body
   if (!chunked_) {
     send(bytes);
     return;
   }
+  ended_ = last;
   char size[20];
   const auto [end, ec] = std::to_chars(size, size + 16, bytes.size(), 16);
   (void)ec;
@@ -442,7 +451,7 @@ void Downstream::send_body(std::string_view bytes) {
   *p++ = '\r';
   *p++ = '\n';
   send_now(std::array<std::string_view, 3>{std::string_view(size, static_cast<std::size_t>(p - size)), bytes,
-                                           std::string_view("\r\n")});
+                                           last ? std::string_view("\r\n0\r\n\r\n") : std::string_view("\r\n")});
 }
 
 void Downstream::start_write_loop() {

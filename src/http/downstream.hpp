@@ -173,7 +173,8 @@ class Downstream {
   // HTTP/1.1 client, as they are for HTTP/1.0 (its body ends at close).
   // Empty `bytes` queue nothing (an empty chunk would end the body).
   void queue_body(std::string_view bytes);
-  // Queues the last chunk (HTTP/1.1; nothing for HTTP/1.0).
+  // Queues the last chunk (HTTP/1.1; nothing for HTTP/1.0), unless
+  // send_body(bytes, /*last=*/true) sent it already.
   void queue_end();
   // Sends what is queued: at once if the socket takes it, the rest by a
   // write loop in the background (one write in flight at a time).
@@ -181,8 +182,10 @@ class Downstream {
   // queue(raw) + flush(), and queue_body(bytes) + flush(), without a copy
   // when nothing is queued and the socket takes it all (a client that keeps
   // up): a stream then keeps no output buffer of its own.
+  // `last`: nothing follows in this response, so the last chunk goes out in
+  // the same write (one send less per stream); queue_end() then adds nothing.
   void send(std::string_view raw);
-  void send_body(std::string_view bytes);
+  void send_body(std::string_view bytes, bool last = false);
   // Waits until the write loop is idle (all sent, or the client gone).
   Task<void> drain();
   bool writing() const { return writing_; }
@@ -261,6 +264,7 @@ class Downstream {
   bool idle_ = false;
   bool closed_ = false;
   bool chunked_ = true;
+  bool ended_ = false;  // the last chunk went out with the body (send_body last)
 
   bool reading_ = false;
   bool peer_gone_ = false;

@@ -112,14 +112,20 @@ inline unsigned int harvested_events(DescriptorState* d) {
 // (false after a read that drained it, until epoll reports it again).
 inline bool reads_try_at_once(DescriptorState* d) { return (d->*member(TrySpeculative{}))[ad::epoll_reactor::read_op]; }
 
+constexpr std::uint32_t kPeerClosed = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
+
+// note_drained() below, on the socket's reactor registration.
+inline void note_drained(DescriptorState* d) {
+  if ((d->*member(RegisteredEvents{})) == 0 || (harvested_events(d) & kPeerClosed)) return;
+  (d->*member(TrySpeculative{}))[ad::epoll_reactor::read_op] = false;
+}
+
 // The socket's reactor registration (protected in basic_socket; named
 // through a derived class, as the language allows).
 template <class Socket>
 struct SocketAccess : Socket {
   static auto& impl(Socket& s) { return (s.*&SocketAccess::impl_).get_implementation(); }
 };
-
-constexpr std::uint32_t kPeerClosed = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
 
 template <class Handler>
 class RecvOp : public ad::reactor_op {
@@ -249,6 +255,21 @@ bool quiet_since_drained(boost::asio::basic_stream_socket<Protocol, core::Execut
   auto& impl = edge_detail::SocketAccess<Socket>::impl(sock);
   if (impl.reactor_data_ == nullptr) return false;
   return !edge_detail::reads_try_at_once(impl.reactor_data_);
+}
+
+// Marks `sock` drained after a recv of the caller's own (sock.read_some on the
+// non-blocking socket) returned fewer bytes than it asked for, as async_recv's
+// short read does: its next async_recv waits for epoll's next edge instead of
+// trying a recv that finds nothing. Not when the reactor's last harvest for
+// the socket showed a FIN or an error (the recv that returned the bytes does
+// not report it, and no further edge will: the next read must try at once).
+// No effect on a socket not registered with the reactor (as Asio's own
+// reads leave it).
+template <class Protocol>
+void note_drained(boost::asio::basic_stream_socket<Protocol, core::Executor>& sock) {
+  using Socket = boost::asio::basic_stream_socket<Protocol, core::Executor>;
+  auto& impl = edge_detail::SocketAccess<Socket>::impl(sock);
+  if (impl.reactor_data_ != nullptr) edge_detail::note_drained(impl.reactor_data_);
 }
 
 // Reads up to b.size() bytes from `sock` (a plain TCP socket of a worker's

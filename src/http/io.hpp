@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <cstdint>
 #include <tuple>
 #include <type_traits>
 
@@ -86,7 +87,16 @@ inline bool head_buffered(const boost::beast::flat_buffer& buf) {
 // only while bytes are flowing (something was buffered on entry, or the last
 // recv filled its buffer); otherwise, and when that recv finds the socket
 // empty, async_read_some waits for readiness. A read takes the buffer's free
-// capacity, at least `min_read` bytes (Beast's 512 by default) and at most 64 KiB.
+// capacity and at least `min_read` bytes (Beast's 512 by default); at least
+// twice the last read when that one filled its buffer (bytes keep coming);
+// and, for a body of known length, what is still missing plus `min_read` (so
+// a 2 KB prompt is one recv, not five of 512 bytes, and a read that returns
+// less than asked shows the socket drained); at most 64 KiB.
+//
+// A plain socket's read that returns less than asked marks it drained
+// (note_drained, http/edge_recv.hpp), whether it came through async_recv or
+// the recv tried at once, so the connection's next async_recv waits for
+// epoll's next edge instead of trying a recv that finds nothing.
 //
 // `Stream` is the Socket, or a TLS stream over one (asio::ssl::stream):
 // that one is read only through its async_read_some (OpenSSL buffers
@@ -108,7 +118,9 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
   namespace bh = boost::beast::http;
   using boost::system::error_code;
   const auto complete = [&] { return until_head ? parser.is_header_done() : parser.is_done(); };
+  constexpr std::size_t kMaxRead = 65536;
   std::size_t used = 0;
+  std::size_t floor = min_read;
   bool try_now = buf.size() > 0;
   for (;;) {
     if (complete()) co_return std::tuple{error_code{}, used};
@@ -135,8 +147,12 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
       if (n > 0 && buf.size() > 0) continue;
     }
     if (buf.size() >= buf.max_size()) co_return std::tuple{error_code(bh::error::buffer_overflow), used};
-    const std::size_t want =
-        std::min(std::clamp<std::size_t>(buf.capacity() - buf.size(), min_read, 65536), buf.max_size() - buf.size());
+    std::size_t want = std::max(buf.capacity() - buf.size(), floor);
+    if (!until_head && parser.is_header_done() && !parser.chunked()) {
+      if (const auto left = parser.content_length_remaining(); left && *left > buf.size())
+        want = std::max<std::uint64_t>(want, std::min<std::uint64_t>(*left - buf.size() + min_read, kMaxRead));
+    }
+    want = std::min({want, kMaxRead, buf.max_size() - buf.size()});
     error_code ec;
     std::size_t n = 0;
     constexpr bool plain = std::is_same_v<Stream, Socket>;
@@ -166,6 +182,11 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
     if (ec) co_return std::tuple{ec, used};
     buf.commit(n);
     try_now = n == want;
+    if (try_now) {
+      floor = std::min(kMaxRead, want * 2);
+    } else if constexpr (plain) {
+      note_drained(sock);  // (async_recv marked it already; the recv tried at once did not)
+    }
   }
 }
 

@@ -214,7 +214,9 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     // The stream's end ([DONE], or a translated stream's last event) goes
     // out in these bytes: its slot is free before the client reads them.
     if (ctx.hooks.done_relayed()) ctx.ticket.release_streams();
-    down_.send_body(events);
+    // After [DONE] nothing follows but the body's end (end_stream), which
+    // goes out with it; a translated stream may still add closing events.
+    down_.send_body(events, /*last=*/ctx.hooks.done_relayed() && !ctx.hooks.translating());
     if (s.first_read) {
       ctx.added_us += core::micros_between(t_read, core::now());
       s.first_read = false;

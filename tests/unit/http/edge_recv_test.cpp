@@ -198,6 +198,51 @@ TEST_F(HttpEdgeRecv, QuietSinceDrainedTellsWhetherEpollReportedAnythingAfterASho
   EXPECT_FALSE(quiet_since_drained(*sock)) << "a closed socket is not known to be anything";
 }
 
+// note_drained: a short recv of the caller's own (read_message's recv tried
+// at once) marks the socket drained as async_recv's would, so the next
+// async_recv waits for the next edge, and still sees what comes later; but a
+// FIN the reactor harvested with the bytes keeps the next read trying at once.
+TEST_F(HttpEdgeRecv, NoteDrainedAfterAShortReadOfTheCallersOwn) {
+  char buf[64];
+  std::optional<std::size_t> got;
+  error_code got_ec;
+  auto on_read = [&](error_code ec, std::size_t n) {
+    got_ec = ec;
+    got = n;
+  };
+  // A first read that fills its buffer registers the socket: not known drained.
+  peer.send(std::string(8, 'x'));
+  async_recv(*sock, asio::buffer(buf, 8), on_read);
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  EXPECT_FALSE(quiet_since_drained(*sock));
+
+  auto guard = asio::make_work_guard(io);
+  peer.send("tail");
+  error_code ec;
+  EXPECT_EQ(sock->read_some(asio::buffer(buf), ec), 4u);
+  note_drained(*sock);
+  EXPECT_TRUE(quiet_since_drained(*sock)) << "a short read of the caller's own drained it";
+  got.reset();
+  async_recv(*sock, asio::buffer(buf), on_read);
+  test::settle(io);
+  EXPECT_FALSE(got.has_value()) << "nothing arrived: the read waits";
+  peer.send("more");
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); }));
+  EXPECT_EQ(std::string(buf, *got), "more");
+
+  // The last bytes and the FIN, harvested together before the caller's recv.
+  peer.send("last");
+  peer.sock.shutdown(asio::socket_base::shutdown_send);
+  ASSERT_TRUE(run_until(io, [&] { return !quiet_since_drained(*sock); }));
+  EXPECT_EQ(sock->read_some(asio::buffer(buf), ec), 4u);
+  note_drained(*sock);
+  EXPECT_FALSE(quiet_since_drained(*sock)) << "the FIN came with the bytes: no later edge will report it";
+  got.reset();
+  async_recv(*sock, asio::buffer(buf), on_read);
+  ASSERT_TRUE(run_until(io, [&] { return got.has_value(); })) << "the EOF behind the last bytes was lost";
+  EXPECT_EQ(got_ec, asio::error::eof);
+}
+
 // async_recv_drained queues on a drained socket without re-arming it (no
 // epoll_ctl, no writability wake-up): it must still see every later arrival.
 // The socket is registered for writability first (a write that waited), as
