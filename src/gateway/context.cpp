@@ -58,6 +58,7 @@ void RequestContext::reset() {
   resume.reset();
   status = 0;
   has_error = false;
+  error_status = 0;
   error_source = core::ErrorSource::internal;
   error_code.clear();
   has_usage = false;

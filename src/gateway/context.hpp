@@ -249,6 +249,7 @@ struct RequestContext {
   // --- outcome (log) ---
   int status = 0;  // status sent to the client (499 = client left first)
   bool has_error = false;
+  int error_status = 0;  // the status of the error Weir answered with (its own 502 may go out as a 499)
   core::ErrorSource error_source = core::ErrorSource::internal;
   std::string error_code;  // OpenAI error.code or a Weir reason
   bool has_usage = false;
@@ -274,6 +275,7 @@ struct RequestContext {
   // Records `e` as this request's error (the access log's `error`).
   void set_error(const core::Error& e) {
     has_error = true;
+    error_status = e.status;
     error_source = e.source;
     error_code.assign(e.code.empty() ? e.type : e.code);
   }

@@ -461,6 +461,9 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   const bool head_request = req.method() == bh::verb::head;
   const bool anthropic = pc.type == core::UpstreamType::anthropic;
   ctx.source = &exchange_;
+  // A head of an earlier target's attempt (a stream that broke before its
+  // first token, failed over) is not this one's: settle() charges by it.
+  if (!ctx.committed) ctx.upstream_status = 0;
 
   auto now = core::now();
   if (core::passed(ctx.deadline, now)) {

@@ -1,0 +1,194 @@
+"""Defects found in stop 37: a request charged by the head of an earlier target's attempt, and request
+bodies read 512 bytes at a time (every body still arrives whole, at every size and framing)."""
+from __future__ import annotations
+
+import hashlib
+import json
+import socket
+import time
+
+import httpx
+import openai
+import pytest
+
+from test_defect_fixes import RawUpstream
+
+KEY = "sk-test-37-charge-0123456789"
+
+
+def sse_head_then_nothing(headers, body) -> bytes:
+    # A 2xx stream head and an empty body: the stream ends before its first token (no [DONE]).
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n"
+
+
+
+
+def test_a_client_that_leaves_a_failed_over_stream_is_not_charged_by_the_first_targets_head(module_weir):
+    # Target 1 answered 200 and broke before any event (fail over: nothing reached the client);
+    # the client left while target 2 had not answered. No upstream did work the client got: the
+    # request (a 499) is charged nothing, as the same request on target 2 alone would be. (The
+    # first target's 200 was kept as the request's upstream status, and charged the prompt.)
+    seen_second = []
+
+    def never_answers(headers, body):
+        seen_second.append(headers.get("x-request-id"))
+        time.sleep(3)
+        return None
+
+    first, second = RawUpstream(sse_head_then_nothing), RawUpstream(never_answers)
+    w = module_weir(config={
+        "pools": {"a": {"endpoints": [first.url]}, "b": {"endpoints": [second.url]}},
+        "models": {"m": {"pool": "a", "fallbacks": [{"pool": "b"}]}},
+        "pricing": {"*": {"input": 1000.0, "output": 1000.0}},
+        "tenants": {"t": {"budget": {"usd": 100, "period": "24h"}}},
+        "auth": {"required": True, "api_keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                                                 "tenant": "t"}]}}, workers=1)
+    try:
+        hdrs = {"authorization": f"Bearer {KEY}", "x-request-id": "fo-499"}
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi " * 200}]}
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(w.v1 + "/chat/completions", json=body, timeout=httpx.Timeout(5, read=0.8), headers=hdrs)
+        line = w.log_for("fo-499")
+        assert line["status"] == 499, line
+        assert seen_second == ["fo-499"], "the request did not fail over to the second target"
+        assert [a.get("failure") for a in line.get("attempts", [])][:1] == ["protocol"], line
+        assert not line.get("spend_usd"), line
+    finally:
+        first.close()
+        second.close()
+
+
+def test_an_event_stream_with_an_empty_body_is_no_answer(module_weir, module_mock):
+    # A 200 text/event-stream whose body is empty (Content-Length: 0, or the last chunk at once) has
+    # no event and no [DONE]: it was relayed as an empty 200, logged as a success. It is a stream
+    # that broke before its first byte: 502 alone, the fallback's answer with one.
+    empties = [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"]
+    ups = [RawUpstream(lambda headers, body, data=data: data) for data in empties]
+    backup = module_mock("--any-model", "--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    pools = {f"e{i}": {"endpoints": [up.url]} for i, up in enumerate(ups)} | {"b": {"endpoints": [backup.base_url]}}
+    models = {f"alone{i}": {"pool": f"e{i}"} for i in range(len(ups))}
+    models |= {f"fb{i}": {"pool": f"e{i}", "fallbacks": [{"pool": "b"}]} for i in range(len(ups))}
+    w = module_weir(config={"pools": pools, "models": models}, workers=1)
+    try:
+        client = openai.OpenAI(base_url=w.v1, api_key="x", max_retries=0)
+        for i in range(len(ups)):
+            for stream in (True, False):
+                with pytest.raises(openai.APIStatusError) as e:
+                    r = client.chat.completions.create(model=f"alone{i}", stream=stream, max_tokens=2,
+                                                       messages=[{"role": "user", "content": "hi"}])
+                    list(r) if stream else r
+                assert e.value.status_code == 502, e.value
+                assert e.value.body["code"] == "upstream_unavailable", e.value.body
+                chunks = client.chat.completions.create(model=f"fb{i}", stream=True, max_tokens=2,
+                                                        messages=[{"role": "user", "content": "hi"}])
+                assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices), "no tokens"
+        assert (w.metric("weir_upstream_failures_total") or 0) >= 2 * len(ups)
+    finally:
+        for up in ups:
+            up.close()
+
+
+def echo_length(headers, body) -> bytes:
+    # A chat.completion whose content is the body's length and SHA-256 as the upstream received it.
+    msg = f"{len(body)}:{hashlib.sha256(body).hexdigest()}"
+    out = json.dumps({"id": "chatcmpl-37", "object": "chat.completion", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": msg},
+                                   "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(out) + out
+
+
+@pytest.fixture(scope="module")
+def echo(module_weir):
+    up = RawUpstream(echo_length)
+    w = module_weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p",
+                            "server": {"max_body": "8MiB"}}, workers=1)
+    yield w
+    up.close()
+
+
+def chat_body(n: int) -> bytes:
+    head = b'{"model":"m","messages":[{"role":"user","content":"'
+    tail = b'"}]}'
+    return head + b"x" * (n - len(head) - len(tail)) + tail
+
+
+def read_answers(s: socket.socket, n: int) -> list[bytes]:
+    """Reads `n` Content-Length answers from `s`, each as its status line, CRLF, body."""
+    out, buf = [], b""
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            got = s.recv(65536)
+            assert got, f"closed after {len(out)} answers"
+            buf += got
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                      if line.lower().startswith(b"content-length:"))
+        while len(buf) < length:
+            got = s.recv(65536)
+            assert got, "closed mid-body"
+            buf += got
+        out.append(head.split(b"\r\n")[0] + b"\r\n" + buf[:length])
+        buf = buf[length:]
+    return out
+
+
+def raw_exchange(port: int, requests: list[bytes]) -> list[bytes]:
+    """Sends every request on one connection at once (pipelined), then reads the answers in order."""
+    s = socket.create_connection(("127.0.0.1", port), timeout=20)
+    try:
+        s.sendall(b"".join(requests))
+        return read_answers(s, len(requests))
+    finally:
+        s.close()
+
+
+def echoed(answer: bytes) -> str:
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]
+    return json.loads(answer.split(b"\r\n", 1)[1])["choices"][0]["message"]["content"]
+
+
+def digest(body: bytes) -> str:
+    return f"{len(body)}:{hashlib.sha256(body).hexdigest()}"
+
+
+def post(body: bytes, chunked: bool = False, piece: int = 0) -> bytes:
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    if not chunked:
+        return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
+    step = piece or len(body)
+    chunks = b"".join(b"%x\r\n" % len(body[i:i + step]) + body[i:i + step] + b"\r\n" for i in range(0, len(body), step))
+    return head + b"Transfer-Encoding: chunked\r\n\r\n" + chunks + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("size", [300, 2_300, 32_769, 70_000, 1 << 20, 3_900_000])
+def test_bodies_of_every_size_reach_the_upstream_whole_on_a_kept_alive_connection(echo, size):
+    # Reads are sized by what the body still lacks (up to 64 KiB): each of several bodies in a row,
+    # pipelined on one connection, reaches the upstream byte for byte, and the next request's head,
+    # read together with the last bytes of a body, is still served.
+    bodies = [chat_body(size), chat_body(size + 1), chat_body(301)]
+    answers = raw_exchange(echo.port, [post(b) for b in bodies])
+    assert [echoed(a) for a in answers] == [digest(b) for b in bodies]
+
+
+@pytest.mark.parametrize("piece", [0, 1000, 70_000])
+def test_a_chunked_body_reaches_the_upstream_whole(echo, piece):
+    body = chat_body(1 << 20)
+    (a,) = raw_exchange(echo.port, [post(body, chunked=True, piece=piece)])
+    assert echoed(a) == digest(body)
+
+
+def test_a_body_that_arrives_in_small_pieces_is_read_whole(echo):
+    bodies = [chat_body(5_000), chat_body(40_000)]
+    s = socket.create_connection(("127.0.0.1", echo.port), timeout=20)
+    try:
+        for b in bodies:
+            req = post(b)
+            for i in range(0, len(req), 700):
+                s.sendall(req[i:i + 700])
+                time.sleep(0.001)
+            (a,) = read_answers(s, 1)
+            assert echoed(a) == digest(b)
+    finally:
+        s.close()
