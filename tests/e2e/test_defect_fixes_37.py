@@ -1,17 +1,23 @@
-"""Defects found in stop 37: a request charged by the head of an earlier target's attempt, and request
+"""Defects found in stop 37 (a review, then a black-box round against it): streams that end before their first
+content event (an empty event stream passed as an empty 200; a translated route that never failed over; a fallback
+sent stream_options on a stream:false body), charging by an earlier target's head or an in-band error, and request
 bodies read 512 bytes at a time (every body still arrives whole, at every size and framing)."""
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import socket
+import socketserver
+import threading
 import time
 
+import anthropic
 import httpx
 import openai
 import pytest
 
-from test_defect_fixes import RawUpstream
+from test_defect_fixes import RawUpstream, _Server
 
 KEY = "sk-test-37-charge-0123456789"
 
@@ -192,3 +198,138 @@ def test_a_body_that_arrives_in_small_pieces_is_read_whole(echo):
             assert echoed(a) == digest(b)
     finally:
         s.close()
+
+
+# --- streams that end before their first content event -------------------------------------------------------
+
+SSE_CHUNKED = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def chunk(b: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(b), b)
+
+
+EMPTY = gzip.compress(b"")
+SCENARIOS = {
+    # comments only, then the body's end: no event at all
+    "comment_only": [SSE_CHUNKED + chunk(b": ping\n\n") + b"0\r\n\r\n"],
+    # a head with no length, then a close
+    "empty_close": [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n", 0.1],
+    # the body's end in a later read
+    "chunk0_slow": [SSE_CHUNKED, 0.2, b"0\r\n\r\n"],
+    # [DONE] and nothing before it
+    "done_only": [SSE_CHUNKED + chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"],
+    # an event stream in gzip that decodes to nothing
+    "gzip_empty": [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
+                   b"Content-Length: %d\r\n\r\n" % len(EMPTY) + EMPTY],
+}
+
+
+class Scripted:
+    """An upstream that answers each request with the steps of the scenario its model names ("fb-X" is X's):
+    bytes sent as they are, pauses in seconds, then a close."""
+
+    def __init__(self):
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                sock: socket.socket = self.request
+                buf = b""
+                while b"\r\n\r\n" not in buf:
+                    got = sock.recv(65536)
+                    if not got:
+                        return
+                    buf += got
+                head, body = buf.split(b"\r\n\r\n", 1)
+                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                while len(body) < length:
+                    body += sock.recv(65536)
+                model = json.loads(body)["model"].removeprefix("fb-")
+                for step in SCENARIOS[model]:
+                    if isinstance(step, float):
+                        time.sleep(step)
+                    else:
+                        sock.sendall(step)
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture(scope="module")
+def scripted(module_weir, module_mock):
+    up = Scripted()
+    backup = module_mock("--any-model", "--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "3")
+    models = {name: {"pool": "s"} for name in SCENARIOS}
+    models |= {f"fb-{name}": {"pool": "s", "fallbacks": [{"pool": "b", "upstream_model": "mock-model"}]}
+               for name in SCENARIOS}
+    w = module_weir(config={
+        "pools": {"s": {"endpoints": [up.url], "max_idle_per_endpoint": 0}, "b": {"endpoints": [backup.base_url]}},
+        "models": models,
+        "pricing": {"*": {"input": 1000.0, "output": 1000.0}},
+        "tenants": {"t": {"budget": {"usd": 100, "period": "24h"}}},
+        "auth": {"required": True, "api_keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                                                 "tenant": "t"}]}}, workers=1)
+    yield w
+    up.close()
+
+
+@pytest.mark.parametrize("scenario", ["comment_only", "empty_close", "chunk0_slow"])
+def test_a_non_streamed_request_fails_over_an_empty_stream_as_a_non_streamed_request(scripted, scenario):
+    # The first target streamed (no event) to a stream:false request; the fallback was then asked for
+    # stream_options with stream still false, which vLLM (and the mock) refuse with a 400.
+    client = openai.OpenAI(base_url=scripted.v1, api_key=KEY, max_retries=0)
+    r = client.chat.completions.create(model=f"fb-{scenario}", max_tokens=3, stream=False,
+                                       messages=[{"role": "user", "content": "hi"}],
+                                       extra_headers={"x-request-id": f"d1-{scenario}"})
+    assert r.choices[0].message.content and r.usage.completion_tokens == 3, r
+    line = scripted.log_for(f"d1-{scenario}")
+    assert line["status"] == 200 and [a["failure"] for a in line["attempts"]] == ["protocol", None], line
+
+
+@pytest.mark.parametrize("scenario", ["comment_only", "empty_close", "chunk0_slow", "done_only"])
+def test_a_translated_stream_that_ends_before_its_first_content_fails_over(scripted, scenario):
+    # /v1/chat/completions held the head and failed over; /v1/messages and /v1/responses relayed the
+    # first target's head and ended in the translation's error, with no fallback tried.
+    client = anthropic.Anthropic(base_url=scripted.base_url, api_key=KEY, max_retries=0)
+    with client.messages.stream(model=f"fb-{scenario}", max_tokens=3, messages=[{"role": "user", "content": "hi"}],
+                                extra_headers={"x-request-id": f"d2m-{scenario}"}) as s:
+        final = s.get_final_message()
+    assert final.content[0].text and final.stop_reason in ("end_turn", "max_tokens"), final
+    line = scripted.log_for(f"d2m-{scenario}")
+    assert line["status"] == 200 and [a["failure"] for a in line["attempts"]] == ["protocol", None], line
+    r = httpx.post(scripted.v1 + "/responses", timeout=10,
+                   headers={"authorization": f"Bearer {KEY}", "x-request-id": f"d2r-{scenario}"},
+                   json={"model": f"fb-{scenario}", "input": "hi", "max_output_tokens": 3, "stream": True})
+    assert r.status_code == 200 and "event: response.completed" in r.text, r.text[-400:]
+    assert "response.failed" not in r.text
+
+
+def test_an_event_stream_that_decodes_to_nothing_is_no_answer(scripted):
+    client = openai.OpenAI(base_url=scripted.v1, api_key=KEY, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as e:
+        list(client.chat.completions.create(model="gzip_empty", max_tokens=3, stream=True,
+                                            messages=[{"role": "user", "content": "hi"}]))
+    assert e.value.status_code == 502, e.value
+    chunks = client.chat.completions.create(model="fb-gzip_empty", max_tokens=3, stream=True,
+                                            messages=[{"role": "user", "content": "hi"}])
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+@pytest.mark.parametrize("scenario", ["empty_close", "chunk0_slow"])
+def test_a_stream_that_ends_before_its_first_content_is_not_charged(scripted, scenario):
+    # Alone (no fallback): only the head and the in-band error reach the client, as Content-Length: 0
+    # gives a 502; neither is charged (the estimate was charged when the end came in a later read).
+    rid = f"d5-{scenario}"
+    r = httpx.post(scripted.v1 + "/chat/completions", timeout=10,
+                   headers={"authorization": f"Bearer {KEY}", "x-request-id": rid},
+                   json={"model": scenario, "stream": True, "max_tokens": 3,
+                         "messages": [{"role": "user", "content": "hi " * 100}]})
+    assert '"code":"upstream_unavailable"' in r.text, r.text
+    line = scripted.log_for(rid)
+    assert line["error"]["code"] == "upstream_unavailable", line
+    assert not line.get("spend_usd"), line

@@ -111,8 +111,7 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
 
 core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   batching::BatchMember& m = *member_;
-  ctx.source = &m;                              // a client that leaves now leaves the batch (on_client_gone)
-  if (!ctx.committed) ctx.upstream_status = 0;  // (an earlier target's head: see attempt_pool)
+  ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
   const bool ok = co_await m.wait_head();
   const auto now = core::now();
   ctx.endpoint = m.endpoint();

@@ -108,7 +108,9 @@ void GatewayPhases::settle(RequestContext& ctx) {
       u = ctx.usage;
     } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300 &&
                (ctx.committed || (ctx.has_error ? ctx.error_status : ctx.status) < 500 ||
-                ctx.cutoff == RequestContext::Cutoff::deadline)) {
+                ctx.cutoff == RequestContext::Cutoff::deadline) &&
+               !(ctx.stream && ctx.t_first_token == core::TimePoint{} && ctx.has_error &&
+                 ctx.error_source == core::ErrorSource::upstream && ctx.cutoff != RequestContext::Cutoff::deadline)) {
       // No usage, but the upstream accepted the request and worked on it
       // (the client left mid-stream, or the stream broke): charge the prompt
       // as estimated and one token per content event relayed. An upstream
@@ -116,7 +118,9 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // nor is an answer Weir refused with a 5xx of its own before any of it
       // reached the client (no whole JSON object, a coding it cannot
       // decode, a body that broke or timed out): the client got nothing,
-      // even when it left while that 5xx was being written (logged 499).
+      // even when it left while that 5xx was being written (logged 499);
+      // nor a stream the upstream broke or ended before its first content
+      // event (only its head and an in-band error reached the client).
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
       u.prompt_tokens = ctx.prompt_tokens_estimate;

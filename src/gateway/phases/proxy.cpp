@@ -94,6 +94,13 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.target.upstream_model = fb.upstream_model;
   ctx.pool = static_cast<int>(fb.pool);
   ctx.endpoint = -1;
+  // Nothing of the failed target reached the client (a fail-over happens
+  // only then): what its answer was is not the request's. Its 2xx head is no
+  // head of this request's (settle() charges by it), and a stream it sent a
+  // non-streamed request does not make the fallback's request a stream
+  // (stream_options on a stream:false body is a 400 from vLLM).
+  ctx.upstream_status = 0;
+  ctx.stream = ctx.fields.stream;
   ++ctx.retries;
   ++w_.metrics().upstream_fallbacks;
 }
@@ -461,9 +468,6 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   const bool head_request = req.method() == bh::verb::head;
   const bool anthropic = pc.type == core::UpstreamType::anthropic;
   ctx.source = &exchange_;
-  // A head of an earlier target's attempt (a stream that broke before its
-  // first token, failed over) is not this one's: settle() charges by it.
-  if (!ctx.committed) ctx.upstream_status = 0;
 
   auto now = core::now();
   if (core::passed(ctx.deadline, now)) {

@@ -191,12 +191,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       }
     }
   }
-  // A 2xx event stream with an empty body (Content-Length: 0, or its last
-  // chunk at once) has no event and no end: a stream that broke before its
-  // first byte, as one the upstream closes there (respond_stream). It fails
-  // over while a fallback is left, else 502, and is charged nothing. (An
-  // empty JSON answer stays an empty 200: the upstream's word.)
-  if (status >= 200 && status < 300 && status != 204 && body.empty() && req.method() != bh::verb::head &&
+  // A 2xx event stream with an empty body (Content-Length: 0, its last
+  // chunk at once, or a coding that decodes to nothing) has no event and no
+  // end: a stream that broke before its first byte, as one the upstream
+  // closes there (respond_stream). It fails over while a fallback is left,
+  // else 502, and is charged nothing. (An empty JSON answer stays an empty
+  // 200: the upstream's word.)
+  if (status >= 200 && status < 300 && status != 204 && plain.empty() && req.method() != bh::verb::head &&
       http::is_event_stream(http::first_field(head, bh::field::content_type)))
     co_return no_answer(ctx, upstream_stream_incomplete(subject(ctx)));
   // A UTF-8 BOM before the JSON (RFC 8259 §8.1: a parser may ignore it) is

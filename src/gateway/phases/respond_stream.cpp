@@ -194,7 +194,10 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   }
   if (ctx.hold_head && !ctx.committed) {
     // (A body that ended without its [DONE] is no whole stream: it fails over below.)
-    const bool whole = r.end && (ctx.hooks.done_relayed() || !done_expected(ctx));
+    // (A translated one that ended before its first content event has only
+    // its translation's error to give: it fails over too, in end_stream.)
+    const bool whole =
+        r.end && (ctx.hooks.done_relayed() || !done_expected(ctx)) && !(ctx.hooks.translating() && s.holding);
     if (s.failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!s.holding || whole)) {
       // The first content event (or the whole stream) is here: commit, with what was held before it.
       send_stream_head(ctx, src);
@@ -257,8 +260,13 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   // was cut short, even after its finish_reason and usage. It is a broken
   // stream (failure `protocol`), as a reset mid-stream is: the in-band error,
   // a fallback while nothing was sent, or, with resume on, a resume.
-  const bool incomplete = failure == http::UpstreamFailure::none && !s.cut_off && !ctx.hooks.done_relayed() &&
-                          !down_.client_gone() && done_expected(ctx);
+  // A held stream in a translated dialect (Anthropic, Responses) that ended
+  // before its first content event, [DONE] or not, is as incomplete: its
+  // translation could give the client only an error (no message, no
+  // response), and a fallback may give an answer.
+  const bool held_empty = ctx.hooks.translating() && s.holding && !ctx.committed;
+  const bool incomplete = failure == http::UpstreamFailure::none && !s.cut_off && !down_.client_gone() &&
+                          ((!ctx.hooks.done_relayed() && done_expected(ctx)) || held_empty);
   if (incomplete) failure = http::UpstreamFailure::protocol;
   ctx.t_upstream_done = core::now();
   --metrics.active_streams;
