@@ -59,6 +59,7 @@ void RequestContext::reset() {
   status = 0;
   has_error = false;
   error_status = 0;
+  empty_answer = false;
   error_source = core::ErrorSource::internal;
   error_code.clear();
   has_usage = false;

@@ -77,7 +77,8 @@ class _Server(socketserver.ThreadingTCPServer):
 
 class RawUpstream:
     """An HTTP/1.1 upstream on a free port: each request (keep-alive) gets the bytes
-    ``answer(headers, body)`` returns (headers: lowercased names); None closes the connection."""
+    ``answer(headers, body)`` returns (headers: lowercased names); None closes the connection.
+    A list is a script: its bytes are sent in turn, a float pauses that many seconds, None closes."""
 
     def __init__(self, answer):
         self.answer = answer
@@ -106,9 +107,13 @@ class RawUpstream:
                         buf += got
                     body, buf = buf[:length], buf[length:]
                     out = outer.answer(headers, body)
-                    if out is None:
-                        return
-                    sock.sendall(out)
+                    for step in out if isinstance(out, list) else [out]:
+                        if step is None:
+                            return
+                        if isinstance(step, float):
+                            time.sleep(step)
+                        else:
+                            sock.sendall(step)
 
         self.server = _Server(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.server.serve_forever, daemon=True).start()

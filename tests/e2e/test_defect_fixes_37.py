@@ -8,8 +8,6 @@ import gzip
 import hashlib
 import json
 import socket
-import socketserver
-import threading
 import time
 
 import anthropic
@@ -17,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from test_defect_fixes import RawUpstream, _Server
+from test_defect_fixes import RawUpstream
 
 KEY = "sk-test-37-charge-0123456789"
 
@@ -222,47 +220,16 @@ SCENARIOS = {
     # an event stream in gzip that decodes to nothing
     "gzip_empty": [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
                    b"Content-Length: %d\r\n\r\n" % len(EMPTY) + EMPTY],
+    # empty answers that are not streams: passed as they came
+    "json_empty": [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n"],
+    "no_content": [b"HTTP/1.1 204 No Content\r\n\r\n"],
 }
-
-
-class Scripted:
-    """An upstream that answers each request with the steps of the scenario its model names ("fb-X" is X's):
-    bytes sent as they are, pauses in seconds, then a close."""
-
-    def __init__(self):
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self):
-                sock: socket.socket = self.request
-                buf = b""
-                while b"\r\n\r\n" not in buf:
-                    got = sock.recv(65536)
-                    if not got:
-                        return
-                    buf += got
-                head, body = buf.split(b"\r\n\r\n", 1)
-                length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                              if line.lower().startswith(b"content-length:"))
-                while len(body) < length:
-                    body += sock.recv(65536)
-                model = json.loads(body)["model"].removeprefix("fb-")
-                for step in SCENARIOS[model]:
-                    if isinstance(step, float):
-                        time.sleep(step)
-                    else:
-                        sock.sendall(step)
-
-        self.server = _Server(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
 
 
 @pytest.fixture(scope="module")
 def scripted(module_weir, module_mock):
-    up = Scripted()
+    # Each request gets the steps of the scenario its model names ("fb-X" is X's), then a close.
+    up = RawUpstream(lambda headers, body: SCENARIOS[json.loads(body)["model"].removeprefix("fb-")] + [None])
     backup = module_mock("--any-model", "--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "3")
     models = {name: {"pool": "s"} for name in SCENARIOS}
     models |= {f"fb-{name}": {"pool": "s", "fallbacks": [{"pool": "b", "upstream_model": "mock-model"}]}
@@ -333,3 +300,17 @@ def test_a_stream_that_ends_before_its_first_content_is_not_charged(scripted, sc
     line = scripted.log_for(rid)
     assert line["error"]["code"] == "upstream_unavailable", line
     assert not line.get("spend_usd"), line
+
+
+@pytest.mark.parametrize("scenario,status", [("json_empty", 200), ("no_content", 204)])
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_empty_answer_passes_as_it_came_and_is_not_charged(scripted, scenario, status, stream):
+    # It carried no completion: it was charged the prompt estimate.
+    rid = f"empty-{scenario}-{stream}"
+    r = httpx.post(scripted.v1 + "/chat/completions", timeout=10,
+                   headers={"authorization": f"Bearer {KEY}", "x-request-id": rid},
+                   json={"model": scenario, "stream": stream, "max_tokens": 3,
+                         "messages": [{"role": "user", "content": "hi " * 100}]})
+    assert r.status_code == status and r.content == b"", (r.status_code, r.content)
+    line = scripted.log_for(rid)
+    assert line["status"] == status and not line.get("spend_usd"), line

@@ -109,6 +109,7 @@ void GatewayPhases::settle(RequestContext& ctx) {
     } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300 &&
                (ctx.committed || (ctx.has_error ? ctx.error_status : ctx.status) < 500 ||
                 ctx.cutoff == RequestContext::Cutoff::deadline) &&
+               !ctx.empty_answer &&
                !(ctx.stream && ctx.t_first_token == core::TimePoint{} && ctx.has_error &&
                  ctx.error_source == core::ErrorSource::upstream && ctx.cutoff != RequestContext::Cutoff::deadline)) {
       // No usage, but the upstream accepted the request and worked on it
@@ -120,7 +121,8 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // decode, a body that broke or timed out): the client got nothing,
       // even when it left while that 5xx was being written (logged 499);
       // nor a stream the upstream broke or ended before its first content
-      // event (only its head and an in-band error reached the client).
+      // event (only its head and an in-band error reached the client); nor
+      // an empty 2xx answer (a 204, an empty 200: no completion in it).
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
       u.prompt_tokens = ctx.prompt_tokens_estimate;

@@ -200,6 +200,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (status >= 200 && status < 300 && status != 204 && plain.empty() && req.method() != bh::verb::head &&
       http::is_event_stream(http::first_field(head, bh::field::content_type)))
     co_return no_answer(ctx, upstream_stream_incomplete(subject(ctx)));
+  // Any other empty 2xx (a 204, an empty JSON 200) passes as it came, and
+  // carried no completion: settle() charges it nothing.
+  ctx.empty_answer = status >= 200 && status < 300 && plain.empty();
   // A UTF-8 BOM before the JSON (RFC 8259 §8.1: a parser may ignore it) is
   // no part of what is read: usage and translation see the text after it
   // (the client's bytes keep it), so an answer it passes is counted.
