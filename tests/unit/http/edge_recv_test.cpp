@@ -42,6 +42,18 @@ class HttpEdgeRecv : public ::testing::Test {
     bool done = false;
   };
 
+  // A read's completion, as its handler (handler()) records it.
+  struct Completion {
+    std::optional<std::size_t> got;  // the bytes, once it completed
+    error_code ec;
+    auto handler() {
+      return [this](error_code e, std::size_t n) {
+        ec = e;
+        got = n;
+      };
+    }
+  };
+
   // Keeps one async_recv of `size` bytes in flight until an error ends the stream.
   void read_loop(Reads& r, std::size_t size) {
     auto buf = std::make_shared<std::vector<char>>(size);
@@ -204,12 +216,9 @@ TEST_F(HttpEdgeRecv, QuietSinceDrainedTellsWhetherEpollReportedAnythingAfterASho
 // FIN the reactor harvested with the bytes keeps the next read trying at once.
 TEST_F(HttpEdgeRecv, NoteDrainedAfterAShortReadOfTheCallersOwn) {
   char buf[64];
-  std::optional<std::size_t> got;
-  error_code got_ec;
-  auto on_read = [&](error_code ec, std::size_t n) {
-    got_ec = ec;
-    got = n;
-  };
+  Completion done;
+  auto& [got, got_ec] = done;
+  auto on_read = done.handler();
   // A first read that fills its buffer registers the socket: not known drained.
   peer.send(std::string(8, 'x'));
   async_recv(*sock, asio::buffer(buf, 8), on_read);
@@ -253,12 +262,9 @@ TEST_F(HttpEdgeRecv, ADrainedReadSeesBytesAndTheEndThatComeLater) {
   ASSERT_TRUE(run_until(io, [&] { return writable; }));
 
   char buf[64];
-  std::optional<std::size_t> got;
-  error_code got_ec;
-  auto on_read = [&](error_code ec, std::size_t n) {
-    got_ec = ec;
-    got = n;
-  };
+  Completion done;
+  auto& [got, got_ec] = done;
+  auto on_read = done.handler();
   // Drained by a short read of its own.
   peer.send("hello");
   async_recv(*sock, asio::buffer(buf), on_read);
