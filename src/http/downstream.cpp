@@ -353,8 +353,8 @@ void Downstream::on_gone() {
 }
 
 void Downstream::queue_body(std::string_view bytes) {
-  if (bytes.empty()) return;  // an empty chunk would end the body
-  if (chunked_) {             // one chunk (RFC 9112 §7.1)
+  if (bytes.empty() || ended_) return;  // an empty chunk would end the body; after its end nothing is the body's
+  if (chunked_) {                       // one chunk (RFC 9112 §7.1)
     append_hex(out_, bytes.size());
     out_ += "\r\n";
     out_ += bytes;
@@ -438,7 +438,7 @@ void Downstream::send_now(const std::array<std::string_view, N>& parts) {
 void Downstream::send(std::string_view raw) { send_now(std::array<std::string_view, 1>{raw}); }
 
 void Downstream::send_body(std::string_view bytes, bool last) {
-  if (bytes.empty()) return;  // an empty chunk would end the body
+  if (bytes.empty() || ended_) return;  // (as queue_body)
   if (!chunked_) {
     send(bytes);
     return;
