@@ -25,8 +25,6 @@ def sse_head_then_nothing(headers, body) -> bytes:
     return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: 0\r\n\r\n"
 
 
-
-
 def test_a_client_that_leaves_a_failed_over_stream_is_not_charged_by_the_first_targets_head(module_weir):
     # Target 1 answered 200 and broke before any event (fail over: nothing reached the client);
     # the client left while target 2 had not answered. No upstream did work the client got: the
@@ -220,6 +218,15 @@ SCENARIOS = {
     # an event stream in gzip that decodes to nothing
     "gzip_empty": [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Encoding: gzip\r\n"
                    b"Content-Length: %d\r\n\r\n" % len(EMPTY) + EMPTY],
+    # a role chunk and a usage chunk (50k / 50k tokens), then a close: no content
+    "usage_no_content": [SSE_CHUNKED + chunk(b'data: {"id":"c","object":"chat.completion.chunk","created":1,'
+                                             b'"model":"m","choices":[{"index":0,"delta":{"role":"assistant",'
+                                             b'"content":""},"finish_reason":null}]}\n\n')
+                         + chunk(b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+                                 b'"choices":[],"usage":{"prompt_tokens":50000,"completion_tokens":50000,'
+                                 b'"total_tokens":100000}}\n\n'), 0.05],
+    "status_500": [b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: 50"
+                   b"\r\n\r\n" + json.dumps({"error": {"message": "boom", "type": "x", "code": 500}}).encode()[:50]],
     # empty answers that are not streams: passed as they came
     "json_empty": [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n"],
     "no_content": [b"HTTP/1.1 204 No Content\r\n\r\n"],
@@ -234,6 +241,11 @@ def scripted(module_weir, module_mock):
     models = {name: {"pool": "s"} for name in SCENARIOS}
     models |= {f"fb-{name}": {"pool": "s", "fallbacks": [{"pool": "b", "upstream_model": "mock-model"}]}
                for name in SCENARIOS}
+    # A target that reports usage and breaks before content, then one that answers 500 or a stream.
+    models["usage-then-500"] = {"pool": "s", "upstream_model": "usage_no_content",
+                                "fallbacks": [{"pool": "s", "upstream_model": "status_500"}]}
+    models["usage-then-answer"] = {"pool": "s", "upstream_model": "usage_no_content",
+                                   "fallbacks": [{"pool": "b", "upstream_model": "mock-model"}]}
     w = module_weir(config={
         "pools": {"s": {"endpoints": [up.url], "max_idle_per_endpoint": 0}, "b": {"endpoints": [backup.base_url]}},
         "models": models,
@@ -314,3 +326,33 @@ def test_an_empty_answer_passes_as_it_came_and_is_not_charged(scripted, scenario
     assert r.status_code == status and r.content == b"", (r.status_code, r.content)
     line = scripted.log_for(rid)
     assert line["status"] == status and not line.get("spend_usd"), line
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_usage_of_a_failed_over_attempt_is_not_the_requests(scripted, stream):
+    # The first target's usage chunk (100k tokens) was kept after it failed over: a fallback that
+    # answered 500 left the request charged 100 USD, one that answered was charged for the first's tokens.
+    hdrs = {"authorization": f"Bearer {KEY}"}
+    body = {"stream": stream, "max_tokens": 3, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(scripted.v1 + "/chat/completions", timeout=10, headers=hdrs | {"x-request-id": f"u500-{stream}"},
+                   json=body | {"model": "usage-then-500"})
+    assert r.status_code in (500, 502), r.text
+    line = scripted.log_for(f"u500-{stream}")
+    assert not line.get("spend_usd") and not line.get("prompt_tokens"), line
+    r = httpx.post(scripted.v1 + "/chat/completions", timeout=10, headers=hdrs | {"x-request-id": f"uok-{stream}"},
+                   json=body | {"model": "usage-then-answer"})
+    assert r.status_code == 200, r.text
+    line = scripted.log_for(f"uok-{stream}")
+    assert line["status"] == 200 and 0 < line["spend_usd"] < 1, line
+    assert line.get("prompt_tokens", 0) < 1000, line
+
+
+def test_a_chat_stream_with_nothing_but_done_is_not_charged(scripted):
+    rid = "done-only-chat"
+    r = httpx.post(scripted.v1 + "/chat/completions", timeout=10,
+                   headers={"authorization": f"Bearer {KEY}", "x-request-id": rid},
+                   json={"model": "done_only", "stream": True, "max_tokens": 3,
+                         "messages": [{"role": "user", "content": "hi " * 100}]})
+    assert r.status_code == 200 and "data: [DONE]" in r.text, r.text
+    line = scripted.log_for(rid)
+    assert not line.get("spend_usd"), line

@@ -101,17 +101,34 @@ void GatewayPhases::count_upstream_failure(const RequestContext& ctx, http::Upst
         ctx.gen->endpoint_slot(static_cast<std::uint32_t>(ctx.pool), static_cast<std::uint32_t>(ctx.endpoint)), f);
 }
 
+namespace {
+
+// Whether a request that reported no usage is charged its prompt estimate
+// (settle(): the rule in words there).
+bool charge_estimate(const RequestContext& ctx) {
+  const bool deadline = ctx.cutoff == RequestContext::Cutoff::deadline;
+  // Content of a 2xx answer reached the client (a resumed stream's
+  // continuation may have answered 4xx/5xx since).
+  const bool delivered = ctx.stream && ctx.committed && ctx.t_first_token != core::TimePoint{};
+  const bool answered_2xx = ctx.upstream_status >= 200 && ctx.upstream_status < 300 &&
+                            (ctx.committed || (ctx.has_error ? ctx.error_status : ctx.status) < 500 || deadline);
+  if (!delivered && !answered_2xx) return false;
+  if (ctx.empty_answer) return false;
+  // A stream with no content event ([DONE] alone, or broken before its
+  // first token): charged only when the client left or its deadline cut a
+  // generation under way.
+  const bool client_left = ctx.has_error && ctx.error_source == core::ErrorSource::client;
+  return !(ctx.stream && ctx.t_first_token == core::TimePoint{} && !client_left && !deadline);
+}
+
+}  // namespace
+
 void GatewayPhases::settle(RequestContext& ctx) {
   if (ctx.principal && w_.admission()) {
     api::Usage u;
     if (ctx.has_usage) {
       u = ctx.usage;
-    } else if (ctx.upstream_status >= 200 && ctx.upstream_status < 300 &&
-               (ctx.committed || (ctx.has_error ? ctx.error_status : ctx.status) < 500 ||
-                ctx.cutoff == RequestContext::Cutoff::deadline) &&
-               !ctx.empty_answer &&
-               !(ctx.stream && ctx.t_first_token == core::TimePoint{} && ctx.has_error &&
-                 ctx.error_source == core::ErrorSource::upstream && ctx.cutoff != RequestContext::Cutoff::deadline)) {
+    } else if (charge_estimate(ctx)) {
       // No usage, but the upstream accepted the request and worked on it
       // (the client left mid-stream, or the stream broke): charge the prompt
       // as estimated and one token per content event relayed. An upstream
@@ -120,9 +137,12 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // reached the client (no whole JSON object, a coding it cannot
       // decode, a body that broke or timed out): the client got nothing,
       // even when it left while that 5xx was being written (logged 499);
-      // nor a stream the upstream broke or ended before its first content
-      // event (only its head and an in-band error reached the client); nor
-      // an empty 2xx answer (a 204, an empty 200: no completion in it).
+      // nor a stream with no content event the client did not leave (one
+      // the upstream broke before its first token, or [DONE] alone: only
+      // its head, and an in-band error, reached the client); nor an empty
+      // 2xx answer (a 204, an empty 200: no completion in it). A stream
+      // whose content reached the client is charged even when a resume's
+      // continuation then answered 4xx/5xx.
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
       u.prompt_tokens = ctx.prompt_tokens_estimate;

@@ -98,9 +98,12 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   // only then): what its answer was is not the request's. Its 2xx head is no
   // head of this request's (settle() charges by it), and a stream it sent a
   // non-streamed request does not make the fallback's request a stream
-  // (stream_options on a stream:false body is a 400 from vLLM).
+  // (stream_options on a stream:false body is a 400 from vLLM); nor is the
+  // usage it reported (a usage chunk before the stream broke) the answer's.
   ctx.upstream_status = 0;
   ctx.stream = ctx.fields.stream;
+  ctx.has_usage = false;
+  ctx.usage = {};
   ++ctx.retries;
   ++w_.metrics().upstream_fallbacks;
 }
