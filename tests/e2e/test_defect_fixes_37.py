@@ -356,3 +356,43 @@ def test_a_chat_stream_with_nothing_but_done_is_not_charged(scripted):
     assert r.status_code == 200 and "data: [DONE]" in r.text, r.text
     line = scripted.log_for(rid)
     assert not line.get("spend_usd"), line
+
+
+def content_chunk(delta: dict) -> bytes:
+    return chunk(b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                         "choices": [{"index": 0, "delta": delta, "finish_reason": None}]}).encode()
+                 + b"\n\n")
+
+
+@pytest.mark.parametrize("refusal", [400, 500])
+def test_a_resumed_stream_whose_continuation_is_refused_is_still_charged(module_weir, refusal):
+    # Content ("he") reached the client, then the stream broke; the resume's continuation was refused.
+    # The continuation's head replaced the request's 2xx upstream status, so it was charged nothing.
+    def answer(headers, body):
+        if json.loads(body).get("continue_final_message"):
+            err = b'{"error":{"message":"no","type":"x","code":%d}}' % refusal
+            return [b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % (refusal, len(err))
+                    + err, None]
+        return [SSE_CHUNKED + content_chunk({"role": "assistant", "content": ""}) + content_chunk({"content": "he"}),
+                0.1, None]
+
+    ups = [RawUpstream(answer), RawUpstream(answer)]
+    w = module_weir(config={
+        "pools": {"r": {"endpoints": [u.url for u in ups], "resume": True, "retry": {"attempts": 3}}},
+        "models": {"m": {"pool": "r"}},
+        "pricing": {"*": {"input": 1000.0, "output": 1000.0}},
+        "tenants": {"t": {"budget": {"usd": 100, "period": "24h"}}},
+        "auth": {"required": True, "api_keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                                                 "tenant": "t"}]}}, workers=1)
+    try:
+        rid = f"resume-refused-{refusal}"
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10,
+                       headers={"authorization": f"Bearer {KEY}", "x-request-id": rid},
+                       json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi " * 100}]})
+        assert '"content": "he"' in r.text and "upstream_unavailable" in r.text, r.text
+        line = w.log_for(rid)
+        assert [a.get("resume") for a in line["attempts"]][-1] is True, line
+        assert line.get("spend_usd", 0) > 0, line
+    finally:
+        for u in ups:
+            u.close()
