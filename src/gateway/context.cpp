@@ -60,6 +60,7 @@ void RequestContext::reset() {
   has_error = false;
   error_status = 0;
   empty_answer = false;
+  sse_answer = false;
   error_source = core::ErrorSource::internal;
   error_code.clear();
   has_usage = false;

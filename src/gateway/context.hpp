@@ -251,6 +251,7 @@ struct RequestContext {
   bool has_error = false;
   int error_status = 0;       // the status of the error Weir answered with (its own 502 may go out as a 499)
   bool empty_answer = false;  // a 2xx answer relayed with no body (a 204, an empty 200): no completion to charge
+  bool sse_answer = false;    // the answer was relayed as SSE events (respond_stream), not as a whole body
   core::ErrorSource error_source = core::ErrorSource::internal;
   std::string error_code;  // OpenAI error.code or a Weir reason
   bool has_usage = false;

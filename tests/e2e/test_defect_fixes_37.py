@@ -206,6 +206,9 @@ def chunk(b: bytes) -> bytes:
 
 
 EMPTY = gzip.compress(b"")
+NO_USAGE = json.dumps({"id": "chatcmpl-nu", "object": "chat.completion", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                    "finish_reason": "stop"}]}).encode()
 SCENARIOS = {
     # comments only, then the body's end: no event at all
     "comment_only": [SSE_CHUNKED + chunk(b": ping\n\n") + b"0\r\n\r\n"],
@@ -227,6 +230,9 @@ SCENARIOS = {
                                  b'"total_tokens":100000}}\n\n'), 0.05],
     "status_500": [b"HTTP/1.1 500 Internal Server Error\r\nContent-Type: application/json\r\nContent-Length: 50"
                    b"\r\n\r\n" + json.dumps({"error": {"message": "boom", "type": "x", "code": 500}}).encode()[:50]],
+    # a whole completion, no usage in it, whatever the client asked
+    "json_no_usage": [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+        len(NO_USAGE), NO_USAGE)],
     # empty answers that are not streams: passed as they came
     "json_empty": [b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n"],
     "no_content": [b"HTTP/1.1 204 No Content\r\n\r\n"],
@@ -396,3 +402,17 @@ def test_a_resumed_stream_whose_continuation_is_refused_is_still_charged(module_
     finally:
         for u in ups:
             u.close()
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_whole_answer_without_usage_is_charged_the_estimate_whatever_the_client_asked(scripted, stream):
+    # (A stream:true request answered with a whole body has no content event: it is no stream that
+    # broke before its first token.)
+    rid = f"no-usage-{stream}"
+    r = httpx.post(scripted.v1 + "/chat/completions", timeout=10,
+                   headers={"authorization": f"Bearer {KEY}", "x-request-id": rid},
+                   json={"model": "json_no_usage", "stream": stream, "max_tokens": 3,
+                         "messages": [{"role": "user", "content": "hi " * 100}]})
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text
+    line = scripted.log_for(rid)
+    assert line.get("spend_usd", 0) > 0, line

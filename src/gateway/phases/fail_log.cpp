@@ -109,7 +109,7 @@ bool charge_estimate(const RequestContext& ctx) {
   const bool deadline = ctx.cutoff == RequestContext::Cutoff::deadline;
   // Content of a 2xx answer reached the client (a resumed stream's
   // continuation may have answered 4xx/5xx since).
-  const bool delivered = ctx.stream && ctx.committed && ctx.t_first_token != core::TimePoint{};
+  const bool delivered = ctx.sse_answer && ctx.committed && ctx.t_first_token != core::TimePoint{};
   const bool answered_2xx = ctx.upstream_status >= 200 && ctx.upstream_status < 300 &&
                             (ctx.committed || (ctx.has_error ? ctx.error_status : ctx.status) < 500 || deadline);
   if (!delivered && !answered_2xx) return false;
@@ -118,7 +118,7 @@ bool charge_estimate(const RequestContext& ctx) {
   // first token): charged only when the client left or its deadline cut a
   // generation under way.
   const bool client_left = ctx.has_error && ctx.error_source == core::ErrorSource::client;
-  return !(ctx.stream && ctx.t_first_token == core::TimePoint{} && !client_left && !deadline);
+  return !(ctx.sse_answer && ctx.t_first_token == core::TimePoint{} && !client_left && !deadline);
 }
 
 }  // namespace

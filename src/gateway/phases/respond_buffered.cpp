@@ -104,6 +104,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const auto& sc = ctx.gen->config().server;
   http::ResponseSource& src = *ctx.source;
   std::string& body = ctx.body;
+  ctx.sse_answer = false;  // (a stream:true request the upstream answered with a whole body)
   body.clear();
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool too_large = false;

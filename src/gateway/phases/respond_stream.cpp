@@ -72,6 +72,7 @@ GatewayPhases::StreamRelay GatewayPhases::begin_stream(RequestContext& ctx) {
   auto& metrics = w_.metrics();
   StreamRelay s;
   s.src = ctx.source;
+  ctx.sse_answer = true;
   s.direct = dynamic_cast<http::Exchange*>(s.src);
   ++metrics.active_streams;
   ctx.status = 200;
