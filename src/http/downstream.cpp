@@ -197,7 +197,12 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   // deadline (moving one earlier may re-arm the worker's timer, a system call).
   watchdog_.expires_after(first || !head_buffered(in_) ? sc_.header_timeout : sc_.keepalive_timeout);
   idle_ = false;
-  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, 512, /*empty_lines=*/true);
+  // A full buffer here is a close watch's 64 bytes (after a stream): the rest
+  // of the request is waiting, and one read of what the connection keeps
+  // (kKeepInput) takes a usual head and body (else 512, then the body: two).
+  const std::size_t head_read =
+      in_.size() > 0 && in_.size() == in_.capacity() && in_.size() < kKeepInput ? kKeepInput - in_.size() : 512;
+  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read, /*empty_lines=*/true);
   watchdog_.disarm();
   // Beast's header_limit lets a head end a little past it (it checks as it
   // goes, by line); the head's own size is the limit's measure (431).
