@@ -1,0 +1,188 @@
+// What one streamed chunk carries (api/openai/stream.hpp: classify_chunk):
+// named cases, then the reader against a DOM walk of the same chunk (the
+// implementation before the SAX reader, kept here as the oracle) over
+// chunks built from the members the verdict reads, duplicates and wrong
+// types included, and over byte-level mutations of real vLLM chunks.
+#include <gtest/gtest.h>
+
+#include <boost/json.hpp>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "api/openai/stream.hpp"
+
+namespace weir::api::openai {
+namespace {
+
+namespace json = boost::json;
+
+ChunkKind dom_classify(std::string_view data) {
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(data.data(), data.size()), ec);
+  if (ec || !v.is_object()) return ChunkKind::error;
+  const auto& o = v.get_object();
+  if (o.contains("error")) return ChunkKind::error;
+  if (const auto* t = o.if_contains("object"); t && t->is_string() && t->get_string() == "error")
+    return ChunkKind::error;
+  const auto* choices = o.if_contains("choices");
+  if (!choices || !choices->is_array()) return ChunkKind::empty;
+  auto non_empty_string = [](const json::value* s) { return s && s->is_string() && !s->get_string().empty(); };
+  for (const auto& c : choices->get_array()) {
+    if (!c.is_object()) continue;
+    const auto& co = c.get_object();
+    if (const auto* f = co.if_contains("finish_reason"); f && !f->is_null()) return ChunkKind::content;
+    if (non_empty_string(co.if_contains("text"))) return ChunkKind::content;
+    const auto* d = co.if_contains("delta");
+    if (!d || !d->is_object()) continue;
+    const auto& delta = d->get_object();
+    for (const char* k : {"content", "refusal", "reasoning_content", "reasoning"})
+      if (non_empty_string(delta.if_contains(k))) return ChunkKind::content;
+    if (const auto* t = delta.if_contains("tool_calls"); t && t->is_array() && !t->get_array().empty())
+      return ChunkKind::content;
+  }
+  return ChunkKind::empty;
+}
+
+constexpr std::string_view kRole =
+    R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,)"
+    R"("delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]})";
+constexpr std::string_view kToken =
+    R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,)"
+    R"("delta":{"content":"Hel"},"logprobs":null,"finish_reason":null}]})";
+constexpr std::string_view kUsage =
+    R"({"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],)"
+    R"("usage":{"prompt_tokens":5,"total_tokens":7,"completion_tokens":2}})";
+
+TEST(ClassifyChunk, NamedCases) {
+  EXPECT_EQ(classify_chunk(kRole), ChunkKind::empty);
+  EXPECT_EQ(classify_chunk(kToken), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(kUsage), ChunkKind::empty);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"text":"a"}]})"), ChunkKind::content);  // completions
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"text":""}]})"), ChunkKind::empty);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{},"finish_reason":"stop"}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"tool_calls":[{"index":0}]}}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"tool_calls":[]}}]})"), ChunkKind::empty);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"reasoning_content":"x"}}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"reasoning":"x"}}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"refusal":"no"}}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(R"({"error":{"message":"boom","code":500}})"), ChunkKind::error);
+  EXPECT_EQ(classify_chunk(R"({"object":"error","message":"boom"})"), ChunkKind::error);
+  EXPECT_EQ(classify_chunk(R"({"object":"err\u006fr"})"), ChunkKind::error);  // escapes are read as text
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"c\u006fntent":"x"}}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk("[]"), ChunkKind::error);
+  EXPECT_EQ(classify_chunk("\"x\""), ChunkKind::error);
+  EXPECT_EQ(classify_chunk("{"), ChunkKind::error);
+  EXPECT_EQ(classify_chunk(""), ChunkKind::error);
+  EXPECT_EQ(classify_chunk(R"({"choices":[]} x)"), ChunkKind::error);  // data after the object
+  EXPECT_EQ(classify_chunk(" {\"choices\":[{\"text\":\"a\"}]}\n"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk("{\"choices\":[{\"text\":\"\xff\"}]}"), ChunkKind::error);  // invalid UTF-8
+  // A repeated member: its last value counts (boost::json::object, Python's json).
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"content":"a","content":""}}]})"), ChunkKind::empty);
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"content":"a"}}],"choices":[]})"), ChunkKind::empty);
+  EXPECT_EQ(classify_chunk(R"({"choices":[],"choices":[{"text":"a"}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(R"({"object":"error","object":"chunk","choices":[]})"), ChunkKind::empty);
+  // Deeper than Boost.JSON's max_depth (32): invalid, as the DOM parse says.
+  EXPECT_EQ(classify_chunk(std::string(40, '[') + std::string(40, ']')), ChunkKind::error);
+}
+
+// A value for a member, from a small alphabet of shapes (recursing into the members the verdict reads).
+class ChunkMaker {
+ public:
+  explicit ChunkMaker(std::uint32_t seed) : rng_(seed) {}
+
+  std::string root() {
+    std::string s = "{";
+    member_list(s, {"id", "object", "choices", "error", "usage", "model"}, 0);
+    return s + "}";
+  }
+
+ private:
+  int pick(int n) { return std::uniform_int_distribution<int>(0, n - 1)(rng_); }
+
+  void member_list(std::string& s, const std::vector<std::string>& names, int depth) {
+    const int n = pick(5);
+    for (int i = 0; i < n; ++i) {
+      if (i) s += ",";
+      const std::string& k = names[pick(static_cast<int>(names.size()))];
+      s += "\"" + k + "\":";
+      value_for(s, k, depth);
+    }
+  }
+  void scalar(std::string& s) {
+    static const char* kScalars[] = {"\"\"",  "\"x\"", "\"error\"", "null",       "0",   "1.5",      "true",
+                                     "false", "{}",    "[]",        "\"errors\"", "[1]", "{\"a\":1}"};
+    s += kScalars[pick(13)];
+  }
+  void value_for(std::string& s, const std::string& k, int depth) {
+    if (depth > 4 || pick(3) == 0) return scalar(s);
+    if (k == "choices") {
+      s += "[";
+      const int n = pick(4);
+      for (int i = 0; i < n; ++i) {
+        if (i) s += ",";
+        if (pick(4) == 0) {
+          scalar(s);
+        } else {
+          s += "{";
+          member_list(s, {"index", "delta", "text", "finish_reason", "logprobs"}, depth + 1);
+          s += "}";
+        }
+      }
+      s += "]";
+    } else if (k == "delta") {
+      s += "{";
+      member_list(s, {"role", "content", "refusal", "reasoning_content", "reasoning", "tool_calls"}, depth + 1);
+      s += "}";
+    } else if (k == "tool_calls") {
+      s += pick(2) ? "[{\"index\":0}]" : "[]";
+    } else {
+      scalar(s);
+    }
+  }
+
+  std::mt19937 rng_;
+};
+
+TEST(ClassifyChunk, AgreesWithDomOnBuiltChunks) {
+  ChunkMaker make(20261204);
+  int kinds[3] = {};
+  for (int i = 0; i < 20000; ++i) {
+    const std::string chunk = make.root();
+    const ChunkKind want = dom_classify(chunk);
+    ASSERT_EQ(classify_chunk(chunk), want) << chunk;
+    ++kinds[static_cast<int>(want)];
+  }
+  // The corpus reaches every verdict often.
+  for (int k : kinds) EXPECT_GT(k, 500) << kinds[0] << " empty, " << kinds[1] << " content, " << kinds[2] << " error";
+}
+
+TEST(ClassifyChunk, AgreesWithDomOnMutatedChunks) {
+  std::mt19937 rng(7);
+  const std::string seeds[] = {std::string(kRole), std::string(kToken), std::string(kUsage),
+                               R"({"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"name":"f"}}]}}]})",
+                               R"({"error":{"message":"x"}})"};
+  const std::string alphabet = "{}[]\",:\\ ntrufalse0123456789ex\xc3\xa9\xff";
+  for (int i = 0; i < 20000; ++i) {
+    std::string s = seeds[i % 5];
+    const int edits = 1 + static_cast<int>(rng() % 3);
+    for (int e = 0; e < edits; ++e) {
+      const std::size_t at = rng() % (s.size() + 1);
+      switch (rng() % 3) {
+        case 0:
+          if (at < s.size()) s.erase(at, 1);
+          break;
+        case 1:
+          s.insert(at, 1, alphabet[rng() % alphabet.size()]);
+          break;
+        default:
+          if (at < s.size()) s[at] = alphabet[rng() % alphabet.size()];
+      }
+    }
+    ASSERT_EQ(classify_chunk(s), dom_classify(s)) << s;
+  }
+}
+
+}  // namespace
+}  // namespace weir::api::openai
