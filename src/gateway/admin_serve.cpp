@@ -112,7 +112,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     stream.socket().cancel(ignored);
   });
   for (;;) {
-    http::FlatParser<true, bh::string_body> parser;
+    http::FlatParser<true, http::AppendStringBody> parser;
     parser.header_limit(kMaxHeader);
     parser.body_limit(kMaxBody);
     ext_left = kMaxHeader;

@@ -275,7 +275,7 @@ Task<bool> Downstream::read_body() {
       co_return false;
     }
   }
-  // Reuse the connection's (or a lent) body storage: string_body reserves Content-Length.
+  // Reuse the connection's (or a lent) body storage: AppendStringBody reserves Content-Length.
   req.body().swap(body_store_);
   req.body().clear();
   // A chunked body's trailer fields are dropped by the parser (FlatParser:

@@ -12,7 +12,6 @@
 #include <string_view>
 
 #include <boost/beast/core/flat_buffer.hpp>
-#include <boost/beast/http/string_body.hpp>
 
 #include "core/async.hpp"
 #include "core/config.hpp"
@@ -217,7 +216,7 @@ class Downstream {
 
  private:
   friend class ParserSpares;
-  using RequestParser = FlatParser<true, boost::beast::http::string_body>;
+  using RequestParser = FlatParser<true, AppendStringBody>;
   // A parser for a new request: the connection's own, made anew in place,
   // else one in a spare's storage (spares_) or a new allocation.
   void renew_parser();

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
+#include <string>
 #include <utility>
 
 #include <boost/asio/buffer.hpp>
@@ -25,6 +26,45 @@
 #include "http/flat_fields.hpp"
 
 namespace weir::http {
+
+// A body that is a std::string, as Beast's string_body, whose reader
+// appends what the parser gives it. string_body's resize-then-copy zeroes
+// every byte before it is copied (a memset of the whole body: ~2,000
+// instructions for a 2.3 KB prompt); append copies once. init() reserves
+// Content-Length, as string_body's does. Errors: buffer_overflow past
+// std::string's max_size().
+struct AppendStringBody {
+  using value_type = std::string;
+
+  class reader {
+   public:
+    template <bool isRequest, class Fields>
+    reader(boost::beast::http::header<isRequest, Fields>&, value_type& b) : body_(b) {}
+
+    void init(const boost::optional<std::uint64_t>& length, boost::system::error_code& ec) {
+      ec = {};
+      if (!length) return;
+      if (*length > body_.max_size()) {
+        ec = boost::beast::http::error::buffer_overflow;
+        return;
+      }
+      body_.reserve(static_cast<std::size_t>(*length));
+    }
+    std::size_t put(boost::asio::const_buffer b, boost::system::error_code& ec) {
+      if (b.size() > body_.max_size() - body_.size()) {
+        ec = boost::beast::http::error::buffer_overflow;
+        return 0;
+      }
+      ec = {};
+      body_.append(static_cast<const char*>(b.data()), b.size());
+      return b.size();
+    }
+    void finish(boost::system::error_code& ec) { ec = {}; }
+
+   private:
+    value_type& body_;
+  };
+};
 
 template <bool isRequest, class Body>
 class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
