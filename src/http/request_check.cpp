@@ -33,7 +33,8 @@ struct CodingScan {
   unsigned codings = 0;  // codings seen
   unsigned chunked = 0;  // of which chunked
   bool last_chunked = false;
-  bool empty = true;  // no coding at all
+  bool chunked_params = false;  // a chunked with ";..." (RFC 9112 §7.1: it defines no parameters)
+  bool empty = true;            // no coding at all
 
   void add(std::string_view list) {
     std::size_t i = 0;
@@ -41,12 +42,14 @@ struct CodingScan {
       std::size_t comma = list.find(',', i);
       if (comma == std::string_view::npos) comma = list.size();
       std::string_view item = core::trim_ows(list.substr(i, comma - i));
-      if (const auto semi = item.find(';'); semi != std::string_view::npos) item = core::trim_ows(item.substr(0, semi));
+      const auto semi = item.find(';');
+      if (semi != std::string_view::npos) item = core::trim_ows(item.substr(0, semi));
       if (!item.empty()) {
         empty = false;
         ++codings;
         last_chunked = iequals(item, "chunked");
         if (last_chunked) ++chunked;
+        if (last_chunked && semi != std::string_view::npos) chunked_params = true;
       }
       i = comma + 1;
     }
@@ -164,8 +167,10 @@ HeadProblem check_request_head(const RequestHead& req) {
   if (te) {
     // RFC 9112 §6.1: a server MAY treat an HTTP/1.0 request with
     // Transfer-Encoding as faulty framing; §6.3: with Content-Length it is
-    // a smuggling attempt; chunked must come last and once.
-    if (req.version() < 11 || cl || codings.empty || !codings.last_chunked || codings.chunked != 1)
+    // a smuggling attempt; chunked must come last and once; §7.1: chunked
+    // defines no parameters, and their presence is treated as an error.
+    if (req.version() < 11 || cl || codings.empty || !codings.last_chunked || codings.chunked != 1 ||
+        codings.chunked_params)
       return HeadProblem::bad_framing;
     if (codings.codings > 1) return HeadProblem::unsupported_coding;
   }

@@ -53,6 +53,17 @@ TEST(RequestCheck, TransferEncodingOtherThanAFinalChunkedIsBadFraming) {
             HeadProblem::bad_framing);
 }
 
+TEST(RequestCheck, ChunkedWithParametersIsBadFraming) {
+  // RFC 9112 §7.1: the chunked coding defines no parameters; their presence
+  // is an error (well-formed or not: RFC 9110 §10.1.4's "token = value").
+  for (const char* te :
+       {"chunked;foo", "chunked;q=1", "chunked ;q=1", "chunked; a=\"b\"", "chunked;", "gzip, chunked;x=1"}) {
+    SCOPED_TRACE(te);
+    EXPECT_EQ(check(std::string("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ") + te + "\r\n\r\n"),
+              HeadProblem::bad_framing);
+  }
+}
+
 TEST(RequestCheck, TransferEncodingWithContentLengthIsBadFraming) {
   // Beast itself refuses Content-Length after a chunked Transfer-Encoding;
   // before it, or with another coding, it frames by Content-Length.
