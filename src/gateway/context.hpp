@@ -257,7 +257,7 @@ struct RequestContext {
   bool has_usage = false;
   api::Usage usage;
   std::uint64_t bytes_in = 0;  // request body bytes (as received: before a Content-Encoding is decoded)
-  bool body_deferred = false;  // Expect: 100-continue: the body is read after authentication (read_body)
+  bool body_deferred = false;  // the body is still on its way: read after authentication (read_body)
   bool body_decoded = false;   // the client's gzip/deflate body was decoded (read): its Content-Encoding stays here
   std::uint32_t events = 0;    // SSE data events relayed
 

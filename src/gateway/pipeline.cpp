@@ -17,7 +17,8 @@ core::Task<void> run_pipeline(Phases& p, RequestContext& ctx) {
       if (ctx.trace_sampled() && (ctx.principal || o.is_failed())) {
         ctx.trace->auth_span = true;
         ctx.trace->auth_start = t0;
-        ctx.trace->auth_end = core::now();
+        // (A body read after the credentials is not authentication's time: authenticate() set its end.)
+        if (ctx.trace->auth_end == core::TimePoint{}) ctx.trace->auth_end = core::now();
         ctx.trace->auth_error = o.is_failed();
       }
     }

@@ -26,6 +26,10 @@ constexpr std::size_t kMonitorRead = 64;
 // a small body (most requests) fit, so their reads allocate nothing.
 constexpr std::size_t kKeepInput = 4096;
 constexpr std::string_view kLastChunk = "0\r\n\r\n";
+// lingering_close(): bytes discarded at least (more for a declared body
+// refused unread), and the longest silence between two reads.
+constexpr std::uint64_t kLingerBytes = 1u << 20;
+constexpr std::chrono::seconds kLingerIdle{2};
 // Room in the read buffer beyond server.max_header: one read (read_message
 // reads at most 64 KiB at a time).
 constexpr std::size_t kReadRoom = 64 * 1024;
@@ -509,15 +513,26 @@ Task<void> Downstream::lingering_close() {
   error_code ec;
   sock_.shutdown(tcp::socket::shutdown_send, ec);
   if (ec) co_return;
-  // Read and discard for up to 2 s or 1 MiB, whichever first.
-  watchdog_.expires_after(std::chrono::seconds(2));
+  // Read and discard what the client still sends, so that closing does not
+  // reset the connection before the client has read the answer (RFC 9112
+  // §9.6): 1 MiB, or the rest of a declared body that was refused unread
+  // (a 401 or 404 answered from the head), up to server.max_body. Each read
+  // within 2 s, the whole within server.body_timeout (as long as reading the
+  // body would have taken).
+  std::uint64_t cap = kLingerBytes;
+  if (parser_ && parser_->is_header_done() && !parser_->is_done() && !parser_->chunked())
+    if (const auto left = parser_->content_length_remaining(); left && *left > in_.size())
+      cap = std::max<std::uint64_t>(kLingerBytes, std::min<std::uint64_t>(*left - in_.size(), sc_.max_body_bytes));
+  const auto until = core::Watchdog::Clock::now() + sc_.body_timeout;
   std::array<char, 8192> sink;
-  std::size_t total = 0;
+  std::uint64_t total = 0;
   for (;;) {
-    if (reading_) break;
+    const auto now = core::Watchdog::Clock::now();
+    if (reading_ || now >= until) break;
+    watchdog_.expires_after(std::min<core::Watchdog::Clock::duration>(kLingerIdle, until - now));
     auto [rec, n] = co_await sock_.async_read_some(asio::buffer(sink), use_task);
     total += n;
-    if (rec || total > (1u << 20)) break;
+    if (rec || total >= cap) break;
   }
   watchdog_.disarm();
 }

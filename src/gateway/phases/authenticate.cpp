@@ -16,11 +16,13 @@ core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
   Outcome o = co_await check_credentials(ctx);
   if (!ctx.body_deferred) co_return o;
   if (!o.goes_on()) {
-    // Refused before "100 Continue": the client may send the body anyway;
-    // it is never read, so the connection closes after the answer (lingering).
+    // Refused before the body (or before "100 Continue"): the body is never
+    // read, so the connection closes after the answer, lingering over what
+    // the client still sends (Downstream::lingering_close).
     down_.no_keep_alive();
     co_return o;
   }
+  if (ctx.trace_sampled()) ctx.trace->auth_end = core::now();
   co_return co_await read_body(ctx);  // (the 100 Continue, then the body)
 }
 

@@ -95,11 +95,13 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     if (!down_.body_complete()) down_.no_keep_alive();
     co_return Outcome::failed(core::method_not_allowed(req.method_string(), path));
   }
-  // A client that expects 100-continue waits for it before it sends the
-  // body: it gets it only once the head has passed every check that does not
-  // need the body, its credentials included (RFC 9110 §10.1.1), so the body
-  // is read after authentication (authenticate()).
-  if (!down_.body_complete() && http::expects_continue(req)) {
+  // A body still on its way is read after authentication (authenticate()):
+  // a request without a valid credential is answered from its head (401),
+  // never after its client sent and Weir held up to server.max_body. A
+  // client that expects 100-continue waits for it before it sends the body:
+  // it gets it only once the head has passed every check that does not need
+  // the body, its credentials included (RFC 9110 §10.1.1).
+  if (!down_.body_complete()) {
     ctx.body_deferred = true;
     co_return Outcome::next();
   }
