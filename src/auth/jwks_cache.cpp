@@ -123,8 +123,13 @@ void JwksCache::on_result(JwksSource::Result r) {
     const auto keys = keys_.load(std::memory_order_acquire);
     const std::size_t kept = keys ? keys->keys.size() : 0;
     fmt::print(stderr, "weir: JWKS fetch from {} failed: {}; {}\n", source_->describe(), installed.error(),
-               kept == 0 ? std::string("no keys yet, so every JWT is refused (401)")
-                         : fmt::format("still verifying with the {} key{} fetched before", kept, kept == 1 ? "" : "s"));
+               // (Authenticator: none loaded yet is a 503 to retry; a key set with none usable, a 401.)
+               updates_.load(std::memory_order_relaxed) == 0
+                   ? std::string("no key set loaded yet, so requests with a JWT get 503 (Retry-After: 1) until a "
+                                 "fetch succeeds")
+               : kept == 0
+                   ? std::string("the key set in use has no usable key, so every JWT is refused (401)")
+                   : fmt::format("still verifying with the {} key{} fetched before", kept, kept == 1 ? "" : "s"));
     std::fflush(stderr);
     failing_ = true;
   } else if (failing_) {
