@@ -372,6 +372,13 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     WEIR_TRY(url, read_string(eps[i], k));
     auto ep = parse_endpoint_url(url);
     if (!ep) return tl::unexpected(config_error(eps[i], k, ep.error().message));
+    // Each endpoint once: logs, /metrics and the admin API name an endpoint
+    // by its (redacted) URL, and two of one name would be two series of one
+    // name (Prometheus' exposition format: undefined).
+    for (std::size_t j = 0; j < p.endpoints.size(); ++j)
+      if (p.endpoints[j].display == ep->display)
+        return tl::unexpected(config_error(
+            eps[i], k, fmt::format("is {}.endpoints[{}] again ({}): list each endpoint once", key, j, ep->display)));
     p.endpoints.push_back(std::move(*ep));
   }
   if (auto t = n["timeouts"]) {

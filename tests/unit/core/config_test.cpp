@@ -100,6 +100,15 @@ TEST(Config, StructuralErrors) {
   EXPECT_NE(
       error_of("pools: {a: {endpoints: [http://x:1/v1#top]}}\ndefault_pool: a\n").find("a fragment means nothing"),
       std::string::npos);
+  // An endpoint listed twice in a pool (or twice as logs and /metrics name it: its secrets redacted).
+  EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1, http://y:2, http://x:1]}}\ndefault_pool: a\n")
+                .find("pools.a.endpoints[2]: is pools.a.endpoints[0] again (http://x:1)"),
+            std::string::npos);
+  EXPECT_NE(error_of("pools: {a: {endpoints: ['http://x:1/v1?key=a', 'http://x:1/v1?key=b']}}\ndefault_pool: a\n")
+                .find("list each endpoint once"),
+            std::string::npos);
+  EXPECT_TRUE(parse_config("pools: {a: {endpoints: [http://x:1]}, b: {endpoints: [http://x:1]}}\ndefault_pool: a\n",
+                           "weir.yaml"));  // (one endpoint in two pools: two series, by pool)
   EXPECT_NE(error_of("pools: [a, b\n").find("YAML syntax error"), std::string::npos);
   EXPECT_NE(error_of("bogus: 1\npools: {a: {endpoints: [http://x:1]}}\ndefault_pool: a\n").find("bogus: unknown key"),
             std::string::npos);
