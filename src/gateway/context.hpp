@@ -171,6 +171,19 @@ struct RequestContext {
     }
     attempt_log[attempt_count++] = a;
   }
+  core::TimePoint attempt_since{};  // the last attempt's send (or connect) start; proxy's attempts set it
+  // The last attempt failed after its head came (its body or stream broke or
+  // timed out, or a held stream ended before content): `f`, and its time
+  // runs to now, the outcome (docs/reliability.md: "ms").
+  void attempt_failed_after_head(http::UpstreamFailure f) {
+    if (attempt_count == 0) return;
+    auto& a = attempt_log[attempt_count - 1];
+    a.failure = f;
+    if (attempt_since == core::TimePoint{}) return;
+    const auto now = core::now();
+    a.us = static_cast<std::uint32_t>(core::micros_between(attempt_since, now));
+    if (trace_sampled()) trace->attempt_end[attempt_count - 1] = now;
+  }
   // A micro-batch member (pools.X.batch): the batch's upstream request id,
   // members sent in it and this request's slot; for the access log.
   std::uint16_t batch_size = 0;

@@ -523,6 +523,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     }
   };
   auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since) {
+    ctx.attempt_since = since;
     ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                         .endpoint = static_cast<std::int16_t>(ep),
                         .status = static_cast<std::int16_t>(status),

@@ -94,7 +94,7 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
 Outcome GatewayPhases::no_answer(RequestContext& ctx, core::Error e) {
   count_upstream_failure(ctx, http::UpstreamFailure::protocol);
   // The next target (a fallback) may give one.
-  if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
+  ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
   ctx.fail_over = true;
   ctx.has_usage = false;
   return Outcome::failed(std::move(e));
@@ -131,7 +131,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (failure != http::UpstreamFailure::none) {
     count_upstream_failure(ctx, failure);
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
-    if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = failure;  // after its head
+    ctx.attempt_failed_after_head(failure);  // after its head
     // The body broke (reset, timeout, an invalid message) before a byte of
     // it reached the client: the next fallback takes the request (proxy),
     // as for a failure before the head.

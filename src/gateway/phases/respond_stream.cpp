@@ -300,7 +300,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
     count_upstream_failure(ctx, failure);
     src.cancel();
-    if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = failure;  // after its head
+    ctx.attempt_failed_after_head(failure);  // after its head
     if (!ctx.committed) {
       // A held stream failed before its first content event: nothing
       // reached the client, so the next fallback takes the request (proxy).
@@ -335,7 +335,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       // Cut short: the translator told the client in its dialect; the log
       // and the endpoint's record say the upstream failed, as for a chat stream.
       count_upstream_failure(ctx, http::UpstreamFailure::protocol);
-      if (ctx.attempt_count > 0) ctx.attempt_log[ctx.attempt_count - 1].failure = http::UpstreamFailure::protocol;
+      ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
       ctx.set_error(upstream_stream_incomplete(subject(ctx)));
     }
     if (ctx.capture) capture_response(ctx, events);
