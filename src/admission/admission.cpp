@@ -178,6 +178,14 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
 
 }  // namespace
 
+std::uint32_t seconds_until(const BucketView& v, double cost) {
+  // (Unlimited, or more than it ever holds: the check itself says so, and no wait helps.)
+  if (v.rate_per_min <= 0 || cost > v.depth + 1e-9) return 0;
+  const double deficit = cost - v.level;
+  if (deficit <= 1e-9) return 0;
+  return static_cast<std::uint32_t>(std::clamp(std::ceil(deficit * 60.0 / v.rate_per_min - 1e-9), 1.0, 86400.0));
+}
+
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
                                                    TokenEstimate estimate, Instant now, Shortfall* wait,
                                                    const Pricing* prices) {
@@ -248,6 +256,23 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     t.stream_mask_ |= static_cast<std::uint8_t>(1u << i);
   }
 
+  // A refusal's Retry-After covers every requests and tokens bucket of the
+  // request's scopes, not only the one that refused: the longest any of them
+  // needs before it holds what this request takes (after undo(), which gave
+  // back what the others took). A client that waits that long is not
+  // refused by the next bucket in line.
+  auto longest_wait = [&](std::uint32_t refused) {
+    std::uint32_t w = refused;
+    for (int i = 0; i < n; ++i) {
+      if (sc[i].limits->requests_per_minute)
+        w = std::max(w, seconds_until(limiter_.view(sc[i].id, Bucket::requests, now), 1.0));
+      if (t.tpm_[i])
+        w = std::max(
+            w, seconds_until(limiter_.view(sc[i].id, Bucket::tokens, now), static_cast<double>(estimated_tokens)));
+    }
+    return w;
+  };
+
   // 3. Requests per minute.
   for (int i = 0; i < n; ++i, took_requests = i) {
     if (!sc[i].limits->requests_per_minute) continue;
@@ -255,10 +280,11 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!r.ok) {
       undo();
       if (r.pending) return pending();
+      const std::uint32_t wait = longest_wait(r.retry_after_s);
       return tl::unexpected(core::rate_limited(
           fmt::format("Rate limit reached for {} `{}` on requests per min (RPM): limit {}. Please try again in {}s.",
-                      sc[i].kind, sc[i].name, sc[i].limits->requests_per_minute, r.retry_after_s),
-          r.retry_after_s));
+                      sc[i].kind, sc[i].name, sc[i].limits->requests_per_minute, wait),
+          wait));
     }
   }
   took_requests = n;
@@ -287,8 +313,8 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
                     fmt::format("Rate limit reached for {} `{}` on tokens per min (TPM): limit {}, requested {}. "
                                 "Please try again in {}s.",
                                 sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens,
-                                r.retry_after_s),
-                    r.retry_after_s);
+                                longest_wait(r.retry_after_s)),
+                    longest_wait(r.retry_after_s));
       e.type = "tokens";
       return tl::unexpected(std::move(e));
     }

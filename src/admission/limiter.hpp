@@ -72,11 +72,19 @@ struct Shortfall {
   }
 };
 
-// A bucket as the x-ratelimit-* headers show it.
+// A bucket as the x-ratelimit-* headers show it, and what admission needs
+// to say when it holds enough again.
 struct BucketView {
-  std::uint64_t limit = 0;      // per minute; 0 = the bucket is unlimited
+  // The most the bucket holds: the per-minute rate, or its burst when that
+  // is larger (OpenAI: "the maximum number of requests that are permitted
+  // before exhausting the rate limit"; remaining never exceeds it). 0 = the
+  // bucket is unlimited.
+  std::uint64_t limit = 0;
   std::uint64_t remaining = 0;  // whole units available now
   std::uint64_t reset_ms = 0;   // until the bucket is full again
+  double level = 0;             // units available now, exact (below 0: usage above its estimate, owed)
+  double rate_per_min = 0;      // refill rate, units per minute
+  double depth = 0;             // what it holds when full, units
 };
 
 // Contract for every implementation:

@@ -290,8 +290,11 @@ BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   // Until the whole bucket is full at its rate r (each of the N shards
   // refills at r/N, so the slowest shard's own time would read N times long).
   const double until_full_ns = std::max(s.depth - total, 0.0) * kNsPerMin / s.rate_per_min;
-  v.limit = static_cast<std::uint64_t>(s.rate_per_min);
+  v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
   v.remaining = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total + kEps));
+  v.level = total;
+  v.rate_per_min = s.rate_per_min;
+  v.depth = s.depth;
   v.reset_ms = static_cast<std::uint64_t>(std::ceil(std::max(until_full_ns, 0.0) / 1e6 - 1e-9));
   return v;
 }

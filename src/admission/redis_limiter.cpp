@@ -249,8 +249,11 @@ BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   const Lease& l = at(i / 2).lease[i % 2];
   const double total = std::clamp(
       remote_estimate(l, i, ns(now)) + static_cast<double>(l.units.load(std::memory_order_relaxed)), 0.0, s.depth);
-  v.limit = static_cast<std::uint64_t>(s.rate_per_min);
+  v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
   v.remaining = static_cast<std::uint64_t>(std::floor(total + kEps));
+  v.level = total;
+  v.rate_per_min = s.rate_per_min;
+  v.depth = s.depth;
   v.reset_ms = static_cast<std::uint64_t>(std::ceil((s.depth - total) * 60000.0 / s.rate_per_min - 1e-9));
   return v;
 }

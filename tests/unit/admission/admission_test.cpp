@@ -555,6 +555,60 @@ TEST(AdmissionHeaders, RateLimitValuesAndResetFormat) {
   EXPECT_EQ(format_reset(999), "999ms");
 }
 
+TEST(AdmissionTokenBucket, RetryAfterIsTheLongestWaitOfEveryBucket) {
+  // A requests refusal whose tokens bucket needs longer: Retry-After says the longer (a client that
+  // waited the requests bucket's second was refused again, by the tokens bucket, for 27 s more).
+  auth::Limits l = rpm(60, 1);
+  l.tokens_per_minute = 200;  // 3.33 tokens per second
+  World w(l);
+  Admission a(*w.limiter, w.pricing, 0);
+  ASSERT_TRUE(a.admit(w.tenant_only, "m", 150, T0));
+  auto r = a.admit(w.tenant_only, "m", 150, T0);  // requests: 1 s; tokens: 100 short, 30 s
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().type, "requests");
+  EXPECT_EQ(r.error().retry_after_s, 30u);
+  EXPECT_NE(r.error().message.find("try again in 30s"), std::string::npos) << r.error().message;
+  EXPECT_FALSE(a.admit(w.tenant_only, "m", 150, T0 + 29s));
+  EXPECT_TRUE(a.admit(w.tenant_only, "m", 150, T0 + 30s));
+  // Across scopes: the tenant's tokens refuse, the key's requests bucket needs longer.
+  auth::Limits tenant = tpm(600);  // 10 per second
+  World k(tenant, {}, rpm(1, 1));  // the key: one a minute
+  Admission b(*k.limiter, k.pricing, 0);
+  ASSERT_TRUE(b.admit(k.with_key, "m", 600, T0));
+  r = b.admit(k.with_key, "m", 100, T0);  // the key's requests bucket: 60 s; the tenant's tokens: 10 s
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 60u);
+  // A bucket that needs nothing adds nothing.
+  World one(rpm(60, 1));
+  Admission c(*one.limiter, one.pricing, 0);
+  ASSERT_TRUE(c.admit(one.tenant_only, "m", 0, T0));
+  r = c.admit(one.tenant_only, "m", 0, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 1u);
+}
+
+TEST(AdmissionHeaders, TheLimitIsWhatTheBucketHoldsSoRemainingNeverExceedsIt) {
+  // requests_burst above the rate: the bucket holds 100, and the header's limit says so (it said 10,
+  // with 99 remaining).
+  auth::Limits l = rpm(10, 100);
+  l.tokens_per_minute = 1000;
+  l.tokens_burst = 50000;
+  World w(l);
+  Admission a(*w.limiter, w.pricing, 0);
+  ASSERT_TRUE(a.admit(w.tenant_only, "m", 14, T0));
+  const auto h = a.rate_limit_headers(w.tenant_only, T0);
+  EXPECT_EQ(h.requests.limit, 100u);
+  EXPECT_EQ(h.requests.remaining, 99u);
+  EXPECT_EQ(h.tokens.limit, 50000u);
+  EXPECT_EQ(h.tokens.remaining, 49986u);
+  // A burst below the rate: the limit stays the rate (remaining is at most the burst).
+  World small(rpm(600, 5));
+  Admission b(*small.limiter, small.pricing, 0);
+  const auto hs = b.rate_limit_headers(small.tenant_only, T0);
+  EXPECT_EQ(hs.requests.limit, 600u);
+  EXPECT_EQ(hs.requests.remaining, 5u);
+}
+
 TEST(AdmissionHeaders, ThreeLinesPerBucketAppended) {
   std::string out = "x: y\r\n";
   append_rate_limit_headers(out, "requests", BucketView{.limit = 600, .remaining = 599, .reset_ms = 100});
