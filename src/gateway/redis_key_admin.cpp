@@ -151,12 +151,20 @@ core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::list() {
   co_return out;
 }
 
-core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::get(std::string id) {
+core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::records_of(std::string id) {
   auto all = co_await list();
   if (!all) co_return tl::unexpected(all.error());
+  std::vector<KeyRecord> out;
   for (auto& k : *all)
-    if (k.id == id) co_return std::move(k);
-  co_return tl::unexpected(not_found(id));
+    if (k.id == id) out.push_back(std::move(k));
+  if (out.empty()) co_return tl::unexpected(not_found(id));
+  co_return out;
+}
+
+core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::get(std::string id) {
+  auto all = co_await records_of(std::move(id));
+  if (!all) co_return tl::unexpected(all.error());
+  co_return std::move(all->front());
 }
 
 core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::object body, std::int64_t now_s) {
@@ -171,8 +179,9 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::obj
 
 core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, boost::json::object body) {
   const auto base = base_;  // a reload may replace base_ while this waits on Redis
-  auto cur = co_await get(id);
-  if (!cur) co_return tl::unexpected(cur.error());
+  auto all = co_await records_of(id);
+  if (!all) co_return tl::unexpected(all.error());
+  const KeyRecord* cur = &all->front();
   // The change is validated and applied by a scratch store (the rules of local keys), then written.
   KeyStore scratch(base->config(), "");
   json::object seed;
@@ -187,32 +196,41 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
   if (!made) co_return tl::unexpected(made.error());
   auto u = scratch.update(made->record.id, body);
   if (!u) co_return tl::unexpected(u.error());
-  KeyRecord k = *cur;
-  k.models = u->record.models;
-  k.expires_at = u->record.expires_at;
-  k.metadata = u->record.metadata;
-  k.name = u->record.name;
-  k.limits = u->record.limits;
-  k.budget = u->record.budget;
-  if (auto ok = co_await write(k); !ok) co_return tl::unexpected(ok.error());
-  co_return KeyStore::Change{std::move(k), {}};
+  auto changed = [&](KeyRecord k) {
+    k.models = u->record.models;
+    k.expires_at = u->record.expires_at;
+    k.metadata = u->record.metadata;
+    k.name = u->record.name;
+    k.limits = u->record.limits;
+    k.budget = u->record.budget;
+    return k;
+  };
+  // Every live record of the id (one key re-issued by hand under one id has
+  // several) takes the change: a key's id names one key to the admin API.
+  for (const KeyRecord& r : *all)
+    if (auto ok = co_await write(changed(r)); !ok) co_return tl::unexpected(ok.error());
+  co_return KeyStore::Change{changed(all->front()), {}};
 }
 
 core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::revoke(std::string id) {
-  auto cur = co_await get(id);
-  if (!cur) co_return tl::unexpected(cur.error());
-  if (auto ok = co_await set_revoked(*cur); !ok) co_return tl::unexpected(ok.error());
-  co_return std::move(*cur);
+  auto all = co_await records_of(id);
+  if (!all) co_return tl::unexpected(all.error());
+  // Every live record of the id: no key of that id works after the answer
+  // (scripts/weir-key revoke --id does the same).
+  for (const KeyRecord& k : *all)
+    if (auto ok = co_await set_revoked(k); !ok) co_return tl::unexpected(ok.error());
+  co_return std::move(all->front());
 }
 
 core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::rotate(std::string id) {
-  auto cur = co_await get(id);
-  if (!cur) co_return tl::unexpected(cur.error());
-  KeyRecord k = *cur;
+  auto all = co_await records_of(id);
+  if (!all) co_return tl::unexpected(all.error());
+  KeyRecord k = all->front();
   std::string secret = generate_key_secret();
   k.sha256 = auth::sha256(secret);
   if (auto ok = co_await write(k); !ok) co_return tl::unexpected(ok.error());
-  if (auto ok = co_await set_revoked(*cur); !ok) co_return tl::unexpected(ok.error());
+  for (const KeyRecord& old : *all)  // every earlier secret of the id stops working
+    if (auto ok = co_await set_revoked(old); !ok) co_return tl::unexpected(ok.error());
   co_return KeyStore::Change{std::move(k), std::move(secret)};
 }
 

@@ -35,7 +35,9 @@ class RedisKeyAdmin {
   // The KeyStore operations (same bodies, same errors), plus 503 when Redis
   // does not answer. Revoked records, and records every lookup refuses
   // (`limits`, `budget` or `expires_at` that do not read), are not listed,
-  // found or changed.
+  // found or changed. An id that several records share (keys written by
+  // hand) is one key here: update, revoke and rotate change every record of
+  // it; get answers the oldest.
   core::Task<AdminResult<KeyStore::Change>> create(boost::json::object body, std::int64_t now_s);
   core::Task<AdminResult<std::vector<KeyRecord>>> list();
   core::Task<AdminResult<KeyRecord>> get(std::string id);
@@ -44,6 +46,9 @@ class RedisKeyAdmin {
   core::Task<AdminResult<KeyStore::Change>> rotate(std::string id);
 
  private:
+  // Every live record whose id is `id`, oldest first (404 when none): keys
+  // written by hand (docs/auth.md) may give one id to several records.
+  core::Task<AdminResult<std::vector<KeyRecord>>> records_of(std::string id);
   core::Task<AdminResult<void>> write(const KeyRecord& k);
   core::Task<AdminResult<void>> set_revoked(const KeyRecord& k);
 
