@@ -284,6 +284,16 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
   }
   const auto& jwt_cfg = *policy_->config().jwt;
   std::string_view tenant_name = string_claim(verified->claims, jwt_cfg.tenant_claim);
+  // default_tenant is for a token without the claim (or with null): one
+  // whose claim is there but names no tenant ("", a number, an object) is
+  // the issuer's mistake, refused, never given the default's rights.
+  if (const auto* claim = find_claim(verified->claims, jwt_cfg.tenant_claim);
+      tenant_name.empty() && claim && !claim->is_null())
+    return reject_known(
+        core::forbidden(
+            fmt::format("The token's '{}' claim does not name a tenant (a non-empty string).", jwt_cfg.tenant_claim),
+            "tenant_not_allowed"),
+        {}, {}, string_claim(verified->claims, jwt_cfg.subject_claim));
   if (tenant_name.empty()) tenant_name = jwt_cfg.default_tenant;
   if (tenant_name.empty())
     return reject_known(

@@ -277,21 +277,23 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
   return VerifiedJwt{std::move(jwt->claims), *exp};
 }
 
-std::string_view string_claim(const boost::json::object& claims, std::string_view path) {
+const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path) {
   const boost::json::object* obj = &claims;
   while (true) {
     const auto dot = path.find('.');
     const auto name = path.substr(0, dot);
     const auto* v = obj->if_contains(boost::json::string_view(name.data(), name.size()));
-    if (!v) return {};
-    if (dot == std::string_view::npos) {
-      if (!v->is_string()) return {};
-      return {v->get_string().data(), v->get_string().size()};
-    }
+    if (!v || dot == std::string_view::npos) return v;
     obj = v->if_object();
-    if (!obj) return {};
+    if (!obj) return nullptr;
     path.remove_prefix(dot + 1);
   }
+}
+
+std::string_view string_claim(const boost::json::object& claims, std::string_view path) {
+  const auto* v = find_claim(claims, path);
+  if (!v || !v->is_string()) return {};
+  return {v->get_string().data(), v->get_string().size()};
 }
 
 }  // namespace weir::auth

@@ -95,5 +95,8 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
 // Reads a string claim by a dotted path ("tenant", "org.id"); empty when
 // absent or not a string. Views into `claims`.
 std::string_view string_claim(const boost::json::object& claims, std::string_view path);
+// The claim at a dotted path, whatever its type; nullptr when absent (or a
+// step of the path is no object). Points into `claims`.
+const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path);
 
 }  // namespace weir::auth

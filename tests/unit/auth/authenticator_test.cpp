@@ -291,6 +291,15 @@ TEST_F(AuthJwtFlow, TenantComesFromTheClaim) {
   auto d = with_default.authenticate("Bearer " + k.rsa.token(claims("null")), "", kNow);
   ASSERT_TRUE(d) << d.error().message;
   EXPECT_EQ((*d)->tenant_name(), "beta");
+  // A claim that is there but names no tenant is refused, not given the default's rights.
+  for (const char* bad : {R"("")", "7", R"({"name":"acme"})", R"(["acme"])", "true"}) {
+    SCOPED_TRACE(bad);
+    auto r = with_default.authenticate("Bearer " + k.rsa.token(claims(bad)), "", kNow);
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.error().status, 403);
+    EXPECT_EQ(r.error().code, "tenant_not_allowed");
+    EXPECT_NE(r.error().message.find("does not name a tenant"), std::string::npos) << r.error().message;
+  }
 }
 
 TEST_F(AuthJwtFlow, UnknownKidTriggersOneRateLimitedRefetch) {
