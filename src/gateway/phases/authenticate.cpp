@@ -23,7 +23,10 @@ core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
     co_return o;
   }
   if (ctx.trace_sampled()) ctx.trace->auth_end = core::now();
-  co_return co_await read_body(ctx);  // (the 100 Continue, then the body)
+  o = co_await read_body(ctx);  // (the 100 Continue, then the body)
+  // The request log's copy of the body starts once there is one (decoded).
+  if (o.goes_on() && w_.shared().capture) begin_capture(ctx);
+  co_return o;
 }
 
 bool GatewayPhases::authenticate_now(RequestContext& ctx, Outcome& o) {
@@ -57,7 +60,8 @@ Outcome GatewayPhases::accept_credentials(RequestContext& ctx, tl::expected<auth
     return Outcome::failed(std::move(p.error()));
   }
   ctx.principal = std::move(*p);
-  if (w_.shared().capture) begin_capture(ctx);
+  // (A body still to come is captured once read: authenticate().)
+  if (w_.shared().capture && !ctx.body_deferred) begin_capture(ctx);
   return Outcome::next();
 }
 
