@@ -479,9 +479,12 @@ void Downstream::start_write_loop() {
       done_.wake();
       return;
     }
+    // What was queued meanwhile: sent now, and a loop again for what the
+    // socket does not take. Sent whole (or failed), the loop is over: its
+    // deadline disarmed and drain() woken, as when nothing was queued.
     if (!out_.empty()) {
       start_write();
-      return;
+      if (writing_) return;
     }
     watchdog_.disarm();
     done_.wake();

@@ -965,6 +965,44 @@ TEST_F(HttpDownstream, SendBodyKeepsOrderThroughTheWriteLoop) {
   EXPECT_EQ(down->backlog(), 0u);
 }
 
+// The write loop's last write completes and finds more queued meanwhile,
+// which the socket then takes at once: a drain() parked on the loop wakes
+// (it stayed parked, and the write deadline armed, until write_timeout: the
+// stream's end and its log line waited, or the deadline cut a live stream).
+TEST_F(HttpDownstream, ADrainParkedOnTheWriteLoopWakesWhenTheLastBytesGoOutAtOnce) {
+  sc.write_timeout = std::chrono::milliseconds(30'000);
+  start(/*client_rcvbuf=*/4096, /*server_sndbuf=*/4096);
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  const std::string big(1 << 20, 'x');
+  down->send_body(big);  // more than the sockets hold: the write loop takes the rest
+  ASSERT_TRUE(down->writing());
+  down->send_body("tail");  // queued behind the loop's write
+  down->queue_end();
+  down->flush();
+  bool drained = false;
+  spawn(io, down->drain(), drained);
+  settle(io);
+  ASSERT_FALSE(drained);
+  const std::string want_tail = "4\r\ntail\r\n0\r\n\r\n";
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(run_until(
+      io,
+      [&] {
+        client.read_available();
+        return drained;
+      },
+      5s))
+      << "drain() still parked after every byte was taken";
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  client.read_available();
+  EXPECT_TRUE(client.received.ends_with(want_tail));
+  EXPECT_FALSE(down->writing());
+  EXPECT_FALSE(down->client_gone());
+  EXPECT_EQ(down->backlog(), 0u);
+}
+
 TEST_F(HttpDownstream, SendBodyToAClientThatResetIsDropped) {
   start();
   client.send(kGet);
