@@ -168,3 +168,52 @@ def test_a_chunked_coding_with_parameters_is_bad_framing(mock, weir, te):
                   b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
         head = s.recv(65536)
     assert head.startswith(b"HTTP/1.1 400 "), head[:200]
+
+
+def sse_stream_with_a_large_event(headers, body) -> list:
+    # vLLM's framing: one chunked body holding a role chunk, a ~1 MB content chunk, the finish, usage, [DONE];
+    # then the upstream closes.
+    def chunk(delta, finish=None, choices=None, usage=None) -> bytes:
+        o = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}]
+             if choices is None else choices}
+        if usage:
+            o["usage"] = usage
+        return b"data: " + json.dumps(o, separators=(",", ":")).encode() + b"\n\n"
+    events = (chunk({"role": "assistant", "content": ""}) + chunk({"content": "x" * 1_000_000}) +
+              chunk({}, "stop") + chunk(None, choices=[], usage={"prompt_tokens": 7, "completion_tokens": 5,
+                                                                  "total_tokens": 12}) + b"data: [DONE]\n\n")
+    return [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+            b"%x\r\n" % len(events) + events + b"\r\n0\r\n\r\n", None]
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/v1/responses", {"model": "m", "input": "hi", "stream": True}),
+    ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+])
+def test_a_stream_whose_last_bytes_go_out_at_once_ends_at_once(weir, path, body):
+    # A 1 MB event fills the sockets: the write loop takes it, the stream's end is queued behind it, and goes
+    # out at once when the loop's write completes. The stream ended (and was logged) only at write_timeout.
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(sse_stream_with_a_large_event)
+    try:
+        w = weir(config={"pools": {"s": {"endpoints": [up.url]}}, "default_pool": "s",
+                         "server": {"write_timeout": "8s"}}, workers=1)
+        for i in range(5):
+            rid = f"big-{path.rsplit('/', 1)[1]}-{i}"
+            data = json.dumps(body).encode()
+            with socket.create_connection(("127.0.0.1", w.port), timeout=15) as s:
+                t0 = time.monotonic()
+                s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                          b"x-request-id: %s\r\nContent-Length: %d\r\n\r\n" % (path.encode(), rid.encode(), len(data))
+                          + data)
+                got = b""
+                while chunk := s.recv(1 << 20):
+                    got += chunk
+                took = time.monotonic() - t0
+            assert got.endswith(b"0\r\n\r\n"), got[-200:]
+            assert took < 4, f"the stream ended {took:.1f} s after it began (write_timeout 8 s)"
+            line = w.log_for(rid)
+            assert line["status"] == 200 and line["error"] is None and line["duration_ms"] < 4000, line
+    finally:
+        up.close()
