@@ -217,3 +217,71 @@ def test_a_stream_whose_last_bytes_go_out_at_once_ends_at_once(weir, path, body)
             assert line["status"] == 200 and line["error"] is None and line["duration_ms"] < 4000, line
     finally:
         up.close()
+
+
+def chat_stream_answer(headers, body) -> bytes:
+    # A whole, valid vLLM chat stream, whatever the request asked.
+    events = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in [
+        {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+         "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]},
+        {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+         "choices": [{"index": 0, "delta": {"content": "streamed"}, "finish_reason": "stop"}]}]) + b"data: [DONE]\n\n"
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events)
+            + events)
+
+
+def chat_json_answer(headers, body) -> bytes:
+    # A whole chat completion, whatever the request asked (an upstream that ignores `stream: true`).
+    doc = json.dumps({"id": "c2", "object": "chat.completion", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "whole answer"},
+                                   "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc) + doc
+
+
+def test_an_event_stream_to_a_request_that_did_not_ask_for_one_is_no_answer(weir):
+    # The SDKs got the events' text as the answer (a str) on chat, /v1/messages and /v1/responses.
+    import anthropic
+    from test_defect_fixes import RawUpstream
+    streams, good = RawUpstream(chat_stream_answer), RawUpstream(chat_json_answer)
+    try:
+        w = weir(config={"pools": {"s": {"endpoints": [streams.url]}, "g": {"endpoints": [good.url]}},
+                         "models": {"m": {"pool": "s"}, "fb": {"pool": "s", "fallbacks": [{"pool": "g"}]}}},
+                 workers=1)
+        o = openai.OpenAI(base_url=w.v1, api_key="k", max_retries=0)
+        a = anthropic.Anthropic(base_url=w.base_url, api_key="k", max_retries=0)
+        with pytest.raises(openai.InternalServerError) as e:
+            o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert e.value.status_code == 502 and e.value.body["code"] == "upstream_invalid_response"
+        with pytest.raises(openai.InternalServerError):
+            o.responses.create(model="m", input="hi")
+        with pytest.raises(anthropic.InternalServerError):
+            a.messages.create(model="m", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+        # With a fallback, the fallback answers.
+        r = o.chat.completions.create(model="fb", messages=[{"role": "user", "content": "hi"}])
+        assert r.choices[0].message.content == "whole answer"
+        # A client that asked for the stream still gets it as it came.
+        text = "".join(c.choices[0].delta.content or "" for c in o.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "hi"}], stream=True) if c.choices)
+        assert text == "streamed"
+    finally:
+        streams.close()
+        good.close()
+
+
+def test_a_whole_answer_to_a_streamed_chat_request_becomes_its_stream(weir):
+    # The openai SDK read the JSON body of a stream it opened as no chunk and no error.
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(chat_json_answer)
+    try:
+        w = weir(config={"pools": {"s": {"endpoints": [up.url]}}, "default_pool": "s"}, workers=1)
+        o = openai.OpenAI(base_url=w.v1, api_key="k", max_retries=0,
+                          default_headers={"x-request-id": "whole-as-stream"})
+        chunks = list(o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}],
+                                                stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "whole answer"
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "stop"
+        line = w.log_for("whole-as-stream")
+        assert line["status"] == 200 and line["error"] is None and line["completion_tokens"] == 2, line
+    finally:
+        up.close()

@@ -115,9 +115,17 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   // buffered body (decoded for a client that did not accept the encoding).
   const auto ce = http::first_field(head, bh::field::content_encoding);
   const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
+  // A client that did not ask for a stream, on a route whose answer is one
+  // JSON object (OpenAI's and Anthropic's APIs never stream to it): an event
+  // stream is no answer it can read (an SDK would hand its user the events'
+  // text). It is read whole, and refused there (respond_buffered: a fallback
+  // takes the request, else 502 upstream_invalid_response).
+  const bool object_only = !ctx.fields.stream && !anthropic_pool(ctx) &&
+                           (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+                            ctx.route == RouteKind::embeddings || is_translated(ctx.route));
   const bool stream = ctx.upstream_status == 200 &&
                       http::is_event_stream(http::first_field(head, bh::field::content_type)) && !src.done() &&
-                      !encoded;
+                      !encoded && !object_only;
   // With a fallback left, a stream's head waits for its first content
   // event: until then it can still fail over.
   ctx.hold_head = stream && fallback_left(ctx) && !ctx.committed;

@@ -224,6 +224,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // (A JSON answer begins with '{': no look at its fields for that.)
   const bool event_stream = status >= 200 && status < 300 && !anthropic_up && !plain.empty() && plain.front() != '{' &&
                             http::is_event_stream(http::first_field(head, bh::field::content_type));
+  // An event stream for a client that did not ask for one (relay()): no
+  // answer it can read, whatever the route.
+  if (event_stream && !ctx.fields.stream && (read_2xx || is_translated(ctx.route)) && req.method() != bh::verb::head)
+    co_return untranslatable(ctx, "one JSON object (it sent an event stream to a request that did not ask for one)");
   if (read_2xx && !anthropic_up && req.method() != bh::verb::head &&
       (event_stream ? !rewritten : !plain.empty() && !core::braced_as_object(plain))) {
     co_return untranslatable(ctx, event_stream                         ? "an uncompressed event stream"
@@ -277,11 +281,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     out = translated;
     drop_encoding = encoded;
   }
+  // A chat client of an OpenAI pool too: the openai SDK reads a JSON body
+  // given to a stream it opened as no chunk and no error, so the completion
+  // becomes the one chunk that carries all of it, then [DONE].
   const bool whole_for_stream =
       !event_stream && ctx.stream && status >= 200 && status < 300 && status != 204 &&
       (rewritten
            ? ctx.route == RouteKind::messages || is_responses(ctx.route) || ctx.route == RouteKind::chat_completions
-           : anthropic_up && ctx.route == RouteKind::messages);  // (an Anthropic client of an Anthropic pool)
+       : anthropic_up ? ctx.route == RouteKind::messages  // (an Anthropic client of an Anthropic pool)
+                      : ctx.route == RouteKind::chat_completions && !plain.empty());  // (an empty 200 stays one)
   if (anthropic_up && rewritten && !(status == 204 || status == 304)) {
     // Anthropic's message (or error) → OpenAI's chat completion (or error):
     // the answer for a chat client, the input of the Responses translation.
@@ -296,7 +304,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     drop_encoding = encoded;
     content_type = "application/json";
   }
-  if (whole_for_stream && !rewritten) {
+  if (whole_for_stream && !rewritten && anthropic_up) {
     // An Anthropic pool's whole message for an Anthropic client: made a
     // chat completion first, then the stream as for the other routes.
     if (!api::anthropic::message_to_chat(plain, static_cast<std::int64_t>(std::time(nullptr)), chat))
@@ -343,6 +351,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     drop_encoding = encoded;
     content_type = "application/json";
   }
+  // A JSON object labelled an event stream, to a client that did not ask for
+  // one (relay() read it whole): it goes as what it is, or an SDK reads
+  // JSON as the text of events.
+  if (content_type.empty() && !ctx.fields.stream && !plain.empty() && plain.front() == '{' &&
+      http::is_event_stream(http::first_field(head, bh::field::content_type)))
+    content_type = "application/json";
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
