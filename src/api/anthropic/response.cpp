@@ -42,8 +42,12 @@ std::string_view error_type(int status) {
       return "not_found_error";
     case 413:
       return "request_too_large";
+    case 402:
+      return "billing_error";
     case 429:
       return "rate_limit_error";
+    case 504:
+      return "timeout_error";
     case 503:
     case 529:
       return "overloaded_error";

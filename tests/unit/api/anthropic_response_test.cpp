@@ -90,7 +90,8 @@ TEST(AnthropicResponse, Errors) {
   EXPECT_EQ(error_type(500), "api_error");
   EXPECT_EQ(error_type(502), "api_error");
   EXPECT_EQ(error_type(503), "overloaded_error");
-  EXPECT_EQ(error_type(504), "api_error");
+  EXPECT_EQ(error_type(504), "timeout_error");  // Anthropic: timeout_error (the SDK's GatewayTimeoutError)
+  EXPECT_EQ(error_type(402), "billing_error");
   EXPECT_EQ(error_type(529), "overloaded_error");
   std::string out;
   append_error_json(out, 401, "Incorrect \"key\".");
