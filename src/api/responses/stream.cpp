@@ -6,6 +6,7 @@
 #include "api/responses/stream.hpp"
 #include "api/json_dom.hpp"
 
+#include <algorithm>
 #include <ctime>
 
 #include <iterator>
@@ -89,6 +90,18 @@ void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string
       }
       it.name.assign(name);
       break;
+  }
+  // Every output item has its own id (clients key items by item_id): a
+  // second item of a kind in one response (reasoning, text, reasoning,
+  // text; a tool call's index again after text) takes _1, _2, ... after
+  // it; the first keeps rs_X, msg_X, fc_X_i.
+  const std::size_t stem = it.id.size();
+  const auto taken = [&] {
+    return std::any_of(items_.begin(), items_.end() - 1, [&](const OutputItem& o) { return o.id == it.id; });
+  };
+  for (std::size_t n = 1; taken(); ++n) {
+    it.id.resize(stem);
+    fmt::format_to(std::back_inserter(it.id), "_{}", n);
   }
   open_ = true;
   begin("response.output_item.added", out);

@@ -222,6 +222,31 @@ TEST(ResponsesStream, ReasoningTextAndParallelToolCalls) {
   EXPECT_TRUE(args_done);
 }
 
+TEST(ResponsesStream, EveryOutputItemHasItsOwnId) {
+  // Reasoning, text, reasoning, text, a tool call, text: two of each kind (ids were rs_a, msg_a, rs_a, msg_a,
+  // fc_a_0, msg_a: clients that key items by item_id merged them).
+  const std::vector<std::string_view> alternating = {
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})",
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"r1"}}]})",
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{"content":"t1"}}]})",
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"r2"}}]})",
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{"content":"t2"}}]})",
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"type":"function","function":{"name":"f","arguments":"{}"}}]}}]})",
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{"content":"t3"}}]})",
+      R"({"id":"chatcmpl-a","created":3,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})",
+      "[DONE]"};
+  const auto ev = events_of(run(alternating));
+  const auto r = expect_grammar(ev);
+  std::vector<std::string> ids;
+  for (const auto& item : r.at("output").as_array()) ids.emplace_back(item.at("id").as_string());
+  EXPECT_EQ(ids, (std::vector<std::string>{"rs_a", "msg_a", "rs_a_1", "msg_a_1", "fc_a_0", "msg_a_2"}));
+  // Each delta names its own item.
+  std::vector<std::string> delta_items;
+  for (const auto& e : ev)
+    if (e.type == "response.output_text.delta") delta_items.emplace_back(e.data.at("item_id").as_string());
+  EXPECT_EQ(delta_items, (std::vector<std::string>{"msg_a", "msg_a_1", "msg_a_2"}));
+}
+
 TEST(ResponsesStream, RepeatedFinishAndUsageGiveOneTerminal) {
   const std::string out = run(kRepeated);
   const auto ev = events_of(out);
