@@ -150,12 +150,17 @@ def test_an_anthropic_pools_whole_message_becomes_the_stream_an_anthropic_client
         up.close()
 
 
-def test_a_plain_chat_stream_passes_the_whole_answer_as_sent(whole):
-    # The client's and the upstream's dialect are the same: Weir relays what came, as any proxy would.
+def test_a_plain_chat_stream_gets_the_whole_answer_as_its_stream(whole):
+    # The client asked for a stream and the upstream sent the whole completion: it becomes the one chunk that
+    # carries all of it, then [DONE] (stop 38: relayed as it came, the openai SDK read it as no chunk and no
+    # error), as the translated routes make their streams from it.
     r = httpx.post(whole.v1 + "/chat/completions", timeout=10,
                    json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
-    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json"), r.headers
-    assert r.json()["choices"][0]["message"]["content"] == "Hello there"
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream"), r.headers
+    data = [ln[6:] for ln in r.text.splitlines() if ln.startswith("data: ")]
+    assert data[-1] == "[DONE]", r.text
+    chunk = json.loads(data[0])
+    assert chunk["object"] == "chat.completion.chunk" and chunk["choices"][0]["delta"]["content"] == "Hello there"
 
 
 
@@ -292,8 +297,9 @@ def sse_chunk(content: str, finish: str | None = None) -> bytes:
 
 def test_a_non_streamed_request_whose_upstream_streams_and_breaks_ends_at_once(module_weir):
     # The client did not ask for a stream; the upstream sent one anyway and reset after two
-    # tokens. The answer is a stream all the same: it ends in-band and whole, never a body that
-    # stops on a connection kept open until keepalive_timeout.
+    # tokens. It ends at once, never a body that stops on a connection kept open until
+    # keepalive_timeout. (Since stop 38 an event stream to a request that did not ask for one is
+    # no answer: read whole, here broken, a 502.)
     up = CutUpstream(SSE_HEAD + chunk(sse_chunk("Hel")) + chunk(sse_chunk("lo")))
     w = module_weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
     try:
@@ -301,7 +307,7 @@ def test_a_non_streamed_request_whose_upstream_streams_and_breaks_ends_at_once(m
         r = httpx.post(w.v1 + "/chat/completions", timeout=20, headers={"x-request-id": "cut-non-stream"},
                        json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 5})
         assert time.monotonic() - t0 < 5
-        assert r.status_code == 200 and '"error"' in r.text and r.text.rstrip().endswith("data: [DONE]"), r.text
+        assert r.status_code == 502 and r.json()["error"]["code"], r.text
         line = w.log_for("cut-non-stream")
         assert line["error"] is not None and line["bytes_out"] > 0, line
     finally:
