@@ -95,9 +95,39 @@ AdminResult<std::optional<std::vector<std::string>>> parse_models(const json::va
   return std::optional<std::vector<std::string>>(std::move(out));
 }
 
+// Levels of arrays and objects `metadata` may nest, itself included: the
+// keys file (admin.keys_file) wraps it in three more and reads it back.
+constexpr int kMaxMetadataDepth = 16;
+
+// Whether `v` nests at most `depth` levels and every number in it is finite
+// (Boost.JSON reads 1e999 as infinity, which JSON cannot write back).
+bool storable(const json::value& v, int depth) {
+  switch (v.kind()) {
+    case json::kind::double_:
+      return std::isfinite(v.get_double());
+    case json::kind::array:
+      if (depth <= 0) return false;
+      for (const auto& e : v.get_array())
+        if (!storable(e, depth - 1)) return false;
+      return true;
+    case json::kind::object:
+      if (depth <= 0) return false;
+      for (const auto& m : v.get_object())
+        if (!storable(m.value(), depth - 1)) return false;
+      return true;
+    default:
+      return true;
+  }
+}
+
 AdminResult<json::object> parse_metadata(const json::value& v) {
   if (v.is_null()) return json::object{};
   if (!v.is_object()) return tl::unexpected(admin_bad_request("metadata must be a JSON object", "metadata"));
+  if (!storable(v, kMaxMetadataDepth))
+    return tl::unexpected(admin_bad_request(
+        fmt::format("metadata must nest at most {} levels and hold only finite numbers (1e999 is none)",
+                    kMaxMetadataDepth),
+        "metadata"));
   if (json::serialize(v).size() > kMaxMetadataBytes)
     return tl::unexpected(
         admin_bad_request(fmt::format("metadata must serialise to at most {} bytes", kMaxMetadataBytes), "metadata"));
@@ -402,7 +432,11 @@ tl::expected<void, std::string> KeyStore::load() {
   std::stringstream ss;
   ss << in.rdbuf();
   boost::system::error_code ec;
-  json::value v = json::parse(ss.str(), ec);
+  // Deeper than Boost.JSON's default (32): metadata up to kMaxMetadataDepth
+  // sits three levels in (and files written before that limit, up to 30).
+  json::parse_options deep;
+  deep.max_depth = 64;
+  json::value v = json::parse(ss.str(), ec, {}, deep);
   if (ec || !v.is_object() || !v.get_object().contains("keys") || !v.at("keys").is_array())
     return tl::unexpected(
         fmt::format("admin.keys_file {}: not a Weir keys file ({{\"version\":1,\"keys\":[...]}})", file_));

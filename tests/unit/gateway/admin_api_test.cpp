@@ -155,6 +155,10 @@ TEST(KeyStore, RefusesBadFieldsNamingThem) {
   EXPECT_EQ(param(R"({"tenant":"acme","budget":{"period":"1h"}})"), "budget.usd");
   EXPECT_EQ(param(R"({"tenant":"acme","models":"m"})"), "models");
   EXPECT_EQ(param(R"({"tenant":"acme","metadata":[1]})"), "metadata");
+  // What JSON cannot write back (1e999 is read as infinity), or deeper than the keys file can hold.
+  EXPECT_EQ(param(R"({"tenant":"acme","metadata":{"n":1e999}})"), "metadata");
+  EXPECT_EQ(param(R"({"tenant":"acme","metadata":{"n":[-1e400]}})"), "metadata");
+  EXPECT_EQ(param(R"({"tenant":"acme","metadata":{"a":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}})"), "metadata");
   EXPECT_EQ(param(R"({"tenant":"acme","expires_at":"soon"})"), "expires_at");
   EXPECT_EQ(param(R"({"tenant":"acme","secret":"x"})"), "secret");
   auto t = store.create(obj(R"({"tenant":"nobody"})"), 1);
@@ -215,6 +219,16 @@ TEST(KeyStore, KeysFilePersistsHashesOnlyWithMode0600) {
   EXPECT_EQ(k.created_at, 1234);
   EXPECT_EQ(json::serialize(k.metadata), R"({"team":"c"})");
   EXPECT_NE(again.policy()->find_key(auth::sha256(secret)), nullptr);
+
+  // The deepest metadata the API takes is read back from the file (it was refused there from 29 levels).
+  {
+    std::string deep =
+        R"({"tenant":"acme","metadata":{"a":)" + std::string(14, '[') + "1" + std::string(14, ']') + "}}";
+    ASSERT_TRUE(again.create(obj(deep), 1235));
+    KeyStore reread(base_auth(), file);
+    ASSERT_TRUE(reread.load());
+    EXPECT_EQ(reread.keys().size(), 2u);
+  }
 
   std::ofstream(file) << "not json";
   KeyStore broken(base_auth(), file);
