@@ -563,7 +563,8 @@ tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view co
   // The upstream's form parser (Starlette) keeps the last of repeated
   // fields, Weir reads the first: a repeated field Weir acts on would route
   // and authorize one model and run another, so it is refused.
-  for (std::string_view name : {"model", "stream", "stream_include_usage"}) {
+  // (`prompt` too: its bytes are the token estimate the limits admit.)
+  for (std::string_view name : {"model", "stream", "stream_include_usage", "prompt"}) {
     int n = 0;
     for (const auto& p : *parts) n += p.name == name;
     if (n > 1)

@@ -119,6 +119,11 @@ def test_bad_forms_auth_and_methods(served):
     r = httpx.post(url, headers=auth, files=[("file", ("a.wav", b"x")), ("model", (None, "whisper-1")),
                                              ("model", (None, "other"))], timeout=10)
     assert r.status_code == 400 and r.json()["error"]["param"] == "model"
+    # a repeated prompt: the token estimate would be the first's (a short one ahead of a long one passed a limit)
+    r = httpx.post(url, headers=auth, files=[("file", ("a.wav", b"x")), ("model", (None, "whisper-1")),
+                                             ("prompt", (None, "hi")), ("prompt", (None, "word " * 2000))],
+                   timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     # a truncated form
     r = httpx.post(url, headers={**auth, "content-type": "multipart/form-data; boundary=zz"},
                    content=b"--zz\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a\"\r\n\r\nabc",
@@ -138,8 +143,8 @@ def test_bad_forms_auth_and_methods(served):
     r = httpx.post(url, headers=auth, files={"file": ("big.wav", b"\0" * (3 << 20))}, data={"model": "whisper-1"},
                    timeout=10)
     assert r.status_code == 413
-    entries = w.wait_log(lambda es: len(es) >= 10)
-    assert [e["status"] for e in entries] == [400, 400, 400, 400, 400, 404, 400, 401, 405, 413]
+    entries = w.wait_log(lambda es: len(es) >= 11)
+    assert [e["status"] for e in entries] == [400, 400, 400, 400, 400, 400, 404, 400, 401, 405, 413]
     assert all(e["upstream_ms"] is None for e in entries), "none of them reached the upstream"
 
 
