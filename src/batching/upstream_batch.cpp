@@ -182,6 +182,19 @@ core::Task<void> Batch::send() {
   }
   head_ = exchange_.head();
   const bool stream = head_.result_int() == 200 && is_event_stream(http::first_field(head_, bh::field::content_type));
+  if (!stream && mode_ == Mode::batch && status >= 200 && status < 300) {
+    // A batch (one prompt per member) answered whole, not as the stream it
+    // asked for: its body holds every member's completion, and no member
+    // may get another's (tenants share batches). Each fails (protocol,
+    // 502 upstream_invalid_response... or its fallback), as an answer Weir
+    // cannot take is unbatched.
+    exchange_.cancel();
+    exchange_.release();
+    pool.on_finish(ep_idx);
+    finished();
+    fail_all(UpstreamFailure::protocol);
+    co_return;
+  }
   if (stream && mode_ == Mode::batch) {
     json_head_ = head_;
     json_head_.set(bh::field::content_type, "application/json");

@@ -285,3 +285,42 @@ def test_a_whole_answer_to_a_streamed_chat_request_becomes_its_stream(weir):
         assert line["status"] == 200 and line["error"] is None and line["completion_tokens"] == 2, line
     finally:
         up.close()
+
+
+def completions_json_answer(headers, body) -> bytes:
+    # A whole text completion with one choice per prompt of the list, whatever `stream` asked.
+    prompts = json.loads(body)["prompt"]
+    prompts = prompts if isinstance(prompts, list) else [prompts]
+    doc = json.dumps({"id": "cmpl-up", "object": "text_completion", "created": 1, "model": "m",
+                      "choices": [{"index": i, "text": f"answer for {p}", "finish_reason": "stop"}
+                                  for i, p in enumerate(prompts)]}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc) + doc
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_batch_answered_whole_gives_no_member_another_members_completion(weir, stream):
+    # Eight members in one batch; the upstream ignored "stream": true and answered one JSON body with every
+    # prompt's completion. Every member got that whole body (other tenants' prompts and answers).
+    import threading
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(completions_json_answer)
+    try:
+        w = weir(config={"pools": {"b": {"endpoints": [up.url], "batch": {"window": "50ms", "max_size": 8}}},
+                         "default_pool": "b"}, workers=1)
+        got: dict[int, httpx.Response] = {}
+
+        def go(i: int) -> None:
+            got[i] = httpx.post(w.v1 + "/completions", timeout=15, json={
+                "model": "m", "prompt": f"tenant{i} private", "max_tokens": 5, "stream": stream})
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, r in got.items():
+            others = [f"tenant{j} private" for j in range(8) if j != i]
+            assert not any(o in r.text for o in others), (i, r.text[:300])
+            assert r.status_code == 502 or f"tenant{i} private" in r.text, (i, r.status_code, r.text[:300])
+    finally:
+        up.close()
