@@ -324,3 +324,36 @@ def test_a_batch_answered_whole_gives_no_member_another_members_completion(weir,
             assert r.status_code == 502 or f"tenant{i} private" in r.text, (i, r.status_code, r.text[:300])
     finally:
         up.close()
+
+
+def text_completion_json_answer(headers, body) -> bytes:
+    doc = json.dumps({"id": "cmpl-3", "object": "text_completion", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "text": "whole text", "logprobs": None, "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc) + doc
+
+
+def test_a_whole_answer_made_a_stream_carries_usage_only_when_asked_and_completions_too(weir):
+    from test_defect_fixes import RawUpstream
+    chat, text = RawUpstream(chat_json_answer), RawUpstream(text_completion_json_answer)
+    try:
+        w = weir(config={"pools": {"c": {"endpoints": [chat.url]}, "t": {"endpoints": [text.url]}},
+                         "models": {"chat": {"pool": "c"}, "text": {"pool": "t"}}}, workers=1)
+        o = openai.OpenAI(base_url=w.v1, api_key="k", max_retries=0)
+        msgs = [{"role": "user", "content": "hi"}]
+        plain = list(o.chat.completions.create(model="chat", messages=msgs, stream=True))
+        assert all(c.usage is None for c in plain), plain  # not asked: none (it rode in the content chunk)
+        asked = list(o.chat.completions.create(model="chat", messages=msgs, stream=True,
+                                               stream_options={"include_usage": True}))
+        assert asked[-1].choices == [] and asked[-1].usage.total_tokens == 5, asked
+        assert "".join(c.choices[0].delta.content or "" for c in asked if c.choices) == "whole answer"
+        # /v1/completions: the openai SDK's stream got no chunk and no error.
+        chunks = list(o.completions.create(model="text", prompt="hi", stream=True))
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == "whole text", chunks
+        assert all(c.usage is None for c in chunks)
+        chunks = list(o.completions.create(model="text", prompt="hi", stream=True,
+                                           stream_options={"include_usage": True}))
+        assert chunks[-1].usage.completion_tokens == 2, chunks
+    finally:
+        chat.close()
+        text.close()

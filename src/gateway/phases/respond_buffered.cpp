@@ -38,12 +38,38 @@ namespace {
 // upstream that ignored `stream: true` (api::openai::completion_as_chunk,
 // then the stream's own translator). A chat client gets its one chunk and
 // [DONE]. False when `chat` is no chat completion.
-bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, std::string& out) {
+// An OpenAI client's stream made from a whole answer (`chunk`: the one
+// chunk that carries all of it): that chunk without its usage, then, when
+// the client asked for usage (`with_usage`), the usage chunk a stream ends
+// with (vLLM's shape: `choices: []` and the usage), then [DONE]. OpenAI's
+// stream carries usage only when asked (stream_options.include_usage).
+void append_as_openai_stream(std::string_view chunk, bool with_usage, std::string& out) {
+  std::string usage, bare;
+  if (const auto u = api::find_member(chunk, "usage"))
+    usage = chunk.substr(u->value_begin, u->value_end - u->value_begin);
+  if (!usage.empty() && api::remove_member(chunk, "usage", bare)) chunk = bare;
+  out.append("data: ").append(chunk).append("\n\n");
+  if (with_usage && !usage.empty() && usage != "null") {
+    out += "data: {";
+    for (const std::string_view key : {"id", "object", "created", "model"}) {
+      const auto m = api::find_member(chunk, key);
+      if (!m) continue;
+      out.append("\"").append(key).append("\":").append(chunk.substr(m->value_begin, m->value_end - m->value_begin));
+      out += ',';
+    }
+    out.append("\"choices\":[],\"usage\":").append(usage).append("}\n\n");
+  }
+  out.append("data: [DONE]\n\n");
+}
+
+// `with_usage`: an OpenAI client asked for the usage chunk.
+bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, bool with_usage,
+                            std::string& out) {
   std::string chunk;
   if (!api::openai::completion_as_chunk(chat, chunk)) return false;
   switch (client) {
     case Translation::none:
-      out.append("data: ").append(chunk).append("\n\ndata: [DONE]\n\n");
+      append_as_openai_stream(chunk, with_usage, out);
       return true;
     case Translation::anthropic: {
       api::anthropic::StreamTranslator tr;
@@ -281,15 +307,17 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     out = translated;
     drop_encoding = encoded;
   }
-  // A chat client of an OpenAI pool too: the openai SDK reads a JSON body
-  // given to a stream it opened as no chunk and no error, so the completion
-  // becomes the one chunk that carries all of it, then [DONE].
+  // A chat or completions client of an OpenAI pool too: the openai SDK
+  // reads a JSON body given to a stream it opened as no chunk and no error,
+  // so the completion becomes the one chunk that carries all of it, then
+  // its usage chunk if the client asked for one, then [DONE].
   const bool whole_for_stream =
       !event_stream && ctx.stream && status >= 200 && status < 300 && status != 204 &&
       (rewritten
            ? ctx.route == RouteKind::messages || is_responses(ctx.route) || ctx.route == RouteKind::chat_completions
        : anthropic_up ? ctx.route == RouteKind::messages  // (an Anthropic client of an Anthropic pool)
-                      : ctx.route == RouteKind::chat_completions && !plain.empty());  // (an empty 200 stays one)
+                      : (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions) &&
+                            !plain.empty());  // (an empty 200 stays one)
   if (anthropic_up && rewritten && !(status == 204 || status == 304)) {
     // Anthropic's message (or error) → OpenAI's chat completion (or error):
     // the answer for a chat client, the input of the Responses translation.
@@ -315,8 +343,18 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     const Translation client = is_anthropic(ctx.route)   ? Translation::anthropic
                                : is_responses(ctx.route) ? Translation::responses
                                                          : Translation::none;
-    if (!whole_answer_as_stream(from, client, ctx, translated))
-      co_return untranslatable(ctx, anthropic_up ? "an Anthropic message" : "a chat completion");
+    // (An OpenAI pool's client gets usage when Weir did not ask for it on
+    // the client's behalf: strip_usage; an Anthropic pool's when it asked.)
+    const bool with_usage = anthropic_up ? ctx.fields.include_usage : !ctx.strip_usage;
+    bool ok = false;
+    if (ctx.route == RouteKind::completions) {
+      // A text completion streams in its whole answer's shape (object text_completion, choices' text).
+      ok = core::braced_as_object(from);
+      if (ok) append_as_openai_stream(from, with_usage, translated);
+    } else {
+      ok = whole_answer_as_stream(from, client, ctx, with_usage, translated);
+    }
+    if (!ok) co_return untranslatable(ctx, anthropic_up ? "an Anthropic message" : "a chat completion");
     out = translated;
     drop_encoding = encoded;
     content_type = "text/event-stream";
