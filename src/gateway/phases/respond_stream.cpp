@@ -243,9 +243,21 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   // its [DONE] would hold it open until timeouts.idle).
   if (ctx.hooks.done_relayed()) return false;
   if (backlog > sc.max_stream_buffer_bytes) {
-    // The client is not keeping up: cut it off rather than buffer without bound.
-    s.cut_off = true;
-    return false;
+    // The client is not keeping up: cut it off rather than buffer without
+    // bound. Not keeping up is taking nothing since the previous read found
+    // the backlog over the bound: a client that reads as fast as it can
+    // falls that far behind a burst of large events, and catches up. Past
+    // the bound plus two of the largest events (server.max_event) it is cut
+    // whatever it takes: what a stream holds stays bounded.
+    const std::uint64_t taken = down_.bytes_out();
+    const bool stalled = taken == s.out_when_over;
+    s.out_when_over = taken;
+    if (stalled || backlog > sc.max_stream_buffer_bytes + 2 * sc.max_event_bytes) {
+      s.cut_off = true;
+      return false;
+    }
+  } else {
+    s.out_when_over = ~std::uint64_t{0};
   }
   // The client left (and the upstream was aborted).
   return !down_.client_gone();
