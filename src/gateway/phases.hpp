@@ -226,12 +226,14 @@ class GatewayPhases final : public Phases {
     core::Histogram* itl = nullptr;       // the model's inter-token latency
     core::TimePoint last_event{};         // the previous data event relayed (none yet: epoch)
     http::UpstreamFailure failure = http::UpstreamFailure::none;
-    bool holding = false;                             // the head waits for the first content event
-    bool first_read = true;                           // no read's events sent yet
-    bool cut_off = false;                             // the client did not keep up (server.max_stream_buffer)
-    std::uint64_t out_when_over = ~std::uint64_t{0};  // bytes taken when a read last found the backlog over the bound
-    bool error_relayed = false;                       // the upstream's in-band error event went into this read's events
-    bool event_too_large = false;                     // an upstream event passed server.max_event
+    bool holding = false;    // the head waits for the first content event
+    bool first_read = true;  // no read's events sent yet
+    bool cut_off = false;    // the client did not keep up (server.max_stream_buffer)
+    // Over server.max_stream_buffer: the bytes the client had taken when it last took some, and since when.
+    std::uint64_t out_when_over = ~std::uint64_t{0};
+    core::TimePoint over_since{};
+    bool error_relayed = false;    // the upstream's in-band error event went into this read's events
+    bool event_too_large = false;  // an upstream event passed server.max_event
   };
   // The error a stream that broke ends with (before its head went out, or after: `mid_stream`).
   core::Error stream_failure(const RequestContext& ctx, const StreamRelay& s, http::UpstreamFailure failure,

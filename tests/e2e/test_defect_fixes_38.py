@@ -357,3 +357,36 @@ def test_a_whole_answer_made_a_stream_carries_usage_only_when_asked_and_completi
     finally:
         chat.close()
         text.close()
+
+
+def three_large_events(headers, body) -> list:
+    def chunk(delta, finish=None) -> bytes:
+        return b"data: " + json.dumps({"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\n\n"
+    events = chunk({"role": "assistant", "content": ""}) + b"".join(
+        chunk({"content": c * 3_000_000}) for c in "abc") + chunk({}, "stop") + b"data: [DONE]\n\n"
+    return [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events)
+            + events]
+
+
+def test_a_client_that_keeps_reading_is_not_cut_behind_a_burst_of_large_events(weir):
+    # Three 3 MB events back to back to a client reading at ~30 MB/s: it falls behind by more than
+    # max_stream_buffer (1 MiB), and catches up. It was cut as slow_client.
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(three_large_events)
+    try:
+        w = weir(config={"pools": {"s": {"endpoints": [up.url]}}, "default_pool": "s"}, workers=1)
+        body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
+        with socket.create_connection(("127.0.0.1", w.port), timeout=30) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Connection: close\r\nx-request-id: paced\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+            got = bytearray()
+            while chunk := s.recv(65536):
+                got += chunk
+                time.sleep(0.002)
+        assert got.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), bytes(got[-200:])
+        line = w.log_for("paced")
+        assert line["status"] == 200 and line["error"] is None, line
+    finally:
+        up.close()

@@ -13,6 +13,12 @@
 
 namespace weir::gateway {
 
+namespace {
+// How long a stream's client may take nothing while its backlog is over
+// server.max_stream_buffer before it is cut off as slow.
+constexpr std::chrono::milliseconds kSlowClientGrace{300};
+}  // namespace
+
 bool GatewayPhases::resume_note(RequestContext& ctx, http::SseEvent& ev, bool holding, http::UpstreamFailure& failure) {
   auto& r = ctx.resume;
   if (r.active) {
@@ -244,15 +250,18 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   if (ctx.hooks.done_relayed()) return false;
   if (backlog > sc.max_stream_buffer_bytes) {
     // The client is not keeping up: cut it off rather than buffer without
-    // bound. Not keeping up is taking nothing since the previous read found
-    // the backlog over the bound: a client that reads as fast as it can
+    // bound. Not keeping up is taking nothing for kSlowClientGrace while
+    // the backlog is over the bound: a client that reads as fast as it can
     // falls that far behind a burst of large events, and catches up. Past
     // the bound plus two of the largest events (server.max_event) it is cut
     // whatever it takes: what a stream holds stays bounded.
     const std::uint64_t taken = down_.bytes_out();
-    const bool stalled = taken == s.out_when_over;
-    s.out_when_over = taken;
-    if (stalled || backlog > sc.max_stream_buffer_bytes + 2 * sc.max_event_bytes) {
+    const auto now = core::now();
+    if (taken != s.out_when_over) {
+      s.out_when_over = taken;
+      s.over_since = now;
+    }
+    if (now - s.over_since >= kSlowClientGrace || backlog > sc.max_stream_buffer_bytes + 2 * sc.max_event_bytes) {
       s.cut_off = true;
       return false;
     }
