@@ -127,6 +127,15 @@ class Downstream {
   // After release_request(): empty.
   std::string& body() { return parser_ ? parser_->get().body() : body_store_; }
   bool body_complete() const { return !parser_ || parser_->is_done(); }
+  // The rest of a Content-Length body is already in the input buffer (read
+  // with the head): read_body() takes it without a system call or a wait.
+  // (A chunked body's end cannot be told without parsing it: false.)
+  bool body_buffered() const {
+    if (body_complete()) return true;
+    if (!parser_->is_header_done() || parser_->chunked()) return false;
+    const auto left = parser_->content_length_remaining();
+    return left && *left <= in_.size();
+  }
   // Body storage kept across requests (capacity only). The gateway lends a
   // spare one before read_body() when there is none, and takes it back
   // (give_body_storage) once the request no longer needs its body.

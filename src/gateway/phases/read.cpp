@@ -101,7 +101,9 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   // client that expects 100-continue waits for it before it sends the body:
   // it gets it only once the head has passed every check that does not need
   // the body, its credentials included (RFC 9110 §10.1.1).
-  if (!down_.body_complete()) {
+  // (A body that came with the head is read now: no wait, no coroutine for
+  // authenticate(), unless its client expects 100-continue.)
+  if (!down_.body_buffered() || (!down_.body_complete() && http::expects_continue(req))) {
     ctx.body_deferred = true;
     co_return Outcome::next();
   }
