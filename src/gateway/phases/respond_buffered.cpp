@@ -33,11 +33,6 @@ namespace bh = boost::beast::http;
 
 namespace {
 
-// The events a translated stream would have given, made from an upstream's
-// whole answer to a streamed request (`chat`: a chat completion): an
-// upstream that ignored `stream: true` (api::openai::completion_as_chunk,
-// then the stream's own translator). A chat client gets its one chunk and
-// [DONE]. False when `chat` is no chat completion.
 // An OpenAI client's stream made from a whole answer (`chunk`: the one
 // chunk that carries all of it): that chunk without its usage, then, when
 // the client asked for usage (`with_usage`), the usage chunk a stream ends
@@ -62,7 +57,12 @@ void append_as_openai_stream(std::string_view chunk, bool with_usage, std::strin
   out.append("data: [DONE]\n\n");
 }
 
-// `with_usage`: an OpenAI client asked for the usage chunk.
+// The events a translated stream would have given, made from an upstream's
+// whole answer to a streamed request (`chat`: a chat completion): an
+// upstream that ignored `stream: true` (api::openai::completion_as_chunk,
+// then the stream's own translator). A chat client gets its one chunk, its
+// usage chunk when it asked for one (`with_usage`), and [DONE]. False when
+// `chat` is no chat completion.
 bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, bool with_usage,
                             std::string& out) {
   std::string chunk;
