@@ -185,9 +185,8 @@ core::Task<void> Batch::send() {
   if (!stream && mode_ == Mode::batch && status >= 200 && status < 300) {
     // A batch (one prompt per member) answered whole, not as the stream it
     // asked for: its body holds every member's completion, and no member
-    // may get another's (tenants share batches). Each fails (protocol,
-    // 502 upstream_invalid_response... or its fallback), as an answer Weir
-    // cannot take is unbatched.
+    // may get another's (tenants share batches). Each fails (protocol: a
+    // 502 upstream_unavailable, or its fallback takes the request).
     exchange_.cancel();
     exchange_.release();
     pool.on_finish(ep_idx);
