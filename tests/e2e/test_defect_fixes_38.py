@@ -390,3 +390,50 @@ def test_a_client_that_keeps_reading_is_not_cut_behind_a_burst_of_large_events(w
         assert line["status"] == 200 and line["error"] is None, line
     finally:
         up.close()
+
+
+def json_200(doc: dict):
+    def answer(headers, body) -> bytes:
+        text = json.dumps(doc).encode()
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(text) + text
+    return answer
+
+
+@pytest.mark.parametrize("doc", [
+    {"object": "error", "message": "vllm error", "type": "BadRequestError", "param": None, "code": 400},
+    {"error": {"message": "boom", "type": "server_error"}},
+    {"id": "c", "object": "chat.completion", "choices": [{"index": 0, "message": {"content": "x"}}]},
+])
+def test_a_streamed_completions_request_answered_by_no_text_completion_is_no_answer(weir, doc):
+    # /v1/completions made any 2xx JSON object its stream's chunk (an error object too: logged 200, no fallback).
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(json_200(doc))
+    try:
+        w = weir(config={"pools": {"s": {"endpoints": [up.url]}}, "default_pool": "s"}, workers=1)
+        r = httpx.post(w.v1 + "/completions", timeout=10, json={"model": "m", "prompt": "hi", "stream": True})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_invalid_response", r.text
+    finally:
+        up.close()
+
+
+def test_an_empty_2xx_to_a_streamed_request_is_no_answer(weir):
+    # The openai SDK read an empty 200 (or a 204) given to the stream it opened as a whole stream with no chunk.
+    from test_defect_fixes import RawUpstream
+    empty = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 0\r\n\r\n")
+    good = RawUpstream(chat_json_answer)
+    try:
+        w = weir(config={"pools": {"e": {"endpoints": [empty.url]}, "g": {"endpoints": [good.url]}},
+                         "models": {"m": {"pool": "e"}, "fb": {"pool": "e", "fallbacks": [{"pool": "g"}]}}}, workers=1)
+        o = openai.OpenAI(base_url=w.v1, api_key="k", max_retries=0)
+        with pytest.raises(openai.InternalServerError):
+            list(o.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}], stream=True))
+        text = "".join(c.choices[0].delta.content or "" for c in o.chat.completions.create(
+            model="fb", messages=[{"role": "user", "content": "hi"}], stream=True) if c.choices)
+        assert text == "whole answer"
+        # Not asked for a stream: the empty 200 passes as it came (the upstream's word).
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10,
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200 and r.content == b""
+    finally:
+        empty.close()
+        good.close()

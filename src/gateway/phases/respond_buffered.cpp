@@ -57,6 +57,17 @@ void append_as_openai_stream(std::string_view chunk, bool with_usage, std::strin
   out.append("data: [DONE]\n\n");
 }
 
+// A whole text completion (OpenAI's and vLLM's /v1/completions answer): a
+// JSON object with a `choices` array, no `error` member, and `object`
+// "text_completion" when it says what it is.
+bool is_text_completion(std::string_view body) {
+  if (!core::braced_as_object(body) || api::find_member(body, "error")) return false;
+  const auto choices = api::find_member(body, "choices");
+  if (!choices || body[choices->value_begin] != '[') return false;
+  const auto object = api::find_member(body, "object");
+  return !object || body.substr(object->value_begin, object->value_end - object->value_begin) == "\"text_completion\"";
+}
+
 // The events a translated stream would have given, made from an upstream's
 // whole answer to a streamed request (`chat`: a chat completion): an
 // upstream that ignored `stream: true` (api::openai::completion_as_chunk,
@@ -227,6 +238,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (status >= 200 && status < 300 && status != 204 && plain.empty() && req.method() != bh::verb::head &&
       http::is_event_stream(http::first_field(head, bh::field::content_type)))
     co_return no_answer(ctx, upstream_stream_incomplete(subject(ctx)));
+  // So is an empty 2xx (a 204, an empty JSON 200) to a client that asked for
+  // a chat or completions stream: it would get no chunk and no error (the
+  // openai SDK ends such a stream as if whole).
+  if (status >= 200 && status < 300 && plain.empty() && ctx.fields.stream && req.method() != bh::verb::head &&
+      (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions))
+    co_return no_answer(ctx, upstream_stream_incomplete(subject(ctx)));
   // Any other empty 2xx (a 204, an empty JSON 200) passes as it came, and
   // carried no completion: settle() charges it nothing.
   ctx.empty_answer = status >= 200 && status < 300 && plain.empty();
@@ -348,13 +365,18 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     const bool with_usage = anthropic_up ? ctx.fields.include_usage : !ctx.strip_usage;
     bool ok = false;
     if (ctx.route == RouteKind::completions) {
-      // A text completion streams in its whole answer's shape (object text_completion, choices' text).
-      ok = core::braced_as_object(from);
+      // A text completion streams in its whole answer's shape (object
+      // text_completion, choices' text): only a body of that shape (not an
+      // error object, not a chat completion) is one.
+      ok = is_text_completion(from);
       if (ok) append_as_openai_stream(from, with_usage, translated);
     } else {
       ok = whole_answer_as_stream(from, client, ctx, with_usage, translated);
     }
-    if (!ok) co_return untranslatable(ctx, anthropic_up ? "an Anthropic message" : "a chat completion");
+    if (!ok)
+      co_return untranslatable(ctx, anthropic_up                          ? "an Anthropic message"
+                                    : ctx.route == RouteKind::completions ? "a text completion"
+                                                                          : "a chat completion");
     out = translated;
     drop_encoding = encoded;
     content_type = "text/event-stream";
