@@ -182,8 +182,7 @@ std::uint32_t seconds_until(const BucketView& v, double cost) {
   // (Unlimited, or more than it ever holds: the check itself says so, and no wait helps.)
   if (v.rate_per_min <= 0 || cost > v.depth + 1e-9) return 0;
   const double deficit = cost - v.level;
-  if (deficit <= 1e-9) return 0;
-  return static_cast<std::uint32_t>(std::clamp(std::ceil(deficit * 60.0 / v.rate_per_min - 1e-9), 1.0, 86400.0));
+  return deficit <= 1e-9 ? 0 : refill_seconds(deficit, v.rate_per_min);
 }
 
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,

@@ -4,8 +4,10 @@
 // in-process one (LocalLimiter) without touching the request path.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -71,6 +73,14 @@ struct Shortfall {
     if (count < kMax) needs[count++] = Need{scope, what, units};
   }
 };
+
+// Whole seconds (at least 1, at most a day) a bucket refilling at
+// `rate_per_min` units a minute takes to gain `deficit` units: a refusal's
+// Retry-After (RFC 9110 §10.2.3).
+inline std::uint32_t refill_seconds(double deficit, double rate_per_min) {
+  const double secs = std::ceil(std::max(deficit, 1e-9) * 60.0 / rate_per_min - 1e-9);
+  return static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0));
+}
 
 // A bucket as the x-ratelimit-* headers show it, and what admission needs
 // to say when it holds enough again.

@@ -232,9 +232,7 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   double total = 0;
   // Debt counts against the total (it is usage already served).
   for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[bi], t);
-  const double deficit = std::max(cost - total, kEps);
-  const double secs = std::ceil(deficit * 60.0 / s.rate_per_min - 1e-9);
-  return TakeResult{.ok = false, .retry_after_s = static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0))};
+  return TakeResult{.ok = false, .retry_after_s = refill_seconds(cost - total, s.rate_per_min)};
 }
 
 void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {

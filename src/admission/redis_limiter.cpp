@@ -211,9 +211,7 @@ TakeResult RedisLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   if (!l.wanted.load(std::memory_order_relaxed)) l.wanted.store(true, std::memory_order_relaxed);
   const double have = remote_estimate(l, i, ns(now)) + static_cast<double>(cur);
   if (have >= cost - kEps) return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
-  const double deficit = std::max(cost - have, kEps);
-  const double secs = std::ceil(deficit * 60.0 / s.rate_per_min - 1e-9);
-  return TakeResult{.ok = false, .retry_after_s = static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0))};
+  return TakeResult{.ok = false, .retry_after_s = refill_seconds(cost - have, s.rate_per_min)};
 }
 
 void RedisLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
