@@ -4,6 +4,8 @@
 // whether the response was committed (gateway/phases: fail()).
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -57,6 +59,13 @@ core::Error upstream_event_too_large(const UpstreamSubject& who, std::uint64_t l
 core::Error upstream_status_error(int status, const UpstreamSubject& who);
 // Every endpoint of the pool is open (routing/health.hpp: its circuit
 // breaker) and no fallback is left: 503 upstream_unavailable with
+// Whole seconds for a Retry-After (RFC 9110 §10.2.3): `d` rounded up, at
+// least 1, at most a day.
+inline std::uint32_t retry_after_seconds(std::chrono::steady_clock::duration d) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
+  return static_cast<std::uint32_t>(std::clamp<std::int64_t>((ms + 999) / 1000, 1, 86'400));
+}
+
 // Retry-After `retry_after_s` (at least 1): when the first breaker turns half-open.
 core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_after_s);
 using routing::ShedReason;

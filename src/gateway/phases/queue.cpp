@@ -1,0 +1,105 @@
+// The pool's admission queue (pools.X.queue) for proxied requests: a
+// request's place by priority, its wait within max_wait and the request's
+// deadline, and the shed answers (routing::PoolQueue holds the policy).
+#include <algorithm>
+#include <charconv>
+
+#include "gateway/failure.hpp"
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+#include "http/headers.hpp"
+
+namespace weir::gateway {
+
+void GatewayPhases::leave_queue(RequestContext& ctx) {
+  if (ctx.queue_pool < 0) return;
+  auto& pool = ctx.gen->pool(static_cast<std::uint32_t>(ctx.queue_pool));
+  ctx.queue_pool = -1;
+  pool.queue()->done();
+  pool.dispatch_queue(core::now());  // its place goes to the next one waiting
+}
+
+core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_view batch_key, bool coalesce) {
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  routing::PoolQueue& q = *pool.queue();
+  const auto& qc = q.config();
+  auto& m = w_.metrics();
+  const auto now = core::now();
+  // The request's priority: its tenant's, or lower by x-weir-priority
+  // (without auth the header sets it: there is no tenant to cap it).
+  int priority = ctx.principal ? ctx.principal->priority() : 0;
+  if (const std::string_view h = http::first_field(down_.request(), "x-weir-priority"); !h.empty()) {
+    int v = -1;
+    const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), v);
+    if (ec != std::errc() || p != h.data() + h.size() || v < 0 || v > 100)
+      co_return Outcome::failed(core::bad_request("x-weir-priority must be a whole number from 0 to 100."));
+    priority = ctx.principal ? std::min(priority, v) : v;
+  }
+  // Every endpoint's breaker open: the attempts answer at once (a fallback, or 503).
+  if (pool.policy().breaker() && !pool.any_available(now)) co_return Outcome::next();
+  const bool saturated = pool.saturated(now);
+  if (q.try_enter(saturated)) {
+    ctx.queue_pool = static_cast<int>(ctx.target.pool);
+    co_return Outcome::next();
+  }
+  const auto reason = saturated ? ShedReason::saturated : ShedReason::queue_full;
+  const auto shed = [&](ShedReason r) {
+    m.count_shed(ctx.gen->pool_slot(ctx.target.pool), r);
+    return Outcome::failed(overloaded(subject(ctx), r, qc.shed_status, retry_after_seconds(qc.retry_after)));
+  };
+  if (fallback_left(ctx)) {
+    // The next target may have room: it takes the request rather than this queue.
+    ctx.fail_over = true;
+    co_return Outcome::failed(overloaded(subject(ctx), reason, qc.shed_status, retry_after_seconds(qc.retry_after)));
+  }
+  routing::QueueWaiter& waiter = ctx.waiter;
+  waiter = {};
+  waiter.priority = priority;
+  waiter.batch_key = batch_key;
+  waiter.coalesce = coalesce;
+  core::Timer timer(w_.io().get_executor());
+  waiter.timer = &timer;
+  routing::QueueWaiter* displaced = nullptr;
+  if (!q.push(waiter, displaced)) co_return shed(reason);
+  w_.tick_soon();  // the tick lets it through when the gate opens without a request leaving
+  // (A displaced waiter counts its own shedding when it wakes.)
+  // However the wait ends, the waiter is no longer linked after it.
+  struct Unlink {
+    routing::PoolQueue& q;
+    RequestContext& ctx;
+    ~Unlink() {
+      q.leave(ctx.waiter);
+      ctx.waiter.timer = nullptr;
+      ctx.backoff = nullptr;
+    }
+  } unlink{q, ctx};
+  ++m.queued(ctx.gen->pool_slot(ctx.target.pool));
+  auto until = now + qc.timeout;
+  if (ctx.deadline != core::TimePoint{} && ctx.deadline < until) until = ctx.deadline;
+  timer.expires_at(until);
+  ctx.backoff = &timer;  // on_client_gone cancels it
+  co_await timer.async_wait(core::use_task);
+  ctx.backoff = nullptr;
+  switch (waiter.verdict) {
+    case routing::QueueWaiter::Verdict::admitted:
+      if (waiter.holds_room) pool.admitted_resumed();
+      ctx.queue_pool = static_cast<int>(ctx.target.pool);
+      if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
+      co_return Outcome::next();
+    case routing::QueueWaiter::Verdict::joined:  // a batch it can join opened: it goes with that one's place
+      if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
+      co_return Outcome::next();
+    case routing::QueueWaiter::Verdict::shed:
+      co_return shed(pool.saturated(core::now()) ? ShedReason::saturated : ShedReason::queue_full);
+    default:
+      break;
+  }
+  if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
+  if (core::passed(ctx.deadline, core::now())) {
+    ++m.deadline_exceeded;
+    co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
+  }
+  co_return shed(ShedReason::queue_timeout);
+}
+
+}  // namespace weir::gateway
