@@ -230,13 +230,19 @@ def chat_stream_answer(headers, body) -> bytes:
             + events)
 
 
-def chat_json_answer(headers, body) -> bytes:
-    # A whole chat completion, whatever the request asked (an upstream that ignores `stream: true`).
-    doc = json.dumps({"id": "c2", "object": "chat.completion", "created": 1, "model": "m",
-                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "whole answer"},
-                                   "finish_reason": "stop"}],
-                      "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
-    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc) + doc
+def json_200(doc: dict):
+    """An upstream answer: 200, application/json, `doc`, whatever the request asked."""
+    def answer(headers, body) -> bytes:
+        text = json.dumps(doc).encode()
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(text) + text
+    return answer
+
+
+# A whole chat completion, whatever the request asked (an upstream that ignores `stream: true`).
+chat_json_answer = json_200({"id": "c2", "object": "chat.completion", "created": 1, "model": "m",
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "whole answer"},
+                                          "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
 
 
 def test_an_event_stream_to_a_request_that_did_not_ask_for_one_is_no_answer(weir):
@@ -326,11 +332,10 @@ def test_a_batch_answered_whole_gives_no_member_another_members_completion(weir,
         up.close()
 
 
-def text_completion_json_answer(headers, body) -> bytes:
-    doc = json.dumps({"id": "cmpl-3", "object": "text_completion", "created": 1, "model": "m",
-                      "choices": [{"index": 0, "text": "whole text", "logprobs": None, "finish_reason": "stop"}],
-                      "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}}).encode()
-    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc) + doc
+text_completion_json_answer = json_200({
+    "id": "cmpl-3", "object": "text_completion", "created": 1, "model": "m",
+    "choices": [{"index": 0, "text": "whole text", "logprobs": None, "finish_reason": "stop"}],
+    "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}})
 
 
 def test_a_whole_answer_made_a_stream_carries_usage_only_when_asked_and_completions_too(weir):
@@ -390,13 +395,6 @@ def test_a_client_that_keeps_reading_is_not_cut_behind_a_burst_of_large_events(w
         assert line["status"] == 200 and line["error"] is None, line
     finally:
         up.close()
-
-
-def json_200(doc: dict):
-    def answer(headers, body) -> bytes:
-        text = json.dumps(doc).encode()
-        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(text) + text
-    return answer
 
 
 @pytest.mark.parametrize("doc", [
