@@ -181,6 +181,23 @@ core::Task<void> Batch::send() {
     co_return;
   }
   head_ = exchange_.head();
+  if (mode_ == Mode::batch && sent_size_ > 1 && (status < 200 || status >= 300)) {
+    // Another error to the list: its body was written for every member's
+    // prompts and may quote any of them (tenants share batches), so it is
+    // not read. Each member answers with the status and Weir's error
+    // (gateway/phases/batch.cpp: batch_status_error).
+    exchange_.cancel();
+    exchange_.release();
+    pool.on_finish(ep_idx);
+    finished();
+    for_present([&](BatchMember& m) {
+      m.head_ready_ = true;
+      m.end(UpstreamFailure::none);
+    });
+    members_.clear();
+    present_ = 0;
+    co_return;
+  }
   const bool stream = head_.result_int() == 200 && is_event_stream(http::first_field(head_, bh::field::content_type));
   if (!stream && mode_ == Mode::batch && status >= 200 && status < 300) {
     // A batch (one prompt per member) answered whole, not as the stream it

@@ -109,6 +109,17 @@ core::Error upstream_status_error(int status, const UpstreamSubject& who) {
   return core::upstream_unavailable(upstream_message(who, fmt::format("answered {}", status)));
 }
 
+core::Error batch_status_error(int status, const UpstreamSubject& who, std::uint32_t retry_after_s) {
+  core::Error e = core::upstream_unavailable(upstream_message(
+      who, fmt::format("answered {} to the micro-batch this request was part of; its body is not passed on, as "
+                       "it may quote the batch's other prompts",
+                       status)));
+  if (status >= 400 && status <= 599) e.status = status;
+  e.code = "upstream_error";
+  if (status == 429 || status == 503 || status == 529) e.retry_after_s = std::max<std::uint32_t>(retry_after_s, 1);
+  return e;
+}
+
 core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_after_s) {
   core::Error e;
   e.source = core::ErrorSource::upstream;

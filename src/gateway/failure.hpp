@@ -57,8 +57,12 @@ core::Error upstream_event_too_large(const UpstreamSubject& who, std::uint64_t l
 // The last upstream of a pool answered `status` (408/429/502/503/504/529) and
 // the request went on to a fallback that could not be reached either (502).
 core::Error upstream_status_error(int status, const UpstreamSubject& who);
-// Every endpoint of the pool is open (routing/health.hpp: its circuit
-// breaker) and no fallback is left: 503 upstream_unavailable with
+// The upstream answered `status` (4xx or 5xx; 400/413/422 are split before)
+// to a micro-batch of several prompts: the member's error keeps the status
+// (any other: 502) with Weir's message, not the body, which was written for
+// the whole prompt list and may quote another member's prompt. A 429, 503 or
+// 529 carries `retry_after_s` (the upstream's Retry-After, at least 1 s).
+core::Error batch_status_error(int status, const UpstreamSubject& who, std::uint32_t retry_after_s);
 // Whole seconds for a Retry-After (RFC 9110 §10.2.3): `d` rounded up, at
 // least 1, at most a day.
 inline std::uint32_t retry_after_seconds(std::chrono::steady_clock::duration d) {
@@ -66,6 +70,8 @@ inline std::uint32_t retry_after_seconds(std::chrono::steady_clock::duration d) 
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>((ms + 999) / 1000, 1, 86'400));
 }
 
+// Every endpoint of the pool is open (routing/health.hpp: its circuit
+// breaker) and no fallback is left: 503 upstream_unavailable with
 // Retry-After `retry_after_s` (at least 1): when the first breaker turns half-open.
 core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_after_s);
 using routing::ShedReason;

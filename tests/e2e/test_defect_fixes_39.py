@@ -1,0 +1,71 @@
+"""Defects found in stop 39: a micro-batch's error body given to every member (it may quote any member's prompt:
+now the status with Weir's error)."""
+from __future__ import annotations
+
+import json
+import threading
+
+import httpx
+import pytest
+
+
+def echoing_error(status: int):
+    # An error body that quotes every prompt of the list, as an exception's text can.
+    def answer(headers, body) -> bytes:
+        prompts = json.loads(body)["prompt"]
+        doc = json.dumps({"object": "error", "message": f"engine failed on {prompts!r}", "type": "InternalError",
+                          "code": status}).encode()
+        return (b"HTTP/1.1 %d Error\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                % (status, len(doc)) + doc)
+    return answer
+
+
+@pytest.mark.parametrize("status,stream", [(500, False), (500, True), (401, False), (429, True)])
+def test_a_batch_error_body_reaches_no_member(weir, status, stream):
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(echoing_error(status))
+    try:
+        w = weir(config={"pools": {"b": {"endpoints": [up.url],
+                                         "batch": {"window": "100ms", "max_size": 4}}},
+                         "default_pool": "b"}, workers=1)
+        got: dict[int, httpx.Response] = {}
+
+        def go(i: int) -> None:
+            got[i] = httpx.post(w.v1 + "/completions", timeout=15, headers={"x-request-id": f"b39-{status}-{i}"},
+                                json={"model": "m", "prompt": f"tenant{i} private", "max_tokens": 5,
+                                      "stream": stream})
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        sizes = set()
+        for i, r in got.items():
+            assert "private" not in r.text, (i, r.status_code, r.text[:300])
+            assert r.status_code == status, (i, r.status_code, r.text[:300])  # the status, as unbatched
+            err = r.json()["error"]
+            assert err["code"] == "upstream_error" and str(status) in err["message"], err
+            if status == 429:
+                assert r.headers["retry-after"] == "1", r.headers
+            line = w.log_for(f"b39-{status}-{i}")
+            assert line["status"] == status and line["error"]["code"] == "upstream_error", line
+            sizes.add(line.get("batch", {}).get("size"))
+        assert max(s or 0 for s in sizes) > 1, sizes  # they did share a batch
+        assert w.metric("weir_batches_aborted_total") == 0  # answered, not abandoned by its members
+    finally:
+        up.close()
+
+
+def test_a_lone_members_error_body_is_the_upstreams(weir):
+    # One member: the body is its own, passed on as it came (status and all), as unbatched.
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(echoing_error(500))
+    try:
+        w = weir(config={"pools": {"b": {"endpoints": [up.url],
+                                         "batch": {"window": "5ms", "max_size": 4}}},
+                         "default_pool": "b"}, workers=1)
+        r = httpx.post(w.v1 + "/completions", timeout=15, json={"model": "m", "prompt": "mine", "max_tokens": 5})
+        assert r.status_code == 500 and "mine" in r.text, (r.status_code, r.text)
+    finally:
+        up.close()
