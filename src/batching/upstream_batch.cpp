@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
 #include <boost/beast/http/field.hpp>
 
+#include "core/error.hpp"
 #include "core/text.hpp"
 #include "core/time.hpp"
 #include "http/headers.hpp"
@@ -406,9 +408,21 @@ bool Batch::dispatch(const http::SseEvent& ev) {
       // Some member's text, or none's: which is unknown, so it is given to
       // no one (never another member's tokens), and the batch has failed.
       return false;
-    case BatchChunk::Kind::error:
+    case BatchChunk::Kind::error: {
       // An in-band error (vLLM's {"error": ...}): it is every member's. A
       // stream relays it; a non-streaming answer cannot be whole: it fails.
+      // Of a list of several prompts, its text may quote any of them
+      // (tenants share batches): each stream gets Weir's error instead.
+      std::string_view event = data;
+      std::string own;
+      if (sent_size_ > 1) {
+        core::append_error_json(
+            own, core::upstream_unavailable(fmt::format(
+                     "The upstream sent an error event in the stream of the micro-batch this request was part of "
+                     "(upstream request {}); its text is not passed on, as it may quote the batch's other prompts.",
+                     request_id_)));
+        event = own;
+      }
       for (auto* m : members_) {
         if (m == nullptr) continue;
         if (!m->req_.stream) {
@@ -416,11 +430,12 @@ bool Batch::dispatch(const http::SseEvent& ev) {
           continue;
         }
         scratch_.assign("data: ");
-        scratch_.append(data);
+        scratch_.append(event);
         scratch_ += "\n\n";
         m->push(scratch_);
       }
       return true;
+    }
   }
   return false;
 }

@@ -69,3 +69,45 @@ def test_a_lone_members_error_body_is_the_upstreams(weir):
         assert r.status_code == 500 and "mine" in r.text, (r.status_code, r.text)
     finally:
         up.close()
+
+
+def echoing_error_event(headers, body) -> bytes:
+    # A stream whose in-band error event quotes every prompt of the list.
+    prompts = json.loads(body)["prompt"]
+    chunks = "".join("data: " + json.dumps({"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+                                            "choices": [{"index": i, "text": "tok", "finish_reason": None}]}) + "\n\n"
+                     for i in range(len(prompts)))  # one choice per chunk, as vLLM sends them
+    err = json.dumps({"error": {"object": "error", "message": f"engine failed on {prompts!r}",
+                                "type": "InternalServerError", "param": None, "code": 500}})
+    events = f"{chunks}data: {err}\n\ndata: [DONE]\n\n".encode()
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events)
+            + events)
+
+
+def test_a_batch_streams_error_event_quotes_no_member(weir):
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(echoing_error_event)
+    try:
+        w = weir(config={"pools": {"b": {"endpoints": [up.url], "batch": {"window": "100ms", "max_size": 4}}},
+                         "default_pool": "b"}, workers=1)
+        got: dict[int, httpx.Response] = {}
+
+        def go(i: int) -> None:
+            got[i] = httpx.post(w.v1 + "/completions", timeout=15, headers={"x-request-id": f"e39-{i}"},
+                                json={"model": "m", "prompt": f"tenant{i} private", "max_tokens": 5, "stream": True})
+
+        threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        for i, r in got.items():
+            assert r.status_code == 200, (i, r.status_code, r.text[:300])
+            assert "private" not in r.text, (i, r.text[:500])
+            events = [json.loads(l[6:]) for l in r.text.splitlines() if l.startswith("data: {")]
+            errors = [e for e in events if "error" in e]
+            assert len(errors) == 1 and "micro-batch" in errors[0]["error"]["message"], events
+            assert r.text.rstrip().endswith("data: [DONE]"), r.text[-200:]
+            assert w.log_for(f"e39-{i}")["batch"]["size"] == 4
+    finally:
+        up.close()
