@@ -16,7 +16,6 @@ Ticket& Ticket::operator=(Ticket&& o) noexcept {
       scope_[i] = o.scope_[i];
       tpm_[i] = o.tpm_[i];
       budget_[i] = o.budget_[i];
-      period_[i] = o.period_[i];
     }
     scopes_ = o.scopes_;
     stream_mask_ = o.stream_mask_;
@@ -38,7 +37,7 @@ void Ticket::release() noexcept {
   if (reserve_mask_) {
     const Instant now = MonoClock::now();
     for (std::uint8_t i = 0; i < scopes_; ++i)
-      if (reserve_mask_ & (1u << i)) limiter_->settle_spend(scope_[i], reserved_nano_usd_, 0, period_[i], now);
+      if (reserve_mask_ & (1u << i)) limiter_->settle_spend(scope_[i], reserved_nano_usd_, 0, now);
     reserve_mask_ = 0;
   }
   release_streams();
@@ -230,7 +229,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
   //    (one CAS per budgeted scope), so concurrent requests cannot overspend.
   for (int i = 0; i < n; ++i) {
     if (!t.budget_[i]) continue;
-    const TakeResult r = limiter_.reserve_spend(sc[i].id, worst, now, &t.period_[i]);
+    const TakeResult r = limiter_.reserve_spend(sc[i].id, worst, now);
     if (!r.ok) {
       undo();
       // Pending: this replica's share is short; the caller may wait once.
@@ -339,7 +338,7 @@ std::int64_t Admission::settle(Ticket& t, const api::Usage& usage, Instant now) 
   for (std::uint8_t i = 0; i < t.scopes_; ++i) {
     if (!t.budget_[i]) continue;
     const std::int64_t reserved = (t.reserve_mask_ & (1u << i)) ? t.reserved_nano_usd_ : 0;
-    if (reserved != 0 || cost != 0) t.limiter_->settle_spend(t.scope_[i], reserved, cost, t.period_[i], now);
+    if (reserved != 0 || cost != 0) t.limiter_->settle_spend(t.scope_[i], reserved, cost, now);
   }
   t.reserve_mask_ = 0;
   t.settled_ = true;

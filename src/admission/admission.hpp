@@ -94,7 +94,6 @@ class Ticket {
   std::uint8_t stream_mask_ = 0;   // bit i: holds a slot in scope_[i]
   std::uint8_t reserve_mask_ = 0;  // bit i: holds a budget reservation in scope_[i]
   bool settled_ = false;
-  std::uint32_t period_[2] = {0, 0};  // budget period of each reservation
   std::uint64_t estimated_ = 0;
   std::int64_t reserved_nano_usd_ = 0;
   const ModelPrice* price_ = nullptr;

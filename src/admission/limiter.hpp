@@ -137,17 +137,17 @@ class Limiter {
   // reservations of requests in flight are in the way), else the seconds
   // until the budget period ends (rounded up); 0 (no Retry-After) when the
   // budget never resets (no period) and its settled spend leaves no room,
-  // and for a budget of $0. On ok,
-  // `*period` is the budget period the reservation was taken in: pass it to
-  // settle_spend. A scope without a budget always answers ok.
-  virtual TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) = 0;
-  // Replaces a reservation of `reserved` nano-USD taken in `period` by the
-  // request's real cost `actual` (>= 0; above `reserved` the excess is
-  // recorded as spend, which is the only way spend passes the limit). When
-  // the period rolled since, `actual` is charged to the current period.
-  // reserved = 0 charges `actual` without a reservation.
-  virtual void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
-                            Instant now) = 0;
+  // and for a budget of $0. A scope without a budget always answers ok.
+  // A reservation still in flight when the budget period rolls is carried
+  // into the new period, which counts it against its limit (requests that
+  // cross a rollover are not charged to a period that forgot them).
+  virtual TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) = 0;
+  // Replaces a reservation of `reserved` nano-USD by the request's real cost
+  // `actual` (>= 0; above `reserved` the excess is recorded as spend, which
+  // is the only way spend passes the limit), in the current period (the
+  // reservation was carried into it if the period rolled since). reserved =
+  // 0 charges `actual` without a reservation.
+  virtual void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) = 0;
   // Settled spend of `scope` in its current budget period, nano-USD
   // (reservations of requests in flight not included).
   virtual std::int64_t spent(std::uint32_t scope, Instant now) = 0;

@@ -107,7 +107,6 @@ void LocalLimiter::retire(std::uint32_t from, std::uint32_t to, Instant now) {
   const std::int64_t inherited = a.inherited.fetch_add(kDead, std::memory_order_acq_rel);
   const std::int64_t committed = a.committed.fetch_add(kDeadSpend, std::memory_order_acq_rel);
   const std::int64_t spent = a.spent.fetch_add(kDeadSpend, std::memory_order_acq_rel);
-  a.to_window = b.window.load(std::memory_order_acquire);
   a.forward.store(to, std::memory_order_release);
   // Streams held on `from` (with a cap there: without one none were counted).
   const std::int64_t held = (a.max_streams > 0 ? static_cast<std::int64_t>(a.max_streams) - free : 0) + inherited;
@@ -348,26 +347,23 @@ void LocalLimiter::roll(Scope& sc, Instant now) {
   else
     return;
   std::int64_t cur = sc.window.load(std::memory_order_acquire);
-  // One winner resets; a reservation or spend added between its CAS and its
-  // stores is lost to the new window (documented tolerance: the requests
-  // that cross a period rollover at that instant).
+  // One winner rolls: the settled spend goes, the reservations of requests
+  // in flight stay (committed - spent), so the new window counts them
+  // against its limit and their settlement replaces them there. Both by
+  // atomic adds: a concurrent reservation or settlement is never lost (one
+  // that lands between them counts in the window it saw).
   if (w > cur && sc.window.compare_exchange_strong(cur, w, std::memory_order_acq_rel)) {
-    sc.committed.store(0, std::memory_order_release);
-    sc.spent.store(0, std::memory_order_release);
+    const std::int64_t settled = sc.spent.exchange(0, std::memory_order_acq_rel);
+    if (settled != 0) sc.committed.fetch_sub(settled, std::memory_order_acq_rel);
   }
 }
 
-TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
+TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) {
   Scope& sc = at(scope);
-  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) {
-    // Reserved where the scope was carried; settled through the link, as
-    // one of this scope's last window (settle_spend).
-    if (period) *period = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire));
-    return reserve_spend(f, nano_usd, now, nullptr);
-  }
+  // Reserved where the scope was carried; settled through the link (settle_spend).
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return reserve_spend(f, nano_usd, now);
   if (!sc.has_budget) return {};
   roll(sc, now);
-  if (period) *period = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire));
   const std::int64_t limit = sc.budget_nano_usd;
   if (nano_usd > limit) return TakeResult{.ok = false, .never = true};
   std::int64_t cur = sc.committed.load(std::memory_order_relaxed);
@@ -375,7 +371,7 @@ TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
     if (sc.committed.compare_exchange_weak(cur, cur + nano_usd, std::memory_order_acq_rel, std::memory_order_relaxed))
       return {};
   }
-  if (cur >= kDeadSpend / 2) return reserve_spend(scope, nano_usd, now, period);  // carried meanwhile: the link is set
+  if (cur >= kDeadSpend / 2) return reserve_spend(scope, nano_usd, now);  // carried meanwhile: the link is set
   return TakeResult{.ok = false, .retry_after_s = budget_retry_after(sc, nano_usd, now)};
 }
 
@@ -390,21 +386,16 @@ std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nan
   return whole_seconds_up(sc.period_ns - unix_ns(now) % sc.period_ns);  // until the window rolls
 }
 
-void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
-                                Instant now) {
+void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) {
   Scope& sc = at(scope);
-  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) {
-    // Carried: a reservation of the window it was carried in went with it,
-    // into the window `to_window` of the scope it went to.
-    const bool same = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire)) == period;
-    settle_spend(f, same ? reserved : 0, actual, static_cast<std::uint32_t>(sc.to_window), now);
-    return;
-  }
+  // Carried: the reservation went with the scope's committed spend (retire()).
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope)
+    return settle_spend(f, reserved, actual, now);
   if (!sc.has_budget) return;
   roll(sc, now);
-  // A reservation from an earlier period went with it: charge the cost to this one.
-  const bool same = static_cast<std::uint32_t>(sc.window.load(std::memory_order_acquire)) == period;
-  const std::int64_t delta = actual - (same ? reserved : 0);
+  // A reservation from an earlier period was carried into this one (roll()):
+  // the cost replaces it here.
+  const std::int64_t delta = actual - reserved;
   if (delta != 0) add_committed(scope, delta);
   if (actual > 0) add_spent(scope, actual);
 }

@@ -46,7 +46,9 @@ namespace weir::admission {
 // spend plus the reservations of requests in flight), on which a
 // reservation is one compare-and-swap that never passes the limit, and
 // `spent` (settled only, for reporting). A budget period rolls when a call
-// sees a later window: for a duration, floor(Unix time / period), so a
+// sees a later window (the settled spend goes; the reservations of requests
+// in flight stay, counted against the new window's limit until they
+// settle there): for a duration, floor(Unix time / period), so a
 // `24h` budget resets at 00:00 UTC and a `1h` one on the hour, as
 // budget.lua counts them with Redis; for a calendar period (day, ISO week,
 // month; core/calendar.hpp), a window of wall-clock time on UTC plus the
@@ -76,9 +78,8 @@ class LocalLimiter final : public Limiter {
   bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   std::uint64_t streams_in_use(std::uint32_t scope) const override;
-  TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) override;
-  void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
-                    Instant now) override;
+  TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+  void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) override;
   std::int64_t spent(std::uint32_t scope, Instant now) override;
   // Up to kMaxScopes in all; scopes live in chunks that never move.
   bool grow(const std::vector<auth::ScopeInfo>& scopes) override;
@@ -135,11 +136,8 @@ class LocalLimiter final : public Limiter {
     // Streams admitted on the scopes carried here that still run: they
     // count against max_streams until their tickets give them back.
     std::atomic<std::int64_t> inherited{0};
-    // Set once it was carried: where its tickets' streams and spend go now;
-    // `to_window` is that scope's budget window at the carry (a reservation
-    // made here before it settles there as one of that window).
+    // Set once it was carried: where its tickets' streams and spend go now.
     std::atomic<std::uint32_t> forward{kNoScope};
-    std::int64_t to_window = 0;
   };
 
   Scope& at(std::uint32_t scope) noexcept { return chunks_[scope / kChunk][scope % kChunk]; }

@@ -291,12 +291,11 @@ std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
   return sp.others.load(std::memory_order_acquire) + sp.mine.load(std::memory_order_acquire);
 }
 
-TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) {
+TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) {
   const SpendCtl& c = at(scope).spend_ctl;  // enabled, limit and period_ms are read-only after construction
   if (!c.enabled) return {};
   Spend& sp = at(scope).spend;
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
-  if (period) *period = 0;  // settle_spend treats every period alike (see there)
   if (nano_usd > c.limit) return TakeResult{.ok = false, .never = true};
   if (c.limit == 0) return TakeResult{.ok = false};
   if (nano_usd == 0) {
@@ -327,8 +326,7 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   return TakeResult{.ok = false, .retry_after_s = whole_seconds_up(left)};
 }
 
-void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual,
-                                std::uint32_t /*period*/, Instant /*now*/) {
+void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant /*now*/) {
   // A reservation from an earlier period still counts in in_use (Redis
   // granted this period's allowance with it), so both cases settle alike:
   // the cost is charged to the current period.

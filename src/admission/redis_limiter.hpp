@@ -101,9 +101,8 @@ class RedisLimiter final : public Limiter {
   // the budget no replica holds could cover the request. `*period` is
   // always 0: a reservation that crosses a period rollover is charged to
   // the new period (settle_spend), as in-process.
-  TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now, std::uint32_t* period) override;
-  void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
-                    Instant now) override;
+  TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+  void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) override;
   bool streams_refillable(std::uint32_t scope) const noexcept override;
   void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
   // Adds the scopes of `scopes` past the ones held (control thread only;

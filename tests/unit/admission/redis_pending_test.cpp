@@ -49,12 +49,11 @@ class FakeRemote final : public Limiter {
   void release_stream(std::uint32_t s, std::uint32_t w) override { inner_.release_stream(s, w); }
   std::uint64_t streams_in_use(std::uint32_t s) const override { return inner_.streams_in_use(s); }
   std::int64_t spent(std::uint32_t s, Instant now) override { return inner_.spent(s, now); }
-  TakeResult reserve_spend(std::uint32_t s, std::int64_t n, Instant now, std::uint32_t* period) override {
-    return inner_.reserve_spend(s, n, now, period);
+  TakeResult reserve_spend(std::uint32_t s, std::int64_t n, Instant now) override {
+    return inner_.reserve_spend(s, n, now);
   }
-  void settle_spend(std::uint32_t s, std::int64_t reserved, std::int64_t actual, std::uint32_t period,
-                    Instant now) override {
-    inner_.settle_spend(s, reserved, actual, period, now);
+  void settle_spend(std::uint32_t s, std::int64_t reserved, std::int64_t actual, Instant now) override {
+    inner_.settle_spend(s, reserved, actual, now);
   }
   bool streams_refillable(std::uint32_t) const noexcept override { return streams_full_; }
   // Completes from another thread, as RedisLimiter's control thread does.

@@ -174,7 +174,7 @@ TEST(KeyStore, BudgetChangeCarriesSpend) {
   auto a = store.create(obj(R"({"tenant":"acme","budget":{"usd":1}})"), 1);
   ASSERT_TRUE(a);
   const auto now = std::chrono::steady_clock::now();
-  limiter.settle_spend(a->record.scope, 0, 300'000'000, 0, now);  // $0.30 spent
+  limiter.settle_spend(a->record.scope, 0, 300'000'000, now);  // $0.30 spent
   auto u = store.update(a->record.id, obj(R"({"budget":{"usd":2,"period":"24h"}})"));
   ASSERT_TRUE(u);
   EXPECT_NE(u->record.scope, a->record.scope);

@@ -365,9 +365,8 @@ TEST(LocalLimiterCarry, BucketLevelsAndSpendCarryToTheNewScope) {
   scopes[3].limits.tokens_per_minute = 1000;  // a bucket scope 0 did not have: starts full
   admission::LocalLimiter lim({scopes[0]}, 2, now - 1h);
   for (int i = 0; i < 7; ++i) ASSERT_TRUE(lim.take(0, admission::Bucket::requests, i % 2, 1, now).ok);
-  std::uint32_t period = 0;
-  ASSERT_TRUE(lim.reserve_spend(0, 300'000'000, now, &period).ok);
-  lim.settle_spend(0, 300'000'000, 250'000'000, period, now);
+  ASSERT_TRUE(lim.reserve_spend(0, 300'000'000, now).ok);
+  lim.settle_spend(0, 300'000'000, 250'000'000, now);
   ASSERT_TRUE(lim.grow(scopes));
   lim.carry(0, 1, now);
   lim.carry(0, 2, now);
@@ -418,16 +417,15 @@ TEST(LocalLimiterCarry, SpendInFlightSettlesOnTheNewScope) {
   scopes[1].budget = scopes[0].budget;
   scopes[1].limits.requests_per_minute = 5;
   admission::LocalLimiter lim({scopes[0]}, 1, now - 1h);
-  std::uint32_t period = 0;
-  ASSERT_TRUE(lim.reserve_spend(0, 300'000'000, now, &period).ok);
+  ASSERT_TRUE(lim.reserve_spend(0, 300'000'000, now).ok);
   ASSERT_TRUE(lim.grow(scopes));
   lim.carry(0, 1, now);
   EXPECT_EQ(lim.committed(1, now), 300'000'000);  // the reservation in flight holds room in the new scope
-  EXPECT_FALSE(lim.reserve_spend(1, 800'000'000, now, nullptr).ok);
-  lim.settle_spend(0, 300'000'000, 200'000'000, period, now);  // the old ticket settles
+  EXPECT_FALSE(lim.reserve_spend(1, 800'000'000, now).ok);
+  lim.settle_spend(0, 300'000'000, 200'000'000, now);  // the old ticket settles
   EXPECT_EQ(lim.spent(1, now), 200'000'000);
   EXPECT_EQ(lim.committed(1, now), 200'000'000);
-  EXPECT_TRUE(lim.reserve_spend(1, 800'000'000, now, nullptr).ok);
+  EXPECT_TRUE(lim.reserve_spend(1, 800'000'000, now).ok);
 }
 
 TEST(LocalLimiterCarry, NoSlotIsLostWhenACarryRacesTheTickets) {
