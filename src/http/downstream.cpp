@@ -141,6 +141,7 @@ void Downstream::begin_request() {
 }
 
 Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
+  in_flight_ = false;  // the posted read (if any) is this request's, not a watch to renew
   if (reading_) {
     // (Empty lines are no request: RFC 9112 §2.2, a CRLF after a body.)
     if (in_.size() > empty_lines_at(in_)) {
@@ -331,26 +332,37 @@ std::string_view Downstream::refused_request_line(std::string& scratch) const {
 }
 
 void Downstream::watch_for_close(bool release_buffer) {
-  if (reading_ || peer_gone_) return;
-  if (release_buffer && in_.size() == 0) in_.shrink_to_fit();
-  reading_ = true;
+  in_flight_ = true;
+  if (release_buffer && !reading_ && in_.size() == 0) in_.shrink_to_fit();
+  post_watch();
+}
+
+void Downstream::post_watch() {
+  if (reading_ || peer_gone_ || closed_) return;
   // The read takes what room the buffer already has (a pipelined or next
   // request then usually arrives whole, in this one recv), at least kMonitorRead.
   // Never past the buffer's bound (prepare() would throw): a buffer that
-  // full holds a whole pipelined request to serve next.
+  // full holds a whole pipelined request to serve next, and a write notices
+  // the client leaving.
   const std::size_t free = in_.max_size() - in_.size();
   if (free == 0) return;
+  reading_ = true;
   const auto room = in_.prepare(std::min(free, std::max(kMonitorRead, in_.capacity() - in_.size())));
   // The request was read to a short recv: the socket is drained, and
   // async_recv waits for the next edge without a recv that finds it empty.
   async_recv(sock_, room, [this](error_code ec, std::size_t n) {
     reading_ = false;
+    const bool cancelled = monitor_cancelled_;
+    monitor_cancelled_ = false;
     if (!ec) {
-      in_.commit(n);  // the start of a pipelined request: keep it
-    } else if (!(monitor_cancelled_ && ec == asio::error::operation_aborted)) {
+      in_.commit(n);  // the start of a pipelined request (or a CRLF after the body): keep it
+      // Still in flight: watch on, so a client that leaves after sending
+      // more is noticed at once too, not at the next write (the upstream
+      // would generate on meanwhile, and a plain answer be logged as 200).
+      if (in_flight_ && !cancelled) post_watch();
+    } else if (!(cancelled && ec == asio::error::operation_aborted)) {
       on_gone();
     }
-    monitor_cancelled_ = false;
     done_.wake();
   });
 }

@@ -167,6 +167,8 @@ class Downstream {
   // (a pipelined request) become the start of the next request.
   // `release_buffer`: the request will run long (a stream): free the room
   // its head needed meanwhile (one allocation more for the next request).
+  // Bytes that arrive meanwhile do not end the watch: it goes on until the
+  // next read_head() (or the buffer is full).
   void watch_for_close(bool release_buffer = false);
   bool client_gone() const { return peer_gone_; }
 
@@ -236,6 +238,7 @@ class Downstream {
   // Tries one scatter write of `parts` now; queues what the socket did not take.
   template <std::size_t N>
   void send_now(const std::array<std::string_view, N>& parts);
+  void post_watch();  // posts the watch's read (watch_for_close)
   void on_gone();
 
   Socket sock_;
@@ -275,6 +278,7 @@ class Downstream {
   bool ended_ = false;  // the last chunk went out with the body (send_body last)
 
   bool reading_ = false;
+  bool in_flight_ = false;  // a request is in flight: watch_for_close() until the next read_head()
   bool peer_gone_ = false;
   bool monitor_cancelled_ = false;
   // Wakes the one coroutine waiting for the posted read or the write loop to

@@ -111,3 +111,35 @@ def test_a_batch_streams_error_event_quotes_no_member(weir):
             assert w.log_for(f"e39-{i}")["batch"]["size"] == 4
     finally:
         up.close()
+
+
+def chat_request(request_id: str, stream: bool) -> bytes:
+    body = json.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}],
+                       "max_tokens": 5, "stream": stream}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"x-request-id: " + request_id.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+@pytest.mark.parametrize("stream", [True, False])
+@pytest.mark.parametrize("extra", [b"\r\n", b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"],
+                         ids=["crlf", "pipelined"])
+def test_a_client_that_leaves_after_sending_more_still_cancels_the_upstream(mock, weir, stream, extra):
+    # RFC 9112 §2.2 lets a client send a CRLF after a body, and pipelining is allowed: once any byte came
+    # while the request was in flight, Weir stopped watching the socket, so a client that left then was
+    # noticed only at the next write (a stream's first token) or never (a plain answer: logged 200, billed).
+    import socket
+    import time
+    from conftest import wait_until
+    m = mock("--ttft-ms", "4000", "--itl-ms", "10")
+    w = weir(upstream=m, workers=1)
+    rid = f"leave-{stream}-{len(extra)}"
+    with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
+        s.sendall(chat_request(rid, stream))
+        wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 5, message="the request reached the mock")
+        s.sendall(extra)
+        time.sleep(0.1)  # (the bytes are read while the request waits on the mock)
+    t0 = time.monotonic()
+    wait_until(lambda: m.aborts() == 1, 2, message="the upstream request aborted when the client left")
+    assert time.monotonic() - t0 < 1.5
+    line = w.log_for(rid)
+    assert line["status"] == 499 and line["error"]["code"] == "client_closed_request", line
