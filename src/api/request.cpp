@@ -467,6 +467,13 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     if (h.stream_options.type != Shape::Type::object)
       return tl::unexpected(core::bad_request("'stream_options' must be an object.", "stream_options"));
     f.has_stream_options = true;
+    // A boolean (OpenAI's type), or null. vLLM's pydantic would also read 0,
+    // "no", "off", ... as false: Weir, which turns usage on for a stream
+    // whose client did not ask for it (its tokens are what limits and
+    // budgets charge), would pass those on and learn no usage.
+    if (h.include_usage.present() && h.include_usage.type != Shape::Type::boolean)
+      return tl::unexpected(
+          core::bad_request("'stream_options.include_usage' must be a boolean.", "stream_options.include_usage"));
     if (h.include_usage.type == Shape::Type::boolean) f.include_usage = h.include_usage.b;
   }
   for (const auto& [name, v] :

@@ -463,9 +463,9 @@ def test_a_batchs_retries_show_in_each_members_log_line_and_the_metric(mock, wei
     assert w.metric("weir_upstream_retries_total", reason="status") == 1  # one retry: the batch's
 
 
-def test_an_include_usage_that_is_not_a_boolean_passes_as_sent(mock, weir):
-    # "true" (a string) is the upstream's to read or refuse: Weir neither rewrites it nor hides the
-    # answer. weir-mock refuses it, as a strict validator does: the client gets that 400.
+def test_an_include_usage_that_is_not_a_boolean_is_a_400_as_from_a_strict_upstream(mock, weir):
+    # "true" (a string): weir-mock refuses it, as a strict validator does, and so does Weir (stop 39: vLLM's
+    # lax reading of "false", 0, "no" left a stream without usage to charge): the client gets a 400 either way.
     up = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
     w = weir(up, workers=1)
     body = {"model": "mock-model", "stream": True, "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}],

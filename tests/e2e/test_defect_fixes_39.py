@@ -143,3 +143,15 @@ def test_a_client_that_leaves_after_sending_more_still_cancels_the_upstream(mock
     assert time.monotonic() - t0 < 1.5
     line = w.log_for(rid)
     assert line["status"] == 499 and line["error"]["code"] == "client_closed_request", line
+
+
+@pytest.mark.parametrize("value", [0, "false", "no", "off", 1, "yes"])
+def test_include_usage_that_is_not_a_boolean_is_refused(mock, weir, value):
+    # vLLM's pydantic reads 0 / "false" / "no" / "off" as false: the stream then carried no usage and Weir charged
+    # its estimate, not the real tokens (a client could pay less). A boolean only, as `stream` (OpenAI's type).
+    w = weir(upstream=mock("--ttft-ms", "0", "--itl-ms", "0"), workers=1)
+    r = httpx.post(w.v1 + "/chat/completions", timeout=10, json={
+        "model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "stream": True,
+        "stream_options": {"include_usage": value}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "stream_options.include_usage", r.text

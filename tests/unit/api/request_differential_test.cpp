@@ -113,8 +113,12 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
     if (!so->is_object())
       return tl::unexpected(core::bad_request("'stream_options' must be an object.", "stream_options"));
     f.has_stream_options = true;
-    if (const auto* iu = so->get_object().if_contains("include_usage"); iu && iu->is_bool())
+    if (const auto* iu = so->get_object().if_contains("include_usage"); iu && !iu->is_null()) {
+      if (!iu->is_bool())
+        return tl::unexpected(
+            core::bad_request("'stream_options.include_usage' must be a boolean.", "stream_options.include_usage"));
       f.include_usage = iu->get_bool();
+    }
   }
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
     if (const auto* m = obj.if_contains(name); m && !m->is_null() && f.max_tokens == 0) {

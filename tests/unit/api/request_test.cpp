@@ -5,6 +5,7 @@
 
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace weir::api {
@@ -77,9 +78,16 @@ TEST(ApiParseRequest, StreamOptionsMustBeAnObject) {
   EXPECT_TRUE(f.has_stream_options);
   EXPECT_FALSE(f.include_usage);
 
-  f = ok(kChat, R"({"model":"m","stream":true,"stream_options":{"include_usage":"yes"}})");
+  f = ok(kChat, R"({"model":"m","stream":true,"stream_options":{"include_usage":null}})");
   EXPECT_TRUE(f.has_stream_options);
-  EXPECT_FALSE(f.include_usage);  // only a JSON true counts
+  EXPECT_FALSE(f.include_usage);
+
+  // vLLM's pydantic reads these as false (no usage chunk, so no real usage to charge), or as true: a boolean only.
+  for (std::string_view v : {R"("yes")", R"("false")", "0", "1", R"("off")", "[]", "{}"})
+    EXPECT_EQ(refused(kChat, fmt::format(R"({{"model":"m","stream":true,"stream_options":{{"include_usage":{}}}}})", v))
+                  .param,
+              "stream_options.include_usage")
+        << v;
 
   f = ok(kChat, R"({"model":"m","stream_options":null})");
   EXPECT_FALSE(f.has_stream_options);
