@@ -155,3 +155,18 @@ def test_include_usage_that_is_not_a_boolean_is_refused(mock, weir, value):
         "stream_options": {"include_usage": value}})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "stream_options.include_usage", r.text
+
+
+def test_models_retrieve_finds_a_long_model_id(mock, weir):
+    # The id was looked up in the access log's copy of the path, cut to 256 bytes: the SDK percent-encodes it, so
+    # a 30-character CJK name (270 bytes encoded) was a 404 although /v1/models listed it.
+    import openai
+    names = ["模型" * 15, "a" * 250, "org/" + "b" * 100 + "/" + "c" * 100 + "-中文版本"]
+    up = mock("--ttft-ms", "0", "--itl-ms", "0", "--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [up.base_url]}}, "models": {n: {"pool": "p"} for n in names}},
+             workers=1)
+    c = openai.OpenAI(base_url=w.v1, api_key="x", max_retries=0)
+    for n in names:
+        assert c.models.retrieve(n).id == n
+    with pytest.raises(openai.NotFoundError):
+        c.models.retrieve("模型" * 16)

@@ -2,6 +2,7 @@
 // principal may use), /health, /ready, /metrics; and the whole-response
 // writer every own answer and error response uses.
 #include "gateway/admin.hpp"
+#include "gateway/endpoints.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 
@@ -36,7 +37,9 @@ void GatewayPhases::append_anthropic_request_id(RequestContext& ctx, const http:
 
 core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
   if (ctx.route == RouteKind::models) {
-    auto r = models_response(ctx.gen->config(), ctx.path, ctx.principal.get());
+    // The whole path: ctx.path is the log's copy, cut to kMaxEchoBytes (a
+    // long model id, percent-encoded, passes that).
+    auto r = models_response(ctx.gen->config(), path_of(down_.target()), ctx.principal.get());
     if (!r) co_return Outcome::failed(std::move(r.error()));
     co_await send_own(ctx, {200, "application/json", *r, {}});
   } else if (ctx.route == RouteKind::health) {
