@@ -14,7 +14,20 @@ namespace json = boost::json;
 
 namespace {
 
-bool wide_double(double d) { return std::isfinite(d) && std::fabs(d) >= 9223372036854775808.0 && std::trunc(d) == d; }
+// What Boost.JSON makes of a literal it cannot hold: an integer beyond
+// int64/uint64 (an integral double of at least 2^63), or a number beyond a
+// double's range (1e400: infinity, which it would write as no JSON number).
+bool wide_double(double d) {
+  return !std::isfinite(d) || (std::fabs(d) >= 9223372036854775808.0 && std::trunc(d) == d);
+}
+
+// True when the number literal `lit` is beyond a double's range (its
+// magnitude overflows, or a nonzero one underflows to 0).
+bool out_of_double_range(std::string_view lit) {
+  double v = 0;
+  const auto r = std::from_chars(lit.data(), lit.data() + lit.size(), v);
+  return r.ec == std::errc::result_out_of_range;
+}
 
 // True when the integer literal `digits` (an optional '-' then decimal
 // digits) does not fit int64 (negative) or uint64.
@@ -72,7 +85,8 @@ std::string_view WideIntegers::protect(std::string_view json, std::string& stora
       ++i;
       continue;
     }
-    // A number: [-] digits [. digits] [e [+-] digits]; only integer literals are tokens.
+    // A number: [-] digits [. digits] [e [+-] digits]. Tokens: an integer
+    // literal beyond 64 bits, and any beyond a double's range (1e400).
     const std::size_t start = i;
     if (json[i] == '-') ++i;
     while (i < n && digit(json[i])) ++i;
@@ -83,15 +97,17 @@ std::string_view WideIntegers::protect(std::string_view json, std::string& stora
       integer = false;
       ++i;
     }
-    if (!integer || !too_wide(json.substr(start, int_end - start))) continue;
+    const std::size_t end = integer ? int_end : i;
+    if (integer ? !too_wide(json.substr(start, end - start)) : !out_of_double_range(json.substr(start, end - start)))
+      continue;
     if (nonce_.empty()) make_nonce();
     storage.append(json.substr(copied, start - copied));
     storage += '"';
     storage += nonce_;
     fmt::format_to(std::back_inserter(storage), "{}", literals_.size());
     storage += '"';
-    literals_.emplace_back(json.substr(start, int_end - start));
-    copied = int_end;
+    literals_.emplace_back(json.substr(start, end - start));
+    copied = end;
   }
   if (copied == 0) return json;
   storage.append(json.substr(copied));

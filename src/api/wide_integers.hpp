@@ -23,7 +23,9 @@ namespace weir::api {
 // True when `v` (to any depth) holds a double that is integral with a
 // magnitude of at least 2^63: what Boost.JSON makes of an integer literal it
 // cannot hold in int64/uint64 (and of a few literals written with an
-// exponent, for which protecting changes nothing).
+// exponent, for which protecting changes nothing); or one that is not
+// finite: a literal beyond a double's range (1e400), which Boost.JSON would
+// write back as no JSON number (requests refuse those before: numbers_finite).
 bool has_wide_integer(const boost::json::value& v);
 
 // One translation's tokens. The token text is "wi" + 32 random hex digits
@@ -36,7 +38,8 @@ class WideIntegers {
   WideIntegers() = default;
 
   // Returns `json` (RFC 8259 text) with every integer literal outside a
-  // string that does not fit int64/uint64 replaced by the JSON string of a
+  // string that does not fit int64/uint64, and every number literal beyond a
+  // double's range (1e400, 1e-400), replaced by the JSON string of a
   // token; the text is built in `storage` (overwritten), or `json` itself
   // comes back when it has none. May be called on several texts (a body,
   // then tool call arguments found in it): tokens accumulate.

@@ -44,6 +44,18 @@ TEST(AnthropicResponse, ThinkingToolCallsAndCachedTokens) {
   EXPECT_EQ(v.at("usage"), json::parse(R"({"input_tokens":36,"output_tokens":7,"cache_read_input_tokens":64})"));
 }
 
+TEST(AnthropicResponse, ToolInputNumbersBeyondADoublesRangeStayAsWritten) {
+  // 1e400 in a tool call's arguments became Infinity: no JSON (JavaScript's JSON.parse refused the message).
+  std::string out;
+  ASSERT_TRUE(translate_message(R"({"id":"chatcmpl-x","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f",
+    "arguments":"{\"a\": 1e400, \"b\": 1, \"c\": 18446744073709551616}"}}]},"finish_reason":"tool_calls"}],
+    "usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}})",
+                                out));
+  EXPECT_EQ(out.find("Infinity"), std::string::npos) << out;
+  EXPECT_NE(out.find(R"("input":{"a":1e400,"b":1,"c":18446744073709551616})"), std::string::npos) << out;
+}
+
 TEST(AnthropicResponse, StopReasons) {
   auto with = [](std::string_view finish, std::string_view stop) {
     return message(

@@ -37,6 +37,14 @@ TEST(WideIntegers, LiteralsComeBackExactly) {
   EXPECT_EQ(round_trip("[1e30, 18446744073709551615]"), "[1E30,18446744073709551615]");  // nothing to protect
 }
 
+TEST(WideIntegers, NumbersBeyondADoublesRangeComeBackExactly) {
+  // Boost.JSON reads 1e400 as infinity and writes that as no JSON number.
+  EXPECT_TRUE(has_wide_integer(json::parse(R"({"a":[1,{"b":1e400}]})")));
+  EXPECT_TRUE(has_wide_integer(json::parse(R"([-1.5e999])")));
+  EXPECT_EQ(round_trip(R"({"a":1e400,"b":-2.5E+999,"c":1e-400,"d":1.5,"e":[1E400]})"),
+            R"({"a":1e400,"b":-2.5E+999,"c":1e-400,"d":1.5E0,"e":[1E400]})");
+}
+
 TEST(WideIntegers, TokensEmbeddedInStringsAreRestoredToo) {
   WideIntegers w;
   std::string storage;
