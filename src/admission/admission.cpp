@@ -224,6 +224,29 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
       if (sc[i].limits->requests_per_minute) limiter_.give_back(sc[i].id, Bucket::requests, worker_, 1.0, now);
     t.settled_ = true;
   };
+  // A request larger than a tokens bucket's depth can never pass: its
+  // refusal says so, without a Retry-After, whichever check refused it
+  // first (a client that waited would be refused again, for good).
+  auto tokens_too_large = [&](int i) {
+    const std::uint64_t burst = sc[i].limits->tokens_burst;
+    auto e = core::rate_limited(
+        burst > 0 && burst < sc[i].limits->tokens_per_minute
+            ? fmt::format("Request too large for {} `{}` on tokens per min (TPM): burst {} (limit {} per minute), "
+                          "requested {}.",
+                          sc[i].kind, sc[i].name, burst, sc[i].limits->tokens_per_minute, estimated_tokens)
+            : fmt::format("Request too large for {} `{}` on tokens per min (TPM): limit {}, requested {}.", sc[i].kind,
+                          sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens),
+        0);
+    e.type = "tokens";
+    return e;
+  };
+  auto never_fits = [&]() -> int {
+    for (int i = 0; i < n; ++i)
+      if (t.tpm_[i] &&
+          static_cast<double>(estimated_tokens) > limiter_.view(sc[i].id, Bucket::tokens, now).depth + 1e-9)
+        return i;
+    return -1;
+  };
 
   // 1. Budgets: the worst-case cost reserved atomically against what is left
   //    (one CAS per budgeted scope), so concurrent requests cannot overspend.
@@ -235,6 +258,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
       // Pending: this replica's share is short; the caller may wait once.
       // Without a wait (the final answer) the budget could not cover it.
       if (r.pending && wait) return pending();
+      if (const int j = r.never ? -1 : never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       return tl::unexpected(budget_refused(sc[i], r, worst));
     }
     t.reserve_mask_ |= static_cast<std::uint8_t>(1u << i);
@@ -246,6 +270,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!limiter_.acquire_stream(sc[i].id, worker_)) {
       undo();
       if (limiter_.streams_refillable(sc[i].id)) return pending();
+      if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       return tl::unexpected(
           core::rate_limited(fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
                                          sc[i].limits->max_concurrent_streams),
@@ -278,6 +303,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!r.ok) {
       undo();
       if (r.pending) return pending();
+      if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       const std::uint32_t wait = longest_wait(r.retry_after_s);
       return tl::unexpected(core::rate_limited(
           fmt::format("Rate limit reached for {} `{}` on requests per min (RPM): limit {}. Please try again in {}s.",
@@ -294,25 +320,14 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!r.ok) {
       undo();
       if (r.pending) return pending();
-      // Too large for the bucket: its depth refused it, which is tokens_burst when that is set below the rate.
-      const std::uint64_t burst = sc[i].limits->tokens_burst;
-      auto e =
-          r.never
-              ? core::rate_limited(
-                    burst > 0 && burst < sc[i].limits->tokens_per_minute
-                        ? fmt::format("Request too large for {} `{}` on tokens per min (TPM): burst {} (limit {} "
-                                      "per minute), requested {}.",
-                                      sc[i].kind, sc[i].name, burst, sc[i].limits->tokens_per_minute, estimated_tokens)
-                        : fmt::format("Request too large for {} `{}` on tokens per min (TPM): limit {}, requested "
-                                      "{}.",
-                                      sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens),
-                    0)
-              : core::rate_limited(
-                    fmt::format("Rate limit reached for {} `{}` on tokens per min (TPM): limit {}, requested {}. "
-                                "Please try again in {}s.",
-                                sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens,
-                                longest_wait(r.retry_after_s)),
-                    longest_wait(r.retry_after_s));
+      // Too large for the bucket (its depth: tokens_burst when that is set below the rate), here or in a later one.
+      if (const int j = r.never ? i : never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
+      const std::uint32_t wait = longest_wait(r.retry_after_s);
+      auto e = core::rate_limited(
+          fmt::format("Rate limit reached for {} `{}` on tokens per min (TPM): limit {}, requested {}. Please try "
+                      "again in {}s.",
+                      sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens, wait),
+          wait);
       e.type = "tokens";
       return tl::unexpected(std::move(e));
     }

@@ -587,6 +587,38 @@ TEST(AdmissionTokenBucket, RetryAfterIsTheLongestWaitOfEveryBucket) {
   EXPECT_EQ(r.error().retry_after_s, 1u);
 }
 
+TEST(AdmissionTokenBucket, ARequestNoWaitCanAdmitIsToldSoWhicheverCheckRefusesFirst) {
+  // The key's requests bucket refused first and said Retry-After: 9; the tenant's tokens bucket (depth 500)
+  // can never hold a 609-token request, so a client that waited was refused again, for good.
+  auth::Limits tenant = tpm(3000);
+  tenant.tokens_burst = 500;
+  World w(tenant, {}, rpm(7));
+  Admission a(*w.limiter, w.pricing, 0);
+  for (int i = 0; i < 7; ++i) ASSERT_TRUE(a.admit(w.with_key, "m", 10, T0));
+  auto r = a.admit(w.with_key, "m", 609, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().type, "tokens");
+  EXPECT_EQ(r.error().retry_after_s, 0u) << r.error().message;
+  EXPECT_NE(r.error().message.find("Request too large"), std::string::npos) << r.error().message;
+  // A request that fits is still told when to come back.
+  r = a.admit(w.with_key, "m", 10, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().type, "requests");
+  EXPECT_GT(r.error().retry_after_s, 0u);
+  // The concurrency check first: the same.
+  auth::Limits both = tpm(3000);
+  both.tokens_burst = 500;
+  both.max_concurrent_streams = 1;
+  World c(both);
+  Admission b(*c.limiter, c.pricing, 0);
+  auto held = b.admit(c.tenant_only, "m", 10, T0);
+  ASSERT_TRUE(held);
+  r = b.admit(c.tenant_only, "m", 609, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().retry_after_s, 0u) << r.error().message;
+  EXPECT_EQ(r.error().type, "tokens");
+}
+
 TEST(AdmissionHeaders, TheLimitIsWhatTheBucketHoldsSoRemainingNeverExceedsIt) {
   // requests_burst above the rate: the bucket holds 100, and the header's limit says so (it said 10,
   // with 99 remaining).
