@@ -70,6 +70,7 @@ void RequestContext::reset() {
   body_decoded = false;
   body_deferred = false;
   events = 0;
+  token_events = 0;
   t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
   added_us = 0;
   client_wait_us = 0;

@@ -273,6 +273,10 @@ struct RequestContext {
   bool body_deferred = false;  // the body is still on its way: read after authentication (read_body)
   bool body_decoded = false;   // the client's gzip/deflate body was decoded (read): its Content-Encoding stays here
   std::uint32_t events = 0;    // SSE data events relayed
+  // The upstream's data events from the first token on ([DONE] aside; not
+  // the role-only chunks before it): a stream's completion tokens when it
+  // reported no usage (settle()).
+  std::uint32_t token_events = 0;
 
   core::TimePoint t_start{};          // request head complete
   core::TimePoint t_upstream_sent{};  // request written upstream

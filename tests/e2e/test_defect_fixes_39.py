@@ -170,3 +170,38 @@ def test_models_retrieve_finds_a_long_model_id(mock, weir):
         assert c.models.retrieve(n).id == n
     with pytest.raises(openai.NotFoundError):
         c.models.retrieve("模型" * 16)
+
+
+def test_a_stream_the_client_left_is_charged_its_content_events_not_its_role_chunks(mock, weir):
+    # With no usage (the client left), a stream is charged its prompt estimate plus one token per content event
+    # (docs/admission.md): the role-only chunk each choice opens with counted as one too.
+    import hashlib
+    import socket
+    import time
+    key = "sk-test-39-role-0123456789"
+    m = mock("--ttft-ms", "0", "--itl-ms", "40", "--max-tokens", "40")
+    w = weir(config={
+        "pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p", "upstream_model": "mock-model"}},
+        "pricing": {"m": {"input": 1000000, "output": 1000000}},  # $1 a token: spend_usd counts the tokens
+        "tenants": {"t": {"budget": {"usd": 100000}}},
+        "auth": {"required": True, "api_keys": [{"id": "k", "sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                                 "tenant": "t"}]}}, workers=1)
+    prompt_estimates = []
+    for n in (1, 2):
+        rid = f"role-{n}"
+        body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "n": n,
+                           "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
+                      b"\r\nx-request-id: " + rid.encode() + b"\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n" % len(body) + body)
+            got = b""
+            while got.count(b'"content":"') < 2 * n + 4:  # the role chunks, then a few tokens
+                got += s.recv(65536)
+        time.sleep(0.2)
+        line = w.log_for(rid)
+        assert line["status"] == 499 and line["completion_tokens"] is None, line
+        assert line["events"] > 2 * n, line
+        # spend = prompt estimate + content events, and content events = data events - one role chunk per choice.
+        prompt_estimates.append(round(line["spend_usd"]) - (line["events"] - n))
+    assert prompt_estimates[0] == prompt_estimates[1] > 0, prompt_estimates

@@ -131,7 +131,8 @@ void GatewayPhases::settle(RequestContext& ctx) {
     } else if (charge_estimate(ctx)) {
       // No usage, but the upstream accepted the request and worked on it
       // (the client left mid-stream, or the stream broke): charge the prompt
-      // as estimated and one token per content event relayed. An upstream
+      // as estimated and one token per content event relayed (from the
+      // first token on: role-only chunks before it are none). An upstream
       // that failed or refused (no 2xx head, a 4xx/5xx) is charged nothing;
       // nor is an answer Weir refused with a 5xx of its own before any of it
       // reached the client (no whole JSON object, a coding it cannot
@@ -146,7 +147,7 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
       u.prompt_tokens = ctx.prompt_tokens_estimate;
-      u.completion_tokens = ctx.events;
+      u.completion_tokens = ctx.token_events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;
     }
     w_.admission()->settle(ctx.ticket, u, std::chrono::steady_clock::now());

@@ -139,6 +139,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       auto kind = api::openai::ChunkKind::empty;
       if ((s.holding || first_pending) && ev->has_data && !ev->is_done()) kind = ctx.hooks.classify(*ev);
       const bool first_token = first_pending && kind == api::openai::ChunkKind::content;
+      if (ev->has_data && !ev->is_done() && (!first_pending || first_token)) ++ctx.token_events;
       if (s.holding && ev->has_data && !ev->is_done()) {
         if (kind == api::openai::ChunkKind::error) s.failure = http::UpstreamFailure::protocol;
         if (kind == api::openai::ChunkKind::content) s.holding = false;
@@ -327,6 +328,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       // reached the client, so the next fallback takes the request (proxy).
       ctx.body.clear();
       ctx.events = 0;  // none of them reached the client
+      ctx.token_events = 0;
       ctx.t_first_token = {};
       ctx.fail_over = true;
       return Outcome::failed(stream_failure(ctx, s, failure, incomplete, false));
