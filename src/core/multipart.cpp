@@ -38,14 +38,20 @@ bool param_value(std::string_view param, std::string_view name, std::string_view
   return true;
 }
 
-// The next line of a part head (without its CRLF or LF); false at the end of `s`.
-bool next_line(std::string_view& s, std::string_view& line) {
+// The next line of a part head, without its CRLF.
+enum class Line : std::uint8_t { ok, none, bare };
+Line next_line(std::string_view& s, std::string_view& line) {
   const auto lf = s.find('\n');
-  if (lf == std::string_view::npos) return false;
+  if (lf == std::string_view::npos) return Line::none;
   line = s.substr(0, lf);
-  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  // RFC 2046 ends lines with CRLF. python-multipart (vLLM's form parser)
+  // ends a header line only there and keeps a bare LF or CR in the value,
+  // where a second name="..." would be a field Weir never saw: refused.
+  if (line.empty() || line.back() != '\r') return Line::bare;
+  line.remove_suffix(1);
+  if (line.find('\r') != std::string_view::npos) return Line::bare;
   s.remove_prefix(lf + 1);
-  return true;
+  return Line::ok;
 }
 
 }  // namespace
@@ -96,8 +102,6 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
     while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
     if (rest.starts_with("\r\n"))
       rest.remove_prefix(2);
-    else if (rest.starts_with("\n"))
-      rest.remove_prefix(1);
     else
       return tl::unexpected(std::string("The multipart body is malformed after a boundary."));
     if (parts.size() == max_parts)
@@ -107,8 +111,10 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
     bool disposition = false;
     std::string_view line;
     for (;;) {
-      if (!next_line(rest, line))
-        return tl::unexpected(std::string("A multipart part has no end to its header lines."));
+      const Line got = next_line(rest, line);
+      if (got == Line::none) return tl::unexpected(std::string("A multipart part has no end to its header lines."));
+      if (got == Line::bare)
+        return tl::unexpected(std::string("A multipart part's header line does not end in CRLF (RFC 2046)."));
       if (line.empty()) break;
       const auto colon = line.find(':');
       if (colon == std::string_view::npos)

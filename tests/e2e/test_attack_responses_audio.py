@@ -324,6 +324,19 @@ def test_audio_rfc2231_model_field_is_not_smuggled(stack):
     assert r.status_code == 400 and "name*" in r.json()["error"]["message"], r.text
 
 
+# DEFECT (stop 39): a bare LF inside a part's header line ended the line for Weir (part "x"); python-multipart
+# (vLLM) ends header lines only at CRLF and keeps the LF in the value, where a second name="model" is the one it
+# keeps -> the forbidden model ran on bob's allow-list.
+@pytest.mark.parametrize("head", [b'Content-Disposition: form-data; name="x"\nX: y; name="model"',
+                                  b'Content-Disposition: form-data; name="x"\rX: y; name="model"',
+                                  b'Content-Disposition: form-data; name="model"\nX-A: b'])
+def test_audio_a_bare_line_feed_in_a_part_head_is_refused(stack, head):
+    _, w = stack
+    body = form([FILE, part("model", b"whisper-1"), head + b"\r\n\r\nopenai/whisper-large"])
+    r = send(w, body)
+    assert r.status_code == 400 and "CRLF" in r.json()["error"]["message"], r.text
+
+
 # DEFECT: a file part named only by RFC 2231 `filename*=` (valid for Starlette) was refused as having no filename.
 def test_audio_rfc2231_filename_is_a_filename(stack):
     _, w = stack

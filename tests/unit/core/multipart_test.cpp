@@ -56,12 +56,20 @@ TEST(Multipart, PartsWithTheirNamesFilenamesAndValues) {
   EXPECT_EQ(find_part(*parts, "language"), nullptr);
 }
 
-TEST(Multipart, NoPreambleAndBareLineFeedsInHeads) {
-  const std::string body = "--b\nContent-Disposition: form-data; name=\"x\"\n\n1\r\n--b--";
-  auto parts = parse_form(body, "b");
-  ASSERT_TRUE(parts) << parts.error();
-  ASSERT_EQ(parts->size(), 1u);
-  EXPECT_EQ((*parts)[0].value, "1");
+TEST(Multipart, BareLineFeedsOrCarriageReturnsInHeadsAreRefused) {
+  // python-multipart (vLLM's form parser) ends a header line only at CRLF and keeps a bare LF in the
+  // value, where a second name="model" is the field it keeps: Weir read "x" and authorized by "base".
+  EXPECT_FALSE(parse_form("--b\nContent-Disposition: form-data; name=\"x\"\n\n1\r\n--b--", "b"));
+  EXPECT_FALSE(
+      parse_form("--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nbase\r\n--b\r\n"
+                 "Content-Disposition: form-data; name=\"x\"\nX: y; name=\"model\"\r\n\r\nsecret\r\n--b--",
+                 "b"));
+  EXPECT_FALSE(
+      parse_form("--b\r\nContent-Disposition: form-data; name=\"x\"\rX: name=\"model\"\r\n\r\n1\r\n--b--", "b"));
+  EXPECT_FALSE(parse_form("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\n1\r\n--b--", "b"));
+  auto parts = parse_form("--b\r\nContent-Disposition: form-data; name=\"x\"\r\n\r\n1\n2\r\n--b--", "b");
+  ASSERT_TRUE(parts) << parts.error();  // (a value may hold any bytes)
+  EXPECT_EQ((*parts)[0].value, "1\n2");
 }
 
 TEST(Multipart, MalformedBodiesAreErrors) {
