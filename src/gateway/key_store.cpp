@@ -1,5 +1,7 @@
 #include "gateway/key_store.hpp"
 
+#include "core/json_text.hpp"
+
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -35,14 +37,25 @@ AdminError admin_not_found(std::string message) {
 }
 
 std::string admin_error_json(const AdminError& e) {
-  json::object err;
-  err["message"] = e.message;
-  err["type"] = e.type;
-  err["param"] = e.param.empty() ? json::value(nullptr) : json::value(e.param);
-  err["code"] = e.code.empty() ? json::value(nullptr) : json::value(e.code);
-  json::object o;
-  o["error"] = std::move(err);
-  return json::serialize(o);
+  // Valid JSON whatever bytes the message quotes (a path's key id, a query
+  // parameter's name, percent-decoded: invalid UTF-8 becomes U+FFFD), as
+  // the client listener's errors are.
+  std::string out = R"({"error":{"message":)";
+  core::append_json_string(out, e.message);
+  out += R"(,"type":)";
+  core::append_json_string(out, e.type);
+  out += R"(,"param":)";
+  if (e.param.empty())
+    out += "null";
+  else
+    core::append_json_string(out, e.param);
+  out += R"(,"code":)";
+  if (e.code.empty())
+    out += "null";
+  else
+    core::append_json_string(out, e.code);
+  out += "}}";
+  return out;
 }
 
 namespace {

@@ -205,3 +205,42 @@ def test_a_stream_the_client_left_is_charged_its_content_events_not_its_role_chu
         # spend = prompt estimate + content events, and content events = data events - one role chunk per choice.
         prompt_estimates.append(round(line["spend_usd"]) - (line["events"] - n))
     assert prompt_estimates[0] == prompt_estimates[1] > 0, prompt_estimates
+
+
+def test_request_bytes_metric_counts_a_body_that_failed_midway_as_the_log_does(mock, weir):
+    # A body that timed out (408) or whose client left (499) logged its bytes_in; weir_request_bytes_total did not.
+    import socket
+    import time
+    w = weir(config={"pools": {"p": {"endpoints": [mock("--ttft-ms", "0").base_url]}}, "default_pool": "p",
+                     "server": {"body_timeout": "1s"}}, workers=1)
+    before = w.metric("weir_request_bytes_total")
+    for rid, leave in (("bytes-408", False), ("bytes-499", True)):
+        with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: " + rid.encode() +
+                      b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n" + b'{"model":"m"')
+            if leave:
+                time.sleep(0.2)
+            else:
+                assert s.recv(65536).startswith(b"HTTP/1.1 408 ")
+    lines = [w.log_for("bytes-408"), w.log_for("bytes-499")]
+    assert [l["status"] for l in lines] == [408, 499], lines
+    assert all(l["bytes_in"] == 12 for l in lines), lines
+    assert w.metric("weir_request_bytes_total") - before == 24
+
+
+def test_admin_errors_are_valid_json_whatever_bytes_the_path_holds(mock, weir, tmp_path):
+    # A key id, tenant or request id of invalid UTF-8 (%FF, or cut inside a character) was echoed as raw bytes.
+    from conftest import free_port, wait_until
+    from test_admin_api import ENV, Admin, _ready, config
+    port = free_port()
+    cfg = config(mock("--ttft-ms", "0"), port)
+    cfg["request_log"] = {"url": f"sqlite:{tmp_path}/requests.db"}
+    weir(config=cfg, env=ENV, workers=1)
+    admin = Admin(port)
+    wait_until(lambda: _ready(admin), 10, message="the admin listener")
+    for path in ("/admin/v1/keys/%FF", "/admin/v1/requests/%FF", "/admin/v1/tenants/%FF", "/admin/v1/requests?x%FF=1",
+                 "/admin/v1/keys/" + "a" * 127 + "%E2%82%AC"):
+        r = admin("GET", path)
+        assert r.status_code in (400, 404), (path, r.status_code)
+        doc = json.loads(r.content.decode("utf-8"))  # strict: raises on invalid UTF-8
+        assert doc["error"]["message"], doc
