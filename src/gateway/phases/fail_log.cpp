@@ -221,6 +221,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
   if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
   m.sse_events += ctx.events;
+  m.bytes_in += ctx.bytes_in;  // here, as the log line's: a body that failed midway counts what came
   // A scrape every few seconds would drown the log: /metrics counts in the
   // metrics, writes no line and stores no record.
   end_capture(ctx);

@@ -124,7 +124,6 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
     }
   }
   ctx.bytes_in = down_.body().size();
-  w_.metrics().bytes_in += ctx.bytes_in;
   // The codings of every Content-Encoding line, as one list (RFC 9110 §5.3:
   // "gzip" on two lines is "gzip, gzip", refused as the one line would be),
   // empty elements ignored (§5.6.1: "gzip," is "gzip").
