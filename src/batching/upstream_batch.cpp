@@ -164,15 +164,19 @@ core::Task<void> Batch::send() {
   }
   const auto ep_idx = static_cast<std::uint32_t>(endpoint_);
   const int status = exchange_.head().result_int();
+  // The answer is not relayed: its connection goes (its body unread), the batch is done.
+  auto drop_answer = [&] {
+    exchange_.cancel();
+    exchange_.release();
+    pool.on_finish(ep_idx);
+    finished();
+  };
   if (mode_ == Mode::batch && sent_size_ > 1 && (status == 400 || status == 413 || status == 422)) {
     // vLLM validates every prompt of a list and refuses the whole request
     // for one (too long for the model, say): each member goes on its own,
     // so only the one at fault gets the error.
     if (env.stats) ++env.stats->split;
-    exchange_.cancel();
-    exchange_.release();
-    pool.on_finish(ep_idx);
-    finished();
+    drop_answer();
     for_present([&](BatchMember& m) {
       m.split_status_ = status;
       m.end(UpstreamFailure::none);
@@ -188,10 +192,7 @@ core::Task<void> Batch::send() {
     // prompts and may quote any of them (tenants share batches), so it is
     // not read. Each member answers with the status and Weir's error
     // (gateway/phases/batch.cpp: batch_status_error).
-    exchange_.cancel();
-    exchange_.release();
-    pool.on_finish(ep_idx);
-    finished();
+    drop_answer();
     for_present([&](BatchMember& m) {
       m.head_ready_ = true;
       m.end(UpstreamFailure::none);
@@ -206,10 +207,7 @@ core::Task<void> Batch::send() {
     // asked for: its body holds every member's completion, and no member
     // may get another's (tenants share batches). Each fails (protocol: a
     // 502 upstream_unavailable, or its fallback takes the request).
-    exchange_.cancel();
-    exchange_.release();
-    pool.on_finish(ep_idx);
-    finished();
+    drop_answer();
     fail_all(UpstreamFailure::protocol);
     co_return;
   }
