@@ -55,7 +55,7 @@ WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp:
         .conns = http::ConnectionPool(cfg.max_idle_per_endpoint, cfg.idle_keepalive),
         .tls = tls_target(cfg, cfg.endpoints[i], shared ? shared->tls.get() : nullptr),
     });
-    seeds_.push_back(endpoint_seed(cfg.endpoints[i].host_header));
+    seeds_.push_back(endpoint_seed(cfg.endpoints[i]));
   }
   scratch_.reserve(endpoints_.size());
   candidates_.reserve(endpoints_.size());

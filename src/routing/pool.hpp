@@ -260,7 +260,7 @@ class WorkerPool {
   PickRule last_rule_ = PickRule::p2c;
   std::vector<std::uint32_t> scratch_;  // healthy candidates, reused
   std::vector<Candidate> candidates_;   // the same with their loads (non-p2c policies), reused
-  std::vector<std::uint64_t> seeds_;    // session rendezvous seed per endpoint: endpoint_seed(host:port)
+  std::vector<std::uint64_t> seeds_;    // session rendezvous seed per endpoint (endpoint_seed)
   std::uint32_t in_flight_ = 0;
   std::uint32_t retrying_ = 0;
   TransitionHook on_transition_;

@@ -13,7 +13,12 @@ namespace {
 std::uint64_t weight(std::uint64_t a, std::uint64_t b) { return mix64(a ^ (b * 0x9E3779B97F4A7C15ull)); }
 }  // namespace
 
-std::uint64_t endpoint_seed(std::string_view host_port) { return text_hash(host_port, 0xe9d); }
+std::uint64_t endpoint_seed(const core::EndpointConfig& ep) {
+  // (host:port alone when there is neither: the seeds sessions had before base paths counted.)
+  std::uint64_t h = text_hash(ep.host_header, 0xe9d);
+  if (!ep.base_path.empty() || !ep.query.empty()) h = text_hash(ep.base_path + "?" + ep.query, h);
+  return h;
+}
 
 std::uint32_t session_pick(std::span<const Candidate> c, std::string_view session, std::span<const std::uint64_t> seeds,
                            const core::ImbalanceConfig& guard) {

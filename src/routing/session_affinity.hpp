@@ -16,8 +16,11 @@
 
 namespace weir::routing {
 
-// The rendezvous seed of an endpoint: a hash of its "host:port".
-std::uint64_t endpoint_seed(std::string_view host_port);
+// The rendezvous seed of an endpoint: a hash of what tells it from the
+// pool's others, the same on every worker and replica: its "host:port",
+// base path and query (two deployments behind one host:port, as Azure's or
+// a router's base paths put them, are two endpoints).
+std::uint64_t endpoint_seed(const core::EndpointConfig& ep);
 
 // Index into `c` (non-empty) of the session's endpoint: the candidate with
 // the highest weight hash(session, seeds[endpoint]) that is not saturated

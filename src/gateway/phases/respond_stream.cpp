@@ -320,7 +320,8 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   if (failure == http::UpstreamFailure::cancelled && ctx.cutoff != RequestContext::Cutoff::none)
     failure = http::UpstreamFailure::timeout;
   if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
-    count_upstream_failure(ctx, failure);
+    // The request's own deadline is not the endpoint's failure (docs/reliability.md#deadlines).
+    if (ctx.cutoff != RequestContext::Cutoff::deadline) count_upstream_failure(ctx, failure);
     src.cancel();
     ctx.attempt_failed_after_head(failure);  // after its head
     if (!ctx.committed) {

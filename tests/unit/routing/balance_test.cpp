@@ -301,6 +301,23 @@ TEST(SessionAffinity, RendezvousIsStableAndMovesOnlyTheLostEndpointsSessions) {
   EXPECT_EQ(pool.last_rule(), routing::PickRule::p2c);
 }
 
+TEST(SessionAffinity, EndpointsBehindOneHostPortSpreadSessionsByTheirBasePaths) {
+  // Two deployments behind one host:port (base paths): seeded by host:port alone, both had one rendezvous
+  // weight per session and the first always won.
+  auto cfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:9/deployA/v1, http://127.0.0.1:9/deployB/v1, "
+      "'http://127.0.0.1:9/v1?deployment=c'], session_header: x-session-id}}\ndefault_pool: a\n");
+  routing::SharedPoolState state(cfg.pools[0]);
+  std::vector<http::tcp::endpoint> addrs(3);
+  routing::WorkerPool pool(cfg.pools[0], addrs, &state);
+  routing::Rng rng(9);
+  const auto t = std::chrono::steady_clock::now();
+  int per[3] = {0, 0, 0};
+  for (int i = 0; i < 300; ++i)
+    ++per[pool.pick(t, rng, routing::WorkerPool::npos, {.session = "s" + std::to_string(i)})];
+  for (int n : per) EXPECT_GT(n, 60) << per[0] << " " << per[1] << " " << per[2];  // ~100 each
+}
+
 TEST(Balance, ConfigKeysAreValidated) {
   for (const char* bad :
        {"balance: round_robin", "session_header: 'x session'", "load_metrics: {path: metrics}",
