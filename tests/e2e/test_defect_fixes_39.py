@@ -244,3 +244,15 @@ def test_admin_errors_are_valid_json_whatever_bytes_the_path_holds(mock, weir, t
         assert r.status_code in (400, 404), (path, r.status_code)
         doc = json.loads(r.content.decode("utf-8"))  # strict: raises on invalid UTF-8
         assert doc["error"]["message"], doc
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_requests_own_deadline_is_not_the_endpoints_failure(mock, weir, stream):
+    # docs/reliability.md#deadlines: mid-stream, the deadline was counted in weir_upstream_failures_total{kind=timeout}.
+    m = mock("--ttft-ms", "2000", "--itl-ms", "50", "--max-tokens", "50")
+    w = weir(upstream=m, workers=1)
+    r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-weir-timeout-ms": "300"},
+                   json={"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "stream": stream})
+    assert "deadline_exceeded" in r.text, r.text
+    w.wait_log(lambda es: len(es) >= 1)
+    assert w.metric("weir_upstream_failures_total") == 0
