@@ -35,6 +35,8 @@ std::string_view to_string(UpstreamFailure f) {
       return "breaker_open";
     case UpstreamFailure::local_resources:
       return "local_resources";
+    case UpstreamFailure::overloaded:
+      return "overloaded";
     case UpstreamFailure::count_:
       break;
   }

@@ -32,6 +32,10 @@ enum class UpstreamFailure : std::uint8_t {
   // buffers or memory, or local ports (EADDRNOTAVAIL) → 503 + Retry-After;
   // Weir's shortage, never held against the endpoint.
   local_resources,
+  // No attempt: the pool's admission queue had no room (its max_concurrent,
+  // or the pool saturated) and a fallback was left, which took the request;
+  // Weir's choice, never held against an endpoint.
+  overloaded,
   count_,
 };
 
@@ -40,7 +44,7 @@ std::string_view to_string(UpstreamFailure f);
 // True for a failure the upstream caused (none, cancelled and local_resources are not).
 constexpr bool is_upstream_fault(UpstreamFailure f) {
   return f != UpstreamFailure::none && f != UpstreamFailure::cancelled && f != UpstreamFailure::local_resources &&
-         f != UpstreamFailure::count_;
+         f != UpstreamFailure::overloaded && f != UpstreamFailure::count_;
 }
 
 class TlsClient;  // http/tls.hpp

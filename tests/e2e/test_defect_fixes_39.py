@@ -256,3 +256,25 @@ def test_the_requests_own_deadline_is_not_the_endpoints_failure(mock, weir, stre
     assert "deadline_exceeded" in r.text, r.text
     w.wait_log(lambda es: len(es) >= 1)
     assert w.metric("weir_upstream_failures_total") == 0
+
+
+def test_a_pool_skipped_for_a_full_queue_is_in_the_attempts(mock, weir):
+    # retries said 1, with no attempts list: the skip of pa (its max_concurrent reached) was nowhere.
+    import threading
+    from conftest import wait_until
+    slow = mock("--ttft-ms", "1500", "--itl-ms", "1", "--max-tokens", "2")
+    fast = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "2")
+    w = weir(config={"pools": {"pa": {"endpoints": [slow.base_url], "queue": {"size": 4, "max_concurrent": 1}},
+                               "pb": {"endpoints": [fast.base_url]}},
+                     "models": {"mock-model": {"pool": "pa", "fallbacks": [{"pool": "pb"}]}}}, workers=1)
+    body = {"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}
+    t = threading.Thread(target=lambda: httpx.post(w.v1 + "/chat/completions", json=body, timeout=10))
+    t.start()
+    wait_until(lambda: slow.metric("vllm:num_requests_running") == 1, 5, message="pa busy")
+    r = httpx.post(w.v1 + "/chat/completions", json=body, timeout=10, headers={"x-request-id": "skipper"})
+    t.join()
+    assert r.status_code == 200, r.text
+    line = w.log_for("skipper")
+    assert line["pool"] == "pb" and line["retries"] == 1, line
+    assert [(a["pool"], a["endpoint"], a["failure"]) for a in line["attempts"]][0] == ("pa", None, "overloaded"), line
+    assert line["attempts"][1]["pool"] == "pb" and line["attempts"][1]["status"] == 200, line

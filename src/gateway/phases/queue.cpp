@@ -48,7 +48,11 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
     return Outcome::failed(overloaded(subject(ctx), r, qc.shed_status, retry_after_seconds(qc.retry_after)));
   };
   if (fallback_left(ctx)) {
-    // The next target may have room: it takes the request rather than this queue.
+    // The next target may have room: it takes the request rather than this
+    // queue (logged as this pool's attempt, nothing sent, as a pool whose
+    // every breaker is open).
+    ctx.record_attempt(
+        {.pool = static_cast<std::int16_t>(ctx.target.pool), .failure = http::UpstreamFailure::overloaded});
     ctx.fail_over = true;
     co_return Outcome::failed(overloaded(subject(ctx), reason, qc.shed_status, retry_after_seconds(qc.retry_after)));
   }
