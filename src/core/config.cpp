@@ -144,6 +144,7 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
         if (target == &mc) return tl::unexpected(config_error(m, k + ".model", "a model cannot fall back to itself"));
         t.pool = target->pool;
         t.upstream_model = target->upstream_model.empty() ? target->name : target->upstream_model;
+        t.model = target->name;
       } else if (auto p = f[i]["pool"]) {
         WEIR_TRY(name, read_string(p, k + ".pool"));
         auto idx = c.find_pool(name);

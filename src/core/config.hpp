@@ -305,6 +305,10 @@ struct PoolConfig {
 struct FallbackTarget {
   std::size_t pool = 0;        // index into Config::pools
   std::string upstream_model;  // name sent upstream; empty = leave the body's model as the client sent it
+  // {model: M}: M, which a request's principal must be allowed (its
+  // tenant's and key's `models`) for the target to take it; empty for
+  // {pool: P} (the same model on another pool).
+  std::string model;
 };
 
 // A model name clients may ask for, and where it goes.

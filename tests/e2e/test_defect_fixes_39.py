@@ -278,3 +278,36 @@ def test_a_pool_skipped_for_a_full_queue_is_in_the_attempts(mock, weir):
     assert line["pool"] == "pb" and line["retries"] == 1, line
     assert [(a["pool"], a["endpoint"], a["failure"]) for a in line["attempts"]][0] == ("pa", None, "overloaded"), line
     assert line["attempts"][1]["pool"] == "pb" and line["attempts"][1]["status"] == 200, line
+
+
+def test_a_fallback_model_the_principal_may_not_use_is_passed_over(mock, weir):
+    # A tenant allowed only `big` got `small` (a 403 when asked for directly) by making `big` fail: a {model: M}
+    # fallback is checked against the principal's allow-list as M itself would be; a {pool: P} one is the same model.
+    import hashlib
+    key = "sk-test-39-fallback-0123456789"
+    down = mock("--ttft-ms", "0", "--error-rate", "1", "--error-status", "503")
+    other = mock("--ttft-ms", "0", "--itl-ms", "0", "--any-model")
+    spare = mock("--ttft-ms", "0", "--itl-ms", "0", "--any-model")
+    w = weir(config={
+        "pools": {"pa": {"endpoints": [down.base_url]}, "pb": {"endpoints": [other.base_url]},
+                  "pc": {"endpoints": [spare.base_url]}},
+        "models": {"big": {"pool": "pa", "fallbacks": [{"model": "small"}, {"pool": "pc"}]},
+                   "small": {"pool": "pb", "upstream_model": "small-up"}},
+        "tenants": {"t": {"models": ["big"]}},
+        "auth": {"required": True, "api_keys": [{"id": "k", "sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                                 "tenant": "t"}]}}, workers=1)
+    auth = {"authorization": f"Bearer {key}"}
+    msg = [{"role": "user", "content": "hi"}]
+    assert httpx.post(w.v1 + "/chat/completions", headers=auth, json={"model": "small", "messages": msg},
+                      timeout=10).status_code == 403
+    r = httpx.post(w.v1 + "/chat/completions", headers={**auth, "x-request-id": "fb-allow"}, timeout=10,
+                   json={"model": "big", "messages": msg})
+    assert r.status_code == 200, r.text
+    line = w.log_for("fb-allow")
+    assert line["pool"] == "pc", line  # small's pool passed over, the pool fallback (big itself) taken
+    assert other.metric("vllm:request_success_total") == 0
+    # Only the forbidden fallback left: the primary's answer stands.
+    r = httpx.post(w.v1 + "/chat/completions", headers={**auth, "x-weir-fallbacks": "1"}, timeout=10,
+                   json={"model": "big", "messages": msg})
+    assert r.status_code == 503, r.text
+    assert other.metric("vllm:request_success_total") == 0

@@ -13,6 +13,7 @@
 #include <fmt/format.h>
 
 #include "api/json_scan.hpp"
+#include "auth/authenticator.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
@@ -77,12 +78,31 @@ void GatewayPhases::commit(RequestContext& ctx) {
   w_.give_buffer(ctx.edit_buf);
 }
 
+namespace {
+
+// A {model: M} fallback takes the request only if its principal may use M,
+// as if it had asked for M (a tenant could otherwise reach a model its
+// allow-list refuses by making its own model fail).
+bool may_take(const RequestContext& ctx, const core::FallbackTarget& fb) {
+  return fb.model.empty() || !ctx.principal || auth::Authenticator::check_model(*ctx.principal, fb.model).has_value();
+}
+
+// The index in the chain of the next fallback that may take the request, at or after `step`; `chain` if none.
+std::size_t next_allowed(const RequestContext& ctx, std::size_t step, std::size_t chain) {
+  while (step < chain && !may_take(ctx, ctx.target.fallbacks[step])) ++step;
+  return step;
+}
+
+}  // namespace
+
 bool GatewayPhases::fallback_left(const RequestContext& ctx) const {
   const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
-  return ctx.fallback_step < chain && !down_.client_gone();
+  return next_allowed(ctx, ctx.fallback_step, chain) < chain && !down_.client_gone();
 }
 
 void GatewayPhases::next_target(RequestContext& ctx) {
+  const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
+  ctx.fallback_step = static_cast<std::uint8_t>(next_allowed(ctx, ctx.fallback_step, chain));
   const auto& fb = ctx.target.fallbacks[ctx.fallback_step++];
   ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
   ctx.target.upstream_model = fb.upstream_model;
