@@ -36,6 +36,9 @@ void RequestContext::reset() {
   fallback_step = 0;
   fallback_limit = 0xff;
   hold_head = fail_over = error_relayed = false;
+  held_failure = http::UpstreamFailure::none;
+  pool_tries = 0;
+  pool_avoid = 0;
   backoff = nullptr;
   deadline = {};
   deadline_ms = 0;

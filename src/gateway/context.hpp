@@ -131,8 +131,16 @@ struct RequestContext {
   // how many the request allows (x-weir-fallbacks; at most the chain's length).
   std::uint8_t fallback_step = 0;
   std::uint8_t fallback_limit = 0xff;
-  bool hold_head = false;          // a stream whose head waits for its first content event (a fallback remains)
-  bool fail_over = false;          // that stream failed before it: the proxy goes on to the next target
+  bool hold_head = false;  // a stream whose head waits for its first content event (a fallback remains)
+  bool fail_over = false;  // that stream failed before it: the proxy goes on to the next target
+  // A held stream that failed before its first content with a reset or a
+  // stall (what the pool's `retry` retries before a head: held_failure) goes
+  // again on the same pool, to another endpoint, while the pool's attempts
+  // last (pool_tries made on the current target), never to one whose stream
+  // failed (pool_avoid, bit i = endpoint i), before a fallback takes it.
+  http::UpstreamFailure held_failure = http::UpstreamFailure::none;
+  std::uint8_t pool_tries = 0;
+  std::uint64_t pool_avoid = 0;
   bool error_relayed = false;      // the upstream's in-band error event reached the client: fail() adds only the end
   core::Timer* backoff = nullptr;  // the retry backoff or queue wait being waited, cancelled when the client leaves
   // Reliability (docs/reliability.md): the request's own deadline

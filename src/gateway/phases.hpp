@@ -189,6 +189,10 @@ class GatewayPhases final : public Phases {
   bool fallback_left(const RequestContext& ctx) const;
   // Moves ctx.target to the next fallback target.
   void next_target(RequestContext& ctx);
+  // A held stream's reset or stall before its first content, with the
+  // pool's attempts left: true when the request goes again on the same pool
+  // (another endpoint: ctx.pool_avoid), counted as a retry.
+  bool retry_held_on_pool(RequestContext& ctx);
   // The upstream request body for ctx.target: the client's bytes with at
   // most two members spliced, or its translation for the target's API (an
   // Anthropic pool: api/anthropic/upstream_request.hpp; an Anthropic route

@@ -311,3 +311,47 @@ def test_a_fallback_model_the_principal_may_not_use_is_passed_over(mock, weir):
                    json={"model": "big", "messages": msg})
     assert r.status_code == 503, r.text
     assert other.metric("vllm:request_success_total") == 0
+
+
+def test_a_held_stream_that_breaks_before_its_first_token_is_retried_on_its_pool_first(mock, weir):
+    # docs/reliability.md: a fallback is tried when the pool before it is spent. A held stream (a fallback left)
+    # that broke before its first token went straight to the fallback, the pool's other endpoint and attempts unused.
+    bad = mock("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "3", "--reset-after", "0")  # role chunk, then RST
+    good = mock("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "3")
+    spare = mock("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "3", "--any-model")
+    w = weir(config={
+        "pools": {"primary": {"endpoints": [bad.base_url, good.base_url], "outlier": {"consecutive_failures": 0},
+                              "retry": {"attempts": 3, "backoff": "1ms"}},
+                  "backup": {"endpoints": [spare.base_url]}},
+        "models": {"mock-model": {"pool": "primary", "fallbacks": [{"pool": "backup"}]}}}, workers=1)
+    import openai
+    c = openai.OpenAI(base_url=w.v1, api_key="x", max_retries=0)
+    for i in range(16):
+        chunks = list(c.chat.completions.create(model="mock-model", stream=True, messages=[{"role": "user",
+                      "content": "hi"}], extra_headers={"x-request-id": f"held-{i}"}))
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices), chunks
+    lines = [w.log_for(f"held-{i}") for i in range(16)]
+    assert {l["pool"] for l in lines} == {"primary"}, [(l["pool"], l.get("attempts")) for l in lines]
+    retried = [l for l in lines if l["retries"]]
+    assert retried, "the bad endpoint was never picked first"
+    for l in retried:
+        assert l["retries"] == 1 and [(a["pool"], a["status"], a["failure"]) for a in l["attempts"]] == [
+            ("primary", 200, "reset"), ("primary", 200, None)], l
+        assert l["attempts"][0]["endpoint"] != l["attempts"][1]["endpoint"], l
+    assert spare.metric("vllm:request_success_total") == 0
+
+
+def test_a_held_stream_goes_to_the_fallback_once_its_pools_attempts_are_spent(mock, weir):
+    bad = mock("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "3", "--reset-after", "0")
+    spare = mock("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "3", "--any-model")
+    w = weir(config={
+        "pools": {"primary": {"endpoints": [bad.base_url], "outlier": {"consecutive_failures": 0},
+                              "retry": {"attempts": 3, "backoff": "1ms"}},
+                  "backup": {"endpoints": [spare.base_url]}},
+        "models": {"mock-model": {"pool": "primary", "fallbacks": [{"pool": "backup"}]}}}, workers=1)
+    r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-request-id": "held-spent"},
+                   json={"model": "mock-model", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200 and "[DONE]" in r.text, r.text
+    line = w.log_for("held-spent")
+    assert line["pool"] == "backup", line
+    assert [(a["pool"], a["failure"]) for a in line["attempts"]] == [("primary", "reset"), ("backup", None)], line

@@ -4,6 +4,7 @@
 // client (the commit point). The pool's admission queue is queue.cpp's.
 #include <algorithm>
 #include <optional>
+#include <utility>
 
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
@@ -104,6 +105,8 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
   ctx.fallback_step = static_cast<std::uint8_t>(next_allowed(ctx, ctx.fallback_step, chain));
   const auto& fb = ctx.target.fallbacks[ctx.fallback_step++];
+  ctx.pool_tries = 0;
+  ctx.pool_avoid = 0;
   ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
   ctx.target.upstream_model = fb.upstream_model;
   ctx.pool = static_cast<int>(fb.pool);
@@ -120,6 +123,19 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.usage = {};
   ++ctx.retries;
   ++w_.metrics().upstream_fallbacks;
+}
+
+bool GatewayPhases::retry_held_on_pool(RequestContext& ctx) {
+  const auto f = ctx.held_failure;
+  // As attempt_pool retries a failure before the head (routing::Attempts::
+  // on_exchange_failure): a reset or a timeout (the first token's), not an
+  // invalid answer; never past the request's own deadline.
+  if (f != http::UpstreamFailure::reset && f != http::UpstreamFailure::timeout) return false;
+  if (ctx.cutoff == RequestContext::Cutoff::deadline || down_.client_gone() || ctx.resume.active) return false;
+  if (ctx.endpoint < 0 || ctx.endpoint >= 64) return false;
+  if (ctx.pool_tries >= ctx.gen->config().pools[ctx.target.pool].retry.attempts) return false;
+  ctx.pool_avoid |= std::uint64_t{1} << ctx.endpoint;
+  return true;  // (attempt_pool counts the retry once it has an endpoint for it)
 }
 
 core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::ResponseSource& src) {
@@ -278,6 +294,10 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       pool.endpoint(ep).conns.put(std::move(c), core::now());
     }
     leave_queue(ctx);
+    if (ctx.fail_over && retry_held_on_pool(ctx)) {
+      ctx.fail_over = false;  // the same target, another endpoint
+      continue;
+    }
     if (ctx.fail_over && fallback_left(ctx)) {
       ctx.fail_over = false;
       next_target(ctx);
@@ -410,10 +430,24 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     co_return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms));
   }
   const bool resuming = ctx.resume.active;
-  // A resume never goes back to an endpoint whose stream broke, and holds a retry-budget slot.
-  routing::Attempts attempts = resuming
-                                   ? routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc), ctx.resume.broke)
-                                   : routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  // A resume never goes back to an endpoint whose stream broke, nor does a
+  // held stream's retry (retry_held_on_pool), and each holds a retry-budget slot.
+  const std::uint64_t avoid = resuming ? ctx.resume.broke : ctx.pool_avoid;
+  routing::Attempts attempts = avoid != 0 ? routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc), avoid)
+                                          : routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  if (!resuming && avoid != 0) {
+    const auto held = std::exchange(ctx.held_failure, http::UpstreamFailure::none);
+    if (attempts.unavailable()) {
+      // No other endpoint (or no budget) for the held stream's retry: a fallback takes it, as without one.
+      if (attempts.budget_refused()) ++metrics.retry_budget_exhausted;
+      ctx.source = nullptr;
+      ctx.fail_over = !down_.client_gone();
+      co_return Outcome::failed(upstream_error(held, subject(ctx), false));
+    }
+    ++ctx.retries;
+    metrics.count_retry(held == http::UpstreamFailure::reset ? routing::RetryReason::reset
+                                                             : routing::RetryReason::timeout);
+  }
   if (resuming && attempts.unavailable()) {
     // No other endpoint (or no budget) for the continuation: the broken stream's error stands (proxy).
     if (attempts.budget_refused()) ++metrics.retry_budget_exhausted;
@@ -595,6 +629,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   ctx.fail_over =
       !started && !down_.client_gone() && (failure == http::UpstreamFailure::none || http::is_upstream_fault(failure));
   ctx.retries = retries_before + attempts.retries() - unsent;
+  ctx.pool_tries = static_cast<std::uint8_t>(std::min<std::uint32_t>(ctx.pool_tries + 1 + attempts.retries(), 255));
   ctx.added_us = added;
   const auto ep_idx = attempts.endpoint();
   if (!started || down_.client_gone()) {

@@ -332,6 +332,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       ctx.token_events = 0;
       ctx.t_first_token = {};
       ctx.fail_over = true;
+      ctx.held_failure = failure;
       return Outcome::failed(stream_failure(ctx, s, failure, incomplete, false));
     }
     // Headers are out: fail() ends the stream in-band, as vLLM does (or, with resume on, proxy() may continue it).
