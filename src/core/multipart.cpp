@@ -29,6 +29,17 @@ std::string_view next_param(std::string_view& rest) {
 
 // "name=value" or name="value" → the value without its quotes, if the
 // parameter is `name` (case-insensitive). Escapes inside quotes are kept as written.
+bool param_value(std::string_view param, std::string_view name, std::string_view& value);
+
+// True when the parameter's name is `prefix` then '*' and anything (RFC 2231:
+// name*, name*0, name*0*, ...: Python's email.message.get_params(), which
+// Starlette's python-multipart reads Content-Disposition with, joins those
+// into `name`).
+bool starred(std::string_view param, std::string_view prefix) {
+  const auto key = trim_ows(param.substr(0, param.find('=')));
+  return key.size() > prefix.size() && key[prefix.size()] == '*' && iequals(key.substr(0, prefix.size()), prefix);
+}
+
 bool param_value(std::string_view param, std::string_view name, std::string_view& value) {
   const auto eq = param.find('=');
   if (eq == std::string_view::npos || !iequals(trim_ows(param.substr(0, eq)), name)) return false;
@@ -140,11 +151,12 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
             if (named) return tl::unexpected(std::string("A multipart part has more than one name parameter."));
             named = true;
             part.name = v;
-          } else if (param_value(p, "name*", v)) {
+          } else if (starred(p, "name")) {
             return tl::unexpected(
                 std::string("A multipart part's name must be a plain name= parameter (RFC 7578 4.2: no name*)."));
-          } else if (param_value(p, "filename", v) || param_value(p, "filename*", v)) {
-            // filename* (RFC 5987's charset'lang'value) is kept as written: Weir only needs to know it is a file.
+          } else if (param_value(p, "filename", v) || starred(p, "filename")) {
+            // filename* (RFC 5987's charset'lang'value) and its RFC 2231 pieces (filename*0, ...) make it a file
+            // too, as for Python's email parser; the value is not read: Weir only needs to know it is a file.
             if (!part.has_filename || part.filename.empty()) part.filename = v;
             part.has_filename = true;
           }

@@ -337,6 +337,17 @@ def test_audio_a_bare_line_feed_in_a_part_head_is_refused(stack, head):
     assert r.status_code == 400 and "CRLF" in r.json()["error"]["message"], r.text
 
 
+# DEFECT (stop 39): RFC 2231 continuations (name*0=...) were no name to Weir; Python's email parser (python-multipart
+# 0.0.20) joins them into `name`, and the last `model` wins upstream.
+@pytest.mark.parametrize("param", [b'name*0="model"', b"name*0*=UTF-8''model", b'name*0="mo"; name*1="del"'])
+def test_audio_a_continued_name_parameter_is_refused(stack, param):
+    _, w = stack
+    body = form([FILE, part("model", b"whisper-1"),
+                 b"Content-Disposition: form-data; " + param + b"\r\n\r\nopenai/whisper-large"])
+    r = send(w, body)
+    assert r.status_code == 400 and "name*" in r.json()["error"]["message"], r.text
+
+
 # DEFECT: a file part named only by RFC 2231 `filename*=` (valid for Starlette) was refused as having no filename.
 def test_audio_rfc2231_filename_is_a_filename(stack):
     _, w = stack
