@@ -248,37 +248,6 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     return -1;
   };
 
-  // 1. Budgets: the worst-case cost reserved atomically against what is left
-  //    (one CAS per budgeted scope), so concurrent requests cannot overspend.
-  for (int i = 0; i < n; ++i) {
-    if (!t.budget_[i]) continue;
-    const TakeResult r = limiter_.reserve_spend(sc[i].id, worst, now);
-    if (!r.ok) {
-      undo();
-      // Pending: this replica's share is short; the caller may wait once.
-      // Without a wait (the final answer) the budget could not cover it.
-      if (r.pending && wait) return pending();
-      if (const int j = r.never ? -1 : never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
-      return tl::unexpected(budget_refused(sc[i], r, worst));
-    }
-    t.reserve_mask_ |= static_cast<std::uint8_t>(1u << i);
-  }
-
-  // 2. Concurrency.
-  for (int i = 0; i < n; ++i) {
-    if (!sc[i].limits->max_concurrent_streams) continue;
-    if (!limiter_.acquire_stream(sc[i].id, worker_)) {
-      undo();
-      if (limiter_.streams_refillable(sc[i].id)) return pending();
-      if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
-      return tl::unexpected(
-          core::rate_limited(fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
-                                         sc[i].limits->max_concurrent_streams),
-                             1));
-    }
-    t.stream_mask_ |= static_cast<std::uint8_t>(1u << i);
-  }
-
   // A refusal's Retry-After covers every requests and tokens bucket of the
   // request's scopes, not only the one that refused: the longest any of them
   // needs before it holds what this request takes (after undo(), which gave
@@ -295,6 +264,39 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     }
     return w;
   };
+
+  // 1. Budgets: the worst-case cost reserved atomically against what is left
+  //    (one CAS per budgeted scope), so concurrent requests cannot overspend.
+  for (int i = 0; i < n; ++i) {
+    if (!t.budget_[i]) continue;
+    const TakeResult r = limiter_.reserve_spend(sc[i].id, worst, now);
+    if (!r.ok) {
+      undo();
+      // Pending: this replica's share is short; the caller may wait once.
+      // Without a wait (the final answer) the budget could not cover it.
+      if (r.pending && wait) return pending();
+      if (const int j = r.never ? -1 : never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
+      core::Error e = budget_refused(sc[i], r, worst);
+      if (e.retry_after_s > 0) e.retry_after_s = longest_wait(e.retry_after_s);  // (none: it never resets)
+      return tl::unexpected(std::move(e));
+    }
+    t.reserve_mask_ |= static_cast<std::uint8_t>(1u << i);
+  }
+
+  // 2. Concurrency.
+  for (int i = 0; i < n; ++i) {
+    if (!sc[i].limits->max_concurrent_streams) continue;
+    if (!limiter_.acquire_stream(sc[i].id, worker_)) {
+      undo();
+      if (limiter_.streams_refillable(sc[i].id)) return pending();
+      if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
+      return tl::unexpected(
+          core::rate_limited(fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
+                                         sc[i].limits->max_concurrent_streams),
+                             longest_wait(1)));
+    }
+    t.stream_mask_ |= static_cast<std::uint8_t>(1u << i);
+  }
 
   // 3. Requests per minute.
   for (int i = 0; i < n; ++i, took_requests = i) {

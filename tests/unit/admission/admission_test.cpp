@@ -619,6 +619,21 @@ TEST(AdmissionTokenBucket, ARequestNoWaitCanAdmitIsToldSoWhicheverCheckRefusesFi
   EXPECT_EQ(r.error().type, "tokens");
 }
 
+TEST(AdmissionTokenBucket, AConcurrencyRefusalWaitsForTheTokensBucketToo) {
+  // The only stream slot was held: Retry-After said 1, and the client that came back then was refused by the
+  // tokens bucket for 27 s more.
+  auth::Limits l = tpm(120);  // 2 tokens per second
+  l.max_concurrent_streams = 1;
+  World w(l);
+  Admission a(*w.limiter, w.pricing, 0);
+  auto held = a.admit(w.tenant_only, "m", 105, T0);
+  ASSERT_TRUE(held);
+  auto r = a.admit(w.tenant_only, "m", 60, T0);  // 15 tokens left, 45 short: 23 s
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().message.find("concurrent"), std::string::npos) << r.error().message;
+  EXPECT_EQ(r.error().retry_after_s, 23u);
+}
+
 TEST(AdmissionHeaders, TheLimitIsWhatTheBucketHoldsSoRemainingNeverExceedsIt) {
   // requests_burst above the rate: the bucket holds 100, and the header's limit says so (it said 10,
   // with 99 remaining).
