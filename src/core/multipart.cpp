@@ -29,7 +29,14 @@ std::string_view next_param(std::string_view& rest) {
 
 // "name=value" or name="value" → the value without its quotes, if the
 // parameter is `name` (case-insensitive). Escapes inside quotes are kept as written.
-bool param_value(std::string_view param, std::string_view name, std::string_view& value);
+bool param_value(std::string_view param, std::string_view name, std::string_view& value) {
+  const auto eq = param.find('=');
+  if (eq == std::string_view::npos || !iequals(trim_ows(param.substr(0, eq)), name)) return false;
+  auto v = trim_ows(param.substr(eq + 1));
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+  value = v;
+  return true;
+}
 
 // True when the parameter's name is `prefix` then '*' and anything (RFC 2231:
 // name*, name*0, name*0*, ...: Python's email.message.get_params(), which
@@ -38,15 +45,6 @@ bool param_value(std::string_view param, std::string_view name, std::string_view
 bool starred(std::string_view param, std::string_view prefix) {
   const auto key = trim_ows(param.substr(0, param.find('=')));
   return key.size() > prefix.size() && key[prefix.size()] == '*' && iequals(key.substr(0, prefix.size()), prefix);
-}
-
-bool param_value(std::string_view param, std::string_view name, std::string_view& value) {
-  const auto eq = param.find('=');
-  if (eq == std::string_view::npos || !iequals(trim_ows(param.substr(0, eq)), name)) return false;
-  auto v = trim_ows(param.substr(eq + 1));
-  if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
-  value = v;
-  return true;
 }
 
 // The next line of a part head, without its CRLF.

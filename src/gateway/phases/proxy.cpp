@@ -126,7 +126,7 @@ void GatewayPhases::next_target(RequestContext& ctx) {
 }
 
 bool GatewayPhases::retry_held_on_pool(RequestContext& ctx) {
-  const auto f = ctx.held_failure;
+  const auto f = std::exchange(ctx.held_failure, http::UpstreamFailure::none);  // this relay's, or none
   // As attempt_pool retries a failure before the head (routing::Attempts::
   // on_exchange_failure): a reset or a timeout (the first token's), not an
   // invalid answer; never past the request's own deadline.
@@ -135,7 +135,8 @@ bool GatewayPhases::retry_held_on_pool(RequestContext& ctx) {
   if (ctx.endpoint < 0 || ctx.endpoint >= 64) return false;
   if (ctx.pool_tries >= ctx.gen->config().pools[ctx.target.pool].retry.attempts) return false;
   ctx.pool_avoid |= std::uint64_t{1} << ctx.endpoint;
-  return true;  // (attempt_pool counts the retry once it has an endpoint for it)
+  ctx.held_failure = f;  // attempt_pool counts the retry by it, once it has an endpoint for it
+  return true;
 }
 
 core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::ResponseSource& src) {
