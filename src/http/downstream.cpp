@@ -1,7 +1,12 @@
 #include "http/downstream.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <array>
 #include <charconv>
+#include <chrono>
 #include <iterator>
 #include <memory>
 
@@ -22,6 +27,8 @@ namespace {
 // an open stream then holds no more than that (per-connection buffers are
 // most of a stream's memory).
 constexpr std::size_t kMonitorRead = 64;
+// The close watch's poll once the read buffer is full (Downstream::post_poll).
+constexpr auto kClosePoll = std::chrono::milliseconds(100);
 // Input buffer capacity a connection keeps after a request's body: a head and
 // a small body (most requests) fit, so their reads allocate nothing.
 constexpr std::size_t kKeepInput = 4096;
@@ -151,6 +158,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       monitor_cancelled_ = true;
       error_code ignored;
       sock_.cancel(ignored);
+      if (poll_) poll_->cancel();
     } else {
       // The posted read of the previous request is still waiting: it is the
       // start of this request (or the client's goodbye).
@@ -345,7 +353,7 @@ void Downstream::post_watch() {
   // full holds a whole pipelined request to serve next, and a write notices
   // the client leaving.
   const std::size_t free = in_.max_size() - in_.size();
-  if (free == 0) return;
+  if (free == 0) return post_poll();
   reading_ = true;
   const auto room = in_.prepare(std::min(free, std::max(kMonitorRead, in_.capacity() - in_.size())));
   // The request was read to a short recv: the socket is drained, and
@@ -362,6 +370,32 @@ void Downstream::post_watch() {
       if (in_flight_ && !cancelled) post_watch();
     } else if (!(cancelled && ec == asio::error::operation_aborted)) {
       on_gone();
+    }
+    done_.wake();
+  });
+}
+
+void Downstream::post_poll() {
+  // in_ holds all a pipelined request may (its head and the start of its
+  // body), so no more bytes can be taken before the next request: whether
+  // the client left is read from the socket's TCP state instead, which a FIN
+  // (CLOSE_WAIT) or a reset (CLOSE) changes with the bytes still unread. A
+  // client pipelining that much is rare: a poll every kClosePoll.
+  if (!poll_) poll_ = std::make_unique<core::Timer>(sock_.get_executor());
+  reading_ = true;
+  poll_->expires_after(kClosePoll);
+  poll_->async_wait([this](error_code ec) {
+    reading_ = false;
+    const bool cancelled = monitor_cancelled_;
+    monitor_cancelled_ = false;
+    if (!ec && !cancelled && !closed_ && !peer_gone_ && sock_.is_open()) {
+      tcp_info info{};
+      socklen_t len = sizeof info;
+      if (::getsockopt(sock_.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+          info.tcpi_state != TCP_ESTABLISHED)
+        on_gone();
+      else if (in_flight_)
+        post_watch();
     }
     done_.wake();
   });
@@ -575,10 +609,11 @@ void Downstream::force_close() {
 }
 
 Task<void> Downstream::shutdown() {
-  // Nothing may still reference this object: wait out the posted read and
-  // the write loop (closing the socket completes them).
+  // Nothing may still reference this object: wait out the posted read (or
+  // poll) and the write loop (closing the socket completes them).
   error_code ignored;
   sock_.close(ignored);
+  if (poll_) poll_->cancel();
   while (reading_) {
     if (!done_.take_wake()) co_await done_.park();
   }

@@ -239,6 +239,7 @@ class Downstream {
   template <std::size_t N>
   void send_now(const std::array<std::string_view, N>& parts);
   void post_watch();  // posts the watch's read (watch_for_close)
+  void post_poll();   // or, with in_ full, its poll of the TCP state
   void on_gone();
 
   Socket sock_;
@@ -277,8 +278,11 @@ class Downstream {
   bool chunked_ = true;
   bool ended_ = false;  // the last chunk went out with the body (send_body last)
 
-  bool reading_ = false;
+  bool reading_ = false;    // the watch's read (or its poll_) is pending
   bool in_flight_ = false;  // a request is in flight: watch_for_close() until the next read_head()
+  // The watch once in_ is full of pipelined bytes (nothing more may be
+  // read): the socket's TCP state, every kClosePoll, made on first use.
+  std::unique_ptr<core::Timer> poll_;
   bool peer_gone_ = false;
   bool monitor_cancelled_ = false;
   // Wakes the one coroutine waiting for the posted read or the write loop to

@@ -355,3 +355,48 @@ def test_a_held_stream_goes_to_the_fallback_once_its_pools_attempts_are_spent(mo
     line = w.log_for("held-spent")
     assert line["pool"] == "backup", line
     assert [(a["pool"], a["failure"]) for a in line["attempts"]] == [("primary", "reset"), ("backup", None)], line
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_leaves_after_pipelining_a_full_buffer_still_cancels_the_upstream(mock, weir, stream):
+    # 140 KB pipelined behind an in-flight request fill the read buffer (server.max_header + 64 KiB): the watch
+    # could read no more, and a client that then left was noticed at the next write (a plain answer: never). Now
+    # the socket's TCP state says it (the FIN came behind the bytes the kernel holds; a client whose unsent bytes
+    # outrun the kernel's receive window too cannot send its FIN before Weir reads: the next write finds it).
+    import socket
+    import time
+    from conftest import wait_until
+    m = mock("--ttft-ms", "4000", "--itl-ms", "10")
+    w = weir(upstream=m, workers=1)
+    rid = f"full-{stream}"
+    body = json.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "x" * 140_000}]}).encode()
+    pipelined = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
+        s.sendall(chat_request(rid, stream))
+        wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 5, message="the request reached the mock")
+        s.sendall(pipelined)
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    wait_until(lambda: m.aborts() == 1, 2, message="the upstream request aborted when the client left")
+    assert time.monotonic() - t0 < 1.5
+    line = w.log_for(rid)
+    assert line["status"] == 499 and line["error"]["code"] == "client_closed_request", line
+
+
+def test_a_client_that_pipelines_a_full_buffer_and_stays_gets_both_answers(mock, weir):
+    import socket
+    m = mock("--ttft-ms", "300", "--itl-ms", "1", "--max-tokens", "3")
+    w = weir(upstream=m, workers=1)
+    body = json.dumps({"model": "mock-model", "max_tokens": 3,
+                       "messages": [{"role": "user", "content": "x" * 200_000}]}).encode()
+    pipelined = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"x-request-id: second\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    with socket.create_connection(("127.0.0.1", w.port), timeout=10) as s:
+        s.sendall(chat_request("first", False) + pipelined)
+        got = b""
+        while got.count(b"HTTP/1.1 200 ") < 2 or not got.rstrip().endswith(b"}"):
+            chunk = s.recv(65536)
+            assert chunk, got[-300:]
+            got += chunk
+    assert w.log_for("first")["status"] == 200 and w.log_for("second")["status"] == 200
