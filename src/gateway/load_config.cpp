@@ -70,15 +70,34 @@ void check_allow_list(LoadedConfig& out, const YAML::Node& models, const std::st
   for (std::size_t i = 0; i < models.size(); ++i) one(models[i], fmt::format("{}[{}]", key, i));
 }
 
+// A limit of 0 is no limit (as the admin API's PATCH removes one), where a
+// budget's usd: 0 freezes its scope and other gateways' 0 refuses everything:
+// said once per such key, with how to refuse every request.
+void check_zero_limits(LoadedConfig& out, const YAML::Node& limits, const std::string& key) {
+  if (!limits || !limits.IsMap()) return;
+  for (const char* name : {"requests_per_minute", "tokens_per_minute", "max_concurrent_streams"}) {
+    const YAML::Node v = limits[name];
+    if (v && v.IsScalar() && v.Scalar() == "0")
+      warn(out, v, key + "." + name,
+           "0 means no limit (omit the key to say so); to refuse every request give the scope `budget: {usd: 0}` "
+           "or `models: []`");
+  }
+}
+
 void compute_warnings(LoadedConfig& out) {
   const auto& root = out.config.root;
   if (const auto tenants = root["tenants"]; tenants && tenants.IsMap())
     for (const auto& kv : tenants)
-      if (kv.second.IsMap()) check_allow_list(out, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
+      if (kv.second.IsMap()) {
+        check_allow_list(out, kv.second["models"], "tenants." + kv.first.Scalar() + ".models");
+        check_zero_limits(out, kv.second["limits"], "tenants." + kv.first.Scalar() + ".limits");
+      }
   if (const auto auth = root["auth"]; auth && auth.IsMap())
     if (const auto keys = auth["api_keys"]; keys && keys.IsSequence())
-      for (std::size_t i = 0; i < keys.size(); ++i)
+      for (std::size_t i = 0; i < keys.size(); ++i) {
         check_allow_list(out, keys[i]["models"], fmt::format("auth.api_keys[{}].models", i));
+        check_zero_limits(out, keys[i]["limits"], fmt::format("auth.api_keys[{}].limits", i));
+      }
   // With a default_pool any model name is served (and priced as sent).
   if (!out.config.default_pool) {
     if (const auto pricing = root["pricing"]; pricing && pricing.IsMap()) {

@@ -108,6 +108,20 @@ def test_a_lone_redis_section_is_checked_and_warned_about(tmp_path):
     assert "weir: warning: " in r.stderr and " redis: " in r.stderr, r.stderr
 
 
+def test_a_zero_limit_is_warned_about_it_means_no_limit(tmp_path):
+    # budget usd: 0 freezes a scope and other gateways' rpm 0 refuses everything; Weir's limit 0 is none.
+    path = tmp_path / "zero.yaml"
+    path.write_text(BASE.format(port=free_port()) + (
+        "tenants:\n  acme: {limits: {requests_per_minute: 0, tokens_per_minute: 10}}\n"
+        f"auth:\n  api_keys:\n    - {{id: k, sha256: {SHA}, tenant: acme, limits: {{max_concurrent_streams: 0}}}}\n"))
+    r = weir_run("--config", path, "--check")
+    assert r.returncode == 0, r.stderr
+    lines = [l for l in r.stderr.splitlines() if l.startswith("weir: warning: ")]
+    assert len(lines) == 2, r.stderr
+    assert "tenants.acme.limits.requests_per_minute: 0 means no limit" in lines[0], lines
+    assert "auth.api_keys[0].limits.max_concurrent_streams: 0 means no limit" in lines[1], lines
+
+
 def test_key_env_set_passes_check(tmp_path):
     path = tmp_path / "env.yaml"
     path.write_text(BASE.format(port=free_port()) + (
