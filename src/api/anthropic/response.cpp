@@ -25,7 +25,9 @@ json::value tool_input(std::string_view args, json::storage_ptr sp, WideIntegers
   boost::system::error_code ec;
   std::string storage;
   const std::string_view text = wide.protect(args, storage);
-  json::value v = json::parse(json::string_view(text.data(), text.size()), ec, sp);
+  json::parse_options opt;
+  opt.max_depth = 64;  // as request bodies are read (api/request.cpp): a deep schema-shaped input stays an object
+  json::value v = json::parse(json::string_view(text.data(), text.size()), ec, sp, opt);
   if (!ec && v.is_object()) return v;
   return json::object({{"_raw", args}}, sp);
 }

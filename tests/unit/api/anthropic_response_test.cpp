@@ -56,6 +56,19 @@ TEST(AnthropicResponse, ToolInputNumbersBeyondADoublesRangeStayAsWritten) {
   EXPECT_NE(out.find(R"("input":{"a":1e400,"b":1,"c":18446744073709551616})"), std::string::npos) << out;
 }
 
+TEST(AnthropicResponse, ToolInputNestedBeyond32LevelsStaysAnObject) {
+  std::string args;
+  for (int i = 0; i < 40; ++i) args += R"({\"a\":)";
+  args += "1";
+  for (int i = 0; i < 40; ++i) args += "}";
+  std::string out;
+  ASSERT_TRUE(translate_message(R"({"id":"chatcmpl-x","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":")" +
+                                    args + R"("}}]},"finish_reason":"tool_calls"}]})",
+                                out));
+  EXPECT_EQ(out.find("_raw"), std::string::npos) << out;
+}
+
 TEST(AnthropicResponse, StopReasons) {
   auto with = [](std::string_view finish, std::string_view stop) {
     return message(
