@@ -1,5 +1,10 @@
 #include "core/multipart.hpp"
 
+#include <cctype>
+
+#include <fmt/format.h>
+
+#include "core/json_text.hpp"
 #include "core/text.hpp"
 
 namespace weir::core {
@@ -45,6 +50,30 @@ bool param_value(std::string_view param, std::string_view name, std::string_view
 bool starred(std::string_view param, std::string_view prefix) {
   const auto key = trim_ows(param.substr(0, param.find('=')));
   return key.size() > prefix.size() && key[prefix.size()] == '*' && iequals(key.substr(0, prefix.size()), prefix);
+}
+
+// RFC 9110 §5.6.2 token characters.
+bool token(std::string_view s) {
+  if (s.empty()) return false;
+  for (const char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) ||
+          std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos))
+      return false;
+  return true;
+}
+
+// A Content-Disposition parameter both Weir and Python's email parser read
+// alike (python-multipart, vLLM's form parser, splits parameters with
+// email.message's rules: a \" outside quotes is no quote there, "<v>" and
+// <v> lose their brackets, a bare `name` is a name with an empty value):
+// `token=token` or `token="text"`, the text without quote or backslash.
+bool plain_param(std::string_view p) {
+  const auto eq = p.find('=');
+  if (eq == std::string_view::npos || !token(trim_ows(p.substr(0, eq)))) return false;
+  const auto v = trim_ows(p.substr(eq + 1));
+  if (v.size() >= 2 && v.front() == '"' && v.back() == '"')
+    return v.substr(1, v.size() - 2).find_first_of("\"\\") == std::string_view::npos;
+  return token(v);
 }
 
 // The next line of a part head, without its CRLF.
@@ -138,12 +167,21 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
         // Weir routed and authorized by, not others.
         if (disposition)
           return tl::unexpected(std::string("A multipart part has more than one Content-Disposition header."));
+        if (value.find('\\') != std::string_view::npos)
+          return tl::unexpected(std::string(
+              "A multipart part's Content-Disposition holds a backslash: the upstream's parser would split its "
+              "parameters differently."));
         if (!iequals(next_param(value), "form-data"))
           return tl::unexpected(std::string("A multipart part's Content-Disposition is not form-data."));
         disposition = true;
         bool named = false;
         while (!value.empty()) {
           const auto p = next_param(value);
+          if (p.empty()) continue;  // (";;": no parameter, for Python's parser too)
+          if (!plain_param(p))
+            return tl::unexpected(fmt::format(
+                "A multipart part's Content-Disposition parameter '{}' is not token=token or token=\"text\".",
+                utf8_prefix(p, 64)));
           std::string_view v;
           if (param_value(p, "name", v)) {
             if (named) return tl::unexpected(std::string("A multipart part has more than one name parameter."));

@@ -348,6 +348,19 @@ def test_audio_a_continued_name_parameter_is_refused(stack, param):
     assert r.status_code == 400 and "name*" in r.json()["error"]["message"], r.text
 
 
+# DEFECT (stop 39): Python's email parser (python-multipart) splits Content-Disposition parameters at a `;` after
+# an unquoted \" (no quote to it), where Weir saw one parameter: `a=\"; name="model"` named the part `model` upstream
+# only. And <model> is `model` to it. Content-Disposition parameters are now token=token or token="text" only.
+@pytest.mark.parametrize("head", [b'Content-Disposition: form-data; a=\\"; name="model"',
+                                  b'Content-Disposition: form-data; name="note"; a=\\"; name="model"',
+                                  b'Content-Disposition: form-data; name=<model>'])
+def test_audio_a_parameter_python_splits_otherwise_is_refused(stack, head):
+    _, w = stack
+    body = form([FILE, part("model", b"whisper-1"), head + b"\r\n\r\nopenai/whisper-large"])
+    r = send(w, body)
+    assert r.status_code == 400, r.text
+
+
 # DEFECT: a file part named only by RFC 2231 `filename*=` (valid for Starlette) was refused as having no filename.
 def test_audio_rfc2231_filename_is_a_filename(stack):
     _, w = stack

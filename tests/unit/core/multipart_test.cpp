@@ -95,6 +95,17 @@ TEST(Multipart, MalformedBodiesAreErrors) {
   EXPECT_FALSE(parse_form(
       "--b\r\nContent-Disposition: form-data; name=a\r\nContent-Disposition: form-data; name=model\r\n\r\n1\r\n--b--",
       "b"));
+  // Parameters Python's email parser (python-multipart) splits or unquotes otherwise than Weir: refused.
+  for (const char* p :
+       {"name=\"model\"; a=\\\"; name=\"model\"", "name=\"note\"; a=\\\"; name=\"model\"", "name=<model>",
+        "name=\"x\"; name", "name=\"mo\\\"del\"", "name=\"model", "name=mo del", "name=\"x\"; filename=\"C:\\a.wav\""})
+    EXPECT_FALSE(parse_form(std::string("--b\r\nContent-Disposition: form-data; ") + p + "\r\n\r\n1\r\n--b--", "b"))
+        << p;
+  // What clients send still passes: quoted and token values, a trailing ';', RFC 5987's filename*.
+  for (const char* p :
+       {"name=\"model\"", "name=model", "name=\"a;b\"; filename=\"x y.wav\";", "name=file; filename*=UTF-8''a%20b.wav"})
+    EXPECT_TRUE(parse_form(std::string("--b\r\nContent-Disposition: form-data; ") + p + "\r\n\r\n1\r\n--b--", "b"))
+        << p;
   // filename* alone makes a file part.
   auto f =
       parse_form("--b\r\nContent-Disposition: form-data; name=file; filename*=UTF-8''a.wav\r\n\r\n1\r\n--b--", "b");
