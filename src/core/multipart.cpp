@@ -1,10 +1,5 @@
 #include "core/multipart.hpp"
 
-#include <cctype>
-
-#include <fmt/format.h>
-
-#include "core/json_text.hpp"
 #include "core/text.hpp"
 
 namespace weir::core {
@@ -43,37 +38,83 @@ bool param_value(std::string_view param, std::string_view name, std::string_view
   return true;
 }
 
-// True when the parameter's name is `prefix` then '*' and anything (RFC 2231:
-// name*, name*0, name*0*, ...: Python's email.message.get_params(), which
-// Starlette's python-multipart reads Content-Disposition with, joins those
-// into `name`).
-bool starred(std::string_view param, std::string_view prefix) {
-  const auto key = trim_ows(param.substr(0, param.find('=')));
-  return key.size() > prefix.size() && key[prefix.size()] == '*' && iequals(key.substr(0, prefix.size()), prefix);
+// Content-Disposition's parameters as vLLM's form parser reads them:
+// python-multipart's parse_options_header, through Python's
+// email.message.Message.get_params() (_parseparam, decode_params,
+// email.utils.unquote), emulated byte for byte so that Weir routes and
+// authorizes by the very field name the upstream will read.
+
+// str.strip()'s whitespace, for a header decoded as Latin-1.
+bool py_space(char ch) {
+  const auto c = static_cast<unsigned char>(ch);
+  return c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f) || c == 0x85 || c == 0xa0;
+}
+std::string_view py_strip(std::string_view s) {
+  while (!s.empty() && py_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && py_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+std::string replace_all(std::string s, std::string_view from, std::string_view to) {
+  std::string out;
+  std::size_t at = 0;
+  for (std::size_t hit; (hit = s.find(from, at)) != std::string::npos; at = hit + from.size()) {
+    out.append(s, at, hit - at);
+    out.append(to);
+  }
+  out.append(s, at);
+  return out;
+}
+// email.utils.unquote: "..." loses its quotes (then \\ → \, then \" → "), <...> its brackets.
+std::string py_unquote(std::string_view s) {
+  if (s.size() > 1 && s.front() == '"' && s.back() == '"')
+    return replace_all(replace_all(std::string(s.substr(1, s.size() - 2)), "\\\\", "\\"), "\\\"", "\"");
+  if (s.size() > 1 && s.front() == '<' && s.back() == '>') return std::string(s.substr(1, s.size() - 2));
+  return std::string(s);
+}
+// email.utils.quote: \ → \\, then " → \".
+std::string py_quote(std::string_view s) {
+  return replace_all(replace_all(std::string(s), "\\", "\\\\"), "\"", "\\\"");
 }
 
-// RFC 9110 §5.6.2 token characters.
-bool token(std::string_view s) {
-  if (s.empty()) return false;
-  for (const char c : s)
-    if (!(std::isalnum(static_cast<unsigned char>(c)) ||
-          std::string_view("!#$%&'*+-.^_`|~").find(c) != std::string_view::npos))
-      return false;
-  return true;
-}
-
-// A Content-Disposition parameter both Weir and Python's email parser read
-// alike (python-multipart, vLLM's form parser, splits parameters with
-// email.message's rules: a \" outside quotes is no quote there, "<v>" and
-// <v> lose their brackets, a bare `name` is a name with an empty value):
-// `token=token` or `token="text"`, the text without quote or backslash.
-bool plain_param(std::string_view p) {
-  const auto eq = p.find('=');
-  if (eq == std::string_view::npos || !token(trim_ows(p.substr(0, eq)))) return false;
-  const auto v = trim_ows(p.substr(eq + 1));
-  if (v.size() >= 2 && v.front() == '"' && v.back() == '"')
-    return v.substr(1, v.size() - 2).find_first_of("\"\\") == std::string_view::npos;
-  return token(v);
+struct PyParam {
+  std::string key;  // lowercased when the parameter has a value, as _parseparam does
+  std::string value;
+};
+// The parameters after the first (the disposition type, returned in `type`).
+std::vector<PyParam> python_params(std::string_view header, std::string_view& type) {
+  std::vector<PyParam> out;
+  std::string_view s = header;
+  bool first = true;
+  for (;;) {
+    // A ';' ends the parameter unless an odd number of quotes (not counting \") precede it.
+    const auto odd = [&](std::size_t end) {
+      std::size_t quotes = 0, escaped = 0;
+      for (std::size_t i = 0; i < end; ++i)
+        if (s[i] == '"') {
+          ++quotes;
+          if (i > 0 && s[i - 1] == '\\') ++escaped;
+        }
+      return (quotes - escaped) % 2 != 0;
+    };
+    std::size_t end = s.find(';');
+    while (end != std::string_view::npos && end > 0 && odd(end)) end = s.find(';', end + 1);
+    const std::string_view f = end == std::string_view::npos ? s : s.substr(0, end);
+    if (first) {
+      type = py_strip(f);
+      first = false;
+    } else if (const auto eq = f.find('='); eq != std::string_view::npos) {
+      std::string key(py_strip(f.substr(0, eq)));
+      for (auto& c : key)
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+      // decode_params unquotes, quotes and get_params unquotes again.
+      out.push_back({std::move(key), py_unquote("\"" + py_quote(py_unquote(py_strip(f.substr(eq + 1)))) + "\"")});
+    } else {
+      out.push_back({std::string(py_strip(f)), std::string()});  // a bare attribute: its name, no value
+    }
+    if (end == std::string_view::npos) break;
+    s.remove_prefix(end + 1);
+  }
+  return out;
 }
 
 // The next line of a part head, without its CRLF.
@@ -167,33 +208,24 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
         // Weir routed and authorized by, not others.
         if (disposition)
           return tl::unexpected(std::string("A multipart part has more than one Content-Disposition header."));
-        if (value.find('\\') != std::string_view::npos)
-          return tl::unexpected(std::string(
-              "A multipart part's Content-Disposition holds a backslash: the upstream's parser would split its "
-              "parameters differently."));
-        if (!iequals(next_param(value), "form-data"))
+        std::string_view type;
+        const auto params = python_params(value, type);
+        if (!iequals(type, "form-data"))
           return tl::unexpected(std::string("A multipart part's Content-Disposition is not form-data."));
         disposition = true;
         bool named = false;
-        while (!value.empty()) {
-          const auto p = next_param(value);
-          if (p.empty()) continue;  // (";;": no parameter, for Python's parser too)
-          if (!plain_param(p))
-            return tl::unexpected(fmt::format(
-                "A multipart part's Content-Disposition parameter '{}' is not token=token or token=\"text\".",
-                utf8_prefix(p, 64)));
-          std::string_view v;
-          if (param_value(p, "name", v)) {
+        for (const auto& p : params) {
+          if (p.key == "name") {
             if (named) return tl::unexpected(std::string("A multipart part has more than one name parameter."));
             named = true;
-            part.name = v;
-          } else if (starred(p, "name")) {
+            part.name = p.value;
+          } else if (p.key.starts_with("name*")) {
+            // RFC 2231's name*, name*0, name*0*, ...: decode_params joins them into `name`.
             return tl::unexpected(
                 std::string("A multipart part's name must be a plain name= parameter (RFC 7578 4.2: no name*)."));
-          } else if (param_value(p, "filename", v) || starred(p, "filename")) {
-            // filename* (RFC 5987's charset'lang'value) and its RFC 2231 pieces (filename*0, ...) make it a file
-            // too, as for Python's email parser; the value is not read: Weir only needs to know it is a file.
-            if (!part.has_filename || part.filename.empty()) part.filename = v;
+          } else if (p.key == "filename" || p.key.starts_with("filename*")) {
+            // filename* (RFC 5987) and its RFC 2231 pieces make it a file too; Weir only needs to know it is one.
+            if (!part.has_filename || part.filename.empty()) part.filename = p.value;
             part.has_filename = true;
           }
         }

@@ -15,8 +15,10 @@ namespace weir::core {
 
 // One part of a form. The views point into the body that was parsed.
 struct FormPart {
-  std::string_view name;          // Content-Disposition's name parameter (may be empty)
-  std::string_view filename;      // its filename parameter, when has_filename
+  // Content-Disposition's name parameter (may be empty), unquoted as the
+  // upstream's parser (python-multipart) reads it.
+  std::string name;
+  std::string filename;           // its filename parameter, so unquoted, when has_filename
   bool has_filename = false;      // a file part (filename= given, even empty)
   std::string_view content_type;  // the part's Content-Type, empty when absent
   std::string_view value;         // the part's content, between its head and the next delimiter
