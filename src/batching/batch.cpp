@@ -22,6 +22,7 @@ void BatchMember::begin(const Request& r) {
   head_ready_ = false;
   ended_ = false;
   split_status_ = 0;
+  withheld_ = false;
   failure_ = UpstreamFailure::none;
   slot_ = 0;
   id_json_.clear();

@@ -92,6 +92,10 @@ class BatchMember final : public http::ResponseSource {
   // batch's answer.
   bool resend_alone() const { return split_status_ != 0; }
   int split_status() const { return split_status_; }
+  // wait_head() returned true, but the head's body was not relayed: an error
+  // status to a list of several prompts, whose body may quote any member's
+  // prompt. The member answers head().result_int() with an error of its own.
+  bool body_withheld() const { return withheld_; }
 
   // --- once wait_head() returned true ---
   std::string_view batch_id() const;  // the batch's upstream x-request-id
@@ -141,6 +145,7 @@ class BatchMember final : public http::ResponseSource {
   bool head_ready_ = false;
   bool ended_ = false;
   int split_status_ = 0;
+  bool withheld_ = false;
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;
   std::uint32_t joined_size_ = 0;               // the batch's members when this one joined

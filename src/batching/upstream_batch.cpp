@@ -194,6 +194,7 @@ core::Task<void> Batch::send() {
     // (gateway/phases/batch.cpp: batch_status_error).
     drop_answer();
     for_present([&](BatchMember& m) {
+      m.withheld_ = true;
       m.head_ready_ = true;
       m.end(UpstreamFailure::none);
     });

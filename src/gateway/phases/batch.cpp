@@ -177,11 +177,11 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
     ctx.fail_over = true;
     co_return Outcome::failed(upstream_status_error(ctx.upstream_status, subject(ctx)));
   }
-  if (!m.coalesced() && m.batch_size() > 1 && (ctx.upstream_status < 200 || ctx.upstream_status >= 300)) {
+  if (m.body_withheld()) {
     // An error to a prompt list (400, 413 and 422 were split off before
     // this): its body was written for every member's prompts and may quote
-    // any of them (tenants share batches). Each member gets the status with
-    // Weir's error instead.
+    // any of them (tenants share batches), so the batch did not read it.
+    // Each member gets the status with Weir's error instead.
     std::uint32_t retry_after_s = 1;
     if (auto d = routing::parse_retry_after(http::first_field(m.head(), boost::beast::http::field::retry_after),
                                             std::chrono::system_clock::now()))
