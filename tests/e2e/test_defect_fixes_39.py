@@ -1,12 +1,14 @@
-"""Defects found in stop 39: a micro-batch's error body given to every member (it may quote any member's prompt:
-now the status with Weir's error)."""
+"""Defects found in stop 39's black-box rounds: micro-batch errors that quoted other members' prompts, the close
+watch, budgets across a rollover, include_usage, admission's Retry-After, settlement without usage, the admin API's
+and /v1/models' paths, the bytes metric, fallbacks and held streams, sessions, deadlines and the queue's log line."""
 from __future__ import annotations
 
 import json
-import threading
 
 import httpx
 import pytest
+
+from test_batching import in_parallel
 
 
 def echoing_error(status: int):
@@ -28,18 +30,10 @@ def test_a_batch_error_body_reaches_no_member(weir, status, stream):
         w = weir(config={"pools": {"b": {"endpoints": [up.url],
                                          "batch": {"window": "100ms", "max_size": 4}}},
                          "default_pool": "b"}, workers=1)
-        got: dict[int, httpx.Response] = {}
-
-        def go(i: int) -> None:
-            got[i] = httpx.post(w.v1 + "/completions", timeout=15, headers={"x-request-id": f"b39-{status}-{i}"},
-                                json={"model": "m", "prompt": f"tenant{i} private", "max_tokens": 5,
-                                      "stream": stream})
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = dict(enumerate(in_parallel(lambda i: httpx.post(
+            w.v1 + "/completions", timeout=15, headers={"x-request-id": f"b39-{status}-{i}"},
+            json={"model": "m", "prompt": f"tenant{i} private", "max_tokens": 5, "stream": stream}),
+            [(i,) for i in range(4)])))
         sizes = set()
         for i, r in got.items():
             assert "private" not in r.text, (i, r.status_code, r.text[:300])
@@ -90,17 +84,10 @@ def test_a_batch_streams_error_event_quotes_no_member(weir):
     try:
         w = weir(config={"pools": {"b": {"endpoints": [up.url], "batch": {"window": "100ms", "max_size": 4}}},
                          "default_pool": "b"}, workers=1)
-        got: dict[int, httpx.Response] = {}
-
-        def go(i: int) -> None:
-            got[i] = httpx.post(w.v1 + "/completions", timeout=15, headers={"x-request-id": f"e39-{i}"},
-                                json={"model": "m", "prompt": f"tenant{i} private", "max_tokens": 5, "stream": True})
-
-        threads = [threading.Thread(target=go, args=(i,)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        got = dict(enumerate(in_parallel(lambda i: httpx.post(
+            w.v1 + "/completions", timeout=15, headers={"x-request-id": f"e39-{i}"},
+            json={"model": "m", "prompt": f"tenant{i} private", "max_tokens": 5, "stream": True}),
+            [(i,) for i in range(4)])))
         for i, r in got.items():
             assert r.status_code == 200, (i, r.status_code, r.text[:300])
             assert "private" not in r.text, (i, r.text[:500])
