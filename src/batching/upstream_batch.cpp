@@ -9,6 +9,7 @@
 #include "core/text.hpp"
 #include "core/time.hpp"
 #include "http/headers.hpp"
+#include "http/sse.hpp"
 #include "routing/attempts.hpp"
 
 namespace weir::batching {
@@ -365,20 +366,17 @@ bool Batch::dispatch(const http::SseEvent& ev) {
         }
         return true;
       }
-      scratch_.assign("data: ");
+      chunk_.clear();
       api::openai::append_member_chunk(data, c, id_of(m), m.req_.continuous_usage ? std::string_view() : "null",
-                                       scratch_);
-      scratch_ += "\n\n";
+                                       chunk_);
+      scratch_.clear();
+      http::append_sse_data(scratch_, chunk_);
       if (last) {
         // What vLLM sends it next unbatched: its usage chunk (when asked for), then [DONE].
-        if (m.req_.include_usage) {
-          const std::size_t at = scratch_.size();
-          scratch_ += "data: ";
-          if (api::openai::append_usage_chunk(data, c, m.id_json_, scratch_))
-            scratch_ += "\n\n";
-          else
-            scratch_.resize(at);  // no per-chunk usage (not vLLM?): its own usage is unknown, not another's
-        }
+        // (No per-chunk usage, not vLLM?: its own usage is unknown, not another's.)
+        chunk_.clear();
+        if (m.req_.include_usage && api::openai::append_usage_chunk(data, c, m.id_json_, chunk_))
+          http::append_sse_data(scratch_, chunk_);
         scratch_ += "data: [DONE]\n\n";
         m.push(scratch_);
         complete(m, UpstreamFailure::none);
@@ -394,10 +392,9 @@ bool Batch::dispatch(const http::SseEvent& ev) {
         std::string usage;
         if (!api::openai::append_member_usage(final_usage_, m.last_usage_, usage))
           return;  // (for this member) no per-chunk usage (not vLLM?): the member's usage is unknown, not another's
-        scratch_.assign("data: ");
-        api::openai::append_member_chunk(data, c, id_of(m), usage, scratch_);
-        scratch_ += "\n\n";
-        m.push(scratch_);
+        chunk_.clear();
+        api::openai::append_member_chunk(data, c, id_of(m), usage, chunk_);
+        push_event(m, chunk_);
       });
       return true;
     }
@@ -428,10 +425,7 @@ bool Batch::dispatch(const http::SseEvent& ev) {
           complete(*m, UpstreamFailure::protocol);
           continue;
         }
-        scratch_.assign("data: ");
-        scratch_.append(event);
-        scratch_ += "\n\n";
-        m->push(scratch_);
+        push_event(*m, event);
       }
       return true;
     }
@@ -465,13 +459,19 @@ void Batch::deliver(BatchMember& m, const Event& e) {
   }
   // The usage chunk (asked for on every member's behalf) only to members whose own body asked for it.
   if (e.usage_only && !m.req_.include_usage) return;
-  scratch_.assign("data: ");
-  if (e.id)
-    api::openai::append_with_id(e.data, id_of(m, e.data.substr(e.id->value_begin, e.id->value_end - e.id->value_begin)),
-                                scratch_);
-  else
-    scratch_.append(e.data);
-  scratch_ += "\n\n";
+  if (!e.id) {
+    push_event(m, e.data);
+    return;
+  }
+  chunk_.clear();
+  api::openai::append_with_id(e.data, id_of(m, e.data.substr(e.id->value_begin, e.id->value_end - e.id->value_begin)),
+                              chunk_);
+  push_event(m, chunk_);
+}
+
+void Batch::push_event(BatchMember& m, std::string_view data) {
+  scratch_.clear();
+  http::append_sse_data(scratch_, data);
   m.push(scratch_);
 }
 

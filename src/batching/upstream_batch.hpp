@@ -186,6 +186,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
   };
   static Event read_event(std::string_view data);
   void deliver(BatchMember& m, const Event& e);
+  // Pushes to `m` one SSE event carrying `data` (JSON, which may hold the
+  // line breaks of an upstream event's several `data:` lines): each line
+  // its own `data:` field (WHATWG SSE), as http::append_sse_data frames it.
+  void push_event(BatchMember& m, std::string_view data);
   void finish_members();
   // Member `m`'s answer is whole (or failed) before the batch's: it ends now
   // and is no longer the batch's (its session may reuse it at once).
@@ -239,7 +243,8 @@ class Batch : public std::enable_shared_from_this<Batch> {
   http::ResponseHead json_head_;  // the same as non-streaming members get it
   bool json_ok_ = false;          // the upstream answered 200 with a stream: json_head_ is set
   std::string final_usage_;       // the upstream's final usage object (summed over prompts)
-  std::string scratch_;
+  std::string scratch_;           // the SSE events pushed to a member
+  std::string chunk_;             // the JSON of one member's chunk, before its SSE framing
   int endpoint_ = -1;
   std::chrono::steady_clock::time_point sent_at_{};
 };
