@@ -100,6 +100,34 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
   return false;
 }
 
+// What a stream Weir made from a whole answer counts, as respond_stream
+// counts a relayed one: `events`, the data events in `sse` (the client's
+// stream, [DONE] included); `tokens`, the upstream's data events from its
+// first content event on (`upstream`: its SSE stream, or else `chunk`, the
+// one chunk carrying a whole answer).
+struct MadeStream {
+  std::uint32_t events = 0;
+  std::uint32_t tokens = 0;
+};
+MadeStream count_made_stream(std::string_view sse, std::string_view upstream, std::string_view chunk) {
+  MadeStream n;
+  http::SseReader reader;
+  reader.push(sse);
+  while (auto ev = reader.next())
+    if (ev->has_data) ++n.events;
+  if (!chunk.empty()) {
+    n.tokens = api::openai::classify_chunk(chunk) == api::openai::ChunkKind::content ? 1 : 0;
+    return n;
+  }
+  http::SseReader up;
+  up.push(upstream);
+  while (auto ev = up.next()) {
+    if (!ev->has_data || ev->is_done()) continue;
+    if (n.tokens > 0 || api::openai::classify_chunk(ev->data) == api::openai::ChunkKind::content) ++n.tokens;
+  }
+  return n;
+}
+
 // A stream the upstream compressed anyway (it ignored Accept-Encoding:
 // identity), decoded whole: the events a translated route's client asked
 // for, each upstream chunk run through the client's stream translator, as
@@ -244,6 +272,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (status >= 200 && status < 300 && plain.empty() && ctx.fields.stream && req.method() != bh::verb::head &&
       (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions))
     co_return no_answer(ctx, upstream_stream_incomplete(subject(ctx)));
+  // A client Weir translates for (an Anthropic or Responses client of an
+  // OpenAI pool, an OpenAI client of an Anthropic pool) gets no answer from
+  // an empty 2xx either, streamed or not: there is no message, response or
+  // completion to make of it (the Anthropic SDK reads a 204 as the string
+  // "", its stream helper fails).
+  if (rewritten && status >= 200 && status < 300 && plain.empty() && req.method() != bh::verb::head)
+    co_return untranslatable(ctx, anthropic_up                                    ? "an Anthropic message"
+                                  : ctx.route == RouteKind::messages_count_tokens ? "a token count"
+                                                                                  : "a chat completion");
   // Any other empty 2xx (a 204, an empty JSON 200) passes as it came, and
   // carried no completion: settle() charges it nothing.
   ctx.empty_answer = status >= 200 && status < 300 && plain.empty();
@@ -315,6 +352,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // asked for, made from that body; a route in the upstream's own dialect
   // passes the body as sent, as any proxy would.
   // (Not a count_tokens answer: no stream is one; its translation refuses it below.)
+  MadeStream made;  // a stream made here (translate_events, whole_for_stream): what it counts
   const bool translate_events =
       event_stream && rewritten && (ctx.route == RouteKind::messages || is_responses(ctx.route));
   if (translate_events) {
@@ -323,6 +361,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       co_return untranslatable(ctx, "a chat completion stream");
     out = translated;
     drop_encoding = encoded;
+    made = count_made_stream(out, plain, {});
   }
   // A chat or completions client of an OpenAI pool too: the openai SDK
   // reads a JSON body given to a stream it opened as no chunk and no error,
@@ -380,6 +419,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     out = translated;
     drop_encoding = encoded;
     content_type = "text/event-stream";
+    std::string chunk;
+    if (ctx.route == RouteKind::completions)
+      chunk = from;
+    else if (!api::openai::completion_as_chunk(from, chunk))
+      chunk.clear();
+    made = count_made_stream(out, {}, chunk.empty() ? std::string_view("{}") : std::string_view(chunk));
   }
   const bool responses = !whole_for_stream && !translate_events && is_responses(ctx.route) && ctx.status >= 200 &&
                          ctx.status < 300 && status != 204;
@@ -443,6 +488,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // What the client reads, decoded when the client gets it encoded (a body people can read).
   if (ctx.capture && !no_body) capture_response(ctx, drop_encoding || !encoded ? out : plain);
   ctx.ticket.release_streams();  // (the answer is whole: its stream slot is free before the client reads it)
+  if (made.events > 0) {
+    // A stream made here is logged, metered and charged as a relayed one.
+    ctx.events = made.events;
+    ctx.token_events = made.tokens;
+    if (made.tokens > 0) ctx.t_first_token = core::now();
+  }
   const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
   if (body.capacity() > (1u << 20)) std::string().swap(body);
   if (ctx.scratch.capacity() > (1u << 20)) std::string().swap(ctx.scratch);
