@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include <boost/json/object.hpp>
@@ -19,6 +20,18 @@ inline std::string_view sv(const boost::json::string& s) { return {s.data(), s.s
 inline std::string_view string_at(const boost::json::object& o, std::string_view name) {
   const auto* v = o.if_contains(name);
   return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
+}
+
+// An OpenAI/vLLM stream chunk that is an in-band error: an `error` member
+// that is not null (vLLM's and OpenAI's `{"error": {"message": …}}`), or
+// `"object": "error"` (vLLM before 0.6: `{"object": "error", "message": …}`),
+// as openai::classify_chunk tells one. Returns its message ("" when it has
+// none), or nullopt when `chunk` is no error.
+inline std::optional<std::string_view> stream_error_message(const boost::json::object& chunk) {
+  if (const auto* e = chunk.if_contains("error"); e && !e->is_null())
+    return e->is_object() ? string_at(e->get_object(), "message") : std::string_view{};
+  if (string_at(chunk, "object") == "error") return string_at(chunk, "message");
+  return std::nullopt;
 }
 
 // A per-thread block of `Size` bytes for a translator's DOMs (the first

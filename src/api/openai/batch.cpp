@@ -158,10 +158,12 @@ BatchChunk parse_batch_chunk(std::string_view data) {
   c.created = f[1];
   c.model = f[2];
   c.usage = f[4];
-  if (!f[3]) {
-    if (f[5]) c.kind = BatchChunk::Kind::error;
+  // An in-band error: an `error` member that is not null (as classify_chunk reads one), choices or not.
+  if (f[5] && value_of(data, *f[5]) != "null") {
+    c.kind = BatchChunk::Kind::error;
     return c;
   }
+  if (!f[3]) return c;
   const std::string_view choices = value_of(data, *f[3]);
   const auto first = first_element(choices);
   if (!first) {

@@ -155,7 +155,7 @@ class ChunkReader {
   void value(Role in, Key key, Value v, bool non_empty, bool is_error) {
     switch (in) {
       case Role::root:
-        if (key == kError) error_member_ = true;
+        if (key == kError) error_member_ = v != Value::null;  // (`"error": null` is none: the SDKs' reading)
         if (key == kObject) object_error_ = v == Value::string && is_error;
         if (key == kChoices && v != Value::array) choices_content_ = false;  // (an array: at its end)
         return;

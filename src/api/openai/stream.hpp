@@ -31,7 +31,7 @@ bool is_usage_only_chunk(std::string_view data);
 // What one streamed chunk (an SSE event's data, not [DONE]) carries:
 // `content` when a choice has text, a content/refusal/reasoning_content
 // delta, tool calls or a finish_reason; `error` for an in-band
-// `{"error": ...}` (vLLM's and OpenAI's stream error; vLLM before 0.6:
+// `{"error": ...}` whose value is not null (vLLM's and OpenAI's stream error; vLLM before 0.6:
 // `"object": "error"`) and for data that is no JSON object (an invalid
 // stream); `empty` otherwise (vLLM's role-only first chunk, a usage-only
 // chunk). Parses the chunk: used on held streams before their first

@@ -228,10 +228,8 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
   const json::value v = json::parse(json::string_view(data.data(), data.size()), ec, &mr);
   if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
   const auto& chunk = v.get_object();
-  if (const auto* e = chunk.if_contains("error"); e && !e->is_null()) {
-    const std::string_view m = e->is_object() ? string_at(e->get_object(), "message") : std::string_view{};
-    return fail(500, m.empty() ? std::string_view("The upstream failed while streaming.") : m, out);
-  }
+  if (const auto m = stream_error_message(chunk))
+    return fail(500, m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
   if (const auto* u = chunk.if_contains("usage"); u && u->is_object())
     if (auto parsed = extract_usage(data)) {
       usage_.usage = *parsed;

@@ -139,7 +139,6 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       auto kind = api::openai::ChunkKind::empty;
       if ((s.holding || first_pending) && ev->has_data && !ev->is_done()) kind = ctx.hooks.classify(*ev);
       const bool first_token = first_pending && kind == api::openai::ChunkKind::content;
-      if (ev->has_data && !ev->is_done() && (!first_pending || first_token)) ++ctx.token_events;
       if (s.holding && ev->has_data && !ev->is_done()) {
         if (kind == api::openai::ChunkKind::error) s.failure = http::UpstreamFailure::protocol;
         if (kind == api::openai::ChunkKind::content) s.holding = false;
@@ -149,6 +148,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // translated), and the stream ends there, a failed answer: counted
       // against the endpoint, logged, and no token (error_relayed).
       const bool upstream_error = !s.holding && ctx.hooks.error_event(*ev);
+      if (ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error) ++ctx.token_events;
       if (ctx.hooks.translating()) {
         const bool sent = ctx.hooks.translate(*ev, events);
         if (!s.holding && (upstream_error || ctx.hooks.translation_failed())) {

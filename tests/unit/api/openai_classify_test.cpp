@@ -23,7 +23,7 @@ ChunkKind dom_classify(std::string_view data) {
   const json::value v = json::parse(json::string_view(data.data(), data.size()), ec);
   if (ec || !v.is_object()) return ChunkKind::error;
   const auto& o = v.get_object();
-  if (o.contains("error")) return ChunkKind::error;
+  if (const auto* e = o.if_contains("error"); e && !e->is_null()) return ChunkKind::error;
   if (const auto* t = o.if_contains("object"); t && t->is_string() && t->get_string() == "error")
     return ChunkKind::error;
   const auto* choices = o.if_contains("choices");
@@ -69,6 +69,10 @@ TEST(ClassifyChunk, NamedCases) {
   EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"refusal":"no"}}]})"), ChunkKind::content);
   EXPECT_EQ(classify_chunk(R"({"error":{"message":"boom","code":500}})"), ChunkKind::error);
   EXPECT_EQ(classify_chunk(R"({"object":"error","message":"boom"})"), ChunkKind::error);
+  // `"error": null` is no error (the openai SDK reads a stream's error by the member's value).
+  EXPECT_EQ(classify_chunk(R"({"error":null,"choices":[{"delta":{"content":"x"}}]})"), ChunkKind::content);
+  EXPECT_EQ(classify_chunk(R"({"error":{"message":"boom"},"error":null,"choices":[]})"), ChunkKind::empty);
+  EXPECT_EQ(classify_chunk(R"({"error":null,"error":{}})"), ChunkKind::error);
   EXPECT_EQ(classify_chunk(R"({"object":"err\u006fr"})"), ChunkKind::error);  // escapes are read as text
   EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"c\u006fntent":"x"}}]})"), ChunkKind::content);
   EXPECT_EQ(classify_chunk("[]"), ChunkKind::error);
