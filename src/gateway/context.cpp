@@ -35,6 +35,7 @@ void RequestContext::reset() {
   retries = 0;
   fallback_step = 0;
   fallback_limit = 0xff;
+  fallbacks_judged = fallbacks_refused = 0;
   hold_head = fail_over = error_relayed = false;
   held_failure = http::UpstreamFailure::none;
   pool_tries = 0;

@@ -131,6 +131,9 @@ struct RequestContext {
   // how many the request allows (x-weir-fallbacks; at most the chain's length).
   std::uint8_t fallback_step = 0;
   std::uint8_t fallback_limit = 0xff;
+  // Whether fallback i (< 64) can take the request's body (GatewayPhases::
+  // takes_request), once looked at: bit i of `judged`, and of `refused` when it cannot.
+  mutable std::uint64_t fallbacks_judged = 0, fallbacks_refused = 0;
   bool hold_head = false;  // a stream whose head waits for its first content event (a fallback remains)
   bool fail_over = false;  // that stream failed before it: the proxy goes on to the next target
   // A held stream that failed before its first content with a reset or a

@@ -185,8 +185,17 @@ class GatewayPhases final : public Phases {
   bool resumed_stream_ok(RequestContext& ctx);
   // Waits a retry backoff `d`; returns early when the client leaves.
   core::Task<void> wait_backoff(RequestContext& ctx, std::chrono::milliseconds d);
-  // A fallback target is left for this request (and the client is still there).
+  // A fallback target is left for this request (and the client is still there):
+  // one its principal may use (may_take) whose API can carry the request (takes_request).
   bool fallback_left(const RequestContext& ctx) const;
+  // Whether fallback `step` can take the request: a route its pool's API
+  // serves, and a body its translation (Anthropic ↔ OpenAI) can express, as
+  // prepare_upstream_body will find for it. Tried once per step and request
+  // (a translation into scratch storage; only across API types).
+  bool takes_request(const RequestContext& ctx, std::size_t step) const;
+  // The index of the next fallback at or after `step` that may take the
+  // request (both checks above); `chain` if none.
+  std::size_t next_allowed(const RequestContext& ctx, std::size_t step, std::size_t chain) const;
   // Moves ctx.target to the next fallback target.
   void next_target(RequestContext& ctx);
   // A held stream's reset or stall before its first content, with the

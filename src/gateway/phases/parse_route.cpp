@@ -135,12 +135,18 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
     ctx.deadline = ctx.t_start + std::chrono::milliseconds(ms);
   }
   if (anthropic_pool(ctx)) {
-    if (!served_by_anthropic(ctx.route)) return Outcome::failed(not_served_by_anthropic(ctx));
     // Chat completions and Responses are translated for Anthropic here, so
-    // what Anthropic cannot express is a 400 before admission charges it.
-    if (!is_anthropic(ctx.route)) {
-      if (auto e = translate_for_anthropic(ctx)) return Outcome::failed(std::move(*e));
-      ctx.anthropic_ready = true;
+    // what Anthropic cannot express is a 400 before admission charges it,
+    // unless a fallback can take the request: then the proxy phase passes
+    // this target over (attempt_pool) for the next one.
+    if (!served_by_anthropic(ctx.route)) {
+      if (!fallback_left(ctx)) return Outcome::failed(not_served_by_anthropic(ctx));
+    } else if (!is_anthropic(ctx.route)) {
+      if (auto e = translate_for_anthropic(ctx)) {
+        if (!fallback_left(ctx)) return Outcome::failed(std::move(*e));
+      } else {
+        ctx.anthropic_ready = true;
+      }
     }
   }
   return Outcome::next();

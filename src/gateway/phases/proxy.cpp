@@ -13,6 +13,8 @@
 
 #include <fmt/format.h>
 
+#include "api/anthropic/request.hpp"
+#include "api/anthropic/upstream_request.hpp"
 #include "api/json_scan.hpp"
 #include "auth/authenticator.hpp"
 #include "core/json_text.hpp"
@@ -88,13 +90,43 @@ bool may_take(const RequestContext& ctx, const core::FallbackTarget& fb) {
   return fb.model.empty() || !ctx.principal || auth::Authenticator::check_model(*ctx.principal, fb.model).has_value();
 }
 
-// The index in the chain of the next fallback that may take the request, at or after `step`; `chain` if none.
-std::size_t next_allowed(const RequestContext& ctx, std::size_t step, std::size_t chain) {
-  while (step < chain && !may_take(ctx, ctx.target.fallbacks[step])) ++step;
-  return step;
+}  // namespace
+
+bool GatewayPhases::takes_request(const RequestContext& ctx, std::size_t step) const {
+  const core::FallbackTarget& fb = ctx.target.fallbacks[step];
+  const auto& pc = ctx.gen->config().pools[fb.pool];
+  const bool anthropic = pc.type == core::UpstreamType::anthropic;
+  // Same API as the client's: the body goes as it came (a model renamed).
+  if (anthropic ? is_anthropic(ctx.route) : !is_anthropic(ctx.route) || ctx.chat_translated) return true;
+  const std::uint64_t bit = step < 64 ? std::uint64_t{1} << step : 0;
+  if ((ctx.fallbacks_judged & bit) != 0) return (ctx.fallbacks_refused & bit) == 0;
+  thread_local std::string scratch;
+  bool ok = false;
+  if (!anthropic) {
+    // An Anthropic client's request to an OpenAI-compatible pool: its chat translation.
+    ok = api::anthropic::translate_request(
+             ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
+             down_.body(), scratch)
+             .has_value();
+  } else if (served_by_anthropic(ctx.route)) {
+    // Chat completions (or a Responses request's chat translation) to Anthropic's Messages API.
+    const api::anthropic::UpstreamRequestOptions o{
+        .model = fb.upstream_model.empty() ? std::string_view(ctx.model) : std::string_view(fb.upstream_model),
+        .default_max_tokens = pc.anthropic.max_tokens};
+    ok = api::anthropic::chat_to_messages(is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body(), o,
+                                          scratch)
+             .has_value();
+  }
+  if (scratch.capacity() > (64u << 10)) std::string().swap(scratch);
+  ctx.fallbacks_judged |= bit;
+  if (!ok) ctx.fallbacks_refused |= bit;
+  return ok;
 }
 
-}  // namespace
+std::size_t GatewayPhases::next_allowed(const RequestContext& ctx, std::size_t step, std::size_t chain) const {
+  while (step < chain && !(may_take(ctx, ctx.target.fallbacks[step]) && takes_request(ctx, step))) ++step;
+  return step;
+}
 
 bool GatewayPhases::fallback_left(const RequestContext& ctx) const {
   const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
@@ -413,7 +445,9 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   const auto& req = down_.request();
   if (auto e = prepare_upstream_body(ctx)) {
     // This target cannot take the request (a route or a field its API does
-    // not have): the next fallback may; else the client gets why.
+    // not have): the next fallback may; else the client gets why. (A
+    // fallback is gone to only when takes_request() said it can: this is a
+    // primary that route() let through for a fallback.)
     ctx.fail_over = true;
     co_return Outcome::failed(std::move(*e));
   }

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 #include <optional>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -44,6 +45,30 @@ core::Error GatewayPhases::not_served_by_anthropic(const RequestContext& ctx) co
       "model", "unsupported_route");
 }
 
+namespace {
+
+// An error of the chat → Anthropic translation of a Responses request (its
+// chat-completions translation is what goes on to Anthropic): the field it
+// names is the Responses request's (`text` for response_format, `input` for
+// messages, ...), and the message says its path is the translation's, whose
+// message indexes are not the request's input items.
+core::Error as_responses_error(core::Error e) {
+  static constexpr std::pair<std::string_view, std::string_view> kFields[] = {
+      {"response_format", "text"},         {"messages", "input"},
+      {"max_tokens", "max_output_tokens"}, {"max_completion_tokens", "max_output_tokens"},
+      {"reasoning_effort", "reasoning"},
+  };
+  for (const auto& [chat, responses] : kFields)
+    if (e.param == chat) {
+      e.param = responses;
+      break;
+    }
+  e.message = fmt::format("{} (in this request's translation to chat completions for an Anthropic model)", e.message);
+  return e;
+}
+
+}  // namespace
+
 std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
   // The chat body: the client's, or the Responses request's translation (parse).
   const std::string_view chat = is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body();
@@ -52,8 +77,10 @@ std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext
   const api::anthropic::UpstreamRequestOptions o{
       .model = ctx.target.upstream_model.empty() ? std::string_view(ctx.model) : ctx.target.upstream_model,
       .default_max_tokens = pc.anthropic.max_tokens};
-  if (auto r = api::anthropic::chat_to_messages(chat, o, ctx.upstream_body_buf); !r) return std::move(r.error());
-  return std::nullopt;
+  auto r = api::anthropic::chat_to_messages(chat, o, ctx.upstream_body_buf);
+  if (r) return std::nullopt;
+  if (is_responses(ctx.route)) return as_responses_error(std::move(r.error()));
+  return std::move(r.error());
 }
 
 std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
