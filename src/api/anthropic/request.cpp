@@ -407,10 +407,11 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   if (const auto* th = in.if_contains("thinking"); th && th->is_object()) {
     // vLLM has no thinking budget; reasoning models whose chat template
     // reads `enable_thinking` (Qwen3, ...) are switched on or off with it.
+    // `adaptive` (the model decides how much to think) is on.
     const std::string_view type = type_of(th->get_object());
-    if (type != "enabled" && type != "disabled")
-      return invalid("thinking.type: Input should be 'enabled' or 'disabled'", "thinking");
-    o["chat_template_kwargs"] = json::object({{"enable_thinking", type == "enabled"}}, sp);
+    if (type != "enabled" && type != "disabled" && type != "adaptive")
+      return invalid("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking");
+    o["chat_template_kwargs"] = json::object({{"enable_thinking", type != "disabled"}}, sp);
   }
   // Nothing to answer (Anthropic's API refuses it too): no generation from an empty prompt.
   if (msgs->get_array().empty()) return invalid("messages: at least one message is required", "messages");

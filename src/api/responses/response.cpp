@@ -192,13 +192,16 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
   if (const auto* c = root.if_contains("created"); c && c->is_int64()) head.created_at = c->get_int64();
   head.model = string_at(root, "model");
   head.status = status_of(string_at(*choice, "finish_reason"), head.incomplete_reason);
+  // No usage upstream (or counts that do not read): `usage: null`, as the
+  // stream says it, not zero tokens for a request that was charged.
+  const auto counts = extract_usage(body);
   ResponseUsage usage;
-  usage.usage = extract_usage(body).value_or(Usage{});
+  usage.usage = counts.value_or(Usage{});
   if (const auto* u = root.if_contains("usage"); u && u->is_object())
     if (const auto* d = u->get_object().if_contains("completion_tokens_details"); d && d->is_object())
       if (const auto* r = d->get_object().if_contains("reasoning_tokens"); r && r->is_int64() && r->get_int64() > 0)
         usage.reasoning_tokens = static_cast<std::uint64_t>(r->get_int64());
-  append_response_json(out, head, items, &usage, echo);
+  append_response_json(out, head, items, counts ? &usage : nullptr, echo);
   return true;
 }
 
