@@ -176,6 +176,13 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
     if (!value || !*value)
       return tl::unexpected(
           config_error(node["key_env"], key + ".key_env", fmt::format("environment variable {} is not set", *var)));
+    if (!core::field_value_ok(value))
+      return tl::unexpected(config_error(
+          node["key_env"], key + ".key_env",
+          fmt::format("the key in {} has characters a request header cannot carry (a space or line break at its "
+                      "ends, as a secret made from a file has; control characters or non-ASCII): no request could "
+                      "present it",
+                      *var)));
     k.sha256 = sha256(value);
   }
   if (node["models"]) {

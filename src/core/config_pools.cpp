@@ -294,16 +294,6 @@ ConfigResult<void> parse_tls(const YAML::Node& t, const std::string& key, TlsCon
   return {};
 }
 
-// True when `v` can be sent as an HTTP field value as it is: visible ASCII
-// and spaces, not at the ends (RFC 9110 §5.5); a CR or LF would let a
-// configured key or version inject header lines.
-bool field_value_ok(std::string_view v) {
-  if (v.empty() || v.front() == ' ' || v.back() == ' ') return false;
-  for (const char c : v)
-    if (c < 0x20 || c > 0x7e) return false;
-  return true;
-}
-
 // A pool's `anthropic:` section (type: anthropic only), its checks against
 // the pool's other settings, and the header lines every request to the pool
 // carries (PoolConfig::upstream_lines).

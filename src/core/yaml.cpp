@@ -34,6 +34,13 @@ ConfigError config_error(const YAML::Node& node, std::string key, std::string me
   return e;
 }
 
+bool field_value_ok(std::string_view v) {
+  if (v.empty() || v.front() == ' ' || v.back() == ' ') return false;
+  for (const char c : v)
+    if (c < 0x20 || c > 0x7e) return false;
+  return true;
+}
+
 ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key) {
   if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected a string"));
   return node.Scalar();

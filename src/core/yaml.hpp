@@ -30,6 +30,12 @@ using ConfigResult = tl::expected<T, ConfigError>;
 // Builds a ConfigError positioned at `node` (yaml-cpp marks are 0-based).
 ConfigError config_error(const YAML::Node& node, std::string key, std::string message);
 
+// True when `v` can be sent as an HTTP field value as it is: visible ASCII
+// and spaces, not at the ends (RFC 9110 §5.5: a recipient strips them, so a
+// credential ending in one could never be presented); a CR or LF would let
+// a configured key or version inject header lines.
+bool field_value_ok(std::string_view v);
+
 // Scalar readers: each checks the node's type and range and names `key` on error.
 ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key);
 ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key);

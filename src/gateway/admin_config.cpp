@@ -43,6 +43,13 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     if (!value || !*value)
       return tl::unexpected(
           config_error(node["token_env"], "admin.token_env", fmt::format("environment variable {} is not set", *var)));
+    if (!core::field_value_ok(value))
+      return tl::unexpected(config_error(
+          node["token_env"], "admin.token_env",
+          fmt::format("the token in {} has characters an Authorization header cannot carry (a space or line break "
+                      "at its ends, as a secret made from a file has; control characters or non-ASCII): no request "
+                      "could present it",
+                      *var)));
     if (std::string_view(value).size() < 16)
       return tl::unexpected(config_error(node["token_env"], "admin.token_env",
                                          fmt::format("the token in {} is shorter than 16 characters", *var)));
