@@ -157,9 +157,13 @@ void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {
   if (a.period_ms == b.period_ms && a.calendar == b.calendar && a.offset_ms == b.offset_ms) return;
   // Another period counts in another hash: this replica's settled spend of
   // the old period starts the new one (each replica carries its own share,
-  // so the total carries once). As unpushed spend it takes room in the new
-  // scope's allowance until its first push (sync_once).
-  const std::int64_t mine = at(from).spend.mine.load(std::memory_order_acquire);
+  // so the total carries once), and so do its reservations in flight, whose
+  // tickets settle into the old scope's hash: their worst case is carried
+  // (an overcount of reserved − actual, never an overspend). As unpushed
+  // spend it takes room in the new scope's allowance until its first push
+  // (sync_once).
+  const std::int64_t mine = at(from).spend.mine.load(std::memory_order_acquire) +
+                            std::max<std::int64_t>(at(from).spend.in_use.load(std::memory_order_acquire), 0);
   if (mine <= 0) return;
   Spend& sp = at(to).spend;
   sp.mine.fetch_add(mine, std::memory_order_acq_rel);

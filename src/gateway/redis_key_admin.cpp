@@ -1,5 +1,7 @@
 #include "gateway/redis_key_admin.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -55,7 +57,12 @@ std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::
     }
     k.models = std::move(models);
   }
-  k.expires_at = a.elements[5].as_int(0);
+  // expires_at as the request path reads it (auth/redis_keys.cpp): Unix
+  // seconds, empty for never; "0" is a time (1970: expired), never "never";
+  // anything else makes the record one every lookup refuses.
+  if (!v(5).empty() && (v(5).find_first_not_of("0123456789") != std::string_view::npos || v(5).size() > 18))
+    return std::nullopt;
+  k.expires_at = v(5).empty() ? 0 : std::max<std::int64_t>(a.elements[5].as_int(0), 1);
   k.name = v(6);
   if (!v(7).empty()) {
     boost::system::error_code ec;
