@@ -101,28 +101,37 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
 }
 
 // What a stream Weir made from a whole answer counts, as respond_stream
-// counts a relayed one: `events`, the data events in `sse` (the client's
-// stream, [DONE] included); `tokens`, the upstream's data events from its
-// first content event on (`upstream`: its SSE stream, or else `chunk`, the
-// one chunk carrying a whole answer).
+// counts a relayed one. `events`: for an OpenAI client the data events it
+// gets (`client`: its stream, [DONE] included); for a translated client
+// (`translated`) the upstream's chat events its stream was made from, as
+// docs/observability.md counts a translated stream: the data events of
+// `upstream` (a stream decoded whole), or else `chunk` (the one chunk that
+// carries a whole answer) and its end. `tokens`: the upstream's data events
+// from its first content event on ([DONE] aside).
 struct MadeStream {
   std::uint32_t events = 0;
   std::uint32_t tokens = 0;
 };
-MadeStream count_made_stream(std::string_view sse, std::string_view upstream, std::string_view chunk) {
+MadeStream count_made_stream(std::string_view client, bool translated, std::string_view upstream,
+                             std::string_view chunk) {
   MadeStream n;
-  http::SseReader reader;
-  reader.push(sse);
-  while (auto ev = reader.next())
-    if (ev->has_data) ++n.events;
+  if (!translated) {
+    http::SseReader reader;
+    reader.push(client);
+    while (auto ev = reader.next())
+      if (ev->has_data) ++n.events;
+  }
   if (!chunk.empty()) {
     n.tokens = api::openai::classify_chunk(chunk) == api::openai::ChunkKind::content ? 1 : 0;
+    if (translated) n.events = 2;
     return n;
   }
   http::SseReader up;
   up.push(upstream);
   while (auto ev = up.next()) {
-    if (!ev->has_data || ev->is_done()) continue;
+    if (!ev->has_data) continue;
+    if (translated) ++n.events;
+    if (ev->is_done()) continue;
     if (n.tokens > 0 || api::openai::classify_chunk(ev->data) == api::openai::ChunkKind::content) ++n.tokens;
   }
   return n;
@@ -361,7 +370,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       co_return untranslatable(ctx, "a chat completion stream");
     out = translated;
     drop_encoding = encoded;
-    made = count_made_stream(out, plain, {});
+    made = count_made_stream(out, true, plain, {});
   }
   // A chat or completions client of an OpenAI pool too: the openai SDK
   // reads a JSON body given to a stream it opened as no chunk and no error,
@@ -424,7 +433,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       chunk = from;
     else if (!api::openai::completion_as_chunk(from, chunk))
       chunk.clear();
-    made = count_made_stream(out, {}, chunk.empty() ? std::string_view("{}") : std::string_view(chunk));
+    made = count_made_stream(out, client != Translation::none, {},
+                             chunk.empty() ? std::string_view("{}") : std::string_view(chunk));
   }
   const bool responses = !whole_for_stream && !translate_events && is_responses(ctx.route) && ctx.status >= 200 &&
                          ctx.status < 300 && status != 204;
