@@ -23,12 +23,36 @@ inline std::string_view string_at(const boost::json::object& o, std::string_view
 }
 
 // An OpenAI/vLLM stream chunk that is an in-band error: an `error` member
-// that is not null (vLLM's and OpenAI's `{"error": {"message": …}}`), or
+// that is truthy (vLLM's and OpenAI's `{"error": {"message": …}}`), or
 // `"object": "error"` (vLLM before 0.6: `{"object": "error", "message": …}`),
 // as openai::classify_chunk tells one. Returns its message ("" when it has
 // none), or nullopt when `chunk` is no error.
+// A JSON value's truth as Python reads it (the openai SDK tests a stream's
+// `error` member so): null, false, 0, "", {} and [] are false.
+inline bool truthy(const boost::json::value& v) {
+  switch (v.kind()) {
+    case boost::json::kind::null:
+      return false;
+    case boost::json::kind::bool_:
+      return v.get_bool();
+    case boost::json::kind::int64:
+      return v.get_int64() != 0;
+    case boost::json::kind::uint64:
+      return v.get_uint64() != 0;
+    case boost::json::kind::double_:
+      return v.get_double() != 0;
+    case boost::json::kind::string:
+      return !v.get_string().empty();
+    case boost::json::kind::array:
+      return !v.get_array().empty();
+    case boost::json::kind::object:
+      return !v.get_object().empty();
+  }
+  return false;
+}
+
 inline std::optional<std::string_view> stream_error_message(const boost::json::object& chunk) {
-  if (const auto* e = chunk.if_contains("error"); e && !e->is_null())
+  if (const auto* e = chunk.if_contains("error"); e && truthy(*e))
     return e->is_object() ? string_at(e->get_object(), "message") : std::string_view{};
   if (string_at(chunk, "object") == "error") return string_at(chunk, "message");
   return std::nullopt;

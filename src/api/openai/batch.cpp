@@ -6,6 +6,8 @@
 
 #include <boost/json.hpp>
 
+#include "api/json_dom.hpp"
+
 namespace weir::api::openai {
 namespace {
 
@@ -149,6 +151,17 @@ void append_with_id(std::string_view data, std::string_view id_json, std::string
   out.append(data.substr(id->value_end));
 }
 
+namespace {
+
+// The text of an `error` member's value, truthy as Python reads it (null, false, 0, "", {} and [] are not).
+bool error_is_truthy(std::string_view v) {
+  boost::system::error_code ec;
+  const boost::json::value j = boost::json::parse(boost::json::string_view(v.data(), v.size()), ec);
+  return !ec && truthy(j);
+}
+
+}  // namespace
+
 BatchChunk parse_batch_chunk(std::string_view data) {
   BatchChunk c;
   static constexpr std::array<std::string_view, 6> kTop = {"id", "created", "model", "choices", "usage", "error"};
@@ -158,8 +171,8 @@ BatchChunk parse_batch_chunk(std::string_view data) {
   c.created = f[1];
   c.model = f[2];
   c.usage = f[4];
-  // An in-band error: an `error` member that is not null (as classify_chunk reads one), choices or not.
-  if (f[5] && value_of(data, *f[5]) != "null") {
+  // An in-band error: an `error` member that is truthy (as classify_chunk reads one), choices or not.
+  if (f[5] && error_is_truthy(value_of(data, *f[5]))) {
     c.kind = BatchChunk::Kind::error;
     return c;
   }

@@ -57,7 +57,7 @@ class ChunkReader {
   bool on_document_begin(boost::system::error_code&) { return true; }
   bool on_document_end(boost::system::error_code&) { return true; }
   bool on_object_begin(boost::system::error_code&) { return begin(true); }
-  bool on_object_end(std::size_t, boost::system::error_code&) { return end(0); }
+  bool on_object_end(std::size_t n, boost::system::error_code&) { return end(n); }
   bool on_array_begin(boost::system::error_code&) { return begin(false); }
   bool on_array_end(std::size_t n, boost::system::error_code&) { return end(n); }
   bool on_key_part(boost::json::string_view s, std::size_t, boost::system::error_code&) {
@@ -85,10 +85,11 @@ class ChunkReader {
     return scalar(Value::string, size > 0, is_error);
   }
   bool on_number_part(boost::json::string_view, boost::system::error_code&) { return true; }
-  bool on_int64(std::int64_t, boost::json::string_view, boost::system::error_code&) { return other(); }
-  bool on_uint64(std::uint64_t, boost::json::string_view, boost::system::error_code&) { return other(); }
-  bool on_double(double, boost::json::string_view, boost::system::error_code&) { return other(); }
-  bool on_bool(bool, boost::system::error_code&) { return other(); }
+  // (A scalar's truth, as Python reads it, for the `error` member: 0, 0.0 and false are none.)
+  bool on_int64(std::int64_t v, boost::json::string_view, boost::system::error_code&) { return other(v != 0); }
+  bool on_uint64(std::uint64_t v, boost::json::string_view, boost::system::error_code&) { return other(v != 0); }
+  bool on_double(double v, boost::json::string_view, boost::system::error_code&) { return other(v != 0); }
+  bool on_bool(bool v, boost::system::error_code&) { return other(v); }
   bool on_null(boost::system::error_code&) { return scalar(Value::null, false, false); }
   bool on_comment_part(boost::json::string_view, boost::system::error_code&) { return true; }
   bool on_comment(boost::json::string_view, boost::system::error_code&) { return true; }
@@ -155,7 +156,9 @@ class ChunkReader {
   void value(Role in, Key key, Value v, bool non_empty, bool is_error) {
     switch (in) {
       case Role::root:
-        if (key == kError) error_member_ = v != Value::null;  // (`"error": null` is none: the SDKs' reading)
+        // An error member that is falsy (null, false, 0, "", {}, []) is none: the openai SDK raises only
+        // on a truthy one (`if data.get("error")`).
+        if (key == kError) error_member_ = v != Value::null && non_empty;
         if (key == kObject) object_error_ = v == Value::string && is_error;
         if (key == kChoices && v != Value::array) choices_content_ = false;  // (an array: at its end)
         return;
@@ -179,7 +182,7 @@ class ChunkReader {
     key_ = kNone;
     return true;
   }
-  bool other() { return scalar(Value::other, false, false); }
+  bool other(bool truthy) { return scalar(Value::other, truthy, false); }
   bool begin(bool object) {
     if (depth_ >= kDepth) return false;  // (unreachable: max_depth stops the parser first)
     const Role in = parent();

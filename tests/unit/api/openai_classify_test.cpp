@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "api/json_dom.hpp"
 #include "api/openai/stream.hpp"
 
 namespace weir::api::openai {
@@ -23,7 +24,7 @@ ChunkKind dom_classify(std::string_view data) {
   const json::value v = json::parse(json::string_view(data.data(), data.size()), ec);
   if (ec || !v.is_object()) return ChunkKind::error;
   const auto& o = v.get_object();
-  if (const auto* e = o.if_contains("error"); e && !e->is_null()) return ChunkKind::error;
+  if (const auto* e = o.if_contains("error"); e && truthy(*e)) return ChunkKind::error;
   if (const auto* t = o.if_contains("object"); t && t->is_string() && t->get_string() == "error")
     return ChunkKind::error;
   const auto* choices = o.if_contains("choices");
@@ -69,10 +70,15 @@ TEST(ClassifyChunk, NamedCases) {
   EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"refusal":"no"}}]})"), ChunkKind::content);
   EXPECT_EQ(classify_chunk(R"({"error":{"message":"boom","code":500}})"), ChunkKind::error);
   EXPECT_EQ(classify_chunk(R"({"object":"error","message":"boom"})"), ChunkKind::error);
-  // `"error": null` is no error (the openai SDK reads a stream's error by the member's value).
-  EXPECT_EQ(classify_chunk(R"({"error":null,"choices":[{"delta":{"content":"x"}}]})"), ChunkKind::content);
+  // A falsy `error` (null, false, 0, "", {}, []) is no error: the openai SDK raises on a truthy one only.
+  for (const char* falsy : {"null", "false", "0", "0.0", "\"\"", "{}", "[]"})
+    EXPECT_EQ(classify_chunk(std::string(R"({"error":)") + falsy + R"(,"choices":[{"delta":{"content":"x"}}]})"),
+              ChunkKind::content)
+        << falsy;
+  for (const char* truthy : {"true", "1", "-1", "0.5", "\"x\"", "{\"a\":1}", "[0]"})
+    EXPECT_EQ(classify_chunk(std::string(R"({"error":)") + truthy + "}"), ChunkKind::error) << truthy;
   EXPECT_EQ(classify_chunk(R"({"error":{"message":"boom"},"error":null,"choices":[]})"), ChunkKind::empty);
-  EXPECT_EQ(classify_chunk(R"({"error":null,"error":{}})"), ChunkKind::error);
+  EXPECT_EQ(classify_chunk(R"({"error":null,"error":{"message":"boom"}})"), ChunkKind::error);
   EXPECT_EQ(classify_chunk(R"({"object":"err\u006fr"})"), ChunkKind::error);  // escapes are read as text
   EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"c\u006fntent":"x"}}]})"), ChunkKind::content);
   EXPECT_EQ(classify_chunk("[]"), ChunkKind::error);
