@@ -276,10 +276,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       http::is_event_stream(http::first_field(head, bh::field::content_type)))
     co_return no_answer(ctx, upstream_stream_incomplete(subject(ctx)));
   // So is an empty 2xx (a 204, an empty JSON 200) to a client that asked for
-  // a chat or completions stream: it would get no chunk and no error (the
-  // openai SDK ends such a stream as if whole).
+  // a chat, completions, Messages or Responses stream, whatever the pool: it
+  // would get no chunk and no error (the openai SDK ends such a stream as if
+  // whole; the Anthropic SDK's stream helper fails).
   if (status >= 200 && status < 300 && plain.empty() && ctx.fields.stream && req.method() != bh::verb::head &&
-      (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions))
+      (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+       ctx.route == RouteKind::messages || is_responses(ctx.route)))
     co_return no_answer(ctx, upstream_stream_incomplete(subject(ctx)));
   // A client Weir translates for (an Anthropic or Responses client of an
   // OpenAI pool, an OpenAI client of an Anthropic pool) gets no answer from
