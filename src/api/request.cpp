@@ -72,27 +72,6 @@ enum class Role : std::uint8_t {
 constexpr std::array<std::string_view, 8> kExtraTexts = {"prompt", "messages",  "input",  "text",
                                                          "query",  "documents", "text_1", "text_2"};
 
-// UTF-8 bytes of every string in `v` (nested arrays and objects, 8 levels),
-// and 4 per number (a token id): the prompt text of vLLM's pooling bodies.
-std::uint64_t text_bytes(const json::value& v, int depth) {
-  if (v.is_string()) return v.get_string().size();
-  if (v.is_number()) return 4;
-  std::uint64_t n = 0;
-  if (depth >= 8) return n;
-  if (v.is_array())
-    for (const auto& e : v.get_array()) n += text_bytes(e, depth + 1);
-  else if (v.is_object())
-    for (const auto& kv : v.get_object()) n += text_bytes(kv.value(), depth + 1);
-  return n;
-}
-
-// What the prompt estimate counts of a value, beyond `content` (chat):
-// every string of a message's other members (tool_calls' names and
-// arguments, name, tool_call_id, reasoning_content). (`tools`,
-// `functions` and `documents`, which vLLM's chat templates print as JSON,
-// count as their JSON text: parse_request.)
-enum class Count : std::uint8_t { no, strings };
-
 // A message's members the estimate does not count as text: media (a data:
 // URL, base64 audio, an embedding: a 1 MB image is not 250k tokens), and
 // `role` (in the per-message overhead, kChatTokensPerMessage).
@@ -103,6 +82,29 @@ bool uncounted_key(std::string_view key) {
     if (key == k) return true;
   return false;
 }
+
+// UTF-8 bytes of every string in `v` (nested arrays and objects, 8 levels),
+// and 4 per number (a token id): the prompt text of vLLM's pooling bodies.
+// Media members (uncounted_key: an image's data: URL) count nothing, as in chat.
+std::uint64_t text_bytes(const json::value& v, int depth) {
+  if (v.is_string()) return v.get_string().size();
+  if (v.is_number()) return 4;
+  std::uint64_t n = 0;
+  if (depth >= 8) return n;
+  if (v.is_array())
+    for (const auto& e : v.get_array()) n += text_bytes(e, depth + 1);
+  else if (v.is_object())
+    for (const auto& kv : v.get_object())
+      if (!uncounted_key(std::string_view(kv.key().data(), kv.key().size()))) n += text_bytes(kv.value(), depth + 1);
+  return n;
+}
+
+// What the prompt estimate counts of a value, beyond `content` (chat):
+// every string of a message's other members (tool_calls' names and
+// arguments, name, tool_call_id, reasoning_content). (`tools`,
+// `functions` and `documents`, which vLLM's chat templates print as JSON,
+// count as their JSON text: parse_request.)
+enum class Count : std::uint8_t { no, strings };
 
 // Boost.JSON's SAX events (basic_parser) turned into RequestFields' inputs
 // in one pass, with no DOM: which members are there, their types and
@@ -519,7 +521,17 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     }
     case ApiKind::completions:
     case ApiKind::embeddings:
-      if (h.prompt.type == Shape::Type::absent) break;
+      if (kind == ApiKind::embeddings) f.n = 1;
+      if (h.prompt.type == Shape::Type::absent) {
+        // vLLM's embeddings of a conversation (EmbeddingChatRequest: `messages`, no `input`): its texts,
+        // counted as the extra routes' are.
+        if (kind != ApiKind::embeddings) break;
+        boost::system::error_code dec;
+        const json::value doc = json::parse(json::string_view(body.data(), body.size()), dec, {}, opt);
+        if (const auto* m = !dec && doc.is_object() ? doc.get_object().if_contains("messages") : nullptr)
+          f.prompt_bytes = text_bytes(*m, 0);
+        break;
+      }
       if (h.prompt.type == Shape::Type::string) {
         f.prompt_bytes = h.prompt_bytes;
       } else if (h.prompt.type == Shape::Type::array) {
@@ -529,7 +541,6 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
         f.prompt_bytes = h.prompt_bytes;
       }
       f.prompt_overhead_tokens = f.prompt_count;  // BOS (add_special_tokens defaults to true)
-      if (kind == ApiKind::embeddings) f.n = 1;
       break;
     case ApiKind::audio:  // not JSON: parse_audio_request
       break;

@@ -35,6 +35,9 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize ||
                     ctx.route == RouteKind::messages_count_tokens;
   estimate = admission::TokenEstimate::of(free ? 0 : f.prompt_bytes, out_tokens, free ? 0 : f.prompt_overhead_tokens);
+  // A route that uses tokens is never estimated at none (an audio stream without a prompt, a body whose texts
+  // are all media): a take of 0 would pass a tokens bucket that settled usage left in debt.
+  if (!free && estimate.total() == 0) estimate.prompt_tokens = 1;
   ctx.prompt_tokens_estimate = estimate.prompt_tokens;
   if (!ctx.principal) return Outcome::next();
   const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it

@@ -39,6 +39,15 @@ std::uint64_t ref_content_bytes(const json::value& v) {
   return n;
 }
 
+// The strings of a chat message's members other than content and role, as
+// rendered prompt text; media members (urls, data) not.
+bool ref_uncounted(std::string_view k) {
+  for (const char* u :
+       {"role", "url", "data", "file_data", "image_url", "image_embeds", "input_audio", "audio_url", "video_url"})
+    if (k == u) return true;
+  return false;
+}
+
 std::uint64_t ref_text_bytes(const json::value& v, int depth) {
   if (v.is_string()) return v.get_string().size();
   if (v.is_number()) return 4;
@@ -47,17 +56,10 @@ std::uint64_t ref_text_bytes(const json::value& v, int depth) {
   if (v.is_array())
     for (const auto& e : v.get_array()) n += ref_text_bytes(e, depth + 1);
   else if (v.is_object())
-    for (const auto& kv : v.get_object()) n += ref_text_bytes(kv.value(), depth + 1);
+    for (const auto& kv : v.get_object())
+      if (!ref_uncounted(std::string_view(kv.key().data(), kv.key().size())))
+        n += ref_text_bytes(kv.value(), depth + 1);  // (media count nothing)
   return n;
-}
-
-// The strings of a chat message's members other than content and role, as
-// rendered prompt text; media members (urls, data) not.
-bool ref_uncounted(std::string_view k) {
-  for (const char* u :
-       {"role", "url", "data", "file_data", "image_url", "image_embeds", "input_audio", "audio_url", "video_url"})
-    if (k == u) return true;
-  return false;
 }
 std::uint64_t ref_strings(const json::value& v) {
   if (v.is_string()) return v.get_string().size();
@@ -158,8 +160,14 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
       break;
     case ApiKind::completions:
     case ApiKind::embeddings: {
+      if (kind == ApiKind::embeddings) f.n = 1;
       const auto* p = obj.if_contains(kind == ApiKind::completions ? "prompt" : "input");
-      if (!p) break;
+      if (!p) {
+        // Embeddings of a conversation (vLLM's EmbeddingChatRequest): its messages' texts.
+        if (const auto* m = obj.if_contains("messages"); m && kind == ApiKind::embeddings)
+          f.prompt_bytes = ref_text_bytes(*m, 0);
+        break;
+      }
       if (p->is_string()) {
         f.prompt_bytes = p->get_string().size();
       } else if (p->is_array()) {
