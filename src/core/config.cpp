@@ -66,6 +66,10 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
               D{"drain_timeout", &s.drain_timeout}}) {
     if (auto v = n[d.key]) {
       WEIR_TRY(ms, read_duration(v, std::string("server.") + d.key));
+      // A read or write that must finish in no time fails every request whose bytes take a round trip
+      // (0 is no "no timeout" here). (drain_timeout 0: no drain; keepalive_timeout 0: no keep-alive wait.)
+      if (ms.count() <= 0 && d.out != &s.drain_timeout && d.out != &s.keepalive_timeout)
+        return tl::unexpected(config_error(v, std::string("server.") + d.key, "must be positive"));
       *d.out = ms;
     }
   }
@@ -294,7 +298,16 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
   };
   YAML::Node root;
   try {
-    root = YAML::Load(std::string(yaml_text));
+    // One document: a second one ("---") would be ignored, its keys unchecked.
+    auto docs = YAML::LoadAll(std::string(yaml_text));
+    if (docs.size() > 1) {
+      ConfigError e;
+      e.line = docs[1].Mark().is_null() ? 0 : docs[1].Mark().line + 1;
+      e.column = docs[1].Mark().is_null() ? 0 : docs[1].Mark().column + 1;
+      e.message = "the file holds more than one YAML document (---): the configuration is one mapping";
+      return located(e);
+    }
+    if (!docs.empty()) root = docs[0];
   } catch (const YAML::Exception& ex) {
     ConfigError e;
     e.line = ex.mark.is_null() ? 0 : ex.mark.line + 1;

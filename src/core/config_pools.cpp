@@ -463,10 +463,13 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   }
   if (auto v = n["api_key_env"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key_env"));
+    if (n["api_key"])
+      return tl::unexpected(config_error(v, key + ".api_key_env", "give one of api_key and api_key_env, not both"));
     const char* env = std::getenv(s.c_str());
-    if (!env)
+    // Empty is unset: a pool without its key would forward the client's credential to the provider.
+    if (!env || !*env)
       return tl::unexpected(
-          config_error(v, key + ".api_key_env", fmt::format("environment variable {} is not set", s)));
+          config_error(v, key + ".api_key_env", fmt::format("environment variable {} is not set (or empty)", s)));
     p.api_key = env;
     p.api_key_env = s;
   }

@@ -1,6 +1,10 @@
 #include "gateway/admin_config.hpp"
 
+#include <unistd.h>
+
 #include <cstdlib>
+#include <filesystem>
+#include <system_error>
 
 #include <fmt/format.h>
 
@@ -71,6 +75,14 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
   if (node["keys_file"]) {
     WEIR_TRY_RESULT(f, core::read_string(node["keys_file"], "admin.keys_file"));
     if (f->empty()) return tl::unexpected(config_error(node["keys_file"], "admin.keys_file", "must not be empty"));
+    // Written on every key change (a temp file renamed over it): its directory must be there and writable now,
+    // not found missing by the first POST /admin/v1/keys (a 500).
+    const std::filesystem::path dir = std::filesystem::path(*f).parent_path();
+    const std::string d = dir.empty() ? std::string(".") : dir.string();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(d, ec) || ::access(d.c_str(), W_OK | X_OK) != 0)
+      return tl::unexpected(config_error(node["keys_file"], "admin.keys_file",
+                                         fmt::format("directory {} does not exist or is not writable", d)));
     a.keys_file = std::move(*f);
   }
   return std::optional<AdminConfig>(std::move(a));

@@ -117,7 +117,8 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "YAML configuration file");
   app.add_option("--listen", listen, "quick mode: listen address host:port (default 127.0.0.1:8080)");
   app.add_option("--upstream", upstream, "quick mode: send every model to this http:// server");
-  app.add_option("-w,--workers", workers, "worker threads (default: config, else one per core)");
+  app.add_option("-w,--workers", workers, "worker threads (default: config, else one per core)")
+      ->check(CLI::Range(0u, 1024u));  // (as the file's `workers`: 0, one per core)
   app.add_option("--access-log", access_log, "access log: '-' (stdout), 'off', or a file path");
   app.add_flag("--reuse-port", reuse_port,
                "start even if another process listens on the address, and share it (SO_REUSEPORT), e.g. for a "
