@@ -183,11 +183,12 @@ def test_an_in_band_error_event_is_not_billed_as_a_token(weir):
         up.close()
 
 
-def test_a_chunk_with_error_null_is_no_error(weir):
-    # `{"error": null, ...}` (first: the member the cheap test looks at) is a chunk like any other (the SDKs read
-    # the member's value): the stream was cut at it.
-    events = [chunk("", role="assistant", error=None)] + [chunk(t, error=None) for t in ("Hel", "lo")]
-    events.append(chunk("", finish="stop", error=None))
+@pytest.mark.parametrize("falsy", [None, False, 0, "", {}, []], ids=repr)
+def test_a_chunk_with_a_falsy_error_member_is_no_error(weir, falsy):
+    # `{"error": null, ...}` (first: the member the cheap test looks at) is a chunk like any other: the openai SDK
+    # raises only on a truthy `error`. The stream was cut at it (at false, 0, "", {} and [] after the first fix).
+    events = [chunk("", role="assistant", error=falsy)] + [chunk(t, error=falsy) for t in ("Hel", "lo")]
+    events.append(chunk("", finish="stop", error=falsy))
     body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
     up = RawUpstream(lambda h, b: sse_answer(body))
     try:
@@ -201,10 +202,12 @@ def test_a_chunk_with_error_null_is_no_error(weir):
             assert "".join(json.loads(d)["choices"][0]["delta"].get("content", "") for d in datas[:-1]) == "Hello"
             line = w.log_for(f"en-{model}")
             assert line["status"] == 200 and line.get("error") is None, line
-        # The Anthropic client's translation reads it the same way.
+        # The Anthropic and Responses clients' translations read it the same way.
         r = httpx.post(w.base_url + "/v1/messages", timeout=10,
                        json={"model": "n", "max_tokens": 5, "messages": MSG, "stream": True})
         assert "event: error" not in r.text and "message_stop" in r.text and '"Hel"' in r.text, r.text
+        r = httpx.post(w.v1 + "/responses", timeout=10, json={"model": "n", "input": "hi", "stream": True})
+        assert "response.completed" in r.text and "response.failed" not in r.text, r.text
     finally:
         up.close()
 
@@ -301,6 +304,30 @@ def test_an_empty_2xx_is_no_answer_for_a_translated_route(weir, route, body):
         assert w.log_for("e204")["status"] == 502
     finally:
         up.close()
+
+
+def test_an_empty_2xx_to_a_messages_stream_on_an_anthropic_pool_falls_back(weir):
+    # A 204 passed to the streaming client (the Anthropic SDK's stream helper failed) and never fell back, where
+    # an empty 200 was already no answer.
+    msg = json.dumps({"id": "msg_1", "type": "message", "role": "assistant", "model": "c",
+                      "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
+                      "usage": {"input_tokens": 1, "output_tokens": 1}}).encode()
+    empty = RawUpstream(lambda h, b: b"HTTP/1.1 204 No Content\r\n\r\n")
+    whole = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n" % len(msg) + msg)
+    try:
+        w = weir(config={"pools": {"c1": {"type": "anthropic", "endpoints": [empty.url]},
+                                   "c2": {"type": "anthropic", "endpoints": [whole.url]}},
+                         "models": {"solo": {"pool": "c1"}, "fb": {"pool": "c1", "fallbacks": [{"pool": "c2"}]}}},
+                 workers=1)
+        body = {"max_tokens": 5, "messages": MSG, "stream": True}
+        r = httpx.post(w.base_url + "/v1/messages", json={"model": "solo", **body}, timeout=10)
+        assert r.status_code == 502, (r.status_code, r.text)
+        r = httpx.post(w.base_url + "/v1/messages", json={"model": "fb", **body}, timeout=10)
+        assert r.status_code == 200 and "message_stop" in r.text and '"ok"' in r.text, r.text
+    finally:
+        empty.close()
+        whole.close()
 
 
 def test_adaptive_thinking_is_thinking_on(weir):
@@ -400,3 +427,76 @@ def test_with_redis_a_budget_whose_period_changes_keeps_the_spend_of_requests_in
     codes = [httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10,
                         json={"model": "m", "messages": MSG, "max_tokens": 8}).status_code for _ in range(3)]
     assert codes == [429, 429, 429], codes
+
+
+# --- the second round: vLLM's routes, configuration ---
+
+
+def test_embeddings_of_messages_and_media_are_estimated_as_their_texts(weir):
+    # vLLM's embeddings take `messages` instead of `input`: estimated at 0 tokens, they passed any tokens limit
+    # (the bucket in debt from settled usage) and any budget. A pooling body's data: URL image was counted as
+    # text: a permanent "too large" 429.
+    def answer(headers, body) -> bytes:
+        doc = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1]}],
+                          "model": "m", "usage": {"prompt_tokens": 1000, "total_tokens": 1000}}).encode()
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc)
+                + doc)
+    up = RawUpstream(answer)
+    try:
+        cfg = governed({"p": {"endpoints": [up.url]}})
+        cfg["tenants"]["t"]["limits"] = {"tokens_per_minute": 100}
+        w = weir(config=cfg, workers=1)
+        codes = [httpx.post(w.v1 + "/embeddings", headers=AUTH, timeout=10,
+                            json={"model": "m", "messages": MSG}).status_code for _ in range(3)]
+        assert codes[0] == 200 and codes[1:] == [429, 429], codes  # the first one's 1000 tokens are debt
+        image = "data:image/png;base64," + "A" * 800_000
+        cfg["tenants"]["t"]["limits"] = {"tokens_per_minute": 100000}
+        w2 = weir(config=cfg, workers=1)
+        r = httpx.post(w2.base_url + "/pooling", headers=AUTH, timeout=10, json={"model": "m", "messages": [
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}}]}]})
+        assert r.status_code == 200, r.text
+    finally:
+        up.close()
+
+
+def test_usage_in_input_and_output_tokens_is_billed_as_such(weir):
+    # OpenAI's transcription usage ({"type": "tokens", "input_tokens", "output_tokens"}) was billed all as prompt.
+    doc = json.dumps({"text": "hello", "usage": {"type": "tokens", "input_tokens": 100, "output_tokens": 2,
+                                                 "total_tokens": 102}}).encode()
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(doc) + doc)
+    try:
+        w = weir(config=governed({"p": {"endpoints": [up.url]}}), workers=1)
+        r = httpx.post(w.v1 + "/audio/transcriptions", headers={**AUTH, "x-request-id": "io-usage"}, timeout=10,
+                       files={"file": ("a.wav", b"RIFF0000WAVE", "audio/wav")}, data={"model": "m"})
+        assert r.status_code == 200, r.text
+        line = w.log_for("io-usage")
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (100, 2), line
+    finally:
+        up.close()
+
+
+@pytest.mark.parametrize("name,text,env,args", [
+    ("empty api_key_env", "pools: {p: {endpoints: ['http://127.0.0.1:9'], api_key_env: W40_EMPTY}}\n"
+     "default_pool: p\n", {"W40_EMPTY": ""}, ()),
+    ("api_key and api_key_env", "pools: {p: {endpoints: ['http://127.0.0.1:9'], api_key: sk-a, "
+     "api_key_env: W40_SET}}\ndefault_pool: p\n", {"W40_SET": "sk-b"}, ()),
+    ("body_timeout 0", "pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n"
+     "server: {body_timeout: 0}\n", {}, ()),
+    ("header_timeout 0", "pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n"
+     "server: {header_timeout: 0ms}\n", {}, ()),
+    ("two documents", "pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n---\n"
+     "no_such_key: 1\n", {}, ()),
+    ("keys_file in no directory", "pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n"
+     "tenants: {t: {}}\nadmin: {listen: 127.0.0.1:0, token_env: W40_ADMIN, keys_file: /nonexistent-w40/k.json}\n",
+     {"W40_ADMIN": "admin-token-0123456789"}, ()),
+    ("--workers 2000", "pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n", {},
+     ("--workers", "2000")),
+])
+def test_configurations_that_cannot_serve_are_refused_by_check(tmp_path, name, text, env, args):
+    import os
+    path = tmp_path / "w.yaml"
+    path.write_text("listen: 127.0.0.1:0\n" + text)
+    r = subprocess.run([str(binary("weir")), "--config", str(path), "--check", *args], capture_output=True,
+                       text=True, timeout=10, env={**os.environ, **env})
+    assert r.returncode != 0, (name, r.stdout, r.stderr)
