@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
+#include <boost/json.hpp>
 #include <boost/url/pct_string_view.hpp>
 
 #include "auth/authenticator.hpp"
@@ -140,23 +141,59 @@ std::string ready_problem(const Generation& gen, bool draining) {
   return fmt::format("No endpoint of pool{} {} is available (all ejected).", down_n > 1 ? "s" : "", down);
 }
 
+namespace {
+
+// A /v1/models/{id} path's id, percent-decoded (RFC 3986 §2.1: the OpenAI SDK
+// sends "meta-llama/Llama-3.1-8B" as "meta-llama%2FLlama-3.1-8B"; an invalid
+// escape is taken as written); nullopt for the list's path.
+std::optional<std::string> model_id_of(std::string_view path) {
+  constexpr std::string_view prefix = "/v1/models/";
+  if (!path.starts_with(prefix)) return std::nullopt;
+  std::string_view id = path.substr(prefix.size());
+  if (id.find('%') != std::string_view::npos)
+    if (auto pct = boost::urls::make_pct_string_view(id); pct) return pct->decode();
+  return std::string(id);
+}
+
+}  // namespace
+
+tl::expected<std::string, core::Error> upstream_models_response(std::string_view upstream_list, std::string_view path,
+                                                                const auth::Principal* principal) {
+  boost::system::error_code ec;
+  boost::json::value v = boost::json::parse(boost::json::string_view(upstream_list.data(), upstream_list.size()), ec);
+  auto* data = !ec && v.is_object() ? v.get_object().if_contains("data") : nullptr;
+  if (data == nullptr || !data->is_array()) return std::string();
+  auto visible = [&](const boost::json::value& m) {
+    const auto* id = m.is_object() ? m.get_object().if_contains("id") : nullptr;
+    if (id == nullptr || !id->is_string()) return principal == nullptr;
+    return principal == nullptr ||
+           auth::Authenticator::check_model(*principal, std::string_view(id->get_string())).has_value();
+  };
+  auto& list = data->get_array();
+  if (const auto id = model_id_of(path)) {
+    for (const auto& m : list) {
+      const auto* mid = m.is_object() ? m.get_object().if_contains("id") : nullptr;
+      if (mid != nullptr && mid->is_string() && std::string_view(mid->get_string()) == *id && visible(m))
+        return boost::json::serialize(m);
+    }
+    return tl::unexpected(core::model_not_found(*id));
+  }
+  if (principal == nullptr) return std::string();  // every model: the upstream's bytes
+  boost::json::array kept;
+  for (auto& m : list)
+    if (visible(m)) kept.push_back(std::move(m));
+  list = std::move(kept);
+  return boost::json::serialize(v);
+}
+
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
                                                        const auth::Principal* principal) {
   auto visible = [&](const core::ModelConfig& m) {
     return !principal || auth::Authenticator::check_model(*principal, m.name).has_value();
   };
   std::string out;
-  constexpr std::string_view prefix = "/v1/models/";
-  if (path.starts_with(prefix)) {
-    // The id is a path segment, percent-decoded (RFC 3986 §2.1): the OpenAI SDK sends
-    // "meta-llama/Llama-3.1-8B" as "meta-llama%2FLlama-3.1-8B". An invalid escape is taken as written.
-    std::string decoded;
-    std::string_view id = path.substr(prefix.size());
-    if (id.find('%') != std::string_view::npos)
-      if (auto pct = boost::urls::make_pct_string_view(id); pct) {
-        decoded = pct->decode();
-        id = decoded;
-      }
+  if (const auto wanted = model_id_of(path)) {
+    const std::string_view id = *wanted;
     for (const auto& m : cfg.models) {
       if (!visible(m)) continue;
       if (m.name == id) {

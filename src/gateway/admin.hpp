@@ -29,6 +29,16 @@ struct Generation;
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
                                                        const auth::Principal* principal);
 
+// The upstream's model list (GET /v1/models to the default pool, when the
+// configuration has no `models:` section: the upstream knows its models),
+// as the client asked for it: the list with only the models `principal`
+// may use (all when it is null), or for GET /v1/models/{id} (`path`) that
+// model's object, or 404 model_not_found (vLLM has no such route; a model
+// the principal may not use is not found either). Returns "" when
+// `upstream_list` is no OpenAI list object (passed on as it came).
+tl::expected<std::string, core::Error> upstream_models_response(std::string_view upstream_list, std::string_view path,
+                                                                const auth::Principal* principal);
+
 // Why GET /ready answers 503 now, empty while ready (docs/reliability.md#readiness):
 // "Weir is draining.", or with server.ready_pools `all` the pools that have
 // no endpoint available on any worker (every one ejected: refused, failing,

@@ -500,3 +500,34 @@ def test_configurations_that_cannot_serve_are_refused_by_check(tmp_path, name, t
     r = subprocess.run([str(binary("weir")), "--config", str(path), "--check", *args], capture_output=True,
                        text=True, timeout=10, env={**os.environ, **env})
     assert r.returncode != 0, (name, r.stdout, r.stderr)
+
+
+def test_the_upstreams_model_list_is_filtered_by_the_allow_list_and_retrieve_works(weir):
+    # With a default_pool and no models: section, /v1/models passed the upstream's list unfiltered (a tenant saw
+    # models it gets 403 for), and /v1/models/{id} went to vLLM, which has no such route (404 for a listed model).
+    listing = json.dumps({"object": "list", "data": [
+        {"id": "llama-up", "object": "model", "created": 1, "owned_by": "vllm", "root": "llama-up"},
+        {"id": "secret-model", "object": "model", "created": 1, "owned_by": "vllm", "root": "secret-model"},
+        {"id": "org/m", "object": "model", "created": 1, "owned_by": "vllm", "root": "org/m"}]}).encode()
+
+    def answer(headers, body) -> bytes:
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(listing)
+                + listing)
+    up = RawUpstream(answer)
+    try:
+        cfg = governed({"p": {"endpoints": [up.url]}})
+        cfg["tenants"]["t"]["models"] = ["llama-up", "org/m"]
+        w = weir(config=cfg, workers=1)
+        from openai import OpenAI
+        c = OpenAI(base_url=w.v1, api_key=KEY, max_retries=0)
+        assert sorted(m.id for m in c.models.list()) == ["llama-up", "org/m"]
+        assert c.models.retrieve("org/m").id == "org/m"
+        for mid in ("secret-model", "nope"):
+            r = httpx.get(w.v1 + "/models/" + mid, headers=AUTH, timeout=10)
+            assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+        # Without auth (quick mode's case), the list passes as the upstream sent it.
+        q = weir(up.url, workers=1)
+        assert httpx.get(q.v1 + "/models", timeout=10).content == listing
+        assert httpx.get(q.v1 + "/models/org%2Fm", timeout=10).json()["id"] == "org/m"
+    finally:
+        up.close()

@@ -20,6 +20,7 @@
 #include "api/responses/response.hpp"
 #include "api/responses/stream.hpp"
 #include "core/text.hpp"
+#include "gateway/admin.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -467,6 +468,18 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     out = translated;
     drop_encoding = encoded;
     content_type = "application/json";
+  }
+  if (ctx.route == RouteKind::models && status == 200 && req.method() == bh::verb::get) {
+    // The upstream's model list (a default_pool, no models: section): as the client asked for it, and only
+    // what its principal may use.
+    auto r = upstream_models_response(plain, path_of(down_.target()), ctx.principal.get());
+    if (!r) co_return Outcome::failed(std::move(r.error()));
+    if (!r->empty()) {
+      translated = std::move(*r);
+      out = translated;
+      drop_encoding = encoded;
+      content_type = "application/json";
+    }
   }
   // A JSON object labelled an event stream, to a client that did not ask for
   // one (relay() read it whole): it goes as what it is, or an SDK reads

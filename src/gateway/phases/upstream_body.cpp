@@ -29,6 +29,8 @@ std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_v
   if (r == RouteKind::responses) return api::responses::upstream_path();
   if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
   if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
+  // The upstream's model list, also for one model (respond_buffered picks it: vLLM has no /v1/models/{id}).
+  if (r == RouteKind::models) return "/v1/models";
   return client_target;
 }
 
