@@ -531,3 +531,37 @@ def test_the_upstreams_model_list_is_filtered_by_the_allow_list_and_retrieve_wor
         assert httpx.get(q.v1 + "/models/org%2Fm", timeout=10).json()["id"] == "org/m"
     finally:
         up.close()
+
+
+def test_an_audio_stream_gets_no_per_chunk_usage_it_did_not_ask_for(weir):
+    # vLLM sends per-chunk usage only with stream_include_usage; Weir adds that field (to meter the stream), so a
+    # client's stream_continuous_usage_stats=true alone turned per-chunk usage on for it.
+    def field(body: bytes, name: str) -> str | None:
+        marker = b'name="' + name.encode() + b'"\r\n\r\n'
+        i = body.find(marker)
+        return None if i < 0 else body[i + len(marker):body.index(b"\r\n", i + len(marker))].decode()
+
+    def answer(headers, body) -> bytes:
+        per_chunk = field(body, "stream_include_usage") == "true" and \
+            field(body, "stream_continuous_usage_stats") == "true"
+        usage = {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}
+        out = b""
+        for t in ("hel", "lo"):
+            c = {"id": "trsc-1", "object": "transcription.chunk", "created": 1, "model": "m",
+                 "choices": [{"delta": {"content": t}, "finish_reason": None, "stop_reason": None}]}
+            if per_chunk:
+                c["usage"] = usage
+            out += b"data: " + json.dumps(c).encode() + b"\n\n"
+        if field(body, "stream_include_usage") == "true":
+            out += b"data: " + json.dumps({"id": "trsc-1", "object": "transcription.chunk", "created": 1,
+                                           "model": "m", "choices": [], "usage": usage}).encode() + b"\n\n"
+        return sse_answer(out + b"data: [DONE]\n\n")
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+        r = httpx.post(w.v1 + "/audio/transcriptions", timeout=10, files={"file": ("a.wav", b"RIFF0000WAVE")},
+                       data={"model": "m", "stream": "true", "stream_continuous_usage_stats": "true"})
+        assert r.status_code == 200 and '"hel"' in r.text, r.text
+        assert '"usage"' not in r.text, r.text  # as the upstream answers the client's own form
+    finally:
+        up.close()

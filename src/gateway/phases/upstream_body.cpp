@@ -182,6 +182,15 @@ void GatewayPhases::prepare_audio_body(RequestContext& ctx) {
         core::append_form_field(body, *boundary, parts->back(), "stream_include_usage", "true", ctx.edit_buf);
       body = ctx.edit_buf;
       ctx.strip_usage = true;
+      // vLLM sends per-chunk usage (stream_continuous_usage_stats) only with include_usage, so a client that
+      // asked for it without include_usage got none: it is turned off, as the client had it in effect (the
+      // chat path's ask_for_usage does the same). (upstream_body_buf, the renamed form, is free now.)
+      const auto edited = core::parse_form(body, *boundary);
+      if (const auto* c = edited ? core::find_part(*edited, "stream_continuous_usage_stats") : nullptr) {
+        if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+        core::replace_part_value(body, *c, "false", ctx.upstream_body_buf);
+        body = ctx.upstream_body_buf;
+      }
     }
   }
   ctx.upstream_body = body;
