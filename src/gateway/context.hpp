@@ -121,6 +121,7 @@ struct RequestContext {
   std::string edit_buf;                    // second buffer for spliced bodies (lent)
   bool chat_translated = false;            // an Anthropic route: edit_buf holds its chat-completions translation
   bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
+  bool target_refused = false;             // attempt_pool: this target's API cannot carry the request (nothing sent)
   bool strip_usage = false;                // Weir asked for the usage chunk; the client did not
   http::ResponseSource* source = nullptr;  // the response being relayed (cancelled when the client leaves)
   int upstream_status = 0;                 // status of the upstream's response head; 0 = none arrived

@@ -250,10 +250,13 @@ def test_a_fallback_that_cannot_take_the_request_leaves_the_upstreams_answer(moc
         line = w.log_for("fb-un")
         assert line["status"] == 503 and line["pool"] == "a", line
         # An Anthropic primary that cannot take it is passed over for a fallback that can.
+        fallbacks = w.metric("weir_upstream_fallbacks_total")
         r = httpx.post(w.v1 + "/chat/completions", headers={"x-request-id": "fb-pri"}, timeout=10,
                        json={"model": "c2", "messages": MSG, **fmt})
         assert r.status_code == 200, r.text
-        assert w.log_for("fb-pri")["pool"] == "b"
+        line = w.log_for("fb-pri")
+        assert line["pool"] == "b" and not line.get("retries"), line  # nothing was sent to the passed-over pool
+        assert w.metric("weir_upstream_fallbacks_total") == fallbacks
         # With nothing to pass over to, the 400 says why.
         r = httpx.post(w.v1 + "/chat/completions", json={"model": "c", "messages": MSG, **fmt}, timeout=10)
         assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text

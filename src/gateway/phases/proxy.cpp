@@ -153,6 +153,8 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.stream = ctx.fields.stream;
   ctx.has_usage = false;
   ctx.usage = {};
+  // (A target passed over before anything was sent to it, its API unable to carry the request, is no retry.)
+  if (std::exchange(ctx.target_refused, false)) return;
   ++ctx.retries;
   ++w_.metrics().upstream_fallbacks;
 }
@@ -447,8 +449,9 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     // This target cannot take the request (a route or a field its API does
     // not have): the next fallback may; else the client gets why. (A
     // fallback is gone to only when takes_request() said it can: this is a
-    // primary that route() let through for a fallback.)
+    // primary that route() let through for a fallback.) Not an attempt, nor a retry: nothing was sent.
     ctx.fail_over = true;
+    ctx.target_refused = true;
     co_return Outcome::failed(std::move(*e));
   }
   auto& gen = *ctx.gen;
