@@ -9,7 +9,10 @@
 #include <cstdio>
 #include <cstring>
 #include <iterator>
+#include <string>
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -192,6 +195,20 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    // Every endpoint's host resolves, as start-up and a reload resolve it (gateway::build_generation).
+    for (const auto& pc : c.pools)
+      for (const auto& e : pc.endpoints) {
+        addrinfo hints{};
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* res = nullptr;
+        const int rc = ::getaddrinfo(e.host.c_str(), std::to_string(e.port).c_str(), &hints, &res);
+        if (res != nullptr) ::freeaddrinfo(res);
+        if (rc != 0) {
+          fmt::print(stderr, "weir: configuration error: pools.{}: cannot resolve {}: {}\n", pc.name, e.display,
+                     ::gai_strerror(rc));
+          return 2;
+        }
+      }
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }

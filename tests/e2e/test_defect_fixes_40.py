@@ -495,6 +495,9 @@ def test_usage_in_input_and_output_tokens_is_billed_as_such(weir):
      {"W40_ADMIN": "admin-token-0123456789"}, ()),
     ("--workers 2000", "pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n", {},
      ("--workers", "2000")),
+    # Start-up and a reload resolve every endpoint: --check answers what they will.
+    ("unresolvable endpoint", "pools: {p: {endpoints: ['http://no-such-host.invalid:8000']}}\ndefault_pool: p\n",
+     {}, ()),
 ])
 def test_configurations_that_cannot_serve_are_refused_by_check(tmp_path, name, text, env, args):
     import os
