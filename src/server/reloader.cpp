@@ -47,6 +47,7 @@ void Reloader::start() {
 void Reloader::stop() {
   stopped_ = true;
   if (scraper_) scraper_->stop();
+  if (watch_timer_ != nullptr) watch_timer_->cancel();
 }
 
 void Reloader::start_scraper() {
@@ -82,7 +83,13 @@ Reloader::FileStamp Reloader::stamp() const {
 }
 
 void Reloader::arm_watch() {
-  if (watching_ || stopped_ || source_.file.empty()) return;
+  if (watching_) {
+    // A reload may have changed the interval: the loop's wait ends now and it reads the interval again
+    // (a shortened one applies at once, not after the old one ran out).
+    if (watch_timer_ != nullptr) watch_timer_->cancel();
+    return;
+  }
+  if (stopped_ || source_.file.empty()) return;
   if (shared_.generation->config->server.watch_config.count() <= 0) return;
   watching_ = true;
   boost::asio::co_spawn(control_, watch_loop(), boost::asio::detached);
@@ -90,6 +97,7 @@ void Reloader::arm_watch() {
 
 core::Task<void> Reloader::watch_loop() {
   core::Timer timer(control_.get_executor());
+  watch_timer_ = &timer;
   for (;;) {
     const auto every = shared_.generation->config->server.watch_config;
     if (stopped_ || every.count() <= 0) break;  // a reload turned it off
@@ -111,6 +119,7 @@ core::Task<void> Reloader::watch_loop() {
     pending_ = {};
     reload("the configuration file changed");
   }
+  watch_timer_ = nullptr;
   watching_ = false;
 }
 

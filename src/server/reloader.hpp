@@ -79,8 +79,9 @@ class Reloader {
   bool stopped_ = false;
   std::uint64_t attempts_ = 0;  // reloads tried
   bool watching_ = false;
-  FileStamp seen_;     // the file as the last reload (or start-up) read it
-  FileStamp pending_;  // a change the watch saw once; applied when the next look finds it settled
+  core::Timer* watch_timer_ = nullptr;  // watch_loop's wait, while it runs (arm_watch ends it on a reload)
+  FileStamp seen_;                      // the file as the last reload (or start-up) read it
+  FileStamp pending_;                   // a change the watch saw once; applied when the next look finds it settled
 };
 
 }  // namespace weir::server

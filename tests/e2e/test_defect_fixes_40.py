@@ -571,3 +571,20 @@ def test_an_audio_stream_gets_no_per_chunk_usage_it_did_not_ask_for(weir):
         assert '"usage"' not in r.text, r.text  # as the upstream answers the client's own form
     finally:
         up.close()
+
+
+def test_a_shortened_watch_config_applies_at_once(mock, weir):
+    # The watch loop slept out the old interval (up to an hour) before reading the new one.
+    from conftest import wait_until
+    from test_config_reload import reloads, sighup
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"a": {"pool": "p"}},
+                     "server": {"watch_config": "1h"}}, workers=1)
+    text = w.config_path.read_text()
+    assert text.count('"watch_config": "1h"') == 1, text
+    w.config_path.write_text(text.replace('"watch_config": "1h"', '"watch_config": "100ms"'))
+    sighup(w)
+    before = reloads(w, "success")
+    w.config_path.write_text(w.config_path.read_text().replace('"a":', '"b":'))
+    wait_until(lambda: reloads(w, "success") > before, 5, message="the edit picked up by the 100ms watch")
+    assert httpx.post(w.v1 + "/chat/completions", json={"model": "b", "messages": MSG}, timeout=10).status_code == 200
