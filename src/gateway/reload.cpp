@@ -1,5 +1,6 @@
 #include "gateway/reload.hpp"
 
+#include <algorithm>
 #include <set>
 #include <vector>
 
@@ -135,11 +136,15 @@ std::vector<std::pair<std::string, std::string>> entries(const YAML::Node& map) 
 
 }  // namespace
 
-std::string describe_changes(const core::Config& running, const core::Config& next) {
+std::string describe_changes(const core::Config& running, const core::Config& next,
+                             const std::vector<std::string>& rebuilt) {
   std::string out;
   const YAML::Node& a = running.root;
   const YAML::Node& b = next.root;
-  diff_names(out, "pools", entries(a["pools"]), entries(b["pools"]));
+  auto pools_before = entries(a["pools"]);
+  for (auto& [name, text] : pools_before)
+    if (std::find(rebuilt.begin(), rebuilt.end(), name) != rebuilt.end()) text += '\n';  // (differs: "~name")
+  diff_names(out, "pools", pools_before, entries(b["pools"]));
   diff_names(out, "models", entries(a["models"]), entries(b["models"]));
   diff_names(out, "tenants", entries(a["tenants"]), entries(b["tenants"]));
   for (const char* section : {"default_pool", "server", "auth", "pricing"})

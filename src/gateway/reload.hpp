@@ -39,6 +39,10 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
 // A one-line summary of what `next` changes from `running`, for the log:
 // "pools +b -c ~a; models +x -y ~z; tenants +t; ..." (+ added, - removed,
 // ~ changed), or "no change to pools, models or tenants" when none.
-std::string describe_changes(const core::Config& running, const core::Config& next);
+// `rebuilt`: pools whose text is the same but which were built anew (the
+// contents of their TLS files, or the addresses their hosts resolve to,
+// changed: build_generation): listed as changed too.
+std::string describe_changes(const core::Config& running, const core::Config& next,
+                             const std::vector<std::string>& rebuilt = {});
 
 }  // namespace weir::gateway

@@ -163,7 +163,6 @@ bool Reloader::apply(std::string_view why) {
   auto auth = services_.prepare_reload(*loaded);
   if (!auth) return refuse(auth.error());
   for (const auto& w : loaded->warnings) fmt::print(stderr, "weir: warning: {}\n", w);
-  const std::string changes = gateway::describe_changes(running, loaded->config);
   gateway::GenerationInput in;
   in.config = std::make_shared<const core::Config>(std::move(loaded->config));
   in.pricing = std::move(loaded->pricing);
@@ -172,6 +171,12 @@ bool Reloader::apply(std::string_view why) {
   in.workers = static_cast<std::uint32_t>(shared_.workers.size());
   auto gen = gateway::build_generation(std::move(in), shared_.generation.get());
   if (!gen) return refuse(gen.error());
+  // Pools built anew (not carried over) whose name was there before: changed, whatever their text says.
+  std::vector<std::string> rebuilt;
+  for (const auto& slot : (*gen)->pools)
+    for (const auto& old : shared_.generation->pools)
+      if (old.cfg->name == slot.cfg->name && old.state != slot.state) rebuilt.push_back(slot.cfg->name);
+  const std::string changes = gateway::describe_changes(running, *(*gen)->config, rebuilt);
   auto policy = services_.commit_reload(std::move(*auth));
   if (!policy) return refuse(policy.error());
   // Applied: from here on nothing fails.

@@ -166,6 +166,8 @@ TEST(DescribeChanges, NamesPoolsModelsAndTenants) {
   EXPECT_EQ(describe_changes(cfg(kBase), cfg(next)), "pools ~cpu; models +tiny -small");
   EXPECT_EQ(describe_changes(cfg(kBase), cfg(kBase)),
             "no change to pools, models, tenants, keys, prices or server settings");
+  // A pool built anew with the same text (its TLS files' contents, its hosts' addresses changed) is changed.
+  EXPECT_EQ(describe_changes(cfg(kBase), cfg(kBase), {"cpu"}), "pools ~cpu");
 }
 
 TEST(PoolFingerprint, SameConfigurationSamePrintWhateverTheStyle) {
