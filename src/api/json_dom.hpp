@@ -58,6 +58,16 @@ inline std::optional<std::string_view> stream_error_message(const boost::json::o
   return std::nullopt;
 }
 
+// An OpenAI/vLLM stream chunk that carries nothing: no choice (an empty or
+// absent `choices`) and no usage object; Azure OpenAI's first chunk (its
+// prompt_filter_results, with id "" and model "") is one.
+inline bool says_nothing(const boost::json::object& chunk) {
+  const auto* choices = chunk.if_contains("choices");
+  const auto* usage = chunk.if_contains("usage");
+  return (choices == nullptr || (choices->is_array() && choices->get_array().empty())) &&
+         !(usage != nullptr && usage->is_object());
+}
+
 // A per-thread block of `Size` bytes for a translator's DOMs (the first
 // buffer of a json::monotonic_resource; larger bodies go on to the heap),
 // one per `Tag` (a type of the call site's own, so nested translations

@@ -282,10 +282,20 @@ ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url) {
   if (u->host_type() == boost::urls::host_type::ipv6) {
     // host_address() of [::1] is "::1"
   }
-  e.port = u->has_port() ? u->port_number() : (tls ? 443 : 80);
-  if (u->has_port() && u->port_number() == 0) return fail(" has port 0");
-  e.host_header = std::string(u->encoded_host_and_port());
-  if (!u->has_port()) e.host_header = std::string(u->encoded_host());
+  e.port = tls ? 443 : 80;
+  if (u->has_port()) {
+    // The port as written (port_number() has already wrapped past 65535: :80800 would be 15264).
+    const std::string_view digits = u->port();
+    unsigned long n = 0;
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || n > 65535)
+      return fail(" has no valid port (1 to 65535)");
+    if (n == 0) return fail(" has port 0");
+    e.port = static_cast<std::uint16_t>(n);
+  }
+  // The Host header: with the port only when it is not the scheme's default (RFC 3986 §6.2.3).
+  e.host_header = std::string(u->encoded_host());
+  if (u->has_port() && e.port != (tls ? 443 : 80)) e.host_header += ":" + std::to_string(e.port);
   return e;
 }
 

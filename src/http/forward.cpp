@@ -61,10 +61,18 @@ bool forwarded_upstream(const Field& f, bool strip_credentials) {
     case bh::field::accept_encoding:
       return false;
     case bh::field::authorization:
+    case bh::field::cookie:
       return !strip_credentials;
     default:
-      return !(strip_credentials && iequals(f.name_string(), "x-api-key"));
+      break;
   }
+  const auto name = f.name_string();
+  // Weir's own controls (x-weir-timeout-ms, x-weir-priority, x-weir-fallbacks): the gateway's, not the upstream's.
+  if (name.size() >= 7 && iequals(name.substr(0, 7), "x-weir-")) return false;
+  // With Weir's credential or the pool's key in place, the client's credentials were for Weir (or for
+  // nobody), never for the provider: nor the OpenAI account and project the pool's key would bill.
+  return !(strip_credentials &&
+           (iequals(name, "x-api-key") || iequals(name, "openai-organization") || iequals(name, "openai-project")));
 }
 
 // The client's Accept-Encoding (all its lines as one list), cut to the

@@ -588,3 +588,117 @@ def test_a_shortened_watch_config_applies_at_once(mock, weir):
     w.config_path.write_text(w.config_path.read_text().replace('"a":', '"b":'))
     wait_until(lambda: reloads(w, "success") > before, 5, message="the edit picked up by the 100ms watch")
     assert httpx.post(w.v1 + "/chat/completions", json={"model": "b", "messages": MSG}, timeout=10).status_code == 200
+
+
+# --- the third round: hosted upstreams ---
+
+
+def test_an_endpoint_port_past_65535_is_refused_not_wrapped(tmp_path):
+    path = tmp_path / "w.yaml"
+    path.write_text("listen: 127.0.0.1:0\npools: {p: {endpoints: ['http://127.0.0.1:80800']}}\ndefault_pool: p\n")
+    r = subprocess.run([str(binary("weir")), "--config", str(path), "--check"], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 2 and "port" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_what_a_hosted_upstream_is_sent(weir):
+    # With the pool's key in place, the client's Cookie and OpenAI account headers went with it (billing another
+    # org or project the key reaches), and so did Weir's own x-weir-* controls; an explicit default port stayed in
+    # the Host header.
+    seen = []
+
+    def answer(headers, body) -> bytes:
+        seen.append(headers)
+        doc = b'{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[]}'
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc)
+                + doc)
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "api_key": "sk-operator"}}, "default_pool": "p"},
+                 workers=1)
+        httpx.post(w.v1 + "/chat/completions", timeout=10, json={"model": "m", "messages": MSG}, headers={
+            "cookie": "session=abc", "openai-organization": "org-other", "openai-project": "proj_other",
+            "x-weir-timeout-ms": "5000", "x-weir-fallbacks": "none", "x-custom": "kept"})
+        h = seen[-1]
+        assert h["authorization"] == "Bearer sk-operator", h
+        for name in ("cookie", "openai-organization", "openai-project", "x-weir-timeout-ms", "x-weir-fallbacks"):
+            assert name not in h, (name, h)
+        assert h["x-custom"] == "kept"
+    finally:
+        up.close()
+
+
+def test_the_host_header_drops_the_schemes_default_port(tmp_path):
+    # Checked through the Host a pool sends: http://host:80 is "host" (RFC 3986 §6.2.3), as without the port.
+    import socket
+    import threading
+    try:
+        srv = socket.socket()
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.77", 80))
+    except OSError:
+        pytest.skip("port 80 is not free here")
+    srv.listen(4)
+    heads = []
+
+    def serve():
+        c, _ = srv.accept()
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            buf += c.recv(65536)
+        heads.append(buf.decode("latin-1"))
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        c.close()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        from conftest import free_port
+        import os
+        port = free_port()
+        cfg = tmp_path / "w.yaml"
+        cfg.write_text(f"listen: 127.0.0.1:{port}\npools: {{p: {{endpoints: ['http://127.0.0.77:80']}}}}\n"
+                       "default_pool: p\nworkers: 1\nserver: {access_log: off}\n")
+        proc = subprocess.Popen([str(binary("weir")), "--config", str(cfg)], stderr=subprocess.PIPE,
+                                env=dict(os.environ))
+        try:
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.05)
+            httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "m", "messages": MSG},
+                       timeout=10)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+        t.join(5)
+        host = [ln for ln in heads[0].split("\r\n") if ln.lower().startswith("host:")]
+        assert host == ["Host: 127.0.0.77"], heads[0]
+    finally:
+        srv.close()
+
+
+@pytest.mark.parametrize("route", ["/v1/messages", "/v1/responses"])
+def test_azures_preamble_chunk_does_not_name_the_translated_stream(weir, route):
+    # Azure OpenAI's first chunk (prompt_filter_results, id "", model "", created 0) started the message: every
+    # Anthropic and Responses stream got the id msg_ / resp_ and model "".
+    pre = {"choices": [], "created": 0, "id": "", "model": "", "object": "",
+           "prompt_filter_results": [{"prompt_index": 0, "content_filter_results": {}}]}
+    events = [pre, chunk("", role="assistant"), chunk("ok"), chunk("", finish="stop")]
+    for e in events[1:]:
+        e["id"], e["model"] = "chatcmpl-AZ1", "gpt-4o-2024-08-06"
+    body = b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events) + b"data: [DONE]\n\n"
+    up = RawUpstream(lambda h, b: sse_answer(body))
+    try:
+        w = weir(config={"pools": {"az": {"endpoints": [up.url]}}, "default_pool": "az"}, workers=1)
+        payload = ({"model": "gpt-4o", "max_tokens": 5, "messages": MSG, "stream": True} if route == "/v1/messages"
+                   else {"model": "gpt-4o", "input": "hi", "stream": True})
+        r = httpx.post(w.base_url + route, json=payload, timeout=10)
+        assert r.status_code == 200, r.text
+        assert "chatcmpl-AZ1" in r.text or "AZ1" in r.text, r.text
+        assert '"model":"gpt-4o-2024-08-06"' in r.text and '"model":""' not in r.text, r.text
+    finally:
+        up.close()

@@ -165,7 +165,12 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
       usage_ = *parsed;
       has_usage_ = true;
     }
-  if (!started_) start(string_at(chunk, "id"), string_at(chunk, "model"), out);
+  if (!started_) {
+    // A chunk with no choice and no usage says nothing (Azure's prompt_filter_results preamble: id "",
+    // model ""): the message starts at the first chunk that does, with its id.
+    if (says_nothing(chunk)) return;
+    start(string_at(chunk, "id"), string_at(chunk, "model"), out);
+  }
   const auto* choices = chunk.if_contains("choices");
   const bool usage_only = choices && choices->is_array() && choices->get_array().empty();
   if (choices && choices->is_array())

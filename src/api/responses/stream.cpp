@@ -238,11 +238,17 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         if (const auto* r = d->get_object().if_contains("reasoning_tokens"); r && r->is_int64() && r->get_int64() > 0)
           usage_.reasoning_tokens = static_cast<std::uint64_t>(r->get_int64());
     }
-  if (!started_) {
-    const auto* c = chunk.if_contains("created");
-    start(string_at(chunk, "id"), string_at(chunk, "model"), c && c->is_int64() ? c->get_int64() : 0, out);
-  }
   const auto* choices = chunk.if_contains("choices");
+  if (!started_) {
+    // A chunk with no choice and no usage says nothing (Azure's prompt_filter_results preamble: id "",
+    // model "", created 0): the response starts at the first chunk that does, with its id.
+    if (says_nothing(chunk)) return;
+    const auto* c = chunk.if_contains("created");
+    const std::string_view id = string_at(chunk, "id");
+    start(id.empty() ? fallback_id_ : id, string_at(chunk, "model"),
+          c && c->is_int64() && c->get_int64() > 0 ? c->get_int64() : static_cast<std::int64_t>(std::time(nullptr)),
+          out);
+  }
   const bool usage_only = choices && choices->is_array() && choices->get_array().empty();
   if (choices && choices->is_array())
     for (const auto& c : choices->get_array()) {
