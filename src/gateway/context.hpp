@@ -210,6 +210,7 @@ struct RequestContext {
     bool on = false;                  // the stream being relayed may be resumed: its chunks are noted in `tracker`
     bool wanted = false;              // it broke after content reached the client (respond_stream)
     bool active = false;              // the current attempt is a resume: its body is `body`, its chunks are rewritten
+    bool answered = false;            // that resume relayed a chunk of its own (past its dropped role chunk)
     std::uint8_t count = 0;           // resumes made
     std::uint64_t tokens_before = 0;  // completion tokens the client had when the current resume started
     std::uint64_t broke = 0;          // endpoints whose stream broke for this request (bit i = endpoint i)
@@ -228,7 +229,7 @@ struct RequestContext {
     };
     std::unique_ptr<Buffers> buf;  // set whenever `on`
     void reset() {
-      on = wanted = active = false;
+      on = wanted = active = answered = false;
       count = 0;
       tokens_before = 0;
       broke = 0;

@@ -702,3 +702,91 @@ def test_azures_preamble_chunk_does_not_name_the_translated_stream(weir, route):
         assert '"model":"gpt-4o-2024-08-06"' in r.text and '"model":""' not in r.text, r.text
     finally:
         up.close()
+
+
+# --- the third round: resume ---
+
+
+def test_a_stream_a_resume_finishes_still_carries_the_usage_chunk_asked_for(mock, weir):
+    # max_tokens used up where the stream broke: Weir ends it (finish_reason length, [DONE]) and sent no usage
+    # chunk, though the client asked for one (OpenAI always sends it then).
+    from test_gateway_resume import BREAK, FAST, MSG as RMSG, pool_config, raw_stream
+    a, b = mock(*FAST), mock(*FAST)
+    w = weir(config=pool_config([a.base_url, b.base_url]))
+    events = raw_stream(w, {"model": "mock-model", "messages": RMSG, "stream": True, "max_tokens": 4,
+                            "stream_options": {"include_usage": True}}, BREAK)
+    assert events[-1] == "[DONE]"
+    last = json.loads(events[-2])
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4, last
+    assert last["usage"]["total_tokens"] == last["usage"]["prompt_tokens"] + 4
+
+
+def test_a_continuation_that_ends_without_finishing_is_no_whole_stream(weir):
+    # A continuation that answered only its role chunk and [DONE] was passed off as the message's end: no
+    # finish_reason, no error, logged whole.
+    first = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
+                     for c in (chunk("", role="assistant"), chunk("Hello"), chunk(" world")))
+    cont = b"data: " + json.dumps(chunk("", role="assistant")).encode() + b"\n\ndata: [DONE]\n\n"
+    calls = []
+
+    def answer(headers, body):
+        calls.append(json.loads(body))
+        if len(calls) == 1:
+            return [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + first, None]
+        return sse_answer(cont)
+    a, b = RawUpstream(answer), RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"gpu": {"endpoints": [a.url, b.url], "resume": True}},
+                         "models": {"m": {"pool": "gpu"}}}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", headers={"x-request-id": "cont-nofinish"}, timeout=15,
+                       json={"model": "m", "messages": MSG, "stream": True})
+        datas = data_lines(r.text)
+        assert datas[-1] == "[DONE]" and "error" in json.loads(datas[-2]), datas
+        assert w.log_for("cont-nofinish")["error"] is not None
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_continuations_first_chunk_is_held_to_the_first_token_timeout(weir):
+    # The continuation was cut only by the idle timeout: it sent its role chunk, then nothing.
+    first = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
+                     for c in (chunk("", role="assistant"), chunk("Hello")))
+    cont = b"data: " + json.dumps(chunk("", role="assistant")).encode() + b"\n\n"
+    calls = []
+
+    def answer(headers, body):
+        calls.append(1)
+        head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
+        return [head + first, None] if len(calls) == 1 else [head + cont, 10.0, None]
+    a, b = RawUpstream(answer), RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"gpu": {"endpoints": [a.url, b.url], "resume": True,
+                                           "timeouts": {"first_token": "300ms", "idle": "5s"}}},
+                         "models": {"m": {"pool": "gpu"}}}, workers=1)
+        t0 = time.monotonic()
+        r = httpx.post(w.v1 + "/chat/completions", timeout=15, json={"model": "m", "messages": MSG, "stream": True})
+        assert time.monotonic() - t0 < 3, "cut by the idle timeout, not the first-token one"
+        assert "error" in json.loads(data_lines(r.text)[-2])
+        assert w.metric("weir_upstream_first_token_timeouts_total") >= 1
+    finally:
+        a.close()
+        b.close()
+
+
+def test_a_held_stream_whose_client_leaves_relayed_no_event(weir):
+    import socket
+    body = b"data: " + json.dumps(chunk("", role="assistant")).encode() + b"\n\n"
+    up = RawUpstream(lambda h, b: [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + body, 5.0, None])
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}, "q": {"endpoints": [up.url]}},
+                         "models": {"m": {"pool": "p", "fallbacks": [{"pool": "q"}]}}}, workers=1)
+        req = json.dumps({"model": "m", "messages": MSG, "stream": True}).encode()
+        with socket.create_connection(("127.0.0.1", w.port)) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: held-left\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(req) + req)
+            time.sleep(0.5)
+        line = w.log_for("held-left")
+        assert line["status"] == 499 and line["events"] == 0, line
+    finally:
+        up.close()

@@ -264,6 +264,17 @@ Rewrite rewrite_chunk(std::string_view data, std::string_view id_json, std::stri
       put("prompt_tokens", prompt);
       put("completion_tokens", completion);
       put("total_tokens", prompt + completion);
+      // Cached tokens are some of the prompt's: the continuation's cache hits on the tokens it was given
+      // back are none of the client's prompt.
+      if (u->cached_tokens > prompt)
+        if (const auto d = find_member(obj, "prompt_tokens_details")) {
+          std::string details(obj.substr(d->value_begin, d->value_end - d->value_begin));
+          num.clear();
+          core::append_uint(num, prompt);
+          if (find_member(details, "cached_tokens") && set_member(details, "cached_tokens", num, tmp) &&
+              set_member(obj, "prompt_tokens_details", tmp, details))
+            obj.swap(details);
+        }
       set("usage", obj);
     }
   }

@@ -369,8 +369,10 @@ void GatewayPhases::on_cutoff(RequestContext& ctx) {
   const auto now = core::now();
   if (core::passed(ctx.deadline, now)) {
     ctx.cutoff = RequestContext::Cutoff::deadline;
-  } else if (ctx.first_token_by != core::TimePoint{} && ctx.t_first_token == core::TimePoint{} &&
+  } else if (ctx.first_token_by != core::TimePoint{} &&
+             (ctx.resume.active ? !ctx.resume.answered : ctx.t_first_token == core::TimePoint{}) &&
              now >= ctx.first_token_by) {
+    // (A resume's stream waits for its own first chunk: the client's first token came long before.)
     ctx.cutoff = RequestContext::Cutoff::first_token;
   } else {
     // The first token came in time: only the deadline is left to watch.
@@ -414,7 +416,7 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
   const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
   const auto now = core::now();
   // A resume's stream is judged at its own first event (the client's first token came long before).
-  const bool first_token = ctx.resume.active ? ctx.hooks.data_events() > 0 : ctx.t_first_token != core::TimePoint{};
+  const bool first_token = ctx.resume.active ? ctx.resume.answered : ctx.t_first_token != core::TimePoint{};
   // The upstream's in-band error event fails the answer wherever it comes: vLLM sends one for a fault of
   // its own (the engine's), never for the client's request, which it refuses before the stream.
   const bool failed =

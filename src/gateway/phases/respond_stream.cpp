@@ -148,7 +148,9 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // translated), and the stream ends there, a failed answer: counted
       // against the endpoint, logged, and no token (error_relayed).
       const bool upstream_error = !s.holding && ctx.hooks.error_event(*ev);
-      if (ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error) ++ctx.token_events;
+      const bool token =
+          ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error;  // (settle())
+      if (token) ++ctx.token_events;
       if (ctx.hooks.translating()) {
         const bool sent = ctx.hooks.translate(*ev, events);
         if (!s.holding && (upstream_error || ctx.hooks.translation_failed())) {
@@ -161,9 +163,19 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         data_event(t_read);
         continue;
       }
-      if (ctx.resume.on && ev->has_data && !ev->is_done() && !resume_note(ctx, *ev, s.holding, s.failure)) {
-        if (s.failure != http::UpstreamFailure::none) break;
-        continue;
+      if (ctx.resume.on && ev->has_data && !ev->is_done()) {
+        if (!resume_note(ctx, *ev, s.holding, s.failure)) {
+          if (token) --ctx.token_events;  // (never the client's: a continuation's role chunk)
+          if (s.failure != http::UpstreamFailure::none) break;
+          continue;
+        }
+        if (ctx.resume.active) ctx.resume.answered = true;
+      }
+      if (ctx.resume.active && ev->is_done() && !ctx.resume.buf->tracker.finished()) {
+        // A continuation that ends before any finish_reason (its role chunk, then [DONE]) did not finish the
+        // message: a broken stream still (another resume, else the in-band error), not a whole one.
+        s.failure = http::UpstreamFailure::protocol;
+        break;
       }
       if (!ctx.hooks.on_event(*ev)) continue;
       if (upstream_error) {
@@ -314,6 +326,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   if (down_.client_gone() || down_.write_failed()) {
     if (!src.done()) src.cancel();
     down_.close();
+    if (!ctx.committed) ctx.events = 0;  // a held stream's events never reached the client
     return Outcome::failed(client_gone(why_gone()));
   }
   // The proxy cut the stream off (its first token was late, or its deadline passed): a timeout.

@@ -5,6 +5,7 @@
 
 #include <boost/beast/http/field.hpp>
 
+#include "core/json_text.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -51,6 +52,7 @@ bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
   if (ctx.endpoint >= 0 && ctx.endpoint < 64) r.broke |= std::uint64_t{1} << ctx.endpoint;
   ++r.count;
   r.active = true;
+  r.answered = false;
   r.tokens_before = tr.tokens();
   ++ctx.retries;
   return true;
@@ -90,6 +92,28 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
     ctx.body += R"(,"model":)";
     ctx.body += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
     ctx.body += R"(,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length","stop_reason":null}]})";
+    http::append_sse_data(ctx.scratch, ctx.body);
+    ++ctx.events;
+  }
+  if (ctx.fields.include_usage) {
+    // The usage chunk the client asked for, which the broken stream never sent: what settle() charges for it
+    // (its prompt as estimated, one token per content event relayed), as no usage reached Weir either.
+    const auto& tr = ctx.resume.buf->tracker;
+    const std::uint64_t prompt = ctx.prompt_tokens_estimate, completion = ctx.token_events;
+    ctx.body.clear();
+    ctx.body += R"({"id":)";
+    ctx.body += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();
+    ctx.body += R"(,"object":"chat.completion.chunk","created":)";
+    ctx.body += tr.created_json().empty() ? std::string_view("0") : tr.created_json();
+    ctx.body += R"(,"model":)";
+    ctx.body += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
+    ctx.body += R"(,"choices":[],"usage":{"prompt_tokens":)";
+    core::append_uint(ctx.body, prompt);
+    ctx.body += R"(,"completion_tokens":)";
+    core::append_uint(ctx.body, completion);
+    ctx.body += R"(,"total_tokens":)";
+    core::append_uint(ctx.body, prompt + completion);
+    ctx.body += "}}";
     http::append_sse_data(ctx.scratch, ctx.body);
     ++ctx.events;
   }

@@ -174,6 +174,20 @@ TEST(ResumeExcluded, LogprobsAndN) {
   EXPECT_TRUE(resume_excluded("not json"));
 }
 
+TEST(RewriteChunk, UsageCountsTheWholeMessageAndCachedTokensStayWithinThePrompt) {
+  // The continuation was given 5 prompt tokens + 2 generated back; it reports 7 prompt, all 7 cached.
+  std::string out, scratch;
+  const std::string c =
+      R"({"id":"x","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":)"
+      R"({"prompt_tokens":7,"completion_tokens":3,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":7}}})";
+  ASSERT_EQ(rewrite_chunk(c, "", "", "", 2, out, scratch), Rewrite::changed);
+  const auto u = parse(out).at("usage");
+  EXPECT_EQ(u.at("prompt_tokens").as_int64(), 5);
+  EXPECT_EQ(u.at("completion_tokens").as_int64(), 5);
+  EXPECT_EQ(u.at("total_tokens").as_int64(), 10);
+  EXPECT_EQ(u.at("prompt_tokens_details").at("cached_tokens").as_int64(), 5);
+}
+
 TEST(RewriteChunk, SetsTheOriginalIdsWhereTheyDiffer) {
   std::string out, scratch;
   const std::string c = chunk("chatcmpl-new", R"({"content":" b"})");
