@@ -790,3 +790,20 @@ def test_a_held_stream_whose_client_leaves_relayed_no_event(weir):
         assert line["status"] == 499 and line["events"] == 0, line
     finally:
         up.close()
+
+
+def test_proxied_answers_to_a_tenant_carry_its_rate_limit_headers(weir):
+    # GET /version (and the upstream's model list) went out without the x-ratelimit-* every answer to a
+    # tenant's request carries.
+    doc = b'{"version": "0.10.1"}'
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                     % len(doc) + doc)
+    try:
+        cfg = governed({"p": {"endpoints": [up.url]}})
+        cfg["tenants"]["t"]["limits"] = {"requests_per_minute": 60}
+        w = weir(config=cfg, workers=1)
+        r = httpx.get(w.base_url + "/version", headers=AUTH, timeout=10)
+        assert r.status_code == 200 and r.json() == {"version": "0.10.1"}, r.text
+        assert r.headers.get("x-ratelimit-limit-requests") == "60", r.headers
+    finally:
+        up.close()

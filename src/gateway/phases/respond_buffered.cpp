@@ -488,6 +488,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       http::is_event_stream(http::first_field(head, bh::field::content_type)))
     content_type = "application/json";
   commit(ctx);
+  // A route admission does not see (GET /version, the upstream's model list) carries the principal's
+  // x-ratelimit-* too, as Weir's own answers do (send_own): every answer to a tenant's request does.
+  if (ctx.principal && ctx.rate_limit_lines.empty() && w_.admission() != nullptr)
+    note_rate_limits(ctx, std::chrono::steady_clock::now());
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
   http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty(),
