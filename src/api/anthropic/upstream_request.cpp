@@ -1,7 +1,8 @@
 // OpenAI chat-completions body → Anthropic Messages body, with Boost.JSON in
 // a per-thread arena: only requests to type: anthropic pools pay for it.
 #include "api/anthropic/upstream_request.hpp"
-#include "api/json_dom.hpp"
+
+#include <algorithm>
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -10,6 +11,7 @@
 #include <boost/json/serializer.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/json_dom.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
@@ -32,6 +34,23 @@ void serialize_into(const json::value& v, std::string& out) {
     const auto part = sr.read(buf, sizeof buf);
     out.append(part.data(), part.size());
   }
+}
+
+// Whether the last assistant message of Anthropic `messages` holds a
+// tool_use block and begins with no thinking block.
+bool last_assistant_uses_tools(const json::value& messages) {
+  if (!messages.is_array()) return false;
+  const auto& list = messages.get_array();
+  for (auto it = list.rbegin(); it != list.rend(); ++it) {
+    if (!it->is_object() || string_at(it->get_object(), "role") != "assistant") continue;
+    const auto* content = it->get_object().if_contains("content");
+    if (content == nullptr || !content->is_array() || content->get_array().empty()) return false;
+    const auto& blocks = content->get_array();
+    const auto type = [](const json::value& b) { return b.is_object() ? string_at(b.get_object(), "type") : ""; };
+    if (type(blocks.front()) == "thinking" || type(blocks.front()) == "redacted_thinking") return false;
+    return std::any_of(blocks.begin(), blocks.end(), [&](const json::value& b) { return type(b) == "tool_use"; });
+  }
+  return false;
 }
 
 // Thinking budgets for OpenAI's reasoning_effort (tokens): low is
@@ -399,7 +418,11 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
   } else if (const auto* re = in.if_contains("reasoning_effort"); re && re->is_string()) {
     const std::string_view effort = sv(re->get_string());
     std::uint32_t budget = thinking_budget(effort);
-    if (budget > 0) {
+    // Anthropic refuses thinking in a tool loop whose last assistant turn holds tool_use and no thinking
+    // block (the thinking must come back signed, and a chat client has no signature to send back): that
+    // turn goes without thinking, as the turns it continues did not carry it either.
+    const bool tool_loop = budget > 0 && last_assistant_uses_tools(a["messages"]);
+    if (budget > 0 && !tool_loop) {
       if (!asked) {
         max_tokens += budget;  // the default answer's room comes on top of the thinking
       } else if (budget >= max_tokens) {
@@ -411,7 +434,7 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
         budget = static_cast<std::uint32_t>(max_tokens - 1);
       }
       a["thinking"] = json::object({{"type", "enabled"}, {"budget_tokens", budget}}, sp);
-    } else if (effort != "none" && effort != "minimal") {
+    } else if (budget == 0 && effort != "none" && effort != "minimal") {
       return invalid("reasoning_effort: expected none, minimal, low, medium or high", "reasoning_effort");
     }
   }

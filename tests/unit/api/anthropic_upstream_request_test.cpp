@@ -146,6 +146,15 @@ TEST(AnthropicUpstreamRequest, ReasoningEffortBecomesAThinkingBudget) {
   const auto d = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low",
     "thinking":{"type":"enabled","budget_tokens":2048}})");
   EXPECT_EQ(d.at("thinking"), json::parse(R"({"type":"enabled","budget_tokens":2048})"));
+  // A tool loop's next turn: the assistant's tool call comes back with no (signed) thinking block, which
+  // Anthropic refuses while thinking is on: that turn goes without thinking.
+  const auto e = anthropic(R"({"model":"m","reasoning_effort":"medium","messages":[
+    {"role":"user","content":"time?"},
+    {"role":"assistant","content":null,"reasoning_content":"hm","tool_calls":[{"id":"c1","type":"function",
+      "function":{"name":"now","arguments":"{}"}}]},
+    {"role":"tool","tool_call_id":"c1","content":"12:00"}],"tools":[{"type":"function","function":{"name":"now"}}]})");
+  EXPECT_FALSE(e.as_object().contains("thinking")) << e;
+  EXPECT_EQ(e.at("max_tokens"), 4096);
 }
 
 TEST(AnthropicUpstreamRequest, CacheControlOnPartsAndToolsIsKept) {
