@@ -40,14 +40,20 @@ std::optional<Usage> extract_usage(std::string_view json) {
   const std::string_view usage = json.substr(span->value_begin, span->value_end - span->value_begin);
   if (usage.empty() || usage.front() != '{') return std::nullopt;  // null, or not an object
 
-  // OpenAI's token usage of its audio and Responses answers ({"type": "tokens", "input_tokens",
-  // "output_tokens"}) names the counts input and output: read as prompt and completion when those are absent.
-  static constexpr std::array<std::string_view, 6> kKeys = {
-      "prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details", "input_tokens", "output_tokens"};
-  std::array<std::optional<MemberSpan>, 6> m;
+  static constexpr std::array<std::string_view, 4> kKeys = {"prompt_tokens", "completion_tokens", "total_tokens",
+                                                            "prompt_tokens_details"};
+  std::array<std::optional<MemberSpan>, 4> m;
   if (!find_members(usage, kKeys, m)) return std::nullopt;
-  if (!m[0]) m[0] = m[4];
-  if (!m[1]) m[1] = m[5];
+  if (!m[0] && !m[1]) {
+    // OpenAI's token usage of its audio answers ({"type": "tokens", "input_tokens", "output_tokens"}) names
+    // the counts input and output: read as prompt and completion. (A second look only then: the common
+    // shape pays nothing for it.)
+    static constexpr std::array<std::string_view, 2> kTokens = {"input_tokens", "output_tokens"};
+    std::array<std::optional<MemberSpan>, 2> t;
+    if (!find_members(usage, kTokens, t)) return std::nullopt;
+    m[0] = t[0];
+    m[1] = t[1];
+  }
   std::array<std::uint64_t, 3> n{};
   for (std::size_t i = 0; i < n.size(); ++i) {
     if (!m[i]) continue;
