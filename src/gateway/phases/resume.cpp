@@ -79,18 +79,28 @@ bool GatewayPhases::resumed_stream_ok(RequestContext& ctx) {
   return false;
 }
 
+namespace {
+
+// The start of a chunk of the stream being resumed, with its own id,
+// created and model: `{"id":…,"object":"chat.completion.chunk","created":…,"model":…`.
+void begin_stream_chunk(const api::openai::ResumeTracker& tr, std::string& out) {
+  out.clear();
+  out += R"({"id":)";
+  out += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();
+  out += R"(,"object":"chat.completion.chunk","created":)";
+  out += tr.created_json().empty() ? std::string_view("0") : tr.created_json();
+  out += R"(,"model":)";
+  out += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
+}
+
+}  // namespace
+
 core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool length) {
   ctx.scratch.clear();
+  const auto& tr = ctx.resume.buf->tracker;
   if (length) {
     // The chunk an unbroken stream ends with when max_tokens cuts it, with the stream's own id.
-    const auto& tr = ctx.resume.buf->tracker;
-    ctx.body.clear();
-    ctx.body += R"({"id":)";
-    ctx.body += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();
-    ctx.body += R"(,"object":"chat.completion.chunk","created":)";
-    ctx.body += tr.created_json().empty() ? std::string_view("0") : tr.created_json();
-    ctx.body += R"(,"model":)";
-    ctx.body += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
+    begin_stream_chunk(tr, ctx.body);
     ctx.body += R"(,"choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length","stop_reason":null}]})";
     http::append_sse_data(ctx.scratch, ctx.body);
     ++ctx.events;
@@ -98,15 +108,8 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
   if (ctx.fields.include_usage) {
     // The usage chunk the client asked for, which the broken stream never sent: what settle() charges for it
     // (its prompt as estimated, one token per content event relayed), as no usage reached Weir either.
-    const auto& tr = ctx.resume.buf->tracker;
     const std::uint64_t prompt = ctx.prompt_tokens_estimate, completion = ctx.token_events;
-    ctx.body.clear();
-    ctx.body += R"({"id":)";
-    ctx.body += tr.id_json().empty() ? std::string_view(R"("")") : tr.id_json();
-    ctx.body += R"(,"object":"chat.completion.chunk","created":)";
-    ctx.body += tr.created_json().empty() ? std::string_view("0") : tr.created_json();
-    ctx.body += R"(,"model":)";
-    ctx.body += tr.model_json().empty() ? std::string_view(R"("")") : tr.model_json();
+    begin_stream_chunk(tr, ctx.body);
     ctx.body += R"(,"choices":[],"usage":{"prompt_tokens":)";
     core::append_uint(ctx.body, prompt);
     ctx.body += R"(,"completion_tokens":)";
