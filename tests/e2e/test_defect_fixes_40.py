@@ -50,6 +50,10 @@ def sse_answer(events: bytes) -> bytes:
             + events)
 
 
+def json_answer(doc: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc) + doc
+
+
 def two_line_event(obj: dict) -> bytes:
     # One JSON value on two `data:` lines: WHATWG SSE joins them with a line feed.
     s = json.dumps(obj)
@@ -137,8 +141,7 @@ def test_a_stream_made_from_a_whole_answer_is_counted_as_one(weir):
     doc = json.dumps({"id": "chatcmpl-w", "object": "chat.completion", "created": 1, "model": "m",
                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "Hello there"},
                                    "finish_reason": "stop"}]}).encode()
-    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                     % len(doc) + doc)
+    up = RawUpstream(lambda h, b: json_answer(doc))
     try:
         w = weir(config=governed({"p": {"endpoints": [up.url]}}), workers=1)
         before = (w.metric("weir_sse_events_total"), w.metric("weir_time_to_first_token_seconds_count"))
@@ -282,8 +285,7 @@ def test_a_whole_response_without_usage_says_null(weir):
     doc = json.dumps({"id": "chatcmpl-n", "object": "chat.completion", "created": 1, "model": "m",
                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
                                    "finish_reason": "stop"}]}).encode()
-    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                     % len(doc) + doc)
+    up = RawUpstream(lambda h, b: json_answer(doc))
     try:
         w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
         r = httpx.post(w.v1 + "/responses", json={"model": "m", "input": "hi"}, timeout=10)
@@ -316,8 +318,7 @@ def test_an_empty_2xx_to_a_messages_stream_on_an_anthropic_pool_falls_back(weir)
                       "content": [{"type": "text", "text": "ok"}], "stop_reason": "end_turn",
                       "usage": {"input_tokens": 1, "output_tokens": 1}}).encode()
     empty = RawUpstream(lambda h, b: b"HTTP/1.1 204 No Content\r\n\r\n")
-    whole = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n" % len(msg) + msg)
+    whole = RawUpstream(lambda h, b: json_answer(msg))
     try:
         w = weir(config={"pools": {"c1": {"type": "anthropic", "endpoints": [empty.url]},
                                    "c2": {"type": "anthropic", "endpoints": [whole.url]}},
@@ -342,8 +343,7 @@ def test_adaptive_thinking_is_thinking_on(weir):
                           "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
                                        "finish_reason": "stop"}],
                           "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc)
-                + doc)
+        return json_answer(doc)
     up = RawUpstream(answer)
     try:
         w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
@@ -442,8 +442,7 @@ def test_embeddings_of_messages_and_media_are_estimated_as_their_texts(weir):
     def answer(headers, body) -> bytes:
         doc = json.dumps({"object": "list", "data": [{"object": "embedding", "index": 0, "embedding": [0.1]}],
                           "model": "m", "usage": {"prompt_tokens": 1000, "total_tokens": 1000}}).encode()
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc)
-                + doc)
+        return json_answer(doc)
     up = RawUpstream(answer)
     try:
         cfg = governed({"p": {"endpoints": [up.url]}})
@@ -466,8 +465,7 @@ def test_usage_in_input_and_output_tokens_is_billed_as_such(weir):
     # OpenAI's transcription usage ({"type": "tokens", "input_tokens", "output_tokens"}) was billed all as prompt.
     doc = json.dumps({"text": "hello", "usage": {"type": "tokens", "input_tokens": 100, "output_tokens": 2,
                                                  "total_tokens": 102}}).encode()
-    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                     % len(doc) + doc)
+    up = RawUpstream(lambda h, b: json_answer(doc))
     try:
         w = weir(config=governed({"p": {"endpoints": [up.url]}}), workers=1)
         r = httpx.post(w.v1 + "/audio/transcriptions", headers={**AUTH, "x-request-id": "io-usage"}, timeout=10,
@@ -517,8 +515,7 @@ def test_the_upstreams_model_list_is_filtered_by_the_allow_list_and_retrieve_wor
         {"id": "org/m", "object": "model", "created": 1, "owned_by": "vllm", "root": "org/m"}]}).encode()
 
     def answer(headers, body) -> bytes:
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(listing)
-                + listing)
+        return json_answer(listing)
     up = RawUpstream(answer)
     try:
         cfg = governed({"p": {"endpoints": [up.url]}})
@@ -610,8 +607,7 @@ def test_what_a_hosted_upstream_is_sent(weir):
     def answer(headers, body) -> bytes:
         seen.append(headers)
         doc = b'{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[]}'
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(doc)
-                + doc)
+        return json_answer(doc)
     up = RawUpstream(answer)
     try:
         w = weir(config={"pools": {"p": {"endpoints": [up.url], "api_key": "sk-operator"}}, "default_pool": "p"},
@@ -796,8 +792,7 @@ def test_proxied_answers_to_a_tenant_carry_its_rate_limit_headers(weir):
     # GET /version (and the upstream's model list) went out without the x-ratelimit-* every answer to a
     # tenant's request carries.
     doc = b'{"version": "0.10.1"}'
-    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
-                     % len(doc) + doc)
+    up = RawUpstream(lambda h, b: json_answer(doc))
     try:
         cfg = governed({"p": {"endpoints": [up.url]}})
         cfg["tenants"]["t"]["limits"] = {"requests_per_minute": 60}
