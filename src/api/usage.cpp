@@ -14,7 +14,10 @@ namespace {
 // A token count: 0 when absent or null; nullopt for anything but a
 // non-negative JSON integer (RFC 8259 §6: -?(0|[1-9][0-9]*), no fraction or
 // exponent; 1.5, 12.0, 1e3, 01, "12", true and -1 are all rejected; -0 is 0)
-// that fits 64 bits.
+// of at most 2^53 (kMaxCount): no request has more tokens, and a larger one
+// would wrap the token counters' sums and leave the range a trace's signed
+// 64-bit (and a JavaScript reader's exact) integers hold.
+constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 53;
 std::optional<std::uint64_t> count(std::string_view v) {
   if (v == "null") return 0;
   std::string_view digits = v;
@@ -25,6 +28,7 @@ std::optional<std::uint64_t> count(std::string_view v) {
   const auto r = std::from_chars(digits.data(), digits.data() + digits.size(), n);
   if (r.ec != std::errc() || r.ptr != digits.data() + digits.size()) return std::nullopt;
   if (negative && n != 0) return std::nullopt;
+  if (n > kMaxCount) return std::nullopt;
   return n;
 }
 

@@ -802,3 +802,82 @@ def test_proxied_answers_to_a_tenant_carry_its_rate_limit_headers(weir):
         assert r.headers.get("x-ratelimit-limit-requests") == "60", r.headers
     finally:
         up.close()
+
+
+# --- the fourth round: observability ---
+
+
+def test_a_usage_count_no_request_can_have_is_none(weir):
+    # prompt_tokens 2^64-1 wrapped weir_prompt_tokens_total (a counter that went down) and became -1 in traces.
+    doc = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
+                                   "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 18446744073709551615, "completion_tokens": 4294967297}}).encode()
+    up = RawUpstream(lambda h, b: json_answer(doc))
+    try:
+        w = weir(config=governed({"p": {"endpoints": [up.url]}}), workers=1)
+        before = w.metric("weir_prompt_tokens_total")
+        r = httpx.post(w.v1 + "/chat/completions", headers={**AUTH, "x-request-id": "huge"}, timeout=10,
+                       json={"model": "m", "messages": MSG})
+        assert r.status_code == 200
+        line = w.log_for("huge")
+        assert line["prompt_tokens"] is None, line  # no usage: the estimate is charged, as for -1 or 1.5
+        assert w.metric("weir_prompt_tokens_total") >= before
+    finally:
+        up.close()
+
+
+def test_a_late_joiner_of_a_coalesced_generation_adds_no_negative_latency(mock, weir):
+    import socket
+    import threading
+    m = mock("--ttft-ms", "800", "--itl-ms", "5", "--max-tokens", "4")
+    w = weir(config={"pools": {"c": {"endpoints": [m.base_url], "coalesce": True}}, "default_pool": "c"}, workers=1)
+    body = json.dumps({"model": "mock-model", "messages": MSG, "stream": True, "temperature": 0,
+                       "max_tokens": 4}).encode()
+    lead = threading.Thread(target=lambda: httpx.post(w.v1 + "/chat/completions", timeout=15, content=body,
+                                                      headers={"x-request-id": "co-lead",
+                                                               "content-type": "application/json"}))
+    lead.start()
+    time.sleep(0.2)
+    with socket.create_connection(("127.0.0.1", w.port)) as s:  # its body in two pieces, 300 ms apart
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: co-late\r\n"
+                  b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:10])
+        time.sleep(0.3)
+        s.sendall(body[10:])
+        s.settimeout(10)
+        got = b""
+        while b"[DONE]" not in got:
+            chunk_ = s.recv(65536)
+            assert chunk_
+            got += chunk_
+    lead.join()
+    late = w.log_for("co-late")
+    assert late.get("batch", {}).get("coalesced") or late.get("batch"), late
+    assert late["added_us"] >= 0, late
+
+
+def test_a_head_refused_for_its_framing_is_traced(mock, weir):
+    import socket
+    from otlp import Collector
+    c = Collector()
+    try:
+        m = mock("--ttft-ms", "0", "--itl-ms", "0")
+        w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                         "tracing": {"otlp_endpoint": c.url, "flush_interval": "10ms", "sample_ratio": 1}},
+                 workers=1)
+        for rid, head in (("tr-expect", b"Expect: foo\r\nContent-Length: 2\r\n"),
+                          ("tr-te", b"Transfer-Encoding: gzip, chunked\r\n")):
+            with socket.create_connection(("127.0.0.1", w.port)) as s:
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: " + rid.encode() +
+                          b"\r\n" + head + b"\r\n")
+                s.settimeout(5)
+                assert s.recv(65536).split(b" ")[1] in (b"417", b"501"), rid
+            line = w.log_for(rid)
+            from conftest import wait_until
+            wait_until(lambda: any(sp["kind"] == 2 and any(a["key"] == "weir.request_id" and
+                                                          a["value"].get("stringValue") == rid
+                                                          for a in sp.get("attributes", []))
+                                   for sp in list(c.spans)), 10, message=f"a server span for {rid}")
+            assert line["status"] in (417, 501)
+    finally:
+        c.close()

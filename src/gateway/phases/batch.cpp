@@ -126,8 +126,11 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   if (m.sent_at() != core::TimePoint{}) {
     // A late member of a coalesced generation joined one already sent.
     ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
-    // Read, parse, route, admit and the batch window: all of it Weir's.
-    ctx.added_us += core::micros_between(ctx.t_start, ctx.t_upstream_sent) - ctx.client_wait_us;
+    // Read, parse, route, admit and the batch window: all of it Weir's. (A late joiner of a generation sent
+    // before its head came waited for nothing of Weir's: its time from the head on, less its body's upload,
+    // is never below 0, as weir_gateway_added_seconds clamps it.)
+    ctx.added_us +=
+        std::max<std::int64_t>(0, core::micros_between(ctx.t_start, ctx.t_upstream_sent) - ctx.client_wait_us);
     ctx.extra().batch_id.assign(m.batch_id());
     ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
     ctx.batch_slot = static_cast<std::uint16_t>(m.slot());

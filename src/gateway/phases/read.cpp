@@ -75,9 +75,10 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     ctx.request_id.assign(id);
   else
     w_.next_request_id(ctx.request_id);
+  // (Traced before a refused head's answer too: every request Weir answered is, as the log has it.)
+  if (w_.tracer() && traced(ctx.route)) begin_trace(ctx);
   if (ctx.read_failure != http::ReadFailure::none)
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
-  if (w_.tracer() && traced(ctx.route)) begin_trace(ctx);
 
   // Unknown routes and wrong methods are answered without reading the body:
   // the connection then closes unless there was none.
