@@ -582,7 +582,7 @@ tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view co
   // fields, Weir reads the first: a repeated field Weir acts on would route
   // and authorize one model and run another, so it is refused.
   // (`prompt` too: its bytes are the token estimate the limits admit.)
-  for (std::string_view name : {"model", "stream", "stream_include_usage", "prompt"}) {
+  for (std::string_view name : {"model", "stream", "stream_include_usage", "stream_continuous_usage_stats", "prompt"}) {
     int n = 0;
     for (const auto& p : *parts) n += p.name == name;
     if (n > 1)

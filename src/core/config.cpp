@@ -4,6 +4,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include <fmt/format.h>
 #include <boost/url/parse.hpp>
@@ -310,6 +311,8 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
   try {
     // One document: a second one ("---") would be ignored, its keys unchecked.
     auto docs = YAML::LoadAll(std::string(yaml_text));
+    // (An empty document, a trailing `---` alone or with comments, holds no key to go unchecked.)
+    std::erase_if(docs, [](const YAML::Node& d) { return d.IsNull(); });
     if (docs.size() > 1) {
       ConfigError e;
       e.line = docs[1].Mark().is_null() ? 0 : docs[1].Mark().line + 1;

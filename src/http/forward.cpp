@@ -127,7 +127,7 @@ void append_upstream_target(std::string& out, std::string_view target, std::stri
 }
 
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o) {
-  out += req.method_string();
+  out += o.method.empty() ? std::string_view(req.method_string()) : o.method;
   out += ' ';
   if (o.base_path.empty() && o.base_query.empty())
     out += o.target;

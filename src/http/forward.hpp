@@ -20,6 +20,7 @@ using ResponseHead = boost::beast::http::response_header<FlatFields>;
 
 // What the upstream request head carries besides the client's end-to-end fields.
 struct UpstreamHeadOptions {
+  std::string_view method;          // the method sent upstream; empty = the client's
   std::string_view target;          // request target sent upstream (origin-form, e.g. "/v1/chat/completions")
   std::string_view base_path;       // the endpoint URL's path ("" = server root): append_upstream_target
   std::string_view base_query;      // the endpoint URL's query without '?' ("" = none)

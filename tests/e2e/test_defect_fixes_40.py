@@ -738,7 +738,10 @@ def test_a_continuation_that_ends_without_finishing_is_no_whole_stream(weir):
                        json={"model": "m", "messages": MSG, "stream": True})
         datas = data_lines(r.text)
         assert datas[-1] == "[DONE]" and "error" in json.loads(datas[-2]), datas
-        assert w.log_for("cont-nofinish")["error"] is not None
+        line = w.log_for("cont-nofinish")
+        assert line["error"] is not None
+        # One resume was sent; the second found no endpoint left (both broke): it is no retry.
+        assert line["retries"] == 1 and w.metric("weir_upstream_resumes_total") == 1, line
     finally:
         a.close()
         b.close()
@@ -881,3 +884,117 @@ def test_a_head_refused_for_its_framing_is_traced(mock, weir):
             assert line["status"] in (417, 501)
     finally:
         c.close()
+
+
+# --- the fourth round: this stop's fixes again ---
+
+
+def test_a_resume_that_ends_the_stream_adds_no_second_usage_chunk(weir):
+    # The stream broke after its finish_reason and its usage chunk (only [DONE] was lost): Weir added a usage
+    # chunk of its own that contradicted the upstream's and the log.
+    usage = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+             "usage": {"prompt_tokens": 7, "completion_tokens": 2, "total_tokens": 9}}
+    events = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
+                      for c in (chunk("", role="assistant"), chunk("A"), chunk("", finish="stop"), usage))
+    up = RawUpstream(lambda h, b: [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + events, None])
+    up2 = RawUpstream(lambda h, b: [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + events, None])
+    try:
+        w = weir(config={"pools": {"gpu": {"endpoints": [up.url, up2.url], "resume": True}},
+                         "models": {"m": {"pool": "gpu"}}}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", headers={"x-request-id": "one-usage"}, timeout=15,
+                       json={"model": "m", "messages": MSG, "stream": True,
+                             "stream_options": {"include_usage": True}})
+        datas = data_lines(r.text)
+        usages = [json.loads(d)["usage"] for d in datas[:-1] if json.loads(d).get("usage")]
+        assert datas[-1] == "[DONE]" and usages == [usage["usage"]], datas
+        line = w.log_for("one-usage")
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (7, 2), line
+    finally:
+        up.close()
+        up2.close()
+
+
+def test_an_anthropic_default_pool_gets_the_model_list_and_version_paths(weir):
+    # GET /v1/models and /version went to an Anthropic default pool as GET /v1/messages, and its answer was
+    # "translated" into a chat completion, charged.
+    import socket
+    import threading
+    listing = json.dumps({"data": [{"id": "claude-x", "type": "model", "display_name": "X",
+                                    "created_at": "2025-01-01T00:00:00Z"}], "has_more": False}).encode()
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    lines = []
+
+    def serve():
+        while True:
+            try:
+                c, _ = srv.accept()
+            except OSError:
+                return
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                got = c.recv(65536)
+                if not got:
+                    break
+                buf += got
+            lines.append(buf.split(b"\r\n", 1)[0].decode())
+            c.sendall(json_answer(listing).replace(b"HTTP/1.1 200 OK\r\n", b"HTTP/1.1 200 OK\r\nConnection: close\r\n"))
+            c.close()
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        url = "http://127.0.0.1:%d" % srv.getsockname()[1]
+        w = weir(config={"pools": {"p": {"type": "anthropic", "endpoints": [url], "api_key": "ak"}},
+                         "default_pool": "p"}, workers=1)
+        r = httpx.get(w.v1 + "/models", timeout=10)
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == "claude-x", r.text
+        assert lines[-1] == "GET /v1/models HTTP/1.1", lines
+        r = httpx.get(w.v1 + "/models/claude-x", timeout=10)
+        assert r.status_code == 200 and r.json()["id"] == "claude-x", r.text
+        httpx.get(w.base_url + "/version", timeout=10)
+        assert lines[-1] == "GET /version HTTP/1.1", lines
+    finally:
+        srv.close()
+
+
+def test_head_of_the_upstream_model_list_answers_as_its_get(weir):
+    listing = json.dumps({"object": "list", "data": [
+        {"id": "pub", "object": "model", "created": 1, "owned_by": "vllm"},
+        {"id": "secret", "object": "model", "created": 1, "owned_by": "vllm"}]}).encode()
+
+    def answer(headers, body):
+        return json_answer(listing)
+    up = RawUpstream(answer)
+    try:
+        cfg = governed({"p": {"endpoints": [up.url]}})
+        cfg["tenants"]["t"]["models"] = ["pub"]
+        w = weir(config=cfg, workers=1)
+        for path in ("/models", "/models/pub", "/models/secret"):
+            g = httpx.get(w.v1 + path, headers=AUTH, timeout=10)
+            h = httpx.head(w.v1 + path, headers=AUTH, timeout=10)
+            assert h.status_code == g.status_code, (path, g.status_code, h.status_code)
+            if g.status_code == 200:
+                assert h.headers["content-length"] == str(len(g.content)), (path, h.headers)
+    finally:
+        up.close()
+
+
+def test_an_audio_form_may_not_repeat_the_continuous_usage_field(weir):
+    up = RawUpstream(lambda h, b: sse_answer(b"data: [DONE]\n\n"))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+        files = [("file", ("a.wav", b"RIFF0000WAVE")), ("model", (None, "m")), ("stream", (None, "true")),
+                 ("stream_continuous_usage_stats", (None, "true")), ("stream_continuous_usage_stats", (None, "true"))]
+        r = httpx.post(w.v1 + "/audio/transcriptions", timeout=10, files=files)
+        assert r.status_code == 400 and "stream_continuous_usage_stats" in r.text, r.text
+    finally:
+        up.close()
+
+
+@pytest.mark.parametrize("tail", ["---\n", "---\n# nothing else\n", "...\n"])
+def test_a_file_ending_in_an_empty_document_is_accepted(tmp_path, tail):
+    path = tmp_path / "w.yaml"
+    path.write_text("listen: 127.0.0.1:0\npools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n" + tail)
+    r = subprocess.run([str(binary("weir")), "--config", str(path), "--check"], capture_output=True, text=True,
+                       timeout=10)
+    assert r.returncode == 0, (r.stdout, r.stderr)

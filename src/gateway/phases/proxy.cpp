@@ -459,7 +459,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   auto& gen = *ctx.gen;
   auto& pool = gen.pool(ctx.target.pool);
   const auto& pc = pool.config();
-  const bool head_request = req.method() == bh::verb::head;
+  // HEAD of the upstream's model list: its GET, whose filtered answer's fields (Content-Length, a 404) the
+  // HEAD gets (RFC 9110 §9.3.2), without its body (respond_buffered).
+  const bool list_head = ctx.route == RouteKind::models && req.method() == bh::verb::head;
+  const bool head_request = req.method() == bh::verb::head && !list_head;
   const bool anthropic = pc.type == core::UpstreamType::anthropic;
   ctx.source = &exchange_;
 
@@ -489,8 +492,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                                                              : routing::RetryReason::timeout);
   }
   if (resuming && attempts.unavailable()) {
-    // No other endpoint (or no budget) for the continuation: the broken stream's error stands (proxy).
+    // No other endpoint (or no budget) for the continuation: the broken stream's error stands (proxy), and
+    // the resume begin_resume counted was never sent: no retry.
     if (attempts.budget_refused()) ++metrics.retry_budget_exhausted;
+    if (ctx.retries > 0) --ctx.retries;
     ctx.source = nullptr;
     ctx.fail_over = false;
     co_return Outcome::failed(pool_unavailable(subject(ctx), retry_after_seconds(pool.unavailable_for(now))));
@@ -577,6 +582,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     http::append_upstream_request_head(
         ctx.head, req,
         http::UpstreamHeadOptions{
+            .method = list_head ? std::string_view("GET") : std::string_view(),
             .target = upstream_target(ctx.route, anthropic, down_.target()),
             .base_path = ep.cfg->base_path,
             .base_query = ep.cfg->query,

@@ -229,7 +229,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // answer whose client speaks another dialect than the pool.
   const bool anthropic_up = anthropic_pool(ctx);
   const bool anthropic = is_anthropic(ctx.route) && !anthropic_up;  // Anthropic client, OpenAI upstream
-  const bool rewritten = anthropic_up ? !is_anthropic(ctx.route) : is_translated(ctx.route);
+  // (GET /version and the model list are no API route: an Anthropic pool's answer goes as it came.)
+  const bool rewritten =
+      api_of(ctx.route).has_value() && (anthropic_up ? !is_anthropic(ctx.route) : is_translated(ctx.route));
   const bool accepted =
       encoded && !rewritten && http::has_token(http::first_field(req, bh::field::accept_encoding), encoding);
   std::string_view plain = out;  // the decoded body, for reading usage
@@ -469,7 +471,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     drop_encoding = encoded;
     content_type = "application/json";
   }
-  if (ctx.route == RouteKind::models && status == 200 && req.method() == bh::verb::get) {
+  if (ctx.route == RouteKind::models && status == 200 &&
+      (req.method() == bh::verb::get || req.method() == bh::verb::head)) {
     // The upstream's model list (a default_pool, no models: section): as the client asked for it, and only
     // what its principal may use.
     auto r = upstream_models_response(plain, path_of(down_.target()), ctx.principal.get());
@@ -505,6 +508,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (drop_encoding) ctx.head += "Vary: Accept-Encoding\r\n";
   const bool no_body = req.method() == bh::verb::head || status == 204 || status == 304;
   if (!no_body) {
+    http::append_content_length(ctx.head, out.size());
+  } else if (req.method() == bh::verb::head && ctx.route == RouteKind::models && !out.empty()) {
+    // The upstream's model list read with GET for a HEAD: the size of the answer a GET gets.
     http::append_content_length(ctx.head, out.size());
   } else if (req.method() == bh::verb::head && out.empty() && !drop_encoding && out.data() == body.data()) {
     // A HEAD's answer has the fields a GET's would (RFC 9110 §9.3.2): the

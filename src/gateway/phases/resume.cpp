@@ -105,9 +105,10 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
     http::append_sse_data(ctx.scratch, ctx.body);
     ++ctx.events;
   }
-  if (ctx.fields.include_usage) {
+  if (ctx.fields.include_usage && !ctx.has_usage) {
     // The usage chunk the client asked for, which the broken stream never sent: what settle() charges for it
-    // (its prompt as estimated, one token per content event relayed), as no usage reached Weir either.
+    // (its prompt as estimated, one token per content event relayed), as no usage reached Weir either. (One
+    // that did, a usage chunk or per-chunk usage, already reached the client: it stands.)
     const std::uint64_t prompt = ctx.prompt_tokens_estimate, completion = ctx.token_events;
     begin_stream_chunk(tr, ctx.body);
     ctx.body += R"(,"choices":[],"usage":{"prompt_tokens":)";

@@ -25,12 +25,14 @@
 namespace weir::gateway {
 
 std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target) {
+  // The upstream's model list, also for one model (respond_buffered picks it: vLLM has no /v1/models/{id});
+  // Anthropic's API has one at the same path. GET /version goes as it came (an Anthropic pool's own answer).
+  if (r == RouteKind::models) return "/v1/models";
+  if (r == RouteKind::version) return client_target;
   if (anthropic_pool) return is_anthropic(r) ? client_target : api::anthropic::messages_path();
   if (r == RouteKind::responses) return api::responses::upstream_path();
   if (r == RouteKind::messages) return api::anthropic::upstream_path(api::anthropic::Target::messages);
   if (r == RouteKind::messages_count_tokens) return api::anthropic::upstream_path(api::anthropic::Target::count_tokens);
-  // The upstream's model list, also for one model (respond_buffered picks it: vLLM has no /v1/models/{id}).
-  if (r == RouteKind::models) return "/v1/models";
   return client_target;
 }
 

@@ -77,12 +77,15 @@ const UsageCase kCases[] = {
     {"counts_missing", R"({"usage":{}})", Usage{0, 0, 0, 0}},
     {"extra_fields_ignored", R"({"usage":{"prompt_tokens":1,"foo":"bar","nested":{"x":[1.5]}}})", Usage{1, 0, 0, 0}},
     {"zero", R"({"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}})", Usage{0, 0, 0, 0}},
-    {"largest_uint64", R"({"usage":{"prompt_tokens":18446744073709551615}})", Usage{18446744073709551615u, 0, 0, 0}},
+    {"largest_count", R"({"usage":{"prompt_tokens":9007199254740992}})", Usage{9007199254740992u, 0, 0, 0}},  // 2^53
     {"whitespace", " {\n \"usage\" :\t{ \"prompt_tokens\" : 7 }\n}\n", Usage{7, 0, 0, 0}},
     {"duplicate_usage_last_wins", R"({"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}})", Usage{2, 0, 0, 0}},
     {"escaped_key", R"({"us\u0061ge":{"prompt_tokens":3}})", Usage{3, 0, 0, 0}},
     {"usage_first", R"({"usage":{"completion_tokens":9},"choices":[]})", Usage{0, 9, 0, 0}},
 
+    // Past 2^53 no count is real: it would wrap the token counters and a trace's signed integers.
+    {"past_2_53", R"({"usage":{"prompt_tokens":9007199254740993}})", std::nullopt},
+    {"largest_uint64", R"({"usage":{"prompt_tokens":18446744073709551615}})", std::nullopt},
     {"usage_null", R"({"choices":[],"usage":null})", std::nullopt},
     {"usage_absent", R"({"choices":[]})", std::nullopt},
     {"usage_number", R"({"usage":12})", std::nullopt},
