@@ -152,7 +152,10 @@ TEST(RedisKeyCache, ManySetsHoldManyKeys) {
   const WallTime t0 = WallClock::now();
   for (int i = 0; i < 5000; ++i)
     c.insert(digest_of("k" + std::to_string(i)), RedisKeyCache::State::unknown, nullptr, nullptr, t0, 5s);
-  EXPECT_EQ(c.size(t0), 1024u);  // bounded, and every way in use: the seeded set index spreads keys
+  // Bounded, and (nearly) every way in use: the seeded set index spreads keys. Not exactly all: with a
+  // random seed a set gets fewer than 4 of the 5,000 keys about once in 800 runs (Poisson, mean 19.5).
+  EXPECT_LE(c.size(t0), 1024u);
+  EXPECT_GE(c.size(t0), 1016u);
   int hits = 0;
   for (int i = 4000; i < 5000; ++i) hits += c.find(digest_of("k" + std::to_string(i)), t0) != nullptr;
   EXPECT_GT(hits, 500);  // the most recent keys mostly survive
