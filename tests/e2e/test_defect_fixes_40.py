@@ -998,3 +998,52 @@ def test_a_file_ending_in_an_empty_document_is_accepted(tmp_path, tail):
     r = subprocess.run([str(binary("weir")), "--config", str(path), "--check"], capture_output=True, text=True,
                        timeout=10)
     assert r.returncode == 0, (r.stdout, r.stderr)
+
+
+# --- the fourth round: the SDKs' tools and usage ---
+
+
+@pytest.mark.parametrize("options", [{}, {"include_obfuscation": False}])
+def test_stream_options_without_include_usage_are_metered_on_an_openai_style_upstream(weir, options):
+    # An upstream that sends usage only when include_usage is true (OpenAI's reading) was never asked for it when
+    # stream_options had no include_usage: the stream was charged the estimate.
+    def answer(headers, body):
+        so = json.loads(body).get("stream_options") or {}
+        out = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
+                       for c in (chunk("", role="assistant"), chunk("hi"), chunk("", finish="stop")))
+        if so.get("include_usage") is True:
+            out += b"data: " + json.dumps({"id": "u", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                           "choices": [], "usage": {"prompt_tokens": 1000, "completion_tokens": 50,
+                                                                    "total_tokens": 1050}}).encode() + b"\n\n"
+        return sse_answer(out + b"data: [DONE]\n\n")
+    up = RawUpstream(answer)
+    try:
+        w = weir(config=governed({"p": {"endpoints": [up.url], "api_key": "sk-op"}}), workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", headers={**AUTH, "x-request-id": "so-metered"}, timeout=10,
+                       json={"model": "m", "messages": MSG, "stream": True, "stream_options": options})
+        assert '"usage"' not in r.text, r.text  # the client did not ask for it (OpenAI's reading)
+        line = w.log_for("so-metered")
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (1000, 50), line
+    finally:
+        up.close()
+
+
+def test_a_streamed_function_call_without_arguments_ends_with_empty_object_arguments(weir):
+    call = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                                "function": {"name": "now", "arguments": ""}}]},
+                         "finish_reason": None}]}
+    body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
+                    for c in (chunk("", role="assistant"), call, chunk(None, finish="tool_calls")))
+    up = RawUpstream(lambda h, b: sse_answer(body + b"data: [DONE]\n\n"))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+        from openai import OpenAI
+        c = OpenAI(base_url=w.v1, api_key="x", max_retries=0)
+        with c.responses.stream(model="m", input="time?",
+                                tools=[{"type": "function", "name": "now", "parameters": {}}]) as s:
+            final = s.get_final_response()
+        fc = [o for o in final.output if o.type == "function_call"]
+        assert fc and fc[0].name == "now" and json.loads(fc[0].arguments) == {}, final
+    finally:
+        up.close()

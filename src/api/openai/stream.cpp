@@ -18,10 +18,17 @@ bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& 
   auto span = find_member(body, "stream_options");
   if (!span) return false;
   std::string_view obj = body.substr(span->value_begin, span->value_end - span->value_begin);
-  // vLLM's StreamOptions.include_usage defaults to true: without the member
-  // the upstream sends the usage chunk and the client gets it.
   const auto iu = find_member(obj, "include_usage");
-  if (!iu) return false;
+  if (!iu) {
+    // No include_usage: OpenAI sends no usage chunk then (vLLM defaults it to
+    // true), so Weir asks, and drops the chunk for the client, as the API the
+    // client speaks reads the body (`{"include_obfuscation": false}` asks for
+    // no usage). Except with vLLM's continuous_usage_stats true, which only
+    // vLLM takes and only with include_usage on: that client asked for usage.
+    const auto cu = find_member(obj, "continuous_usage_stats");
+    if (cu && obj.substr(cu->value_begin, cu->value_end - cu->value_begin) == "true") return false;
+    return set_member(obj, "include_usage", "true", scratch) && set_member(body, "stream_options", scratch, out);
+  }
   // Only a client's false (or null) is turned on: any other value ("true",
   // 1) is the upstream's to read or refuse, and the body goes as it came.
   const std::string_view v = obj.substr(iu->value_begin, iu->value_end - iu->value_begin);

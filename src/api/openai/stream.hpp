@@ -18,8 +18,11 @@ namespace weir::api::openai {
 // ends with a usage chunk. `has_stream_options`: the body has a
 // `stream_options` object. Returns false (out unspecified) when nothing was
 // changed: the client already asked for usage, its stream_options object
-// has no include_usage (vLLM defaults it to true there), or one that is
-// neither false nor null ("true", 1: the upstream's to read or refuse).
+// has no include_usage but vLLM's continuous_usage_stats true (which asks
+// for usage on vLLM, where include_usage defaults to true), or an
+// include_usage that is neither false nor null ("true", 1: the upstream's
+// to read or refuse). A stream_options without include_usage otherwise is
+// read as OpenAI reads it (no usage for the client): Weir asks for it.
 // `scratch` is working storage. Every other byte is the client's.
 bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out);
 

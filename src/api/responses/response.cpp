@@ -182,6 +182,7 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
       }
       it.name = string_at(fn->get_object(), "name");
       it.text = string_at(fn->get_object(), "arguments");
+      if (it.text.empty()) it.text = "{}";  // (as OpenAI gives a call without arguments)
       ++n;
     }
   }

@@ -172,6 +172,8 @@ void StreamTranslator::close(std::string& out) {
       break;
     }
     case OutputItem::Kind::function_call:
+      // No arguments streamed: "{}", what OpenAI sends for a call without any (the item's JSON parses).
+      if (it.text.empty()) delta("{}", out);  // (its delta too: the deltas add up to the done event's arguments)
       begin("response.function_call_arguments.done", out);
       append_item_ref(out);
       out += R"(,"name":)";

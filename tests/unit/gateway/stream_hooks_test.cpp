@@ -277,14 +277,18 @@ TEST(ApiAskForUsage, AnIncludeUsageThatIsNeitherFalseNorNullIsLeftAlone) {
   EXPECT_TRUE(ask(R"({"model":"m","stream":true,"stream_options":{"include_usage":false}})", true).changed);
 }
 
-TEST(ApiAskForUsage, StreamOptionsWithoutIncludeUsageAreLeftAlone) {
-  // vLLM defaults include_usage to true there: the client gets usage anyway.
-  for (std::string_view body : {R"({"model":"m","stream":true,"stream_options":{}})",
-                                R"({"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}})"}) {
-    SCOPED_TRACE(body);
-    const auto e = ask(body, true);
-    EXPECT_FALSE(e.changed);
-  }
+TEST(ApiAskForUsage, StreamOptionsWithoutIncludeUsageAskForItAsOpenAIReadsThem) {
+  // OpenAI sends no usage without include_usage (an upstream following it would leave the stream uncounted):
+  // Weir asks for it, and the client does not get it.
+  auto e = ask(R"({"model":"m","stream":true,"stream_options":{}})", true);
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out, R"({"model":"m","stream":true,"stream_options":{"include_usage":true}})");
+  e = ask(R"({"model":"m","stream":true,"stream_options":{"include_obfuscation":false}})", true);
+  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.out,
+            R"({"model":"m","stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false}})");
+  // vLLM's continuous_usage_stats true asks for usage there (include_usage defaults to true): left alone.
+  EXPECT_FALSE(ask(R"({"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}})", true).changed);
 }
 
 TEST(ApiAskForUsage, IncludeUsageFalseIsTurnedOnAndEverythingElseKept) {
