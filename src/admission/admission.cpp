@@ -288,7 +288,8 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     if (!sc[i].limits->max_concurrent_streams) continue;
     if (!limiter_.acquire_stream(sc[i].id, worker_)) {
       undo();
-      if (limiter_.streams_refillable(sc[i].id)) return pending();
+      // (Without a wait, the final answer: a refusal with the real Retry-After, never "refreshing" again.)
+      if (wait && limiter_.streams_refillable(sc[i].id)) return pending();
       if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       return tl::unexpected(
           core::rate_limited(fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
@@ -304,7 +305,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     const TakeResult r = limiter_.take(sc[i].id, Bucket::requests, worker_, 1.0, now);
     if (!r.ok) {
       undo();
-      if (r.pending) return pending();
+      if (r.pending && wait) return pending();
       if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       const std::uint32_t wait = longest_wait(r.retry_after_s);
       return tl::unexpected(core::rate_limited(
@@ -321,7 +322,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     const TakeResult r = limiter_.take(sc[i].id, Bucket::tokens, worker_, static_cast<double>(estimated_tokens), now);
     if (!r.ok) {
       undo();
-      if (r.pending) return pending();
+      if (r.pending && wait) return pending();
       // Too large for the bucket (its depth: tokens_burst when that is set below the rate), here or in a later one.
       if (const int j = r.never ? i : never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       const std::uint32_t wait = longest_wait(r.retry_after_s);

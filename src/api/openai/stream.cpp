@@ -13,32 +13,34 @@
 
 namespace weir::api::openai {
 
-bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out) {
-  if (!has_stream_options) return set_member(body, "stream_options", R"({"include_usage":true})", out);
+UsageAsk ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out) {
+  if (!has_stream_options)
+    return set_member(body, "stream_options", R"({"include_usage":true})", out) ? UsageAsk::for_weir : UsageAsk::none;
   auto span = find_member(body, "stream_options");
-  if (!span) return false;
+  if (!span) return UsageAsk::none;
   std::string_view obj = body.substr(span->value_begin, span->value_end - span->value_begin);
   const auto iu = find_member(obj, "include_usage");
   if (!iu) {
-    // No include_usage: OpenAI sends no usage chunk then (vLLM defaults it to
-    // true), so Weir asks, and drops the chunk for the client, as the API the
-    // client speaks reads the body (`{"include_obfuscation": false}` asks for
-    // no usage). Except with vLLM's continuous_usage_stats true, which only
-    // vLLM takes and only with include_usage on: that client asked for usage.
-    const auto cu = find_member(obj, "continuous_usage_stats");
-    if (cu && obj.substr(cu->value_begin, cu->value_end - cu->value_begin) == "true") return false;
-    return set_member(obj, "include_usage", "true", scratch) && set_member(body, "stream_options", scratch, out);
+    // vLLM's StreamOptions.include_usage defaults to true: the client asked
+    // for the usage chunk (vLLM is the reference). Said explicitly, so an
+    // upstream that reads the member as OpenAI does (absent: no usage) sends
+    // it too, and the stream is counted, not charged Weir's estimate.
+    return set_member(obj, "include_usage", "true", scratch) && set_member(body, "stream_options", scratch, out)
+               ? UsageAsk::for_client
+               : UsageAsk::none;
   }
   // Only a client's false (or null) is turned on: any other value ("true",
   // 1) is the upstream's to read or refuse, and the body goes as it came.
   const std::string_view v = obj.substr(iu->value_begin, iu->value_end - iu->value_begin);
-  if (v != "false" && v != "null") return false;
+  if (v != "false" && v != "null") return UsageAsk::none;
   // vLLM ignores continuous_usage_stats unless include_usage is true: once
   // Weir turns usage on, keep per-chunk usage off, as the client had it.
   std::string no_continuous;
   if (find_member(obj, "continuous_usage_stats") && set_member(obj, "continuous_usage_stats", "false", no_continuous))
     obj = no_continuous;
-  return set_member(obj, "include_usage", "true", scratch) && set_member(body, "stream_options", scratch, out);
+  return set_member(obj, "include_usage", "true", scratch) && set_member(body, "stream_options", scratch, out)
+             ? UsageAsk::for_weir
+             : UsageAsk::none;
 }
 
 namespace {

@@ -16,15 +16,20 @@ namespace weir::api::openai {
 // set to true (and `continuous_usage_stats` to false when present, as the
 // client had it: vLLM honours it only with include_usage), so the stream
 // ends with a usage chunk. `has_stream_options`: the body has a
-// `stream_options` object. Returns false (out unspecified) when nothing was
-// changed: the client already asked for usage, its stream_options object
-// has no include_usage but vLLM's continuous_usage_stats true (which asks
-// for usage on vLLM, where include_usage defaults to true), or an
-// include_usage that is neither false nor null ("true", 1: the upstream's
-// to read or refuse). A stream_options without include_usage otherwise is
-// read as OpenAI reads it (no usage for the client): Weir asks for it.
+// `stream_options` object. Returns what was done:
+// - `for_weir`: usage asked for on the client's behalf (no stream_options,
+//   or an include_usage false or null): the usage chunk is Weir's, dropped
+//   from the client's stream (UsageHook strip);
+// - `for_client`: a stream_options without include_usage, which vLLM reads
+//   as true: the client asked for usage; the member is made explicit for an
+//   upstream that reads its absence as OpenAI does (no usage), and the
+//   chunk is the client's;
+// - `none` (out unspecified): nothing changed: the client asked for usage,
+//   or gave an include_usage neither false nor null ("true", 1: the
+//   upstream's to read or refuse).
 // `scratch` is working storage. Every other byte is the client's.
-bool ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out);
+enum class UsageAsk : std::uint8_t { none, for_weir, for_client };
+UsageAsk ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out);
 
 // An OpenAI/vLLM stream's final usage chunk, by its shape: top-level
 // `"choices": []` and a `usage` member, whatever the member's value (its

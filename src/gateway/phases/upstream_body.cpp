@@ -141,9 +141,10 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
     // Ask for the usage chunk so this stream's tokens are known; the client
     // did not ask for it, so the stream hooks drop it from the client's stream.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
-    if (api::openai::ask_for_usage(body, ctx.fields.has_stream_options, ctx.scratch, ctx.edit_buf)) {
+    const auto ask = api::openai::ask_for_usage(body, ctx.fields.has_stream_options, ctx.scratch, ctx.edit_buf);
+    if (ask != api::openai::UsageAsk::none) {
       body = ctx.edit_buf;
-      ctx.strip_usage = true;
+      ctx.strip_usage = ask == api::openai::UsageAsk::for_weir;
     }
   }
   ctx.upstream_body = body;

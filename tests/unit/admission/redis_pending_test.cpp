@@ -135,10 +135,13 @@ TEST(AdmissionRemoteTest, PendingTakeListsWhatTheRequestNeedsAndUndoes) {
   EXPECT_EQ(lim.streams_in_use(w.tenant()), 0u);
   EXPECT_DOUBLE_EQ(lim.available(w.tenant(), Bucket::requests), 60.0);
   EXPECT_DOUBLE_EQ(lim.available(w.key(), Bucket::requests), 30.0);
-  // Without a Shortfall the caller just gets the 429.
+  // Without a Shortfall (the final answer, after a refill wait) the caller gets the bucket's own 429, never
+  // "while refreshing the shared limit" with a Retry-After of 1 that only invites a refusal again.
   auto r2 = a.admit(w.with_key, "m", 100, T0);
   ASSERT_FALSE(r2);
   EXPECT_EQ(r2.error().status, 429);
+  EXPECT_EQ(r2.error().message.find("refreshing"), std::string::npos) << r2.error().message;
+  EXPECT_NE(r2.error().message.find("tokens per min"), std::string::npos) << r2.error().message;
 }
 
 TEST(AdmissionRemoteTest, RefillableStreamCapIsPending) {
@@ -151,6 +154,9 @@ TEST(AdmissionRemoteTest, RefillableStreamCapIsPending) {
   ASSERT_FALSE(r);
   EXPECT_TRUE(wait.pending);
   EXPECT_EQ(wait.needs[0].what, Resource::streams);
+  auto r2 = a.admit(w.with_key, "m", 100, T0);  // the final answer: the cap's own 429
+  ASSERT_FALSE(r2);
+  EXPECT_NE(r2.error().message.find("concurrent"), std::string::npos) << r2.error().message;
 }
 
 TEST(AdmissionRemoteTest, AsyncRefillResumesOnTheWorkerThenAdmits) {

@@ -239,13 +239,15 @@ TEST(ApiOpenAiStream, IsUsageOnlyChunk) {
 
 struct Edit {
   bool changed = false;
+  api::openai::UsageAsk how = api::openai::UsageAsk::none;
   std::string out;
 };
 Edit ask(std::string_view body, bool has_stream_options) {
   Edit e;
   std::string scratch;
   e.out = "untouched";
-  e.changed = ask_for_usage(body, has_stream_options, scratch, e.out);
+  e.how = ask_for_usage(body, has_stream_options, scratch, e.out);
+  e.changed = e.how != api::openai::UsageAsk::none;
   return e;
 }
 
@@ -277,18 +279,20 @@ TEST(ApiAskForUsage, AnIncludeUsageThatIsNeitherFalseNorNullIsLeftAlone) {
   EXPECT_TRUE(ask(R"({"model":"m","stream":true,"stream_options":{"include_usage":false}})", true).changed);
 }
 
-TEST(ApiAskForUsage, StreamOptionsWithoutIncludeUsageAskForItAsOpenAIReadsThem) {
-  // OpenAI sends no usage without include_usage (an upstream following it would leave the stream uncounted):
-  // Weir asks for it, and the client does not get it.
+TEST(ApiAskForUsage, StreamOptionsWithoutIncludeUsageSayItsTrueForTheClient) {
+  // vLLM defaults include_usage to true there: the client asked for usage. The member is made explicit, so an
+  // upstream that reads its absence as OpenAI does (no usage) sends it too; the chunk is the client's.
   auto e = ask(R"({"model":"m","stream":true,"stream_options":{}})", true);
-  ASSERT_TRUE(e.changed);
+  EXPECT_EQ(e.how, api::openai::UsageAsk::for_client);
   EXPECT_EQ(e.out, R"({"model":"m","stream":true,"stream_options":{"include_usage":true}})");
-  e = ask(R"({"model":"m","stream":true,"stream_options":{"include_obfuscation":false}})", true);
-  ASSERT_TRUE(e.changed);
+  e = ask(R"({"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}})", true);
+  EXPECT_EQ(e.how, api::openai::UsageAsk::for_client);
   EXPECT_EQ(e.out,
-            R"({"model":"m","stream":true,"stream_options":{"include_usage":true,"include_obfuscation":false}})");
-  // vLLM's continuous_usage_stats true asks for usage there (include_usage defaults to true): left alone.
-  EXPECT_FALSE(ask(R"({"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}})", true).changed);
+            R"({"model":"m","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}})");
+  // Weir's own asks are for Weir.
+  EXPECT_EQ(ask(R"({"model":"m","stream":true})", false).how, api::openai::UsageAsk::for_weir);
+  EXPECT_EQ(ask(R"({"model":"m","stream":true,"stream_options":{"include_usage":false}})", true).how,
+            api::openai::UsageAsk::for_weir);
 }
 
 TEST(ApiAskForUsage, IncludeUsageFalseIsTurnedOnAndEverythingElseKept) {
