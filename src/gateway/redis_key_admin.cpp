@@ -28,6 +28,21 @@ AdminError not_found(std::string_view id) {
   return admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128)));
 }
 
+// Writes or revokes a record only while it is live (there, and not revoked:
+// a hand-made record may lack the field), in one step: an admin change read
+// before a concurrent DELETE or rotate must not bring the revoked secret
+// back by rewriting its record. KEYS[1] the record; ARGV field/value pairs
+// (none: revoke). Returns 1 when done, 0 when the record was no longer live.
+const store::Script& live_write_script() {
+  static const store::Script s(R"lua(
+local r = redis.call('HGET', KEYS[1], 'revoked')
+if redis.call('EXISTS', KEYS[1]) == 0 or (r and r ~= '0' and r ~= '') then return 0 end
+if #ARGV == 0 then redis.call('HSET', KEYS[1], 'revoked', '1') else redis.call('HSET', KEYS[1], unpack(ARGV)) end
+return 1
+)lua");
+  return s;
+}
+
 std::string join_models(const std::optional<std::vector<std::string>>& m) {
   std::string out;
   if (!m) return out;
@@ -96,8 +111,9 @@ std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::
 RedisKeyAdmin::RedisKeyAdmin(auth::RedisKeys& keys, std::shared_ptr<const auth::AuthPolicy> base)
     : keys_(keys), base_(std::move(base)) {}
 
-core::Task<AdminResult<void>> RedisKeyAdmin::write(const KeyRecord& k) {
-  std::vector<std::string> args = {"HSET", auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256)};
+core::Task<AdminResult<bool>> RedisKeyAdmin::write(const KeyRecord& k, bool only_live) {
+  const std::string key = auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256);
+  std::vector<std::string> args;
   auto add = [&](std::string_view f, std::string v) {
     args.emplace_back(f);
     args.push_back(std::move(v));
@@ -113,16 +129,23 @@ core::Task<AdminResult<void>> RedisKeyAdmin::write(const KeyRecord& k) {
   // Empty when the key has none: its tenant's limits and budget govern it alone.
   add("limits", k.limits.any() ? json::serialize(limits_json(k.limits)) : std::string());
   add("budget", k.budget.any() ? json::serialize(budget_json(k.budget)) : std::string());
-  auto r = co_await keys_.client().exec(store::Command(std::span<const std::string>(args)));
+  if (!only_live) {
+    args.insert(args.begin(), {std::string("HSET"), key});
+    auto r = co_await keys_.client().exec(store::Command(std::span<const std::string>(args)));
+    if (!r) co_return tl::unexpected(unavailable(r.error()));
+    co_return true;
+  }
+  const std::string keys[] = {key};
+  auto r = co_await keys_.client().exec(store::Command::evalsha(live_write_script(), keys, args));
   if (!r) co_return tl::unexpected(unavailable(r.error()));
-  co_return AdminResult<void>{};
+  co_return r->as_int(0) == 1;
 }
 
-core::Task<AdminResult<void>> RedisKeyAdmin::set_revoked(const KeyRecord& k) {
-  const std::string key = auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256);
-  auto r = co_await keys_.client().exec(store::Command{"HSET", key, "revoked", "1"});
+core::Task<AdminResult<bool>> RedisKeyAdmin::set_revoked(const KeyRecord& k) {
+  const std::string keys[] = {auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256)};
+  auto r = co_await keys_.client().exec(store::Command::evalsha(live_write_script(), keys, {}));
   if (!r) co_return tl::unexpected(unavailable(r.error()));
-  co_return AdminResult<void>{};
+  co_return r->as_int(0) == 1;
 }
 
 core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::list() {
@@ -180,7 +203,7 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::obj
   KeyStore scratch(base->config(), "");
   auto c = scratch.create(body, now_s);
   if (!c) co_return tl::unexpected(c.error());
-  if (auto ok = co_await write(c->record); !ok) co_return tl::unexpected(ok.error());
+  if (auto ok = co_await write(c->record, false); !ok) co_return tl::unexpected(ok.error());
   co_return std::move(*c);
 }
 
@@ -214,8 +237,12 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
   };
   // Every live record of the id (one key re-issued by hand under one id has
   // several) takes the change: a key's id names one key to the admin API.
-  for (const KeyRecord& r : *all)
-    if (auto ok = co_await write(changed(r)); !ok) co_return tl::unexpected(ok.error());
+  // A record revoked since it was read (a DELETE or a rotate meanwhile) is not written back: 404, as after.
+  for (const KeyRecord& r : *all) {
+    auto ok = co_await write(changed(r), true);
+    if (!ok) co_return tl::unexpected(ok.error());
+    if (!*ok) co_return tl::unexpected(not_found(id));
+  }
   co_return KeyStore::Change{changed(all->front()), {}};
 }
 
@@ -224,7 +251,7 @@ core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::revoke(std::string id) {
   if (!all) co_return tl::unexpected(all.error());
   // Every live record of the id: no key of that id works after the answer
   // (scripts/weir-key revoke --id does the same).
-  for (const KeyRecord& k : *all)
+  for (const KeyRecord& k : *all)  // (one revoked meanwhile is revoked all the same)
     if (auto ok = co_await set_revoked(k); !ok) co_return tl::unexpected(ok.error());
   co_return std::move(all->front());
 }
@@ -235,9 +262,17 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::rotate(std::string id) 
   KeyRecord k = all->front();
   std::string secret = generate_key_secret();
   k.sha256 = auth::sha256(secret);
-  if (auto ok = co_await write(k); !ok) co_return tl::unexpected(ok.error());
-  for (const KeyRecord& old : *all)  // every earlier secret of the id stops working
-    if (auto ok = co_await set_revoked(old); !ok) co_return tl::unexpected(ok.error());
+  if (auto ok = co_await write(k, false); !ok) co_return tl::unexpected(ok.error());
+  // Every earlier secret of the id stops working. One revoked meanwhile (a DELETE, or another rotate that got
+  // there first) makes this rotate lose: its new record goes, so the id never has two live secrets.
+  for (const KeyRecord& old : *all) {
+    auto ok = co_await set_revoked(old);
+    if (!ok || !*ok) {
+      const std::string fresh = auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256);
+      (void)co_await keys_.client().exec(store::Command{"DEL", fresh});
+      co_return tl::unexpected(ok ? not_found(id) : ok.error());
+    }
+  }
   co_return KeyStore::Change{std::move(k), std::move(secret)};
 }
 

@@ -49,8 +49,10 @@ class RedisKeyAdmin {
   // Every live record whose id is `id`, oldest first (404 when none): keys
   // written by hand (docs/auth.md) may give one id to several records.
   core::Task<AdminResult<std::vector<KeyRecord>>> records_of(std::string id);
-  core::Task<AdminResult<void>> write(const KeyRecord& k);
-  core::Task<AdminResult<void>> set_revoked(const KeyRecord& k);
+  // Writes `k` (HSET); `only_live`: only while its record is live (true), else nothing (false).
+  core::Task<AdminResult<bool>> write(const KeyRecord& k, bool only_live);
+  // Revokes `k`'s record; false when it was no longer live (revoked or gone meanwhile).
+  core::Task<AdminResult<bool>> set_revoked(const KeyRecord& k);
 
   auth::RedisKeys& keys_;
   std::shared_ptr<const auth::AuthPolicy> base_;

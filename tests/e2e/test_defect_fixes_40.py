@@ -1049,3 +1049,82 @@ def test_a_streamed_function_call_without_arguments_ends_with_empty_object_argum
         assert fc and fc[0].name == "now" and json.loads(fc[0].arguments) == {}, final
     finally:
         up.close()
+
+
+# --- the fifth round: overload, the admin listener ---
+
+
+def raw_post(port: int, path: str, body: dict, headers: dict | None = None):
+    import socket
+    data = json.dumps(body).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
+    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+              b"Content-Length: %d\r\n\r\n" % len(data) + data)
+    return s
+
+
+@pytest.mark.parametrize("pool_extra,path,body", [
+    ({"coalesce": True}, "/v1/chat/completions",
+     {"model": "mock-model", "messages": MSG, "temperature": 0, "max_tokens": 2}),
+    ({"batch": {"window": "2ms", "max_size": 4}}, "/v1/completions", {"model": "mock-model", "prompt": "hi",
+                                                                      "max_tokens": 2}),
+], ids=["coalesce", "batch"])
+def test_a_queued_batch_member_whose_client_leaves_as_it_is_let_in_gives_its_place_back(mock, weir, pool_extra,
+                                                                                       path, body):
+    # The place it was given as its client left was never given back: with max_concurrent 1 the pool was wedged
+    # (every later request waited out queue.timeout and was shed) until a restart.
+    from conftest import wait_until
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4")
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], **pool_extra,
+                                       "queue": {"max_concurrent": 1, "size": 4, "timeout": "3s",
+                                                 "saturation": False}}},
+                     "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
+    for i in range(3):
+        occupant = raw_post(w.port, "/v1/chat/completions", {"model": "mock-model", "messages": MSG},
+                            {"x-mock-ttft-ms": "60000"})
+        wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 5, message="the occupant upstream")
+        waiter = raw_post(w.port, path, body)
+        wait_until(lambda: w.metric("weir_queue_waiting", pool="gpu") == 1, 5, message="the waiter queued")
+        occupant.close()
+        waiter.close()  # both leave at once
+        wait_until(lambda: m.metric("vllm:num_requests_running") == 0 and
+                   w.metric("weir_queue_waiting", pool="gpu") == 0, 5, message="both gone")
+    t0 = time.monotonic()
+    r = httpx.post(w.v1 + "/chat/completions", json={"model": "mock-model", "messages": MSG}, timeout=10)
+    assert r.status_code == 200 and time.monotonic() - t0 < 2, (r.status_code, r.text[:200])
+
+
+def test_a_resumed_stream_keeps_its_queue_place(mock, weir):
+    # The broken stream gave its place to a waiter while its continuation ran: 2 upstream requests on a pool
+    # capped at 1.
+    import threading
+    from test_gateway_resume import BREAK, FAST
+    a, b = mock(*FAST[:2], "--itl-ms", "150", "--max-tokens", "12"), mock(*FAST[:2], "--itl-ms", "150",
+                                                                          "--max-tokens", "12")
+    w = weir(config={"pools": {"gpu": {"endpoints": [a.base_url, b.base_url], "resume": True,
+                                       "retry": {"attempts": 2},
+                                       "queue": {"max_concurrent": 1, "size": 4, "saturation": False}}},
+                     "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
+    peak = [0]
+    done = threading.Event()
+
+    def watch():
+        while not done.is_set():
+            peak[0] = max(peak[0], a.metric("vllm:num_requests_running") + b.metric("vllm:num_requests_running"))
+            time.sleep(0.02)
+    t = threading.Thread(target=watch)
+    t.start()
+    got = {}
+    s = threading.Thread(target=lambda: got.setdefault("s", httpx.post(
+        w.v1 + "/chat/completions", headers=BREAK, timeout=30,
+        json={"model": "mock-model", "messages": MSG, "stream": True})))
+    s.start()
+    time.sleep(0.2)
+    waiter = httpx.post(w.v1 + "/chat/completions", timeout=30, json={"model": "mock-model", "messages": MSG})
+    s.join()
+    done.set()
+    t.join()
+    assert got["s"].status_code == 200 and waiter.status_code == 200
+    assert w.metric("weir_upstream_resumes_total") == 1
+    assert peak[0] <= 1, peak

@@ -234,6 +234,13 @@ routing::PickRequest GatewayPhases::pick_request(const RequestContext& ctx, cons
 core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   // The client may leave while we wait on the upstream: watch for it.
   down_.watch_for_close(/*release_buffer=*/ctx.stream);
+  // A queue place this request holds goes back whatever ends the request (a throw included; a batch member
+  // whose client left as it was let out of the queue too: that place was lost for good).
+  struct QueueRelease {
+    GatewayPhases& self;
+    RequestContext& ctx;
+    ~QueueRelease() { self.leave_queue(ctx); }
+  } release{*this, ctx};
   if (BatchPlan plan; plan_batch(ctx, plan)) {
     // A request that would open a batch or a generation (one upstream
     // request) waits in the pool's queue as an unbatched one does; one that
@@ -250,6 +257,7 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     if (!q.goes_on()) {
       if (!(ctx.fail_over && fallback_left(ctx))) co_return q;
       ctx.fail_over = false;
+      leave_queue(ctx);  // (this pool's place, if it had one: the fallback's queue is another)
       next_target(ctx);
     } else {
       join_batch(ctx, plan);
@@ -259,16 +267,11 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
         // A batch that failed before its head may still fall back (unbatched, on the next target).
         if (!(ctx.fail_over && fallback_left(ctx))) co_return o;
         ctx.fail_over = false;
+        leave_queue(ctx);
         next_target(ctx);
       }
     }
   }
-  // A queue slot this request holds goes back whatever ends the request (a throw included).
-  struct QueueRelease {
-    GatewayPhases& self;
-    RequestContext& ctx;
-    ~QueueRelease() { self.leave_queue(ctx); }
-  } release{*this, ctx};
   // One pass per target: the route's pool, then each fallback while the
   // previous one failed before anything reached the client (ctx.fail_over,
   // set by the attempts or by a held stream).
@@ -328,16 +331,19 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
       ++c->uses;
       pool.endpoint(ep).conns.put(std::move(c), core::now());
     }
-    leave_queue(ctx);
     if (ctx.fail_over && retry_held_on_pool(ctx)) {
-      ctx.fail_over = false;  // the same target, another endpoint
+      ctx.fail_over = false;  // the same target, another endpoint (queued again)
+      leave_queue(ctx);
       continue;
     }
     if (ctx.fail_over && fallback_left(ctx)) {
       ctx.fail_over = false;
+      leave_queue(ctx);
       next_target(ctx);
       continue;
     }
+    // A resume keeps the place its stream had: the continuation is in flight on the same pool (it does not
+    // queue again), so the pool's max_concurrent still counts it.
     if (ctx.resume.wanted && begin_resume(ctx, o)) {
       if (ctx.resume.finish != RequestContext::Resume::Finish::none) {
         Outcome f = co_await finish_stream(ctx, ctx.resume.finish == RequestContext::Resume::Finish::length);
