@@ -1128,3 +1128,38 @@ def test_a_resumed_stream_keeps_its_queue_place(mock, weir):
     assert got["s"].status_code == 200 and waiter.status_code == 200
     assert w.metric("weir_upstream_resumes_total") == 1
     assert peak[0] <= 1, peak
+
+
+def test_with_redis_a_patch_racing_a_delete_never_brings_the_key_back(mock, weir, redis):
+    # PATCH read the record, DELETE revoked it, PATCH wrote the whole record back with revoked 0: the revoked
+    # secret worked again (6 of 40 races). The write now happens only while the record is live.
+    import threading
+    from conftest import free_port, wait_until
+    from test_admin_api import ENV, MOCK_FLAGS, Admin, _ready, redis_config
+    m = mock(*MOCK_FLAGS)
+    port = free_port()
+    cfg = redis_config(m, redis, port)
+    cfg["auth"].update({"key_cache_ttl": "100ms", "key_negative_ttl": "100ms"})
+    w = weir(config=cfg, env=ENV)
+    admin = Admin(port)
+    wait_until(lambda: _ready(admin), 5, message="admin listener")
+    resurrected = []
+    for i in range(20):
+        k = admin.create(tenant="acme", models=["m"], name=f"k{i}")
+        res = {}
+        t1 = threading.Thread(target=lambda: res.setdefault("del", admin("DELETE", f"/admin/v1/keys/{k['id']}")))
+        t2 = threading.Thread(target=lambda: res.setdefault("patch", admin("PATCH", f"/admin/v1/keys/{k['id']}",
+                                                                         json={"name": f"renamed{i}"})))
+        t1.start()
+        time.sleep((i % 8) * 0.0005)
+        t2.start()
+        t1.join()
+        t2.join()
+        assert res["del"].status_code == 200, res["del"].text
+        assert res["patch"].status_code in (200, 404), res["patch"].text
+        time.sleep(0.2)  # past the key caches
+        r = httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {k['key']}"}, timeout=10,
+                       json={"model": "m", "messages": MSG})
+        if r.status_code != 401:
+            resurrected.append(i)
+    assert resurrected == [], resurrected
