@@ -41,6 +41,18 @@ constexpr auto kRequestTimeout = std::chrono::seconds(10);
 
 using Stream = beast::basic_stream<asio::ip::tcp, core::Executor>;
 
+// Every answer of the admin listener, JSON and refusals of a malformed
+// request included, under the console's policy: nothing here may be
+// framed, sniffed into another type, or run script from elsewhere.
+void set_security_fields(bh::response<bh::string_body>& res) {
+  res.set("Content-Security-Policy", console::kContentSecurityPolicy);
+  res.set("X-Content-Type-Options", "nosniff");
+  res.set("X-Frame-Options", "DENY");
+  res.set("Referrer-Policy", "no-referrer");
+  res.set("Cross-Origin-Opener-Policy", "same-origin");
+  res.set("Cross-Origin-Resource-Policy", "same-origin");
+}
+
 // Lingering close (RFC 9112 §9.6), after an answer the connection ends
 // with: the client may still be sending (a head or body refused midway, a
 // body sent after all without waiting for 100 Continue); closing with its
@@ -232,6 +244,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       }
       res.result(static_cast<unsigned>(e.status));
       res.set(bh::field::content_type, "application/json");
+      res.set(bh::field::cache_control, "no-store");
+      set_security_fields(res);
       res.body() = admin_error_json(e);
       res.keep_alive(false);
       res.prepare_payload();
@@ -261,14 +275,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     res.result(static_cast<unsigned>(r.status));
     if (r.status != 304) res.set(bh::field::content_type, r.content_type);
     res.set(bh::field::cache_control, r.cache_control);
-    // Every answer, JSON included, under the console's policy: nothing here
-    // may be framed, sniffed into another type, or run script from elsewhere.
-    res.set("Content-Security-Policy", console::kContentSecurityPolicy);
-    res.set("X-Content-Type-Options", "nosniff");
-    res.set("X-Frame-Options", "DENY");
-    res.set("Referrer-Policy", "no-referrer");
-    res.set("Cross-Origin-Opener-Policy", "same-origin");
-    res.set("Cross-Origin-Resource-Policy", "same-origin");
+    set_security_fields(res);
     for (auto& [name, value] : r.headers) res.set(name, value);
     if (r.status == 401) res.set(bh::field::www_authenticate, "Bearer realm=\"weir-admin\"");
     if (r.status == 405 && res.find(bh::field::allow) == res.end()) {

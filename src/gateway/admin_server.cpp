@@ -132,6 +132,8 @@ AdminRouter::Match AdminRouter::match(std::string_view method, std::string_view 
       return m;
     }
     if (m.allow.find(r.method) == std::string::npos) m.allow += (m.allow.empty() ? "" : ", ") + r.method;
+    // A GET route answers HEAD too (above): Allow lists it (RFC 9110 §15.5.6).
+    if (r.method == "GET" && m.allow.find("HEAD") == std::string::npos) m.allow += ", HEAD";
   }
   return m;
 }

@@ -80,6 +80,9 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
                         std::vector<std::string>* raw = nullptr) -> std::uint16_t {
     const std::string label = core::escape_label(name);
     if (names.empty()) names.emplace_back(kOther);
+    // A tenant (or key) literally named "other" is the overflow series itself (docs/observability.md): a
+    // second series of that label set would make the exposition invalid (duplicate samples).
+    if (label == kOther) return MetricIdentity::kOther;
     const auto end = names.end() - 1;  // "other"
     if (const auto it = std::find(names.begin(), end, label); it != end)
       return static_cast<std::uint16_t>(it - names.begin());

@@ -1163,3 +1163,46 @@ def test_with_redis_a_patch_racing_a_delete_never_brings_the_key_back(mock, weir
         if r.status_code != 401:
             resurrected.append(i)
     assert resurrected == [], resurrected
+
+
+def test_a_tenant_named_other_is_the_overflow_series_not_a_second_one(mock, weir):
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--any-model")
+    keys = {t: f"sk-test-40-{t}-0123456789" for t in ("a", "other", "z")}
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "tenants": {t: {} for t in keys},
+                     "auth": {"required": True, "api_keys": [{"id": f"k-{t}", "tenant": t,
+                                                              "sha256": hashlib.sha256(k.encode()).hexdigest()}
+                                                             for t, k in keys.items()]},
+                     "server": {"metrics": {"max_tenants": 3}}}, workers=1)
+    for k in keys.values():
+        assert httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {k}"}, timeout=10,
+                          json={"model": "m", "messages": MSG}).status_code == 200
+    lines = [ln.rsplit(" ", 1)[0] for ln in w.metrics_text().splitlines()
+             if ln.startswith("weir_requests_total{")]
+    assert len(lines) == len(set(lines)), [ln for ln in lines if lines.count(ln) > 1]
+
+
+def test_the_admin_listeners_refusals_carry_its_security_fields_and_allow_lists_head(mock, weir):
+    import socket
+    from conftest import free_port, wait_until
+    from test_admin_api import ENV, MOCK_FLAGS, Admin, _ready
+    from test_admin_api import config as admin_config
+    m = mock(*MOCK_FLAGS)
+    port = free_port()
+    weir(config=admin_config(m, port), env=ENV)
+    admin = Admin(port)
+    wait_until(lambda: _ready(admin), 5, message="admin listener")
+    for head in (b"GET /admin/v1/stats HTTP/1.1\r\n\r\n",  # no Host: 400
+                 b"GET /admin/v1/stats HTTP/1.1\r\nHost: x\r\nExpect: foo\r\n\r\n"):
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(head)
+            s.settimeout(5)
+            got = b""
+            while b"\r\n\r\n" not in got:
+                got += s.recv(65536)
+        fields = got.split(b"\r\n\r\n")[0].decode().lower()
+        for name in ("content-security-policy", "x-content-type-options: nosniff", "x-frame-options: deny",
+                     "referrer-policy"):
+            assert name in fields, (head, fields)
+    r = admin("PUT", "/admin/v1/stats")
+    assert r.status_code == 405 and "HEAD" in r.headers["allow"] and "GET" in r.headers["allow"], r.headers
