@@ -123,7 +123,8 @@ core::Task<void> Batch::send() {
     if (env.on_attempt) env.on_attempt(ep_idx, failure);
     const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
                                (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
-    if (failure == UpstreamFailure::none || answer_failed) (void)attempts.on_answer(answer_failed, core::now());
+    if (failure == UpstreamFailure::none || answer_failed)
+      (void)attempts.on_answer(answer_failed, core::now(), sent_at_);
     routing::RetryDecision d;
     if (failure == UpstreamFailure::none) {
       const int status = exchange_.head().result_int();

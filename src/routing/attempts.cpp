@@ -106,10 +106,10 @@ void Attempts::on_connected() {
   pool_.report_success(endpoint_);
 }
 
-bool Attempts::on_answer(bool failed, Clock::time_point now) {
+bool Attempts::on_answer(bool failed, Clock::time_point now, Clock::time_point sent) {
   const bool trial = trial_;
   trial_ = false;
-  return pool_.report_answer(endpoint_, failed, now, trial);
+  return pool_.report_answer(endpoint_, failed, now, trial, sent);
 }
 
 bool Attempts::defer_answer() {

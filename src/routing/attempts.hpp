@@ -90,7 +90,7 @@ class Attempts {
   // The current attempt's answer, for the endpoint's health (WorkerPool::report_answer):
   // `failed` for a 5xx head, or a reset or timeout before it. Ends its
   // half-open trial. Returns true when this ejected the endpoint.
-  bool on_answer(bool failed, Clock::time_point now);
+  bool on_answer(bool failed, Clock::time_point now, Clock::time_point sent = {});
   // The verdict on the current attempt's answer waits (a stream is judged
   // at its first token): the caller reports it through
   // WorkerPool::report_answer(endpoint(), failed, now, trial) and takes over

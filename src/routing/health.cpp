@@ -55,6 +55,7 @@ Transition EndpointHealth::reopen(Clock::time_point now, const HealthPolicy& p, 
   for (std::uint32_t k = 1; k < trips_ && period < p.max_open_for; ++k) period *= 2;
   period = std::min(period, p.max_open_for);
   open_until_ = was_open ? std::max(open_until_, now + period) : now + period;
+  if (!was_open) opened_at_ = now;
   open_ = true;
   cause_ = cause;
   failures_ = 0;
@@ -62,10 +63,12 @@ Transition EndpointHealth::reopen(Clock::time_point now, const HealthPolicy& p, 
 }
 
 Transition EndpointHealth::on_answer(bool failed, bool trial, Clock::time_point now, const HealthPolicy& p,
-                                     bool may_open) {
+                                     bool may_open, Clock::time_point sent) {
   if (trial) end_trial();
   const HealthState s = state(now, p);
   if (s == HealthState::open) return Transition::none;  // sent before it opened: the period runs on
+  // Half-open, an answer to a request sent before it opened neither closes it (no trial went) nor reopens it.
+  if (open_ && !trial && sent != Clock::time_point{} && sent < opened_at_) return Transition::none;
   if (!failed) {
     failures_ = 0;
     if (!open_) return Transition::none;

@@ -100,8 +100,11 @@ class EndpointHealth {
   // count of failures and closes a half-open endpoint; a failed one opens
   // a half-open endpoint again (longer), or a closed one at the
   // policy's failures in a row when `may_open` (the pool's cap allows it).
-  // An answer while open changes nothing (a request sent before it opened).
-  Transition on_answer(bool failed, bool trial, Clock::time_point now, const HealthPolicy& p, bool may_open);
+  // An answer to a request sent before the endpoint last opened (`sent`;
+  // unknown when default) changes nothing, open or half-open: only a trial
+  // or a request sent since decides (docs/reliability.md).
+  Transition on_answer(bool failed, bool trial, Clock::time_point now, const HealthPolicy& p, bool may_open,
+                       Clock::time_point sent = {});
   // A connection to it could not be opened: open at once (cause connect).
   Transition on_connect_failure(Clock::time_point now, const HealthPolicy& p);
   // A connection to it was opened: without a breaker this ends an
@@ -136,6 +139,7 @@ class EndpointHealth {
   Transition reopen(Clock::time_point now, const HealthPolicy& p, OpenCause cause);
 
   Clock::time_point open_until_{};
+  Clock::time_point opened_at_{};  // when it last opened (reopen)
   std::uint32_t failures_ = 0;
   std::uint32_t failed_probes_ = 0;
   std::uint16_t trials_ = 0;

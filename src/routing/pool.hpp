@@ -140,7 +140,10 @@ class WorkerPool {
   // failures in a row (never beyond max_ejected_percent of the pool without
   // a breaker), reopens a half-open one on a failure and closes it on a
   // success. Returns true when this opened it.
-  bool report_answer(std::uint32_t i, bool failed, Clock::time_point now, bool trial = false);
+  // `sent`: when the request was sent (EndpointHealth::on_answer: one sent before the endpoint opened counts
+  // for nothing); unknown when default.
+  bool report_answer(std::uint32_t i, bool failed, Clock::time_point now, bool trial = false,
+                     Clock::time_point sent = {});
   // A stream's TTFT on endpoint `i` (request written → first data event,
   // µs), for outlier.ttft_factor. Returns true when this ejected `i` (never
   // beyond max_ejected_percent of the pool).

@@ -428,7 +428,7 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
   const bool failed =
       (!first_token || ctx.error_relayed) && o.is_failed() && o.error().source == core::ErrorSource::upstream;
   if (first_token || o.is_responded() || failed) {
-    if (pool.report_answer(ep, failed, now, ctx.trial)) ++w_.metrics().outlier_ejections;
+    if (pool.report_answer(ep, failed, now, ctx.trial, ctx.t_upstream_sent)) ++w_.metrics().outlier_ejections;
   } else if (ctx.trial) {
     pool.end_trial(ep);
   }
@@ -630,7 +630,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       ctx.verdict_pending = true;
       ctx.trial = attempts.defer_answer();
     } else if ((failure == http::UpstreamFailure::none || answer_failed) &&
-               attempts.on_answer(answer_failed, core::now())) {
+               attempts.on_answer(answer_failed, core::now(), ctx.t_upstream_sent)) {
       ++metrics.outlier_ejections;
     }
     if (failure == http::UpstreamFailure::none) {

@@ -269,7 +269,7 @@ TEST(AdminRouter, MatchesPatternsAndTellsAllowedMethods) {
   EXPECT_EQ(params[0], "vk_1");
   auto wrong = router.match("DELETE", "/admin/v1/keys", params);
   EXPECT_FALSE(wrong.handler);
-  EXPECT_EQ(wrong.allow, "GET, POST");
+  EXPECT_EQ(wrong.allow, "GET, HEAD, POST");  // (a GET route answers HEAD too)
   auto none = router.match("GET", "/admin/v1/keys/a/b", params);
   EXPECT_FALSE(none.handler);
   EXPECT_TRUE(none.allow.empty());

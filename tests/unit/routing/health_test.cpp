@@ -62,6 +62,24 @@ TEST(EndpointHealth, BreakerOpensAfterTheFailuresThenHalfOpensThenClosesOnASucce
   EXPECT_EQ(h.trips(), 0u) << "a close forgets the doubling";
 }
 
+TEST(EndpointHealth, HalfOpenAnAnswerToARequestSentBeforeItOpenedChangesNothing) {
+  // A slow request sent before the endpoint opened answers after the period: it neither closes the breaker
+  // (no trial went) nor reopens it with the period doubled; the trial decides.
+  const auto p = breaker_policy();
+  EndpointHealth h;
+  const auto t0 = Clock::now();
+  const auto before = t0 - 100ms;
+  for (int i = 0; i < 3; ++i) h.on_answer(true, false, t0, p, true, t0);
+  ASSERT_EQ(h.state(t0 + 1s, p), HealthState::half_open);
+  EXPECT_EQ(h.on_answer(false, false, t0 + 1500ms, p, true, before), Transition::none);
+  EXPECT_EQ(h.state(t0 + 1500ms, p), HealthState::half_open) << "an old success is no trial";
+  EXPECT_EQ(h.on_answer(true, false, t0 + 1600ms, p, true, before), Transition::none);
+  EXPECT_EQ(h.state(t0 + 1600ms, p), HealthState::half_open) << "an old failure is no failed trial";
+  EXPECT_EQ(h.trips(), 1u);
+  ASSERT_TRUE(h.begin(t0 + 1700ms, p));
+  EXPECT_EQ(h.on_answer(false, true, t0 + 1800ms, p, true, t0 + 1700ms), Transition::closed);
+}
+
 TEST(EndpointHealth, AFailedTrialReopensForTwiceAsLongUpToTheCap) {
   const auto p = breaker_policy(1);
   EndpointHealth h;
