@@ -477,6 +477,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
       return tl::unexpected(
           core::bad_request("'stream_options.include_usage' must be a boolean.", "stream_options.include_usage"));
     if (h.include_usage.type == Shape::Type::boolean) f.include_usage = h.include_usage.b;
+    f.usage_asked = f.include_usage || h.include_usage.type == Shape::Type::absent;
   }
   for (const auto& [name, v] :
        {std::pair{"max_completion_tokens", &h.max_completion_tokens}, std::pair{"max_tokens", &h.max_tokens}}) {
@@ -605,6 +606,7 @@ tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view co
     *out = *b;
   }
   f.has_stream_options = f.include_usage;
+  f.usage_asked = f.include_usage;  // (vLLM's form field defaults to false)
   if (const auto* p = core::find_part(*parts, "prompt")) f.prompt_bytes = p->value.size();
   return f;
 }

@@ -30,8 +30,12 @@ struct RequestFields {
   bool stream = false;              // "stream": true → SSE response
   bool has_stream_options = false;  // "stream_options" present (object)
   bool include_usage = false;       // stream_options.include_usage == true
-  std::uint32_t max_tokens = 0;     // max_completion_tokens or max_tokens; 0 = not given
-  std::uint32_t n = 1;              // choices per prompt
+  // The client asked for the usage chunk, as vLLM (the reference) reads the
+  // body: include_usage true, or a stream_options object without the member
+  // (vLLM's StreamOptions defaults it to true; OpenAI reads it as false).
+  bool usage_asked = false;
+  std::uint32_t max_tokens = 0;  // max_completion_tokens or max_tokens; 0 = not given
+  std::uint32_t n = 1;           // choices per prompt
   // UTF-8 bytes of prompt text: prompt, input, or a chat's messages (their
   // content, and their other members' strings: tool calls' names and
   // arguments, name, reasoning) and the keys and strings of its tools,

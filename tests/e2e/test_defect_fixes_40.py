@@ -703,14 +703,17 @@ def test_azures_preamble_chunk_does_not_name_the_translated_stream(weir, route):
 # --- the third round: resume ---
 
 
-def test_a_stream_a_resume_finishes_still_carries_the_usage_chunk_asked_for(mock, weir):
+@pytest.mark.parametrize("options", [{"include_usage": True}, {}, {"continuous_usage_stats": True},
+                                     {"include_usage": True, "continuous_usage_stats": True}], ids=repr)
+def test_a_stream_a_resume_finishes_still_carries_the_usage_chunk_asked_for(mock, weir, options):
     # max_tokens used up where the stream broke: Weir ends it (finish_reason length, [DONE]) and sent no usage
-    # chunk, though the client asked for one (OpenAI always sends it then).
+    # chunk, though the client asked for one (OpenAI always sends it then; vLLM too for a stream_options
+    # without include_usage, which it reads as true).
     from test_gateway_resume import BREAK, FAST, MSG as RMSG, pool_config, raw_stream
     a, b = mock(*FAST), mock(*FAST)
     w = weir(config=pool_config([a.base_url, b.base_url]))
     events = raw_stream(w, {"model": "mock-model", "messages": RMSG, "stream": True, "max_tokens": 4,
-                            "stream_options": {"include_usage": True}}, BREAK)
+                            "stream_options": options}, BREAK)
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     assert last["choices"] == [] and last["usage"]["completion_tokens"] == 4, last
@@ -1206,3 +1209,33 @@ def test_the_admin_listeners_refusals_carry_its_security_fields_and_allow_lists_
             assert name in fields, (head, fields)
     r = admin("PUT", "/admin/v1/stats")
     assert r.status_code == 405 and "HEAD" in r.headers["allow"] and "GET" in r.headers["allow"], r.headers
+
+
+@pytest.mark.parametrize("options", [{}, {"continuous_usage_stats": True}], ids=repr)
+def test_a_chat_stream_on_an_anthropic_pool_gets_the_usage_chunk_a_stream_options_asks_for(weir, options):
+    # A stream_options without include_usage asks for usage as vLLM reads it (and Weir does on OpenAI pools):
+    # from an Anthropic pool it got none.
+    def ev(name, data):
+        return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+    body = b"".join([
+        ev("message_start", {"type": "message_start", "message": {
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "c", "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 12, "output_tokens": 1}}}),
+        ev("content_block_start", {"type": "content_block_start", "index": 0,
+                                   "content_block": {"type": "text", "text": ""}}),
+        ev("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                   "delta": {"type": "text_delta", "text": "hi"}}),
+        ev("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        ev("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                             "usage": {"output_tokens": 3}}),
+        ev("message_stop", {"type": "message_stop"})])
+    up = RawUpstream(lambda h, b: sse_answer(body))
+    try:
+        w = weir(config={"pools": {"claude": {"type": "anthropic", "endpoints": [up.url], "api_key": "ak"}},
+                         "default_pool": "claude"}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10,
+                       json={"model": "c", "messages": MSG, "stream": True, "stream_options": options})
+        chunks = [json.loads(d) for d in data_lines(r.text)[:-1]]
+        assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 12, r.text
+    finally:
+        up.close()

@@ -391,7 +391,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   if (f.stream) {
     o["stream"] = true;
     o["stream_options"] = json::object({{"include_usage", true}}, sp);
-    f.has_stream_options = f.include_usage = true;
+    f.has_stream_options = f.include_usage = f.usage_asked = true;
   }
   if (const auto* v = in.if_contains("stop_sequences"); v && !v->is_null()) {
     if (!v->is_array()) return invalid("stop_sequences: Input should be a list of strings", "stop_sequences");

@@ -303,7 +303,10 @@ bool UsageHook::on_data(std::string_view data) {
   }
   // The usage chunk Weir asked for on the client's behalf is not theirs,
   // whatever its numbers say: it is known by its shape, not by its counts.
-  return !(strip_ && is_usage_only_chunk(data));
+  const bool usage_only = is_usage_only_chunk(data);
+  if (strip_ && usage_only) return false;
+  if (usage_only) usage_chunk_ = true;
+  return true;
 }
 
 bool completion_as_chunk(std::string_view completion, std::string& out) {

@@ -67,6 +67,7 @@ class UsageHook {
   void reset(bool strip) {
     strip_ = strip;
     has_usage_ = false;
+    usage_chunk_ = false;
     usage_ = {};
   }
   // Reads the `data` of one SSE event. Returns false when the event must
@@ -75,6 +76,9 @@ class UsageHook {
   // usage: has_usage() stays as it was).
   bool on_data(std::string_view data);
   bool has_usage() const { return has_usage_; }
+  // A usage-only chunk (is_usage_only_chunk) went to the client: the one a
+  // stream ends with. Per-chunk usage (continuous_usage_stats) is none.
+  bool usage_chunk_relayed() const { return usage_chunk_; }
   const Usage& usage() const { return usage_; }
   // Usage read elsewhere (an Anthropic upstream's events, in OpenAI's counts).
   void set(const Usage& u) {
@@ -85,6 +89,7 @@ class UsageHook {
  private:
   bool strip_ = false;
   bool has_usage_ = false;
+  bool usage_chunk_ = false;
   Usage usage_;
 };
 

@@ -458,7 +458,7 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
   if (f.stream) {
     o["stream"] = true;
     o["stream_options"] = json::object({{"include_usage", true}}, sp);
-    f.has_stream_options = f.include_usage = true;
+    f.has_stream_options = f.include_usage = f.usage_asked = true;
   }
 
   if (auto r = copy_number(in, "temperature", o, e); !r) return tl::unexpected(r.error());

@@ -51,7 +51,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
                 : is_responses(ctx.route) ? Translation::responses
                                           : Translation::none,
       .upstream = anthropic ? UpstreamDialect::anthropic : UpstreamDialect::openai,
-      .include_usage = ctx.fields.include_usage,
+      .include_usage = ctx.fields.usage_asked,
       .created = anthropic ? static_cast<std::int64_t>(std::time(nullptr)) : 0,
       .echo = ctx.responses_echo(),
       .request_id = ctx.request_id,

@@ -415,7 +415,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
                                                          : Translation::none;
     // (An OpenAI pool's client gets usage when Weir did not ask for it on
     // the client's behalf: strip_usage; an Anthropic pool's when it asked.)
-    const bool with_usage = anthropic_up ? ctx.fields.include_usage : !ctx.strip_usage;
+    const bool with_usage = anthropic_up ? ctx.fields.usage_asked : !ctx.strip_usage;
     bool ok = false;
     if (ctx.route == RouteKind::completions) {
       // A text completion streams in its whole answer's shape (object

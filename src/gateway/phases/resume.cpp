@@ -105,11 +105,13 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
     http::append_sse_data(ctx.scratch, ctx.body);
     ++ctx.events;
   }
-  if (ctx.fields.include_usage && !ctx.has_usage) {
-    // The usage chunk the client asked for, which the broken stream never sent: what settle() charges for it
-    // (its prompt as estimated, one token per content event relayed), as no usage reached Weir either. (One
-    // that did, a usage chunk or per-chunk usage, already reached the client: it stands.)
-    const std::uint64_t prompt = ctx.prompt_tokens_estimate, completion = ctx.token_events;
+  if (ctx.fields.usage_asked && !ctx.hooks.usage().usage_chunk_relayed()) {
+    // The usage chunk the client asked for (as vLLM reads the body), which the broken stream never sent: the
+    // upstream's usage when some reached Weir (per-chunk usage, the last of which counts the whole message),
+    // else what settle() charges (its prompt as estimated, one token per content event relayed). (A usage
+    // chunk that reached the client stands alone.)
+    const std::uint64_t prompt = ctx.has_usage ? ctx.usage.prompt_tokens : ctx.prompt_tokens_estimate;
+    const std::uint64_t completion = ctx.has_usage ? ctx.usage.completion_tokens : ctx.token_events;
     begin_stream_chunk(tr, ctx.body);
     ctx.body += R"(,"choices":[],"usage":{"prompt_tokens":)";
     core::append_uint(ctx.body, prompt);
