@@ -32,6 +32,9 @@ class StoreBackend {
   virtual bool open(std::string& error) = 0;
   virtual bool is_open() const = 0;
   virtual void close() = 0;
+  // The store's file was deleted or replaced since it was opened (SQLite;
+  // a server-backed store never is): the writer opens it again.
+  virtual bool moved() const { return false; }
   // One batch: begin(), add() per record, then commit(), or rollback()
   // after a failure (the batch is lost, the caller closes and reopens).
   // `bodies`: the record's captured bodies as JSON text, empty = NULL. The

@@ -1,6 +1,7 @@
 #include "requestlog/redact.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <cstring>
 
 #include "core/text.hpp"
@@ -14,6 +15,26 @@ bool key_char(char c) {
   return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
 }
 bool upper_or_digit(char c) { return (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9'); }
+// Whether s[i] follows a JSON escape sequence that ends in a letter or digit
+// (`\n`, `\t`, `\r`, `\b`, `\f`, `\uXXXX`), its backslash itself not escaped.
+bool after_escape(std::string_view s, std::size_t i) {
+  const auto escaped_at = [&](std::size_t k) {  // s[k] is '\\' and starts an escape (an odd run of them)
+    std::size_t n = 0;
+    while (k >= n && s[k - n] == '\\') {
+      ++n;
+      if (k < n) break;
+    }
+    return n % 2 == 1;
+  };
+  if (i >= 2 && std::string_view("ntrbf").find(s[i - 1]) != std::string_view::npos && escaped_at(i - 2)) return true;
+  if (i >= 6 && s[i - 5] == 'u' && escaped_at(i - 6)) {
+    for (std::size_t k = i - 4; k < i; ++k)
+      if (!std::isxdigit(static_cast<unsigned char>(s[k]))) return false;
+    return true;
+  }
+  return false;
+}
+
 bool token68_char(char c) { return key_char(c) || c == '.' || c == '~' || c == '+' || c == '/' || c == '='; }
 bool space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
@@ -138,7 +159,8 @@ Spelling spelled_at(std::string_view t, std::size_t i, std::string_view secret) 
 }  // namespace
 
 void redact_exact(std::string& text, std::string_view secret, bool truncated) {
-  if (secret.size() < 8) return;
+  // (Every credential Weir accepted, however short: it is this tenant's own, wherever it appears.)
+  if (secret.size() < 4) return;
   const std::string_view t = text;
   std::string out;
   std::size_t copied = 0;  // t[copied, i) is still to be copied into out
@@ -218,7 +240,9 @@ void redact_patterns(std::string& text, bool truncated) {
       ++i;
       continue;
     }
-    const bool word_start = i == 0 || !key_char(s[i - 1]);
+    // A word starts after a non-key character, or after a JSON escape (`\n`, `\t`, `\r`, `\b`, `\f`, `\/`
+    // or `\uXXXX`): in JSON text a key pasted on its own line follows the `n` of a `\n`.
+    const bool word_start = i == 0 || !key_char(s[i - 1]) || after_escape(s, i);
     if (word_start) {
       if (const std::size_t len = secret_at(s, i, truncated)) {
         replace(i, i + len);

@@ -28,6 +28,7 @@ struct Libsqlite {
   decltype(&::sqlite3_errmsg) errmsg = nullptr;
   decltype(&::sqlite3_errstr) errstr = nullptr;
   decltype(&::sqlite3_exec) exec = nullptr;
+  decltype(&::sqlite3_file_control) file_control = nullptr;
   decltype(&::sqlite3_finalize) finalize = nullptr;
   decltype(&::sqlite3_free) free = nullptr;
   decltype(&::sqlite3_open_v2) open_v2 = nullptr;
@@ -53,6 +54,7 @@ const Libsqlite& lib() {
     so.load(l.errmsg, "sqlite3_errmsg");
     so.load(l.errstr, "sqlite3_errstr");
     so.load(l.exec, "sqlite3_exec");
+    so.load(l.file_control, "sqlite3_file_control");
     so.load(l.finalize, "sqlite3_finalize");
     so.load(l.free, "sqlite3_free");
     so.load(l.open_v2, "sqlite3_open_v2");
@@ -159,6 +161,12 @@ Stmt Db::prepare(std::string_view sql, std::string& error) {
 }
 
 std::string Db::errmsg() const { return db_ ? lib().errmsg(db_) : "not open"; }
+
+bool Db::has_moved() const {
+  int moved = 0;
+  if (db_ == nullptr || lib().file_control(db_, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK) return false;
+  return moved != 0;
+}
 
 std::int64_t Db::changes() const { return lib().changes64(db_); }
 

@@ -53,6 +53,9 @@ class Db {
   Stmt prepare(std::string_view sql, std::string& error);
   std::string errmsg() const;
   std::int64_t changes() const;
+  // The database file was deleted, renamed or replaced since it was opened
+  // (SQLITE_FCNTL_HAS_MOVED): writes would go to an unlinked file, lost.
+  bool has_moved() const;
 
  private:
   sqlite3* db_ = nullptr;

@@ -91,6 +91,7 @@ class SqliteBackend final : public StoreBackend {
   }
 
   bool is_open() const override { return static_cast<bool>(db_); }
+  bool moved() const override { return db_ && db_.has_moved(); }
 
   void close() override {
     for (Stmt* s : {&begin_, &commit_, &rollback_, &insert_, &delete_older_, &nth_newest_, &delete_upto_}) *s = Stmt();

@@ -167,6 +167,17 @@ std::string_view Writer::bodies_json(Record& r) {
 
 std::size_t Writer::write_batch() {
   if (!store_->is_open() || queues_.empty()) return 0;
+  // A file deleted or replaced under the open connection (logrotate, an operator's rm) takes every write
+  // without an error, into an unlinked inode: lost at the restart, counted as written. Opened again (a new
+  // file at the path) before the batch; said once, as an error.
+  if (store_->moved()) {
+    count_error(
+        fmt::format("request log {}: the database file was deleted or replaced; opening it again", config_.display));
+    store_->close();
+    open_.store(false, std::memory_order_relaxed);
+    std::string error;
+    if (!open_store(error)) return 0;
+  }
   std::size_t taken = 0;
   bool failed = false;
   bool in_txn = false;

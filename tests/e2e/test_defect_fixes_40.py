@@ -1239,3 +1239,33 @@ def test_a_chat_stream_on_an_anthropic_pool_gets_the_usage_chunk_a_stream_option
         assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["prompt_tokens"] == 12, r.text
     finally:
         up.close()
+
+
+def test_a_deleted_request_log_file_is_opened_again_and_the_loss_said(mock, weir, tmp_path):
+    # Deleted under the open connection, the file took every later record into an unlinked inode: counted as
+    # written, lost at the restart, with no error.
+    import sqlite3
+    from conftest import wait_until
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--any-model")
+    db = tmp_path / "requests.db"
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "request_log": {"url": f"sqlite:{db}", "flush_interval": "10ms"}}, workers=1)
+
+    def send(rid):
+        assert httpx.post(w.v1 + "/chat/completions", headers={"x-request-id": rid}, timeout=10,
+                          json={"model": "m", "messages": MSG}).status_code == 200
+    for i in range(3):
+        send(f"before-{i}")
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= 3, 5, message="the first rows")
+    for suffix in ("", "-wal", "-shm"):
+        (tmp_path / ("requests.db" + suffix)).unlink(missing_ok=True)
+    for i in range(3):
+        send(f"after-{i}")
+
+    def stored():
+        if not db.exists():
+            return []
+        with sqlite3.connect(db) as c:
+            return [r[0] for r in c.execute("SELECT request_id FROM requests")]
+    wait_until(lambda: {f"after-{i}" for i in range(3)} <= set(stored()), 10, message="the later rows in a new file")
+    assert w.metric("weir_request_log_errors_total") >= 1  # the loss is said

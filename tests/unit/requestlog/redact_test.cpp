@@ -27,7 +27,8 @@ TEST(RedactTest, TheRequestsOwnCredentialEverywhere) {
   EXPECT_EQ(exact("tail sk-weir-9f", key, true), "tail [REDACTED]");
   EXPECT_EQ(exact("tail sk-", key, true), "tail sk-");  // 3 bytes: too short to tell
   EXPECT_EQ(exact("tail sk-weir-9f", key, false), "tail sk-weir-9f");
-  EXPECT_EQ(exact("short", "abc"), "short");  // secrets under 8 bytes are not searched
+  EXPECT_EQ(exact("short", "abc"), "short");  // secrets under 4 bytes are not searched
+  EXPECT_EQ(exact("my key Qz7#pw1 ok", "Qz7#pw1"), "my key [REDACTED] ok");  // a short key Weir accepted
 }
 
 TEST(RedactTest, TheCredentialSpelledWithJsonEscapes) {
@@ -54,6 +55,12 @@ TEST(RedactTest, TheCredentialSpelledWithJsonEscapes) {
 
 TEST(RedactTest, KeyShapes) {
   EXPECT_EQ(patterns("use sk-proj-AbCdEfGhIjKlMnOpQrSt now"), "use [REDACTED] now");
+  // After a JSON escape (a key pasted on its own line): the escape's letter is no part of the key.
+  EXPECT_EQ(patterns("keys:\\nsk-proj-AbCdEfGhIjKlMnOpQrSt\\nthanks"), "keys:\\n[REDACTED]\\nthanks");
+  EXPECT_EQ(patterns("tab\\tsk-proj-AbCdEfGhIjKlMnOpQrSt"), "tab\\t[REDACTED]");
+  EXPECT_EQ(patterns("auth:\\nBearer abcdefgh12345678xyz"), "auth:\\nBearer [REDACTED]");
+  EXPECT_EQ(patterns("x\\u0020sk-proj-AbCdEfGhIjKlMnOpQrSt"), "x\\u0020[REDACTED]");
+  EXPECT_EQ(patterns("x\\\\nsk-proj-AbCdEfGhIjKlMnOpQrSt"), "x\\\\nsk-proj-AbCdEfGhIjKlMnOpQrSt");  // \\ then n: a word
   EXPECT_EQ(patterns("sk-ant-api03-AbCdEfGhIjKlMnOpQrSt"), "[REDACTED]");
   EXPECT_EQ(patterns("AKIAIOSFODNN7EXAMPLE and more"), "[REDACTED] and more");
   EXPECT_EQ(patterns("task-proj is fine, sk-short too"), "task-proj is fine, sk-short too");
