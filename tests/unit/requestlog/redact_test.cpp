@@ -27,7 +27,7 @@ TEST(RedactTest, TheRequestsOwnCredentialEverywhere) {
   EXPECT_EQ(exact("tail sk-weir-9f", key, true), "tail [REDACTED]");
   EXPECT_EQ(exact("tail sk-", key, true), "tail sk-");  // 3 bytes: too short to tell
   EXPECT_EQ(exact("tail sk-weir-9f", key, false), "tail sk-weir-9f");
-  EXPECT_EQ(exact("short", "abc"), "short");  // secrets under 4 bytes are not searched
+  EXPECT_EQ(exact("short", "abc"), "short");                                 // secrets under 4 bytes are not searched
   EXPECT_EQ(exact("my key Qz7#pw1 ok", "Qz7#pw1"), "my key [REDACTED] ok");  // a short key Weir accepted
 }
 
