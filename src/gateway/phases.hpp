@@ -217,6 +217,15 @@ class GatewayPhases final : public Phases {
   // translation) → the Anthropic Messages body for ctx.target, in
   // ctx.upstream_body_buf. Returns the 400 for what Anthropic cannot express.
   std::optional<core::Error> translate_for_anthropic(RequestContext& ctx);
+  // The same translation for pool `pool` (its anthropic.max_tokens) and
+  // model name `upstream_model` (empty: the client's), into `out`; the 400
+  // names the Responses request's fields for a Responses client.
+  std::optional<core::Error> chat_to_anthropic(const RequestContext& ctx, std::size_t pool,
+                                               std::string_view upstream_model, std::string& out) const;
+  // An Anthropic route's request (Messages or count_tokens) → its chat
+  // translation for an OpenAI-compatible pool, into `out`; the 400 for what
+  // the translation cannot express.
+  std::optional<core::Error> anthropic_to_chat(const RequestContext& ctx, std::string& out) const;
   // The stream hooks for the stream about to be relayed: the client's
   // dialect (route) and the upstream's (ctx.target's pool).
   void reset_stream_hooks(RequestContext& ctx);

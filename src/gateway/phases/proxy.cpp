@@ -1,7 +1,7 @@
 // The respond phase for proxied requests: the upstream request
 // (upstream_body.cpp), the attempt loop over the pool's endpoints (policy in
 // routing::Attempts), then the response as a stream or a buffered body. Nothing is retried once a byte reached the
-// client (the commit point). The pool's admission queue is queue.cpp's.
+// client (the commit point). The pool's admission queue is queue.cpp's; the fallback chain, fallback.cpp's.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -13,10 +13,7 @@
 
 #include <fmt/format.h>
 
-#include "api/anthropic/request.hpp"
-#include "api/anthropic/upstream_request.hpp"
 #include "api/json_scan.hpp"
-#include "auth/authenticator.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "gateway/failure.hpp"
@@ -79,98 +76,6 @@ void GatewayPhases::commit(RequestContext& ctx) {
   w_.give_buffer(down_.body());
   w_.give_buffer(ctx.upstream_body_buf);
   w_.give_buffer(ctx.edit_buf);
-}
-
-namespace {
-
-// A {model: M} fallback takes the request only if its principal may use M,
-// as if it had asked for M (a tenant could otherwise reach a model its
-// allow-list refuses by making its own model fail).
-bool may_take(const RequestContext& ctx, const core::FallbackTarget& fb) {
-  return fb.model.empty() || !ctx.principal || auth::Authenticator::check_model(*ctx.principal, fb.model).has_value();
-}
-
-}  // namespace
-
-bool GatewayPhases::takes_request(const RequestContext& ctx, std::size_t step) const {
-  const core::FallbackTarget& fb = ctx.target.fallbacks[step];
-  const auto& pc = ctx.gen->config().pools[fb.pool];
-  const bool anthropic = pc.type == core::UpstreamType::anthropic;
-  // Same API as the client's: the body goes as it came (a model renamed).
-  if (anthropic ? is_anthropic(ctx.route) : !is_anthropic(ctx.route) || ctx.chat_translated) return true;
-  const std::uint64_t bit = step < 64 ? std::uint64_t{1} << step : 0;
-  if ((ctx.fallbacks_judged & bit) != 0) return (ctx.fallbacks_refused & bit) == 0;
-  thread_local std::string scratch;
-  bool ok = false;
-  if (!anthropic) {
-    // An Anthropic client's request to an OpenAI-compatible pool: its chat translation.
-    ok = api::anthropic::translate_request(
-             ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
-             down_.body(), scratch)
-             .has_value();
-  } else if (served_by_anthropic(ctx.route)) {
-    // Chat completions (or a Responses request's chat translation) to Anthropic's Messages API.
-    const api::anthropic::UpstreamRequestOptions o{
-        .model = fb.upstream_model.empty() ? std::string_view(ctx.model) : std::string_view(fb.upstream_model),
-        .default_max_tokens = pc.anthropic.max_tokens};
-    ok = api::anthropic::chat_to_messages(is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body(), o,
-                                          scratch)
-             .has_value();
-  }
-  if (scratch.capacity() > (64u << 10)) std::string().swap(scratch);
-  ctx.fallbacks_judged |= bit;
-  if (!ok) ctx.fallbacks_refused |= bit;
-  return ok;
-}
-
-std::size_t GatewayPhases::next_allowed(const RequestContext& ctx, std::size_t step, std::size_t chain) const {
-  while (step < chain && !(may_take(ctx, ctx.target.fallbacks[step]) && takes_request(ctx, step))) ++step;
-  return step;
-}
-
-bool GatewayPhases::fallback_left(const RequestContext& ctx) const {
-  const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
-  return next_allowed(ctx, ctx.fallback_step, chain) < chain && !down_.client_gone();
-}
-
-void GatewayPhases::next_target(RequestContext& ctx) {
-  const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
-  ctx.fallback_step = static_cast<std::uint8_t>(next_allowed(ctx, ctx.fallback_step, chain));
-  const auto& fb = ctx.target.fallbacks[ctx.fallback_step++];
-  ctx.pool_tries = 0;
-  ctx.pool_avoid = 0;
-  ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
-  ctx.target.upstream_model = fb.upstream_model;
-  ctx.pool = static_cast<int>(fb.pool);
-  ctx.endpoint = -1;
-  // Nothing of the failed target reached the client (a fail-over happens
-  // only then): what its answer was is not the request's. Its 2xx head is no
-  // head of this request's (settle() charges by it), and a stream it sent a
-  // non-streamed request does not make the fallback's request a stream
-  // (stream_options on a stream:false body is a 400 from vLLM); nor is the
-  // usage it reported (a usage chunk before the stream broke) the answer's.
-  ctx.upstream_status = 0;
-  ctx.stream = ctx.fields.stream;
-  ctx.has_usage = false;
-  ctx.usage = {};
-  // (A target passed over before anything was sent to it, its API unable to carry the request, is no retry.)
-  if (std::exchange(ctx.target_refused, false)) return;
-  ++ctx.retries;
-  ++w_.metrics().upstream_fallbacks;
-}
-
-bool GatewayPhases::retry_held_on_pool(RequestContext& ctx) {
-  const auto f = std::exchange(ctx.held_failure, http::UpstreamFailure::none);  // this relay's, or none
-  // As attempt_pool retries a failure before the head (routing::Attempts::
-  // on_exchange_failure): a reset or a timeout (the first token's), not an
-  // invalid answer; never past the request's own deadline.
-  if (f != http::UpstreamFailure::reset && f != http::UpstreamFailure::timeout) return false;
-  if (ctx.cutoff == RequestContext::Cutoff::deadline || down_.client_gone() || ctx.resume.active) return false;
-  if (ctx.endpoint < 0 || ctx.endpoint >= 64) return false;
-  if (ctx.pool_tries >= ctx.gen->config().pools[ctx.target.pool].retry.attempts) return false;
-  ctx.pool_avoid |= std::uint64_t{1} << ctx.endpoint;
-  ctx.held_failure = f;  // attempt_pool counts the retry by it, once it has an endpoint for it
-  return true;
 }
 
 core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::ResponseSource& src) {

@@ -73,18 +73,30 @@ core::Error as_responses_error(core::Error e) {
 
 }  // namespace
 
-std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
+std::optional<core::Error> GatewayPhases::chat_to_anthropic(const RequestContext& ctx, std::size_t pool,
+                                                            std::string_view upstream_model, std::string& out) const {
   // The chat body: the client's, or the Responses request's translation (parse).
   const std::string_view chat = is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body();
-  if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
-  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   const api::anthropic::UpstreamRequestOptions o{
-      .model = ctx.target.upstream_model.empty() ? std::string_view(ctx.model) : ctx.target.upstream_model,
-      .default_max_tokens = pc.anthropic.max_tokens};
-  auto r = api::anthropic::chat_to_messages(chat, o, ctx.upstream_body_buf);
+      .model = upstream_model.empty() ? std::string_view(ctx.model) : upstream_model,
+      .default_max_tokens = ctx.gen->config().pools[pool].anthropic.max_tokens};
+  auto r = api::anthropic::chat_to_messages(chat, o, out);
   if (r) return std::nullopt;
   if (is_responses(ctx.route)) return as_responses_error(std::move(r.error()));
   return std::move(r.error());
+}
+
+std::optional<core::Error> GatewayPhases::anthropic_to_chat(const RequestContext& ctx, std::string& out) const {
+  auto fields = api::anthropic::translate_request(
+      ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
+      down_.body(), out);
+  if (!fields) return std::move(fields.error());
+  return std::nullopt;
+}
+
+std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
+  if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
+  return chat_to_anthropic(ctx, ctx.target.pool, ctx.target.upstream_model, ctx.upstream_body_buf);
 }
 
 std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& ctx) {
@@ -119,10 +131,7 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
     // The parse phase only read this request (its first target is an
     // Anthropic pool); this OpenAI-compatible target needs the translation.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
-    auto fields = api::anthropic::translate_request(
-        ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
-        down_.body(), ctx.edit_buf);
-    if (!fields) return std::move(fields.error());
+    if (auto e = anthropic_to_chat(ctx, ctx.edit_buf)) return e;
     ctx.chat_translated = true;
   }
   // A translated request's upstream body is its translation (parse phase),
