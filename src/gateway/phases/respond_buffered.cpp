@@ -493,7 +493,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   commit(ctx);
   // A route admission does not see (GET /version, the upstream's model list) carries the principal's
   // x-ratelimit-* too, as Weir's own answers do (send_own): every answer to a tenant's request does.
-  if (ctx.principal && ctx.rate_limit_lines.empty() && w_.admission() != nullptr)
+  // (Only those: an admitted request noted its headers at admission, and a principal without limits has none.)
+  if (ctx.principal && !api_of(ctx.route) && w_.admission() != nullptr)
     note_rate_limits(ctx, std::chrono::steady_clock::now());
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
