@@ -1098,39 +1098,51 @@ def test_a_queued_batch_member_whose_client_leaves_as_it_is_let_in_gives_its_pla
     assert r.status_code == 200 and time.monotonic() - t0 < 2, (r.status_code, r.text[:200])
 
 
-def test_a_resumed_stream_keeps_its_queue_place(mock, weir):
+def test_a_resumed_stream_keeps_its_queue_place(weir):
     # The broken stream gave its place to a waiter while its continuation ran: 2 upstream requests on a pool
-    # capped at 1.
+    # capped at 1. Told by order, not by time: the waiter may reach an upstream only after the continuation's
+    # last bytes, which come PAUSE seconds after the continuation arrived.
     import threading
-    from test_gateway_resume import BREAK, FAST
-    a, b = mock(*FAST[:2], "--itl-ms", "150", "--max-tokens", "12"), mock(*FAST[:2], "--itl-ms", "150",
-                                                                          "--max-tokens", "12")
-    w = weir(config={"pools": {"gpu": {"endpoints": [a.base_url, b.base_url], "resume": True,
-                                       "retry": {"attempts": 2},
-                                       "queue": {"max_concurrent": 1, "size": 4, "saturation": False}}},
-                     "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
-    peak = [0]
-    done = threading.Event()
+    PAUSE = 0.8
+    arrivals = {}
+    head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n"
 
-    def watch():
-        while not done.is_set():
-            peak[0] = max(peak[0], a.metric("vllm:num_requests_running") + b.metric("vllm:num_requests_running"))
-            time.sleep(0.02)
-    t = threading.Thread(target=watch)
-    t.start()
-    got = {}
-    s = threading.Thread(target=lambda: got.setdefault("s", httpx.post(
-        w.v1 + "/chat/completions", headers=BREAK, timeout=30,
-        json={"model": "mock-model", "messages": MSG, "stream": True})))
-    s.start()
-    time.sleep(0.2)
-    waiter = httpx.post(w.v1 + "/chat/completions", timeout=30, json={"model": "mock-model", "messages": MSG})
-    s.join()
-    done.set()
-    t.join()
-    assert got["s"].status_code == 200 and waiter.status_code == 200
-    assert w.metric("weir_upstream_resumes_total") == 1
-    assert peak[0] <= 1, peak
+    def ev(c):
+        return b"data: " + json.dumps(c).encode() + b"\n\n"
+
+    def answer(headers, body):
+        doc = json.loads(body)
+        now = time.monotonic()
+        if doc.get("continue_final_message"):
+            arrivals["continuation"] = now
+            return [head + ev(chunk("", role="assistant")), PAUSE / 2, ev(chunk(" world")), PAUSE / 2,
+                    ev(chunk("", finish="stop")) + b"data: [DONE]\n\n", None]
+        if doc.get("stream"):
+            arrivals.setdefault("first", now)
+            return [head + ev(chunk("", role="assistant")) + ev(chunk("Hel")) + ev(chunk("lo")), None]
+        arrivals["waiter"] = now
+        return json_answer(json.dumps({"id": "w", "object": "chat.completion", "created": 1, "model": "m",
+                                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                                    "finish_reason": "stop"}]}).encode())
+    a, b = RawUpstream(answer), RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"gpu": {"endpoints": [a.url, b.url], "resume": True, "retry": {"attempts": 2},
+                                           "queue": {"max_concurrent": 1, "size": 4, "saturation": False}}},
+                         "models": {"m": {"pool": "gpu"}}}, workers=1)
+        got = {}
+        s = threading.Thread(target=lambda: got.setdefault("s", httpx.post(
+            w.v1 + "/chat/completions", timeout=30, json={"model": "m", "messages": MSG, "stream": True})))
+        s.start()
+        from conftest import wait_until
+        wait_until(lambda: "first" in arrivals, 5, message="the stream upstream")
+        waiter = httpx.post(w.v1 + "/chat/completions", timeout=30, json={"model": "m", "messages": MSG})
+        s.join()
+        assert got["s"].status_code == 200 and "world" in got["s"].text and waiter.status_code == 200
+        assert w.metric("weir_upstream_resumes_total") == 1
+        assert arrivals["waiter"] >= arrivals["continuation"] + PAUSE, arrivals
+    finally:
+        a.close()
+        b.close()
 
 
 def test_with_redis_a_patch_racing_a_delete_never_brings_the_key_back(mock, weir, redis):
