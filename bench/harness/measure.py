@@ -19,7 +19,7 @@ from loadgen import Load
 from procs import HarnessError
 from targets import Env, Mock, Target
 
-HISTS = ("e2e", "ttft", "itl")
+HISTS = ("e2e", "ttft", "itl", "hop")
 PCTS = ("p50", "p90", "p99", "p99_9", "max")
 
 

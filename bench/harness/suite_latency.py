@@ -58,6 +58,7 @@ def concurrency1_table(res: dict[str, list[dict]], rep: Report, section: str) ->
             continue
         a = agg(rs)
         ad = {p: measure.added(rs, d, "e2e", p) for p in ("p50", "p90", "p99", "p99_9")}
+        hop = {p: measure.added(rs, d, "hop", p) for p in ("p50", "p99", "p99_9")}
         added[label] = ad
         is_direct = label == DIRECT
         rows.append([label, f"{a['achieved_rate_rps']:,.0f}",
@@ -65,15 +66,18 @@ def concurrency1_table(res: dict[str, list[dict]], rep: Report, section: str) ->
                      "" if is_direct else f"{ad['p50']:+,.0f}" if ad['p50'] is not None else "–",
                      "" if is_direct else f"{ad['p99']:+,.0f}" if ad['p99'] is not None else "–",
                      "" if is_direct else f"{ad['p99_9']:+,.0f}" if ad['p99_9'] is not None else "–",
+                     "" if is_direct else " / ".join(f"{hop[p]:+,.0f}" if hop[p] is not None else "–"
+                                                     for p in ("p50", "p99", "p99_9")),
                      "" if is_direct else f"{a['target_cpu_cores']:.2f}" if a['target_cpu_cores'] is not None else "–",
                      sat_text(a)])
         for p in ("p50", "p99", "p99_9"):
             rep.row(section, label, 1, f"e2e_{p}", a[f"e2e_{p}_us"], "us", a["rounds"])
             if not is_direct:
                 rep.row(section, label, 1, f"added_e2e_{p}", ad[p], "us", a["rounds"])
+                rep.row(section, label, 1, f"added_hop_{p}", hop[p], "us", a["rounds"])
         rep.row(section, label, 1, "achieved_rps", a["achieved_rate_rps"], "req/s", a["rounds"])
     text = table(["target", "req/s", "e2e p50 / p99 / p99.9 (µs)", "added p50 (µs)", "added p99 (µs)",
-                  "added p99.9 (µs)", "CPU", "notes"], rows)
+                  "added p99.9 (µs)", "added per request p50 / p99 / p99.9 (µs)", "CPU", "notes"], rows)
     return text, added
 
 
@@ -321,7 +325,10 @@ def run(env: Env, opts: Options) -> Report:
             rep.compare("concurrency1", f"added e2e {name}, non-streamed, concurrency 1",
                         added.get("weir", {}).get(p), added.get("nginx", {}).get(p), "µs", 0)
     rep.section("Concurrency 1, instant mock: added latency (µs)", (
-        "One request at a time; added = gateway e2e − direct e2e, per round, median over rounds.\n\n" + text))
+        "One request at a time; added = gateway e2e − direct e2e, per round, median over rounds. *Added per "
+        "request*: the same from each request's own hop (weir-bench's `hop`: the client's wait less the time "
+        "weir-mock --stamp says it spent on the request), gateway − direct, free of the mock's and the "
+        "generator's jitter.\n\n" + text))
 
     env.log("  latency: throughput frontier")
     front = frontier(env, targets, mock, "frontier", rep)

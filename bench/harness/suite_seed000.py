@@ -96,12 +96,14 @@ def run(env: Env, opts: Options) -> Report:
             if not rs:
                 continue
             a = agg(rs)
-            ad = {f"{h}_{p}": measure.added(rs, dres, h, p) for h in ("ttft", "itl") for p in ("p50", "p99", "p99_9")}
+            ad = {f"{h}_{p}": measure.added(rs, dres, h, p)
+                  for h in ("ttft", "itl", "hop") for p in ("p50", "p99", "p99_9")}
             added_by[(label, rate)] = ad
             is_direct = label.startswith("direct")
             rows.append([f"{rate:,}", label, f"{a['achieved_rate_rps']:,.0f}",
                          f"{ms(a['ttft_p50_us'])} / {ms(a['ttft_p99_us'])} / {ms(a['ttft_p99_9_us'])}",
                          "" if is_direct else " / ".join(added_cell(ad[f'ttft_{p}']) for p in ("p50", "p99", "p99_9")),
+                         "" if is_direct else " / ".join(added_cell(ad[f'hop_{p}']) for p in ("p50", "p99", "p99_9")),
                          f"{ms(a['itl_p50_us'])} / {ms(a['itl_p99_us'])} / {ms(a['itl_p99_9_us'])}",
                          "" if is_direct else " / ".join(added_cell(ad[f'itl_{p}']) for p in ("p50", "p99", "p99_9")),
                          "" if is_direct else f"{a['target_cpu_cores']:.2f}" if a['target_cpu_cores'] is not None else "–",
@@ -110,7 +112,7 @@ def run(env: Env, opts: Options) -> Report:
             for h in ("ttft", "itl", "e2e"):
                 for p in ("p50", "p99", "p99_9"):
                     rep.row("latency", label, rate, f"{h}_{p}", a[f"{h}_{p}_us"], "us", a["rounds"])
-            for h in ("ttft", "itl"):
+            for h in ("ttft", "itl", "hop"):
                 for p in ("p50", "p99", "p99_9"):
                     if not is_direct:
                         rep.row("added", label, rate, f"added_{h}_{p}", ad[f"{h}_{p}"], "us", a["rounds"])
@@ -123,10 +125,12 @@ def run(env: Env, opts: Options) -> Report:
     rep.section("Latency by offered rate", (
         "Per rate: TTFT and inter-token latency (ITL) percentiles as the client saw them (ms), and *added* = "
         "through the gateway minus direct in the same round, median over rounds (ms; a negative value is "
-        "noise around zero). CPU: the gateway's utime+stime over the measured window / wall time (cores; "
+        "noise around zero). *Added per request*: the same from each stream's own first-token hop (weir-bench's "
+        "`hop`: send → first token, less the time weir-mock --stamp says it took to that token), gateway − "
+        "direct, free of the mock's timer jitter and the generator's lateness. CPU: the gateway's utime+stime over the measured window / wall time (cores; "
         "it is pinned to one core, so 1.00 is its ceiling). Peak RSS: VmHWM (MiB).\n\n"
         + table(["req/s", "target", "ok req/s", "TTFT p50 / p99 / p99.9", "added TTFT p50 / p99 / p99.9",
-                 "ITL p50 / p99 / p99.9", "added ITL p50 / p99 / p99.9", "CPU", "peak RSS", "notes"], rows)))
+                 "added per request p50 / p99 / p99.9", "ITL p50 / p99 / p99.9", "added ITL p50 / p99 / p99.9", "CPU", "peak RSS", "notes"], rows)))
     if dropped:
         rep.section("Saturation", "\n".join(f"- {k}: {v}; not run at higher rates." for k, v in dropped.items())
                     + (f"\n- Stepping stopped: {stop_reason}." if stop_reason else ""))
@@ -146,14 +150,20 @@ def run(env: Env, opts: Options) -> Report:
         r99 = ratio(ad["ttft_p99"], w["ttft_p99"])
         r999 = ratio(ad["ttft_p99_9"], w["ttft_p99_9"])
         ri99 = ratio(ad["itl_p99"], w["itl_p99"])
-        ratio_rows.append([f"{rate:,}", label, fmt_ratio(r99), fmt_ratio(r999), fmt_ratio(ri99)])
+        rh99, rh999 = ratio(ad["hop_p99"], w["hop_p99"]), ratio(ad["hop_p99_9"], w["hop_p99_9"])
+        ratio_rows.append([f"{rate:,}", label, fmt_ratio(r99), fmt_ratio(r999), fmt_ratio(ri99), fmt_ratio(rh99),
+                           fmt_ratio(rh999)])
+        rep.row("ratios", label, rate, "added_hop_p99_peer_over_weir", rh99, "x")
+        rep.row("ratios", label, rate, "added_hop_p99_9_peer_over_weir", rh999, "x")
         rep.row("ratios", label, rate, "added_ttft_p99_peer_over_weir", r99, "x")
         rep.row("ratios", label, rate, "added_ttft_p99_9_peer_over_weir", r999, "x")
         goal_vals.setdefault(label.split(" ")[0], []).append((rate, r99, r999, ad, w))
     if ratio_rows:
         rep.section("Weir against each peer", (
             "Peer's added latency / Weir's added latency, same rate, same run (bigger is better for Weir; "
-            "∞ when Weir's added latency is at or below zero, i.e. within the noise of the direct path).\n\n" + table(["req/s", "peer", "TTFT p99", "TTFT p99.9", "ITL p99"], ratio_rows)))
+            "∞ when Weir's added latency is at or below zero, i.e. within the noise of the direct path).\n\n"
+            + table(["req/s", "peer", "TTFT p99", "TTFT p99.9", "ITL p99", "per request p99", "per request p99.9"],
+                    ratio_rows)))
 
     cost_rows = []
     for (label, rate), w in added_by.items():

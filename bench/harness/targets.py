@@ -87,7 +87,7 @@ class Mock:
         self.flags = dict(ttft_ms=ttft_ms, itl_ms=itl_ms, max_tokens=max_tokens, threads=threads)
         argv = [self.env.binary("weir-mock"), "--listen", f"127.0.0.1:{self.port}", "--any-model",
                 "--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms), "--max-tokens", str(max_tokens),
-                "--threads", str(threads)] + (extra or [])
+                "--threads", str(threads), "--stamp"] + (extra or [])
         if self.tls is not None:
             argv += ["--tls-cert", str(self.tls.cert), "--tls-key", str(self.tls.key)]
         self.proc = launch(self.name, argv, self.env.work / "logs", cpu=self.env.load_cpu,

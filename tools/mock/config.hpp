@@ -42,6 +42,9 @@ struct MockConfig {
   int tick_us = 1000;          // --tick-us: least time between two scheduler passes, µs
   int keep_alive_s = 5;        // --keep-alive-s: idle keep-alive timeout (uvicorn/vLLM default 5 s)
   bool no_keep_alive = false;  // --no-keep-alive: every response says `connection: close` and the connection ends
+  // --stamp: a stream's first token chunk and a non-streamed body carry `"mock_ns": N` as their first member,
+  // the ns from the request fully read to that write (weir-bench's per-request added latency).
+  bool stamp = false;
 
   // --tls-cert / --tls-key: serve HTTPS on --listen (both or neither); --tls-no-resume: no session tickets or cache.
   std::string tls_cert;

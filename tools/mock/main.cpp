@@ -118,6 +118,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 86400));
   app.add_flag("--no-keep-alive", cfg.no_keep_alive,
                "Close every connection after its response (`connection: close`): each request on a new connection");
+  app.add_flag("--stamp", cfg.stamp,
+               "Stamp the mock's own time: `\"mock_ns\": N` (request fully read -> this write, ns) first in a "
+               "stream's first token chunk and in a non-streamed body, for weir-bench's per-request added latency");
   auto* cert_opt = app.add_option("--tls-cert", cfg.tls_cert,
                                   "Serve HTTPS on --listen with this PEM certificate (chain); needs --tls-key")
                        ->check(CLI::ExistingFile);

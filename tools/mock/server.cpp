@@ -143,6 +143,11 @@ class ConnectionT final : public Connection {
   void on_write(error_code ec);
   void after_response();
   Clock::time_point due(int step) const;
+  // --stamp: ns from the request fully read to now; -1 without --stamp.
+  std::int64_t stamp_ns() const {
+    if (!w_.cfg().stamp) return -1;
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t_start_).count();
+  }
   // The RST (--reset-after, x-mock-reset-after) is at a position in the
   // message: a generation that starts past it (a continuation) does not get it.
   bool reset_due() const { return faults_.reset_after >= 0 && (plan_.start == 0 || plan_.start < faults_.reset_after); }
@@ -557,7 +562,7 @@ void ConnectionT<Stream>::on_due(std::uint64_t gen, Clock::time_point now) {
       bump(m.generation_tokens, plan_.completion_tokens());
     }
     std::string body;
-    if (!faults_.empty_body) append_full_body(plan_, body);
+    if (!faults_.empty_body) append_full_body(plan_, body, stamp_ns());
     last_queued_ = true;
     const bool gzip = faults_.gzip;
     if (gzip && !body.empty()) body = gzip_compress(body);
@@ -573,7 +578,7 @@ void ConnectionT<Stream>::on_due(std::uint64_t gen, Clock::time_point now) {
   // An RST at the message's length: the last token (and its finish_reason)
   // goes out, then the RST one itl later, before the usage chunk and [DONE].
   const bool cut_at_end = reset_due() && faults_.reset_after == plan_.tokens;
-  append_stream_step(plan_, step_, scratch_, out_, !cut_at_end);
+  append_stream_step(plan_, step_, scratch_, out_, !cut_at_end, step_ == plan_.start ? stamp_ns() : -1);
   const auto produced = static_cast<std::uint64_t>(plan_.choices());
   bump(m.generation_tokens, produced);
   bump(m.kv_tokens, static_cast<std::int64_t>(produced));

@@ -572,7 +572,21 @@ void append_sse_chunk(std::string& out, std::string_view json) {
   out += "\n\n\r\n";
 }
 
-void append_stream_step(const Plan& p, int step, std::string& s, std::string& out, bool end) {
+namespace {
+
+// --stamp: `"mock_ns":N,` as the first member of the JSON object that starts `s` at `at`.
+void insert_stamp(std::string& s, std::size_t at, std::int64_t stamp_ns) {
+  if (stamp_ns < 0) return;
+  std::string m = "\"mock_ns\":";
+  append_int(m, static_cast<std::uint64_t>(stamp_ns));
+  m += ',';
+  s.insert(at + 1, m);
+}
+
+}  // namespace
+
+void append_stream_step(const Plan& p, int step, std::string& s, std::string& out, bool end, std::int64_t stamp_ns) {
+  if (step != p.start) stamp_ns = -1;
   const bool last = step == p.tokens - 1;
   const auto done = static_cast<std::uint64_t>(step - p.start) + 1;  // tokens per choice produced after this step
   if (p.endpoint == Endpoint::chat) {
@@ -594,6 +608,7 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
     }
     for (int i = 0; i < p.n; ++i) {
       s = p.chunk_prefix;
+      if (i == 0) insert_stamp(s, 0, stamp_ns);
       append_int(s, static_cast<std::uint64_t>(i));
       s += step < p.reasoning_tokens ? ",\"delta\":{\"reasoning_content\":\"" : ",\"delta\":{\"content\":\"";
       s += token_text(p.prompt_hash[0], i, step);
@@ -640,6 +655,7 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
     for (std::size_t pi = 0; pi < p.prompt_hash.size(); ++pi) {
       for (int i = 0; i < p.n; ++i) {
         s = p.chunk_prefix;
+        if (pi == 0 && i == 0) insert_stamp(s, 0, stamp_ns);
         append_int(s, pi * static_cast<std::size_t>(p.n) + static_cast<std::size_t>(i));
         s += ",\"text\":\"";
         s += token_text(p.prompt_hash[pi], i, step);
@@ -666,8 +682,10 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
   out += "0\r\n\r\n";
 }
 
-void append_full_body(const Plan& p, std::string& out) {
+void append_full_body(const Plan& p, std::string& out, std::int64_t stamp_ns) {
+  const std::size_t at = out.size();
   out += p.body_head;
+  insert_stamp(out, at, stamp_ns);
   if (p.endpoint == Endpoint::embedding) {
     out += ",\"data\":[";
     std::vector<float> v;

@@ -95,12 +95,16 @@ void append_sse_chunk(std::string& out, std::string_view json);
 // choice; at the last step also the final usage chunk (if asked), `data:
 // [DONE]` and the chunked-encoding terminator. `scratch` is a reusable buffer.
 // `end` false: the last step without the usage chunk, [DONE] and the
-// terminator (a stream cut right after its last token).
-void append_stream_step(const Plan& plan, int step, std::string& scratch, std::string& out, bool end = true);
+// terminator (a stream cut right after its last token). `stamp_ns` >= 0:
+// the first token chunk (choice 0 at plan.start) carries `"mock_ns":
+// stamp_ns` as its first member (--stamp).
+void append_stream_step(const Plan& plan, int step, std::string& scratch, std::string& out, bool end = true,
+                        std::int64_t stamp_ns = -1);
 
 // Appends the non-streaming JSON body (chat.completion, text_completion, or
-// the embedding list) to `out`.
-void append_full_body(const Plan& plan, std::string& out);
+// the embedding list) to `out`; `stamp_ns` >= 0: with `"mock_ns": stamp_ns`
+// as its first member (--stamp).
+void append_full_body(const Plan& plan, std::string& out, std::int64_t stamp_ns = -1);
 
 // vLLM's error body for `status` and `message`; `type` defaults to
 // error_type(status). (vLLM's HTTPException handler uses the reason phrase,

@@ -87,6 +87,21 @@ TEST(BenchScanJson, ContentRules) {
   EXPECT_FALSE(scan_json(R"({"id":"x","error":null})").is_error);
 }
 
+// weir-mock --stamp's "mock_ns": read wherever the member is, -1 when absent, and the first token's value is
+// the stream's (a later token's stamp, or the role chunk's, does not replace it).
+TEST(BenchScanJson, MockStamp) {
+  EXPECT_EQ(scan_json(R"({"mock_ns":20005123,"id":"c","choices":[{"delta":{"content":"a"}}]})").mock_ns, 20005123);
+  EXPECT_EQ(scan_json(R"({"id":"c","choices":[{"delta":{"content":"a"}}]})").mock_ns, -1);
+  EXPECT_EQ(scan_json(R"({"note":"\"mock_ns\":5","id":"c"})").mock_ns, -1);  // inside a string: no member
+  StreamTracker tr;
+  tr.start(nullptr, 0);
+  tr.feed("data: {\"mock_ns\":7,\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n", 10);
+  tr.feed("data: {\"mock_ns\":20000000,\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n", 20);
+  tr.feed("data: {\"mock_ns\":25000000,\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n", 30);
+  EXPECT_EQ(tr.stats().first_token_ns, 20);
+  EXPECT_EQ(tr.stats().first_token_mock_ns, 20'000'000);
+}
+
 struct Timed {
   std::string bytes;
   std::int64_t at_ns;

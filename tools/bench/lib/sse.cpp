@@ -63,9 +63,11 @@ JsonScan scan_json(std::string_view json) {
     if (p == end) break;
     switch (str.size()) {
       case 4:   // text
-      case 7:   // content
+      case 7:   // content / mock_ns
       case 17:  // reasoning_content / completion_tokens
-        if (str == "content" || str == "text" || str == "reasoning_content") {
+        if (str == "mock_ns") {
+          out.mock_ns = parse_int(p, end);
+        } else if (str == "content" || str == "text" || str == "reasoning_content") {
           if (*p == '"' && p + 1 != end && p[1] != '"') out.has_content = true;
         } else if (str == "completion_tokens") {
           out.completion_tokens = parse_int(p, end);
@@ -117,6 +119,7 @@ void StreamTracker::on_event(std::string_view type, std::string_view data, std::
     return;
   }
   bool token = false;
+  std::int64_t mock_ns = -1;
   if (type.starts_with("response.")) {
     // OpenAI Responses events: the text and reasoning deltas are the tokens;
     // the .done events and the response snapshots repeat text already counted.
@@ -127,11 +130,13 @@ void StreamTracker::on_event(std::string_view type, std::string_view data, std::
     if (scan.completion_tokens >= 0) stats_.usage_completion_tokens = scan.completion_tokens;
     if (scan.prompt_tokens >= 0) stats_.usage_prompt_tokens = scan.prompt_tokens;
     token = scan.has_content;
+    mock_ns = scan.mock_ns;
   }
   if (!token) return;
   ++stats_.tokens;
   if (stats_.first_token_ns < 0) {
     stats_.first_token_ns = now_ns;
+    stats_.first_token_mock_ns = mock_ns;
   } else {
     const std::int64_t gap = now_ns - stats_.last_token_ns;
     if (itl_) itl_->record(gap);

@@ -74,6 +74,7 @@ struct JsonScan {
   bool is_error = false;                // the first member's key is "error"
   std::int64_t completion_tokens = -1;  // "completion_tokens" or "output_tokens", -1 if absent
   std::int64_t prompt_tokens = -1;      // "prompt_tokens" or "input_tokens", -1 if absent
+  std::int64_t mock_ns = -1;            // "mock_ns": weir-mock --stamp's own time for the request, ns; -1 if absent
 };
 JsonScan scan_json(std::string_view json);
 
@@ -81,6 +82,7 @@ JsonScan scan_json(std::string_view json);
 // caller's clock; -1 means "did not happen".
 struct StreamStats {
   std::int64_t first_token_ns = -1;
+  std::int64_t first_token_mock_ns = -1;  // the first token event's "mock_ns" (weir-mock --stamp), -1 if absent
   std::int64_t last_token_ns = -1;
   std::int64_t max_gap_ns = 0;  // largest ITL gap
   std::uint32_t tokens = 0;     // token events

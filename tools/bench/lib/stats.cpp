@@ -72,6 +72,7 @@ void Stats::merge(const Stats& o) {
   itl.merge(o.itl);
   sender_lag.merge(o.sender_lag);
   connect.merge(o.connect);
+  hop.merge(o.hop);
 }
 
 namespace {
@@ -187,6 +188,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   o["itl"] = hist_json(s.itl);
   o["sender_lag"] = hist_json(s.sender_lag);
   o["connect"] = hist_json(s.connect);
+  o["hop"] = hist_json(s.hop);
   o["sender_lag_p99_us"] = us(s.sender_lag.value_at_percentile(99));
 
   boost::json::object gen;
@@ -214,8 +216,9 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
 
 std::string to_csv(const Stats& s) {
   std::string out = "metric,count,min_us,mean_us,p50_us,p90_us,p99_us,p99_9_us,max_us\n";
-  const std::pair<const char*, const Histogram*> rows[] = {
-      {"e2e", &s.e2e}, {"ttft", &s.ttft}, {"itl", &s.itl}, {"sender_lag", &s.sender_lag}, {"connect", &s.connect}};
+  const std::pair<const char*, const Histogram*> rows[] = {{"e2e", &s.e2e},         {"ttft", &s.ttft},
+                                                           {"itl", &s.itl},         {"sender_lag", &s.sender_lag},
+                                                           {"connect", &s.connect}, {"hop", &s.hop}};
   for (const auto& [name, h] : rows) {
     out += fmt::format("{},{},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f},{:.3f}\n", name, h->count(), us(h->min()),
                        std::round(h->mean()) / kUs, us(h->value_at_percentile(50)), us(h->value_at_percentile(90)),
@@ -252,8 +255,9 @@ std::string to_text(const RunInfo& run, const Stats& s, const Verdict& v) {
       ratio(s.outcomes[static_cast<std::size_t>(Outcome::ok)], run.duration_s), ratio(s.tokens, run.duration_s));
   out +=
       fmt::format("  {:<11}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}\n", "", "count", "p50", "p90", "p99", "p99.9", "max");
-  const std::pair<const char*, const Histogram*> rows[] = {
-      {"e2e", &s.e2e}, {"ttft", &s.ttft}, {"itl", &s.itl}, {"sender_lag", &s.sender_lag}, {"connect", &s.connect}};
+  const std::pair<const char*, const Histogram*> rows[] = {{"e2e", &s.e2e},         {"ttft", &s.ttft},
+                                                           {"itl", &s.itl},         {"sender_lag", &s.sender_lag},
+                                                           {"connect", &s.connect}, {"hop", &s.hop}};
   for (const auto& [name, h] : rows) {
     if (h->count() == 0) continue;
     out += fmt::format("  {:<11}{:>10}{:>11}{:>11}{:>11}{:>11}{:>11}\n", name, h->count(),

@@ -67,6 +67,11 @@ struct Stats {
   Histogram itl;         // gaps between consecutive token events, any outcome
   Histogram sender_lag;  // intended send -> release by the pacer (open loop)
   Histogram connect;     // TCP connect duration
+  // The hop, per request, where the upstream stamps its own time (weir-mock --stamp: "mock_ns"): actual send ->
+  // first token (a stream) or last byte (not), less the upstream's time from the request read to that write.
+  // What the path between client and model server (loopback, or the gateway and its two connections) took, free
+  // of the mock's timer jitter and the generator's lateness; ok and stall outcomes.
+  Histogram hop;
 
   std::uint64_t errors() const;  // completed - ok - cancelled - left
   void merge(const Stats& other);

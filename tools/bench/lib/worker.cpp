@@ -89,6 +89,8 @@ bool iequals_prefix(std::string_view s, std::string_view prefix) {
 
 struct Req {
   std::int64_t intended_ns = 0;
+  std::int64_t sent_ns = 0;   // written to the socket (start_request)
+  std::int64_t mock_ns = -1;  // a non-streamed body's "mock_ns" (weir-mock --stamp), -1 if absent
   std::uint32_t payload = 0;
   bool measured = false;
   bool retried = false;
@@ -443,6 +445,7 @@ struct Worker::Impl {
     ++busy;
     stats.max_busy = std::max(stats.max_busy, busy);
     c.req = r;
+    c.req.sent_ns = now_ns();
     c.got_bytes = false;
     c.sse = false;
     c.status = 0;
@@ -596,9 +599,10 @@ struct Worker::Impl {
     if (c.sse) {
       record_done(c.req, o, now, &c.tracker.stats());
     } else {
+      const JsonScan scan = c.req.measured && o == Outcome::ok ? scan_json(c.body) : JsonScan{};
+      c.req.mock_ns = scan.mock_ns;
       record_done(c.req, o, now, nullptr);
       if (c.req.measured && o == Outcome::ok) {
-        const JsonScan scan = scan_json(c.body);
         if (scan.completion_tokens >= 0) {
           stats.tokens += static_cast<std::uint64_t>(scan.completion_tokens);
           stats.usage_completion_tokens += static_cast<std::uint64_t>(scan.completion_tokens);
@@ -634,9 +638,13 @@ struct Worker::Impl {
     if (!r.measured) return;
     ++stats.completed;
     ++stats.outcomes[static_cast<std::size_t>(o)];
-    if (o == Outcome::ok || o == Outcome::stall) stats.e2e.record(now - r.intended_ns);
+    const bool answered = o == Outcome::ok || o == Outcome::stall;
+    if (answered) stats.e2e.record(now - r.intended_ns);
+    if (answered && !s && r.mock_ns >= 0) stats.hop.record(std::max<std::int64_t>(0, now - r.sent_ns - r.mock_ns));
     if (s) {
       if (s->first_token_ns >= 0) stats.ttft.record(s->first_token_ns - r.intended_ns);
+      if (answered && s->first_token_ns >= 0 && s->first_token_mock_ns >= 0)
+        stats.hop.record(std::max<std::int64_t>(0, s->first_token_ns - r.sent_ns - s->first_token_mock_ns));
       stats.tokens += s->tokens;
       stats.events += s->events;
       live.tokens.fetch_add(s->tokens, std::memory_order_relaxed);
