@@ -10,16 +10,16 @@ namespace {
 
 constexpr std::string_view kRedacted = "REDACTED";
 
-constexpr std::array<std::string_view, 11> kSecretNames = {
-    "key", "apikey", "api_key", "api-key", "token", "access_token", "sig", "signature", "password", "passwd", "secret"};
+constexpr std::array<std::string_view, 13> kSecretNames = {
+    "key",       "apikey",   "api_key", "api-key", "token",         "access_token", "sig",
+    "signature", "password", "passwd",  "secret",  "authorization", "credentials"};
 constexpr std::array<std::string_view, 8> kSecretSuffixes = {"key",       "apikey",   "token",  "sig",
                                                              "signature", "password", "passwd", "secret"};
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
-// Percent-decoded (a malformed escape stays as written) and ASCII-lower-cased,
-// so "API%5FKEY" is compared as "api_key".
-std::string decode_lower(std::string_view s) {
+// Percent-decoded (a malformed escape stays as written), case kept.
+std::string decode(std::string_view s) {
   std::string out;
   out.reserve(s.size());
   for (std::size_t i = 0; i < s.size(); ++i) {
@@ -30,7 +30,7 @@ std::string decode_lower(std::string_view s) {
     } else if (c == '+') {
       c = ' ';
     }
-    out.push_back(lower(c));
+    out.push_back(c);
   }
   return out;
 }
@@ -49,13 +49,20 @@ bool is_scheme(std::string_view s) {
 }  // namespace
 
 bool is_secret_param(std::string_view name) {
-  const std::string n = decode_lower(name);
+  const std::string decoded = decode(name);  // "API%5FKEY" is "API_KEY"
+  std::string n = decoded;
+  for (char& c : n) c = lower(c);
   for (auto s : kSecretNames)
     if (n == s) return true;
   for (auto s : kSecretSuffixes) {
     if (n.size() > s.size() && n.ends_with(s)) {
-      const char sep = n[n.size() - s.size() - 1];
+      const std::size_t at = n.size() - s.size();
+      const char sep = n[at - 1];
       if (sep == '-' || sep == '_' || sep == '.') return true;
+      // camelCase: "accessToken", "clientSecret", "privateKey" (not "monkey", "passkey").
+      const char first = decoded[at];
+      const char before = decoded[at - 1];
+      if (first >= 'A' && first <= 'Z' && !(before >= 'A' && before <= 'Z')) return true;
     }
   }
   return false;

@@ -50,9 +50,11 @@ TEST(RedactUrl, SecretParamNames) {
        {"key",         "api_key",          "api-key",        "apikey",        "token",         "access_token",
         "sig",         "signature",        "password",       "secret",        "passwd",        "API_KEY",
         "Token",       "x-api-key",        "x_goog_api_key", "client_secret", "refresh_token", "X-Amz-Security-Token",
-        "db.password", "subscription-key", "api%2Dkey"})
+        "db.password", "subscription-key", "api%2Dkey",      "accessToken",   "clientSecret",  "privateKey",
+        "apiKey",      "x-goog-apiKey",    "Authorization",  "credentials",   "sessionToken",  "dbPassword"})
     EXPECT_TRUE(is_secret_param(n)) << n;
-  for (const char* n : {"", "model", "monkey", "keys", "tokenizer", "signed", "n", "secretary", "k"})
+  for (const char* n : {"", "model", "monkey", "keys", "tokenizer", "signed", "n", "secretary", "k", "passkey",
+                        "TOKEN_ID", "maxTokens", "USERKEY"})
     EXPECT_FALSE(is_secret_param(n)) << n;
 }
 
