@@ -59,6 +59,25 @@ std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v,
   return std::nullopt;
 }
 
+std::optional<std::chrono::milliseconds> parse_retry_after_ms(std::string_view v) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  const auto dot = v.find('.');
+  const std::string_view whole = v.substr(0, dot);
+  const std::string_view frac = dot == std::string_view::npos ? std::string_view() : v.substr(dot + 1);
+  const auto digits = [](std::string_view s) {
+    return std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  if (whole.empty() || !digits(whole) || !digits(frac) || (dot != std::string_view::npos && frac.empty()))
+    return std::nullopt;
+  // More than 12 digits of ms (about 31 years) is past any cap: said as 10^12 ms.
+  if (whole.size() > 12) return std::chrono::milliseconds(std::int64_t{1'000'000'000'000});
+  std::int64_t ms = 0;
+  std::from_chars(whole.data(), whole.data() + whole.size(), ms);
+  if (frac.find_first_not_of('0') != std::string_view::npos) ++ms;
+  return std::chrono::milliseconds(ms);
+}
+
 Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req)
     : pool_(pool), rng_(rng), req_(req), endpoint_(pool.pick(now, rng, WorkerPool::npos, req)) {
   if (endpoint_ != WorkerPool::npos) trial_ = pool_.begin_request(endpoint_, now);
@@ -184,13 +203,16 @@ RetryDecision Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused
   return d;
 }
 
-RetryDecision Attempts::on_status(int status, std::string_view retry_after, Clock::time_point now) {
+RetryDecision Attempts::on_status(int status, std::string_view retry_after, Clock::time_point now,
+                                  std::string_view retry_after_ms) {
   RetryDecision d{.reason = RetryReason::status};
   if (!retryable_status(status)) return d;
   const auto& rc = pool_.config().retry;
   auto wait = std::chrono::milliseconds(0);
-  if (!retry_after.empty() && (status == 429 || status == 503 || status == 529)) {
-    if (auto ra = parse_retry_after(retry_after, std::chrono::system_clock::now())) {
+  if (status == 429 || status == 503 || status == 529) {
+    auto ra = retry_after_ms.empty() ? std::nullopt : parse_retry_after_ms(retry_after_ms);
+    if (!ra && !retry_after.empty()) ra = parse_retry_after(retry_after, std::chrono::system_clock::now());
+    if (ra) {
       if (*ra > rc.retry_after_cap) return d;  // not worth waiting for here (a fallback may take it)
       wait = *ra;
     }

@@ -40,6 +40,11 @@ bool retryable_status(int status);
 std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v,
                                                            std::chrono::system_clock::time_point now);
 
+// A `retry-after-ms` value (OpenAI's field, read before Retry-After by its
+// SDKs): a non-negative decimal number of milliseconds, a fraction rounded
+// up ("1.5" is 2 ms); nullopt for anything else (Retry-After is read then).
+std::optional<std::chrono::milliseconds> parse_retry_after_ms(std::string_view v);
+
 class Attempts {
  public:
   using Clock = std::chrono::steady_clock;
@@ -105,10 +110,13 @@ class Attempts {
   RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                     Clock::duration since_sent, Clock::time_point now);
   // The response head has status `status` (retryable_status) with
-  // `retry_after` (the Retry-After field, or empty). Retried while
-  // retry.attempts and the budget allow, after max(backoff, Retry-After); a
-  // Retry-After beyond retry.retry_after_cap is not waited for.
-  RetryDecision on_status(int status, std::string_view retry_after, Clock::time_point now);
+  // `retry_after` (the Retry-After field, or empty) and `retry_after_ms`
+  // (the retry-after-ms field, or empty; it wins when it parses, as in the
+  // OpenAI SDKs). Retried while retry.attempts and the budget allow, after
+  // max(backoff, the asked delay); a delay beyond retry.retry_after_cap is
+  // not waited for.
+  RetryDecision on_status(int status, std::string_view retry_after, Clock::time_point now,
+                          std::string_view retry_after_ms = {});
 
  private:
   // Another attempt on this pool after `reason`, if attempts and budget allow; moves to another endpoint.

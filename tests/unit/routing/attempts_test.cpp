@@ -335,6 +335,26 @@ TEST(RoutingAttempts, RetryAfterIsHonouredUpToItsCap) {
     ASSERT_TRUE(d.retry);
     EXPECT_LE(d.delay, 1ms);
   }
+  {
+    // retry-after-ms (OpenAI's) wins over Retry-After when it parses, and is held to the same cap.
+    Attempts a(*p, rng, now);
+    const auto d = a.on_status(429, "1", now, "250");
+    ASSERT_TRUE(d.retry);
+    EXPECT_EQ(d.delay, 250ms);
+    Attempts b(*p, rng, now);
+    EXPECT_FALSE(b.on_status(503, "", now, "2500.5").retry) << "longer than retry_after_cap";
+    Attempts c(*p, rng, now);
+    EXPECT_EQ(c.on_status(429, "1", now, "soon").delay, 1000ms) << "unparsable: Retry-After is read";
+  }
+  EXPECT_EQ(parse_retry_after_ms("250"), 250ms);
+  EXPECT_EQ(parse_retry_after_ms(" 1.5 "), 2ms);
+  EXPECT_EQ(parse_retry_after_ms("7.000"), 7ms);
+  EXPECT_FALSE(parse_retry_after_ms("-5"));
+  EXPECT_FALSE(parse_retry_after_ms("1."));
+  EXPECT_FALSE(parse_retry_after_ms(".5"));
+  EXPECT_FALSE(parse_retry_after_ms("1e3"));
+  EXPECT_FALSE(parse_retry_after_ms(""));
+  EXPECT_GE(*parse_retry_after_ms("99999999999999"), std::chrono::hours(24 * 365));
   const auto wall = std::chrono::system_clock::from_time_t(1445412480);  // Wed, 21 Oct 2015 07:28:00 GMT
   EXPECT_EQ(parse_retry_after(" 12 ", wall), 12000ms);
   EXPECT_FALSE(parse_retry_after("-1", wall));
