@@ -186,7 +186,7 @@ std::uint32_t seconds_until(const BucketView& v, double cost) {
 
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
                                                    TokenEstimate estimate, Instant now, Shortfall* wait,
-                                                   const Pricing* prices) {
+                                                   const Pricing* prices, const ModelPrice* reserve_at) {
   if (limiter_.refusing()) return tl::unexpected(store_unavailable());
   ScopeRef sc[2];
   const int n = scopes_of(principal, sc);
@@ -206,9 +206,8 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
   }
   if (any_budget) {
     t.price_ = (prices ? *prices : pricing_).find(model);
-    if (t.price_)
-      worst =
-          cost_nano_usd(*t.price_, api::Usage{estimate.prompt_tokens, estimate.completion_tokens, estimated_tokens, 0});
+    if (const ModelPrice* at = reserve_at ? reserve_at : t.price_)
+      worst = cost_nano_usd(*at, api::Usage{estimate.prompt_tokens, estimate.completion_tokens, estimated_tokens, 0});
     t.reserved_nano_usd_ = worst;
   }
 

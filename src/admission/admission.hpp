@@ -82,6 +82,12 @@ class Ticket {
   std::uint64_t estimated_tokens() const noexcept { return estimated_; }
   // The worst-case cost reserved against each budgeted scope, nano-USD (0 when none).
   std::int64_t reserved_nano_usd() const noexcept { return reserved_nano_usd_; }
+  // The price settle() charges the usage at, from now on: the model that
+  // answers (a fallback to another model, {model: M}); null: free. Only for
+  // a ticket with a budget (one without charges nothing); before settle().
+  void reprice(const ModelPrice* price) noexcept {
+    if (budget_[0] || budget_[1]) price_ = price;
+  }
 
  private:
   friend class Admission;
@@ -160,10 +166,14 @@ class Admission {
   //
   // `prices` (the request's configuration generation's) prices the budget
   // reservation; null: the Pricing given at construction. The ticket keeps
-  // a pointer into it: it must outlive the ticket.
+  // a pointer into it: it must outlive the ticket. `reserve_at`, when given,
+  // prices the reservation instead of `model`'s own price (the highest of
+  // the prices of every model that may answer: its fallbacks to other
+  // models), so the budget's bound holds whichever answers; the ticket still
+  // settles at `model`'s price until Ticket::reprice().
   tl::expected<Ticket, core::Error> admit(const auth::Principal& principal, std::string_view model,
                                           TokenEstimate estimate, Instant now, Shortfall* wait = nullptr,
-                                          const Pricing* prices = nullptr);
+                                          const Pricing* prices = nullptr, const ModelPrice* reserve_at = nullptr);
 
   // Reconciles a finished request: charges (actual - estimated) tokens to
   // the tokens buckets (a refund when negative), replaces the budget

@@ -479,8 +479,12 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     if (h.include_usage.type == Shape::Type::boolean) f.include_usage = h.include_usage.b;
     f.usage_asked = f.include_usage || h.include_usage.type == Shape::Type::absent;
   }
+  // vLLM's chat request reads max_completion_tokens, then max_tokens; its completions request (and every other)
+  // has no max_completion_tokens and reads only max_tokens: a max_completion_tokens there limits nothing, and
+  // must not lower the estimate limits and budgets reserve (the upstream would generate max_tokens).
   for (const auto& [name, v] :
        {std::pair{"max_completion_tokens", &h.max_completion_tokens}, std::pair{"max_tokens", &h.max_tokens}}) {
+    if (v == &h.max_completion_tokens && kind != ApiKind::chat_completions) continue;
     if (v->present() && f.max_tokens == 0) {
       auto t = positive_int(*v, name);
       if (!t) return tl::unexpected(t.error());

@@ -103,6 +103,8 @@ class Authenticator {
   // not configured caches a 403.
   void store_key_lookup(const Sha256Digest& digest, const KeyLookup& result, WallTime asked_at);
   const std::shared_ptr<const AuthPolicy>& policy() const noexcept { return policy_; }
+  // Whether a client's credential is checked (AuthConfig::verifies_credentials): false, every request is anonymous.
+  bool verifies_credentials() const noexcept { return policy_->config().verifies_credentials; }
 
   struct Stats {
     std::uint64_t jwt_cache_hits = 0;

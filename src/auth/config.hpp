@@ -114,6 +114,12 @@ struct AuthConfig {
   // auth.budget_utc_offset: every calendar budget's (period: day|week|month)
   // offset east of UTC, seconds; also given to runtime keys' calendar budgets.
   std::int32_t budget_utc_offset_s = 0;
+  // False when the file has no `auth:` section and no admin API (only
+  // `tenants:` or `pricing:`): there is no key to check a credential
+  // against, so a client's Authorization or x-api-key is not Weir's: every
+  // request is anonymous and the credential goes upstream, as with no
+  // section at all (docs/auth.md). Set by gateway::load_config.
+  bool verifies_credentials = true;
 };
 
 // Environment lookup, injectable for tests (returns nullptr when unset).

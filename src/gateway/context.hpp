@@ -109,8 +109,12 @@ struct RequestContext {
   int endpoint = -1;      // endpoint index within the pool, -1 = none
 
   // --- admit ---
-  admission::Ticket ticket;  // stream slots and budget reservations until settled (log)
-  const admission::ModelPrice* price = nullptr;
+  admission::Ticket ticket;                      // stream slots and budget reservations until settled (log)
+  const admission::ModelPrice* price = nullptr;  // of the model that answers (a fallback's {model: M} moves it)
+  // The budget reservation's price when a fallback model may answer at a higher one than the request's model:
+  // the highest of each price over them (admit_checks); has_reserve_price false: the model's own.
+  admission::ModelPrice reserve_price;
+  bool has_reserve_price = false;
   std::uint64_t prompt_tokens_estimate = 0;  // charged when the upstream worked but reported no usage
   std::int64_t spend_nano_usd = 0;           // set by log's settle
   std::string rate_limit_lines;              // x-ratelimit-* header lines for every answer to this request

@@ -148,7 +148,10 @@ core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv
     auto tracing_cfg = tracing::parse_tracing_config(root, file, getenv_fn);
     if (!tracing_cfg) return tl::unexpected(std::move(tracing_cfg.error()));
     out.tracing = std::move(*tracing_cfg);
-    if (root["auth"] || root["tenants"] || root["pricing"]) out.auth = std::move(*auth_cfg);
+    if (root["auth"] || root["tenants"] || root["pricing"]) {
+      out.auth = std::move(*auth_cfg);
+      out.auth->verifies_credentials = root["auth"] || out.admin;
+    }
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);
     // Bodies are captured per tenant: the tenants must exist.

@@ -134,6 +134,8 @@ class Worker {
   unsigned index() const { return index_; }
   // The authenticate and admit phases; null when auth is not configured.
   auth::Authenticator* authenticator() { return authn_.get(); }
+  // Whether the client's credentials are Weir's (checked, and so never sent upstream).
+  bool verifies_credentials() const { return authn_ && authn_->verifies_credentials(); }
   admission::Admission* admission() { return admission_.get(); }
   bool draining() const { return draining_; }
   // A new request id: 28 hex digits: the instance (8), the worker (2), a

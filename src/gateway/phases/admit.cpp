@@ -1,6 +1,9 @@
 // The admit phase: the model allow-list, rate limits, stream caps and
 // budgets of the principal's tenant and key (docs/admission.md), with
 // OpenAI's x-ratelimit-* headers for every answer to the request.
+#include <algorithm>
+#include <cstdint>
+
 #include "admission/refill.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -18,6 +21,21 @@ std::string_view admit_model(const RequestContext& ctx) {
 
 }  // namespace
 
+namespace {
+
+// max_tokens × n × prompts, saturated at 2^53 tokens (a count any bucket or budget refuses, and exact as a
+// double): each factor may be up to 2^32 − 1, and a product that wrapped (2^31 · 2^31 · 4 is 0 mod 2^64)
+// would reserve nothing against the limits it must pass.
+std::uint64_t completion_estimate(std::uint64_t max_tokens, std::uint64_t n, std::uint64_t prompts) {
+  constexpr std::uint64_t kMax = std::uint64_t{1} << 53;
+  std::uint64_t a = 0;
+  std::uint64_t b = 0;
+  if (__builtin_mul_overflow(max_tokens, n, &a) || __builtin_mul_overflow(a, prompts, &b)) return kMax;
+  return std::min(b, kMax);
+}
+
+}  // namespace
+
 std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admission::TokenEstimate& estimate) {
   const auto api = api_of(ctx.route);
   if (!api) return Outcome::next();
@@ -29,7 +47,7 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
       *api == api::ApiKind::embeddings || *api == api::ApiKind::vllm_extra || *api == api::ApiKind::audio ||
               ctx.route == RouteKind::messages_count_tokens
           ? 0
-          : std::uint64_t{f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens} * f.n * f.prompt_count;
+          : completion_estimate(f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens, f.n, f.prompt_count);
   // Tokenizing and counting tokens run no model: they cost no tokens (but
   // count against request limits; docs/protocols.md).
   const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize ||
@@ -42,6 +60,21 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   if (!ctx.principal) return Outcome::next();
   const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it
   ctx.price = prices.find(admit_model(ctx));
+  // A fallback to another model ({model: M}) is charged at M's price (next_target reprices the ticket), so the
+  // reservation is made at the highest price of any model that may answer: the budget's bound holds either way.
+  ctx.has_reserve_price = false;
+  for (const auto& fb : ctx.target.fallbacks) {
+    if (fb.model.empty()) continue;
+    const admission::ModelPrice* p = prices.find(fb.model);
+    if (p == ctx.price || p == nullptr) continue;
+    if (!ctx.has_reserve_price) {
+      ctx.reserve_price = ctx.price ? *ctx.price : admission::ModelPrice{};
+      ctx.has_reserve_price = true;
+    }
+    ctx.reserve_price.input = std::max(ctx.reserve_price.input, p->input);
+    ctx.reserve_price.output = std::max(ctx.reserve_price.output, p->output);
+    ctx.reserve_price.cached_input = std::max(ctx.reserve_price.cached_input, p->cached_input);
+  }
   if (auto ok = auth::Authenticator::check_model(*ctx.principal, admit_model(ctx)); !ok)
     return Outcome::failed(std::move(ok.error()));
   return std::nullopt;
@@ -73,8 +106,10 @@ bool GatewayPhases::admit_now(RequestContext& ctx, Outcome& o) {
   // `pending` only there): admit() takes it.
   if (w_.shared().redis_limiter) return false;
   const auto now = std::chrono::steady_clock::now();
-  o = admit_result(
-      ctx, w_.admission()->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &ctx.gen->pricing()), now);
+  o = admit_result(ctx,
+                   w_.admission()->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &ctx.gen->pricing(),
+                                         ctx.has_reserve_price ? &ctx.reserve_price : nullptr),
+                   now);
   return true;
 }
 
@@ -85,13 +120,14 @@ core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
   const admission::Pricing& prices = ctx.gen->pricing();
   auto now = std::chrono::steady_clock::now();
   admission::Shortfall wait;
-  auto t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, &wait, &prices);
+  const admission::ModelPrice* reserve_at = ctx.has_reserve_price ? &ctx.reserve_price : nullptr;
+  auto t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, &wait, &prices, reserve_at);
   if (!t && wait.pending) {
     // A shared (Redis) limit: this replica's lease is short but the shared
     // bucket may cover it. Wait once for a refill; the second answer is final.
     co_await admission::async_refill(*w_.shared().limiter, wait, w_.index(), w_.io().get_executor(), use_task);
     now = std::chrono::steady_clock::now();
-    t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &prices);
+    t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &prices, reserve_at);
   }
   co_return admit_result(ctx, std::move(t), now);
 }

@@ -45,7 +45,8 @@ std::optional<Outcome> GatewayPhases::credentials_now(RequestContext& ctx) {
   // One credential per request: Authorization is a singleton field (RFC
   // 9110 §11.6.2), and a proxy in front that checks the last of two must
   // not be outvoted by the first.
-  if (req.count(bh::field::authorization) > 1 || req.count("x-api-key") > 1) [[unlikely]]
+  if (authn->verifies_credentials() && (req.count(bh::field::authorization) > 1 || req.count("x-api-key") > 1))
+      [[unlikely]]
     return Outcome::failed(
         core::bad_request("The request has more than one Authorization or x-api-key header; send one credential."));
   auto p = authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),

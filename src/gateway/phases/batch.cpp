@@ -28,7 +28,7 @@ bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
   if (ctx.route == RouteKind::completions && pc.batch.enabled())
     plan.prompt = api::openai::completion_batch_key(ctx.upstream_body, member_->key());
   if (!plan.prompt && !(pc.coalesce && api::openai::coalesce_key(ctx.upstream_body, member_->key()))) return false;
-  plan.strip_credentials = !pc.api_key.empty() || w_.authenticator() != nullptr;
+  plan.strip_credentials = !pc.api_key.empty() || w_.verifies_credentials();
   if (ctx.body_decoded) return false;  // (rare) a decoded body's head differs from the others'
   // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
   member_->key() += '\0';  // never in valid JSON nor in a field

@@ -63,6 +63,11 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
   ctx.target.upstream_model = fb.upstream_model;
   ctx.pool = static_cast<int>(fb.pool);
+  if (!fb.model.empty() && ctx.principal) {
+    // Another model answers: its price is the request's from here on (the reservation covered it: admit_checks).
+    ctx.price = ctx.gen->pricing().find(fb.model);
+    ctx.ticket.reprice(ctx.price);
+  }
   ctx.endpoint = -1;
   // Nothing of the failed target reached the client (a fail-over happens
   // only then): what its answer was is not the request's. Its 2xx head is no

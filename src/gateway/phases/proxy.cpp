@@ -505,7 +505,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             // The client's credential is for Weir when Weir authenticates, or
             // replaced by the pool's key: either way it never reaches the model
             // server. A hosted Anthropic API never gets the client's.
-            .strip_credentials = anthropic || !pc.api_key.empty() || w_.authenticator() != nullptr,
+            .strip_credentials = anthropic || !pc.api_key.empty() || w_.verifies_credentials(),
             .anthropic = anthropic,
             .body_decoded = ctx.body_decoded,
             .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),

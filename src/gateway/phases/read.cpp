@@ -62,14 +62,16 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   const bool head_read = down_.head_read();
   if (!head_read) {
     // What the log can say about it: the method and path of its request
-    // line, when one came whole (never used to route or answer).
+    // line, when one came whole (never used to route; only to give the error its route's shape).
     log_request_line(down_.refused_request_line(ctx.scratch), ctx);
+    // Its error takes its route's shape (Anthropic's on /v1/messages: a 431 there is an Anthropic error).
+    if (!ctx.path.empty()) ctx.route = classify_path(ctx.path);
     w_.next_request_id(ctx.request_id);
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
   const std::string_view path = path_of(down_.target());  // origin-form: no client-chosen authority
   ctx.route = classify_path(path);
-  ctx.method.assign(req.method_string());
+  ctx.method.assign(core::utf8_prefix(req.method_string(), core::kMaxEchoBytes));  // a token of any length
   ctx.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
   if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id))
     ctx.request_id.assign(id);

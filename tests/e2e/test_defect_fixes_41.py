@@ -1,0 +1,188 @@
+"""Defects found in stop 41's black-box rounds, and the field behaviours fixed beside them: OpenAI's
+retry-after-ms on upstream 429s."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from test_defect_fixes import RawUpstream
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_retry_after_ms_is_read_before_retry_after(weir):
+    # An upstream that says `retry-after-ms: 5000` (OpenAI's field, which its SDKs read first) and
+    # `retry-after: 0`: five seconds is past retry_after_cap (1 s here), so Weir must not retry at once on
+    # the strength of the zero; the client gets the 429 with nothing resent.
+    seen = []
+
+    def answer(h, b):
+        seen.append(time.monotonic())
+        doc = b'{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":null}}'
+        return (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nretry-after-ms: 5000\r\n"
+                b"retry-after: 0\r\nContent-Length: %d\r\n\r\n" % len(doc) + doc)
+
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "retry": {"attempts": 3, "backoff": "1ms",
+                                                                           "retry_after_cap": "1s"}}},
+                         "default_pool": "p"}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10)
+        assert r.status_code == 429, r.text
+        assert len(seen) == 1, f"retried {len(seen) - 1} time(s) against retry-after-ms: 5000"
+        # A short retry-after-ms is waited for, and the retry goes out.
+        seen.clear()
+        up.answer = lambda h, b: (seen.append(time.monotonic()) or
+                                  b"HTTP/1.1 429 Too Many Requests\r\nretry-after-ms: 150\r\nretry-after: 30\r\n"
+                                  b"Content-Length: 2\r\n\r\n{}")
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10)
+        assert r.status_code == 429
+        assert len(seen) == 3, seen  # retry-after: 30 alone would not have been waited for (past the cap)
+        assert seen[1] - seen[0] >= 0.14, seen
+    finally:
+        up.close()
+
+
+def _raw_request(port: int, data: bytes) -> tuple[int, bytes]:
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(data)
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            got = s.recv(65536)
+            if not got:
+                break
+            buf += got
+        head, _, body = buf.partition(b"\r\n\r\n")
+        length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                       if line.lower().startswith(b"content-length:")), 0)
+        while len(body) < length:
+            got = s.recv(65536)
+            if not got:
+                break
+            body += got
+        return int(head.split(b" ")[1]), body
+
+
+def test_without_an_auth_section_a_credential_is_not_checked(weir, mock):
+    # docs/auth.md: no `auth:` section means credentials are not required and every request is anonymous.
+    # Adding `pricing:` (for spend metrics) or `tenants:` must not start refusing the key every openai SDK
+    # sends: before, both answered 401 "Incorrect API key provided." to any Bearer or x-api-key. And the
+    # credential is the upstream's, as without those sections (vLLM's --api-key).
+    seen = []
+    up = RawUpstream(lambda h, b: (seen.append(h.get("authorization")) or
+                                   b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"))
+    try:
+        for extra in ({"pricing": {"m": {"input": 1.0, "output": 1.0}}},
+                      {"tenants": {"anonymous": {"limits": {"requests_per_minute": 1000}}}}):
+            w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}, **extra},
+                     workers=1)
+            for headers in ({}, {"authorization": "Bearer sk-anything"}, {"x-api-key": "sk-anything"}):
+                seen.clear()
+                r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, headers=headers,
+                               timeout=10)
+                assert r.status_code == 200, (extra, headers, r.text)
+                assert seen == [headers.get("authorization")], (extra, headers, seen)
+            from openai import OpenAI
+            OpenAI(base_url=w.v1, api_key="sk-unused", max_retries=0).chat.completions.create(model="m", messages=MSG)
+        # With an auth: section (required: false) a credential sent is checked still.
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}},
+                         "auth": {"required": False}}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG},
+                       headers={"authorization": "Bearer sk-wrong"}, timeout=10)
+        assert r.status_code == 401, r.text
+    finally:
+        up.close()
+
+
+def test_a_431_on_an_anthropic_route_has_anthropics_shape(weir, mock):
+    m = mock("--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "server": {"max_header": "8KiB"}}, workers=1)
+    body = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
+    head = (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-big: " + b"a" * 9000 +
+            b"\r\nContent-Length: %d\r\n\r\n" % len(body))
+    status, got = _raw_request(w.port, head + body)
+    assert status == 431
+    doc = json.loads(got)
+    assert doc["type"] == "error" and doc["error"]["type"] == "invalid_request_error", doc
+    # An OpenAI route keeps OpenAI's.
+    status, got = _raw_request(w.port, head.replace(b"/v1/messages", b"/v1/chat/completions") + body)
+    assert status == 431 and "message" in json.loads(got)["error"], got
+
+
+def test_a_huge_method_is_capped_in_the_access_log(weir, mock):
+    m = mock("--any-model")
+    w = weir(m, workers=1)
+    method = b"X" * 20000
+    status, _ = _raw_request(w.port, method + b" /v1/models HTTP/1.1\r\nHost: x\r\nx-request-id: big-method\r\n\r\n")
+    assert status == 501
+    line = w.log_for("big-method")
+    assert len(line["method"].encode()) <= 256, len(line["method"])
+
+
+def test_an_estimate_that_overflows_is_refused_not_admitted_free(weir, mock):
+    # max_tokens × n × prompts of 2^31 · 2^31 · 4 wrapped to 0 mod 2^64: the request reserved nothing and passed
+    # a 1,000-token bucket and a $1 budget. It saturates now, and is refused as the smaller one is.
+    from test_defect_fixes_40 import AUTH, governed
+    m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0")
+    cfg = governed({"p": {"endpoints": [m.base_url]}})
+    cfg["tenants"]["t"]["limits"] = {"tokens_per_minute": 1000}
+    w = weir(config=cfg, workers=1)
+    for n in (1, 2**31):
+        r = httpx.post(w.v1 + "/completions", headers=AUTH, timeout=10,
+                       json={"model": "m", "prompt": ["a", "b", "c", "d"], "max_tokens": 2**31, "n": n})
+        assert r.status_code == 429, (n, r.text)
+
+
+def test_max_completion_tokens_does_not_lower_a_completions_estimate(weir, mock):
+    # vLLM's completions request has no max_completion_tokens (only chat's does): the upstream generates
+    # max_tokens. Read first, it let a 3,000-token request reserve 1 token against a 100-token budget.
+    from test_defect_fixes_40 import AUTH, governed
+    m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "3000")
+    w = weir(config=governed({"p": {"endpoints": [m.base_url]}}, budget_usd=100), workers=1)
+    r = httpx.post(w.v1 + "/completions", headers=AUTH, timeout=10,
+                   json={"model": "m", "prompt": "hi", "max_tokens": 3000, "max_completion_tokens": 1})
+    assert r.status_code == 429, r.text
+    assert "worst-case cost" in r.json()["error"]["message"]
+    # On chat it is the field vLLM reads first: a 1-token completion fits.
+    r = httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10,
+                   json={"model": "m", "messages": MSG, "max_tokens": 3000, "max_completion_tokens": 1})
+    assert r.status_code == 200, r.text
+
+
+def test_a_fallback_to_another_model_is_charged_and_reserved_at_its_price(weir, mock):
+    # `cheap` falls back to `expensive` (another pool, another price). The answer expensive gave was charged at
+    # cheap's price (1000× low), and the reservation too, so the budget's bound did not hold.
+    from test_defect_fixes_40 import AUTH, KEY
+    import hashlib
+    m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "20")
+    down = RawUpstream(lambda h, b: b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}")
+    try:
+        def cfg(budget):
+            return {"pools": {"pa": {"endpoints": [down.url], "retry": {"attempts": 1}},
+                              "pb": {"endpoints": [m.base_url]}},
+                    "models": {"cheap": {"pool": "pa", "fallbacks": [{"model": "expensive"}]},
+                               "expensive": {"pool": "pb"}},
+                    "pricing": {"cheap": {"input": 1, "output": 1}, "expensive": {"input": 1000, "output": 1000}},
+                    "tenants": {"t": {"budget": {"usd": budget}}},
+                    "auth": {"required": True, "api_keys": [{"id": "k", "tenant": "t",
+                                                             "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}}
+        w = weir(config=cfg(100), workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", headers={**AUTH, "x-request-id": "fb-price"}, timeout=10,
+                       json={"model": "cheap", "messages": MSG, "max_tokens": 20})
+        assert r.status_code == 200, r.text
+        u = r.json()["usage"]
+        line = w.log_for("fb-price")
+        assert line["spend_usd"] == pytest.approx((u["prompt_tokens"] + u["completion_tokens"]) * 1000 / 1e6), line
+        # A budget that cheap's worst case fits but expensive's does not: refused up front.
+        w = weir(config=cfg(0.005), workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10,
+                       json={"model": "cheap", "messages": MSG, "max_tokens": 20})
+        assert r.status_code == 429, r.text
+        assert "worst-case cost" in r.json()["error"]["message"]
+    finally:
+        down.close()
