@@ -186,3 +186,30 @@ def test_a_fallback_to_another_model_is_charged_and_reserved_at_its_price(weir, 
         assert "worst-case cost" in r.json()["error"]["message"]
     finally:
         down.close()
+
+
+def test_a_refusal_no_wait_can_pass_tells_the_sdk_not_to_retry(weir, mock):
+    # A request larger than the tokens bucket gets a 429 without Retry-After; the openai SDK retried it twice
+    # (three identical refusals, the bucket's requests spent). `x-should-retry: false` stops it.
+    from test_defect_fixes_40 import AUTH, KEY, governed
+    import openai
+    m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0")
+    cfg = governed({"p": {"endpoints": [m.base_url]}})
+    cfg["tenants"]["t"]["limits"] = {"tokens_per_minute": 100}
+    w = weir(config=cfg, workers=1)
+    r = httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10,
+                   json={"model": "m", "messages": MSG, "max_tokens": 500})
+    assert r.status_code == 429 and "retry-after" not in r.headers
+    assert r.headers.get("x-should-retry") == "false", r.headers
+    before = len(w.log_entries())
+    c = openai.OpenAI(base_url=w.v1, api_key=KEY, max_retries=2)
+    with pytest.raises(openai.RateLimitError):
+        c.chat.completions.create(model="m", messages=MSG, max_tokens=500)
+    w.wait_log(lambda es: len(es) > before)
+    assert len(w.log_entries()) == before + 1, "the SDK retried a refusal no wait can pass"
+    # A refusal a wait can pass keeps its Retry-After and no such field.
+    cfg["tenants"]["t"]["limits"] = {"requests_per_minute": 1}
+    w = weir(config=cfg, workers=1)
+    httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10, json={"model": "m", "messages": MSG})
+    r = httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10, json={"model": "m", "messages": MSG})
+    assert r.status_code == 429 and r.headers.get("retry-after") and "x-should-retry" not in r.headers

@@ -24,6 +24,10 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       append_error_body(ctx.body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
       ctx.scratch.clear();
       if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
+      // Weir's own 429 without a Retry-After is one no wait can pass (a request larger than a tokens bucket
+      // holds, a worst case above the whole budget, a $0 budget or a spent one that never resets): the openai
+      // and anthropic SDKs would retry it twice anyway unless told not to.
+      if (e.status == 429 && e.retry_after_s == 0) ctx.scratch += "x-should-retry: false\r\n";
       if (e.status == 415) ctx.scratch += "Accept-Encoding: gzip, deflate, identity\r\n";
       // A 401 names the scheme that would do (RFC 9110 §11.6.1, §15.5.2).
       if (e.status == 401) ctx.scratch += "WWW-Authenticate: Bearer realm=\"weir\"\r\n";
