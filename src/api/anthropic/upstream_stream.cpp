@@ -53,7 +53,7 @@ std::string_view event_type(std::string_view data) {
 
 void UpstreamStreamTranslator::reset(bool include_usage, std::int64_t created) {
   include_usage_ = include_usage;
-  started_ = finish_sent_ = ended_ = tool_args_sent_ = false;
+  started_ = finish_sent_ = ended_ = tool_args_sent_ = usage_final_ = false;
   block_ = Block::none;
   block_index_ = -1;
   next_tool_ = 0;
@@ -197,7 +197,10 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
     return;
   }
   if (type == "message_delta") {
-    if (const json::object* u = object_at(*ev, "usage")) merge_usage(*u, usage_);
+    if (const json::object* u = object_at(*ev, "usage")) {
+      merge_usage(*u, usage_);
+      usage_final_ = true;
+    }
     if (finish_sent_) return;
     const json::object* d = object_at(*ev, "delta");
     const std::string_view stop = d ? string_at(*d, "stop_reason") : std::string_view{};
@@ -211,6 +214,7 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
     return;
   }
   if (type == "message_stop") {
+    usage_final_ = true;
     if (!finish_sent_) {  // no message_delta: the message ended without saying why
       finish_sent_ = true;
       begin_chunk();
@@ -227,6 +231,7 @@ void PassthroughObserver::on_data(std::string_view data) {
   const std::string_view type = event_type(data);
   if (type == "message_stop" || type == "error") {
     ended_ = true;
+    usage_final_ = usage_final_ || type == "message_stop";
     return;
   }
   if (type != "message_start" && type != "message_delta") return;
@@ -240,6 +245,7 @@ void PassthroughObserver::on_data(std::string_view data) {
   if (const json::object* u = holder ? object_at(*holder, "usage") : nullptr) {
     merge_usage(*u, usage_);
     has_usage_ = true;
+    usage_final_ = usage_final_ || type == "message_delta";
   }
 }
 

@@ -65,8 +65,12 @@ class UpstreamStreamTranslator {
   bool ended() const { return ended_; }
   // The finish chunk went out (a message_delta came): the answer is whole.
   bool finished() const { return finish_sent_; }
-  // Usage as OpenAI counts it (upstream_response.hpp), once message_start arrived.
-  bool has_usage() const { return started_; }
+  // Usage as OpenAI counts it (upstream_response.hpp), once it is the
+  // message's: message_start's is only the prompt and a first output count
+  // (1), the real output count comes with message_delta. A stream cut
+  // before that (the client left, a reset, an error event, an idle timeout)
+  // has no usage: it is charged by what was relayed (docs/admission.md).
+  bool has_usage() const { return started_ && usage_final_; }
   Usage usage() const { return usage_.openai(); }
 
  private:
@@ -80,6 +84,7 @@ class UpstreamStreamTranslator {
 
   bool include_usage_ = false;
   bool started_ = false;
+  bool usage_final_ = false;  // a message_delta with usage, or message_stop, came
   bool finish_sent_ = false;
   bool ended_ = false;
   bool tool_args_sent_ = false;  // the open tool_use block got a non-empty argument piece
@@ -102,12 +107,15 @@ class PassthroughObserver {
   void on_data(std::string_view data);
   // message_stop or an error event passed: the stream is over for the client.
   bool ended() const { return ended_; }
-  bool has_usage() const { return has_usage_; }
+  // As UpstreamStreamTranslator::has_usage: the message's usage, once a
+  // message_delta with usage or message_stop came.
+  bool has_usage() const { return has_usage_ && usage_final_; }
   Usage usage() const { return usage_.openai(); }
 
  private:
   bool ended_ = false;
   bool has_usage_ = false;
+  bool usage_final_ = false;
   AnthropicUsage usage_;
 };
 
