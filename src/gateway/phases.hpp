@@ -196,8 +196,14 @@ class GatewayPhases final : public Phases {
   // The index of the next fallback at or after `step` that may take the
   // request (both checks above); `chain` if none.
   std::size_t next_allowed(const RequestContext& ctx, std::size_t step, std::size_t chain) const;
-  // Moves ctx.target to the next fallback target.
+  // Moves ctx.target to the next fallback target, and the request's price
+  // (ctx.price, the ticket's) to that target's model's.
   void next_target(RequestContext& ctx);
+  // ctx.reserve_price: each price the highest of the request's model's and
+  // those of the {model: M} fallbacks that may answer it (within
+  // x-weir-fallbacks, allowed to its principal); has_reserve_price false
+  // when none is dearer. `prices` is the request's generation's.
+  void reserve_for_fallbacks(RequestContext& ctx, const admission::Pricing& prices) const;
   // A held stream's reset or stall before its first content, with the
   // pool's attempts left: true when the request goes again on the same pool
   // (another endpoint: ctx.pool_avoid), counted as a retry.

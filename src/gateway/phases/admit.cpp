@@ -60,21 +60,7 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   if (!ctx.principal) return Outcome::next();
   const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it
   ctx.price = prices.find(admit_model(ctx));
-  // A fallback to another model ({model: M}) is charged at M's price (next_target reprices the ticket), so the
-  // reservation is made at the highest price of any model that may answer: the budget's bound holds either way.
-  ctx.has_reserve_price = false;
-  for (const auto& fb : ctx.target.fallbacks) {
-    if (fb.model.empty()) continue;
-    const admission::ModelPrice* p = prices.find(fb.model);
-    if (p == ctx.price || p == nullptr) continue;
-    if (!ctx.has_reserve_price) {
-      ctx.reserve_price = ctx.price ? *ctx.price : admission::ModelPrice{};
-      ctx.has_reserve_price = true;
-    }
-    ctx.reserve_price.input = std::max(ctx.reserve_price.input, p->input);
-    ctx.reserve_price.output = std::max(ctx.reserve_price.output, p->output);
-    ctx.reserve_price.cached_input = std::max(ctx.reserve_price.cached_input, p->cached_input);
-  }
+  reserve_for_fallbacks(ctx, prices);
   if (auto ok = auth::Authenticator::check_model(*ctx.principal, admit_model(ctx)); !ok)
     return Outcome::failed(std::move(ok.error()));
   return std::nullopt;

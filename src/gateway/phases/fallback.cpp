@@ -63,9 +63,12 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
   ctx.target.upstream_model = fb.upstream_model;
   ctx.pool = static_cast<int>(fb.pool);
-  if (!fb.model.empty() && ctx.principal) {
-    // Another model answers: its price is the request's from here on (the reservation covered it: admit_checks).
-    ctx.price = ctx.gen->pricing().find(fb.model);
+  if (ctx.principal) {
+    // The model that answers sets the price from here on: M for {model: M}, the request's own for {pool: P}
+    // (which runs it under its upstream name), whatever an earlier step moved it to. The reservation covered
+    // the dearest of them (reserve_for_fallbacks).
+    const std::string_view own = ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;
+    ctx.price = ctx.gen->pricing().find(fb.model.empty() ? own : std::string_view(fb.model));
     ctx.ticket.reprice(ctx.price);
   }
   ctx.endpoint = -1;
@@ -83,6 +86,24 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   if (std::exchange(ctx.target_refused, false)) return;
   ++ctx.retries;
   ++w_.metrics().upstream_fallbacks;
+}
+
+void GatewayPhases::reserve_for_fallbacks(RequestContext& ctx, const admission::Pricing& prices) const {
+  ctx.has_reserve_price = false;
+  const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
+  for (std::size_t i = 0; i < chain; ++i) {
+    const auto& fb = ctx.target.fallbacks[i];
+    if (fb.model.empty() || !may_take(ctx, fb)) continue;
+    const admission::ModelPrice* p = prices.find(fb.model);
+    if (p == ctx.price || p == nullptr) continue;
+    if (!ctx.has_reserve_price) {
+      ctx.reserve_price = ctx.price ? *ctx.price : admission::ModelPrice{};
+      ctx.has_reserve_price = true;
+    }
+    ctx.reserve_price.input = std::max(ctx.reserve_price.input, p->input);
+    ctx.reserve_price.output = std::max(ctx.reserve_price.output, p->output);
+    ctx.reserve_price.cached_input = std::max(ctx.reserve_price.cached_input, p->cached_input);
+  }
 }
 
 bool GatewayPhases::retry_held_on_pool(RequestContext& ctx) {
