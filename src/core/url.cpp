@@ -10,11 +10,12 @@ namespace {
 
 constexpr std::string_view kRedacted = "REDACTED";
 
-constexpr std::array<std::string_view, 13> kSecretNames = {
-    "key",       "apikey",   "api_key", "api-key", "token",         "access_token", "sig",
-    "signature", "password", "passwd",  "secret",  "authorization", "credentials"};
-constexpr std::array<std::string_view, 8> kSecretSuffixes = {"key",       "apikey",   "token",  "sig",
-                                                             "signature", "password", "passwd", "secret"};
+constexpr std::array<std::string_view, 15> kSecretNames = {
+    "key",      "apikey", "api_key", "api-key",       "token",      "access_token", "sig",   "signature",
+    "password", "passwd", "secret",  "authorization", "credential", "credentials",  "cookie"};
+constexpr std::array<std::string_view, 12> kSecretSuffixes = {"key",           "apikey",     "token",       "sig",
+                                                              "signature",     "password",   "passwd",      "secret",
+                                                              "authorization", "credential", "credentials", "cookie"};
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 

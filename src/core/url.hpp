@@ -24,11 +24,13 @@ std::string redact_url(std::string_view url);
 // True when the query parameter `name` (as written: percent-encoded, any
 // case) names a credential: after percent-decoding and lower-casing it is
 // one of key, apikey, api_key, api-key, token, access_token, sig, signature,
-// password, passwd, secret, authorization, credentials, or ends in one of
-// key, apikey, token, sig, signature, password, passwd, secret right after a
-// '-', '_' or '.' (x-api-key, client_secret, refresh_token, X-Amz-Signature,
-// X-Amz-Security-Token, db.password) or as a camelCase word (accessToken,
-// clientSecret, privateKey; not monkey or passkey).
+// password, passwd, secret, authorization, credential(s), cookie, or ends in
+// one of key, apikey, token, sig, signature, password, passwd, secret,
+// authorization, credential(s), cookie right after a '-', '_' or '.'
+// (x-api-key, client_secret, refresh_token, X-Amz-Signature,
+// X-Amz-Security-Token, db.password, Proxy-Authorization, aws_credentials,
+// set-cookie) or as a camelCase word (accessToken, clientSecret, privateKey,
+// googleCredentials; not monkey or passkey).
 bool is_secret_param(std::string_view name);
 
 }  // namespace weir::core
