@@ -118,6 +118,12 @@ void compute_warnings(LoadedConfig& out) {
       }
     }
   }
+  // Credentials required with nothing to check them against: every request is a 401.
+  if (out.auth && root["auth"] && out.auth->required && out.auth->api_keys.empty() && !out.auth->jwt &&
+      !out.auth->redis_keys && !(out.admin && root["tenants"]))
+    warn(out, root["auth"], "auth",
+         "credentials are required (auth.required defaults to true) but there are no api_keys, no jwt, no "
+         "redis_keys and no admin API with tenants for runtime keys: every request will be refused with 401");
   if (out.redis && !out.auth)
     warn(out, root["redis"], "redis",
          "without auth:, tenants: or pricing: there are no limits, budgets or keys to share: the section is checked "
@@ -150,7 +156,8 @@ core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv
     out.tracing = std::move(*tracing_cfg);
     if (root["auth"] || root["tenants"] || root["pricing"]) {
       out.auth = std::move(*auth_cfg);
-      out.auth->verifies_credentials = root["auth"] || out.admin;
+      // (The admin API's runtime keys need tenants: with none, no key can ever exist to check against.)
+      out.auth->verifies_credentials = root["auth"] || (out.admin && root["tenants"]);
     }
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);

@@ -44,6 +44,8 @@ void log_request_line(std::string_view raw, RequestContext& ctx) {
   // mid-target names no path anyone asked for.
   if (end == target.end() || *end != ' ') return;
   target = target.substr(0, static_cast<std::size_t>(end - target.begin()));
+  std::string scratch;
+  target = http::origin_form(target, scratch);          // an absolute-form target ("http://h/v1/messages") by its path
   if (target.empty() || target.front() != '/') return;  // both or neither: never a method without a path
   ctx.method.assign(method);
   ctx.path.assign(core::utf8_prefix(path_of(target), core::kMaxEchoBytes));
