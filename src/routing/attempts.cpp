@@ -108,7 +108,7 @@ bool Attempts::on_connect_failure(http::UpstreamFailure f, Clock::time_point now
   ++connects_;
   pool_.report_connect_failure(endpoint_, now, trial_);
   trial_ = false;
-  if (connects_ >= pool_.size()) return false;
+  if (connects_ >= pool_.size()) return false;  // (failed connects: a good one to another endpoint is no bound)
   // Another endpoint may take it: nothing has been sent anywhere. Each
   // endpoint is tried once per request, the ones not tried yet first.
   if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
@@ -120,10 +120,7 @@ bool Attempts::on_connect_failure(http::UpstreamFailure f, Clock::time_point now
   return true;
 }
 
-void Attempts::on_connected() {
-  ++connects_;
-  pool_.report_success(endpoint_);
-}
+void Attempts::on_connected() { pool_.report_success(endpoint_); }
 
 bool Attempts::on_answer(bool failed, Clock::time_point now, Clock::time_point sent) {
   const bool trial = trial_;

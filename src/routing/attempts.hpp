@@ -130,7 +130,7 @@ class Attempts {
   Rng& rng_;
   PickRequest req_;
   std::uint32_t endpoint_;
-  std::uint32_t connects_ = 0;
+  std::uint32_t connects_ = 0;  // connects that failed (connect failover tries each endpoint once)
   std::uint32_t budgeted_ = 0;  // retries that count against retry.attempts (not connect failover nor the stale resend)
   std::uint64_t tried_ = 0;     // endpoints that failed this request (bit i = endpoint i)
   std::uint64_t avoid_ = 0;     // endpoints never to pick (a resume's: their stream broke)

@@ -111,6 +111,7 @@ Transition EndpointHealth::on_probe(bool ok, Clock::time_point now, Clock::time_
     if (open_ && cause_ == OpenCause::probe) {
       if (p.breaker()) {
         open_until_ = std::min(open_until_, now);  // half-open: the trials decide
+        return Transition::none;                   // (the trial that closes it is the recovery, counted once)
       } else {
         open_ = false;
         trips_ = 0;

@@ -51,7 +51,7 @@ std::string_view health_state_label(HealthState s);
 enum class Transition : std::uint8_t {
   none,
   opened,  // it became open (it was closed or half-open)
-  closed,  // a half-open endpoint closed again, or a probe found a probe-ejected one healthy
+  closed,  // a half-open endpoint closed again, or a probe found a probe-ejected one healthy (no breaker)
 };
 
 // A pool's rules, from its configuration (fixed).

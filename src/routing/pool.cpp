@@ -124,7 +124,13 @@ std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::u
     if (scratch_.empty()) return npos;
   }
   if (scratch_.empty()) {
-    // Every endpoint left is ejected: try the one whose ejection ends first.
+    // Every endpoint not tried yet is ejected: one this request tried already that is available (a 503 is
+    // worth another try after the backoff; a dead endpoint is not) before any ejected one.
+    for (std::uint32_t i = 0; i < n; ++i)
+      if (endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
+  }
+  if (scratch_.empty()) {
+    // Every endpoint is ejected: try the one whose ejection ends first.
     std::uint32_t best = npos;
     for (std::uint32_t i = 0; i < n; ++i)
       if (!is_excluded(i) && (best == npos || endpoints_[i].health.open_until() < endpoints_[best].health.open_until()))

@@ -31,10 +31,14 @@ PrefixPick prefix_affinity_pick(std::span<const Candidate> c, std::span<const st
       static_cast<double>(m.blocks) < cfg.prefix_affinity.match_threshold * static_cast<double>(hashes.size())) {
     // A new prefix: to the endpoint that holds the fewest indexed blocks
     // (SGLang's smallest tree), the least loaded of those, so prefixes,
-    // and with them the load, spread evenly.
+    // and with them the load, spread evenly. An endpoint past the index's
+    // 64 holds nothing it could count: it is one of those always, chosen
+    // by load alone (it would take every new prefix if its 0 were compared).
+    const auto indexed = [](const Candidate& e) { return e.endpoint < PrefixIndex::kMaxEndpoints; };
     std::uint64_t fewest = UINT64_MAX;
-    for (const auto& e : c) fewest = std::min(fewest, index.held(e.endpoint));
-    const auto k = least_loaded_of([&](const Candidate& e) { return index.held(e.endpoint) == fewest; });
+    for (const auto& e : c)
+      if (indexed(e)) fewest = std::min(fewest, index.held(e.endpoint));
+    const auto k = least_loaded_of([&](const Candidate& e) { return !indexed(e) || index.held(e.endpoint) == fewest; });
     return {.candidate = k, .rule = PrefixRule::miss, .matched_blocks = m.blocks};
   }
   const auto k = least_loaded_of([&](const Candidate& e) {

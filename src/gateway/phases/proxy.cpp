@@ -421,7 +421,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     ctx.fail_over = !down_.client_gone();
     co_return Outcome::failed(pool_unavailable(subject(ctx), retry_after_seconds(pool.unavailable_for(now))));
   }
-  metrics.count_pick(pool.last_rule());
+  // Each request's first pick on a pool (docs/routing.md): not a held stream's retry there, nor a resume.
+  if (avoid == 0) metrics.count_pick(pool.last_rule());
   // Read, parse, route and admit count once, before the first target.
   // (A request resent alone after its batch was refused counted its time to the batch already.)
   std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split && !resuming

@@ -217,6 +217,35 @@ TEST(PrefixAffinity, MatchWinsUntilLoadsDiverge) {
   EXPECT_EQ(p.matched_blocks, 15u);
 }
 
+// Endpoints past the index's 64 hold no counted blocks: a new prefix is not theirs by that 0, but by load
+// among the indexed endpoints holding the fewest (docs/routing.md: "still balanced by load").
+TEST(PrefixAffinity, EndpointsPastTheIndexDoNotTakeEveryNewPrefix) {
+  auto cfg = config(fmt::format("pools: {{a: {{{}, balance: prefix_affinity}}}}\ndefault_pool: a\n", kFourEndpoints));
+  routing::SharedPoolState state(cfg.pools[0]);
+  ASSERT_TRUE(state.prefixes);
+  routing::Rng rng(5);
+  const auto t = std::chrono::steady_clock::now();
+  std::vector<Candidate> cand;
+  for (std::uint32_t i = 0; i < 70; ++i) cand.push_back({.endpoint = i, .load = 0});
+  std::map<std::uint32_t, int> hits;
+  for (int n = 0; n < 300; ++n) {
+    std::string p = fmt::format("conversation {:04} ", n);
+    while (p.size() < 256) p += p;
+    std::vector<std::uint64_t> h(4);
+    routing::prefix_block_hashes("m", p, 64, h);
+    const auto k = routing::prefix_affinity_pick(cand, h, *state.prefixes, cfg.pools[0], rng);
+    ASSERT_EQ(k.rule, routing::PrefixRule::miss);
+    ++hits[cand[k.candidate].endpoint];
+    if (cand[k.candidate].endpoint < routing::PrefixIndex::kMaxEndpoints)
+      state.prefixes->insert(h, cand[k.candidate].endpoint, t);
+  }
+  int past = 0;
+  for (const auto& [ep, n] : hits)
+    if (ep >= routing::PrefixIndex::kMaxEndpoints) past += n;
+  EXPECT_LT(past, 100) << "the 6 unindexed endpoints took " << past << " of 300 new prefixes";
+  EXPECT_GT(hits.size(), 60u);
+}
+
 TEST(LeastLoad, UsesTheScrapeAndThisWorkersStartsSinceIt) {
   auto cfg = config(fmt::format("pools: {{a: {{{}, balance: least_load}}}}\ndefault_pool: a\n", kFourEndpoints));
   routing::SharedPoolState state(cfg.pools[0]);

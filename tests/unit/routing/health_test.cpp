@@ -176,8 +176,12 @@ TEST(EndpointHealth, ProbesOpenAfterUnhealthyAfterAndASuccessHalfOpensABreaker) 
     EXPECT_TRUE(h.probe_down());
     EXPECT_EQ(h.on_probe(false, t0 + 2s, t0 + 5s, p), Transition::none);  // still down
     EXPECT_EQ(h.open_until(), t0 + 5s);
-    EXPECT_EQ(h.on_probe(true, t0 + 3s, t0 + 6s, p), Transition::closed);
+    // With a breaker the probe only half-opens it: the trial that closes it is the recovery (counted once).
+    EXPECT_EQ(h.on_probe(true, t0 + 3s, t0 + 6s, p), trials ? Transition::none : Transition::closed);
     EXPECT_EQ(h.state(t0 + 3s, p), trials ? HealthState::half_open : HealthState::closed);
+    if (trials) {
+      EXPECT_EQ(h.on_answer(false, false, t0 + 4s, p, true), Transition::closed);
+    }
   }
 }
 

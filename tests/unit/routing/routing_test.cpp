@@ -153,8 +153,13 @@ TEST(WorkerPool, EjectsRefusingEndpointsAndRecovers) {
   const auto t0 = std::chrono::steady_clock::now();
   pool.report_connect_failure(0, t0);
   for (int i = 0; i < 100; ++i) EXPECT_EQ(pool.pick(t0, rng), 1u);
-  // Excluding the only healthy endpoint falls back to the ejected one rather than failing.
+  // Excluding the only healthy endpoint (tried already by this request) picks it again rather than the
+  // ejected one: picks skip an open endpoint while another is available (docs/reliability.md).
+  EXPECT_EQ(pool.pick(t0, rng, 1), 1u);
+  // Every endpoint ejected or excluded, none available: the ejected one rather than failing.
+  pool.report_connect_failure(1, t0);
   EXPECT_EQ(pool.pick(t0, rng, 1), 0u);
+  pool.report_success(1);
   // Ejection expires; a second consecutive failure doubles it.
   std::map<std::uint32_t, int> hits;
   for (int i = 0; i < 100; ++i) ++hits[pool.pick(t0 + std::chrono::milliseconds(1001), rng)];
