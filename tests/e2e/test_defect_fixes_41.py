@@ -213,3 +213,131 @@ def test_a_refusal_no_wait_can_pass_tells_the_sdk_not_to_retry(weir, mock):
     httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10, json={"model": "m", "messages": MSG})
     r = httpx.post(w.v1 + "/chat/completions", headers=AUTH, timeout=10, json={"model": "m", "messages": MSG})
     assert r.status_code == 429 and r.headers.get("retry-after") and "x-should-retry" not in r.headers
+
+
+def _anthropic_ev(name, data) -> bytes:
+    return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+
+
+@pytest.mark.parametrize("route", ["/chat/completions", "/messages"])
+def test_an_anthropic_stream_cut_before_message_delta_is_charged_by_its_events(weir, route):
+    # message_start's usage says output_tokens: 1; the real count comes with message_delta. A stream cut before
+    # it (here the upstream closes after 40 text deltas) was charged 1 completion token: a client could read a
+    # whole answer and leave before message_delta, paying for one token. Now: one per content event relayed.
+    head = b"".join([
+        _anthropic_ev("message_start", {"type": "message_start", "message": {
+            "id": "msg_1", "type": "message", "role": "assistant", "model": "c", "content": [],
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 20, "output_tokens": 1}}}),
+        _anthropic_ev("content_block_start", {"type": "content_block_start", "index": 0,
+                                              "content_block": {"type": "text", "text": ""}})])
+    deltas = b"".join(_anthropic_ev("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                             "delta": {"type": "text_delta", "text": f"w{i} "}})
+                      for i in range(40))
+    up = RawUpstream(lambda h, b: [b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                                   b"Transfer-Encoding: chunked\r\n\r\n",
+                                   b"%x\r\n" % len(head + deltas) + head + deltas + b"\r\n", None])
+    try:
+        w = weir(config={"pools": {"claude": {"type": "anthropic", "endpoints": [up.url], "api_key": "ak",
+                                              "retry": {"attempts": 1}}},
+                         "default_pool": "claude", "pricing": {"*": {"input": 1, "output": 1}}}, workers=1)
+        body = {"model": "c", "messages": MSG, "stream": True, "max_tokens": 100}
+        r = httpx.post(w.v1 + route, headers={"x-request-id": "cut-" + route[1:5]}, json=body, timeout=10)
+        assert r.status_code == 200
+        assert r.text.count("w39") == 1, r.text[-400:]
+        line = w.log_for("cut-" + route[1:5])
+        # (No usage: the log's token counts are null, the spend is the charge, $1 a million tokens.)
+        assert line["completion_tokens"] is None and line["spend_usd"] >= 40 / 1e6, line
+    finally:
+        up.close()
+
+
+def test_fallback_prices_follow_the_model_that_answers_and_reserve_only_what_may_answer(weir, mock):
+    from test_defect_fixes_40 import AUTH, KEY
+    import hashlib
+    m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "20")
+    down = RawUpstream(lambda h, b: b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}")
+    try:
+        def cfg(budget, models=None, pa=None):
+            tenant = {"budget": {"usd": budget}}
+            if models:
+                tenant["models"] = models
+            return {"pools": {"pa": {"endpoints": [pa or down.url], "retry": {"attempts": 1}},
+                              "pe": {"endpoints": [down.url], "retry": {"attempts": 1}},
+                              "pc": {"endpoints": [m.base_url]}},
+                    "models": {"cheap": {"pool": "pa", "fallbacks": [{"model": "expensive"}, {"pool": "pc"}]},
+                               "expensive": {"pool": "pe"}},
+                    "pricing": {"cheap": {"input": 1, "output": 1}, "expensive": {"input": 1000, "output": 1000}},
+                    "tenants": {"t": tenant},
+                    "auth": {"required": True, "api_keys": [{"id": "k", "tenant": "t",
+                                                             "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}}
+        # pa 503 -> expensive's pe 503 -> pc (cheap's own model on another pool): cheap's price, not expensive's.
+        w = weir(config=cfg(100), workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", headers={**AUTH, "x-request-id": "fb-chain"}, timeout=10,
+                       json={"model": "cheap", "messages": MSG, "max_tokens": 20})
+        assert r.status_code == 200, r.text
+        u = r.json()["usage"]
+        line = w.log_for("fb-chain")
+        assert line["spend_usd"] == pytest.approx((u["prompt_tokens"] + u["completion_tokens"]) / 1e6), line
+        # A budget cheap's worst case fits and expensive's does not: admitted when expensive cannot answer
+        # (x-weir-fallbacks: none, or a tenant not allowed it), refused when it may.
+        w = weir(config=cfg(0.005, pa=m.base_url), workers=1)
+        body = {"model": "cheap", "messages": MSG, "max_tokens": 20}
+        assert httpx.post(w.v1 + "/chat/completions", headers=AUTH, json=body, timeout=10).status_code == 429
+        r = httpx.post(w.v1 + "/chat/completions", headers={**AUTH, "x-weir-fallbacks": "none"}, json=body,
+                       timeout=10)
+        assert r.status_code == 200, r.text
+        w = weir(config=cfg(0.005, models=["cheap"], pa=m.base_url), workers=1)
+        assert httpx.post(w.v1 + "/chat/completions", headers=AUTH, json=body, timeout=10).status_code == 200
+    finally:
+        down.close()
+
+
+def test_admin_api_without_tenants_leaves_credentials_unchecked_and_empty_auth_warns(weir, mock, tmp_path):
+    m = mock("--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "pricing": {"*": {"input": 1, "output": 1}},
+                     "admin": {"listen": "127.0.0.1:0", "token_sha256": "0" * 64}}, workers=1)
+    r = httpx.post(w.v1 + "/chat/completions", headers={"authorization": "Bearer sk-anything"},
+                   json={"model": "m", "messages": MSG}, timeout=10)
+    assert r.status_code == 200, r.text
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(f"pools: {{p: {{endpoints: ['{m.base_url}']}}}}\ndefault_pool: p\nauth: {{}}\n")
+    import subprocess
+    from conftest import binary
+    out = subprocess.run([binary("weir"), "-c", str(cfg), "--check"], capture_output=True, text=True)
+    assert out.returncode == 0 and "every request will be refused with 401" in out.stderr, out
+
+
+def test_a_431_on_an_absolute_form_messages_target_has_anthropics_shape(weir, mock):
+    m = mock("--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "server": {"max_header": "8KiB"}}, workers=1)
+    body = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
+    status, got = _raw_request(w.port, b"POST http://x/v1/messages HTTP/1.1\r\nHost: x\r\nx-big: " + b"a" * 9000 +
+                               b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert status == 431 and json.loads(got)["type"] == "error", got
+
+
+def test_a_retry_goes_to_the_available_endpoint_not_an_ejected_one(weir):
+    # [A answers 503, B refuses connections], no breaker: once B was ejected, every retry still went to B and
+    # the client got B's 502 "refused the connection" in place of A's own answer.
+    import socket
+    a_hits = []
+    a = RawUpstream(lambda h, b: (a_hits.append(1) or
+                                  b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}"))
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [a.url, dead], "eject_for": "30s",
+                                         "retry": {"attempts": 2, "backoff": "1ms"},
+                                         "outlier": {"consecutive_failures": 0}}},
+                         "default_pool": "p"}, workers=1)
+        statuses = [httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG},
+                               timeout=10).status_code for _ in range(8)]
+        refused = w.metric("weir_upstream_ejections_total", cause="connect")
+        assert statuses[2:] == [503] * 6, statuses
+        assert refused == 1, refused
+    finally:
+        a.close()

@@ -123,6 +123,8 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
     }
   }
   for (const char* name : {"max_completion_tokens", "max_tokens"}) {
+    // (vLLM reads max_completion_tokens on chat only.)
+    if (std::string_view(name) == "max_completion_tokens" && kind != ApiKind::chat_completions) continue;
     if (const auto* m = obj.if_contains(name); m && !m->is_null() && f.max_tokens == 0) {
       auto v = ref_positive_int(*m, name);
       if (!v) return tl::unexpected(v.error());
