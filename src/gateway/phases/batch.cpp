@@ -33,6 +33,10 @@ bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
   // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
   member_->key() += '\0';  // never in valid JSON nor in a field
   http::append_forwarded_fields_key(member_->key(), down_.request(), plan.strip_credentials);
+  // And where they go: the same body to /v1/chat/completions and /v1/completions (or with another query) is not
+  // the same request (a 400 on one route must not become the other's 200).
+  member_->key() += '\0';
+  member_->key() += upstream_target(ctx.route, false, down_.target());
   // A shared generation never crosses tenants: a late joiner gets at once
   // what was generated, and that timing would tell one tenant what another
   // is asking right now (as providers keep prompt caches per organisation).
