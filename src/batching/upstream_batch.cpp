@@ -328,7 +328,18 @@ core::Task<void> Batch::relay_stream() {
 bool Batch::dispatch(const http::SseEvent& ev) {
   if (!ev.has_data) return true;  // comments and keep-alives are the upstream's
   if (mode_ == Mode::coalesce) {
-    // Kept for members that join later (joinable() bounds it), read once for all.
+    if (!replay_closed_ && replay_.size() + ev.data.size() > kMaxReplayBytes) {
+      // No late member will join now: what was kept for one goes.
+      replay_closed_ = true;
+      std::string().swap(replay_);
+      decltype(replay_spans_)().swap(replay_spans_);
+    }
+    if (replay_closed_) {
+      const Event e = read_event(ev.data);
+      for_present([&](BatchMember& m) { deliver(m, e); });
+      return true;
+    }
+    // Kept for members that join later (up to kMaxReplayBytes), read once for all.
     replay_spans_.push_back({replay_.size(), ev.data.size()});
     replay_.append(ev.data);
     const Event e = read_event(std::string_view(replay_).substr(replay_spans_.back().first));

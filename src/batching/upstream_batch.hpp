@@ -41,9 +41,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
   Mode mode() const { return mode_; }
   // A coalesced generation takes members until its response ends, or until
   // what a late member would be replayed passes kMaxReplayBytes (a long
-  // generation: identical requests then start their own).
+  // generation: identical requests then start their own, and the replay
+  // kept so far is freed: a stream's memory does not grow with its length).
   static constexpr std::size_t kMaxReplayBytes = 1u << 20;
-  bool joinable() const { return state_ != State::done && present_ > 0 && replay_.size() <= kMaxReplayBytes; }
+  bool joinable() const { return state_ != State::done && present_ > 0 && !replay_closed_; }
 
   const std::string& key() const { return key_; }
   std::size_t size() const { return members_.size(); }
@@ -213,6 +214,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   // (amortized growth: no allocation per event), and where each one is.
   std::string replay_;
   std::vector<std::pair<std::size_t, std::size_t>> replay_spans_;
+  bool replay_closed_ = false;         // the replay passed kMaxReplayBytes: freed, and no member joins any more
   std::vector<BatchMember*> members_;  // slot → member; null once it left after the batch was sent
   std::uint32_t present_ = 0;
   std::uint32_t sent_size_ = 0;
