@@ -125,7 +125,13 @@ ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, co
     return tl::unexpected(
         config_error(node, key, fmt::format("unknown duration unit '{}' (use ms, s, m, h or d)", unit)));
   if (ms > 365.0 * 24 * 3'600'000.0) return tl::unexpected(config_error(node, key, "duration is longer than a year"));
-  return std::chrono::milliseconds(static_cast<std::int64_t>(ms + 0.5));
+  const auto out = std::chrono::milliseconds(static_cast<std::int64_t>(ms + 0.5));
+  // Durations are kept in whole milliseconds, where 0 often means "off": a positive value that would round to
+  // 0 must not turn a setting off in silence.
+  if (ms > 0 && out.count() == 0)
+    return tl::unexpected(config_error(
+        node, key, fmt::format("'{}' is under the 1ms resolution of durations (0 would mean off)", node.Scalar())));
+  return out;
 }
 
 ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string& key) {

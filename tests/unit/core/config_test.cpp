@@ -81,6 +81,10 @@ TEST(Config, ErrorsNameFileLineAndKey) {
             "weir.yaml:3:17: pools.a.endpoints[0]: 'ftp://x:1': only http:// and https:// endpoints are supported");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    timeouts: {idle: 5parsecs}\ndefault_pool: a\n"),
             "weir.yaml:4:22: pools.a.timeouts.idle: unknown duration unit 'parsecs' (use ms, s, m, h or d)");
+  // A positive duration that would round to 0 ms (often "off") is refused, not turned off in silence.
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    batch: {window: 400us}\ndefault_pool: a\n"),
+            "weir.yaml:4:21: pools.a.batch.window: '400us' is under the 1ms resolution of durations (0 would mean "
+            "off)");
   EXPECT_EQ(error_of("workers: many\npools:\n  a: {endpoints: [http://x:1]}\ndefault_pool: a\n"),
             "weir.yaml:1:10: workers: expected an integer, got 'many'");
 }
