@@ -341,3 +341,46 @@ def test_a_retry_goes_to_the_available_endpoint_not_an_ejected_one(weir):
         assert refused == 1, refused
     finally:
         a.close()
+
+
+def test_coalescing_never_merges_requests_to_different_paths(weir, mock):
+    # The key held the body, the forwarded fields and the tenant, not where the request goes: a completions
+    # body sent to /v1/chat/completions at the same moment shared the /v1/completions generation (a 200
+    # text_completion where vLLM answers 400 "messages: Field required").
+    from test_batching import in_parallel
+    m = mock("--any-model", "--ttft-ms", "300", "--itl-ms", "0", "--max-tokens", "4")
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "coalesce": True}}, "default_pool": "gpu"},
+             workers=1)
+    body = {"model": "m", "prompt": "hi", "temperature": 0, "max_tokens": 4}
+    a, b, c = in_parallel(lambda path: httpx.post(w.v1 + path, json=body, timeout=10),
+                          [("/completions",), ("/chat/completions",), ("/completions?x=1",)])
+    assert a.status_code == 200 and a.json()["object"] == "text_completion", a.text
+    assert b.status_code == 400, b.text
+    assert c.status_code == 200
+    assert w.metric("weir_coalesced_requests_total") == 0
+
+
+def test_a_long_coalesced_stream_does_not_keep_its_output(weir, mock):
+    # Every event of a coalesced generation was kept for late joiners, past the point where none may join
+    # (kMaxReplayBytes): one 60,000-token stream held ~13 MB until it ended.
+    m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "60000", "--max-model-len", "100000")
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "coalesce": True}}, "default_pool": "gpu"},
+             workers=1)
+
+    def hwm_kb():
+        for line in open(f"/proc/{w.process.pid}/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+        return 0
+    httpx.post(w.v1 + "/chat/completions", timeout=30,
+               json={"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 50, "stream": True})
+    before = hwm_kb()
+    n = 0
+    with httpx.stream("POST", w.v1 + "/chat/completions", timeout=60,
+                      json={"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 60000,
+                            "stream": True}) as r:
+        for chunk in r.iter_bytes():
+            n += len(chunk)
+    assert n > 10_000_000, n
+    grown = hwm_kb() - before
+    assert grown < 6 * 1024, f"peak RSS grew {grown} KiB over a {n}-byte stream"
