@@ -154,23 +154,32 @@ def test_max_completion_tokens_does_not_lower_a_completions_estimate(weir, mock)
     assert r.status_code == 200, r.text
 
 
+def _price_chain(pools: dict, fallbacks: list, expensive_pool: str, budget: float, models=None) -> dict:
+    # `cheap` on pool pa ($1 a million tokens) with `fallbacks`; `expensive` ($1000) on `expensive_pool`; one
+    # tenant with that budget (and allow-list), one API key.
+    import hashlib
+    from test_defect_fixes_40 import KEY
+    tenant = {"budget": {"usd": budget}}
+    if models:
+        tenant["models"] = models
+    return {"pools": pools,
+            "models": {"cheap": {"pool": "pa", "fallbacks": fallbacks}, "expensive": {"pool": expensive_pool}},
+            "pricing": {"cheap": {"input": 1, "output": 1}, "expensive": {"input": 1000, "output": 1000}},
+            "tenants": {"t": tenant},
+            "auth": {"required": True, "api_keys": [{"id": "k", "tenant": "t",
+                                                     "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}}
+
+
 def test_a_fallback_to_another_model_is_charged_and_reserved_at_its_price(weir, mock):
     # `cheap` falls back to `expensive` (another pool, another price). The answer expensive gave was charged at
     # cheap's price (1000× low), and the reservation too, so the budget's bound did not hold.
-    from test_defect_fixes_40 import AUTH, KEY
-    import hashlib
+    from test_defect_fixes_40 import AUTH
     m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "20")
     down = RawUpstream(lambda h, b: b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}")
     try:
         def cfg(budget):
-            return {"pools": {"pa": {"endpoints": [down.url], "retry": {"attempts": 1}},
-                              "pb": {"endpoints": [m.base_url]}},
-                    "models": {"cheap": {"pool": "pa", "fallbacks": [{"model": "expensive"}]},
-                               "expensive": {"pool": "pb"}},
-                    "pricing": {"cheap": {"input": 1, "output": 1}, "expensive": {"input": 1000, "output": 1000}},
-                    "tenants": {"t": {"budget": {"usd": budget}}},
-                    "auth": {"required": True, "api_keys": [{"id": "k", "tenant": "t",
-                                                             "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}}
+            return _price_chain({"pa": {"endpoints": [down.url], "retry": {"attempts": 1}},
+                                 "pb": {"endpoints": [m.base_url]}}, [{"model": "expensive"}], "pb", budget)
         w = weir(config=cfg(100), workers=1)
         r = httpx.post(w.v1 + "/chat/completions", headers={**AUTH, "x-request-id": "fb-price"}, timeout=10,
                        json={"model": "cheap", "messages": MSG, "max_tokens": 20})
@@ -252,24 +261,15 @@ def test_an_anthropic_stream_cut_before_message_delta_is_charged_by_its_events(w
 
 
 def test_fallback_prices_follow_the_model_that_answers_and_reserve_only_what_may_answer(weir, mock):
-    from test_defect_fixes_40 import AUTH, KEY
-    import hashlib
+    from test_defect_fixes_40 import AUTH
     m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "20")
     down = RawUpstream(lambda h, b: b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}")
     try:
         def cfg(budget, models=None, pa=None):
-            tenant = {"budget": {"usd": budget}}
-            if models:
-                tenant["models"] = models
-            return {"pools": {"pa": {"endpoints": [pa or down.url], "retry": {"attempts": 1}},
-                              "pe": {"endpoints": [down.url], "retry": {"attempts": 1}},
-                              "pc": {"endpoints": [m.base_url]}},
-                    "models": {"cheap": {"pool": "pa", "fallbacks": [{"model": "expensive"}, {"pool": "pc"}]},
-                               "expensive": {"pool": "pe"}},
-                    "pricing": {"cheap": {"input": 1, "output": 1}, "expensive": {"input": 1000, "output": 1000}},
-                    "tenants": {"t": tenant},
-                    "auth": {"required": True, "api_keys": [{"id": "k", "tenant": "t",
-                                                             "sha256": hashlib.sha256(KEY.encode()).hexdigest()}]}}
+            return _price_chain({"pa": {"endpoints": [pa or down.url], "retry": {"attempts": 1}},
+                                 "pe": {"endpoints": [down.url], "retry": {"attempts": 1}},
+                                 "pc": {"endpoints": [m.base_url]}},
+                                [{"model": "expensive"}, {"pool": "pc"}], "pe", budget, models)
         # pa 503 -> expensive's pe 503 -> pc (cheap's own model on another pool): cheap's price, not expensive's.
         w = weir(config=cfg(100), workers=1)
         r = httpx.post(w.v1 + "/chat/completions", headers={**AUTH, "x-request-id": "fb-chain"}, timeout=10,
