@@ -98,9 +98,10 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
 }
 
 core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
-  // The deadline cancels the member wherever it is (in the window, waiting
-  // for the head, relaying): it leaves the batch, the others go on.
-  const bool cutoff = arm_cutoff(ctx, true);  // batched_attempt() sets ctx.source before it first waits
+  // The deadline, and a stream's first-token timeout (from when it joined: the window is part of its wait),
+  // cancel the member wherever it is (in the window, waiting for the head, relaying): it leaves the batch,
+  // the others go on (a generation every member left is cancelled upstream).
+  const bool cutoff = arm_cutoff(ctx, core::now());  // batched_attempt() sets ctx.source before it first waits
   Outcome o = co_await batched_attempt(ctx);
   if (cutoff) {
     if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it
@@ -159,7 +160,10 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   }
   if (!ok) {
     ctx.source = nullptr;
-    const auto f = m.failure();  // counted in the metrics once, by the batch
+    auto f = m.failure();  // counted in the metrics once, by the batch
+    // Cut off before its head by its first-token timeout (on_cutoff cancelled it): a timeout a fallback may take.
+    if (f == http::UpstreamFailure::cancelled && ctx.cutoff == RequestContext::Cutoff::first_token)
+      f = http::UpstreamFailure::timeout;
     ctx.fail_over = http::is_upstream_fault(f);
     if (ctx.endpoint >= 0)
       ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
