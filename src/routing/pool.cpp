@@ -105,7 +105,7 @@ std::uint32_t WorkerPool::pick_by_policy(Clock::time_point now, Rng& rng, const 
 }
 
 std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded,
-                                         const PickRequest& req) {
+                                         const PickRequest& req, std::uint64_t never) {
   const auto n = size();
   last_rule_ = PickRule::p2c;
   if (n == 1) return !policy_.breaker() || endpoints_[0].health.available(now, policy_) ? 0 : npos;
@@ -127,7 +127,7 @@ std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::u
     // Every endpoint not tried yet is ejected: one this request tried already that is available (a 503 is
     // worth another try after the backoff; a dead endpoint is not) before any ejected one.
     for (std::uint32_t i = 0; i < n; ++i)
-      if (endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
+      if (!(i < 64 && ((never >> i) & 1u)) && endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
   }
   if (scratch_.empty()) {
     // Every endpoint is ejected: try the one whose ejection ends first.

@@ -109,7 +109,12 @@ class WorkerPool {
   // The same over the endpoints whose bit is clear in `excluded` (bit i =
   // endpoint i; endpoints from 64 on are never excluded); when every one is
   // excluded, or (breaker) none of the others is available, as pick(now, rng).
-  std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded, const PickRequest& req = {});
+  // When every one not excluded is ejected, an available excluded one (tried
+  // already: a 503 may pass next time, a dead endpoint will not) comes before
+  // any ejected one, unless its bit is set in `never` (a resume's: the
+  // endpoint whose stream broke).
+  std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded, const PickRequest& req = {},
+                               std::uint64_t never = 0);
 
   // Endpoint `i`'s load as the load-aware policies see it (balance.hpp's
   // load_of): from the latest scrape plus this worker's in-flight change

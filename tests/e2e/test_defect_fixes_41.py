@@ -384,3 +384,25 @@ def test_a_long_coalesced_stream_does_not_keep_its_output(weir, mock):
     assert n > 10_000_000, n
     grown = hwm_kb() - before
     assert grown < 6 * 1024, f"peak RSS grew {grown} KiB over a {n}-byte stream"
+
+
+@pytest.mark.parametrize("mode", ["batch", "coalesce"])
+def test_the_first_token_timeout_holds_for_batched_and_coalesced_streams(weir, mock, mode):
+    # timeouts.first_token was never armed for a batch member: a stalled model server held its clients until
+    # timeouts.idle, with no failover and no upstream cancel.
+    from test_batching import in_parallel
+    m = mock("--any-model", "--ttft-ms", "3000", "--itl-ms", "10", "--max-tokens", "4")
+    extra = {"batch": {"window": "50ms", "max_size": 4}} if mode == "batch" else {"coalesce": True}
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "timeouts": {"first_token": "300ms"}, **extra}},
+                     "default_pool": "gpu"}, workers=1)
+    body = {"model": "m", "prompt": "same", "max_tokens": 3, "temperature": 0, "stream": True}
+
+    def post():
+        t = time.monotonic()
+        r = httpx.post(w.v1 + "/completions", json=body, timeout=30)
+        return r, time.monotonic() - t
+    for r, took in in_parallel(post, [(), ()]):
+        assert r.status_code == 200 and "upstream_timeout" in r.text, r.text
+        assert took < 2.5, took
+    assert w.metric("weir_upstream_first_token_timeouts_total") == 2
+    assert w.metric("weir_batches_total") + w.metric("weir_coalesced_requests_total") >= 1  # they did share
