@@ -326,7 +326,16 @@ core::Task<void> Batch::relay_stream() {
 }
 
 bool Batch::dispatch(const http::SseEvent& ev) {
-  if (!ev.has_data) return true;  // comments and keep-alives are the upstream's
+  if (!ev.has_data) {
+    // Comments and keep-alives (": keep-alive", OpenRouter's ": OPENROUTER PROCESSING") reach every streaming
+    // member as they reach a request sent alone: an idle intermediary must not cut a long prefill. (Not kept
+    // for late joiners: nothing in them is the message's.)
+    if (!ev.raw.empty())
+      for_present([&](BatchMember& m) {
+        if (m.req_.stream) m.push(ev.raw);
+      });
+    return true;
+  }
   if (mode_ == Mode::coalesce) {
     if (!replay_closed_ && replay_.size() + ev.data.size() > kMaxReplayBytes) {
       // No late member will join now: what was kept for one goes.

@@ -406,3 +406,22 @@ def test_the_first_token_timeout_holds_for_batched_and_coalesced_streams(weir, m
         assert took < 2.5, took
     assert w.metric("weir_upstream_first_token_timeouts_total") == 2
     assert w.metric("weir_batches_total") + w.metric("weir_coalesced_requests_total") >= 1  # they did share
+
+
+def test_a_coalesced_stream_passes_the_upstreams_keep_alive_comments(weir):
+    # Batch members got the data events only: the ": keep-alive" comments a hosted upstream sends during a long
+    # prefill (to keep idle intermediaries from cutting the connection) were dropped.
+    from test_defect_fixes_40 import chunk
+    events = (b": keep-alive\n\n" + b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
+                                            for c in (chunk("a", role="assistant"), chunk("b", finish="stop")))
+              + b"data: [DONE]\n\n")
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+                     % len(events) + events)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "coalesce": True}}, "default_pool": "p"}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10,
+                       json={"model": "m", "messages": MSG, "stream": True, "temperature": 0})
+        assert r.text.startswith(": keep-alive\n\n"), r.text[:80]
+        assert r.text.endswith("data: [DONE]\n\n")
+    finally:
+        up.close()
