@@ -226,7 +226,7 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
       } else {
         k.scope = tenant->scope;  // limits and budget stay empty: the tenant's scope governs
       }
-      if (rec.expires_at > 0) k.expires_at = WallTime(std::chrono::seconds(rec.expires_at));
+      if (rec.expires_at > 0) k.expires_at = wall_from_unix_seconds(rec.expires_at);
       p->kind = CredentialKind::api_key;
       p->tenant = tenant;
       p->key = &k;

@@ -107,7 +107,7 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
            {"min_refetch_interval", &j.min_refetch_interval},
            {"fetch_timeout", &j.fetch_timeout}})
     if (auto r = dur(name, *out); !r) return tl::unexpected(r.error());
-  j.leeway = std::chrono::duration_cast<std::chrono::seconds>(leeway);
+  j.leeway = leeway;  // (900ms is 900ms: exp and nbf may be fractional seconds, RFC 7519 §2 NumericDate)
   if (node["require_exp"]) {
     WEIR_TRY_RESULT(b, core::read_bool(node["require_exp"], key + ".require_exp"));
     j.require_exp = *b;
@@ -141,6 +141,11 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     return tl::unexpected(config_error(node["refresh_interval"], key + ".refresh_interval", "must be at least 1s"));
   if (j.fetch_timeout <= std::chrono::milliseconds(0))
     return tl::unexpected(config_error(node["fetch_timeout"], key + ".fetch_timeout", "must be positive"));
+  // The floor between refetches for unknown kids: 0 would let a failing IdP (or garbage kids) make Weir
+  // fetch in a tight loop.
+  if (j.min_refetch_interval < std::chrono::milliseconds(100))
+    return tl::unexpected(
+        config_error(node["min_refetch_interval"], key + ".min_refetch_interval", "must be at least 100ms"));
   return j;
 }
 

@@ -89,8 +89,8 @@ struct JwtConfig {
   std::string tenant_claim = "tenant";  // dotted path of the claim naming the tenant
   std::string tier_claim = "tier";      // dotted path of the claim naming the tier (optional in tokens)
   std::string subject_claim = "sub";
-  std::string default_tenant;       // used when the token has no tenant claim; empty = refuse (403)
-  std::chrono::seconds leeway{60};  // clock skew allowed on exp/nbf
+  std::string default_tenant;                // used when the token has no tenant claim; empty = refuse (403)
+  std::chrono::milliseconds leeway{60'000};  // clock skew allowed on exp/nbf (kept to the millisecond)
   bool require_exp = true;
   std::chrono::milliseconds refresh_interval{std::chrono::minutes(5)};       // periodic JWKS refetch
   std::chrono::milliseconds min_refetch_interval{std::chrono::seconds(30)};  // floor between fetches

@@ -195,7 +195,7 @@ tl::expected<void, JwtError> verify_signature(const DecodedJwt& jwt, const Jwk& 
 tl::expected<WallTime, JwtError> check_claims(const boost::json::object& claims, const ClaimsPolicy& policy,
                                               WallTime now) {
   const double now_s = std::chrono::duration<double>(now.time_since_epoch()).count();
-  const double leeway = static_cast<double>(policy.leeway.count());
+  const double leeway = std::chrono::duration<double>(policy.leeway).count();  // seconds
   WallTime expires_at = WallTime::max();
   if (const auto* exp = claims.if_contains("exp")) {
     double v = 0;

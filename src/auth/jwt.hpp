@@ -19,6 +19,16 @@ namespace weir::auth {
 using WallClock = std::chrono::system_clock;
 using WallTime = WallClock::time_point;
 
+// Unix time `s` (seconds) as a WallTime, WallTime::max() past what the clock's
+// nanoseconds hold (2262-04-11): an expiry in year 9999 is "never" here, not
+// a wrapped date in 1816.
+inline WallTime wall_from_unix_seconds(std::int64_t s) {
+  constexpr std::int64_t kMax = std::chrono::duration_cast<std::chrono::seconds>(WallTime::duration::max()).count();
+  if (s >= kMax) return WallTime::max();
+  if (s <= -kMax) return WallTime::min();
+  return WallTime(std::chrono::seconds(s));
+}
+
 // Why a token was refused. Messages built from it never quote the token.
 enum class JwtFailure : std::uint8_t {
   malformed,        // not three base64url segments of JSON objects, or too long
@@ -47,10 +57,10 @@ struct JwtError {
 
 // Which registered claims must hold, and how much clock skew to allow.
 struct ClaimsPolicy {
-  std::string issuer;                  // when non-empty, "iss" must equal it
-  std::vector<std::string> audiences;  // when non-empty, "aud" (string or array) must hold one of them
-  std::chrono::seconds leeway{60};     // allowed skew for exp and nbf (RFC 7519 §4.1.4)
-  bool require_exp = true;             // tokens without "exp" are refused
+  std::string issuer;                        // when non-empty, "iss" must equal it
+  std::vector<std::string> audiences;        // when non-empty, "aud" (string or array) must hold one of them
+  std::chrono::milliseconds leeway{60'000};  // allowed skew for exp and nbf (RFC 7519 §4.1.4)
+  bool require_exp = true;                   // tokens without "exp" are refused
 };
 
 // A decoded (not yet verified) token. Views point into the token text.

@@ -100,7 +100,7 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     kp.limits = k.limits;
     kp.budget = k.budget;
     kp.scope = key_scope(k);
-    if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
+    if (k.expires_at > 0) kp.expires_at = wall_from_unix_seconds(k.expires_at);
     live.emplace_back(kp.scope, ScopeInfo{"key:" + k.id, k.limits, k.budget});
     p->keys_.push_back(std::move(kp));
   }
@@ -123,7 +123,7 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
     // A runtime key's calendar budget is aligned like the configuration's (auth.budget_utc_offset).
     if (kp.budget.calendar != core::CalendarPeriod::none) kp.budget.utc_offset_s = cfg.budget_utc_offset_s;
     kp.scope = rk.scope;
-    if (k.expires_at > 0) kp.expires_at = WallTime(std::chrono::seconds(k.expires_at));
+    if (k.expires_at > 0) kp.expires_at = wall_from_unix_seconds(k.expires_at);
     kp.runtime = true;
     p->scopes_[rk.scope] = ScopeInfo{"key:" + k.id, k.limits, kp.budget};
     p->keys_.push_back(std::move(kp));

@@ -291,3 +291,18 @@ TEST(AuthJwks, ParsesSupportedKeysAndSkipsTheRest) {
 
 }  // namespace
 }  // namespace weir::auth
+
+namespace weir::auth {
+namespace {
+
+// A key's expiry in year 9999 (the admin API's bound) wrapped the clock's int64 nanoseconds to 1816: refused
+// as expired the moment it was made. Past 2262 it is "never" now.
+TEST(WallFromUnixSeconds, ClampsPastTheClocksRange) {
+  EXPECT_EQ(wall_from_unix_seconds(1'700'000'000), WallTime(std::chrono::seconds(1'700'000'000)));
+  EXPECT_EQ(wall_from_unix_seconds(253'402'300'799), WallTime::max());  // 9999-12-31T23:59:59Z
+  EXPECT_EQ(wall_from_unix_seconds(20'000'000'000), WallTime::max());
+  EXPECT_GT(wall_from_unix_seconds(9'223'372'036), WallClock::now());  // 2262-04-11, still representable
+}
+
+}  // namespace
+}  // namespace weir::auth
