@@ -205,12 +205,18 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
   if (role == "user") {
     json::array blocks(sp_);
     if (content->is_string()) {
-      blocks.push_back(text_block(sv(content->get_string()), nullptr));
+      if (!content->get_string().empty()) blocks.push_back(text_block(sv(content->get_string()), nullptr));
     } else if (content->is_array()) {
       for (std::size_t j = 0; j < content->get_array().size(); ++j)
         if (auto r = part(content->get_array()[j], fmt::format("{}.content[{}]", where, j), true, blocks); !r) return r;
     } else {
       return invalid(fmt::format("{}.content: expected a string or a list of content parts", where), "messages");
+    }
+    if (blocks.empty()) {
+      // Anthropic refuses empty text blocks and a turn with no content: an empty user message next to another
+      // user turn adds nothing to it; alone it is a clear 400 here, not the provider's after a charged call.
+      if (!messages_.empty() && messages_.back().get_object().at("role").as_string() == "user") return {};
+      return invalid(fmt::format("{}.content: an Anthropic model refuses an empty user message", where), "messages");
     }
     turn("user", std::move(blocks));
     return {};
