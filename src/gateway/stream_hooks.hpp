@@ -79,6 +79,17 @@ class StreamHooks {
   // through by on_event(): a client dialect other than the upstream's, or
   // an Anthropic upstream (whose usage is read differently).
   bool translating() const { return mode_ != Mode::plain; }
+  // The upstream speaks Anthropic's Messages stream (a type: anthropic pool).
+  bool anthropic_upstream() const { return upstream_dialect() == UpstreamDialect::anthropic; }
+  // An Anthropic upstream's prompt tokens as its message_start said them (input and cache tokens: real,
+  // not estimated), once it came, whether or not the stream reached its final usage; -1 otherwise.
+  std::int64_t known_prompt_tokens() const {
+    if (mode_ == Mode::anthropic_passthrough && tr_->passthrough.started())
+      return static_cast<std::int64_t>(tr_->passthrough.usage().prompt_tokens);
+    if ((mode_ == Mode::chat_from_anthropic || mode_ == Mode::responses_from_anthropic) && tr_->upstream.started())
+      return static_cast<std::int64_t>(tr_->upstream.usage().prompt_tokens);
+    return -1;
+  }
   // The client's stream is OpenAI chat chunks (on_event(), or an Anthropic
   // upstream translated into them): an in-band failure is then
   // `data: {"error": …}` and `data: [DONE]` (gateway/phases fail()).

@@ -72,6 +72,8 @@ class UpstreamStreamTranslator {
   // has no usage: it is charged by what was relayed (docs/admission.md).
   bool has_usage() const { return started_ && usage_final_; }
   Usage usage() const { return usage_.openai(); }
+  // message_start came: its prompt count (input, cache reads and writes) is the real one, final or not.
+  bool started() const { return started_; }
 
  private:
   enum class Block : std::uint8_t { none, text, thinking, tool, other };
@@ -111,6 +113,8 @@ class PassthroughObserver {
   // message_delta with usage or message_stop came.
   bool has_usage() const { return has_usage_ && usage_final_; }
   Usage usage() const { return usage_.openai(); }
+  // message_start's usage came (see UpstreamStreamTranslator::started).
+  bool started() const { return has_usage_; }
 
  private:
   bool ended_ = false;

@@ -150,7 +150,9 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // continuation then answered 4xx/5xx.
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
-      u.prompt_tokens = ctx.prompt_tokens_estimate;
+      // (An Anthropic upstream's message_start said the prompt's real count: that, not the estimate.)
+      const std::int64_t known = ctx.sse_answer ? ctx.hooks.known_prompt_tokens() : -1;
+      u.prompt_tokens = known >= 0 ? static_cast<std::uint64_t>(known) : ctx.prompt_tokens_estimate;
       u.completion_tokens = ctx.token_events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;
     }

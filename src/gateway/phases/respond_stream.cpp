@@ -17,6 +17,15 @@ namespace {
 // How long a stream's client may take nothing while its backlog is over
 // server.max_stream_buffer before it is cut off as slow.
 constexpr std::chrono::milliseconds kSlowClientGrace{300};
+
+// An Anthropic stream's content delta (text, thinking, tool input): the events charged as tokens when the
+// stream ends without its usage. Anthropic names each event's type in its `event:` field; its data's "type"
+// is read when that field is missing.
+bool is_content_delta(const http::SseEvent& ev) {
+  constexpr std::string_view kType = "content_block_delta";
+  if (!ev.type.empty()) return ev.type == kType;
+  return ev.data.find("\"content_block_delta\"") != std::string_view::npos;
+}
 }  // namespace
 
 bool GatewayPhases::resume_note(RequestContext& ctx, http::SseEvent& ev, bool holding, http::UpstreamFailure& failure) {
@@ -148,8 +157,10 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // translated), and the stream ends there, a failed answer: counted
       // against the endpoint, logged, and no token (error_relayed).
       const bool upstream_error = !s.holding && ctx.hooks.error_event(*ev);
-      const bool token =
-          ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error;  // (settle())
+      // (An Anthropic upstream's events after the first token are not all tokens: pings, block starts and stops,
+      // message_delta. Only its content deltas are.)
+      const bool token = ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error &&
+                         (first_token || !ctx.hooks.anthropic_upstream() || is_content_delta(*ev));  // (settle())
       if (token) ++ctx.token_events;
       if (ctx.hooks.translating()) {
         const bool sent = ctx.hooks.translate(*ev, events);
