@@ -428,3 +428,59 @@ def test_a_coalesced_stream_passes_the_upstreams_keep_alive_comments(weir):
         assert r.text.endswith("data: [DONE]\n\n")
     finally:
         up.close()
+
+
+def test_responses_carry_a_refusal_and_a_tool_name_sent_in_pieces(weir):
+    # A chat refusal (message.refusal / delta.refusal) became an empty completed Response; a tool call whose
+    # name came in two deltas ("get_", "weather") was called "get_".
+    from openai import OpenAI
+    from test_defect_fixes_40 import chunk, json_answer
+    refusal = "I can't help with that."
+
+    def answer(h, b):
+        req = json.loads(b)
+        if not req.get("stream"):
+            doc = {"id": "chatcmpl-r", "object": "chat.completion", "created": 1, "model": "m",
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": None, "refusal": refusal},
+                                "finish_reason": "stop"}],
+                   "usage": {"prompt_tokens": 5, "completion_tokens": 6, "total_tokens": 11}}
+            return json_answer(json.dumps(doc).encode())
+        if req.get("tools"):
+            calls = [chunk(None, role="assistant"),
+                     chunk(None)]
+            calls[1]["choices"][0]["delta"] = {"tool_calls": [{"index": 0, "id": "call_1", "type": "function",
+                                                               "function": {"name": "get_", "arguments": ""}}]}
+            more = chunk(None)
+            more["choices"][0]["delta"] = {"tool_calls": [{"index": 0, "function": {"name": "weather",
+                                                                                    "arguments": "{}"}}]}
+            calls += [more, chunk(None, finish="tool_calls")]
+        else:
+            calls = [chunk(None, role="assistant")]
+            for piece in ("I can't ", "help with that."):
+                c = chunk(None)
+                c["choices"][0]["delta"] = {"refusal": piece}
+                calls.append(c)
+            calls.append(chunk(None, finish="stop"))
+        events = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in calls) + b"data: [DONE]\n\n"
+        return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events)
+                + events)
+
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+        c = OpenAI(base_url=w.v1, api_key="x", max_retries=0)
+        r = c.responses.create(model="m", input="hi")
+        assert r.output[0].content[0].type == "refusal" and r.output[0].content[0].refusal == refusal, r
+        with c.responses.stream(model="m", input="hi") as s:
+            kinds = [e.type for e in s]
+            final = s.get_final_response()
+        assert "response.refusal.done" in kinds, kinds
+        assert final.output[0].content[0].refusal == refusal, final
+        tools = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
+        with c.responses.stream(model="m", input="hi", tools=tools) as s:
+            for _ in s:
+                pass
+            final = s.get_final_response()
+        assert [o.name for o in final.output if o.type == "function_call"] == ["get_weather"], final.output
+    finally:
+        up.close()

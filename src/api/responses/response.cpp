@@ -59,6 +59,17 @@ void append_item_json(std::string& out, const OutputItem& item, std::string_view
       }
       out += R"(],"status":")";
       break;
+    case OutputItem::Kind::refusal:
+      out += R"({"id":)";
+      core::append_json_string(out, item.id);
+      out += R"(,"type":"message","role":"assistant","content":[)";
+      if (with_content) {
+        out += R"({"type":"refusal","refusal":)";
+        core::append_json_string(out, text);
+        out += "}";
+      }
+      out += R"(],"status":")";
+      break;
     case OutputItem::Kind::function_call:
       out += R"({"id":)";
       core::append_json_string(out, item.id);
@@ -164,6 +175,13 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
     OutputItem& it = items.emplace_back();
     append_id(it.id, "msg_", upstream_id);
     it.text = text;
+  }
+  if (const std::string_view refusal = string_at(*msg, "refusal"); !refusal.empty()) {
+    OutputItem& it = items.emplace_back();
+    it.kind = OutputItem::Kind::refusal;
+    append_id(it.id, "msg_", upstream_id);
+    if (items.size() > 1 && items[items.size() - 2].id == it.id) it.id += "_1";  // (beside a text message)
+    it.text = refusal;
   }
   if (const auto* tc = msg->if_contains("tool_calls"); tc && tc->is_array()) {
     std::size_t n = 0;

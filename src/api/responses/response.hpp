@@ -15,12 +15,13 @@ namespace weir::api::responses {
 
 // One output item of a response, as the stream builds it up.
 struct OutputItem {
-  enum class Kind : std::uint8_t { reasoning, message, function_call };
+  // refusal: a message item whose one content part is {"type":"refusal"} (the chat message's `refusal`).
+  enum class Kind : std::uint8_t { reasoning, message, function_call, refusal };
   Kind kind = Kind::message;
   std::string id;       // "rs_…", "msg_…", "fc_…"
   std::string call_id;  // function_call: the upstream's tool call id
   std::string name;     // function_call: the function's name
-  std::string text;     // reasoning or message text, function_call arguments
+  std::string text;     // reasoning or message text, function_call arguments, the refusal
   bool done = true;     // a stream sent its output_item.done (a whole answer's items are)
 };
 
@@ -73,6 +74,7 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
 // Translates a whole chat.completion body (the first choice) into a Response
 // written to `out` (overwritten): output items in order reasoning (vLLM's
 // reasoning_content, or `reasoning`), message (the content, when not empty),
+// a message with a refusal part (the message's `refusal`, when not empty),
 // one function_call per tool call. Returns false when `body` is not a chat
 // completion with a choice (out then holds an OpenAI server_error body).
 bool translate_response(std::string_view body, std::string_view echo, std::string& out);

@@ -78,6 +78,7 @@ void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string
       append_id(it.id, "rs_", base_id_);
       break;
     case OutputItem::Kind::message:
+    case OutputItem::Kind::refusal:
       append_id(it.id, "msg_", base_id_);
       break;
     case OutputItem::Kind::function_call:
@@ -113,7 +114,8 @@ void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string
   append_item_ref(out);
   out += kind == OutputItem::Kind::message
              ? R"(,"content_index":0,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]})"
-             : R"(,"content_index":0,"part":{"type":"reasoning_text","text":""})";
+         : kind == OutputItem::Kind::refusal ? R"(,"content_index":0,"part":{"type":"refusal","refusal":""})"
+                                             : R"(,"content_index":0,"part":{"type":"reasoning_text","text":""})";
   out += kEnd;
 }
 
@@ -133,6 +135,12 @@ void StreamTranslator::delta(std::string_view text, std::string& out) {
       out += R"(,"content_index":0,"delta":)";
       core::append_json_string(out, text);
       out += R"(,"logprobs":[])";
+      break;
+    case OutputItem::Kind::refusal:
+      begin("response.refusal.delta", out);
+      append_item_ref(out);
+      out += R"(,"content_index":0,"delta":)";
+      core::append_json_string(out, text);
       break;
     case OutputItem::Kind::function_call:
       begin("response.function_call_arguments.delta", out);
@@ -171,6 +179,19 @@ void StreamTranslator::close(std::string& out) {
       out += kEnd;
       break;
     }
+    case OutputItem::Kind::refusal:
+      begin("response.refusal.done", out);
+      append_item_ref(out);
+      out += R"(,"content_index":0,"refusal":)";
+      core::append_json_string(out, it.text);
+      out += kEnd;
+      begin("response.content_part.done", out);
+      append_item_ref(out);
+      out += R"(,"content_index":0,"part":{"type":"refusal","refusal":)";
+      core::append_json_string(out, it.text);
+      out += "}";
+      out += kEnd;
+      break;
     case OutputItem::Kind::function_call:
       // No arguments streamed: "{}", what OpenAI sends for a call without any (the item's JSON parses).
       if (it.text.empty()) delta("{}", out);  // (its delta too: the deltas add up to the done event's arguments)
@@ -276,6 +297,14 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
           }
           delta(text, out);
         }
+        // The chat message's refusal (hosted OpenAI's, with structured outputs): a message with a refusal part.
+        if (const std::string_view refusal = string_at(delta_obj, "refusal"); !refusal.empty()) {
+          if (!open_ || items_.back().kind != OutputItem::Kind::refusal) {
+            close(out);
+            open(OutputItem::Kind::refusal, out);
+          }
+          delta(refusal, out);
+        }
         if (const auto* tcs = delta_obj.if_contains("tool_calls"); tcs && tcs->is_array())
           for (const auto& tc : tcs->get_array()) {
             if (!tc.is_object()) continue;
@@ -293,6 +322,10 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               tool_index_ = last_tool_ = idx;
               open(OutputItem::Kind::function_call, out, string_at(call, "id"),
                    fn ? string_at(*fn, "name") : std::string_view{});
+            } else if (fn) {
+              // A name that comes in pieces (or after the call's first delta): the chat stream's string
+              // fields add up (the openai SDK joins them); its .done events and item carry it whole.
+              items_.back().name.append(string_at(*fn, "name"));
             }
             if (fn)
               if (const std::string_view args = string_at(*fn, "arguments"); !args.empty()) delta(args, out);
