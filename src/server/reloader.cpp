@@ -107,16 +107,16 @@ core::Task<void> Reloader::watch_loop() {
     prune_scrapers();
     const FileStamp now = stamp();
     if (now == seen_) {
-      pending_ = {};
+      pending_.reset();
       continue;
     }
     // Changed: applied once two looks in a row see the same file, so a
     // file being written is not read half-way.
-    if (!(now == pending_)) {
+    if (!pending_ || !(now == *pending_)) {
       pending_ = now;
       continue;
     }
-    pending_ = {};
+    pending_.reset();
     reload("the configuration file changed");
   }
   watch_timer_ = nullptr;

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -81,7 +82,9 @@ class Reloader {
   bool watching_ = false;
   core::Timer* watch_timer_ = nullptr;  // watch_loop's wait, while it runs (arm_watch ends it on a reload)
   FileStamp seen_;                      // the file as the last reload (or start-up) read it
-  FileStamp pending_;                   // a change the watch saw once; applied when the next look finds it settled
+  // A change the watch saw once; applied when the next look finds it settled (none: no change seen; a
+  // missing file's all-zero stamp is a change like any other, seen twice before it counts).
+  std::optional<FileStamp> pending_;
 };
 
 }  // namespace weir::server

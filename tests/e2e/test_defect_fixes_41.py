@@ -484,3 +484,47 @@ def test_responses_carry_a_refusal_and_a_tool_name_sent_in_pieces(weir):
         assert [o.name for o in final.output if o.type == "function_call"] == ["get_weather"], final.output
     finally:
         up.close()
+
+
+def test_a_kept_alive_connection_keeps_one_max_body_for_plain_and_compressed_bodies(weir, mock):
+    # After a reload lowered server.max_body, a connection accepted before it kept the old limit for a plain body
+    # (docs/operations.md) but got the new one for a gzip body once decoded: two limits on one connection.
+    import gzip
+    from test_config_reload import sighup, write
+    m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0")
+    cfg = {"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p", "server": {"max_body": "64KiB"}}
+    w = weir(config=cfg, workers=1)
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "x" * 3000}]}).encode()
+    with httpx.Client(base_url=w.v1, timeout=10) as old:
+        assert old.post("/chat/completions", content=body, headers={"content-type": "application/json"}).status_code \
+            == 200
+        write(w, {**cfg, "server": {"max_body": "1KiB"}}, workers=1)
+        sighup(w)
+        r = old.post("/chat/completions", content=gzip.compress(body),
+                     headers={"content-type": "application/json", "content-encoding": "gzip"})
+        assert r.status_code == 200, r.text
+    r = httpx.post(w.v1 + "/chat/completions", content=gzip.compress(body), timeout=10,
+                   headers={"content-type": "application/json", "content-encoding": "gzip"})
+    assert r.status_code == 413, r.text
+
+
+def test_an_answer_whose_head_goes_out_after_sigterm_says_connection_close(weir, mock):
+    import signal
+    import os
+    m = mock("--any-model", "--ttft-ms", "600", "--itl-ms", "0", "--max-tokens", "2")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "server": {"drain_timeout": "5s"}}, workers=1)
+    import threading
+    got = {}
+
+    def ask():
+        with httpx.Client(timeout=10) as c:
+            got["r"] = c.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG})
+    t = threading.Thread(target=ask)
+    t.start()
+    from conftest import wait_until
+    wait_until(lambda: m.metric("vllm:num_requests_running") >= 1, 5, message="the request upstream")
+    os.kill(w.process.pid, signal.SIGTERM)
+    t.join(10)
+    assert got["r"].status_code == 200
+    assert got["r"].headers.get("connection") == "close", got["r"].headers

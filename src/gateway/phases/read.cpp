@@ -161,9 +161,12 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
       co_return Outcome::failed(core::unsupported_encoding(ce));
     std::string decoded = w_.take_buffer();
     bool over = false;
-    if (!http::gunzip(down_.body(), decoded, ctx.gen->config().server.max_body_bytes, &over)) {
+    // The connection's own limit (the one its raw body was held to: a reload applies to connections accepted
+    // after it), not the generation's.
+    const std::uint64_t max_body = down_.config().max_body_bytes;
+    if (!http::gunzip(down_.body(), decoded, max_body, &over)) {
       w_.give_buffer(decoded);
-      if (over) co_return Outcome::failed(core::payload_too_large(ctx.gen->config().server.max_body_bytes));
+      if (over) co_return Outcome::failed(core::payload_too_large(max_body));
       co_return Outcome::failed(core::undecodable_body(ce));
     }
     down_.body().swap(decoded);
