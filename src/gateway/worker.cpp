@@ -298,6 +298,18 @@ void Worker::drain(std::chrono::steady_clock::time_point deadline) {
     draining_ = true;
     drain_deadline_ = deadline;
     error_code ignored;
+    // A listener of a SO_REUSEPORT group that closes resets the connections waiting in its accept queue (Linux,
+    // unless net.ipv4.tcp_migrate_req is 1): their clients already sent requests another instance cannot see.
+    // Taken first, each is served as its request's last; then the listener closes.
+    if (acceptor_.is_open()) {
+      acceptor_.non_blocking(true, ignored);
+      for (int n = 0; n < 4096; ++n) {
+        error_code ec;
+        auto sock = acceptor_.accept(ec);
+        if (ec) break;
+        start_session(std::move(sock));
+      }
+    }
     acceptor_.close(ignored);
     close_idle_sessions();
     tick_.cancel();  // re-evaluate now
@@ -368,16 +380,20 @@ http::Task<void> Worker::accept_loop() {
       co_await t.async_wait(use_task);
       continue;
     }
-    auto s = std::make_unique<Session>(*this, std::move(sock));
-    asio::co_spawn(io_.get_executor(), Session::run(std::move(s)), [this](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        fmt::print(stderr, "weir: worker {}: session failed: {}\n", index_, ex.what());
-      }
-    });
+    start_session(std::move(sock));
   }
+}
+
+void Worker::start_session(http::Socket sock) {
+  auto s = std::make_unique<Session>(*this, std::move(sock));
+  asio::co_spawn(io_.get_executor(), Session::run(std::move(s)), [this](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      fmt::print(stderr, "weir: worker {}: session failed: {}\n", index_, ex.what());
+    }
+  });
 }
 
 void Worker::sweep_idle_upstreams() {

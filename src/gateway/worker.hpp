@@ -165,6 +165,7 @@ class Worker {
 
  private:
   http::Task<void> accept_loop();
+  void start_session(http::Socket sock);  // serves an accepted connection (a Session of its own)
   http::Task<void> tick_loop();
   // Active health probes of `pool`'s endpoints (pools.X.health), every
   // interval, until the worker stops or a reload retires the pool.
