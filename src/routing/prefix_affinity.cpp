@@ -1,9 +1,10 @@
 #include "routing/prefix_affinity.hpp"
 
 #include <algorithm>
-#include <array>
+#include <cstdint>
 
 #include "routing/least_load.hpp"
+#include "routing/rng.hpp"
 
 namespace weir::routing {
 
@@ -15,30 +16,43 @@ PrefixPick prefix_affinity_pick(std::span<const Candidate> c, std::span<const st
   for (const auto& e : c)
     if (e.endpoint < PrefixIndex::kMaxEndpoints) mask |= std::uint64_t{1} << e.endpoint;
   const auto m = index.longest(hashes, mask);
-  // The least loaded of the candidates `keep` accepts.
-  std::array<Candidate, PrefixIndex::kMaxEndpoints> some;
-  std::array<std::uint32_t, PrefixIndex::kMaxEndpoints> where;
+  // The least loaded of the candidates `keep` accepts (load, then fewest in flight; ties broken at random),
+  // over all of them; every candidate when none is accepted.
   auto least_loaded_of = [&](auto keep) {
-    std::uint32_t n = 0;
-    for (std::uint32_t i = 0; i < c.size() && n < some.size(); ++i)
-      if (keep(c[i])) {
-        some[n] = c[i];
-        where[n++] = i;
+    std::uint32_t best = UINT32_MAX;
+    std::uint32_t ties = 0;
+    for (std::uint32_t i = 0; i < c.size(); ++i) {
+      if (!keep(c[i])) continue;
+      if (best == UINT32_MAX || c[i].load < c[best].load ||
+          (c[i].load == c[best].load && c[i].in_flight < c[best].in_flight)) {
+        best = i;
+        ties = 1;
+      } else if (c[i].load == c[best].load && c[i].in_flight == c[best].in_flight && rng.below(++ties) == 0) {
+        best = i;
       }
-    return n == 0 ? least_load_pick(c, rng) : where[least_load_pick(std::span<const Candidate>(some.data(), n), rng)];
+    }
+    return best == UINT32_MAX ? least_load_pick(c, rng) : best;
   };
   if (m.blocks == 0 ||
       static_cast<double>(m.blocks) < cfg.prefix_affinity.match_threshold * static_cast<double>(hashes.size())) {
     // A new prefix: to the endpoint that holds the fewest indexed blocks
     // (SGLang's smallest tree), the least loaded of those, so prefixes,
     // and with them the load, spread evenly. An endpoint past the index's
-    // 64 holds nothing it could count: it is one of those always, chosen
-    // by load alone (it would take every new prefix if its 0 were compared).
+    // 64 holds nothing it could count (its 0 would take every new prefix):
+    // those take their share of new prefixes, u of n for u such endpoints
+    // among n candidates, by load alone.
     const auto indexed = [](const Candidate& e) { return e.endpoint < PrefixIndex::kMaxEndpoints; };
     std::uint64_t fewest = UINT64_MAX;
-    for (const auto& e : c)
-      if (indexed(e)) fewest = std::min(fewest, index.held(e.endpoint));
-    const auto k = least_loaded_of([&](const Candidate& e) { return !indexed(e) || index.held(e.endpoint) == fewest; });
+    std::uint32_t unindexed = 0;
+    for (const auto& e : c) {
+      if (indexed(e))
+        fewest = std::min(fewest, index.held(e.endpoint));
+      else
+        ++unindexed;
+    }
+    const bool past = unindexed > 0 && rng.below(static_cast<std::uint32_t>(c.size())) < unindexed;
+    const auto k = least_loaded_of(
+        [&](const Candidate& e) { return past ? !indexed(e) : indexed(e) && index.held(e.endpoint) == fewest; });
     return {.candidate = k, .rule = PrefixRule::miss, .matched_blocks = m.blocks};
   }
   const auto k = least_loaded_of([&](const Candidate& e) {
