@@ -159,11 +159,17 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
 
   KeySet set;
   set.source_digest = sha256(json);
+  const auto malformed = [&set](std::string why) {
+    if (set.malformed++ == 0) set.first_malformed = std::move(why);
+  };
   std::size_t index = 0;
   for (const auto& kv : keys->get_array()) {
     const std::size_t i = index++;
     const auto* o = kv.if_object();
-    if (!o) return tl::unexpected(fmt::format("keys[{}] is not an object", i));
+    if (!o) {
+      malformed(fmt::format("keys[{}] is not an object", i));
+      continue;
+    }
     const auto use = str_member(*o, "use");
     if (!use.empty() && use != "sig") {
       ++set.skipped;
@@ -209,7 +215,10 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
     } else if (kty == "oct") {
       k.kind = KeyKind::oct;
       auto secret = b64_member(*o, "k");
-      if (!secret) return tl::unexpected(fmt::format("keys[{}]: {}", i, secret.error()));
+      if (!secret) {
+        malformed(fmt::format("keys[{}]: {}", i, secret.error()));
+        continue;
+      }
       if (secret->size() < 32) {
         ++set.skipped;  // RFC 7518 §3.2: at least as long as the hash output
         continue;
@@ -219,12 +228,18 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
       ++set.skipped;
       continue;
     }
-    if (!pkey) return tl::unexpected(fmt::format("keys[{}]: {}", i, pkey.error()));
+    if (!pkey) {
+      malformed(fmt::format("keys[{}]: {}", i, pkey.error()));
+      continue;
+    }
     k.pkey = std::move(*pkey);
-    if (k.alg && key_kind_for(*k.alg) != k.kind)
-      return tl::unexpected(fmt::format("keys[{}]: alg {} does not fit kty {}", i, to_string(*k.alg), kty));
+    if (k.alg && key_kind_for(*k.alg) != k.kind) {
+      malformed(fmt::format("keys[{}]: alg {} does not fit kty {}", i, to_string(*k.alg), kty));
+      continue;
+    }
     set.keys.push_back(std::move(k));
   }
+  if (set.keys.empty() && set.malformed > 0) return tl::unexpected(set.first_malformed);
   return set;
 }
 

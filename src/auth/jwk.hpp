@@ -51,6 +51,8 @@ struct Jwk {
 struct KeySet {
   std::vector<Jwk> keys;
   std::size_t skipped = 0;       // keys ignored: unsupported kty/crv, use "enc", too short
+  std::size_t malformed = 0;     // keys of a supported type that do not decode (skipped too)
+  std::string first_malformed;   // why the first of them was skipped ("keys[2]: …"; never key material)
   Sha256Digest source_digest{};  // SHA-256 of the JWKS text, to tell a changed set from a refresh
 
   // The key with id `kid`, or nullptr. Linear: key sets hold a handful of keys.
@@ -58,9 +60,12 @@ struct KeySet {
 };
 
 // Parses a JWKS document ({"keys":[...]}, RFC 7517 §5). Keys that Weir cannot
-// use are skipped and counted, not fatal; a document that is not JSON, has no
-// "keys" array, or a supported key with malformed members is an error (the
-// message names the key index, never key material).
+// use are skipped and counted, not fatal, and so are malformed ones (a
+// member that does not decode, a point off the curve, an `alg` that does
+// not fit the key's type: one bad key at the IdP must not take out every
+// token); a document that is not JSON, has no "keys" array, or whose keys
+// were malformed and none usable is an error (the message names the key
+// index, never key material).
 tl::expected<KeySet, std::string> parse_jwks(std::string_view json);
 
 }  // namespace weir::auth

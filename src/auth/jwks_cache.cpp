@@ -166,6 +166,9 @@ tl::expected<void, std::string> JwksCache::install(std::string_view jwks_text) {
   if (!set) return tl::unexpected(set.error());
   auto current = keys_.load(std::memory_order_acquire);
   if (current && !current->keys.empty() && current->source_digest == set->source_digest) return {};
+  if (set->malformed > 0)  // (said once per changed document: a refresh of the same one returned above)
+    fmt::print(stderr, "weir: JWKS: {} malformed key(s) skipped ({}); {} key(s) in use\n", set->malformed,
+               set->first_malformed, set->keys.size());
   keys_.store(std::make_shared<const KeySet>(std::move(*set)), std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   updates_.fetch_add(1, std::memory_order_relaxed);

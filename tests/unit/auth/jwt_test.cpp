@@ -280,6 +280,14 @@ TEST(AuthJwks, ParsesSupportedKeysAndSkipsTheRest) {
   std::string ec_as_rs = k.ec.jwk();
   ec_as_rs.insert(1, R"("alg":"RS256",)");
   EXPECT_FALSE(parse_jwks(R"({"keys":[)" + ec_as_rs + "]}"));  // alg that does not fit the kty
+  // Alone, each of those is an error (no usable key: the cache keeps the set it had); beside a good key it is
+  // skipped and counted, so one bad key at the IdP does not take out every token signed by the others.
+  auto mixed = parse_jwks(R"({"keys":[1,)" + ec_as_rs + "," + k.rsa.jwk() + "]}");
+  ASSERT_TRUE(mixed) << mixed.error();
+  EXPECT_EQ(mixed->keys.size(), 1u);
+  EXPECT_EQ(mixed->malformed, 2u);
+  EXPECT_EQ(mixed->first_malformed, "keys[0] is not an object");
+  EXPECT_TRUE(verify_jwt(k.rsa.token(claims()), *mixed, policy(), kNow));
   // A 1024-bit RSA key is skipped (RFC 7518 §3.3).
   TestKey small{JwsAlg::rs256, "small"};
   small.pkey = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", static_cast<size_t>(1024)));
