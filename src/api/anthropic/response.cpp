@@ -133,6 +133,9 @@ bool translate_message(std::string_view body, std::string& out) {
     content.push_back(json::object({{"type", "thinking"}, {"thinking", thinking}, {"signature", ""}}, sp));
   if (const std::string_view text = string_at(*msg, "content"); !text.empty())
     content.push_back(json::object({{"type", "text"}, {"text", text}}, sp));
+  // A refusal (hosted OpenAI's message.refusal) is the message's text, with stop_reason "refusal".
+  const std::string_view refusal = string_at(*msg, "refusal");
+  if (!refusal.empty()) content.push_back(json::object({{"type", "text"}, {"text", refusal}}, sp));
   bool tool_calls = false;
   if (const auto* tc = msg->if_contains("tool_calls"); tc && tc->is_array()) {
     std::size_t i = 0;
@@ -155,8 +158,9 @@ bool translate_message(std::string_view body, std::string& out) {
   // vLLM's stop_reason: the matched stop string, a stop token id (a number), or null.
   const std::string_view matched = string_at(*choice, "stop_reason");
   // A tool call cut off by max_tokens ("length") is max_tokens, not tool_use: its input is incomplete.
-  const std::string_view reason =
+  std::string_view reason =
       tool_calls && finish != "length" ? std::string_view("tool_use") : stop_reason(finish, matched);
+  if (!refusal.empty() && reason == "end_turn") reason = "refusal";
 
   json::object m(sp);
   m["id"] = id;

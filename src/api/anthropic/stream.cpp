@@ -47,6 +47,12 @@ void StreamTranslator::start(std::string_view id, std::string_view model, std::s
 
 void StreamTranslator::open(Block kind, std::string& out, std::string_view tool_id, std::string_view tool_name) {
   open_ = kind;
+  if (kind == Block::tool) {
+    tool_id_.assign(tool_id);
+    tool_name_.assign(tool_name);
+    tool_start_pending_ = true;
+    return;
+  }
   begin_event(out, "content_block_start");
   fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_start","index":{},"content_block":)", next_index_);
   switch (kind) {
@@ -67,6 +73,19 @@ void StreamTranslator::open(Block kind, std::string& out, std::string_view tool_
   out += "\n\n";
 }
 
+void StreamTranslator::start_tool(std::string& out) {
+  if (!tool_start_pending_) return;
+  tool_start_pending_ = false;
+  begin_event(out, "content_block_start");
+  fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_start","index":{},"content_block":)", next_index_);
+  out += R"({"type":"tool_use","id":)";
+  core::append_json_string(out, tool_id_);
+  out += R"(,"name":)";
+  core::append_json_string(out, tool_name_);
+  out += R"(,"input":{}}})";
+  out += "\n\n";
+}
+
 void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
   // A tool_use block's input is an object (the Anthropic API): arguments
   // that begin with `{` stream as they come; any other text (a list, a
@@ -75,6 +94,7 @@ void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
   if (tool_args_ == ToolArgs::none) {
     const std::size_t first = args.find_first_not_of(" \t\r\n");
     if (first == std::string_view::npos) return;  // (whitespace before the value: nothing yet)
+    start_tool(out);
     tool_args_ = args[first] == '{' ? ToolArgs::object : ToolArgs::raw;
     if (tool_args_ == ToolArgs::object) args.remove_prefix(first);
   }
@@ -86,6 +106,7 @@ void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
 
 void StreamTranslator::close(std::string& out) {
   if (open_ == Block::none) return;
+  if (open_ == Block::tool) start_tool(out);
   if (open_ == Block::tool && tool_args_ == ToolArgs::raw) {
     scratch_.assign(R"({"_raw":)");
     core::append_json_string(scratch_, tool_raw_);
@@ -197,6 +218,15 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
           }
           delta("text_delta", "text", text, out);
         }
+        // A refusal (hosted OpenAI's delta.refusal) is the message's text, and its stop_reason "refusal".
+        if (const std::string_view refusal = string_at(delta_obj, "refusal"); !refusal.empty()) {
+          if (open_ != Block::text) {
+            close(out);
+            open(Block::text, out);
+          }
+          delta("text_delta", "text", refusal, out);
+          refused_ = true;
+        }
         if (const auto* tcs = delta_obj.if_contains("tool_calls"); tcs && tcs->is_array())
           for (const auto& tc : tcs->get_array()) {
             if (!tc.is_object()) continue;
@@ -213,6 +243,9 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               if (scratch_.empty()) scratch_ = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), idx);
               open(Block::tool, out, scratch_, fn ? string_at(*fn, "name") : std::string_view{});
               tool_index_ = last_tool_ = idx;
+            } else if (fn && tool_start_pending_) {
+              // A name in pieces, or after the call's first delta: the chat stream's strings add up.
+              tool_name_.append(string_at(*fn, "name"));
             }
             if (fn)
               if (const std::string_view args = string_at(*fn, "arguments"); !args.empty()) tool_arguments(args, out);
@@ -226,6 +259,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         stop_reason_.assign(last_tool_ >= 0 && finish != "length" ? std::string_view("tool_use")
                                                                   : stop_reason(finish, matched));
         if (stop_reason_ == "stop_sequence") stop_sequence_.assign(matched);
+        if (refused_ && stop_reason_ == "end_turn") stop_reason_.assign("refusal");
       }
     }
   // The usage chunk follows the finish chunk: then the message is complete.

@@ -48,6 +48,7 @@ class StreamTranslator {
   void start(std::string_view id, std::string_view model, std::string& out);
   void open(Block kind, std::string& out, std::string_view tool_id = {}, std::string_view tool_name = {});
   void close(std::string& out);
+  void start_tool(std::string& out);  // the held content_block_start of the open tool_use block, if not sent
   void tool_arguments(std::string_view args, std::string& out);
   void delta(std::string_view type, std::string_view field, std::string_view text, std::string& out);
   void terminate(std::string& out);
@@ -66,7 +67,13 @@ class StreamTranslator {
   enum class ToolArgs : std::uint8_t { none, object, raw };
   ToolArgs tool_args_ = ToolArgs::none;
   std::string tool_raw_;
-  std::string msg_id_;  // "msg_…"
+  // A tool_use block's start is held until its arguments begin (or it closes): its name may come in pieces,
+  // and Anthropic's grammar says it once, in content_block_start.
+  bool tool_start_pending_ = false;
+  std::string tool_id_;
+  std::string tool_name_;
+  bool refused_ = false;  // the upstream's text was a refusal (delta.refusal): stop_reason "refusal"
+  std::string msg_id_;    // "msg_…"
   std::string stop_reason_;
   std::string stop_sequence_;
   Usage usage_;

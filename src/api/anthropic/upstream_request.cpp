@@ -69,6 +69,13 @@ class Translation {
       : sp_(std::move(sp)), wide_(wide), system_(sp_), messages_(sp_), out_(sp_) {}
 
   tl::expected<void, core::Error> message(const json::value& v, std::size_t i);
+  // An empty user message was left out and the conversation has no opening user turn without it: the 400.
+  tl::expected<void, core::Error> empty_user_error() const {
+    if (!empty_user_ || (!messages_.empty() && messages_.front().get_object().at("role").as_string() == "user"))
+      return {};
+    return invalid(fmt::format("messages[{}].content: an Anthropic model refuses an empty user message", *empty_user_),
+                   "messages");
+  }
   tl::expected<void, core::Error> tools(const json::value& v);
   tl::expected<void, core::Error> tool_choice(const json::value* choice, const json::value* parallel);
 
@@ -98,6 +105,7 @@ class Translation {
   WideIntegers& wide_;
   json::array system_;
   json::array messages_;
+  std::optional<std::size_t> empty_user_;  // the first user message left out for being empty
   json::object out_;
 };
 
@@ -213,10 +221,11 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
       return invalid(fmt::format("{}.content: expected a string or a list of content parts", where), "messages");
     }
     if (blocks.empty()) {
-      // Anthropic refuses empty text blocks and a turn with no content: an empty user message next to another
-      // user turn adds nothing to it; alone it is a clear 400 here, not the provider's after a charged call.
-      if (!messages_.empty() && messages_.back().get_object().at("role").as_string() == "user") return {};
-      return invalid(fmt::format("{}.content: an Anthropic model refuses an empty user message", where), "messages");
+      // Anthropic refuses empty text blocks and a turn with no content: an empty user message adds nothing
+      // (beside another user turn, either side, the two are one turn). Left out; if that leaves the
+      // conversation without its opening user turn, empty_user_error() refuses it, before any upstream call.
+      if (!empty_user_) empty_user_ = i;
+      return {};
     }
     turn("user", std::move(blocks));
     return {};
@@ -403,6 +412,7 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
   if (!msgs || !msgs->is_array()) return invalid("messages: expected a list of messages", "messages");
   for (std::size_t i = 0; i < msgs->get_array().size(); ++i)
     if (auto r = tr.message(msgs->get_array()[i], i); !r) return r;
+  if (auto r = tr.empty_user_error(); !r) return r;
   if (!tr.system().empty()) a["system"] = std::move(tr.system());
   a["messages"] = std::move(tr.messages());
 
