@@ -331,6 +331,10 @@ ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key
   WEIR_TRY_RESULT(usd, core::read_double(node["usd"], key + ".usd", 0.0, 1e9));
   b.enabled = true;  // usd: 0 is a budget of zero (a frozen scope), not "no budget"
   b.limit_nano_usd = static_cast<std::int64_t>(std::llround(*usd * 1e9));
+  // Spend is kept in nano-USD: a positive cap that rounds to 0 would freeze the scope in silence.
+  if (*usd > 0 && b.limit_nano_usd == 0)
+    return tl::unexpected(config_error(node["usd"], key + ".usd",
+                                       "is under the $0.000000001 resolution of budgets (0 freezes the scope)"));
   if (node["period"]) {
     const YAML::Node pn = node["period"];
     if (pn.IsScalar() && !pn.Scalar().empty() && std::isalpha(static_cast<unsigned char>(pn.Scalar()[0]))) {

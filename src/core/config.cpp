@@ -50,6 +50,8 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
                             "access_log", "reuse_port", "metrics", "ready_pools", "watch_config"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
+    // (0 is no "unlimited", as nginx's client_max_body_size 0 is: it would refuse every body.)
+    if (b < 1024) return tl::unexpected(config_error(v, "server.max_body", "must be at least 1KiB"));
     s.max_body_bytes = b;
   }
   if (auto v = n["max_header"]) {
@@ -81,6 +83,7 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   }
   if (auto v = n["max_response"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_response"));
+    if (b < 1024) return tl::unexpected(config_error(v, "server.max_response", "must be at least 1KiB"));
     s.max_response_bytes = b;
   }
   if (auto v = n["max_event"]) {
@@ -91,6 +94,8 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   }
   if (auto v = n["access_log"]) {
     WEIR_TRY(str, read_string(v, "server.access_log"));
+    if (str.empty())
+      return tl::unexpected(config_error(v, "server.access_log", "empty: use '-' (stdout), 'off' or a file path"));
     s.access_log = str;
   }
   if (auto v = n["reuse_port"]) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <fmt/format.h>
+#include <yaml-cpp/exceptions.h>
 
 #include "http/tls.hpp"
 
@@ -131,7 +132,27 @@ void compute_warnings(LoadedConfig& out) {
 }
 
 // The sections beyond core's, and the warnings, for a parsed snapshot.
+core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, auth::GetEnv getenv_fn);
+
+// A value of a shape no section's reader expected (yaml-cpp throws on a conversion it cannot make) is a
+// configuration error at its place, exit 2, never an abort of --check or start-up.
 core::ConfigResult<LoadedConfig> load_sections(core::Config config, auth::GetEnv getenv_fn) {
+  const std::string file = config.source;
+  try {
+    return load_sections_unguarded(std::move(config), getenv_fn);
+  } catch (const YAML::Exception& e) {
+    core::ConfigError err;
+    err.file = file;
+    if (!e.mark.is_null()) {
+      err.line = e.mark.line + 1;
+      err.column = e.mark.column + 1;
+    }
+    err.message = fmt::format("a value of an unexpected shape ({})", e.msg);
+    return tl::unexpected(std::move(err));
+  }
+}
+
+core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, auth::GetEnv getenv_fn) {
   LoadedConfig out;
   out.config = std::move(config);
   const auto& root = out.config.root;

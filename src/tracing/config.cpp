@@ -85,7 +85,9 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
       return tl::unexpected(config_error(
           r, "tracing.resource", "expected a mapping of attribute names to strings (deployment.environment: prod)"));
     for (const auto& kv : r) {
-      const std::string name = kv.first.as<std::string>();
+      if (!kv.first.IsScalar())
+        return tl::unexpected(config_error(kv.first, "tracing.resource", "attribute names must be strings"));
+      const std::string name = kv.first.Scalar();
       const std::string key = "tracing.resource." + name;
       if (name.empty()) return tl::unexpected(config_error(kv.first, "tracing.resource", "an empty attribute name"));
       if (name == "service.name")
@@ -98,7 +100,9 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
     if (!h.IsMap())
       return tl::unexpected(config_error(h, "tracing.headers", "expected a mapping of header names to values"));
     for (const auto& kv : h) {
-      const std::string name = kv.first.as<std::string>();
+      if (!kv.first.IsScalar())
+        return tl::unexpected(config_error(kv.first, "tracing.headers", "header names must be strings"));
+      const std::string name = kv.first.Scalar();
       const std::string key = "tracing.headers." + name;
       WEIR_TRY(value, core::read_string(kv.second, key));
       WEIR_TRY_VOID(check_header(kv.first, key, name, value));
@@ -110,7 +114,9 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
       return tl::unexpected(
           config_error(h, "tracing.headers_env", "expected a mapping of header names to environment variable names"));
     for (const auto& kv : h) {
-      const std::string name = kv.first.as<std::string>();
+      if (!kv.first.IsScalar())
+        return tl::unexpected(config_error(kv.first, "tracing.headers_env", "header names must be strings"));
+      const std::string name = kv.first.Scalar();
       const std::string key = "tracing.headers_env." + name;
       WEIR_TRY(var, core::read_string(kv.second, key));
       const char* value = getenv_fn(var.c_str());

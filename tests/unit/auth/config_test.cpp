@@ -90,15 +90,14 @@ TEST(AuthConfig, NoAuthSectionMeansAnonymous) {
 }
 
 TEST(AuthConfig, ABudgetOfZeroIsABudgetNotItsAbsence) {
-  auto r = parse("tenants:\n  frozen:\n    budget: {usd: 0}\n  tiny:\n    budget: {usd: 0.0000000001}\n  open: {}\n");
+  auto r = parse("tenants:\n  frozen:\n    budget: {usd: 0}\n  open: {}\n");
   ASSERT_TRUE(r);
   const auto& frozen = r->tenants.at("frozen").budget;
   EXPECT_TRUE(frozen.any());
   EXPECT_EQ(frozen.limit_nano_usd, 0);
-  const auto& tiny = r->tenants.at("tiny").budget;  // rounds to 0 nano-USD: also nothing may be spent
-  EXPECT_TRUE(tiny.any());
-  EXPECT_EQ(tiny.limit_nano_usd, 0);
   EXPECT_FALSE(r->tenants.at("open").budget.any());
+  // A positive cap under the nano-USD resolution would round to a frozen scope in silence: refused.
+  expect_error("tenants:\n  tiny:\n    budget: {usd: 0.0000000001}\n", 3, "tenants.tiny.budget.usd", "resolution");
 }
 
 TEST(AuthConfig, ErrorsNameLineAndKey) {
