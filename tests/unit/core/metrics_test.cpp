@@ -127,7 +127,7 @@ TEST(CoreEscapeLabel, EscapesAndReplacesIllFormedUtf8) {
   EXPECT_EQ(escape_label("a\"b\\c\nd"), "a\\\"b\\\\c\\nd");
   EXPECT_EQ(escape_label("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
   EXPECT_EQ(escape_label("t\xff\xfe"), "t\xef\xbf\xbd\xef\xbf\xbd");
-  EXPECT_EQ(escape_label("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");  // overlong
+  EXPECT_EQ(escape_label("\xc0\xaf"), "\xef\xbf\xbd\xef\xbf\xbd");                  // overlong
   EXPECT_EQ(escape_label("\xed\xa0\x80"), "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd");  // a surrogate
-  EXPECT_EQ(escape_label("x\xe2\x82"), "x\xef\xbf\xbd\xef\xbf\xbd");  // truncated at the end
+  EXPECT_EQ(escape_label("x\xe2\x82"), "x\xef\xbf\xbd\xef\xbf\xbd");                // truncated at the end
 }
