@@ -51,7 +51,8 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     // (0 is no "unlimited", as nginx's client_max_body_size 0 is: it would refuse every body.)
-    if (b < 1024) return tl::unexpected(config_error(v, "server.max_body", "must be at least 1KiB"));
+    if (b == 0)
+      return tl::unexpected(config_error(v, "server.max_body", "must be positive (0 would refuse every body)"));
     s.max_body_bytes = b;
   }
   if (auto v = n["max_header"]) {
@@ -83,7 +84,8 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   }
   if (auto v = n["max_response"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_response"));
-    if (b < 1024) return tl::unexpected(config_error(v, "server.max_response", "must be at least 1KiB"));
+    if (b == 0)
+      return tl::unexpected(config_error(v, "server.max_response", "must be positive (0 would refuse every answer)"));
     s.max_response_bytes = b;
   }
   if (auto v = n["max_event"]) {
