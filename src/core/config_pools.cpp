@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <boost/url/parse.hpp>
 
+#include "core/text.hpp"
 #include "core/url.hpp"
 
 namespace weir::core {
@@ -365,8 +366,14 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     // Each endpoint once: logs, /metrics and the admin API name an endpoint
     // by its (redacted) URL, and two of one name would be two series of one
     // name (Prometheus' exposition format: undefined).
+    // One server, however written: "http://h:8000" and "http://h:8000/", "http://H" and "http://h:80" are
+    // one endpoint (the same address, path and query), which would take twice its share of the traffic.
+    const auto same = [&](const EndpointConfig& a) {
+      return a.tls == ep->tls && iequals(a.host, ep->host) && a.port == ep->port && a.base_path == ep->base_path &&
+             a.query == ep->query;
+    };
     for (std::size_t j = 0; j < p.endpoints.size(); ++j)
-      if (p.endpoints[j].display == ep->display)
+      if (p.endpoints[j].display == ep->display || same(p.endpoints[j]))
         return tl::unexpected(config_error(
             eps[i], k, fmt::format("is {}.endpoints[{}] again ({}): list each endpoint once", key, j, ep->display)));
     p.endpoints.push_back(std::move(*ep));

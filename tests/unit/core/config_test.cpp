@@ -111,6 +111,12 @@ TEST(Config, StructuralErrors) {
   EXPECT_NE(error_of("pools: {a: {endpoints: ['http://x:1/v1?key=a', 'http://x:1/v1?key=b']}}\ndefault_pool: a\n")
                 .find("list each endpoint once"),
             std::string::npos);
+  // One server written two ways (a trailing slash, the host's case, the scheme's default port) is listed twice.
+  for (const char* pair : {"[http://x:1, 'http://x:1/']", "[http://x:1, http://X:1]", "[http://x, 'http://x:80']",
+                           "[https://x/v1, 'https://x:443/v1/']"})
+    EXPECT_NE(error_of(fmt::format("pools: {{a: {{endpoints: {}}}}}\ndefault_pool: a\n", pair)).find("again"),
+              std::string::npos)
+        << pair;
   EXPECT_TRUE(parse_config("pools: {a: {endpoints: [http://x:1]}, b: {endpoints: [http://x:1]}}\ndefault_pool: a\n",
                            "weir.yaml"));  // (one endpoint in two pools: two series, by pool)
   EXPECT_NE(error_of("pools: [a, b\n").find("YAML syntax error"), std::string::npos);
