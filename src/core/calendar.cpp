@@ -4,20 +4,12 @@
 
 #include <fmt/format.h>
 
+#include "core/text.hpp"
 #include "core/time.hpp"
 
 namespace weir::core {
 
 namespace {
-bool iequals(std::string_view a, std::string_view b) noexcept {
-  if (a.size() != b.size()) return false;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    char c = a[i];
-    if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
-    if (c != b[i]) return false;
-  }
-  return true;
-}
 bool two_digits(std::string_view s, int& out) noexcept {
   if (s.size() != 2 || s[0] < '0' || s[0] > '9' || s[1] < '0' || s[1] > '9') return false;
   out = (s[0] - '0') * 10 + (s[1] - '0');
