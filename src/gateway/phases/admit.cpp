@@ -19,10 +19,6 @@ std::string_view admit_model(const RequestContext& ctx) {
   return ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;
 }
 
-}  // namespace
-
-namespace {
-
 // max_tokens × n × prompts, saturated at 2^53 tokens (a count any bucket or budget refuses, and exact as a
 // double): each factor may be up to 2^32 − 1, and a product that wrapped (2^31 · 2^31 · 4 is 0 mod 2^64)
 // would reserve nothing against the limits it must pass.
