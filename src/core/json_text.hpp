@@ -38,6 +38,11 @@ void append_scaled(std::string& out, std::int64_t v, unsigned decimals);
 // not counted), for capping client-supplied fields in logs and messages.
 std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept;
 
+// The length of the well-formed UTF-8 sequence at s[i] (Unicode §3.9 Table
+// 3-7: no overlongs, no surrogates, nothing above U+10FFFF), 0 when it
+// starts an ill-formed one (or i is at the end).
+std::size_t utf8_sequence_length(std::string_view s, std::size_t i) noexcept;
+
 // Client-supplied fields (path, model, method) are echoed in logs and error
 // messages at most this long.
 inline constexpr std::size_t kMaxEchoBytes = 256;

@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "core/json_text.hpp"
+
 namespace weir::core {
 
 Histogram::Histogram(std::span<const std::int64_t> bounds_us) : bounds_(bounds_us), counts_(bounds_us.size() + 1, 0) {}
@@ -166,37 +168,6 @@ void PromWriter::histogram(std::string_view name, std::string_view labels, const
   }
 }
 
-namespace {
-
-// The length of the well-formed UTF-8 sequence at the start of `v` (Unicode §3.9 Table 3-7: no overlongs,
-// no surrogates, nothing above U+10FFFF), or 0 when it starts ill-formed.
-std::size_t utf8_sequence(std::string_view v) {
-  const auto b = [&](std::size_t i) { return static_cast<unsigned char>(v[i]); };
-  const unsigned char c = b(0);
-  if (c < 0x80) return 1;
-  std::size_t n = 0;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (v.size() < n || b(1) < lo || b(1) > hi) return 0;
-  for (std::size_t i = 2; i < n; ++i)
-    if (b(i) < 0x80 || b(i) > 0xBF) return 0;
-  return n;
-}
-
-}  // namespace
-
 std::string escape_label(std::string_view v) {
   // A label value is UTF-8 (the Prometheus text format): a name of raw bytes from the configuration must not
   // make the whole scrape unreadable; an ill-formed byte becomes U+FFFD.
@@ -204,7 +175,7 @@ std::string escape_label(std::string_view v) {
   s.reserve(v.size());
   while (!v.empty()) {
     const char c = v.front();
-    const std::size_t n = utf8_sequence(v);
+    const std::size_t n = utf8_sequence_length(v, 0);
     if (n == 0) {
       s += "\xEF\xBF\xBD";
       v.remove_prefix(1);

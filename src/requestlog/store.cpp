@@ -19,40 +19,13 @@ using SteadyClock = std::chrono::steady_clock;
 constexpr auto kReportEvery = std::chrono::seconds(10);
 constexpr auto kReopenEvery = std::chrono::seconds(1);
 
-// Length of the well-formed UTF-8 sequence at s[i], 0 if there is none.
-std::size_t utf8_len(std::string_view s, std::size_t i) noexcept {
-  const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };
-  const unsigned char c = b(i);
-  if (c < 0x80) return 1;
-  std::size_t n;
-  unsigned char lo = 0x80, hi = 0xBF;
-  if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
-  } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
-    if (c == 0xE0) lo = 0xA0;
-    if (c == 0xED) hi = 0x9F;
-  } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
-    if (c == 0xF0) lo = 0x90;
-    if (c == 0xF4) hi = 0x8F;
-  } else {
-    return 0;
-  }
-  if (i + n > s.size()) return 0;
-  if (b(i + 1) < lo || b(i + 1) > hi) return 0;
-  for (std::size_t k = 2; k < n; ++k)
-    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
-  return n;
-}
-
 }  // namespace
 
 std::string_view make_valid(std::string_view s, std::string& out) {
   if (valid_utf8(s)) return s;
   out.clear();
   for (std::size_t i = 0; i < s.size();) {
-    const std::size_t n = utf8_len(s, i);
+    const std::size_t n = core::utf8_sequence_length(s, i);
     if (n == 0) {
       out += "\xEF\xBF\xBD";
       ++i;
@@ -76,7 +49,7 @@ bool valid_utf8(std::string_view s) noexcept {
       i += 8;
     }
     if (i >= s.size()) return true;
-    const std::size_t n = utf8_len(s, i);
+    const std::size_t n = core::utf8_sequence_length(s, i);
     if (n == 0) return false;
     i += n;
   }
