@@ -225,6 +225,11 @@ def test_a_refusal_no_wait_can_pass_tells_the_sdk_not_to_retry(weir, mock):
     assert r.status_code == 429 and r.headers.get("retry-after") and "x-should-retry" not in r.headers
 
 
+def _chunk_events(chunks: list) -> bytes:
+    """A chat stream's body: each chunk as an SSE data event, then [DONE]."""
+    return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+
+
 def _anthropic_ev(name, data) -> bytes:
     return f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
 
@@ -416,11 +421,9 @@ def test_a_coalesced_stream_passes_the_upstreams_keep_alive_comments(weir):
     # Batch members got the data events only: the ": keep-alive" comments a hosted upstream sends during a long
     # prefill (to keep idle intermediaries from cutting the connection) were dropped.
     from test_defect_fixes_40 import chunk
-    events = (b": keep-alive\n\n" + b"".join(b"data: " + json.dumps(c).encode() + b"\n\n"
-                                            for c in (chunk("a", role="assistant"), chunk("b", finish="stop")))
-              + b"data: [DONE]\n\n")
-    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
-                     % len(events) + events)
+    from test_defect_fixes_40 import sse_answer
+    body = b": keep-alive\n\n" + _chunk_events([chunk("a", role="assistant"), chunk("b", finish="stop")])
+    up = RawUpstream(lambda h, b: sse_answer(body))
     try:
         w = weir(config={"pools": {"p": {"endpoints": [up.url], "coalesce": True}}, "default_pool": "p"}, workers=1)
         r = httpx.post(w.v1 + "/chat/completions", timeout=10,
@@ -435,7 +438,7 @@ def test_responses_carry_a_refusal_and_a_tool_name_sent_in_pieces(weir):
     # A chat refusal (message.refusal / delta.refusal) became an empty completed Response; a tool call whose
     # name came in two deltas ("get_", "weather") was called "get_".
     from openai import OpenAI
-    from test_defect_fixes_40 import chunk, json_answer
+    from test_defect_fixes_40 import chunk, json_answer, sse_answer
     refusal = "I can't help with that."
 
     def answer(h, b):
@@ -462,9 +465,7 @@ def test_responses_carry_a_refusal_and_a_tool_name_sent_in_pieces(weir):
                 c["choices"][0]["delta"] = {"refusal": piece}
                 calls.append(c)
             calls.append(chunk(None, finish="stop"))
-        events = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in calls) + b"data: [DONE]\n\n"
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events)
-                + events)
+        return sse_answer(_chunk_events(calls))
 
     up = RawUpstream(answer)
     try:
@@ -535,7 +536,7 @@ def test_anthropic_clients_get_a_refusal_and_a_tool_name_sent_in_pieces(weir):
     # /v1/messages on an OpenAI-compatible pool: a refusal became an empty end_turn message; a tool name in two
     # deltas ("get_", "weather") was "get_" in content_block_start.
     import anthropic
-    from test_defect_fixes_40 import chunk, json_answer
+    from test_defect_fixes_40 import chunk, json_answer, sse_answer
 
     def answer(h, b):
         req = json.loads(b)
@@ -551,9 +552,7 @@ def test_anthropic_clients_get_a_refusal_and_a_tool_name_sent_in_pieces(weir):
         second["choices"][0]["delta"] = {"tool_calls": [{"index": 0, "function": {"name": "weather"}}]}
         args["choices"][0]["delta"] = {"tool_calls": [{"index": 0, "function": {"arguments": "{\"city\":\"P\"}"}}]}
         calls = [chunk(None, role="assistant"), first, second, args, chunk(None, finish="tool_calls")]
-        events = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in calls) + b"data: [DONE]\n\n"
-        return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(events)
-                + events)
+        return sse_answer(_chunk_events(calls))
 
     up = RawUpstream(answer)
     try:
