@@ -49,14 +49,6 @@ struct RedisKeyPrincipal final : Principal {
 
 }  // namespace
 
-bool looks_like_jwt(std::string_view c) noexcept {
-  if (c.size() <= 3 || c.substr(0, 3) != "eyJ") return false;
-  // memchr is vectorized; a byte loop over an 800-byte token costs more than the cache lookup.
-  const auto d1 = c.find('.');
-  const auto d2 = d1 == std::string_view::npos ? d1 : c.find('.', d1 + 1);
-  return d2 != std::string_view::npos && c.find('.', d2 + 1) == std::string_view::npos;
-}
-
 Authenticator::Authenticator(std::shared_ptr<const AuthPolicy> policy, JwksCache* jwks, RedisKeys* redis_keys)
     : policy_(std::move(policy)),
       jwks_(jwks),

@@ -141,8 +141,4 @@ class Authenticator {
   Stats stats_;
 };
 
-// True when `credential` has the shape of a JWS compact serialization
-// ("eyJ" — a base64url JSON object — and exactly two dots).
-bool looks_like_jwt(std::string_view credential) noexcept;
-
 }  // namespace weir::auth

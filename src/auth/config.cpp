@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <boost/url/parse.hpp>
 
+#include "auth/jwt.hpp"
 #include "core/url.hpp"
 
 namespace weir::auth {
@@ -150,7 +151,7 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
 }
 
 ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::string& key, GetEnv getenv_fn,
-                                         std::int32_t utc_offset_s) {
+                                         std::int32_t utc_offset_s, bool jwt_on) {
   ApiKeyConfig k;
   if (auto ok =
           core::check_keys(node, key, {"id", "sha256", "key_env", "tenant", "models", "tier", "limits", "budget"});
@@ -187,6 +188,12 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
           fmt::format("the key in {} has characters a request header cannot carry (a space or line break at its "
                       "ends, as a secret made from a file has; control characters or non-ASCII): no request could "
                       "present it",
+                      *var)));
+    if (jwt_on && looks_like_jwt(value))
+      return tl::unexpected(config_error(
+          node["key_env"], key + ".key_env",
+          fmt::format("the key in {} has a JWT's shape (eyJ..., two dots): with auth.jwt on such a credential is "
+                      "verified as a JWT, so this key could never authenticate; choose another value",
                       *var)));
     k.sha256 = sha256(value);
   }
@@ -281,7 +288,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
       std::set<Sha256Digest> hashes;
       for (std::size_t i = 0; i < keys.size(); ++i) {
         const std::string key = fmt::format("auth.api_keys[{}]", i);
-        WEIR_TRY_RESULT(k, parse_api_key(keys[i], key, getenv_fn, cfg.budget_utc_offset_s));
+        WEIR_TRY_RESULT(k, parse_api_key(keys[i], key, getenv_fn, cfg.budget_utc_offset_s, cfg.jwt.has_value()));
         if (!cfg.tenants.count(k->tenant))
           return tl::unexpected(config_error(keys[i]["tenant"], key + ".tenant",
                                              fmt::format("tenant '{}' is not defined under tenants", k->tenant)));

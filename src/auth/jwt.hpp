@@ -109,4 +109,15 @@ std::string_view string_claim(const boost::json::object& claims, std::string_vie
 // step of the path is no object). Points into `claims`.
 const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path);
 
+// True when `credential` has the shape of a JWS compact serialization
+// ("eyJ" — a base64url JSON object — and exactly two dots). With auth.jwt on,
+// such a bearer credential is verified as a JWT and never looked up as a key.
+inline bool looks_like_jwt(std::string_view c) noexcept {
+  if (c.size() <= 3 || c.substr(0, 3) != "eyJ") return false;
+  // memchr is vectorized; a byte loop over an 800-byte token costs more than the cache lookup.
+  const auto d1 = c.find('.');
+  const auto d2 = d1 == std::string_view::npos ? d1 : c.find('.', d1 + 1);
+  return d2 != std::string_view::npos && c.find('.', d2 + 1) == std::string_view::npos;
+}
+
 }  // namespace weir::auth

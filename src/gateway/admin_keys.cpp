@@ -4,6 +4,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "core/calendar.hpp"
+#include "core/json_text.hpp"
 #include "gateway/admin_handlers.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/redis_key_admin.hpp"
@@ -216,6 +217,18 @@ core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
   if (!keys_) co_return error_response(no_keys());
   const std::string id = r.params.at(0);
   if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
+  // Rotate takes no parameters: an empty body or {}. A field is refused
+  // rather than ignored, so a client expecting, say, a grace period learns
+  // that the old secret stops at once.
+  if (r.body.find_first_not_of(" \t\r\n") != std::string::npos) {
+    auto body = parse_object(r.body);
+    if (!body) co_return error_response(body.error());
+    if (!body->empty()) {
+      const std::string name{core::utf8_prefix(body->begin()->key(), 64)};
+      co_return error_response(admin_bad_request(
+          fmt::format("unknown field '{}': rotate takes no parameters (send no body or {{}})", name), name));
+    }
+  }
   AdminResult<KeyStore::Change> c;
   if (redis_) {
     c = co_await redis_->rotate(id);

@@ -7,7 +7,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-const char* env(const char* name) { return std::string_view(name) == "KEY_A" ? "sk-a" : nullptr; }
+const char* env(const char* name) {
+  const std::string_view n(name);
+  return n == "KEY_A" ? "sk-a" : n == "KEY_JWS" ? "eyJhbGciOiJub25lIn0.eyJzdWIiOiJ4In0.c2ln" : nullptr;
+}
 
 core::ConfigResult<AuthConfig> parse(const std::string& yaml) {
   return parse_auth_config(YAML::Load(yaml), "weir.yaml", &env);
@@ -130,6 +133,12 @@ TEST(AuthConfig, ErrorsNameLineAndKey) {
   expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    default_tenant: ghost\n", 4, "auth.jwt.default_tenant");
   expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    audience: {a: 1}\n", 4, "auth.jwt.audience");
   expect_error("tenants: [a, b]\n", 1, "tenants");
+  // A key with a JWT's shape is verified as a JWT once auth.jwt is on: it could never authenticate.
+  expect_error(
+      "tenants:\n  a: {}\nauth:\n  jwt:\n    jwks_file: /k.json\n  api_keys:\n"
+      "    - {id: k, key_env: KEY_JWS, tenant: a}\n",
+      7, "auth.api_keys[0].key_env", "JWT's shape");
+  EXPECT_TRUE(parse("tenants:\n  a: {}\nauth:\n  api_keys:\n    - {id: k, key_env: KEY_JWS, tenant: a}\n"));
 }
 
 TEST(AuthConfig, JwksUrlRefusesCredentialsWithoutEchoingThem) {
