@@ -132,7 +132,11 @@ core::Task<void> Batch::send() {
         started = true;
         break;
       }
-      d = attempts.on_status(status, http::first_field(exchange_.head(), bh::field::retry_after), core::now());
+      d = attempts.on_status(status,
+                             routing::asked_delay(http::first_field(exchange_.head(), "retry-after-ms"),
+                                                  http::first_field(exchange_.head(), bh::field::retry_after),
+                                                  std::chrono::system_clock::now()),
+                             core::now());
       if (!d.retry) {
         started = true;  // pass the upstream's answer on
         break;

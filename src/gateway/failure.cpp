@@ -25,6 +25,8 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
       e.message = "The client closed the connection before sending the whole request.";
       return e;
     }
+    case http::ReadFailure::drain_cut:
+      return drain_cut();
     case http::ReadFailure::bad_framing:
       return core::bad_request(
           "Malformed HTTP request: Transfer-Encoding must end in a single chunked, and comes with neither "

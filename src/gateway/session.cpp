@@ -32,6 +32,8 @@ core::Task<void> Session::run(std::unique_ptr<Session> self) {
     s.down_.begin_request();
     if (head == http::Downstream::Head::failed) {
       s.ctx_.read_failure = s.down_.failure();
+      // The drain deadline closed it mid-head: Weir's cut, logged as one (503 drain_timeout).
+      s.ctx_.drain_cut = s.ctx_.read_failure == http::ReadFailure::drain_cut;
       s.ctx_.t_start = s.down_.head_started();  // a head that timed out took all that time
     }
     s.in_request_ = true;

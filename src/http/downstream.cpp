@@ -243,7 +243,15 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   }
   // A connection that closes or idles out between requests is not a request
   // (a reset after part of a head is: as a close with FIN there, it is logged).
-  const bool nothing = n == 0 && in_.size() == 0;
+  const bool nothing = n == 0 && in_.size() == 0 && !parser_->got_some();
+  if (closed_ && !nothing) {
+    // The drain deadline closed it in the middle of a head: a request that
+    // began, logged as one nothing could be answered to (as in read_body).
+    keep_alive_ = false;
+    failure_ec_ = ec;
+    failure_ = ReadFailure::drain_cut;
+    co_return Head::failed;
+  }
   if (ec == bh::error::end_of_stream || closed_ || (timed_out_ && nothing) ||
       (ec == asio::error::connection_reset && nothing) || ec == asio::error::eof || ec == asio::error::bad_descriptor)
     co_return Head::closed;
@@ -314,7 +322,7 @@ Task<bool> Downstream::read_body() {
     timed_out_ = false;
     failure_ = ReadFailure::body_timeout;
   } else if (closed_) {
-    failure_ = ReadFailure::client_closed;  // the drain deadline closed it: nothing can be answered
+    failure_ = ReadFailure::drain_cut;  // the drain deadline closed it: nothing can be answered
   } else if (ec == bh::error::partial_message || ec == bh::error::end_of_stream ||
              ec == asio::error::connection_reset || ec == asio::error::eof) {
     peer_gone_ = true;

@@ -39,6 +39,8 @@ enum class ReadFailure : std::uint8_t {
   body_timeout,             // the body did not arrive within server.body_timeout → 408
   body_too_large,           // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
   client_closed,            // the client left before sending the whole request (head or body) → 499, nothing sent
+  drain_cut,                // server.drain_timeout closed the connection mid-request (head or body) → logged as
+                            // 503 drain_timeout; nothing can be sent
 };
 
 // Storage for request parsers, shared by a worker's connections: a

@@ -200,18 +200,22 @@ RetryDecision Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused
   return d;
 }
 
-RetryDecision Attempts::on_status(int status, std::string_view retry_after, Clock::time_point now,
-                                  std::string_view retry_after_ms) {
+std::optional<std::chrono::milliseconds> asked_delay(std::string_view retry_after_ms, std::string_view retry_after,
+                                                     std::chrono::system_clock::time_point now) {
+  auto ra = retry_after_ms.empty() ? std::nullopt : parse_retry_after_ms(retry_after_ms);
+  if (!ra && !retry_after.empty()) ra = parse_retry_after(retry_after, now);
+  return ra;
+}
+
+RetryDecision Attempts::on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now) {
   RetryDecision d{.reason = RetryReason::status};
   if (!retryable_status(status)) return d;
   const auto& rc = pool_.config().retry;
   auto wait = std::chrono::milliseconds(0);
   if (status == 429 || status == 503 || status == 529) {
-    auto ra = retry_after_ms.empty() ? std::nullopt : parse_retry_after_ms(retry_after_ms);
-    if (!ra && !retry_after.empty()) ra = parse_retry_after(retry_after, std::chrono::system_clock::now());
-    if (ra) {
-      if (*ra > rc.retry_after_cap) return d;  // not worth waiting for here (a fallback may take it)
-      wait = *ra;
+    if (asked) {
+      if (*asked > rc.retry_after_cap) return d;  // not worth waiting for here (a fallback may take it)
+      wait = *asked;
     }
   }
   if (!take_retry(now)) return d;

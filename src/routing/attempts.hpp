@@ -45,6 +45,13 @@ std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v,
 // up ("1.5" is 2 ms); nullopt for anything else (Retry-After is read then).
 std::optional<std::chrono::milliseconds> parse_retry_after_ms(std::string_view v);
 
+// The delay an upstream's answer asks for: its `retry-after-ms` field when
+// that parses (the OpenAI SDKs read it first), else its Retry-After;
+// nullopt when neither does. Every reader of an upstream's wait goes
+// through here, so no path reads one field and not the other.
+std::optional<std::chrono::milliseconds> asked_delay(std::string_view retry_after_ms, std::string_view retry_after,
+                                                     std::chrono::system_clock::time_point now);
+
 class Attempts {
  public:
   using Clock = std::chrono::steady_clock;
@@ -109,14 +116,11 @@ class Attempts {
   // retry budget allow, after a backoff, on another endpoint when there is one.
   RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                     Clock::duration since_sent, Clock::time_point now);
-  // The response head has status `status` (retryable_status) with
-  // `retry_after` (the Retry-After field, or empty) and `retry_after_ms`
-  // (the retry-after-ms field, or empty; it wins when it parses, as in the
-  // OpenAI SDKs). Retried while retry.attempts and the budget allow, after
-  // max(backoff, the asked delay); a delay beyond retry.retry_after_cap is
-  // not waited for.
-  RetryDecision on_status(int status, std::string_view retry_after, Clock::time_point now,
-                          std::string_view retry_after_ms = {});
+  // The response head has status `status` (retryable_status) and asks for
+  // `asked` (asked_delay of its fields; read on 429, 503 and 529). Retried
+  // while retry.attempts and the budget allow, after max(backoff, the asked
+  // delay); a delay beyond retry.retry_after_cap is not waited for.
+  RetryDecision on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now);
 
  private:
   // Another attempt on this pool after `reason`, if attempts and budget allow; moves to another endpoint.

@@ -23,6 +23,11 @@ using namespace std::chrono_literals;
 using http::UpstreamFailure;
 using Clock = std::chrono::steady_clock;
 
+// What a head with these Retry-After and retry-after-ms fields asks for.
+std::optional<std::chrono::milliseconds> asked(std::string_view retry_after, std::string_view retry_after_ms = {}) {
+  return asked_delay(retry_after_ms, retry_after, std::chrono::system_clock::now());
+}
+
 constexpr int kSeeds = 200;
 
 // A pool of `n` endpoints nobody listens on (Attempts never connects).
@@ -272,7 +277,7 @@ TEST(RoutingAttempts, WithoutARetrySectionOnlyTheStaleCaseIsResent) {
   const auto now = Clock::now();
   for (int status : {408, 429, 502, 503, 504}) {
     Attempts a(*p, rng, now);
-    EXPECT_FALSE(a.on_status(status, "", now).retry) << status;
+    EXPECT_FALSE(a.on_status(status, asked(""), now).retry) << status;
   }
   Attempts a(*p, rng, now);
   EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::reset, false, 0, 1s, now).retry);
@@ -287,7 +292,7 @@ TEST(RoutingAttempts, RetryableStatusesAndFailuresAreRetriedUpToAttemptsOnAnothe
     const auto now = Clock::now();
     Attempts a(*p, rng, now);
     const auto first = a.endpoint();
-    auto d = a.on_status(503, "", now);
+    auto d = a.on_status(503, asked(""), now);
     ASSERT_TRUE(d.retry);
     EXPECT_EQ(d.reason, RetryReason::status);
     EXPECT_LE(d.delay, 10ms);  // full jitter: [0, base]
@@ -296,7 +301,7 @@ TEST(RoutingAttempts, RetryableStatusesAndFailuresAreRetriedUpToAttemptsOnAnothe
     ASSERT_TRUE(d.retry);
     EXPECT_EQ(d.reason, RetryReason::reset);
     EXPECT_LE(d.delay, 20ms);  // [0, 2 · base]
-    EXPECT_FALSE(a.on_status(502, "", now).retry) << "3 attempts spent";
+    EXPECT_FALSE(a.on_status(502, asked(""), now).retry) << "3 attempts spent";
     EXPECT_EQ(a.retries(), 2u);
     EXPECT_FALSE(a.budget_refused());
   }
@@ -308,7 +313,7 @@ TEST(RoutingAttempts, NeverRetriedOtherStatusesAndGarbage) {
   const auto now = Clock::now();
   for (int status : {400, 401, 403, 404, 413, 422, 500, 501}) {
     Attempts a(*p, rng, now);
-    EXPECT_FALSE(a.on_status(status, "", now).retry) << status;
+    EXPECT_FALSE(a.on_status(status, asked(""), now).retry) << status;
   }
   Attempts a(*p, rng, now);
   EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::protocol, false, 0, 1ms, now).retry);
@@ -321,30 +326,31 @@ TEST(RoutingAttempts, RetryAfterIsHonouredUpToItsCap) {
   const auto now = Clock::now();
   {
     Attempts a(*p, rng, now);
-    const auto d = a.on_status(429, "1", now);
+    const auto d = a.on_status(429, asked("1"), now);
     ASSERT_TRUE(d.retry);
     EXPECT_EQ(d.delay, 1000ms);
   }
   {
     Attempts a(*p, rng, now);
-    EXPECT_FALSE(a.on_status(429, "3", now).retry) << "longer than retry_after_cap";
+    EXPECT_FALSE(a.on_status(429, asked("3"), now).retry) << "longer than retry_after_cap";
   }
   {
     Attempts a(*p, rng, now);
-    const auto d = a.on_status(503, "Wed, 21 Oct 2015 07:28:00 GMT", now);  // a date passed: no wait beyond the backoff
+    const auto d =
+        a.on_status(503, asked("Wed, 21 Oct 2015 07:28:00 GMT"), now);  // a date passed: no wait beyond the backoff
     ASSERT_TRUE(d.retry);
     EXPECT_LE(d.delay, 1ms);
   }
   {
     // retry-after-ms (OpenAI's) wins over Retry-After when it parses, and is held to the same cap.
     Attempts a(*p, rng, now);
-    const auto d = a.on_status(429, "1", now, "250");
+    const auto d = a.on_status(429, asked("1", "250"), now);
     ASSERT_TRUE(d.retry);
     EXPECT_EQ(d.delay, 250ms);
     Attempts b(*p, rng, now);
-    EXPECT_FALSE(b.on_status(503, "", now, "2500.5").retry) << "longer than retry_after_cap";
+    EXPECT_FALSE(b.on_status(503, asked("", "2500.5"), now).retry) << "longer than retry_after_cap";
     Attempts c(*p, rng, now);
-    EXPECT_EQ(c.on_status(429, "1", now, "soon").delay, 1000ms) << "unparsable: Retry-After is read";
+    EXPECT_EQ(c.on_status(429, asked("1", "soon"), now).delay, 1000ms) << "unparsable: Retry-After is read";
   }
   EXPECT_EQ(parse_retry_after_ms("250"), 250ms);
   EXPECT_EQ(parse_retry_after_ms(" 1.5 "), 2ms);
@@ -385,7 +391,7 @@ TEST(RoutingAttempts, ADateOrAHugeRetryAfterPastTheCapIsNotRetriedHere) {
   };
   for (const std::string& ra : {later(3600), std::string("99999999999999999999")}) {
     Attempts a(*p, rng, now);
-    EXPECT_FALSE(a.on_status(429, ra, now).retry) << ra;
+    EXPECT_FALSE(a.on_status(429, asked(ra), now).retry) << ra;
   }
 }
 
@@ -399,15 +405,15 @@ TEST(RoutingAttempts, TheRetryBudgetBoundsRetriesInFlight) {
   p->on_start(1);
   {
     Attempts a(*p, rng, now), b(*p, rng, now);
-    EXPECT_TRUE(a.on_status(503, "", now).retry);
+    EXPECT_TRUE(a.on_status(503, asked(""), now).retry);
     EXPECT_EQ(p->retries_in_flight(), 1u);
-    EXPECT_TRUE(a.on_status(503, "", now).retry) << "the same request retrying again holds the same slot";
-    EXPECT_FALSE(b.on_status(503, "", now).retry);
+    EXPECT_TRUE(a.on_status(503, asked(""), now).retry) << "the same request retrying again holds the same slot";
+    EXPECT_FALSE(b.on_status(503, asked(""), now).retry);
     EXPECT_TRUE(b.budget_refused());
   }
   EXPECT_EQ(p->retries_in_flight(), 0u) << "released when the requests' attempts end";
   Attempts c(*p, rng, now);
-  EXPECT_TRUE(c.on_status(503, "", now).retry);
+  EXPECT_TRUE(c.on_status(503, asked(""), now).retry);
 }
 
 TEST(RoutingAttempts, TheRetryConfigIsValidated) {

@@ -381,7 +381,7 @@ TEST(WorkerPoolBreaker, ARetryGoesToAnAvailableEndpointOnly) {
     ASSERT_NE(a.endpoint(), 2u);
     const auto first = a.endpoint();
     a.on_answer(false, t0);
-    const auto d = a.on_status(503, "", t0);
+    const auto d = a.on_status(503, std::nullopt, t0);
     ASSERT_TRUE(d.retry);
     EXPECT_NE(a.endpoint(), 2u) << "never the open endpoint";
     EXPECT_NE(a.endpoint(), first);

@@ -1,0 +1,79 @@
+"""Defects found in stop 42's black-box rounds, and the ones stop 41 left noted: a partial head cut by the
+drain deadline, the admin API's rotate with a body."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+
+import httpx
+
+from conftest import wait_until
+from test_admin_api import MOCK_FLAGS, start
+from test_defect_fixes import RawUpstream
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def test_a_head_cut_by_the_drain_deadline_is_logged_once(mock, weir):
+    # A client sent part of a head and stalled; the drain deadline (300 ms) comes before the head
+    # timeout (30 s). Nothing can be answered, but a request began: one log line, Weir's reason.
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    w = weir(config={"server": {"drain_timeout": "300ms", "header_timeout": "30s"},
+                     "pools": {"p": {"endpoints": [m.base_url]}}, "models": {"mock-model": {"pool": "p"}}},
+             workers=1)
+    s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: half-a-head\r\n")
+    # (the scrape that asks is a connection too)
+    wait_until(lambda: w.metric("weir_active_connections") == 2, 5, message="the connection accepted")
+    os.kill(w.process.pid, signal.SIGTERM)
+    assert w.process.popen.wait(10) == 0
+    assert s.recv(100) == b""  # closed, nothing sent
+    s.close()
+    entries = w.log_entries()
+    assert len(entries) == 1, entries
+    e = entries[0]
+    assert e["status"] == 503 and e["error"] == {"source": "internal", "code": "drain_timeout"}, json.dumps(e)
+    assert e["method"] == "POST" and e["path"] == "/v1/chat/completions", e
+
+
+def test_rotate_refuses_a_body_with_fields(mock, weir):
+    w, admin = start(mock(*MOCK_FLAGS), weir)
+    k = admin.create(tenant="acme")
+    r = admin("POST", f"/admin/v1/keys/{k['id']}/rotate", json={"grace_period": "1h"})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "grace_period", r.text
+    r = admin("POST", f"/admin/v1/keys/{k['id']}/rotate", content=b"[1]")
+    assert r.status_code == 400, r.text
+    # The refused rotations changed nothing: the key still works, and {} or no body rotates.
+    assert admin("POST", f"/admin/v1/keys/{k['id']}/rotate", json={}).status_code == 200
+    assert admin("POST", f"/admin/v1/keys/{k['id']}/rotate").status_code == 200
+
+
+def test_batched_and_coalesced_retries_read_retry_after_ms(weir):
+    # An upstream asking, in OpenAI's retry-after-ms alone, for 30 s: past retry_after_cap (2 s), so no
+    # path may retry it at once. The plain path did not; the micro-batch and coalescing paths read only
+    # Retry-After and retried twice within milliseconds.
+    seen = []
+
+    def answer(h, b):
+        seen.append(b)
+        doc = b'{"error":{"message":"slow down","type":"rate_limit_error","param":null,"code":null}}'
+        return (b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nretry-after-ms: 30000\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(doc) + doc)
+
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "batch": {"window": "5ms", "max_size": 8},
+                                         "coalesce": True, "retry": {"attempts": 3, "retry_after_cap": "2s"}}},
+                         "models": {"m": {"pool": "p"}}}, workers=1)
+        for path, body in (("/completions", {"model": "m", "prompt": "hi", "max_tokens": 5}),
+                           ("/chat/completions", {"model": "m", "messages": MSG, "temperature": 0}),
+                           ("/chat/completions", {"model": "m", "messages": MSG})):
+            seen.clear()
+            r = httpx.post(w.v1 + path, json=body, timeout=10)
+            assert r.status_code == 429, r.text
+            assert len(seen) == 1, f"{path} {body}: retried {len(seen) - 1} time(s) against retry-after-ms: 30000"
+    finally:
+        up.close()
