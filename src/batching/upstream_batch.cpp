@@ -326,7 +326,7 @@ core::Task<void> Batch::relay_stream() {
     fail_all(failure);
     co_return;
   }
-  finish_members();
+  finish_members(done);
 }
 
 bool Batch::dispatch(const http::SseEvent& ev) {
@@ -500,11 +500,14 @@ void Batch::push_event(BatchMember& m, std::string_view data) {
   m.push(scratch_);
 }
 
-void Batch::finish_members() {
+void Batch::finish_members(bool done) {
   for_present([&](BatchMember& m) {
     if (!m.req_.stream && mode_ == Mode::batch) {
-      if (m.assembler_.chunks() == 0) {
-        m.end(UpstreamFailure::protocol);  // the stream ended before this member's answer
+      // A stream that ended before this member's answer, or without the
+      // upstream's [DONE] (cut short: its text may stop mid-way), cannot be
+      // a whole answer: 502, as for a body cut short unbatched.
+      if (m.assembler_.chunks() == 0 || !done) {
+        m.end(UpstreamFailure::protocol);
         return;
       }
       if (m.id_json_.empty())

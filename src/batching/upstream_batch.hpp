@@ -191,7 +191,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
   // line breaks of an upstream event's several `data:` lines): each line
   // its own `data:` field (WHATWG SSE), as http::append_sse_data frames it.
   void push_event(BatchMember& m, std::string_view data);
-  void finish_members();
+  // The upstream's stream ended (`done`: with its [DONE]): each member
+  // still present ends; a non-streamed batch member gets its assembled
+  // answer only after a [DONE] (else 502: its text may be cut short).
+  void finish_members(bool done);
   // Member `m`'s answer is whole (or failed) before the batch's: it ends now
   // and is no longer the batch's (its session may reuse it at once).
   void complete(BatchMember& m, UpstreamFailure f) {

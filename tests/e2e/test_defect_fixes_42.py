@@ -77,3 +77,45 @@ def test_batched_and_coalesced_retries_read_retry_after_ms(weir):
             assert len(seen) == 1, f"{path} {body}: retried {len(seen) - 1} time(s) against retry-after-ms: 30000"
     finally:
         up.close()
+
+
+def _sse_chunks(events: list[dict], done: bool) -> bytes:
+    out = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+    lines = [("data: " + json.dumps(e, separators=(",", ":")) + "\n\n").encode() for e in events]
+    if done:
+        lines.append(b"data: [DONE]\n\n")
+    for d in lines:
+        out += b"%x\r\n%s\r\n" % (len(d), d)
+    return out + b"0\r\n\r\n"
+
+
+def test_a_batched_answer_cut_before_done_is_a_502(weir):
+    # A micro-batched non-streamed completion is served from the batch's upstream stream. That stream ends
+    # cleanly after the text began, without a finish_reason or [DONE]: the member's answer cannot be whole.
+    # It was a 200 with the half text and finish_reason null (and logged as a success); unbatched, the same
+    # answer cut short is a 502.
+    def answer(h, b):
+        req = json.loads(b)
+        prompts = req["prompt"] if isinstance(req["prompt"], list) else [req["prompt"]]
+        chunk = lambda i: {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+                           "choices": [{"index": i, "text": "Once upon", "logprobs": None, "finish_reason": None}]}
+        return _sse_chunks([chunk(i) for i in range(len(prompts))], done=False)
+
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "batch": {"window": "20ms", "max_size": 4}}},
+                         "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + "/completions", json={"model": "m", "prompt": "Tell a story", "max_tokens": 50},
+                       headers={"x-request-id": "cut-batch"}, timeout=10)
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["code"] == "upstream_unavailable", r.text  # as a body cut short unbatched
+        assert w.log_for("cut-batch")["status"] == 502
+        # With its [DONE] the same answer is whole.
+        up.answer = lambda h, b: _sse_chunks([
+            {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m",
+             "choices": [{"index": 0, "text": "Once upon", "logprobs": None, "finish_reason": "length"}]}], done=True)
+        r = httpx.post(w.v1 + "/completions", json={"model": "m", "prompt": "Tell a story", "max_tokens": 2},
+                       timeout=10)
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Once upon", r.text
+    finally:
+        up.close()
