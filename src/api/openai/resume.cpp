@@ -119,13 +119,37 @@ ChunkNote ResumeTracker::on_chunk(std::string_view data) {
 }
 
 bool resume_excluded(std::string_view body) {
-  const std::string_view keys[] = {"logprobs", "top_logprobs", "prompt_logprobs", "n"};
+  // Structured output (OpenAI's response_format other than text; vLLM's
+  // guided_* fields, structured_outputs and structural_tag): vLLM applies
+  // the grammar to the tokens it generates, never to an assistant prefix, so
+  // a continuation would start the document or the choice over.
+  const std::string_view keys[] = {"logprobs",
+                                   "top_logprobs",
+                                   "prompt_logprobs",
+                                   "n",
+                                   "guided_json",
+                                   "guided_regex",
+                                   "guided_choice",
+                                   "guided_grammar",
+                                   "guided_whitespace_pattern",
+                                   "structured_outputs",
+                                   "structural_tag",
+                                   "response_format"};
   std::optional<MemberSpan> found[std::size(keys)];
   if (!find_members(body, keys, found)) return true;
   if (found[0] && value_of(body, *found[0]) != "false" && !is_null(value_of(body, *found[0]))) return true;
   if (found[1] && !is_null(value_of(body, *found[1]))) return true;
   if (found[2] && !is_null(value_of(body, *found[2]))) return true;
   if (found[3] && value_of(body, *found[3]) != "1" && !is_null(value_of(body, *found[3]))) return true;
+  for (std::size_t i = 4; i + 1 < std::size(keys); ++i)
+    if (found[i] && !is_null(value_of(body, *found[i]))) return true;
+  if (const auto& rf = found[std::size(keys) - 1]; rf && !is_null(value_of(body, *rf))) {
+    // {"type": "text"} is no constraint; any other value is (or is not understood).
+    const std::string_view fmt = value_of(body, *rf);
+    const std::string_view tkeys[] = {"type"};
+    std::optional<MemberSpan> t[1];
+    if (!find_members(fmt, tkeys, t) || !t[0] || value_of(fmt, *t[0]) != "\"text\"") return true;
+  }
   return false;
 }
 

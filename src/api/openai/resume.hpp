@@ -85,7 +85,9 @@ Continuation continuation_body(std::string_view body, std::string_view text_json
 
 // True when a chat-completions request `body` asks for something a
 // continuation cannot reproduce: `logprobs` true, `top_logprobs`,
-// `prompt_logprobs`, or `n` other than 1 (a scan of the top-level members).
+// `prompt_logprobs`, `n` other than 1, or structured output (a
+// `response_format` other than {"type": "text"}, vLLM's `guided_*`,
+// `structured_outputs`, `structural_tag`), a scan of the top-level members.
 bool resume_excluded(std::string_view body);
 
 // What rewrite_chunk did with a chunk of the continuation stream.

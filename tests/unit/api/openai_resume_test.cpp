@@ -174,6 +174,19 @@ TEST(ResumeExcluded, LogprobsAndN) {
   EXPECT_TRUE(resume_excluded("not json"));
 }
 
+TEST(ResumeExcluded, StructuredOutput) {
+  // vLLM's grammar covers generated tokens only: a continuation would start the document over.
+  EXPECT_FALSE(resume_excluded(R"({"response_format":{"type":"text"},"guided_json":null})"));
+  EXPECT_FALSE(resume_excluded(R"({"response_format":null})"));
+  EXPECT_TRUE(resume_excluded(R"({"response_format":{"type":"json_object"}})"));
+  EXPECT_TRUE(resume_excluded(R"({"response_format":{"type":"json_schema","json_schema":{"name":"x"}}})"));
+  EXPECT_TRUE(resume_excluded(R"({"response_format":{"json_schema":{}}})"));
+  EXPECT_TRUE(resume_excluded(R"({"response_format":"json"})"));
+  for (const char* k :
+       {"guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs", "structural_tag"})
+    EXPECT_TRUE(resume_excluded(fmt::format(R"({{"{}":["a","b"]}})", k))) << k;
+}
+
 TEST(RewriteChunk, UsageCountsTheWholeMessageAndCachedTokensStayWithinThePrompt) {
   // The continuation was given 5 prompt tokens + 2 generated back; it reports 7 prompt, all 7 cached.
   std::string out, scratch;
