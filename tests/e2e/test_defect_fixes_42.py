@@ -119,3 +119,50 @@ def test_a_batched_answer_cut_before_done_is_a_502(weir):
         assert r.status_code == 200 and r.json()["choices"][0]["text"] == "Once upon", r.text
     finally:
         up.close()
+
+
+def test_an_anthropic_pools_answer_that_is_no_message_fails_over(weir):
+    # An Anthropic client of an Anthropic pool, not streaming. The upstream answers 200 with an event stream,
+    # a message cut short, or an HTML page: no message the SDK can read (it handed its user the events' text).
+    # As on an OpenAI pool, that is a 502 upstream_invalid_response, or the fallback's answer.
+    import anthropic
+    sse = (b"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"type\":\"message\","
+           b"\"role\":\"assistant\",\"model\":\"x\",\"content\":[],\"stop_reason\":null,"
+           b"\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n")
+    bodies = {
+        "sse": (b"text/event-stream", sse),
+        "cut": (b"application/json", b'{"id":"msg_1","type":"message","role":"assistant","content":[{"type":"te'),
+        "html": (b"text/html", b"<html><body>502 from the balancer</body></html>"),
+    }
+    kind = {"now": "sse"}
+
+    def answer(h, b):
+        ctype, body = bodies[kind["now"]]
+        return b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s" % (ctype, len(body), body)
+
+    up = RawUpstream(answer)
+    good = json.dumps({"id": "msg_2", "type": "message", "role": "assistant", "model": "y",
+                       "content": [{"type": "text", "text": "from the fallback"}], "stop_reason": "end_turn",
+                       "stop_sequence": None, "usage": {"input_tokens": 3, "output_tokens": 4}}).encode()
+    fb = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(good), good))
+    try:
+        w = weir(config={"pools": {"a": {"type": "anthropic", "endpoints": [up.url], "api_key": "sk-up"},
+                                   "b": {"type": "anthropic", "endpoints": [fb.url], "api_key": "sk-up"}},
+                         "models": {"c": {"pool": "a"}, "cfb": {"pool": "a", "fallbacks": [{"pool": "b"}]}}},
+                 workers=1)
+        client = anthropic.Anthropic(base_url=w.v1.removesuffix("/v1"), api_key="sk-client", max_retries=0)
+        for k in bodies:
+            kind["now"] = k
+            r = httpx.post(w.v1 + "/messages", timeout=10,
+                           json={"model": "c", "max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 502, (k, r.text)
+            assert r.json()["type"] == "error" and r.json()["error"]["type"] == "api_error", (k, r.text)
+            msg = client.messages.create(model="cfb", max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+            assert msg.content[0].text == "from the fallback", (k, msg)
+            r = httpx.post(w.v1 + "/messages/count_tokens", timeout=10,
+                           json={"model": "c", "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 502, (k, r.text)
+    finally:
+        up.close()
+        fb.close()

@@ -330,6 +330,19 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
                                       ? "a completion"
                                       : "a JSON object");
   }
+  // An Anthropic pool's message or token count for an Anthropic client goes
+  // as it came, but only if it is one: a JSON object. An event stream to a
+  // request that did not ask for one (the SDK would hand its user the
+  // events' text), an HTML page or a body cut short is no answer, as on an
+  // OpenAI pool: it fails over while a fallback is left, else 502.
+  if (anthropic_up && !rewritten && status >= 200 && status < 300 && status != 204 && !plain.empty() &&
+      req.method() != bh::verb::head &&
+      (ctx.route == RouteKind::messages_count_tokens || (ctx.route == RouteKind::messages && !ctx.fields.stream))) {
+    if (plain.front() != '{' && http::is_event_stream(http::first_field(head, bh::field::content_type)))
+      co_return untranslatable(ctx, "one JSON object (it sent an event stream to a request that did not ask for one)");
+    if (!core::braced_as_object(plain))
+      co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "an Anthropic message" : "a token count");
+  }
   if (event_stream) {
     // The usage chunk's, as a relayed stream reads it.
     http::SseReader reader;
