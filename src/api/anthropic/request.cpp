@@ -48,7 +48,7 @@ class Translation {
       : sp_(std::move(sp)), fields_(fields), messages_(sp_), out_(sp_) {}
 
   tl::expected<void, core::Error> system(const json::value& v);
-  tl::expected<void, core::Error> message(const json::value& v, std::size_t i);
+  tl::expected<void, core::Error> message(const json::value& v, std::size_t i, bool last);
   tl::expected<void, core::Error> tools(const json::value& v);
   tl::expected<void, core::Error> tool_choice(const json::value& v);
 
@@ -105,7 +105,7 @@ tl::expected<void, core::Error> Translation::system(const json::value& v) {
   return {};
 }
 
-tl::expected<void, core::Error> Translation::message(const json::value& v, std::size_t i) {
+tl::expected<void, core::Error> Translation::message(const json::value& v, std::size_t i, bool last) {
   const std::string where = fmt::format("messages.{}", i);
   if (!v.is_object()) return invalid(fmt::format("{}: Input should be an object", where));
   const auto& m = v.get_object();
@@ -122,6 +122,8 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
   }
   if (!content->is_array())
     return invalid(fmt::format("{}.content: Input should be a string or a list of content blocks", where));
+  // (Anthropic's optional final assistant message may be empty: no prefill, left out.)
+  if (content->get_array().empty() && last && *role == "assistant") return {};
   if (content->get_array().empty())
     return invalid(fmt::format("{}.content: List should have at least 1 item", where), "messages");
   return *role == "user" ? user_turn(content->get_array(), where) : assistant_turn(content->get_array(), where);
@@ -356,11 +358,32 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   if (!msgs) return invalid("messages: Field required", "messages");
   if (!msgs->is_array()) return invalid("messages: Input should be a list", "messages");
   for (std::size_t i = 0; i < msgs->get_array().size(); ++i)
-    if (auto r = tr.message(msgs->get_array()[i], i); !r) return tl::unexpected(r.error());
+    if (auto r = tr.message(msgs->get_array()[i], i, i + 1 == msgs->get_array().size()); !r)
+      return tl::unexpected(r.error());
   // A last assistant turn is a prefill: Anthropic continues it. vLLM does
   // so with continue_final_message (and no new generation prompt); a turn
-  // with tool calls cannot be continued.
-  if (const auto& out_msgs = tr.messages(); !out_msgs.empty()) {
+  // with tool calls cannot be continued. An empty one (no text: "", or only
+  // thinking) is no prefill (Anthropic allows it as the optional final
+  // message): it is left out, so the model gets its generation prompt.
+  auto& out_msgs = tr.messages();
+  const auto empty_text = [](const json::value* c) {
+    if (c == nullptr || c->is_null()) return true;
+    if (c->is_string()) return c->get_string().empty();
+    if (!c->is_array()) return false;
+    for (const auto& part : c->get_array()) {
+      const auto* text = part.is_object() ? part.get_object().if_contains("text") : nullptr;
+      if (!text || !text->is_string() || !text->get_string().empty()) return false;
+    }
+    return true;
+  };
+  while (!out_msgs.empty()) {
+    const auto& last = out_msgs.back().get_object();
+    if (last.at("role").as_string() != "assistant" || last.contains("tool_calls") ||
+        !empty_text(last.if_contains("content")))
+      break;
+    out_msgs.pop_back();
+  }
+  if (!out_msgs.empty()) {
     const auto& last = out_msgs.back().get_object();
     if (last.at("role").as_string() == "assistant" && !last.contains("tool_calls")) {
       o["add_generation_prompt"] = false;

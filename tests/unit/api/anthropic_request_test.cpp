@@ -147,6 +147,22 @@ TEST(AnthropicRequest, LastAssistantTurnIsContinued) {
   EXPECT_FALSE(v.as_object().contains("continue_final_message"));
 }
 
+TEST(AnthropicRequest, AnEmptyLastAssistantTurnIsNoPrefill) {
+  // Anthropic allows the final assistant message to be empty: the model answers the user turn.
+  for (const char* last :
+       {R"("")", "[]", R"([{"type":"text","text":""}])", R"([{"type":"thinking","thinking":"t","signature":"s"}])"}) {
+    const auto v = upstream(std::string(R"({"model":"m","max_tokens":1,"messages":[{"role":"user","content":"Hi"},)") +
+                            R"({"role":"assistant","content":)" + last + "}]}");
+    EXPECT_FALSE(v.as_object().contains("continue_final_message")) << last;
+    EXPECT_EQ(v.at("messages").as_array().size(), 1u) << last;
+  }
+  // Not before the last turn.
+  std::string out;
+  EXPECT_FALSE(translate_request(Target::messages, R"({"model":"m","max_tokens":1,"messages":[
+    {"role":"user","content":"Hi"},{"role":"assistant","content":[]},{"role":"user","content":"Hi"}]})",
+                                 out));
+}
+
 TEST(AnthropicRequest, CountTokensTakesModelMessagesTools) {
   const auto v = upstream(R"({"model":"m","system":"S","messages":[{"role":"user","content":"a b"}],
     "tools":[{"name":"f","input_schema":{"type":"object"}}],"tool_choice":{"type":"auto"}})",
