@@ -104,18 +104,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
   // piece; a chunk-size line or trailer section that does not fit is
   // refused (buffer_overflow), never held (the class of CVE-2023-39326).
   beast::flat_buffer buf(kMaxHeader + kReadRoom);
-  // Chunk extensions are counted against kMaxHeader: Beast's body_limit
-  // counts chunk data only (the class of CVE-2024-22019).
-  std::uint64_t ext_left = 0;
-  bool ext_over = false;
-  auto ext_budget = [&](std::uint64_t, beast::string_view ext, boost::system::error_code& ec) {
-    if (ext.size() > ext_left) {
-      ext_over = true;
-      ec = bh::error::bad_chunk_extension;
-      return;
-    }
-    ext_left -= ext.size();
-  };
+  // Chunk extensions: counted against kMaxHeader, no control bytes (http::ChunkExtCheck).
+  http::ChunkExtCheck ext_check;
   // The reads' deadline cancels the socket's pending read, and does not
   // close it as the stream's own expiry would, so a head or body that did
   // not come in time still gets its 408 (and its log line).
@@ -127,9 +117,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     http::FlatParser<true, http::AppendStringBody> parser;
     parser.header_limit(kMaxHeader);
     parser.body_limit(kMaxBody);
-    ext_left = kMaxHeader;
-    ext_over = false;
-    parser.on_chunk_header(ext_budget);
+    ext_check = {.left = kMaxHeader, .over = false};
+    parser.on_chunk_header(ext_check);
     stream.expires_never();
     read_deadline.reset_expired();
     if (buf.size() == 0) {
@@ -216,7 +205,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
                        "request_header_too_large",
                        fmt::format("The request head is larger than {} bytes.", kMaxHeader),
                        {}};
-      } else if (ec == bh::error::buffer_overflow || ext_over) {
+      } else if (ec == bh::error::buffer_overflow || ext_check.over) {
         e = admin_bad_request(
             "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "
             "is too large.");

@@ -60,15 +60,6 @@ ReadFailure failure_of(HeadProblem p) {
 }
 }  // namespace
 
-void Downstream::ChunkExtBudget::operator()(std::uint64_t, boost::beast::string_view ext, error_code& ec) {
-  if (ext.size() > left) {
-    over = true;
-    ec = bh::error::bad_chunk_extension;
-    return;
-  }
-  left -= ext.size();
-}
-
 ParserSpares::~ParserSpares() {
   for (std::size_t i = 0; i < count_; ++i) ::operator delete(spare_[i]);
 }

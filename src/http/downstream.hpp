@@ -17,6 +17,7 @@
 #include "core/config.hpp"
 #include "http/flat_parser.hpp"
 #include "http/forward.hpp"
+#include "http/request_check.hpp"
 #include "http/io.hpp"
 #include "http/response_head.hpp"
 
@@ -247,13 +248,6 @@ class Downstream {
   Socket sock_;
   const core::ServerConfig& sc_;
   std::uint64_t* bytes_out_total_;
-  // Counts a chunked body's chunk-extension bytes against a budget: Beast's
-  // body_limit counts chunk data only (the class of CVE-2024-22019).
-  struct ChunkExtBudget {
-    std::uint64_t left = 0;  // bytes of extensions still allowed in this body
-    bool over = false;       // the budget ran out: the body was refused
-    void operator()(std::uint64_t, boost::beast::string_view ext, boost::system::error_code& ec);
-  };
 
   Listener* listener_ = nullptr;
   // Bounded (server.max_header + one 64 KiB read): a head is parsed whole
@@ -263,7 +257,7 @@ class Downstream {
   boost::beast::flat_buffer in_;
   std::string_view target_;  // target(): into the parser's head or target_buf_
   std::string target_buf_;   // an absolute-form target's origin-form when it needs a "/" added
-  ChunkExtBudget chunk_ext_;
+  ChunkExtCheck chunk_ext_;  // a chunked body's extensions: bounded, no control bytes
   core::Watchdog watchdog_;
   core::Watchdog::Clock::time_point head_started_{};  // read_head(): when the head's first bytes were here
   RequestParser* parser_ = nullptr;  // from read_head() until release_request() or the connection's end

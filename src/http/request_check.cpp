@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include <boost/beast/http/error.hpp>
 #include <boost/beast/http/field.hpp>
 
 #include "http/headers.hpp"
@@ -181,6 +182,22 @@ HeadProblem check_request_head(const RequestHead& req) {
     return HeadProblem::bad_target;
   if (expect.unknown > 0) return HeadProblem::unsupported_expectation;
   return HeadProblem::none;
+}
+
+void ChunkExtCheck::operator()(std::uint64_t, std::string_view ext, boost::system::error_code& ec) {
+  if (ext.size() > left) {
+    over = true;
+    ec = boost::beast::http::error::bad_chunk_extension;
+    return;
+  }
+  left -= ext.size();
+  for (const char ch : ext) {
+    const auto c = static_cast<unsigned char>(ch);
+    if ((c < 0x20 && c != '\t') || c == 0x7f) {
+      ec = boost::beast::http::error::bad_chunk_extension;
+      return;
+    }
+  }
 }
 
 }  // namespace weir::http

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include <boost/system/error_code.hpp>
+
 #include "http/forward.hpp"
 
 namespace weir::http {
@@ -62,5 +64,21 @@ bool valid_host(std::string_view v);
 // (§3.3), written into `scratch` only when the path is empty and a query
 // follows. Returns "" for any other form. The view is into `target` or `scratch`.
 std::string_view origin_form(std::string_view target, std::string& scratch);
+
+// A chunked request body's chunk extensions (the parser's on_chunk_header
+// callback, shared by the client and admin listeners):
+//  - counted against a budget, since Beast's body_limit counts chunk data
+//    only (the class of CVE-2024-22019);
+//  - refused when they hold a control byte (other than HTAB) or DEL, also
+//    inside a quoted string, which Beast skips unchecked: RFC 9112 §7.1.1
+//    and RFC 9110 §5.6.4 allow none (qdtext), and a bare LF there is read as
+//    the line's end by a proxy in front (the class of CVE-2025-22871 and
+//    CVE-2025-55315: request smuggling).
+// Either refusal is bh::error::bad_chunk_extension; `over` tells which.
+struct ChunkExtCheck {
+  std::uint64_t left = 0;  // bytes of extensions still allowed in this body
+  bool over = false;       // the budget ran out: the body was refused
+  void operator()(std::uint64_t size, std::string_view ext, boost::system::error_code& ec);
+};
 
 }  // namespace weir::http

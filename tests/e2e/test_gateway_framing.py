@@ -151,6 +151,27 @@ def test_chunk_extensions_spread_over_many_chunks_are_counted(stack):
     assert r.status == 200 and r.json()["object"] == "chat.completion"
 
 
+@pytest.mark.parametrize("ext", [b'a="x\ny"', b'a="x\x00y"', b'a="x\x01y"', b'a="x\x7fy"', b"a=x\x01y"],
+                         ids=["quoted-lf", "quoted-nul", "quoted-soh", "quoted-del", "bare-soh"])
+def test_a_control_byte_in_a_chunk_extension_is_refused_on_both_listeners(stack, ext):
+    """A bare LF (or any control byte) inside a quoted chunk extension: Beast skips quoted strings
+    unchecked, and a proxy in front that ends the line at the LF frames the body differently (the
+    class of CVE-2025-22871, CVE-2025-55315). RFC 9112 §7.1.1 allows none: 400, the connection closed,
+    and the request pipelined after it never served."""
+    _, w, admin_port = stack
+    for port, path, body, auth in ((w.port, b"/v1/chat/completions", json.dumps(CHAT).encode(), b""),
+                                   (admin_port, b"/admin/v1/keys", b"{}", b"Authorization: Bearer " +
+                                    TOKEN.encode() + b"\r\n")):
+        raw = (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth +
+               b"Transfer-Encoding: chunked\r\n\r\n%x;" % len(body) + ext + b"\r\n" + body + b"\r\n0\r\n\r\n" +
+               SMUGGLED)
+        with RawConn(port) as c:
+            c.send(raw)
+            r = c.read_response("POST")
+            assert r.status == 400, (port, r.status, r.body[:200])
+            assert c.closed_by_peer()
+
+
 class EndlessChunkUpstream:
     """A raw upstream: GETs get a model list; a POST gets a chunked 200 whose first chunk-size line
     never ends (an extension of up to 64 MiB)."""
