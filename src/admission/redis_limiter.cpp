@@ -302,9 +302,16 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
   if (nano_usd > c.limit) return TakeResult{.ok = false, .never = true};
   if (c.limit == 0) return TakeResult{.ok = false};
+  // Refused until the period ends (as Redis counts it), or for good when it never does.
+  const auto until_period_end = [&] {
+    if (c.period_ms <= 0 && c.calendar == 0) return TakeResult{.ok = false};
+    const std::int64_t end = sp.period_end_ns.load(std::memory_order_relaxed);
+    const auto left = end < 0 ? std::int64_t{1'000'000'000} : end - static_cast<std::int64_t>(ns(now));
+    return TakeResult{.ok = false, .retry_after_s = whole_seconds_up(left)};
+  };
   if (nano_usd == 0) {
     // A free request: admitted while the budget is not spent.
-    return spent(scope, now) < c.limit ? TakeResult{} : TakeResult{.ok = false};
+    return spent(scope, now) < c.limit ? TakeResult{} : until_period_end();
   }
   if (nano_usd > sp.biggest.load(std::memory_order_relaxed)) sp.biggest.store(nano_usd, std::memory_order_relaxed);
   std::int64_t cur = sp.free.load(std::memory_order_relaxed);
@@ -324,10 +331,7 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   // the period ends (as Redis counts it), or never.
   const std::int64_t settled = spent(scope, now);
   if (settled < c.limit && settled + nano_usd <= c.limit) return TakeResult{.ok = false, .retry_after_s = 1};
-  if (c.period_ms <= 0 && c.calendar == 0) return TakeResult{.ok = false};
-  const std::int64_t end = sp.period_end_ns.load(std::memory_order_relaxed);
-  const auto left = end < 0 ? std::int64_t{1'000'000'000} : end - static_cast<std::int64_t>(ns(now));
-  return TakeResult{.ok = false, .retry_after_s = whole_seconds_up(left)};
+  return until_period_end();
 }
 
 void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant /*now*/) {

@@ -8,6 +8,7 @@ import signal
 import socket
 
 import httpx
+import pytest
 
 from conftest import wait_until
 from test_admin_api import MOCK_FLAGS, start
@@ -166,3 +167,34 @@ def test_an_anthropic_pools_answer_that_is_no_message_fails_over(weir):
     finally:
         up.close()
         fb.close()
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["in-process", "redis"])
+def test_a_free_request_on_a_spent_resetting_budget_may_retry(mock, weir, redis, shared):
+    # A budget of $0.0001 an hour, spent. A request that costs nothing (an unpriced model) is refused until
+    # the hour ends: Retry-After says when. With redis: it said nothing and `x-should-retry: false`, so the
+    # SDKs never retried a budget that resets within the hour.
+    import hashlib
+    key = "sk-free-1234567890"
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "60", "--any-model")
+    cfg = {"pools": {"p": {"endpoints": [m.base_url]}},
+           "models": {"m": {"pool": "p", "default_max_tokens": 1}, "free": {"pool": "p", "default_max_tokens": 4}},
+           "tenants": {"acme": {"budget": {"usd": 0.0001, "period": "1h"}}},
+           "auth": {"api_keys": [{"id": "k", "sha256": hashlib.sha256(key.encode()).hexdigest(), "tenant": "acme"}]},
+           "pricing": {"m": {"input": 1.0, "output": 2.0}}}
+    if shared:
+        cfg["redis"] = {"url": redis.url, "budget_sync_interval": "50ms"}
+    w = weir(config=cfg, workers=1)
+    hd = {"authorization": f"Bearer {key}"}
+    for _ in range(300):
+        r = httpx.post(w.v1 + "/chat/completions", headers=hd, timeout=10,
+                       json={"model": "m", "messages": [{"role": "user", "content": "spend a little " * 5}]})
+        if r.status_code == 429:
+            break
+    assert r.status_code == 429 and r.json()["error"]["code"] == "insufficient_quota", r.text
+
+    r = httpx.post(w.v1 + "/chat/completions", headers=hd, timeout=10,
+                   json={"model": "free", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 429, r.text
+    assert r.headers.get("x-should-retry") != "false", r.headers
+    assert 0 < int(r.headers["retry-after"]) <= 3600, r.headers
