@@ -154,16 +154,30 @@ void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {
   const SpendCtl& b = at(to).spend_ctl;
   if (!a.enabled || !b.enabled) return;
   // The same period: the same hash in Redis, whose total both scopes count.
-  if (a.period_ms == b.period_ms && a.calendar == b.calendar && a.offset_ms == b.offset_ms) return;
+  // The new scope remembers the old one: this replica's share of that hash
+  // is under both members now.
+  if (a.period_ms == b.period_ms && a.calendar == b.calendar && a.offset_ms == b.offset_ms) {
+    at(to).continues.store(from, std::memory_order_release);
+    return;
+  }
   // Another period counts in another hash: this replica's settled spend of
   // the old period starts the new one (each replica carries its own share,
   // so the total carries once), and so do its reservations in flight, whose
   // tickets settle into the old scope's hash: their worst case is carried
   // (an overcount of reserved − actual, never an overspend). As unpushed
   // spend it takes room in the new scope's allowance until its first push
-  // (sync_once).
-  const std::int64_t mine = at(from).spend.mine.load(std::memory_order_acquire) +
-                            std::max<std::int64_t>(at(from).spend.in_use.load(std::memory_order_acquire), 0);
+  // (sync_once). Its share is that of every scope `from` continues in the
+  // same period (a key whose limits changed, then its period): each pushed
+  // under its own member.
+  std::int64_t mine = 0;
+  std::uint32_t s = from;
+  for (int steps = 0; s < scope_count_ && steps < 64; ++steps) {
+    mine += at(s).spend.mine.load(std::memory_order_acquire) +
+            std::max<std::int64_t>(at(s).spend.in_use.load(std::memory_order_acquire), 0);
+    const std::uint32_t prev = at(s).continues.load(std::memory_order_acquire);
+    if (prev >= s) break;  // (scopes only continue older ones)
+    s = prev;
+  }
   if (mine <= 0) return;
   Spend& sp = at(to).spend;
   sp.mine.fetch_add(mine, std::memory_order_acq_rel);

@@ -118,6 +118,12 @@ struct RedisLimiter::ScopeState {
   // key whose limits changed, and its requests still in flight) never
   // overwrite each other's stream slots or pushed spend.
   std::string member;
+  // The scope this one continues within the same budget period (a carry
+  // whose period did not change; kNoScope otherwise): this replica's spend
+  // of the period is also under that scope's member, and a later change of
+  // period carries it too (carry_period_spend).
+  static constexpr std::uint32_t kNoScope = 0xffffffffu;
+  std::atomic<std::uint32_t> continues{kNoScope};
 };
 
 struct RedisLimiter::Loop {

@@ -10,7 +10,7 @@ import socket
 import httpx
 import pytest
 
-from conftest import wait_until
+from conftest import free_port, wait_until
 from test_admin_api import MOCK_FLAGS, start
 from test_defect_fixes import RawUpstream
 
@@ -198,3 +198,45 @@ def test_a_free_request_on_a_spent_resetting_budget_may_retry(mock, weir, redis,
     assert r.status_code == 429, r.text
     assert r.headers.get("x-should-retry") != "false", r.headers
     assert 0 < int(r.headers["retry-after"]) <= 3600, r.headers
+
+
+def test_a_period_change_after_a_limits_change_keeps_the_spend_in_redis(mock, weir, redis):
+    # A runtime key with a $0.0001 daily budget, spent. A PATCH of its limits gives it a new scope (the same
+    # period: the spend stays in the same Redis hash, under the old scope's member); a PATCH of its period
+    # then moves it to another hash. The spend must carry (docs/admin-api.md): it was lost, and the key
+    # spent its budget a second time in the same window.
+    from test_admin_api import Admin, TOKEN
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
+    port = free_port()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}},
+                     "models": {"m": {"pool": "p", "default_max_tokens": 4}},
+                     "tenants": {"acme": {}}, "auth": {"api_keys": []}, "pricing": {"m": {"input": 1.0, "output": 2.0}},
+                     "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+                     "redis": {"url": redis.url, "budget_sync_interval": "50ms"}},
+             env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=2)
+    admin = Admin(port)
+    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    k = admin.create(tenant="acme", budget={"usd": 0.0001, "period": "day"})
+
+    def chat():
+        return httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {k['key']}"}, timeout=10,
+                          json={"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]})
+    for _ in range(100):
+        if chat().status_code == 429:
+            break
+    spent = lambda: admin("GET", f"/admin/v1/keys/{k['id']}").json()["usage"]["budget"]["spent_usd"]
+    before = spent()
+    assert before > 0.00008, before
+    assert admin("PATCH", f"/admin/v1/keys/{k['id']}", json={"limits": {"requests_per_minute": 1000}}).status_code == 200
+    assert admin("PATCH", f"/admin/v1/keys/{k['id']}",
+                 json={"budget": {"usd": 0.0001, "period": "24h"}}).status_code == 200
+    assert spent() >= before, "the period's spend was lost"
+    codes = [chat().status_code for _ in range(5)]
+    assert codes == [429] * 5, codes
+
+
+def _answers(admin) -> bool:
+    try:
+        return admin("GET", "/ready", token=None).status_code == 200
+    except httpx.TransportError:
+        return False
