@@ -17,8 +17,8 @@
 #include "core/config.hpp"
 #include "http/flat_parser.hpp"
 #include "http/forward.hpp"
-#include "http/request_check.hpp"
 #include "http/io.hpp"
+#include "http/request_check.hpp"
 #include "http/response_head.hpp"
 
 namespace weir::http {
