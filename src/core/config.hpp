@@ -88,6 +88,8 @@ struct EndpointConfig {
   // request's path onto it).
   std::string base_path;
   std::string query;  // the URL's query without '?' ("" for none), appended to every request target
+  int line = 0;       // where the configuration file gives it (1-based; 0 when not from a file)
+  int column = 0;
 };
 
 // TLS to a pool's https:// endpoints (OpenSSL through Asio's SSL stream).

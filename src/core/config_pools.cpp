@@ -363,6 +363,10 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     WEIR_TRY(url, read_string(eps[i], k));
     auto ep = parse_endpoint_url(url);
     if (!ep) return tl::unexpected(config_error(eps[i], k, ep.error().message));
+    if (eps[i].Mark().line >= 0) {
+      ep->line = eps[i].Mark().line + 1;
+      ep->column = eps[i].Mark().column + 1;
+    }
     // Each endpoint once: logs, /metrics and the admin API name an endpoint
     // by its (redacted) URL, and two of one name would be two series of one
     // name (Prometheus' exposition format: undefined).

@@ -54,6 +54,22 @@ std::string pool_fingerprint(const core::Config& cfg, const core::PoolConfig& po
   return f;
 }
 
+tl::expected<http::tcp::endpoint, core::ConfigError> resolve_endpoint(const core::Config& cfg,
+                                                                      const core::PoolConfig& pool, std::size_t i) {
+  const auto& e = pool.endpoints.at(i);
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::resolver resolver(io);
+  boost::system::error_code ec;
+  auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
+  if (!ec && !r.empty()) return r.begin()->endpoint();
+  return tl::unexpected(
+      core::ConfigError{.file = cfg.source,
+                        .line = e.line,
+                        .column = e.column,
+                        .key = fmt::format("pools.{}.endpoints[{}]", pool.name, i),
+                        .message = fmt::format("cannot resolve {}: {}", e.display, ec ? ec.message() : "no address")});
+}
+
 tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(GenerationInput in,
                                                                               const Generation* previous) {
   auto g = std::make_shared<Generation>();
@@ -62,8 +78,6 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
   g->routes = std::make_unique<routing::RouteTable>(*g->config);
   g->pricing = std::move(in.pricing);
   const auto& cfg = *g->config;
-  boost::asio::io_context io;
-  boost::asio::ip::tcp::resolver resolver(io);
   for (std::size_t p = 0; p < cfg.pools.size(); ++p) {
     const auto& pc = cfg.pools[p];
     PoolSlot slot;
@@ -73,13 +87,10 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     if (p < in.addrs.size() && in.addrs[p].size() == pc.endpoints.size()) {
       slot.addrs = in.addrs[p];
     } else {
-      for (const auto& e : pc.endpoints) {
-        boost::system::error_code ec;
-        auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
-        if (ec || r.empty())
-          return tl::unexpected(
-              fmt::format("pools.{}: cannot resolve {}: {}", pc.name, e.display, ec ? ec.message() : "no address"));
-        slot.addrs.push_back(r.begin()->endpoint());
+      for (std::size_t i = 0; i < pc.endpoints.size(); ++i) {
+        auto a = resolve_endpoint(cfg, pc, i);
+        if (!a) return tl::unexpected(a.error().to_string());
+        slot.addrs.push_back(*a);
       }
     }
     const PoolSlot* same = nullptr;

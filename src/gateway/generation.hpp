@@ -84,11 +84,19 @@ struct GenerationInput {
   std::uint32_t workers = 1;
 };
 
+// Endpoint `i` of pool `pool` resolved (getaddrinfo, through Asio's
+// resolver: blocks the calling thread), as start-up, a reload and --check
+// resolve it: its first address, or the configuration error at the
+// endpoint's place in the file, "pools.NAME.endpoints[I]: cannot resolve
+// URL: REASON".
+tl::expected<http::tcp::endpoint, core::ConfigError> resolve_endpoint(const core::Config& cfg,
+                                                                      const core::PoolConfig& pool, std::size_t i);
+
 // Builds the generation after `previous` (null at start-up) from `in`.
 // Every endpoint is resolved here (getaddrinfo: blocks the calling thread,
 // the control thread), unless `in.addrs` gives it; a pool with the same
 // name, fingerprint and addresses as one of `previous` keeps its PoolSlot.
-// Error: "pools.NAME: cannot resolve HOST: REASON".
+// Error: resolve_endpoint's, as text (ConfigError::to_string).
 tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(GenerationInput in,
                                                                               const Generation* previous);
 

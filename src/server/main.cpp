@@ -11,8 +11,6 @@
 #include <iterator>
 #include <string>
 
-#include <netdb.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -20,6 +18,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/process_metrics.hpp"
+#include "gateway/generation.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/load_config.hpp"
 #include "requestlog/query.hpp"
@@ -197,18 +196,11 @@ int main(int argc, char** argv) {
     }
     // Every endpoint's host resolves, as start-up and a reload resolve it (gateway::build_generation).
     for (const auto& pc : c.pools)
-      for (const auto& e : pc.endpoints) {
-        addrinfo hints{};
-        hints.ai_socktype = SOCK_STREAM;
-        addrinfo* res = nullptr;
-        const int rc = ::getaddrinfo(e.host.c_str(), std::to_string(e.port).c_str(), &hints, &res);
-        if (res != nullptr) ::freeaddrinfo(res);
-        if (rc != 0) {
-          fmt::print(stderr, "weir: configuration error: pools.{}: cannot resolve {}: {}\n", pc.name, e.display,
-                     ::gai_strerror(rc));
+      for (std::size_t i = 0; i < pc.endpoints.size(); ++i)
+        if (auto a = weir::gateway::resolve_endpoint(c, pc, i); !a) {
+          fmt::print(stderr, "weir: configuration error: {}\n", a.error().to_string());
           return 2;
         }
-      }
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }

@@ -73,8 +73,9 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     in.workers = n;
     auto gen = gateway::build_generation(std::move(in), nullptr);
     if (!gen) {
-      fmt::print(stderr, "weir: {}\n", gen.error());
-      return 1;
+      // (An endpoint that does not resolve: a configuration error, as --check says.)
+      fmt::print(stderr, "weir: configuration error: {}\n", gen.error());
+      return 2;
     }
     shared.generation = std::move(*gen);
   }

@@ -36,6 +36,8 @@ BAD = [
     ("bad-workers", GOOD + "workers: many\n", 10, "workers"),
     ("unknown-top-level", GOOD + "poolz: []\n", 10, "poolz"),
     ("yaml-syntax", GOOD.replace("[http://127.0.0.1:9]", "[http://127.0.0.1:9"), 5, None),
+    # Resolved by --check as by start-up (one resolver, one message, exit 2).
+    ("unresolvable", GOOD.replace("http://127.0.0.1:9", "http://no-such-host.invalid:9"), 4, "pools.p.endpoints[0]"),
 ]
 
 
@@ -50,8 +52,9 @@ def test_bad_config_names_file_line_and_key(tmp_path, name, text, line, key, che
     port = free_port()
     path.write_text(text.format(port=port))
     r = weir_run("--config", path, *(["--check"] if check else []))
-    assert r.returncode != 0
+    assert r.returncode == 2, r.stderr  # a configuration error, as supervisors read it
     err = r.stderr
+    assert err.startswith("weir: configuration error: "), err
     assert str(path) in err, err
     assert f":{line}:" in err, err
     if key:
