@@ -1,5 +1,6 @@
 #include "auth/config.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -97,8 +98,19 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
                                                                    {"subject_claim", &j.subject_claim},
                                                                    {"default_tenant", &j.default_tenant}})
     if (auto r = str(name, *out); !r) return tl::unexpected(r.error());
+  // An empty issuer or audience would switch its check off (a template's
+  // empty value admitting every IdP's tokens): omit the key for that.
+  if (node["issuer"] && j.issuer.empty())
+    return tl::unexpected(config_error(node["issuer"], key + ".issuer",
+                                       "is empty: give the issuer tokens must carry, or omit the key to accept any"));
   if (node["audience"]) {
     WEIR_TRY_RESULT(a, read_string_list(node["audience"], key + ".audience"));
+    if (a->empty())
+      return tl::unexpected(config_error(node["audience"], key + ".audience",
+                                         "is an empty list: give the audience(s) a token must hold one of, or omit "
+                                         "the key to accept any"));
+    if (std::find(a->begin(), a->end(), std::string()) != a->end())
+      return tl::unexpected(config_error(node["audience"], key + ".audience", "is empty"));
     j.audiences = std::move(*a);
   }
   std::chrono::milliseconds leeway = j.leeway;

@@ -132,6 +132,10 @@ TEST(AuthConfig, ErrorsNameLineAndKey) {
   expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    leeway: 5 parsecs\n", 4, "auth.jwt.leeway");
   expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    default_tenant: ghost\n", 4, "auth.jwt.default_tenant");
   expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    audience: {a: 1}\n", 4, "auth.jwt.audience");
+  // Empty would switch the claim's check off.
+  expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    audience: []\n", 4, "auth.jwt.audience", "empty");
+  expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    audience: ''\n", 4, "auth.jwt.audience", "empty");
+  expect_error("auth:\n  jwt:\n    jwks_file: /k.json\n    issuer: ''\n", 4, "auth.jwt.issuer", "empty");
   expect_error("tenants: [a, b]\n", 1, "tenants");
   // A key with a JWT's shape is verified as a JWT once auth.jwt is on: it could never authenticate.
   expect_error(
