@@ -166,11 +166,44 @@ ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string
 
 namespace {
 
-ConfigResult<void> unique_keys_under(const YAML::Node& node, const std::string& key, int depth) {
+// The nodes one YAML document expands to through its aliases (*name) that
+// the configuration may hold: a few hundred bytes of nested aliases expand
+// to billions (the "billion laughs"), which every later walk (the sections'
+// parsers, a reload's comparison) would pay for. A configuration that
+// reuses a subtree a few times is far below it.
+constexpr std::uint64_t kMaxAliasedNodes = 1'000'000;
+
+struct KeyWalk {
+  // Each node is checked once (an alias is the node it names): its size,
+  // by position in the text and kind.
+  std::unordered_map<std::uint64_t, std::uint64_t> sizes;
+  std::uint64_t aliased = 0;  // nodes reached again through an alias
+};
+
+ConfigResult<std::uint64_t> unique_keys_under(const YAML::Node& node, const std::string& key, int depth,
+                                              KeyWalk& walk) {
   if (depth > 64) return tl::unexpected(config_error(node, key, "nested more than 64 levels deep"));
+  const bool marked = !node.Mark().is_null() && node.Mark().pos >= 0;
+  const std::uint64_t id =
+      marked ? static_cast<std::uint64_t>(node.Mark().pos) * 8 + static_cast<std::uint64_t>(node.Type()) : 0;
+  if (marked)
+    if (auto it = walk.sizes.find(id); it != walk.sizes.end()) {
+      walk.aliased += it->second;
+      if (walk.aliased > kMaxAliasedNodes)
+        return tl::unexpected(config_error(
+            node, key,
+            fmt::format("the configuration's aliases (*name) expand to more than {} nodes: write the repeated "
+                        "part fewer times",
+                        kMaxAliasedNodes)));
+      return it->second;
+    }
+  std::uint64_t size = 1;
   if (node.IsSequence()) {
-    for (std::size_t i = 0; i < node.size(); ++i)
-      if (auto r = unique_keys_under(node[i], fmt::format("{}[{}]", key, i), depth + 1); !r) return r;
+    for (std::size_t i = 0; i < node.size(); ++i) {
+      auto r = unique_keys_under(node[i], fmt::format("{}[{}]", key, i), depth + 1, walk);
+      if (!r) return r;
+      size += *r;
+    }
   } else if (node.IsMap()) {
     std::unordered_map<std::string, int> seen;  // key -> its line
     for (const auto& kv : node) {
@@ -182,16 +215,21 @@ ConfigResult<void> unique_keys_under(const YAML::Node& node, const std::string& 
             kv.first, path,
             fmt::format("duplicate key (first at line {}): a YAML mapping holds each key once; merge the two",
                         it->second)));
-      if (auto r = unique_keys_under(kv.second, path, depth + 1); !r) return r;
+      auto r = unique_keys_under(kv.second, path, depth + 1, walk);
+      if (!r) return r;
+      size += 1 + *r;
     }
   }
-  return {};
+  if (marked) walk.sizes.emplace(id, size);
+  return size;
 }
 
 }  // namespace
 
 ConfigResult<void> check_unique_keys(const YAML::Node& node, const std::string& key) {
-  return unique_keys_under(node, key, 0);
+  KeyWalk walk;
+  if (auto r = unique_keys_under(node, key, 0, walk); !r) return tl::unexpected(r.error());
+  return {};
 }
 
 ConfigResult<void> check_keys(const YAML::Node& node, const std::string& key,

@@ -53,7 +53,9 @@ ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string
 // (YAML 1.2 §3.2.1.1: keys are unique; yaml-cpp keeps both, and a lookup
 // sees only the first, so a repeated section would be dropped unread). The
 // error is at the second one and names the first one's line. Also fails on
-// nesting deeper than 64 levels.
+// nesting deeper than 64 levels, and on aliases (*name) that expand to more
+// than 1,000,000 nodes (a "billion laughs": every later walk would expand
+// them); each node is checked once, however many aliases name it.
 ConfigResult<void> check_unique_keys(const YAML::Node& node, const std::string& key = "");
 
 // Fails on any key of map `node` that is not in `known` (catches typos).

@@ -124,6 +124,23 @@ TEST(Config, StructuralErrors) {
             std::string::npos);
 }
 
+TEST(Config, AliasesThatExpandBeyondBoundsAreRefusedAtOnce) {
+  // Nine levels of nine aliases each: ~400 bytes, 9^9 nodes expanded. It took 30 s to refuse (a walk per
+  // alias); each node is checked once now, and the expansion is bounded.
+  std::string bomb = "pools: {a: {endpoints: [http://x:1]}}\ndefault_pool: a\nzz:\n  a0: &a0 [x,x,x,x,x,x,x,x,x]\n";
+  for (int i = 1; i < 10; ++i) {
+    bomb += fmt::format("  a{}: &a{} [", i, i);
+    for (int j = 0; j < 9; ++j) bomb += fmt::format("{}*a{}", j ? "," : "", i - 1);
+    bomb += "]\n";
+  }
+  EXPECT_NE(error_of(bomb).find("aliases (*name) expand to more than"), std::string::npos);
+  // Aliases a configuration uses for its own repetition are fine.
+  EXPECT_TRUE(
+      parse_config("pools:\n  a: {endpoints: &e [http://x:1]}\n  b: {endpoints: *e}\n"
+                   "models:\n  m: &m {pool: a}\n  n: *m\n",
+                   "weir.yaml"));
+}
+
 TEST(Config, SizesAndDurations) {
   auto c = parse_config(
       "server: {max_body: 1.5MiB, max_stream_buffer: 64KB, drain_timeout: 1h, header_timeout: 250}\n"
