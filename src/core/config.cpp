@@ -4,6 +4,7 @@
 #include <fstream>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -132,10 +133,18 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
 }
 
 // `models.X.fallbacks` after every model is known ({model: M} may name one defined later).
+// (One pass over the models in the mapping's order, which is c.models'
+// order, and a name index: a yaml-cpp map lookup is a linear scan, and one
+// per model made a large `models:` section quadratic.)
 ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
-  for (auto& mc : c.models) {
+  std::unordered_map<std::string_view, std::size_t> by_name;
+  by_name.reserve(c.models.size());
+  for (std::size_t i = 0; i < c.models.size(); ++i) by_name.emplace(c.models[i].name, i);
+  std::size_t at = 0;
+  for (const auto& kv : models) {
+    ModelConfig& mc = c.models.at(at++);
     const std::string key = "models." + mc.name + ".fallbacks";
-    const YAML::Node f = models[mc.name]["fallbacks"];
+    const YAML::Node f = kv.second["fallbacks"];
     if (!f) continue;
     if (!f.IsSequence())
       return tl::unexpected(
@@ -149,9 +158,8 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
       if (auto m = f[i]["model"]) {
         if (f[i]["pool"]) return tl::unexpected(config_error(f[i], k, "give either model or pool, not both"));
         WEIR_TRY(name, read_string(m, k + ".model"));
-        const ModelConfig* target = nullptr;
-        for (const auto& other : c.models)
-          if (other.name == name) target = &other;
+        const auto found = by_name.find(name);
+        const ModelConfig* target = found == by_name.end() ? nullptr : &c.models[found->second];
         if (!target) return tl::unexpected(config_error(m, k + ".model", fmt::format("no model named '{}'", name)));
         if (target == &mc) return tl::unexpected(config_error(m, k + ".model", "a model cannot fall back to itself"));
         t.pool = target->pool;

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <map>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <boost/json/array.hpp>
@@ -24,11 +25,15 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
   // Models: a name keeps its slot; a new one gets the next.
   std::fill(l->model_current.begin(), l->model_current.end(), 0);
   l->model_slot.clear();
+  // (Slots found through an index: a search per model was quadratic in a large models: section.)
+  std::unordered_map<std::string, std::uint32_t> model_index;
+  model_index.reserve(l->models.size() + cfg.models.size());
+  for (std::uint32_t i = 0; i < l->models.size(); ++i) model_index.emplace(l->models[i], i);
   for (const auto& m : cfg.models) {
     const std::string label = core::escape_label(m.name);
-    const auto it = std::find(l->models.begin(), l->models.end(), label);
-    const auto slot = static_cast<std::uint32_t>(it - l->models.begin());
-    if (it == l->models.end()) {
+    const auto [it, fresh] = model_index.emplace(label, static_cast<std::uint32_t>(l->models.size()));
+    const std::uint32_t slot = it->second;
+    if (fresh) {
       l->models.push_back(label);
       l->model_names.push_back(m.name);
       l->model_current.push_back(0);
@@ -57,14 +62,16 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
   std::fill(l->endpoint_current.begin(), l->endpoint_current.end(), 0);
   l->endpoint_base.clear();
   l->endpoint_slots.clear();
+  std::unordered_map<std::string, std::uint32_t> endpoint_index;
+  for (std::uint32_t i = 0; i < l->endpoints.size(); ++i) endpoint_index.emplace(l->endpoints[i], i);
   for (const auto& p : cfg.pools) {
     l->endpoint_base.push_back(static_cast<std::uint32_t>(l->endpoint_slots.size()));
     for (const auto& e : p.endpoints) {
       const std::string label =
           fmt::format("pool=\"{}\",endpoint=\"{}\"", core::escape_label(p.name), core::escape_label(e.display));
-      const auto it = std::find(l->endpoints.begin(), l->endpoints.end(), label);
-      const auto slot = static_cast<std::uint32_t>(it - l->endpoints.begin());
-      if (it == l->endpoints.end()) {
+      const auto [it, fresh] = endpoint_index.emplace(label, static_cast<std::uint32_t>(l->endpoints.size()));
+      const std::uint32_t slot = it->second;
+      if (fresh) {
         l->endpoints.push_back(label);
         l->endpoint_current.push_back(0);
       }

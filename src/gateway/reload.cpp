@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
@@ -103,24 +104,22 @@ namespace {
 // "+a -b ~c" for the names of two sets of (name, canonical text).
 void diff_names(std::string& out, std::string_view what, const std::vector<std::pair<std::string, std::string>>& a,
                 const std::vector<std::pair<std::string, std::string>>& b) {
+  // (By index: a search per name was quadratic in a large models: section.)
+  std::unordered_map<std::string_view, std::string_view> before, after;
+  before.reserve(a.size());
+  after.reserve(b.size());
+  for (const auto& [n, t] : a) before[n] = t;  // (the last of a repeated name, as the search found)
+  for (const auto& [n, t] : b) after[n] = t;
   std::string d;
   for (const auto& [name, text] : b) {
-    bool found = false, same = false;
-    for (const auto& [n, t] : a)
-      if (n == name) {
-        found = true;
-        same = t == text;
-      }
-    if (!found)
+    const auto it = before.find(name);
+    if (it == before.end())
       d += " +" + name;
-    else if (!same)
+    else if (it->second != text)
       d += " ~" + name;
   }
-  for (const auto& [name, text] : a) {
-    bool found = false;
-    for (const auto& [n, t] : b) found = found || n == name;
-    if (!found) d += " -" + name;
-  }
+  for (const auto& [name, text] : a)
+    if (!after.contains(name)) d += " -" + name;
   if (d.empty()) return;
   if (!out.empty()) out += "; ";
   out += what;
