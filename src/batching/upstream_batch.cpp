@@ -76,7 +76,7 @@ core::Task<void> Batch::send() {
     } else {
       if (env.upstream_connects) ++*env.upstream_connects;
       const auto t_connect = core::now();
-      failure = co_await exchange_.connect(ep.addr, ep.tls, pc.timeouts.connect);
+      failure = co_await routing::connect_endpoint(exchange_, ep, pc.timeouts.connect);
       if (present_ == 0) break;
       if (failure != UpstreamFailure::none) {
         if (failure == UpstreamFailure::tls)

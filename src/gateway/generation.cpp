@@ -1,5 +1,7 @@
 #include "gateway/generation.hpp"
 
+#include <algorithm>
+
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -54,14 +56,20 @@ std::string pool_fingerprint(const core::Config& cfg, const core::PoolConfig& po
   return f;
 }
 
-tl::expected<http::tcp::endpoint, core::ConfigError> resolve_endpoint(const core::Config& cfg,
-                                                                      const core::PoolConfig& pool, std::size_t i) {
+tl::expected<std::vector<http::tcp::endpoint>, core::ConfigError> resolve_endpoint(const core::Config& cfg,
+                                                                                   const core::PoolConfig& pool,
+                                                                                   std::size_t i) {
   const auto& e = pool.endpoints.at(i);
   boost::asio::io_context io;
   boost::asio::ip::tcp::resolver resolver(io);
   boost::system::error_code ec;
   auto r = resolver.resolve(e.host, std::to_string(e.port), ec);
-  if (!ec && !r.empty()) return r.begin()->endpoint();
+  if (!ec && !r.empty()) {
+    std::vector<http::tcp::endpoint> all;
+    for (const auto& entry : r)
+      if (std::find(all.begin(), all.end(), entry.endpoint()) == all.end()) all.push_back(entry.endpoint());
+    return all;
+  }
   return tl::unexpected(
       core::ConfigError{.file = cfg.source,
                         .line = e.line,
@@ -90,13 +98,16 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
       for (std::size_t i = 0; i < pc.endpoints.size(); ++i) {
         auto a = resolve_endpoint(cfg, pc, i);
         if (!a) return tl::unexpected(a.error().to_string());
-        slot.addrs.push_back(*a);
+        slot.addrs.push_back(a->front());
+        slot.all_addrs.push_back(std::move(*a));
       }
     }
     const PoolSlot* same = nullptr;
     if (previous)
       for (const auto& old : previous->pools)
-        if (old.cfg->name == pc.name && old.fingerprint == slot.fingerprint && old.addrs == slot.addrs) same = &old;
+        if (old.cfg->name == pc.name && old.fingerprint == slot.fingerprint && old.addrs == slot.addrs &&
+            old.all_addrs == slot.all_addrs)
+          same = &old;
     if (same) {
       g->pools.push_back(*same);  // its objects go on as they are
       continue;
@@ -104,6 +115,8 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     slot.owner = g->config;
     slot.cfg = &pc;
     slot.state = std::make_shared<routing::SharedPoolState>(pc, in.workers);
+    for (const auto& all : slot.all_addrs)  // (one address needs no list)
+      slot.state->addresses.push_back(all.size() > 1 ? all : std::vector<http::tcp::endpoint>());
     if (p < in.tls.size()) slot.state->tls = in.tls[p];
     g->pools.push_back(std::move(slot));
   }

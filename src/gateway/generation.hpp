@@ -46,9 +46,10 @@ struct PoolSlot {
   // for a pool unchanged since (its WorkerPools point into it).
   std::shared_ptr<const core::Config> owner;
   const core::PoolConfig* cfg = nullptr;
-  std::vector<http::tcp::endpoint> addrs;           // resolved address of each endpoint, as cfg->endpoints
-  std::shared_ptr<routing::SharedPoolState> state;  // the same object while the pool is unchanged
-  std::string fingerprint;                          // pool_fingerprint of cfg
+  std::vector<http::tcp::endpoint> addrs;                   // resolved address of each endpoint, as cfg->endpoints
+  std::vector<std::vector<http::tcp::endpoint>> all_addrs;  // each one's every address (empty: as given, tests)
+  std::shared_ptr<routing::SharedPoolState> state;          // the same object while the pool is unchanged
+  std::string fingerprint;                                  // pool_fingerprint of cfg
 };
 
 struct Generation {
@@ -86,11 +87,13 @@ struct GenerationInput {
 
 // Endpoint `i` of pool `pool` resolved (getaddrinfo, through Asio's
 // resolver: blocks the calling thread), as start-up, a reload and --check
-// resolve it: its first address, or the configuration error at the
+// resolve it: every address, in the resolver's order (RFC 6724; each once),
+// or the configuration error at the
 // endpoint's place in the file, "pools.NAME.endpoints[I]: cannot resolve
 // URL: REASON".
-tl::expected<http::tcp::endpoint, core::ConfigError> resolve_endpoint(const core::Config& cfg,
-                                                                      const core::PoolConfig& pool, std::size_t i);
+tl::expected<std::vector<http::tcp::endpoint>, core::ConfigError> resolve_endpoint(const core::Config& cfg,
+                                                                                   const core::PoolConfig& pool,
+                                                                                   std::size_t i);
 
 // Builds the generation after `previous` (null at start-up) from `in`.
 // Every endpoint is resolved here (getaddrinfo: blocks the calling thread,

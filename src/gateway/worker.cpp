@@ -440,6 +440,7 @@ http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_pt
       auto& ep = pool.endpoint(i);
       std::string tls_error;
       const http::ProbeRequest req{.addr = ep.addr,
+                                   .others = ep.addresses,
                                    .host_header = ep.cfg->host_header,
                                    .path = hc.path,
                                    .timeout = hc.timeout,

@@ -123,6 +123,15 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
   close_at_deadline(deadline, sock, r);
   int result = 0;
   auto [cec] = co_await sock->async_connect(r.addr, use_task);
+  for (const auto& other : r.others) {
+    const bool nobody = cec == asio::error::connection_refused || cec == asio::error::network_unreachable ||
+                        cec == asio::error::host_unreachable;
+    if (!nobody || !sock->is_open() || deadline.expiry() <= std::chrono::steady_clock::now()) break;
+    if (other == r.addr) continue;
+    boost::system::error_code ignored;
+    sock->close(ignored);
+    std::tie(cec) = co_await sock->async_connect(other, use_task);
+  }
   if (cec || !sock->is_open()) fail(r, *sock, "cannot connect", cec);
   if (!cec && sock->is_open()) {
     if (r.tls.client) {

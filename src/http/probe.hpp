@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -23,6 +24,9 @@ namespace weir::http {
 // coroutine frame by reference: keep them alive until it completes).
 struct ProbeRequest {
   tcp::endpoint addr;
+  // The host's other addresses (routing::connect_endpoint's rule): tried in
+  // order while a connect is refused or unreachable, within the timeout.
+  std::span<const tcp::endpoint> others;
   std::string_view host_header;              // "host:port" as sent in Host
   std::string_view path;                     // e.g. "/health"
   std::chrono::milliseconds timeout{1'000};  // connect + request + status line

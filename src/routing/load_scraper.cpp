@@ -26,6 +26,7 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   auto due = std::chrono::steady_clock::now() + lm.interval * t.index / (t.count + 1);
   std::string body;
   const http::ProbeRequest req{.addr = t.addr,
+                               .others = t.others,
                                .host_header = t.pool->endpoints[t.index].host_header,
                                .path = lm.path,
                                .timeout = std::min(lm.timeout, lm.interval),
@@ -61,6 +62,9 @@ LoadScraper::LoadScraper(boost::asio::io_context& control, const core::Config& c
     for (std::uint32_t i = 0; i < n; ++i)
       targets_.push_back({.pool = &pool,
                           .addr = addrs[p][i],
+                          .others = i < states[p]->addresses.size()
+                                        ? std::span<const http::tcp::endpoint>(states[p]->addresses[i])
+                                        : std::span<const http::tcp::endpoint>(),
                           .index = i,
                           .count = n,
                           .board = &states[p]->loads,

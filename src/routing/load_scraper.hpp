@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -45,8 +46,9 @@ class LoadScraper {
   struct Target {
     const core::PoolConfig* pool = nullptr;
     http::tcp::endpoint addr;
-    std::uint32_t index = 0;  // endpoint index in the pool
-    std::uint32_t count = 0;  // endpoints in the pool (spreads the first scrapes)
+    std::span<const http::tcp::endpoint> others;  // the host's other addresses (SharedPoolState::addresses)
+    std::uint32_t index = 0;                      // endpoint index in the pool
+    std::uint32_t count = 0;                      // endpoints in the pool (spreads the first scrapes)
     LoadBoard* board = nullptr;
     const std::atomic<bool>* stopped = nullptr;
     std::shared_ptr<std::size_t> running;  // loops still running (control thread)

@@ -52,6 +52,8 @@ WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp:
     endpoints_.push_back(EndpointState{
         .cfg = &cfg.endpoints[i],
         .addr = addrs.at(i),
+        .addresses = shared && i < shared->addresses.size() ? std::span<const http::tcp::endpoint>(shared->addresses[i])
+                                                            : std::span<const http::tcp::endpoint>(),
         .conns = http::ConnectionPool(cfg.max_idle_per_endpoint, cfg.idle_keepalive),
         .tls = tls_target(cfg, cfg.endpoints[i], shared ? shared->tls.get() : nullptr),
     });
@@ -324,7 +326,12 @@ void WorkerPool::carry_from(WorkerPool& old) {
     auto& e = endpoints_[i];
     for (std::uint32_t j = 0; j < old.size(); ++j) {
       auto& o = old.endpoints_[j];
-      if (o.cfg->url != e.cfg->url || o.addr != e.addr) continue;
+      // (The same server: the same URL at the same address, or at another of the host's addresses the old
+      // pool moved to, connect_endpoint.)
+      const bool same_addr =
+          o.addr == e.addr || std::find(e.addresses.begin(), e.addresses.end(), o.addr) != e.addresses.end();
+      if (o.cfg->url != e.cfg->url || !same_addr) continue;
+      e.addr = o.addr;
       // Its machine goes on under this pool's rules (an open period keeps its
       // end); trial slots stay with `old`, whose requests give them back there.
       // Without probes now, a probe's verdict is forgotten (no probe would

@@ -24,7 +24,10 @@ namespace weir::routing {
 
 struct EndpointState {
   const core::EndpointConfig* cfg = nullptr;
+  // The address connections go to: the first the host resolved to, then
+  // whichever of `addresses` last answered (connect_endpoint).
   http::tcp::endpoint addr;
+  std::span<const http::tcp::endpoint> addresses;  // all of them, when several (SharedPoolState::addresses)
   http::ConnectionPool conns;
   http::TlsTarget tls;          // https:// endpoints: the pool's TLS context and the server name; else no client
   std::uint32_t in_flight = 0;  // requests of this worker currently on this endpoint
@@ -49,6 +52,28 @@ struct EndpointState {
 void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view reason,
                      std::chrono::steady_clock::time_point now);
 
+// Connects `x` (an http::Exchange or UpstreamExchange: connect(address,
+// tls, timeout)) to endpoint `e`, each try within `timeout`: its current
+// address, then, while nothing listens there (connect_refused: refused or
+// unreachable), each other address its host name resolved to, in order.
+// The one that answers becomes the endpoint's address for this worker, so
+// a name such as localhost (::1 and 127.0.0.1) reaches a server listening
+// on one of them, as curl and Go's net/http do. A timeout is not tried
+// elsewhere: it spent the connect budget. Returns the last try's outcome.
+template <class Exchange>
+core::Task<http::UpstreamFailure> connect_endpoint(Exchange& x, EndpointState& e, std::chrono::milliseconds timeout) {
+  auto f = co_await x.connect(e.addr, e.tls, timeout);
+  if (f != http::UpstreamFailure::connect_refused || e.addresses.size() < 2) co_return f;
+  const http::tcp::endpoint first = e.addr;
+  for (const auto& a : e.addresses) {
+    if (a == first) continue;
+    f = co_await x.connect(a, e.tls, timeout);
+    if (f == http::UpstreamFailure::none) e.addr = a;
+    if (f != http::UpstreamFailure::connect_refused) break;
+  }
+  co_return f;
+}
+
 // What the workers of one process share about one pool: the endpoints'
 // scraped load (written by the LoadScraper on the control thread) and, for
 // balance: prefix_affinity, the prefix index. Built before the workers, kept
@@ -63,6 +88,10 @@ struct SharedPoolState {
   // The TLS client context of the pool's https:// endpoints (set by the
   // server at start-up, http::TlsClient::make); null when none is https://.
   std::shared_ptr<http::TlsClient> tls;
+  // Per endpoint (as cfg.endpoints): every address its host name resolved
+  // to, in the resolver's order (RFC 6724), when it resolved to several;
+  // empty otherwise (set before any worker builds a WorkerPool on it).
+  std::vector<std::vector<http::tcp::endpoint>> addresses;
 };
 
 // Endpoint load `s` (a scrape, s.seq != 0) passes a saturation threshold of

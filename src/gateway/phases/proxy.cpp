@@ -468,7 +468,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     } else {
       ++metrics.upstream_connects;
       const auto t_connect = core::now();
-      failure = co_await exchange_.connect(ep.addr, ep.tls, within(pc.timeouts.connect, ctx.deadline, t_connect));
+      failure = co_await routing::connect_endpoint(exchange_, ep, within(pc.timeouts.connect, ctx.deadline, t_connect));
       if (down_.client_gone()) break;
       if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, core::now())) {
         record(ep_idx, 0, failure, t_connect);

@@ -1,4 +1,9 @@
+#include <algorithm>
 #include <map>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
 
 #include <gtest/gtest.h>
 
@@ -173,4 +178,58 @@ TEST(WorkerPool, EjectsRefusingEndpointsAndRecovers) {
   pool.report_connect_failure(0, t0);
   pool.report_connect_failure(1, t0 + std::chrono::milliseconds(10));
   EXPECT_EQ(pool.pick(t0 + std::chrono::milliseconds(20), rng), 0u);
+}
+
+namespace {
+
+// A host name with several addresses (localhost: ::1 and 127.0.0.1) whose server listens on one of them.
+struct MultiAddressExchange {
+  std::vector<http::tcp::endpoint> listening;  // addresses that accept
+  std::vector<http::tcp::endpoint> tried;
+  bool time_out = false;  // every address times out
+  core::Task<http::UpstreamFailure> connect(const http::tcp::endpoint& a, const http::TlsTarget&,
+                                            std::chrono::milliseconds) {
+    tried.push_back(a);
+    if (time_out) co_return http::UpstreamFailure::connect_timeout;
+    co_return std::find(listening.begin(), listening.end(), a) != listening.end()
+        ? http::UpstreamFailure::none
+        : http::UpstreamFailure::connect_refused;
+  }
+};
+
+http::UpstreamFailure connect_through(MultiAddressExchange& x, routing::EndpointState& e) {
+  boost::asio::io_context io;
+  http::UpstreamFailure out = http::UpstreamFailure::count_;
+  boost::asio::co_spawn(
+      io, [&]() -> core::Task<void> { out = co_await routing::connect_endpoint(x, e, std::chrono::seconds(1)); },
+      boost::asio::detached);
+  io.run();
+  return out;
+}
+
+}  // namespace
+
+TEST(WorkerPool, AConnectRefusedTriesTheHostsOtherAddressesAndKeepsTheOneThatAnswers) {
+  auto cfg = config("pools: {a: {endpoints: [http://localhost:8000]}}\ndefault_pool: a\n");
+  routing::SharedPoolState shared(cfg.pools[0]);
+  const http::tcp::endpoint v6(boost::asio::ip::make_address("::1"), 8000),
+      v4(boost::asio::ip::make_address("127.0.0.1"), 8000);
+  shared.addresses = {{v6, v4}};
+  routing::WorkerPool pool(cfg.pools[0], {v6}, &shared);
+  auto& e = pool.endpoint(0);
+  MultiAddressExchange x{.listening = {v4}};
+  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::none);
+  EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v6, v4}));
+  EXPECT_EQ(e.addr, v4);  // the next connect goes there first
+  x.tried.clear();
+  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::none);
+  EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v4}));
+  // Nothing listens anywhere: each address once, refused.
+  x = MultiAddressExchange{};
+  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::connect_refused);
+  EXPECT_EQ(x.tried, (std::vector<http::tcp::endpoint>{v4, v6}));
+  // A timeout spent the connect budget: not tried elsewhere.
+  x = MultiAddressExchange{.time_out = true};
+  EXPECT_EQ(connect_through(x, e), http::UpstreamFailure::connect_timeout);
+  EXPECT_EQ(x.tried.size(), 1u);
 }
