@@ -212,9 +212,12 @@ bool WorkerPool::report_ttft(std::uint32_t i, std::uint32_t ttft_us, Clock::time
 bool WorkerPool::report_probe(std::uint32_t i, bool ok, Clock::time_point now) {
   const auto& hc = cfg_->health;
   // Held past the next probe, so no pick slips in between.
+  const bool was_down = endpoints_[i].health.probe_down();
   const Transition t = endpoints_[i].health.on_probe(ok, now, now + hc.interval + hc.timeout + hc.timeout, policy_);
   after(i, t, /*drop_conns=*/true);
-  return t != Transition::none;
+  // The probes' verdict, whatever the breaker makes of it (with a breaker, a
+  // recovered probe half-opens it: its trial's close is the recovery).
+  return endpoints_[i].health.probe_down() != was_down;
 }
 
 bool WorkerPool::any_available(Clock::time_point now) const {

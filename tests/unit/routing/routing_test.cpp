@@ -70,6 +70,21 @@ TEST(WorkerPool, FailedHealthProbesEjectUntilOneSucceeds) {
   EXPECT_FALSE(pool.endpoint(0).health.is_open());
 }
 
+TEST(WorkerPool, WithABreakerTheProbesRecoveryIsStillAHealthTransition) {
+  // The probes' verdict goes down and back up: both are transitions the worker logs and counts
+  // (weir_upstream_health_transitions_total), whatever the breaker makes of the recovery (half-open).
+  auto cfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1], breaker: true,"
+      " health: {path: /health, interval: 1s, timeout: 100ms, unhealthy_after: 1}}}\ndefault_pool: a\n");
+  std::vector<http::tcp::endpoint> addrs(1);
+  routing::WorkerPool pool(cfg.pools[0], addrs);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_TRUE(pool.report_probe(0, false, t0));
+  EXPECT_FALSE(pool.report_probe(0, false, t0 + std::chrono::seconds(1)));
+  EXPECT_TRUE(pool.report_probe(0, true, t0 + std::chrono::seconds(2)));
+  EXPECT_FALSE(pool.report_probe(0, true, t0 + std::chrono::seconds(3)));
+}
+
 TEST(WorkerPool, HealthConfigIsValidated) {
   for (const char* h : {"{path: health}", "{interval: 0s}", "{unhealthy_after: 0}", "{every: 1s}", "{path: '/a b'}"}) {
     SCOPED_TRACE(h);
