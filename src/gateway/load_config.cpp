@@ -1,10 +1,15 @@
 #include "gateway/load_config.hpp"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include <fmt/format.h>
 #include <yaml-cpp/exceptions.h>
 
+#include "auth/jwk.hpp"
 #include "http/tls.hpp"
 
 namespace weir::gateway {
@@ -179,6 +184,32 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
       out.auth = std::move(*auth_cfg);
       // (The admin API's runtime keys need tenants: with none, no key can ever exist to check against.)
       out.auth->verifies_credentials = root["auth"] || (out.admin && root["tenants"]);
+    }
+    // A key set read from a file is read now, as a CA file is: one that
+    // cannot be read or holds no usable key would refuse every JWT (503)
+    // for as long as Weir runs. (A URL's set is fetched after start-up: the
+    // IdP may be down for a moment.)
+    if (out.auth && out.auth->jwt && !out.auth->jwt->jwks_file.empty()) {
+      const std::string& path = out.auth->jwt->jwks_file;
+      std::string why;
+      std::ifstream in(path, std::ios::binary);
+      std::string text;
+      if (in) {
+        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+        if (in.bad()) why = "cannot be read";
+      } else {
+        why = fmt::format("cannot be opened ({})", std::strerror(errno));
+      }
+      if (why.empty()) {
+        auto set = auth::parse_jwks(text);
+        if (!set) why = "is not a JSON Web Key Set: " + set.error();
+      }
+      if (!why.empty()) {
+        auto e =
+            core::config_error(root["auth"]["jwt"]["jwks_file"], "auth.jwt.jwks_file", fmt::format("{} {}", path, why));
+        e.file = file;
+        return tl::unexpected(std::move(e));
+      }
     }
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);

@@ -38,6 +38,9 @@ BAD = [
     ("yaml-syntax", GOOD.replace("[http://127.0.0.1:9]", "[http://127.0.0.1:9"), 5, None),
     # Resolved by --check as by start-up (one resolver, one message, exit 2).
     ("unresolvable", GOOD.replace("http://127.0.0.1:9", "http://no-such-host.invalid:9"), 4, "pools.p.endpoints[0]"),
+    # A key set in a file is read at load, as a CA file is: else every JWT got 503 for as long as Weir ran.
+    ("jwks-file-missing", GOOD + "auth:\n  jwt:\n    jwks_file: /nonexistent/jwks.json\n", 12, "auth.jwt.jwks_file"),
+    ("jwks-file-not-a-key-set", GOOD + "auth:\n  jwt:\n    jwks_file: /etc/passwd\n", 12, "auth.jwt.jwks_file"),
 ]
 
 

@@ -309,7 +309,10 @@ TEST(AdminServer, JwtWithTheAdminClaimIsAnAdmin) {
   auth::JwksCache jwks(io, std::move(src), auth::JwksOptions{});
   jwks.start();
   io.poll();
-  auto loaded = load("auth:\n  jwt: {jwks_file: /dev/null, issuer: https://idp.test, audience: weir}\n");
+  // (The file is read at load, as --check reads it; the keys come from `jwks`.)
+  const std::string path = ::testing::TempDir() + "admin_jwt_jwks.json";
+  std::ofstream(path) << auth::testing::jwks_of({&keys.rsa});
+  auto loaded = load("auth:\n  jwt: {jwks_file: " + path + ", issuer: https://idp.test, audience: weir}\n");
   ASSERT_TRUE(loaded) << loaded.error().to_string();
   Shared shared;
   shared.auth_policy = auth::AuthPolicy::build(*loaded->auth);
