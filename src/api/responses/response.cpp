@@ -141,7 +141,7 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
   out += "}";
 }
 
-bool translate_response(std::string_view body, std::string_view echo, std::string& out) {
+bool translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id, std::string& out) {
   out.clear();
   alignas(16) unsigned char buf[16 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
@@ -161,7 +161,11 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
     return false;
   }
   const auto& root = doc.get_object();
-  const std::string_view upstream_id = string_at(root, "id");
+  // An upstream that gives no id (an OpenAI-compatible server other than
+  // vLLM): the request's, as the stream translator takes it, so every
+  // Response and item id stays unique.
+  std::string_view upstream_id = string_at(root, "id");
+  if (upstream_id.empty()) upstream_id = fallback_id;
   std::vector<OutputItem> items;
   std::string_view reasoning = string_at(*msg, "reasoning_content");
   if (reasoning.empty()) reasoning = string_at(*msg, "reasoning");
@@ -208,7 +212,10 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
   append_id(id, "resp_", upstream_id);
   ResponseHead head;
   head.id = id;
-  if (const auto* c = root.if_contains("created"); c && c->is_int64()) head.created_at = c->get_int64();
+  if (const auto* c = root.if_contains("created"); c && c->is_int64() && c->get_int64() > 0)
+    head.created_at = c->get_int64();
+  else
+    head.created_at = static_cast<std::int64_t>(std::time(nullptr));  // (as the stream translator)
   head.model = string_at(root, "model");
   head.status = status_of(string_at(*choice, "finish_reason"), head.incomplete_reason);
   // No usage upstream (or counts that do not read): `usage: null`, as the

@@ -75,8 +75,10 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
 // written to `out` (overwritten): output items in order reasoning (vLLM's
 // reasoning_content, or `reasoning`), message (the content, when not empty),
 // a message with a refusal part (the message's `refusal`, when not empty),
-// one function_call per tool call. Returns false when `body` is not a chat
-// completion with a choice (out then holds an OpenAI server_error body).
-bool translate_response(std::string_view body, std::string_view echo, std::string& out);
+// one function_call per tool call. Ids derive from the completion's id, or
+// `fallback_id` (the request id) when it has none; `created_at` is its
+// `created`, or now. Returns false when `body` is not a chat completion
+// with a choice (out then holds an OpenAI server_error body).
+bool translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id, std::string& out);
 
 }  // namespace weir::api::responses

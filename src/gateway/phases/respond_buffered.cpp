@@ -457,7 +457,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const bool responses = !whole_for_stream && !translate_events && is_responses(ctx.route) && ctx.status >= 200 &&
                          ctx.status < 300 && status != 204;
   if (responses) {
-    if (!api::responses::translate_response(from, ctx.responses_echo(), translated))
+    if (!api::responses::translate_response(from, ctx.responses_echo(), ctx.request_id, translated))
       co_return untranslatable(ctx, "a chat completion");
     out = translated;
     drop_encoding = encoded;

@@ -15,8 +15,21 @@ constexpr std::string_view kEcho = R"("tools":[],"store":false)";
 
 json::value response(std::string_view body) {
   std::string out;
-  EXPECT_TRUE(translate_response(body, kEcho, out)) << out;
+  EXPECT_TRUE(translate_response(body, kEcho, "req-1", out)) << out;
   return json::parse(out);
+}
+
+TEST(ResponsesResponse, NoUpstreamIdOrCreatedTakesTheRequestIdAndNow) {
+  // An OpenAI-compatible server without id or created: every Response was resp_ at 1970.
+  const auto v = response(R"({"object":"chat.completion","model":"m","choices":[{"index":0,
+      "message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]})");
+  EXPECT_EQ(v.at("id"), "resp_req-1");
+  EXPECT_EQ(v.at("output").at(0).at("id"), "msg_req-1");
+  EXPECT_GT(v.at("created_at").as_int64(), 1'700'000'000);
+  const auto w = response(R"({"id":"","created":0,"object":"chat.completion","model":"m","choices":[{"index":0,
+      "message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]})");
+  EXPECT_EQ(w.at("id"), "resp_req-1");
+  EXPECT_GT(w.at("created_at").as_int64(), 1'700'000'000);
 }
 
 TEST(ResponsesResponse, TextMessage) {
@@ -77,7 +90,7 @@ TEST(ResponsesResponse, LengthIsIncomplete) {
 TEST(ResponsesResponse, NotACompletionIsAServerError) {
   for (std::string_view body : {R"({"id":"x","choices":[]})", "not json", R"({"object":"list"})"}) {
     std::string out;
-    EXPECT_FALSE(translate_response(body, kEcho, out)) << body;
+    EXPECT_FALSE(translate_response(body, kEcho, "req-1", out)) << body;
     const auto v = json::parse(out);
     EXPECT_EQ(v.at("error").at("code"), "upstream_unavailable");
   }
