@@ -3,6 +3,8 @@
 #include "api/anthropic/upstream_response.hpp"
 #include "api/json_dom.hpp"
 
+#include <vector>
+
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
@@ -146,6 +148,87 @@ bool message_to_chat(std::string_view body, std::int64_t created, std::string& o
     if (const auto* uv = msg->if_contains("usage"); uv && uv->is_object()) u = read_usage(uv->get_object());
     append_openai_usage(out, u.value_or(AnthropicUsage{}).openai());
     out += '}';
+    wide.restore(out);
+    return true;
+  }
+  return false;  // not reached
+}
+
+namespace {
+
+void append_event(std::string& out, std::string_view type, const json::object& data) {
+  out += "event: ";
+  out += type;
+  out += "\ndata: ";
+  out += json::serialize(data);
+  out += "\n\n";
+}
+
+}  // namespace
+
+bool message_as_events(std::string_view body, std::string& out, std::uint32_t& deltas) {
+  out.clear();
+  deltas = 0;
+  WideIntegers wide;
+  std::string protected_body;
+  std::string_view text = body;
+  for (int pass = 0; pass < 2; ++pass) {
+    boost::system::error_code ec;
+    json::value doc = json::parse(json::string_view(text.data(), text.size()), ec);
+    json::object* msg = !ec ? doc.if_object() : nullptr;
+    json::array* content = nullptr;
+    if (msg)
+      if (auto* c = msg->if_contains("content"); c && c->is_array()) content = &c->get_array();
+    if (!msg || !content || string_at(*msg, "type") != "message") return false;
+    if (pass == 0 && has_wide_integer(doc)) {
+      text = wide.protect(body, protected_body);
+      if (!wide.empty()) continue;
+    }
+    json::array blocks = std::move(*content);
+    json::object start = *msg;
+    start["content"] = json::array();
+    start["stop_reason"] = nullptr;
+    start["stop_sequence"] = nullptr;
+    if (auto* u = start.if_contains("usage"); u && u->is_object()) u->get_object()["output_tokens"] = 0;
+    append_event(out, "message_start", json::object{{"type", "message_start"}, {"message", std::move(start)}});
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      if (!blocks[i].is_object()) continue;
+      json::object block = std::move(blocks[i].get_object());
+      const std::string type(string_at(block, "type"));
+      std::vector<json::object> delta;
+      if (type == "text") {
+        delta.push_back({{"type", "text_delta"}, {"text", block["text"]}});
+        block["text"] = "";
+      } else if (type == "thinking") {
+        delta.push_back({{"type", "thinking_delta"}, {"thinking", block["thinking"]}});
+        if (const auto* sig = block.if_contains("signature"); sig && sig->is_string())
+          delta.push_back({{"type", "signature_delta"}, {"signature", *sig}});
+        block["thinking"] = "";
+        block.erase("signature");
+      } else if (type == "tool_use" || type == "server_tool_use") {
+        const auto* input = block.if_contains("input");
+        delta.push_back({{"type", "input_json_delta"},
+                         {"partial_json", input && !input->is_null() ? json::serialize(*input) : std::string("{}")}});
+        block["input"] = json::object();
+      }
+      const auto index = static_cast<std::uint64_t>(i);
+      append_event(
+          out, "content_block_start",
+          json::object{{"type", "content_block_start"}, {"index", index}, {"content_block", std::move(block)}});
+      for (auto& d : delta) {
+        append_event(out, "content_block_delta",
+                     json::object{{"type", "content_block_delta"}, {"index", index}, {"delta", std::move(d)}});
+        ++deltas;
+      }
+      append_event(out, "content_block_stop", json::object{{"type", "content_block_stop"}, {"index", index}});
+    }
+    json::object md{
+        {"type", "message_delta"},
+        {"delta", json::object{{"stop_reason", msg->contains("stop_reason") ? (*msg)["stop_reason"] : nullptr},
+                               {"stop_sequence", msg->contains("stop_sequence") ? (*msg)["stop_sequence"] : nullptr}}}};
+    if (const auto* u = msg->if_contains("usage"); u && u->is_object()) md["usage"] = *u;
+    append_event(out, "message_delta", md);
+    append_event(out, "message_stop", json::object{{"type", "message_stop"}});
     wide.restore(out);
     return true;
   }

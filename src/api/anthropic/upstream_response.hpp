@@ -56,6 +56,18 @@ std::optional<Usage> extract_message_usage(std::string_view body);
 // OpenAI's 502 upstream_error body).
 bool message_to_chat(std::string_view body, std::int64_t created, std::string& out);
 
+// The event stream Anthropic sends for a whole message (`type: "message"`),
+// for a client that asked for a stream and got the message whole, written
+// to `out` (overwritten), nothing lost: message_start (the message with
+// empty content, stop_reason and stop_sequence null); per content block,
+// content_block_start (the block with its text, thinking or input emptied),
+// one delta with all of it (text_delta, thinking_delta then signature_delta,
+// input_json_delta), content_block_stop (redacted_thinking and other blocks
+// start whole, with no delta); message_delta (stop_reason, stop_sequence,
+// the usage); message_stop. `deltas` counts the content deltas. Returns
+// false when `body` is not a message.
+bool message_as_events(std::string_view body, std::string& out, std::uint32_t& deltas);
+
 // Appends OpenAI's error object {"error":{"message","type","param":null,
 // "code":null}} for an Anthropic error answer (`status` and its body
 // {"type":"error","error":{"type","message"}}): Anthropic's error.type is

@@ -416,13 +416,18 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     content_type = "application/json";
   }
   if (whole_for_stream && !rewritten && anthropic_up) {
-    // An Anthropic pool's whole message for an Anthropic client: made a
-    // chat completion first, then the stream as for the other routes.
-    if (!api::anthropic::message_to_chat(plain, static_cast<std::int64_t>(std::time(nullptr)), chat))
+    // An Anthropic pool's whole message for an Anthropic client: the events
+    // Anthropic sends for it, every block and field kept (signatures,
+    // redacted thinking, stop_sequence, the cache counts).
+    std::uint32_t deltas = 0;
+    if (!api::anthropic::message_as_events(plain, translated, deltas))
       co_return untranslatable(ctx, "an Anthropic message");
-    from = chat;
-  }
-  if (whole_for_stream) {
+    out = translated;
+    drop_encoding = encoded;
+    content_type = "text/event-stream";
+    made = count_made_stream(out, false, {}, {});
+    made.tokens = deltas;
+  } else if (whole_for_stream) {
     const Translation client = is_anthropic(ctx.route)   ? Translation::anthropic
                                : is_responses(ctx.route) ? Translation::responses
                                                          : Translation::none;

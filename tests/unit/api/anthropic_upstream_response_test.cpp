@@ -99,5 +99,42 @@ TEST(AnthropicUpstreamResponse, UsageOfAMessage) {
   EXPECT_FALSE(extract_message_usage(R"({"usage":{"input_tokens":-1}})"));
 }
 
+TEST(AnthropicUpstreamResponse, AWholeMessageAsTheEventsAnthropicSendsForIt) {
+  // A stream made from a whole message loses nothing: the id, signatures, redacted thinking, stop_sequence,
+  // the cache counts, a tool's input (with an integer beyond 64 bits kept exactly).
+  const std::string_view msg = R"({"id":"msg_1","type":"message","role":"assistant","model":"claude-x","content":[
+    {"type":"thinking","thinking":"hmm","signature":"sig=="},{"type":"redacted_thinking","data":"EmwK"},
+    {"type":"text","text":"Hi END"},{"type":"tool_use","id":"tu_1","name":"f","input":{"n":123456789012345678901234}}],
+    "stop_reason":"stop_sequence","stop_sequence":"END",
+    "usage":{"input_tokens":10,"output_tokens":3,"cache_creation_input_tokens":7,"cache_read_input_tokens":4}})";
+  std::string out;
+  std::uint32_t deltas = 0;
+  ASSERT_TRUE(message_as_events(msg, out, deltas));
+  std::vector<std::string> types;
+  std::vector<json::value> data;
+  for (std::size_t at = 0; (at = out.find("data: ", at)) != std::string::npos;) {
+    const auto end = out.find("\n\n", at);
+    data.push_back(json::parse(out.substr(at + 6, end - at - 6)));
+    types.emplace_back(data.back().at("type").as_string());
+    at = end;
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{"message_start", "content_block_start", "content_block_delta",
+                                             "content_block_delta", "content_block_stop", "content_block_start",
+                                             "content_block_stop", "content_block_start", "content_block_delta",
+                                             "content_block_stop", "content_block_start", "content_block_delta",
+                                             "content_block_stop", "message_delta", "message_stop"}));
+  EXPECT_EQ(deltas, 4u);
+  EXPECT_EQ(data[0].at("message").at("id"), "msg_1");
+  EXPECT_EQ(data[0].at("message").at("content"), json::array());
+  EXPECT_EQ(data[3].at("delta"), json::parse(R"({"type":"signature_delta","signature":"sig=="})"));
+  EXPECT_EQ(data[5].at("content_block"), json::parse(R"({"type":"redacted_thinking","data":"EmwK"})"));
+  EXPECT_EQ(data[8].at("delta"), json::parse(R"({"type":"text_delta","text":"Hi END"})"));
+  EXPECT_EQ(data[10].at("content_block"), json::parse(R"({"type":"tool_use","id":"tu_1","name":"f","input":{}})"));
+  EXPECT_NE(out.find(R"(123456789012345678901234)"), std::string::npos) << out;
+  EXPECT_EQ(data[13].at("delta"), json::parse(R"({"stop_reason":"stop_sequence","stop_sequence":"END"})"));
+  EXPECT_EQ(data[13].at("usage").at("cache_creation_input_tokens"), 7);
+  EXPECT_FALSE(message_as_events(R"({"type":"error"})", out, deltas));
+}
+
 }  // namespace
 }  // namespace weir::api::anthropic
