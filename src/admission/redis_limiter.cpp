@@ -141,11 +141,21 @@ void RedisLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
   // is carried, and the spend when the budget's period changed.
   fallback_->carry(from, to, now);
   carry_period_spend(from, to);
+  supersede_slots(from, to);
 }
 
 void RedisLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
   fallback_->carry_spend(from, to, now);
   carry_period_spend(from, to);
+  supersede_slots(from, to);
+}
+
+void RedisLimiter::supersede_slots(std::uint32_t from, std::uint32_t to) {
+  // The old scope's spare stream slots go back at once: at the sync the new
+  // scope's first request waits for (its slots counted as the others').
+  if (from >= scope_count_ || to >= scope_count_ || from == to || at(from).max_streams == 0) return;
+  at(from).slots.superseded.store(true, std::memory_order_relaxed);
+  if (loop_->running) wake();
 }
 
 void RedisLimiter::carry_period_spend(std::uint32_t from, std::uint32_t to) {

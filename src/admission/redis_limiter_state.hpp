@@ -49,6 +49,12 @@ struct alignas(64) RedisLimiter::Slots {
   std::atomic<std::int64_t> allowance{0};  // slots this replica may hold (written by the control thread)
   std::atomic<std::int64_t> others{0};     // slots the other replicas held at the last renewal
   std::atomic<bool> wanted{false};
+  // Set when another scope of the same name took over (carry: a key's or
+  // tenant's limits changed): this scope keeps only the slots of its
+  // streams still in flight, and gives its headroom back at the next sync,
+  // where the new scope asks too (its slots would otherwise count as the
+  // others' for about lease_idle, refusing the new scope its whole cap).
+  std::atomic<bool> superseded{false};
 };
 
 struct RedisLimiter::SlotsCtl {

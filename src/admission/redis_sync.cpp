@@ -229,9 +229,10 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     const bool wanted = s.wanted.load(std::memory_order_relaxed) && s.wanted.exchange(false);
     const bool used = wanted || free != c.seen_free || c.waiting > 0;
     if (used) c.last_used = now;
-    const bool active = now - c.last_used < config_.lease_idle;
+    const bool superseded = s.superseded.load(std::memory_order_relaxed);
+    const bool active = !superseded && now - c.last_used < config_.lease_idle;
     std::int64_t want = 0;
-    const bool keep = now < c.keep_until;
+    const bool keep = !superseded && now < c.keep_until;
     if (!final_sync) want = std::min(limit, active ? inuse + c.headroom + c.waiting : inuse);
     if (keep && !final_sync) want = std::max(want, std::min(a, limit));
     const bool holding = a > 0 || inuse > 0;

@@ -268,3 +268,28 @@ def test_a_request_the_upstream_read_before_closing_is_not_sent_again(weir):
         assert seen == ["first", "second"], seen
     finally:
         up.close()
+
+
+def test_a_lowered_stream_cap_in_redis_admits_at_once(mock, weir, redis):
+    # A runtime key with max_concurrent_streams 3, used (every stream ended), then PATCHed to 1. Its new scope
+    # asks Redis for slots while the old scope's spare slot is still registered: it was counted as another
+    # replica's, and the key was refused its whole cap for about lease_idle (1 s of 429s).
+    from test_admin_api import Admin, TOKEN
+    m = mock("--ttft-ms", "10", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
+    port = free_port()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}},
+                     "models": {"m": {"pool": "p", "default_max_tokens": 4}},
+                     "tenants": {"acme": {}}, "auth": {"api_keys": []},
+                     "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+                     "redis": {"url": redis.url}},
+             env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=2)
+    admin = Admin(port)
+    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    k = admin.create(tenant="acme", limits={"max_concurrent_streams": 3})
+    chat = lambda: httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {k['key']}"}, timeout=30,
+                              json={"model": "m", "messages": [{"role": "user", "content": "x"}]})
+    assert [chat().status_code for _ in range(5)] == [200] * 5
+    assert admin("PATCH", f"/admin/v1/keys/{k['id']}",
+                 json={"limits": {"max_concurrent_streams": 1}}).status_code == 200
+    r = chat()
+    assert r.status_code == 200, r.text
