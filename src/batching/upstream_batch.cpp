@@ -218,6 +218,15 @@ core::Task<void> Batch::send() {
     fail_all(UpstreamFailure::protocol);
     co_return;
   }
+  if (stream && mode_ == Mode::coalesce && !members_.front()->req_.stream) {
+    // A coalesced generation of non-streamed requests (all alike: the
+    // stream flag is in the key) answered with an event stream: no answer
+    // they can read, as unbatched (a fallback may take each).
+    drop_answer();
+    for_present([](BatchMember& m) { m.stream_unasked_ = true; });
+    fail_all(UpstreamFailure::protocol);
+    co_return;
+  }
   if (stream && mode_ == Mode::batch) {
     json_head_ = head_;
     json_head_.set(bh::field::content_type, "application/json");

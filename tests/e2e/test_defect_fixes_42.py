@@ -293,3 +293,23 @@ def test_a_lowered_stream_cap_in_redis_admits_at_once(mock, weir, redis):
                  json={"limits": {"max_concurrent_streams": 1}}).status_code == 200
     r = chat()
     assert r.status_code == 200, r.text
+
+
+def test_a_coalesced_request_answered_with_an_event_stream_is_an_invalid_response(weir):
+    # Non-streamed requests coalesced into one generation; the upstream answers with an event stream. As
+    # unbatched: 502 upstream_invalid_response naming what was wrong (it was "ended the stream before it was
+    # complete", upstream_unavailable).
+    sse = b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                  "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}
+                                 ).encode() + b"\n\ndata: [DONE]\n\n"
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(sse), sse))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "coalesce": True}}, "models": {"m": {"pool": "p"}}},
+                 workers=1)
+        for body in ({"model": "m", "messages": MSG, "temperature": 0}, {"model": "m", "messages": MSG}):
+            r = httpx.post(w.v1 + "/chat/completions", json=body, timeout=10)
+            assert r.status_code == 502, r.text
+            assert r.json()["error"]["code"] == "upstream_invalid_response", (body, r.text)
+    finally:
+        up.close()

@@ -172,6 +172,9 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
                           .us = ctx.t_upstream_sent == core::TimePoint{}
                                     ? 0u
                                     : static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+    if (m.stream_unasked())
+      co_return Outcome::failed(upstream_untranslatable(
+          subject(ctx), "one JSON object (it sent an event stream to a request that did not ask for one)"));
     co_return Outcome::failed(upstream_error(f, subject(ctx), false));
   }
   ctx.upstream_status = m.head().result_int();
