@@ -318,6 +318,16 @@ core::Task<void> Batch::relay_stream() {
       }
       failure = r.failure;
     }
+    if (r.end && !done && failure == UpstreamFailure::none && sse_.tail_is_done()) {
+      // The body ended cleanly in `data: [DONE]` without its empty line: the
+      // stream's end all the same, as unbatched (gateway/phases/respond_stream.cpp).
+      http::SseEvent end;
+      end.raw = "data: [DONE]\n\n";
+      end.data = "[DONE]";
+      end.has_data = true;
+      done = true;
+      if (!dispatch(end)) failure = UpstreamFailure::protocol;
+    }
     if (failure != UpstreamFailure::none || r.end) break;
     // [DONE]: the members' streams end now, not when the upstream's body does
     // (an upstream that goes idle after it would hold them until timeouts.idle).

@@ -11,6 +11,8 @@
 #include <cassert>
 #include <cstring>
 
+#include "core/text.hpp"
+
 namespace weir::http {
 namespace {
 
@@ -140,7 +142,12 @@ bool SseReader::tail_is_done() const {
     t.remove_suffix(2);
   else if (t.ends_with('\n') || t.ends_with('\r'))
     t.remove_suffix(1);
-  return t == "data: [DONE]" || t == "data:[DONE]";
+  // One `data` field (WHATWG: one leading space is the separator's) whose
+  // value is the sentinel as every reader asks it (trailing blanks too).
+  if (!t.starts_with("data:")) return false;
+  t.remove_prefix(5);
+  if (t.starts_with(' ')) t.remove_prefix(1);
+  return core::is_sse_done(t);
 }
 
 bool SseReader::skip_bom() {

@@ -313,3 +313,32 @@ def test_a_coalesced_request_answered_with_an_event_stream_is_an_invalid_respons
             assert r.json()["error"]["code"] == "upstream_invalid_response", (body, r.text)
     finally:
         up.close()
+
+
+def test_a_coalesced_stream_ending_in_done_without_its_empty_line_is_whole(weir):
+    # The body ends cleanly on `data: [DONE]\n` (no empty line after it), or on `data: [DONE] ` padded: the
+    # stream's end, as the relay reads it unbatched. Coalesced, every member got an in-band error.
+    chunk = json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                        "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}).encode()
+    tail = {"now": b"data: [DONE]\n"}
+
+    def answer(h, b):
+        body = b"data: " + chunk + b"\n\n" + tail["now"]
+        return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "coalesce": True}}, "models": {"m": {"pool": "p"}}},
+                 workers=1)
+        for t in (b"data: [DONE]\n", b"data: [DONE] \n", b"data: [DONE]\t"):
+            tail["now"] = t
+            for temperature in (0, None):  # coalesced, and not (the plain relay)
+                body = {"model": "m", "messages": MSG, "stream": True}
+                if temperature is not None:
+                    body["temperature"] = temperature
+                r = httpx.post(w.v1 + "/chat/completions", json=body, timeout=10)
+                assert r.status_code == 200
+                assert "error" not in r.text, (t, temperature, r.text)
+                assert r.text.count("data: [DONE]") == 1, r.text
+    finally:
+        up.close()

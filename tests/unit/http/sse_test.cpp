@@ -334,7 +334,9 @@ class HttpSseShortStream : public ::testing::TestWithParam<StreamCase> {};
 class HttpSseLongStream : public ::testing::TestWithParam<StreamCase> {};
 
 TEST(HttpSse, AFinalDoneWithoutItsEmptyLineIsTheTailOnlyWhenAlone) {
-  for (std::string_view tail : {"data: [DONE]\n", "data: [DONE]", "data:[DONE]\r\n"}) {
+  // (Trailing blanks too, as is_sse_done reads the sentinel everywhere else.)
+  for (std::string_view tail :
+       {"data: [DONE]\n", "data: [DONE]", "data:[DONE]\r\n", "data: [DONE] \n", "data: [DONE]\t"}) {
     SseReader r;
     const std::string body = std::string("data: {\"a\":1}\n\n") + std::string(tail);
     r.push(body);
@@ -342,7 +344,7 @@ TEST(HttpSse, AFinalDoneWithoutItsEmptyLineIsTheTailOnlyWhenAlone) {
     EXPECT_FALSE(r.next());
     EXPECT_TRUE(r.tail_is_done()) << tail;
   }
-  for (std::string_view tail : {"data: [DONE]x\n", "data: [DO", "event: x\ndata: [DONE]\n", ""}) {
+  for (std::string_view tail : {"data: [DONE]x\n", "data: [DO", "event: x\ndata: [DONE]\n", "", "data:  [DONE]\n"}) {
     SseReader r;
     const std::string body = std::string("data: {\"a\":1}\n\n") + std::string(tail);
     r.push(body);
