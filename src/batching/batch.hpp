@@ -71,6 +71,10 @@ class BatchMember final : public http::ResponseSource {
     // W3C Trace Context to send upstream in place of the client's (tracing:); empty = the client's pass.
     std::string_view traceparent;
     std::string_view tracestate;
+    // What the pool's balance picks an endpoint by (its session_header's
+    // value, the model and prompt for prefix_affinity), as for the member
+    // alone: a batch or generation goes where its first member would.
+    routing::PickRequest pick;
   };
 
   explicit BatchMember(core::Executor ex) : ev_(ex) {}
@@ -178,6 +182,8 @@ struct BatchEnv {
   std::function<void(std::uint32_t endpoint, http::UpstreamFailure f)> on_attempt;
   // A retry the batch made (weir_upstream_retries_total{reason}), once per batch.
   std::function<void(routing::RetryReason reason)> on_retry;
+  // The batch's first endpoint pick, by the rule that made it (weir_routing_picks_total), once per batch.
+  std::function<void(routing::PickRule rule)> on_pick;
 };
 
 class MicroBatcher {

@@ -57,7 +57,15 @@ core::Task<void> Batch::send() {
     env.stats->members += sent_size_;
   }
 
-  routing::Attempts attempts(pool, *env.rng, core::now());
+  // Picked as its first member alone would be (session, prefix affinity): the
+  // request's fields copied, as members may leave while the batch retries.
+  const auto& lead = members_.front()->req_.pick;
+  pick_session_.assign(lead.session);
+  pick_model_.assign(lead.model);
+  pick_prompt_.assign(lead.prompt);
+  const routing::PickRequest pick{.model = pick_model_, .prompt = pick_prompt_, .session = pick_session_};
+  routing::Attempts attempts(pool, *env.rng, core::now(), pick);
+  if (env.on_pick && !attempts.unavailable()) env.on_pick(pool.last_rule());
   UpstreamFailure failure = UpstreamFailure::none;
   bool started = false;
   for (;;) {

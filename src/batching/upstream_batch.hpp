@@ -244,6 +244,8 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::string body_;  // the upstream request body, then (not a stream) the upstream's answer
   std::string head_buf_;
   std::string request_id_;
+  // The first member's pick fields (BatchMember::Request::pick), kept for the batch's attempts.
+  std::string pick_session_, pick_model_, pick_prompt_;
   http::ResponseHead head_;       // the upstream's response head
   http::ResponseHead json_head_;  // the same as non-streaming members get it
   bool json_ok_ = false;          // the upstream answered 200 with a stream: json_head_ is set

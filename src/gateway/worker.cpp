@@ -115,6 +115,7 @@ std::shared_ptr<WorkerGeneration> Worker::make_generation(std::shared_ptr<const 
                   if (f != http::UpstreamFailure::none) metrics_.count_upstream_failure_at(slot, f);
                 },
             .on_retry = [this](routing::RetryReason r) { metrics_.count_retry(r); },
+            .on_pick = [this](routing::PickRule r) { metrics_.count_pick(r); },
         });
       }
     }

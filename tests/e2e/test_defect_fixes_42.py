@@ -342,3 +342,25 @@ def test_a_coalesced_stream_ending_in_done_without_its_empty_line_is_whole(weir)
                 assert r.text.count("data: [DONE]") == 1, r.text
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("mode", ["coalesce", "batch"])
+def test_batched_and_coalesced_requests_keep_their_session_and_count_their_pick(mock, weir, mode):
+    # A pool of four endpoints with session_header: a session's requests go to one endpoint, also when they
+    # are coalesced (every temperature-0 chat request takes that path, alone or not) or micro-batched. They
+    # were spread over all four, and their picks were not counted in weir_routing_picks_total.
+    mocks = [mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2") for _ in range(4)]
+    pool = {"endpoints": [m.base_url for m in mocks], "session_header": "x-session-id"}
+    pool.update({"coalesce": True} if mode == "coalesce" else {"batch": {"window": "5ms", "max_size": 2}})
+    w = weir(config={"pools": {"p": pool}, "models": {"mock-model": {"pool": "p"}}}, workers=1)
+    for i in range(12):
+        if mode == "coalesce":
+            r = httpx.post(w.v1 + "/chat/completions", headers={"x-session-id": "user-42", "x-request-id": f"s{i}"},
+                           json={"model": "mock-model", "messages": MSG, "temperature": 0}, timeout=10)
+        else:
+            r = httpx.post(w.v1 + "/completions", headers={"x-session-id": "user-42", "x-request-id": f"s{i}"},
+                           json={"model": "mock-model", "prompt": "hi", "max_tokens": 2}, timeout=10)
+        assert r.status_code == 200, r.text
+    endpoints = {w.log_for(f"s{i}")["endpoint"] for i in range(12)}
+    assert len(endpoints) == 1, endpoints
+    assert w.metric("weir_routing_picks_total", rule="session") == 12

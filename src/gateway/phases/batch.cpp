@@ -82,7 +82,8 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
       .continuous_usage = plan.continuous_usage,
       .strip_credentials = plan.strip_credentials,
       .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
-      .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view()};
+      .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
+      .pick = pick_request(ctx, ctx.gen->config().pools[ctx.target.pool])};
   const bool holds_place = ctx.queue_pool >= 0;
   const bool opened =
       plan.prompt ? batcher->join(*member_, r, holds_place) : batcher->coalesce(*member_, r, holds_place);
