@@ -100,10 +100,11 @@ class BatchMember final : public http::ResponseSource {
   // status to a list of several prompts, whose body may quote any member's
   // prompt. The member answers head().result_int() with an error of its own.
   bool body_withheld() const { return withheld_; }
-  // wait_head() returned false (failure() protocol) because the upstream
-  // sent an event stream to a coalesced generation of non-streamed requests:
-  // no answer the member can read (502 upstream_invalid_response, as unbatched).
-  bool stream_unasked() const { return stream_unasked_; }
+  // wait_head() returned false (failure() protocol) because the upstream's
+  // answer was no answer the member can read: what it should have been
+  // ("an uncompressed event stream", ...), for 502 upstream_invalid_response
+  // as unbatched; empty otherwise.
+  std::string_view invalid_answer() const { return invalid_answer_; }
 
   // --- once wait_head() returned true ---
   std::string_view batch_id() const;  // the batch's upstream x-request-id
@@ -154,7 +155,7 @@ class BatchMember final : public http::ResponseSource {
   bool ended_ = false;
   int split_status_ = 0;
   bool withheld_ = false;
-  bool stream_unasked_ = false;
+  std::string_view invalid_answer_;  // a literal
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;
   std::uint32_t joined_size_ = 0;               // the batch's members when this one joined

@@ -226,12 +226,19 @@ core::Task<void> Batch::send() {
     fail_all(UpstreamFailure::protocol);
     co_return;
   }
-  if (stream && mode_ == Mode::coalesce && !members_.front()->req_.stream) {
-    // A coalesced generation of non-streamed requests (all alike: the
-    // stream flag is in the key) answered with an event stream: no answer
-    // they can read, as unbatched (a fallback may take each).
+  // No answer the members can read, as unbatched (a fallback may take each):
+  // an event stream to a coalesced generation of non-streamed requests (all
+  // alike: the stream flag is in the key), or one compressed (Weir asked for
+  // identity; its events could not be read).
+  std::string_view invalid;
+  if (stream && mode_ == Mode::coalesce && !members_.front()->req_.stream)
+    invalid = "one JSON object (it sent an event stream to a request that did not ask for one)";
+  else if (const auto ce = http::first_field(head_, bh::field::content_encoding);
+           stream && !ce.empty() && !core::iequals(ce, "identity"))
+    invalid = "an uncompressed event stream";
+  if (!invalid.empty()) {
     drop_answer();
-    for_present([](BatchMember& m) { m.stream_unasked_ = true; });
+    for_present([&](BatchMember& m) { m.invalid_answer_ = invalid; });
     fail_all(UpstreamFailure::protocol);
     co_return;
   }

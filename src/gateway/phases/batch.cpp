@@ -173,9 +173,8 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
                           .us = ctx.t_upstream_sent == core::TimePoint{}
                                     ? 0u
                                     : static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
-    if (m.stream_unasked())
-      co_return Outcome::failed(upstream_untranslatable(
-          subject(ctx), "one JSON object (it sent an event stream to a request that did not ask for one)"));
+    if (!m.invalid_answer().empty())
+      co_return Outcome::failed(upstream_untranslatable(subject(ctx), m.invalid_answer()));
     co_return Outcome::failed(upstream_error(f, subject(ctx), false));
   }
   ctx.upstream_status = m.head().result_int();
