@@ -12,9 +12,11 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <openssl/rand.h>
@@ -408,6 +410,13 @@ std::vector<auth::RuntimeKey> runtime_keys(const std::vector<KeyRecord>& keys) {
 
 AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
   KeyRecord k;
+  // A field of the wrong type is an error, never read as absent (a name
+  // dropped, a creation time of 0): the file is Weir's own, so it was edited.
+  for (const char* f : {"id", "tenant", "sha256", "name"})
+    if (const auto* v = o.if_contains(f); v && !v->is_string() && !(v->is_null() && std::string_view(f) == "name"))
+      return tl::unexpected(admin_bad_request("expected a string", f));
+  if (const auto* c = o.if_contains("created_at"); c && !c->is_int64() && !c->is_null())
+    return tl::unexpected(admin_bad_request("expected an integer (Unix seconds)", "created_at"));
   auto str = [&](std::string_view f) -> std::string {
     const auto* v = o.if_contains(f);
     return v && v->is_string() ? std::string(v->get_string()) : std::string();
@@ -453,7 +462,11 @@ tl::expected<void, std::string> KeyStore::load() {
   if (ec || !v.is_object() || !v.get_object().contains("keys") || !v.at("keys").is_array())
     return tl::unexpected(
         fmt::format("admin.keys_file {}: not a Weir keys file ({{\"version\":1,\"keys\":[...]}})", file_));
+  if (const auto* ver = v.get_object().if_contains("version"); !ver || !ver->is_int64() || ver->get_int64() != 1)
+    return tl::unexpected(fmt::format("admin.keys_file {}: version: expected 1 (the format this Weir writes)", file_));
   std::vector<KeyRecord> keys;
+  std::unordered_map<std::string, std::size_t> ids;
+  std::map<auth::Sha256Digest, std::size_t> secrets;
   std::size_t i = 0;
   for (const auto& e : v.at("keys").get_array()) {
     if (!e.is_object()) return tl::unexpected(fmt::format("admin.keys_file {}: keys[{}] is not an object", file_, i));
@@ -461,11 +474,25 @@ tl::expected<void, std::string> KeyStore::load() {
     if (!k)
       return tl::unexpected(fmt::format("admin.keys_file {}: keys[{}]: {}{}", file_, i,
                                         k.error().param.empty() ? "" : k.error().param + ": ", k.error().message));
-    for (const auto& c : base_.api_keys)
+    for (const auto& c : base_.api_keys) {
       if (c.id == k->id)
         return tl::unexpected(fmt::format(
             "admin.keys_file {}: keys[{}]: id '{}' is also a configured key's (auth.api_keys): ids must be unique",
             file_, i, k->id));
+      if (c.sha256 == k->sha256)
+        return tl::unexpected(fmt::format(
+            "admin.keys_file {}: keys[{}]: its secret is also configured key '{}''s (auth.api_keys): a secret "
+            "names one key",
+            file_, i, c.id));
+    }
+    // Each id and each secret once (as auth.api_keys): a second would be
+    // unreachable, and a change to one id rewrote every record of it.
+    if (const auto [it, fresh] = ids.emplace(k->id, i); !fresh)
+      return tl::unexpected(
+          fmt::format("admin.keys_file {}: keys[{}]: duplicate id '{}' (keys[{}])", file_, i, k->id, it->second));
+    if (const auto [it, fresh] = secrets.emplace(k->sha256, i); !fresh)
+      return tl::unexpected(fmt::format("admin.keys_file {}: keys[{}]: the same secret as keys[{}]", file_, i,
+                                        it->second));
     if (!configured_tenant(base_, k->tenant))
       fmt::print(stderr,
                  "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
