@@ -155,8 +155,8 @@ core::Task<void> Batch::send() {
     } else {
       pool.on_finish(ep_idx);
       if (present_ == 0) break;
-      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), exchange_.request_acknowledged(),
-                                       core::now() - sent_at_, core::now());
+      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - sent_at_,
+                                       core::now());
       exchange_.release();
       if (!d.retry) break;
       note_attempt(ep_idx, 0, failure, sent_at_);

@@ -5,10 +5,6 @@
 #include <cstring>
 #include <tuple>
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-
 #include "http/headers.hpp"
 #include "http/tls.hpp"
 
@@ -22,23 +18,6 @@ namespace bh = boost::beast::http;
 using boost::system::error_code;
 
 namespace {
-
-// Whether the peer's TCP acknowledged every byte this socket put on the
-// wire (Linux TCP_INFO: tcpi_bytes_acked, which also counts an acknowledged
-// FIN, against tcpi_bytes_sent less tcpi_bytes_retrans). Read as raw bytes
-// at their offsets in struct tcp_info (an append-only ABI: 120, 200, 208),
-// so it does not depend on which header's struct is the newer; false when
-// the kernel's struct is too short to have them.
-bool peer_acknowledged_all(Socket& s) {
-  std::array<unsigned char, 256> info{};
-  socklen_t len = info.size();
-  if (::getsockopt(s.native_handle(), IPPROTO_TCP, TCP_INFO, info.data(), &len) != 0 || len < 216) return false;
-  std::uint64_t acked = 0, sent = 0, retrans = 0;
-  std::memcpy(&acked, info.data() + 120, sizeof acked);
-  std::memcpy(&sent, info.data() + 200, sizeof sent);
-  std::memcpy(&retrans, info.data() + 208, sizeof retrans);
-  return sent > 0 && acked >= sent - std::min(sent, retrans);
-}
 // After this many recvs in a row that filled the buffer (a fast upstream,
 // 8 x 16 KiB), the next read first lets the worker's other handlers run (a post).
 constexpr unsigned kYieldAfterFullReads = 8;
@@ -108,7 +87,6 @@ Task<bool> Exchange::await_end(std::span<char> scratch) {
 Task<UpstreamFailure> Exchange::start(const Request& r) {
   idle_ = r.idle;
   head_bytes_ = 0;
-  acknowledged_ = false;
   need_more_ = false;
   drained_ = true;  // the head's read emptied the socket (or its bytes wait in the buffer)
   full_reads_ = 0;
@@ -139,7 +117,6 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
       ec = {};
     }
   }
-  const bool written = !ec && !cut_off_;  // the whole request went to the socket
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
   // Hints) come before the final one: skip them.
   for (bool interim = true; !ec && interim;) {
@@ -168,11 +145,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     const int status = ec ? 0 : parser_->get().result_int();
     interim = status >= 100 && status < 200 && status != 101;
   }
-  if (ec) {
-    // (A cold path: one getsockopt. Whether the server can have the request decides whether it may be resent.)
-    if (written && head_bytes_ == 0) acknowledged_ = peer_acknowledged_all(conn_->socket());
-    co_return classify(*conn_, ec);
-  }
+  if (ec) co_return classify(*conn_, ec);
   // 101 Switching Protocols answers only a request that asked to upgrade
   // (RFC 9110 §15.2.2), and Weir never forwards Upgrade (hop-by-hop): a
   // 101 here is the upstream's error, not a response to relay.

@@ -36,7 +36,6 @@ class Exchange final : public UpstreamExchange {
   std::string_view connect_error() const override { return conn_ ? conn_->tls_error() : std::string_view(); }
   Task<UpstreamFailure> start(const Request& r) override;
   std::size_t upstream_bytes() const override { return head_bytes_; }
-  bool request_acknowledged() const override { return acknowledged_; }
   std::unique_ptr<UpstreamConnection> release() override;
 
   // --- ResponseSource ---
@@ -109,7 +108,6 @@ class Exchange final : public UpstreamExchange {
   std::optional<Parser> parser_;
   std::chrono::milliseconds idle_{0};
   std::size_t head_bytes_ = 0;
-  bool acknowledged_ = false;     // request_acknowledged(), set by a start() that failed
   std::uint32_t carried_ = 0;     // bytes the pending recv lands after (begin_recv's `carried`)
   bool need_more_ = false;        // the carried bytes are an incomplete piece of framing: read more first
   bool drained_ = false;          // the last recv emptied the socket: wait for readiness before the next

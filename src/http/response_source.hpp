@@ -93,12 +93,6 @@ class UpstreamExchange : public ResponseSource {
   virtual Task<UpstreamFailure> start(const Request& r) = 0;
   // Bytes the upstream sent for the head read of the last start() (0: it answered nothing).
   virtual std::size_t upstream_bytes() const = 0;
-  // After a start() that failed: true when the request went to the socket
-  // whole and the upstream's TCP stack acknowledged every byte put on the
-  // wire (TCP_INFO: tcpi_bytes_acked ≥ tcpi_bytes_sent − tcpi_bytes_retrans):
-  // the server had the request, and may have begun its work. False when
-  // unknown.
-  virtual bool request_acknowledged() const { return false; }
   // After the response: the connection when it can serve another request
   // (complete response, keep-alive, not aborted), else nullptr. Drops it
   // either way. Call only when no read() is pending (after the response

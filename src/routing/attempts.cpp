@@ -176,14 +176,12 @@ std::chrono::milliseconds Attempts::backoff() {
 }
 
 RetryDecision Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
-                                            bool acknowledged, Clock::duration since_sent, Clock::time_point now) {
-  if (reused && !fresh_retry_used_ && f == http::UpstreamFailure::reset && upstream_bytes == 0 && !acknowledged &&
+                                            Clock::duration since_sent, Clock::time_point now) {
+  if (reused && !fresh_retry_used_ && f == http::UpstreamFailure::reset && upstream_bytes == 0 &&
       since_sent < kStaleWindow) {
-    // The pooled connection failed at once, before any answer, and the
-    // server's TCP never acknowledged the request: the server had closed it
-    // (the pool's peek missed it by a hair). Free: it does not count as an
-    // attempt. (A request it acknowledged, then closed on, it may have begun
-    // to generate: resent only as any reset is, RFC 9110 §9.2.2.)
+    // The pooled connection failed at once, before any answer: the server
+    // had closed it (the pool's peek missed it by a hair). Free: it does not
+    // count as an attempt.
     fresh_retry_used_ = true;
     fresh_only_ = true;
     ++retries_;

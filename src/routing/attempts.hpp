@@ -110,15 +110,11 @@ class Attempts {
   bool defer_answer();
   // Sending the request or reading the response head failed on a connection
   // that was `reused` from the pool, after `upstream_bytes` of an answer and
-  // `since_sent` after the request went out; `acknowledged`: the upstream's
-  // TCP stack had acknowledged the whole request
-  // (UpstreamExchange::request_acknowledged), so the server had it. Retried:
-  // the stale pooled connection case (a reset at once, before any answer,
-  // of a request the server never acknowledged: it had closed the
-  // connection), once, at once, on a fresh connection to the same endpoint;
-  // a reset or first-byte timeout, while retry.attempts and the retry budget
-  // allow, after a backoff, on another endpoint when there is one.
-  RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes, bool acknowledged,
+  // `since_sent` after the request went out. Retried: the stale pooled
+  // connection case, once, at once, on a fresh connection to the same
+  // endpoint; a reset or first-byte timeout, while retry.attempts and the
+  // retry budget allow, after a backoff, on another endpoint when there is one.
+  RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                     Clock::duration since_sent, Clock::time_point now);
   // The response head has status `status` (retryable_status) and asks for
   // `asked` (asked_delay of its fields; read on 429, 503 and 529). Retried

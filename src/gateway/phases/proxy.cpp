@@ -570,8 +570,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       record(ep_idx, 0, failure, ctx.t_upstream_sent);
       pool.on_finish(ep_idx);
       if (down_.client_gone()) break;
-      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), exchange_.request_acknowledged(),
-                                       core::now() - ctx.t_upstream_sent, core::now());
+      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent,
+                                       core::now());
       cancel_late_retry(d);
       // Every failed attempt counts against its endpoint, retried or not,
       // except a pooled connection the server had closed (resent at once).

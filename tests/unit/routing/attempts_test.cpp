@@ -53,9 +53,8 @@ struct Pool {
   WorkerPool* operator->() { return pool.get(); }
 };
 
-bool exchange_failed(Attempts& a, UpstreamFailure f, bool reused, std::size_t bytes, Clock::duration since,
-                     bool acknowledged = false) {
-  return a.on_exchange_failure(f, reused, bytes, acknowledged, since, Clock::now()).retry;
+bool exchange_failed(Attempts& a, UpstreamFailure f, bool reused, std::size_t bytes, Clock::duration since) {
+  return a.on_exchange_failure(f, reused, bytes, since, Clock::now()).retry;
 }
 
 TEST(RoutingAttempts, OneEndpointConnectFailureIsFinal) {
@@ -224,12 +223,9 @@ TEST(RoutingAttempts, StaleRetryOnlyForAReusedConnectionResetAtOnceBeforeAnyAnsw
     std::size_t bytes;
     Clock::duration since;
     bool retried;
-    bool acknowledged = false;
   };
   const Case cases[] = {
       {"stale", UpstreamFailure::reset, true, 0, 0ms, true},
-      // The server's TCP had the whole request, then the connection closed: it may have begun the work.
-      {"acknowledged, then closed", UpstreamFailure::reset, true, 0, 0ms, false, true},
       {"stale, just inside the window", UpstreamFailure::reset, true, 0, Attempts::kStaleWindow - 1us, true},
       {"fresh connection", UpstreamFailure::reset, false, 0, 0ms, false},
       {"after some bytes of an answer", UpstreamFailure::reset, true, 1, 0ms, false},
@@ -247,7 +243,7 @@ TEST(RoutingAttempts, StaleRetryOnlyForAReusedConnectionResetAtOnceBeforeAnyAnsw
     Rng rng(9);
     Attempts a(*p, rng, Clock::now());
     const auto ep = a.endpoint();
-    EXPECT_EQ(exchange_failed(a, c.f, c.reused, c.bytes, c.since, c.acknowledged), c.retried);
+    EXPECT_EQ(exchange_failed(a, c.f, c.reused, c.bytes, c.since), c.retried);
     EXPECT_EQ(a.fresh_only(), c.retried);
     EXPECT_EQ(a.retries(), c.retried ? 1u : 0u);
     EXPECT_EQ(a.endpoint(), ep);                     // an exchange failure never moves the request
@@ -284,8 +280,8 @@ TEST(RoutingAttempts, WithoutARetrySectionOnlyTheStaleCaseIsResent) {
     EXPECT_FALSE(a.on_status(status, asked(""), now).retry) << status;
   }
   Attempts a(*p, rng, now);
-  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::reset, false, 0, false, 1s, now).retry);
-  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::timeout, false, 0, false, 1s, now).retry);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::reset, false, 0, 1s, now).retry);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::timeout, false, 0, 1s, now).retry);
 }
 
 TEST(RoutingAttempts, RetryableStatusesAndFailuresAreRetriedUpToAttemptsOnAnotherEndpoint) {
@@ -301,7 +297,7 @@ TEST(RoutingAttempts, RetryableStatusesAndFailuresAreRetriedUpToAttemptsOnAnothe
     EXPECT_EQ(d.reason, RetryReason::status);
     EXPECT_LE(d.delay, 10ms);  // full jitter: [0, base]
     EXPECT_NE(a.endpoint(), first);
-    d = a.on_exchange_failure(UpstreamFailure::reset, false, 0, false, 1s, now);
+    d = a.on_exchange_failure(UpstreamFailure::reset, false, 0, 1s, now);
     ASSERT_TRUE(d.retry);
     EXPECT_EQ(d.reason, RetryReason::reset);
     EXPECT_LE(d.delay, 20ms);  // [0, 2 · base]
@@ -320,8 +316,8 @@ TEST(RoutingAttempts, NeverRetriedOtherStatusesAndGarbage) {
     EXPECT_FALSE(a.on_status(status, asked(""), now).retry) << status;
   }
   Attempts a(*p, rng, now);
-  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::protocol, false, 0, false, 1ms, now).retry);
-  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::cancelled, false, 0, false, 1ms, now).retry);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::protocol, false, 0, 1ms, now).retry);
+  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::cancelled, false, 0, 1ms, now).retry);
 }
 
 TEST(RoutingAttempts, RetryAfterIsHonouredUpToItsCap) {
