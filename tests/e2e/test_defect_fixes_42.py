@@ -242,7 +242,6 @@ def _answers(admin) -> bool:
         return False
 
 
-
 def test_a_lowered_stream_cap_in_redis_admits_at_once(mock, weir, redis):
     # A runtime key with max_concurrent_streams 3, used (every stream ended), then PATCHed to 1. Its new scope
     # asks Redis for slots while the old scope's spare slot is still registered: it was counted as another
