@@ -207,7 +207,12 @@ ConfigResult<std::uint64_t> unique_keys_under(const YAML::Node& node, const std:
   } else if (node.IsMap()) {
     std::unordered_map<std::string, int> seen;  // key -> its line
     for (const auto& kv : node) {
-      const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : canonical_yaml(kv.first);
+      // A key is a name: a list or mapping as a key (`? [...] : v`) is
+      // nothing Weir reads, and serialising one would expand its aliases.
+      if (!kv.first.IsScalar() && !kv.first.IsNull())
+        return tl::unexpected(config_error(kv.first, key.empty() ? std::string("<key>") : key + ".<key>",
+                                           "a mapping key must be a plain value (a name), not a list or mapping"));
+      const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : std::string();
       const std::string path = key.empty() ? name : key + "." + name;
       const int line = kv.first.Mark().is_null() ? 0 : kv.first.Mark().line + 1;
       if (const auto [it, fresh] = seen.emplace(name, line); !fresh)

@@ -134,6 +134,15 @@ TEST(Config, AliasesThatExpandBeyondBoundsAreRefusedAtOnce) {
     bomb += "]\n";
   }
   EXPECT_NE(error_of(bomb).find("aliases (*name) expand to more than"), std::string::npos);
+  // The same inside a mapping key (`? [...] : v`): a key is a name, and serialising that one expanded it.
+  std::string key_bomb = "pools: {a: {endpoints: [http://x:1]}}\ndefault_pool: a\n? [&a0 [x,x,x,x,x,x,x,x,x,x]";
+  for (int i = 1; i < 10; ++i) {
+    key_bomb += fmt::format(", &a{} [", i);
+    for (int j = 0; j < 10; ++j) key_bomb += fmt::format("{}*a{}", j ? "," : "", i - 1);
+    key_bomb += "]";
+  }
+  key_bomb += "]\n: 1\n";
+  EXPECT_NE(error_of(key_bomb).find("a mapping key must be a plain value"), std::string::npos);
   // Aliases a configuration uses for its own repetition are fine.
   EXPECT_TRUE(
       parse_config("pools:\n  a: {endpoints: &e [http://x:1]}\n  b: {endpoints: *e}\n"
