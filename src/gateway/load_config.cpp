@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <yaml-cpp/exceptions.h>
@@ -192,17 +194,25 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
     if (out.auth && out.auth->jwt && !out.auth->jwt->jwks_file.empty()) {
       const std::string& path = out.auth->jwt->jwks_file;
       std::string why;
-      std::ifstream in(path, std::ios::binary);
       std::string text;
-      if (in) {
-        text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-        if (in.bad()) why = "cannot be read";
-      } else {
+      std::error_code fec;
+      if (!std::filesystem::is_regular_file(path, fec)) {
+        why = fec ? fmt::format("cannot be read ({})", fec.message()) : "is not a regular file";
+      } else if (std::ifstream in(path, std::ios::binary); !in) {
         why = fmt::format("cannot be opened ({})", std::strerror(errno));
+      } else {
+        std::ostringstream ss;
+        ss << in.rdbuf();  // (no exception: a read error leaves the stream failed)
+        text = std::move(ss).str();
       }
       if (why.empty()) {
         auto set = auth::parse_jwks(text);
-        if (!set) why = "is not a JSON Web Key Set: " + set.error();
+        if (!set)
+          why = "is not a JSON Web Key Set: " + set.error();
+        else if (set->keys.empty())
+          why =
+              "holds no key Weir can verify with (RS256 RSA of 2048 bits or more, ES256 P-256, EdDSA Ed25519, HS256 of "
+              "32 bytes or more)";
       }
       if (!why.empty()) {
         auto e =

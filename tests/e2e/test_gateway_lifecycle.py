@@ -41,6 +41,7 @@ BAD = [
     # A key set in a file is read at load, as a CA file is: else every JWT got 503 for as long as Weir ran.
     ("jwks-file-missing", GOOD + "auth:\n  jwt:\n    jwks_file: /nonexistent/jwks.json\n", 12, "auth.jwt.jwks_file"),
     ("jwks-file-not-a-key-set", GOOD + "auth:\n  jwt:\n    jwks_file: /etc/passwd\n", 12, "auth.jwt.jwks_file"),
+    ("jwks-file-a-directory", GOOD + "auth:\n  jwt:\n    jwks_file: /etc\n", 12, "auth.jwt.jwks_file"),
 ]
 
 
