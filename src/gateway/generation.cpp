@@ -78,6 +78,24 @@ tl::expected<std::vector<http::tcp::endpoint>, core::ConfigError> resolve_endpoi
                         .message = fmt::format("cannot resolve {}: {}", e.display, ec ? ec.message() : "no address")});
 }
 
+namespace {
+
+// Whether two slots' endpoints resolved to the same addresses: per
+// endpoint, the same set, in whatever order (DNS round robin rotates it).
+bool same_addresses(const PoolSlot& a, const PoolSlot& b) {
+  if (a.all_addrs.empty() || b.all_addrs.empty() || a.all_addrs.size() != b.all_addrs.size())
+    return a.addrs == b.addrs && a.all_addrs == b.all_addrs;
+  for (std::size_t i = 0; i < a.all_addrs.size(); ++i) {
+    auto x = a.all_addrs[i], y = b.all_addrs[i];
+    std::sort(x.begin(), x.end());
+    std::sort(y.begin(), y.end());
+    if (x != y) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(GenerationInput in,
                                                                               const Generation* previous) {
   auto g = std::make_shared<Generation>();
@@ -105,9 +123,7 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     const PoolSlot* same = nullptr;
     if (previous)
       for (const auto& old : previous->pools)
-        if (old.cfg->name == pc.name && old.fingerprint == slot.fingerprint && old.addrs == slot.addrs &&
-            old.all_addrs == slot.all_addrs)
-          same = &old;
+        if (old.cfg->name == pc.name && old.fingerprint == slot.fingerprint && same_addresses(old, slot)) same = &old;
     if (same) {
       g->pools.push_back(*same);  // its objects go on as they are
       continue;
