@@ -141,8 +141,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     http::HeadProblem problem = http::HeadProblem::none;
     std::optional<AdminResponse> refused;  // answered on the head alone, before 100 Continue
     AdminRequest req;
-    if (!ec) {
-      problem = http::check_request_head(parser.get().base());
+    // (Also for a body declared over the limit: Beast refuses it as the head
+    // ends, with its request line read; the log line names the request.)
+    if (parser.is_header_done() || ec == bh::error::body_limit) {
       const auto& head = parser.get();
       req.method = std::string(head.method_string());
       std::string target_buf;
@@ -150,6 +151,10 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       const auto q = target.find('?');
       req.path = std::string(target.substr(0, q));
       if (q != std::string_view::npos) req.query = std::string(target.substr(q + 1));
+    }
+    if (!ec) {
+      problem = http::check_request_head(parser.get().base());
+      const auto& head = parser.get();
       if (problem == http::HeadProblem::none && !parser.is_done()) {
         if (http::expects_continue(head.base())) {
           // RFC 9110 §10.1.1: the client waits for 100 Continue before its

@@ -199,7 +199,8 @@ tl::expected<Query, core::Error> parse_query(std::string_view url_query) {
       return tl::unexpected(bad(fmt::format("Unrecognized query parameter: '{}' (expected since, until, tenant, "
                                             "key_id, model, status, limit or cursor)",
                                             core::utf8_prefix(name, 64)),
-                                {}));
+                                // (as sent: a view into the caller's query string, as the error's param must be)
+                                core::utf8_prefix(pair.substr(0, eq), 64)));
     const std::string_view param = kNames[k];
     if (seen[k]) return tl::unexpected(bad(fmt::format("'{}' is given more than once", param), param));
     seen[k] = true;

@@ -546,7 +546,7 @@ TEST(ParseQueryTest, BadInputNamesTheParam) {
                  Case{"cursor=00000000000000000000000000000000", "cursor"},
                  Case{"limit=5&limit=6", "limit"},
                  Case{"since=200&until=100", "since"},
-                 Case{"sinse=1", ""}}) {
+                 Case{"sinse=1", "sinse"}}) {
     auto q = parse_query(c.qs);
     ASSERT_FALSE(q) << c.qs;
     EXPECT_EQ(q.error().status, 400) << c.qs;
