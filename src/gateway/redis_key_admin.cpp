@@ -111,10 +111,13 @@ std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::
 RedisKeyAdmin::RedisKeyAdmin(auth::RedisKeys& keys, std::shared_ptr<const auth::AuthPolicy> base)
     : keys_(keys), base_(std::move(base)) {}
 
-core::Task<AdminResult<bool>> RedisKeyAdmin::write(const KeyRecord& k, bool only_live) {
+core::Task<AdminResult<bool>> RedisKeyAdmin::write(const KeyRecord& k, bool only_live, const json::object* fields) {
   const std::string key = auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256);
   std::vector<std::string> args;
   auto add = [&](std::string_view f, std::string v) {
+    // A PATCH writes the fields it changed only: two PATCHes of one key at
+    // once (one its limits, one its metadata) must both hold, as in memory.
+    if (fields && !fields->contains(f)) return;
     args.emplace_back(f);
     args.push_back(std::move(v));
   };
@@ -129,6 +132,7 @@ core::Task<AdminResult<bool>> RedisKeyAdmin::write(const KeyRecord& k, bool only
   // Empty when the key has none: its tenant's limits and budget govern it alone.
   add("limits", k.limits.any() ? json::serialize(limits_json(k.limits)) : std::string());
   add("budget", k.budget.any() ? json::serialize(budget_json(k.budget)) : std::string());
+  if (fields && args.empty()) co_return true;  // nothing changed (an empty script call would revoke)
   if (!only_live) {
     args.insert(args.begin(), {std::string("HSET"), key});
     auto r = co_await keys_.client().exec(store::Command(std::span<const std::string>(args)));
@@ -203,7 +207,7 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::create(boost::json::obj
   KeyStore scratch(base->config(), "");
   auto c = scratch.create(body, now_s);
   if (!c) co_return tl::unexpected(c.error());
-  if (auto ok = co_await write(c->record, false); !ok) co_return tl::unexpected(ok.error());
+  if (auto ok = co_await write(c->record, false, nullptr); !ok) co_return tl::unexpected(ok.error());
   co_return std::move(*c);
 }
 
@@ -239,7 +243,7 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
   // several) takes the change: a key's id names one key to the admin API.
   // A record revoked since it was read (a DELETE or a rotate meanwhile) is not written back: 404, as after.
   for (const KeyRecord& r : *all) {
-    auto ok = co_await write(changed(r), true);
+    auto ok = co_await write(changed(r), true, &body);
     if (!ok) co_return tl::unexpected(ok.error());
     if (!*ok) co_return tl::unexpected(not_found(id));
   }
@@ -262,7 +266,7 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::rotate(std::string id) 
   KeyRecord k = all->front();
   std::string secret = generate_key_secret();
   k.sha256 = auth::sha256(secret);
-  if (auto ok = co_await write(k, false); !ok) co_return tl::unexpected(ok.error());
+  if (auto ok = co_await write(k, false, nullptr); !ok) co_return tl::unexpected(ok.error());
   // Every earlier secret of the id stops working. One revoked meanwhile (a DELETE, or another rotate that got
   // there first) makes this rotate lose: its new record goes, so the id never has two live secrets.
   for (const KeyRecord& old : *all) {

@@ -50,7 +50,10 @@ class RedisKeyAdmin {
   // written by hand (docs/auth.md) may give one id to several records.
   core::Task<AdminResult<std::vector<KeyRecord>>> records_of(std::string id);
   // Writes `k` (HSET); `only_live`: only while its record is live (true), else nothing (false).
-  core::Task<AdminResult<bool>> write(const KeyRecord& k, bool only_live);
+  // Writes record `k` (`fields`: only the hash fields named there, a PATCH's
+  // body; null: all). `only_live`: only while the record is live. Returns
+  // false when it was not.
+  core::Task<AdminResult<bool>> write(const KeyRecord& k, bool only_live, const boost::json::object* fields);
   // Revokes `k`'s record; false when it was no longer live (revoked or gone meanwhile).
   core::Task<AdminResult<bool>> set_revoked(const KeyRecord& k);
 

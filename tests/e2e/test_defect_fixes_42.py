@@ -336,3 +336,32 @@ def test_batched_and_coalesced_requests_keep_their_session_and_count_their_pick(
     endpoints = {w.log_for(f"s{i}")["endpoint"] for i in range(12)}
     assert len(endpoints) == 1, endpoints
     assert w.metric("weir_routing_picks_total", rule="session") == 12
+
+
+def test_concurrent_patches_of_a_key_in_redis_both_hold(mock, weir, redis):
+    # Keys in Redis (auth.redis_keys): two PATCHes of one key at once, one its limits, one its metadata. Each
+    # read the record, then wrote every field back, so one undid the other while both answered 200: a rate
+    # limit the operator was told was applied was gone. A PATCH writes the fields it changed now.
+    import concurrent.futures
+    from test_admin_api import Admin, TOKEN
+    m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
+    port = free_port()
+    weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
+                 "tenants": {"acme": {}}, "auth": {"required": True, "redis_keys": True},
+                 "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+                 "redis": {"url": redis.url}},
+         env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
+    admin = Admin(port)
+    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    for _ in range(30):  # (unrelated keys: the id's lookup scans them, widening the window as in production)
+        admin.create(tenant="acme")
+    lost = 0
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for n in range(1, 11):
+            k = admin.create(tenant="acme")
+            a = pool.submit(admin, "PATCH", f"/admin/v1/keys/{k['id']}", json={"limits": {"requests_per_minute": n}})
+            b = pool.submit(admin, "PATCH", f"/admin/v1/keys/{k['id']}", json={"metadata": {"v": n}})
+            assert a.result().status_code == 200 and b.result().status_code == 200
+            got = admin("GET", f"/admin/v1/keys/{k['id']}").json()
+            lost += got["limits"].get("requests_per_minute") != n or got["metadata"] != {"v": n}
+    assert lost == 0, f"{lost} of 10 pairs lost a change"
