@@ -51,6 +51,8 @@ core::Task<void> Batch::send() {
     api::openai::build_coalesced(members_.front()->req_.body, members_.front()->req_.stream, scratch_, body_);
   }
   sent_size_ = static_cast<std::uint32_t>(members_.size());
+  // (Read now: a member that leaves later leaves its slot empty. Every member's is the same: it is in the key.)
+  streamed_ = members_.front()->req_.stream;
   env.next_request_id(request_id_);
   if (env.stats && mode_ == Mode::batch) {
     ++env.stats->batches;
@@ -231,7 +233,7 @@ core::Task<void> Batch::send() {
   // alike: the stream flag is in the key), or one compressed (Weir asked for
   // identity; its events could not be read).
   std::string_view invalid;
-  if (stream && mode_ == Mode::coalesce && !members_.front()->req_.stream)
+  if (stream && mode_ == Mode::coalesce && !streamed_)
     invalid = "one JSON object (it sent an event stream to a request that did not ask for one)";
   else if (const auto ce = http::first_field(head_, bh::field::content_encoding);
            stream && !ce.empty() && !core::iequals(ce, "identity"))

@@ -244,6 +244,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::string body_;  // the upstream request body, then (not a stream) the upstream's answer
   std::string head_buf_;
   std::string request_id_;
+  bool streamed_ = false;  // the members asked for a stream (a coalesced generation's are alike), from send()
   // The first member's pick fields (BatchMember::Request::pick), kept for the batch's attempts.
   std::string pick_session_, pick_model_, pick_prompt_;
   http::ResponseHead head_;       // the upstream's response head

@@ -365,3 +365,42 @@ def test_concurrent_patches_of_a_key_in_redis_both_hold(mock, weir, redis):
             got = admin("GET", f"/admin/v1/keys/{k['id']}").json()
             lost += got["limits"].get("requests_per_minute") != n or got["metadata"] != {"v": n}
     assert lost == 0, f"{lost} of 10 pairs lost a change"
+
+
+def test_the_first_member_of_a_coalesced_generation_may_leave_before_the_head(weir):
+    # Two identical requests share one generation; the first one's client leaves while the upstream's head is
+    # still on its way (here 0.5 s late). The second gets its stream and Weir goes on (a fix of this stop read
+    # the first member's slot, empty by then, and crashed).
+    chunk = json.dumps({"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                        "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": "stop"}]}).encode()
+    body = b"data: " + chunk + b"\n\ndata: [DONE]\n\n"
+    seen = []
+
+    def answer(h, b):
+        seen.append(b)
+        return [0.5, b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(body), body)]
+
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "coalesce": True}}, "models": {"m": {"pool": "p"}}},
+                 workers=1)
+        req = json.dumps({"model": "m", "messages": MSG, "temperature": 0, "stream": True}).encode()
+        raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+               b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(req), req))  # (identical: one key)
+        a = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+        a.sendall(raw)
+        wait_until(lambda: len(seen) == 1, 5, message="the generation sent upstream")
+        b = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+        b.sendall(raw)
+        wait_until(lambda: w.metric("weir_coalesced_requests_total") == 1, 5, message="the second request joined")
+        a.close()
+        got = b""
+        while chunk := b.recv(65536):
+            got += chunk
+        b.close()
+        assert got.startswith(b"HTTP/1.1 200") and b'"hi"' in got and b"data: [DONE]" in got, got
+        assert w.process.alive(), "weir died"
+        assert len(seen) == 1
+    finally:
+        up.close()
