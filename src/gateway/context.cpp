@@ -2,6 +2,13 @@
 
 namespace weir::gateway {
 
+void RequestContext::trim(std::size_t max_bytes) {
+  for (std::string* s : {&head, &body, &scratch, &upstream_body_buf, &edit_buf})
+    if (s->capacity() > max_bytes) std::string().swap(*s);
+  if (extras && extras->responses_echo.capacity() > max_bytes) std::string().swap(extras->responses_echo);
+  if (resume.buf && resume.buf->body.capacity() > max_bytes) resume.buf.reset();
+}
+
 void RequestContext::reset() {
   gen.reset();
   read_failure = http::ReadFailure::none;

@@ -308,6 +308,11 @@ struct RequestContext {
   std::string body;     // a buffered upstream body, or an error body
   std::string scratch;  // decode, framing and splice scratch
 
+  // Between requests: frees the working storage that grew past `max_bytes`
+  // (a large body, a decoded answer), so an idle kept-alive connection does
+  // not hold it; what stays small is kept for the next request.
+  void trim(std::size_t max_bytes);
+
   // Records `e` as this request's error (the access log's `error`).
   void set_error(const core::Error& e) {
     has_error = true;

@@ -40,6 +40,11 @@ core::Task<void> Session::run(std::unique_ptr<Session> self) {
     co_await run_pipeline(s.phases_, s.ctx_);
     s.in_request_ = false;
     co_await s.phases_.take_upstream_end(s.ctx_);
+    // What a large request or answer grew goes now, not when the connection
+    // closes: an idle kept-alive connection holds a few small buffers only.
+    constexpr std::size_t kKeepBetweenRequests = 16 * 1024;
+    s.ctx_.trim(kKeepBetweenRequests);
+    s.down_.trim_body_storage(kKeepBetweenRequests);
     if (head == http::Downstream::Head::failed || !s.down_.keep_alive() || s.down_.client_gone() ||
         s.down_.write_failed() || s.down_.closed()) {
       if (!s.down_.client_gone() && !s.down_.closed()) co_await s.down_.lingering_close();

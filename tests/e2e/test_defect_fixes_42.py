@@ -404,3 +404,45 @@ def test_the_first_member_of_a_coalesced_generation_may_leave_before_the_head(we
         assert len(seen) == 1
     finally:
         up.close()
+
+
+def _rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def test_an_idle_connection_does_not_hold_its_last_request_body(mock, weir):
+    # Each client sends one gzip body of ~4 KB that decodes to ~4 MiB of valid JSON, is refused (429: one
+    # request a minute), and keeps its connection open. Each idle connection held the decoded body (up to
+    # server.max_body): 40 of them held 160 MB. What a request grew goes at its end now.
+    import gzip
+    import hashlib
+    import socket
+    key = "sk-test-attacker-0001"
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "1")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "tenants": {"t": {"limits": {"requests_per_minute": 1}}},
+                     "auth": {"api_keys": [{"id": "k", "sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                            "tenant": "t"}]}}, workers=1)
+    plain = (b'{"model":"mock-model","max_tokens":1,"messages":[{"role":"user","content":"hi"}]'
+             + b" " * (4 * 1024 * 1024 - 200) + b"}")
+    gz = gzip.compress(plain, 9)
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Encoding: gzip\r\nAuthorization: Bearer " + key.encode() +
+            b"\r\nContent-Length: %d\r\n\r\n" % len(gz))
+    base = _rss_kb(w.process.pid)
+    conns = []
+    try:
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", w.port), timeout=30)
+            s.sendall(head + gz)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += s.recv(65536)
+            assert buf.startswith((b"HTTP/1.1 200", b"HTTP/1.1 429")), buf[:100]
+            conns.append(s)  # open and idle
+        grown_mb = (_rss_kb(w.process.pid) - base) / 1024
+        assert grown_mb < 40, f"40 idle connections hold {grown_mb:.0f} MB"  # (4 MiB each before)
+    finally:
+        for s in conns:
+            s.close()
