@@ -446,3 +446,23 @@ def test_an_idle_connection_does_not_hold_its_last_request_body(mock, weir):
     finally:
         for s in conns:
             s.close()
+
+
+def test_a_gzip_answer_past_max_response_is_too_large_not_undecodable(weir):
+    # 2 MiB of JSON gzipped to a few KB, against server.max_response 1 MiB: the same 502 as the plain answer
+    # ("larger than"), not "a Content-Encoding Weir cannot decode".
+    import gzip
+    doc = b'{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"' \
+          + b"a" * (2 << 20) + b'"},"finish_reason":"stop"}]}'
+    gz = gzip.compress(doc, 9)
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-encoding: gzip\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(gz), gz))
+    try:
+        w = weir(config={"server": {"max_response": "1MiB"}, "pools": {"p": {"endpoints": [up.url]}},
+                         "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10,
+                       headers={"accept-encoding": "identity"})
+        assert r.status_code == 502, r.text
+        assert "larger than 1048576 bytes" in r.json()["error"]["message"], r.text
+    finally:
+        up.close()

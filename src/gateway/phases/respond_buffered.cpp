@@ -249,7 +249,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   } else if (encoded) {
     const bool gzip =
         core::iequals(encoding, "gzip") || core::iequals(encoding, "x-gzip") || core::iequals(encoding, "deflate");
-    if (gzip && http::gunzip(out, ctx.scratch, sc.max_response_bytes)) {
+    bool over = false;  // it decodes past server.max_response: too large, not undecodable
+    if (gzip && http::gunzip(out, ctx.scratch, sc.max_response_bytes, &over)) {
       plain = ctx.scratch;
       if (!accepted) {
         out = ctx.scratch;
@@ -261,11 +262,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       // when the answer is a 2xx Weir reads usage from, on any route (a
       // coding Weir did not ask for, br or zstd, would otherwise pass
       // uncounted by limits and budgets: a rerank, an Anthropic pool's message).
-      if (status >= 200 && status < 300 && status != 204)
-        co_return no_answer(ctx, upstream_undecodable(subject(ctx), encoding));
+      const core::Error why =
+          over ? upstream_too_large(subject(ctx), sc.max_response_bytes) : upstream_undecodable(subject(ctx), encoding);
+      if (status >= 200 && status < 300 && status != 204) co_return no_answer(ctx, why);
       if (!accepted) {
         count_upstream_failure(ctx, http::UpstreamFailure::protocol);
-        co_return Outcome::failed(upstream_undecodable(subject(ctx), encoding));
+        co_return Outcome::failed(why);
       }
     }
   }
