@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include <span>
+
 #include <fmt/format.h>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
@@ -38,6 +40,25 @@ const store::Script& live_write_script() {
 local r = redis.call('HGET', KEYS[1], 'revoked')
 if redis.call('EXISTS', KEYS[1]) == 0 or (r and r ~= '0' and r ~= '') then return 0 end
 if #ARGV == 0 then redis.call('HSET', KEYS[1], 'revoked', '1') else redis.call('HSET', KEYS[1], unpack(ARGV)) end
+return 1
+)lua");
+  return s;
+}
+
+// Rotates a record in one step: copies every field of the live record
+// KEYS[1] to the new secret's record KEYS[2] (live) and revokes KEYS[1], so
+// a PATCH that lands on the old record either comes first (and is copied)
+// or finds it revoked (404), never lost. Returns 1 when done, 0 when KEYS[1]
+// was no longer live. (One Redis: the two keys need not share a slot.)
+const store::Script& rotate_script() {
+  static const store::Script s(R"lua(
+local r = redis.call('HGET', KEYS[1], 'revoked')
+if redis.call('EXISTS', KEYS[1]) == 0 or (r and r ~= '0' and r ~= '') then return 0 end
+local all = redis.call('HGETALL', KEYS[1])
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], unpack(all))
+redis.call('HSET', KEYS[2], 'revoked', '0')
+redis.call('HSET', KEYS[1], 'revoked', '1')
 return 1
 )lua");
   return s;
@@ -266,10 +287,14 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::rotate(std::string id) 
   KeyRecord k = all->front();
   std::string secret = generate_key_secret();
   k.sha256 = auth::sha256(secret);
-  if (auto ok = co_await write(k, false, nullptr); !ok) co_return tl::unexpected(ok.error());
-  // Every earlier secret of the id stops working. One revoked meanwhile (a DELETE, or another rotate that got
-  // there first) makes this rotate lose: its new record goes, so the id never has two live secrets.
-  for (const KeyRecord& old : *all) {
+  const std::string keys[] = {auth::RedisKeys::redis_key(keys_.key_prefix(), all->front().sha256),
+                              auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256)};
+  auto moved = co_await keys_.client().exec(store::Command::evalsha(rotate_script(), keys, {}));
+  if (!moved) co_return tl::unexpected(unavailable(moved.error()));
+  if (moved->as_int(0) != 1) co_return tl::unexpected(not_found(id));  // revoked meanwhile (a DELETE, a rotate)
+  // Every other earlier secret of the id stops working too. One revoked meanwhile (a DELETE, or another rotate
+  // that got there first) makes this rotate lose: its new record goes, so the id never has two live secrets.
+  for (const KeyRecord& old : std::span(*all).subspan(1)) {
     auto ok = co_await set_revoked(old);
     if (!ok || !*ok) {
       const std::string fresh = auth::RedisKeys::redis_key(keys_.key_prefix(), k.sha256);

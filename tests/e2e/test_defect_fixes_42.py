@@ -341,7 +341,8 @@ def test_batched_and_coalesced_requests_keep_their_session_and_count_their_pick(
 def test_concurrent_patches_of_a_key_in_redis_both_hold(mock, weir, redis):
     # Keys in Redis (auth.redis_keys): two PATCHes of one key at once, one its limits, one its metadata. Each
     # read the record, then wrote every field back, so one undid the other while both answered 200: a rate
-    # limit the operator was told was applied was gone. A PATCH writes the fields it changed now.
+    # limit the operator was told was applied was gone. A PATCH writes the fields it changed now, and a
+    # rotate moves the record in one step.
     import concurrent.futures
     from test_admin_api import Admin, TOKEN
     m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
@@ -364,7 +365,16 @@ def test_concurrent_patches_of_a_key_in_redis_both_hold(mock, weir, redis):
             assert a.result().status_code == 200 and b.result().status_code == 200
             got = admin("GET", f"/admin/v1/keys/{k['id']}").json()
             lost += got["limits"].get("requests_per_minute") != n or got["metadata"] != {"v": n}
-    assert lost == 0, f"{lost} of 10 pairs lost a change"
+        # A PATCH beside a rotate: it lands before the rotate (and is kept) or after it (404), never lost.
+        for n in range(1, 11):
+            k = admin.create(tenant="acme")
+            a = pool.submit(admin, "PATCH", f"/admin/v1/keys/{k['id']}", json={"metadata": {"v": n}})
+            b = pool.submit(admin, "POST", f"/admin/v1/keys/{k['id']}/rotate")
+            patched, rotated = a.result(), b.result()
+            assert rotated.status_code == 200, rotated.text
+            got = admin("GET", f"/admin/v1/keys/{k['id']}").json()
+            lost += patched.status_code == 200 and got["metadata"] != {"v": n}
+    assert lost == 0, f"{lost} of 20 pairs lost a change"
 
 
 def test_the_first_member_of_a_coalesced_generation_may_leave_before_the_head(weir):
