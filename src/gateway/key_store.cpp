@@ -480,10 +480,11 @@ tl::expected<void, std::string> KeyStore::load() {
             "admin.keys_file {}: keys[{}]: id '{}' is also a configured key's (auth.api_keys): ids must be unique",
             file_, i, k->id));
       if (c.sha256 == k->sha256)
-        return tl::unexpected(fmt::format(
-            "admin.keys_file {}: keys[{}]: its secret is also configured key '{}''s (auth.api_keys): a secret "
-            "names one key",
-            file_, i, c.id));
+        return tl::unexpected(
+            fmt::format("admin.keys_file {}: keys[{}]: its secret is also the secret of configured key '{}' "
+                        "(auth.api_keys): a secret "
+                        "names one key",
+                        file_, i, c.id));
     }
     // Each id and each secret once (as auth.api_keys): a second would be
     // unreachable, and a change to one id rewrote every record of it.
@@ -491,8 +492,8 @@ tl::expected<void, std::string> KeyStore::load() {
       return tl::unexpected(
           fmt::format("admin.keys_file {}: keys[{}]: duplicate id '{}' (keys[{}])", file_, i, k->id, it->second));
     if (const auto [it, fresh] = secrets.emplace(k->sha256, i); !fresh)
-      return tl::unexpected(fmt::format("admin.keys_file {}: keys[{}]: the same secret as keys[{}]", file_, i,
-                                        it->second));
+      return tl::unexpected(
+          fmt::format("admin.keys_file {}: keys[{}]: the same secret as keys[{}]", file_, i, it->second));
     if (!configured_tenant(base_, k->tenant))
       fmt::print(stderr,
                  "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "

@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include <set>
+
 #include <fmt/format.h>
 
 #include "admission/local_limiter.hpp"
@@ -75,11 +77,19 @@ tl::expected<Services::Reload, std::string> Services::prepare_reload(const Loade
   const auto prior = policy();
   if (!next.auth || !prior) return r;  // identity and admission off (a change of that is restart-only)
   r.auth = *next.auth;
-  if (key_store_)
-    for (const auto& k : r.auth->api_keys)
+  if (key_store_) {
+    // As start-up reads the keys file (KeyStore::load): each id and each secret names one key.
+    std::set<auth::Sha256Digest> runtime;
+    for (const auto& rk : key_store_->keys()) runtime.insert(rk.sha256);
+    for (const auto& k : r.auth->api_keys) {
       if (key_store_->find(k.id))
         return tl::unexpected(
             fmt::format("auth.api_keys: id '{}' is also a runtime key's (admin.keys_file): ids must be unique", k.id));
+      if (runtime.contains(k.sha256))
+        return tl::unexpected(fmt::format(
+            "auth.api_keys: key '{}' has a runtime key's secret (admin.keys_file): a secret names one key", k.id));
+    }
+  }
   r.policy = key_store_ ? key_store_->rebased_policy(*r.auth)
                         : auth::AuthPolicy::build(*r.auth, {}, limiter_->scope_count(), prior.get());
   // A tenant or configured key kept under its name but given a new scope

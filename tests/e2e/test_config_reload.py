@@ -246,3 +246,24 @@ def test_runtime_keys_survive_and_bucket_levels_carry_over(mock, weir):
     assert sorted(k.get("source") for k in keys) == ["admin", "admin", "config"]
     tenant_a = httpx.get(admin + "/admin/v1/tenants/a", headers=auth).json()
     assert tenant_a["limits"]["requests_per_minute"] == 4
+
+
+def test_a_reload_refuses_a_configured_key_with_a_runtime_keys_secret(mock, weir):
+    # The operator adds to auth.api_keys a key (tenant a) whose secret is a runtime key's (tenant b): start-up
+    # and --check refuse that pair; a reload accepted it, and the runtime key's holder became tenant a.
+    import hashlib
+    a = mock(*FAST)
+    port = free_port()
+    cfg = admin_config(a, port, 100)
+    w = weir(config=cfg, env={"WEIR_RELOAD_ADMIN_TOKEN": TOKEN}, workers=1)
+    admin = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(admin + "/ready").status_code == 200, 5, message="admin listener")
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    secret = httpx.post(admin + "/admin/v1/keys", json={"tenant": "b"}, headers=auth).json()["key"]
+    cfg["auth"]["api_keys"].append({"id": "a-cfg", "tenant": "a", "sha256": hashlib.sha256(secret.encode()).hexdigest()})
+    write(w, cfg, workers=1)
+    sighup(w, "failure")
+    r = httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {secret}", "x-request-id": "rt"},
+                   json={"model": "m", "messages": MSG}, timeout=10)
+    assert r.status_code == 200, r.text
+    assert w.log_for("rt")["tenant"] == "b"
