@@ -169,6 +169,12 @@ tl::expected<void, std::string> JwksCache::install(std::string_view jwks_text) {
   if (set->malformed > 0)  // (said once per changed document: a refresh of the same one returned above)
     fmt::print(stderr, "weir: JWKS: {} malformed key(s) skipped ({}); {} key(s) in use\n", set->malformed,
                set->first_malformed, set->keys.size());
+  // Installed all the same (an identity provider may withdraw every key on purpose), but never silently.
+  if (set->keys.empty())
+    fmt::print(stderr,
+               "weir: JWKS: the new set holds no key Weir can verify with ({} skipped): every JWT is refused (401) "
+               "until it does\n",
+               set->skipped + set->malformed);
   keys_.store(std::make_shared<const KeySet>(std::move(*set)), std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   updates_.fetch_add(1, std::memory_order_relaxed);
