@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
 #include "api/anthropic/response.hpp"
@@ -168,6 +169,12 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
       core::append_json_string(chunk_, string_at(*cb, "name"));
       chunk_ += R"(,"arguments":""}}]},"logprobs":null,"finish_reason":null}]})";
       sink.chunk(chunk_);
+      // Anthropic starts a tool with `input: {}` and streams it in
+      // input_json_delta pieces; a compatible server may give the whole input
+      // here instead. Kept for the block's end, used when no piece came.
+      start_input_.clear();
+      if (const auto* in = cb->if_contains("input"); in && in->is_object() && !in->get_object().empty())
+        start_input_ = json::serialize(*in);
     } else {
       block_ = Block::other;  // redacted_thinking, server tools: no chat equivalent
     }
@@ -191,7 +198,8 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
     return;  // signature_delta, citations_delta: nothing in chat completions
   }
   if (type == "content_block_stop") {
-    if (block_ == Block::tool && !tool_args_sent_) tool_arguments("{}", sink);
+    if (block_ == Block::tool && !tool_args_sent_)
+      tool_arguments(start_input_.empty() ? std::string_view("{}") : std::string_view(start_input_), sink);
     block_ = Block::none;
     block_index_ = -1;
     return;

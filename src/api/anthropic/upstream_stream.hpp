@@ -90,6 +90,7 @@ class UpstreamStreamTranslator {
   bool finish_sent_ = false;
   bool ended_ = false;
   bool tool_args_sent_ = false;  // the open tool_use block got a non-empty argument piece
+  std::string start_input_;      // the open tool_use block's `input` from its start, when not empty (JSON)
   Block block_ = Block::none;
   std::int64_t block_index_ = -1;  // Anthropic's index of the open block
   std::uint32_t next_tool_ = 0;    // OpenAI tool_calls[].index of the next tool_use block

@@ -168,6 +168,19 @@ TEST(AnthropicUpstreamStream, ThinkingTextAndToolCallsWithIndexIdAndName) {
   EXPECT_EQ(c.back(), "[DONE]");
 }
 
+TEST(AnthropicUpstreamStream, AToolsWholeInputInItsStartIsItsArguments) {
+  // An Anthropic-compatible server that gives the input in content_block_start and sends no
+  // input_json_delta: the arguments are that input, not "{}".
+  std::string s(kTools);
+  const std::string from = R"("name":"get_time","input":{})";
+  const auto at = s.find(from);
+  ASSERT_NE(at, std::string::npos);
+  s.replace(at, from.size(), R"("name":"get_time","input":{"tz":"UTC"})");
+  const auto c = translate(s, false);
+  EXPECT_EQ(json::parse(c[7]).at("choices").at(0).at("delta"),
+            json::parse(R"({"tool_calls":[{"index":1,"function":{"arguments":"{\"tz\":\"UTC\"}"}}]})"));
+}
+
 TEST(AnthropicUpstreamStream, EverySplitGivesTheSameChunks) {
   for (auto stream : {kText, kTools}) {
     const auto whole = translate(stream, true);
