@@ -512,4 +512,54 @@ bool remove_member(std::string_view json, std::string_view key, std::string& out
   return true;
 }
 
+namespace {
+
+// `text` with each lone surrogate escape as \ufffd; false when it has none.
+bool replace_lone_surrogates(std::string_view text, std::string& out) {
+  bool changed = false;
+  out.clear();
+  out.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    if (text[i] != '\\' || i + 1 >= text.size()) {
+      out += text[i++];
+      continue;
+    }
+    if (text[i + 1] != 'u') {  // another escape: both bytes as they are (an escaped backslash is no \u)
+      out.append(text.substr(i, 2));
+      i += 2;
+      continue;
+    }
+    const long h = hex4(text, i + 2);
+    if (h >= 0xD800 && h <= 0xDBFF) {
+      const long l = i + 7 < text.size() && text[i + 6] == '\\' && text[i + 7] == 'u' ? hex4(text, i + 8) : -1;
+      if (l >= 0xDC00 && l <= 0xDFFF) {
+        out.append(text.substr(i, 12));  // a pair
+        i += 12;
+        continue;
+      }
+    }
+    if (h >= 0xD800 && h <= 0xDFFF) {
+      out += "\\ufffd";
+      changed = true;
+      i += 6;
+      continue;
+    }
+    out.append(text.substr(i, 2));
+    i += 2;
+  }
+  return changed;
+}
+
+}  // namespace
+
+boost::json::value parse_upstream_json(std::string_view text, boost::system::error_code& ec,
+                                       boost::json::storage_ptr sp, const boost::json::parse_options& opt) {
+  boost::json::value v = boost::json::parse(boost::json::string_view(text.data(), text.size()), ec, sp, opt);
+  if (!ec) return v;
+  std::string fixed;
+  if (!replace_lone_surrogates(text, fixed)) return v;  // some other fault: its error stands
+  ec = {};
+  return boost::json::parse(boost::json::string_view(fixed.data(), fixed.size()), ec, sp, opt);
+}
+
 }  // namespace weir::api

@@ -14,6 +14,10 @@
 #include <string>
 #include <string_view>
 
+#include <boost/json/parse.hpp>
+#include <boost/json/parse_options.hpp>
+#include <boost/json/value.hpp>
+
 namespace weir::api {
 
 // Byte offsets of one member of the top-level object, into the scanned text.
@@ -73,5 +77,14 @@ struct ValueSpan {
 // allowed): its offsets into `json`. Returns nullopt if `json` is not an
 // array or is empty. Only the first element is scanned.
 std::optional<ValueSpan> first_element(std::string_view json);
+
+// json::parse for an upstream's JSON text (a stream chunk, a whole answer):
+// a lone UTF-16 surrogate escape ("\ud83d" without its pair: a pair split
+// across two stream chunks leaves one in each), which the JSON grammar
+// allows (RFC 8259 §8.2) and Python's json and JSON.parse accept, but
+// Boost.JSON refuses, is read as U+FFFD instead of failing the whole text.
+// The text is rewritten only after a strict parse failed.
+boost::json::value parse_upstream_json(std::string_view text, boost::system::error_code& ec,
+                                       boost::json::storage_ptr sp = {}, const boost::json::parse_options& opt = {});
 
 }  // namespace weir::api

@@ -2,6 +2,7 @@
 // error bodies, with Boost.JSON (only /v1/messages responses pay for it).
 #include "api/anthropic/response.hpp"
 #include "api/json_dom.hpp"
+#include "api/json_scan.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -108,7 +109,7 @@ bool translate_message(std::string_view body, std::string& out) {
   json::monotonic_resource mr(buf, sizeof buf);
   json::storage_ptr sp(&mr);
   boost::system::error_code ec;
-  const json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp);
+  const json::value doc = parse_upstream_json(body, ec, sp);
   const json::object* choice = nullptr;
   const json::object* msg = nullptr;
   if (!ec && doc.is_object())

@@ -3,6 +3,7 @@
 // events are written by hand with the shared JSON escaper.
 #include "api/anthropic/stream.hpp"
 #include "api/json_dom.hpp"
+#include "api/json_scan.hpp"
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -176,7 +177,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
   alignas(16) unsigned char buf[8 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(data.data(), data.size()), ec, &mr);
+  const json::value v = parse_upstream_json(data, ec, &mr);
   if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
   const auto& chunk = v.get_object();
   if (const auto m = stream_error_message(chunk))

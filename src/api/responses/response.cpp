@@ -3,6 +3,7 @@
 // with Boost.JSON into a stack arena.
 #include "api/responses/response.hpp"
 #include "api/json_dom.hpp"
+#include "api/json_scan.hpp"
 
 #include <iterator>
 #include <vector>
@@ -147,7 +148,7 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
   json::monotonic_resource mr(buf, sizeof buf);
   json::storage_ptr sp(&mr);
   boost::system::error_code ec;
-  const json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp);
+  const json::value doc = parse_upstream_json(body, ec, sp);
   const json::object* choice = nullptr;
   const json::object* msg = nullptr;
   if (!ec && doc.is_object())

@@ -5,6 +5,7 @@
 // response repeat it whole, as Responses requires.
 #include "api/responses/stream.hpp"
 #include "api/json_dom.hpp"
+#include "api/json_scan.hpp"
 
 #include <algorithm>
 #include <ctime>
@@ -248,7 +249,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
   alignas(16) unsigned char buf[8 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(data.data(), data.size()), ec, &mr);
+  const json::value v = parse_upstream_json(data, ec, &mr);
   if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
   const auto& chunk = v.get_object();
   if (const auto m = stream_error_message(chunk))

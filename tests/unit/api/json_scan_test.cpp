@@ -124,6 +124,21 @@ TEST_P(ApiFindMember, FromTheEndOnValidJson) {
   }
 }
 
+TEST(ApiParseUpstreamJson, ALoneSurrogateEscapeIsReadAsTheReplacementCharacter) {
+  // A pair split across two stream chunks leaves a lone half in each: RFC 8259 allows it, Boost.JSON refuses it.
+  boost::system::error_code ec;
+  auto v = parse_upstream_json(R"({"content":"Hi \ud83d"})", ec);
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(v.at("content"), "Hi \xEF\xBF\xBD");
+  v = parse_upstream_json(R"({"c":"\ude00 there \ud83d\ude00 \\ud83d"})", ec);  // lone low, a pair, an escaped '\'
+  ASSERT_FALSE(ec) << ec.message();
+  EXPECT_EQ(v.at("c"), "\xEF\xBF\xBD there \xF0\x9F\x98\x80 \\ud83d");
+  parse_upstream_json(R"({"c":"a"})", ec);
+  EXPECT_FALSE(ec);
+  parse_upstream_json(R"({"c":"\ud83d")", ec);  // another fault stands
+  EXPECT_TRUE(ec);
+}
+
 TEST(ApiFindLastMember, MalformedEndsAreNotFound) {
   for (std::string_view bad :
        {R"({"usage":{"prompt_tokens":1})", R"([{"usage":1}])", R"({"usage":1}})", R"({"usage":1)", R"("usage":1})", "",
