@@ -142,11 +142,7 @@ core::Task<void> Batch::send() {
         started = true;
         break;
       }
-      d = attempts.on_status(status,
-                             routing::asked_delay(http::first_field(exchange_.head(), "retry-after-ms"),
-                                                  http::first_field(exchange_.head(), bh::field::retry_after),
-                                                  std::chrono::system_clock::now()),
-                             core::now());
+      d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
       if (!d.retry) {
         started = true;  // pass the upstream's answer on
         break;

@@ -5,6 +5,8 @@
 #include <cstring>
 #include <ctime>
 
+#include "http/headers.hpp"
+
 namespace weir::routing {
 
 std::string_view retry_reason_label(RetryReason r) {
@@ -205,6 +207,12 @@ std::optional<std::chrono::milliseconds> asked_delay(std::string_view retry_afte
   auto ra = retry_after_ms.empty() ? std::nullopt : parse_retry_after_ms(retry_after_ms);
   if (!ra && !retry_after.empty()) ra = parse_retry_after(retry_after, now);
   return ra;
+}
+
+std::optional<std::chrono::milliseconds> asked_delay(const http::ResponseHead& head) {
+  namespace bh = boost::beast::http;
+  return asked_delay(http::first_field(head, "retry-after-ms"), http::first_field(head, bh::field::retry_after),
+                     std::chrono::system_clock::now());
 }
 
 RetryDecision Attempts::on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now) {

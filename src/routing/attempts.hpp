@@ -12,6 +12,7 @@
 #include <optional>
 #include <string_view>
 
+#include "http/forward.hpp"
 #include "http/upstream.hpp"
 #include "routing/pool.hpp"
 
@@ -51,6 +52,8 @@ std::optional<std::chrono::milliseconds> parse_retry_after_ms(std::string_view v
 // through here, so no path reads one field and not the other.
 std::optional<std::chrono::milliseconds> asked_delay(std::string_view retry_after_ms, std::string_view retry_after,
                                                      std::chrono::system_clock::time_point now);
+// The same, of a response head's fields, now.
+std::optional<std::chrono::milliseconds> asked_delay(const http::ResponseHead& head);
 
 class Attempts {
  public:

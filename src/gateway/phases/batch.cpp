@@ -197,10 +197,7 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
     // any of them (tenants share batches), so the batch did not read it.
     // Each member gets the status with Weir's error instead.
     std::uint32_t retry_after_s = 1;
-    if (auto d = routing::asked_delay(http::first_field(m.head(), "retry-after-ms"),
-                                      http::first_field(m.head(), boost::beast::http::field::retry_after),
-                                      std::chrono::system_clock::now()))
-      retry_after_s = retry_after_seconds(*d);
+    if (auto d = routing::asked_delay(m.head())) retry_after_s = retry_after_seconds(*d);
     m.cancel();
     ctx.source = nullptr;
     co_return Outcome::failed(batch_status_error(ctx.upstream_status, subject(ctx), retry_after_s));

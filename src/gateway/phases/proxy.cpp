@@ -550,11 +550,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       }
       // 408/429/502/503/504/529: the upstream did not do the work. Another
       // attempt here, the next fallback, or (neither left) this answer.
-      d = attempts.on_status(status,
-                             routing::asked_delay(http::first_field(exchange_.head(), "retry-after-ms"),
-                                                  http::first_field(exchange_.head(), bh::field::retry_after),
-                                                  std::chrono::system_clock::now()),
-                             core::now());
+      d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
       cancel_late_retry(d);
       if (!d.retry && !fallback_left(ctx)) {
         started = true;
