@@ -236,6 +236,35 @@ TEST(KeyStore, KeysFilePersistsHashesOnlyWithMode0600) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(KeyStore, AKeysFileWithADuplicateOrAWrongTypeIsRefused) {
+  // A hand-edited or merged file: each id and each secret once (a rotate of a duplicated id moved another key
+  // to another tenant), fields of their types, version 1.
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-strict-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  const std::string a(64, 'a'), b(64, 'b');
+  const auto rec = [](std::string_view id, std::string_view sha, std::string_view extra = "") {
+    return fmt::format(R"({{"id":"{}","tenant":"acme","sha256":"{}"{}}})", id, sha, extra);
+  };
+  const auto refused = [&](const std::string& text, std::string_view why) {
+    std::ofstream(file) << text;
+    KeyStore store(base_auth(), file);
+    auto r = store.load();
+    ASSERT_FALSE(r) << text;
+    EXPECT_NE(r.error().find(why), std::string::npos) << r.error();
+  };
+  refused(fmt::format(R"({{"version":1,"keys":[{},{}]}})", rec("k1", a), rec("k1", b)), "duplicate id");
+  refused(fmt::format(R"({{"version":1,"keys":[{},{}]}})", rec("k1", a), rec("k2", a)), "the same secret");
+  refused(fmt::format(R"({{"version":1,"keys":[{}]}})", rec("k1", a, R"(,"name":5)")), "name");
+  refused(fmt::format(R"({{"version":1,"keys":[{}]}})", rec("k1", a, R"(,"created_at":"yesterday")")), "created_at");
+  refused(fmt::format(R"({{"keys":[{}]}})", rec("k1", a)), "version");
+  refused(fmt::format(R"({{"version":2,"keys":[{}]}})", rec("k1", a)), "version");
+  std::ofstream(file) << fmt::format(R"({{"version":1,"keys":[{},{}]}})", rec("k1", a, R"(,"name":null)"), rec("k2", b));
+  KeyStore fine(base_auth(), file);
+  EXPECT_TRUE(fine.load());
+  std::filesystem::remove_all(dir);
+}
+
 TEST(KeyStore, PublishedPolicyAuthenticatesAndExpiryIsRefusedSayingSo) {
   KeyStore store(base_auth(), "");
   auth::Authenticator authn(store.policy(), nullptr);
