@@ -259,7 +259,8 @@ TEST(KeyStore, AKeysFileWithADuplicateOrAWrongTypeIsRefused) {
   refused(fmt::format(R"({{"version":1,"keys":[{}]}})", rec("k1", a, R"(,"created_at":"yesterday")")), "created_at");
   refused(fmt::format(R"({{"keys":[{}]}})", rec("k1", a)), "version");
   refused(fmt::format(R"({{"version":2,"keys":[{}]}})", rec("k1", a)), "version");
-  std::ofstream(file) << fmt::format(R"({{"version":1,"keys":[{},{}]}})", rec("k1", a, R"(,"name":null)"), rec("k2", b));
+  std::ofstream(file) << fmt::format(R"({{"version":1,"keys":[{},{}]}})", rec("k1", a, R"(,"name":null)"),
+                                     rec("k2", b));
   KeyStore fine(base_auth(), file);
   EXPECT_TRUE(fine.load());
   std::filesystem::remove_all(dir);
