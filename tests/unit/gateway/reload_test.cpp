@@ -256,7 +256,8 @@ TEST(Generation, AnEndpointThatDoesNotResolveRefusesIt) {
                                                     "default_pool: p\n"))},
                             nullptr);
   ASSERT_FALSE(g);
-  EXPECT_NE(g.error().find("pools.p.endpoints[0]: cannot resolve http://no-such-host.invalid:1"), std::string::npos) << g.error();
+  EXPECT_NE(g.error().find("pools.p.endpoints[0]: cannot resolve http://no-such-host.invalid:1"), std::string::npos)
+      << g.error();
 }
 
 std::string render(const MetricsShard& m) {
