@@ -50,27 +50,19 @@ void append_item_json(std::string& out, const OutputItem& item, std::string_view
       out += R"(],"status":")";
       break;
     case OutputItem::Kind::message:
+    case OutputItem::Kind::refusal: {  // a message item: its one part is output text or a refusal
+      const bool refusal = item.kind == OutputItem::Kind::refusal;
       out += R"({"id":)";
       core::append_json_string(out, item.id);
       out += R"(,"type":"message","role":"assistant","content":[)";
       if (with_content) {
-        out += R"({"type":"output_text","text":)";
+        out += refusal ? R"({"type":"refusal","refusal":)" : R"({"type":"output_text","text":)";
         core::append_json_string(out, text);
-        out += R"(,"annotations":[],"logprobs":[]})";
+        out += refusal ? "}" : R"(,"annotations":[],"logprobs":[]})";
       }
       out += R"(],"status":")";
       break;
-    case OutputItem::Kind::refusal:
-      out += R"({"id":)";
-      core::append_json_string(out, item.id);
-      out += R"(,"type":"message","role":"assistant","content":[)";
-      if (with_content) {
-        out += R"({"type":"refusal","refusal":)";
-        core::append_json_string(out, text);
-        out += "}";
-      }
-      out += R"(],"status":")";
-      break;
+    }
     case OutputItem::Kind::function_call:
       out += R"({"id":)";
       core::append_json_string(out, item.id);

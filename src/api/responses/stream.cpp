@@ -131,18 +131,15 @@ void StreamTranslator::delta(std::string_view text, std::string& out) {
       core::append_json_string(out, text);
       break;
     case OutputItem::Kind::message:
-      begin("response.output_text.delta", out);
+    case OutputItem::Kind::refusal: {
+      const bool refusal = it.kind == OutputItem::Kind::refusal;
+      begin(refusal ? "response.refusal.delta" : "response.output_text.delta", out);
       append_item_ref(out);
       out += R"(,"content_index":0,"delta":)";
       core::append_json_string(out, text);
-      out += R"(,"logprobs":[])";
+      if (!refusal) out += R"(,"logprobs":[])";
       break;
-    case OutputItem::Kind::refusal:
-      begin("response.refusal.delta", out);
-      append_item_ref(out);
-      out += R"(,"content_index":0,"delta":)";
-      core::append_json_string(out, text);
-      break;
+    }
     case OutputItem::Kind::function_call:
       begin("response.function_call_arguments.delta", out);
       append_item_ref(out);
