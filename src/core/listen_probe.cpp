@@ -6,6 +6,8 @@
 #include <cerrno>
 
 #include <fmt/format.h>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
 
 namespace weir::core {
 
@@ -20,6 +22,31 @@ int probe_listen_address(const boost::asio::ip::tcp::endpoint& ep) {
     err = errno;
   ::close(fd);
   return err;
+}
+
+tl::expected<boost::asio::ip::address, std::string> resolve_listen_host(const std::string& host) {
+  boost::system::error_code ec;
+  auto ip = boost::asio::ip::make_address(host, ec);
+  if (!ec) return ip;
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::resolver resolver(io);
+  auto results = resolver.resolve(host, "", ec);
+  if (ec || results.empty())
+    return tl::unexpected(
+        fmt::format("cannot resolve listen host {}: {}", host, ec ? ec.message() : std::string("no address")));
+  return results.begin()->endpoint().address();
+}
+
+bool listen_addresses_overlap(const boost::asio::ip::tcp::endpoint& a, const boost::asio::ip::tcp::endpoint& b) {
+  if (a.port() == 0 || a.port() != b.port()) return false;
+  const auto x = a.address();
+  const auto y = b.address();
+  if (x == y) return true;
+  // :: takes IPv4 too (IPV6_V6ONLY off); 0.0.0.0 takes every IPv4 address.
+  const auto wild = [](const boost::asio::ip::address& w, const boost::asio::ip::address& o) {
+    return w.is_unspecified() && (w.is_v6() || o.is_v4());
+  };
+  return wild(x, y) || wild(y, x);
 }
 
 std::string format_address(const boost::asio::ip::tcp::endpoint& ep) {

@@ -7,6 +7,7 @@
 #include <string>
 
 #include <boost/asio/ip/tcp.hpp>
+#include <tl/expected.hpp>
 
 namespace weir::core {
 
@@ -21,6 +22,18 @@ namespace weir::core {
 // socket(2)/bind(2): EADDRINUSE means another listener; any other error is
 // for the caller's real bind to report.
 int probe_listen_address(const boost::asio::ip::tcp::endpoint& ep);
+
+// The address a listener on `host` binds: `host` itself when it is an IP
+// literal, else the first address getaddrinfo(3) gives for the name (the
+// client and admin listeners both bind that one). Error: "cannot resolve
+// listen host H: reason".
+tl::expected<boost::asio::ip::address, std::string> resolve_listen_host(const std::string& host);
+
+// Would listeners bound to `a` and `b` take the same connections: one port
+// (not 0, which the kernel picks per listener) and the same address, or
+// either of them the wildcard of the other's family (0.0.0.0, or :: which
+// also takes IPv4 while IPV6_V6ONLY is off, Linux's default).
+bool listen_addresses_overlap(const boost::asio::ip::tcp::endpoint& a, const boost::asio::ip::tcp::endpoint& b);
 
 // "127.0.0.1:8080", "[::1]:8080": for messages.
 std::string format_address(const boost::asio::ip::tcp::endpoint& ep);

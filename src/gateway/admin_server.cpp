@@ -14,6 +14,7 @@
 
 #include "auth/jwt.hpp"
 #include "core/calendar.hpp"
+#include "core/listen_probe.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
 #include "gateway/admin_handlers.hpp"
@@ -170,17 +171,12 @@ AdminServer::~AdminServer() { blocking_.join(); }
 
 std::uint16_t AdminServer::listen(std::string& error) {
   boost::system::error_code ec;
-  auto ip = asio::ip::make_address(cfg_.listen.host, ec);
-  if (ec) {
-    asio::ip::tcp::resolver resolver(control_);
-    auto results = resolver.resolve(cfg_.listen.host, "", ec);
-    if (ec || results.empty()) {
-      error = fmt::format("admin.listen: cannot resolve {}: {}", cfg_.listen.host, ec.message());
-      return 0;
-    }
-    ip = results.begin()->endpoint().address();
+  auto ip = core::resolve_listen_host(cfg_.listen.host);
+  if (!ip) {
+    error = "admin.listen: " + ip.error();
+    return 0;
   }
-  const http::tcp::endpoint ep(ip, cfg_.listen.port);
+  const http::tcp::endpoint ep(*ip, cfg_.listen.port);
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
   if (!ec) acceptor_.bind(ep, ec);

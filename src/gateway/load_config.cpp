@@ -12,6 +12,7 @@
 #include <yaml-cpp/exceptions.h>
 
 #include "auth/jwk.hpp"
+#include "core/listen_probe.hpp"
 #include "http/tls.hpp"
 
 namespace weir::gateway {
@@ -277,6 +278,24 @@ core::ConfigResult<LoadedConfig> load_config_text(std::string_view yaml, const s
   auto c = core::parse_config(yaml, file_name);
   if (!c) return tl::unexpected(std::move(c.error()));
   return load_sections(std::move(*c), getenv_fn);
+}
+
+tl::expected<void, std::string> check_listen_addresses(const LoadedConfig& loaded) {
+  const auto& client = loaded.config.server.listen;
+  auto ip = core::resolve_listen_host(client.host);
+  if (!ip) return tl::unexpected("server.listen: " + ip.error());
+  if (!loaded.admin) return {};
+  const auto& admin = loaded.admin->listen;
+  auto admin_ip = core::resolve_listen_host(admin.host);
+  if (!admin_ip) return tl::unexpected("admin.listen: " + admin_ip.error());
+  const http::tcp::endpoint c(*ip, client.port);
+  const http::tcp::endpoint a(*admin_ip, admin.port);
+  if (core::listen_addresses_overlap(c, a))
+    return tl::unexpected(fmt::format(
+        "admin.listen: {}:{} binds {}, which takes the client listener's connections (server.listen {}:{} binds "
+        "{}): the admin API has its own port",
+        admin.host, admin.port, core::format_address(a), client.host, client.port, core::format_address(c)));
+  return {};
 }
 
 core::ConfigResult<LoadedConfig> load_config(const ConfigSource& source, auth::GetEnv getenv_fn) {

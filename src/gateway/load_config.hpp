@@ -65,6 +65,16 @@ struct ConfigSource {
 // password_env; pools' api_key_env uses std::getenv.
 core::ConfigResult<LoadedConfig> load_config(const ConfigSource& source, auth::GetEnv getenv_fn = nullptr);
 
+// The listeners' addresses as start-up binds them (core::resolve_listen_host):
+// server.listen's host and admin.listen's host resolve, and the two do not
+// overlap (core::listen_addresses_overlap: `localhost:8080` and
+// `127.0.0.1:8080`, or `0.0.0.0:8080` and `127.0.0.1:8080`, are one
+// listener). Error: "server.listen: ..." or "admin.listen: ...", for
+// "weir: configuration error: " (exit 2). --check and start-up both call
+// it; a reload does not (listen changes at restart only). Resolves names:
+// not for a worker's thread.
+tl::expected<void, std::string> check_listen_addresses(const LoadedConfig& loaded);
+
 // The same for YAML text in memory (tests); `file_name` goes into errors.
 core::ConfigResult<LoadedConfig> load_config_text(std::string_view yaml, const std::string& file_name,
                                                   auth::GetEnv getenv_fn = nullptr);

@@ -236,17 +236,12 @@ void Worker::give_buffer(std::string& s) {
 
 std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port, bool exclusive, std::string& error) {
   error_code ec;
-  auto ip = asio::ip::make_address(addr.host, ec);
-  if (ec) {
-    asio::ip::tcp::resolver resolver(io_);
-    auto results = resolver.resolve(addr.host, "", ec);
-    if (ec || results.empty()) {
-      error = fmt::format("cannot resolve listen host {}: {}", addr.host, ec.message());
-      return 0;
-    }
-    ip = results.begin()->endpoint().address();
+  auto ip = core::resolve_listen_host(addr.host);
+  if (!ip) {
+    error = std::move(ip.error());
+    return 0;
   }
-  const http::tcp::endpoint ep(ip, port);
+  const http::tcp::endpoint ep(*ip, port);
   if (exclusive && core::probe_listen_address(ep) == EADDRINUSE) {
     error = fmt::format(
         "{} is already in use by another process (give --reuse-port or server.reuse_port: true to share it "

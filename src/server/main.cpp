@@ -194,6 +194,11 @@ int main(int argc, char** argv) {
         return 2;
       }
     }
+    // The listeners' hosts resolve and do not overlap, as start-up checks.
+    if (auto ok = weir::gateway::check_listen_addresses(*loaded); !ok) {
+      fmt::print(stderr, "weir: configuration error: {}\n", ok.error());
+      return 2;
+    }
     // Every endpoint's host resolves, as start-up and a reload resolve it (gateway::build_generation).
     for (const auto& pc : c.pools)
       for (std::size_t i = 0; i < pc.endpoints.size(); ++i)

@@ -45,6 +45,12 @@ tracing::Resource trace_resource(const tracing::TracingConfig& c, std::uint64_t 
 }
 
 int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
+  // A listen host that does not resolve, or an admin listener on the client
+  // listener's address, is the configuration error --check gives.
+  if (auto ok = gateway::check_listen_addresses(loaded); !ok) {
+    fmt::print(stderr, "weir: configuration error: {}\n", ok.error());
+    return 2;
+  }
   auto config = std::make_shared<core::Config>(std::move(loaded.config));
   if (opts.workers) config->server.workers = opts.workers;
   if (!opts.access_log.empty()) config->server.access_log = opts.access_log;

@@ -233,3 +233,41 @@ def test_a_keys_file_id_that_a_configured_key_also_has_is_refused(tmp_path):
         r = weir_run("--config", path, *args, env=env)
         assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
         assert "id 'ci' is also a configured key's" in r.stderr, r.stderr
+
+
+# (name, server.listen host, admin.listen host, admin on the client's port, what the error says)
+LISTENERS = [
+    # Another spelling of the client's own address is the client's listener (start-up's bind said "already
+    # in use by another process", and --check passed). "127.1" resolves (inet_aton) to 127.0.0.1.
+    ("admin-name-of-client-address", "127.0.0.1", "127.1", True, "admin.listen: 127.1:"),
+    ("client-name-of-admin-address", "127.1", "127.0.0.1", True, "admin.listen: 127.0.0.1:"),
+    ("client-host-unresolvable", "weir-no-such-host.invalid", "127.0.0.1", False,
+     "server.listen: cannot resolve listen host weir-no-such-host.invalid"),
+    ("admin-host-unresolvable", "127.0.0.1", "weir-no-such-host.invalid", False,
+     "admin.listen: cannot resolve listen host weir-no-such-host.invalid"),
+]
+
+
+@pytest.mark.parametrize("name,client,admin,same_port,says", LISTENERS, ids=[l[0] for l in LISTENERS])
+def test_listen_addresses_are_checked_by_check_and_start_up_alike(tmp_path, name, client, admin, same_port, says):
+    port = free_port()
+    admin_port = port if same_port else free_port()
+    path = tmp_path / "listen.yaml"
+    path.write_text(BASE.format(port=port).replace("127.0.0.1:", f"{client}:", 1) +
+                    f"admin:\n  listen: {admin}:{admin_port}\n  token_env: WEIR_TEST_ADMIN_TOKEN\n")
+    env = {"WEIR_TEST_ADMIN_TOKEN": "admin-test-token-0123456789"}
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args, env=env)
+        assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
+        assert "weir: configuration error: " + says in r.stderr, r.stderr
+        assert "ok" not in r.stdout
+    with pytest.raises(OSError):  # start-up never listened
+        socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+
+
+def test_an_admin_listener_on_its_own_port_of_a_named_host_passes_check(tmp_path):
+    path = tmp_path / "listen.yaml"
+    path.write_text(BASE.format(port=free_port()) +
+                    f"admin:\n  listen: 127.1:{free_port()}\n  token_env: WEIR_TEST_ADMIN_TOKEN\n")
+    r = weir_run("--config", path, "--check", env={"WEIR_TEST_ADMIN_TOKEN": "admin-test-token-0123456789"})
+    assert r.returncode == 0, r.stderr

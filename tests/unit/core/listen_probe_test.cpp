@@ -11,7 +11,9 @@
 #include <boost/asio/io_context.hpp>
 
 using weir::core::format_address;
+using weir::core::listen_addresses_overlap;
 using weir::core::probe_listen_address;
+using weir::core::resolve_listen_host;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
@@ -70,4 +72,24 @@ TEST(ListenProbe, PortZeroIsAlwaysFreeAndAddressesFormat) {
   EXPECT_EQ(probe_listen_address(loopback(0)), 0);
   EXPECT_EQ(format_address(loopback(8080)), "127.0.0.1:8080");
   EXPECT_EQ(format_address({asio::ip::make_address("::1"), 8080}), "[::1]:8080");
+}
+
+TEST(ListenProbe, OverlappingListenAddresses) {
+  const auto ep = [](const char* ip, std::uint16_t port) { return tcp::endpoint(asio::ip::make_address(ip), port); };
+  EXPECT_TRUE(listen_addresses_overlap(ep("127.0.0.1", 80), ep("127.0.0.1", 80)));
+  EXPECT_FALSE(listen_addresses_overlap(ep("127.0.0.1", 80), ep("127.0.0.1", 81)));
+  EXPECT_FALSE(listen_addresses_overlap(ep("127.0.0.1", 0), ep("127.0.0.1", 0)));  // each gets its own port
+  EXPECT_TRUE(listen_addresses_overlap(ep("0.0.0.0", 80), ep("127.0.0.1", 80)));
+  EXPECT_TRUE(listen_addresses_overlap(ep("127.0.0.1", 80), ep("0.0.0.0", 80)));
+  EXPECT_TRUE(listen_addresses_overlap(ep("::", 80), ep("127.0.0.1", 80)));  // :: takes IPv4 too
+  EXPECT_FALSE(listen_addresses_overlap(ep("0.0.0.0", 80), ep("::1", 80)));
+  EXPECT_FALSE(listen_addresses_overlap(ep("127.0.0.1", 80), ep("127.0.0.2", 80)));
+}
+
+TEST(ListenProbe, ResolvesListenHosts) {
+  EXPECT_EQ(resolve_listen_host("127.0.0.1").value(), asio::ip::make_address("127.0.0.1"));
+  EXPECT_EQ(resolve_listen_host("127.1").value(), asio::ip::make_address("127.0.0.1"));  // inet_aton's form
+  auto bad = resolve_listen_host("weir-no-such-host.invalid");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().find("cannot resolve listen host weir-no-such-host.invalid"), std::string::npos);
 }
