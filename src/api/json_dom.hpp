@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string_view>
@@ -22,11 +23,6 @@ inline std::string_view string_at(const boost::json::object& o, std::string_view
   return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
 }
 
-// An OpenAI/vLLM stream chunk that is an in-band error: an `error` member
-// that is truthy (vLLM's and OpenAI's `{"error": {"message": …}}`), or
-// `"object": "error"` (vLLM before 0.6: `{"object": "error", "message": …}`),
-// as openai::classify_chunk tells one. Returns its message ("" when it has
-// none), or nullopt when `chunk` is no error.
 // A JSON value's truth as Python reads it (the openai SDK tests a stream's
 // `error` member so): null, false, 0, "", {} and [] are false.
 inline bool truthy(const boost::json::value& v) {
@@ -51,6 +47,11 @@ inline bool truthy(const boost::json::value& v) {
   return false;
 }
 
+// An OpenAI/vLLM stream chunk that is an in-band error: an `error` member
+// that is truthy (vLLM's and OpenAI's `{"error": {"message": …}}`), or
+// `"object": "error"` (vLLM before 0.6: `{"object": "error", "message": …}`),
+// as openai::classify_chunk tells one. Returns its message ("" when it has
+// none), or nullopt when `chunk` is no error.
 inline std::optional<std::string_view> stream_error_message(const boost::json::object& chunk) {
   if (const auto* e = chunk.if_contains("error"); e && truthy(*e))
     return e->is_object() ? string_at(e->get_object(), "message") : std::string_view{};
@@ -80,6 +81,23 @@ unsigned char* thread_arena() {
   thread_local std::unique_ptr<unsigned char[]> block;
   if (!block) block.reset(new unsigned char[Size]);
   return block.get();
+}
+
+// Which tool call of a streamed chat answer an entry of a chunk's
+// `delta.tool_calls` belongs to: its integer `index` (OpenAI's chunk schema,
+// vLLM's). Some OpenAI-compatible servers send none; then an entry whose `id`
+// differs from the open call's upstream id (both given) starts the next call
+// (`last` + 1), and any other entry continues the open call (`open`), or
+// starts the next one when none is open (`open` = -1). `last`: the highest
+// index seen, -1 before the first call. Without this rule every call of a
+// parallel set without indexes read as index 0: one call, the names and
+// arguments run together.
+inline std::int64_t tool_call_index(const boost::json::object& call, std::int64_t open, std::int64_t last,
+                                    std::string_view open_id) {
+  if (const auto* i = call.if_contains("index"); i && i->is_int64()) return i->get_int64();
+  if (open < 0) return last + 1;
+  const std::string_view id = string_at(call, "id");
+  return !id.empty() && !open_id.empty() && id != open_id ? last + 1 : open;
 }
 
 }  // namespace weir::api

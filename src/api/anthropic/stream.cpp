@@ -232,15 +232,16 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
           for (const auto& tc : tcs->get_array()) {
             if (!tc.is_object()) continue;
             const auto& call = tc.get_object();
-            std::int64_t idx = 0;
-            if (const auto* i = call.if_contains("index"); i && i->is_int64()) idx = i->get_int64();
+            const std::int64_t idx =
+                tool_call_index(call, open_ == Block::tool ? tool_index_ : -1, last_tool_, tool_upstream_id_);
             const json::object* fn = nullptr;
             if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
             if (open_ != Block::tool || idx != tool_index_) {
               if (idx <= last_tool_)
                 return fail(502, "The upstream interleaved the deltas of parallel tool calls.", out);
               close(out);
-              scratch_.assign(string_at(call, "id"));
+              tool_upstream_id_.assign(string_at(call, "id"));
+              scratch_.assign(tool_upstream_id_);
               if (scratch_.empty()) scratch_ = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), idx);
               open(Block::tool, out, scratch_, fn ? string_at(*fn, "name") : std::string_view{});
               tool_index_ = last_tool_ = idx;

@@ -62,6 +62,7 @@ class StreamTranslator {
   std::uint32_t next_index_ = 0;  // the next content block's index
   std::int64_t tool_index_ = -1;  // OpenAI tool_calls[].index of the open tool_use block
   std::int64_t last_tool_ = -1;   // highest OpenAI tool index seen
+  std::string tool_upstream_id_;  // the open tool_use block's tool_calls[].id as the upstream gave it ("": none)
   // The open tool_use block's arguments: not begun yet, a JSON object
   // (streamed as they come), or other text (held in tool_raw_).
   enum class ToolArgs : std::uint8_t { none, object, raw };

@@ -307,17 +307,18 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
           for (const auto& tc : tcs->get_array()) {
             if (!tc.is_object()) continue;
             const auto& call = tc.get_object();
-            std::int64_t idx = 0;
-            if (const auto* i = call.if_contains("index"); i && i->is_int64()) idx = i->get_int64();
+            const bool in_call = open_ && items_.back().kind == OutputItem::Kind::function_call;
+            const std::int64_t idx = tool_call_index(call, in_call ? tool_index_ : -1, last_tool_, tool_upstream_id_);
             const json::object* fn = nullptr;
             if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
-            if (!open_ || items_.back().kind != OutputItem::Kind::function_call || idx != tool_index_) {
+            if (!in_call || idx != tool_index_) {
               // vLLM streams parallel calls one after another; a delta for
               // a call already done would reopen an item the client saw end.
               if (idx <= last_tool_)
                 return fail(502, "The upstream interleaved the deltas of parallel tool calls.", out);
               close(out);
               tool_index_ = last_tool_ = idx;
+              tool_upstream_id_.assign(string_at(call, "id"));
               open(OutputItem::Kind::function_call, out, string_at(call, "id"),
                    fn ? string_at(*fn, "name") : std::string_view{});
             } else if (fn) {

@@ -67,6 +67,7 @@ class StreamTranslator {
   std::uint64_t seq_ = 0;         // the next event's sequence_number
   std::int64_t tool_index_ = -1;  // OpenAI tool_calls[].index of the open function_call item
   std::int64_t last_tool_ = -1;   // highest OpenAI tool index seen
+  std::string tool_upstream_id_;  // the open function_call item's tool_calls[].id as the upstream gave it ("": none)
   std::int64_t created_ = 0;
   std::string_view echo_;
   std::string_view fallback_id_;

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <vector>
 
 #include <boost/json/parse.hpp>
@@ -158,6 +159,32 @@ TEST(AnthropicStream, ThinkingThenTextThenParallelTools) {
       args += e.data.at("delta").at("partial_json").as_string().c_str();
   EXPECT_EQ(json::parse(args), json::parse(R"({"city":"Paris"})"));
   EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "tool_use");
+}
+
+TEST(AnthropicStream, ParallelToolCallsWithoutIndexAreToldApartByTheirIds) {
+  // Some OpenAI-compatible servers give no `index`: a new id starts the next call, an entry without one
+  // continues the open call.
+  const auto ev = events_of(run({
+      R"({"id":"chatcmpl-n","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}]}}]})",
+      R"({"id":"chatcmpl-n","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":"{\"city\": \"Paris\"}"}}]}}]})",
+      R"({"id":"chatcmpl-n","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\""}}]}}]})",
+      R"({"id":"chatcmpl-n","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_b","function":{"arguments":": \"CET\"}"}}]}}]})",
+      R"({"id":"chatcmpl-n","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  expect_grammar(ev);
+  std::vector<json::value> starts;
+  std::map<std::int64_t, std::string> args;
+  for (const auto& e : ev) {
+    if (e.type == "content_block_start") starts.push_back(e.data.at("content_block"));
+    if (e.type == "content_block_delta")
+      args[e.data.at("index").as_int64()] += e.data.at("delta").at("partial_json").as_string().c_str();
+  }
+  ASSERT_EQ(starts.size(), 2u);
+  EXPECT_EQ(starts[0], json::parse(R"({"type":"tool_use","id":"call_a","name":"get_weather","input":{}})"));
+  EXPECT_EQ(starts[1], json::parse(R"({"type":"tool_use","id":"call_b","name":"get_time","input":{}})"));
+  EXPECT_EQ(json::parse(args[0]), json::parse(R"({"city":"Paris"})"));
+  EXPECT_EQ(json::parse(args[1]), json::parse(R"({"tz":"CET"})"));
 }
 
 TEST(AnthropicStream, AToolCallCutOffByMaxTokensIsMaxTokens) {

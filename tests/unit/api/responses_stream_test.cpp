@@ -222,6 +222,25 @@ TEST(ResponsesStream, ReasoningTextAndParallelToolCalls) {
   EXPECT_TRUE(args_done);
 }
 
+TEST(ResponsesStream, ParallelToolCallsWithoutIndexAreToldApartByTheirIds) {
+  // Some OpenAI-compatible servers give no `index`: a new id starts the next call, an entry without one
+  // continues the open call.
+  const auto ev = events_of(run({
+      R"({"id":"chatcmpl-n","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_a","type":"function","function":{"name":"get_weather","arguments":""}}]}}]})",
+      R"({"id":"chatcmpl-n","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"function":{"arguments":"{\"city\": \"Paris\"}"}}]}}]})",
+      R"({"id":"chatcmpl-n","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_b","type":"function","function":{"name":"get_time","arguments":"{\"tz\""}}]}}]})",
+      R"({"id":"chatcmpl-n","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"id":"call_b","function":{"arguments":": \"CET\"}"}}]}}]})",
+      R"({"id":"chatcmpl-n","created":3,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(r.at("output"), json::parse(R"([
+    {"id":"fc_n_0","type":"function_call","call_id":"call_a","name":"get_weather","arguments":"{\"city\": \"Paris\"}",
+      "status":"completed"},
+    {"id":"fc_n_1","type":"function_call","call_id":"call_b","name":"get_time","arguments":"{\"tz\": \"CET\"}",
+      "status":"completed"}])"));
+}
+
 TEST(ResponsesStream, EveryOutputItemHasItsOwnId) {
   // Reasoning, text, reasoning, text, a tool call, text: two of each kind (ids were rs_a, msg_a, rs_a, msg_a,
   // fc_a_0, msg_a: clients that key items by item_id merged them).
