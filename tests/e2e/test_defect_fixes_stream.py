@@ -84,7 +84,9 @@ def test_an_in_band_error_reaches_the_client_once_and_is_logged_as_one(gw):
     assert datas == [json.dumps(ROLE), json.dumps(VLLM_ERROR), "[DONE]"], text
     e = gw.log_for(rid)
     assert e["status"] == 200 and e["error"] and e["error"]["source"] == "upstream", e
-    assert e["events"] <= 1, e  # the role chunk at most: the error is no token
+    # `events` counts the data events the client got, the error and [DONE] too (docs/observability.md);
+    # the error is no token: no completion tokens, no first token.
+    assert e["events"] == len(datas) and not e["completion_tokens"] and e["ttft_ms"] is None, e
     # The openai SDK raises the upstream's error.
     with pytest.raises(openai.APIError, match="EngineCore"):
         for _ in gw.client().chat.completions.create(**dict(CHAT, stream=True), extra_headers={"x-script": "error-first"}):

@@ -49,12 +49,17 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
         ctx.hooks.fail(e.status, e.message, ctx.scratch);
       } else {
         // (Not when the upstream's own error event went out: only the end.)
+        // (Each a data event the client gets: the log's `events` counts them, as a whole stream's [DONE].)
         if (!ctx.error_relayed) {
           ctx.body.clear();
           core::append_error_json(ctx.body, e);
           http::append_sse_data(ctx.scratch, ctx.body);
+          ++ctx.events;
         }
-        if (!ctx.hooks.done_relayed()) http::append_sse_data(ctx.scratch, "[DONE]");
+        if (!ctx.hooks.done_relayed()) {
+          http::append_sse_data(ctx.scratch, "[DONE]");
+          ++ctx.events;
+        }
       }
       if (ctx.capture) capture_response(ctx, ctx.scratch);
       ctx.ticket.release_streams();  // (the stream's last bytes)
@@ -186,6 +191,7 @@ void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
       core::append_error_json(body, e);
       http::append_sse_data(out, body);
       http::append_sse_data(out, "[DONE]");
+      ctx.events += 2;
     }
     down_.queue_body(out);
     down_.queue_end();

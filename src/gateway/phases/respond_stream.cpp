@@ -165,6 +165,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       if (ctx.hooks.translating()) {
         const bool sent = ctx.hooks.translate(*ev, events);
         if (!s.holding && (upstream_error || ctx.hooks.translation_failed())) {
+          if (upstream_error) ++ctx.events;  // (an upstream event, translated: the log's `events` counts it)
           error_relayed(s);
           break;
         }
@@ -190,6 +191,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       }
       if (!ctx.hooks.on_event(*ev)) continue;
       if (upstream_error) {
+        ++ctx.events;
         events += ev->raw;
         error_relayed(s);
         break;

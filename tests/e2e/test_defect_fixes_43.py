@@ -1,0 +1,55 @@
+"""Defects found in stop 43's black-box rounds, and the ones stop 42 left noted."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import free_port, wait_until
+from test_defect_fixes import RawUpstream
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _chunk(delta: dict, finish=None) -> bytes:
+    doc = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+           "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+    return b"data: " + json.dumps(doc).encode() + b"\n\n"
+
+
+VLLM_ERROR = b'data: {"error":{"message":"boom","type":"InternalServerError","param":null,"code":500}}\n\n'
+OLD_VLLM_ERROR = b'data: {"object":"error","message":"boom","type":"InternalServerError","param":null,"code":500}\n\n'
+
+
+def _stream(*events: bytes) -> bytes:
+    body = b"".join(b"%x\r\n%s\r\n" % (len(e), e) for e in events) + b"0\r\n\r\n"
+    return b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" + body
+
+
+@pytest.mark.parametrize("events", [
+    [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "A"}), _chunk({"content": "B"}), VLLM_ERROR,
+     b"data: [DONE]\n\n"],
+    [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "A"}), OLD_VLLM_ERROR, b"data: [DONE]\n\n"],
+    [VLLM_ERROR, b"data: [DONE]\n\n"],
+    # Broken: no [DONE]; Weir ends it with its own error event and [DONE].
+    [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "A"})],
+], ids=["error-mid-stream", "old-error-shape", "error-first", "cut"])
+def test_a_broken_streams_error_event_and_done_are_counted(weir, events):
+    # The log's `events` and weir_sse_events_total count every data event the client got, [DONE]
+    # included, also the in-band error and the [DONE] after it (they were left out).
+    up = RawUpstream(lambda h, b: _stream(*events))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        before = w.metric("weir_sse_events_total") or 0
+        with httpx.stream("POST", w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True},
+                          headers={"x-request-id": "broken-1"}, timeout=10) as r:
+            assert r.status_code == 200
+            got = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert got[-1] == "data: [DONE]" and any('"error"' in g for g in got), got
+        line = w.log_for("broken-1")
+        assert line["events"] == len(got), (line, got)
+        wait_until(lambda: (w.metric("weir_sse_events_total") or 0) - before == len(got), 5,
+                   message="weir_sse_events_total counts what the client got")
+    finally:
+        up.close()
