@@ -178,6 +178,20 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
         WEIR_TRY(s, read_string(u, k + ".upstream_model"));
         t.upstream_model = s;
       }
+      // A target that is the model's own (its pool and upstream model) or an earlier one's would send the
+      // request again to what just failed, outside the pool's retry budget (docs/reliability.md).
+      const std::string_view own = mc.upstream_model.empty() ? std::string_view(mc.name) : mc.upstream_model;
+      if (t.pool == mc.pool && t.upstream_model == own)
+        return tl::unexpected(config_error(
+            f[i], k,
+            fmt::format("the model's own pool '{}' and upstream model '{}': a model cannot fall back to itself "
+                        "(retries on the pool are `pools.{}.retry`)",
+                        c.pools[t.pool].name, own, c.pools[t.pool].name)));
+      for (std::size_t j = 0; j < mc.fallbacks.size(); ++j)
+        if (mc.fallbacks[j].pool == t.pool && mc.fallbacks[j].upstream_model == t.upstream_model)
+          return tl::unexpected(config_error(f[i], k,
+                                             fmt::format("the same pool '{}' and upstream model '{}' as {}[{}]",
+                                                         c.pools[t.pool].name, t.upstream_model, key, j)));
       mc.fallbacks.push_back(std::move(t));
     }
   }
