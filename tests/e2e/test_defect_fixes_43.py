@@ -53,3 +53,36 @@ def test_a_broken_streams_error_event_and_done_are_counted(weir, events):
                    message="weir_sse_events_total counts what the client got")
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("fallbacks,says", [
+    # {pool: its own pool}: the model's own pool and upstream model, as {model: itself} (already refused).
+    ("[{pool: a}]", "models.x.fallbacks[0]: the model's own pool 'a' and upstream model 'm'"),
+    # {model: y} where y is x under another name: the same target.
+    ("[{model: y}]", "models.x.fallbacks[0]: the model's own pool 'a' and upstream model 'm'"),
+    ("[{pool: a, upstream_model: m}]", "models.x.fallbacks[0]: the model's own pool"),
+    # The same target twice: the second sends the request again to what just failed.
+    ("[{pool: b}, {pool: b}]", "models.x.fallbacks[1]: the same pool 'b' and upstream model 'm' as "
+                               "models.x.fallbacks[0]"),
+    ("[{pool: b}, {model: z}]", "models.x.fallbacks[1]: the same pool 'b'"),
+], ids=["own-pool", "alias-model", "own-pool-named", "twice", "twice-via-model"])
+def test_a_fallback_to_the_models_own_target_or_a_repeated_one_is_refused(tmp_path, fallbacks, says):
+    from test_config_check import weir_run
+    path = tmp_path / "f.yaml"
+    path.write_text(f"""\
+listen: 127.0.0.1:{free_port()}
+pools:
+  a: {{endpoints: [http://127.0.0.1:9]}}
+  b: {{endpoints: [http://127.0.0.1:9]}}
+models:
+  x: {{pool: a, upstream_model: m, fallbacks: {fallbacks}}}
+  y: {{pool: a, upstream_model: m}}
+  z: {{pool: b, upstream_model: m}}
+""")
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert says in r.stderr, r.stderr
+    # Another upstream model on the same pool is another target.
+    path.write_text(path.read_text().replace(f"fallbacks: {fallbacks}", "fallbacks: [{pool: a, upstream_model: n}]"))
+    assert weir_run("--config", path, "--check").returncode == 0
