@@ -272,13 +272,37 @@ core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::update(std::string id, 
 }
 
 core::Task<AdminResult<KeyRecord>> RedisKeyAdmin::revoke(std::string id) {
-  auto all = co_await records_of(id);
-  if (!all) co_return tl::unexpected(all.error());
   // Every live record of the id: no key of that id works after the answer
-  // (scripts/weir-key revoke --id does the same).
-  for (const KeyRecord& k : *all)  // (one revoked meanwhile is revoked all the same)
-    if (auto ok = co_await set_revoked(k); !ok) co_return tl::unexpected(ok.error());
-  co_return std::move(all->front());
+  // (scripts/weir-key revoke --id does the same). A rotate beside it moves a
+  // record to a new secret (one script: the new record live, the old one
+  // revoked), so a pass that finds a record revoked under it scans the id
+  // again, and a first scan that finds none scans once more: SCAN may miss a
+  // record created while it ran. Done when a pass revokes only records that
+  // were still live, or when none is left after one was revoked; a rotate
+  // after that finds its record revoked (404).
+  std::optional<KeyRecord> first;
+  for (int pass = 0; pass < 8; ++pass) {
+    auto all = co_await records_of(id);
+    if (!all) {
+      if (all.error().status != 404) co_return tl::unexpected(all.error());
+      if (first) co_return std::move(*first);
+      if (pass == 0) continue;
+      co_return tl::unexpected(all.error());
+    }
+    if (!first) first = all->front();
+    bool raced = false;
+    for (const KeyRecord& k : *all) {
+      auto ok = co_await set_revoked(k);
+      if (!ok) co_return tl::unexpected(ok.error());
+      raced = raced || !*ok;
+    }
+    if (!raced) co_return std::move(*first);
+  }
+  co_return tl::unexpected(AdminError{409,
+                                      "invalid_request_error",
+                                      "conflict",
+                                      "The key kept being rotated while it was being revoked: try again.",
+                                      {}});
 }
 
 core::Task<AdminResult<KeyStore::Change>> RedisKeyAdmin::rotate(std::string id) {

@@ -86,3 +86,39 @@ models:
     # Another upstream model on the same pool is another target.
     path.write_text(path.read_text().replace(f"fallbacks: {fallbacks}", "fallbacks: [{pool: a, upstream_model: n}]"))
     assert weir_run("--config", path, "--check").returncode == 0
+
+
+def test_a_delete_beside_a_rotate_of_a_redis_key_leaves_no_live_secret(mock, weir, redis):
+    # Keys in Redis: DELETE listed the id's records, then revoked them; a rotate in between moved the record
+    # to a new secret, which DELETE never saw. It answered {"deleted": true} and the new secret worked for
+    # good. A revoke that finds a record revoked under it scans the id again.
+    import concurrent.futures
+    from test_admin_api import Admin, TOKEN
+    from test_defect_fixes_42 import _answers
+    m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
+    port = free_port()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
+                     "tenants": {"acme": {}}, "auth": {"required": True, "redis_keys": True, "key_cache_ttl": "1s"},
+                     "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+                     "redis": {"url": redis.url}},
+             env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
+    admin = Admin(port)
+    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    for _ in range(30):  # (unrelated keys: the id's lookup scans them, widening the window as in production)
+        admin.create(tenant="acme")
+    survivors = []
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for _ in range(40):
+            k = admin.create(tenant="acme")
+            d = pool.submit(admin, "DELETE", f"/admin/v1/keys/{k['id']}")
+            r = pool.submit(admin, "POST", f"/admin/v1/keys/{k['id']}/rotate")
+            deleted, rotated = d.result(), r.result()
+            assert deleted.status_code == 200, deleted.text
+            if rotated.status_code == 200 and admin("GET", f"/admin/v1/keys/{k['id']}").status_code != 404:
+                survivors.append(rotated.json()["key"])
+    # (What a survivor meant: its secret still served, past the key cache's TTL.)
+    for secret in survivors[:1]:
+        wait_until(lambda: httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10,
+                                      headers={"Authorization": f"Bearer {secret}"}).status_code == 401, 3,
+                   message="the deleted key's rotated secret refused")
+    assert survivors == [], f"{len(survivors)} of 40 deleted keys still live after a rotate beside the DELETE"
