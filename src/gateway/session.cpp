@@ -44,7 +44,7 @@ core::Task<void> Session::run(std::unique_ptr<Session> self) {
     // closes: an idle kept-alive connection holds a few small buffers only.
     constexpr std::size_t kKeepBetweenRequests = 16 * 1024;
     s.ctx_.trim(kKeepBetweenRequests);
-    s.down_.trim_body_storage(kKeepBetweenRequests);
+    s.down_.trim_storage(kKeepBetweenRequests);
     if (head == http::Downstream::Head::failed || !s.down_.keep_alive() || s.down_.client_gone() ||
         s.down_.write_failed() || s.down_.closed()) {
       if (!s.down_.client_gone() && !s.down_.closed()) co_await s.down_.lingering_close();

@@ -127,6 +127,18 @@ void Downstream::drop_parser() noexcept {
   parser_ = nullptr;
 }
 
+void Downstream::trim_storage(std::size_t max_bytes) {
+  if (body_store_.capacity() > max_bytes) std::string().swap(body_store_);
+  // (A request with no body never reached read_body's shrink of in_.)
+  if (!reading_ && in_.size() == 0 && in_.capacity() > kKeepInput) in_.shrink_to_fit();
+  if (!parser_) return;
+  if (parser_->get().storage_bytes() > FlatFields::kKeepBytes) {
+    release_request();
+    return;
+  }
+  if (parser_->get().body().capacity() > max_bytes) std::string().swap(parser_->get().body());
+}
+
 void Downstream::release_request() {
   target_ = {};  // (a view into the parser's head)
   drop_parser();

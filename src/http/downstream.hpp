@@ -145,11 +145,11 @@ class Downstream {
   bool has_body_storage() const { return body_store_.capacity() > std::string().capacity(); }
   // Between requests: frees the body storage when it holds more than
   // `max_bytes` of capacity (a large or decoded body), so an idle kept-alive
-  // connection holds none of it (else up to server.max_body each).
-  void trim_body_storage(std::size_t max_bytes) {
-    if (body_store_.capacity() > max_bytes) std::string().swap(body_store_);
-    if (parser_ && parser_->get().body().capacity() > max_bytes) std::string().swap(parser_->get().body());
-  }
+  // connection holds none of it (else up to server.max_body each), and the
+  // last head when its fields' buffer is larger than a next head would
+  // keep (FlatFields::kKeepBytes; else up to server.max_header each), and
+  // the input buffer a large head grew, when no read is posted into it.
+  void trim_storage(std::size_t max_bytes);
   void lend_body_storage(std::string s) { body_store_ = std::move(s); }
   // Reads the body within server.max_body and server.body_timeout, answering
   // "Expect: 100-continue" first. false: failure() says why (a body too

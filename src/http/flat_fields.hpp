@@ -164,6 +164,8 @@ class FlatFields {
   // server.max_header, is not held by an idle connection): else frees it.
   static constexpr std::uint32_t kKeepBytes = 4096;
   void adopt_storage(Storage s) noexcept;
+  // Bytes the head's buffer holds (its capacity).
+  std::uint32_t storage_bytes() const noexcept { return cap_; }
 
   // Beast's Fields concept (boost/beast/http/fields.hpp).
   boost::beast::string_view get_method_impl() const noexcept { return {data_.get(), method_len_}; }

@@ -122,3 +122,35 @@ def test_a_delete_beside_a_rotate_of_a_redis_key_leaves_no_live_secret(mock, wei
                                       headers={"Authorization": f"Bearer {secret}"}).status_code == 401, 3,
                    message="the deleted key's rotated secret refused")
     assert survivors == [], f"{len(survivors)} of 40 deleted keys still live after a rotate beside the DELETE"
+
+
+def test_an_idle_connection_does_not_hold_its_last_request_head(mock, weir):
+    # Each client sends one request with a 500 KB header (server.max_header: 1MiB) and keeps its connection
+    # open. The parser kept the last head between requests: 40 idle connections held 20 MB. A head larger
+    # than a next head would reuse (4 KiB) goes at the request's end now.
+    import socket
+    from test_defect_fixes_42 import _rss_kb
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "1")
+    w = weir(config={"server": {"max_header": "1MiB"}, "pools": {"p": {"endpoints": [m.base_url]}},
+                     "default_pool": "p"}, workers=1)
+    req = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 500_000 + b"\r\n\r\n"
+    base = _rss_kb(w.process.pid)
+    conns = []
+    try:
+        for _ in range(40):
+            s = socket.create_connection(("127.0.0.1", w.port), timeout=30)
+            s.sendall(req)
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += s.recv(65536)
+            assert buf.startswith(b"HTTP/1.1 200"), buf[:100]
+            conns.append(s)  # open and idle
+        grown_mb = (_rss_kb(w.process.pid) - base) / 1024
+        assert grown_mb < 8, f"40 idle connections hold {grown_mb:.0f} MB"  # (0.5 MB each before)
+        # The connections still serve.
+        for s in conns[:3]:
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        for s in conns:
+            s.close()
