@@ -154,3 +154,29 @@ def test_an_idle_connection_does_not_hold_its_last_request_head(mock, weir):
     finally:
         for s in conns:
             s.close()
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/tokenize", {"model": "m", "prompt": "hi"}),
+    ("/detokenize", {"model": "m", "tokens": [1, 2]}),
+    ("/rerank", {"model": "m", "query": "q", "documents": ["a"]}),
+    ("/score", {"model": "m", "text_1": "a", "text_2": "b"}),
+    ("/pooling", {"model": "m", "input": "a"}),
+    ("/classify", {"model": "m", "input": "a"}),
+])
+def test_an_event_stream_on_vllms_json_routes_is_no_answer(weir, path, body):
+    # vLLM's tokenize ... classify answer one JSON object. An upstream that streams anyway was relayed as
+    # a 200 event stream (and a free /tokenize charged as a completion); it is the 502 the README's error
+    # table gives, as on /v1/embeddings.
+    stream = _stream(_chunk({"role": "assistant", "content": ""}), _chunk({"content": "A"}, "stop"),
+                     b"data: [DONE]\n\n")
+    up = RawUpstream(lambda h, b: stream)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.base_url + path, json=body, headers={"x-request-id": "odd-1"}, timeout=10)
+        assert r.status_code == 502, (r.status_code, r.headers, r.text[:200])
+        assert r.json()["error"]["code"] == "upstream_invalid_response", r.text
+        line = w.log_for("odd-1")
+        assert line["status"] == 502 and line["stream"] is False and not line["completion_tokens"], line
+    finally:
+        up.close()
