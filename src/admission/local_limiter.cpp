@@ -257,11 +257,26 @@ void LocalLimiter::charge(std::uint32_t scope, Bucket b, std::uint32_t worker, d
     return charge(f, b, worker, amount, now);
   const Spec& s = sc.spec[static_cast<int>(b)];
   if (!s.enabled || amount <= 0) return;
-  auto& tat = sc.shards[shard_of(worker)].tat[static_cast<int>(b)];
+  // What the bucket still holds pays first (the worker's own shard, then
+  // the others'), so a debt is only what the whole bucket cannot pay; that
+  // is spread over every shard by its share. A debt on one shard alone let
+  // the other workers admit from theirs while the bucket as a whole owed
+  // (each shard refills at r/N: spread evenly, all come back to zero
+  // together, when the whole bucket does).
   const double t = ns(now);
-  double cur = tat.load(std::memory_order_relaxed);
-  while (!tat.compare_exchange_weak(cur, std::max(cur, t) + amount * s.t_ns, std::memory_order_acq_rel,
-                                    std::memory_order_relaxed)) {
+  const int bi = static_cast<int>(b);
+  const std::uint32_t own = shard_of(worker);
+  double left = amount - take_up_to(s, sc.shards[own].tat[bi], amount, t);
+  for (std::uint32_t k = 1; k < shards_ && left > kEps; ++k)
+    left -= take_up_to(s, sc.shards[(own + k) % shards_].tat[bi], left, t);
+  if (left <= kEps) return;
+  const double share = left / shards_;
+  for (std::uint32_t j = 0; j < shards_; ++j) {
+    auto& tat = sc.shards[j].tat[bi];
+    double cur = tat.load(std::memory_order_relaxed);
+    while (!tat.compare_exchange_weak(cur, std::max(cur, t) + share * s.t_ns, std::memory_order_acq_rel,
+                                      std::memory_order_relaxed)) {
+    }
   }
 }
 

@@ -273,10 +273,12 @@ BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   BucketView v;
   if (!s.enabled) return v;
   const Lease& l = at(i / 2).lease[i % 2];
-  const double total = std::clamp(
-      remote_estimate(l, i, ns(now)) + static_cast<double>(l.units.load(std::memory_order_relaxed)), 0.0, s.depth);
+  // (Below 0 is a debt, usage above its estimate: the bucket is full again only once it is paid, as
+  // LocalLimiter::view reads it.)
+  const double total =
+      std::min(remote_estimate(l, i, ns(now)) + static_cast<double>(l.units.load(std::memory_order_relaxed)), s.depth);
   v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
-  v.remaining = static_cast<std::uint64_t>(std::floor(total + kEps));
+  v.remaining = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total + kEps));
   v.level = total;
   v.rate_per_min = s.rate_per_min;
   v.depth = s.depth;

@@ -509,6 +509,26 @@ TEST(AdmissionLimiter, ARefundOfBorrowedUnitsIsNotLost) {
   EXPECT_NEAR(lim.available(0, Bucket::tokens, T0), 1000, 1e-6);
 }
 
+TEST(AdmissionLimiter, ADebtHoldsEveryWorkerNotOnlyTheOneThatSettled) {
+  // 2 workers, 120 tokens a minute: 60 per shard. Worker 0 reserved 13 and the answer used 305: 292 more
+  // are charged. The bucket owes 185; worker 1 admitted from its own shard while worker 0's owed it all.
+  std::vector<auth::ScopeInfo> scopes(1);
+  scopes[0].limits.tokens_per_minute = 120;
+  LocalLimiter lim(scopes, 2, T0 - std::chrono::hours(1));
+  ASSERT_TRUE(lim.take(0, Bucket::tokens, 0, 13, T0).ok);
+  lim.charge(0, Bucket::tokens, 0, 292, T0);
+  EXPECT_NEAR(lim.available(0, Bucket::tokens, T0), -185, 1e-6);
+  for (std::uint32_t worker : {0u, 1u}) EXPECT_FALSE(lim.take(0, Bucket::tokens, worker, 13, T0).ok) << worker;
+  // Paid back at 2 tokens a second: 13 are there after 99 s, on either worker, not before.
+  EXPECT_FALSE(lim.take(0, Bucket::tokens, 1, 13, T0 + std::chrono::seconds(98)).ok);
+  EXPECT_TRUE(lim.take(0, Bucket::tokens, 1, 13, T0 + std::chrono::seconds(99)).ok);
+  // A charge the bucket can still pay is no debt, wherever the units are.
+  ASSERT_TRUE(lim.take(0, Bucket::tokens, 0, 1, T0 + std::chrono::hours(1)).ok);
+  lim.charge(0, Bucket::tokens, 0, 100, T0 + std::chrono::hours(1));
+  EXPECT_NEAR(lim.available(0, Bucket::tokens, T0 + std::chrono::hours(1)), 19, 1e-6);
+  EXPECT_TRUE(lim.take(0, Bucket::tokens, 0, 19, T0 + std::chrono::hours(1)).ok);
+}
+
 TEST(AdmissionHeaders, RateLimitValuesAndResetFormat) {
   auth::Limits l = rpm(60);
   l.tokens_per_minute = 6000;

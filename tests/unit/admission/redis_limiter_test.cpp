@@ -311,6 +311,14 @@ TEST_F(RedisLimiterTest, DebtAboveTheEstimateReachesTheGlobalBucket) {
   EXPECT_EQ(v.limit, 10'000u);
   EXPECT_LT(v.remaining, 5'000u) << "B must see A's debt";
   EXPECT_GT(v.reset_ms, 0u);
+  // A debt past the whole bucket: it is full again only once that is paid too (the view clamped the level
+  // at 0, so reset read depth / rate, 60 s, while the refusal's Retry-After was longer).
+  ASSERT_TRUE(admit(a, 0, w.principal, 500, false, api::Usage{15000, 500, 15500, 0}).ok);
+  ASSERT_TRUE(eventually([&] { return b.limiter->view(w.scope(), Bucket::tokens, MonoClock::now()).level < -5'000; }))
+      << "B sees the bucket below zero";
+  const auto owed = b.limiter->view(w.scope(), Bucket::tokens, MonoClock::now());
+  EXPECT_EQ(owed.remaining, 0u);
+  EXPECT_GT(owed.reset_ms, 90'000u) << "10,000 to refill and more than 5,000 owed, at 10,000 a minute";
 }
 
 TEST_F(RedisLimiterTest, BudgetCutOffSeenByBothReplicas) {
