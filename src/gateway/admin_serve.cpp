@@ -15,6 +15,7 @@
 
 #include "core/access_log.hpp"
 #include "core/json_text.hpp"
+#include "core/text.hpp"
 #include "core/text_writer.hpp"
 #include "core/time.hpp"
 #include "gateway/admin.hpp"
@@ -73,9 +74,9 @@ core::Task<void> linger(Stream& stream) {
 }  // namespace
 
 void AdminServer::log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0,
-                              std::size_t bytes_in, std::size_t bytes_out) const {
-  // A scrape is not logged, as on the client port.
-  if (!shared_.log_sink || !shared_.log_sink->enabled() || path == "/metrics") return;
+                              std::size_t bytes_in, std::size_t bytes_out, bool scrape) const {
+  // A scrape is not logged, as on the client port (a refused request to /metrics is).
+  if (!shared_.log_sink || !shared_.log_sink->enabled() || scrape) return;
   std::string line;
   {
     core::TextWriter w(line, 256);
@@ -246,7 +247,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
       log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path,
-                  wec ? 499 : e.status, t0, body_got(), res.body().size());
+                  wec ? 499 : e.status, t0, body_got(), wn);
       if (wec) co_return;
       co_await linger(stream);
       co_return;
@@ -254,6 +255,11 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     auto& msg = parser.get();
     req.body = std::move(msg.body());
     req.if_none_match = std::string(msg[bh::field::if_none_match]);
+    for (const auto& f : msg)  // (every Content-Encoding line, joined: one of them coded is a coded body)
+      if (f.name() == bh::field::content_encoding) {
+        if (!req.content_encoding.empty()) req.content_encoding += ", ";
+        req.content_encoding += core::trim_ows(f.value());
+      }
     const std::string authorization(msg[bh::field::authorization]);
     // A request refused before its body: the body is never read, so the connection ends with the answer.
     const bool keep = parser.keep_alive() && !stopped_ && !refused;  // every Connection line (RFC 9110 §5.3)
@@ -286,9 +292,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       res.prepare_payload();
     }
     stream.expires_after(kRequestTimeout);
-    const std::size_t bytes_out = res.body().size();
     auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
-    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), bytes_out);
+    // bytes_out: what was written, head and body, as on the client listener.
+    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), wn, r.status == 200 && req.path == "/metrics");
     if (wec) co_return;
     if (refused) co_await linger(stream);
     if (!keep) co_return;

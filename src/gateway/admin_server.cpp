@@ -261,8 +261,21 @@ std::optional<AdminResponse> AdminServer::refuse_before_body(const AdminRequest&
 }
 
 core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_view authorization) {
+  // A method no resource has: 501, not 405 (RFC 9110 §9.1), before the credential, as on the client listener.
+  if (bh::string_to_verb(req.method) == bh::verb::unknown)
+    co_return error_response(AdminError{
+        501, "invalid_request_error", "method_not_implemented",
+        fmt::format("Method {} is not implemented (methods are case-sensitive).", core::utf8_prefix(req.method, 16)),
+        {}});
   if (auto file = console_file(req)) co_return std::move(*file);
   if (auto refused = refuse_before_body(req, authorization)) co_return std::move(*refused);
+  // The admin API's bodies are JSON as sent: a coded one is not read as if it were not (RFC 9110 §15.5.16).
+  if (!req.content_encoding.empty() && !core::iequals(req.content_encoding, "identity")) {
+    auto r = error_response(AdminError{415, "invalid_request_error", "unsupported_content_encoding",
+                                       "The admin API takes request bodies without a Content-Encoding.", {}});
+    r.headers.emplace_back("Accept-Encoding", "identity");
+    co_return r;
+  }
   auto m = router_.match(req.method, req.path, req.params);
   if (!m.handler) {
     if (!m.allow.empty())

@@ -42,6 +42,7 @@ struct AdminRequest {
   std::string query;                // after '?', undecoded; empty when none
   std::string body;                 // at most 1 MiB
   std::string if_none_match;        // the If-None-Match field (the console's files), empty when none
+  std::string content_encoding;     // the Content-Encoding field(s), empty when none
   std::vector<std::string> params;  // the {name} segments of the route's pattern, in order
 };
 
@@ -149,10 +150,10 @@ class AdminServer {
   core::Task<void> serve(http::Socket sock);
   // One access-log line per admin request (the shared sink, when it is on):
   // {"ts", "listener":"admin", "method", "path" (no query), "status",
-  // "duration_ms", "bytes_in", "bytes_out"}; never a credential. /metrics
-  // scrapes are not logged.
+  // "duration_ms", "bytes_in", "bytes_out" (head and body written)}; never
+  // a credential. A `scrape` (a /metrics answered 200) is not logged.
   void log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0, std::size_t bytes_in,
-                   std::size_t bytes_out) const;
+                   std::size_t bytes_out, bool scrape = false) const;
   core::Task<AdminResponse> dispatch(AdminRequest& req, std::string_view authorization);
   // What refuses `req` on its head alone, console files aside (they need no
   // token): a missing or wrong admin token (401) on any path but /metrics

@@ -180,3 +180,77 @@ def test_an_event_stream_on_vllms_json_routes_is_no_answer(weir, path, body):
         assert line["status"] == 502 and line["stream"] is False and not line["completion_tokens"], line
     finally:
         up.close()
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(request)
+        out = b""
+        while True:
+            got = s.recv(65536)
+            if not got:
+                return out
+            out += got
+
+
+def test_the_admin_listener_refuses_coded_bodies_and_unknown_methods_and_logs_what_it_wrote(mock, weir):
+    # A Content-Encoding the admin API does not decode was read as plain JSON (`br` with a plain body
+    # created a key); an undefined or lower-case method was a 405 (the client listener gives 501); and
+    # bytes_out counted the body alone.
+    import gzip
+    from test_admin_api import MOCK_FLAGS, TOKEN, start
+    w, admin = start(mock(*MOCK_FLAGS), weir)
+    body = json.dumps({"tenant": "acme"}).encode()
+    for coding, data in (("br", body), ("gzip", gzip.compress(body)), ("identity, gzip", gzip.compress(body))):
+        r = admin("POST", "/admin/v1/keys", content=data, headers={"content-encoding": coding})
+        assert r.status_code == 415, (coding, r.status_code, r.text)
+        assert r.json()["error"]["code"] == "unsupported_content_encoding" and r.headers["accept-encoding"] == "identity"
+    # Without a credential it is the 401 first: nothing about the body is looked at.
+    r = admin("POST", "/admin/v1/keys", token=None, content=body, headers={"content-encoding": "br"})
+    assert r.status_code == 401, r.text
+    assert admin("POST", "/admin/v1/keys", content=body, headers={"content-encoding": "identity"}).status_code == 201
+    runtime = [k for k in admin("GET", "/admin/v1/keys").json()["data"] if k["created_at"] is not None]
+    assert len(runtime) == 1, f"the refused creates made keys: {runtime}"
+    port = int(admin.base.rsplit(":", 1)[1])
+    for method in (b"get", b"FOO"):  # (raw: httpx would send GET)
+        got = _raw(port, method + b" /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert got.startswith(b"HTTP/1.1 501") and b"method_not_implemented" in got, got[:300]
+    # bytes_out: the head and body the client got, as on the client listener.
+    got = _raw(port, b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\nx-request-id: bytes-out\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 200")
+    lines = wait_until(lambda: [e for e in w.log_entries() if e.get("listener") == "admin" and e["path"] == "/ready"
+                                and e["method"] == "GET" and e["status"] == 200], 5, message="the admin line")
+    assert lines[-1]["bytes_out"] == len(got), (lines[-1], len(got))
+
+
+@pytest.mark.parametrize("client_port", [True, False])
+def test_a_refused_request_to_metrics_is_logged_only_a_scrape_is_not(mock, weir, client_port):
+    # POST /metrics (405) wrote no log line on either listener, though weir_requests_total counted it; with
+    # client_port: false the client port answered GET with 404 and POST with a 405 naming GET, HEAD.
+    from test_admin_api import MOCK_FLAGS, TOKEN, config
+    m = mock(*MOCK_FLAGS)
+    port = free_port()
+    cfg = config(m, port)
+    cfg.setdefault("server", {})["metrics"] = {"client_port": client_port}
+    w = weir(config=cfg, env={"WEIR_TEST_ADMIN_TOKEN": TOKEN})
+    auth = {"authorization": f"Bearer {TOKEN}"}
+    wait_until(lambda: _raw(port, b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"), 5)
+    r = httpx.post(w.base_url + "/metrics", headers={"x-request-id": "post-metrics"}, timeout=10)
+    assert r.status_code == (405 if client_port else 404), r.text
+    if client_port:
+        assert r.headers["allow"] == "GET, HEAD"
+    line = w.log_for("post-metrics")
+    assert line["status"] == r.status_code and line["path"] == "/metrics", line
+    assert httpx.post(f"http://127.0.0.1:{port}/metrics", headers=auth, timeout=10).status_code == 405
+    admin_lines = wait_until(lambda: [e for e in w.log_entries() if e.get("listener") == "admin"
+                                      and e["path"] == "/metrics"], 5, message="the admin 405's line")
+    assert [e["status"] for e in admin_lines] == [405], admin_lines
+    # A scrape writes none, on either listener.
+    before = len(w.log_entries())
+    assert httpx.get(f"http://127.0.0.1:{port}/metrics", headers=auth, timeout=10).status_code == 200
+    if client_port:
+        assert httpx.get(w.base_url + "/metrics", timeout=10).status_code == 200
+    httpx.get(w.base_url + "/health", headers={"x-request-id": "after"}, timeout=10)
+    w.log_for("after")
+    assert len(w.log_entries()) == before + 1, w.log_entries()[before:]

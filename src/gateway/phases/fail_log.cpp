@@ -237,7 +237,8 @@ void GatewayPhases::log(RequestContext& ctx) {
   // A scrape every few seconds would drown the log: /metrics counts in the
   // metrics, writes no line and stores no record.
   end_capture(ctx);
-  if ((w_.access_log().enabled() || w_.record_queue()) && ctx.route != RouteKind::metrics) write_access_log(ctx, end);
+  const bool scrape = ctx.route == RouteKind::metrics && ctx.status == 200;  // (a refused one, a 405, is logged)
+  if ((w_.access_log().enabled() || w_.record_queue()) && !scrape) write_access_log(ctx, end);
   if (ctx.trace_sampled()) push_trace(ctx, end);
   if (ctx.capture) {
     // Captured bodies were copied into the record's slot: an idle keep-alive

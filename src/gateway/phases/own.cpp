@@ -49,12 +49,7 @@ core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
     if (auto why = ready_problem(*ctx.gen->shared, false); !why.empty())
       co_return Outcome::failed(core::unavailable(std::move(why)));
     co_await send_own(ctx, {200, "application/json", R"({"status":"ready"})", {}});
-  } else if (ctx.route == RouteKind::metrics && !ctx.gen->config().server.metrics.client_port) {
-    // Served only on the admin listener (server.metrics.client_port: false): no such route here, and the
-    // request is logged as any unknown path is.
-    ctx.route = RouteKind::other;
-    co_return Outcome::failed(core::not_found(ctx.path));
-  } else if (ctx.route == RouteKind::metrics) {
+  } else if (ctx.route == RouteKind::metrics) {  // (client_port: false made it RouteKind::other: read.cpp)
     std::string text;
     co_await collect_metrics_text(w_, text);
     co_await send_own(ctx, {200, "text/plain; version=0.0.4; charset=utf-8", text, {}});

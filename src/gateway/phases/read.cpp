@@ -90,6 +90,9 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     if (!down_.body_complete()) down_.no_keep_alive();
     co_return Outcome::failed(core::method_not_implemented(req.method_string()));
   }
+  // /metrics served only on the admin listener (server.metrics.client_port: false): no such route here, for
+  // any method, logged as any unknown path is.
+  if (ctx.route == RouteKind::metrics && !ctx.gen->config().server.metrics.client_port) ctx.route = RouteKind::other;
   if (ctx.route == RouteKind::other) {
     if (!down_.body_complete()) down_.no_keep_alive();
     co_return Outcome::failed(core::not_found(path));
