@@ -95,6 +95,19 @@ tl::unexpected<core::Error> Authenticator::reject_known(core::Error e, std::stri
   return reject(std::move(e));
 }
 
+std::optional<std::string_view> bearer_token(std::string_view authorization) {
+  authorization = trim(authorization);
+  if (iequals(authorization, "Bearer")) return std::string_view{};
+  const auto sp = authorization.find_first_of(" \t");
+  if (sp == std::string_view::npos || !iequals(authorization.substr(0, sp), "Bearer")) return std::nullopt;
+  return trim(authorization.substr(sp + 1));
+}
+
+std::string_view presented_credential(std::string_view authorization, std::string_view x_api_key) {
+  if (const auto token = bearer_token(authorization); token && !token->empty()) return *token;
+  return trim(x_api_key);
+}
+
 tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate(std::string_view authorization,
                                                                     std::string_view x_api_key, WallTime now) {
   pending_key_.reset();
@@ -103,18 +116,10 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate(std::string_
     ++stats_.anonymous;
     return anonymous_;
   }
-  std::string_view credential;
-  authorization = trim(authorization);
-  if (!authorization.empty()) {
-    const auto sp = authorization.find_first_of(" \t");
-    if (sp != std::string_view::npos && iequals(authorization.substr(0, sp), "Bearer"))
-      credential = trim(authorization.substr(sp + 1));
-    else if (iequals(authorization, "Bearer"))
-      ;  // the scheme with no credential: "You didn't provide an API key" below
-    else if (trim(x_api_key).empty())
-      return reject(core::unauthorized("The Authorization header must use the Bearer scheme."));
-  }
-  if (credential.empty()) credential = trim(x_api_key);
+  // (The scheme with no credential: "You didn't provide an API key" below.)
+  if (!trim(authorization).empty() && !bearer_token(authorization) && trim(x_api_key).empty())
+    return reject(core::unauthorized("The Authorization header must use the Bearer scheme."));
+  const std::string_view credential = presented_credential(authorization, x_api_key);
   if (credential.empty()) {
     if (!policy_->config().required) {
       ++stats_.anonymous;

@@ -24,6 +24,18 @@ class RedisKeys;
 class RedisKeyCache;
 struct KeyLookup;
 
+// An Authorization field's Bearer credential (RFC 6750 §2.1, RFC 9110
+// §11.4): the scheme in any case, then SP or HTAB, then the token, optional
+// whitespace trimmed. Returns the token ("" for the scheme alone), or
+// nullopt when the field is empty or another scheme. Every reader of a
+// request's credential (authentication, the admin token, the capture's
+// redaction) reads it through this, so none takes a form another refuses.
+std::optional<std::string_view> bearer_token(std::string_view authorization);
+
+// The credential a request presents: its Bearer token, else its x-api-key
+// field's value (trimmed); "" when it has none.
+std::string_view presented_credential(std::string_view authorization, std::string_view x_api_key);
+
 // An API key that must be looked up in Redis (see Authenticator::key_lookup_pending).
 struct PendingKeyLookup {
   Sha256Digest digest{};  // SHA-256 of the key; never log it

@@ -12,6 +12,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
+#include "auth/authenticator.hpp"
 #include "auth/jwt.hpp"
 #include "core/calendar.hpp"
 #include "core/listen_probe.hpp"
@@ -223,10 +224,9 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
     return tl::unexpected(
         unauthorized("You didn't provide an admin token. Pass it in an Authorization header using Bearer auth "
                      "(Authorization: Bearer ADMIN_TOKEN)."));
-  const auto sp = authorization.find_first_of(" \t");
-  if (sp == std::string_view::npos || !core::iequals(authorization.substr(0, sp), "Bearer"))
-    return tl::unexpected(unauthorized("The Authorization header must use the Bearer scheme."));
-  const std::string_view token = core::trim_ows(authorization.substr(sp + 1));
+  const auto bearer = auth::bearer_token(authorization);
+  if (!bearer) return tl::unexpected(unauthorized("The Authorization header must use the Bearer scheme."));
+  const std::string_view token = *bearer;
   if (cfg_.has_token) {
     const auth::Sha256Digest d = auth::sha256(token);
     if (CRYPTO_memcmp(d.data(), cfg_.token_sha256.data(), d.size()) == 0) return {};
@@ -264,15 +264,20 @@ core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_v
   // A method no resource has: 501, not 405 (RFC 9110 §9.1), before the credential, as on the client listener.
   if (bh::string_to_verb(req.method) == bh::verb::unknown)
     co_return error_response(AdminError{
-        501, "invalid_request_error", "method_not_implemented",
+        501,
+        "invalid_request_error",
+        "method_not_implemented",
         fmt::format("Method {} is not implemented (methods are case-sensitive).", core::utf8_prefix(req.method, 16)),
         {}});
   if (auto file = console_file(req)) co_return std::move(*file);
   if (auto refused = refuse_before_body(req, authorization)) co_return std::move(*refused);
   // The admin API's bodies are JSON as sent: a coded one is not read as if it were not (RFC 9110 §15.5.16).
   if (!req.content_encoding.empty() && !core::iequals(req.content_encoding, "identity")) {
-    auto r = error_response(AdminError{415, "invalid_request_error", "unsupported_content_encoding",
-                                       "The admin API takes request bodies without a Content-Encoding.", {}});
+    auto r = error_response(AdminError{415,
+                                       "invalid_request_error",
+                                       "unsupported_content_encoding",
+                                       "The admin API takes request bodies without a Content-Encoding.",
+                                       {}});
     r.headers.emplace_back("Accept-Encoding", "identity");
     co_return r;
   }

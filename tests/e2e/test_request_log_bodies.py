@@ -19,6 +19,7 @@ TOKEN = "admin-test-token-0123456789"
 ENV = {"WEIR_TEST_ADMIN_TOKEN": TOKEN}
 ACME_KEY = "sk-acme-Zx81kQ0pLm4Tn7Wc2Ve5"
 TINY_KEY = "sk-tiny-Pq93mN2bVc6Xz1Lk4Jh8"
+PLAIN_KEY = "acme-Q7vR2mX9pL4tK8wZ"  # in no key pattern's shape: only the exact redaction of the credential finds it
 
 
 def sha(key: str) -> str:
@@ -35,7 +36,8 @@ def gw(module_mock, module_weir, tmp_path_factory):
         "models": {"m": {"pool": "p", "upstream_model": "m-up", "default_max_tokens": 8}},
         "tenants": {"acme": {}, "tiny": {}},
         "auth": {"api_keys": [{"id": "acme-1", "sha256": sha(ACME_KEY), "tenant": "acme"},
-                              {"id": "tiny-1", "sha256": sha(TINY_KEY), "tenant": "tiny"}]},
+                              {"id": "tiny-1", "sha256": sha(TINY_KEY), "tenant": "tiny"},
+                              {"id": "acme-2", "sha256": sha(PLAIN_KEY), "tenant": "acme"}]},
         "request_log": {"url": f"sqlite:{db}", "flush_interval": "10ms",
                         "capture_bodies": {"tenants": ["acme"], "max_request_bytes": 400,
                                            "max_response_bytes": "4KiB"}},
@@ -115,6 +117,20 @@ def test_keys_and_tokens_never_reach_the_store(gw):
                headers={"authorization": f"Bearer {ACME_KEY}", "x-request-id": j})
     req = stored(admin, j)["bodies"]["request"]
     assert req["truncated"] is True and ACME_KEY[:6] not in req["text"] and req["text"].endswith("[REDACTED]")
+
+
+@pytest.mark.parametrize("authorization", ["Bearer\t{key}", "bearer \t {key}", "BEARER {key}"])
+def test_the_key_is_redacted_whatever_spelling_of_bearer_authenticated_it(gw, authorization):
+    # "Bearer<TAB>KEY" authenticated (RFC 9110's whitespace) but the capture looked for "bearer " alone: the
+    # key a client pasted into its prompt was stored in clear.
+    w, admin = gw
+    i = rid()
+    r = httpx.post(w.v1 + "/chat/completions", timeout=30,
+                   json={"model": "m", "messages": [{"role": "user", "content": f"my key is {PLAIN_KEY}"}]},
+                   headers={"authorization": authorization.format(key=PLAIN_KEY), "x-request-id": i})
+    assert r.status_code == 200, r.text
+    rec = stored(admin, i)
+    assert rec["tenant"] == "acme" and PLAIN_KEY not in json.dumps(rec), rec
 
 
 def test_the_key_spelled_with_json_escapes_never_reaches_the_store(gw):

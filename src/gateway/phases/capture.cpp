@@ -6,6 +6,7 @@
 // runs later on the store's writer thread.
 #include <boost/beast/http/field.hpp>
 
+#include "auth/authenticator.hpp"
 #include "core/text.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -17,15 +18,10 @@ namespace bh = boost::beast::http;
 
 namespace {
 
-// The credential the client presented: the bearer token, or x-api-key's value.
+// The credential the client presented, as authentication read it: the bearer token, or x-api-key's value.
 std::string_view presented_credential(const http::RequestHead& req) {
-  std::string_view auth = http::first_field(req, bh::field::authorization);
-  if (auth.size() > 7 && core::iequals(auth.substr(0, 7), "bearer ")) {
-    auth.remove_prefix(7);
-    while (!auth.empty() && auth.front() == ' ') auth.remove_prefix(1);
-    return auth;
-  }
-  return http::first_field(req, "x-api-key");
+  return auth::presented_credential(http::first_field(req, bh::field::authorization),
+                                    http::first_field(req, "x-api-key"));
 }
 
 void take(requestlog::CapturedBody& b, std::string_view bytes, std::uint64_t cap) {
