@@ -52,7 +52,21 @@ json::object AdminServer::usage_json(std::uint32_t scope, const auth::Limits& l,
   return u;
 }
 
-json::object AdminServer::tenant_json(const auth::TenantPolicy& t) const {
+core::Task<AdminResult<std::unordered_map<std::string, std::size_t>>> AdminServer::runtime_keys_by_tenant() {
+  std::unordered_map<std::string, std::size_t> n;
+  if (!keys_) co_return n;
+  if (redis_) {  // (keys in Redis are no local store's: the list_keys view of them)
+    auto all = co_await redis_->list();
+    if (!all) co_return tl::unexpected(all.error());
+    for (const auto& k : *all) ++n[k.tenant];
+  } else {
+    for (const auto& k : keys_->keys()) ++n[k.tenant];
+  }
+  co_return n;
+}
+
+json::object AdminServer::tenant_json(const auth::TenantPolicy& t,
+                                      const std::unordered_map<std::string, std::size_t>& runtime_keys) const {
   json::object o;
   o["object"] = "tenant";
   o["name"] = t.name;
@@ -66,10 +80,8 @@ json::object AdminServer::tenant_json(const auth::TenantPolicy& t) const {
   o["limits"] = limits_json(t.limits);
   o["budget"] = budget_json(t.budget);
   o["usage"] = usage_json(t.scope, t.limits, t.budget);
-  std::size_t runtime = 0;
-  if (keys_)
-    for (const auto& k : keys_->keys()) runtime += k.tenant == t.name;
-  o["runtime_keys"] = runtime;
+  const auto it = runtime_keys.find(t.name);
+  o["runtime_keys"] = it == runtime_keys.end() ? 0 : it->second;
   return o;
 }
 
@@ -246,8 +258,10 @@ core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
 
 core::Task<AdminResponse> AdminServer::list_tenants(AdminRequest&) {
   json::array data;
+  auto counts = co_await runtime_keys_by_tenant();
+  if (!counts) co_return error_response(counts.error());
   if (shared_.auth_policy)
-    for (const auto& t : shared_.auth_policy->tenants()) data.emplace_back(tenant_json(t));
+    for (const auto& t : shared_.auth_policy->tenants()) data.emplace_back(tenant_json(t, *counts));
   json::object o;
   o["object"] = "list";
   o["data"] = std::move(data);
@@ -258,7 +272,9 @@ core::Task<AdminResponse> AdminServer::get_tenant(AdminRequest& r) {
   const std::string& name = r.params.at(0);
   const auth::TenantPolicy* t = shared_.auth_policy ? shared_.auth_policy->find_tenant(name) : nullptr;
   if (!t) co_return error_response(admin_not_found(fmt::format("No tenant named `{}`.", name.substr(0, 128))));
-  co_return json_response(200, tenant_json(*t));
+  auto counts = co_await runtime_keys_by_tenant();
+  if (!counts) co_return error_response(counts.error());
+  co_return json_response(200, tenant_json(*t, *counts));
 }
 
 }  // namespace weir::gateway

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -203,7 +204,12 @@ class AdminServer {
   std::optional<AdminResponse> console_file(const AdminRequest& r) const;
 
   boost::json::object usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const;
-  boost::json::object tenant_json(const auth::TenantPolicy& t) const;
+  // `runtime_keys`: runtime_keys_by_tenant()'s counts.
+  boost::json::object tenant_json(const auth::TenantPolicy& t,
+                                  const std::unordered_map<std::string, std::size_t>& runtime_keys) const;
+  // Runtime keys per tenant name: the local store's, or with auth.redis_keys those in Redis (503 when it
+  // cannot be read).
+  core::Task<AdminResult<std::unordered_map<std::string, std::size_t>>> runtime_keys_by_tenant();
   boost::json::object config_key_json(const auth::KeyPolicy& k) const;
 
   boost::asio::io_context& control_;

@@ -145,6 +145,9 @@ std::string_view allowed_methods(RouteKind r) { return api_of(r) ? "POST" : "GET
 
 bool valid_request_id(std::string_view id) {
   if (id.empty() || id.size() > 128) return false;
+  // "." and ".." name no record: a URL's path drops them as dot segments, so neither the admin API's
+  // /admin/v1/requests/{request_id} nor the console could reach one (RFC 3986 §5.2.4, WHATWG URL).
+  if (id == "." || id == "..") return false;
   for (unsigned char c : id)
     if (c < 0x21 || c > 0x7e) return false;
   return true;

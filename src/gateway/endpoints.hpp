@@ -73,7 +73,7 @@ inline bool served_by_anthropic(RouteKind r) {
 // others (the Allow field of a 405).
 std::string_view allowed_methods(RouteKind r);
 
-// An x-request-id Weir passes on: 1..128 visible ASCII characters.
+// An x-request-id Weir passes on: 1..128 visible ASCII characters, not "." or "..".
 bool valid_request_id(std::string_view id);
 
 }  // namespace weir::gateway

@@ -254,3 +254,35 @@ def test_a_refused_request_to_metrics_is_logged_only_a_scrape_is_not(mock, weir,
     httpx.get(w.base_url + "/health", headers={"x-request-id": "after"}, timeout=10)
     w.log_for("after")
     assert len(w.log_entries()) == before + 1, w.log_entries()[before:]
+
+
+def test_a_tenants_runtime_keys_count_the_keys_in_redis(mock, weir, redis):
+    # With auth.redis_keys the keys live in Redis; the tenant pages counted the local store's, always 0.
+    from test_admin_api import Admin, TOKEN
+    from test_defect_fixes_42 import _answers
+    m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
+    port = free_port()
+    weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
+                 "tenants": {"acme": {}, "beta": {}}, "auth": {"required": True, "redis_keys": True},
+                 "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+                 "redis": {"url": redis.url}},
+         env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
+    admin = Admin(port)
+    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    made = [admin.create(tenant="acme") for _ in range(3)] + [admin.create(tenant="beta")]
+    assert admin("DELETE", f"/admin/v1/keys/{made[0]['id']}").status_code == 200
+    assert admin("GET", "/admin/v1/tenants/acme").json()["runtime_keys"] == 2
+    counts = {t["name"]: t["runtime_keys"] for t in admin("GET", "/admin/v1/tenants").json()["data"]}
+    assert counts["acme"] == 2 and counts["beta"] == 1, counts
+
+
+@pytest.mark.parametrize("given", [".", ".."])
+def test_a_request_id_of_dots_is_replaced(mock, weir, given):
+    # "." or ".." was kept as the request's id: stored in the request log, but no URL can name it (a path
+    # drops dot segments), so the console could not open the record.
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    w = weir(upstream=m)
+    r = httpx.post(w.v1 + "/chat/completions", json={"model": "mock-model", "messages": MSG},
+                   headers={"x-request-id": given}, timeout=10)
+    assert r.status_code == 200 and r.headers["x-request-id"] not in (".", ".."), r.headers
+    assert len(r.headers["x-request-id"]) == 28
