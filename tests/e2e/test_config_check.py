@@ -48,6 +48,8 @@ BAD = [
      "tenants.acme.budget.period"),
     ("budget-utc-offset-zone", "auth:\n  budget_utc_offset: Europe/Paris\n", 8, "auth.budget_utc_offset"),
     # vk_<hex> names the admin API's keys: a configured one would shadow a runtime key.
+    # "*" labels the models default_pool serves: a model of that name repeated those series (defect, stop 43).
+    ("model-named-star", "  '*': {pool: p}\n", 7, "models"),
     ("key-id-reserved-prefix",
      f"tenants:\n  acme: {{}}\nauth:\n  api_keys:\n    - {{id: vk_0123abcd, sha256: {SHA}, tenant: acme}}\n", 11,
      "auth.api_keys[0].id"),
