@@ -84,9 +84,14 @@ class GatewayPhases final : public Phases {
   bool proxied(const RequestContext& ctx) const;
   // The read phase's second half: the body within server.max_body and
   // server.body_timeout (after "100 Continue" for a client that expects it),
-  // decoded when it comes gzip- or deflate-encoded. next(), or the failure
-  // (413, 408, 415, 400, 499).
+  // as it came (decode_body() decodes it). next(), or the failure (413, 408,
+  // 400, 499).
   core::Task<Outcome> read_body(RequestContext& ctx);
+  // A gzip or deflate body decoded in place (within server.max_body; 415 for
+  // another coding, 400 for one that does not decode). After authentication
+  // (parse() calls it): a request without a valid credential gets its 401
+  // whatever its body holds, and Weir inflates no anonymous body.
+  Outcome decode_body(RequestContext& ctx);
   // authenticate()'s check of the credentials in the head: next() with
   // ctx.principal set (or no authentication for the route), or 401/403/503.
   // After credentials_now() returned nullopt (credentials_pending_), it goes

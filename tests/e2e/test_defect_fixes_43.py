@@ -286,3 +286,27 @@ def test_a_request_id_of_dots_is_replaced(mock, weir, given):
                    headers={"x-request-id": given}, timeout=10)
     assert r.status_code == 200 and r.headers["x-request-id"] not in (".", ".."), r.headers
     assert len(r.headers["x-request-id"]) == 28
+
+
+@pytest.mark.parametrize("coding,data,with_key", [
+    ("gzip", b"\x1f\x8b\x08\x00garbage", 400),
+    ("br", b"{}", 415),
+    ("gzip", None, 413),  # a bomb: 8 MiB of JSON past max_body (4 MiB)
+], ids=["corrupt-gzip", "unknown-coding", "bomb"])
+def test_a_coded_body_is_decoded_only_after_the_credential(mock, weir, coding, data, with_key):
+    # A gzip body that came with its head was inflated before authentication: without a key, a corrupt one
+    # got 400 invalid_content_encoding (and a bomb cost Weir its inflation) where any other body gets 401.
+    import gzip
+    import hashlib
+    key = "sk-coded-body-0001"
+    if data is None:
+        data = gzip.compress(b"{" + b" " * (8 << 20) + b"}")
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p", "tenants": {"t": {}},
+                     "auth": {"api_keys": [{"id": "k", "sha256": hashlib.sha256(key.encode()).hexdigest(),
+                                            "tenant": "t"}]}}, workers=1)
+    headers = {"content-encoding": coding, "content-type": "application/json"}
+    for auth, status in ((None, 401), ("sk-wrong-key-0000", 401), (key, with_key)):
+        h = dict(headers, authorization=f"Bearer {auth}") if auth else headers
+        r = httpx.post(w.v1 + "/chat/completions", content=data, headers=h, timeout=10)
+        assert r.status_code == status, (auth, r.status_code, r.text)

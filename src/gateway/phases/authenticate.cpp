@@ -23,10 +23,7 @@ core::Task<Outcome> GatewayPhases::authenticate(RequestContext& ctx) {
     co_return o;
   }
   if (ctx.trace_sampled()) ctx.trace->auth_end = core::now();
-  o = co_await read_body(ctx);  // (the 100 Continue, then the body)
-  // The request log's copy of the body starts once there is one (decoded).
-  if (o.goes_on() && w_.shared().capture) begin_capture(ctx);
-  co_return o;
+  co_return co_await read_body(ctx);  // (the 100 Continue, then the body; decoded and captured by parse())
 }
 
 bool GatewayPhases::authenticate_now(RequestContext& ctx, Outcome& o) {
@@ -60,9 +57,7 @@ Outcome GatewayPhases::accept_credentials(RequestContext& ctx, tl::expected<auth
     if (const auto& who = w_.authenticator()->refused_identity()) ctx.refused = *who;
     return Outcome::failed(std::move(p.error()));
   }
-  ctx.principal = std::move(*p);
-  // (A body still to come is captured once read: authenticate().)
-  if (w_.shared().capture && !ctx.body_deferred) begin_capture(ctx);
+  ctx.principal = std::move(*p);  // (the body is captured once decoded: parse())
   return Outcome::next();
 }
 

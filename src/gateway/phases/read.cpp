@@ -120,7 +120,6 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
 
 core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
   ctx.body_deferred = false;
-  const auto& req = down_.request();
   if (!down_.body_complete()) {
     if (!down_.has_body_storage()) down_.lend_body_storage(w_.take_buffer());
     const auto t0 = core::now();
@@ -132,6 +131,11 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
     }
   }
   ctx.bytes_in = down_.body().size();
+  co_return Outcome::next();
+}
+
+Outcome GatewayPhases::decode_body(RequestContext& ctx) {
+  const auto& req = down_.request();
   // The codings of every Content-Encoding line, as one list (RFC 9110 §5.3:
   // "gzip" on two lines is "gzip, gzip", refused as the one line would be),
   // empty elements ignored (§5.6.1: "gzip," is "gzip").
@@ -161,7 +165,7 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
     // route reads and forwards the JSON or form itself; other codings are a
     // 415 naming what is accepted.
     if (!(core::iequals(ce, "gzip") || core::iequals(ce, "x-gzip") || core::iequals(ce, "deflate")))
-      co_return Outcome::failed(core::unsupported_encoding(ce));
+      return Outcome::failed(core::unsupported_encoding(ce));
     std::string decoded = w_.take_buffer();
     bool over = false;
     // The connection's own limit (the one its raw body was held to: a reload applies to connections accepted
@@ -169,14 +173,14 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
     const std::uint64_t max_body = down_.config().max_body_bytes;
     if (!http::gunzip(down_.body(), decoded, max_body, &over)) {
       w_.give_buffer(decoded);
-      if (over) co_return Outcome::failed(core::payload_too_large(max_body));
-      co_return Outcome::failed(core::undecodable_body(ce));
+      if (over) return Outcome::failed(core::payload_too_large(max_body));
+      return Outcome::failed(core::undecodable_body(ce));
     }
     down_.body().swap(decoded);
     w_.give_buffer(decoded);
     ctx.body_decoded = true;
   }
-  co_return Outcome::next();
+  return Outcome::next();
 }
 
 }  // namespace weir::gateway
