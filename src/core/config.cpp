@@ -96,10 +96,19 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
     s.max_event_bytes = b;
   }
   if (auto v = n["access_log"]) {
-    WEIR_TRY(str, read_string(v, "server.access_log"));
-    if (str.empty())
-      return tl::unexpected(config_error(v, "server.access_log", "empty: use '-' (stdout), 'off' or a file path"));
-    s.access_log = str;
+    // A plain YAML boolean is no file name: false/no/off are off (as every on/off key reads them), true/yes/on
+    // name no destination. A quoted 'false' is a file of that name.
+    if (bool on = false; v.IsScalar() && v.Tag() == "?" && YAML::convert<bool>::decode(v, on)) {
+      if (on)
+        return tl::unexpected(
+            config_error(v, "server.access_log", "expected '-' (stdout), 'off' or a file path, not true"));
+      s.access_log = "off";
+    } else {
+      WEIR_TRY(str, read_string(v, "server.access_log"));
+      if (str.empty())
+        return tl::unexpected(config_error(v, "server.access_log", "empty: use '-' (stdout), 'off' or a file path"));
+      s.access_log = str;
+    }
   }
   if (auto v = n["reuse_port"]) {
     WEIR_TRY(b, read_bool(v, "server.reuse_port"));

@@ -470,6 +470,9 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   WEIR_TRY_VOID(parse_outlier_breaker(n, key, p));
   if (auto v = n["api_key"]) {
     WEIR_TRY(s, read_string(v, key + ".api_key"));
+    // Empty is none, as an empty api_key_env: the pool would forward the client's credential to the provider.
+    if (s.empty())
+      return tl::unexpected(config_error(v, key + ".api_key", "is empty (leave it out for a pool without a key)"));
     p.api_key = s;
   }
   if (auto v = n["api_key_env"]) {

@@ -281,20 +281,22 @@ core::ConfigResult<LoadedConfig> load_config_text(std::string_view yaml, const s
 }
 
 tl::expected<void, std::string> check_listen_addresses(const LoadedConfig& loaded) {
+  // (Errors name the file and the key as load_config's do; the line is not kept past the load.)
+  const std::string& file = loaded.config.source;
   const auto& client = loaded.config.server.listen;
   auto ip = core::resolve_listen_host(client.host);
-  if (!ip) return tl::unexpected("server.listen: " + ip.error());
+  if (!ip) return tl::unexpected(fmt::format("{}: listen: {}", file, ip.error()));
   if (!loaded.admin) return {};
   const auto& admin = loaded.admin->listen;
   auto admin_ip = core::resolve_listen_host(admin.host);
-  if (!admin_ip) return tl::unexpected("admin.listen: " + admin_ip.error());
+  if (!admin_ip) return tl::unexpected(fmt::format("{}: admin.listen: {}", file, admin_ip.error()));
   const http::tcp::endpoint c(*ip, client.port);
   const http::tcp::endpoint a(*admin_ip, admin.port);
   if (core::listen_addresses_overlap(c, a))
     return tl::unexpected(fmt::format(
-        "admin.listen: {}:{} binds {}, which takes the client listener's connections (server.listen {}:{} binds "
+        "{}: admin.listen: {}:{} binds {}, which takes the client listener's connections (listen {}:{} binds "
         "{}): the admin API has its own port",
-        admin.host, admin.port, core::format_address(a), client.host, client.port, core::format_address(c)));
+        file, admin.host, admin.port, core::format_address(a), client.host, client.port, core::format_address(c)));
   return {};
 }
 

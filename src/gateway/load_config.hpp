@@ -69,7 +69,7 @@ core::ConfigResult<LoadedConfig> load_config(const ConfigSource& source, auth::G
 // server.listen's host and admin.listen's host resolve, and the two do not
 // overlap (core::listen_addresses_overlap: `localhost:8080` and
 // `127.0.0.1:8080`, or `0.0.0.0:8080` and `127.0.0.1:8080`, are one
-// listener). Error: "server.listen: ..." or "admin.listen: ...", for
+// listener). Error: "FILE: listen: ..." or "FILE: admin.listen: ...", for
 // "weir: configuration error: " (exit 2). --check and start-up both call
 // it; a reload does not (listen changes at restart only). Resolves names:
 // not for a worker's thread.

@@ -241,7 +241,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     target_ = origin_form(req.target(), target_buf_);
     // The parser's verdict reads every Connection field line (RFC 9110 §5.3); the
     // message's keep_alive() only the first, so a second line's "close" was missed.
-    keep_alive_ = parser_->keep_alive() && !draining;
+    // keepalive_timeout 0: no wait for a next request, so every answer says
+    // Connection: close (RFC 9112 §9.6), never a silent close after it.
+    keep_alive_ = parser_->keep_alive() && !draining && sc_.keepalive_timeout.count() > 0;
     co_return Head::request;
   }
   // A connection that closes or idles out between requests is not a request

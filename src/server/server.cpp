@@ -89,8 +89,10 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   std::string err;
   shared.log_sink = core::AccessLogSink::open(config->server.access_log, err);
   if (!shared.log_sink) {
-    fmt::print(stderr, "weir: {}\n", err);
-    return 1;
+    // What --check refuses too (exit 2): a file that cannot be opened for appending.
+    fmt::print(stderr, "weir: configuration error: {}: {}: {}\n", config->source,
+               opts.access_log.empty() ? "server.access_log" : "--access-log", err);
+    return 2;
   }
 
   // The request-log store's writer (request_log:): its queues exist before

@@ -244,7 +244,7 @@ LISTENERS = [
     ("admin-name-of-client-address", "127.0.0.1", "127.1", True, "admin.listen: 127.1:"),
     ("client-name-of-admin-address", "127.1", "127.0.0.1", True, "admin.listen: 127.0.0.1:"),
     ("client-host-unresolvable", "weir-no-such-host.invalid", "127.0.0.1", False,
-     "server.listen: cannot resolve listen host weir-no-such-host.invalid"),
+     "listen: cannot resolve listen host weir-no-such-host.invalid"),
     ("admin-host-unresolvable", "127.0.0.1", "weir-no-such-host.invalid", False,
      "admin.listen: cannot resolve listen host weir-no-such-host.invalid"),
 ]
@@ -261,7 +261,7 @@ def test_listen_addresses_are_checked_by_check_and_start_up_alike(tmp_path, name
     for args in (["--check"], []):
         r = weir_run("--config", path, *args, env=env)
         assert r.returncode == 2, (args, r.returncode, r.stdout, r.stderr)
-        assert "weir: configuration error: " + says in r.stderr, r.stderr
+        assert f"weir: configuration error: {path}: " + says in r.stderr, r.stderr
         assert "ok" not in r.stdout
     with pytest.raises(OSError):  # start-up never listened
         socket.create_connection(("127.0.0.1", port), timeout=0.2).close()

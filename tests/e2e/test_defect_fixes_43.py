@@ -310,3 +310,57 @@ def test_a_coded_body_is_decoded_only_after_the_credential(mock, weir, coding, d
         h = dict(headers, authorization=f"Bearer {auth}") if auth else headers
         r = httpx.post(w.v1 + "/chat/completions", content=data, headers=h, timeout=10)
         assert r.status_code == status, (auth, r.status_code, r.text)
+
+
+@pytest.mark.parametrize("extra,says", [
+    # An empty literal key, as an empty api_key_env is: the pool forwarded the client's own credential.
+    ("pools:\n  p: {endpoints: [http://127.0.0.1:9], api_key: ''}\n", "pools.p.api_key: is empty"),
+    # A YAML true names no log destination (false/no are off; they were file names).
+    ("server: {access_log: yes}\npools:\n  p: {endpoints: [http://127.0.0.1:9]}\n", "server.access_log: expected"),
+])
+def test_config_values_that_cannot_mean_what_they_say_are_refused(tmp_path, extra, says):
+    from test_config_check import weir_run
+    path = tmp_path / "c.yaml"
+    path.write_text(f"listen: 127.0.0.1:{free_port()}\n" + extra + "models:\n  m: {pool: p}\n")
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args)
+        assert r.returncode == 2 and says in r.stderr, (args, r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("value", ["false", "no", "off"])
+def test_an_access_log_of_false_is_off_not_a_file(tmp_path, mock, processes, value):
+    # server.access_log: false (or no) wrote the log to a file named "false" in the working directory.
+    from conftest import binary
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    port = free_port()
+    path = tmp_path / "c.yaml"
+    path.write_text(f"listen: 127.0.0.1:{port}\nserver: {{access_log: {value}}}\n"
+                    f"pools:\n  p: {{endpoints: ['{m.base_url}']}}\ndefault_pool: p\n")
+    processes.start([binary("weir"), "--config", path, "--workers", "1"], port, cwd=tmp_path)
+    r = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"model": "mock-model", "messages": MSG},
+                   timeout=10)
+    assert r.status_code == 200, r.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"], list(tmp_path.iterdir())
+
+
+def test_start_up_refuses_an_access_log_it_cannot_open_as_check_does(tmp_path):
+    # --check said "configuration error" and exit 2; start-up exit 1 with another message.
+    from test_config_check import weir_run
+    path = tmp_path / "c.yaml"
+    path.write_text(f"listen: 127.0.0.1:{free_port()}\nserver: {{access_log: {tmp_path}/missing/dir/a.log}}\n"
+                    "pools:\n  p: {endpoints: [http://127.0.0.1:9]}\nmodels:\n  m: {pool: p}\n")
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args)
+        assert r.returncode == 2 and "weir: configuration error: " in r.stderr and "server.access_log" in r.stderr, \
+            (args, r.returncode, r.stderr)
+
+
+def test_keepalive_timeout_zero_says_connection_close(mock, weir):
+    # keepalive_timeout: 0 closed every connection after its answer without saying so (RFC 9112 §9.6): a
+    # client that sent its next request on it lost that request.
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    w = weir(config={"server": {"keepalive_timeout": "0"}, "pools": {"p": {"endpoints": [m.base_url]}},
+                     "default_pool": "p"}, workers=1)
+    for path, body in (("/health", None), ("/v1/chat/completions", {"model": "mock-model", "messages": MSG})):
+        r = httpx.request("POST" if body else "GET", w.base_url + path, json=body, timeout=10)
+        assert r.status_code == 200 and r.headers.get("connection") == "close", (path, r.headers)
