@@ -218,8 +218,8 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     // "*" is the metrics' and the stats' label of the models not listed (default_pool): a model of that name
     // would repeat those series with other values (an invalid exposition).
     if (name == "*")
-      return tl::unexpected(config_error(kv.first, "models",
-                                         "'*' is reserved (the metrics' label of models served by default_pool)"));
+      return tl::unexpected(
+          config_error(kv.first, "models", "'*' is reserved (the metrics' label of models served by default_pool)"));
     // (Prices are in the top-level `pricing:` section; `prices` here was once
     // accepted and never read, so it is an unknown key.)
     WEIR_TRY_VOID(
