@@ -294,7 +294,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     stream.expires_after(kRequestTimeout);
     auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
     // bytes_out: what was written, head and body, as on the client listener.
-    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), wn, r.status == 200 && req.path == "/metrics");
+    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), wn,
+                r.status == 200 && req.path == "/metrics");
     if (wec) co_return;
     if (refused) co_await linger(stream);
     if (!keep) co_return;
