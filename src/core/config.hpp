@@ -34,6 +34,7 @@ struct MetricsConfig {
   std::uint32_t max_key_ids =
       100;                  // configured keys with their own value (config order); the rest, and Redis keys: "other"
   bool client_port = true;  // GET /metrics on the client port too (always on the admin listener)
+  bool operator==(const MetricsConfig&) const = default;
 };
 
 // Downstream (client-facing) limits and timeouts.

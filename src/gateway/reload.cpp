@@ -73,6 +73,21 @@ core::ConfigError refused(const core::Config& next, const std::string& key, std:
 
 bool identity_on(const YAML::Node& root) { return root["auth"] || root["tenants"] || root["pricing"]; }
 
+// Restart-only keys core::Config holds parsed, compared by value: a file
+// that spells out a default (`server: {reuse_port: false}`), or writes the
+// same value another way, changes nothing and reloads. nullopt for the
+// others (sections other modules parse), compared as YAML.
+std::optional<bool> same_value(std::string_view path, const core::Config& a, const core::Config& b) {
+  const auto& x = a.server;
+  const auto& y = b.server;
+  if (path == "listen") return x.listen.host == y.listen.host && x.listen.port == y.listen.port;
+  if (path == "workers") return x.workers == y.workers;
+  if (path == "server.reuse_port") return x.reuse_port == y.reuse_port;
+  if (path == "server.metrics") return x.metrics == y.metrics;
+  if (path == "server.access_log") return x.access_log == y.access_log;
+  return std::nullopt;
+}
+
 }  // namespace
 
 std::optional<core::ConfigError> restart_only_change(const core::Config& running, const core::Config& next,
@@ -93,8 +108,11 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
     if ((path == "listen" && overrides.listen) || (path == "workers" && overrides.workers) ||
         (path == "server.access_log" && overrides.access_log))
       continue;
-    if (auto d = core::first_yaml_difference(at(a, path), at(b, path), std::string(path)))
-      return refused(next, *d, path.substr(0, path.find('.')), f.why);
+    const auto same = same_value(path, running, next);
+    if (same && *same) continue;
+    auto d = core::first_yaml_difference(at(a, path), at(b, path), std::string(path));
+    if (!d && same) d = std::string(path);  // (different values, though no YAML difference names one)
+    if (d) return refused(next, *d, path.substr(0, path.find('.')), f.why);
   }
   return std::nullopt;
 }

@@ -126,6 +126,28 @@ def test_a_change_that_needs_a_restart_is_refused_whole_naming_the_key(mock, wei
     assert status(w, "m1") == 200
 
 
+def test_a_restart_only_key_spelled_with_its_running_value_reloads(mock, weir):
+    # A file that writes out a restart-only key's default (or the value it already has) changes nothing:
+    # the reload was refused and weir_config_last_reload_successful dropped to 0.
+    a = mock(*FAST)
+    w = weir(config=two_pools(a))
+    for server in ({"reuse_port": False}, {"metrics": {"tenant_label": True, "max_tenants": 100}},
+                   {"metrics": {"client_port": True}}):
+        nxt = two_pools(a)
+        nxt["models"]["m3"] = {"pool": "a", "upstream_model": "mock-model"}
+        nxt["server"] = dict(server)
+        write(w, nxt)
+        sighup(w, "success")
+        assert status(w, "m3") == 200
+    # A real change is still refused.
+    nxt = two_pools(a)
+    nxt["server"] = {"metrics": {"tenant_label": False}}
+    write(w, nxt)
+    sighup(w, "failure")
+    refused = [line for line in w.process.log().splitlines() if "changes only at restart" in line]
+    assert refused and "server.metrics" in refused[-1], refused
+
+
 def test_a_stream_in_flight_across_a_reload_completes_untouched(mock, weir):
     slow = mock("--ttft-ms", "1", "--itl-ms", "15", "--max-tokens", "40")
     other = mock(*FAST)
