@@ -4,6 +4,9 @@
 #include <charconv>
 #include <vector>
 
+#include <boost/container/small_vector.hpp>
+
+#include "core/text.hpp"
 #include "http/headers.hpp"
 
 namespace weir::http {
@@ -19,27 +22,62 @@ void append_uint(std::string& out, std::uint64_t v) {
   out.append(buf, p);
 }
 
-// True when the field `f` of `fields` is hop-by-hop: a fixed one, or named
-// by any Connection line (RFC 9110 §5.3: lines of one name make one list).
-// `connection`: false when the caller knows `fields` has no Connection line.
-template <class Fields, class Field>
-bool hop_by_hop_in(const Fields& fields, const Field& f, bool connection = true) {
-  if (is_fixed_hop_by_hop(f.name())) return true;
-  if (!connection) return false;
-  const auto name = f.name_string();
-  for (const auto& e : fields)
-    if (e.name() == bh::field::connection && has_token(e.value(), name)) return true;
-  return false;
+// The field names a message's Connection lines list (RFC 9110 §7.6.1;
+// lines of one name make one list), read once per message, as views into
+// the message's own values: a field is then looked up in O(log k) for k
+// names, so the n fields of a head cost O(n log k). (A scan of every
+// Connection line per field made a 64 KiB head of 16,000 fields cost half
+// a second of a worker: one client stalled every connection on it.) The
+// usual `Connection: keep-alive` or `close` stays in the inline room: no
+// allocation.
+class ConnectionListed {
+ public:
+  template <class Fields>
+  explicit ConnectionListed(const Fields& fields) {
+    for (const auto& e : fields)
+      if (e.name() == bh::field::connection) add(e.value());
+    if (names_.size() > kScan) std::sort(names_.begin(), names_.end(), iless);
+  }
+  bool contains(std::string_view name) const {
+    if (names_.size() > kScan) return std::binary_search(names_.begin(), names_.end(), name, iless);
+    for (const std::string_view n : names_)
+      if (iequals(n, name)) return true;
+    return false;
+  }
+
+ private:
+  static constexpr std::size_t kScan = 8;
+  static bool iless(std::string_view a, std::string_view b) {
+    const auto lower = [](unsigned char c) { return c >= 'A' && c <= 'Z' ? c + 32 : c; };
+    return std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end(),
+                                        [&](char x, char y) { return lower(x) < lower(y); });
+  }
+  void add(std::string_view list) {
+    while (!list.empty()) {
+      const std::size_t comma = list.find(',');
+      const std::string_view token = core::trim_ows(list.substr(0, comma));
+      list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+      if (!token.empty()) names_.push_back(token);
+    }
+  }
+  boost::container::small_vector<std::string_view, 4> names_;
+};
+
+// True when the field `f` is hop-by-hop: a fixed one, or named by the
+// message's Connection lines (`listed`).
+template <class Field>
+bool hop_by_hop_in(const ConnectionListed& listed, const Field& f) {
+  return is_fixed_hop_by_hop(f.name()) || listed.contains(f.name_string());
 }
 
 // Copies the end-to-end fields of `fields` (hop-by-hop ones per RFC 9110
 // §7.6.1 and x-request-id left out) for which `skip(field)` is false.
+// `listed`: `fields`' Connection names.
 template <class Fields, class Skip>
-void copy_end_to_end(std::string& out, const Fields& fields, Skip skip) {
-  const bool connection = has_field(fields, bh::field::connection);  // most messages have none
+void copy_end_to_end(std::string& out, const Fields& fields, const ConnectionListed& listed, Skip skip) {
   for (const auto& f : fields) {
     const auto name = f.name_string();
-    if (skip(f) || hop_by_hop_in(fields, f, connection) || iequals(name, "x-request-id")) continue;
+    if (skip(f) || hop_by_hop_in(listed, f) || iequals(name, "x-request-id")) continue;
     out += name;
     out += ": ";
     out += f.value();
@@ -158,7 +196,7 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     }
   }
   const bool own_trace = !o.traceparent.empty();
-  copy_end_to_end(out, req, [&](const auto& f) {
+  copy_end_to_end(out, req, ConnectionListed(req), [&](const auto& f) {
     if ((o.body_decoded && f.name() == bh::field::content_encoding) ||
         (o.anthropic && iequals(f.name_string(), "anthropic-version")) ||
         (own_trace && (iequals(f.name_string(), "traceparent") || iequals(f.name_string(), "tracestate"))))
@@ -170,9 +208,11 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
 
 void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool strip_credentials) {
   std::vector<std::string> lines;
+  const ConnectionListed listed(req);
   for (const auto& f : req) {
     const auto name = f.name_string();
-    if (!forwarded_upstream(f, strip_credentials) || hop_by_hop_in(req, f) || iequals(name, "x-request-id")) continue;
+    if (!forwarded_upstream(f, strip_credentials) || hop_by_hop_in(listed, f) || iequals(name, "x-request-id"))
+      continue;
     // Fields about the client, not the request: the first member's go upstream.
     if (iequals(name, "traceparent") || iequals(name, "tracestate") || iequals(name, "baggage") ||
         iequals(name, "user-agent") || iequals(name, "accept") ||
@@ -233,7 +273,8 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
     out += content_type;
     out += "\r\n";
   }
-  copy_end_to_end(out, res, [&](const auto& f) {
+  const ConnectionListed listed(res);
+  copy_end_to_end(out, res, listed, [&](const auto& f) {
     if (f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding))
       return true;
     if (!content_type.empty() && f.name() == bh::field::content_type) return true;
@@ -249,7 +290,7 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
       const std::string_view v = f.value();
       const std::string_view rel = strip_upstream_origin(v, upstream_host);
       if (rel.size() == v.size()) return false;
-      if (!hop_by_hop_in(res, f)) {
+      if (!hop_by_hop_in(listed, f)) {
         out += f.name_string();
         out += ": ";
         append_relative(out, rel);
@@ -287,7 +328,7 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
         }
       }
       if (copied == 0) return false;
-      if (!hop_by_hop_in(res, f)) {
+      if (!hop_by_hop_in(listed, f)) {
         rewritten.append(v.substr(copied));
         out += f.name_string();
         out += ": ";
@@ -311,7 +352,7 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
       const std::string_view uri = v.substr(begin, end - begin);
       const std::string_view rel = strip_upstream_origin(uri, upstream_host);
       if (rel.size() == uri.size()) return false;
-      if (!hop_by_hop_in(res, f)) {
+      if (!hop_by_hop_in(listed, f)) {
         out += f.name_string();
         out += ": ";
         out += v.substr(0, begin);
