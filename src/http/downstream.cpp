@@ -558,9 +558,28 @@ Task<void> Downstream::drain() {
 
 Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(a.data(), a.size()), asio::buffer(b.data(), b.size())};
-  watchdog_.expires_after(sc_.write_timeout);
-  auto [ec, n] = co_await write_all_now(sock_, bufs);
-  watchdog_.disarm();
+  // server.write_timeout bounds each wait for the client to take bytes, not
+  // the whole answer (as nginx's send_timeout): a client that keeps reading
+  // a large answer gets all of it, one that stops is cut write_timeout after
+  // its last progress. (Usually the first send takes it all: no wait.)
+  boost::beast::buffers_suffix<std::array<asio::const_buffer, 2>> rest(bufs);
+  error_code ec;
+  std::size_t n = 0;
+  for (;;) {
+    const std::size_t sent = sock_.write_some(rest, ec);
+    n += sent;
+    rest.consume(sent);
+    if (boost::beast::buffer_bytes(rest) == 0) {
+      ec = {};
+      break;
+    }
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) break;
+    watchdog_.expires_after(sc_.write_timeout);
+    auto [wec] = co_await sock_.async_wait(tcp::socket::wait_write, use_task);
+    watchdog_.disarm();
+    ec = timed_out_ ? error_code(asio::error::timed_out) : wec;
+    if (ec) break;
+  }
   bytes_out_ += n;
   if (bytes_out_total_) *bytes_out_total_ += n;
   if (ec) {
