@@ -30,7 +30,7 @@ namespace asio = boost::asio;
 // store the records still queued.
 constexpr auto kRequestLogDrain = std::chrono::seconds(5);
 // The same for the trace exporter's queued spans.
-constexpr auto kTracingDrain = std::chrono::seconds(5);
+constexpr auto kTracingDrain = std::chrono::seconds(4);  // (+1 s for an export under way: at most 5 s in all)
 
 // The resource every exported span belongs to (tracing:).
 tracing::Resource trace_resource(const tracing::TracingConfig& c, std::uint64_t instance_id) {
@@ -221,7 +221,13 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                "not written\n");
     (void)request_log.release();
   }
-  if (tracer) tracer->stop(std::chrono::steady_clock::now() + kTracingDrain);
+  // Bounded as the request log is: an export stuck on a collector that does not answer is left behind.
+  if (tracer && !tracer->stop(std::chrono::steady_clock::now() + kTracingDrain)) {
+    fmt::print(stderr,
+               "weir: tracing: the collector did not answer within the drain; the spans still queued are "
+               "not exported\n");
+    (void)tracer.release();
+  }
   fmt::print(stderr, "weir: stopped\n");
   return 0;
 }

@@ -135,7 +135,7 @@ Exporter::Exporter(TracingConfig config, unsigned workers, Resource resource)
 }
 
 Exporter::~Exporter() {
-  if (loop_.running()) stop(SteadyClock::now());
+  if (loop_.running()) loop_.stop(SteadyClock::now());  // (joined: the members it uses go next)
 }
 
 std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
@@ -182,7 +182,8 @@ std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
     if (!retryable(r) || attempt == kMaxAttempts) break;
     const auto wait = r.retry_after.count() > 0 ? r.retry_after : backoff;
     if (SteadyClock::now() + wait >= deadline) break;
-    if (loop_.sleep_for(wait) && SteadyClock::now() >= deadline) break;
+    // Stopping: a regular step's retries end (drain() exports what is left within the drain's deadline).
+    if (loop_.sleep_for(wait) && (!draining_ || SteadyClock::now() >= deadline)) break;
     backoff *= 2;
   }
   dropped_export_.fetch_add(spans, std::memory_order_relaxed);
@@ -201,7 +202,9 @@ void Exporter::start() {
       [this](SteadyClock::time_point deadline) { drain(deadline); });
 }
 
-void Exporter::stop(SteadyClock::time_point deadline) { loop_.stop(deadline); }
+bool Exporter::stop(SteadyClock::time_point deadline) {
+  return loop_.stop_within(deadline, deadline + std::chrono::seconds(1));
+}
 
 void Exporter::report(bool now_anyway) {
   const auto now = SteadyClock::now();
@@ -225,6 +228,7 @@ void Exporter::report(bool now_anyway) {
 }
 
 void Exporter::drain(SteadyClock::time_point deadline) {
+  draining_ = true;
   // The workers have stopped, so the queues only shrink.
   while (SteadyClock::now() < deadline && export_batch(deadline) > 0) {
   }

@@ -62,7 +62,11 @@ class Exporter {
   void start();
   // After the workers stopped: exports what is queued until `deadline`,
   // counts the rest as dropped, closes the connection and joins the thread.
-  void stop(std::chrono::steady_clock::time_point deadline);
+  // An export under way when stop() comes is not retried; one that is still
+  // waiting on a collector that does not answer (up to tracing.timeout) is
+  // not waited for past `deadline` + 1 s: false then, the thread is
+  // detached, and the exporter must outlive the process (never destroyed).
+  bool stop(std::chrono::steady_clock::time_point deadline);
 
   ExporterStats stats() const;
 
@@ -95,6 +99,7 @@ class Exporter {
   std::uint64_t reported_errors_ = 0;
   std::string last_error_;
 
+  bool draining_ = false;   // drain() runs: the loop thread's own flag
   core::BatchThread loop_;  // last: joined before the members it uses go
 };
 

@@ -288,6 +288,30 @@ def test_a_collector_that_is_down_never_slows_requests(module_mock, weir):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+def test_sigterm_exits_within_the_drain_when_the_collector_never_answers(module_mock, weir):
+    # A collector that accepts and never answers, tracing.timeout 30 s: the exporter's step retried it three
+    # times (90 s) before the drain's 5 s began, so SIGTERM took minutes (a pod's grace period is 30 s).
+    import signal
+    import socket
+    import time
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)
+    try:
+        m = module_mock(*MOCK_FLAGS)
+        w = weir(config=base_config(m, f"http://127.0.0.1:{silent.getsockname()[1]}", timeout="30s"))
+        client = w.client(api_key="sk-acme-0123456789")
+        for _ in range(20):
+            assert client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices
+        time.sleep(0.2)  # (the exporter's first POST is under way, unanswered)
+        started = time.monotonic()
+        w.process.popen.send_signal(signal.SIGTERM)
+        assert w.process.popen.wait(20) == 0
+        assert time.monotonic() - started < 10, "SIGTERM waited on the silent collector"
+    finally:
+        silent.close()
+
+
 def test_a_503_from_the_collector_is_retried_and_sigterm_drains(module_mock, weir, collector):
     m = module_mock(*MOCK_FLAGS)
     # A long flush interval: the spans are still queued when SIGTERM comes; the first POST gets 503.
