@@ -177,7 +177,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   // consume that empties a flat_buffer moves its write position.
   in_.consume(empty_lines_at(in_));
   if (peer_gone_ || closed_ || timed_out_) co_return Head::closed;
-  if (draining && !first && in_.size() == 0) co_return Head::closed;
+  // Draining: a connection with no byte of a next request (a kept-alive one,
+  // or a new one that has sent nothing yet) is idle, and ends.
+  if (draining && in_.size() == 0) co_return Head::closed;
 
   failure_ = ReadFailure::none;
   failure_ec_ = {};
@@ -192,13 +194,16 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   // Content-Length as a header error; read_body() answers it with 413.
   parser_->body_limit(boost::none);
   body_store_.clear();
-  if (in_.size() == 0 && !first) {
+  const bool waited = in_.size() == 0;
+  if (waited) {
     // Between two requests: keepalive_timeout until the next head's first
     // bytes; the head itself has header_timeout (below), so a head sent a
     // byte at a time holds a kept-alive connection no longer than a new one
-    // (nginx's client_header_timeout).
+    // (nginx's client_header_timeout). A new connection is idle until its
+    // first byte too (a drain closes it at once, as a kept-alive one), and
+    // has header_timeout from its accept to its head's end, as before.
     idle_ = true;
-    watchdog_.expires_after(sc_.keepalive_timeout);
+    watchdog_.expires_after(first ? sc_.header_timeout : sc_.keepalive_timeout);
     const auto room = in_.prepare(std::max<std::size_t>(512, in_.capacity() - in_.size()));
     auto [rec, rn] = co_await async_recv(sock_, room, use_task);
     idle_ = false;
@@ -211,7 +216,11 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   head_started_ = core::Watchdog::Clock::now();
   // A head already here whole is parsed at once: it keeps the later
   // deadline (moving one earlier may re-arm the worker's timer, a system call).
-  watchdog_.expires_after(first || !head_buffered(in_) ? sc_.header_timeout : sc_.keepalive_timeout);
+  // (A new connection's deadline runs on from its accept.)
+  if (!first)
+    watchdog_.expires_after(head_buffered(in_) ? sc_.keepalive_timeout : sc_.header_timeout);
+  else if (!waited)
+    watchdog_.expires_after(sc_.header_timeout);
   idle_ = false;
   // A full buffer here is a close watch's 64 bytes (after a stream): the rest
   // of the request is waiting, and one read of what the connection keeps

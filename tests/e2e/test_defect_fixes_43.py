@@ -402,3 +402,27 @@ def test_write_timeout_is_a_wait_for_progress_not_a_limit_on_the_whole_answer(we
         assert got > len(doc), (got, len(doc))
     finally:
         up.close()
+
+
+def test_a_drain_closes_a_new_connection_that_has_sent_nothing(mock, weir):
+    # SIGTERM with nothing in flight: a kept-alive idle connection closed at once, but a new one with no byte
+    # of its first request was held until header_timeout (here 20 s), and the exit with it.
+    import signal
+    import socket
+    import time
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    w = weir(config={"server": {"header_timeout": "20s", "drain_timeout": "20s"},
+                     "pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}, workers=1)
+    kept = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert kept.recv(1000).startswith(b"HTTP/1.1 200")
+    fresh = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+    wait_until(lambda: w.metric("weir_active_connections") == 3, 5, message="both accepted (and the scrape's)")
+    started = time.monotonic()
+    w.process.popen.send_signal(signal.SIGTERM)
+    assert w.process.popen.wait(15) == 0
+    assert time.monotonic() - started < 5, "the drain waited for a connection that had sent nothing"
+    for s in (kept, fresh):
+        assert s.recv(100) == b""
+        s.close()
+    assert w.log_entries() == [] or all(e["path"] == "/health" for e in w.log_entries())
