@@ -426,3 +426,24 @@ def test_a_drain_closes_a_new_connection_that_has_sent_nothing(mock, weir):
         assert s.recv(100) == b""
         s.close()
     assert w.log_entries() == [] or all(e["path"] == "/health" for e in w.log_entries())
+
+
+@pytest.mark.parametrize("status_line,status", [(b"HTTP/1.1 200", 200), (b"HTTP/1.1 503", 503),
+                                                (b"HTTP/1.0 200", 200)])
+def test_an_upstream_status_line_without_a_reason_phrase_is_read(weir, status_line, status):
+    # "HTTP/1.1 200\r\n" (no space, no reason: RFC 9112 wants the space, a client ignores the reason; nginx,
+    # curl, Go and Python take it) was a 502 "invalid HTTP response", counted against the endpoint.
+    doc = json.dumps({"id": "x", "object": "chat.completion", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"},
+                                   "finish_reason": "stop"}]}).encode()
+    up = RawUpstream(lambda h, b: status_line + b"\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(doc), doc))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        for _ in range(2):  # (and the kept-alive connection after it)
+            r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10)
+            assert r.status_code == status, r.text
+            if status == 200:
+                assert r.json()["choices"][0]["message"]["content"] == "hi"
+    finally:
+        up.close()
