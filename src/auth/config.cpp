@@ -246,6 +246,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
     if (!tenants.IsMap()) return tl::unexpected(config_error(tenants, "tenants", "expected a mapping of tenant names"));
     for (const auto& kv : tenants) {
       const std::string name = kv.first.Scalar();
+      if (name.empty()) return tl::unexpected(config_error(kv.first, "tenants", "tenant name is empty"));
       WEIR_TRY_RESULT(t, parse_tenant(kv.second, name, "tenants." + name, cfg.budget_utc_offset_s));
       cfg.tenants.emplace(name, std::move(*t));
     }
@@ -285,6 +286,8 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
     }
     if (auth["anonymous_tenant"]) {
       WEIR_TRY_RESULT(s, core::read_string(auth["anonymous_tenant"], "auth.anonymous_tenant"));
+      if (s->empty())
+        return tl::unexpected(config_error(auth["anonymous_tenant"], "auth.anonymous_tenant", "is empty"));
       cfg.anonymous_tenant = std::move(*s);
     }
     if (auth["jwt"]) {

@@ -401,6 +401,8 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
       return tl::unexpected(
           config_error(pools, "pools", "expected a non-empty mapping of pool name to {endpoints: [...]}"));
     for (const auto& kv : pools) {
+      // (An empty name, '' or ~, names no pool a model or default_pool could give: refused as a model's is.)
+      if (kv.first.Scalar().empty()) return tl::unexpected(config_error(kv.first, "pools", "pool name is empty"));
       WEIR_TRY(p, parse_pool(kv.first.Scalar(), kv.second));
       c.pools.push_back(std::move(p));
     }

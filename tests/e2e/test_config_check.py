@@ -50,6 +50,9 @@ BAD = [
     # vk_<hex> names the admin API's keys: a configured one would shadow a runtime key.
     # "*" labels the models default_pool serves: a model of that name repeated those series (defect, stop 43).
     ("model-named-star", "  '*': {pool: p}\n", 7, "models"),
+    # Empty names (as an empty model name already was).
+    ("tenant-name-empty", "tenants:\n  '': {}\n", 8, "tenants"),
+    ("anonymous-tenant-empty", "tenants:\n  acme: {}\nauth:\n  anonymous_tenant: ''\n", 10, "auth.anonymous_tenant"),
     ("key-id-reserved-prefix",
      f"tenants:\n  acme: {{}}\nauth:\n  api_keys:\n    - {{id: vk_0123abcd, sha256: {SHA}, tenant: acme}}\n", 11,
      "auth.api_keys[0].id"),

@@ -317,6 +317,9 @@ def test_a_coded_body_is_decoded_only_after_the_credential(mock, weir, coding, d
     ("pools:\n  p: {endpoints: [http://127.0.0.1:9], api_key: ''}\n", "pools.p.api_key: is empty"),
     # A YAML true names no log destination (false/no are off; they were file names).
     ("server: {access_log: yes}\npools:\n  p: {endpoints: [http://127.0.0.1:9]}\n", "server.access_log: expected"),
+    # An empty pool name, as an empty model name.
+    ("pools:\n  '': {endpoints: [http://127.0.0.1:9]}\n  p: {endpoints: [http://127.0.0.1:9]}\n",
+     "pools: pool name is empty"),
 ])
 def test_config_values_that_cannot_mean_what_they_say_are_refused(tmp_path, extra, says):
     from test_config_check import weir_run
