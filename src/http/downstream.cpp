@@ -178,8 +178,17 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   in_.consume(empty_lines_at(in_));
   if (peer_gone_ || closed_ || timed_out_) co_return Head::closed;
   // Draining: a connection with no byte of a next request (a kept-alive one,
-  // or a new one that has sent nothing yet) is idle, and ends.
-  if (draining && in_.size() == 0) co_return Head::closed;
+  // or a new one that has sent nothing yet) is idle, and ends. A new one the
+  // drain itself took from the accept queue (Worker::drain) may have its
+  // request in the socket already, not yet read: what is there is taken
+  // without a wait, and served.
+  if (draining && in_.size() == 0) {
+    if (!first) co_return Head::closed;
+    error_code ec;
+    const std::size_t n = sock_.receive(in_.prepare(kKeepInput), 0, ec);  // (non-blocking: would_block when empty)
+    if (ec || n == 0) co_return Head::closed;
+    in_.commit(n);
+  }
 
   failure_ = ReadFailure::none;
   failure_ec_ = {};
