@@ -453,11 +453,11 @@ def test_an_upstream_status_line_without_a_reason_phrase_is_read(weir, status_li
 
 
 def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir):
-    # Weir stopped (SIGSTOP) while 20 clients connect and send their request: they wait in the listener's
+    # Weir stopped (SIGSTOP) while 100 clients connect and send their request: they wait in the listener's
     # accept queue. SIGTERM, then SIGCONT: each is served, whether the worker accepts it before the drain
-    # begins or the drain takes it from the queue (Worker::drain; a new connection is closed at the drain
-    # only when nothing of its request has come). (Which of the two happens is the kernel's order: a guard,
-    # not a reproduction of either.)
+    # begins or the drain takes it from the queue (Worker::drain). A new connection is closed at the drain
+    # only when nothing of its request has come: this stop's first version closed every new connection with
+    # nothing read yet, and reset most of these (it failed 3 of 3 runs).
     import signal
     import socket
     m = mock("--ttft-ms", "1", "--max-tokens", "2")
@@ -466,10 +466,11 @@ def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir
     req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     os_kill = __import__("os").kill
+    N = 100
     os_kill(w.process.pid, signal.SIGSTOP)
     conns = []
     try:
-        for _ in range(20):
+        for _ in range(N):
             s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
             s.sendall(req)
             conns.append(s)
@@ -486,5 +487,5 @@ def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir
             got += chunk
         answers.append(got[:12])
         s.close()
-    assert answers == [b"HTTP/1.1 200"] * 20, answers
+    assert answers == [b"HTTP/1.1 200"] * N, answers
     assert w.process.popen.wait(15) == 0
