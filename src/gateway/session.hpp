@@ -27,13 +27,13 @@ class Session final : private http::Downstream::Listener {
   // Serves the connection until it closes; owns the session.
   static core::Task<void> run(std::unique_ptr<Session> self);
 
-  // Drain: closes the connection if it is between requests; a request in
-  // flight is its last, and its answer's head says `Connection: close` when
-  // it has not gone out yet (RFC 9112 §9.6).
-  void close_if_idle() {
-    down_.no_keep_alive();
-    down_.close_if_idle();
-  }
+  // Drain: closes the connection if it is between requests (a request
+  // already in its socket is served first); a request in flight is its
+  // last, and its answer's head says `Connection: close` when it has not
+  // gone out yet (RFC 9112 §9.6); after one that went out promising
+  // keep-alive, a next request already here is served as the last
+  // (http::Downstream::begin_drain).
+  void close_if_idle() { down_.begin_drain(); }
   // Drain deadline: closes the connection whatever it is doing.
   void force_close();
 

@@ -178,17 +178,11 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   in_.consume(empty_lines_at(in_));
   if (peer_gone_ || closed_ || timed_out_) co_return Head::closed;
   // Draining: a connection with no byte of a next request (a kept-alive one,
-  // or a new one that has sent nothing yet) is idle, and ends. A new one the
-  // drain itself took from the accept queue (Worker::drain) may have its
-  // request in the socket already, not yet read: what is there is taken
-  // without a wait, and served.
-  if (draining && in_.size() == 0) {
-    if (!first) co_return Head::closed;
-    error_code ec;
-    const std::size_t n = sock_.receive(in_.prepare(kKeepInput), 0, ec);  // (non-blocking: would_block when empty)
-    if (ec || n == 0) co_return Head::closed;
-    in_.commit(n);
-  }
+  // or a new one that has sent nothing yet) is idle, and ends. One whose
+  // request is in its socket already, not yet read (a new one the drain
+  // itself took from the accept queue, a kept-alive one whose request came
+  // as the drain began) is served: what is there is taken without a wait.
+  if ((draining || drain_started_) && in_.size() == 0 && !take_waiting()) co_return Head::closed;
 
   failure_ = ReadFailure::none;
   failure_ec_ = {};
@@ -216,11 +210,14 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     const auto room = in_.prepare(std::max<std::size_t>(512, in_.capacity() - in_.size()));
     auto [rec, rn] = co_await async_recv(sock_, room, use_task);
     idle_ = false;
-    if (rec || rn == 0) {
+    if (rec == asio::error::operation_aborted && drain_started_ && !timed_out_ && take_waiting()) {
+      // The drain ended the wait as the request came: it is served, as its connection's last.
+    } else if (rec || rn == 0) {
       watchdog_.disarm();
       co_return Head::closed;  // the client closed or idled out between requests: no request
+    } else {
+      in_.commit(rn);
     }
-    in_.commit(rn);
   }
   head_started_ = core::Watchdog::Clock::now();
   // A head already here whole is parsed at once: it keeps the later
@@ -261,7 +258,8 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     // message's keep_alive() only the first, so a second line's "close" was missed.
     // keepalive_timeout 0: no wait for a next request, so every answer says
     // Connection: close (RFC 9112 §9.6), never a silent close after it.
-    keep_alive_ = parser_->keep_alive() && !draining && sc_.keepalive_timeout.count() > 0;
+    // (drain_started_: a drain that began while this head was read.)
+    keep_alive_ = parser_->keep_alive() && !draining && !drain_started_ && sc_.keepalive_timeout.count() > 0;
     co_return Head::request;
   }
   // A connection that closes or idles out between requests is not a request
@@ -643,12 +641,25 @@ void Downstream::close() {
   sock_.close(ignored);
 }
 
-void Downstream::close_if_idle() {
+void Downstream::begin_drain() {
+  drain_started_ = true;
+  // An answer that has not begun says Connection: close. One that went out
+  // promising keep-alive is followed by the next request only when that is
+  // here already (read_head): then that one is the last, and says close.
+  if (bytes_out_ == 0) keep_alive_ = false;
+  // Waiting for a next request: the wait ends; read_head serves what came, or closes.
   if (idle_ && !closed_) {
-    closed_ = true;
     error_code ignored;
     sock_.cancel(ignored);
   }
+}
+
+bool Downstream::take_waiting() {
+  error_code ec;
+  const std::size_t n = sock_.receive(in_.prepare(kKeepInput), 0, ec);  // (non-blocking: would_block when empty)
+  if (ec || n == 0) return false;
+  in_.commit(n);
+  return true;
 }
 
 void Downstream::force_close() {

@@ -227,8 +227,13 @@ class Downstream {
   Task<void> lingering_close();
   // Closes the socket now (a client that left mid-stream, or was cut off); closed() turns true.
   void close();
-  // Drain: closes the connection if it is waiting for a request.
-  void close_if_idle();
+  // Drain (Worker::drain, on every connection): a request whose answer has
+  // not begun is the connection's last (Connection: close); a connection
+  // waiting for a request ends that wait, and then serves one already in
+  // its socket (as its last), else closes. After an answer that went out
+  // promising keep-alive, a next request already here is served as the
+  // last; none here: the connection closes.
+  void begin_drain();
   // Drain deadline: closes the connection whatever it is doing.
   void force_close();
   bool closed() const { return closed_; }
@@ -249,7 +254,9 @@ class Downstream {
   template <std::size_t N>
   void send_now(const std::array<std::string_view, N>& parts);
   void post_watch();  // posts the watch's read (watch_for_close)
-  void post_poll();   // or, with in_ full, its poll of the TCP state
+  // Takes what the socket holds now into in_, without a wait: true when some came.
+  bool take_waiting();
+  void post_poll();  // or, with in_ full, its poll of the TCP state
   void on_gone();
 
   Socket sock_;
@@ -278,6 +285,7 @@ class Downstream {
   bool keep_alive_ = true;
   bool idle_ = false;
   bool closed_ = false;
+  bool drain_started_ = false;  // begin_drain() was called
   bool chunked_ = true;
   bool ended_ = false;  // the last chunk went out with the body (send_body last)
 

@@ -489,3 +489,94 @@ def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir
         s.close()
     assert answers == [b"HTTP/1.1 200"] * N, answers
     assert w.process.popen.wait(15) == 0
+
+
+def _read_all(s) -> bytes:
+    out = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return out
+        out += chunk
+
+
+def _chat_request(rid: str, stream: bool = False) -> bytes:
+    body = json.dumps({"model": "mock-model", "messages": MSG, "stream": stream}).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-request-id: "
+            + rid.encode() + b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+
+
+def test_a_kept_alive_connections_request_that_came_as_the_drain_began_is_served(mock, weir):
+    # Weir stopped (SIGSTOP) with three kept-alive idle connections; each sends its next request; SIGTERM,
+    # SIGCONT: the drain cancelled the idle waits whose data had come and reset the connections unanswered.
+    import os
+    import signal
+    import socket
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}, workers=1)
+    conns = []
+    for _ in range(3):
+        s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(1000).startswith(b"HTTP/1.1 200")
+        conns.append(s)
+    os.kill(w.process.pid, signal.SIGSTOP)
+    try:
+        for i, s in enumerate(conns):
+            s.sendall(_chat_request(f"ka-{i}"))
+        os.kill(w.process.pid, signal.SIGTERM)
+    finally:
+        os.kill(w.process.pid, signal.SIGCONT)
+    for s in conns:
+        got = _read_all(s)
+        assert got.startswith(b"HTTP/1.1 200") and b"connection: close" in got.lower(), got[:300]
+        s.close()
+    assert w.process.popen.wait(15) == 0
+    assert sorted(e["request_id"] for e in w.log_entries() if e["path"] != "/health") == ["ka-0", "ka-1", "ka-2"]
+
+
+def test_at_the_drain_a_request_pipelined_behind_a_stream_is_served_as_the_last(mock, weir):
+    # A stream whose head went out (keep-alive) before SIGTERM, and a request pipelined behind it: the
+    # connection closed after the stream with the second request unanswered and unlogged. It is served
+    # now, with Connection: close; the third is left, as the close tells the client.
+    import signal
+    import socket
+    m = mock("--ttft-ms", "1", "--itl-ms", "30", "--max-tokens", "10")
+    w = weir(config={"server": {"drain_timeout": "10s"}, "pools": {"p": {"endpoints": [m.base_url]}},
+                     "default_pool": "p"}, workers=1)
+    s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
+    s.sendall(_chat_request("first", stream=True) + _chat_request("second") +
+              b"GET /health HTTP/1.1\r\nHost: x\r\nx-request-id: third\r\n\r\n")
+    got = b""
+    while b"data: " not in got:
+        got += s.recv(65536)
+    w.process.popen.send_signal(signal.SIGTERM)
+    got += _read_all(s)
+    s.close()
+    assert got.count(b"data: [DONE]") == 1, got[-500:]
+    second = got[got.index(b"data: [DONE]"):]
+    assert b"HTTP/1.1 200" in second and b"Connection: close" in second, second[:400]
+    assert w.process.popen.wait(15) == 0
+    logged = {e["request_id"]: e["status"] for e in w.log_entries()}
+    assert logged == {"first": 200, "second": 200}, logged
+
+
+def test_a_head_that_ends_after_the_drain_began_is_answered_with_connection_close(mock, weir):
+    # Half a head when SIGTERM came: the answer (Weir's own: /health, 404) closed the connection without
+    # saying Connection: close.
+    import signal
+    import socket
+    import time
+    m = mock("--ttft-ms", "1", "--max-tokens", "2")
+    w = weir(config={"server": {"drain_timeout": "10s"}, "pools": {"p": {"endpoints": [m.base_url]}},
+                     "default_pool": "p"}, workers=1)
+    s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    wait_until(lambda: w.metric("weir_active_connections") == 2, 5, message="accepted")
+    w.process.popen.send_signal(signal.SIGTERM)
+    time.sleep(0.2)  # (the drain has begun: no request is in flight, so nothing but this head holds it)
+    s.sendall(b"\r\n")
+    got = _read_all(s)
+    s.close()
+    assert got.startswith(b"HTTP/1.1 200") and b"connection: close" in got.lower(), got[:300]
+    assert w.process.popen.wait(15) == 0

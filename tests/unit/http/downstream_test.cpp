@@ -303,15 +303,45 @@ TEST_F(HttpDownstream, DrainingEndsAnIdleConnectionButServesABufferedOne) {
   EXPECT_FALSE(down->keep_alive());
 }
 
-TEST_F(HttpDownstream, CloseIfIdleEndsAWaitingReadHead) {
+TEST_F(HttpDownstream, BeginDrainEndsAWaitingReadHead) {
   start();
   std::optional<Head> r;
   spawn(io, down->read_head(false, false), r);
   settle(io);
   ASSERT_FALSE(r.has_value());
-  down->close_if_idle();
+  down->begin_drain();
   ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
   EXPECT_EQ(*r, Head::closed);
+}
+
+TEST_F(HttpDownstream, BeginDrainServesARequestThatCameAsTheWaitEnded) {
+  // The request is in the socket, its read's completion not yet run, when the drain cancels the wait: it
+  // is served as the connection's last (it was reset unanswered).
+  start();
+  std::optional<Head> r;
+  spawn(io, down->read_head(false, false), r);
+  settle(io);
+  ASSERT_FALSE(r.has_value());
+  client.send(kGet);
+  down->begin_drain();  // (before the worker ran the read's completion)
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_EQ(*r, Head::request);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+TEST_F(HttpDownstream, ARequestWhoseHeadEndsAfterTheDrainBeganIsTheLast) {
+  // Half a head when the drain begins: its answer says Connection: close (read_head's `draining` was
+  // false when it began, and the drain's no-keep-alive was overwritten at the head's end).
+  start();
+  std::optional<Head> r;
+  spawn(io, down->read_head(true, false), r);
+  client.send("GET / HTTP/1.1\r\nHost: x\r\n");
+  settle(io);
+  down->begin_drain();
+  client.send("\r\n");
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_EQ(*r, Head::request);
+  EXPECT_FALSE(down->keep_alive());
 }
 
 // --- bodies ---
