@@ -541,29 +541,45 @@ void Downstream::send_body(std::string_view bytes, bool last) {
 void Downstream::start_write_loop() {
   writing_ = true;
   std::swap(out_, wbuf_);
+  wsent_ = 0;
   watchdog_.expires_after(sc_.write_timeout);
-  asio::async_write(sock_, asio::buffer(wbuf_), [this](error_code ec, std::size_t n) {
-    writing_ = false;
-    bytes_out_ += n;
-    if (bytes_out_total_) *bytes_out_total_ += n;
-    wbuf_.clear();
-    if (ec) {
-      write_failed_ = true;
-      out_.clear();
-      on_gone();
-      done_.wake();
-      return;
-    }
-    // What was queued meanwhile: sent now, and a loop again for what the
-    // socket does not take. Sent whole (or failed), the loop is over: its
-    // deadline disarmed and drain() woken, as when nothing was queued.
-    if (!out_.empty()) {
-      start_write();
-      if (writing_) return;
-    }
-    watchdog_.disarm();
-    done_.wake();
-  });
+  write_more();
+}
+
+// One write of what is left of wbuf_. Each completion that took bytes is
+// the client's progress and moves the deadline: server.write_timeout is the
+// longest wait without any (one timed write of the whole buffer cut a client
+// still reading a large event).
+void Downstream::write_more() {
+  sock_.async_write_some(asio::buffer(wbuf_.data() + wsent_, wbuf_.size() - wsent_),
+                         [this](error_code ec, std::size_t n) {
+                           bytes_out_ += n;
+                           if (bytes_out_total_) *bytes_out_total_ += n;
+                           wsent_ += n;
+                           if (!ec && wsent_ < wbuf_.size()) {
+                             watchdog_.expires_after(sc_.write_timeout);
+                             write_more();
+                             return;
+                           }
+                           writing_ = false;
+                           wbuf_.clear();
+                           if (ec) {
+                             write_failed_ = true;
+                             out_.clear();
+                             on_gone();
+                             done_.wake();
+                             return;
+                           }
+                           // What was queued meanwhile: sent now, and a loop again for what the
+                           // socket does not take. Sent whole (or failed), the loop is over: its
+                           // deadline disarmed and drain() woken, as when nothing was queued.
+                           if (!out_.empty()) {
+                             start_write();
+                             if (writing_) return;
+                           }
+                           watchdog_.disarm();
+                           done_.wake();
+                         });
 }
 
 Task<void> Downstream::drain() {

@@ -212,7 +212,7 @@ class Downstream {
   bool write_failed() const { return write_failed_; }
   bool queue_empty() const { return out_.empty(); }
   // Bytes queued and not yet taken by the socket (the slow-client measure).
-  std::size_t backlog() const { return out_.size() + wbuf_.size(); }
+  std::size_t backlog() const { return out_.size() + wbuf_.size() - std::min(wsent_, wbuf_.size()); }
   // Bytes written to the client since begin_request().
   std::uint64_t bytes_out() const { return bytes_out_; }
   // A deadline (head, body or a write) passed.
@@ -250,6 +250,7 @@ class Downstream {
   void drop_parser() noexcept;
   void start_write();
   void start_write_loop();
+  void write_more();  // the loop's next write of wbuf_ from wsent_
   // Tries one scatter write of `parts` now; queues what the socket did not take.
   template <std::size_t N>
   void send_now(const std::array<std::string_view, N>& parts);
@@ -307,6 +308,7 @@ class Downstream {
   bool write_failed_ = false;
   std::string out_;
   std::string wbuf_;
+  std::size_t wsent_ = 0;  // bytes of wbuf_ the write loop has sent
   std::uint64_t bytes_out_ = 0;
 };
 
