@@ -588,3 +588,17 @@ def test_a_head_that_ends_after_the_drain_began_is_answered_with_connection_clos
     s.close()
     assert got.startswith(b"HTTP/1.1 200") and b"connection: close" in got.lower(), got[:300]
     assert w.process.popen.wait(15) == 0
+
+
+def test_an_event_stream_to_a_transcription_not_asked_to_stream_is_no_answer(weir):
+    # /v1/audio/transcriptions without stream=true: an upstream event stream was relayed as a 200
+    # text/event-stream (the openai SDK reads a transcription as JSON or text).
+    stream = _stream(_chunk({"content": "A"}, "stop"), b"data: [DONE]\n\n")
+    up = RawUpstream(lambda h, b: stream)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + "/audio/transcriptions", data={"model": "m"}, timeout=10,
+                       files={"file": ("a.wav", b"RIFF0000WAVEfmt ", "audio/wav")})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_invalid_response", r.text
+    finally:
+        up.close()

@@ -91,13 +91,14 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   // text). It is read whole, and refused there (respond_buffered: a fallback
   // takes the request, else 502 upstream_invalid_response).
   // (Every API route of an Anthropic pool: a message, a token count, or one translated from them.)
-  // (vLLM's own JSON routes too: tokenize … classify never stream, whatever their body says.)
+  // (vLLM's own JSON routes too, tokenize … classify, and a transcription not asked to stream: its JSON,
+  // text, srt or vtt.)
   const bool object_only =
       !ctx.fields.stream &&
-      (anthropic_pool(ctx)
-           ? api_of(ctx.route).has_value()
-           : ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
-                 ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route) || is_translated(ctx.route));
+      (anthropic_pool(ctx) ? api_of(ctx.route).has_value()
+                           : ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+                                 ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route) ||
+                                 is_audio(ctx.route) || is_translated(ctx.route));
   const bool stream = ctx.upstream_status == 200 &&
                       http::is_event_stream(http::first_field(head, bh::field::content_type)) && !src.done() &&
                       !encoded && !object_only;

@@ -322,7 +322,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
                             http::is_event_stream(http::first_field(head, bh::field::content_type));
   // An event stream for a client that did not ask for one (relay()): no
   // answer it can read, whatever the route.
-  if (event_stream && !ctx.fields.stream && (read_2xx || is_translated(ctx.route)) && req.method() != bh::verb::head)
+  if (event_stream && !ctx.fields.stream && (read_2xx || is_audio(ctx.route) || is_translated(ctx.route)) &&
+      req.method() != bh::verb::head)
     co_return untranslatable(ctx, "one JSON object (it sent an event stream to a request that did not ask for one)");
   if (read_2xx && !anthropic_up && req.method() != bh::verb::head &&
       (event_stream ? !rewritten : !plain.empty() && !core::braced_as_object(plain))) {
