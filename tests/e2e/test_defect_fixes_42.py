@@ -338,22 +338,29 @@ def test_batched_and_coalesced_requests_keep_their_session_and_count_their_pick(
     assert w.metric("weir_routing_picks_total", rule="session") == 12
 
 
+def redis_keys_gateway(mock, weir, redis, tenants=("acme",), **auth):
+    """A Weir (1 worker) with keys in Redis (auth.redis_keys), model `m` on a weir-mock, and its admin API:
+    (weir, Admin)."""
+    from test_admin_api import Admin, TOKEN
+    m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
+    port = free_port()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
+                     "tenants": {t: {} for t in tenants}, "auth": {"required": True, "redis_keys": True, **auth},
+                     "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+                     "redis": {"url": redis.url}},
+             env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
+    admin = Admin(port)
+    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    return w, admin
+
+
 def test_concurrent_patches_of_a_key_in_redis_both_hold(mock, weir, redis):
     # Keys in Redis (auth.redis_keys): two PATCHes of one key at once, one its limits, one its metadata. Each
     # read the record, then wrote every field back, so one undid the other while both answered 200: a rate
     # limit the operator was told was applied was gone. A PATCH writes the fields it changed now, and a
     # rotate moves the record in one step.
     import concurrent.futures
-    from test_admin_api import Admin, TOKEN
-    m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
-    port = free_port()
-    weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
-                 "tenants": {"acme": {}}, "auth": {"required": True, "redis_keys": True},
-                 "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
-                 "redis": {"url": redis.url}},
-         env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
-    admin = Admin(port)
-    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    _, admin = redis_keys_gateway(mock, weir, redis)
     for _ in range(30):  # (unrelated keys: the id's lookup scans them, widening the window as in production)
         admin.create(tenant="acme")
     lost = 0

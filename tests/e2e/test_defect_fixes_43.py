@@ -93,17 +93,8 @@ def test_a_delete_beside_a_rotate_of_a_redis_key_leaves_no_live_secret(mock, wei
     # to a new secret, which DELETE never saw. It answered {"deleted": true} and the new secret worked for
     # good. A revoke that finds a record revoked under it scans the id again.
     import concurrent.futures
-    from test_admin_api import Admin, TOKEN
-    from test_defect_fixes_42 import _answers
-    m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
-    port = free_port()
-    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
-                     "tenants": {"acme": {}}, "auth": {"required": True, "redis_keys": True, "key_cache_ttl": "1s"},
-                     "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
-                     "redis": {"url": redis.url}},
-             env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
-    admin = Admin(port)
-    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    from test_defect_fixes_42 import redis_keys_gateway
+    w, admin = redis_keys_gateway(mock, weir, redis, key_cache_ttl="1s")
     for _ in range(30):  # (unrelated keys: the id's lookup scans them, widening the window as in production)
         admin.create(tenant="acme")
     survivors = []
@@ -182,16 +173,20 @@ def test_an_event_stream_on_vllms_json_routes_is_no_answer(weir, path, body):
         up.close()
 
 
+def _read_all(s) -> bytes:
+    out = b""
+    while True:
+        chunk = s.recv(65536)
+        if not chunk:
+            return out
+        out += chunk
+
+
 def _raw(port: int, request: bytes) -> bytes:
     import socket
     with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
         s.sendall(request)
-        out = b""
-        while True:
-            got = s.recv(65536)
-            if not got:
-                return out
-            out += got
+        return _read_all(s)
 
 
 def test_the_admin_listener_refuses_coded_bodies_and_unknown_methods_and_logs_what_it_wrote(mock, weir):
@@ -258,17 +253,8 @@ def test_a_refused_request_to_metrics_is_logged_only_a_scrape_is_not(mock, weir,
 
 def test_a_tenants_runtime_keys_count_the_keys_in_redis(mock, weir, redis):
     # With auth.redis_keys the keys live in Redis; the tenant pages counted the local store's, always 0.
-    from test_admin_api import Admin, TOKEN
-    from test_defect_fixes_42 import _answers
-    m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
-    port = free_port()
-    weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
-                 "tenants": {"acme": {}, "beta": {}}, "auth": {"required": True, "redis_keys": True},
-                 "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
-                 "redis": {"url": redis.url}},
-         env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
-    admin = Admin(port)
-    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    from test_defect_fixes_42 import redis_keys_gateway
+    _, admin = redis_keys_gateway(mock, weir, redis, tenants=("acme", "beta"))
     made = [admin.create(tenant="acme") for _ in range(3)] + [admin.create(tenant="beta")]
     assert admin("DELETE", f"/admin/v1/keys/{made[0]['id']}").status_code == 200
     assert admin("GET", "/admin/v1/tenants/acme").json()["runtime_keys"] == 2
@@ -497,15 +483,6 @@ def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir
         s.close()
     assert answers == [b"HTTP/1.1 200"] * N, answers
     assert w.process.popen.wait(15) == 0
-
-
-def _read_all(s) -> bytes:
-    out = b""
-    while True:
-        chunk = s.recv(65536)
-        if not chunk:
-            return out
-        out += chunk
 
 
 def _chat_request(rid: str, stream: bool = False) -> bytes:
