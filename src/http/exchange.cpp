@@ -28,28 +28,6 @@ constexpr std::size_t kHeadRead = 4096;
 // await_end(): how long the body's end may take after the client's stream ended.
 constexpr std::chrono::milliseconds kEndGrace{100};
 
-// "HTTP/1.1 200\r\n" at the start of `buf`: a status line whose reason
-// phrase is empty and whose space before it is missing too. RFC 9112 §4
-// asks for that space, but a client ignores the reason (§4: it "SHOULD
-// ignore the reason-phrase content"), and nginx, curl, Go and Python's
-// http.client take the line; Beast refuses it (bad_status). The space is
-// put back in place, for the parse to be tried again. False when `buf`
-// does not begin so.
-bool restore_status_line_space(boost::beast::flat_buffer& buf) {
-  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
-  {
-    const std::string_view b(static_cast<const char*>(buf.data().data()), buf.size());
-    if (b.size() < 14 || !b.starts_with("HTTP/1.") || !digit(b[7]) || b[8] != ' ' || !digit(b[9]) || !digit(b[10]) ||
-        !digit(b[11]) || b[12] != '\r' || b[13] != '\n')
-      return false;
-  }
-  const std::size_t size = buf.size();
-  buf.commit(boost::asio::buffer_copy(buf.prepare(1), boost::asio::buffer(" ", 1)));  // (may move the bytes)
-  char* p = static_cast<char*>(buf.data().data());
-  std::memmove(p + 13, p + 12, size - 12);
-  p[12] = ' ';
-  return true;
-}
 }  // namespace
 
 Exchange::Exchange(Executor ex, std::span<char> scratch) : ex_(ex), scratch_(scratch) {}

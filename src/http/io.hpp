@@ -4,9 +4,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <string_view>
 #include <tuple>
 #include <type_traits>
 
+#include <boost/asio/buffer.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/beast/core/buffers_suffix.hpp>
@@ -43,6 +46,29 @@ Task<std::tuple<boost::system::error_code, std::size_t>> write_all_now(Socket& s
   rest.consume(n);
   auto [wec, wn] = co_await asio::async_write(sock, rest, use_task);
   co_return std::tuple{wec, n + wn};
+}
+
+// "HTTP/1.1 200\r\n" at the start of `buf`: a status line whose reason
+// phrase is empty and whose space before it is missing too. RFC 9112 §4
+// asks for that space, but a client ignores the reason (§4: it "SHOULD
+// ignore the reason-phrase content"), and nginx, curl, Go and Python's
+// http.client take the line; Beast refuses it (bad_status). The space is
+// put back in place, for the parse to be tried again. False when `buf`
+// does not begin so.
+inline bool restore_status_line_space(boost::beast::flat_buffer& buf) {
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  {
+    const std::string_view b(static_cast<const char*>(buf.data().data()), buf.size());
+    if (b.size() < 14 || !b.starts_with("HTTP/1.") || !digit(b[7]) || b[8] != ' ' || !digit(b[9]) || !digit(b[10]) ||
+        !digit(b[11]) || b[12] != '\r' || b[13] != '\n')
+      return false;
+  }
+  const std::size_t size = buf.size();
+  buf.commit(boost::asio::buffer_copy(buf.prepare(1), boost::asio::buffer(" ", 1)));  // (may move the bytes)
+  char* p = static_cast<char*>(buf.data().data());
+  std::memmove(p + 13, p + 12, size - 12);
+  p[12] = ' ';
+  return true;
 }
 
 // Bytes of empty lines (CRLF or LF) at the start of `buf`.

@@ -1,5 +1,7 @@
 #include "http/probe.hpp"
 
+#include "http/io.hpp"
+
 #include "http/tls.hpp"
 
 #include <array>
@@ -80,15 +82,26 @@ constexpr std::size_t kReadBufferCap = 128 * 1024;
 // within the parser's limits), keeping what follows it in `buf`. Returns the
 // error, if any; `wrote` says whether the request went out. Shared by
 // fetch_text and KeptConnection::post.
+// `body_limit`: the parser's (set here: a status line read again gets a new parser).
 template <class Stream>
 Task<boost::system::error_code> exchange_over(Stream& stream, const RequestBuffers& request,
-                                              boost::beast::flat_buffer& buf, Parser& parser, bool& wrote) {
+                                              boost::beast::flat_buffer& buf, Parser& parser, std::uint64_t body_limit,
+                                              bool& wrote) {
   auto [wec, wn] = co_await asio::async_write(stream, request, use_task);
   (void)wn;
   if (wec) co_return wec;
   wrote = true;
+  parser.body_limit(body_limit);
   auto [rec, rn] = co_await bh::async_read(stream, buf, parser, use_task);
   (void)rn;
+  if (rec == bh::error::bad_status && restore_status_line_space(buf)) {  // "HTTP/1.1 200\r\n": read again
+    std::destroy_at(&parser);
+    std::construct_at(&parser);
+    parser.body_limit(body_limit);
+    auto [again, n2] = co_await bh::async_read(stream, buf, parser, use_task);
+    (void)n2;
+    rec = again;
+  }
   // A TLS peer that closes without close_notify after a complete message is fine.
   if (rec && is_tls_close(rec) && parser.is_done()) co_return boost::system::error_code();
   co_return rec;
@@ -101,10 +114,9 @@ Task<int> fetch_over(Socket& sock, TlsStream* tls, const ProbeRequest& r, std::s
   const RequestBuffers out{asio::buffer(req), asio::const_buffer()};
   boost::beast::flat_buffer buf(kReadBufferCap);
   Parser parser;
-  parser.body_limit(max_bytes);
   bool wrote = false;
-  const auto ec = tls ? co_await exchange_over(tls->stream, out, buf, parser, wrote)
-                      : co_await exchange_over(sock, out, buf, parser, wrote);
+  const auto ec = tls ? co_await exchange_over(tls->stream, out, buf, parser, max_bytes, wrote)
+                      : co_await exchange_over(sock, out, buf, parser, max_bytes, wrote);
   if (ec) {
     fail(r, sock, wrote ? "response read failed" : "request write failed", ec);
     co_return 0;
@@ -329,11 +341,10 @@ Task<PostAnswer> KeptConnection::send(const PostRequest& r, bool& answered) {
                   r.host_header, r.content_type, r.header_lines, r.body.size());
   const RequestBuffers request{asio::buffer(head), asio::buffer(r.body.data(), r.body.size())};
   Parser parser;
-  parser.body_limit(r.max_body);
   bool wrote = false;
   close_after(s.timer, c, r.timeout);
-  const auto ec = c->tls ? co_await exchange_over(c->tls->stream, request, c->buf, parser, wrote)
-                         : co_await exchange_over(c->sock, request, c->buf, parser, wrote);
+  const auto ec = c->tls ? co_await exchange_over(c->tls->stream, request, c->buf, parser, r.max_body, wrote)
+                         : co_await exchange_over(c->sock, request, c->buf, parser, r.max_body, wrote);
   s.timer.cancel();
   answered = parser.got_some();
   if (ec) {

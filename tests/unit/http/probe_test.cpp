@@ -78,6 +78,16 @@ TEST(FetchText, DecodesAChunkedBody) {
   EXPECT_EQ(body, "vllm:num_requests_running 3.0\n");
 }
 
+TEST(FetchText, ReadsAStatusLineWithoutAReasonPhrase) {
+  // "HTTP/1.1 200\r\n" (no space, no reason: nginx, curl and Python read it; Beast refuses it): a vLLM
+  // behind a minimal proxy, a JWKS host, a collector. The space is put back and the answer read.
+  std::string body;
+  EXPECT_EQ(fetch("HTTP/1.1 200\r\ncontent-length: 2\r\n\r\nok", body), 200);
+  EXPECT_EQ(body, "ok");
+  EXPECT_EQ(fetch("HTTP/1.1 404\r\ncontent-length: 0\r\n\r\n", body), 404);
+  EXPECT_EQ(fetch("HTTP/1.1 20\r\ncontent-length: 0\r\n\r\n", body), 0);  // (not a status: still refused)
+}
+
 TEST(FetchText, ReportsTheStatusAndZeroForABrokenAnswer) {
   std::string body;
   EXPECT_EQ(fetch("HTTP/1.1 503 Service Unavailable\r\ncontent-length: 0\r\n\r\n", body), 503);
