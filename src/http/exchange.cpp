@@ -220,6 +220,13 @@ Task<std::pair<error_code, std::size_t>> Exchange::recv_tls(std::size_t carried)
   const std::size_t want = std::min(TlsStream::kReadBuf, scratch_.size() - carried);
   auto [tec, tn] = co_await tls->stream.async_read_some(asio::buffer(tls->read_buf.get(), want), use_task);
   if (tn > 0) std::memcpy(scratch_.data() + carried, tls->read_buf.get(), tn);
+  // A close without close_notify ends nothing the framing cannot judge (a
+  // length or chunks left short is a partial message either way), except a
+  // body delimited by the close: there it is the one sign the body was cut
+  // (RFC 8446 §6.1), a reset, never its end.
+  if (tec == boost::asio::ssl::error::stream_truncated && parser_ && parser_->is_header_done() && !parser_->is_done() &&
+      !parser_->content_length() && !parser_->chunked())
+    co_return std::pair<error_code, std::size_t>(error_code(asio::error::connection_reset), tn);
   co_return std::pair<error_code, std::size_t>(is_tls_close(tec) ? error_code(asio::error::eof) : tec, tn);
 }
 

@@ -461,3 +461,48 @@ def test_an_https_collector_with_a_bad_certificate_gets_no_spans(pki, mock, weir
     finally:
         r.close()
         collector.close()
+
+
+@pytest.mark.parametrize("close_notify", [True, False], ids=["close_notify", "bare-close"])
+def test_a_close_delimited_body_cut_by_a_tls_close_without_close_notify_is_no_answer(pki, weir, close_notify):
+    # An answer with no length, ended by the close (RFC 9112 §6.3): over TLS a close without close_notify is
+    # the one sign the body was cut (RFC 8446 §6.1). It was read as the body's end: a cut chat completion
+    # went out as a 200. With close_notify the close is the end.
+    import socket
+    import threading
+    doc = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+           b'"message":{"role":"assistant","content":"hello"},"finish_reason":"stop"}]}')
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(pki.server.cert, pki.server.key)
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                raw, _ = listener.accept()
+            except OSError:
+                return
+            try:
+                s = ctx.wrap_socket(raw, server_side=True)
+                data = b""
+                while b"\r\n\r\n" not in data:
+                    data += s.recv(65536)
+                s.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n" + doc)
+                if close_notify:
+                    s.unwrap()
+                s.close()  # (Python's close of an SSLSocket sends no close_notify)
+            except (OSError, ssl.SSLError):
+                pass
+
+    threading.Thread(target=serve, daemon=True).start()
+    try:
+        w = weir(config=https_config(f"https://127.0.0.1:{listener.getsockname()[1]}", {"ca_file": str(pki.ca.pem)}),
+                 workers=1)
+        r = chat(w, headers={"x-request-id": "tls-cut"})
+        if close_notify:
+            assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "hello", r.text
+        else:
+            assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable", r.text
+            assert w.log_for("tls-cut")["status"] == 502
+    finally:
+        listener.close()
