@@ -663,10 +663,13 @@ void Downstream::begin_drain() {
   // promising keep-alive is followed by the next request only when that is
   // here already (read_head): then that one is the last, and says close.
   if (bytes_out_ == 0) keep_alive_ = false;
-  // Waiting for a next request: the wait ends; read_head serves what came, or closes.
+  // Waiting for a next request: the wait ends; read_head serves what came, or closes. (That wait may be
+  // the close watch posted during the last request: its cancel is the drain's, not the client leaving.)
   if (idle_ && !closed_) {
+    if (reading_) monitor_cancelled_ = true;
     error_code ignored;
     sock_.cancel(ignored);
+    if (poll_) poll_->cancel();
   }
 }
 

@@ -491,19 +491,28 @@ def _chat_request(rid: str, stream: bool = False) -> bytes:
             + rid.encode() + b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
-def test_a_kept_alive_connections_request_that_came_as_the_drain_began_is_served(mock, weir):
-    # Weir stopped (SIGSTOP) with three kept-alive idle connections; each sends its next request; SIGTERM,
+@pytest.mark.parametrize("first", ["health", "proxied"])
+def test_a_kept_alive_connections_request_that_came_as_the_drain_began_is_served(mock, weir, first):
+    # Weir stopped (SIGSTOP) with five kept-alive idle connections; each sends its next request; SIGTERM,
     # SIGCONT: the drain cancelled the idle waits whose data had come and reset the connections unanswered.
+    # After a proxied request the wait is the close watch posted during it: its cancel read as the client
+    # leaving (found by the next round after the first fix).
     import os
     import signal
     import socket
     m = mock("--ttft-ms", "1", "--max-tokens", "2")
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}, workers=1)
     conns = []
-    for _ in range(3):
+    for i in range(5):
         s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
-        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-        assert s.recv(1000).startswith(b"HTTP/1.1 200")
+        if first == "health":
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        else:
+            s.sendall(_chat_request(f"before-{i}"))
+        got = b""
+        while not got.endswith(b"}"):
+            got += s.recv(65536)
+        assert got.startswith(b"HTTP/1.1 200")
         conns.append(s)
     os.kill(w.process.pid, signal.SIGSTOP)
     try:
@@ -517,7 +526,8 @@ def test_a_kept_alive_connections_request_that_came_as_the_drain_began_is_served
         assert got.startswith(b"HTTP/1.1 200") and b"connection: close" in got.lower(), got[:300]
         s.close()
     assert w.process.popen.wait(15) == 0
-    assert sorted(e["request_id"] for e in w.log_entries() if e["path"] != "/health") == ["ka-0", "ka-1", "ka-2"]
+    assert sorted(e["request_id"] for e in w.log_entries() if e["request_id"].startswith("ka-")) == \
+        [f"ka-{i}" for i in range(5)]
 
 
 def test_at_the_drain_a_request_pipelined_behind_a_stream_is_served_as_the_last(mock, weir):

@@ -329,6 +329,25 @@ TEST_F(HttpDownstream, BeginDrainServesARequestThatCameAsTheWaitEnded) {
   EXPECT_FALSE(down->keep_alive());
 }
 
+TEST_F(HttpDownstream, BeginDrainServesARequestThatCameWhileTheCloseWatchWaited) {
+  // After a proxied request the wait for the next one is the close watch posted during it: the drain's
+  // cancel of it read as the client leaving, and the request that had come was reset.
+  start();
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->watch_for_close(false);
+  std::optional<Head> r;
+  spawn(io, down->read_head(false, false), r);
+  settle(io);
+  ASSERT_FALSE(r.has_value());
+  client.send(kGet);
+  down->begin_drain();  // (before the worker ran the watch's completion)
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_EQ(*r, Head::request);
+  EXPECT_FALSE(down->keep_alive());
+  EXPECT_FALSE(down->client_gone());
+}
+
 TEST_F(HttpDownstream, ARequestWhoseHeadEndsAfterTheDrainBeganIsTheLast) {
   // Half a head when the drain begins: its answer says Connection: close (read_head's `draining` was
   // false when it began, and the drain's no-keep-alive was overwritten at the head's end).
