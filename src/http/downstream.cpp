@@ -7,6 +7,7 @@
 #include <array>
 #include <charconv>
 #include <chrono>
+#include <cstddef>
 #include <iterator>
 #include <memory>
 
@@ -40,6 +41,26 @@ constexpr std::chrono::seconds kLingerIdle{2};
 // Room in the read buffer beyond server.max_header: one read (read_message
 // reads at most 64 KiB at a time).
 constexpr std::size_t kReadRoom = 64 * 1024;
+
+// Linux's struct tcp_info (include/uapi/linux/tcp.h, a stable ABI) up to
+// tcpi_bytes_acked (Linux 4.1): glibc's <netinet/tcp.h> stops at
+// tcpi_total_retrans, and <linux/tcp.h> cannot be included beside it.
+struct TcpInfoToAcked {
+  ::tcp_info glibc;  // 104 bytes
+  std::uint64_t pacing_rate;
+  std::uint64_t max_pacing_rate;
+  std::uint64_t bytes_acked;  // RFC 4898 tcpEStatsAppHCThruOctetsAcked
+};
+static_assert(offsetof(TcpInfoToAcked, bytes_acked) == 120, "tcpi_bytes_acked's offset in Linux's struct tcp_info");
+
+// Bytes of the connection's output the peer has acknowledged, 0 when the
+// kernel does not say (one getsockopt).
+std::uint64_t tcp_bytes_acked(int fd) {
+  TcpInfoToAcked info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 || len < sizeof info) return 0;
+  return info.bytes_acked;
+}
 
 ReadFailure failure_of(HeadProblem p) {
   switch (p) {
@@ -80,6 +101,17 @@ Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t*
       in_(sc.max_header_bytes + kReadRoom),
       watchdog_(sock_.get_executor(),
                 [this] {
+                  // A write's deadline: bytes the client acknowledged since it was set are progress (a
+                  // full socket wakes a writer only once a third of its send buffer is free, which a
+                  // slow reader of a large answer may take longer than write_timeout to make).
+                  if (write_wait_) {
+                    const std::uint64_t acked = tcp_bytes_acked(sock_.native_handle());
+                    if (acked > acked_mark_) {
+                      acked_mark_ = acked;
+                      watchdog_.expires_after(sc_.write_timeout);
+                      return;
+                    }
+                  }
                   timed_out_ = true;
                   error_code ignored;
                   sock_.cancel(ignored);
@@ -542,7 +574,7 @@ void Downstream::start_write_loop() {
   writing_ = true;
   std::swap(out_, wbuf_);
   wsent_ = 0;
-  watchdog_.expires_after(sc_.write_timeout);
+  arm_write_deadline();
   write_more();
 }
 
@@ -551,35 +583,38 @@ void Downstream::start_write_loop() {
 // longest wait without any (one timed write of the whole buffer cut a client
 // still reading a large event).
 void Downstream::write_more() {
-  sock_.async_write_some(asio::buffer(wbuf_.data() + wsent_, wbuf_.size() - wsent_),
-                         [this](error_code ec, std::size_t n) {
-                           bytes_out_ += n;
-                           if (bytes_out_total_) *bytes_out_total_ += n;
-                           wsent_ += n;
-                           if (!ec && wsent_ < wbuf_.size()) {
-                             watchdog_.expires_after(sc_.write_timeout);
-                             write_more();
-                             return;
-                           }
-                           writing_ = false;
-                           wbuf_.clear();
-                           if (ec) {
-                             write_failed_ = true;
-                             out_.clear();
-                             on_gone();
-                             done_.wake();
-                             return;
-                           }
-                           // What was queued meanwhile: sent now, and a loop again for what the
-                           // socket does not take. Sent whole (or failed), the loop is over: its
-                           // deadline disarmed and drain() woken, as when nothing was queued.
-                           if (!out_.empty()) {
-                             start_write();
-                             if (writing_) return;
-                           }
-                           watchdog_.disarm();
-                           done_.wake();
-                         });
+  const auto rest = asio::buffer(wbuf_.data() + wsent_, wbuf_.size() - wsent_);
+  sock_.async_write_some(rest, [this](error_code ec, std::size_t n) { wrote_more(ec, n); });
+}
+
+void Downstream::wrote_more(error_code ec, std::size_t n) {
+  bytes_out_ += n;
+  if (bytes_out_total_) *bytes_out_total_ += n;
+  wsent_ += n;
+  if (!ec && wsent_ < wbuf_.size()) {
+    arm_write_deadline();
+    write_more();
+    return;
+  }
+  writing_ = false;
+  write_wait_ = false;
+  wbuf_.clear();
+  if (ec) {
+    write_failed_ = true;
+    out_.clear();
+    on_gone();
+    done_.wake();
+    return;
+  }
+  // What was queued meanwhile: sent now, and a loop again for what the
+  // socket does not take. Sent whole (or failed), the loop is over: its
+  // deadline disarmed and drain() woken, as when nothing was queued.
+  if (!out_.empty()) {
+    start_write();
+    if (writing_) return;
+  }
+  watchdog_.disarm();
+  done_.wake();
 }
 
 Task<void> Downstream::drain() {
@@ -606,8 +641,9 @@ Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
       break;
     }
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) break;
-    watchdog_.expires_after(sc_.write_timeout);
+    arm_write_deadline();
     auto [wec] = co_await sock_.async_wait(tcp::socket::wait_write, use_task);
+    write_wait_ = false;
     watchdog_.disarm();
     ec = timed_out_ ? error_code(asio::error::timed_out) : wec;
     if (ec) break;
@@ -671,6 +707,13 @@ void Downstream::begin_drain() {
     sock_.cancel(ignored);
     if (poll_) poll_->cancel();
   }
+}
+
+void Downstream::arm_write_deadline() {
+  // (Only when the client is behind: a write the socket took whole arms nothing, and reads nothing.)
+  write_wait_ = true;
+  acked_mark_ = tcp_bytes_acked(sock_.native_handle());
+  watchdog_.expires_after(sc_.write_timeout);
 }
 
 bool Downstream::take_waiting() {

@@ -251,6 +251,10 @@ class Downstream {
   void start_write();
   void start_write_loop();
   void write_more();  // the loop's next write of wbuf_ from wsent_
+  void wrote_more(boost::system::error_code ec, std::size_t n);
+  // server.write_timeout for a write the client is behind on; its expiry
+  // waits on while the client acknowledges bytes (tcp_bytes_acked).
+  void arm_write_deadline();
   // Tries one scatter write of `parts` now; queues what the socket did not take.
   template <std::size_t N>
   void send_now(const std::array<std::string_view, N>& parts);
@@ -308,7 +312,9 @@ class Downstream {
   bool write_failed_ = false;
   std::string out_;
   std::string wbuf_;
-  std::size_t wsent_ = 0;  // bytes of wbuf_ the write loop has sent
+  std::size_t wsent_ = 0;         // bytes of wbuf_ the write loop has sent
+  bool write_wait_ = false;       // the watchdog's deadline is a write's (arm_write_deadline)
+  std::uint64_t acked_mark_ = 0;  // tcp_bytes_acked when it was set, or last moved
   std::uint64_t bytes_out_ = 0;
 };
 
