@@ -645,7 +645,7 @@ Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
     auto [wec] = co_await sock_.async_wait(tcp::socket::wait_write, use_task);
     write_wait_ = false;
     watchdog_.disarm();
-    ec = timed_out_ ? error_code(asio::error::timed_out) : wec;
+    ec = wec;  // (the deadline's cancel: operation_aborted, and timed_out() says why)
     if (ec) break;
   }
   bytes_out_ += n;

@@ -27,7 +27,6 @@ constexpr std::size_t kMaxCarry = 512;
 constexpr std::size_t kHeadRead = 4096;
 // await_end(): how long the body's end may take after the client's stream ended.
 constexpr std::chrono::milliseconds kEndGrace{100};
-
 }  // namespace
 
 Exchange::Exchange(Executor ex, std::span<char> scratch) : ex_(ex), scratch_(scratch) {}

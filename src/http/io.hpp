@@ -64,6 +64,7 @@ inline bool restore_status_line_space(boost::beast::flat_buffer& buf) {
       return false;
   }
   const std::size_t size = buf.size();
+  if (size >= buf.max_size()) return false;  // (no room for the byte: prepare() would throw)
   buf.commit(boost::asio::buffer_copy(buf.prepare(1), boost::asio::buffer(" ", 1)));  // (may move the bytes)
   char* p = static_cast<char*>(buf.data().data());
   std::memmove(p + 13, p + 12, size - 12);
