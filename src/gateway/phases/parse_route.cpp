@@ -49,10 +49,11 @@ std::string peek_model(std::string_view body) {
 
 Outcome GatewayPhases::parse(RequestContext& ctx) {
   const auto api = api_of(ctx.route);
-  if (!api) return Outcome::next();
-  // The body, decoded once the credentials passed; the request log's copy of it starts then.
-  if (auto o = decode_body(ctx); !o.goes_on()) return o;
+  // The body, decoded once the credentials passed (an API route's); the request log's copy starts then.
+  if (api)
+    if (auto o = decode_body(ctx); !o.goes_on()) return o;
   if (w_.shared().capture) begin_capture(ctx);
+  if (!api) return Outcome::next();
   if (is_anthropic(ctx.route)) {
     // An Anthropic request to an Anthropic pool goes as it came: read what
     // the gateway needs, leave the rest to the upstream (which accepts more
