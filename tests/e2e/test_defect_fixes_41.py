@@ -372,12 +372,8 @@ def test_coalescing_never_merges_requests_to_different_paths(weir, mock):
 def test_a_long_coalesced_stream_does_not_keep_its_output(weir, mock):
     # Every event of a coalesced generation was kept for late joiners, past the point where none may join
     # (kMaxReplayBytes): one 150,000-token stream held ~33 MB until it ended.
-    # (max_stream_buffer 8 MiB: a client starved of CPU for 300 ms on a loaded CI host, 1 MiB behind an
-    # upstream that does not pace, was cut as a slow client, a failure of another kind; the bound below
-    # allows the 8 MiB and still catches the ~33 MB.)
     m = mock("--any-model", "--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "150000", "--max-model-len", "400000")
-    w = weir(config={"server": {"max_stream_buffer": "8MiB"},
-                     "pools": {"gpu": {"endpoints": [m.base_url], "coalesce": True}}, "default_pool": "gpu"},
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "coalesce": True}}, "default_pool": "gpu"},
              workers=1)
 
     def hwm_kb():
@@ -388,15 +384,24 @@ def test_a_long_coalesced_stream_does_not_keep_its_output(weir, mock):
     httpx.post(w.v1 + "/chat/completions", timeout=30,
                json={"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 50, "stream": True})
     before = hwm_kb()
-    n = 0
-    with httpx.stream("POST", w.v1 + "/chat/completions", timeout=60,
-                      json={"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 150000,
-                            "stream": True}) as r:
-        for chunk in r.iter_bytes():
-            n += len(chunk)
+    # (The mock does not pace: a client starved of CPU for 300 ms, as on a loaded CI host, falls 1 MiB
+    # behind and is cut as a slow client, another behaviour than this test's; that stream is tried again.)
+    for attempt in range(3):
+        n = 0
+        try:
+            with httpx.stream("POST", w.v1 + "/chat/completions", timeout=60,
+                              headers={"x-request-id": f"long-stream-{attempt:016d}"},  # (28: as Weir's own)
+                              json={"model": "m", "messages": MSG, "temperature": 0, "max_tokens": 150000,
+                                    "stream": True}) as r:
+                for chunk in r.iter_bytes():
+                    n += len(chunk)
+            break
+        except httpx.RemoteProtocolError:
+            line = w.log_for(f"long-stream-{attempt:016d}")
+            assert line["status"] == 499 and line["error"]["code"] == "slow_client", line
     assert n > 30_000_000, n
     grown = hwm_kb() - before
-    assert grown < 24 * 1024, f"peak RSS grew {grown} KiB over a {n}-byte stream"
+    assert grown < 16 * 1024, f"peak RSS grew {grown} KiB over a {n}-byte stream"
 
 
 @pytest.mark.parametrize("mode", ["batch", "coalesce"])
