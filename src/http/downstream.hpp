@@ -213,6 +213,9 @@ class Downstream {
   bool queue_empty() const { return out_.empty(); }
   // Bytes queued and not yet taken by the socket (the slow-client measure).
   std::size_t backlog() const { return out_.size() + wbuf_.size() - std::min(wsent_, wbuf_.size()); }
+  // The bytes the stream's buffers hold: the backlog and what of the write loop's buffer has gone out (it is
+  // freed whole once sent). What the slow-client bound counts: it bounds memory.
+  std::size_t held() const { return out_.size() + wbuf_.size(); }
   // Bytes written to the client since begin_request().
   std::uint64_t bytes_out() const { return bytes_out_; }
   // A deadline (head, body or a write) passed.

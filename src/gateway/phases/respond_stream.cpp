@@ -244,7 +244,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   // Bytes of earlier reads the client has not taken yet: the slow-client
   // measure. Not this read's events: one event larger than the bound (a
   // chunk with prompt_logprobs) is not a slow client.
-  const std::size_t backlog = down_.backlog();
+  const std::size_t backlog = down_.held();  // (memory: the write loop's buffer until it is sent whole)
   if (!events.empty()) {
     if (ctx.capture) capture_response(ctx, events);
     // The stream's end ([DONE], or a translated stream's last event) goes
