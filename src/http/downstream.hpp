@@ -258,6 +258,9 @@ class Downstream {
   // server.write_timeout for a write the client is behind on; its expiry
   // waits on while the client acknowledges bytes (tcp_bytes_acked).
   void arm_write_deadline();
+  // At the watchdog's expiry: true (and the deadline moved) when the client
+  // acknowledged bytes since it was set, a write's progress.
+  bool write_progressed();
   // Tries one scatter write of `parts` now; queues what the socket did not take.
   template <std::size_t N>
   void send_now(const std::array<std::string_view, N>& parts);

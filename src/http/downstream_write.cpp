@@ -1,0 +1,255 @@
+// The client connection's write path: the buffered answer (write_all),
+// the stream's output queue and its write loop, and server.write_timeout as
+// a wait without progress (RFC 9112 §7.1 chunked framing of a stream's body).
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
+#include <array>
+#include <charconv>
+#include <cstddef>
+#include <cstdint>
+
+#include <boost/asio/write.hpp>
+#include <boost/beast/core/buffers_suffix.hpp>
+
+#include "http/downstream.hpp"
+#include "http/headers.hpp"
+
+namespace weir::http {
+
+using boost::system::error_code;
+
+namespace {
+constexpr std::string_view kLastChunk = "0\r\n\r\n";
+
+// Linux's struct tcp_info (include/uapi/linux/tcp.h, a stable ABI) up to
+// tcpi_bytes_acked (Linux 4.1): glibc's <netinet/tcp.h> stops at
+// tcpi_total_retrans, and <linux/tcp.h> cannot be included beside it.
+struct TcpInfoToAcked {
+  ::tcp_info glibc;  // 104 bytes
+  std::uint64_t pacing_rate;
+  std::uint64_t max_pacing_rate;
+  std::uint64_t bytes_acked;  // RFC 4898 tcpEStatsAppHCThruOctetsAcked
+};
+static_assert(offsetof(TcpInfoToAcked, bytes_acked) == 120, "tcpi_bytes_acked's offset in Linux's struct tcp_info");
+
+// Bytes of the connection's output the peer has acknowledged, 0 when the
+// kernel does not say (one getsockopt).
+std::uint64_t tcp_bytes_acked(int fd) {
+  TcpInfoToAcked info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 || len < sizeof info) return 0;
+  return info.bytes_acked;
+}
+}  // namespace
+
+void Downstream::queue_body(std::string_view bytes) {
+  if (bytes.empty() || ended_) return;  // an empty chunk would end the body; after its end nothing is the body's
+  if (chunked_) {                       // one chunk (RFC 9112 §7.1)
+    append_hex(out_, bytes.size());
+    out_ += "\r\n";
+    out_ += bytes;
+    out_ += "\r\n";
+  } else {  // HTTP/1.0: the body ends when the connection closes
+    out_ += bytes;
+  }
+}
+
+void Downstream::queue_end() {
+  if (chunked_ && !ended_) out_ += kLastChunk;
+  ended_ = true;
+}
+
+void Downstream::flush() {
+  if (!writing_) start_write();
+}
+
+void Downstream::start_write() {
+  if (writing_ || out_.empty()) return;
+  if (write_failed_) {
+    out_.clear();
+    return;
+  }
+  // Send now: a client that keeps up takes it all, and then no completion
+  // is queued (one trip through the scheduler less per event). What the
+  // socket did not take goes out through the write loop below.
+  error_code ec;
+  const std::size_t sent = sock_.write_some(asio::buffer(out_), ec);
+  bytes_out_ += sent;
+  if (bytes_out_total_) *bytes_out_total_ += sent;
+  if (!ec && sent == out_.size()) {
+    out_.clear();
+    return;
+  }
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+    write_failed_ = true;
+    out_.clear();
+    on_gone();
+    return;
+  }
+  out_.erase(0, sent);
+  start_write_loop();
+}
+
+template <std::size_t N>
+void Downstream::send_now(const std::array<std::string_view, N>& parts) {
+  if (writing_ || !out_.empty() || write_failed_) {
+    for (auto p : parts) out_ += p;
+    flush();
+    return;
+  }
+  std::array<asio::const_buffer, N> bufs;
+  std::size_t total = 0;
+  for (std::size_t i = 0; i < N; ++i) {
+    bufs[i] = asio::buffer(parts[i].data(), parts[i].size());
+    total += parts[i].size();
+  }
+  error_code ec;
+  const std::size_t sent = sock_.write_some(bufs, ec);
+  bytes_out_ += sent;
+  if (bytes_out_total_) *bytes_out_total_ += sent;
+  if (!ec && sent == total) return;
+  if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
+    write_failed_ = true;
+    on_gone();
+    return;
+  }
+  std::size_t skip = sent;  // the bytes the socket did not take go to the write loop
+  for (auto p : parts) {
+    if (skip >= p.size()) {
+      skip -= p.size();
+      continue;
+    }
+    out_.append(p.substr(skip));
+    skip = 0;
+  }
+  start_write_loop();
+}
+
+void Downstream::send(std::string_view raw) { send_now(std::array<std::string_view, 1>{raw}); }
+
+void Downstream::send_body(std::string_view bytes, bool last) {
+  if (bytes.empty() || ended_) return;  // (as queue_body)
+  if (!chunked_) {
+    send(bytes);
+    return;
+  }
+  ended_ = last;
+  char size[20];
+  const auto [end, ec] = std::to_chars(size, size + 16, bytes.size(), 16);
+  (void)ec;
+  char* p = end;
+  *p++ = '\r';
+  *p++ = '\n';
+  send_now(std::array<std::string_view, 3>{std::string_view(size, static_cast<std::size_t>(p - size)), bytes,
+                                           last ? std::string_view("\r\n0\r\n\r\n") : std::string_view("\r\n")});
+}
+
+void Downstream::start_write_loop() {
+  writing_ = true;
+  std::swap(out_, wbuf_);
+  wsent_ = 0;
+  arm_write_deadline();
+  write_more();
+}
+
+// One write of what is left of wbuf_. Each completion that took bytes is
+// the client's progress and moves the deadline: server.write_timeout is the
+// longest wait without any (one timed write of the whole buffer cut a client
+// still reading a large event).
+void Downstream::write_more() {
+  const auto rest = asio::buffer(wbuf_.data() + wsent_, wbuf_.size() - wsent_);
+  sock_.async_write_some(rest, [this](error_code ec, std::size_t n) { wrote_more(ec, n); });
+}
+
+void Downstream::wrote_more(error_code ec, std::size_t n) {
+  bytes_out_ += n;
+  if (bytes_out_total_) *bytes_out_total_ += n;
+  wsent_ += n;
+  if (!ec && wsent_ < wbuf_.size()) {
+    arm_write_deadline();
+    write_more();
+    return;
+  }
+  writing_ = false;
+  write_wait_ = false;
+  wbuf_.clear();
+  if (ec) {
+    write_failed_ = true;
+    out_.clear();
+    on_gone();
+    done_.wake();
+    return;
+  }
+  // What was queued meanwhile: sent now, and a loop again for what the
+  // socket does not take. Sent whole (or failed), the loop is over: its
+  // deadline disarmed and drain() woken, as when nothing was queued.
+  if (!out_.empty()) {
+    start_write();
+    if (writing_) return;
+  }
+  watchdog_.disarm();
+  done_.wake();
+}
+
+Task<void> Downstream::drain() {
+  while (writing_) {
+    if (!done_.take_wake()) co_await done_.park();
+  }
+}
+
+Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
+  const std::array<asio::const_buffer, 2> bufs{asio::buffer(a.data(), a.size()), asio::buffer(b.data(), b.size())};
+  // server.write_timeout bounds each wait for the client to take bytes, not
+  // the whole answer (as nginx's send_timeout): a client that keeps reading
+  // a large answer gets all of it, one that stops is cut write_timeout after
+  // its last progress. (Usually the first send takes it all: no wait.)
+  boost::beast::buffers_suffix<std::array<asio::const_buffer, 2>> rest(bufs);
+  error_code ec;
+  std::size_t n = 0;
+  for (;;) {
+    const std::size_t sent = sock_.write_some(rest, ec);
+    n += sent;
+    rest.consume(sent);
+    if (boost::beast::buffer_bytes(rest) == 0) {
+      ec = {};
+      break;
+    }
+    if (ec && ec != asio::error::would_block && ec != asio::error::try_again) break;
+    arm_write_deadline();
+    auto [wec] = co_await sock_.async_wait(tcp::socket::wait_write, use_task);
+    write_wait_ = false;
+    watchdog_.disarm();
+    ec = wec;  // (the deadline's cancel: operation_aborted, and timed_out() says why)
+    if (ec) break;
+  }
+  bytes_out_ += n;
+  if (bytes_out_total_) *bytes_out_total_ += n;
+  if (ec) {
+    write_failed_ = true;
+    peer_gone_ = true;
+    co_return false;
+  }
+  co_return true;
+}
+void Downstream::arm_write_deadline() {
+  // (Only when the client is behind: a write the socket took whole arms nothing, and reads nothing.)
+  write_wait_ = true;
+  acked_mark_ = tcp_bytes_acked(sock_.native_handle());
+  watchdog_.expires_after(sc_.write_timeout);
+}
+bool Downstream::write_progressed() {
+  // A write's deadline: bytes the client acknowledged since it was set are
+  // progress (a full socket wakes a writer only once a third of its send
+  // buffer is free, which a slow reader of a large answer may take longer
+  // than write_timeout to make).
+  if (!write_wait_) return false;
+  const std::uint64_t acked = tcp_bytes_acked(sock_.native_handle());
+  if (acked <= acked_mark_) return false;
+  acked_mark_ = acked;
+  watchdog_.expires_after(sc_.write_timeout);
+  return true;
+}
+
+}  // namespace weir::http
