@@ -2,6 +2,7 @@
 // Usage and every output field: tools/bench/README.md.
 #include <sys/resource.h>
 #include <unistd.h>
+#include <chrono>
 
 #include <csignal>
 #include <cstdio>
@@ -196,7 +197,10 @@ int main(int argc, char** argv) {
   plan.seed = seed;
   plan.leave_fraction = leave;
   plan.leave_after = leave_after;
-  plan.start_ns = now_ns() + 20'000'000;  // every thread up before the first send
+  const std::int64_t steady_at_start = now_ns();
+  const double unix_at_start =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  plan.start_ns = steady_at_start + 20'000'000;  // every thread up before the first send
   plan.measure_start_ns = plan.start_ns + *warmup;
   plan.end_ns = plan.measure_start_ns + *duration;
 
@@ -255,6 +259,7 @@ int main(int argc, char** argv) {
   run.connections = plan.connections;
   run.duration_s = static_cast<double>(*duration) / 1e9;
   run.warmup_s = static_cast<double>(*warmup) / 1e9;
+  run.measure_start_unix_s = unix_at_start + static_cast<double>(plan.measure_start_ns - steady_at_start) / 1e9;
   run.elapsed_s = static_cast<double>(now_ns() - t0) / 1e9;
   run.max_lag_ns = *max_lag;
   run.interrupted = g_stop.load();

@@ -41,6 +41,22 @@ std::uint64_t Stats::errors() const {
          outcomes[static_cast<std::size_t>(Outcome::cancelled)] - outcomes[static_cast<std::size_t>(Outcome::left)];
 }
 
+namespace {
+bool larger_hop(const HopSample& a, const HopSample& b) { return a.hop_ns > b.hop_ns; }
+}  // namespace
+
+void Stats::record_hop(std::int64_t sent_rel_ns, std::int64_t hop_ns) {
+  hop.record(hop_ns);
+  if (slowest.size() < kSlowestKept) {
+    slowest.push_back({sent_rel_ns, hop_ns});
+    std::push_heap(slowest.begin(), slowest.end(), larger_hop);
+  } else if (hop_ns > slowest.front().hop_ns) {
+    std::pop_heap(slowest.begin(), slowest.end(), larger_hop);
+    slowest.back() = {sent_rel_ns, hop_ns};
+    std::push_heap(slowest.begin(), slowest.end(), larger_hop);
+  }
+}
+
 void Stats::merge(const Stats& o) {
   scheduled += o.scheduled;
   sent += o.sent;
@@ -73,6 +89,16 @@ void Stats::merge(const Stats& o) {
   sender_lag.merge(o.sender_lag);
   connect.merge(o.connect);
   hop.merge(o.hop);
+  for (const auto& h : o.slowest) {
+    if (slowest.size() < kSlowestKept) {
+      slowest.push_back(h);
+      std::push_heap(slowest.begin(), slowest.end(), larger_hop);
+    } else if (h.hop_ns > slowest.front().hop_ns) {
+      std::pop_heap(slowest.begin(), slowest.end(), larger_hop);
+      slowest.back() = h;
+      std::push_heap(slowest.begin(), slowest.end(), larger_hop);
+    }
+  }
 }
 
 namespace {
@@ -153,6 +179,7 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   o["duration_s"] = run.duration_s;
   o["warmup_s"] = run.warmup_s;
   o["elapsed_s"] = run.elapsed_s;
+  o["measure_start_unix_s"] = run.measure_start_unix_s;
   o["interrupted"] = run.interrupted;
 
   o["send_rate_rps"] = ratio(s.released_in_window, run.duration_s);
@@ -189,6 +216,14 @@ boost::json::object to_json(const RunInfo& run, const Stats& s, const Verdict& v
   o["sender_lag"] = hist_json(s.sender_lag);
   o["connect"] = hist_json(s.connect);
   o["hop"] = hist_json(s.hop);
+  {
+    auto slow = s.slowest;
+    std::sort(slow.begin(), slow.end(), larger_hop);
+    boost::json::array a;
+    for (const auto& h : slow)
+      a.push_back(boost::json::object{{"sent_s", static_cast<double>(h.sent_ns) / 1e9}, {"hop_us", us(h.hop_ns)}});
+    o["slowest_hops"] = std::move(a);
+  }
   o["sender_lag_p99_us"] = us(s.sender_lag.value_at_percentile(99));
 
   boost::json::object gen;

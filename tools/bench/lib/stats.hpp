@@ -30,7 +30,17 @@ enum class Outcome : std::uint8_t {
 inline constexpr std::size_t kOutcomes = 11;
 std::string_view outcome_name(Outcome o);
 
+// One of a run's slowest hops (Stats::slowest): when it was sent and what
+// it took, so the tail can be set against the gateway's own clock (its access
+// log, a profile) rather than read as a percentile alone.
+struct HopSample {
+  std::int64_t sent_ns = 0;  // actual send, steady_clock ns since the measured window began
+  std::int64_t hop_ns = 0;   // the hop (see Stats::hop)
+};
+
 struct Stats {
+  // The slowest hops kept per run, most first (stats.cpp: kSlowestKept).
+  static constexpr std::size_t kSlowestKept = 16;
   // Measured requests (intended send time at or after the end of warm-up).
   std::uint64_t scheduled = 0;           // released by the pacer / started (closed loop)
   std::uint64_t sent = 0;                // written to a connection
@@ -72,7 +82,10 @@ struct Stats {
   // What the path between client and model server (loopback, or the gateway and its two connections) took, free
   // of the mock's timer jitter and the generator's lateness; ok and stall outcomes.
   Histogram hop;
+  std::vector<HopSample> slowest;  // the kSlowestKept largest hops, a min-heap on hop_ns until reported
 
+  // Records a hop into `hop` and, when among the largest, into `slowest`.
+  void record_hop(std::int64_t sent_rel_ns, std::int64_t hop_ns);
   std::uint64_t errors() const;  // completed - ok - cancelled - left
   void merge(const Stats& other);
 };
@@ -88,8 +101,9 @@ struct RunInfo {
   std::uint64_t connections = 0;  // cap over all threads
   double duration_s = 0;
   double warmup_s = 0;
-  double elapsed_s = 0;         // wall time of the whole run
-  std::int64_t max_lag_ns = 0;  // --max-lag: sender lag p99 above this = saturated
+  double elapsed_s = 0;             // wall time of the whole run
+  double measure_start_unix_s = 0;  // the measured window's start, Unix time (HopSample::sent_ns counts from it)
+  std::int64_t max_lag_ns = 0;      // --max-lag: sender lag p99 above this = saturated
   bool interrupted = false;
 };
 

@@ -640,11 +640,13 @@ struct Worker::Impl {
     ++stats.outcomes[static_cast<std::size_t>(o)];
     const bool answered = o == Outcome::ok || o == Outcome::stall;
     if (answered) stats.e2e.record(now - r.intended_ns);
-    if (answered && !s && r.mock_ns >= 0) stats.hop.record(std::max<std::int64_t>(0, now - r.sent_ns - r.mock_ns));
+    if (answered && !s && r.mock_ns >= 0)
+      stats.record_hop(r.sent_ns - plan.measure_start_ns, std::max<std::int64_t>(0, now - r.sent_ns - r.mock_ns));
     if (s) {
       if (s->first_token_ns >= 0) stats.ttft.record(s->first_token_ns - r.intended_ns);
       if (answered && s->first_token_ns >= 0 && s->first_token_mock_ns >= 0)
-        stats.hop.record(std::max<std::int64_t>(0, s->first_token_ns - r.sent_ns - s->first_token_mock_ns));
+        stats.record_hop(r.sent_ns - plan.measure_start_ns,
+                         std::max<std::int64_t>(0, s->first_token_ns - r.sent_ns - s->first_token_mock_ns));
       stats.tokens += s->tokens;
       stats.events += s->events;
       live.tokens.fetch_add(s->tokens, std::memory_order_relaxed);
