@@ -43,7 +43,7 @@ void RequestContext::reset() {
   fallback_step = 0;
   fallback_limit = 0xff;
   fallbacks_judged = fallbacks_refused = 0;
-  hold_head = fail_over = error_relayed = false;
+  hold_head = fail_over = error_relayed = upstream_refused = false;
   held_failure = http::UpstreamFailure::none;
   pool_tries = 0;
   pool_avoid = 0;

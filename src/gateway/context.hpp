@@ -150,6 +150,7 @@ struct RequestContext {
   std::uint8_t pool_tries = 0;
   std::uint64_t pool_avoid = 0;
   bool error_relayed = false;      // the upstream's in-band error event reached the client: fail() adds only the end
+  bool upstream_refused = false;   // ... and it refused the request (a 4xx): not the endpoint's failure
   core::Timer* backoff = nullptr;  // the retry backoff or queue wait being waited, cancelled when the client leaves
   // Reliability (docs/reliability.md): the request's own deadline
   // (x-weir-timeout-ms; none = {}), its place in a pool's queue, and the verdict on a stream's answer that waits for

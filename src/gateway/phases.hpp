@@ -268,6 +268,7 @@ class GatewayPhases final : public Phases {
     std::uint64_t out_when_over = ~std::uint64_t{0};
     core::TimePoint over_since{};
     bool error_relayed = false;    // the upstream's in-band error event went into this read's events
+    bool refused = false;          // that error refuses the client's request (api::openai::refuses_request)
     bool event_too_large = false;  // an upstream event passed server.max_event
   };
   // The error a stream that broke ends with (before its head went out, or after: `mid_stream`).

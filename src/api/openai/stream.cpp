@@ -1,6 +1,8 @@
 #include "api/openai/stream.hpp"
 
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/monotonic_resource.hpp>
@@ -336,6 +338,53 @@ bool completion_as_chunk(std::string_view completion, std::string& out) {
   }
   out = boost::json::serialize(v);
   return true;
+}
+
+namespace {
+
+// A 4xx status that refuses the request (408 and 429 are the upstream's
+// conditions: a timeout, an overload), from a status code's JSON value.
+std::optional<bool> client_status(const boost::json::value& code) {
+  std::int64_t n = 0;
+  if (code.is_int64()) {
+    n = code.get_int64();
+  } else if (code.is_uint64()) {
+    n = code.get_uint64() > 999 ? 0 : static_cast<std::int64_t>(code.get_uint64());
+  } else if (code.is_string()) {
+    const auto& str = code.get_string();
+    if (str.size() != 3 || !std::all_of(str.begin(), str.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return std::nullopt;  // a code word ("context_length_exceeded"): the type says
+    n = (str[0] - '0') * 100 + (str[1] - '0') * 10 + (str[2] - '0');
+  } else {
+    return std::nullopt;
+  }
+  if (n < 100 || n > 599) return std::nullopt;
+  return n >= 400 && n < 500 && n != 408 && n != 429;
+}
+
+}  // namespace
+
+bool refuses_request(std::string_view error_data) {
+  boost::system::error_code ec;
+  const auto root = boost::json::parse(error_data, ec);
+  if (ec || !root.is_object()) return false;
+  const boost::json::object* err = &root.get_object();
+  if (const auto* e = err->if_contains("error"); e != nullptr && e->is_object()) err = &e->get_object();
+  for (const char* key : {"code", "status"}) {
+    if (const auto* c = err->if_contains(key)) {
+      if (const auto v = client_status(*c)) return *v;
+    }
+  }
+  const auto* type = err->if_contains("type");
+  if (type == nullptr || !type->is_string()) return false;
+  // vLLM's exception names, OpenAI's and Anthropic's error types for a 4xx.
+  static constexpr std::string_view kClientTypes[] = {
+      "BadRequestError",     "NotFoundError",         "UnprocessableEntityError", "invalid_request_error",
+      "not_found_error",     "request_too_large",     "authentication_error",     "permission_error",
+      "AuthenticationError", "PermissionDeniedError", "invalid_request",
+  };
+  const std::string_view t(type->get_string());
+  return std::find(std::begin(kClientTypes), std::end(kClientTypes), t) != std::end(kClientTypes);
 }
 
 }  // namespace weir::api::openai

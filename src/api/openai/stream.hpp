@@ -31,6 +31,19 @@ namespace weir::api::openai {
 enum class UsageAsk : std::uint8_t { none, for_weir, for_client };
 UsageAsk ask_for_usage(std::string_view body, bool has_stream_options, std::string& scratch, std::string& out);
 
+// Whether an upstream's in-band error event (its data: vLLM's and OpenAI's
+// `{"error": {...}}`, vLLM's older `{"object": "error", ...}`, Anthropic's
+// `{"type": "error", "error": {...}}`) refuses the client's request rather
+// than reports a fault of the upstream's: its `code` a 4xx status other than
+// 408 and 429 (a number, or digits in a string), or, with no status code,
+// a client-error `type` (BadRequestError, invalid_request_error,
+// not_found_error and the like). vLLM streams a refusal it finds while the
+// engine takes the request (an invalid guided_json schema, a logprobs
+// limit) after its 200 head, as the stream's first event; the same request
+// unstreamed is a 400. Such an answer is the client's fault, not the
+// endpoint's: no failure counted against it, no failover or resume.
+bool refuses_request(std::string_view error_data);
+
 // An OpenAI/vLLM stream's final usage chunk, by its shape: top-level
 // `"choices": []` and a `usage` member, whatever the member's value (its
 // counts are extract_usage's business, not this test's).

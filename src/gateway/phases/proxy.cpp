@@ -334,11 +334,13 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
   const auto now = core::now();
   // A resume's stream is judged at its own first event (the client's first token came long before).
   const bool first_token = ctx.resume.active ? ctx.resume.answered : ctx.t_first_token != core::TimePoint{};
-  // The upstream's in-band error event fails the answer wherever it comes: vLLM sends one for a fault of
-  // its own (the engine's), never for the client's request, which it refuses before the stream.
-  const bool failed =
-      (!first_token || ctx.error_relayed) && o.is_failed() && o.error().source == core::ErrorSource::upstream;
-  if (first_token || o.is_responded() || failed) {
+  // The upstream's in-band error event fails the answer wherever it comes (an engine's fault), unless it
+  // refused the request (a 4xx in-band: vLLM streams the refusals it finds as the engine takes a request):
+  // that is an answer, as a 400 head is, and clears the endpoint's count of failures.
+  const bool refused = ctx.error_relayed && ctx.upstream_refused;
+  const bool failed = (!first_token || ctx.error_relayed) && !refused && o.is_failed() &&
+                      o.error().source == core::ErrorSource::upstream;
+  if (first_token || o.is_responded() || failed || refused) {
     if (pool.report_answer(ep, failed, now, ctx.trial, ctx.t_upstream_sent)) ++w_.metrics().outlier_ejections;
   } else if (ctx.trial) {
     pool.end_trial(ep);

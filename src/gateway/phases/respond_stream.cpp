@@ -149,7 +149,14 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       if ((s.holding || first_pending) && ev->has_data && !ev->is_done()) kind = ctx.hooks.classify(*ev);
       const bool first_token = first_pending && kind == api::openai::ChunkKind::content;
       if (s.holding && ev->has_data && !ev->is_done()) {
-        if (kind == api::openai::ChunkKind::error) s.failure = http::UpstreamFailure::protocol;
+        if (kind == api::openai::ChunkKind::error) {
+          // The upstream refused the request (vLLM streams a 400 it finds as the engine takes it): no
+          // fallback answers it better. The client gets the refusal as the upstream sent it.
+          if (api::openai::refuses_request(ev->data))
+            s.holding = false;
+          else
+            s.failure = http::UpstreamFailure::protocol;
+        }
         if (kind == api::openai::ChunkKind::content) s.holding = false;
       }
       // The upstream's in-band error (vLLM's `data: {"error": …}`) in a
@@ -157,6 +164,9 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // translated), and the stream ends there, a failed answer: counted
       // against the endpoint, logged, and no token (error_relayed).
       const bool upstream_error = !s.holding && ctx.hooks.error_event(*ev);
+      // A refusal of the request (a 4xx in-band) is the client's fault: neither counted against the
+      // endpoint nor resumed (end_stream, judge_stream, resume_note).
+      if (upstream_error && api::openai::refuses_request(ev->data)) s.refused = true;
       // (An Anthropic upstream's events after the first token are not all tokens: pings, block starts and stops,
       // message_delta. Only its content deltas are.)
       const bool token = ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error &&
@@ -176,7 +186,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         continue;
       }
       if (ctx.resume.on && ev->has_data && !ev->is_done()) {
-        if (!resume_note(ctx, *ev, s.holding, s.failure)) {
+        if (!s.refused && !resume_note(ctx, *ev, s.holding, s.failure)) {
           if (token) --ctx.token_events;  // (never the client's: a continuation's role chunk)
           if (s.failure != http::UpstreamFailure::none) break;
           continue;
@@ -231,7 +241,8 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     // its translation's error to give: it fails over too, in end_stream.)
     const bool whole =
         r.end && (ctx.hooks.done_relayed() || !done_expected(ctx)) && !(ctx.hooks.translating() && s.holding);
-    if (s.failure == http::UpstreamFailure::none && r.failure == http::UpstreamFailure::none && (!s.holding || whole)) {
+    if ((s.failure == http::UpstreamFailure::none || s.refused) && r.failure == http::UpstreamFailure::none &&
+        (!s.holding || whole)) {
       // The first content event (or the whole stream) is here: commit, with what was held before it.
       send_stream_head(ctx, src);
       events.insert(0, ctx.body);
@@ -347,7 +358,9 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
     failure = http::UpstreamFailure::timeout;
   if (failure != http::UpstreamFailure::none && failure != http::UpstreamFailure::cancelled) {
     // The request's own deadline is not the endpoint's failure (docs/reliability.md#deadlines).
-    if (ctx.cutoff != RequestContext::Cutoff::deadline) count_upstream_failure(ctx, failure);
+    // Nor is a refusal of the request (a 4xx in-band): the same request unstreamed is a 400, which
+    // counts nothing (README, Endpoint health).
+    if (ctx.cutoff != RequestContext::Cutoff::deadline && !s.refused) count_upstream_failure(ctx, failure);
     src.cancel();
     ctx.attempt_failed_after_head(failure);  // after its head
     if (!ctx.committed) {
@@ -366,6 +379,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
     // mends a stream whose client saw it fail.
     if (s.error_relayed) {
       ctx.error_relayed = true;
+      ctx.upstream_refused = s.refused;
       return Outcome::failed(stream_failure(ctx, s, failure, incomplete, true));
     }
     ctx.resume.wanted = ctx.resume.on;

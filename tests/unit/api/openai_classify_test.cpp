@@ -196,3 +196,26 @@ TEST(ClassifyChunk, AgreesWithDomOnMutatedChunks) {
 
 }  // namespace
 }  // namespace weir::api::openai
+
+namespace weir::api::openai {
+namespace {
+
+TEST(RefusesRequest, FourHundredsOtherThanTimeoutAndOverload) {
+  EXPECT_TRUE(refuses_request(R"({"error":{"message":"bad schema","type":"BadRequestError","param":null,"code":400}})"));
+  EXPECT_TRUE(refuses_request(R"({"object":"error","message":"x","type":"BadRequestError","code":400})"));
+  EXPECT_TRUE(refuses_request(R"({"error":{"message":"x","type":"x","code":"404"}})"));
+  EXPECT_TRUE(refuses_request(R"({"error":{"message":"x","type":"invalid_request_error","code":"context_length_exceeded"}})"));
+  EXPECT_TRUE(refuses_request(R"({"type":"error","error":{"type":"invalid_request_error","message":"x"}})"));
+  EXPECT_FALSE(refuses_request(R"({"error":{"message":"x","type":"BadRequestError","code":429}})"));
+  EXPECT_FALSE(refuses_request(R"({"error":{"message":"x","type":"x","code":408}})"));
+  EXPECT_FALSE(refuses_request(R"({"error":{"message":"x","type":"InternalServerError","code":500}})"));
+  EXPECT_FALSE(refuses_request(R"({"type":"error","error":{"type":"overloaded_error","message":"x"}})"));
+  EXPECT_FALSE(refuses_request(R"({"error":{"message":"x"}})"));
+  EXPECT_FALSE(refuses_request(R"({"error":"x"})"));
+  EXPECT_FALSE(refuses_request("not json"));
+  // A status code decides before the type: an engine's 500 named BadRequestError is the engine's.
+  EXPECT_FALSE(refuses_request(R"({"error":{"type":"BadRequestError","code":500}})"));
+}
+
+}  // namespace
+}  // namespace weir::api::openai

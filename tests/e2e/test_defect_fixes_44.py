@@ -1,0 +1,78 @@
+"""Defects found in stop 44's black-box rounds."""
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from conftest import wait_until
+from test_defect_fixes import RawUpstream
+from test_defect_fixes_43 import _chunk, _stream
+
+MSG = [{"role": "user", "content": "hi"}]
+
+# What vLLM streams for a request it refuses as the engine takes it (an invalid guided_json schema): a 200
+# head, the refusal as the first event, [DONE]. The same request unstreamed is a 400.
+VLLM_REFUSAL = (b'data: {"error":{"object":"error","message":"Invalid JSON schema","type":"BadRequestError",'
+                b'"param":null,"code":400}}\n\n')
+OLD_VLLM_REFUSAL = b'data: {"object":"error","message":"bad logprobs","type":"BadRequestError","param":null,"code":400}\n\n'
+TEXT = [_chunk({"role": "assistant", "content": ""}), _chunk({"content": "ok"}), _chunk({}, "stop"), b"data: [DONE]\n\n"]
+
+
+def _refusing_or_text(headers, body):
+    return _stream(*TEXT) if b"guided_json" not in body else _stream(VLLM_REFUSAL, b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize("held", [False, True], ids=["relayed", "held-with-fallback"])
+def test_a_streamed_refusal_of_the_request_is_not_the_endpoints_failure(weir, held):
+    # Six refused streams used to open both endpoints' breakers (3 in a row each): every later request of any
+    # client got 503 upstream_unavailable. A refusal is the client's fault: relayed as it came, counted
+    # against no endpoint, neither retried on another nor sent to a fallback.
+    ups = [RawUpstream(_refusing_or_text) for _ in range(2)]
+    spare = RawUpstream(lambda h, b: _stream(*TEXT))
+    try:
+        config = {"pools": {"p": {"endpoints": [u.url for u in ups], "eject_for": "30s",
+                                  "outlier": {"consecutive_failures": 3}, "breaker": {}},
+                            "q": {"endpoints": [spare.url]}},
+                  "models": {"m": {"pool": "p", **({"fallbacks": [{"pool": "q"}]} if held else {})}}}
+        w = weir(config=config, workers=1)
+        bad = {"model": "m", "messages": MSG, "stream": True, "guided_json": {"type": "nonsense"}}
+        for i in range(6):
+            with httpx.stream("POST", w.v1 + "/chat/completions", json=bad, headers={"x-request-id": f"bad-{i}"},
+                              timeout=10) as r:
+                assert r.status_code == 200
+                got = [line for line in r.iter_lines() if line.startswith("data:")]
+            assert got == ["data: " + VLLM_REFUSAL[6:-2].decode(), "data: [DONE]"], got
+        assert w.metric("weir_upstream_failures_total") == 0
+        assert w.metric("weir_upstream_available_endpoints", pool="p") == 2
+        wait_until(lambda: len(w.log_entries()) >= 6, 5)
+        line = w.log_for("bad-5")
+        assert line["status"] == 200 and line["error"]["source"] == "upstream", line
+        assert line["retries"] == 0, line
+        with httpx.stream("POST", w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True},
+                          timeout=10) as ok:
+            assert ok.status_code == 200
+            assert '"ok"' in ok.read().decode()
+    finally:
+        for u in ups + [spare]:
+            u.close()
+
+
+@pytest.mark.parametrize("error,counted", [
+    (OLD_VLLM_REFUSAL, 0),
+    (b'data: {"error":{"message":"too long","type":"invalid_request_error","code":"context_length_exceeded"}}\n\n', 0),
+    (b'data: {"error":{"message":"slow down","type":"RateLimitError","code":429}}\n\n', 1),
+    (b'data: {"error":{"message":"engine died","type":"InternalServerError","code":500}}\n\n', 1),
+], ids=["old-shape-400", "openai-type", "429-is-the-upstreams", "500-is-the-upstreams"])
+def test_which_in_band_errors_refuse_the_request(weir, error, counted):
+    up = RawUpstream(lambda h, b: _stream(error, b"data: [DONE]\n\n"))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        with httpx.stream("POST", w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True},
+                          timeout=10) as r:
+            got = [line for line in r.iter_lines() if line.startswith("data:")]
+        assert got[-1] == "data: [DONE]" and json.loads(got[0][5:]), got
+        assert w.metric("weir_upstream_failures_total") == counted
+    finally:
+        up.close()
