@@ -218,6 +218,12 @@ class Downstream {
   std::size_t held() const { return out_.size() + wbuf_.size(); }
   // Bytes written to the client since begin_request().
   std::uint64_t bytes_out() const { return bytes_out_; }
+  // A count that moves whenever the client makes progress on what it was
+  // sent: a write the socket took, or bytes it acknowledged (TCP_INFO's
+  // tcpi_bytes_acked: a full socket wakes a writer only once a third of its
+  // send buffer is free, which a steady slow reader may take long to make).
+  // Only its changes mean anything. One getsockopt.
+  std::uint64_t progress();
   // A deadline (head, body or a write) passed.
   bool timed_out() const { return timed_out_; }
 

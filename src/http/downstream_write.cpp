@@ -239,6 +239,8 @@ void Downstream::arm_write_deadline() {
   acked_mark_ = tcp_bytes_acked(sock_.native_handle());
   watchdog_.expires_after(sc_.write_timeout);
 }
+std::uint64_t Downstream::progress() { return bytes_out_ + tcp_bytes_acked(sock_.native_handle()); }
+
 bool Downstream::write_progressed() {
   // A write's deadline: bytes the client acknowledged since it was set are
   // progress (a full socket wakes a writer only once a third of its send

@@ -76,3 +76,49 @@ def test_which_in_band_errors_refuse_the_request(weir, error, counted):
         assert w.metric("weir_upstream_failures_total") == counted
     finally:
         up.close()
+
+
+def test_a_client_reading_steadily_behind_a_large_event_is_not_cut_as_slow(weir):
+    # A 6 MB event (a prompt_logprobs chunk), then small events: a client reading 16 KiB at a time, steadily,
+    # was cut as `slow_client` ~0.4 s in. The grace measured progress by the writes that completed, and a full
+    # socket wakes its writer only once a third of its send buffer is free: bytes the client acknowledged
+    # are progress too, as for server.write_timeout.
+    import socket
+    import time
+
+    from test_defect_fixes import RawUpstream as Raw
+
+    def answer(h, b):
+        def chunk(d):
+            return b"%x\r\n%s\r\n" % (len(d), d)
+        steps = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+                 chunk(_chunk({"role": "assistant", "content": ""})), chunk(_chunk({"content": "a" * (6 << 20)}))]
+        for i in range(40):
+            steps += [0.05, chunk(_chunk({"content": f" t{i}"}))]
+        steps.append(chunk(_chunk({}, "stop") + b"data: [DONE]\n\n") + b"0\r\n\r\n")
+        return steps
+
+    up = Raw(answer)
+    try:
+        w = weir(config={"server": {"max_event": "16MiB", "write_timeout": "5s"},
+                         "pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        body = json.dumps({"model": "m", "messages": MSG, "stream": True}).encode()
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
+        s.settimeout(30)
+        s.connect(("127.0.0.1", w.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Connection: close\r\nx-request-id: big-event\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        got = b""
+        while True:
+            c = s.recv(16384)
+            if not c:
+                break
+            got += c
+            time.sleep(0.01)
+        s.close()
+        line = w.log_for("big-event")
+        assert b"data: [DONE]" in got and b" t39" in got, (len(got), line)
+        assert line["status"] == 200 and line.get("error") is None, line
+    finally:
+        up.close()

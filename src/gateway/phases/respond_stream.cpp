@@ -292,7 +292,9 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     // falls that far behind a burst of large events, and catches up. Past
     // the bound plus two of the largest events (server.max_event) it is cut
     // whatever it takes: what a stream holds stays bounded.
-    const std::uint64_t taken = down_.bytes_out();
+    // (Taking is a write the socket took or bytes the client acknowledged: a steady reader behind a
+    // large event may free a third of a full send buffer, which wakes the write, only after the grace.)
+    const std::uint64_t taken = down_.progress();
     const auto now = core::now();
     if (taken != s.out_when_over) {
       s.out_when_over = taken;
