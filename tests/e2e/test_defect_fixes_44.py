@@ -122,3 +122,43 @@ def test_a_client_reading_steadily_behind_a_large_event_is_not_cut_as_slow(weir)
         assert line["status"] == 200 and line.get("error") is None, line
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("how", ["close", "reset"])
+def test_a_non_streamed_answer_cut_after_its_head_is_retried_on_the_pool(weir, how):
+    # A 200 whose body broke after its head sent nothing to the client: it is retried on the pool's other
+    # endpoint while attempts last, as a failure before the head is (it went only to a fallback, and without
+    # one the client got a 502 though a healthy endpoint and attempts were left).
+    import socket as sk
+    import struct
+
+    def cut(h, b):
+        return [b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 300\r\n\r\n{\"id\":\"chat", 0.02,
+                None]
+
+    bad = RawUpstream(cut)
+    if how == "reset":
+        original = bad.server.RequestHandlerClass.handle
+
+        def handle(self):
+            original(self)
+            self.request.setsockopt(sk.SOL_SOCKET, sk.SO_LINGER, struct.pack("ii", 1, 0))
+        bad.server.RequestHandlerClass.handle = handle
+    good_body = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                            "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"},
+                                         "finish_reason": "stop"}],
+                            "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    good = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+                       % (len(good_body), good_body))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [bad.url, good.url],
+                                         "retry": {"attempts": 3, "backoff": "1ms", "budget": 1.0}}},
+                         "models": {"m": {"pool": "p"}}}, workers=1)
+        statuses = [httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG},
+                               headers={"x-request-id": f"cut-{i}"}, timeout=10).status_code for i in range(6)]
+        assert statuses == [200] * 6, statuses
+        wait_until(lambda: len(w.log_entries()) >= 6, 5)
+        assert sum(w.log_for(f"cut-{i}")["retries"] for i in range(6)) >= 1
+    finally:
+        bad.close()
+        good.close()

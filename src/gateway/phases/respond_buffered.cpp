@@ -209,8 +209,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.attempt_failed_after_head(failure);  // after its head
     // The body broke (reset, timeout, an invalid message) before a byte of
     // it reached the client: the next fallback takes the request (proxy),
-    // as for a failure before the head.
+    // as for a failure before the head: first another endpoint of the pool
+    // while its retry attempts last (a reset or a timeout), then a fallback.
     ctx.fail_over = http::is_upstream_fault(failure);
+    if (ctx.fail_over) ctx.held_failure = failure;
     ctx.has_usage = false;
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
