@@ -60,7 +60,7 @@ enum class Role : std::uint8_t {
   n,
   messages,   // chat: the messages array
   message,    // one of its elements
-  rendered,   // chat: `tools`, `functions` or `documents`, which the chat template renders as text
+  rendered,   // chat: `tools`, `functions`, `documents`, `chat_template(_kwargs)`: the template prints them
   content,    // a message's content: a string or an array of parts
   part,       // one content part
   part_text,  // a part's text
@@ -263,7 +263,8 @@ class FieldsHandler {
         if (key == "max_tokens") return Role::max_tokens;
         if (key == "n") return Role::n;
         if (kind_ == ApiKind::chat_completions && key == "messages") return Role::messages;
-        if (kind_ == ApiKind::chat_completions && (key == "tools" || key == "functions" || key == "documents"))
+        if (kind_ == ApiKind::chat_completions && (key == "tools" || key == "functions" || key == "documents" ||
+                                                   key == "chat_template" || key == "chat_template_kwargs"))
           return Role::rendered;
         if (kind_ == ApiKind::completions && key == "prompt") return Role::prompt;
         if (kind_ == ApiKind::embeddings && key == "input") return Role::prompt;
@@ -358,6 +359,9 @@ class FieldsHandler {
     switch (r) {
       case Role::content:
         if (is_string) message_bytes_ = string_size;
+        break;
+      case Role::part:  // a part that is a bare string: vLLM's chat_utils makes it prompt text, as a text part
+        if (is_string) message_bytes_ += string_size;
         break;
       case Role::part_text:
         if (is_string) part_bytes_ = string_size;
@@ -504,8 +508,10 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
       if (h.rendered) {
         // Tools and documents as the template prints them (tojson): their
         // JSON text, numbers and punctuation included (the last of each, as
-        // vLLM reads a repeated key).
-        static constexpr std::array<std::string_view, 3> kRendered = {"tools", "functions", "documents"};
+        // vLLM reads a repeated key). A request's own chat_template and its
+        // chat_template_kwargs too: their text may be printed whole.
+        static constexpr std::array<std::string_view, 5> kRendered = {"tools", "functions", "documents",
+                                                                      "chat_template", "chat_template_kwargs"};
         std::array<std::optional<MemberSpan>, kRendered.size()> spans;
         if (find_members(body, kRendered, spans))
           for (const auto& sp : spans)

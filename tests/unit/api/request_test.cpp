@@ -150,6 +150,14 @@ TEST(ApiParseRequest, ChatPromptBytesCountContentStringsAndTextParts) {
 
   // Escapes count as the decoded bytes.
   EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"a\nb\"c"}]})").prompt_bytes, 5u);
+  // A part that is a bare string is text to vLLM's chat_utils, as a text part is (it counted nothing:
+  // a way past token limits and budgets).
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"user","content":["abcd",{"type":"text","text":"ef"}]}]})")
+                .prompt_bytes,
+            6u);
+  // A request's own chat template and its kwargs may be printed whole: counted as their JSON text.
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"chat_template":"0123456789"})").prompt_bytes, 12u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"chat_template_kwargs":{"x":"abc"}})").prompt_bytes, 11u);
   // Odd shapes count nothing but still count as messages.
   f = ok(kChat, R"({"model":"m","messages":[7,{"role":"user"},{"content":[1,{"text":5}]}]})");
   EXPECT_EQ(f.prompt_bytes, 0u);
