@@ -514,6 +514,21 @@ tl::expected<void, core::Error> chat_to_messages(std::string_view chat, const Up
   return {};  // not reached: the second pass always returns
 }
 
+namespace {
+
+// A content block's `source` that holds media, not text: base64 (an image,
+// a PDF), a url, a file id. A document's text sources (`text`, `content`)
+// are prompt text (Anthropic Messages, "PDF support" and "Citations").
+bool media_source(const json::value& source) {
+  if (!source.is_object()) return false;
+  const auto* type = source.get_object().if_contains("type");
+  if (type == nullptr || !type->is_string()) return false;
+  const std::string_view t(type->get_string());
+  return t == "base64" || t == "url" || t == "file";
+}
+
+}  // namespace
+
 tl::expected<RequestFields, core::Error> read_messages_request(std::string_view body, bool count) {
   struct Arena;
   json::monotonic_resource mr(thread_arena<Arena, 16 * 1024>(), 16 * 1024);
@@ -549,8 +564,10 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
   if (!msgs) return fail("messages: Field required", "messages");
   if (!msgs->is_array()) return fail("messages: Input should be a list", "messages");
   // The prompt estimate: every string of system, messages and tools (text,
-  // tool inputs and results; an image's base64 counts as text, as it would
-  // in a chat body), plus the chat template's framing per message.
+  // tool inputs and results, a document's text source: `{"type": "text",
+  // "data": ...}` or `{"type": "content", "content": [...]}`), plus the chat
+  // template's framing per message. Media sources (base64, url, file) are
+  // not counted, as a chat body's images are not.
   std::vector<const json::value*> pending;
   for (const char* k : {"system", "messages", "tools"})
     if (const auto* v = in.if_contains(k)) pending.push_back(v);
@@ -562,10 +579,15 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
     } else if (x->is_array()) {
       for (const auto& e : x->get_array()) pending.push_back(&e);
     } else if (x->is_object()) {
-      for (const auto& kv : x->get_object())
-        if (kv.key() != "type" && kv.key() != "role" && kv.key() != "id" && kv.key() != "tool_use_id" &&
-            kv.key() != "source" && kv.key() != "cache_control")  // an image's base64 is no prompt text
-          pending.push_back(&kv.value());
+      for (const auto& kv : x->get_object()) {
+        if (kv.key() == "source") {
+          if (media_source(kv.value())) continue;  // an image's or a PDF's bytes are no prompt text
+        } else if (kv.key() == "type" || kv.key() == "role" || kv.key() == "id" || kv.key() == "tool_use_id" ||
+                   kv.key() == "cache_control" || kv.key() == "media_type") {
+          continue;
+        }
+        pending.push_back(&kv.value());
+      }
     }
   }
   f.prompt_overhead_tokens =

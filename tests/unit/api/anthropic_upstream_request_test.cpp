@@ -206,14 +206,18 @@ TEST(AnthropicUpstreamRequest, ReadsAnAnthropicRequestForTheGatewayOnly) {
   auto f = read_messages_request(R"({"model":"claude","max_tokens":9,"stream":true,"system":"sys",
     "messages":[{"role":"user","content":[{"type":"text","text":"hello"},
       {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAAAAAAAAAAAAAAAAAA"}},
-      {"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"}}]}],
+      {"type":"document","source":{"type":"text","media_type":"text/plain","data":"doc"}},
+      {"type":"document","source":{"type":"content","content":[{"type":"text","text":"four"}]}},
+      {"type":"document","source":{"type":"base64","media_type":"application/pdf","data":"JVBERi0xLjQK"}}]}],
     "tools":[{"type":"web_search_20250305","name":"web_search"}]})",
                                  false);
   ASSERT_TRUE(f) << f.error().message;
   EXPECT_EQ(f->model, "claude");
   EXPECT_EQ(f->max_tokens, 9u);
   EXPECT_TRUE(f->stream);
-  EXPECT_EQ(f->prompt_bytes, 3u + 5u + 10u);  // sys, hello, web_search (no image or document data)
+  // sys, hello, a text document's data and a content document's text (a way past limits and budgets when
+  // left out), web_search; no image's or PDF's base64.
+  EXPECT_EQ(f->prompt_bytes, 3u + 5u + 3u + 4u + 10u);
   EXPECT_FALSE(read_messages_request(R"({"model":"c","messages":[]})", false));  // max_tokens required
   EXPECT_TRUE(read_messages_request(R"({"model":"c","messages":[]})", true));    // not for a count
   EXPECT_FALSE(read_messages_request(R"({"max_tokens":1,"messages":[]})", false));
