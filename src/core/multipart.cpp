@@ -156,6 +156,31 @@ tl::expected<std::string_view, std::string> form_boundary(std::string_view conte
   if (count > 1)
     return tl::unexpected(std::string("The multipart/form-data Content-Type has more than one boundary parameter."));
   if (count == 0) return tl::unexpected(std::string("The multipart/form-data Content-Type has no boundary parameter."));
+  // The upstream's form parser (Starlette, through python-multipart's
+  // parse_options_header) splits the parameters its own way (a ';' ends one
+  // unless an odd count of unescaped quotes precedes it) and decodes the
+  // parts' names and values by the `charset` parameter. A header it reads
+  // another boundary from, or a charset that is not UTF-8 (or ASCII, its
+  // subset), would give it a form Weir never read: refused.
+  std::string_view type;
+  int py_count = 0;
+  bool same = true;
+  std::string_view charset;
+  const auto params = python_params(content_type, type);
+  for (const auto& p : params) {
+    if (p.key == "boundary") {
+      ++py_count;
+      same = p.value == found;
+    } else if (p.key == "charset") {
+      charset = p.value;
+    }
+  }
+  if (py_count != 1 || !same)
+    return tl::unexpected(std::string("The multipart/form-data Content-Type's parameters are ambiguous (quotes or "
+                                      "escapes that parsers split differently)."));
+  if (!charset.empty() && !iequals(charset, "utf-8") && !iequals(charset, "utf8") && !iequals(charset, "us-ascii") &&
+      !iequals(charset, "ascii"))
+    return tl::unexpected(std::string("The multipart/form-data charset must be UTF-8."));
   return found;
 }
 
@@ -175,10 +200,12 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
   }
   std::vector<FormPart> parts;
   for (;;) {
-    // After a delimiter: "--" closes the body; else transport padding and a line end.
+    // After a delimiter: "--" closes the body; else a line end. (RFC 2046's
+    // transport padding, spaces before it, is refused: python-multipart, the
+    // upstream's parser, reads no delimiter there and goes on with the part,
+    // which would then hold what Weir read as the next parts.)
     std::string_view rest = body.substr(pos);
     if (rest.starts_with("--")) return parts;
-    while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
     if (rest.starts_with("\r\n"))
       rest.remove_prefix(2);
     else

@@ -20,7 +20,7 @@ const std::string kBody =
     "content-disposition: FORM-DATA; name=model\r\n"
     "\r\n"
     "whisper\r\n"
-    "--XyZ  \r\n"
+    "--XyZ\r\n"
     "Content-Disposition: form-data; name=\"prompt\"\r\n"
     "\r\n"
     "a; b\r\n"
@@ -37,6 +37,21 @@ TEST(Multipart, BoundaryFromTheContentType) {
   EXPECT_FALSE(form_boundary("multipart/mixed; boundary=abc"));
   EXPECT_FALSE(form_boundary("multipart/form-data; boundary=abc; boundary=xyz"));  // which one would the upstream use?
   EXPECT_EQ(form_boundary("multipart/form-data; xboundary=q; boundary=abc").value(), "abc");
+  // Parameters python-multipart (the upstream's parser) splits another way: it reads boundary=PY.
+  EXPECT_FALSE(form_boundary(R"(multipart/form-data; x="a\\"; boundary=WEIR; y="; boundary=PY)"));
+  // A charset the upstream would decode names and values by, other than UTF-8.
+  EXPECT_FALSE(form_boundary("multipart/form-data; boundary=B; charset=utf-7"));
+  EXPECT_FALSE(form_boundary("multipart/form-data; boundary=B; charset=\"latin-1\""));
+  EXPECT_EQ(form_boundary("multipart/form-data; boundary=B; charset=UTF-8").value(), "B");
+  EXPECT_EQ(form_boundary("multipart/form-data; charset=us-ascii; boundary=B").value(), "B");
+}
+
+TEST(Multipart, NoTransportPaddingAfterADelimiter) {
+  // python-multipart reads no delimiter in "--B \r\n" and goes on with the part: what Weir would read as
+  // the next part is the previous part's value to the upstream.
+  EXPECT_FALSE(parse_form("--B\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--B \r\n"
+                          "Content-Disposition: form-data; name=b\r\n\r\n2\r\n--B--",
+                          "B"));
 }
 
 TEST(Multipart, PartsWithTheirNamesFilenamesAndValues) {
