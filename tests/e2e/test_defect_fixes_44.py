@@ -162,3 +162,60 @@ def test_a_non_streamed_answer_cut_after_its_head_is_retried_on_the_pool(weir, h
     finally:
         bad.close()
         good.close()
+
+
+def _good_completion() -> bytes:
+    body = json.dumps({"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": "fine"},
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+@pytest.mark.parametrize("gzipped", [False, True], ids=["plain", "gzip"])
+def test_an_answer_over_max_response_falls_back(weir, gzipped):
+    # A 2 MiB answer over server.max_response: 1MiB reached no byte of the client: it fails over to the
+    # fallback, whether it came plain or compressed (only the compressed one did).
+    import gzip as gz
+    big = json.dumps({"id": "x", "object": "chat.completion", "choices": [{"index": 0, "message": {
+        "role": "assistant", "content": "a" * (2 << 20)}, "finish_reason": "stop"}]}).encode()
+    if gzipped:
+        big = gz.compress(big)
+    coding = b"content-encoding: gzip\r\n" if gzipped else b""
+    bad = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
+                      % (coding, len(big), big))
+    good = RawUpstream(lambda h, b: _good_completion())
+    try:
+        w = weir(config={"server": {"max_response": "1MiB"},
+                         "pools": {"bad": {"endpoints": [bad.url]}, "good": {"endpoints": [good.url]}},
+                         "models": {"m": {"pool": "bad", "fallbacks": [{"pool": "good"}]}}}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG},
+                       headers={"x-request-id": "too-large"}, timeout=10)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["message"]["content"] == "fine"
+        line = w.log_for("too-large")
+        assert [a["pool"] for a in line["attempts"]] == ["bad", "good"], line
+    finally:
+        bad.close()
+        good.close()
+
+
+def test_a_compressed_stream_on_a_chat_route_is_refused_at_its_head(weir):
+    # A gzip event stream that inflates to 300 MiB, on a route whose events Weir must relay: refused at its
+    # head (502 upstream_invalid_response), not decoded to server.max_response first (250 MiB of memory per
+    # request, and then the wrong code: upstream_unavailable, "larger than").
+    import zlib
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b"data: " + b"a" * (1 << 20) + b"\n\n"
+    body = b"".join(comp.compress(chunk) for _ in range(300)) + comp.flush()
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True},
+                       headers={"x-request-id": "gz-bomb"}, timeout=30)
+        assert r.status_code == 502, r.text
+        assert r.json()["error"]["code"] == "upstream_invalid_response", r.text
+        assert w.log_for("gz-bomb")["error"]["code"] == "upstream_invalid_response"
+    finally:
+        up.close()

@@ -186,6 +186,24 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // Reads land in the worker's body scratch and are appended: growing the
   // body by resize() would zero-fill room no read may use (4 KiB for a 1 KB
   // answer).
+  // A stream the upstream compressed anyway (it was asked for identity), on
+  // a route in its own dialect whose 2xx Weir reads: its events cannot be
+  // relayed, so it is refused below once read whole. Refused at its head
+  // instead: decoding it (up to server.max_response, a 300:1 gzip bomb)
+  // would be work and memory for nothing.
+  if (const auto& h = src.head(); h.result_int() >= 200 && h.result_int() < 300 && h.result_int() != 204 &&
+                                  !anthropic_pool(ctx) && down_.request().method() != bh::verb::head &&
+                                  (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+                                   ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route)) &&
+                                  http::is_event_stream(http::first_field(h, bh::field::content_type))) {
+    const auto ce = http::first_field(h, bh::field::content_encoding);
+    if (!ce.empty() && !core::iequals(ce, "identity")) {
+      src.cancel();
+      co_return untranslatable(
+          ctx, ctx.fields.stream ? "an uncompressed event stream"
+                                 : "one JSON object (it sent an event stream to a request that did not ask for one)");
+    }
+  }
   const auto into = w_.stream_body_buffer();
   while (!src.done()) {
     const http::BodyRead r = co_await src.read(into);
@@ -205,15 +223,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
   if (failure != http::UpstreamFailure::none) {
     count_upstream_failure(ctx, failure);
-    if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
     ctx.attempt_failed_after_head(failure);  // after its head
-    // The body broke (reset, timeout, an invalid message) before a byte of
-    // it reached the client: the next fallback takes the request (proxy),
+    // The body broke (reset, timeout, an invalid message, one larger than
+    // server.max_response) before a byte of it reached the client: the next fallback takes the request (proxy),
     // as for a failure before the head: first another endpoint of the pool
     // while its retry attempts last (a reset or a timeout), then a fallback.
     ctx.fail_over = http::is_upstream_fault(failure);
     if (ctx.fail_over) ctx.held_failure = failure;
     ctx.has_usage = false;
+    if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
   const auto t0 = core::now();
