@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <set>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <boost/url/parse.hpp>
@@ -292,6 +293,8 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
     }
     if (auth["jwt"]) {
       WEIR_TRY_RESULT(j, parse_jwt(auth["jwt"], "auth.jwt"));
+      if (auth["jwt"]["default_tenant"] && j->default_tenant.empty())
+        return tl::unexpected(config_error(auth["jwt"]["default_tenant"], "auth.jwt.default_tenant", "is empty"));
       if (!j->default_tenant.empty() && !cfg.tenants.count(j->default_tenant))
         return tl::unexpected(config_error(auth["jwt"]["default_tenant"], "auth.jwt.default_tenant",
                                            fmt::format("tenant '{}' is not defined under tenants", j->default_tenant)));
@@ -343,6 +346,16 @@ ConfigResult<Limits> parse_limits(const YAML::Node& node, const std::string& key
     WEIR_TRY_RESULT(v, read_count(node[name], key + "." + name));
     *out = *v;
   }
+  // A burst is the depth of the per-minute bucket: without the rate there is
+  // no bucket, and a burst alone would be no limit in silence (a rate typed
+  // as its burst).
+  for (auto [burst, rate, bn, rn] :
+       {std::tuple{l.requests_burst, l.requests_per_minute, "requests_burst", "requests_per_minute"},
+        std::tuple{l.tokens_burst, l.tokens_per_minute, "tokens_burst", "tokens_per_minute"}})
+    if (burst > 0 && rate == 0)
+      return tl::unexpected(
+          config_error(node[bn], key + "." + bn,
+                       fmt::format("limits nothing without {}.{} (the burst is that bucket's depth)", key, rn)));
   return l;
 }
 

@@ -219,3 +219,33 @@ def test_a_compressed_stream_on_a_chat_route_is_refused_at_its_head(weir):
         assert w.log_for("gz-bomb")["error"]["code"] == "upstream_invalid_response"
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("extra,says", [
+    # A burst is its per-minute bucket's depth: alone it limited nothing, in silence.
+    ("tenants:\n  t: {limits: {requests_burst: 2}}\n", "tenants.t.limits.requests_burst: limits nothing without"),
+    ("tenants:\n  t: {limits: {tokens_burst: 30, requests_per_minute: 5}}\n",
+     "tenants.t.limits.tokens_burst: limits nothing without"),
+    # An empty default tenant, as an empty anonymous_tenant: it meant "not set" in silence.
+    ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_file: JWKS, default_tenant: ''}\n", "auth.jwt.default_tenant: is empty"),
+])
+def test_config_values_that_limit_or_name_nothing_are_refused(tmp_path, extra, says):
+    from test_config_check import weir_run
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [{"kty": "oct", "kid": "k", "alg": "HS256", "k": "MDEyMzQ1Njc4OWFiY2RlZjAxMjM0NTY3ODlhYmNkZWY"}]}))
+    path = tmp_path / "c.yaml"
+    path.write_text(f"listen: 127.0.0.1:{__import__('conftest').free_port()}\npools:\n  p: {{endpoints: [http://127.0.0.1:9]}}\n"
+                    + extra.replace("JWKS", str(jwks)) + "models:\n  m: {pool: p}\n")
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args)
+        assert r.returncode == 2 and says in r.stderr, (args, r.returncode, r.stderr)
+
+
+def test_the_admin_api_refuses_a_burst_without_its_rate(mock, weir):
+    from test_admin_api import MOCK_FLAGS, start
+    w, admin = start(mock(*MOCK_FLAGS), weir)
+    r = admin("POST", "/admin/v1/keys", json={"tenant": "acme", "limits": {"requests_burst": 1}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "limits.requests_burst", r.text
+    assert admin("POST", "/admin/v1/keys", json={"tenant": "acme", "limits": {"requests_burst": 1,
+                                                                            "requests_per_minute": 5}}).status_code == 201
