@@ -41,6 +41,8 @@ struct RedisConfig {
   std::uint64_t lease_min_tokens = 1024;                // ... and at least this many tokens (requests: 1)
   std::chrono::milliseconds lease_idle{1000};           // a lease untouched this long goes back to Redis
   std::chrono::milliseconds slot_ttl{10000};  // a replica's stream slots expire this long after its last renewal
+
+  bool operator==(const RedisConfig&) const = default;
 };
 
 using GetEnvFn = const char* (*)(const char*);

@@ -22,6 +22,8 @@ using Millis = std::chrono::milliseconds;
 struct ListenAddress {
   std::string host = "127.0.0.1";
   std::uint16_t port = 8080;
+
+  bool operator==(const ListenAddress&) const = default;
 };
 
 // Label dimensions of /metrics (server.metrics): which identity labels the
@@ -91,6 +93,9 @@ struct EndpointConfig {
   std::string query;  // the URL's query without '?' ("" for none), appended to every request target
   int line = 0;       // where the configuration file gives it (1-based; 0 when not from a file)
   int column = 0;
+
+  // The same endpoint: the same URL (every other member is read from it), wherever the file writes it.
+  bool operator==(const EndpointConfig& o) const { return url == o.url; }
 };
 
 // TLS to a pool's https:// endpoints (OpenSSL through Asio's SSL stream).

@@ -24,6 +24,8 @@ struct AdminConfig {
   // Runtime keys persisted here (JSON, hashes only, mode 0600, replaced by
   // rename) when `redis:` does not hold them; empty = in memory only.
   std::string keys_file;
+
+  bool operator==(const AdminConfig&) const = default;
 };
 
 // Parses `root["admin"]`: nullopt when absent. Keys: listen (required),

@@ -1,11 +1,19 @@
 #include "gateway/reload.hpp"
 
 #include <algorithm>
+#include <cstdlib>
 #include <set>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include <fmt/format.h>
+
+#include "admission/redis_config.hpp"
+#include "auth/config.hpp"
+#include "gateway/admin_config.hpp"
+#include "requestlog/config.hpp"
+#include "tracing/config.hpp"
 
 namespace weir::gateway {
 
@@ -73,18 +81,80 @@ core::ConfigError refused(const core::Config& next, const std::string& key, std:
 
 bool identity_on(const YAML::Node& root) { return root["auth"] || root["tenants"] || root["pricing"]; }
 
-// Restart-only keys core::Config holds parsed, compared by value: a file
-// that spells out a default (`server: {reuse_port: false}`), or writes the
-// same value another way, changes nothing and reloads. nullopt for the
-// others (sections other modules parse), compared as YAML.
-std::optional<bool> same_value(std::string_view path, const core::Config& a, const core::Config& b) {
+// The restart-only sections other modules parse, as they parse them (each
+// nullopt when absent, or when it does not parse: then compared as YAML).
+struct Sections {
+  std::optional<auth::AuthConfig> auth;
+  std::optional<std::optional<admission::RedisConfig>> redis;
+  std::optional<std::optional<AdminConfig>> admin;
+  std::optional<std::optional<requestlog::RequestLogConfig>> request_log;
+  std::optional<std::optional<tracing::TracingConfig>> tracing;
+};
+
+template <typename T>
+std::optional<T> parsed(core::ConfigResult<T> r) {
+  if (!r) return std::nullopt;
+  return std::move(*r);
+}
+
+const char* env(const char* name) { return std::getenv(name); }
+
+Sections parse_sections(const core::Config& c) {
+  Sections s;
+  const auto& file = c.source;
+  if (c.root["auth"] || c.root["tenants"] || c.root["pricing"])
+    s.auth = parsed(auth::parse_auth_config(c.root, file, &env));
+  s.redis = parsed(admission::parse_redis_config(c.root, file, &env));
+  s.admin = parsed(parse_admin_config(c.root, c.server.listen, file, &env));
+  s.request_log = parsed(requestlog::parse_request_log_config(c.root, file));
+  s.tracing = parsed(tracing::parse_tracing_config(c.root, file, &env));
+  return s;
+}
+
+// `a` and `b` compared when both parsed.
+template <typename T>
+std::optional<bool> both(const std::optional<T>& a, const std::optional<T>& b) {
+  if (!a || !b) return std::nullopt;
+  return *a == *b;
+}
+
+// Restart-only keys compared by their parsed value: a file that spells out
+// a default (`server: {reuse_port: false}`, `auth: {key_cache_ttl: 30s}`),
+// or writes the same value another way (`+00:00` for `Z`, `0.1s` for
+// `100ms`), changes nothing and reloads. nullopt when a side did not parse:
+// compared as YAML.
+std::optional<bool> same_value(std::string_view path, const core::Config& a, const core::Config& b, const Sections& sa,
+                               const Sections& sb) {
   const auto& x = a.server;
   const auto& y = b.server;
-  if (path == "listen") return x.listen.host == y.listen.host && x.listen.port == y.listen.port;
-  if (path == "workers") return x.workers == y.workers;
+  // (workers 0 is one per core, as server.cpp starts them.)
+  const auto workers = [](unsigned w) { return w ? w : std::max(1u, std::thread::hardware_concurrency()); };
+  if (path == "listen") return x.listen == y.listen;
+  if (path == "workers") return workers(x.workers) == workers(y.workers);
   if (path == "server.reuse_port") return x.reuse_port == y.reuse_port;
   if (path == "server.metrics") return x.metrics == y.metrics;
   if (path == "server.access_log") return x.access_log == y.access_log;
+  if (path == "redis") return both(sa.redis, sb.redis);
+  if (path == "admin") return both(sa.admin, sb.admin);
+  if (path == "request_log") return both(sa.request_log, sb.request_log);
+  if (path == "tracing") return both(sa.tracing, sb.tracing);
+  if (!path.starts_with("auth.") || !sa.auth || !sb.auth) return std::nullopt;
+  const auto& p = *sa.auth;
+  const auto& q = *sb.auth;
+  if (path == "auth.redis_keys") return p.redis_keys == q.redis_keys;
+  if (path == "auth.key_cache_ttl") return p.key_cache_ttl == q.key_cache_ttl;
+  if (path == "auth.key_negative_ttl") return p.key_negative_ttl == q.key_negative_ttl;
+  if (path == "auth.key_cache_entries") return p.key_cache_entries == q.key_cache_entries;
+  if (path == "auth.budget_utc_offset") return p.budget_utc_offset_s == q.budget_utc_offset_s;
+  if (!p.jwt || !q.jwt) return std::nullopt;  // (auth.jwt turned on or off is refused before)
+  const auto& j = *p.jwt;
+  const auto& k = *q.jwt;
+  if (path == "auth.jwt.jwks_url") return j.jwks_url == k.jwks_url;
+  if (path == "auth.jwt.jwks_file") return j.jwks_file == k.jwks_file;
+  if (path == "auth.jwt.refresh_interval") return j.refresh_interval == k.refresh_interval;
+  if (path == "auth.jwt.min_refetch_interval") return j.min_refetch_interval == k.min_refetch_interval;
+  if (path == "auth.jwt.fetch_timeout") return j.fetch_timeout == k.fetch_timeout;
+  if (path == "auth.jwt.cache_entries") return j.cache_entries == k.cache_entries;
   return std::nullopt;
 }
 
@@ -103,12 +173,14 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
   }
   if (static_cast<bool>(at(a, "auth.jwt")) != static_cast<bool>(at(b, "auth.jwt")))
     return refused(next, "auth.jwt", "auth", "the JWKS cache is set up at start-up");
+  const Sections sa = parse_sections(running);
+  const Sections sb = parse_sections(next);
   for (const auto& f : kFixed) {
     const std::string_view path = f.path;
     if ((path == "listen" && overrides.listen) || (path == "workers" && overrides.workers) ||
         (path == "server.access_log" && overrides.access_log))
       continue;
-    const auto same = same_value(path, running, next);
+    const auto same = same_value(path, running, next, sa, sb);
     if (same && *same) continue;
     auto d = core::first_yaml_difference(at(a, path), at(b, path), std::string(path));
     if (!d && same) d = std::string(path);  // (different values, though no YAML difference names one)

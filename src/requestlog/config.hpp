@@ -35,6 +35,8 @@ struct CaptureConfig {
       if (t == tenant) return true;
     return false;
   }
+
+  bool operator==(const CaptureConfig&) const = default;
 };
 
 struct RequestLogConfig {
@@ -56,6 +58,8 @@ struct RequestLogConfig {
   // takes a core from a worker but drops records while the cores stay busy;
   // normal (SCHED_OTHER) keeps them at some request throughput at saturation.
   core::BatchThread::Priority priority = core::BatchThread::Priority::idle;
+
+  bool operator==(const RequestLogConfig&) const = default;
 };
 
 // Parses the top-level `request_log:` of `root`; nullopt when absent.

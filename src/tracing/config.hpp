@@ -41,6 +41,8 @@ struct TracingConfig {
   std::string ca_file;                             // https:// endpoints: trusted CAs (PEM); empty = the system store
   // The exporter thread's CPU priority (as request_log.priority): idle by default.
   core::BatchThread::Priority priority = core::BatchThread::Priority::idle;
+
+  bool operator==(const TracingConfig&) const = default;
 };
 
 using GetEnv = const char* (*)(const char*);

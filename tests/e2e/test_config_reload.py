@@ -289,3 +289,34 @@ def test_a_reload_refuses_a_configured_key_with_a_runtime_keys_secret(mock, weir
                    json={"model": "m", "messages": MSG}, timeout=10)
     assert r.status_code == 200, r.text
     assert w.log_for("rt")["tenant"] == "b"
+
+
+def test_restart_only_sections_spelled_with_their_running_values_reload(mock, weir, tmp_path):
+    # As for server.*: auth's restart-only keys, request_log, tracing, admin and redis are compared parsed. A
+    # written-out default (key_cache_ttl: 30s, request_log.queue: 4096), or the same value written another
+    # way (+00:00 for Z, 0.1s for 100ms), was refused as a change that needs a restart.
+    a = mock(*FAST)
+    db = tmp_path / "requests.db"
+    base = two_pools(a)
+    base["tenants"] = {"t": {}}
+    base["auth"] = {"required": False, "anonymous_tenant": "t", "budget_utc_offset": "Z"}
+    base["request_log"] = {"url": f"sqlite:{db}", "flush_interval": "100ms"}
+    w = weir(config=base)
+    spelled = [
+        ("auth", {"budget_utc_offset": "+00:00"}),
+        ("auth", {"key_cache_ttl": "30s", "key_negative_ttl": "5s", "redis_keys": False}),
+        ("request_log", {"queue": 4096, "flush_interval": "0.1s"}),
+    ]
+    for n, (section, values) in enumerate(spelled):
+        nxt = json.loads(json.dumps(base))
+        nxt["models"][f"m{n + 3}"] = {"pool": "a", "upstream_model": "mock-model"}
+        nxt[section].update(values)
+        write(w, nxt)
+        sighup(w, "success")
+        assert status(w, f"m{n + 3}") == 200
+    nxt = json.loads(json.dumps(base))
+    nxt["request_log"]["queue"] = 100
+    write(w, nxt)
+    sighup(w, "failure")
+    refused = [line for line in w.process.log().splitlines() if "changes only at restart" in line]
+    assert refused and "request_log" in refused[-1], refused
