@@ -120,7 +120,10 @@ Transition EndpointHealth::on_probe(bool ok, Clock::time_point now, Clock::time_
     return Transition::closed;
   }
   if (++failed_probes_ < p.unhealthy_after) return Transition::none;
-  const bool changed = !probe_down_;
+  // Probes that find an endpoint already open (its breaker's, say) keep it
+  // open, now until a probe passes: no second opening (one outage is one
+  // ejection in weir_upstream_ejections_total), as reopen() counts none.
+  const bool changed = !probe_down_ && !(open_ && now < open_until_);
   probe_down_ = true;
   open_until_ = open_ && now < open_until_ ? std::max(open_until_, held_until) : held_until;
   open_ = true;

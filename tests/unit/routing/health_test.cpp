@@ -164,6 +164,24 @@ TEST(EndpointHealth, ConnectFailuresOpenAtOnceAndAConnectionEndsThemWithoutABrea
   }
 }
 
+TEST(EndpointHealth, ProbesThatFindItOpenAlreadyAreNoSecondOpening) {
+  // A refused connect opened it; probes that fail while it is open keep it open (now until a probe
+  // passes) but count no second ejection: one outage, one opening.
+  const auto p = breaker_policy(5, 1);
+  EndpointHealth h;
+  const auto t0 = Clock::now();
+  EXPECT_EQ(h.on_connect_failure(t0, p), Transition::opened);
+  EXPECT_EQ(h.on_probe(false, t0 + 100ms, t0 + 3s, p), Transition::none);
+  EXPECT_EQ(h.on_probe(false, t0 + 200ms, t0 + 3s, p), Transition::none);
+  EXPECT_TRUE(h.probe_down());
+  EXPECT_EQ(h.state(t0 + 2s, p), HealthState::open);  // held by the probes past the connect's period
+  // Half-open, the probes that fail again open it again: that is an opening.
+  EndpointHealth g;
+  EXPECT_EQ(g.on_connect_failure(t0, p), Transition::opened);
+  EXPECT_EQ(g.on_probe(false, t0 + 2s, t0 + 5s, p), Transition::none);
+  EXPECT_EQ(g.on_probe(false, t0 + 2500ms, t0 + 5s, p), Transition::opened);
+}
+
 TEST(EndpointHealth, ProbesOpenAfterUnhealthyAfterAndASuccessHalfOpensABreaker) {
   for (std::uint32_t trials : {0u, 1u}) {
     SCOPED_TRACE(trials ? "breaker" : "no breaker");
