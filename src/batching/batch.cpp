@@ -58,6 +58,7 @@ std::span<const BatchMember::EarlierAttempt> BatchMember::earlier_attempts() con
   return batch_ ? batch_->earlier_attempts() : std::span<const EarlierAttempt>();
 }
 std::uint32_t BatchMember::batch_retries() const { return batch_ ? batch_->retries() : 0; }
+bool BatchMember::counts_failure() { return !batch_ || batch_->claim_failure_count(); }
 bool BatchMember::coalesced() const { return batch_ && batch_->mode() == Batch::Mode::coalesce; }
 int BatchMember::endpoint() const { return batch_ ? batch_->endpoint() : -1; }
 std::chrono::steady_clock::time_point BatchMember::sent_at() const {

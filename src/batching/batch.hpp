@@ -126,6 +126,10 @@ class BatchMember final : public http::ResponseSource {
   };
   std::span<const EarlierAttempt> earlier_attempts() const;
   std::uint32_t batch_retries() const;
+  // The batch's answer failed: true for the one member that counts the
+  // failure against the endpoint (the first to ask), false for the others;
+  // true outside a batch.
+  bool counts_failure();
 
   // --- ResponseSource ---
   // A streaming member gets the upstream's head; a non-streaming one the

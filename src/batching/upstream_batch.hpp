@@ -48,6 +48,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
 
   const std::string& key() const { return key_; }
   std::size_t size() const { return members_.size(); }
+  // True once: the batch's failed answer is counted against its endpoint by
+  // the first member that reports it (weir_upstream_failures_total counts a
+  // batch's failure once, as weir_upstream_attempts_total counts its attempt).
+  bool claim_failure_count() { return !std::exchange(failure_counted_, true); }
 
   void add(BatchMember& m) {
     m.slot_ = static_cast<std::uint32_t>(members_.size());
@@ -135,6 +139,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::uint32_t retries() const { return retries_; }
 
  private:
+  bool failure_counted_ = false;  // (claim_failure_count)
   enum class State : std::uint8_t { open, sending, streaming, done };
 
   static core::Task<void> run(std::shared_ptr<Batch> self) {

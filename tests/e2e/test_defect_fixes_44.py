@@ -249,3 +249,25 @@ def test_the_admin_api_refuses_a_burst_without_its_rate(mock, weir):
     assert r.json()["error"]["param"] == "limits.requests_burst", r.text
     assert admin("POST", "/admin/v1/keys", json={"tenant": "acme", "limits": {"requests_burst": 1,
                                                                             "requests_per_minute": 5}}).status_code == 201
+
+
+def test_a_micro_batchs_failure_counts_once_against_its_endpoint(mock, weir):
+    # One batch of 4 members whose stream the upstream reset is one attempt and one failure: it counted one
+    # failure per member (failures 4 for 1 attempt).
+    import threading
+    m = mock("--ttft-ms", "5", "--itl-ms", "10", "--max-tokens", "10")
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "batch": {"window": "200ms", "max_size": 8}}},
+                     "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
+
+    def comp(i):
+        with httpx.stream("POST", w.v1 + "/completions", timeout=30, headers={"x-mock-reset-after": "3"},
+                          json={"model": "mock-model", "prompt": f"prompt {i}", "stream": True, "max_tokens": 10}) as r:
+            r.read()
+    ts = [threading.Thread(target=comp, args=(i,)) for i in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    assert w.metric("weir_batches_total") == 1
+    assert w.metric("weir_upstream_attempts_total") == 1
+    assert w.metric("weir_upstream_failures_total") == 1

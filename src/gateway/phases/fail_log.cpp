@@ -105,6 +105,9 @@ std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
 }
 
 void GatewayPhases::count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f) {
+  // A micro-batch's or coalesced generation's member: the batch's one answer failed, counted once (its
+  // first member to report it), as the batch's attempt is.
+  if (member_ && ctx.source == member_.get() && !member_->counts_failure()) return;
   if (ctx.pool >= 0 && ctx.endpoint >= 0)
     w_.metrics().count_upstream_failure_at(
         ctx.gen->endpoint_slot(static_cast<std::uint32_t>(ctx.pool), static_cast<std::uint32_t>(ctx.endpoint)), f);
