@@ -200,22 +200,29 @@ def test_an_answer_over_max_response_falls_back(weir, gzipped):
         good.close()
 
 
-def test_a_compressed_stream_on_a_chat_route_is_refused_at_its_head(weir):
+@pytest.mark.parametrize("pool_type,path,body", [
+    ("openai", "/chat/completions", {"model": "m", "messages": MSG, "stream": True}),
+    ("anthropic", "/messages", {"model": "m", "messages": MSG, "stream": True, "max_tokens": 5}),
+    ("anthropic", "/chat/completions", {"model": "m", "messages": MSG, "stream": True}),
+], ids=["openai-chat", "anthropic-messages", "anthropic-chat"])
+def test_a_compressed_stream_is_refused_at_its_head(weir, pool_type, path, body):
     # A gzip event stream that inflates to 300 MiB, on a route whose events Weir must relay: refused at its
     # head (502 upstream_invalid_response), not decoded to server.max_response first (250 MiB of memory per
     # request, and then the wrong code: upstream_unavailable, "larger than").
     import zlib
     comp = zlib.compressobj(9, zlib.DEFLATED, 31)
     chunk = b"data: " + b"a" * (1 << 20) + b"\n\n"
-    body = b"".join(comp.compress(chunk) for _ in range(300)) + comp.flush()
+    gz = b"".join(comp.compress(chunk) for _ in range(300)) + comp.flush()
     up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-encoding: gzip\r\n"
-                     b"content-length: %d\r\n\r\n%s" % (len(body), body))
+                     b"content-length: %d\r\n\r\n%s" % (len(gz), gz))
     try:
-        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
-        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True},
-                       headers={"x-request-id": "gz-bomb"}, timeout=30)
+        pool = {"endpoints": [up.url]}
+        if pool_type == "anthropic":
+            pool.update({"type": "anthropic", "api_key": "sk-up"})
+        w = weir(config={"pools": {"p": pool}, "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + path, json=body, headers={"x-request-id": "gz-bomb", "anthropic-version": "2023-06-01"},
+                       timeout=30)
         assert r.status_code == 502, r.text
-        assert r.json()["error"]["code"] == "upstream_invalid_response", r.text
         assert w.log_for("gz-bomb")["error"]["code"] == "upstream_invalid_response"
     finally:
         up.close()

@@ -187,14 +187,19 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // body by resize() would zero-fill room no read may use (4 KiB for a 1 KB
   // answer).
   // A stream the upstream compressed anyway (it was asked for identity), on
-  // a route in its own dialect whose 2xx Weir reads: its events cannot be
-  // relayed, so it is refused below once read whole. Refused at its head
-  // instead: decoding it (up to server.max_response, a 300:1 gzip bomb)
-  // would be work and memory for nothing.
-  if (const auto& h = src.head(); h.result_int() >= 200 && h.result_int() < 300 && h.result_int() != 204 &&
-                                  !anthropic_pool(ctx) && down_.request().method() != bh::verb::head &&
-                                  (ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
-                                   ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route)) &&
+  // a route in its own dialect whose 2xx Weir reads, or from an Anthropic
+  // pool (whose streams are translated event by event, never from a whole
+  // body): its events cannot be relayed, so it is refused below once read
+  // whole. Refused at its head instead: decoding it (up to
+  // server.max_response, a 300:1 gzip bomb) would be work and memory for
+  // nothing. (An OpenAI pool's stream for a client Weir translates for is
+  // decoded: its translator reads the events.)
+  const bool own_route = anthropic_pool(ctx)
+                             ? api_of(ctx.route).has_value()
+                             : ctx.route == RouteKind::chat_completions || ctx.route == RouteKind::completions ||
+                                   ctx.route == RouteKind::embeddings || is_vllm_extra(ctx.route);
+  if (const auto& h = src.head(); h.result_int() >= 200 && h.result_int() < 300 && h.result_int() != 204 && own_route &&
+                                  down_.request().method() != bh::verb::head &&
                                   http::is_event_stream(http::first_field(h, bh::field::content_type))) {
     const auto ce = http::first_field(h, bh::field::content_encoding);
     if (!ce.empty() && !core::iequals(ce, "identity")) {
