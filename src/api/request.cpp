@@ -68,9 +68,24 @@ enum class Role : std::uint8_t {
   prompt_item,
 };
 
-// The vLLM extra routes' text members (vLLM 0.10 protocol.py).
-constexpr std::array<std::string_view, 8> kExtraTexts = {"prompt", "messages",  "input",  "text",
-                                                         "query",  "documents", "text_1", "text_2"};
+// The vLLM extra routes' text members (vLLM 0.10 protocol.py), with what a
+// chat-form request (TokenizeChatRequest, PoolingChatRequest,
+// EmbeddingChatRequest) has its chat template print: tools, and the
+// request's own template and its kwargs.
+constexpr std::array<std::string_view, 11> kExtraTexts = {"prompt",
+                                                          "messages",
+                                                          "input",
+                                                          "text",
+                                                          "query",
+                                                          "documents",
+                                                          "text_1",
+                                                          "text_2",
+                                                          "tools",
+                                                          "chat_template",
+                                                          "chat_template_kwargs"};
+// An embeddings request in chat form (no `input`): what its template prints.
+constexpr std::array<std::string_view, 4> kEmbeddingChatTexts = {"messages", "tools", "chat_template",
+                                                                 "chat_template_kwargs"};
 
 // A message's members the estimate does not count as text: media (a data:
 // URL, base64 audio, an embedding: a 1 MB image is not 250k tokens), and
@@ -539,8 +554,9 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
         if (kind != ApiKind::embeddings) break;
         boost::system::error_code dec;
         const json::value doc = json::parse(json::string_view(body.data(), body.size()), dec, {}, opt);
-        if (const auto* m = !dec && doc.is_object() ? doc.get_object().if_contains("messages") : nullptr)
-          f.prompt_bytes = text_bytes(*m, 0);
+        if (!dec && doc.is_object())
+          for (const std::string_view name : kEmbeddingChatTexts)
+            if (const auto* v = doc.get_object().if_contains(name)) f.prompt_bytes += text_bytes(*v, 0);
         break;
       }
       if (h.prompt.type == Shape::Type::string) {

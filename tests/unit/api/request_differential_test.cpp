@@ -28,6 +28,7 @@ std::uint64_t ref_content_bytes(const json::value& v) {
   std::uint64_t n = 0;
   if (v.is_array())
     for (const auto& part : v.get_array()) {
+      if (part.is_string()) n += part.get_string().size();  // a bare string part: text to vLLM
       if (!part.is_object()) continue;
       // text, refusal or thinking: the last of them in the part counts.
       std::uint64_t bytes = 0;
@@ -150,12 +151,13 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
           }
         }
       // Tools and documents: their JSON text as sent (the last of a repeated key).
-      for (const char* name : {"tools", "functions", "documents"})
+      for (const char* name : {"tools", "functions", "documents", "chat_template", "chat_template_kwargs"})
         if (obj.contains(name))
           if (const auto span = api::find_member(body, name)) f.prompt_bytes += span->value_end - span->value_begin;
       break;
     case ApiKind::vllm_extra:
-      for (const char* name : {"prompt", "messages", "input", "text", "query", "documents", "text_1", "text_2"})
+      for (const char* name : {"prompt", "messages", "input", "text", "query", "documents", "text_1", "text_2", "tools",
+                               "chat_template", "chat_template_kwargs"})
         if (const auto* v = obj.if_contains(name)) f.prompt_bytes += ref_text_bytes(*v, 0);
       f.n = 1;
       f.stream = false;
@@ -166,8 +168,9 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
       const auto* p = obj.if_contains(kind == ApiKind::completions ? "prompt" : "input");
       if (!p) {
         // Embeddings of a conversation (vLLM's EmbeddingChatRequest): its messages' texts.
-        if (const auto* m = obj.if_contains("messages"); m && kind == ApiKind::embeddings)
-          f.prompt_bytes = ref_text_bytes(*m, 0);
+        if (kind == ApiKind::embeddings)
+          for (const char* name : {"messages", "tools", "chat_template", "chat_template_kwargs"})
+            if (const auto* m = obj.if_contains(name)) f.prompt_bytes += ref_text_bytes(*m, 0);
         break;
       }
       if (p->is_string()) {

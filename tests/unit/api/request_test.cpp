@@ -320,6 +320,13 @@ TEST(ApiParseRequest, VllmExtraRoutesMayOmitTheModelAndCountTheirTexts) {
   EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","text_1":"ab","text_2":["c"]})").prompt_bytes, 3u);
   EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","input":[[1,2,3]]})").prompt_bytes, 12u);  // token ids
   EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","tokens":[1,2]})").prompt_bytes, 0u);      // detokenize
+  // A chat-form tokenize or pooling request: what its template prints (the request's own template, its
+  // kwargs, tools) counts, as on chat (it counted nothing: a way past the limits).
+  EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","messages":[],"chat_template":"0123456789"})").prompt_bytes, 10u);
+  EXPECT_EQ(ok(ApiKind::vllm_extra, R"({"model":"m","messages":[],"tools":[{"d":"abcd"}]})").prompt_bytes, 4u);
+  EXPECT_EQ(ok(ApiKind::embeddings, R"({"model":"m","messages":[{"content":"ab"}],"chat_template_kwargs":{"s":"xyz"}})")
+                .prompt_bytes,
+            5u);
   EXPECT_FALSE(ok(ApiKind::vllm_extra, R"({"model":"m","input":"x","stream":true})").stream);
   EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"({"model":3})"));
   EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"([1])"));
