@@ -82,13 +82,18 @@ class StreamHooks {
   // The upstream speaks Anthropic's Messages stream (a type: anthropic pool).
   bool anthropic_upstream() const { return upstream_dialect() == UpstreamDialect::anthropic; }
   // An Anthropic upstream's prompt tokens as its message_start said them (input and cache tokens: real,
-  // not estimated), once it came, whether or not the stream reached its final usage; -1 otherwise.
-  std::int64_t known_prompt_tokens() const {
-    if (mode_ == Mode::anthropic_passthrough && tr_->passthrough.started())
-      return static_cast<std::int64_t>(tr_->passthrough.usage().prompt_tokens);
+  // not estimated), once it came, whether or not the stream reached its final usage: prompt_tokens and
+  // cached_tokens (its cache reads, priced as cached input) of the usage; nullopt otherwise.
+  std::optional<api::Usage> known_prompt() const {
+    std::optional<api::Usage> u;
+    if (mode_ == Mode::anthropic_passthrough && tr_->passthrough.started()) u = tr_->passthrough.usage();
     if ((mode_ == Mode::chat_from_anthropic || mode_ == Mode::responses_from_anthropic) && tr_->upstream.started())
-      return static_cast<std::int64_t>(tr_->upstream.usage().prompt_tokens);
-    return -1;
+      u = tr_->upstream.usage();
+    if (!u) return std::nullopt;
+    api::Usage p;
+    p.prompt_tokens = u->prompt_tokens;
+    p.cached_tokens = std::min(u->cached_tokens, u->prompt_tokens);
+    return p;
   }
   // The client's stream is OpenAI chat chunks (on_event(), or an Anthropic
   // upstream translated into them): an in-band failure is then

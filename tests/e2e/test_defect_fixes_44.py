@@ -278,3 +278,31 @@ def test_a_micro_batchs_failure_counts_once_against_its_endpoint(mock, weir):
     assert w.metric("weir_batches_total") == 1
     assert w.metric("weir_upstream_attempts_total") == 1
     assert w.metric("weir_upstream_failures_total") == 1
+
+
+@pytest.mark.parametrize("path", ["/messages", "/chat/completions"])
+def test_a_broken_anthropic_stream_prices_its_cache_reads_as_cached_input(weir, path):
+    # A stream cut before message_delta is charged message_start's prompt count; its cache reads (1024 of
+    # 1049) went in at the full input price (~8x the spend).
+    import hashlib
+
+    import scripted_upstream as su
+    up = su.ScriptedUpstream().start()
+    try:
+        w = weir(config={
+            "pools": {"a": {"endpoints": [up.base_url], "type": "anthropic", "api_key": "sk-up"}},
+            "models": {"claude": {"pool": "a"}}, "tenants": {"t": {}},
+            "auth": {"api_keys": [{"id": "k", "sha256": hashlib.sha256(b"kt").hexdigest(), "tenant": "t"}]},
+            "pricing": {"claude": {"input": 1.0, "output": 2.0, "cached_input": 0.1}}}, workers=1)
+        body = {"model": "claude", "max_tokens": 50, "stream": True, "messages": MSG}
+        with httpx.stream("POST", w.v1 + path, json=body, timeout=10,
+                          headers={"authorization": "Bearer kt", "anthropic-version": "2023-06-01",
+                                   "x-script": "cut", "x-request-id": "cut-cache"}) as r:
+            r.read()
+        line = w.log_for("cut-cache")
+        # message_start: input 25, cache reads 1024; one token per content delta at the output price.
+        expected_prompt = (25 * 1.0 + 1024 * 0.1) / 1e6
+        assert line["spend_usd"] < expected_prompt + 50 * 2.0 / 1e6, line
+        assert line["spend_usd"] >= expected_prompt, line
+    finally:
+        up.stop()

@@ -159,8 +159,10 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
       // (An Anthropic upstream's message_start said the prompt's real count: that, not the estimate.)
-      const std::int64_t known = ctx.sse_answer ? ctx.hooks.known_prompt_tokens() : -1;
-      u.prompt_tokens = known >= 0 ? static_cast<std::uint64_t>(known) : ctx.prompt_tokens_estimate;
+      // (Its cache reads with it: priced as cached input, as they are in a whole stream's usage.)
+      const auto known = ctx.sse_answer ? ctx.hooks.known_prompt() : std::nullopt;
+      u.prompt_tokens = known ? known->prompt_tokens : ctx.prompt_tokens_estimate;
+      u.cached_tokens = known ? known->cached_tokens : 0;
       u.completion_tokens = ctx.token_events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;
     }
