@@ -1,4 +1,5 @@
 #include "admission/redis_config.hpp"
+#include "core/text.hpp"
 
 #include <cstdlib>
 
@@ -25,8 +26,8 @@ std::string parse_url(const std::string& url, RedisConfig& c) {
   if (u->host_type() == boost::urls::host_type::ipv6) c.host = std::string(u->host_address());
   c.port = 6379;
   if (u->has_port()) {
-    if (u->port_number() == 0) return "port must be 1..65535";
-    c.port = u->port_number();
+    c.port = core::url_port(u->port());  // (as written: port_number() wraps past 65535)
+    if (c.port == 0) return "port must be 1..65535";
   }
   std::string path(u->path());
   if (!path.empty() && path != "/") {

@@ -1,4 +1,5 @@
 #include "auth/config.hpp"
+#include "core/text.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -142,6 +143,10 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
       return tl::unexpected(config_error(
           node["jwks_url"], key + ".jwks_url",
           fmt::format("'{}' is not a URL (expected http[s]://host[:port]/path)", core::redact_url(j.jwks_url))));
+    if (u->has_port() && core::url_port(u->port()) == 0)
+      return tl::unexpected(
+          config_error(node["jwks_url"], key + ".jwks_url",
+                       fmt::format("'{}' has no valid port (1 to 65535)", core::redact_url(j.jwks_url))));
     if (u->has_userinfo())
       return tl::unexpected(
           config_error(node["jwks_url"], key + ".jwks_url",

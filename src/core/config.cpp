@@ -1,4 +1,5 @@
 #include "core/config.hpp"
+#include "core/text.hpp"
 
 #include <charconv>
 #include <fstream>
@@ -328,14 +329,10 @@ ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url) {
   }
   e.port = tls ? 443 : 80;
   if (u->has_port()) {
-    // The port as written (port_number() has already wrapped past 65535: :80800 would be 15264).
     const std::string_view digits = u->port();
-    unsigned long n = 0;
-    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-    if (digits.empty() || ec != std::errc() || end != digits.data() + digits.size() || n > 65535)
-      return fail(" has no valid port (1 to 65535)");
-    if (n == 0) return fail(" has port 0");
-    e.port = static_cast<std::uint16_t>(n);
+    if (digits.find_first_not_of('0') == std::string_view::npos && !digits.empty()) return fail(" has port 0");
+    e.port = url_port(digits);
+    if (e.port == 0) return fail(" has no valid port (1 to 65535)");
   }
   // The Host header: with the port only when it is not the scheme's default (RFC 3986 §6.2.3).
   e.host_header = std::string(u->encoded_host());

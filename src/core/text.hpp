@@ -1,6 +1,7 @@
 // ASCII text helpers shared by every module (header names, schemes, tokens).
 #pragma once
 
+#include <cstdint>
 #include <cstring>
 #include <string_view>
 
@@ -30,6 +31,18 @@ constexpr bool iequals(std::string_view a, std::string_view b) noexcept {
 }
 
 // `s` without leading and trailing spaces and tabs (RFC 9110 §5.6.3 OWS).
+// A URL's port as written (RFC 3986 §3.2.3: digits): 1..65535, else 0.
+// (Boost.URL's port_number() wraps past 65535: :80800 would be 15264.)
+constexpr std::uint16_t url_port(std::string_view digits) noexcept {
+  if (digits.empty() || digits.size() > 5) return 0;
+  std::uint32_t n = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9') return 0;
+    n = n * 10 + static_cast<std::uint32_t>(c - '0');
+  }
+  return n > 65535 ? 0 : static_cast<std::uint16_t>(n);
+}
+
 constexpr std::string_view trim_ows(std::string_view s) noexcept {
   while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) s.remove_prefix(1);
   while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) s.remove_suffix(1);

@@ -233,6 +233,13 @@ def test_a_compressed_stream_is_refused_at_its_head(weir, pool_type, path, body)
     ("tenants:\n  t: {limits: {requests_burst: 2}}\n", "tenants.t.limits.requests_burst: limits nothing without"),
     ("tenants:\n  t: {limits: {tokens_burst: 30, requests_per_minute: 5}}\n",
      "tenants.t.limits.tokens_burst: limits nothing without"),
+    # A port past 65535 wrapped (80800 is 15264): shared limits went to whatever listened there, and the
+    # key set that authenticates every JWT came from a port nobody configured.
+    ("tenants:\n  t: {limits: {requests_per_minute: 5}}\nredis: {url: 'redis://127.0.0.1:80800'}\n",
+     "redis.url: port must be 1..65535"),
+    ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_url: 'http://127.0.0.1:99999/jwks'}\n",
+     "auth.jwt.jwks_url: 'http://127.0.0.1:99999/jwks' has no valid port"),
+    ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_url: 'http://127.0.0.1:0/jwks'}\n", "has no valid port"),
     # An empty default tenant, as an empty anonymous_tenant: it meant "not set" in silence.
     ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_file: JWKS, default_tenant: ''}\n", "auth.jwt.default_tenant: is empty"),
 ])
