@@ -313,3 +313,22 @@ def test_a_broken_anthropic_stream_prices_its_cache_reads_as_cached_input(weir, 
         assert line["spend_usd"] >= expected_prompt, line
     finally:
         up.stop()
+
+
+@pytest.mark.parametrize("path,body,says", [
+    ("/messages", {"model": "m", "messages": MSG, "stream": True, "max_tokens": 5}, '"type":"invalid_request_error"'),
+    ("/responses", {"model": "m", "input": "hi", "stream": True}, '"code":"invalid_prompt"'),
+], ids=["anthropic", "responses"])
+def test_a_streamed_refusal_reaches_a_translated_client_as_the_clients_error(weir, path, body, says):
+    # The same refusal as a 400 head is an invalid_request_error to the Anthropic SDK: streamed, it was an
+    # api_error (and server_error in a Responses stream), the shape of an engine's fault.
+    up = RawUpstream(lambda h, b: _stream(VLLM_REFUSAL, b"data: [DONE]\n\n"))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        with httpx.stream("POST", w.v1 + path, json=body, timeout=10,
+                          headers={"anthropic-version": "2023-06-01"}) as r:
+            text = r.read().decode()
+        assert says in text, text
+        assert w.metric("weir_upstream_failures_total") == 0
+    finally:
+        up.close()

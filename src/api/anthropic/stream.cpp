@@ -1,6 +1,7 @@
 // The per-chunk translation: each upstream chunk is parsed with Boost.JSON
 // into a stack arena (a chunk is a few hundred bytes), and the Anthropic
 // events are written by hand with the shared JSON escaper.
+#include "api/openai/stream.hpp"
 #include "api/anthropic/stream.hpp"
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
@@ -180,8 +181,9 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
   const json::value v = parse_upstream_json(data, ec, &mr);
   if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
   const auto& chunk = v.get_object();
-  if (const auto m = stream_error_message(chunk))
-    return fail(500, m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
+  if (const auto m = stream_error_message(chunk))  // (a refusal of the request, a 4xx in-band: the client's)
+    return fail(openai::refuses_request(data) ? 400 : 500,
+                m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
   if (const auto* u = chunk.if_contains("usage"); u && u->is_object())
     if (auto parsed = extract_usage(data)) {
       usage_ = *parsed;

@@ -96,7 +96,9 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
   out += head.status;
   out += R"(","error":)";
   if (head.status == "failed") {
-    out += R"({"code":"server_error","message":)";
+    out += R"({"code":)";
+    core::append_json_string(out, head.error_code);
+    out += R"(,"message":)";
     core::append_json_string(out, head.error_message);
     out += "}";
   } else {

@@ -27,12 +27,13 @@ struct OutputItem {
 
 // A response's own members (the request's are the echo: request.hpp).
 struct ResponseHead {
-  std::string_view id;                 // "resp_…"
-  std::int64_t created_at = 0;         // Unix seconds: the upstream's `created`
-  std::string_view model;              // the upstream's model name
-  std::string_view status;             // "in_progress", "completed", "incomplete", "failed"
-  std::string_view incomplete_reason;  // with "incomplete": "max_output_tokens" or "content_filter"
-  std::string_view error_message;      // with "failed": error {code: server_error, message}
+  std::string_view id;                           // "resp_…"
+  std::int64_t created_at = 0;                   // Unix seconds: the upstream's `created`
+  std::string_view model;                        // the upstream's model name
+  std::string_view status;                       // "in_progress", "completed", "incomplete", "failed"
+  std::string_view incomplete_reason;            // with "incomplete": "max_output_tokens" or "content_filter"
+  std::string_view error_message;                // with "failed": error {code: error_code, message}
+  std::string_view error_code = "server_error";  // or "invalid_prompt": the upstream refused the request
 };
 
 // Usage as Responses reports it; `reasoning_tokens` from the upstream's

@@ -3,9 +3,10 @@
 // written by hand with the shared JSON escaper. The items' text is kept
 // (each string grows geometrically): the .done events and the terminal
 // response repeat it whole, as Responses requires.
-#include "api/responses/stream.hpp"
+#include "api/openai/stream.hpp"
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
+#include "api/responses/stream.hpp"
 
 #include <algorithm>
 #include <ctime>
@@ -219,13 +220,19 @@ void StreamTranslator::terminate(std::string& out) {
 }
 
 void StreamTranslator::fail(int status, std::string_view message, std::string& out) {
-  (void)status;  // Responses' stream errors carry a code, not a status: server_error
   if (ended_) return;
   // Nothing came from the upstream: the response is this request's, created now.
   if (!started_) start(fallback_id_, fallback_model_, static_cast<std::int64_t>(std::time(nullptr)), out);
   begin("response.failed", out);
   out += R"(,"response":)";
-  ResponseHead head{resp_id_, created_, model_, "failed", {}, message};
+  // Responses' stream errors carry a code, not a status: a refusal of the request (4xx) is invalid_prompt.
+  ResponseHead head{resp_id_,
+                    created_,
+                    model_,
+                    "failed",
+                    {},
+                    message,
+                    status >= 400 && status < 500 ? "invalid_prompt" : "server_error"};
   append_response_json(out, head, items_, has_usage_ ? &usage_ : nullptr, echo_);
   out += kEnd;
   ended_ = failed_ = true;
@@ -249,8 +256,9 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
   const json::value v = parse_upstream_json(data, ec, &mr);
   if (ec || !v.is_object()) return fail(502, "The upstream sent a stream chunk that is not a JSON object.", out);
   const auto& chunk = v.get_object();
-  if (const auto m = stream_error_message(chunk))
-    return fail(500, m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
+  if (const auto m = stream_error_message(chunk))  // (a refusal of the request, a 4xx in-band: the client's)
+    return fail(openai::refuses_request(data) ? 400 : 500,
+                m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
   if (const auto* u = chunk.if_contains("usage"); u && u->is_object())
     if (auto parsed = extract_usage(data)) {
       usage_.usage = *parsed;
