@@ -244,6 +244,11 @@ http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost:
   // A worker on a later generation's labels brings them along (MetricsShard::merge).
   auto g = std::make_shared<Gather>(home.get_executor(), labels, shared.workers.size());
   for (Worker* w : shared.workers) {
+    if (w->stopped()) {  // drained: its loop runs no more, its last counts are kept
+      g->total.merge(w->final_metrics());
+      --g->remaining;
+      continue;
+    }
     boost::asio::post(w->io(), [w, g, &home] {
       MetricsShard copy = w->metrics_snapshot();  // on w's own thread
       boost::asio::post(home, [g, copy = std::move(copy)]() mutable {
@@ -252,8 +257,10 @@ http::Task<std::shared_ptr<MetricsShard>> collect_metrics(Shared& shared, boost:
       });
     });
   }
-  g->timer.expires_after(std::chrono::seconds(1));
-  co_await g->timer.async_wait(http::use_task);
+  if (g->remaining > 0) {
+    g->timer.expires_after(std::chrono::seconds(1));
+    co_await g->timer.async_wait(http::use_task);
+  }
   // The late workers' copies (if any) still merge into g->total: hand out a copy.
   co_return std::make_shared<MetricsShard>(g->total);
 }

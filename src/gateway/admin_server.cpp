@@ -308,6 +308,10 @@ struct AdminServer::WorkerGather {
 std::shared_ptr<AdminServer::WorkerGather> AdminServer::post_to_every_worker(std::function<void(Worker&)> fn) {
   auto g = std::make_shared<WorkerGather>(control_.get_executor(), shared_.workers.size());
   for (Worker* w : shared_.workers) {
+    if (w->stopped()) {  // drained: its loop runs no more (nothing of it to change or read)
+      --g->remaining;
+      continue;
+    }
     asio::post(w->io(), [w, g, fn, this] {
       fn(*w);  // on w's own thread
       asio::post(control_, [g] {

@@ -517,6 +517,8 @@ http::Task<void> Worker::tick_loop() {
       for (auto& p : gen_->pools)
         for (std::uint32_t i = 0; i < p->size(); ++i) p->endpoint(i).conns.clear();
       log_.flush();
+      final_metrics_ = std::make_unique<MetricsShard>(metrics_snapshot());
+      stopped_.store(true, std::memory_order_release);
       io_.stop();
       co_return;
     }

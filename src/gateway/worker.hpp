@@ -112,6 +112,13 @@ class Worker {
   // (MetricsShard::add_queue_waiting: the requests waiting now in every
   // pool of the current and retired generations): on this worker's thread only.
   MetricsShard metrics_snapshot();
+  // A drained worker's loop stops (its io() runs nothing more): what it
+  // counted is then final_metrics(), its last snapshot, for the control
+  // thread to merge instead of posting to it (a post would never run, and
+  // its counts would drop out of /metrics: a counter going back). Read
+  // final_metrics() only once stopped() is true.
+  bool stopped() const { return stopped_.load(std::memory_order_acquire); }
+  const MetricsShard& final_metrics() const { return *final_metrics_; }
   core::AccessLog& access_log() { return log_; }
   // Work for the tick came (a line into access_log(), a request into a
   // pool's queue): while the worker ticks slowly (quiet: tick_loop), the
@@ -254,6 +261,8 @@ class Worker {
   bool tick_slow_ = false;     // the pending tick is a slow one (tick_soon brings it forward)
   bool tick_resting_ = false;  // the pending tick waits for no time (wake_tick ends it)
   bool draining_ = false;
+  std::unique_ptr<MetricsShard> final_metrics_;  // (stopped())
+  std::atomic<bool> stopped_{false};
   std::chrono::steady_clock::time_point drain_deadline_{};
   std::thread thread_;
   http::Timer tick_;

@@ -332,3 +332,49 @@ def test_a_streamed_refusal_reaches_a_translated_client_as_the_clients_error(wei
         assert w.metric("weir_upstream_failures_total") == 0
     finally:
         up.close()
+
+
+def test_a_drained_workers_counts_stay_in_metrics_while_the_others_drain(mock, weir):
+    # A worker that finished draining stops its loop: a scrape posted to it never ran, so /metrics waited 1 s
+    # and left its counts out (weir_requests_total 40 -> 17 mid-drain: a counter going back, read by
+    # Prometheus as a reset). Its last counts are kept and merged.
+    import os
+    import signal
+    import threading
+
+    from conftest import free_port
+    m = mock("--ttft-ms", "5", "--itl-ms", "20", "--max-tokens", "150", "--any-model")
+    aport = free_port()
+    token = "admin-token-0123456789"
+    w = weir(config={"server": {"drain_timeout": "10s"}, "pools": {"a": {"endpoints": [m.base_url]}},
+                     "models": {"m": {"pool": "a"}},
+                     "admin": {"listen": f"127.0.0.1:{aport}", "token_env": "WEIR_T44_ADMIN"}},
+             workers=2, env={"WEIR_T44_ADMIN": token})
+    for _ in range(30):  # on new connections: both workers serve some
+        httpx.post(w.v1 + "/chat/completions", json={"model": "m", "max_tokens": 2, "messages": MSG},
+                   headers={"connection": "close"}, timeout=10)
+    admin = f"http://127.0.0.1:{aport}"
+
+    def requests_total() -> float:
+        text = httpx.get(admin + "/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                   if line.startswith("weir_requests_total{"))
+    wait_until(lambda: requests_total() >= 30, 5)
+    before = requests_total()
+    done = threading.Event()
+
+    def stream():
+        with httpx.stream("POST", w.v1 + "/chat/completions", json={"model": "m", "stream": True, "messages": MSG},
+                          timeout=30) as r:
+            r.read()
+        done.set()
+    t = threading.Thread(target=stream)
+    t.start()
+    wait_until(lambda: w.metric("weir_active_streams") == 1, 5)
+    os.kill(w.process.pid, signal.SIGTERM)
+    # The worker without the stream drains at once and stops; the other one serves its stream on.
+    for _ in range(5):
+        if done.is_set():
+            break
+        assert requests_total() >= before
+    t.join()
