@@ -16,6 +16,19 @@ constexpr std::size_t kPipeBuf = 4096;
 
 int open_file(const std::string& path) { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644); }
 
+// reopen()'s open: it runs on the control thread (SIGHUP), whose loop also
+// serves signals and the admin API, so it must not wait. A FIFO's open for
+// writing waits for a reader (a log shipper restarting): O_NONBLOCK fails
+// it at once (ENXIO) instead, and the old descriptor stays. Writes then
+// block as before (the flag is cleared).
+int open_file_now(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (fd < 0) return fd;
+  const int flags = ::fcntl(fd, F_GETFL);
+  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  return fd;
+}
+
 bool is_pipe(int fd) {
   struct stat st {};
   return ::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
@@ -42,9 +55,10 @@ std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std
 
 bool AccessLogSink::reopen(std::string& error) {
   if (!owned_) return true;
-  const int fd = open_file(path_);
+  const int fd = open_file_now(path_);
   if (fd < 0) {
-    error = fmt::format("cannot reopen access log {}: {}", path_, std::strerror(errno));
+    error = errno == ENXIO ? fmt::format("cannot reopen access log {}: a pipe with no reader", path_)
+                           : fmt::format("cannot reopen access log {}: {}", path_, std::strerror(errno));
     return false;
   }
   const bool pipe = is_pipe(fd);

@@ -378,3 +378,35 @@ def test_a_drained_workers_counts_stay_in_metrics_while_the_others_drain(mock, w
             break
         assert requests_total() >= before
     t.join()
+
+
+def test_a_sighup_with_a_readerless_pipe_as_access_log_does_not_freeze_the_gateway(tmp_path, mock, processes):
+    # SIGHUP reopens the access log on the control thread; a FIFO with no reader (a log shipper restarting)
+    # blocked that open until a reader came: SIGTERM was then never handled, nor the admin API.
+    import os
+    import signal
+    import subprocess
+
+    from conftest import binary, free_port
+    m = mock("--ttft-ms", "1", "--max-tokens", "3", "--any-model")
+    fifo = tmp_path / "access.fifo"
+    os.mkfifo(fifo)
+    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.DEVNULL)
+    port = free_port()
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "workers": 1,
+                               "server": {"access_log": str(fifo), "drain_timeout": "2s"},
+                               "pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}))
+    p = processes.start([binary("weir"), "--config", str(cfg)], port, name="weir")
+    try:
+        assert httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
+                          json={"model": "m", "messages": MSG}).status_code == 200
+        reader.kill()
+        reader.wait()
+        os.kill(p.pid, signal.SIGHUP)
+        wait_until(lambda: "a pipe with no reader" in p.log(), 5, message="the reopen refused at once")
+        os.kill(p.pid, signal.SIGTERM)
+        assert p.popen.wait(timeout=10) == 0
+    finally:
+        if reader.poll() is None:
+            reader.kill()
