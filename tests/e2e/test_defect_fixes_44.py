@@ -410,3 +410,36 @@ def test_a_sighup_with_a_readerless_pipe_as_access_log_does_not_freeze_the_gatew
     finally:
         if reader.poll() is None:
             reader.kill()
+
+
+def test_the_drain_cut_answer_to_head_has_no_content(weir):
+    # A HEAD proxied upstream, cut at drain_timeout: its 503 came with the JSON error as content (RFC 9110
+    # §9.3.2: none), bytes a client would read as the start of the next answer.
+    import os
+    import signal
+    import socket
+
+    seen = []
+
+    def hang(h, b):
+        seen.append(1)
+        return [4.0, None]
+    up = RawUpstream(hang)
+    try:
+        w = weir(config={"server": {"drain_timeout": "1s"}, "pools": {"p": {"endpoints": [up.url]}},
+                         "default_pool": "p"}, workers=1)
+        s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+        s.sendall(b"HEAD /version HTTP/1.1\r\nHost: x\r\nx-request-id: head-drain\r\n\r\n")
+        wait_until(lambda: seen, 5, message="the HEAD proxied")
+        os.kill(w.process.pid, signal.SIGTERM)
+        got = b""
+        while True:
+            c = s.recv(65536)
+            if not c:
+                break
+            got += c
+        head, _, rest = got.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), got
+        assert rest == b"", got
+    finally:
+        up.close()

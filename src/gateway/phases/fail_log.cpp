@@ -187,7 +187,8 @@ void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
     append_error_body(body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
     http::append_own_response_head(out, e.status, "application/json", body.size(), ctx.request_id, ctx.rate_limit_lines,
                                    "Retry-After: 1\r\n", {false, down_.connection_mode().http10});
-    out += body;
+    // (An answer to HEAD has its Content-Length and no content: RFC 9110 §9.3.2.)
+    if (down_.request().method() != boost::beast::http::verb::head) out += body;
     down_.send(out);
   } else if (ctx.stream && !ctx.hooks.done_relayed()) {
     if (!ctx.hooks.openai_client()) {
