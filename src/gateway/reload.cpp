@@ -69,8 +69,16 @@ constexpr Fixed kFixed[] = {
 
 core::ConfigError refused(const core::Config& next, const std::string& key, std::string_view top,
                           std::string_view why) {
-  // The line of the section in the new file (of the root when it was removed there).
-  const YAML::Node node = at(next.root, top);
+  // The line of the key in the new file, else of the nearest section above
+  // it that is there (of the root when the section was removed).
+  YAML::Node node = at(next.root, top);
+  for (std::string_view k = key; k.size() > top.size(); k = k.substr(0, k.rfind('.'))) {
+    if (const YAML::Node n = at(next.root, k); n.IsDefined()) {
+      node.reset(n);
+      break;
+    }
+    if (k.find('.') == std::string_view::npos) break;
+  }
   core::ConfigError e = core::config_error(node ? node : next.root, key,
                                            fmt::format("changes only at restart ({}); the file was not applied, the "
                                                        "running configuration is unchanged",

@@ -320,3 +320,21 @@ def test_restart_only_sections_spelled_with_their_running_values_reload(mock, we
     sighup(w, "failure")
     refused = [line for line in w.process.log().splitlines() if "changes only at restart" in line]
     assert refused and "request_log" in refused[-1], refused
+
+
+def test_a_refused_restart_only_key_is_named_at_its_own_line(mock, weir, tmp_path):
+    # The refusal named the key but gave the line of its section's first key.
+    a = mock(*FAST)
+    base = two_pools(a)
+    base["request_log"] = {"url": f"sqlite:{tmp_path / 'r.db'}", "retention": {"max_rows": 1000}}
+    w = weir(config=base)
+    nxt = json.loads(json.dumps(base))
+    nxt["request_log"]["retention"]["max_rows"] = 50
+    write(w, nxt)
+    sighup(w, "failure")
+    lines = w.config_path.read_text().splitlines()
+    refused = [line for line in w.process.log().splitlines() if "changes only at restart" in line][-1]
+    import re
+    m = re.search(r":(\d+):(\d+): request_log\.retention\.max_rows", refused)
+    assert m, refused
+    assert "max_rows" in lines[int(m.group(1)) - 1], (refused, lines)
