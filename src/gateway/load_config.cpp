@@ -183,6 +183,19 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
     auto tracing_cfg = tracing::parse_tracing_config(root, file, getenv_fn);
     if (!tracing_cfg) return tl::unexpected(std::move(tracing_cfg.error()));
     out.tracing = std::move(*tracing_cfg);
+    // An https:// collector's CA file is loaded now, as a pool's is: one that
+    // does not load would fail every export (every span dropped) for as long
+    // as Weir runs.
+    if (out.tracing && out.tracing->endpoint.tls && !out.tracing->ca_file.empty()) {
+      core::TlsConfig tc;
+      tc.ca_file = out.tracing->ca_file;
+      std::string error;
+      if (!http::TlsClient::make(tc, error)) {
+        auto e = core::config_error(root["tracing"]["ca_file"], "tracing.ca_file", error);
+        e.file = file;
+        return tl::unexpected(std::move(e));
+      }
+    }
     if (root["auth"] || root["tenants"] || root["pricing"]) {
       out.auth = std::move(*auth_cfg);
       // (The admin API's runtime keys need tenants: with none, no key can ever exist to check against.)
