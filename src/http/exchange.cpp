@@ -8,6 +8,8 @@
 #include "http/headers.hpp"
 #include "http/tls.hpp"
 
+#include <fmt/format.h>
+
 #include <boost/asio/buffer.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/http/read.hpp>
@@ -152,7 +154,23 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     const int status = ec ? 0 : parser_->get().result_int();
     interim = status >= 100 && status < 200 && status != 101;
   }
-  if (ec) co_return classify(*conn_, ec);
+  if (ec) {
+    // A new connection whose server asked for a client certificate, failed
+    // or closed before any byte of an answer: under TLS 1.3 the server
+    // refuses the certificate (or its absence) so, after the client sent
+    // its Finished and the request (RFC 8446 §4.4.2.4); a failed handshake
+    // all the same, the request never handled (the caller treats it as a
+    // connect failure: UpstreamFailure::tls, the reason to stderr).
+    if (TlsStream* t = conn_->tls(); t != nullptr && t->certificate_requested && conn_->uses == 0 && head_bytes_ == 0 &&
+                                     conn_->aborted_for() == UpstreamFailure::none) {
+      conn_->set_tls_error(
+          fmt::format("the server asked for a client certificate and then refused the connection "
+                      "({}): check pools.NAME.tls.client_cert",
+                      ec.message()));
+      co_return UpstreamFailure::tls;
+    }
+    co_return classify(*conn_, ec);
+  }
   // 101 Switching Protocols answers only a request that asked to upgrade
   // (RFC 9110 §15.2.2), and Weir never forwards Upgrade (hop-by-hop): a
   // 101 here is the upstream's error, not a response to relay.

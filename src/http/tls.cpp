@@ -81,6 +81,19 @@ std::string openssl_reason() {
 
 TlsClient::TlsClient(bool verify) : ctx_(ssl::context::tls_client), verify_(verify) {}
 
+namespace {
+// The SSL ex_data slot that points at a connection's TlsStream (prepare_client).
+int stream_index() {
+  static const int index = SSL_get_ex_new_index(0, nullptr, nullptr, nullptr, nullptr);
+  return index;
+}
+// OpenSSL calls it on a client when the server asks for a certificate.
+int on_certificate_request(SSL* ssl, void*) {
+  if (auto* s = static_cast<TlsStream*>(SSL_get_ex_data(ssl, stream_index()))) s->certificate_requested = true;
+  return 1;
+}
+}  // namespace
+
 std::shared_ptr<TlsClient> TlsClient::make(const core::TlsConfig& cfg, std::string& error) {
   std::shared_ptr<TlsClient> c(new TlsClient(cfg.verify));
   SSL_CTX* ctx = c->ctx_.native_handle();
@@ -116,11 +129,13 @@ std::shared_ptr<TlsClient> TlsClient::make(const core::TlsConfig& cfg, std::stri
   SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
   SSL_CTX_sess_set_new_cb(ctx, on_new_session);
   SSL_CTX_set_verify(ctx, cfg.verify ? SSL_VERIFY_PEER : SSL_VERIFY_NONE, nullptr);
+  SSL_CTX_set_cert_cb(ctx, on_certificate_request, nullptr);
   return c;
 }
 
 bool prepare_client(TlsStream& s, const TlsTarget& t, std::string& error) {
   SSL* ssl = s.stream.native_handle();
+  SSL_set_ex_data(ssl, stream_index(), &s);
   const std::string name(t.server_name);
   boost::system::error_code ec;
   (void)boost::asio::ip::make_address(name, ec);

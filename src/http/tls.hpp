@@ -47,6 +47,10 @@ struct TlsStream {
   std::unique_ptr<char[]> read_buf;
   // Where this connection's session tickets are kept (offer_session); null client: not kept.
   const TlsClient* session_client = nullptr;
+  // The server asked for a client certificate (a CertificateRequest): under
+  // TLS 1.3 its refusal of the one sent (or of none) comes after the
+  // handshake, as an alert or a close on the first read (RFC 8446 §4.4.2.4).
+  bool certificate_requested = false;
   tcp::endpoint session_addr;
   std::string_view session_name;
 };

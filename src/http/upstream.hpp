@@ -72,6 +72,9 @@ class UpstreamConnection {
   TlsStream* tls() { return tls_.get(); }
   // Why the last connect() failed its TLS handshake (for the log), else empty.
   const std::string& tls_error() const { return tls_error_; }
+  // A handshake the server failed after the client's part of it (TLS 1.3:
+  // a refused client certificate is an alert on the first read).
+  void set_tls_error(std::string why) { tls_error_ = std::move(why); }
   boost::beast::flat_buffer& buffer() { return buf_; }
   core::Watchdog& watchdog() { return watchdog_; }
 

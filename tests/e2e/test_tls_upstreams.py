@@ -328,6 +328,22 @@ def test_mutual_tls(pki, mock, relay, weir):
     assert chat(without).status_code == 502
 
 
+def test_a_client_certificate_refused_after_a_tls13_handshake_fails_over_as_a_tls_failure(pki, mock, relay, weir):
+    # Under TLS 1.3 a server refuses the client's certificate (or its absence) after the client's Finished:
+    # on the first read, not in the handshake. It was a reset (a 502, no failover, nothing on stderr); it is
+    # a failed handshake, as under TLS 1.2: the next endpoint takes the request.
+    m = mock()
+    needs_cert, good = relay(pki.server, m, client_ca=pki.ca.pem), relay(pki.server, m)
+    needs_cert.ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+    cfg = https_config(needs_cert.url, {"ca_file": str(pki.ca.pem)})
+    cfg["pools"]["hosted"]["endpoints"] = [needs_cert.url, good.url]
+    w = weir(config=cfg, workers=1)
+    assert [chat(w).status_code for _ in range(6)] == [200] * 6
+    assert w.metric("weir_upstream_failures_total", kind="tls") >= 1
+    assert w.metric("weir_upstream_failures_total", kind="reset") == 0
+    assert "asked for a client certificate" in weir_stderr(w)
+
+
 def test_api_key_env_replaces_the_clients_authorization(pki, mock, relay, weir):
     r = relay(pki.server, mock())
     w = weir(config=https_config(r.url + "/v1", {"ca_file": str(pki.ca.pem)}, api_key_env="WEIR_TEST_HOSTED_KEY"),

@@ -571,6 +571,19 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       record(ep_idx, 0, failure, ctx.t_upstream_sent);
       pool.on_finish(ep_idx);
       if (down_.client_gone()) break;
+      if (failure == http::UpstreamFailure::tls) {
+        // The server failed the handshake after the client's part of it (a
+        // TLS 1.3 client certificate refused): a connect failure, as one
+        // refused during the handshake is (the request was never handled).
+        routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
+        metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
+        exchange_.release();
+        if (attempts.on_connect_failure(failure, core::now())) {
+          metrics.count_retry(routing::RetryReason::connect);
+          continue;
+        }
+        break;
+      }
       d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent,
                                        core::now());
       cancel_late_retry(d);
