@@ -75,6 +75,12 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
   if (node["keys_file"]) {
     WEIR_TRY_RESULT(f, core::read_string(node["keys_file"], "admin.keys_file"));
     if (f->empty()) return tl::unexpected(config_error(node["keys_file"], "admin.keys_file", "must not be empty"));
+    // Runtime keys belong to tenants: without a tenants: section none can be created, and the file would be
+    // ignored in silence.
+    if (!root["tenants"])
+      return tl::unexpected(config_error(node["keys_file"], "admin.keys_file",
+                                         "needs a tenants: section (runtime keys belong to tenants; without one no key "
+                                         "can be created)"));
     // Written on every key change (a temp file renamed over it): its directory must be there and writable now,
     // not found missing by the first POST /admin/v1/keys (a 500).
     const std::filesystem::path dir = std::filesystem::path(*f).parent_path();

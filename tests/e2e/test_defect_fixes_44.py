@@ -242,6 +242,8 @@ def test_a_compressed_stream_is_refused_at_its_head(weir, pool_type, path, body)
     ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_url: 'http://127.0.0.1:0/jwks'}\n", "has no valid port"),
     # A collector's CA file that does not load: every export failed, every span dropped, while --check said ok.
     ("tracing: {otlp_endpoint: 'https://localhost:4318', ca_file: NOTPEM}\n", "tracing.ca_file: cannot load ca_file"),
+    # Runtime keys belong to tenants: a keys file with none was ignored in silence (every key route 409).
+    ("admin: {listen: '127.0.0.1:1', token_sha256: SHA, keys_file: KEYS}\n", "admin.keys_file: needs a tenants:"),
     # An empty default tenant, as an empty anonymous_tenant: it meant "not set" in silence.
     ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_file: JWKS, default_tenant: ''}\n", "auth.jwt.default_tenant: is empty"),
 ])
@@ -253,7 +255,8 @@ def test_config_values_that_limit_or_name_nothing_are_refused(tmp_path, extra, s
     notpem = tmp_path / "not.pem"
     notpem.write_text("not a certificate\n")
     path.write_text(f"listen: 127.0.0.1:{__import__('conftest').free_port()}\npools:\n  p: {{endpoints: [http://127.0.0.1:9]}}\n"
-                    + extra.replace("JWKS", str(jwks)).replace("NOTPEM", str(notpem)) + "models:\n  m: {pool: p}\n")
+                    + extra.replace("JWKS", str(jwks)).replace("NOTPEM", str(notpem)).replace("SHA", "a" * 64)
+                    .replace("KEYS", str(tmp_path / "keys.json")) + "models:\n  m: {pool: p}\n")
     for args in (["--check"], []):
         r = weir_run("--config", path, *args)
         assert r.returncode == 2 and says in r.stderr, (args, r.returncode, r.stderr)
