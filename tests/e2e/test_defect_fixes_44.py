@@ -450,3 +450,27 @@ def test_the_drain_cut_answer_to_head_has_no_content(weir):
         assert rest == b"", got
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("options", [{"include_usage": False, "continuous_usage_stats": True},
+                                     {"include_usage": None, "continuous_usage_stats": True}])
+def test_a_batched_stream_gets_no_per_chunk_usage_it_did_not_ask_for(mock, weir, options):
+    # continuous_usage_stats without include_usage asks vLLM for nothing: unbatched every chunk says
+    # "usage":null; batched, each carried the member's usage.
+    import concurrent.futures as cf
+    import re
+    m = mock("--ttft-ms", "30", "--itl-ms", "5", "--max-tokens", "3")
+    batched = weir(config={"pools": {"b": {"endpoints": [m.base_url], "request_usage": False,
+                                           "batch": {"window": "100ms", "max_size": 2}}}, "default_pool": "b"},
+                   workers=1)
+    direct = weir(config={"pools": {"b": {"endpoints": [m.base_url], "request_usage": False}}, "default_pool": "b"},
+                  workers=1)
+    body = {"model": "mock-model", "prompt": "hello", "max_tokens": 3, "stream": True, "stream_options": options}
+
+    def post(w):
+        return httpx.post(w.v1 + "/completions", json=body, timeout=10).text
+    with cf.ThreadPoolExecutor(2) as ex:
+        got = [f.result() for f in [ex.submit(post, batched), ex.submit(post, batched)]]
+    assert batched.metric("weir_batches_total") == 1
+    norm = lambda s: re.sub(r'"(created|id)":("[^"]*"|\d+)', '"x":0', s)  # noqa: E731
+    assert norm(got[0]) == norm(post(direct)), got[0]

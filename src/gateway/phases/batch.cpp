@@ -59,7 +59,8 @@ bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
     continuous = member_is("continuous_usage_stats", "true");
   }
   plan.include_usage = ctx.stream && include_usage;
-  plan.continuous_usage = ctx.stream && continuous;
+  // (vLLM sends per-chunk usage only with include_usage too: continuous_usage_stats alone asks for nothing.)
+  plan.continuous_usage = ctx.stream && include_usage && continuous;
   return true;
 }
 
