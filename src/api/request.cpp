@@ -505,6 +505,16 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
        {std::pair{"max_completion_tokens", &h.max_completion_tokens}, std::pair{"max_tokens", &h.max_tokens}}) {
     if (v == &h.max_completion_tokens && kind != ApiKind::chat_completions) continue;
     if (v->present() && f.max_tokens == 0) {
+      // Completions with echo and max_tokens 0 (OpenAI's legacy API and vLLM: the prompt's logprobs,
+      // nothing generated) is a request, not an error; no output to reserve.
+      if (kind == ApiKind::completions && v == &h.max_tokens &&
+          ((v->type == Shape::Type::int64 && v->i == 0) || (v->type == Shape::Type::uint64 && v->u == 0))) {
+        const auto echo = find_member(body, "echo");
+        if (echo && body.substr(echo->value_begin, echo->value_end - echo->value_begin) == "true") {
+          f.echo_only = true;
+          continue;
+        }
+      }
       auto t = positive_int(*v, name);
       if (!t) return tl::unexpected(t.error());
       f.max_tokens = *t;

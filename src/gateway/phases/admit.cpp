@@ -41,7 +41,7 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   // (models.X.default_max_tokens) and let settle() correct it with the real usage.
   const std::uint64_t out_tokens =
       *api == api::ApiKind::embeddings || *api == api::ApiKind::vllm_extra || *api == api::ApiKind::audio ||
-              ctx.route == RouteKind::messages_count_tokens
+              ctx.route == RouteKind::messages_count_tokens || f.echo_only
           ? 0
           : completion_estimate(f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens, f.n, f.prompt_count);
   // Tokenizing and counting tokens run no model: they cost no tokens (but

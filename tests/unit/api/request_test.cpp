@@ -116,6 +116,16 @@ TEST(ApiParseRequest, MaxCompletionTokensTakesPrecedenceOverMaxTokens) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","n":3.0})").n, 3u);
 }
 
+TEST(ApiParseRequest, CompletionsEchoWithNoTokensScoresThePrompt) {
+  // OpenAI's legacy completions and vLLM serve echo with max_tokens 0: the prompt's logprobs, nothing generated.
+  const auto f = ok(kCompletions, R"({"model":"m","prompt":"hi","echo":true,"max_tokens":0,"logprobs":1})");
+  EXPECT_TRUE(f.echo_only);
+  EXPECT_EQ(f.max_tokens, 0u);
+  EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","echo":false,"max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","max_tokens":0})").param, "max_tokens");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","echo":true,"max_tokens":0})").param, "max_tokens");
+}
+
 TEST(ApiParseRequest, MaxTokensMustBeAPositiveInteger) {
   for (std::string_view v : {"0", "-1", "1.5", "\"10\"", "true", "[]", "-0.0", "0.5", "-1e300", "2.000001"}) {
     SCOPED_TRACE(v);
