@@ -134,6 +134,9 @@ bool resume_excluded(std::string_view body) {
                                    "guided_whitespace_pattern",
                                    "structured_outputs",
                                    "structural_tag",
+                                   "echo",
+                                   "continue_final_message",
+                                   "add_generation_prompt",
                                    "response_format"};
   std::optional<MemberSpan> found[std::size(keys)];
   if (!find_members(body, keys, found)) return true;
@@ -141,8 +144,20 @@ bool resume_excluded(std::string_view body) {
   if (found[1] && !is_null(value_of(body, *found[1]))) return true;
   if (found[2] && !is_null(value_of(body, *found[2]))) return true;
   if (found[3] && value_of(body, *found[3]) != "1" && !is_null(value_of(body, *found[3]))) return true;
-  for (std::size_t i = 4; i + 1 < std::size(keys); ++i)
+  for (std::size_t i = 4; i < 11; ++i)
     if (found[i] && !is_null(value_of(body, *found[i]))) return true;
+  // vLLM's chat echo streams the last message's content (an assistant
+  // prefill) as its own chunk first: the client's text would then hold the
+  // prefill twice in a continuation's message.
+  if (found[11] && value_of(body, *found[11]) != "false" && !is_null(value_of(body, *found[11]))) return true;
+  // The prefill flags as anything but JSON booleans ("true", 1): vLLM's
+  // pydantic reads them as booleans, and a continuation that read them
+  // otherwise would render another prompt.
+  for (std::size_t i = 12; i < 14; ++i)
+    if (found[i]) {
+      const std::string_view v = value_of(body, *found[i]);
+      if (v != "true" && v != "false" && !is_null(v)) return true;
+    }
   if (const auto& rf = found[std::size(keys) - 1]; rf && !is_null(value_of(body, *rf))) {
     // {"type": "text"} is no constraint; any other value is (or is not understood).
     const std::string_view fmt = value_of(body, *rf);

@@ -87,7 +87,10 @@ Continuation continuation_body(std::string_view body, std::string_view text_json
 // continuation cannot reproduce: `logprobs` true, `top_logprobs`,
 // `prompt_logprobs`, `n` other than 1, or structured output (a
 // `response_format` other than {"type": "text"}, vLLM's `guided_*`,
-// `structured_outputs`, `structural_tag`), a scan of the top-level members.
+// `structured_outputs`, `structural_tag`), `echo` (vLLM streams the
+// prefill back first), or `continue_final_message` / `add_generation_prompt`
+// given as anything but a JSON boolean (vLLM's pydantic reads "true" and 1
+// as true), a scan of the top-level members.
 bool resume_excluded(std::string_view body);
 
 // What rewrite_chunk did with a chunk of the continuation stream.

@@ -174,6 +174,17 @@ TEST(ResumeExcluded, LogprobsAndN) {
   EXPECT_TRUE(resume_excluded("not json"));
 }
 
+TEST(ResumeExcluded, EchoAndPrefillFlagsVllmWouldReadOtherwise) {
+  // vLLM's chat echo streams the prefill as its own first chunk: the continuation would hold it twice.
+  EXPECT_TRUE(resume_excluded(R"({"echo":true})"));
+  EXPECT_FALSE(resume_excluded(R"({"echo":false,"continue_final_message":true,"add_generation_prompt":false})"));
+  EXPECT_FALSE(resume_excluded(R"({"echo":null,"continue_final_message":null})"));
+  // Flags pydantic reads as booleans but Weir would not: "true", 1.
+  EXPECT_TRUE(resume_excluded(R"({"continue_final_message":"true"})"));
+  EXPECT_TRUE(resume_excluded(R"({"continue_final_message":1})"));
+  EXPECT_TRUE(resume_excluded(R"({"add_generation_prompt":"false"})"));
+}
+
 TEST(ResumeExcluded, StructuredOutput) {
   // vLLM's grammar covers generated tokens only: a continuation would start the document over.
   EXPECT_FALSE(resume_excluded(R"({"response_format":{"type":"text"},"guided_json":null})"));
