@@ -114,8 +114,12 @@ void AdminRouter::add(std::string method, std::string pattern, AdminHandler hand
 
 AdminRouter::Match AdminRouter::match(std::string_view method, std::string_view path,
                                       std::vector<std::string>& params) const {
-  const auto segs = split_path(path);
   Match m;
+  // Only a route's own spelling matches: no empty segment, no trailing '/'.
+  // ("//metrics" was /metrics to the router but not to the token check and
+  // the log's scrape exemption, which read the path as written.)
+  if (path.find("//") != std::string_view::npos || (path.size() > 1 && path.back() == '/')) return m;
+  const auto segs = split_path(path);
   for (const auto& r : routes_) {
     if (r.segments.size() != segs.size()) continue;
     std::vector<std::string> got;

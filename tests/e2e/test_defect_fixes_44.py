@@ -474,3 +474,16 @@ def test_a_batched_stream_gets_no_per_chunk_usage_it_did_not_ask_for(mock, weir,
     assert batched.metric("weir_batches_total") == 1
     norm = lambda s: re.sub(r'"(created|id)":("[^"]*"|\d+)', '"x":0', s)  # noqa: E731
     assert norm(got[0]) == norm(post(direct)), got[0]
+
+
+@pytest.mark.parametrize("path", ["//metrics", "/metrics/", "//ready", "/ready/", "/admin//v1/keys", "/admin/v1/keys/"])
+def test_the_admin_listener_routes_only_a_paths_own_spelling(mock, weir, path):
+    # "//metrics" reached the metrics handler, but the token check and the log's scrape exemption read
+    # "/metrics" only: it needed the token and a scrape wrote a log line. As on the client port, such a
+    # path is no route: 401 without the token (as every unknown admin path), 404 with it.
+    from test_admin_api import MOCK_FLAGS, start
+    w, admin = start(mock(*MOCK_FLAGS), weir)
+    assert admin("GET", path, token=None).status_code == 401
+    r = admin("GET", path)
+    assert r.status_code == 404, r.text
+    assert admin("GET", "/metrics", token=None).status_code == 200
