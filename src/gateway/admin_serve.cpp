@@ -141,6 +141,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     // target form, Expect): refused before the body is read, as on the client listener.
     http::HeadProblem problem = http::HeadProblem::none;
     std::optional<AdminResponse> refused;  // answered on the head alone, before 100 Continue
+    std::size_t continued = 0;             // the 100 Continue's bytes, when it went out
     AdminRequest req;
     // (Also for a body declared over the limit: Beast refuses it as the head
     // ends, with its request line read; the log line names the request.)
@@ -167,6 +168,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
             stream.expires_after(kRequestTimeout);
             auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(http::kContinue), core::use_task);
             if (cec) co_return;
+            continued = cn;
             stream.expires_never();
             read_deadline.expires_after(kRequestTimeout);
           }
@@ -186,7 +188,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     if (ec == bh::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset) {
       // The client closed mid-request: nobody to answer (499, as on the client listener).
       log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0,
-                  body_got(), 0);
+                  body_got(), continued);
       co_return;
     }
     bh::response<bh::string_body> res;
@@ -247,7 +249,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
       log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path,
-                  wec ? 499 : e.status, t0, body_got(), wn);
+                  wec ? 499 : e.status, t0, body_got(), continued + wn);
       if (wec) co_return;
       co_await linger(stream);
       co_return;
@@ -294,7 +296,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     stream.expires_after(kRequestTimeout);
     auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
     // bytes_out: what was written, head and body, as on the client listener.
-    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), wn,
+    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), continued + wn,
                 r.status == 200 && req.path == "/metrics");
     if (wec) co_return;
     if (refused) co_await linger(stream);

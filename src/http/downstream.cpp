@@ -311,6 +311,9 @@ Task<bool> Downstream::read_body() {
     watchdog_.expires_after(sc_.write_timeout);
     auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(kContinue), use_task);
     watchdog_.disarm();
+    // (The interim response is bytes written to the client: the log's bytes_out and weir_response_bytes_total.)
+    bytes_out_ += n;
+    if (bytes_out_total_) *bytes_out_total_ += n;
     if (ec) {
       peer_gone_ = true;
       keep_alive_ = false;

@@ -487,3 +487,24 @@ def test_the_admin_listener_routes_only_a_paths_own_spelling(mock, weir, path):
     r = admin("GET", path)
     assert r.status_code == 404, r.text
     assert admin("GET", "/metrics", token=None).status_code == 200
+
+
+def test_bytes_out_counts_the_100_continue(mock, weir):
+    # curl sends Expect: 100-continue with every body over 1 KiB: the interim response is bytes the client
+    # got, in the log's bytes_out as in weir_response_bytes_total.
+    import socket
+    m = mock("--ttft-ms", "1", "--max-tokens", "3", "--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+    body = json.dumps({"model": "m", "messages": MSG}).encode()
+    s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+              b"Connection: close\r\nx-request-id: expect-1\r\nContent-Length: %d\r\n\r\n" % len(body))
+    got = s.recv(100)
+    assert got.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), got
+    s.sendall(body)
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        got += c
+    assert w.log_for("expect-1")["bytes_out"] == len(got)
