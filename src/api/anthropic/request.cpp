@@ -396,6 +396,17 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
     if (auto r = tr.tools(*v); !r) return tl::unexpected(r.error());
   if (const auto* v = in.if_contains("tool_choice"); v && !v->is_null())
     if (auto r = tr.tool_choice(*v); !r) return tl::unexpected(r.error());
+  // (On a token count too: the template's switch changes the prompt it renders, and vLLM's /tokenize
+  // takes chat_template_kwargs, so the count is the generation's prompt_tokens.)
+  if (const auto* th = in.if_contains("thinking"); th && th->is_object()) {
+    // vLLM has no thinking budget; reasoning models whose chat template
+    // reads `enable_thinking` (Qwen3, ...) are switched on or off with it.
+    // `adaptive` (the model decides how much to think) is on.
+    const std::string_view type = type_of(th->get_object());
+    if (type != "enabled" && type != "disabled" && type != "adaptive")
+      return invalid("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking");
+    o["chat_template_kwargs"] = json::object({{"enable_thinking", type != "disabled"}}, sp);
+  }
   if (t == Target::count_tokens) {
     // vLLM's /tokenize takes model, messages, tools (and the chat template
     // switches); sampling fields mean nothing there.
@@ -427,15 +438,6 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   if (auto r = copy_number(in, "top_k", o, true); !r) return tl::unexpected(r.error());
   if (const auto* md = in.if_contains("metadata"); md && md->is_object())
     if (const auto* u = md->get_object().if_contains("user_id"); u && u->is_string()) o["user"] = u->get_string();
-  if (const auto* th = in.if_contains("thinking"); th && th->is_object()) {
-    // vLLM has no thinking budget; reasoning models whose chat template
-    // reads `enable_thinking` (Qwen3, ...) are switched on or off with it.
-    // `adaptive` (the model decides how much to think) is on.
-    const std::string_view type = type_of(th->get_object());
-    if (type != "enabled" && type != "disabled" && type != "adaptive")
-      return invalid("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking");
-    o["chat_template_kwargs"] = json::object({{"enable_thinking", type != "disabled"}}, sp);
-  }
   // Nothing to answer (Anthropic's API refuses it too): no generation from an empty prompt.
   if (msgs->get_array().empty()) return invalid("messages: at least one message is required", "messages");
   serialize_into(o, out);

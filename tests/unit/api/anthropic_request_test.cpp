@@ -171,6 +171,10 @@ TEST(AnthropicRequest, CountTokensTakesModelMessagesTools) {
     "tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object"}}}]})"));
   EXPECT_EQ(upstream_path(Target::count_tokens), "/tokenize");
   EXPECT_EQ(upstream_path(Target::messages), "/v1/chat/completions");
+  // The thinking switch changes the prompt the template renders: the count carries it, as the generation does.
+  const auto t = upstream(R"({"model":"m","messages":[{"role":"user","content":"a"}],"thinking":{"type":"disabled"}})",
+                          Target::count_tokens);
+  EXPECT_EQ(t.at("chat_template_kwargs"), json::parse(R"({"enable_thinking":false})"));
 }
 
 TEST(AnthropicRequest, BadInputIs400) {
