@@ -4,6 +4,10 @@
 // (core/config.cpp) calls parse_pool() for each entry.
 #include "core/config_pools.hpp"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <cctype>
 #include <charconv>
 #include <fstream>
 #include <set>
@@ -18,6 +22,44 @@
 namespace weir::core {
 
 namespace {
+
+// One host however written (RFC 3986 §6.2.2): an IP literal by its address
+// ([::1] and [0:0::1] are one), a name case-insensitively.
+std::string canonical_host(std::string_view host) {
+  const std::string h(host);
+  unsigned char buf[sizeof(in6_addr)];
+  char out[INET6_ADDRSTRLEN];
+  if (::inet_pton(AF_INET6, h.c_str(), buf) == 1 && ::inet_ntop(AF_INET6, buf, out, sizeof out)) return out;
+  if (::inet_pton(AF_INET, h.c_str(), buf) == 1 && ::inet_ntop(AF_INET, buf, out, sizeof out)) return out;
+  std::string lower(h);
+  for (auto& c : lower) c = ascii_lower(c);
+  return lower;
+}
+
+// A path (or query) however written (RFC 3986 §6.2.2.1-2): an encoded
+// unreserved character decoded (%76%31 is v1), the other escapes upper-case.
+std::string canonical_path(std::string_view path) {
+  std::string out;
+  out.reserve(path.size());
+  for (std::size_t i = 0; i < path.size(); ++i) {
+    if (path[i] == '%' && i + 2 < path.size() && hex_value(path[i + 1]) >= 0 && hex_value(path[i + 2]) >= 0) {
+      const char c = static_cast<char>(hex_value(path[i + 1]) * 16 + hex_value(path[i + 2]));
+      const bool unreserved = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' ||
+                              c == '.' || c == '_' || c == '~';
+      if (unreserved) {
+        out += c;
+      } else {
+        out += '%';
+        out += static_cast<char>(std::toupper(static_cast<unsigned char>(path[i + 1])));
+        out += static_cast<char>(std::toupper(static_cast<unsigned char>(path[i + 2])));
+      }
+      i += 2;
+    } else {
+      out += path[i];
+    }
+  }
+  return out;
+}
 
 ConfigResult<void> parse_retry(const YAML::Node& n, const std::string& key, RetryConfig& r) {
   WEIR_TRY_VOID(
@@ -373,8 +415,9 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     // One server, however written: "http://h:8000" and "http://h:8000/", "http://H" and "http://h:80" are
     // one endpoint (the same address, path and query), which would take twice its share of the traffic.
     const auto same = [&](const EndpointConfig& a) {
-      return a.tls == ep->tls && iequals(a.host, ep->host) && a.port == ep->port && a.base_path == ep->base_path &&
-             a.query == ep->query;
+      return a.tls == ep->tls && canonical_host(a.host) == canonical_host(ep->host) && a.port == ep->port &&
+             canonical_path(a.base_path) == canonical_path(ep->base_path) &&
+             canonical_path(a.query) == canonical_path(ep->query);
     };
     for (std::size_t j = 0; j < p.endpoints.size(); ++j)
       if (p.endpoints[j].display == ep->display || same(p.endpoints[j]))

@@ -244,6 +244,9 @@ def test_a_compressed_stream_is_refused_at_its_head(weir, pool_type, path, body)
     ("tracing: {otlp_endpoint: 'https://localhost:4318', ca_file: NOTPEM}\n", "tracing.ca_file: cannot load ca_file"),
     # Runtime keys belong to tenants: a keys file with none was ignored in silence (every key route 409).
     ("admin: {listen: '127.0.0.1:1', token_sha256: SHA, keys_file: KEYS}\n", "admin.keys_file: needs a tenants:"),
+    # One server written two ways took twice its share of the traffic.
+    ("  q: {endpoints: ['http://[::1]:9', 'http://[0:0::1]:9']}\n", "pools.q.endpoints[1]: is pools.q.endpoints[0] again"),
+    ("  q: {endpoints: ['http://h:9/v1', 'http://h:9/%76%31']}\n", "pools.q.endpoints[1]: is pools.q.endpoints[0] again"),
     # An empty default tenant, as an empty anonymous_tenant: it meant "not set" in silence.
     ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_file: JWKS, default_tenant: ''}\n", "auth.jwt.default_tenant: is empty"),
 ])
