@@ -20,6 +20,24 @@ std::string ConfigError::to_string() const {
   return s;
 }
 
+YAML::Node node_at(const YAML::Node& root, std::string_view path) {
+  // (yaml-cpp's Node::operator= writes into the tree: nodes are rebound
+  // with reset(), and read through const references so no key is created.)
+  YAML::Node n;
+  n.reset(root);
+  while (!path.empty()) {
+    if (!n.IsDefined() || !n.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
+    const auto dot = path.find('.');
+    const std::string key(path.substr(0, dot));
+    const YAML::Node& cur = n;
+    const YAML::Node child = cur[key];
+    if (!child.IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
+    n.reset(child);
+    path = dot == std::string_view::npos ? std::string_view() : path.substr(dot + 1);
+  }
+  return n;
+}
+
 ConfigError config_error(const YAML::Node& node, std::string key, std::string message) {
   ConfigError e;
   if (node.IsDefined()) {

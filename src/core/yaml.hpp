@@ -30,6 +30,10 @@ using ConfigResult = tl::expected<T, ConfigError>;
 // Builds a ConfigError positioned at `node` (yaml-cpp marks are 0-based).
 ConfigError config_error(const YAML::Node& node, std::string key, std::string message);
 
+// The node at dotted `path` ("server.metrics") under `root`, or an undefined
+// node; nothing is created in the tree.
+YAML::Node node_at(const YAML::Node& root, std::string_view path);
+
 // True when `v` can be sent as an HTTP field value as it is: visible ASCII
 // and spaces, not at the ends (RFC 9110 §5.5: a recipient strips them, so a
 // credential ending in one could never be presented); a CR or LF would let

@@ -19,24 +19,6 @@ namespace weir::gateway {
 
 namespace {
 
-// The node at dotted `path` ("server.metrics") under `root`, or an undefined
-// node. (yaml-cpp's Node::operator= writes into the tree: nodes are rebound
-// with reset(), and read through const references so no key is created.)
-YAML::Node at(const YAML::Node& root, std::string_view path) {
-  YAML::Node n;
-  n.reset(root);
-  while (!path.empty()) {
-    if (!n.IsDefined() || !n.IsMap()) return YAML::Node(YAML::NodeType::Undefined);
-    const auto dot = path.find('.');
-    const std::string key(path.substr(0, dot));
-    const YAML::Node& cur = n;
-    const YAML::Node child = cur[key];
-    if (!child.IsDefined()) return YAML::Node(YAML::NodeType::Undefined);
-    n.reset(child);
-    path = dot == std::string_view::npos ? std::string_view() : path.substr(dot + 1);
-  }
-  return n;
-}
 
 struct Fixed {
   const char* path;  // dotted key under the root
@@ -71,9 +53,9 @@ core::ConfigError refused(const core::Config& next, const std::string& key, std:
                           std::string_view why) {
   // The line of the key in the new file, else of the nearest section above
   // it that is there (of the root when the section was removed).
-  YAML::Node node = at(next.root, top);
+  YAML::Node node = core::node_at(next.root, top);
   for (std::string_view k = key; k.size() > top.size(); k = k.substr(0, k.rfind('.'))) {
-    if (const YAML::Node n = at(next.root, k); n.IsDefined()) {
+    if (const YAML::Node n = core::node_at(next.root, k); n.IsDefined()) {
       node.reset(n);
       break;
     }
@@ -179,7 +161,7 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
     return refused(next, key, identity_on(b) ? key : "",
                    "identity and admission (auth:, tenants:, pricing:) are turned on or off at start-up");
   }
-  if (static_cast<bool>(at(a, "auth.jwt")) != static_cast<bool>(at(b, "auth.jwt")))
+  if (static_cast<bool>(core::node_at(a, "auth.jwt")) != static_cast<bool>(core::node_at(b, "auth.jwt")))
     return refused(next, "auth.jwt", "auth", "the JWKS cache is set up at start-up");
   const Sections sa = parse_sections(running);
   const Sections sb = parse_sections(next);
@@ -190,7 +172,7 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
       continue;
     const auto same = same_value(path, running, next, sa, sb);
     if (same && *same) continue;
-    auto d = core::first_yaml_difference(at(a, path), at(b, path), std::string(path));
+    auto d = core::first_yaml_difference(core::node_at(a, path), core::node_at(b, path), std::string(path));
     if (!d && same) d = std::string(path);  // (different values, though no YAML difference names one)
     if (d) return refused(next, *d, path.substr(0, path.find('.')), f.why);
   }

@@ -173,7 +173,9 @@ int main(int argc, char** argv) {
     if (loaded->auth && loaded->admin && !loaded->admin->keys_file.empty()) {
       weir::gateway::KeyStore keys(*loaded->auth, loaded->admin->keys_file);
       if (auto ok = keys.load(); !ok) {
-        fmt::print(stderr, "weir: configuration error: {}\n", ok.error());
+        auto e = weir::core::config_error(weir::core::node_at(loaded->config.root, "admin.keys_file"), "", ok.error());
+        e.file = loaded->config.source;
+        fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
         return 2;
       }
     }
@@ -189,8 +191,13 @@ int main(int argc, char** argv) {
       if (exists && S_ISDIR(st.st_mode)) errno = EISDIR;
       if ((exists && S_ISDIR(st.st_mode)) ||
           (exists ? ::access(log.c_str(), W_OK) != 0 : ::access(dir.c_str(), W_OK | X_OK) != 0)) {
-        fmt::print(stderr, "weir: configuration error: server.access_log: cannot open {} for writing: {}\n", log,
-                   std::strerror(errno));
+        const int err = errno;
+        auto e = access_log.empty()
+                     ? weir::core::config_error(weir::core::node_at(c.root, "server.access_log"), "server.access_log", "")
+                     : weir::core::ConfigError{.key = "--access-log"};
+        e.message = fmt::format("cannot open {} for writing: {}", log, std::strerror(err));
+        e.file = c.source;
+        fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
         return 2;
       }
     }

@@ -64,7 +64,9 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   gateway::Services services(main_io, loaded, n);
   if (!services.error().empty()) {
     // An admin.keys_file that cannot be read or is not a valid keys file: --check refuses it too.
-    fmt::print(stderr, "weir: configuration error: {}\n", services.error());
+    auto e = core::config_error(core::node_at(config->root, "admin.keys_file"), "", services.error());
+    e.file = config->source;
+    fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
     return 2;
   }
   services.attach(shared);
@@ -90,8 +92,11 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   shared.log_sink = core::AccessLogSink::open(config->server.access_log, err);
   if (!shared.log_sink) {
     // What --check refuses too (exit 2): a file that cannot be opened for appending.
-    fmt::print(stderr, "weir: configuration error: {}: {}: {}\n", config->source,
-               opts.access_log.empty() ? "server.access_log" : "--access-log", err);
+    auto e = opts.access_log.empty()
+                 ? core::config_error(core::node_at(config->root, "server.access_log"), "server.access_log", err)
+                 : core::ConfigError{.key = "--access-log", .message = err};
+    e.file = config->source;
+    fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
     return 2;
   }
 

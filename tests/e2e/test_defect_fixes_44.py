@@ -511,3 +511,23 @@ def test_bytes_out_counts_the_100_continue(mock, weir):
             break
         got += c
     assert w.log_for("expect-1")["bytes_out"] == len(got)
+
+
+def test_an_access_log_or_keys_file_that_cannot_be_used_is_named_at_its_line(tmp_path):
+    # The README: every configuration error names the file, line and key. These two named no line.
+    import re
+
+    from conftest import free_port
+    from test_config_check import weir_run
+    bad_keys = tmp_path / "keys.json"
+    bad_keys.write_text("[]")
+    for extra, key in (("server: {access_log: /nonexistent/dir/access.log}\n", "server.access_log"),
+                       ("tenants: {t: {}}\nadmin: {listen: '127.0.0.1:" + str(free_port()) + "', token_sha256: "
+                        + "a" * 64 + f", keys_file: {bad_keys}}}\n", "admin.keys_file")):
+        path = tmp_path / "c.yaml"
+        path.write_text(f"listen: 127.0.0.1:{free_port()}\npools:\n  p: {{endpoints: [http://127.0.0.1:9]}}\n"
+                        + extra + "models:\n  m: {pool: p}\n")
+        for args in (["--check"], []):
+            r = weir_run("--config", path, *args)
+            assert r.returncode == 2, (args, r.stderr)
+            assert re.search(re.escape(str(path)) + r":\d+:\d+: " + re.escape(key), r.stderr), (args, r.stderr)
