@@ -255,13 +255,19 @@ class StreamHooks {
   // the stream is over for the client (the OpenAI wire contract; the
   // translators drop what follows their end as well): a second `[DONE]`,
   // late chunks and comments are dropped, their usage unread.
-  bool on_event(const http::SseEvent& ev) {
+  bool on_event(http::SseEvent& ev) {
     if (done_relayed_) return false;
     if (!ev.has_data) return true;  // comments and blank blocks pass through
     if (ev.is_done()) {
       done_relayed_ = true;
     } else if (!usage_.on_data(ev.data)) {
       return false;
+    } else if (const auto edited = usage_.without_usage(ev.data)) {
+      // Usage Weir asked for, on a chunk with choices: the chunk without it (ev's views now point here).
+      edited_raw_.clear();
+      http::append_sse_data(edited_raw_, *edited);
+      ev.data = *edited;
+      ev.raw = edited_raw_;
     }
     ++data_events_;
     return true;
@@ -275,6 +281,7 @@ class StreamHooks {
   const api::openai::UsageHook& usage() const { return usage_; }
 
  private:
+  std::string edited_raw_;  // on_event()'s rewritten event
   // The client's dialect × the upstream's.
   enum class Mode : std::uint8_t {
     plain,                     // OpenAI → OpenAI: on_event()

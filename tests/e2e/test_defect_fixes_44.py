@@ -531,3 +531,26 @@ def test_an_access_log_or_keys_file_that_cannot_be_used_is_named_at_its_line(tmp
             r = weir_run("--config", path, *args)
             assert r.returncode == 2, (args, r.stderr)
             assert re.search(re.escape(str(path)) + r":\d+:\d+: " + re.escape(key), r.stderr), (args, r.stderr)
+
+
+def test_usage_weir_asked_for_is_taken_off_a_finish_chunk_with_choices(weir):
+    # Some OpenAI-compatible servers put usage on the finish chunk (choices and usage together): a client
+    # that did not ask for usage got the member Weir asked for on its behalf.
+    fin = json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                      "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}}).encode()
+    up = RawUpstream(lambda h, b: _stream(_chunk({"role": "assistant", "content": "hi"}), b"data: " + fin + b"\n\n",
+                                          b"data: [DONE]\n\n"))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        with httpx.stream("POST", w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True},
+                          headers={"x-request-id": "fin-usage"}, timeout=10) as r:
+            text = r.read().decode()
+        assert '"usage"' not in text, text
+        assert '"finish_reason": "stop"' in text or '"finish_reason":"stop"' in text, text
+        assert w.log_for("fin-usage")["completion_tokens"] == 1
+        with httpx.stream("POST", w.v1 + "/chat/completions", timeout=10,
+                          json={"model": "m", "messages": MSG, "stream": True, "stream_options": {"include_usage": True}}) as r:
+            assert '"usage"' in r.read().decode()  # asked for: as it came
+    finally:
+        up.close()

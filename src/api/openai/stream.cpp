@@ -311,6 +311,30 @@ bool UsageHook::on_data(std::string_view data) {
   return true;
 }
 
+std::optional<std::string_view> UsageHook::without_usage(std::string_view data) {
+  if (!strip_ || core::find_substring(data, "\"usage\"") == std::string_view::npos) return std::nullopt;
+  const auto m = find_member(data, "usage");
+  if (!m || data.substr(m->value_begin, m->value_end - m->value_begin) == "null") return std::nullopt;
+  // The member and one comma beside it: the one before it, else the one after it.
+  std::size_t from = m->key_begin;
+  std::size_t to = m->value_end;
+  std::size_t back = from;
+  while (back > 0 &&
+         (data[back - 1] == ' ' || data[back - 1] == '\t' || data[back - 1] == '\n' || data[back - 1] == '\r'))
+    --back;
+  if (back > 0 && data[back - 1] == ',') {
+    from = back - 1;
+  } else {
+    std::size_t fwd = to;
+    while (fwd < data.size() && (data[fwd] == ' ' || data[fwd] == '\t' || data[fwd] == '\n' || data[fwd] == '\r'))
+      ++fwd;
+    if (fwd < data.size() && data[fwd] == ',') to = fwd + 1;
+  }
+  edited_.assign(data.substr(0, from));
+  edited_.append(data.substr(to));
+  return std::string_view(edited_);
+}
+
 bool completion_as_chunk(std::string_view completion, std::string& out) {
   boost::system::error_code ec;
   boost::json::value v = boost::json::parse(completion, ec);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -88,6 +89,13 @@ class UsageHook {
   // (is_usage_only_chunk), also when its counts are invalid (then it is no
   // usage: has_usage() stays as it was).
   bool on_data(std::string_view data);
+  // After on_data() passed `data`: when Weir asked for usage on the
+  // client's behalf and an upstream put it on a chunk that also carries
+  // choices (not vLLM's way: some OpenAI-compatible servers put it on the
+  // finish chunk), the chunk without its `usage` member (the client sees
+  // what it asked for); nullopt when the chunk goes as it came. The view
+  // lives until the next call.
+  std::optional<std::string_view> without_usage(std::string_view data);
   bool has_usage() const { return has_usage_; }
   // A usage-only chunk (is_usage_only_chunk) went to the client: the one a
   // stream ends with. Per-chunk usage (continuous_usage_stats) is none.
@@ -104,6 +112,7 @@ class UsageHook {
   bool has_usage_ = false;
   bool usage_chunk_ = false;
   Usage usage_;
+  std::string edited_;  // without_usage()'s chunk
 };
 
 }  // namespace weir::api::openai

@@ -219,3 +219,24 @@ TEST(RefusesRequest, FourHundredsOtherThanTimeoutAndOverload) {
 
 }  // namespace
 }  // namespace weir::api::openai
+
+namespace weir::api::openai {
+namespace {
+
+TEST(UsageHookWithoutUsage, DropsTheMemberWeirAskedForFromAChunkWithChoices) {
+  UsageHook h;
+  h.reset(true);
+  const std::string_view fin = R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
+  EXPECT_TRUE(h.on_data(fin));
+  EXPECT_EQ(h.usage().completion_tokens, 2u);
+  EXPECT_EQ(h.without_usage(fin).value(), R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");
+  const std::string_view first = R"({"usage":{"prompt_tokens":1} , "id":"x","choices":[]})";
+  EXPECT_EQ(h.without_usage(first).value(), R"({ "id":"x","choices":[]})");
+  EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[],"usage":null})"));
+  EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[]})"));
+  h.reset(false);  // the client asked: its chunk as it came
+  EXPECT_FALSE(h.without_usage(fin));
+}
+
+}  // namespace
+}  // namespace weir::api::openai
