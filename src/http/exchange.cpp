@@ -155,16 +155,17 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     interim = status >= 100 && status < 200 && status != 101;
   }
   if (ec) {
-    // A new connection whose server asked for a client certificate, failed
-    // or closed before any byte of an answer: under TLS 1.3 the server
-    // refuses the certificate (or its absence) so, after the client sent
-    // its Finished and the request (RFC 8446 §4.4.2.4); a failed handshake
-    // all the same, the request never handled (the caller treats it as a
-    // connect failure: UpstreamFailure::tls, the reason to stderr).
-    if (TlsStream* t = conn_->tls(); t != nullptr && t->certificate_requested && conn_->uses == 0 && head_bytes_ == 0 &&
-                                     conn_->aborted_for() == UpstreamFailure::none) {
+    // A new connection whose server refused the client certificate (or its
+    // absence) before any byte of an answer: under TLS 1.3 it does so after
+    // the client sent its Finished and the request (RFC 8446 §4.4.2.4); a
+    // failed handshake all the same, the request never handled (the caller
+    // treats it as a connect failure: UpstreamFailure::tls, the reason to
+    // stderr). refused_client_certificate() says which failures are that.
+    if (TlsStream* t = conn_->tls(); t != nullptr && conn_->uses == 0 && head_bytes_ == 0 &&
+                                     conn_->aborted_for() == UpstreamFailure::none &&
+                                     refused_client_certificate(*t, ec)) {
       conn_->set_tls_error(
-          fmt::format("the server asked for a client certificate and then refused the connection "
+          fmt::format("the server refused the connection after asking for a client certificate "
                       "({}): check pools.NAME.tls.client_cert",
                       ec.message()));
       co_return UpstreamFailure::tls;

@@ -182,6 +182,27 @@ std::string handshake_failure_reason(TlsStream& s, const boost::system::error_co
   return fmt::format("TLS handshake failed: {}", ec.message());
 }
 
+bool refused_client_certificate(TlsStream& s, const boost::system::error_code& ec) {
+  if (!s.certificate_requested) return false;
+  if (ec.category() == boost::asio::error::get_ssl_category()) {
+    switch (ERR_GET_REASON(static_cast<unsigned long>(ec.value()))) {
+      case SSL_R_TLSV13_ALERT_CERTIFICATE_REQUIRED:
+      case SSL_R_SSLV3_ALERT_BAD_CERTIFICATE:
+      case SSL_R_SSLV3_ALERT_UNSUPPORTED_CERTIFICATE:
+      case SSL_R_SSLV3_ALERT_CERTIFICATE_REVOKED:
+      case SSL_R_SSLV3_ALERT_CERTIFICATE_EXPIRED:
+      case SSL_R_SSLV3_ALERT_CERTIFICATE_UNKNOWN:
+      case SSL_R_TLSV1_ALERT_UNKNOWN_CA:
+      case SSL_R_TLSV1_ALERT_ACCESS_DENIED:
+        return true;
+      default:
+        return false;
+    }
+  }
+  // No alert read, only the close: a refusal when there was no certificate to send.
+  return SSL_get_certificate(s.stream.native_handle()) == nullptr;
+}
+
 bool is_tls_close(const boost::system::error_code& ec) {
   return ec == boost::asio::error::eof || ec == ssl::error::stream_truncated;
 }

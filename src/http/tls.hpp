@@ -76,5 +76,12 @@ std::string handshake_failure_reason(TlsStream& s, const boost::system::error_co
 // eof (close_notify) and stream_truncated (a close without it, which many
 // servers do and which the HTTP framing then judges).
 bool is_tls_close(const boost::system::error_code& ec);
+// A failure on a new connection, before any byte of an answer, that is the
+// server refusing the client certificate after a TLS 1.3 handshake (RFC
+// 8446 §4.4.2.4): a certificate alert from it (certificate required, bad,
+// unknown CA, expired, revoked, access denied), or, when it asked for a
+// certificate and this client had none to send, any close. A close after a
+// certificate was sent is not one: the server may have read the request.
+bool refused_client_certificate(TlsStream& s, const boost::system::error_code& ec);
 
 }  // namespace weir::http

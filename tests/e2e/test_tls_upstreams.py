@@ -341,7 +341,7 @@ def test_a_client_certificate_refused_after_a_tls13_handshake_fails_over_as_a_tl
     assert [chat(w).status_code for _ in range(6)] == [200] * 6
     assert w.metric("weir_upstream_failures_total", kind="tls") >= 1
     assert w.metric("weir_upstream_failures_total", kind="reset") == 0
-    assert "asked for a client certificate" in weir_stderr(w)
+    assert "asking for a client certificate" in weir_stderr(w)
 
 
 def test_api_key_env_replaces_the_clients_authorization(pki, mock, relay, weir):
