@@ -231,8 +231,7 @@ core::Task<void> Batch::send() {
   std::string_view invalid;
   if (stream && mode_ == Mode::coalesce && !streamed_)
     invalid = "one JSON object (it sent an event stream to a request that did not ask for one)";
-  else if (const auto ce = http::first_field(head_, bh::field::content_encoding);
-           stream && !ce.empty() && !core::iequals(ce, "identity"))
+  else if (stream && !http::content_codings(head_).empty())
     invalid = "an uncompressed event stream";
   if (!invalid.empty()) {
     drop_answer();

@@ -42,6 +42,28 @@ requires std::is_enum_v<Code> std::string_view first_field(const Fields& fields,
   return {};
 }
 
+// The codings a message's Content-Encoding lines give, all of them joined
+// (RFC 9110 §5.3: two lines are their values joined by a comma), without
+// `identity` (no coding) and empty list elements: "" for none, "gzip", or
+// "gzip, br" for two (which no decoder takes).
+template <class Fields>
+std::string content_codings(const Fields& fields) {
+  std::string out;
+  for (const auto& e : fields) {
+    if (e.name() != boost::beast::http::field::content_encoding) continue;
+    std::string_view v = e.value();
+    while (!v.empty()) {
+      const auto comma = v.find(',');
+      const std::string_view c = core::trim_ows(v.substr(0, comma));
+      v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
+      if (c.empty() || iequals(c, "identity")) continue;
+      if (!out.empty()) out += ", ";
+      out += c;
+    }
+  }
+  return out;
+}
+
 // The same by name (ASCII case-insensitive): for fields Beast has no code
 // for (x-api-key, x-request-id, ...).
 template <class Fields>

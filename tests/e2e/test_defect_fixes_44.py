@@ -554,3 +554,23 @@ def test_usage_weir_asked_for_is_taken_off_a_finish_chunk_with_choices(weir):
             assert '"usage"' in r.read().decode()  # asked for: as it came
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("lines", [b"content-encoding: identity\r\ncontent-encoding: gzip\r\n",
+                                   b"content-encoding: \r\ncontent-encoding: gzip\r\n",
+                                   b"content-encoding: identity, gzip\r\n"])
+def test_a_coding_split_over_two_lines_is_the_same_coding(weir, lines):
+    # RFC 9110 §5.3: two Content-Encoding lines are their values joined. A gzip stream whose first line said
+    # identity went out as a 200 with both lines over bytes that were not gzip.
+    import gzip as gz
+    body = gz.compress(b"data: " + json.dumps({"id": "c", "choices": []}).encode() + b"\n\ndata: [DONE]\n\n")
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n" + lines
+                     + b"content-length: %d\r\n\r\n%s" % (len(body), body))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True},
+                       headers={"x-request-id": "two-ce"}, timeout=10)
+        assert r.status_code == 502, r.text
+        assert w.log_for("two-ce")["error"]["code"] == "upstream_invalid_response"
+    finally:
+        up.close()

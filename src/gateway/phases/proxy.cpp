@@ -83,8 +83,7 @@ core::Task<Outcome> GatewayPhases::relay(RequestContext& ctx, const http::Respon
   // Streams are asked for in identity; events cannot be read out of
   // compressed bytes, so a stream compressed anyway is relayed whole, as a
   // buffered body (decoded for a client that did not accept the encoding).
-  const auto ce = http::first_field(head, bh::field::content_encoding);
-  const bool encoded = !ce.empty() && !core::iequals(ce, "identity");
+  const bool encoded = !http::content_codings(head).empty();  // (every Content-Encoding line)
   // A client that did not ask for a stream, on a route whose answer is one
   // JSON object (OpenAI's and Anthropic's APIs never stream to it): an event
   // stream is no answer it can read (an SDK would hand its user the events'

@@ -201,8 +201,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (const auto& h = src.head(); h.result_int() >= 200 && h.result_int() < 300 && h.result_int() != 204 && own_route &&
                                   down_.request().method() != bh::verb::head &&
                                   http::is_event_stream(http::first_field(h, bh::field::content_type))) {
-    const auto ce = http::first_field(h, bh::field::content_encoding);
-    if (!ce.empty() && !core::iequals(ce, "identity")) {
+    if (!http::content_codings(h).empty()) {  // (every Content-Encoding line: RFC 9110 §5.3)
       src.cancel();
       co_return untranslatable(
           ctx, ctx.fields.stream ? "an uncompressed event stream"
@@ -248,8 +247,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // Content-Encoding: the body's bytes must always match its headers, and a
   // client never gets an encoding it did not accept. Pass gzip through to a
   // client that accepts it; decode it for one that does not.
-  const std::string_view encoding = http::first_field(head, bh::field::content_encoding);
-  const bool encoded = !encoding.empty() && !core::iequals(encoding, "identity");
+  // (Every Content-Encoding line, identity left out: "identity" then "gzip" on two lines is gzip.)
+  const std::string encoding = http::content_codings(head);
+  const bool encoded = !encoding.empty();
   // A translated answer is always decoded: it is rewritten. That is every
   // answer whose client speaks another dialect than the pool.
   const bool anthropic_up = anthropic_pool(ctx);

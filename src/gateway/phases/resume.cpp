@@ -60,9 +60,8 @@ bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
 
 bool GatewayPhases::resumed_stream_ok(RequestContext& ctx) {
   const auto& head = exchange_.head();
-  const auto ce = http::first_field(head, bh::field::content_encoding);
   if (ctx.upstream_status == 200 && http::is_event_stream(http::first_field(head, bh::field::content_type)) &&
-      !exchange_.done() && (ce.empty() || core::iequals(ce, "identity")))
+      !exchange_.done() && http::content_codings(head).empty())
     return true;
   // Not a stream to continue with (an upstream that refuses continue_final_message answers 400):
   // the attempt ends here, its answer unread.
