@@ -4,6 +4,7 @@
 // 100-continue gets it only once refuse_before_body() let it pass (RFC 9110
 // §10.1.1), then the body is read within kMaxBody and dispatch() answers.
 #include "gateway/admin_server.hpp"
+#include "http/headers.hpp"
 
 #include <array>
 #include <optional>
@@ -264,7 +265,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       }
     const std::string authorization(msg[bh::field::authorization]);
     // A request refused before its body: the body is never read, so the connection ends with the answer.
-    const bool keep = parser.keep_alive() && !stopped_ && !refused;  // every Connection line (RFC 9110 §5.3)
+    // Every Connection line (RFC 9110 §5.3); `close` among them ends it on HTTP/1.0 too.
+    const bool keep = parser.keep_alive() && !http::connection_close(parser.get()) && !stopped_ && !refused;
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     AdminResponse r;
     if (refused)

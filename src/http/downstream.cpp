@@ -260,7 +260,8 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     // keepalive_timeout 0: no wait for a next request, so every answer says
     // Connection: close (RFC 9112 §9.6), never a silent close after it.
     // (drain_started_: a drain that began while this head was read.)
-    keep_alive_ = parser_->keep_alive() && !draining && !drain_started_ && sc_.keepalive_timeout.count() > 0;
+    keep_alive_ = parser_->keep_alive() && !connection_close(parser_->get()) && !draining && !drain_started_ &&
+                  sc_.keepalive_timeout.count() > 0;
     co_return Head::request;
   }
   // A connection that closes or idles out between requests is not a request

@@ -64,6 +64,17 @@ std::string content_codings(const Fields& fields) {
   return out;
 }
 
+// Whether a Connection line of `fields` lists `close` (RFC 9110 §7.6.1, RFC
+// 9112 §9.6): the connection ends after this message, whatever else the
+// lines list (Beast's keep_alive() reads it on HTTP/1.1 only: on HTTP/1.0
+// a `keep-alive` beside it won).
+template <class Fields>
+bool connection_close(const Fields& fields) {
+  for (const auto& e : fields)
+    if (e.name() == boost::beast::http::field::connection && has_token(e.value(), "close")) return true;
+  return false;
+}
+
 // The same by name (ASCII case-insensitive): for fields Beast has no code
 // for (x-api-key, x-request-id, ...).
 template <class Fields>

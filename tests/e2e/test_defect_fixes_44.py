@@ -574,3 +574,23 @@ def test_a_coding_split_over_two_lines_is_the_same_coding(weir, lines):
         assert w.log_for("two-ce")["error"]["code"] == "upstream_invalid_response"
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("connection", [b"Connection: keep-alive, close\r\n", b"Connection: keep-alive\r\nConnection: close\r\n",
+                                        b"Connection: close, keep-alive\r\n"])
+def test_an_http10_request_listing_close_closes_its_connection(mock, weir, connection):
+    # RFC 9112 §9.3: with close among the connection options the connection does not persist; on HTTP/1.0
+    # a keep-alive beside it won (Beast reads close on HTTP/1.1 only), and a pipelined request was served.
+    import socket
+    m = mock("--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+    s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+    s.sendall(b"GET /health HTTP/1.0\r\nHost: x\r\n" + connection + b"\r\nGET /health HTTP/1.0\r\nHost: x\r\n\r\n")
+    got = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        got += c
+    assert got.count(b"HTTP/1.") == 1, got
+    assert b"keep-alive" not in got.lower().split(b"\r\n\r\n")[0], got
