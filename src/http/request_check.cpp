@@ -103,6 +103,13 @@ std::string_view origin_form(std::string_view target, std::string& scratch) {
   const std::size_t scheme = scheme_len(target);
   if (scheme == 0) return {};
   const std::size_t end = target.find_first_of("/?#", scheme);
+  // The authority is a host (and port): an empty host is invalid (RFC 9110
+  // §4.2.1: MUST be rejected), userinfo is an error (§4.2.4), and the rest
+  // is checked as a Host field's value is.
+  const std::string_view authority = target.substr(scheme, end == std::string_view::npos ? target.npos : end - scheme);
+  if (authority.empty() || authority[0] == ':' || authority.find('@') != std::string_view::npos ||
+      !valid_host(authority))
+    return {};
   if (end == std::string_view::npos) return "/";
   if (target[end] == '/') return target.substr(end);
   if (target[end] == '#') return {};  // a fragment is no part of a request target (RFC 9112 §3.2)
@@ -178,7 +185,9 @@ HeadProblem check_request_head(const RequestHead& req) {
   if (req.version() >= 11 && (hosts != 1 || !valid_host(core::trim_ows(host)))) return HeadProblem::bad_host;
   if (req.version() < 11 && hosts > 1) return HeadProblem::bad_host;
   const std::string_view t = req.target();
-  if (t.empty() || (t[0] != '/' && scheme_len(t) == 0) || t.find('#') != std::string_view::npos)
+  std::string scratch;  // (an absolute-form target's authority is checked: origin_form)
+  if (t.empty() || (t[0] != '/' && (scheme_len(t) == 0 || origin_form(t, scratch).empty())) ||
+      t.find('#') != std::string_view::npos)
     return HeadProblem::bad_target;
   if (expect.unknown > 0) return HeadProblem::unsupported_expectation;
   return HeadProblem::none;

@@ -594,3 +594,16 @@ def test_an_http10_request_listing_close_closes_its_connection(mock, weir, conne
         got += c
     assert got.count(b"HTTP/1.") == 1, got
     assert b"keep-alive" not in got.lower().split(b"\r\n\r\n")[0], got
+
+
+@pytest.mark.parametrize("target", [b"http:///v1/models", b"http://user:pw@a/v1/models", b"http://u@a/v1/models"])
+def test_an_absolute_form_target_with_no_host_or_with_userinfo_is_refused(mock, weir, target):
+    # RFC 9110 §4.2.1: an http URI with an empty host MUST be rejected; §4.2.4: userinfo is an error. They were
+    # served (200), while a Host field with userinfo is a 400.
+    import socket
+    m = mock("--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+    s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+    s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    got = s.recv(65536)
+    assert got.startswith(b"HTTP/1.1 400"), got

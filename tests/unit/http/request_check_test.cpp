@@ -160,7 +160,13 @@ TEST(RequestCheck, OriginFormOfATarget) {
   EXPECT_EQ(origin_form("HTTPS://evil.example:8443/v1/x?q=1", scratch), "/v1/x?q=1");
   EXPECT_EQ(origin_form("http://evil.example", scratch), "/");
   EXPECT_EQ(origin_form("http://evil.example?q=1", scratch), "/?q=1");  // RFC 9112 §3.3: an empty path is "/"
-  EXPECT_EQ(origin_form("http://u@evil.example/p", scratch), "/p");
+  // The authority is checked as a Host is: no userinfo (RFC 9110 §4.2.4), no empty host (§4.2.1: MUST reject).
+  EXPECT_EQ(origin_form("http://u@evil.example/p", scratch), "");
+  EXPECT_EQ(origin_form("http://user:pw@a/p", scratch), "");
+  EXPECT_EQ(origin_form("http:///v1/chat/completions", scratch), "");
+  EXPECT_EQ(origin_form("http://:80/p", scratch), "");
+  EXPECT_EQ(origin_form("http://a b/p", scratch), "");
+  EXPECT_EQ(origin_form("http://[::1]:8080/p", scratch), "/p");
   EXPECT_EQ(origin_form("*", scratch), "");
   EXPECT_EQ(origin_form("evil.example:443", scratch), "");
   EXPECT_EQ(origin_form("", scratch), "");
