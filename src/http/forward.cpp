@@ -145,6 +145,34 @@ void append_decodable_accept_encoding(std::string& out, const RequestHead& req) 
 
 }  // namespace
 
+namespace {
+// A query parameter's name as a server reads it: percent-decoded, '+' a space.
+std::string decoded_name(std::string_view name) {
+  std::string out;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    if (name[i] == '%' && i + 2 < name.size() && core::hex_value(name[i + 1]) >= 0 &&
+        core::hex_value(name[i + 2]) >= 0) {
+      out += static_cast<char>(core::hex_value(name[i + 1]) * 16 + core::hex_value(name[i + 2]));
+      i += 2;
+    } else {
+      out += name[i] == '+' ? ' ' : name[i];
+    }
+  }
+  return out;
+}
+}  // namespace
+
+bool query_names(std::string_view query, std::string_view name) {
+  const std::string n = decoded_name(name);
+  while (!query.empty()) {
+    const std::size_t amp = query.find('&');
+    const std::string_view param = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    if (decoded_name(param.substr(0, param.find('='))) == n) return true;
+  }
+  return false;
+}
+
 void append_upstream_target(std::string& out, std::string_view target, std::string_view base, std::string_view query) {
   const std::size_t start = out.size();
   if (!base.empty()) {
@@ -156,12 +184,30 @@ void append_upstream_target(std::string& out, std::string_view target, std::stri
       out += base.ends_with("/v1") ? base.substr(0, base.size() - 3) : base;
     }
   }
-  out += target;
-  if (out.size() == start || out[start] == '?') out.insert(start, 1, '/');  // origin-form starts with a path
-  if (!query.empty()) {
-    out += target.find('?') == std::string_view::npos ? '?' : '&';
-    out += query;
+  if (query.empty()) {
+    out += target;
+    if (out.size() == start || out[start] == '?') out.insert(start, 1, '/');  // origin-form starts with a path
+    return;
   }
+  // The endpoint's query is the operator's (an Azure api-version, a key): a
+  // client parameter of the same name is dropped, not sent beside it, since
+  // servers differ on which of two values they take.
+  const std::size_t qm = target.find('?');
+  out += target.substr(0, qm);
+  if (out.size() == start) out += '/';
+  out += '?';
+  if (qm != std::string_view::npos) {
+    std::string_view rest = target.substr(qm + 1);
+    while (!rest.empty()) {
+      const std::size_t amp = rest.find('&');
+      const std::string_view param = rest.substr(0, amp);
+      rest = amp == std::string_view::npos ? std::string_view() : rest.substr(amp + 1);
+      if (param.empty() || query_names(query, param.substr(0, param.find('=')))) continue;
+      out += param;
+      out += '&';
+    }
+  }
+  out += query;
 }
 
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o) {

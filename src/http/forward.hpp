@@ -45,14 +45,20 @@ struct UpstreamHeadOptions {
 // an SDK's base_url, where the request's "/v1" is the base. A target under
 // /v1 ("/v1" then '/', '?' or its end) has that "/v1" replaced by `base`;
 // another target (vLLM's /tokenize, /health) goes under `base` less a final
-// "/v1" segment. Then `query` joins the target's own query ('?' or '&').
-// With base and query empty the target is appended unchanged.
+// "/v1" segment. Then `query` joins the target's own query, after the
+// client's parameters it does not name (a client parameter of a name the
+// endpoint's query sets is dropped: the operator's value is the one sent;
+// empty ones go too). With base and query empty the target is appended
+// unchanged.
 // Examples: base "/v1": "/v1/chat/completions" -> "/v1/chat/completions",
 // "/tokenize" -> "/tokenize"; base "/openai/deployments/gpt4o", query
 // "api-version=2024-10-21": "/v1/chat/completions" ->
 // "/openai/deployments/gpt4o/chat/completions?api-version=2024-10-21";
 // base "/proxy/vllm/v1": "/metrics" -> "/proxy/vllm/metrics".
 void append_upstream_target(std::string& out, std::string_view target, std::string_view base, std::string_view query);
+// Whether query string `query` ("a=1&b=2") has a parameter named `name`,
+// both compared percent-decoded, '+' a space (as a server reads them).
+bool query_names(std::string_view query, std::string_view name);
 
 // Appends the HTTP/1.1 request head for the upstream: request line, Host,
 // Content-Length (every body sent upstream has its length: bytes without one

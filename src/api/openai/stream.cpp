@@ -296,7 +296,9 @@ bool UsageHook::on_data(std::string_view data) {
   // Once per SSE event: one SIMD pass (core::find_substring), not
   // string_view::find, which calls memchr again at each '"' of the chunk
   // (~40 in a vLLM chunk), nor glibc's memmem (~2 instructions per byte).
+  saw_usage_ = false;
   if (core::find_substring(data, "\"usage\"") == std::string_view::npos) return true;
+  saw_usage_ = true;
   // Counts that do not read (negative, fractional, not numbers) are no
   // usage: the request is metered as one without (gateway settle()).
   if (auto u = extract_usage(data)) {
@@ -312,7 +314,7 @@ bool UsageHook::on_data(std::string_view data) {
 }
 
 std::optional<std::string_view> UsageHook::without_usage(std::string_view data) {
-  if (!strip_ || core::find_substring(data, "\"usage\"") == std::string_view::npos) return std::nullopt;
+  if (!strip_ || !saw_usage_) return std::nullopt;  // (on_data's scan of this chunk)
   const auto m = find_member(data, "usage");
   if (!m || data.substr(m->value_begin, m->value_end - m->value_begin) == "null") return std::nullopt;
   // The member and one comma beside it: the one before it, else the one after it.

@@ -89,7 +89,7 @@ class UsageHook {
   // (is_usage_only_chunk), also when its counts are invalid (then it is no
   // usage: has_usage() stays as it was).
   bool on_data(std::string_view data);
-  // After on_data() passed `data`: when Weir asked for usage on the
+  // After on_data() passed `data` (the same chunk): when Weir asked for usage on the
   // client's behalf and an upstream put it on a chunk that also carries
   // choices (not vLLM's way: some OpenAI-compatible servers put it on the
   // finish chunk), the chunk without its `usage` member (the client sees
@@ -112,7 +112,8 @@ class UsageHook {
   bool has_usage_ = false;
   bool usage_chunk_ = false;
   Usage usage_;
-  std::string edited_;  // without_usage()'s chunk
+  std::string edited_;      // without_usage()'s chunk
+  bool saw_usage_ = false;  // the chunk on_data() read last has a "usage" key
 };
 
 }  // namespace weir::api::openai

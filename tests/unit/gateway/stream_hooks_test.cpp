@@ -71,13 +71,19 @@ TEST(GatewayStreamHooks, UsageChunkPassesWhenTheClientAskedForIt) {
   EXPECT_EQ(hooks.data_events(), 3u);
 }
 
-TEST(GatewayStreamHooks, UsageOnAChunkWithChoicesIsReadButNeverDropped) {
+TEST(GatewayStreamHooks, UsageOnAChunkWithChoicesIsReadAndOnlyItsUsageDropped) {
+  // The chunk's content is the client's; the usage member Weir asked for is not (strip), or is (asked).
   StreamHooks hooks;
   hooks.reset(true);
   const std::string stream = event(kContentWithUsage) + event("[DONE]");
-  EXPECT_EQ(relay(hooks, stream), stream);
+  const std::string got = relay(hooks, stream);
+  EXPECT_EQ(got.find("\"usage\""), std::string::npos) << got;
+  EXPECT_NE(got.find("\"choices\""), std::string::npos) << got;
   ASSERT_TRUE(hooks.usage().has_usage());
   EXPECT_EQ(hooks.usage().usage().completion_tokens, 1u);
+  StreamHooks asked;
+  asked.reset(false);
+  EXPECT_EQ(relay(asked, stream), stream);
 }
 
 TEST(GatewayStreamHooks, LastUsageWins) {

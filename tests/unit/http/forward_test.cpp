@@ -502,6 +502,14 @@ TEST(HttpForward, UpstreamTargetOnABasePath) {
             "/openai/deployments/d/models?limit=2&api-version=1");
   // A query alone, on the server root.
   EXPECT_EQ(target("/v1/embeddings", "", "tenant=a"), "/v1/embeddings?tenant=a");
+  // The endpoint's parameters are the operator's: a client's of the same name (however encoded) is dropped,
+  // not sent before it (servers that take the first value would read the client's); empty ones go too.
+  EXPECT_EQ(target("/v1/chat/completions?api-version=evil&x=1", "/openai/deployments/d", "api-version=2024-10-21"),
+            "/openai/deployments/d/chat/completions?x=1&api-version=2024-10-21");
+  EXPECT_EQ(target("/v1/chat/completions?%61pi-version=evil", "/d", "api-version=1"),
+            "/d/chat/completions?api-version=1");
+  EXPECT_EQ(target("/v1/chat/completions?", "/d", "api-version=1"), "/d/chat/completions?api-version=1");
+  EXPECT_EQ(target("/v1/chat/completions?&&y", "/d", "api-version=1"), "/d/chat/completions?y&api-version=1");
 }
 
 TEST(HttpForward, RequestHeadUsesTheBasePath) {
