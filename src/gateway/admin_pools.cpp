@@ -91,6 +91,10 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
   };
   auto g = std::make_shared<Gather>(control_.get_executor(), shared_.workers.size());
   for (Worker* w : shared_.workers) {
+    if (w->stopped()) {  // drained: its loop runs no more (its pools serve nothing now)
+      --g->remaining;
+      continue;
+    }
     asio::post(w->io(), [w, g, this] {
       PoolSamples s = sample_pools(*w);  // on w's own thread
       asio::post(control_, [g, s = std::move(s)]() mutable {
