@@ -14,13 +14,11 @@ namespace {
 constexpr std::size_t kFlushAt = 32u << 10;
 constexpr std::size_t kPipeBuf = 4096;
 
-int open_file(const std::string& path) { return ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644); }
-
-// reopen()'s open: it runs on the control thread (SIGHUP), whose loop also
-// serves signals and the admin API, so it must not wait. A FIFO's open for
-// writing waits for a reader (a log shipper restarting): O_NONBLOCK fails
-// it at once (ENXIO) instead, and the old descriptor stays. Writes then
-// block as before (the flag is cleared).
+// The log's open, at start-up and on SIGHUP's reopen (on the control
+// thread, whose loop also serves signals and the admin API): it must not
+// wait. A FIFO's open for writing waits for a reader (a log shipper
+// restarting): O_NONBLOCK fails it at once (ENXIO) instead (a reopen keeps
+// the old descriptor). Writes then block as before (the flag is cleared).
 int open_file_now(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0) return fd;
@@ -41,9 +39,12 @@ std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std
   if (where == "-") {
     s->fd_ = STDOUT_FILENO;
   } else {
-    s->fd_ = open_file(where);
+    // (Not waiting either: a FIFO with no reader would hold start-up before
+    // its signal handlers, silent, until one came.)
+    s->fd_ = open_file_now(where);
     if (s->fd_ < 0) {
-      error = fmt::format("cannot open access log {}: {}", where, std::strerror(errno));
+      error = errno == ENXIO ? fmt::format("cannot open access log {}: a pipe with no reader", where)
+                             : fmt::format("cannot open access log {}: {}", where, std::strerror(errno));
       return nullptr;
     }
     s->owned_ = true;

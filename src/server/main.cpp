@@ -11,6 +11,7 @@
 #include <iterator>
 #include <string>
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -189,13 +190,21 @@ int main(int argc, char** argv) {
       struct stat st {};
       const bool exists = ::stat(log.c_str(), &st) == 0;
       if (exists && S_ISDIR(st.st_mode)) errno = EISDIR;
-      if ((exists && S_ISDIR(st.st_mode)) ||
+      // A FIFO with no reader: start-up's open refuses it (it does not wait).
+      bool no_reader = false;
+      if (exists && S_ISFIFO(st.st_mode)) {
+        const int fd = ::open(log.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);
+        if (fd >= 0) ::close(fd);
+        no_reader = fd < 0 && errno == ENXIO;
+      }
+      if (no_reader || (exists && S_ISDIR(st.st_mode)) ||
           (exists ? ::access(log.c_str(), W_OK) != 0 : ::access(dir.c_str(), W_OK | X_OK) != 0)) {
         const int err = errno;
-        auto e = access_log.empty()
-                     ? weir::core::config_error(weir::core::node_at(c.root, "server.access_log"), "server.access_log", "")
-                     : weir::core::ConfigError{.key = "--access-log"};
-        e.message = fmt::format("cannot open {} for writing: {}", log, std::strerror(err));
+        auto e = access_log.empty() ? weir::core::config_error(weir::core::node_at(c.root, "server.access_log"),
+                                                               "server.access_log", "")
+                                    : weir::core::ConfigError{.key = "--access-log"};
+        e.message = no_reader ? fmt::format("cannot open {} for writing: a pipe with no reader", log)
+                              : fmt::format("cannot open {} for writing: {}", log, std::strerror(err));
         e.file = c.source;
         fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
         return 2;

@@ -607,3 +607,20 @@ def test_an_absolute_form_target_with_no_host_or_with_userinfo_is_refused(mock, 
     s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
     got = s.recv(65536)
     assert got.startswith(b"HTTP/1.1 400"), got
+
+
+def test_a_readerless_pipe_as_access_log_is_refused_at_check_and_start_up(tmp_path):
+    # Start-up opened it and waited for a reader, silent, before its signal handlers (SIGTERM then killed it
+    # undrained), while --check said ok.
+    import os
+
+    from conftest import free_port
+    from test_config_check import weir_run
+    fifo = tmp_path / "access.fifo"
+    os.mkfifo(fifo)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"listen: 127.0.0.1:{free_port()}\nserver: {{access_log: {fifo}}}\n"
+                    "pools:\n  p: {endpoints: [http://127.0.0.1:9]}\nmodels:\n  m: {pool: p}\n")
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args)
+        assert r.returncode == 2 and "a pipe with no reader" in r.stderr, (args, r.returncode, r.stderr)
