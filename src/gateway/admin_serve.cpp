@@ -244,9 +244,15 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       res.set(bh::field::content_type, "application/json");
       res.set(bh::field::cache_control, "no-store");
       set_security_fields(res);
-      res.body() = admin_error_json(e);
       res.keep_alive(false);
-      res.prepare_payload();
+      // An answer to HEAD has its length and no content (RFC 9110 §9.3.2): the request line was parsed
+      // first, whatever came wrong after it.
+      if (parser.got_some() && !parser.get().target().empty() && parser.get().method() == bh::verb::head) {
+        res.content_length(admin_error_json(e).size());
+      } else {
+        res.body() = admin_error_json(e);
+        res.prepare_payload();
+      }
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
       log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path,

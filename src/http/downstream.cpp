@@ -242,6 +242,10 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   if (parser_->is_header_done()) {
     version_ = parser_->get().version();
     head_method_ = parser_->get().method() == bh::verb::head;
+  } else if (parser_->got_some() && !parser_->get().target().empty()) {
+    // A head refused after its request line (a bad field, too large): Beast
+    // parsed the line first, and the answer to a HEAD has no content still.
+    head_method_ = parser_->get().method() == bh::verb::head;
   }
   if (!ec) {
     const auto& req = parser_->get();

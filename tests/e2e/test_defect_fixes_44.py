@@ -624,3 +624,27 @@ def test_a_readerless_pipe_as_access_log_is_refused_at_check_and_start_up(tmp_pa
     for args in (["--check"], []):
         r = weir_run("--config", path, *args)
         assert r.returncode == 2 and "a pipe with no reader" in r.stderr, (args, r.returncode, r.stderr)
+
+
+@pytest.mark.parametrize("listener", ["client", "admin"])
+@pytest.mark.parametrize("fields", [b"Content-Length: abc\r\n", b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n",
+                                    b"Expect: foo\r\n"])
+def test_a_refused_head_request_gets_no_content(mock, weir, listener, fields):
+    # RFC 9110 §9.3.2: an answer to HEAD has no content, refusals of its framing too; the JSON error came after
+    # the head (bytes a client reads as the start of the next answer).
+    import socket
+
+    from test_admin_api import MOCK_FLAGS, start
+    w, admin = start(mock(*MOCK_FLAGS), weir)
+    port = w.port if listener == "client" else int(admin.base.rsplit(":", 1)[1])
+    s = socket.create_connection(("127.0.0.1", port), timeout=10)
+    s.sendall(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+    got = b""
+    while True:
+        c = s.recv(65536)
+        if not c:
+            break
+        got += c
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 4"), got
+    assert rest == b"", got
