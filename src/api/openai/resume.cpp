@@ -203,9 +203,18 @@ Continuation continuation_body(std::string_view body, std::string_view text_json
     if (left <= 0) return Continuation::exhausted;
     *v = left;
   }
-  if (auto* v = o.if_contains("min_tokens"); v != nullptr && v->is_int64())
-    *v = std::max<std::int64_t>(
-        0, v->get_int64() - static_cast<std::int64_t>(std::min<std::uint64_t>(tokens_done, INT64_MAX)));
+  // (min_tokens lowered too; a value other than an integer (50.0, which vLLM reads as 50) is not resumed: the
+  // continuation would force the whole minimum again.)
+  if (auto* v = o.if_contains("min_tokens"); v != nullptr && !v->is_null()) {
+    const auto done = static_cast<std::int64_t>(std::min<std::uint64_t>(tokens_done, INT64_MAX));
+    if (v->is_int64())
+      *v = std::max<std::int64_t>(0, v->get_int64() - done);
+    else if (v->is_uint64())
+      *v = std::max<std::int64_t>(
+          0, static_cast<std::int64_t>(std::min<std::uint64_t>(v->get_uint64(), INT64_MAX)) - done);
+    else
+      return Continuation::unsupported;
+  }
 
   auto& arr = msgs->get_array();
   const auto* cont = o.if_contains("continue_final_message");

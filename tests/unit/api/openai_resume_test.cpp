@@ -115,6 +115,9 @@ TEST(ContinuationBody, LowersBothLimitsAndFinishesWhenSpent) {
   EXPECT_EQ(o.at("min_tokens").as_int64(), 0);
   EXPECT_EQ(continuation_body(body, "a", 6, out), Continuation::exhausted);
   EXPECT_EQ(continuation_body(R"({"messages":[],"max_tokens":3})", "a", 3, out), Continuation::exhausted);
+  // A min_tokens Weir cannot lower (50.0: vLLM reads 50) is no continuation: it would force the minimum again.
+  EXPECT_EQ(continuation_body(R"({"messages":[],"min_tokens":50.0})", "a", 3, out), Continuation::unsupported);
+  ASSERT_EQ(continuation_body(R"({"messages":[],"min_tokens":null})", "a", 3, out), Continuation::ok);
   // no limit: none added
   ASSERT_EQ(continuation_body(R"({"messages":[]})", "a", 1000, out), Continuation::ok);
   EXPECT_FALSE(parse(out).contains("max_tokens"));
