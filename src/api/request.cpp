@@ -507,10 +507,18 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     if (v->present() && f.max_tokens == 0) {
       // Completions with echo and max_tokens 0 (OpenAI's legacy API and vLLM: the prompt's logprobs,
       // nothing generated) is a request, not an error; no output to reserve.
+      // (Read as vLLM's pydantic reads them, in lax mode: 0.0 is 0; "true", "yes", 1 are true.)
       if (kind == ApiKind::completions && v == &h.max_tokens &&
-          ((v->type == Shape::Type::int64 && v->i == 0) || (v->type == Shape::Type::uint64 && v->u == 0))) {
+          ((v->type == Shape::Type::int64 && v->i == 0) || (v->type == Shape::Type::uint64 && v->u == 0) ||
+           (v->type == Shape::Type::dbl && v->d == 0))) {
         const auto echo = find_member(body, "echo");
-        if (echo && body.substr(echo->value_begin, echo->value_end - echo->value_begin) == "true") {
+        const auto truthy = [](std::string_view t) {
+          if (t == "true" || t == "1") return true;
+          if (t.size() < 2 || t.front() != '"' || t.back() != '"') return false;
+          const auto b = form_bool(t.substr(1, t.size() - 2));
+          return b && *b;
+        };
+        if (echo && truthy(body.substr(echo->value_begin, echo->value_end - echo->value_begin))) {
           f.echo_only = true;
           continue;
         }

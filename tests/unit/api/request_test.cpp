@@ -121,6 +121,10 @@ TEST(ApiParseRequest, CompletionsEchoWithNoTokensScoresThePrompt) {
   const auto f = ok(kCompletions, R"({"model":"m","prompt":"hi","echo":true,"max_tokens":0,"logprobs":1})");
   EXPECT_TRUE(f.echo_only);
   EXPECT_EQ(f.max_tokens, 0u);
+  // As vLLM's pydantic reads them in lax mode.
+  EXPECT_TRUE(ok(kCompletions, R"({"model":"m","prompt":"hi","echo":"true","max_tokens":0})").echo_only);
+  EXPECT_TRUE(ok(kCompletions, R"({"model":"m","prompt":"hi","echo":1,"max_tokens":0.0})").echo_only);
+  EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","echo":"no","max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","echo":false,"max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(refused(kChat, R"({"model":"m","echo":true,"max_tokens":0})").param, "max_tokens");
