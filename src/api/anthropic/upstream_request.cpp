@@ -292,6 +292,14 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
     b["type"] = "tool_result";
     b["tool_use_id"] = id;
     if (!text->empty()) b["content"] = std::move(*text);
+    // A cache breakpoint on the message's parts (the LiteLLM-style extension
+    // kept on every other part) goes on the block: agent loops mark their
+    // last tool result so, and Anthropic takes cache_control on tool_result.
+    if (content->is_array())
+      for (const auto& part : content->get_array())
+        if (const auto* cc = part.is_object() ? part.get_object().if_contains("cache_control") : nullptr;
+            cc != nullptr && cc->is_object())
+          b["cache_control"] = *cc;
     json::array blocks(sp_);
     blocks.push_back(std::move(b));
     turn("user", std::move(blocks));

@@ -105,6 +105,18 @@ TEST(AnthropicUpstreamRequest, ToolCallsResultsAndTurnsThatAlternate) {
       {"type":"text","text":"thanks"}]}])"));
 }
 
+TEST(AnthropicUpstreamRequest, ACacheBreakpointOnAToolMessageGoesOnItsToolResult) {
+  // Agent loops mark their last tool result: the marker on its parts was dropped with the parts.
+  const auto a = anthropic(R"({"model":"m","messages":[
+    {"role":"user","content":"go"},
+    {"role":"assistant","tool_calls":[{"id":"t1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+    {"role":"tool","tool_call_id":"t1","content":[{"type":"text","text":"big","cache_control":{"type":"ephemeral"}}]}]})");
+  const auto& last = a.at("messages").as_array().back().at("content").as_array().back();
+  EXPECT_EQ(
+      last,
+      json::parse(R"({"type":"tool_result","tool_use_id":"t1","content":"big","cache_control":{"type":"ephemeral"}})"));
+}
+
 TEST(AnthropicUpstreamRequest, ToolsAndToolChoice) {
   const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],
     "tools":[{"type":"function","function":{"name":"f","description":"does f","parameters":{"type":"object","properties":{"a":{"type":"integer"}}},"strict":true}},
