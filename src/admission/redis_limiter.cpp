@@ -155,6 +155,7 @@ void RedisLimiter::supersede_slots(std::uint32_t from, std::uint32_t to) {
   // scope's first request waits for (its slots counted as the others').
   if (from >= scope_count_ || to >= scope_count_ || from == to || at(from).max_streams == 0) return;
   at(from).slots.superseded.store(true, std::memory_order_relaxed);
+  at(to).slots.took_over.store(from, std::memory_order_release);
   if (loop_->running) wake();
 }
 
@@ -299,20 +300,49 @@ bool RedisLimiter::acquire_stream(std::uint32_t scope, std::uint32_t /*worker*/)
 
 void RedisLimiter::release_stream(std::uint32_t scope, std::uint32_t /*worker*/) {
   if (at(scope).max_streams == 0) return;
-  at(scope).slots.free.fetch_add(1, std::memory_order_acq_rel);
+  Slots& s = at(scope).slots;
+  s.free.fetch_add(1, std::memory_order_acq_rel);
+  if (s.superseded.load(std::memory_order_relaxed))
+    s.released_ns.store(ns(MonoClock::now()), std::memory_order_release);
 }
 
 std::uint64_t RedisLimiter::streams_in_use(std::uint32_t scope) const {
   if (at(scope).max_streams == 0) return 0;
-  const Slots& s = at(scope).slots;
-  const std::int64_t used = s.allowance.load(std::memory_order_acquire) - s.free.load(std::memory_order_acquire);
-  return used > 0 ? static_cast<std::uint64_t>(used) : 0;
+  // This scope's streams, and those still in flight under the scopes it
+  // took over from (a cap changed by a reload or a PATCH: they count
+  // against the new one, as admission counts them).
+  std::int64_t used = 0;
+  std::uint32_t s = scope;
+  for (int steps = 0; s < scope_count_ && steps < 64; ++steps) {
+    const Slots& sl = at(s).slots;
+    used += std::max<std::int64_t>(
+        0, sl.allowance.load(std::memory_order_acquire) - sl.free.load(std::memory_order_acquire));
+    const std::uint32_t prev = sl.took_over.load(std::memory_order_acquire);
+    if (prev >= s) break;  // (scopes only take over older ones)
+    s = prev;
+  }
+  return static_cast<std::uint64_t>(used);
 }
 
 bool RedisLimiter::streams_refillable(std::uint32_t scope) const noexcept {
   if (degraded_.load(std::memory_order_relaxed) || at(scope).max_streams == 0) return false;
   const Slots& s = at(scope).slots;
-  return s.others.load(std::memory_order_relaxed) + s.allowance.load(std::memory_order_relaxed) < at(scope).max_streams;
+  if (s.others.load(std::memory_order_relaxed) + s.allowance.load(std::memory_order_relaxed) < at(scope).max_streams)
+    return true;
+  // The cap looked full at the last renewal; that answer may count slots
+  // released since: a stream of a scope this one took over from that ended
+  // here after it (Redis counts it until that scope's next renewal), or, in
+  // an answer older than kSlotsStaleNs, one anywhere. Ask again rather than
+  // refuse on it.
+  const double reply = s.reply_ns.load(std::memory_order_acquire);
+  if (ns(MonoClock::now()) - reply > kSlotsStaleNs) return true;
+  std::uint32_t prev = s.took_over.load(std::memory_order_acquire);
+  for (std::uint32_t cur = scope, steps = 0; prev < cur && steps < 64; ++steps) {
+    if (at(prev).slots.released_ns.load(std::memory_order_acquire) > reply) return true;
+    cur = prev;
+    prev = at(cur).slots.took_over.load(std::memory_order_acquire);
+  }
+  return false;
 }
 
 std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {

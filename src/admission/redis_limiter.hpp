@@ -120,6 +120,9 @@ class RedisLimiter final : public Limiter {
   std::uint32_t scope_count() const noexcept override { return static_cast<std::uint32_t>(scope_count_); }
   static constexpr std::uint32_t kChunk = 64;
   static constexpr std::uint32_t kMaxScopes = kChunk * 4096;
+  // An `others` of stream slots older than this (ns) is asked again before
+  // a request is refused on it (streams_refillable).
+  static constexpr double kSlotsStaleNs = 100e6;
 
   // True during an outage (fallback or refusing).
   bool degraded() const noexcept { return degraded_.load(std::memory_order_relaxed); }

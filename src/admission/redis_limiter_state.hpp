@@ -55,6 +55,17 @@ struct alignas(64) RedisLimiter::Slots {
   // where the new scope asks too (its slots would otherwise count as the
   // others' for about lease_idle, refusing the new scope its whole cap).
   std::atomic<bool> superseded{false};
+  // The scope this one took over from (carry), UINT32_MAX for none: its
+  // streams still in flight count as this scope's in use (streams_in_use).
+  std::atomic<std::uint32_t> took_over{UINT32_MAX};
+  // When the last renewal's answer came (ns(), the sync loop's clock): an
+  // `others` older than kSlotsStale may hold slots released since (an old
+  // scope's streams that ended): a refused request waits for a sync then.
+  std::atomic<double> reply_ns{0};
+  // When a stream of this scope last ended after it was superseded: its
+  // slot is free, though Redis counts it in the new scope's `others` until
+  // this scope's next renewal.
+  std::atomic<double> released_ns{0};
 };
 
 struct RedisLimiter::SlotsCtl {

@@ -384,6 +384,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         s.allowance.store(grant, std::memory_order_release);
         s.free.fetch_add(grant - before, std::memory_order_acq_rel);
         s.others.store(r->elements[1].as_int(), std::memory_order_relaxed);
+        s.reply_ns.store(replied_ns, std::memory_order_release);
         c.contended = r->elements.size() >= 3 && r->elements[2].as_int() > 0;
         c.told_want = op.a;
         c.last_renew = replied;

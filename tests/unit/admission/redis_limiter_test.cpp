@@ -892,3 +892,47 @@ TEST_F(RedisLimiterTest, AKeyWhoseBudgetPeriodChangedCarriesItsSpendOnce) {
 
 }  // namespace
 }  // namespace weir::admission
+
+namespace weir::admission {
+namespace {
+
+// A cap changed twice while streams run (2, then 3 with one more, then 1): the old scopes' streams count
+// against the last cap while they run; once they end, a stream is admitted at once, and the cap holds.
+TEST_F(RedisLimiterTest, AStreamCapChangedTwiceWithStreamsInFlightHoldsOnceTheyEnd) {
+  World w(auth::Limits{});
+  const auto c = cfg();
+  Replica a(w, c);
+  auth::Limits cap;
+  cap.max_concurrent_streams = 2;
+  const auto first = with_key(2, cap);
+  ASSERT_TRUE(grow(a, *first));
+  const auto p1 = key_principal(*first);
+  ASSERT_TRUE(admit(a, 0, p1, 1, true).ok);
+  ASSERT_TRUE(admit(a, 0, p1, 1, true).ok);
+  cap.max_concurrent_streams = 3;
+  const auto second = with_key(3, cap);
+  ASSERT_TRUE(grow(a, *second));
+  asio::post(a.control, asio::use_future([&] { a.limiter->carry(2, 3, MonoClock::now()); })).get();
+  const auto p2 = key_principal(*second);
+  ASSERT_TRUE(admit(a, 1, p2, 1, true).ok);
+  cap.max_concurrent_streams = 1;
+  const auto third = with_key(4, cap);
+  ASSERT_TRUE(grow(a, *third));
+  asio::post(a.control, asio::use_future([&] { a.limiter->carry(3, 4, MonoClock::now()); })).get();
+  const auto p3 = key_principal(*third);
+  EXPECT_FALSE(admit(a, 0, p3, 1, true).ok) << "3 in flight under a cap of 1";
+  // The admin API counts the old scopes' streams against the new cap.
+  EXPECT_EQ(a.limiter->streams_in_use(4), 3u);
+  // The three streams end: the next stream is admitted at once (the new scope's last answer from Redis still
+  // counted the old scopes' slots: it was refused with a 429 until that scope asked again).
+  for (auto& wk : a.workers) asio::post(wk->ioc, asio::use_future([&] { wk->held.clear(); })).get();
+  EXPECT_TRUE(admit(a, 0, p3, 1, true).ok);
+  EXPECT_EQ(a.limiter->streams_in_use(4), 1u);
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_FALSE(admit(a, i % 2, p3, 1, true).ok) << "one in flight under a cap of 1";
+    std::this_thread::sleep_for(30ms);
+  }
+}
+
+}  // namespace
+}  // namespace weir::admission
