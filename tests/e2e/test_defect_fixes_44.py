@@ -648,3 +648,19 @@ def test_a_refused_head_request_gets_no_content(mock, weir, listener, fields):
     head, _, rest = got.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 4"), got
     assert rest == b"", got
+
+
+@pytest.mark.parametrize("head", [b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: my-id-1\r\n"
+                                  b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
+                                  b"GET * HTTP/1.1\r\nHost: x\r\nx-request-id: my-id-1\r\n\r\n"])
+def test_a_framing_refusal_keeps_the_clients_request_id(mock, weir, head):
+    # The client's x-request-id came back (and was logged) on every refusal but these, which made up an id.
+    import socket
+    m = mock("--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+    s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
+    s.sendall(head)
+    got = s.recv(65536)
+    assert got.startswith(b"HTTP/1.1 400"), got
+    assert b"x-request-id: my-id-1" in got.lower(), got
+    assert w.log_for("my-id-1")["status"] == 400

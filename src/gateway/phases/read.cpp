@@ -68,7 +68,12 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     log_request_line(down_.refused_request_line(ctx.scratch), ctx);
     // Its error takes its route's shape (Anthropic's on /v1/messages: a 431 there is an Anthropic error).
     if (!ctx.path.empty()) ctx.route = classify_path(ctx.path);
-    w_.next_request_id(ctx.request_id);
+    // The client's x-request-id when its field was read before the head failed (a TE with a CL, an
+    // asterisk target): the client finds its own id in the refusal and the log, as for any other.
+    if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id))
+      ctx.request_id.assign(id);
+    else
+      w_.next_request_id(ctx.request_id);
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
   const std::string_view path = path_of(down_.target());  // origin-form: no client-chosen authority
