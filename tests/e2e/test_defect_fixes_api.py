@@ -152,12 +152,14 @@ def test_head_errors_on_the_anthropic_route_have_anthropics_shape(gw, headers, s
 def test_a_refused_head_with_a_bad_target_is_logged_as_a_head_without_one(gw, head):
     # Framing and Host are checked before the target, so these heads are refused for them; their
     # target names no route, so each is answered and logged like a head without a usable target
-    # (method "-", an id of Weir's), never with an empty path and the client's method and id.
+    # (method "-"), never with an empty path and the client's method. The client's own x-request-id,
+    # read before the head failed, names it in the answer and the log (stop 44).
     rid = b"bad-both-" + head[:4]
     r = roundtrip(gw.port, b"POST v1/messages HTTP/1.1\r\nx-request-id: " + rid + b"\r\n" + head + b"\r\n0\r\n\r\n")
     assert_openai_error(r, 400)
     entries = gw.wait_log(lambda es: any(e.get("status") == 400 and e.get("method") == "-" for e in es))
-    assert not [e for e in entries if e.get("request_id") == rid.decode()], entries
+    mine = [e for e in entries if e.get("request_id") == rid.decode()]
+    assert len(mine) == 1 and mine[0]["method"] == "-" and not mine[0]["path"], entries
     assert not [e for e in entries if e.get("method") == "POST" and not e.get("path")], entries
 
 
