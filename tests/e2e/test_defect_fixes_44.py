@@ -8,7 +8,7 @@ import pytest
 
 from conftest import wait_until
 from test_defect_fixes import RawUpstream
-from test_defect_fixes_43 import _chunk, _stream
+from test_defect_fixes_43 import _chunk, _read_all, _stream
 
 MSG = [{"role": "user", "content": "hi"}]
 
@@ -442,12 +442,7 @@ def test_the_drain_cut_answer_to_head_has_no_content(weir):
         s.sendall(b"HEAD /version HTTP/1.1\r\nHost: x\r\nx-request-id: head-drain\r\n\r\n")
         wait_until(lambda: seen, 5, message="the HEAD proxied")
         os.kill(w.process.pid, signal.SIGTERM)
-        got = b""
-        while True:
-            c = s.recv(65536)
-            if not c:
-                break
-            got += c
+        got = _read_all(s)
         head, _, rest = got.partition(b"\r\n\r\n")
         assert head.startswith(b"HTTP/1.1 503"), got
         assert rest == b"", got
@@ -505,11 +500,7 @@ def test_bytes_out_counts_the_100_continue(mock, weir):
     got = s.recv(100)
     assert got.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), got
     s.sendall(body)
-    while True:
-        c = s.recv(65536)
-        if not c:
-            break
-        got += c
+    got += _read_all(s)
     assert w.log_for("expect-1")["bytes_out"] == len(got)
 
 
@@ -586,12 +577,7 @@ def test_an_http10_request_listing_close_closes_its_connection(mock, weir, conne
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
     s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
     s.sendall(b"GET /health HTTP/1.0\r\nHost: x\r\n" + connection + b"\r\nGET /health HTTP/1.0\r\nHost: x\r\n\r\n")
-    got = b""
-    while True:
-        c = s.recv(65536)
-        if not c:
-            break
-        got += c
+    got = _read_all(s)
     assert got.count(b"HTTP/1.") == 1, got
     assert b"keep-alive" not in got.lower().split(b"\r\n\r\n")[0], got
 
@@ -639,12 +625,7 @@ def test_a_refused_head_request_gets_no_content(mock, weir, listener, fields):
     port = w.port if listener == "client" else int(admin.base.rsplit(":", 1)[1])
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
     s.sendall(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
-    got = b""
-    while True:
-        c = s.recv(65536)
-        if not c:
-            break
-        got += c
+    got = _read_all(s)
     head, _, rest = got.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 4"), got
     assert rest == b"", got
