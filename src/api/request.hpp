@@ -35,7 +35,7 @@ struct RequestFields {
   // (vLLM's StreamOptions defaults it to true; OpenAI reads it as false).
   bool usage_asked = false;
   std::uint32_t max_tokens = 0;  // max_completion_tokens or max_tokens; 0 = not given
-  bool echo_only = false;         // completions with echo: true and max_tokens: 0 (the prompt's logprobs, no output)
+  bool echo_only = false;        // completions with echo: true and max_tokens: 0 (the prompt's logprobs, no output)
   std::uint32_t n = 1;           // choices per prompt
   // UTF-8 bytes of prompt text: prompt, input, or a chat's messages (their
   // content, and their other members' strings: tool calls' names and

@@ -176,8 +176,9 @@ tl::expected<std::string_view, std::string> form_boundary(std::string_view conte
     }
   }
   if (py_count != 1 || !same)
-    return tl::unexpected(std::string("The multipart/form-data Content-Type's parameters are ambiguous (quotes or "
-                                      "escapes that parsers split differently)."));
+    return tl::unexpected(
+        std::string("The multipart/form-data Content-Type's parameters are ambiguous (quotes or "
+                    "escapes that parsers split differently)."));
   if (!charset.empty() && !iequals(charset, "utf-8") && !iequals(charset, "utf8") && !iequals(charset, "us-ascii") &&
       !iequals(charset, "ascii"))
     return tl::unexpected(std::string("The multipart/form-data charset must be UTF-8."));

@@ -19,7 +19,6 @@ namespace weir::gateway {
 
 namespace {
 
-
 struct Fixed {
   const char* path;  // dotted key under the root
   const char* why;   // what the process built from it at start-up

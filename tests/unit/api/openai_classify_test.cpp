@@ -201,10 +201,12 @@ namespace weir::api::openai {
 namespace {
 
 TEST(RefusesRequest, FourHundredsOtherThanTimeoutAndOverload) {
-  EXPECT_TRUE(refuses_request(R"({"error":{"message":"bad schema","type":"BadRequestError","param":null,"code":400}})"));
+  EXPECT_TRUE(
+      refuses_request(R"({"error":{"message":"bad schema","type":"BadRequestError","param":null,"code":400}})"));
   EXPECT_TRUE(refuses_request(R"({"object":"error","message":"x","type":"BadRequestError","code":400})"));
   EXPECT_TRUE(refuses_request(R"({"error":{"message":"x","type":"x","code":"404"}})"));
-  EXPECT_TRUE(refuses_request(R"({"error":{"message":"x","type":"invalid_request_error","code":"context_length_exceeded"}})"));
+  EXPECT_TRUE(
+      refuses_request(R"({"error":{"message":"x","type":"invalid_request_error","code":"context_length_exceeded"}})"));
   EXPECT_TRUE(refuses_request(R"({"type":"error","error":{"type":"invalid_request_error","message":"x"}})"));
   EXPECT_FALSE(refuses_request(R"({"error":{"message":"x","type":"BadRequestError","code":429}})"));
   EXPECT_FALSE(refuses_request(R"({"error":{"message":"x","type":"x","code":408}})"));
@@ -226,7 +228,8 @@ namespace {
 TEST(UsageHookWithoutUsage, DropsTheMemberWeirAskedForFromAChunkWithChoices) {
   UsageHook h;
   h.reset(true);
-  const std::string_view fin = R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
+  const std::string_view fin =
+      R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
   EXPECT_TRUE(h.on_data(fin));
   EXPECT_EQ(h.usage().completion_tokens, 2u);
   EXPECT_EQ(h.without_usage(fin).value(), R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");

@@ -49,9 +49,10 @@ TEST(Multipart, BoundaryFromTheContentType) {
 TEST(Multipart, NoTransportPaddingAfterADelimiter) {
   // python-multipart reads no delimiter in "--B \r\n" and goes on with the part: what Weir would read as
   // the next part is the previous part's value to the upstream.
-  EXPECT_FALSE(parse_form("--B\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--B \r\n"
-                          "Content-Disposition: form-data; name=b\r\n\r\n2\r\n--B--",
-                          "B"));
+  EXPECT_FALSE(
+      parse_form("--B\r\nContent-Disposition: form-data; name=a\r\n\r\n1\r\n--B \r\n"
+                 "Content-Disposition: form-data; name=b\r\n\r\n2\r\n--B--",
+                 "B"));
 }
 
 TEST(Multipart, PartsWithTheirNamesFilenamesAndValues) {
