@@ -272,7 +272,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     const std::string authorization(msg[bh::field::authorization]);
     // A request refused before its body: the body is never read, so the connection ends with the answer.
     // Every Connection line (RFC 9110 §5.3); `close` among them ends it on HTTP/1.0 too.
-    const bool keep = parser.keep_alive() && !http::connection_close(parser.get()) && !stopped_ && !refused;
+    const bool keep = parser.keep_alive() && !(parser.get().version() < 11 && http::connection_close(parser.get())) &&
+                      !stopped_ && !refused;
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     AdminResponse r;
     if (refused)

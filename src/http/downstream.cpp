@@ -264,8 +264,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     // keepalive_timeout 0: no wait for a next request, so every answer says
     // Connection: close (RFC 9112 §9.6), never a silent close after it.
     // (drain_started_: a drain that began while this head was read.)
-    keep_alive_ = parser_->keep_alive() && !connection_close(parser_->get()) && !draining && !drain_started_ &&
-                  sc_.keepalive_timeout.count() > 0;
+    // (Beast reads `close` on HTTP/1.1 itself; on 1.0 a keep-alive beside it won: read here, 1.0 only.)
+    keep_alive_ = parser_->keep_alive() && !(version_ < 11 && connection_close(parser_->get())) && !draining &&
+                  !drain_started_ && sc_.keepalive_timeout.count() > 0;
     co_return Head::request;
   }
   // A connection that closes or idles out between requests is not a request

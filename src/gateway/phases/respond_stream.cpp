@@ -152,10 +152,12 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         if (kind == api::openai::ChunkKind::error) {
           // The upstream refused the request (vLLM streams a 400 it finds as the engine takes it): no
           // fallback answers it better. The client gets the refusal as the upstream sent it.
-          if (api::openai::refuses_request(ev->data))
+          if (api::openai::refuses_request(ev->data)) {
             s.holding = false;
-          else
+            s.refused = true;  // (read once: the relay below takes it as it is)
+          } else {
             s.failure = http::UpstreamFailure::protocol;
+          }
         }
         if (kind == api::openai::ChunkKind::content) s.holding = false;
       }
@@ -166,7 +168,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       const bool upstream_error = !s.holding && ctx.hooks.error_event(*ev);
       // A refusal of the request (a 4xx in-band) is the client's fault: neither counted against the
       // endpoint nor resumed (end_stream, judge_stream, resume_note).
-      if (upstream_error && api::openai::refuses_request(ev->data)) s.refused = true;
+      if (upstream_error && !s.refused && api::openai::refuses_request(ev->data)) s.refused = true;
       // (An Anthropic upstream's events after the first token are not all tokens: pings, block starts and stops,
       // message_delta. Only its content deltas are.)
       const bool token = ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error &&
