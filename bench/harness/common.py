@@ -20,6 +20,7 @@ class Options:
     bifrost_variants: list[str] = field(default_factory=lambda: ["logging-on", "logging-off"])
     soak_minutes: float = 0.0   # soak: minutes of load (0: the suite's default, 10)
     soak_rate: float = 0.0      # soak: req/s (0: the suite's default, 250)
+    rates: list[float] = field(default_factory=list)  # seed000: the offered rates (empty: the suite's steps)
 
 
 def peers_for(env: Env, opts: Options) -> list[str]:

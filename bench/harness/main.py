@@ -63,6 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--soak-minutes", type=float, default=0.0,
                     help="soak: minutes of load after the warm-up (default 10)")
     ap.add_argument("--soak-rate", type=float, default=0.0, help="soak: open-loop req/s (default 250)")
+    ap.add_argument("--rates", default="",
+                    help="seed000: comma-separated offered rates (req/s) instead of the suite's steps, e.g. 20")
     ap.add_argument("--tracing", action="store_true",
                     help="also measure build/bin/weir with tracing: (every request's spans exported over OTLP/HTTP "
                          "to a sink on the load CPU) beside it, same config otherwise, alternated in the same rounds: "
@@ -160,7 +162,8 @@ def main(argv: list[str]) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     priority = not args.no_priority and procs.priority_available()
     opts = Options(peers=[p for p in args.peers.split(",") if p], install_peers=not args.no_install,
-                   soak_minutes=args.soak_minutes, soak_rate=args.soak_rate)
+                   soak_minutes=args.soak_minutes, soak_rate=args.soak_rate,
+                   rates=[float(r) for r in args.rates.split(",") if r.strip()])
     rounds = args.rounds or (1 if smoke else 3)
     failures: list[str] = []
     written: list[pathlib.Path] = []

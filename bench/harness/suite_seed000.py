@@ -19,11 +19,13 @@ RATES = [20, 250, 500, 1000, 2000, 4000, 8000]
 # 2nd-slowest. Six seconds at 20 req/s gave 120, where the p99 was the 2nd-slowest and the p99.9 the slowest,
 # and the Weir / nginx ratio there moved between runs by more than the gap it compared.
 MIN_FIRST_TOKENS = 1200
+# A first token this much later than the direct path's usual (~0.2 ms hop) is a stall, not a slow hop.
+SLOW_HOP_US = 1000.0
 
 
 def run(env: Env, opts: Options) -> Report:
     rep = Report("seed000", TITLE, env)
-    rates = [50] if env.smoke else RATES
+    rates = [50] if env.smoke else ([int(r) if float(r).is_integer() else r for r in opts.rates] or RATES)
     warmup, duration = (0.5, 1.0) if env.smoke else (3.0, 6.0)
     mock = Mock(env, ttft_ms=90, itl_ms=14, max_tokens=128)
     rep.add_meta("mock", mock.describe() + " (any model name)")
@@ -138,6 +140,27 @@ def run(env: Env, opts: Options) -> Report:
         "it is pinned to one core, so 1.00 is its ceiling). Peak RSS: VmHWM (MiB).\n\n"
         + table(["req/s", "target", "ok req/s", "TTFT p50 / p99 / p99.9", "added TTFT p50 / p99 / p99.9",
                  "added per request p50 / p99 / p99.9", "ITL p50 / p99 / p99.9", "added ITL p50 / p99 / p99.9", "CPU", "peak RSS", "notes"], rows)))
+    slow_rows = []
+    for rate, res in per_rate.items():
+        for label in labels:
+            rs = res.get(label)
+            if not rs:
+                continue
+            n, total, capped = slow_hops(rs, SLOW_HOP_US)
+            if not total:
+                continue
+            per_k = n * 1000 / total
+            slow_rows.append([f"{rate:,}", label, f"{total:,}", f"{'≥ ' if capped else ''}{n}",
+                              f"{'≥ ' if capped else ''}{per_k:.2f}"])
+            rep.row("tail", label, rate, "first_token_hops_over_1ms_per_1000", per_k, "per 1,000", len(rs))
+    if slow_rows:
+        rep.section("Slow first tokens", (
+            f"First-token hops (send → first token, less the mock's own time) over {SLOW_HOP_US / 1000:g} ms, "
+            "counted over every round (weir-bench reports each run's 16 slowest hops; ≥ where all 16 were over). "
+            "A run's p99.9 is its 2nd-slowest first token in 1,200, so it is set by these few; their count per "
+            "1,000 first tokens, gateway beside the direct path and nginx, says whether a gateway makes them or "
+            "the machine does (bench/README.md, \"Where the low-rate p99.9 comes from\").\n\n"
+            + table(["req/s", "target", "first tokens", f"over {SLOW_HOP_US / 1000:g} ms", "per 1,000"], slow_rows)))
     if dropped:
         rep.section("Saturation", "\n".join(f"- {k}: {v}; not run at higher rates." for k, v in dropped.items())
                     + (f"\n- Stepping stopped: {stop_reason}." if stop_reason else ""))
@@ -264,6 +287,20 @@ def direct_behind(rounds: list[dict]) -> str:
     return bad[0] + f" (in {len(bad)} of {len(rounds)} rounds)" if bad and len(bad) * 2 > len(rounds) else ""
 
 
+def slow_hops(rounds: list[dict], over_us: float) -> tuple[int, int, bool]:
+    """(hops over `over_us`, first tokens measured, capped) summed over rounds, from weir-bench's
+    `slowest_hops` (its 16 slowest per run): capped when a run's 16 were all over, so the count is a floor."""
+    n = total = 0
+    capped = False
+    for r in rounds:
+        hops = r.get("slowest_hops") or []
+        over = sum(1 for h in hops if h.get("hop_us", 0) > over_us)
+        n += over
+        total += (r.get("hop") or {}).get("count", 0)
+        capped = capped or (over == len(hops) and len(hops) >= 16)
+    return n, total, capped
+
+
 def saturated(a: dict, rate: float) -> str:
     if not a:
         return "no result"
@@ -282,5 +319,5 @@ def trim(r: dict) -> dict:
     keep = ("round", "achieved_rate_rps", "send_rate_rps", "errors_total", "errors", "status_codes", "tokens",
             "e2e", "ttft", "itl", "sender_lag_p99_us", "generator_saturated", "saturation_reasons",
             "target_cpu_cores", "target_rss_kb", "target_hwm_kb", "mock_lag_p99_ms", "gave_up", "load",
-            "concurrency", "offered_rate_rps", "generator")
+            "concurrency", "offered_rate_rps", "generator", "hop", "slowest_hops", "measure_start_unix_s")
     return {k: r.get(k) for k in keep if k in r}

@@ -157,3 +157,21 @@ def test_smoke_tls_measures_every_lane_and_the_https_over_http_ratios():
             assert needle in md, f"{needle!r} not in tls.md"
     finally:
         shutil.rmtree(out, ignore_errors=True)
+
+
+def test_seed000_counts_slow_first_tokens_from_the_slowest_hops():
+    import sys
+    sys.path.insert(0, str(REPO / "bench" / "harness"))
+    try:
+        from suite_seed000 import slow_hops
+    finally:
+        sys.path.pop(0)
+    runs = [{"hop": {"count": 1200}, "slowest_hops": [{"sent_s": 1.0, "hop_us": 3400.0},
+                                                     {"sent_s": 2.0, "hop_us": 1001.0},
+                                                     {"sent_s": 3.0, "hop_us": 999.0}]},
+            {"hop": {"count": 1200}, "slowest_hops": [{"sent_s": 4.0, "hop_us": 800.0}]}]
+    assert slow_hops(runs, 1000.0) == (2, 2400, False)
+    # All 16 reported hops over: the count is a floor.
+    full = [{"hop": {"count": 100}, "slowest_hops": [{"sent_s": i, "hop_us": 5000.0} for i in range(16)]}]
+    assert slow_hops(full, 1000.0) == (16, 100, True)
+    assert slow_hops([{"hop": {"count": 0}}], 1000.0) == (0, 0, False)
