@@ -445,10 +445,20 @@ bool set_member(std::string_view json, std::string_view key, std::string_view va
   const Scanner scan(json);
   ObjectShape shape;
   std::optional<MemberSpan> found;
+  std::size_t matches = 0;
   const bool ok = scan.for_each_member(shape, [&](const RawMember& m) {
-    if (key_equals(scan.key_text(m), key)) found = MemberSpan{m.key_begin, m.value_begin, m.value_end};
+    if (!key_equals(scan.key_text(m), key)) return;
+    found = MemberSpan{m.key_begin, m.value_begin, m.value_end};
+    ++matches;
   });
   if (!ok) return false;
+  if (matches > 1) {
+    // The earlier copies go too: an upstream whose parser keeps the first
+    // duplicate would otherwise read the client's value, not the one set.
+    std::string rest;
+    (void)remove_member(json, key, rest);
+    return set_member(rest, key, value_json, out);
+  }
   out.clear();
   if (found) {
     out.reserve(json.size() - (found->value_end - found->value_begin) + value_json.size());

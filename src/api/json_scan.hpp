@@ -46,8 +46,9 @@ std::optional<MemberSpan> find_last_member(std::string_view json, std::string_vi
 
 // Writes `json` to `out` with the top-level member `key` set to `value_json`
 // (a serialized JSON value, copied verbatim): its value replaced in place if
-// present (the last one, if duplicated: the one parsers keep), else inserted
-// as the first member, right after '{', with `key` JSON-escaped:
+// present once; if duplicated, every copy removed (remove_member) and the key
+// inserted, so no parser, first- or last-wins, reads another value; if absent
+// inserted as the first member, right after '{', with `key` JSON-escaped:
 // `{}` -> `{"k":v}`, `{"a":1}` -> `{"k":v,"a":1}`. Every other byte is copied
 // unchanged. Returns false (and leaves `out` untouched) if `json` is not an
 // object. `out` is overwritten and must not alias `json`.
