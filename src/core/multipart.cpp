@@ -173,6 +173,13 @@ tl::expected<std::string_view, std::string> form_boundary(std::string_view conte
       same = p.value == found;
     } else if (p.key == "charset") {
       charset = p.value;
+    } else if (p.key.starts_with("boundary*") || p.key.starts_with("charset*")) {
+      // RFC 2231's boundary*, boundary*0, charset*...: Python's decode_params
+      // joins them into `boundary` / `charset` (the last wins there), a value
+      // Weir's reading never sees.
+      return tl::unexpected(
+          std::string("The multipart/form-data Content-Type's boundary and charset must be plain parameters "
+                      "(no RFC 2231 boundary* or charset*)."));
     }
   }
   if (py_count != 1 || !same)

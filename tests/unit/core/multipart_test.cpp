@@ -43,6 +43,13 @@ TEST(Multipart, BoundaryFromTheContentType) {
   EXPECT_FALSE(form_boundary("multipart/form-data; boundary=B; charset=utf-7"));
   EXPECT_FALSE(form_boundary("multipart/form-data; boundary=B; charset=\"latin-1\""));
   EXPECT_EQ(form_boundary("multipart/form-data; boundary=B; charset=UTF-8").value(), "B");
+  // RFC 2231 forms Python's decode_params joins into boundary / charset (the last wins there).
+  for (const char* ct :
+       {"multipart/form-data; boundary=W; boundary*=''U", "multipart/form-data; boundary=W; BOUNDARY*=utf-8''U",
+        "multipart/form-data; boundary=W; boundary*0=U; boundary*1=S",
+        "multipart/form-data; boundary=W; charset*=''utf-16",
+        "multipart/form-data; boundary=W; charset*0=latin-; charset*1=1"})
+    EXPECT_FALSE(form_boundary(ct)) << ct;
   EXPECT_EQ(form_boundary("multipart/form-data; charset=us-ascii; boundary=B").value(), "B");
 }
 

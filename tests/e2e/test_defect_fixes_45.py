@@ -1,0 +1,59 @@
+"""Defects found in stop 45's black-box rounds."""
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+
+from test_defect_fixes import RawUpstream
+
+MSG = [{"role": "user", "content": "hi"}]
+KEY = "sk-stop45-0001"
+
+
+def _json_answer(body: bytes = b'{"text":"ok"}') -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+
+
+def _form(boundary: bytes, model: bytes, filename: bytes) -> bytes:
+    return (b"--%s\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\n%s\r\n"
+            b"--%s\r\nContent-Disposition: form-data; name=\"file\"; filename=\"%s\"\r\nContent-Type: audio/wav\r\n\r\n"
+            b"RIFFxxxx\r\n--%s--\r\n") % (boundary, model, boundary, filename, boundary)
+
+
+# DEFECT: RFC 2231 `boundary*` (and its `boundary*0`, `boundary*1` continuations) is joined into `boundary` by
+# Python's email parser, which python-multipart (vLLM's form parser) reads the boundary with, the last copy
+# winning: Weir read the form after the preamble (an allowed model), the upstream the one before it (a model the
+# tenant may not use). `charset*` got past the UTF-8-only charset rule the same way. Each is a 400 now.
+@pytest.mark.parametrize("ctype", [
+    "multipart/form-data; boundary=WEIRSIDE; boundary*=''UPSTREAMSIDE",
+    "multipart/form-data; boundary=WEIRSIDE; boundary*0=UPSTREAM; boundary*1=SIDE",
+    "multipart/form-data; boundary=WEIRSIDE; BOUNDARY*=utf-8''UPSTREAMSIDE",
+    "multipart/form-data; boundary=WEIRSIDE; charset*=''utf-16",
+    "multipart/form-data; boundary=WEIRSIDE; charset*0=latin-; charset*1=1",
+])
+def test_rfc2231_boundary_and_charset_parameters_are_refused(weir, ctype):
+    seen = []
+    up = RawUpstream(lambda h, b: (seen.append(b), _json_answer())[1])
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}},
+                         "models": {"allowed-model": {"pool": "p"}, "secret-model": {"pool": "p"}},
+                         "tenants": {"t": {"models": ["allowed-model"]}},
+                         "auth": {"api_keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                                                "tenant": "t"}]}},
+                 workers=1)
+        body = (_form(b"UPSTREAMSIDE", b"secret-model", b"b.wav") + b"\r\n"
+                + _form(b"WEIRSIDE", b"allowed-model", b"a.wav"))
+        r = httpx.post(w.v1 + "/audio/transcriptions", content=body, timeout=10,
+                       headers={"authorization": f"Bearer {KEY}", "content-type": ctype})
+        assert r.status_code == 400, r.text
+        assert "RFC 2231" in r.json()["error"]["message"], r.text
+        assert not seen
+        # The plain form still passes.
+        ok = httpx.post(w.v1 + "/audio/transcriptions", content=_form(b"WEIRSIDE", b"allowed-model", b"a.wav"),
+                        timeout=10, headers={"authorization": f"Bearer {KEY}",
+                                             "content-type": "multipart/form-data; boundary=WEIRSIDE"})
+        assert ok.status_code == 200, ok.text
+    finally:
+        up.close()
