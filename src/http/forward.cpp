@@ -108,9 +108,12 @@ bool forwarded_upstream(const Field& f, bool strip_credentials) {
   // Weir's own controls (x-weir-timeout-ms, x-weir-priority, x-weir-fallbacks): the gateway's, not the upstream's.
   if (name.size() >= 7 && iequals(name.substr(0, 7), "x-weir-")) return false;
   // With Weir's credential or the pool's key in place, the client's credentials were for Weir (or for
-  // nobody), never for the provider: nor the OpenAI account and project the pool's key would bill.
-  return !(strip_credentials &&
-           (iequals(name, "x-api-key") || iequals(name, "openai-organization") || iequals(name, "openai-project")));
+  // nobody), never for the provider, in any provider's key header (Anthropic's x-api-key, Azure OpenAI's
+  // api-key, Gemini's x-goog-api-key, a proxy's x-forwarded-authorization): nor the OpenAI account and
+  // project the pool's key would bill.
+  return !(strip_credentials && (iequals(name, "x-api-key") || iequals(name, "api-key") ||
+                                 iequals(name, "x-goog-api-key") || iequals(name, "x-forwarded-authorization") ||
+                                 iequals(name, "openai-organization") || iequals(name, "openai-project")));
 }
 
 // The client's Accept-Encoding (all its lines as one list), cut to the

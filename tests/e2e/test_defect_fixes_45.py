@@ -57,3 +57,36 @@ def test_rfc2231_boundary_and_charset_parameters_are_refused(weir, ctype):
         assert ok.status_code == 200, ok.text
     finally:
         up.close()
+
+
+def _auth(tenant: str = "t") -> dict:
+    return {"api_keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": tenant}]}
+
+
+CHAT_OK = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+           b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
+           b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+
+
+# DEFECT: with Weir's auth on (or a pool key), only Authorization, x-api-key and Cookie were kept from the
+# upstream: the client's Weir key also sent as Azure's `api-key` (or Gemini's `x-goog-api-key`) reached the
+# provider, and a client could add a provider credential of its own beside the pool's key.
+@pytest.mark.parametrize("pool_key", [False, True], ids=["weir-auth", "weir-auth-and-pool-key"])
+def test_no_provider_key_header_of_the_client_goes_upstream(weir, pool_key):
+    seen = []
+    up = RawUpstream(lambda h, b: (seen.append(h), _json_answer(CHAT_OK))[1])
+    try:
+        pool = {"endpoints": [up.url], **({"api_key": "sk-pool-secret"} if pool_key else {})}
+        w = weir(config={"pools": {"p": pool}, "models": {"m": {"pool": "p"}}, "tenants": {"t": {"models": ["*"]}},
+                         "auth": _auth()}, workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10,
+                       headers={"authorization": f"Bearer {KEY}", "api-key": KEY, "x-goog-api-key": KEY,
+                                "x-forwarded-authorization": f"Bearer {KEY}", "x-custom": "kept"})
+        assert r.status_code == 200, r.text
+        got = seen[-1]
+        for name in ("api-key", "x-goog-api-key", "x-forwarded-authorization", "x-api-key"):
+            assert name not in got, got
+        assert got.get("authorization") == ("Bearer sk-pool-secret" if pool_key else None), got
+        assert got["x-custom"] == "kept"
+    finally:
+        up.close()

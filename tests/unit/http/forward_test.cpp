@@ -289,6 +289,25 @@ TEST(HttpForward, StripCredentialsMatchesFieldNamesCaseInsensitively) {
   EXPECT_EQ(values(out, "X-Api-Keys"), Values{"kept"});
 }
 
+// Every provider's key header is a credential: Azure OpenAI reads api-key, Gemini x-goog-api-key.
+TEST(HttpForward, StripCredentialsRemovesEveryProvidersKeyHeader) {
+  auto o = options();
+  o.strip_credentials = true;
+  std::string out;
+  append_upstream_request_head(out,
+                               request("POST / HTTP/1.1\r\nApi-Key: a\r\nx-goog-api-key: b\r\n"
+                                       "X-Forwarded-Authorization: Bearer c\r\nX-Trace: kept\r\n\r\n"),
+                               o);
+  EXPECT_EQ(values(out, "api-key"), Values{});
+  EXPECT_EQ(values(out, "x-goog-api-key"), Values{});
+  EXPECT_EQ(values(out, "x-forwarded-authorization"), Values{});
+  EXPECT_EQ(values(out, "X-Trace"), Values{"kept"});
+  o.strip_credentials = false;  // no auth and no pool key: a private server checks them itself
+  out.clear();
+  append_upstream_request_head(out, request("POST / HTTP/1.1\r\nApi-Key: a\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "api-key"), Values{"a"});
+}
+
 TEST(HttpForward, IdentityDropsAcceptEncodingAndAsksForIdentity) {
   std::string out;
   append_upstream_request_head(out, request(kClientHead), options());
