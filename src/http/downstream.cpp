@@ -147,6 +147,7 @@ void Downstream::release_request() {
 
 void Downstream::begin_request() {
   bytes_out_ = 0;
+  acked_fresh_ = true;
   chunked_ = http11();
   ended_ = false;
 }
@@ -318,8 +319,7 @@ Task<bool> Downstream::read_body() {
     auto [ec, n] = co_await asio::async_write(sock_, asio::buffer(kContinue), use_task);
     watchdog_.disarm();
     // (The interim response is bytes written to the client: the log's bytes_out and weir_response_bytes_total.)
-    bytes_out_ += n;
-    if (bytes_out_total_) *bytes_out_total_ += n;
+    count_out(n);
     if (ec) {
       peer_gone_ = true;
       keep_alive_ = false;

@@ -15,6 +15,7 @@
 
 #include "core/async.hpp"
 #include "core/config.hpp"
+#include "core/time.hpp"
 #include "http/flat_parser.hpp"
 #include "http/forward.hpp"
 #include "http/io.hpp"
@@ -224,6 +225,18 @@ class Downstream {
   // send buffer is free, which a steady slow reader may take long to make).
   // Only its changes mean anything. One getsockopt.
   std::uint64_t progress();
+  // Bytes written to the socket the client's TCP has not acknowledged (the
+  // kernel's send queue: unsent or in flight), which held() does not see:
+  // the kernel takes writes until its send buffer (autotuned to 4 MiB) is
+  // full, so a client that stops reading is first behind there. An
+  // estimate from the last reading (TCP_INFO's tcpi_bytes_acked), read
+  // again (one getsockopt) only when it passes `recheck_over` bytes: a
+  // client that keeps up costs one call per that many bytes written.
+  std::uint64_t unacked(std::uint64_t recheck_over);
+  // When a reading (unacked(), progress()) last found the client's
+  // acknowledged bytes moved, or the request's first reading; what
+  // server.write_timeout is measured from while bytes are unacknowledged.
+  core::TimePoint acked_moved_at() const { return acked_moved_at_; }
   // A deadline (head, body or a write) passed.
   bool timed_out() const { return timed_out_; }
 
@@ -328,6 +341,18 @@ class Downstream {
   bool write_wait_ = false;       // the watchdog's deadline is a write's (arm_write_deadline)
   std::uint64_t acked_mark_ = 0;  // tcp_bytes_acked when it was set, or last moved
   std::uint64_t bytes_out_ = 0;
+  std::uint64_t written_ = 0;     // bytes written to the socket over the connection's life
+  std::uint64_t acked_seen_ = 0;  // tcpi_bytes_acked at the last reading (unacked, progress)
+  core::TimePoint acked_moved_at_{};
+  bool acked_fresh_ = true;  // no reading yet for this request: the next one starts write_timeout's clock
+  // A write of `n` bytes: the request's bytes_out, the connection's count, the listener's total.
+  void count_out(std::size_t n) {
+    bytes_out_ += n;
+    written_ += n;
+    if (bytes_out_total_) *bytes_out_total_ += n;
+  }
+  // One reading of tcpi_bytes_acked into acked_seen_ (and acked_moved_at_); false when the kernel does not say.
+  bool read_acked();
 };
 
 }  // namespace weir::http

@@ -36,11 +36,12 @@ static_assert(offsetof(TcpInfoToAcked, bytes_acked) == 120, "tcpi_bytes_acked's 
 
 // Bytes of the connection's output the peer has acknowledged, 0 when the
 // kernel does not say (one getsockopt).
-std::uint64_t tcp_bytes_acked(int fd) {
+std::uint64_t tcp_bytes_acked(int fd, bool* known = nullptr) {
   TcpInfoToAcked info{};
   socklen_t len = sizeof info;
-  if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 || len < sizeof info) return 0;
-  return info.bytes_acked;
+  const bool ok = ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 && len >= sizeof info;
+  if (known) *known = ok;
+  return ok ? info.bytes_acked : 0;
 }
 }  // namespace
 
@@ -76,8 +77,7 @@ void Downstream::start_write() {
   // socket did not take goes out through the write loop below.
   error_code ec;
   const std::size_t sent = sock_.write_some(asio::buffer(out_), ec);
-  bytes_out_ += sent;
-  if (bytes_out_total_) *bytes_out_total_ += sent;
+  count_out(sent);
   if (!ec && sent == out_.size()) {
     out_.clear();
     return;
@@ -107,8 +107,7 @@ void Downstream::send_now(const std::array<std::string_view, N>& parts) {
   }
   error_code ec;
   const std::size_t sent = sock_.write_some(bufs, ec);
-  bytes_out_ += sent;
-  if (bytes_out_total_) *bytes_out_total_ += sent;
+  count_out(sent);
   if (!ec && sent == total) return;
   if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
     write_failed_ = true;
@@ -164,8 +163,7 @@ void Downstream::write_more() {
 }
 
 void Downstream::wrote_more(error_code ec, std::size_t n) {
-  bytes_out_ += n;
-  if (bytes_out_total_) *bytes_out_total_ += n;
+  count_out(n);
   wsent_ += n;
   if (!ec && wsent_ < wbuf_.size()) {
     arm_write_deadline();
@@ -224,8 +222,7 @@ Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
     ec = wec;  // (the deadline's cancel: operation_aborted, and timed_out() says why)
     if (ec) break;
   }
-  bytes_out_ += n;
-  if (bytes_out_total_) *bytes_out_total_ += n;
+  count_out(n);
   if (ec) {
     write_failed_ = true;
     peer_gone_ = true;
@@ -239,7 +236,28 @@ void Downstream::arm_write_deadline() {
   acked_mark_ = tcp_bytes_acked(sock_.native_handle());
   watchdog_.expires_after(sc_.write_timeout);
 }
-std::uint64_t Downstream::progress() { return bytes_out_ + tcp_bytes_acked(sock_.native_handle()); }
+bool Downstream::read_acked() {
+  bool known = false;
+  const std::uint64_t acked = tcp_bytes_acked(sock_.native_handle(), &known);
+  if (!known) {
+    acked_seen_ = written_;  // nothing to measure by: as if all were taken
+    return false;
+  }
+  if (acked > acked_seen_ || acked_fresh_) acked_moved_at_ = core::now();
+  acked_fresh_ = false;
+  acked_seen_ = std::max(acked_seen_, acked);
+  return true;
+}
+
+std::uint64_t Downstream::unacked(std::uint64_t recheck_over) {
+  if (written_ - std::min(acked_seen_, written_) > recheck_over) (void)read_acked();
+  return written_ - std::min(acked_seen_, written_);
+}
+
+// The client's progress is what its TCP acknowledged: a write the kernel
+// took is not (it takes writes until its send buffer is full, from a
+// client that reads nothing). Without TCP_INFO, the bytes written.
+std::uint64_t Downstream::progress() { return read_acked() ? acked_seen_ : bytes_out_; }
 
 bool Downstream::write_progressed() {
   // A write's deadline: bytes the client acknowledged since it was set are

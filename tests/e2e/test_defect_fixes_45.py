@@ -90,3 +90,34 @@ def test_no_provider_key_header_of_the_client_goes_upstream(weir, pool_key):
         assert got["x-custom"] == "kept"
     finally:
         up.close()
+
+
+# DEFECT: a client that stops reading (a suspended process) was cut off by neither server.write_timeout nor
+# server.max_stream_buffer while the kernel still took Weir's writes: its send buffer autotunes to 4 MiB, and both
+# bounds counted only Weir's own queue. The generation ran on (billed whole, logged 200) though the client read
+# nothing. The bytes the kernel holds unacknowledged count now.
+@pytest.mark.parametrize("server,code", [
+    ({"write_timeout": "2s"}, "client_write_timeout"),
+    ({"write_timeout": "30s", "max_stream_buffer": "4KiB", "max_event": "4KiB"}, "slow_client"),
+], ids=["write-timeout", "max-stream-buffer"])
+def test_a_client_that_stops_reading_is_cut_off_though_the_kernel_takes_the_bytes(weir, mock, server, code):
+    import socket
+
+    from conftest import wait_until
+    m = mock("--any-model", "--ttft-ms", 10, "--itl-ms", 5, "--max-tokens", 30000)
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
+                     "server": server}, workers=1)
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(("127.0.0.1", w.port))
+    try:
+        body = ('{"model":"m","stream":true,"max_tokens":30000,"messages":[{"role":"user","content":"hi"}]}')
+        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+                  f"x-request-id: frozen\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
+        # Never read: the line comes once Weir cuts the stream off, and the upstream is aborted.
+        line = w.log_for("frozen", timeout=15)
+        assert line["status"] == 499 and line["error"]["code"] == code, line
+        assert w.metric("weir_slow_client_cutoffs_total") == 1
+        wait_until(lambda: m.aborts() >= 1, 5)
+    finally:
+        s.close()

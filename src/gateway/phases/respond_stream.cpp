@@ -17,6 +17,10 @@ namespace {
 // How long a stream's client may take nothing while its backlog is over
 // server.max_stream_buffer before it is cut off as slow.
 constexpr std::chrono::milliseconds kSlowClientGrace{300};
+// Unacknowledged bytes over which the relay reads the client's TCP state
+// again (one getsockopt per this many bytes of a client that keeps up), and
+// over which server.write_timeout counts a client that acknowledges none.
+constexpr std::uint64_t kAckRecheck = 32 * 1024;
 
 // An Anthropic stream's content delta (text, thinking, tool input): the events charged as tokens when the
 // stream ends without its usage. Anthropic names each event's type in its `event:` field; its data's "type"
@@ -256,8 +260,14 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   }
   // Bytes of earlier reads the client has not taken yet: the slow-client
   // measure. Not this read's events: one event larger than the bound (a
-  // chunk with prompt_logprobs) is not a slow client.
-  const std::size_t backlog = down_.held();  // (memory: the write loop's buffer until it is sent whole)
+  // chunk with prompt_logprobs) is not a slow client. Those Weir holds
+  // (memory: the write loop's buffer until it is sent whole) and those the
+  // kernel holds unacknowledged: it takes writes until its autotuned send
+  // buffer (up to 4 MiB) is full, so a client that stops reading is behind
+  // there first (read again only past kAckRecheck bytes).
+  const std::uint64_t unacked =
+      down_.unacked(std::min<std::uint64_t>(kAckRecheck, std::max<std::size_t>(sc.max_stream_buffer_bytes / 2, 1)));
+  const std::size_t backlog = down_.held() + unacked;
   if (!events.empty()) {
     if (ctx.capture) capture_response(ctx, events);
     // The stream's end ([DONE], or a translated stream's last event) goes
@@ -308,6 +318,13 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     }
   } else {
     s.out_when_over = ~std::uint64_t{0};
+    // server.write_timeout: bytes wait unacknowledged in the kernel and the
+    // client took none of them for that long (a frozen client whose kernel
+    // still takes writes; checked as the upstream's bytes arrive).
+    if (unacked > kAckRecheck && core::now() - down_.acked_moved_at() >= sc.write_timeout) {
+      s.write_cut = true;
+      return false;
+    }
   }
   // The client left (and the upstream was aborted).
   return !down_.client_gone();
@@ -328,8 +345,8 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   // translation could give the client only an error (no message, no
   // response), and a fallback may give an answer.
   const bool held_empty = ctx.hooks.translating() && s.holding && !ctx.committed;
-  const bool incomplete = failure == http::UpstreamFailure::none && !s.cut_off && !down_.client_gone() &&
-                          ((!ctx.hooks.done_relayed() && done_expected(ctx)) || held_empty);
+  const bool incomplete = failure == http::UpstreamFailure::none && !s.cut_off && !s.write_cut &&
+                          !down_.client_gone() && ((!ctx.hooks.done_relayed() && done_expected(ctx)) || held_empty);
   if (incomplete) failure = http::UpstreamFailure::protocol;
   ctx.t_upstream_done = core::now();
   --metrics.active_streams;
@@ -338,10 +355,10 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
     ctx.has_usage = true;
     ctx.usage = ctx.hooks.usage().usage();
   }
-  if (s.cut_off) {
+  if (s.cut_off || s.write_cut) {
     src.cancel();
     down_.close();
-    return Outcome::failed(client_gone(ClientGone::slow));
+    return Outcome::failed(client_gone(s.cut_off ? ClientGone::slow : ClientGone::write_timeout));
   }
   // The client read [DONE] and left before the upstream's last bytes (the
   // openai SDK closes as soon as it reads [DONE]): a complete stream.
