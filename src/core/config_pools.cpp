@@ -300,8 +300,8 @@ ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, Po
 
 // A file the process must be able to read at start-up.
 ConfigResult<void> check_readable(const YAML::Node& v, const std::string& key, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return tl::unexpected(config_error(v, key, fmt::format("cannot read '{}'", path)));
+  if (auto why = unreadable_file(path); !why.empty())
+    return tl::unexpected(config_error(v, key, fmt::format("'{}' {}", path, why)));
   return {};
 }
 

@@ -1,8 +1,13 @@
 #include "core/yaml.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -354,6 +359,17 @@ std::optional<std::string> first_yaml_difference(const YAML::Node& a, const YAML
   }
   if (canonical_yaml(a) == canonical_yaml(b)) return std::nullopt;
   return key;
+}
+
+std::string unreadable_file(const std::string& path, bool absent_ok) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT && absent_ok) return {};
+    return fmt::format("cannot be read ({})", std::strerror(errno));
+  }
+  if (!S_ISREG(st.st_mode)) return "is not a regular file";
+  if (::access(path.c_str(), R_OK) != 0) return fmt::format("cannot be read ({})", std::strerror(errno));
+  return {};
 }
 
 }  // namespace weir::core

@@ -40,6 +40,12 @@ YAML::Node node_at(const YAML::Node& root, std::string_view path);
 // a configured key or version inject header lines.
 bool field_value_ok(std::string_view v);
 
+// Why the file at `path`, named by a configuration key, cannot be read
+// ("is not a regular file", "cannot be read (reason)"), or "" when it can: it must be a regular file this process may
+// read. A FIFO or a device is refused: opening one blocks the reader (`weir --check`, start-up, a reload on the control
+// thread) until some writer comes. `absent_ok`: a file that does not exist yet is fine (one Weir creates).
+std::string unreadable_file(const std::string& path, bool absent_ok = false);
+
 // Scalar readers: each checks the node's type and range and names `key` on error.
 ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key);
 ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key);

@@ -89,6 +89,9 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     if (!std::filesystem::is_directory(d, ec) || ::access(d.c_str(), W_OK | X_OK) != 0)
       return tl::unexpected(config_error(node["keys_file"], "admin.keys_file",
                                          fmt::format("directory {} does not exist or is not writable", d)));
+    // (A FIFO there would hang the first read, at start-up or --check.)
+    if (auto why = core::unreadable_file(*f, /*absent_ok=*/true); !why.empty())
+      return tl::unexpected(config_error(node["keys_file"], "admin.keys_file", fmt::format("{} {}", *f, why)));
     a.keys_file = std::move(*f);
   }
   return std::optional<AdminConfig>(std::move(a));

@@ -207,11 +207,10 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
     // IdP may be down for a moment.)
     if (out.auth && out.auth->jwt && !out.auth->jwt->jwks_file.empty()) {
       const std::string& path = out.auth->jwt->jwks_file;
-      std::string why;
+      std::string why = core::unreadable_file(path);
       std::string text;
-      std::error_code fec;
-      if (!std::filesystem::is_regular_file(path, fec)) {
-        why = fec ? fmt::format("cannot be read ({})", fec.message()) : "is not a regular file";
+      if (!why.empty()) {
+        // (not a regular file, or not readable)
       } else if (std::ifstream in(path, std::ios::binary); !in) {
         why = fmt::format("cannot be opened ({})", std::strerror(errno));
       } else {

@@ -1,7 +1,5 @@
 #include "tracing/config.hpp"
 
-#include <sys/stat.h>
-
 #include <algorithm>
 #include <cstdlib>
 
@@ -154,9 +152,8 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
     WEIR_TRY(f, core::read_string(v, "tracing.ca_file"));
     if (!c.endpoint.tls)
       return tl::unexpected(config_error(v, "tracing.ca_file", "only for an https:// otlp_endpoint"));
-    struct stat st {};
-    if (::stat(f.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-      return tl::unexpected(config_error(v, "tracing.ca_file", fmt::format("{} is not a readable file", f)));
+    if (auto why = core::unreadable_file(f); !why.empty())
+      return tl::unexpected(config_error(v, "tracing.ca_file", fmt::format("{} {}", f, why)));
     c.ca_file = std::move(f);
   }
   return c;

@@ -121,3 +121,27 @@ def test_a_client_that_stops_reading_is_cut_off_though_the_kernel_takes_the_byte
         wait_until(lambda: m.aborts() >= 1, 5)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("section", [
+    "pools:\n  p: {{endpoints: ['https://127.0.0.1:9'], tls: {{ca_file: {fifo}}}}}\nmodels:\n  m: {{pool: p}}\n",
+    "pools:\n  p: {{endpoints: ['https://127.0.0.1:9'], tls: {{client_cert: {fifo}, client_key: {fifo}}}}}\n"
+    "models:\n  m: {{pool: p}}\n",
+    "pools:\n  p: {{endpoints: ['http://127.0.0.1:9']}}\nmodels:\n  m: {{pool: p}}\ntenants:\n  t: {{}}\n"
+    "admin: {{listen: '127.0.0.1:0', token_sha256: '{h}', keys_file: {fifo}}}\n",
+], ids=["ca_file", "client_cert", "keys_file"])
+def test_a_fifo_named_as_a_file_to_read_is_refused_at_check_and_start_up(tmp_path, section):
+    # A pool's TLS file or admin.keys_file that was a FIFO hung `weir --check` and start-up in silence (the read
+    # waited for a writer), as the access log's did: every file the configuration reads must be a regular file.
+    import os
+
+    from conftest import free_port
+    from test_config_check import weir_run
+    fifo = tmp_path / "x.fifo"
+    os.mkfifo(fifo)
+    path = tmp_path / "c.yaml"
+    path.write_text(f"listen: 127.0.0.1:{free_port()}\n"
+                    + section.format(fifo=fifo, h=hashlib.sha256(b"admin").hexdigest()))
+    for args in (["--check"], []):
+        r = weir_run("--config", path, *args, timeout=10)
+        assert r.returncode == 2 and "is not a regular file" in r.stderr, (args, r.returncode, r.stderr)

@@ -1,5 +1,8 @@
 #include "core/config.hpp"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 using weir::core::parse_config;
@@ -306,7 +309,18 @@ TEST(ConfigTls, HttpsEndpointsWithTlsSection) {
 TEST(ConfigTls, Errors) {
   const std::string f = readable_file();
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {ca_file: /nonexistent/ca.pem}\n"),
-            "weir.yaml:4:20: pools.h.tls.ca_file: cannot read '/nonexistent/ca.pem'");
+            "weir.yaml:4:20: pools.h.tls.ca_file: '/nonexistent/ca.pem' cannot be read (No such file or directory)");
+  // A FIFO (or a device) would block the read until a writer came: --check, start-up or a reload hung.
+  const std::string fifo = ::testing::TempDir() + "weir-config-test.fifo";
+  (void)::unlink(fifo.c_str());
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {client_cert: " + fifo +
+                     ", client_key: " + fifo + "}\n"),
+            "weir.yaml:4:24: pools.h.tls.client_cert: '" + fifo + "' is not a regular file");
+  EXPECT_NE(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {ca_file: /dev/zero}\n")
+                .find("is not a regular file"),
+            std::string::npos);
+  (void)::unlink(fifo.c_str());
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {verify: maybe}\n"),
             "weir.yaml:4:19: pools.h.tls.verify: expected true or false");
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {insecure: true}\n"),
