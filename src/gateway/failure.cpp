@@ -168,6 +168,13 @@ core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_b
       upstream_message(who, fmt::format("sent a response larger than {} bytes", limit_bytes)));
 }
 
+core::Error upstream_inflates_too_much(const UpstreamSubject& who, std::uint64_t ratio) {
+  auto e = core::upstream_unavailable(upstream_message(
+      who, fmt::format("sent a compressed body that inflates more than {}:1 (a decompression bomb)", ratio)));
+  e.code = "upstream_invalid_response";
+  return e;
+}
+
 core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view encoding) {
   auto e = core::upstream_unavailable(upstream_message(
       who, fmt::format("sent a body in Content-Encoding '{}', which Weir cannot decode (it decodes gzip and deflate)",

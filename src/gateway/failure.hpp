@@ -85,6 +85,8 @@ core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, s
 core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms, bool mid_stream = false);
 // A buffered upstream body over server.max_response (502).
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
+// A compressed body that inflates past `ratio`:1 (a decompression bomb): 502, code upstream_invalid_response.
+core::Error upstream_inflates_too_much(const UpstreamSubject& who, std::uint64_t ratio);
 // A body in a Content-Encoding Weir cannot decode (it decodes gzip and deflate), for a client
 // that does not accept it or an answer whose usage Weir must read (502, code
 // upstream_invalid_response).

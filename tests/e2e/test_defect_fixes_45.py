@@ -145,3 +145,38 @@ def test_a_fifo_named_as_a_file_to_read_is_refused_at_check_and_start_up(tmp_pat
     for args in (["--check"], []):
         r = weir_run("--config", path, *args, timeout=10)
         assert r.returncode == 2 and "is not a regular file" in r.stderr, (args, r.returncode, r.stderr)
+
+
+def _hwm_kb(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return 0
+
+
+@pytest.mark.parametrize("path,body", [
+    ("/responses", {"model": "m", "input": "hi", "stream": True}),
+    ("/messages", {"model": "m", "messages": MSG, "stream": True, "max_tokens": 5}),
+    ("/chat/completions", {"model": "m", "messages": MSG}),
+], ids=["responses", "messages", "chat-json"])
+def test_a_decompression_bomb_is_refused_before_it_inflates(weir, path, body):
+    # A translated route decodes an OpenAI pool's compressed stream whole (and any route a compressed JSON
+    # answer): 300 KiB of gzip inflated to 250 MiB (server.max_response) before anything was refused, 270 MB of
+    # memory per request. Past its first MiB a body may inflate at most 200:1.
+    import zlib
+    comp = zlib.compressobj(9, zlib.DEFLATED, 31)
+    chunk = b"data: " + b"a" * (1 << 20) + b"\n\n"
+    gz = b"".join(comp.compress(chunk) for _ in range(250)) + comp.flush()
+    ctype = b"application/json" if path == "/chat/completions" else b"text/event-stream"
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: %s\r\ncontent-encoding: gzip\r\n"
+                     b"content-length: %d\r\n\r\n%s" % (ctype, len(gz), gz))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + path, json=body, headers={"x-request-id": "bomb", "anthropic-version": "2023-06-01"},
+                       timeout=30)
+        assert r.status_code == 502 or "decompression bomb" in r.text, r.text
+        line = w.log_for("bomb")
+        assert line["error"]["code"] == "upstream_invalid_response", line
+        assert _hwm_kb(w.process.pid) < 100 * 1024
+    finally:
+        up.close()

@@ -33,6 +33,10 @@ namespace weir::gateway {
 namespace bh = boost::beast::http;
 
 namespace {
+// A compressed upstream body's decoded bytes: any ratio up to kInflateFree,
+// past it at most kMaxInflation times the compressed size.
+constexpr std::uint64_t kInflateFree = 1 << 20;
+constexpr std::uint64_t kMaxInflation = 200;
 
 // An OpenAI client's stream made from a whole answer (`chunk`: the one
 // chunk that carries all of it): that chunk without its usage, then, when
@@ -275,7 +279,12 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     const bool gzip =
         core::iequals(encoding, "gzip") || core::iequals(encoding, "x-gzip") || core::iequals(encoding, "deflate");
     bool over = false;  // it decodes past server.max_response: too large, not undecodable
-    if (gzip && http::gunzip(out, ctx.scratch, sc.max_response_bytes, &over)) {
+    // Past its first MiB a body may not inflate more than kMaxInflation:1
+    // (JSON and event streams gzip 3:1 to ~30:1; a decompression bomb
+    // ~1000:1): 200 KiB of gzip is never 250 MiB of memory per request.
+    const std::uint64_t cap = std::min<std::uint64_t>(
+        sc.max_response_bytes, std::max<std::uint64_t>(kInflateFree, std::uint64_t{out.size()} * kMaxInflation));
+    if (gzip && http::gunzip(out, ctx.scratch, cap, &over)) {
       plain = ctx.scratch;
       if (!accepted) {
         out = ctx.scratch;
@@ -287,8 +296,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       // when the answer is a 2xx Weir reads usage from, on any route (a
       // coding Weir did not ask for, br or zstd, would otherwise pass
       // uncounted by limits and budgets: a rerank, an Anthropic pool's message).
-      const core::Error why =
-          over ? upstream_too_large(subject(ctx), sc.max_response_bytes) : upstream_undecodable(subject(ctx), encoding);
+      const core::Error why = !over                          ? upstream_undecodable(subject(ctx), encoding)
+                              : cap == sc.max_response_bytes ? upstream_too_large(subject(ctx), sc.max_response_bytes)
+                                                             : upstream_inflates_too_much(subject(ctx), kMaxInflation);
       if (status >= 200 && status < 300 && status != 204) co_return no_answer(ctx, why);
       if (!accepted) {
         count_upstream_failure(ctx, http::UpstreamFailure::protocol);
