@@ -50,6 +50,8 @@ class GatewayPhases final : public Phases {
   core::Task<Outcome> authenticate(RequestContext& ctx) override;
   bool authenticate_now(RequestContext& ctx, Outcome& o) override;
   Outcome parse(RequestContext& ctx) override;
+  // A body the parse phase refused (`e`): the model it names kept for the log and the metrics' label.
+  Outcome refused_body(RequestContext& ctx, core::Error e);
   Outcome route(RequestContext& ctx) override;
   core::Task<Outcome> admit(RequestContext& ctx) override;
   bool admit_now(RequestContext& ctx, Outcome& o) override;

@@ -180,3 +180,22 @@ def test_a_decompression_bomb_is_refused_before_it_inflates(weir, path, body):
         assert _hwm_kb(w.process.pid) < 100 * 1024
     finally:
         up.close()
+
+
+@pytest.mark.parametrize("headers,body", [
+    ({"x-weir-fallbacks": "abc"}, {"model": "good", "messages": MSG}),
+    ({}, {"model": "good", "messages": MSG, "stream": "yes"}),
+], ids=["bad-fallbacks-header", "invalid-body"])
+def test_a_refused_request_is_logged_and_counted_with_its_model(weir, mock, headers, body):
+    # A bad x-weir-fallbacks was checked before the route's model and pool were kept (metrics model="", log
+    # pool null, no duration observed); a body the parse refused logged "model": null though the client named
+    # one. Both now carry the model, as the other refusals after routing do.
+    m = mock("--any-model")
+    w = weir(config={"pools": {"good": {"endpoints": [m.base_url]}}, "models": {"good": {"pool": "good"}}}, workers=1)
+    r = httpx.post(w.v1 + "/chat/completions", json=body, headers={"x-request-id": "refused", **headers}, timeout=10)
+    assert r.status_code == 400, r.text
+    line = w.log_for("refused")
+    assert line["model"] == "good", line
+    if headers:
+        assert line["pool"] == "good", line
+    assert w.metric("weir_requests_total", model="good", status="400") == 1

@@ -62,7 +62,7 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     const auto r = ctx.gen->routes().find(peek_model(down_.body()));
     if (r && ctx.gen->config().pools[r->pool].type == core::UpstreamType::anthropic) {
       auto fields = api::anthropic::read_messages_request(down_.body(), ctx.route == RouteKind::messages_count_tokens);
-      if (!fields) return Outcome::failed(std::move(fields.error()));
+      if (!fields) return refused_body(ctx, std::move(fields.error()));
       ctx.fields = std::move(*fields);
       ctx.model = std::move(ctx.fields.model);
       ctx.stream = ctx.fields.stream;
@@ -78,7 +78,7 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
             : api::anthropic::translate_request(ctx.route == RouteKind::messages ? api::anthropic::Target::messages
                                                                                  : api::anthropic::Target::count_tokens,
                                                 down_.body(), ctx.edit_buf);
-    if (!fields) return Outcome::failed(std::move(fields.error()));
+    if (!fields) return refused_body(ctx, std::move(fields.error()));
     ctx.fields = std::move(*fields);
     ctx.model = std::move(ctx.fields.model);
     ctx.stream = ctx.fields.stream;
@@ -89,11 +89,23 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
                     ? api::parse_audio_request(
                           http::first_field(down_.request(), boost::beast::http::field::content_type), down_.body())
                     : api::parse_request(*api, down_.body());
-  if (!fields) return Outcome::failed(std::move(fields.error()));
+  if (!fields) return refused_body(ctx, std::move(fields.error()));
   ctx.fields = std::move(*fields);
   ctx.model = std::move(ctx.fields.model);
   ctx.stream = ctx.fields.stream;
   return Outcome::next();
+}
+
+Outcome GatewayPhases::refused_body(RequestContext& ctx, core::Error e) {
+  // The log, the request log, the span and the metrics name the model the
+  // client sent (as for a refusal after routing), though its body was refused.
+  if (ctx.model.empty()) {
+    ctx.model = peek_model(down_.body());  // ("" for a body that is no JSON object: a form)
+    if (const auto r = ctx.gen->routes().find(ctx.model); r && !ctx.model.empty())
+      ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
+                                                                 : ctx.gen->labels().model_slot[r->model_index];
+  }
+  return Outcome::failed(std::move(e));
 }
 
 Outcome GatewayPhases::route(RequestContext& ctx) {
@@ -111,8 +123,12 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   auto r = ctx.gen->routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
   ctx.target = *r;
+  ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
+                                                             : ctx.gen->labels().model_slot[r->model_index];
+  ctx.pool = static_cast<int>(r->pool);
   // x-weir-fallbacks: N (0..) caps the chain for this request; "none" is 0.
-  // Checked on every model, so a client's typo is a 400 before it matters.
+  // Checked on every model, so a client's typo is a 400 before it matters
+  // (logged and counted with its model and pool, as the other headers' are).
   if (const std::string_view h = http::first_field(down_.request(), "x-weir-fallbacks"); !h.empty()) {
     unsigned n = 0;
     const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), n);
@@ -122,9 +138,6 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
       return Outcome::failed(core::bad_request("x-weir-fallbacks must be a number of fallbacks (0, 1, ...) or none."));
     ctx.fallback_limit = static_cast<std::uint8_t>(std::min(n, 255u));
   }
-  ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
-                                                             : ctx.gen->labels().model_slot[r->model_index];
-  ctx.pool = static_cast<int>(r->pool);
   // x-weir-timeout-ms: N bounds the whole request from its arrival, queueing
   // and retries included (docs/reliability.md#deadlines). Relative, as
   // gRPC's grpc-timeout and Envoy's x-envoy-upstream-rq-timeout-ms, so no
