@@ -152,4 +152,13 @@ void WideIntegers::restore(std::string& text) const {
   text = std::move(out);
 }
 
+std::string_view WideIntegers::literal_of(std::string_view s) const {
+  if (literals_.empty() || !s.starts_with(nonce_)) return {};
+  s.remove_prefix(nonce_.size());
+  std::size_t index = 0;
+  const auto r = std::from_chars(s.data(), s.data() + s.size(), index);
+  if (r.ec != std::errc() || r.ptr != s.data() + s.size() || index >= literals_.size()) return {};
+  return literals_[index];
+}
+
 }  // namespace weir::api

@@ -52,6 +52,10 @@ class WideIntegers {
 
   bool empty() const { return literals_.empty(); }
 
+  // The literal `s` stands for when it is one of this object's tokens (the
+  // whole string), else "".
+  std::string_view literal_of(std::string_view s) const;
+
  private:
   void make_nonce();
 

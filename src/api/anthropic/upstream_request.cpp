@@ -559,8 +559,12 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
   if (!count) {
     const auto* mt = in.if_contains("max_tokens");
     if (!mt || mt->is_null()) return fail("max_tokens: Field required", "max_tokens");
-    const bool ok = (mt->is_int64() && mt->get_int64() >= 1 && mt->get_int64() <= 0xffffffffLL) ||
-                    (mt->is_uint64() && mt->get_uint64() >= 1 && mt->get_uint64() <= 0xffffffffULL);
+    // (Weir counts it in 32 bits: a larger one, one past 64 bits that parses as a double too, is refused with
+    // its real bound, not as "not positive".)
+    if ((mt->is_int64() && mt->get_int64() > 0xffffffffLL) || (mt->is_uint64() && mt->get_uint64() > 0xffffffffULL) ||
+        (mt->is_double() && mt->get_double() > 4294967295.0))
+      return fail("max_tokens: Input should be less than or equal to 4294967295", "max_tokens");
+    const bool ok = (mt->is_int64() && mt->get_int64() >= 1) || (mt->is_uint64() && mt->get_uint64() >= 1);
     if (!ok) return fail("max_tokens: Input should be a positive integer", "max_tokens");
     f.max_tokens = static_cast<std::uint32_t>(mt->to_number<std::uint64_t>());
     if (const auto* s = in.if_contains("stream"); s && !s->is_null()) {

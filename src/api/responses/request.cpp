@@ -412,8 +412,13 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
 
   e["max_output_tokens"] = nullptr;
   if (const auto* mt = in.if_contains("max_output_tokens"); mt && !mt->is_null()) {
-    const bool positive = (mt->is_int64() && mt->get_int64() >= 1 && mt->get_int64() <= 0xffffffffLL) ||
-                          (mt->is_uint64() && mt->get_uint64() >= 1 && mt->get_uint64() <= 0xffffffffULL);
+    // (Weir counts it in 32 bits: a larger one, one past 64 bits that parses as a double too, is refused with
+    // its real bound, not as "not positive".)
+    if ((mt->is_int64() && mt->get_int64() > 0xffffffffLL) || (mt->is_uint64() && mt->get_uint64() > 0xffffffffULL) ||
+        (mt->is_double() && mt->get_double() > 4294967295.0) ||
+        (mt->is_string() && wide.literal_of(sv(mt->get_string())).find_first_of("123456789") == 0))
+      return invalid("max_output_tokens: Input should be less than or equal to 4294967295", "max_output_tokens");
+    const bool positive = (mt->is_int64() && mt->get_int64() >= 1) || (mt->is_uint64() && mt->get_uint64() >= 1);
     if (!positive) return invalid("max_output_tokens: Input should be a positive integer", "max_output_tokens");
     f.max_tokens = static_cast<std::uint32_t>(mt->to_number<std::uint64_t>());
     o["max_tokens"] = f.max_tokens;

@@ -40,6 +40,21 @@ TEST(AnthropicRequest, MinimalRequest) {
   EXPECT_EQ(f.prompt_overhead_tokens, RequestFields::kChatTokensPerMessage);
 }
 
+TEST(AnthropicRequest, MaxTokensBeyond32BitsSaysItsBound) {
+  // A positive number past 2^32 - 1 was refused as "not a positive integer".
+  for (std::string_view mt : {"4294967296", "18446744073709551615", "99999999999999999999"}) {
+    const auto e = failure(std::string(R"({"model":"m","max_tokens":)") + std::string(mt) +
+                           R"(,"messages":[{"role":"user","content":"x"}]})");
+    EXPECT_EQ(e.param, "max_tokens");
+    EXPECT_EQ(e.message, "max_tokens: Input should be less than or equal to 4294967295") << mt;
+  }
+  EXPECT_EQ(failure(R"({"model":"m","max_tokens":0,"messages":[{"role":"user","content":"x"}]})").message,
+            "max_tokens: Input should be a positive integer");
+  RequestFields f;
+  upstream(R"({"model":"m","max_tokens":4294967295,"messages":[{"role":"user","content":"x"}]})", Target::messages, &f);
+  EXPECT_EQ(f.max_tokens, 4294967295u);
+}
+
 TEST(AnthropicRequest, AnEmptyConversationIsRefusedAndAnEmptySystemIsNone) {
   // Anthropic's API refuses both with a 400; translated, they would generate from an empty prompt.
   EXPECT_EQ(failure(R"({"model":"m","max_tokens":4,"messages":[]})").param, "messages");
