@@ -72,13 +72,18 @@ std::optional<Usage> extract_usage(std::string_view json) {
   if (m[3]) {
     const std::string_view details = value_of(usage, m[3]);
     if (!details.empty() && details.front() == '{') {
-      static constexpr std::array<std::string_view, 1> kCached = {"cached_tokens"};
-      std::array<std::optional<MemberSpan>, 1> c;
+      static constexpr std::array<std::string_view, 2> kCached = {"cached_tokens", "cache_write_tokens"};
+      std::array<std::optional<MemberSpan>, 2> c;
       if (!find_members(details, kCached, c)) return std::nullopt;
       if (c[0]) {
         const auto cached = count(value_of(details, c[0]));
         if (!cached) return std::nullopt;
         out.cached_tokens = *cached;
+      }
+      if (c[1]) {
+        const auto written = count(value_of(details, c[1]));
+        if (!written) return std::nullopt;
+        out.cache_write_tokens = *written;
       }
     } else if (details != "null") {
       return std::nullopt;

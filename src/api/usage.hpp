@@ -14,6 +14,10 @@ struct Usage {
   std::uint64_t total_tokens = 0;
   // usage.prompt_tokens_details.cached_tokens; 0 when absent.
   std::uint64_t cached_tokens = 0;
+  // usage.prompt_tokens_details.cache_write_tokens (OpenRouter's name; Weir
+  // writes it for a type: anthropic pool's cache_creation_input_tokens): the
+  // prompt tokens written to a prompt cache; 0 when absent (vLLM reports none).
+  std::uint64_t cache_write_tokens = 0;
 };
 
 // Reads the top-level "usage" member of a response body or a stream chunk's

@@ -53,8 +53,11 @@ std::string_view finish_reason(std::string_view stop_reason) {
 void append_openai_usage(std::string& out, const Usage& u) {
   fmt::format_to(
       std::back_inserter(out),
-      R"({{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":{}}}}})",
+      R"({{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{},"prompt_tokens_details":{{"cached_tokens":{})",
       u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_tokens);
+  if (u.cache_write_tokens)
+    fmt::format_to(std::back_inserter(out), R"(,"cache_write_tokens":{})", u.cache_write_tokens);
+  out += "}}";
 }
 
 std::optional<Usage> extract_message_usage(std::string_view body) {

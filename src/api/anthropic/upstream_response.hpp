@@ -24,7 +24,8 @@ std::string_view finish_reason(std::string_view stop_reason);
 // prompt_tokens = input_tokens + cache_creation_input_tokens +
 // cache_read_input_tokens (Anthropic counts cache reads and writes apart
 // from input_tokens; OpenAI's prompt_tokens includes them), cached_tokens =
-// cache_read_input_tokens, completion_tokens = output_tokens.
+// cache_read_input_tokens, cache_write_tokens = cache_creation_input_tokens,
+// completion_tokens = output_tokens.
 struct AnthropicUsage {
   std::uint64_t input = 0;
   std::uint64_t cache_creation = 0;
@@ -32,12 +33,13 @@ struct AnthropicUsage {
   std::uint64_t output = 0;
   Usage openai() const {
     const std::uint64_t prompt = input + cache_creation + cache_read;
-    return Usage{prompt, output, prompt + output, cache_read};
+    return Usage{prompt, output, prompt + output, cache_read, cache_creation};
   }
 };
 
 // Appends OpenAI's usage object for `u`: {"prompt_tokens","completion_tokens",
-// "total_tokens","prompt_tokens_details":{"cached_tokens"}}.
+// "total_tokens","prompt_tokens_details":{"cached_tokens"}}, and in the
+// details "cache_write_tokens" (OpenRouter's name) when it is not 0.
 void append_openai_usage(std::string& out, const Usage& u);
 
 // Reads the top-level `usage` of an Anthropic message (a whole response body)

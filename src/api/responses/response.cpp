@@ -83,9 +83,10 @@ void append_usage_json(std::string& out, const ResponseUsage& u) {
   const std::uint64_t total =
       u.usage.total_tokens ? u.usage.total_tokens : u.usage.prompt_tokens + u.usage.completion_tokens;
   fmt::format_to(std::back_inserter(out),
-                 R"({{"input_tokens":{},"input_tokens_details":{{"cached_tokens":{},"cache_write_tokens":0}},)"
+                 R"({{"input_tokens":{},"input_tokens_details":{{"cached_tokens":{},"cache_write_tokens":{}}},)"
                  R"("output_tokens":{},"output_tokens_details":{{"reasoning_tokens":{}}},"total_tokens":{}}})",
-                 u.usage.prompt_tokens, u.usage.cached_tokens, u.usage.completion_tokens, u.reasoning_tokens, total);
+                 u.usage.prompt_tokens, u.usage.cached_tokens, u.usage.cache_write_tokens, u.usage.completion_tokens,
+                 u.reasoning_tokens, total);
 }
 
 void append_response_json(std::string& out, const ResponseHead& head, std::span<const OutputItem> items,

@@ -61,8 +61,9 @@ std::string_view status_of(std::string_view finish_reason, std::string_view& inc
 void append_item_json(std::string& out, const OutputItem& item, std::string_view status, bool with_content = true);
 
 // Appends the usage object {input_tokens, input_tokens_details{cached_tokens,
-// cache_write_tokens: 0}, output_tokens, output_tokens_details{reasoning_tokens},
-// total_tokens}.
+// cache_write_tokens (the upstream's prompt_tokens_details.cache_write_tokens:
+// a type: anthropic pool's cache_creation_input_tokens; 0 when none reported)},
+// output_tokens, output_tokens_details{reasoning_tokens}, total_tokens}.
 void append_usage_json(std::string& out, const ResponseUsage& u);
 
 // Appends the Response object: `head`, `items` (each "completed", except:

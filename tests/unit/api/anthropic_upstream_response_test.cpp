@@ -26,7 +26,7 @@ TEST(AnthropicUpstreamResponse, TextMessage) {
     "created":1700000000,"model":"claude-sonnet-4-20250514","choices":[{"index":0,
     "message":{"role":"assistant","content":"Hi! My name is Claude.","refusal":null},"logprobs":null,
     "finish_reason":"stop"}],"usage":{"prompt_tokens":3105,"completion_tokens":503,"total_tokens":3608,
-    "prompt_tokens_details":{"cached_tokens":1000}}})"));
+    "prompt_tokens_details":{"cached_tokens":1000,"cache_write_tokens":10}}})"));
 }
 
 TEST(AnthropicUpstreamResponse, ThinkingTextAndToolUse) {

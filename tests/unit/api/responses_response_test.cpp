@@ -32,6 +32,14 @@ TEST(ResponsesResponse, NoUpstreamIdOrCreatedTakesTheRequestIdAndNow) {
   EXPECT_GT(w.at("created_at").as_int64(), 1'700'000'000);
 }
 
+TEST(ResponsesResponse, CacheWriteTokensAreTheUpstreams) {
+  // A type: anthropic pool's cache_creation_input_tokens reach the chat usage as cache_write_tokens.
+  const auto v = response(R"({"id":"chatcmpl-c","object":"chat.completion","model":"m","choices":[{"index":0,
+      "message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":30,
+      "completion_tokens":2,"total_tokens":32,"prompt_tokens_details":{"cached_tokens":5,"cache_write_tokens":20}}})");
+  EXPECT_EQ(v.at("usage").at("input_tokens_details"), json::parse(R"({"cached_tokens":5,"cache_write_tokens":20})"));
+}
+
 TEST(ResponsesResponse, TextMessage) {
   const auto v = response(
       R"({"id":"chatcmpl-abc","object":"chat.completion","created":1700000000,"model":"mock-model","choices":[{"index":0,
