@@ -33,6 +33,36 @@ json::value tool_input(std::string_view args, json::storage_ptr sp, WideIntegers
   return json::object({{"_raw", args}}, sp);
 }
 
+// FastAPI's validation answer (vLLM's 400/422): `detail` a list of
+// {"loc": [...], "msg", "type", ...} (FastAPI's RequestValidationError), as
+// one message: "loc.joined: msg" per item (the leading "body" left out, as
+// the client's request is the body), joined with "; ". "" when no item has a msg.
+std::string detail_message(const json::array& items) {
+  std::string m;
+  for (const auto& item : items) {
+    if (!item.is_object()) continue;
+    const std::string_view msg = string_at(item.get_object(), "msg");
+    if (msg.empty()) continue;
+    if (!m.empty()) m += "; ";
+    std::string loc;
+    if (const auto* l = item.get_object().if_contains("loc"); l && l->is_array())
+      for (const auto& part : l->get_array()) {
+        if (loc.empty() && part.is_string() && part.get_string() == "body") continue;
+        if (!loc.empty()) loc += '.';
+        if (part.is_string())
+          loc += sv(part.get_string());
+        else if (part.is_int64())
+          loc += std::to_string(part.get_int64());
+      }
+    if (!loc.empty()) {
+      m += loc;
+      m += ": ";
+    }
+    m += msg;
+  }
+  return m;
+}
+
 }  // namespace
 
 std::string_view error_type(int status) {
@@ -73,11 +103,16 @@ void append_upstream_error(std::string& out, int status, std::string_view body) 
   boost::system::error_code ec;
   const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
   std::string_view message;
+  std::string joined;
   if (!ec && v.is_object()) {
     const auto& o = v.get_object();
     if (const auto* e = o.if_contains("error"); e && e->is_object()) message = string_at(e->get_object(), "message");
     if (message.empty()) message = string_at(o, "message");
     if (message.empty()) message = string_at(o, "detail");
+    if (const auto* d = o.if_contains("detail"); message.empty() && d && d->is_array()) {
+      joined = detail_message(d->get_array());
+      message = joined;
+    }
   }
   if (message.empty()) return append_error_json(out, status, fmt::format("Upstream answered {}.", status));
   append_error_json(out, status, message);
@@ -103,7 +138,7 @@ void append_usage_members(std::string& out, const Usage& u) {
                  u.prompt_tokens - cached, u.completion_tokens, cached);
 }
 
-bool translate_message(std::string_view body, std::string& out) {
+bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id) {
   out.clear();
   alignas(16) unsigned char buf[16 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
@@ -124,7 +159,10 @@ bool translate_message(std::string_view body, std::string& out) {
   }
   const auto& root = doc.get_object();
   std::string id;
-  append_message_id(id, string_at(root, "id"));
+  // No id (or just "chatcmpl-"): the request's, so message and tool ids never collide across turns.
+  std::string_view upstream_id = string_at(root, "id");
+  if (upstream_id.empty() || upstream_id == "chatcmpl-") upstream_id = fallback_id;
+  append_message_id(id, upstream_id);
 
   json::array content(sp);
   WideIntegers wide;

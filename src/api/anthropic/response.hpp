@@ -22,7 +22,9 @@ void append_error_json(std::string& out, int status, std::string_view message);
 
 // Appends the Anthropic error for an upstream's error answer: `status` and
 // its body (vLLM's {"error":{"message"}}, the older {"message"}, FastAPI's
-// {"detail"}); a body without a message gives "Upstream answered <status>.".
+// {"detail": "<text>"}, or FastAPI's validation answer {"detail": [{"loc",
+// "msg"}, ...]} as "loc.path: msg; ..." without the leading "body"); a body
+// without a message gives "Upstream answered <status>.".
 void append_upstream_error(std::string& out, int status, std::string_view body);
 
 // The Anthropic message id for an upstream completion id: "msg_" + the id
@@ -46,7 +48,10 @@ void append_usage_members(std::string& out, const Usage& u);
 // tool call (input parsed from the arguments JSON; arguments that are not a
 // JSON object are kept as {"_raw": "<text>"}). Returns false when `body` is
 // not a chat completion with a choice (out then holds an api_error body).
-bool translate_message(std::string_view body, std::string& out);
+// The message id is "msg_" + the upstream's id without "chatcmpl-", or
+// "msg_" + `fallback_id` (Weir's request id) when it has none or just
+// "chatcmpl-" (tool ids made from it stay unique per request).
+bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id = {});
 
 // Translates vLLM's /tokenize answer {"count": N, ...} into
 // {"input_tokens": N}. Returns false when there is no count (out then holds

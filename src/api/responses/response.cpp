@@ -161,7 +161,7 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
   // vLLM): the request's, as the stream translator takes it, so every
   // Response and item id stays unique.
   std::string_view upstream_id = string_at(root, "id");
-  if (upstream_id.empty()) upstream_id = fallback_id;
+  if (upstream_id.empty() || upstream_id == "chatcmpl-") upstream_id = fallback_id;
   std::vector<OutputItem> items;
   std::string_view reasoning = string_at(*msg, "reasoning_content");
   if (reasoning.empty()) reasoning = string_at(*msg, "reasoning");

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <boost/json/parse.hpp>
 
 namespace weir::api::anthropic {
@@ -131,6 +133,31 @@ TEST(AnthropicResponse, Errors) {
   out.clear();
   append_upstream_error(out, 500, "<html>");
   EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 500.");
+  // FastAPI's validation answer (vLLM's 422): `detail` a list of {loc, msg}.
+  out.clear();
+  append_upstream_error(
+      out, 422,
+      R"({"detail":[{"type":"less_than_equal","loc":["body","max_tokens"],"msg":"Input should be less than or equal to 8192","input":9000},
+      {"type":"missing","loc":["body","messages",0,"content"],"msg":"Field required"}]})");
+  EXPECT_EQ(json::parse(out), json::parse(R"({"type":"error","error":{"type":"invalid_request_error","message":
+      "max_tokens: Input should be less than or equal to 8192; messages.0.content: Field required"}})"));
+  out.clear();
+  append_upstream_error(out, 422, R"({"detail":[{"loc":[]}]})");
+  EXPECT_EQ(json::parse(out).at("error").at("message"), "Upstream answered 422.");
+}
+
+TEST(AnthropicResponse, NoUpstreamIdTakesTheRequestId) {
+  for (std::string_view id : {R"("id":"",)", R"("id":"chatcmpl-",)", ""}) {
+    std::string out;
+    ASSERT_TRUE(translate_message(
+        fmt::format(R"({{{}"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":null,
+        "tool_calls":[{{"type":"function","function":{{"name":"f","arguments":"{{}}"}}}}]}},"finish_reason":"tool_calls"}}]}})",
+                    id),
+        out, "req-7"));
+    const auto v = json::parse(out);
+    EXPECT_EQ(v.at("id"), "msg_req-7") << id;
+    EXPECT_EQ(v.at("content").at(0).at("id"), "toolu_req-7_0") << id;
+  }
 }
 
 }  // namespace

@@ -30,6 +30,10 @@ TEST(ResponsesResponse, NoUpstreamIdOrCreatedTakesTheRequestIdAndNow) {
       "message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]})");
   EXPECT_EQ(w.at("id"), "resp_req-1");
   EXPECT_GT(w.at("created_at").as_int64(), 1'700'000'000);
+  // Just "chatcmpl-": no id either (it gave "resp_").
+  const auto x = response(R"({"id":"chatcmpl-","object":"chat.completion","model":"m","choices":[{"index":0,
+      "message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}]})");
+  EXPECT_EQ(x.at("id"), "resp_req-1");
 }
 
 TEST(ResponsesResponse, CacheWriteTokensAreTheUpstreams) {
