@@ -44,6 +44,8 @@ class StreamHooks {
     std::string_view echo;        // Responses: the request's members of the answer (must outlive the stream)
     std::string_view request_id;  // Responses: the id when the upstream fails before its first chunk
     std::string_view model;       // Responses: the model then
+    // Translated streams: the cap on the bytes of parallel tool calls held (server.max_response).
+    std::size_t held_limit = api::anthropic::StreamTranslator::kHeldLimit;
   };
 
   // Before a stream starts: `strip_usage` when Weir asked for the usage
@@ -62,9 +64,9 @@ class StreamHooks {
     // their ~600 bytes (memory per open stream).
     if (m != Mode::plain && !tr_) tr_ = std::make_unique<Translators>();
     if (tr_) {
-      if (m == Mode::anthropic || mode_ == Mode::anthropic) tr_->anthropic.reset();
+      if (m == Mode::anthropic || mode_ == Mode::anthropic) tr_->anthropic.reset(s.request_id, s.held_limit);
       if (s.client == Translation::responses || mode_ == Mode::responses || mode_ == Mode::responses_from_anthropic)
-        tr_->responses.reset(s.echo, s.request_id, s.model);
+        tr_->responses.reset(s.echo, s.request_id, s.model, s.held_limit);
       if (s.upstream == UpstreamDialect::anthropic) {
         tr_->upstream.reset(s.client == Translation::responses || s.include_usage, s.created);
         tr_->passthrough.reset();

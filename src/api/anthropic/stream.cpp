@@ -21,6 +21,9 @@ namespace json = boost::json;
 
 namespace {
 
+constexpr std::string_view kHeldTooLarge =
+    "The upstream's parallel tool calls exceed the response size limit (server.max_response) while held.";
+
 void begin_event(std::string& out, std::string_view type) {
   out += "event: ";
   out += type;
@@ -29,11 +32,18 @@ void begin_event(std::string& out, std::string_view type) {
 
 }  // namespace
 
-void StreamTranslator::reset() { *this = StreamTranslator{}; }
+void StreamTranslator::reset(std::string_view fallback_id, std::size_t held_limit) {
+  *this = StreamTranslator{};
+  fallback_id_ = fallback_id;
+  held_limit_ = held_limit;
+  calls_.reset(held_limit);
+}
 
 void StreamTranslator::start(std::string_view id, std::string_view model, std::string& out) {
   started_ = true;
   msg_id_.clear();
+  // No id (or just "chatcmpl-"): the request's, so ids never collide across turns.
+  if (std::string_view(id).starts_with("chatcmpl-") ? id.size() == 9 : id.empty()) id = fallback_id_;
   append_message_id(msg_id_, id);
   begin_event(out, "message_start");
   out += R"({"type":"message_start","message":{"id":)";
@@ -100,15 +110,30 @@ void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
     tool_args_ = args[first] == '{' ? ToolArgs::object : ToolArgs::raw;
     if (tool_args_ == ToolArgs::object) args.remove_prefix(first);
   }
-  if (tool_args_ == ToolArgs::object)
+  if (tool_args_ == ToolArgs::object) {
+    tool_text_.append(args);  // (checked whole at the block's end)
     delta("input_json_delta", "partial_json", args, out);
-  else
+  } else {
     tool_raw_.append(args);
+  }
 }
 
 void StreamTranslator::close(std::string& out) {
   if (open_ == Block::none) return;
-  if (open_ == Block::tool) start_tool(out);
+  if (open_ == Block::tool) {
+    start_tool(out);
+    calls_[tool_call_].state = ToolCallStream::State::done;
+    // Arguments that are no JSON text (cut, or garbled) are nothing the model can have meant: the client
+    // must not run the call, so the stream fails, unless finish_reason "length" says it was cut (stop_reason
+    // max_tokens). (Text already streamed as input_json_delta cannot be taken back or wrapped as _raw.)
+    if (tool_args_ != ToolArgs::none && !truncated_ &&
+        !is_json_text(tool_args_ == ToolArgs::object ? std::string_view(tool_text_) : std::string_view(tool_raw_))) {
+      open_ = Block::none;
+      return fail(
+          502, fmt::format("The upstream's arguments of tool call {} ({}) are not valid JSON.", tool_id_, tool_name_),
+          out);
+    }
+  }
   if (open_ == Block::tool && tool_args_ == ToolArgs::raw) {
     scratch_.assign(R"({"_raw":)");
     core::append_json_string(scratch_, tool_raw_);
@@ -117,6 +142,7 @@ void StreamTranslator::close(std::string& out) {
   }
   tool_args_ = ToolArgs::none;
   tool_raw_.clear();
+  tool_text_.clear();
   begin_event(out, "content_block_stop");
   fmt::format_to(std::back_inserter(out),
                  R"({{"type":"content_block_stop","index":{}}})"
@@ -124,6 +150,20 @@ void StreamTranslator::close(std::string& out) {
                  next_index_);
   ++next_index_;
   open_ = Block::none;
+}
+
+bool StreamTranslator::close_all(std::string& out) {
+  close(out);
+  for (std::size_t i = calls_.first_held(); !ended_ && i < calls_.size(); i = calls_.first_held()) {
+    ToolCallStream::Call& c = calls_[i];
+    c.state = ToolCallStream::State::streaming;
+    open(Block::tool, out, c.id, c.name);
+    tool_call_ = i;
+    const std::string args = calls_.release(i);
+    tool_arguments(args, out);
+    close(out);
+  }
+  return !ended_;
 }
 
 void StreamTranslator::delta(std::string_view type, std::string_view field, std::string_view text, std::string& out) {
@@ -135,7 +175,7 @@ void StreamTranslator::delta(std::string_view type, std::string_view field, std:
 }
 
 void StreamTranslator::terminate(std::string& out) {
-  close(out);
+  if (!close_all(out)) return;
   begin_event(out, "message_delta");
   out += R"({"type":"message_delta","delta":{"stop_reason":)";
   core::append_json_string(out, stop_reason_.empty() ? std::string_view("end_turn") : stop_reason_);
@@ -169,6 +209,8 @@ void StreamTranslator::finish(std::string& out) {
 
 void StreamTranslator::on_data(std::string_view data, std::string& out) {
   if (ended_) return;
+  // An event whose data is empty (`data:` or `data: ` alone) or blank holds no chunk: nothing to translate.
+  if (data.find_first_not_of(" \t\r\n") == std::string_view::npos) return;
   if (core::is_sse_done(data)) {
     // [DONE] before any finish_reason: the answer was cut short, never a whole end_turn.
     if (started_ && finished_) return terminate(out);
@@ -209,14 +251,14 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         if (thinking.empty()) thinking = string_at(delta_obj, "reasoning");
         if (!thinking.empty()) {
           if (open_ != Block::thinking) {
-            close(out);
+            if (!close_all(out)) return;
             open(Block::thinking, out);
           }
           delta("thinking_delta", "thinking", thinking, out);
         }
         if (const std::string_view text = string_at(delta_obj, "content"); !text.empty()) {
           if (open_ != Block::text) {
-            close(out);
+            if (!close_all(out)) return;
             open(Block::text, out);
           }
           delta("text_delta", "text", text, out);
@@ -224,7 +266,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         // A refusal (hosted OpenAI's delta.refusal) is the message's text, and its stop_reason "refusal".
         if (const std::string_view refusal = string_at(delta_obj, "refusal"); !refusal.empty()) {
           if (open_ != Block::text) {
-            close(out);
+            if (!close_all(out)) return;
             open(Block::text, out);
           }
           delta("text_delta", "text", refusal, out);
@@ -234,34 +276,52 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
           for (const auto& tc : tcs->get_array()) {
             if (!tc.is_object()) continue;
             const auto& call = tc.get_object();
-            const std::int64_t idx =
-                tool_call_index(call, open_ == Block::tool ? tool_index_ : -1, last_tool_, tool_upstream_id_);
             const json::object* fn = nullptr;
             if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
-            if (open_ != Block::tool || idx != tool_index_) {
-              if (idx <= last_tool_)
-                return fail(502, "The upstream interleaved the deltas of parallel tool calls.", out);
-              close(out);
-              tool_upstream_id_.assign(string_at(call, "id"));
-              scratch_.assign(tool_upstream_id_);
-              if (scratch_.empty()) scratch_ = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), idx);
-              open(Block::tool, out, scratch_, fn ? string_at(*fn, "name") : std::string_view{});
-              tool_index_ = last_tool_ = idx;
-            } else if (fn && tool_start_pending_) {
+            const std::string_view name = fn ? string_at(*fn, "name") : std::string_view{};
+            const std::string_view args = fn ? string_at(*fn, "arguments") : std::string_view{};
+            const auto r = calls_.route(call, open_ == Block::tool || calls_.any_held());
+            ToolCallStream::Call& c = calls_[r.call];
+            if (r.began) {
+              c.id = c.upstream_id;
+              if (c.id.empty()) c.id = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), r.call);
+              // A new call on the open call's index (a new id): the open call is whole.
+              if (open_ == Block::tool && !calls_.any_held() && c.upstream_index >= 0 &&
+                  calls_[tool_call_].upstream_index == c.upstream_index)
+                close(out);
+              if (ended_) return;
+              if (open_ != Block::tool && !calls_.any_held()) {
+                close(out);
+                c.state = ToolCallStream::State::streaming;
+                open(Block::tool, out, c.id, name);
+                tool_call_ = r.call;
+              } else {
+                // Another call streams: this one is held, given whole when the tool calls end (a client
+                // must never see a call end before it is complete).
+                c.state = ToolCallStream::State::held;
+                if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
+                continue;
+              }
+            } else if (c.state == ToolCallStream::State::done) {
+              return fail(502, "The upstream sent more of a tool call after it had ended.", out);
+            } else if (c.state == ToolCallStream::State::held) {
+              if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
+              continue;
+            } else if (tool_start_pending_) {
               // A name in pieces, or after the call's first delta: the chat stream's strings add up.
-              tool_name_.append(string_at(*fn, "name"));
+              tool_name_.append(name);
             }
-            if (fn)
-              if (const std::string_view args = string_at(*fn, "arguments"); !args.empty()) tool_arguments(args, out);
+            if (!args.empty()) tool_arguments(args, out);
           }
       }
       if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {
         finished_ = true;
-        close(out);
+        truncated_ = finish == "length";
+        if (!close_all(out)) return;
         const std::string_view matched = string_at(choice, "stop_reason");
         // A tool call cut off by max_tokens ("length") is max_tokens, not tool_use: its input is incomplete.
-        stop_reason_.assign(last_tool_ >= 0 && finish != "length" ? std::string_view("tool_use")
-                                                                  : stop_reason(finish, matched));
+        stop_reason_.assign(calls_.size() > 0 && finish != "length" ? std::string_view("tool_use")
+                                                                    : stop_reason(finish, matched));
         if (stop_reason_ == "stop_sequence") stop_sequence_.assign(matched);
         if (refused_ && stop_reason_ == "end_turn") stop_reason_.assign("refusal");
       }

@@ -5,20 +5,33 @@
 // given at the block's end as {"_raw": text}) / content_block_stop with dense
 // indices 0, 1, 2…, then one message_delta (stop_reason, usage) and one
 // message_stop. Each event is `event: <type>\ndata: <json>\n\n`.
+// Parallel tool calls whose deltas interleave: the first streams, the others
+// are held (ToolCallStream, up to `held_limit` bytes) and given whole, in
+// order, when the tool calls end. A call whose arguments are no JSON text
+// when it ends fails the stream (an error event), unless finish_reason was
+// "length" (stop_reason max_tokens says the input was cut).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 
+#include "api/tool_call_stream.hpp"
 #include "api/usage.hpp"
 
 namespace weir::api::anthropic {
 
 class StreamTranslator {
  public:
-  // Before a stream.
-  void reset();
+  // Before a stream: `fallback_id` (Weir's request id; must outlive the
+  // stream) makes the message id ("msg_" + it) when the upstream's chunks
+  // carry none (or just "chatcmpl-"), so ids stay unique per request;
+  // `held_limit` caps the bytes of tool calls held (server.max_response).
+  void reset(std::string_view fallback_id = {}, std::size_t held_limit = kHeldLimit);
+
+  // The default cap of held tool-call bytes: server.max_response's default.
+  static constexpr std::size_t kHeldLimit = std::size_t{256} << 20;
 
   // Translates the `data` of one upstream SSE event (a chat.completion.chunk,
   // the final usage chunk, an in-stream {"error"}, or [DONE]); appends the
@@ -48,6 +61,9 @@ class StreamTranslator {
   void start(std::string_view id, std::string_view model, std::string& out);
   void open(Block kind, std::string& out, std::string_view tool_id = {}, std::string_view tool_name = {});
   void close(std::string& out);
+  // Closes the open block and gives every held tool call (each start, its
+  // arguments, stop); false when the stream failed doing so.
+  bool close_all(std::string& out);
   void start_tool(std::string& out);  // the held content_block_start of the open tool_use block, if not sent
   void tool_arguments(std::string_view args, std::string& out);
   void delta(std::string_view type, std::string_view field, std::string_view text, std::string& out);
@@ -60,9 +76,12 @@ class StreamTranslator {
   bool has_usage_ = false;
   Block open_ = Block::none;
   std::uint32_t next_index_ = 0;  // the next content block's index
-  std::int64_t tool_index_ = -1;  // OpenAI tool_calls[].index of the open tool_use block
-  std::int64_t last_tool_ = -1;   // highest OpenAI tool index seen
-  std::string tool_upstream_id_;  // the open tool_use block's tool_calls[].id as the upstream gave it ("": none)
+  bool truncated_ = false;        // the finish_reason was "length"
+  ToolCallStream calls_;          // the message's tool calls
+  std::size_t tool_call_ = 0;     // calls_' position of the open tool_use block's call
+  std::string_view fallback_id_;  // Weir's request id
+  std::size_t held_limit_ = kHeldLimit;
+  std::string tool_text_;  // the open tool_use block's object arguments so far (checked at its end)
   // The open tool_use block's arguments: not begun yet, a JSON object
   // (streamed as they come), or other text (held in tool_raw_).
   enum class ToolArgs : std::uint8_t { none, object, raw };

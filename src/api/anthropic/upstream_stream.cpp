@@ -116,6 +116,8 @@ void UpstreamStreamTranslator::finish(ChunkSink& sink) {
 
 void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
   if (ended_) return;
+  // An event whose data is empty (`data:` or `data: ` alone) or blank holds no event object: nothing to read.
+  if (data.find_first_not_of(" \t\r\n") == std::string_view::npos) return;
   alignas(16) unsigned char buf[8 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;

@@ -28,11 +28,15 @@ namespace json = boost::json;
 namespace {
 
 constexpr std::string_view kEnd = "}\n\n";
+constexpr std::string_view kHeldTooLarge =
+    "The upstream's parallel tool calls exceed the response size limit (server.max_response) while held.";
 
 }  // namespace
 
-void StreamTranslator::reset(std::string_view echo, std::string_view fallback_id, std::string_view fallback_model) {
+void StreamTranslator::reset(std::string_view echo, std::string_view fallback_id, std::string_view fallback_model,
+                             std::size_t held_limit) {
   *this = StreamTranslator{};
+  calls_.reset(held_limit);
   echo_ = echo;
   fallback_id_ = fallback_id;
   fallback_model_ = fallback_model;
@@ -57,6 +61,7 @@ void StreamTranslator::append_item_ref(std::string& out) const {
 void StreamTranslator::start(std::string_view id, std::string_view model, std::int64_t created, std::string& out) {
   started_ = true;
   if (id.starts_with("chatcmpl-")) id.remove_prefix(9);
+  if (id.empty()) id = fallback_id_;  // (no id, or just "chatcmpl-": the request's, unique)
   base_id_.assign(id);
   resp_id_.clear();
   append_id(resp_id_, "resp_", base_id_);
@@ -85,11 +90,11 @@ void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string
       break;
     case OutputItem::Kind::function_call:
       append_id(it.id, "fc_", base_id_);
-      fmt::format_to(std::back_inserter(it.id), "_{}", tool_index_);
+      fmt::format_to(std::back_inserter(it.id), "_{}", tool_call_);
       it.call_id.assign(call_id);
       if (it.call_id.empty()) {
         append_id(it.call_id, "call_", base_id_);
-        fmt::format_to(std::back_inserter(it.call_id), "_{}", tool_index_);
+        fmt::format_to(std::back_inserter(it.call_id), "_{}", tool_call_);
       }
       it.name.assign(name);
       break;
@@ -153,8 +158,20 @@ void StreamTranslator::delta(std::string_view text, std::string& out) {
 
 void StreamTranslator::close(std::string& out) {
   if (!open_) return;
-  open_ = false;
   OutputItem& it = items_.back();
+  if (it.kind == OutputItem::Kind::function_call) {
+    calls_[tool_call_].state = ToolCallStream::State::done;
+    // Arguments that are no JSON text (cut, or garbled) are nothing the model can have meant: the client
+    // must not run the call, so the response fails, unless finish_reason "length" made it incomplete.
+    if (!it.text.empty() && !truncated_ && !is_json_text(it.text)) {
+      open_ = false;
+      return fail(
+          502,
+          fmt::format("The upstream's arguments of function call {} ({}) are not valid JSON.", it.call_id, it.name),
+          out);
+    }
+  }
+  open_ = false;
   it.done = true;
   // After the finish chunk the last item shares the response's fate.
   const std::string_view status = finished_ && !incomplete_reason_.empty() ? "incomplete" : "completed";
@@ -209,8 +226,22 @@ void StreamTranslator::close(std::string& out) {
   out += kEnd;
 }
 
-void StreamTranslator::terminate(std::string& out) {
+bool StreamTranslator::close_all(std::string& out) {
   close(out);
+  for (std::size_t i = calls_.first_held(); !ended_ && i < calls_.size(); i = calls_.first_held()) {
+    ToolCallStream::Call& c = calls_[i];
+    c.state = ToolCallStream::State::streaming;
+    tool_call_ = i;
+    open(OutputItem::Kind::function_call, out, c.id, c.name);
+    const std::string args = calls_.release(i);
+    if (!args.empty()) delta(args, out);
+    close(out);
+  }
+  return !ended_;
+}
+
+void StreamTranslator::terminate(std::string& out) {
+  if (!close_all(out)) return;
   begin(status_ == "incomplete" ? "response.incomplete" : "response.completed", out);
   out += R"(,"response":)";
   ResponseHead head{resp_id_, created_, model_, status_, incomplete_reason_, {}};
@@ -246,6 +277,8 @@ void StreamTranslator::finish(std::string& out) {
 
 void StreamTranslator::on_data(std::string_view data, std::string& out) {
   if (ended_) return;
+  // An event whose data is empty (`data:` or `data: ` alone) or blank holds no chunk: nothing to translate.
+  if (data.find_first_not_of(" \t\r\n") == std::string_view::npos) return;
   if (core::is_sse_done(data)) {
     if (started_ && finished_) return terminate(out);
     return fail(502, "The upstream stream ended before the response was complete.", out);
@@ -291,14 +324,14 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         if (reasoning.empty()) reasoning = string_at(delta_obj, "reasoning");
         if (!reasoning.empty()) {
           if (!open_ || items_.back().kind != OutputItem::Kind::reasoning) {
-            close(out);
+            if (!close_all(out)) return;
             open(OutputItem::Kind::reasoning, out);
           }
           delta(reasoning, out);
         }
         if (const std::string_view text = string_at(delta_obj, "content"); !text.empty()) {
           if (!open_ || items_.back().kind != OutputItem::Kind::message) {
-            close(out);
+            if (!close_all(out)) return;
             open(OutputItem::Kind::message, out);
           }
           delta(text, out);
@@ -306,7 +339,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         // The chat message's refusal (hosted OpenAI's, with structured outputs): a message with a refusal part.
         if (const std::string_view refusal = string_at(delta_obj, "refusal"); !refusal.empty()) {
           if (!open_ || items_.back().kind != OutputItem::Kind::refusal) {
-            close(out);
+            if (!close_all(out)) return;
             open(OutputItem::Kind::refusal, out);
           }
           delta(refusal, out);
@@ -315,33 +348,51 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
           for (const auto& tc : tcs->get_array()) {
             if (!tc.is_object()) continue;
             const auto& call = tc.get_object();
-            const bool in_call = open_ && items_.back().kind == OutputItem::Kind::function_call;
-            const std::int64_t idx = tool_call_index(call, in_call ? tool_index_ : -1, last_tool_, tool_upstream_id_);
             const json::object* fn = nullptr;
             if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
-            if (!in_call || idx != tool_index_) {
-              // vLLM streams parallel calls one after another; a delta for
-              // a call already done would reopen an item the client saw end.
-              if (idx <= last_tool_)
-                return fail(502, "The upstream interleaved the deltas of parallel tool calls.", out);
-              close(out);
-              tool_index_ = last_tool_ = idx;
-              tool_upstream_id_.assign(string_at(call, "id"));
-              open(OutputItem::Kind::function_call, out, string_at(call, "id"),
-                   fn ? string_at(*fn, "name") : std::string_view{});
-            } else if (fn) {
+            const std::string_view name = fn ? string_at(*fn, "name") : std::string_view{};
+            const std::string_view args = fn ? string_at(*fn, "arguments") : std::string_view{};
+            const bool in_call = open_ && items_.back().kind == OutputItem::Kind::function_call;
+            const auto r = calls_.route(call, in_call || calls_.any_held());
+            ToolCallStream::Call& c = calls_[r.call];
+            if (r.began) {
+              c.id = c.upstream_id;  // ("": open() makes call_X_<n>)
+              // A new call on the open call's index (a new id): the open call is whole.
+              if (in_call && !calls_.any_held() && c.upstream_index >= 0 &&
+                  calls_[tool_call_].upstream_index == c.upstream_index)
+                close(out);
+              if (ended_) return;
+              if (!(open_ && items_.back().kind == OutputItem::Kind::function_call) && !calls_.any_held()) {
+                close(out);
+                c.state = ToolCallStream::State::streaming;
+                tool_call_ = r.call;
+                open(OutputItem::Kind::function_call, out, c.id, name);
+                c.id = items_.back().call_id;
+              } else {
+                // Another call streams: this one is held, given whole when the calls end (a client must
+                // never see a call done before it is complete).
+                c.state = ToolCallStream::State::held;
+                if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
+                continue;
+              }
+            } else if (c.state == ToolCallStream::State::done) {
+              return fail(502, "The upstream sent more of a tool call after it had ended.", out);
+            } else if (c.state == ToolCallStream::State::held) {
+              if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
+              continue;
+            } else {
               // A name that comes in pieces (or after the call's first delta): the chat stream's string
               // fields add up (the openai SDK joins them); its .done events and item carry it whole.
-              items_.back().name.append(string_at(*fn, "name"));
+              items_.back().name.append(name);
             }
-            if (fn)
-              if (const std::string_view args = string_at(*fn, "arguments"); !args.empty()) delta(args, out);
+            if (!args.empty()) delta(args, out);
           }
       }
       if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {
         finished_ = true;
+        truncated_ = finish == "length";
         status_ = status_of(finish, incomplete_reason_);
-        close(out);
+        if (!close_all(out)) return;
       }
     }
   // The usage chunk follows the finish chunk: then the response is complete.

@@ -7,14 +7,21 @@
 // response.incomplete or response.failed carrying the whole response.
 // Each event is `event: <type>\ndata: <json>\n\n`, with `sequence_number`
 // 0, 1, 2… in `data`; there is no [DONE].
+// Parallel tool calls whose deltas interleave: the first streams, the others
+// are held (ToolCallStream, up to `held_limit` bytes) and given whole, in
+// order, when the tool calls end. A call whose arguments are no JSON text
+// when it ends gives response.failed, unless finish_reason was "length"
+// (the response is then incomplete, reason max_output_tokens).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "api/responses/response.hpp"
+#include "api/tool_call_stream.hpp"
 
 namespace weir::api::responses {
 
@@ -24,7 +31,14 @@ class StreamTranslator {
   // request.hpp) must outlive the stream; `fallback_id` names the response
   // when the upstream fails before its first chunk (Weir's request id), and
   // `fallback_model` (the model the client asked for) is its model then.
-  void reset(std::string_view echo, std::string_view fallback_id, std::string_view fallback_model = {});
+  // The fallback id also names the response when the upstream's chunks carry
+  // no id (or just "chatcmpl-"). `held_limit` caps the bytes of tool calls
+  // held (server.max_response).
+  void reset(std::string_view echo, std::string_view fallback_id, std::string_view fallback_model = {},
+             std::size_t held_limit = kHeldLimit);
+
+  // The default cap of held tool-call bytes: server.max_response's default.
+  static constexpr std::size_t kHeldLimit = std::size_t{256} << 20;
 
   // Translates the `data` of one upstream SSE event (a chat.completion.chunk,
   // the final usage chunk, an in-stream {"error"}, or [DONE]); appends the
@@ -55,6 +69,9 @@ class StreamTranslator {
   void open(OutputItem::Kind kind, std::string& out, std::string_view call_id = {}, std::string_view name = {});
   void delta(std::string_view text, std::string& out);
   void close(std::string& out);
+  // Closes the open item and gives every held function call (added, its
+  // arguments, done); false when the stream failed doing so.
+  bool close_all(std::string& out);
   void append_item_ref(std::string& out) const;  // "item_id":…,"output_index":N
   void terminate(std::string& out);
 
@@ -64,10 +81,10 @@ class StreamTranslator {
   bool finished_ = false;  // a finish_reason arrived
   bool open_ = false;      // items_.back() is open
   bool has_usage_ = false;
-  std::uint64_t seq_ = 0;         // the next event's sequence_number
-  std::int64_t tool_index_ = -1;  // OpenAI tool_calls[].index of the open function_call item
-  std::int64_t last_tool_ = -1;   // highest OpenAI tool index seen
-  std::string tool_upstream_id_;  // the open function_call item's tool_calls[].id as the upstream gave it ("": none)
+  std::uint64_t seq_ = 0;      // the next event's sequence_number
+  bool truncated_ = false;     // the finish_reason was "length"
+  ToolCallStream calls_;       // the response's function calls
+  std::size_t tool_call_ = 0;  // calls_' position of the open function_call item's call
   std::int64_t created_ = 0;
   std::string_view echo_;
   std::string_view fallback_id_;

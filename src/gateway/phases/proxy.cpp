@@ -53,6 +53,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
       .echo = ctx.responses_echo(),
       .request_id = ctx.request_id,
       .model = ctx.model,
+      .held_limit = static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes),
   });
 }
 

@@ -89,7 +89,7 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
       return true;
     case Translation::anthropic: {
       api::anthropic::StreamTranslator tr;
-      tr.reset();
+      tr.reset(ctx.request_id);
       tr.on_data(chunk, out);
       tr.finish(out);
       return !tr.failed();
@@ -160,11 +160,12 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
   };
   if (client == Translation::anthropic) {
     api::anthropic::StreamTranslator tr;
-    tr.reset();
+    tr.reset(ctx.request_id, static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes));
     return run(tr);
   }
   api::responses::StreamTranslator tr;
-  tr.reset(ctx.responses_echo(), ctx.request_id, ctx.model);
+  tr.reset(ctx.responses_echo(), ctx.request_id, ctx.model,
+           static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes));
   return run(tr);
 }
 
@@ -519,7 +520,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     if (status < 200 || status >= 300)
       api::anthropic::append_upstream_error(translated, status, plain);
     else if (ctx.route == RouteKind::messages)
-      ok = api::anthropic::translate_message(plain, translated);
+      ok = api::anthropic::translate_message(plain, translated, ctx.request_id);
     else
       ok = api::anthropic::translate_count(plain, translated);
     if (!ok) co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "a chat completion" : "a token count");

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <map>
 #include <vector>
 
@@ -217,7 +219,8 @@ TEST(AnthropicStream, ToolArgumentsThatAreNoObjectArriveAsRaw) {
       partials[e.data.at("index").as_int64()].emplace_back(e.data.at("delta").at("partial_json").as_string());
   ASSERT_EQ(partials[0].size(), 1u);
   EXPECT_EQ(json::parse(partials[0][0]), json::parse(R"({"_raw":" [1,2]"})"));
-  EXPECT_EQ(partials[1], (std::vector<std::string>{"{\"a\":", "1}"}));
+  // (Call 1 began while call 0 was open: it is held, and given whole in one delta when the calls end.)
+  EXPECT_EQ(partials[1], (std::vector<std::string>{"{\"a\":1}"}));
 }
 
 TEST(AnthropicStream, StopSequence) {
@@ -230,7 +233,7 @@ TEST(AnthropicStream, StopSequence) {
             json::parse(R"({"stop_reason":"stop_sequence","stop_sequence":"END"})"));
 }
 
-TEST(AnthropicStream, InterleavedToolDeltasAreAnError) {
+TEST(AnthropicStream, InterleavedToolDeltasCutShortAreAnError) {
   const auto ev = events_of(run({
       R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}}]}}]})",
       R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g"}}]}}]})",
@@ -238,6 +241,117 @@ TEST(AnthropicStream, InterleavedToolDeltasAreAnError) {
   }));
   EXPECT_EQ(ev.back().type, "error");
   EXPECT_EQ(ev.back().data.at("error").at("type"), "api_error");
+  // No call was stopped: a client never saw one end before it was complete.
+  for (const auto& e : ev) EXPECT_NE(e.type, "content_block_stop");
+}
+
+// The tool_use blocks of a stream: {index: [id, name, the partial_json joined]}.
+std::map<std::int64_t, std::vector<std::string>> tool_blocks(const std::vector<Event>& ev) {
+  std::map<std::int64_t, std::vector<std::string>> blocks;
+  for (const auto& e : ev) {
+    if (e.type == "content_block_start" && e.data.at("content_block").at("type") == "tool_use")
+      blocks[e.data.at("index").as_int64()] = {std::string(e.data.at("content_block").at("id").as_string()),
+                                               std::string(e.data.at("content_block").at("name").as_string()), ""};
+    if (e.type == "content_block_delta" && e.data.at("delta").at("type") == "input_json_delta")
+      blocks[e.data.at("index").as_int64()][2] += e.data.at("delta").at("partial_json").as_string();
+  }
+  return blocks;
+}
+
+TEST(AnthropicStream, InterleavedToolDeltasAreHeldAndGivenInOrder) {
+  // Call 0 starts, call 1 starts, then each one's arguments (bifrost#1829's shape): call 0 keeps streaming,
+  // call 1 is held and given whole (start, its arguments, stop) when the calls end.
+  const auto out = run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"get_weather","arguments":""}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"get_time","arguments":""}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"tz\":\"UTC\"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  });
+  const auto ev = events_of(out);
+  expect_grammar(ev);
+  const auto blocks = tool_blocks(ev);
+  ASSERT_EQ(blocks.size(), 2u);
+  EXPECT_EQ(blocks.at(0), (std::vector<std::string>{"a", "get_weather", R"({"city":"Paris"})"}));
+  EXPECT_EQ(blocks.at(1), (std::vector<std::string>{"b", "get_time", R"({"tz":"UTC"})"}));
+  EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "tool_use");
+}
+
+TEST(AnthropicStream, ANewIdOnTheOpenIndexStartsANewCall) {
+  // Ollama sends every call of a turn as index 0, each with its own id.
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_2","function":{"name":"get_time","arguments":"{"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  expect_grammar(ev);
+  const auto blocks = tool_blocks(ev);
+  ASSERT_EQ(blocks.size(), 2u);
+  EXPECT_EQ(blocks.at(0), (std::vector<std::string>{"call_1", "get_weather", R"({"city":"Paris"})"}));
+  EXPECT_EQ(blocks.at(1), (std::vector<std::string>{"call_2", "get_time", "{}"}));
+  // The first call ended when the second began (its index was taken): its stop came before the second's start.
+  std::vector<std::string> order;
+  for (const auto& e : ev)
+    if (e.type == "content_block_start" || e.type == "content_block_stop") order.push_back(e.type);
+  EXPECT_EQ(order, (std::vector<std::string>{"content_block_start", "content_block_stop", "content_block_start",
+                                             "content_block_stop"}));
+}
+
+TEST(AnthropicStream, ToolArgumentsThatAreNoJsonFailUnlessCutByLength) {
+  const std::vector<std::string_view> chunks = {
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"a\": "}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"tru"}}]}}]})",
+  };
+  auto with = [&](std::string_view finish_chunk) {
+    auto c = chunks;
+    c.push_back(finish_chunk);
+    c.push_back("[DONE]");
+    return events_of(run(c));
+  };
+  auto ev = with(R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})");
+  EXPECT_EQ(ev.back().type, "error");
+  EXPECT_EQ(ev.back().data.at("error").at("type"), "api_error");
+  for (const auto& e : ev) EXPECT_NE(e.type, "message_stop");
+  // Cut by max_tokens: the stop reason says the input is incomplete.
+  ev = with(R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]})");
+  expect_grammar(ev);
+  EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "max_tokens");
+  // Text that is no object and no JSON either ("tru"): an error too.
+  ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"tru"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  EXPECT_EQ(ev.back().type, "error");
+}
+
+TEST(AnthropicStream, EmptyDataEventsAreSkipped) {
+  const auto ev =
+      events_of(run({kRole, "", " ", kTok1, "",
+                     R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})", "[DONE]"}));
+  expect_grammar(ev);
+  EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "end_turn");
+}
+
+TEST(AnthropicStream, NoUpstreamIdTakesTheRequestId) {
+  for (std::string_view id : {R"("id":"",)", R"("id":"chatcmpl-",)", ""}) {
+    const std::string chunk = fmt::format(
+        R"({{{}"model":"m","choices":[{{"index":0,"delta":{{"tool_calls":[{{"index":0,"function":{{"name":"f","arguments":"{{}}"}}}}]}},"finish_reason":"tool_calls"}}]}})",
+        id);
+    StreamTranslator t;
+    t.reset("req-42");
+    std::string out;
+    t.on_data(chunk, out);
+    t.on_data("[DONE]", out);
+    const auto ev = events_of(out);
+    expect_grammar(ev);
+    EXPECT_EQ(ev[0].data.at("message").at("id"), "msg_req-42") << id;
+    EXPECT_EQ(tool_blocks(ev).at(0).at(0), "toolu_req-42_0") << id;
+  }
 }
 
 TEST(AnthropicStream, UpstreamErrorsAndEarlyEnds) {

@@ -322,7 +322,7 @@ TEST(ResponsesStream, UpstreamErrorsAndEarlyEndsFail) {
   EXPECT_EQ(ev.back().type, "response.failed");
 }
 
-TEST(ResponsesStream, InterleavedToolDeltasFail) {
+TEST(ResponsesStream, InterleavedToolDeltasCutShortFail) {
   const auto ev = events_of(run({
       R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f"}}]}}]})",
       R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g"}}]}}]})",
@@ -330,6 +330,77 @@ TEST(ResponsesStream, InterleavedToolDeltasFail) {
   }));
   expect_grammar(ev, true);
   EXPECT_EQ(ev.back().type, "response.failed");
+  // No call was done: a client never saw one complete before it was.
+  for (const auto& e : ev) EXPECT_NE(e.type, "response.output_item.done");
+}
+
+// The function_call items of the terminal response: [call_id, name, arguments] each.
+std::vector<std::vector<std::string>> calls_of(const json::value& r) {
+  std::vector<std::vector<std::string>> out;
+  for (const auto& o : r.at("output").as_array())
+    if (o.at("type") == "function_call")
+      out.push_back({std::string(o.at("call_id").as_string()), std::string(o.at("name").as_string()),
+                     std::string(o.at("arguments").as_string())});
+  return out;
+}
+
+TEST(ResponsesStream, InterleavedToolDeltasAreHeldAndGivenInOrder) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"get_weather","arguments":""}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"get_time","arguments":""}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\":"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":"{\"tz\":\"UTC\"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"Paris\"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.completed");
+  EXPECT_EQ(calls_of(r), (std::vector<std::vector<std::string>>{{"a", "get_weather", R"({"city":"Paris"})"},
+                                                                {"b", "get_time", R"({"tz":"UTC"})"}}));
+}
+
+TEST(ResponsesStream, ANewIdOnTheOpenIndexStartsANewCall) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_2","function":{"name":"get_time","arguments":"{}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(calls_of(r), (std::vector<std::vector<std::string>>{{"call_1", "get_weather", R"({"city":"Paris"})"},
+                                                                {"call_2", "get_time", "{}"}}));
+}
+
+TEST(ResponsesStream, ToolArgumentsThatAreNoJsonFailUnlessCutByLength) {
+  const std::string_view a =
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"a\": "}}]}}]})";
+  const std::string_view b =
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"tru"}}]}}]})";
+  auto ev = events_of(run(
+      {a, b, R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})", "[DONE]"}));
+  expect_grammar(ev, true);
+  EXPECT_EQ(ev.back().type, "response.failed");
+  EXPECT_EQ(ev.back().data.at("response").at("error").at("code"), "server_error");
+  ev = events_of(
+      run({a, b, R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]})", "[DONE]"}));
+  expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.incomplete");
+}
+
+TEST(ResponsesStream, EmptyDataEventsAreSkipped) {
+  const auto ev = events_of(run({kRole, "", " ", kTok1, "", kTok2, kUsage, "[DONE]"}));
+  expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.incomplete");
+}
+
+TEST(ResponsesStream, AnIdOfJustChatcmplTakesTheRequestId) {
+  const auto ev = events_of(run({
+      R"({"id":"chatcmpl-","model":"m","choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(r.at("id"), "resp_req-1");
 }
 
 TEST(ResponsesStream, EveryRecordingSplitAnywhereGivesTheSameEvents) {

@@ -1,0 +1,75 @@
+#include "api/tool_call_stream.hpp"
+
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
+#include "api/json_dom.hpp"
+#include "api/json_scan.hpp"
+
+namespace weir::api {
+
+namespace json = boost::json;
+
+bool is_json_text(std::string_view text) {
+  alignas(16) unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  json::parse_options opt;
+  opt.max_depth = 10000;
+  boost::system::error_code ec;
+  (void)parse_upstream_json(text, ec, &mr, opt);
+  return !ec;
+}
+
+void ToolCallStream::reset(std::size_t held_limit) {
+  calls_.clear();
+  held_bytes_ = 0;
+  held_limit_ = held_limit;
+}
+
+ToolCallStream::Route ToolCallStream::route(const json::object& entry, bool continuing) {
+  const std::string_view id = string_at(entry, "id");
+  const auto other_id = [&](const Call& c) { return !id.empty() && !c.upstream_id.empty() && id != c.upstream_id; };
+  const auto same = [&](std::size_t i) {
+    if (calls_[i].upstream_id.empty()) calls_[i].upstream_id.assign(id);
+    return Route{i, false};
+  };
+  std::int64_t index = -1;
+  if (const auto* i = entry.if_contains("index"); i && i->is_int64() && i->get_int64() >= 0) {
+    index = i->get_int64();
+    for (std::size_t k = calls_.size(); k-- > 0;)
+      if (calls_[k].upstream_index == index) {
+        if (!other_id(calls_[k])) return same(k);
+        break;
+      }
+  } else if (continuing && !calls_.empty() && !other_id(calls_.back())) {
+    return same(calls_.size() - 1);
+  }
+  Call& c = calls_.emplace_back();
+  c.upstream_index = index;
+  c.upstream_id.assign(id);
+  return Route{calls_.size() - 1, true};
+}
+
+std::size_t ToolCallStream::first_held() const {
+  for (std::size_t i = 0; i < calls_.size(); ++i)
+    if (calls_[i].state == State::held) return i;
+  return calls_.size();
+}
+
+bool ToolCallStream::hold(std::size_t i, std::string_view name, std::string_view arguments) {
+  const std::size_t n = name.size() + arguments.size();
+  if (held_bytes_ + n > held_limit_) return false;
+  held_bytes_ += n;
+  calls_[i].name.append(name);
+  calls_[i].arguments.append(arguments);
+  return true;
+}
+
+std::string ToolCallStream::release(std::size_t i) {
+  Call& c = calls_[i];
+  held_bytes_ -= std::min(held_bytes_, c.name.size() + c.arguments.size());
+  return std::move(c.arguments);
+}
+
+}  // namespace weir::api

@@ -1,0 +1,72 @@
+// The tool calls of a streamed OpenAI chat answer (the chunks'
+// `choices[].delta.tool_calls[]`, OpenAI API reference: "The chat completion
+// chunk object"), for the translators that give each call as one unit
+// (api/anthropic/stream.cpp: a tool_use block; api/responses/stream.cpp: a
+// function_call item): which call an entry belongs to, and the calls held
+// while another one streams.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <boost/json/object.hpp>
+
+namespace weir::api {
+
+// True when `text` is one whole JSON text (RFC 8259 §2: a value, whitespace
+// around it allowed), at any nesting depth up to 10,000. A lone UTF-16
+// surrogate escape is accepted (as parse_upstream_json reads it).
+bool is_json_text(std::string_view text);
+
+class ToolCallStream {
+ public:
+  enum class State : std::uint8_t { streaming, held, done };
+  struct Call {
+    std::int64_t upstream_index = -1;  // the entries' `index`; -1: they had none
+    std::string upstream_id;           // the entries' first non-empty `id` ("": none yet)
+    State state = State::done;         // as the translator sets it (done until then)
+    std::string id;                    // the client's id for the call (the translator's)
+    std::string name;                  // a held call's name so far
+    std::string arguments;             // a held call's arguments so far
+  };
+  struct Route {
+    std::size_t call = 0;  // the position of the entry's call, 0, 1, … in the order the calls began
+    bool began = false;    // the entry begins that call
+  };
+
+  // Before a stream: `held_limit` caps the bytes of names and arguments held
+  // (hold()).
+  void reset(std::size_t held_limit);
+
+  // The call an entry of `delta.tool_calls` belongs to. With an integer
+  // `index` (OpenAI's and vLLM's chunks): the latest call with that index,
+  // unless the entry's non-empty `id` differs from that call's (Ollama and
+  // others send every call of a turn as index 0, each with its own id): then,
+  // as when no call had the index, a new call begins. Without an `index`
+  // (some OpenAI-compatible servers): the latest call when `continuing`
+  // (the translator is still in the tool calls) and the entry's id does not
+  // differ from that call's; otherwise a new call.
+  Route route(const boost::json::object& entry, bool continuing);
+
+  Call& operator[](std::size_t i) { return calls_[i]; }
+  std::size_t size() const { return calls_.size(); }
+  // The first held call's position, or size() when none is held.
+  std::size_t first_held() const;
+  bool any_held() const { return first_held() < calls_.size(); }
+
+  // Adds `name` and `arguments` to held call `i`. Returns false when the
+  // held bytes would exceed the limit (nothing is added).
+  bool hold(std::size_t i, std::string_view name, std::string_view arguments);
+  // Hands held call `i`'s arguments over (moved out) as it is released.
+  std::string release(std::size_t i);
+
+ private:
+  std::vector<Call> calls_;
+  std::size_t held_bytes_ = 0;
+  std::size_t held_limit_ = 0;
+};
+
+}  // namespace weir::api
