@@ -279,6 +279,23 @@ TEST(AnthropicStream, InterleavedToolDeltasAreHeldAndGivenInOrder) {
   EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "tool_use");
 }
 
+TEST(AnthropicStream, HeldToolCallsPastTheLimitFailTheStream) {
+  StreamTranslator t;
+  t.reset("req-1", 7);  // ("g" and {"x":1} are 8 bytes)
+  std::string out;
+  t.on_data(
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{"}}]}}]})",
+      out);
+  t.on_data(
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g","arguments":"{\"x\":1}"}}]}}]})",
+      out);
+  const auto ev = events_of(out);
+  EXPECT_EQ(ev.back().type, "error");
+  EXPECT_NE(std::string(ev.back().data.at("error").at("message").as_string()).find("server.max_response"),
+            std::string::npos);
+  EXPECT_TRUE(t.failed());
+}
+
 TEST(AnthropicStream, ANewIdOnTheOpenIndexStartsANewCall) {
   // Ollama sends every call of a turn as index 0, each with its own id.
   const auto ev = events_of(run({

@@ -1,0 +1,82 @@
+// ToolCallStream: which call an entry of a chat chunk's delta.tool_calls
+// belongs to (an index, an id, neither), the held bytes' cap; is_json_text.
+#include "api/tool_call_stream.hpp"
+
+#include <gtest/gtest.h>
+
+#include <boost/json/parse.hpp>
+
+namespace weir::api {
+namespace {
+
+namespace json = boost::json;
+
+ToolCallStream::Route route(ToolCallStream& s, std::string_view entry, bool continuing = true) {
+  const json::value v = json::parse(entry);
+  return s.route(v.get_object(), continuing);
+}
+
+TEST(ToolCallStream, AnIndexNamesACallAndANewIdOnItBeginsAnother) {
+  ToolCallStream s;
+  s.reset(100);
+  auto r = route(s, R"({"index":0,"id":"a","function":{"name":"f"}})");
+  EXPECT_EQ(r.call, 0u);
+  EXPECT_TRUE(r.began);
+  r = route(s, R"({"index":1,"id":"b"})");
+  EXPECT_EQ(r.call, 1u);
+  EXPECT_TRUE(r.began);
+  r = route(s, R"({"index":0,"function":{"arguments":"{}"}})");  // interleaved: back to call 0
+  EXPECT_EQ(r.call, 0u);
+  EXPECT_FALSE(r.began);
+  r = route(s, R"({"index":0,"id":"a"})");  // the same id again: the same call
+  EXPECT_EQ(r.call, 0u);
+  EXPECT_FALSE(r.began);
+  r = route(s, R"({"index":0,"id":"c"})");  // Ollama: another id on index 0 is another call
+  EXPECT_EQ(r.call, 2u);
+  EXPECT_TRUE(r.began);
+  r = route(s, R"({"index":0,"function":{"arguments":"x"}})");  // and index 0 is now that call
+  EXPECT_EQ(r.call, 2u);
+  EXPECT_EQ(s.size(), 3u);
+  EXPECT_EQ(s[2].upstream_id, "c");
+}
+
+TEST(ToolCallStream, WithoutAnIndexTheIdTellsCallsApart) {
+  ToolCallStream s;
+  s.reset(100);
+  EXPECT_TRUE(route(s, R"({"id":"a"})").began);
+  EXPECT_FALSE(route(s, R"({"function":{"arguments":"{"}})").began);
+  EXPECT_FALSE(route(s, R"({"id":"a","function":{"arguments":"}"}})").began);
+  const auto r = route(s, R"({"id":"b"})");
+  EXPECT_TRUE(r.began);
+  EXPECT_EQ(r.call, 1u);
+  // Not continuing (text came between): a new call.
+  EXPECT_TRUE(route(s, R"({"function":{"arguments":"{}"}})", false).began);
+}
+
+TEST(ToolCallStream, HeldBytesAreCapped) {
+  ToolCallStream s;
+  s.reset(10);
+  route(s, R"({"index":0})");
+  s[0].state = ToolCallStream::State::held;
+  EXPECT_TRUE(s.hold(0, "name", "{}"));
+  EXPECT_EQ(s.first_held(), 0u);
+  EXPECT_FALSE(s.hold(0, "", "{\"a\":12}"));  // 6 + 8 > 10
+  EXPECT_EQ(s[0].arguments, "{}");
+  EXPECT_EQ(s.release(0), "{}");
+  EXPECT_TRUE(s.hold(0, "", "{\"a\":1}"));  // the released bytes count no more
+}
+
+TEST(ToolCallStream, IsJsonText) {
+  EXPECT_TRUE(is_json_text(R"({"a": true})"));
+  EXPECT_TRUE(is_json_text(" [1, 2] "));
+  EXPECT_TRUE(is_json_text(R"({"s": "\ud83d"})"));  // a lone surrogate, as upstream chunks are read
+  EXPECT_TRUE(is_json_text(std::string(100, '[') + std::string(100, ']')));
+  EXPECT_FALSE(is_json_text(R"({"a": )"));
+  EXPECT_FALSE(is_json_text(R"({"a": tru)"));
+  EXPECT_FALSE(is_json_text("tru"));
+  EXPECT_FALSE(is_json_text("{}{}"));
+  EXPECT_FALSE(is_json_text(""));
+}
+
+}  // namespace
+}  // namespace weir::api
