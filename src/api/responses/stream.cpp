@@ -173,8 +173,9 @@ void StreamTranslator::close(std::string& out) {
   }
   open_ = false;
   it.done = true;
-  // After the finish chunk the last item shares the response's fate.
-  const std::string_view status = finished_ && !incomplete_reason_.empty() ? "incomplete" : "completed";
+  // After the finish chunk the last item (none held after it) shares the response's fate.
+  const std::string_view status =
+      finished_ && !incomplete_reason_.empty() && !calls_.any_held() ? "incomplete" : "completed";
   switch (it.kind) {
     case OutputItem::Kind::reasoning:
     case OutputItem::Kind::message: {

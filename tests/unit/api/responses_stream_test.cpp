@@ -360,6 +360,20 @@ TEST(ResponsesStream, InterleavedToolDeltasAreHeldAndGivenInOrder) {
                                                                 {"b", "get_time", R"({"tz":"UTC"})"}}));
 }
 
+TEST(ResponsesStream, HeldToolCallsCutByLengthLeaveOnlyTheLastIncomplete) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g","arguments":"{\"x\":"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]})",
+      "[DONE]",
+  }));
+  // (expect_grammar checks that the final output repeats the output_item.done items.)
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.incomplete");
+  EXPECT_EQ(r.at("output").at(0).at("status"), "completed");
+  EXPECT_EQ(r.at("output").at(1).at("status"), "incomplete");
+}
+
 TEST(ResponsesStream, ANewIdOnTheOpenIndexStartsANewCall) {
   const auto ev = events_of(run({
       R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]}}]})",
