@@ -83,21 +83,4 @@ unsigned char* thread_arena() {
   return block.get();
 }
 
-// Which tool call of a streamed chat answer an entry of a chunk's
-// `delta.tool_calls` belongs to: its integer `index` (OpenAI's chunk schema,
-// vLLM's). Some OpenAI-compatible servers send none; then an entry whose `id`
-// differs from the open call's upstream id (both given) starts the next call
-// (`last` + 1), and any other entry continues the open call (`open`), or
-// starts the next one when none is open (`open` = -1). `last`: the highest
-// index seen, -1 before the first call. Without this rule every call of a
-// parallel set without indexes read as index 0: one call, the names and
-// arguments run together.
-inline std::int64_t tool_call_index(const boost::json::object& call, std::int64_t open, std::int64_t last,
-                                    std::string_view open_id) {
-  if (const auto* i = call.if_contains("index"); i && i->is_int64()) return i->get_int64();
-  if (open < 0) return last + 1;
-  const std::string_view id = string_at(call, "id");
-  return !id.empty() && !open_id.empty() && id != open_id ? last + 1 : open;
-}
-
 }  // namespace weir::api
