@@ -107,6 +107,14 @@ template struct Expose<HarvestedEvents, &ad::scheduler_operation::task_result_>;
 inline unsigned int harvested_events(DescriptorState* d) {
   return ((ad::scheduler_operation*)d)->*member(HarvestedEvents{});  // NOLINT(google-readability-casting)
 }
+// Clears what the last harvest reported, once a read drained the socket
+// after it (everything it reported was taken): a harvest that comes later
+// (epoll_wait reports the descriptor and queues its perform) sets it again,
+// so a nonzero value after a drain is news not yet performed (see
+// quiet_since_drained).
+inline void forget_harvest(DescriptorState* d) {
+  ((ad::scheduler_operation*)d)->*member(HarvestedEvents{}) = 0;  // NOLINT(google-readability-casting)
+}
 
 // Whether the reactor lets the socket's next read try a recv at once
 // (false after a read that drained it, until epoll reports it again).
@@ -118,6 +126,7 @@ constexpr std::uint32_t kPeerClosed = EPOLLRDHUP | EPOLLHUP | EPOLLERR;
 inline void note_drained(DescriptorState* d) {
   if ((d->*member(RegisteredEvents{})) == 0 || (harvested_events(d) & kPeerClosed)) return;
   (d->*member(TrySpeculative{}))[ad::epoll_reactor::read_op] = false;
+  forget_harvest(d);
 }
 
 // The socket's reactor registration (protected in basic_socket; named
@@ -150,7 +159,9 @@ class RecvOp : public ad::reactor_op {
     // unless the peer's FIN or an error came with the bytes (see above).
     if (o->ec_) return done_and_exhausted;
     if (o->bytes_transferred_ == o->buffer_.size()) return done;
-    return (harvested_events(o->descriptor_) & kPeerClosed) ? done : done_and_exhausted;
+    if (harvested_events(o->descriptor_) & kPeerClosed) return done;
+    forget_harvest(o->descriptor_);
+    return done_and_exhausted;
   }
 
   static void do_complete(void* owner, ad::operation* base, const boost::system::error_code& /*ec*/,
@@ -244,7 +255,10 @@ struct InitiateRecv {
 
 // True when a read found `sock` drained (an async_recv's short read) and the
 // reactor has reported nothing readable on it since: no byte, FIN or RST was
-// harvested by an epoll_wait after that read. What arrived after the last
+// harvested by an epoll_wait after that read, performed or not (one
+// epoll_wait reports many descriptors, and the handlers of those performed
+// first run while the others' news waits in the queue: the drain cleared
+// the harvest, so a harvest since shows). What arrived after the last
 // epoll_wait is not known yet (the next one reports it), so this is as good
 // as a recv(MSG_PEEK) made at that epoll_wait, and costs no system call.
 // False when unknown (a fresh socket, a read that filled its buffer, a read
@@ -254,7 +268,9 @@ bool quiet_since_drained(boost::asio::basic_stream_socket<Protocol, core::Execut
   using Socket = boost::asio::basic_stream_socket<Protocol, core::Executor>;
   auto& impl = edge_detail::SocketAccess<Socket>::impl(sock);
   if (impl.reactor_data_ == nullptr) return false;
-  return !edge_detail::reads_try_at_once(impl.reactor_data_);
+  constexpr unsigned int kReadable = EPOLLIN | EPOLLPRI | edge_detail::kPeerClosed;
+  return !edge_detail::reads_try_at_once(impl.reactor_data_) &&
+         (edge_detail::harvested_events(impl.reactor_data_) & kReadable) == 0;
 }
 
 // Marks `sock` drained after a recv of the caller's own (sock.read_some on the

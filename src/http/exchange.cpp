@@ -56,8 +56,10 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
   auto c = std::move(conn_);
   // Bytes after the end of the response put the connection out of step: the
   // next request on it would read them as its answer.
+  // (Over TLS those bytes may sit in the TLS layer, not the socket.)
   const bool reusable = c && parser_ && parser_->is_done() && parser_->keep_alive() && c->is_open() &&
-                        c->aborted_for() == UpstreamFailure::none && !trailing_ && !cut_off_ && c->buffer().size() == 0;
+                        c->aborted_for() == UpstreamFailure::none && !trailing_ && !cut_off_ &&
+                        c->buffer().size() == 0 && (c->tls() == nullptr || !tls_holds_bytes(*c->tls()));
   if (c) c->watchdog().disarm();
   if (!reusable) c.reset();  // closes it
   return c;

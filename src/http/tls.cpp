@@ -203,6 +203,13 @@ bool refused_client_certificate(TlsStream& s, const boost::system::error_code& e
   return SSL_get_certificate(s.stream.native_handle()) == nullptr;
 }
 
+bool tls_holds_bytes(TlsStream& s) {
+  SSL* ssl = s.stream.native_handle();
+  if (SSL_has_pending(ssl) != 0) return true;
+  BIO* in = SSL_get_rbio(ssl);
+  return in != nullptr && BIO_ctrl_pending(in) > 0;
+}
+
 bool is_tls_close(const boost::system::error_code& ec) {
   return ec == boost::asio::error::eof || ec == ssl::error::stream_truncated;
 }

@@ -76,6 +76,14 @@ std::string handshake_failure_reason(TlsStream& s, const boost::system::error_co
 // eof (close_notify) and stream_truncated (a close without it, which many
 // servers do and which the HTTP framing then judges).
 bool is_tls_close(const boost::system::error_code& ec);
+
+// True when the TLS layer holds bytes of the server's the connection's
+// reads have not taken: a record decrypted and not read (SSL_has_pending),
+// or ciphertext Asio's engine moved off the socket into its BIO pair and
+// OpenSSL has not read (BIO_ctrl_pending). The socket may be empty then:
+// a recv(MSG_PEEK) cannot see them. A connection holding them is out of
+// step (the next request on it would read them as its answer): not reused.
+bool tls_holds_bytes(TlsStream& s);
 // A failure on a new connection, before any byte of an answer, that is the
 // server refusing the client certificate after a TLS 1.3 handshake (RFC
 // 8446 §4.4.2.4): a certificate alert from it (certificate required, bad,

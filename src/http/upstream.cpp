@@ -63,6 +63,7 @@ namespace {
 // recv(MSG_PEEK): ~1 µs.
 bool idle_connection_usable(UpstreamConnection& c) {
   if (c.tls() == nullptr && quiet_since_drained(c.socket())) return true;
+  if (c.tls() != nullptr && tls_holds_bytes(*c.tls())) return false;
   char byte;
   const ssize_t n = ::recv(c.socket().native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
   return n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);

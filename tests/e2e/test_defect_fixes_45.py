@@ -199,3 +199,135 @@ def test_a_refused_request_is_logged_and_counted_with_its_model(weir, mock, head
     if headers:
         assert line["pool"] == "good", line
     assert w.metric("weir_requests_total", model="good", status="400") == 1
+
+
+def _answer_for(rid: str, tag: str = "") -> bytes:
+    import json
+    b = json.dumps({"id": "chatcmpl-" + rid, "object": "chat.completion", "created": 1, "model": "m",
+                    "choices": [{"index": 0, "message": {"role": "assistant", "content": "answer for " + rid + tag},
+                                 "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(b) + b
+
+
+class _StrayBytesUpstream:
+    """Answers each request; one with x-misbehave: 1 gets a second, unrequested answer after its own: in the
+    same TCP segment as two TLS records (tls), or 300 ms later (plain)."""
+
+    def __init__(self, context=None):
+        import socket
+        import threading
+        self.ls = socket.socket()
+        self.ls.bind(("127.0.0.1", 0))
+        self.ls.listen(16)
+        self.port = self.ls.getsockname()[1]
+        self.context = context
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        import socket
+        import threading
+        while True:
+            try:
+                c, _ = self.ls.accept()
+            except OSError:
+                return
+            c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                if self.context:
+                    c = self.context.wrap_socket(c, server_side=True)
+            except OSError:
+                continue
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c):
+        import socket
+        import time
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    d = c.recv(65536)
+                    if not d:
+                        return
+                    buf += d
+                head, _, buf = buf.partition(b"\r\n\r\n")
+                h = {ln.split(b":")[0].strip().lower(): ln.split(b":", 1)[1].strip() for ln in head.split(b"\r\n")[1:]}
+                n = int(h.get(b"content-length", b"0"))
+                while len(buf) < n:
+                    buf += c.recv(65536)
+                buf = buf[n:]
+                rid = h[b"x-request-id"].decode()
+                if h.get(b"x-misbehave") != b"1":
+                    c.sendall(_answer_for(rid))
+                elif self.context:
+                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+                    c.sendall(_answer_for(rid))
+                    c.sendall(_answer_for(rid, " (SECOND, unsolicited)"))
+                    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
+                else:
+                    c.sendall(_answer_for(rid))
+                    time.sleep(0.3)
+                    c.sendall(_answer_for(rid, " (SECOND, unsolicited)"))
+        except OSError:
+            return
+
+    def close(self):
+        self.ls.close()
+
+
+@pytest.mark.parametrize("mode", ["tls", "plain"])
+def test_an_upstreams_unsolicited_bytes_never_reach_another_request(weir, tmp_path, mode):
+    # Cross-talk through a pooled upstream connection. TLS: the stray answer sat in the TLS layer (decrypted, or
+    # ciphertext in Asio's BIO pair), where the pool's recv(MSG_PEEK) cannot see it: the next request got it as
+    # its 200, every time. Plain: the next client request and the stray bytes came in one epoll_wait, and the
+    # client's handler took the connection before the upstream's news was performed, so the pool thought it
+    # drained (SIGSTOP stands in for a busy loop). Each request must get its own answer.
+    import os
+    import signal
+    import ssl
+    import threading
+    import time
+
+    from test_tls_upstreams import CA
+    context = None
+    pool = {}
+    if mode == "tls":
+        ca = CA(tmp_path, "ca")
+        server = ca.issue("server", dns=["weir-test.internal"], ips=["127.0.0.1"])
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(server.cert, server.key)
+        pool = {"tls": {"ca_file": str(ca.pem)}}
+    up = _StrayBytesUpstream(context)
+    try:
+        scheme = "https" if mode == "tls" else "http"
+        w = weir(config={"pools": {"p": {"endpoints": [f"{scheme}://127.0.0.1:{up.port}"], **pool}},
+                         "default_pool": "p"}, workers=1)
+        body = {"model": "m", "messages": MSG}
+        with httpx.Client(base_url=w.base_url, timeout=10) as c:
+            for t in range(3):
+                a, b = f"alice-{t}", f"bob-{t}"
+                ra = c.post("/v1/chat/completions", json=body, headers={"x-request-id": a, "x-misbehave": "1"})
+                assert ra.json()["choices"][0]["message"]["content"] == f"answer for {a}"
+                res = {}
+
+                def go(b=b):
+                    res["r"] = c.post("/v1/chat/completions", json=body, headers={"x-request-id": b})
+                if mode == "plain":
+                    time.sleep(0.1)
+                    os.kill(w.process.pid, signal.SIGSTOP)
+                    th = threading.Thread(target=go)
+                    try:
+                        time.sleep(0.05)
+                        th.start()
+                        time.sleep(0.25)
+                    finally:
+                        os.kill(w.process.pid, signal.SIGCONT)
+                    th.join()
+                else:
+                    go()
+                rb = res["r"]
+                assert rb.status_code == 200, rb.text
+                assert rb.json()["choices"][0]["message"]["content"] == f"answer for {b}", rb.text
+    finally:
+        up.close()
