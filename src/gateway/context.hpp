@@ -149,6 +149,10 @@ struct RequestContext {
   http::UpstreamFailure held_failure = http::UpstreamFailure::none;
   std::uint8_t pool_tries = 0;
   std::uint64_t pool_avoid = 0;
+  // Every endpoint of the current target that failed this request (a refused
+  // connect, a 503, a stall, a reset: routing::Attempts::failed), which a
+  // resume and a held stream's retry avoid too.
+  std::uint64_t pool_failed = 0;
   bool error_relayed = false;      // the upstream's in-band error event reached the client: fail() adds only the end
   bool upstream_refused = false;   // ... and it refused the request (a 4xx): not the endpoint's failure
   core::Timer* backoff = nullptr;  // the retry backoff or queue wait being waited, cancelled when the client leaves

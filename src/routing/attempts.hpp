@@ -125,6 +125,9 @@ class Attempts {
   // delay); a delay beyond retry.retry_after_cap is not waited for.
   RetryDecision on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now);
 
+  // The endpoints that failed this request so far (bit i = endpoint i), with those it was told to avoid.
+  std::uint64_t failed() const { return tried_; }
+
  private:
   // Another attempt on this pool after `reason`, if attempts and budget allow; moves to another endpoint.
   bool take_retry(Clock::time_point now);

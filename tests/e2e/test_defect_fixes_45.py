@@ -331,3 +331,29 @@ def test_an_upstreams_unsolicited_bytes_never_reach_another_request(weir, tmp_pa
                 assert rb.json()["choices"][0]["message"]["content"] == f"answer for {b}", rb.text
     finally:
         up.close()
+
+
+def test_a_resume_never_goes_back_to_an_endpoint_that_failed_the_request(weir, mock):
+    # A stream that stalled on C before its first token went on to A, which broke after 3 tokens: the resume
+    # avoided only A (whose stream broke) and went back to C in 4 of 6 such requests (3 words, a 300 ms wait,
+    # an in-band timeout), with a healthy G untried. Every endpoint that failed the request is avoided now.
+    a = mock("--ttft-ms", 5, "--itl-ms", 2, "--reset-after", 3)
+    c = mock("--ttft-ms", 3000, "--itl-ms", 2)
+    g = mock("--ttft-ms", 5, "--itl-ms", 2)
+    f = mock("--ttft-ms", 5, "--itl-ms", 2, "--any-model")
+    w = weir(config={
+        "pools": {"p": {"endpoints": [c.base_url, a.base_url, g.base_url], "resume": True,
+                        "retry": {"attempts": 2, "backoff": "1ms"}, "outlier": {"consecutive_failures": 0},
+                        "timeouts": {"first_token": "300ms"}},
+                  "f": {"endpoints": [f.base_url]}},
+        "models": {"m": {"pool": "p", "upstream_model": "mock-model", "fallbacks": [{"pool": "f"}]}}}, workers=1)
+    for i in range(24):
+        with httpx.stream("POST", w.v1 + "/chat/completions", timeout=20, headers={"x-request-id": f"r{i}"},
+                          json={"model": "m", "messages": MSG, "stream": True, "max_tokens": 20}) as r:
+            assert r.status_code == 200
+            r.read()
+        attempts = w.log_for(f"r{i}").get("attempts") or []
+        failed = [x["endpoint"] for x in attempts if x.get("failure") or (x.get("status") or 200) >= 500]
+        assert len(failed) == len(set(failed)), attempts  # no endpoint failed this request twice
+        if len(attempts) >= 3 and attempts[0]["endpoint"] == c.base_url and attempts[1]["endpoint"] == a.base_url:
+            assert attempts[2]["endpoint"] == g.base_url, attempts

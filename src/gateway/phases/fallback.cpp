@@ -60,6 +60,7 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   const auto& fb = ctx.target.fallbacks[ctx.fallback_step++];
   ctx.pool_tries = 0;
   ctx.pool_avoid = 0;
+  ctx.pool_failed = 0;
   ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
   ctx.target.upstream_model = fb.upstream_model;
   ctx.pool = static_cast<int>(fb.pool);

@@ -393,11 +393,14 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   }
   const bool resuming = ctx.resume.active;
   // A resume never goes back to an endpoint whose stream broke, nor does a
-  // held stream's retry (retry_held_on_pool), and each holds a retry-budget slot.
-  const std::uint64_t avoid = resuming ? ctx.resume.broke : ctx.pool_avoid;
+  // held stream's retry (retry_held_on_pool), nor to one that failed this
+  // request before (pool_failed), and each holds a retry-budget slot.
+  const bool held_retry = !resuming && ctx.pool_avoid != 0;
+  const std::uint64_t avoid =
+      resuming || held_retry ? (resuming ? ctx.resume.broke : ctx.pool_avoid) | ctx.pool_failed : 0;
   routing::Attempts attempts = avoid != 0 ? routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc), avoid)
                                           : routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc));
-  if (!resuming && avoid != 0) {
+  if (held_retry) {
     const auto held = std::exchange(ctx.held_failure, http::UpstreamFailure::none);
     if (attempts.unavailable()) {
       // No other endpoint (or no budget) for the held stream's retry: a fallback takes it, as without one.
@@ -609,6 +612,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       !started && !down_.client_gone() && (failure == http::UpstreamFailure::none || http::is_upstream_fault(failure));
   ctx.retries = retries_before + attempts.retries() - unsent;
   ctx.pool_tries = static_cast<std::uint8_t>(std::min<std::uint32_t>(ctx.pool_tries + 1 + attempts.retries(), 255));
+  ctx.pool_failed |= attempts.failed();
   ctx.added_us = added;
   const auto ep_idx = attempts.endpoint();
   if (!started || down_.client_gone()) {
