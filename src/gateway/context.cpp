@@ -42,6 +42,7 @@ void RequestContext::reset() {
   retries = 0;
   fallback_step = 0;
   fallback_limit = 0xff;
+  priority_asked = -1;
   fallbacks_judged = fallbacks_refused = 0;
   hold_head = fail_over = error_relayed = upstream_refused = false;
   held_failure = http::UpstreamFailure::none;

@@ -136,6 +136,7 @@ struct RequestContext {
   // how many the request allows (x-weir-fallbacks; at most the chain's length).
   std::uint8_t fallback_step = 0;
   std::uint8_t fallback_limit = 0xff;
+  std::int8_t priority_asked = -1;  // x-weir-priority (0..100), -1 when not sent: a queue's (enter_pool)
   // Whether fallback i (< 64) can take the request's body (GatewayPhases::
   // takes_request), once looked at: bit i of `judged`, and of `refused` when it cannot.
   mutable std::uint64_t fallbacks_judged = 0, fallbacks_refused = 0;

@@ -86,6 +86,29 @@ std::string_view first_field(const Fields& fields, std::string_view name) {
   return {};
 }
 
+// The value of the one field named `name` (ASCII case-insensitive), "" when
+// there is none; `repeated` when there are several lines: RFC 9110 §5.3 reads
+// them as one comma-joined value, which a single-valued field cannot be (the
+// first or the last would be a guess: a proxy that appends its own line
+// meant it to win, a client that sends two meant something else).
+template <class Fields>
+std::string_view only_field(const Fields& fields, std::string_view name, bool& repeated) {
+  std::string_view found;
+  bool seen = false;
+  repeated = false;
+  for (const auto& e : fields) {
+    const std::string_view n = e.name_string();
+    if (n.size() != name.size() || !iequals(n, name)) continue;
+    if (seen) {
+      repeated = true;
+      return {};
+    }
+    seen = true;
+    found = e.value();
+  }
+  return found;
+}
+
 // True when `fields` has a field `f` (a Beast field code).
 template <class Fields, class Code>
 requires std::is_enum_v<Code>

@@ -357,3 +357,28 @@ def test_a_resume_never_goes_back_to_an_endpoint_that_failed_the_request(weir, m
         assert len(failed) == len(set(failed)), attempts  # no endpoint failed this request twice
         if len(attempts) >= 3 and attempts[0]["endpoint"] == c.base_url and attempts[1]["endpoint"] == a.base_url:
             assert attempts[2]["endpoint"] == g.base_url, attempts
+
+
+@pytest.mark.parametrize("headers,says", [
+    ([("x-weir-priority", "abc")], "x-weir-priority must be a whole number"),
+    ([("x-weir-priority", "5"), ("x-weir-priority", "999")], "x-weir-priority must be sent once"),
+    ([("x-weir-timeout-ms", "5000"), ("x-weir-timeout-ms", "abc")], "x-weir-timeout-ms must be sent once"),
+    ([("x-weir-fallbacks", "1"), ("x-weir-fallbacks", "none")], "x-weir-fallbacks must be sent once"),
+], ids=["bad-priority-no-queue", "priority-twice", "timeout-twice", "fallbacks-twice"])
+def test_weirs_request_controls_are_checked_up_front_and_once(weir, mock, headers, says):
+    # A bad x-weir-priority was read only by a pool's queue: 200 while the primary (no queue) was healthy, and a
+    # 400 once it failed over to a queued fallback, after the primary was tried (an outage turned into an error
+    # SDKs never retry). Two lines of a control header: the first won in silence (a front proxy appending its own
+    # priority lost to the client's). Both are 400s before anything goes upstream now.
+    m = mock("--any-model")
+    w = weir(config={"pools": {"plain": {"endpoints": [m.base_url]},
+                               "q": {"endpoints": [m.base_url], "queue": {"max_concurrent": 4}}},
+                     "models": {"m": {"pool": "plain", "fallbacks": [{"pool": "q"}]}}}, workers=1)
+    before = m.metric("vllm:request_success_total") if hasattr(m, "metric") else None
+    r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10,
+                   headers=httpx.Headers(headers + [("x-request-id", "ctl")]))
+    assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
+    line = w.log_for("ctl")
+    assert line["model"] == "m" and not line.get("attempts"), line
+    if before is not None:
+        assert m.metric("vllm:request_success_total") == before

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include <fmt/format.h>
 #include <boost/beast/http/field.hpp>
 
 #include <boost/json/parse.hpp>
@@ -126,10 +127,18 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
                                                              : ctx.gen->labels().model_slot[r->model_index];
   ctx.pool = static_cast<int>(r->pool);
+  // Weir's request controls are read here, on every request whatever its
+  // pools, so a client's typo is a 400 before anything is sent upstream, not
+  // only once a fallback's queue reads it (logged and counted with the
+  // route's model and pool). Each is one line: two are a 400.
+  bool repeated = false;
+  const auto control = [&](std::string_view name) { return http::only_field(down_.request(), name, repeated); };
+  const auto sent_twice = [&](std::string_view name) {
+    return Outcome::failed(core::bad_request(fmt::format("{} must be sent once.", name)));
+  };
   // x-weir-fallbacks: N (0..) caps the chain for this request; "none" is 0.
-  // Checked on every model, so a client's typo is a 400 before it matters
-  // (logged and counted with its model and pool, as the other headers' are).
-  if (const std::string_view h = http::first_field(down_.request(), "x-weir-fallbacks"); !h.empty()) {
+  if (const std::string_view h = control("x-weir-fallbacks"); !h.empty() || repeated) {
+    if (repeated) return sent_twice("x-weir-fallbacks");
     unsigned n = 0;
     const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), n);
     if (h == "none")
@@ -138,11 +147,21 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
       return Outcome::failed(core::bad_request("x-weir-fallbacks must be a number of fallbacks (0, 1, ...) or none."));
     ctx.fallback_limit = static_cast<std::uint8_t>(std::min(n, 255u));
   }
+  // x-weir-priority: 0..100 (a pool's queue orders by it: enter_pool).
+  if (const std::string_view h = control("x-weir-priority"); !h.empty() || repeated) {
+    if (repeated) return sent_twice("x-weir-priority");
+    int v = -1;
+    const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), v);
+    if (ec != std::errc() || p != h.data() + h.size() || v < 0 || v > 100)
+      return Outcome::failed(core::bad_request("x-weir-priority must be a whole number from 0 to 100."));
+    ctx.priority_asked = static_cast<std::int8_t>(v);
+  }
   // x-weir-timeout-ms: N bounds the whole request from its arrival, queueing
   // and retries included (docs/reliability.md#deadlines). Relative, as
   // gRPC's grpc-timeout and Envoy's x-envoy-upstream-rq-timeout-ms, so no
   // clock has to agree with Weir's.
-  if (const std::string_view h = http::first_field(down_.request(), "x-weir-timeout-ms"); !h.empty()) {
+  if (const std::string_view h = control("x-weir-timeout-ms"); !h.empty() || repeated) {
+    if (repeated) return sent_twice("x-weir-timeout-ms");
     std::uint32_t ms = 0;
     const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), ms);
     if (ec != std::errc() || p != h.data() + h.size() || ms < 1 || ms > kMaxTimeoutMs)

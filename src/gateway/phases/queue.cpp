@@ -27,14 +27,10 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
   const auto now = core::now();
   // The request's priority: its tenant's, or lower by x-weir-priority
   // (without auth the header sets it: there is no tenant to cap it).
+  // (The header was read, and a bad one refused, by the route phase.)
   int priority = ctx.principal ? ctx.principal->priority() : 0;
-  if (const std::string_view h = http::first_field(down_.request(), "x-weir-priority"); !h.empty()) {
-    int v = -1;
-    const auto [p, ec] = std::from_chars(h.data(), h.data() + h.size(), v);
-    if (ec != std::errc() || p != h.data() + h.size() || v < 0 || v > 100)
-      co_return Outcome::failed(core::bad_request("x-weir-priority must be a whole number from 0 to 100."));
-    priority = ctx.principal ? std::min(priority, v) : v;
-  }
+  if (ctx.priority_asked >= 0)
+    priority = ctx.principal ? std::min<int>(priority, ctx.priority_asked) : ctx.priority_asked;
   // Every endpoint's breaker open: the attempts answer at once (a fallback, or 503).
   if (pool.policy().breaker() && !pool.any_available(now)) co_return Outcome::next();
   const bool saturated = pool.saturated(now);
