@@ -44,8 +44,9 @@ namespace weir::admission {
 // returns `pending`; Admission::admit then reports a Shortfall and the
 // gateway waits once (async_refill) for an immediate sync.
 //
-// Outage (a sync times out after `command_timeout`, or the connection is
-// refused or lost): fail_open = true routes the buckets to a LocalLimiter
+// Outage (a sync times out after `command_timeout`, the connection is
+// refused or lost, or Redis answers any error reply to our scripts; while it
+// lasts the loop probes with a script call, never a PING): fail_open = true routes the buckets to a LocalLimiter
 // (every limit × fail_open_share, per replica) and sets stream allowances to
 // the local share; fail_open = false makes refusing() true (503). Spend keeps
 // accumulating locally against the last known total. The client reconnects
@@ -162,7 +163,8 @@ class RedisLimiter final : public Limiter {
   store::Task<void> sync_once(bool final_sync);
   void wake();
   void on_refill(const Shortfall& need, std::function<void()> done);
-  void enter_degraded(const std::string& why);
+  // `answered`: Redis replied with an error (it is up but cannot do our work).
+  void enter_degraded(const std::string& why, bool answered);
   void leave_degraded();
   void log(std::string_view msg) const;
   // Initialises scopes [scope_count_, scopes.size()) (constructor, grow()).

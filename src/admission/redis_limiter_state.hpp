@@ -153,6 +153,9 @@ struct RedisLimiter::Loop {
   bool finished = true;
   Instant outage_start{};
   Instant recovered{};  // when Redis was last reachable again after an outage
+  // The lease (scope * 2 + bucket) whose sync began the outage: the probe
+  // replays it; UINT32_MAX: the probe writes a key of ours instead.
+  std::uint32_t probe_lease = UINT32_MAX;
 };
 
 }  // namespace weir::admission

@@ -212,4 +212,14 @@ return {grant, total, mine, idx, left, others}
   return s;
 }
 
+// The outage probe (redis_sync.cpp): a write through EVALSHA, as the other
+// scripts are, so it fails when they would. KEYS[1] a key; ARGV: ttl ms.
+const store::Script& probe_script() {
+  static const store::Script s(R"lua(
+redis.call('SET', KEYS[1], '1', 'PX', tonumber(ARGV[1]))
+return 1
+)lua");
+  return s;
+}
+
 }  // namespace weir::admission

@@ -19,5 +19,8 @@ const store::Script& slots_script();
 // calendar (0 none, 1 day, 2 ISO week, 3 month), offset ms (east of UTC).
 // Returns {granted, total, this replica's s:, period, ms left (-1 = never), others' allowances}.
 const store::Script& budget_script();
+// KEYS[1] a key of this replica's; ARGV: ttl ms. Writes it (the outage probe:
+// fails as the other scripts do under OOM, READONLY, MISCONF, NOPERM...). Returns 1.
+const store::Script& probe_script();
 
 }  // namespace weir::admission

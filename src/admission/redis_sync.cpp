@@ -21,13 +21,21 @@ using core::use_task;
 using redis_detail::whole_down;
 using redis_detail::whole_up;
 
-// Errors that mean "Redis cannot serve us now" (as opposed to a bug in a request).
-bool is_outage(const store::Error& e) {
-  if (e.code != store::Errc::server) return true;
-  for (std::string_view p :
-       {"LOADING", "BUSY", "MASTERDOWN", "READONLY", "OOM", "NOAUTH", "WRONGPASS", "NOPERM", "CLUSTERDOWN", "TRYAGAIN"})
-    if (std::string_view(e.message).starts_with(p)) return true;
-  return false;
+// Why a sync failed, for the one log line of an outage: the error reply's
+// first sentence (MISCONF's is ~450 characters), or what happened to the
+// connection. Any error is an outage: every command Weir sends is one of its
+// own scripts (NOSCRIPT is answered by the client, which loads the script
+// and resends), so an error reply — OOM, READONLY, MISCONF, NOREPLICAS,
+// NOPERM, an unknown command (a renamed EVALSHA), WRONGTYPE — means Redis
+// cannot do the limiter's work, not that one request was wrong.
+std::string outage_reason(const store::Error& e) {
+  if (e.message.empty()) return std::string(store::to_string(e.code));
+  std::string_view m = e.message;
+  if (const auto dot = m.find(". "); dot != std::string_view::npos) m = m.substr(0, dot);
+  if (const auto nl = m.find_first_of("\r\n"); nl != std::string_view::npos) m = m.substr(0, nl);
+  constexpr std::size_t kMax = 120;
+  if (m.size() > kMax) return fmt::format("{}...", m.substr(0, kMax));
+  return std::string(m);
 }
 
 // Takes the units above `keep` out of `units` (workers may be taking at the
@@ -108,7 +116,7 @@ store::Task<void> RedisLimiter::shutdown() {
   for (auto& w : waiters) w();
 }
 
-void RedisLimiter::enter_degraded(const std::string& why) {
+void RedisLimiter::enter_degraded(const std::string& why, bool answered) {
   if (degraded_.load(std::memory_order_relaxed)) return;
   loop_->outage_start = MonoClock::now();
   outages_.fetch_add(1, std::memory_order_relaxed);
@@ -138,14 +146,17 @@ void RedisLimiter::enter_degraded(const std::string& why) {
   }
   degraded_.store(true, std::memory_order_release);
   if (!config_.fail_open) refusing_.store(true, std::memory_order_relaxed);
+  // "unusable": Redis answers, with errors (OOM, READONLY, MISCONF, NOPERM...).
+  const std::string addr = store::endpoint_text(config_.host, config_.port);
+  const char* state = answered ? "unusable" : "unreachable";
   if (config_.fail_open)
     log(
-        fmt::format("Redis {}:{} unreachable ({}): fail_open is on, limiting per replica from local state "
+        fmt::format("Redis {} {} ({}): fail_open is on, limiting per replica from local state "
                     "(each limit x {}) until it is back",
-                    config_.host, config_.port, why, config_.fail_open_share));
+                    addr, state, why, config_.fail_open_share));
   else
-    log(fmt::format("Redis {}:{} unreachable ({}): fail_open is off, refusing requests with 503 until it is back",
-                    config_.host, config_.port, why));
+    log(fmt::format("Redis {} {} ({}): fail_open is off, refusing requests with 503 until it is back", addr, state,
+                    why));
 }
 
 void RedisLimiter::leave_degraded() {
@@ -154,13 +165,13 @@ void RedisLimiter::leave_degraded() {
   degraded_.store(false, std::memory_order_release);
   loop_->recovered = MonoClock::now();  // every budget's spend is pushed again (sync_once)
   const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
-  log(fmt::format("Redis {}:{} reachable again after {:.1f} s: distributed limits resumed", config_.host, config_.port,
-                  secs));
+  log(fmt::format("Redis {} reachable again after {:.1f} s: distributed limits resumed",
+                  store::endpoint_text(config_.host, config_.port), secs));
 }
 
 store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   struct Op {
-    enum class Kind : std::uint8_t { lease, slots, spend, ping } kind;
+    enum class Kind : std::uint8_t { lease, slots, spend, probe } kind;
     std::uint32_t i;
     std::int64_t a = 0, b = 0, c = 0;  // lease: ask, put, owe; slots: want, in use; spend: cum
     bool for_waiters = false;          // requests wait for this grant: keep it until they retried
@@ -317,13 +328,28 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     ops.push_back(Op{Op::Kind::spend, i, mine, inuse, 0, waiting});
   }
 
-  if (cmds.empty()) {
-    if (!deg || final_sync) {
-      for (auto& w : waiters) w();
-      co_return;
+  if (deg && !final_sync) {
+    // Probe: can Redis do our work again? Not a PING, which Redis answers
+    // under OOM, READONLY, MISCONF or a NOPERM on EVALSHA alike: the lease
+    // that failed, replayed without asking, putting or owing (it only
+    // refills the bucket it writes), else a script that writes a key of
+    // ours. Its reply is only checked for an error.
+    const std::uint32_t li = loop_->probe_lease;
+    if (li < scope_count_ * 2 && at(li / 2).spec[li % 2].enabled) {
+      const Spec& sp = at(li / 2).spec[li % 2];
+      const std::string keys[] = {at(li / 2).lease_ctl[li % 2].key};
+      const std::string args[] = {str(std::llround(sp.rate_per_min)), str(std::llround(sp.depth)), "0", "0", "0"};
+      cmds.push_back(store::Command::evalsha(lease_script(), keys, args));
+    } else {
+      const std::string keys[] = {config_.key_prefix + "probe:" + replica_id_};
+      const std::string args[] = {str(std::max<std::int64_t>(1000, config_.slot_ttl.count()))};
+      cmds.push_back(store::Command::evalsha(probe_script(), keys, args));
     }
-    cmds.push_back(store::Command{"PING"});  // probe: is Redis back?
-    ops.push_back(Op{Op::Kind::ping, 0});
+    ops.push_back(Op{Op::Kind::probe, 0});
+  }
+  if (cmds.empty()) {
+    for (auto& w : waiters) w();
+    co_return;
   }
 
   auto results = co_await client_->exec(std::move(cmds));
@@ -331,9 +357,13 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   const double replied_ns = ns(replied);
 
   std::string outage;
-  for (const auto& r : results)
-    if (!r && is_outage(r.error())) {
-      outage = r.error().message.empty() ? std::string(store::to_string(r.error().code)) : r.error().message;
+  bool answered = false;  // Redis replied with an error (it is up, but cannot do our work)
+  for (std::size_t k = 0; k < results.size(); ++k)
+    if (!results[k]) {
+      outage = outage_reason(results[k].error());
+      answered = results[k].error().code == store::Errc::server;
+      // The probe of this outage replays the lease that failed (or writes a key of ours).
+      if (!deg) loop_->probe_lease = ops[k].kind == Op::Kind::lease ? ops[k].i : UINT32_MAX;
       break;
     }
   if (outage.empty()) {
@@ -343,15 +373,10 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     sync_failures_.fetch_add(1, std::memory_order_relaxed);
   }
 
-  bool logged_bug = false;
   for (std::size_t k = 0; k < ops.size(); ++k) {
     const Op& op = ops[k];
     const auto& r = results[k];
     const bool ok = r && r->type == store::Reply::Type::array && r->elements.size() >= 2;
-    if (!r && !is_outage(r.error()) && !logged_bug) {
-      log(fmt::format("sync command failed: {}", r.error().message));
-      logged_bug = true;
-    }
     switch (op.kind) {
       case Op::Kind::lease: {
         Lease& l = at(op.i / 2).lease[op.i % 2];
@@ -376,7 +401,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         break;
       }
       case Op::Kind::slots: {
-        if (!ok) break;
+        // (During an outage that goes on the allowance is the local share.)
+        if (!ok || (deg && !outage.empty())) break;
         Slots& s = at(op.i).slots;
         SlotsCtl& c = at(op.i).slots_ctl;
         const std::int64_t grant = r->elements[0].as_int();
@@ -426,14 +452,14 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         sp.period_end_ns.store(left < 0 ? -1 : static_cast<std::int64_t>(ns(c.period_end)), std::memory_order_relaxed);
         break;
       }
-      case Op::Kind::ping:
+      case Op::Kind::probe:
         break;
     }
   }
   if (outage.empty()) {
     synced_.store(true, std::memory_order_release);
   } else if (!final_sync) {
-    enter_degraded(outage);
+    enter_degraded(outage, answered);
   }
   for (auto& w : waiters) w();
 }

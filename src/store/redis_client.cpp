@@ -55,6 +55,11 @@ bool is_noscript(const Result<Reply>& r) {
 
 }  // namespace
 
+std::string endpoint_text(std::string_view host, std::uint16_t port) {
+  if (host.find(':') != std::string_view::npos && !host.starts_with('[')) return fmt::format("[{}]:{}", host, port);
+  return fmt::format("{}:{}", host, port);
+}
+
 struct Client::Impl : std::enable_shared_from_this<Impl> {
   Impl(asio::io_context& ioc, ClientOptions o)
       : ex(ioc.get_executor()), opt(std::move(o)), socket(ex), connect_timer(ex), backoff_timer(ex) {}
@@ -109,7 +114,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   void drop_connection(const std::string& why) {
     if (state == State::connected) {
       ++stats.disconnects;
-      if (announced_up) log(fmt::format("connection to {}:{} lost: {}", opt.host, opt.port, why));
+      if (announced_up) log(fmt::format("connection to {} lost: {}", endpoint_text(opt.host, opt.port), why));
       announced_up = false;
       reported_down = true;
     }
@@ -149,7 +154,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       announced_up = true;
       reported_down = false;
       backoff = std::chrono::milliseconds(0);  // the next failure retries quickly again
-      log(fmt::format("connected to {}:{}", opt.host, opt.port));
+      log(fmt::format("connected to {}", endpoint_text(opt.host, opt.port)));
     }
     if (s.waiter->done) return;  // timed out: the late reply is dropped
     s.waiter->results[s.index] = std::move(r);
@@ -224,7 +229,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       if (!running) break;
       if (!why.empty()) {
         ++stats.connect_failures;
-        if (!reported_down) log(fmt::format("cannot connect to {}:{}: {}", opt.host, opt.port, why));
+        if (!reported_down) log(fmt::format("cannot connect to {}: {}", endpoint_text(opt.host, opt.port), why));
         reported_down = true;
         boost::system::error_code ignored;
         socket.close(ignored);

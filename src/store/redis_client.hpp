@@ -24,6 +24,9 @@ namespace asio = boost::asio;
 using core::Executor;
 using core::Task;
 
+// "host:port" for logs, an IPv6 address in brackets ("[::1]:6379").
+std::string endpoint_text(std::string_view host, std::uint16_t port);
+
 struct ClientOptions {
   std::string host = "127.0.0.1";  // name or address; resolved on every connect
   std::uint16_t port = 6379;
