@@ -329,6 +329,11 @@ bool RedisLimiter::streams_refillable(std::uint32_t scope) const noexcept {
   const Slots& s = at(scope).slots;
   if (s.others.load(std::memory_order_relaxed) + s.allowance.load(std::memory_order_relaxed) < at(scope).max_streams)
     return true;
+  // The others hold slots they do not use (a replica's idle headroom): they
+  // give them back once this replica's demand is recorded; wait for that.
+  const std::int64_t mine =
+      std::max<std::int64_t>(0, s.allowance.load(std::memory_order_relaxed) - s.free.load(std::memory_order_relaxed));
+  if (s.others_used.load(std::memory_order_relaxed) + mine < at(scope).max_streams) return true;
   // The cap looked full at the last renewal; that answer may count slots
   // released since: a stream of a scope this one took over from that ended
   // here after it (Redis counts it until that scope's next renewal), or, in

@@ -165,6 +165,10 @@ class RedisLimiter final : public Limiter {
   void on_refill(const Shortfall& need, std::function<void()> done);
   // `answered`: Redis replied with an error (it is up but cannot do our work).
   void enter_degraded(const std::string& why, bool answered);
+  struct SlotWaiter;
+  // After a sync: completes the requests waiting for a stream slot, or keeps
+  // them for the next sync (every one when `all`).
+  void settle_slot_waiters(std::vector<SlotWaiter> waiters, bool all, std::chrono::milliseconds grace);
   void leave_degraded();
   void log(std::string_view msg) const;
   // Initialises scopes [scope_count_, scopes.size()) (constructor, grow()).
@@ -191,6 +195,15 @@ class RedisLimiter final : public Limiter {
 
   std::unique_ptr<Loop> loop_;
   std::vector<std::function<void()>> waiters_;
+  // Requests waiting for a stream slot that another replica holds idle: kept
+  // across syncs (each re-asks) until a slot came, the cap is full of
+  // streams in flight, or `until` (a few renewals of the holder).
+  struct SlotWaiter {
+    std::function<void()> done;
+    Shortfall need;
+    Instant until;
+  };
+  std::vector<SlotWaiter> slot_waiters_;
 
   alignas(64) std::atomic<bool> degraded_{false};
   std::atomic<bool> synced_{false};

@@ -45,9 +45,10 @@ struct RedisLimiter::LeaseCtl {
 };
 
 struct alignas(64) RedisLimiter::Slots {
-  std::atomic<std::int64_t> free{0};       // allowance - in use (< 0 after a shrink)
-  std::atomic<std::int64_t> allowance{0};  // slots this replica may hold (written by the control thread)
-  std::atomic<std::int64_t> others{0};     // slots the other replicas held at the last renewal
+  std::atomic<std::int64_t> free{0};         // allowance - in use (< 0 after a shrink)
+  std::atomic<std::int64_t> allowance{0};    // slots this replica may hold (written by the control thread)
+  std::atomic<std::int64_t> others{0};       // slots the other replicas held at the last renewal
+  std::atomic<std::int64_t> others_used{0};  // of those, in use (by their last renewals)
   std::atomic<bool> wanted{false};
   // Set when another scope of the same name took over (carry: a key's or
   // tenant's limits changed): this scope keeps only the slots of its
@@ -75,8 +76,10 @@ struct RedisLimiter::SlotsCtl {
   std::int64_t local_max = 1;  // allowance during an outage with fail_open
   std::int64_t seen_free = 0;
   std::int64_t waiting = 0;
-  std::int64_t told_want = 0;  // the want Redis last recorded for this replica
-  bool contended = false;      // another replica was starved at the last renewal
+  std::int64_t told_want = 0;    // the want Redis last recorded for this replica
+  std::int64_t told_demand = 0;  // the demand (requests waiting or refused) it last recorded
+  std::int64_t recorded = 0;     // the slots it last recorded as held (>= allowance)
+  bool contended = false;        // another replica was starved at the last renewal
   Instant last_used{};
   Instant last_renew{};
   Instant keep_until{};  // as LeaseCtl::keep_until

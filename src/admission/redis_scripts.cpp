@@ -40,16 +40,22 @@ return {grant, math.floor(v), full_ms}
   return s;
 }
 
-// Stream slot lease. One hash per scope: replica id -> "held:expiry_ms:want".
-// Entries past their expiry (a replica that stopped renewing: crashed or
-// partitioned) are dropped; a replica gets min(want, limit - others) and is
-// recorded at no less than what it has in use. Fair share: while another
-// live replica wants more than it holds (it is refusing requests), a
-// replica is granted at most ceil(limit / replicas wanting), so one busy
-// replica cannot keep a small cap to itself (it shrinks to its share as its
-// streams end).
-// KEYS[1] hash; ARGV: replica id, want, in use, limit, ttl ms.
-// Returns {granted, slots held by the other live replicas, replicas starved}.
+// Stream slot lease. One hash per scope: replica id ->
+// "held:expiry_ms:want:in_use:demand". Entries past their expiry (a replica
+// that stopped renewing: crashed or partitioned) are dropped; a replica gets
+// min(want, limit - others) and is recorded at no less than `floor` (what it
+// may be using until it hears the answer: its allowance when it asked, or
+// its streams in flight if more). Fair share: while another live replica
+// has demand (requests waiting for or refused a slot) and holds less than
+// it wants, a replica is granted at most floor(limit / replicas wanting),
+// or, when it has demand of its own, up to min(in use + demand,
+// ceil(limit / replicas wanting)): a busy replica cannot keep a small cap to
+// itself (it shrinks to its share as its streams end), and an idle one gives
+// its spare slots back at once (a cap of 1 moves to the replica that needs it).
+// KEYS[1] hash; ARGV: replica id, want, floor, limit, ttl ms, in use, demand.
+// (Entries of three fields, from an older Weir: in use = held, demand = want > held.)
+// Returns {granted, slots held by the other live replicas, replicas starved,
+// slots the other live replicas have in use}.
 const store::Script& slots_script() {
   static const store::Script s(R"lua(
 local tm = redis.call('TIME')
@@ -59,31 +65,41 @@ local want = tonumber(ARGV[2])
 local inuse = tonumber(ARGV[3])
 local limit = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
+local used = tonumber(ARGV[6] or ARGV[3])
+local demand = tonumber(ARGV[7] or '0')
 local all = redis.call('HGETALL', KEYS[1])
-local others, starved, wanting = 0, 0, 1
+local others, others_used, starved, wanting = 0, 0, 0, 1
 for i = 1, #all, 2 do
   if all[i] ~= id then
-    local held, exp, w = string.match(all[i + 1], '^(%d+):(%d+):?(%d*)$')
+    local held, exp, w, u, d = string.match(all[i + 1], '^(%d+):(%d+):?(%d*):?(%d*):?(%d*)$')
     if held and tonumber(exp) > now then
-      others = others + tonumber(held)
+      held = tonumber(held)
+      others = others + held
       w = tonumber(w) or 0
+      others_used = others_used + math.min(held, tonumber(u) or held)
+      d = tonumber(d)
+      if d == nil then d = (w > held) and 1 or 0 end
       if w > 0 then wanting = wanting + 1 end
-      if w > tonumber(held) then starved = starved + 1 end
+      if d > 0 and w > held then starved = starved + 1 end
     else
       redis.call('HDEL', KEYS[1], all[i])
     end
   end
 end
 local grant = math.max(0, math.min(want, limit - others))
-if starved > 0 then grant = math.min(grant, math.ceil(limit / wanting)) end
+if starved > 0 then
+  local cap = math.floor(limit / wanting)
+  if demand > 0 then cap = math.max(cap, math.min(used + demand, math.ceil(limit / wanting))) end
+  grant = math.min(grant, cap)
+end
 local hold = math.max(grant, inuse)
 if hold > 0 or want > 0 then
-  redis.call('HSET', KEYS[1], id, string.format('%.0f:%.0f:%.0f', hold, now + ttl, want))
+  redis.call('HSET', KEYS[1], id, string.format('%.0f:%.0f:%.0f:%.0f:%.0f', hold, now + ttl, want, used, demand))
   redis.call('PEXPIRE', KEYS[1], ttl * 2)
 else
   redis.call('HDEL', KEYS[1], id)
 end
-return {grant, others, starved}
+return {grant, others, starved, others_used}
 )lua");
   return s;
 }

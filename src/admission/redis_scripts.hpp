@@ -11,8 +11,10 @@ namespace weir::admission {
 // KEYS[1] bucket; ARGV: rate (units/min), depth, ask, put, owe.
 // Returns {granted, floor(units left), ms until full}.
 const store::Script& lease_script();
-// KEYS[1] hash; ARGV: replica id, want, in use, limit, ttl ms.
-// Returns {granted, slots held by the other live replicas, replicas starved}.
+// KEYS[1] hash; ARGV: replica id, want, floor (held at least: what this
+// replica may be using), limit, ttl ms, in use, demand (requests waiting or refused).
+// Returns {granted, slots held by the other live replicas, replicas starved,
+// slots the other live replicas have in use}.
 const store::Script& slots_script();
 // KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: none),
 // cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms,

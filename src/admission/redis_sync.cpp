@@ -74,17 +74,28 @@ void RedisLimiter::on_refill(const Shortfall& need, std::function<void()> done) 
     done();
     return;
   }
+  bool streams = false;
   for (std::uint8_t k = 0; k < need.count && k < Shortfall::kMax; ++k) {
     const Need& n = need.needs[k];
     if (n.scope >= scope_count_) continue;
-    if (n.what == Resource::streams)
+    if (n.what == Resource::streams) {
       at(n.scope).slots_ctl.waiting += std::max<std::int64_t>(1, whole_up(n.units));
-    else if (n.what == Resource::budget)
+      streams = streams || at(n.scope).max_streams > 0;
+    } else if (n.what == Resource::budget) {
       at(n.scope).spend_ctl.waiting += n.units;
-    else
+    } else {
       at(n.scope).lease_ctl[n.what == Resource::tokens ? 1 : 0].waiting += n.units;
+    }
   }
-  waiters_.push_back(std::move(done));
+  if (streams) {
+    // A slot another replica holds idle comes back at its next renewal (it
+    // sees this one's demand), a few renewals at most: wait that long.
+    const auto busy_renew =
+        std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
+    slot_waiters_.push_back(SlotWaiter{std::move(done), need, MonoClock::now() + 3 * busy_renew});
+  } else {
+    waiters_.push_back(std::move(done));
+  }
   wake();
 }
 
@@ -114,6 +125,9 @@ store::Task<void> RedisLimiter::shutdown() {
   auto waiters = std::move(waiters_);
   waiters_.clear();
   for (auto& w : waiters) w();
+  auto slot_waiters = std::move(slot_waiters_);
+  slot_waiters_.clear();
+  for (auto& w : slot_waiters) w.done();
 }
 
 void RedisLimiter::enter_degraded(const std::string& why, bool answered) {
@@ -183,6 +197,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   const bool deg = degraded_.load(std::memory_order_relaxed);
   auto waiters = std::move(waiters_);
   waiters_.clear();
+  auto slot_waiters = std::move(slot_waiters_);
+  slot_waiters_.clear();
   std::vector<store::Command> cmds;
   std::vector<Op> ops;
   auto str = [](auto v) { return fmt::format("{}", v); };
@@ -234,17 +250,26 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     if (limit == 0) continue;
     Slots& s = at(i).slots;
     SlotsCtl& c = at(i).slots_ctl;
-    const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
-    const std::int64_t free = s.free.load(std::memory_order_acquire);
-    const std::int64_t inuse = std::max<std::int64_t>(0, a - free);
+    std::int64_t a = s.allowance.load(std::memory_order_relaxed);
+    std::int64_t free = s.free.load(std::memory_order_acquire);
+    std::int64_t inuse = std::max<std::int64_t>(0, a - free);
     const bool wanted = s.wanted.load(std::memory_order_relaxed) && s.wanted.exchange(false);
     const bool used = wanted || free != c.seen_free || c.waiting > 0;
     if (used) c.last_used = now;
     const bool superseded = s.superseded.load(std::memory_order_relaxed);
     const bool active = !superseded && now - c.last_used < config_.lease_idle;
+    // Demand: requests waiting for a slot, or refused one, since the last
+    // sync; it stays recorded while this replica is active and still short
+    // of its headroom (a client refused here will ask again).
+    const bool still_short = c.told_demand > 0 && active && a < inuse + c.headroom;
+    const std::int64_t demand = c.waiting + (wanted || still_short ? 1 : 0);
     std::int64_t want = 0;
     const bool keep = !superseded && now < c.keep_until;
-    if (!final_sync) want = std::min(limit, active ? inuse + c.headroom + c.waiting : inuse);
+    // While another replica needs slots (contended) and none of this one's
+    // requests does, it keeps no idle headroom: the spare slot goes to the
+    // replica that is waiting for it (a cap smaller than the replicas).
+    const std::int64_t spare = c.contended && demand == 0 ? 0 : c.headroom;
+    if (!final_sync) want = std::min(limit, active ? inuse + spare + c.waiting : inuse);
     if (keep && !final_sync) want = std::max(want, std::min(a, limit));
     const bool holding = a > 0 || inuse > 0;
     const bool need = final_sync ? holding
@@ -252,15 +277,39 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
                                     (free > 2 * c.headroom && !keep) || (!active && a > inuse && !keep) ||
                                     (holding && now - c.last_renew >= renew_every) ||
                                     (active && holding && (c.contended || now - c.last_renew >= busy_renew)) ||
-                                    (c.told_want > std::max(a, inuse) && want <= a));
+                                    (c.told_want > std::max(a, inuse) && want <= a) ||
+                                    (c.told_demand > 0 && demand == 0) || (c.recorded > std::max(a, inuse) && !deg));
     const bool waiting = c.waiting > 0;
     c.waiting = 0;
     c.seen_free = free;
     if (!need) continue;
+    if (want < a && !deg) {
+      // Shrink here first, by the free slots only: then what Redis records
+      // (`floor` below) covers every slot workers can take until the answer
+      // arrives, and no other replica is granted a slot in use here.
+      std::int64_t cur = s.free.load(std::memory_order_acquire);
+      std::int64_t drop = 0;
+      while (cur > 0) {
+        drop = std::min(cur, a - want);
+        if (s.free.compare_exchange_weak(cur, cur - drop, std::memory_order_acq_rel, std::memory_order_relaxed)) break;
+        drop = 0;
+      }
+      if (drop > 0) {
+        a -= drop;
+        s.allowance.store(a, std::memory_order_release);
+        free = s.free.load(std::memory_order_acquire);
+        inuse = std::max<std::int64_t>(0, a - free);
+        c.seen_free = free;
+      }
+    }
+    // Redis records this replica at no less than the slots it may be using
+    // until the answer: its allowance (workers take free slots meanwhile).
+    const std::int64_t floor = std::max(a, inuse);
     const std::string keys[] = {c.key};
-    const std::string args[] = {at(i).member, str(want), str(inuse), str(limit), str(config_.slot_ttl.count())};
+    const std::string args[] = {at(i).member, str(want),  str(floor), str(limit), str(config_.slot_ttl.count()),
+                                str(inuse),   str(demand)};
     cmds.push_back(store::Command::evalsha(slots_script(), keys, args));
-    ops.push_back(Op{Op::Kind::slots, i, want, inuse, 0, waiting});
+    ops.push_back(Op{Op::Kind::slots, i, want, floor, demand, waiting});
   }
 
   // Budgets: push this replica's settled spend, renew its allowance for
@@ -410,9 +459,13 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         s.allowance.store(grant, std::memory_order_release);
         s.free.fetch_add(grant - before, std::memory_order_acq_rel);
         s.others.store(r->elements[1].as_int(), std::memory_order_relaxed);
+        s.others_used.store(r->elements.size() >= 4 ? r->elements[3].as_int() : r->elements[1].as_int(),
+                            std::memory_order_relaxed);
         s.reply_ns.store(replied_ns, std::memory_order_release);
         c.contended = r->elements.size() >= 3 && r->elements[2].as_int() > 0;
         c.told_want = op.a;
+        c.told_demand = op.c;
+        c.recorded = std::max(grant, op.b);
         c.last_renew = replied;
         if (op.for_waiters && grant > before) c.keep_until = replied + grace;
         c.seen_free = s.free.load(std::memory_order_relaxed);
@@ -462,6 +515,45 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     enter_degraded(outage, answered);
   }
   for (auto& w : waiters) w();
+  settle_slot_waiters(std::move(slot_waiters), final_sync || !outage.empty(), grace);
+}
+
+void RedisLimiter::settle_slot_waiters(std::vector<SlotWaiter> waiters, bool all, std::chrono::milliseconds grace) {
+  // A request waiting for a stream slot retries (its answer final) when a
+  // slot came, when the cap is full of streams in flight (the others' and
+  // this replica's: waiting cannot help), or at its deadline. Otherwise a
+  // slot is held idle by another replica, which gives it back at its next
+  // renewal now that this one's demand is recorded: ask again next sync.
+  const Instant now = MonoClock::now();
+  for (auto& w : waiters) {
+    bool wait = !all && now < w.until && !degraded_.load(std::memory_order_relaxed) && loop_->running;
+    for (std::uint8_t k = 0; wait && k < w.need.count && k < Shortfall::kMax; ++k) {
+      const Need& n = w.need.needs[k];
+      if (n.what != Resource::streams || n.scope >= scope_count_ || at(n.scope).max_streams == 0) continue;
+      const Slots& s = at(n.scope).slots;
+      const std::int64_t free = s.free.load(std::memory_order_acquire);
+      const std::int64_t mine = std::max<std::int64_t>(0, s.allowance.load(std::memory_order_relaxed) - free);
+      if (free > 0 || s.others_used.load(std::memory_order_relaxed) + mine >= at(n.scope).max_streams) wait = false;
+    }
+    if (!wait) {
+      w.done();
+      continue;
+    }
+    // Ask again; what the other needs of the request were granted stays for its retry.
+    for (std::uint8_t k = 0; k < w.need.count && k < Shortfall::kMax; ++k) {
+      const Need& n = w.need.needs[k];
+      if (n.scope >= scope_count_) continue;
+      if (n.what == Resource::streams) {
+        at(n.scope).slots_ctl.waiting += std::max<std::int64_t>(1, whole_up(n.units));
+      } else if (n.what == Resource::budget) {
+        at(n.scope).spend_ctl.keep_until = std::max(at(n.scope).spend_ctl.keep_until, now + grace);
+      } else {
+        LeaseCtl& c = at(n.scope).lease_ctl[n.what == Resource::tokens ? 1 : 0];
+        c.keep_until = std::max(c.keep_until, now + grace);
+      }
+    }
+    slot_waiters_.push_back(std::move(w));
+  }
 }
 
 }  // namespace weir::admission

@@ -98,3 +98,66 @@ def test_fail_open_under_oom_uses_the_local_limits_without_flapping(mock, weir, 
     assert set(statuses) <= {200, 429}, statuses
     assert w.metric("weir_redis_outages_total") == 1
     assert lines(w, "unusable (OOM") == 1, w.process.log()
+
+
+@pytest.mark.parametrize("gap", [0.0, 0.4, 0.7])
+def test_a_serial_client_alternating_replicas_is_admitted_under_a_cap_of_one(mock, weir, redis, gap):
+    """max_concurrent_streams 1 with two replicas: the slot moves to the replica the next request
+    reaches (the holder gives its idle slot back once the other's demand is recorded)."""
+    m = mock(*MOCK_FLAGS)
+    cfg = config(m, redis, {"limits": {"max_concurrent_streams": 1}})
+    a, b = weir(config=cfg), weir(config=cfg)
+    statuses = []
+    for i in range(12):
+        statuses.append(call((a, b)[i % 2]).status_code)
+        if gap:
+            time.sleep(gap)  # the client's think time (the scenario), not a wait for Weir
+    assert statuses == [200] * 12, statuses
+
+
+def test_a_cap_of_one_holds_across_two_replicas_under_concurrency(mock, weir, redis):
+    """The cap stays exact: with streams that last, concurrent requests on both replicas never
+    have two in flight upstream, and a request refused while the slot is busy gets 429."""
+    import asyncio
+    m = mock("--ttft-ms", "150", "--itl-ms", "1", "--max-tokens", "2", "--model", "m")
+    cfg = config(m, redis, {"limits": {"max_concurrent_streams": 1}})
+    a, b = weir(config=cfg), weir(config=cfg)
+    running_max = 0
+    done = False
+
+    async def watch():
+        nonlocal running_max
+        async with httpx.AsyncClient(timeout=5) as c:
+            while not done:
+                text = (await c.get(m.base_url + "/metrics")).text
+                for line in text.splitlines():
+                    if line.startswith("vllm:num_requests_running"):
+                        running_max = max(running_max, float(line.rsplit(" ", 1)[1]))
+                await asyncio.sleep(0.005)
+
+    async def burst() -> list[int]:
+        nonlocal done
+        async with httpx.AsyncClient(timeout=30) as c:
+            async def one(i: int) -> int:
+                w = (a, b)[i % 2]
+                r = await c.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {KEY}"},
+                                 json={"model": "m", "max_tokens": 2, "stream": True,
+                                       "messages": [{"role": "user", "content": f"x {i}"}]})
+                return r.status_code
+            out = []
+            for _ in range(3):
+                out += await asyncio.gather(*(one(i) for i in range(8)))
+            done = True
+            return out
+
+    async def main():
+        watcher = asyncio.create_task(watch())
+        out = await burst()
+        await watcher
+        return out
+
+    statuses = asyncio.run(main())
+    assert set(statuses) <= {200, 429}, statuses
+    assert statuses.count(200) >= 3, statuses
+    assert statuses.count(429) >= 3, statuses
+    assert running_max <= 1, running_max
