@@ -59,12 +59,22 @@ ConfigResult<RedisConfig> parse_impl(const YAML::Node& node, GetEnvFn getenv_fn)
   }
   if (node["username"]) {
     WEIR_TRY_RESULT(s, core::read_string(node["username"], "redis.username"));
+    if (s->empty())
+      return tl::unexpected(config_error(node["username"], "redis.username", "must not be empty (omit it)"));
     c.username = *s;
   }
   if (node["password"] && node["password_env"])
     return tl::unexpected(config_error(node, "redis", "give at most one of password and password_env"));
+  // AUTH is sent only with a password: a username alone would connect as `default`, silently.
+  if (node["username"] && !node["password"] && !node["password_env"])
+    return tl::unexpected(config_error(node["username"], "redis.username",
+                                       "needs redis.password or redis.password_env (AUTH is sent only with a "
+                                       "password: without one Weir would connect as the `default` user)"));
   if (node["password"]) {
     WEIR_TRY_RESULT(s, core::read_string(node["password"], "redis.password"));
+    if (s->empty())
+      return tl::unexpected(
+          config_error(node["password"], "redis.password", "must not be empty (omit it to connect without AUTH)"));
     c.password = *s;
   }
   if (node["password_env"]) {

@@ -161,3 +161,40 @@ def test_a_cap_of_one_holds_across_two_replicas_under_concurrency(mock, weir, re
     assert statuses.count(200) >= 3, statuses
     assert statuses.count(429) >= 3, statuses
     assert running_max <= 1, running_max
+
+
+REDIS_AUTH_CASES = [
+    ("username-alone", "  username: weir\n", 8, "redis.username", "needs redis.password"),
+    ("empty-password", '  password: ""\n', 8, "redis.password", "must not be empty"),
+    ("empty-username", '  username: ""\n  password: secret\n', 8, "redis.username", "must not be empty"),
+]
+
+
+@pytest.mark.parametrize("name,extra,line,key,says", REDIS_AUTH_CASES, ids=[c[0] for c in REDIS_AUTH_CASES])
+@pytest.mark.parametrize("check", [True, False], ids=["check", "run"])
+def test_redis_credentials_that_would_be_ignored_are_refused_at_load(tmp_path, name, extra, line, key, says, check):
+    """AUTH is sent only with a password: a username alone used to connect as `default`, silently."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text('listen: "127.0.0.1:1"\npools:\n  p: {endpoints: ["http://127.0.0.1:1"]}\n'
+                    "models:\n  m: {pool: p}\nredis:\n  url: redis://127.0.0.1:1\n" + extra)
+    r = subprocess.run([str(binary("weir")), "--config", str(path), *(["--check"] if check else [])],
+                       capture_output=True, text=True, timeout=10)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert f"{path}:{line}:" in r.stderr, r.stderr
+    assert f" {key}: " in r.stderr and says in r.stderr, r.stderr
+
+
+def test_an_ipv6_redis_address_is_bracketed_in_log_lines(mock, weir, tmp_path):
+    """Nothing listens on the port: the connection failure and the outage name `[::1]:port`."""
+    import socket
+    with socket.socket(socket.AF_INET6) as s:
+        s.bind(("::1", 0))
+        port = s.getsockname()[1]
+    m = mock(*MOCK_FLAGS)
+    cfg = config(m, type("R", (), {"url": f"redis://[::1]:{port}", "port": port})(), {"limits": {
+        "requests_per_minute": 100}}, fail_open=False)
+    w = weir(config=cfg)
+    r = wait_until(lambda: (x := call(w)).status_code == 503 and x, 10, interval=0.05, message="503: no Redis")
+    assert r.json()["error"]["code"] == "service_unavailable"
+    wait_until(lambda: f"[::1]:{port}" in w.process.log(), 5, message="bracketed address in the log")
+    assert f"::1:{port}" not in w.process.log().replace(f"[::1]:{port}", ""), w.process.log()

@@ -114,6 +114,9 @@ TEST(RedisConfigTest, ErrorsNameFileLineAndKey) {
       {"redis:\n  url: redis://x\n  password: a\n  password_env: B\n", "redis", "at most one"},
       {"redis:\n  url: redis://x\n  password_env: WEIR_SURELY_UNSET_VAR\n", "redis.password_env", "not set"},
       {"redis: [a]\n", "redis", "mapping"},
+      {"redis:\n  url: redis://x\n  username: weir\n", "redis.username", "needs redis.password"},
+      {"redis:\n  url: redis://x\n  username: \"\"\n  password: a\n", "redis.username", "not be empty"},
+      {"redis:\n  url: redis://x\n  password: \"\"\n", "redis.password", "not be empty"},
   };
   for (const auto& c : cases) {
     auto r = parse(c.yaml);
