@@ -204,7 +204,30 @@ RedisLimiter::~RedisLimiter() {
   if (client_) client_->stop();
 }
 
-void RedisLimiter::log(std::string_view msg) const { log_(msg); }
+void RedisLimiter::log(std::string_view msg) const {
+  // Control thread only. At most kLogBurst lines, then one per kLogEvery:
+  // a Redis or a network that comes and goes cannot flood the log (each
+  // state change is one line; what was left out is counted in the next).
+  constexpr double kLogBurst = 20;
+  constexpr auto kLogEvery = std::chrono::seconds(6);
+  const Instant now = MonoClock::now();
+  if (log_at_ != Instant{}) {
+    log_tokens_ += std::chrono::duration<double>(now - log_at_) / kLogEvery;
+    log_tokens_ = std::min(log_tokens_, kLogBurst);
+  }
+  log_at_ = now;
+  if (log_tokens_ < 1) {
+    ++log_dropped_;
+    return;
+  }
+  log_tokens_ -= 1;
+  if (log_dropped_ > 0) {
+    log_(fmt::format("({} earlier lines not logged: rate limited) {}", log_dropped_, msg));
+    log_dropped_ = 0;
+    return;
+  }
+  log_(msg);
+}
 
 double RedisLimiter::ns(Instant t) const noexcept {
   return std::chrono::duration<double, std::nano>(t - epoch_).count();

@@ -194,6 +194,10 @@ class RedisLimiter final : public Limiter {
   std::unique_ptr<std::unique_ptr<ScopeState[]>[]> chunks_;
 
   std::unique_ptr<Loop> loop_;
+  // log()'s rate limit (control thread).
+  mutable double log_tokens_ = 20;
+  mutable Instant log_at_{};
+  mutable std::uint64_t log_dropped_ = 0;
   std::vector<std::function<void()>> waiters_;
   // Requests waiting for a stream slot that another replica holds idle: kept
   // across syncs (each re-asks) until a slot came, the cap is full of

@@ -709,6 +709,19 @@ TEST_F(RedisOutageTest, FailOpenLimitsPerReplicaWhileRedisIsDownAndResumes) {
   // A fresh Redis: full bucket, scripts loaded again (NOSCRIPT), limits shared again.
   EXPECT_TRUE(admit(a, 1, w.principal).ok);
   EXPECT_EQ(a.limiter->stats().outages, 1u);
+
+  // A second outage finds the fallback as the first left it (refilled at
+  // 20/min since): no fresh local burst per outage (docs/admission.md).
+  server_.kill();
+  EXPECT_TRUE(eventually([&] {
+    a.sync_now(w.scope());
+    return a.limiter->degraded();
+  }));
+  Tally t2;
+  hammer({&a}, 30, w.principal, 0, t2);
+  EXPECT_LT(t2.ok.load(), 20) << "a fresh bucket would admit 20 again";
+  EXPECT_GT(t2.limited.load(), 0);
+  EXPECT_EQ(a.limiter->stats().outages, 2u);
 }
 
 TEST_F(RedisOutageTest, FailClosedRefusesWith503WhileRedisIsDown) {
