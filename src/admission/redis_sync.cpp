@@ -398,6 +398,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   }
   if (cmds.empty()) {
     for (auto& w : waiters) w();
+    settle_slot_waiters(std::move(slot_waiters), final_sync, grace);
     co_return;
   }
 

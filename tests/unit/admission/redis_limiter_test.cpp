@@ -658,6 +658,41 @@ TEST_F(RedisLimiterTest, ASmallStreamCapIsSharedFairlyBetweenABusyAndAnIdleRepli
   EXPECT_LE(a.limiter->streams_in_use(w.scope()) + b.limiter->streams_in_use(w.scope()), 4u);
 }
 
+// Drops the tickets a replica's worker holds (its streams end), on that worker's thread.
+void end_streams(Replica& r, std::uint32_t w) {
+  asio::post(r.workers[w]->ioc, asio::use_future([&r, w] { r.workers[w]->held.clear(); })).wait();
+}
+
+TEST_F(RedisLimiterTest, ACapOfOneMovesToTheReplicaASerialClientReaches) {
+  // The reported fault: one request at a time, alternating replicas, was
+  // refused almost every time (the slot stayed idle on the other replica).
+  auth::Limits l;
+  l.max_concurrent_streams = 1;
+  World w(l);
+  const auto c = cfg();
+  Replica a(w, c), b(w, c);
+  for (int i = 0; i < 8; ++i) {
+    Replica& r = i % 2 ? b : a;
+    const Answer x = admit(r, 0, w.principal, 0, true);
+    ASSERT_TRUE(x.ok) << i;
+    EXPECT_EQ(a.limiter->streams_in_use(w.scope()) + b.limiter->streams_in_use(w.scope()), 1u) << i;
+    end_streams(r, 0);
+  }
+  // The cap stays exact: while a stream runs on A, B refuses (at once: the
+  // slot is in use, waiting cannot help), and A's stream holds it.
+  ASSERT_TRUE(admit(a, 0, w.principal, 0, true).ok);
+  const Answer refused = admit(b, 0, w.principal, 0, true);
+  EXPECT_FALSE(refused.ok);
+  EXPECT_EQ(refused.status, 429);
+  EXPECT_EQ(b.limiter->streams_in_use(w.scope()), 0u);
+  // The slot moves once A's stream ended and A's next renewal (every tick
+  // while B has demand) told Redis so.
+  end_streams(a, 0);
+  EXPECT_TRUE(eventually([&] { return admit(b, 1, w.principal, 0, true).ok; }));
+  EXPECT_EQ(a.limiter->streams_in_use(w.scope()), 0u);
+  EXPECT_EQ(b.limiter->streams_in_use(w.scope()), 1u);
+}
+
 TEST_F(RedisLimiterTest, ARequestThatDoesNotWaitGets429UntilTheTopUpArrives) {
   World w(rpm(600));
   Replica a(w, cfg());
