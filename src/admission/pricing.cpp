@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include <fmt/format.h>
+
 namespace weir::admission {
 
 std::int64_t cost_nano_usd(const ModelPrice& price, const api::Usage& usage) noexcept {
@@ -42,7 +44,17 @@ core::ConfigResult<Pricing> parse_pricing_config(const YAML::Node& root, const s
       if (!kv.second[name]) continue;
       auto v = core::read_double(kv.second[name], key + "." + name, 0.0, 1e6);
       if (!v) return fail(v.error());
-      *out = static_cast<std::int64_t>(std::llround(*v * 1e6));
+      // Kept in whole pico-USD per token (USD per 1M tokens × 1e6): a price
+      // that does not round to one within 1 % would be charged as another
+      // (1e-9 as free, 0.0000015 as 0.000002), in silence.
+      const double pico = *v * 1e6;
+      const auto kept = std::llround(pico);
+      if (pico > 0 && std::abs(static_cast<double>(kept) - pico) > 0.01 * pico)
+        return fail(core::config_error(kv.second[name], key + "." + name,
+                                       fmt::format("{} USD per 1M tokens is finer than the $0.000001 per 1M tokens "
+                                                   "Weir prices in (it would be charged as {})",
+                                                   *v, static_cast<double>(kept) / 1e6)));
+      *out = static_cast<std::int64_t>(kept);
       has_cached = has_cached || std::string_view(name) == "cached_input";
     }
     if (!has_cached) mp.cached_input = mp.input;

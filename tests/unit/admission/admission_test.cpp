@@ -726,5 +726,18 @@ pricing:
   EXPECT_EQ(bad.error().line, 3);
 }
 
+// Prices are whole pico-USD per token: one finer was charged as another in silence (1e-9 free, 1.5e-6 as 2e-6).
+TEST(AdmissionPricing, RefusesPricesFinerThanItsResolution) {
+  for (const char* y : {"pricing:\n  m: {input: 1e-9}\n", "pricing:\n  m: {output: 0.0000015}\n"}) {
+    auto bad = parse_pricing_config(YAML::Load(y));
+    ASSERT_FALSE(bad) << y;
+    EXPECT_NE(bad.error().to_string().find("finer than"), std::string::npos) << bad.error().to_string();
+  }
+  auto ok = parse_pricing_config(YAML::Load("pricing:\n  m: {input: 0.000001, output: 0.000003, cached_input: 0}\n"));
+  ASSERT_TRUE(ok) << ok.error().to_string();
+  EXPECT_EQ(ok->find("m")->input, 1);
+  EXPECT_EQ(ok->find("m")->output, 3);
+}
+
 }  // namespace
 }  // namespace weir::admission
