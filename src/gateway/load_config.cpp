@@ -196,6 +196,20 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
         return tl::unexpected(std::move(e));
       }
     }
+    // The admin token is no client's key: a tenant whose key hashed to it
+    // would hold the admin API too (a secret names one principal, as the
+    // keys file's loader asks of runtime keys).
+    if (out.admin && out.admin->has_token)
+      for (std::size_t i = 0; i < auth_cfg->api_keys.size(); ++i)
+        if (auth_cfg->api_keys[i].sha256 == out.admin->token_sha256) {
+          auto e = core::config_error(root["admin"]["token_sha256"] ? root["admin"]["token_sha256"] : root["admin"],
+                                      "admin.token_sha256",
+                                      fmt::format("is the hash of auth.api_keys[{}] ({}): the admin token must be a "
+                                                  "secret of its own",
+                                                  i, auth_cfg->api_keys[i].id));
+          e.file = file;
+          return tl::unexpected(std::move(e));
+        }
     if (root["auth"] || root["tenants"] || root["pricing"]) {
       out.auth = std::move(*auth_cfg);
       // (The admin API's runtime keys need tenants: with none, no key can ever exist to check against.)

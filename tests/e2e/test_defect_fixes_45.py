@@ -382,3 +382,17 @@ def test_weirs_request_controls_are_checked_up_front_and_once(weir, mock, header
     assert line["model"] == "m" and not line.get("attempts"), line
     if before is not None:
         assert m.metric("vllm:request_success_total") == before
+
+
+def test_the_admin_token_may_not_be_a_tenants_key(tmp_path):
+    # --check said ok, and the tenant holding that key held the admin API too.
+    from conftest import free_port
+    from test_config_check import weir_run
+    h = hashlib.sha256(KEY.encode()).hexdigest()
+    path = tmp_path / "c.yaml"
+    path.write_text(f"listen: 127.0.0.1:{free_port()}\npools:\n  p: {{endpoints: ['http://127.0.0.1:9']}}\n"
+                    f"models:\n  m: {{pool: p}}\ntenants:\n  t: {{}}\n"
+                    f"auth:\n  api_keys: [{{id: k1, sha256: '{h}', tenant: t}}]\n"
+                    f"admin: {{listen: '127.0.0.1:{free_port()}', token_sha256: '{h}'}}\n")
+    r = weir_run("--config", path, "--check")
+    assert r.returncode == 2 and "admin.token_sha256" in r.stderr and "auth.api_keys[0]" in r.stderr, r.stderr
