@@ -188,6 +188,21 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   // split the response, and the pooled connection with it).
   if (parser_->content_length() && has_field(parser_->get(), bh::field::transfer_encoding)) [[unlikely]]
     co_return UpstreamFailure::protocol;
+  // A transfer coding other than chunked (gzip, deflate, compress; identity,
+  // which RFC 9112 no longer has): Weir decodes none, and Beast would hand
+  // the coded bytes on as the body (a gzip event stream read as events,
+  // broken mid-way). Refused at the head, where a retry or fallback may
+  // still answer.
+  for (const auto& f : parser_->get()) {
+    if (f.name() != bh::field::transfer_encoding) continue;
+    for (std::string_view list = f.value(); !list.empty();) {
+      const auto comma = list.find(',');
+      const std::string_view coding = core::trim_ows(list.substr(0, comma));
+      list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+      if (!coding.empty() && !core::iequals(coding, "chunked")) [[unlikely]]
+        co_return UpstreamFailure::protocol;
+    }
+  }
   co_return UpstreamFailure::none;
 }
 

@@ -396,3 +396,38 @@ def test_the_admin_token_may_not_be_a_tenants_key(tmp_path):
                     f"admin: {{listen: '127.0.0.1:{free_port()}', token_sha256: '{h}'}}\n")
     r = weir_run("--config", path, "--check")
     assert r.returncode == 2 and "admin.token_sha256" in r.stderr and "auth.api_keys[0]" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("te", [b"gzip, chunked", b"chunked, identity", b"deflate"])
+def test_a_transfer_coding_weir_cannot_decode_is_refused_at_the_head(weir, te):
+    # `Transfer-Encoding: gzip, chunked`: the client got a 200 and then an in-band "ended the stream before it
+    # was complete" (the gzip bytes read as events), with no failover. A coding other than chunked is the
+    # upstream's protocol error at its head now: 502, or the fallback's answer.
+    import gzip
+    events = b"".join([_sse_chunk({"role": "assistant", "content": ""}), _sse_chunk({"content": "ok"}),
+                       _sse_chunk({}, "stop"), b"data: [DONE]\n\n"])
+    body = gzip.compress(events) if b"gzip" in te else events
+    bad = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: %s\r\n"
+                      b"\r\n%x\r\n%s\r\n0\r\n\r\n" % (te, len(body), body))
+    good = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                       % (len(events), events))
+    try:
+        w = weir(config={"pools": {"bad": {"endpoints": [bad.url]}, "good": {"endpoints": [good.url]}},
+                         "models": {"m": {"pool": "bad"}, "f": {"pool": "bad", "fallbacks": [{"pool": "good"}]}}},
+                 workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": True}, timeout=10,
+                       headers={"x-request-id": "te"})
+        assert r.status_code == 502, r.text
+        with httpx.stream("POST", w.v1 + "/chat/completions", timeout=10,
+                          json={"model": "f", "messages": MSG, "stream": True}) as r2:
+            assert r2.status_code == 200
+            assert '"ok"' in r2.read().decode()
+    finally:
+        bad.close()
+        good.close()
+
+
+def _sse_chunk(delta: dict, finish=None) -> bytes:
+    import json
+    return b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                   "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\n\n"
