@@ -431,3 +431,23 @@ def _sse_chunk(delta: dict, finish=None) -> bytes:
     import json
     return b"data: " + json.dumps({"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
                                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() + b"\n\n"
+
+
+@pytest.mark.parametrize("path", ["/tokenize", "/detokenize"])
+def test_tokenizing_is_never_charged_whatever_usage_the_upstream_adds(weir, path):
+    # docs/protocols.md: tokenize and detokenize run no model and charge nothing; an upstream that added a
+    # `usage` member to its answer got the tenant charged for it.
+    body = b'{"count":3,"max_model_len":32768,"tokens":[1,2,3],"prompt":"hi","usage":{"prompt_tokens":1000000,' \
+           b'"total_tokens":1000000}}'
+    up = RawUpstream(lambda h, b: _json_answer(body))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"m": {"pool": "p"}},
+                         "tenants": {"t": {"models": ["*"]}}, "auth": _auth(),
+                         "pricing": {"*": {"input": 1, "output": 2}}}, workers=1)
+        req = {"model": "m", "prompt": "hi"} if path == "/tokenize" else {"model": "m", "tokens": [1, 2, 3]}
+        r = httpx.post(w.base_url + path, json=req, headers={"authorization": f"Bearer {KEY}", "x-request-id": "tok"},
+                       timeout=10)
+        assert r.status_code == 200, r.text
+        assert w.log_for("tok")["spend_usd"] == 0, w.log_for("tok")
+    finally:
+        up.close()

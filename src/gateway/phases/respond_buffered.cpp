@@ -392,6 +392,11 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
           ctx.has_usage = true;
           ctx.usage = *u;
         }
+  } else if ((ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize) && status >= 200 &&
+             status < 300) {
+    // Tokenizing runs no model: never charged, whatever usage an upstream adds to its answer.
+    ctx.has_usage = true;
+    ctx.usage = {};
   } else if (status >= 200 && status < 300 && !plain.empty()) {
     // An Anthropic pool's message counts differently (cache reads and writes apart).
     if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain) : api::extract_usage(plain)) {
