@@ -27,7 +27,7 @@ void RequestContext::reset() {
   ticket.release();
   ticket = {};
   price = nullptr;
-  prompt_tokens_estimate = 0;
+  prompt_tokens_estimate = completion_cap = 0;
   spend_nano_usd = 0;
   rate_limit_lines.clear();
   upstream_body = {};

@@ -116,8 +116,11 @@ struct RequestContext {
   admission::ModelPrice reserve_price;
   bool has_reserve_price = false;
   std::uint64_t prompt_tokens_estimate = 0;  // charged when the upstream worked but reported no usage
-  std::int64_t spend_nano_usd = 0;           // set by log's settle
-  std::string rate_limit_lines;              // x-ratelimit-* header lines for every answer to this request
+  // The most completion tokens the request allows (max_tokens × n × prompts), 0 when it set no max_tokens:
+  // what settle() charges at most for its content events when there is no usage.
+  std::uint64_t completion_cap = 0;
+  std::int64_t spend_nano_usd = 0;  // set by log's settle
+  std::string rate_limit_lines;     // x-ratelimit-* header lines for every answer to this request
 
   // --- proxy: the upstream request and its response ---
   std::string_view upstream_body;          // the client's body, or a spliced copy in upstream_body_buf / edit_buf

@@ -451,3 +451,27 @@ def test_tokenizing_is_never_charged_whatever_usage_the_upstream_adds(weir, path
         assert w.log_for("tok")["spend_usd"] == 0, w.log_for("tok")
     finally:
         up.close()
+
+
+def test_a_stream_without_usage_is_charged_no_more_tokens_than_max_tokens_allows(weir):
+    # A stream with no usage is charged one token per content event: an upstream that streamed 20 events for a
+    # max_tokens of 5 (a non-vLLM server, or one that splits tokens) was charged 20, past the request's bound
+    # and its reservation (docs: overspend is zero when requests carry max_tokens).
+    events = [_sse_chunk({"role": "assistant", "content": ""})] + [_sse_chunk({"content": f"w{i} "}) for i in range(20)]
+    up = RawUpstream(lambda h, b: [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: 999999\r\n\r\n"
+                                   + b"".join(events), None])
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "request_usage": False}}, "models": {"m": {"pool": "p"}},
+                         "tenants": {"t": {"models": ["*"]}}, "auth": _auth(),
+                         "pricing": {"*": {"input": 0, "output": 1}}}, workers=1)
+        spend = {}
+        for mt in (5, 1000):
+            with httpx.stream("POST", w.v1 + "/chat/completions", timeout=10,
+                              headers={"authorization": f"Bearer {KEY}", "x-request-id": f"mt{mt}"},
+                              json={"model": "m", "messages": MSG, "stream": True, "max_tokens": mt}) as r:
+                r.read()
+            spend[mt] = w.log_for(f"mt{mt}")["spend_usd"]
+        assert spend[5] == pytest.approx(5e-6), spend
+        assert spend[1000] == pytest.approx(20e-6), spend
+    finally:
+        up.close()

@@ -53,6 +53,7 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   // are all media): a take of 0 would pass a tokens bucket that settled usage left in debt.
   if (!free && estimate.total() == 0) estimate.prompt_tokens = 1;
   ctx.prompt_tokens_estimate = estimate.prompt_tokens;
+  ctx.completion_cap = f.max_tokens ? completion_estimate(f.max_tokens, f.n, f.prompt_count) : 0;
   if (!ctx.principal) return Outcome::next();
   const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it
   ctx.price = prices.find(admit_model(ctx));

@@ -163,7 +163,10 @@ void GatewayPhases::settle(RequestContext& ctx) {
       const auto known = ctx.sse_answer ? ctx.hooks.known_prompt() : std::nullopt;
       u.prompt_tokens = known ? known->prompt_tokens : ctx.prompt_tokens_estimate;
       u.cached_tokens = known ? known->cached_tokens : 0;
-      u.completion_tokens = ctx.token_events;
+      // (No more than max_tokens allows: an upstream that streamed more events than tokens, or split one
+      // token over several, is not charged past the request's own bound, nor past its reservation.)
+      u.completion_tokens =
+          ctx.completion_cap ? std::min<std::uint64_t>(ctx.token_events, ctx.completion_cap) : ctx.token_events;
       u.total_tokens = u.prompt_tokens + u.completion_tokens;
     }
     w_.admission()->settle(ctx.ticket, u, std::chrono::steady_clock::now());
