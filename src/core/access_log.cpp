@@ -3,7 +3,9 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -95,9 +97,23 @@ void AccessLogSink::write_lines(std::string_view lines) {
     const ssize_t w = ::write(fd_, lines.data(), n);
     if (w < 0) {
       if (errno == EINTR) continue;
-      // A full pipe or a broken destination: count it; the caller drops nothing
-      // silently (weir_access_log_write_errors_total).
+      // A full pipe or a broken destination: the lines not written are lost,
+      // never silently: counted (weir_access_log_write_errors_total, and the
+      // lines in weir_access_log_lines_lost_total) and said on stderr, at
+      // most once per 10 s (the request log and the tracer do the same).
+      const int why = errno;
+      const auto lost = static_cast<std::uint64_t>(std::count(lines.begin(), lines.end(), '\n')) +
+                        (lines.empty() || lines.back() == '\n' ? 0 : 1);
       __atomic_add_fetch(&write_errors_, 1, __ATOMIC_RELAXED);
+      __atomic_add_fetch(&lines_lost_, lost, __ATOMIC_RELAXED);
+      const std::int64_t now_ns =
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+              .count();
+      std::int64_t said = __atomic_load_n(&said_at_ns_, __ATOMIC_RELAXED);
+      if ((said == 0 || now_ns - said >= 10'000'000'000) &&
+          __atomic_compare_exchange_n(&said_at_ns_, &said, now_ns, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+        fmt::print(stderr, "weir: access log: a write failed ({}): {} line(s) lost ({} in all so far)\n",
+                   std::strerror(why), lost, lines_lost());
       return;
     }
     lines.remove_prefix(static_cast<std::size_t>(w));

@@ -29,6 +29,8 @@ class AccessLogSink {
   // Writes whole lines; a short write is retried, errors are counted.
   void write_lines(std::string_view lines);
   std::uint64_t write_errors() const { return __atomic_load_n(&write_errors_, __ATOMIC_RELAXED); }
+  // Lines a failed write dropped (whole or in part): what an operator lost.
+  std::uint64_t lines_lost() const { return __atomic_load_n(&lines_lost_, __ATOMIC_RELAXED); }
 
   // Log rotation (SIGHUP, after `mv access.log access.log.1`): opens the
   // path again, creating it, and puts the new file under the same descriptor
@@ -47,6 +49,8 @@ class AccessLogSink {
   bool is_pipe_ = false;  // atomic loads and stores: reopen() may change it
   std::string path_;
   std::uint64_t write_errors_ = 0;  // bumped atomically: workers share the sink
+  std::uint64_t lines_lost_ = 0;    // (as write_errors_)
+  std::int64_t said_at_ns_ = 0;     // the last stderr line about a failed write (at most one per 10 s)
 };
 
 // A worker's line buffer.

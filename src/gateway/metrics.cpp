@@ -211,7 +211,7 @@ void MetricsShard::merge(const MetricsShard& o) {
   sse_events += o.sse_events;
 }
 
-void MetricsShard::render(std::string& out, std::uint64_t log_errors) const {
+void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint64_t log_lines_lost) const {
   core::PromWriter w(out);
   const MetricLabels& L = *labels_;
   auto model_label = [&](std::size_t i) -> std::string_view {
@@ -463,6 +463,8 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors) const {
   w.sample("weir_sse_events_total", "", sse_events);
   w.header("weir_access_log_write_errors_total", "counter", "Access log writes that failed.");
   w.sample("weir_access_log_write_errors_total", "", log_errors);
+  w.header("weir_access_log_lines_lost_total", "counter", "Access log lines a failed write dropped.");
+  w.sample("weir_access_log_lines_lost_total", "", log_lines_lost);
 }
 
 json::object MetricsShard::stats_json() const {

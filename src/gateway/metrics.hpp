@@ -272,7 +272,7 @@ class MetricsShard {
   void merge(const MetricsShard& o);
 
   // Renders the merged shard in Prometheus text format.
-  void render(std::string& out, std::uint64_t access_log_write_errors) const;
+  void render(std::string& out, std::uint64_t access_log_write_errors, std::uint64_t access_log_lines_lost = 0) const;
 
   // The merged shard's traffic by model and by tenant, cumulative since
   // start, for GET /admin/v1/stats (docs/admin-api.md: the shape): requests

@@ -475,3 +475,17 @@ def test_a_stream_without_usage_is_charged_no_more_tokens_than_max_tokens_allows
         assert spend[1000] == pytest.approx(20e-6), spend
     finally:
         up.close()
+
+
+def test_lost_access_log_lines_are_counted_and_said(weir, mock):
+    # A failed access-log write (a full disk: /dev/full) was counted per flush, not per line lost, and said
+    # nowhere: an operator could not tell how much of the log was gone.
+    from conftest import wait_until
+    m = mock("--any-model")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
+                     "server": {"access_log": "/dev/full"}}, workers=1)
+    for _ in range(3):
+        assert httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10).status_code == 200
+    wait_until(lambda: w.metric("weir_access_log_lines_lost_total") == 3, 5)
+    assert w.metric("weir_access_log_write_errors_total") >= 1
+    wait_until(lambda: "access log: a write failed" in w.process.log(), 5)
