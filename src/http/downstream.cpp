@@ -440,6 +440,16 @@ void Downstream::post_poll() {
   });
 }
 
+bool Downstream::left_by_now() {
+  if (peer_gone_ || closed_ || !sock_.is_open()) return peer_gone_;
+  tcp_info info{};
+  socklen_t len = sizeof info;
+  if (::getsockopt(sock_.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+      info.tcpi_state != TCP_ESTABLISHED)
+    on_gone();
+  return peer_gone_;
+}
+
 void Downstream::on_gone() {
   const bool first = !peer_gone_;
   peer_gone_ = true;

@@ -182,6 +182,10 @@ class Downstream {
   // next read_head() (or the buffer is full).
   void watch_for_close(bool release_buffer = false);
   bool client_gone() const { return peer_gone_; }
+  // client_gone(), asking the kernel first (one getsockopt: TCP_INFO's state
+  // is no longer ESTABLISHED once the client's FIN or RST came): for a wait
+  // before the close watch is posted (a JWKS refetch, a key lookup).
+  bool left_by_now();
 
   // --- writing ---
 

@@ -489,3 +489,51 @@ def test_lost_access_log_lines_are_counted_and_said(weir, mock):
     wait_until(lambda: w.metric("weir_access_log_lines_lost_total") == 3, 5)
     assert w.metric("weir_access_log_write_errors_total") >= 1
     wait_until(lambda: "access log: a write failed" in w.process.log(), 5)
+
+
+@pytest.mark.parametrize("fetch_timeout", ["1s", "3s"], ids=["refetch-fails", "refetch-succeeds"])
+def test_a_client_that_leaves_during_the_jwks_wait_is_a_499(mock, weir, fetch_timeout):
+    # A token naming a new kid waits for the JWKS refetch; a client that left meanwhile was logged 401
+    # invalid_api_key when the refetch failed (the README: 499 means the client left first).
+    import json
+    import socket
+    import time
+
+    from conftest import wait_until
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    from test_admission import MOCK_FLAGS, JwksServer, jwt_config, rsa_jwk, token
+
+    class SlowJwks(JwksServer):
+        delay = 0.0
+
+        @property
+        def jwks(self):
+            time.sleep(self.delay)
+            return self._jwks
+
+        @jwks.setter
+        def jwks(self, v):
+            self._jwks = v
+
+    server = SlowJwks()
+    try:
+        k1 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        k2 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+        server.jwks = {"keys": [rsa_jwk(k1, "k1")]}
+        w = weir(config=jwt_config(mock(*MOCK_FLAGS), {"jwks_url": server.url, "fetch_timeout": fetch_timeout}))
+        wait_until(lambda: server.hits >= 1, 5)
+        time.sleep(0.2)  # past min_refetch_interval (100ms)
+        server.jwks = {"keys": [rsa_jwk(k1, "k1"), rsa_jwk(k2, "k2")]}
+        server.delay = 1.5
+        body = json.dumps({"model": "m", "messages": MSG}).encode()
+        s = socket.create_connection(("127.0.0.1", w.port))
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+                  b"x-request-id: left\r\nauthorization: Bearer " + token(k2, "k2").encode()
+                  + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
+        time.sleep(0.2)
+        s.close()
+        line = w.log_for("left", timeout=8)
+        assert line["status"] == 499 and line["error"]["code"] == "client_closed_request", line
+    finally:
+        server.delay = 0
+        server.close()

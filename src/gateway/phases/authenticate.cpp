@@ -78,6 +78,8 @@ core::Task<Outcome> GatewayPhases::check_credentials(RequestContext& ctx) {
     // second authenticate() is final (found, refused, or 503 unavailable).
     co_await auth::async_key_lookup(*authn, w_.io().get_executor(), use_task);
   }
+  // A client that left during the wait left first: 499, whatever the credential turns out to be.
+  if (down_.left_by_now()) co_return Outcome::failed(client_gone(why_gone()));
   const auto& req = down_.request();
   co_return accept_credentials(
       ctx, authn->authenticate(http::first_field(req, bh::field::authorization), http::first_field(req, "x-api-key"),
