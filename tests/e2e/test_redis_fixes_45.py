@@ -5,32 +5,24 @@ of replicas admits a serial client; `redis.username` needs a password."""
 
 from __future__ import annotations
 
-import hashlib
 import subprocess
 import time
 
 import httpx
 import pytest
 
+import test_redis
 from conftest import binary, wait_until
+from test_redis import KEY
 
 MOCK_FLAGS = ("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
-KEY = "sk-shared"
-
-
-def sha(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
 
 
 def config(mock, redis, tenant: dict, **redis_extra) -> dict:
-    return {
-        "pools": {"p": {"endpoints": [mock.base_url]}},
-        "models": {"m": {"pool": "p", "default_max_tokens": 4}},
-        "tenants": {"acme": tenant},
-        "auth": {"api_keys": [{"id": "shared", "sha256": sha(KEY), "tenant": "acme"}]},
-        "pricing": {"m": {"input": 1.0, "output": 2.0}},
-        "redis": {"url": redis.url, "key_prefix": f"weir-test45-{redis.port}:", **redis_extra},
-    }
+    # test_redis's, under a key prefix of this file's own.
+    cfg = test_redis.config(mock, redis, tenant, **redis_extra)
+    cfg["redis"]["key_prefix"] = f"weir-test45-{redis.port}:"
+    return cfg
 
 
 def call(w) -> httpx.Response:
