@@ -428,10 +428,7 @@ void Downstream::post_poll() {
     const bool cancelled = monitor_cancelled_;
     monitor_cancelled_ = false;
     if (!ec && !cancelled && !closed_ && !peer_gone_ && sock_.is_open()) {
-      tcp_info info{};
-      socklen_t len = sizeof info;
-      if (::getsockopt(sock_.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
-          info.tcpi_state != TCP_ESTABLISHED)
+      if (!established())
         on_gone();
       else if (in_flight_)
         post_watch();
@@ -440,13 +437,16 @@ void Downstream::post_poll() {
   });
 }
 
-bool Downstream::left_by_now() {
-  if (peer_gone_ || closed_ || !sock_.is_open()) return peer_gone_;
+bool Downstream::established() {
   tcp_info info{};
   socklen_t len = sizeof info;
-  if (::getsockopt(sock_.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
-      info.tcpi_state != TCP_ESTABLISHED)
-    on_gone();
+  return ::getsockopt(sock_.native_handle(), IPPROTO_TCP, TCP_INFO, &info, &len) == 0 &&
+         info.tcpi_state == TCP_ESTABLISHED;
+}
+
+bool Downstream::left_by_now() {
+  if (peer_gone_ || closed_ || !sock_.is_open()) return peer_gone_;
+  if (!established()) on_gone();
   return peer_gone_;
 }
 

@@ -292,6 +292,8 @@ class Downstream {
   bool take_waiting();
   void post_poll();  // or, with in_ full, its poll of the TCP state
   void on_gone();
+  // The connection's TCP state is ESTABLISHED (one getsockopt): no FIN or RST from the client yet.
+  bool established();
 
   Socket sock_;
   const core::ServerConfig& sc_;

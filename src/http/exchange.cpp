@@ -186,15 +186,15 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   // chunked by the Content-Length, where RFC 9112 §6.3 says Transfer-Encoding
   // overrides it and the message "ought to be handled as an error" (it may
   // split the response, and the pooled connection with it).
-  if (parser_->content_length() && has_field(parser_->get(), bh::field::transfer_encoding)) [[unlikely]]
-    co_return UpstreamFailure::protocol;
   // A transfer coding other than chunked (gzip, deflate, compress; identity,
   // which RFC 9112 no longer has): Weir decodes none, and Beast would hand
   // the coded bytes on as the body (a gzip event stream read as events,
   // broken mid-way). Refused at the head, where a retry or fallback may
-  // still answer.
+  // still answer. (One scan of the head's fields for both.)
   for (const auto& f : parser_->get()) {
     if (f.name() != bh::field::transfer_encoding) continue;
+    if (parser_->content_length()) [[unlikely]]
+      co_return UpstreamFailure::protocol;
     for (std::string_view list = f.value(); !list.empty();) {
       const auto comma = list.find(',');
       const std::string_view coding = core::trim_ows(list.substr(0, comma));

@@ -34,6 +34,12 @@ bool GatewayPhases::proxied(const RequestContext& ctx) const {
 }
 
 namespace {
+// The metrics' model slot of a route found for the request's model.
+std::uint32_t model_slot_of(const RequestContext& ctx, const routing::Route& r) {
+  return r.model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
+                                                  : ctx.gen->labels().model_slot[r.model_index];
+}
+
 // The body's top-level `model` string, unescaped ("" when there is none or
 // the body is not JSON: the full parse then says why).
 std::string peek_model(std::string_view body) {
@@ -103,8 +109,7 @@ Outcome GatewayPhases::refused_body(RequestContext& ctx, core::Error e) {
   if (ctx.model.empty()) {
     ctx.model = peek_model(down_.body());  // ("" for a body that is no JSON object: a form)
     if (const auto r = ctx.gen->routes().find(ctx.model); r && !ctx.model.empty())
-      ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
-                                                                 : ctx.gen->labels().model_slot[r->model_index];
+      ctx.model_slot = model_slot_of(ctx, *r);
   }
   return Outcome::failed(std::move(e));
 }
@@ -124,8 +129,7 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   auto r = ctx.gen->routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
   ctx.target = *r;
-  ctx.model_slot = r->model_index == routing::kUnlistedModel ? MetricsShard::unlisted_model()
-                                                             : ctx.gen->labels().model_slot[r->model_index];
+  ctx.model_slot = model_slot_of(ctx, *r);
   ctx.pool = static_cast<int>(r->pool);
   // Weir's request controls are read here, on every request whatever its
   // pools, so a client's typo is a 400 before anything is sent upstream, not
