@@ -53,7 +53,7 @@ void RequestContext::reset() {
   deadline_ms = 0;
   waiter = {};
   queue_pool = -1;
-  verdict_pending = trial = end_pending = false;
+  verdict_pending = trial = judged_good = end_pending = false;
   cutoff = Cutoff::none;
   first_token_by = {};
   if (cutoff_watch) cutoff_watch->disarm();

@@ -170,6 +170,7 @@ struct RequestContext {
   bool verdict_pending = false;   // the answer's verdict waits for the stream's first token
   bool end_pending = false;       // the upstream body's end is still to come after the client's [DONE] (proxy.cpp)
   bool trial = false;             // ... and holds the endpoint's half-open trial slot
+  bool judged_good = false;       // judged a good answer at its first token (an in-band error after it still fails it)
   // What cut the response off: its first token did not come by
   // first_token_by (pools.X.timeouts.first_token), or its deadline passed.
   enum class Cutoff : std::uint8_t { none, first_token, deadline } cutoff = Cutoff::none;

@@ -128,7 +128,9 @@ core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_aft
   e.status = 503;
   e.type = "upstream_error";
   e.code = "upstream_unavailable";
-  e.message = upstream_message(who, "has no endpoint available: every endpoint's circuit breaker is open");
+  e.message = upstream_message(who,
+                               "has no endpoint available: every endpoint's circuit breaker is open (or half-open "
+                               "with its trial requests in flight)");
   e.retry_after_s = std::max<std::uint32_t>(retry_after_s, 1);
   return e;
 }

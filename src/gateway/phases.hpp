@@ -142,6 +142,8 @@ class GatewayPhases final : public Phases {
   // The verdict on a stream's answer for its endpoint's health, once its
   // first token came or it ended (`o`); and its TTFT (outlier.ttft_factor).
   void judge_stream(RequestContext& ctx, const Outcome& o);
+  void judge_first_token(RequestContext& ctx);
+  static bool stream_answered(const RequestContext& ctx);
   // The attempts on ctx.target's pool (policy: routing::Attempts) until one
   // has a response head (next()), or they fail (502/504, 499). Sets
   // ctx.fail_over when it failed in a way a fallback may take over

@@ -281,6 +281,8 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       s.first_read = false;
     }
   }
+  // The first token came with this read (and went out): the endpoint's verdict now, not at the stream's end.
+  if (ctx.verdict_pending && stream_answered(ctx)) judge_first_token(ctx);
   if (r.failure != http::UpstreamFailure::none) {
     // After [DONE] the stream was whole for the client: an upstream that
     // then resets, closes before its body's end or goes idle costs only
