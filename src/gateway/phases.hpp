@@ -266,6 +266,7 @@ class GatewayPhases final : public Phases {
     core::TimePoint last_event{};         // the previous data event relayed (none yet: epoch)
     http::UpstreamFailure failure = http::UpstreamFailure::none;
     bool holding = false;    // the head waits for the first content event
+    bool last_sent = true;   // the reader's last event went to the client (SseEvent::lf_carried)
     bool first_read = true;  // no read's events sent yet
     bool cut_off = false;    // the client did not keep up (server.max_stream_buffer)
     bool write_cut = false;  // the client acknowledged nothing for server.write_timeout

@@ -10,6 +10,7 @@
 
 #include <cassert>
 #include <cstring>
+#include <utility>
 
 #include "core/text.hpp"
 
@@ -106,6 +107,7 @@ std::optional<SseEvent> SseReader::next() {
   // The event starts a line here, with nothing of it carried: its first line
   // break, once found, tells whether it is one `data:` line (below).
   const bool fresh = at_line_start_ && !skip_lf_ && carry_.empty();
+  if (skip_lf_ && at_line_start_ && carry_.empty() && input_.front() == '\n') lf_carried_ = true;
   const char* first_eol = nullptr;
   const char* const end = find_event_end(begin, f, at_line_start_, skip_lf_, first_eol);
   cr_next_ = f.cr;
@@ -129,10 +131,16 @@ std::optional<SseEvent> SseReader::next() {
     ev.has_data = true;
     return ev;
   }
-  if (carry_.empty()) return parse_event({begin, n});
-  carry_.append(begin, n);
-  carry_emitted_ = true;
-  return parse_event(carry_);
+  std::optional<SseEvent> ev;
+  if (carry_.empty()) {
+    ev = parse_event({begin, n});
+  } else {
+    carry_.append(begin, n);
+    carry_emitted_ = true;
+    ev = parse_event(carry_);
+  }
+  ev->lf_carried = std::exchange(lf_carried_, false);
+  return ev;
 }
 
 bool SseReader::tail_is_done() const {
@@ -253,6 +261,7 @@ void SseReader::reset() {
   skip_lf_ = false;
   at_line_start_ = true;
   carry_emitted_ = false;
+  lf_carried_ = false;
   bom_checked_ = false;
   overflow_ = false;
 }

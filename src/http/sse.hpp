@@ -30,8 +30,9 @@ struct SseEvent {
   // One edge: when the CR of the ending empty line is the last byte of a push,
   // the event is returned at once (a CR-only stream must not wait for the next
   // event), so an LF that starts the next push, completing that CRLF, comes
-  // back as the first byte of the next event's raw. Forwarding raw views in
-  // order is still byte-exact; a lone leading LF is an empty line to a client.
+  // back as the first byte of the next event's raw (lf_carried). Forwarding
+  // raw views in order is still byte-exact; a proxy that drops one event of
+  // such a pair moves that LF to where it belongs (respond_stream.cpp).
   std::string_view raw;
   // The "data" field lines joined with '\n', without a trailing '\n'
   // (WHATWG: the data buffer with its last LF removed). Empty if none.
@@ -46,6 +47,8 @@ struct SseEvent {
   // comment-only blocks (": keep-alive") come back with has_data == false so
   // a proxy can still forward them.
   bool has_data = false;
+  // raw's first byte is the LF completing the previous event's CRLF (the edge above), not an empty line.
+  bool lf_carried = false;
 
   // OpenAI/vLLM end-of-stream sentinel: `data: [DONE]` (core::is_sse_done).
   bool is_done() const { return has_data && core::is_sse_done(data); }
@@ -105,6 +108,12 @@ class SseReader {
   // resets the reader for a new stream.
   std::size_t finish();
 
+  // After next() returned nullopt: the last event returned ended on a CR that was the last byte pushed, so
+  // an LF that comes next completes its CRLF (it will be the next event's lf_carried byte).
+  bool awaiting_lf() const {
+    return skip_lf_ && at_line_start_ && input_.empty() && (carry_emitted_ || carry_.empty());
+  }
+
   // Forgets all state (for reuse on the next stream).
   void reset();
   // Sets max_event_bytes for the next events (server.max_event), in bytes.
@@ -121,6 +130,7 @@ class SseReader {
   bool skip_lf_ = false;       // the previous push ended in CR: a leading LF is part of that break
   bool at_line_start_ = true;  // the bytes held so far end with a line break (or there are none)
   bool carry_emitted_ = false;  // carry_ holds an event already returned: clear it on the next call
+  bool lf_carried_ = false;     // the event being read starts with the LF of the previous event's CRLF
   bool bom_checked_ = false;
   bool overflow_ = false;
 

@@ -50,3 +50,44 @@ def test_a_half_open_endpoints_trial_stream_closes_the_breaker_at_its_first_toke
     finally:
         t.join(15)
     assert len(tokens) == 40
+
+
+def _sse_answer(*steps) -> list:
+    head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n"
+            % sum(len(s) for s in steps if isinstance(s, bytes)))
+    return [head, *steps]
+
+
+_CHUNK = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+          b'"choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}\r\n\r\n')
+_FINISH = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m",'
+           b'"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]}\r\n\r\n')
+_USAGE = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],'
+          b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}\r\n\r\n')
+_DONE = b"data: [DONE]\r\n\r\n"
+
+
+# DEFECT: an upstream's CRLF event whose closing CR and LF came in two reads was relayed at its CR, the LF
+# becoming the first byte of the next event: after [DONE] that LF was dropped (the client's stream ended
+# "data: [DONE]\r\n\r"), and with a usage chunk Weir strips it went with it or came as a stray empty line.
+# A client that splits on CRLF CRLF never saw the end. Every event now reaches the client framed as sent.
+def test_a_crlf_split_between_reads_reaches_the_client_as_the_upstream_framed_it(weir):
+    from test_defect_fixes import RawUpstream
+    cases = {
+        # [DONE]'s last LF 50 ms after the rest.
+        "done": (_sse_answer(_CHUNK + _FINISH + _DONE[:-1], 0.05, _DONE[-1:]), _CHUNK + _FINISH + _DONE),
+        # The stripped usage chunk ends on its CR: its LF comes with [DONE].
+        "usage": (_sse_answer(_CHUNK + _FINISH + _USAGE[:-1], 0.05, _USAGE[-1:] + _DONE), _CHUNK + _FINISH + _DONE),
+        # The content chunk ends on its CR; its LF comes with the stripped usage chunk.
+        "content": (_sse_answer(_CHUNK[:-1], 0.05, _CHUNK[-1:] + _FINISH + _USAGE + _DONE), _CHUNK + _FINISH + _DONE),
+    }
+    for name, (script, want) in cases.items():
+        up = RawUpstream(lambda h, b, script=script: script)
+        try:
+            w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+            with httpx.stream("POST", w.v1 + "/chat/completions", timeout=10,
+                              json={"model": "m", "messages": MSG, "stream": True}) as r:
+                got = b"".join(r.iter_raw())
+            assert got == want, (name, got)
+        finally:
+            up.close()

@@ -138,6 +138,17 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   };
   const auto t_read = core::now();
   events.clear();
+  // An event that ended on a CR the upstream's LF had not followed yet carries that LF into the next
+  // event (SseEvent::lf_carried): it goes out with the event whose CRLF it completes, so a client that
+  // splits on CRLF CRLF sees every event the upstream framed so, whichever of the two is dropped.
+  auto send_event = [&](const http::SseEvent& e) {
+    events += e.lf_carried && !s.last_sent ? e.raw.substr(1) : e.raw;
+    s.last_sent = true;
+  };
+  auto drop_event = [&](const http::SseEvent& e) {
+    if (e.lf_carried && s.last_sent) events += '\n';
+    s.last_sent = false;
+  };
   if (r.bytes > 0) {
     ctx.sse.push(std::string_view(s.into.data(), r.bytes));
     while (auto ev = ctx.sse.next()) {
@@ -195,6 +206,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         if (!s.refused && !resume_note(ctx, *ev, s.holding, s.failure)) {
           if (token) --ctx.token_events;  // (never the client's: a continuation's role chunk)
           if (s.failure != http::UpstreamFailure::none) break;
+          drop_event(*ev);
           continue;
         }
         if (ctx.resume.active) ctx.resume.answered = true;
@@ -205,10 +217,13 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         s.failure = http::UpstreamFailure::protocol;
         break;
       }
-      if (!ctx.hooks.on_event(*ev)) continue;
+      if (!ctx.hooks.on_event(*ev)) {
+        drop_event(*ev);
+        continue;
+      }
       if (upstream_error) {
         ++ctx.events;
-        events += ev->raw;
+        send_event(*ev);
         error_relayed(s);
         break;
       }
@@ -217,7 +232,10 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
         if (!ev->is_done()) data_event(t_read);
         if (first_token) ctx.t_first_token = t_read;
       }
-      events += ev->raw;
+      send_event(*ev);
+      // The client's response ends with [DONE]: the LF of its CRLF, not here yet, is given now (the upstream's
+      // comes later, after [DONE], and is dropped with the rest).
+      if (ctx.hooks.done_relayed() && ctx.sse.awaiting_lf() && ev->raw.ends_with("\r\n\r")) events += '\n';
     }
     // (Garbage after [DONE] is not the client's: the stream was whole.)
     if (ctx.sse.error() && !ctx.hooks.done_relayed()) {

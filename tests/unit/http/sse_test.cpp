@@ -511,15 +511,56 @@ TEST(HttpSseReader, CrLfOfTheClosingLineSplitAcrossPushes) {
   ASSERT_TRUE(ev);
   EXPECT_EQ(ev->raw, "data: x\r\n\r");
   EXPECT_EQ(ev->data, "x");
+  EXPECT_FALSE(ev->lf_carried);
   EXPECT_FALSE(r.next());
+  EXPECT_TRUE(r.awaiting_lf());
   std::string b = "\ndata: y\r\n\r\n";
   r.push(b);
   ev = r.next();
   ASSERT_TRUE(ev);
   EXPECT_EQ(ev->raw, "\ndata: y\r\n\r\n");
   EXPECT_EQ(ev->data, "y");
+  EXPECT_TRUE(ev->lf_carried);
   EXPECT_FALSE(r.next());
+  EXPECT_FALSE(r.awaiting_lf());
   EXPECT_EQ(r.pending_bytes(), 0u);
+
+  // The carried LF alone in a push, its event completed by later pushes: still flagged, once.
+  r.reset();
+  r.push(a);
+  while (r.next()) {
+  }
+  std::string lone_lf = "\n", rest = "data: z\n\n", more = "\ndata: w\n\n";
+  r.push(lone_lf);
+  EXPECT_FALSE(r.next());
+  r.push(rest);
+  ev = r.next();
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->raw, "\ndata: z\n\n");
+  EXPECT_TRUE(ev->lf_carried);
+  EXPECT_FALSE(r.next());
+  r.push(more);  // a stray empty line, then an event: neither carries an LF
+  ev = r.next();
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->raw, "\n");
+  EXPECT_FALSE(ev->lf_carried);
+  ev = r.next();
+  ASSERT_TRUE(ev);
+  EXPECT_FALSE(ev->lf_carried);
+  EXPECT_FALSE(r.awaiting_lf());
+  // A CR-only stream's event ending a push awaits an LF that never comes: the next event is not flagged.
+  r.reset();
+  std::string cr = "data: a\r\r", cr2 = "data: b\r\r";
+  r.push(cr);
+  ASSERT_TRUE(r.next());
+  EXPECT_FALSE(r.next());
+  EXPECT_TRUE(r.awaiting_lf());
+  r.push(cr2);
+  ev = r.next();
+  ASSERT_TRUE(ev);
+  EXPECT_EQ(ev->raw, "data: b\r\r");
+  EXPECT_FALSE(ev->lf_carried);
+  r.reset();
 
   // If the stream ends there, the held LF is not an incomplete event.
   r.push(a);
