@@ -7,6 +7,7 @@
 #include <boost/container/small_vector.hpp>
 
 #include "core/text.hpp"
+#include "core/time.hpp"
 #include "http/headers.hpp"
 
 namespace weir::http {
@@ -323,9 +324,11 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
     out += "\r\n";
   }
   const ConnectionListed listed(res);
+  bool dated = false;
   copy_end_to_end(out, res, listed, [&](const auto& f) {
     if (f.name() == bh::field::content_length || (drop_encoding && f.name() == bh::field::content_encoding))
       return true;
+    if (f.name() == bh::field::date) dated = !hop_by_hop_in(listed, f);
     if (!content_type.empty() && f.name() == bh::field::content_type) return true;
     if (own_ratelimit && f.name() == bh::field::unknown) {
       const std::string_view n = f.name_string();
@@ -413,6 +416,9 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
     }
     return false;
   });
+  // A response without Date gets the time Weir received it (RFC 9110 §6.6.1: a recipient with a clock that
+  // forwards it downstream MUST add one).
+  if (!dated) core::append_http_date(out);
 }
 
 }  // namespace weir::http

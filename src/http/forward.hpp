@@ -99,6 +99,7 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // client sees each name once, with the value that governs it.
 // `content_type`: when not empty, written in place of the upstream's
 // Content-Type (a body Weir made of another media type).
+// An upstream head without Date gets Weir's (RFC 9110 §6.6.1).
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
                             std::string_view upstream_host = {}, bool own_ratelimit = false,
                             std::string_view content_type = {});

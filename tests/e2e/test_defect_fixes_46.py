@@ -91,3 +91,35 @@ def test_a_crlf_split_between_reads_reaches_the_client_as_the_upstream_framed_it
             assert got == want, (name, got)
         finally:
             up.close()
+
+
+# DEFECT: an upstream answer without Date was relayed without one, and so was the stream head Weir makes of a
+# JSON answer to a streamed request (RFC 9110 §6.6.1: a recipient with a clock that forwards a response without
+# Date MUST add one). Weir's own answers had it. An upstream's own Date is passed on as it came, once.
+def test_a_relayed_answer_without_date_gets_one(weir):
+    from email.utils import parsedate_to_datetime
+
+    from test_defect_fixes import RawUpstream
+    body = (b'{"id":"c","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":'
+            b'{"role":"assistant","content":"hi"},"finish_reason":"stop"}],'
+            b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+    dated = {"yes": False}
+
+    def answer(h, b):
+        extra = b"date: Thu, 01 Jan 2026 00:00:00 GMT\r\n" if dated["yes"] else b""
+        return (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n%scontent-length: %d\r\n\r\n%s"
+                % (extra, len(body), body))
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+        for stream in (False, True):
+            r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG, "stream": stream},
+                           timeout=10)
+            assert r.status_code == 200, r.text
+            dates = r.headers.get_list("date")
+            assert len(dates) == 1 and abs(time.time() - parsedate_to_datetime(dates[0]).timestamp()) < 5, dates
+        dated["yes"] = True
+        r = httpx.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG}, timeout=10)
+        assert r.headers.get_list("date") == ["Thu, 01 Jan 2026 00:00:00 GMT"]
+    finally:
+        up.close()

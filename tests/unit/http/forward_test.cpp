@@ -408,15 +408,28 @@ TEST(HttpForward, ResponseContentEncodingIsDroppedOnlyWhenAsked) {
 
 TEST(HttpForward, ChunkedResponseFramingIsNotForwarded) {
   std::string out;
-  append_response_fields(
-      out, response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n\r\n"), false);
-  EXPECT_EQ(out, "Content-Type: application/json\r\n");
+  append_response_fields(out,
+                         response("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: application/json\r\n"
+                                  "Date: Sun, 06 Dec 2026 01:00:00 GMT\r\n\r\n"),
+                         false);
+  EXPECT_EQ(out, "Content-Type: application/json\r\nDate: Sun, 06 Dec 2026 01:00:00 GMT\r\n");
 }
 
-TEST(HttpForward, EmptyResponseHeadGivesNothing) {
+TEST(HttpForward, AResponseWithoutDateGetsWeirsAndNothingElse) {
+  // RFC 9110 §6.6.1: a recipient with a clock forwarding a response without Date adds one.
   std::string out = "keep";
   append_response_fields(out, response("HTTP/1.1 204 No Content\r\n\r\n"), false);
-  EXPECT_EQ(out, "keep");  // appends only
+  ASSERT_TRUE(out.starts_with("keepDate: ")) << out;  // appends only
+  EXPECT_TRUE(out.ends_with(" GMT\r\n")) << out;
+  EXPECT_EQ(values(out.substr(4), "Date").size(), 1u);
+  // One the upstream sent is kept, and not doubled; one the upstream named hop-by-hop is replaced.
+  out.clear();
+  append_response_fields(out, response("HTTP/1.1 200 OK\r\ndate: Thu, 01 Jan 2026 00:00:00 GMT\r\n\r\n"), false);
+  EXPECT_EQ(out, "date: Thu, 01 Jan 2026 00:00:00 GMT\r\n");
+  out.clear();
+  append_response_fields(
+      out, response("HTTP/1.1 200 OK\r\nConnection: date\r\nDate: Thu, 01 Jan 2026 00:00:00 GMT\r\n\r\n"), false);
+  EXPECT_TRUE(out.starts_with("Date: ") && out.find("2026 00:00:00") == std::string::npos) << out;
 }
 
 TEST(HttpForward, LocationsPointingAtTheUpstreamBecomeRelative) {
