@@ -58,6 +58,7 @@ enum class Role : std::uint8_t {
   max_completion_tokens,
   max_tokens,
   n,
+  best_of,    // chat and completions (vLLM's SamplingParams.best_of)
   messages,   // chat: the messages array
   message,    // one of its elements
   rendered,   // chat: `tools`, `functions`, `documents`, `chat_template(_kwargs)`: the template prints them
@@ -141,7 +142,7 @@ class FieldsHandler {
   explicit FieldsHandler(ApiKind kind, std::string& model) : kind_(kind), model_text_(model) {}
 
   // --- what the document said ---
-  Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n;
+  Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n, best_of;
   std::uint64_t chat_bytes = 0;        // the last messages array: content bytes
   std::uint64_t chat_other_bytes = 0;  // and its messages' other strings (Count::strings)
   std::uint32_t chat_messages = 0;     // and its elements
@@ -277,6 +278,8 @@ class FieldsHandler {
         if (key == "max_completion_tokens") return Role::max_completion_tokens;
         if (key == "max_tokens") return Role::max_tokens;
         if (key == "n") return Role::n;
+        if ((kind_ == ApiKind::chat_completions || kind_ == ApiKind::completions) && key == "best_of")
+          return Role::best_of;
         if (kind_ == ApiKind::chat_completions && key == "messages") return Role::messages;
         if (kind_ == ApiKind::chat_completions && (key == "tools" || key == "functions" || key == "documents" ||
                                                    key == "chat_template" || key == "chat_template_kwargs"))
@@ -331,6 +334,9 @@ class FieldsHandler {
         break;
       case Role::n:
         n = v;
+        break;
+      case Role::best_of:
+        best_of = v;
         break;
       case Role::messages:
         chat_bytes = 0;
@@ -532,6 +538,14 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     auto v = positive_int(h.n, "n");
     if (!v) return tl::unexpected(v.error());
     f.n = *v;
+  }
+  // vLLM (chat and completions, V0 engine) generates best_of sequences per
+  // prompt and returns the n best: its cost is best_of's, as OpenAI's legacy
+  // completions reference warns. Validated as n is (vLLM refuses the rest).
+  if (h.best_of.present()) {
+    auto v = positive_int(h.best_of, "best_of");
+    if (!v) return tl::unexpected(v.error());
+    f.best_of = *v;
   }
 
   switch (kind) {

@@ -37,6 +37,12 @@ struct RequestFields {
   std::uint32_t max_tokens = 0;  // max_completion_tokens or max_tokens; 0 = not given
   bool echo_only = false;        // completions with echo: true and max_tokens: 0 (the prompt's logprobs, no output)
   std::uint32_t n = 1;           // choices per prompt
+  // Sequences generated per prompt, of which the n best are returned (vLLM's
+  // best_of on chat and completions; OpenAI's legacy completions); 0 = not given.
+  std::uint32_t best_of = 0;
+  // Sequences the upstream generates per prompt: what a request's output
+  // costs (max_tokens each), whether or not they are all returned.
+  std::uint32_t sequences() const { return best_of > n ? best_of : n; }
   // UTF-8 bytes of prompt text: prompt, input, or a chat's messages (their
   // content, and their other members' strings: tool calls' names and
   // arguments, name, reasoning) and the keys and strings of its tools,
@@ -54,7 +60,7 @@ struct RequestFields {
 // Parses and validates `body` (RFC 8259 JSON) for `kind`. Errors (400,
 // OpenAI's invalid_request_error): not JSON, not an object, `model` missing or
 // not a string, `stream` not a boolean, `stream_options` not an object,
-// `max_tokens`/`n` not positive integers. The body itself is not modified.
+// `max_tokens`/`n`/`best_of` not positive integers. The body itself is not modified.
 // (ApiKind::audio bodies are not JSON: parse_audio_request.)
 tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body);
 

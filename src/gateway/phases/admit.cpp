@@ -19,14 +19,15 @@ std::string_view admit_model(const RequestContext& ctx) {
   return ctx.target.canonical.empty() ? std::string_view(ctx.model) : ctx.target.canonical;
 }
 
-// max_tokens × n × prompts, saturated at 2^53 tokens (a count any bucket or budget refuses, and exact as a
-// double): each factor may be up to 2^32 − 1, and a product that wrapped (2^31 · 2^31 · 4 is 0 mod 2^64)
-// would reserve nothing against the limits it must pass.
-std::uint64_t completion_estimate(std::uint64_t max_tokens, std::uint64_t n, std::uint64_t prompts) {
+// max_tokens × sequences × prompts (sequences: max(n, best_of), what the upstream generates), saturated at
+// 2^53 tokens (a count any bucket or budget refuses, and exact as a double): each factor may be up to
+// 2^32 − 1, and a product that wrapped (2^31 · 2^31 · 4 is 0 mod 2^64) would reserve nothing against the
+// limits it must pass.
+std::uint64_t completion_estimate(std::uint64_t max_tokens, std::uint64_t sequences, std::uint64_t prompts) {
   constexpr std::uint64_t kMax = std::uint64_t{1} << 53;
   std::uint64_t a = 0;
   std::uint64_t b = 0;
-  if (__builtin_mul_overflow(max_tokens, n, &a) || __builtin_mul_overflow(a, prompts, &b)) return kMax;
+  if (__builtin_mul_overflow(max_tokens, sequences, &a) || __builtin_mul_overflow(a, prompts, &b)) return kMax;
   return std::min(b, kMax);
 }
 
@@ -43,7 +44,8 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
       *api == api::ApiKind::embeddings || *api == api::ApiKind::vllm_extra || *api == api::ApiKind::audio ||
               ctx.route == RouteKind::messages_count_tokens || f.echo_only
           ? 0
-          : completion_estimate(f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens, f.n, f.prompt_count);
+          : completion_estimate(f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens, f.sequences(),
+                                f.prompt_count);
   // Tokenizing and counting tokens run no model: they cost no tokens (but
   // count against request limits; docs/protocols.md).
   const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize ||
@@ -53,7 +55,7 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   // are all media): a take of 0 would pass a tokens bucket that settled usage left in debt.
   if (!free && estimate.total() == 0) estimate.prompt_tokens = 1;
   ctx.prompt_tokens_estimate = estimate.prompt_tokens;
-  ctx.completion_cap = f.max_tokens ? completion_estimate(f.max_tokens, f.n, f.prompt_count) : 0;
+  ctx.completion_cap = f.max_tokens ? completion_estimate(f.max_tokens, f.sequences(), f.prompt_count) : 0;
   if (!ctx.principal) return Outcome::next();
   const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it
   ctx.price = prices.find(admit_model(ctx));

@@ -16,7 +16,9 @@ namespace weir::gateway {
 namespace bh = boost::beast::http;
 
 bool GatewayPhases::resume_eligible(const RequestContext& ctx) const {
-  if (ctx.route != RouteKind::chat_completions || !ctx.stream || ctx.fields.n != 1) return false;
+  // One sequence only: a continuation of n choices (or of best_of candidates, which vLLM does not stream) would
+  // not be the client's text.
+  if (ctx.route != RouteKind::chat_completions || !ctx.stream || ctx.fields.sequences() != 1) return false;
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   if (!pc.resume || pc.type != core::UpstreamType::openai) return false;
   return !api::openai::resume_excluded(ctx.upstream_body);

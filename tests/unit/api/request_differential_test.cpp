@@ -137,6 +137,12 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
     if (!v) return tl::unexpected(v.error());
     f.n = *v;
   }
+  if (const auto* b = obj.if_contains("best_of");
+      b && !b->is_null() && (kind == ApiKind::chat_completions || kind == ApiKind::completions)) {
+    auto v = ref_positive_int(*b, "best_of");
+    if (!v) return tl::unexpected(v.error());
+    f.best_of = *v;
+  }
   switch (kind) {
     case ApiKind::chat_completions:
       if (const auto* msgs = obj.if_contains("messages"); msgs && msgs->is_array())
@@ -271,7 +277,7 @@ class Gen {
                                         "max_tokens",    "n",      "messages",       "prompt",
                                         "input",         "text",   "query",          "documents",
                                         "text_1",        "text_2", "other",          "content",
-                                        "include_usage", "tools",  "functions"};
+                                        "include_usage", "tools",  "functions",      "best_of"};
     const std::string_view k = pick_key(kKeys, used);
     key(out, k);
     if (k == "model") {
@@ -293,7 +299,7 @@ class Gen {
         }
         out += "}";
       }
-    } else if (k == "max_completion_tokens" || k == "max_tokens" || k == "n") {
+    } else if (k == "max_completion_tokens" || k == "max_tokens" || k == "n" || k == "best_of") {
       static const char* const kNums[] = {"1",   "16",   "0",     "-1",   "4294967295",           "4294967296", "1.5",
                                           "1e2", "null", "\"3\"", "true", "18446744073709551615", "-0",         "[]"};
       out += kNums[pick(std::size(kNums))];
@@ -362,6 +368,7 @@ void expect_same(ApiKind kind, const std::string& body, bool exact = false) {
   EXPECT_EQ(got->include_usage, want->include_usage) << body;
   EXPECT_EQ(got->max_tokens, want->max_tokens) << body;
   EXPECT_EQ(got->n, want->n) << body;
+  EXPECT_EQ(got->best_of, want->best_of) << body;
   if (kind == ApiKind::chat_completions && !exact)
     // A key repeated inside a message's other members or the tools is
     // counted each time (over, never under); the DOM keeps the last only.

@@ -116,6 +116,21 @@ TEST(ApiParseRequest, MaxCompletionTokensTakesPrecedenceOverMaxTokens) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","n":3.0})").n, 3u);
 }
 
+TEST(ApiParseRequest, BestOfIsTheSequencesGenerated) {
+  // vLLM (chat and completions) and OpenAI's legacy completions generate best_of sequences and return the n
+  // best: the estimate is of what is generated.
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a","best_of":6})").sequences(), 6u);
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a","best_of":6})").n, 1u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","n":2,"best_of":3.0})").sequences(), 3u);
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a","n":4,"best_of":2})").sequences(), 4u);
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a","best_of":null})").sequences(), 1u);
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a"})").best_of, 0u);
+  // Not a vLLM field elsewhere: not read.
+  EXPECT_EQ(ok(ApiKind::embeddings, R"({"model":"m","input":"a","best_of":9})").sequences(), 1u);
+  for (const char* bad : {"0", "-1", "1.5", "\"3\"", "true"})
+    EXPECT_EQ(refused(kCompletions, fmt::format(R"({{"model":"m","prompt":"a","best_of":{}}})", bad)).param, "best_of");
+}
+
 TEST(ApiParseRequest, CompletionsEchoWithNoTokensScoresThePrompt) {
   // OpenAI's legacy completions and vLLM serve echo with max_tokens 0: the prompt's logprobs, nothing generated.
   const auto f = ok(kCompletions, R"({"model":"m","prompt":"hi","echo":true,"max_tokens":0,"logprobs":1})");
