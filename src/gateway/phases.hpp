@@ -130,10 +130,11 @@ class GatewayPhases final : public Phases {
   void leave_queue(RequestContext& ctx);
   // Before relaying: arms ctx.cutoff_watch at the stream's first-token
   // timeout or the request's deadline, whichever comes first. True when armed.
-  // The first token is due timeouts.first_token after `from` (default: the
-  // request's send, ctx.t_upstream_sent; a batch member's: when it joined,
-  // its batch's send still to come).
-  bool arm_cutoff(RequestContext& ctx, core::TimePoint from = {});
+  // The first token is due timeouts.first_token after the request's send
+  // (ctx.t_upstream_sent: a batch member's is its batch's); `first_token`
+  // false arms the deadline alone (a batch member before its batch's head:
+  // the window is Weir's wait, not the upstream's).
+  bool arm_cutoff(RequestContext& ctx, bool first_token = true);
   // The cutoff fired: cancels the response source when the first token is
   // late or the deadline passed (ctx.cutoff says which), else re-arms.
   void on_cutoff(RequestContext& ctx);

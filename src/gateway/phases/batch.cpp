@@ -100,12 +100,13 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
 }
 
 core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
-  // The deadline, and a stream's first-token timeout (from when it joined: the window is part of its wait),
-  // cancel the member wherever it is (in the window, waiting for the head, relaying): it leaves the batch,
-  // the others go on (a generation every member left is cancelled upstream).
-  const bool cutoff = arm_cutoff(ctx, core::now());  // batched_attempt() sets ctx.source before it first waits
+  // The deadline cancels the member wherever it is (in the window, waiting for the head, relaying): it leaves
+  // the batch, the others go on (a generation every member left is cancelled upstream). A stream's first-token
+  // timeout is armed with the batch's head, from the batch's send (batched_attempt), as unbatched from its
+  // own: the window is Weir's wait, and a member cut off in it would blame an upstream never asked.
+  const bool deadline = arm_cutoff(ctx, false);  // batched_attempt() sets ctx.source before it first waits
   Outcome o = co_await batched_attempt(ctx);
-  if (cutoff) {
+  if (deadline || ctx.first_token_by != core::TimePoint{}) {
     if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it
     o = after_cutoff(ctx, std::move(o));
   }
@@ -163,9 +164,6 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   if (!ok) {
     ctx.source = nullptr;
     auto f = m.failure();  // counted in the metrics once, by the batch
-    // Cut off before its head by its first-token timeout (on_cutoff cancelled it): a timeout a fallback may take.
-    if (f == http::UpstreamFailure::cancelled && ctx.cutoff == RequestContext::Cutoff::first_token)
-      f = http::UpstreamFailure::timeout;
     ctx.fail_over = http::is_upstream_fault(f);
     if (ctx.endpoint >= 0)
       ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
@@ -203,6 +201,8 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
     ctx.source = nullptr;
     co_return Outcome::failed(batch_status_error(ctx.upstream_status, subject(ctx), retry_after_s));
   }
+  // The first-token timeout from the batch's send (a late joiner of a coalesced generation: from its arrival).
+  (void)arm_cutoff(ctx);
   // A stream's head waits for its first content while a fallback is left (relay), as unbatched.
   Outcome o = co_await relay(ctx, m);
   ctx.source = nullptr;

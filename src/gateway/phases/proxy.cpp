@@ -267,12 +267,12 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
   }
 }
 
-bool GatewayPhases::arm_cutoff(RequestContext& ctx, core::TimePoint from) {
+bool GatewayPhases::arm_cutoff(RequestContext& ctx, bool first_token) {
   const auto& pc = ctx.gen->config().pools[ctx.target.pool];
   ctx.cutoff = RequestContext::Cutoff::none;
-  if (from == core::TimePoint{}) from = ctx.t_upstream_sent;
-  ctx.first_token_by =
-      ctx.stream && pc.timeouts.first_token.count() > 0 ? from + pc.timeouts.first_token : core::TimePoint{};
+  ctx.first_token_by = first_token && ctx.stream && pc.timeouts.first_token.count() > 0
+                           ? ctx.t_upstream_sent + pc.timeouts.first_token
+                           : core::TimePoint{};
   if (ctx.first_token_by == core::TimePoint{} && ctx.deadline == core::TimePoint{}) return false;
   if (!ctx.cutoff_watch) ctx.cutoff_watch.emplace(w_.io().get_executor(), [this, &ctx] { on_cutoff(ctx); });
   auto at = ctx.first_token_by;
