@@ -409,9 +409,13 @@ bool Batch::dispatch(const http::SseEvent& ev) {
           c.usage ? data.substr(c.usage->value_begin, c.usage->value_end - c.usage->value_begin) : std::string_view();
       if (!usage.empty() && usage != "null") m.last_usage_.assign(usage);
       (void)id_of(m);
-      // Its only choice (n = 1) finished: the member is done now, not when the batch's longest prompt is.
-      const bool last =
-          c.finish && data.substr(c.finish->value_begin, c.finish->value_end - c.finish->value_begin) != "null";
+      // Its only choice (n = 1) finished: the member is done now, not when the batch's longest prompt is --
+      // unless it is the batch's only member and wants its usage: the upstream's final usage chunk, which
+      // follows at once, is then its own, with the cached tokens (prompt_tokens_details) vLLM reports
+      // only there, and it ends with that chunk and [DONE], as unbatched.
+      const bool own_total = sent_size_ == 1 && (!m.req_.stream || m.req_.include_usage);
+      const bool last = !own_total && c.finish &&
+                        data.substr(c.finish->value_begin, c.finish->value_end - c.finish->value_begin) != "null";
       if (!m.req_.stream) {
         m.assembler_.on_chunk(data, c);
         if (last) {
@@ -444,6 +448,17 @@ bool Batch::dispatch(const http::SseEvent& ev) {
     case BatchChunk::Kind::usage: {
       final_usage_.assign(data.substr(c.usage->value_begin, c.usage->value_end - c.usage->value_begin));
       for_present([&](BatchMember& m) {
+        if (sent_size_ == 1) {
+          // The batch's only prompt: the usage is the member's own, whole (cached tokens included).
+          if (!m.req_.stream) {
+            m.assembler_.on_own_total(final_usage_);
+          } else if (m.req_.include_usage) {
+            chunk_.clear();
+            api::openai::append_member_chunk(data, c, id_of(m), std::string_view(), chunk_);
+            push_event(m, chunk_);
+          }
+          return;
+        }
         if (!m.req_.stream || !m.req_.include_usage) return;
         std::string usage;
         if (!api::openai::append_member_usage(final_usage_, m.last_usage_, usage))

@@ -234,7 +234,11 @@ bool append_member_usage(std::string_view total, std::string_view own, std::stri
     if (!t[i] || !o[i]) return false;
   std::array<Edit, 3> edits;
   for (std::size_t i = 0; i < 3; ++i) edits[i] = {t[i]->value_begin, t[i]->value_end, value_of(own, *o[i])};
-  append_spliced(total, edits, out);
+  std::string usage, tmp;
+  append_spliced(total, edits, usage);
+  for (std::string_view k : {"prompt_tokens_details", "completion_tokens_details"})
+    if (find_member(usage, k) && remove_member(usage, k, tmp)) usage.swap(tmp);
+  out.append(usage);
   return true;
 }
 
@@ -299,6 +303,17 @@ void CompletionAssembler::on_chunk(std::string_view data, const BatchChunk& c) {
   if (c.finish) finish_ = value_of(data, *c.finish);
   if (c.stop_reason) stop_reason_ = value_of(data, *c.stop_reason);
   if (c.usage && value_of(data, *c.usage) != "null") usage_ = value_of(data, *c.usage);
+}
+
+void CompletionAssembler::on_own_total(std::string_view total) {
+  if (usage_.empty()) {
+    usage_ = total;
+    return;
+  }
+  const auto d = find_member(total, "prompt_tokens_details");
+  if (!d || value_of(total, *d) == "null") return;
+  std::string with;
+  if (set_member(usage_, "prompt_tokens_details", value_of(total, *d), with)) usage_.swap(with);
 }
 
 void CompletionAssembler::finish(std::string_view id_json, std::string& out) const {

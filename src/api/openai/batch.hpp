@@ -103,10 +103,16 @@ void append_member_chunk(std::string_view data, const BatchChunk& c, std::string
                          std::string_view usage_json, std::string& out);
 
 // Appends to `out` the usage object `total` (the upstream's final usage
-// chunk's, summed over every prompt) with prompt_tokens, completion_tokens
-// and total_tokens taken from `own` (a member's last per-chunk usage), so
-// the member's usage has the final chunk's exact shape. Returns false (out
-// unchanged) when either is not an object with those numbers.
+// chunk's, over every prompt of a batch of several) with prompt_tokens,
+// completion_tokens and total_tokens taken from `own` (a member's last
+// per-chunk usage), so the member's usage has the final chunk's shape, and
+// without `prompt_tokens_details` and `completion_tokens_details`: those
+// are not the member's. (vLLM's cached_tokens there is one prompt's, its
+// first result's, whichever member that is: serving_completion.py,
+// completion_stream_generator. A member credited with it could be charged
+// less than its cost; without it, it is charged its prompt at the full
+// input price, never less than its cost.) Returns false (out unchanged)
+// when either is not an object with those numbers.
 bool append_member_usage(std::string_view total, std::string_view own, std::string& out);
 
 // Appends to `out` the final usage chunk vLLM sends a request whose last
@@ -135,6 +141,12 @@ class CompletionAssembler {
   void reset();
   // One of this member's chunks (kind choice), rewritten already or not.
   void on_chunk(std::string_view data, const BatchChunk& c);
+  // The upstream's final usage object `total` of a batch this member was
+  // alone in: its own usage, with the prompt_tokens_details (cached tokens)
+  // vLLM puts only there. The answer's usage keeps its per-chunk shape (as
+  // vLLM's non-streamed usage, "prompt_tokens_details": null when nothing
+  // was cached) with total's details, or is `total` when no chunk had usage.
+  void on_own_total(std::string_view total);
   // Appends the whole body, with `id_json` as its id.
   void finish(std::string_view id_json, std::string& out) const;
   // Chunks seen.

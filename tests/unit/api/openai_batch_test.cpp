@@ -149,6 +149,59 @@ TEST(BatchDemux, InterleavedStreamGivesEachMemberItsOwnChunksInOrder) {
   EXPECT_TRUE(bad.empty());
 }
 
+TEST(BatchDemux, AMembersUsageNeverCarriesTheBatchsDetails) {
+  // vLLM's final chunk of a prompt list carries one prompt's cached tokens (its first result's): spliced into
+  // any one member's usage it could bill that member less than its cost.
+  std::string u;
+  ASSERT_TRUE(append_member_usage(
+      R"({"prompt_tokens":8,"total_tokens":12,"completion_tokens":4,"prompt_tokens_details":{"cached_tokens":3}})",
+      R"({"prompt_tokens":4,"total_tokens":6,"completion_tokens":2,"prompt_tokens_details":null})", u));
+  EXPECT_EQ(u, R"({"prompt_tokens":4,"total_tokens":6,"completion_tokens":2})");
+  u.clear();
+  ASSERT_TRUE(append_member_usage(
+      R"({"prompt_tokens_details":{"cached_tokens":3},"prompt_tokens":8,"completion_tokens_details":{"reasoning_tokens":1},"total_tokens":12,"completion_tokens":4})",
+      R"({"prompt_tokens":4,"total_tokens":6,"completion_tokens":2})", u));
+  EXPECT_EQ(u, R"({"prompt_tokens":4,"total_tokens":6,"completion_tokens":2})");
+}
+
+TEST(CompletionAssembler, ALoneMembersAnswerTakesItsCachedTokensFromTheFinalUsage) {
+  // A batch of one: the final usage chunk is the member's own; its per-chunk usage keeps vLLM's non-streamed
+  // shape ("prompt_tokens_details": null in place), with the final chunk's details.
+  CompletionAssembler a;
+  a.reset();
+  const std::string data = chunk(1, " one", "\"length\"", 4, 1);
+  a.on_chunk(data, parse_batch_chunk(data));
+  a.on_own_total(
+      R"({"prompt_tokens":4,"total_tokens":5,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}})");
+  std::string out;
+  a.finish(R"("cmpl-r")", out);
+  EXPECT_NE(
+      out.find(
+          R"("usage":{"prompt_tokens":4,"total_tokens":5,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":3}},)"),
+      std::string::npos)
+      << out;
+  // Nothing cached (vLLM's final chunk then has no details): the per-chunk usage as it was.
+  a.reset();
+  a.on_chunk(data, parse_batch_chunk(data));
+  a.on_own_total(R"({"prompt_tokens":4,"total_tokens":5,"completion_tokens":1})");
+  out.clear();
+  a.finish(R"("cmpl-r")", out);
+  EXPECT_NE(
+      out.find(R"("usage":{"prompt_tokens":4,"total_tokens":5,"completion_tokens":1,"prompt_tokens_details":null},)"),
+      std::string::npos)
+      << out;
+  // No per-chunk usage at all: the final usage is the member's.
+  a.reset();
+  const std::string bare =
+      R"({"id":"cmpl-b","created":17,"model":"m","choices":[{"index":0,"text":"x","finish_reason":"stop"}]})";
+  a.on_chunk(bare, parse_batch_chunk(bare));
+  a.on_own_total(
+      R"({"prompt_tokens":4,"total_tokens":5,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":2}})");
+  out.clear();
+  a.finish(R"("cmpl-r")", out);
+  EXPECT_EQ(boost::json::parse(out).at("usage").at("prompt_tokens_details").at("cached_tokens"), 2);
+}
+
 TEST(BatchDemux, MemberIdsEscapeAClientsRequestId) {
   std::string id;
   append_member_id(R"("cmpl-b1")", "b1", R"(my"id\)", 0, id);
