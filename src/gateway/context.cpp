@@ -47,7 +47,8 @@ void RequestContext::reset() {
   hold_head = fail_over = error_relayed = upstream_refused = false;
   held_failure = http::UpstreamFailure::none;
   pool_tries = 0;
-  pool_avoid = pool_failed = 0;
+  pool_avoid.clear();
+  pool_failed.clear();
   backoff = nullptr;
   deadline = {};
   deadline_ms = 0;

@@ -26,6 +26,7 @@
 #include "http/response_source.hpp"
 #include "http/sse.hpp"
 #include "requestlog/queue.hpp"
+#include "routing/endpoint_set.hpp"
 #include "routing/queue.hpp"
 #include "routing/route_table.hpp"
 #include "tracing/context.hpp"
@@ -149,14 +150,14 @@ struct RequestContext {
   // stall (what the pool's `retry` retries before a head: held_failure) goes
   // again on the same pool, to another endpoint, while the pool's attempts
   // last (pool_tries made on the current target), never to one whose stream
-  // failed (pool_avoid, bit i = endpoint i), before a fallback takes it.
+  // failed (pool_avoid), before a fallback takes it.
   http::UpstreamFailure held_failure = http::UpstreamFailure::none;
   std::uint8_t pool_tries = 0;
-  std::uint64_t pool_avoid = 0;
+  routing::EndpointSet pool_avoid;
   // Every endpoint of the current target that failed this request (a refused
   // connect, a 503, a stall, a reset: routing::Attempts::failed), which a
   // resume and a held stream's retry avoid too.
-  std::uint64_t pool_failed = 0;
+  routing::EndpointSet pool_failed;
   bool error_relayed = false;      // the upstream's in-band error event reached the client: fail() adds only the end
   bool upstream_refused = false;   // ... and it refused the request (a 4xx): not the endpoint's failure
   core::Timer* backoff = nullptr;  // the retry backoff or queue wait being waited, cancelled when the client leaves
@@ -227,7 +228,7 @@ struct RequestContext {
     bool answered = false;            // that resume relayed a chunk of its own (past its dropped role chunk)
     std::uint8_t count = 0;           // resumes made
     std::uint64_t tokens_before = 0;  // completion tokens the client had when the current resume started
-    std::uint64_t broke = 0;          // endpoints whose stream broke for this request (bit i = endpoint i)
+    routing::EndpointSet broke;       // endpoints whose stream broke for this request
     std::string_view original;        // the upstream body of the first attempt (kept: commit does not give it back)
     // How begin_resume ends a broken stream whose generation was complete
     // instead: [DONE] only (its finish_reason went out), or a closing chunk
@@ -246,7 +247,7 @@ struct RequestContext {
       on = wanted = active = answered = false;
       count = 0;
       tokens_before = 0;
-      broke = 0;
+      broke.clear();
       original = {};
       if (buf) buf->body.clear();
       finish = Finish::none;

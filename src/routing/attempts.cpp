@@ -85,7 +85,7 @@ Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const Pick
   if (endpoint_ != WorkerPool::npos) trial_ = pool_.begin_request(endpoint_, now);
 }
 
-Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req, std::uint64_t avoid)
+Attempts::Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req, const EndpointSet& avoid)
     : pool_(pool), rng_(rng), req_(req), endpoint_(WorkerPool::npos), tried_(avoid), avoid_(avoid) {
   if (!enter_budget()) return;
   // (pick_excluding falls back to an excluded endpoint when none other is left: not for a resume.)
@@ -113,7 +113,7 @@ bool Attempts::on_connect_failure(http::UpstreamFailure f, Clock::time_point now
   if (connects_ >= pool_.size()) return false;  // (failed connects: a good one to another endpoint is no bound)
   // Another endpoint may take it: nothing has been sent anywhere. Each
   // endpoint is tried once per request, the ones not tried yet first.
-  if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
+  tried_.insert(endpoint_);
   const auto next = pool_.pick_excluding(now, rng_, tried_, req_, avoid_);
   if (next == WorkerPool::npos || avoided(next)) return false;  // (breaker) every other endpoint is open
   ++retries_;
@@ -140,7 +140,7 @@ bool Attempts::take_retry(Clock::time_point now) {
   const auto& rc = pool_.config().retry;
   if (1 + budgeted_ >= rc.attempts) return false;
   if (!enter_budget()) return false;
-  if (endpoint_ < 64) tried_ |= std::uint64_t{1} << endpoint_;
+  tried_.insert(endpoint_);
   const auto next = pool_.pick_excluding(now, rng_, tried_, req_, avoid_);
   if (next == WorkerPool::npos || avoided(next)) return false;  // (breaker) no endpoint may take it now
   if (trial_) pool_.end_trial(endpoint_);

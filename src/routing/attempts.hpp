@@ -14,6 +14,7 @@
 
 #include "http/forward.hpp"
 #include "http/upstream.hpp"
+#include "routing/endpoint_set.hpp"
 #include "routing/pool.hpp"
 
 namespace weir::routing {
@@ -70,11 +71,11 @@ class Attempts {
   // breaker is open).
   Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req = {});
   // A resume's attempts (pools.X.resume): as above, but never to an
-  // endpoint in `avoid` (bit i = endpoint i: those whose stream broke for
-  // this request), and holding a slot of the pool's retry budget from the
+  // endpoint in `avoid` (those whose stream broke for this request, and
+  // those that failed it before), and holding a slot of the pool's retry budget from the
   // start (a resume is a retry). unavailable() when no other endpoint may
   // take it or the budget is spent (budget_refused()).
-  Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req, std::uint64_t avoid);
+  Attempts(WorkerPool& pool, Rng& rng, Clock::time_point now, const PickRequest& req, const EndpointSet& avoid);
   // Gives back the retry-budget slot and the half-open trial slot this request holds, if any.
   ~Attempts();
   Attempts(const Attempts&) = delete;
@@ -125,15 +126,15 @@ class Attempts {
   // delay); a delay beyond retry.retry_after_cap is not waited for.
   RetryDecision on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now);
 
-  // The endpoints that failed this request so far (bit i = endpoint i), with those it was told to avoid.
-  std::uint64_t failed() const { return tried_; }
+  // The endpoints that failed this request so far, with those it was told to avoid.
+  const EndpointSet& failed() const { return tried_; }
 
  private:
   // Another attempt on this pool after `reason`, if attempts and budget allow; moves to another endpoint.
   bool take_retry(Clock::time_point now);
   // Takes a slot of the pool's retry budget (once per request); false when it is spent.
   bool enter_budget();
-  bool avoided(std::uint32_t i) const { return i < 64 && ((avoid_ >> i) & 1u); }
+  bool avoided(std::uint32_t i) const { return avoid_.contains(i); }
   std::chrono::milliseconds backoff();
 
   WorkerPool& pool_;
@@ -142,8 +143,8 @@ class Attempts {
   std::uint32_t endpoint_;
   std::uint32_t connects_ = 0;  // connects that failed (connect failover tries each endpoint once)
   std::uint32_t budgeted_ = 0;  // retries that count against retry.attempts (not connect failover nor the stale resend)
-  std::uint64_t tried_ = 0;     // endpoints that failed this request (bit i = endpoint i)
-  std::uint64_t avoid_ = 0;     // endpoints never to pick (a resume's: their stream broke)
+  EndpointSet tried_;           // endpoints that failed this request
+  EndpointSet avoid_;           // endpoints never to pick (a resume's: their stream broke)
   std::uint32_t retries_ = 0;
   std::uint32_t backoffs_ = 0;
   bool fresh_only_ = false;

@@ -106,15 +106,15 @@ std::uint32_t WorkerPool::pick_by_policy(Clock::time_point now, Rng& rng, const 
   return chosen;
 }
 
-std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded,
-                                         const PickRequest& req, std::uint64_t never) {
+std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, const EndpointSet& excluded,
+                                         const PickRequest& req, const EndpointSet& never) {
   const auto n = size();
   last_rule_ = PickRule::p2c;
   if (n == 1) return !policy_.breaker() || endpoints_[0].health.available(now, policy_) ? 0 : npos;
-  auto is_excluded = [&](std::uint32_t i) { return i < 64 && ((excluded >> i) & 1u); };
   bool any_left = false;
-  for (std::uint32_t i = 0; i < n && !any_left; ++i) any_left = !is_excluded(i);
-  if (!any_left) excluded = 0;
+  for (std::uint32_t i = 0; i < n && !any_left; ++i) any_left = !excluded.contains(i);
+  // Every one excluded: as if none were.
+  auto is_excluded = [&](std::uint32_t i) { return any_left && excluded.contains(i); };
   scratch_.clear();
   for (std::uint32_t i = 0; i < n; ++i)
     if (!is_excluded(i) && endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
@@ -129,7 +129,7 @@ std::uint32_t WorkerPool::pick_excluding(Clock::time_point now, Rng& rng, std::u
     // Every endpoint not tried yet is ejected: one this request tried already that is available (a 503 is
     // worth another try after the backoff; a dead endpoint is not) before any ejected one.
     for (std::uint32_t i = 0; i < n; ++i)
-      if (!(i < 64 && ((never >> i) & 1u)) && endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
+      if (!never.contains(i) && endpoints_[i].health.available(now, policy_)) scratch_.push_back(i);
   }
   if (scratch_.empty()) {
     // Every endpoint is ejected: try the one whose ejection ends first.

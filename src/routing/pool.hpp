@@ -14,6 +14,7 @@
 #include "http/io.hpp"
 #include "http/upstream.hpp"
 #include "routing/balance.hpp"
+#include "routing/endpoint_set.hpp"
 #include "routing/health.hpp"
 #include "routing/load.hpp"
 #include "routing/prefix_index.hpp"
@@ -133,17 +134,18 @@ class WorkerPool {
   // available: with a breaker, npos (the pool is unavailable); without, the
   // one whose ejection ends first.
   std::uint32_t pick(Clock::time_point now, Rng& rng, std::uint32_t exclude = npos, const PickRequest& req = {}) {
-    return pick_excluding(now, rng, exclude < 64 ? (std::uint64_t{1} << exclude) : 0, req);
+    EndpointSet excluded;
+    if (exclude != npos) excluded.insert(exclude);
+    return pick_excluding(now, rng, excluded, req);
   }
-  // The same over the endpoints whose bit is clear in `excluded` (bit i =
-  // endpoint i; endpoints from 64 on are never excluded); when every one is
-  // excluded, or (breaker) none of the others is available, as pick(now, rng).
-  // When every one not excluded is ejected, an available excluded one (tried
-  // already: a 503 may pass next time, a dead endpoint will not) comes before
-  // any ejected one, unless its bit is set in `never` (a resume's: the
-  // endpoint whose stream broke).
-  std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, std::uint64_t excluded, const PickRequest& req = {},
-                               std::uint64_t never = 0);
+  // The same over the endpoints not in `excluded` (any index: a pool of
+  // more than 64 endpoints too); when every one is excluded, or (breaker)
+  // none of the others is available, as pick(now, rng). When every one not
+  // excluded is ejected, an available excluded one (tried already: a 503
+  // may pass next time, a dead endpoint will not) comes before any ejected
+  // one, unless it is in `never` (a resume's: the endpoint whose stream broke).
+  std::uint32_t pick_excluding(Clock::time_point now, Rng& rng, const EndpointSet& excluded,
+                               const PickRequest& req = {}, const EndpointSet& never = {});
 
   // Endpoint `i`'s load as the load-aware policies see it (balance.hpp's
   // load_of): from the latest scrape plus this worker's in-flight change

@@ -59,8 +59,8 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.fallback_step = static_cast<std::uint8_t>(next_allowed(ctx, ctx.fallback_step, chain));
   const auto& fb = ctx.target.fallbacks[ctx.fallback_step++];
   ctx.pool_tries = 0;
-  ctx.pool_avoid = 0;
-  ctx.pool_failed = 0;
+  ctx.pool_avoid.clear();
+  ctx.pool_failed.clear();
   ctx.target.pool = static_cast<std::uint32_t>(fb.pool);
   ctx.target.upstream_model = fb.upstream_model;
   ctx.pool = static_cast<int>(fb.pool);
@@ -114,9 +114,9 @@ bool GatewayPhases::retry_held_on_pool(RequestContext& ctx) {
   // invalid answer; never past the request's own deadline.
   if (f != http::UpstreamFailure::reset && f != http::UpstreamFailure::timeout) return false;
   if (ctx.cutoff == RequestContext::Cutoff::deadline || down_.client_gone() || ctx.resume.active) return false;
-  if (ctx.endpoint < 0 || ctx.endpoint >= 64) return false;
+  if (ctx.endpoint < 0) return false;
   if (ctx.pool_tries >= ctx.gen->config().pools[ctx.target.pool].retry.attempts) return false;
-  ctx.pool_avoid |= std::uint64_t{1} << ctx.endpoint;
+  ctx.pool_avoid.insert(static_cast<std::uint32_t>(ctx.endpoint));
   ctx.held_failure = f;  // attempt_pool counts the retry by it, once it has an endpoint for it
   return true;
 }

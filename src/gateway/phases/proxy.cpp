@@ -423,11 +423,14 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   // A resume never goes back to an endpoint whose stream broke, nor does a
   // held stream's retry (retry_held_on_pool), nor to one that failed this
   // request before (pool_failed), and each holds a retry-budget slot.
-  const bool held_retry = !resuming && ctx.pool_avoid != 0;
-  const std::uint64_t avoid =
-      resuming || held_retry ? (resuming ? ctx.resume.broke : ctx.pool_avoid) | ctx.pool_failed : 0;
-  routing::Attempts attempts = avoid != 0 ? routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc), avoid)
-                                          : routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc));
+  const bool held_retry = !resuming && !ctx.pool_avoid.empty();
+  routing::EndpointSet avoid;  // (allocates only for endpoints from 64 on)
+  if (resuming || held_retry) {
+    avoid = resuming ? ctx.resume.broke : ctx.pool_avoid;
+    avoid |= ctx.pool_failed;
+  }
+  routing::Attempts attempts = !avoid.empty() ? routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc), avoid)
+                                              : routing::Attempts(pool, w_.rng(), now, pick_request(ctx, pc));
   if (held_retry) {
     const auto held = std::exchange(ctx.held_failure, http::UpstreamFailure::none);
     if (attempts.unavailable()) {
@@ -461,7 +464,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     co_return Outcome::failed(pool_unavailable(subject(ctx), retry_after_seconds(pool.unavailable_for(now))));
   }
   // Each request's first pick on a pool (docs/routing.md): not a held stream's retry there, nor a resume.
-  if (avoid == 0) metrics.count_pick(pool.last_rule());
+  if (avoid.empty()) metrics.count_pick(pool.last_rule());
   // Read, parse, route and admit count once, before the first target.
   // (A request resent alone after its batch was refused counted its time to the batch already.)
   std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split && !resuming

@@ -51,7 +51,7 @@ bool GatewayPhases::begin_resume(RequestContext& ctx, const Outcome& o) {
     case api::openai::Continuation::ok:
       break;
   }
-  if (ctx.endpoint >= 0 && ctx.endpoint < 64) r.broke |= std::uint64_t{1} << ctx.endpoint;
+  if (ctx.endpoint >= 0) r.broke.insert(static_cast<std::uint32_t>(ctx.endpoint));
   ++r.count;
   r.active = true;
   r.answered = false;

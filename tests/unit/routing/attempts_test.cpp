@@ -53,6 +53,13 @@ struct Pool {
   WorkerPool* operator->() { return pool.get(); }
 };
 
+// The set of endpoints `ids`.
+EndpointSet set_of(std::initializer_list<std::uint32_t> ids) {
+  EndpointSet s;
+  for (const auto i : ids) s.insert(i);
+  return s;
+}
+
 bool exchange_failed(Attempts& a, UpstreamFailure f, bool reused, std::size_t bytes, Clock::duration since) {
   return a.on_exchange_failure(f, reused, bytes, since, Clock::now()).retry;
 }
@@ -470,7 +477,7 @@ TEST(RoutingAttempts, AResumeNeverPicksAnAvoidedEndpoint) {
     Pool p(3);
     Rng rng(static_cast<std::uint64_t>(seed));
     const auto now = Clock::now();
-    Attempts a(*p, rng, now, {}, /*avoid=*/0b001);
+    Attempts a(*p, rng, now, {}, /*avoid=*/set_of({0}));
     ASSERT_FALSE(a.unavailable());
     EXPECT_NE(a.endpoint(), 0u);
     EXPECT_EQ(p->retries_in_flight(), 1u);
@@ -488,13 +495,13 @@ TEST(RoutingAttempts, AResumeWithNoOtherEndpointIsUnavailable) {
   Rng rng(1);
   const auto now = Clock::now();
   {
-    Attempts a(*one, rng, now, {}, 0b1);
+    Attempts a(*one, rng, now, {}, set_of({0}));
     EXPECT_TRUE(a.unavailable());
     EXPECT_FALSE(a.budget_refused());
   }
   EXPECT_EQ(one->retries_in_flight(), 0u);  // the budget slot went back
   Pool two(2);
-  Attempts a(*two, rng, now, {}, 0b10);
+  Attempts a(*two, rng, now, {}, set_of({1}));
   ASSERT_FALSE(a.unavailable());
   EXPECT_EQ(a.endpoint(), 0u);
   EXPECT_FALSE(a.on_connect_failure(UpstreamFailure::connect_refused, now));  // not back to endpoint 1
@@ -504,9 +511,105 @@ TEST(RoutingAttempts, AResumeNeedsTheRetryBudget) {
   Pool p(2, "{attempts: 2, budget: 0.0, min_concurrent: 0}");
   Rng rng(1);
   const auto now = Clock::now();
-  Attempts a(*p, rng, now, {}, 0b1);
+  Attempts a(*p, rng, now, {}, set_of({0}));
   EXPECT_TRUE(a.unavailable());
   EXPECT_TRUE(a.budget_refused());
+}
+
+TEST(EndpointSet, HoldsAnyIndexAndAllocatesOnlyPast63) {
+  EndpointSet s;
+  EXPECT_TRUE(s.empty());
+  for (const std::uint32_t i : {0u, 63u, 64u, 127u, 128u, 700u}) {
+    EXPECT_FALSE(s.contains(i)) << i;
+    s.insert(i);
+    EXPECT_TRUE(s.contains(i)) << i;
+    EXPECT_FALSE(s.empty());
+  }
+  for (const std::uint32_t i : {1u, 62u, 65u, 126u, 129u, 699u, 701u, 100000u}) EXPECT_FALSE(s.contains(i)) << i;
+  EndpointSet t = set_of({5, 200});
+  t |= s;
+  for (const std::uint32_t i : {0u, 5u, 63u, 64u, 127u, 128u, 200u, 700u}) EXPECT_TRUE(t.contains(i)) << i;
+  EXPECT_FALSE(t.contains(6));
+  s.clear();
+  EXPECT_TRUE(s.empty());
+  EXPECT_FALSE(s.contains(700));
+  EXPECT_FALSE(s.contains(0));
+  EXPECT_TRUE((EndpointSet() | set_of({90})).contains(90));
+  EXPECT_FALSE(set_of({90}).empty());
+}
+
+// Ejects all but the last `live` endpoints of `p` (a refused connect each): the picks go to those
+// from 64 on, of which a 64-bit mask of tried endpoints saw nothing.
+void eject_all_but(Pool& p, std::uint32_t live, Clock::time_point now) {
+  for (std::uint32_t i = 0; i + live < p->size(); ++i) p->report_connect_failure(i, now);
+}
+
+TEST(RoutingAttempts, ARetryNeverGoesBackToAnEndpointFrom64On) {
+  for (int seed = 1; seed <= 50; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const auto now = Clock::now();
+    Pool p(68, "{attempts: 4, backoff: 0ms, max_backoff: 1ms}");
+    eject_all_but(p, 4, now);
+    Rng rng(static_cast<std::uint64_t>(seed));
+    Attempts a(*p, rng, now);
+    std::set<std::uint32_t> tried{a.endpoint()};
+    EXPECT_GE(a.endpoint(), 64u);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(i % 2 ? exchange_failed(a, UpstreamFailure::reset, false, 0, 1s)
+                        : a.on_status(503, std::nullopt, now).retry);
+      EXPECT_TRUE(tried.insert(a.endpoint()).second) << "endpoint " << a.endpoint() << " again";
+    }
+    // Those before the current one failed the request (a resume or a held stream's retry avoids them).
+    for (const auto e : tried) EXPECT_EQ(a.failed().contains(e), e != a.endpoint()) << e;
+  }
+}
+
+TEST(RoutingAttempts, ConnectFailoverTriesEachEndpointOfALargePoolOnce) {
+  for (int seed = 1; seed <= 20; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    Pool p(150);
+    Rng rng(static_cast<std::uint64_t>(seed));
+    auto now = Clock::now();
+    Attempts a(*p, rng, now);
+    std::set<std::uint32_t> tried{a.endpoint()};
+    // (A refused endpoint is ejected, so health alone keeps these apart; the tried set does too.)
+    while (a.on_connect_failure(UpstreamFailure::connect_refused, now += 1ms))
+      ASSERT_TRUE(tried.insert(a.endpoint()).second) << "endpoint " << a.endpoint() << " again";
+    EXPECT_EQ(tried.size(), 150u);
+    for (std::uint32_t i = 0; i < 150; ++i) EXPECT_EQ(a.failed().contains(i), i != a.endpoint()) << i;
+  }
+}
+
+TEST(RoutingAttempts, AResumeAvoidsEndpointsFrom64On) {
+  for (int seed = 0; seed < 50; ++seed) {
+    SCOPED_TRACE("seed " + std::to_string(seed));
+    const auto now = Clock::now();
+    Pool p(67);
+    eject_all_but(p, 3, now);
+    Rng rng(static_cast<std::uint64_t>(seed));
+    Attempts a(*p, rng, now, {}, set_of({64, 66}));
+    ASSERT_FALSE(a.unavailable());
+    EXPECT_EQ(a.endpoint(), 65u);
+    // It refuses: the others are avoided (64, 66) or ejected (0..63): an ejected one, never an avoided one.
+    if (a.on_connect_failure(UpstreamFailure::connect_refused, now)) {
+      EXPECT_LT(a.endpoint(), 64u);
+    }
+  }
+}
+
+TEST(RoutingPool, PickExcludingHonoursEveryIndex) {
+  for (int seed = 0; seed < 50; ++seed) {
+    const auto now = Clock::now();
+    Pool p(200);
+    eject_all_but(p, 3, now);  // 197, 198, 199 available
+    Rng rng(static_cast<std::uint64_t>(seed));
+    EXPECT_EQ(p->pick_excluding(now, rng, set_of({197, 199})), 198u);
+    EXPECT_EQ(p->pick(now, rng, 198) == 198u, false);
+    // Every available one excluded: one of them all the same (a 503 may pass next time)...
+    EXPECT_GE(p->pick_excluding(now, rng, set_of({197, 198, 199})), 197u);
+    // ...but never one in `never`.
+    EXPECT_EQ(p->pick_excluding(now, rng, set_of({197, 198, 199}), {}, set_of({197, 198})), 199u);
+  }
 }
 
 }  // namespace

@@ -1,0 +1,71 @@
+"""Defects found in stop 46's black-box rounds: routing on large pools, the access log's attempts, the admin
+listener's 405s, the request duration of requests without a model."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from conftest import free_port, wait_until
+from test_defect_fixes import RawUpstream
+
+MSG = [{"role": "user", "content": "hi"}]
+ADMIN_TOKEN = "admin-token-stop46-0123456789"
+
+
+def _answer(status: int) -> bytes:
+    if status == 200:
+        body = (b'{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+                b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
+                b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    body = b'{"error":{"message":"busy","type":"server_error"}}'
+    return (b"HTTP/1.1 %d Busy\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, len(body), body))
+
+
+def _chat(w, rid: str, model: str = "m") -> httpx.Response:
+    return httpx.post(w.v1 + "/chat/completions", json={"model": model, "messages": MSG},
+                      headers={"x-request-id": rid}, timeout=30)
+
+
+@pytest.fixture
+def raw_upstreams():
+    made = []
+
+    def make(status: int) -> RawUpstream:
+        up = RawUpstream(lambda h, b: _answer(status))
+        made.append(up)
+        return up
+
+    yield make
+    for up in made:
+        up.close()
+
+
+# DEFECT: the endpoints a request had tried, and those a resume or a held stream's retry must avoid, were
+# 64-bit masks (bit i = endpoint i): in a pool of more than 64 endpoints a retry could go back to an endpoint
+# from 64 on that the same request had already tried (docs/routing.md: "never an endpoint already tried"),
+# and a held stream on one of them was not retried on its pool at all. Here the first 64 endpoints refuse
+# (and are ejected), so every request lands on endpoints 64, 65 and 66, each answering 503: its three
+# attempts must take one each. (The old build went back to its first endpoint on about half of them.)
+def test_a_retry_never_goes_back_to_an_endpoint_from_64_on(weir, raw_upstreams):
+    dead = free_port()  # nothing listens: each connect is refused and ejects the endpoint
+    live = [raw_upstreams(503).url for _ in range(3)]
+    endpoints = [f"http://127.0.0.1:{dead}/v1?i={i}" for i in range(64)] + live
+    w = weir(config={"pools": {"p": {"endpoints": endpoints, "eject_for": "60s",
+                                     "retry": {"attempts": 3, "backoff": "0ms", "max_backoff": "1ms",
+                                               "min_concurrent": 100},
+                                     "outlier": {"consecutive_failures": 0}}},
+                     "models": {"m": {"pool": "p"}}}, workers=1)
+    # Warm-up: connect failover walks through the refusing endpoints until all 64 are ejected.
+    for i in range(200):
+        assert _chat(w, f"warm-{i}").status_code in (502, 503)
+        if w.metric("weir_upstream_available_endpoints", pool="p") == 3:
+            break
+    assert w.metric("weir_upstream_available_endpoints", pool="p") == 3
+    for i in range(16):
+        rid = f"retry-{i}"
+        assert _chat(w, rid).status_code == 503
+        line = w.log_for(rid)
+        tried = [a["endpoint"] for a in line["attempts"]]
+        assert len(tried) == 3 and set(tried) == set(live), line
