@@ -59,6 +59,7 @@ void RequestContext::reset() {
   first_token_by = {};
   if (cutoff_watch) cutoff_watch->disarm();
   attempt_count = 0;
+  attempts_dropped = 0;
   attempt_since = {};
   if (extras) {
     extras->responses_echo.clear();

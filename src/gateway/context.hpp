@@ -186,11 +186,22 @@ struct RequestContext {
     std::uint32_t us = 0;  // request sent (or connect started) → outcome, µs
     bool resume = false;   // a resume's attempt: it continued a stream that broke (pools.X.resume)
   };
+  // At most kMaxAttemptRecords are kept (fixed size: recording allocates
+  // nothing): the first ones, and in the last slot always the latest, the
+  // one whose answer the client got (or whose failure it got); those
+  // between are counted in attempts_dropped. (A request may take more:
+  // retry.attempts per pool, each fallback's pool, and a connect failover
+  // to every endpoint of a pool.)
   static constexpr std::size_t kMaxAttemptRecords = 8;
   std::array<AttemptRecord, kMaxAttemptRecords> attempt_log{};
   std::uint8_t attempt_count = 0;
+  std::uint32_t attempts_dropped = 0;  // attempts left out of attempt_log (between its last two)
   void record_attempt(const AttemptRecord& a) {
-    if (attempt_count >= kMaxAttemptRecords) return;
+    if (attempt_count == kMaxAttemptRecords) {
+      // Full: the latest takes the last slot; the one it held is dropped.
+      --attempt_count;
+      ++attempts_dropped;
+    }
     if (trace_sampled()) {
       trace->attempt_ids[attempt_count] = trace->attempt_span;
       trace->attempt_end[attempt_count] = core::now();

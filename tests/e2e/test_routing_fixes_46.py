@@ -69,3 +69,33 @@ def test_a_retry_never_goes_back_to_an_endpoint_from_64_on(weir, raw_upstreams):
         line = w.log_for(rid)
         tried = [a["endpoint"] for a in line["attempts"]]
         assert len(tried) == 3 and set(tried) == set(live), line
+
+
+# DEFECT: the access log's `attempts` stopped at 8 entries: later attempts were dropped, the one that
+# answered too (the line's own `endpoint` was not the last one listed), and nothing said so, though the
+# README said the log lists every attempt. Now the first 7 and the last are listed, with
+# "attempts_dropped" counting those between.
+def test_the_attempts_list_keeps_the_answering_attempt_and_counts_those_left_out(weir, raw_upstreams):
+    busy, good = raw_upstreams(503), raw_upstreams(200)
+    w = weir(config={"pools": {"busy": {"endpoints": [busy.url], "outlier": {"consecutive_failures": 0},
+                                        "retry": {"attempts": 10, "backoff": "0ms", "max_backoff": "1ms",
+                                                  "min_concurrent": 100}},
+                               "busy3": {"endpoints": [busy.url], "outlier": {"consecutive_failures": 0},
+                                         "retry": {"attempts": 3, "backoff": "0ms", "max_backoff": "1ms",
+                                                   "min_concurrent": 100}},
+                               "good": {"endpoints": [good.url]}},
+                     "models": {"m": {"pool": "busy", "fallbacks": [{"pool": "good"}]},
+                                "m3": {"pool": "busy3", "fallbacks": [{"pool": "good"}]}}}, workers=1)
+    r = _chat(w, "many")
+    assert r.status_code == 200, r.text
+    line = w.log_for("many")
+    assert line["retries"] == 10, line
+    attempts = line["attempts"]
+    assert len(attempts) == 8, line
+    assert [a["status"] for a in attempts] == [503] * 7 + [200], line
+    assert attempts[-1]["pool"] == "good" and attempts[-1]["endpoint"] == line["endpoint"], line
+    assert line["attempts_dropped"] == 3, line
+    # A request whose attempts fit has no such field.
+    assert _chat(w, "few", model="m3").status_code == 200
+    few = w.log_for("few")
+    assert [a["status"] for a in few["attempts"]] == [503, 503, 503, 200] and "attempts_dropped" not in few, few

@@ -356,7 +356,8 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     w.put(ctx.coalesced ? R"(,"coalesced":true})"sv : R"(,"coalesced":false})"sv);
   }
   if (ctx.attempt_count > 1) {
-    // Every attempt, in order, when there was more than one (docs/reliability.md).
+    // Every attempt, in order, when there was more than one (docs/reliability.md); past
+    // kMaxAttemptRecords the first ones and the last, with how many between were left out.
     w.put(R"(,"attempts":[)"sv);
     for (std::size_t i = 0; i < ctx.attempt_count; ++i) {
       const auto& a = ctx.attempt_log[i];
@@ -384,6 +385,10 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
       w.put("}"sv);
     }
     w.put("]"sv);
+    if (ctx.attempts_dropped) {
+      w.put(R"(,"attempts_dropped":)"sv);
+      w.put_uint(ctx.attempts_dropped);
+    }
   }
   if (ctx.has_usage) {
     w.put(R"(,"prompt_tokens":)"sv);

@@ -180,7 +180,9 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
     if (t.attempt_ids[i].valid()) c->id = t.attempt_ids[i];  // the span id the upstream was sent
     c->status = a.status;
     c->failure = a.failure == http::UpstreamFailure::none ? std::string_view() : http::to_string(a.failure);
-    c->resend = static_cast<std::uint8_t>(i);
+    // (The last kept attempt follows those attempt_log left out.)
+    const std::size_t before = i + 1 == ctx.attempt_count ? i + ctx.attempts_dropped : i;
+    c->resend = static_cast<std::uint8_t>(std::min<std::size_t>(before, 255));
     if (a.pool >= 0 && static_cast<std::size_t>(a.pool) < cfg.pools.size()) {
       const auto& pool = cfg.pools[static_cast<std::size_t>(a.pool)];
       c->pool.assign(pool.name);

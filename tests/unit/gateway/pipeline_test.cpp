@@ -79,6 +79,23 @@ void run(FakePhases& p) {
   io.run();
 }
 
+TEST(RequestContextAttempts, PastTheRecordsTheFirstOnesAndTheLatestAreKept) {
+  RequestContext ctx;
+  for (std::int16_t i = 0; i < 12; ++i) ctx.record_attempt({.pool = 0, .endpoint = i, .status = 503});
+  ASSERT_EQ(ctx.attempt_count, RequestContext::kMaxAttemptRecords);
+  for (std::size_t i = 0; i + 1 < RequestContext::kMaxAttemptRecords; ++i)
+    EXPECT_EQ(ctx.attempt_log[i].endpoint, static_cast<std::int16_t>(i));
+  EXPECT_EQ(ctx.attempt_log[RequestContext::kMaxAttemptRecords - 1].endpoint, 11);  // the latest, not the 8th
+  EXPECT_EQ(ctx.attempts_dropped, 4u);
+  // A failure after the head is the latest attempt's.
+  ctx.attempt_failed_after_head(http::UpstreamFailure::reset);
+  EXPECT_EQ(ctx.attempt_log[RequestContext::kMaxAttemptRecords - 1].failure, http::UpstreamFailure::reset);
+  EXPECT_EQ(ctx.attempt_log[RequestContext::kMaxAttemptRecords - 2].failure, http::UpstreamFailure::none);
+  ctx.reset();
+  EXPECT_EQ(ctx.attempt_count, 0u);
+  EXPECT_EQ(ctx.attempts_dropped, 0u);
+}
+
 TEST(Pipeline, PhasesRunInOrderAndLogAlwaysRunsOnce) {
   FakePhases p;
   run(p);
