@@ -400,16 +400,19 @@ std::optional<AdminResponse> AdminServer::console_file(const AdminRequest& r) co
     a.headers.emplace_back("Location", std::string(to));
     return a;
   };
-  if (path == "/") {
-    if (!get) return std::nullopt;  // the router's 401/404 (nothing else lives at /)
-    return redirect(302, "/console/");
-  }
-  if (path != "/console" && !path.starts_with("/console/")) return std::nullopt;
+  // `/` (the redirect to the console) and the console's files need no
+  // token, for any method: a method they do not take is a 405 (RFC 9110
+  // §15.5.6), not the token check's 401 nor an unknown path's 404.
+  if (path != "/" && path != "/console" && !path.starts_with("/console/")) return std::nullopt;
   if (!get) {
-    AdminResponse a{405, "Method not allowed: the console's files answer GET and HEAD.\n", "text/plain; charset=utf-8"};
+    AdminResponse a{405,
+                    path == "/" ? "Method not allowed: / answers GET and HEAD (a redirect to the console).\n"
+                                : "Method not allowed: the console's files answer GET and HEAD.\n",
+                    "text/plain; charset=utf-8"};
     a.headers.emplace_back("Allow", "GET, HEAD");
     return a;
   }
+  if (path == "/") return redirect(302, "/console/");
   if (path == "/console") return redirect(301, "/console/");
   const console::Asset* f = console::find(path);
   if (!f) return AdminResponse{404, "Not found.\n", "text/plain; charset=utf-8"};

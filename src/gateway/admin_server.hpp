@@ -200,7 +200,8 @@ class AdminServer {
   // The web console's files (docs/console.md): "/" redirects to /console/,
   // /console/... answers from console::assets() with an ETag (304 when
   // If-None-Match matches). No token: they hold no data; the console asks
-  // for the token and sends it with every API call. Null for other paths.
+  // for the token and sends it with every API call. A method other than
+  // GET or HEAD on them is a 405 (Allow: GET, HEAD). Null for other paths.
   std::optional<AdminResponse> console_file(const AdminRequest& r) const;
 
   boost::json::object usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const;
