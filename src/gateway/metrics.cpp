@@ -257,12 +257,16 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
 
   auto hist = [&](const char* name, const char* help, const PerModel& hs) {
     w.header(name, "histogram", help);
-    // Configured models even at 0; models no longer configured, and "*", once used ("": never).
+    // Configured models even at 0; models no longer configured, "*" and "" once used. "" holds
+    // the requests without a model (answered before one was known: a refused credential, an
+    // unknown path, a body that is not JSON; or a route without one, GET /version), under the
+    // same label weir_requests_total counts them: every request it counts has a duration.
     for (std::size_t m = 0; m < hs.models.size() && m < L.models.size(); ++m) {
       if (hs.models[m].count() == 0 && !L.model_current[m]) continue;
       w.histogram(name, fmt::format("model=\"{}\"", L.models[m]), hs.models[m]);
     }
     if (hs.fixed[0].count() != 0) w.histogram(name, "model=\"*\"", hs.fixed[0]);
+    if (hs.fixed[1].count() != 0) w.histogram(name, "model=\"\"", hs.fixed[1]);
   };
   hist("weir_time_to_first_token_seconds",
        "Time from the request's arrival to the first SSE event with data sent to the client.", ttft_);

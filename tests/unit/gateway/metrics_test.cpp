@@ -87,6 +87,25 @@ TEST(GatewayMetricsShard, CountRequestSlotsByRouteModelAndStatus) {
   EXPECT_NE(t.find("# TYPE weir_requests_total counter\n"), std::string::npos);
 }
 
+TEST(GatewayMetricsShard, RequestsWithoutAModelHaveADurationSeriesOnceThereIsOne) {
+  const auto cfg = config();
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
+  EXPECT_EQ(sample(render(m), "weir_request_duration_seconds_count", "model=\"\""), -1);  // none yet
+  // A 401 or a 404 before the model was known: counted under model="", and its duration too.
+  m.count_request(RouteKind::other, m.no_model(), 404);
+  m.duration(m.no_model()).observe_us(1500);
+  m.count_request(RouteKind::chat_completions, 0, 200);
+  m.duration(0).observe_us(20000);
+  const auto t = render(m);
+  EXPECT_EQ(sample(t, "weir_requests_total", req_labels("other", "", "404")), 1);
+  EXPECT_EQ(sample(t, "weir_request_duration_seconds_count", "model=\"\""), 1);
+  EXPECT_EQ(sample(t, "weir_request_duration_seconds_bucket", "model=\"\",le=\"+Inf\""), 1);
+  EXPECT_EQ(sample(t, "weir_request_duration_seconds_count", "model=\"llama\""), 1);
+  // The families no model-less request reaches stay without the series.
+  EXPECT_EQ(sample(t, "weir_upstream_seconds_count", "model=\"\""), -1);
+  EXPECT_EQ(sample(t, "weir_time_to_first_token_seconds_count", "model=\"\""), -1);
+}
+
 TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
   const auto cfg = config();
   MetricsShard m(MetricLabels::build(cfg, nullptr));
