@@ -21,6 +21,19 @@ bool is_json_text(std::string_view text) {
   return !ec;
 }
 
+ToolArguments classify_arguments(std::string_view text) {
+  if (text.find_first_not_of(" \t\r\n") == std::string_view::npos) return ToolArguments::none;
+  alignas(16) unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  json::parse_options opt;
+  opt.max_depth = 10000;
+  boost::system::error_code ec;
+  const json::value v = parse_upstream_json(text, ec, &mr, opt);
+  if (ec) return ToolArguments::invalid;
+  if (v.is_null()) return ToolArguments::none;
+  return v.is_object() ? ToolArguments::object : ToolArguments::other;
+}
+
 void ToolCallStream::reset(std::size_t held_limit) {
   calls_.clear();
   held_bytes_ = 0;
@@ -58,18 +71,27 @@ std::size_t ToolCallStream::first_held() const {
 }
 
 bool ToolCallStream::hold(std::size_t i, std::string_view name, std::string_view arguments) {
+  Call& c = calls_[i];
+  if (!is_name_piece(c.name, name)) name = {};
   const std::size_t n = name.size() + arguments.size();
   if (held_bytes_ + n > held_limit_) return false;
   held_bytes_ += n;
-  calls_[i].name.append(name);
-  calls_[i].arguments.append(arguments);
+  c.name.append(name);
+  c.arguments.append(arguments);
   return true;
+}
+
+bool ToolCallStream::start_ready(std::size_t i, bool name_piece) const {
+  const Call& c = calls_[i];
+  return !name_piece && !c.name.empty() && c.arguments.find_first_not_of(" \t\r\n") != std::string::npos;
 }
 
 std::string ToolCallStream::release(std::size_t i) {
   Call& c = calls_[i];
   held_bytes_ -= std::min(held_bytes_, c.name.size() + c.arguments.size());
-  return std::move(c.arguments);
+  std::string args = std::move(c.arguments);
+  c.arguments.clear();  // (a moved-from string is valid but unspecified)
+  return args;
 }
 
 }  // namespace weir::api

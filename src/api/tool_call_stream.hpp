@@ -21,6 +21,22 @@ namespace weir::api {
 // surrogate escape is accepted (as parse_upstream_json reads it).
 bool is_json_text(std::string_view text);
 
+// What a tool call's whole `function.arguments` text says: the one reading
+// both translators give, streamed and not (docs/protocols.md).
+enum class ToolArguments : std::uint8_t {
+  none,     // absent, "", whitespace only, or JSON null: no arguments (input {}; arguments "{}")
+  object,   // a JSON object: given as it is
+  other,    // JSON text that is no object ("[]", "1", "\"x\"", true): Messages {"_raw": text}; Responses as it is
+  invalid,  // no JSON text (cut, or garbled)
+};
+ToolArguments classify_arguments(std::string_view text);
+
+// The name rule of a call's deltas: a `function.name` that is not empty adds
+// to the name so far as a piece (OpenAI's chunks carry it whole, once; some
+// servers split it), unless it is the whole name so far again (servers that
+// repeat the name in every chunk of a call): then it adds nothing.
+inline bool is_name_piece(std::string_view so_far, std::string_view name) { return !name.empty() && name != so_far; }
+
 class ToolCallStream {
  public:
   enum class State : std::uint8_t { streaming, held, done };
@@ -29,7 +45,7 @@ class ToolCallStream {
     std::string upstream_id;           // the entries' first non-empty `id` ("": none yet)
     State state = State::done;         // as the translator sets it (done until then)
     std::string id;                    // the client's id for the call (the translator's)
-    std::string name;                  // a held call's name so far
+    std::string name;                  // the call's name so far (whole once its start went out)
     std::string arguments;             // a held call's arguments so far
   };
   struct Route {
@@ -57,10 +73,19 @@ class ToolCallStream {
   std::size_t first_held() const;
   bool any_held() const { return first_held() < calls_.size(); }
 
-  // Adds `name` and `arguments` to held call `i`. Returns false when the
-  // held bytes would exceed the limit (nothing is added).
+  // Adds `name` (by is_name_piece()) and `arguments` to call `i`, held (an
+  // interleaved call, or the open call whose start is held: its name may
+  // still grow). Returns false when the held bytes would exceed the limit
+  // (nothing is added).
   bool hold(std::size_t i, std::string_view name, std::string_view arguments);
-  // Hands held call `i`'s arguments over (moved out) as it is released.
+  // The open call `i`'s start (the client's event that names it) can go out
+  // once a delta of it brought no piece of the name (`name_piece` false) after
+  // the name began and its arguments did (text other than whitespace): no
+  // server sends more name after that. Until then the start and the
+  // arguments are held (a name in pieces may come with the first arguments).
+  bool start_ready(std::size_t i, bool name_piece) const;
+  // Hands held call `i`'s arguments over (moved out) as it is released; its
+  // name stays.
   std::string release(std::size_t i);
 
  private:

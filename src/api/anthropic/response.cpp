@@ -10,6 +10,7 @@
 #include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/tool_call_stream.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
@@ -20,9 +21,11 @@ namespace json = boost::json;
 namespace {
 
 // The input of a tool_use block: the arguments JSON when it is an object
-// (integers beyond 64 bits kept as `wide`'s tokens).
+// (integers beyond 64 bits kept as `wide`'s tokens); {} for none (empty,
+// whitespace, JSON null); else {"_raw": text} (classify_arguments, as the
+// stream and Responses read them).
 json::value tool_input(std::string_view args, json::storage_ptr sp, WideIntegers& wide) {
-  if (args.empty()) return json::object(sp);
+  if (classify_arguments(args) == ToolArguments::none) return json::object(sp);
   boost::system::error_code ec;
   std::string storage;
   const std::string_view text = wide.protect(args, storage);

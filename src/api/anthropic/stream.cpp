@@ -57,45 +57,33 @@ void StreamTranslator::start(std::string_view id, std::string_view model, std::s
   out += "}}}\n\n";
 }
 
-void StreamTranslator::open(Block kind, std::string& out, std::string_view tool_id, std::string_view tool_name) {
+void StreamTranslator::open(Block kind, std::string& out) {
   open_ = kind;
   if (kind == Block::tool) {
-    tool_id_.assign(tool_id);
-    tool_name_.assign(tool_name);
+    // (the call is calls_[tool_call_]; its start waits for its whole name: start_tool())
     tool_start_pending_ = true;
     return;
   }
   begin_event(out, "content_block_start");
   fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_start","index":{},"content_block":)", next_index_);
-  switch (kind) {
-    case Block::text:
-      out += R"({"type":"text","text":""}})";
-      break;
-    case Block::thinking:
-      out += R"({"type":"thinking","thinking":"","signature":""}})";
-      break;
-    default:
-      out += R"({"type":"tool_use","id":)";
-      core::append_json_string(out, tool_id);
-      out += R"(,"name":)";
-      core::append_json_string(out, tool_name);
-      out += R"(,"input":{}}})";
-      break;
-  }
+  out += kind == Block::text ? R"({"type":"text","text":""}})" : R"({"type":"thinking","thinking":"","signature":""}})";
   out += "\n\n";
 }
 
 void StreamTranslator::start_tool(std::string& out) {
   if (!tool_start_pending_) return;
   tool_start_pending_ = false;
+  const ToolCallStream::Call& c = calls_[tool_call_];
   begin_event(out, "content_block_start");
   fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_start","index":{},"content_block":)", next_index_);
   out += R"({"type":"tool_use","id":)";
-  core::append_json_string(out, tool_id_);
+  core::append_json_string(out, c.id);
   out += R"(,"name":)";
-  core::append_json_string(out, tool_name_);
+  core::append_json_string(out, c.name);
   out += R"(,"input":{}}})";
   out += "\n\n";
+  const std::string args = calls_.release(tool_call_);  // (what came with the name: held till now)
+  tool_arguments(args, out);
 }
 
 void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
@@ -106,7 +94,6 @@ void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
   if (tool_args_ == ToolArgs::none) {
     const std::size_t first = args.find_first_not_of(" \t\r\n");
     if (first == std::string_view::npos) return;  // (whitespace before the value: nothing yet)
-    start_tool(out);
     tool_args_ = args[first] == '{' ? ToolArgs::object : ToolArgs::raw;
     if (tool_args_ == ToolArgs::object) args.remove_prefix(first);
   }
@@ -122,23 +109,28 @@ void StreamTranslator::close(std::string& out) {
   if (open_ == Block::none) return;
   if (open_ == Block::tool) {
     start_tool(out);
+    const ToolCallStream::Call& c = calls_[tool_call_];
     calls_[tool_call_].state = ToolCallStream::State::done;
-    // Arguments that are no JSON text (cut, or garbled) are nothing the model can have meant: the client
-    // must not run the call, so the stream fails, unless finish_reason "length" says it was cut (stop_reason
-    // max_tokens). (Text already streamed as input_json_delta cannot be taken back or wrapped as _raw.)
-    if (tool_args_ != ToolArgs::none && !truncated_ &&
-        !is_json_text(tool_args_ == ToolArgs::object ? std::string_view(tool_text_) : std::string_view(tool_raw_))) {
+    // The arguments read as classify_arguments() says, as unstreamed (response.cpp) and for Responses:
+    // none (whitespace, null) is input {}; JSON that is no object is {"_raw": text}. Arguments that are no
+    // JSON text (cut, or garbled) are nothing the model can have meant: the client must not run the call, so
+    // the stream fails, unless finish_reason "length" says it was cut (stop_reason max_tokens). (Text already
+    // streamed as input_json_delta cannot be taken back or wrapped as _raw.)
+    const ToolArguments args = tool_args_ == ToolArgs::none
+                                   ? ToolArguments::none
+                                   : classify_arguments(tool_args_ == ToolArgs::object ? std::string_view(tool_text_)
+                                                                                       : std::string_view(tool_raw_));
+    if (args == ToolArguments::invalid && !truncated_) {
       open_ = Block::none;
-      return fail(
-          502, fmt::format("The upstream's arguments of tool call {} ({}) are not valid JSON.", tool_id_, tool_name_),
-          out);
+      return fail(502, fmt::format("The upstream's arguments of tool call {} ({}) are not valid JSON.", c.id, c.name),
+                  out);
     }
-  }
-  if (open_ == Block::tool && tool_args_ == ToolArgs::raw) {
-    scratch_.assign(R"({"_raw":)");
-    core::append_json_string(scratch_, tool_raw_);
-    scratch_ += '}';
-    delta("input_json_delta", "partial_json", scratch_, out);
+    if (tool_args_ == ToolArgs::raw && args != ToolArguments::none) {
+      scratch_.assign(R"({"_raw":)");
+      core::append_json_string(scratch_, tool_raw_);
+      scratch_ += '}';
+      delta("input_json_delta", "partial_json", scratch_, out);
+    }
   }
   tool_args_ = ToolArgs::none;
   tool_raw_.clear();
@@ -157,11 +149,9 @@ bool StreamTranslator::close_all(std::string& out) {
   for (std::size_t i = calls_.first_held(); !ended_ && i < calls_.size(); i = calls_.first_held()) {
     ToolCallStream::Call& c = calls_[i];
     c.state = ToolCallStream::State::streaming;
-    open(Block::tool, out, c.id, c.name);
     tool_call_ = i;
-    const std::string args = calls_.release(i);
-    tool_arguments(args, out);
-    close(out);
+    open(Block::tool, out);
+    close(out);  // (the start, its arguments, the stop)
   }
   return !ended_;
 }
@@ -293,8 +283,8 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               if (open_ != Block::tool && !calls_.any_held()) {
                 close(out);
                 c.state = ToolCallStream::State::streaming;
-                open(Block::tool, out, c.id, name);
                 tool_call_ = r.call;
+                open(Block::tool, out);
               } else {
                 // Another call streams: this one is held, given whole when the tool calls end (a client
                 // must never see a call end before it is complete).
@@ -307,11 +297,22 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
             } else if (c.state == ToolCallStream::State::held) {
               if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
               continue;
-            } else if (tool_start_pending_) {
-              // A name in pieces, or after the call's first delta: the chat stream's strings add up.
-              tool_name_.append(name);
             }
-            if (!args.empty()) tool_arguments(args, out);
+            if (tool_start_pending_) {
+              // Anthropic names the call once, in content_block_start: it waits (with the arguments so far)
+              // until the name is whole (ToolCallStream::start_ready), or the block closes.
+              const bool piece = is_name_piece(c.name, name);
+              if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
+              if (calls_.start_ready(r.call, piece)) start_tool(out);
+            } else if (is_name_piece(c.name, name)) {
+              return fail(502,
+                          fmt::format("The upstream sent more of the name of tool call {} ({}) after its arguments "
+                                      "began.",
+                                      c.id, c.name),
+                          out);
+            } else if (!args.empty()) {
+              tool_arguments(args, out);
+            }
           }
       }
       if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {

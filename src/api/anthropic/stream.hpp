@@ -1,11 +1,13 @@
 // OpenAI/vLLM chat-completion chunks → Anthropic Messages streaming events
 // (Anthropic API reference: "Streaming Messages"): message_start, then per
 // content block content_block_start / content_block_delta (text_delta,
-// thinking_delta, input_json_delta: arguments that are no JSON object are
-// given at the block's end as {"_raw": text}) / content_block_stop with dense
+// thinking_delta, input_json_delta: arguments read by classify_arguments,
+// none ({}) gives no delta, JSON that is no object is given at the block's
+// end as {"_raw": text}) / content_block_stop with dense
 // indices 0, 1, 2…, then one message_delta (stop_reason, usage) and one
 // message_stop. Each event is `event: <type>\ndata: <json>\n\n`.
-// Parallel tool calls whose deltas interleave: the first streams, the others
+// A tool_use block's start waits until its name is whole
+// (ToolCallStream::start_ready). Parallel tool calls whose deltas interleave: the first streams, the others
 // are held (ToolCallStream, up to `held_limit` bytes) and given whole, in
 // order, when the tool calls end. A call whose arguments are no JSON text
 // when it ends fails the stream (an error event), unless finish_reason was
@@ -59,12 +61,13 @@ class StreamTranslator {
   enum class Block : std::uint8_t { none, text, thinking, tool };
 
   void start(std::string_view id, std::string_view model, std::string& out);
-  void open(Block kind, std::string& out, std::string_view tool_id = {}, std::string_view tool_name = {});
+  void open(Block kind, std::string& out);  // a tool_use block: the call calls_[tool_call_]
   void close(std::string& out);
   // Closes the open block and gives every held tool call (each start, its
   // arguments, stop); false when the stream failed doing so.
   bool close_all(std::string& out);
-  void start_tool(std::string& out);  // the held content_block_start of the open tool_use block, if not sent
+  // The held content_block_start of the open tool_use block, if not sent, and the arguments held with it.
+  void start_tool(std::string& out);
   void tool_arguments(std::string_view args, std::string& out);
   void delta(std::string_view type, std::string_view field, std::string_view text, std::string& out);
   void terminate(std::string& out);
@@ -87,11 +90,9 @@ class StreamTranslator {
   enum class ToolArgs : std::uint8_t { none, object, raw };
   ToolArgs tool_args_ = ToolArgs::none;
   std::string tool_raw_;
-  // A tool_use block's start is held until its arguments begin (or it closes): its name may come in pieces,
-  // and Anthropic's grammar says it once, in content_block_start.
+  // A tool_use block's start is held until its name is whole (ToolCallStream::start_ready, or the block
+  // closes): the name may come in pieces, and Anthropic's grammar says it once, in content_block_start.
   bool tool_start_pending_ = false;
-  std::string tool_id_;
-  std::string tool_name_;
   bool refused_ = false;  // the upstream's text was a refusal (delta.refusal): stop_reason "refusal"
   std::string msg_id_;    // "msg_…"
   std::string stop_reason_;

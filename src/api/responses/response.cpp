@@ -13,6 +13,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/tool_call_stream.hpp"
 #include "core/error.hpp"
 #include "core/json_text.hpp"
 
@@ -200,7 +201,9 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
       }
       it.name = string_at(fn->get_object(), "name");
       it.text = string_at(fn->get_object(), "arguments");
-      if (it.text.empty()) it.text = "{}";  // (as OpenAI gives a call without arguments)
+      // No arguments (none, whitespace, JSON null: classify_arguments, as the stream and Messages read them):
+      // "{}", as OpenAI gives a call without arguments.
+      if (classify_arguments(it.text) == ToolArguments::none) it.text = "{}";
       ++n;
     }
   }

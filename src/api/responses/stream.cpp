@@ -156,14 +156,44 @@ void StreamTranslator::delta(std::string_view text, std::string& out) {
   out += kEnd;
 }
 
+void StreamTranslator::start_call(std::string& out) {
+  if (!call_pending_) return;
+  call_pending_ = false;
+  ToolCallStream::Call& c = calls_[tool_call_];
+  open(OutputItem::Kind::function_call, out, c.id, c.name);
+  c.id = items_.back().call_id;
+  const std::string args = calls_.release(tool_call_);  // (what came with the name: held till now)
+  tool_arguments(args, out);
+}
+
+void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
+  // As for Anthropic: arguments that begin with `{` stream as they come (whitespace before them left out);
+  // any other text is held to the item's end, where classify_arguments() reads it whole.
+  if (tool_args_ == ToolArgs::none) {
+    const std::size_t first = args.find_first_not_of(" \t\r\n");
+    if (first == std::string_view::npos) return;  // (whitespace before the value: nothing yet)
+    tool_args_ = args[first] == '{' ? ToolArgs::object : ToolArgs::raw;
+    if (tool_args_ == ToolArgs::object) args.remove_prefix(first);
+  }
+  if (tool_args_ == ToolArgs::raw)
+    tool_raw_.append(args);
+  else if (!args.empty())
+    delta(args, out);
+}
+
 void StreamTranslator::close(std::string& out) {
+  start_call(out);
   if (!open_) return;
   OutputItem& it = items_.back();
   if (it.kind == OutputItem::Kind::function_call) {
     calls_[tool_call_].state = ToolCallStream::State::done;
+    // Held text other than an object: as it is, unless it says no arguments (JSON null: "{}" below).
+    if (tool_args_ == ToolArgs::raw && classify_arguments(tool_raw_) != ToolArguments::none) delta(tool_raw_, out);
+    tool_args_ = ToolArgs::none;
+    tool_raw_.clear();
     // Arguments that are no JSON text (cut, or garbled) are nothing the model can have meant: the client
     // must not run the call, so the response fails, unless finish_reason "length" made it incomplete.
-    if (!it.text.empty() && !truncated_ && !is_json_text(it.text)) {
+    if (!it.text.empty() && !truncated_ && classify_arguments(it.text) == ToolArguments::invalid) {
       open_ = false;
       return fail(
           502,
@@ -230,13 +260,10 @@ void StreamTranslator::close(std::string& out) {
 bool StreamTranslator::close_all(std::string& out) {
   close(out);
   for (std::size_t i = calls_.first_held(); !ended_ && i < calls_.size(); i = calls_.first_held()) {
-    ToolCallStream::Call& c = calls_[i];
-    c.state = ToolCallStream::State::streaming;
+    calls_[i].state = ToolCallStream::State::streaming;
     tool_call_ = i;
-    open(OutputItem::Kind::function_call, out, c.id, c.name);
-    const std::string args = calls_.release(i);
-    if (!args.empty()) delta(args, out);
-    close(out);
+    call_pending_ = true;
+    close(out);  // (added, its arguments, done)
   }
   return !ended_;
 }
@@ -353,7 +380,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
             if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
             const std::string_view name = fn ? string_at(*fn, "name") : std::string_view{};
             const std::string_view args = fn ? string_at(*fn, "arguments") : std::string_view{};
-            const bool in_call = open_ && items_.back().kind == OutputItem::Kind::function_call;
+            const bool in_call = in_function_call();
             const auto r = calls_.route(call, in_call || calls_.any_held());
             ToolCallStream::Call& c = calls_[r.call];
             if (r.began) {
@@ -363,12 +390,11 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
                   calls_[tool_call_].upstream_index == c.upstream_index)
                 close(out);
               if (ended_) return;
-              if (!(open_ && items_.back().kind == OutputItem::Kind::function_call) && !calls_.any_held()) {
+              if (!in_function_call() && !calls_.any_held()) {
                 close(out);
                 c.state = ToolCallStream::State::streaming;
                 tool_call_ = r.call;
-                open(OutputItem::Kind::function_call, out, c.id, name);
-                c.id = items_.back().call_id;
+                call_pending_ = true;  // (its item is added once its name is whole)
               } else {
                 // Another call streams: this one is held, given whole when the calls end (a client must
                 // never see a call done before it is complete).
@@ -381,12 +407,22 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
             } else if (c.state == ToolCallStream::State::held) {
               if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
               continue;
-            } else {
-              // A name that comes in pieces (or after the call's first delta): the chat stream's string
-              // fields add up (the openai SDK joins them); its .done events and item carry it whole.
-              items_.back().name.append(name);
             }
-            if (!args.empty()) delta(args, out);
+            if (call_pending_) {
+              // output_item.added names the call, as OpenAI's does, whole: it waits (with the arguments so
+              // far) until the name is whole (ToolCallStream::start_ready), or the item closes.
+              const bool piece = is_name_piece(c.name, name);
+              if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
+              if (calls_.start_ready(r.call, piece)) start_call(out);
+            } else if (is_name_piece(c.name, name)) {
+              return fail(502,
+                          fmt::format("The upstream sent more of the name of tool call {} ({}) after its arguments "
+                                      "began.",
+                                      c.id, c.name),
+                          out);
+            } else {
+              tool_arguments(args, out);
+            }
           }
       }
       if (const std::string_view finish = string_at(choice, "finish_reason"); !finish.empty()) {

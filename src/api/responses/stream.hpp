@@ -7,7 +7,10 @@
 // response.incomplete or response.failed carrying the whole response.
 // Each event is `event: <type>\ndata: <json>\n\n`, with `sequence_number`
 // 0, 1, 2… in `data`; there is no [DONE].
-// Parallel tool calls whose deltas interleave: the first streams, the others
+// A function_call item's output_item.added waits until its name is whole
+// (ToolCallStream::start_ready); its arguments are read as the Anthropic
+// translator reads them (classify_arguments). Parallel tool calls whose
+// deltas interleave: the first streams, the others
 // are held (ToolCallStream, up to `held_limit` bytes) and given whole, in
 // order, when the tool calls end. A call whose arguments are no JSON text
 // when it ends gives response.failed, unless finish_reason was "length"
@@ -68,6 +71,13 @@ class StreamTranslator {
   void start(std::string_view id, std::string_view model, std::int64_t created, std::string& out);
   void open(OutputItem::Kind kind, std::string& out, std::string_view call_id = {}, std::string_view name = {});
   void delta(std::string_view text, std::string& out);
+  // The held output_item.added of the open function call, if not sent, and the arguments held with it.
+  void start_call(std::string& out);
+  void tool_arguments(std::string_view args, std::string& out);  // a piece of the open call's arguments
+  // A function call is open: its item, or its call whose item waits for the whole name.
+  bool in_function_call() const {
+    return call_pending_ || (open_ && items_.back().kind == OutputItem::Kind::function_call);
+  }
   void close(std::string& out);
   // Closes the open item and gives every held function call (added, its
   // arguments, done); false when the stream failed doing so.
@@ -85,6 +95,14 @@ class StreamTranslator {
   bool truncated_ = false;     // the finish_reason was "length"
   ToolCallStream calls_;       // the response's function calls
   std::size_t tool_call_ = 0;  // calls_' position of the open function_call item's call
+  // The open call's output_item.added is held until its name is whole (ToolCallStream::start_ready, or the
+  // call closes): the name may come in pieces, and the added item names it.
+  bool call_pending_ = false;
+  // The open call's arguments: not begun yet, a JSON object (streamed as they come), or other text (held
+  // in tool_raw_ to the item's end).
+  enum class ToolArgs : std::uint8_t { none, object, raw };
+  ToolArgs tool_args_ = ToolArgs::none;
+  std::string tool_raw_;
   std::int64_t created_ = 0;
   std::string_view echo_;
   std::string_view fallback_id_;

@@ -279,6 +279,40 @@ TEST(AnthropicStream, InterleavedToolDeltasAreHeldAndGivenInOrder) {
   EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "tool_use");
 }
 
+TEST(AnthropicStream, AToolNameIsWholeInItsStartWhateverItsPieces) {
+  // The name's second piece with the arguments ("get_", "weather"): content_block_start waits for it; a name
+  // repeated whole in every chunk ("f", "f") is f; "null" and whitespace arguments are no arguments (input {}).
+  const auto out = run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"get_","arguments":"{\"a\":"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"weather","arguments":"1}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"name":"f","arguments":"{"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"n","function":{"name":"g","arguments":"null"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"w","function":{"name":"h","arguments":" "}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  });
+  const auto ev = events_of(out);
+  expect_grammar(ev);
+  const auto blocks = tool_blocks(ev);
+  ASSERT_EQ(blocks.size(), 4u);
+  EXPECT_EQ(blocks.at(0), (std::vector<std::string>{"a", "get_weather", R"({"a":1})"}));
+  EXPECT_EQ(blocks.at(1), (std::vector<std::string>{"b", "f", "{}"}));
+  EXPECT_EQ(blocks.at(2), (std::vector<std::string>{"n", "g", ""}));
+  EXPECT_EQ(blocks.at(3), (std::vector<std::string>{"w", "h", ""}));
+}
+
+TEST(AnthropicStream, ANamePieceAfterTheArgumentsStreamedFailsTheStream) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\"a\":"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"g","arguments":"1}"}}]}}]})",
+  }));
+  ASSERT_FALSE(ev.empty());
+  EXPECT_EQ(ev.back().type, "error");
+  EXPECT_EQ(tool_blocks(ev).at(0)[1], "f");
+}
+
 TEST(AnthropicStream, HeldToolCallsPastTheLimitFailTheStream) {
   StreamTranslator t;
   t.reset("req-1", 7);  // ("g" and {"x":1} are 8 bytes)

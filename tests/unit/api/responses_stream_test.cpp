@@ -344,6 +344,30 @@ std::vector<std::vector<std::string>> calls_of(const json::value& r) {
   return out;
 }
 
+TEST(ResponsesStream, AToolNameIsWholeInEveryEventWhateverItsPieces) {
+  // As for Anthropic: "get_" + "weather" with the arguments, "f" repeated, and arguments that say none
+  // ("null", whitespace) give "{}".
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"get_","arguments":"{\"a\":"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"weather","arguments":"1}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"b","function":{"name":"f","arguments":"{"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"}"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"n","function":{"name":"g","arguments":"null"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"w","function":{"name":"h","arguments":" "}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.completed");
+  EXPECT_EQ(calls_of(r),
+            (std::vector<std::vector<std::string>>{
+                {"a", "get_weather", R"({"a":1})"}, {"b", "f", "{}"}, {"n", "g", "{}"}, {"w", "h", "{}"}}));
+  std::vector<std::string> added;
+  for (const auto& e : ev)
+    if (e.type == "response.output_item.added") added.emplace_back(e.data.at("item").at("name").as_string());
+  EXPECT_EQ(added, (std::vector<std::string>{"get_weather", "f", "g", "h"}));
+}
+
 TEST(ResponsesStream, InterleavedToolDeltasAreHeldAndGivenInOrder) {
   const auto ev = events_of(run({
       R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"get_weather","arguments":""}}]}}]})",

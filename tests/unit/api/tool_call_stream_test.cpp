@@ -78,5 +78,47 @@ TEST(ToolCallStream, IsJsonText) {
   EXPECT_FALSE(is_json_text(""));
 }
 
+TEST(ToolCallStream, ClassifyArguments) {
+  for (std::string_view none : {"", " ", "\n\t ", "null", " null "})
+    EXPECT_EQ(classify_arguments(none), ToolArguments::none) << none;
+  EXPECT_EQ(classify_arguments(R"( {"a": 1} )"), ToolArguments::object);
+  for (std::string_view other : {"[]", "1", R"("x")", "true", " [1, 2] "})
+    EXPECT_EQ(classify_arguments(other), ToolArguments::other) << other;
+  for (std::string_view invalid : {R"({"a": )", "tru", "{}{}", "abc", "nul"})
+    EXPECT_EQ(classify_arguments(invalid), ToolArguments::invalid) << invalid;
+}
+
+TEST(ToolCallStream, ANameRepeatedWholeAddsNothingAndPiecesAddUp) {
+  EXPECT_FALSE(is_name_piece("f", "f"));
+  EXPECT_FALSE(is_name_piece("f", ""));
+  EXPECT_TRUE(is_name_piece("", "f"));
+  EXPECT_TRUE(is_name_piece("get_", "weather"));
+  ToolCallStream s;
+  s.reset(100);
+  route(s, R"({"index":0})");
+  s[0].state = ToolCallStream::State::streaming;
+  EXPECT_TRUE(s.hold(0, "f", "{\"a\":"));
+  EXPECT_TRUE(s.hold(0, "f", "1}"));  // (a repeat)
+  EXPECT_EQ(s[0].name, "f");
+  EXPECT_TRUE(s.hold(0, "g", ""));
+  EXPECT_EQ(s[0].name, "fg");
+}
+
+TEST(ToolCallStream, AStartIsReadyOnceADeltaBringsNoNamePieceAfterNameAndArguments) {
+  ToolCallStream s;
+  s.reset(100);
+  route(s, R"({"index":0})");
+  s[0].state = ToolCallStream::State::streaming;
+  EXPECT_FALSE(s.start_ready(0, false));  // no name yet
+  s.hold(0, "get_", " ");
+  EXPECT_FALSE(s.start_ready(0, true));   // the delta brought a piece: more may come
+  EXPECT_FALSE(s.start_ready(0, false));  // no arguments yet (whitespace only)
+  s.hold(0, "weather", "{");
+  EXPECT_FALSE(s.start_ready(0, true));
+  EXPECT_TRUE(s.start_ready(0, false));  // then a delta without a name piece
+  EXPECT_EQ(s.release(0), " {");
+  EXPECT_EQ(s[0].name, "get_weather");  // (the name stays)
+}
+
 }  // namespace
 }  // namespace weir::api
