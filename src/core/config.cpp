@@ -1,4 +1,7 @@
 #include "core/config.hpp"
+
+#include <sys/stat.h>
+
 #include "core/text.hpp"
 
 #include <charconv>
@@ -420,6 +423,10 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
 }
 
 ConfigResult<Config> load_config_file(const std::string& path) {
+  // (A pipe is read: `weir -c <(envsubst < weir.yaml)`. A directory opens, and reads as nothing.)
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode))
+    return tl::unexpected(ConfigError{.file = path, .message = "is a directory, not a configuration file"});
   std::ifstream in(path, std::ios::binary);
   if (!in) return tl::unexpected(ConfigError{.file = path, .message = "cannot open the file"});
   std::ostringstream ss;

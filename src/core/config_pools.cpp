@@ -21,6 +21,9 @@
 
 namespace weir::core {
 
+// The shortest health-probe or load-scrape interval: each is a request to every endpoint from every worker.
+constexpr std::chrono::milliseconds kMinProbeInterval{10};
+
 namespace {
 
 // One host however written (RFC 3986 §6.2.2): an IP literal by its address
@@ -258,6 +261,9 @@ ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, Po
         if (auto v = m[k]) {
           WEIR_TRY(ms, read_duration(v, mk + "." + k));
           if (ms.count() <= 0) return tl::unexpected(config_error(v, mk + "." + k, "must be positive"));
+          if (std::string_view(k) == "interval" && ms < kMinProbeInterval)
+            return tl::unexpected(config_error(
+                v, mk + "." + k, "must be at least 10ms (each is a request to every endpoint from every worker)"));
           *out = ms;
         }
       }
@@ -477,6 +483,9 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
       if (auto v = h[k]) {
         WEIR_TRY(ms, read_duration(v, hk + "." + k));
         if (ms.count() <= 0) return tl::unexpected(config_error(v, hk + "." + k, "must be positive"));
+        if (std::string_view(k) == "interval" && ms < kMinProbeInterval)
+          return tl::unexpected(config_error(
+              v, hk + "." + k, "must be at least 10ms (each is a request to every endpoint from every worker)"));
         *out = ms;
       }
     }

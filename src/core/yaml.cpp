@@ -237,6 +237,11 @@ ConfigResult<std::uint64_t> unique_keys_under(const YAML::Node& node, const std:
                                            "a mapping key must be a plain value (a name), not a list or mapping"));
       const std::string name = kv.first.IsScalar() ? kv.first.Scalar() : std::string();
       const std::string path = key.empty() ? name : key + "." + name;
+      // YAML 1.1's merge key, which yaml-cpp reads as a key named "<<" (a quoted "<<" is a name: tag "!").
+      if (name == "<<" && kv.first.Tag() != "!")
+        return tl::unexpected(config_error(kv.first, path,
+                                           "YAML merge keys (<<: *name) are not supported: write the keys out (an "
+                                           "alias, key: *name, repeats a whole value)"));
       const int line = kv.first.Mark().is_null() ? 0 : kv.first.Mark().line + 1;
       if (const auto [it, fresh] = seen.emplace(name, line); !fresh)
         return tl::unexpected(config_error(

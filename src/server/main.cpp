@@ -120,8 +120,9 @@ int main(int argc, char** argv) {
   app.add_option("-c,--config", config_path, "YAML configuration file");
   app.add_option("--listen", listen, "quick mode: listen address host:port (default 127.0.0.1:8080)");
   app.add_option("--upstream", upstream, "quick mode: send every model to this http:// server");
-  app.add_option("-w,--workers", workers, "worker threads (default: config, else one per core)")
-      ->check(CLI::Range(0u, 1024u));  // (as the file's `workers`: 0, one per core)
+  auto* workers_opt =
+      app.add_option("-w,--workers", workers, "worker threads, 0 = one per core (default: config, else one per core)")
+          ->check(CLI::Range(0u, 1024u));  // (as the file's `workers`: 0, one per core)
   app.add_option("--access-log", access_log, "access log: '-' (stdout), 'off', or a file path");
   app.add_flag("--reuse-port", reuse_port,
                "start even if another process listens on the address, and share it (SO_REUSEPORT), e.g. for a "
@@ -129,23 +130,34 @@ int main(int argc, char** argv) {
   app.add_flag("--check", check, "validate the configuration and exit");
   app.set_version_flag("--version",
                        fmt::format("weir {} ({})", weir::core::build_version(), weir::core::build_commit()));
+  // A value given empty (`--id ''`) is refused: taken as absent, it would widen a query to every request.
+  const CLI::Validator non_empty([](std::string& v) { return v.empty() ? std::string("must not be empty") : ""; },
+                                 "NON-EMPTY");
   RequestsArgs ra;
   auto* requests = app.add_subcommand(
       "requests", "print requests from the request-log store (request_log:) as JSON, newest first, and exit");
-  auto* db_opt = requests->add_option("--db", ra.db, "the SQLite file (request_log.url without sqlite:)");
+  auto* db_opt =
+      requests->add_option("--db", ra.db, "the SQLite file (request_log.url without sqlite:)")->check(non_empty);
   auto* url_opt =
-      requests->add_option("--url", ra.url, "the store as request_log.url names it: sqlite:PATH or postgres://...");
+      requests->add_option("--url", ra.url, "the store as request_log.url names it: sqlite:PATH or postgres://...")
+          ->check(non_empty);
   db_opt->excludes(url_opt);
-  requests->add_option("--since", ra.since, "RFC 3339 time or Unix seconds (inclusive)");
-  requests->add_option("--until", ra.until, "RFC 3339 time or Unix seconds (exclusive)");
-  requests->add_option("--tenant", ra.tenant, "tenant name");
-  requests->add_option("--key-id", ra.key_id, "API key id");
-  requests->add_option("--model", ra.model, "model as the client sent it");
-  requests->add_option("--status", ra.status, "HTTP status (429) or class (5xx)");
-  requests->add_option("--limit", ra.limit, "rows, 1..1000 (default 50)");
-  requests->add_option("--cursor", ra.cursor, "next_cursor of the previous page");
-  requests->add_option("--id", ra.id, "one request by its request id");
-  CLI11_PARSE(app, argc, argv);
+  requests->add_option("--since", ra.since, "RFC 3339 time or Unix seconds (inclusive)")->check(non_empty);
+  requests->add_option("--until", ra.until, "RFC 3339 time or Unix seconds (exclusive)")->check(non_empty);
+  requests->add_option("--tenant", ra.tenant, "tenant name")->check(non_empty);
+  requests->add_option("--key-id", ra.key_id, "API key id")->check(non_empty);
+  requests->add_option("--model", ra.model, "model as the client sent it")->check(non_empty);
+  requests->add_option("--status", ra.status, "HTTP status (429) or class (5xx)")->check(non_empty);
+  requests->add_option("--limit", ra.limit, "rows, 1..1000 (default 50)")->check(non_empty);
+  requests->add_option("--cursor", ra.cursor, "next_cursor of the previous page")->check(non_empty);
+  requests->add_option("--id", ra.id, "one request by its request id")->check(non_empty);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help and --version: 0. A usage error (an unknown flag, a value out of range) exits 2, as the same
+    // mistake in the configuration file does.
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   if (*requests) return run_requests(ra);
 
   // One loader for --check and for start-up: both accept and refuse the same files.
@@ -225,5 +237,7 @@ int main(int argc, char** argv) {
     fmt::print("{}: ok ({} pools, {} models)\n", c.source, c.pools.size(), c.models.size());
     return 0;
   }
-  return weir::server::run(std::move(*loaded), {workers, access_log, reuse_port, source});
+  std::optional<unsigned> cli_workers;
+  if (workers_opt->count() > 0) cli_workers = workers;
+  return weir::server::run(std::move(*loaded), {cli_workers, access_log, reuse_port, source});
 }

@@ -22,8 +22,9 @@ std::int64_t unix_now_s() {
 }  // namespace
 
 Reloader::Reloader(boost::asio::io_context& control, gateway::ConfigSource source,
-                   gateway::CommandLineOverrides overrides, unsigned cli_workers, std::string cli_access_log,
-                   gateway::Shared& shared, gateway::Services& services, gateway::AdminServer* admin)
+                   gateway::CommandLineOverrides overrides, std::optional<unsigned> cli_workers,
+                   std::string cli_access_log, gateway::Shared& shared, gateway::Services& services,
+                   gateway::AdminServer* admin)
     : control_(control),
       source_(std::move(source)),
       overrides_(overrides),
@@ -156,7 +157,7 @@ bool Reloader::apply(std::string_view why) {
   if (!loaded) return refuse(loaded.error().to_string());
   // What the command line fixed stays fixed.
   auto& server = loaded->config.server;
-  if (cli_workers_) server.workers = cli_workers_;
+  if (cli_workers_) server.workers = *cli_workers_;
   if (!cli_access_log_.empty()) server.access_log = cli_access_log_;
   const auto& running = *shared_.generation->config;
   if (auto e = gateway::restart_only_change(running, loaded->config, overrides_)) return refuse(e->to_string());

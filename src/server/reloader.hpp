@@ -38,8 +38,8 @@ class Reloader {
   // scraper of the running generation (replaced by each reload). Everything
   // else outlives the reloader.
   Reloader(boost::asio::io_context& control, gateway::ConfigSource source, gateway::CommandLineOverrides overrides,
-           unsigned cli_workers, std::string cli_access_log, gateway::Shared& shared, gateway::Services& services,
-           gateway::AdminServer* admin);
+           std::optional<unsigned> cli_workers, std::string cli_access_log, gateway::Shared& shared,
+           gateway::Services& services, gateway::AdminServer* admin);
   ~Reloader();
   Reloader(const Reloader&) = delete;
   Reloader& operator=(const Reloader&) = delete;
@@ -70,7 +70,7 @@ class Reloader {
   boost::asio::io_context& control_;
   gateway::ConfigSource source_;
   gateway::CommandLineOverrides overrides_;
-  unsigned cli_workers_;
+  std::optional<unsigned> cli_workers_;
   std::string cli_access_log_;
   gateway::Shared& shared_;
   gateway::Services& services_;

@@ -52,7 +52,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     return 2;
   }
   auto config = std::make_shared<core::Config>(std::move(loaded.config));
-  if (opts.workers) config->server.workers = opts.workers;
+  if (opts.workers) config->server.workers = *opts.workers;
   if (!opts.access_log.empty()) config->server.access_log = opts.access_log;
   unsigned n = config->server.workers ? config->server.workers : std::max(1u, std::thread::hardware_concurrency());
 
@@ -148,10 +148,11 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   }
 
   // Configuration reloads: SIGHUP, and the file's changes with server.watch_config.
-  Reloader reloader(
-      main_io, opts.source,
-      {.listen = !opts.source.listen.empty(), .workers = opts.workers != 0, .access_log = !opts.access_log.empty()},
-      opts.workers, opts.access_log, shared, services, admin.get());
+  Reloader reloader(main_io, opts.source,
+                    {.listen = !opts.source.listen.empty(),
+                     .workers = opts.workers.has_value(),
+                     .access_log = !opts.access_log.empty()},
+                    opts.workers, opts.access_log, shared, services, admin.get());
 
   std::signal(SIGPIPE, SIG_IGN);
   // SIGINT/SIGTERM drain; SIGHUP (systemd's ExecReload, logrotate) reopens

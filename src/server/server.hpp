@@ -4,14 +4,15 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 
 #include "gateway/load_config.hpp"
 
 namespace weir::server {
 
 struct RunOptions {
-  unsigned workers = 0;          // overrides the config when non-zero
-  std::string access_log;        // overrides server.access_log when non-empty
+  std::optional<unsigned> workers;  // -w: overrides the config when given (0: one per core, as the file's 0)
+  std::string access_log;           // overrides server.access_log when non-empty
   bool reuse_port = false;       // --reuse-port: share the listen address with other processes (or server.reuse_port)
   gateway::ConfigSource source;  // where `loaded` came from: what SIGHUP loads again
 };

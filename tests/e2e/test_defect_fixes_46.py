@@ -123,3 +123,68 @@ def test_a_relayed_answer_without_date_gets_one(weir):
         assert r.headers.get_list("date") == ["Thu, 01 Jan 2026 00:00:00 GMT"]
     finally:
         up.close()
+
+
+# DEFECT: `-w 0` (one worker per core, as the file's `workers: 0`) was taken as "not given", so the file's
+# `workers` won in silence.
+def test_workers_zero_on_the_command_line_means_one_per_core_over_the_file(mock, weir):
+    import os
+    m = mock()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}, workers=1,
+             extra_args=["-w", "0"])
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = os.cpu_count()
+    line = next(x for x in w.process.log().splitlines() if "listening on" in x)
+    assert f"with {cores} worker" in line or f"with {n} worker" in line, line
+
+
+def _weir_run(*args, input_text=None, timeout=20):
+    import subprocess
+
+    from conftest import binary
+    return subprocess.run([str(binary("weir")), *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                          input=input_text)
+
+
+# DEFECT: command-line usage errors exited with CLI11's own codes (105, 108, 109) where the same mistake in
+# the file exits 2; `weir requests --id ''` listed every request (an empty filter taken as absent).
+def test_command_line_usage_errors_exit_2_and_empty_filters_are_refused(tmp_path):
+    cfg = tmp_path / "w.yaml"
+    cfg.write_text("pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n")
+    for args in (["--bogus"], ["-c", cfg, "-w", "2000", "--check"], ["requests", "--db", "x", "--url", "sqlite:y"],
+                 ["requests", "--db", tmp_path / "r.db", "--id", ""],
+                 ["requests", "--db", tmp_path / "r.db", "--tenant", ""]):
+        r = _weir_run(*args)
+        assert r.returncode == 2, (args, r.returncode, r.stderr)
+    assert _weir_run("--help").returncode == 0
+    assert _weir_run("--version").returncode == 0
+    assert _weir_run("-c", cfg, "--check").returncode == 0
+
+
+# DEFECT: a configuration path that is a directory was "must be a YAML mapping"; a request_log.url naming a
+# directory passed --check and start-up, then failed every second forever; YAML merge keys (`<<: *a`) were
+# "unknown key"; a health or load-scrape interval of 1ms was accepted (about a thousand probes a second).
+def test_configuration_mistakes_get_messages_that_name_them(tmp_path):
+    r = _weir_run("-c", tmp_path, "--check")
+    assert r.returncode == 2 and "is a directory" in r.stderr, r.stderr
+    base = "pools: {p: {endpoints: ['http://127.0.0.1:9']}}\ndefault_pool: p\n"
+    cases = {
+        f"request_log: {{url: 'sqlite:{tmp_path}'}}\n": "is not a file",
+        "pools:\n  a: &b {endpoints: ['http://127.0.0.1:9']}\n  c: {<<: *b, resume: true}\ndefault_pool: a\n":
+            "merge keys",
+        "pools: {p: {endpoints: ['http://127.0.0.1:9'], health: {interval: 1ms}}}\ndefault_pool: p\n":
+            "at least 10ms",
+        "pools: {p: {endpoints: ['http://127.0.0.1:9'], load_metrics: {interval: 5ms}}}\ndefault_pool: p\n":
+            "at least 10ms",
+    }
+    for i, (text, want) in enumerate(cases.items()):
+        f = tmp_path / f"c{i}.yaml"
+        f.write_text(text if text.startswith("pools") else base + text)
+        r = _weir_run("-c", f, "--check")
+        assert r.returncode == 2 and want in r.stderr, (text, r.stderr)
+    # A quoted "<<" is a name; a pipe is read (`weir -c <(...)`); 10ms is allowed.
+    f = tmp_path / "ok.yaml"
+    f.write_text("pools: {'<<': {endpoints: ['http://127.0.0.1:9'], health: {interval: 10ms}}}\ndefault_pool: '<<'\n")
+    assert _weir_run("-c", f, "--check").returncode == 0
+    r = _weir_run("-c", "/dev/stdin", "--check", input_text=base)
+    assert r.returncode == 0, r.stderr
