@@ -1,5 +1,6 @@
 #include "api/tool_call_stream.hpp"
 
+#include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
@@ -84,6 +85,19 @@ bool ToolCallStream::hold(std::size_t i, std::string_view name, std::string_view
 bool ToolCallStream::start_ready(std::size_t i, bool name_piece) const {
   const Call& c = calls_[i];
   return !name_piece && !c.name.empty() && c.arguments.find_first_not_of(" \t\r\n") != std::string::npos;
+}
+
+ToolCallStream::Step ToolCallStream::open_delta(std::size_t i, bool start_pending, std::string_view name,
+                                                std::string_view arguments) {
+  const bool piece = is_name_piece(calls_[i].name, name);
+  if (!start_pending) return piece ? Step::late_name : Step::arguments;
+  if (!hold(i, name, arguments)) return Step::too_large;
+  return start_ready(i, piece) ? Step::start : Step::held;
+}
+
+std::string ToolCallStream::late_name_message(const Call& c) {
+  return fmt::format("The upstream sent more of the name of tool call {} ({}) after its arguments began.", c.id,
+                     c.name);
 }
 
 std::string ToolCallStream::release(std::size_t i) {

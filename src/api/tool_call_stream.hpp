@@ -84,6 +84,15 @@ class ToolCallStream {
   // server sends more name after that. Until then the start and the
   // arguments are held (a name in pieces may come with the first arguments).
   bool start_ready(std::size_t i, bool name_piece) const;
+  // What a delta of the open call `i` (its entry's `name` and `arguments`) does, the same in every
+  // translator: while its start is pending (`start_pending`) it is held (hold()) until start_ready():
+  // `start`, then the start goes out; after the start a piece of the name cannot reach the client
+  // (`late_name`: the stream fails, with late_name_message()), and arguments stream (`arguments`).
+  // `too_large`: hold() refused it.
+  enum class Step : std::uint8_t { held, start, arguments, late_name, too_large };
+  Step open_delta(std::size_t i, bool start_pending, std::string_view name, std::string_view arguments);
+  // The error of a `late_name` step for call `c`.
+  static std::string late_name_message(const Call& c);
   // Hands held call `i`'s arguments over (moved out) as it is released; its
   // name stays.
   std::string release(std::size_t i);

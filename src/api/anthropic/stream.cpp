@@ -298,20 +298,21 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
               continue;
             }
-            if (tool_start_pending_) {
-              // Anthropic names the call once, in content_block_start: it waits (with the arguments so far)
-              // until the name is whole (ToolCallStream::start_ready), or the block closes.
-              const bool piece = is_name_piece(c.name, name);
-              if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
-              if (calls_.start_ready(r.call, piece)) start_tool(out);
-            } else if (is_name_piece(c.name, name)) {
-              return fail(502,
-                          fmt::format("The upstream sent more of the name of tool call {} ({}) after its arguments "
-                                      "began.",
-                                      c.id, c.name),
-                          out);
-            } else if (!args.empty()) {
-              tool_arguments(args, out);
+            // Anthropic names the call once, in content_block_start: it waits (with the arguments so far)
+            // until the name is whole (ToolCallStream::start_ready), or the block closes.
+            switch (calls_.open_delta(r.call, tool_start_pending_, name, args)) {
+              case ToolCallStream::Step::too_large:
+                return fail(502, kHeldTooLarge, out);
+              case ToolCallStream::Step::late_name:
+                return fail(502, ToolCallStream::late_name_message(c), out);
+              case ToolCallStream::Step::start:
+                start_tool(out);
+                break;
+              case ToolCallStream::Step::arguments:
+                if (!args.empty()) tool_arguments(args, out);
+                break;
+              case ToolCallStream::Step::held:
+                break;
             }
           }
       }

@@ -408,20 +408,21 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
               if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
               continue;
             }
-            if (call_pending_) {
-              // output_item.added names the call, as OpenAI's does, whole: it waits (with the arguments so
-              // far) until the name is whole (ToolCallStream::start_ready), or the item closes.
-              const bool piece = is_name_piece(c.name, name);
-              if (!calls_.hold(r.call, name, args)) return fail(502, kHeldTooLarge, out);
-              if (calls_.start_ready(r.call, piece)) start_call(out);
-            } else if (is_name_piece(c.name, name)) {
-              return fail(502,
-                          fmt::format("The upstream sent more of the name of tool call {} ({}) after its arguments "
-                                      "began.",
-                                      c.id, c.name),
-                          out);
-            } else {
-              tool_arguments(args, out);
+            // output_item.added names the call, as OpenAI's does, whole: it waits (with the arguments so far)
+            // until the name is whole (ToolCallStream::start_ready), or the item closes.
+            switch (calls_.open_delta(r.call, call_pending_, name, args)) {
+              case ToolCallStream::Step::too_large:
+                return fail(502, kHeldTooLarge, out);
+              case ToolCallStream::Step::late_name:
+                return fail(502, ToolCallStream::late_name_message(c), out);
+              case ToolCallStream::Step::start:
+                start_call(out);
+                break;
+              case ToolCallStream::Step::arguments:
+                tool_arguments(args, out);
+                break;
+              case ToolCallStream::Step::held:
+                break;
             }
           }
       }
