@@ -111,6 +111,23 @@ def connections_to(port: int) -> int:
     return n
 
 
+def sigstop(pid: int, timeout: float = 10.0) -> None:
+    """SIGSTOP `pid` and wait until every thread of it is stopped: kill(2) returns before they are, and a
+    thread still running meanwhile may accept or read what the caller sends next."""
+    os.kill(pid, signal.SIGSTOP)
+
+    def stopped() -> bool:
+        for t in os.listdir(f"/proc/{pid}/task"):
+            try:
+                status = open(f"/proc/{pid}/task/{t}/status").read()
+            except FileNotFoundError:
+                continue  # (a thread that exited)
+            if "\nState:\tT" not in status:
+                return False
+        return True
+    wait_until(stopped, timeout, message=f"process {pid} stopped")
+
+
 def wait_until(predicate: Callable[[], object], timeout: float = 5.0, interval: float = 0.005,
                message: str = "condition") -> object:
     """Polls ``predicate`` until it returns a truthy value (returned) or ``timeout`` s pass."""

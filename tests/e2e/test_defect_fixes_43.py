@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import free_port, sigstop, wait_until
 from test_defect_fixes import RawUpstream
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -461,16 +461,34 @@ def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir
            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     os_kill = __import__("os").kill
     N = 100
-    os_kill(w.process.pid, signal.SIGSTOP)
+    pid = w.process.pid
+
+    def queued() -> int:
+        # The listener's accept queue (its rx_queue in /proc/net/tcp), and the server-side sockets with the
+        # whole request received: connect() returns on the SYN-ACK, and under load the kernel may still hold
+        # the client's ACK and data in a softirq backlog; a drain before they arrive rightly resets them.
+        backlog, with_request = 0, 0
+        for line in open("/proc/net/tcp").read().splitlines()[1:]:
+            parts = line.split()
+            if int(parts[1].rsplit(":", 1)[1], 16) != w.port:
+                continue
+            if parts[3] == "0A":
+                backlog = int(parts[4].split(":")[1], 16)
+            elif parts[3] == "01" and int(parts[4].split(":")[1], 16) == len(req):
+                with_request += 1
+        return min(backlog, with_request)
+
+    sigstop(pid)
     conns = []
     try:
         for _ in range(N):
             s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
             s.sendall(req)
             conns.append(s)
-        os_kill(w.process.pid, signal.SIGTERM)
+        wait_until(lambda: queued() == N, timeout=10, message="every request in the accept queue")
+        os_kill(pid, signal.SIGTERM)
     finally:
-        os_kill(w.process.pid, signal.SIGCONT)
+        os_kill(pid, signal.SIGCONT)
     answers = []
     for s in conns:
         got = b""
@@ -514,7 +532,7 @@ def test_a_kept_alive_connections_request_that_came_as_the_drain_began_is_served
             got += s.recv(65536)
         assert got.startswith(b"HTTP/1.1 200")
         conns.append(s)
-    os.kill(w.process.pid, signal.SIGSTOP)
+    sigstop(w.process.pid)
     try:
         for i, s in enumerate(conns):
             s.sendall(_chat_request(f"ka-{i}"))
