@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -551,9 +552,15 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
   root["keys"] = std::move(a);
   const std::string text = json::serialize(root) + "\n";
   const std::string tmp = file_ + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // A new file, never one found there: a symbolic link planted at FILE.tmp
+  // (O_NOFOLLOW, and unlink removes the link, not its target) or a file
+  // another process holds open would otherwise get the hashes, or keep its
+  // own mode. A stale FILE.tmp (a crash between open and rename) is removed
+  // first; one that comes back in between makes O_EXCL fail: nothing written.
+  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
+    return tl::unexpected(fmt::format("cannot remove the stale {}: {}", tmp, std::strerror(errno)));
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   if (fd < 0) return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  ::fchmod(fd, 0600);  // an older file of another mode keeps its mode on O_TRUNC
   std::size_t off = 0;
   while (off < text.size()) {
     const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
@@ -567,8 +574,21 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
   }
   if (::fsync(fd) != 0 || ::close(fd) != 0)
     return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  if (::rename(tmp.c_str(), file_.c_str()) != 0)
-    return tl::unexpected(fmt::format("cannot replace {}: {}", file_, std::strerror(errno)));
+  if (::rename(tmp.c_str(), file_.c_str()) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return tl::unexpected(fmt::format("cannot replace {}: {}", file_, std::strerror(err)));
+  }
+  // The rename is durable only once the directory is (a power loss could
+  // otherwise bring the old file back after the answer said saved). The new
+  // file is in place by now: a failure here is reported, not undone.
+  std::string dir = std::filesystem::path(file_).parent_path().string();
+  if (dir.empty()) dir = ".";
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd < 0 || ::fsync(dfd) != 0)
+    fmt::print(stderr, "weir: keys_file: cannot sync the directory {} after writing {}: {}\n", dir, file_,
+               std::strerror(errno));
+  if (dfd >= 0) ::close(dfd);
   return {};
 }
 

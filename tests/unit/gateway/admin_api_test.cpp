@@ -236,6 +236,40 @@ TEST(KeyStore, KeysFilePersistsHashesOnlyWithMode0600) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(KeyStore, TheTemporaryFileIsMadeAnewNeverThroughALinkOrAStaleOne) {
+  // FILE.tmp was opened with O_TRUNC and no O_NOFOLLOW: a symbolic link planted there had the hashes
+  // written into its target (and the target's mode kept).
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-tmp-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  const auto target = dir / "elsewhere";
+  std::ofstream(target) << "untouched\n";
+  ::chmod(target.c_str(), 0644);
+  std::filesystem::create_symlink(target, file + ".tmp");
+  KeyStore store(base_auth(), file);
+  ASSERT_TRUE(store.load());
+  auto a = store.create(obj(R"({"tenant":"acme"})"), 1234);
+  ASSERT_TRUE(a);
+  std::ifstream in(target);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()), "untouched\n");
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::symlink_status(file + ".tmp")));
+  struct stat st {};
+  ASSERT_EQ(::lstat(file.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  // A stale FILE.tmp left by a crash (of another mode) does not block the next save.
+  std::ofstream(file + ".tmp") << "stale";
+  ::chmod((file + ".tmp").c_str(), 0644);
+  ASSERT_TRUE(store.create(obj(R"({"tenant":"acme"})"), 1235));
+  KeyStore again(base_auth(), file);
+  ASSERT_TRUE(again.load());
+  EXPECT_EQ(again.keys().size(), 2u);
+  ASSERT_EQ(::stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(KeyStore, AKeysFileWithADuplicateOrAWrongTypeIsRefused) {
   // A hand-edited or merged file: each id and each secret once (a rotate of a duplicated id moved another key
   // to another tenant), fields of their types, version 1.
