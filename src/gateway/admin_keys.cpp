@@ -82,6 +82,9 @@ json::object AdminServer::tenant_json(const auth::TenantPolicy& t,
   o["usage"] = usage_json(t.scope, t.limits, t.budget);
   const auto it = runtime_keys.find(t.name);
   o["runtime_keys"] = it == runtime_keys.end() ? 0 : it->second;
+  // The anonymous tenant Weir made (tenants: does not list it): it serves requests without credentials, and no
+  // key can name it (create_key's 404), so the console offers it for none.
+  o["implicit"] = t.implicit;
   return o;
 }
 

@@ -21,7 +21,8 @@ export function render(root, r) {
     try {
       const [keys, ts] = await Promise.all([get("/admin/v1/keys"), get("/admin/v1/tenants")]);
       if (!alive) return;
-      tenants = ts.data.map((t) => t.name);
+      // Not the implicit anonymous tenant: it serves only requests without credentials, no key can name it.
+      tenants = ts.data.filter((t) => !t.implicit).map((t) => t.name);
       mount(list, h("p", {class: "muted"}, `Runtime keys are kept in: ${keys.persistence}.`), table(keys.data));
     } catch (e) {
       if (alive) mount(list, h("p", {class: "error"}, `Could not load keys: ${e.message}`));
