@@ -144,17 +144,18 @@ core::Task<AdminResponse> AdminServer::create_key(AdminRequest& r) {
   auto body = parse_object(r.body);
   if (!body) co_return error_response(body.error());
   AdminResult<KeyStore::Change> c;
+  std::size_t pending = 0;  // workers the new key had not reached in time
   if (redis_) {
     c = co_await redis_->create(std::move(*body), unix_now());
   } else {
     c = keys_->create(*body, unix_now());
-    if (c) co_await publish(keys_->policy());
+    if (c) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
   auto o = key_json(c->record);
   o["key"] = c->secret;  // the only time the secret is shown
   o["read_only"] = false;
-  co_return json_response(201, o);
+  co_return applied_response(201, o, pending);
 }
 
 core::Task<AdminResponse> AdminServer::get_key(AdminRequest& r) {
@@ -195,17 +196,18 @@ core::Task<AdminResponse> AdminServer::update_key(AdminRequest& r) {
   auto body = parse_object(r.body);
   if (!body) co_return error_response(body.error());
   AdminResult<KeyStore::Change> c;
+  std::size_t pending = 0;
   if (redis_) {
     c = co_await redis_->update(id, std::move(*body));
-    if (c) co_await forget_redis_keys();
+    if (c) pending = co_await forget_redis_keys();
   } else {
     c = keys_->update(id, *body);
-    if (c) co_await publish(keys_->policy());
+    if (c) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
   auto o = key_json(c->record);
   o["read_only"] = false;
-  co_return json_response(200, o);
+  co_return applied_response(200, o, pending);
 }
 
 core::Task<AdminResponse> AdminServer::delete_key(AdminRequest& r) {
@@ -213,19 +215,20 @@ core::Task<AdminResponse> AdminServer::delete_key(AdminRequest& r) {
   const std::string id = r.params.at(0);
   if (is_config_key(*keys_, id)) co_return error_response(read_only(id));
   AdminResult<KeyRecord> gone;
+  std::size_t pending = 0;
   if (redis_) {
     gone = co_await redis_->revoke(id);
-    if (gone) co_await forget_redis_keys();
+    if (gone) pending = co_await forget_redis_keys();
   } else {
     gone = keys_->revoke(id);
-    if (gone) co_await publish(keys_->policy());
+    if (gone) pending = co_await publish(keys_->policy());
   }
   if (!gone) co_return error_response(gone.error());
   json::object o;
   o["object"] = "key";
   o["id"] = gone->id;
   o["deleted"] = true;
-  co_return json_response(200, o);
+  co_return applied_response(200, o, pending);
 }
 
 core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
@@ -245,18 +248,19 @@ core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
     }
   }
   AdminResult<KeyStore::Change> c;
+  std::size_t pending = 0;
   if (redis_) {
     c = co_await redis_->rotate(id);
-    if (c) co_await forget_redis_keys();
+    if (c) pending = co_await forget_redis_keys();
   } else {
     c = keys_->rotate(id);
-    if (c) co_await publish(keys_->policy());
+    if (c) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
   auto o = key_json(c->record);
   o["key"] = c->secret;
   o["read_only"] = false;
-  co_return json_response(200, o);
+  co_return applied_response(200, o, pending);
 }
 
 core::Task<AdminResponse> AdminServer::list_tenants(AdminRequest&) {

@@ -1,8 +1,9 @@
 // The admin listener's connections (admin: {listen: ...}): HTTP/1.1 with
 // keep-alive, one request at a time. A request's head is checked as on the
-// client listener (http/request_check.hpp), a head that expects
-// 100-continue gets it only once refuse_before_body() let it pass (RFC 9110
-// §10.1.1), then the body is read within kMaxBody and dispatch() answers.
+// client listener (http/request_check.hpp), then by answer_on_head() (the
+// token among it) before its body is read; a head that expects 100-continue
+// gets it only once that let it pass (RFC 9110 §10.1.1); then the body is
+// read within kMaxBody and the route's handler answers.
 #include "gateway/admin_server.hpp"
 #include "http/headers.hpp"
 
@@ -141,9 +142,13 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
     // target form, Expect): refused before the body is read, as on the client listener.
     http::HeadProblem problem = http::HeadProblem::none;
-    std::optional<AdminResponse> refused;  // answered on the head alone, before 100 Continue
-    std::size_t continued = 0;             // the 100 Continue's bytes, when it went out
+    std::optional<AdminResponse> refused;  // answered on the head alone, its body not read
+    bool head_checked = false;             // answer_on_head() asked (refused, or `handler` set)
+    const AdminHandler* handler = nullptr;
+    std::size_t continued = 0;  // the 100 Continue's bytes, when it went out
     AdminRequest req;
+    std::string authorization;  // the first Authorization field's value
+    std::size_t authorization_fields = 0;
     // (Also for a body declared over the limit: Beast refuses it as the head
     // ends, with its request line read; the log line names the request.)
     if (parser.is_header_done() || ec == bh::error::body_limit) {
@@ -158,20 +163,35 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     if (!ec) {
       problem = http::check_request_head(parser.get().base());
       const auto& head = parser.get();
+      req.if_none_match = std::string(head[bh::field::if_none_match]);
+      for (const auto& f : head) {  // (every Content-Encoding line, joined: one of them coded is a coded body)
+        if (f.name() == bh::field::content_encoding) {
+          if (!req.content_encoding.empty()) req.content_encoding += ", ";
+          req.content_encoding += core::trim_ows(f.value());
+        } else if (f.name() == bh::field::authorization) {
+          if (++authorization_fields == 1) authorization = std::string(f.value());
+        }
+      }
       if (problem == http::HeadProblem::none && !parser.is_done()) {
-        if (http::expects_continue(head.base())) {
-          // RFC 9110 §10.1.1: the client waits for 100 Continue before its
-          // body; a head refused without it (a missing or wrong token) gets
-          // its final answer instead, and the connection then closes.
-          if (!console_file(req)) refused = refuse_before_body(req, head[bh::field::authorization]);
-          if (!refused) {
-            read_deadline.disarm();
+        const bool expects = http::expects_continue(head.base());
+        // The head's refusals come before the body, with "Expect: 100-continue" or without (the same
+        // answer either way: answer_on_head), so no body is read, nor waited for, for a request refused
+        // anyway. A body that came whole with the head (and no 100 Continue asked for) is read first: no
+        // wait, and the connection stays open whatever the answer.
+        const auto length = parser.content_length();
+        if (expects || !length || buf.size() < *length) {
+          read_deadline.disarm();  // (the check may await a JWKS refetch: the head is in, the body not due)
+          refused = co_await answer_on_head(req, authorization, authorization_fields, handler);
+          head_checked = true;
+          if (!refused && expects) {
+            // RFC 9110 §10.1.1: the client waits for 100 Continue before its
+            // body; a head refused (above) gets its final answer instead,
+            // and the connection then closes.
             stream.expires_after(kRequestTimeout);
             auto [cec, cn] = co_await asio::async_write(stream, asio::buffer(http::kContinue), core::use_task);
             if (cec) co_return;
             continued = cn;
             stream.expires_never();
-            read_deadline.expires_after(kRequestTimeout);
           }
         }
         if (!refused) {
@@ -263,26 +283,19 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     }
     auto& msg = parser.get();
     req.body = std::move(msg.body());
-    req.if_none_match = std::string(msg[bh::field::if_none_match]);
-    for (const auto& f : msg)  // (every Content-Encoding line, joined: one of them coded is a coded body)
-      if (f.name() == bh::field::content_encoding) {
-        if (!req.content_encoding.empty()) req.content_encoding += ", ";
-        req.content_encoding += core::trim_ows(f.value());
-      }
-    const std::string authorization(msg[bh::field::authorization]);
     // A request refused before its body: the body is never read, so the connection ends with the answer.
+    const bool body_unread = refused.has_value();
     // Every Connection line (RFC 9110 §5.3); `close` among them ends it on HTTP/1.0 too.
     const bool keep = parser.keep_alive() && !(parser.get().version() < 11 && http::connection_close(parser.get())) &&
-                      !stopped_ && !refused;
+                      !stopped_ && !body_unread;
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
+    std::optional<AdminResponse> answer = std::move(refused);
+    if (!head_checked) answer = co_await answer_on_head(req, authorization, authorization_fields, handler);
     AdminResponse r;
-    if (refused)
-      r = std::move(*refused);
-    else if (msg.count(bh::field::authorization) > 1)  // a singleton field (RFC 9110 §11.6.2): one credential
-      r = AdminResponse{400, admin_error_json(admin_bad_request(
-                                 "The request has more than one Authorization header; send one credential."))};
+    if (answer)
+      r = std::move(*answer);
     else
-      r = co_await dispatch(req, authorization);
+      r = co_await (*handler)(req);
     res.result(static_cast<unsigned>(r.status));
     if (r.status != 304) res.set(bh::field::content_type, r.content_type);
     res.set(bh::field::cache_control, r.cache_control);
@@ -308,7 +321,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), continued + wn,
                 r.status == 200 && req.path == "/metrics");
     if (wec) co_return;
-    if (refused) co_await linger(stream);
+    if (body_unread) co_await linger(stream);
     if (!keep) co_return;
   }
 }

@@ -13,6 +13,7 @@
 #include <boost/json/serialize.hpp>
 
 #include "auth/authenticator.hpp"
+#include "auth/jwks_wait.hpp"
 #include "auth/jwt.hpp"
 #include "core/calendar.hpp"
 #include "core/listen_probe.hpp"
@@ -222,7 +223,8 @@ core::Task<void> AdminServer::accept_loop() {
   }
 }
 
-tl::expected<void, AdminError> AdminServer::check_token(std::string_view authorization) const {
+tl::expected<void, AdminError> AdminServer::check_token(std::string_view authorization,
+                                                        std::optional<std::uint64_t>* refetch_mark) const {
   authorization = core::trim_ows(authorization);
   if (authorization.empty())
     return tl::unexpected(
@@ -245,8 +247,18 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
     claims.require_exp = j.require_exp;
     const auto keys = shared_.jwks->keys();
     if (!keys) return tl::unexpected(unauthorized("Signing keys are not loaded yet."));
-    auto v = auth::verify_jwt(token, *keys, claims, std::chrono::system_clock::now());
-    if (!v) return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
+    const auto now = std::chrono::system_clock::now();
+    auto v = auth::verify_jwt(token, *keys, claims, now);
+    if (!v) {
+      // A kid the set does not hold (the identity provider's new key): ask for the refetch the client
+      // port asks for (Authenticator::authenticate_jwt), under the same rate limit.
+      if (const auto kind = v.error().kind;
+          refetch_mark && (kind == auth::JwtFailure::unknown_kid || kind == auth::JwtFailure::no_keys)) {
+        const auto mark = shared_.jwks->completed_fetches();
+        if (shared_.jwks->request_refresh(now)) *refetch_mark = mark;
+      }
+      return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
+    }
     const json::value* c = claim_at(v->claims, cfg_.jwt_claim);
     // Only the JSON boolean true: identity providers often map user attributes to strings, and a
     // string "true" an ordinary user can set must not grant admin.
@@ -256,15 +268,25 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
   return tl::unexpected(unauthorized("Incorrect admin token provided."));
 }
 
-std::optional<AdminResponse> AdminServer::refuse_before_body(const AdminRequest& req,
-                                                             std::string_view authorization) const {
-  // /metrics and /ready answer as on the client port (no secret in them); everything else needs the token.
-  if (req.path == "/metrics" || req.path == "/ready") return std::nullopt;
-  if (auto ok = check_token(authorization); !ok) return error_response(ok.error());
-  return std::nullopt;
+core::Task<tl::expected<void, AdminError>> AdminServer::authorize(std::string_view authorization) {
+  std::optional<std::uint64_t> mark;
+  auto ok = check_token(authorization, &mark);
+  if (ok || !mark) co_return ok;
+  // The refetch this token started: wait for it (at most 2 s, as a client request does; on the control
+  // thread, which runs the fetch too, so no worker waits), then check once more.
+  co_await auth::async_wait_fetch(*shared_.jwks, *mark, std::chrono::seconds(2), control_.get_executor(),
+                                  core::use_task);
+  co_return check_token(authorization);
 }
 
-core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_view authorization) {
+core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminRequest& req, std::string_view authorization,
+                                                                     std::size_t authorization_fields,
+                                                                     const AdminHandler*& handler) {
+  handler = nullptr;
+  // A singleton field (RFC 9110 §11.6.2): one credential.
+  if (authorization_fields > 1)
+    co_return error_response(
+        admin_bad_request("The request has more than one Authorization header; send one credential."));
   // A method no resource has: 501, not 405 (RFC 9110 §9.1), before the credential, as on the client listener.
   if (bh::string_to_verb(req.method) == bh::verb::unknown)
     co_return error_response(AdminError{
@@ -273,8 +295,12 @@ core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_v
         "method_not_implemented",
         fmt::format("Method {} is not implemented (methods are case-sensitive).", core::utf8_prefix(req.method, 16)),
         {}});
-  if (auto file = console_file(req)) co_return std::move(*file);
-  if (auto refused = refuse_before_body(req, authorization)) co_return std::move(*refused);
+  if (auto file = console_file(req)) co_return std::move(file);
+  // /metrics and /ready answer as on the client port (no secret in them); everything else needs the token.
+  if (req.path != "/metrics" && req.path != "/ready") {
+    auto ok = co_await authorize(authorization);
+    if (!ok) co_return error_response(ok.error());
+  }
   // The admin API's bodies are JSON as sent: a coded one is not read as if it were not (RFC 9110 §15.5.16).
   if (!req.content_encoding.empty() && !core::iequals(req.content_encoding, "identity")) {
     auto r = error_response(AdminError{415,
@@ -300,7 +326,8 @@ core::Task<AdminResponse> AdminServer::dispatch(AdminRequest& req, std::string_v
                                         fmt::format("Unknown admin path: {}.", req.path.substr(0, 256)),
                                         {}});
   }
-  co_return co_await (*m.handler)(req);
+  handler = m.handler;
+  co_return std::nullopt;
 }
 
 struct AdminServer::WorkerGather {
@@ -327,23 +354,34 @@ std::shared_ptr<AdminServer::WorkerGather> AdminServer::post_to_every_worker(std
   return g;
 }
 
-core::Task<void> AdminServer::wait_for_workers(std::shared_ptr<WorkerGather> g) {
-  if (g->remaining == 0) co_return;
+core::Task<std::size_t> AdminServer::wait_for_workers(std::shared_ptr<WorkerGather> g) {
+  if (g->remaining == 0) co_return 0;
   co_await g->timer.async_wait(core::use_task);
+  // The timer ends either way (cancelled by the last worker, or expired): the count says which.
+  co_return g->remaining;
 }
 
-core::Task<void> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> policy) {
+core::Task<std::size_t> AdminServer::publish(std::shared_ptr<const auth::AuthPolicy> policy) {
   auto g = post_to_every_worker([policy](Worker& w) {
     if (auto* a = w.authenticator()) a->set_policy(policy);
   });
-  co_await wait_for_workers(std::move(g));
+  co_return co_await wait_for_workers(std::move(g));
 }
 
-core::Task<void> AdminServer::forget_redis_keys() {
+core::Task<std::size_t> AdminServer::forget_redis_keys() {
   auto g = post_to_every_worker([](Worker& w) {
     if (auto* a = w.authenticator()) a->forget_redis_keys();
   });
-  co_await wait_for_workers(std::move(g));
+  co_return co_await wait_for_workers(std::move(g));
+}
+
+AdminResponse AdminServer::applied_response(int status, json::object& o, std::size_t pending) {
+  if (pending == 0) return json_response(status, o);
+  // Saved, and on its way to the workers still behind (their posts run when their loops get to them), but
+  // not in force everywhere yet: 202 (RFC 9110 §15.3.3), with the body a client needs (a new secret is
+  // shown only here), rather than a success that claims more, or an error that loses the secret.
+  o["pending_workers"] = pending;
+  return json_response(202, o);
 }
 
 core::Task<AdminResponse> AdminServer::metrics(AdminRequest&) {
@@ -404,18 +442,27 @@ std::optional<AdminResponse> AdminServer::console_file(const AdminRequest& r) co
   // token, for any method: a method they do not take is a 405 (RFC 9110
   // §15.5.6), not the token check's 401 nor an unknown path's 404.
   if (path != "/" && path != "/console" && !path.starts_with("/console/")) return std::nullopt;
+  // Their refusals in the JSON error shape of every other answer of this listener.
   if (!get) {
-    AdminResponse a{405,
-                    path == "/" ? "Method not allowed: / answers GET and HEAD (a redirect to the console).\n"
-                                : "Method not allowed: the console's files answer GET and HEAD.\n",
-                    "text/plain; charset=utf-8"};
+    AdminResponse a = error_response(AdminError{
+        405,
+        "invalid_request_error",
+        "method_not_allowed",
+        fmt::format("Method {} is not allowed on {} ({}: GET, HEAD).", core::utf8_prefix(r.method, 16),
+                    core::utf8_prefix(path, 256), path == "/" ? "a redirect to the console" : "the console's files"),
+        {}});
     a.headers.emplace_back("Allow", "GET, HEAD");
     return a;
   }
   if (path == "/") return redirect(302, "/console/");
   if (path == "/console") return redirect(301, "/console/");
   const console::Asset* f = console::find(path);
-  if (!f) return AdminResponse{404, "Not found.\n", "text/plain; charset=utf-8"};
+  if (!f)
+    return error_response(AdminError{404,
+                                     "invalid_request_error",
+                                     "unknown_url",
+                                     fmt::format("The console has no file {}.", core::utf8_prefix(path, 256)),
+                                     {}});
   AdminResponse a;
   // The files keep their names from build to build: revalidate each time
   // (one round trip, a 304 without the body while the ETag still matches).

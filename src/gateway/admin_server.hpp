@@ -139,15 +139,29 @@ class AdminServer {
   // Whether `authorization` (the header's value) carries the admin token
   // (SHA-256 compared in constant time) or, with admin.jwt_claim, a JWT
   // that auth.jwt verifies and whose claim is the JSON boolean true (not
-  // the string "true", nor 1). Empty error = ok.
-  tl::expected<void, AdminError> check_token(std::string_view authorization) const;
+  // the string "true", nor 1). Empty error = ok. With `refetch_mark`, a JWT
+  // whose kid the key set does not hold (or an empty set) also asks for a
+  // refetch (JwksCache::request_refresh, rate-limited by
+  // auth.jwt.min_refetch_interval together with the client port's); when
+  // one was started, *refetch_mark is the completed_fetches() seen before it
+  // (authorize() waits for it).
+  tl::expected<void, AdminError> check_token(std::string_view authorization,
+                                             std::optional<std::uint64_t>* refetch_mark = nullptr) const;
+  // check_token(), and for a JWT signed with a key the cached set lacks (an
+  // identity provider's new key) the refetch it started awaited (at most
+  // 2 s, as on the client port; on the control thread, never a worker's)
+  // and the token checked again: an admin JWT with a new kid works at once,
+  // for jwks_url and jwks_file alike. `authorization` must outlive the await.
+  core::Task<tl::expected<void, AdminError>> authorize(std::string_view authorization);
 
  private:
   core::Task<void> accept_loop();
   // One admin connection, HTTP/1.1 keep-alive (gateway/admin_serve.cpp):
   // each request's head checked (http/request_check.hpp: framing, Host,
-  // target, Expect), "100 Continue" once a head that expects it passes
-  // refuse_before_body(), the body within 1 MiB, dispatch(), the answer.
+  // target, Expect), then answer_on_head() before the body is read (unless
+  // the body came whole with the head: it is read first, so the connection
+  // stays open), "100 Continue" once a head that expects it passed, the
+  // body within 1 MiB, the route's handler, the answer.
   core::Task<void> serve(http::Socket sock);
   // One access-log line per admin request (the shared sink, when it is on):
   // {"ts", "listener":"admin", "method", "path" (no query), "status",
@@ -155,26 +169,40 @@ class AdminServer {
   // a credential. A `scrape` (a /metrics answered 200) is not logged.
   void log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0, std::size_t bytes_in,
                    std::size_t bytes_out, bool scrape = false) const;
-  core::Task<AdminResponse> dispatch(AdminRequest& req, std::string_view authorization);
-  // What refuses `req` on its head alone, console files aside (they need no
-  // token): a missing or wrong admin token (401) on any path but /metrics
-  // and /ready. Asked by dispatch(), and by serve() before it answers
-  // "Expect: 100-continue" (RFC 9110 §10.1.1: a refused request gets its
-  // final answer instead of 100 Continue). nullopt when `req` goes on.
-  std::optional<AdminResponse> refuse_before_body(const AdminRequest& req, std::string_view authorization) const;
+  // What answers `req` on its head alone, checked in this order whether or
+  // not the head expects 100-continue or its body came with it (so both
+  // get the same answer): more than one Authorization field (400); a method
+  // no resource has (501); `/` and the console's files (their answer: they
+  // need no token); a missing or wrong admin token (401; authorize()) on
+  // any path but /metrics and /ready; a Content-Encoding (415); an unknown
+  // path (404) or a method the path does not take (405). nullopt: the
+  // route's handler answers, `handler` set and req.params filled. serve()
+  // asks before "Expect: 100-continue" is answered (RFC 9110 §10.1.1: a
+  // refused request gets its final answer instead of 100 Continue).
+  // `authorization` (the first field's value) must outlive the await.
+  core::Task<std::optional<AdminResponse>> answer_on_head(AdminRequest& req, std::string_view authorization,
+                                                          std::size_t authorization_fields,
+                                                          const AdminHandler*& handler);
   // Sends `policy` to every worker (each swaps its Authenticator's policy on
-  // its own thread) and returns once all did (or after 2 s).
-  core::Task<void> publish(std::shared_ptr<const auth::AuthPolicy> policy);
+  // its own thread) and returns once all did, or after 2 s: the number of
+  // workers that had not yet (0 = in force everywhere).
+  core::Task<std::size_t> publish(std::shared_ptr<const auth::AuthPolicy> policy);
   // Drops every worker's cached Redis key lookups (Authenticator::forget_redis_keys)
   // and waits (at most 2 s) until each has: a key changed here takes effect here before the answer.
-  core::Task<void> forget_redis_keys();
+  // Returns the number of workers that had not yet.
+  core::Task<std::size_t> forget_redis_keys();
   // Posts `fn` to every worker's thread; the returned gathering's timer is
-  // cancelled once each has run it and expires after 2 s (co_await it). A
-  // plain function, not a coroutine: GCC 12 mishandles a std::function (or a
+  // cancelled once each has run it and expires after 2 s (co_await
+  // wait_for_workers: the workers that have not run it by then). A plain
+  // function, not a coroutine: GCC 12 mishandles a std::function (or a
   // temporary one) handed to a coroutine.
   struct WorkerGather;
   std::shared_ptr<WorkerGather> post_to_every_worker(std::function<void(Worker&)> fn);
-  core::Task<void> wait_for_workers(std::shared_ptr<WorkerGather> g);
+  core::Task<std::size_t> wait_for_workers(std::shared_ptr<WorkerGather> g);
+  // A key change's answer: `status` with `o` when every worker has it
+  // (`pending` = 0); otherwise 202 with `o` and "pending_workers": pending
+  // (saved, not yet in force on that many workers; docs/admin-api.md).
+  static AdminResponse applied_response(int status, boost::json::object& o, std::size_t pending);
 
   core::Task<AdminResponse> list_keys(AdminRequest& r);
   core::Task<AdminResponse> create_key(AdminRequest& r);

@@ -9,6 +9,9 @@
 
 #include <gtest/gtest.h>
 #include <boost/asio/co_spawn.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
 #include <boost/json/parse.hpp>
 
 #include "../auth/jwt_test_util.hpp"
@@ -16,8 +19,10 @@
 #include "auth/authenticator.hpp"
 #include "core/time.hpp"
 #include "gateway/admin_server.hpp"
+#include "gateway/generation.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/load_config.hpp"
+#include "gateway/worker.hpp"
 
 namespace weir::gateway {
 namespace {
@@ -403,6 +408,132 @@ TEST(AdminServer, JwtWithTheAdminClaimIsAnAdmin) {
   EXPECT_FALSE(server.check_token(token("true", "https://other.test")));  // verified like a client's token
   EXPECT_FALSE(server.check_token("Bearer not-a-token"));
   jwks.stop();
+}
+
+// Runs authorize() on `io` until it answers (the JWKS refresh timer keeps io.run() from returning).
+tl::expected<void, AdminError> authorize_now(boost::asio::io_context& io, AdminServer& server,
+                                             const std::string& authorization) {
+  std::optional<tl::expected<void, AdminError>> got;
+  boost::asio::co_spawn(io, server.authorize(authorization), [&](std::exception_ptr e, auto r) {
+    if (!e) got = std::move(r);
+  });
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!got && std::chrono::steady_clock::now() < until) io.run_one_for(std::chrono::milliseconds(50));
+  EXPECT_TRUE(got);
+  return got ? *got : tl::unexpected(AdminError{});
+}
+
+TEST(AdminServer, AnAdminJwtWithANewKidRefetchesTheKeySetAsTheClientPortDoes) {
+  // check_token took the cached key set as it was: an admin JWT signed with the identity provider's new
+  // key got 401 "token kid is not in the key set" until a client request (or the periodic refresh) refetched it.
+  boost::asio::io_context io;
+  const auto& keys = auth::testing::Keys::get();
+  auto owned = std::make_unique<StaticJwks>();
+  StaticJwks* src = owned.get();
+  src->body = auth::testing::jwks_of({&keys.rsa});
+  auth::JwksOptions opts;
+  opts.min_refetch_interval = std::chrono::milliseconds(200);
+  auth::JwksCache jwks(io, std::move(owned), opts);
+  jwks.start();
+  io.poll();
+  const std::string path = ::testing::TempDir() + "admin_jwt_newkid_jwks.json";
+  std::ofstream(path) << auth::testing::jwks_of({&keys.rsa});
+  auto loaded = load("auth:\n  jwt: {jwks_file: " + path + ", issuer: https://idp.test, audience: weir}\n");
+  ASSERT_TRUE(loaded) << loaded.error().to_string();
+  Shared shared;
+  shared.auth_policy = auth::AuthPolicy::build(*loaded->auth);
+  shared.jwks = &jwks;
+  AdminConfig cfg;
+  cfg.jwt_claim = "weir.admin";
+  AdminServer server(io, cfg, shared, nullptr);
+  const auto exp = auth::testing::unix_seconds(std::chrono::system_clock::now()) + 600;
+  const std::string claims =
+      fmt::format(R"({{"sub":"ops","iss":"https://idp.test","aud":"weir","exp":{},"weir":{{"admin":true}}}})", exp);
+  const std::string by_ec = "Bearer " + keys.ec.token(claims);
+  const std::string by_ed = "Bearer " + keys.ed.token(claims);
+
+  // The identity provider publishes its new key; the first admin request signed with it is an admin.
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));  // past the start-up fetch's refetch floor
+  src->body = auth::testing::jwks_of({&keys.rsa, &keys.ec});
+  const auto fetches = jwks.stats().fetches;
+  EXPECT_TRUE(authorize_now(io, server, by_ec));
+  EXPECT_EQ(jwks.stats().fetches, fetches + 1);
+  // Under the client port's rate limit: right after a refetch (here the client port's), an unknown kid is
+  // refused at once, without another fetch.
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  ASSERT_TRUE(jwks.request_refresh(std::chrono::system_clock::now()));
+  io.poll();
+  src->body = auth::testing::jwks_of({&keys.rsa, &keys.ec, &keys.ed});
+  const auto before = jwks.stats().fetches;
+  auto limited = authorize_now(io, server, by_ed);
+  ASSERT_FALSE(limited);
+  EXPECT_NE(limited.error().message.find("kid"), std::string::npos) << limited.error().message;
+  EXPECT_EQ(jwks.stats().fetches, before);
+  // Once the interval passed, it refetches and passes.
+  std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  EXPECT_TRUE(authorize_now(io, server, by_ed));
+  jwks.stop();
+}
+
+TEST(AdminServer, AKeyChangeAStalledWorkerHasNotInstalledIsA202NotASuccessThatClaimsMore) {
+  // The answer came when the 2 s timer fired, whether or not every worker had installed the change: a key
+  // create on a stalled worker answered 201, as if the key worked everywhere.
+  boost::asio::io_context control;  // (declared first: destroyed after the worker's queue that points at it)
+  auto loaded =
+      load("auth:\n  api_keys: [{id: cfg, tenant: acme, sha256: " + auth::to_hex(auth::sha256("sk-cfg")) + "}]\n");
+  ASSERT_TRUE(loaded) << loaded.error().to_string();
+  KeyStore store(*loaded->auth, "");
+  admission::LocalLimiter limiter(store.policy()->scopes(), 1, std::chrono::steady_clock::now());
+  store.set_limiter(&limiter);
+  Shared shared;
+  std::string err;
+  shared.log_sink = core::AccessLogSink::open("off", err);
+  GenerationInput in;
+  in.config = std::make_shared<const core::Config>(loaded->config);
+  in.policy = store.policy().get();
+  auto gen = build_generation(std::move(in), nullptr);
+  ASSERT_TRUE(gen) << gen.error();
+  shared.generation = *gen;
+  shared.auth_policy = store.policy();
+  shared.limiter = &limiter;
+  Worker stalled(shared, 0);  // never started: its loop runs nothing until polled below
+  shared.workers = {&stalled};
+  AdminConfig cfg;
+  cfg.listen.port = 0;
+  cfg.has_token = true;
+  cfg.token_sha256 = auth::sha256("the-admin-token");
+  AdminServer server(control, cfg, shared, &store);
+  const std::uint16_t port = server.listen(err);
+  ASSERT_NE(port, 0) << err;
+  server.start();
+  std::thread control_thread([&] { control.run(); });
+
+  boost::asio::io_context client_io;
+  boost::asio::ip::tcp::socket sock(client_io);
+  sock.connect({boost::asio::ip::make_address("127.0.0.1"), port});
+  const std::string body = R"({"tenant":"acme"})";
+  const std::string request = fmt::format(
+      "POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer the-admin-token\r\n"
+      "Connection: close\r\nContent-Length: {}\r\n\r\n{}",
+      body.size(), body);
+  boost::asio::write(sock, boost::asio::buffer(request));
+  std::string answer;
+  boost::system::error_code ec;
+  boost::asio::read(sock, boost::asio::dynamic_buffer(answer), ec);  // until the server closes
+  server.stop();
+  control.stop();
+  control_thread.join();
+
+  ASSERT_TRUE(answer.starts_with("HTTP/1.1 202 ")) << answer;
+  const auto o = json::parse(answer.substr(answer.find("\r\n\r\n") + 4)).as_object();
+  EXPECT_EQ(o.at("pending_workers").as_int64(), 1);
+  const std::string secret(o.at("key").as_string());  // the secret still comes back: it is shown nowhere else
+  ASSERT_TRUE(secret.starts_with("sk-weir-"));
+  EXPECT_EQ(store.keys().size(), 1u);  // saved
+  // The stalled worker installs it once its loop runs again.
+  EXPECT_FALSE(stalled.authenticator()->authenticate("Bearer " + secret, "", auth::WallClock::now()));
+  stalled.io().poll();
+  EXPECT_TRUE(stalled.authenticator()->authenticate("Bearer " + secret, "", auth::WallClock::now()));
 }
 
 TEST(RunBlocking, RunsOffTheCallingThreadAndResumesOnIt) {
