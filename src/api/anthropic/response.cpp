@@ -127,9 +127,9 @@ void append_message_id(std::string& out, std::string_view upstream_id) {
   out += upstream_id;
 }
 
-std::string_view stop_reason(std::string_view finish_reason, std::string_view matched_stop) {
+std::string_view stop_reason(std::string_view finish_reason, std::string_view matched_stop, bool tool_calls) {
   if (finish_reason == "length") return "max_tokens";
-  if (finish_reason == "tool_calls") return "tool_use";
+  if (tool_calls) return "tool_use";
   if (finish_reason == "content_filter") return "refusal";
   if (finish_reason == "stop" && !matched_stop.empty()) return "stop_sequence";
   return "end_turn";
@@ -199,9 +199,7 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
   const std::string_view finish = string_at(*choice, "finish_reason");
   // vLLM's stop_reason: the matched stop string, a stop token id (a number), or null.
   const std::string_view matched = string_at(*choice, "stop_reason");
-  // A tool call cut off by max_tokens ("length") is max_tokens, not tool_use: its input is incomplete.
-  std::string_view reason =
-      tool_calls && finish != "length" ? std::string_view("tool_use") : stop_reason(finish, matched);
+  std::string_view reason = stop_reason(finish, matched, tool_calls);
   if (!refusal.empty() && reason == "end_turn") reason = "refusal";
 
   json::object m(sp);

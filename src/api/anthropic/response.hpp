@@ -31,11 +31,14 @@ void append_upstream_error(std::string& out, int status, std::string_view body);
 // without vLLM's "chatcmpl-" prefix (appended to `out`).
 void append_message_id(std::string& out, std::string_view upstream_id);
 
-// Anthropic's stop_reason for an OpenAI finish_reason: stop → end_turn (or
-// stop_sequence when `matched_stop` is non-empty: vLLM's `stop_reason`
-// string), length → max_tokens, tool_calls → tool_use, content_filter →
-// refusal; anything else (null, abort) → end_turn.
-std::string_view stop_reason(std::string_view finish_reason, std::string_view matched_stop);
+// Anthropic's stop_reason for an OpenAI finish_reason: length → max_tokens
+// (a tool call cut off there is incomplete); else, when the message has a
+// tool call (`tool_calls`), tool_use, whatever the finish said; stop →
+// end_turn (or stop_sequence when `matched_stop` is non-empty: vLLM's
+// `stop_reason` string), content_filter → refusal; anything else (null,
+// abort, and tool_calls with no call: Anthropic says tool_use only with
+// tool_use blocks, which a client's tool loop runs) → end_turn.
+std::string_view stop_reason(std::string_view finish_reason, std::string_view matched_stop, bool tool_calls);
 
 // Appends Anthropic's usage members (without braces) from OpenAI usage:
 // "input_tokens" (prompt tokens not read from the prefix cache),

@@ -321,9 +321,7 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         truncated_ = finish == "length";
         if (!close_all(out)) return;
         const std::string_view matched = string_at(choice, "stop_reason");
-        // A tool call cut off by max_tokens ("length") is max_tokens, not tool_use: its input is incomplete.
-        stop_reason_.assign(calls_.size() > 0 && finish != "length" ? std::string_view("tool_use")
-                                                                    : stop_reason(finish, matched));
+        stop_reason_.assign(stop_reason(finish, matched, calls_.size() > 0));
         if (stop_reason_ == "stop_sequence") stop_sequence_.assign(matched);
         if (refused_ && stop_reason_ == "end_turn") stop_reason_.assign("refusal");
       }

@@ -15,13 +15,22 @@ namespace weir::gateway {
 
 using namespace std::string_view_literals;
 
+namespace {
+// Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
+// the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape).
+ErrorDialect dialect_of(const RequestContext& ctx) {
+  return is_anthropic(ctx.route) || std::string_view(ctx.path).starts_with("/v1/messages/") ? ErrorDialect::anthropic
+                                                                                            : ErrorDialect::openai;
+}
+}  // namespace
+
 core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) {
   auto& m = w_.metrics();
   ctx.set_error(e);
   switch (delivery_of(e, ctx.committed, ctx.stream)) {
     case Delivery::response: {
       ctx.body.clear();
-      append_error_body(ctx.body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
+      append_error_body(ctx.body, e, dialect_of(ctx));
       ctx.scratch.clear();
       if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
       // Weir's own 429 without a Retry-After is one no wait can pass (a request larger than a tokens bucket
@@ -187,7 +196,7 @@ void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
   std::string out, body;
   if (!ctx.committed) {
     if (down_.writing()) return;  // (a 100 Continue going out)
-    append_error_body(body, e, is_anthropic(ctx.route) ? ErrorDialect::anthropic : ErrorDialect::openai);
+    append_error_body(body, e, dialect_of(ctx));
     http::append_own_response_head(out, e.status, "application/json", body.size(), ctx.request_id, ctx.rate_limit_lines,
                                    "Retry-After: 1\r\n", {false, down_.connection_mode().http10});
     // (An answer to HEAD has its Content-Length and no content: RFC 9110 §9.3.2.)
