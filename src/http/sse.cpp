@@ -146,6 +146,7 @@ std::optional<SseEvent> SseReader::next() {
 bool SseReader::tail_is_done() const {
   if (carry_emitted_ || overflow_ || !input_.empty()) return false;
   std::string_view t = carry_;
+  if (lf_carried_) t.remove_prefix(1);  // (the LF of the last event's CRLF, not a line of this one)
   if (t.ends_with("\r\n"))
     t.remove_suffix(2);
   else if (t.ends_with('\n') || t.ends_with('\r'))

@@ -101,6 +101,8 @@ class SseReader {
   // after). At the body's end WHATWG would discard it; the openai SDK reads
   // it as the stream's end, and so does the relay (it ends the stream whole).
   bool tail_is_done() const;
+  // The held tail begins with the LF completing the last event's CRLF (as SseEvent::lf_carried).
+  bool tail_lf_carried() const { return lf_carried_; }
 
   // End of stream: WHATWG discards an incomplete event. Returns the number of
   // bytes discarded (0 when the stream ended on an event boundary, including

@@ -80,6 +80,10 @@ def test_a_crlf_split_between_reads_reaches_the_client_as_the_upstream_framed_it
         "usage": (_sse_answer(_CHUNK + _FINISH + _USAGE[:-1], 0.05, _USAGE[-1:] + _DONE), _CHUNK + _FINISH + _DONE),
         # The content chunk ends on its CR; its LF comes with the stripped usage chunk.
         "content": (_sse_answer(_CHUNK[:-1], 0.05, _CHUNK[-1:] + _FINISH + _USAGE + _DONE), _CHUNK + _FINISH + _DONE),
+        # The finish chunk ends on its CR; its LF comes with a last `data: [DONE]` that has no empty line
+        # (a whole stream all the same: the client gets Weir's [DONE], after the finish chunk's LF).
+        "tail": (_sse_answer(_CHUNK + _FINISH[:-1], 0.05, _FINISH[-1:] + b"data: [DONE]\r\n"),
+                 _CHUNK + _FINISH + b"data: [DONE]\n\n"),
     }
     for name, (script, want) in cases.items():
         up = RawUpstream(lambda h, b, script=script: script)
@@ -188,3 +192,52 @@ def test_configuration_mistakes_get_messages_that_name_them(tmp_path):
     assert _weir_run("-c", f, "--check").returncode == 0
     r = _weir_run("-c", "/dev/stdin", "--check", input_text=base)
     assert r.returncode == 0, r.stderr
+
+
+# DEFECT: an upstream answer with finish_reason "tool_calls" and no tool call (servers other than vLLM send
+# it) became stop_reason "tool_use" with no tool_use block: an Anthropic SDK tool loop found nothing to run.
+# Anthropic says tool_use only with tool_use blocks: end_turn. A path under /v1/messages/ Weir does not serve
+# (the SDK's messages.batches) answered in OpenAI's error shape.
+def test_anthropic_clients_get_tool_use_only_with_a_tool_call_and_their_error_shape_under_messages(weir):
+    from test_defect_fixes import RawUpstream
+    head = b'{"id":"chatcmpl-x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+    tail = b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}'
+    bodies = {
+        "none": head + b'"message":{"role":"assistant","content":"hi","tool_calls":[]},"finish_reason":"tool_calls"}],' + tail,
+        "call": head + b'"message":{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function",'
+                b'"function":{"name":"f","arguments":"{}"}}]},"finish_reason":"stop"}],' + tail,
+    }
+    chunks = {
+        "none": [b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+                 b'"delta":{"role":"assistant","content":"hi"},"finish_reason":null}]}',
+                 b'{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
+                 b'"delta":{},"finish_reason":"tool_calls"}]}'],
+    }
+    which = {"v": "none"}
+
+    def answer(h, b):
+        if json.loads(b).get("stream"):
+            sse = b"".join(b"data: %s\n\n" % c for c in chunks[which["v"]]) + b"data: [DONE]\n\n"
+            return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(sse), sse))
+        body = bodies[which["v"]]
+        return b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "models": {"claude-x": {"pool": "p"}}}, workers=1)
+        req = {"model": "claude-x", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
+        r = httpx.post(w.v1 + "/messages", json=req, timeout=10)
+        assert r.status_code == 200 and r.json()["stop_reason"] == "end_turn", r.text
+        r = httpx.post(w.v1 + "/messages", json={**req, "stream": True}, timeout=10)
+        assert '"stop_reason":"end_turn"' in r.text and '"tool_use"' not in r.text, r.text
+        which["v"] = "call"  # a tool call with finish_reason "stop" is tool_use still
+        r = httpx.post(w.v1 + "/messages", json=req, timeout=10)
+        assert r.json()["stop_reason"] == "tool_use" and r.json()["content"][0]["type"] == "tool_use", r.text
+        for method, path in (("POST", "/messages/batches"), ("GET", "/messages/msg_1")):
+            r = httpx.request(method, w.v1 + path, json={}, timeout=10)
+            assert r.status_code == 404, r.text
+            assert r.json()["type"] == "error" and r.json()["error"]["type"] == "not_found_error", r.text
+        r = httpx.post(w.v1 + "/nope", json={}, timeout=10)
+        assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text  # (OpenAI's, elsewhere)
+    finally:
+        up.close()

@@ -248,15 +248,17 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     // The body ended cleanly in `data: [DONE]` without its empty line: the
     // stream's end all the same (as the openai SDK reads it), given to the
     // client whole.
+    // (With the LF that completes the last event's CRLF, when the tail began with it.)
     http::SseEvent done;
-    done.raw = "data: [DONE]\n\n";
+    done.lf_carried = ctx.sse.tail_lf_carried();
+    done.raw = std::string_view("\ndata: [DONE]\n\n").substr(done.lf_carried ? 0 : 1);
     done.data = "[DONE]";
     done.has_data = true;
     if (ctx.hooks.translating()) {
       if (ctx.hooks.translate(done, events)) ++ctx.events;
     } else if (ctx.hooks.on_event(done)) {
       ++ctx.events;
-      events += done.raw;
+      send_event(done);
     }
   }
   if (ctx.hold_head && !ctx.committed) {

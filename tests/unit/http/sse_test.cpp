@@ -548,6 +548,16 @@ TEST(HttpSseReader, CrLfOfTheClosingLineSplitAcrossPushes) {
   ASSERT_TRUE(ev);
   EXPECT_FALSE(ev->lf_carried);
   EXPECT_FALSE(r.awaiting_lf());
+  // A last `data: [DONE]` without its empty line, behind the carried LF: the tail is the sentinel still.
+  r.reset();
+  r.push(a);
+  while (r.next()) {
+  }
+  std::string done_tail = "\ndata: [DONE]\r\n";
+  r.push(done_tail);
+  EXPECT_FALSE(r.next());
+  EXPECT_TRUE(r.tail_lf_carried());
+  EXPECT_TRUE(r.tail_is_done());
   // A CR-only stream's event ending a push awaits an LF that never comes: the next event is not flagged.
   r.reset();
   std::string cr = "data: a\r\r", cr2 = "data: b\r\r";
