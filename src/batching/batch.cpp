@@ -87,6 +87,11 @@ core::Task<http::BodyRead> BatchMember::read(std::span<char> into) {
   }
 }
 
+void BatchMember::cancel_stalled() {
+  if (!ended_ && batch_) batch_->stalled();
+  cancel();
+}
+
 void BatchMember::cancel() {
   if (ended_) return;
   if (batch_) batch_->leave(*this);

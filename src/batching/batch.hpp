@@ -141,6 +141,7 @@ class BatchMember final : public http::ResponseSource {
   core::Task<http::BodyRead> read(std::span<char> into) override;
   // Leaves the batch (the others go on); a pending read completes with cancelled.
   void cancel() override;
+  void cancel_stalled() override;
 
  private:
   friend class Batch;

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <boost/beast/http/field.hpp>
 
+#include "api/openai/stream.hpp"
 #include "core/error.hpp"
 #include "core/text.hpp"
 #include "core/time.hpp"
@@ -133,8 +134,15 @@ core::Task<void> Batch::send() {
     if (env.on_attempt) env.on_attempt(ep_idx, failure);
     const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
                                (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
-    if (failure == UpstreamFailure::none || answer_failed)
+    if (failure == UpstreamFailure::none && exchange_.head().result_int() == 200 &&
+        is_event_stream(http::first_field(exchange_.head(), bh::field::content_type))) {
+      // A stream's answer is judged at its first token (judge), as unbatched: vLLM sends the head at once, so
+      // an engine that answers 200 and then errs or stalls is failing.
+      verdict_pool_ = &pool;
+      verdict_trial_ = attempts.defer_answer();
+    } else if (failure == UpstreamFailure::none || answer_failed) {
       (void)attempts.on_answer(answer_failed, core::now(), sent_at_);
+    }
     routing::RetryDecision d;
     if (failure == UpstreamFailure::none) {
       const int status = exchange_.head().result_int();
@@ -234,6 +242,7 @@ core::Task<void> Batch::send() {
   else if (stream && !http::content_codings(head_).empty())
     invalid = "an uncompressed event stream";
   if (!invalid.empty()) {
+    judge(/*failed=*/true);
     drop_answer();
     for_present([&](BatchMember& m) { m.invalid_answer_ = invalid; });
     fail_all(UpstreamFailure::protocol);
@@ -311,13 +320,25 @@ core::Task<void> Batch::relay_stream() {
   bool done = false;  // the upstream's [DONE] was dispatched
   while (!exchange_.done()) {
     const http::BodyRead r = co_await exchange_.read(into);
-    if (aborted_) co_return;  // every member left: the exchange was aborted
+    if (aborted_) {  // every member left: the exchange was aborted
+      judge_abandoned();
+      co_return;
+    }
     if (r.bytes > 0) {
       sse_.push(std::string_view(into.data(), r.bytes));
       // After the upstream's [DONE] nothing more is the members' (as unbatched: gateway/stream_hooks.hpp).
       while (auto ev = sse_.next())
         if (!done && failure == UpstreamFailure::none) {
           done = ev->is_done();
+          if (verdict_pool_ != nullptr && ev->has_data && !done) {
+            // Until the first token: its first content event is a good answer; an in-band error before it a
+            // failed one, unless it refuses the request (a 4xx: an answer).
+            const auto kind = api::openai::classify_chunk(ev->data);
+            if (kind == api::openai::ChunkKind::content)
+              judge(false);
+            else if (kind == api::openai::ChunkKind::error)
+              judge(!api::openai::refuses_request(ev->data));
+          }
           if (!dispatch(*ev)) failure = UpstreamFailure::protocol;
         }
       if (sse_.error() && !done) failure = UpstreamFailure::protocol;
@@ -351,6 +372,12 @@ core::Task<void> Batch::relay_stream() {
     const bool ended = co_await exchange_.take_end(into);  // (no co_await in a condition: GCC 12)
     if (!ended) exchange_.cancel();
   }
+  // No first token: a failure before it is the endpoint's failed answer; a stream that ended whole without
+  // content (a [DONE] alone) an answer all the same; every member gone, no verdict.
+  if (failure == UpstreamFailure::cancelled || (present_ == 0 && failure == UpstreamFailure::none && !done))
+    judge_abandoned();
+  else
+    judge(failure != UpstreamFailure::none);
   if (failure != UpstreamFailure::none) {
     exchange_.cancel();
     // Streaming members have had their events: the failure ends their streams in-band.
@@ -358,6 +385,21 @@ core::Task<void> Batch::relay_stream() {
     co_return;
   }
   finish_members(done);
+}
+
+void Batch::judge(bool failed) {
+  if (verdict_pool_ == nullptr) return;
+  (void)verdict_pool_->report_answer(static_cast<std::uint32_t>(endpoint_), failed, core::now(), verdict_trial_,
+                                     sent_at_);
+  verdict_pool_ = nullptr;
+  verdict_trial_ = false;
+}
+
+void Batch::judge_abandoned() {
+  if (verdict_pool_ == nullptr) return;
+  if (verdict_trial_) verdict_pool_->end_trial(static_cast<std::uint32_t>(endpoint_));
+  verdict_pool_ = nullptr;
+  verdict_trial_ = false;
 }
 
 bool Batch::dispatch(const http::SseEvent& ev) {

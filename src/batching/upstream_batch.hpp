@@ -95,6 +95,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
     asio::co_spawn(b_->env_.ex, run(shared_from_this()), asio::detached);
   }
 
+  // A member's first-token timeout passed (BatchMember::cancel_stalled): the endpoint stalled before the first
+  // token, a failed answer as unbatched.
+  void stalled() { judge(/*failed=*/true); }
   // Member `m` left (its client went away, or it was cut off).
   void leave(BatchMember& m) {
     if (m.slot_ >= members_.size() || members_[m.slot_] != &m) return;
@@ -207,6 +210,12 @@ class Batch : public std::enable_shared_from_this<Batch> {
     --present_;
     m.end(f);
   }
+  // The endpoint's verdict on a streamed answer (200, an event stream), given at its first token as an
+  // unbatched stream's is (gateway::GatewayPhases::judge_first_token): `failed` for an upstream fault
+  // before it (an in-band error, a reset, a stall, an invalid stream). No verdict (only the half-open trial
+  // slot given back) when every member left first. Once per answer: later calls do nothing.
+  void judge(bool failed);
+  void judge_abandoned();
   // The response is over (or failed): a coalesced generation takes no one new.
   void finished() {
     state_ = State::done;
@@ -228,7 +237,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::uint32_t sent_size_ = 0;
   State state_ = State::open;
   bool aborted_ = false;
-  bool queue_place_ = false;  // hold_queue_place()
+  bool queue_place_ = false;                     // hold_queue_place()
+  routing::WorkerPool* verdict_pool_ = nullptr;  // set while the answer's verdict waits for its first token (judge)
+  bool verdict_trial_ = false;                   // ... holding the endpoint's half-open trial slot
   // The attempts before the last (at most 8 kept, as a request's log holds), and the retries made.
   std::array<BatchMember::EarlierAttempt, 8> tried_{};
   std::uint8_t tried_count_ = 0;

@@ -46,6 +46,9 @@ class ResponseSource {
   // Stops now: the upstream request is aborted, so the model server stops
   // generating; a pending read completes with UpstreamFailure::cancelled.
   virtual void cancel() = 0;
+  // As cancel(), because the first token did not come by the pool's timeouts.first_token: a source shared by
+  // several requests (a micro-batch) holds that against its endpoint before this one leaves it.
+  virtual void cancel_stalled() { cancel(); }
   // The head was forwarded: a long stream need not hold its fields or any
   // read buffer beyond what the body's framing needs. head() has only its
   // status after.

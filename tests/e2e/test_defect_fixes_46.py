@@ -241,3 +241,41 @@ def test_anthropic_clients_get_tool_use_only_with_a_tool_call_and_their_error_sh
         assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text  # (OpenAI's, elsewhere)
     finally:
         up.close()
+
+
+# DEFECT: a pool with `batch:` judged its endpoint at the batch's 200 head, not at the first token as every
+# other stream is: an engine that answers 200 and then errs in-band (or stalls) before any token was never
+# held against the endpoint, and a half-open trial made through a batch closed the breaker at its head.
+def test_a_batched_stream_is_judged_at_its_first_token(weir):
+    import pytest
+
+    from test_defect_fixes import RawUpstream
+    err = (b'data: {"error":{"object":"error","message":"engine dead","type":"InternalServerError","param":null,'
+           b'"code":500}}\n\n')
+    mode = {"k": "err"}
+
+    def answer(h, b):
+        if mode["k"] == "err":
+            sse = err + b"data: [DONE]\n\n"
+            return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                    % (len(sse), sse))
+        return [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n", 1.5, None]
+    up = RawUpstream(answer)
+    try:
+        for k in ("err", "stall"):
+            mode["k"] = k
+            w = weir(config={"pools": {"p": {"endpoints": [up.url], "eject_for": "5s",
+                                             "outlier": {"consecutive_failures": 1},
+                                             "breaker": {"half_open_trials": 1},
+                                             "timeouts": {"first_token": "300ms"},
+                                             "batch": {"window": "5ms", "max_size": 4}}},
+                             "default_pool": "p"}, workers=1)
+            body = {"model": "m", "prompt": "x", "max_tokens": 3, "stream": True}
+            hdr = {"x-weir-fallbacks": "none"}
+            r = httpx.post(w.v1 + "/completions", json=body, headers=hdr, timeout=10)
+            assert r.status_code == 200 and '"error"' in r.text, (k, r.text)
+            r = httpx.post(w.v1 + "/completions", json=body, headers=hdr, timeout=10)
+            assert r.status_code == 503 and "circuit breaker" in r.text, (k, r.status_code, r.text)
+            w.process.stop()
+    finally:
+        up.close()

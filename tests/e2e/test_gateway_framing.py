@@ -116,7 +116,9 @@ def test_endless_chunk_line_is_refused_with_memory_bounded(stack, listener, line
     port = w.port if listener == "client" else admin_port
     path = "/v1/chat/completions" if listener == "client" else "/admin/v1/keys"
     request_id = "ext-" + uuid.uuid4().hex[:8]
-    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    # (With the admin token: the admin listener refuses a request without one on its head, before its body.)
+    auth = f"Authorization: Bearer {TOKEN}\r\n" if listener == "admin" else ""
+    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
             f"x-request-id: {request_id}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
     head += b"4c;e=" if line == "extension" else b""
     before = peak_rss(w.process.pid)

@@ -136,9 +136,9 @@ def test_sigterm_drains_the_queue_into_the_store(tmp_path, mock, weir):
 
 def test_unwritable_store_serves_on_and_counts(tmp_path, mock, weir):
     m = mock(*MOCK_FLAGS)
-    # A store SQLite cannot open: the path is a directory (unwritable for root too,
-    # who ignores permission bits; a read-only directory behaves the same for others).
-    (tmp_path / "requests.db").mkdir()
+    # A store SQLite cannot use: a file that is no database (a directory there is a configuration error;
+    # permission bits do not stop root).
+    (tmp_path / "requests.db").write_bytes(b"this is not an SQLite database\n" * 512)
     w = weir(config=config(m, f"sqlite:{tmp_path}/requests.db", queue=16))
     for _ in range(40):
         assert chat(w, "sk-acme", rid()).status_code == 200

@@ -297,7 +297,12 @@ void GatewayPhases::on_cutoff(RequestContext& ctx) {
     return;
   }
   // The responder's pending read completes as cancelled; it maps it (respond_stream).
-  if (ctx.source && !ctx.source->done()) ctx.source->cancel();
+  if (ctx.source && !ctx.source->done()) {
+    if (ctx.cutoff == RequestContext::Cutoff::first_token)
+      ctx.source->cancel_stalled();
+    else
+      ctx.source->cancel();
+  }
 }
 
 Outcome GatewayPhases::after_cutoff(RequestContext& ctx, Outcome o) {
