@@ -279,3 +279,35 @@ def test_a_batched_stream_is_judged_at_its_first_token(weir):
             w.process.stop()
     finally:
         up.close()
+
+
+# DEFECT: a held stream's retry on its pool counted again the time since the request arrived, the earlier
+# attempts' upstream waits included, into added_us (Weir's own time): three endpoints that stalled 200 ms each
+# before the first token gave added_us 600,000 for a 600 ms request.
+def test_a_held_streams_retries_add_no_upstream_wait_to_weirs_own_time(mock, weir):
+    from test_defect_fixes import RawUpstream
+
+    def chunk(delta, finish=None):
+        return b"data: " + json.dumps({"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                                       "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}).encode() \
+            + b"\n\n"
+    role = chunk({"role": "assistant", "content": ""})
+    stall = [b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+             b"%x\r\n%s\r\n" % (len(role), role), 1.0, None]
+    ups = [RawUpstream(lambda h, b: stall) for _ in range(3)]
+    good = mock()
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [u.url for u in ups], "retry": {"attempts": 3},
+                                         "timeouts": {"first_token": "200ms"}},
+                                   "f": {"endpoints": [good.base_url]}},
+                         "models": {"m": {"pool": "p", "fallbacks": [{"pool": "f", "upstream_model": "mock-model"}]}}},
+                 workers=1)
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-request-id": "held-added"},
+                       json={"model": "m", "messages": MSG, "stream": True})
+        assert r.status_code == 200 and "[DONE]" in r.text, r.text
+        line = w.log_for("held-added")
+        assert line["retries"] >= 2 and line["duration_ms"] >= 600, line
+        assert line["added_us"] < 100_000, line
+    finally:
+        for u in ups:
+            u.close()

@@ -470,9 +470,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   }
   // Each request's first pick on a pool (docs/routing.md): not a held stream's retry there, nor a resume.
   if (avoid.empty()) metrics.count_pick(pool.last_rule());
-  // Read, parse, route and admit count once, before the first target.
-  // (A request resent alone after its batch was refused counted its time to the batch already.)
-  std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split && !resuming
+  // Read, parse, route and admit count once, before the first target's first attempt.
+  // (A request resent alone after its batch was refused counted its time to the batch already; a held stream's
+  // retry on the same pool, its earlier attempts' upstream waits being no time of Weir's.)
+  std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split && !resuming && !held_retry
                                            ? core::micros_between(ctx.t_start, now) - ctx.client_wait_us
                                            : 0);
   http::UpstreamFailure failure = http::UpstreamFailure::none;
