@@ -7,12 +7,23 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <string_view>
+
+#include <boost/system/error_code.hpp>
 
 #include <boost/json/object.hpp>
 #include <boost/json/string.hpp>
 
 namespace weir::api {
+
+// The deepest nesting of a client's JSON body Weir reads (RFC 8259 §9 lets a
+// parser set one; no OpenAI or Anthropic request shape comes near it).
+inline constexpr int kMaxBodyDepth = 64;
+// The 400 message for a client body the parser refused with `ec`: "The
+// request body is not valid JSON: <why>.", or, when it is nested deeper than
+// kMaxBodyDepth, that (it is valid JSON Weir does not read).
+std::string invalid_body_message(const boost::system::error_code& ec);
 
 // A json::string as a std::string_view (no copy).
 inline std::string_view sv(const boost::json::string& s) { return {s.data(), s.size()}; }

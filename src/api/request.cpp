@@ -12,6 +12,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
 #include "core/multipart.hpp"
 #include "core/text.hpp"
@@ -440,7 +441,7 @@ class FieldsHandler {
 
   ApiKind kind_;
   std::string& model_text_;
-  std::array<Frame, 80> frames_{};  // parse_options::max_depth (64) bounds the nesting
+  std::array<Frame, kMaxBodyDepth + 16> frames_{};  // parse_options::max_depth (kMaxBodyDepth) bounds the nesting
   std::size_t depth_ = 0;
   Role pending_ = Role::other;  // the role of the value after the last key
   bool pending_media_ = false;  // the last key is an uncounted_key
@@ -459,19 +460,25 @@ class FieldsHandler {
 
 }  // namespace
 
+std::string invalid_body_message(const boost::system::error_code& ec) {
+  if (ec == json::error::too_deep)
+    return fmt::format("The request body is nested deeper than {} levels, the most Weir reads.", kMaxBodyDepth);
+  return fmt::format("The request body is not valid JSON: {}.", ec.message());
+}
+
 tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body) {
   // One SAX pass over the body (validated as a DOM parse would be: RFC 8259,
-  // UTF-8, 64 levels at most), then the checks in a fixed order.
+  // UTF-8, kMaxBodyDepth levels at most), then the checks in a fixed order.
   RequestFields f;
   json::parse_options opt;
-  opt.max_depth = 64;
+  opt.max_depth = kMaxBodyDepth;
   json::basic_parser<FieldsHandler> p(opt, kind, f.model);
   boost::system::error_code ec;
   const std::size_t used = p.write_some(false, body.data(), body.size(), ec);
   if (!ec && used < body.size()) ec = json::error::extra_data;
   if (ec) {
     if (body.empty()) return tl::unexpected(core::bad_request("The request body is empty; expected a JSON object."));
-    return tl::unexpected(core::bad_request(fmt::format("The request body is not valid JSON: {}.", ec.message())));
+    return tl::unexpected(core::bad_request(invalid_body_message(ec)));
   }
   const FieldsHandler& h = p.handler();
   if (h.root.type != Shape::Type::object)

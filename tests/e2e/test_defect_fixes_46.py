@@ -311,3 +311,18 @@ def test_a_held_streams_retries_add_no_upstream_wait_to_weirs_own_time(mock, wei
     finally:
         for u in ups:
             u.close()
+
+
+# DEFECT: a body nested deeper than Weir's 64 levels was "not valid JSON: too deep" (it is valid JSON).
+def test_a_body_nested_too_deep_is_refused_as_such(mock, weir):
+    m = mock()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "models": {"mock-model": {"pool": "p"}, "claude-x": {"pool": "p"}}}, workers=1)
+    deep = {}
+    for _ in range(70):
+        deep = {"a": deep}
+    for path, body in (("/chat/completions", {"model": "mock-model", "messages": MSG, "x": deep}),
+                       ("/messages", {"model": "claude-x", "max_tokens": 5, "messages": MSG, "metadata": deep}),
+                       ("/responses", {"model": "mock-model", "input": "hi", "x": deep})):
+        r = httpx.post(w.v1 + path, json=body, timeout=10)
+        assert r.status_code == 400 and "nested deeper than 64 levels" in r.text, (path, r.text)

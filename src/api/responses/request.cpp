@@ -357,12 +357,12 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
   json::monotonic_resource mr(thread_arena<Arena, 64 * 1024>(), 64 * 1024);
   json::storage_ptr sp(&mr);
   json::parse_options opt;
-  opt.max_depth = 64;
+  opt.max_depth = kMaxBodyDepth;
   boost::system::error_code ec;
   json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp, opt);
   if (ec) {
     if (body.empty()) return invalid("The request body is empty; expected a JSON object.", {});
-    return invalid(fmt::format("The request body is not valid JSON: {}.", ec.message()), {});
+    return invalid(invalid_body_message(ec), {});
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.", {});
   if (!numbers_finite(doc))
