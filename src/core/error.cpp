@@ -76,6 +76,11 @@ Error expectation_failed() {
   return make(ErrorSource::client, 417, "invalid_request_error", "expectation_failed",
               "The request's Expect field is not supported: the only expectation is 100-continue.");
 }
+Error unsupported_media_type(std::string_view content_type) {
+  return make(ErrorSource::client, 415, "invalid_request_error", "unsupported_media_type",
+              fmt::format("The request body must be JSON (Content-Type: application/json), not '{}'.",
+                          utf8_prefix(content_type, 64)));
+}
 Error unsupported_encoding(std::string_view coding) {
   return make(ErrorSource::client, 415, "invalid_request_error", "unsupported_content_encoding",
               fmt::format("Content-Encoding '{}' is not supported for request bodies; send the body as it is, or "

@@ -51,6 +51,8 @@ Error unsupported_transfer_coding();
 // 417 expectation_failed: an Expect member other than 100-continue (RFC 9110
 // §10.1.1), answered before the body is read.
 Error expectation_failed();
+// 415 unsupported_media_type: a JSON route's body sent as another media type (`content_type`, echoed).
+Error unsupported_media_type(std::string_view content_type);
 // 415 unsupported_content_encoding: a request body in a Content-Encoding
 // Weir does not decode (RFC 9110 §15.5.16; the answer carries Accept-Encoding).
 Error unsupported_encoding(std::string_view coding);

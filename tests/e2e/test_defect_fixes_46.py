@@ -326,3 +326,22 @@ def test_a_body_nested_too_deep_is_refused_as_such(mock, weir):
                        ("/responses", {"model": "mock-model", "input": "hi", "x": deep})):
         r = httpx.post(w.v1 + path, json=body, timeout=10)
         assert r.status_code == 400 and "nested deeper than 64 levels" in r.text, (path, r.text)
+
+
+# DEFECT: a JSON route took any Content-Type (text/plain, a form: `curl -d` without -H), admitted and charged
+# the request and forwarded it, for vLLM to refuse (its FastAPI reads JSON only for application/json or
+# application/*+json, or no Content-Type). Refused with 415 now, before admission.
+def test_a_json_route_refuses_a_body_of_another_media_type(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}, workers=1)
+    body = json.dumps({"model": "mock-model", "messages": MSG}).encode()
+    for ct in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml"):
+        r = httpx.post(w.v1 + "/chat/completions", content=body, headers={"content-type": ct}, timeout=10)
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type", (ct, r.text)
+    for ct in (None, "application/json", "Application/JSON; charset=utf-8", "application/vnd.api+json", ""):
+        headers = {} if ct is None else {"content-type": ct}
+        r = httpx.post(w.v1 + "/chat/completions", content=body, headers=headers, timeout=10)
+        assert r.status_code == 200, (ct, r.text)
+    r = httpx.post(w.v1 + "/messages", content=json.dumps({"model": "mock-model", "max_tokens": 5, "messages": MSG}),
+                   headers={"content-type": "text/plain"}, timeout=10)
+    assert r.status_code == 415 and r.json()["type"] == "error", r.text

@@ -52,6 +52,18 @@ std::string peek_model(std::string_view body) {
   const auto parsed = boost::json::parse(boost::json::string_view(v.data(), v.size()), ec);
   return !ec && parsed.is_string() ? std::string(parsed.get_string()) : std::string();
 }
+// A JSON route's body is read as JSON when its Content-Type says so (application/json, or application/*+json,
+// RFC 6839) or there is none, as vLLM's FastAPI reads it; any other media type (text/plain, a form: curl -d
+// without -H) vLLM refuses after a round trip: here, before the request is admitted and charged.
+bool json_media_type(std::string_view content_type) {
+  const std::string_view type = core::trim_ows(content_type.substr(0, content_type.find(';')));
+  if (type.empty()) return true;
+  constexpr std::string_view kApp = "application/";
+  if (type.size() <= kApp.size() || !core::iequals(type.substr(0, kApp.size()), kApp)) return false;
+  const std::string_view sub = type.substr(kApp.size());
+  return core::iequals(sub, "json") || (sub.size() > 5 && core::iequals(sub.substr(sub.size() - 5), "+json"));
+}
+
 }  // namespace
 
 Outcome GatewayPhases::parse(RequestContext& ctx) {
@@ -61,6 +73,10 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     if (auto o = decode_body(ctx); !o.goes_on()) return o;
   if (w_.shared().capture) begin_capture(ctx);
   if (!api) return Outcome::next();
+  if (*api != api::ApiKind::audio) {
+    const std::string_view ct = http::first_field(down_.request(), boost::beast::http::field::content_type);
+    if (!json_media_type(ct)) return refused_body(ctx, core::unsupported_media_type(ct));
+  }
   if (is_anthropic(ctx.route)) {
     // An Anthropic request to an Anthropic pool goes as it came: read what
     // the gateway needs, leave the rest to the upstream (which accepts more
