@@ -31,6 +31,21 @@ enum class ToolArguments : std::uint8_t {
 };
 ToolArguments classify_arguments(std::string_view text);
 
+// How a streamed call's arguments reach the client, the same in both
+// translators: an object (its first byte `{`) as its deltas come; any other
+// text held to the call's end and read whole there (classify_arguments).
+enum class ArgumentsForm : std::uint8_t { none, object, raw };
+// The part of a delta's `arguments` the translator takes now. While `form` is
+// none, whitespace before the value is nothing yet (""), and the first other
+// byte sets `form`; an object's arguments start at its brace.
+inline std::string_view take_arguments(ArgumentsForm& form, std::string_view args) {
+  if (form != ArgumentsForm::none) return args;
+  const std::size_t first = args.find_first_not_of(" \t\r\n");
+  if (first == std::string_view::npos) return {};
+  form = args[first] == '{' ? ArgumentsForm::object : ArgumentsForm::raw;
+  return form == ArgumentsForm::object ? args.substr(first) : args;
+}
+
 // The name rule of a call's deltas: a `function.name` that is not empty adds
 // to the name so far as a piece (OpenAI's chunks carry it whole, once; some
 // servers split it), unless it is the whole name so far again (servers that

@@ -91,16 +91,11 @@ void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
   // that begin with `{` stream as they come; any other text (a list, a
   // string, a bare word) is held and given at the block's end as
   // {"_raw": "<the text>"}, as the non-streamed translation does.
-  if (tool_args_ == ToolArgs::none) {
-    const std::size_t first = args.find_first_not_of(" \t\r\n");
-    if (first == std::string_view::npos) return;  // (whitespace before the value: nothing yet)
-    tool_args_ = args[first] == '{' ? ToolArgs::object : ToolArgs::raw;
-    if (tool_args_ == ToolArgs::object) args.remove_prefix(first);
-  }
+  args = take_arguments(tool_args_, args);
   if (tool_args_ == ToolArgs::object) {
     tool_text_.append(args);  // (checked whole at the block's end)
     delta("input_json_delta", "partial_json", args, out);
-  } else {
+  } else if (tool_args_ == ToolArgs::raw) {
     tool_raw_.append(args);
   }
 }

@@ -87,7 +87,7 @@ class StreamTranslator {
   std::string tool_text_;  // the open tool_use block's object arguments so far (checked at its end)
   // The open tool_use block's arguments: not begun yet, a JSON object
   // (streamed as they come), or other text (held in tool_raw_).
-  enum class ToolArgs : std::uint8_t { none, object, raw };
+  using ToolArgs = ArgumentsForm;
   ToolArgs tool_args_ = ToolArgs::none;
   std::string tool_raw_;
   // A tool_use block's start is held until its name is whole (ToolCallStream::start_ready, or the block

@@ -169,12 +169,7 @@ void StreamTranslator::start_call(std::string& out) {
 void StreamTranslator::tool_arguments(std::string_view args, std::string& out) {
   // As for Anthropic: arguments that begin with `{` stream as they come (whitespace before them left out);
   // any other text is held to the item's end, where classify_arguments() reads it whole.
-  if (tool_args_ == ToolArgs::none) {
-    const std::size_t first = args.find_first_not_of(" \t\r\n");
-    if (first == std::string_view::npos) return;  // (whitespace before the value: nothing yet)
-    tool_args_ = args[first] == '{' ? ToolArgs::object : ToolArgs::raw;
-    if (tool_args_ == ToolArgs::object) args.remove_prefix(first);
-  }
+  args = take_arguments(tool_args_, args);
   if (tool_args_ == ToolArgs::raw)
     tool_raw_.append(args);
   else if (!args.empty())

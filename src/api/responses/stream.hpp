@@ -100,7 +100,7 @@ class StreamTranslator {
   bool call_pending_ = false;
   // The open call's arguments: not begun yet, a JSON object (streamed as they come), or other text (held
   // in tool_raw_ to the item's end).
-  enum class ToolArgs : std::uint8_t { none, object, raw };
+  using ToolArgs = ArgumentsForm;
   ToolArgs tool_args_ = ToolArgs::none;
   std::string tool_raw_;
   std::int64_t created_ = 0;
