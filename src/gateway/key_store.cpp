@@ -1,9 +1,7 @@
 #include "gateway/key_store.hpp"
 
 #include "core/json_text.hpp"
-
-#include <fcntl.h>
-#include <unistd.h>
+#include "core/replace_file.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -551,45 +549,7 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
   root["version"] = 1;
   root["keys"] = std::move(a);
   const std::string text = json::serialize(root) + "\n";
-  const std::string tmp = file_ + ".tmp";
-  // A new file, never one found there: a symbolic link planted at FILE.tmp
-  // (O_NOFOLLOW, and unlink removes the link, not its target) or a file
-  // another process holds open would otherwise get the hashes, or keep its
-  // own mode. A stale FILE.tmp (a crash between open and rename) is removed
-  // first; one that comes back in between makes O_EXCL fail: nothing written.
-  if (::unlink(tmp.c_str()) != 0 && errno != ENOENT)
-    return tl::unexpected(fmt::format("cannot remove the stale {}: {}", tmp, std::strerror(errno)));
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  if (fd < 0) return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  std::size_t off = 0;
-  while (off < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + off, text.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
-    }
-    off += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
-  if (::rename(tmp.c_str(), file_.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    return tl::unexpected(fmt::format("cannot replace {}: {}", file_, std::strerror(err)));
-  }
-  // The rename is durable only once the directory is (a power loss could
-  // otherwise bring the old file back after the answer said saved). The new
-  // file is in place by now: a failure here is reported, not undone.
-  std::string dir = std::filesystem::path(file_).parent_path().string();
-  if (dir.empty()) dir = ".";
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0 || ::fsync(dfd) != 0)
-    fmt::print(stderr, "weir: keys_file: cannot sync the directory {} after writing {}: {}\n", dir, file_,
-               std::strerror(errno));
-  if (dfd >= 0) ::close(dfd);
-  return {};
+  return core::replace_file(file_, text, 0600);
 }
 
 AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next) {
