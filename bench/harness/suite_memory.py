@@ -3,6 +3,8 @@ concurrent open streams (MB per 10k streams)."""
 
 from __future__ import annotations
 
+import json
+import socket
 import time
 
 import configs
@@ -112,6 +114,36 @@ def open_streams(env: Env, t: Target, mock: Mock, n: int) -> dict:
             "saturation_reasons": d.get("saturation_reasons")}
 
 
+CUT_CLIENTS = 4   # clients that never read a long, fast stream: cut as slow_client (server.max_stream_buffer)
+
+
+def after_slow_clients(env: Env, t: Target, mock: Mock, rounds: int) -> dict:
+    """RSS once the gateway has cut `CUT_CLIENTS` clients that never read (each stream's backlog grows to a few
+    MB before the cut) and then stayed idle past its idle trim, per round. glibc's allocator once kept those
+    backlogs resident for good (21 MiB idle after one round, 6 fresh)."""
+    before = rss_mib(t)
+    after = []
+    body = json.dumps({"model": "mock-model", "stream": True, "max_tokens": 200000,
+                       "messages": [{"role": "user", "content": "hi"}]})
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n")
+    for _ in range(rounds):
+        socks = []
+        for _ in range(CUT_CLIENTS):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            s.connect(("127.0.0.1", t.port))
+            s.sendall((head + body).encode())
+            socks.append(s)
+        time.sleep(0.5)
+        drained = wait_drained(mock, 40)      # the gateway cut every client and aborted its stream upstream
+        for s in socks:
+            s.close()
+        time.sleep(2.5)                        # past Weir's idle trim (1 s after its last session)
+        after.append(rss_mib(t) if drained else None)
+    return {"before_mib": before, "after_mib": after}
+
+
 def run(env: Env, opts: Options) -> Report:
     rep = Report("memory", TITLE, env)
     mock = Mock(env, ttft_ms=90, itl_ms=14, max_tokens=128, threads=1 if env.smoke else 2)
@@ -163,6 +195,19 @@ def run(env: Env, opts: Options) -> Report:
                                    + (f"; errors {o['errors']}" if o["errors"] else "") + ")")
                 if env.smoke and t.name in ("weir", "nginx"):
                     rep.failures.append(f"memory: {t.label} {failed[t.label]}")
+    # Clients that never read: a fast, long stream (no pacing), cut once its backlog passes
+    # server.max_stream_buffer; Weir and its baseline twins only (a peer has no such cut).
+    mock.restart(ttft_ms=10, itl_ms=0, max_tokens=200000, threads=1,
+                 extra=["--tick-us", "0", "--max-model-len", "1000000"])
+    for t in live(gateways):
+        if not t.name.startswith("weir"):
+            continue
+        focus(gateways, t)
+        env.log(f"  memory: {CUT_CLIENTS} clients that never read, through {t.label}")
+        c = after_slow_clients(env, t, mock, 1 if env.smoke else 3)
+        results[t.label]["slow_cut"] = c
+        env.log(f"    {t.label}: {c['before_mib']:.1f} MiB before, after each round (idle): "
+                + ", ".join("–" if a is None else f"{a:.1f}" for a in c["after_mib"]))
     for t in gateways:
         t.pause()
     twin_notes(gateways, rep)
@@ -214,6 +259,23 @@ def run(env: Env, opts: Options) -> Report:
         "(nginx: master + worker; LiteLLM: supervisor + worker).\n\n"
         + table(["gateway", "idle", "steady load", "after load", *[f"{n:,} streams" for n in levels],
                  "MB per 10k streams", "notes"], rows)))
+
+    cut_rows = []
+    for label, r in results.items():
+        c = r.get("slow_cut")
+        if not c:
+            continue
+        cut_rows.append([label, f"{c['before_mib']:.1f}",
+                         ", ".join("–" if a is None else f"{a:.1f}" for a in c["after_mib"])])
+        for i, a in enumerate(c["after_mib"]):
+            rep.row("rss", label, f"after slow-client cuts, round {i + 1}", "rss", a, "MiB")
+    if cut_rows:
+        rep.section("After slow-client cuts (VmRSS, MiB)", (
+            f"{CUT_CLIENTS} clients that never read (4 KiB receive buffer) ask for a long stream from a mock with "
+            "no pacing; the gateway cuts each once its backlog passes server.max_stream_buffer (1 MiB, plus "
+            "what the kernel holds unacknowledged) and aborts the generation. RSS 2.5 s after the last cut "
+            "(past the idle trim), per round, against RSS before the first round.\n\n"
+            + table(["gateway", "before", "after each round, idle"], cut_rows)))
 
     w = results.get("weir", {})
     goal = "idle RSS at most 8 MiB"   # issue 10's target
