@@ -67,6 +67,10 @@ Error header_too_large(std::uint64_t limit_bytes) {
   return make(ErrorSource::client, 431, "invalid_request_error", "request_header_too_large",
               fmt::format("The request head is larger than {} bytes.", limit_bytes));
 }
+Error uri_too_long(std::uint64_t limit_bytes) {
+  return make(ErrorSource::client, 414, "invalid_request_error", "uri_too_long",
+              fmt::format("The request line is longer than {} bytes.", limit_bytes));
+}
 Error unsupported_transfer_coding() {
   return make(ErrorSource::client, 501, "invalid_request_error", "unsupported_transfer_coding",
               "Transfer-Encoding other than chunked is not implemented; send the body with Content-Length or "
@@ -186,6 +190,8 @@ std::string_view reason_phrase(int status) {
       return "Length Required";
     case 413:
       return "Content Too Large";
+    case 414:
+      return "URI Too Long";
     case 415:
       return "Unsupported Media Type";
     case 417:

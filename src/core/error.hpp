@@ -45,6 +45,7 @@ Error method_not_implemented(std::string_view method);
 Error payload_too_large(std::uint64_t limit_bytes);  // 413
 Error request_timeout(std::string message);          // 408 request_timeout (head or body too slow)
 Error header_too_large(std::uint64_t limit_bytes);   // 431 request_header_too_large (RFC 6585 §5)
+Error uri_too_long(std::uint64_t limit_bytes);       // 414 uri_too_long: the request line (RFC 9110 §15.5.15)
 // 501 unsupported_transfer_coding: a Transfer-Encoding other than chunked
 // (RFC 9112 §6.1: a server that does not understand a coding answers 501).
 Error unsupported_transfer_coding();

@@ -18,6 +18,8 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
       return core::request_timeout("The request body was not received in time.");
     case http::ReadFailure::head_too_large:
       return core::header_too_large(sc.max_header_bytes);
+    case http::ReadFailure::line_too_long:
+      return core::uri_too_long(sc.max_header_bytes);
     case http::ReadFailure::body_too_large:
       return core::payload_too_large(sc.max_body_bytes);
     case http::ReadFailure::client_closed: {

@@ -38,6 +38,7 @@ enum class ReadFailure : std::uint8_t {
                             // over server.max_header in all → 400 (RFC 9112 §7.1.1)
   head_timeout,             // the head did not arrive within server.header_timeout → 408
   head_too_large,           // the head is over server.max_header → 431
+  line_too_long,            // the request line alone is over server.max_header → 414 (RFC 9110 §15.5.15)
   body_timeout,             // the body did not arrive within server.body_timeout → 408
   body_too_large,           // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
   client_closed,            // the client left before sending the whole request (head or body) → 499, nothing sent

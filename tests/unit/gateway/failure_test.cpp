@@ -28,6 +28,7 @@ TEST(Failure, EveryKindMapsToOneStatusCodeAndSource) {
        core::ErrorSource::client},
       {"body too slow", read_error(ReadFailure::body_timeout, sc, ""), 408, "request_timeout",
        core::ErrorSource::client},
+      {"line too long", read_error(ReadFailure::line_too_long, sc, ""), 414, "uri_too_long", core::ErrorSource::client},
       {"head too large", read_error(ReadFailure::head_too_large, sc, ""), 431, "request_header_too_large",
        core::ErrorSource::client},
       {"body too large", read_error(ReadFailure::body_too_large, sc, ""), 413, "request_too_large",

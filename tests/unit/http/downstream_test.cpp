@@ -221,6 +221,17 @@ TEST_F(HttpDownstream, HeadOverMaxHeaderIsHeadTooLarge) {
   EXPECT_FALSE(down->keep_alive());
 }
 
+// A request line that does not end within the limit is a URI too long
+// (414, as nginx), not header fields too large; so is a whole line over it.
+TEST_F(HttpDownstream, RequestLineOverMaxHeaderIsLineTooLong) {
+  sc.max_header_bytes = 1024;
+  start();
+  client.send("GET /" + std::string(2000, 'a') + " HTTP/1.1\r\nHost: x\r\n\r\n");
+  ASSERT_EQ(head(), Head::failed);
+  EXPECT_EQ(down->failure(), ReadFailure::line_too_long);
+  EXPECT_FALSE(down->keep_alive());
+}
+
 TEST_F(HttpDownstream, HeadJustUnderMaxHeaderIsRead) {
   sc.max_header_bytes = 1024;
   start();
