@@ -67,6 +67,11 @@ int run_requests(const RequestsArgs& a) {
     fmt::print(stderr, "weir requests: give --db FILE (SQLite) or --url URL (sqlite:PATH or postgres://...)\n");
     return 2;
   }
+  // SQLite says only "disk I/O error" for a directory: name it.
+  if (struct stat st{}; !store.path.empty() && ::stat(store.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) {
+    fmt::print(stderr, "weir requests: {} is a directory, not the SQLite file request_log.url names\n", store.path);
+    return 2;
+  }
   weir::requestlog::Reader reader(store);
   if (!a.id.empty()) {
     auto r = reader.get_json(a.id);

@@ -35,3 +35,11 @@ def test_a_request_line_over_max_header_is_414_not_431(gw, target, status, code)
     wait_until(lambda: any(e.get("status") == status for e in gw.log_entries()), 5, message="the refused line's log")
     # Prometheus counts the 414 under its own status, not as "4xx".
     assert f'code="{status}"' in gw.metrics_text() or f'status="{status}"' in gw.metrics_text()
+
+
+# DEFECT: `weir requests --db DIR` (or --url sqlite:DIR) said only "disk I/O error" (SQLite's words for it).
+def test_weir_requests_names_a_directory_given_as_the_store(tmp_path):
+    from test_defect_fixes_46 import _weir_run
+    for args in (["--db", tmp_path], ["--url", f"sqlite:{tmp_path}"]):
+        r = _weir_run("requests", *args)
+        assert r.returncode == 2 and "is a directory" in r.stderr, (args, r.stderr)
