@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
@@ -98,6 +99,15 @@ bool JwksCache::request_refresh(WallTime now) {
   return true;
 }
 
+void JwksCache::refetch_now() {
+  announce_ = true;
+  if (in_flight_) {
+    again_ = true;  // (fetch_now would coalesce it into the fetch in flight, begun before the reload)
+    return;
+  }
+  fetch_now();
+}
+
 void JwksCache::fetch_now() {
   if (in_flight_) return;  // coalesce: the fetch in flight answers this request too
   in_flight_ = true;
@@ -113,9 +123,24 @@ void JwksCache::fetch_now() {
 
 void JwksCache::on_result(JwksSource::Result r) {
   in_flight_ = false;
-  tl::expected<void, std::string> installed =
-      r ? install(*r) : tl::expected<void, std::string>(tl::unexpect, std::move(r.error()));
+  tl::expected<bool, std::string> installed =
+      r ? install(*r) : tl::expected<bool, std::string>(tl::unexpect, std::move(r.error()));
   const bool ok = installed.has_value();
+  if (again_) {      // a reload asked while this fetch was under way: its answer may predate the reload
+    again_ = false;  // (the next answer completes the waiters, and says a failure)
+    announced_change_ = announced_change_ || (ok && *installed);
+    fetch_now();
+    return;
+  }
+  const bool announce = std::exchange(announce_, false);
+  const bool changed = std::exchange(announced_change_, false) || (ok && *installed);
+  if (announce && ok) {
+    const auto keys = keys_.load(std::memory_order_acquire);
+    const std::size_t n = keys ? keys->keys.size() : 0;
+    fmt::print(stderr, "weir: JWKS refetched from {} for the configuration reload: {} key{}, {}\n", source_->describe(),
+               n, n == 1 ? "" : "s", changed ? "a new key set in use" : "the same key set");
+    std::fflush(stderr);
+  }
   // An operator sees each failed fetch (at most one per min_refetch_interval)
   // and the first success after failures; a steady refetch prints nothing.
   if (!ok) {
@@ -161,11 +186,11 @@ void JwksCache::schedule(std::chrono::milliseconds delay) {
   });
 }
 
-tl::expected<void, std::string> JwksCache::install(std::string_view jwks_text) {
+tl::expected<bool, std::string> JwksCache::install(std::string_view jwks_text) {
   auto set = parse_jwks(jwks_text);
   if (!set) return tl::unexpected(set.error());
   auto current = keys_.load(std::memory_order_acquire);
-  if (current && !current->keys.empty() && current->source_digest == set->source_digest) return {};
+  if (current && !current->keys.empty() && current->source_digest == set->source_digest) return false;
   if (set->malformed > 0)  // (said once per changed document: a refresh of the same one returned above)
     fmt::print(stderr, "weir: JWKS: {} malformed key(s) skipped ({}); {} key(s) in use\n", set->malformed,
                set->first_malformed, set->keys.size());
@@ -178,7 +203,7 @@ tl::expected<void, std::string> JwksCache::install(std::string_view jwks_text) {
   keys_.store(std::make_shared<const KeySet>(std::move(*set)), std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   updates_.fetch_add(1, std::memory_order_relaxed);
-  return {};
+  return true;
 }
 
 JwksCache::Stats JwksCache::stats() const noexcept {

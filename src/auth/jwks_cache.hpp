@@ -97,8 +97,19 @@ class JwksCache {
   // otherwise posts a fetch to the control plane and returns true.
   bool request_refresh(WallTime now);
 
-  // Parses and publishes `jwks_text` at once (startup from a file, tests).
-  tl::expected<void, std::string> install(std::string_view jwks_text);
+  // An operator's configuration reload (docs/operations.md, "Reloading"):
+  // fetches now, past min_refetch_interval (that floor is for tokens naming
+  // unknown kids, which anyone can send; a reload is deliberate and rare).
+  // A fetch already in flight began before the reload and may bring the
+  // old document: another follows it. The outcome is said on stderr once
+  // (the number of keys and whether the set changed, or why it failed).
+  // Control thread only.
+  void refetch_now();
+
+  // Parses and publishes `jwks_text` at once (start-up and reloads from a
+  // file, tests). True when the published set changed (another document
+  // than the one in use, or none was loaded); an error keeps the set in use.
+  tl::expected<bool, std::string> install(std::string_view jwks_text);
 
   struct Stats {
     std::uint64_t fetches = 0;           // fetches started
@@ -124,7 +135,10 @@ class JwksCache {
   std::atomic<std::int64_t> next_refetch_ns_{INT64_MIN};  // wall ns before which request_refresh refuses
   bool in_flight_ = false;                                // control thread only
   bool running_ = false;                                  // control thread only
-  bool failing_ = false;  // control thread only: the last fetch failed (its success is then logged)
+  bool failing_ = false;           // control thread only: the last fetch failed (its success is then logged)
+  bool again_ = false;             // control thread only: refetch_now() came while a fetch was in flight
+  bool announce_ = false;          // control thread only: the fetch in flight is a reload's (its outcome is said)
+  bool announced_change_ = false;  // control thread only: a fetch followed by a reload's (again_) changed the set
   std::vector<std::pair<std::uint64_t, std::function<void()>>> waiters_;  // control thread only
   std::atomic<std::uint64_t> fetches_{0}, failures_{0}, updates_{0}, refresh_requests_{0}, refresh_limited_{0};
   std::atomic<std::uint64_t> completed_{0};

@@ -247,6 +247,7 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
         e.file = file;
         return tl::unexpected(std::move(e));
       }
+      out.jwks_text = std::move(text);
     }
     out.pricing = std::move(*pricing);
     out.redis = std::move(*redis);

@@ -38,6 +38,10 @@ struct LoadedConfig {
   std::optional<AdminConfig> admin;                         // admin:, when present (the admin API listens)
   std::optional<requestlog::RequestLogConfig> request_log;  // request_log:, when present
   std::optional<tracing::TracingConfig> tracing;            // tracing:, when present
+  // The contents of auth.jwt.jwks_file as this load read and checked them
+  // (a key set with a usable key); empty without one. Start-up fetches the
+  // file itself; a reload installs these (Services::reload_jwks).
+  std::string jwks_text;
   // Valid but probably wrong, each "FILE:LINE:COL: KEY: message" (an
   // allow-list entry or a price no model matches, a redis: section nothing
   // uses). --check and start-up print them as "weir: warning: ..." to stderr

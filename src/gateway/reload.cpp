@@ -214,6 +214,10 @@ std::vector<std::pair<std::string, std::string>> entries(const YAML::Node& map) 
 
 }  // namespace
 
+namespace {
+constexpr std::string_view kNoChange = "no change to pools, models, tenants, keys, prices or server settings";
+}  // namespace
+
 std::string describe_changes(const core::Config& running, const core::Config& next,
                              const std::vector<std::string>& rebuilt) {
   std::string out;
@@ -231,7 +235,9 @@ std::string describe_changes(const core::Config& running, const core::Config& ne
       out += section;
       out += " ~";
     }
-  return out.empty() ? "no change to pools, models, tenants, keys, prices or server settings" : out;
+  return out.empty() ? std::string(kNoChange) : out;
 }
+
+bool no_change(std::string_view changes) { return changes == kNoChange; }
 
 }  // namespace weir::gateway

@@ -15,6 +15,8 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "core/yaml.hpp"
 #include "gateway/load_config.hpp"
@@ -44,5 +46,7 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
 // changed: build_generation): listed as changed too.
 std::string describe_changes(const core::Config& running, const core::Config& next,
                              const std::vector<std::string>& rebuilt = {});
+// True when `changes` (describe_changes) says nothing changed.
+bool no_change(std::string_view changes);
 
 }  // namespace weir::gateway

@@ -123,6 +123,22 @@ tl::expected<std::shared_ptr<const auth::AuthPolicy>, std::string> Services::com
   return r.policy;
 }
 
+std::string Services::reload_jwks(const LoadedConfig& next) {
+  if (!jwks_ || !next.auth || !next.auth->jwt) return {};
+  const auto& j = *next.auth->jwt;
+  if (!j.jwks_url.empty()) {
+    jwks_->refetch_now();
+    return "auth.jwt.jwks_url: key set being refetched";
+  }
+  // (Read and checked by load_config: a usable set. An error here would be a bug; the set in use stays.)
+  auto changed = jwks_->install(next.jwks_text);
+  if (!changed) return "auth.jwt.jwks_file: not installed: " + changed.error();
+  if (!*changed) return {};
+  const auto keys = jwks_->keys();
+  const std::size_t n = keys ? keys->keys.size() : 0;
+  return fmt::format("auth.jwt.jwks_file: key set ~ ({} key{})", n, n == 1 ? "" : "s");
+}
+
 void Services::start() {
   if (jwks_) jwks_->start();
   if (redis_limiter_) redis_limiter_->start();

@@ -67,6 +67,16 @@ class Services {
   };
   tl::expected<Reload, std::string> prepare_reload(const LoadedConfig& next) const;
   tl::expected<std::shared_ptr<const auth::AuthPolicy>, std::string> commit_reload(Reload r);
+  // A reload's JWT key set (docs/operations.md, "Reloading"), once the
+  // reload was committed: with auth.jwt.jwks_file, installs the set
+  // load_config read and checked (`next.jwks_text`), which every worker
+  // verifies with from the next token on (one published snapshot; their
+  // token caches drop what older keys verified); with jwks_url, starts a
+  // fetch at once, past min_refetch_interval (JwksCache::refetch_now: its
+  // outcome is said when it comes). Returns the part of the reload's line:
+  // "auth.jwt.jwks_file: key set ~ (N keys)", "auth.jwt.jwks_url: key set
+  // being refetched", or empty (no JWT, or the same set).
+  std::string reload_jwks(const LoadedConfig& next);
   // The policy the last key change or reload made (null without auth).
   std::shared_ptr<const auth::AuthPolicy> policy() const { return key_store_ ? key_store_->policy() : policy_; }
   // Starts fetching keys and syncing limits (on the control thread, or before it runs).

@@ -177,10 +177,13 @@ bool Reloader::apply(std::string_view why) {
   for (const auto& slot : (*gen)->pools)
     for (const auto& old : shared_.generation->pools)
       if (old.cfg->name == slot.cfg->name && old.state != slot.state) rebuilt.push_back(slot.cfg->name);
-  const std::string changes = gateway::describe_changes(running, *(*gen)->config, rebuilt);
+  std::string changes = gateway::describe_changes(running, *(*gen)->config, rebuilt);
   auto policy = services_.commit_reload(std::move(*auth));
   if (!policy) return refuse(policy.error());
-  // Applied: from here on nothing fails.
+  // Applied: from here on nothing fails. The key set first: a key the file
+  // withdrew is refused from here on, before the reload is said applied.
+  if (const std::string keys = services_.reload_jwks(*loaded); !keys.empty())
+    changes = gateway::no_change(changes) ? keys : changes + "; " + keys;
   shared_.generation = *gen;
   if (*policy) {
     shared_.auth_policy = *policy;
