@@ -170,7 +170,15 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
         else
           fmt::print(stderr, "weir: SIGHUP received: {}; still writing to the old file\n", why);
       }
-      if (signal_count == 0) reloader.reload("SIGHUP");
+      // A drain keeps the configuration and deadline it began with (a reload
+      // then would start scrapers, fetches and watches that the drain stopped).
+      if (signal_count == 0)
+        reloader.reload("SIGHUP");
+      else
+        fmt::print(stderr,
+                   "weir: SIGHUP received while draining: the configuration is not reloaded (the drain keeps its "
+                   "deadline, server.drain_timeout {} ms as it began)\n",
+                   shared.generation->config->server.drain_timeout.count());
       signals.async_wait(on_signal);
       return;
     }

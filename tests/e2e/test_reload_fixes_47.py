@@ -1,5 +1,6 @@
 """Configuration reloads, defects found in stop 47's black-box rounds (docs/operations.md, "Reloading"):
-a reload applies the JWT key set (a rotated jwks_file at once, a jwks_url fetched at once)."""
+a reload applies the JWT key set (a rotated jwks_file at once, a jwks_url fetched at once), and a
+SIGHUP during a drain says that it reloads nothing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import httpx
 from conftest import wait_until
 from test_admission import JwksServer
 from test_config_reload import sighup, write
+from test_gateway_lifecycle import start_stream
 
 FAST = ("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
 S1 = b"k1-secret-0123456789abcdef0123456789"
@@ -97,3 +99,20 @@ def test_a_reload_refetches_a_jwks_url_past_min_refetch_interval(mock, weir):
     finally:
         server.close()
 
+
+def test_a_sighup_during_a_drain_says_it_reloads_nothing(mock, weir):
+    m = mock("--ttft-ms", "1", "--max-tokens", "1000")
+    cfg = {"server": {"drain_timeout": "60s"}, "pools": {"p": {"endpoints": [m.base_url]}},
+           "models": {"mock-model": {"pool": "p"}}}
+    w = weir(config=cfg)
+    stream = start_stream(w, tokens=1000, itl_ms=20, request_id="held")
+    next(stream.iter_chunks())
+    os.kill(w.process.pid, signal.SIGTERM)
+    wait_until(lambda: "draining" in w.process.log(), 5, message="the drain began")
+    write(w, {**cfg, "server": {"drain_timeout": "1s"}})
+    os.kill(w.process.pid, signal.SIGHUP)
+    wait_until(lambda: "SIGHUP received while draining: the configuration is not reloaded" in w.process.log(), 5,
+               message="the line that says the SIGHUP reloaded nothing")
+    assert "configuration reloaded" not in w.process.log()
+    os.kill(w.process.pid, signal.SIGTERM)  # the second signal ends the drain at once
+    assert w.process.popen.wait(10) == 0
