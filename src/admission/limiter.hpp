@@ -10,9 +10,11 @@
 #include <cmath>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
+#include "admission/scope_ledger.hpp"
 #include "auth/policy.hpp"
 
 namespace weir::admission {
@@ -200,6 +202,26 @@ class Limiter {
   // Scopes this limiter holds (0 when it does not grow); the next scope
   // added gets this index.
   virtual std::uint32_t scope_count() const noexcept { return 0; }
+  // --- Reusing scopes (admission/scope_ledger.hpp). ---
+
+  // Makes this limiter hold state for every scope `policy` names, and
+  // tracks the policy: grows past scope_count() (grow()), and, when this
+  // limiter reuses scopes, starts afresh the free ones the policy took
+  // (reset_scope) and holds each scope it names until the last reference
+  // to the returned policy goes. Publish the returned pointer (an alias of
+  // `policy`; a copy of `policy` itself does not hold its scopes). Null
+  // when the limiter is full. Control thread, before the policy is posted
+  // to the workers (the post orders the resets before their reads).
+  std::shared_ptr<const auth::AuthPolicy> adopt(std::shared_ptr<const auth::AuthPolicy> policy);
+  // Scopes no policy holds any more, lowest first, for the next policy's
+  // fresh scopes (AuthPolicy::build's ScopeNumbers); empty when this
+  // limiter does not reuse scopes.
+  std::vector<std::uint32_t> reusable_scopes() const {
+    return recycles() ? ledger_->reusable() : std::vector<std::uint32_t>{};
+  }
+  // Whether adopt() reuses free scopes (LocalLimiter: yes).
+  virtual bool recycles() const noexcept { return false; }
+
   // Adds one scope past the ones held (grow() with `info` alone; the same
   // thread rule) and returns its index, or nullopt when the limiter does
   // not grow or is full.
@@ -213,7 +235,16 @@ class Limiter {
   }
 
  protected:
+  // Starts scope `scope` (< scope_count(), free: no policy, no ticket and
+  // no carried scope holds it) afresh for `info`, as grow() starts a new
+  // one. Only for limiters whose recycles() is true.
+  virtual void reset_scope(std::uint32_t /*scope*/, const auth::ScopeInfo& /*info*/) {}
+  ScopeLedger& ledger() noexcept { return *ledger_; }
+
   std::atomic<bool> refusing_{false};  // set by a remote limiter during a fail-closed outage
+
+ private:
+  std::shared_ptr<ScopeLedger> ledger_ = std::make_shared<ScopeLedger>();
 };
 
 }  // namespace weir::admission

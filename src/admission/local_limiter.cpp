@@ -72,6 +72,18 @@ bool LocalLimiter::grow(const std::vector<auth::ScopeInfo>& scopes) {
   return true;
 }
 
+void LocalLimiter::reset_scope(std::uint32_t scope, const auth::ScopeInfo& info) {
+  if (scope >= scope_count_) return;
+  // Nothing holds it (Limiter::adopt): no worker reads it until the policy
+  // naming it anew is posted, which orders these writes before those reads.
+  Scope& sc = at(scope);
+  sc.committed.store(0, std::memory_order_relaxed);
+  sc.spent.store(0, std::memory_order_relaxed);
+  sc.inherited.store(0, std::memory_order_relaxed);
+  sc.forward.store(kNoScope, std::memory_order_relaxed);
+  init(sc, info);
+}
+
 void LocalLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
   if (from >= scope_count_ || to >= scope_count_ || from == to) return;
   retire(from, to, now);
@@ -96,6 +108,7 @@ void LocalLimiter::retire(std::uint32_t from, std::uint32_t to, Instant now) {
   Scope& a = at(from);
   Scope& b = at(to);
   if (a.forward.load(std::memory_order_acquire) != kNoScope) return;  // carried before
+  ledger().pin(from, to);  // `to` is not reused while tickets of `from` may follow the link
   roll(a, now);
   roll(b, now);
   // The marks first, each by one atomic add whose result is the value the

@@ -34,7 +34,7 @@ namespace weir::admission {
 // is exactly M at all times.
 //
 // A configuration change that gives a tenant or key new limits gives it a
-// new scope (carry()): the old scope's streams in flight and its committed
+// new scope (carry(); a free one is reused, reset_scope()): the old scope's streams in flight and its committed
 // spend move to the new one, which counts them against its cap and budget,
 // and the tickets that still name the old scope give their slots and settle
 // their spend there through its forward link. The move is exact under
@@ -86,6 +86,10 @@ class LocalLimiter final : public Limiter {
   void carry_spend(std::uint32_t from, std::uint32_t to, Instant now) override;
   void carry(std::uint32_t from, std::uint32_t to, Instant now) override;
   bool grows() const noexcept override { return true; }
+  // A scope nothing holds any more is reused (admission/scope_ledger.hpp):
+  // reloads and key changes that give tenants and keys new limits take no
+  // more scopes, nor memory, than the most held at once.
+  bool recycles() const noexcept override { return true; }
   std::uint32_t scope_count() const noexcept override { return static_cast<std::uint32_t>(scope_count_); }
   static constexpr std::uint32_t kChunk = 64;
   static constexpr std::uint32_t kMaxScopes = kChunk * 4096;
@@ -140,6 +144,7 @@ class LocalLimiter final : public Limiter {
     std::atomic<std::uint32_t> forward{kNoScope};
   };
 
+  void reset_scope(std::uint32_t scope, const auth::ScopeInfo& info) override;
   Scope& at(std::uint32_t scope) noexcept { return chunks_[scope / kChunk][scope % kChunk]; }
   const Scope& at(std::uint32_t scope) const noexcept { return chunks_[scope / kChunk][scope % kChunk]; }
   void init(Scope& sc, const auth::ScopeInfo& info);

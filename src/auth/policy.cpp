@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include <openssl/crypto.h>
 
@@ -46,7 +47,8 @@ std::uint32_t AuthPolicy::config_scopes(const AuthConfig& config) {
 }
 
 std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std::vector<RuntimeKey>& runtime,
-                                                    std::uint32_t scope_count, const AuthPolicy* prior) {
+                                                    ScopeNumbers numbers, const AuthPolicy* prior) {
+  const std::uint32_t scope_count = numbers.end;
   std::shared_ptr<AuthPolicy> p(new AuthPolicy());
   p->config_ = std::move(config);
   auto& tenants = p->config_.tenants;
@@ -62,17 +64,34 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
   // past every scope the prior policy or the runtime keys hold.
   std::uint32_t next = 0;
   if (prior) next = std::max(scope_count, static_cast<std::uint32_t>(prior->scopes().size()));
+  // Reusable scopes that `prior` or a runtime key names are theirs (the
+  // caller's list is of free ones; this guards a stale one).
+  std::vector<std::uint32_t> reuse;
+  if (prior && !numbers.reusable.empty()) {
+    std::vector<std::uint32_t> taken = prior->held_scopes();
+    for (const auto& rk : runtime) taken.push_back(rk.scope);
+    std::sort(taken.begin(), taken.end());
+    for (const std::uint32_t s : numbers.reusable)
+      if (!std::binary_search(taken.begin(), taken.end(), s)) reuse.push_back(s);
+    std::sort(reuse.begin(), reuse.end(), std::greater<>());  // taken from the back: lowest first
+  }
+  auto fresh = [&]() -> std::uint32_t {
+    if (reuse.empty()) return next++;
+    const std::uint32_t s = reuse.back();
+    reuse.pop_back();
+    return s;
+  };
   auto tenant_scope = [&](const std::string& name, const TenantConfig& t) -> std::uint32_t {
     if (prior)
       if (const auto* old = prior->find_tenant(name); old && old->limits == t.limits && old->budget == t.budget)
         return old->scope;
-    return next++;
+    return fresh();
   };
   auto key_scope = [&](const ApiKeyConfig& k) -> std::uint32_t {
     if (prior)
       for (const auto& old : prior->keys())
         if (!old.runtime && old.id == k.id && old.limits == k.limits && old.budget == k.budget) return old.scope;
-    return next++;
+    return fresh();
   };
   std::vector<std::pair<std::uint32_t, ScopeInfo>> live;  // (scope, info) of every tenant and configured key
   p->tenants_.reserve(cfg.tenants.size());
@@ -132,6 +151,13 @@ std::shared_ptr<const AuthPolicy> AuthPolicy::build(AuthConfig config, const std
   p->keys_.erase(std::remove_if(p->keys_.begin(), p->keys_.end(), [](const KeyPolicy& k) { return !k.tenant; }),
                  p->keys_.end());
   for (std::uint32_t i = 0; i < p->keys_.size(); ++i) p->by_digest_.emplace(p->keys_[i].sha256, i);
+  for (const auto& t : p->tenants_) p->held_.push_back(t.scope);
+  for (const auto& k : p->keys_) p->held_.push_back(k.scope);
+  // A runtime key left out (its tenant is gone) keeps its scope for when the tenant is back.
+  for (const auto& rk : runtime)
+    if (rk.scope < p->scopes_.size()) p->held_.push_back(rk.scope);
+  std::sort(p->held_.begin(), p->held_.end());
+  p->held_.erase(std::unique(p->held_.begin(), p->held_.end()), p->held_.end());
   p->anonymous_ = p->find_tenant(cfg.anonymous_tenant);
   return p;
 }

@@ -78,6 +78,18 @@ struct ScopeInfo {
   Budget budget;
 };
 
+// Where AuthPolicy::build takes the scopes it gives anew: the reusable
+// ones first, lowest first (admission::Limiter::reusable_scopes: no live
+// policy, ticket or carry holds them), then `end`, `end` + 1, ... (past
+// every scope the limiter holds). A plain count converts: no reuse.
+struct ScopeNumbers {
+  ScopeNumbers(std::uint32_t end_ = 0)
+      : end(end_) {}  // NOLINT(google-explicit-constructor): a count is the common case
+  ScopeNumbers(std::uint32_t end_, std::vector<std::uint32_t> reusable_) : end(end_), reusable(std::move(reusable_)) {}
+  std::uint32_t end = 0;
+  std::vector<std::uint32_t> reusable;  // ascending, each < end
+};
+
 class AuthPolicy {
  public:
   // Builds the policy from a parsed (already validated) configuration.
@@ -92,11 +104,13 @@ class AuthPolicy {
   // tenant or configured key that `prior` holds under the same name with
   // the same limits and budget keeps its scope there, so its buckets,
   // stream slots and spend go on; any other (new, or with new limits or a
-  // budget) gets a fresh scope from max(scope_count, prior's scopes) on, and
-  // a scope no one holds any more becomes a placeholder. Scopes are thus
-  // never renumbered nor reused (docs/operations.md, "Reloading").
+  // budget) gets a fresh scope: a reusable one of `numbers` (one that
+  // neither `prior` nor a runtime key names), else the next from
+  // max(numbers.end, prior's scopes) on; a scope no one holds any more
+  // becomes a placeholder. A scope is never renumbered, and reused only
+  // once nothing holds it (docs/operations.md, "Reloading").
   static std::shared_ptr<const AuthPolicy> build(AuthConfig config, const std::vector<RuntimeKey>& runtime,
-                                                 std::uint32_t scope_count, const AuthPolicy* prior = nullptr);
+                                                 ScopeNumbers numbers, const AuthPolicy* prior = nullptr);
   // Scopes the configuration alone gives (tenants, then configured keys).
   static std::uint32_t config_scopes(const AuthConfig& config);
 
@@ -114,6 +128,10 @@ class AuthPolicy {
   const std::vector<TenantPolicy>& tenants() const noexcept { return tenants_; }
   const std::vector<KeyPolicy>& keys() const noexcept { return keys_; }
   const std::vector<ScopeInfo>& scopes() const noexcept { return scopes_; }
+  // The scopes its tenants and keys name, ascending (the others of
+  // scopes() are placeholders): what the policy holds while it lives
+  // (admission::Limiter::adopt).
+  const std::vector<std::uint32_t>& held_scopes() const noexcept { return held_; }
 
  private:
   AuthPolicy() = default;
@@ -128,6 +146,7 @@ class AuthPolicy {
   std::vector<TenantPolicy> tenants_;  // sorted by name
   std::vector<KeyPolicy> keys_;
   std::vector<ScopeInfo> scopes_;
+  std::vector<std::uint32_t> held_;
   std::unordered_map<Sha256Digest, std::uint32_t, DigestHash, DigestEq> by_digest_;
   const TenantPolicy* anonymous_ = nullptr;
 };

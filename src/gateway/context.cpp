@@ -16,6 +16,10 @@ void RequestContext::reset() {
   route = RouteKind::other;
   method.clear();
   path.clear();
+  // The ticket before the principal: the principal's policy holds the
+  // ticket's scopes until then (admission/scope_ledger.hpp).
+  ticket.release();
+  ticket = {};
   principal.reset();
   refused.reset();
   model.clear();
@@ -24,8 +28,6 @@ void RequestContext::reset() {
   fields = {};
   target = {};
   pool = endpoint = -1;
-  ticket.release();
-  ticket = {};
   price = nullptr;
   prompt_tokens_estimate = completion_cap = 0;
   spend_nano_usd = 0;

@@ -512,8 +512,19 @@ std::uint32_t KeyStore::free_scope() const noexcept {
   return limiter_ ? std::max(next_scope_, limiter_->scope_count()) : next_scope_;
 }
 
+std::uint32_t KeyStore::fresh_scope() {
+  if (limiter_)
+    if (const auto reusable = limiter_->reusable_scopes(); !reusable.empty()) return reusable.front();
+  next_scope_ = free_scope();
+  return next_scope_++;
+}
+
+auth::ScopeNumbers KeyStore::scope_numbers() const {
+  return auth::ScopeNumbers(free_scope(), limiter_ ? limiter_->reusable_scopes() : std::vector<std::uint32_t>{});
+}
+
 std::shared_ptr<const auth::AuthPolicy> KeyStore::rebased_policy(const auth::AuthConfig& base) const {
-  return auth::AuthPolicy::build(base, runtime_keys(keys_), free_scope(), policy_.get());
+  return auth::AuthPolicy::build(base, runtime_keys(keys_), scope_numbers(), policy_.get());
 }
 
 void KeyStore::rebase(auth::AuthConfig base, std::shared_ptr<const auth::AuthPolicy> policy) {
@@ -552,20 +563,26 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
   return core::replace_file(file_, text, 0600);
 }
 
-AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next) {
+AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next,
+                                   std::optional<std::pair<std::uint32_t, std::uint32_t>> carry) {
   // With the running policy as the prior one: tenants and configured keys
   // keep the scopes they have (a reload may have numbered them apart from
   // name order), and so their buckets, slots and spend.
-  auto policy = auth::AuthPolicy::build(base_, runtime_keys(next), free_scope(), policy_.get());
-  // State for the new scopes first (unused until the policy is published); a
-  // limiter that is full refuses the change, which would otherwise index past it.
-  if (limiter_ && limiter_->grows() && limiter_->scope_count() < policy->scopes().size() &&
-      !limiter_->grow(policy->scopes()))
-    return tl::unexpected(internal(
-        fmt::format("The key was not changed: the limiter holds at most {} admission scopes (keys created or given "
-                    "new limits since start-up); restart to renumber them.",
-                    limiter_->scope_count())));
+  auto policy = auth::AuthPolicy::build(base_, runtime_keys(next), scope_numbers(), policy_.get());
+  // State for the new scopes first (unused until the policy is published),
+  // and the policy's hold on them; a limiter that is full refuses the
+  // change, which would otherwise index past it. (A change that then
+  // fails to save drops the policy, and with it its hold.)
+  if (limiter_) {
+    policy = limiter_->adopt(std::move(policy));
+    if (!policy)
+      return tl::unexpected(internal(fmt::format(
+          "The key was not changed: the limiter holds at most {} admission scopes at once.", limiter_->scope_count())));
+  }
   if (auto ok = save(next); !ok) return tl::unexpected(internal("The key was not changed: " + ok.error()));
+  // While the running policy, which names the old scope, still holds it: the
+  // new scope is then held for the old one's tickets (ScopeLedger::pin).
+  if (carry && limiter_) limiter_->carry_spend(carry->first, carry->second, std::chrono::steady_clock::now());
   keys_ = std::move(next);
   policy_ = std::move(policy);
   return {};
@@ -604,8 +621,7 @@ AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, 
   std::string secret = generate_key_secret();
   k.sha256 = auth::sha256(secret);
   k.created_at = now_s;
-  next_scope_ = free_scope();
-  k.scope = next_scope_++;
+  k.scope = fresh_scope();
   auto next = keys_;
   next.push_back(k);
   if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
@@ -653,16 +669,15 @@ AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost:
                             std::string(name.substr(0, 64))));
     }
   }
-  const std::uint32_t old_scope = k.scope;
-  if (rescope) {
-    next_scope_ = free_scope();
-    k.scope = next_scope_++;
-  }  // fresh buckets at the new limits; the spend and the streams in flight carry over below
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> carry;
+  if (rescope) {  // fresh buckets at the new limits; the spend and the streams in flight carry over (commit)
+    carry.emplace(k.scope, fresh_scope());
+    k.scope = carry->second;
+  }
   auto next = keys_;
   for (auto& e : next)
     if (e.id == k.id) e = k;
-  if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
-  if (rescope && limiter_) limiter_->carry_spend(old_scope, k.scope, std::chrono::steady_clock::now());
+  if (auto ok = commit(std::move(next), carry); !ok) return tl::unexpected(ok.error());
   return Change{std::move(k), {}};
 }
 

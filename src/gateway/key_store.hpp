@@ -4,9 +4,10 @@
 // calls it, and publishes each new policy to the workers (each swaps its
 // Authenticator's pointer: no lock on the request path).
 //
-// Scopes: a new key gets the next admission scope index (never reused, never
-// renumbered), and a key whose limits or budget change gets a fresh one that
-// starts with the old one's spend (admission::Limiter::grow, carry_spend).
+// Scopes: a new key gets a fresh admission scope index (never renumbered; a
+// free one, which nothing holds any more, is reused: admission/scope_ledger.hpp),
+// and a key whose limits or budget change gets a fresh one that starts with
+// the old one's spend (admission::Limiter::adopt, carry_spend).
 // After a restart the persisted keys are numbered again from the
 // configuration's last scope (admission state starts fresh then anyway).
 #pragma once
@@ -16,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <boost/json/object.hpp>
@@ -91,8 +93,12 @@ class KeyStore {
   // first used. Error: "admin.keys_file PATH: what is wrong".
   tl::expected<void, std::string> load();
   // The limiter whose scopes follow this store's (grow, carry_spend); set
-  // once, after it was built from policy()->scopes().
-  void set_limiter(admission::Limiter* limiter) { limiter_ = limiter; }
+  // once, after it was built from policy()->scopes(); policy() then holds
+  // its scopes in it (Limiter::adopt).
+  void set_limiter(admission::Limiter* limiter) {
+    limiter_ = limiter;
+    if (limiter_) policy_ = limiter_->adopt(policy_);
+  }
 
   // A configuration reload (docs/operations.md, "Reloading"): the policy of
   // `base` (the new auth: and tenants:) plus every runtime key, each with
@@ -129,9 +135,11 @@ class KeyStore {
   AdminResult<Change> rotate(std::string_view id);
 
  private:
-  // Builds the policy for `next`, writes the file, grows the limiter and
+  // Builds the policy for `next`, grows the limiter, writes the file,
+  // carries `carry` (old scope, new scope: a key given new limits) and
   // installs them; nothing changes when the file cannot be written.
-  AdminResult<void> commit(std::vector<KeyRecord> next);
+  AdminResult<void> commit(std::vector<KeyRecord> next,
+                           std::optional<std::pair<std::uint32_t, std::uint32_t>> carry = std::nullopt);
   tl::expected<void, std::string> save(const std::vector<KeyRecord>& keys) const;
   bool id_taken(std::string_view id) const;
 
@@ -140,6 +148,11 @@ class KeyStore {
   // The first scope index no one holds: past this store's keys and every
   // scope the limiter added (keys in Redis, gateway/redis_key_scopes.hpp).
   std::uint32_t free_scope() const noexcept;
+  // The scope a new key, or one given new limits, takes: the lowest the
+  // limiter can reuse, else free_scope() (counted).
+  std::uint32_t fresh_scope();
+  // free_scope() and the limiter's reusable scopes (AuthPolicy::build).
+  auth::ScopeNumbers scope_numbers() const;
   admission::Limiter* limiter_ = nullptr;
   std::vector<KeyRecord> keys_;
   std::uint32_t next_scope_ = 0;

@@ -98,11 +98,15 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
     if (raw) raw->emplace_back(name);
     return static_cast<std::uint16_t>(names.size() - 2);
   };
-  // The previous labels' scope slots stay (scopes are never reused): a
-  // request admitted under an older policy still counts under its tenant.
+  // The previous labels' slots of the scopes this policy does not name
+  // stay: a request admitted under an older policy still counts under its
+  // tenant. One it names may be reused (admission/scope_ledger.hpp: no
+  // request of its former holder runs any more): it is this policy's alone.
   const auto scopes = std::max(policy->scopes().size(), l->tenant_slot.size());
   l->tenant_slot.resize(scopes, MetricIdentity::kOther);
   l->key_slot.resize(scopes, MetricIdentity::kOther);
+  for (const std::uint32_t s : policy->held_scopes())
+    if (s < scopes) l->tenant_slot[s] = l->key_slot[s] = MetricIdentity::kOther;
   if (mc.tenant_label) {
     if (l->tenants.empty()) l->tenants.emplace_back(kOther);
     for (const auto& t : policy->tenants())  // name order

@@ -1,7 +1,7 @@
 #include "gateway/services.hpp"
 
+#include <algorithm>
 #include <chrono>
-
 #include <set>
 
 #include <fmt/format.h>
@@ -48,7 +48,14 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
   } else {
     limiter_ = std::make_unique<admission::LocalLimiter>(policy_->scopes(), workers, std::chrono::steady_clock::now());
   }
-  if (key_store_) key_store_->set_limiter(limiter_.get());
+  // The policy the workers get holds its scopes (Limiter::adopt): once no
+  // request holds it any more, the scopes it alone named are reused.
+  if (key_store_) {
+    key_store_->set_limiter(limiter_.get());
+    policy_ = key_store_->policy();
+  } else {
+    policy_ = limiter_->adopt(policy_);
+  }
   if (redis_keys_) {
     redis_key_scopes_ = std::make_unique<RedisKeyScopes>(*limiter_, [this] {
       const auto p = policy();
@@ -91,7 +98,12 @@ tl::expected<Services::Reload, std::string> Services::prepare_reload(const Loade
     }
   }
   r.policy = key_store_ ? key_store_->rebased_policy(*r.auth)
-                        : auth::AuthPolicy::build(*r.auth, {}, limiter_->scope_count(), prior.get());
+                        : auth::AuthPolicy::build(
+                              *r.auth, {},
+                              auth::ScopeNumbers(
+                                  std::max(limiter_->scope_count(), static_cast<std::uint32_t>(prior->scopes().size())),
+                                  limiter_->reusable_scopes()),
+                              prior.get());
   // A tenant or configured key kept under its name but given a new scope
   // (its limits or budget changed) carries its state over at commit.
   auto carry = [&](std::uint32_t old_scope, std::uint32_t scope) {
@@ -109,18 +121,19 @@ tl::expected<Services::Reload, std::string> Services::prepare_reload(const Loade
 
 tl::expected<std::shared_ptr<const auth::AuthPolicy>, std::string> Services::commit_reload(Reload r) {
   if (!r.policy) return r.policy;
-  if (limiter_->grows() && limiter_->scope_count() < r.policy->scopes().size() && !limiter_->grow(r.policy->scopes()))
-    return tl::unexpected(
-        fmt::format("the limiter holds at most {} admission scopes (tenants and keys, and each change of their limits "
-                    "since start-up): restart to renumber them",
-                    limiter_->scope_count()));
+  auto policy = limiter_->adopt(std::move(r.policy));
+  if (!policy)
+    return tl::unexpected(fmt::format(
+        "the limiter holds at most {} admission scopes (tenants and keys, those whose limits changed while requests "
+        "admitted under the old ones still run, and keys in Redis with limits of their own)",
+        limiter_->scope_count()));
   const auto now = std::chrono::steady_clock::now();
   for (const auto& [from, to] : r.carries) limiter_->carry(from, to, now);
   if (key_store_)
-    key_store_->rebase(std::move(*r.auth), r.policy);
+    key_store_->rebase(std::move(*r.auth), policy);
   else
-    policy_ = r.policy;
-  return r.policy;
+    policy_ = policy;
+  return policy;
 }
 
 std::string Services::reload_jwks(const LoadedConfig& next) {

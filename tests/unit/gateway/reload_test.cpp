@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -558,6 +559,106 @@ TEST(ServicesReload, WithRedisATenantWhoseLimitsChangedGetsANewScopeOfTheSameNam
   ASSERT_TRUE(added) << added.error();
   EXPECT_TRUE(services.commit_reload(std::move(*added)));
   EXPECT_NE(services.policy()->find_tenant("b"), nullptr);
+}
+
+TEST(ServicesReload, ReloadsThatChangeLimitsAgainAndAgainReuseTheOldScopes) {
+  // Each reload gives both tenants new limits: a new scope each. Once the
+  // workers have the new policy and the old one's requests ended (here:
+  // nothing else holds it), the old scopes are reused: the limiter stays
+  // at the scopes held at once, and is never full from churn alone.
+  const auto tenants = [](int v) {
+    return "tenants: {a: {limits: {requests_per_minute: " + std::to_string(10 + v) +
+           "}}, b: {limits: {tokens_per_minute: " + std::to_string(1000 + v) + "}}}\n";
+  };
+  auto first = loaded(kBase + tenants(0));
+  boost::asio::io_context io;
+  Services services(io, first, 1);
+  ASSERT_TRUE(services.error().empty());
+  Shared shared;
+  services.attach(shared);
+  const auto start = shared.limiter->scope_count();
+  for (int v = 1; v <= 300; ++v) {
+    auto r = services.prepare_reload(loaded(kBase + tenants(v)));
+    ASSERT_TRUE(r) << r.error();
+    auto p = services.commit_reload(std::move(*r));
+    ASSERT_TRUE(p) << v << ": " << p.error();
+    shared.auth_policy = *p;  // as the reloader publishes it
+  }
+  EXPECT_LE(shared.limiter->scope_count(), start + 2);
+  EXPECT_LE(shared.auth_policy->scopes().size(), start + 2);
+  // The state is the last limits': a's bucket holds 310.
+  const auto a = shared.auth_policy->find_tenant("a")->scope;
+  EXPECT_EQ(shared.limiter->view(a, admission::Bucket::requests, std::chrono::steady_clock::now()).limit, 310u);
+}
+
+TEST(ServicesReload, AScopeARequestStillHoldsIsNotReused) {
+  const auto tenants = [](int v) {
+    return "tenants: {a: {limits: {requests_per_minute: " + std::to_string(10 + v) +
+           ", max_concurrent_streams: 1}}, b: {limits: {requests_per_minute: " + std::to_string(50 + v) + "}}}\n";
+  };
+  auto first = loaded(kBase + tenants(0));
+  boost::asio::io_context io;
+  Services services(io, first, 1);
+  Shared shared;
+  services.attach(shared);
+  // A request admitted under the first policy holds it (its principal) and a stream slot of a.
+  auto request = services.policy();
+  const auto a0 = request->find_tenant("a")->scope;
+  ASSERT_TRUE(shared.limiter->acquire_stream(a0, 0));
+  std::vector<std::uint32_t> seen;
+  for (int v = 1; v <= 20; ++v) {
+    auto r = services.prepare_reload(loaded(kBase + tenants(v)));
+    ASSERT_TRUE(r) << r.error();
+    auto p = services.commit_reload(std::move(*r));
+    ASSERT_TRUE(p) << p.error();
+    shared.auth_policy = *p;
+    // a's scopes since the request's are each carried on to the next: the
+    // request's slot follows them, so none is reused while it runs.
+    const auto a = (*p)->find_tenant("a")->scope;
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), a), 0) << v;
+    seen.push_back(a);
+    EXPECT_EQ(shared.limiter->streams_in_use(a), 1u) << v;
+    EXPECT_FALSE(shared.limiter->acquire_stream(a, 0)) << v;  // the cap of 1 is the request's
+  }
+  shared.limiter->release_stream(a0, 0);
+  const auto a = shared.auth_policy->find_tenant("a")->scope;
+  EXPECT_EQ(shared.limiter->streams_in_use(a), 0u);
+  request.reset();  // it ended: every scope of a since is free but the current one
+  const auto before = shared.limiter->scope_count();
+  for (int v = 21; v <= 40; ++v) {
+    auto r = services.prepare_reload(loaded(kBase + tenants(v)));
+    ASSERT_TRUE(r) << r.error();
+    auto p = services.commit_reload(std::move(*r));
+    ASSERT_TRUE(p) << p.error();
+    shared.auth_policy = *p;
+  }
+  EXPECT_EQ(shared.limiter->scope_count(), before);
+  EXPECT_TRUE(shared.limiter->acquire_stream(shared.auth_policy->find_tenant("a")->scope, 0));
+}
+
+TEST(ServicesReload, AdminChangesOfAKeysLimitsReuseTheOldScopes) {
+  auto first =
+      loaded(kBase + "tenants: {a: {}}\nadmin: {listen: 127.0.0.1:0, token_sha256: " + std::string(64, 'a') + "}\n");
+  boost::asio::io_context io;
+  Services services(io, first, 1);
+  ASSERT_TRUE(services.error().empty()) << services.error();
+  Shared shared;
+  services.attach(shared);
+  boost::json::object body;
+  body["tenant"] = "a";
+  body["limits"] = boost::json::object{{"requests_per_minute", 5}};
+  auto made = services.key_store()->create(body, 1);
+  ASSERT_TRUE(made) << made.error().message;
+  const auto start = shared.limiter->scope_count();
+  for (int v = 6; v < 306; ++v) {
+    auto changed = services.key_store()->update(
+        made->record.id, boost::json::object{{"limits", boost::json::object{{"requests_per_minute", v}}}});
+    ASSERT_TRUE(changed) << v << ": " << changed.error().message;
+  }
+  EXPECT_LE(shared.limiter->scope_count(), start + 1);
+  const auto* k = services.key_store()->find(made->record.id);
+  ASSERT_NE(k, nullptr);
+  EXPECT_EQ(shared.limiter->view(k->scope, admission::Bucket::requests, std::chrono::steady_clock::now()).limit, 305u);
 }
 
 TEST(WorkerInstall, UnchangedPoolsGoOnChangedOnesCarryTheirEndpoints) {
