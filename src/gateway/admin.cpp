@@ -91,6 +91,47 @@ void append_health_metrics(std::string& out, const Generation& gen) {
     w.sample("weir_upstream_available_endpoints", fmt::format("pool=\"{}\"", core::escape_label(cfg.pools[p].name)),
              static_cast<double>(st.health.available_endpoints(now, st.policy)));
   }
+  // The load scrapes (routing/load_scraper.hpp), for the pools that scrape.
+  bool any_scraped = false;
+  for (std::size_t p = 0; p < pools; ++p) any_scraped |= cfg.pools[p].load_metrics.enabled;
+  if (any_scraped) {
+    auto each_endpoint = [&](auto&& f) {
+      for (std::size_t p = 0; p < pools; ++p) {
+        if (!cfg.pools[p].load_metrics.enabled) continue;
+        const auto& st = *gen.pools[p].state;
+        for (std::uint32_t e = 0; e < st.loads.size(); ++e)
+          f(st.loads, e,
+            fmt::format("pool=\"{}\",endpoint=\"{}\"", core::escape_label(cfg.pools[p].name),
+                        core::escape_label(cfg.pools[p].endpoints[e].display)));
+      }
+    };
+    w.header("weir_load_scrape_failures_total", "counter",
+             "Failed scrapes of the endpoint's load_metrics page, by reason: connect, timeout, tls, read, too_large "
+             "(over 4 MiB), status (not 200), not_vllm (no readable vllm:num_requests_running or _waiting).");
+    each_endpoint([&](const routing::LoadBoard& b, std::uint32_t e, const std::string& labels) {
+      for (std::size_t r = 0; r < static_cast<std::size_t>(routing::ScrapeFailure::count_); ++r) {
+        const auto f = static_cast<routing::ScrapeFailure>(r);
+        w.sample("weir_load_scrape_failures_total",
+                 fmt::format("{},reason=\"{}\"", labels, routing::scrape_failure_label(f)),
+                 static_cast<double>(b.failures(e, f)));
+      }
+    });
+    w.header("weir_load_scraped", "gauge",
+             "1 while the endpoint has a usable load scrape (the last good one, through 2 failed scrapes), 0 when "
+             "it has none: the pool's load-aware balancing then compares this worker's in-flight requests.");
+    each_endpoint([&](const routing::LoadBoard& b, std::uint32_t e, const std::string& labels) {
+      w.sample("weir_load_scraped", labels, b.read(e).seq != 0 ? 1.0 : 0.0);
+    });
+    w.header("weir_load_requests", "gauge",
+             "The endpoint's requests as its last usable load scrape reported them (vllm:num_requests_running and "
+             "_waiting, summed over engines), by state; none while it has no usable scrape.");
+    each_endpoint([&](const routing::LoadBoard& b, std::uint32_t e, const std::string& labels) {
+      const auto l = b.read(e);
+      if (l.seq == 0) return;
+      w.sample("weir_load_requests", fmt::format("{},state=\"running\"", labels), static_cast<double>(l.running));
+      w.sample("weir_load_requests", fmt::format("{},state=\"waiting\"", labels), static_cast<double>(l.waiting));
+    });
+  }
   bool any_saturation = false;
   for (std::size_t p = 0; p < pools; ++p) any_saturation |= cfg.pools[p].queue.enabled && cfg.pools[p].queue.saturation;
   if (!any_saturation) return;

@@ -134,6 +134,18 @@ tl::expected<std::shared_ptr<const Generation>, std::string> build_generation(Ge
     for (const auto& all : slot.all_addrs)  // (one address needs no list)
       slot.state->addresses.push_back(all.size() > 1 ? all : std::vector<http::tcp::endpoint>());
     if (p < in.tls.size()) slot.state->tls = in.tls[p];
+    // The endpoints a changed pool keeps (same URL) keep their scrape
+    // failure counts: no counter on /metrics goes back at a reload.
+    if (previous)
+      for (const auto& old : previous->pools) {
+        if (old.cfg->name != pc.name || !old.state) continue;
+        for (std::uint32_t i = 0; i < pc.endpoints.size(); ++i)
+          for (std::uint32_t j = 0; j < old.cfg->endpoints.size() && j < old.state->loads.size(); ++j)
+            if (old.cfg->endpoints[j].url == pc.endpoints[i].url) {
+              slot.state->loads.adopt_failures(i, old.state->loads, j);
+              break;
+            }
+      }
     g->pools.push_back(std::move(slot));
   }
   g->labels = MetricLabels::build(cfg, in.policy, previous ? previous->labels.get() : nullptr);

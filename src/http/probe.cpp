@@ -66,7 +66,10 @@ Task<bool> probe_over(Stream& stream, const ProbeRequest& r) {
 
 // Says why fetch_text failed, when asked: `what` and the error, or that the
 // deadline passed (it closed the socket under the pending operation).
-void fail(const ProbeRequest& r, const Socket& sock, std::string_view what, const boost::system::error_code& ec) {
+// `kind` is its class when the deadline did not cut it.
+void fail(const ProbeRequest& r, const Socket& sock, std::string_view what, const boost::system::error_code& ec,
+          FetchFailure kind) {
+  if (r.failure_kind) *r.failure_kind = sock.is_open() ? kind : FetchFailure::timeout;
   if (!r.failure) return;
   *r.failure = sock.is_open() ? fmt::format("{}: {}", what, ec.message())
                               : fmt::format("no answer within {} ms", r.timeout.count());
@@ -118,7 +121,8 @@ Task<int> fetch_over(Socket& sock, TlsStream* tls, const ProbeRequest& r, std::s
   const auto ec = tls ? co_await exchange_over(tls->stream, out, buf, parser, max_bytes, wrote)
                       : co_await exchange_over(sock, out, buf, parser, max_bytes, wrote);
   if (ec) {
-    fail(r, sock, wrote ? "response read failed" : "request write failed", ec);
+    fail(r, sock, wrote ? "response read failed" : "request write failed", ec,
+         ec == bh::error::body_limit ? FetchFailure::too_large : FetchFailure::read);
     co_return 0;
   }
   body = std::move(parser.get().body());
@@ -144,7 +148,7 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
     sock->close(ignored);
     std::tie(cec) = co_await sock->async_connect(other, use_task);
   }
-  if (cec || !sock->is_open()) fail(r, *sock, "cannot connect", cec);
+  if (cec || !sock->is_open()) fail(r, *sock, "cannot connect", cec, FetchFailure::connect);
   if (!cec && sock->is_open()) {
     if (r.tls.client) {
       TlsStream tls(*sock, r.tls.client->context());
@@ -152,6 +156,7 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
       if (!prepare_client(tls, r.tls, error)) {
         if (r.tls_error) *r.tls_error = error;
         if (r.failure) *r.failure = error;
+        if (r.failure_kind) *r.failure_kind = FetchFailure::tls;
       } else {
         auto [hec] = co_await tls.stream.async_handshake(asio::ssl::stream_base::client, use_task);
         // (A handshake cut by the deadline closing the socket is a timeout, not a TLS verdict.)
@@ -159,8 +164,9 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
           error = handshake_failure_reason(tls, hec);
           if (r.tls_error) *r.tls_error = error;
           if (r.failure) *r.failure = "TLS handshake failed: " + error;
+          if (r.failure_kind) *r.failure_kind = FetchFailure::tls;
         } else if (hec) {
-          fail(r, *sock, "TLS handshake failed", hec);
+          fail(r, *sock, "TLS handshake failed", hec, FetchFailure::tls);
         }
         if (!hec && body) {
           result = co_await fetch_over(*sock, &tls, r, *body, max_bytes);

@@ -20,6 +20,16 @@
 
 namespace weir::http {
 
+// Why fetch_text returned 0 (ProbeRequest::failure_kind).
+enum class FetchFailure : std::uint8_t {
+  none,
+  connect,    // refused, unreachable, or no connection
+  timeout,    // r.timeout passed first
+  tls,        // the TLS handshake or certificate check failed
+  read,       // the request could not be written, or the answer was cut or malformed
+  too_large,  // the body was over max_bytes
+};
+
 // What to send and how long to wait (request parameters are copied into the
 // coroutine frame by reference: keep them alive until it completes).
 struct ProbeRequest {
@@ -38,6 +48,7 @@ struct ProbeRequest {
   std::string_view user_agent = "weir-load";
   std::string_view accept = "text/plain";
   std::string* failure = nullptr;
+  FetchFailure* failure_kind = nullptr;  // non-null: set to the class of that failure
 };
 
 // True when the server answered with a 2xx status line (RFC 9112 §4) in

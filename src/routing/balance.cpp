@@ -23,14 +23,11 @@ std::string_view pick_rule_label(PickRule r) {
   return "session";
 }
 
-bool imbalanced(std::span<const Candidate> c, const core::ImbalanceConfig& cfg) {
-  if (c.size() < 2) return false;
-  std::uint32_t lo = c[0].load, hi = c[0].load;
-  for (const auto& e : c) {
-    lo = std::min(lo, e.load);
-    hi = std::max(hi, e.load);
+void compare_in_flight(std::span<Candidate> c) {
+  for (auto& e : c) {
+    e.load = e.in_flight;
+    e.scraped = false;
   }
-  return above(hi, lo, cfg);
 }
 
 bool saturated(std::span<const Candidate> c, std::uint32_t i, const core::ImbalanceConfig& cfg) {

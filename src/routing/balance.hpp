@@ -31,10 +31,10 @@ struct Candidate {
   std::uint32_t endpoint = 0;   // index into the pool
   std::uint32_t load = 0;       // load_of(): the number least_load compares
   std::uint32_t in_flight = 0;  // this worker's requests on it now
-  bool scraped = false;         // `load` comes from a fresh /metrics scrape
+  bool scraped = false;         // `load` comes from a usable /metrics scrape
 };
 
-// The number the load-aware policies compare, in requests: with a fresh
+// The number the load-aware policies compare, in requests: with a usable
 // scrape, vLLM's running + waiting plus this worker's in-flight change since
 // that scrape (requests it started minus those that ended: the scrape cannot
 // see them yet), never below 0; without one, this worker's in-flight count.
@@ -43,9 +43,17 @@ inline std::uint32_t load_of(std::uint32_t running_plus_waiting, std::int64_t in
   return l < 0 ? 0u : static_cast<std::uint32_t>(l);
 }
 
-// SGLang's imbalance test over the candidates: max - min > cfg.absolute and
-// max > cfg.relative * min.
-bool imbalanced(std::span<const Candidate> c, const core::ImbalanceConfig& cfg);
+// Like with like: when some candidate has no fresh scrape (never scraped
+// yet, or its scrapes fail: load_scraper.hpp), every candidate's load
+// becomes this worker's in-flight count, as with load_metrics off. An
+// unscraped endpoint's in-flight (this worker's requests alone) set against
+// the others' running + waiting (every worker's and replica's) would look
+// idle and draw the traffic, and the guard, whose minimum it would be,
+// would see every other endpoint saturated: a failed scrape must never
+// route worse than no scrape. (Any neutral guess of its load, such as the
+// others' median, may be far from its real one; in-flight counts at least
+// compare like with like.)
+void compare_in_flight(std::span<Candidate> c);
 
 // Which rule made a pick (the label of weir_routing_picks_total).
 enum class PickRule : std::uint8_t { p2c, least_load, prefix_match, prefix_miss, prefix_guard, session, count_ };
@@ -58,7 +66,8 @@ inline bool above(std::uint32_t load, std::uint32_t lo, const core::ImbalanceCon
 }
 
 // Candidate `i` is saturated: its load is that far above the least-loaded
-// candidate's (the same two thresholds, against the minimum).
+// candidate's (SGLang's imbalance thresholds, load - min > cfg.absolute and
+// load > cfg.relative * min, applied to the one endpoint a policy chose).
 bool saturated(std::span<const Candidate> c, std::uint32_t i, const core::ImbalanceConfig& cfg);
 
 }  // namespace weir::routing

@@ -1,8 +1,8 @@
 // balance: least_load — the endpoint with the least load (load_of in
 // balance.hpp: vLLM's running + waiting from its /metrics, plus this
-// worker's in-flight change since the scrape; in-flight alone for an
-// endpoint whose scrape failed). Also the fallback of the other load-aware
-// policies.
+// worker's in-flight change since the scrape; this worker's in-flight for
+// every candidate while one has no usable scrape: compare_in_flight). Also
+// the fallback of the other load-aware policies.
 #pragma once
 
 #include <cstdint>

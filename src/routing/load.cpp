@@ -10,9 +10,24 @@ namespace weir::routing {
 
 namespace {
 
-// The value of a sample line after its name (and labels): `{...} 3.0 [ts]`
-// or ` 3.0 [ts]`. nullopt on anything else.
-std::optional<double> sample_value(std::string_view rest) {
+// What follows a sample's metric name: `{labels} value [timestamp]` or
+// ` value [timestamp]`, blanks allowed before the labels (Prometheus text
+// format 0.0.4).
+enum class Sample : std::uint8_t {
+  other,   // the name goes on (another family that starts with this one)
+  bad,     // this family, but no readable value: cut labels, a value that is no number, NaN or ±Inf
+  finite,  // this family, with a finite value
+};
+
+// `rest` is what follows the name; the value goes to `v`.
+Sample sample_value(std::string_view rest, double& v) {
+  const auto blank = [](char c) { return c == ' ' || c == '\t'; };
+  if (!rest.empty()) {
+    const char c = rest.front();
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == ':')
+      return Sample::other;
+  }
+  while (!rest.empty() && blank(rest.front())) rest.remove_prefix(1);
   if (!rest.empty() && rest.front() == '{') {
     // Skip the labels: quoted values may hold '}' and escaped quotes.
     bool quoted = false;
@@ -30,18 +45,19 @@ std::optional<double> sample_value(std::string_view rest) {
         break;
       }
     }
-    if (i >= rest.size()) return std::nullopt;
+    if (i >= rest.size()) return Sample::bad;
     rest.remove_prefix(i + 1);
+    if (rest.empty() || !blank(rest.front())) return Sample::bad;
+    while (!rest.empty() && blank(rest.front())) rest.remove_prefix(1);
   }
-  if (rest.empty() || (rest.front() != ' ' && rest.front() != '\t')) return std::nullopt;
-  while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
   const auto end = rest.find_first_of(" \t\r");
-  const std::string_view num = rest.substr(0, end);
-  if (num.empty() || num.size() > 64) return std::nullopt;
-  double v = 0;
+  std::string_view num = rest.substr(0, end);
+  // Go's ParseFloat, which Prometheus reads values with, takes a leading '+' (from_chars does not).
+  if (num.size() > 1 && num.front() == '+' && num[1] != '-') num.remove_prefix(1);
+  if (num.empty() || num.size() > 64) return Sample::bad;
   const auto [p, ec] = std::from_chars(num.data(), num.data() + num.size(), v);
-  if (ec != std::errc() || p != num.data() + num.size() || !std::isfinite(v)) return std::nullopt;
-  return v;
+  if (ec != std::errc() || p != num.data() + num.size() || !std::isfinite(v)) return Sample::bad;
+  return Sample::finite;
 }
 
 std::uint32_t count_of(double v) {
@@ -61,6 +77,7 @@ std::optional<VllmLoad> parse_vllm_load(std::string_view text) {
     const auto nl = text.find('\n');
     std::string_view line = text.substr(0, nl);
     text.remove_prefix(nl == std::string_view::npos ? text.size() : nl + 1);
+    while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
     if (line.size() < 6 || line[0] != 'v' || !line.starts_with("vllm:")) continue;
     struct Family {
       std::string_view name;
@@ -69,23 +86,29 @@ std::optional<VllmLoad> parse_vllm_load(std::string_view text) {
     for (const Family f : {Family{"vllm:num_requests_running", 0}, Family{"vllm:num_requests_waiting", 1},
                            Family{"vllm:kv_cache_usage_perc", 2}, Family{"vllm:gpu_cache_usage_perc", 3}}) {
       if (!line.starts_with(f.name)) continue;
-      const auto v = sample_value(line.substr(f.name.size()));
-      if (!v) break;  // another family with this prefix, or a malformed line
+      double v = 0;
+      const Sample got = sample_value(line.substr(f.name.size()), v);
+      if (got == Sample::other) continue;  // a longer name: another family (none of these is a prefix of another)
+      // A request count Weir cannot read fails the page: read as 0 it would make the endpoint look idle.
+      if (got == Sample::bad) {
+        if (f.which <= 1) return std::nullopt;
+        break;  // a KV-cache sample: only the queue's saturation gate reads it
+      }
       switch (f.which) {
         case 0:
-          running += *v;
+          running += std::max(v, 0.0);  // each sample clamped: one engine's -8 does not hide another's 10
           any = true;
           break;
         case 1:
-          waiting += *v;
+          waiting += std::max(v, 0.0);
           any = true;
           break;
         case 2:
-          l.kv_usage = kv_new ? std::max(l.kv_usage, *v) : *v;
+          l.kv_usage = kv_new ? std::max(l.kv_usage, v) : v;
           kv_new = true;
           break;
         default:
-          kv_old = have_kv_old ? std::max(kv_old, *v) : *v;
+          kv_old = have_kv_old ? std::max(kv_old, v) : v;
           have_kv_old = true;
       }
       break;
@@ -97,6 +120,27 @@ std::optional<VllmLoad> parse_vllm_load(std::string_view text) {
   if (!kv_new && have_kv_old) l.kv_usage = kv_old;
   l.kv_usage = std::clamp(l.kv_usage, 0.0, 1.0);
   return l;
+}
+
+std::string_view scrape_failure_label(ScrapeFailure f) {
+  switch (f) {
+    case ScrapeFailure::connect:
+      return "connect";
+    case ScrapeFailure::timeout:
+      return "timeout";
+    case ScrapeFailure::tls:
+      return "tls";
+    case ScrapeFailure::read:
+      return "read";
+    case ScrapeFailure::too_large:
+      return "too_large";
+    case ScrapeFailure::status:
+      return "status";
+    case ScrapeFailure::not_vllm:
+    case ScrapeFailure::count_:
+      break;
+  }
+  return "not_vllm";
 }
 
 LoadBoard::LoadBoard(std::uint32_t endpoints) : n_(endpoints), cells_(std::make_unique<Cell[]>(endpoints)) {}

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
@@ -14,6 +15,33 @@ namespace {
 // vLLM's /metrics is ~20-60 KiB (histograms per engine); anything past this is not one.
 constexpr std::size_t kMaxMetricsBytes = 4u << 20;
 
+// Failed scrapes in a row an endpoint's last good one stands through (its
+// load then is that scrape plus each worker's in-flight change since, as
+// between any two scrapes); the next clears it. One lost or slow answer
+// does not switch the pool's comparison to in-flight (WorkerPool::pick's
+// like-with-like rule), and a scrape two intervals old is still a fair guess.
+constexpr std::uint32_t kKeptFailures = 2;
+
+// The stderr line for an endpoint whose scrapes start failing, at most this often.
+constexpr auto kLogEvery = std::chrono::seconds(10);
+
+ScrapeFailure failure_of(http::FetchFailure f) {
+  switch (f) {
+    case http::FetchFailure::connect:
+      return ScrapeFailure::connect;
+    case http::FetchFailure::timeout:
+      return ScrapeFailure::timeout;
+    case http::FetchFailure::tls:
+      return ScrapeFailure::tls;
+    case http::FetchFailure::too_large:
+      return ScrapeFailure::too_large;
+    case http::FetchFailure::none:
+    case http::FetchFailure::read:
+      break;
+  }
+  return ScrapeFailure::read;
+}
+
 // (`t` by reference: GCC 12 miscopies coroutine parameters passed on the stack.)
 http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   auto ex = co_await boost::asio::this_coro::executor;
@@ -24,26 +52,58 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   const auto& lm = t.pool->load_metrics;
   http::Timer next(ex);
   auto due = std::chrono::steady_clock::now() + lm.interval * t.index / (t.count + 1);
-  std::string body;
+  std::string body, why;
+  http::FetchFailure kind = http::FetchFailure::none;
   const http::ProbeRequest req{.addr = t.addr,
                                .others = t.others,
                                .host_header = t.pool->endpoints[t.index].host_header,
                                .path = lm.path,
                                .timeout = std::min(lm.timeout, lm.interval),
                                .tls = t.tls,
-                               .upstream_lines = t.pool->upstream_lines};
+                               .upstream_lines = t.pool->upstream_lines,
+                               .failure = &why,
+                               .failure_kind = &kind};
   const std::size_t max_bytes = kMaxMetricsBytes;
+  const auto& display = t.pool->endpoints[t.index].display;
+  std::uint32_t failed = 0;  // failed scrapes in a row
+  bool told = false;         // the start of this run of failures was logged
+  std::chrono::steady_clock::time_point last_told{};
   for (;;) {
     next.expires_at(due);
     co_await next.async_wait(http::use_task);
     if (t.stopped->load(std::memory_order_relaxed)) co_return;
     due += lm.interval;
+    why.clear();
+    kind = http::FetchFailure::none;
     const int status = co_await http::fetch_text(ex, req, body, max_bytes);
     const auto load = status == 200 ? parse_vllm_load(body) : std::nullopt;
-    if (load)
+    if (load) {
       t.board->publish(t.index, *load);
-    else
-      t.board->clear(t.index);
+      if (told)
+        fmt::print(stderr, "weir: pool {} endpoint {}: load scrape of {} recovered after {} failed\n", t.pool->name,
+                   display, lm.path, failed);
+      failed = 0;
+      told = false;
+    } else {
+      const ScrapeFailure f = status == 200 ? ScrapeFailure::not_vllm
+                              : status != 0 ? ScrapeFailure::status
+                                            : failure_of(kind);
+      t.board->count_failure(t.index, f);
+      if (++failed > kKeptFailures) t.board->clear(t.index);
+      // The start of a run of failures, at most every kLogEvery (an endpoint that flaps logs no more).
+      const auto now = std::chrono::steady_clock::now();
+      if (failed == 1 && (last_told == std::chrono::steady_clock::time_point{} || now - last_told >= kLogEvery)) {
+        told = true;
+        last_told = now;
+        std::string detail = why;
+        if (f == ScrapeFailure::not_vllm)
+          detail = "no readable vllm:num_requests_running or vllm:num_requests_waiting";
+        else if (f == ScrapeFailure::status)
+          detail = fmt::format("HTTP status {}", status);
+        fmt::print(stderr, "weir: pool {} endpoint {}: load scrape of {} failed ({}: {})\n", t.pool->name, display,
+                   lm.path, scrape_failure_label(f), detail);
+      }
+    }
     // Behind (a slow server): the next scrape starts from now, not in a burst.
     if (due < std::chrono::steady_clock::now()) due = std::chrono::steady_clock::now() + lm.interval;
   }

@@ -1,8 +1,12 @@
 // The load scraper: one coroutine per endpoint of every pool with
 // load_metrics enabled, on the control io_context (one thread, not a
 // worker), each fetching `GET load_metrics.path` every interval and
-// publishing what parse_vllm_load finds to the pool's LoadBoard (a failed or
-// unparsable scrape clears it: that endpoint falls back to in-flight only).
+// publishing what parse_vllm_load finds to the pool's LoadBoard. A failed
+// or unparsable scrape is counted there by reason; the endpoint's last good
+// one stands through two such in a row, the third clears it (that endpoint
+// then has no load: WorkerPool::pick compares the pool on in-flight). The
+// first failure of a run, and the recovery after it, are logged on stderr
+// (at most once per 10 s per endpoint).
 //
 // One scraper per process rather than one per worker: a vLLM server renders
 // /metrics in its Python API process, the one that saturates first, so it is

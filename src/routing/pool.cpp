@@ -75,11 +75,14 @@ std::uint32_t WorkerPool::load(std::uint32_t i, bool* scraped) {
 
 std::uint32_t WorkerPool::pick_by_policy(Clock::time_point now, Rng& rng, const PickRequest& req) {
   candidates_.clear();
+  bool all_scraped = true;
   for (const auto i : scratch_) {
     Candidate c{.endpoint = i, .in_flight = endpoints_[i].in_flight};
     c.load = load(i, &c.scraped);
+    all_scraped &= c.scraped;
     candidates_.push_back(c);
   }
+  if (!all_scraped) compare_in_flight(candidates_);
   const std::span<const Candidate> c(candidates_);
   PrefixIndex* index = shared_ ? shared_->prefixes.get() : nullptr;
   std::array<std::uint64_t, 4096> hashes;  // PrefixAffinityConfig::max_blocks ≤ 4096

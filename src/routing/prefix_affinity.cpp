@@ -10,12 +10,20 @@ namespace weir::routing {
 
 PrefixPick prefix_affinity_pick(std::span<const Candidate> c, std::span<const std::uint64_t> hashes,
                                 const PrefixIndex& index, const core::PoolConfig& cfg, Rng& rng) {
-  if (imbalanced(c, cfg.imbalance)) return {.candidate = least_load_pick(c, rng), .rule = PrefixRule::guard};
   if (hashes.empty()) return {.candidate = least_load_pick(c, rng), .rule = PrefixRule::miss};
   std::uint64_t mask = 0;
   for (const auto& e : c)
     if (e.endpoint < PrefixIndex::kMaxEndpoints) mask |= std::uint64_t{1} << e.endpoint;
   const auto m = index.longest(hashes, mask);
+  // The guard, on the endpoint the index chose: only a prefix whose home is
+  // saturated (its load that far above the least-loaded candidate's) goes
+  // to the least-loaded one instead. One busy endpoint moves its own
+  // prefixes, not every other endpoint's as well.
+  const auto guarded = [&](PrefixPick p) {
+    if (!saturated(c, p.candidate, cfg.imbalance)) return p;
+    return PrefixPick{
+        .candidate = least_load_pick(c, rng), .rule = PrefixRule::guard, .matched_blocks = p.matched_blocks};
+  };
   // The least loaded of the candidates `keep` accepts (load, then fewest in flight; ties broken at random),
   // over all of them; every candidate when none is accepted.
   auto least_loaded_of = [&](auto keep) {
@@ -53,12 +61,12 @@ PrefixPick prefix_affinity_pick(std::span<const Candidate> c, std::span<const st
     const bool past = unindexed > 0 && rng.below(static_cast<std::uint32_t>(c.size())) < unindexed;
     const auto k = least_loaded_of(
         [&](const Candidate& e) { return past ? !indexed(e) : indexed(e) && index.held(e.endpoint) == fewest; });
-    return {.candidate = k, .rule = PrefixRule::miss, .matched_blocks = m.blocks};
+    return guarded({.candidate = k, .rule = PrefixRule::miss, .matched_blocks = m.blocks});
   }
   const auto k = least_loaded_of([&](const Candidate& e) {
     return e.endpoint < PrefixIndex::kMaxEndpoints && ((m.endpoints >> e.endpoint) & 1u);
   });
-  return {.candidate = k, .rule = PrefixRule::match, .matched_blocks = m.blocks};
+  return guarded({.candidate = k, .rule = PrefixRule::match, .matched_blocks = m.blocks});
 }
 
 }  // namespace weir::routing

@@ -2,15 +2,20 @@
 // holds its prompt's prefix in KV cache (SGLang's cache-aware policy, with
 // the Inference Extension's block-hash index: prefix_index.hpp).
 //
-//   1. Loads diverge (imbalanced(): max - min > imbalance.absolute and
-//      max > imbalance.relative * min): the least-loaded endpoint.
-//   2. The longest indexed prefix covers at least match_threshold of the
+//   1. The longest indexed prefix covers at least match_threshold of the
 //      prompt's hashed blocks: among the endpoints holding it, the least loaded.
-//   3. Otherwise, a new prefix: the endpoint holding the fewest indexed
+//   2. Otherwise, a new prefix: the endpoint holding the fewest indexed
 //      blocks (SGLang's smallest tree: prefixes, and with them the load,
 //      spread evenly), the least loaded of those; a prompt shorter than one
 //      block: the least-loaded endpoint.
-// The caller then records the chosen endpoint in the index.
+//   3. The guard: when the endpoint 1 or 2 chose is saturated (saturated():
+//      its load - min > imbalance.absolute and > imbalance.relative * min),
+//      the least-loaded endpoint instead. SGLang tests the pool's max
+//      against its min, so one busy endpoint turns affinity off for every
+//      prefix; here only the busy endpoint's own prefixes move.
+// The caller then records the chosen endpoint in the index (a guard's pick
+// too: that endpoint now holds the prefix, and the next request of it
+// matches there while its first home is busy).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,7 @@
 // The balancing policies on fixed inputs (balance.hpp and one file per policy).
+#include <array>
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,14 +40,12 @@ std::string prompt(std::size_t bytes, std::size_t shared, char salt, char base =
 TEST(Balance, ImbalanceAndSaturationFollowSGLangsThresholds) {
   const core::ImbalanceConfig g{.absolute = 32, .relative = 1.5};
   const std::vector<Candidate> a{{.endpoint = 0, .load = 10}, {.endpoint = 1, .load = 80}};
-  EXPECT_TRUE(routing::imbalanced(a, g));  // 70 > 32 and 80 > 15
-  const std::vector<Candidate> b{{.endpoint = 0, .load = 100}, {.endpoint = 1, .load = 130}};
-  EXPECT_FALSE(routing::imbalanced(b, g));  // 30 ≤ 32
-  const std::vector<Candidate> c{{.endpoint = 0, .load = 100}, {.endpoint = 1, .load = 140}};
-  EXPECT_FALSE(routing::imbalanced(c, g));  // 40 > 32 but 140 ≤ 150
-  EXPECT_TRUE(routing::saturated(a, 1, g));
+  EXPECT_TRUE(routing::saturated(a, 1, g));  // 70 > 32 and 80 > 15
   EXPECT_FALSE(routing::saturated(a, 0, g));
-  EXPECT_FALSE(routing::saturated(c, 1, g));
+  const std::vector<Candidate> b{{.endpoint = 0, .load = 100}, {.endpoint = 1, .load = 130}};
+  EXPECT_FALSE(routing::saturated(b, 1, g));  // 30 ≤ 32
+  const std::vector<Candidate> c{{.endpoint = 0, .load = 100}, {.endpoint = 1, .load = 140}};
+  EXPECT_FALSE(routing::saturated(c, 1, g));  // 40 > 32 but 140 ≤ 150
   EXPECT_EQ(routing::load_of(12, -3), 9u);
   EXPECT_EQ(routing::load_of(2, -5), 0u);
 }
@@ -92,6 +93,42 @@ TEST(LoadMetrics, ParsesVllmGaugesSummedOverEngines) {
   EXPECT_FALSE(routing::parse_vllm_load(""));
 }
 
+// A request count Weir cannot read fails the page (as 0 the endpoint would look idle); what Prometheus's text
+// format allows (a '+' sign, blanks before the labels or the name) is read; negative samples count as 0 each.
+TEST(LoadMetrics, AnUnreadableRequestCountFailsThePage) {
+  for (const char* bad : {"NaN", "+Inf", "Inf", "-Inf", "0x10", "three"}) {
+    EXPECT_FALSE(
+        routing::parse_vllm_load(fmt::format("vllm:num_requests_running{{engine=\"0\"}} {}\n"
+                                             "vllm:num_requests_waiting{{engine=\"0\"}} 2\n",
+                                             bad)))
+        << bad;
+    EXPECT_FALSE(
+        routing::parse_vllm_load(fmt::format("vllm:num_requests_running 1\nvllm:num_requests_waiting {}\n", bad)))
+        << bad;
+  }
+  EXPECT_FALSE(routing::parse_vllm_load("vllm:num_requests_running{engine=\"0\" 3\nvllm:num_requests_waiting 1\n"));
+  // A KV-cache sample Weir cannot read is only skipped.
+  auto kv = routing::parse_vllm_load("vllm:num_requests_running 2\nvllm:kv_cache_usage_perc NaN\n");
+  ASSERT_TRUE(kv);
+  EXPECT_EQ(kv->running, 2u);
+  auto plus = routing::parse_vllm_load("vllm:num_requests_running +3\nvllm:num_requests_waiting{a=\"b\"} +4e0\n");
+  ASSERT_TRUE(plus);
+  EXPECT_EQ(plus->running, 3u);
+  EXPECT_EQ(plus->waiting, 4u);
+  auto spaced = routing::parse_vllm_load(
+      "vllm:num_requests_running {model_name=\"m\"} 4\n  vllm:num_requests_waiting\t{model_name=\"m\"}\t1\n"
+      "vllm:num_requests_running_total 100\n");
+  ASSERT_TRUE(spaced);
+  EXPECT_EQ(spaced->running, 4u);
+  EXPECT_EQ(spaced->waiting, 1u);
+  auto neg = routing::parse_vllm_load(
+      "vllm:num_requests_running{engine=\"0\"} 10\nvllm:num_requests_running{engine=\"1\"} -8\n"
+      "vllm:num_requests_waiting -5\n");
+  ASSERT_TRUE(neg);
+  EXPECT_EQ(neg->running, 10u);
+  EXPECT_EQ(neg->waiting, 0u);
+}
+
 TEST(LoadMetrics, BoardPublishesConsistentSnapshots) {
   routing::LoadBoard b(2);
   EXPECT_EQ(b.read(0).seq, 0u);
@@ -107,6 +144,14 @@ TEST(LoadMetrics, BoardPublishesConsistentSnapshots) {
   EXPECT_EQ(b.read(1).seq, 0u);
   b.publish(0, {.running = 5'000'000});
   EXPECT_EQ(b.read(0).running, 0xfffffu);  // capped, not wrapped
+  b.count_failure(1, routing::ScrapeFailure::timeout);
+  b.count_failure(1, routing::ScrapeFailure::timeout);
+  b.count_failure(1, routing::ScrapeFailure::status);
+  EXPECT_EQ(b.failures(1, routing::ScrapeFailure::timeout), 2u);
+  EXPECT_EQ(b.failures(1, routing::ScrapeFailure::status), 1u);
+  EXPECT_EQ(b.failures(0, routing::ScrapeFailure::timeout), 0u);
+  EXPECT_EQ(b.read(0).running, 0xfffffu);  // the counters share the cell, not the packed word
+  EXPECT_EQ(routing::scrape_failure_label(routing::ScrapeFailure::not_vllm), "not_vllm");
 }
 
 TEST(PrefixIndex, BlockHashesChainAndAreSeededByTheModel) {
@@ -215,6 +260,87 @@ TEST(PrefixAffinity, MatchWinsUntilLoadsDiverge) {
   EXPECT_EQ(p.rule, routing::PrefixRule::match);
   EXPECT_EQ(p.candidate, 1u);
   EXPECT_EQ(p.matched_blocks, 15u);
+}
+
+// The guard moves only the prefixes whose home is saturated: one busy endpoint leaves the others' prefixes
+// where they are (SGLang's pool-wide max - min test sent every prefix to the least loaded).
+TEST(PrefixAffinity, TheGuardMovesOnlyTheBusyEndpointsOwnPrefixes) {
+  auto cfg = config(fmt::format(
+      "pools: {{a: {{{}, balance: prefix_affinity, imbalance: {{absolute: 8, relative: 1.5}}}}}}\ndefault_pool: a\n",
+      kFourEndpoints));
+  routing::SharedPoolState state(cfg.pools[0]);
+  std::vector<http::tcp::endpoint> addrs(4);
+  routing::WorkerPool pool(cfg.pools[0], addrs, &state);
+  routing::Rng rng(7);
+  const auto t = std::chrono::steady_clock::now();
+  for (std::uint32_t e = 0; e < 4; ++e) state.loads.publish(e, {.running = 2});
+  std::vector<std::string> groups;
+  std::map<std::uint32_t, std::uint32_t> home;  // group → endpoint
+  for (char g = 0; g < 8; ++g) {
+    groups.push_back(prompt(1000, 1000, 0, static_cast<char>('a' + g)));
+    home[static_cast<std::uint32_t>(g)] =
+        pool.pick(t, rng, routing::WorkerPool::npos, {.model = "m", .prompt = groups.back()});
+  }
+  std::set<std::uint32_t> homes;
+  for (const auto& [g, e] : home) homes.insert(e);
+  ASSERT_EQ(homes.size(), 4u);  // new prefixes spread over the endpoints holding the fewest blocks
+  state.loads.publish(3, {.running = 2, .waiting = 50});  // endpoint 3 alone is busy
+  for (int round = 0; round < 3; ++round)
+    for (std::uint32_t g = 0; g < groups.size(); ++g) {
+      const auto e = pool.pick(t, rng, routing::WorkerPool::npos, {.model = "m", .prompt = groups[g]});
+      if (home[g] != 3) {
+        EXPECT_EQ(e, home[g]) << g;
+        EXPECT_EQ(pool.last_rule(), routing::PickRule::prefix_match);
+      } else {
+        EXPECT_NE(e, 3u) << g;
+      }
+    }
+  // Endpoint 3 recovers: the other groups still have one home each.
+  state.loads.publish(3, {.running = 2});
+  for (std::uint32_t g = 0; g < groups.size(); ++g) {
+    if (home[g] == 3) continue;
+    EXPECT_EQ(pool.pick(t, rng, routing::WorkerPool::npos, {.model = "m", .prompt = groups[g]}), home[g]);
+  }
+}
+
+// Like with like: while one candidate has no scrape, every candidate is compared on this worker's in-flight
+// count. Against the others' running + waiting (every worker's, every replica's) its own few would look idle,
+// and the guard would find every other endpoint saturated.
+TEST(LeastLoad, AnEndpointWithoutAScrapeIsNotTakenForIdle) {
+  auto cfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2, http://127.0.0.1:3], balance: least_load}}\n"
+      "default_pool: a\n");
+  routing::SharedPoolState state(cfg.pools[0]);
+  std::vector<http::tcp::endpoint> addrs(3);
+  routing::WorkerPool pool(cfg.pools[0], addrs, &state);
+  routing::Rng rng(9);
+  const auto t = std::chrono::steady_clock::now();
+  state.loads.publish(0, {.running = 10});
+  state.loads.publish(1, {.running = 10});
+  // Endpoint 2's scrapes fail: it is not the pool's least loaded, it gets its third of the requests.
+  std::array<int, 3> got{};
+  for (int i = 0; i < 30; ++i) {
+    const auto e = pool.pick(t, rng);
+    ++got[e];
+    pool.on_start(e);
+  }
+  EXPECT_EQ(got[0], 10);
+  EXPECT_EQ(got[1], 10);
+  EXPECT_EQ(got[2], 10);
+  // Sessions and the prefix guard see the same loads: no session is moved off its home for a missing scrape.
+  auto scfg = config(
+      "pools: {a: {endpoints: [http://127.0.0.1:1, http://127.0.0.1:2, http://127.0.0.1:3], "
+      "session_header: x-session-id, imbalance: {absolute: 8}}}\ndefault_pool: a\n");
+  routing::SharedPoolState sstate(scfg.pools[0]);
+  routing::WorkerPool spool(scfg.pools[0], addrs, &sstate);
+  std::map<std::string, std::uint32_t> before;
+  for (int s = 0; s < 9; ++s) {
+    const std::string id = fmt::format("s{}", s);
+    before[id] = spool.pick(t, rng, routing::WorkerPool::npos, {.session = id});
+  }
+  for (std::uint32_t e = 0; e < 3; ++e) sstate.loads.publish(e, {.running = 10});
+  sstate.loads.clear(0);
+  for (const auto& [id, e] : before) EXPECT_EQ(spool.pick(t, rng, routing::WorkerPool::npos, {.session = id}), e) << id;
 }
 
 // Endpoints past the index's 64 hold no counted blocks: a new prefix is not theirs by that 0, but by load
