@@ -484,11 +484,10 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
   if (h.root.type != Shape::Type::object)
     return tl::unexpected(core::bad_request("The request body must be a JSON object."));
 
-  if (!h.model.present() && kind == ApiKind::vllm_extra) {
-    // vLLM takes these without a model (its served model); the gateway routes them to the default pool.
+  if (!h.model.present()) {
+    // vLLM takes every one of these without a model (or with null: its served model); the gateway routes them
+    // to the default pool, and refuses them without one (the route phase).
     f.model.clear();
-  } else if (!h.model.present()) {
-    return tl::unexpected(core::bad_request("you must provide a model parameter", "model"));
   } else if (h.model.type != Shape::Type::string || f.model.empty()) {
     return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
   }

@@ -26,7 +26,7 @@ namespace weir::api {
 enum class ApiKind : std::uint8_t { chat_completions, completions, embeddings, vllm_extra, audio };
 
 struct RequestFields {
-  std::string model;                // "model", non-empty (vllm_extra: may be empty, absent in the body)
+  std::string model;                // "model": non-empty, or empty when the body has none (absent or null)
   bool stream = false;              // "stream": true → SSE response
   bool has_stream_options = false;  // "stream_options" present (object)
   bool include_usage = false;       // stream_options.include_usage == true

@@ -320,6 +320,20 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
 }
 
 tl::expected<void, core::Error> Authenticator::check_model(const Principal& principal, std::string_view model) {
+  if (model.empty()) {
+    // A request without a model goes to the default pool, whose upstream picks the model: Weir cannot tell
+    // which, so only a principal that may use every model may send one.
+    const bool key_all = !principal.key || !principal.key->models || principal.key->models->allows_all();
+    if (principal.tenant->models.allows_all() && key_all) return {};
+    return tl::unexpected(core::forbidden(
+        principal.tenant->models.allows_all()
+            ? fmt::format("A request without a model may be for any model, and API key `{}` may use only some: "
+                          "name the model.",
+                          principal.key->id.substr(0, 128))
+            : fmt::format("A request without a model may be for any model, and tenant `{}` may use only some: "
+                          "name the model.",
+                          principal.tenant->name)));
+  }
   if (!principal.tenant->models.allows(model))
     return tl::unexpected(core::forbidden(
         fmt::format("The model `{}` is not available to tenant `{}`.", model.substr(0, 256), principal.tenant->name)));

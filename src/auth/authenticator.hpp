@@ -79,7 +79,9 @@ class Authenticator {
                                                        WallTime now);
 
   // Whether `principal` may use `model`: the tenant's allow-list and, for an
-  // API key with its own list, the key's. Error: 403 permission_error,
+  // API key with its own list, the key's. An empty `model` (a request
+  // without one, sent to the default pool, whose upstream picks the model)
+  // only when both allow every model. Error: 403 permission_error,
   // code model_not_allowed (OpenAI error shape).
   static tl::expected<void, core::Error> check_model(const Principal& principal, std::string_view model);
 

@@ -139,7 +139,10 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
     ctx.pool = static_cast<int>(ctx.target.pool);
     return Outcome::next();
   }
-  if (ctx.model.empty() && !ctx.gen->config().default_pool)  // vLLM's extra routes may omit it
+  // A body without a model (chat, completions, embeddings, vLLM's extra routes, speech to text: vLLM answers
+  // them with its served model) goes as it came to the default pool, whose upstream picks the model; without
+  // one there is nothing to route it by. (Anthropic's and the Responses API's bodies require a model: parse.)
+  if (ctx.model.empty() && !ctx.gen->config().default_pool)
     return Outcome::failed(core::bad_request(
         "you must provide a model parameter: Weir routes this request by it (or configure a default_pool)", "model"));
   auto r = ctx.gen->routes().find(ctx.model);
@@ -198,6 +201,11 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
     if (!served_by_anthropic(ctx.route)) {
       if (!fallback_left(ctx)) return Outcome::failed(not_served_by_anthropic(ctx));
     } else if (!is_anthropic(ctx.route)) {
+      // Anthropic's Messages API has no served model to fall back on: a chat request for it names one.
+      if (ctx.model.empty())
+        return Outcome::failed(core::bad_request(
+            "you must provide a model parameter: the default pool speaks Anthropic's Messages API, which requires one",
+            "model"));
       if (auto e = translate_for_anthropic(ctx)) {
         if (!fallback_left(ctx)) return Outcome::failed(std::move(*e));
       } else {

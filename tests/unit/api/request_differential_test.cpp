@@ -100,9 +100,7 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
   const auto& obj = doc.get_object();
   RequestFields f;
   const auto* model = obj.if_contains("model");
-  if ((!model || model->is_null()) && kind == ApiKind::vllm_extra) {
-  } else if (!model || model->is_null()) {
-    return tl::unexpected(core::bad_request("you must provide a model parameter", "model"));
+  if (!model || model->is_null()) {
   } else {
     if (!model->is_string() || model->get_string().empty())
       return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));

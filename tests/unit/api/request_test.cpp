@@ -45,9 +45,13 @@ TEST(ApiParseRequest, MinimalChatRequest) {
   EXPECT_EQ(f.prompt_overhead_tokens, RequestFields::kChatTokensPerMessage);
 }
 
-TEST(ApiParseRequest, ModelIsRequiredAndANonEmptyString) {
-  EXPECT_EQ(refused(kChat, R"({"messages":[]})").param, "model");
-  EXPECT_EQ(refused(kChat, R"({"model":null})").param, "model");
+TEST(ApiParseRequest, ModelIsANonEmptyStringOrAbsent) {
+  // Absent (or null, as vLLM's Optional[str] reads it): the empty model, which the route phase sends to the
+  // default pool (the upstream's served model) or refuses without one.
+  for (auto kind : {kChat, kCompletions, kEmbeddings, ApiKind::vllm_extra}) {
+    EXPECT_EQ(ok(kind, R"({"messages":[],"prompt":"a","input":"a"})").model, "");
+    EXPECT_EQ(ok(kind, R"({"model":null,"prompt":"a","input":"a"})").model, "");
+  }
   EXPECT_EQ(refused(kChat, R"({"model":""})").param, "model");
   EXPECT_EQ(refused(kChat, R"({"model":7})").param, "model");
   EXPECT_EQ(refused(kChat, R"({"model":["a"]})").param, "model");
@@ -359,7 +363,8 @@ TEST(ApiParseRequest, VllmExtraRoutesMayOmitTheModelAndCountTheirTexts) {
   EXPECT_FALSE(ok(ApiKind::vllm_extra, R"({"model":"m","input":"x","stream":true})").stream);
   EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"({"model":3})"));
   EXPECT_FALSE(parse_request(ApiKind::vllm_extra, R"([1])"));
-  EXPECT_FALSE(parse_request(ApiKind::embeddings, R"({"input":"x"})")) << "the OpenAI routes still need a model";
+  // (The OpenAI routes too, as vLLM's: ModelIsANonEmptyStringOrAbsent.)
+  EXPECT_EQ(ok(ApiKind::embeddings, R"({"input":"x"})").model, "");
 }
 
 }  // namespace

@@ -173,6 +173,26 @@ TEST(AuthAuthenticator, ModelAllowListIs403WithOpenAIShape) {
   EXPECT_NE(narrowed.error().message.find("not available to API key `"), std::string::npos) << narrowed.error().message;
 }
 
+TEST(AuthAuthenticator, NoModelOnlyForAPrincipalThatMayUseEveryModel) {
+  // A request without a model goes to the default pool, whose upstream picks the model: a tenant or key
+  // restricted to some models must not get it through (a model "" matches no list entry by accident either).
+  Authenticator a(make_policy(), nullptr);
+  auto acme = *a.authenticate("", kAcmeKey, kNow);  // tenant restricted
+  auto denied = Authenticator::check_model(*acme, "");
+  ASSERT_FALSE(denied);
+  EXPECT_EQ(denied.error().status, 403);
+  EXPECT_EQ(denied.error().code, "model_not_allowed");
+  EXPECT_NE(denied.error().message.find("tenant `acme` may use only some"), std::string::npos)
+      << denied.error().message;
+  auto beta = *a.authenticate("", kBetaKey, kNow);  // tenant allows all, the key narrows
+  auto narrowed = Authenticator::check_model(*beta, "");
+  ASSERT_FALSE(narrowed);
+  EXPECT_NE(narrowed.error().message.find("API key `"), std::string::npos) << narrowed.error().message;
+  Authenticator open(make_policy(false), nullptr);
+  auto anon = *open.authenticate("", "", kNow);  // anonymous: every model
+  EXPECT_TRUE(Authenticator::check_model(*anon, ""));
+}
+
 TEST(AuthModelList, AnEmptyListAllowsNothingAndOnlyStarOrNoListAllowsAll) {
   EXPECT_TRUE(ModelList().allows("any"));  // a tenant that names no list
   EXPECT_FALSE(ModelList(std::vector<std::string>{}).allows("any"));
