@@ -39,6 +39,25 @@ struct MetricsConfig {
   bool operator==(const MetricsConfig&) const = default;
 };
 
+// Cross-origin requests from browsers (server.cors), answered as the Fetch
+// standard's CORS protocol asks (https://fetch.spec.whatwg.org/#http-cors-protocol;
+// gateway/cors.hpp). Off unless the section is given: a gateway that holds
+// API keys opens itself to no web page by default (vLLM's own default is
+// every origin, `--allowed-origins '["*"]'`).
+struct CorsConfig {
+  bool enabled = false;
+  bool any_origin = false;           // allowed_origins is ["*"]: `Access-Control-Allow-Origin: *`
+  std::vector<std::string> origins;  // serialized origins, lower-case: "https://app.example.com[:port]"
+  bool any_header = false;           // allowed_headers holds "*": every requested header is granted
+  // Request header names granted to a preflight, lower-case; one ending in
+  // '*' grants every name with that prefix ("x-stainless-*").
+  std::vector<std::string> headers;
+  std::string expose_headers;      // Access-Control-Expose-Headers' value on every answer ("" = none)
+  std::uint32_t max_age_s = 600;   // Access-Control-Max-Age of a preflight, seconds
+  bool allow_credentials = false;  // `Access-Control-Allow-Credentials: true` (never with any_origin)
+  bool operator==(const CorsConfig&) const = default;
+};
+
 // Downstream (client-facing) limits and timeouts.
 struct ServerConfig {
   ListenAddress listen;
@@ -56,6 +75,7 @@ struct ServerConfig {
   std::string access_log = "-";                      // "-" stdout, "off", or a file path
   bool reuse_port = false;                           // start even if another process listens on `listen`, sharing it
   MetricsConfig metrics;                             // label dimensions of /metrics
+  CorsConfig cors;                                   // browsers' cross-origin requests (off by default)
   // When GET /ready answers 503 besides draining (docs/reliability.md#readiness):
   // all = while any pool has no endpoint available on any worker, any = while
   // no pool has one, off = draining only.

@@ -32,6 +32,8 @@ void RequestContext::reset() {
   prompt_tokens_estimate = completion_cap = 0;
   spend_nano_usd = 0;
   rate_limit_lines.clear();
+  cors_lines.clear();
+  cors_allowed = false;
   upstream_body = {};
   upstream_body_buf.clear();
   edit_buf.clear();

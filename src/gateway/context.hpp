@@ -122,6 +122,10 @@ struct RequestContext {
   std::uint64_t completion_cap = 0;
   std::int64_t spend_nano_usd = 0;  // set by log's settle
   std::string rate_limit_lines;     // x-ratelimit-* header lines for every answer to this request
+  // server.cors on: the CORS header lines for every answer to this request (gateway/cors.hpp; read sets
+  // them), and whether its Origin is allowed. Empty with server.cors off.
+  std::string cors_lines;
+  bool cors_allowed = false;
 
   // --- proxy: the upstream request and its response ---
   std::string_view upstream_body;          // the client's body, or a spliced copy in upstream_body_buf / edit_buf

@@ -89,6 +89,10 @@ class GatewayPhases final : public Phases {
   // as it came (decode_body() decodes it). next(), or the failure (413, 408,
   // 400, 499).
   core::Task<Outcome> read_body(RequestContext& ctx);
+  // A CORS preflight (server.cors on, gateway/cors.hpp) on a route Weir
+  // serves: 204 with the Access-Control-Allow-* fields for an allowed
+  // origin, else 403 origin_not_allowed; before authentication.
+  core::Task<Outcome> preflight(RequestContext& ctx);
   // A gzip or deflate body decoded in place (within server.max_body; 415 for
   // another coding, 400 for one that does not decode). After authentication
   // (parse() calls it): a request without a valid credential gets its 401

@@ -99,10 +99,14 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // client sees each name once, with the value that governs it.
 // `content_type`: when not empty, written in place of the upstream's
 // Content-Type (a body Weir made of another media type).
+// `own_cors`: the caller answers CORS itself (server.cors on, gateway/cors.hpp),
+// so the upstream's Access-Control-* fields (vLLM's CORSMiddleware answers
+// every origin by default) are dropped: a browser refuses an answer with two
+// Access-Control-Allow-Origin values.
 // An upstream head without Date gets Weir's (RFC 9110 §6.6.1).
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
                             std::string_view upstream_host = {}, bool own_ratelimit = false,
-                            std::string_view content_type = {});
+                            std::string_view content_type = {}, bool own_cors = false);
 
 // `uri` without a leading "http://<host>", "https://<host>" or "//<host>" (host compared case-insensitively)
 // when it has that prefix followed by '/', '?', '#' or nothing ("/" then);

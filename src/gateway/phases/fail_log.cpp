@@ -197,8 +197,10 @@ void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
   if (!ctx.committed) {
     if (down_.writing()) return;  // (a 100 Continue going out)
     append_error_body(body, e, dialect_of(ctx));
+    std::string extra = "Retry-After: 1\r\n";
+    extra += ctx.cors_lines;
     http::append_own_response_head(out, e.status, "application/json", body.size(), ctx.request_id, ctx.rate_limit_lines,
-                                   "Retry-After: 1\r\n", {false, down_.connection_mode().http10});
+                                   extra, {false, down_.connection_mode().http10});
     // (An answer to HEAD has its Content-Length and no content: RFC 9110 §9.3.2.)
     if (down_.request().method() != boost::beast::http::verb::head) out += body;
     down_.send(out);

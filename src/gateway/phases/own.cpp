@@ -16,10 +16,11 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
     note_rate_limits(ctx, std::chrono::steady_clock::now());
   ctx.head.clear();
   std::string_view extra = r.extra_lines;
-  std::string with_id;  // an Anthropic route's answer: its request-id too
-  if (is_anthropic(ctx.route)) {
+  std::string with_id;  // an Anthropic route's answer: its request-id too; with server.cors, its CORS fields
+  if (is_anthropic(ctx.route) || !ctx.cors_lines.empty()) {
     with_id = r.extra_lines;
-    http::append_header(with_id, "request-id", ctx.request_id);
+    if (is_anthropic(ctx.route)) http::append_header(with_id, "request-id", ctx.request_id);
+    with_id += ctx.cors_lines;
     extra = with_id;
   }
   http::append_own_response_head(ctx.head, r.status, r.content_type, r.body.size(), ctx.request_id,

@@ -5,13 +5,19 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
+
 #include "core/json_text.hpp"
 #include "core/text.hpp"
+#include "core/time.hpp"
+#include "gateway/cors.hpp"
+#include "gateway/endpoints.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 #include "http/gzip.hpp"
 #include "http/request_check.hpp"
+#include "http/response_head.hpp"
 
 namespace weir::gateway {
 
@@ -86,6 +92,11 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     w_.next_request_id(ctx.request_id);
   // (Traced before a refused head's answer too: every request Weir answered is, as the log has it.)
   if (w_.tracer() && traced(ctx.route)) begin_trace(ctx);
+  // Every answer from here on, errors included, carries the CORS fields (a browser page reads a 401 or a 429
+  // only through them); the one branch the request path pays with server.cors off.
+  const core::CorsConfig& cors = ctx.gen->config().server.cors;
+  if (cors.enabled) [[unlikely]]
+    ctx.cors_allowed = append_cors_fields(ctx.cors_lines, cors, req);
   if (ctx.read_failure != http::ReadFailure::none)
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
 
@@ -106,6 +117,8 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   const bool get_or_head = req.method() == bh::verb::get || req.method() == bh::verb::head;
   if ((post_route && req.method() != bh::verb::post) || (!post_route && !get_or_head)) {
     if (!down_.body_complete()) down_.no_keep_alive();
+    // A browser's preflight: answered before authentication (it carries no credentials: Fetch §3.2.2).
+    if (cors.enabled && is_preflight(req)) co_return co_await preflight(ctx);
     co_return Outcome::failed(core::method_not_allowed(req.method_string(), path));
   }
   // A body still on its way is read after authentication (authenticate()):
@@ -121,6 +134,26 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     co_return Outcome::next();
   }
   co_return co_await read_body(ctx);
+}
+
+core::Task<Outcome> GatewayPhases::preflight(RequestContext& ctx) {
+  const auto& req = down_.request();
+  if (!ctx.cors_allowed)
+    co_return Outcome::failed(
+        core::forbidden(fmt::format("Origin {} may not call Weir from a browser (server.cors.allowed_origins).",
+                                    core::utf8_prefix(request_origin(req), core::kMaxEchoBytes)),
+                        "origin_not_allowed"));
+  ctx.status = 204;
+  ctx.head.clear();
+  http::append_status_line(ctx.head, 204);
+  http::append_header(ctx.head, "x-request-id", ctx.request_id);
+  // (Not ctx.cors_lines: a preflight's fields are its own, and it exposes nothing.)
+  append_preflight_fields(ctx.head, ctx.gen->config().server.cors, req, allowed_methods(ctx.route));
+  core::append_http_date(ctx.head);
+  http::append_connection_header(ctx.head, down_.connection_mode());
+  ctx.head += "\r\n";  // (204: no Content-Length, no content: RFC 9110 §8.6, §15.3.5)
+  if (!co_await down_.write_all(ctx.head, {})) ctx.status = 499;
+  co_return Outcome::responded();
 }
 
 core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {

@@ -561,12 +561,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
   http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty(),
-                               content_type);
+                               content_type, ctx.gen->config().server.cors.enabled);
   if (whole_for_stream && http::first_field(head, bh::field::cache_control).empty())
     ctx.head += "Cache-Control: no-cache\r\n";
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
   append_anthropic_request_id(ctx, &head);
   ctx.head += ctx.rate_limit_lines;
+  ctx.head += ctx.cors_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());
   if (drop_encoding) ctx.head += "Vary: Accept-Encoding\r\n";
   const bool no_body = req.method() == bh::verb::head || status == 204 || status == 304;

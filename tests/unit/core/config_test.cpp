@@ -2,6 +2,7 @@
 
 #include <sys/stat.h>
 #include <unistd.h>
+#include <algorithm>
 
 #include <gtest/gtest.h>
 
@@ -257,6 +258,54 @@ TEST(Config, ReusePortIsOffByDefaultAndABoolean) {
   const auto err =
       error_of("server: {reuse_port: sometimes}\npools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n");
   EXPECT_NE(err.find("server.reuse_port"), std::string::npos) << err;
+}
+
+TEST(Config, CorsIsOffByDefaultAndCheckedWhole) {
+  constexpr std::string_view kPools = "pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n";
+  auto off = parse_config(kPools, "weir.yaml");
+  ASSERT_TRUE(off) << off.error().to_string();
+  EXPECT_FALSE(off->server.cors.enabled);
+
+  auto c = parse_config(std::string("server: {cors: {allowed_origins: [\"HTTPS://App.Example.com\", "
+                                    "\"http://localhost:3000\"], max_age: 1h, allow_credentials: true}}\n") +
+                            std::string(kPools),
+                        "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  const auto& k = c->server.cors;
+  EXPECT_TRUE(k.enabled);
+  EXPECT_FALSE(k.any_origin);
+  EXPECT_EQ(k.origins, (std::vector<std::string>{"https://app.example.com", "http://localhost:3000"}));
+  EXPECT_EQ(k.max_age_s, 3600u);
+  EXPECT_TRUE(k.allow_credentials);
+  // The SDKs' headers by default (a prefix for the stainless family), and the fields they read exposed.
+  EXPECT_NE(std::find(k.headers.begin(), k.headers.end(), "x-stainless-*"), k.headers.end());
+  EXPECT_NE(std::find(k.headers.begin(), k.headers.end(), "anthropic-version"), k.headers.end());
+  EXPECT_NE(k.expose_headers.find("x-ratelimit-remaining-tokens"), std::string::npos);
+
+  auto star = parse_config(
+      std::string("server: {cors: {allowed_origins: \"*\", allowed_headers: [\"*\"]}}\n") + std::string(kPools),
+      "weir.yaml");
+  ASSERT_TRUE(star) << star.error().to_string();
+  EXPECT_TRUE(star->server.cors.any_origin);
+  EXPECT_TRUE(star->server.cors.any_header);
+
+  for (const auto& [cors, words] : std::initializer_list<std::pair<std::string_view, std::string_view>>{
+           {"{allowed_origins: \"*\", allow_credentials: true}", "server.cors.allow_credentials"},
+           {"{max_age: 10s}", "server.cors.allowed_origins: required"},
+           {"{allowed_origins: []}", "server.cors.allowed_origins"},
+           {"{allowed_origins: [\"*\", \"https://a.example\"]}", "list it alone"},
+           {"{allowed_origins: [\"https://a.example/\"]}", "is no origin"},
+           {"{allowed_origins: [\"https://*.example.com\"]}", "is no origin"},
+           {"{allowed_origins: [a.example]}", "is no origin"},
+           {"{allowed_origins: [\"null\"]}", "is no origin"},
+           {"{allowed_origins: [\"https://a.example\"], allowed_headers: [\"x y\"]}", "is no header name"},
+           {"{allowed_origins: [\"https://a.example\"], allowed_headers: [\"a*b\"]}", "is no header name"},
+           {"{allowed_origins: [\"https://a.example\"], allowed_method: [GET]}", "allowed_method"},
+           {"{allowed_origins: [\"https://a.example\"], max_age: 2d}", "server.cors.max_age"},
+       }) {
+    const auto err = error_of("server: {cors: " + std::string(cors) + "}\n" + std::string(kPools));
+    EXPECT_NE(err.find(words), std::string::npos) << cors << " -> " << err;
+  }
 }
 
 // --- TLS upstreams and hosted providers (issue 12 part 4, issue 13 part 3) ---

@@ -383,6 +383,25 @@ constexpr std::string_view kUpstreamHead =
     "Date: Tue, 01 Oct 2024 00:00:00 GMT\r\n"
     "\r\n";
 
+TEST(HttpForward, ResponseFieldsDropTheUpstreamsCorsFieldsWhenWeirAnswersCors) {
+  const std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\naccess-control-allow-origin: *\r\n"
+      "Access-Control-Allow-Credentials: true\r\nAccess-Control-Expose-Headers: x-a\r\n"
+      "Access-Control-Allow-Methods: *\r\nAccess-Control-Allow-Headers: *\r\nAccess-Control-Max-Age: 600\r\n"
+      "Vary: Origin\r\n\r\n";
+  std::string out;
+  append_response_fields(out, response(head), false);
+  EXPECT_EQ(values(out, "Access-Control-Allow-Origin"), Values{"*"});  // server.cors off: passed as sent
+  out.clear();
+  append_response_fields(out, response(head), false, {}, false, {}, /*own_cors=*/true);
+  for (std::string_view f :
+       {"Access-Control-Allow-Origin", "Access-Control-Allow-Credentials", "Access-Control-Expose-Headers",
+        "Access-Control-Allow-Methods", "Access-Control-Allow-Headers", "Access-Control-Max-Age"})
+    EXPECT_EQ(values(out, f), Values{}) << f;
+  EXPECT_EQ(values(out, "Content-Type"), Values{"application/json"});
+  EXPECT_EQ(values(out, "Vary"), Values{"Origin"});  // (a list: Weir's own Vary adds to it)
+}
+
 TEST(HttpForward, ResponseFieldsDropFramingRequestIdAndHopByHop) {
   std::string out;
   append_response_fields(out, response(kUpstreamHead), /*drop_encoding=*/false);
