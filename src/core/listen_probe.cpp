@@ -4,6 +4,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include <fmt/format.h>
 #include <boost/asio/io_context.hpp>
@@ -22,6 +26,41 @@ int probe_listen_address(const boost::asio::ip::tcp::endpoint& ep) {
     err = errno;
   ::close(fd);
   return err;
+}
+
+int count_listeners(const boost::asio::ip::tcp::endpoint& ep) {
+  // The kernel prints a socket's local address as it lies in memory, 32 bits
+  // at a time with %08X (tcp4_seq_show, tcp6_seq_show in net/ipv4/tcp_ipv4.c
+  // and net/ipv6/tcp_ipv6.c): `ep` is written the same way, so the two
+  // compare as text on any byte order.
+  std::string want;
+  const auto a = ep.address();
+  if (a.is_v4()) {
+    const auto bytes = a.to_v4().to_bytes();
+    std::uint32_t word = 0;
+    std::memcpy(&word, bytes.data(), sizeof word);
+    want = fmt::format("{:08X}", word);
+  } else {
+    const auto bytes = a.to_v6().to_bytes();
+    for (std::size_t i = 0; i < bytes.size(); i += 4) {
+      std::uint32_t word = 0;
+      std::memcpy(&word, bytes.data() + i, sizeof word);
+      want += fmt::format("{:08X}", word);
+    }
+  }
+  want += fmt::format(":{:04X}", ep.port());
+  std::ifstream in(a.is_v4() ? "/proc/net/tcp" : "/proc/net/tcp6");
+  if (!in) return -1;
+  std::string line;
+  std::getline(in, line);  // the column names
+  int n = 0;
+  while (std::getline(in, line)) {
+    // "  sl  local_address rem_address   st ...": 0A is TCP_LISTEN.
+    std::istringstream fields(line);
+    std::string slot, local, remote, state;
+    if (fields >> slot >> local >> remote >> state && local == want && state == "0A") ++n;
+  }
+  return n;
 }
 
 tl::expected<boost::asio::ip::address, std::string> resolve_listen_host(const std::string& host) {

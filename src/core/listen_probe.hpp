@@ -23,6 +23,14 @@ namespace weir::core {
 // for the caller's real bind to report.
 int probe_listen_address(const boost::asio::ip::tcp::endpoint& ep);
 
+// How many sockets of this network namespace listen on exactly `ep` (its
+// address and port, as /proc/net/tcp or /proc/net/tcp6 lists them; a
+// wildcard listener is another address): 2 or more when another process
+// joined the caller's listener through SO_REUSEPORT (a new instance started
+// with --reuse-port for a zero-downtime restart). -1 when it cannot be told
+// (no /proc). Reads a file: for the control thread, never a worker's.
+int count_listeners(const boost::asio::ip::tcp::endpoint& ep);
+
 // The address a listener on `host` binds: `host` itself when it is an IP
 // literal, else the first address getaddrinfo(3) gives for the name (the
 // client and admin listeners both bind that one). Error: "cannot resolve

@@ -1,6 +1,9 @@
 #include "gateway/admin_server.hpp"
 
 #include <openssl/crypto.h>
+#include <sys/socket.h>
+
+#include <cerrno>
 
 #include <array>
 
@@ -175,7 +178,7 @@ AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cf
 
 AdminServer::~AdminServer() { blocking_.join(); }
 
-std::uint16_t AdminServer::listen(std::string& error) {
+std::uint16_t AdminServer::listen(bool exclusive, std::string& error) {
   boost::system::error_code ec;
   auto ip = core::resolve_listen_host(cfg_.listen.host);
   if (!ip) {
@@ -183,8 +186,22 @@ std::uint16_t AdminServer::listen(std::string& error) {
     return 0;
   }
   const http::tcp::endpoint ep(*ip, cfg_.listen.port);
+  if (exclusive && core::probe_listen_address(ep) == EADDRINUSE) {
+    error = fmt::format(
+        "admin.listen: {} is already in use by another process (give --reuse-port or server.reuse_port: true to "
+        "share it on purpose, e.g. for a zero-downtime restart)",
+        core::format_address(ep));
+    return 0;
+  }
   acceptor_.open(ep.protocol(), ec);
   if (!ec) acceptor_.set_option(asio::socket_base::reuse_address(true), ec);
+  if (!ec) {
+    // Without it a second instance could not bind the admin port while this one drains (the client port's
+    // listeners have it too: Worker::listen).
+    int one = 1;
+    if (::setsockopt(acceptor_.native_handle(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof one) != 0)
+      ec = boost::system::error_code(errno, boost::system::system_category());
+  }
   if (!ec) acceptor_.bind(ep, ec);
   if (!ec) acceptor_.listen(128, ec);
   if (ec) {
@@ -195,6 +212,22 @@ std::uint16_t AdminServer::listen(std::string& error) {
 }
 
 void AdminServer::start() { asio::co_spawn(control_.get_executor(), accept_loop(), asio::detached); }
+
+bool AdminServer::drain() {
+  boost::system::error_code ec;
+  if (!acceptor_.is_open()) return false;
+  const auto ep = acceptor_.local_endpoint(ec);
+  if (ec || core::count_listeners(ep) < 2) return false;
+  // Taken first, each is served on (its client already sent a request the other instance cannot see).
+  acceptor_.non_blocking(true, ec);
+  for (int n = 0; n < 128; ++n) {
+    auto sock = acceptor_.accept(ec);
+    if (ec) break;
+    spawn_serve(std::move(sock));
+  }
+  stop();
+  return true;
+}
 
 void AdminServer::stop() {
   stopped_ = true;
@@ -212,15 +245,19 @@ core::Task<void> AdminServer::accept_loop() {
       co_await t.async_wait(core::use_task);
       continue;
     }
-    asio::co_spawn(control_.get_executor(), serve(std::move(sock)), [](std::exception_ptr e) {
-      if (!e) return;
-      try {
-        std::rethrow_exception(e);
-      } catch (const std::exception& ex) {
-        fmt::print(stderr, "weir: admin: connection failed: {}\n", ex.what());
-      }
-    });
+    spawn_serve(std::move(sock));
   }
+}
+
+void AdminServer::spawn_serve(http::Socket sock) {
+  asio::co_spawn(control_.get_executor(), serve(std::move(sock)), [](std::exception_ptr e) {
+    if (!e) return;
+    try {
+      std::rethrow_exception(e);
+    } catch (const std::exception& ex) {
+      fmt::print(stderr, "weir: admin: connection failed: {}\n", ex.what());
+    }
+  });
 }
 
 tl::expected<void, AdminError> AdminServer::check_token(std::string_view authorization,

@@ -125,10 +125,23 @@ class AdminServer {
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;
 
-  // Binds admin.listen. Returns the bound port, or 0 with `error` set.
-  std::uint16_t listen(std::string& error);
+  // Binds admin.listen with SO_REUSEPORT, as the client port's listeners
+  // are, so that a new instance started with --reuse-port can share it for
+  // a zero-downtime restart. `exclusive` (no --reuse-port): first refuse an
+  // address another process already listens on (core::probe_listen_address),
+  // as worker 0 does for the client port. Returns the bound port, or 0 with
+  // `error` set.
+  std::uint16_t listen(bool exclusive, std::string& error);
   void start();
-  // Stops accepting (the drain began). Open admin connections end with their request.
+  // The drain began. When another process shares the admin port (a new
+  // instance joined it with --reuse-port: core::count_listeners), the
+  // listener closes now, after taking the connections already waiting in
+  // its queue (Linux resets them when a SO_REUSEPORT listener closes), so
+  // new admin connections reach the instance that stays; alone on it, the
+  // listener stays open until Weir exits (stop()), for /ready's 503 and
+  // /metrics through the drain. Returns true when it closed.
+  bool drain();
+  // Stops accepting (the workers are done). Open admin connections end with their request.
   void stop();
   // A configuration reload installed `policy` (shared.auth_policy): keys in
   // Redis are checked against its tenants from now on.
@@ -163,6 +176,8 @@ class AdminServer {
   // stays open), "100 Continue" once a head that expects it passed, the
   // body within 1 MiB, the route's handler, the answer.
   core::Task<void> serve(http::Socket sock);
+  // serve() on the control thread; an exception it lets out is logged, not rethrown.
+  void spawn_serve(http::Socket sock);
   // One access-log line per admin request (the shared sink, when it is on):
   // {"ts", "listener":"admin", "method", "path" (no query), "status",
   // "duration_ms", "bytes_in", "bytes_out" (head and body written)}; never

@@ -121,22 +121,24 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   for (unsigned i = 0; i < n; ++i) workers.push_back(std::make_unique<gateway::Worker>(shared, i));
   for (auto& w : workers) shared.workers.push_back(w.get());
 
+  // One Weir per address unless the operator says otherwise: worker 0 (and
+  // the admin listener) first check that no other process listens there
+  // (SO_REUSEPORT would let it join silently); the other workers join
+  // worker 0's port.
+  const bool reuse_port = opts.reuse_port || config->server.reuse_port;
+
   // The admin API: its own listener on the control thread, never a worker's.
   std::unique_ptr<gateway::AdminServer> admin;
   std::uint16_t admin_port = 0;
   if (loaded.admin) {
     admin = std::make_unique<gateway::AdminServer>(main_io, *loaded.admin, shared, services.key_store());
-    admin_port = admin->listen(err);
+    admin_port = admin->listen(!reuse_port, err);
     if (admin_port == 0) {
       fmt::print(stderr, "weir: {}\n", err);
       return 1;
     }
   }
 
-  // One Weir per address unless the operator says otherwise: worker 0 first
-  // checks that no other process listens there (SO_REUSEPORT would let it
-  // join silently); the other workers join worker 0's port.
-  const bool reuse_port = opts.reuse_port || config->server.reuse_port;
   std::uint16_t port = config->server.listen.port;
   for (auto& w : workers) {
     const auto bound = w->listen(config->server.listen, port, !reuse_port && w == workers.front(), err);
@@ -194,6 +196,11 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     // The admin listener stays open through the drain (it closes once the
     // workers are done): /ready answers 503 there, and /metrics and the
     // admin API still answer, while the client port no longer accepts.
+    // Unless a new instance shares its port (a restart with --reuse-port):
+    // then admin calls go to that one from now on.
+    if (admin && signal_count == 1 && admin->drain())
+      fmt::print(stderr, "weir: admin API closed: another process listens on {}:{} (--reuse-port) and takes it over\n",
+                 loaded.admin->listen.host, admin_port);
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
   };

@@ -503,7 +503,7 @@ TEST(AdminServer, AKeyChangeAStalledWorkerHasNotInstalledIsA202NotASuccessThatCl
   cfg.has_token = true;
   cfg.token_sha256 = auth::sha256("the-admin-token");
   AdminServer server(control, cfg, shared, &store);
-  const std::uint16_t port = server.listen(err);
+  const std::uint16_t port = server.listen(/*exclusive=*/false, err);
   ASSERT_NE(port, 0) << err;
   server.start();
   std::thread control_thread([&] { control.run(); });

@@ -1,0 +1,95 @@
+"""Operations as the documentation has them: a zero-downtime restart with admin: configured, a configuration
+read from a pipe and SIGHUP, ${VAR} left in the file, the admin API's /ready during a drain, its numbers, a
+key's unknown created_at, /v1/models/, --help."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+
+import httpx
+
+from conftest import binary, free_port, to_yaml, wait_until
+from httpwire import RawConn, request
+
+TOKEN = "ops-admin-token-0123456789abcdef"
+ENV = {"WEIR_OPS_ADMIN": TOKEN}
+AUTH = {"authorization": f"Bearer {TOKEN}"}
+
+
+def admin_config(m, aport: int, **extra) -> dict:
+    return {"server": {"drain_timeout": "30s"}, "pools": {"p": {"endpoints": [m.base_url]}},
+            "models": {"mock-model": {"pool": "p"}},
+            "admin": {"listen": f"127.0.0.1:{aport}", "token_env": "WEIR_OPS_ADMIN"}, **extra}
+
+
+def start_stream(port: int, request_id: str) -> RawConn:
+    conn = RawConn(port, timeout=30)
+    conn.send(request("POST", "/v1/chat/completions",
+                      {"model": "mock-model", "messages": [{"role": "user", "content": "x"}], "stream": True,
+                       "max_tokens": 400},
+                      {"x-mock-itl-ms": "50", "x-request-id": request_id}))
+    assert conn.read_head().status == 200
+    return conn
+
+
+def admin_ready(aport: int) -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{aport}/ready", headers={"connection": "close"}, timeout=10)
+
+
+def admin_up(aport: int) -> bool:
+    try:
+        return admin_ready(aport).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+# --- 1. --reuse-port with admin: ----------------------------------------------------------------------------------
+
+def test_a_restart_with_reuse_port_shares_the_admin_port_and_the_draining_one_hands_it_over(mock, weir, processes):
+    # The new instance could not bind admin.listen (Address already in use) while the old one ran.
+    m = mock()
+    aport = free_port()
+    old = weir(config=admin_config(m, aport), workers=1, env=ENV)
+    wait_until(lambda: admin_up(aport), 5, message="the old instance's admin listener")
+    stream = start_stream(old.port, "held-by-the-old-one")  # keeps the old one draining
+    new = processes.start([binary("weir"), "--config", old.config_path, "--reuse-port"], old.port,
+                          name="weir-new", env=ENV)
+    wait_until(lambda: "listening on" in new.log() or not new.alive(), 10, message="the new instance's start-up")
+    assert new.alive(), new.log()
+    assert "admin API on" in new.log(), new.log()
+
+    os.kill(old.process.pid, signal.SIGTERM)
+    wait_until(lambda: "admin API closed" in old.process.log(), 5, message="the old instance's admin hand-over")
+    assert old.process.alive()  # still draining its stream
+    # Every new admin connection now reaches the new instance (the draining one would answer 503).
+    for _ in range(20):
+        r = admin_ready(aport)
+        assert r.status_code == 200, r.text
+    stream.close()
+
+
+def test_without_reuse_port_a_taken_admin_port_is_refused_by_name(mock, weir):
+    m = mock()
+    aport = free_port()
+    weir(config=admin_config(m, aport), workers=1, env=ENV)
+    wait_until(lambda: admin_up(aport), 5, message="admin listener")
+    cfg = admin_config(m, aport)
+    cfg["listen"] = f"127.0.0.1:{free_port()}"
+    cfg["server"]["access_log"] = "off"
+    r = subprocess.run([str(binary("weir")), "--config", "/dev/stdin"], input=to_yaml(cfg), capture_output=True,
+                       text=True, timeout=10, env={**os.environ, **ENV})
+    assert r.returncode == 1, r.stderr
+    assert f"admin.listen: 127.0.0.1:{aport} is already in use by another process" in r.stderr, r.stderr
+    assert "--reuse-port" in r.stderr
+
+
+# --- --help ------------------------------------------------------------------------------------------------------
+
+def test_help_says_upstream_takes_https_and_a_base_path():
+    r = subprocess.run([str(binary("weir")), "--help"], capture_output=True, text=True, timeout=10)
+    assert "https://host[:port][/base]" in r.stdout, r.stdout
