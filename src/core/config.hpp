@@ -378,8 +378,26 @@ struct Config {
 // key. The auth, tenants, pricing and redis sections are validated by
 // gateway::load_config, which start-up and --check both use.
 ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_name);
+// The environment-variable reference a configuration value was left with:
+// "${NAME}" anywhere in it, or "$NAME" as the whole value (NAME: a letter or
+// '_', then letters, digits, '_'), as a shell or envsubst would have
+// expanded it; nullopt when there is none. Weir expands nothing in its
+// file: such a value would be used as it is (an upstream sent "Bearer
+// ${UPSTREAM_KEY}").
+std::optional<std::string> env_reference(std::string_view value);
+// Fails on the first secret or URL value of the configuration (pools' api_key and endpoints, admin.token_sha256,
+// auth.api_keys[].sha256, auth.jwt.jwks_url, redis.url/username/password, request_log.url,
+// tracing.otlp_endpoint and headers) that is an env_reference(), naming the key, the reference and where a
+// value from the environment goes instead (api_key_env, token_env, ..., or envsubst for a URL). parse_config
+// calls it before any section is read, so --check and start-up refuse it alike.
+ConfigResult<void> check_env_references(const YAML::Node& root);
+
 // Reads `path` and parses it; a missing file is a ConfigError too.
 ConfigResult<Config> load_config_file(const std::string& path);
+// Whether the configuration at `path` can be read again (a reload, a
+// watch): a regular file, after symbolic links. A pipe (`weir -c <(envsubst
+// < weir.yaml)`: /dev/fd/N) or another special file gives its text once.
+bool config_rereadable(const std::string& path);
 // Quick mode: every model goes to `upstream_url` (e.g. http://127.0.0.1:8000).
 ConfigResult<Config> quick_config(std::string_view listen, std::string_view upstream_url);
 

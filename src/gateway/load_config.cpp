@@ -335,6 +335,17 @@ core::ConfigResult<LoadedConfig> load_config(const ConfigSource& source, auth::G
   }
   auto c = core::load_config_file(source.file);
   if (!c) return tl::unexpected(std::move(c.error()));
+  // A pipe is read once (a reload then only reopens the logs: server::Reloader): a watch of it could never see
+  // a change, and each look would block on a pipe no one writes to again.
+  if (c->server.watch_config.count() > 0 && !core::config_rereadable(source.file)) {
+    auto e = core::config_error(
+        core::node_at(c->root, "server.watch_config"), "server.watch_config",
+        "the configuration is not a regular file (a pipe such as <(envsubst < weir.yaml)): it is read once at "
+        "start-up and cannot be watched or reloaded; give a file (envsubst < weir.yaml > /run/weir.yaml) or drop "
+        "watch_config");
+    e.file = source.file;
+    return tl::unexpected(std::move(e));
+  }
   if (!source.listen.empty()) {
     auto l = core::parse_listen(source.listen);
     if (!l) return tl::unexpected(core::ConfigError{.key = "--listen", .message = l.error().message});

@@ -229,12 +229,13 @@ std::string describe_changes(const core::Config& running, const core::Config& ne
   diff_names(out, "pools", pools_before, entries(b["pools"]));
   diff_names(out, "models", entries(a["models"]), entries(b["models"]));
   diff_names(out, "tenants", entries(a["tenants"]), entries(b["tenants"]));
-  for (const char* section : {"default_pool", "server", "auth", "pricing"})
-    if (core::first_yaml_difference(a[section], b[section], section)) {
-      if (!out.empty()) out += "; ";
-      out += section;
-      out += " ~";
-    }
+  // A section's settings by name ("server ~max_body +watch_config"), so the line says what changed.
+  for (const char* section : {"server", "auth", "pricing"})
+    diff_names(out, section, entries(a[section]), entries(b[section]));
+  if (core::first_yaml_difference(a["default_pool"], b["default_pool"], "default_pool")) {
+    if (!out.empty()) out += "; ";
+    out += "default_pool ~";
+  }
   return out.empty() ? std::string(kNoChange) : out;
 }
 

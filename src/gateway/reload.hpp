@@ -39,8 +39,10 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
                                                      const CommandLineOverrides& overrides = {});
 
 // A one-line summary of what `next` changes from `running`, for the log:
-// "pools +b -c ~a; models +x -y ~z; tenants +t; ..." (+ added, - removed,
-// ~ changed), or "no change to pools, models or tenants" when none.
+// "pools +b -c ~a; models +x -y ~z; tenants +t; server ~max_body; auth
+// ~api_keys; pricing +m; default_pool ~" (+ added, - removed, ~ changed:
+// the entries of pools, models and tenants, the settings of server, auth
+// and pricing), or "no change to ..." when none.
 // `rebuilt`: pools whose text is the same but which were built anew (the
 // contents of their TLS files, or the addresses their hosts resolve to,
 // changed: build_generation): listed as changed too.

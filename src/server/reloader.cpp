@@ -11,6 +11,8 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 
+#include "core/config.hpp"
+
 namespace weir::server {
 
 namespace {
@@ -33,6 +35,7 @@ Reloader::Reloader(boost::asio::io_context& control, gateway::ConfigSource sourc
       shared_(shared),
       services_(services),
       admin_(admin) {
+  read_once_ = !source_.file.empty() && !core::config_rereadable(source_.file);
   seen_ = stamp();
   shared_.reloads.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
   shared_.reloads.generation.store(shared_.generation->id, std::memory_order_relaxed);
@@ -143,6 +146,17 @@ bool Reloader::apply(std::string_view why) {
   ++attempts_;
   if (source_.file.empty()) {
     fmt::print(stderr, "weir: {}: no configuration file to reload (quick mode)\n", why);
+    return false;
+  }
+  if (read_once_) {
+    // Not a refusal (the file is not wrong, and weir_config_last_reload_successful stays as it was): a
+    // logrotate postrotate's SIGHUP is expected here, and only reopens the logs.
+    if (!said_read_once_)
+      fmt::print(stderr,
+                 "weir: {}: the configuration is not read again: {} is not a regular file (a pipe), read once at "
+                 "start-up; restart to change it (said once)\n",
+                 why, source_.file);
+    said_read_once_ = true;
     return false;
   }
   seen_ = stamp();

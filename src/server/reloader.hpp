@@ -51,6 +51,8 @@ class Reloader {
   void stop();
   // Loads the file and applies it, or says why not (stderr). `why`: what
   // asked ("SIGHUP", "the file changed"). Returns true when it was applied.
+  // A configuration read from a pipe is not read again: the first call says
+  // so once on stderr, no call counts as a refused reload.
   bool reload(std::string_view why);
 
  private:
@@ -78,7 +80,10 @@ class Reloader {
   std::unique_ptr<routing::LoadScraper> scraper_;
   std::vector<std::unique_ptr<routing::LoadScraper>> retired_scrapers_;  // stopped, loops not yet ended
   bool stopped_ = false;
-  std::uint64_t attempts_ = 0;  // reloads tried
+  // The configuration came from a pipe (core::config_rereadable): read once at start-up, never again.
+  bool read_once_ = false;
+  bool said_read_once_ = false;  // the first SIGHUP said so; the later ones only reopen the logs
+  std::uint64_t attempts_ = 0;   // reloads tried
   bool watching_ = false;
   core::Timer* watch_timer_ = nullptr;  // watch_loop's wait, while it runs (arm_watch ends it on a reload)
   FileStamp seen_;                      // the file as the last reload (or start-up) read it

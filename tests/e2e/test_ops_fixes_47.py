@@ -88,6 +88,66 @@ def test_without_reuse_port_a_taken_admin_port_is_refused_by_name(mock, weir):
     assert "--reuse-port" in r.stderr
 
 
+# --- 2. a configuration read from a pipe -----------------------------------------------------------------------
+
+def pipe_config(m, port: int, access_log, **server) -> str:
+    return to_yaml({"listen": f"127.0.0.1:{port}", "workers": 1,
+                    "server": {"access_log": str(access_log), **server},
+                    "pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"})
+
+
+def test_sighup_with_a_piped_configuration_reopens_the_log_and_is_no_refused_reload(mock, processes, tmp_path):
+    # Every SIGHUP was "configuration reload refused: /dev/fd/63: the configuration must be a YAML mapping",
+    # and weir_config_last_reload_successful went to 0 (the logrotate setup set off the reload alert).
+    m = mock()
+    port = free_port()
+    log = tmp_path / "access.log"
+    src = tmp_path / "weir.yaml"
+    src.write_text(pipe_config(m, port, log))
+    w = processes.start(["bash", "-c", f"exec {binary('weir')} -c <(cat {src})"], port, name="weir-pipe")
+    httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    wait_until(lambda: log.exists() and log.read_text(), 5, message="an access-log line")
+    os.rename(log, tmp_path / "access.log.1")
+    for n in (1, 2):
+        os.kill(w.pid, signal.SIGHUP)
+        wait_until(lambda: w.log().count("reopened") == n, 5, message=f"SIGHUP {n}'s reopen")
+    out = w.log()
+    assert out.count("the configuration is not read again") == 1, out  # said once
+    assert "refused" not in out, out
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    assert re.search(r"^weir_config_last_reload_successful 1$", metrics, re.M), metrics
+    assert re.search(r'^weir_config_reloads_total\{result="failure"\} 0$', metrics, re.M), metrics
+    httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    wait_until(lambda: log.exists() and log.read_text(), 5, message="a line in the new access log")
+
+
+def test_watch_config_on_a_piped_configuration_is_refused(mock, tmp_path):
+    m = mock()
+    src = tmp_path / "weir.yaml"
+    src.write_text(pipe_config(m, free_port(), "off", watch_config=True))
+    for check in (["--check"], []):
+        r = subprocess.run(["bash", "-c", f"exec {binary('weir')} -c <(cat {src}) {' '.join(check)}"],
+                           capture_output=True, text=True, timeout=10)
+        assert r.returncode == 2, r.stderr
+        assert "server.watch_config: the configuration is not a regular file" in r.stderr, r.stderr
+
+
+# --- 3. ${VAR} left in the file ------------------------------------------------------------------------------------
+
+def test_an_unexpanded_variable_in_a_secret_or_url_is_refused(mock, tmp_path):
+    # api_key: ${UPSTREAM_KEY} was sent upstream as "Bearer ${UPSTREAM_KEY}".
+    m = mock()
+    path = tmp_path / "weir.yaml"
+    path.write_text(f"listen: 127.0.0.1:{free_port()}\nserver: {{access_log: \"off\"}}\n"
+                    f"pools:\n  a:\n    endpoints: [{m.base_url}]\n    api_key: ${{UPSTREAM_KEY}}\ndefault_pool: a\n")
+    for check in (["--check"], []):
+        r = subprocess.run([str(binary("weir")), "-c", str(path), *check], capture_output=True, text=True,
+                           timeout=10, env={**os.environ, "UPSTREAM_KEY": "real"})
+        assert r.returncode == 2, r.stderr
+        assert ("pools.a.api_key: ${UPSTREAM_KEY} is an environment variable reference" in r.stderr
+                and "api_key_env: UPSTREAM_KEY" in r.stderr and "envsubst" in r.stderr), r.stderr
+
+
 # --- --help ------------------------------------------------------------------------------------------------------
 
 def test_help_says_upstream_takes_https_and_a_base_path():

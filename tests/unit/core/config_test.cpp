@@ -434,3 +434,48 @@ TEST(ConfigAnthropic, Errors) {
                 .find("pools.h.api_key: the key has characters an HTTP header cannot carry"),
             std::string::npos);
 }
+
+TEST(ConfigEnvReference, FoundAsShellAndEnvsubstWouldExpandIt) {
+  using weir::core::env_reference;
+  EXPECT_EQ(env_reference("${UPSTREAM_KEY}"), "${UPSTREAM_KEY}");
+  EXPECT_EQ(env_reference("$UPSTREAM_KEY"), "$UPSTREAM_KEY");
+  EXPECT_EQ(env_reference("http://127.0.0.1:${UP}/v1"), "${UP}");
+  EXPECT_EQ(env_reference("sk-${_k1}x"), "${_k1}");
+  // Not a reference: a '$' inside a value (a password), an unclosed or empty brace, a name that starts with a digit.
+  EXPECT_EQ(env_reference("pa$$word"), std::nullopt);
+  EXPECT_EQ(env_reference("sk-$abc"), std::nullopt);
+  EXPECT_EQ(env_reference("${UP"), std::nullopt);
+  EXPECT_EQ(env_reference("${}"), std::nullopt);
+  EXPECT_EQ(env_reference("$1abc"), std::nullopt);
+  EXPECT_EQ(env_reference("$"), std::nullopt);
+  EXPECT_EQ(env_reference("sk-plain"), std::nullopt);
+}
+
+TEST(ConfigEnvReference, EverySecretAndUrlRefusesOne) {
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    api_key: ${UPSTREAM_KEY}\n"),
+            "weir.yaml:4:14: pools.a.api_key: ${UPSTREAM_KEY} is an environment variable reference, and Weir does "
+            "not expand the configuration: it would be used as written; use `api_key_env: UPSTREAM_KEY` instead, or "
+            "expand the file before Weir reads it (weir -c <(envsubst < weir.yaml))");
+  EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1, \"http://127.0.0.1:${UP}\"]\n"),
+            "weir.yaml:3:29: pools.a.endpoints[1]: ${UP} is an environment variable reference, and Weir does not "
+            "expand the configuration: it would be used as written; expand the file before Weir reads it (weir -c "
+            "<(envsubst < weir.yaml))");
+  const std::string pool = "pools:\n  a:\n    endpoints: [http://x:1]\n";
+  for (const auto& [yaml, key] : std::initializer_list<std::pair<std::string, std::string>>{
+           {"admin: {listen: 127.0.0.1:1, token_sha256: $ADMIN_SHA}\n", "admin.token_sha256: $ADMIN_SHA"},
+           {"auth:\n  api_keys:\n    - {id: k, sha256: \"${KEY_SHA}\", tenant: t}\n",
+            "auth.api_keys[0].sha256: ${KEY_SHA}"},
+           {"auth: {jwt: {jwks_url: \"https://${IDP}/jwks\"}}\n", "auth.jwt.jwks_url: ${IDP}"},
+           {"redis: {url: \"redis://${REDIS_HOST}:6379\"}\n", "redis.url: ${REDIS_HOST}"},
+           {"redis: {url: \"redis://r\", password: \"${REDIS_PASSWORD}\"}\n", "redis.password: ${REDIS_PASSWORD}"},
+           {"request_log: {url: \"postgres://${PGHOST}/weir\"}\n", "request_log.url: ${PGHOST}"},
+           {"tracing: {otlp_endpoint: $OTLP}\n", "tracing.otlp_endpoint: $OTLP"},
+           {"tracing: {otlp_endpoint: \"http://c\", headers: {authorization: \"Bearer ${T}\"}}\n",
+            "tracing.headers.authorization: ${T}"},
+       }) {
+    const std::string e = error_of(pool + yaml);
+    EXPECT_NE(e.find(key + " is an environment variable reference"), std::string::npos) << e;
+  }
+  // A '$' that is not a reference stays a value.
+  EXPECT_TRUE(parse_config(pool + "    api_key: \"sk-pa$$word\"\ndefault_pool: a\n", "weir.yaml"));
+}

@@ -171,6 +171,15 @@ TEST(DescribeChanges, NamesPoolsModelsAndTenants) {
   EXPECT_EQ(describe_changes(cfg(kBase), cfg(kBase), {"cpu"}), "pools ~cpu");
 }
 
+TEST(DescribeChanges, NamesTheServerSettingsThatChanged) {
+  // It said "server ~" without which.
+  const std::string next =
+      replace(kBase, "header_timeout: 5s", "header_timeout: 7s, max_body: 1MiB, metrics: {max_tenants: 5}");
+  EXPECT_EQ(describe_changes(cfg(kBase), cfg(next)), "server ~header_timeout +max_body +metrics");
+  EXPECT_EQ(describe_changes(cfg(next), cfg(kBase)), "server ~header_timeout -max_body -metrics");
+  EXPECT_EQ(describe_changes(cfg(kBase), cfg(kBase + "default_pool: cpu\n")), "default_pool ~");
+}
+
 TEST(PoolFingerprint, SameConfigurationSamePrintWhateverTheStyle) {
   const auto a = cfg(kBase);
   const auto b =
