@@ -432,15 +432,13 @@ core::Task<AdminResponse> AdminServer::metrics(AdminRequest&) {
 }
 
 core::Task<AdminResponse> AdminServer::ready(AdminRequest&) {
-  if (shared_.draining.load())
-    co_return error_response(AdminError{503, "server_error", "draining", "Weir is draining.", {}});
+  // The client port's answers (GatewayPhases::serve_own), word for word: a probe reads either port the same way.
   // The pools' health as the client port's /ready sees it (the control thread's generation).
-  if (auto why = ready_problem(*shared_.generation, false); !why.empty()) {
-    AdminResponse r = error_response(AdminError{503, "server_error", "service_unavailable", std::move(why), {}});
-    r.headers.emplace_back("Retry-After", "1");  // as the client port's
-    co_return r;
-  }
-  co_return AdminResponse{200, R"({"status":"ready"})"};
+  std::string why = shared_.draining.load() ? "Weir is draining." : ready_problem(*shared_.generation, false);
+  if (why.empty()) co_return AdminResponse{200, R"({"status":"ready"})"};
+  AdminResponse r = error_response(AdminError{503, "server_error", "service_unavailable", std::move(why), {}});
+  r.headers.emplace_back("Retry-After", "1");
+  co_return r;
 }
 
 core::Task<AdminResponse> AdminServer::list_requests(AdminRequest& r) {

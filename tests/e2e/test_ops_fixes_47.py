@@ -148,6 +148,26 @@ def test_an_unexpanded_variable_in_a_secret_or_url_is_refused(mock, tmp_path):
                 and "api_key_env: UPSTREAM_KEY" in r.stderr and "envsubst" in r.stderr), r.stderr
 
 
+# --- 4. the admin API's /ready during a drain ----------------------------------------------------------------------
+
+def test_admin_ready_while_draining_answers_as_the_client_port(mock, weir):
+    m = mock()
+    aport = free_port()
+    w = weir(config=admin_config(m, aport), workers=1, env=ENV)
+    wait_until(lambda: admin_up(aport), 5, message="admin listener")
+    stream = start_stream(w.port, "keeps-it-draining")
+    with httpx.Client(base_url=f"http://127.0.0.1:{aport}", timeout=10) as kept:
+        assert kept.get("/ready").status_code == 200
+        os.kill(w.process.pid, signal.SIGTERM)
+        wait_until(lambda: "draining" in w.process.log(), 5, message="the drain")
+        r = kept.get("/ready")
+    assert r.status_code == 503, r.text
+    assert r.json()["error"] == {"message": "Weir is draining.", "type": "server_error", "param": None,
+                                 "code": "service_unavailable"}, r.text
+    assert r.headers["retry-after"] == "1"
+    stream.close()
+
+
 # --- --help ------------------------------------------------------------------------------------------------------
 
 def test_help_says_upstream_takes_https_and_a_base_path():
