@@ -19,8 +19,9 @@ namespace weir::gateway::admin_detail {
 
 namespace json = boost::json;
 
+// (Doubles in plain decimals: admin_json_text.)
 inline AdminResponse json_response(int status, const json::value& v) {
-  return AdminResponse{status, json::serialize(v)};
+  return AdminResponse{status, admin_json_text(v)};
 }
 
 inline AdminResponse error_response(const AdminError& e) { return AdminResponse{e.status, admin_error_json(e)}; }

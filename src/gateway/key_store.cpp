@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -35,6 +36,67 @@ AdminError admin_bad_request(std::string message, std::string param) {
 
 AdminError admin_not_found(std::string message) {
   return AdminError{404, "invalid_request_error", "not_found", std::move(message), {}};
+}
+
+namespace {
+
+void append_plain_double(std::string& out, double d) {
+  if (!std::isfinite(d)) {
+    out += "null";
+    return;
+  }
+  const double a = std::fabs(d);
+  const bool plain = a == 0 || (a >= 1e-9 && a < 1e17);
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, plain ? std::chars_format::fixed : std::chars_format::general);
+  const std::string_view text(buf, static_cast<std::size_t>(r.ptr - buf));
+  out += text;
+  if (plain && text.find('.') == std::string_view::npos) out += ".0";  // a double stays one: 25.0, not 25
+}
+
+void append_admin_json(std::string& out, const json::value& v) {
+  switch (v.kind()) {
+    case json::kind::double_:
+      append_plain_double(out, v.get_double());
+      return;
+    case json::kind::object: {
+      out += '{';
+      bool first = true;
+      for (const auto& kv : v.get_object()) {
+        if (!first) out += ',';
+        first = false;
+        core::append_json_string(out, std::string_view(kv.key().data(), kv.key().size()));
+        out += ':';
+        append_admin_json(out, kv.value());
+      }
+      out += '}';
+      return;
+    }
+    case json::kind::array: {
+      out += '[';
+      bool first = true;
+      for (const auto& e : v.get_array()) {
+        if (!first) out += ',';
+        first = false;
+        append_admin_json(out, e);
+      }
+      out += ']';
+      return;
+    }
+    case json::kind::string:
+      core::append_json_string(out, std::string_view(v.get_string().data(), v.get_string().size()));
+      return;
+    default:  // integers, booleans, null: as Boost.JSON writes them
+      out += json::serialize(v);
+  }
+}
+
+}  // namespace
+
+std::string admin_json_text(const json::value& v) {
+  std::string out;
+  append_admin_json(out, v);
+  return out;
 }
 
 std::string admin_error_json(const AdminError& e) {
@@ -352,7 +414,8 @@ boost::json::object key_json(const KeyRecord& k) {
   o["budget"] = budget_json(k.budget);
   o["expires_at"] = k.expires_at ? json::value(k.expires_at) : json::value(nullptr);
   o["metadata"] = k.metadata;
-  o["created_at"] = k.created_at;
+  // 0: not known (a key scripts/weir-key or a hand wrote without one), not 1970.
+  o["created_at"] = k.created_at > 0 ? json::value(k.created_at) : json::value(nullptr);
   o["source"] = "admin";
   return o;
 }
@@ -559,7 +622,7 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
   json::object root;
   root["version"] = 1;
   root["keys"] = std::move(a);
-  const std::string text = json::serialize(root) + "\n";
+  const std::string text = admin_json_text(root) + "\n";
   return core::replace_file(file_, text, 0600);
 }
 

@@ -42,6 +42,14 @@ struct AdminError {
 AdminError admin_bad_request(std::string message, std::string param = {});
 AdminError admin_not_found(std::string message);
 std::string admin_error_json(const AdminError& e);
+// `v` as JSON text, every double in plain decimal notation with a fraction
+// (25.0, 1.234, 0.001; the shortest that reads back as the same double:
+// std::to_chars), as docs/admin-api.md shows them: boost::json::serialize
+// writes 2.5E1 and 1E-3, which JSON allows but people and some tools read
+// badly. Magnitudes under 1e-9 or from 1e17 on keep the exponent (0 is
+// "0.0"); a NaN or infinity, which JSON has not, is null. Every JSON body of
+// the admin API and the keys file are written with it.
+std::string admin_json_text(const boost::json::value& v);
 
 template <class T>
 using AdminResult = tl::expected<T, AdminError>;

@@ -148,11 +148,11 @@ core::Task<AdminResult<bool>> RedisKeyAdmin::write(const KeyRecord& k, bool only
   add("revoked", "0");
   add("expires_at", k.expires_at ? std::to_string(k.expires_at) : std::string());
   add("name", k.name);
-  add("metadata", json::serialize(k.metadata));
+  add("metadata", admin_json_text(k.metadata));
   add("created_at", std::to_string(k.created_at));
   // Empty when the key has none: its tenant's limits and budget govern it alone.
-  add("limits", k.limits.any() ? json::serialize(limits_json(k.limits)) : std::string());
-  add("budget", k.budget.any() ? json::serialize(budget_json(k.budget)) : std::string());
+  add("limits", k.limits.any() ? admin_json_text(limits_json(k.limits)) : std::string());
+  add("budget", k.budget.any() ? admin_json_text(budget_json(k.budget)) : std::string());
   if (fields && args.empty()) co_return true;  // nothing changed (an empty script call would revoke)
   if (!only_live) {
     args.insert(args.begin(), {std::string("HSET"), key});

@@ -168,7 +168,37 @@ def test_admin_ready_while_draining_answers_as_the_client_port(mock, weir):
     stream.close()
 
 
-# --- --help ------------------------------------------------------------------------------------------------------
+# --- 5. the admin API's numbers, created_at, /v1/models/, --help ---------------------------------------------------
+
+EXPONENT = re.compile(r"[0-9][eE][+-]?[0-9]")
+
+
+def test_admin_numbers_are_plain_decimals_and_an_unknown_created_at_is_null(mock, weir, tmp_path):
+    m = mock()
+    aport = free_port()
+    keys = tmp_path / "keys.json"
+    # A key as scripts/weir-key or a hand writes it: no created_at.
+    keys.write_text(json.dumps({"version": 1, "keys": [
+        {"id": "vk_00000000000000aa", "tenant": "acme", "sha256": hashlib.sha256(b"sk-x").hexdigest()}]}))
+    cfg = admin_config(m, aport, tenants={"acme": {"limits": {"requests_per_minute": 1000}}}, pricing={"*": {"input": 1.25, "output": 2.0}})
+    cfg["admin"]["keys_file"] = str(keys)
+    weir(config=cfg, workers=1, env=ENV)
+    wait_until(lambda: admin_up(aport), 5, message="admin listener")
+    base = f"http://127.0.0.1:{aport}/admin/v1"
+    r = httpx.post(base + "/keys", headers=AUTH, timeout=10,
+                   json={"tenant": "acme", "budget": {"usd": 25, "period": "day"}})
+    assert r.status_code == 201, r.text
+    assert '"usd":25.0' in r.text, r.text
+    stats = httpx.get(base + "/stats", headers=AUTH, timeout=10).text
+    assert '"ttft_buckets_s":[0.001,' in stats, stats
+    listed = httpx.get(base + "/keys", headers=AUTH, timeout=10)
+    for text in (r.text, stats, listed.text, httpx.get(base + "/tenants", headers=AUTH, timeout=10).text,
+                 httpx.get(base + "/pools", headers=AUTH, timeout=10).text):
+        assert not EXPONENT.search(text), text
+    by_id = {k["id"]: k for k in listed.json()["data"]}
+    assert by_id["vk_00000000000000aa"]["created_at"] is None, listed.text
+    assert isinstance(by_id[r.json()["id"]]["created_at"], int)
+
 
 def test_help_says_upstream_takes_https_and_a_base_path():
     r = subprocess.run([str(binary("weir")), "--help"], capture_output=True, text=True, timeout=10)
