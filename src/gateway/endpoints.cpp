@@ -108,7 +108,9 @@ RouteKind classify_path(std::string_view path) {
   if (path == "/v1/audio/translations") return RouteKind::audio_translations;
   if (path == "/version") return RouteKind::version;
   if (path == "/v1/models") return RouteKind::models;
-  if (path.starts_with("/v1/models/")) return plain_model_path(path.substr(11)) ? RouteKind::models : RouteKind::other;
+  // (No id, "/v1/models/": an unknown path, 404 not_found, as every other route with a trailing slash.)
+  if (path.starts_with("/v1/models/"))
+    return path.size() > 11 && plain_model_path(path.substr(11)) ? RouteKind::models : RouteKind::other;
   if (path == "/health") return RouteKind::health;
   if (path == "/ready") return RouteKind::ready;
   if (path == "/metrics") return RouteKind::metrics;

@@ -200,6 +200,16 @@ def test_admin_numbers_are_plain_decimals_and_an_unknown_created_at_is_null(mock
     assert isinstance(by_id[r.json()["id"]]["created_at"], int)
 
 
+def test_v1_models_with_a_trailing_slash_is_an_unknown_path(mock, weir):
+    # It answered "The model `` does not exist".
+    m = mock()
+    w = weir(upstream=m)
+    r = httpx.get(w.v1 + "/models/", timeout=10)
+    assert r.status_code == 404, r.text
+    assert r.json()["error"]["code"] == "not_found", r.text
+    assert "/v1/models/" in r.json()["error"]["message"]
+
+
 def test_help_says_upstream_takes_https_and_a_base_path():
     r = subprocess.run([str(binary("weir")), "--help"], capture_output=True, text=True, timeout=10)
     assert "https://host[:port][/base]" in r.stdout, r.stdout
