@@ -150,7 +150,9 @@ core::Task<void> Batch::send() {
         started = true;
         break;
       }
-      d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
+      // A pooled connection's idle-timeout 408 crossing the batch: resent at once on a fresh one (as unbatched).
+      d = attempts.on_stale_answer(status, reused, exchange_.closing_head_alone());
+      if (!d.retry) d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
       if (!d.retry) {
         started = true;  // pass the upstream's answer on
         break;

@@ -65,6 +65,14 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
   return c;
 }
 
+bool Exchange::closing_head_alone() const {
+  if (!conn_ || !parser_ || !parser_->is_header_done() || parser_->keep_alive()) return false;
+  if (parser_->is_done()) return true;  // no body (Content-Length: 0): done at its head
+  // The head's read leaves what came after it in the connection's buffer (or, over TLS, in the TLS layer).
+  return !parser_->chunked() && !parser_->content_length() && conn_->buffer().size() == 0 &&
+         (conn_->tls() == nullptr || !tls_holds_bytes(*conn_->tls()));
+}
+
 Task<bool> Exchange::take_end(std::span<char> scratch) {
   // A few reads at most: an upstream that keeps sending after [DONE] is not waited out either.
   no_wait_ = true;

@@ -36,6 +36,7 @@ class Exchange final : public UpstreamExchange {
   std::string_view connect_error() const override { return conn_ ? conn_->tls_error() : std::string_view(); }
   Task<UpstreamFailure> start(const Request& r) override;
   std::size_t upstream_bytes() const override { return head_bytes_; }
+  bool closing_head_alone() const override;
   std::unique_ptr<UpstreamConnection> release() override;
 
   // --- ResponseSource ---

@@ -96,6 +96,11 @@ class UpstreamExchange : public ResponseSource {
   virtual Task<UpstreamFailure> start(const Request& r) = 0;
   // Bytes the upstream sent for the head read of the last start() (0: it answered nothing).
   virtual std::size_t upstream_bytes() const = 0;
+  // The head start() read ends the connection (Connection: close, or
+  // HTTP/1.0 without keep-alive) and nothing of a body came with it: none
+  // declared (Content-Length: 0), or one delimited by the close of which no
+  // byte has arrived. (A declared length or chunks: a body is on its way.)
+  virtual bool closing_head_alone() const { return false; }
   // After the response: the connection when it can serve another request
   // (complete response, keep-alive, not aborted), else nullptr. Drops it
   // either way. Call only when no read() is pending (after the response

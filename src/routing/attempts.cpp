@@ -179,16 +179,11 @@ std::chrono::milliseconds Attempts::backoff() {
 
 RetryDecision Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                             Clock::duration since_sent, Clock::time_point now) {
-  if (reused && !fresh_retry_used_ && f == http::UpstreamFailure::reset && upstream_bytes == 0 &&
-      since_sent < kStaleWindow) {
-    // The pooled connection failed at once, before any answer: the server
-    // had closed it (the pool's peek missed it by a hair). Free: it does not
-    // count as an attempt.
-    fresh_retry_used_ = true;
-    fresh_only_ = true;
-    ++retries_;
+  // The pooled connection failed at once, before any answer: the server
+  // had closed it (the pool's peek missed it by a hair).
+  if (f == http::UpstreamFailure::reset && upstream_bytes == 0 && since_sent < kStaleWindow &&
+      take_stale_resend(reused))
     return {.retry = true, .reason = RetryReason::stale};
-  }
   RetryDecision d;
   if (f == http::UpstreamFailure::reset)
     d.reason = RetryReason::reset;
@@ -200,6 +195,24 @@ RetryDecision Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused
   d.retry = true;
   d.delay = backoff();
   return d;
+}
+
+bool Attempts::take_stale_resend(bool reused) {
+  if (!reused || fresh_retry_used_) return false;
+  // Free: it does not count as an attempt (the request was never handled).
+  fresh_retry_used_ = true;
+  fresh_only_ = true;
+  ++retries_;
+  return true;
+}
+
+RetryDecision Attempts::on_stale_answer(int status, bool reused, bool closing_head_alone) {
+  // Only a 408 that closes the connection with nothing else: an answer
+  // with a body, or one that keeps the connection, was the server's
+  // considered reply to this request (retry.attempts may still resend it).
+  if (status == 408 && closing_head_alone && take_stale_resend(reused))
+    return {.retry = true, .reason = RetryReason::stale};
+  return {.reason = RetryReason::status};
 }
 
 std::optional<std::chrono::milliseconds> asked_delay(std::string_view retry_after_ms, std::string_view retry_after,

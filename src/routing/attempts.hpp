@@ -120,6 +120,19 @@ class Attempts {
   // retry budget allow, after a backoff, on another endpoint when there is one.
   RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                     Clock::duration since_sent, Clock::time_point now);
+  // The response head has status `status`, on a connection `reused` from
+  // the pool; `closing_head_alone`: the head ends the connection
+  // (Connection: close) and nothing of a body came with it. A 408 so is the
+  // server's idle timeout crossing the request on the wire (Node, Jetty: a
+  // 408 on an idle keep-alive connection, then the close), the request
+  // never read; RFC 9110 §15.5.9: a client MAY repeat it on a new
+  // connection. Resent as a stale pooled connection is: once per request,
+  // at once, on a fresh connection to the same endpoint, costing no attempt
+  // nor budget (reason stale). No time window, unlike a reset's: a 408 says
+  // itself that the request was not handled, and the crossing one comes a
+  // round trip after the send, which to a distant upstream is more than
+  // kStaleWindow. Anything else: no retry (on_status decides).
+  RetryDecision on_stale_answer(int status, bool reused, bool closing_head_alone);
   // The response head has status `status` (retryable_status) and asks for
   // `asked` (asked_delay of its fields; read on 429, 503 and 529). Retried
   // while retry.attempts and the budget allow, after max(backoff, the asked
@@ -132,6 +145,9 @@ class Attempts {
  private:
   // Another attempt on this pool after `reason`, if attempts and budget allow; moves to another endpoint.
   bool take_retry(Clock::time_point now);
+  // The free resend on a fresh connection, when the connection was `reused` from the pool and it was not
+  // used yet for this request.
+  bool take_stale_resend(bool reused);
   // Takes a slot of the pool's retry budget (once per request); false when it is spent.
   bool enter_budget();
   bool avoided(std::uint32_t i) const { return avoid_.contains(i); }

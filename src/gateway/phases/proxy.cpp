@@ -593,9 +593,13 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
         started = true;
         break;
       }
-      // 408/429/502/503/504/529: the upstream did not do the work. Another
-      // attempt here, the next fallback, or (neither left) this answer.
-      d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
+      // A pooled connection's server that timed it out as the request went
+      // out (its 408 and close crossed the request): sent again at once on a
+      // fresh connection, free, as for a reset. Else 408/429/502/503/504/529:
+      // the upstream did not do the work. Another attempt here, the next
+      // fallback, or (neither left) this answer.
+      d = attempts.on_stale_answer(status, reused, exchange_.closing_head_alone());
+      if (!d.retry) d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
       cancel_late_retry(d);
       if (!d.retry && !fallback_left(ctx)) {
         started = true;

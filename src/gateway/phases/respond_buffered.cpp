@@ -27,6 +27,7 @@
 #include "http/gzip.hpp"
 #include "http/headers.hpp"
 #include "http/sse.hpp"
+#include "routing/attempts.hpp"
 
 namespace weir::gateway {
 
@@ -406,9 +407,14 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   }
   ctx.status = status;
   if (status >= 400) {
-    // The upstream's own error passes through with its body; the log blames its side.
+    // The upstream's own error passes through with its body; the log blames
+    // its side: the upstream's for a 5xx and for the statuses that say it
+    // did not do the work (408: it timed out reading what Weir sent it, the
+    // client's request having come whole; 429: its own capacity or its
+    // account's limits), the client's for any other 4xx (its request).
     ctx.has_error = true;
-    ctx.error_source = status >= 500 ? core::ErrorSource::upstream : core::ErrorSource::client;
+    ctx.error_source =
+        status >= 500 || routing::retryable_status(status) ? core::ErrorSource::upstream : core::ErrorSource::client;
     ctx.error_code = "upstream_status";
   }
   // The Content-Type of a body Weir rewrote (the upstream's own labels

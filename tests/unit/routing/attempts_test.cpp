@@ -258,6 +258,50 @@ TEST(RoutingAttempts, StaleRetryOnlyForAReusedConnectionResetAtOnceBeforeAnyAnsw
   }
 }
 
+TEST(RoutingAttempts, AReusedConnectionsClosing408WithoutABodyIsResentOnceOnAFreshOne) {
+  struct Case {
+    const char* name;
+    int status;
+    bool reused;
+    bool closing_head_alone;
+    bool retried;
+  };
+  const Case cases[] = {
+      {"the idle timeout's 408 crossing the request", 408, true, true, true},
+      {"a fresh connection's 408", 408, false, true, false},
+      {"a 408 that keeps the connection, or has a body", 408, true, false, false},
+      {"another status that closes", 503, true, true, false},
+      {"a 200 that closes", 200, true, true, false},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    Pool p(2);
+    Rng rng(9);
+    Attempts a(*p, rng, Clock::now());
+    const auto ep = a.endpoint();
+    const auto d = a.on_stale_answer(c.status, c.reused, c.closing_head_alone);
+    EXPECT_EQ(d.retry, c.retried);
+    if (c.retried) {
+      EXPECT_EQ(d.reason, RetryReason::stale);
+    }
+    EXPECT_EQ(d.delay.count(), 0);  // at once
+    EXPECT_EQ(a.fresh_only(), c.retried);
+    EXPECT_EQ(a.retries(), c.retried ? 1u : 0u);
+    EXPECT_EQ(a.endpoint(), ep);  // the same endpoint: it is not at fault
+  }
+  // Once per request, shared with a reset's resend: the fresh connection's 408 goes on to on_status.
+  Pool p(1);
+  Rng rng(3);
+  Attempts a(*p, rng, Clock::now());
+  EXPECT_TRUE(a.on_stale_answer(408, true, true).retry);
+  EXPECT_FALSE(a.on_stale_answer(408, true, true).retry);
+  EXPECT_FALSE(exchange_failed(a, UpstreamFailure::reset, true, 0, 0ms));
+  Attempts b(*p, rng, Clock::now());
+  EXPECT_TRUE(exchange_failed(b, UpstreamFailure::reset, true, 0, 0ms));
+  EXPECT_FALSE(b.on_stale_answer(408, true, true).retry);
+  EXPECT_EQ(b.retries(), 1u);
+}
+
 TEST(RoutingAttempts, RetriesCountEveryKind) {
   // A stale pooled connection, then the fresh connect is refused and the
   // request moves to the other endpoint, which refuses too.

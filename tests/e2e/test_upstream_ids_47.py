@@ -1,0 +1,129 @@
+"""Defects of stop 47 around the upstream request: a pooled connection's idle-timeout 408, the count of
+connections opened, the x-request-id sent upstream, and request-log records that share an id."""
+from __future__ import annotations
+
+import json
+import re
+import socket
+import socketserver
+import threading
+
+import httpx
+import pytest
+
+
+MSG = [{"role": "user", "content": "hi"}]
+HEX28 = re.compile(r"[0-9a-f]{28}")
+ANSWER = json.dumps({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "m",
+                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                  "finish_reason": "stop"}],
+                     "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+
+
+class _Server(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class IdleTimeoutUpstream:
+    """An HTTP/1.1 upstream whose keep-alive connections answer their first request, and every later one with
+    `later` (bytes, then the close): the server's idle-timeout answer crossing a request on a pooled
+    connection, made deterministic. `requests` lists (connection number, request number on it)."""
+
+    def __init__(self, later: bytes):
+        self.requests: list[tuple[int, int]] = []
+        self.connections = 0
+        outer = self
+        lock = threading.Lock()
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self):
+                sock: socket.socket = self.request
+                with lock:
+                    outer.connections += 1
+                    cid = outer.connections
+                buf, n = b"", 0
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        got = sock.recv(65536)
+                        if not got:
+                            return
+                        buf += got
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    length = int(re.search(rb"(?im)^content-length:\s*(\d+)", head).group(1))
+                    while len(buf) < length:
+                        buf += sock.recv(65536)
+                    buf = buf[length:]
+                    n += 1
+                    with lock:
+                        outer.requests.append((cid, n))
+                    if n > 1:
+                        sock.sendall(later)
+                        sock.shutdown(socket.SHUT_WR)
+                        return
+                    sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                                 % len(ANSWER) + ANSWER)
+
+        self.server = _Server(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def chat(w, client: httpx.Client, request_id: str) -> httpx.Response:
+    return client.post(w.v1 + "/chat/completions", json={"model": "m", "messages": MSG},
+                       headers={"x-request-id": request_id}, timeout=10)
+
+
+# DEFECT: a 408 with Connection: close answered on a reused pooled connection (Node's or Jetty's idle
+# timeout crossing the request: the server never read it) went to the client, logged as the client's error
+# (source "client", code upstream_status), where a reset there is resent at once on a fresh connection.
+# RFC 9110 §15.5.9: a client MAY repeat the request on a new connection. Now resent the same way (once, free:
+# no retry section needed), whether the 408 declares an empty body or ends at the close.
+@pytest.mark.parametrize("form", ["content-length-0", "to-the-close"])
+def test_a_pooled_connections_idle_timeout_408_is_resent_on_a_fresh_connection(weir, form):
+    later = (b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+             if form == "content-length-0" else b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n")
+    up = IdleTimeoutUpstream(later)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+        with httpx.Client() as c:
+            assert chat(w, c, "first-408").status_code == 200
+            r = chat(w, c, "second-408")
+        assert r.status_code == 200, r.text
+        # The second request went out on the pooled connection (its 408), then on a new one.
+        assert up.requests == [(1, 1), (1, 2), (2, 1)]
+        e = w.log_for("second-408")
+        assert e["status"] == 200 and e["error"] is None and e["retries"] == 1, e
+        assert [a["status"] for a in e["attempts"]] == [408, 200], e
+        assert w.metric("weir_upstream_retries_total", reason="stale_connection") == 1
+        # Not held against the endpoint.
+        assert w.metric("weir_upstream_failures_total") == 0
+    finally:
+        up.close()
+
+
+# A 408 that is an answer (it has a body) is not the idle race: it passes through, as any retryable status
+# without retries, and the log blames the upstream, not the client (whose request came whole).
+def test_a_408_with_a_body_passes_through_as_the_upstreams_error(weir):
+    body = b'{"error":{"message":"timed out"}}'
+    up = IdleTimeoutUpstream(b"HTTP/1.1 408 Request Timeout\r\nConnection: close\r\nContent-Type: application/json"
+                             b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+        with httpx.Client() as c:
+            assert chat(w, c, "first-body").status_code == 200
+            r = chat(w, c, "second-body")
+        assert r.status_code == 408
+        assert up.requests == [(1, 1), (1, 2)]
+        e = w.log_for("second-body")
+        assert e["error"] == {"source": "upstream", "code": "upstream_status"}, e
+        assert e["retries"] == 0
+    finally:
+        up.close()
