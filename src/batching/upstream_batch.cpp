@@ -85,9 +85,9 @@ core::Task<void> Batch::send() {
     if (reused) {
       exchange_.use(std::move(pooled));
     } else {
-      if (env.upstream_connects) ++*env.upstream_connects;
       const auto t_connect = core::now();
       failure = co_await routing::connect_endpoint(exchange_, ep, pc.timeouts.connect);
+      if (failure == UpstreamFailure::none && env.upstream_connects) ++*env.upstream_connects;  // (opened ones only)
       if (present_ == 0) break;
       if (failure != UpstreamFailure::none) {
         if (failure == UpstreamFailure::tls)

@@ -333,7 +333,10 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   w.sample("weir_active_streams", "", static_cast<double>(active_streams));
   w.header("weir_active_connections", "gauge", "Open downstream connections.");
   w.sample("weir_active_connections", "", static_cast<double>(active_connections));
-  w.header("weir_upstream_connects_total", "counter", "New TCP connections opened to upstream endpoints.");
+  w.header(
+      "weir_upstream_connects_total", "counter",
+      "Connections opened to upstream endpoints (TCP connect and, for https, the TLS handshake succeeded; a failed "
+      "connect counts in weir_upstream_failures_total).");
   w.sample("weir_upstream_connects_total", "", upstream_connects);
   // Pools and endpoints as configured (the endpoint as its URL is shown in
   // the access log: secrets in a query redacted); one no longer configured

@@ -11,6 +11,7 @@ import threading
 import httpx
 import pytest
 
+from conftest import free_port
 
 MSG = [{"role": "user", "content": "hi"}]
 HEX28 = re.compile(r"[0-9a-f]{28}")
@@ -127,3 +128,23 @@ def test_a_408_with_a_body_passes_through_as_the_upstreams_error(weir):
         assert e["retries"] == 0
     finally:
         up.close()
+
+
+# DEFECT: weir_upstream_connects_total ("New TCP connections opened") counted connects that failed
+# (refused, timed out): a pool whose endpoint was down showed connections opened. Only opened ones count
+# now; a failed connect is in weir_upstream_failures_total.
+def test_connects_total_counts_only_connections_opened(mock, weir):
+    down = weir(config={"pools": {"p": {"endpoints": [f"http://127.0.0.1:{free_port()}"]}}, "default_pool": "p"},
+                workers=1)
+    for _ in range(3):
+        assert httpx.post(down.v1 + "/chat/completions", json={"model": "m", "messages": MSG},
+                          timeout=10).status_code == 502
+    assert down.metric("weir_upstream_failures_total", kind="connect_refused") == 3
+    assert down.metric("weir_upstream_connects_total") == 0
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    up = weir(m, workers=1)
+    with httpx.Client() as c:
+        for _ in range(3):
+            assert c.post(up.v1 + "/chat/completions", json={"model": "mock-model", "messages": MSG},
+                          timeout=10).status_code == 200
+    assert up.metric("weir_upstream_connects_total") == 1  # one connection, reused

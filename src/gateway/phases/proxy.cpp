@@ -511,9 +511,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     if (reused) {
       exchange_.use(std::move(pooled));
     } else {
-      ++metrics.upstream_connects;
       const auto t_connect = core::now();
       failure = co_await routing::connect_endpoint(exchange_, ep, within(pc.timeouts.connect, ctx.deadline, t_connect));
+      // Connections opened: one that failed counts in weir_upstream_failures_total instead.
+      if (failure == http::UpstreamFailure::none) ++metrics.upstream_connects;
       if (down_.client_gone()) break;
       if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, core::now())) {
         record(ep_idx, 0, failure, t_connect);
