@@ -63,7 +63,7 @@ class BatchMember final : public http::ResponseSource {
     std::string_view target;                  // upstream request target ("/v1/completions")
     std::string_view prompt;                  // batch: the member's prompt, a JSON string (quotes included)
     std::string_view body;                    // coalesce: the member's upstream body
-    std::string_view request_id;              // the member's x-request-id (its response id comes from it)
+    std::string_view request_id;              // the member's upstream x-request-id (its response id comes from it)
     bool stream = false;                      // SSE response; else one JSON body
     bool include_usage = false;               // its body asks for the final usage chunk
     bool continuous_usage = false;            // its body asks for usage on every chunk

@@ -13,6 +13,8 @@ void RequestContext::reset() {
   gen.reset();
   read_failure = http::ReadFailure::none;
   request_id.clear();
+  upstream_request_id.clear();
+  sent_alone = false;
   route = RouteKind::other;
   method.clear();
   path.clear();

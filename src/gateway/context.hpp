@@ -76,6 +76,10 @@ struct RequestContext {
   // --- read: what the head says ---
   http::ReadFailure read_failure = http::ReadFailure::none;  // the head could not be read (the session says why)
   std::string request_id;                                    // x-request-id, received or generated
+  // The x-request-id sent upstream, when it is not request_id: a client's
+  // own id with "-" and a generated one after it (upstream_id()).
+  std::string upstream_request_id;
+  bool sent_alone = false;  // an upstream request of its own went out (not only its micro-batch's)
   RouteKind route = RouteKind::other;
   std::string method;
   std::string path;  // without the query, at most 256 bytes
@@ -283,6 +287,13 @@ struct RequestContext {
   }
   std::string_view responses_echo() const { return extras ? std::string_view(extras->responses_echo) : ""; }
   std::string_view batch_id() const { return extras ? std::string_view(extras->batch_id) : ""; }
+  // The x-request-id the request's upstream requests carry, from which the
+  // ids of a translated or batched answer are made (msg_X, resp_X, a batch
+  // member's cmpl-X): unique per request, whatever id the client chose. vLLM
+  // takes it as its engine's request id, which must not be running twice
+  // (two clients, two tenants, sending the same x-request-id at once would
+  // collide there, and one's disconnect abort the other's by id).
+  std::string_view upstream_id() const { return upstream_request_id.empty() ? request_id : upstream_request_id; }
 
   // --- tracing (tracing:) ---
   // Made by begin_trace for the connection's first traced request and kept

@@ -500,6 +500,13 @@ class Weir:
         assert len(mine) == 1, f"{len(mine)} access log lines for {request_id}: {mine}"
         return mine[0]
 
+    def upstream_id(self, request_id: str, timeout: float = 5.0) -> str:
+        """The x-request-id Weir sent upstream for the client's own ``request_id`` (the log's
+        upstream_request_id): that id, "-", and a generated one (28 hex digits)."""
+        up = self.log_for(request_id, timeout)["upstream_request_id"]
+        assert up.startswith(request_id + "-") and len(up) == len(request_id) + 29, up
+        return up
+
 
 class WeirFactory:
     """Callable: starts weir on a free port and returns a :class:`Weir`.

@@ -2,7 +2,7 @@
 vLLM-style (weir-mock) chat-completions upstream.
 
 Text and token counts are checked against the same request sent straight to
-weir-mock with the openai SDK (same x-request-id: same words, same usage);
+weir-mock with the openai SDK (with the x-request-id Weir sent upstream: same words, same usage);
 thinking, tool calls and stop strings use weir-mock's x-mock-reasoning,
 x-mock-tool-calls and x-mock-stop-hit. One raw-wire test checks the event
 grammar byte by byte, as a non-SDK client would see it.
@@ -68,9 +68,9 @@ def test_messages_create_matches_upstream(stack):
     r = rid()
     msg = client(w).messages.create(model="claude-test", max_tokens=5, messages=HELLO,
                                     extra_headers={"x-request-id": r, "anthropic-version": "2023-06-01"})
-    ref = reference(m, r, 5)
+    ref = reference(m, w.upstream_id(r), 5)
     assert msg.type == "message" and msg.role == "assistant"
-    assert msg.id == "msg_" + r
+    assert msg.id == "msg_" + w.upstream_id(r)
     assert [b.type for b in msg.content] == ["text"]
     assert msg.content[0].text == ref.choices[0].message.content
     assert msg.stop_reason == "max_tokens" and msg.stop_sequence is None
@@ -89,7 +89,7 @@ def test_messages_stream_matches_upstream(stack):
                                    system="Be brief.", extra_headers={"x-request-id": r}) as s:
         text = "".join(s.text_stream)
         final = s.get_final_message()
-    ref = reference(m, r, 6, [{"role": "system", "content": "Be brief."}, *HELLO])
+    ref = reference(m, w.upstream_id(r), 6, [{"role": "system", "content": "Be brief."}, *HELLO])
     assert text == ref.choices[0].message.content
     assert [b.type for b in final.content] == ["text"] and final.content[0].text == text
     assert final.stop_reason == "max_tokens"
@@ -118,7 +118,7 @@ def test_thinking_block_from_reasoning_content(stack, stream):
             msg = s.get_final_message()
     else:
         msg = client(w).messages.create(**kw)
-    words = reference(m, r, 5).choices[0].message.content.split(" ")[1:]
+    words = reference(m, w.upstream_id(r), 5).choices[0].message.content.split(" ")[1:]
     assert [b.type for b in msg.content] == ["thinking", "text"]
     assert msg.content[0].thinking == " " + " ".join(words[:2])
     assert msg.content[1].text == " " + " ".join(words[2:])  # reasoning never leaks into the text

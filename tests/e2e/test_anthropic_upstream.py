@@ -73,8 +73,8 @@ def ant(w) -> anthropic.Anthropic:
 
 
 def sent(up: ScriptedUpstream, request_id: str):
-    """The requests the upstream got for `request_id`."""
-    return [r for r in up.requests if r.header("x-request-id") == request_id]
+    """The requests the upstream got for `request_id` (sent as that id, "-" and a generated one)."""
+    return [r for r in up.requests if (r.header("x-request-id") or "").startswith(request_id + "-")]
 
 
 def assert_credentials(req) -> None:
@@ -312,7 +312,8 @@ def test_client_leaving_mid_stream_aborts_the_anthropic_request(stack):
         for line in resp.iter_lines():
             if '"content":"Hello"' in line:
                 break  # the first token is here: leave
-    wait_until(lambda: r in up.aborted, 10, message="the upstream connection closed by Weir")
+    wait_until(lambda: any(a.startswith(r + "-") for a in up.aborted), 10,
+               message="the upstream connection closed by Weir")
     assert w.log_for(r)["status"] == 499
 
 

@@ -134,12 +134,14 @@ def test_one_access_log_line_per_request(stack):
 
 def test_request_id_passed_through_or_generated(stack):
     m, w = stack
-    # given: the mock sees it, the client gets it back, vLLM's id carries it, the log has it
+    # given: the client gets it back and the log has it; the mock sees it with a generated id after it
+    # (unique per request: vLLM refuses a request id already running), which vLLM's id carries
     raw = w.client().chat.completions.with_raw_response.create(
         model="public", messages=MSG, extra_headers={"x-request-id": "client-id-123", "x-mock-echo": "1"})
-    assert raw.headers["x-mock-request-id"] == "client-id-123"
+    sent = w.upstream_id("client-id-123")
+    assert raw.headers["x-mock-request-id"] == sent
     assert raw.headers["x-request-id"] == "client-id-123"
-    assert raw.parse().id == "chatcmpl-client-id-123"
+    assert raw.parse().id == "chatcmpl-" + sent
     assert w.log_for("client-id-123")["status"] == 200
     # not given: Weir generates one, sends it upstream and returns it
     r = httpx.post(w.v1 + "/chat/completions", json={"model": "public", "messages": MSG},

@@ -1,7 +1,8 @@
 """The official openai SDK through Weir against the same request straight to weir-mock.
 
-Every result must be identical in content and token usage (the same
-x-request-id makes vLLM's ids equal too; only `created` may differ), model
+Every result must be identical in content and token usage (the direct
+request carries the x-request-id Weir sent upstream, the log's
+upstream_request_id: vLLM's ids are then equal too; only `created` may differ), model
 renames and aliases must reach the upstream with only the model value
 changed, and /v1/models must answer in OpenAI's shape.
 """
@@ -52,11 +53,12 @@ def strip_created(obj):
 
 
 def both(stack, call):
-    """Runs ``call(client, headers)`` through Weir and direct with the same x-request-id."""
+    """Runs ``call(client, headers)`` through Weir, then direct with the x-request-id Weir sent upstream (the
+    client's with a generated suffix: the log's upstream_request_id)."""
     m, w = stack
     request_id = rid()
     via = call(w.client(), {"x-request-id": request_id})
-    ref = call(direct(m), {"x-request-id": request_id})
+    ref = call(direct(m), {"x-request-id": w.upstream_id(request_id)})
     return via, ref, request_id
 
 
@@ -67,7 +69,7 @@ def test_chat_non_streaming_identical(stack):
     via, ref, request_id = both(stack, lambda c, h: c.chat.completions.create(
         model="mock-model", messages=MESSAGES, max_tokens=7, extra_headers=h))
     assert strip_created(via) == strip_created(ref)
-    assert via.id == f"chatcmpl-{request_id}"
+    assert via.id == f"chatcmpl-{stack[1].upstream_id(request_id)}"
     assert via.choices[0].message.content and via.choices[0].finish_reason == "length"
     assert (via.usage.prompt_tokens, via.usage.completion_tokens, via.usage.total_tokens) == (14, 7, 21)
     _, w = stack
@@ -193,11 +195,10 @@ def test_embeddings_5mb_response_untruncated(stack):
     m, w = stack
     inputs = [f"input number {i}" for i in range(64)]
     request_id = rid()
-    h = {"x-request-id": request_id}
     via = w.client().embeddings.create(model="mock-model", input=inputs, dimensions=4096,
-                                       encoding_format="float", extra_headers=h)
-    ref = direct(m).embeddings.create(model="mock-model", input=inputs, dimensions=4096,
-                                      encoding_format="float", extra_headers=h)
+                                       encoding_format="float", extra_headers={"x-request-id": request_id})
+    ref = direct(m).embeddings.create(model="mock-model", input=inputs, dimensions=4096, encoding_format="float",
+                                      extra_headers={"x-request-id": w.upstream_id(request_id)})
     assert strip_created(via) == strip_created(ref)
     assert len(via.data) == 64 and all(len(d.embedding) == 4096 for d in via.data)
     entry = w.log_for(request_id)

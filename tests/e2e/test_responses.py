@@ -2,7 +2,7 @@
 translated for a vLLM-style (weir-mock) chat-completions upstream.
 
 Text and token counts are checked against the same request sent straight to
-weir-mock as a chat completion (same x-request-id: same words, same usage);
+weir-mock as a chat completion (with the x-request-id Weir sent upstream: same words, same usage);
 reasoning and tool calls use weir-mock's x-mock-reasoning and
 x-mock-tool-calls. Raw-wire tests check the event grammar as a non-SDK client
 sees it, and that a failure mid-stream ends in response.failed.
@@ -68,11 +68,11 @@ def test_create_matches_upstream_and_is_incomplete_at_max_output_tokens(stack):
     before = w.metric("weir_requests_total", route="/v1/responses", status="200")
     resp = client(w).responses.create(model="gpt-test", input="hello there", max_output_tokens=5,
                                       extra_headers={"x-request-id": r})
-    ref = reference(m, r, 5)
-    assert resp.object == "response" and resp.id == "resp_" + r
+    ref = reference(m, w.upstream_id(r), 5)
+    assert resp.object == "response" and resp.id == "resp_" + w.upstream_id(r)
     assert resp.status == "incomplete" and resp.incomplete_details.reason == "max_output_tokens"
     assert [o.type for o in resp.output] == ["message"]
-    assert resp.output[0].id == "msg_" + r and resp.output[0].role == "assistant"
+    assert resp.output[0].id == "msg_" + w.upstream_id(r) and resp.output[0].role == "assistant"
     assert resp.output_text == ref.choices[0].message.content
     assert resp.usage.input_tokens == ref.usage.prompt_tokens and resp.usage.output_tokens == 5
     assert resp.usage.total_tokens == ref.usage.total_tokens
@@ -91,7 +91,7 @@ def test_natural_end_is_completed_with_instructions(stack):
     resp = client(w).responses.create(model="gpt-test", input=[{"role": "user", "content": "hello there"}],
                                       instructions="Be brief.", temperature=0.2, metadata={"k": "v"},
                                       store=True, extra_headers={"x-request-id": r})
-    ref = reference(m, r, 100, [{"role": "system", "content": "Be brief."},
+    ref = reference(m, w.upstream_id(r), 100, [{"role": "system", "content": "Be brief."},
                                 {"role": "user", "content": "hello there"}])
     assert resp.status == "completed" and resp.incomplete_details is None
     assert resp.output_text == ref.choices[0].message.content and resp.usage.output_tokens == 12
@@ -104,7 +104,7 @@ def test_stream_matches_upstream(stack):
     r = rid()
     events = list(client(w).responses.create(model="gpt-test", input="hello there", max_output_tokens=6,
                                              stream=True, extra_headers={"x-request-id": r}))
-    ref = reference(m, r, 6)
+    ref = reference(m, w.upstream_id(r), 6)
     assert [e.sequence_number for e in events] == list(range(len(events)))
     kinds = [e.type for e in events]
     assert kinds[:2] == ["response.created", "response.in_progress"]
@@ -114,7 +114,7 @@ def test_stream_matches_upstream(stack):
     done = [e for e in events if e.type == "response.output_text.done"]
     assert len(done) == 1 and done[0].text == text
     final = events[-1].response
-    assert final.id == "resp_" + r and final.output_text == text
+    assert final.id == "resp_" + w.upstream_id(r) and final.output_text == text
     assert final.usage.output_tokens == 6 and final.usage.input_tokens == ref.usage.prompt_tokens
     log = w.log_for(r)
     assert log["stream"] is True and log["status"] == 200 and log["path"] == "/v1/responses"
@@ -147,7 +147,7 @@ def test_reasoning_item_from_reasoning_content(stack, stream):
         deltas = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
     else:
         resp = client(w).responses.create(**kw)
-    words = reference(m, r, 5).choices[0].message.content.split(" ")[1:]
+    words = reference(m, w.upstream_id(r), 5).choices[0].message.content.split(" ")[1:]
     assert [o.type for o in resp.output] == ["reasoning", "message"]
     assert resp.output[0].content[0].text == " " + " ".join(words[:2])
     assert resp.output_text == " " + " ".join(words[2:])  # reasoning never leaks into the text

@@ -4,6 +4,7 @@ cache writes, invalid tool arguments, missing ids, max_tokens' bound, FastAPI's 
 from __future__ import annotations
 
 import json
+import re
 
 import anthropic
 import httpx
@@ -246,23 +247,25 @@ def test_an_answer_without_an_id_takes_the_request_id(stack, case):
     # "msg_" and "toolu__0" collided across turns; Responses gave "resp_" for "chatcmpl-".
     ids = set()
     for rid in (f"{case}-1", f"{case}-2"):
+        # The id sent upstream: the client's, "-", and a generated one (unique per request).
         ev = _messages(stack, case, rid)
         msg_id = ev[0][1]["message"]["id"]
-        assert msg_id == f"msg_{rid}"
-        assert _tool_blocks(ev)[0][0] == f"toolu_{rid}_0"
+        assert re.fullmatch(f"msg_{rid}-[0-9a-f]{{28}}", msg_id), msg_id
+        assert _tool_blocks(ev)[0][0] == f"toolu_{msg_id[4:]}_0"
         ev = _responses(stack, case, rid)
-        assert ev[0][1]["response"]["id"] == f"resp_{rid}"
+        assert re.fullmatch(f"resp_{rid}-[0-9a-f]{{28}}", ev[0][1]["response"]["id"]), ev[0][1]
         ids.add(msg_id)
     assert len(ids) == 2
     # Whole answers too.
     r = httpx.post(stack.base_url + "/v1/messages", json={"model": "m", "max_tokens": 5, "messages": MSG},
                    headers={"x-case": f"ns_{case}", "x-request-id": f"ns-{case}"}, timeout=10)
     assert r.status_code == 200, r.text
-    assert r.json()["id"] == f"msg_ns-{case}" and r.json()["content"][0]["id"] == f"toolu_ns-{case}_0"
+    msg_id = r.json()["id"]
+    assert re.fullmatch(f"msg_ns-{case}-[0-9a-f]{{28}}", msg_id) and r.json()["content"][0]["id"] == f"toolu_{msg_id[4:]}_0"
     r = httpx.post(stack.base_url + "/v1/responses", json={"model": "m", "input": "x"},
                    headers={"x-case": f"ns_{case}", "x-request-id": f"ns-{case}"}, timeout=10)
     assert r.status_code == 200, r.text
-    assert r.json()["id"] == f"resp_ns-{case}"
+    assert re.fullmatch(f"resp_ns-{case}-[0-9a-f]{{28}}", r.json()["id"]), r.json()["id"]
 
 
 @pytest.mark.parametrize("path,field,extra", [

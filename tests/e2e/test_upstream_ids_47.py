@@ -2,6 +2,7 @@
 connections opened, the x-request-id sent upstream, and request-log records that share an id."""
 from __future__ import annotations
 
+import concurrent.futures as cf
 import json
 import re
 import socket
@@ -148,3 +149,78 @@ def test_connects_total_counts_only_connections_opened(mock, weir):
             assert c.post(up.v1 + "/chat/completions", json={"model": "mock-model", "messages": MSG},
                           timeout=10).status_code == 200
     assert up.metric("weir_upstream_connects_total") == 1  # one connection, reused
+
+
+# DEFECT: a client's x-request-id went upstream as it was, and vLLM takes it as its engine's request id,
+# refusing one already running ("Request id ... already running"): two clients (two tenants) choosing the
+# same id at once collided there, and one's disconnect aborted by that id. The id sent upstream is now the
+# client's with "-" and a generated id after it; the client keeps its own in the answer and the log, and the
+# log's upstream_request_id says what vLLM saw.
+def test_a_clients_request_id_goes_upstream_made_unique(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    w = weir(m, workers=2)
+
+    def send(_):
+        return httpx.post(w.v1 + "/chat/completions", json={"model": "mock-model", "messages": MSG},
+                          headers={"x-request-id": "shared-id", "x-mock-echo": "1"}, timeout=10)
+    with cf.ThreadPoolExecutor(4) as ex:
+        rs = list(ex.map(send, range(4)))
+    seen = set()
+    for r in rs:
+        assert r.status_code == 200, r.text
+        assert r.headers["x-request-id"] == "shared-id"
+        upstream = r.headers["x-mock-request-id"]
+        assert upstream.startswith("shared-id-") and HEX28.fullmatch(upstream.removeprefix("shared-id-")), upstream
+        assert r.json()["id"] == "chatcmpl-" + upstream  # vLLM's id is made of the one it got
+        seen.add(upstream)
+    assert len(seen) == 4
+    lines = w.wait_log(lambda es: len([e for e in es if e["request_id"] == "shared-id"]) == 4)
+    assert {e["upstream_request_id"] for e in lines if e["request_id"] == "shared-id"} == seen
+    # A generated id is unique already: it goes as it is.
+    r = httpx.post(w.v1 + "/chat/completions", json={"model": "mock-model", "messages": MSG},
+                   headers={"x-mock-echo": "1"}, timeout=10)
+    assert r.headers["x-mock-request-id"] == r.headers["x-request-id"]
+    assert w.log_for(r.headers["x-request-id"])["upstream_request_id"] == r.headers["x-request-id"]
+    # Nothing sent upstream: no upstream id in the line.
+    r = httpx.post(w.v1 + "/chat/completions", content=b"{", headers={"x-request-id": "bad-json"}, timeout=10)
+    assert r.status_code == 400 and "upstream_request_id" not in w.log_for("bad-json")
+
+
+# The ids of a translated answer are made from the upstream id: an Anthropic client that sends the same
+# x-request-id every turn gets a message id of its own each time.
+def test_translated_and_batched_answers_get_distinct_ids_for_one_client_id(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]},
+                               "b": {"endpoints": [m.base_url], "batch": {"window": "300ms", "max_size": 4}}},
+                     "models": {"claude-test": {"pool": "p", "upstream_model": "mock-model"},
+                                "batched": {"pool": "b", "upstream_model": "mock-model"}}}, workers=1)
+    ids = set()
+    for stream in (False, True, False):
+        r = httpx.post(w.base_url + "/v1/messages", headers={"x-request-id": "turn", "anthropic-version": "2023-06-01"},
+                       json={"model": "claude-test", "max_tokens": 2, "messages": MSG, "stream": stream}, timeout=10)
+        assert r.status_code == 200 and r.headers["x-request-id"] == "turn"
+        msg_id = (json.loads(r.text.split("data: ", 2)[1].split("\n", 1)[0])["message"]["id"] if stream
+                  else r.json()["id"])
+        assert msg_id.startswith("msg_turn-"), msg_id
+        ids.add(msg_id)
+    assert len(ids) == 3
+    r = httpx.post(w.base_url + "/v1/responses", headers={"x-request-id": "turn"},
+                   json={"model": "claude-test", "input": "hi", "max_output_tokens": 2}, timeout=10)
+    assert r.status_code == 200 and r.json()["id"].startswith("resp_turn-")
+
+    # Batch members that chose the same id: each its own completion id, as unbatched.
+    def member(i):
+        return httpx.post(w.v1 + "/completions", headers={"x-request-id": "same-member"}, timeout=10,
+                          json={"model": "batched", "prompt": f"prompt {i}", "max_tokens": 2})
+    barrier = threading.Barrier(3)
+
+    def run(i):
+        barrier.wait()
+        return member(i)
+    with cf.ThreadPoolExecutor(3) as ex:
+        rs = list(ex.map(run, range(3)))
+    assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
+    lines = w.wait_log(lambda es: len([e for e in es if e["request_id"] == "same-member"]) == 3)
+    assert len({e["batch"]["id"] for e in lines if e["request_id"] == "same-member"}) == 1  # one batch
+    cids = {r.json()["id"] for r in rs}
+    assert len(cids) == 3 and all(c.startswith("cmpl-same-member-") for c in cids), cids

@@ -77,7 +77,7 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
       .target = upstream_target(ctx.route, false, down_.target()),
       .prompt = plan.prompt.value_or(std::string_view()),
       .body = ctx.upstream_body,
-      .request_id = ctx.request_id,
+      .request_id = ctx.upstream_id(),
       .stream = ctx.stream,
       .include_usage = plan.include_usage,
       .continuous_usage = plan.continuous_usage,

@@ -287,6 +287,12 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   core::put_rfc3339(w, wall);
   w.put(R"(","request_id":)"sv);
   w.put_json_string(ctx.request_id);
+  if (ctx.sent_alone) {
+    // The x-request-id its upstream requests carried (vLLM's request id, in its log): a client's own id gets
+    // a suffix there. (A micro-batch member's upstream request is its batch's: batch.id.)
+    w.put(R"(,"upstream_request_id":)"sv);
+    w.put_json_string(ctx.upstream_id());
+  }
   w.put(R"(,"method":)"sv);
   w.put_json_string(ctx.method);
   w.put(R"(,"path":)"sv);

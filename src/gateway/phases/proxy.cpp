@@ -51,7 +51,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
       .include_usage = ctx.fields.usage_asked,
       .created = anthropic ? static_cast<std::int64_t>(std::time(nullptr)) : 0,
       .echo = ctx.responses_echo(),
-      .request_id = ctx.request_id,
+      .request_id = ctx.upstream_id(),
       .model = ctx.model,
       .held_limit = static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes),
   });
@@ -549,7 +549,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             .base_query = ep.cfg->query,
             .host_header = ep.cfg->host_header,
             .body_bytes = ctx.upstream_body.size(),
-            .request_id = ctx.request_id,
+            .request_id = ctx.upstream_id(),
             .upstream_lines = pc.upstream_lines,
             .identity = ctx.stream,
             // The client's credential is for Weir when Weir authenticates, or
@@ -562,6 +562,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
         });
     ctx.t_upstream_sent = core::now();
+    ctx.sent_alone = true;
     added += core::micros_between(t0, ctx.t_upstream_sent);
     failure = co_await exchange_.start({.head = ctx.head,
                                         .body = ctx.upstream_body,

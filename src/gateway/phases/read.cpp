@@ -57,6 +57,22 @@ void log_request_line(std::string_view raw, RequestContext& ctx) {
   ctx.path.assign(core::utf8_prefix(path_of(target), core::kMaxEchoBytes));
 }
 
+// The request's id: the client's x-request-id when it is one Weir takes
+// (valid_request_id), else a generated one. A client's id goes upstream with
+// "-" and a generated id after it: two clients (two tenants) may choose the
+// same id at once, and vLLM takes the id as its engine's, refusing one it
+// is already running (docs/observability.md).
+void assign_request_id(RequestContext& ctx, const http::RequestHead& req, Worker& w) {
+  if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id)) {
+    ctx.request_id.assign(id);
+    w.next_request_id(ctx.upstream_request_id);
+    ctx.upstream_request_id.insert(0, 1, '-');
+    ctx.upstream_request_id.insert(0, id);
+  } else {
+    w.next_request_id(ctx.request_id);
+  }
+}
+
 }  // namespace
 
 core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
@@ -76,20 +92,14 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     if (!ctx.path.empty()) ctx.route = classify_path(ctx.path);
     // The client's x-request-id when its field was read before the head failed (a TE with a CL, an
     // asterisk target): the client finds its own id in the refusal and the log, as for any other.
-    if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id))
-      ctx.request_id.assign(id);
-    else
-      w_.next_request_id(ctx.request_id);
+    assign_request_id(ctx, req, w_);
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
   }
   const std::string_view path = path_of(down_.target());  // origin-form: no client-chosen authority
   ctx.route = classify_path(path);
   ctx.method.assign(core::utf8_prefix(req.method_string(), core::kMaxEchoBytes));  // a token of any length
   ctx.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
-  if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id))
-    ctx.request_id.assign(id);
-  else
-    w_.next_request_id(ctx.request_id);
+  assign_request_id(ctx, req, w_);
   // (Traced before a refused head's answer too: every request Weir answered is, as the log has it.)
   if (w_.tracer() && traced(ctx.route)) begin_trace(ctx);
   // Every answer from here on, errors included, carries the CORS fields (a browser page reads a 401 or a 429

@@ -90,14 +90,14 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
       return true;
     case Translation::anthropic: {
       api::anthropic::StreamTranslator tr;
-      tr.reset(ctx.request_id);
+      tr.reset(ctx.upstream_id());
       tr.on_data(chunk, out);
       tr.finish(out);
       return !tr.failed();
     }
     case Translation::responses: {
       api::responses::StreamTranslator tr;
-      tr.reset(ctx.responses_echo(), ctx.request_id, ctx.model);
+      tr.reset(ctx.responses_echo(), ctx.upstream_id(), ctx.model);
       tr.on_data(chunk, out);
       tr.finish(out);
       return !tr.failed();
@@ -161,11 +161,11 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
   };
   if (client == Translation::anthropic) {
     api::anthropic::StreamTranslator tr;
-    tr.reset(ctx.request_id, static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes));
+    tr.reset(ctx.upstream_id(), static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes));
     return run(tr);
   }
   api::responses::StreamTranslator tr;
-  tr.reset(ctx.responses_echo(), ctx.request_id, ctx.model,
+  tr.reset(ctx.responses_echo(), ctx.upstream_id(), ctx.model,
            static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes));
   return run(tr);
 }
@@ -512,7 +512,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const bool responses = !whole_for_stream && !translate_events && is_responses(ctx.route) && ctx.status >= 200 &&
                          ctx.status < 300 && status != 204;
   if (responses) {
-    if (!api::responses::translate_response(from, ctx.responses_echo(), ctx.request_id, translated))
+    if (!api::responses::translate_response(from, ctx.responses_echo(), ctx.upstream_id(), translated))
       co_return untranslatable(ctx, "a chat completion");
     out = translated;
     drop_encoding = encoded;
@@ -531,7 +531,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     if (status < 200 || status >= 300)
       api::anthropic::append_upstream_error(translated, status, plain);
     else if (ctx.route == RouteKind::messages)
-      ok = api::anthropic::translate_message(plain, translated, ctx.request_id);
+      ok = api::anthropic::translate_message(plain, translated, ctx.upstream_id());
     else
       ok = api::anthropic::translate_count(plain, translated);
     if (!ok) co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "a chat completion" : "a token count");

@@ -308,10 +308,18 @@ TEST(ProxyPhase, TheClientsCredentialAndRequestIdAreReplacedUpstream) {
   req.insert(req.find("\r\n") + 2, "x-request-id: abc-123\r\n");
   Served r;
   serve(g, ex, req, r);
-  EXPECT_NE(ex.last_head.find("x-request-id: abc-123\r\n"), std::string::npos) << ex.last_head;
+  // The client's id goes upstream unique to this request (vLLM refuses an id it is already running): the
+  // client's, "-", and a generated one (28 hex digits); the client's own stays the request's id.
+  const std::string up = r.ctx.upstream_request_id;
+  ASSERT_EQ(up.size(), std::string("abc-123-").size() + 28) << up;
+  EXPECT_TRUE(up.starts_with("abc-123-")) << up;
+  EXPECT_EQ(up.find_first_not_of("0123456789abcdef", 8), std::string::npos) << up;
+  EXPECT_NE(ex.last_head.find("x-request-id: " + up + "\r\n"), std::string::npos) << ex.last_head;
+  EXPECT_EQ(ex.last_head.find("x-request-id: abc-123\r\n"), std::string::npos) << ex.last_head;
   EXPECT_NE(ex.last_head.find("Content-Length: "), std::string::npos);
   EXPECT_EQ(ex.last_head.find("Connection:"), std::string::npos) << "hop-by-hop fields stay here";
   EXPECT_EQ(r.ctx.request_id, "abc-123");
+  EXPECT_EQ(r.ctx.upstream_id(), up);
 }
 
 // --- retries (pools.X.retry) and fallbacks (models.X.fallbacks) ---
