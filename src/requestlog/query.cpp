@@ -160,14 +160,19 @@ void finish_list(std::string& out, bool has_more, std::int64_t last_ts, std::int
   out += '}';
 }
 
-// The stored record with its captured bodies (a JSON object, or empty for
-// none) as a last member "bodies". The record is a JSON object Weir wrote: it ends in '}'.
-std::string with_bodies(std::string_view record, std::string_view bodies) {
+// The stored record with the count of the other records that share its
+// request id as a member "others_with_id", and its captured bodies (a JSON
+// object, or empty for none) as a last member "bodies". The record is a
+// JSON object Weir wrote: it ends in '}'.
+std::string with_bodies(std::string_view record, std::int64_t others, std::string_view bodies) {
   std::string out(record);
-  if (bodies.empty() || out.empty() || out.back() != '}') return out;
+  if (out.empty() || out.back() != '}') return out;
   out.pop_back();
-  out += out.size() > 1 ? R"(,"bodies":)" : R"("bodies":)";
-  out += bodies;
+  fmt::format_to(std::back_inserter(out), R"({}"others_with_id":{})", out.size() > 1 ? "," : "", others);
+  if (!bodies.empty()) {
+    out += R"(,"bodies":)";
+    out += bodies;
+  }
   out += '}';
   return out;
 }
@@ -181,8 +186,8 @@ std::string make_cursor(std::int64_t ts_us, std::int64_t id) {
 tl::expected<Query, core::Error> parse_query(std::string_view url_query) {
   Query q;
   // The parameters' names as literals: core::Error::param is a view.
-  static constexpr std::string_view kNames[] = {"since", "until",  "tenant", "key_id",
-                                                "model", "status", "limit",  "cursor"};
+  static constexpr std::string_view kNames[] = {"since",      "until",  "tenant", "key_id", "model",
+                                                "request_id", "status", "limit",  "cursor"};
   bool seen[std::size(kNames)] = {};
   if (!url_query.empty() && url_query.front() == '?') url_query.remove_prefix(1);
   while (!url_query.empty()) {
@@ -197,7 +202,7 @@ tl::expected<Query, core::Error> parse_query(std::string_view url_query) {
     while (k < std::size(kNames) && kNames[k] != name) ++k;
     if (k == std::size(kNames))
       return tl::unexpected(bad(fmt::format("Unrecognized query parameter: '{}' (expected since, until, tenant, "
-                                            "key_id, model, status, limit or cursor)",
+                                            "key_id, model, request_id, status, limit or cursor)",
                                             core::utf8_prefix(name, 64)),
                                 // (as sent: a view into the caller's query string, as the error's param must be)
                                 core::utf8_prefix(pair.substr(0, eq), 64)));
@@ -210,9 +215,9 @@ tl::expected<Query, core::Error> parse_query(std::string_view url_query) {
         return tl::unexpected(
             bad(fmt::format("'{}' must be an RFC 3339 time (2026-12-01T23:05:00Z) or Unix seconds", param), param));
       (param == "since" ? q.since_us : q.until_us) = us;
-    } else if (param == "tenant" || param == "key_id" || param == "model") {
+    } else if (param == "tenant" || param == "key_id" || param == "model" || param == "request_id") {
       if (value.empty()) return tl::unexpected(bad(fmt::format("'{}' must not be empty", param), param));
-      (param == "tenant" ? q.tenant : param == "key_id" ? q.key_id : q.model) = value;
+      (param == "tenant" ? q.tenant : param == "key_id" ? q.key_id : param == "model" ? q.model : q.request_id) = value;
     } else if (param == "status") {
       if (value.size() == 3 && all_digits(value) && value[0] >= '1' && value[0] <= '5') {
         q.status_min = q.status_max = num(value, 0, 3);
@@ -261,6 +266,7 @@ tl::expected<std::string, core::Error> Reader::query_json(const Query& q) {
   if (q.tenant) sql += " AND tenant = :tenant";
   if (q.key_id) sql += " AND key_id = :key_id";
   if (q.model) sql += " AND model = :model";
+  if (q.request_id) sql += " AND request_id = :request_id";
   if (q.status_min) sql += " AND status BETWEEN :smin AND :smax";
   if (q.after_ts_us) sql += " AND (ts_us, id) < (:ats, :aid)";
   sql += " ORDER BY ts_us DESC, id DESC LIMIT :limit";
@@ -276,6 +282,7 @@ tl::expected<std::string, core::Error> Reader::query_json(const Query& q) {
   if (q.tenant) st.bind(i++, std::string_view(*q.tenant));
   if (q.key_id) st.bind(i++, std::string_view(*q.key_id));
   if (q.model) st.bind(i++, std::string_view(*q.model));
+  if (q.request_id) st.bind(i++, std::string_view(*q.request_id));
   if (q.status_min) {
     st.bind(i++, static_cast<std::int64_t>(q.status_min));
     st.bind(i++, static_cast<std::int64_t>(q.status_max));
@@ -311,14 +318,19 @@ tl::expected<std::optional<std::string>, core::Error> Reader::get_json(std::stri
   if (kind_ == StoreKind::postgres) return get_pg(request_id);
   if (auto r = ensure_open(); !r) return tl::unexpected(std::move(r.error()));
   std::string error;
-  Stmt st = db_.prepare("SELECT record, bodies FROM requests WHERE request_id = ?1 ORDER BY id DESC LIMIT 1", error);
+  // Newest as the list orders (its first row with this request_id is this one); the count before the LIMIT.
+  Stmt st = db_.prepare(
+      "SELECT record, bodies, COUNT(*) OVER () FROM requests WHERE request_id = ?1 "
+      "ORDER BY ts_us DESC, id DESC LIMIT 1",
+      error);
   if (!st) {
     db_.close();
     return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", error)));
   }
   st.bind(1, request_id);
   const int rc = st.step();
-  if (rc == SQLITE_ROW) return std::optional<std::string>(with_bodies(st.column_text(0), st.column_text(1)));
+  if (rc == SQLITE_ROW)
+    return std::optional<std::string>(with_bodies(st.column_text(0), st.column_int64(2) - 1, st.column_text(1)));
   if (rc == SQLITE_DONE) return std::optional<std::string>();
   return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", db_.errmsg())));
 }
@@ -342,6 +354,7 @@ tl::expected<std::string, core::Error> Reader::query_pg(const Query& q) {
   if (q.tenant) sql += " AND tenant = " + param(*q.tenant, "");
   if (q.key_id) sql += " AND key_id = " + param(*q.key_id, "");
   if (q.model) sql += " AND model = " + param(*q.model, "");
+  if (q.request_id) sql += " AND request_id = " + param(*q.request_id, "");
   if (q.status_min) {
     sql += " AND status BETWEEN " + param(std::to_string(q.status_min), "::int");
     sql += " AND " + param(std::to_string(q.status_max), "::int");
@@ -381,11 +394,13 @@ tl::expected<std::optional<std::string>, core::Error> Reader::get_pg(std::string
   if (!pg_ && !pg_.connect(path_, error)) return unavailable(error);
   const std::string id(request_id);
   if (id.find('\0') != std::string::npos) return std::optional<std::string>();
-  PgResult r =
-      pg_.exec("SELECT record, bodies FROM requests WHERE request_id = $1 ORDER BY id DESC LIMIT 1", {id.c_str()});
+  PgResult r = pg_.exec(
+      "SELECT record, bodies, count(*) OVER () FROM requests WHERE request_id = $1 "
+      "ORDER BY ts_us DESC, id DESC LIMIT 1",
+      {id.c_str()});
   if (!r.ok()) return unavailable(r.error());
   if (r.rows() == 0) return std::optional<std::string>();
-  return std::optional<std::string>(with_bodies(r.text(0, 0), r.text(0, 1)));
+  return std::optional<std::string>(with_bodies(r.text(0, 0), r.int64(0, 2) - 1, r.text(0, 1)));
 }
 
 }  // namespace weir::requestlog

@@ -25,6 +25,7 @@ struct Query {
   std::optional<std::int64_t> since_us;              // ts_us >= since (inclusive), Unix µs
   std::optional<std::int64_t> until_us;              // ts_us < until (exclusive)
   std::optional<std::string> tenant, key_id, model;  // exact match
+  std::optional<std::string> request_id;             // exact match: every record with this x-request-id
   int status_min = 0, status_max = 0;                // status in [min, max]; 0 = any
   std::uint32_t limit = 50;                          // 1..1000
   // Keyset position: rows strictly older than (ts_us, id) in the order
@@ -33,7 +34,7 @@ struct Query {
   std::int64_t after_id = 0;
 };
 
-// Parses `since=&until=&tenant=&key_id=&model=&status=&limit=&cursor=` (the
+// Parses `since=&until=&tenant=&key_id=&model=&request_id=&status=&limit=&cursor=` (the
 // part after '?', percent-decoded, '+' is a space; application/x-www-form-urlencoded):
 //   since, until  RFC 3339 (2026-12-01T23:05:00Z, fractions and ±hh:mm
 //                 offsets allowed) or Unix seconds (1764630300, 1764630300.25)
@@ -65,9 +66,12 @@ class Reader {
   //  descending; pages follow next_cursor (keyset, stable while rows are added).
   // Errors: 503 (core::unavailable) when the store cannot be opened or read.
   tl::expected<std::string, core::Error> query_json(const Query& q);
-  // The record with this request id (the newest, if a client reused an
-  // x-request-id), or nullopt (a 404 for the caller); with its captured
-  // bodies, when there are any, as a member "bodies": {"request"?: body,
+  // The newest record with this request id (newest as query_json orders),
+  // or nullopt (a 404 for the caller), with a member "others_with_id": how
+  // many other records have the same id (clients choose their
+  // x-request-id: two tenants may have used one; query_json with
+  // Query::request_id lists them all); and with its captured bodies, when
+  // there are any, as a last member "bodies": {"request"?: body,
   // "response"?: body}, body = {"size": bytes, "truncated": bool, "text":
   // string} or, for bytes that are not UTF-8, "base64" in place of "text".
   // Errors as query_json.

@@ -33,7 +33,7 @@ namespace {
 // the same parse_query and Reader. Prints the JSON answer; 0, or 1 (not
 // found), 2 (bad arguments or store).
 struct RequestsArgs {
-  std::string db, url, since, until, tenant, key_id, model, status, limit, cursor, id;
+  std::string db, url, since, until, tenant, key_id, model, request_id, status, limit, cursor, id;
 };
 
 void append_param(std::string& q, std::string_view name, const std::string& value) {
@@ -92,6 +92,7 @@ int run_requests(const RequestsArgs& a) {
   append_param(qs, "tenant", a.tenant);
   append_param(qs, "key_id", a.key_id);
   append_param(qs, "model", a.model);
+  append_param(qs, "request_id", a.request_id);
   append_param(qs, "status", a.status);
   append_param(qs, "limit", a.limit);
   append_param(qs, "cursor", a.cursor);
@@ -182,7 +183,17 @@ int main(int argc, char** argv) {
   requests->add_option("--status", ra.status, "HTTP status (429) or class (5xx)")->check(non_empty);
   requests->add_option("--limit", ra.limit, "rows, 1..1000 (default 50)")->check(non_empty);
   requests->add_option("--cursor", ra.cursor, "next_cursor of the previous page")->check(non_empty);
-  requests->add_option("--id", ra.id, "one request by its request id")->check(non_empty);
+  requests->add_option("--request-id", ra.request_id, "every request with this request id (a list, as the filters)")
+      ->check(non_empty);
+  auto* id_opt = requests
+                     ->add_option("--id", ra.id,
+                                  "one request by its request id, with its bodies: the newest if several share it "
+                                  "(others_with_id says how many; --request-id lists them)")
+                     ->check(non_empty);
+  // --id answers one record: a list filter beside it would be ignored, so it is refused.
+  for (const char* o :
+       {"--since", "--until", "--tenant", "--key-id", "--model", "--request-id", "--status", "--limit", "--cursor"})
+    id_opt->excludes(o);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -6,7 +6,7 @@ import {get, seg} from "../api.js";
 import {h, logTime, mount, ms, num, statusBadge, text, usd} from "../dom.js";
 
 const LIVE_MS = 3000;
-const FILTERS = ["since", "until", "tenant", "key_id", "model", "status", "limit"];
+const FILTERS = ["since", "until", "tenant", "key_id", "model", "request_id", "status", "limit"];
 
 export function render(root, r) {
   if (r.rest.length) return detail(root, r.rest[0]);
@@ -17,11 +17,12 @@ export function render(root, r) {
     tenant: h("input", {id: "f-tenant", name: "tenant", type: "text"}),
     key_id: h("input", {id: "f-key", name: "key_id", type: "text"}),
     model: h("input", {id: "f-model", name: "model", type: "text"}),
+    request_id: h("input", {id: "f-request-id", name: "request_id", type: "text"}),
     status: h("input", {id: "f-status", name: "status", type: "text", placeholder: "429 or 5xx"}),
     limit: h("input", {id: "f-limit", name: "limit", type: "number", min: 1, max: 1000, placeholder: "50"}),
   };
   for (const k of FILTERS) inputs[k].value = q.get(k) || "";
-  const labels = {since: "Since", until: "Until", tenant: "Tenant", key_id: "Key id", model: "Model", status: "Status", limit: "Rows"};
+  const labels = {since: "Since", until: "Until", tenant: "Tenant", key_id: "Key id", model: "Model", request_id: "Request id", status: "Status", limit: "Rows"};
   const form = h("form", {class: "filters", id: "request-filters", on: {submit: (e) => {
     e.preventDefault();
     const p = new URLSearchParams();
@@ -106,7 +107,11 @@ function detail(root, id) {
   get(`/admin/v1/requests/${seg(id)}`).then((rec) => {
     if (!alive) return;
     const facts = Object.entries(rec).filter(([k]) => k !== "attempts");
-    mount(body, h("section", {class: "card"},
+    // Clients choose their x-request-id: another request (another tenant's) may have used this one too.
+    const others = rec.others_with_id > 0 ? h("p", {class: "muted", id: "others-with-id"},
+      `${num(rec.others_with_id)} other ${rec.others_with_id === 1 ? "request has" : "requests have"} this id: `,
+      h("a", {href: `#/requests?${new URLSearchParams({request_id: id})}`}, "list them all")) : null;
+    mount(body, others, h("section", {class: "card"},
       h("dl", {class: "facts", id: "request-detail"}, facts.map(([k, v]) => [h("dt", {}, k), h("dd", {data: {field: k}}, text(v))])),
       Array.isArray(rec.attempts) ? [h("h3", {}, "Attempts"), h("table", {class: "grid"},
         h("thead", {}, h("tr", {}, ["Pool", "Endpoint", "Status", "Failure", "Time"].map((x) => h("th", {}, x)))),
