@@ -15,11 +15,12 @@ namespace weir::core {
 
 namespace {
 
-// 0: copied as it is; 1: escaped (quote, backslash, control); 2: starts a
-// non-ASCII sequence, checked.
+// 0: copied as it is; 1: escaped (quote, backslash, control, DEL); 2:
+// starts a non-ASCII sequence, checked.
 constexpr std::array<unsigned char, 256> kClass = [] {
   std::array<unsigned char, 256> t{};
   for (int c = 0; c < 0x20; ++c) t[c] = 1;
+  t[0x7F] = 1;
   t['"'] = 1;
   t['\\'] = 1;
   for (int c = 0x80; c < 0x100; ++c) t[c] = 2;
@@ -85,10 +86,11 @@ void TextWriter::put_json_string(std::string_view s) {
   while (i < n) {
 #if defined(__SSE2__)
     // Sixteen bytes a step while none needs a look (a quote, a backslash, a
-    // control byte or a non-ASCII one): most of a log line's text.
+    // control byte, DEL or a non-ASCII one): most of a log line's text.
     while (i + 16 <= n) {
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-      const __m128i control = _mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1F)), v);  // v <= 0x1F
+      const __m128i control = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1F)), v),  // v <= 0x1F
+                                           _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F)));
       const __m128i quote_or_backslash =
           _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')));
       // movemask of v itself: the high bit, a non-ASCII byte.
@@ -140,10 +142,17 @@ void TextWriter::put_json_string(std::string_view s) {
     } else {
       bool valid = false;
       const std::size_t len = utf8_step(p + i, n - i, valid);
-      if (valid)
-        copy(s.data() + i, len);
-      else
+      if (!valid) {
         copy(kReplacement.data(), kReplacement.size());
+      } else if (c == 0xC2 && p[i + 1] <= 0x9F) {
+        // A C1 control (U+0080..U+009F, C2 80..C2 9F): escaped as C0's are. A terminal takes U+009B as
+        // CSI, so a raw one in a log line would let a client drive the terminal of whoever tails it.
+        copy("\\u00", 4);
+        *p_++ = hex[p[i + 1] >> 4];
+        *p_++ = hex[p[i + 1] & 15];
+      } else {
+        copy(s.data() + i, len);
+      }
       i += len;
     }
     run = i;

@@ -11,7 +11,9 @@ namespace weir::core {
 
 // Appends `s` as a JSON string literal to `out`: always valid JSON text
 // (RFC 8259 §7 and §8.1: UTF-8), whatever bytes `s` holds. Quote, backslash
-// and control characters are escaped (\" \\ \b \f \n \r \t, else \u00XX);
+// and control characters are escaped (\" \\ \b \f \n \r \t, else \u00XX),
+// C0 (U+0000..U+001F), DEL (U+007F) and C1 (U+0080..U+009F) alike: no byte
+// of a log line is one a terminal acts on (U+009B is CSI);
 // well-formed UTF-8 (Unicode §3.9 Table 3-7: no overlongs, no surrogates
 // ED A0..BF, nothing above U+10FFFF) is copied as it is; every maximal
 // ill-formed subsequence (a lone continuation byte, a truncated sequence,

@@ -44,14 +44,40 @@ TEST(JsonText, EscapesAsciiAndRoundTripsIt) {
   EXPECT_EQ(round_trip(all), all);
   std::string out;
   append_json_string(out, "a\"b\\c\n\r\t\b\f\x01\x1f\x7f");
-  EXPECT_EQ(out, R"("a\"b\\c\n\r\t\b\f\u0001\u001f)"
-                 "\x7f\"");
+  EXPECT_EQ(out, R"("a\"b\\c\n\r\t\b\f\u0001\u001f\u007f")");
+}
+
+// DEFECT: DEL and the C1 controls (U+0080..U+009F) were written raw into the access log, the request log and
+// `weir requests` output: a client's model "\u009b2J..." (CSI) drove the terminal of whoever tailed the log.
+// They are escaped as the C0 controls are; U+00A0 and up pass as they are.
+TEST(JsonText, DelAndC1ControlsAreEscaped) {
+  std::string out;
+  append_json_string(out,
+                     "\x7f|\xC2\x80|\xC2\x9B"
+                     "2J|\xC2\x9F|\xC2\xA0|\xC3\xA9");
+  EXPECT_EQ(out, R"("\u007f|\u0080|\u009b2J|\u009f|)"
+                 "\xC2\xA0|\xC3\xA9\"");
+  for (int c = 0x80; c <= 0x9F; ++c) {
+    const std::string in = {'\xC2', static_cast<char>(c)};
+    EXPECT_EQ(round_trip(in), in) << c;  // (the escape reads back as the character)
+  }
+  // No raw byte 0x7F or C2 80..9F is left in any 2-byte string's literal.
+  for (int a = 0; a < 256; ++a)
+    for (int b = 0; b < 256; ++b) {
+      std::string lit;
+      append_json_string(lit, std::string{static_cast<char>(a), static_cast<char>(b)});
+      ASSERT_EQ(lit.find('\x7f'), std::string::npos) << a << " " << b;
+      for (std::size_t i = 0; i + 1 < lit.size(); ++i)
+        ASSERT_FALSE(lit[i] == '\xC2' && static_cast<unsigned char>(lit[i + 1]) >= 0x80 &&
+                     static_cast<unsigned char>(lit[i + 1]) <= 0x9F)
+            << a << " " << b;
+    }
 }
 
 TEST(JsonText, WellFormedUtf8PassesUnchanged) {
   for (std::string_view s : {"caf\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
                              "\xEF\xBF\xBD", "\xF4\x8F\xBF\xBF", "\xED\x9F\xBF", "\xEE\x80\x80", "\xF0\x90\x80\x80",
-                             "\xE0\xA0\x80", "\xC2\x80", "\xDF\xBF", "model-\xE6\xA8\xA1\xE5\x9E\x8B"}) {
+                             "\xE0\xA0\x80", "\xC2\xA0", "\xDF\xBF", "model-\xE6\xA8\xA1\xE5\x9E\x8B"}) {
     std::string out;
     append_json_string(out, s);
     EXPECT_EQ(out, "\"" + std::string(s) + "\"");  // byte for byte
