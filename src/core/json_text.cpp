@@ -193,6 +193,27 @@ void append_json_string(std::string& out, std::string_view s) {
   w.put_json_string(s);
 }
 
+void append_valid_utf8(std::string& out, std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  std::size_t run = 0;  // start of the bytes not yet copied
+  std::size_t i = 0;
+  while (i < s.size()) {
+    if (p[i] < 0x80) {
+      ++i;
+      continue;
+    }
+    bool valid = false;
+    const std::size_t len = utf8_step(p + i, s.size() - i, valid);
+    if (!valid) {
+      out.append(s.substr(run, i - run));
+      out += kReplacement;
+      run = i + len;
+    }
+    i += len;
+  }
+  out.append(s.substr(run));
+}
+
 std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {
   // Counted as written: each maximal ill-formed subsequence becomes one
   // U+FFFD (3 bytes), so 256 bytes of 0xFF are cut to 85, not echoed as 768.

@@ -22,6 +22,14 @@ namespace weir::core {
 // copied in one append.
 void append_json_string(std::string& out, std::string_view s);
 
+// Appends `s` to `out` as valid UTF-8 text by append_json_string's rule:
+// well-formed sequences as they are, each maximal ill-formed subsequence as
+// one U+FFFD. The result is the text append_json_string's literal decodes
+// to, so a column stored from it equals the log line's field (the request
+// log's model, tenant and key_id); from utf8_prefix(s, max) it is at most
+// `max` bytes.
+void append_valid_utf8(std::string& out, std::string_view s);
+
 // Appends `v` in decimal (a JSON number), with no format-string parsing:
 // the access log's counters on the request path.
 void append_uint(std::string& out, std::uint64_t v);

@@ -110,8 +110,9 @@ class Writer {
 
 // True when `s` is well-formed UTF-8 (Unicode §3.9, Table 3-7).
 bool valid_utf8(std::string_view s) noexcept;
-// `s` itself when well-formed UTF-8, else a copy in `out` with every byte
-// that starts no well-formed sequence replaced by U+FFFD.
+// `s` itself when well-formed UTF-8, else a copy in `out` with each maximal
+// ill-formed subsequence replaced by one U+FFFD (core::append_valid_utf8:
+// the access log's rule, so a column equals the line's field).
 std::string_view make_valid(std::string_view s, std::string& out);
 
 }  // namespace weir::requestlog

@@ -32,6 +32,30 @@ def _requests_cli(db: str, *args: str) -> bytes:
                           timeout=10).stdout
 
 
+# DEFECT: the request log's model column was made valid UTF-8 with one U+FFFD per bad byte, the access log's
+# line with one per ill-formed sequence (and capped counting that), so `weir requests --model <what the log
+# shows>` and the admin API's ?model= found nothing, and the column could outgrow its 256-byte cap. One rule now.
+def test_the_request_logs_model_column_is_what_the_log_line_shows(tmp_path, mock, weir):
+    m = mock("--ttft-ms", "0")
+    db = str(tmp_path / "requests.db")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "request_log": {"url": f"sqlite:{db}", "flush_interval": "10ms"}}, workers=1)
+    models = {"trunc": b"x\xf0\x9f\x98", "long": b"\xe2\x82" * 200, "mixed": b"a\xff\xc0\xafb\xed\xa0\x80" * 40}
+    for name, model in models.items():
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10,
+                       headers={"x-request-id": f"utf8-{name}", "content-type": "application/json"},
+                       content=b'{"model":"' + model + b'","messages":[{"role":"user","content":"hi"}]}')
+        assert r.status_code in (400, 404), r.text
+    wait_until(lambda: len(_rows(db)) == len(models), 5)
+    for row in _rows(db):
+        shown = json.loads(row["record"])["model"]
+        assert row["model"] == shown, row
+        assert len(row["model"].encode()) <= 256, row
+        found = json.loads(_requests_cli(db, "--model", shown))["data"]
+        assert [d["request_id"] for d in found] == [row["request_id"]], found
+    assert json.loads(_rows(db)[0]["record"])["model"] == "x\ufffd"
+
+
 # DEFECT: C1 controls (U+0080..U+009F) and DEL went raw into the access log, the request log and `weir requests`
 # output: a model "\u009b2J..." (CSI) cleared the screen of whoever tailed the log. They are escaped as \u00XX.
 def test_c1_controls_and_del_are_escaped_in_log_lines(tmp_path, mock, weir):

@@ -447,9 +447,14 @@ void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudg
   r->ts_us = std::chrono::duration_cast<std::chrono::milliseconds>(wall.time_since_epoch()).count() * 1000;
   r->status = ctx.status;
   r->request_id.assign(ctx.request_id);
-  r->model.assign(core::utf8_prefix(ctx.model, core::kMaxEchoBytes));
-  r->tenant.assign(core::utf8_prefix(ctx.log_tenant(), core::kMaxEchoBytes));
-  r->key_id.assign(core::utf8_prefix(ctx.log_key_id(), core::kMaxEchoBytes));
+  // The columns hold what the line's fields decode to: capped as the line caps them, made valid UTF-8 by its
+  // escaper's rule (one U+FFFD for each ill-formed sequence, counted in the cap), so a filter by the value
+  // the log shows finds the row, and a column is never longer than the cap.
+  for (auto [col, v] : {std::pair{&r->model, std::string_view(ctx.model)}, std::pair{&r->tenant, ctx.log_tenant()},
+                        std::pair{&r->key_id, ctx.log_key_id()}}) {
+    col->clear();
+    core::append_valid_utf8(*col, core::utf8_prefix(v, core::kMaxEchoBytes));
+  }
   r->json.assign(line);
   // Captured bodies (request_log.capture_bodies), within the queue's budget.
   static const RequestContext::Captured kNone;

@@ -74,6 +74,29 @@ TEST(JsonText, DelAndC1ControlsAreEscaped) {
     }
 }
 
+// DEFECT: the request log's model, tenant and key_id columns were made valid UTF-8 with one U+FFFD per bad
+// byte, the access log's line with one per bad sequence: a filter by the value the log showed found nothing,
+// and the column could outgrow its 256-byte cap. One rule now (append_valid_utf8): the column is what the
+// line's string decodes to, and from utf8_prefix(s, cap) it is at most cap bytes.
+TEST(JsonText, AppendValidUtf8IsWhatTheLiteralDecodesTo) {
+  std::mt19937 rng(47);
+  for (int i = 0; i < 20000; ++i) {
+    std::string in(rng() % 24, '\0');
+    for (auto& ch : in) ch = static_cast<char>(rng() % 4 == 0 ? 0x20 + rng() % 0x60 : 0x80 + rng() % 0x80);
+    std::string valid = "x";
+    weir::core::append_valid_utf8(valid, in);
+    ASSERT_EQ(valid, "x" + round_trip(in)) << ::testing::PrintToString(in);
+    for (std::size_t cap : {0u, 5u, 9u, 16u}) {
+      std::string capped;
+      weir::core::append_valid_utf8(capped, utf8_prefix(in, cap));
+      ASSERT_LE(capped.size(), cap) << ::testing::PrintToString(in);
+    }
+  }
+  std::string truncated;
+  weir::core::append_valid_utf8(truncated, "x\xF0\x9F\x98");
+  EXPECT_EQ(truncated, "x" + rep(1));
+}
+
 TEST(JsonText, WellFormedUtf8PassesUnchanged) {
   for (std::string_view s : {"caf\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xF0\x9F\x91\x8D\xF0\x9F\x8F\xBD",
                              "\xEF\xBF\xBD", "\xF4\x8F\xBF\xBF", "\xED\x9F\xBF", "\xEE\x80\x80", "\xF0\x90\x80\x80",
