@@ -86,6 +86,8 @@ void RequestContext::reset() {
   error_code.clear();
   has_usage = false;
   usage = {};
+  has_choice_usage = false;
+  choice_usage = {};
   bytes_in = 0;
   body_decoded = false;
   body_deferred = false;

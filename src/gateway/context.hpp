@@ -323,6 +323,12 @@ struct RequestContext {
   std::string error_code;  // OpenAI error.code or a Weir reason
   bool has_usage = false;
   api::Usage usage;
+  // A stream's per-choice usage (continuous_usage_stats: each chunk counts
+  // its own choice) when no chunk gave the request's total: summed over its
+  // choices (api::openai::UsageHook). settle() makes it the usage of a stream
+  // that ended whole, and no more than a floor under the estimate of one cut short.
+  bool has_choice_usage = false;
+  api::Usage choice_usage;
   std::uint64_t bytes_in = 0;  // request body bytes (as received: before a Content-Encoding is decoded)
   bool body_deferred = false;  // the body is still on its way: read after authentication (read_body)
   bool body_decoded = false;   // the client's gzip/deflate body was decoded (read): its Content-Encoding stays here

@@ -326,6 +326,11 @@ class GatewayPhases final : public Phases {
   // head (an Anthropic pool's) has its own.
   void append_anthropic_request_id(RequestContext& ctx, const http::ResponseHead* upstream);
   void settle(RequestContext& ctx);
+  // What a request is charged when its upstream reported no usage of the whole request (settle(): the rule
+  // in words there): the prompt as estimated (an Anthropic stream's message_start count when it came), one
+  // completion token per content event relayed (at most completion_cap), each raised to the choices' own
+  // counts when the stream carried some (RequestContext::choice_usage).
+  api::Usage unreported_usage(const RequestContext& ctx) const;
   // Who failed upstream, for error messages (gateway/failure.hpp).
   UpstreamSubject subject(const RequestContext& ctx) const;
   // The Host sent to the request's current endpoint (http::append_response_fields), empty without one.

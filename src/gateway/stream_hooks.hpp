@@ -36,7 +36,8 @@ class StreamHooks {
  public:
   // What a stream's hooks do, set once per stream by reset().
   struct Setup {
-    bool strip_usage = false;  // Weir asked for the usage chunk on the client's behalf (OpenAI upstreams)
+    bool strip_usage = false;              // Weir asked for the usage chunk on the client's behalf (OpenAI upstreams)
+    std::uint32_t choices_per_prompt = 1;  // the request's n: how per-choice usage adds up (UsageHook)
     Translation client = Translation::none;
     UpstreamDialect upstream = UpstreamDialect::openai;
     bool include_usage = false;   // an OpenAI chat client asked for the usage chunk (Anthropic upstreams)
@@ -57,7 +58,7 @@ class StreamHooks {
     reset(Setup{.strip_usage = strip_usage, .client = t, .echo = echo, .request_id = request_id, .model = model});
   }
   void reset(const Setup& s) {
-    usage_.reset(s.strip_usage);
+    usage_.reset(s.strip_usage, s.choices_per_prompt);
     const Mode m = mode_of(s.client, s.upstream);
     // The translators are made on the connection's first translated stream
     // and kept for its next: a plain stream carries a null pointer, not

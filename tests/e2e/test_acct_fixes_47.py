@@ -18,6 +18,101 @@ PRICING = {"*": {"input": 1.0, "output": 2.0}}  # USD per million tokens
 CONTINUOUS = {"include_usage": True, "continuous_usage_stats": True}
 
 
+def _agree(w, line: dict, before: tuple[float, float]) -> None:
+    """The log line's token counts are what the spend, and the token counters, say."""
+    assert line["prompt_tokens"] is not None, line
+    assert line["spend_usd"] == pytest.approx((line["prompt_tokens"] * 1.0 + line["completion_tokens"] * 2.0) / 1e6)
+    assert w.metric("weir_prompt_tokens_total") - before[0] == line["prompt_tokens"]
+    assert w.metric("weir_completion_tokens_total") - before[1] == line["completion_tokens"]
+
+
+def _tokens(w) -> tuple[float, float]:
+    return w.metric("weir_prompt_tokens_total"), w.metric("weir_completion_tokens_total")
+
+
+# DEFECT: with vLLM's stream_options.continuous_usage_stats each chunk's usage counts only its own choice and
+# prompt (only the final usage-only chunk has the request's total), yet Weir took the last chunk's usage for the
+# request's. A stream that ended before that chunk (an upstream reset, the client leaving, a timeout, a drain)
+# was charged one choice of one prompt: 8 of 256 completion tokens here, less than without the option (where
+# the one-token-per-content-event rule applies). Per-choice counts are now summed, and a stream cut short is
+# charged the larger of that rule and them; the log, the token counters and the spend say the same.
+def test_a_continuous_usage_stream_the_upstream_cut_is_charged_every_choice_of_every_prompt(mock, weir):
+    m = mock("--ttft-ms", "0", "--itl-ms", "1", "--max-tokens", "8")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url], "retry": {"attempts": 1}}}, "default_pool": "p",
+                     "pricing": PRICING}, workers=1)
+    prompts = [f"prompt number {i} with several words in it" for i in range(8)]
+    spend = {}
+    for name, options in (("plain", None), ("continuous", CONTINUOUS)):
+        body = {"model": "mock-model", "prompt": prompts, "n": 4, "max_tokens": 8, "stream": True}
+        if options:
+            body["stream_options"] = options
+        before = _tokens(w)
+        # Every token comes; the upstream resets before its usage-only chunk.
+        r = httpx.post(w.v1 + "/completions", json=body, timeout=20,
+                       headers={"x-request-id": f"cut-{name}", "x-mock-reset-after": "8"})
+        assert r.status_code == 200
+        texts = [ln for ln in r.text.splitlines() if ln.startswith("data: {") and '"text":' in ln]
+        assert len(texts) == 8 * 4 * 8, r.text[-300:]
+        line = w.log_for(f"cut-{name}")
+        assert line["error"] is not None, line
+        spend[name] = line["spend_usd"]
+        if options:
+            assert line["completion_tokens"] == 8 * 4 * 8, line  # (it was 8: one choice's)
+            assert line["prompt_tokens"] >= 8 * 8, line  # every prompt, once (the mock counts its words)
+            _agree(w, line, before)
+    assert spend["continuous"] >= spend["plain"] > 0, spend
+
+
+def test_a_continuous_usage_stream_the_client_left_is_charged_at_least_what_it_got(mock, weir):
+    m = mock("--ttft-ms", "0", "--itl-ms", "30", "--max-tokens", "200")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p", "pricing": PRICING},
+             workers=1)
+    for route, extra in (("/chat/completions", {"messages": MSG}), ("/completions", {"prompt": "hello there"})):
+        before = _tokens(w)
+        rid = "leave" + route.replace("/", "-")
+        body = {"model": "mock-model", "max_tokens": 200, "n": 4, "stream": True, "stream_options": CONTINUOUS,
+                **extra}
+        got = 0
+        with httpx.stream("POST", w.v1 + route, json=body, timeout=20, headers={"x-request-id": rid}) as r:
+            for ln in r.iter_lines():
+                if ln.startswith("data: {") and ('"content":' in ln or '"text":' in ln) and '"content":""' not in ln:
+                    got += 1
+                    if got == 24:
+                        break  # the client leaves mid-stream
+        line = w.log_for(rid)
+        assert line["status"] == 499, line
+        # Each content event is at least one token: 24 of them reached the client (it was ~6: one choice's).
+        assert line["completion_tokens"] >= 24, line
+        _agree(w, line, before)
+
+
+# A server that puts each choice's counts on its chunks and no usage-only chunk, and ends its stream whole:
+# the choices' counts summed are its usage (it was the last chunk's: one choice).
+def test_a_whole_stream_with_only_per_choice_usage_is_counted_by_its_choices(weir):
+    def chunk(i, done, finish=None):
+        return ("data: " + json.dumps({
+            "id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": i, "delta": {"content": " t"}, "finish_reason": finish}],
+            "usage": {"prompt_tokens": 11, "completion_tokens": done, "total_tokens": 11 + done}}) + "\n\n").encode()
+    events = b"".join(chunk(i, k, "stop" if k == 5 else None) for k in range(1, 6) for i in range(3))
+    events += b"data: [DONE]\n\n"
+    up = RawUpstream(lambda h, b: b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                     % (len(events), events))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p", "pricing": PRICING},
+                 workers=1)
+        before = _tokens(w)
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-request-id": "whole-per-choice"},
+                       json={"model": "m", "messages": MSG, "n": 3, "stream": True, "stream_options": CONTINUOUS})
+        assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n"), r.text[-200:]
+        line = w.log_for("whole-per-choice")
+        assert line["error"] is None, line
+        assert (line["prompt_tokens"], line["completion_tokens"]) == (11, 15), line
+        _agree(w, line, before)
+    finally:
+        up.close()
+
+
 def _rows(db: str) -> list[dict]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row

@@ -1,6 +1,7 @@
 #include "api/openai/stream.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cstring>
 #include <optional>
 
@@ -301,16 +302,64 @@ bool UsageHook::on_data(std::string_view data) {
   saw_usage_ = true;
   // Counts that do not read (negative, fractional, not numbers) are no
   // usage: the request is metered as one without (gateway settle()).
-  if (auto u = extract_usage(data)) {
-    has_usage_ = true;
-    usage_ = *u;
-  }
+  if (auto u = extract_usage(data)) on_usage(data, *u);
   // The usage chunk Weir asked for on the client's behalf is not theirs,
   // whatever its numbers say: it is known by its shape, not by its counts.
   const bool usage_only = is_usage_only_chunk(data);
   if (strip_ && usage_only) return false;
   if (usage_only) usage_chunk_ = true;
   return true;
+}
+
+void UsageHook::on_usage(std::string_view data, const Usage& u) {
+  // A chunk with no choice (vLLM's usage-only chunk; also one without a
+  // "choices" array) carries the request's total.
+  const auto choices = find_member(data, "choices");
+  const auto first = choices
+                         ? first_element(data.substr(choices->value_begin, choices->value_end - choices->value_begin))
+                         : std::nullopt;
+  if (!first) {
+    whole_ = true;
+    usage_ = u;
+    return;
+  }
+  // One choice's usage (vLLM puts one choice in each chunk): its index,
+  // 0 when it has none that reads. A chunk of several choices is counted
+  // as its first's (no server sends one with per-choice usage).
+  const std::string_view choice = data.substr(choices->value_begin + first->begin, first->end - first->begin);
+  std::uint64_t index = 0;
+  if (const auto i = find_member(choice, "index")) {
+    const std::string_view v = choice.substr(i->value_begin, i->value_end - i->value_begin);
+    if (std::from_chars(v.data(), v.data() + v.size(), index).ptr != v.data() + v.size()) index = 0;
+  }
+  if (index >= kMaxChoices) return;
+  if (index >= choices_.size()) {
+    if (choices_.capacity() == 0) choices_.reserve(8);
+    choices_.resize(static_cast<std::size_t>(index) + 1);
+  }
+  // The last value of each choice: vLLM's counts are that choice's so far.
+  choices_[index] = {true, u.prompt_tokens, u.completion_tokens, u.cached_tokens};
+}
+
+Usage UsageHook::usage() const {
+  if (whole_ || choices_.empty()) return usage_;
+  Usage sum;
+  // Prompt tokens once per prompt: its choices (index / n) each said its count.
+  for (std::size_t from = 0; from < choices_.size(); from += choices_per_prompt_) {
+    std::uint64_t prompt = 0;
+    std::uint64_t cached = 0;
+    const std::size_t to = std::min<std::size_t>(choices_.size(), from + choices_per_prompt_);
+    for (std::size_t i = from; i < to; ++i) {
+      if (!choices_[i].seen) continue;
+      prompt = std::max(prompt, choices_[i].prompt_tokens);
+      cached = std::max(cached, choices_[i].cached_tokens);
+      sum.completion_tokens += choices_[i].completion_tokens;
+    }
+    sum.prompt_tokens += prompt;
+    sum.cached_tokens += cached;
+  }
+  sum.total_tokens = sum.prompt_tokens + sum.completion_tokens;
+  return sum;
 }
 
 std::optional<std::string_view> UsageHook::without_usage(std::string_view data) {

@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "api/usage.hpp"
 
@@ -74,15 +75,30 @@ bool begins_like_error(std::string_view data);
 // `completion` is no JSON object with a `choices` array.
 bool completion_as_chunk(std::string_view completion, std::string& out);
 
-// The per-event usage hook: fixed state, no allocation per event.
+// The per-event usage hook: fixed state, no allocation per event (one per
+// new choice index of a stream with per-chunk usage, kept across streams).
+//
+// Usage comes in two shapes. The request's total is on a chunk with no
+// choice: vLLM's final usage-only chunk (`"choices": []`). With vLLM's
+// `stream_options.continuous_usage_stats` every chunk with a choice also
+// carries a usage, but only that choice's (serving_chat, serving_completion):
+// its prompt's prompt_tokens and the choice's completion tokens so far. Such
+// per-choice counts are summed (the last of each choice index, each prompt
+// once), never taken for the request's total: a stream that ends before its
+// usage-only chunk would otherwise be counted as one choice of one prompt.
 class UsageHook {
  public:
   // `strip`: Weir asked for the usage chunk (ask_for_usage); drop it from the client's stream.
-  void reset(bool strip) {
+  // `choices_per_prompt`: the request's n (at least 1): vLLM numbers a
+  // stream's choices prompt by prompt (index = prompt × n + choice), so the
+  // choices of one prompt share its prompt_tokens.
+  void reset(bool strip, std::uint32_t choices_per_prompt = 1) {
     strip_ = strip;
-    has_usage_ = false;
+    whole_ = false;
     usage_chunk_ = false;
     usage_ = {};
+    choices_per_prompt_ = choices_per_prompt ? choices_per_prompt : 1;
+    choices_.clear();  // (its capacity stays: no allocation on the next stream)
   }
   // Reads the `data` of one SSE event. Returns false when the event must
   // not reach the client: the usage chunk Weir asked for
@@ -96,24 +112,49 @@ class UsageHook {
   // what it asked for); nullopt when the chunk goes as it came. The view
   // lives until the next call.
   std::optional<std::string_view> without_usage(std::string_view data);
-  bool has_usage() const { return has_usage_; }
+  // Some usage was read: whole() or per-choice.
+  bool has_usage() const { return whole_ || !choices_.empty(); }
+  // The usage is the request's total: a chunk with no choice carried it
+  // (vLLM's usage-only chunk), or set() gave it. False when usage() is the
+  // sum of per-choice counts (continuous_usage_stats without the final
+  // chunk, or a server that puts its usage on a choice's chunk): the whole
+  // of what the upstream reported only if the stream ended whole.
+  bool whole() const { return whole_; }
   // A usage-only chunk (is_usage_only_chunk) went to the client: the one a
   // stream ends with. Per-chunk usage (continuous_usage_stats) is none.
   bool usage_chunk_relayed() const { return usage_chunk_; }
-  const Usage& usage() const { return usage_; }
+  // The request's total when whole(); else the per-choice counts summed
+  // (the last of each choice; prompt and cached tokens once per prompt, the
+  // largest its choices said); zeros without usage.
+  Usage usage() const;
   // Usage read elsewhere (an Anthropic upstream's events, in OpenAI's counts).
   void set(const Usage& u) {
-    has_usage_ = true;
+    whole_ = true;
     usage_ = u;
   }
 
+  // Choice indexes past this are not counted (their chunks' usage is
+  // ignored): per-choice state is bounded whatever index an upstream sends.
+  static constexpr std::size_t kMaxChoices = 4096;
+
  private:
+  struct ChoiceCounts {
+    bool seen = false;
+    std::uint64_t prompt_tokens = 0;
+    std::uint64_t completion_tokens = 0;
+    std::uint64_t cached_tokens = 0;
+  };
+  // on_data()'s valid usage `u` of the chunk `data`: a total, or one choice's.
+  void on_usage(std::string_view data, const Usage& u);
+
   bool strip_ = false;
-  bool has_usage_ = false;
+  bool whole_ = false;  // usage_ holds the request's total
   bool usage_chunk_ = false;
   Usage usage_;
-  std::string edited_;      // without_usage()'s chunk
-  bool saw_usage_ = false;  // the chunk on_data() read last has a "usage" key
+  std::uint32_t choices_per_prompt_ = 1;
+  std::vector<ChoiceCounts> choices_;  // per-choice usage, by choice index
+  std::string edited_;                 // without_usage()'s chunk
+  bool saw_usage_ = false;             // the chunk on_data() read last has a "usage" key
 };
 
 }  // namespace weir::api::openai

@@ -144,7 +144,44 @@ bool charge_estimate(const RequestContext& ctx) {
 
 }  // namespace
 
+api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx) const {
+  // (An Anthropic upstream's message_start said the prompt's real count: that, not the estimate.)
+  // (Its cache reads with it: priced as cached input, as they are in a whole stream's usage.)
+  api::Usage u;
+  const auto known = ctx.sse_answer ? ctx.hooks.known_prompt() : std::nullopt;
+  u.prompt_tokens = known ? known->prompt_tokens : ctx.prompt_tokens_estimate;
+  u.cached_tokens = known ? known->cached_tokens : 0;
+  // (No more than max_tokens allows: an upstream that streamed more events than tokens, or split one
+  // token over several, is not charged past the request's own bound, nor past its reservation.)
+  u.completion_tokens =
+      ctx.completion_cap ? std::min<std::uint64_t>(ctx.token_events, ctx.completion_cap) : ctx.token_events;
+  if (ctx.has_choice_usage) {
+    // The choices' own counts (continuous_usage_stats) of a stream cut before its usage chunk: a floor,
+    // never a ceiling. Each chunk counts only its own choice and prompt, and the stream may have ended
+    // before every choice said its last count; the estimate covers what they did not say.
+    u.prompt_tokens = std::max(u.prompt_tokens, ctx.choice_usage.prompt_tokens);
+    u.cached_tokens = std::min(std::max(u.cached_tokens, ctx.choice_usage.cached_tokens), u.prompt_tokens);
+    u.completion_tokens = std::max(u.completion_tokens, ctx.choice_usage.completion_tokens);
+  }
+  u.total_tokens = u.prompt_tokens + u.completion_tokens;
+  return u;
+}
+
 void GatewayPhases::settle(RequestContext& ctx) {
+  if (!ctx.has_usage && ctx.has_choice_usage) {
+    // Per-choice usage (continuous_usage_stats) and no usage chunk. A stream that ended whole (a server that
+    // puts its counts on its choices' chunks): their sum is the upstream's report. One cut short (the client
+    // left, the upstream broke, a timeout, a drain): charged as a stream without usage is, raised to what its
+    // choices counted; and what it is charged is its usage, so the log, the request log, the token counters
+    // and the spend say the same. (One the rule charges nothing, none: nothing of it reached the client.)
+    if (!ctx.has_error) {
+      ctx.has_usage = true;
+      ctx.usage = ctx.choice_usage;
+    } else if (charge_estimate(ctx)) {
+      ctx.has_usage = true;
+      ctx.usage = unreported_usage(ctx);
+    }
+  }
   if (ctx.principal && w_.admission()) {
     api::Usage u;
     if (ctx.has_usage) {
@@ -167,16 +204,7 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // continuation then answered 4xx/5xx.
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
-      // (An Anthropic upstream's message_start said the prompt's real count: that, not the estimate.)
-      // (Its cache reads with it: priced as cached input, as they are in a whole stream's usage.)
-      const auto known = ctx.sse_answer ? ctx.hooks.known_prompt() : std::nullopt;
-      u.prompt_tokens = known ? known->prompt_tokens : ctx.prompt_tokens_estimate;
-      u.cached_tokens = known ? known->cached_tokens : 0;
-      // (No more than max_tokens allows: an upstream that streamed more events than tokens, or split one
-      // token over several, is not charged past the request's own bound, nor past its reservation.)
-      u.completion_tokens =
-          ctx.completion_cap ? std::min<std::uint64_t>(ctx.token_events, ctx.completion_cap) : ctx.token_events;
-      u.total_tokens = u.prompt_tokens + u.completion_tokens;
+      u = unreported_usage(ctx);
     }
     w_.admission()->settle(ctx.ticket, u, std::chrono::steady_clock::now());
     // The request's cost at the model's price, whether or not a budget applies.

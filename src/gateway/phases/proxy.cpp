@@ -44,6 +44,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
   const bool anthropic = anthropic_pool(ctx);
   ctx.hooks.reset(StreamHooks::Setup{
       .strip_usage = ctx.strip_usage,
+      .choices_per_prompt = ctx.fields.n,
       .client = is_anthropic(ctx.route)   ? Translation::anthropic
                 : is_responses(ctx.route) ? Translation::responses
                                           : Translation::none,

@@ -177,7 +177,7 @@ Outcome GatewayPhases::no_answer(RequestContext& ctx, core::Error e) {
   // The next target (a fallback) may give one.
   ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
   ctx.fail_over = true;
-  ctx.has_usage = false;
+  ctx.has_usage = ctx.has_choice_usage = false;
   return Outcome::failed(std::move(e));
 }
 
@@ -240,7 +240,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     // while its retry attempts last (a reset or a timeout), then a fallback.
     ctx.fail_over = http::is_upstream_fault(failure);
     if (ctx.fail_over) ctx.held_failure = failure;
-    ctx.has_usage = false;
+    ctx.has_usage = ctx.has_choice_usage = false;
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
@@ -384,15 +384,17 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "an Anthropic message" : "a token count");
   }
   if (event_stream) {
-    // The usage chunk's, as a relayed stream reads it.
+    // The usage chunk's, as a relayed stream reads it (or its choices' own counts: settle()).
     http::SseReader reader;
     reader.push(plain);
+    api::openai::UsageHook hook;
+    hook.reset(false, ctx.fields.n);
     while (auto ev = reader.next())
-      if (ev->has_data && !ev->is_done())
-        if (auto u = api::extract_usage(ev->data)) {
-          ctx.has_usage = true;
-          ctx.usage = *u;
-        }
+      if (ev->has_data && !ev->is_done()) (void)hook.on_data(ev->data);
+    if (hook.has_usage()) {
+      (hook.whole() ? ctx.has_usage : ctx.has_choice_usage) = true;
+      (hook.whole() ? ctx.usage : ctx.choice_usage) = hook.usage();
+    }
   } else if ((ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize) && status >= 200 &&
              status < 300) {
     // Tokenizing runs no model: never charged, whatever usage an upstream adds to its answer.

@@ -375,9 +375,16 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   ctx.t_upstream_done = core::now();
   --metrics.active_streams;
   ctx.sse.reset();
-  if (ctx.hooks.usage().has_usage()) {
-    ctx.has_usage = true;
-    ctx.usage = ctx.hooks.usage().usage();
+  // The request's total (the usage-only chunk), or its choices' own counts (continuous_usage_stats), which
+  // settle() weighs by how the stream ended. (A resume's continuation counts both attempts: rewrite_chunk.)
+  if (const auto& u = ctx.hooks.usage(); u.has_usage()) {
+    if (u.whole()) {
+      ctx.has_usage = true;
+      ctx.usage = u.usage();
+    } else {
+      ctx.has_choice_usage = true;
+      ctx.choice_usage = u.usage();
+    }
   }
   if (s.cut_off || s.write_cut) {
     src.cancel();
@@ -414,6 +421,8 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       ctx.body.clear();
       ctx.events = 0;  // none of them reached the client
       ctx.token_events = 0;
+      // Nor is its usage (a role chunk's per-chunk usage) the request's: another endpoint or target answers it.
+      ctx.has_usage = ctx.has_choice_usage = false;
       ctx.t_first_token = {};
       ctx.fail_over = true;
       ctx.held_failure = failure;

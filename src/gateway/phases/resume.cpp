@@ -108,11 +108,17 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
   }
   if (ctx.fields.usage_asked && !ctx.hooks.usage().usage_chunk_relayed()) {
     // The usage chunk the client asked for (as vLLM reads the body), which the broken stream never sent: the
-    // upstream's usage when some reached Weir (per-chunk usage, the last of which counts the whole message),
-    // else what settle() charges (its prompt as estimated, one token per content event relayed). (A usage
-    // chunk that reached the client stands alone.)
-    const std::uint64_t prompt = ctx.has_usage ? ctx.usage.prompt_tokens : ctx.prompt_tokens_estimate;
-    const std::uint64_t completion = ctx.has_usage ? ctx.usage.completion_tokens : ctx.token_events;
+    // upstream's usage when some reached Weir (per-chunk usage: one choice, whose last count is the whole
+    // message's), else what settle() charges (its prompt as estimated, one token per content event relayed,
+    // at most max_tokens). (A usage chunk that reached the client stands alone.) Weir ends the stream whole
+    // here, so settle() charges the same counts.
+    if (!ctx.has_usage && ctx.has_choice_usage) {
+      ctx.has_usage = true;
+      ctx.usage = ctx.choice_usage;
+    }
+    const api::Usage u = ctx.has_usage ? ctx.usage : unreported_usage(ctx);
+    const std::uint64_t prompt = u.prompt_tokens;
+    const std::uint64_t completion = u.completion_tokens;
     begin_stream_chunk(tr, ctx.body);
     ctx.body += R"(,"choices":[],"usage":{"prompt_tokens":)";
     core::append_uint(ctx.body, prompt);

@@ -226,6 +226,87 @@ TEST(GatewayStreamHooks, NoAllocationPerEvent) {
   EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
 }
 
+// A continuous_usage_stats chunk as vLLM writes it: one choice, its prompt's tokens and its own so far.
+std::string choice_chunk(int index, int prompt, int done, bool completions = false) {
+  const std::string choice = completions
+                                 ? R"({"index":)" + std::to_string(index) + R"(,"text":" t","finish_reason":null})"
+                                 : R"({"index":)" + std::to_string(index) + R"(,"delta":{"content":" t"}})";
+  return R"({"id":"c1","object":"x","created":1,"model":"m","choices":[)" + choice + R"(],"usage":{"prompt_tokens":)" +
+         std::to_string(prompt) + R"(,"total_tokens":)" + std::to_string(prompt + done) + R"(,"completion_tokens":)" +
+         std::to_string(done) + "}}";
+}
+
+// DEFECT: with continuous_usage_stats every chunk's usage counts only its own choice and prompt, yet the last
+// one read was taken for the request's: a stream cut before its usage-only chunk (the client left, the
+// upstream reset) was charged one choice of one prompt (1/(n × prompts) of it). Per-choice counts are
+// summed (the last of each choice; the prompt once per prompt) and said not to be the whole (whole()).
+TEST(GatewayStreamHooks, PerChoiceUsageIsSummedAndNotTheWhole) {
+  StreamHooks hooks;
+  // Chat, n = 4: one prompt of 9 tokens, each choice 3 tokens in (role chunks first: 0 each).
+  hooks.reset(StreamHooks::Setup{.choices_per_prompt = 4});
+  std::string stream;
+  for (int i = 0; i < 4; ++i) stream += event(choice_chunk(i, 9, 0));
+  for (int step = 1; step <= 3; ++step)
+    for (int i = 0; i < 4; ++i) stream += event(choice_chunk(i, 9, step));
+  EXPECT_EQ(relay(hooks, stream), stream);
+  ASSERT_TRUE(hooks.usage().has_usage());
+  EXPECT_FALSE(hooks.usage().whole());
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 9u);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 12u);
+  EXPECT_EQ(hooks.usage().usage().total_tokens, 21u);
+  // Its usage-only chunk then: the request's total, whatever the choices said.
+  relay(hooks, event(kUsageOnly));
+  EXPECT_TRUE(hooks.usage().whole());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 7u);
+
+  // Completions, 3 prompts (5, 6, 7 tokens) × n = 2, index = prompt × 2 + choice; the last prompt's second
+  // choice said nothing yet.
+  hooks.reset(StreamHooks::Setup{.choices_per_prompt = 2});
+  stream.clear();
+  for (int step = 1; step <= 2; ++step)
+    for (int i = 0; i < 6; ++i)
+      if (i != 5) stream += event(choice_chunk(i, 5 + i / 2, step, true));
+  relay(hooks, stream);
+  EXPECT_FALSE(hooks.usage().whole());
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 5u + 6u + 7u);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 5u * 2u);
+
+  // A chunk whose choice has no readable index counts as choice 0; one past kMaxChoices is not counted.
+  hooks.reset(StreamHooks::Setup{});
+  relay(hooks,
+        event(R"({"choices":[{"delta":{}}],"usage":{"prompt_tokens":2,"completion_tokens":1}})") +
+            event(R"({"choices":[{"index":99999999,"delta":{}}],"usage":{"prompt_tokens":2,"completion_tokens":50}})"));
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 1u);
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 2u);
+  // A usage chunk without any "choices" is a total, as the usage-only chunk is.
+  hooks.reset(StreamHooks::Setup{});
+  relay(hooks, event(R"({"id":"x","usage":{"prompt_tokens":3,"completion_tokens":4}})"));
+  EXPECT_TRUE(hooks.usage().whole());
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 4u);
+}
+
+TEST(GatewayStreamHooks, PerChoiceUsageAllocatesOnlyForNewChoices) {
+  if (!test::AllocationScope::available()) GTEST_SKIP() << "operator new is not the counting one here";
+  StreamHooks hooks;
+  hooks.reset(StreamHooks::Setup{.choices_per_prompt = 4});
+  std::string stream;
+  for (int i = 0; i < 4; ++i) stream += event(choice_chunk(i, 9, 1));
+  relay(hooks, stream);  // (the first stream sizes the per-choice state)
+  for (int step = 2; step < 40; ++step)
+    for (int i = 0; i < 4; ++i) stream += event(choice_chunk(i, 9, step));
+  http::SseReader reader;
+  std::size_t allocations = 0;
+  {
+    hooks.reset(StreamHooks::Setup{.choices_per_prompt = 4});
+    reader.push(stream);
+    test::AllocationScope scope;
+    while (auto ev = reader.next()) (void)hooks.on_event(*ev);
+    allocations = scope.count();
+  }
+  EXPECT_EQ(allocations, 0u);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 4u * 39u);
+}
+
 TEST(ApiOpenAiStream, IsUsageOnlyChunk) {
   EXPECT_TRUE(is_usage_only_chunk(kUsageOnly));
   EXPECT_TRUE(is_usage_only_chunk(R"({"choices":[ ],"usage":{}})"));
