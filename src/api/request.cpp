@@ -585,7 +585,12 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     }
     case ApiKind::completions:
     case ApiKind::embeddings:
-      if (kind == ApiKind::embeddings) f.n = 1;
+      if (kind == ApiKind::embeddings) {
+        f.n = 1;
+        // Embeddings never stream (vLLM's EmbeddingRequest has no `stream`; the answer is one JSON object):
+        // a client's `"stream": true` asks for nothing, and the log says what happened.
+        f.stream = false;
+      }
       if (h.prompt.type == Shape::Type::absent) {
         // vLLM's embeddings of a conversation (EmbeddingChatRequest: `messages`, no `input`): its texts,
         // counted as the extra routes' are.

@@ -113,6 +113,17 @@ def test_a_whole_stream_with_only_per_choice_usage_is_counted_by_its_choices(wei
         up.close()
 
 
+# NIT: POST /v1/embeddings with "stream": true was logged "stream": true; embeddings never stream (the answer
+# is one JSON object): the log says what happened.
+def test_an_embeddings_request_asking_to_stream_is_logged_as_not_streamed(mock, weir):
+    m = mock("--ttft-ms", "0")
+    w = weir(m, workers=1)
+    r = httpx.post(w.v1 + "/embeddings", json={"model": "mock-model", "input": "hi", "stream": True},
+                   headers={"x-request-id": "emb-stream"}, timeout=10)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/json"), r.text
+    assert w.log_for("emb-stream")["stream"] is False
+
+
 def _rows(db: str) -> list[dict]:
     con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     con.row_factory = sqlite3.Row

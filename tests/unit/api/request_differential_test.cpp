@@ -168,7 +168,10 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
       break;
     case ApiKind::completions:
     case ApiKind::embeddings: {
-      if (kind == ApiKind::embeddings) f.n = 1;
+      if (kind == ApiKind::embeddings) {
+        f.n = 1;
+        f.stream = false;  // embeddings never stream
+      }
       const auto* p = obj.if_contains(kind == ApiKind::completions ? "prompt" : "input");
       if (!p) {
         // Embeddings of a conversation (vLLM's EmbeddingChatRequest): its messages' texts.
