@@ -23,6 +23,7 @@ void BatchMember::begin(const Request& r) {
   ended_ = false;
   split_status_ = 0;
   withheld_ = false;
+  cut_short_ = false;
   failure_ = UpstreamFailure::none;
   slot_ = 0;
   id_json_.clear();

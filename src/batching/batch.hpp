@@ -142,6 +142,7 @@ class BatchMember final : public http::ResponseSource {
   // Leaves the batch (the others go on); a pending read completes with cancelled.
   void cancel() override;
   void cancel_stalled() override;
+  bool stream_cut_short() const override { return cut_short_; }
 
  private:
   friend class Batch;
@@ -160,6 +161,7 @@ class BatchMember final : public http::ResponseSource {
   bool ended_ = false;
   int split_status_ = 0;
   bool withheld_ = false;
+  bool cut_short_ = false;           // a non-streaming member's answer: the batch's stream ended before it was whole
   std::string_view invalid_answer_;  // a literal
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;

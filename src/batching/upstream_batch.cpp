@@ -595,8 +595,10 @@ void Batch::finish_members(bool done) {
     if (!m.req_.stream && mode_ == Mode::batch) {
       // A stream that ended before this member's answer, or without the
       // upstream's [DONE] (cut short: its text may stop mid-way), cannot be
-      // a whole answer: 502, as for a body cut short unbatched.
+      // a whole answer: 502, as for a body cut short unbatched, which says
+      // so as it does to the batch's streaming members (not "an invalid HTTP response": the HTTP was valid).
       if (m.assembler_.chunks() == 0 || !done) {
+        m.cut_short_ = true;
         m.end(UpstreamFailure::protocol);
         return;
       }

@@ -64,6 +64,12 @@ class ResponseSource {
     (void)scratch;
     co_return done();
   }
+  // After a read failed with UpstreamFailure::protocol: the body was to be
+  // made of an event stream that ended before it was complete (a
+  // micro-batch's, without its `data: [DONE]` or this member's answer), not
+  // an invalid HTTP message: the error says so, as it does to a streaming
+  // client. False by default.
+  virtual bool stream_cut_short() const { return false; }
 };
 
 // One upstream attempt as the proxy phase drives it: a connection (pooled

@@ -182,3 +182,42 @@ def test_c1_controls_and_del_are_escaped_in_log_lines(tmp_path, mock, weir):
     out = _requests_cli(db, "--id", "c1")
     assert json.loads(out)["model"] == model
     assert b"\xc2\x9b" not in out and b"\x7f" not in out and b"\\u009b" in out, out
+
+
+# NIT: a micro-batch whose stream ended without [DONE] (cleanly: a valid HTTP body) gave its non-streaming
+# members a 502 "sent an invalid HTTP response", its streaming members the accurate "ended the stream before it
+# was complete". Both now get the accurate one.
+def test_a_batch_stream_cut_before_done_says_so_to_every_member(weir):
+    def answer(h, raw):
+        body = json.loads(raw)
+        prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
+        # Two tokens of each prompt, no finish_reason, no [DONE]: the body ends there.
+        sse = b"".join(b"data: " + json.dumps({
+            "id": "cmpl-b", "object": "text_completion", "created": 1, "model": "m",
+            "choices": [{"index": i, "text": " a", "logprobs": None, "finish_reason": None, "stop_reason": None}],
+            "usage": None}).encode() + b"\n\n" for _ in range(2) for i in range(len(prompts)))
+        return (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s"
+                % (len(sse), sse))
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "retry": {"attempts": 1},
+                                         "batch": {"window": "300ms", "max_size": 2}}},
+                         "default_pool": "p"}, workers=1)
+        for stream in (False, True):
+            got = {}
+
+            def one(i, stream=stream):
+                got[i] = httpx.post(w.v1 + "/completions", timeout=10, headers={"x-request-id": f"nodone-{stream}-{i}"},
+                                    json={"model": "m", "prompt": f"p {i}", "max_tokens": 4, "stream": stream})
+            ts = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+            [t.start() for t in ts]
+            [t.join(15) for t in ts]
+            assert w.log_for(f"nodone-{stream}-0")["batch"]["size"] == 2
+            for r in got.values():
+                if stream:
+                    assert r.status_code == 200 and "ended the stream before it was complete" in r.text, r.text
+                else:
+                    assert r.status_code == 502, r.text
+                    assert "ended the stream before it was complete" in r.json()["error"]["message"], r.text
+    finally:
+        up.close()

@@ -174,6 +174,8 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
                                     : static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
     if (!m.invalid_answer().empty())
       co_return Outcome::failed(upstream_untranslatable(subject(ctx), m.invalid_answer()));
+    if (f == http::UpstreamFailure::protocol && m.stream_cut_short())
+      co_return Outcome::failed(upstream_stream_incomplete(subject(ctx)));
     co_return Outcome::failed(upstream_error(f, subject(ctx), false));
   }
   ctx.upstream_status = m.head().result_int();

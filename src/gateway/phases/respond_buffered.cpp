@@ -242,6 +242,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     if (ctx.fail_over) ctx.held_failure = failure;
     ctx.has_usage = ctx.has_choice_usage = false;
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
+    if (failure == http::UpstreamFailure::protocol && src.stream_cut_short())
+      co_return Outcome::failed(upstream_stream_incomplete(subject(ctx)));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
   const auto t0 = core::now();
