@@ -79,6 +79,13 @@ struct RequestContext {
   // The x-request-id sent upstream, when it is not request_id: a client's
   // own id with "-" and a generated one after it (upstream_id()).
   std::string upstream_request_id;
+  // Upstream requests sent so far, and the id of the latest when it is not
+  // upstream_id(): a retry, a failover or a fallback after the first send
+  // carries upstream_id() + "-" + its number (next_attempt_id()), so vLLM
+  // never sees one id twice (an attempt Weir gave up on may still run
+  // there until its abort is processed).
+  std::uint32_t upstream_sends = 0;
+  std::string attempt_request_id;
   bool sent_alone = false;  // an upstream request of its own went out (not only its micro-batch's)
   RouteKind route = RouteKind::other;
   std::string method;
@@ -294,6 +301,15 @@ struct RequestContext {
   // (two clients, two tenants, sending the same x-request-id at once would
   // collide there, and one's disconnect abort the other's by id).
   std::string_view upstream_id() const { return upstream_request_id.empty() ? request_id : upstream_request_id; }
+  // The x-request-id of the next upstream request: upstream_id() for the
+  // first, upstream_id() + "-N" for the N+1th (valid until the next call).
+  std::string_view next_attempt_id() {
+    if (upstream_sends++ == 0) return upstream_id();
+    attempt_request_id.assign(upstream_id());
+    attempt_request_id += '-';
+    attempt_request_id += std::to_string(upstream_sends - 1);
+    return attempt_request_id;
+  }
 
   // --- tracing (tracing:) ---
   // Made by begin_trace for the connection's first traced request and kept

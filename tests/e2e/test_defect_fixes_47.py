@@ -43,3 +43,36 @@ def test_weir_requests_names_a_directory_given_as_the_store(tmp_path):
     for args in (["--db", tmp_path], ["--url", f"sqlite:{tmp_path}"]):
         r = _weir_run("requests", *args)
         assert r.returncode == 2 and "is a directory" in r.stderr, (args, r.stderr)
+
+
+# DEFECT: a retry (or failover, or fallback) sent the upstream the same x-request-id as the attempt it replaced;
+# vLLM refuses an id it is still running ("Request id ... already running": an attempt Weir gave up on may run
+# until its abort is processed), and the client got that 400. Each send after the first carries the request's
+# upstream id with "-N" after it.
+def test_a_retry_carries_an_upstream_id_of_its_own(weir):
+    from test_defect_fixes import RawUpstream
+    seen = []
+    ok = (b'{"id":"chatcmpl-x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+          b'"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],'
+          b'"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+
+    def answer(headers, body):
+        seen.append(headers.get("x-request-id"))
+        if len(seen) == 1:
+            return b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
+        return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(ok), ok)
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "retry": {"attempts": 2}}}, "default_pool": "p"},
+                 workers=1)
+        import httpx
+        r = httpx.post(w.v1 + "/chat/completions", headers={"x-request-id": "mine"}, timeout=10,
+                       json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        assert r.headers["x-request-id"] == "mine"
+        first, second = seen
+        assert first.startswith("mine-") and second == first + "-1", seen
+        line = w.log_for("mine")
+        assert line["upstream_request_id"] == first and line["retries"] == 1, line
+    finally:
+        up.close()

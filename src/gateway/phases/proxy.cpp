@@ -550,7 +550,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             .base_query = ep.cfg->query,
             .host_header = ep.cfg->host_header,
             .body_bytes = ctx.upstream_body.size(),
-            .request_id = ctx.upstream_id(),
+            .request_id = ctx.next_attempt_id(),
             .upstream_lines = pc.upstream_lines,
             .identity = ctx.stream,
             // The client's credential is for Weir when Weir authenticates, or
