@@ -127,8 +127,27 @@ ConfigResult<void> parse_cors(const YAML::Node& n, CorsConfig& c) {
       return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '+' ||
              ch == '-' || ch == '.';
     });
-    if (sep == std::string::npos || !scheme_ok || authority.empty() || authority.front() == ':' ||
-        authority.find_first_of("/?#@ *") != std::string_view::npos)
+    // The port, when written: digits, and never the scheme's default (a browser leaves that out, so
+    // "https://a.example:443" would match no page). (An IPv6 host's colons are inside its brackets.)
+    const std::size_t close = authority.rfind(']');
+    const std::size_t colon = authority.rfind(':');
+    const bool has_port = colon != std::string_view::npos && (close == std::string_view::npos || colon > close);
+    const std::string_view port = has_port ? authority.substr(colon + 1) : std::string_view();
+    const bool port_ok =
+        !has_port || (!port.empty() && port.size() <= 5 &&
+                      std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; }));
+    const bool default_port = has_port && ((lower(std::string(scheme)) == "https" && port == "443") ||
+                                           (lower(std::string(scheme)) == "http" && port == "80"));
+    const bool controls = std::any_of(authority.begin(), authority.end(), [](char ch) {
+      return static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f || ch == '\\';
+    });
+    if (default_port)
+      return tl::unexpected(config_error(
+          node, "server.cors.allowed_origins",
+          fmt::format("'{}' names its scheme's default port, which a browser leaves out of Origin: write '{}://{}'", o,
+                      scheme, authority.substr(0, colon))));
+    if (sep == std::string::npos || !scheme_ok || authority.empty() || authority.front() == ':' || !port_ok ||
+        controls || authority.find_first_of("/?#@ *") != std::string_view::npos)
       return tl::unexpected(config_error(
           node, "server.cors.allowed_origins",
           fmt::format("'{}' is no origin: expected scheme://host[:port] as a browser sends it (no path, no trailing "
@@ -171,6 +190,9 @@ ConfigResult<void> parse_cors(const YAML::Node& n, CorsConfig& c) {
     WEIR_TRY(ms, read_duration(v, "server.cors.max_age"));
     if (ms.count() < 0 || ms.count() > 86'400'000)
       return tl::unexpected(config_error(v, "server.cors.max_age", "must be between 0s and 1d"));
+    // Access-Control-Max-Age is in whole seconds: 900ms would be sent as 0 (no caching at all).
+    if (ms.count() % 1000 != 0)
+      return tl::unexpected(config_error(v, "server.cors.max_age", "must be whole seconds (Access-Control-Max-Age)"));
     c.max_age_s = static_cast<std::uint32_t>(ms.count() / 1000);
   }
   if (auto v = n["allow_credentials"]) {
@@ -507,22 +529,25 @@ namespace {
 // of a mapping, "[]": every item of a sequence) and the key that takes the
 // value from the environment instead ({} = the variable's name; "": none, a
 // URL is expanded with envsubst).
+// `secret`: a value a literal may be (a password, a key) that may begin with
+// '$': there only "${NAME}" is taken as a reference, not a whole "$NAME".
 struct LiteralOnly {
   std::string_view path;
   std::string_view instead;
+  bool secret = false;
 };
 constexpr LiteralOnly kLiteralOnly[] = {
-    {"pools.*.api_key", "api_key_env: {}"},
+    {"pools.*.api_key", "api_key_env: {}", true},
     {"pools.*.endpoints[]", ""},
     {"admin.token_sha256", "token_env: {}"},
     {"auth.api_keys[].sha256", "key_env: {}"},
     {"auth.jwt.jwks_url", ""},
     {"redis.url", ""},
-    {"redis.username", ""},
-    {"redis.password", "password_env: {}"},
+    {"redis.username", "", true},
+    {"redis.password", "password_env: {}", true},
     {"request_log.url", ""},
     {"tracing.otlp_endpoint", ""},
-    {"tracing.headers.*", "tracing.headers_env: {{HEADER: {}}}"},
+    {"tracing.headers.*", "tracing.headers_env: {{HEADER: {}}}", true},
 };
 
 ConfigResult<void> check_literal(const YAML::Node& node, std::string_view rest, const std::string& key,
@@ -531,7 +556,7 @@ ConfigResult<void> check_literal(const YAML::Node& node, std::string_view rest, 
   if (rest.empty()) {
     if (!node.IsScalar()) return {};  // (the section's reader names the wrong type)
     const auto ref = env_reference(node.Scalar());
-    if (!ref) return {};
+    if (!ref || (rule.secret && !ref->starts_with("${"))) return {};
     std::string_view name = *ref;  // "${NAME}" or "$NAME": NAME
     name.remove_prefix(name.starts_with("${") ? 2 : 1);
     if (name.ends_with('}')) name.remove_suffix(1);

@@ -74,12 +74,16 @@ void append_preflight_fields(std::string& out, const core::CorsConfig& c, const 
   append_allow_origin(out, c, request_origin(req));
   http::append_header(out, "Access-Control-Allow-Methods", methods);
   // The requested names (a comma-separated list, on one line or several: RFC 9110 §5.3) that `c` grants,
-  // each once, lower-case. A name that is no token is never echoed.
+  // each once, lower-case, at most kMaxGranted of them: a browser asks for the few its page sets, and a list
+  // of thousands (a head of 64 KiB holds ~16,000 names) must not cost this worker more than a usual request
+  // (the preflight comes before authentication). A name that is no token is never echoed.
+  constexpr std::size_t kMaxGranted = 64;
   std::string granted;
+  std::size_t n_granted = 0;
   for (const auto& f : req) {
     if (f.name() != bh::field::access_control_request_headers) continue;
     std::string_view v = f.value();
-    while (!v.empty()) {
+    while (!v.empty() && n_granted < kMaxGranted) {
       const std::size_t comma = v.find(',');
       const std::string_view raw = core::trim_ows(v.substr(0, comma));
       v = comma == std::string_view::npos ? std::string_view() : v.substr(comma + 1);
@@ -92,7 +96,7 @@ void append_preflight_fields(std::string& out, const core::CorsConfig& c, const 
       }
       const std::string_view name(buf, raw.size());
       if (!token || !grants(c, name)) continue;
-      // (Each once: a list of a few names, searched as it grows.)
+      // (Each once: a list of at most kMaxGranted names, searched as it grows.)
       bool seen = false;
       for (std::string_view g = granted; !g.empty() && !seen;) {
         const std::size_t sep = g.find(", ");
@@ -102,6 +106,7 @@ void append_preflight_fields(std::string& out, const core::CorsConfig& c, const 
       if (seen) continue;
       if (!granted.empty()) granted += ", ";
       granted += name;
+      ++n_granted;
     }
   }
   if (!granted.empty()) http::append_header(out, "Access-Control-Allow-Headers", granted);

@@ -13,7 +13,7 @@ namespace weir::gateway {
 namespace json = boost::json;
 
 namespace {
-constexpr std::size_t kListed = 19;  // non-zero entries of kStatuses
+constexpr std::size_t kListed = 20;  // non-zero entries of kStatuses
 constexpr std::string_view kOther = "other";
 }  // namespace
 
@@ -156,7 +156,7 @@ std::uint32_t MetricsShard::status_slot(int status) {
     if (kStatuses[i] == status) return static_cast<std::uint32_t>(i);
   int cls = status / 100;
   if (cls < 1 || cls > 5) cls = 5;
-  return static_cast<std::uint32_t>(kListed + static_cast<std::size_t>(cls));  // 20..24
+  return static_cast<std::uint32_t>(kListed + static_cast<std::size_t>(cls));  // 21..25
 }
 
 std::uint64_t MetricsShard::upstream_failures(http::UpstreamFailure f) const {

@@ -284,9 +284,9 @@ class MetricsShard {
   boost::json::object stats_json() const;
 
  private:
-  static constexpr std::array<int, 20> kStatuses = {200, 400, 401, 403, 404, 405, 408, 413, 414, 415,
-                                                    422, 429, 431, 499, 500, 501, 502, 503, 504, 0};
-  static constexpr std::size_t kStatusSlots = 25;  // the list above, then other 1xx/2xx/3xx/4xx/5xx
+  static constexpr std::array<int, 20> kStatuses = {200, 204, 400, 401, 403, 404, 405, 408, 413, 414,
+                                                    415, 422, 429, 431, 499, 500, 501, 502, 503, 504};
+  static constexpr std::size_t kStatusSlots = 26;  // the list above, then other 1xx/2xx/3xx/4xx/5xx
   static std::uint32_t status_slot(int status);
   static constexpr std::size_t kFailureKinds = static_cast<std::size_t>(http::UpstreamFailure::count_);
   static constexpr std::size_t kShedReasons = static_cast<std::size_t>(routing::ShedReason::count_);

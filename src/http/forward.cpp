@@ -318,10 +318,14 @@ void append_relative(std::string& out, std::string_view rel) {
 
 namespace {
 // The CORS protocol's response fields (Fetch §3.2.3).
-bool is_cors_response_field(bh::field f) {
-  return f == bh::field::access_control_allow_origin || f == bh::field::access_control_allow_credentials ||
-         f == bh::field::access_control_allow_methods || f == bh::field::access_control_allow_headers ||
-         f == bh::field::access_control_expose_headers || f == bh::field::access_control_max_age;
+// Fetch's response fields (§3.2.3) and any other Access-Control-* one (Private Network Access's
+// Access-Control-Allow-Private-Network, which Weir does not answer: the upstream's would grant it).
+bool is_cors_response_field(bh::field f, std::string_view name) {
+  if (f == bh::field::access_control_allow_origin || f == bh::field::access_control_allow_credentials ||
+      f == bh::field::access_control_allow_methods || f == bh::field::access_control_allow_headers ||
+      f == bh::field::access_control_expose_headers || f == bh::field::access_control_max_age)
+    return true;
+  return f == bh::field::unknown && name.size() > 15 && iequals(name.substr(0, 15), "access-control-");
 }
 }  // namespace
 
@@ -340,7 +344,7 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
       return true;
     if (f.name() == bh::field::date) dated = !hop_by_hop_in(listed, f);
     if (!content_type.empty() && f.name() == bh::field::content_type) return true;
-    if (own_cors && is_cors_response_field(f.name())) return true;
+    if (own_cors && is_cors_response_field(f.name(), f.name_string())) return true;
     if (own_ratelimit && f.name() == bh::field::unknown) {
       const std::string_view n = f.name_string();
       if (n.size() > 12 && iequals(n.substr(0, 12), "x-ratelimit-")) return true;

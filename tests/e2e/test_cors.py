@@ -38,7 +38,8 @@ def upstream_cors(headers: dict, body: bytes) -> bytes:
     """A chat answer with the upstream's own CORS fields, as vLLM's CORSMiddleware writes them."""
     import json
     stream = bool(json.loads(body or b"{}").get("stream"))
-    acao = "access-control-allow-origin: *\r\naccess-control-allow-credentials: true\r\n"
+    acao = ("access-control-allow-origin: *\r\naccess-control-allow-credentials: true\r\n"
+            "access-control-allow-private-network: true\r\n")
     if stream:
         sse = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
                b'"delta":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}\n\n'
@@ -120,6 +121,8 @@ def test_actual_answers_carry_allow_origin_and_exposed_fields_once(gw):
         # The upstream's own `*` (and its credentials) dropped: one Allow-Origin, Weir's.
         assert r.header_all("access-control-allow-origin") == [APP], r.headers
         assert r.header("access-control-allow-credentials") is None
+        # Every Access-Control-* field of the upstream's is dropped, Private Network Access's too (stop 47).
+        assert r.header("access-control-allow-private-network") is None
         exposed = [h.strip() for h in r.header("access-control-expose-headers").split(",")]
         for h in ("x-request-id", "retry-after", "x-ratelimit-remaining-requests", "x-ratelimit-reset-tokens"):
             assert h in exposed, exposed
@@ -196,3 +199,43 @@ def test_any_origin_answers_a_star_and_credentials_with_it_are_refused_at_check(
                    f"pools: {{p: {{endpoints: ['{m.base_url}']}}}}\ndefault_pool: p\n")
     p = subprocess.run([binary("weir"), "--config", str(bad), "--check"], capture_output=True, text=True, timeout=10)
     assert p.returncode != 0 and "server.cors.allow_credentials" in p.stderr, (p.returncode, p.stderr)
+
+
+# DEFECT (stop 47): a preflight's Access-Control-Request-Headers was checked name by name against every name
+# granted before it: a 64 KiB list of distinct names (before authentication) held the worker for seconds. At most
+# 64 names are granted now; a preflight still counts in weir_requests_total under its own status, 204.
+def test_a_preflight_asking_for_thousands_of_headers_is_granted_at_most_64(gw):
+    names = ", ".join(f"x-stainless-h{i}" for i in range(3000))
+    r = preflight(gw.port, headers=names)
+    assert r.status == 204, r.status
+    granted = cors_fields(r)["access-control-allow-headers"].split(", ")
+    assert len(granted) == 64 and granted[0] == "x-stainless-h0" and len(set(granted)) == 64
+    assert 'status="204"' in gw.metrics_text()
+
+
+# DEFECT (stop 47): origins a browser never sends were accepted (an explicit default port, an empty or non-numeric
+# port, a control character), so CORS failed silently; a max_age under a second was sent as 0.
+@pytest.mark.parametrize("cors,want", [
+    ({"allowed_origins": ["https://app.example.com:443"]}, "default port"),
+    ({"allowed_origins": ["http://app.example.com:80"]}, "default port"),
+    ({"allowed_origins": ["https://app.example.com:"]}, "is no origin"),
+    ({"allowed_origins": ["https://app.example.com:abc"]}, "is no origin"),
+    ({"allowed_origins": ["https://app.example.com\\"]}, "is no origin"),
+    ({"allowed_origins": ["https://app.example.com\t"]}, "is no origin"),
+    ({"allowed_origins": ["https://app.example.com"], "max_age": "900ms"}, "whole seconds"),
+], ids=["https-443", "http-80", "empty-port", "letters-port", "backslash", "tab", "max-age-ms"])
+def test_origins_a_browser_never_sends_are_refused_at_check(mock, tmp_path, cors, want):
+    import json
+    import subprocess
+    from conftest import binary
+    m = mock()
+    f = tmp_path / "c.yaml"
+    f.write_text(json.dumps({"server": {"cors": cors}, "pools": {"p": {"endpoints": [m.base_url]}},
+                             "default_pool": "p"}))
+    p = subprocess.run([binary("weir"), "--config", str(f), "--check"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 2 and want in p.stderr, (p.returncode, p.stderr)
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(json.dumps({"server": {"cors": {"allowed_origins": ["https://app.example.com:8443", "http://[::1]:3000"]}},
+                              "pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}))
+    p = subprocess.run([binary("weir"), "--config", str(ok), "--check"], capture_output=True, text=True, timeout=10)
+    assert p.returncode == 0, p.stderr

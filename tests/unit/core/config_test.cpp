@@ -451,6 +451,18 @@ TEST(ConfigEnvReference, FoundAsShellAndEnvsubstWouldExpandIt) {
   EXPECT_EQ(env_reference("sk-plain"), std::nullopt);
 }
 
+// A password or key may begin with '$' ("$ecretPass" is a literal there); only "${NAME}" is refused in it.
+TEST(ConfigEnvReference, ASecretMayBeginWithADollar) {
+  const std::string pool = "default_pool: a\npools:\n  a:\n    endpoints: [http://x:1]\n";
+  for (const std::string& yaml : {pool + "    api_key: $ecretKey1\n",
+                                  pool + "redis: {url: \"redis://r\", username: $user, password: $ecretPass}\n"}) {
+    auto c = parse_config(yaml, "weir.yaml");
+    EXPECT_TRUE(c) << yaml << (c ? "" : c.error().to_string());
+  }
+  EXPECT_NE(error_of(pool + "    api_key: ${UPSTREAM_KEY}\n"), "");
+  EXPECT_NE(error_of("pools:\n  a: {endpoints: [\"$UPSTREAM\"]}\n"), "");
+}
+
 TEST(ConfigEnvReference, EverySecretAndUrlRefusesOne) {
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    api_key: ${UPSTREAM_KEY}\n"),
             "weir.yaml:4:14: pools.a.api_key: ${UPSTREAM_KEY} is an environment variable reference, and Weir does "

@@ -109,7 +109,7 @@ TEST(GatewayMetricsShard, RequestsWithoutAModelHaveADurationSeriesOnceThereIsOne
 TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
   const auto cfg = config();
   MetricsShard m(MetricLabels::build(cfg, nullptr));
-  for (int s : {101, 204, 206, 301, 304, 402, 418, 507, 599, 0, 700, -1})
+  for (int s : {101, 202, 206, 301, 304, 402, 418, 507, 599, 0, 700, -1})
     m.count_request(RouteKind::health, m.no_model(), s);
   const auto t = render(m);
   EXPECT_EQ(sample(t, "weir_requests_total", req_labels("/health", "", "1xx")), 1);
@@ -124,8 +124,8 @@ TEST(GatewayMetricsShard, UnlistedStatusesFallIntoTheirClass) {
 TEST(GatewayMetricsShard, EveryListedStatusHasItsOwnSlot) {
   const auto cfg = config();
   MetricsShard m(MetricLabels::build(cfg, nullptr));
-  const std::vector<int> listed = {200, 400, 401, 403, 404, 405, 408, 413, 415,
-                                   422, 429, 431, 499, 500, 501, 502, 503, 504};
+  const std::vector<int> listed = {200, 204, 400, 401, 403, 404, 405, 408, 413, 414,
+                                   415, 422, 429, 431, 499, 500, 501, 502, 503, 504};
   for (std::size_t i = 0; i < listed.size(); ++i)
     for (std::size_t k = 0; k <= i; ++k) m.count_request(RouteKind::ready, m.no_model(), listed[i]);
   const auto t = render(m);
