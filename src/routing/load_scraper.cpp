@@ -90,9 +90,10 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
                                             : failure_of(kind);
       t.board->count_failure(t.index, f);
       if (++failed > kKeptFailures) t.board->clear(t.index);
-      // The start of a run of failures, at most every kLogEvery (an endpoint that flaps logs no more).
+      // A run of failures is logged once, at its first failure at least kLogEvery after the last line
+      // (an endpoint that flaps logs no more; one that then stays down is still told, once the wait is over).
       const auto now = std::chrono::steady_clock::now();
-      if (failed == 1 && (last_told == std::chrono::steady_clock::time_point{} || now - last_told >= kLogEvery)) {
+      if (!told && (last_told == std::chrono::steady_clock::time_point{} || now - last_told >= kLogEvery)) {
         told = true;
         last_told = now;
         std::string detail = why;
@@ -100,8 +101,9 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
           detail = "no readable vllm:num_requests_running or vllm:num_requests_waiting";
         else if (f == ScrapeFailure::status)
           detail = fmt::format("HTTP status {}", status);
-        fmt::print(stderr, "weir: pool {} endpoint {}: load scrape of {} failed ({}: {})\n", t.pool->name, display,
-                   lm.path, scrape_failure_label(f), detail);
+        fmt::print(stderr, "weir: pool {} endpoint {}: load scrape of {} failed ({}: {}){}\n", t.pool->name, display,
+                   lm.path, scrape_failure_label(f), detail,
+                   failed > 1 ? fmt::format(", {} in a row", failed) : std::string());
       }
     }
     // Behind (a slow server): the next scrape starts from now, not in a burst.

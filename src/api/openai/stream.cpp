@@ -302,18 +302,24 @@ bool UsageHook::on_data(std::string_view data) {
   saw_usage_ = true;
   // Counts that do not read (negative, fractional, not numbers) are no
   // usage: the request is metered as one without (gateway settle()).
-  if (auto u = extract_usage(data)) on_usage(data, *u);
   // The usage chunk Weir asked for on the client's behalf is not theirs,
   // whatever its numbers say: it is known by its shape, not by its counts.
   const bool usage_only = is_usage_only_chunk(data);
+  if (auto u = extract_usage(data)) on_usage(data, *u, usage_only);
   if (strip_ && usage_only) return false;
   if (usage_only) usage_chunk_ = true;
   return true;
 }
 
-void UsageHook::on_usage(std::string_view data, const Usage& u) {
+void UsageHook::on_usage(std::string_view data, const Usage& u, bool usage_only) {
   // A chunk with no choice (vLLM's usage-only chunk; also one without a
-  // "choices" array) carries the request's total.
+  // "choices" array) carries the request's total. (The usage-only chunk,
+  // every stream's usual one, is known already: no second scan of it.)
+  if (usage_only) {
+    whole_ = true;
+    usage_ = u;
+    return;
+  }
   const auto choices = find_member(data, "choices");
   const auto first = choices
                          ? first_element(data.substr(choices->value_begin, choices->value_end - choices->value_begin))

@@ -145,7 +145,7 @@ class UsageHook {
     std::uint64_t cached_tokens = 0;
   };
   // on_data()'s valid usage `u` of the chunk `data`: a total, or one choice's.
-  void on_usage(std::string_view data, const Usage& u);
+  void on_usage(std::string_view data, const Usage& u, bool usage_only);
 
   bool strip_ = false;
   bool whole_ = false;  // usage_ holds the request's total

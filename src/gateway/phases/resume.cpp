@@ -108,13 +108,14 @@ core::Task<Outcome> GatewayPhases::finish_stream(RequestContext& ctx, bool lengt
   }
   if (ctx.fields.usage_asked && !ctx.hooks.usage().usage_chunk_relayed()) {
     // The usage chunk the client asked for (as vLLM reads the body), which the broken stream never sent: the
-    // upstream's usage when some reached Weir (per-chunk usage: one choice, whose last count is the whole
-    // message's), else what settle() charges (its prompt as estimated, one token per content event relayed,
-    // at most max_tokens). (A usage chunk that reached the client stands alone.) Weir ends the stream whole
-    // here, so settle() charges the same counts.
+    // upstream's usage when its usage chunk reached Weir, else what settle() charges a stream cut short
+    // (its prompt as estimated, one token per content event relayed, at most max_tokens, raised to what
+    // per-chunk usage counted: a floor, never lowered by counts the broken stream left stale). (A usage
+    // chunk that reached the client stands alone.) Weir ends the stream whole here, so settle() charges
+    // the same counts.
     if (!ctx.has_usage && ctx.has_choice_usage) {
+      ctx.usage = unreported_usage(ctx);
       ctx.has_usage = true;
-      ctx.usage = ctx.choice_usage;
     }
     const api::Usage u = ctx.has_usage ? ctx.usage : unreported_usage(ctx);
     const std::uint64_t prompt = u.prompt_tokens;
