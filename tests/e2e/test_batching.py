@@ -19,7 +19,7 @@ from conftest import wait_until
 FAST = ("--ttft-ms", "20", "--itl-ms", "2", "--max-tokens", "8")
 # `created`, and the suffix Weir adds to a client's x-request-id upstream (vLLM's ids carry it: "cmpl-ID-<28 hex>",
 # where the reference, asked straight with ID, says "cmpl-ID").
-CREATED = re.compile(rb'"created":\d+|-[0-9a-f]{28}(?=")')
+CREATED = re.compile(rb'"created":\d+|-[0-9a-f]{28}(?:-\d+)?(?=")')  # (-N: a retry's or fallback's own id)
 
 
 def batch_config(*mocks, window="200ms", max_size=4, **pool_extra) -> dict:

@@ -170,7 +170,7 @@ def test_admin_ready_while_draining_answers_as_the_client_port(mock, weir):
 
 # --- 5. the admin API's numbers, created_at, /v1/models/, --help ---------------------------------------------------
 
-EXPONENT = re.compile(r"[0-9][eE][+-]?[0-9]")
+EXPONENT = re.compile(r"[:\[,]\s*-?[0-9.]+[eE][+-]?[0-9]")  # a JSON number in exponent form (not a hex id's "0e1")
 
 
 def test_admin_numbers_are_plain_decimals_and_an_unknown_created_at_is_null(mock, weir, tmp_path):
