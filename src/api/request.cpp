@@ -485,11 +485,12 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     return tl::unexpected(core::bad_request("The request body must be a JSON object."));
 
   if (!h.model.present()) {
-    // vLLM takes every one of these without a model (or with null: its served model); the gateway routes them
-    // to the default pool, and refuses them without one (the route phase).
+    // vLLM takes every one of these without a model (or with null or "": its served model, serving.py's
+    // _is_model_supported); the gateway routes them to the default pool, and refuses them without one (the
+    // route phase).
     f.model.clear();
-  } else if (h.model.type != Shape::Type::string || f.model.empty()) {
-    return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
+  } else if (h.model.type != Shape::Type::string) {
+    return tl::unexpected(core::bad_request("'model' must be a string.", "model"));
   }
   if (h.stream.present()) {
     if (h.stream.type != Shape::Type::boolean)
@@ -662,10 +663,8 @@ tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view co
   const auto* file = core::find_part(*parts, "file");
   if (!file || !file->has_filename)
     return tl::unexpected(core::bad_request("you must provide the audio as a 'file' part with a filename", "file"));
-  if (const auto* m = core::find_part(*parts, "model")) {
-    if (m->value.empty()) return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
-    f.model.assign(m->value);
-  }
+  // An empty model field is vLLM's served model, as in a JSON body: the default pool's.
+  if (const auto* m = core::find_part(*parts, "model")) f.model.assign(m->value);
   for (const auto& [name, out] :
        {std::pair{"stream", &f.stream}, std::pair{"stream_include_usage", &f.include_usage}}) {
     const auto* p = core::find_part(*parts, name);

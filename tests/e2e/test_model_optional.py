@@ -1,4 +1,4 @@
-"""A request without `model` (or with null) on chat completions, completions and embeddings: vLLM answers it
+"""A request without `model` (or with null or "") on chat completions, completions and embeddings: vLLM answers it
 with its served model, and Weir's vLLM routes (/tokenize, ...) already went to the default pool; these were a
 400 "you must provide a model parameter". With a default pool (quick mode, or `default_pool`) the body now
 goes to it unchanged; without one it stays the 400; a tenant or key restricted to some models may not send
@@ -51,7 +51,11 @@ def test_the_body_goes_to_the_default_pool_unchanged(weir):
         body = json.dumps({"messages": MSG, "temperature": 0}).encode()
         r = roundtrip(w.port, request("POST", "/v1/chat/completions", body))
         assert r.status == 200, r.body
-        assert seen == [body]
+        # An empty model is vLLM's served model too (serving.py's _is_model_supported): it was a 400 here.
+        empty = json.dumps({"model": "", "messages": MSG}).encode()
+        r = roundtrip(w.port, request("POST", "/v1/chat/completions", empty))
+        assert r.status == 200, r.body
+        assert seen == [body, empty]
     finally:
         up.close()
 
@@ -60,7 +64,8 @@ def test_without_a_default_pool_it_is_still_the_400(weir, mock):
     m = mock()
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"mock-model": {"pool": "p"}}}, workers=1)
     for path, body in (("/v1/chat/completions", {"messages": MSG}), ("/v1/completions", {"prompt": "x"}),
-                       ("/v1/embeddings", {"input": "x", "model": None})):
+                       ("/v1/embeddings", {"input": "x", "model": None}),
+                       ("/v1/chat/completions", {"messages": MSG, "model": ""})):
         err = assert_openai_error(post(w.port, path, body), 400)
         assert err["param"] == "model" and "you must provide a model parameter" in err["message"], err
 

@@ -102,8 +102,7 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
   const auto* model = obj.if_contains("model");
   if (!model || model->is_null()) {
   } else {
-    if (!model->is_string() || model->get_string().empty())
-      return tl::unexpected(core::bad_request("'model' must be a non-empty string.", "model"));
+    if (!model->is_string()) return tl::unexpected(core::bad_request("'model' must be a string.", "model"));
     f.model.assign(model->get_string().data(), model->get_string().size());
   }
   if (const auto* s = obj.if_contains("stream"); s && !s->is_null()) {

@@ -220,9 +220,10 @@ TEST(AudioRequest, BadFormsAreClientErrorsNamingTheField) {
   e = api::parse_audio_request(kType, form(field("model", "whisper")));
   ASSERT_FALSE(e);
   EXPECT_EQ(e.error().param, "file");
+  // An empty model is vLLM's served model (the default pool's), as in a JSON body.
   e = api::parse_audio_request(kType, form(kFile + field("model", "")));
-  ASSERT_FALSE(e);
-  EXPECT_EQ(e.error().param, "model");
+  ASSERT_TRUE(e);
+  EXPECT_EQ(e->model, "");
   e = api::parse_audio_request(kType, form(kFile + field("stream", "maybe")));
   ASSERT_FALSE(e);
   EXPECT_EQ(e.error().param, "stream");
