@@ -55,6 +55,7 @@ core::Task<void> Batch::send() {
   // (Read now: a member that leaves later leaves its slot empty. Every member's is the same: it is in the key.)
   streamed_ = members_.front()->req_.stream;
   env.next_request_id(request_id_);
+  attempts_.clear();
   if (env.stats && mode_ == Mode::batch) {
     ++env.stats->batches;
     env.stats->members += sent_size_;
@@ -116,7 +117,7 @@ core::Task<void> Batch::send() {
                                            .base_query = ep.cfg->query,
                                            .host_header = ep.cfg->host_header,
                                            .body_bytes = body_.size(),
-                                           .request_id = request_id_,
+                                           .request_id = attempts_.next(request_id_),
                                            .upstream_lines = env.upstream_lines,
                                            .identity = true,
                                            .strip_credentials = lead->req_.strip_credentials,
@@ -531,7 +532,7 @@ bool Batch::dispatch(const http::SseEvent& ev) {
             own, core::upstream_unavailable(fmt::format(
                      "The upstream sent an error event in the stream of the micro-batch this request was part of "
                      "(upstream request {}); its text is not passed on, as it may quote the batch's other prompts.",
-                     request_id_)));
+                     attempts_.current(request_id_))));
         event = own;
       }
       for (auto* m : members_) {
@@ -550,7 +551,8 @@ bool Batch::dispatch(const http::SseEvent& ev) {
 
 std::string_view Batch::id_of(BatchMember& m, std::string_view upstream_id_json) {
   if (m.id_json_.empty())
-    api::openai::append_member_id(upstream_id_json, request_id_, m.req_.request_id, m.slot_, m.id_json_);
+    api::openai::append_member_id(upstream_id_json, attempts_.current(request_id_), m.req_.request_id, m.slot_,
+                                  m.id_json_);
   return m.id_json_;
 }
 

@@ -17,6 +17,7 @@
 #include <boost/asio/detached.hpp>
 
 #include "batching/batch.hpp"
+#include "core/attempt_id.hpp"
 #include "http/exchange.hpp"
 #include "http/sse.hpp"
 
@@ -259,7 +260,8 @@ class Batch : public std::enable_shared_from_this<Batch> {
   http::SseReader sse_{4u << 20};
   std::string body_;  // the upstream request body, then (not a stream) the upstream's answer
   std::string head_buf_;
-  std::string request_id_;
+  std::string request_id_;  // the batch's id (its log field); its upstream requests carry attempts_' ids
+  core::AttemptIds attempts_;
   bool streamed_ = false;  // the members asked for a stream (a coalesced generation's are alike), from send()
   // The first member's pick fields (BatchMember::Request::pick), kept for the batch's attempts.
   std::string pick_session_, pick_model_, pick_prompt_;

@@ -14,8 +14,7 @@ void RequestContext::reset() {
   read_failure = http::ReadFailure::none;
   request_id.clear();
   upstream_request_id.clear();
-  upstream_sends = 0;
-  attempt_request_id.clear();
+  attempts.clear();
   sent_alone = false;
   route = RouteKind::other;
   method.clear();

@@ -18,6 +18,7 @@
 #include "api/usage.hpp"
 #include "auth/policy.hpp"
 #include "core/async.hpp"
+#include "core/attempt_id.hpp"
 #include "core/error.hpp"
 #include "core/time.hpp"
 #include "gateway/endpoints.hpp"
@@ -84,8 +85,7 @@ struct RequestContext {
   // carries upstream_id() + "-" + its number (next_attempt_id()), so vLLM
   // never sees one id twice (an attempt Weir gave up on may still run
   // there until its abort is processed).
-  std::uint32_t upstream_sends = 0;
-  std::string attempt_request_id;
+  core::AttemptIds attempts;
   bool sent_alone = false;  // an upstream request of its own went out (not only its micro-batch's)
   RouteKind route = RouteKind::other;
   std::string method;
@@ -303,13 +303,7 @@ struct RequestContext {
   std::string_view upstream_id() const { return upstream_request_id.empty() ? request_id : upstream_request_id; }
   // The x-request-id of the next upstream request: upstream_id() for the
   // first, upstream_id() + "-N" for the N+1th (valid until the next call).
-  std::string_view next_attempt_id() {
-    if (upstream_sends++ == 0) return upstream_id();
-    attempt_request_id.assign(upstream_id());
-    attempt_request_id += '-';
-    attempt_request_id += std::to_string(upstream_sends - 1);
-    return attempt_request_id;
-  }
+  std::string_view next_attempt_id() { return attempts.next(upstream_id()); }
 
   // --- tracing (tracing:) ---
   // Made by begin_trace for the connection's first traced request and kept
