@@ -55,7 +55,7 @@ def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-ba
                      headers: list[str] | None = None) -> list[Target]:
     """Weir variants measured beside build/bin/weir with the same `config` (and client `headers`), in the same
     rounds: the --baseline-bin weir ('weir (baseline)'), build/bin/weir under each --allocators malloc
-    ('weir (jemalloc)', ...), and the --request-log and --tracing twins. Empty when no option asked for one."""
+    ('weir (jemalloc)', ...), and the --request-log, --no-access-log and --tracing twins. Empty when no option asked for one."""
     from targets import start_weir
     out = []
     if env.baseline:
@@ -76,6 +76,13 @@ def baseline_targets(env: Env, config: dict, report: Report, tag: str = "weir-ba
                        headers=headers)
         report.add_meta("weir (request log)", "build/bin/weir with request_log: {url: sqlite:WORK/requests.db} "
                         "(queue 4096, batch 256, flush 100ms)")
+        out.append(t)
+    if env.no_access_log:
+        # The same config with server.access_log off: what the access log's line and its write(2) cost.
+        cfg = json.loads(json.dumps(config))
+        cfg.setdefault("server", {})["access_log"] = "off"
+        t = start_weir(env, "weir (no access log)", cfg, tag=f"{tag}-nolog", name="weir-nolog", headers=headers)
+        report.add_meta("weir (no access log)", "build/bin/weir with server.access_log: off")
         out.append(t)
     if env.tracing:
         # The same config with every request traced (sample_ratio 1) and exported over OTLP/HTTP to a sink

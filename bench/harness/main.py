@@ -69,6 +69,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                     help="also measure build/bin/weir with tracing: (every request's spans exported over OTLP/HTTP "
                          "to a sink on the load CPU) beside it, same config otherwise, alternated in the same rounds: "
                          "target 'weir (tracing)' in the latency, stream and memory suites")
+    ap.add_argument("--no-access-log", action="store_true",
+                    help="also measure build/bin/weir with server.access_log: off beside it, same config otherwise, "
+                         "alternated in the same rounds: target 'weir (no access log)' (what the log costs)")
     ap.add_argument("--gateway-cpu", type=int, default=0)
     ap.add_argument("--load-cpu", type=int, default=1)
     ap.add_argument("--keep-work", action="store_true", help="keep the work dir (configs, logs, raw JSON)")
@@ -173,7 +176,8 @@ def main(argv: list[str]) -> int:
         work = pathlib.Path(tempfile.mkdtemp(prefix=f"weir-bench-{name}-"))
         env = Env(bin_dir=snap, work=work, gateway_cpu=args.gateway_cpu, load_cpu=args.load_cpu,
                   priority=priority, smoke=smoke, rounds=rounds, verbose=not args.quiet, baseline=baseline,
-                  allocators=allocators, request_log=args.request_log, tracing=args.tracing)
+                  allocators=allocators, request_log=args.request_log, tracing=args.tracing,
+                  no_access_log=args.no_access_log)
         print(f"== {name}{' (smoke)' if smoke else ''}: work dir {work}", flush=True)
         t0 = time.monotonic()
         try:

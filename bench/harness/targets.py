@@ -42,6 +42,7 @@ class Env:
     allocators: tuple[str, ...] = ()      # --allocators: build/bin/weir again under each LD_PRELOADed malloc
     request_log: bool = False             # --request-log: build/bin/weir again with request_log: (SQLite) on
     tracing: bool = False                 # --tracing: build/bin/weir again with tracing: (OTLP to a sink) on
+    no_access_log: bool = False           # --no-access-log: build/bin/weir again with server.access_log: off
 
     def binary(self, name: str) -> str:
         path = self.bin_dir / name
