@@ -74,6 +74,15 @@ async function send(method, path, body, bearer) {
 
 // Signs in: checks `candidate` against the API before keeping it.
 export async function login(candidate) {
+  // A bearer credential is visible ASCII (RFC 6750 b64token; an admin JWT is base64url): a character outside it
+  // (an en dash or a no-break space a paste brought in) cannot go in the Authorization field at all, and the
+  // browser's fetch refuses it before any request, which would read as a network failure.
+  const bad = [...candidate].find((c) => c < "!" || c > "~");
+  if (bad !== undefined) {
+    const code = bad.codePointAt(0).toString(16).toUpperCase().padStart(4, "0");
+    throw new ApiError(0, {error: {message: `The token holds a character no token has (U+${code}): ` +
+      "type it, or paste it again without that character."}});
+  }
   const {res, data} = await send("GET", "/admin/v1/tenants", undefined, candidate);
   if (res.status === 401) throw new ApiError(401, data);
   if (!res.ok) throw new ApiError(res.status, data);

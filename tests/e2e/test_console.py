@@ -278,6 +278,10 @@ def test_a_wrong_token_an_idle_session_and_a_refused_token_end_at_the_sign_in(gw
     console.login("not-the-token")
     expect(page.locator("#login-error")).to_contain_text("Incorrect admin token")
     assert page.evaluate("sessionStorage.length") == 0
+    # A pasted en dash cannot go in an Authorization field: said so, not "the admin API cannot be reached".
+    console.login("console\u2013test-token")
+    expect(page.locator("#login-error")).to_contain_text("U+2013")
+    assert page.evaluate("sessionStorage.length") == 0
 
     # A session idle for longer than 30 minutes is over.
     console.login()
