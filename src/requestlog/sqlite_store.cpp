@@ -95,6 +95,15 @@ class SqliteBackend final : public StoreBackend {
 
   void close() override {
     for (Stmt* s : {&begin_, &commit_, &rollback_, &insert_, &delete_older_, &nth_newest_, &delete_upto_}) *s = Stmt();
+    // A file renamed under the connection (logrotate, `mv requests.db requests.db.1`): SQLite skips its
+    // checkpoint-on-close for a moved database, and the WAL (left at the old name, beside the new file the
+    // writer opens next) is then taken for the new file's and reset: every row since the last checkpoint
+    // would be lost, though counted written. An explicit checkpoint writes them into the renamed file
+    // through the open descriptor first (for a deleted file it costs a write into the unlinked inode).
+    if (db_ && db_.has_moved()) {
+      std::string why;
+      (void)db_.exec("PRAGMA wal_checkpoint(TRUNCATE)", why);
+    }
     db_.close();
   }
 

@@ -33,3 +33,41 @@ def test_a_micro_batchs_retry_carries_an_upstream_id_of_its_own(weir):
         assert line["batch"]["id"] == first and line["retries"] == 2, line
     finally:
         up.close()
+
+
+# DEFECT: a request-log SQLite file renamed under Weir (logrotate, `mv requests.db requests.db.1`) lost every row
+# since the last checkpoint: SQLite skips its checkpoint-on-close for a moved database, and the WAL, left at the
+# old name, was taken for the new file's and reset. The renamed file held no table at all; the rows were counted
+# written. They are checkpointed into the renamed file before the new one is opened.
+def test_a_renamed_request_log_file_keeps_every_row_written_before(mock, weir, tmp_path):
+    import sqlite3
+    from conftest import wait_until
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--any-model")
+    db = tmp_path / "requests.db"
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
+                     "request_log": {"url": f"sqlite:{db}", "flush_interval": "10ms"}}, workers=1)
+
+    def send(rid):
+        assert httpx.post(w.v1 + "/chat/completions", headers={"x-request-id": rid}, timeout=10,
+                          json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}).status_code == 200
+
+    def rows(path):
+        if not path.exists():
+            return set()
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as c:
+                return {r[0] for r in c.execute("SELECT request_id FROM requests")}
+        except sqlite3.OperationalError:  # the new file, its table not made yet
+            return set()
+    before = {f"before-{i}" for i in range(20)}
+    for rid in sorted(before):
+        send(rid)
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= 20, 5, message="the first rows")
+    rotated = tmp_path / "requests.db.1"
+    db.rename(rotated)
+    after = {f"after-{i}" for i in range(3)}
+    for rid in sorted(after):
+        send(rid)
+    wait_until(lambda: after <= rows(db), 10, message="the later rows in a new file")
+    assert rows(rotated) == before
+    assert w.metric("weir_request_log_written_total") == 23
