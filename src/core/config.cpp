@@ -1,10 +1,16 @@
+// The configuration file's reader (README, "Configuration reference"):
+// parse_config() and the core sections it reads itself (listen, workers,
+// server, models, default_pool), parse_listen() and parse_endpoint_url().
+// The pools: section is core/config_pools.cpp, server.cors
+// core/config_cors.cpp, and the check for environment-variable references
+// core/config_env.cpp. Start-up, --check and reloads call it
+// (gateway::load_config).
 #include "core/config.hpp"
 
 #include <sys/stat.h>
 
 #include "core/text.hpp"
 
-#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <set>
@@ -15,6 +21,7 @@
 #include <fmt/format.h>
 #include <boost/url/parse.hpp>
 
+#include "core/config_cors.hpp"
 #include "core/config_pools.hpp"
 #include "core/url.hpp"
 
@@ -46,166 +53,6 @@ ConfigResult<void> parse_metrics(const YAML::Node& n, MetricsConfig& m) {
     WEIR_TRY(i, read_int(v, "server.metrics.max_key_ids", 0, 10'000));
     m.max_key_ids = static_cast<std::uint32_t>(i);
   }
-  return {};
-}
-
-// The request headers a browser's OpenAI or Anthropic SDK sends (openai-node with dangerouslyAllowBrowser,
-// @anthropic-ai/sdk with dangerouslyAllowBrowser: its anthropic-dangerous-direct-browser-access), and Weir's
-// own request controls: what a preflight is granted unless server.cors.allowed_headers says otherwise.
-constexpr std::string_view kCorsDefaultHeaders[] = {
-    "authorization",       "content-type",      "accept",         "user-agent",
-    "x-api-key",           "anthropic-version", "anthropic-beta", "anthropic-dangerous-direct-browser-access",
-    "openai-organization", "openai-project",    "openai-beta",    "idempotency-key",
-    "x-stainless-*",       "x-request-id",      "x-weir-*"};
-// The response fields those SDKs and their users read that CORS does not expose by itself (only
-// Cache-Control, Content-Language, Content-Length, Content-Type, Expires, Last-Modified and Pragma are).
-constexpr std::string_view kCorsDefaultExpose =
-    "x-request-id, request-id, retry-after, x-should-retry, x-ratelimit-limit-requests, x-ratelimit-limit-tokens, "
-    "x-ratelimit-remaining-requests, x-ratelimit-remaining-tokens, x-ratelimit-reset-requests, "
-    "x-ratelimit-reset-tokens, openai-processing-ms, openai-version";
-
-// RFC 9110 §5.6.2 token.
-bool is_token(std::string_view s) {
-  if (s.empty()) return false;
-  for (unsigned char c : s)
-    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
-          std::string_view("!#$%&'*+-.^_`|~").find(static_cast<char>(c)) != std::string_view::npos))
-      return false;
-  return true;
-}
-
-std::string lower(std::string s) {
-  for (auto& c : s) c = static_cast<char>(c >= 'A' && c <= 'Z' ? c - 'A' + 'a' : c);
-  return s;
-}
-
-// A list of strings (one string is a list of one), each non-empty.
-ConfigResult<std::vector<std::pair<std::string, YAML::Node>>> read_names(const YAML::Node& n, const std::string& key) {
-  std::vector<std::pair<std::string, YAML::Node>> out;
-  if (n.IsScalar()) {
-    WEIR_TRY(s, read_string(n, key));
-    out.emplace_back(s, n);
-  } else if (n.IsSequence()) {
-    for (std::size_t i = 0; i < n.size(); ++i) {
-      WEIR_TRY(s, read_string(n[i], fmt::format("{}[{}]", key, i)));
-      out.emplace_back(s, n[i]);
-    }
-  } else {
-    return tl::unexpected(config_error(n, key, "expected a list of strings"));
-  }
-  for (const auto& [s, node] : out)
-    if (s.empty()) return tl::unexpected(config_error(node, key, "empty entry"));
-  return out;
-}
-
-ConfigResult<void> parse_cors(const YAML::Node& n, CorsConfig& c) {
-  WEIR_TRY_VOID(check_keys(n, "server.cors",
-                           {"allowed_origins", "allowed_headers", "expose_headers", "max_age", "allow_credentials"}));
-  const YAML::Node origins = n["allowed_origins"];
-  if (!origins)
-    return tl::unexpected(config_error(n, "server.cors.allowed_origins",
-                                       "required: the origins whose pages may call Weir (\"https://app.example.com\", "
-                                       "or \"*\" for every one)"));
-  WEIR_TRY(os, read_names(origins, "server.cors.allowed_origins"));
-  if (os.empty())
-    return tl::unexpected(config_error(origins, "server.cors.allowed_origins", "empty: leave server.cors out instead"));
-  for (const auto& [o, node] : os) {
-    if (o == "*") {
-      if (os.size() > 1)
-        return tl::unexpected(
-            config_error(node, "server.cors.allowed_origins", "\"*\" allows every origin: list it alone"));
-      c.any_origin = true;
-      continue;
-    }
-    // A serialized origin (RFC 6454 §6.2, what a browser sends in Origin): scheme "://" host [":" port], no
-    // path, no userinfo. Browsers send scheme and host in lower case; the port only when it is not the default.
-    const std::size_t sep = o.find("://");
-    const std::string_view scheme = std::string_view(o).substr(0, sep);
-    const std::string_view authority =
-        sep == std::string::npos ? std::string_view() : std::string_view(o).substr(sep + 3);
-    const bool scheme_ok = !scheme.empty() && std::all_of(scheme.begin(), scheme.end(), [](char ch) {
-      return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '+' ||
-             ch == '-' || ch == '.';
-    });
-    // The port, when written: digits, and never the scheme's default (a browser leaves that out, so
-    // "https://a.example:443" would match no page). (An IPv6 host's colons are inside its brackets.)
-    const std::size_t close = authority.rfind(']');
-    const std::size_t colon = authority.rfind(':');
-    const bool has_port = colon != std::string_view::npos && (close == std::string_view::npos || colon > close);
-    const std::string_view port = has_port ? authority.substr(colon + 1) : std::string_view();
-    const bool port_ok =
-        !has_port || (!port.empty() && port.size() <= 5 &&
-                      std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; }));
-    const bool default_port = has_port && ((lower(std::string(scheme)) == "https" && port == "443") ||
-                                           (lower(std::string(scheme)) == "http" && port == "80"));
-    const bool controls = std::any_of(authority.begin(), authority.end(), [](char ch) {
-      return static_cast<unsigned char>(ch) <= 0x20 || ch == 0x7f || ch == '\\';
-    });
-    if (default_port)
-      return tl::unexpected(config_error(
-          node, "server.cors.allowed_origins",
-          fmt::format("'{}' names its scheme's default port, which a browser leaves out of Origin: write '{}://{}'", o,
-                      scheme, authority.substr(0, colon))));
-    if (sep == std::string::npos || !scheme_ok || authority.empty() || authority.front() == ':' || !port_ok ||
-        controls || authority.find_first_of("/?#@ *") != std::string_view::npos)
-      return tl::unexpected(config_error(
-          node, "server.cors.allowed_origins",
-          fmt::format("'{}' is no origin: expected scheme://host[:port] as a browser sends it (no path, no trailing "
-                      "'/', no wildcard in the host), or \"*\"",
-                      o)));
-    c.origins.push_back(lower(o));
-  }
-  if (auto v = n["allowed_headers"]) {
-    WEIR_TRY(hs, read_names(v, "server.cors.allowed_headers"));
-    for (const auto& [h, node] : hs) {
-      if (h == "*") {
-        c.any_header = true;
-        continue;
-      }
-      const bool prefix = h.size() > 1 && h.back() == '*';
-      if (!is_token(prefix ? std::string_view(h).substr(0, h.size() - 1) : std::string_view(h)) ||
-          (!prefix && h.find('*') != std::string::npos))
-        return tl::unexpected(config_error(
-            node, "server.cors.allowed_headers",
-            fmt::format("'{}' is no header name (a name, a prefix ending in '*' such as x-stainless-*, or \"*\")", h)));
-      c.headers.push_back(lower(h));
-    }
-  } else {
-    for (std::string_view h : kCorsDefaultHeaders) c.headers.emplace_back(h);
-  }
-  if (auto v = n["expose_headers"]) {
-    WEIR_TRY(hs, read_names(v, "server.cors.expose_headers"));
-    for (const auto& [h, node] : hs) {
-      // (Fetch reads "*" as every field only for a request without credentials: written as given.)
-      if (!is_token(h))
-        return tl::unexpected(
-            config_error(node, "server.cors.expose_headers", fmt::format("'{}' is no header name", h)));
-      if (!c.expose_headers.empty()) c.expose_headers += ", ";
-      c.expose_headers += lower(h);
-    }
-  } else {
-    c.expose_headers = kCorsDefaultExpose;
-  }
-  if (auto v = n["max_age"]) {
-    WEIR_TRY(ms, read_duration(v, "server.cors.max_age"));
-    if (ms.count() < 0 || ms.count() > 86'400'000)
-      return tl::unexpected(config_error(v, "server.cors.max_age", "must be between 0s and 1d"));
-    // Access-Control-Max-Age is in whole seconds: 900ms would be sent as 0 (no caching at all).
-    if (ms.count() % 1000 != 0)
-      return tl::unexpected(config_error(v, "server.cors.max_age", "must be whole seconds (Access-Control-Max-Age)"));
-    c.max_age_s = static_cast<std::uint32_t>(ms.count() / 1000);
-  }
-  if (auto v = n["allow_credentials"]) {
-    WEIR_TRY(b, read_bool(v, "server.cors.allow_credentials"));
-    // Fetch refuses `Access-Control-Allow-Origin: *` on a request with credentials; reflecting every origin
-    // instead would hand any web page the browser's cookies for Weir.
-    if (b && c.any_origin)
-      return tl::unexpected(config_error(v, "server.cors.allow_credentials",
-                                         "true needs a list of origins, not \"*\" (browsers refuse credentials with "
-                                         "\"*\", and every origin with credentials would let any page use them)"));
-    c.allow_credentials = b;
-  }
-  c.enabled = true;
   return {};
 }
 
@@ -503,106 +350,6 @@ ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url) {
   e.host_header = std::string(u->encoded_host());
   if (u->has_port() && e.port != (tls ? 443 : 80)) e.host_header += ":" + std::to_string(e.port);
   return e;
-}
-
-std::optional<std::string> env_reference(std::string_view value) {
-  const auto name_start = [](char c) { return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || c == '_'; };
-  const auto name_char = [&](char c) { return name_start(c) || (c >= '0' && c <= '9'); };
-  // A name from `at` on: its length (0: none).
-  const auto name_at = [&](std::size_t at) {
-    std::size_t n = 0;
-    if (at < value.size() && name_start(value[at]))
-      for (n = 1; at + n < value.size() && name_char(value[at + n]); ++n) {
-      }
-    return n;
-  };
-  for (auto at = value.find("${"); at != std::string_view::npos; at = value.find("${", at + 1))
-    if (const auto n = name_at(at + 2); n > 0 && at + 2 + n < value.size() && value[at + 2 + n] == '}')
-      return std::string(value.substr(at, n + 3));
-  if (value.size() > 1 && value[0] == '$' && name_at(1) == value.size() - 1) return std::string(value);
-  return std::nullopt;
-}
-
-namespace {
-
-// The values check_env_references() looks at: a dotted path ('*': every key
-// of a mapping, "[]": every item of a sequence) and the key that takes the
-// value from the environment instead ({} = the variable's name; "": none, a
-// URL is expanded with envsubst).
-// `secret`: a value a literal may be (a password, a key) that may begin with
-// '$': there only "${NAME}" is taken as a reference, not a whole "$NAME".
-struct LiteralOnly {
-  std::string_view path;
-  std::string_view instead;
-  bool secret = false;
-};
-constexpr LiteralOnly kLiteralOnly[] = {
-    {"pools.*.api_key", "api_key_env: {}", true},
-    {"pools.*.endpoints[]", ""},
-    {"admin.token_sha256", "token_env: {}"},
-    {"auth.api_keys[].sha256", "key_env: {}"},
-    {"auth.jwt.jwks_url", ""},
-    {"redis.url", ""},
-    {"redis.username", "", true},
-    {"redis.password", "password_env: {}", true},
-    {"request_log.url", ""},
-    {"tracing.otlp_endpoint", ""},
-    {"tracing.headers.*", "tracing.headers_env: {{HEADER: {}}}", true},
-};
-
-ConfigResult<void> check_literal(const YAML::Node& node, std::string_view rest, const std::string& key,
-                                 const LiteralOnly& rule) {
-  if (!node) return {};
-  if (rest.empty()) {
-    if (!node.IsScalar()) return {};  // (the section's reader names the wrong type)
-    const auto ref = env_reference(node.Scalar());
-    if (!ref || (rule.secret && !ref->starts_with("${"))) return {};
-    std::string_view name = *ref;  // "${NAME}" or "$NAME": NAME
-    name.remove_prefix(name.starts_with("${") ? 2 : 1);
-    if (name.ends_with('}')) name.remove_suffix(1);
-    constexpr std::string_view kExpand = "expand the file before Weir reads it (weir -c <(envsubst < weir.yaml))";
-    const std::string where =
-        rule.instead.empty()
-            ? std::string(kExpand)
-            : fmt::format("use `{}` instead, or {}", fmt::format(fmt::runtime(rule.instead), name), kExpand);
-    return tl::unexpected(config_error(
-        node, key,
-        fmt::format("{} is an environment variable reference, and Weir does not expand the configuration: it would "
-                    "be used as written; {}",
-                    *ref, where)));
-  }
-  const auto dot = rest.find('.');
-  std::string_view seg = rest.substr(0, dot);
-  const std::string_view next = dot == std::string_view::npos ? std::string_view() : rest.substr(dot + 1);
-  const bool each_item = seg.ends_with("[]");
-  if (each_item) seg.remove_suffix(2);
-  const auto child_key = [&](std::string_view name) {
-    return key.empty() ? std::string(name) : key + "." + std::string(name);
-  };
-  auto descend = [&](const YAML::Node& n, const std::string& k) -> ConfigResult<void> {
-    if (!each_item) return check_literal(n, next, k, rule);
-    if (!n || !n.IsSequence()) return {};
-    for (std::size_t i = 0; i < n.size(); ++i)
-      if (auto r = check_literal(n[i], next, fmt::format("{}[{}]", k, i), rule); !r) return r;
-    return {};
-  };
-  if (!node.IsMap()) return {};
-  if (seg == "*") {
-    for (const auto& kv : node)
-      if (kv.first.IsScalar())
-        if (auto r = descend(kv.second, child_key(kv.first.Scalar())); !r) return r;
-    return {};
-  }
-  const YAML::Node child = node[std::string(seg)];
-  return descend(child, child_key(seg));
-}
-
-}  // namespace
-
-ConfigResult<void> check_env_references(const YAML::Node& root) {
-  for (const auto& rule : kLiteralOnly)
-    if (auto r = check_literal(root, rule.path, "", rule); !r) return r;
-  return {};
 }
 
 ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_name) {
