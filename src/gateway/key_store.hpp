@@ -1,6 +1,7 @@
 // Virtual keys created at run time through the admin API (docs/admin-api.md):
-// the records, the AuthPolicy they give with the configuration's keys, and
-// their persistence in admin.keys_file. Control thread only: the admin API
+// the records (gateway/key_json.hpp: a KeyRecord and its JSON forms), the
+// AuthPolicy they give with the configuration's keys, and their persistence
+// in admin.keys_file. Control thread only: the admin API
 // calls it, and publishes each new policy to the workers (each swaps its
 // Authenticator's pointer: no lock on the request path).
 //
@@ -21,74 +22,16 @@
 #include <vector>
 
 #include <boost/json/object.hpp>
-#include <boost/json/value.hpp>
 #include <tl/expected.hpp>
 
 #include "admission/limiter.hpp"
 #include "auth/config.hpp"
 #include "auth/policy.hpp"
+// (The admin API's errors and the key records: every includer of this header used them from here.)
+#include "gateway/admin_json.hpp"
+#include "gateway/key_json.hpp"
 
 namespace weir::gateway {
-
-// An admin API error, rendered in OpenAI's error shape
-// {"error":{"message","type","param","code"}} (empty param/code = null).
-struct AdminError {
-  int status = 400;
-  std::string type = "invalid_request_error";
-  std::string code;
-  std::string message;
-  std::string param;
-};
-AdminError admin_bad_request(std::string message, std::string param = {});
-AdminError admin_not_found(std::string message);
-std::string admin_error_json(const AdminError& e);
-// `v` as JSON text, every double in plain decimal notation with a fraction
-// (25.0, 1.234, 0.001; the shortest that reads back as the same double:
-// std::to_chars), as docs/admin-api.md shows them: boost::json::serialize
-// writes 2.5E1 and 1E-3, which JSON allows but people and some tools read
-// badly. Magnitudes under 1e-9 or from 1e17 on keep the exponent (0 is
-// "0.0"); a NaN or infinity, which JSON has not, is null. Every JSON body of
-// the admin API and the keys file are written with it.
-std::string admin_json_text(const boost::json::value& v);
-
-template <class T>
-using AdminResult = tl::expected<T, AdminError>;
-
-// One runtime key: what the admin API shows and the keys file stores.
-struct KeyRecord {
-  std::string id;    // "vk_" + 16 hex digits; public (logs, metrics)
-  std::string name;  // free text, optional
-  auth::Sha256Digest sha256{};
-  std::string tenant;
-  std::optional<std::vector<std::string>> models;  // narrows the tenant's list when set
-  auth::Limits limits;
-  auth::Budget budget;
-  std::int64_t expires_at = 0;  // Unix seconds; 0 = never
-  boost::json::object metadata;
-  std::int64_t created_at = 0;  // Unix seconds
-  std::uint32_t scope = 0;      // admission scope (not persisted)
-};
-
-// `limits` and `budget` as the admin API writes them (the configuration's
-// key names; a budget's period as "<n>s" or "<n>ms", or "day", "week",
-// "month" for a calendar period; no budget = null).
-boost::json::object limits_json(const auth::Limits& l);
-boost::json::value budget_json(const auth::Budget& b);
-// The configuration's parsers applied to JSON: {requests_per_minute, ...}
-// and {usd, period}, after a type check the YAML file does not make: a
-// limit is a JSON integer (60, also 60.0; not "60", true or 1.5), usd a
-// JSON number, period a string ("day", "week", "month" in any case, or a
-// duration) or an integer (ms). A limit of 0 is no limit
-// (absent from limits_json). Errors: 400 naming the field
-// ("limits.requests_per_minute").
-AdminResult<auth::Limits> parse_limits_json(const boost::json::value& v, const std::string& param);
-AdminResult<auth::Budget> parse_budget_json(const boost::json::value& v, const std::string& param);
-// expires_at: RFC 3339 string or Unix seconds (a JSON integer); null = never (0).
-AdminResult<std::int64_t> parse_expiry_json(const boost::json::value& v, const std::string& param);
-
-// A new secret: "sk-weir-" + 32 random bytes (OpenSSL RAND_bytes) in
-// base64url without padding, the shape scripts/weir-key makes.
-std::string generate_key_secret();
 
 class KeyStore {
  public:
@@ -166,12 +109,5 @@ class KeyStore {
   std::uint32_t next_scope_ = 0;
   std::shared_ptr<const auth::AuthPolicy> policy_;
 };
-
-// A key record as JSON: {object:"key", id, name, tenant, models, limits,
-// budget, expires_at, metadata, created_at, source:"admin"} (never the hash).
-boost::json::object key_json(const KeyRecord& k);
-// Keys file form (with the hash) and back.
-boost::json::object key_file_json(const KeyRecord& k);
-AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o);
 
 }  // namespace weir::gateway

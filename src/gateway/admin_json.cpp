@@ -1,0 +1,110 @@
+// The admin API's errors and JSON text (gateway/admin_json.hpp): OpenAI's
+// error shape, and doubles in plain decimal notation. Every admin API body
+// and the keys file (gateway/key_store.cpp) are written with them.
+#include "gateway/admin_json.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <string_view>
+#include <utility>
+
+#include <boost/json/serialize.hpp>
+
+#include "core/json_text.hpp"
+
+namespace weir::gateway {
+
+namespace json = boost::json;
+
+AdminError admin_bad_request(std::string message, std::string param) {
+  return AdminError{400, "invalid_request_error", {}, std::move(message), std::move(param)};
+}
+
+AdminError admin_not_found(std::string message) {
+  return AdminError{404, "invalid_request_error", "not_found", std::move(message), {}};
+}
+
+namespace {
+
+void append_plain_double(std::string& out, double d) {
+  if (!std::isfinite(d)) {
+    out += "null";
+    return;
+  }
+  const double a = std::fabs(d);
+  const bool plain = a == 0 || (a >= 1e-9 && a < 1e17);
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, d, plain ? std::chars_format::fixed : std::chars_format::general);
+  const std::string_view text(buf, static_cast<std::size_t>(r.ptr - buf));
+  out += text;
+  if (plain && text.find('.') == std::string_view::npos) out += ".0";  // a double stays one: 25.0, not 25
+}
+
+void append_admin_json(std::string& out, const json::value& v) {
+  switch (v.kind()) {
+    case json::kind::double_:
+      append_plain_double(out, v.get_double());
+      return;
+    case json::kind::object: {
+      out += '{';
+      bool first = true;
+      for (const auto& kv : v.get_object()) {
+        if (!first) out += ',';
+        first = false;
+        core::append_json_string(out, std::string_view(kv.key().data(), kv.key().size()));
+        out += ':';
+        append_admin_json(out, kv.value());
+      }
+      out += '}';
+      return;
+    }
+    case json::kind::array: {
+      out += '[';
+      bool first = true;
+      for (const auto& e : v.get_array()) {
+        if (!first) out += ',';
+        first = false;
+        append_admin_json(out, e);
+      }
+      out += ']';
+      return;
+    }
+    case json::kind::string:
+      core::append_json_string(out, std::string_view(v.get_string().data(), v.get_string().size()));
+      return;
+    default:  // integers, booleans, null: as Boost.JSON writes them
+      out += json::serialize(v);
+  }
+}
+
+}  // namespace
+
+std::string admin_json_text(const json::value& v) {
+  std::string out;
+  append_admin_json(out, v);
+  return out;
+}
+
+std::string admin_error_json(const AdminError& e) {
+  // Valid JSON whatever bytes the message quotes (a path's key id, a query
+  // parameter's name, percent-decoded: invalid UTF-8 becomes U+FFFD), as
+  // the client listener's errors are.
+  std::string out = R"({"error":{"message":)";
+  core::append_json_string(out, e.message);
+  out += R"(,"type":)";
+  core::append_json_string(out, e.type);
+  out += R"(,"param":)";
+  if (e.param.empty())
+    out += "null";
+  else
+    core::append_json_string(out, e.param);
+  out += R"(,"code":)";
+  if (e.code.empty())
+    out += "null";
+  else
+    core::append_json_string(out, e.code);
+  out += "}}";
+  return out;
+}
+
+}  // namespace weir::gateway

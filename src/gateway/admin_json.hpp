@@ -1,0 +1,40 @@
+// The admin API's errors and JSON text (docs/admin-api.md): an error in
+// OpenAI's shape, and a JSON body with every double in plain decimal
+// notation. The admin handlers (gateway/admin_handlers.hpp, admin_keys.cpp,
+// admin_serve.cpp, admin_server.cpp), the key store and its keys file
+// (gateway/key_store.hpp, key_json.hpp) and the Redis key admin
+// (gateway/redis_key_admin.hpp) answer with them.
+#pragma once
+
+#include <string>
+
+#include <boost/json/value.hpp>
+#include <tl/expected.hpp>
+
+namespace weir::gateway {
+
+// An admin API error, rendered in OpenAI's error shape
+// {"error":{"message","type","param","code"}} (empty param/code = null).
+struct AdminError {
+  int status = 400;
+  std::string type = "invalid_request_error";
+  std::string code;
+  std::string message;
+  std::string param;
+};
+AdminError admin_bad_request(std::string message, std::string param = {});
+AdminError admin_not_found(std::string message);
+std::string admin_error_json(const AdminError& e);
+// `v` as JSON text, every double in plain decimal notation with a fraction
+// (25.0, 1.234, 0.001; the shortest that reads back as the same double:
+// std::to_chars), as docs/admin-api.md shows them: boost::json::serialize
+// writes 2.5E1 and 1E-3, which JSON allows but people and some tools read
+// badly. Magnitudes under 1e-9 or from 1e17 on keep the exponent (0 is
+// "0.0"); a NaN or infinity, which JSON has not, is null. Every JSON body of
+// the admin API and the keys file are written with it.
+std::string admin_json_text(const boost::json::value& v);
+
+template <class T>
+using AdminResult = tl::expected<T, AdminError>;
+
+}  // namespace weir::gateway
