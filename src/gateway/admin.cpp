@@ -9,6 +9,7 @@
 #include <boost/json.hpp>
 #include <boost/url/pct_string_view.hpp>
 
+#include "api/wide_integers.hpp"
 #include "auth/authenticator.hpp"
 #include "auth/redis_keys.hpp"
 #include "core/json_text.hpp"
@@ -202,8 +203,20 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
                                                                 const auth::Principal* principal) {
   boost::system::error_code ec;
   boost::json::value v = boost::json::parse(boost::json::string_view(upstream_list.data(), upstream_list.size()), ec);
+  // An integer beyond 64 bits in the upstream's list is written back exactly
+  // (api/wide_integers.hpp): parsed again with it as a token, restored below.
+  api::WideIntegers wide;
+  std::string protected_list;
+  if (!ec && api::has_wide_integer(v))
+    if (const auto text = wide.protect(upstream_list, protected_list); !wide.empty())
+      v = boost::json::parse(boost::json::string_view(text.data(), text.size()), ec);
   auto* data = !ec && v.is_object() ? v.get_object().if_contains("data") : nullptr;
   if (data == nullptr || !data->is_array()) return std::string();
+  const auto written = [&](const boost::json::value& x) {
+    std::string out = boost::json::serialize(x);
+    wide.restore(out);
+    return out;
+  };
   auto visible = [&](const boost::json::value& m) {
     const auto* id = m.is_object() ? m.get_object().if_contains("id") : nullptr;
     if (id == nullptr || !id->is_string()) return principal == nullptr;
@@ -215,7 +228,7 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
     for (const auto& m : list) {
       const auto* mid = m.is_object() ? m.get_object().if_contains("id") : nullptr;
       if (mid != nullptr && mid->is_string() && std::string_view(mid->get_string()) == *id && visible(m))
-        return boost::json::serialize(m);
+        return written(m);
     }
     return tl::unexpected(core::model_not_found(*id));
   }
@@ -224,7 +237,7 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
   for (auto& m : list)
     if (visible(m)) kept.push_back(std::move(m));
   list = std::move(kept);
-  return boost::json::serialize(v);
+  return written(v);
 }
 
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,

@@ -12,6 +12,7 @@
 
 #include "api/anthropic/response.hpp"
 #include "api/json_scan.hpp"
+#include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::api::anthropic {
@@ -48,6 +49,26 @@ std::string_view event_type(std::string_view data) {
   const std::string_view v = data.substr(span->value_begin, span->value_end - span->value_begin);
   if (v.size() < 2 || v.front() != '"' || v.back() != '"') return {};
   return v.substr(1, v.size() - 2);
+}
+
+// The JSON text of a content_block_start's tool_use `input` (`in`, parsed
+// from the event's `data`). An integer beyond 64 bits in it is kept exactly
+// (api/wide_integers.hpp): the event is parsed again with each such literal
+// as a token, and the literals are put back into the text.
+std::string input_json(std::string_view data, const json::value& in) {
+  if (!has_wide_integer(in)) return json::serialize(in);
+  WideIntegers wide;
+  std::string protected_data;
+  const std::string_view text = wide.protect(data, protected_data);
+  if (wide.empty()) return json::serialize(in);  // (a literal written with an exponent: nothing to keep)
+  boost::system::error_code ec;
+  const json::value again = json::parse(json::string_view(text.data(), text.size()), ec);
+  const json::object* cb = !ec && again.is_object() ? object_at(again.get_object(), "content_block") : nullptr;
+  const json::value* input = cb ? cb->if_contains("input") : nullptr;
+  if (!input) return json::serialize(in);  // (not reached: the same text, tokens for literals)
+  std::string out = json::serialize(*input);
+  wide.restore(out);
+  return out;
 }
 
 }  // namespace
@@ -176,7 +197,7 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
       // here instead. Kept for the block's end, used when no piece came.
       start_input_.clear();
       if (const auto* in = cb->if_contains("input"); in && in->is_object() && !in->get_object().empty())
-        start_input_ = json::serialize(*in);
+        start_input_ = input_json(data, *in);
     } else {
       block_ = Block::other;  // redacted_thinking, server tools: no chat equivalent
     }

@@ -12,6 +12,7 @@
 #include "api/json_scan.hpp"
 #include "api/request.hpp"
 #include "api/usage.hpp"
+#include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
 namespace weir::api::openai {
@@ -174,6 +175,16 @@ Continuation continuation_body(std::string_view body, std::string_view text_json
   boost::system::error_code ec;
   json::value doc = json::parse(body, ec, &mr);
   if (ec || !doc.is_object() || !numbers_finite(doc)) return Continuation::unsupported;
+  // An integer beyond 64 bits (a tool's schema, a seed) reaches the upstream
+  // exactly: parsed again with it as a token, restored in the output
+  // (api/wide_integers.hpp).
+  WideIntegers wide;
+  std::string protected_body;
+  if (has_wide_integer(doc))
+    if (const auto text = wide.protect(body, protected_body); !wide.empty()) {
+      doc = json::parse(text, ec, &mr);
+      if (ec || !doc.is_object()) return Continuation::unsupported;
+    }
   auto& o = doc.get_object();
   auto* msgs = o.if_contains("messages");
   if (msgs == nullptr || !msgs->is_array()) return Continuation::unsupported;
@@ -250,6 +261,7 @@ Continuation continuation_body(std::string_view body, std::string_view text_json
   o["add_generation_prompt"] = false;
   o.erase("echo");
   out = json::serialize(doc);
+  wide.restore(out);
   return Continuation::ok;
 }
 

@@ -12,6 +12,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/json_scan.hpp"
+#include "api/wide_integers.hpp"
 #include "core/text.hpp"
 
 namespace weir::api::openai {
@@ -396,6 +397,15 @@ bool completion_as_chunk(std::string_view completion, std::string& out) {
   boost::system::error_code ec;
   boost::json::value v = boost::json::parse(completion, ec);
   if (ec || !v.is_object()) return false;
+  // An integer beyond 64 bits anywhere in the answer is kept exactly: parsed
+  // again with it as a token, restored in the output (api/wide_integers.hpp).
+  api::WideIntegers wide;
+  std::string protected_completion;
+  if (api::has_wide_integer(v))
+    if (const auto text = wide.protect(completion, protected_completion); !wide.empty()) {
+      v = boost::json::parse(text, ec);
+      if (ec || !v.is_object()) return false;
+    }
   auto& o = v.get_object();
   // (Before the pointer below: adding "object" to a body without it may
   // move the object's members.)
@@ -418,6 +428,7 @@ bool completion_as_chunk(std::string_view completion, std::string& out) {
     choice["delta"] = std::move(delta);
   }
   out = boost::json::serialize(v);
+  wide.restore(out);
   return true;
 }
 

@@ -181,6 +181,19 @@ TEST(AnthropicUpstreamStream, AToolsWholeInputInItsStartIsItsArguments) {
             json::parse(R"({"tool_calls":[{"index":1,"function":{"arguments":"{\"tz\":\"UTC\"}"}}]})"));
 }
 
+TEST(AnthropicUpstreamStream, AWholeInputKeepsIntegersBeyond64BitsExactly) {
+  // Boost.JSON holds 18446744073709551617 as a double: serialized again it was 1.8446744073709552E19.
+  std::string s(kTools);
+  const std::string from = R"("name":"get_time","input":{})";
+  const auto at = s.find(from);
+  ASSERT_NE(at, std::string::npos);
+  s.replace(at, from.size(),
+            R"("name":"get_time","input":{"n":18446744073709551617,"m":[-123456789012345678901234567890,1.5]})");
+  const auto c = translate(s, false);
+  EXPECT_EQ(json::parse(c[7]).at("choices").at(0).at("delta").at("tool_calls").at(0).at("function").at("arguments"),
+            R"({"n":18446744073709551617,"m":[-123456789012345678901234567890,1.5E0]})");
+}
+
 TEST(AnthropicUpstreamStream, EverySplitGivesTheSameChunks) {
   for (auto stream : {kText, kTools}) {
     const auto whole = translate(stream, true);

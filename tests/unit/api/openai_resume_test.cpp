@@ -104,6 +104,23 @@ TEST(ContinuationBody, AppendsTheAssistantTextAndKeepsTheRest) {
   EXPECT_EQ(o.size(), orig.size() + 2);
 }
 
+TEST(ContinuationBody, KeepsIntegersBeyond64BitsExactly) {
+  // A tool's schema with a bound past 64 bits: Boost.JSON holds it as a double, which would be written
+  // 1.8446744073709552E19.
+  const std::string body =
+      R"({"model":"m","messages":[{"role":"user","content":"q"}],"max_tokens":8,"tools":[{"type":"function",)"
+      R"("function":{"name":"f","parameters":{"type":"integer","maximum":18446744073709551617,)"
+      R"("minimum":-123456789012345678901234567890}}}]})";
+  std::string out;
+  ASSERT_EQ(continuation_body(body, "a", 5, out), Continuation::ok);
+  EXPECT_NE(out.find(R"("maximum":18446744073709551617,"minimum":-123456789012345678901234567890)"), std::string::npos)
+      << out;
+  EXPECT_EQ(parse(out).at("max_tokens").as_int64(), 3);
+  // A limit past 64 bits is still nothing Weir can lower.
+  EXPECT_EQ(continuation_body(R"({"messages":[],"max_tokens":18446744073709551617})", "a", 3, out),
+            Continuation::unsupported);
+}
+
 TEST(ContinuationBody, LowersBothLimitsAndFinishesWhenSpent) {
   std::string out;
   const std::string body =

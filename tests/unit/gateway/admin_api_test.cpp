@@ -18,6 +18,7 @@
 #include "admission/local_limiter.hpp"
 #include "auth/authenticator.hpp"
 #include "core/time.hpp"
+#include "gateway/admin.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/generation.hpp"
 #include "gateway/key_store.hpp"
@@ -557,6 +558,21 @@ TEST(RunBlocking, RunsOffTheCallingThreadAndResumesOnIt) {
   EXPECT_EQ(result, 42);
   EXPECT_NE(ran_on, caller);
   EXPECT_EQ(resumed_on, caller);
+}
+
+// The upstream's model list written again (one model's object, or the list a key may see) keeps an integer
+// beyond 64 bits exactly: Boost.JSON holds it as a double, which would be written 1.8446744073709552E19.
+TEST(UpstreamModels, AModelsObjectKeepsIntegersBeyond64Bits) {
+  const std::string list =
+      R"({"object":"list","data":[{"id":"m","object":"model","max_model_len":18446744073709551617},)"
+      R"({"id":"n","object":"model","max_model_len":1.5}]})";
+  const auto r = upstream_models_response(list, "/v1/models/m", nullptr);
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(*r, R"({"id":"m","object":"model","max_model_len":18446744073709551617})");
+  const auto plain =
+      upstream_models_response(R"({"object":"list","data":[{"id":"m","n":1}]})", "/v1/models/m", nullptr);
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_EQ(*plain, R"({"id":"m","n":1})");
 }
 
 }  // namespace

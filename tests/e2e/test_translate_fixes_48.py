@@ -1,0 +1,108 @@
+"""Defects found in stop 48's black-box rounds: integers beyond 64 bits through the translators, a tool call's id
+that came after its first delta, 5xx answers in weir_upstream_failures_total, and /metrics scrapes in the byte
+counters."""
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import pytest
+
+from test_defect_fixes import RawUpstream
+
+BIG = "18446744073709551617"       # 2^64 + 1: neither int64 nor uint64
+NEG = "-123456789012345678901234567890"
+ANTHROPIC_KEY = "sk-ant-48"
+
+# The upstream's answer for the next request: bytes (a whole HTTP response).
+_ANSWER: dict = {}
+
+
+def _http(status: int, body: bytes, content_type: str = "application/json") -> bytes:
+    reason = {200: b"OK", 429: b"Too Many Requests", 500: b"Internal Server Error",
+              503: b"Service Unavailable"}.get(status, b"X")
+    return (b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n\r\n%s"
+            % (status, reason, content_type.encode(), len(body), body))
+
+
+def _sse(events: list[str]) -> bytes:
+    return _http(200, "".join(events).encode(), "text/event-stream")
+
+
+def _anthropic_event(kind: str, data: dict | str) -> str:
+    return f"event: {kind}\ndata: {data if isinstance(data, str) else json.dumps(data)}\n\n"
+
+
+def _chat_chunk(delta: dict, finish=None) -> dict:
+    return {"id": "chatcmpl-48", "object": "chat.completion.chunk", "created": 1, "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def _chat_stream(chunks: list[dict]) -> bytes:
+    usage = {"id": "chatcmpl-48", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [],
+             "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}}
+    return _sse([f"data: {json.dumps(c)}\n\n" for c in [*chunks, usage]] + ["data: [DONE]\n\n"])
+
+
+@pytest.fixture(scope="module")
+def gw(module_weir):
+    up = RawUpstream(lambda headers, body: _ANSWER["a"])
+    try:
+        yield module_weir(config={
+            "pools": {"p": {"endpoints": [up.url]},
+                      "claude": {"type": "anthropic", "endpoints": [up.url], "api_key_env": "WEIR_TEST_48_KEY"}},
+            "models": {"m": {"pool": "p"}, "claude-x": {"pool": "claude"}},
+        }, env={"WEIR_TEST_48_KEY": ANTHROPIC_KEY}, workers=1)
+    finally:
+        up.close()
+
+
+def _events(text: str) -> list[dict]:
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:") and line[5:].strip()
+            != "[DONE]"]
+
+
+# DEFECT: an Anthropic pool that gives a tool's input whole in content_block_start (no input_json_delta) had
+# the input serialized again from Boost.JSON's DOM, where 18446744073709551617 is a double: the chat client's
+# arguments said {"n":1.8446744073709552E19}, and a /v1/responses stream (made from the same chat chunks) too.
+# docs/protocols.md promises every translator keeps such integers exactly: the input is parsed again with them
+# as tokens (api/wide_integers.hpp), as the other translators do.
+@pytest.mark.parametrize("path", ["/chat/completions", "/responses"])
+def test_a_tool_input_given_whole_at_its_start_keeps_an_integer_beyond_64_bits(gw, path):
+    message = {"id": "msg_48", "type": "message", "role": "assistant", "model": "claude-x", "content": [],
+               "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": 10, "output_tokens": 1}}
+    start = ('{"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":"toolu_48",'
+             '"name":"f","input":{"n":' + BIG + ',"m":[' + NEG + '],"s":"x"}}}')
+    _ANSWER["a"] = _sse([
+        _anthropic_event("message_start", {"type": "message_start", "message": message}),
+        _anthropic_event("content_block_start", start),
+        _anthropic_event("content_block_stop", {"type": "content_block_stop", "index": 0}),
+        _anthropic_event("message_delta", {"type": "message_delta", "usage": {"output_tokens": 9},
+                                           "delta": {"stop_reason": "tool_use", "stop_sequence": None}}),
+        _anthropic_event("message_stop", {"type": "message_stop"}),
+    ])
+    body = {"model": "claude-x", "stream": True}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if path == "/chat/completions" else {"input": "hi"})
+    r = httpx.post(gw.v1 + path, json=body, timeout=10)
+    assert r.status_code == 200, r.text
+    if path == "/chat/completions":
+        args = "".join(tc["function"].get("arguments", "") for e in _events(r.text) for c in e.get("choices", [])
+                       for tc in c.get("delta", {}).get("tool_calls", []))
+    else:
+        [args] = [e["item"]["arguments"] for e in _events(r.text)
+                  if e["type"] == "response.output_item.done" and e["item"]["type"] == "function_call"]
+    assert args == '{"n":' + BIG + ',"m":[' + NEG + '],"s":"x"}', args
+
+
+# The same class where a whole chat completion is written again: an upstream that ignored stream: true (its answer
+# made into the one chunk a chat client streams) kept the literal only as a double.
+def test_a_whole_answer_to_a_stream_keeps_an_integer_beyond_64_bits(gw):
+    answer = ('{"id":"chatcmpl-48","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,'
+              '"message":{"role":"assistant","content":"hi"},"finish_reason":"stop","stop_reason":' + BIG + '}],'
+              '"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}')
+    _ANSWER["a"] = _http(200, answer.encode())
+    r = httpx.post(gw.v1 + "/chat/completions", timeout=10,
+                   json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    assert '"stop_reason":' + BIG in r.text and "E19" not in r.text, r.text
