@@ -59,7 +59,8 @@ class ToolCallStream {
     std::int64_t upstream_index = -1;  // the entries' `index`; -1: they had none
     std::string upstream_id;           // the entries' first non-empty `id` ("": none yet)
     State state = State::done;         // as the translator sets it (done until then)
-    std::string id;                    // the client's id for the call (the translator's)
+    std::string id;                    // the client's id for the call: set as its start goes out (upstream_id then,
+                                       // or the translator's own when that is "")
     std::string name;                  // the call's name so far (whole once its start went out)
     std::string arguments;             // a held call's arguments so far
   };

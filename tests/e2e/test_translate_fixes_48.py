@@ -106,3 +106,53 @@ def test_a_whole_answer_to_a_stream_keeps_an_integer_beyond_64_bits(gw):
                    json={"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]})
     assert r.status_code == 200, r.text
     assert '"stop_reason":' + BIG in r.text and "E19" not in r.text, r.text
+
+
+# DEFECT: a tool call's id that came in a later delta than the call's first (the first delta has no id, the next
+# brings "id":"late") was ignored although the call's start (content_block_start; output_item.added) was still
+# held then: the client got a made-up toolu_…_0 / call_…_0. The start takes the upstream's id as it stands when
+# it goes out.
+def test_a_tool_calls_id_that_comes_before_its_start_goes_out_is_the_upstreams(gw):
+    _ANSWER["a"] = _chat_stream([
+        _chat_chunk({"role": "assistant"}),
+        _chat_chunk({"tool_calls": [{"index": 0, "type": "function", "function": {"name": "f", "arguments": ""}}]}),
+        _chat_chunk({"tool_calls": [{"index": 0, "id": "late", "function": {"arguments": '{"a":1}'}}]}),
+        _chat_chunk({}, "tool_calls"),
+    ])
+    tools_m = [{"name": "f", "input_schema": {"type": "object"}}]
+    r = httpx.post(gw.v1 + "/messages", timeout=10, headers={"anthropic-version": "2023-06-01"},
+                   json={"model": "m", "max_tokens": 50, "stream": True, "tools": tools_m,
+                         "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    starts = [e["content_block"] for e in _events(r.text) if e["type"] == "content_block_start"]
+    assert [(b["type"], b["id"], b["name"]) for b in starts] == [("tool_use", "late", "f")], starts
+    r = httpx.post(gw.v1 + "/responses", timeout=10,
+                   json={"model": "m", "stream": True, "input": "hi",
+                         "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}}]})
+    assert r.status_code == 200, r.text
+    items = [(e["type"], e["item"]["call_id"]) for e in _events(r.text)
+             if e["type"] in ("response.output_item.added", "response.output_item.done")
+             and e["item"]["type"] == "function_call"]
+    assert items == [("response.output_item.added", "late"), ("response.output_item.done", "late")], items
+    [done] = [e for e in _events(r.text) if e["type"] == "response.completed"]
+    assert [o["call_id"] for o in done["response"]["output"] if o["type"] == "function_call"] == ["late"]
+
+
+# A later id never changes a call whose start went out (the client has its id): the first stays.
+def test_an_id_after_the_start_went_out_changes_nothing(gw):
+    _ANSWER["a"] = _chat_stream([
+        _chat_chunk({"role": "assistant"}),
+        _chat_chunk({"tool_calls": [{"index": 0, "type": "function", "function": {"name": "f", "arguments": '{"a":'}}]}),
+        _chat_chunk({"tool_calls": [{"index": 0, "function": {"arguments": "1"}}]}),
+        _chat_chunk({"tool_calls": [{"index": 0, "id": "later", "function": {"arguments": "}"}}]}),
+        _chat_chunk({}, "tool_calls"),
+    ])
+    r = httpx.post(gw.v1 + "/messages", timeout=10, headers={"anthropic-version": "2023-06-01"},
+                   json={"model": "m", "max_tokens": 50, "stream": True,
+                         "tools": [{"name": "f", "input_schema": {"type": "object"}}],
+                         "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 200, r.text
+    [start] = [e["content_block"] for e in _events(r.text) if e["type"] == "content_block_start"]
+    assert start["id"].startswith("toolu_") and start["id"].endswith("_0"), start
+    partial = "".join(e["delta"]["partial_json"] for e in _events(r.text) if e["type"] == "content_block_delta")
+    assert json.loads(partial) == {"a": 1}

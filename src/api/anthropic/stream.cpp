@@ -73,7 +73,11 @@ void StreamTranslator::open(Block kind, std::string& out) {
 void StreamTranslator::start_tool(std::string& out) {
   if (!tool_start_pending_) return;
   tool_start_pending_ = false;
-  const ToolCallStream::Call& c = calls_[tool_call_];
+  // The call's id as it stands now: the upstream's, also when it came in a later delta than the call's first
+  // (the start was held till now); one of Weir's only when none came before the start goes out.
+  ToolCallStream::Call& c = calls_[tool_call_];
+  c.id = c.upstream_id;
+  if (c.id.empty()) c.id = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), tool_call_);
   begin_event(out, "content_block_start");
   fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_start","index":{},"content_block":)", next_index_);
   out += R"({"type":"tool_use","id":)";
@@ -268,8 +272,6 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
             const auto r = calls_.route(call, open_ == Block::tool || calls_.any_held());
             ToolCallStream::Call& c = calls_[r.call];
             if (r.began) {
-              c.id = c.upstream_id;
-              if (c.id.empty()) c.id = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), r.call);
               // A new call on the open call's index (a new id): the open call is whole.
               if (open_ == Block::tool && !calls_.any_held() && c.upstream_index >= 0 &&
                   calls_[tool_call_].upstream_index == c.upstream_index)

@@ -159,8 +159,10 @@ void StreamTranslator::delta(std::string_view text, std::string& out) {
 void StreamTranslator::start_call(std::string& out) {
   if (!call_pending_) return;
   call_pending_ = false;
+  // The upstream's id as it stands now, also when it came in a later delta than the call's first (the item was
+  // held till now); "": open() makes call_X_<n>.
   ToolCallStream::Call& c = calls_[tool_call_];
-  open(OutputItem::Kind::function_call, out, c.id, c.name);
+  open(OutputItem::Kind::function_call, out, c.upstream_id, c.name);
   c.id = items_.back().call_id;
   const std::string args = calls_.release(tool_call_);  // (what came with the name: held till now)
   tool_arguments(args, out);
@@ -379,7 +381,6 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
             const auto r = calls_.route(call, in_call || calls_.any_held());
             ToolCallStream::Call& c = calls_[r.call];
             if (r.began) {
-              c.id = c.upstream_id;  // ("": open() makes call_X_<n>)
               // A new call on the open call's index (a new id): the open call is whole.
               if (in_call && !calls_.any_held() && c.upstream_index >= 0 &&
                   calls_[tool_call_].upstream_index == c.upstream_index)
