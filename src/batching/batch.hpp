@@ -185,8 +185,9 @@ struct BatchEnv {
   Stats* stats = nullptr;
   std::uint64_t* upstream_connects = nullptr;  // the worker's new-connection counter
   // Each upstream attempt of a batch (connect tried, or request sent) on
-  // endpoint `endpoint`, and how it failed (none: it got an answer); for
-  // the per-endpoint metrics. Called once per attempt, not per member.
+  // endpoint `endpoint`, and how it failed (none: it got an answer; status:
+  // a 5xx one); for the per-endpoint metrics. Called once per attempt, not
+  // per member.
   std::function<void(std::uint32_t endpoint, http::UpstreamFailure f)> on_attempt;
   // A retry the batch made (weir_upstream_retries_total{reason}), once per batch.
   std::function<void(routing::RetryReason reason)> on_retry;

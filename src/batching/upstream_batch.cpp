@@ -132,9 +132,11 @@ core::Task<void> Batch::send() {
     const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.first_byte;
     failure = co_await exchange_.start(
         {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = idle});
-    if (env.on_attempt) env.on_attempt(ep_idx, failure);
     const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
                                (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
+    // (A 5xx answer counts as a failed attempt, kind status, as unbatched: once for the batch.)
+    if (env.on_attempt)
+      env.on_attempt(ep_idx, failure == UpstreamFailure::none && answer_failed ? UpstreamFailure::status : failure);
     if (failure == UpstreamFailure::none && exchange_.head().result_int() == 200 &&
         is_event_stream(http::first_field(exchange_.head(), bh::field::content_type))) {
       // A stream's answer is judged at its first token (judge), as unbatched: vLLM sends the head at once, so

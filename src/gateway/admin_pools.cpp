@@ -171,7 +171,7 @@ core::Task<AdminResponse> AdminServer::pools(AdminRequest&) {
       json::object failures;
       for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                      http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol,
-                     http::UpstreamFailure::tls, http::UpstreamFailure::local_resources})
+                     http::UpstreamFailure::tls, http::UpstreamFailure::status, http::UpstreamFailure::local_resources})
         failures[http::to_string(f)] = totals->upstream_failures_at(slot, f);
       e["failures"] = std::move(failures);
       eps.emplace_back(std::move(e));

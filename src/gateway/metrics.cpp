@@ -457,7 +457,7 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
     if (!endpoint_shown(slot)) continue;
     for (auto f : {http::UpstreamFailure::connect_refused, http::UpstreamFailure::connect_timeout,
                    http::UpstreamFailure::timeout, http::UpstreamFailure::reset, http::UpstreamFailure::protocol,
-                   http::UpstreamFailure::tls, http::UpstreamFailure::local_resources})
+                   http::UpstreamFailure::tls, http::UpstreamFailure::status, http::UpstreamFailure::local_resources})
       w.sample("weir_upstream_failures_total", fmt::format("{},kind=\"{}\"", L.endpoints[slot], http::to_string(f)),
                upstream_failures_[slot * kFailureKinds + kind_of(f)]);
   }

@@ -37,6 +37,8 @@ std::string_view to_string(UpstreamFailure f) {
       return "local_resources";
     case UpstreamFailure::overloaded:
       return "overloaded";
+    case UpstreamFailure::status:
+      return "status";
     case UpstreamFailure::count_:
       break;
   }

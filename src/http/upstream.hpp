@@ -36,6 +36,11 @@ enum class UpstreamFailure : std::uint8_t {
   // or the pool saturated) and a fallback was left, which took the request;
   // Weir's choice, never held against an endpoint.
   overloaded,
+  // Not an I/O failure: the upstream answered with a 5xx status, which the
+  // endpoint's health takes as a failed answer (routing/health.hpp). Only
+  // counted (weir_upstream_failures_total{kind="status"}), never a request's
+  // failure: the answer is retried, or passed on as the upstream's.
+  status,
   count_,
 };
 

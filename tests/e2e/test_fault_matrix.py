@@ -133,7 +133,7 @@ class Expect:
 @dataclasses.dataclass(frozen=True)
 class Fault:
     name: str
-    failure: str | None                 # weir_upstream_failures_total kind it counts (None: a status)
+    failure: str | None                 # weir_upstream_failures_total kind it counts (None: a 429)
     stream: Expect
     plain: Expect
     # With a fallback: the fallback's full answer, unless the stream had passed its first token.
@@ -141,7 +141,7 @@ class Fault:
 
 
 FAULTS = [
-    Fault("status_5xx", None, Expect(503), Expect(503)),
+    Fault("status_5xx", "status", Expect(503), Expect(503)),
     Fault("status_429", None, Expect(429), Expect(429)),
     Fault("reset_before_head", "reset", Expect(502, code="upstream_unavailable"),
           Expect(502, code="upstream_unavailable")),

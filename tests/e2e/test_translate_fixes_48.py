@@ -156,3 +156,79 @@ def test_an_id_after_the_start_went_out_changes_nothing(gw):
     assert start["id"].startswith("toolu_") and start["id"].endswith("_0"), start
     partial = "".join(e["delta"]["partial_json"] for e in _events(r.text) if e["type"] == "content_block_delta")
     assert json.loads(partial) == {"a": 1}
+
+
+# DEFECT: an endpoint answering 5xx never showed in weir_upstream_failures_total{pool,endpoint,kind}: only
+# transport failures were counted, so failures ÷ attempts per endpoint (docs/observability.md) could not find an
+# endpoint failing with 503s, which the health state machine does count as failed answers. A 5xx answer, retried
+# or passed on, counts as kind="status"; a 429 does not (the upstream's capacity, not a failing endpoint).
+def test_a_5xx_answer_is_a_failure_of_its_endpoint(weir):
+    status = {"bad": 503, "five": 500, "busy": 429}
+    ok = _http(200, json.dumps({"id": "cmpl-1", "object": "chat.completion", "created": 1, "model": "m",
+                                "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"},
+                                             "finish_reason": "stop"}],
+                                "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                          "total_tokens": 2}}).encode())
+    ups = {name: RawUpstream(lambda h, b, s=s: _http(s, b'{"error":{"message":"no","type":"x"}}'))
+           for name, s in status.items()}
+    good = RawUpstream(lambda h, b: ok)
+    try:
+        w = weir(config={
+            "pools": {
+                # 503 is retried (on the other endpoint when it can): every 503 is a failure of the bad endpoint.
+                "two": {"endpoints": [ups["bad"].url, good.url], "outlier": {"consecutive_failures": 0},
+                        "retry": {"attempts": 3, "backoff": "1ms", "max_backoff": "2ms"}},
+                "five": {"endpoints": [ups["five"].url]},  # a 500 is passed on, not retried
+                "busy": {"endpoints": [ups["busy"].url]},
+            },
+            "models": {"two": {"pool": "two"}, "five": {"pool": "five"}, "busy": {"pool": "busy"}},
+        }, workers=1)
+        for i in range(8):
+            r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-request-id": f"two-{i}"},
+                           json={"model": "two", "messages": [{"role": "user", "content": "hi"}]})
+            assert r.status_code == 200, r.text
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-request-id": "five"},
+                       json={"model": "five", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 500, r.text
+        r = httpx.post(w.v1 + "/chat/completions", timeout=10, headers={"x-request-id": "busy"},
+                       json={"model": "busy", "messages": [{"role": "user", "content": "hi"}]})
+        assert r.status_code == 429, r.text
+        answered_503 = 0
+        for i in range(8):
+            line = w.log_for(f"two-{i}")
+            answered_503 += sum(1 for a in line.get("attempts", []) if a["status"] == 503)
+        assert answered_503 >= 1  # (the balancer spreads the first attempts over both endpoints)
+        m = w.metrics()
+
+        def value(name, **labels):
+            return sum(v for n, lbl, v in m if n == name and all(lbl.get(k) == x for k, x in labels.items()))
+
+        assert value("weir_upstream_failures_total", pool="two", kind="status") == answered_503
+        assert value("weir_upstream_failures_total", pool="two", endpoint=ups["bad"].url,
+                     kind="status") == answered_503
+        assert value("weir_upstream_failures_total", pool="five", kind="status") == 1
+        assert value("weir_upstream_failures_total", pool="busy") == 0
+    finally:
+        for u in [*ups.values(), good]:
+            u.close()
+
+
+# A micro-batch's 5xx answer is one failed attempt, counted once whatever the batch's size (as its attempt is).
+def test_a_micro_batchs_5xx_answer_counts_once(weir):
+    up = RawUpstream(lambda h, b: _http(503, b'{"error":{"message":"no","type":"x"}}'))
+    try:
+        w = weir(config={"pools": {"gpu": {"endpoints": [up.url], "batch": {"window": "300ms", "max_size": 4}}},
+                 "default_pool": "gpu"}, workers=1)
+
+        def post(i):
+            return httpx.post(w.v1 + "/completions", timeout=10, headers={"x-request-id": f"b-{i}"},
+                              json={"model": "m", "prompt": f"p{i}", "max_tokens": 5})
+
+        with concurrent.futures.ThreadPoolExecutor(3) as ex:
+            rs = list(ex.map(post, range(3)))
+        assert all(r.status_code == 503 for r in rs), [r.text for r in rs]
+        attempts = w.metric("weir_upstream_attempts_total")
+        assert 1 <= attempts <= 3
+        assert w.metric("weir_upstream_failures_total", kind="status") == attempts
+    finally:
+        up.close()

@@ -580,6 +580,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     }
     const bool answer_failed = failure == http::UpstreamFailure::reset || failure == http::UpstreamFailure::timeout ||
                                (failure == http::UpstreamFailure::none && exchange_.head().result_int() >= 500);
+    // A 5xx answer, retried or passed on, is a failed attempt of its endpoint as the health state machine
+    // takes it: failures ÷ attempts per endpoint finds an endpoint that answers 503s as one that resets.
+    if (failure == http::UpstreamFailure::none && answer_failed)
+      metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), http::UpstreamFailure::status);
     if (failure == http::UpstreamFailure::none && !answer_failed && ctx.stream && exchange_.head().result_int() < 300 &&
         !head_request) {
       // A stream's answer is judged at its first token (judge_stream): a

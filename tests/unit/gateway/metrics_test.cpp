@@ -146,6 +146,7 @@ TEST(GatewayMetricsShard, UpstreamFailuresByKindAndCancelsAreNotCounted) {
   for (int i = 0; i < 4; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::protocol);
   for (int i = 0; i < 2; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::tls);
   m.count_upstream_failure(0, 0, UpstreamFailure::local_resources);  // Weir's shortage: counted, by its own kind
+  for (int i = 0; i < 5; ++i) m.count_upstream_failure(0, 0, UpstreamFailure::status);  // 5xx answers
   m.count_upstream_failure(0, 0, UpstreamFailure::cancelled);
   m.count_upstream_failure(0, 0, UpstreamFailure::none);
   m.count_upstream_failure(0, 1, UpstreamFailure::reset);  // no such endpoint: ignored
@@ -161,16 +162,17 @@ TEST(GatewayMetricsShard, UpstreamFailuresByKindAndCancelsAreNotCounted) {
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"protocol\""), 4);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"tls\""), 2);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"local_resources\""), 1);
+  EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"status\""), 5);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"cancelled\""), -1);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"none\""), -1);
-  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 7u);
+  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 8u);
 }
 
 TEST(GatewayMetricsShard, EveryFailureKindIsRenderedEvenAtZero) {
   const auto cfg = config();
   MetricsShard m(MetricLabels::build(cfg, nullptr));
   const auto t = render(m);
-  for (std::string_view k : {"connect_refused", "connect_timeout", "timeout", "reset", "protocol"})
+  for (std::string_view k : {"connect_refused", "connect_timeout", "timeout", "reset", "protocol", "status"})
     EXPECT_EQ(sample(t, "weir_upstream_failures_total", kEp + "kind=\"" + std::string(k) + "\""), 0) << k;
   EXPECT_EQ(count_lines_starting(t, "weir_requests_total{"), 0u);
   // Configured models have their token counters from the start.
@@ -440,7 +442,7 @@ TEST(GatewayMetricsShard, AttemptsAndFailuresByPoolAndEndpointAsConfigured) {
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", p1 + ",kind=\"reset\""), 1);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", p0 + ",kind=\"reset\""), 0);
   EXPECT_EQ(sample(t, "weir_upstream_failures_total", q0 + ",kind=\"connect_refused\""), 1);
-  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 21u);  // 3 endpoints x 7 kinds
+  EXPECT_EQ(count_lines_starting(t, "weir_upstream_failures_total{"), 24u);  // 3 endpoints x 8 kinds
   EXPECT_EQ(t.find("s3cret"), std::string::npos);
   EXPECT_EQ(m.upstream_failures(UpstreamFailure::reset), 1u);
 }
