@@ -147,6 +147,7 @@ void Downstream::release_request() {
 
 void Downstream::begin_request() {
   bytes_out_ = 0;
+  count_total_ = true;
   acked_fresh_ = true;
   chunked_ = http11();
   ended_ = false;

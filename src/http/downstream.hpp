@@ -247,6 +247,11 @@ class Downstream {
 
   // Starts a request's accounting (bytes_out) and framing (HTTP version).
   void begin_request();
+  // This request's bytes go to bytes_out() but not to `bytes_out_total`
+  // (until the next begin_request): a /metrics scrape, which writes no
+  // access-log line, so the total adds up to the log's bytes_out.
+  void leave_out_of_total() { count_total_ = false; }
+  bool left_out_of_total() const { return !count_total_; }
 
   // --- closing ---
 
@@ -352,11 +357,12 @@ class Downstream {
   std::uint64_t acked_seen_ = 0;  // tcpi_bytes_acked at the last reading (unacked, progress)
   core::TimePoint acked_moved_at_{};
   bool acked_fresh_ = true;  // no reading yet for this request: the next one starts write_timeout's clock
+  bool count_total_ = true;  // this request's bytes count in bytes_out_total_ (leave_out_of_total)
   // A write of `n` bytes: the request's bytes_out, the connection's count, the listener's total.
   void count_out(std::size_t n) {
     bytes_out_ += n;
     written_ += n;
-    if (bytes_out_total_) *bytes_out_total_ += n;
+    if (bytes_out_total_ && count_total_) *bytes_out_total_ += n;
   }
   // One reading of tcpi_bytes_acked into acked_seen_ (and acked_moved_at_); false when the kernel does not say.
   bool read_acked();

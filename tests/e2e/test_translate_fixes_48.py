@@ -232,3 +232,18 @@ def test_a_micro_batchs_5xx_answer_counts_once(weir):
         assert w.metric("weir_upstream_failures_total", kind="status") == attempts
     finally:
         up.close()
+
+
+# DEFECT: weir_response_bytes_total counted /metrics scrapes on the client port (each scrape added the previous
+# page's bytes), though a scrape writes no access-log line: the counter could not be reconciled with the log's
+# bytes_out. A scrape's bytes are left out of the byte counters now; a request the log has is counted as it says.
+def test_scrapes_stay_out_of_the_byte_counters(gw):
+    first = gw.metric("weir_response_bytes_total")
+    assert gw.metric("weir_response_bytes_total") == first  # a scrape in between added nothing
+    assert gw.metric("weir_request_bytes_total") == gw.metric("weir_request_bytes_total")
+    r = httpx.post(gw.v1 + "/chat/completions", timeout=10, headers={"x-request-id": "bytes-48"},
+                   json={"model": "no-such-model", "messages": [{"role": "user", "content": "hi"}]})
+    assert r.status_code == 404, r.text
+    line = gw.log_for("bytes-48")
+    assert gw.metric("weir_response_bytes_total") == first + line["bytes_out"]
+    assert not [e for e in gw.log_entries() if e.get("path") == "/metrics"]

@@ -280,12 +280,15 @@ void GatewayPhases::log(RequestContext& ctx) {
     m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
   if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
-  m.sse_events += ctx.events;
-  m.bytes_in += ctx.bytes_in;  // here, as the log line's: a body that failed midway counts what came
-  // A scrape every few seconds would drown the log: /metrics counts in the
-  // metrics, writes no line and stores no record.
-  end_capture(ctx);
+  // A scrape every few seconds would drown the log: /metrics counts in
+  // weir_requests_total{route="/metrics"}, writes no line, stores no record,
+  // and its bytes stay out of the byte counters (so they add up to the log's).
   const bool scrape = ctx.route == RouteKind::metrics && ctx.status == 200;  // (a refused one, a 405, is logged)
+  m.sse_events += ctx.events;
+  if (!scrape) m.bytes_in += ctx.bytes_in;  // here, as the log line's: a body that failed midway counts what came
+  // (A scrape whose page did not go out whole, a 499, is logged: its bytes are counted after all.)
+  if (!scrape && down_.left_out_of_total()) m.bytes_out += down_.bytes_out();
+  end_capture(ctx);
   if ((w_.access_log().enabled() || w_.record_queue()) && !scrape) write_access_log(ctx, end);
   if (ctx.trace_sampled()) push_trace(ctx, end);
   if (ctx.capture) {
