@@ -177,13 +177,6 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
 
 }  // namespace
 
-std::uint32_t seconds_until(const BucketView& v, double cost) {
-  // (Unlimited, or more than it ever holds: the check itself says so, and no wait helps.)
-  if (v.rate_per_min <= 0 || cost > v.depth + 1e-9) return 0;
-  const double deficit = cost - v.level;
-  return deficit <= 1e-9 ? 0 : refill_seconds(deficit, v.rate_per_min);
-}
-
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
                                                    TokenEstimate estimate, Instant now, Shortfall* wait,
                                                    const Pricing* prices, const ModelPrice* reserve_at) {
@@ -256,10 +249,9 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     std::uint32_t w = refused;
     for (int i = 0; i < n; ++i) {
       if (sc[i].limits->requests_per_minute)
-        w = std::max(w, seconds_until(limiter_.view(sc[i].id, Bucket::requests, now), 1.0));
+        w = std::max(w, limiter_.seconds_until(sc[i].id, Bucket::requests, 1.0, now));
       if (t.tpm_[i])
-        w = std::max(
-            w, seconds_until(limiter_.view(sc[i].id, Bucket::tokens, now), static_cast<double>(estimated_tokens)));
+        w = std::max(w, limiter_.seconds_until(sc[i].id, Bucket::tokens, static_cast<double>(estimated_tokens), now));
     }
     return w;
   };

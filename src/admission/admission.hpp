@@ -125,11 +125,6 @@ std::string format_reset(std::uint64_t ms);
 // (KIND: "requests" or "tokens"; limit per minute, remaining in whole units).
 void append_rate_limit_headers(std::string& out, std::string_view kind, const BucketView& b);
 
-// Whole seconds (at least 1, at most a day) until the bucket `v` shows holds
-// `cost` units at its rate; 0 when it holds them now, and when no wait helps
-// (an unlimited bucket, or `cost` above its depth).
-std::uint32_t seconds_until(const BucketView& v, double cost);
-
 class Admission {
  public:
   // `limiter` and `pricing` are shared and must outlive this object and its

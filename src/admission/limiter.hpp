@@ -76,6 +76,13 @@ struct Shortfall {
   }
 };
 
+// `ns` (>= 0) of waiting as a refusal's Retry-After: whole seconds rounded
+// up, at least 1, at most a day (refill_seconds' clamp).
+inline std::uint32_t wait_seconds(double ns) {
+  const double secs = std::ceil(std::max(ns, 0.0) / 1e9 - 1e-9);
+  return static_cast<std::uint32_t>(std::clamp(secs, 1.0, 86400.0));
+}
+
 // Whole seconds (at least 1, at most a day) a bucket refilling at
 // `rate_per_min` units a minute takes to gain `deficit` units: a refusal's
 // Retry-After (RFC 9110 §10.2.3).
@@ -99,6 +106,18 @@ struct BucketView {
   double depth = 0;             // what it holds when full, units
 };
 
+// Whole seconds (at least 1, at most a day) until the bucket `v` shows holds
+// `cost` units, were it one bucket refilling at its rate; 0 when it holds
+// them now, and when no wait helps (an unlimited bucket, or `cost` above its
+// depth). Exact for a store that keeps each bucket whole (RedisLimiter's
+// shared bucket); a sharded one answers Limiter::seconds_until itself.
+inline std::uint32_t seconds_until(const BucketView& v, double cost) {
+  // (Unlimited, or more than it ever holds: the check itself says so, and no wait helps.)
+  if (v.rate_per_min <= 0 || cost > v.depth + 1e-9) return 0;
+  const double deficit = cost - v.level;
+  return deficit <= 1e-9 ? 0 : refill_seconds(deficit, v.rate_per_min);
+}
+
 // Contract for every implementation:
 //  - Calls come from worker threads, each passing its own `worker` index
 //    (0..workers-1); they must not block or wait on I/O. A remote store
@@ -119,6 +138,15 @@ class Limiter {
   // (usage above the estimate: later requests wait it out).
   virtual void charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) = 0;
   virtual BucketView view(std::uint32_t scope, Bucket b, Instant now) const = 0;
+  // Whole seconds (at least 1, at most a day) from `now` until take() of
+  // `cost` units from bucket `b` of `scope` passes, if nothing else takes
+  // meanwhile: a refusal's Retry-After, which a client that waits it is not
+  // refused again by. 0 when the bucket holds `cost` now, and when no wait
+  // helps (an unlimited bucket, or `cost` above its depth). Default: the
+  // bucket as one, admission::seconds_until(view()).
+  virtual std::uint32_t seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
+    return admission::seconds_until(view(scope, b, now), cost);
+  }
 
   // Takes one in-flight slot; false when max_concurrent_streams are in use.
   virtual bool acquire_stream(std::uint32_t scope, std::uint32_t worker) = 0;

@@ -241,10 +241,63 @@ TakeResult LocalLimiter::take(std::uint32_t scope, Bucket b, std::uint32_t worke
   // Not enough anywhere: put every borrowed unit back where it came from.
   for (std::uint32_t i = 0; i < k; ++i)
     if (taken[i] > 0) refund(s, sc.shards[(own + i) % shards_].tat[bi], taken[i], t);
-  double total = 0;
-  // Debt counts against the total (it is usage already served).
-  for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[bi], t);
-  return TakeResult{.ok = false, .retry_after_s = refill_seconds(cost - total, s.rate_per_min)};
+  // The wait of these shards, not of one bucket at rate r: a full shard
+  // gains nothing, so the bucket may refill at as little as r/N.
+  return TakeResult{.ok = false, .retry_after_s = wait_seconds(wait_ns(sc, bi, cost, t))};
+}
+
+double LocalLimiter::wait_ns(const Scope& sc, int bi, double cost, double now) const noexcept {
+  const Spec& s = sc.spec[bi];
+  const double cap = s.tau_ns / s.t_ns;  // a shard's depth, units
+  // Shard j gives take() clamp(level_j + dt / t_ns, 0, cap) units after dt
+  // ns: nothing until its debt is paid (start), then a unit per t_ns until
+  // it is full (fill = tat - now).
+  double starts[kMaxShards];
+  double fills[kMaxShards];
+  std::uint32_t filling = 0;
+  double have = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) {
+    const double fill = sc.shards[j].tat[bi].load(std::memory_order_relaxed) - now;
+    if (fill <= 0) {
+      have += cap;  // full: gains nothing more
+      continue;
+    }
+    have += std::clamp((s.tau_ns - fill) / s.t_ns, 0.0, cap);
+    starts[filling] = std::max(fill - s.tau_ns, 0.0);
+    fills[filling] = fill;
+    ++filling;
+  }
+  if (have >= cost - kEps) return 0;
+  std::sort(starts, starts + filling);
+  std::sort(fills, fills + filling);
+  // Between two breakpoints the k shards that are filling gain k / t_ns units a ns.
+  double at = 0;
+  std::uint32_t k = 0, si = 0, fi = 0;
+  while (fi < filling) {
+    const bool start_next = si < filling && starts[si] <= fills[fi];
+    const double next = start_next ? starts[si] : fills[fi];
+    const double gain = k * (next - at) / s.t_ns;
+    if (k > 0 && have + gain >= cost - kEps) return at + (cost - have) * s.t_ns / k;
+    have += gain;
+    at = next;
+    if (start_next) {
+      ++k;
+      ++si;
+    } else {
+      --k;
+      ++fi;
+    }
+  }
+  return at;  // every shard full: the whole depth (>= cost; rounding aside)
+}
+
+std::uint32_t LocalLimiter::seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
+  const Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return seconds_until(f, b, cost, now);
+  const Spec& s = sc.spec[static_cast<int>(b)];
+  if (!s.enabled || cost <= 0 || cost > s.depth + kEps) return 0;
+  const double w = wait_ns(sc, static_cast<int>(b), cost, ns(now));
+  return w <= 0 ? 0 : wait_seconds(w);
 }
 
 void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
@@ -311,10 +364,15 @@ BucketView LocalLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   if (!s.enabled) return v;
   const double t = ns(now);
   double total = 0;
-  for (std::uint32_t j = 0; j < shards_; ++j) total += shard_available(s, sc.shards[j].tat[static_cast<int>(b)], t);
-  // Until the whole bucket is full at its rate r (each of the N shards
-  // refills at r/N, so the slowest shard's own time would read N times long).
-  const double until_full_ns = std::max(s.depth - total, 0.0) * kNsPerMin / s.rate_per_min;
+  // Full again when its last shard is: each refills at r/N up to depth/N
+  // and a full one gains nothing, so uneven shards take longer than
+  // (depth - total) / r (up to N times).
+  double until_full_ns = 0;
+  for (std::uint32_t j = 0; j < shards_; ++j) {
+    const auto& tat = sc.shards[j].tat[static_cast<int>(b)];
+    total += shard_available(s, tat, t);
+    until_full_ns = std::max(until_full_ns, tat.load(std::memory_order_relaxed) - t);
+  }
   v.limit = static_cast<std::uint64_t>(std::max(s.rate_per_min, s.depth));
   v.remaining = total <= 0 ? 0 : static_cast<std::uint64_t>(std::floor(total + kEps));
   v.level = total;

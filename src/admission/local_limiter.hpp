@@ -74,7 +74,11 @@ class LocalLimiter final : public Limiter {
   TakeResult take(std::uint32_t scope, Bucket b, std::uint32_t worker, double cost, Instant now) override;
   void give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) override;
   void charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) override;
+  // reset_ms: until every shard is full (a full shard gains nothing, so
+  // with uneven shards that is up to N times (depth - level) / r).
   BucketView view(std::uint32_t scope, Bucket b, Instant now) const override;
+  // Exact for the shards (wait_ns), not the whole bucket at rate r.
+  std::uint32_t seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const override;
   bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   std::uint64_t streams_in_use(std::uint32_t scope) const override;
@@ -151,6 +155,12 @@ class LocalLimiter final : public Limiter {
   double ns(Instant t) const noexcept;
   std::uint32_t shard_of(std::uint32_t worker) const noexcept { return worker % shards_; }
   static double shard_available(const Spec& s, const std::atomic<double>& tat, double now) noexcept;
+  // Nanoseconds from `now` until the shards of bucket `bi` of `sc` can give
+  // `cost` (<= depth) units between them, as take() borrows them, if no one
+  // takes meanwhile; 0 when they can now. Each shard refills at r/N up to
+  // depth/N only, and one in debt gives nothing until it is paid: the sum
+  // is piecewise linear in time, walked through its breakpoints.
+  double wait_ns(const Scope& sc, int bi, double cost, double now) const noexcept;
   static double take_up_to(const Spec& s, std::atomic<double>& tat, double want, double now) noexcept;
   // Puts `amount` units back into one shard, up to full; returns what did not fit.
   static double refund(const Spec& s, std::atomic<double>& tat, double amount, double now) noexcept;

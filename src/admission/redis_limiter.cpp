@@ -310,6 +310,12 @@ BucketView RedisLimiter::view(std::uint32_t scope, Bucket b, Instant now) const 
   return v;
 }
 
+std::uint32_t RedisLimiter::seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
+  if (degraded_.load(std::memory_order_relaxed) && config_.fail_open)
+    return fallback_->seconds_until(scope, b, cost, now);
+  return Limiter::seconds_until(scope, b, cost, now);
+}
+
 bool RedisLimiter::acquire_stream(std::uint32_t scope, std::uint32_t /*worker*/) {
   if (at(scope).max_streams == 0) return true;
   Slots& s = at(scope).slots;

@@ -91,6 +91,9 @@ class RedisLimiter final : public Limiter {
   void charge(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) override;
   // Approximate: the global bucket as of the last sync, refilled since, plus this replica's lease.
   BucketView view(std::uint32_t scope, Bucket b, Instant now) const override;
+  // The shared bucket as one (Limiter's default); while failing open, the
+  // local fallback's (its shards') answer, as take() is then.
+  std::uint32_t seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const override;
   bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   // This replica's slots in use.

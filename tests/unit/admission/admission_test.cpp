@@ -477,17 +477,124 @@ TEST(AdmissionBudget, UsageAboveTheReservationIsRecorded) {
   EXPECT_FALSE(a.admit(w.tenant_only, "m", kEst, T0));
 }
 
-TEST(AdmissionHeaders, ResetIsTheWholeBucketsTimeWhateverTheWorkers) {
-  // 6 requests a minute: one taken is full again in 10 s, with one worker or
-  // four (each shard refills at r/N, so the slowest shard alone reads N times long).
+TEST(AdmissionHeaders, ResetIsWhenEveryShardIsFull) {
+  // 6 requests a minute. One worker: one taken is back in 10 s. Four workers:
+  // the shard that gave it holds 1.5 and refills at 1.5 a minute, and the three
+  // full ones gain nothing, so the bucket is full again in 40 s (it read 10 s:
+  // a request for the whole 6 was refused until 40 s). One taken from each
+  // shard: 4 short at the whole rate, 40 s either way.
   for (std::uint32_t workers : {1u, 4u}) {
     std::vector<auth::ScopeInfo> scopes(1);
     scopes[0].limits.requests_per_minute = 6;
     LocalLimiter lim(scopes, workers, T0 - std::chrono::hours(1));
     ASSERT_TRUE(lim.take(0, Bucket::requests, 0, 1, T0).ok);
-    EXPECT_EQ(lim.view(0, Bucket::requests, T0).reset_ms, 10000u) << workers;
+    EXPECT_EQ(lim.view(0, Bucket::requests, T0).reset_ms, workers == 1 ? 10000u : 40000u) << workers;
     EXPECT_EQ(lim.view(0, Bucket::requests, T0).remaining, 5u) << workers;
+    EXPECT_FALSE(lim.take(0, Bucket::requests, 0, 6, T0 + (workers == 1 ? 9s : 39s)).ok) << workers;
+    EXPECT_TRUE(lim.take(0, Bucket::requests, 0, 6, T0 + (workers == 1 ? 10s : 40s)).ok) << workers;
   }
+  std::vector<auth::ScopeInfo> scopes(1);
+  scopes[0].limits.requests_per_minute = 6;
+  LocalLimiter even(scopes, 4, T0 - std::chrono::hours(1));
+  for (std::uint32_t worker = 0; worker < 4; ++worker) ASSERT_TRUE(even.take(0, Bucket::requests, worker, 1, T0).ok);
+  EXPECT_EQ(even.view(0, Bucket::requests, T0).reset_ms, 40000u);
+}
+
+TEST(AdmissionLimiter, RetryAfterOfUnevenShardsIsWhenTheyHoldTheCostBetweenThem) {
+  // 2 workers, 600 tokens a minute, 60 deep: shards of 30 refilling at 5 a
+  // second each. Worker 0's shard holds 4, worker 1's is full at 30: 40
+  // tokens are 6 short, and only worker 0's shard gains (1.2 s). It said
+  // Retry-After: 1 (6 short at the whole rate of 10 a second), and the retry
+  // then was refused again.
+  std::vector<auth::ScopeInfo> scopes(1);
+  scopes[0].limits.tokens_per_minute = 600;
+  scopes[0].limits.tokens_burst = 60;
+  LocalLimiter lim(scopes, 2, T0 - std::chrono::hours(1));
+  ASSERT_TRUE(lim.take(0, Bucket::tokens, 0, 26, T0).ok);
+  const TakeResult r = lim.take(0, Bucket::tokens, 0, 40, T0);
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.retry_after_s, 2u);
+  EXPECT_EQ(lim.seconds_until(0, Bucket::tokens, 40, T0), 2u);
+  EXPECT_FALSE(lim.take(0, Bucket::tokens, 0, 40, T0 + 1s).ok);  // a second earlier: 39
+  EXPECT_TRUE(lim.take(0, Bucket::tokens, 0, 40, T0 + 2s).ok);
+  // Full again when worker 0's shard is: 26 at 5 a second (it read 2.6 s, 26 at the whole rate).
+  LocalLimiter full(scopes, 2, T0 - std::chrono::hours(1));
+  ASSERT_TRUE(full.take(0, Bucket::tokens, 0, 26, T0).ok);
+  EXPECT_EQ(full.view(0, Bucket::tokens, T0).reset_ms, 5200u);
+  EXPECT_FALSE(full.take(0, Bucket::tokens, 1, 60, T0 + 5100ms).ok);
+  EXPECT_TRUE(full.take(0, Bucket::tokens, 1, 60, T0 + 5200ms).ok);
+  // Three shards (20 deep, 10/3 a second each) holding 5, 15 and 20: 58
+  // tokens are 18 short. Both short shards gain until the one at 15 is full
+  // (1.5 s, +10), then the other alone: 8 more, 2.4 s; 3.9 s in all -> 4
+  // (the whole rate said 1.8 s -> 2).
+  LocalLimiter three(scopes, 3, T0 - std::chrono::hours(1));
+  ASSERT_TRUE(three.take(0, Bucket::tokens, 0, 15, T0).ok);
+  ASSERT_TRUE(three.take(0, Bucket::tokens, 1, 5, T0).ok);
+  const TakeResult t = three.take(0, Bucket::tokens, 2, 58, T0);
+  ASSERT_FALSE(t.ok);
+  EXPECT_EQ(t.retry_after_s, 4u);
+  EXPECT_EQ(three.seconds_until(0, Bucket::tokens, 40, T0), 0u);  // there now
+  EXPECT_EQ(three.seconds_until(0, Bucket::tokens, 61, T0), 0u);  // never: above the depth
+  EXPECT_FALSE(three.take(0, Bucket::tokens, 2, 58, T0 + 3s).ok);
+  EXPECT_TRUE(three.take(0, Bucket::tokens, 2, 58, T0 + 4s).ok);
+}
+
+TEST(AdmissionLimiter, AShardInDebtGivesNothingUntilItIsPaid) {
+  // 2 workers, shards of 30 refilling at 5 a second. Worker 0's shard owes
+  // 10, worker 1's holds 5: take() borrows only what a shard holds, so 10
+  // tokens are there once worker 1's shard gains 5 (1 s), though the bucket
+  // as a whole (-5) is 15 short.
+  std::vector<auth::ScopeInfo> scopes(1);
+  scopes[0].limits.tokens_per_minute = 600;
+  scopes[0].limits.tokens_burst = 60;
+  LocalLimiter lim(scopes, 2, T0 - std::chrono::hours(1));
+  ASSERT_TRUE(lim.take(0, Bucket::tokens, 0, 30, T0).ok);
+  ASSERT_TRUE(lim.take(0, Bucket::tokens, 1, 30, T0).ok);
+  lim.charge(0, Bucket::tokens, 0, 20, T0);  // -10 each
+  lim.give_back(0, Bucket::tokens, 1, 15, T0);
+  ASSERT_NEAR(lim.available(0, Bucket::tokens, T0), -5, 1e-6);
+  const TakeResult r = lim.take(0, Bucket::tokens, 0, 10, T0);
+  ASSERT_FALSE(r.ok);
+  EXPECT_EQ(r.retry_after_s, 1u);
+  EXPECT_TRUE(lim.take(0, Bucket::tokens, 0, 10, T0 + 1s).ok);
+  // 40: worker 1's shard gains alone until worker 0's has paid its debt (2 s), then both do: 4.5 s.
+  LocalLimiter owed(scopes, 2, T0 - std::chrono::hours(1));
+  ASSERT_TRUE(owed.take(0, Bucket::tokens, 0, 30, T0).ok);
+  ASSERT_TRUE(owed.take(0, Bucket::tokens, 1, 30, T0).ok);
+  owed.charge(0, Bucket::tokens, 0, 20, T0);
+  owed.give_back(0, Bucket::tokens, 1, 15, T0);
+  EXPECT_EQ(owed.seconds_until(0, Bucket::tokens, 40, T0), 5u);  // 27.5 + 12.5 at 4.5 s
+  EXPECT_EQ(owed.view(0, Bucket::tokens, T0).reset_ms, 8000u);   // worker 0's: 40 at 5 a second
+  EXPECT_FALSE(owed.take(0, Bucket::tokens, 0, 40, T0 + 4s).ok);
+  EXPECT_TRUE(owed.take(0, Bucket::tokens, 0, 40, T0 + 5s).ok);
+}
+
+TEST(AdmissionTokenBucket, RetryAfterOfEveryBucketCountsItsShards) {
+  // The requests bucket refuses first (1 s); the tokens bucket's shards hold
+  // 4 and 30 and 40 tokens need 1.2 s: Retry-After is 2, and the retry passes.
+  auth::Limits l = rpm(120, 1);
+  l.tokens_per_minute = 600;
+  l.tokens_burst = 60;
+  World w(l, 2);
+  Admission a(*w.limiter, w.pricing, 0);
+  ASSERT_TRUE(a.admit(w.tenant_only, "m", 26, T0));
+  auto r = a.admit(w.tenant_only, "m", 40, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().type, "requests");
+  EXPECT_EQ(r.error().retry_after_s, 2u);
+  EXPECT_FALSE(a.admit(w.tenant_only, "m", 40, T0 + 1s));
+  EXPECT_TRUE(a.admit(w.tenant_only, "m", 40, T0 + 2s));
+  // Refused by the tokens bucket itself: the same.
+  auth::Limits tl = tpm(600);
+  tl.tokens_burst = 60;
+  World u(tl, 2);
+  Admission b(*u.limiter, u.pricing, 0);
+  ASSERT_TRUE(b.admit(u.tenant_only, "m", 26, T0));
+  r = b.admit(u.tenant_only, "m", 40, T0);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().type, "tokens");
+  EXPECT_EQ(r.error().retry_after_s, 2u);
+  EXPECT_TRUE(b.admit(u.tenant_only, "m", 40, T0 + 2s));
 }
 
 TEST(AdmissionLimiter, ARefundOfBorrowedUnitsIsNotLost) {
