@@ -266,7 +266,7 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
     const auto& err = verified.error();
     if (err.kind == JwtFailure::unknown_kid || err.kind == JwtFailure::no_keys) {
       const auto mark = jwks_->completed_fetches();
-      if (jwks_->request_refresh(now)) refetch_mark_ = mark;
+      if (jwks_->request_refresh()) refetch_mark_ = mark;
     }
     // No key at all: none loaded yet (503, retry), or the key set in use has
     // none Weir can use (an issuer that withdrew them all: no token is valid).

@@ -33,7 +33,7 @@ class FileSource final : public JwksSource {
   std::string path_;
 };
 
-std::int64_t wall_ns(WallTime t) {
+std::int64_t mono_ns(MonoTime t) {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
 }
 
@@ -82,8 +82,8 @@ void JwksCache::on_fetch(std::uint64_t mark, std::function<void()> done) {
 
 std::shared_ptr<const KeySet> JwksCache::keys() const noexcept { return keys_.load(std::memory_order_acquire); }
 
-bool JwksCache::request_refresh(WallTime now) {
-  const std::int64_t now_ns = wall_ns(now);
+bool JwksCache::request_refresh(MonoTime now) {
+  const std::int64_t now_ns = mono_ns(now);
   std::int64_t next = next_refetch_ns_.load(std::memory_order_relaxed);
   const std::int64_t interval =
       std::chrono::duration_cast<std::chrono::nanoseconds>(options_.min_refetch_interval).count();
@@ -113,7 +113,7 @@ void JwksCache::fetch_now() {
   in_flight_ = true;
   const auto interval = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.min_refetch_interval).count();
   // Workers asking right after this fetch started wait for it rather than start another.
-  const std::int64_t floor = wall_ns(options_.clock()) + interval;
+  const std::int64_t floor = mono_ns(options_.clock()) + interval;
   std::int64_t cur = next_refetch_ns_.load(std::memory_order_relaxed);
   while (cur < floor && !next_refetch_ns_.compare_exchange_weak(cur, floor, std::memory_order_relaxed)) {
   }

@@ -46,13 +46,19 @@ std::unique_ptr<JwksSource> make_file_jwks_source(std::string path);
 std::unique_ptr<JwksSource> make_http_jwks_source(boost::asio::io_context& control, std::string url,
                                                   std::chrono::milliseconds timeout);
 
+// The refetch floor's clock: monotonic, so a step of the wall clock (NTP,
+// an operator) neither blocks refetches (a step back) nor lets them through
+// early (a step forward).
+using MonoClock = std::chrono::steady_clock;
+using MonoTime = MonoClock::time_point;
+
 struct JwksOptions {
   std::chrono::milliseconds refresh_interval{std::chrono::minutes(5)};  // periodic refetch
   // Floor between two fetches that a worker asks for (unknown kid), and the
   // retry delay after a failed fetch.
   std::chrono::milliseconds min_refetch_interval{std::chrono::seconds(30)};
-  // Wall clock for the refetch rate limit of periodic fetches (injectable for tests).
-  WallTime (*clock)() = &WallClock::now;
+  // Clock of the refetch floor (min_refetch_interval), injectable for tests.
+  MonoTime (*clock)() = &MonoClock::now;
 };
 
 // Holds the current KeySet. Fetch failures and unparseable documents keep
@@ -93,9 +99,11 @@ class JwksCache {
 
   // Asks for a refetch, e.g. after a token named an unknown kid. Lock-free
   // and rate-limited: returns false without doing anything when a fetch
-  // started (or was asked for) less than min_refetch_interval before `now`;
-  // otherwise posts a fetch to the control plane and returns true.
-  bool request_refresh(WallTime now);
+  // started (or was asked for) less than min_refetch_interval before `now`
+  // (JwksOptions::clock's time; the first form reads it); otherwise posts a
+  // fetch to the control plane and returns true.
+  bool request_refresh() { return request_refresh(options_.clock()); }
+  bool request_refresh(MonoTime now);
 
   // An operator's configuration reload (docs/operations.md, "Reloading"):
   // fetches now, past min_refetch_interval (that floor is for tokens naming
@@ -132,7 +140,7 @@ class JwksCache {
   std::unique_ptr<Timer> timer_;
   std::atomic<std::shared_ptr<const KeySet>> keys_;
   std::atomic<std::uint64_t> generation_{0};
-  std::atomic<std::int64_t> next_refetch_ns_{INT64_MIN};  // wall ns before which request_refresh refuses
+  std::atomic<std::int64_t> next_refetch_ns_{INT64_MIN};  // MonoTime ns before which request_refresh refuses
   bool in_flight_ = false;                                // control thread only
   bool running_ = false;                                  // control thread only
   bool failing_ = false;           // control thread only: the last fetch failed (its success is then logged)

@@ -292,7 +292,7 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
       if (const auto kind = v.error().kind;
           refetch_mark && (kind == auth::JwtFailure::unknown_kid || kind == auth::JwtFailure::no_keys)) {
         const auto mark = shared_.jwks->completed_fetches();
-        if (shared_.jwks->request_refresh(now)) *refetch_mark = mark;
+        if (shared_.jwks->request_refresh()) *refetch_mark = mark;
       }
       return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
     }

@@ -15,6 +15,11 @@ using testing::Keys;
 using testing::TestKey;
 
 const WallTime kNow = WallTime(std::chrono::seconds(1'800'000'000));
+// The JWKS refetch floor's steady clock (JwksOptions::clock), moved by hand:
+// kMonoNow is the steady time of kNow.
+const MonoTime kMonoNow = MonoTime(std::chrono::hours(1000));
+MonoTime g_mono = kMonoNow;
+MonoTime fake_mono() { return g_mono; }
 constexpr std::int64_t kNowS = 1'800'000'000;
 constexpr std::string_view kAcmeKey = "sk-acme-0123456789abcdef";
 constexpr std::string_view kBetaKey = "sk-beta-fedcba9876543210";
@@ -91,16 +96,25 @@ struct AuthJwtFlow : ::testing::Test {
     source->body = jwks_of({&k.rsa, &k.ec});
     JwksOptions opt;
     opt.min_refetch_interval = 30s;
-    opt.clock = [] { return kNow - 60s; };  // the startup fetch happened a minute ago
+    opt.clock = &fake_mono;
+    g_mono = kMonoNow - 60s;  // the startup fetch happened a minute ago
     jwks = std::make_unique<JwksCache>(control, std::move(src), opt);
     jwks->start();  // first fetch completes synchronously with the fake source
     control.poll();
+    g_mono = kMonoNow;
     auth = std::make_unique<Authenticator>(make_policy(), jwks.get());
   }
   void TearDown() override { jwks->stop(); }
 
+  // At `now`, the steady clock as far past kMonoNow as `now` is past kNow.
   tl::expected<PrincipalPtr, core::Error> bearer(const std::string& token, WallTime now = kNow) {
+    g_mono = kMonoNow + (now - kNow);
     return auth->authenticate("Bearer " + token, "", now);
+  }
+  // At wall time `wall` and steady time `mono` (a step of the wall clock).
+  tl::expected<PrincipalPtr, core::Error> bearer_at(const std::string& token, WallTime wall, MonoTime mono) {
+    g_mono = mono;
+    return auth->authenticate("Bearer " + token, "", wall);
   }
 };
 
@@ -349,6 +363,31 @@ TEST_F(AuthJwtFlow, UnknownKidTriggersOneRateLimitedRefetch) {
   EXPECT_EQ(jwks->stats().refresh_requests, 2u);
 }
 
+TEST_F(AuthJwtFlow, AWallClockStepNeitherBlocksNorHastensARefetch) {
+  // The refetch floor was kept in wall-clock time: after the clock stepped
+  // back an hour (NTP, an operator), every unknown kid was refused without a
+  // fetch for that hour. It is kept in steady time now.
+  TestKey rotated = TestKey::ed("ed-rotated");
+  const auto& k = Keys::get();
+  EXPECT_FALSE(bearer(rotated.token(claims())));  // refetch at kNow: the floor is 30 s on
+  control.poll();
+  EXPECT_EQ(source->fetches, 2);
+  // 31 s later on the steady clock, the wall clock an hour back: the next miss fetches.
+  source->body = jwks_of({&k.rsa, &k.ec, &rotated});
+  TestKey other = TestKey::ed("ed-other");
+  const WallTime back = kNow - 1h;
+  EXPECT_FALSE(bearer_at(other.token(claims()), back, kMonoNow + 31s));
+  control.poll();
+  EXPECT_EQ(source->fetches, 3);
+  EXPECT_TRUE(bearer_at(rotated.token(claims()), back, kMonoNow + 31s));
+  // A step forward by an hour 10 s later: still under the floor, no fetch.
+  const WallTime ahead = kNow + 1h;
+  EXPECT_FALSE(bearer_at(other.token(claims(R"("acme")", 7200)), ahead, kMonoNow + 41s));
+  control.poll();
+  EXPECT_EQ(source->fetches, 3);
+  EXPECT_EQ(jwks->stats().refresh_limited, 1u);
+}
+
 TEST_F(AuthJwtFlow, SourceDownKeepsCachedKeys) {
   const auto& k = Keys::get();
   source->down = true;
@@ -360,7 +399,7 @@ TEST_F(AuthJwtFlow, SourceDownKeepsCachedKeys) {
   EXPECT_TRUE(bearer(k.ec.token(claims())));  // a fresh token, verified with the kept keys
   source->down = false;
   source->body = "{not json";
-  EXPECT_TRUE(jwks->request_refresh(kNow + 60s));
+  EXPECT_TRUE(jwks->request_refresh(kMonoNow + 60s));
   control.poll();
   EXPECT_EQ(jwks->stats().failures, 2u);
   EXPECT_TRUE(bearer(k.rsa.token(claims())));
@@ -372,14 +411,14 @@ TEST_F(AuthJwtFlow, KeySetChangeDropsCachedTokens) {
   ASSERT_TRUE(bearer(token));
   ASSERT_TRUE(bearer(token));
   // Same document again: nothing changes, the cache stays.
-  EXPECT_TRUE(jwks->request_refresh(kNow + 60s));
+  EXPECT_TRUE(jwks->request_refresh(kMonoNow + 60s));
   control.poll();
   const auto gen = jwks->generation();
   EXPECT_TRUE(bearer(token));
   EXPECT_EQ(auth->stats().jwt_cache_hits, 2u);
   // The RSA key is withdrawn: its cached tokens stop working.
   source->body = jwks_of({&k.ec});
-  EXPECT_TRUE(jwks->request_refresh(kNow + 120s));
+  EXPECT_TRUE(jwks->request_refresh(kMonoNow + 120s));
   control.poll();
   EXPECT_GT(jwks->generation(), gen);
   auto r = bearer(token);
