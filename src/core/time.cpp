@@ -65,7 +65,13 @@ std::string format_rfc3339(std::int64_t unix_s) {
                      hms.minutes().count(), hms.seconds().count());
 }
 
-bool parse_rfc3339(std::string_view s, std::int64_t& unix_s) {
+bool ends_utc_month(std::int64_t unix_s) {
+  const std::chrono::sys_seconds next{std::chrono::seconds(unix_s + 1)};
+  const auto day = std::chrono::floor<std::chrono::days>(next);
+  return next == day && std::chrono::year_month_day{day}.day() == std::chrono::day(1);
+}
+
+bool parse_rfc3339(std::string_view s, std::int64_t& unix_s, RoundSeconds round) {
   // date-time = full-date "T" partial-time time-offset (RFC 3339 §5.6)
   auto digits = [&](std::size_t at, std::size_t n, int& out) {
     if (at + n > s.size()) return false;
@@ -82,10 +88,11 @@ bool parse_rfc3339(std::string_view s, std::int64_t& unix_s) {
       s[16] != ':' || !digits(17, 2, sec))
     return false;
   std::size_t i = 19;
+  bool fraction = false;  // a nonzero fraction of a second
   if (i < s.size() && s[i] == '.') {
     ++i;
     const std::size_t start = i;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    for (; i < s.size() && s[i] >= '0' && s[i] <= '9'; ++i) fraction = fraction || s[i] != '0';
     if (i == start) return false;
   }
   int offset_s = 0;
@@ -105,7 +112,15 @@ bool parse_rfc3339(std::string_view s, std::int64_t& unix_s) {
                                         std::chrono::day(static_cast<unsigned>(d))};
   if (!ymd.ok() || h > 23 || mi > 59 || sec > 60) return false;
   const auto days = std::chrono::sys_days(ymd).time_since_epoch().count();
-  unix_s = static_cast<std::int64_t>(days) * 86400 + h * 3600 + mi * 60 + std::min(sec, 59) - offset_s;
+  const std::int64_t t = static_cast<std::int64_t>(days) * 86400 + h * 3600 + mi * 60 + std::min(sec, 59) - offset_s;
+  if (sec == 60) {
+    // Only after 23:59:59 UTC on a month's last day (an offset moves the
+    // local minute, e.g. 2016-12-31T18:59:60-05:00).
+    if (!ends_utc_month(t)) return false;
+    unix_s = round == RoundSeconds::up ? t + 1 : t;  // 23:59:60.x is after :59 and before 00:00:00
+    return true;
+  }
+  unix_s = round == RoundSeconds::up && fraction ? t + 1 : t;
   return true;
 }
 

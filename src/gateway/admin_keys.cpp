@@ -17,6 +17,20 @@ using namespace admin_detail;
 
 // ---------------------------------------------------------------- usage
 
+namespace {
+
+// A runtime key as every answer shows it: key_json, writable, and whether
+// it has expired (at Unix second `now`; expires_at is the first second it
+// no longer works).
+json::object runtime_key_json(const KeyRecord& k, std::int64_t now) {
+  auto o = key_json(k);
+  o["read_only"] = false;
+  o["expired"] = k.expires_at != 0 && now >= k.expires_at;
+  return o;
+}
+
+}  // namespace
+
 json::object AdminServer::usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const {
   json::object u;
   auto* lim = shared_.limiter;
@@ -126,9 +140,7 @@ core::Task<AdminResponse> AdminServer::list_keys(AdminRequest&) {
       from_redis = std::move(*all);
     }
     for (const auto& k : redis_ ? from_redis : keys_->keys()) {
-      auto o = key_json(k);
-      o["read_only"] = false;
-      o["expired"] = k.expires_at != 0 && now >= k.expires_at;
+      auto o = runtime_key_json(k, now);
       data.emplace_back(std::move(o));
     }
   }
@@ -152,9 +164,9 @@ core::Task<AdminResponse> AdminServer::create_key(AdminRequest& r) {
     if (c) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
-  auto o = key_json(c->record);
+  // (`expired` too: an expires_at already past makes a key that works nowhere.)
+  auto o = runtime_key_json(c->record, unix_now());
   o["key"] = c->secret;  // the only time the secret is shown
-  o["read_only"] = false;
   co_return applied_response(201, o, pending);
 }
 
@@ -164,9 +176,7 @@ core::Task<AdminResponse> AdminServer::get_key(AdminRequest& r) {
   if (redis_ && !is_config_key(*keys_, id)) {
     auto k = co_await redis_->get(id);
     if (!k) co_return error_response(k.error());
-    auto o = key_json(*k);
-    o["read_only"] = false;
-    o["expired"] = k->expires_at != 0 && unix_now() >= k->expires_at;
+    auto o = runtime_key_json(*k, unix_now());
     // Its admission state as this replica holds it, once a request here looked it up.
     if (k->limits.any() || k->budget.any())
       if (auto scope = shared_.redis_key_scopes ? shared_.redis_key_scopes->scope_of(id) : std::nullopt)
@@ -174,9 +184,7 @@ core::Task<AdminResponse> AdminServer::get_key(AdminRequest& r) {
     co_return json_response(200, o);
   }
   if (const KeyRecord* k = keys_->find(id)) {
-    auto o = key_json(*k);
-    o["read_only"] = false;
-    o["expired"] = k->expires_at != 0 && unix_now() >= k->expires_at;
+    auto o = runtime_key_json(*k, unix_now());
     o["usage"] = usage_json(k->scope, k->limits, k->budget);
     co_return json_response(200, o);
   }
@@ -205,8 +213,7 @@ core::Task<AdminResponse> AdminServer::update_key(AdminRequest& r) {
     if (c) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
-  auto o = key_json(c->record);
-  o["read_only"] = false;
+  auto o = runtime_key_json(c->record, unix_now());
   co_return applied_response(200, o, pending);
 }
 
@@ -257,9 +264,8 @@ core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
     if (c) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
-  auto o = key_json(c->record);
+  auto o = runtime_key_json(c->record, unix_now());
   o["key"] = c->secret;
-  o["read_only"] = false;
   co_return applied_response(200, o, pending);
 }
 

@@ -265,7 +265,7 @@ AdminResult<std::int64_t> parse_expiry_json(const boost::json::value& v, const s
   } else if (auto i = integer_text(v)) {
     s = std::stoll(*i);
   } else if (v.is_string()) {
-    if (!core::parse_rfc3339(v.get_string(), s))
+    if (!core::parse_rfc3339(v.get_string(), s, core::RoundSeconds::up))  // never before the instant given
       return tl::unexpected(admin_bad_request(
           "expected an RFC 3339 date-time such as 2027-01-31T00:00:00Z, Unix seconds, or null", param));
   } else {

@@ -9,6 +9,7 @@
 
 #include "core/json_text.hpp"
 #include "core/text.hpp"
+#include "core/time.hpp"
 
 namespace weir::requestlog {
 
@@ -103,6 +104,8 @@ bool parse_rfc3339(std::string_view s, std::int64_t& us) {
   if (i != s.size()) return false;
   const std::int64_t secs = days_from_civil(y, static_cast<unsigned>(mo), static_cast<unsigned>(d)) * 86'400 +
                             h * 3600 + mi * 60 + sec - static_cast<std::int64_t>(offset_min) * 60;
+  // A leap second only where one can be: 23:59:60 UTC on a month's last day (RFC 3339 §5.7).
+  if (sec == 60 && !core::ends_utc_month(secs - 1)) return false;
   us = secs * 1'000'000 + frac_us;
   return true;
 }

@@ -7,6 +7,11 @@ import time
 
 import httpx
 
+from conftest import free_port, wait_until
+
+TOKEN = "limits-fixes-48-token-0123456789"
+ENV = {"WEIR_TEST_ADMIN_TOKEN": TOKEN}
+
 
 def sha(s: str) -> str:
     return hashlib.sha256(s.encode()).hexdigest()
@@ -64,3 +69,68 @@ def test_a_client_that_waits_retry_after_is_admitted_with_uneven_shards(mock, we
         assert r.status_code == 200, (wait, r.headers, r.text)
         # Full again once this worker's shard is: 26 or so at 5 a second (5 s), not 26 at 10.
         assert reset_seconds(reset) > 4.0, reset
+
+
+def start_admin(mock, weir):
+    port = free_port()
+    w = weir(config={
+        "pools": {"p": {"endpoints": [mock.base_url]}},
+        "models": {"m": {"pool": "p"}},
+        "tenants": {"acme": {"models": ["m"]}},
+        "auth": {"required": True, "api_keys": [{"id": "acme-cfg", "sha256": sha("sk-acme-cfg"),
+                                                 "tenant": "acme"}]},
+        "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
+    }, env=ENV)
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            return httpx.get(base + "/ready", timeout=2).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, 5, message="admin listener")
+
+    def call(method: str, path: str, **kw) -> httpx.Response:
+        return httpx.request(method, base + "/admin/v1" + path, headers={"authorization": f"Bearer {TOKEN}"},
+                             timeout=10, **kw)
+
+    return w, call
+
+
+# DEFECT: an expires_at with a fraction ("...:00.5Z") was cut to the whole second, so the key stopped
+# working up to a second before the instant given; it now rounds up. The answers to create, PATCH and
+# rotate lacked the `expired` GET shows: a past expires_at made an already-expired key with 201 and no
+# hint. And a second 60 was taken at any minute, though RFC 3339 allows one only at a month's end (UTC).
+def test_key_answers_say_expired_and_an_expiry_is_never_early(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m")
+    w, call = start_admin(m, weir)
+    r = call("POST", "/keys", json={"tenant": "acme", "expires_at": "2099-01-01T00:00:00.5Z"})
+    assert r.status_code == 201, r.text
+    key = r.json()
+    assert key["expires_at"] == 4070908801, key  # 00:00:00.5 is still before 00:00:01
+    assert key["expired"] is False, key
+
+    r = call("PATCH", f"/keys/{key['id']}", json={"expires_at": "2020-01-01T00:00:00Z"})
+    assert r.status_code == 200, r.text
+    assert r.json()["expired"] is True, r.json()
+    r = call("POST", f"/keys/{key['id']}/rotate")
+    assert r.status_code == 200, r.text
+    assert r.json()["expired"] is True, r.json()
+    assert call("GET", f"/keys/{key['id']}").json()["expired"] is True
+
+    r = call("POST", "/keys", json={"tenant": "acme", "expires_at": 1})
+    assert r.status_code == 201, r.text
+    past = r.json()
+    assert past["expired"] is True, past
+    chat = httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {past['key']}"}, timeout=10,
+                      json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert chat.status_code == 401, chat.text
+
+    for bad in ("2099-01-01T00:00:60Z", "2098-12-31T23:59:60+01:00"):
+        r = call("POST", "/keys", json={"tenant": "acme", "expires_at": bad})
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == "expires_at", r.text
+    r = call("POST", "/keys", json={"tenant": "acme", "expires_at": "2098-12-31T23:59:60Z"})
+    assert r.status_code == 201, r.text
+    assert r.json()["expires_at"] == 4070908800, r.json()  # the leap second, before 2099's first

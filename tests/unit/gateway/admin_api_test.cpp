@@ -84,6 +84,41 @@ TEST(Rfc3339, ParsesAndFormats) {
   EXPECT_EQ(core::format_rfc3339(1577836800), "2020-01-01T00:00:00Z");
 }
 
+TEST(Rfc3339, RoundsUpForADeadlineAndTakesALeapSecondOnlyAtAMonthsEnd) {
+  std::int64_t s = 0;
+  // A fraction: dropped, or the next second for a deadline (a key given
+  // ...:00.999Z expired up to a second early).
+  ASSERT_TRUE(core::parse_rfc3339("2020-01-01T00:00:00.999Z", s));
+  EXPECT_EQ(s, 1577836800);
+  ASSERT_TRUE(core::parse_rfc3339("2020-01-01T00:00:00.999Z", s, core::RoundSeconds::up));
+  EXPECT_EQ(s, 1577836801);
+  ASSERT_TRUE(core::parse_rfc3339("2020-01-01T00:00:00.000Z", s, core::RoundSeconds::up));
+  EXPECT_EQ(s, 1577836800);
+  ASSERT_TRUE(core::parse_rfc3339("2020-01-01T00:00:00Z", s, core::RoundSeconds::up));
+  EXPECT_EQ(s, 1577836800);
+  ASSERT_TRUE(core::parse_rfc3339("2020-01-01T02:30:00.000001+02:30", s, core::RoundSeconds::up));
+  EXPECT_EQ(s, 1577836801);
+  // Second 60: at the end of a month in UTC (RFC 3339 §5.7), whatever the
+  // offset; 23:59:59 down, the next day's 00:00:00 up.
+  ASSERT_TRUE(core::parse_rfc3339("2016-12-31T23:59:60Z", s));
+  EXPECT_EQ(s, 1483228799);
+  ASSERT_TRUE(core::parse_rfc3339("2016-12-31T23:59:60.5Z", s, core::RoundSeconds::up));
+  EXPECT_EQ(s, 1483228800);
+  ASSERT_TRUE(core::parse_rfc3339("2016-12-31T18:59:60-05:00", s));
+  EXPECT_EQ(s, 1483228799);
+  ASSERT_TRUE(core::parse_rfc3339("2015-06-30T23:59:60Z", s));
+  ASSERT_TRUE(core::parse_rfc3339("2024-02-29T23:59:60Z", s));  // any month's end
+  // Anywhere else it is no time at all.
+  EXPECT_FALSE(core::parse_rfc3339("2020-01-01T00:00:60Z", s));
+  EXPECT_FALSE(core::parse_rfc3339("2016-12-31T22:59:60Z", s));
+  EXPECT_FALSE(core::parse_rfc3339("2016-12-30T23:59:60Z", s));
+  EXPECT_FALSE(core::parse_rfc3339("2016-12-31T23:59:60+01:00", s));  // 22:59:60 UTC
+  EXPECT_FALSE(core::parse_rfc3339("2023-02-28T23:59:60-00:30", s));  // March 1st, 00:29:60 UTC
+  EXPECT_FALSE(core::parse_rfc3339("2016-12-31T23:59:61Z", s));
+  EXPECT_TRUE(core::ends_utc_month(1483228799));
+  EXPECT_FALSE(core::ends_utc_month(1483228800));
+}
+
 auth::AuthConfig base_auth() {
   auto r = load("auth:\n  api_keys: [{id: cfg, tenant: acme, sha256: " + auth::to_hex(auth::sha256("sk-cfg")) + "}]\n");
   EXPECT_TRUE(r) << r.error().to_string();
@@ -171,6 +206,25 @@ TEST(KeyStore, RefusesBadFieldsNamingThem) {
   ASSERT_FALSE(t);
   EXPECT_EQ(t.error().status, 404);
   EXPECT_TRUE(store.keys().empty());
+}
+
+TEST(KeyStore, AnExpiryWithAFractionIsNeverEarly) {
+  // "...:00.5Z" was cut to ...:00: the key stopped half a second before the instant given.
+  KeyStore store(base_auth(), "");
+  auto a = store.create(obj(R"({"tenant":"acme","expires_at":"2099-01-01T00:00:00.5Z"})"), 1);
+  ASSERT_TRUE(a);
+  EXPECT_EQ(a->record.expires_at, 4070908801);
+  auto u = store.update(a->record.id, obj(R"({"expires_at":"2098-12-31T23:59:59.001-00:00"})"));
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->record.expires_at, 4070908800);
+  u = store.update(a->record.id, obj(R"({"expires_at":"2099-01-01T00:00:00.000Z"})"));
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->record.expires_at, 4070908800);
+  // A second 60 where no leap second can be is no time.
+  auto bad = store.update(a->record.id, obj(R"({"expires_at":"2099-01-01T00:00:60Z"})"));
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().status, 400);
+  EXPECT_EQ(bad.error().param, "expires_at");
 }
 
 TEST(KeyStore, BudgetChangeCarriesSpend) {

@@ -553,6 +553,10 @@ TEST(ParseQueryTest, ValuesAndDecoding) {
   EXPECT_EQ(*q->since_us, 1'500'000);
   // 2026-12-02T01:35:00Z
   EXPECT_EQ(*q->until_us, 1'796'175'300LL * 1'000'000);
+  // A leap second (23:59:60 UTC at a month's end) is the next day's first second, as POSIX counts it.
+  auto leap = parse_query("since=2016-12-31T18:59:60-05:00");
+  ASSERT_TRUE(leap) << leap.error().message;
+  EXPECT_EQ(*leap->since_us, 1'483'228'800LL * 1'000'000);
   auto u = parse_query("since=0&until=1796175300");
   ASSERT_TRUE(u);
   EXPECT_EQ(*u->since_us, 0);
@@ -578,6 +582,8 @@ TEST(ParseQueryTest, BadInputNamesTheParam) {
                  Case{"since=2026-02-29T00:00:00Z", "since"},
                  Case{"since=2026-12-01T24:00:00Z", "since"},
                  Case{"since=2026-12-01T23:00:00", "since"},
+                 Case{"since=2026-12-01T23:00:60Z", "since"},  // a leap second only ends a month (UTC)
+                 Case{"until=2016-12-31T23:59:60%2B01:00", "until"},
                  Case{"until=2026-12-01", "until"},
                  Case{"until=1.2.3", "until"},
                  Case{"status=200x", "status"},
