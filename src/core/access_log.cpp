@@ -84,7 +84,14 @@ AccessLogSink::~AccessLogSink() {
 }
 
 void AccessLogSink::write_lines(std::string_view lines) {
-  if (fd_ < 0) return;
+  if (fd_ < 0 || lines.empty()) return;
+  const WriteFn write = write_ ? write_ : &::write;
+  const std::lock_guard lock(mu_);
+  if (torn_pending_ && !end_torn_line()) {
+    count_lost(lines, std::strerror(errno));
+    return;
+  }
+  std::size_t torn = 0;  // bytes of the current line already out: a short write's fragment
   while (!lines.empty()) {
     std::size_t n = lines.size();
     if (n > kPipeBuf && __atomic_load_n(&is_pipe_, __ATOMIC_RELAXED)) {
@@ -94,30 +101,92 @@ void AccessLogSink::write_lines(std::string_view lines) {
       n = cut == std::string_view::npos ? lines.find('\n') + 1 : cut + 1;
       if (n == 0) n = lines.size();
     }
-    const ssize_t w = ::write(fd_, lines.data(), n);
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      // A full pipe or a broken destination: the lines not written are lost,
-      // never silently: counted (weir_access_log_write_errors_total, and the
-      // lines in weir_access_log_lines_lost_total) and said on stderr, at
-      // most once per 10 s (the request log and the tracer do the same).
-      const int why = errno;
-      const auto lost = static_cast<std::uint64_t>(std::count(lines.begin(), lines.end(), '\n')) +
-                        (lines.empty() || lines.back() == '\n' ? 0 : 1);
-      __atomic_add_fetch(&write_errors_, 1, __ATOMIC_RELAXED);
-      __atomic_add_fetch(&lines_lost_, lost, __ATOMIC_RELAXED);
-      const std::int64_t now_ns =
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-              .count();
-      std::int64_t said = __atomic_load_n(&said_at_ns_, __ATOMIC_RELAXED);
-      if ((said == 0 || now_ns - said >= 10'000'000'000) &&
-          __atomic_compare_exchange_n(&said_at_ns_, &said, now_ns, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-        fmt::print(stderr, "weir: access log: a write failed ({}): {} line(s) lost ({} in all so far)\n",
-                   std::strerror(why), lost, lines_lost());
+    const ssize_t w = write(fd_, lines.data(), n);
+    if (w > 0) {
+      const auto out = lines.substr(0, static_cast<std::size_t>(w));
+      const auto nl = out.rfind('\n');
+      torn = nl == std::string_view::npos ? torn + out.size() : out.size() - nl - 1;
+      lines.remove_prefix(out.size());
+      continue;
+    }
+    if (w < 0 && errno == EINTR) continue;
+    // A full disk, a full pipe or a broken destination: the lines not
+    // written are lost, never silently: counted
+    // (weir_access_log_write_errors_total, and the lines in
+    // weir_access_log_lines_lost_total, the torn one included) and said on
+    // stderr, at most once per 10 s (the request log and the tracer do the
+    // same). (A write of nothing, w == 0, is a failure too: retrying it
+    // would spin.)
+    const char* why = w < 0 ? std::strerror(errno) : "nothing written";
+    if (torn > 0) drop_fragment(torn);
+    count_lost(lines, why);
+    return;
+  }
+}
+
+void AccessLogSink::drop_fragment(std::size_t torn) {
+  // A duplicate pins the file the fragment went to: reopen() may swap
+  // another in under fd_ at any moment (and with one swapped in before the
+  // dup, the duplicate's offset is 0, as no write has gone through it yet:
+  // the mutex keeps the other workers out).
+  const int fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  // With O_APPEND the offset after write(2) is the end of what it wrote;
+  // no other worker has moved it since (the mutex). The file's size still
+  // being that offset means nothing follows the fragment: cut it off. (A
+  // size that differs: another process appended after it, whose own lines
+  // follow, or someone truncated the file; either way nothing is ours to
+  // cut.) The offset is set back too, for a destination without O_APPEND
+  // (stdout redirected with >), whose next write would leave a hole.
+  const off_t end = fd >= 0 ? ::lseek(fd, 0, SEEK_CUR) : -1;
+  struct stat st {};
+  const bool stated = fd >= 0 && ::fstat(fd, &st) == 0;
+  if (stated && S_ISREG(st.st_mode)) {
+    const auto n = static_cast<off_t>(torn);
+    const bool ours = end >= n && st.st_size == end;
+    if (!ours || ::ftruncate(fd, end - n) == 0) {
+      if (ours) ::lseek(fd, end - n, SEEK_SET);
+      ::close(fd);
       return;
     }
-    lines.remove_prefix(static_cast<std::size_t>(w));
   }
+  // A pipe, a terminal, or a file that could not be cut: the next write
+  // ends the fragment's line first, so only it is lost.
+  torn_pending_ = true;
+  torn_dev_ = stated ? st.st_dev : 0;
+  torn_ino_ = stated ? st.st_ino : 0;
+  if (fd >= 0) ::close(fd);
+}
+
+bool AccessLogSink::end_torn_line() {
+  struct stat st {};
+  if (torn_ino_ != 0 && ::fstat(fd_, &st) == 0 && (st.st_dev != torn_dev_ || st.st_ino != torn_ino_)) {
+    torn_pending_ = false;  // rotated since: the fragment ends the old file, the new one needs no newline
+    return true;
+  }
+  const WriteFn write = write_ ? write_ : &::write;
+  ssize_t w;
+  while ((w = write(fd_, "\n", 1)) < 0 && errno == EINTR) {
+  }
+  if (w != 1) {
+    if (w == 0) errno = EIO;
+    return false;
+  }
+  torn_pending_ = false;
+  return true;
+}
+
+void AccessLogSink::count_lost(std::string_view rest, const char* why) {
+  const auto lost = static_cast<std::uint64_t>(std::count(rest.begin(), rest.end(), '\n')) +
+                    (rest.empty() || rest.back() == '\n' ? 0 : 1);
+  __atomic_add_fetch(&write_errors_, 1, __ATOMIC_RELAXED);
+  __atomic_add_fetch(&lines_lost_, lost, __ATOMIC_RELAXED);
+  const std::int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  std::int64_t said = __atomic_load_n(&said_at_ns_, __ATOMIC_RELAXED);
+  if ((said == 0 || now_ns - said >= 10'000'000'000) &&
+      __atomic_compare_exchange_n(&said_at_ns_, &said, now_ns, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+    fmt::print(stderr, "weir: access log: a write failed ({}): {} line(s) lost ({} in all so far)\n", why, lost,
+               lines_lost());
 }
 
 AccessLog::AccessLog(std::shared_ptr<AccessLogSink> sink) : sink_(std::move(sink)) { buf_.reserve(kFlushAt + 4096); }

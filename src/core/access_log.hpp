@@ -7,11 +7,19 @@
 // at most PIPE_BUF (4096) bytes when the destination is a pipe, so lines from
 // different workers never interleave. Log rotation swaps a new file in under
 // the same descriptor number (AccessLogSink::reopen).
+//
+// The file holds whole lines only: a write cut short (a full disk) leaves the
+// start of a line with no newline, which the next line would be glued to;
+// the sink takes that fragment off again (or, where it cannot, starts the
+// next write on a new line), so a failed write loses whole lines, counted.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -26,7 +34,14 @@ class AccessLogSink {
   ~AccessLogSink();
 
   bool enabled() const { return fd_ >= 0; }
-  // Writes whole lines; a short write is retried, errors are counted.
+  // Writes whole lines (each ends in '\n'); a short write is retried, errors
+  // are counted. A failed write that had put out part of a line takes that
+  // part off the file (ftruncate(2) back to the line's start) when nothing
+  // follows it there; otherwise (a pipe, another process appended after it)
+  // the next write starts with '\n', so the fragment is one bad line and the
+  // lines after it are whole. Workers call it concurrently: it holds a mutex
+  // across its writes (the kernel serializes appends to one file anyway), so
+  // no other worker's write lands between a fragment and its repair.
   void write_lines(std::string_view lines);
   std::uint64_t write_errors() const { return __atomic_load_n(&write_errors_, __ATOMIC_RELAXED); }
   // Lines a failed write dropped (whole or in part): what an operator lost.
@@ -38,12 +53,28 @@ class AccessLogSink {
   // wholly to the old file or wholly to the new one, and no lock is needed.
   // Safe to call from any thread while workers write. Returns false with
   // `error` set if the path cannot be opened (the old file stays in use).
-  // stdout and "off": nothing to reopen, returns true.
+  // stdout and "off": nothing to reopen, returns true. It takes no lock (the
+  // control thread must not wait behind a worker's write to a stalled pipe).
   bool reopen(std::string& error);
   // The file's path; empty for stdout and "off".
   const std::string& path() const { return path_; }
 
+  // For tests: a stand-in for write(2), to make a write short or fail.
+  using WriteFn = ssize_t (*)(int fd, const void* buf, std::size_t n);
+  void set_write_for_test(WriteFn write) { write_ = write; }
+
  private:
+  // After a failed write that left `torn` bytes of a line at the end of the
+  // destination: takes them off, or marks the next write to start a line.
+  void drop_fragment(std::size_t torn);
+  // Before writing after drop_fragment() could not take a fragment off:
+  // ends that line with '\n' (not when the destination is another file
+  // now, after a rotation). False if the newline could not be written.
+  bool end_torn_line();
+  // Counts the lines of `rest` (the last one may lack its '\n') as lost and
+  // says so on stderr (at most once per 10 s).
+  void count_lost(std::string_view rest, const char* why);
+
   int fd_ = -1;
   bool owned_ = false;
   bool is_pipe_ = false;  // atomic loads and stores: reopen() may change it
@@ -51,6 +82,14 @@ class AccessLogSink {
   std::uint64_t write_errors_ = 0;  // bumped atomically: workers share the sink
   std::uint64_t lines_lost_ = 0;    // (as write_errors_)
   std::int64_t said_at_ns_ = 0;     // the last stderr line about a failed write (at most one per 10 s)
+  WriteFn write_ = nullptr;         // write(2) unless a test put a stand-in
+  std::mutex mu_;                   // held across write_lines(): a torn line is repaired before others write
+  // Under mu_: a fragment drop_fragment() could not take off ends the
+  // destination (dev, ino: the file it went to), so the next write must
+  // begin with '\n'.
+  bool torn_pending_ = false;
+  dev_t torn_dev_ = 0;
+  ino_t torn_ino_ = 0;
 };
 
 // A worker's line buffer.

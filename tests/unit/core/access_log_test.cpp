@@ -1,15 +1,22 @@
 // AccessLogSink::reopen: log rotation swaps a new file in under the same
-// descriptor number, with close-on-exec kept.
+// descriptor number, with close-on-exec kept. AccessLogSink::write_lines: a
+// write cut short (a full disk) leaves whole lines only.
 #include "core/access_log.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <string>
+#include <utility>
 
 #include <gtest/gtest.h>
 
@@ -110,4 +117,171 @@ TEST(AccessLogSink, ReopenOfStdoutAndOffIsANoOp) {
     EXPECT_TRUE(sink->path().empty());
     EXPECT_TRUE(sink->reopen(err));
   }
+}
+
+// --- a write cut short: a stand-in for write(2) that writes at most `budget`
+// bytes (then fails with `fail_errno`), and at most `per_call` a call.
+namespace {
+
+struct ShortWrites {
+  std::size_t budget = SIZE_MAX;
+  std::size_t per_call = SIZE_MAX;
+  int fail_errno = ENOSPC;
+  std::function<void()> before_failing;  // runs once, just before the first failure
+  std::size_t calls = 0;
+};
+ShortWrites g_short;
+
+ssize_t short_write(int fd, const void* buf, std::size_t n) {
+  ++g_short.calls;
+  n = std::min({n, g_short.budget, g_short.per_call});
+  if (n == 0) {
+    if (g_short.before_failing) std::exchange(g_short.before_failing, nullptr)();
+    errno = g_short.fail_errno;
+    return -1;
+  }
+  const ssize_t w = ::write(fd, buf, n);
+  if (w > 0) g_short.budget -= static_cast<std::size_t>(w);
+  return w;
+}
+
+std::shared_ptr<AccessLogSink> short_sink(const fs::path& path, ShortWrites s) {
+  g_short = std::move(s);
+  std::string err;
+  auto sink = AccessLogSink::open(path.string(), err);
+  EXPECT_TRUE(sink) << err;
+  if (sink) sink->set_write_for_test(&short_write);
+  return sink;
+}
+
+}  // namespace
+
+TEST(AccessLogSink, AWriteCutShortTakesTheTornLineOff) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  auto sink = short_sink(path, {});
+  sink->write_lines("one\ntwo\n");
+  g_short.budget = 8;  // "three\nfo", then ENOSPC
+  sink->write_lines("three\nfour\nfive\n");
+  EXPECT_EQ(slurp(path), "one\ntwo\nthree\n");
+  EXPECT_EQ(sink->write_errors(), 1u);
+  EXPECT_EQ(sink->lines_lost(), 2u);  // four (torn) and five
+  g_short.budget = SIZE_MAX;          // the disk freed
+  sink->write_lines("six\n");
+  EXPECT_EQ(slurp(path), "one\ntwo\nthree\nsix\n");
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, ALineTornOverSeveralShortWritesIsTakenOffWhole) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  auto sink = short_sink(path, {.budget = 13, .per_call = 3});  // "abc\ndefghijkl" in 3-byte writes
+  sink->write_lines("abc\ndefghijklmnop\nq\n");
+  EXPECT_EQ(slurp(path), "abc\n");
+  EXPECT_EQ(sink->lines_lost(), 2u);
+  EXPECT_GT(g_short.calls, 5u);
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, AWriteThatFailsOnALineBoundaryCutsNothing) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  auto sink = short_sink(path, {.budget = 4});  // "abc\n" exactly
+  sink->write_lines("abc\ndef\n");
+  EXPECT_EQ(slurp(path), "abc\n");
+  EXPECT_EQ(sink->lines_lost(), 1u);
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, AWriteOfNothingIsAFailureNotASpin) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  std::string err;
+  auto sink = AccessLogSink::open(path.string(), err);
+  ASSERT_TRUE(sink) << err;
+  sink->set_write_for_test([](int, const void*, std::size_t) -> ssize_t { return 0; });
+  sink->write_lines("abc\ndef\n");
+  EXPECT_EQ(sink->write_errors(), 1u);
+  EXPECT_EQ(sink->lines_lost(), 2u);
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, WhatAnotherProcessAppendedAfterAFragmentIsNotCut) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  auto sink = short_sink(path, {.budget = 6});
+  g_short.before_failing = [&] {
+    const int other = ::open(path.c_str(), O_WRONLY | O_APPEND);
+    ASSERT_GE(other, 0);
+    ASSERT_EQ(::write(other, "theirs\n", 7), 7);
+    ::close(other);
+  };
+  sink->write_lines("abc\ndefgh\n");  // "abc\nde", then theirs, then ENOSPC
+  EXPECT_EQ(slurp(path), "abc\ndetheirs\n");
+  EXPECT_EQ(sink->lines_lost(), 1u);
+  g_short.budget = SIZE_MAX;
+  sink->write_lines("ijk\n");  // their line ended the fragment's: no empty line
+  EXPECT_EQ(slurp(path), "abc\ndetheirs\nijk\n");
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, ARotationBetweenATornWriteAndItsRepairLeavesTheNewFileAlone) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  auto sink = short_sink(path, {.budget = 6});
+  g_short.before_failing = [&] {
+    fs::rename(path, dir / "access.log.1");
+    std::string err;
+    ASSERT_TRUE(sink->reopen(err)) << err;
+  };
+  sink->write_lines("abc\ndefgh\n");
+  EXPECT_EQ(slurp(path), "");  // not cut, not extended with zeros
+  EXPECT_EQ(fs::file_size(path), 0u);
+  EXPECT_EQ(sink->lines_lost(), 1u);
+  g_short.budget = SIZE_MAX;
+  sink->write_lines("ijk\n");
+  EXPECT_EQ(slurp(path), "ijk\n");  // no newline for a fragment the new file never had
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, APipeCannotBeCutSoTheNextWriteStartsALine) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.fifo";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  auto sink = short_sink(path, {.budget = 6, .fail_errno = EAGAIN});
+  sink->write_lines("abc\ndefgh\n");  // "abc\nde" reaches the reader
+  EXPECT_EQ(sink->lines_lost(), 1u);
+  g_short.budget = SIZE_MAX;
+  sink->write_lines("ijk\n");
+  char buf[64];
+  const ssize_t n = ::read(reader, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<std::size_t>(n)), "abc\nde\nijk\n");
+  ::close(reader);
+  sink.reset();
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, ANewlineThatCannotBeWrittenLosesTheBatchNotItsFirstLine) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.fifo";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  auto sink = short_sink(path, {.budget = 6, .fail_errno = EAGAIN});
+  sink->write_lines("abc\ndefgh\n");
+  sink->write_lines("ijk\nlmn\n");  // still failing: the newline too
+  EXPECT_EQ(sink->write_errors(), 2u);
+  EXPECT_EQ(sink->lines_lost(), 3u);
+  g_short.budget = SIZE_MAX;
+  sink->write_lines("opq\n");
+  char buf[64];
+  const ssize_t n = ::read(reader, buf, sizeof buf);
+  ASSERT_GT(n, 0);
+  EXPECT_EQ(std::string(buf, static_cast<std::size_t>(n)), "abc\nde\nopq\n");
+  ::close(reader);
+  sink.reset();
+  fs::remove_all(dir);
 }
