@@ -1,6 +1,9 @@
 #include "requestlog/sqlite.hpp"
 
+#include <fcntl.h>
 #include <sqlite3.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <string>
 
@@ -123,6 +126,20 @@ bool Db::open(const std::string& path, bool read_only, std::string& error) {
   if (!lib().error.empty()) {
     error = lib().error;
     return false;
+  }
+  if (!read_only) {
+    // A request log holds prompts and completions (capture_bodies), JWT
+    // subjects and tenants: a new file is made 0600 (as the key store's
+    // file is), not 0644 under the usual umask as SQLite would make it.
+    // SQLite gives the -wal and -shm files the database file's mode. An
+    // existing file keeps the mode its operator gave it (O_EXCL); any other
+    // failure is left to SQLite's open, which says why. (fchmod: 0600 also
+    // under a umask that would take the owner's write away.)
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::fchmod(fd, 0600);
+      ::close(fd);
+    }
   }
   const int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
                     SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;

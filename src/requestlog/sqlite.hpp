@@ -44,7 +44,8 @@ class Db {
   ~Db();
   explicit operator bool() const { return db_ != nullptr; }
 
-  // Opens `path` read-write (creating it) or read-only; false with `error` set.
+  // Opens `path` read-write (creating it, mode 0600: it holds what clients
+  // sent) or read-only; false with `error` set.
   bool open(const std::string& path, bool read_only, std::string& error);
   void close();
   // Runs one or more statements; false with `error` set.

@@ -106,3 +106,41 @@ def test_a_full_disk_leaves_only_whole_json_lines_and_counts_the_torn_one(small_
     lost = w.metric("weir_access_log_lines_lost_total")
     assert lost == len(sent) - len(present) > 0
     assert w.metric("weir_access_log_write_errors_total") >= 1
+
+
+# --- 2. the request log's file mode --------------------------------------------------------------------------------
+
+def file_mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def wait_written(w, n: int) -> None:
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= n, 10, message=f"{n} request-log rows")
+
+
+def test_a_new_request_log_database_and_its_wal_and_shm_are_0600(tmp_path, mock, weir):
+    # Before: 0644 under the usual umask (022): prompts, completions, subjects and tenants readable by all.
+    m = mock(*MOCK_FLAGS)
+    db = tmp_path / "requests.db"
+    old = os.umask(0o022)
+    try:
+        w = weir(config=config(m, request_log={"url": f"sqlite:{db}", "flush_interval": "10ms"}), workers=1)
+    finally:
+        os.umask(old)
+    assert chat(w, "mode-1") == 200
+    wait_written(w, 1)
+    for suffix in ("", "-wal", "-shm"):
+        assert file_mode(f"{db}{suffix}") == 0o600, suffix
+
+
+def test_an_existing_request_log_database_keeps_the_mode_its_operator_gave_it(tmp_path, mock, weir):
+    m = mock(*MOCK_FLAGS)
+    db = tmp_path / "requests.db"
+    sqlite3.connect(db).close()  # an empty database
+    db.touch()
+    os.chmod(db, 0o640)
+    w = weir(config=config(m, request_log={"url": f"sqlite:{db}", "flush_interval": "10ms"}), workers=1)
+    assert chat(w, "mode-2") == 200
+    wait_written(w, 1)
+    for suffix in ("", "-wal", "-shm"):
+        assert file_mode(f"{db}{suffix}") == 0o640, suffix
