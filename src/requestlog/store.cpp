@@ -236,15 +236,28 @@ bool Writer::stop(SteadyClock::time_point deadline) {
 void Writer::report(bool now_anyway) {
   const auto now = SteadyClock::now();
   if (!now_anyway && now - last_report_ < kReportEvery) return;
-  std::uint64_t drops = dropped_write_.load(std::memory_order_relaxed);
-  for (const auto& q : queues_) drops += q->dropped();
+  std::uint64_t queue_full = 0;
+  for (const auto& q : queues_) queue_full += q->dropped();
+  const std::uint64_t write_error = dropped_write_.load(std::memory_order_relaxed);
   const std::uint64_t errors = errors_.load(std::memory_order_relaxed);
-  if (drops != reported_drops_)
-    fmt::print(stderr, "weir: request log: {} records dropped in the last {}s ({})\n", drops - reported_drops_,
-               std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(),
-               store_->is_open() ? "the store is slow: queue full" : "the store is not open");
+  // Says why, by the reasons of weir_request_log_dropped_total that moved:
+  // a full queue is a slow store (or one that is not open), a failed batch
+  // is the store refusing writes (a full disk, a malformed file). Shutdown's
+  // drops have their own line (drain()).
+  const std::uint64_t new_full = queue_full - reported_queue_full_, new_failed = write_error - reported_write_error_;
+  if (new_full + new_failed > 0) {
+    std::string why;
+    if (new_full > 0)
+      why = fmt::format("{} with the queue full: {}", new_full,
+                        store_->is_open() ? "the store is slow" : "the store is not open");
+    if (new_failed > 0)
+      why += fmt::format("{}{} in batches the store failed to write", why.empty() ? "" : "; ", new_failed);
+    fmt::print(stderr, "weir: request log: {} records dropped in the last {}s ({})\n", new_full + new_failed,
+               std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(), why);
+  }
   if (errors != reported_errors_) fmt::print(stderr, "weir: {} ({} errors)\n", last_error_, errors - reported_errors_);
-  reported_drops_ = drops;
+  reported_queue_full_ = queue_full;
+  reported_write_error_ = write_error;
   reported_errors_ = errors;
   last_report_ = now;
 }

@@ -100,7 +100,8 @@ class Writer {
   std::atomic<bool> open_{false};
   // Rate-limited reporting (writer thread).
   std::chrono::steady_clock::time_point last_report_{};
-  std::uint64_t reported_drops_ = 0;
+  std::uint64_t reported_queue_full_ = 0;   // the drops said so far, by reason
+  std::uint64_t reported_write_error_ = 0;  // (shutdown's are said by drain())
   std::uint64_t reported_errors_ = 0;
   std::string last_error_;
 

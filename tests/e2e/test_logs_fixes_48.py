@@ -144,3 +144,35 @@ def test_an_existing_request_log_database_keeps_the_mode_its_operator_gave_it(tm
     wait_written(w, 1)
     for suffix in ("", "-wal", "-shm"):
         assert file_mode(f"{db}{suffix}") == 0o640, suffix
+
+
+# --- 3. why records were dropped -----------------------------------------------------------------------------------
+
+def test_records_a_malformed_database_refused_are_not_said_to_be_a_full_queue(tmp_path, mock, weir):
+    # Before: "N records dropped in the last Ns (the store is slow: queue full)" for records every batch
+    # of which the store refused (weir_request_log_dropped_total{reason="write_error"}), queue_full 0.
+    m = mock(*MOCK_FLAGS)
+    db = tmp_path / "requests.db"
+    w = weir(config=config(m, request_log={"url": f"sqlite:{db}", "flush_interval": "10ms"}), workers=1)
+    for i in range(40):
+        assert chat(w, f"fill-{i}") == 200
+    wait_written(w, 40)
+    con = sqlite3.connect(db, isolation_level=None, timeout=5)
+    con.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    con.close()
+    size = os.path.getsize(db)
+    assert size > 4096
+    with open(db, "r+b") as f:  # every page but the first (the schema) garbage: no b-tree page type
+        f.seek(4096)
+        f.write(b"\xa5" * (size - 4096))
+    for i in range(10):
+        assert chat(w, f"lost-{i}") == 200
+    wait_until(lambda: w.metric("weir_request_log_dropped_total", reason="write_error") >= 1, 10,
+               message="a batch the store refused")
+    assert w.metric("weir_request_log_dropped_total", reason="queue_full") == 0
+    w.process.stop(15)
+    said = [line for line in w.process.log().splitlines() if "records dropped in the last" in line]
+    assert said, w.process.log()
+    for line in said:
+        assert "queue full" not in line and "is slow" not in line, line
+        assert "in batches the store failed to write" in line, line
