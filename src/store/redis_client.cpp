@@ -80,11 +80,19 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   ReplyParser parser;
   std::array<char, 16384> rbuf{};
   std::chrono::milliseconds backoff{0};
-  // Logs say "connected" once a connection answered a command, and "lost" /
-  // "cannot connect" once per outage: a server that accepts connections but
-  // never answers (stopped, overloaded) does not flood the log.
+  // Logs say "connected" once a connection answered a command, "lost" once
+  // per outage, and "cannot connect" when the reason changes (Redis that
+  // was refusing connections now refuses the password): a server that keeps
+  // failing the same way, or accepts connections but never answers
+  // (stopped, overloaded), does not flood the log.
   bool announced_up = false;
   bool reported_down = false;
+  std::string logged_why;  // the last "cannot connect" reason logged this outage
+  std::chrono::steady_clock::time_point logged_at{};
+  static constexpr std::chrono::seconds kReasonEvery{1};  // a changed reason is logged at most this often
+  // Why commands cannot be sent while waiting to reconnect: the last connect
+  // failure, or the loss of the last connection. Empty while connected.
+  std::string last_error;
   Stats stats;
 
   void log(std::string_view msg) const {
@@ -117,6 +125,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       if (announced_up) log(fmt::format("connection to {} lost: {}", endpoint_text(opt.host, opt.port), why));
       announced_up = false;
       reported_down = true;
+      last_error = "connection to Redis lost: " + why;
     }
     boost::system::error_code ignored;
     socket.close(ignored);
@@ -153,6 +162,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (!announced_up) {
       announced_up = true;
       reported_down = false;
+      logged_why.clear();
+      last_error.clear();
       backoff = std::chrono::milliseconds(0);  // the next failure retries quickly again
       log(fmt::format("connected to {}", endpoint_text(opt.host, opt.port)));
     }
@@ -229,11 +240,20 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       if (!running) break;
       if (!why.empty()) {
         ++stats.connect_failures;
-        if (!reported_down) log(fmt::format("cannot connect to {}: {}", endpoint_text(opt.host, opt.port), why));
+        // Once per outage, and again whenever the reason changes (rate
+        // limited: a reason that flips back and forth is one line per
+        // kReasonEvery, and a change held back is logged at a later attempt).
+        const auto now = std::chrono::steady_clock::now();
+        if (!reported_down || (why != logged_why && (logged_why.empty() || now - logged_at >= kReasonEvery))) {
+          log(fmt::format("cannot connect to {}: {}", endpoint_text(opt.host, opt.port), why));
+          logged_why = why;
+          logged_at = now;
+        }
         reported_down = true;
+        last_error = "cannot connect to Redis: " + why;
         boost::system::error_code ignored;
         socket.close(ignored);
-        fail_all(Errc::not_connected, "cannot connect to Redis: " + why);
+        fail_all(Errc::not_connected, last_error);
         co_await wait_backoff();
         continue;
       }
@@ -287,7 +307,11 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     stats.commands += cmds.size();
     if (state != State::connected && state != State::connecting) {
       const Errc code = state == State::stopped ? Errc::stopped : Errc::not_connected;
-      co_return std::vector<Result<Reply>>(cmds.size(), tl::unexpected(Error{code, "not connected to Redis"}));
+      // The reason of the outage (the last connect failure), not only that there is one: it is what the
+      // caller's outage line says.
+      const std::string why =
+          state == State::stopped ? "client stopped" : (last_error.empty() ? "not connected to Redis" : last_error);
+      co_return std::vector<Result<Reply>>(cmds.size(), tl::unexpected(Error{code, why}));
     }
     auto w = std::make_shared<Waiter>(ex, cmds.size(), opt.command_timeout);
     for (std::size_t i = 0; i < cmds.size(); ++i) {

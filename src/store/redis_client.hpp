@@ -37,8 +37,10 @@ struct ClientOptions {
   std::chrono::milliseconds command_timeout{250};  // queueing to reply, per exec() call
   std::chrono::milliseconds reconnect_min{50};     // first delay after a failure; doubles
   std::chrono::milliseconds reconnect_max{2000};   // cap of the doubling
-  // Connection state changes ("connected to ...", "connection lost: ...");
-  // called on the control thread. Empty: silent.
+  // Connection state changes ("connected to ...", "connection to ... lost:
+  // ...", "cannot connect to ...: <why>" once per outage and again when the
+  // reason changes, at most once a second); called on the control thread.
+  // Empty: silent.
   std::function<void(std::string_view)> log;
 };
 
@@ -52,7 +54,9 @@ struct ClientOptions {
 //    as soon as the previous write finished (pipelining); replies arrive in order.
 //  - While a connection attempt is in progress, commands queue and are sent
 //    after AUTH/SELECT. While waiting to reconnect after a failure (backoff),
-//    exec() fails at once with Errc::not_connected: callers learn of an outage
+//    exec() fails at once with Errc::not_connected whose message is that
+//    failure ("cannot connect to Redis: Connection refused", "connection to
+//    Redis lost: closed by server"): callers learn of an outage, and why,
 //    without waiting.
 //  - A command without a reply within command_timeout fails with
 //    Errc::timeout, and a connected client then closes the connection (every

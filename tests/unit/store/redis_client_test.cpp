@@ -2,6 +2,8 @@
 // pipelining, timeouts, reconnect after a restart, NOSCRIPT fallback.
 #include "store/redis_client.hpp"
 
+#include <algorithm>
+
 #include <gtest/gtest.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -270,6 +272,8 @@ TEST_F(RedisClientTest, FailsFastWhenNothingListens) {
     EXPECT_FALSE(r);
     if (!r) {
       EXPECT_EQ(r.error().code, Errc::not_connected);
+      // Why, not only that: the caller's outage line says it.
+      EXPECT_EQ(r.error().message, "cannot connect to Redis: Connection refused");
     }
     EXPECT_LT(Clock::now() - t0, 1000ms);
   });
@@ -321,6 +325,47 @@ TEST(RedisClientAuthTest, AuthenticatesAndSelectsTheDatabase) {
   good.stop();
   bad.stop();
   db0.stop();
+}
+
+TEST(RedisClientAuthTest, SaysWhyReconnectingFailsAfterALostConnection) {
+  // The password changed under a live connection, which is then killed:
+  // the reconnects fail with WRONGPASS, logged once after "lost" (it went
+  // unsaid while the outage was already reported), and the commands refused
+  // meanwhile carry it.
+  testing::RedisServer server({"--requirepass", "first-pass"});
+  ASSERT_TRUE(server.ok());
+  asio::io_context ioc;
+  auto o = options(server);
+  o.password = "first-pass";
+  std::vector<std::string> logs;
+  o.log = [&logs](std::string_view m) { logs.emplace_back(m); };
+  Client c(ioc, o);
+  c.start();
+  std::string why;
+  run(ioc, [&]() -> Task<void> {
+    EXPECT_TRUE(co_await until_up(c));
+    EXPECT_TRUE(co_await c.exec(Command{"CONFIG", "SET", "requirepass", "second-pass"}));
+    co_await c.exec(Command{"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "no"});  // this connection
+    const auto deadline = Clock::now() + 10s;
+    while (Clock::now() < deadline) {
+      auto r = co_await c.exec(Command{"PING"});
+      if (!r && r.error().message.find("WRONGPASS") != std::string::npos) {
+        why = r.error().message;
+        break;
+      }
+      co_await sleep_for(10ms);
+    }
+    co_await sleep_for(300ms);  // more failed attempts (10-100 ms apart): the same reason is not logged again
+  });
+  EXPECT_EQ(why.rfind("cannot connect to Redis: AUTH/SELECT failed: WRONGPASS", 0), 0u) << why;
+  const auto said = [&](std::string_view text) {
+    return std::count_if(logs.begin(), logs.end(), [&](const std::string& l) { return l.find(text) != l.npos; });
+  };
+  EXPECT_EQ(said(" lost: "), 1) << ::testing::PrintToString(logs);
+  EXPECT_EQ(said("cannot connect to 127.0.0.1:" + std::to_string(server.port()) + ": AUTH/SELECT failed: WRONGPASS"), 1)
+      << ::testing::PrintToString(logs);
+  EXPECT_GE(c.stats().connect_failures, 3u);
+  c.stop();
 }
 
 }  // namespace

@@ -1,0 +1,106 @@
+"""Redis-shared admission (docs/admission.md, "Redis outage"): the log says
+why Weir cannot reconnect, also after a live connection was lost (a password
+changed under Weir, then the connection killed) and when Redis comes back
+refusing the password; the outage line names the connection's failure, not
+only that there is one."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+
+import pytest
+
+from conftest import wait_until
+from test_redis_fixes_45 import MOCK_FLAGS, call, config, lines
+
+
+def authed(port: int, password: str, *commands: tuple[str, ...]) -> bytes:
+    """AUTH, then `commands`, on one connection; the raw replies."""
+    def resp(args) -> bytes:
+        return (f"*{len(args)}\r\n" + "".join(f"${len(a.encode())}\r\n{a}\r\n" for a in args)).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(resp(("AUTH", password)) + b"".join(resp(c) for c in commands))
+        out = b""
+        while out.count(b"\r\n") < 1 + len(commands):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            out += chunk
+        return out
+
+
+def accepting(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def outage_lines(w) -> list[str]:
+    return [line for line in w.process.log().splitlines() if " unreachable (" in line]
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_a_password_changed_under_weir_is_named_in_the_log(mock, weir, redis, fail_open):
+    """CONFIG SET requirepass, then CLIENT KILL: the reconnects fail with
+    WRONGPASS, which the log says once (it went unsaid after a lost
+    connection); the outage line says the connection was lost."""
+    old, new = "old-pass-0001", "new-pass-0002"
+    redis.cli("CONFIG", "SET", "requirepass", old)
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis, {"limits": {"requests_per_minute": 6000}}, fail_open=fail_open, password=old))
+    wait_until(lambda: call(w).status_code == 200, 10, interval=0.05, message="admitted through Redis")
+    assert b"+OK" in authed(redis.port, old, ("CONFIG", "SET", "requirepass", new))
+    authed(redis.port, new, ("CLIENT", "KILL", "TYPE", "normal"))
+    addr = f"127.0.0.1:{redis.port}"
+    wait_until(lambda: lines(w, f"cannot connect to {addr}: AUTH/SELECT failed: WRONGPASS") >= 1, 10,
+               message="the WRONGPASS of the reconnects in the log")
+    wait_until(lambda: w.metric("weir_redis_degraded") == 1, 5, message="degraded")
+    assert outage_lines(w), w.process.log()
+    for line in outage_lines(w):
+        assert "(not connected to Redis)" not in line, line
+        assert "(connection to Redis lost: " in line or "WRONGPASS" in line, line
+    # The password back: reconnected, and the same reason was said once however many attempts failed.
+    authed(redis.port, new, ("CONFIG", "SET", "requirepass", old))
+    wait_until(lambda: "reachable again" in w.process.log(), 10, message="recovery line")
+    assert call(w).status_code == 200
+    assert lines(w, f"cannot connect to {addr}: AUTH/SELECT failed: WRONGPASS") == 1, w.process.log()
+
+
+@pytest.mark.parametrize("fail_open", [False, True])
+def test_a_redis_down_at_start_then_refusing_the_password_is_named_in_the_log(mock, weir, redis, tmp_path,
+                                                                                fail_open):
+    """Weir starts with nothing on the port: the outage line says the
+    connection was refused; Redis comes up with another password: the log
+    says WRONGPASS (before, nothing new was said); fixed: distributed again."""
+    redis.kill()
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis, {"limits": {"requests_per_minute": 6000}}, fail_open=fail_open,
+                           password="right-pass", connect_timeout="200ms"))
+    addr = f"127.0.0.1:{redis.port}"
+    wait_until(lambda: call(w) and outage_lines(w), 10, message="the outage line of a request's sync")
+    [line] = outage_lines(w)
+    assert f"Redis {addr} unreachable (cannot connect to Redis: Connection refused)" in line, line
+    assert lines(w, f"cannot connect to {addr}: Connection refused") == 1, w.process.log()
+
+    proc = subprocess.Popen([shutil.which("redis-server"), "--port", str(redis.port), "--bind", "127.0.0.1",
+                             "--save", "", "--appendonly", "no", "--dir", str(tmp_path), "--requirepass", "wrong-pass"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: accepting(redis.port), 10, message="redis-server accepting")
+        wait_until(lambda: lines(w, f"cannot connect to {addr}: AUTH/SELECT failed: WRONGPASS") == 1, 10,
+                   message="WRONGPASS in the log once Redis is up with another password")
+        if not fail_open:
+            assert call(w).status_code == 503
+        assert b"+OK" in authed(redis.port, "wrong-pass", ("CONFIG", "SET", "requirepass", "right-pass"))
+        wait_until(lambda: "reachable again" in w.process.log(), 10, message="recovery line")
+        assert call(w).status_code == 200
+        assert lines(w, f"cannot connect to {addr}: AUTH/SELECT failed: WRONGPASS") == 1, w.process.log()
+        assert len(outage_lines(w)) == 1, w.process.log()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
