@@ -84,9 +84,12 @@ bool RedisLimiter::add_scopes(const std::vector<auth::ScopeInfo>& scopes) {
       if (!s.enabled) continue;
       s.rate_per_min = static_cast<double>(rates[b]);
       s.depth = static_cast<double>(bursts[b] ? bursts[b] : rates[b]);
+      const double cap = std::max(1.0, s.depth * config_.lease_max_share);
       double t = std::max(s.rate_per_min * window_min, b == 0 ? 1.0 : static_cast<double>(config_.lease_min_tokens));
-      t = std::min(t, std::max(1.0, s.depth * config_.lease_max_share));
-      c.target = std::max<std::int64_t>(1, whole_up(t));
+      t = std::min(t, cap);
+      c.base = std::max<std::int64_t>(1, whole_up(t));
+      c.cap = std::max(c.base, whole_up(cap));
+      c.target = c.base;
       c.low = (c.target + 1) / 2;
       c.high = 2 * c.target;
     }

@@ -35,10 +35,15 @@ struct alignas(64) RedisLimiter::Lease {
 
 struct RedisLimiter::LeaseCtl {
   std::string key;
-  std::int64_t target = 1;  // units a busy replica holds
+  std::int64_t target = 1;  // units a busy replica holds now: base, raised by demand x round trip, up to cap
   std::int64_t low = 1;     // top up below this
   std::int64_t high = 2;    // give back above this
+  std::int64_t base = 1;    // target from the configuration (rate x lease_window, lease_min_tokens)
+  std::int64_t cap = 1;     // most the target may grow to: max(1, depth x lease_max_share)
   std::int64_t seen = 0;    // units after the last sync: a change means use
+  double taken = 0;         // units seen taken since the demand was last measured
+  double demand = 0;        // units per second this replica's requests take or wait for (smoothed)
+  Instant measured_at{};    // when `demand` was last updated
   Instant last_used{};
   Instant keep_until{};  // units granted to waiting requests are not given back before their retry
   double waiting = 0;    // units that waiting requests need (refill())
@@ -159,6 +164,10 @@ struct RedisLimiter::Loop {
   // The lease (scope * 2 + bucket) whose sync began the outage: the probe
   // replays it; UINT32_MAX: the probe writes a key of ours instead.
   std::uint32_t probe_lease = UINT32_MAX;
+  // A sync's round trip, seconds: follows a slower one at once, a faster
+  // one gradually. Leases are sized to cover their demand while a top-up
+  // is on its way (sync_once).
+  double rtt_s = 0;
 };
 
 }  // namespace weir::admission

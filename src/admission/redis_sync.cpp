@@ -38,6 +38,10 @@ std::string outage_reason(const store::Error& e) {
   return std::string(m);
 }
 
+// Time over which a lease's demand is smoothed, seconds: a burst raises it
+// within a few ticks, one quiet tick does not drop it.
+constexpr double kDemandTau = 0.5;
+
 // Takes the units above `keep` out of `units` (workers may be taking at the
 // same time); returns what it took.
 std::int64_t take_above(std::atomic<std::int64_t>& units, std::int64_t keep) {
@@ -204,6 +208,13 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   auto str = [](auto v) { return fmt::format("{}", v); };
 
   // Leases (frozen during an outage: takes go to the fallback then).
+  // A top-up asked when a lease falls below half its target arrives within
+  // `horizon` (the sync in flight, the next tick, its round trip): a lease
+  // whose demand over that time is more than half the configured target
+  // grows to twice that demand, up to its cap, so a steady rate does not
+  // wait for Redis on every request when the round trip is long (a 600 RPM
+  // scope's configured lease is one request).
+  const double horizon = 2 * loop_->rtt_s + std::chrono::duration<double>(config_.sync_interval).count();
   if (!deg || final_sync) {
     for (std::uint32_t i = 0; i < scope_count_ * 2; ++i) {
       const Spec& s = at(i / 2).spec[i % 2];
@@ -215,6 +226,18 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       const bool used = wanted || u != c.seen || c.waiting > 0;
       if (used) c.last_used = now;
       const bool active = now - c.last_used < config_.lease_idle;
+      // Demand: units taken since the last tick (and while the last sync
+      // was on its way: see the reply) plus those waiting requests need.
+      c.taken += static_cast<double>(std::max<std::int64_t>(0, c.seen - u));
+      const double dt = std::chrono::duration<double>(now - c.measured_at).count();
+      if (c.measured_at != Instant{} && dt > 0)
+        c.demand += ((c.taken + c.waiting) / dt - c.demand) * std::min(1.0, dt / kDemandTau);
+      c.measured_at = now;
+      c.taken = 0;
+      if (!active) c.demand = 0;
+      c.target = std::clamp<std::int64_t>(whole_up(2 * c.demand * horizon), c.base, c.cap);
+      c.low = (c.target + 1) / 2;
+      c.high = 2 * c.target;
       std::int64_t ask = 0, put = 0, owe = u < 0 ? -u : 0;
       const std::int64_t held = std::max<std::int64_t>(u, 0);
       if (final_sync || (!active && held > 0)) {
@@ -231,6 +254,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         c.seen = l.units.load(std::memory_order_relaxed);
         continue;
       }
+      c.seen = l.units.load(std::memory_order_relaxed);  // takes until the reply count as demand
       const std::string keys[] = {c.key};
       const std::string args[] = {str(std::llround(s.rate_per_min)), str(std::llround(s.depth)), str(ask), str(put),
                                   str(owe)};
@@ -402,6 +426,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     co_return;
   }
 
+  const Instant sent = MonoClock::now();
   auto results = co_await client_->exec(std::move(cmds));
   const Instant replied = MonoClock::now();
   const double replied_ns = ns(replied);
@@ -418,6 +443,8 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     }
   if (outage.empty()) {
     syncs_.fetch_add(1, std::memory_order_relaxed);
+    const double rtt = std::chrono::duration<double>(replied - sent).count();
+    loop_->rtt_s = rtt >= loop_->rtt_s ? rtt : loop_->rtt_s + (rtt - loop_->rtt_s) * 0.1;
     leave_degraded();
   } else {
     sync_failures_.fetch_add(1, std::memory_order_relaxed);
@@ -431,6 +458,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       case Op::Kind::lease: {
         Lease& l = at(op.i / 2).lease[op.i % 2];
         LeaseCtl& c = at(op.i / 2).lease_ctl[op.i % 2];
+        c.taken += static_cast<double>(std::max<std::int64_t>(0, c.seen - l.units.load(std::memory_order_relaxed)));
         if (ok && r->elements.size() >= 3) {
           const std::int64_t grant = r->elements[0].as_int();
           if (grant > 0) {

@@ -6,13 +6,18 @@ only that there is one."""
 
 from __future__ import annotations
 
+import queue
 import shutil
 import socket
 import subprocess
+import threading
+import time
 
+import httpx
 import pytest
 
 from conftest import wait_until
+from test_redis import KEY
 from test_redis_fixes_45 import MOCK_FLAGS, call, config, lines
 
 
@@ -104,3 +109,87 @@ def test_a_redis_down_at_start_then_refusing_the_password_is_named_in_the_log(mo
         proc.kill()
         proc.wait(10)
 
+
+class DelayProxy:
+    """A TCP proxy to Redis that delivers every chunk `delay` s after it
+    arrived, in order, in both directions: a Redis that far away (pipelining
+    kept, as over a real network)."""
+
+    def __init__(self, target_port: int, delay: float):
+        self.target_port, self.delay = target_port, delay
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.port = self.listener.getsockname()[1]
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            for s in (client, upstream):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    def _pipe(self, a: socket.socket, b: socket.socket):
+        q: queue.Queue = queue.Queue()
+
+        def send():
+            while (item := q.get()) is not None:
+                due, data = item
+                if (wait := due - time.monotonic()) > 0:
+                    time.sleep(wait)
+                try:
+                    b.sendall(data)
+                except OSError:
+                    return
+        threading.Thread(target=send, daemon=True).start()
+        try:
+            while data := a.recv(65536):
+                q.put((time.monotonic() + self.delay, data))
+        except OSError:
+            pass
+        q.put(None)
+
+    def close(self):
+        for s in [self.listener, *self.sockets]:
+            try:
+                s.close()
+            except OSError:
+                pass
+
+
+def test_a_steady_rate_does_not_wait_for_a_distant_redis_on_every_request(mock, weir, redis):
+    """Redis 60 ms away each way; a scope of 600 RPM (a configured lease of
+    1 request) used at its rate, 10 requests a second: the lease grows with
+    the demand over a round trip, so the requests are admitted from it, not
+    each after a wait for Redis (weir_redis_refills_total counts the waits)."""
+    proxy = DelayProxy(redis.port, 0.06)
+    try:
+        m = mock(*MOCK_FLAGS)
+        cfg = config(m, redis, {"limits": {"requests_per_minute": 600}})
+        cfg["redis"]["url"] = f"redis://127.0.0.1:{proxy.port}"
+        w = weir(config=cfg)
+        wait_until(lambda: call(w).status_code == 200, 10, interval=0.05, message="admitted through Redis")
+        start = w.metric("weir_redis_refills_total")
+        n, statuses = 40, []
+        with httpx.Client(base_url=w.v1, headers={"authorization": f"Bearer {KEY}"}, timeout=30) as client:
+            t0 = time.monotonic()
+            for i in range(n):
+                r = client.post("/chat/completions",
+                                json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
+                statuses.append(r.status_code)
+                if (pause := t0 + (i + 1) * 0.1 - time.monotonic()) > 0:  # 10 a second: the scope's rate
+                    time.sleep(pause)
+        assert statuses == [200] * n, statuses
+        waited = w.metric("weir_redis_refills_total") - start
+        # The first requests wait while the demand is measured; then none does.
+        assert waited <= n // 4, waited
+    finally:
+        proxy.close()
