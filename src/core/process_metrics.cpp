@@ -4,6 +4,8 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -63,18 +65,29 @@ ProcessStats read_process_stats() {
     }
     std::fclose(f);
   }
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) s.max_fds = rl.rlim_cur;
   if (DIR* d = opendir("/proc/self/fd")) {
     std::uint64_t n = 0;
     while (const dirent* e = readdir(d))
       if (e->d_name[0] != '.') ++n;
     closedir(d);
     s.open_fds = n > 0 ? n - 1 : 0;  // not the descriptor opendir used
+  } else if (errno == EMFILE) {
+    // No descriptor left to count them with: every one under the limit is
+    // open (the moment this gauge matters most; 0 would say the opposite).
+    s.open_fds = s.max_fds;
   }
-  rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY) s.max_fds = rl.rlim_cur;
-  const long hz = sysconf(_SC_CLK_TCK);
-  if (const auto ticks = start_ticks_after_boot(); ticks > 0 && hz > 0)
-    s.start_time_seconds = static_cast<double>(boot_time()) + static_cast<double>(ticks) / static_cast<double>(hz);
+  // Read once (it never changes), and again only while the files could not be opened (out of descriptors).
+  static std::atomic<double> start_time{0};
+  if (start_time.load(std::memory_order_relaxed) == 0) {
+    const long hz = sysconf(_SC_CLK_TCK);
+    if (const auto ticks = start_ticks_after_boot(); ticks > 0 && hz > 0)
+      if (const auto boot = boot_time(); boot > 0)
+        start_time.store(static_cast<double>(boot) + static_cast<double>(ticks) / static_cast<double>(hz),
+                         std::memory_order_relaxed);
+  }
+  s.start_time_seconds = start_time.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -82,10 +95,13 @@ void append_process_metrics(std::string& out, const ProcessStats& s) {
   PromWriter w(out);
   w.header("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.");
   w.sample("process_cpu_seconds_total", "", s.cpu_seconds);
-  w.header("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
-  w.sample("process_resident_memory_bytes", "", static_cast<double>(s.resident_bytes));
-  w.header("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
-  w.sample("process_virtual_memory_bytes", "", static_cast<double>(s.virtual_bytes));
+  // (Left out when /proc/self/statm could not be read, e.g. out of descriptors: 0 would be a wrong value.)
+  if (s.resident_bytes != 0) {
+    w.header("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+    w.sample("process_resident_memory_bytes", "", static_cast<double>(s.resident_bytes));
+    w.header("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.");
+    w.sample("process_virtual_memory_bytes", "", static_cast<double>(s.virtual_bytes));
+  }
   w.header("process_open_fds", "gauge", "Number of open file descriptors.");
   w.sample("process_open_fds", "", static_cast<double>(s.open_fds));
   if (s.max_fds) {

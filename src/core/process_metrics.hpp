@@ -20,7 +20,9 @@ struct ProcessStats {
 };
 
 // Reads the stats of the calling process. A value the kernel does not give
-// stays 0. Cost: a few syscalls and a directory scan (~10 µs); scrape time only.
+// stays 0; out of descriptors (EMFILE: /proc cannot be opened), open_fds is
+// max_fds (every descriptor under the limit is open) and the start time is
+// the one read before. Cost: a few syscalls and a directory scan (~10 µs); scrape time only.
 ProcessStats read_process_stats();
 
 // Appends the process_* families of `s` in Prometheus text format 0.0.4.
