@@ -15,6 +15,7 @@
 #include "core/json_text.hpp"
 #include "core/process_metrics.hpp"
 #include "gateway/worker.hpp"
+#include "http/shortage.hpp"
 
 namespace weir::gateway {
 
@@ -424,6 +425,7 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     w.header("weir_redis_key_commands_total", "counter", "HMGETs sent (lookups of one key in flight share one).");
     w.sample("weir_redis_key_commands_total", "", s.commands);
   }
+  http::append_shortage_metrics(out);
   core::append_build_info(out);
   core::append_process_metrics(out, core::read_process_stats());
 }

@@ -41,6 +41,8 @@ Worker::Worker(Shared& shared, unsigned index)
       log_(shared.log_sink),
       record_queue_(shared.request_log ? &shared.request_log->queue(index) : nullptr),
       trace_queue_(shared.tracer ? &shared.tracer->queue(index) : nullptr),
+      probe_log_(fmt::format("worker {}: cannot open a socket for health probes", index),
+                 "probes are skipped and no endpoint's state changes (weir_local_resource_failures_total)"),
       tick_(io_.get_executor()) {
   gen_ = make_generation(shared.generation, nullptr);
   if (shared.auth_policy) {
@@ -435,6 +437,7 @@ http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_pt
     for (std::uint32_t i = 0; i < pool.size(); ++i) {
       auto& ep = pool.endpoint(i);
       std::string tls_error;
+      boost::system::error_code shortage;
       const http::ProbeRequest req{.addr = ep.addr,
                                    .others = ep.addresses,
                                    .host_header = ep.cfg->host_header,
@@ -442,8 +445,18 @@ http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_pt
                                    .timeout = hc.timeout,
                                    .tls = ep.tls,
                                    .upstream_lines = pool.config().upstream_lines,
-                                   .tls_error = &tls_error};
-      const bool ok = co_await http::probe_health(io_.get_executor(), req);
+                                   .tls_error = &tls_error,
+                                   .shortage = &shortage};
+      const http::ProbeResult result = co_await http::probe_health(io_.get_executor(), req);
+      if (result == http::ProbeResult::local_shortage) {
+        // Weir's own shortage (out of descriptors, ...): the endpoint was
+        // not asked, so its state stays as it was (docs/reliability.md).
+        http::count_shortage(http::ShortageSite::health_probe, http::shortage_of(shortage));
+        probe_log_.failed(shortage, std::chrono::steady_clock::now());
+        continue;
+      }
+      if (probe_log_.failing()) probe_log_.succeeded(std::chrono::steady_clock::now());
+      const bool ok = result == http::ProbeResult::healthy;
       // A failed handshake or certificate check says why (at most every 10 s per endpoint).
       if (!ok && !tls_error.empty()) routing::log_tls_failure(ep, pool.config().name, tls_error, core::now());
       if (pool.report_probe(i, ok, std::chrono::steady_clock::now())) {

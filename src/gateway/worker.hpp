@@ -24,6 +24,7 @@
 #include "gateway/metrics.hpp"
 #include "http/downstream.hpp"
 #include "http/io.hpp"
+#include "http/shortage.hpp"
 #include "requestlog/store.hpp"
 #include "routing/pool.hpp"
 #include "routing/route_table.hpp"
@@ -254,6 +255,8 @@ class Worker {
   std::string stream_events_;
   std::vector<std::string> spare_;  // give_buffer()'s, capacity > 0
   std::size_t spare_bytes_ = 0;
+  // The stderr report of health probes not made for want of a socket (http/shortage.hpp).
+  http::ShortageLog probe_log_;
   Session* sessions_ = nullptr;  // intrusive list of live sessions
   std::size_t session_count_ = 0;
   std::chrono::steady_clock::time_point idle_since_{};  // when session_count_ last fell to 0

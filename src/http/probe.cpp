@@ -2,6 +2,7 @@
 
 #include "http/io.hpp"
 
+#include "http/shortage.hpp"
 #include "http/tls.hpp"
 
 #include <array>
@@ -129,10 +130,17 @@ Task<int> fetch_over(Socket& sock, TlsStream* tls, const ProbeRequest& r, std::s
   co_return parser.get().result_int();
 }
 
+// with_connection's result when the socket could not be opened for want of
+// Weir's own resources (probe_health: ProbeResult::local_shortage).
+constexpr int kLocalShortage = -1;
+
 // Connects (and, for https://, handshakes) within the deadline, then runs
 // probe_over (`body` null: returns 1 for a 2xx status line, else 0) or
-// fetch_over (returns the status, 0 on failure). (Scalars and references
-// only: see probe.hpp on GCC 12.)
+// fetch_over (returns the status, 0 on failure). kLocalShortage (`body`
+// null; fetch_text: 0 with FetchFailure::local_shortage) when the socket
+// could not be opened or connected for want of Weir's own descriptors,
+// buffers, memory or ports. (Scalars and references only: see probe.hpp on
+// GCC 12.)
 Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body, const std::size_t& max_bytes) {
   auto sock = std::make_shared<Socket>(ex);
   Timer deadline(ex);
@@ -148,7 +156,15 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
     sock->close(ignored);
     std::tie(cec) = co_await sock->async_connect(other, use_task);
   }
-  if (cec || !sock->is_open()) fail(r, *sock, "cannot connect", cec, FetchFailure::connect);
+  if (is_local_shortage(cec)) {
+    // (socket(2) failed: the socket never opened, so this is no timeout either.)
+    if (r.shortage) *r.shortage = cec;
+    if (r.failure_kind) *r.failure_kind = FetchFailure::local_shortage;
+    if (r.failure) *r.failure = fmt::format("cannot open a connection: {}", cec.message());
+    result = body ? 0 : kLocalShortage;
+  } else if (cec || !sock->is_open()) {
+    fail(r, *sock, "cannot connect", cec, FetchFailure::connect);
+  }
   if (!cec && sock->is_open()) {
     if (r.tls.client) {
       TlsStream tls(*sock, r.tls.client->context());
@@ -190,10 +206,11 @@ Task<int> with_connection(Executor ex, const ProbeRequest& r, std::string* body,
 
 }  // namespace
 
-Task<bool> probe_health(Executor ex, const ProbeRequest& r) {
+Task<ProbeResult> probe_health(Executor ex, const ProbeRequest& r) {
   const std::size_t none = 0;
   const int ok = co_await with_connection(ex, r, nullptr, none);
-  co_return ok == 1;
+  if (ok == kLocalShortage) co_return ProbeResult::local_shortage;
+  co_return ok == 1 ? ProbeResult::healthy : ProbeResult::unhealthy;
 }
 
 Task<int> fetch_text(Executor ex, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes) {

@@ -28,6 +28,18 @@ enum class FetchFailure : std::uint8_t {
   tls,        // the TLS handshake or certificate check failed
   read,       // the request could not be written, or the answer was cut or malformed
   too_large,  // the body was over max_bytes
+  // Weir could not open the socket: out of descriptors, buffers, memory or
+  // local ports (http/shortage.hpp). Nothing was asked of the server.
+  local_shortage,
+};
+
+// What a health probe found (probe_health).
+enum class ProbeResult : std::uint8_t {
+  healthy,    // a 2xx status line in time
+  unhealthy,  // refused, timed out, reset, a failed TLS handshake or certificate check, any other status
+  // Not made: Weir could not open the socket (FetchFailure::local_shortage).
+  // No verdict on the endpoint: its state stays as it was.
+  local_shortage,
 };
 
 // What to send and how long to wait (request parameters are copied into the
@@ -49,20 +61,25 @@ struct ProbeRequest {
   std::string_view accept = "text/plain";
   std::string* failure = nullptr;
   FetchFailure* failure_kind = nullptr;  // non-null: set to the class of that failure
+  // Both: non-null, set to the socket(2) or connect(2) error when Weir was
+  // short of a resource of its own (FetchFailure::local_shortage), else left.
+  boost::system::error_code* shortage = nullptr;
 };
 
-// True when the server answered with a 2xx status line (RFC 9112 §4) in
-// time; false on refusal, timeout, reset, a failed TLS handshake or
-// certificate check, or any other status. Closes the
-// connection either way (Connection: close). (`r` by reference: GCC 12
-// miscopies coroutine parameters passed on the stack.)
-Task<bool> probe_health(Executor ex, const ProbeRequest& r);
+// healthy when the server answered with a 2xx status line (RFC 9112 §4) in
+// time; unhealthy on refusal, timeout, reset, a failed TLS handshake or
+// certificate check, or any other status; local_shortage when Weir could not
+// open the socket (EMFILE, ENFILE, ENOBUFS, ENOMEM, EADDRNOTAVAIL: its own
+// shortage, never the endpoint's). Closes the connection either way
+// (Connection: close). (`r` by reference: GCC 12 miscopies coroutine
+// parameters passed on the stack.)
+Task<ProbeResult> probe_health(Executor ex, const ProbeRequest& r);
 
 // `GET <path>` the same way, reading the whole response within r.timeout
 // (Beast's parser: Content-Length, chunked or close-delimited, RFC 9112 §6)
 // into `body`. Returns the status code, or 0 on refusal, timeout, reset, a
-// malformed or cut response, or a body over `max_bytes` (`body` then empty;
-// r.failure, when set, says which). Also the control plane's one HTTP client
+// malformed or cut response, a body over `max_bytes`, or a socket Weir could
+// not open (`body` then empty; r.failure, when set, says which). Also the control plane's one HTTP client
 // for small documents (auth/jwks_http.cpp).
 // (Parameters by reference: see probe_health.)
 Task<int> fetch_text(Executor ex, const ProbeRequest& r, std::string& body, const std::size_t& max_bytes);

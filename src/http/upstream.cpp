@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "http/shortage.hpp"
 #include "http/tls.hpp"
 
 #include <sys/socket.h>
@@ -136,10 +137,7 @@ Task<UpstreamFailure> connect(UpstreamConnection& c, const tcp::endpoint& ep, co
     if (c.aborted_for() == UpstreamFailure::timeout) co_return UpstreamFailure::connect_timeout;
     if (c.aborted_for() == UpstreamFailure::cancelled) co_return UpstreamFailure::cancelled;
     // socket(2) or connect(2) failing for want of Weir's own resources (ports: connect(2)).
-    if (ec == boost::asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system ||
-        ec == boost::asio::error::no_buffer_space || ec == boost::asio::error::no_memory ||
-        ec == boost::system::errc::address_not_available)
-      co_return UpstreamFailure::local_resources;
+    if (is_local_shortage(ec)) co_return UpstreamFailure::local_resources;
     co_return UpstreamFailure::connect_refused;
   }
   boost::system::error_code ignored;

@@ -7,6 +7,7 @@
 #include <boost/asio/detached.hpp>
 
 #include "http/probe.hpp"
+#include "http/shortage.hpp"
 
 namespace weir::routing {
 
@@ -37,9 +38,17 @@ ScrapeFailure failure_of(http::FetchFailure f) {
       return ScrapeFailure::too_large;
     case http::FetchFailure::none:
     case http::FetchFailure::read:
+    case http::FetchFailure::local_shortage:  // (never counted: scrape_loop)
       break;
   }
   return ScrapeFailure::read;
+}
+
+// Scrapes not made for want of Weir's own sockets: one report for every
+// scrape loop (they all run on the control thread), not one per endpoint.
+http::ShortageLog& shortage_log() {
+  static http::ShortageLog log("load scrapes", "scrapes are skipped (no failure counted against an endpoint)");
+  return log;
 }
 
 // (`t` by reference: GCC 12 miscopies coroutine parameters passed on the stack.)
@@ -54,6 +63,7 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
   auto due = std::chrono::steady_clock::now() + lm.interval * t.index / (t.count + 1);
   std::string body, why;
   http::FetchFailure kind = http::FetchFailure::none;
+  boost::system::error_code shortage;
   const http::ProbeRequest req{.addr = t.addr,
                                .others = t.others,
                                .host_header = t.pool->endpoints[t.index].host_header,
@@ -62,7 +72,8 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
                                .tls = t.tls,
                                .upstream_lines = t.pool->upstream_lines,
                                .failure = &why,
-                               .failure_kind = &kind};
+                               .failure_kind = &kind,
+                               .shortage = &shortage};
   const std::size_t max_bytes = kMaxMetricsBytes;
   const auto& display = t.pool->endpoints[t.index].display;
   std::uint32_t failed = 0;  // failed scrapes in a row
@@ -77,7 +88,17 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
     kind = http::FetchFailure::none;
     const int status = co_await http::fetch_text(ex, req, body, max_bytes);
     const auto load = status == 200 ? parse_vllm_load(body) : std::nullopt;
-    if (load) {
+    const auto now = std::chrono::steady_clock::now();
+    if (kind == http::FetchFailure::local_shortage) {
+      // Weir could not open a socket (out of descriptors, ...): the endpoint
+      // said nothing, so no failure of its is counted or logged; its last
+      // scrape still ages (a load unknown for longer than kKeptFailures
+      // scrapes is not used), as every endpoint's does meanwhile.
+      http::count_shortage(http::ShortageSite::load_scrape, http::shortage_of(shortage));
+      shortage_log().failed(shortage, now);
+      if (++failed > kKeptFailures) t.board->clear(t.index);
+    } else if (load) {
+      shortage_log().succeeded(now);
       t.board->publish(t.index, *load);
       if (told)
         fmt::print(stderr, "weir: pool {} endpoint {}: load scrape of {} recovered after {} failed\n", t.pool->name,
@@ -85,6 +106,7 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
       failed = 0;
       told = false;
     } else {
+      shortage_log().succeeded(now);  // (a socket opened)
       const ScrapeFailure f = status == 200 ? ScrapeFailure::not_vllm
                               : status != 0 ? ScrapeFailure::status
                                             : failure_of(kind);
@@ -92,7 +114,6 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
       if (++failed > kKeptFailures) t.board->clear(t.index);
       // A run of failures is logged once, at its first failure at least kLogEvery after the last line
       // (an endpoint that flaps logs no more; one that then stays down is still told, once the wait is over).
-      const auto now = std::chrono::steady_clock::now();
       if (!told && (last_told == std::chrono::steady_clock::time_point{} || now - last_told >= kLogEvery)) {
         told = true;
         last_told = now;
