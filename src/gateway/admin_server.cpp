@@ -240,11 +240,15 @@ core::Task<void> AdminServer::accept_loop() {
     auto [ec, sock] = co_await acceptor_.async_accept(core::use_task);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
+      // Out of descriptors or memory: as on the client port (Worker::accept_loop).
+      http::count_shortage(http::ShortageSite::admin_accept, http::shortage_of(ec));
+      accept_log_.failed(ec, std::chrono::steady_clock::now());
       core::Timer t(control_.get_executor());
       t.expires_after(std::chrono::milliseconds(10));
       co_await t.async_wait(core::use_task);
       continue;
     }
+    if (accept_log_.failing()) accept_log_.succeeded(std::chrono::steady_clock::now());
     spawn_serve(std::move(sock));
   }
 }

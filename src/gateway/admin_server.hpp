@@ -30,6 +30,7 @@
 #include "gateway/redis_key_admin.hpp"
 #include "gateway/worker.hpp"
 #include "http/io.hpp"
+#include "http/shortage.hpp"
 #include "requestlog/query.hpp"
 
 namespace weir::gateway {
@@ -265,6 +266,10 @@ class AdminServer {
   // With auth.redis_keys: runtime keys live in Redis (every replica sees them), not in keys_.
   std::unique_ptr<RedisKeyAdmin> redis_;
   http::Acceptor acceptor_;
+  // accept(2) failing (out of descriptors): told on stderr at a bounded rate.
+  http::ShortageLog accept_log_{"admin: cannot accept connections on admin.listen",
+                                "new admin connections wait in the listen backlog until descriptors are free "
+                                "(weir_accept_errors_total)"};
   AdminRouter router_;
   // For routes that must block (run_blocking): one thread, off the control thread and the workers.
   boost::asio::thread_pool blocking_{1};

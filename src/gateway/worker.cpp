@@ -41,6 +41,8 @@ Worker::Worker(Shared& shared, unsigned index)
       log_(shared.log_sink),
       record_queue_(shared.request_log ? &shared.request_log->queue(index) : nullptr),
       trace_queue_(shared.tracer ? &shared.tracer->queue(index) : nullptr),
+      accept_log_(fmt::format("worker {}: cannot accept connections on the client port", index),
+                  "new connections wait in the listen backlog until descriptors are free (weir_accept_errors_total)"),
       probe_log_(fmt::format("worker {}: cannot open a socket for health probes", index),
                  "probes are skipped and no endpoint's state changes (weir_local_resource_failures_total)"),
       tick_(io_.get_executor()) {
@@ -372,12 +374,18 @@ http::Task<void> Worker::accept_loop() {
     auto [ec, sock] = co_await acceptor_.async_accept(use_task);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) co_return;
-      // Out of descriptors or memory: back off instead of spinning.
+      // Out of descriptors or memory (the pending connection stays in the
+      // listen backlog): counted, told at a bounded rate, and tried again
+      // after a pause instead of spinning. The pause is short: a descriptor
+      // freed by a finished request lets the next client in within 10 ms.
+      http::count_shortage(http::ShortageSite::client_accept, http::shortage_of(ec));
+      accept_log_.failed(ec, std::chrono::steady_clock::now());
       http::Timer t(io_.get_executor());
-      t.expires_after(std::chrono::milliseconds(10));
+      t.expires_after(kAcceptBackoff);
       co_await t.async_wait(use_task);
       continue;
     }
+    if (accept_log_.failing()) accept_log_.succeeded(std::chrono::steady_clock::now());
     start_session(std::move(sock));
   }
 }

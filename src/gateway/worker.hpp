@@ -221,6 +221,8 @@ class Worker {
   // Time with no session before the worker returns free heap to the kernel
   // (trim_when_idle).
   static constexpr std::chrono::seconds kTrimAfter{1};
+  // The pause after a failed accept(2) (out of descriptors) before the next.
+  static constexpr std::chrono::milliseconds kAcceptBackoff{10};
 
   Shared& shared_;
   unsigned index_;
@@ -255,7 +257,10 @@ class Worker {
   std::string stream_events_;
   std::vector<std::string> spare_;  // give_buffer()'s, capacity > 0
   std::size_t spare_bytes_ = 0;
-  // The stderr report of health probes not made for want of a socket (http/shortage.hpp).
+  // The stderr reports of accept(2) failing on the client port (out of
+  // descriptors: new clients wait in the listen backlog) and of health
+  // probes not made for want of a socket (http/shortage.hpp).
+  http::ShortageLog accept_log_;
   http::ShortageLog probe_log_;
   Session* sessions_ = nullptr;  // intrusive list of live sessions
   std::size_t session_count_ = 0;

@@ -10,6 +10,7 @@ from __future__ import annotations
 import resource
 import socket
 
+import pytest
 
 from conftest import free_port, metric_value, parse_prometheus, wait_until
 from httpwire import RawConn, request
@@ -114,3 +115,33 @@ def test_probes_and_scrapes_weir_cannot_make_are_no_verdict_on_the_endpoint(mock
     wait_until(lambda: "load scrapes: works again" in w.process.log(), 10, message="the scrapes' recovery line")
     assert client.get("/ready").status == 200
     assert client.metric("weir_load_scrape_failures_total", pool="p") == 0
+
+
+# DEFECT: accept(2) failing with EMFILE was silent: new clients waited in the listen backlog with no stderr line
+# and no metric (the client port's and the admin listener's accept loops swallowed the error). Now each failure
+# counts in weir_accept_errors_total{listener,reason}; stderr tells the first, then at most one line per 10 s,
+# then one when accepts work again; the waiting connections are answered once descriptors are free.
+@pytest.mark.parametrize("listener", ["client", "admin"])
+def test_accept_failures_are_counted_and_told_and_the_waiting_clients_are_served_after(mock, weir, listener):
+    m, w, admin_port = gateway(mock, weir)
+    kept = Kept(admin_port, TOKEN) if listener == "admin" else Kept(w.port)
+    assert kept.get("/ready").status == 200
+    port = admin_port if listener == "admin" else w.port
+    with NoDescriptors(w.process.pid):
+        waiting = RawConn(port, timeout=10)  # the kernel completes the handshake; Weir cannot accept it
+        waiting.send(request("GET", "/ready"))
+        wait_until(lambda: kept.metric("weir_accept_errors_total", listener=listener, reason="fds") >= 3, 10,
+                   message="accept failures counted")
+        s = kept.metrics()
+        other = "client" if listener == "admin" else "admin"
+        assert metric_value(s, "weir_accept_errors_total", listener=other) == 0
+        assert kept.get("/ready").status == 200  # the connection already open is served
+    r = waiting.read_response("GET")  # accepted once a descriptor is free
+    assert r.status == 200, r.body
+    log = w.process.log()
+    who = "admin: cannot accept connections on admin.listen" if listener == "admin" else \
+        "worker 0: cannot accept connections on the client port"
+    # One line for the run of failures (many in well under 10 s), one for its end.
+    assert log.count(f"{who}: Too many open files; new") == 1, log
+    assert f"{who}: still failing" not in log, log
+    assert log.count(f"{who}: works again, after ") == 1, log
