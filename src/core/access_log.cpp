@@ -129,7 +129,11 @@ void AccessLogSink::drop_fragment(std::size_t torn) {
   // another in under fd_ at any moment (and with one swapped in before the
   // dup, the duplicate's offset is 0, as no write has gone through it yet:
   // the mutex keeps the other workers out).
-  const int fd = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  // Out of descriptors (EMFILE: a full disk and a descriptor shortage come
+  // together under overload), fd_ itself: a file swapped in meanwhile has
+  // its offset at 0, below the fragment's length, so nothing is cut there.
+  const int pinned = ::fcntl(fd_, F_DUPFD_CLOEXEC, 0);
+  const int fd = pinned >= 0 ? pinned : fd_;
   // With O_APPEND the offset after write(2) is the end of what it wrote;
   // no other worker has moved it since (the mutex). The file's size still
   // being that offset means nothing follows the fragment: cut it off. (A
@@ -137,15 +141,15 @@ void AccessLogSink::drop_fragment(std::size_t torn) {
   // follow, or someone truncated the file; either way nothing is ours to
   // cut.) The offset is set back too, for a destination without O_APPEND
   // (stdout redirected with >), whose next write would leave a hole.
-  const off_t end = fd >= 0 ? ::lseek(fd, 0, SEEK_CUR) : -1;
+  const off_t end = ::lseek(fd, 0, SEEK_CUR);
   struct stat st {};
-  const bool stated = fd >= 0 && ::fstat(fd, &st) == 0;
+  const bool stated = ::fstat(fd, &st) == 0;
   if (stated && S_ISREG(st.st_mode)) {
     const auto n = static_cast<off_t>(torn);
     const bool ours = end >= n && st.st_size == end;
     if (!ours || ::ftruncate(fd, end - n) == 0) {
       if (ours) ::lseek(fd, end - n, SEEK_SET);
-      ::close(fd);
+      if (pinned >= 0) ::close(pinned);
       return;
     }
   }
@@ -154,7 +158,7 @@ void AccessLogSink::drop_fragment(std::size_t torn) {
   torn_pending_ = true;
   torn_dev_ = stated ? st.st_dev : 0;
   torn_ino_ = stated ? st.st_ino : 0;
-  if (fd >= 0) ::close(fd);
+  if (pinned >= 0) ::close(pinned);
 }
 
 bool AccessLogSink::end_torn_line() {

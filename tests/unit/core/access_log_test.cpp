@@ -2,6 +2,7 @@
 // descriptor number, with close-on-exec kept. AccessLogSink::write_lines: a
 // write cut short (a full disk) leaves whole lines only.
 #include "core/access_log.hpp"
+#include <sys/resource.h>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -169,6 +170,35 @@ TEST(AccessLogSink, AWriteCutShortTakesTheTornLineOff) {
   g_short.budget = SIZE_MAX;          // the disk freed
   sink->write_lines("six\n");
   EXPECT_EQ(slurp(path), "one\ntwo\nthree\nsix\n");
+  fs::remove_all(dir);
+}
+
+// A full disk and a descriptor shortage come together under overload: the
+// duplicate that pins the file cannot be made, and the fragment is cut
+// through the log's own descriptor (it was left in the file, and the next
+// line written after it).
+TEST(AccessLogSink, OutOfDescriptorsATornLineIsStillTakenOff) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.log";
+  auto sink = short_sink(path, {});
+  sink->write_lines("one\n");
+  rlimit old{};
+  ASSERT_EQ(::getrlimit(RLIMIT_NOFILE, &old), 0);
+  g_short.budget = 2;  // "tw", then ENOSPC
+  g_short.before_failing = [&] {
+    const int lowest_free = ::dup(0);
+    ::close(lowest_free);
+    rlimit none = old;
+    none.rlim_cur = static_cast<rlim_t>(lowest_free);  // no descriptor can be made now
+    ::setrlimit(RLIMIT_NOFILE, &none);
+  };
+  sink->write_lines("two\nthree\n");
+  ::setrlimit(RLIMIT_NOFILE, &old);
+  EXPECT_EQ(slurp(path), "one\n");
+  EXPECT_EQ(sink->lines_lost(), 2u);
+  g_short.budget = SIZE_MAX;
+  sink->write_lines("four\n");
+  EXPECT_EQ(slurp(path), "one\nfour\n");
   fs::remove_all(dir);
 }
 
