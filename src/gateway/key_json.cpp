@@ -268,6 +268,9 @@ AdminResult<std::int64_t> parse_expiry_json(const boost::json::value& v, const s
     if (!core::parse_rfc3339(v.get_string(), s, core::RoundSeconds::up))  // never before the instant given
       return tl::unexpected(admin_bad_request(
           "expected an RFC 3339 date-time such as 2027-01-31T00:00:00Z, Unix seconds, or null", param));
+    // The year 9999's last second, a fraction into it (or its leap second), rounds up past it: the last
+    // instant kept is 9999-12-31T23:59:59Z (a key that far out does not need the fraction).
+    if (s == 253402300800) s = 253402300799;
   } else {
     return tl::unexpected(admin_bad_request("expected an RFC 3339 string, Unix seconds, or null", param));
   }

@@ -71,3 +71,17 @@ def test_a_renamed_request_log_file_keeps_every_row_written_before(mock, weir, t
     wait_until(lambda: after <= rows(db), 10, message="the later rows in a new file")
     assert rows(rotated) == before
     assert w.metric("weir_request_log_written_total") == 23
+
+
+# DEFECT: weir-mock, which stands for vLLM in these tests and the benchmarks, answered "model": "" with 404 "The
+# model `` does not exist." where vLLM serves its model (_is_model_supported): an empty model through Weir's
+# default pool failed against it. Directly and through Weir, on chat, completions and embeddings.
+def test_the_mock_takes_an_empty_model_as_vllm_does(mock, weir):
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "2")
+    w = weir(upstream=m, workers=1)
+    for base in (m.base_url, w.base_url):
+        for path, body in (("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+                           ("/v1/completions", {"prompt": "hi"}), ("/v1/embeddings", {"input": "hi"})):
+            r = httpx.post(base + path, json={"model": "", "max_tokens": 2, **body}, timeout=10)
+            assert r.status_code == 200, (base, path, r.text)
+            assert r.json()["model"] == "mock-model", r.json()

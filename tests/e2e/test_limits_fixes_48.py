@@ -134,3 +134,8 @@ def test_key_answers_say_expired_and_an_expiry_is_never_early(mock, weir):
     r = call("POST", "/keys", json={"tenant": "acme", "expires_at": "2098-12-31T23:59:60Z"})
     assert r.status_code == 201, r.text
     assert r.json()["expires_at"] == 4070908800, r.json()  # the leap second, before 2099's first
+    # The year 9999's last second with a fraction, or its leap second, rounded up past the year's end and was
+    # refused as "before the year 10000" (stop 48's regression round): the last second kept is 23:59:59.
+    for last in ("9999-12-31T23:59:59.5Z", "9999-12-31T23:59:60Z", "9999-12-31T23:59:59.999+00:00"):
+        r = call("POST", "/keys", json={"tenant": "acme", "expires_at": last})
+        assert r.status_code == 201 and r.json()["expires_at"] == 253402300799, (last, r.text)

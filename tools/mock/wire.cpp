@@ -44,6 +44,15 @@ ApiError validation(std::string_view type, std::string_view loc, std::string_vie
   return {400, fmt::format("[{{'type': '{}', 'loc': ('body', {}), 'msg': '{}'}}]", type, loc, msg)};
 }
 
+// vLLM's model check (_check_model): 404 for a name not served. An empty
+// name is the served model, as a missing one (_is_model_supported).
+OptErr unserved(const MockConfig& cfg, std::string_view model) {
+  if (model.empty()) return std::nullopt;
+  for (const auto& m : cfg.models)
+    if (m == model) return std::nullopt;
+  return ApiError{404, fmt::format("The model `{}` does not exist.", model)};
+}
+
 OptErr opt_int(const json::object& o, std::string_view key, std::optional<std::int64_t>& out) {
   const json::value* v = o.if_contains(key);
   if (v == nullptr || v->is_null()) return std::nullopt;
@@ -515,14 +524,12 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
   // not served. The response names vLLM's first served name, or with
   // --any-model the name asked for.
   std::string_view response_model = cfg.models.front();
-  if (model) {
+  if (model && !model->empty()) {  // ("" is the served model, as a missing one: vLLM's _is_model_supported)
     plan.model = *model;
     if (cfg.any_model) {
       response_model = *model;
-    } else {
-      bool served = false;
-      for (const auto& m : cfg.models) served = served || m == *model;
-      if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", *model)};
+    } else if (auto e = unserved(cfg, *model)) {
+      return e;
     }
   }
 
@@ -778,11 +785,7 @@ OptErr parse_model_body(std::string_view body, const MockConfig& cfg, json::mono
     return validation("model_attributes_type", "",
                       "Input should be a valid dictionary or object to extract fields from");
   if (auto e = opt_string(doc.get_object(), "model", model)) return e;
-  if (model && !cfg.any_model) {
-    bool served = false;
-    for (const auto& m : cfg.models) served = served || m == *model;
-    if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", *model)};
-  }
+  if (model && !cfg.any_model) return unserved(cfg, *model);
   return std::nullopt;
 }
 }  // namespace
@@ -1056,11 +1059,8 @@ std::optional<ApiError> audio_body(std::string_view path, std::string_view conte
     return p ? p->value : dflt;
   };
   const std::string_view model = field("model", cfg.models.front());
-  if (!cfg.any_model) {
-    bool served = false;
-    for (const auto& m : cfg.models) served = served || m == model;
-    if (!served) return ApiError{404, fmt::format("The model `{}` does not exist.", model)};
-  }
+  if (!cfg.any_model)
+    if (auto e = unserved(cfg, model)) return e;
   auto truthy = [&](std::string_view name) {
     const auto v = field(name, "false");
     return v == "true" || v == "True" || v == "1";
