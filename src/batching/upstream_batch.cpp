@@ -134,9 +134,10 @@ core::Task<void> Batch::send() {
         {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = idle});
     const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
                                (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
-    // (A 5xx answer counts as a failed attempt, kind status, as unbatched: once for the batch.)
-    if (env.on_attempt)
-      env.on_attempt(ep_idx, failure == UpstreamFailure::none && answer_failed ? UpstreamFailure::status : failure);
+    // (A 5xx answer counts as a failed attempt, kind status, as unbatched: once for the batch. A failed
+    // exchange is counted below, once it is known whether it was a stale pooled connection.)
+    if (env.on_attempt && failure == UpstreamFailure::none)
+      env.on_attempt(ep_idx, answer_failed ? UpstreamFailure::status : UpstreamFailure::none);
     if (failure == UpstreamFailure::none && exchange_.head().result_int() == 200 &&
         is_event_stream(http::first_field(exchange_.head(), bh::field::content_type))) {
       // A stream's answer is judged at its first token (judge), as unbatched: vLLM sends the head at once, so
@@ -165,9 +166,16 @@ core::Task<void> Batch::send() {
       if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
     } else {
       pool.on_finish(ep_idx);
-      if (present_ == 0) break;
+      if (present_ == 0) {
+        if (env.on_attempt) env.on_attempt(ep_idx, UpstreamFailure::none);  // (every member left: no fault found)
+        break;
+      }
       d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - sent_at_,
                                        core::now());
+      // Every failed attempt counts against its endpoint, except a pooled connection the server had closed
+      // (resent at once), as unbatched.
+      if (env.on_attempt)
+        env.on_attempt(ep_idx, d.retry && d.reason == routing::RetryReason::stale ? UpstreamFailure::none : failure);
       exchange_.release();
       if (!d.retry) break;
       note_attempt(ep_idx, 0, failure, sent_at_);
