@@ -188,12 +188,17 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (cmds.empty()) co_return tl::expected<void, std::string>{};
     std::string bytes;
     for (const auto& c : cmds) bytes += c.bytes();
+    // (connect_timeout's timer closes the socket: an aborted step is that timeout.)
+    const auto failed = [](const char* what, const boost::system::error_code& ec) {
+      return ec == asio::error::operation_aborted ? std::string("timed out (connect_timeout)")
+                                                  : fmt::format("{} failed: {}", what, ec.message());
+    };
     auto [wec, wn] = co_await asio::async_write(socket, asio::buffer(bytes), use_task);
-    if (wec) co_return tl::unexpected("write failed: " + wec.message());
+    if (wec) co_return tl::unexpected(failed("write", wec));
     std::size_t got = 0;
     while (got < cmds.size()) {
       auto [ec, n] = co_await socket.async_read_some(asio::buffer(rbuf), use_task);
-      if (ec) co_return tl::unexpected("read failed: " + ec.message());
+      if (ec) co_return tl::unexpected(failed("read", ec));
       if (!parser.feed(rbuf.data(), n)) co_return tl::unexpected(std::string("not RESP"));
       Result<Reply> r;
       bool bad = false;
@@ -226,8 +231,17 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
         if (rec) why = "cannot resolve: " + rec.message();
         if (why.empty() && running) {
           socket = Socket(ex);
-          auto [cec, ep] = co_await asio::async_connect(socket, eps, use_task);
-          if (cec) why = cec == asio::error::operation_aborted ? "connect timed out" : cec.message();
+          // A socket Weir cannot open (EMFILE: its own descriptor limit) is said as that at once: the range
+          // connect below waited for connect_timeout instead and was logged "connect timed out", which points
+          // at Redis or the network. (The range connect closes and opens the socket again per endpoint.)
+          boost::system::error_code oec;
+          socket.open(eps.begin()->endpoint().protocol(), oec);
+          if (oec) {
+            why = "cannot open a socket: " + oec.message();
+          } else {
+            auto [cec, ep] = co_await asio::async_connect(socket, eps, use_task);
+            if (cec) why = cec == asio::error::operation_aborted ? "connect timed out" : cec.message();
+          }
         }
       }
       if (why.empty() && running) {

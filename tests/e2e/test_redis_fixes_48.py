@@ -193,3 +193,20 @@ def test_a_steady_rate_does_not_wait_for_a_distant_redis_on_every_request(mock, 
         assert waited <= n // 4, waited
     finally:
         proxy.close()
+
+
+# DEFECT (stop 48's regression round): out of descriptors, a reconnect to Redis waited out connect_timeout and
+# was logged "connect timed out", pointing the operator at Redis or the network when Weir's own descriptor limit
+# was the cause. The socket that cannot be opened is said as that, at once.
+def test_a_reconnect_out_of_descriptors_says_so(mock, weir, redis):
+    from test_gateway_fd_exhaustion import NoDescriptors
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis, {"limits": {"requests_per_minute": 6000}}, fail_open=False,
+                           reconnect_max="200ms"), workers=1)
+    wait_until(lambda: call(w).status_code == 200, 10, interval=0.05)
+    with NoDescriptors(w.process.pid):
+        redis.cli("CLIENT", "KILL", "TYPE", "normal")
+        wait_until(lambda: lines(w, "cannot open a socket: Too many open files") >= 1, 10,
+                   message="the reconnect's reason")
+    assert lines(w, "connect timed out") == 0, w.process.log()
+    wait_until(lambda: lines(w, "redis: connected to") >= 2, 10, message="the reconnect once descriptors are back")
