@@ -554,6 +554,10 @@ class WeirFactory:
             argv += ["--config", config_path]
         argv += list(extra_args)
         proc = self.group.start(argv, port, ready_timeout=ready_timeout, name="weir", env=env)
+        # The listener accepts (into the backlog) as soon as a worker binds it; weir writes its
+        # start-up line after every worker has started. Tests read that line, so wait for it.
+        wait_until(lambda: "weir: listening on" in proc.log() or not proc.alive(), ready_timeout,
+                   message="weir's start-up line")
         return Weir(proc, access_log, config_path)
 
 
