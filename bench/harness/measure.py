@@ -163,11 +163,17 @@ def added(target_rs: list[dict], direct_rs: list[dict], hist: str, pct: str) -> 
 
 
 def require_clean(env: Env, label: str, results: list[dict], what: str, failures: list[str]) -> None:
-    """Smoke mode: errors where none are expected are a failure of the harness run."""
+    """Smoke mode: errors where none are expected are a failure of the harness run. A stall (a gap between
+    tokens over the suite's limit, with every token still delivered) is a timing verdict, not a fault: on a
+    host whose load CPU is starved (CI runs the smoke beside the end-to-end tests) the direct path stalls as
+    well, so stalls are noted, never failed; a hang still fails as weir-bench's timeout error."""
     for r in results:
-        if r.get("errors_total"):
+        stalls = (r.get("errors") or {}).get("stall", 0)
+        if r.get("errors_total", 0) - stalls > 0:
             failures.append(f"{what}: {label} had {r['errors_total']} errors ({loadgen.summarize_errors(r)})"
                             f" in {r.get('raw_file')}")
+        elif stalls:
+            env.log(f"    note: {what}: {label} had {stalls} stalls (a starved host: timing, not failed)")
         if not r.get("target_alive", True):
             failures.append(f"{what}: {label} died during the run")
 

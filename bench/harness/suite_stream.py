@@ -339,8 +339,11 @@ def run(env: Env, opts: Options) -> Report:
                     + (f" [{limit_of(d)}]" if limit_of(d) else "")
                     + f" ({d.get('tokens_per_s', 0):,.0f} tokens/s, inflight max {d.get('generator', {}).get('max_inflight')})")
             s.record(s.n, ok, why, d)
-            if env.smoke and s.t.label.startswith(("direct", "weir", "nginx")) and not ok and s.n <= 32:
-                rep.failures.append(f"streams: {s.t.label} failed at only {s.n} streams: {why}")
+            # Smoke: a fault (errors, lost tokens, a dead gateway) at 32 streams fails the run; lateness alone
+            # (streams ended late, gaps over the limit) is the starved CI host's, and is only noted.
+            faults = [w for w in why.split("; ") if w.startswith(("errors", "tokens missing", "the gateway"))]
+            if env.smoke and s.t.label.startswith(("direct", "weir", "nginx")) and faults and s.n <= 32:
+                rep.failures.append(f"streams: {s.t.label} failed at only {s.n} streams: {'; '.join(faults)}")
     for t in targets:
         t.pause()
     twin_notes(targets, rep)
