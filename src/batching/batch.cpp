@@ -60,6 +60,16 @@ std::span<const BatchMember::EarlierAttempt> BatchMember::earlier_attempts() con
 }
 std::uint32_t BatchMember::batch_retries() const { return batch_ ? batch_->retries() : 0; }
 bool BatchMember::counts_failure() { return !batch_ || batch_->claim_failure_count(); }
+std::optional<api::Usage> BatchMember::seen_usage() const {
+  if (last_usage_.empty()) return std::nullopt;
+  // (Read once, when the member's request settles: not per chunk.)
+  std::string chunk = R"({"usage":)";
+  chunk += last_usage_;
+  chunk += '}';
+  auto u = api::extract_usage(chunk);
+  if (u && batch_size() > 1) u->cached_tokens = 0;  // never another member's cache hit
+  return u;
+}
 bool BatchMember::coalesced() const { return batch_ && batch_->mode() == Batch::Mode::coalesce; }
 int BatchMember::endpoint() const { return batch_ ? batch_->endpoint() : -1; }
 std::chrono::steady_clock::time_point BatchMember::sent_at() const {

@@ -25,12 +25,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "api/openai/batch.hpp"
+#include "api/usage.hpp"
 #include "core/async.hpp"
 #include "core/config.hpp"
 #include "http/forward.hpp"
@@ -144,6 +146,13 @@ class BatchMember final : public http::ResponseSource {
   void cancel_stalled() override;
   bool stream_cut_short() const override { return cut_short_; }
 
+  // The member's own usage as the batch's last chunk for it with a per-chunk usage said (the batch asks for
+  // `continuous_usage_stats` on every member's behalf, whether or not its client did): its prompt's tokens
+  // and its completion's so far, in tokens; also after it left. Of a batch of several, cached_tokens 0
+  // (docs/batching.md, "Cached tokens"). nullopt when none came (a coalesced generation, which asks for no
+  // per-chunk usage; an upstream that sends none) or it did not read as a usage object.
+  std::optional<api::Usage> seen_usage() const;
+
  private:
   friend class Batch;
   friend class MicroBatcher;
@@ -167,7 +176,7 @@ class BatchMember final : public http::ResponseSource {
   std::uint32_t slot_ = 0;
   std::uint32_t joined_size_ = 0;               // the batch's members when this one joined
   std::string id_json_;                         // the member's response id, a JSON string
-  std::string last_usage_;                      // its latest per-chunk usage object
+  std::string last_usage_;                      // its latest per-chunk usage object (seen_usage())
   api::openai::CompletionAssembler assembler_;  // non-streaming members
 };
 

@@ -208,6 +208,17 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   // A stream's head waits for its first content while a fallback is left (relay), as unbatched.
   Outcome o = co_await relay(ctx, m);
   ctx.source = nullptr;
+  // The member's own per-chunk usage, which the batch asked for on its behalf and which its client sees only
+  // if it asked too: settle() weighs it as it weighs the per-choice usage of a stream sent alone (the whole
+  // of a stream that ended without a usage chunk; the floor of one cut short: the client left, the batch
+  // broke, a deadline), so a member is charged the same whether or not its client asked for per-chunk usage.
+  // (Not an answer that failed over: nothing of it is the request's.)
+  if (!ctx.has_usage && !ctx.fail_over) {
+    if (const auto u = m.seen_usage()) {
+      ctx.has_choice_usage = true;
+      ctx.choice_usage = *u;
+    }
+  }
   // A non-streaming member whose batch failed before its answer: nothing reached the client.
   if (!o.is_responded() && !ctx.committed && http::is_upstream_fault(m.failure())) ctx.fail_over = true;
   co_return o;

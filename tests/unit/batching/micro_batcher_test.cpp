@@ -268,6 +268,40 @@ TEST_F(MicroBatcherTest, AMemberLeavesAloneAndTheLastOneAbortsTheUpstream) {
   EXPECT_EQ(stats.aborted, 1u);
 }
 
+// The per-chunk usage the batch asked for on every member's behalf is kept for each member, though a member
+// that did not ask for it relays "usage": null: its request is settled with its own counts when it is cut short
+// (gateway/phases/batch.cpp), also after it left. Of a batch of several, no cached tokens: they are not its own.
+TEST_F(MicroBatcherTest, AMembersOwnPerChunkUsageIsKeptForItsSettlementAfterItLeaves) {
+  auto& a = join("a");
+  auto& b = join("b");
+  upstream_request();
+  EXPECT_FALSE(a.seen_usage());
+  std::string a0 = chunk(0, " a0", "null", 1);
+  a0.replace(a0.find(R"(,"total_tokens")"), 0, R"(,"prompt_tokens_details":{"cached_tokens":1})");
+  up.send("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+          http_chunk(sse(a0) + sse(chunk(1, " b0", "null", 1))));
+  ASSERT_TRUE(head_of(a));
+  ASSERT_TRUE(head_of(b));
+  Read rb;
+  read_all(b, rb);
+  ASSERT_TRUE(run_until(io, [&] { return rb.bytes.find(" b0") != std::string::npos; }));
+  a.cancel();  // a's client left after its first token
+  up.send(http_chunk(sse(chunk(0, " a1", "null", 2)) + sse(chunk(1, " b1", "null", 2))));
+  ASSERT_TRUE(run_until(io, [&] { return rb.bytes.find(" b1") != std::string::npos; }));
+  EXPECT_EQ(rb.bytes.find(R"("usage":{)"), std::string::npos);  // b's client did not ask for per-chunk usage
+  const auto ua = a.seen_usage();
+  ASSERT_TRUE(ua);
+  EXPECT_EQ(ua->prompt_tokens, 1u);
+  EXPECT_EQ(ua->completion_tokens, 1u);  // what it had when it left
+  EXPECT_EQ(ua->cached_tokens, 0u);
+  const auto ub = b.seen_usage();
+  ASSERT_TRUE(ub);
+  EXPECT_EQ(ub->prompt_tokens, 2u);
+  EXPECT_EQ(ub->completion_tokens, 2u);
+  b.cancel();  // (its reader ends before `rb` goes)
+  ASSERT_TRUE(run_until(io, [&] { return rb.done; }));
+}
+
 TEST_F(MicroBatcherTest, AMemberWhoseChoiceFinishedEndsAtOnceWithItsOwnUsage) {
   auto& a = join("a", /*stream=*/true, /*include_usage=*/true);
   auto& c = join("c", /*stream=*/true, /*include_usage=*/true);
