@@ -89,6 +89,8 @@ void RequestContext::reset() {
   usage = {};
   has_choice_usage = false;
   choice_usage = {};
+  has_estimate = false;
+  estimate = {};
   bytes_in = 0;
   body_decoded = false;
   body_deferred = false;

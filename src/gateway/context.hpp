@@ -339,6 +339,10 @@ struct RequestContext {
   // that ended whole, and no more than a floor under the estimate of one cut short.
   bool has_choice_usage = false;
   api::Usage choice_usage;
+  // What settle() charged a request that reported no usage (the no-usage rule's estimate: has_usage stays
+  // false, so the log's token counts stay the upstream's, null): the log's `charged_tokens`.
+  bool has_estimate = false;
+  api::Usage estimate;
   std::uint64_t bytes_in = 0;  // request body bytes (as received: before a Content-Encoding is decoded)
   bool body_deferred = false;  // the body is still on its way: read after authentication (read_body)
   bool body_decoded = false;   // the client's gzip/deflate body was decoded (read): its Content-Encoding stays here

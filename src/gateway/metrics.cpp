@@ -147,7 +147,10 @@ void MetricsShard::relabel(std::shared_ptr<const MetricLabels> labels) {
   if (labels_->tenants.empty() && labels_->key_ids.empty()) {
     // Without identity labels, configured models have their token counters from the start.
     for (std::uint32_t m = 0; m < labels_->models.size(); ++m)
-      if (labels_->model_current[m]) add_tokens(m, 0, 0);
+      if (labels_->model_current[m]) {
+        add_tokens(m, 0, 0);
+        add_estimated_tokens(m, 0, 0);
+      }
   }
 }
 
@@ -297,6 +300,14 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
             1.0);
   per_model("weir_completion_tokens_total", "counter", "Completion tokens reported by upstream usage.",
             Family::completion_tokens, 1.0);
+  per_model("weir_estimated_prompt_tokens_total", "counter",
+            "Prompt tokens charged by estimate to requests whose upstream reported no usage (not in "
+            "weir_prompt_tokens_total).",
+            Family::estimated_prompt_tokens, 1.0);
+  per_model("weir_estimated_completion_tokens_total", "counter",
+            "Completion tokens charged by estimate to requests whose upstream reported no usage (not in "
+            "weir_completion_tokens_total).",
+            Family::estimated_completion_tokens, 1.0);
   per_model("weir_spend_usd_total", "counter",
             "Spend in USD at the configured prices (pricing:), from the usage upstreams reported.", Family::spend,
             1e-9);
@@ -532,6 +543,9 @@ json::object MetricsShard::stats_json() const {
         case Family::ttft_count:
           t->ttft_count += v;
           break;
+        case Family::estimated_prompt_tokens:
+        case Family::estimated_completion_tokens:
+          break;  // (the stats' token counts are the reported ones, as weir_*_tokens_total)
       }
     }
   }

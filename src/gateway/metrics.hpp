@@ -168,6 +168,13 @@ class MetricsShard {
     counters_.add(series(Family::prompt_tokens, 0, 0, model, id), prompt);
     counters_.add(series(Family::completion_tokens, 0, 0, model, id), completion);
   }
+  // weir_estimated_{prompt,completion}_tokens_total{model[,tenant][,key_id]}: what a request that reported no
+  // usage was charged (settle(): the access log's charged_tokens), kept out of weir_*_tokens_total.
+  void add_estimated_tokens(std::uint32_t model, std::uint64_t prompt, std::uint64_t completion,
+                            MetricIdentity id = {}) {
+    counters_.add(series(Family::estimated_prompt_tokens, 0, 0, model, id), prompt);
+    counters_.add(series(Family::estimated_completion_tokens, 0, 0, model, id), completion);
+  }
   // weir_spend_usd_total{model[,tenant][,key_id]}, in nano-USD (admission/pricing.hpp).
   void add_spend(std::uint32_t model, std::int64_t nano_usd, MetricIdentity id) {
     if (nano_usd > 0) counters_.add(series(Family::spend, 0, 0, model, id), static_cast<std::uint64_t>(nano_usd));
@@ -318,6 +325,8 @@ class MetricsShard {
     rate_limited,
     ttft_sum_us,  // weir_tenant_time_to_first_token_seconds_sum, in µs
     ttft_count,   // weir_tenant_time_to_first_token_seconds_count
+    estimated_prompt_tokens,
+    estimated_completion_tokens,
   };
   static std::uint64_t series(Family f, std::uint32_t route, std::uint32_t status, std::uint32_t model,
                               MetricIdentity id) {

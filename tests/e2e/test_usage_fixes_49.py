@@ -112,6 +112,7 @@ def test_a_batch_member_cut_short_is_charged_its_own_per_chunk_usage(mock, weir,
         assert line["prompt_tokens"] == exact, line
         assert line["completion_tokens"] == got, line
         assert line["spend_usd"] == spend_of(exact, got), line
+        assert "charged_tokens" not in line, line  # its usage is the upstream's per-chunk counts, not an estimate
     after = tokens(w)
     assert after[0] - before[0] == sum(line["prompt_tokens"] for line in lines)
     assert after[1] - before[1] == sum(line["completion_tokens"] for line in lines)
@@ -132,4 +133,41 @@ def test_a_non_streamed_batch_member_cut_by_its_deadline_is_still_charged_nothin
     for rid in ("ns-0", "ns-1"):
         line = w.log_for(rid)
         assert line["batch"]["size"] == 2, line
-        assert line["spend_usd"] == 0 and line["prompt_tokens"] is None, line
+        assert line["spend_usd"] == 0 and line["prompt_tokens"] is None and "charged_tokens" not in line, line
+
+
+# DEFECT: a request charged without any usage reported (the client left, or the stream broke, after its first
+# token) logged spend with null token counts: an operator could not recompute spend = tokens x price, and the
+# token counters said less than the buckets were charged, with nothing to tell. The token counts still say what
+# the upstream reported (null); `charged_tokens` says what was charged, and weir_estimated_*_tokens_total count it.
+@pytest.mark.parametrize("cut", ["client_left", "upstream_broke"])
+def test_a_line_charged_by_estimate_says_which_tokens_were_charged(mock, weir, cut):
+    m = mock("--ttft-ms", "5", "--itl-ms", "5", "--max-tokens", "12", "--any-model")
+    w = weir(config=config(m), workers=1)
+    headers, leave_after = CUTS[cut]
+    before = tokens(w)
+    estimated = (w.metric("weir_estimated_prompt_tokens_total"), w.metric("weir_estimated_completion_tokens_total"))
+    got = stream(w, "plain", f"est-{cut}", continuous=False, leave_after=leave_after, headers=headers)
+    line = w.log_for(f"est-{cut}", timeout=15)
+    assert "batch" not in line and line["error"] is not None, line
+    assert line["prompt_tokens"] is None and line["completion_tokens"] is None, line  # none reported
+    charged = line.get("charged_tokens")
+    assert charged is not None, line
+    assert charged["source"] == "estimate" and charged["cached"] == 0, line
+    assert charged["prompt"] > 0, line
+    assert charged["completion"] == got == (3 if cut == "upstream_broke" else 2), (got, line)
+    assert line["spend_usd"] == spend_of(charged["prompt"], charged["completion"]), line
+    # The reported-token counters stay as they were; the estimate counters move by the charge.
+    assert tokens(w) == before
+    assert w.metric("weir_estimated_prompt_tokens_total") - estimated[0] == charged["prompt"]
+    assert w.metric("weir_estimated_completion_tokens_total") - estimated[1] == charged["completion"]
+
+
+# A whole stream's line has its reported counts and no charged_tokens.
+def test_a_whole_stream_has_no_charged_tokens(mock, weir):
+    m = mock("--ttft-ms", "5", "--itl-ms", "5", "--max-tokens", "4", "--any-model")
+    w = weir(config=config(m), workers=1)
+    assert stream(w, "plain", "whole", continuous=False) == 4
+    line = w.log_for("whole")
+    assert line["status"] == 200 and line["error"] is None, line
+    assert line["completion_tokens"] == 4 and "charged_tokens" not in line, line

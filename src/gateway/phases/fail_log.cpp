@@ -205,6 +205,9 @@ void GatewayPhases::settle(RequestContext& ctx) {
       // A 504 of the client's own deadline (x-weir-timeout-ms) is charged:
       // the client chose to stop a generation the upstream had begun.
       u = unreported_usage(ctx);
+      // (Logged apart from the upstream's counts, which stay null: charged_tokens.)
+      ctx.has_estimate = true;
+      ctx.estimate = u;
     }
     w_.admission()->settle(ctx.ticket, u, std::chrono::steady_clock::now());
     // The request's cost at the model's price, whether or not a budget applies.
@@ -280,6 +283,9 @@ void GatewayPhases::log(RequestContext& ctx) {
     m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
   if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
   if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
+  // (Estimates apart: weir_*_tokens_total count what upstreams reported.)
+  if (ctx.has_estimate)
+    m.add_estimated_tokens(ctx.model_slot, ctx.estimate.prompt_tokens, ctx.estimate.completion_tokens, id);
   // A scrape every few seconds would drown the log: /metrics counts in
   // weir_requests_total{route="/metrics"}, writes no line, stores no record,
   // and its bytes stay out of the byte counters (so they add up to the log's).
@@ -447,6 +453,17 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     w.put_uint(ctx.usage.cached_tokens);
   } else
     w.put(R"(,"prompt_tokens":null,"completion_tokens":null,"cached_tokens":null)"sv);
+  if (ctx.has_estimate) {
+    // Charged without reported usage (the client left, the stream broke): the tokens the spend and the
+    // buckets were charged, so spend = tokens x price can be checked, apart from the upstream's counts.
+    w.put(R"(,"charged_tokens":{"prompt":)"sv);
+    w.put_uint(ctx.estimate.prompt_tokens);
+    w.put(R"(,"completion":)"sv);
+    w.put_uint(ctx.estimate.completion_tokens);
+    w.put(R"(,"cached":)"sv);
+    w.put_uint(ctx.estimate.cached_tokens);
+    w.put(R"(,"source":"estimate"})"sv);
+  }
   if (ctx.has_error) {
     w.put(R"(,"error":{"source":")"sv);
     w.put(core::to_string(ctx.error_source));
