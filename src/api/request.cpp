@@ -3,6 +3,7 @@
 #include <array>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <utility>
 #include <vector>
 
@@ -31,17 +32,22 @@ struct Shape {
   std::int64_t i = 0;
   std::uint64_t u = 0;
   double d = 0;
+  std::string_view text;  // a count's string (FieldsHandler::count_text): its unescaped text
   bool present() const { return type != Type::absent && type != Type::null; }
 };
 
 // A count the request sets (max_tokens, n): a positive integer, as vLLM's
-// pydantic models take one, a number without a fraction (2.0) too. It
+// pydantic models take one in lax mode: a number without a fraction (2.0)
+// too, or a string of one (lax_int: "3", " 3 ", "1_000", "3.0"). It
 // passes to the upstream as written; Weir's estimate takes it up to
 // 2^32 − 1 (a larger one is the upstream's to refuse: vLLM names the
 // context length).
 tl::expected<std::uint32_t, core::Error> positive_int(const Shape& v, std::string_view name) {
   constexpr std::uint32_t kMax = 0xffffffffU;
   if (v.type == Shape::Type::int64 && v.i >= 1) return static_cast<std::uint32_t>(std::min<std::int64_t>(v.i, kMax));
+  if (v.type == Shape::Type::string)
+    if (const auto i = lax_int(v.text); i && *i >= 1)
+      return static_cast<std::uint32_t>(std::min<std::int64_t>(*i, kMax));
   if (v.type == Shape::Type::uint64 && v.u >= 1) return static_cast<std::uint32_t>(std::min<std::uint64_t>(v.u, kMax));
   if (v.type == Shape::Type::dbl && v.d >= 1 && std::isfinite(v.d) && v.d == std::floor(v.d))
     return v.d >= static_cast<double>(kMax) ? kMax : static_cast<std::uint32_t>(v.d);
@@ -68,6 +74,7 @@ enum class Role : std::uint8_t {
   part_text,  // a part's text
   prompt,     // completions' prompt, embeddings' input
   prompt_item,
+  request_id,  // vLLM's top-level request_id
 };
 
 // The vLLM extra routes' text members (vLLM 0.10 protocol.py), with what a
@@ -140,10 +147,11 @@ class FieldsHandler {
   static constexpr std::size_t max_key_size = static_cast<std::size_t>(-1);
   static constexpr std::size_t max_string_size = static_cast<std::size_t>(-1);
 
-  explicit FieldsHandler(ApiKind kind, std::string& model) : kind_(kind), model_text_(model) {}
+  FieldsHandler(ApiKind kind, std::string& model, std::string& request_id)
+      : kind_(kind), model_text_(model), request_id_text_(request_id) {}
 
   // --- what the document said ---
-  Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n, best_of;
+  Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n, best_of, request_id;
   std::uint64_t chat_bytes = 0;        // the last messages array: content bytes
   std::uint64_t chat_other_bytes = 0;  // and its messages' other strings (Count::strings)
   std::uint32_t chat_messages = 0;     // and its elements
@@ -183,14 +191,15 @@ class FieldsHandler {
   }
   bool on_string_part(json::string_view s, std::size_t, boost::system::error_code&) {
     if (!in_string_) begin_string();
-    if (string_role_ == Role::model) model_text_.append(s.data(), s.size());
+    string_text(s);
     return true;
   }
   bool on_string(json::string_view s, std::size_t size, boost::system::error_code&) {
     if (!in_string_) begin_string();
-    if (string_role_ == Role::model) model_text_.append(s.data(), s.size());
+    string_text(s);
     in_string_ = false;
-    scalar(string_role_, Shape{.type = Shape::Type::string}, size);
+    const std::string* count = count_text(string_role_);
+    scalar(string_role_, Shape{.type = Shape::Type::string, .text = count ? *count : std::string_view()}, size);
     if (string_count_ == Count::strings) chat_other_bytes += size;
     return true;
   }
@@ -279,6 +288,7 @@ class FieldsHandler {
         if (key == "max_completion_tokens") return Role::max_completion_tokens;
         if (key == "max_tokens") return Role::max_tokens;
         if (key == "n") return Role::n;
+        if (key == "request_id") return Role::request_id;
         if ((kind_ == ApiKind::chat_completions || kind_ == ApiKind::completions) && key == "best_of")
           return Role::best_of;
         if (kind_ == ApiKind::chat_completions && key == "messages") return Role::messages;
@@ -305,6 +315,37 @@ class FieldsHandler {
     string_role_ = next_role();
     string_count_ = value_count_;
     if (string_role_ == Role::model) model_text_.clear();
+    if (string_role_ == Role::request_id) request_id_text_.clear();
+    if (std::string* count = count_text(string_role_)) count->clear();
+  }
+
+  // A piece of the string being read: kept when its role needs its text.
+  void string_text(json::string_view s) {
+    if (string_role_ == Role::model) {
+      model_text_.append(s.data(), s.size());
+    } else if (string_role_ == Role::request_id) {
+      const std::size_t room =
+          RequestFields::kRequestIdKept - std::min(request_id_text_.size(), RequestFields::kRequestIdKept);
+      request_id_text_.append(s.data(), std::min(s.size(), room));
+    } else if (std::string* count = count_text(string_role_)) {
+      count->append(s.data(), s.size());  // (only a count sent as a string: rare, and within the body's size)
+    }
+  }
+
+  // The text of a count sent as a string (lax_int reads it), by its role; null for any other role.
+  std::string* count_text(Role r) {
+    switch (r) {
+      case Role::max_completion_tokens:
+        return &count_text_[0];
+      case Role::max_tokens:
+        return &count_text_[1];
+      case Role::n:
+        return &count_text_[2];
+      case Role::best_of:
+        return &count_text_[3];
+      default:
+        return nullptr;
+    }
   }
 
   // A value starts: a member's last occurrence resets what an earlier one counted.
@@ -338,6 +379,10 @@ class FieldsHandler {
         break;
       case Role::best_of:
         best_of = v;
+        break;
+      case Role::request_id:
+        request_id = v;
+        if (v.type != Shape::Type::string) request_id_text_.clear();  // (a string's text is read by now)
         break;
       case Role::messages:
         chat_bytes = 0;
@@ -441,6 +486,8 @@ class FieldsHandler {
 
   ApiKind kind_;
   std::string& model_text_;
+  std::string& request_id_text_;
+  std::array<std::string, 4> count_text_;           // count_text()
   std::array<Frame, kMaxBodyDepth + 16> frames_{};  // parse_options::max_depth (kMaxBodyDepth) bounds the nesting
   std::size_t depth_ = 0;
   Role pending_ = Role::other;  // the role of the value after the last key
@@ -472,7 +519,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
   RequestFields f;
   json::parse_options opt;
   opt.max_depth = kMaxBodyDepth;
-  json::basic_parser<FieldsHandler> p(opt, kind, f.model);
+  json::basic_parser<FieldsHandler> p(opt, kind, f.model, f.request_id);
   boost::system::error_code ec;
   const std::size_t used = p.write_some(false, body.data(), body.size(), ec);
   if (!ec && used < body.size()) ec = json::error::extra_data;
@@ -520,10 +567,10 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     if (v->present() && f.max_tokens == 0) {
       // Completions with echo and max_tokens 0 (OpenAI's legacy API and vLLM: the prompt's logprobs,
       // nothing generated) is a request, not an error; no output to reserve.
-      // (Read as vLLM's pydantic reads them, in lax mode: 0.0 is 0; "true", "yes", 1 are true.)
+      // (Read as vLLM's pydantic reads them, in lax mode: 0.0 and "0" are 0; "true", "yes", 1 are true.)
       if (kind == ApiKind::completions && v == &h.max_tokens &&
           ((v->type == Shape::Type::int64 && v->i == 0) || (v->type == Shape::Type::uint64 && v->u == 0) ||
-           (v->type == Shape::Type::dbl && v->d == 0))) {
+           (v->type == Shape::Type::dbl && v->d == 0) || (v->type == Shape::Type::string && lax_int(v->text) == 0))) {
         const auto echo = find_member(body, "echo");
         const auto truthy = [](std::string_view t) {
           if (t == "true" || t == "1") return true;
@@ -634,6 +681,67 @@ bool numbers_finite(const json::value& v) {
     }
   }
   return true;
+}
+
+namespace {
+
+// The length of the Unicode White_Space character `s` starts with (Rust's
+// char::is_whitespace, which pydantic-core's str::trim applies), 0 for none.
+std::size_t white_space_at(std::string_view s) {
+  if (s.empty()) return 0;
+  const auto b = [&](std::size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0u; };
+  const unsigned c = b(0);
+  if ((c >= 0x09 && c <= 0x0d) || c == 0x20) return 1;
+  if (c == 0xc2 && (b(1) == 0x85 || b(1) == 0xa0)) return 2;  // U+0085, U+00A0
+  if (c == 0xe1 && b(1) == 0x9a && b(2) == 0x80) return 3;    // U+1680
+  if (c == 0xe2 && b(1) == 0x80 && ((b(2) >= 0x80 && b(2) <= 0x8a) || b(2) == 0xa8 || b(2) == 0xa9 || b(2) == 0xaf))
+    return 3;                                               // U+2000..U+200A, U+2028, U+2029, U+202F
+  if (c == 0xe2 && b(1) == 0x81 && b(2) == 0x9f) return 3;  // U+205F
+  if (c == 0xe3 && b(1) == 0x80 && b(2) == 0x80) return 3;  // U+3000
+  return 0;
+}
+
+// The same for the character `s` ends with.
+std::size_t white_space_before_end(std::string_view s) {
+  for (std::size_t n = 1; n <= 3 && n <= s.size(); ++n)
+    if (white_space_at(s.substr(s.size() - n)) == n) return n;
+  return 0;
+}
+
+}  // namespace
+
+std::optional<std::int64_t> lax_int(std::string_view text) {
+  while (const std::size_t n = white_space_at(text)) text.remove_prefix(n);
+  while (const std::size_t n = white_space_before_end(text)) text.remove_suffix(n);
+  bool negative = false;
+  if (!text.empty() && (text.front() == '+' || text.front() == '-')) {
+    negative = text.front() == '-';
+    text.remove_prefix(1);
+  }
+  // ".0", ".000": a fraction of zeros only (not "3.", not "3.0_0").
+  if (const auto dot = text.find('.'); dot != std::string_view::npos) {
+    const std::string_view frac = text.substr(dot + 1);
+    if (frac.empty() || frac.find_first_not_of('0') != std::string_view::npos) return std::nullopt;
+    text = text.substr(0, dot);
+  }
+  // Digits, with single underscores between them.
+  if (text.empty() || text.front() == '_' || text.back() == '_') return std::nullopt;
+  constexpr std::uint64_t kLimit = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + 1;
+  std::uint64_t v = 0;
+  char prev = 0;
+  for (const char c : text) {
+    if (c == '_') {
+      if (prev == '_') return std::nullopt;
+    } else if (c >= '0' && c <= '9') {
+      v = v > (kLimit - static_cast<std::uint64_t>(c - '0')) / 10 ? kLimit
+                                                                  : v * 10 + static_cast<std::uint64_t>(c - '0');
+    } else {
+      return std::nullopt;
+    }
+    prev = c;
+  }
+  if (negative) return v >= kLimit ? std::numeric_limits<std::int64_t>::min() : -static_cast<std::int64_t>(v);
+  return v >= kLimit ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(v);
 }
 
 std::optional<bool> form_bool(std::string_view v) {

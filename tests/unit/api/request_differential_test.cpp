@@ -84,6 +84,10 @@ tl::expected<std::uint32_t, core::Error> ref_positive_int(const json::value& v, 
     x = v.get_double();
   if ((v.is_int64() || v.is_uint64() || v.is_double()) && x >= 1 && x == std::floor(x))
     return x >= 4294967295.0 ? 4294967295U : static_cast<std::uint32_t>(x);
+  // A string of one, as pydantic reads it in lax mode (api::lax_int, tested on its own).
+  if (v.is_string())
+    if (const auto i = lax_int(std::string_view(v.get_string().data(), v.get_string().size())); i && *i >= 1)
+      return *i >= 4294967295 ? 4294967295U : static_cast<std::uint32_t>(*i);
   return tl::unexpected(core::bad_request(fmt::format("'{}' must be a positive integer.", name), name));
 }
 
@@ -105,6 +109,9 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
     if (!model->is_string()) return tl::unexpected(core::bad_request("'model' must be a string.", "model"));
     f.model.assign(model->get_string().data(), model->get_string().size());
   }
+  if (const auto* rid = obj.if_contains("request_id"); rid && rid->is_string())
+    f.request_id.assign(rid->get_string().data(),
+                        std::min<std::size_t>(rid->get_string().size(), RequestFields::kRequestIdKept));
   if (const auto* s = obj.if_contains("stream"); s && !s->is_null()) {
     if (!s->is_bool()) return tl::unexpected(core::bad_request("'stream' must be a boolean.", "stream"));
     f.stream = s->get_bool();
@@ -277,7 +284,8 @@ class Gen {
                                         "max_tokens",    "n",      "messages",       "prompt",
                                         "input",         "text",   "query",          "documents",
                                         "text_1",        "text_2", "other",          "content",
-                                        "include_usage", "tools",  "functions",      "best_of"};
+                                        "include_usage", "tools",  "functions",      "best_of",
+                                        "request_id"};
     const std::string_view k = pick_key(kKeys, used);
     key(out, k);
     if (k == "model") {
@@ -299,9 +307,14 @@ class Gen {
         }
         out += "}";
       }
+    } else if (k == "request_id") {
+      static const char* const kIds[] = {"\"r-1\"", "\"\"", "null", "7", "[\"r\"]", "\"a\\u0041\"", "\"sp ace\""};
+      out += kIds[pick(std::size(kIds))];
     } else if (k == "max_completion_tokens" || k == "max_tokens" || k == "n" || k == "best_of") {
-      static const char* const kNums[] = {"1",   "16",   "0",     "-1",   "4294967295",           "4294967296", "1.5",
-                                          "1e2", "null", "\"3\"", "true", "18446744073709551615", "-0",         "[]"};
+      static const char* const kNums[] = {"1",          "16",          "0",      "-1",          "4294967295",
+                                          "4294967296", "1.5",         "1e2",    "null",        "\"3\"",
+                                          "true",       "-0",          "[]",     "\" 2_0.0 \"", "\"0\"",
+                                          "\"3.5\"",    "\"\\u0034\"", "\"-4\"", "\"\"",        "18446744073709551615"};
       out += kNums[pick(std::size(kNums))];
     } else {
       value(out, 0);
@@ -369,6 +382,7 @@ void expect_same(ApiKind kind, const std::string& body, bool exact = false) {
   EXPECT_EQ(got->max_tokens, want->max_tokens) << body;
   EXPECT_EQ(got->n, want->n) << body;
   EXPECT_EQ(got->best_of, want->best_of) << body;
+  EXPECT_EQ(got->request_id, want->request_id) << body;
   if (kind == ApiKind::chat_completions && !exact)
     // A key repeated inside a message's other members or the tools is
     // counted each time (over, never under); the DOM keeps the last only.

@@ -3,7 +3,9 @@
 // prompt_count, prompt_overhead_tokens) for chat, completions and embeddings.
 #include "api/request.hpp"
 
+#include <limits>
 #include <string>
+#include <utility>
 
 #include <fmt/format.h>
 #include <gtest/gtest.h>
@@ -131,7 +133,7 @@ TEST(ApiParseRequest, BestOfIsTheSequencesGenerated) {
   EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a"})").best_of, 0u);
   // Not a vLLM field elsewhere: not read.
   EXPECT_EQ(ok(ApiKind::embeddings, R"({"model":"m","input":"a","best_of":9})").sequences(), 1u);
-  for (const char* bad : {"0", "-1", "1.5", "\"3\"", "true"})
+  for (const char* bad : {"0", "-1", "1.5", "\"3.5\"", "\"0\"", "true"})
     EXPECT_EQ(refused(kCompletions, fmt::format(R"({{"model":"m","prompt":"a","best_of":{}}})", bad)).param, "best_of");
 }
 
@@ -147,10 +149,87 @@ TEST(ApiParseRequest, CompletionsEchoWithNoTokensScoresThePrompt) {
   EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","echo":false,"max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","max_tokens":0})").param, "max_tokens");
   EXPECT_EQ(refused(kChat, R"({"model":"m","echo":true,"max_tokens":0})").param, "max_tokens");
+  // A count's string too: "0" is 0 to pydantic.
+  EXPECT_TRUE(ok(kCompletions, R"({"model":"m","prompt":"hi","echo":true,"max_tokens":"0"})").echo_only);
+  EXPECT_TRUE(ok(kCompletions, R"({"model":"m","prompt":"hi","echo":true,"max_tokens":" -0.00 "})").echo_only);
+  EXPECT_EQ(refused(kCompletions, R"({"model":"m","prompt":"hi","echo":true,"max_tokens":"zero"})").param,
+            "max_tokens");
+}
+
+// vLLM's pydantic models (lax mode) read a count given as a string as the
+// integer it holds: so does Weir's estimate, where it refused them with its
+// own 400. What pydantic 2.14 takes and refuses (checked against it).
+TEST(ApiLaxInt, ReadsWhatPydanticReadsAsAnInt) {
+  // clang-format off
+  const std::pair<std::string_view, std::int64_t> taken[] = {
+      {"3", 3}, {" 3", 3}, {"3 ", 3}, {"\t\n3\r\f\v", 3}, {"+3", 3}, {"-3", -3}, {"03", 3}, {"00", 0}, {"-0", 0},
+      {"1_000", 1000}, {"1_0_0", 100}, {"0_3", 3}, {"3.0", 3}, {"3.000", 3}, {"3_000.000", 3000}, {" +3.0 ", 3},
+      // Unicode White_Space, each end: U+0085, U+00A0, U+1680, U+2000, U+200A, U+2028, U+2029, U+202F, U+205F, U+3000.
+      {"\u00853\u0085", 3}, {"\u00a03\u00a0", 3}, {"\u16803\u1680", 3}, {"\u20003\u2000", 3}, {"\u200a3\u200a", 3},
+      {"\u20283\u2028", 3}, {"\u20293\u2029", 3}, {"\u202f3\u202f", 3}, {"\u205f3\u205f", 3}, {"\u30003\u3000", 3},
+      {"9223372036854775807", 9223372036854775807LL},
+      {"99999999999999999999999", std::numeric_limits<std::int64_t>::max()},
+      {"-99999999999999999999999", std::numeric_limits<std::int64_t>::min()},
+  };
+  // clang-format on
+  for (const auto& [text, want] : taken) {
+    SCOPED_TRACE(text);
+    const auto got = lax_int(text);
+    ASSERT_TRUE(got);
+    EXPECT_EQ(*got, want);
+  }
+  // clang-format off
+  const std::string_view refused_texts[] = {
+      "", " ", "+", "-", "3.5", "3.", ".0", "3.0_0", "3_.0", "3.0.0", "3e0", "1e3", "0x10", "inf", "1__0", "_1", "1_",
+      "+_3", "--3", "+-3", "+ 3", "3 .0", "three", "3a", "3\xc2",
+      "\u0663", "\u200b3", "\ufeff3", "\x1c" "3", "3\x1f", std::string_view("\0" "3", 2), std::string_view("3\0", 2)};
+  // clang-format on
+  for (const std::string_view text : refused_texts) {
+    SCOPED_TRACE(text);
+    EXPECT_FALSE(lax_int(text));
+  }
+}
+
+TEST(ApiParseRequest, CountsGivenAsStringsAreReadAsPydanticReadsThem) {
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"3"})").max_tokens, 3u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_completion_tokens":" 1_000 "})").max_tokens, 1000u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","n":"2","best_of":"4.0"})").sequences(), 4u);
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"a","n":"+3"})").n, 3u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"99999999999"})").max_tokens, 4294967295u);
+  // Escaped, and repeated (the last wins, a number after a string and a string after a number).
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"\u0035"})").max_tokens, 5u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"7","max_tokens":8})").max_tokens, 8u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":8,"max_tokens":"9"})").max_tokens, 9u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","max_tokens":"x","max_tokens":"9"})").max_tokens, 9u);
+  // A long string, in pieces to the parser: read whole.
+  const std::string spaced =
+      std::string(R"({"model":"m","n":")") + std::string(5000, ' ') + "6" + std::string(5000, ' ') + R"("})";
+  EXPECT_EQ(ok(kChat, spaced).n, 6u);
+  EXPECT_EQ(refused(kChat, R"({"model":"m","max_tokens":"3","max_tokens":"3.5"})").param, "max_tokens");
+}
+
+// vLLM's request_id, kept for the gateway (which takes it on chat and completions:
+// GatewayPhases::take_body_request_id).
+TEST(ApiParseRequest, RequestIdIsTheTopLevelString) {
+  EXPECT_EQ(ok(kChat, R"({"model":"m","request_id":"my-trace-42"})").request_id, "my-trace-42");
+  EXPECT_EQ(ok(kCompletions, R"({"request_id":"a\u002db","prompt":"p"})").request_id, "a-b");
+  EXPECT_EQ(ok(kChat, R"({"model":"m"})").request_id, "");
+  // Not a string: none (forwarded as it came, the upstream's to refuse); the last of a repeated key.
+  for (const char* v : {"7", "null", "true", "[\"x\"]", "{\"a\":\"b\"}"})
+    EXPECT_EQ(ok(kChat, fmt::format(R"({{"model":"m","request_id":{}}})", v)).request_id, "") << v;
+  EXPECT_EQ(ok(kChat, R"({"request_id":"a","model":"m","request_id":7})").request_id, "");
+  EXPECT_EQ(ok(kChat, R"({"request_id":7,"model":"m","request_id":"b"})").request_id, "b");
+  EXPECT_EQ(ok(kChat, R"({"request_id":"a","request_id":"bc"})").request_id, "bc");
+  // Only the body's own member, not one nested.
+  EXPECT_EQ(ok(kChat, R"({"model":"m","metadata":{"request_id":"x"}})").request_id, "");
+  // A long one: its first kRequestIdKept bytes, too many for an id (valid_request_id refuses it).
+  const auto long_id = ok(kChat, std::string(R"({"request_id":")") + std::string(100'000, 'r') + R"("})").request_id;
+  EXPECT_EQ(long_id, std::string(RequestFields::kRequestIdKept, 'r'));
 }
 
 TEST(ApiParseRequest, MaxTokensMustBeAPositiveInteger) {
-  for (std::string_view v : {"0", "-1", "1.5", "\"10\"", "true", "[]", "-0.0", "0.5", "-1e300", "2.000001"}) {
+  for (std::string_view v : {"0", "-1", "1.5", "\"0\"", "\"-3\"", "\"3.5\"", "\"3e0\"", "\"\"", "true", "[]", "-0.0",
+                             "0.5", "-1e300", "2.000001"}) {
     SCOPED_TRACE(v);
     EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_tokens":)") + std::string(v) + "}").param, "max_tokens");
     EXPECT_EQ(refused(kChat, std::string(R"({"model":"m","max_completion_tokens":)") + std::string(v) + "}").param,
@@ -164,7 +243,7 @@ TEST(ApiParseRequest, N) {
   EXPECT_EQ(ok(kChat, R"({"model":"m","n":null})").n, 1u);
   EXPECT_EQ(refused(kChat, R"({"model":"m","n":0})").param, "n");
   EXPECT_EQ(refused(kChat, R"({"model":"m","n":-2})").param, "n");
-  EXPECT_EQ(refused(kChat, R"({"model":"m","n":"2"})").param, "n");
+  EXPECT_EQ(refused(kChat, R"({"model":"m","n":"two"})").param, "n");
   EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"p","n":3})").n, 3u);
   EXPECT_EQ(ok(kEmbeddings, R"({"model":"m","input":"p","n":3})").n, 1u);  // one vector per input
 }
