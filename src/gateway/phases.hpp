@@ -98,6 +98,12 @@ class GatewayPhases final : public Phases {
   // (parse() calls it): a request without a valid credential gets its 401
   // whatever its body holds, and Weir inflates no anonymous body.
   Outcome decode_body(RequestContext& ctx);
+  // After the parse: the body's top-level string `request_id` (ctx.fields) as
+  // the request's id, on the routes where vLLM reads it (chat, completions),
+  // when the client sent no x-request-id field; taken as a client's
+  // x-request-id is (valid_request_id, "<id>-<generated>" upstream), else the
+  // generated id stays.
+  void take_body_request_id(RequestContext& ctx);
   // authenticate()'s check of the credentials in the head: next() with
   // ctx.principal set (or no authentication for the route), or 401/403/503.
   // After credentials_now() returned nullopt (credentials_pending_), it goes

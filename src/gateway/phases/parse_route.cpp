@@ -116,6 +116,8 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
   ctx.fields = std::move(*fields);
   ctx.model = std::move(ctx.fields.model);
   ctx.stream = ctx.fields.stream;
+  if (!ctx.fields.request_id.empty()) [[unlikely]]
+    take_body_request_id(ctx);
   return Outcome::next();
 }
 

@@ -57,23 +57,37 @@ void log_request_line(std::string_view raw, RequestContext& ctx) {
   ctx.path.assign(core::utf8_prefix(path_of(target), core::kMaxEchoBytes));
 }
 
+// A client's own id (valid) as the request's, with the id Weir generated for
+// it (in ctx.request_id) after it upstream: "<id>-<generated>". Two clients
+// (two tenants) may choose the same id at once, and vLLM takes the id as its
+// engine's, refusing one it is already running (docs/observability.md).
+void take_client_request_id(RequestContext& ctx, std::string_view id) {
+  ctx.upstream_request_id.assign(id).append(1, '-').append(ctx.request_id);
+  ctx.request_id.assign(id);
+}
+
 // The request's id: the client's x-request-id when it is one Weir takes
-// (valid_request_id), else a generated one. A client's id goes upstream with
-// "-" and a generated id after it: two clients (two tenants) may choose the
-// same id at once, and vLLM takes the id as its engine's, refusing one it
-// is already running (docs/observability.md).
+// (valid_request_id), else a generated one (take_body_request_id may yet
+// take the body's request_id).
 void assign_request_id(RequestContext& ctx, const http::RequestHead& req, Worker& w) {
-  if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id)) {
-    ctx.request_id.assign(id);
-    w.next_request_id(ctx.upstream_request_id);
-    ctx.upstream_request_id.insert(0, 1, '-');
-    ctx.upstream_request_id.insert(0, id);
-  } else {
-    w.next_request_id(ctx.request_id);
-  }
+  w.next_request_id(ctx.request_id);
+  if (auto id = http::first_field(req, "x-request-id"); valid_request_id(id)) take_client_request_id(ctx, id);
 }
 
 }  // namespace
+
+void GatewayPhases::take_body_request_id(RequestContext& ctx) {
+  // vLLM's chat and completions take the body's request_id when no X-Request-Id header names one (its
+  // serving_engine's _base_request_id(raw_request, request.request_id)); its embeddings and other routes
+  // declare the field and ignore it. A header, even one Weir does not take, is the id vLLM would use: then
+  // the body's is not read.
+  if (ctx.route != RouteKind::chat_completions && ctx.route != RouteKind::completions) return;
+  const std::string_view id = ctx.fields.request_id;
+  if (id.empty() || !valid_request_id(id)) return;
+  for (const auto& f : down_.request())
+    if (core::iequals(f.name_string(), "x-request-id")) return;
+  take_client_request_id(ctx, id);
+}
 
 core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   ctx.gen = w_.generation();  // the configuration this request runs on, to its end
