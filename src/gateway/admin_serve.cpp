@@ -266,8 +266,12 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       set_security_fields(res);
       res.keep_alive(false);
       // An answer to HEAD has its length and no content (RFC 9110 §9.3.2): the request line was parsed
-      // first, whatever came wrong after it.
-      if (parser.got_some() && !parser.get().target().empty() && parser.get().method() == bh::verb::head) {
+      // first, whatever came wrong after it; a line refused before it was whole (over kMaxHeader) began
+      // with its method still.
+      const bool head = parser.got_some() && !parser.get().target().empty()
+                            ? parser.get().method() == bh::verb::head
+                            : http::begins_head_request({static_cast<const char*>(buf.data().data()), buf.size()});
+      if (head) {
         res.content_length(admin_error_json(e).size());
       } else {
         res.body() = admin_error_json(e);

@@ -248,6 +248,10 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     // A head refused after its request line (a bad field, too large): Beast
     // parsed the line first, and the answer to a HEAD has no content still.
     head_method_ = parser_->get().method() == bh::verb::head;
+  } else if (ec) {
+    // Refused before its request line was whole (a line over the limit: 414): the method came first, and a
+    // HEAD's answer has no content still (the client would read the body as the next answer).
+    head_method_ = begins_head_request({static_cast<const char*>(in_.data().data()), in_.size()});
   }
   if (!ec) {
     const auto& req = parser_->get();

@@ -137,6 +137,11 @@ struct ExpectScan {
 };
 }  // namespace
 
+bool begins_head_request(std::string_view unparsed) {
+  const std::size_t line = unparsed.find_first_not_of("\r\n");
+  return line != std::string_view::npos && unparsed.substr(line).starts_with("HEAD ");
+}
+
 bool expects_continue(const RequestHead& req) {
   if (req.version() < 11) return false;
   ExpectScan scan;

@@ -51,6 +51,14 @@ HeadProblem check_request_head(const RequestHead& req);
 // RFC 9112 §9.6: the client may send the body anyway).
 bool expects_continue(const RequestHead& req);
 
+// True when `unparsed`, the bytes of a request head the parser refused
+// before its request line was whole (a line over the head limit: 414 or
+// 431), begins with the method token HEAD and its SP (RFC 9112 §3: the
+// method comes first, case-sensitive, RFC 9110 §9.1), empty lines before it
+// skipped (RFC 9112 §2.2). Its answer then has no content (RFC 9110
+// §9.3.2), as nginx's has: the client reads a HEAD's answer as a head alone.
+bool begins_head_request(std::string_view unparsed);
+
 // The interim response that asks for the body (RFC 9110 §15.2.1).
 inline constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
 

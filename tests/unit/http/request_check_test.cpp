@@ -172,5 +172,16 @@ TEST(RequestCheck, OriginFormOfATarget) {
   EXPECT_EQ(origin_form("", scratch), "");
 }
 
+// A request line refused before it was whole (over the head limit): its method is read from its bytes.
+TEST(BeginsHeadRequest, ReadsTheMethodTokenFirstOnTheLine) {
+  EXPECT_TRUE(begins_head_request("HEAD /aaaa"));
+  EXPECT_TRUE(begins_head_request("\r\n\r\nHEAD /aaaa"));  // empty lines before it (RFC 9112 §2.2)
+  EXPECT_FALSE(begins_head_request("head /aaaa"));         // the method is case-sensitive (RFC 9110 §9.1)
+  EXPECT_FALSE(begins_head_request("HEADX /aaaa"));
+  EXPECT_FALSE(begins_head_request("GET /HEAD "));
+  EXPECT_FALSE(begins_head_request("HEAD"));
+  EXPECT_FALSE(begins_head_request(""));
+}
+
 }  // namespace
 }  // namespace weir::http
