@@ -51,10 +51,7 @@ core::Task<bool> BatchMember::wait_head() {
 }
 
 std::string_view BatchMember::batch_id() const { return batch_ ? batch_->id() : std::string_view(); }
-std::uint32_t BatchMember::batch_size() const {
-  if (!batch_) return 0;
-  return batch_->mode() == Batch::Mode::coalesce ? joined_size_ : batch_->sent_size();
-}
+std::uint32_t BatchMember::batch_size() const { return batch_ ? batch_->sent_size() : 0; }
 std::span<const BatchMember::EarlierAttempt> BatchMember::earlier_attempts() const {
   return batch_ ? batch_->earlier_attempts() : std::span<const EarlierAttempt>();
 }

@@ -110,8 +110,10 @@ class BatchMember final : public http::ResponseSource {
 
   // --- once wait_head() returned true ---
   std::string_view batch_id() const;  // the batch's upstream x-request-id
-  // Members sent in the batch; of a coalesced generation, its members so
-  // far when this one joined (itself included: the same whenever it is read).
+  // Members sent in the batch; of a coalesced generation, every member that
+  // joined it so far (those that left included): read when the member's
+  // log line is written, after the generation ended (no one joins then),
+  // the final count, the same on every member's line.
   std::uint32_t batch_size() const;
   std::uint32_t slot() const { return slot_; }
   bool coalesced() const;  // a coalesced generation (pools.X.coalesce), not a prompt-list batch
@@ -174,7 +176,6 @@ class BatchMember final : public http::ResponseSource {
   std::string_view invalid_answer_;  // a literal
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;
-  std::uint32_t joined_size_ = 0;               // the batch's members when this one joined
   std::string id_json_;                         // the member's response id, a JSON string
   std::string last_usage_;                      // its latest per-chunk usage object (seen_usage())
   api::openai::CompletionAssembler assembler_;  // non-streaming members

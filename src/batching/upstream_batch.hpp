@@ -57,7 +57,6 @@ class Batch : public std::enable_shared_from_this<Batch> {
   void add(BatchMember& m) {
     m.slot_ = static_cast<std::uint32_t>(members_.size());
     members_.push_back(&m);
-    m.joined_size_ = static_cast<std::uint32_t>(members_.size());
     ++present_;
     if (state_ == State::streaming) {
       // A late member of a coalesced generation: what the others have had so far, then the rest.

@@ -73,3 +73,48 @@ def test_every_early_refusal_of_a_head_has_no_content_on_both_listeners(mock, we
     ]
     for data, status in admin_cases:
         _head_only(_exchange(admin_port, data), status)
+
+
+# DEFECT: a coalesced generation's members logged "batch.size" as the members so far when each joined (1, 2, 3):
+# the lines of one generation disagreed on its size. Each line now says the generation's final size.
+def test_every_member_of_a_coalesced_generation_logs_its_final_size(weir):
+    go, asked = threading.Event(), threading.Event()
+    events = b"".join(b"data: " + json.dumps({
+        "id": "chatcmpl-c", "object": "chat.completion.chunk", "created": 1, "model": "m",
+        "choices": [{"index": 0, "delta": d, "finish_reason": f}]}).encode() + b"\n\n"
+        for d, f in (({"role": "assistant", "content": ""}, None), ({"content": "ok"}, None), ({}, "stop")))
+    events += b"data: " + json.dumps({"id": "chatcmpl-c", "object": "chat.completion.chunk", "created": 1,
+                                      "model": "m", "choices": [],
+                                      "usage": {"prompt_tokens": 3, "completion_tokens": 1,
+                                                "total_tokens": 4}}).encode() + b"\n\ndata: [DONE]\n\n"
+
+    def answer(headers, body):
+        asked.set()
+        go.wait(10)  # the generation is in flight until every member joined
+        return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (
+            len(events), events)
+    up = RawUpstream(answer)
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "coalesce": True}}, "default_pool": "p"},
+                 workers=1)
+        body = {"model": "m", "messages": MSG, "temperature": 0, "stream": True}
+        out = {}
+
+        def send(rid):
+            out[rid] = httpx.post(w.v1 + "/chat/completions", json=body, headers={"x-request-id": rid}, timeout=20)
+        threads = [threading.Thread(target=send, args=(f"co-{i}",)) for i in range(3)]
+        threads[0].start()
+        wait_until(asked.is_set, 10, message="the generation sent")
+        for t in threads[1:]:
+            t.start()
+        wait_until(lambda: w.metric("weir_coalesced_requests_total") >= 2, 10, message="both followers joined")
+        go.set()
+        for t in threads:
+            t.join(20)
+        assert all(r.status_code == 200 for r in out.values()), out
+        lines = [w.log_for(f"co-{i}") for i in range(3)]
+        assert len({ln["batch"]["id"] for ln in lines}) == 1, lines
+        assert [ln["batch"]["size"] for ln in lines] == [3, 3, 3], [ln["batch"] for ln in lines]
+    finally:
+        go.set()
+        up.close()

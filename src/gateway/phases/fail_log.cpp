@@ -400,7 +400,11 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   w.put(R"(,"retries":)"sv);
   w.put_uint(ctx.retries);
   if (!ctx.batch_id().empty()) {
-    // A micro-batch member: join its line to the batch's other members by id.
+    // A micro-batch member: join its line to the batch's other members by id. A coalesced generation's
+    // size is read now, not at the member's head: members join it until its answer ends, so every line
+    // of one generation says its final size (the member still in it: not sent on alone or elsewhere since).
+    if (ctx.coalesced && member_ && member_->batch_id() == ctx.batch_id())
+      ctx.batch_size = static_cast<std::uint16_t>(member_->batch_size());
     w.put(R"(,"batch":{"id":)"sv);
     w.put_json_string(ctx.batch_id());
     w.put(R"(,"size":)"sv);
