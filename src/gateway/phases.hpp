@@ -337,6 +337,13 @@ class GatewayPhases final : public Phases {
   // completion token per content event relayed (at most completion_cap), each raised to the choices' own
   // counts when the stream carried some (RequestContext::choice_usage).
   api::Usage unreported_usage(const RequestContext& ctx) const;
+  // The same with `choice_usage` (null: none) for the choices' counts: a stream's, read before end_stream()
+  // copied them into the context.
+  api::Usage unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage) const;
+  // What settle() makes the usage of a stream whose upstream's usage came only on its choices' chunks, if it
+  // fails now: charged (and logged) as a stream cut short, or nothing (nullopt). A Responses stream's
+  // response.failed says it (api::responses::FailedUsage).
+  std::optional<api::Usage> failed_charge(const RequestContext& ctx) const;
   // Who failed upstream, for error messages (gateway/failure.hpp).
   UpstreamSubject subject(const RequestContext& ctx) const;
   // The Host sent to the request's current endpoint (http::append_response_fields), empty without one.
@@ -395,6 +402,13 @@ class GatewayPhases final : public Phases {
   // The session's micro-batch seat, made when its first request reaches a
   // batching pool: other sessions carry a null pointer, not ~570 bytes.
   std::unique_ptr<batching::BatchMember> member_;
+  // The request's failed_charge() for its Responses stream translator (StreamHooks::Setup::failed_usage).
+  struct FailedCharge final : api::responses::FailedUsage {
+    const GatewayPhases* phases = nullptr;
+    const RequestContext* ctx = nullptr;
+    std::optional<api::Usage> failed_usage() const override { return phases->failed_charge(*ctx); }
+  };
+  FailedCharge failed_charge_;
 };
 
 }  // namespace weir::gateway

@@ -47,6 +47,8 @@ class StreamHooks {
     std::string_view model;       // Responses: the model then
     // Translated streams: the cap on the bytes of parallel tool calls held (server.max_response).
     std::size_t held_limit = api::anthropic::StreamTranslator::kHeldLimit;
+    // Responses: what a response.failed says it is charged when the upstream's usage was per choice.
+    const api::responses::FailedUsage* failed_usage = nullptr;
   };
 
   // Before a stream starts: `strip_usage` when Weir asked for the usage
@@ -66,8 +68,10 @@ class StreamHooks {
     if (m != Mode::plain && !tr_) tr_ = std::make_unique<Translators>();
     if (tr_) {
       if (m == Mode::anthropic || mode_ == Mode::anthropic) tr_->anthropic.reset(s.request_id, s.held_limit);
-      if (s.client == Translation::responses || mode_ == Mode::responses || mode_ == Mode::responses_from_anthropic)
+      if (s.client == Translation::responses || mode_ == Mode::responses || mode_ == Mode::responses_from_anthropic) {
         tr_->responses.reset(s.echo, s.request_id, s.model, s.held_limit);
+        tr_->responses.charge_from(s.failed_usage);
+      }
       if (s.upstream == UpstreamDialect::anthropic) {
         tr_->upstream.reset(s.client == Translation::responses || s.include_usage, s.created);
         tr_->passthrough.reset();

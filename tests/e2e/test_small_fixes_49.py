@@ -118,3 +118,45 @@ def test_every_member_of_a_coalesced_generation_logs_its_final_size(weir):
     finally:
         go.set()
         up.close()
+
+
+def _chunk(delta: dict, finish=None, usage=None, obj="chat.completion.chunk") -> bytes:
+    c = {"id": "chatcmpl-x", "object": obj, "created": 1, "model": "m"}
+    c["choices"] = [{"index": 0, ("text" if obj == "text_completion" else "delta"): delta, "finish_reason": finish}]
+    if usage is not None:
+        c["usage"] = usage
+    return b"data: " + json.dumps(c).encode() + b"\n\n"
+
+
+def _sse(events: bytes) -> bytes:
+    return b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncontent-length: %d\r\n\r\n%s" % (
+        len(events), events)
+
+
+# DEFECT: a /v1/responses stream whose upstream put its usage on its choices' chunks (continuous_usage_stats, or
+# a server that does so) and broke before the response was whole: response.failed said that chunk's usage (one
+# choice's counts so far: 2 prompt tokens here) while Weir charged and logged the rule for a stream cut short
+# (the prompt's estimate, one token per content event, raised to those counts). It says the charge now.
+def test_a_failed_responses_stream_says_the_usage_it_was_charged(weir):
+    usage = {"prompt_tokens": 2, "completion_tokens": 1, "total_tokens": 3}
+    events = _chunk({"role": "assistant", "content": ""}) + b"".join(
+        _chunk({"content": f" w{i}"}, usage=dict(usage, completion_tokens=i, total_tokens=2 + i)) for i in (1, 2, 3))
+    up = RawUpstream(lambda h, b: _sse(events))  # its body ends without a finish_reason: cut short
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url], "retry": {"attempts": 1}}}, "default_pool": "p",
+                         "pricing": {"*": {"input": 1.0, "output": 2.0}}}, workers=1)
+        long_input = " ".join(f"word{i}" for i in range(200))  # estimated far above the chunk's 2 prompt tokens
+        r = httpx.post(w.v1 + "/responses", headers={"x-request-id": "resp-failed"}, timeout=10,
+                       json={"model": "m", "input": long_input, "stream": True})
+        assert r.status_code == 200, r.text
+        failed = [json.loads(ln[6:]) for ln in r.text.splitlines()
+                  if ln.startswith("data: ") and '"response.failed"' in ln]
+        assert len(failed) == 1, r.text[-500:]
+        shown = failed[0]["response"]["usage"]
+        line = w.log_for("resp-failed")
+        assert line["error"] is not None and line["prompt_tokens"] > 2, line
+        assert (shown["input_tokens"], shown["output_tokens"], shown["total_tokens"]) == (
+            line["prompt_tokens"], line["completion_tokens"], line["prompt_tokens"] + line["completion_tokens"]), \
+            (shown, line)
+    finally:
+        up.close()

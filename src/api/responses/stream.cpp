@@ -289,7 +289,15 @@ void StreamTranslator::fail(int status, std::string_view message, std::string& o
                     {},
                     message,
                     status >= 400 && status < 500 ? "invalid_prompt" : "server_error"};
-  append_response_json(out, head, items_, has_usage_ ? &usage_ : nullptr, echo_);
+  const ResponseUsage* usage = has_usage_ ? &usage_ : nullptr;
+  ResponseUsage charged;
+  if (has_usage_ && usage_per_choice_ && charged_by_ != nullptr) {
+    // One choice's counts so far: the client is told what it is charged, as its log line says.
+    const auto u = charged_by_->failed_usage();
+    usage = u ? &charged : nullptr;
+    if (u) charged = {*u, std::min(usage_.reasoning_tokens, u->completion_tokens)};
+  }
+  append_response_json(out, head, items_, usage, echo_);
   out += kEnd;
   ended_ = failed_ = true;
 }
@@ -317,15 +325,16 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
   if (const auto m = stream_error_message(chunk))  // (a refusal of the request, a 4xx in-band: the client's)
     return fail(openai::refuses_request(data) ? 400 : 500,
                 m->empty() ? std::string_view("The upstream failed while streaming.") : *m, out);
+  const auto* choices = chunk.if_contains("choices");
   if (const auto* u = chunk.if_contains("usage"); u && u->is_object())
     if (auto parsed = extract_usage(data)) {
       usage_.usage = *parsed;
       has_usage_ = true;
+      usage_per_choice_ = choices && choices->is_array() && !choices->get_array().empty();
       if (const auto* d = u->get_object().if_contains("completion_tokens_details"); d && d->is_object())
         if (const auto* r = d->get_object().if_contains("reasoning_tokens"); r && r->is_int64() && r->get_int64() > 0)
           usage_.reasoning_tokens = static_cast<std::uint64_t>(r->get_int64());
     }
-  const auto* choices = chunk.if_contains("choices");
   if (!started_) {
     // A chunk with no choice and no usage says nothing (Azure's prompt_filter_results preamble: id "",
     // model "", created 0): the response starts at the first chunk that does, with its id.

@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -27,6 +28,21 @@
 #include "api/tool_call_stream.hpp"
 
 namespace weir::api::responses {
+
+// The usage a response that fails now is charged and logged with (the
+// gateway's rule for a stream cut short: the prompt's estimate and one token
+// per content event, raised to what the choices' own counts said), for a
+// stream whose usage came only on its choices' chunks (continuous_usage_stats,
+// or a server that puts it on its finish chunk): those are one choice's
+// counts so far, not the bill. nullopt: the failed response is charged no
+// usage (its `usage` is null). Asked once, as response.failed is written.
+class FailedUsage {
+ public:
+  virtual std::optional<Usage> failed_usage() const = 0;
+
+ protected:
+  ~FailedUsage() = default;
+};
 
 class StreamTranslator {
  public:
@@ -59,7 +75,13 @@ class StreamTranslator {
   // Appends response.failed (error {code: server_error, message}), after
   // response.created when nothing went out yet, unless the stream already
   // ended for the client; ends it. `status` is Weir's or the upstream's.
+  // Its usage: the upstream's total when it came; when only the choices'
+  // chunks carried usage, what `charged_by` (charge_from()) says, when set.
   void fail(int status, std::string_view message, std::string& out);
+
+  // After reset(): where response.failed's usage comes from when the
+  // upstream's was per choice (FailedUsage). `f` outlives the stream; null: the choice's own.
+  void charge_from(const FailedUsage* f) { charged_by_ = f; }
 
   // The terminal event went out: the stream is over for the client.
   bool ended() const { return ended_; }
@@ -91,6 +113,8 @@ class StreamTranslator {
   bool finished_ = false;  // a finish_reason arrived
   bool open_ = false;      // items_.back() is open
   bool has_usage_ = false;
+  bool usage_per_choice_ = false;  // usage_ came on a chunk with choices (not the usage-only chunk)
+  const FailedUsage* charged_by_ = nullptr;
   std::uint64_t seq_ = 0;      // the next event's sequence_number
   bool truncated_ = false;     // the finish_reason was "length"
   ToolCallStream calls_;       // the response's function calls

@@ -145,6 +145,21 @@ bool charge_estimate(const RequestContext& ctx) {
 }  // namespace
 
 api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx) const {
+  return unreported_usage(ctx, ctx.has_choice_usage ? &ctx.choice_usage : nullptr);
+}
+
+std::optional<api::Usage> GatewayPhases::failed_charge(const RequestContext& ctx) const {
+  // settle()'s rule for per-choice usage and a failure, with the counts as they stand: the stream's own
+  // (end_stream() has not copied them yet when the upstream's error event fails the response).
+  if (ctx.has_usage) return ctx.usage;
+  const auto& h = ctx.hooks.usage();
+  if (h.has_usage() && h.whole()) return h.usage();
+  const api::Usage choice = ctx.has_choice_usage ? ctx.choice_usage : h.usage();
+  if (!charge_estimate(ctx)) return std::nullopt;
+  return unreported_usage(ctx, &choice);
+}
+
+api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage) const {
   // (An Anthropic upstream's message_start said the prompt's real count: that, not the estimate.)
   // (Its cache reads with it: priced as cached input, as they are in a whole stream's usage.)
   api::Usage u;
@@ -155,13 +170,13 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx) const {
   // token over several, is not charged past the request's own bound, nor past its reservation.)
   u.completion_tokens =
       ctx.completion_cap ? std::min<std::uint64_t>(ctx.token_events, ctx.completion_cap) : ctx.token_events;
-  if (ctx.has_choice_usage) {
+  if (choice_usage != nullptr) {
     // The choices' own counts (continuous_usage_stats) of a stream cut before its usage chunk: a floor,
     // never a ceiling. Each chunk counts only its own choice and prompt, and the stream may have ended
     // before every choice said its last count; the estimate covers what they did not say.
-    u.prompt_tokens = std::max(u.prompt_tokens, ctx.choice_usage.prompt_tokens);
-    u.cached_tokens = std::min(std::max(u.cached_tokens, ctx.choice_usage.cached_tokens), u.prompt_tokens);
-    u.completion_tokens = std::max(u.completion_tokens, ctx.choice_usage.completion_tokens);
+    u.prompt_tokens = std::max(u.prompt_tokens, choice_usage->prompt_tokens);
+    u.cached_tokens = std::min(std::max(u.cached_tokens, choice_usage->cached_tokens), u.prompt_tokens);
+    u.completion_tokens = std::max(u.completion_tokens, choice_usage->completion_tokens);
   }
   u.total_tokens = u.prompt_tokens + u.completion_tokens;
   return u;

@@ -42,6 +42,9 @@ core::Task<Outcome> GatewayPhases::respond(RequestContext& ctx) { return proxied
 
 void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
   const bool anthropic = anthropic_pool(ctx);
+  failed_charge_ = {};
+  failed_charge_.phases = this;
+  failed_charge_.ctx = &ctx;
   ctx.hooks.reset(StreamHooks::Setup{
       .strip_usage = ctx.strip_usage,
       .choices_per_prompt = ctx.fields.n,
@@ -55,6 +58,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
       .request_id = ctx.upstream_id(),
       .model = ctx.model,
       .held_limit = static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes),
+      .failed_usage = &failed_charge_,
   });
 }
 
