@@ -160,3 +160,44 @@ def test_a_failed_responses_stream_says_the_usage_it_was_charged(weir):
             (shown, line)
     finally:
         up.close()
+
+
+# DEFECT: with no usage from the upstream, a stream is charged one completion token per content event, and a
+# finish chunk with an empty delta (`"delta":{}`, or a completion's `"text":""`, beside its finish_reason) was
+# counted as one. The same stream with its finish_reason on its last text chunk cost a token less. Now both cost
+# the same, on chat, completions, and the translated Anthropic and Responses streams.
+@pytest.mark.parametrize("route", ["chat", "completions", "messages", "responses"])
+def test_a_finish_chunk_with_an_empty_delta_is_no_completion_token(weir, route):
+    obj = "text_completion" if route == "completions" else "chat.completion.chunk"
+
+    def text(t):
+        return t if obj == "text_completion" else {"content": t}
+    empty = "" if obj == "text_completion" else {}
+
+    def c(t, finish=None):
+        return _chunk(t, finish, obj=obj)
+    opening = b"" if obj == "text_completion" else c({"role": "assistant", "content": ""})
+    answers = {"on-last": opening + c(text("a")) + c(text("b")) + c(text("c"), "stop") + b"data: [DONE]\n\n",
+               "apart": opening + c(text("a")) + c(text("b")) + c(text("c")) + c(empty, "stop") + b"data: [DONE]\n\n"}
+    order = ["on-last", "apart"]
+    up = RawUpstream(lambda h, b: _sse(answers[order.pop(0)]))  # in the order sent
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p",
+                         "pricing": {"*": {"input": 1.0, "output": 2.0}}}, workers=1)
+        path, body = {
+            "chat": ("/chat/completions", {"messages": MSG}),
+            "completions": ("/completions", {"prompt": "hi"}),
+            "messages": ("/messages", {"messages": MSG, "max_tokens": 16}),
+            "responses": ("/responses", {"input": "hi"}),
+        }[route]
+        spend = {}
+        for which in ("on-last", "apart"):
+            r = httpx.post(w.v1 + path, json={"model": "m", "stream": True, **body}, timeout=10,
+                           headers={"x-request-id": f"{route}-{which}"})
+            assert r.status_code == 200, r.text
+            line = w.log_for(f"{route}-{which}")
+            assert line["error"] is None and line["spend_usd"] > 0, line
+            spend[which] = line["spend_usd"]
+        assert spend["apart"] == spend["on-last"], spend
+    finally:
+        up.close()

@@ -66,6 +66,8 @@ class ChunkReader {
     if (!root_object_ || error_member_ || object_error_) return ChunkKind::error;
     return choices_content_ ? ChunkKind::content : ChunkKind::empty;
   }
+  // A choice has text, a content/refusal/reasoning delta or tool calls: more than a finish_reason.
+  bool tokens() const { return choices_tokens_; }
 
   bool on_document_begin(boost::system::error_code&) { return true; }
   bool on_document_end(boost::system::error_code&) { return true; }
@@ -173,7 +175,7 @@ class ChunkReader {
         // on a truthy one (`if data.get("error")`).
         if (key == kError) error_member_ = v != Value::null && non_empty;
         if (key == kObject) object_error_ = v == Value::string && is_error;
-        if (key == kChoices && v != Value::array) choices_content_ = false;  // (an array: at its end)
+        if (key == kChoices && v != Value::array) choices_content_ = choices_tokens_ = false;  // (an array: at its end)
         return;
       case Role::choice:
         if (key == kFinish) finish_ = v != Value::null;
@@ -206,7 +208,7 @@ class ChunkReader {
       role = object ? Role::root : Role::other;
     } else if (in == Role::root && key == kChoices && !object) {
       role = Role::choices;
-      choices_acc_ = false;
+      choices_acc_ = tokens_acc_ = false;
     } else if (in == Role::choices && object) {
       role = Role::choice;
       finish_ = text_ = delta_ = false;
@@ -224,9 +226,11 @@ class ChunkReader {
     switch (f.role) {
       case Role::choices:
         choices_content_ = choices_acc_;
+        choices_tokens_ = tokens_acc_;
         return true;
       case Role::choice:
         choices_acc_ = choices_acc_ || finish_ || text_ || delta_;
+        tokens_acc_ = tokens_acc_ || text_ || delta_;
         return true;
       case Role::delta:
         delta_ = delta_text_[0] || delta_text_[1] || delta_text_[2] || delta_text_[3] || tool_calls_;
@@ -249,6 +253,7 @@ class ChunkReader {
   std::size_t text_len_ = 0;
   bool root_object_ = false, error_member_ = false, object_error_ = false, choices_content_ = false;
   bool choices_acc_ = false, finish_ = false, text_ = false, delta_ = false, tool_calls_ = false;
+  bool choices_tokens_ = false, tokens_acc_ = false;  // (as choices_content_, choices_acc_: without a finish_reason)
   bool delta_text_[4]{};
 };
 
@@ -260,6 +265,27 @@ ChunkKind classify_chunk(std::string_view data) {
   const std::size_t used = p.write_some(false, data.data(), data.size(), ec);
   if (ec || used < data.size()) return ChunkKind::error;  // an invalid stream
   return p.handler().verdict();
+}
+
+bool chunk_has_tokens(std::string_view data) {
+  boost::json::basic_parser<ChunkReader> p(boost::json::parse_options{});
+  boost::system::error_code ec;
+  const std::size_t used = p.write_some(false, data.data(), data.size(), ec);
+  return !ec && used == data.size() && p.handler().verdict() == ChunkKind::content && p.handler().tokens();
+}
+
+bool may_be_finish_only(std::string_view data) {
+  // vLLM's and OpenAI's content chunks say "finish_reason":null; a finish says a string there.
+  for (std::size_t at = data.find("\"finish_reason\""); at != std::string_view::npos;
+       at = data.find("\"finish_reason\"", at + 1)) {
+    std::size_t i = at + 15;
+    while (i < data.size() && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r')) ++i;
+    if (i >= data.size() || data[i] != ':') continue;
+    ++i;
+    while (i < data.size() && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r')) ++i;
+    if (!data.substr(i).starts_with("null")) return true;
+  }
+  return false;
 }
 
 bool begins_like_error(std::string_view data) {

@@ -61,6 +61,18 @@ bool is_usage_only_chunk(std::string_view data);
 // content event, and on an event begins_like_error() picked out.
 enum class ChunkKind : std::uint8_t { empty, content, error };
 ChunkKind classify_chunk(std::string_view data);
+// A chunk that carries completion tokens: `content` (classify_chunk) for
+// more than a finish_reason, i.e. a choice with text, a content, refusal or
+// reasoning delta, or tool calls. A finish chunk with an empty delta
+// (`"delta":{}` or `"text":""` with its finish_reason) carries none: the
+// fallback count of a stream without usage (one token per content event)
+// leaves it out. Parses the chunk.
+bool chunk_has_tokens(std::string_view data);
+// The cheap test before chunk_has_tokens() on every event of a stream: false
+// when no "finish_reason" member of `data` has a value other than null (a
+// content chunk as vLLM and OpenAI write it), so the chunk is no finish and
+// counts as a token event without a parse. (A false true only costs the parse.)
+bool may_be_finish_only(std::string_view data);
 // True when `data`'s first member is "error", or "object" or "type" with the
 // value "error" (RFC 8259 whitespace allowed): the cheap test before
 // classify_chunk(), a few bytes per event.

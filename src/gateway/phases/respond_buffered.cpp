@@ -113,10 +113,12 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
 // docs/observability.md counts a translated stream: the data events of
 // `upstream` (a stream decoded whole), or else `chunk` (the one chunk that
 // carries a whole answer) and its end. `tokens`: the upstream's data events
-// from its first content event on ([DONE] aside).
+// from its first content event on ([DONE] aside, and a chunk with only a
+// finish_reason).
 struct MadeStream {
   std::uint32_t events = 0;
   std::uint32_t tokens = 0;
+  bool content = false;  // a content event came (the first token: a finish alone too)
 };
 MadeStream count_made_stream(std::string_view client, bool translated, std::string_view upstream,
                              std::string_view chunk) {
@@ -127,8 +129,10 @@ MadeStream count_made_stream(std::string_view client, bool translated, std::stri
     while (auto ev = reader.next())
       if (ev->has_data) ++n.events;
   }
+  // (A chunk that carries only a finish_reason is no token, as on the relay: respond_stream.)
   if (!chunk.empty()) {
-    n.tokens = api::openai::classify_chunk(chunk) == api::openai::ChunkKind::content ? 1 : 0;
+    n.content = api::openai::classify_chunk(chunk) == api::openai::ChunkKind::content;
+    n.tokens = n.content && api::openai::chunk_has_tokens(chunk) ? 1 : 0;
     if (translated) n.events = 2;
     return n;
   }
@@ -138,7 +142,9 @@ MadeStream count_made_stream(std::string_view client, bool translated, std::stri
     if (!ev->has_data) continue;
     if (translated) ++n.events;
     if (ev->is_done()) continue;
-    if (n.tokens > 0 || api::openai::classify_chunk(ev->data) == api::openai::ChunkKind::content) ++n.tokens;
+    if (!n.content) n.content = api::openai::classify_chunk(ev->data) == api::openai::ChunkKind::content;
+    if (n.content && (!api::openai::may_be_finish_only(ev->data) || api::openai::chunk_has_tokens(ev->data)))
+      ++n.tokens;
   }
   return n;
 }
@@ -601,7 +607,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     // A stream made here is logged, metered and charged as a relayed one.
     ctx.events = made.events;
     ctx.token_events = made.tokens;
-    if (made.tokens > 0) ctx.t_first_token = core::now();
+    if (made.content) ctx.t_first_token = core::now();
   }
   const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
   if (body.capacity() > (1u << 20)) std::string().swap(body);

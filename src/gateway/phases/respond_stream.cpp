@@ -187,9 +187,12 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // endpoint nor resumed (end_stream, judge_stream, resume_note).
       if (upstream_error && !s.refused && api::openai::refuses_request(ev->data)) s.refused = true;
       // (An Anthropic upstream's events after the first token are not all tokens: pings, block starts and stops,
-      // message_delta. Only its content deltas are.)
+      // message_delta. Only its content deltas are. Nor is an OpenAI chunk that carries only a finish_reason,
+      // `"delta":{}` or `"text":""` with it: a chat, completions or translated stream's last chunk.)
       const bool token = ev->has_data && !ev->is_done() && (!first_pending || first_token) && !upstream_error &&
-                         (first_token || !ctx.hooks.anthropic_upstream() || is_content_delta(*ev));  // (settle())
+                         (ctx.hooks.anthropic_upstream() ? first_token || is_content_delta(*ev)
+                                                         : !api::openai::may_be_finish_only(ev->data) ||
+                                                               api::openai::chunk_has_tokens(ev->data));  // (settle())
       if (token) ++ctx.token_events;
       if (ctx.hooks.translating()) {
         const bool sent = ctx.hooks.translate(*ev, events);

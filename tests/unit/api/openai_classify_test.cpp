@@ -243,3 +243,42 @@ TEST(UsageHookWithoutUsage, DropsTheMemberWeirAskedForFromAChunkWithChoices) {
 
 }  // namespace
 }  // namespace weir::api::openai
+
+namespace weir::api::openai {
+namespace {
+
+// A chunk with only a finish_reason is a content event (the first token, for TTFT) but carries no token
+// (the fallback count of a stream without usage).
+TEST(ChunkTokens, AFinishWithAnEmptyDeltaCarriesNone) {
+  for (std::string_view c : {R"({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})",
+                             R"({"choices":[{"index":0,"text":"","finish_reason":"length"}]})",
+                             R"({"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]})",
+                             R"({"choices":[]})", R"({"choices":[{"index":0,"delta":{"role":"assistant"}}]})"}) {
+    EXPECT_FALSE(chunk_has_tokens(c)) << c;
+  }
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})"), ChunkKind::content);
+  for (std::string_view c : {R"({"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"stop"}]})",
+                             R"({"choices":[{"index":0,"text":"x","finish_reason":null}]})",
+                             R"({"choices":[{"index":0,"delta":{"tool_calls":[{"index":0}]},"finish_reason":null}]})",
+                             R"({"choices":[{"index":0,"delta":{}},{"index":1,"delta":{"reasoning":"r"}}]})"}) {
+    EXPECT_TRUE(chunk_has_tokens(c)) << c;
+  }
+  EXPECT_FALSE(chunk_has_tokens("not json"));
+}
+
+TEST(ChunkTokens, OnlyAChunkWithAFinishReasonValueIsParsed) {
+  EXPECT_FALSE(may_be_finish_only(R"({"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":null}]})"));
+  EXPECT_FALSE(may_be_finish_only(R"({"choices":[{"index":0,"delta":{"content":"x"},"finish_reason" : null}]})"));
+  EXPECT_FALSE(may_be_finish_only(R"({"choices":[{"index":0,"delta":{"content":"x"}}]})"));
+  EXPECT_TRUE(may_be_finish_only(R"({"choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})"));
+  EXPECT_TRUE(may_be_finish_only(R"({"choices":[{"index":0,"delta":{},"finish_reason": "stop"}]})"));
+  // A member of that name elsewhere costs a parse only (a text cannot hold it: its quotes are escaped).
+  const std::string_view other =
+      R"({"choices":[{"delta":{"content":"x"},"finish_reason":null}],"x":{"finish_reason":1}})";
+  EXPECT_TRUE(may_be_finish_only(other));
+  EXPECT_TRUE(chunk_has_tokens(other));
+  EXPECT_FALSE(may_be_finish_only(R"({"choices":[{"delta":{"content":"\"finish_reason\": \"x\""}}]})"));
+}
+
+}  // namespace
+}  // namespace weir::api::openai
