@@ -108,9 +108,12 @@ RouteKind classify_path(std::string_view path) {
   if (path == "/v1/audio/translations") return RouteKind::audio_translations;
   if (path == "/version") return RouteKind::version;
   if (path == "/v1/models") return RouteKind::models;
-  // (No id, "/v1/models/": an unknown path, 404 not_found, as every other route with a trailing slash.)
+  // (No id, "/v1/models/", or a trailing slash after one, "/v1/models/m/": an unknown path, 404 not_found
+  // naming no model, as every other route with a trailing slash, and as vLLM's routes, where a trailing
+  // slash is another path. An id that ends in '/' is written %2F.)
   if (path.starts_with("/v1/models/"))
-    return path.size() > 11 && plain_model_path(path.substr(11)) ? RouteKind::models : RouteKind::other;
+    return path.size() > 11 && path.back() != '/' && plain_model_path(path.substr(11)) ? RouteKind::models
+                                                                                       : RouteKind::other;
   if (path == "/health") return RouteKind::health;
   if (path == "/ready") return RouteKind::ready;
   if (path == "/metrics") return RouteKind::metrics;

@@ -201,3 +201,18 @@ def test_a_finish_chunk_with_an_empty_delta_is_no_completion_token(weir, route):
         assert spend["apart"] == spend["on-last"], spend
     finally:
         up.close()
+
+
+# DEFECT: GET /v1/models/m/ (a trailing slash) answered 404 "The model `m/` does not exist" where /v1/models/
+# is a 404 not_found for the path: as in vLLM's routes, a trailing slash is another path, not a model's.
+def test_a_model_path_with_a_trailing_slash_is_an_unknown_path(mock, weir):
+    m = mock("--ttft-ms", "0", "--model", "m")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
+    assert httpx.get(w.v1 + "/models/m", timeout=10).status_code == 200
+    bare = httpx.get(w.v1 + "/models/", timeout=10)
+    assert bare.status_code == 404 and bare.json()["error"]["code"] == "not_found", bare.text
+    for path in ("/models/m/", "/models/org/m/"):
+        r = httpx.get(w.v1 + path, timeout=10)
+        assert r.status_code == 404, (path, r.text)
+        e = r.json()["error"]
+        assert e["code"] == "not_found" and e.get("param") is None and "does not exist" not in e["message"], (path, e)

@@ -118,6 +118,13 @@ TEST(Endpoints, AModelPathThatANormalizingServerWouldReadAsAnotherRouteIsNone) {
     EXPECT_EQ(classify_path(p), RouteKind::other) << p;
 }
 
+// A trailing slash is another path (vLLM's routes): a 404 for the path, never a lookup of model "m/".
+TEST(Endpoints, AModelPathWithATrailingSlashIsNone) {
+  for (const char* p : {"/v1/models/", "/v1/models/m/", "/v1/models/org/m/", "/v1/models//"})
+    EXPECT_EQ(classify_path(p), RouteKind::other) << p;
+  EXPECT_EQ(classify_path("/v1/models/m%2F"), RouteKind::models);  // an id that ends in '/', encoded
+}
+
 TEST(Endpoints, ResponsesRoute) {
   EXPECT_EQ(classify_path("/v1/responses"), RouteKind::responses);
   EXPECT_EQ(classify_path("/v1/responses/resp_1"), RouteKind::other);  // no store: no GET/DELETE by id
