@@ -479,9 +479,17 @@ std::optional<AdminResponse> AdminServer::console_file(const AdminRequest& r) co
   };
   // `/` (the redirect to the console) and the console's files need no
   // token, for any method: a method they do not take is a 405 (RFC 9110
-  // §15.5.6), not the token check's 401 nor an unknown path's 404.
+  // §15.5.6), not the token check's 401; a file the console does not have
+  // is a 404 whatever the method (a 405 says the resource exists).
   if (path != "/" && path != "/console" && !path.starts_with("/console/")) return std::nullopt;
+  const console::Asset* f = path.starts_with("/console/") ? console::find(path) : nullptr;
   // Their refusals in the JSON error shape of every other answer of this listener.
+  if (path.starts_with("/console/") && !f)
+    return error_response(AdminError{404,
+                                     "invalid_request_error",
+                                     "unknown_url",
+                                     fmt::format("The console has no file {}.", core::utf8_prefix(path, 256)),
+                                     {}});
   if (!get) {
     AdminResponse a = error_response(AdminError{
         405,
@@ -495,13 +503,6 @@ std::optional<AdminResponse> AdminServer::console_file(const AdminRequest& r) co
   }
   if (path == "/") return redirect(302, "/console/");
   if (path == "/console") return redirect(301, "/console/");
-  const console::Asset* f = console::find(path);
-  if (!f)
-    return error_response(AdminError{404,
-                                     "invalid_request_error",
-                                     "unknown_url",
-                                     fmt::format("The console has no file {}.", core::utf8_prefix(path, 256)),
-                                     {}});
   AdminResponse a;
   // The files keep their names from build to build: revalidate each time
   // (one round trip, a 304 without the body while the ETag still matches).

@@ -216,3 +216,16 @@ def test_a_model_path_with_a_trailing_slash_is_an_unknown_path(mock, weir):
         assert r.status_code == 404, (path, r.text)
         e = r.json()["error"]
         assert e["code"] == "not_found" and e.get("param") is None and "does not exist" not in e["message"], (path, e)
+
+
+# DEFECT: POST (any method but GET and HEAD) to a file the console does not have answered 405 Method Not Allowed,
+# which says the resource exists; it is a 404 whatever the method. A file it has still answers 405 to a POST.
+def test_a_missing_console_file_is_404_whatever_the_method(mock, weir):
+    from test_admin_api import MOCK_FLAGS, start
+    _, admin = start(mock(*MOCK_FLAGS), weir)
+    for method in ("GET", "POST", "DELETE"):
+        r = httpx.request(method, admin.base + "/console/no-such-file.js", timeout=10)
+        assert r.status_code == 404, (method, r.status_code, r.text)
+        assert r.json()["error"]["code"] == "unknown_url", r.text
+    r = httpx.post(admin.base + "/console/", timeout=10)
+    assert r.status_code == 405 and r.headers["allow"] == "GET, HEAD", r.text
