@@ -68,9 +68,10 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
 bool Exchange::closing_head_alone() const {
   if (!conn_ || !parser_ || !parser_->is_header_done() || parser_->keep_alive()) return false;
   if (parser_->is_done()) return true;  // no body (Content-Length: 0): done at its head
-  // The head's read leaves what came after it in the connection's buffer (or, over TLS, in the TLS layer).
-  return !parser_->chunked() && !parser_->content_length() && conn_->buffer().size() == 0 &&
-         (conn_->tls() == nullptr || !tls_holds_bytes(*conn_->tls()));
+  // The head alone decides: a body that ends at the close may be empty (Node's idle 408 is a head and the
+  // close), and whether some of it came in the head's segment is the network's doing, not the server's
+  // (the same answer split otherwise was resent, where in one segment it passed through).
+  return !parser_->chunked() && !parser_->content_length();
 }
 
 Task<bool> Exchange::take_end(std::span<char> scratch) {

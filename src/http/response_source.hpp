@@ -103,9 +103,10 @@ class UpstreamExchange : public ResponseSource {
   // Bytes the upstream sent for the head read of the last start() (0: it answered nothing).
   virtual std::size_t upstream_bytes() const = 0;
   // The head start() read ends the connection (Connection: close, or
-  // HTTP/1.0 without keep-alive) and nothing of a body came with it: none
-  // declared (Content-Length: 0), or one delimited by the close of which no
-  // byte has arrived. (A declared length or chunks: a body is on its way.)
+  // HTTP/1.0 without keep-alive) and declares no body: Content-Length: 0, or
+  // neither a length nor chunks (a body delimited by the close, which may be
+  // empty). Read from the head alone: what of a body came with it in the
+  // same segment does not count. (A declared length or chunks: a body is on its way.)
   virtual bool closing_head_alone() const { return false; }
   // After the response: the connection when it can serve another request
   // (complete response, keep-alive, not aborted), else nullptr. Drops it

@@ -122,7 +122,8 @@ class Attempts {
                                     Clock::duration since_sent, Clock::time_point now);
   // The response head has status `status`, on a connection `reused` from
   // the pool; `closing_head_alone`: the head ends the connection
-  // (Connection: close) and nothing of a body came with it. A 408 so is the
+  // (Connection: close) and declares no body (none, or one to the close:
+  // decided on the head alone, whatever segments it came in). A 408 so is the
   // server's idle timeout crossing the request on the wire (Node, Jetty: a
   // 408 on an idle keep-alive connection, then the close), the request
   // never read; RFC 9110 §15.5.9: a client MAY repeat it on a new
