@@ -21,6 +21,12 @@ inline std::int64_t micros(Clock::duration d) {
   return us < 0 ? 0 : us;
 }
 inline std::int64_t micros_between(TimePoint from, TimePoint to) { return micros(to - from); }
+// Duration in microseconds rounded to the nearest (half up), 0 for negative
+// spans: for a sum of nanosecond pieces, rounded once at its end.
+inline std::int64_t micros_rounded(Clock::duration d) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
+  return ns <= 0 ? 0 : (ns + 500) / 1000;
+}
 // True when `deadline` is set (not the epoch) and `now` is at or past it.
 inline bool passed(TimePoint deadline, TimePoint now) { return deadline != TimePoint{} && now >= deadline; }
 

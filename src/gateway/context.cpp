@@ -97,8 +97,8 @@ void RequestContext::reset() {
   events = 0;
   token_events = 0;
   t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
+  upstream_wait = {};
   added_us = 0;
-  client_wait_us = 0;
   if (trace) trace->reset();
   capture = false;
   if (captured) {

@@ -352,13 +352,19 @@ struct RequestContext {
   // reported no usage (settle()).
   std::uint32_t token_events = 0;
 
-  core::TimePoint t_start{};          // request head complete
-  core::TimePoint t_upstream_sent{};  // request written upstream
+  core::TimePoint t_start{};          // arrival: the request head's first bytes were here
+  core::TimePoint t_upstream_sent{};  // request head built for upstream (the last attempt's)
   core::TimePoint t_first_byte{};     // upstream response head received
   core::TimePoint t_first_token{};    // first SSE data event handed to the client
   core::TimePoint t_upstream_done{};  // upstream response complete
-  std::int64_t added_us = 0;          // time inside Weir (see weir_gateway_added_seconds)
-  std::int64_t client_wait_us = 0;    // waiting for the client's body after its head (not Weir's time)
+  // Time spent waiting on model servers, not Weir's own: connects, each
+  // attempt's wait from its request written to its response head, retry
+  // backoffs, a buffered body's reads after its head, a stream's waits for
+  // its next bytes, a micro-batch member's wait for its batch's head once
+  // sent. The log phase takes it (and the client's waits,
+  // Downstream::client_waited()) out of the request's time: added_us.
+  core::Clock::duration upstream_wait{};
+  std::int64_t added_us = 0;  // Weir's own time, µs: set by the log phase (docs/observability.md)
 
   // --- working storage, reused ---
   std::string head;     // a response or upstream request head being built

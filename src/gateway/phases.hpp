@@ -275,10 +275,10 @@ class GatewayPhases final : public Phases {
     std::string* events = nullptr;        // the worker's buffer for one read's events
     core::Histogram* itl = nullptr;       // the model's inter-token latency
     core::TimePoint last_event{};         // the previous data event relayed (none yet: epoch)
+    core::TimePoint wait_from{};          // the current read's wait for the upstream began (none: epoch)
     http::UpstreamFailure failure = http::UpstreamFailure::none;
     bool holding = false;    // the head waits for the first content event
     bool last_sent = true;   // the reader's last event went to the client (SseEvent::lf_carried)
-    bool first_read = true;  // no read's events sent yet
     bool cut_off = false;    // the client did not keep up (server.max_stream_buffer)
     bool write_cut = false;  // the client acknowledged nothing for server.write_timeout
     // Over server.max_stream_buffer: the bytes the client had taken when it last took some, and since when.
@@ -360,8 +360,11 @@ class GatewayPhases final : public Phases {
     return no_answer(ctx, upstream_untranslatable(subject(ctx), expected));
   }
   // The access-log line (when the access log is on) and the request-log
-  // store's record (request_log:), one formatting for both.
-  void write_access_log(RequestContext& ctx, core::TimePoint end);
+  // store's record (request_log:), one formatting for both. Returns the
+  // request's end, which it reads (request_end()) as it reaches its timing fields.
+  core::TimePoint write_access_log(RequestContext& ctx);
+  // The request's end (one clock read), and ctx.added_us as of then.
+  core::TimePoint request_end(RequestContext& ctx);
   // Tracing (phases/trace.cpp). Whether requests of route `r` are traced
   // (not /metrics, /health, /ready).
   static bool traced(RouteKind r);

@@ -28,13 +28,15 @@ core::Task<void> Session::run(std::unique_ptr<Session> self) {
     const auto head = co_await s.down_.read_head(first, s.w_.draining());
     if (head == http::Downstream::Head::closed) break;
     s.ctx_.reset();
-    s.ctx_.t_start = core::now();
+    // Its arrival: when its head's first bytes were here (nginx's $request_time starts there too), so its
+    // head's read and parse are in its duration and in Weir's own time (added_us), and a head that timed
+    // out took all that time. (No clock read of its own: read_head took it.)
+    s.ctx_.t_start = s.down_.head_started();
     s.down_.begin_request();
     if (head == http::Downstream::Head::failed) {
       s.ctx_.read_failure = s.down_.failure();
       // The drain deadline closed it mid-head: Weir's cut, logged as one (503 drain_timeout).
       s.ctx_.drain_cut = s.ctx_.read_failure == http::ReadFailure::drain_cut;
-      s.ctx_.t_start = s.down_.head_started();  // a head that timed out took all that time
     }
     s.in_request_ = true;
     co_await run_pipeline(s.phases_, s.ctx_);

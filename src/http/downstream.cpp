@@ -223,20 +223,23 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     }
   }
   head_started_ = core::Watchdog::Clock::now();
+  client_wait_ = {};
   // A head already here whole is parsed at once: it keeps the later
   // deadline (moving one earlier may re-arm the worker's timer, a system call).
   // (A new connection's deadline runs on from its accept.)
+  // (From head_started_: its clock read serves both.)
   if (!first)
-    watchdog_.expires_after(head_buffered(in_) ? sc_.keepalive_timeout : sc_.header_timeout);
+    watchdog_.expires_at(head_started_ + (head_buffered(in_) ? sc_.keepalive_timeout : sc_.header_timeout));
   else if (!waited)
-    watchdog_.expires_after(sc_.header_timeout);
+    watchdog_.expires_at(head_started_ + sc_.header_timeout);
   idle_ = false;
   // A full buffer here is a close watch's 64 bytes (after a stream): the rest
   // of the request is waiting, and one read of what the connection keeps
   // (kKeepInput) takes a usual head and body (else 512, then the body: two).
   const std::size_t head_read =
       in_.size() > 0 && in_.size() == in_.capacity() && in_.size() < kKeepInput ? kKeepInput - in_.size() : 512;
-  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read, /*empty_lines=*/true);
+  auto [ec, n] =
+      co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read, /*empty_lines=*/true, &client_wait_);
   watchdog_.disarm();
   // Beast's header_limit lets a head end a little past it (it checks as it
   // goes, by line); the head's own size is the limit's measure (431).
@@ -347,7 +350,7 @@ Task<bool> Downstream::read_body() {
   // A small body usually came with the head: read_message parses it from in_
   // with no system call, and waits only for a part that is still missing.
   if (!parser_->is_done()) watchdog_.expires_after(sc_.body_timeout);
-  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false);
+  auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false, 512, false, &client_wait_);
   watchdog_.disarm();
   // A large body grew the input buffer (reads of up to 64 KiB): a kept-alive
   // connection does not hold that between requests.

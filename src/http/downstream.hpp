@@ -123,6 +123,13 @@ class Downstream {
   // When the last read_head()'s head began: its first bytes were here (a new
   // connection: when reading began). For the log of a head that failed.
   core::Watchdog::Clock::time_point head_started() const noexcept { return head_started_; }
+  // How long this request (since its head's first bytes) waited on its
+  // client: for its head's later pieces and its body's (read_head,
+  // read_body), and for the socket to take its answer (write_all, drain).
+  // The client's pace, not Weir's work: the access log's added_us leaves it
+  // out. A stream's write loop waiting in the background is not counted
+  // (the relay goes on meanwhile); its last wait, drain(), is.
+  core::Watchdog::Clock::duration client_waited() const noexcept { return client_wait_; }
   // After a read_head() that failed without head_read(): its request line
   // ("METHOD SP target SP ..."), as far as it came, for the log only (never
   // trusted for routing): rebuilt from what the parser read of it, else
@@ -212,7 +219,8 @@ class Downstream {
   // the same write (one send less per stream); queue_end() then adds nothing.
   void send(std::string_view raw);
   void send_body(std::string_view bytes, bool last = false);
-  // Waits until the write loop is idle (all sent, or the client gone).
+  // Waits until the write loop is idle (all sent, or the client gone); the
+  // wait counts in client_waited().
   Task<void> drain();
   bool writing() const { return writing_; }
   bool write_failed() const { return write_failed_; }
@@ -316,6 +324,7 @@ class Downstream {
   ChunkExtCheck chunk_ext_;  // a chunked body's extensions: bounded, no control bytes
   core::Watchdog watchdog_;
   core::Watchdog::Clock::time_point head_started_{};  // read_head(): when the head's first bytes were here
+  core::Watchdog::Clock::duration client_wait_{};     // client_waited(): since head_started_
   RequestParser* parser_ = nullptr;  // from read_head() until release_request() or the connection's end
   ParserSpares* spares_;
   std::string body_store_;

@@ -192,9 +192,12 @@ void Downstream::wrote_more(error_code ec, std::size_t n) {
 }
 
 Task<void> Downstream::drain() {
+  if (!writing_) co_return;
+  const auto from = core::now();  // (the client is behind: a wait for it, not Weir's time)
   while (writing_) {
     if (!done_.take_wake()) co_await done_.park();
   }
+  client_wait_ += core::now() - from;
 }
 
 Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
@@ -216,7 +219,9 @@ Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
     }
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) break;
     arm_write_deadline();
+    const auto from = core::now();  // (the socket is full: the client's pace, client_waited())
     auto [wec] = co_await sock_.async_wait(tcp::socket::wait_write, use_task);
+    client_wait_ += core::now() - from;
     write_wait_ = false;
     watchdog_.disarm();
     ec = wec;  // (the deadline's cancel: operation_aborted, and timed_out() says why)

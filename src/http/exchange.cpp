@@ -108,7 +108,11 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   shrink_ = false;
   trailing_ = false;
   cut_off_ = false;
-  conn_->watchdog().expires_after(r.first_byte);
+  // (From the caller's clock read when it gave one: the read after the write below is then the only one here.)
+  if (r.sent_at != std::chrono::steady_clock::time_point{})
+    conn_->watchdog().expires_at(r.sent_at + r.first_byte);
+  else
+    conn_->watchdog().expires_after(r.first_byte);
   const std::array<asio::const_buffer, 2> bufs{asio::buffer(r.head), asio::buffer(r.body.data(), r.body.size())};
   TlsStream* tls = conn_->tls();
   error_code ec;
@@ -130,6 +134,8 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
       ec = {};
     }
   }
+  // Written: the wait for the answer begins (the caller's measure of the upstream's time, not Weir's).
+  written_at_ = std::chrono::steady_clock::now();
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
   // Hints) come before the final one: skip them.
   bool space_restored = false;
@@ -223,7 +229,10 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
 // chunk framing off into `into`); only bytes that did not fit `into`, or a
 // chunk header split across reads, wait in the connection's buffer.
 bool Exchange::begin_recv(std::size_t& carried, BodyRead& r) {
-  if (!no_wait_) conn_->watchdog().expires_after(idle_);
+  if (!no_wait_) {
+    recv_armed_at_ = std::chrono::steady_clock::now();
+    conn_->watchdog().expires_at(recv_armed_at_ + idle_);
+  }
   // Bytes carried from the last read (a chunk header split across
   // reads) go first, and the recv lands right after them.
   carried = carry_len_ + conn_->buffer().size();  // one of them is empty

@@ -36,6 +36,7 @@ class Exchange final : public UpstreamExchange {
   std::string_view connect_error() const override { return conn_ ? conn_->tls_error() : std::string_view(); }
   Task<UpstreamFailure> start(const Request& r) override;
   std::size_t upstream_bytes() const override { return head_bytes_; }
+  std::chrono::steady_clock::time_point written_at() const override { return written_at_; }
   bool closing_head_alone() const override;
   std::unique_ptr<UpstreamConnection> release() override;
 
@@ -67,6 +68,10 @@ class Exchange final : public UpstreamExchange {
   Step read_step(std::span<char> into, BodyRead& r, boost::system::error_code ec, std::size_t n);
   auto recv_drained() { return async_recv_drained(conn_->socket(), room(carried_), core::use_task); }
   Task<BodyRead> read_from(Step step, std::span<char> into, BodyRead r);
+  // When the last read armed its idle deadline to wait for the upstream's
+  // bytes (a read_step() that did not return done armed it): the start of
+  // that wait, for a caller that measures it without a clock read of its own.
+  std::chrono::steady_clock::time_point recv_armed_at() const { return recv_armed_at_; }
 
  private:
   // A chunked body's trailer fields are dropped, not added to the head
@@ -108,6 +113,8 @@ class Exchange final : public UpstreamExchange {
   std::unique_ptr<UpstreamConnection> conn_;
   std::optional<Parser> parser_;
   std::chrono::milliseconds idle_{0};
+  std::chrono::steady_clock::time_point written_at_{};     // written_at()
+  std::chrono::steady_clock::time_point recv_armed_at_{};  // recv_armed_at()
   std::size_t head_bytes_ = 0;
   std::uint32_t carried_ = 0;     // bytes the pending recv lands after (begin_recv's `carried`)
   bool need_more_ = false;        // the carried bytes are an incomplete piece of framing: read more first

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <string_view>
@@ -137,11 +138,15 @@ inline bool head_buffered(const boost::beast::flat_buffer& buf) {
 // bytes used: a connection that sent only empty lines sent no request. A CR
 // that ends the bytes so far waits for the next byte (a bare CR is invalid:
 // the parser sees it), so the outcome does not depend on how they arrive.
+//
+// `waited` (optional): the time spent waiting for the peer's bytes (each
+// wait for readiness, from before it to its bytes) is added to it: the
+// peer's pace, not the reader's work. Two clock reads per wait, none when the
+// bytes were already there.
 template <class Stream, class Parser>
-Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& sock, boost::beast::flat_buffer& buf,
-                                                                      Parser& parser, bool until_head,
-                                                                      std::size_t min_read = 512,
-                                                                      bool empty_lines = false) {
+Task<std::tuple<boost::system::error_code, std::size_t>> read_message(
+    Stream& sock, boost::beast::flat_buffer& buf, Parser& parser, bool until_head, std::size_t min_read = 512,
+    bool empty_lines = false, std::chrono::steady_clock::duration* waited = nullptr) {
   namespace bh = boost::beast::http;
   using boost::system::error_code;
   const auto complete = [&] { return until_head ? parser.is_header_done() : parser.is_done(); };
@@ -187,6 +192,7 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
       if (try_now) n = sock.read_some(buf.prepare(want), ec);
     }
     if (!plain || !try_now || ec == asio::error::would_block || ec == asio::error::try_again) {
+      const auto wait_from = waited ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       if constexpr (plain) {
         // Edge-triggered: a socket a short read drained is not tried again
         // before epoll reports new bytes (http/edge_recv.hpp).
@@ -198,6 +204,7 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(Stream& so
         ec = rec;
         n = rn;
       }
+      if (waited) *waited += std::chrono::steady_clock::now() - wait_from;
     }
     if (ec == asio::error::eof) {
       if (!parser.got_some()) co_return std::tuple{error_code(bh::error::end_of_stream), used};

@@ -85,6 +85,8 @@ class UpstreamExchange : public ResponseSource {
     bool head_request = false;             // a HEAD: the response has no body
     std::chrono::milliseconds first_byte;  // request sent → response head
     std::chrono::milliseconds idle;        // between two reads of the body
+    // When the caller began the send (first_byte counts from it; unset: from start()'s own clock read).
+    std::chrono::steady_clock::time_point sent_at{};
   };
 
   // Takes a pooled connection for the next start().
@@ -102,6 +104,10 @@ class UpstreamExchange : public ResponseSource {
   virtual Task<UpstreamFailure> start(const Request& r) = 0;
   // Bytes the upstream sent for the head read of the last start() (0: it answered nothing).
   virtual std::size_t upstream_bytes() const = 0;
+  // When the last start()'s request was written whole (handed to the
+  // kernel): from then on it waited for the upstream's answer. Unset (the
+  // epoch) when the implementation does not say.
+  virtual std::chrono::steady_clock::time_point written_at() const { return {}; }
   // The head start() read ends the connection (Connection: close, or
   // HTTP/1.0 without keep-alive) and declares no body: Content-Length: 0, or
   // neither a length nor chunks (a body delimited by the close, which may be

@@ -120,31 +120,33 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
 core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   batching::BatchMember& m = *member_;
   ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
+  // (One clock read per member: a late joiner of a generation sent before it joined waits for the upstream
+  // only from here.)
+  const auto joined = core::now();
   const bool ok = co_await m.wait_head();
   const auto now = core::now();
   ctx.endpoint = m.endpoint();
-  // The batch's attempts before its last (retried on its pool), as an unbatched request logs its own.
-  for (const auto& a : m.earlier_attempts())
+  // The batch's attempts before its last (retried on its pool), as an unbatched request logs its own: their
+  // time was the endpoints' (added_us leaves it out).
+  for (const auto& a : m.earlier_attempts()) {
     ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                         .endpoint = a.endpoint,
                         .status = a.status,
                         .failure = a.failure,
                         .us = a.us});
+    ctx.upstream_wait += std::chrono::microseconds(a.us);
+  }
   ctx.retries += m.batch_retries();
   if (m.sent_at() != core::TimePoint{}) {
     // A late member of a coalesced generation joined one already sent.
     ctx.t_upstream_sent = std::max(ctx.t_start, m.sent_at());
-    // Read, parse, route, admit and the batch window: all of it Weir's. (A late joiner of a generation sent
-    // before its head came waited for nothing of Weir's: its time from the head on, less its body's upload,
-    // is never below 0, as weir_gateway_added_seconds clamps it.)
-    ctx.added_us +=
-        std::max<std::int64_t>(0, core::micros_between(ctx.t_start, ctx.t_upstream_sent) - ctx.client_wait_us);
+    // The batch window is Weir's hold (as a queue's wait); from the batch's send (or this member's join, if
+    // later) to its head, the upstream's time.
+    ctx.upstream_wait += now - std::max(joined, m.sent_at());
     ctx.extra().batch_id.assign(m.batch_id());
     ctx.batch_size = static_cast<std::uint16_t>(m.batch_size());
     ctx.batch_slot = static_cast<std::uint16_t>(m.slot());
     ctx.coalesced = m.coalesced();
-  } else {
-    ctx.added_us += core::micros_between(ctx.t_start, now) - ctx.client_wait_us;
   }
   if (down_.client_gone()) {
     m.cancel();

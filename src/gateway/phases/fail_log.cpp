@@ -265,8 +265,16 @@ void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
   }
 }
 
-void GatewayPhases::log(RequestContext& ctx) {
+core::TimePoint GatewayPhases::request_end(RequestContext& ctx) {
   const auto end = core::now();
+  // Weir's own time: arrival (the head's first bytes) to now, less the waits on the model servers and on the
+  // client, summed in nanoseconds and rounded once (docs/observability.md, added_us). A wait Weir imposes (a
+  // pool's queue, a batch window, a rate limit's refill) is Weir's: the request was held inside it.
+  ctx.added_us = core::micros_rounded(end - ctx.t_start - ctx.upstream_wait - down_.client_waited());
+  return end;
+}
+
+void GatewayPhases::log(RequestContext& ctx) {
   auto& m = w_.metrics();
   if (ctx.status == 0) ctx.status = down_.client_gone() ? 499 : 500;
   if (ctx.drain_cut) {
@@ -291,12 +299,6 @@ void GatewayPhases::log(RequestContext& ctx) {
     else if (ctx.error_code == "insufficient_quota")
       m.count_rate_limited(RateLimitReason::insufficient_quota, id);
   }
-  m.duration(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, end));
-  if (ctx.t_first_token != core::TimePoint{})
-    m.observe_ttft(ctx.model_slot, core::micros_between(ctx.t_start, ctx.t_first_token), id);
-  if (ctx.t_upstream_done != core::TimePoint{} && ctx.t_upstream_sent != core::TimePoint{})
-    m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
-  if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
   if (ctx.has_usage) m.add_tokens(ctx.model_slot, ctx.usage.prompt_tokens, ctx.usage.completion_tokens, id);
   // (Estimates apart: weir_*_tokens_total count what upstreams reported.)
   if (ctx.has_estimate)
@@ -310,7 +312,17 @@ void GatewayPhases::log(RequestContext& ctx) {
   // (A scrape whose page did not go out whole, a 499, is logged: its bytes are counted after all.)
   if (!scrape && down_.left_out_of_total()) m.bytes_out += down_.bytes_out();
   end_capture(ctx);
-  if ((w_.access_log().enabled() || w_.record_queue()) && !scrape) write_access_log(ctx, end);
+  // The request's end (request_end(): its one clock read here) is read as late as it can be: where the line
+  // reaches its timing fields, so this phase's work and the line's formatting up to them are in
+  // duration_ms and added_us; without a line, here.
+  const auto end =
+      (w_.access_log().enabled() || w_.record_queue()) && !scrape ? write_access_log(ctx) : request_end(ctx);
+  m.duration(ctx.model_slot).observe_us(core::micros_between(ctx.t_start, end));
+  if (ctx.t_first_token != core::TimePoint{})
+    m.observe_ttft(ctx.model_slot, core::micros_between(ctx.t_start, ctx.t_first_token), id);
+  if (ctx.t_upstream_done != core::TimePoint{} && ctx.t_upstream_sent != core::TimePoint{})
+    m.upstream_time(ctx.model_slot).observe_us(core::micros_between(ctx.t_upstream_sent, ctx.t_upstream_done));
+  if (ctx.t_upstream_sent != core::TimePoint{}) m.added().observe_us(ctx.added_us);
   if (ctx.trace_sampled()) push_trace(ctx, end);
   if (ctx.capture) {
     // Captured bodies were copied into the record's slot: an idle keep-alive
@@ -323,7 +335,7 @@ void GatewayPhases::log(RequestContext& ctx) {
   ctx.gen.reset();
 }
 
-void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
+core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
   // One line, formatted once: into the access log's buffer, or (access log
   // off) into the worker's scratch, and copied from there into the record
   // queue of the request-log store.
@@ -390,6 +402,7 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
   w.put(R"(,"status":)"sv);
   w.put_int(ctx.status);
   w.put(ctx.stream ? R"(,"stream":true)"sv : R"(,"stream":false)"sv);
+  const auto end = request_end(ctx);  // (ctx.added_us too)
   // Milliseconds with 3 decimals, from integer microseconds.
   auto ms = [&](core::TimePoint a, core::TimePoint b) { w.put_scaled(core::micros_between(a, b), 3); };
   w.put(R"(,"ttft_ms":)"sv);
@@ -501,6 +514,7 @@ void GatewayPhases::write_access_log(RequestContext& ctx, core::TimePoint end) {
     log.end_line();
     w_.tick_soon();
   }
+  return end;
 }
 
 void GatewayPhases::push_record(requestlog::RecordQueue& q, requestlog::BodyBudget* budget, const RequestContext& ctx,

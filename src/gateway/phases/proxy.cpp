@@ -395,10 +395,13 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
 core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::milliseconds d) {
   if (d.count() <= 0) co_return;
   core::Timer timer(w_.io().get_executor());
-  timer.expires_after(d);
+  const auto from = core::now();
+  timer.expires_at(from + d);
   ctx.backoff = &timer;  // on_client_gone cancels it
   co_await timer.async_wait(core::use_task);
   ctx.backoff = nullptr;
+  // A wait for the endpoints to recover (their 429, 503, a reset): not Weir's own time (added_us).
+  ctx.upstream_wait += core::now() - from;
 }
 
 core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
@@ -475,12 +478,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   }
   // Each request's first pick on a pool (docs/routing.md): not a held stream's retry there, nor a resume.
   if (avoid.empty()) metrics.count_pick(pool.last_rule());
-  // Read, parse, route and admit count once, before the first target's first attempt.
-  // (A request resent alone after its batch was refused counted its time to the batch already; a held stream's
-  // retry on the same pool, its earlier attempts' upstream waits being no time of Weir's.)
-  std::int64_t added = ctx.added_us + (ctx.fallback_step == 0 && !ctx.batch_split && !resuming && !held_retry
-                                           ? core::micros_between(ctx.t_start, now) - ctx.client_wait_us
-                                           : 0);
+  // The waits on the endpoints (a connect, an answer's head, a retry's backoff) go into ctx.upstream_wait:
+  // no time of Weir's (added_us), measured with the clock reads the attempts take anyway.
   http::UpstreamFailure failure = http::UpstreamFailure::none;
   bool started = false;
   bool deadline_hit = false;  // the request's deadline ended the attempts
@@ -497,41 +496,48 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       unsent = 1;
     }
   };
-  auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since) {
+  auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since,
+                    core::TimePoint until) {
     ctx.attempt_since = since;
     ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                         .endpoint = static_cast<std::int16_t>(ep),
                         .status = static_cast<std::int16_t>(status),
                         .failure = f,
-                        .us = static_cast<std::uint32_t>(core::micros_between(since, core::now())),
+                        .us = static_cast<std::uint32_t>(core::micros_between(since, until)),
                         .resume = resuming});
   };
-  for (;;) {
+  // The attempt's start: the first one's is `now` (read above). Its answer's head: t_answered.
+  core::TimePoint t_try = now;
+  core::TimePoint t_answered{};
+  for (bool first_try = true;; first_try = false) {
+    if (!first_try) t_try = core::now();
     const std::uint32_t ep_idx = attempts.endpoint();
     auto& ep = pool.endpoint(ep_idx);
     ctx.endpoint = static_cast<int>(ep_idx);
     metrics.count_attempt_at(gen.endpoint_slot(ctx.target.pool, ep_idx));
-    auto pooled = attempts.fresh_only() ? nullptr : ep.conns.take(core::now());
+    auto pooled = attempts.fresh_only() ? nullptr : ep.conns.take(t_try);
     const bool reused = pooled != nullptr;
     if (reused) {
       exchange_.use(std::move(pooled));
     } else {
-      const auto t_connect = core::now();
+      const auto t_connect = t_try;
       failure = co_await routing::connect_endpoint(exchange_, ep, within(pc.timeouts.connect, ctx.deadline, t_connect));
+      const auto t_connected = core::now();
+      ctx.upstream_wait += t_connected - t_connect;  // (the endpoint's accept, a TLS handshake: not Weir's time)
       // Connections opened: one that failed counts in weir_upstream_failures_total instead.
       if (failure == http::UpstreamFailure::none) ++metrics.upstream_connects;
       if (down_.client_gone()) break;
-      if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, core::now())) {
-        record(ep_idx, 0, failure, t_connect);
+      if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, t_connected)) {
+        record(ep_idx, 0, failure, t_connect, t_connected);
         deadline_hit = true;  // the request's own deadline, not the endpoint's fault
         break;
       }
       if (failure != http::UpstreamFailure::none) {
         if (failure == http::UpstreamFailure::tls)
-          routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
+          routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), t_connected);
         metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
-        record(ep_idx, 0, failure, t_connect);
-        if (attempts.on_connect_failure(failure, core::now())) {
+        record(ep_idx, 0, failure, t_connect, t_connected);
+        if (attempts.on_connect_failure(failure, t_connected)) {
           metrics.count_retry(routing::RetryReason::connect);
           continue;
         }
@@ -540,7 +546,6 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       attempts.on_connected();
     }
     pool.on_start(ep_idx);
-    const auto t0 = core::now();
     if (ctx.head.capacity() <= sizeof(std::string)) ctx.head = w_.take_buffer();  // a stream gave it back
     ctx.head.clear();
     // W3C Trace Context upstream: the request's trace, a new span id per attempt.
@@ -568,15 +573,24 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
         });
     ctx.t_upstream_sent = core::now();
     ctx.sent_alone = true;
-    added += core::micros_between(t0, ctx.t_upstream_sent);
     failure = co_await exchange_.start({.head = ctx.head,
                                         .body = ctx.upstream_body,
                                         .head_request = head_request,
                                         .first_byte = within(pc.timeouts.first_byte, ctx.deadline, ctx.t_upstream_sent),
-                                        .idle = within(pc.timeouts.idle, ctx.deadline, ctx.t_upstream_sent)});
+                                        .idle = within(pc.timeouts.idle, ctx.deadline, ctx.t_upstream_sent),
+                                        .sent_at = ctx.t_upstream_sent});
+    // The answer's head (or the failure) is here: this attempt's one clock read after its send.
+    t_answered = core::now();
+    // From the request's last byte handed to the kernel to its answer's head: the endpoint's time (its
+    // queue, prefill, or a stall), not Weir's. (The write itself is Weir's; an exchange that does not
+    // say when it wrote is taken to have written at once.)
+    {
+      const auto written = exchange_.written_at();
+      ctx.upstream_wait += t_answered - (written > ctx.t_upstream_sent ? written : ctx.t_upstream_sent);
+    }
     routing::RetryDecision d;
-    if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, core::now())) {
-      record(ep_idx, 0, failure, ctx.t_upstream_sent);
+    if (failure != http::UpstreamFailure::none && core::passed(ctx.deadline, t_answered)) {
+      record(ep_idx, 0, failure, ctx.t_upstream_sent, t_answered);
       pool.on_finish(ep_idx);
       exchange_.release();
       deadline_hit = true;  // the request's own deadline, not the endpoint's fault
@@ -595,7 +609,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       ctx.verdict_pending = true;
       ctx.trial = attempts.defer_answer();
     } else if ((failure == http::UpstreamFailure::none || answer_failed) &&
-               attempts.on_answer(answer_failed, core::now(), ctx.t_upstream_sent)) {
+               attempts.on_answer(answer_failed, t_answered, ctx.t_upstream_sent)) {
       ++metrics.outlier_ejections;
     }
     if (failure == http::UpstreamFailure::none) {
@@ -610,37 +624,37 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       // the upstream did not do the work. Another attempt here, the next
       // fallback, or (neither left) this answer.
       d = attempts.on_stale_answer(status, reused, exchange_.closing_head_alone());
-      if (!d.retry) d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
+      if (!d.retry) d = attempts.on_status(status, routing::asked_delay(exchange_.head()), t_answered);
       cancel_late_retry(d);
       if (!d.retry && !fallback_left(ctx)) {
         started = true;
         break;
       }
-      record(ep_idx, status, failure, ctx.t_upstream_sent);
+      record(ep_idx, status, failure, ctx.t_upstream_sent, t_answered);
       last_status = status;
       pool.on_finish(ep_idx);
       // A small error body may have come whole with the head: then the connection can serve again.
       if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
       if (!d.retry) break;
     } else {
-      record(ep_idx, 0, failure, ctx.t_upstream_sent);
+      record(ep_idx, 0, failure, ctx.t_upstream_sent, t_answered);
       pool.on_finish(ep_idx);
       if (down_.client_gone()) break;
       if (failure == http::UpstreamFailure::tls) {
         // The server failed the handshake after the client's part of it (a
         // TLS 1.3 client certificate refused): a connect failure, as one
         // refused during the handshake is (the request was never handled).
-        routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), core::now());
+        routing::log_tls_failure(ep, pc.name, exchange_.connect_error(), t_answered);
         metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
         exchange_.release();
-        if (attempts.on_connect_failure(failure, core::now())) {
+        if (attempts.on_connect_failure(failure, t_answered)) {
           metrics.count_retry(routing::RetryReason::connect);
           continue;
         }
         break;
       }
-      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - ctx.t_upstream_sent,
-                                       core::now());
+      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), t_answered - ctx.t_upstream_sent,
+                                       t_answered);
       cancel_late_retry(d);
       // Every failed attempt counts against its endpoint, retried or not,
       // except a pooled connection the server had closed (resent at once).
@@ -665,7 +679,6 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
   ctx.retries = retries_before + attempts.retries() - unsent;
   ctx.pool_tries = static_cast<std::uint8_t>(std::min<std::uint32_t>(ctx.pool_tries + 1 + attempts.retries(), 255));
   ctx.pool_failed |= attempts.failed();
-  ctx.added_us = added;
   const auto ep_idx = attempts.endpoint();
   if (!started || down_.client_gone()) {
     if (started) pool.on_finish(ep_idx);
@@ -690,8 +703,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       co_return Outcome::failed(upstream_status_error(last_status, subject(ctx)));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
-  record(ep_idx, exchange_.head().result_int(), failure, ctx.t_upstream_sent);
-  ctx.t_first_byte = core::now();
+  ctx.t_first_byte = t_answered;  // (the last attempt's clock read after its answer's head)
+  record(ep_idx, exchange_.head().result_int(), failure, ctx.t_upstream_sent, ctx.t_first_byte);
   ctx.upstream_status = exchange_.head().result_int();
   co_return Outcome::next();
 }

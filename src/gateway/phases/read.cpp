@@ -184,9 +184,8 @@ core::Task<Outcome> GatewayPhases::read_body(RequestContext& ctx) {
   ctx.body_deferred = false;
   if (!down_.body_complete()) {
     if (!down_.has_body_storage()) down_.lend_body_storage(w_.take_buffer());
-    const auto t0 = core::now();
+    // (Its waits for the client's bytes are the client's time, not Weir's: Downstream::client_waited().)
     const bool read = co_await down_.read_body();
-    ctx.client_wait_us = core::micros_between(t0, core::now());  // (the client's pace, not Weir's: see added_us)
     if (!read) {
       ctx.bytes_in = down_.body().size();  // what came before the body failed
       co_return Outcome::failed(read_error(down_.failure(), down_.config(), down_.failure_detail()));

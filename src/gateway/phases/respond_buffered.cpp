@@ -221,6 +221,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
   }
   const auto into = w_.stream_body_buffer();
+  // A body that did not come whole with its head is read as the upstream sends it: the time of its reads is
+  // the upstream's, not Weir's own (added_us). (A small answer, head and body in one recv, reads none.)
+  const auto t_body = src.done() ? core::TimePoint{} : core::now();
   while (!src.done()) {
     const http::BodyRead r = co_await src.read(into);
     body.append(into.data(), r.bytes);
@@ -235,7 +238,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
     if (r.end) break;
   }
-  ctx.t_upstream_done = core::now();
+  if (t_body != core::TimePoint{}) {
+    ctx.t_upstream_done = core::now();
+    ctx.upstream_wait += ctx.t_upstream_done - t_body;
+  } else {
+    // (It came whole with the head: it ended then.)
+    ctx.t_upstream_done = ctx.t_first_byte != core::TimePoint{} ? ctx.t_first_byte : core::now();
+  }
   if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
   if (failure != http::UpstreamFailure::none) {
     count_upstream_failure(ctx, failure);
@@ -252,7 +261,6 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       co_return Outcome::failed(upstream_stream_incomplete(subject(ctx)));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
-  const auto t0 = core::now();
   const auto& head = src.head();
   const int status = head.result_int();
   const auto& req = down_.request();
@@ -599,7 +607,6 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       http::append_header(ctx.head, "Content-Length", cl);
   }
   ctx.head += "\r\n";
-  ctx.added_us += core::micros_between(t0, core::now());
   // What the client reads, decoded when the client gets it encoded (a body people can read).
   if (ctx.capture && !no_body) capture_response(ctx, drop_encoding || !encoded ? out : plain);
   ctx.ticket.release_streams();  // (the answer is whole: its stream slot is free before the client reads it)

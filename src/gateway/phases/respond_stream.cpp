@@ -65,7 +65,6 @@ bool GatewayPhases::done_expected(const RequestContext& ctx) const {
 }
 
 void GatewayPhases::send_stream_head(RequestContext& ctx, http::ResponseSource& src) {
-  const auto t0 = core::now();
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, 200);
@@ -86,7 +85,6 @@ void GatewayPhases::send_stream_head(RequestContext& ctx, http::ResponseSource& 
   // credential when the request is logged, end_capture.)
   if (!ctx.resume.on && !ctx.capture) down_.release_request();
   src.shrink();
-  ctx.added_us += core::micros_between(t0, core::now());
 }
 
 GatewayPhases::StreamRelay GatewayPhases::begin_stream(RequestContext& ctx) {
@@ -139,6 +137,9 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     s.last_event = t;
   };
   const auto t_read = core::now();
+  // The read waited for the upstream's bytes from wait_from on: the endpoint's time (its next token), not
+  // Weir's own (added_us). Measured with the read's own clock reads: none added per event.
+  if (s.wait_from != core::TimePoint{}) ctx.upstream_wait += t_read - s.wait_from;
   events.clear();
   // An event that ended on a CR the upstream's LF had not followed yet carries that LF into the next
   // event (SseEvent::lf_carried): it goes out with the event whose CRLF it completes, so a client that
@@ -301,10 +302,6 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     // After [DONE] nothing follows but the body's end (end_stream), which
     // goes out with it; a translated stream may still add closing events.
     down_.send_body(events, /*last=*/ctx.hooks.done_relayed() && !ctx.hooks.translating());
-    if (s.first_read) {
-      ctx.added_us += core::micros_between(t_read, core::now());
-      s.first_read = false;
-    }
   }
   // The first token came with this read (and went out): the endpoint's verdict now, not at the stream's end.
   if (ctx.verdict_pending && stream_answered(ctx)) judge_first_token(ctx);
@@ -482,6 +479,11 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // read or a yield: the source's own read.)
     http::BodyRead r;
     auto step = s.direct != nullptr ? s.direct->read_step(s.into, r) : http::Exchange::Step::start;
+    // Where this read's wait for the upstream began (none: its bytes were here): the direct exchange's idle
+    // deadline was armed then (its clock read, reused); another source's read is all a wait.
+    s.wait_from = step == http::Exchange::Step::done ? core::TimePoint{}
+                  : s.direct != nullptr              ? s.direct->recv_armed_at()
+                                                     : core::now();
     while (step == http::Exchange::Step::recv) {
       const auto [ec, n] = co_await s.direct->recv_drained();
       step = s.direct->read_step(s.into, r, ec, n);
