@@ -170,15 +170,14 @@ std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
       const std::uint64_t rejected = std::min<std::uint64_t>(rejected_spans(r.body, message), spans);
       if (rejected) {
         dropped_rejected_.fetch_add(rejected, std::memory_order_relaxed);
-        last_error_ =
-            fmt::format("the collector rejected {} spans{}{}", rejected, message.empty() ? "" : ": ", message);
+        last_rejection_ = std::move(message);  // (partialSuccess.errorMessage, maybe none)
       }
       exported_.fetch_add(spans - rejected, std::memory_order_relaxed);
       return taken;
     }
     export_errors_.fetch_add(1, std::memory_order_relaxed);
-    last_error_ = r.status ? fmt::format("{} answered {}", config_.endpoint.display, r.status)
-                           : fmt::format("{}: {}", config_.endpoint.display, r.error);
+    last_export_error_ = r.status ? fmt::format("{} answered {}", config_.endpoint.display, r.status)
+                                  : fmt::format("{}: {}", config_.endpoint.display, r.error);
     if (!retryable(r) || attempt == kMaxAttempts) break;
     const auto wait = r.retry_after.count() > 0 ? r.retry_after : backoff;
     if (SteadyClock::now() + wait >= deadline) break;
@@ -208,21 +207,39 @@ bool Exporter::stop(SteadyClock::time_point deadline) {
 
 void Exporter::report(bool now_anyway) {
   const auto now = SteadyClock::now();
-  std::uint64_t drops =
-      dropped_export_.load(std::memory_order_relaxed) + dropped_rejected_.load(std::memory_order_relaxed);
-  for (const auto& q : queues_) drops += q->dropped();
+  std::uint64_t queue_full = 0;
+  for (const auto& q : queues_) queue_full += q->dropped();
+  const std::uint64_t failed = dropped_export_.load(std::memory_order_relaxed);
+  const std::uint64_t rejected = dropped_rejected_.load(std::memory_order_relaxed);
   const std::uint64_t errors = export_errors_.load(std::memory_order_relaxed);
+  const std::uint64_t new_full = queue_full - reported_queue_full_, new_failed = failed - reported_failed_,
+                      new_rejected = rejected - reported_rejected_, new_errors = errors - reported_errors_;
+  const bool trouble = new_full + new_failed + new_rejected + new_errors > 0;
   // The first trouble is said at once; then at most every 10 s.
-  const bool first = reported_errors_ == 0 && reported_drops_ == 0 && (errors || drops);
+  const bool first = reported_queue_full_ + reported_failed_ + reported_rejected_ + reported_errors_ == 0 && trouble;
   if (!now_anyway && !first && now - last_report_ < kReportEvery) return;
-  if (drops != reported_drops_)
-    fmt::print(stderr, "weir: tracing: {} spans dropped in the last {}s{}{}\n", drops - reported_drops_,
-               std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(),
-               last_error_.empty() ? " (queue full)" : "; last error: ", last_error_);
-  else if (errors != reported_errors_)
-    fmt::print(stderr, "weir: tracing: {} failed exports (retried); last error: {}\n", errors - reported_errors_,
-               last_error_);
-  reported_drops_ = drops;
+  if (new_full + new_failed + new_rejected > 0) {
+    // Says why, by the reasons of weir_tracing_spans_dropped_total that
+    // moved since the last line: a collector's error is named only with the
+    // drops it caused, never with a full queue's (its error may be long past).
+    std::string why;
+    const auto part = [&](std::uint64_t n, std::string_view what, std::string_view error) {
+      if (n == 0) return;
+      fmt::format_to(std::back_inserter(why), "{}{} {}{}{}", why.empty() ? "" : "; ", n, what,
+                     error.empty() ? "" : ": ", error);
+    };
+    part(new_full, "with the queue full", {});
+    part(new_failed, "in batches that could not be exported, last error", last_export_error_);
+    part(new_rejected, "the collector rejected", last_rejection_);
+    fmt::print(stderr, "weir: tracing: {} spans dropped in the last {}s ({})\n", new_full + new_failed + new_rejected,
+               std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(), why);
+  }
+  // Failed exports a retry made good (a batch dropped after them says its error above).
+  if (new_errors > 0 && new_failed == 0)
+    fmt::print(stderr, "weir: tracing: {} failed exports (retried); last error: {}\n", new_errors, last_export_error_);
+  reported_queue_full_ = queue_full;
+  reported_failed_ = failed;
+  reported_rejected_ = rejected;
   reported_errors_ = errors;
   last_report_ = now;
 }

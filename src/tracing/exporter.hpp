@@ -95,9 +95,12 @@ class Exporter {
       export_requests_{0}, export_errors_{0};
   // Rate-limited reporting (exporter thread).
   std::chrono::steady_clock::time_point last_report_{};
-  std::uint64_t reported_drops_ = 0;
+  // What the last line said, by reason of weir_tracing_spans_dropped_total
+  // (shutdown's drops are said by drain()), and of failed exports.
+  std::uint64_t reported_queue_full_ = 0, reported_failed_ = 0, reported_rejected_ = 0;
   std::uint64_t reported_errors_ = 0;
-  std::string last_error_;
+  std::string last_export_error_;  // the last failed POST: "{endpoint} answered 503", "{endpoint}: {why}"
+  std::string last_rejection_;     // the last partialSuccess's errorMessage (may be empty)
 
   bool draining_ = false;   // drain() runs: the loop thread's own flag
   core::BatchThread loop_;  // last: joined before the members it uses go

@@ -17,6 +17,8 @@ class Collector:
         self.requests: list[dict] = []     # {"path", "headers", "body"}
         self.spans: list[dict] = []        # each span with "_resource" (its resource's attributes)
         self.script: list[int] = []        # statuses to answer, in order (then 200)
+        self.gate = threading.Event()      # cleared: each POST waits for it before it is answered
+        self.gate.set()
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -25,6 +27,7 @@ class Collector:
             def do_POST(self):
                 n = int(self.headers.get("content-length", "0"))
                 raw = self.rfile.read(n)
+                collector.gate.wait()
                 with collector.lock:
                     status = collector.script.pop(0) if collector.script else 200
                     collector.requests.append({"path": self.path, "headers": dict(self.headers), "body": raw})
