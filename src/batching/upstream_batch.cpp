@@ -138,6 +138,9 @@ core::Task<void> Batch::send() {
     // exchange is counted below, once it is known whether it was a stale pooled connection.)
     if (env.on_attempt && failure == UpstreamFailure::none)
       env.on_attempt(ep_idx, answer_failed ? UpstreamFailure::status : UpstreamFailure::none);
+    // One failure per attempt: a 5xx head counted here is the batch's failure; a body that then breaks is
+    // not counted again by its members (claim_failure_count).
+    failure_counted_ = failure == UpstreamFailure::none && answer_failed;
     if (failure == UpstreamFailure::none && exchange_.head().result_int() == 200 &&
         is_event_stream(http::first_field(exchange_.head(), bh::field::content_type))) {
       // A stream's answer is judged at its first token (judge), as unbatched: vLLM sends the head at once, so

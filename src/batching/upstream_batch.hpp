@@ -51,7 +51,8 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::size_t size() const { return members_.size(); }
   // True once: the batch's failed answer is counted against its endpoint by
   // the first member that reports it (weir_upstream_failures_total counts a
-  // batch's failure once, as weir_upstream_attempts_total counts its attempt).
+  // batch's failure once, as weir_upstream_attempts_total counts its attempt);
+  // false for each when the batch counted its 5xx head already (kind status).
   bool claim_failure_count() { return !std::exchange(failure_counted_, true); }
 
   void add(BatchMember& m) {

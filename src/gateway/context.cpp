@@ -53,6 +53,7 @@ void RequestContext::reset() {
   fallbacks_judged = fallbacks_refused = 0;
   hold_head = fail_over = error_relayed = upstream_refused = false;
   held_failure = http::UpstreamFailure::none;
+  attempt_failure_counted = false;
   pool_tries = 0;
   pool_avoid.clear();
   pool_failed.clear();

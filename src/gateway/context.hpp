@@ -167,6 +167,10 @@ struct RequestContext {
   // last (pool_tries made on the current target), never to one whose stream
   // failed (pool_avoid), before a fallback takes it.
   http::UpstreamFailure held_failure = http::UpstreamFailure::none;
+  // The current attempt's failure is in weir_upstream_failures_total already
+  // (its 5xx head, kind status): a body that then breaks is the same failed
+  // attempt, counted once by its first cause (count_upstream_failure).
+  bool attempt_failure_counted = false;
   std::uint8_t pool_tries = 0;
   routing::EndpointSet pool_avoid;
   // Every endpoint of the current target that failed this request (a refused

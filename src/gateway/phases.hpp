@@ -349,7 +349,7 @@ class GatewayPhases final : public Phases {
   // The Host sent to the request's current endpoint (http::append_response_fields), empty without one.
   std::string_view upstream_host(const RequestContext& ctx) const;
   // weir_upstream_failures_total for the request's current endpoint.
-  void count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f);
+  void count_upstream_failure(RequestContext& ctx, http::UpstreamFailure f);
   // A 2xx answer Weir cannot read (no whole object, a coding it cannot
   // decode, a translation that fails): counted as an invalid response on the
   // attempt and the endpoint, failed over while a fallback is left, else

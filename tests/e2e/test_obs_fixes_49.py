@@ -58,3 +58,40 @@ def test_spans_a_full_queue_dropped_are_not_blamed_on_an_old_export_error(mock, 
     finally:
         c.gate.set()
         c.close()
+
+
+# --- 2. one failed attempt, one failure count ----------------------------------------------------------------------
+
+_ERR = b'{"error":{"message":"no","type":"x"}}'
+BROKEN_5XX = {
+    # a chunked body whose chunk size is no number
+    "bad_chunk": b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+                 b"transfer-encoding: chunked\r\n\r\nzz\r\n" + _ERR + b"\r\n0\r\n\r\n",
+    # a coding the client did not accept, which Weir cannot decode for it
+    "undecodable": b"HTTP/1.1 500 Internal Server Error\r\ncontent-type: application/json\r\n"
+                   b"content-encoding: br\r\ncontent-length: %d\r\n\r\n%s" % (len(_ERR), _ERR),
+}
+
+
+# DEFECT: a 5xx head counted kind="status" in weir_upstream_failures_total at once; a body of it that then failed
+# to parse (or to decode) counted again, kind="protocol": two failures for one attempt, so failures ÷ attempts
+# passed 1. One attempt counts once, by its first cause (the status); unbatched and as a micro-batch's answer.
+@pytest.mark.parametrize("answer", sorted(BROKEN_5XX))
+@pytest.mark.parametrize("batched", [False, True], ids=["alone", "batch"])
+def test_a_5xx_whose_body_breaks_is_one_failure(weir, answer, batched):
+    from test_defect_fixes import RawUpstream
+    up = RawUpstream(lambda h, b: [BROKEN_5XX[answer], None])
+    try:
+        pool = {"endpoints": [up.url], "retry": {"attempts": 1}}
+        if batched:
+            pool["batch"] = {"window": "5ms", "max_size": 4}
+        w = weir(config={"pools": {"p": pool}, "default_pool": "p"}, workers=1)
+        r = httpx.post(w.v1 + "/completions", timeout=10, headers={"accept-encoding": "identity"},
+                       json={"model": "m", "prompt": "hi", "max_tokens": 5})
+        assert r.status_code >= 500, r.text
+        assert w.metric("weir_upstream_attempts_total") == 1
+        assert w.metric("weir_upstream_failures_total", kind="status") == 1
+        failures = [ln for ln in w.metrics_text().splitlines() if ln.startswith("weir_upstream_failures_total{")]
+        assert w.metric("weir_upstream_failures_total") == 1, [ln for ln in failures if not ln.endswith(" 0")]
+    finally:
+        up.close()

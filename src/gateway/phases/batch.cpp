@@ -119,7 +119,8 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
 
 core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   batching::BatchMember& m = *member_;
-  ctx.source = &m;  // a client that leaves now leaves the batch (on_client_gone)
+  ctx.source = &m;                      // a client that leaves now leaves the batch (on_client_gone)
+  ctx.attempt_failure_counted = false;  // (the batch's attempt: its 5xx head is counted by the batch)
   // (One clock read per member: a late joiner of a generation sent before it joined waits for the upstream
   // only from here.)
   const auto joined = core::now();

@@ -2,6 +2,7 @@
 // says (gateway/failure.hpp), and every request, whatever happened, settles
 // admission and leaves one metrics update and one access-log line.
 #include <iterator>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -113,7 +114,10 @@ std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
       .host_header;
 }
 
-void GatewayPhases::count_upstream_failure(const RequestContext& ctx, http::UpstreamFailure f) {
+void GatewayPhases::count_upstream_failure(RequestContext& ctx, http::UpstreamFailure f) {
+  // One failed attempt counts once, by its first cause: a 5xx head (kind status) whose body then breaks
+  // or cannot be decoded is not a second failure.
+  if (std::exchange(ctx.attempt_failure_counted, true)) return;
   // A micro-batch's or coalesced generation's member: the batch's one answer failed, counted once (its
   // first member to report it), as the batch's attempt is.
   if (member_ && ctx.source == member_.get() && !member_->counts_failure()) return;

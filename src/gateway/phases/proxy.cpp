@@ -600,7 +600,9 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                                (failure == http::UpstreamFailure::none && exchange_.head().result_int() >= 500);
     // A 5xx answer, retried or passed on, is a failed attempt of its endpoint as the health state machine
     // takes it: failures ÷ attempts per endpoint finds an endpoint that answers 503s as one that resets.
-    if (failure == http::UpstreamFailure::none && answer_failed)
+    // (One failure per attempt: a body that breaks after this head is not counted again, count_upstream_failure.)
+    ctx.attempt_failure_counted = failure == http::UpstreamFailure::none && answer_failed;
+    if (ctx.attempt_failure_counted)
       metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), http::UpstreamFailure::status);
     if (failure == http::UpstreamFailure::none && !answer_failed && ctx.stream && exchange_.head().result_int() < 300 &&
         !head_request) {
