@@ -53,9 +53,7 @@ core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
   } else if (ctx.route == RouteKind::metrics) {  // (client_port: false made it RouteKind::other: read.cpp)
     std::string text;
     co_await collect_metrics_text(w_, text);
-    // A scrape writes no log line (log()): its bytes stay out of weir_response_bytes_total too, so the
-    // counter adds up to the log's bytes_out.
-    down_.leave_out_of_total();
+    // (Its bytes stay out of weir_response_bytes_total: read() said so, before any 100 Continue.)
     co_await send_own(ctx, {200, "text/plain; version=0.0.4; charset=utf-8", text, {}});
   } else {
     co_return Outcome::failed(core::not_found(ctx.path));

@@ -133,6 +133,10 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   // /metrics served only on the admin listener (server.metrics.client_port: false): no such route here, for
   // any method, logged as any unknown path is.
   if (ctx.route == RouteKind::metrics && !ctx.gen->config().server.metrics.client_port) ctx.route = RouteKind::other;
+  // A scrape writes no log line (log()): every byte of its answer stays out of weir_response_bytes_total, the
+  // "100 Continue" a body it expects to send gets included (that goes out before serve_own), so the counter
+  // adds up to the log's bytes_out. (One that is logged after all, refused or cut, is counted by log().)
+  if (ctx.route == RouteKind::metrics) down_.leave_out_of_total();
   if (ctx.route == RouteKind::other) {
     if (!down_.body_complete()) down_.no_keep_alive();
     co_return Outcome::failed(core::not_found(path));
