@@ -137,6 +137,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     read_deadline.expires_after(kRequestTimeout);
     auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
     if (read_deadline.expired()) ec = beast::error::timeout;
+    // The log's bytes_in, as on the client listener (http::Downstream::bytes_in): the head as far as it was
+    // parsed, then what of the body was (framing included); a body left unread (refused on the head) is not.
+    std::size_t bytes_in = n;
     // A connection that closed before a byte of its next head ends quietly.
     if (ec && (ec == bh::error::end_of_stream || !parser.got_some())) co_return;
     // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
@@ -200,16 +203,15 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
           read_deadline.expires_after(kRequestTimeout);
           auto [bec, bn] = co_await http::read_message(stream, buf, parser, false);
           ec = read_deadline.expired() ? beast::error::timeout : bec;
+          bytes_in += bn;
         }
       }
     }
     read_deadline.disarm();
-    // A refused or cut request's bytes_in: what of its body came.
-    const auto body_got = [&parser] { return parser.is_header_done() ? parser.get().body().size() : std::size_t{0}; };
     if (ec == bh::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset) {
       // The client closed mid-request: nobody to answer (499, as on the client listener).
       log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0,
-                  body_got(), continued);
+                  bytes_in, continued);
       co_return;
     }
     bh::response<bh::string_body> res;
@@ -280,7 +282,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
       log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path,
-                  wec ? 499 : e.status, t0, body_got(), continued + wn);
+                  wec ? 499 : e.status, t0, bytes_in, continued + wn);
       if (wec) co_return;
       co_await linger(stream);
       co_return;
@@ -322,7 +324,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     stream.expires_after(kRequestTimeout);
     auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
     // bytes_out: what was written, head and body, as on the client listener.
-    log_request(req.method, req.path, wec ? 499 : r.status, t0, req.body.size(), continued + wn,
+    log_request(req.method, req.path, wec ? 499 : r.status, t0, bytes_in, continued + wn,
                 r.status == 200 && req.path == "/metrics");
     if (wec) co_return;
     if (body_unread) co_await linger(stream);

@@ -181,7 +181,8 @@ class AdminServer {
   void spawn_serve(http::Socket sock);
   // One access-log line per admin request (the shared sink, when it is on):
   // {"ts", "listener":"admin", "method", "path" (no query), "status",
-  // "duration_ms", "bytes_in", "bytes_out" (head and body written)}; never
+  // "duration_ms", "bytes_in" (head and body read), "bytes_out" (head and
+  // body written)}; never
   // a credential. A `scrape` (a /metrics answered 200) is not logged.
   void log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0, std::size_t bytes_in,
                    std::size_t bytes_out, bool scrape = false) const;

@@ -347,7 +347,9 @@ struct RequestContext {
   // false, so the log's token counts stay the upstream's, null): the log's `charged_tokens`.
   bool has_estimate = false;
   api::Usage estimate;
-  std::uint64_t bytes_in = 0;  // request body bytes (as received: before a Content-Encoding is decoded)
+  // Request body bytes (as received: before a Content-Encoding is decoded), the trace's
+  // weir.request.body.size; the log's bytes_in is the connection's count (Downstream::bytes_in).
+  std::uint64_t bytes_in = 0;
   bool body_deferred = false;  // the body is still on its way: read after authentication (read_body)
   bool body_decoded = false;   // the client's gzip/deflate body was decoded (read): its Content-Encoding stays here
   std::uint32_t events = 0;    // SSE data events relayed

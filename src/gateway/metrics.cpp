@@ -477,7 +477,8 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   w.header("weir_slow_client_cutoffs_total", "counter",
            "Streams cut off because the client stopped reading (backlog bound or write timeout).");
   w.sample("weir_slow_client_cutoffs_total", "", slow_client_cutoffs);
-  w.header("weir_request_bytes_total", "counter", "Request body bytes received.");
+  w.header("weir_request_bytes_total", "counter",
+           "Request bytes received (head and body), as the access log's bytes_in.");
   w.sample("weir_request_bytes_total", "", bytes_in);
   w.header("weir_response_bytes_total", "counter", "Response bytes written to clients.");
   w.sample("weir_response_bytes_total", "", bytes_out);

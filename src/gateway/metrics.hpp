@@ -271,7 +271,7 @@ class MetricsShard {
   }
   std::uint64_t client_disconnects = 0;   // client left before the response ended
   std::uint64_t slow_client_cutoffs = 0;  // stream backlog or write timeout exceeded
-  std::uint64_t bytes_in = 0;             // request bodies, bytes
+  std::uint64_t bytes_in = 0;             // requests taken from the connection (head and body), bytes
   std::uint64_t bytes_out = 0;            // response bytes written downstream
   std::uint64_t sse_events = 0;           // events relayed downstream
 

@@ -190,6 +190,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   failure_ = ReadFailure::none;
   failure_ec_ = {};
   target_ = {};
+  bytes_in_ = 0;
   renew_parser();
   version_ = 0;
   head_method_ = false;
@@ -241,6 +242,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   auto [ec, n] =
       co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read, /*empty_lines=*/true, &client_wait_);
   watchdog_.disarm();
+  bytes_in_ = n;  // (the head as far as it was parsed; empty lines before it are no request's)
   // Beast's header_limit lets a head end a little past it (it checks as it
   // goes, by line); the head's own size is the limit's measure (431).
   if (!ec && n > sc_.max_header_bytes) ec = bh::error::header_limit;
@@ -352,6 +354,7 @@ Task<bool> Downstream::read_body() {
   if (!parser_->is_done()) watchdog_.expires_after(sc_.body_timeout);
   auto [ec, n] = co_await read_message(sock_, in_, *parser_, /*until_head=*/false, 512, false, &client_wait_);
   watchdog_.disarm();
+  bytes_in_ += n;  // the body's bytes as they came (a chunked body's framing included), as far as they were parsed
   // A large body grew the input buffer (reads of up to 64 KiB): a kept-alive
   // connection does not hold that between requests.
   if (in_.size() == 0 && in_.capacity() > kKeepInput) in_.shrink_to_fit();

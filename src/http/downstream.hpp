@@ -165,6 +165,12 @@ class Downstream {
   // large is refused before it is read, from its Content-Length).
   Task<bool> read_body();
   ReadFailure failure() const { return failure_; }
+  // The bytes of this request taken from the connection: its head (as far
+  // as it was parsed) and the part of its body read_body() parsed, framing
+  // included. Bytes Weir never parsed (a body left unread by a request
+  // refused on its head, which then closes the connection; what a lingering
+  // close discards) are not the request's. The access log's bytes_in.
+  std::uint64_t bytes_in() const { return bytes_in_; }
   // The parser's or socket's message for a malformed request (for the error body).
   std::string failure_detail() const { return failure_ec_.message(); }
 
@@ -361,6 +367,7 @@ class Downstream {
   std::size_t wsent_ = 0;         // bytes of wbuf_ the write loop has sent
   bool write_wait_ = false;       // the watchdog's deadline is a write's (arm_write_deadline)
   std::uint64_t acked_mark_ = 0;  // tcp_bytes_acked when it was set, or last moved
+  std::uint64_t bytes_in_ = 0;    // this request's bytes parsed: head, then body (bytes_in())
   std::uint64_t bytes_out_ = 0;
   std::uint64_t written_ = 0;     // bytes written to the socket over the connection's life
   std::uint64_t acked_seen_ = 0;  // tcpi_bytes_acked at the last reading (unacked, progress)

@@ -130,3 +130,55 @@ def test_a_scrapes_100_continue_stays_out_of_the_byte_counters(mock, weir):
         assert b"\r\n\r\nHTTP/1.1 200 " in got, got[:200]
     assert w.metric("weir_response_bytes_total") == before
     assert w.metric("weir_request_bytes_total") == 0
+
+
+# --- 5. the request-log reader after a rename ------------------------------------------------------------------------
+
+ADMIN_TOKEN = "admin-test-token-0123456789"
+
+
+# DEFECT: the admin API's reader of the SQLite request log kept its connection to the file it first opened: after
+# logrotate renamed it (the writer then opens a new file at the path), GET /admin/v1/requests went on listing the
+# renamed file's rows and never the new ones (and read the new file's WAL, at the old name, against the old pages).
+# It opens the path again once the file it holds has moved.
+def test_the_request_log_reader_follows_a_renamed_database(mock, weir, tmp_path):
+    import sqlite3
+    m = mock(*MOCK_FLAGS)
+    db = tmp_path / "requests.db"
+    port = free_port()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}},
+                     "models": {"m": {"pool": "p", "upstream_model": "m-up"}},
+                     "request_log": {"url": f"sqlite:{db}", "flush_interval": "10ms"},
+                     "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}},
+             env={"WEIR_TEST_ADMIN_TOKEN": ADMIN_TOKEN}, workers=1)
+    admin = f"http://127.0.0.1:{port}/admin/v1/requests"
+    auth = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+
+    def listed() -> set[str]:
+        r = httpx.get(admin, params={"limit": 100}, headers=auth, timeout=10)
+        return {rec["request_id"] for rec in r.json()["data"]} if r.status_code == 200 else set()
+
+    def rows(path) -> set[str]:
+        try:
+            with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as c:
+                return {r[0] for r in c.execute("SELECT request_id FROM requests")}
+        except sqlite3.OperationalError:  # not made yet
+            return set()
+
+    before = {f"before-{i}" for i in range(3)}
+    for rid in sorted(before):
+        assert chat(w, rid).status_code == 200
+    wait_until(lambda: listed() == before, 10, message="the first rows listed")  # (the reader is open now)
+    db.rename(tmp_path / "requests.db.1")
+    after = {f"after-{i}" for i in range(3)}
+    for rid in sorted(after):
+        assert chat(w, rid).status_code == 200
+    wait_until(lambda: after <= rows(db), 10, message="the later rows in a new file")
+    # The new file's rows checkpointed into it (as SQLite does as its WAL grows): the WAL at the path, which a
+    # reader of the old file shared, no longer holds them.
+    with sqlite3.connect(db, isolation_level=None, timeout=5) as c:
+        c.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    assert listed() == after
+    r = httpx.get(f"{admin}/after-0", headers=auth, timeout=10)
+    assert r.status_code == 200, r.text
+    assert httpx.get(f"{admin}/before-0", headers=auth, timeout=10).status_code == 404

@@ -312,7 +312,8 @@ void GatewayPhases::log(RequestContext& ctx) {
   // and its bytes stay out of the byte counters (so they add up to the log's).
   const bool scrape = ctx.route == RouteKind::metrics && ctx.status == 200;  // (a refused one, a 405, is logged)
   m.sse_events += ctx.events;
-  if (!scrape) m.bytes_in += ctx.bytes_in;  // here, as the log line's: a body that failed midway counts what came
+  // Here, as the log line's bytes_in: the head and what of the body Weir read (Downstream::bytes_in).
+  if (!scrape) m.bytes_in += down_.bytes_in();
   // (A scrape whose page did not go out whole, a 499, is logged: its bytes are counted after all.)
   if (!scrape && down_.left_out_of_total()) m.bytes_out += down_.bytes_out();
   end_capture(ctx);
@@ -424,7 +425,7 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
   w.put(R"(,"added_us":)"sv);
   w.put_int(ctx.added_us);
   w.put(R"(,"bytes_in":)"sv);
-  w.put_uint(ctx.bytes_in);
+  w.put_uint(down_.bytes_in());
   w.put(R"(,"bytes_out":)"sv);
   w.put_uint(down_.bytes_out());
   w.put(R"(,"events":)"sv);
