@@ -250,6 +250,11 @@ tl::expected<Query, core::Error> parse_query(std::string_view url_query) {
 }
 
 tl::expected<void, core::Error> Reader::ensure_open() {
+  // A file renamed or deleted under the open connection (logrotate, `mv requests.db requests.db.1`): the
+  // writer opens a new one at the path (Writer::write_batch); the reader follows, else it would list the old
+  // file's rows for good, and read the new file's WAL (at the same name) against the old file's pages. A new
+  // file not made yet is a 503, as at start-up. (One fstat and one stat per query.)
+  if (db_ && db_.has_moved()) db_.close();
   if (db_) return {};
   std::string error;
   if (!db_.open(path_, true, error))

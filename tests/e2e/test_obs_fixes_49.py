@@ -182,3 +182,82 @@ def test_the_request_log_reader_follows_a_renamed_database(mock, weir, tmp_path)
     r = httpx.get(f"{admin}/after-0", headers=auth, timeout=10)
     assert r.status_code == 200, r.text
     assert httpx.get(f"{admin}/before-0", headers=auth, timeout=10).status_code == 404
+
+
+# --- 4. bytes_in: what Weir took of the request from the connection ---------------------------------------------
+
+KEY = "sk-obs49-0123456789abcdef"
+
+
+def raw_request(port: int, head: bytes, body: bytes, together: bool) -> bytes:
+    """Sends `head` and `body` (in one write, or the head alone: its body never comes); returns the answer."""
+    import socket
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(head + body if together else head)
+        got = b""
+        while b"\r\n\r\n" not in got:
+            chunk = s.recv(65536)
+            assert chunk, got
+            got += chunk
+        return got
+
+
+# DEFECT: a request refused on its head (a 401) logged bytes_in = its body's size when the body came in the same read
+# as the head (Weir read it first) and 0 when it came later, for the same request; and bytes_in never had the head,
+# so a refused request read whole looked like one that sent nothing. bytes_in is now what Weir took from the
+# connection: the head, and what of the body it read (framing included), on both listeners;
+# weir_request_bytes_total adds up to the client listener's lines.
+def test_bytes_in_is_the_head_and_the_body_weir_read(mock, weir):
+    import hashlib
+    m = mock(*MOCK_FLAGS)
+    admin_port = free_port()
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}},
+                     "models": {"m": {"pool": "p", "upstream_model": "m-up"}},
+                     "tenants": {"t": {}},
+                     "auth": {"api_keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(),
+                                            "tenant": "t"}]},
+                     "admin": {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}},
+             env={"WEIR_TEST_ADMIN_TOKEN": ADMIN_TOKEN}, workers=1)
+    before = w.metric("weir_request_bytes_total")
+    body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}'
+
+    def head(rid: str, key: str, extra: bytes = b"") -> bytes:
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Authorization: Bearer " + key.encode() + b"\r\nx-request-id: " + rid.encode() + b"\r\n" + extra +
+                b"Content-Length: %d\r\n\r\n" % len(body))
+
+    cases = {}
+    # Refused on its head, its body in the same read: read first, counted (the connection stays open).
+    h = head("in-401-whole", "sk-wrong")
+    assert raw_request(w.port, h, body, True).startswith(b"HTTP/1.1 401 ")
+    cases["in-401-whole"] = len(h) + len(body)
+    # Refused on its head, its body not here: never read, the connection closes: the head alone.
+    h = head("in-401-head", "sk-wrong")
+    assert raw_request(w.port, h, body, False).startswith(b"HTTP/1.1 401 ")
+    cases["in-401-head"] = len(h)
+    # Answered: head and body.
+    h = head("in-200", KEY)
+    assert raw_request(w.port, h, body, True).startswith(b"HTTP/1.1 200 ")
+    cases["in-200"] = len(h) + len(body)
+    # A chunked body: as it came, its framing included.
+    chunked = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
+    h = head("in-chunked", KEY).replace(b"Content-Length: %d\r\n" % len(body), b"Transfer-Encoding: chunked\r\n")
+    assert raw_request(w.port, h, chunked, True).startswith(b"HTTP/1.1 200 ")
+    cases["in-chunked"] = len(h) + len(chunked)
+    # A 413 by its Content-Length: refused before the body, the head alone.
+    h = head("in-413", KEY).replace(b"Content-Length: %d" % len(body), b"Content-Length: %d" % (1 << 40))
+    assert raw_request(w.port, h, b"", False).startswith(b"HTTP/1.1 413 ")
+    cases["in-413"] = len(h)
+    got = {rid: w.log_for(rid)["bytes_in"] for rid in cases}
+    assert got == cases
+    assert w.metric("weir_request_bytes_total") - before == sum(cases.values())
+    # The admin listener: the same rule.
+    admin_body = b'{"tenant":"t"}'
+    for token, rid, whole in ((ADMIN_TOKEN, "admin-ok", True), ("wrong-token-0123456789", "admin-401", False)):
+        h = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Authorization: Bearer " + token.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(admin_body))
+        raw_request(admin_port, h, admin_body, whole)
+        cases[rid] = len(h) + (len(admin_body) if whole else 0)
+    lines = w.wait_log(lambda es: sum(1 for e in es if e.get("listener") == "admin") >= 2, 5, message="admin lines")
+    admin = [e for e in lines if e.get("listener") == "admin"]
+    assert [e["bytes_in"] for e in admin] == [cases["admin-ok"], cases["admin-401"]], admin
