@@ -11,6 +11,7 @@
 #include "auth/crypto.hpp"
 #include "core/config.hpp"
 #include "core/yaml.hpp"
+#include "gateway/admin_host.hpp"
 
 namespace weir::gateway {
 
@@ -24,13 +25,19 @@ struct AdminConfig {
   // Runtime keys persisted here (JSON, hashes only, mode 0600, replaced by
   // rename) when `redis:` does not hold them; empty = in memory only.
   std::string keys_file;
+  // The hosts a request may name (its Host, or an absolute-form target's
+  // authority): admin.allowed_hosts. nullopt = the default, chosen by the
+  // address the listener binds (effective_host_rule: IP literals and
+  // localhost on loopback, any host elsewhere).
+  std::optional<AdminHostRule> allowed_hosts;
 
   bool operator==(const AdminConfig&) const = default;
 };
 
 // Parses `root["admin"]`: nullopt when absent. Keys: listen (required),
 // token_sha256 (64 hex digits) | token_env (a variable holding the token,
-// hashed at load), jwt_claim (needs auth.jwt), keys_file. At least one of a
+// hashed at load), jwt_claim (needs auth.jwt), keys_file, allowed_hosts
+// (host names without a port, IP literals, or "*" alone). At least one of a
 // token and jwt_claim. `listen` must differ from `client` (the client
 // listener). Errors name file, line and key.
 core::ConfigResult<std::optional<AdminConfig>> parse_admin_config(const YAML::Node& root,

@@ -21,6 +21,7 @@
 #include "core/text_writer.hpp"
 #include "core/time.hpp"
 #include "gateway/admin.hpp"
+#include "gateway/admin_host.hpp"
 #include "gateway/console_assets.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/worker.hpp"
@@ -167,6 +168,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       problem = http::check_request_head(parser.get().base());
       const auto& head = parser.get();
       req.if_none_match = std::string(head[bh::field::if_none_match]);
+      // (Read only from a head that passed: one Host at most, a valid absolute-form target.)
+      if (problem == http::HeadProblem::none)
+        req.authority = std::string(request_authority(head.target(), head[bh::field::host]));
       for (const auto& f : head) {  // (every Content-Encoding line, joined: one of them coded is a coded body)
         if (f.name() == bh::field::content_encoding) {
           if (!req.content_encoding.empty()) req.content_encoding += ", ";

@@ -19,6 +19,7 @@
 #include "auth/jwks_wait.hpp"
 #include "auth/jwt.hpp"
 #include "core/calendar.hpp"
+#include "core/json_text.hpp"
 #include "core/listen_probe.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
@@ -208,7 +209,9 @@ std::uint16_t AdminServer::listen(bool exclusive, std::string& error) {
     error = fmt::format("admin.listen: cannot listen on {}:{}: {}", cfg_.listen.host, cfg_.listen.port, ec.message());
     return 0;
   }
-  return acceptor_.local_endpoint().port();
+  const auto bound = acceptor_.local_endpoint();
+  host_rule_ = effective_host_rule(cfg_.allowed_hosts ? &*cfg_.allowed_hosts : nullptr, bound.address());
+  return bound.port();
 }
 
 void AdminServer::start() { asio::co_spawn(control_.get_executor(), accept_loop(), asio::detached); }
@@ -324,6 +327,23 @@ core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminReques
                                                                      std::size_t authorization_fields,
                                                                      const AdminHandler*& handler) {
   handler = nullptr;
+  // First of all: a request for a host this listener does not serve gets
+  // nothing of it, the console's files and the answers without a token
+  // included (a DNS-rebinding page reads those: admin_host.hpp). 421, not
+  // 403: RFC 9110 §15.5.20 names it for "a target URI that does not match an
+  // origin for which the server has been configured", which this is; the
+  // request is not forbidden to its sender, it reached the wrong server.
+  if (!host_allowed(host_rule_, req.authority))
+    co_return error_response(AdminError{
+        421,
+        "invalid_request_error",
+        "host_not_allowed",
+        fmt::format("The admin listener does not serve the host '{}' (admin.allowed_hosts{}).",
+                    core::utf8_prefix(req.authority, 256),
+                    host_rule_.kind == AdminHostRule::Kind::local
+                        ? "; on a loopback address it answers IP literals and localhost unless the option lists more"
+                        : ""),
+        {}});
   // A singleton field (RFC 9110 §11.6.2): one credential.
   if (authorization_fields > 1)
     co_return error_response(

@@ -40,11 +40,14 @@ class Worker;
 // One admin request, as a handler sees it.
 struct AdminRequest {
   std::string method;
-  std::string path;                 // without the query
-  std::string query;                // after '?', undecoded; empty when none
-  std::string body;                 // at most 1 MiB
-  std::string if_none_match;        // the If-None-Match field (the console's files), empty when none
-  std::string content_encoding;     // the Content-Encoding field(s), empty when none
+  std::string path;              // without the query
+  std::string query;             // after '?', undecoded; empty when none
+  std::string body;              // at most 1 MiB
+  std::string if_none_match;     // the If-None-Match field (the console's files), empty when none
+  std::string content_encoding;  // the Content-Encoding field(s), empty when none
+  // The authority the request names (gateway::request_authority: an absolute-form target's, else Host's
+  // value), empty when none; checked against admin.allowed_hosts first.
+  std::string authority;
   std::vector<std::string> params;  // the {name} segments of the route's pattern, in order
 };
 
@@ -126,6 +129,10 @@ class AdminServer {
   AdminServer(const AdminServer&) = delete;
   AdminServer& operator=(const AdminServer&) = delete;
 
+  // The hosts requests may name (admin.allowed_hosts, or its default for
+  // the bound address), set by listen().
+  const AdminHostRule& host_rule() const { return host_rule_; }
+
   // Binds admin.listen with SO_REUSEPORT, as the client port's listeners
   // are, so that a new instance started with --reuse-port can share it for
   // a zero-downtime restart. `exclusive` (no --reuse-port): first refuse an
@@ -188,7 +195,8 @@ class AdminServer {
                    std::size_t bytes_out, bool scrape = false) const;
   // What answers `req` on its head alone, checked in this order whether or
   // not the head expects 100-continue or its body came with it (so both
-  // get the same answer): more than one Authorization field (400); a method
+  // get the same answer): a host admin.allowed_hosts does not allow (421
+  // host_not_allowed, RFC 9110 §15.5.20); more than one Authorization field (400); a method
   // no resource has (501); `/` and the console's files (their answer: they
   // need no token); a missing or wrong admin token (401; authorize()) on
   // any path but /metrics and /ready; a Content-Encoding (415); an unknown
@@ -262,6 +270,7 @@ class AdminServer {
   // The request log's read side (its own read-only connection), or null without request_log:.
   std::unique_ptr<requestlog::Reader> requests_;
   AdminConfig cfg_;
+  AdminHostRule host_rule_;  // effective_host_rule() for the bound address (listen())
   Shared& shared_;
   KeyStore* keys_;
   // With auth.redis_keys: runtime keys live in Redis (every replica sees them), not in keys_.

@@ -210,11 +210,15 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   reloader.start();
   if (admin) {
     admin->start();
-    fmt::print(stderr, "weir: admin API on {}:{}{}\n", loaded.admin->listen.host, admin_port,
+    fmt::print(stderr, "weir: admin API on {}:{}{}{}\n", loaded.admin->listen.host, admin_port,
                !services.key_store()                                    ? " (no tenants: runtime keys off)"
                : loaded.auth && loaded.auth->redis_keys && loaded.redis ? ", runtime keys in Redis (auth.redis_keys)"
                : services.key_store()->persistent()                     ? ", runtime keys in " + loaded.admin->keys_file
-                                                    : ", runtime keys in memory only (no admin.keys_file)");
+                                                    : ", runtime keys in memory only (no admin.keys_file)",
+               // (The loopback default refuses names other than localhost: say so where an operator looks.)
+               admin->host_rule().kind == gateway::AdminHostRule::Kind::local
+                   ? "; Host: IP literals and localhost only (admin.allowed_hosts)"
+                   : "");
   }
   if (request_log) request_log->start();
   if (tracer) {

@@ -43,7 +43,7 @@ def raw_request(method: str, path: str, body: dict | bytes | None = None,
                 headers: list[tuple[str, str]] = ()) -> bytes:
     """One request's bytes with a header *list*: a name may repeat (httpwire.request takes a dict)."""
     data = json.dumps(body).encode() if isinstance(body, dict) else body
-    lines = [f"{method} {path} HTTP/1.1", "Host: weir.test"]
+    lines = [f"{method} {path} HTTP/1.1", "Host: 127.0.0.1"]
     if data is not None:
         lines += ["Content-Type: application/json", f"Content-Length: {len(data)}"]
     lines += [f"{k}: {v}" for k, v in headers]

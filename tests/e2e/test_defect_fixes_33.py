@@ -37,7 +37,7 @@ def admin(module_mock, module_weir):
 def test_the_admin_listener_refuses_a_bare_lf_in_a_chunked_body_at_once(admin, end):
     _, port = admin
     body = json.dumps({"name": "k"}).encode()
-    head = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() +
+    head = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() +
             b"\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")
     t0 = time.monotonic()
     r = roundtrip(port, head + b"%x\r\n" % len(body) + body + b"\r\n" + end, timeout=15)
@@ -51,7 +51,7 @@ def test_the_admin_listener_answers_and_logs_a_head_or_body_that_never_came(admi
     w, port = admin
     body_conn, head_conn = RawConn(port, timeout=20), RawConn(port, timeout=20)
     with body_conn, head_conn:
-        body_head = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " +
+        body_head = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " +
                      ADMIN_TOKEN.encode() + b"\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n")
         body_conn.send(body_head + b"{")
         head_conn.send(b"GET /admin/v1/ke")
@@ -72,7 +72,7 @@ def test_the_admin_listener_answers_and_logs_a_head_or_body_that_never_came(admi
 
 def test_the_admin_listener_logs_what_came_of_a_body_cut_short(admin):
     w, port = admin
-    head = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() +
+    head = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + ADMIN_TOKEN.encode() +
             b"\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n")
     with RawConn(port) as c:
         c.send(head + b"{\"name\": \"cut")
@@ -89,7 +89,7 @@ def test_the_admin_listener_logs_a_client_that_left_mid_head_as_499(admin):
     admin_400 = lambda es: [e for e in es if e.get("listener") == "admin" and e.get("status") == 400]  # noqa: E731
     before = len(admin_400(w.log_entries()))
     with RawConn(port) as c:
-        c.send(b"GET /admin/v1/keys HTTP/1.1\r\nHost: x\r\n")
+        c.send(b"GET /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n")
         time.sleep(0.2)  # (the head's first bytes in before the close)
     entries = w.wait_log(lambda es: any(e.get("listener") == "admin" and e.get("status") == 499 for e in es))
     assert len(admin_400(entries)) == before, entries
@@ -351,7 +351,7 @@ def test_a_client_within_its_concurrent_streams_is_never_refused_across_workers(
 
     def client(n: int, payload: bytes):
         for _ in range(n):
-            head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
+            head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer " + key.encode() +
                     b"\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(payload))
             statuses.append(roundtrip(w.port, head + payload).status)
 

@@ -209,10 +209,10 @@ def test_the_admin_listener_refuses_coded_bodies_and_unknown_methods_and_logs_wh
     assert len(runtime) == 1, f"the refused creates made keys: {runtime}"
     port = int(admin.base.rsplit(":", 1)[1])
     for method in (b"get", b"FOO"):  # (raw: httpx would send GET)
-        got = _raw(port, method + b" /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        got = _raw(port, method + b" /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
         assert got.startswith(b"HTTP/1.1 501") and b"method_not_implemented" in got, got[:300]
     # bytes_out: the head and body the client got, as on the client listener.
-    got = _raw(port, b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\nx-request-id: bytes-out\r\n\r\n")
+    got = _raw(port, b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nx-request-id: bytes-out\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 200")
     lines = wait_until(lambda: [e for e in w.log_entries() if e.get("listener") == "admin" and e["path"] == "/ready"
                                 and e["method"] == "GET" and e["status"] == 200], 5, message="the admin line")

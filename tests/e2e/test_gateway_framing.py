@@ -20,7 +20,7 @@ from httpwire import RawConn, Response, assert_openai_error, request
 
 CHAT = {"model": "mock-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 TOKEN = "admin-test-token-framing-0123456789"
-SMUGGLED = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+SMUGGLED = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def stack(module_mock, module_weir):
 
     def admin_ready():
         try:
-            return roundtrip_raw(admin_port, b"GET /ready HTTP/1.1\r\nHost: x\r\n\r\n").status == 200
+            return roundtrip_raw(admin_port, b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").status == 200
         except OSError:
             return False
 
@@ -118,7 +118,7 @@ def test_endless_chunk_line_is_refused_with_memory_bounded(stack, listener, line
     request_id = "ext-" + uuid.uuid4().hex[:8]
     # (With the admin token: the admin listener refuses a request without one on its head, before its body.)
     auth = f"Authorization: Bearer {TOKEN}\r\n" if listener == "admin" else ""
-    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}"
+    head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{auth}"
             f"x-request-id: {request_id}\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
     head += b"4c;e=" if line == "extension" else b""
     before = peak_rss(w.process.pid)
@@ -140,7 +140,7 @@ def test_chunk_extensions_spread_over_many_chunks_are_counted(stack):
     _, w, _ = stack
     body = json.dumps(CHAT).encode()
     chunks = b"".join(b"1;e=%s\r\n%s\r\n" % (b"a" * 1000, body[i:i + 1]) for i in range(len(body)))
-    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
            b"Transfer-Encoding: chunked\r\n\r\n" + chunks * 2 + b"0\r\n\r\n")
     with RawConn(w.port) as c:
         c.send(raw)
@@ -148,7 +148,7 @@ def test_chunk_extensions_spread_over_many_chunks_are_counted(stack):
         assert c.closed_by_peer()
     # A few short extensions are fine.
     few = b"".join(b"%x;n=v\r\n%s\r\n" % (len(body[i:i + 16]), body[i:i + 16]) for i in range(0, len(body), 16))
-    r = roundtrip_raw(w.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    r = roundtrip_raw(w.port, b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                               b"Transfer-Encoding: chunked\r\n\r\n" + few + b"0\r\n\r\n", "POST")
     assert r.status == 200 and r.json()["object"] == "chat.completion"
 
@@ -164,7 +164,7 @@ def test_a_control_byte_in_a_chunk_extension_is_refused_on_both_listeners(stack,
     for port, path, body, auth in ((w.port, b"/v1/chat/completions", json.dumps(CHAT).encode(), b""),
                                    (admin_port, b"/admin/v1/keys", b"{}", b"Authorization: Bearer " +
                                     TOKEN.encode() + b"\r\n")):
-        raw = (b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + auth +
+        raw = (b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" + auth +
                b"Transfer-Encoding: chunked\r\n\r\n%x;" % len(body) + ext + b"\r\n" + body + b"\r\n0\r\n\r\n" +
                SMUGGLED)
         with RawConn(port) as c:
@@ -286,7 +286,7 @@ FRAMING_CASES = [
 def framing_request(path: str, version: str, te: str, with_cl: bool) -> bytes:
     body = json.dumps(CHAT).encode()
     payload = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    head = f"POST {path} HTTP/{version}\r\nHost: x\r\nContent-Type: application/json\r\nTransfer-Encoding: {te}\r\n"
+    head = f"POST {path} HTTP/{version}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nTransfer-Encoding: {te}\r\n"
     if with_cl:
         head += f"Content-Length: {len(payload)}\r\n"
     return head.encode() + b"\r\n" + payload + SMUGGLED
@@ -345,7 +345,7 @@ def test_asterisk_and_authority_form_are_400(stack, listener, target):
     _, w, admin_port = stack
     port = w.port if listener == "client" else admin_port
     with RawConn(port) as c:
-        c.send(f"POST {target} HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{{}}".encode())
+        c.send(f"POST {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 2\r\n\r\n{{}}".encode())
         err = assert_openai_error(c.read_response("POST"), 400)
         assert "target" in err["message"]
         assert c.closed_by_peer()
@@ -353,7 +353,9 @@ def test_asterisk_and_authority_form_are_400(stack, listener, target):
 
 def test_admin_absolute_form_is_served_by_its_path(stack):
     _, _, admin_port = stack
-    assert roundtrip_raw(admin_port, b"GET http://evil.example/ready HTTP/1.1\r\nHost: x\r\n\r\n").status == 200
+    assert roundtrip_raw(admin_port, b"GET http://127.0.0.1/ready HTTP/1.1\r\nHost: x\r\n\r\n").status == 200
+    # Its authority is the request's host (RFC 9112 §3.2.2), which admin.allowed_hosts checks: test_admin_host_49.
+    assert roundtrip_raw(admin_port, b"GET http://evil.example/ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n").status == 421
 
 
 # --- 4. Host ---------------------------------------------------------------------------------------

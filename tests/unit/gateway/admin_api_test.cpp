@@ -568,7 +568,7 @@ TEST(AdminServer, AKeyChangeAStalledWorkerHasNotInstalledIsA202NotASuccessThatCl
   sock.connect({boost::asio::ip::make_address("127.0.0.1"), port});
   const std::string body = R"({"tenant":"acme"})";
   const std::string request = fmt::format(
-      "POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer the-admin-token\r\n"
+      "POST /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer the-admin-token\r\n"
       "Connection: close\r\nContent-Length: {}\r\n\r\n{}",
       body.size(), body);
   boost::asio::write(sock, boost::asio::buffer(request));
