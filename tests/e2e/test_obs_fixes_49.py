@@ -254,7 +254,7 @@ def test_bytes_in_is_the_head_and_the_body_weir_read(mock, weir):
     # The admin listener: the same rule.
     admin_body = b'{"tenant":"t"}'
     for token, rid, whole in ((ADMIN_TOKEN, "admin-ok", True), ("wrong-token-0123456789", "admin-401", False)):
-        h = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        h = (b"POST /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
              b"Authorization: Bearer " + token.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(admin_body))
         raw_request(admin_port, h, admin_body, whole)
         cases[rid] = len(h) + (len(admin_body) if whole else 0)

@@ -61,15 +61,15 @@ def test_every_early_refusal_of_a_head_has_no_content_on_both_listeners(mock, we
     for data, status in client_cases:
         _head_only(_exchange(w.port, data), status)
     token = b"Authorization: Bearer " + TOKEN.encode() + b"\r\n"
-    then = b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    then = b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
     admin_cases = [
         (b"HEAD /" + b"a" * 20000, 431),  # over the admin listener's 16 KiB head limit
-        (b"HEAD /admin/v1/keys HTTP/1.1 extra\r\nHost: x\r\n\r\n", 400),
-        (b"HEAD /admin/v1/keys HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 431),
-        (b"HEAD /admin/v1/keys HTTP/1.1\r\nHost: x\r\n\r\n" + then, 401),
-        (b"HEAD /admin/v1/keys/k/rotate HTTP/1.1\r\nHost: x\r\n" + token + b"\r\n" + then, 405),
-        (b"HEAD /admin/v1/nowhere HTTP/1.1\r\nHost: x\r\n" + token + b"\r\n" + then, 404),
-        (b"HEAD /console/nowhere.js HTTP/1.1\r\nHost: x\r\n\r\n" + then, 404),
+        (b"HEAD /admin/v1/keys HTTP/1.1 extra\r\nHost: 127.0.0.1\r\n\r\n", 400),
+        (b"HEAD /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n", 431),
+        (b"HEAD /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + then, 401),
+        (b"HEAD /admin/v1/keys/k/rotate HTTP/1.1\r\nHost: 127.0.0.1\r\n" + token + b"\r\n" + then, 405),
+        (b"HEAD /admin/v1/nowhere HTTP/1.1\r\nHost: 127.0.0.1\r\n" + token + b"\r\n" + then, 404),
+        (b"HEAD /console/nowhere.js HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n" + then, 404),
     ]
     for data, status in admin_cases:
         _head_only(_exchange(admin_port, data), status)
