@@ -24,12 +24,13 @@ using core::ConfigResult;
 ConfigResult<std::vector<std::string>> read_string_list(const YAML::Node& node, const std::string& key) {
   std::vector<std::string> out;
   if (node.IsScalar()) {
-    out.push_back(node.Scalar());
+    WEIR_TRY_RESULT(s, core::read_name(node, key));
+    out.push_back(std::move(*s));
     return out;
   }
   if (!node.IsSequence()) return tl::unexpected(config_error(node, key, "expected a string or a list of strings"));
   for (std::size_t i = 0; i < node.size(); ++i) {
-    WEIR_TRY_RESULT(s, core::read_string(node[i], fmt::format("{}[{}]", key, i)));
+    WEIR_TRY_RESULT(s, core::read_name(node[i], fmt::format("{}[{}]", key, i)));
     if (s->empty()) return tl::unexpected(config_error(node[i], fmt::format("{}[{}]", key, i), "empty name"));
     out.push_back(std::move(*s));
   }
@@ -57,7 +58,7 @@ ConfigResult<TenantConfig> parse_tenant(const YAML::Node& node, const std::strin
     t.priority = static_cast<int>(*p);
   }
   if (node["tier"]) {
-    WEIR_TRY_RESULT(s, core::read_string(node["tier"], key + ".tier"));
+    WEIR_TRY_RESULT(s, core::read_name(node["tier"], key + ".tier"));
     t.tier = std::move(*s);
   }
   if (node["limits"]) {
@@ -81,7 +82,7 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     return tl::unexpected(ok.error());
   auto str = [&](const char* name, std::string& out) -> ConfigResult<void> {
     if (!node[name]) return {};
-    WEIR_TRY_RESULT(s, core::read_string(node[name], key + "." + name));
+    WEIR_TRY_RESULT(s, core::read_name(node[name], key + "." + name));
     out = std::move(*s);
     return {};
   };
@@ -176,7 +177,7 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
       !ok)
     return tl::unexpected(ok.error());
   if (!node["id"]) return tl::unexpected(config_error(node, key + ".id", "missing (a public name for the key)"));
-  WEIR_TRY_RESULT(id, core::read_string(node["id"], key + ".id"));
+  WEIR_TRY_RESULT(id, core::read_name(node["id"], key + ".id"));
   if (id->empty()) return tl::unexpected(config_error(node["id"], key + ".id", "must not be empty"));
   // Runtime keys (the admin API) are named vk_<hex>: a configured key of the same name could not be told
   // apart from one in logs and metrics, and would shadow it in the admin API (which could then not revoke it).
@@ -185,7 +186,7 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
                                        "ids beginning with 'vk_' are reserved for keys created through the admin API"));
   k.id = std::move(*id);
   if (!node["tenant"]) return tl::unexpected(config_error(node, key + ".tenant", "missing"));
-  WEIR_TRY_RESULT(tenant, core::read_string(node["tenant"], key + ".tenant"));
+  WEIR_TRY_RESULT(tenant, core::read_name(node["tenant"], key + ".tenant"));
   k.tenant = std::move(*tenant);
   if (static_cast<bool>(node["sha256"]) == static_cast<bool>(node["key_env"]))
     return tl::unexpected(config_error(node, key, "give exactly one of sha256 and key_env"));
@@ -220,7 +221,7 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
     k.models = std::move(*m);
   }
   if (node["tier"]) {
-    WEIR_TRY_RESULT(s, core::read_string(node["tier"], key + ".tier"));
+    WEIR_TRY_RESULT(s, core::read_name(node["tier"], key + ".tier"));
     k.tier = std::move(*s);
   }
   if (node["limits"]) {
@@ -291,7 +292,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
       cfg.required = *b;
     }
     if (auth["anonymous_tenant"]) {
-      WEIR_TRY_RESULT(s, core::read_string(auth["anonymous_tenant"], "auth.anonymous_tenant"));
+      WEIR_TRY_RESULT(s, core::read_name(auth["anonymous_tenant"], "auth.anonymous_tenant"));
       if (s->empty())
         return tl::unexpected(config_error(auth["anonymous_tenant"], "auth.anonymous_tenant", "is empty"));
       cfg.anonymous_tenant = std::move(*s);

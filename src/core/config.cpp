@@ -179,7 +179,7 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
       FallbackTarget t;
       if (auto m = f[i]["model"]) {
         if (f[i]["pool"]) return tl::unexpected(config_error(f[i], k, "give either model or pool, not both"));
-        WEIR_TRY(name, read_string(m, k + ".model"));
+        WEIR_TRY(name, read_name(m, k + ".model"));
         const auto found = by_name.find(name);
         const ModelConfig* target = found == by_name.end() ? nullptr : &c.models[found->second];
         if (!target) return tl::unexpected(config_error(m, k + ".model", fmt::format("no model named '{}'", name)));
@@ -188,7 +188,7 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
         t.upstream_model = target->upstream_model.empty() ? target->name : target->upstream_model;
         t.model = target->name;
       } else if (auto p = f[i]["pool"]) {
-        WEIR_TRY(name, read_string(p, k + ".pool"));
+        WEIR_TRY(name, read_name(p, k + ".pool"));
         auto idx = c.find_pool(name);
         if (!idx) return tl::unexpected(config_error(p, k + ".pool", fmt::format("no pool named '{}'", name)));
         t.pool = *idx;
@@ -197,7 +197,7 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
         return tl::unexpected(config_error(f[i], k, "needs model or pool"));
       }
       if (auto u = f[i]["upstream_model"]) {
-        WEIR_TRY(s, read_string(u, k + ".upstream_model"));
+        WEIR_TRY(s, read_name(u, k + ".upstream_model"));
         t.upstream_model = s;
       }
       // A target that is the model's own (its pool and upstream model) or an earlier one's would send the
@@ -241,16 +241,16 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     mc.name = name;
     auto pn = m["pool"];
     if (!pn) return tl::unexpected(config_error(m, key + ".pool", "is required"));
-    WEIR_TRY(pool, read_string(pn, key + ".pool"));
+    WEIR_TRY(pool, read_name(pn, key + ".pool"));
     auto idx = c.find_pool(pool);
     if (!idx) return tl::unexpected(config_error(pn, key + ".pool", fmt::format("no pool named '{}'", pool)));
     mc.pool = *idx;
     if (auto v = m["upstream_model"]) {
-      WEIR_TRY(s, read_string(v, key + ".upstream_model"));
+      WEIR_TRY(s, read_name(v, key + ".upstream_model"));
       mc.upstream_model = s;
     }
     if (auto v = m["owned_by"]) {
-      WEIR_TRY(s, read_string(v, key + ".owned_by"));
+      WEIR_TRY(s, read_name(v, key + ".owned_by"));
       mc.owned_by = s;
     }
     if (auto v = m["default_max_tokens"]) {
@@ -263,7 +263,7 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
       if (!a.IsSequence()) return tl::unexpected(config_error(a, key + ".aliases", "expected a list of names"));
       for (std::size_t i = 0; i < a.size(); ++i) {
         const std::string k = fmt::format("{}.aliases[{}]", key, i);
-        WEIR_TRY(s, read_string(a[i], k));
+        WEIR_TRY(s, read_name(a[i], k));
         if (s.empty()) return tl::unexpected(config_error(a[i], k, "alias is empty"));
         if (!names.insert(s).second)
           return tl::unexpected(config_error(a[i], k, fmt::format("'{}' is already used (by a model or alias)", s)));
@@ -359,6 +359,11 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     e.file = file_name;
     return tl::unexpected(std::move(e));
   };
+  {
+    ConfigError e;
+    e.message = utf8_text_error(yaml_text, e.line, e.column);
+    if (!e.message.empty()) return located(e);
+  }
   YAML::Node root;
   try {
     // One document: a second one ("---") would be ignored, its keys unchecked.
@@ -381,6 +386,8 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     return located(e);
   }
   if (!root.IsMap()) return located(config_error(root, "", "the configuration must be a YAML mapping"));
+  // Before the duplicate check: a key written with `\_` and one with `\u00A0` are the same once repaired.
+  if (auto r = check_scalar_text(root); !r) return located(r.error());
   if (auto r = check_unique_keys(root); !r) return located(r.error());
   // Sections owned by other modules are validated there (auth, tenants,
   // pricing, redis, admin, request_log, tracing: gateway::load_config). A key nothing
@@ -418,7 +425,7 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     }
     if (auto v = root["models"]) WEIR_TRY_VOID(parse_models(v, c));
     if (auto v = root["default_pool"]) {
-      WEIR_TRY(s, read_string(v, "default_pool"));
+      WEIR_TRY(s, read_name(v, "default_pool"));
       auto idx = c.find_pool(s);
       if (!idx) return tl::unexpected(config_error(v, "default_pool", fmt::format("no pool named '{}'", s)));
       c.default_pool = idx;

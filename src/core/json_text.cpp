@@ -265,6 +265,14 @@ void append_scaled(std::string& out, std::int64_t v, unsigned decimals) {
   w.put_scaled(v, decimals);
 }
 
+std::string quoted_text(std::string_view s, std::size_t max_bytes) {
+  const std::string_view head = utf8_prefix(s, max_bytes);
+  std::string out;
+  append_json_string(out, head);
+  if (head.size() < s.size()) out.insert(out.size() - 1, "...");
+  return out;
+}
+
 std::size_t utf8_sequence_length(std::string_view s, std::size_t i) noexcept {
   if (i >= s.size()) return 0;
   const auto b = [&](std::size_t k) { return static_cast<unsigned char>(s[k]); };

@@ -30,6 +30,13 @@ void append_json_string(std::string& out, std::string_view s);
 // `max` bytes.
 void append_valid_utf8(std::string& out, std::string_view s);
 
+// `s` as a JSON string literal (append_json_string), cut to its
+// utf8_prefix(s, max_bytes) with "..." before the closing quote when cut:
+// text from outside (a name from a file or Redis) shown in a stderr line or
+// an error message, with no control byte a terminal acts on and no
+// ill-formed UTF-8, and nothing that could end the line early.
+std::string quoted_text(std::string_view s, std::size_t max_bytes = 128);
+
 // Appends `v` in decimal (a JSON number), with no format-string parsing:
 // the access log's counters on the request path.
 void append_uint(std::string& out, std::uint64_t v);

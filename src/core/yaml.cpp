@@ -14,6 +14,8 @@
 
 #include <fmt/format.h>
 
+#include "core/json_text.hpp"
+
 namespace weir::core {
 
 std::string ConfigError::to_string() const {
@@ -67,6 +69,137 @@ bool field_value_ok(std::string_view v) {
 ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key) {
   if (!node.IsScalar()) return tl::unexpected(config_error(node, key, "expected a string"));
   return node.Scalar();
+}
+
+namespace {
+
+// The offset of the first ill-formed UTF-8 sequence in `s`, or npos.
+std::size_t first_invalid_utf8(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const std::size_t n = utf8_sequence_length(s, i);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+std::string name_text_error(std::string_view s) {
+  if (const auto at = first_invalid_utf8(s); at != std::string_view::npos)
+    return fmt::format("{} is not valid UTF-8 (byte 0x{:02X} at offset {})", quoted_text(s),
+                       static_cast<unsigned char>(s[at]), at);
+  for (std::size_t i = 0; i < s.size(); i += utf8_sequence_length(s, i)) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    unsigned cp = 0x100;  // not a control character
+    if (c < 0x20 || c == 0x7F)
+      cp = c;
+    else if (c == 0xC2 && static_cast<unsigned char>(s[i + 1]) < 0xA0)  // U+0080..U+009F
+      cp = static_cast<unsigned char>(s[i + 1]);
+    if (cp == 0x100) continue;
+    return fmt::format(
+        "{} holds the control character U+{:04X}{}: a name cannot hold one (names reach stderr, the metrics and "
+        "terminals as they are)",
+        quoted_text(s), cp, cp == 0x85 ? " (NEL, YAML's \\N escape)" : "");
+  }
+  return {};
+}
+
+ConfigResult<std::string> read_name(const YAML::Node& node, const std::string& key) {
+  WEIR_TRY(s, read_string(node, key));
+  if (auto why = name_text_error(s); !why.empty()) return tl::unexpected(config_error(node, key, std::move(why)));
+  return s;
+}
+
+std::string utf8_text_error(std::string_view text, int& line, int& column) {
+  // yaml-cpp's encoding detection (YAML 1.2 §5.2): a UTF-16 or UTF-32 BOM, or a NUL among the first 4 bytes.
+  if (text.starts_with("\xFE\xFF") || text.starts_with("\xFF\xFE") ||
+      text.substr(0, 4).find('\0') != std::string_view::npos)
+    return {};
+  const std::size_t at = first_invalid_utf8(text);
+  if (at == std::string_view::npos) return {};
+  const std::string_view before = text.substr(0, at);
+  const std::size_t nl = before.rfind('\n');
+  line = 1 + static_cast<int>(std::count(before.begin(), before.end(), '\n'));
+  column = 1 + static_cast<int>(nl == std::string_view::npos ? at : at - nl - 1);
+  return fmt::format(
+      "the file is not valid UTF-8 (byte 0x{:02X}): YAML text is Unicode; save the file as UTF-8, or "
+      "write the character as an escape (\"\\u00E9\") in a double-quoted string",
+      static_cast<unsigned char>(text[at]));
+}
+
+namespace {
+
+// yaml-cpp 0.7 decodes `\N` and `\_` to the single bytes 0x85 and 0xA0:
+// each lone one (not inside a well-formed sequence) as the character's
+// UTF-8. False when nothing changed.
+bool repair_latin1_escapes(std::string& s) {
+  bool changed = false;
+  for (std::size_t i = 0; i < s.size();) {
+    if (const std::size_t n = utf8_sequence_length(s, i); n > 0) {
+      i += n;
+      continue;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c == 0x85 || c == 0xA0) {
+      s.insert(i, 1, '\xC2');
+      changed = true;
+      i += 2;
+    } else {
+      ++i;
+    }
+  }
+  return changed;
+}
+
+struct TextWalk {
+  std::unordered_map<std::uint64_t, bool> seen;  // by position in the text and kind (as KeyWalk)
+};
+
+ConfigResult<void> scalar_text_under(const YAML::Node& node, const std::string& key, int depth, TextWalk& walk) {
+  if (depth > 64) return {};  // (check_unique_keys() says so)
+  const bool marked = !node.Mark().is_null() && node.Mark().pos >= 0;
+  if (marked &&
+      !walk.seen
+           .emplace(static_cast<std::uint64_t>(node.Mark().pos) * 8 + static_cast<std::uint64_t>(node.Type()), true)
+           .second)
+    return {};
+  // The node's text, repaired in place (a YAML::Node is a handle: the copy writes into the tree).
+  auto repaired = [](const YAML::Node& n) {
+    std::string s = n.Scalar();
+    if (repair_latin1_escapes(s)) {
+      YAML::Node w = n;
+      w = s;
+    }
+    return s;
+  };
+  if (node.IsScalar()) {
+    const std::string s = repaired(node);
+    if (const auto at = first_invalid_utf8(s); at != std::string_view::npos)
+      return tl::unexpected(config_error(node, key,
+                                         fmt::format("{} is not valid UTF-8 (byte 0x{:02X} at offset {}): YAML text is "
+                                                     "Unicode; save the file as UTF-8",
+                                                     quoted_text(s), static_cast<unsigned char>(s[at]), at)));
+  } else if (node.IsSequence()) {
+    for (std::size_t i = 0; i < node.size(); ++i)
+      WEIR_TRY_VOID(scalar_text_under(node[i], fmt::format("{}[{}]", key, i), depth + 1, walk));
+  } else if (node.IsMap()) {
+    for (const auto& kv : node) {
+      if (!kv.first.IsScalar()) continue;  // (check_unique_keys() refuses it)
+      const std::string name = repaired(kv.first);
+      if (auto why = name_text_error(name); !why.empty())
+        return tl::unexpected(config_error(kv.first, key, std::move(why)));
+      WEIR_TRY_VOID(scalar_text_under(kv.second, key.empty() ? name : key + "." + name, depth + 1, walk));
+    }
+  }
+  return {};
+}
+
+}  // namespace
+
+ConfigResult<void> check_scalar_text(const YAML::Node& node) {
+  TextWalk walk;
+  return scalar_text_under(node, "", 0, walk);
 }
 
 ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key) {

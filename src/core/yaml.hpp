@@ -48,6 +48,41 @@ std::string unreadable_file(const std::string& path, bool absent_ok = false);
 
 // Scalar readers: each checks the node's type and range and names `key` on error.
 ConfigResult<std::string> read_string(const YAML::Node& node, const std::string& key);
+// A name (a model, alias, upstream model, pool, tenant, key id, tier, claim,
+// service name) or a reference to one: read_string, refusing what
+// name_text_error() refuses.
+ConfigResult<std::string> read_name(const YAML::Node& node, const std::string& key);
+
+// Why `s` cannot be a name, or "" when it can: it must be valid UTF-8 and
+// hold no control character (C0 U+0000..U+001F, DEL U+007F, C1
+// U+0080..U+009F). Names reach the metrics' label values, stderr lines,
+// the access log and clients as they are; a NUL cut a reload's stderr line
+// short and an ESC reached the terminal. The message shows `s` as a JSON
+// string literal (core::append_json_string), so it is safe to print.
+std::string name_text_error(std::string_view s);
+
+// The configuration file's text: "" when it is valid UTF-8 (Unicode §3.9),
+// else what the first ill-formed byte is, with `line` and `column` (1-based,
+// column in bytes as yaml-cpp counts them) set to where. yaml-cpp 0.7 reads
+// each ill-formed sequence as U+FFFD, without a word: a model named
+// "bad\xFFm" would be served as "bad\uFFFDm". A text yaml-cpp reads as
+// UTF-16 or UTF-32 (a BOM, or a NUL in its first 4 bytes: YAML 1.2 §5.2) is
+// not checked here.
+std::string utf8_text_error(std::string_view text, int& line, int& column);
+
+// Every scalar under `node`, mapping keys and values, must be valid UTF-8,
+// and every mapping key must pass name_text_error() (keys are names: of
+// pools, models, tenants, prices, or Weir's own). The first one that fails
+// is the error, at its node, the key path naming it as a JSON string.
+// First repairs yaml-cpp 0.7's decoding of two YAML escapes (YAML 1.2
+// §5.7): `\N` (U+0085) and `\_` (U+00A0) come out as the single bytes 0x85
+// and 0xA0 (Latin-1, not UTF-8); each such lone byte is re-encoded as the
+// character's UTF-8 (C2 85, C2 A0), so a `\_` is the no-break space the file
+// means (and a `\N` in a name is refused as the control character it is).
+// (`\L` and `\P` are decoded right.) No other lone 0x85 or 0xA0 byte can be
+// there: yaml-cpp reads an ill-formed byte of the text as U+FFFD. Scalars are
+// changed in place; each node is visited once (aliases name one node).
+ConfigResult<void> check_scalar_text(const YAML::Node& node);
 ConfigResult<bool> read_bool(const YAML::Node& node, const std::string& key);
 ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& key, std::int64_t min, std::int64_t max);
 ConfigResult<double> read_double(const YAML::Node& node, const std::string& key, double min, double max);

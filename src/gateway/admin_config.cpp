@@ -95,7 +95,7 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     a.has_token = true;
   }
   if (node["jwt_claim"]) {
-    WEIR_TRY_RESULT(c, core::read_string(node["jwt_claim"], "admin.jwt_claim"));
+    WEIR_TRY_RESULT(c, core::read_name(node["jwt_claim"], "admin.jwt_claim"));
     if (c->empty()) return tl::unexpected(config_error(node["jwt_claim"], "admin.jwt_claim", "must not be empty"));
     const YAML::Node auth = root["auth"];
     if (!auth || !auth.IsMap() || !auth["jwt"])

@@ -107,7 +107,7 @@ ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
                                          "expected a list of tenant names (or [\"*\"] for every tenant)"));
     for (std::size_t i = 0; i < t.size(); ++i) {
       const std::string key = fmt::format("request_log.capture_bodies.tenants[{}]", i);
-      WEIR_TRY(name, core::read_string(t[i], key));
+      WEIR_TRY(name, core::read_name(t[i], key));
       if (name.empty()) return tl::unexpected(config_error(t[i], key, "must not be empty"));
       if (name == "*")
         cap.all = true;

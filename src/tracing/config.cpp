@@ -74,7 +74,7 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
     c.parent_based = b;
   }
   if (auto v = n["service_name"]) {
-    WEIR_TRY(s, core::read_string(v, "tracing.service_name"));
+    WEIR_TRY(s, core::read_name(v, "tracing.service_name"));
     if (s.empty()) return tl::unexpected(config_error(v, "tracing.service_name", "must not be empty"));
     c.service_name = std::move(s);
   }

@@ -491,3 +491,58 @@ TEST(ConfigEnvReference, EverySecretAndUrlRefusesOne) {
   // A '$' that is not a reference stays a value.
   EXPECT_TRUE(parse_config(pool + "    api_key: \"sk-pa$$word\"\ndefault_pool: a\n", "weir.yaml"));
 }
+
+// Names must be valid UTF-8 without control characters (defect, stop 49): a NUL cut the reload's stderr line
+// short, an ESC reached the terminal, and a name no client could send was listed by /v1/models.
+TEST(ConfigNames, IllFormedUtf8AndControlCharactersAreRefused) {
+  const std::string pool = "pools:\n  p:\n    endpoints: [http://x:1]\n";
+  for (const auto& [yaml, want] : std::initializer_list<std::pair<std::string, std::string>>{
+           {"models:\n  \"nul\\0m\": {pool: p}\n",
+            "weir.yaml:5:3: models: \"nul\\u0000m\" holds the control character U+0000"},
+           {"models:\n  \"esc\\em\": {pool: p}\n",
+            "weir.yaml:5:3: models: \"esc\\u001bm\" holds the control character U+001B"},
+           {"models:\n  \"nel\\Nm\": {pool: p}\n",
+            "weir.yaml:5:3: models: \"nel\\u0085m\" holds the control character U+0085 (NEL, YAML's \\N escape)"},
+           {"models:\n  \"del\\x7f\": {pool: p}\n", "weir.yaml:5:3: models: \"del\\u007f\" holds the control"},
+           {"models:\n  m: {pool: p, upstream_model: \"n\\Nx\"}\n",
+            "weir.yaml:5:32: models.m.upstream_model: \"n\\u0085x\" holds the control character U+0085"},
+           {"models:\n  m: {pool: p, aliases: [\"a\\tb\"]}\n", "weir.yaml:5:26: models.m.aliases[0]: \"a\\tb\" holds"},
+           {"models:\n  m: {pool: p, owned_by: \"o\\rx\"}\n", "weir.yaml:5:26: models.m.owned_by: \"o\\rx\" holds"},
+           {"models:\n  m: {pool: p}\ntenants:\n  \"t\\u009b\": {}\n", "weir.yaml:7:3: tenants: \"t\\u009b\" holds"},
+           {"models:\n  m: {pool: p}\ndefault_pool: \"p\\0\"\n", "weir.yaml:6:15: default_pool: \"p\\u0000\" holds"},
+           // Bytes that are not UTF-8 (yaml-cpp would read each as U+FFFD): where they are.
+           {"models:\n  \"bad\xff"
+            "m\": {pool: p}\n",
+            "weir.yaml:5:7: the file is not valid UTF-8 (byte 0xFF)"},
+           {"models:\n  m: {pool: p, upstream_model: \"r\xc3(\"}\n",
+            "weir.yaml:5:34: the file is not valid UTF-8 (byte 0xC3)"},
+           {"# caf\xe9\nmodels:\n  m: {pool: p}\n", "weir.yaml:4:6: the file is not valid UTF-8 (byte 0xE9)"},
+       }) {
+    const std::string e = error_of(pool + yaml);
+    EXPECT_TRUE(e.starts_with(want)) << "got:  " << e << "\nwant: " << want;
+  }
+  const std::string pool_yaml = "models:\n  m: {pool: p}\n";
+  EXPECT_TRUE(error_of("pools:\n  \"p\\e\":\n    endpoints: [http://x:1]\n" + pool_yaml)
+                  .starts_with("weir.yaml:2:3: pools: \"p\\u001b\" holds"));
+}
+
+// yaml-cpp 0.7 decodes \N and \_ to the Latin-1 bytes 0x85 and 0xA0: re-encoded as UTF-8 at load.
+TEST(ConfigNames, YamlEscapesAreUtf8) {
+  auto c = parse_config(
+      "pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  \"a\\_b\": {pool: p, owned_by: \"x\\_y\\Lz\\P\"}\n",
+      "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->models.at(0).name,
+            "a\xc2\xa0"
+            "b");
+  EXPECT_EQ(c->models.at(0).owned_by, "x\xc2\xa0y\xe2\x80\xa8z\xe2\x80\xa9");
+  // The same key written both ways is one key.
+  EXPECT_NE(error_of("pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  \"a\\_\": {pool: p}\n  \"a\\u00a0\": "
+                     "{pool: p}\n")
+                .find("duplicate key"),
+            std::string::npos);
+  // Text that is valid UTF-8 throughout, non-ASCII names among it, loads.
+  EXPECT_TRUE(parse_config(
+      "pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  \"\xe6\xa8\xa1\xf0\x9f\x98\x80\": {pool: p}\n",
+      "weir.yaml"));
+}

@@ -1,0 +1,77 @@
+"""Defects of names and error text found by stop 49's text-encoding round: names that are not valid UTF-8 or
+hold control characters, yaml-cpp's Latin-1 \\N and \\_, upstream errors relayed to Responses clients as they
+came, and request-body messages that did not say what was wrong."""
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import pytest
+
+from conftest import binary, free_port, wait_until
+from test_config_check import weir_run
+from test_defect_fixes import RawUpstream
+
+SHA = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+BASE = b"listen: 127.0.0.1:%d\npools:\n  p:\n    endpoints: [http://127.0.0.1:9]\n"  # 4 lines
+
+# (id, YAML after BASE, line (and column), key, what the message says). Each was loaded, `weir --check` said
+# ok. Bytes that are not UTF-8 yaml-cpp reads as U+FFFD: they are said where they are, with no key.
+BAD = [
+    ("model-raw-ff", b'models:\n  "bad\xffm": {pool: p}\n', "6:7", None, b"the file is not valid UTF-8 (byte 0xFF"),
+    ("model-nul", b'models:\n  "nul\\0m": {pool: p}\n', 6, "models", b'"nul\\u0000m" holds the control character U+0000'),
+    ("model-esc", b'models:\n  "esc\\em": {pool: p}\n', 6, "models", b"U+001B"),
+    ("model-nel", b'models:\n  "nel\\Nm\\L": {pool: p}\n', 6, "models", b"U+0085 (NEL, YAML's \\N escape)"),
+    ("model-c1-csi", b'models:\n  "c\\u009b": {pool: p}\n', 6, "models", b"U+009B"),
+    ("upstream-model-nel", b'models:\n  m: {pool: p, upstream_model: "n\\Nx"}\n', 6, "models.m.upstream_model",
+     b"U+0085"),
+    ("upstream-model-raw", b'models:\n  m: {pool: p, upstream_model: "r\xc3(x"}\n', "6:34", None,
+     b"the file is not valid UTF-8 (byte 0xC3"),
+    ("alias-del", b'models:\n  m: {pool: p, aliases: ["a\\x7f"]}\n', 6, "models.m.aliases[0]", b"U+007F"),
+    ("pool-name-esc", b'models:\n  m: {pool: p}\n  n: {pool: "q\\e"}\n', 7, "models.n.pool", b"U+001B"),
+    ("tenant-name", b'models:\n  m: {pool: p}\ntenants:\n  "t\\xff\\0": {}\n', 8, "tenants", b"U+0000"),
+    ("tenant-raw", b'models:\n  m: {pool: p}\ntenants:\n  "raw\xfft": {}\n', "8:7", None, b"not valid UTF-8"),
+    ("key-id", b'models:\n  m: {pool: p}\ntenants:\n  t: {}\nauth:\n  api_keys:\n    - {id: "k\\e", sha256: '
+     + SHA.encode() + b", tenant: t}\n", 11, "auth.api_keys[0].id", b"U+001B"),
+    ("key-tenant", b'models:\n  m: {pool: p}\ntenants:\n  t: {}\nauth:\n  api_keys:\n    - {id: k, sha256: '
+     + SHA.encode() + b', tenant: "t\\0"}\n', 11, "auth.api_keys[0].tenant", b"U+0000"),
+    ("allow-list", b'models:\n  m: {pool: p}\ntenants:\n  t: {models: ["m\\e"]}\n', 8, "tenants.t.models[0]",
+     b"U+001B"),
+    ("comment-raw", b"# caf\xe9\nmodels:\n  m: {pool: p}\n", "5:6", None, b"the file is not valid UTF-8 (byte 0xE9)"),
+]
+
+
+@pytest.mark.parametrize("name,extra,line,key,says", BAD, ids=[b[0] for b in BAD])
+def test_names_that_are_not_utf8_or_hold_control_characters_are_refused(tmp_path, name, extra, line, key, says):
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(BASE % free_port() + extra)
+    r = weir_run("--config", path, "--check")
+    err = r.stderr.encode("utf-8", "surrogateescape")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert f"{path}:{line}:".encode() in err, err
+    if key:
+        assert f" {key}: ".encode() in err, err
+    assert says in err, err
+    # The message itself is safe to print: valid UTF-8, no control byte but its newline.
+    err.decode("utf-8")
+    assert not any(c < 0x20 and c != 0x0A for c in err), err
+
+
+def start_weir(processes, path, port):
+    proc = processes.start([binary("weir"), "--config", path], port, name="weir")
+    wait_until(lambda: "weir: listening on" in proc.log() or not proc.alive(), 10, message="weir's start-up line")
+    return proc
+
+
+# yaml-cpp 0.7 decodes \_ (U+00A0) and \N (U+0085) to the single Latin-1 bytes 0xA0 and 0x85: a model owned by
+# "x\_y" was listed as "x\ufffdy". They are re-encoded as UTF-8 at load (and \N is then a control character).
+def test_yaml_no_break_space_escape_is_the_character(processes, tmp_path):
+    port = free_port()
+    path = tmp_path / "w.yaml"
+    path.write_bytes(BASE % port + b'models:\n  "a\\_b": {pool: p, owned_by: "x\\_y\\Lz"}\n')
+    start_weir(processes, path, port)
+    r = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5)
+    assert r.status_code == 200
+    (model,) = r.json()["data"]
+    assert model["id"] == "a\u00a0b" and model["owned_by"] == "x\u00a0y\u2028z", model
