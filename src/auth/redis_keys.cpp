@@ -10,6 +10,9 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include "core/json_text.hpp"
+#include "core/yaml.hpp"
+
 namespace weir::auth {
 
 namespace {
@@ -217,6 +220,15 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
       return out;
     }
   }
+  // Names as the configuration's (core::name_text_error): the id, the tenant and the tier become metrics'
+  // label values and the access log's fields, where C1 controls or ill-formed UTF-8 would arrive as they are.
+  for (const int f : {0, 1, 3})
+    if (std::string why = core::name_text_error(v[f]); !why.empty()) {
+      log_invalid(fmt::format("the key record with id {}: its {} field is no name ({}); requests with it are refused",
+                              core::quoted_text(v[0]), kFields[f], why));
+      out.status = Status::invalid;
+      return out;
+    }
   out.status = Status::found;
   out.record = std::move(rec);
   return out;

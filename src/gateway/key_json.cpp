@@ -21,6 +21,7 @@
 #include "auth/base64url.hpp"
 #include "core/calendar.hpp"
 #include "core/time.hpp"
+#include "core/yaml.hpp"
 
 namespace weir::gateway {
 
@@ -337,6 +338,9 @@ AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
   auto d = auth::parse_sha256_hex(str("sha256"));
   if (k.id.empty() || k.tenant.empty() || !d)
     return tl::unexpected(admin_bad_request("a key needs id, tenant, sha256"));
+  // Names as the configuration's: the id and the tenant reach metrics' labels and stderr as they are.
+  for (const char* f : {"id", "tenant", "name"})
+    if (auto why = core::name_text_error(str(f)); !why.empty()) return tl::unexpected(admin_bad_request(why, f));
   k.sha256 = *d;
   k.name = str("name");
   const json::value null_value;

@@ -21,6 +21,7 @@
 #include <boost/json/parse.hpp>
 
 #include "auth/crypto.hpp"
+#include "core/yaml.hpp"
 
 namespace weir::gateway {
 
@@ -51,6 +52,9 @@ AdminResult<std::string> parse_name(const json::value& v) {
   if (!v.is_string() || v.get_string().size() > kMaxName)
     return tl::unexpected(
         admin_bad_request(fmt::format("name must be a string of at most {} bytes", kMaxName), "name"));
+  // As the configuration's names: a control character (\u0000, \u001b) is refused, not stored and shown.
+  if (auto why = core::name_text_error(v.get_string()); !why.empty())
+    return tl::unexpected(admin_bad_request("name: " + why, "name"));
   return std::string(v.get_string());
 }
 

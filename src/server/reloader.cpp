@@ -228,7 +228,8 @@ bool Reloader::apply(std::string_view why) {
     if (*applied->attempts == applied->attempt) st.last_ok.store(true, std::memory_order_relaxed);
     st.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
     st.generation.store(applied->id, std::memory_order_relaxed);
-    std::fputs(applied->line.c_str(), stderr);
+    // Whole, by its size: fputs stops at a NUL, and the line's newline with it.
+    std::fwrite(applied->line.data(), 1, applied->line.size(), stderr);
   };
   if (shared_.workers.empty()) on_all();
   for (gateway::Worker* w : shared_.workers)

@@ -75,3 +75,56 @@ def test_yaml_no_break_space_escape_is_the_character(processes, tmp_path):
     assert r.status_code == 200
     (model,) = r.json()["data"]
     assert model["id"] == "a\u00a0b" and model["owned_by"] == "x\u00a0y\u2028z", model
+
+
+# A runtime key's name is a name too: a control character in it is refused with the admin API's 400.
+def test_admin_api_refuses_control_characters_in_a_key_name(weir):
+    admin_port = free_port()
+    weir(config={"pools": {"p": {"endpoints": ["http://127.0.0.1:9"]}}, "models": {"m": {"pool": "p"}},
+                 "tenants": {"acme": {}},
+                 "admin": {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}},
+         env={"WEIR_TEST_ADMIN_TOKEN": "names-49-admin-token-0123456789"})
+    base = f"http://127.0.0.1:{admin_port}"
+    hdr = {"authorization": "Bearer names-49-admin-token-0123456789"}
+
+    def ready() -> bool:
+        try:
+            return httpx.get(base + "/ready", timeout=2).status_code in (200, 503)
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, 5, message="admin listener")
+    for bad in ["a\x00b", "\x1b[31mred", "del\x7f", "c1\x9b"]:
+        r = httpx.post(base + "/admin/v1/keys", json={"tenant": "acme", "name": bad}, headers=hdr, timeout=5)
+        assert r.status_code == 400, (bad, r.status_code, r.text)
+        assert r.json()["error"]["param"] == "name" and "control character" in r.json()["error"]["message"], r.text
+    ok = httpx.post(base + "/admin/v1/keys", json={"tenant": "acme", "name": "caf\u00e9 \u6a21"}, headers=hdr,
+                    timeout=5)
+    assert ok.status_code in (200, 201), ok.text
+    kid = ok.json()["id"]
+    r = httpx.patch(base + f"/admin/v1/keys/{kid}", json={"name": "x\x1by"}, headers=hdr, timeout=5)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "name", r.text
+
+
+# A key record in Redis (written by anyone with access to it) is a name's source too: an id or tenant with a
+# control character was served, its id a metrics label and an access-log field. Now refused as one that does
+# not read, and said once, escaped.
+def test_a_redis_key_record_whose_id_is_no_name_is_refused(mock, weir, redis):
+    import hashlib
+
+    from test_redis_keys import MOCK_FLAGS, chat, config, prefix
+
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis, key_cache_ttl="300ms", key_negative_ttl="100ms"))
+
+    def hset(key: str, *fields: str) -> None:
+        redis.cli("HSET", prefix(redis) + "key:" + hashlib.sha256(key.encode()).hexdigest(), *fields)
+
+    hset("sk-weir-names-ok", "id", "ok-key", "tenant", "acme")
+    assert chat(w, "sk-weir-names-ok").status_code == 200
+    hset("sk-weir-names-esc", "id", "k\x1b[31mred", "tenant", "acme")
+    assert chat(w, "sk-weir-names-esc").status_code == 401
+    wait_until(lambda: "its id field is no name" in w.process.log(), 5, message="the record logged")
+    assert "\x1b" not in w.process.log()
+    hset("sk-weir-names-c1", "id", "c1-key", "tenant", "acme", "tier", "t\u009b")
+    assert chat(w, "sk-weir-names-c1").status_code == 401
