@@ -25,6 +25,14 @@ inline constexpr int kMaxBodyDepth = 64;
 // kMaxBodyDepth, that (it is valid JSON Weir does not read).
 std::string invalid_body_message(const boost::system::error_code& ec);
 
+// The message of an upstream's error answer: vLLM's and OpenAI's
+// {"error":{"message"}}, vLLM's older {"object":"error","message"},
+// FastAPI's {"detail": "<text>"}, or FastAPI's validation answer {"detail":
+// [{"loc", "msg"}, ...]} as "loc.path: msg; ..." without the leading
+// "body". "" when `body` has none, and when it is not valid JSON (ill-formed
+// UTF-8 among that): what is returned is valid UTF-8 to relay.
+std::string upstream_error_message(std::string_view body);
+
 // A json::string as a std::string_view (no copy).
 inline std::string_view sv(const boost::json::string& s) { return {s.data(), s.size()}; }
 

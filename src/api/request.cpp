@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/error.hpp>
+#include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
@@ -506,6 +507,56 @@ class FieldsHandler {
 };
 
 }  // namespace
+
+namespace {
+
+// FastAPI's validation answer (vLLM's 400/422): `detail` a list of
+// {"loc": [...], "msg", "type", ...} (FastAPI's RequestValidationError), as
+// one message: "loc.joined: msg" per item (the leading "body" left out, as
+// the client's request is the body), joined with "; ". "" when no item has a msg.
+std::string detail_message(const json::array& items) {
+  std::string m;
+  for (const auto& item : items) {
+    if (!item.is_object()) continue;
+    const std::string_view msg = string_at(item.get_object(), "msg");
+    if (msg.empty()) continue;
+    if (!m.empty()) m += "; ";
+    std::string loc;
+    if (const auto* l = item.get_object().if_contains("loc"); l && l->is_array())
+      for (const auto& part : l->get_array()) {
+        if (loc.empty() && part.is_string() && part.get_string() == "body") continue;
+        if (!loc.empty()) loc += '.';
+        if (part.is_string())
+          loc += sv(part.get_string());
+        else if (part.is_int64())
+          loc += std::to_string(part.get_int64());
+      }
+    if (!loc.empty()) {
+      m += loc;
+      m += ": ";
+    }
+    m += msg;
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string upstream_error_message(std::string_view body) {
+  unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  if (ec || !v.is_object()) return {};
+  const auto& o = v.get_object();
+  std::string_view message;
+  if (const auto* e = o.if_contains("error"); e && e->is_object()) message = string_at(e->get_object(), "message");
+  if (message.empty()) message = string_at(o, "message");
+  if (message.empty()) message = string_at(o, "detail");
+  if (const auto* d = o.if_contains("detail"); message.empty() && d && d->is_array())
+    return detail_message(d->get_array());
+  return std::string(message);
+}
 
 std::string invalid_body_message(const boost::system::error_code& ec) {
   if (ec == json::error::too_deep)

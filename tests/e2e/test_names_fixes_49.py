@@ -128,3 +128,39 @@ def test_a_redis_key_record_whose_id_is_no_name_is_refused(mock, weir, redis):
     assert "\x1b" not in w.process.log()
     hset("sk-weir-names-c1", "id", "c1-key", "tenant", "acme", "tier", "t\u009b")
     assert chat(w, "sk-weir-names-c1").status_code == 401
+
+
+def _json_answer(status: int, body: bytes) -> bytes:
+    return (b"HTTP/1.1 %d Bad Request\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
+            % (status, len(body)) + body)
+
+
+# vLLM's answers to a request it refuses: its older shape (top-level object "error"), the same with bytes that
+# are not UTF-8 in the message, and the current OpenAI shape.
+LEGACY = b'{"object":"error","message":"max_tokens is too large","type":"BadRequestError","param":null,"code":400}'
+LEGACY_BAD = b'{"object":"error","message":"bad \xff\xc3 byte","type":"BadRequestError","param":null,"code":400}'
+CURRENT = b'{"error":{"message":"no such tool","type":"invalid_request_error","param":"tools","code":"bad_tool"}}'
+
+
+# /v1/responses relayed the upstream's error body as it came: vLLM's older {"object":"error",...} reached the
+# Responses client (its SDK reads `error.message`), ill-formed UTF-8 with it. docs/protocols.md says
+# Responses errors keep OpenAI's shape; /v1/messages already reshaped them into Anthropic's.
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("body,status,message,etype,param,code", [
+    (LEGACY, 400, "max_tokens is too large", "BadRequestError", None, None),
+    (LEGACY_BAD, 400, "Upstream answered 400.", "invalid_request_error", None, None),
+    (CURRENT, 422, "no such tool", "invalid_request_error", "tools", "bad_tool"),
+    (b"<html>Bad Request</html>", 400, "Upstream answered 400.", "invalid_request_error", None, None),
+], ids=["legacy", "legacy-not-utf8", "openai-shape", "not-json"])
+def test_responses_reshapes_upstream_errors_into_openais(weir, stream, body, status, message, etype, param, code):
+    up = RawUpstream(lambda h, b: _json_answer(status, body))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}},
+                         "models": {"m": {"pool": "p"}}}, workers=1)
+        r = httpx.post(w.v1 + "/responses", json={"model": "m", "input": "hi", "stream": stream}, timeout=10)
+        assert r.status_code == status, r.content
+        r.content.decode("utf-8")  # never ill-formed UTF-8
+        assert r.headers["content-type"].startswith("application/json")
+        assert r.json() == {"error": {"message": message, "type": etype, "param": param, "code": code}}, r.content
+    finally:
+        up.close()

@@ -36,36 +36,6 @@ json::value tool_input(std::string_view args, json::storage_ptr sp, WideIntegers
   return json::object({{"_raw", args}}, sp);
 }
 
-// FastAPI's validation answer (vLLM's 400/422): `detail` a list of
-// {"loc": [...], "msg", "type", ...} (FastAPI's RequestValidationError), as
-// one message: "loc.joined: msg" per item (the leading "body" left out, as
-// the client's request is the body), joined with "; ". "" when no item has a msg.
-std::string detail_message(const json::array& items) {
-  std::string m;
-  for (const auto& item : items) {
-    if (!item.is_object()) continue;
-    const std::string_view msg = string_at(item.get_object(), "msg");
-    if (msg.empty()) continue;
-    if (!m.empty()) m += "; ";
-    std::string loc;
-    if (const auto* l = item.get_object().if_contains("loc"); l && l->is_array())
-      for (const auto& part : l->get_array()) {
-        if (loc.empty() && part.is_string() && part.get_string() == "body") continue;
-        if (!loc.empty()) loc += '.';
-        if (part.is_string())
-          loc += sv(part.get_string());
-        else if (part.is_int64())
-          loc += std::to_string(part.get_int64());
-      }
-    if (!loc.empty()) {
-      m += loc;
-      m += ": ";
-    }
-    m += msg;
-  }
-  return m;
-}
-
 }  // namespace
 
 std::string_view error_type(int status) {
@@ -101,22 +71,7 @@ void append_error_json(std::string& out, int status, std::string_view message) {
 }
 
 void append_upstream_error(std::string& out, int status, std::string_view body) {
-  unsigned char buf[4096];
-  json::monotonic_resource mr(buf, sizeof buf);
-  boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
-  std::string_view message;
-  std::string joined;
-  if (!ec && v.is_object()) {
-    const auto& o = v.get_object();
-    if (const auto* e = o.if_contains("error"); e && e->is_object()) message = string_at(e->get_object(), "message");
-    if (message.empty()) message = string_at(o, "message");
-    if (message.empty()) message = string_at(o, "detail");
-    if (const auto* d = o.if_contains("detail"); message.empty() && d && d->is_array()) {
-      joined = detail_message(d->get_array());
-      message = joined;
-    }
-  }
+  const std::string message = upstream_error_message(body);
   if (message.empty()) return append_error_json(out, status, fmt::format("Upstream answered {}.", status));
   append_error_json(out, status, message);
 }

@@ -83,4 +83,15 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
 // with a choice (out then holds an OpenAI server_error body).
 bool translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id, std::string& out);
 
+// Appends OpenAI's error object {"error":{"message","type","param","code"}}
+// for an upstream's error answer (`status` >= 400 and its body) to a
+// Responses client, whose errors keep OpenAI's shape (docs/protocols.md):
+// the message by api::upstream_error_message(), else "Upstream answered
+// <status>."; the upstream's type, param and code where they are strings
+// (in `error`, or at the top as vLLM's older {"object":"error",...} has
+// them; vLLM's integer code, a copy of the status, is null), else
+// invalid_request_error (4xx) or server_error (5xx) and null. Nothing of a
+// body that is not valid JSON (ill-formed UTF-8 among that) is relayed.
+void append_upstream_error(std::string& out, int status, std::string_view body);
+
 }  // namespace weir::api::responses

@@ -536,6 +536,16 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     drop_encoding = encoded;
     content_type = "application/json";
   }
+  // An upstream's error answer to a Responses client: in OpenAI's shape (docs/protocols.md), as /v1/messages
+  // reshapes it into Anthropic's. vLLM's older {"object":"error",...} was relayed as it came, and with it any
+  // ill-formed UTF-8 the upstream put in its message.
+  if (is_responses(ctx.route) && !translate_events && status >= 400 && req.method() != bh::verb::head) {
+    translated.clear();
+    api::responses::append_upstream_error(translated, status, from);
+    out = translated;
+    drop_encoding = encoded;
+    content_type = "application/json";
+  }
   if (anthropic_up && ctx.route == RouteKind::messages_count_tokens && status >= 200 && status < 300) {
     ctx.has_usage = true;  // a count generates nothing and is not charged
     ctx.usage = {};
