@@ -16,6 +16,7 @@
 
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
+#include "core/json_text.hpp"
 #include "core/multipart.hpp"
 #include "core/text.hpp"
 
@@ -510,6 +511,36 @@ class FieldsHandler {
 
 namespace {
 
+// Whether `body` holds a \u escape of a surrogate that is not half of a
+// pair (a high one not followed by \u and a low one, or a low one alone).
+// An escaped backslash is skipped (`\\ud800` in JSON text is a backslash
+// and "ud800"): a scan of strings' escapes, not of the syntax around them.
+bool lone_surrogate_escape(std::string_view body) {
+  const auto surrogate_at = [&](std::size_t i, bool high) {  // "\uD8xx".."\uDBxx" (high) or "\uDCxx".."\uDFxx"
+    if (i + 6 > body.size() || body[i] != '\\' || (body[i + 1] != 'u') || core::ascii_lower(body[i + 2]) != 'd')
+      return false;
+    const int h = core::hex_value(body[i + 3]);
+    return high ? (h >= 8 && h <= 11) : (h >= 12 && h <= 15);
+  };
+  for (std::size_t i = 0; i + 1 < body.size(); ++i) {
+    if (body[i] != '\\') continue;
+    if (body[i + 1] != 'u') {
+      ++i;  // an escaped character, a backslash among them
+      continue;
+    }
+    if (surrogate_at(i, false)) return true;
+    if (surrogate_at(i, true)) {
+      if (!surrogate_at(i + 6, false)) return true;
+      i += 11;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+namespace {
+
 // FastAPI's validation answer (vLLM's 400/422): `detail` a list of
 // {"loc": [...], "msg", "type", ...} (FastAPI's RequestValidationError), as
 // one message: "loc.joined: msg" per item (the leading "body" left out, as
@@ -558,9 +589,19 @@ std::string upstream_error_message(std::string_view body) {
   return std::string(message);
 }
 
-std::string invalid_body_message(const boost::system::error_code& ec) {
+std::string invalid_body_message(const boost::system::error_code& ec, std::string_view body) {
   if (ec == json::error::too_deep)
     return fmt::format("The request body is nested deeper than {} levels, the most Weir reads.", kMaxBodyDepth);
+  const bool surrogate_error =
+      ec == json::error::illegal_leading_surrogate || ec == json::error::illegal_trailing_surrogate;
+  if (ec == json::error::syntax)
+    for (std::size_t i = 0, n = 0; i < body.size(); i += n)
+      if ((n = core::utf8_sequence_length(body, i)) == 0)
+        return fmt::format("The request body is not valid JSON: invalid UTF-8 (byte 0x{:02X} at offset {}).",
+                           static_cast<unsigned char>(body[i]), i);
+  if (surrogate_error || (ec == json::error::syntax && lone_surrogate_escape(body)))
+    return "The request body is not valid JSON: lone surrogate escape in a string (a \\uD800-\\uDBFF escape "
+           "must be followed by a \\uDC00-\\uDFFF one, and a \\uDC00-\\uDFFF escape must follow one).";
   return fmt::format("The request body is not valid JSON: {}.", ec.message());
 }
 
@@ -576,7 +617,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
   if (!ec && used < body.size()) ec = json::error::extra_data;
   if (ec) {
     if (body.empty()) return tl::unexpected(core::bad_request("The request body is empty; expected a JSON object."));
-    return tl::unexpected(core::bad_request(invalid_body_message(ec)));
+    return tl::unexpected(core::bad_request(invalid_body_message(ec, body)));
   }
   const FieldsHandler& h = p.handler();
   if (h.root.type != Shape::Type::object)

@@ -106,30 +106,6 @@ def test_admin_api_refuses_control_characters_in_a_key_name(weir):
     assert r.status_code == 400 and r.json()["error"]["param"] == "name", r.text
 
 
-# A key record in Redis (written by anyone with access to it) is a name's source too: an id or tenant with a
-# control character was served, its id a metrics label and an access-log field. Now refused as one that does
-# not read, and said once, escaped.
-def test_a_redis_key_record_whose_id_is_no_name_is_refused(mock, weir, redis):
-    import hashlib
-
-    from test_redis_keys import MOCK_FLAGS, chat, config, prefix
-
-    m = mock(*MOCK_FLAGS)
-    w = weir(config=config(m, redis, key_cache_ttl="300ms", key_negative_ttl="100ms"))
-
-    def hset(key: str, *fields: str) -> None:
-        redis.cli("HSET", prefix(redis) + "key:" + hashlib.sha256(key.encode()).hexdigest(), *fields)
-
-    hset("sk-weir-names-ok", "id", "ok-key", "tenant", "acme")
-    assert chat(w, "sk-weir-names-ok").status_code == 200
-    hset("sk-weir-names-esc", "id", "k\x1b[31mred", "tenant", "acme")
-    assert chat(w, "sk-weir-names-esc").status_code == 401
-    wait_until(lambda: "its id field is no name" in w.process.log(), 5, message="the record logged")
-    assert "\x1b" not in w.process.log()
-    hset("sk-weir-names-c1", "id", "c1-key", "tenant", "acme", "tier", "t\u009b")
-    assert chat(w, "sk-weir-names-c1").status_code == 401
-
-
 def _json_answer(status: int, body: bytes) -> bytes:
     return (b"HTTP/1.1 %d Bad Request\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n"
             % (status, len(body)) + body)
@@ -164,3 +140,62 @@ def test_responses_reshapes_upstream_errors_into_openais(weir, stream, body, sta
         assert r.json() == {"error": {"message": message, "type": etype, "param": param, "code": code}}, r.content
     finally:
         up.close()
+
+
+def _raw_post(port: int, path: str, body: bytes) -> tuple[int, dict]:
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nanthropic-version: 2023-06-01\r\n"
+                  b"connection: close\r\ncontent-length: %d\r\n\r\n" % (path.encode(), len(body)) + body)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    head, _, rest = out.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(rest)
+
+
+# A lone surrogate escape was "not valid JSON: syntax error." ("\ud800") or "illegal trailing surrogate."
+# ("\udc00"), and ill-formed UTF-8 "syntax error.": the message now says which, on every route, in the
+# route's shape.
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses",
+                                  "/v1/messages"])
+def test_body_messages_name_invalid_utf8_and_lone_surrogates(weir, path):
+    w = weir(config={"pools": {"p": {"endpoints": ["http://127.0.0.1:9"]}}, "models": {"m": {"pool": "p"}}},
+             workers=1)
+    port = int(w.base_url.rsplit(":", 1)[1])
+    field = {"/v1/chat/completions": b'"messages":[{"role":"user","content":"%s"}]', "/v1/completions": b'"prompt":"%s"',
+             "/v1/embeddings": b'"input":"%s"', "/v1/responses": b'"input":"%s"',
+             "/v1/messages": b'"max_tokens":5,"messages":[{"role":"user","content":"%s"}]'}[path]
+    for text, says in [(b"\\ud800", "lone surrogate escape"), (b"\\udc00", "lone surrogate escape"),
+                       (b"a\\ud800\\u0041", "lone surrogate escape"), (b"x\xff", "invalid UTF-8 (byte 0xFF"),
+                       (b"\xed\xa0\x80", "invalid UTF-8 (byte 0xED")]:
+        status, err = _raw_post(port, path, b'{"model":"m",' + field % text + b"}")
+        assert status == 400, (text, err)
+        if path == "/v1/messages":
+            assert err["type"] == "error" and err["error"]["type"] == "invalid_request_error", err
+        else:
+            assert err["error"]["type"] == "invalid_request_error", err
+        assert err["error"]["message"].startswith("The request body is not valid JSON: " + says), (text, err)
+
+
+# A key record in Redis (written by anyone with access to it) is a name's source too: an id or tenant with a
+# control character was served, its id a metrics label and an access-log field. Now refused as one that does
+# not read, and said once, escaped.
+def test_a_redis_key_record_whose_id_is_no_name_is_refused(mock, weir, redis):
+    import hashlib
+
+    from test_redis_keys import MOCK_FLAGS, chat, config, prefix
+
+    m = mock(*MOCK_FLAGS)
+    w = weir(config=config(m, redis, key_cache_ttl="300ms", key_negative_ttl="100ms"))
+
+    def hset(key: str, *fields: str) -> None:
+        redis.cli("HSET", prefix(redis) + "key:" + hashlib.sha256(key.encode()).hexdigest(), *fields)
+
+    hset("sk-weir-names-ok", "id", "ok-key", "tenant", "acme")
+    assert chat(w, "sk-weir-names-ok").status_code == 200
+    hset("sk-weir-names-esc", "id", "k\x1b[31mred", "tenant", "acme")
+    assert chat(w, "sk-weir-names-esc").status_code == 401
+    wait_until(lambda: "its id field is no name" in w.process.log(), 5, message="the record logged")
+    assert "\x1b" not in w.process.log()
+    hset("sk-weir-names-c1", "id", "c1-key", "tenant", "acme", "tier", "t\u009b")
+    assert chat(w, "sk-weir-names-c1").status_code == 401

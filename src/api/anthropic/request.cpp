@@ -321,7 +321,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp, opt);
   if (ec) {
     if (body.empty()) return invalid("The request body is empty; expected a JSON object.");
-    return invalid(invalid_body_message(ec));
+    return invalid(invalid_body_message(ec, body));
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.");
   if (!numbers_finite(doc)) return invalid("The request body has a number too large for a JSON number (e.g. 1e400).");

@@ -504,7 +504,7 @@ tl::expected<void, core::Error> chat_to_messages(std::string_view chat, const Up
     opt.max_depth = 64;
     boost::system::error_code ec;
     const json::value doc = json::parse(json::string_view(text.data(), text.size()), ec, sp, opt);
-    if (ec) return invalid(fmt::format("The request body is not valid JSON: {}.", ec.message()), {});
+    if (ec) return invalid(invalid_body_message(ec, text), {});
     if (!doc.is_object()) return invalid("The request body must be a JSON object.", {});
     if (!numbers_finite(doc))
       return invalid("The request body has a number too large for a JSON number (e.g. 1e400).", {});
@@ -547,7 +547,7 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
   auto fail = [](std::string m, std::string_view param = {}) { return Fail(core::bad_request(std::move(m), param)); };
   if (ec) {
     if (body.empty()) return fail("The request body is empty; expected a JSON object.");
-    return fail(fmt::format("The request body is not valid JSON: {}.", ec.message()));
+    return fail(invalid_body_message(ec, body));
   }
   if (!doc.is_object()) return fail("The request body must be a JSON object.");
   const auto& in = doc.get_object();

@@ -362,7 +362,7 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
   json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, sp, opt);
   if (ec) {
     if (body.empty()) return invalid("The request body is empty; expected a JSON object.", {});
-    return invalid(invalid_body_message(ec), {});
+    return invalid(invalid_body_message(ec, body), {});
   }
   if (!doc.is_object()) return invalid("The request body must be a JSON object.", {});
   if (!numbers_finite(doc))

@@ -13,6 +13,7 @@
 #include <gtest/gtest.h>
 #include <boost/json.hpp>
 
+#include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
 #include "api/request.hpp"
 
@@ -98,7 +99,7 @@ tl::expected<RequestFields, core::Error> reference(ApiKind kind, std::string_vie
   json::value doc = json::parse(json::string_view(body.data(), body.size()), ec, {}, opt);
   if (ec) {
     if (body.empty()) return tl::unexpected(core::bad_request("The request body is empty; expected a JSON object."));
-    return tl::unexpected(core::bad_request(fmt::format("The request body is not valid JSON: {}.", ec.message())));
+    return tl::unexpected(core::bad_request(invalid_body_message(ec, body)));  // (its own tests: request_test)
   }
   if (!doc.is_object()) return tl::unexpected(core::bad_request("The request body must be a JSON object."));
   const auto& obj = doc.get_object();

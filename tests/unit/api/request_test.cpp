@@ -387,6 +387,29 @@ TEST(ApiParseRequest, InvalidJsonAndNonObjectsAreRefused) {
   EXPECT_EQ(refused(kChat, "").message, "The request body is empty; expected a JSON object.");
 }
 
+// Boost.JSON calls ill-formed UTF-8 a syntax error, and a lone surrogate escape a syntax error or an illegal
+// leading or trailing surrogate (by where the buffer ends): the message says which of the two it is, alike.
+TEST(ApiParseRequest, InvalidUtf8AndLoneSurrogatesAreNamed) {
+  constexpr std::string_view kLone = "The request body is not valid JSON: lone surrogate escape in a string";
+  for (std::string_view body :
+       {R"({"model":"m","x":"\ud800"})", R"({"model":"m","x":"\udc00"})", R"({"model":"m","x":"a\uDBFFb"})",
+        R"({"model":"m","x":"\ud800\u0041"})", R"({"model":"m","x":"\ud83d\ude00","y":"\udfff"})"}) {
+    SCOPED_TRACE(body);
+    EXPECT_TRUE(refused(kChat, body).message.starts_with(kLone)) << refused(kChat, body).message;
+  }
+  EXPECT_EQ(refused(kChat,
+                    "{\"model\":\"m\",\"x\":\"a\xff"
+                    "b\"}")
+                .message,
+            "The request body is not valid JSON: invalid UTF-8 (byte 0xFF at offset 19).");
+  EXPECT_EQ(refused(kChat, "{\"model\":\"m\xed\xa0\x80\"}").message,  // (an encoded surrogate)
+            "The request body is not valid JSON: invalid UTF-8 (byte 0xED at offset 11).");
+  // An escaped backslash before "ud800" is text, and a pair is a character: the syntax error is the comma.
+  EXPECT_EQ(refused(kChat, R"({"model":"m","x":"\\ud800 \ud83d\ude00",})").message,
+            "The request body is not valid JSON: syntax error.");
+  ok(kChat, R"({"model":"m","x":"\\ud800","y":"\ud83d\ude00"})");
+}
+
 std::string nested(int depth) {
   // The body object is level 1; `x` holds depth - 1 more levels of arrays.
   return R"({"model":"m","x":)" + std::string(static_cast<std::size_t>(depth - 1), '[') +
