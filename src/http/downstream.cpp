@@ -80,7 +80,7 @@ Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t*
       in_(sc.max_header_bytes + kReadRoom),
       watchdog_(sock_.get_executor(),
                 [this] {
-                  if (write_progressed()) return;
+                  if (stall_watch_) return check_stall();
                   timed_out_ = true;
                   error_code ignored;
                   sock_.cancel(ignored);
@@ -148,13 +148,13 @@ void Downstream::release_request() {
 void Downstream::begin_request() {
   bytes_out_ = 0;
   count_total_ = true;
-  acked_fresh_ = true;
   chunked_ = http11();
   ended_ = false;
 }
 
 Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   in_flight_ = false;  // the posted read (if any) is this request's, not a watch to renew
+  end_stall_watch();   // the last answer is the kernel's now; the watchdog times this wait
   if (reading_) {
     // (Empty lines are no request: RFC 9112 §2.2, a CRLF after a body.)
     if (in_.size() > empty_lines_at(in_)) {
@@ -321,6 +321,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
 
 Task<bool> Downstream::read_body() {
   auto& req = parser_->get();
+  end_stall_watch();                        // (the watchdog times the body, and a 100 Continue's write as a whole)
   parser_->body_limit(sc_.max_body_bytes);  // chunked bodies are cut here too
   if (auto cl = parser_->content_length(); cl && *cl > sc_.max_body_bytes) {
     // Refuse before reading: the client may not even send the body (Expect).
@@ -487,6 +488,7 @@ Task<void> Downstream::lingering_close() {
     if (const auto left = parser_->content_length_remaining(); left && *left > in_.size())
       cap = std::max<std::uint64_t>(kLingerBytes, std::min<std::uint64_t>(*left - in_.size(), sc_.max_body_bytes));
   const auto until = core::Watchdog::Clock::now() + sc_.body_timeout;
+  end_stall_watch();  // the watchdog times the reads below
   std::array<char, 8192> sink;
   std::uint64_t total = 0;
   for (;;) {

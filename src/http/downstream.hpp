@@ -5,6 +5,7 @@
 // model, route or OpenAI field: those are the gateway's.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <memory>
@@ -252,11 +253,15 @@ class Downstream {
   // again (one getsockopt) only when it passes `recheck_over` bytes: a
   // client that keeps up costs one call per that many bytes written.
   std::uint64_t unacked(std::uint64_t recheck_over);
-  // When a reading (unacked(), progress()) last found the client's
-  // acknowledged bytes moved, or the request's first reading; what
-  // server.write_timeout is measured from while bytes are unacknowledged.
-  core::TimePoint acked_moved_at() const { return acked_moved_at_; }
-  // A deadline (head, body or a write) passed.
+  // Unacknowledged bytes (unacked()) a response may leave in the kernel
+  // before server.write_timeout's clock runs for them: more than a client
+  // that keeps up has in flight between two readings, far less than a
+  // stopped client leaves there (its socket's send buffer).
+  static constexpr std::uint64_t kUnackedAllowance = 32 * 1024;
+  // A deadline (head, body or a write) passed. For a write: the client took
+  // nothing for server.write_timeout while bytes waited for it (Weir's queue,
+  // or over kUnackedAllowance unacknowledged): Weir cut it off (the socket's
+  // operations cancelled, Listener::on_client_gone told).
   bool timed_out() const { return timed_out_; }
 
   // Starts a request's accounting (bytes_out) and framing (HTTP version).
@@ -298,12 +303,31 @@ class Downstream {
   void start_write_loop();
   void write_more();  // the loop's next write of wbuf_ from wsent_
   void wrote_more(boost::system::error_code ec, std::size_t n);
-  // server.write_timeout for a write the client is behind on; its expiry
-  // waits on while the client acknowledges bytes (tcp_bytes_acked).
-  void arm_write_deadline();
-  // At the watchdog's expiry: true (and the deadline moved) when the client
-  // acknowledged bytes since it was set, a write's progress.
-  bool write_progressed();
+  // server.write_timeout while bytes wait for the client (the stall watch):
+  // from now, unless it runs already. The watchdog then looks every
+  // write_timeout / 4 (check_stall), so it costs nothing per write.
+  // `read`: takes the client's acknowledged bytes as the first look's
+  // baseline (one getsockopt; false: just read).
+  void watch_stall(bool read = true);
+  // The stall watch's look (the watchdog's expiry while stall_watch_): the
+  // client's acknowledged bytes read again; nothing outstanding ends the
+  // watch, no progress for write_timeout cuts the client off, else it looks
+  // again.
+  void check_stall();
+  // Ends the stall watch (its deadline too): the watchdog times something else next.
+  void end_stall_watch() {
+    if (!stall_watch_) return;
+    stall_watch_ = false;
+    watchdog_.disarm();
+  }
+  // After a write the socket took: when the estimate of unacknowledged bytes
+  // passes kUnackedAllowance, reads them (one getsockopt) and watches the
+  // client while they stay over it. A client that keeps up: a compare per
+  // write, a getsockopt per kUnackedAllowance bytes.
+  void note_unacked() {
+    if (!stall_watch_ && written_ - std::min(acked_seen_, written_) > kUnackedAllowance) watch_unacked();
+  }
+  void watch_unacked();
   // Tries one scatter write of `parts` now; queues what the socket did not take.
   template <std::size_t N>
   void send_now(const std::array<std::string_view, N>& parts);
@@ -364,15 +388,20 @@ class Downstream {
   bool write_failed_ = false;
   std::string out_;
   std::string wbuf_;
-  std::size_t wsent_ = 0;         // bytes of wbuf_ the write loop has sent
-  bool write_wait_ = false;       // the watchdog's deadline is a write's (arm_write_deadline)
-  std::uint64_t acked_mark_ = 0;  // tcp_bytes_acked when it was set, or last moved
-  std::uint64_t bytes_in_ = 0;    // this request's bytes parsed: head, then body (bytes_in())
+  std::size_t wsent_ = 0;  // bytes of wbuf_ the write loop has sent
+  // The watchdog's deadline is the stall watch's next look (watch_stall), from
+  // a response's first write the client falls behind on until the next
+  // request's head is awaited (read_head) or the connection lingers.
+  bool stall_watch_ = false;
+  bool all_waiting_ = false;    // write_all() waits for room for the rest of its answer
+  std::uint64_t bytes_in_ = 0;  // this request's bytes parsed: head, then body (bytes_in())
   std::uint64_t bytes_out_ = 0;
   std::uint64_t written_ = 0;     // bytes written to the socket over the connection's life
   std::uint64_t acked_seen_ = 0;  // tcpi_bytes_acked at the last reading (unacked, progress)
+  // The client's last progress the stall watch knows of: when a reading
+  // first found its acknowledged bytes moved, a write loop's write the socket
+  // took, or (no progress before) when the watch began.
   core::TimePoint acked_moved_at_{};
-  bool acked_fresh_ = true;  // no reading yet for this request: the next one starts write_timeout's clock
   bool count_total_ = true;  // this request's bytes count in bytes_out_total_ (leave_out_of_total)
   // A write of `n` bytes: the request's bytes_out, the connection's count, the listener's total.
   void count_out(std::size_t n) {

@@ -1,12 +1,25 @@
 // The client connection's write path: the buffered answer (write_all),
 // the stream's output queue and its write loop, and server.write_timeout as
 // a wait without progress (RFC 9112 §7.1 chunked framing of a stream's body).
+//
+// server.write_timeout is enforced by one stall watch per connection: it
+// runs while bytes wait for the client, in Weir's queue or unacknowledged in
+// the kernel beyond Downstream::kUnackedAllowance, and looks every
+// write_timeout / 4 (the worker's watchdog: no timer of its own, no system
+// call per write) for the client's progress: bytes its TCP acknowledged
+// since the last look, or a write the socket took. A client that made none
+// for write_timeout is cut off, whether or not Weir has more to write then
+// (an upstream gone quiet between bursts writes nothing). Progress is seen
+// at the first look after it, so the cut comes between write_timeout and
+// 1.25 x write_timeout after the client's last progress.
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <charconv>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 
@@ -36,11 +49,11 @@ static_assert(offsetof(TcpInfoToAcked, bytes_acked) == 120, "tcpi_bytes_acked's 
 
 // Bytes of the connection's output the peer has acknowledged, 0 when the
 // kernel does not say (one getsockopt).
-std::uint64_t tcp_bytes_acked(int fd, bool* known = nullptr) {
+std::uint64_t tcp_bytes_acked(int fd, bool* known) {
   TcpInfoToAcked info{};
   socklen_t len = sizeof info;
   const bool ok = ::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) == 0 && len >= sizeof info;
-  if (known) *known = ok;
+  *known = ok;
   return ok ? info.bytes_acked : 0;
 }
 }  // namespace
@@ -80,6 +93,7 @@ void Downstream::start_write() {
   count_out(sent);
   if (!ec && sent == out_.size()) {
     out_.clear();
+    note_unacked();
     return;
   }
   if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
@@ -108,7 +122,10 @@ void Downstream::send_now(const std::array<std::string_view, N>& parts) {
   error_code ec;
   const std::size_t sent = sock_.write_some(bufs, ec);
   count_out(sent);
-  if (!ec && sent == total) return;
+  if (!ec && sent == total) {
+    note_unacked();
+    return;
+  }
   if (ec && ec != asio::error::would_block && ec != asio::error::try_again) {
     write_failed_ = true;
     on_gone();
@@ -149,14 +166,14 @@ void Downstream::start_write_loop() {
   writing_ = true;
   std::swap(out_, wbuf_);
   wsent_ = 0;
-  arm_write_deadline();
+  watch_stall();
   write_more();
 }
 
 // One write of what is left of wbuf_. Each completion that took bytes is
-// the client's progress and moves the deadline: server.write_timeout is the
-// longest wait without any (one timed write of the whole buffer cut a client
-// still reading a large event).
+// the client's progress (its acknowledgements freed room in the socket):
+// server.write_timeout is the longest wait without any (one timed write of
+// the whole buffer cut a client still reading a large event).
 void Downstream::write_more() {
   const auto rest = asio::buffer(wbuf_.data() + wsent_, wbuf_.size() - wsent_);
   sock_.async_write_some(rest, [this](error_code ec, std::size_t n) { wrote_more(ec, n); });
@@ -165,13 +182,12 @@ void Downstream::write_more() {
 void Downstream::wrote_more(error_code ec, std::size_t n) {
   count_out(n);
   wsent_ += n;
+  if (n > 0) acked_moved_at_ = core::now();
   if (!ec && wsent_ < wbuf_.size()) {
-    arm_write_deadline();
     write_more();
     return;
   }
   writing_ = false;
-  write_wait_ = false;
   wbuf_.clear();
   if (ec) {
     write_failed_ = true;
@@ -181,13 +197,13 @@ void Downstream::wrote_more(error_code ec, std::size_t n) {
     return;
   }
   // What was queued meanwhile: sent now, and a loop again for what the
-  // socket does not take. Sent whole (or failed), the loop is over: its
-  // deadline disarmed and drain() woken, as when nothing was queued.
+  // socket does not take. Sent whole (or failed), the loop is over and
+  // drain() woken, as when nothing was queued. (The stall watch runs on while
+  // the kernel holds bytes unacknowledged: its next look ends it otherwise.)
   if (!out_.empty()) {
     start_write();
     if (writing_) return;
   }
-  watchdog_.disarm();
   done_.wake();
 }
 
@@ -205,41 +221,36 @@ Task<bool> Downstream::write_all(std::string_view a, std::string_view b) {
   // server.write_timeout bounds each wait for the client to take bytes, not
   // the whole answer (as nginx's send_timeout): a client that keeps reading
   // a large answer gets all of it, one that stops is cut write_timeout after
-  // its last progress. (Usually the first send takes it all: no wait.)
+  // its last progress (the stall watch). (Usually the first send takes it
+  // all: no wait.)
   boost::beast::buffers_suffix<std::array<asio::const_buffer, 2>> rest(bufs);
   error_code ec;
-  std::size_t n = 0;
   for (;;) {
     const std::size_t sent = sock_.write_some(rest, ec);
-    n += sent;
+    count_out(sent);  // (as it goes: the stall watch counts what the kernel holds unacknowledged)
     rest.consume(sent);
     if (boost::beast::buffer_bytes(rest) == 0) {
       ec = {};
       break;
     }
     if (ec && ec != asio::error::would_block && ec != asio::error::try_again) break;
-    arm_write_deadline();
+    watch_stall();
+    all_waiting_ = true;
     const auto from = core::now();  // (the socket is full: the client's pace, client_waited())
     auto [wec] = co_await sock_.async_wait(tcp::socket::wait_write, use_task);
-    client_wait_ += core::now() - from;
-    write_wait_ = false;
-    watchdog_.disarm();
-    ec = wec;  // (the deadline's cancel: operation_aborted, and timed_out() says why)
+    const auto woke = core::now();
+    client_wait_ += woke - from;
+    all_waiting_ = false;
+    ec = wec;  // (the watch's cancel: operation_aborted, and timed_out() says why)
     if (ec) break;
+    acked_moved_at_ = woke;  // writable again: the client's acknowledgements freed room
   }
-  count_out(n);
   if (ec) {
     write_failed_ = true;
     peer_gone_ = true;
     co_return false;
   }
   co_return true;
-}
-void Downstream::arm_write_deadline() {
-  // (Only when the client is behind: a write the socket took whole arms nothing, and reads nothing.)
-  write_wait_ = true;
-  acked_mark_ = tcp_bytes_acked(sock_.native_handle());
-  watchdog_.expires_after(sc_.write_timeout);
 }
 bool Downstream::read_acked() {
   bool known = false;
@@ -248,8 +259,7 @@ bool Downstream::read_acked() {
     acked_seen_ = written_;  // nothing to measure by: as if all were taken
     return false;
   }
-  if (acked > acked_seen_ || acked_fresh_) acked_moved_at_ = core::now();
-  acked_fresh_ = false;
+  if (acked > acked_seen_) acked_moved_at_ = core::now();
   acked_seen_ = std::max(acked_seen_, acked);
   return true;
 }
@@ -264,17 +274,55 @@ std::uint64_t Downstream::unacked(std::uint64_t recheck_over) {
 // client that reads nothing). Without TCP_INFO, the bytes written.
 std::uint64_t Downstream::progress() { return read_acked() ? acked_seen_ : bytes_out_; }
 
-bool Downstream::write_progressed() {
-  // A write's deadline: bytes the client acknowledged since it was set are
-  // progress (a full socket wakes a writer only once a third of its send
-  // buffer is free, which a slow reader of a large answer may take longer
-  // than write_timeout to make).
-  if (!write_wait_) return false;
-  const std::uint64_t acked = tcp_bytes_acked(sock_.native_handle());
-  if (acked <= acked_mark_) return false;
-  acked_mark_ = acked;
-  watchdog_.expires_after(sc_.write_timeout);
-  return true;
+namespace {
+// How often the stall watch looks: the cut's lateness past write_timeout is at most this.
+core::Clock::duration stall_period(core::Clock::duration write_timeout) {
+  return std::max<core::Clock::duration>(write_timeout / 4, std::chrono::milliseconds(1));
+}
+}  // namespace
+
+void Downstream::watch_unacked() {
+  // The estimate counts every byte since the last reading: read again, a client that keeps up has acknowledged
+  // nearly all of them, and is not watched.
+  if (read_acked() && written_ - std::min(acked_seen_, written_) > kUnackedAllowance) watch_stall(/*read=*/false);
+}
+
+void Downstream::watch_stall(bool read) {
+  if (stall_watch_) return;
+  stall_watch_ = true;
+  // The clock starts now: what the client acknowledged before is not this wait's progress (the reading is the
+  // next look's baseline; one unknown leaves Weir's own writes as the only progress).
+  if (read) (void)read_acked();
+  acked_moved_at_ = core::now();
+  watchdog_.expires_after(stall_period(sc_.write_timeout));
+}
+
+void Downstream::check_stall() {
+  if (closed_ || peer_gone_ || !sock_.is_open()) {
+    stall_watch_ = false;
+    return;
+  }
+  const bool known = read_acked();  // (progress since the last look: acked_moved_at_ is now)
+  const bool behind =
+      backlog() > 0 || all_waiting_ || (known && written_ - std::min(acked_seen_, written_) > kUnackedAllowance);
+  if (!behind) {
+    stall_watch_ = false;  // the client took what it was sent: the watch ends until it falls behind again
+    return;
+  }
+  const auto quiet = core::now() - acked_moved_at_;
+  if (quiet < sc_.write_timeout) {
+    watchdog_.expires_after(
+        std::min<core::Clock::duration>(stall_period(sc_.write_timeout), sc_.write_timeout - quiet));
+    return;
+  }
+  // No progress for write_timeout: cut off. The cancel ends a pending write (the write loop's, write_all's
+  // wait) and the close watch's read; the listener is told here, for a stream that waits on its upstream with
+  // neither pending (the upstream request is aborted, as for a client that left).
+  stall_watch_ = false;
+  timed_out_ = true;
+  error_code ignored;
+  sock_.cancel(ignored);
+  on_gone();
 }
 
 }  // namespace weir::http

@@ -3,7 +3,9 @@
 // complete, through the stream hooks; every event completed by one upstream
 // read leaves in one write (an Anthropic or Responses stream's events are
 // translated on the way: api/anthropic/stream.hpp, api/responses/stream.hpp). A client that stops reading is cut off at
-// server.max_stream_buffer; one that leaves aborts the upstream request.
+// server.max_stream_buffer, or by server.write_timeout (http::Downstream's
+// stall watch, which runs whether or not the upstream sends); one that
+// leaves aborts the upstream request.
 #include "api/openai/stream.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
@@ -18,9 +20,10 @@ namespace {
 // server.max_stream_buffer before it is cut off as slow.
 constexpr std::chrono::milliseconds kSlowClientGrace{300};
 // Unacknowledged bytes over which the relay reads the client's TCP state
-// again (one getsockopt per this many bytes of a client that keeps up), and
-// over which server.write_timeout counts a client that acknowledges none.
-constexpr std::uint64_t kAckRecheck = 32 * 1024;
+// again for the slow-client measure (one getsockopt per this many bytes of a
+// client that keeps up: the Downstream's own reading after its writes, at
+// the same allowance, usually leaves the estimate fresh).
+constexpr std::uint64_t kAckRecheck = http::Downstream::kUnackedAllowance;
 
 // An Anthropic stream's content delta (text, thinking, tool input): the events charged as tokens when the
 // stream ends without its usage. Anthropic names each event's type in its `event:` field; its data's "type"
@@ -342,15 +345,8 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     }
   } else {
     s.out_when_over = ~std::uint64_t{0};
-    // server.write_timeout: bytes wait unacknowledged in the kernel and the
-    // client took none of them for that long (a frozen client whose kernel
-    // still takes writes; checked as the upstream's bytes arrive).
-    if (unacked > kAckRecheck && core::now() - down_.acked_moved_at() >= sc.write_timeout) {
-      s.write_cut = true;
-      return false;
-    }
   }
-  // The client left (and the upstream was aborted).
+  // The client left, or server.write_timeout cut it off (Downstream's stall watch); the upstream was aborted.
   return !down_.client_gone();
 }
 
@@ -369,8 +365,8 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   // translation could give the client only an error (no message, no
   // response), and a fallback may give an answer.
   const bool held_empty = ctx.hooks.translating() && s.holding && !ctx.committed;
-  const bool incomplete = failure == http::UpstreamFailure::none && !s.cut_off && !s.write_cut &&
-                          !down_.client_gone() && ((!ctx.hooks.done_relayed() && done_expected(ctx)) || held_empty);
+  const bool incomplete = failure == http::UpstreamFailure::none && !s.cut_off && !down_.client_gone() &&
+                          ((!ctx.hooks.done_relayed() && done_expected(ctx)) || held_empty);
   if (incomplete) failure = http::UpstreamFailure::protocol;
   ctx.t_upstream_done = core::now();
   --metrics.active_streams;
@@ -386,10 +382,10 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       ctx.choice_usage = u.usage();
     }
   }
-  if (s.cut_off || s.write_cut) {
+  if (s.cut_off) {
     src.cancel();
     down_.close();
-    return Outcome::failed(client_gone(s.cut_off ? ClientGone::slow : ClientGone::write_timeout));
+    return Outcome::failed(client_gone(ClientGone::slow));
   }
   // The client read [DONE] and left before the upstream's last bytes (the
   // openai SDK closes as soon as it reads [DONE]): a complete stream.

@@ -1063,6 +1063,62 @@ TEST_F(HttpDownstream, ADrainParkedOnTheWriteLoopWakesWhenTheLastBytesGoOutAtOnc
   EXPECT_EQ(down->backlog(), 0u);
 }
 
+// A client that stops reading after the kernel took what Weir wrote (its
+// send buffer autotunes to MiBs): no write of Weir's waits, and nothing more
+// is written (an upstream gone quiet), yet server.write_timeout cuts it off
+// (never before it passed), and the listener is told, as for a client that
+// left. It was cut only at a later write (never, behind a silent upstream).
+TEST_F(HttpDownstream, AClientThatStopsReadingIsCutAtWriteTimeoutThoughNothingMoreIsWritten) {
+  sc.write_timeout = std::chrono::milliseconds(400);
+  start(/*client_rcvbuf=*/4096);
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->watch_for_close();
+  down->send("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n");
+  const auto t0 = std::chrono::steady_clock::now();
+  down->send_body(std::string(256 << 10, 'x'));
+  ASSERT_TRUE(run_until(io, [&] { return down->client_gone(); }))
+      << "not cut off; " << down->backlog() << " bytes queued, writing " << down->writing();
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, sc.write_timeout);
+  EXPECT_TRUE(down->timed_out());
+  settle(io);
+  EXPECT_EQ(listener.calls, 1);
+}
+
+// The watch's other side: a client that reads what it is sent is never cut,
+// though the stream outlasts write_timeout many times, bytes sit
+// unacknowledged between its reads, and it then waits on a silence (nothing
+// written) longer than write_timeout.
+TEST_F(HttpDownstream, AClientThatReadsIsNotCutThoughTheStreamOutlastsWriteTimeout) {
+  sc.write_timeout = std::chrono::milliseconds(300);
+  start(/*client_rcvbuf=*/4096);
+  client.send(kGet);
+  ASSERT_EQ(head(), Head::request);
+  down->begin_request();
+  down->watch_for_close();
+  std::size_t sent = 0;
+  auto read_for = [&](std::chrono::milliseconds d) {
+    const auto until = std::chrono::steady_clock::now() + d;
+    run_until(io, [&] {
+      client.read_available();
+      return std::chrono::steady_clock::now() >= until;
+    });
+  };
+  for (int i = 0; i < 12; ++i) {
+    const std::string piece(64 << 10, static_cast<char>('a' + i));
+    down->send(piece);
+    sent += piece.size();
+    read_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(receive(sent));
+  read_for(std::chrono::milliseconds(1000));  // silence: the watch ends, nothing is cut
+  EXPECT_EQ(client.received.size(), sent);
+  EXPECT_FALSE(down->client_gone());
+  EXPECT_FALSE(down->timed_out());
+  EXPECT_EQ(listener.calls, 0);
+}
+
 TEST_F(HttpDownstream, SendBodyToAClientThatResetIsDropped) {
   start();
   client.send(kGet);
