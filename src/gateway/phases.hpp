@@ -277,9 +277,9 @@ class GatewayPhases final : public Phases {
     core::TimePoint last_event{};         // the previous data event relayed (none yet: epoch)
     core::TimePoint wait_from{};          // the current read's wait for the upstream began (none: epoch)
     http::UpstreamFailure failure = http::UpstreamFailure::none;
-    bool holding = false;    // the head waits for the first content event
-    bool last_sent = true;   // the reader's last event went to the client (SseEvent::lf_carried)
-    bool cut_off = false;    // the client did not keep up (server.max_stream_buffer)
+    bool holding = false;   // the head waits for the first content event
+    bool last_sent = true;  // the reader's last event went to the client (SseEvent::lf_carried)
+    bool cut_off = false;   // the client did not keep up (server.max_stream_buffer)
     // Over server.max_stream_buffer: the bytes the client had taken when it last took some, and since when.
     std::uint64_t out_when_over = ~std::uint64_t{0};
     core::TimePoint over_since{};
