@@ -19,6 +19,10 @@ using namespace std::string_view_literals;
 namespace {
 // Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
 // the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape).
+// The longest Retry-After (s) the openai and anthropic Python SDKs wait out before their automatic retry; a
+// longer one is replaced by their own short backoff.
+constexpr std::uint32_t kSdkRetryAfterMaxS = 60;
+
 ErrorDialect dialect_of(const RequestContext& ctx) {
   return is_anthropic(ctx.route) || std::string_view(ctx.path).starts_with("/v1/messages/") ? ErrorDialect::anthropic
                                                                                             : ErrorDialect::openai;
@@ -36,8 +40,11 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
       // Weir's own 429 without a Retry-After is one no wait can pass (a request larger than a tokens bucket
       // holds, a worst case above the whole budget, a $0 budget or a spent one that never resets): the openai
-      // and anthropic SDKs would retry it twice anyway unless told not to.
-      if (e.status == 429 && e.retry_after_s == 0) ctx.scratch += "x-should-retry: false\r\n";
+      // and anthropic SDKs would retry it twice anyway unless told not to. So is any refusal whose wait is
+      // longer than the SDKs wait: they take a Retry-After of at most 60 s and otherwise retry after their
+      // own backoff (under 10 s), which can only be refused again (a day's budget spent, a breaker open).
+      if ((e.status == 429 && e.retry_after_s == 0) || e.retry_after_s > kSdkRetryAfterMaxS)
+        ctx.scratch += "x-should-retry: false\r\n";
       if (e.status == 415) ctx.scratch += "Accept-Encoding: gzip, deflate, identity\r\n";
       // A 401 names the scheme that would do (RFC 9110 §11.6.1, §15.5.2).
       if (e.status == 401) ctx.scratch += "WWW-Authenticate: Bearer realm=\"weir\"\r\n";
@@ -140,9 +147,12 @@ bool charge_estimate(const RequestContext& ctx) {
   if (!delivered && !answered_2xx) return false;
   if (ctx.empty_answer) return false;
   // A stream with no content event ([DONE] alone, or broken before its
-  // first token): charged only when the client left or its deadline cut a
-  // generation under way.
-  const bool client_left = ctx.has_error && ctx.error_source == core::ErrorSource::client;
+  // first token): charged only when the client left after its head reached
+  // it, or its deadline cut a generation under way. A client that left while
+  // Weir still held the head (a fallback waits for the first content event)
+  // got nothing at all: an SDK that timed out then retries the request, and
+  // each of its attempts would pay the prompt again.
+  const bool client_left = ctx.has_error && ctx.error_source == core::ErrorSource::client && ctx.committed;
   return !(ctx.sse_answer && ctx.t_first_token == core::TimePoint{} && !client_left && !deadline);
 }
 
