@@ -160,6 +160,8 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
       if (!e) return tl::unexpected(config_error(n, key, e.error()));
       if (std::find(rule.names.begin(), rule.names.end(), *e) == rule.names.end()) rule.names.push_back(*e);
     }
+    // A set, not a sequence: a reload that lists the same hosts in another order changes nothing.
+    std::sort(rule.names.begin(), rule.names.end());
     a.allowed_hosts = std::move(rule);
   }
   return std::optional<AdminConfig>(std::move(a));

@@ -284,7 +284,9 @@ core::TimePoint GatewayPhases::request_end(RequestContext& ctx) {
   // Weir's own time: arrival (the head's first bytes) to now, less the waits on the model servers and on the
   // client, summed in nanoseconds and rounded once (docs/observability.md, added_us). A wait Weir imposes (a
   // pool's queue, a batch window, a rate limit's refill) is Weir's: the request was held inside it.
-  ctx.added_us = core::micros_rounded(end - ctx.t_start - ctx.upstream_wait - down_.client_waited());
+  // (Never above duration_ms, which truncates the same span to whole µs: one waiting on nothing rounds up.)
+  ctx.added_us = std::min(core::micros_rounded(end - ctx.t_start - ctx.upstream_wait - down_.client_waited()),
+                          core::micros_between(ctx.t_start, end));
   return end;
 }
 

@@ -1,0 +1,52 @@
+"""Defects found by stop 49's regression round in the stop's own fixes (helpers 233 and 234):
+- a keys file written by an older build, whose admin API took a tab in a key's name, stopped the new build from
+  starting (the name check meant for new names was applied to the file's);
+- a reload that listed admin.allowed_hosts in another order was refused as a change;
+- added_us was 1 µs above duration_ms on a request that waited on nothing (rounded against truncated)."""
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from conftest import wait_until
+from test_admin_api import ENV, MOCK_FLAGS, _ready, chat, config, start
+from test_config_reload import sighup, write as write_config
+
+
+def test_a_keys_file_with_a_control_character_in_a_key_name_still_loads(mock, weir, tmp_path):
+    m = mock(*MOCK_FLAGS)
+    keys_file = tmp_path / "keys.json"
+    w, admin = start(m, weir, keys_file=str(keys_file))
+    k = admin.create(tenant="acme", name="CI key (prod)")
+    w.process.stop()
+    # As a build before stop 49 wrote it: its admin API took the tab.
+    text = keys_file.read_text()
+    assert '"CI key (prod)"' in text
+    keys_file.write_text(text.replace('"CI key (prod)"', json.dumps("CI key\t(prod)")))
+
+    w2 = weir(config=config(m, int(admin.base.rsplit(":", 1)[1]), keys_file=str(keys_file)), env=ENV)
+    wait_until(lambda: _ready(admin), 5, message="admin listener after the restart")
+    assert chat(w2, k["key"]).status_code == 200
+    assert admin("GET", f"/admin/v1/keys/{k['id']}").json()["name"] == "CI key\t(prod)"
+    # New names keep the rule.
+    r = admin("POST", "/admin/v1/keys", json={"tenant": "acme", "name": "tab\tname"})
+    assert r.status_code == 400, r.text
+
+
+def test_a_reload_that_reorders_admin_allowed_hosts_applies(mock, weir):
+    m = mock(*MOCK_FLAGS)
+    w, admin = start(m, weir, allowed_hosts=["weir-admin.internal", "127.0.0.1"])
+    port = int(admin.base.rsplit(":", 1)[1])
+    write_config(w, config(m, port, allowed_hosts=["127.0.0.1", "weir-admin.internal"]))
+    sighup(w, "success")  # (it was refused: "admin.allowed_hosts[0]: changes only at restart")
+    assert admin("GET", "/ready", token=None).status_code == 200
+
+
+def test_added_us_is_never_above_duration(mock, weir):
+    w = weir(mock(*MOCK_FLAGS), workers=1)
+    for i in range(40):
+        httpx.get(w.base_url + f"/nowhere-{i}", timeout=10)  # answered by Weir: no wait on anyone
+    lines = w.wait_log(lambda es: len(es) >= 40)
+    over = [(e["added_us"], e["duration_ms"]) for e in lines if e["added_us"] > round(e["duration_ms"] * 1000)]
+    assert not over, over
