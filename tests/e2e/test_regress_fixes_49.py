@@ -50,3 +50,22 @@ def test_added_us_is_never_above_duration(mock, weir):
     lines = w.wait_log(lambda es: len(es) >= 40)
     over = [(e["added_us"], e["duration_ms"]) for e in lines if e["added_us"] > round(e["duration_ms"] * 1000)]
     assert not over, over
+
+
+def test_response_failed_says_the_estimate_a_stream_without_usage_was_charged(mock, weir):
+    # An upstream that resets after 3 tokens and never sent usage: Weir charges the estimate (charged_tokens),
+    # and response.failed said "usage": null (only a per-choice count was replaced by the charge).
+    m = mock("--ttft-ms", "5", "--itl-ms", "5", "--max-tokens", "10")
+    w = weir(config={"pools": {"p": {"endpoints": [m.base_url], "retry": {"attempts": 1}}},
+                     "models": {"m": {"pool": "p", "upstream_model": "mock-model"}},
+                     "pricing": {"*": {"input": 1.0, "output": 2.0}}}, workers=1)
+    with httpx.stream("POST", w.base_url + "/v1/responses", timeout=30,
+                      headers={"x-request-id": "resp-cut", "x-mock-reset-after": "3"},
+                      json={"model": "m", "input": "hello there", "stream": True, "max_output_tokens": 10}) as r:
+        events = [json.loads(ln[6:]) for ln in r.iter_lines() if ln.startswith("data: {")]
+    failed = [e for e in events if e.get("type") == "response.failed"]
+    assert len(failed) == 1, events
+    charged = w.log_for("resp-cut")["charged_tokens"]
+    usage = failed[0]["response"]["usage"]
+    assert usage and (usage["input_tokens"], usage["output_tokens"]) == (charged["prompt"], charged["completion"]), \
+        (usage, charged)

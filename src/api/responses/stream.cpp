@@ -291,8 +291,9 @@ void StreamTranslator::fail(int status, std::string_view message, std::string& o
                     status >= 400 && status < 500 ? "invalid_prompt" : "server_error"};
   const ResponseUsage* usage = has_usage_ ? &usage_ : nullptr;
   ResponseUsage charged;
-  if (has_usage_ && usage_per_choice_ && charged_by_ != nullptr) {
-    // One choice's counts so far: the client is told what it is charged, as its log line says.
+  if ((!has_usage_ || usage_per_choice_) && charged_by_ != nullptr) {
+    // One choice's counts so far, or none at all: the client is told what it is charged (the estimate of
+    // a stream cut short), as its log line says.
     const auto u = charged_by_->failed_usage();
     usage = u ? &charged : nullptr;
     if (u) charged = {*u, std::min(usage_.reasoning_tokens, u->completion_tokens)};

@@ -170,6 +170,8 @@ std::optional<api::Usage> GatewayPhases::failed_charge(const RequestContext& ctx
   if (h.has_usage() && h.whole()) return h.usage();
   const api::Usage choice = ctx.has_choice_usage ? ctx.choice_usage : h.usage();
   if (!charge_estimate(ctx)) return std::nullopt;
+  // No usage at all: the estimate settle() charges, only where it charges one (charged_tokens).
+  if (!ctx.has_choice_usage && !h.has_usage() && !(ctx.principal && w_.admission())) return std::nullopt;
   return unreported_usage(ctx, &choice);
 }
 
