@@ -243,6 +243,15 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read, /*empty_lines=*/true, &client_wait_);
   watchdog_.disarm();
   bytes_in_ = n;  // (the head as far as it was parsed; empty lines before it are no request's)
+  if (ec && ec.category() == bh::make_error_code(bh::error::bad_target).category() &&
+      ec != bh::error::partial_message && ec != bh::error::end_of_stream) [[unlikely]] {
+    // A head the parser refused (a bad request line or field, one over the limit): answered, then the
+    // connection closes. The parser stopped where it failed, but the head was taken from the connection:
+    // counted to its end where it is here, else all that came of it.
+    const std::string_view rest{static_cast<const char*>(in_.data().data()), in_.size()};
+    const auto end = rest.find("\r\n\r\n");
+    bytes_in_ += end == std::string_view::npos ? rest.size() : end + 4;
+  }
   // Beast's header_limit lets a head end a little past it (it checks as it
   // goes, by line); the head's own size is the limit's measure (431).
   if (!ec && n > sc_.max_header_bytes) ec = bh::error::header_limit;

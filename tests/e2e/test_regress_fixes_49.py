@@ -69,3 +69,16 @@ def test_response_failed_says_the_estimate_a_stream_without_usage_was_charged(mo
     usage = failed[0]["response"]["usage"]
     assert usage and (usage["input_tokens"], usage["output_tokens"]) == (charged["prompt"], charged["completion"]), \
         (usage, charged)
+
+
+def test_a_head_refused_in_its_request_line_counts_the_bytes_it_took(mock, weir):
+    # bytes_in is what Weir took of the request from the connection: a head whose request line (or a field) the
+    # parser refused was counted 0 (or the request line alone), though it was read and its line logged.
+    from httpwire import roundtrip
+    w = weir(mock(*MOCK_FLAGS), workers=1)
+    heads = [b"GET /v1/models HTTP/9.9\r\nHost: x\r\n\r\n", b"GARBAGE STUFF\r\n\r\n",
+             b"GET /v1/models HTTP/1.1\r\nHost x\r\n\r\n"]
+    for h in heads:
+        assert roundtrip(w.port, h, method="GET").status == 400
+    lines = w.wait_log(lambda es: len(es) >= len(heads))
+    assert [e["bytes_in"] for e in lines] == [len(h) for h in heads], lines
