@@ -256,7 +256,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
             "Malformed HTTP request: Transfer-Encoding must end in a single chunked, and comes with neither "
             "Content-Length nor HTTP/1.0.");
       } else if (problem == http::HeadProblem::bad_host) {
-        e = admin_bad_request("Malformed HTTP request: an HTTP/1.1 request needs exactly one valid Host header.");
+        e = admin_bad_request(
+            "Malformed HTTP request: a request needs exactly one valid Host header (HTTP/1.0: at most one).");
       } else if (problem == http::HeadProblem::bad_target) {
         e = admin_bad_request("Malformed HTTP request: the request target must be a path or an http(s) absolute URI.");
       } else if (problem == http::HeadProblem::unsupported_expectation) {

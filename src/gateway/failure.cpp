@@ -36,7 +36,8 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
     case http::ReadFailure::unsupported_coding:
       return core::unsupported_transfer_coding();
     case http::ReadFailure::bad_host:
-      return core::bad_request("Malformed HTTP request: an HTTP/1.1 request needs exactly one valid Host header.");
+      return core::bad_request(
+          "Malformed HTTP request: a request needs exactly one valid Host header (HTTP/1.0: at most one).");
     case http::ReadFailure::bad_target:
       return core::bad_request(
           "Malformed HTTP request: the request target must be a path (/v1/...) or an http(s) absolute URI.");

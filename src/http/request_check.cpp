@@ -188,7 +188,10 @@ HeadProblem check_request_head(const RequestHead& req) {
     if (codings.codings > 1) return HeadProblem::unsupported_coding;
   }
   if (req.version() >= 11 && (hosts != 1 || !valid_host(core::trim_ows(host)))) return HeadProblem::bad_host;
-  if (req.version() < 11 && hosts > 1) return HeadProblem::bad_host;
+  // HTTP/1.0 may leave Host out; one it sends is checked as 1.1's (a Host the admin listener's allow list
+  // compares must be a host, not `localhost:1@elsewhere`).
+  if (req.version() < 11 && (hosts > 1 || (hosts == 1 && !valid_host(core::trim_ows(host)))))
+    return HeadProblem::bad_host;
   const std::string_view t = req.target();
   std::string scratch;  // (an absolute-form target's authority is checked: origin_form)
   if (t.empty() || (t[0] != '/' && (scheme_len(t) == 0 || origin_form(t, scratch).empty())) ||

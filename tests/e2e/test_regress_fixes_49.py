@@ -82,3 +82,17 @@ def test_a_head_refused_in_its_request_line_counts_the_bytes_it_took(mock, weir)
         assert roundtrip(w.port, h, method="GET").status == 400
     lines = w.wait_log(lambda es: len(es) >= len(heads))
     assert [e["bytes_in"] for e in lines] == [len(h) for h in heads], lines
+
+
+def test_an_http_1_0_host_is_checked_as_1_1s(mock, weir):
+    # HTTP/1.0 may leave Host out, but one it sends was not checked: `Host: localhost:1@attacker.example` passed
+    # the admin listener's allow list (which compares what comes before the first ':').
+    from httpwire import roundtrip
+    w, admin = start(mock(*MOCK_FLAGS), weir)
+    port = int(admin.base.rsplit(":", 1)[1])
+    for bad in (b"localhost:1@attacker.example", b"127.0.0.1:@attacker.example", b"localhost:80 attacker"):
+        for p in (port, w.port):
+            r = roundtrip(p, b"GET /metrics HTTP/1.0\r\nHost: " + bad + b"\r\n\r\n", method="GET")
+            assert r.status == 400, (p, bad, r.status)
+    assert roundtrip(port, b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n", method="GET").status == 200
+    assert roundtrip(port, b"GET /metrics HTTP/1.0\r\n\r\n", method="GET").status == 200
