@@ -70,40 +70,40 @@ TEST(AdminHost, TheDefaultFollowsTheBoundAddress) {
   EXPECT_EQ(effective_host_rule(&mine, ip::make_address("127.0.0.1")), mine);
 }
 
-const char* env(const char*) { return "a-long-enough-admin-token"; }
+const char* admin_host_env(const char*) { return "a-long-enough-admin-token"; }
 
-core::ConfigResult<LoadedConfig> load(std::string_view hosts) {
+core::ConfigResult<LoadedConfig> load_hosts(std::string_view hosts) {
   return load_config_text(
       "listen: 127.0.0.1:8080\ndefault_pool: p\npools:\n  p: {endpoints: [\"http://127.0.0.1:9\"]}\nadmin:\n"
       "  listen: 127.0.0.1:8081\n  token_env: T\n  allowed_hosts: " +
           std::string(hosts) + "\n",
-      "weir.yaml", &env);
+      "weir.yaml", &admin_host_env);
 }
 
 TEST(AdminHost, TheOptionIsParsedAndCheckedAtLoad) {
-  auto r = load(R"(["Weir-Admin.Internal.", "[0:0::1]", "::1", 10.0.0.5, localhost])");
+  auto r = load_hosts(R"(["Weir-Admin.Internal.", "[0:0::1]", "::1", 10.0.0.5, localhost])");
   ASSERT_TRUE(r) << r.error().to_string();
   ASSERT_TRUE(r->admin && r->admin->allowed_hosts);
   EXPECT_EQ(r->admin->allowed_hosts->kind, Kind::listed);
   // (Normalized, each once, and sorted: a set, so a reload that reorders the list changes nothing.)
   EXPECT_EQ(r->admin->allowed_hosts->names,
             (std::vector<std::string>{"10.0.0.5", "[::1]", "localhost", "weir-admin.internal"}));
-  r = load(R"("*")");
+  r = load_hosts(R"("*")");
   ASSERT_TRUE(r) << r.error().to_string();
   EXPECT_EQ(r->admin->allowed_hosts->kind, Kind::any);
-  r = load("[admin.example]");
+  r = load_hosts("[admin.example]");
   ASSERT_TRUE(r) << r.error().to_string();
   EXPECT_EQ(r->admin->allowed_hosts->names, std::vector<std::string>{"admin.example"});
   // Absent: the default, chosen when the listener is bound.
   auto none = load_config_text(
       "listen: 127.0.0.1:8080\ndefault_pool: p\npools:\n  p: {endpoints: [\"http://127.0.0.1:9\"]}\n"
       "admin: {listen: 127.0.0.1:8081, token_env: T}\n",
-      "weir.yaml", &env);
+      "weir.yaml", &admin_host_env);
   ASSERT_TRUE(none) << none.error().to_string();
   EXPECT_FALSE(none->admin->allowed_hosts);
 
   const auto err = [](std::string_view hosts) {
-    auto e = load(hosts);
+    auto e = load_hosts(hosts);
     EXPECT_FALSE(e) << hosts;
     return e ? std::string() : e.error().to_string();
   };
