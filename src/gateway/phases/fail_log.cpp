@@ -17,12 +17,12 @@ namespace weir::gateway {
 using namespace std::string_view_literals;
 
 namespace {
-// Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
-// the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape).
 // The longest Retry-After (s) the openai and anthropic Python SDKs wait out before their automatic retry; a
 // longer one is replaced by their own short backoff.
 constexpr std::uint32_t kSdkRetryAfterMaxS = 60;
 
+// Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
+// the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape).
 ErrorDialect dialect_of(const RequestContext& ctx) {
   return is_anthropic(ctx.route) || std::string_view(ctx.path).starts_with("/v1/messages/") ? ErrorDialect::anthropic
                                                                                             : ErrorDialect::openai;
