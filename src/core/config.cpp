@@ -60,7 +60,9 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
   WEIR_TRY_VOID(check_keys(n, "server",
                            {"max_body", "max_header", "header_timeout", "body_timeout", "keepalive_timeout",
                             "write_timeout", "max_stream_buffer", "max_response", "max_event", "drain_timeout",
-                            "access_log", "reuse_port", "metrics", "ready_pools", "watch_config", "cors"}));
+                            "access_log", "reuse_port", "metrics", "ready_pools", "watch_config", "cors",
+                            // (allowed_hosts: read by gateway::load_config, ServerConfig::allowed_hosts)
+                            "allowed_hosts"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     // (0 is no "unlimited", as nginx's client_max_body_size 0 is: it would refuse every body.)

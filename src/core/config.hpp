@@ -12,6 +12,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "core/host_rule.hpp"
 #include "core/yaml.hpp"
 
 namespace weir::core {
@@ -76,6 +77,13 @@ struct ServerConfig {
   bool reuse_port = false;                           // start even if another process listens on `listen`, sharing it
   MetricsConfig metrics;                             // label dimensions of /metrics
   CorsConfig cors;                                   // browsers' cross-origin requests (off by default)
+  // The hosts a request on the client listener may name (its Host, or an
+  // absolute-form target's authority): server.allowed_hosts, parsed by
+  // gateway::load_config (gateway::parse_allowed_hosts: an entry is checked
+  // as a Host value is, which is http's). nullopt = the default
+  // (gateway::client_host_rule: on a loopback listener, IP literals and
+  // localhost for the requests that need no credential; any host else).
+  std::optional<HostRule> allowed_hosts;
   // When GET /ready answers 503 besides draining (docs/reliability.md#readiness):
   // all = while any pool has no endpoint available on any worker, any = while
   // no pool has one, off = draining only.

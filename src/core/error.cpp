@@ -102,6 +102,9 @@ Error client_closed(std::string_view code, std::string message) {
 Error unauthorized(std::string message) {
   return make(ErrorSource::client, 401, "invalid_request_error", "invalid_api_key", std::move(message));
 }
+Error host_not_allowed(std::string message) {
+  return make(ErrorSource::client, 421, "invalid_request_error", "host_not_allowed", std::move(message));
+}
 Error forbidden(std::string message, std::string_view code) {
   return make(ErrorSource::client, 403, "permission_error", code, std::move(message));
 }

@@ -59,6 +59,10 @@ Error unsupported_media_type(std::string_view content_type);
 Error unsupported_encoding(std::string_view coding);
 // 400 invalid_content_encoding: a gzip/deflate body that does not decode.
 Error undecodable_body(std::string_view coding);
+// 421 host_not_allowed: the request names a host (Host, or an absolute-form
+// target's authority) this listener is not configured to serve
+// (server.allowed_hosts; RFC 9110 §15.5.20 "Misdirected Request").
+Error host_not_allowed(std::string message);
 Error unauthorized(std::string message);                                            // 401 invalid_api_key
 Error forbidden(std::string message, std::string_view code = "model_not_allowed");  // 403
 Error rate_limited(std::string message, std::uint32_t retry_after_s);               // 429 rate_limit_exceeded

@@ -2,49 +2,17 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <system_error>
 
 #include <fmt/format.h>
-#include <boost/asio/ip/address_v6.hpp>
-
-#include "http/request_check.hpp"
 
 namespace weir::gateway {
 
 namespace {
 
 using core::config_error;
-
-bool is_ipv6(std::string_view s) {
-  boost::system::error_code ec;
-  (void)boost::asio::ip::make_address_v6(std::string(s), ec);
-  return !ec;
-}
-
-// One admin.allowed_hosts entry as host_allowed() compares it (normalize_host), or why it is none.
-tl::expected<std::string, std::string> host_entry(std::string_view e) {
-  const std::string quoted = fmt::format("'{}'", e);
-  if (e.find('*') != std::string_view::npos)
-    return tl::unexpected(quoted + " has a wildcard: \"*\" alone allows any host; otherwise list each name");
-  if (e.find('%') != std::string_view::npos)  // (no Host a request can send holds one: valid_host)
-    return tl::unexpected(quoted + " is no host name (letters, digits, '-' and '.'; an IDN in its xn-- form)");
-  if (e.front() == '[') {
-    if (e.size() < 3 || e.back() != ']' || !is_ipv6(e.substr(1, e.size() - 2)))
-      return tl::unexpected(quoted + " is no IPv6 address in brackets");
-    return normalize_host(e);
-  }
-  if (e.find(':') != std::string_view::npos) {
-    // An IPv6 address written without its brackets is one; anything else with a colon has a port.
-    if (is_ipv6(e)) return normalize_host(fmt::format("[{}]", e));
-    return tl::unexpected(quoted + " has a port: list the host alone (it is matched on every port)");
-  }
-  if (!http::valid_host(e) || e == ".")
-    return tl::unexpected(quoted + " is no host name (letters, digits, '-' and '.'; an IDN in its xn-- form)");
-  return normalize_host(e);
-}
 
 core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, const core::ListenAddress& client,
                                                      auth::GetEnv getenv_fn) {
@@ -129,40 +97,9 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     a.keys_file = std::move(*f);
   }
   if (const YAML::Node hosts = node["allowed_hosts"]) {
-    // A list of strings; one string is a list of one (as server.cors.allowed_origins).
-    std::vector<std::pair<std::string, YAML::Node>> entries;
-    if (hosts.IsScalar()) {
-      WEIR_TRY_RESULT(h, core::read_string(hosts, "admin.allowed_hosts"));
-      entries.emplace_back(std::move(*h), hosts);
-    } else if (hosts.IsSequence()) {
-      for (std::size_t i = 0; i < hosts.size(); ++i) {
-        WEIR_TRY_RESULT(h, core::read_string(hosts[i], fmt::format("admin.allowed_hosts[{}]", i)));
-        entries.emplace_back(std::move(*h), hosts[i]);
-      }
-    } else {
-      return tl::unexpected(config_error(hosts, "admin.allowed_hosts", "expected a list of host names (or \"*\")"));
-    }
-    if (entries.empty())
-      return tl::unexpected(config_error(hosts, "admin.allowed_hosts",
-                                         "empty: no request naming a host would be answered; list the names the "
-                                         "admin listener is reached by (or \"*\" for any)"));
-    AdminHostRule rule{AdminHostRule::Kind::listed, {}};
-    for (std::size_t i = 0; i < entries.size(); ++i) {
-      const auto& [h, n] = entries[i];
-      const std::string key = hosts.IsSequence() ? fmt::format("admin.allowed_hosts[{}]", i) : "admin.allowed_hosts";
-      if (h == "*") {
-        if (entries.size() > 1) return tl::unexpected(config_error(n, key, "\"*\" allows any host: list it alone"));
-        rule.kind = AdminHostRule::Kind::any;
-        continue;
-      }
-      if (h.empty()) return tl::unexpected(config_error(n, key, "empty entry"));
-      auto e = host_entry(h);
-      if (!e) return tl::unexpected(config_error(n, key, e.error()));
-      if (std::find(rule.names.begin(), rule.names.end(), *e) == rule.names.end()) rule.names.push_back(*e);
-    }
-    // A set, not a sequence: a reload that lists the same hosts in another order changes nothing.
-    std::sort(rule.names.begin(), rule.names.end());
-    a.allowed_hosts = std::move(rule);
+    auto rule = parse_allowed_hosts(hosts, "admin.allowed_hosts", "admin listener");
+    if (!rule) return tl::unexpected(std::move(rule.error()));
+    a.allowed_hosts = std::move(*rule);
   }
   return std::optional<AdminConfig>(std::move(a));
 }

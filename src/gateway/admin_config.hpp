@@ -11,7 +11,7 @@
 #include "auth/crypto.hpp"
 #include "core/config.hpp"
 #include "core/yaml.hpp"
-#include "gateway/admin_host.hpp"
+#include "gateway/host_rule.hpp"
 
 namespace weir::gateway {
 
@@ -29,7 +29,7 @@ struct AdminConfig {
   // authority): admin.allowed_hosts. nullopt = the default, chosen by the
   // address the listener binds (effective_host_rule: IP literals and
   // localhost on loopback, any host elsewhere).
-  std::optional<AdminHostRule> allowed_hosts;
+  std::optional<core::HostRule> allowed_hosts;
 
   bool operator==(const AdminConfig&) const = default;
 };

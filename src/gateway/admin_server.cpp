@@ -329,7 +329,7 @@ core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminReques
   handler = nullptr;
   // First of all: a request for a host this listener does not serve gets
   // nothing of it, the console's files and the answers without a token
-  // included (a DNS-rebinding page reads those: admin_host.hpp). 421, not
+  // included (a DNS-rebinding page reads those: host_rule.hpp). 421, not
   // 403: RFC 9110 §15.5.20 names it for "a target URI that does not match an
   // origin for which the server has been configured", which this is; the
   // request is not forbidden to its sender, it reached the wrong server.
@@ -340,7 +340,7 @@ core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminReques
         "host_not_allowed",
         fmt::format("The admin listener does not serve the host '{}' (admin.allowed_hosts{}).",
                     core::utf8_prefix(req.authority, 256),
-                    host_rule_.kind == AdminHostRule::Kind::local
+                    host_rule_.kind == core::HostRule::Kind::local
                         ? "; on a loopback address it answers IP literals and localhost unless the option lists more"
                         : ""),
         {}});

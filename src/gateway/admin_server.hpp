@@ -131,7 +131,7 @@ class AdminServer {
 
   // The hosts requests may name (admin.allowed_hosts, or its default for
   // the bound address), set by listen().
-  const AdminHostRule& host_rule() const { return host_rule_; }
+  const core::HostRule& host_rule() const { return host_rule_; }
 
   // Binds admin.listen with SO_REUSEPORT, as the client port's listeners
   // are, so that a new instance started with --reuse-port can share it for
@@ -270,7 +270,7 @@ class AdminServer {
   // The request log's read side (its own read-only connection), or null without request_log:.
   std::unique_ptr<requestlog::Reader> requests_;
   AdminConfig cfg_;
-  AdminHostRule host_rule_;  // effective_host_rule() for the bound address (listen())
+  core::HostRule host_rule_;  // effective_host_rule() for the bound address (listen())
   Shared& shared_;
   KeyStore* keys_;
   // With auth.redis_keys: runtime keys live in Redis (every replica sees them), not in keys_.

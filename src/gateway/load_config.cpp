@@ -13,6 +13,7 @@
 
 #include "auth/jwk.hpp"
 #include "core/listen_probe.hpp"
+#include "gateway/host_rule.hpp"
 #include "http/tls.hpp"
 
 namespace weir::gateway {
@@ -177,6 +178,17 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
     auto admin = parse_admin_config(root, out.config.server.listen, file, getenv_fn);
     if (!admin) return tl::unexpected(std::move(admin.error()));
     out.admin = std::move(*admin);
+    // server.allowed_hosts, here rather than with the rest of server: in core: its entries are checked as a
+    // Host value is (http), with admin.allowed_hosts' reader.
+    if (const YAML::Node server = root["server"]; server && server.IsMap())
+      if (const YAML::Node hosts = server["allowed_hosts"]) {
+        auto rule = parse_allowed_hosts(hosts, "server.allowed_hosts", "client listener");
+        if (!rule) {
+          rule.error().file = file;
+          return tl::unexpected(std::move(rule.error()));
+        }
+        out.config.server.allowed_hosts = std::move(*rule);
+      }
     auto request_log = requestlog::parse_request_log_config(root, file);
     if (!request_log) return tl::unexpected(std::move(request_log.error()));
     out.request_log = std::move(*request_log);

@@ -89,6 +89,12 @@ class GatewayPhases final : public Phases {
   // as it came (decode_body() decodes it). next(), or the failure (413, 408,
   // 400, 499).
   core::Task<Outcome> read_body(RequestContext& ctx);
+  // Whether the request's host (Host, or an absolute-form target's
+  // authority) is one this listener serves for its route:
+  // server.allowed_hosts, or its default (client_host_rule).
+  bool host_check(const RequestContext& ctx) const;
+  // The 421 host_not_allowed for a request host_check() refused.
+  core::Error misdirected(const RequestContext& ctx) const;
   // A CORS preflight (server.cors on, gateway/cors.hpp) on a route Weir
   // serves: 204 with the Access-Control-Allow-* fields for an allowed
   // origin, else 403 origin_not_allowed; before authentication.

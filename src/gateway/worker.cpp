@@ -17,6 +17,7 @@
 
 #include "core/listen_probe.hpp"
 #include "core/time.hpp"
+#include "gateway/host_rule.hpp"
 #include "gateway/session.hpp"
 
 namespace weir::gateway {
@@ -267,6 +268,7 @@ std::uint16_t Worker::listen(const core::ListenAddress& addr, std::uint16_t port
     error = fmt::format("cannot listen on {}:{}: {}", addr.host, port, ec.message());
     return 0;
   }
+  loopback_listener_ = is_loopback(ep.address());
   return acceptor_.local_endpoint().port();
 }
 

@@ -216,7 +216,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                : services.key_store()->persistent()                     ? ", runtime keys in " + loaded.admin->keys_file
                                                     : ", runtime keys in memory only (no admin.keys_file)",
                // (The loopback default refuses names other than localhost: say so where an operator looks.)
-               admin->host_rule().kind == gateway::AdminHostRule::Kind::local
+               admin->host_rule().kind == core::HostRule::Kind::local
                    ? "; Host: IP literals and localhost only (admin.allowed_hosts)"
                    : "");
   }
@@ -227,10 +227,14 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                loaded.tracing->sample_ratio, loaded.tracing->service_name);
   }
   for (auto& w : workers) w->start();
-  fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({})\n",
+  fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({}){}\n",
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
              config->pools.size() == 1 ? "" : "s", config->models.size(), config->models.size() == 1 ? "" : "s",
-             config->source);
+             config->source,
+             // (As the admin line: the loopback default refuses other names for what needs no credential.)
+             !config->server.allowed_hosts && workers.front()->loopback_listener()
+                 ? "; Host: only IP literals and localhost where no credential is needed (server.allowed_hosts)"
+                 : "");
 
   std::thread signal_thread([&] { main_io.run(); });
   for (auto& w : workers) w->join();

@@ -13,6 +13,7 @@
 #include "gateway/cors.hpp"
 #include "gateway/endpoints.hpp"
 #include "gateway/failure.hpp"
+#include "gateway/host_rule.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 #include "http/gzip.hpp"
@@ -123,6 +124,14 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     ctx.cors_allowed = append_cors_fields(ctx.cors_lines, cors, req);
   if (ctx.read_failure != http::ReadFailure::none)
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
+  // Then a host this listener does not serve (server.allowed_hosts; without it, on a loopback listener, what
+  // needs no credential answers IP literals and localhost only: a DNS-rebinding page's requests name its own
+  // site, gateway/host_rule.hpp). 421, not 403: the request reached a server not configured for its origin
+  // (RFC 9110 §15.5.20). Before the body and "100 Continue".
+  if (!host_check(ctx)) [[unlikely]] {
+    if (!down_.body_complete()) down_.no_keep_alive();
+    co_return Outcome::failed(misdirected(ctx));
+  }
 
   // Unknown routes and wrong methods are answered without reading the body:
   // the connection then closes unless there was none.
@@ -162,6 +171,29 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     co_return Outcome::next();
   }
   co_return co_await read_body(ctx);
+}
+
+bool GatewayPhases::host_check(const RequestContext& ctx) const {
+  const auto& configured = ctx.gen->config().server.allowed_hosts;
+  // (The default on a listener elsewhere than loopback answers every host: no string is looked at.)
+  if (!configured && !w_.loopback_listener()) return true;
+  const bool needs_credential = w_.credential_required() && (api_of(ctx.route) || ctx.route == RouteKind::models ||
+                                                             ctx.route == RouteKind::version);
+  const auto& req = down_.request();
+  return host_allowed(client_host_rule(configured ? &*configured : nullptr, w_.loopback_listener(), needs_credential),
+                      request_authority(req.target(), http::first_field(req, bh::field::host)));
+}
+
+core::Error GatewayPhases::misdirected(const RequestContext& ctx) const {
+  const auto& req = down_.request();
+  const std::string_view authority = request_authority(req.target(), http::first_field(req, bh::field::host));
+  return core::host_not_allowed(
+      fmt::format("Weir does not serve the host '{}' here (server.allowed_hosts{}).",
+                  core::utf8_prefix(authority, core::kMaxEchoBytes),
+                  ctx.gen->config().server.allowed_hosts
+                      ? ""
+                      : "; on a loopback address, a request that needs no credential is answered for IP literals and "
+                        "localhost only, unless the option lists more"));
 }
 
 core::Task<Outcome> GatewayPhases::preflight(RequestContext& ctx) {

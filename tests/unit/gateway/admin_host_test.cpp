@@ -1,16 +1,16 @@
-// The admin listener's Host check (admin.allowed_hosts, gateway/admin_host.hpp):
+// The admin listener's Host check (admin.allowed_hosts, gateway/host_rule.hpp):
 // the authority a request names, its normal form, the rules, and the option's parsing.
 #include <gtest/gtest.h>
 #include <boost/asio/ip/address.hpp>
 
-#include "gateway/admin_host.hpp"
+#include "gateway/host_rule.hpp"
 #include "gateway/load_config.hpp"
 
 namespace weir::gateway {
 namespace {
 
 namespace ip = boost::asio::ip;
-using Kind = AdminHostRule::Kind;
+using Kind = core::HostRule::Kind;
 
 TEST(AdminHost, TheTargetsAuthorityWinsOverHost) {
   EXPECT_EQ(request_authority("/metrics", "127.0.0.1:8081"), "127.0.0.1:8081");
@@ -33,7 +33,7 @@ TEST(AdminHost, NormalizesCasePortBracketsAndATrailingDot) {
 }
 
 TEST(AdminHost, TheLoopbackDefaultTakesIpLiteralsAndLocalhostOnly) {
-  const AdminHostRule local{Kind::local, {}};
+  const core::HostRule local{Kind::local, {}};
   for (const char* ok : {"127.0.0.1", "127.0.0.1:8081", "10.1.2.3:80", "[::1]:8081", "[::1]", "localhost",
                          "LocalHost:8081", "localhost.:8081", ""})
     EXPECT_TRUE(host_allowed(local, ok)) << ok;
@@ -44,7 +44,7 @@ TEST(AdminHost, TheLoopbackDefaultTakesIpLiteralsAndLocalhostOnly) {
 }
 
 TEST(AdminHost, ListedNamesAndAny) {
-  const AdminHostRule listed{Kind::listed, {"weir-admin.internal", "[::1]", "10.0.0.5"}};
+  const core::HostRule listed{Kind::listed, {"weir-admin.internal", "[::1]", "10.0.0.5"}};
   EXPECT_TRUE(host_allowed(listed, "WEIR-admin.internal:9090"));
   EXPECT_TRUE(host_allowed(listed, "weir-admin.internal."));
   EXPECT_TRUE(host_allowed(listed, "[0::1]:9090"));
@@ -53,7 +53,7 @@ TEST(AdminHost, ListedNamesAndAny) {
   EXPECT_FALSE(host_allowed(listed, "127.0.0.1"));
   EXPECT_FALSE(host_allowed(listed, "localhost"));
   EXPECT_FALSE(host_allowed(listed, "admin.internal"));
-  EXPECT_TRUE(host_allowed(AdminHostRule{Kind::any, {}}, "attacker.example"));
+  EXPECT_TRUE(host_allowed(core::HostRule{Kind::any, {}}, "attacker.example"));
 }
 
 TEST(AdminHost, TheDefaultFollowsTheBoundAddress) {
@@ -66,7 +66,7 @@ TEST(AdminHost, TheDefaultFollowsTheBoundAddress) {
   EXPECT_EQ(kind("::"), Kind::any);
   EXPECT_EQ(kind("10.0.0.5"), Kind::any);
   EXPECT_EQ(kind("::ffff:10.0.0.5"), Kind::any);
-  const AdminHostRule mine{Kind::listed, {"a"}};
+  const core::HostRule mine{Kind::listed, {"a"}};
   EXPECT_EQ(effective_host_rule(&mine, ip::make_address("127.0.0.1")), mine);
 }
 
@@ -120,6 +120,55 @@ TEST(AdminHost, TheOptionIsParsedAndCheckedAtLoad) {
   EXPECT_NE(err("['']").find("empty entry"), std::string::npos);
   EXPECT_NE(err("{a: b}").find("expected a list"), std::string::npos);
   EXPECT_NE(err("[[a]]").find("admin.allowed_hosts[0]"), std::string::npos);
+}
+
+// server.allowed_hosts: the client listener's rule, read with admin.allowed_hosts' reader.
+TEST(ClientHost, TheDefaultHoldsOnlyWhatNeedsNoCredentialOnLoopback) {
+  // Loopback, no option: IP literals and localhost for what needs no credential; any host for the rest.
+  EXPECT_EQ(client_host_rule(nullptr, true, false).kind, Kind::local);
+  EXPECT_EQ(client_host_rule(nullptr, true, true).kind, Kind::any);
+  // Elsewhere: any host.
+  EXPECT_EQ(client_host_rule(nullptr, false, false).kind, Kind::any);
+  EXPECT_EQ(client_host_rule(nullptr, false, true).kind, Kind::any);
+  // The option: every request, the credential's routes too, on any address.
+  const core::HostRule mine{Kind::listed, {"api.example"}};
+  for (bool loopback : {true, false})
+    for (bool credential : {true, false}) EXPECT_EQ(&client_host_rule(&mine, loopback, credential), &mine);
+  EXPECT_FALSE(host_allowed(client_host_rule(nullptr, true, false), "attacker.example:8080"));
+  EXPECT_TRUE(host_allowed(client_host_rule(nullptr, true, true), "attacker.example:8080"));
+}
+
+core::ConfigResult<LoadedConfig> load_server_hosts(std::string_view hosts) {
+  return load_config_text(
+      "listen: 127.0.0.1:8080\ndefault_pool: p\npools:\n  p: {endpoints: [\"http://127.0.0.1:9\"]}\n"
+      "server:\n  allowed_hosts: " +
+          std::string(hosts) + "\n",
+      "weir.yaml");
+}
+
+TEST(ClientHost, TheOptionIsParsedAndCheckedAtLoad) {
+  auto r = load_server_hosts(R"(["API.Example.", "::1", 127.0.0.1])");
+  ASSERT_TRUE(r) << r.error().to_string();
+  ASSERT_TRUE(r->config.server.allowed_hosts);
+  EXPECT_EQ(r->config.server.allowed_hosts->kind, Kind::listed);
+  EXPECT_EQ(r->config.server.allowed_hosts->names, (std::vector<std::string>{"127.0.0.1", "[::1]", "api.example"}));
+  r = load_server_hosts(R"("*")");
+  ASSERT_TRUE(r) << r.error().to_string();
+  EXPECT_EQ(r->config.server.allowed_hosts->kind, Kind::any);
+  auto none = load_config_text(
+      "listen: 127.0.0.1:8080\ndefault_pool: p\npools:\n  p: {endpoints: [\"http://127.0.0.1:9\"]}\n", "weir.yaml");
+  ASSERT_TRUE(none) << none.error().to_string();
+  EXPECT_FALSE(none->config.server.allowed_hosts);
+  const auto err = [](std::string_view hosts) {
+    auto e = load_server_hosts(hosts);
+    EXPECT_FALSE(e) << hosts;
+    return e ? std::string() : e.error().to_string();
+  };
+  EXPECT_NE(err("[]").find("weir.yaml:6:18: server.allowed_hosts: empty"), std::string::npos) << err("[]");
+  EXPECT_NE(err("[]").find("the client listener"), std::string::npos) << err("[]");
+  EXPECT_NE(err("[api.example:8080]").find("server.allowed_hosts[0]: 'api.example:8080' has a port"),
+            std::string::npos);
+  EXPECT_NE(err("[a, '*']").find("server.allowed_hosts[1]: \"*\" allows any host"), std::string::npos);
 }
 
 }  // namespace
