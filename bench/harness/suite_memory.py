@@ -125,7 +125,7 @@ def after_slow_clients(env: Env, t: Target, mock: Mock, rounds: int) -> dict:
     after = []
     body = json.dumps({"model": "mock-model", "stream": True, "max_tokens": 200000,
                        "messages": [{"role": "user", "content": "hi"}]})
-    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+    head = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n\r\n")
     for _ in range(rounds):
         socks = []

@@ -152,7 +152,7 @@ def test_concurrent_stream_cap_and_release_on_every_path(gw):
     # A client that disconnects mid-stream frees its slot too.
     with socket.create_connection(("127.0.0.1", w.port)) as s:
         body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "x"}]}).encode()
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer sk-capped\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer sk-capped\r\n"
                   b"x-mock-ttft-ms: 5000\r\nContent-Type: application/json\r\nContent-Length: "
                   + str(len(body)).encode() + b"\r\n\r\n" + body)
         s.recv(1)  # the head arrives before the first token

@@ -256,7 +256,7 @@ def test_responses_client_disconnect_mid_stream_is_one_499_line_and_an_upstream_
     aborts = m.aborts()
     body = json.dumps({"model": "gpt-test", "input": "hi", "stream": True}).encode()
     s = socket.create_connection(("127.0.0.1", w.port))
-    s.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nx-request-id: {r_id}\r\n"
+    s.sendall(f"POST /v1/responses HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {KEY}\r\nx-request-id: {r_id}\r\n"
               f"x-mock-itl-ms: 200\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
               + body)
     assert s.recv(4096).startswith(b"HTTP/1.1 200")
@@ -441,7 +441,7 @@ def _raw(port: int, data: bytes, then: bytes | None = None, timeout: float = 5) 
 
 def test_audio_expect_100_continue_over_max_body_is_413_without_continue(stack):
     _, w = stack
-    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {BOB}\r\n"
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {BOB}\r\n"
             f"Content-Type: multipart/form-data; boundary=BND\r\nContent-Length: {2 << 20}\r\n"
             "Expect: 100-continue\r\n\r\n").encode()
     out = _raw(w.port, head)
@@ -453,7 +453,7 @@ def test_audio_chunked_bodies(stack):
     _, w = stack
     from httpwire import chunked
     ok = form([FILE, part("model", b"whisper-1")])
-    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {BOB}\r\n"
+    head = (f"POST /v1/audio/transcriptions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {BOB}\r\n"
             "Content-Type: multipart/form-data; boundary=BND\r\nTransfer-Encoding: chunked\r\n"
             "Connection: close\r\n\r\n").encode()
     out = _raw(w.port, head + chunked(ok, 7))

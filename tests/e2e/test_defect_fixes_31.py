@@ -238,7 +238,7 @@ def wire_answer(headers, body):
 @pytest.mark.parametrize("lines", [["foo", "close"], ["keep-alive", "close"]])
 def test_close_on_a_second_connection_line_closes(wire, lines):
     # RFC 9110 §5.3: two field lines are one list; RFC 9112 §9.6: "close" means the server closes.
-    head = "GET /health HTTP/1.1\r\nHost: x\r\n" + "".join(f"Connection: {v}\r\n" for v in lines) + "\r\n"
+    head = "GET /health HTTP/1.1\r\nHost: localhost\r\n" + "".join(f"Connection: {v}\r\n" for v in lines) + "\r\n"
     with RawConn(wire.port) as c:
         c.send(head.encode())
         r = c.read_response("GET")
@@ -262,7 +262,7 @@ def test_no_upstream_address_in_redirect_link_or_alt_svc_fields(wire):
 def test_the_echoed_path_is_capped_as_written(wire):
     # 400 bytes that are not UTF-8 become U+FFFD (3 bytes each): the cap holds for what is written.
     path = b"/v1/" + b"\xff" * 400
-    r = roundtrip(wire.port, b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n\r\n", method="GET")
+    r = roundtrip(wire.port, b"GET " + path + b" HTTP/1.1\r\nHost: localhost\r\n\r\n", method="GET")
     err = assert_openai_error(r, 404)
     echoed = err["message"].removeprefix("Unknown request URL: ").removesuffix(".")
     assert len(echoed.encode()) <= 256, len(echoed.encode())
@@ -275,7 +275,7 @@ def test_the_echoed_path_is_capped_as_written(wire):
 def test_a_head_over_max_header_is_431_exactly(wire, shape):
     # The head's own size against server.max_header (4 KiB here), not a line-by-line estimate.
     limit = 4096
-    start = "GET /health HTTP/1.1\r\nHost: x\r\n"
+    start = "GET /health HTTP/1.1\r\nHost: localhost\r\n"
     if shape == "many_fields":
         fields = "".join(f"X-F{i}: v\r\n" for i in range(300))
         fields = fields[: limit - len(start) - 40]
@@ -295,7 +295,7 @@ def test_a_head_over_max_header_is_431_exactly(wire, shape):
 def test_several_content_encoding_lines_are_one_list(wire, lines, status):
     import gzip as gz
     body = gz.compress(json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode())
-    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n" + "".join(f"Content-Encoding: {v}\r\n" for v in lines) + "\r\n")
     r = roundtrip(wire.port, head.encode() + body)
     assert_openai_error(r, status, "unsupported_content_encoding")
@@ -306,7 +306,7 @@ def test_empty_content_encoding_list_elements_are_ignored(wire, lines):
     # RFC 9110 §5.6.1: a recipient ignores empty list elements; "gzip," is gzip.
     import gzip as gz
     body = gz.compress(json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode())
-    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = ("POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\n" + "".join(f"Content-Encoding: {v}\r\n" for v in lines) + "\r\n")
     r = roundtrip(wire.port, head.encode() + body)
     assert r.status == 200, r.body
@@ -314,10 +314,10 @@ def test_empty_content_encoding_list_elements_are_ignored(wire, lines):
 
 @pytest.mark.parametrize("method", ["FOO", "post", "BREW"])
 def test_an_unknown_method_is_501(wire, method):
-    r = roundtrip(wire.port, f"{method} /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n".encode())
+    r = roundtrip(wire.port, f"{method} /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n".encode())
     assert_openai_error(r, 501, "method_not_implemented")
     # A method HTTP defines, on a route without it, stays 405.
-    r = roundtrip(wire.port, b"PUT /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n")
+    r = roundtrip(wire.port, b"PUT /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 0\r\n\r\n")
     assert_openai_error(r, 405)
 
 
@@ -328,7 +328,7 @@ def test_a_client_that_leaves_mid_head_is_logged_499(wire, reset):
         return [e for e in es if e["status"] in (400, 499) and e["path"] == "/v1/chat/completions"]
     before = len(headless(wire.log_entries()))
     with RawConn(wire.port) as c:
-        c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Le")
+        c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Le")
         wait_until(lambda: wire.metric("weir_active_connections") >= 1, timeout=5, message="connected")
         c.close(reset=reset)
     entries = headless(wire.wait_log(lambda es: len(headless(es)) > before))

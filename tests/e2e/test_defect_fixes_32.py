@@ -39,8 +39,8 @@ def lines_for(gw, path: str, status: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("head,status", [
-    (b"GET /v1/models HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 5000 + b"\r\n\r\n", 431),
-    (b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: x\r\nNo colon here\r\n\r\n", 400),
+    (b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 5000 + b"\r\n\r\n", 431),
+    (b"POST /v1/chat/completions?x=1 HTTP/1.1\r\nHost: localhost\r\nNo colon here\r\n\r\n", 400),
 ], ids=["too_large", "malformed"])
 def test_a_refused_head_is_logged_with_its_request_line(gw, head, status):
     method, target = head.split(b" ")[:2]
@@ -64,7 +64,7 @@ def test_a_head_with_no_request_line_is_logged_without_one(gw):
 
 
 def test_a_body_that_times_out_logs_the_bytes_that_came(gw):
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"x-request-id: slow-body-32\r\nContent-Length: 100\r\n\r\n")
     with RawConn(gw.port) as c:
         c.send(head + b"{" * 37)
@@ -171,9 +171,9 @@ def test_a_kept_alive_connections_next_head_has_header_timeout(gw):
     # keepalive_timeout (10 s) waits for the next head's first byte; from it, header_timeout (1 s)
     # bounds the head, as on a new connection: a head sent a byte at a time holds no connection longer.
     with RawConn(gw.port, timeout=15) as c:
-        c.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         assert c.read_response("GET").status == 200
-        c.send(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        c.send(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
         t0 = time.monotonic()
         r = c.read_response("GET")
         assert r.status == 408
@@ -183,7 +183,7 @@ def test_a_kept_alive_connections_next_head_has_header_timeout(gw):
 
 def test_a_head_timeout_is_logged_with_the_time_it_took(gw):
     with RawConn(gw.port, timeout=15) as c:
-        c.send(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nx-request-id: slow-head\r\n")
+        c.send(b"GET /v1/models HTTP/1.1\r\nHost: localhost\r\nx-request-id: slow-head\r\n")
         assert c.read_response("GET").status == 408
     line = gw.wait_log(lambda es: any(e["status"] == 408 and e.get("path") == "/v1/models" for e in es))
     line = [e for e in line if e["status"] == 408 and e.get("path") == "/v1/models"][-1]
@@ -193,7 +193,7 @@ def test_a_head_timeout_is_logged_with_the_time_it_took(gw):
 def test_added_latency_leaves_out_the_wait_for_the_clients_body(gw):
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
     with RawConn(gw.port, timeout=15) as c:
-        c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                b"x-request-id: slow-upload-32\r\nContent-Length: %d\r\n\r\n" % len(body))
         time.sleep(0.6)  # the client's pace (under body_timeout): not Weir's time
         c.send(body)
@@ -204,7 +204,7 @@ def test_added_latency_leaves_out_the_wait_for_the_clients_body(gw):
 
 def test_a_chunked_body_with_bare_lf_lines_is_400_at_once(gw):
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
     t0 = time.monotonic()
     r = roundtrip(gw.port, head + b"%x\n" % len(body) + body + b"\n0\n\n")
     assert r.status == 400, r.status
@@ -214,7 +214,7 @@ def test_a_chunked_body_with_bare_lf_lines_is_400_at_once(gw):
 @pytest.mark.parametrize("end", [b"0\n\r\n", b"0\r\n\n", b"0\r\nX-T: 1\n\r\n"], ids=["size", "last", "trailer"])
 def test_a_bare_lf_in_the_last_chunk_or_its_trailers_is_400_at_once(gw, end):
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\n"
     t0 = time.monotonic()
     r = roundtrip(gw.port, head + b"%x\r\n" % len(body) + body + b"\r\n" + end)
     assert r.status == 400, r.status

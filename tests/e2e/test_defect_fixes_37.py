@@ -160,7 +160,7 @@ def digest(body: bytes) -> str:
 
 
 def post(body: bytes, chunked: bool = False, piece: int = 0) -> bytes:
-    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
     if not chunked:
         return head + b"Content-Length: %d\r\n\r\n" % len(body) + body
     step = piece or len(body)

@@ -38,7 +38,7 @@ def test_a_bad_credential_is_answered_from_the_head_before_the_body(mock, weir):
     for auth in (b"Authorization: Bearer sk-wrong\r\n", b"", b"Authorization: Basic eDp5\r\n"):
         with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
             t0 = time.monotonic()
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: early-401\r\n" + auth +
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: early-401\r\n" + auth +
                       b"Content-Length: 4000000\r\nContent-Type: application/json\r\n\r\n{\"model\"")
             head = s.recv(65536)
             assert head.startswith(b"HTTP/1.1 401 "), head[:200]
@@ -164,7 +164,7 @@ def test_a_chunked_coding_with_parameters_is_bad_framing(mock, weir, te):
     body = json.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": 2}).encode()
     with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: " + te + b"\r\n\r\n" +
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: " + te + b"\r\n\r\n" +
                   b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n")
         head = s.recv(65536)
     assert head.startswith(b"HTTP/1.1 400 "), head[:200]
@@ -204,7 +204,7 @@ def test_a_stream_whose_last_bytes_go_out_at_once_ends_at_once(weir, path, body)
             data = json.dumps(body).encode()
             with socket.create_connection(("127.0.0.1", w.port), timeout=15) as s:
                 t0 = time.monotonic()
-                s.sendall(b"POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                s.sendall(b"POST %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nConnection: close\r\n"
                           b"x-request-id: %s\r\nContent-Length: %d\r\n\r\n" % (path.encode(), rid.encode(), len(data))
                           + data)
                 got = b""
@@ -384,7 +384,7 @@ def test_a_client_that_keeps_reading_is_not_cut_behind_a_burst_of_large_events(w
         body = json.dumps({"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}).encode()
         with socket.create_connection(("127.0.0.1", w.port), timeout=30) as s:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                       b"Connection: close\r\nx-request-id: paced\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
             got = bytearray()
             while chunk := s.recv(65536):

@@ -103,12 +103,12 @@ def test_a_batch_streams_error_event_quotes_no_member(weir):
 def chat_request(request_id: str, stream: bool) -> bytes:
     body = json.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "hi"}],
                        "max_tokens": 5, "stream": stream}).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"x-request-id: " + request_id.encode() + b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
 
 
 @pytest.mark.parametrize("stream", [True, False])
-@pytest.mark.parametrize("extra", [b"\r\n", b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"],
+@pytest.mark.parametrize("extra", [b"\r\n", b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n"],
                          ids=["crlf", "pipelined"])
 def test_a_client_that_leaves_after_sending_more_still_cancels_the_upstream(mock, weir, stream, extra):
     # RFC 9112 §2.2 lets a client send a CRLF after a body, and pipelining is allowed: once any byte came
@@ -179,7 +179,7 @@ def test_a_stream_the_client_left_is_charged_its_content_events_not_its_role_chu
         body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "n": n,
                            "stream": True}).encode()
         with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + key.encode() +
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer " + key.encode() +
                       b"\r\nx-request-id: " + rid.encode() + b"\r\nContent-Type: application/json\r\n"
                       b"Content-Length: %d\r\n\r\n" % len(body) + body)
             got = b""
@@ -202,7 +202,7 @@ def test_request_bytes_metric_counts_a_body_that_failed_midway_as_the_log_does(m
                      "server": {"body_timeout": "1s"}}, workers=1)
     before = w.metric("weir_request_bytes_total")
     for rid, leave in (("bytes-408", False), ("bytes-499", True)):
-        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: " + rid.encode() +
+        head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: " + rid.encode() +
                 b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
         with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
             s.sendall(head + b'{"model":"m"')
@@ -359,7 +359,7 @@ def test_a_client_that_leaves_after_pipelining_a_full_buffer_still_cancels_the_u
     w = weir(upstream=m, workers=1)
     rid = f"full-{stream}"
     body = json.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "x" * 140_000}]}).encode()
-    pipelined = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    pipelined = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
     with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
         s.sendall(chat_request(rid, stream))
@@ -379,7 +379,7 @@ def test_a_client_that_pipelines_a_full_buffer_and_stays_gets_both_answers(mock,
     w = weir(upstream=m, workers=1)
     body = json.dumps({"model": "mock-model", "max_tokens": 3,
                        "messages": [{"role": "user", "content": "x" * 200_000}]}).encode()
-    pipelined = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    pipelined = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                  b"x-request-id: second\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     with socket.create_connection(("127.0.0.1", w.port), timeout=10) as s:
         s.sendall(chat_request("first", False) + pipelined)

@@ -785,7 +785,7 @@ def test_a_held_stream_whose_client_leaves_relayed_no_event(weir):
                          "models": {"m": {"pool": "p", "fallbacks": [{"pool": "q"}]}}}, workers=1)
         req = json.dumps({"model": "m", "messages": MSG, "stream": True}).encode()
         with socket.create_connection(("127.0.0.1", w.port)) as s:
-            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: held-left\r\n"
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: held-left\r\n"
                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(req) + req)
             time.sleep(0.5)
         line = w.log_for("held-left")
@@ -846,7 +846,7 @@ def test_a_late_joiner_of_a_coalesced_generation_adds_no_negative_latency(mock, 
     lead.start()
     time.sleep(0.2)
     with socket.create_connection(("127.0.0.1", w.port)) as s:  # its body in two pieces, 300 ms apart
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: co-late\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: co-late\r\n"
                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:10])
         time.sleep(0.3)
         s.sendall(body[10:])
@@ -874,7 +874,7 @@ def test_a_head_refused_for_its_framing_is_traced(mock, weir):
         for rid, head in (("tr-expect", b"Expect: foo\r\nContent-Length: 2\r\n"),
                           ("tr-te", b"Transfer-Encoding: gzip, chunked\r\n")):
             with socket.create_connection(("127.0.0.1", w.port)) as s:
-                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: " + rid.encode() +
+                s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: " + rid.encode() +
                           b"\r\n" + head + b"\r\n")
                 s.settimeout(5)
                 assert s.recv(65536).split(b" ")[1] in (b"417", b"501"), rid
@@ -1062,7 +1062,7 @@ def raw_post(port: int, path: str, body: dict, headers: dict | None = None):
     data = json.dumps(body).encode()
     s = socket.create_connection(("127.0.0.1", port))
     extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items()).encode()
-    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" + extra +
+    s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n" + extra +
               b"Content-Length: %d\r\n\r\n" % len(data) + data)
     return s
 
@@ -1208,7 +1208,7 @@ def test_the_admin_listeners_refusals_carry_its_security_fields_and_allow_lists_
     admin = Admin(port)
     wait_until(lambda: _ready(admin), 5, message="admin listener")
     for head in (b"GET /admin/v1/stats HTTP/1.1\r\n\r\n",  # no Host: 400
-                 b"GET /admin/v1/stats HTTP/1.1\r\nHost: x\r\nExpect: foo\r\n\r\n"):
+                 b"GET /admin/v1/stats HTTP/1.1\r\nHost: localhost\r\nExpect: foo\r\n\r\n"):
         with socket.create_connection(("127.0.0.1", port)) as s:
             s.sendall(head)
             s.settimeout(5)

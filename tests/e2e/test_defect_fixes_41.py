@@ -103,7 +103,7 @@ def test_a_431_on_an_anthropic_route_has_anthropics_shape(weir, mock):
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
                      "server": {"max_header": "8KiB"}}, workers=1)
     body = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
-    head = (b"POST /v1/messages HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-big: " + b"a" * 9000 +
+    head = (b"POST /v1/messages HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nx-big: " + b"a" * 9000 +
             b"\r\nContent-Length: %d\r\n\r\n" % len(body))
     status, got = _raw_request(w.port, head + body)
     assert status == 431
@@ -118,7 +118,7 @@ def test_a_huge_method_is_capped_in_the_access_log(weir, mock):
     m = mock("--any-model")
     w = weir(m, workers=1)
     method = b"X" * 20000
-    status, _ = _raw_request(w.port, method + b" /v1/models HTTP/1.1\r\nHost: x\r\nx-request-id: big-method\r\n\r\n")
+    status, _ = _raw_request(w.port, method + b" /v1/models HTTP/1.1\r\nHost: localhost\r\nx-request-id: big-method\r\n\r\n")
     assert status == 501
     line = w.log_for("big-method")
     assert len(line["method"].encode()) <= 256, len(line["method"])
@@ -322,7 +322,7 @@ def test_a_431_on_an_absolute_form_messages_target_has_anthropics_shape(weir, mo
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p",
                      "server": {"max_header": "8KiB"}}, workers=1)
     body = b'{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi"}]}'
-    status, got = _raw_request(w.port, b"POST http://x/v1/messages HTTP/1.1\r\nHost: x\r\nx-big: " + b"a" * 9000 +
+    status, got = _raw_request(w.port, b"POST http://x/v1/messages HTTP/1.1\r\nHost: localhost\r\nx-big: " + b"a" * 9000 +
                                b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
     assert status == 431 and json.loads(got)["type"] == "error", got
 

@@ -25,7 +25,7 @@ def test_a_head_cut_by_the_drain_deadline_is_logged_once(mock, weir):
                      "pools": {"p": {"endpoints": [m.base_url]}}, "models": {"mock-model": {"pool": "p"}}},
              workers=1)
     s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: half-a-head\r\n")
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: half-a-head\r\n")
     # (the scrape that asks is a connection too)
     wait_until(lambda: w.metric("weir_active_connections") == 2, 5, message="the connection accepted")
     os.kill(w.process.pid, signal.SIGTERM)
@@ -404,7 +404,7 @@ def test_the_first_member_of_a_coalesced_generation_may_leave_before_the_head(we
         w = weir(config={"pools": {"p": {"endpoints": [up.url], "coalesce": True}}, "models": {"m": {"pool": "p"}}},
                  workers=1)
         req = json.dumps({"model": "m", "messages": MSG, "temperature": 0, "stream": True}).encode()
-        raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                b"Content-Length: %d\r\nConnection: close\r\n\r\n%s" % (len(req), req))  # (identical: one key)
         a = socket.create_connection(("127.0.0.1", w.port), timeout=10)
         a.sendall(raw)
@@ -445,7 +445,7 @@ def test_an_idle_connection_does_not_hold_its_last_request_body(mock, weir):
     plain = (b'{"model":"mock-model","max_tokens":1,"messages":[{"role":"user","content":"hi"}]'
              + b" " * (4 * 1024 * 1024 - 200) + b"}")
     gz = gzip.compress(plain, 9)
-    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Encoding: gzip\r\nAuthorization: Bearer " + key.encode() +
             b"\r\nContent-Length: %d\r\n\r\n" % len(gz))
     base = _rss_kb(w.process.pid)

@@ -124,7 +124,7 @@ def test_an_idle_connection_does_not_hold_its_last_request_head(mock, weir):
     m = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "1")
     w = weir(config={"server": {"max_header": "1MiB"}, "pools": {"p": {"endpoints": [m.base_url]}},
                      "default_pool": "p"}, workers=1)
-    req = b"GET /health HTTP/1.1\r\nHost: x\r\nX-Pad: " + b"a" * 500_000 + b"\r\n\r\n"
+    req = b"GET /health HTTP/1.1\r\nHost: localhost\r\nX-Pad: " + b"a" * 500_000 + b"\r\n\r\n"
     base = _rss_kb(w.process.pid)
     conns = []
     try:
@@ -140,7 +140,7 @@ def test_an_idle_connection_does_not_hold_its_last_request_head(mock, weir):
         assert grown_mb < 8, f"40 idle connections hold {grown_mb:.0f} MB"  # (0.5 MB each before)
         # The connections still serve.
         for s in conns[:3]:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
             assert s.recv(65536).startswith(b"HTTP/1.1 200")
     finally:
         for s in conns:
@@ -230,7 +230,7 @@ def test_a_refused_request_to_metrics_is_logged_only_a_scrape_is_not(mock, weir,
     cfg.setdefault("server", {})["metrics"] = {"client_port": client_port}
     w = weir(config=cfg, env={"WEIR_TEST_ADMIN_TOKEN": TOKEN})
     auth = {"authorization": f"Bearer {TOKEN}"}
-    wait_until(lambda: _raw(port, b"GET /ready HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"), 5)
+    wait_until(lambda: _raw(port, b"GET /ready HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"), 5)
     r = httpx.post(w.base_url + "/metrics", headers={"x-request-id": "post-metrics"}, timeout=10)
     assert r.status_code == (405 if client_port else 404), r.text
     if client_port:
@@ -381,7 +381,7 @@ def test_write_timeout_is_a_wait_for_progress_not_a_limit_on_the_whole_answer(we
         body = json.dumps({"model": "m", "messages": MSG, "stream": stream}).encode()
         s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Connection: close\r\nx-request-id: slow-reader\r\nContent-Length: %d\r\n\r\n%s"
                   % (len(body), body))
         got = 0
@@ -411,7 +411,7 @@ def test_a_drain_closes_a_new_connection_that_has_sent_nothing(mock, weir):
     w = weir(config={"server": {"header_timeout": "20s", "drain_timeout": "20s"},
                      "pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}, workers=1)
     kept = socket.create_connection(("127.0.0.1", w.port), timeout=10)
-    kept.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
     assert kept.recv(1000).startswith(b"HTTP/1.1 200")
     fresh = socket.create_connection(("127.0.0.1", w.port), timeout=10)
     wait_until(lambda: w.metric("weir_active_connections") == 3, 5, message="both accepted (and the scrape's)")
@@ -457,7 +457,7 @@ def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir
     m = mock("--ttft-ms", "1", "--max-tokens", "2")
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"}, workers=1)
     body = json.dumps({"model": "mock-model", "messages": MSG}).encode()
-    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    req = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
     os_kill = __import__("os").kill
     N = 100
@@ -505,7 +505,7 @@ def test_requests_waiting_in_the_accept_queue_at_the_drain_are_served(mock, weir
 
 def _chat_request(rid: str, stream: bool = False) -> bytes:
     body = json.dumps({"model": "mock-model", "messages": MSG, "stream": stream}).encode()
-    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nx-request-id: "
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nx-request-id: "
             + rid.encode() + b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
 
 
@@ -524,7 +524,7 @@ def test_a_kept_alive_connections_request_that_came_as_the_drain_began_is_served
     for i in range(5):
         s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
         if first == "health":
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n\r\n")
         else:
             s.sendall(_chat_request(f"before-{i}"))
         got = b""
@@ -559,7 +559,7 @@ def test_at_the_drain_a_request_pipelined_behind_a_stream_is_served_as_the_last(
                      "default_pool": "p"}, workers=1)
     s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
     s.sendall(_chat_request("first", stream=True) + _chat_request("second") +
-              b"GET /health HTTP/1.1\r\nHost: x\r\nx-request-id: third\r\n\r\n")
+              b"GET /health HTTP/1.1\r\nHost: localhost\r\nx-request-id: third\r\n\r\n")
     got = b""
     while b"data: " not in got:
         got += s.recv(65536)
@@ -584,7 +584,7 @@ def test_a_head_that_ends_after_the_drain_began_is_answered_with_connection_clos
     w = weir(config={"server": {"drain_timeout": "10s"}, "pools": {"p": {"endpoints": [m.base_url]}},
                      "default_pool": "p"}, workers=1)
     s = socket.create_connection(("127.0.0.1", w.port), timeout=15)
-    s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+    s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
     wait_until(lambda: w.metric("weir_active_connections") == 2, 5, message="accepted")
     w.process.popen.send_signal(signal.SIGTERM)
     time.sleep(0.2)  # (the drain has begun: no request is in flight, so nothing but this head holds it)

@@ -107,7 +107,7 @@ def test_a_client_reading_steadily_behind_a_large_event_is_not_cut_as_slow(weir)
         s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16384)
         s.settimeout(30)
         s.connect(("127.0.0.1", w.port))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   b"Connection: close\r\nx-request-id: big-event\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
         got = b""
         while True:
@@ -439,7 +439,7 @@ def test_the_drain_cut_answer_to_head_has_no_content(weir):
         w = weir(config={"server": {"drain_timeout": "1s"}, "pools": {"p": {"endpoints": [up.url]}},
                          "default_pool": "p"}, workers=1)
         s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
-        s.sendall(b"HEAD /version HTTP/1.1\r\nHost: x\r\nx-request-id: head-drain\r\n\r\n")
+        s.sendall(b"HEAD /version HTTP/1.1\r\nHost: localhost\r\nx-request-id: head-drain\r\n\r\n")
         wait_until(lambda: seen, 5, message="the HEAD proxied")
         os.kill(w.process.pid, signal.SIGTERM)
         got = _read_all(s)
@@ -495,7 +495,7 @@ def test_bytes_out_counts_the_100_continue(mock, weir):
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
     body = json.dumps({"model": "m", "messages": MSG}).encode()
     s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
-    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
+    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nExpect: 100-continue\r\n"
               b"Connection: close\r\nx-request-id: expect-1\r\nContent-Length: %d\r\n\r\n" % len(body))
     got = s.recv(100)
     assert got.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), got
@@ -576,7 +576,7 @@ def test_an_http10_request_listing_close_closes_its_connection(mock, weir, conne
     m = mock("--any-model")
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
     s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
-    s.sendall(b"GET /health HTTP/1.0\r\nHost: x\r\n" + connection + b"\r\nGET /health HTTP/1.0\r\nHost: x\r\n\r\n")
+    s.sendall(b"GET /health HTTP/1.0\r\nHost: localhost\r\n" + connection + b"\r\nGET /health HTTP/1.0\r\nHost: localhost\r\n\r\n")
     got = _read_all(s)
     assert got.count(b"HTTP/1.") == 1, got
     assert b"keep-alive" not in got.lower().split(b"\r\n\r\n")[0], got
@@ -590,7 +590,7 @@ def test_an_absolute_form_target_with_no_host_or_with_userinfo_is_refused(mock, 
     m = mock("--any-model")
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}}}, workers=1)
     s = socket.create_connection(("127.0.0.1", w.port), timeout=10)
-    s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n")
+    s.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n")
     got = s.recv(65536)
     assert got.startswith(b"HTTP/1.1 400"), got
 
@@ -624,16 +624,16 @@ def test_a_refused_head_request_gets_no_content(mock, weir, listener, fields):
     w, admin = start(mock(*MOCK_FLAGS), weir)
     port = w.port if listener == "client" else int(admin.base.rsplit(":", 1)[1])
     s = socket.create_connection(("127.0.0.1", port), timeout=10)
-    s.sendall(b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+    s.sendall(b"HEAD /v1/models HTTP/1.1\r\nHost: localhost\r\n" + fields + b"\r\n")
     got = _read_all(s)
     head, _, rest = got.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 4"), got
     assert rest == b"", got
 
 
-@pytest.mark.parametrize("head", [b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: my-id-1\r\n"
+@pytest.mark.parametrize("head", [b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: my-id-1\r\n"
                                   b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n",
-                                  b"GET * HTTP/1.1\r\nHost: x\r\nx-request-id: my-id-1\r\n\r\n"])
+                                  b"GET * HTTP/1.1\r\nHost: localhost\r\nx-request-id: my-id-1\r\n\r\n"])
 def test_a_framing_refusal_keeps_the_clients_request_id(mock, weir, head):
     # The client's x-request-id came back (and was logged) on every refusal but these, which made up an id.
     import socket

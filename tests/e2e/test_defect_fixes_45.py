@@ -113,7 +113,7 @@ def test_a_client_that_stops_reading_is_cut_off_though_the_kernel_takes_the_byte
     s.connect(("127.0.0.1", w.port))
     try:
         body = ('{"model":"m","stream":true,"max_tokens":30000,"messages":[{"role":"user","content":"hi"}]}')
-        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\n"
+        s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                   f"x-request-id: frozen\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())
         # Never read: the line comes once Weir cuts the stream off, and the upstream is aborted.
         line = w.log_for("frozen", timeout=15)
@@ -530,7 +530,7 @@ def test_a_client_that_leaves_during_the_jwks_wait_is_a_499(mock, weir, fetch_ti
         server.delay = 1.5
         body = json.dumps({"model": "m", "messages": MSG}).encode()
         s = socket.create_connection(("127.0.0.1", w.port))
-        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
                   b"x-request-id: left\r\nauthorization: Bearer " + token(k2, "k2").encode()
                   + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
         time.sleep(0.2)

@@ -27,7 +27,7 @@ def gw(module_mock, module_weir):
 def test_a_request_line_over_max_header_is_414_not_431(gw, target, status, code):
     pad = "X-Pad: " + "b" * 5000 + "\r\n" if status == 431 else ""
     rid = f"line-{status}-{len(target)}"
-    head = f"GET {target} HTTP/1.1\r\nHost: x\r\nx-request-id: {rid}\r\n{pad}\r\n"
+    head = f"GET {target} HTTP/1.1\r\nHost: localhost\r\nx-request-id: {rid}\r\n{pad}\r\n"
     r = roundtrip(gw.port, head.encode(), method="GET")
     assert r.status == status, r.status
     err = json.loads(r.body)["error"]

@@ -146,7 +146,7 @@ def test_head_errors_on_the_anthropic_route_have_anthropics_shape(gw, headers, s
 
 
 @pytest.mark.parametrize("head", [
-    b"Host: x\r\nTransfer-Encoding: chunked, chunked\r\n",  # refused for its framing
+    b"Host: localhost\r\nTransfer-Encoding: chunked, chunked\r\n",  # refused for its framing
     b"Content-Length: 0\r\n",                                # refused for its Host (none)
 ], ids=["framing", "host"])
 def test_a_refused_head_with_a_bad_target_is_logged_as_a_head_without_one(gw, head):

@@ -192,7 +192,7 @@ def test_trailer_fields_are_not_taken_as_headers(weir):
     up = RawUpstream(record)
     w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"})
     body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}]}).encode()
-    wire = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    wire = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Transfer-Encoding: chunked\r\nx-request-id: trailers-1\r\n\r\n"
             b"%x\r\n%s\r\n0\r\nX-Forwarded-For: 6.6.6.6\r\nx-weir-timeout-ms: 1\r\nContent-Encoding: gzip\r\n"
             b"x-trailer-probe: yes\r\n\r\n") % (len(body), body)
@@ -210,7 +210,7 @@ def test_metrics_can_be_served_on_the_admin_listener_only(weir, mock):
     w = weir(env={"WEIR_TEST_METRICS_ADMIN_TOKEN": "metrics-admin-token-0123456789"}, config={"server": {"metrics": {"client_port": False}},
                      "admin": {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_METRICS_ADMIN_TOKEN"},
                      "pools": {"p": {"endpoints": [m.base_url]}}, "default_pool": "p"})
-    r = roundtrip(w.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nx-request-id: metrics-off\r\n\r\n")
+    r = roundtrip(w.port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nx-request-id: metrics-off\r\n\r\n")
     assert_openai_error(r, 404)
     assert w.log_for("metrics-off")["status"] == 404
     wait_until(lambda: httpx.get(f"http://127.0.0.1:{admin_port}/ready", timeout=5).status_code == 200, 5,

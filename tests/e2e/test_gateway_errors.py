@@ -136,9 +136,9 @@ def test_huge_header_431(stack):
 @pytest.mark.parametrize("raw", [
     b"GARBAGE\r\n\r\n",
     b"GET /health HTTP/1.1\r\nthis is not a header\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-    b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+    b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
     b"GET /health HTTP/3.7\r\n\r\n",
 ], ids=["garbage", "bad-header", "bad-length", "two-lengths", "bad-chunk", "bad-version"])
 def test_malformed_http_400(stack, raw):
@@ -154,9 +154,9 @@ def test_content_length_and_chunked_together_is_not_smuggled(stack):
     """CL + TE in one request: rejected with 400, or the chunked framing wins; never CL."""
     _, w = stack
     body = json.dumps(CHAT).encode()
-    smuggled = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    smuggled = b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n"
     payload = b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
-    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    raw = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
            b"Content-Length: %d\r\nTransfer-Encoding: chunked\r\n\r\n" % len(payload)) + payload + smuggled
     with RawConn(w.port) as c:
         c.send(raw)

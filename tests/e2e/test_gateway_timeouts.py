@@ -28,7 +28,7 @@ def stack(mock, weir):
 def test_slow_head_gets_408(stack):
     _, w = stack
     with RawConn(w.port) as c:
-        c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n")  # and nothing more
+        c.send(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n")  # and nothing more
         t0 = time.monotonic()
         r = c.read_response("POST")
         assert time.monotonic() - t0 < 5

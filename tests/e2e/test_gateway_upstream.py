@@ -192,11 +192,11 @@ def test_body_on_a_get_is_not_smuggled_upstream(mock, weir, method):
     m = mock(*FAST)
     w = weir(upstream=m, workers=1)
     body = b'{"model":"mock-model","messages":[{"role":"user","content":"smuggled"}]}'
-    smuggled = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nx-request-id: smuggled\r\n"
+    smuggled = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: smuggled\r\n"
                 b"x-mock-ttft-ms: 300\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
                 % (len(body), body))
     with RawConn(w.port) as c:
-        c.send(b"%s /v1/models HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s"
+        c.send(b"%s /v1/models HTTP/1.1\r\nHost: localhost\r\nContent-Length: %d\r\n\r\n%s"
                % (method.encode(), len(smuggled), smuggled))
         assert c.read_response(method).status == 200
     c = w.client()

@@ -125,7 +125,7 @@ def test_a_scrapes_100_continue_stays_out_of_the_byte_counters(mock, weir):
                      "models": {"m": {"pool": "p", "upstream_model": "m-up"}}}, workers=1)
     before = w.metric("weir_response_bytes_total")
     for _ in range(3):
-        got = raw_exchange(w.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+        got = raw_exchange(w.port, b"GET /metrics HTTP/1.1\r\nHost: localhost\r\nContent-Length: 2\r\n"
                                    b"Expect: 100-continue\r\nConnection: close\r\n\r\n", b"{}")
         assert b"\r\n\r\nHTTP/1.1 200 " in got, got[:200]
     assert w.metric("weir_response_bytes_total") == before
@@ -222,7 +222,7 @@ def test_bytes_in_is_the_head_and_the_body_weir_read(mock, weir):
     body = b'{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":4}'
 
     def head(rid: str, key: str, extra: bytes = b"") -> bytes:
-        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
                 b"Authorization: Bearer " + key.encode() + b"\r\nx-request-id: " + rid.encode() + b"\r\n" + extra +
                 b"Content-Length: %d\r\n\r\n" % len(body))
 

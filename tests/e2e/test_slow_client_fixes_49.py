@@ -115,7 +115,7 @@ def _frozen_client(port: int, path: str, body: dict, rid: str) -> socket.socket:
     s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
     s.connect(("127.0.0.1", port))
     raw = json.dumps(body)
-    s.sendall(f"POST {path} HTTP/1.1\r\nHost: w\r\nContent-Type: application/json\r\nanthropic-version: 2023-06-01\r\n"
+    s.sendall(f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nanthropic-version: 2023-06-01\r\n"
               f"x-request-id: {rid}\r\nContent-Length: {len(raw)}\r\n\r\n{raw}".encode())
     return s
 

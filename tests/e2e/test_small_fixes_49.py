@@ -12,7 +12,7 @@ from conftest import wait_until
 from test_defect_fixes import RawUpstream
 
 MSG = [{"role": "user", "content": "hi"}]
-PIPELINED = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+PIPELINED = b"GET /health HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
 
 
 def _exchange(port: int, data: bytes) -> bytes:
@@ -50,13 +50,13 @@ def test_every_early_refusal_of_a_head_has_no_content_on_both_listeners(mock, we
     key = b"Authorization: Bearer sk-acme-cfg\r\n"
     client_cases = [
         (b"HEAD /" + b"a" * 66000, 414),  # the line alone is over server.max_header (64 KiB)
-        (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 66000 + b"\r\n\r\n", 431),
-        (b"HEAD /v1/models HTTP/1.1 extra\r\nHost: x\r\n\r\n", 400),  # a malformed request line
-        (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\nBad Field: y\r\n\r\n", 400),
-        (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n" + key + b"Content-Length: 99999999999\r\n\r\n", 413),
-        (b"HEAD /v1/chat/completions HTTP/1.1\r\nHost: x\r\n" + key + b"\r\n" + PIPELINED, 405),
-        (b"HEAD /nowhere HTTP/1.1\r\nHost: x\r\n" + key + b"\r\n" + PIPELINED, 404),
-        (b"HEAD /v1/models HTTP/1.1\r\nHost: x\r\n\r\n" + PIPELINED, 401),
+        (b"HEAD /v1/models HTTP/1.1\r\nHost: localhost\r\nX-Big: " + b"a" * 66000 + b"\r\n\r\n", 431),
+        (b"HEAD /v1/models HTTP/1.1 extra\r\nHost: localhost\r\n\r\n", 400),  # a malformed request line
+        (b"HEAD /v1/models HTTP/1.1\r\nHost: localhost\r\nBad Field: y\r\n\r\n", 400),
+        (b"HEAD /v1/models HTTP/1.1\r\nHost: localhost\r\n" + key + b"Content-Length: 99999999999\r\n\r\n", 413),
+        (b"HEAD /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\n" + key + b"\r\n" + PIPELINED, 405),
+        (b"HEAD /nowhere HTTP/1.1\r\nHost: localhost\r\n" + key + b"\r\n" + PIPELINED, 404),
+        (b"HEAD /v1/models HTTP/1.1\r\nHost: localhost\r\n\r\n" + PIPELINED, 401),
     ]
     for data, status in client_cases:
         _head_only(_exchange(w.port, data), status)

@@ -154,7 +154,7 @@ def test_two_traceparent_lines_start_a_new_trace(traced, collector):
     # Raw lines: httpx would join a header given twice.
     import socket
     body = b'{"model":"m","messages":[{"role":"user","content":"hi"}]}'
-    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nauthorization: Bearer sk-acme-0123456789\r\n"
+    req = (f"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nauthorization: Bearer sk-acme-0123456789\r\n"
            f"content-type: application/json\r\nx-mock-echo: 1\r\nconnection: close\r\n"
            f"traceparent: 00-{t1}-{p1}-01\r\ntraceparent: 00-{t2}-{p2}-01\r\n"
            f"content-length: {len(body)}\r\n\r\n").encode() + body
