@@ -85,11 +85,11 @@ core::HostRule effective_host_rule(const core::HostRule* configured, const ip::a
 }
 
 const core::HostRule& client_host_rule(const core::HostRule* configured, bool loopback_listener,
-                                       bool needs_credential) {
+                                       bool reads_metrics) {
   static const core::HostRule any{core::HostRule::Kind::any, {}};
   static const core::HostRule local{core::HostRule::Kind::local, {}};
   if (configured) return *configured;
-  return loopback_listener && !needs_credential ? local : any;
+  return loopback_listener && reads_metrics ? local : any;
 }
 
 namespace {

@@ -52,13 +52,14 @@ core::HostRule effective_host_rule(const core::HostRule* configured, const boost
 
 // The client listener's rule for one request: `configured`
 // (server.allowed_hosts) for every request; without it, on a loopback
-// listener Kind::local for a request that needs no credential (/health,
-// /ready, /metrics, a path Weir does not serve, and every route when Weir
-// checks no credential: the answers a rebinding page could read), Kind::any
-// otherwise (clients and proxies reach the API by any name, and such a page
-// knows no key). A reference to `configured` or to a static rule: no copy
-// per request.
-const core::HostRule& client_host_rule(const core::HostRule* configured, bool loopback_listener, bool needs_credential);
+// listener Kind::local for a request to /metrics (`reads_metrics`: tenants,
+// key ids, models, pools' addresses, what a rebinding page must not read),
+// Kind::any otherwise: clients, proxies and health checkers reach the rest by
+// any name (/health and /ready say only up or not; the API needs a key when
+// auth is on, and with it off any page can already post to it cross-origin),
+// so the default breaks none of them. A reference to `configured` or to a
+// static rule: no copy per request.
+const core::HostRule& client_host_rule(const core::HostRule* configured, bool loopback_listener, bool reads_metrics);
 
 // An allowed_hosts option (`node`, written at `key`: "admin.allowed_hosts")
 // as a rule: a list of host names without a port, IP literals (IPv6 with or

@@ -144,15 +144,9 @@ class Worker {
   auth::Authenticator* authenticator() { return authn_.get(); }
   // Whether the client's credentials are Weir's (checked, and so never sent upstream).
   bool verifies_credentials() const { return authn_ && authn_->verifies_credentials(); }
-  // Whether a request on a route Weir authenticates is answered only with a
-  // valid credential: credentials are checked and auth.required (not
-  // answered as the anonymous tenant without one).
-  bool credential_required() const {
-    return authn_ && authn_->verifies_credentials() && authn_->policy()->config().required;
-  }
   // Whether listen() bound a loopback address (gateway::is_loopback): without
-  // server.allowed_hosts, the requests that need no credential are then
-  // answered for IP literals and localhost only (client_host_rule).
+  // server.allowed_hosts, /metrics is then answered for IP literals and
+  // localhost only (client_host_rule).
   bool loopback_listener() const { return loopback_listener_; }
   admission::Admission* admission() { return admission_.get(); }
   bool draining() const { return draining_; }

@@ -231,9 +231,9 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
              config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
              config->pools.size() == 1 ? "" : "s", config->models.size(), config->models.size() == 1 ? "" : "s",
              config->source,
-             // (As the admin line: the loopback default refuses other names for what needs no credential.)
+             // (As the admin line: the loopback default refuses other names for /metrics.)
              !config->server.allowed_hosts && workers.front()->loopback_listener()
-                 ? "; Host: only IP literals and localhost where no credential is needed (server.allowed_hosts)"
+                 ? "; Host: only IP literals and localhost for /metrics (server.allowed_hosts)"
                  : "");
 
   std::thread signal_thread([&] { main_io.run(); });

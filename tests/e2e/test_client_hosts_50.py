@@ -5,9 +5,9 @@ DEFECT: the client listener answered requests naming any host. A page on any sit
 127.0.0.1 and, from a developer's browser, read what that listener gives without a credential: /metrics (tenants,
 key ids, models), /health, /ready; and, when Weir checks no credential, the API itself. It now answers only the
 hosts server.allowed_hosts lists (every request, the API's included); without the option, on a loopback listener,
-what needs no credential is answered for IP literals and localhost only, while the API's authenticated routes
-answer any host (a rebinding page knows no key, and clients and proxies reach the API by any name); elsewhere any
-host. Others get 421 host_not_allowed (RFC 9110 §15.5.20), in OpenAI's error shape. The option reloads.
+/metrics is answered for IP literals and localhost only and every other request for any host (clients, proxies and
+health checkers reach the API, /health and /ready by any name; /health and /ready say only up or not, and an API
+without credential checks can be posted to by any page anyway); elsewhere any host. Others get 421 host_not_allowed (RFC 9110 §15.5.20), in OpenAI's error shape. The option reloads.
 """
 from __future__ import annotations
 
@@ -76,12 +76,13 @@ def raw(port: int, request: bytes) -> tuple[int, bytes]:
 
 REBOUND = ["attacker.example", "ATTACKER.example.", "localhost.attacker.example", "127.0.0.1.nip.io", "127.1",
            "foo.localhost"]
-# What answers without a credential: Weir's own routes, and a path it does not serve.
-FREE = [("GET", "/metrics"), ("HEAD", "/metrics"), ("GET", "/health"), ("GET", "/ready"), ("HEAD", "/health"),
-        ("GET", "/nowhere")]
+# What the loopback default holds: /metrics (tenants, key ids, models, pools' addresses).
+FREE = [("GET", "/metrics"), ("HEAD", "/metrics")]
+# What it does not: up-or-not answers and a path Weir does not serve.
+OPEN = [("GET", "/health", 200), ("GET", "/ready", 200), ("HEAD", "/health", 200), ("GET", "/nowhere", 404)]
 
 
-def test_a_rebound_name_is_refused_on_what_needs_no_credential_by_default(mock, weir):
+def test_a_rebound_name_is_refused_on_metrics_by_default(mock, weir):
     w = weir(config=config(mock()))
     for name in REBOUND:
         for host in (name, f"{name}:{w.port}"):
@@ -98,7 +99,15 @@ def test_a_rebound_name_is_refused_on_what_needs_no_credential_by_default(mock, 
     # Refused with its own access-log line.
     w.wait_log(lambda es: any(e.get("status") == 421 and e.get("path") == "/metrics" for e in es),
                message="the refusal's access-log line")
-    assert "only IP literals and localhost where no credential is needed (server.allowed_hosts)" in w.process.log()
+    assert "only IP literals and localhost for /metrics (server.allowed_hosts)" in w.process.log()
+
+
+def test_health_ready_and_unknown_paths_answer_any_host_by_default(mock, weir):
+    w = weir(config=config(mock()))
+    for name in REBOUND:
+        for method, path, status in OPEN:
+            r = req(w.port, method, path, name)
+            assert r.status_code == status, (name, method, path, r.status_code, r.text)
 
 
 def test_ip_literals_and_localhost_are_answered_by_default(mock, weir):
@@ -128,15 +137,17 @@ def test_the_api_with_a_valid_key_answers_any_host_by_default(mock, weir):
         assert chat(w.port, host, key=False).status_code == 401, host
 
 
-def test_without_a_credential_check_the_api_needs_no_credential_and_is_held_too(mock, weir):
+def test_without_a_credential_check_the_api_answers_any_host_by_default_and_a_list_holds_it(mock, weir):
     m = mock()
     for cfg in (config(m, auth=False),  # no auth: every request is anonymous
                 {**config(m), "auth": {"required": False}}):  # auth.required false: so is one without a key
         w = weir(config=cfg)
-        r = chat(w.port, "attacker.example", key=False)
-        assert refused(r), (cfg.get("auth"), r.status_code, r.text)
-        assert refused(req(w.port, "GET", "/v1/models", "attacker.example"))
-        assert chat(w.port, f"localhost:{w.port}", key=False).status_code == 200
+        assert chat(w.port, "weir.internal", key=False).status_code == 200, cfg.get("auth")
+        assert req(w.port, "GET", "/v1/models", "weir.internal").status_code == 200
+        assert refused(req(w.port, "GET", "/metrics", "weir.internal"))
+        held = weir(config={**cfg, "server": {"allowed_hosts": ["localhost"]}})
+        assert refused(chat(held.port, "attacker.example", key=False)), cfg.get("auth")
+        assert chat(held.port, f"localhost:{held.port}", key=False).status_code == 200
 
 
 def test_an_explicit_list_applies_to_every_request(mock, weir):
@@ -150,7 +161,7 @@ def test_an_explicit_list_applies_to_every_request(mock, weir):
     for host in ("api.example", f"API.EXAMPLE:{w.port}", "api.example.", f"127.0.0.1:{w.port}"):
         assert chat(w.port, host).status_code == 200, host
         assert req(w.port, "GET", "/metrics", host).status_code == 200, host
-    assert "where no credential is needed" not in w.process.log()
+    assert "for /metrics (server.allowed_hosts)" not in w.process.log()
 
 
 def test_star_answers_every_host(mock, weir):
@@ -166,7 +177,7 @@ def test_a_listener_off_loopback_answers_any_host_by_default(mock, weir):
     w = weir(config=config(mock(), listen=f"0.0.0.0:{port}"))
     assert req(w.port, "GET", "/metrics", f"weir.default.svc:{w.port}").status_code == 200
     assert req(w.port, "GET", "/health", "attacker.example").status_code == 200
-    assert "where no credential is needed" not in w.process.log()
+    assert "for /metrics (server.allowed_hosts)" not in w.process.log()
 
 
 def test_the_option_reloads(mock, weir):

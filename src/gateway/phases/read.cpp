@@ -124,9 +124,9 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
     ctx.cors_allowed = append_cors_fields(ctx.cors_lines, cors, req);
   if (ctx.read_failure != http::ReadFailure::none)
     co_return Outcome::failed(read_error(ctx.read_failure, down_.config(), down_.failure_detail()));
-  // Then a host this listener does not serve (server.allowed_hosts; without it, on a loopback listener, what
-  // needs no credential answers IP literals and localhost only: a DNS-rebinding page's requests name its own
-  // site, gateway/host_rule.hpp). 421, not 403: the request reached a server not configured for its origin
+  // Then a host this listener does not serve (server.allowed_hosts; without it, on a loopback listener,
+  // /metrics answers IP literals and localhost only: a DNS-rebinding page's requests name its own site,
+  // gateway/host_rule.hpp). 421, not 403: the request reached a server not configured for its origin
   // (RFC 9110 §15.5.20). Before the body and "100 Continue".
   if (!host_check(ctx)) [[unlikely]] {
     if (!down_.body_complete()) down_.no_keep_alive();
@@ -175,12 +175,11 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
 
 bool GatewayPhases::host_check(const RequestContext& ctx) const {
   const auto& configured = ctx.gen->config().server.allowed_hosts;
-  // (The default on a listener elsewhere than loopback answers every host: no string is looked at.)
-  if (!configured && !w_.loopback_listener()) return true;
-  const bool needs_credential = w_.credential_required() && (api_of(ctx.route) || ctx.route == RouteKind::models ||
-                                                             ctx.route == RouteKind::version);
+  // (Without the option, only /metrics on a loopback listener looks at a string.)
+  const bool metrics = ctx.route == RouteKind::metrics;
+  if (!configured && !(metrics && w_.loopback_listener())) return true;
   const auto& req = down_.request();
-  return host_allowed(client_host_rule(configured ? &*configured : nullptr, w_.loopback_listener(), needs_credential),
+  return host_allowed(client_host_rule(configured ? &*configured : nullptr, w_.loopback_listener(), metrics),
                       request_authority(req.target(), http::first_field(req, bh::field::host)));
 }
 
@@ -192,8 +191,8 @@ core::Error GatewayPhases::misdirected(const RequestContext& ctx) const {
                   core::utf8_prefix(authority, core::kMaxEchoBytes),
                   ctx.gen->config().server.allowed_hosts
                       ? ""
-                      : "; on a loopback address, a request that needs no credential is answered for IP literals and "
-                        "localhost only, unless the option lists more"));
+                      : "; on a loopback address, /metrics is answered for IP literals and localhost only, unless "
+                        "the option lists more"));
 }
 
 core::Task<Outcome> GatewayPhases::preflight(RequestContext& ctx) {

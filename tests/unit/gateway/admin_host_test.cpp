@@ -123,19 +123,19 @@ TEST(AdminHost, TheOptionIsParsedAndCheckedAtLoad) {
 }
 
 // server.allowed_hosts: the client listener's rule, read with admin.allowed_hosts' reader.
-TEST(ClientHost, TheDefaultHoldsOnlyWhatNeedsNoCredentialOnLoopback) {
-  // Loopback, no option: IP literals and localhost for what needs no credential; any host for the rest.
-  EXPECT_EQ(client_host_rule(nullptr, true, false).kind, Kind::local);
-  EXPECT_EQ(client_host_rule(nullptr, true, true).kind, Kind::any);
+TEST(ClientHost, TheDefaultHoldsOnlyMetricsOnLoopback) {
+  // Loopback, no option: IP literals and localhost for /metrics; any host for the rest.
+  EXPECT_EQ(client_host_rule(nullptr, true, true).kind, Kind::local);
+  EXPECT_EQ(client_host_rule(nullptr, true, false).kind, Kind::any);
   // Elsewhere: any host.
-  EXPECT_EQ(client_host_rule(nullptr, false, false).kind, Kind::any);
   EXPECT_EQ(client_host_rule(nullptr, false, true).kind, Kind::any);
-  // The option: every request, the credential's routes too, on any address.
+  EXPECT_EQ(client_host_rule(nullptr, false, false).kind, Kind::any);
+  // The option: every request, on any address.
   const core::HostRule mine{Kind::listed, {"api.example"}};
   for (bool loopback : {true, false})
-    for (bool credential : {true, false}) EXPECT_EQ(&client_host_rule(&mine, loopback, credential), &mine);
-  EXPECT_FALSE(host_allowed(client_host_rule(nullptr, true, false), "attacker.example:8080"));
-  EXPECT_TRUE(host_allowed(client_host_rule(nullptr, true, true), "attacker.example:8080"));
+    for (bool metrics : {true, false}) EXPECT_EQ(&client_host_rule(&mine, loopback, metrics), &mine);
+  EXPECT_FALSE(host_allowed(client_host_rule(nullptr, true, true), "attacker.example:8080"));
+  EXPECT_TRUE(host_allowed(client_host_rule(nullptr, true, false), "attacker.example:8080"));
 }
 
 core::ConfigResult<LoadedConfig> load_server_hosts(std::string_view hosts) {
