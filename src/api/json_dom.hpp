@@ -10,8 +10,6 @@
 #include <string>
 #include <string_view>
 
-#include <boost/system/error_code.hpp>
-
 #include <boost/json/object.hpp>
 #include <boost/json/string.hpp>
 
@@ -20,25 +18,6 @@ namespace weir::api {
 // The deepest nesting of a client's JSON body Weir reads (RFC 8259 §9 lets a
 // parser set one; no OpenAI or Anthropic request shape comes near it).
 inline constexpr int kMaxBodyDepth = 64;
-// The 400 message for a client `body` the parser refused with `ec`: "The
-// request body is not valid JSON: <why>.", or, when it is nested deeper than
-// kMaxBodyDepth, that (it is valid JSON Weir does not read). <why> names
-// the two faults Boost.JSON reports vaguely: ill-formed UTF-8 (RFC 8259
-// §8.1), which it calls a syntax error, and a lone surrogate escape
-// ("\ud800" without its low half, or "\udc00" alone: §8.2 and Unicode
-// §3.9 leave it no character), which it calls a syntax error or an
-// illegal leading or trailing surrogate by where its buffer ended. Told
-// apart by scanning `body`, on this failure path only.
-std::string invalid_body_message(const boost::system::error_code& ec, std::string_view body);
-
-// The message of an upstream's error answer: vLLM's and OpenAI's
-// {"error":{"message"}}, vLLM's older {"object":"error","message"},
-// FastAPI's {"detail": "<text>"}, or FastAPI's validation answer {"detail":
-// [{"loc", "msg"}, ...]} as "loc.path: msg; ..." without the leading
-// "body". "" when `body` has none, and when it is not valid JSON (ill-formed
-// UTF-8 among that): what is returned is valid UTF-8 to relay.
-std::string upstream_error_message(std::string_view body);
-
 // A json::string as a std::string_view (no copy).
 inline std::string_view sv(const boost::json::string& s) { return {s.data(), s.size()}; }
 

@@ -3,20 +3,19 @@
 #include <array>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <utility>
 #include <vector>
 
 #include <fmt/format.h>
 #include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/error.hpp>
-#include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/error_text.hpp"
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
-#include "core/json_text.hpp"
+#include "api/lax_int.hpp"
 #include "core/multipart.hpp"
 #include "core/text.hpp"
 
@@ -509,102 +508,6 @@ class FieldsHandler {
 
 }  // namespace
 
-namespace {
-
-// Whether `body` holds a \u escape of a surrogate that is not half of a
-// pair (a high one not followed by \u and a low one, or a low one alone).
-// An escaped backslash is skipped (`\\ud800` in JSON text is a backslash
-// and "ud800"): a scan of strings' escapes, not of the syntax around them.
-bool lone_surrogate_escape(std::string_view body) {
-  const auto surrogate_at = [&](std::size_t i, bool high) {  // "\uD8xx".."\uDBxx" (high) or "\uDCxx".."\uDFxx"
-    if (i + 6 > body.size() || body[i] != '\\' || (body[i + 1] != 'u') || core::ascii_lower(body[i + 2]) != 'd')
-      return false;
-    const int h = core::hex_value(body[i + 3]);
-    return high ? (h >= 8 && h <= 11) : (h >= 12 && h <= 15);
-  };
-  for (std::size_t i = 0; i + 1 < body.size(); ++i) {
-    if (body[i] != '\\') continue;
-    if (body[i + 1] != 'u') {
-      ++i;  // an escaped character, a backslash among them
-      continue;
-    }
-    if (surrogate_at(i, false)) return true;
-    if (surrogate_at(i, true)) {
-      if (!surrogate_at(i + 6, false)) return true;
-      i += 11;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
-namespace {
-
-// FastAPI's validation answer (vLLM's 400/422): `detail` a list of
-// {"loc": [...], "msg", "type", ...} (FastAPI's RequestValidationError), as
-// one message: "loc.joined: msg" per item (the leading "body" left out, as
-// the client's request is the body), joined with "; ". "" when no item has a msg.
-std::string detail_message(const json::array& items) {
-  std::string m;
-  for (const auto& item : items) {
-    if (!item.is_object()) continue;
-    const std::string_view msg = string_at(item.get_object(), "msg");
-    if (msg.empty()) continue;
-    if (!m.empty()) m += "; ";
-    std::string loc;
-    if (const auto* l = item.get_object().if_contains("loc"); l && l->is_array())
-      for (const auto& part : l->get_array()) {
-        if (loc.empty() && part.is_string() && part.get_string() == "body") continue;
-        if (!loc.empty()) loc += '.';
-        if (part.is_string())
-          loc += sv(part.get_string());
-        else if (part.is_int64())
-          loc += std::to_string(part.get_int64());
-      }
-    if (!loc.empty()) {
-      m += loc;
-      m += ": ";
-    }
-    m += msg;
-  }
-  return m;
-}
-
-}  // namespace
-
-std::string upstream_error_message(std::string_view body) {
-  unsigned char buf[4096];
-  json::monotonic_resource mr(buf, sizeof buf);
-  boost::system::error_code ec;
-  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
-  if (ec || !v.is_object()) return {};
-  const auto& o = v.get_object();
-  std::string_view message;
-  if (const auto* e = o.if_contains("error"); e && e->is_object()) message = string_at(e->get_object(), "message");
-  if (message.empty()) message = string_at(o, "message");
-  if (message.empty()) message = string_at(o, "detail");
-  if (const auto* d = o.if_contains("detail"); message.empty() && d && d->is_array())
-    return detail_message(d->get_array());
-  return std::string(message);
-}
-
-std::string invalid_body_message(const boost::system::error_code& ec, std::string_view body) {
-  if (ec == json::error::too_deep)
-    return fmt::format("The request body is nested deeper than {} levels, the most Weir reads.", kMaxBodyDepth);
-  const bool surrogate_error =
-      ec == json::error::illegal_leading_surrogate || ec == json::error::illegal_trailing_surrogate;
-  if (ec == json::error::syntax)
-    for (std::size_t i = 0, n = 0; i < body.size(); i += n)
-      if ((n = core::utf8_sequence_length(body, i)) == 0)
-        return fmt::format("The request body is not valid JSON: invalid UTF-8 (byte 0x{:02X} at offset {}).",
-                           static_cast<unsigned char>(body[i]), i);
-  if (surrogate_error || (ec == json::error::syntax && lone_surrogate_escape(body)))
-    return "The request body is not valid JSON: lone surrogate escape in a string (a \\uD800-\\uDBFF escape "
-           "must be followed by a \\uDC00-\\uDFFF one, and a \\uDC00-\\uDFFF escape must follow one).";
-  return fmt::format("The request body is not valid JSON: {}.", ec.message());
-}
-
 tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body) {
   // One SAX pass over the body (validated as a DOM parse would be: RFC 8259,
   // UTF-8, kMaxBodyDepth levels at most), then the checks in a fixed order.
@@ -773,67 +676,6 @@ bool numbers_finite(const json::value& v) {
     }
   }
   return true;
-}
-
-namespace {
-
-// The length of the Unicode White_Space character `s` starts with (Rust's
-// char::is_whitespace, which pydantic-core's str::trim applies), 0 for none.
-std::size_t white_space_at(std::string_view s) {
-  if (s.empty()) return 0;
-  const auto b = [&](std::size_t i) { return i < s.size() ? static_cast<unsigned char>(s[i]) : 0u; };
-  const unsigned c = b(0);
-  if ((c >= 0x09 && c <= 0x0d) || c == 0x20) return 1;
-  if (c == 0xc2 && (b(1) == 0x85 || b(1) == 0xa0)) return 2;  // U+0085, U+00A0
-  if (c == 0xe1 && b(1) == 0x9a && b(2) == 0x80) return 3;    // U+1680
-  if (c == 0xe2 && b(1) == 0x80 && ((b(2) >= 0x80 && b(2) <= 0x8a) || b(2) == 0xa8 || b(2) == 0xa9 || b(2) == 0xaf))
-    return 3;                                               // U+2000..U+200A, U+2028, U+2029, U+202F
-  if (c == 0xe2 && b(1) == 0x81 && b(2) == 0x9f) return 3;  // U+205F
-  if (c == 0xe3 && b(1) == 0x80 && b(2) == 0x80) return 3;  // U+3000
-  return 0;
-}
-
-// The same for the character `s` ends with.
-std::size_t white_space_before_end(std::string_view s) {
-  for (std::size_t n = 1; n <= 3 && n <= s.size(); ++n)
-    if (white_space_at(s.substr(s.size() - n)) == n) return n;
-  return 0;
-}
-
-}  // namespace
-
-std::optional<std::int64_t> lax_int(std::string_view text) {
-  while (const std::size_t n = white_space_at(text)) text.remove_prefix(n);
-  while (const std::size_t n = white_space_before_end(text)) text.remove_suffix(n);
-  bool negative = false;
-  if (!text.empty() && (text.front() == '+' || text.front() == '-')) {
-    negative = text.front() == '-';
-    text.remove_prefix(1);
-  }
-  // ".0", ".000": a fraction of zeros only (not "3.", not "3.0_0").
-  if (const auto dot = text.find('.'); dot != std::string_view::npos) {
-    const std::string_view frac = text.substr(dot + 1);
-    if (frac.empty() || frac.find_first_not_of('0') != std::string_view::npos) return std::nullopt;
-    text = text.substr(0, dot);
-  }
-  // Digits, with single underscores between them.
-  if (text.empty() || text.front() == '_' || text.back() == '_') return std::nullopt;
-  constexpr std::uint64_t kLimit = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) + 1;
-  std::uint64_t v = 0;
-  char prev = 0;
-  for (const char c : text) {
-    if (c == '_') {
-      if (prev == '_') return std::nullopt;
-    } else if (c >= '0' && c <= '9') {
-      v = v > (kLimit - static_cast<std::uint64_t>(c - '0')) / 10 ? kLimit
-                                                                  : v * 10 + static_cast<std::uint64_t>(c - '0');
-    } else {
-      return std::nullopt;
-    }
-    prev = c;
-  }
-  if (negative) return v >= kLimit ? std::numeric_limits<std::int64_t>::min() : -static_cast<std::int64_t>(v);
-  return v >= kLimit ? std::numeric_limits<std::int64_t>::max() : static_cast<std::int64_t>(v);
 }
 
 std::optional<bool> form_bool(std::string_view v) {

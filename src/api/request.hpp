@@ -68,7 +68,7 @@ struct RequestFields {
 // not a string, `stream` not a boolean, `stream_options` not an object,
 // `max_tokens`/`n`/`best_of` not positive integers (as vLLM's pydantic models
 // read an int in lax mode: an integral number, 2.0 too, or a string that
-// lax_int reads). The body itself is not modified.
+// lax_int reads: api/lax_int.hpp). The body itself is not modified.
 // (ApiKind::audio bodies are not JSON: parse_audio_request.)
 tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string_view body);
 
@@ -87,17 +87,6 @@ tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view co
 // 1e400 became ±infinity: serialized again it would be `Infinity`, which is
 // not JSON (RFC 8259 §6), so the translators refuse such a body with a 400.
 bool numbers_finite(const boost::json::value& v);
-
-// The integer a JSON string holds as pydantic v2 reads one for an `int` field
-// in lax mode (pydantic-core's str → int: "Conversion Table", checked against
-// pydantic 2.14): leading and trailing Unicode White_Space (Rust's trim: tab,
-// LF, VT, FF, CR, space, U+0085, U+00A0, U+1680, U+2000..U+200A, U+2028,
-// U+2029, U+202F, U+205F, U+3000), an optional + or -, ASCII digits with
-// single underscores between them ("1_000"), and optionally "." and zeros
-// only ("3.0", "3.000"). nullopt for anything else ("", "3.5", "3e0", "0x10",
-// "3.", "1__0", "_1"). Saturates at the int64 range: a count is read up to
-// 2^32 - 1 anyway.
-std::optional<std::int64_t> lax_int(std::string_view text);
 
 // A form boolean as vLLM's FastAPI/pydantic reads it; nullopt when it is none.
 std::optional<bool> form_bool(std::string_view v);

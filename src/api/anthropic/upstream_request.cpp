@@ -11,6 +11,7 @@
 #include <boost/json/serializer.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/error_text.hpp"
 #include "api/json_dom.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"

@@ -13,6 +13,7 @@
 #include <boost/json/parse.hpp>
 #include <boost/json/value.hpp>
 
+#include "api/error_text.hpp"
 #include "api/tool_call_stream.hpp"
 #include "core/error.hpp"
 #include "core/json_text.hpp"

@@ -13,8 +13,10 @@
 #include <gtest/gtest.h>
 #include <boost/json.hpp>
 
+#include "api/error_text.hpp"
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
+#include "api/lax_int.hpp"
 #include "api/request.hpp"
 
 namespace weir::api {

@@ -1,0 +1,114 @@
+// The texts of a client body's 400 and of an upstream's error answer
+// (error_text.hpp).
+#include "api/error_text.hpp"
+
+#include <cstddef>
+#include <string>
+
+#include <fmt/format.h>
+#include <boost/json/error.hpp>
+#include <boost/json/monotonic_resource.hpp>
+#include <boost/json/parse.hpp>
+#include <boost/json/value.hpp>
+
+#include "api/json_dom.hpp"
+#include "core/json_text.hpp"
+#include "core/text.hpp"
+
+namespace weir::api {
+
+namespace json = boost::json;
+
+namespace {
+
+// Whether `body` holds a \u escape of a surrogate that is not half of a
+// pair (a high one not followed by \u and a low one, or a low one alone).
+// An escaped backslash is skipped (`\\ud800` in JSON text is a backslash
+// and "ud800"): a scan of strings' escapes, not of the syntax around them.
+bool lone_surrogate_escape(std::string_view body) {
+  const auto surrogate_at = [&](std::size_t i, bool high) {  // "\uD8xx".."\uDBxx" (high) or "\uDCxx".."\uDFxx"
+    if (i + 6 > body.size() || body[i] != '\\' || (body[i + 1] != 'u') || core::ascii_lower(body[i + 2]) != 'd')
+      return false;
+    const int h = core::hex_value(body[i + 3]);
+    return high ? (h >= 8 && h <= 11) : (h >= 12 && h <= 15);
+  };
+  for (std::size_t i = 0; i + 1 < body.size(); ++i) {
+    if (body[i] != '\\') continue;
+    if (body[i + 1] != 'u') {
+      ++i;  // an escaped character, a backslash among them
+      continue;
+    }
+    if (surrogate_at(i, false)) return true;
+    if (surrogate_at(i, true)) {
+      if (!surrogate_at(i + 6, false)) return true;
+      i += 11;
+    }
+  }
+  return false;
+}
+
+// FastAPI's validation answer (vLLM's 400/422): `detail` a list of
+// {"loc": [...], "msg", "type", ...} (FastAPI's RequestValidationError), as
+// one message: "loc.joined: msg" per item (the leading "body" left out, as
+// the client's request is the body), joined with "; ". "" when no item has a msg.
+std::string detail_message(const json::array& items) {
+  std::string m;
+  for (const auto& item : items) {
+    if (!item.is_object()) continue;
+    const std::string_view msg = string_at(item.get_object(), "msg");
+    if (msg.empty()) continue;
+    if (!m.empty()) m += "; ";
+    std::string loc;
+    if (const auto* l = item.get_object().if_contains("loc"); l && l->is_array())
+      for (const auto& part : l->get_array()) {
+        if (loc.empty() && part.is_string() && part.get_string() == "body") continue;
+        if (!loc.empty()) loc += '.';
+        if (part.is_string())
+          loc += sv(part.get_string());
+        else if (part.is_int64())
+          loc += std::to_string(part.get_int64());
+      }
+    if (!loc.empty()) {
+      m += loc;
+      m += ": ";
+    }
+    m += msg;
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string upstream_error_message(std::string_view body) {
+  unsigned char buf[4096];
+  json::monotonic_resource mr(buf, sizeof buf);
+  boost::system::error_code ec;
+  const json::value v = json::parse(json::string_view(body.data(), body.size()), ec, &mr);
+  if (ec || !v.is_object()) return {};
+  const auto& o = v.get_object();
+  std::string_view message;
+  if (const auto* e = o.if_contains("error"); e && e->is_object()) message = string_at(e->get_object(), "message");
+  if (message.empty()) message = string_at(o, "message");
+  if (message.empty()) message = string_at(o, "detail");
+  if (const auto* d = o.if_contains("detail"); message.empty() && d && d->is_array())
+    return detail_message(d->get_array());
+  return std::string(message);
+}
+
+std::string invalid_body_message(const boost::system::error_code& ec, std::string_view body) {
+  if (ec == json::error::too_deep)
+    return fmt::format("The request body is nested deeper than {} levels, the most Weir reads.", kMaxBodyDepth);
+  const bool surrogate_error =
+      ec == json::error::illegal_leading_surrogate || ec == json::error::illegal_trailing_surrogate;
+  if (ec == json::error::syntax)
+    for (std::size_t i = 0, n = 0; i < body.size(); i += n)
+      if ((n = core::utf8_sequence_length(body, i)) == 0)
+        return fmt::format("The request body is not valid JSON: invalid UTF-8 (byte 0x{:02X} at offset {}).",
+                           static_cast<unsigned char>(body[i]), i);
+  if (surrogate_error || (ec == json::error::syntax && lone_surrogate_escape(body)))
+    return "The request body is not valid JSON: lone surrogate escape in a string (a \\uD800-\\uDBFF escape "
+           "must be followed by a \\uDC00-\\uDFFF one, and a \\uDC00-\\uDFFF escape must follow one).";
+  return fmt::format("The request body is not valid JSON: {}.", ec.message());
+}
+
+}  // namespace weir::api
