@@ -1,7 +1,8 @@
 // The respond phase for proxied requests: the upstream request
 // (upstream_body.cpp), the attempt loop over the pool's endpoints (policy in
 // routing::Attempts), then the response as a stream or a buffered body. Nothing is retried once a byte reached the
-// client (the commit point). The pool's admission queue is queue.cpp's; the fallback chain, fallback.cpp's.
+// client (the commit point). The pool's admission queue is queue.cpp's; the fallback chain, fallback.cpp's; the
+// first-token and deadline cutoff, cutoff.cpp's; a stream's verdict for its endpoint's health, verdict.cpp's.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -270,126 +271,6 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     }
     co_return o;
   }
-}
-
-bool GatewayPhases::arm_cutoff(RequestContext& ctx, bool first_token) {
-  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
-  ctx.cutoff = RequestContext::Cutoff::none;
-  ctx.first_token_by = first_token && ctx.stream && pc.timeouts.first_token.count() > 0
-                           ? ctx.t_upstream_sent + pc.timeouts.first_token
-                           : core::TimePoint{};
-  if (ctx.first_token_by == core::TimePoint{} && ctx.deadline == core::TimePoint{}) return false;
-  if (!ctx.cutoff_watch) ctx.cutoff_watch.emplace(w_.io().get_executor(), [this, &ctx] { on_cutoff(ctx); });
-  auto at = ctx.first_token_by;
-  if (at == core::TimePoint{} || (ctx.deadline != core::TimePoint{} && ctx.deadline < at)) at = ctx.deadline;
-  ctx.cutoff_watch->reset_expired();
-  ctx.cutoff_watch->expires_at(at);
-  return true;
-}
-
-void GatewayPhases::on_cutoff(RequestContext& ctx) {
-  const auto now = core::now();
-  if (core::passed(ctx.deadline, now)) {
-    ctx.cutoff = RequestContext::Cutoff::deadline;
-  } else if (ctx.first_token_by != core::TimePoint{} &&
-             (ctx.resume.active ? !ctx.resume.answered : ctx.t_first_token == core::TimePoint{}) &&
-             now >= ctx.first_token_by) {
-    // (A resume's stream waits for its own first chunk: the client's first token came long before.)
-    ctx.cutoff = RequestContext::Cutoff::first_token;
-  } else {
-    // The first token came in time: only the deadline is left to watch.
-    if (ctx.deadline != core::TimePoint{}) ctx.cutoff_watch->expires_at(ctx.deadline);
-    return;
-  }
-  // The responder's pending read completes as cancelled; it maps it (respond_stream).
-  if (ctx.source && !ctx.source->done()) {
-    if (ctx.cutoff == RequestContext::Cutoff::first_token)
-      ctx.source->cancel_stalled();
-    else
-      ctx.source->cancel();
-  }
-}
-
-Outcome GatewayPhases::after_cutoff(RequestContext& ctx, Outcome o) {
-  ctx.cutoff_watch->disarm();
-  auto& m = w_.metrics();
-  switch (ctx.cutoff) {
-    case RequestContext::Cutoff::first_token:
-      ++m.first_token_timeouts;
-      return o;  // a timeout: a fallback may take it (respond_stream set fail_over)
-    case RequestContext::Cutoff::deadline:
-      // Nothing more for this request anywhere: no fallback, and the endpoint is not to blame.
-      ++m.deadline_exceeded;
-      ctx.fail_over = false;
-      if (ctx.verdict_pending) {
-        ctx.verdict_pending = false;
-        if (ctx.trial) ctx.gen->pool(ctx.target.pool).end_trial(static_cast<std::uint32_t>(ctx.endpoint));
-        ctx.trial = false;
-      }
-      if (o.is_responded()) return o;
-      return Outcome::failed(deadline_exceeded(subject(ctx), ctx.deadline_ms, ctx.committed));
-    case RequestContext::Cutoff::none:
-      break;
-  }
-  return o;
-}
-
-bool GatewayPhases::stream_answered(const RequestContext& ctx) {
-  // A resume's stream is judged at its own first event (the client's first token came long before).
-  return ctx.resume.active ? ctx.resume.answered : ctx.t_first_token != core::TimePoint{};
-}
-
-void GatewayPhases::judge_first_token(RequestContext& ctx) {
-  // The stream's first token: a good answer, now (relay_read), not at the stream's end. A half-open
-  // endpoint's trial closes its breaker here, so the pool serves again while that first stream runs on
-  // (minutes, for a long generation), and the endpoint's count of failures starts again from it.
-  ctx.verdict_pending = false;
-  ctx.judged_good = true;
-  auto& pool = ctx.gen->pool(ctx.target.pool);
-  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
-  const auto now = core::now();
-  if (pool.report_answer(ep, /*failed=*/false, now, ctx.trial, ctx.t_upstream_sent)) ++w_.metrics().outlier_ejections;
-  ctx.trial = false;
-  if (!ctx.resume.active && ctx.t_first_token > ctx.t_upstream_sent &&
-      pool.report_ttft(ep,
-                       static_cast<std::uint32_t>(std::min<std::int64_t>(
-                           core::micros_between(ctx.t_upstream_sent, ctx.t_first_token), 0xffffffff)),
-                       now))
-    ++w_.metrics().outlier_ejections;
-}
-
-void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
-  // The answer of a stream is judged at its first token (judge_first_token), else at its end (here): a
-  // stall or a failure before the first token counts against the endpoint as a failed answer would
-  // (routing/health.hpp); a client that left, nothing.
-  // The upstream's in-band error event fails the answer wherever it comes (an engine's fault), unless it
-  // refused the request (a 4xx in-band: vLLM streams the refusals it finds as the engine takes a request):
-  // that is an answer, as a 400 head is, and clears the endpoint's count of failures.
-  const bool refused = ctx.error_relayed && ctx.upstream_refused;
-  const bool upstream_failed = !refused && o.is_failed() && o.error().source == core::ErrorSource::upstream;
-  auto& pool = ctx.gen->pool(ctx.target.pool);
-  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
-  if (!ctx.verdict_pending) {
-    // Judged good at its first token: an in-band error after it still fails the answer (trial slot long given back).
-    if (ctx.judged_good && ctx.error_relayed && upstream_failed &&
-        pool.report_answer(ep, /*failed=*/true, core::now(), /*trial=*/false, ctx.t_upstream_sent))
-      ++w_.metrics().outlier_ejections;
-    ctx.judged_good = false;
-    return;
-  }
-  if (stream_answered(ctx)) {  // (its first token came with the read that ended the stream)
-    judge_first_token(ctx);
-    judge_stream(ctx, o);
-    return;
-  }
-  ctx.verdict_pending = false;
-  if (o.is_responded() || upstream_failed || refused) {
-    if (pool.report_answer(ep, upstream_failed, core::now(), ctx.trial, ctx.t_upstream_sent))
-      ++w_.metrics().outlier_ejections;
-  } else if (ctx.trial) {
-    pool.end_trial(ep);
-  }
-  ctx.trial = false;
 }
 
 core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::milliseconds d) {

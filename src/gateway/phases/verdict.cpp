@@ -1,0 +1,71 @@
+// A stream's verdict for its endpoint's health (routing/health.hpp): a good
+// answer at its first token (respond_stream.cpp), else a failed or good one
+// at its end (proxy.cpp), and its time to first token for outlier detection
+// (outlier.ttft_factor).
+#include <algorithm>
+#include <cstdint>
+
+#include "gateway/phases.hpp"
+#include "gateway/worker.hpp"
+
+namespace weir::gateway {
+
+bool GatewayPhases::stream_answered(const RequestContext& ctx) {
+  // A resume's stream is judged at its own first event (the client's first token came long before).
+  return ctx.resume.active ? ctx.resume.answered : ctx.t_first_token != core::TimePoint{};
+}
+
+void GatewayPhases::judge_first_token(RequestContext& ctx) {
+  // The stream's first token: a good answer, now (relay_read), not at the stream's end. A half-open
+  // endpoint's trial closes its breaker here, so the pool serves again while that first stream runs on
+  // (minutes, for a long generation), and the endpoint's count of failures starts again from it.
+  ctx.verdict_pending = false;
+  ctx.judged_good = true;
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
+  const auto now = core::now();
+  if (pool.report_answer(ep, /*failed=*/false, now, ctx.trial, ctx.t_upstream_sent)) ++w_.metrics().outlier_ejections;
+  ctx.trial = false;
+  if (!ctx.resume.active && ctx.t_first_token > ctx.t_upstream_sent &&
+      pool.report_ttft(ep,
+                       static_cast<std::uint32_t>(std::min<std::int64_t>(
+                           core::micros_between(ctx.t_upstream_sent, ctx.t_first_token), 0xffffffff)),
+                       now))
+    ++w_.metrics().outlier_ejections;
+}
+
+void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
+  // The answer of a stream is judged at its first token (judge_first_token), else at its end (here): a
+  // stall or a failure before the first token counts against the endpoint as a failed answer would
+  // (routing/health.hpp); a client that left, nothing.
+  // The upstream's in-band error event fails the answer wherever it comes (an engine's fault), unless it
+  // refused the request (a 4xx in-band: vLLM streams the refusals it finds as the engine takes a request):
+  // that is an answer, as a 400 head is, and clears the endpoint's count of failures.
+  const bool refused = ctx.error_relayed && ctx.upstream_refused;
+  const bool upstream_failed = !refused && o.is_failed() && o.error().source == core::ErrorSource::upstream;
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
+  if (!ctx.verdict_pending) {
+    // Judged good at its first token: an in-band error after it still fails the answer (trial slot long given back).
+    if (ctx.judged_good && ctx.error_relayed && upstream_failed &&
+        pool.report_answer(ep, /*failed=*/true, core::now(), /*trial=*/false, ctx.t_upstream_sent))
+      ++w_.metrics().outlier_ejections;
+    ctx.judged_good = false;
+    return;
+  }
+  if (stream_answered(ctx)) {  // (its first token came with the read that ended the stream)
+    judge_first_token(ctx);
+    judge_stream(ctx, o);
+    return;
+  }
+  ctx.verdict_pending = false;
+  if (o.is_responded() || upstream_failed || refused) {
+    if (pool.report_answer(ep, upstream_failed, core::now(), ctx.trial, ctx.t_upstream_sent))
+      ++w_.metrics().outlier_ejections;
+  } else if (ctx.trial) {
+    pool.end_trial(ep);
+  }
+  ctx.trial = false;
+}
+
+}  // namespace weir::gateway
