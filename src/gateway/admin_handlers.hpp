@@ -12,6 +12,8 @@
 #include <boost/json/serialize.hpp>
 
 #include "admission/limiter.hpp"
+#include "api/error_text.hpp"
+#include "api/json_dom.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/key_store.hpp"
 
@@ -43,13 +45,17 @@ inline AdminError read_only(std::string_view id) {
                     {}};
 }
 
-// The body as a JSON object, or 400 (invalid JSON; not an object).
+// The body as a JSON object, or 400: empty, not an object, or not valid
+// JSON, said as the client listener says it (api::invalid_body_message:
+// ill-formed UTF-8 and a lone surrogate escape by name, where Boost.JSON
+// says "syntax error"), nested at most api::kMaxBodyDepth levels as there.
 inline AdminResult<json::object> parse_object(const std::string& body) {
+  if (body.empty()) return tl::unexpected(admin_bad_request("The request body is empty; expected a JSON object."));
   boost::system::error_code ec;
-  json::value v = json::parse(body, ec);
-  if (ec)
-    return tl::unexpected(
-        admin_bad_request(fmt::format("We could not parse the JSON body of your request ({}).", ec.message())));
+  json::parse_options opt;
+  opt.max_depth = api::kMaxBodyDepth;
+  json::value v = json::parse(body, ec, {}, opt);
+  if (ec) return tl::unexpected(admin_bad_request(api::invalid_body_message(ec, body)));
   if (!v.is_object()) return tl::unexpected(admin_bad_request("The request body must be a JSON object."));
   return std::move(v.get_object());
 }
