@@ -38,3 +38,47 @@ def test_admin_body_messages_name_invalid_utf8_and_lone_surrogates(weir):
         assert r.status_code == 400 and r.json()["error"]["message"].startswith(
             "The request body is not valid JSON: "), r.text
 
+
+# DEFECT: weir-mock, vLLM's stand-in, refused a count sent as a numeric string ("max_tokens": "3") with 400
+# int_type, where vLLM's pydantic models (lax mode) take it, as Weir itself does (api::lax_int, which the mock now
+# uses): "3", " 3 ", "1_000", "3.0", "+3", and true as 1 (pydantic 2.14, checked: Weir refuses a boolean count
+# itself, but vLLM does not). What vLLM refuses it still refuses, in vLLM's 400 shape: a string that is no
+# integer ("3.5", "abc", "3e0", "") as int_parsing, a fractional number as int_from_float, a list as int_type.
+LAX_OK = [("max_tokens", "3", 3), ("max_tokens", " 3 ", 3), ("max_tokens", "3.0", 3), ("max_tokens", "+3", 3),
+          ("max_completion_tokens", "2", 2), ("max_tokens", "1_000", 16), ("max_tokens", True, 1)]
+LAX_REFUSED = [("max_tokens", "3.5", "int_parsing"), ("max_tokens", "abc", "int_parsing"),
+               ("max_tokens", "3e0", "int_parsing"), ("max_tokens", "", "int_parsing"), ("n", "two", "int_parsing"),
+               ("max_tokens", 3.5, "int_from_float"), ("max_tokens", [3], "int_type"), ("n", {}, "int_type")]
+
+
+def test_the_mock_reads_counts_as_vllms_pydantic_does(mock):
+    m = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "16")
+    chat = m.base_url + "/v1/chat/completions"
+    for field, value, tokens in LAX_OK:
+        r = httpx.post(chat, json={"model": "mock-model", "messages": MSG, field: value}, timeout=10)
+        assert r.status_code == 200, (field, value, r.text)
+        assert r.json()["usage"]["completion_tokens"] == tokens, (field, value, r.json())
+    r = httpx.post(chat, json={"model": "mock-model", "messages": MSG, "n": "2", "max_tokens": "1"}, timeout=10)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2, r.text
+    r = httpx.post(m.base_url + "/v1/completions", json={"model": "mock-model", "prompt": "hi", "max_tokens": " 2"},
+                   timeout=10)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    r = httpx.post(m.base_url + "/v1/embeddings", json={"model": "mock-model", "input": "hi", "dimensions": "8"},
+                   timeout=10)
+    assert r.status_code == 200 and len(r.json()["data"][0]["embedding"]) == 8, r.text
+    r = httpx.post(m.base_url + "/v1/rerank", json={"model": "mock-model", "query": "q", "documents": ["a", "b", "c"],
+                                                    "top_n": "2"}, timeout=10)
+    assert r.status_code == 200 and len(r.json()["results"]) == 2, r.text
+    # Zero is read as zero (false too), then refused as vLLM refuses it.
+    for zero in ("0", False):
+        r = httpx.post(chat, json={"model": "mock-model", "messages": MSG, "max_tokens": zero}, timeout=10)
+        assert r.status_code == 400 and "max_tokens must be at least 1" in r.json()["error"]["message"], r.text
+    for field, value, kind in LAX_REFUSED + [("top_n", "x", "int_parsing")]:
+        url = m.base_url + "/v1/rerank" if field == "top_n" else chat
+        body = ({"query": "q", "documents": ["a"]} if field == "top_n" else {"messages": MSG})
+        r = httpx.post(url, json={"model": "mock-model", **body, field: value}, timeout=10)
+        assert r.status_code == 400, (field, value, r.text)
+        err = r.json()
+        assert set(err) == {"error"} and err["error"]["type"] == "BadRequestError" and err["error"]["code"] == 400, err
+        assert f"'type': '{kind}', 'loc': ('body', '{field}')" in err["error"]["message"], (field, value, err)
+

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <boost/json.hpp>
 
+#include "api/lax_int.hpp"
 #include "core/multipart.hpp"
 
 namespace weir::mock {
@@ -75,6 +76,20 @@ OptErr opt_int(const json::object& o, std::string_view key, std::optional<std::i
     }
     return validation("int_from_float", quoted_loc(key),
                       "Input should be a valid integer, got a number with a fractional part");
+  }
+  if (v->is_bool()) {  // pydantic's lax mode: true is 1, false 0 (then refused as a count below 1)
+    out = v->get_bool() ? 1 : 0;
+    return std::nullopt;
+  }
+  if (v->is_string()) {
+    // A string of one, as pydantic's lax mode reads it ("3", " 3 ", "1_000", "3.0"): Weir's own reader of
+    // vLLM's counts, so the mock and the gateway take the same strings.
+    if (const auto i = api::lax_int(std::string_view(v->get_string()))) {
+      out = *i;
+      return std::nullopt;
+    }
+    return validation("int_parsing", quoted_loc(key),
+                      "Input should be a valid integer, unable to parse string as an integer");
   }
   return validation("int_type", quoted_loc(key), "Input should be a valid integer");
 }
@@ -899,8 +914,9 @@ std::optional<ApiError> extra_route_body(std::string_view path, std::string_view
     }
     std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::size_t top = ranked.size();
-    if (const auto* n = o.if_contains("top_n"); n && n->is_int64() && n->get_int64() > 0)
-      top = std::min<std::size_t>(top, static_cast<std::size_t>(n->get_int64()));
+    std::optional<std::int64_t> top_n;  // 0 or less (vLLM's default 0): every document
+    if (auto e = opt_int(o, "top_n", top_n)) return e;
+    if (top_n && *top_n > 0) top = std::min<std::size_t>(top, static_cast<std::size_t>(*top_n));
     out = "{\"id\":\"rerank-mock\",\"model\":\"";
     append_json_escaped(out, name);
     out += "\",\"usage\":{\"total_tokens\":";
