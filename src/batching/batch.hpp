@@ -127,6 +127,7 @@ class BatchMember final : public http::ResponseSource {
     std::int16_t status = 0;  // 0: none (a failure)
     http::UpstreamFailure failure = http::UpstreamFailure::none;
     std::uint32_t us = 0;
+    bool stale = false;  // a pooled connection the upstream had closed, resent free (RequestContext::AttemptRecord)
   };
   std::span<const EarlierAttempt> earlier_attempts() const;
   std::uint32_t batch_retries() const;

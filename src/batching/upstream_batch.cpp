@@ -164,7 +164,7 @@ core::Task<void> Batch::send() {
         started = true;  // pass the upstream's answer on
         break;
       }
-      note_attempt(ep_idx, status, UpstreamFailure::none, sent_at_);
+      note_attempt(ep_idx, status, UpstreamFailure::none, sent_at_, d.reason == routing::RetryReason::stale);
       pool.on_finish(ep_idx);
       if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
     } else {
@@ -181,7 +181,7 @@ core::Task<void> Batch::send() {
         env.on_attempt(ep_idx, d.retry && d.reason == routing::RetryReason::stale ? UpstreamFailure::none : failure);
       exchange_.release();
       if (!d.retry) break;
-      note_attempt(ep_idx, 0, failure, sent_at_);
+      note_attempt(ep_idx, 0, failure, sent_at_, d.reason == routing::RetryReason::stale);
     }
     if (d.delay.count() > 0) {
       window_.expires_after(d.delay);

@@ -245,7 +245,8 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::array<BatchMember::EarlierAttempt, 8> tried_{};
   std::uint8_t tried_count_ = 0;
   std::uint32_t retries_ = 0;
-  void note_attempt(std::uint32_t ep, int status, UpstreamFailure f, std::chrono::steady_clock::time_point since) {
+  void note_attempt(std::uint32_t ep, int status, UpstreamFailure f, std::chrono::steady_clock::time_point since,
+                    bool stale = false) {
     if (tried_count_ >= tried_.size()) return;
     tried_[tried_count_++] = {
         .endpoint = static_cast<std::int16_t>(ep),
@@ -253,7 +254,8 @@ class Batch : public std::enable_shared_from_this<Batch> {
         .failure = f,
         .us = static_cast<std::uint32_t>(std::min<std::int64_t>(
             std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - since).count(),
-            0xffffffff))};
+            0xffffffff)),
+        .stale = stale};
   }
   core::Timer window_;
   http::Exchange exchange_;

@@ -204,6 +204,16 @@ struct RequestContext {
     http::UpstreamFailure failure = http::UpstreamFailure::none;
     std::uint32_t us = 0;  // request sent (or connect started) → outcome, µs
     bool resume = false;   // a resume's attempt: it continued a stream that broke (pools.X.resume)
+    // It met a pooled connection the upstream had closed (reset at once, or a bodiless 408 that closes it)
+    // and was resent free on a fresh one (routing::RetryReason::stale): not a failure of the endpoint's,
+    // so not `failure` reset (weir_upstream_failures_total does not count it either).
+    bool stale = false;
+    // The access log's and the trace's word for how it failed: "stale_connection" (as
+    // weir_upstream_retries_total's reason), else `failure`'s name; "" for none.
+    std::string_view failure_label() const {
+      if (stale) return "stale_connection";
+      return failure == http::UpstreamFailure::none ? std::string_view() : http::to_string(failure);
+    }
   };
   // At most kMaxAttemptRecords are kept (fixed size: recording allocates
   // nothing): the first ones, and in the last slot always the latest, the

@@ -134,7 +134,8 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
                         .endpoint = a.endpoint,
                         .status = a.status,
                         .failure = a.failure,
-                        .us = a.us});
+                        .us = a.us,
+                        .stale = a.stale});
     ctx.upstream_wait += std::chrono::microseconds(a.us);
   }
   ctx.retries += m.batch_retries();

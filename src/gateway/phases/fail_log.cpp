@@ -480,10 +480,10 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
       else
         w.put("null"sv);
       w.put(R"(,"failure":)"sv);
-      if (a.failure == http::UpstreamFailure::none)
+      if (const auto f = a.failure_label(); f.empty())
         w.put("null"sv);
       else
-        w.put_json_string(http::to_string(a.failure));
+        w.put_json_string(f);
       w.put(R"(,"ms":)"sv);
       w.put_scaled(static_cast<std::int64_t>(a.us), 3);
       if (a.resume) w.put(R"(,"resume":true)"sv);  // it continued a stream that broke (pools.X.resume)

@@ -377,15 +377,16 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       unsent = 1;
     }
   };
-  auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since,
-                    core::TimePoint until) {
+  auto record = [&](std::uint32_t ep, int status, http::UpstreamFailure f, core::TimePoint since, core::TimePoint until,
+                    bool stale = false) {
     ctx.attempt_since = since;
     ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                         .endpoint = static_cast<std::int16_t>(ep),
                         .status = static_cast<std::int16_t>(status),
                         .failure = f,
                         .us = static_cast<std::uint32_t>(core::micros_between(since, until)),
-                        .resume = resuming});
+                        .resume = resuming,
+                        .stale = stale});
   };
   // The attempt's start: the first one's is `now` (read above). Its answer's head: t_answered.
   core::TimePoint t_try = now;
@@ -513,7 +514,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
         started = true;
         break;
       }
-      record(ep_idx, status, failure, ctx.t_upstream_sent, t_answered);
+      record(ep_idx, status, failure, ctx.t_upstream_sent, t_answered,
+             d.retry && d.reason == routing::RetryReason::stale);
       last_status = status;
       pool.on_finish(ep_idx);
       // A small error body may have come whole with the head: then the connection can serve again.
@@ -540,8 +542,11 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                                        t_answered);
       cancel_late_retry(d);
       // Every failed attempt counts against its endpoint, retried or not,
-      // except a pooled connection the server had closed (resent at once).
-      if (!(d.retry && d.reason == routing::RetryReason::stale))
+      // except a pooled connection the server had closed (resent at once):
+      // logged as that, not as the reset it looked like (recorded above).
+      if (d.retry && d.reason == routing::RetryReason::stale)
+        ctx.attempt_log[ctx.attempt_count - 1].stale = true;
+      else
         metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
       exchange_.release();
       if (!d.retry) break;

@@ -179,7 +179,7 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
     if (!c) break;
     if (t.attempt_ids[i].valid()) c->id = t.attempt_ids[i];  // the span id the upstream was sent
     c->status = a.status;
-    c->failure = a.failure == http::UpstreamFailure::none ? std::string_view() : http::to_string(a.failure);
+    c->failure = a.failure_label();
     // (The last kept attempt follows those attempt_log left out.)
     const std::size_t before = i + 1 == ctx.attempt_count ? i + ctx.attempts_dropped : i;
     c->resend = static_cast<std::uint8_t>(std::min<std::size_t>(before, 255));
