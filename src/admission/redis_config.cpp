@@ -82,7 +82,7 @@ ConfigResult<RedisConfig> parse_impl(const YAML::Node& node, GetEnvFn getenv_fn)
     const char* v = getenv_fn ? getenv_fn(var->c_str()) : std::getenv(var->c_str());
     if (!v || !*v)
       return tl::unexpected(config_error(node["password_env"], "redis.password_env",
-                                         fmt::format("environment variable {} is not set", *var)));
+                                         fmt::format("environment variable {} is not set", core::quoted_text(*var))));
     c.password = v;
   }
   if (node["key_prefix"]) {

@@ -141,19 +141,21 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
     // sent as written (redact_url hides credential-like parameters in logs).
     auto u = boost::urls::parse_uri(j.jwks_url);
     if (!u || u->host().empty())
-      return tl::unexpected(config_error(
-          node["jwks_url"], key + ".jwks_url",
-          fmt::format("'{}' is not a URL (expected http[s]://host[:port]/path)", core::redact_url(j.jwks_url))));
+      return tl::unexpected(
+          config_error(node["jwks_url"], key + ".jwks_url",
+                       fmt::format("{} is not a URL (expected http[s]://host[:port]/path)",
+                                   core::quoted_text(core::redact_url(j.jwks_url), core::kQuotedPathBytes))));
     if (u->has_port() && core::url_port(u->port()) == 0)
       return tl::unexpected(
           config_error(node["jwks_url"], key + ".jwks_url",
-                       fmt::format("'{}' has no valid port (1 to 65535)", core::redact_url(j.jwks_url))));
+                       fmt::format("{} has no valid port (1 to 65535)",
+                                   core::quoted_text(core::redact_url(j.jwks_url), core::kQuotedPathBytes))));
     if (u->has_userinfo())
       return tl::unexpected(
           config_error(node["jwks_url"], key + ".jwks_url",
-                       fmt::format("'{}': credentials (userinfo before '@') are not allowed in the URL: it is logged, "
+                       fmt::format("{}: credentials (userinfo before '@') are not allowed in the URL: it is logged, "
                                    "and a JWKS is public",
-                                   core::redact_url(j.jwks_url))));
+                                   core::quoted_text(core::redact_url(j.jwks_url), core::kQuotedPathBytes))));
   }
   if (j.tenant_claim.empty())
     return tl::unexpected(config_error(node["tenant_claim"], key + ".tenant_claim", "must not be empty"));
@@ -199,21 +201,21 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
     WEIR_TRY_RESULT(var, core::read_string(node["key_env"], key + ".key_env"));
     const char* value = getenv_fn(var->c_str());
     if (!value || !*value)
-      return tl::unexpected(
-          config_error(node["key_env"], key + ".key_env", fmt::format("environment variable {} is not set", *var)));
+      return tl::unexpected(config_error(node["key_env"], key + ".key_env",
+                                         fmt::format("environment variable {} is not set", core::quoted_text(*var))));
     if (!core::field_value_ok(value))
       return tl::unexpected(config_error(
           node["key_env"], key + ".key_env",
           fmt::format("the key in {} has characters a request header cannot carry (a space or line break at its "
                       "ends, as a secret made from a file has; control characters or non-ASCII): no request could "
                       "present it",
-                      *var)));
+                      core::quoted_text(*var))));
     if (jwt_on && looks_like_jwt(value))
       return tl::unexpected(config_error(
           node["key_env"], key + ".key_env",
           fmt::format("the key in {} has a JWT's shape (eyJ..., two dots): with auth.jwt on such a credential is "
                       "verified as a JWT, so this key could never authenticate; choose another value",
-                      *var)));
+                      core::quoted_text(*var))));
     k.sha256 = sha256(value);
   }
   if (node["models"]) {
@@ -302,8 +304,9 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
       if (auth["jwt"]["default_tenant"] && j->default_tenant.empty())
         return tl::unexpected(config_error(auth["jwt"]["default_tenant"], "auth.jwt.default_tenant", "is empty"));
       if (!j->default_tenant.empty() && !cfg.tenants.count(j->default_tenant))
-        return tl::unexpected(config_error(auth["jwt"]["default_tenant"], "auth.jwt.default_tenant",
-                                           fmt::format("tenant '{}' is not defined under tenants", j->default_tenant)));
+        return tl::unexpected(
+            config_error(auth["jwt"]["default_tenant"], "auth.jwt.default_tenant",
+                         fmt::format("tenant {} is not defined under tenants", core::quoted_text(j->default_tenant))));
       cfg.jwt = std::move(*j);
     }
     if (const YAML::Node keys = auth["api_keys"]) {
@@ -314,10 +317,12 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
         const std::string key = fmt::format("auth.api_keys[{}]", i);
         WEIR_TRY_RESULT(k, parse_api_key(keys[i], key, getenv_fn, cfg.budget_utc_offset_s, cfg.jwt.has_value()));
         if (!cfg.tenants.count(k->tenant))
-          return tl::unexpected(config_error(keys[i]["tenant"], key + ".tenant",
-                                             fmt::format("tenant '{}' is not defined under tenants", k->tenant)));
+          return tl::unexpected(
+              config_error(keys[i]["tenant"], key + ".tenant",
+                           fmt::format("tenant {} is not defined under tenants", core::quoted_text(k->tenant))));
         if (!ids.insert(k->id).second)
-          return tl::unexpected(config_error(keys[i]["id"], key + ".id", fmt::format("duplicate key id '{}'", k->id)));
+          return tl::unexpected(
+              config_error(keys[i]["id"], key + ".id", fmt::format("duplicate key id {}", core::quoted_text(k->id))));
         if (!hashes.insert(k->sha256).second)
           return tl::unexpected(config_error(keys[i], key, "the same key value appears twice"));
         cfg.api_keys.push_back(std::move(*k));
@@ -383,9 +388,9 @@ ConfigResult<Budget> parse_budget(const YAML::Node& node, const std::string& key
       if (!cal)
         return tl::unexpected(
             config_error(pn, key + ".period",
-                         fmt::format("'{}' is not a period: expected day, week, month (calendar windows, UTC or "
+                         fmt::format("{} is not a period: expected day, week, month (calendar windows, UTC or "
                                      "auth.budget_utc_offset) or a duration such as 24h, 720h, 30m, 0 (never)",
-                                     pn.Scalar())));
+                                     core::quoted_text(pn.Scalar()))));
       b.calendar = *cal;
       b.utc_offset_s = utc_offset_s;
       return b;

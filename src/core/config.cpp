@@ -184,7 +184,8 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
         WEIR_TRY(name, read_name(m, k + ".model"));
         const auto found = by_name.find(name);
         const ModelConfig* target = found == by_name.end() ? nullptr : &c.models[found->second];
-        if (!target) return tl::unexpected(config_error(m, k + ".model", fmt::format("no model named '{}'", name)));
+        if (!target)
+          return tl::unexpected(config_error(m, k + ".model", fmt::format("no model named {}", quoted_text(name))));
         if (target == &mc) return tl::unexpected(config_error(m, k + ".model", "a model cannot fall back to itself"));
         t.pool = target->pool;
         t.upstream_model = target->upstream_model.empty() ? target->name : target->upstream_model;
@@ -192,7 +193,8 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
       } else if (auto p = f[i]["pool"]) {
         WEIR_TRY(name, read_name(p, k + ".pool"));
         auto idx = c.find_pool(name);
-        if (!idx) return tl::unexpected(config_error(p, k + ".pool", fmt::format("no pool named '{}'", name)));
+        if (!idx)
+          return tl::unexpected(config_error(p, k + ".pool", fmt::format("no pool named {}", quoted_text(name))));
         t.pool = *idx;
         t.upstream_model = mc.upstream_model.empty() ? mc.name : mc.upstream_model;
       } else {
@@ -208,14 +210,15 @@ ConfigResult<void> parse_fallbacks(const YAML::Node& models, Config& c) {
       if (t.pool == mc.pool && t.upstream_model == own)
         return tl::unexpected(config_error(
             f[i], k,
-            fmt::format("the model's own pool '{}' and upstream model '{}': a model cannot fall back to itself "
+            fmt::format("the model's own pool {} and upstream model {}: a model cannot fall back to itself "
                         "(retries on the pool are `pools.{}.retry`)",
-                        c.pools[t.pool].name, own, c.pools[t.pool].name)));
+                        quoted_text(c.pools[t.pool].name), quoted_text(own), c.pools[t.pool].name)));
       for (std::size_t j = 0; j < mc.fallbacks.size(); ++j)
         if (mc.fallbacks[j].pool == t.pool && mc.fallbacks[j].upstream_model == t.upstream_model)
-          return tl::unexpected(config_error(f[i], k,
-                                             fmt::format("the same pool '{}' and upstream model '{}' as {}[{}]",
-                                                         c.pools[t.pool].name, t.upstream_model, key, j)));
+          return tl::unexpected(
+              config_error(f[i], k,
+                           fmt::format("the same pool {} and upstream model {} as {}[{}]",
+                                       quoted_text(c.pools[t.pool].name), quoted_text(t.upstream_model), key, j)));
       mc.fallbacks.push_back(std::move(t));
     }
   }
@@ -245,7 +248,8 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     if (!pn) return tl::unexpected(config_error(m, key + ".pool", "is required"));
     WEIR_TRY(pool, read_name(pn, key + ".pool"));
     auto idx = c.find_pool(pool);
-    if (!idx) return tl::unexpected(config_error(pn, key + ".pool", fmt::format("no pool named '{}'", pool)));
+    if (!idx)
+      return tl::unexpected(config_error(pn, key + ".pool", fmt::format("no pool named {}", quoted_text(pool))));
     mc.pool = *idx;
     if (auto v = m["upstream_model"]) {
       WEIR_TRY(s, read_name(v, key + ".upstream_model"));
@@ -268,7 +272,8 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
         WEIR_TRY(s, read_name(a[i], k));
         if (s.empty()) return tl::unexpected(config_error(a[i], k, "alias is empty"));
         if (!names.insert(s).second)
-          return tl::unexpected(config_error(a[i], k, fmt::format("'{}' is already used (by a model or alias)", s)));
+          return tl::unexpected(
+              config_error(a[i], k, fmt::format("{} is already used (by a model or alias)", quoted_text(s))));
         mc.aliases.push_back(s);
       }
     }
@@ -291,20 +296,22 @@ ConfigResult<ListenAddress> parse_listen(std::string_view s) {
   if (!s.empty() && s.front() == '[') {
     auto close = s.find(']');
     if (close == std::string_view::npos || close + 1 >= s.size() || s[close + 1] != ':')
-      return tl::unexpected(ConfigError{.key = "listen", .message = fmt::format("'{}' is not [ipv6]:port", s)});
+      return tl::unexpected(
+          ConfigError{.key = "listen", .message = fmt::format("{} is not [ipv6]:port", quoted_text(s))});
     host = s.substr(1, close - 1);
     port = s.substr(close + 2);
   } else {
     auto colon = s.rfind(':');
     if (colon == std::string_view::npos)
-      return tl::unexpected(ConfigError{.key = "listen", .message = fmt::format("'{}' is not host:port", s)});
+      return tl::unexpected(
+          ConfigError{.key = "listen", .message = fmt::format("{} is not host:port", quoted_text(s))});
     host = s.substr(0, colon);
     port = s.substr(colon + 1);
   }
   unsigned p = 0;
   auto [ptr, ec] = std::from_chars(port.data(), port.data() + port.size(), p);
   if (ec != std::errc() || ptr != port.data() + port.size() || p > 65535)
-    return tl::unexpected(ConfigError{.key = "listen", .message = fmt::format("'{}' has no valid port", s)});
+    return tl::unexpected(ConfigError{.key = "listen", .message = fmt::format("{} has no valid port", quoted_text(s))});
   a.host = host.empty() ? "0.0.0.0" : std::string(host);
   a.port = static_cast<std::uint16_t>(p);
   return a;
@@ -314,7 +321,7 @@ ConfigResult<EndpointConfig> parse_endpoint_url(std::string_view url) {
   // Messages show the URL only redacted: a refused URL may carry a password.
   const std::string shown = redact_url(url);
   auto fail = [&](std::string_view why) {
-    return tl::unexpected(ConfigError{.message = fmt::format("'{}'{}", shown, why)});
+    return tl::unexpected(ConfigError{.message = fmt::format("{}{}", quoted_text(shown, kQuotedPathBytes), why)});
   };
   auto u = boost::urls::parse_uri(url);
   if (!u) return fail(" is not a URL (expected http://host[:port] or https://host[:port][/base])");
@@ -429,7 +436,7 @@ ConfigResult<Config> parse_config(std::string_view yaml_text, std::string file_n
     if (auto v = root["default_pool"]) {
       WEIR_TRY(s, read_name(v, "default_pool"));
       auto idx = c.find_pool(s);
-      if (!idx) return tl::unexpected(config_error(v, "default_pool", fmt::format("no pool named '{}'", s)));
+      if (!idx) return tl::unexpected(config_error(v, "default_pool", fmt::format("no pool named {}", quoted_text(s))));
       c.default_pool = idx;
     }
     if (c.models.empty() && !c.default_pool)

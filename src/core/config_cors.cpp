@@ -115,15 +115,16 @@ ConfigResult<void> parse_cors(const YAML::Node& n, CorsConfig& c) {
     if (default_port)
       return tl::unexpected(config_error(
           node, "server.cors.allowed_origins",
-          fmt::format("'{}' names its scheme's default port, which a browser leaves out of Origin: write '{}://{}'", o,
-                      scheme, authority.substr(0, colon))));
+          fmt::format("{} names its scheme's default port, which a browser leaves out of Origin: write {}",
+                      quoted_text(o, kQuotedPathBytes),
+                      quoted_text(fmt::format("{}://{}", scheme, authority.substr(0, colon)), kQuotedPathBytes))));
     if (sep == std::string::npos || !scheme_ok || authority.empty() || authority.front() == ':' || !port_ok ||
         controls || authority.find_first_of("/?#@ *") != std::string_view::npos)
       return tl::unexpected(config_error(
           node, "server.cors.allowed_origins",
-          fmt::format("'{}' is no origin: expected scheme://host[:port] as a browser sends it (no path, no trailing "
+          fmt::format("{} is no origin: expected scheme://host[:port] as a browser sends it (no path, no trailing "
                       "'/', no wildcard in the host), or \"*\"",
-                      o)));
+                      quoted_text(o, kQuotedPathBytes))));
     c.origins.push_back(lower(o));
   }
   if (auto v = n["allowed_headers"]) {
@@ -138,7 +139,8 @@ ConfigResult<void> parse_cors(const YAML::Node& n, CorsConfig& c) {
           (!prefix && h.find('*') != std::string::npos))
         return tl::unexpected(config_error(
             node, "server.cors.allowed_headers",
-            fmt::format("'{}' is no header name (a name, a prefix ending in '*' such as x-stainless-*, or \"*\")", h)));
+            fmt::format("{} is no header name (a name, a prefix ending in '*' such as x-stainless-*, or \"*\")",
+                        quoted_text(h))));
       c.headers.push_back(lower(h));
     }
   } else {
@@ -150,7 +152,7 @@ ConfigResult<void> parse_cors(const YAML::Node& n, CorsConfig& c) {
       // (Fetch reads "*" as every field only for a request without credentials: written as given.)
       if (!is_token(h))
         return tl::unexpected(
-            config_error(node, "server.cors.expose_headers", fmt::format("'{}' is no header name", h)));
+            config_error(node, "server.cors.expose_headers", fmt::format("{} is no header name", quoted_text(h))));
       if (!c.expose_headers.empty()) c.expose_headers += ", ";
       c.expose_headers += lower(h);
     }

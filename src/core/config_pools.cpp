@@ -307,7 +307,7 @@ ConfigResult<void> parse_balance(const YAML::Node& n, const std::string& key, Po
 // A file the process must be able to read at start-up.
 ConfigResult<void> check_readable(const YAML::Node& v, const std::string& key, const std::string& path) {
   if (auto why = unreadable_file(path); !why.empty())
-    return tl::unexpected(config_error(v, key, fmt::format("'{}' {}", path, why)));
+    return tl::unexpected(config_error(v, key, fmt::format("{} {}", quoted_text(path, kQuotedPathBytes), why)));
   return {};
 }
 
@@ -427,8 +427,9 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     };
     for (std::size_t j = 0; j < p.endpoints.size(); ++j)
       if (p.endpoints[j].display == ep->display || same(p.endpoints[j]))
-        return tl::unexpected(config_error(
-            eps[i], k, fmt::format("is {}.endpoints[{}] again ({}): list each endpoint once", key, j, ep->display)));
+        return tl::unexpected(config_error(eps[i], k,
+                                           fmt::format("is {}.endpoints[{}] again ({}): list each endpoint once", key,
+                                                       j, quoted_text(ep->display, kQuotedPathBytes))));
     p.endpoints.push_back(std::move(*ep));
   }
   if (auto t = n["timeouts"]) {
@@ -534,8 +535,8 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     const char* env = std::getenv(s.c_str());
     // Empty is unset: a pool without its key would forward the client's credential to the provider.
     if (!env || !*env)
-      return tl::unexpected(
-          config_error(v, key + ".api_key_env", fmt::format("environment variable {} is not set (or empty)", s)));
+      return tl::unexpected(config_error(v, key + ".api_key_env",
+                                         fmt::format("environment variable {} is not set (or empty)", quoted_text(s))));
     p.api_key = env;
     p.api_key_env = s;
   }

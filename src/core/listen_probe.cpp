@@ -13,6 +13,8 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 
+#include "core/json_text.hpp"
+
 namespace weir::core {
 
 int probe_listen_address(const boost::asio::ip::tcp::endpoint& ep) {
@@ -71,8 +73,8 @@ tl::expected<boost::asio::ip::address, std::string> resolve_listen_host(const st
   boost::asio::ip::tcp::resolver resolver(io);
   auto results = resolver.resolve(host, "", ec);
   if (ec || results.empty())
-    return tl::unexpected(
-        fmt::format("cannot resolve listen host {}: {}", host, ec ? ec.message() : std::string("no address")));
+    return tl::unexpected(fmt::format("cannot resolve listen host {}: {}", quoted_text(host),
+                                      ec ? ec.message() : std::string("no address")));
   return results.begin()->endpoint().address();
 }
 

@@ -227,7 +227,7 @@ ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& k
   std::int64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
   if (ec != std::errc() || p != s.data() + s.size())
-    return tl::unexpected(config_error(node, key, fmt::format("expected an integer, got '{}'", s)));
+    return tl::unexpected(config_error(node, key, fmt::format("expected an integer, got {}", quoted_text(s))));
   if (v < min || v > max)
     return tl::unexpected(config_error(node, key, fmt::format("{} is out of range [{}, {}]", v, min, max)));
   return v;
@@ -262,8 +262,8 @@ ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, co
   double num = 0;
   std::string unit;
   if (!split_number_unit(node.Scalar(), num, unit))
-    return tl::unexpected(
-        config_error(node, key, fmt::format("expected a duration such as 250ms, 2s or 1m, got '{}'", node.Scalar())));
+    return tl::unexpected(config_error(
+        node, key, fmt::format("expected a duration such as 250ms, 2s or 1m, got {}", quoted_text(node.Scalar()))));
   double ms = 0;
   if (unit.empty() || unit == "ms")
     ms = num;
@@ -279,14 +279,15 @@ ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, co
     ms = num * 86'400'000.0;
   else
     return tl::unexpected(
-        config_error(node, key, fmt::format("unknown duration unit '{}' (use ms, s, m, h or d)", unit)));
+        config_error(node, key, fmt::format("unknown duration unit {} (use ms, s, m, h or d)", quoted_text(unit))));
   if (ms > 365.0 * 24 * 3'600'000.0) return tl::unexpected(config_error(node, key, "duration is longer than a year"));
   const auto out = std::chrono::milliseconds(static_cast<std::int64_t>(ms + 0.5));
   // Durations are kept in whole milliseconds, where 0 often means "off": a positive value that would round to
   // 0 must not turn a setting off in silence.
   if (ms > 0 && out.count() == 0)
     return tl::unexpected(config_error(
-        node, key, fmt::format("'{}' is under the 1ms resolution of durations (0 would mean off)", node.Scalar())));
+        node, key,
+        fmt::format("{} is under the 1ms resolution of durations (0 would mean off)", quoted_text(node.Scalar()))));
   return out;
 }
 
@@ -295,8 +296,8 @@ ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string
   double num = 0;
   std::string unit;
   if (!split_number_unit(node.Scalar(), num, unit))
-    return tl::unexpected(
-        config_error(node, key, fmt::format("expected a size such as 4MiB or 65536, got '{}'", node.Scalar())));
+    return tl::unexpected(config_error(
+        node, key, fmt::format("expected a size such as 4MiB or 65536, got {}", quoted_text(node.Scalar()))));
   double mul = 0;
   if (unit.empty() || unit == "B")
     mul = 1;
@@ -313,8 +314,8 @@ ConfigResult<std::uint64_t> read_bytes(const YAML::Node& node, const std::string
   else if (unit == "GB")
     mul = 1e9;
   else
-    return tl::unexpected(
-        config_error(node, key, fmt::format("unknown size unit '{}' (use B, KiB, MiB, GiB, KB, MB or GB)", unit)));
+    return tl::unexpected(config_error(
+        node, key, fmt::format("unknown size unit {} (use B, KiB, MiB, GiB, KB, MB or GB)", quoted_text(unit))));
   const double v = num * mul;
   if (v > 1e15) return tl::unexpected(config_error(node, key, "size is too large"));
   return static_cast<std::uint64_t>(v + 0.5);

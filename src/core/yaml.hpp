@@ -11,7 +11,17 @@
 #include <yaml-cpp/yaml.h>
 #include <tl/expected.hpp>
 
+#include "core/json_text.hpp"
+
 namespace weir::core {
+
+// A value a configuration error echoes (a URL, a host, an origin, a name, a
+// file path, an environment variable's name) is shown as names are: as a
+// JSON string literal, core::quoted_text(value), never as written: a value
+// may hold control characters (a NUL, an ESC, a CR) that would reach the
+// terminal or cut the stderr line. Paths and URLs with this many bytes, so
+// that a real one is shown whole.
+inline constexpr std::size_t kQuotedPathBytes = 4096;
 
 // A configuration mistake, located. Rendered as "FILE:LINE:COL: KEY: MESSAGE".
 struct ConfigError {

@@ -47,18 +47,19 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     WEIR_TRY_RESULT(var, core::read_string(node["token_env"], "admin.token_env"));
     const char* value = getenv_fn(var->c_str());
     if (!value || !*value)
-      return tl::unexpected(
-          config_error(node["token_env"], "admin.token_env", fmt::format("environment variable {} is not set", *var)));
+      return tl::unexpected(config_error(node["token_env"], "admin.token_env",
+                                         fmt::format("environment variable {} is not set", core::quoted_text(*var))));
     if (!core::field_value_ok(value))
       return tl::unexpected(config_error(
           node["token_env"], "admin.token_env",
           fmt::format("the token in {} has characters an Authorization header cannot carry (a space or line break "
                       "at its ends, as a secret made from a file has; control characters or non-ASCII): no request "
                       "could present it",
-                      *var)));
+                      core::quoted_text(*var))));
     if (std::string_view(value).size() < 16)
-      return tl::unexpected(config_error(node["token_env"], "admin.token_env",
-                                         fmt::format("the token in {} is shorter than 16 characters", *var)));
+      return tl::unexpected(
+          config_error(node["token_env"], "admin.token_env",
+                       fmt::format("the token in {} is shorter than 16 characters", core::quoted_text(*var))));
     a.token_sha256 = auth::sha256(value);
     a.has_token = true;
   }
@@ -89,11 +90,13 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     const std::string d = dir.empty() ? std::string(".") : dir.string();
     std::error_code ec;
     if (!std::filesystem::is_directory(d, ec) || ::access(d.c_str(), W_OK | X_OK) != 0)
-      return tl::unexpected(config_error(node["keys_file"], "admin.keys_file",
-                                         fmt::format("directory {} does not exist or is not writable", d)));
+      return tl::unexpected(config_error(
+          node["keys_file"], "admin.keys_file",
+          fmt::format("directory {} does not exist or is not writable", core::quoted_text(d, core::kQuotedPathBytes))));
     // (A FIFO there would hang the first read, at start-up or --check.)
     if (auto why = core::unreadable_file(*f, /*absent_ok=*/true); !why.empty())
-      return tl::unexpected(config_error(node["keys_file"], "admin.keys_file", fmt::format("{} {}", *f, why)));
+      return tl::unexpected(config_error(node["keys_file"], "admin.keys_file",
+                                         fmt::format("{} {}", core::quoted_text(*f, core::kQuotedPathBytes), why)));
     a.keys_file = std::move(*f);
   }
   if (const YAML::Node hosts = node["allowed_hosts"]) {

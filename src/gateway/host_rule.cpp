@@ -7,6 +7,7 @@
 #include <boost/asio/ip/address_v4.hpp>
 #include <boost/asio/ip/address_v6.hpp>
 
+#include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "http/request_check.hpp"
 
@@ -102,7 +103,7 @@ bool is_ipv6(std::string_view s) {
 
 // One allowed_hosts entry as host_allowed() compares it (normalize_host), or why it is none.
 tl::expected<std::string, std::string> host_entry(std::string_view e) {
-  const std::string quoted = fmt::format("'{}'", e);
+  const std::string quoted = core::quoted_text(e);
   if (e.find('*') != std::string_view::npos)
     return tl::unexpected(quoted + " has a wildcard: \"*\" alone allows any host; otherwise list each name");
   if (e.find('%') != std::string_view::npos)  // (no Host a request can send holds one: valid_host)

@@ -64,14 +64,14 @@ void check_allow_list(LoadedConfig& out, const YAML::Node& models, const std::st
     if (m.served) return;
     if (!m.alias_of.empty())
       warn(out, n, k,
-           fmt::format("'{}' is an alias of model '{}': allow-lists match the configured model name, so this entry "
-                       "allows nothing; list '{}'",
-                       entry, m.alias_of, m.alias_of));
+           fmt::format("{} is an alias of model {}: allow-lists match the configured model name, so this entry "
+                       "allows nothing; list {}",
+                       core::quoted_text(entry), core::quoted_text(m.alias_of), core::quoted_text(m.alias_of)));
     else
       warn(out, n, k,
-           fmt::format("no configured model or alias matches '{}' and there is no default_pool: this entry allows "
+           fmt::format("no configured model or alias matches {} and there is no default_pool: this entry allows "
                        "nothing",
-                       entry));
+                       core::quoted_text(entry)));
   };
   if (models.IsScalar()) {
     one(models, key);
@@ -118,13 +118,13 @@ void compute_warnings(LoadedConfig& out) {
         if (m.served) continue;
         if (!m.alias_of.empty())
           warn(out, kv.first, "pricing." + model,
-               fmt::format("'{}' is an alias of model '{}': prices apply to the configured model name, so this "
-                           "price is never used; price '{}'",
-                           model, m.alias_of, m.alias_of));
+               fmt::format("{} is an alias of model {}: prices apply to the configured model name, so this "
+                           "price is never used; price {}",
+                           core::quoted_text(model), core::quoted_text(m.alias_of), core::quoted_text(m.alias_of)));
         else
           warn(out, kv.first, "pricing." + model,
-               fmt::format("no configured model is named '{}' and there is no default_pool: this price is never used",
-                           model));
+               fmt::format("no configured model is named {} and there is no default_pool: this price is never used",
+                           core::quoted_text(model)));
       }
     }
   }
@@ -254,8 +254,8 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
               "32 bytes or more)";
       }
       if (!why.empty()) {
-        auto e =
-            core::config_error(root["auth"]["jwt"]["jwks_file"], "auth.jwt.jwks_file", fmt::format("{} {}", path, why));
+        auto e = core::config_error(root["auth"]["jwt"]["jwks_file"], "auth.jwt.jwks_file",
+                                    fmt::format("{} {}", core::quoted_text(path, core::kQuotedPathBytes), why));
         e.file = file;
         return tl::unexpected(std::move(e));
       }
@@ -278,7 +278,7 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
           return fail(i, "bodies are captured per tenant, and this configuration has no auth:/tenants: section");
         if (name == "*") continue;
         if (name != out.auth->anonymous_tenant && !out.auth->tenants.contains(name))
-          return fail(i, fmt::format("no tenant is named '{}' (tenants:)", name));
+          return fail(i, fmt::format("no tenant is named {} (tenants:)", core::quoted_text(name)));
       }
     }
   }

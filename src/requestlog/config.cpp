@@ -43,13 +43,17 @@ ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
     const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
     struct stat st {};
     if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
-      return tl::unexpected(config_error(n["url"], "request_log.url", fmt::format("directory {} does not exist", dir)));
+      return tl::unexpected(
+          config_error(n["url"], "request_log.url",
+                       fmt::format("directory {} does not exist", core::quoted_text(dir, core::kQuotedPathBytes))));
     // So is a path that names something other than a file (a directory, a pipe): no retry opens it.
     if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
-      return tl::unexpected(config_error(n["url"], "request_log.url",
-                                         fmt::format("{} is not a file (a directory or a device): name the database "
-                                                     "file, e.g. {}/requests.db",
-                                                     path, path)));
+      return tl::unexpected(
+          config_error(n["url"], "request_log.url",
+                       fmt::format("{} is not a file (a directory or a device): name the database "
+                                   "file, e.g. {}",
+                                   core::quoted_text(path, core::kQuotedPathBytes),
+                                   core::quoted_text(path + "/requests.db", core::kQuotedPathBytes))));
     c.url = url;
     c.path = path;
     c.display = path;

@@ -258,8 +258,9 @@ int main(int argc, char** argv) {
         auto e = access_log.empty() ? weir::core::config_error(weir::core::node_at(c.root, "server.access_log"),
                                                                "server.access_log", "")
                                     : weir::core::ConfigError{.key = "--access-log"};
-        e.message = no_reader ? fmt::format("cannot open {} for writing: a pipe with no reader", log)
-                              : fmt::format("cannot open {} for writing: {}", log, std::strerror(err));
+        const std::string shown = weir::core::quoted_text(log, weir::core::kQuotedPathBytes);
+        e.message = no_reader ? fmt::format("cannot open {} for writing: a pipe with no reader", shown)
+                              : fmt::format("cannot open {} for writing: {}", shown, std::strerror(err));
         e.file = c.source;
         fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
         return 2;

@@ -38,7 +38,8 @@ ConfigResult<void> check_header(const YAML::Node& n, const std::string& key, std
   if (name.empty() || !std::all_of(name.begin(), name.end(), token_char))
     return tl::unexpected(
         config_error(n, key, "a header name must be an HTTP token (letters, digits, -_.!#$%&'*+^`|~)"));
-  if (reserved_header(name)) return tl::unexpected(config_error(n, key, fmt::format("{} is set by Weir itself", name)));
+  if (reserved_header(name))
+    return tl::unexpected(config_error(n, key, fmt::format("{} is set by Weir itself", core::quoted_text(name))));
   for (char c : value)
     if ((static_cast<unsigned char>(c) < 0x20 && c != '\t') || c == 0x7F)
       return tl::unexpected(config_error(n, key, "a header value must not hold control characters"));
@@ -119,7 +120,8 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
       WEIR_TRY(var, core::read_string(kv.second, key));
       const char* value = getenv_fn(var.c_str());
       if (!value || !*value)
-        return tl::unexpected(config_error(kv.second, key, fmt::format("environment variable {} is not set", var)));
+        return tl::unexpected(
+            config_error(kv.second, key, fmt::format("environment variable {} is not set", core::quoted_text(var))));
       WEIR_TRY_VOID(check_header(kv.first, key, name, value));
       c.headers.emplace_back(name, value);
     }
@@ -153,7 +155,8 @@ ConfigResult<TracingConfig> parse_impl(const YAML::Node& n, GetEnv getenv_fn) {
     if (!c.endpoint.tls)
       return tl::unexpected(config_error(v, "tracing.ca_file", "only for an https:// otlp_endpoint"));
     if (auto why = core::unreadable_file(f); !why.empty())
-      return tl::unexpected(config_error(v, "tracing.ca_file", fmt::format("{} {}", f, why)));
+      return tl::unexpected(
+          config_error(v, "tracing.ca_file", fmt::format("{} {}", core::quoted_text(f, core::kQuotedPathBytes), why)));
     c.ca_file = std::move(f);
   }
   return c;

@@ -94,8 +94,8 @@ def test_warnings_exit_0_and_are_printed_by_check_and_start_up(tmp_path, process
     assert r.stdout.startswith(f"{path}: ok ("), r.stdout
     lines = [l for l in r.stderr.splitlines() if l.startswith("weir: warning: ")]
     assert len(lines) == 4, r.stderr
-    assert f"{path}:8:" in lines[0] and "tenants.acme.models[1]" in lines[0] and "'nope'" in lines[0], lines[0]
-    assert "tenants.alias.models[0]" in lines[1] and "alias of model 'm'" in lines[1], lines[1]
+    assert f"{path}:8:" in lines[0] and "tenants.acme.models[1]" in lines[0] and '"nope"' in lines[0], lines[0]
+    assert "tenants.alias.models[0]" in lines[1] and 'alias of model "m"' in lines[1], lines[1]
     assert f"{path}:12:" in lines[2] and "auth.api_keys[0].models[0]" in lines[2], lines[2]
     assert f"{path}:14:" in lines[3] and "pricing.ghost" in lines[3], lines[3]
     # start-up prints the same warnings, then serves
@@ -247,9 +247,9 @@ LISTENERS = [
     ("admin-name-of-client-address", "127.0.0.1", "127.1", True, "admin.listen: 127.1:"),
     ("client-name-of-admin-address", "127.1", "127.0.0.1", True, "admin.listen: 127.0.0.1:"),
     ("client-host-unresolvable", "weir-no-such-host.invalid", "127.0.0.1", False,
-     "listen: cannot resolve listen host weir-no-such-host.invalid"),
+     'listen: cannot resolve listen host "weir-no-such-host.invalid"'),
     ("admin-host-unresolvable", "127.0.0.1", "weir-no-such-host.invalid", False,
-     "admin.listen: cannot resolve listen host weir-no-such-host.invalid"),
+     'admin.listen: cannot resolve listen host "weir-no-such-host.invalid"'),
 ]
 
 

@@ -57,14 +57,14 @@ def test_a_broken_streams_error_event_and_done_are_counted(weir, events):
 
 @pytest.mark.parametrize("fallbacks,says", [
     # {pool: its own pool}: the model's own pool and upstream model, as {model: itself} (already refused).
-    ("[{pool: a}]", "models.x.fallbacks[0]: the model's own pool 'a' and upstream model 'm'"),
+    ("[{pool: a}]", "models.x.fallbacks[0]: the model's own pool \"a\" and upstream model \"m\""),
     # {model: y} where y is x under another name: the same target.
-    ("[{model: y}]", "models.x.fallbacks[0]: the model's own pool 'a' and upstream model 'm'"),
+    ("[{model: y}]", "models.x.fallbacks[0]: the model's own pool \"a\" and upstream model \"m\""),
     ("[{pool: a, upstream_model: m}]", "models.x.fallbacks[0]: the model's own pool"),
     # The same target twice: the second sends the request again to what just failed.
-    ("[{pool: b}, {pool: b}]", "models.x.fallbacks[1]: the same pool 'b' and upstream model 'm' as "
+    ("[{pool: b}, {pool: b}]", "models.x.fallbacks[1]: the same pool \"b\" and upstream model \"m\" as "
                                "models.x.fallbacks[0]"),
-    ("[{pool: b}, {model: z}]", "models.x.fallbacks[1]: the same pool 'b'"),
+    ("[{pool: b}, {model: z}]", "models.x.fallbacks[1]: the same pool \"b\""),
 ], ids=["own-pool", "alias-model", "own-pool-named", "twice", "twice-via-model"])
 def test_a_fallback_to_the_models_own_target_or_a_repeated_one_is_refused(tmp_path, fallbacks, says):
     from test_config_check import weir_run

@@ -238,7 +238,7 @@ def test_a_compressed_stream_is_refused_at_its_head(weir, pool_type, path, body)
     ("tenants:\n  t: {limits: {requests_per_minute: 5}}\nredis: {url: 'redis://127.0.0.1:80800'}\n",
      "redis.url: port must be 1..65535"),
     ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_url: 'http://127.0.0.1:99999/jwks'}\n",
-     "auth.jwt.jwks_url: 'http://127.0.0.1:99999/jwks' has no valid port"),
+     'auth.jwt.jwks_url: "http://127.0.0.1:99999/jwks" has no valid port'),
     ("tenants:\n  t: {}\nauth:\n  jwt: {jwks_url: 'http://127.0.0.1:0/jwks'}\n", "has no valid port"),
     # A collector's CA file that does not load: every export failed, every span dropped, while --check said ok.
     ("tracing: {otlp_endpoint: 'https://localhost:4318', ca_file: NOTPEM}\n", "tracing.ca_file: cannot load ca_file"),

@@ -141,3 +141,41 @@ def test_a_stale_pooled_connection_is_logged_as_stale_not_as_a_reset(weir):
         b.close()
         t.close()
 
+
+SHA = "2c26b46b68ffc68ff99b453c1d30413413422d706483bfa0f98a5e886266e7ae"
+POOL = b"pools:\n  p:\n    endpoints: [http://127.0.0.1:9]\ndefault_pool: p\n"
+# (id, the file after its listen line (%d: a free port), key, how the value is shown). Each message echoed the
+# value as written, its control character (ESC, NUL, a C1 CSI) and all, where names were JSON-quoted already.
+ECHOED = [
+    ("endpoint", b'pools:\n  p:\n    endpoints: ["ht\\etp://x"]\n', "pools.p.endpoints[0]",
+     '"ht\\u001btp://x" is not a URL'),
+    ("allowed-host", POOL + b'admin: {listen: "127.0.0.1:%d", token_sha256: ' + SHA.encode()
+     + b', allowed_hosts: ["a\\e[31mb"]}\n', "admin.allowed_hosts[0]", '"a\\u001b[31mb" is no host name'),
+    ("allowed-host-nul", POOL + b'admin: {listen: "127.0.0.1:%d", token_sha256: ' + SHA.encode()
+     + b', allowed_hosts: ["a\\0b"]}\n', "admin.allowed_hosts[0]", '"a\\u0000b" is no host name'),
+    ("cors-origin", POOL + b'server: {cors: {allowed_origins: ["https://a\\e.example"]}}\n',
+     "server.cors.allowed_origins", '"https://a\\u001b.example" is no origin'),
+    ("duration-unit", b'pools:\n  p:\n    endpoints: [http://127.0.0.1:9]\n    timeouts: {idle: "5s\\u009b"}\n',
+     "pools.p.timeouts.idle", 'unknown duration unit "s\\u009b"'),
+    ("integer", POOL + b'workers: "4\\e"\n', "workers", 'expected an integer, got "4\\u001b"'),
+    ("token-env", POOL + b'admin: {listen: "127.0.0.1:%d", token_env: "T\\eK"}\n', "admin.token_env",
+     'environment variable "T\\u001bK" is not set'),
+]
+
+
+@pytest.mark.parametrize("name,extra,key,shown", ECHOED, ids=[e[0] for e in ECHOED])
+def test_a_value_a_config_error_echoes_is_json_quoted(tmp_path, name, extra, key, shown):
+    from conftest import free_port
+    from test_config_check import weir_run
+
+    path = tmp_path / f"{name}.yaml"
+    text = b"listen: 127.0.0.1:%d\n" % free_port() + extra
+    path.write_bytes(text % free_port() if b"%d" in extra else text)
+    r = weir_run("--config", path, "--check")
+    err = r.stderr.encode("utf-8", "surrogateescape")
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert f" {key}: ".encode() in err, err
+    assert shown.encode() in err, err
+    # Safe to print: valid UTF-8, no control character but its newline (C1 included).
+    assert not any(c < 0x20 and c != 0x0A for c in err) and b"\x7f" not in err, err
+    assert not any(0x80 <= ord(c) <= 0x9F for c in err.decode("utf-8")), err

@@ -342,7 +342,7 @@ def test_tracing_off_passes_the_callers_trace_context_through(module_mock, weir)
 @pytest.mark.parametrize("tracing, message", [
     ({"sample_ratio": 2}, "tracing.sample_ratio"),
     ({"otlp_endpoint": "grpc://c:4317"}, "tracing.otlp_endpoint"),
-    ({"headers_env": {"x-key": "WEIR_TEST_UNSET_VAR"}}, "environment variable WEIR_TEST_UNSET_VAR is not set"),
+    ({"headers_env": {"x-key": "WEIR_TEST_UNSET_VAR"}}, 'environment variable "WEIR_TEST_UNSET_VAR" is not set'),
     ({"otlp_endpoint": None}, "tracing.otlp_endpoint: missing"),
 ])
 def test_bad_tracing_configuration_is_refused_at_load(tmp_path, tracing, message):

@@ -80,17 +80,17 @@ TEST(Config, ErrorsNameFileLineAndKey) {
       "balance, load_metrics, imbalance, prefix_affinity, session_header, batch, coalesce, resume, type, anthropic, "
       "tls)");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\nmodels:\n  m:\n    pool: nope\n"),
-            "weir.yaml:6:11: models.m.pool: no pool named 'nope'");
+            "weir.yaml:6:11: models.m.pool: no pool named \"nope\"");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [ftp://x:1]\ndefault_pool: a\n"),
-            "weir.yaml:3:17: pools.a.endpoints[0]: 'ftp://x:1': only http:// and https:// endpoints are supported");
+            "weir.yaml:3:17: pools.a.endpoints[0]: \"ftp://x:1\": only http:// and https:// endpoints are supported");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    timeouts: {idle: 5parsecs}\ndefault_pool: a\n"),
-            "weir.yaml:4:22: pools.a.timeouts.idle: unknown duration unit 'parsecs' (use ms, s, m, h or d)");
+            "weir.yaml:4:22: pools.a.timeouts.idle: unknown duration unit \"parsecs\" (use ms, s, m, h or d)");
   // A positive duration that would round to 0 ms (often "off") is refused, not turned off in silence.
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\n    batch: {window: 400us}\ndefault_pool: a\n"),
-            "weir.yaml:4:21: pools.a.batch.window: '400us' is under the 1ms resolution of durations (0 would mean "
+            "weir.yaml:4:21: pools.a.batch.window: \"400us\" is under the 1ms resolution of durations (0 would mean "
             "off)");
   EXPECT_EQ(error_of("workers: many\npools:\n  a: {endpoints: [http://x:1]}\ndefault_pool: a\n"),
-            "weir.yaml:1:10: workers: expected an integer, got 'many'");
+            "weir.yaml:1:10: workers: expected an integer, got \"many\"");
 }
 
 TEST(Config, StructuralErrors) {
@@ -100,17 +100,17 @@ TEST(Config, StructuralErrors) {
             std::string::npos);
   EXPECT_NE(error_of("pools:\n  a: {endpoints: [http://x:1]}\n").find("no models are configured"), std::string::npos);
   EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1]}}\nmodels: {m: {pool: a, aliases: [m]}}\n")
-                .find("models.m.aliases[0]: 'm' is already used"),
+                .find("models.m.aliases[0]: \"m\" is already used"),
             std::string::npos);
   EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1]}}\nlisten: nowhere\ndefault_pool: a\n")
-                .find("listen: 'nowhere' is not host:port"),
+                .find("listen: \"nowhere\" is not host:port"),
             std::string::npos);
   EXPECT_NE(
       error_of("pools: {a: {endpoints: [http://x:1/v1#top]}}\ndefault_pool: a\n").find("a fragment means nothing"),
       std::string::npos);
   // An endpoint listed twice in a pool (or twice as logs and /metrics name it: its secrets redacted).
   EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1, http://y:2, http://x:1]}}\ndefault_pool: a\n")
-                .find("pools.a.endpoints[2]: is pools.a.endpoints[0] again (http://x:1)"),
+                .find("pools.a.endpoints[2]: is pools.a.endpoints[0] again (\"http://x:1\")"),
             std::string::npos);
   EXPECT_NE(error_of("pools: {a: {endpoints: ['http://x:1/v1?key=a', 'http://x:1/v1?key=b']}}\ndefault_pool: a\n")
                 .find("list each endpoint once"),
@@ -358,14 +358,14 @@ TEST(ConfigTls, HttpsEndpointsWithTlsSection) {
 TEST(ConfigTls, Errors) {
   const std::string f = readable_file();
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {ca_file: /nonexistent/ca.pem}\n"),
-            "weir.yaml:4:20: pools.h.tls.ca_file: '/nonexistent/ca.pem' cannot be read (No such file or directory)");
+            "weir.yaml:4:20: pools.h.tls.ca_file: \"/nonexistent/ca.pem\" cannot be read (No such file or directory)");
   // A FIFO (or a device) would block the read until a writer came: --check, start-up or a reload hung.
   const std::string fifo = ::testing::TempDir() + "weir-config-test.fifo";
   (void)::unlink(fifo.c_str());
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {client_cert: " + fifo +
                      ", client_key: " + fifo + "}\n"),
-            "weir.yaml:4:24: pools.h.tls.client_cert: '" + fifo + "' is not a regular file");
+            "weir.yaml:4:24: pools.h.tls.client_cert: \"" + fifo + "\" is not a regular file");
   EXPECT_NE(error_of("pools:\n  h:\n    endpoints: [https://h]\n    tls: {ca_file: /dev/zero}\n")
                 .find("is not a regular file"),
             std::string::npos);
@@ -384,7 +384,7 @@ TEST(ConfigTls, Errors) {
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h]\n    type: bedrock\n"),
             "weir.yaml:4:11: pools.h.type: expected openai or anthropic");
   EXPECT_EQ(error_of("pools:\n  h:\n    endpoints: [https://h/v1#frag]\n"),
-            "weir.yaml:3:17: pools.h.endpoints[0]: 'https://h/v1#REDACTED': a fragment means nothing in an endpoint "
+            "weir.yaml:3:17: pools.h.endpoints[0]: \"https://h/v1#REDACTED\": a fragment means nothing in an endpoint "
             "URL");
 }
 

@@ -27,7 +27,7 @@ TEST(EndpointUrl, RefusesUserinfoWithoutEchoingIt) {
   EXPECT_NE(m.find("10.0.0.1:8000"), std::string::npos) << m;
   expect_hidden(m, {"hunter2", "alice"});
   expect_hidden(error_of("http://tokenvalue123@h:1"), {"tokenvalue123"});
-  EXPECT_EQ(error_of("http://@h:1").rfind("'http://h:1': ", 0), 0u);
+  EXPECT_EQ(error_of("http://@h:1").rfind("\"http://h:1\": ", 0), 0u);
 }
 
 TEST(EndpointUrl, NoMessageEchoesASecret) {

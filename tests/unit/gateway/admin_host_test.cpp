@@ -111,7 +111,7 @@ TEST(AdminHost, TheOptionIsParsedAndCheckedAtLoad) {
   EXPECT_NE(err("[a.example, '*']").find("admin.allowed_hosts[1]: \"*\" allows any host: list it alone"),
             std::string::npos);
   EXPECT_NE(err("['*.example.com']").find("has a wildcard"), std::string::npos);
-  EXPECT_NE(err("[admin.example:8081]").find("admin.allowed_hosts[0]: 'admin.example:8081' has a port"),
+  EXPECT_NE(err("[admin.example:8081]").find("admin.allowed_hosts[0]: \"admin.example:8081\" has a port"),
             std::string::npos);
   EXPECT_NE(err("['[not-v6]']").find("no IPv6 address"), std::string::npos);
   EXPECT_NE(err("['a b']").find("no host name"), std::string::npos);
@@ -166,7 +166,7 @@ TEST(ClientHost, TheOptionIsParsedAndCheckedAtLoad) {
   };
   EXPECT_NE(err("[]").find("weir.yaml:6:18: server.allowed_hosts: empty"), std::string::npos) << err("[]");
   EXPECT_NE(err("[]").find("the client listener"), std::string::npos) << err("[]");
-  EXPECT_NE(err("[api.example:8080]").find("server.allowed_hosts[0]: 'api.example:8080' has a port"),
+  EXPECT_NE(err("[api.example:8080]").find("server.allowed_hosts[0]: \"api.example:8080\" has a port"),
             std::string::npos);
   EXPECT_NE(err("[a, '*']").find("server.allowed_hosts[1]: \"*\" allows any host"), std::string::npos);
 }

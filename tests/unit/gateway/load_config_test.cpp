@@ -127,13 +127,14 @@ auth:
   ASSERT_TRUE(r) << r.error().to_string();
   ASSERT_EQ(r->warnings.size(), 5u) << ::testing::PrintToString(r->warnings);
   EXPECT_EQ(r->warnings[0].rfind("weir.yaml:7:", 0), 0u) << r->warnings[0];
-  EXPECT_NE(r->warnings[0].find("tenants.acme.models[3]: no configured model or alias matches 'nope'"),
+  EXPECT_NE(r->warnings[0].find("tenants.acme.models[3]: no configured model or alias matches \"nope\""),
             std::string::npos)
       << r->warnings[0];
   EXPECT_NE(r->warnings[1].find("tenants.acme.models[4]"), std::string::npos) << r->warnings[1];
-  EXPECT_NE(r->warnings[2].find("tenants.solo.models: no configured model or alias matches 'ghost'"), std::string::npos)
+  EXPECT_NE(r->warnings[2].find("tenants.solo.models: no configured model or alias matches \"ghost\""),
+            std::string::npos)
       << r->warnings[2];
-  EXPECT_NE(r->warnings[3].find("tenants.alias.models[0]: 'mm' is an alias of model 'm'"), std::string::npos)
+  EXPECT_NE(r->warnings[3].find("tenants.alias.models[0]: \"mm\" is an alias of model \"m\""), std::string::npos)
       << r->warnings[3];
   EXPECT_EQ(r->warnings[4].rfind("weir.yaml:12:", 0), 0u) << r->warnings[4];
   EXPECT_NE(r->warnings[4].find("auth.api_keys[0].models[1]"), std::string::npos) << r->warnings[4];
@@ -149,9 +150,10 @@ TEST(LoadConfig, PricesForUnknownModelsAreWarnings) {
   auto r = load("pricing:\n  m: {input: 1}\n  \"*\": {input: 1}\n  gone: {input: 1}\n  mm: {input: 1}\n");
   ASSERT_TRUE(r) << r.error().to_string();
   ASSERT_EQ(r->warnings.size(), 2u) << ::testing::PrintToString(r->warnings);
-  EXPECT_NE(r->warnings[0].find("weir.yaml:9:3: pricing.gone: no configured model is named 'gone'"), std::string::npos)
+  EXPECT_NE(r->warnings[0].find("weir.yaml:9:3: pricing.gone: no configured model is named \"gone\""),
+            std::string::npos)
       << r->warnings[0];
-  EXPECT_NE(r->warnings[1].find("pricing.mm: 'mm' is an alias of model 'm'"), std::string::npos) << r->warnings[1];
+  EXPECT_NE(r->warnings[1].find("pricing.mm: \"mm\" is an alias of model \"m\""), std::string::npos) << r->warnings[1];
 }
 
 TEST(LoadConfig, ARedisSectionNothingUsesIsAWarning) {

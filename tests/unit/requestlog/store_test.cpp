@@ -642,7 +642,7 @@ TEST(RequestLogConfigTest, ParsesAndChecks) {
     return r ? std::string("ok") : r.error().to_string();
   };
   EXPECT_EQ(error("request_log: {url: 'sqlite:/nonexistent-dir/r.db'}\n"),
-            "weir.yaml:1:20: request_log.url: directory /nonexistent-dir does not exist");
+            "weir.yaml:1:20: request_log.url: directory \"/nonexistent-dir\" does not exist");
   auto pg = parse("request_log: {url: 'postgres://weir:pw@db:5432/weir?sslmode=require'}\n");
   ASSERT_TRUE(pg) << pg.error().to_string();
   EXPECT_EQ((*pg)->kind, StoreKind::postgres);

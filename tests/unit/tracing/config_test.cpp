@@ -96,7 +96,7 @@ TEST(TracingConfigTest, ErrorsNameTheKey) {
   EXPECT_NE(error("tracing: {otlp_endpoint: 'http://c:4318', headers: {x-a: \"a\\nb\"}}\n").find("control"),
             std::string::npos);
   EXPECT_NE(error("tracing: {otlp_endpoint: 'http://c:4318', headers_env: {x-a: UNSET_VAR}}\n")
-                .find("environment variable UNSET_VAR is not set"),
+                .find("environment variable \"UNSET_VAR\" is not set"),
             std::string::npos);
   EXPECT_NE(error("tracing: {otlp_endpoint: 'http://c:4318', queue: 1}\n").find("tracing.queue"), std::string::npos);
   EXPECT_NE(error("tracing: {otlp_endpoint: 'http://c:4318', batch: 0}\n").find("tracing.batch"), std::string::npos);
