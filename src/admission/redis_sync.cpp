@@ -10,6 +10,7 @@
 #include "admission/redis_limiter.hpp"
 #include "admission/redis_limiter_state.hpp"
 #include "admission/redis_scripts.hpp"
+#include "core/saturating.hpp"
 
 namespace weir::admission {
 
@@ -530,8 +531,11 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         sp.spare.store(std::max<std::int64_t>(0, c.remaining - grant), std::memory_order_relaxed);
         if (op.for_waiters && grant > 0) c.keep_until = replied + grace;
         c.seen_free = sp.free.load(std::memory_order_relaxed);
-        c.period_end = left < 0 ? Instant::max() : replied + std::chrono::milliseconds(left);
-        sp.period_end_ns.store(left < 0 ? -1 : static_cast<std::int64_t>(ns(c.period_end)), std::memory_order_relaxed);
+        // The key's PTTL is Redis's to say: a huge one is a period that never ends, not an overflow.
+        c.period_end = left < 0 ? Instant::max() : core::saturating_add(replied, std::chrono::milliseconds(left));
+        const std::chrono::duration<double, std::nano> end(ns(c.period_end));
+        sp.period_end_ns.store(left < 0 ? -1 : core::saturating_cast<std::chrono::nanoseconds>(end).count(),
+                               std::memory_order_relaxed);
         break;
       }
       case Op::Kind::probe:

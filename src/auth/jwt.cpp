@@ -105,12 +105,10 @@ bool numeric_date(const boost::json::value& v, double& out) {
   return std::isfinite(out);
 }
 
+// The clock's nanoseconds end in 2262: a later date (9999-12-31, a common
+// "never expires", is 253402300799) is WallTime::max(), i.e. never.
 WallTime to_wall(double seconds) {
-  // Clamp far-future dates so the conversion cannot overflow the clock's range.
-  constexpr double kMax = 253402300799.0;  // 9999-12-31T23:59:59Z
-  if (seconds >= kMax) seconds = kMax;
-  if (seconds <= -kMax) seconds = -kMax;
-  return WallTime(std::chrono::duration_cast<WallClock::duration>(std::chrono::duration<double>(seconds)));
+  return WallTime(core::saturating_cast<WallClock::duration>(std::chrono::duration<double>(seconds)));
 }
 
 }  // namespace

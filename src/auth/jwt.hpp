@@ -13,6 +13,7 @@
 #include <tl/expected.hpp>
 
 #include "auth/jwk.hpp"
+#include "core/saturating.hpp"
 
 namespace weir::auth {
 
@@ -23,10 +24,7 @@ using WallTime = WallClock::time_point;
 // nanoseconds hold (2262-04-11): an expiry in year 9999 is "never" here, not
 // a wrapped date in 1816.
 inline WallTime wall_from_unix_seconds(std::int64_t s) {
-  constexpr std::int64_t kMax = std::chrono::duration_cast<std::chrono::seconds>(WallTime::duration::max()).count();
-  if (s >= kMax) return WallTime::max();
-  if (s <= -kMax) return WallTime::min();
-  return WallTime(std::chrono::seconds(s));
+  return WallTime(core::saturating_cast<WallTime::duration>(std::chrono::seconds(s)));
 }
 
 // Why a token was refused. Messages built from it never quote the token.

@@ -15,6 +15,7 @@
 #include <fmt/format.h>
 
 #include "core/json_text.hpp"
+#include "core/saturating.hpp"
 
 namespace weir::core {
 
@@ -281,7 +282,7 @@ ConfigResult<std::chrono::milliseconds> read_duration(const YAML::Node& node, co
     return tl::unexpected(
         config_error(node, key, fmt::format("unknown duration unit {} (use ms, s, m, h or d)", quoted_text(unit))));
   if (ms > 365.0 * 24 * 3'600'000.0) return tl::unexpected(config_error(node, key, "duration is longer than a year"));
-  const auto out = std::chrono::milliseconds(static_cast<std::int64_t>(ms + 0.5));
+  const auto out = saturating_cast<std::chrono::milliseconds>(std::chrono::duration<double, std::milli>(ms + 0.5));
   // Durations are kept in whole milliseconds, where 0 often means "off": a positive value that would round to
   // 0 must not turn a setting off in silence.
   if (ms > 0 && out.count() == 0)

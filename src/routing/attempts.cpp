@@ -5,6 +5,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "core/saturating.hpp"
 #include "http/headers.hpp"
 
 namespace weir::routing {
@@ -55,8 +56,11 @@ std::optional<std::chrono::milliseconds> parse_retry_after(std::string_view v,
     if (end == nullptr || *end != '\0') continue;
     const std::time_t at = ::timegm(&tm);
     if (at == static_cast<std::time_t>(-1)) return std::nullopt;
-    const auto delay = std::chrono::system_clock::from_time_t(at) - now;
-    return std::max(std::chrono::milliseconds(0), std::chrono::ceil<std::chrono::milliseconds>(delay));
+    // Not from_time_t: a date past 2262 (say the year 9999) overflows the clock's nanoseconds.
+    const std::chrono::system_clock::time_point when(
+        core::saturating_cast<std::chrono::system_clock::duration>(std::chrono::seconds(at)));
+    if (when <= now) return std::chrono::milliseconds(0);
+    return std::chrono::ceil<std::chrono::milliseconds>(when - now);
   }
   return std::nullopt;
 }

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "core/saturating.hpp"
+
 namespace weir::routing {
 
 std::string_view open_cause_label(OpenCause c) {
@@ -208,7 +210,8 @@ HealthState HealthBoard::state(std::uint32_t endpoint, std::uint32_t worker, Clo
   if (endpoint >= endpoints_ || worker >= workers_) return HealthState::closed;
   const std::uint64_t v = cells_[std::size_t{endpoint} * workers_ + worker].load(std::memory_order_relaxed);
   if ((v >> 63) == 0) return HealthState::closed;
-  const Clock::time_point until{std::chrono::milliseconds(static_cast<std::int64_t>(v & ((1ull << 60) - 1)))};
+  const Clock::time_point until{core::saturating_cast<Clock::duration>(
+      std::chrono::milliseconds(static_cast<std::int64_t>(v & ((1ull << 60) - 1))))};
   if (now < until) return HealthState::open;
   return p.breaker() ? HealthState::half_open : HealthState::closed;
 }

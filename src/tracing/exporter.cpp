@@ -13,6 +13,7 @@
 #include <boost/json/parse.hpp>
 
 #include "core/process_metrics.hpp"
+#include "core/saturating.hpp"
 #include "core/text.hpp"
 #include "http/probe.hpp"
 
@@ -109,7 +110,8 @@ class OtlpClient {
       }
       out.status = a.status;
       out.error = std::move(a.error);
-      out.retry_after = std::min<std::chrono::milliseconds>(a.retry_after, kMaxRetryAfter);
+      out.retry_after = std::min<std::chrono::milliseconds>(
+          core::saturating_cast<std::chrono::milliseconds>(a.retry_after), kMaxRetryAfter);
       out.body = std::move(a.body);
     });
     ioc_.restart();

@@ -17,6 +17,7 @@
 #include "api/anthropic/upstream_request.hpp"
 #include "api/json_scan.hpp"
 #include "api/responses/request.hpp"
+#include "core/saturating.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 
@@ -193,7 +194,7 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
       return Outcome::failed(
           core::bad_request("x-weir-timeout-ms must be a whole number of milliseconds from 1 to 86400000 (24 hours)."));
     ctx.deadline_ms = ms;
-    ctx.deadline = ctx.t_start + std::chrono::milliseconds(ms);
+    ctx.deadline = core::saturating_add(ctx.t_start, std::chrono::milliseconds(ms));
   }
   if (anthropic_pool(ctx)) {
     // Chat completions and Responses are translated for Anthropic here, so

@@ -310,6 +310,27 @@ TEST(WallFromUnixSeconds, ClampsPastTheClocksRange) {
   EXPECT_EQ(wall_from_unix_seconds(253'402'300'799), WallTime::max());  // 9999-12-31T23:59:59Z
   EXPECT_EQ(wall_from_unix_seconds(20'000'000'000), WallTime::max());
   EXPECT_GT(wall_from_unix_seconds(9'223'372'036), WallClock::now());  // 2262-04-11, still representable
+  EXPECT_EQ(wall_from_unix_seconds(INT64_MAX), WallTime::max());
+  EXPECT_EQ(wall_from_unix_seconds(INT64_MIN), WallTime::min());
+}
+
+// A validly signed token's exp (+ leeway) past 2262 overflowed the clock's int64 nanoseconds in
+// to_wall's duration_cast (UB: the ASan build's UBSan aborted; 9999-12-31 was clamped to but still
+// overflows). It is a token that never expires now, as wall_from_unix_seconds has it.
+TEST(AuthJwt, AFarFutureExpNeverExpires) {
+  const auto& k = Keys::get();
+  const auto keys = all_keys();
+  for (const std::string_view exp : {"9000000000", "9223372036", "10000000000", "253402300799", "1e19", "1e300",
+                                     "18446744073709551615", "9223372036854775807"}) {
+    const auto token = k.rsa.token(fmt::format(R"({{"iss":"https://issuer.test","aud":"weir","exp":{}}})", exp));
+    auto r = verify_jwt(token, keys, policy(), kNow);
+    ASSERT_TRUE(r) << exp;
+    EXPECT_GT(r->expires_at, WallTime(std::chrono::seconds(8'999'999'999))) << exp;
+  }
+  // nbf and iat that far out are compared as doubles: not yet valid, no conversion.
+  const auto token =
+      k.rsa.token(fmt::format(R"({{"iss":"https://issuer.test","aud":"weir","exp":{},"nbf":1e19}})", kNowS + 600));
+  EXPECT_EQ(failure(token, keys), JwtFailure::not_yet_valid);
 }
 
 }  // namespace

@@ -426,6 +426,9 @@ TEST(RoutingAttempts, RetryAfterIsHonouredUpToItsCap) {
   EXPECT_EQ(parse_retry_after("Wed Oct 21 07:28:05 2015", wall), 5000ms);
   EXPECT_EQ(parse_retry_after("Wed, 21 Oct 2015 07:00:00 GMT", wall), 0ms);  // passed
   EXPECT_FALSE(parse_retry_after("Wed, 21 Oct 2015 07:28:30 GMT trailing", wall));
+  // A date past 2262 overflowed the clock's int64 nanoseconds in from_time_t (UB): as far as it can say.
+  EXPECT_GE(*parse_retry_after("Fri, 31 Dec 9999 23:59:59 GMT", wall), std::chrono::hours(24 * 365 * 200));
+  EXPECT_GE(*parse_retry_after("Sat, 12 Apr 2262 00:00:00 GMT", wall), std::chrono::hours(24 * 365 * 200));
 }
 
 TEST(RoutingAttempts, ADateOrAHugeRetryAfterPastTheCapIsNotRetriedHere) {
