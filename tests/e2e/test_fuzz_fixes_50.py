@@ -11,12 +11,16 @@ it too.
 from __future__ import annotations
 
 import json
+import socket
+import threading
 import time
 
 import httpx
 import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
+
+from scripted_upstream import wait_read
 
 MOCK_FLAGS = ("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m-up")
 
@@ -72,3 +76,87 @@ def test_a_far_future_nbf_is_not_yet_valid_and_an_expired_token_still_expires(jw
         r = chat(jwt_gw, {"authorization": f"Bearer {tok}"})
         assert r.status_code == 401, r.text
         assert says in r.json()["error"]["message"]
+
+
+# --- An empty chunked body whose last chunk arrives split ----------------------------------------------------
+
+class SplitLastChunkUpstream:
+    """Answers every request 200 with an empty chunked body: "0\\r\\n", then, once Weir has read it (no
+    sleep: scripted_upstream.wait_read), the final "\\r\\n". Beast 345's chunk parser asserts n >= 5 on
+    the 3 bytes it resumes with (boostorg/beast PR #2861): builds with assertions on aborted."""
+
+    def __init__(self, content_type: str):
+        self.content_type = content_type
+        self.served = 0
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.url = f"http://127.0.0.1:{self._sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, peer = self._sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, peer), daemon=True).start()
+
+    def _serve(self, conn, peer):
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            buf = b""
+            try:
+                while True:
+                    while b"\r\n\r\n" not in buf:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        buf += data
+                    head, buf = buf.split(b"\r\n\r\n", 1)
+                    length = 0
+                    for line in head.split(b"\r\n")[1:]:
+                        name, _, value = line.partition(b":")
+                        if name.strip().lower() == b"content-length":
+                            length = int(value)
+                    while len(buf) < length:
+                        data = conn.recv(65536)
+                        if not data:
+                            return
+                        buf += data
+                    buf = buf[length:]
+                    conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: " + self.content_type.encode() +
+                                 b"\r\ntransfer-encoding: chunked\r\n\r\n0\r\n")
+                    wait_read(conn, peer)
+                    conn.sendall(b"\r\n")
+                    self.served += 1
+            except OSError:
+                return
+
+    def close(self):
+        self._sock.close()
+
+
+@pytest.mark.parametrize("stream,content_type", [(False, "application/json"), (True, "text/event-stream")])
+def test_an_empty_chunked_body_whose_last_chunk_comes_split_is_parsed(mock, weir, stream, content_type):
+    up = SplitLastChunkUpstream(content_type)
+    try:
+        m = mock(*MOCK_FLAGS)
+        w = weir(config={"pools": {"split": {"endpoints": [up.url], "retry": {"attempts": 1}},
+                                   "ok": {"endpoints": [m.base_url]}},
+                         "models": {"m": {"pool": "split", "upstream_model": "m-up"},
+                                    "good": {"pool": "ok", "upstream_model": "m-up"}}}, workers=1)
+        for i in range(2):
+            r = chat(w, {"x-request-id": f"split-{stream}-{i}"}, stream=stream)
+            if stream:
+                # No event before the end: the stream's error event, as for any stream cut short.
+                assert r.status_code == 200, r.text
+                assert "ended the stream before it was complete" in r.text, r.text
+            else:
+                assert r.status_code == 200 and r.content == b"", r.text  # relayed as it came: empty
+        assert up.served >= 2
+        assert w.process.alive()
+        r = chat(w, model="good")
+        assert r.status_code == 200, r.text
+    finally:
+        up.close()
