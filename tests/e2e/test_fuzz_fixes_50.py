@@ -160,3 +160,21 @@ def test_an_empty_chunked_body_whose_last_chunk_comes_split_is_parsed(mock, weir
         assert r.status_code == 200, r.text
     finally:
         up.close()
+
+
+# --- weir-mock: max_tokens near int64's top ---------------------------------------------------------------
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+@pytest.mark.parametrize("value", [2**63 - 1, 2**63 - 2, 2**64 - 1, 2**63])
+def test_mock_refuses_a_max_tokens_past_the_context_length_without_overflow(mock, field, value):
+    # prompt tokens + max_tokens overflowed int64 (5 + 9223372036854775807): the ASan build's UBSan
+    # reported it, and the release build's wrapped sum let the request through as if it fitted.
+    m = mock("--max-model-len", "64")
+    r = httpx.post(m.v1 + "/chat/completions", timeout=10,
+                   json={"model": "mock-model", "messages": [{"role": "user", "content": "x"}], field: value})
+    assert r.status_code == 400, r.text
+    msg = r.json()["error"]["message"]
+    assert "maximum context length is 64 tokens" in msg, msg
+    want = min(value, 2**63 - 1)  # a uint64 past int64 is read as its top
+    assert f"{want} in the completion" in msg, msg
+    assert m.process.alive()

@@ -523,11 +523,15 @@ std::optional<ApiError> build_plan(Endpoint ep, std::string_view body, std::stri
   // _validate_input) and refuses the whole request for one that does not fit.
   if (ep != Endpoint::embedding) {
     for (auto t : plan.prompt_tokens) {
-      if (requested_max && static_cast<std::int64_t>(t) + *requested_max > cfg.max_model_len)
-        return ApiError{400, fmt::format("This model's maximum context length is {} tokens. However, you requested "
-                                         "{} tokens ({} in the messages, {} in the completion). Please reduce the "
-                                         "length of the messages or completion.",
-                                         cfg.max_model_len, t + *requested_max, t, *requested_max)};
+      // t + max_tokens overflows int64 for a max_tokens near its top (clients send 2^63-1 for "no limit"):
+      // compared as a difference, and the sum, at most 2^63 - 1 + 2^32, printed unsigned.
+      if (requested_max && *requested_max > std::int64_t{cfg.max_model_len} - static_cast<std::int64_t>(t))
+        return ApiError{400,
+                        fmt::format("This model's maximum context length is {} tokens. However, you requested "
+                                    "{} tokens ({} in the messages, {} in the completion). Please reduce the "
+                                    "length of the messages or completion.",
+                                    cfg.max_model_len, std::uint64_t{t} + static_cast<std::uint64_t>(*requested_max), t,
+                                    *requested_max)};
       if (!requested_max && static_cast<std::int64_t>(t) >= cfg.max_model_len)
         return ApiError{400, fmt::format("This model's maximum context length is {} tokens. However, your request "
                                          "has {} input tokens. Please reduce the length of the input messages.",
