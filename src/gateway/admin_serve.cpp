@@ -38,7 +38,7 @@ namespace bh = boost::beast::http;
 namespace {
 
 constexpr std::size_t kMaxBody = 1u << 20;
-constexpr std::size_t kMaxHeader = 16 * 1024;  // request head limit (431)
+constexpr std::size_t kMaxHeader = 16 * 1024;  // request head limit (431; a request line alone over it: 414)
 constexpr std::size_t kReadRoom = 64 * 1024;   // read-buffer room beyond a head: one read
 constexpr auto kIdleTimeout = std::chrono::seconds(30);
 constexpr auto kRequestTimeout = std::chrono::seconds(10);
@@ -233,6 +233,15 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
                        "invalid_request_error",
                        "payload_too_large",
                        fmt::format("The body is larger than {} bytes.", kMaxBody),
+                       {}};
+      } else if (ec == bh::error::header_limit &&
+                 http::request_line_over(parser.got_some() && !parser.get().target().empty(),
+                                         {static_cast<const char*>(buf.data().data()), buf.size()}, kMaxHeader)) {
+        // A request line over the limit: 414 as on the client listener (RFC 9110 §15.5.15).
+        e = AdminError{414,
+                       "invalid_request_error",
+                       "uri_too_long",
+                       fmt::format("The request line is longer than {} bytes.", kMaxHeader),
                        {}};
       } else if (ec == bh::error::header_limit) {  // 431 as on the client listener (RFC 6585 §5)
         e = AdminError{431,

@@ -314,12 +314,13 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     timed_out_ = false;
     failure_ = ReadFailure::head_timeout;
   } else if (ec == bh::error::header_limit) {
-    // The request line did not end within the limit (Beast had no target
-    // yet) or is itself over it: its URI is what is too long (414, as
-    // nginx), not the header fields (431).
-    const auto target = parser_->get().target();
-    failure_ = target.empty() || target.size() + 16 > sc_.max_header_bytes ? ReadFailure::line_too_long
-                                                                           : ReadFailure::head_too_large;
+    // A request line over the limit: its URI is what is too long (414), not the header fields (431).
+    // (From the bytes when Beast has no target yet: it had not parsed a line that did not come whole
+    // with the first read, however short.)
+    failure_ = request_line_over(parser_->got_some() && !parser_->get().target().empty(),
+                                 {static_cast<const char*>(in_.data().data()), in_.size()}, sc_.max_header_bytes)
+                   ? ReadFailure::line_too_long
+                   : ReadFailure::head_too_large;
   } else if (ec == bh::error::buffer_overflow) {
     failure_ = ReadFailure::framing_too_large;
   } else {

@@ -142,6 +142,11 @@ bool begins_head_request(std::string_view unparsed) {
   return line != std::string_view::npos && unparsed.substr(line).starts_with("HEAD ");
 }
 
+bool request_line_over(bool line_parsed, std::string_view unparsed, std::size_t limit) {
+  // (A parsed line fitted: Beast parses it within the limit only.)
+  return !line_parsed && unparsed.substr(0, limit).find("\r\n") == std::string_view::npos;
+}
+
 bool expects_continue(const RequestHead& req) {
   if (req.version() < 11) return false;
   ExpectScan scan;

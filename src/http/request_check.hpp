@@ -5,6 +5,7 @@
 // admin listener.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -58,6 +59,17 @@ bool expects_continue(const RequestHead& req);
 // skipped (RFC 9112 §2.2). Its answer then has no content (RFC 9110
 // §9.3.2), as nginx's has: the client reads a HEAD's answer as a head alone.
 bool begins_head_request(std::string_view unparsed);
+
+// For a request head refused as over the head limit (`limit` bytes:
+// server.max_header, the admin listener's 16 KiB): true when its request
+// line alone is over it, so the answer is 414 (RFC 9110 §15.5.15, as nginx),
+// not 431 (RFC 6585 §5: the header fields). `line_parsed`: the parser has
+// the request line (its target); `unparsed`: the bytes it has not taken.
+// Beast parses the line at once only when it came whole with the head's
+// first read; otherwise not before the head's end (or `limit` bytes) is in,
+// so a refused head without a parsed line is judged from its bytes: the line
+// is over the limit when no CRLF ends it within the first `limit` bytes.
+bool request_line_over(bool line_parsed, std::string_view unparsed, std::size_t limit);
 
 // The interim response that asks for the body (RFC 9110 §15.2.1).
 inline constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";

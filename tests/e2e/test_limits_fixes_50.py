@@ -1,0 +1,76 @@
+"""Size limits found wrong in stop 50's black-box round of every limit at its boundary (README's configuration
+reference, docs/admin-api.md). Real weir and weir-mock processes on free ports."""
+from __future__ import annotations
+
+import json
+
+from conftest import free_port, wait_until
+from httpwire import roundtrip
+
+ADMIN_TOKEN = "limits-fixes-50-token-0123456789"
+
+
+def start(mock, weir, max_header: str = "1KiB"):
+    """A gateway whose client listener's head limit is `max_header`, with its admin listener (16 KiB)."""
+    up = mock("--any-model", "--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    admin_port = free_port()
+    w = weir(config={"pools": {"p": {"endpoints": [up.base_url]}}, "default_pool": "p",
+                     "server": {"max_header": max_header},
+                     "admin": {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}},
+             env={"WEIR_TEST_ADMIN_TOKEN": ADMIN_TOKEN}, workers=1)
+
+    def admin_up() -> bool:
+        try:
+            return roundtrip(admin_port, b"GET /ready HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", method="GET").status == 200
+        except OSError:
+            return False
+
+    wait_until(admin_up, 5, message="admin listener")
+    return w, admin_port
+
+
+def head_of(line: str, total: int, host: str = "x", extra: str = "") -> bytes:
+    """A GET head whose request line is `line` (without its CRLF), padded with one field to `total` bytes."""
+    pre = f"{line}\r\nHost: {host}\r\n{extra}"
+    pad = total - len(pre) - len("X-Pad: \r\n\r\n")
+    assert pad >= 1, pad
+    head = (pre + "X-Pad: " + "p" * pad + "\r\n\r\n").encode()
+    assert len(head) == total
+    return head
+
+
+def line_of(length: int, path: str) -> str:
+    """A GET request line of `length` bytes with its CRLF: `path` with a query that pads it."""
+    fixed = len(f"GET {path}?q= HTTP/1.1\r\n")
+    return f"GET {path}?q={'a' * (length - fixed)} HTTP/1.1"
+
+
+def refusal(port: int, data: bytes) -> tuple[int, str]:
+    r = roundtrip(port, data, method="GET")
+    return r.status, json.loads(r.body)["error"]["code"]
+
+
+# DEFECT: a head over server.max_header whose request line was longer than ~512 bytes got 414 "request line is
+# longer than N bytes": the line was judged by whether Beast had parsed it, and Beast parses a line that did not
+# come whole with the connection's first read (512 bytes) only once the head's end is in, which a head over the
+# limit never has. The line is now judged from the bytes: 414 only when no CRLF ends it within the limit. The
+# admin listener answered every head over its 16 KiB 431, a request line alone over it too: 414 there as well.
+def test_414_only_for_a_request_line_itself_over_the_limit_on_both_listeners(mock, weir):
+    w, admin_port = start(mock, weir)
+    for length, status, code in (
+            (700, 431, "request_header_too_large"),   # a line that fits, in a head over 1 KiB
+            (1000, 431, "request_header_too_large"),
+            (1024, 431, "request_header_too_large"),  # its CRLF the limit's last two bytes
+            (1025, 414, "uri_too_long"),              # one byte more: the line alone is over it
+            (1500, 414, "uri_too_long")):
+        got = refusal(w.port, head_of(line_of(length, "/v1/models"), 1100 if length < 1050 else length + 100))
+        assert got == (status, code), (length, got)
+    token = f"Authorization: Bearer {ADMIN_TOKEN}\r\n"
+    for length, status, code in (
+            (700, 431, "request_header_too_large"),
+            (16384, 431, "request_header_too_large"),
+            (16385, 414, "uri_too_long"),
+            (20000, 414, "uri_too_long")):
+        data = head_of(line_of(length, "/admin/v1/stats"), max(17000, length + 100), host="127.0.0.1", extra=token)
+        got = refusal(admin_port, data)
+        assert got == (status, code), ("admin", length, got)
