@@ -138,6 +138,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     read_deadline.expires_after(kRequestTimeout);
     auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
     if (read_deadline.expired()) ec = beast::error::timeout;
+    // (The head's own size is the limit's measure, as on the client listener: Beast's check lets one past it.)
+    if (http::head_over_limit(ec, n, kMaxHeader)) ec = bh::error::header_limit;
     // The log's bytes_in, as on the client listener (http::Downstream::bytes_in): the head as far as it was
     // parsed, then what of the body was (framing included); a body left unread (refused on the head) is not.
     std::size_t bytes_in = n;

@@ -252,9 +252,8 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     const auto end = rest.find("\r\n\r\n");
     bytes_in_ += end == std::string_view::npos ? rest.size() : end + 4;
   }
-  // Beast's header_limit lets a head end a little past it (it checks as it
-  // goes, by line); the head's own size is the limit's measure (431).
-  if (!ec && n > sc_.max_header_bytes) ec = bh::error::header_limit;
+  // (The head's own size is the limit's measure: Beast's check lets one past it.)
+  if (head_over_limit(ec, n, sc_.max_header_bytes)) ec = bh::error::header_limit;
   if (parser_->is_header_done()) {
     version_ = parser_->get().version();
     head_method_ = parser_->get().method() == bh::verb::head;

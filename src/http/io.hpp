@@ -98,6 +98,21 @@ inline bool head_buffered(const boost::beast::flat_buffer& buf) {
   return rest.find("\r\n\r\n") != std::string_view::npos;
 }
 
+// True when a head read with Beast's header_limit at `limit` bytes is over
+// that limit: Beast refused it (http::error::header_limit), or its read
+// ended without error (`ec`) having taken more than `limit` bytes
+// (`head_bytes`: the bytes the parser took, from the head's first line to
+// its empty line). Beast counts the limit from where each parse step begins,
+// not from the head's first byte, so a head whose first lines were parsed in
+// an earlier read (the request or status line, some fields) passes it by as
+// much. The head's own size is the measure, as each limit is documented: a
+// head of `limit` bytes passes, one byte more does not. Shared by the client
+// listener (server.max_header), the admin listener (16 KiB) and an
+// upstream's response head (http/exchange.cpp).
+inline bool head_over_limit(const boost::system::error_code& ec, std::size_t head_bytes, std::size_t limit) {
+  return ec == boost::beast::http::error::header_limit || (!ec && head_bytes > limit);
+}
+
 // Reads from `sock` (non-blocking mode) into `buf` and feeds Beast's
 // `parser` until its head (`until_head`) or its whole message is parsed
 // (RFC 9112 framing, Beast's limits: header_limit, body_limit). Returns
