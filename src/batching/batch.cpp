@@ -24,6 +24,7 @@ void BatchMember::begin(const Request& r) {
   split_status_ = 0;
   withheld_ = false;
   cut_short_ = false;
+  head_too_large_ = false;
   failure_ = UpstreamFailure::none;
   slot_ = 0;
   id_json_.clear();

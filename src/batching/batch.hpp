@@ -148,6 +148,8 @@ class BatchMember final : public http::ResponseSource {
   void cancel() override;
   void cancel_stalled() override;
   bool stream_cut_short() const override { return cut_short_; }
+  // The batch's last attempt failed (protocol) on a response head over http::kMaxResponseHead.
+  bool head_too_large() const { return head_too_large_; }
 
   // The member's own usage as the batch's last chunk for it with a per-chunk usage said (the batch asks for
   // `continuous_usage_stats` on every member's behalf, whether or not its client did): its prompt's tokens
@@ -174,6 +176,7 @@ class BatchMember final : public http::ResponseSource {
   int split_status_ = 0;
   bool withheld_ = false;
   bool cut_short_ = false;           // a non-streaming member's answer: the batch's stream ended before it was whole
+  bool head_too_large_ = false;      // head_too_large()
   std::string_view invalid_answer_;  // a literal
   http::UpstreamFailure failure_ = http::UpstreamFailure::none;
   std::uint32_t slot_ = 0;

@@ -194,6 +194,8 @@ core::Task<void> Batch::send() {
   if (!started) {
     exchange_.release();
     finished();
+    if (failure == UpstreamFailure::protocol && exchange_.head_too_large())  // (the last start()'s)
+      for_present([](BatchMember& m) { m.head_too_large_ = true; });
     fail_all(present_ == 0 ? UpstreamFailure::cancelled
                            : (failure == UpstreamFailure::none ? UpstreamFailure::protocol : failure));
     co_return;

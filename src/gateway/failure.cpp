@@ -7,6 +7,7 @@
 
 #include "api/anthropic/response.hpp"
 #include "core/json_text.hpp"
+#include "http/response_source.hpp"
 
 namespace weir::gateway {
 
@@ -95,6 +96,11 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
     default:
       return core::upstream_unavailable(upstream_message(who, fmt::format("closed the connection{}", when)));
   }
+}
+
+core::Error upstream_head_too_large(const UpstreamSubject& who) {
+  return core::upstream_unavailable(
+      upstream_message(who, fmt::format("sent a response head larger than {} bytes", http::kMaxResponseHead)));
 }
 
 core::Error upstream_error_event(const UpstreamSubject& who) {

@@ -41,6 +41,11 @@ struct UpstreamSubject {
 // (refused, reset, garbage) or 504 upstream_timeout (connect, first byte,
 // idle): "Upstream pool `P` (model `M`) refused the connection (request R)."
 core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, bool mid_stream);
+// An answer whose head was over http::kMaxResponseHead: 502
+// upstream_unavailable, "Upstream pool `P` (model `M`) sent a response head
+// larger than 65536 bytes (request R)." Its failure kind is
+// http::UpstreamFailure::protocol.
+core::Error upstream_head_too_large(const UpstreamSubject& who);
 // An OpenAI stream whose body ended (cleanly, or by the upstream's close)
 // without its `data: [DONE]`: 502 upstream_unavailable, "Upstream pool `P`
 // (model `M`) ended the stream before it was complete (request R)." Its

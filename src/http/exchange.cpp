@@ -108,6 +108,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   shrink_ = false;
   trailing_ = false;
   cut_off_ = false;
+  head_too_large_ = false;
   // (From the caller's clock read when it gave one: the read after the write below is then the only one here.)
   if (r.sent_at != std::chrono::steady_clock::time_point{})
     conn_->watchdog().expires_at(r.sent_at + r.first_byte);
@@ -143,9 +144,10 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     auto fields_store = parser_ ? parser_->get().take_storage() : FlatFields::Storage();  // the last head's room
     parser_.emplace();
     parser_->get().adopt_storage(std::move(fields_store));
-    parser_->header_limit(64u << 10);
+    parser_->header_limit(kMaxResponseHead);
     parser_->body_limit(boost::none);
-    parser_->eager(true);
+    // The head alone: the bytes the read took are then its size, the limit's measure (head_over_limit).
+    parser_->eager(false);
     if (r.head_request) parser_->skip(true);
     // 4 KiB: a small answer (head and body, ~1 KB from vLLM) in one recv; a
     // stream gives the room back (shrink()).
@@ -158,6 +160,10 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
       auto [rec, n] = co_await read_message(conn_->socket(), conn_->buffer(), *parser_, /*until_head=*/true, kHeadRead);
       ec = rec;
       rn = n;
+    }
+    if (head_over_limit(ec, rn, kMaxResponseHead)) [[unlikely]] {
+      ec = bh::error::header_limit;
+      head_too_large_ = true;
     }
     if (ec == bh::error::bad_status && !space_restored && restore_status_line_space(conn_->buffer())) {
       space_restored = true;  // ("HTTP/1.1 200\r\n": parsed again, with its space)
@@ -188,6 +194,13 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
       co_return UpstreamFailure::tls;
     }
     co_return classify(*conn_, ec);
+  }
+  // The body's framing that came with the head is parsed at once, as before the head's own read was
+  // measured: an empty chunked body (its last chunk) is then done at the head (release(), closing_head_alone()).
+  parser_->eager(true);
+  if (conn_->buffer().size() > 0 && !parser_->is_done()) {
+    error_code later;  // (bad framing: the body's read meets it again, as it did)
+    conn_->buffer().consume(parser_->put(conn_->buffer().data(), later));
   }
   // 101 Switching Protocols answers only a request that asked to upgrade
   // (RFC 9110 §15.2.2), and Weir never forwards Upgrade (hop-by-hop): a

@@ -36,6 +36,7 @@ class Exchange final : public UpstreamExchange {
   std::string_view connect_error() const override { return conn_ ? conn_->tls_error() : std::string_view(); }
   Task<UpstreamFailure> start(const Request& r) override;
   std::size_t upstream_bytes() const override { return head_bytes_; }
+  bool head_too_large() const override { return head_too_large_; }
   std::chrono::steady_clock::time_point written_at() const override { return written_at_; }
   bool closing_head_alone() const override;
   std::unique_ptr<UpstreamConnection> release() override;
@@ -126,6 +127,7 @@ class Exchange final : public UpstreamExchange {
   std::array<char, 32> carry_{};  // a short piece of framing the parser needs more after (need_more_)
   bool trailing_ = false;         // the upstream sent bytes beyond the response: do not reuse the connection
   bool cut_off_ = false;          // the request's write failed after some bytes (an early answer is read): not reused
+  bool head_too_large_ = false;   // head_too_large()
   bool no_wait_ = false;          // take_end(): read() returns what has arrived, never waits
 };
 

@@ -76,6 +76,13 @@ class ResponseSource {
 // or fresh), the request sent, the response head read; then the response as
 // a ResponseSource. http::Exchange is the HTTP/1.1 implementation; tests
 // script one (tests/unit/gateway/proxy_test.cpp).
+// An upstream response's head limit, in bytes: the status line to the blank
+// line, exactly (http::head_over_limit), each interim (1xx) head on its own.
+// Fixed, not a pool option: a model server's heads are a few hundred bytes,
+// and the limit only bounds what one answer may make Weir hold. Past it the
+// attempt fails as an invalid response (UpstreamFailure::protocol, 502).
+inline constexpr std::size_t kMaxResponseHead = 64 * 1024;
+
 class UpstreamExchange : public ResponseSource {
  public:
   // One request to send.
@@ -104,6 +111,8 @@ class UpstreamExchange : public ResponseSource {
   virtual Task<UpstreamFailure> start(const Request& r) = 0;
   // Bytes the upstream sent for the head read of the last start() (0: it answered nothing).
   virtual std::size_t upstream_bytes() const = 0;
+  // The last start() failed (protocol) because the response head was over kMaxResponseHead.
+  virtual bool head_too_large() const { return false; }
   // When the last start()'s request was written whole (handed to the
   // kernel): from then on it waited for the upstream's answer. Unset (the
   // epoch) when the implementation does not say.

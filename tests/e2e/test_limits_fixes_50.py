@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 
+import httpx
+
 from conftest import free_port, wait_until
 from httpwire import roundtrip
+from test_defect_fixes import RawUpstream
 
 ADMIN_TOKEN = "limits-fixes-50-token-0123456789"
 
@@ -92,3 +95,43 @@ def test_the_head_limit_is_exact_on_both_listeners(mock, weir):
     for total, status in ((1024, 200), (1025, 431), (1100, 431)):
         r = roundtrip(w.port, head_of("GET /v1/models HTTP/1.1", total), method="GET")
         assert r.status == status, ("client", total, r.status, r.body[:200])
+
+
+CHAT = {"id": "chatcmpl-x", "object": "chat.completion", "created": 1, "model": "m",
+        "choices": [{"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}],
+        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+def answer_with_head_of(total: int, body: bytes) -> bytes:
+    pre = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n" % len(body)
+    head = pre + b"x-big: " + b"h" * (total - len(pre) - len(b"x-big: \r\n\r\n")) + b"\r\n\r\n"
+    assert len(head) == total
+    return head + body
+
+
+# DEFECT: the upstream response head limit (64 KiB, hard-coded) was loose as Beast's check is (a head of 65,537
+# bytes passed), undocumented, and past it the client read only "sent an invalid HTTP response". It is now exact
+# (the same http::head_over_limit as the listeners), its 502 says what was wrong, it counts as an invalid
+# response (kind "protocol"), and README lists it.
+def test_the_upstream_response_head_limit_is_exact_and_named(weir):
+    body = json.dumps(CHAT).encode()
+    up = RawUpstream(lambda headers, _: answer_with_head_of(int(headers["x-head"]), body))
+    try:
+        w = weir(config={"pools": {"p": {"endpoints": [up.url]}}, "default_pool": "p"}, workers=1)
+
+        def chat(total: int, rid: str) -> httpx.Response:
+            return httpx.post(w.v1 + "/chat/completions", headers={"x-head": str(total), "x-request-id": rid},
+                              json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}, timeout=30)
+
+        r = chat(65536, "head-at")
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "ok", r.text
+        for total in (65537, 65600):
+            r = chat(total, f"head-{total}")
+            assert r.status_code == 502, (total, r.status_code, r.text[:300])
+            err = r.json()["error"]
+            assert err["code"] == "upstream_unavailable", err
+            assert "sent a response head larger than 65536 bytes" in err["message"], err
+            assert w.log_for(f"head-{total}")["status"] == 502
+        assert w.metric("weir_upstream_failures_total", pool="p", kind="protocol") == 2
+    finally:
+        up.close()

@@ -180,6 +180,8 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
       co_return Outcome::failed(upstream_untranslatable(subject(ctx), m.invalid_answer()));
     if (f == http::UpstreamFailure::protocol && m.stream_cut_short())
       co_return Outcome::failed(upstream_stream_incomplete(subject(ctx)));
+    if (f == http::UpstreamFailure::protocol && m.head_too_large())
+      co_return Outcome::failed(upstream_head_too_large(subject(ctx)));
     co_return Outcome::failed(upstream_error(f, subject(ctx), false));
   }
   ctx.upstream_status = m.head().result_int();

@@ -589,6 +589,8 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     }
     if (failure == http::UpstreamFailure::none)  // the last attempt answered 408/429/5xx; a fallback takes it
       co_return Outcome::failed(upstream_status_error(last_status, subject(ctx)));
+    if (failure == http::UpstreamFailure::protocol && exchange_.head_too_large())  // (the last start()'s)
+      co_return Outcome::failed(upstream_head_too_large(subject(ctx)));
     co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
   }
   ctx.t_first_byte = t_answered;  // (the last attempt's clock read after its answer's head)
