@@ -193,10 +193,11 @@ void append_json_string(std::string& out, std::string_view s) {
   w.put_json_string(s);
 }
 
-void append_valid_utf8(std::string& out, std::string_view s) {
+std::size_t append_valid_utf8(std::string& out, std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   std::size_t run = 0;  // start of the bytes not yet copied
   std::size_t i = 0;
+  std::size_t replaced = 0;
   while (i < s.size()) {
     if (p[i] < 0x80) {
       ++i;
@@ -208,10 +209,37 @@ void append_valid_utf8(std::string& out, std::string_view s) {
       out.append(s.substr(run, i - run));
       out += kReplacement;
       run = i + len;
+      ++replaced;
     }
     i += len;
   }
   out.append(s.substr(run));
+  return replaced;
+}
+
+std::size_t find_invalid_utf8_from(std::string_view s, std::size_t from) noexcept {
+  constexpr std::uint64_t kHighBits = 0x8080808080808080ULL;  // a non-ASCII byte has its high bit set
+  const auto word = [](const unsigned char* at) {
+    std::uint64_t w;
+    std::memcpy(&w, at, 8);
+    return w;
+  };
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const std::size_t n = s.size();
+  std::size_t i = from;
+  for (;;) {
+    // ASCII between the non-ASCII runs: a word a step, then the bytes before the next non-ASCII one.
+    while (i + 8 <= n && (word(p + i) & kHighBits) == 0) i += 8;
+    while (i < n && p[i] < 0x80) ++i;
+    if (i == n) return std::string_view::npos;
+    // A run of non-ASCII sequences (text in another script), each checked whole.
+    do {
+      bool valid = false;
+      const std::size_t len = utf8_step(p + i, n - i, valid);
+      if (!valid) return i;
+      i += len;
+    } while (i < n && p[i] >= 0x80);
+  }
 }
 
 std::string_view utf8_prefix(std::string_view s, std::size_t max_bytes) noexcept {

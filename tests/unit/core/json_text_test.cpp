@@ -3,7 +3,9 @@
 #include "core/json_text.hpp"
 #include "core/text_writer.hpp"
 
+#include <iterator>
 #include <random>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <boost/json.hpp>
@@ -346,5 +348,200 @@ TEST(JsonText, SequencesAndEscapesAcrossSixteenByteStepsAreKept) {
       append_json_string(out, in);
       EXPECT_EQ(out, "\"" + plain.substr(0, at) + written + plain.substr(at) + "\"") << at;
     }
+  }
+}
+
+namespace {
+
+// The WHATWG Encoding Standard's UTF-8 decoder (§8.1.1, one byte at a time, an ill-formed byte after a
+// lead byte is read again), writing each decoded character's bytes as they came and U+FFFD for each error:
+// what Python's bytes.decode("utf-8", "replace") gives, written independently of json_text.cpp's table.
+std::string whatwg_decode(std::string_view in) {
+  std::string out, seq;
+  int needed = 0, seen = 0;
+  unsigned lower = 0x80, upper = 0xBF;
+  for (std::size_t i = 0; i < in.size(); ++i) {
+    const auto b = static_cast<unsigned char>(in[i]);
+    if (needed == 0) {
+      if (b <= 0x7F) {
+        out += static_cast<char>(b);
+      } else if (b >= 0xC2 && b <= 0xDF) {
+        needed = 1;
+      } else if (b >= 0xE0 && b <= 0xEF) {
+        if (b == 0xE0) lower = 0xA0;
+        if (b == 0xED) upper = 0x9F;
+        needed = 2;
+      } else if (b >= 0xF0 && b <= 0xF4) {
+        if (b == 0xF0) lower = 0x90;
+        if (b == 0xF4) upper = 0x8F;
+        needed = 3;
+      } else {
+        out += kFFFD;
+      }
+      if (needed != 0) seq.assign(1, static_cast<char>(b));
+      continue;
+    }
+    if (b < lower || b > upper) {
+      needed = seen = 0;
+      lower = 0x80;
+      upper = 0xBF;
+      seq.clear();
+      out += kFFFD;
+      --i;  // the byte is read again
+      continue;
+    }
+    lower = 0x80;
+    upper = 0xBF;
+    seq += static_cast<char>(b);
+    if (++seen == needed) {
+      out += seq;
+      needed = seen = 0;
+      seq.clear();
+    }
+  }
+  if (needed != 0) out += kFFFD;
+  return out;
+}
+
+// Well-formed: the decoder gives the bytes back (a replacement never writes the bytes it replaced).
+bool well_formed(std::string_view in) { return whatwg_decode(in) == in; }
+
+}  // namespace
+
+// An upstream's ill-formed UTF-8 reached OpenAI clients byte for byte (the openai SDK raised
+// UnicodeDecodeError mid-stream). The relay now replaces it as Python's errors="replace" does: these
+// outputs are Python 3's bytes.decode("utf-8", "replace") of each input, re-encoded.
+TEST(JsonText, ReplacementMatchesPythonsDecodeReplace) {
+  struct Case {
+    std::string_view in;
+    std::string_view python;
+    std::size_t replaced;
+  };
+  const Case cases[] = {
+      {"\xFF", "\xEF\xBF\xBD", 1},
+      {"a\xC0\x80"
+       "b",
+       "a\xEF\xBF\xBD\xEF\xBF\xBD"
+       "b",
+       2},                                                                          // overlong NUL
+      {"\xED\xA0\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 3},                  // a surrogate
+      {"\xF4\x90\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 4},  // U+110000
+      {"\xE2\x82", "\xEF\xBF\xBD", 1},                                              // cut short at the end
+      {"\xF0\x9F\x98x", "\xEF\xBF\xBDx", 1},
+      {"\xE0\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 3},
+      {"\xF8\x88\x80\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 5},
+      {"\xC1\xBF", "\xEF\xBF\xBD\xEF\xBF\xBD", 2},
+      {"\xE1\x80\xE2\xF0\x91\x92\xF1\xBF\x41",
+       "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+       "A",
+       4},
+      {"\x61\xF1\x80\x80\xE1\x80\xC2\x62\x80\x63\x80\xBF\x64",
+       "a\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD"
+       "b\xEF\xBF\xBD"
+       "c\xEF\xBF\xBD\xEF\xBF\xBD"
+       "d",
+       6},  // Unicode §3.9's own example of maximal subparts (Table 3-8)
+      {"\xED\x9F\xBF\xED\xA0\x80", "\xED\x9F\xBF\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 3},
+      {"\xF4\x8F\xBF\xBF\xF4\x90", "\xF4\x8F\xBF\xBF\xEF\xBF\xBD\xEF\xBF\xBD", 2},
+      {"\xC2\x41",
+       "\xEF\xBF\xBD"
+       "A",
+       1},
+      {"\xEF\xBF\xBD", "\xEF\xBF\xBD", 0},
+      {"\x80\x80\x80", "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD", 3},
+  };
+  for (const auto& c : cases) {
+    std::string out = "<";
+    EXPECT_EQ(weir::core::append_valid_utf8(out, c.in), c.replaced) << ::testing::PrintToString(c.in);
+    EXPECT_EQ(out, "<" + std::string(c.python)) << ::testing::PrintToString(c.in);
+    EXPECT_EQ(whatwg_decode(c.in), c.python) << ::testing::PrintToString(c.in);  // (the reference agrees)
+    EXPECT_EQ(weir::core::find_invalid_utf8(c.in) == std::string_view::npos, c.replaced == 0);
+  }
+}
+
+// Every string of up to three bytes from the bytes where the table's ranges turn (and ASCII), and random
+// longer ones: append_valid_utf8 gives the WHATWG decoder's output, and find_invalid_utf8 finds the first
+// ill-formed byte (the bytes before it decode as they are), wherever it lies against the 8- and 16-byte
+// steps of its ASCII scan.
+TEST(JsonText, FindInvalidUtf8AndReplacementAgreeWithTheDecoder) {
+  const unsigned char edges[] = {0x00, 0x41, 0x7F, 0x80, 0x8F, 0x90, 0x9F, 0xA0, 0xBF, 0xC0, 0xC1, 0xC2, 0xDF,
+                                 0xE0, 0xE1, 0xEC, 0xED, 0xEE, 0xEF, 0xF0, 0xF1, 0xF3, 0xF4, 0xF5, 0xFF};
+  auto check = [](const std::string& in) {
+    std::string out;
+    const std::size_t n = weir::core::append_valid_utf8(out, in);
+    ASSERT_EQ(out, whatwg_decode(in)) << ::testing::PrintToString(in);
+    const std::size_t at = weir::core::find_invalid_utf8(in);
+    ASSERT_EQ(at == std::string_view::npos, n == 0) << ::testing::PrintToString(in);
+    if (at != std::string_view::npos) {
+      ASSERT_TRUE(well_formed(std::string_view(in).substr(0, at))) << ::testing::PrintToString(in) << " " << at;
+      // The replacement's first U+FFFD stands where that byte stood.
+      ASSERT_EQ(out.substr(0, at + 3), in.substr(0, at) + kFFFD) << ::testing::PrintToString(in);
+    }
+  };
+  std::vector<std::string> shorts = {""};
+  for (int len = 1; len <= 3; ++len) {
+    std::vector<std::string> next;
+    for (const auto& s : shorts)
+      if (static_cast<int>(s.size()) == len - 1)
+        for (unsigned char b : edges) next.push_back(s + static_cast<char>(b));
+    for (auto& s : next) check(s);
+    shorts.insert(shorts.end(), next.begin(), next.end());
+  }
+  for (int a = 0; a < 256; ++a)
+    for (int b = 0; b < 256; ++b) check(std::string{static_cast<char>(a), static_cast<char>(b)});
+  std::mt19937 rng(50);
+  const std::string pieces[] = {"\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80", "\xED\x9F\xBF", "\xF4\x8F\xBF\xBF"};
+  for (int i = 0; i < 20000; ++i) {
+    std::string in;
+    const std::size_t len = rng() % 48;
+    while (in.size() < len) {
+      const unsigned r = rng() % 16;
+      if (r < 10)
+        in += static_cast<char>('a' + rng() % 26);  // runs of ASCII across the scan's steps
+      else if (r < 13)
+        in += pieces[rng() % std::size(pieces)];
+      else
+        in += static_cast<char>(edges[rng() % std::size(edges)]);
+    }
+    check(in);
+  }
+}
+
+// ascii_prefix() stops at or before the first non-ASCII byte, wherever it lies against its 32- and 16-byte
+// steps and its overlapping last load, and takes all of a text that has none.
+TEST(JsonText, AsciiPrefixNeverPassesANonAsciiByte) {
+  for (std::size_t n = 0; n <= 100; ++n) {
+    const std::string plain(n, 'a');
+    EXPECT_EQ(weir::core::ascii_prefix(plain), n);
+    for (std::size_t at = 0; at < n; ++at) {
+      for (const char c : {'\x80', '\xFF', '\xC3'}) {
+        std::string in = plain;
+        in[at] = c;
+        const std::size_t got = weir::core::ascii_prefix(in);
+        ASSERT_LE(got, at) << n << " " << at;
+        ASSERT_LE(at - got, 31u) << n << " " << at;
+      }
+    }
+  }
+}
+
+// The ASCII scan misses no byte: one ill-formed or non-ASCII byte at every position of a long ASCII text.
+TEST(JsonText, FindInvalidUtf8SeesEveryPosition) {
+  const std::string plain(100, 'x');
+  EXPECT_EQ(weir::core::find_invalid_utf8(plain), std::string_view::npos);
+  EXPECT_EQ(weir::core::find_invalid_utf8(""), std::string_view::npos);
+  for (std::size_t at = 0; at <= plain.size(); ++at) {
+    for (std::string_view bad : {"\xFF", "\x80", "\xC0\x80", "\xED\xA0\x80", "\xF4\x90\x80\x80", "\xE2\x82"}) {
+      std::string in = plain;
+      in.insert(at, bad);
+      EXPECT_EQ(weir::core::find_invalid_utf8(in), at) << ::testing::PrintToString(bad) << " at " << at;
+    }
+    for (std::string_view good : {"\xC3\xA9", "\xE2\x82\xAC", "\xF0\x9F\x98\x80"}) {
+      std::string in = plain;
+      in.insert(at, good);
+      EXPECT_EQ(weir::core::find_invalid_utf8(in), std::string_view::npos) << at;
+    }
+    // A sequence cut short by the end of the text is ill-formed where it starts.
+    EXPECT_EQ(weir::core::find_invalid_utf8(plain.substr(0, at) + "\xF0\x9F\x98"), at);
   }
 }
