@@ -311,6 +311,10 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   per_model("weir_spend_usd_total", "counter",
             "Spend in USD at the configured prices (pricing:), from the usage upstreams reported.", Family::spend,
             1e-9);
+  per_model("weir_upstream_invalid_utf8_total", "counter",
+            "Upstream SSE events and answer bodies in which ill-formed UTF-8 was replaced by U+FFFD before the "
+            "client got them (a broken upstream, or one that is not vLLM).",
+            Family::invalid_utf8, 1.0);
   {
     // Sum and count only (a summary without quantiles): mean TTFT per tenant
     // is rate(_sum) / rate(_count); the per-model histogram has the buckets.
@@ -546,6 +550,7 @@ json::object MetricsShard::stats_json() const {
           break;
         case Family::estimated_prompt_tokens:
         case Family::estimated_completion_tokens:
+        case Family::invalid_utf8:
           break;  // (the stats' token counts are the reported ones, as weir_*_tokens_total)
       }
     }

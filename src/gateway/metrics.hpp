@@ -179,6 +179,13 @@ class MetricsShard {
   void add_spend(std::uint32_t model, std::int64_t nano_usd, MetricIdentity id) {
     if (nano_usd > 0) counters_.add(series(Family::spend, 0, 0, model, id), static_cast<std::uint64_t>(nano_usd));
   }
+  // weir_upstream_invalid_utf8_total{model}: an upstream's SSE event or answer body in which ill-formed UTF-8
+  // was replaced by U+FFFD before its client got it (http::replace_invalid_utf8): a broken upstream, or one
+  // that is not vLLM.
+  void count_invalid_utf8(std::uint32_t model) { counters_.add(series(Family::invalid_utf8, 0, 0, model, {}), 1); }
+  std::uint64_t invalid_utf8(std::uint32_t model) const {
+    return counters_.get(series(Family::invalid_utf8, 0, 0, model, {}));
+  }
   // weir_rate_limited_total{reason[,tenant][,key_id]}.
   void count_rate_limited(RateLimitReason r, MetricIdentity id) {
     counters_.add(series(Family::rate_limited, 0, static_cast<std::uint32_t>(r), 0, id), 1);
@@ -327,6 +334,7 @@ class MetricsShard {
     ttft_count,   // weir_tenant_time_to_first_token_seconds_count
     estimated_prompt_tokens,
     estimated_completion_tokens,
+    invalid_utf8,  // weir_upstream_invalid_utf8_total{model}: no identity labels
   };
   static std::uint64_t series(Family f, std::uint32_t route, std::uint32_t status, std::uint32_t model,
                               MetricIdentity id) {

@@ -16,6 +16,7 @@
 #include "http/downstream.hpp"
 #include "http/exchange.hpp"
 #include "http/headers.hpp"
+#include "http/sse.hpp"
 #include "requestlog/queue.hpp"
 #include "routing/balance.hpp"
 #include "tracing/record.hpp"
@@ -292,6 +293,8 @@ class GatewayPhases final : public Phases {
     bool error_relayed = false;    // the upstream's in-band error event went into this read's events
     bool refused = false;          // that error refuses the client's request (api::openai::refuses_request)
     bool event_too_large = false;  // an upstream event passed server.max_event
+    http::Utf8Repair utf8;         // an event whose ill-formed UTF-8 was replaced (empty until one comes)
+    bool utf8_held = false;        // the reader holds bytes of a read that had a non-ASCII byte
   };
   // The error a stream that broke ends with (before its head went out, or after: `mid_stream`).
   core::Error stream_failure(const RequestContext& ctx, const StreamRelay& s, http::UpstreamFailure failure,

@@ -267,6 +267,21 @@ void SseReader::reset() {
   overflow_ = false;
 }
 
+std::size_t repair_invalid_utf8(SseEvent& ev, Utf8Repair& into) {
+  into.raw.clear();
+  const std::size_t replaced = core::append_valid_utf8(into.raw, ev.raw);
+  if (replaced == 0) return 0;
+  // (data's bytes are raw's minus ASCII ones, field names, line breaks, and
+  // '\n' joins: its ill-formed subsequences are raw's that lie in data.)
+  if (core::find_invalid_utf8(ev.data) != std::string_view::npos) {
+    into.data.clear();
+    core::append_valid_utf8(into.data, ev.data);
+    ev.data = into.data;
+  }
+  ev.raw = into.raw;
+  return replaced;
+}
+
 void append_sse_data(std::string& out, std::string_view data) {
   const char* p = data.data();
   const char* const end = p + data.size();

@@ -11,6 +11,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/json_text.hpp"
 #include "core/text.hpp"
 
 namespace weir::http {
@@ -62,7 +63,8 @@ struct SseEvent {
 // an empty one (a stray blank line gives raw "\n", has_data == false), so a
 // proxy can account for every byte. The reader works on bytes: CR, LF, ':'
 // and ' ' never occur inside a UTF-8 sequence, so for valid UTF-8 this equals
-// the spec's decode-then-parse; invalid UTF-8 passes through unreplaced.
+// the spec's decode-then-parse; invalid UTF-8 passes through unreplaced
+// (a relay replaces it event by event: replace_invalid_utf8 below).
 //
 // Usage:
 //   reader.push(bytes);                 // `bytes` must stay valid until next() returns nullopt
@@ -140,6 +142,38 @@ class SseReader {
   SseEvent parse_event(std::string_view raw);  // fields of a complete event
   std::optional<SseEvent> fail();              // sets overflow_ and drops what is held
 };
+
+// Where replace_invalid_utf8() writes an event it repaired: reused from one
+// event to the next, so a stream allocates only for its first such event
+// (and none while every event is well-formed).
+struct Utf8Repair {
+  std::string raw;
+  std::string data;
+};
+
+// An event made well-formed UTF-8 for a client that decodes it strictly:
+// the openai Python SDK raises UnicodeDecodeError on the first ill-formed
+// byte and its user loses the whole answer, and an Anthropic or Responses
+// translation could not parse the chunk. vLLM itself never sends one (its
+// detokenizer holds an incomplete character back and gives U+FFFD for
+// bytes that never complete one), so an upstream that does is broken or
+// is not vLLM, and its client gets what vLLM would have sent: when ev.raw
+// holds ill-formed UTF-8, each maximal ill-formed subsequence of raw and of
+// data becomes one U+FFFD (core::append_valid_utf8: Unicode §3.9
+// "substitution of maximal subparts", the WHATWG Encoding Standard's UTF-8
+// decode, Python's bytes.decode("utf-8", "replace")), written into `into`,
+// and ev.raw and ev.data view it (type and id are left as they were).
+// Returns the number of U+FFFD written into raw; 0 when raw is well-formed:
+// `ev` is then unchanged, checked without a copy or an allocation. The
+// reader returns whole events only, so a character split across two pushes
+// is whole here and stays as it came. Ill-formed bytes are never ASCII, so
+// the event's framing, its field names and its data's JSON structure keep
+// every byte; the views live until the next call with the same `into`.
+std::size_t repair_invalid_utf8(SseEvent& ev, Utf8Repair& into);
+inline std::size_t replace_invalid_utf8(SseEvent& ev, Utf8Repair& into) {
+  if (core::find_invalid_utf8(ev.raw) == std::string_view::npos) return 0;  // (every event vLLM sends)
+  return repair_invalid_utf8(ev, into);
+}
 
 // Appends one SSE event carrying `data` to `out`: "data: <line>\n" for each
 // line of `data`, then "\n". Lines are split on LF, CR and CRLF alike, as a

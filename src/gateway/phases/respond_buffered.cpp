@@ -19,6 +19,7 @@
 #include "api/openai/stream.hpp"
 #include "api/responses/response.hpp"
 #include "api/responses/stream.hpp"
+#include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
 #include "gateway/failure.hpp"
@@ -176,6 +177,15 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
   return run(tr);
 }
 
+// A Content-Type whose text a client decodes as UTF-8 without a charset: JSON (application/json, any
+// application/...+json; RFC 8259 §8.1: UTF-8 only) and an event stream (WHATWG: always UTF-8).
+bool decoded_as_utf8(std::string_view content_type) {
+  const std::string_view media = core::trim_ows(content_type.substr(0, content_type.find(';')));
+  if (http::is_event_stream(media) || core::iequals(media, "application/json")) return true;
+  return media.size() > 17 && core::iequals(media.substr(0, 12), "application/") &&
+         core::iequals(media.substr(media.size() - 5), "+json");
+}
+
 }  // namespace
 
 Outcome GatewayPhases::no_answer(RequestContext& ctx, core::Error e) {
@@ -323,6 +333,22 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
         co_return Outcome::failed(why);
       }
     }
+  }
+  // Ill-formed UTF-8 in an answer a client decodes as UTF-8 (a JSON body: the openai SDK's json.loads raises
+  // UnicodeDecodeError on it; an event stream; any 2xx of a route Weir reads as JSON): each maximal
+  // ill-formed subsequence becomes one U+FFFD, what vLLM would have sent (respond_stream: the same for each
+  // event), before usage, translation or the client see it. A gzip body the client would have got as it came
+  // goes decoded (its coded bytes carry what was replaced). Counted: a broken upstream, or one not vLLM.
+  std::string repaired;  // (allocated only for such an answer)
+  if (!plain.empty() && req.method() != bh::verb::head &&
+      (read_2xx || decoded_as_utf8(http::first_field(head, bh::field::content_type))) &&
+      core::find_invalid_utf8(plain) != std::string_view::npos) {
+    repaired.reserve(plain.size() + plain.size() / 8);
+    core::append_valid_utf8(repaired, plain);
+    plain = repaired;
+    out = repaired;
+    drop_encoding = encoded;
+    w_.metrics().count_invalid_utf8(ctx.model_slot);
   }
   // A 2xx event stream with an empty body (Content-Length: 0, its last
   // chunk at once, or a coding that decodes to nothing) has no event and no

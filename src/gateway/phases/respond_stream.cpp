@@ -156,10 +156,19 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     s.last_sent = false;
   };
   if (r.bytes > 0) {
-    ctx.sse.push(std::string_view(s.into.data(), r.bytes));
+    const std::string_view bytes(s.into.data(), r.bytes);
+    ctx.sse.push(bytes);
+    // Ill-formed UTF-8 reaches no client and no hook (translators, resume, classification): each event is
+    // checked whole (a character split across reads is well-formed), and each maximal ill-formed
+    // subsequence becomes one U+FFFD, what vLLM would have sent (http::replace_invalid_utf8), counted so
+    // operators see the broken upstream. Only the events of a read that held a non-ASCII byte (this one,
+    // or an earlier one whose bytes the reader still held) need the check: one ASCII scan of the read
+    // passes the rest (a vLLM stream in English: every read).
+    const bool check_utf8 = s.utf8_held || core::ascii_prefix(bytes) != bytes.size();
     while (auto ev = ctx.sse.next()) {
       // After [DONE] (a translated stream: its end) nothing more of the upstream's is the client's.
       if (ctx.hooks.done_relayed()) continue;
+      if (check_utf8 && http::replace_invalid_utf8(*ev, s.utf8) != 0) w_.metrics().count_invalid_utf8(ctx.model_slot);
       // The first token is the first event with content (text, a tool
       // call, reasoning, a finish): not a role-only chunk or a preamble
       // (Azure's prompt_filter_results). TTFT, the first-token timeout and
@@ -251,6 +260,8 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // comes later, after [DONE], and is dropped with the rest).
       if (ctx.hooks.done_relayed() && ctx.sse.awaiting_lf() && ev->raw.ends_with("\r\n\r")) events += '\n';
     }
+    // (The reader's unfinished tail may hold this read's non-ASCII bytes: its event is checked when it ends.)
+    s.utf8_held = check_utf8 && ctx.sse.pending_bytes() > 0;
     // (Garbage after [DONE] is not the client's: the stream was whole.)
     if (ctx.sse.error() && !ctx.hooks.done_relayed()) {
       s.failure = http::UpstreamFailure::protocol;

@@ -868,5 +868,91 @@ TEST(HttpSseReaderAllocations, NoneInSteadyState) {
   }
 }
 
+// An upstream's ill-formed UTF-8 reached the client byte for byte (the openai SDK raised UnicodeDecodeError
+// mid-stream). replace_invalid_utf8 gives each maximal ill-formed subsequence of raw and data one U+FFFD
+// (Python's errors="replace"); a well-formed event, a character split across pushes among them, is left
+// as the reader gave it: the same views, no copy.
+TEST(HttpSseUtf8, IllFormedBytesBecomeReplacementsInRawAndData) {
+  const std::string fffd = "\xEF\xBF\xBD";
+  struct Case {
+    std::string in, raw, data;
+    std::size_t replaced;
+  };
+  const Case cases[] = {
+      {"data: {\"c\":\"a\xFF"
+       "b\"}\n\n",
+       "data: {\"c\":\"a" + fffd + "b\"}\n\n", "{\"c\":\"a" + fffd + "b\"}", 1},
+      {"data: \xC0\x80\n\n", "data: " + fffd + fffd + "\n\n", fffd + fffd, 2},                    // overlong
+      {"data: \xED\xA0\x80\n\n", "data: " + fffd + fffd + fffd + "\n\n", fffd + fffd + fffd, 3},  // surrogate
+      {"data: \xF4\x90\x80\x80\n\n", "data: " + fffd + fffd + fffd + fffd + "\n\n", fffd + fffd + fffd + fffd, 4},
+      // Cut short at the line's end, and across the lines of multi-line data (joined by '\n': two subparts).
+      {"data: x\xE2\x82\r\ndata: \xBFy\r\n\r\n", "data: x" + fffd + "\r\ndata: " + fffd + "y\r\n\r\n",
+       "x" + fffd + "\n" + fffd + "y", 2},
+      // Only a comment or an id is ill-formed: raw is repaired, data stays.
+      {": \xFF\ndata: ok\n\n", ": " + fffd + "\ndata: ok\n\n", "ok", 1},
+  };
+  for (const auto& c : cases) {
+    SseReader r;
+    r.push(c.in);
+    auto ev = r.next();
+    ASSERT_TRUE(ev) << c.in;
+    Utf8Repair repair;
+    EXPECT_EQ(replace_invalid_utf8(*ev, repair), c.replaced) << c.in;
+    EXPECT_EQ(ev->raw, c.raw);
+    EXPECT_EQ(ev->data, c.data);
+    EXPECT_TRUE(ev->has_data);
+    // Once repaired it is well-formed: a second pass changes nothing.
+    const std::string_view raw = ev->raw;
+    EXPECT_EQ(replace_invalid_utf8(*ev, repair), 0u);
+    EXPECT_EQ(ev->raw.data(), raw.data());
+  }
+}
+
+TEST(HttpSseUtf8, WellFormedEventsAndCharactersSplitAcrossPushesAreUntouched) {
+  const std::string text = "data: {\"c\":\"\xF0\x9F\x98\x80\xE6\x97\xA5\xC3\xA9\"}\n\n";
+  for (std::size_t cut = 1; cut < text.size(); ++cut) {
+    SseReader r;
+    const std::string a = text.substr(0, cut), b = text.substr(cut);
+    r.push(a);
+    ASSERT_FALSE(r.next());
+    r.push(b);
+    auto ev = r.next();
+    ASSERT_TRUE(ev) << cut;
+    const SseEvent before = *ev;
+    Utf8Repair repair;
+    EXPECT_EQ(replace_invalid_utf8(*ev, repair), 0u) << cut;
+    EXPECT_EQ(ev->raw.data(), before.raw.data());
+    EXPECT_EQ(ev->data.data(), before.data.data());
+    EXPECT_EQ(ev->raw, text);
+    EXPECT_TRUE(repair.raw.empty());
+  }
+}
+
+TEST(HttpSseUtf8, NoAllocationForWellFormedEventsAndNoneOnceTheBuffersGrew) {
+  if (!weir::test::AllocationScope::available()) {
+    GTEST_SKIP() << "operator new is not the counting one in this build (sanitizer or another replacement)";
+  }
+  const std::string good(kVllmChat), bad = "data: {\"c\":\"\xFF\xC0\x80\"}\n\n";
+  SseReader r;
+  Utf8Repair repair;
+  auto run = [&](const std::string& text) {
+    std::size_t replaced = 0;
+    r.push(text);
+    while (auto ev = r.next()) replaced += replace_invalid_utf8(*ev, repair);
+    return replaced;
+  };
+  EXPECT_EQ(run(bad), 3u);  // the repair's buffers reach their size
+  std::size_t allocations = 0, good_replaced = 0, bad_replaced = 0;
+  {
+    const weir::test::AllocationScope scope;
+    good_replaced = run(good);
+    bad_replaced = run(bad);
+    allocations = scope.count();
+  }
+  EXPECT_EQ(good_replaced, 0u);
+  EXPECT_EQ(bad_replaced, 3u);
+  EXPECT_EQ(allocations, 0u);
+}
+
 }  // namespace
 }  // namespace weir::http
