@@ -115,10 +115,54 @@ void BM_BoostJsonParsePerEvent(benchmark::State& state) {
       static_cast<double>(data.size()), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
 }
 
+// The relay's UTF-8 check of each event (http::replace_invalid_utf8, respond_stream.cpp: the events of a read
+// that held a non-ASCII byte; an all-ASCII read passes on one scan of its bytes): the reader's
+// cost plus the check, on the same whole stream as BM_SseWholeStream (the difference is the check's cost
+// per event), and on one whose every content token has an ill-formed byte (each event repaired into the
+// reused buffers). allocs_per_event must be 0 for both (the repair's buffers grew in the warm-up).
+void run_checked(benchmark::State& state, const std::vector<std::string>& pieces) {
+  SseReader reader;
+  weir::http::Utf8Repair repair;
+  std::size_t replaced = 0;
+  auto pass = [&] {
+    std::size_t events = 0;
+    for (const std::string& p : pieces) {
+      reader.push(p);
+      while (auto ev = reader.next()) {
+        replaced += weir::http::replace_invalid_utf8(*ev, repair);
+        benchmark::DoNotOptimize(ev->data.data());
+        ++events;
+      }
+    }
+    return events;
+  };
+  const std::size_t events = pass();  // warm-up: buffers reach their size
+  const std::uint64_t allocs_before = weir::bench::allocations();
+  for (auto _ : state) benchmark::DoNotOptimize(pass());
+  const std::uint64_t allocs = weir::bench::allocations() - allocs_before;
+  const double total_events = static_cast<double>(events) * static_cast<double>(state.iterations());
+  state.counters["ns_per_event"] = benchmark::Counter(
+      static_cast<double>(events), benchmark::Counter::kIsIterationInvariantRate | benchmark::Counter::kInvert);
+  state.counters["allocs_per_event"] = static_cast<double>(allocs) / total_events;
+  state.counters["replaced_per_event"] = static_cast<double>(replaced) / (total_events + static_cast<double>(events));
+}
+
+std::vector<std::string> ill_formed_events() {
+  std::vector<std::string> ev = vllm_events();
+  for (auto& e : ev)
+    if (const auto at = e.find(R"("content":")"); at != std::string::npos) e.insert(at + 11, "\xFF");
+  return ev;
+}
+
+void BM_SseWholeStreamUtf8Checked(benchmark::State& state) { run_checked(state, whole(vllm_events())); }
+void BM_SseWholeStreamUtf8Repaired(benchmark::State& state) { run_checked(state, whole(ill_formed_events())); }
+
 BENCHMARK(BM_SseOnePushPerEvent);
 BENCHMARK(BM_SseWholeStream);
 BENCHMARK(BM_SseTcp1460);
 BENCHMARK(BM_SseOneBytePushes);
 BENCHMARK(BM_BoostJsonParsePerEvent);
+BENCHMARK(BM_SseWholeStreamUtf8Checked);
+BENCHMARK(BM_SseWholeStreamUtf8Repaired);
 
 }  // namespace
