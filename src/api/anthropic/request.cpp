@@ -413,7 +413,11 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
       return invalid("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking");
     o["chat_template_kwargs"] = json::object({{"enable_thinking", type != "disabled"}}, sp);
   }
+  // Nothing to answer, nor to count (Anthropic's API refuses both): no generation from an empty prompt.
+  // (Checked after the fields both routes read, as before, so their errors come first.)
+  const auto no_messages = [&] { return invalid("messages: at least one message is required", "messages"); };
   if (t == Target::count_tokens) {
+    if (msgs->get_array().empty()) return no_messages();
     // vLLM's /tokenize takes model, messages, tools (and the chat template
     // switches); sampling fields mean nothing there.
     o.erase("tool_choice");
@@ -444,8 +448,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   if (auto r = copy_number(in, "top_k", o, true); !r) return tl::unexpected(r.error());
   if (const auto* md = in.if_contains("metadata"); md && md->is_object())
     if (const auto* u = md->get_object().if_contains("user_id"); u && u->is_string()) o["user"] = u->get_string();
-  // Nothing to answer (Anthropic's API refuses it too): no generation from an empty prompt.
-  if (msgs->get_array().empty()) return invalid("messages: at least one message is required", "messages");
+  if (msgs->get_array().empty()) return no_messages();
   serialize_into(o, out);
   wide.restore(out);
   return f;

@@ -223,9 +223,15 @@ TEST(AnthropicRequest, BadInputIs400) {
     EXPECT_EQ(e.type, "invalid_request_error") << c.body;
     EXPECT_NE(e.message.find(c.message_has), std::string::npos) << c.body << " -> " << e.message;
   }
-  // count_tokens needs no max_tokens.
+  // count_tokens needs no max_tokens; it refuses an empty messages list as /v1/messages does (Anthropic's API).
   std::string out;
-  EXPECT_TRUE(translate_request(Target::count_tokens, R"({"model":"m","messages":[]})", out).has_value());
+  EXPECT_TRUE(
+      translate_request(Target::count_tokens, R"({"model":"m","messages":[{"role":"user","content":"x"}]})", out)
+          .has_value());
+  const auto empty = translate_request(Target::count_tokens, R"({"model":"m","messages":[]})", out);
+  ASSERT_FALSE(empty.has_value());
+  EXPECT_EQ(empty.error().status, 400);
+  EXPECT_EQ(empty.error().param, "messages");
 }
 
 }  // namespace
