@@ -250,10 +250,11 @@ def test_raw_stream_grammar(stack):
     assert kinds.count("message_stop") == 1 and kinds[-1] == "message_stop"
     start = ev[0][1]["message"]
     assert start["content"] == [] and start["role"] == "assistant" and start["stop_reason"] is None
+    assert kinds[1] == "ping" and kinds.count("ping") == 1  # (Anthropic's: after message_start)
     # Blocks: dense indices, one open at a time, deltas of the open block's kind.
     blocks, open_index = [], None
     delta_kind = {"thinking": "thinking_delta", "text": "text_delta", "tool_use": "input_json_delta"}
-    for kind, data in ev[1:-2]:
+    for kind, data in ev[2:-2]:
         if kind == "content_block_start":
             assert open_index is None and data["index"] == len(blocks)
             open_index = data["index"]

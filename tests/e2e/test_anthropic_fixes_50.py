@@ -1,6 +1,7 @@
 """Fixes to the Anthropic Messages translation (helper anth50).
 
 - /v1/messages/count_tokens refuses an empty messages list as /v1/messages does.
+- A translated stream has Anthropic's `event: ping` after message_start, in the same write.
 """
 
 from __future__ import annotations
@@ -102,3 +103,22 @@ def test_count_tokens_still_counts(stack):
     r = httpx.post(w.base_url + "/v1/messages/count_tokens", json={"model": "claude-test", "messages": HELLO},
                    headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"}, timeout=30)
     assert r.status_code == 200 and r.json()["input_tokens"] > 0, r.text
+
+
+def test_ping_after_message_start(stack):
+    _, w, _ = stack
+    body = {"model": "claude-test", "max_tokens": 3, "stream": True, "messages": HELLO}
+    with httpx.stream("POST", w.base_url + "/v1/messages", json=body, timeout=30,
+                      headers={"x-api-key": KEY, "x-mock-itl-ms": "50"}) as r:
+        assert r.status_code == 200
+        # The first piece the client reads (one write, one HTTP chunk): message_start and the ping, byte for
+        # byte as Anthropic writes it.
+        it = r.iter_raw()
+        raw = next(it)
+        rest = b"".join(it)
+    first = raw.decode()
+    blocks = first[:-2].split("\n\n")
+    assert blocks[0].startswith("event: message_start\n"), first
+    assert blocks[1] == 'event: ping\ndata: {"type": "ping"}', first
+    kinds = [k for k, _ in sse_events((raw + rest).decode())]
+    assert kinds.count("ping") == 1 and kinds[:2] == ["message_start", "ping"]

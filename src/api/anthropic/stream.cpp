@@ -55,6 +55,9 @@ void StreamTranslator::start(std::string_view id, std::string_view model, std::s
   u.completion_tokens = 0;
   append_usage_members(out, u);
   out += "}}}\n\n";
+  // Anthropic's stream has a ping after message_start (its "Streaming Messages" example); clients that
+  // expect the API's sequence see it. In the same buffer: the same write as message_start.
+  out += "event: ping\ndata: {\"type\": \"ping\"}\n\n";
 }
 
 void StreamTranslator::open(Block kind, std::string& out) {

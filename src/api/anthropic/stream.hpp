@@ -1,5 +1,6 @@
 // OpenAI/vLLM chat-completion chunks → Anthropic Messages streaming events
-// (Anthropic API reference: "Streaming Messages"): message_start, then per
+// (Anthropic API reference: "Streaming Messages"): message_start and one
+// `event: ping` (data {"type": "ping"}, as Anthropic writes it), then per
 // content block content_block_start / content_block_delta (text_delta,
 // thinking_delta, input_json_delta: arguments read by classify_arguments,
 // none ({}) gives no delta, JSON that is no object is given at the block's

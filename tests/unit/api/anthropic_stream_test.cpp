@@ -26,10 +26,19 @@ struct Event {
   json::value data;
 };
 
-// Parses `event: T\ndata: J\n\n` blocks, checking the framing.
+// Parses `event: T\ndata: J\n\n` blocks, checking the framing. A message_start is followed by a ping
+// (Anthropic's `{"type": "ping"}`, byte for byte), which is checked and left out of the result.
 std::vector<Event> events_of(std::string_view s) {
   std::vector<Event> out;
+  constexpr std::string_view kPing = "event: ping\ndata: {\"type\": \"ping\"}\n\n";
+  bool pinged = false;
   while (!s.empty()) {
+    if (!pinged && !out.empty() && out.back().type == "message_start") {
+      pinged = true;
+      EXPECT_TRUE(s.starts_with(kPing)) << s;
+      if (s.starts_with(kPing)) s.remove_prefix(kPing.size());
+      if (s.empty()) break;
+    }
     const auto end = s.find("\n\n");
     EXPECT_NE(end, std::string_view::npos) << s;
     if (end == std::string_view::npos) break;
