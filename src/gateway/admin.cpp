@@ -3,6 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <ctime>
+#include <optional>
+#include <utility>
+#include <vector>
 
 #include <fmt/format.h>
 #include <boost/asio/post.hpp>
@@ -22,6 +25,46 @@ namespace weir::gateway {
 namespace {
 const std::int64_t kStartTime =
     std::chrono::duration_cast<std::chrono::seconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+
+// Unix seconds as RFC 3339 in UTC ("2025-05-14T00:00:00Z"): Anthropic's `created_at`.
+std::string rfc3339(std::int64_t unix_s) {
+  const std::time_t t = static_cast<std::time_t>(unix_s);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  return fmt::format("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday, tm.tm_hour,
+                     tm.tm_min, tm.tm_sec);
+}
+
+// A model in Anthropic's shape (Anthropic API reference, "Models"): {"type":"model","id","display_name",
+// "created_at"}; the display name is the id (Weir knows no other).
+void append_anthropic_model(std::string& out, std::string_view id, std::int64_t created) {
+  out += R"({"type":"model","id":)";
+  core::append_json_string(out, id);
+  out += R"(,"display_name":)";
+  core::append_json_string(out, id);
+  out += R"(,"created_at":")";
+  out += rfc3339(created);
+  out += R"("})";
+}
+
+// Anthropic's list: {"data":[...],"has_more":false,"first_id","last_id"} (null ids for an empty list);
+// Weir's list is one page.
+void append_anthropic_list(std::string& out, const std::vector<std::pair<std::string_view, std::int64_t>>& models) {
+  out += R"({"data":[)";
+  for (std::size_t i = 0; i < models.size(); ++i) {
+    if (i > 0) out += ',';
+    append_anthropic_model(out, models[i].first, models[i].second);
+  }
+  out += R"(],"has_more":false,"first_id":)";
+  if (models.empty()) {
+    out += R"(null,"last_id":null})";
+    return;
+  }
+  core::append_json_string(out, models.front().first);
+  out += R"(,"last_id":)";
+  core::append_json_string(out, models.back().first);
+  out += '}';
+}
 
 void append_model(std::string& out, std::string_view id, std::string_view owned_by, std::string_view root) {
   out += R"({"id":)";
@@ -201,7 +244,7 @@ std::optional<std::string> model_id_of(std::string_view path) {
 }  // namespace
 
 tl::expected<std::string, core::Error> upstream_models_response(std::string_view upstream_list, std::string_view path,
-                                                                const auth::Principal* principal) {
+                                                                const auth::Principal* principal, bool anthropic) {
   boost::system::error_code ec;
   boost::json::value v = boost::json::parse(boost::json::string_view(upstream_list.data(), upstream_list.size()), ec);
   // An integer beyond 64 bits in the upstream's list is written back exactly
@@ -225,13 +268,34 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
            auth::Authenticator::check_model(*principal, std::string_view(id->get_string())).has_value();
   };
   auto& list = data->get_array();
+  // (Anthropic's shape: the id and the OpenAI object's `created`, the list's models that have an id.)
+  const auto created_of = [](const boost::json::value& m) -> std::int64_t {
+    const auto* c = m.get_object().if_contains("created");
+    return c && c->is_int64() ? c->get_int64() : c && c->is_uint64() ? static_cast<std::int64_t>(c->get_uint64()) : 0;
+  };
+  const auto id_of = [](const boost::json::value& m) -> std::optional<std::string_view> {
+    const auto* mid = m.is_object() ? m.get_object().if_contains("id") : nullptr;
+    if (mid == nullptr || !mid->is_string()) return std::nullopt;
+    return std::string_view(mid->get_string());
+  };
   if (const auto id = model_id_of(path)) {
     for (const auto& m : list) {
-      const auto* mid = m.is_object() ? m.get_object().if_contains("id") : nullptr;
-      if (mid != nullptr && mid->is_string() && std::string_view(mid->get_string()) == *id && visible(m))
-        return written(m);
+      if (id_of(m) == std::string_view(*id) && visible(m)) {
+        if (!anthropic) return written(m);
+        std::string out;
+        append_anthropic_model(out, *id, created_of(m));
+        return out;
+      }
     }
     return tl::unexpected(core::model_not_found(*id));
+  }
+  if (anthropic) {
+    std::vector<std::pair<std::string_view, std::int64_t>> shown;
+    for (const auto& m : list)
+      if (const auto id = id_of(m); id && visible(m)) shown.emplace_back(*id, created_of(m));
+    std::string out;
+    append_anthropic_list(out, shown);
+    return out;
   }
   if (principal == nullptr) return std::string();  // every model: the upstream's bytes
   boost::json::array kept;
@@ -242,7 +306,7 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
 }
 
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
-                                                       const auth::Principal* principal) {
+                                                       const auth::Principal* principal, bool anthropic) {
   auto visible = [&](const core::ModelConfig& m) {
     return !principal || auth::Authenticator::check_model(*principal, m.name).has_value();
   };
@@ -251,17 +315,25 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
     const std::string_view id = *wanted;
     for (const auto& m : cfg.models) {
       if (!visible(m)) continue;
-      if (m.name == id) {
-        append_model(out, m.name, m.owned_by, m.name);
+      if (m.name == id || std::find(m.aliases.begin(), m.aliases.end(), id) != m.aliases.end()) {
+        if (anthropic)
+          append_anthropic_model(out, id, kStartTime);
+        else
+          append_model(out, id, m.owned_by, m.name);
         return out;
       }
-      for (const auto& a : m.aliases)
-        if (a == id) {
-          append_model(out, a, m.owned_by, m.name);
-          return out;
-        }
     }
     return tl::unexpected(core::model_not_found(id));
+  }
+  if (anthropic) {
+    std::vector<std::pair<std::string_view, std::int64_t>> shown;
+    for (const auto& m : cfg.models) {
+      if (!visible(m)) continue;
+      shown.emplace_back(m.name, kStartTime);
+      for (const auto& a : m.aliases) shown.emplace_back(a, kStartTime);
+    }
+    append_anthropic_list(out, shown);
+    return out;
   }
   out += R"({"object":"list","data":[)";
   bool first = true;

@@ -26,8 +26,12 @@ struct Generation;
 // created, owned_by}]} with every configured model and alias that `principal`
 // may use (all of them when it is null); GET /v1/models/{id} → that model
 // object, or 404 model_not_found (also for a model the principal may not use).
+// `anthropic` (the request carried anthropic-version: an Anthropic SDK's
+// models.list()/retrieve()): Anthropic's shapes instead (API reference,
+// "Models"): {"data":[{"type":"model","id","display_name","created_at":
+// RFC 3339}],"has_more":false,"first_id","last_id"}, and that model object.
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
-                                                       const auth::Principal* principal);
+                                                       const auth::Principal* principal, bool anthropic = false);
 
 // The upstream's model list (GET /v1/models to the default pool, when the
 // configuration has no `models:` section: the upstream knows its models),
@@ -36,8 +40,11 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 // model's object, or 404 model_not_found (vLLM has no such route; a model
 // the principal may not use is not found either). Returns "" when
 // `upstream_list` is no OpenAI list object (passed on as it came).
+// `anthropic`: in Anthropic's shapes, as models_response (created_at from
+// each model's `created`).
 tl::expected<std::string, core::Error> upstream_models_response(std::string_view upstream_list, std::string_view path,
-                                                                const auth::Principal* principal);
+                                                                const auth::Principal* principal,
+                                                                bool anthropic = false);
 
 // Why GET /ready answers 503 now, empty while ready (docs/reliability.md#readiness):
 // "Weir is draining.", or with server.ready_pools `all` the pools that have

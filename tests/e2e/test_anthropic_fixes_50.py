@@ -2,6 +2,8 @@
 
 - /v1/messages/count_tokens refuses an empty messages list as /v1/messages does.
 - A translated stream has Anthropic's `event: ping` after message_start, in the same write.
+- /v1/models and /v1/models/{id} asked with anthropic-version (the anthropic SDK's models.list() and
+  models.retrieve()) answer in Anthropic's shapes, a missing model with Anthropic's 404.
 """
 
 from __future__ import annotations
@@ -122,3 +124,53 @@ def test_ping_after_message_start(stack):
     assert blocks[1] == 'event: ping\ndata: {"type": "ping"}', first
     kinds = [k for k, _ in sse_events((raw + rest).decode())]
     assert kinds.count("ping") == 1 and kinds[:2] == ["message_start", "ping"]
+
+
+RFC3339 = r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$"
+
+
+def test_anthropic_sdk_models_list_and_retrieve(stack):
+    import re
+
+    import anthropic
+    _, w, _ = stack
+    c = anthropic.Anthropic(base_url=w.base_url, api_key=KEY, max_retries=0, timeout=30)
+    page = c.models.list()
+    ids = [m.id for m in page.data]
+    assert ids == ["claude-test", "claude-other"]
+    for m in page.data:
+        assert m.type == "model" and m.display_name == m.id
+    assert page.has_more is False and page.first_id == "claude-test" and page.last_id == "claude-other"
+    raw = httpx.get(w.base_url + "/v1/models", headers={"x-api-key": KEY, "anthropic-version": "2023-06-01"}).json()
+    assert set(raw) == {"data", "has_more", "first_id", "last_id"}
+    assert set(raw["data"][0]) == {"type", "id", "display_name", "created_at"}
+    assert re.match(RFC3339, raw["data"][0]["created_at"]), raw
+    one = c.models.retrieve("claude-test")
+    assert one.id == "claude-test" and one.type == "model" and one.display_name == "claude-test"
+    with pytest.raises(anthropic.NotFoundError) as e:
+        c.models.retrieve("claude-nope")
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+
+
+def test_openai_clients_keep_openai_models_shape(stack):
+    _, w, _ = stack
+    oc = openai.OpenAI(base_url=w.v1, api_key=KEY, max_retries=0)
+    models = oc.models.list()
+    assert [m.id for m in models.data][0] == "claude-test" and models.data[0].object == "model"
+    r = httpx.get(w.base_url + "/v1/models/claude-nope", headers={"authorization": "Bearer " + KEY})
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+
+
+def test_quick_mode_upstream_list_in_anthropic_shape(mock, weir):
+    import anthropic
+    m = mock()
+    w = weir(config={"default_pool": "p", "pools": {"p": {"endpoints": [m.base_url]}}})
+    c = anthropic.Anthropic(base_url=w.base_url, api_key="x", max_retries=0, timeout=30)
+    page = c.models.list()
+    upstream = httpx.get(m.v1 + "/models").json()["data"]
+    assert [x.id for x in page.data] == [x["id"] for x in upstream] and page.data
+    assert page.first_id == upstream[0]["id"] and page.has_more is False
+    one = c.models.retrieve(upstream[0]["id"])
+    assert one.id == upstream[0]["id"] and one.type == "model"
+    with pytest.raises(anthropic.NotFoundError):
+        c.models.retrieve("nope")

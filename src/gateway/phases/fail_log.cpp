@@ -22,10 +22,12 @@ namespace {
 constexpr std::uint32_t kSdkRetryAfterMaxS = 60;
 
 // Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
-// the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape).
+// the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape), and
+// on /v1/models asked with anthropic-version (an Anthropic SDK's models.retrieve()).
 ErrorDialect dialect_of(const RequestContext& ctx) {
-  return is_anthropic(ctx.route) || std::string_view(ctx.path).starts_with("/v1/messages/") ? ErrorDialect::anthropic
-                                                                                            : ErrorDialect::openai;
+  return is_anthropic(ctx.route) || ctx.anthropic_models || std::string_view(ctx.path).starts_with("/v1/messages/")
+             ? ErrorDialect::anthropic
+             : ErrorDialect::openai;
 }
 }  // namespace
 

@@ -112,6 +112,9 @@ core::Task<Outcome> GatewayPhases::read(RequestContext& ctx) {
   }
   const std::string_view path = path_of(down_.target());  // origin-form: no client-chosen authority
   ctx.route = classify_path(path);
+  // An Anthropic SDK's models.list()/retrieve() (it always sends anthropic-version): Anthropic's shapes, errors
+  // included.
+  ctx.anthropic_models = ctx.route == RouteKind::models && !http::first_field(req, "anthropic-version").empty();
   ctx.method.assign(core::utf8_prefix(req.method_string(), core::kMaxEchoBytes));  // a token of any length
   ctx.path.assign(core::utf8_prefix(path, core::kMaxEchoBytes));
   assign_request_id(ctx, req, w_);
