@@ -313,6 +313,16 @@ struct PoolConfig {
   // did not (and drop that usage chunk from the client's stream), so every
   // stream's tokens are known to the log, metrics, limits and budgets.
   bool request_usage = true;
+  // Ask for vLLM's stream_options.continuous_usage_stats on the streams Weir
+  // translates from Anthropic's Messages API (/v1/messages), so that
+  // message_start carries the prompt's input_tokens: vLLM then puts the
+  // usage on every chunk, its first (role) chunk included. A server that
+  // refuses unknown request fields (hosted OpenAI) must not get it:
+  // `continuous_usage: auto` (the default) is on when every endpoint is
+  // http:// (a self-hosted server: vLLM, SGLang, which read it; others ignore
+  // unknown fields) and off when one is https:// (hosted APIs); true/false
+  // decide. Resolved at load; false for type: anthropic.
+  bool continuous_usage = true;
   RetryConfig retry;
   OutlierConfig outlier;
   BreakerConfig breaker;

@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <fstream>
@@ -392,14 +393,32 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   const std::string key = "pools." + name;
   PoolConfig p;
   p.name = name;
-  WEIR_TRY_VOID(check_keys(n, key, {"endpoints",      "timeouts",        "max_idle_per_endpoint",
-                                    "idle_keepalive", "api_key",         "api_key_env",
-                                    "eject_for",      "request_usage",   "retry",
-                                    "outlier",        "breaker",         "queue",
-                                    "health",         "balance",         "load_metrics",
-                                    "imbalance",      "prefix_affinity", "session_header",
-                                    "batch",          "coalesce",        "resume",
-                                    "type",           "anthropic",       "tls"}));
+  WEIR_TRY_VOID(check_keys(n, key,
+                           {"endpoints",
+                            "timeouts",
+                            "max_idle_per_endpoint",
+                            "idle_keepalive",
+                            "api_key",
+                            "api_key_env",
+                            "eject_for",
+                            "request_usage",
+                            "retry",
+                            "outlier",
+                            "breaker",
+                            "queue",
+                            "health",
+                            "balance",
+                            "load_metrics",
+                            "imbalance",
+                            "prefix_affinity",
+                            "session_header",
+                            "batch",
+                            "coalesce",
+                            "resume",
+                            "type",
+                            "anthropic",
+                            "tls",
+                            "continuous_usage"}));
   auto eps = n["endpoints"];
   if (!eps)
     return tl::unexpected(config_error(n, key + ".endpoints", "is required (a list of http:// or https:// URLs)"));
@@ -549,6 +568,17 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     else
       return tl::unexpected(config_error(v, key + ".type", "expected openai or anthropic"));
   }
+  // (auto: every endpoint http://, the self-hosted servers that read or ignore it; an https:// one may be a
+  // hosted API, which refuses a field it does not know.)
+  p.continuous_usage = std::none_of(p.endpoints.begin(), p.endpoints.end(), [](const auto& e) { return e.tls; });
+  if (auto v = n["continuous_usage"]) {
+    bool b = false;
+    if (v.IsScalar() && YAML::convert<bool>::decode(v, b))
+      p.continuous_usage = b;
+    else if (!v.IsScalar() || v.Scalar() != "auto")
+      return tl::unexpected(config_error(v, key + ".continuous_usage", "expected auto, true or false"));
+  }
+  if (p.type == UpstreamType::anthropic) p.continuous_usage = false;  // (its events carry usage anyway)
   WEIR_TRY_VOID(parse_queue(n, key, p));
   WEIR_TRY_VOID(parse_anthropic_upstream(n, key, p));
   if (auto t = n["tls"]) {

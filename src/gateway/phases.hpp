@@ -260,7 +260,8 @@ class GatewayPhases final : public Phases {
   // An Anthropic route's request (Messages or count_tokens) → its chat
   // translation for an OpenAI-compatible pool, into `out`; the 400 for what
   // the translation cannot express.
-  std::optional<core::Error> anthropic_to_chat(const RequestContext& ctx, std::string& out) const;
+  std::optional<core::Error> anthropic_to_chat(const RequestContext& ctx, std::string& out,
+                                               bool continuous_usage = false) const;
   // The stream hooks for the stream about to be relayed: the client's
   // dialect (route) and the upstream's (ctx.target's pool).
   void reset_stream_hooks(RequestContext& ctx);

@@ -1,5 +1,8 @@
 """Fixes to the Anthropic Messages translation (helper anth50).
 
+- A streamed message_start carries the prompt's input_tokens: Weir asks a
+  self-hosted (http://) upstream for vLLM's continuous_usage_stats, whose
+  role chunk has the usage (pools.X.continuous_usage); never counted twice.
 - /v1/messages/count_tokens refuses an empty messages list as /v1/messages does.
 - A translated stream has Anthropic's `event: ping` after message_start, in the same write.
 - /v1/models and /v1/models/{id} asked with anthropic-version (the anthropic SDK's models.list() and
@@ -44,6 +47,28 @@ def stack(module_mock, module_weir):
     return m, w, None
 
 
+@pytest.fixture(scope="module")
+def configured(module_weir):
+    up = ScriptedUpstream().start()
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens: a connect failure, then the fallback
+    w = module_weir(config={
+        "pools": {
+            "quiet": {"endpoints": [up.base_url], "continuous_usage": False},
+            "told": {"endpoints": [up.base_url], "continuous_usage": True},
+            "dead": {"endpoints": [dead]},
+        },
+        "models": {
+            "claude-quiet": {"pool": "quiet", "upstream_model": "mock-model"},
+            "claude-told": {"pool": "told", "upstream_model": "mock-model"},
+            "claude-dead": {"pool": "dead", "upstream_model": "mock-model", "fallbacks": [{"model": "claude-quiet"}]},
+        },
+        "tenants": {"t": {"limits": {"requests_per_minute": 100000}}},
+        "auth": {"api_keys": [{"id": "k1", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "t"}]},
+    })
+    yield None, w, up
+    up.stop()
+
+
 def rid() -> str:
     return "a50-" + uuid.uuid4().hex[:16]
 
@@ -83,6 +108,75 @@ def reference_prompt_tokens(m, upstream_id: str) -> int:
     ref = openai.OpenAI(base_url=m.v1, api_key="x", max_retries=0).chat.completions.create(
         model="mock-model", max_tokens=1, messages=HELLO, extra_headers={"x-request-id": upstream_id})
     return ref.usage.prompt_tokens
+
+
+@pytest.mark.parametrize("tools", [0, 2])
+def test_message_start_has_input_tokens(stack, tools):
+    m, w, _ = stack
+    r = rid()
+    body = {"model": "claude-test", "max_tokens": 6, "messages": HELLO}
+    if tools:
+        body["tools"] = [{"name": "get_weather", "input_schema": {"type": "object"}}]
+    before = tokens(w)
+    ev = stream(w, body, **{"x-request-id": r, "x-mock-tool-calls": str(tools)})
+    prompt = reference_prompt_tokens(m, w.upstream_id(r))
+    assert prompt > 0
+    start = ev[0][1]["message"]["usage"]
+    assert start["input_tokens"] == prompt, start
+    assert start["output_tokens"] == 0, start
+    final = [d for k, d in ev if k == "message_delta"]
+    assert len(final) == 1
+    # The last chunk's totals, not a sum over the chunks that each carried usage.
+    assert final[0]["usage"]["input_tokens"] == prompt and final[0]["usage"]["output_tokens"] == 6, final
+    log = w.log_for(r)
+    assert (log["prompt_tokens"], log["completion_tokens"]) == (prompt, 6)
+    after = tokens(w)
+    assert (after[0] - before[0], after[1] - before[1]) == (prompt, 6)
+
+
+def test_sdk_stream_usage(stack):
+    import anthropic
+    m, w, _ = stack
+    r = rid()
+    c = anthropic.Anthropic(base_url=w.base_url, api_key=KEY, max_retries=0, timeout=30)
+    with c.messages.stream(model="claude-test", max_tokens=5, messages=HELLO,
+                           extra_headers={"x-request-id": r}) as s:
+        first = next(iter(s))
+        assert first.type == "message_start"
+        start_usage = first.message.usage
+        final = s.get_final_message()
+    prompt = reference_prompt_tokens(m, w.upstream_id(r))
+    assert start_usage.input_tokens == prompt
+    assert final.usage.input_tokens == prompt and final.usage.output_tokens == 5
+
+
+def test_upstream_asked_only_where_configured(configured):
+    _, w, up = configured
+    up.clear()
+    for model in ("claude-told", "claude-quiet"):
+        stream(w, {"model": model, "max_tokens": 5, "messages": HELLO}, **{"x-script": "vllm-echo"})
+    told, quiet = [r.json() for r in up.requests if r.target.endswith("/chat/completions")]
+    assert told["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
+    assert quiet["stream_options"] == {"include_usage": True}
+
+
+def test_no_first_chunk_usage_keeps_zero(configured):
+    # An upstream that sends no usage before its last chunk: message_start says 0, message_delta the count.
+    _, w, _ = configured
+    ev = stream(w, {"model": "claude-quiet", "max_tokens": 5, "messages": HELLO}, **{"x-script": "vllm-echo"})
+    assert ev[0][1]["message"]["usage"]["input_tokens"] == 0
+    assert [k for k, _ in ev][-1] == "message_stop"
+
+
+def test_fallback_pool_gets_its_own_choice(configured):
+    # The translation made for the first pool (continuous_usage on: http://) is made again for a fallback
+    # pool that has it off: that upstream never sees the field.
+    _, w, up = configured
+    up.clear()
+    ev = stream(w, {"model": "claude-dead", "max_tokens": 5, "messages": HELLO}, **{"x-script": "vllm-echo"})
+    assert [k for k, _ in ev][-1] == "message_stop"
+    sent = [r.json() for r in up.requests if r.target.endswith("/chat/completions")]
+    assert len(sent) == 1 and sent[0]["stream_options"] == {"include_usage": True}
 
 
 def anthropic_error(r: httpx.Response, status: int, kind: str) -> str:

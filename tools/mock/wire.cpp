@@ -662,7 +662,12 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
           append_int(s, static_cast<std::uint64_t>(i));
           s += ",\"delta\":{\"tool_calls\":[";
           s += delta;
-          s += "]},\"logprobs\":null,\"finish_reason\":null}]}";
+          s += "]},\"logprobs\":null,\"finish_reason\":null}]";
+          if (p.continuous_usage) {  // (vLLM's usage is on every chunk: tool call deltas too)
+            s += ",\"usage\":";
+            append_usage(s, prompt, done, false);
+          }
+          s += '}';
           append_sse_chunk(out, s);
         };
         std::string name;
@@ -674,7 +679,12 @@ void append_stream_step(const Plan& p, int step, std::string& s, std::string& ou
       }
       s = p.chunk_prefix;
       append_int(s, static_cast<std::uint64_t>(i));
-      s += ",\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\",\"stop_reason\":null}]}";
+      s += ",\"delta\":{},\"logprobs\":null,\"finish_reason\":\"tool_calls\",\"stop_reason\":null}]";
+      if (p.continuous_usage) {
+        s += ",\"usage\":";
+        append_usage(s, prompt, done, false);
+      }
+      s += '}';
       append_sse_chunk(out, s);
     }
   } else {

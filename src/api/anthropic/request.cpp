@@ -310,7 +310,8 @@ void serialize_into(const json::value& v, std::string& out) {
 
 std::string_view upstream_path(Target t) { return t == Target::messages ? "/v1/chat/completions" : "/tokenize"; }
 
-tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out) {
+tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out,
+                                                           bool continuous_usage) {
   // The DOMs (the client's and the upstream's) live in a per-thread arena,
   // then the heap for larger bodies (images); released before returning.
   struct Arena;
@@ -434,7 +435,11 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   }
   if (f.stream) {
     o["stream"] = true;
-    o["stream_options"] = json::object({{"include_usage", true}}, sp);
+    // (vLLM puts per-chunk usage on the role chunk too: message_start's input_tokens. The last chunk's is the
+    // total, as without it: the stream translator and the usage hook take it, never a sum over the chunks.)
+    json::object so({{"include_usage", true}}, sp);
+    if (continuous_usage) so["continuous_usage_stats"] = true;
+    o["stream_options"] = std::move(so);
     f.has_stream_options = f.include_usage = f.usage_asked = true;
   }
   if (const auto* v = in.if_contains("stop_sequences"); v && !v->is_null()) {

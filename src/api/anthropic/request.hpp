@@ -29,10 +29,14 @@ std::string_view upstream_path(Target t);
 // fields admission and the gateway act on: `model`, `stream`, `max_tokens`
 // (required for `messages`, not for `count_tokens`), the prompt's text bytes
 // and per-message overhead; `include_usage` is set because a translated
-// stream always asks for the usage chunk. Errors are 400
+// stream always asks for the usage chunk, and with `continuous_usage` for
+// vLLM's `continuous_usage_stats` too (the pool's continuous_usage: usage on
+// every chunk, so message_start has the prompt's count; a server that
+// refuses unknown fields must not get it). Errors are 400
 // invalid_request_error with Anthropic's "field: problem" messages (missing
 // `model`/`max_tokens`/`messages`, a wrong type, an unknown role, a content
 // block Weir cannot translate); `out` is then unspecified.
-tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out);
+tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out,
+                                                           bool continuous_usage = false);
 
 }  // namespace weir::api::anthropic

@@ -78,12 +78,16 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     const std::string_view ct = http::first_field(down_.request(), boost::beast::http::field::content_type);
     if (!json_media_type(ct)) return refused_body(ctx, core::unsupported_media_type(ct));
   }
+  // An Anthropic route's first pool: its translation is made for it (prepare_upstream_body makes it again for a
+  // fallback pool that differs in continuous_usage).
+  bool continuous = false;
   if (is_anthropic(ctx.route)) {
     // An Anthropic request to an Anthropic pool goes as it came: read what
     // the gateway needs, leave the rest to the upstream (which accepts more
     // than the chat translation can express). Its translation for an
     // OpenAI-compatible fallback, if it gets that far, is made then (proxy).
     const auto r = ctx.gen->routes().find(peek_model(down_.body()));
+    continuous = r && ctx.gen->config().pools[r->pool].continuous_usage;
     if (r && ctx.gen->config().pools[r->pool].type == core::UpstreamType::anthropic) {
       auto fields = api::anthropic::read_messages_request(down_.body(), ctx.route == RouteKind::messages_count_tokens);
       if (!fields) return refused_body(ctx, std::move(fields.error()));
@@ -101,12 +105,13 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
             ? api::responses::translate_request(down_.body(), ctx.edit_buf, ctx.extra().responses_echo)
             : api::anthropic::translate_request(ctx.route == RouteKind::messages ? api::anthropic::Target::messages
                                                                                  : api::anthropic::Target::count_tokens,
-                                                down_.body(), ctx.edit_buf);
+                                                down_.body(), ctx.edit_buf, continuous);
     if (!fields) return refused_body(ctx, std::move(fields.error()));
     ctx.fields = std::move(*fields);
     ctx.model = std::move(ctx.fields.model);
     ctx.stream = ctx.fields.stream;
     ctx.chat_translated = is_anthropic(ctx.route);
+    ctx.chat_continuous = continuous;
     return Outcome::next();
   }
   auto fields = *api == api::ApiKind::audio

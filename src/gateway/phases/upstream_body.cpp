@@ -86,10 +86,11 @@ std::optional<core::Error> GatewayPhases::chat_to_anthropic(const RequestContext
   return std::move(r.error());
 }
 
-std::optional<core::Error> GatewayPhases::anthropic_to_chat(const RequestContext& ctx, std::string& out) const {
+std::optional<core::Error> GatewayPhases::anthropic_to_chat(const RequestContext& ctx, std::string& out,
+                                                            bool continuous_usage) const {
   auto fields = api::anthropic::translate_request(
       ctx.route == RouteKind::messages ? api::anthropic::Target::messages : api::anthropic::Target::count_tokens,
-      down_.body(), out);
+      down_.body(), out, continuous_usage);
   if (!fields) return std::move(fields.error());
   return std::nullopt;
 }
@@ -127,12 +128,16 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
     ctx.upstream_body = ctx.upstream_body_buf;
     return std::nullopt;
   }
-  if (!anthropic && is_anthropic(ctx.route) && !ctx.chat_translated) {
+  const bool continuous = ctx.gen->config().pools[ctx.target.pool].continuous_usage;
+  if (!anthropic && is_anthropic(ctx.route) &&
+      (!ctx.chat_translated || (ctx.stream && ctx.chat_continuous != continuous))) {
     // The parse phase only read this request (its first target is an
-    // Anthropic pool); this OpenAI-compatible target needs the translation.
+    // Anthropic pool), or translated it for a pool that differs in
+    // continuous_usage: this OpenAI-compatible target needs its translation.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
-    if (auto e = anthropic_to_chat(ctx, ctx.edit_buf)) return e;
+    if (auto e = anthropic_to_chat(ctx, ctx.edit_buf, continuous)) return e;
     ctx.chat_translated = true;
+    ctx.chat_continuous = continuous;
   }
   // A translated request's upstream body is its translation (parse phase),
   // which asks a stream for its usage chunk itself; an Anthropic route to an

@@ -78,7 +78,7 @@ TEST(Config, ErrorsNameFileLineAndKey) {
       "max_idle_per_endpoint, idle_keepalive, api_key, api_key_env, eject_for, request_usage, retry, outlier, breaker, "
       "queue, health, "
       "balance, load_metrics, imbalance, prefix_affinity, session_header, batch, coalesce, resume, type, anthropic, "
-      "tls)");
+      "tls, continuous_usage)");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [http://x:1]\nmodels:\n  m:\n    pool: nope\n"),
             "weir.yaml:6:11: models.m.pool: no pool named \"nope\"");
   EXPECT_EQ(error_of("pools:\n  a:\n    endpoints: [ftp://x:1]\ndefault_pool: a\n"),
@@ -545,4 +545,26 @@ TEST(ConfigNames, YamlEscapesAreUtf8) {
   EXPECT_TRUE(parse_config(
       "pools:\n  p:\n    endpoints: [http://x:1]\nmodels:\n  \"\xe6\xa8\xa1\xf0\x9f\x98\x80\": {pool: p}\n",
       "weir.yaml"));
+}
+
+// pools.X.continuous_usage: auto (the default) is on for a pool whose endpoints are all http:// (self-hosted)
+// and off with an https:// one (a hosted API refuses an unknown field); true/false decide; never for an
+// Anthropic pool.
+TEST(ConfigContinuousUsage, AutoAndExplicit) {
+  const auto pool = [](const std::string& body) {
+    auto c = parse_config("pools:\n  p:\n" + body + "default_pool: p\n", "weir.yaml");
+    EXPECT_TRUE(c) << c.error().to_string();
+    return c ? c->pools[0].continuous_usage : false;
+  };
+  EXPECT_TRUE(pool("    endpoints: [http://10.0.0.1:8000, http://10.0.0.2:8000]\n"));
+  EXPECT_TRUE(pool("    endpoints: [http://10.0.0.1:8000]\n    continuous_usage: auto\n"));
+  EXPECT_FALSE(pool("    endpoints: [http://10.0.0.1:8000, https://api.openai.com/v1]\n"));
+  EXPECT_TRUE(pool("    endpoints: [https://vllm.internal]\n    continuous_usage: true\n"));
+  EXPECT_FALSE(pool("    endpoints: [http://10.0.0.1:8000]\n    continuous_usage: false\n"));
+  EXPECT_FALSE(pool("    endpoints: [http://10.0.0.1:8000]\n    type: anthropic\n    continuous_usage: true\n"));
+  auto bad = parse_config("pools:\n  p:\n    endpoints: [http://h]\n    continuous_usage: sometimes\ndefault_pool: p\n",
+                          "weir.yaml");
+  ASSERT_FALSE(bad);
+  EXPECT_NE(bad.error().to_string().find("pools.p.continuous_usage"), std::string::npos) << bad.error().to_string();
+  EXPECT_NE(bad.error().to_string().find("expected auto, true or false"), std::string::npos);
 }
