@@ -85,8 +85,7 @@ core::HostRule effective_host_rule(const core::HostRule* configured, const ip::a
   return core::HostRule{is_loopback(bound) ? core::HostRule::Kind::local : core::HostRule::Kind::any, {}};
 }
 
-const core::HostRule& client_host_rule(const core::HostRule* configured, bool loopback_listener,
-                                       bool reads_metrics) {
+const core::HostRule& client_host_rule(const core::HostRule* configured, bool loopback_listener, bool reads_metrics) {
   static const core::HostRule any{core::HostRule::Kind::any, {}};
   static const core::HostRule local{core::HostRule::Kind::local, {}};
   if (configured) return *configured;
