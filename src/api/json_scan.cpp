@@ -10,6 +10,7 @@
 // returns "not an object" instead of guessing.
 #include "api/json_scan.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <cstring>
@@ -17,6 +18,8 @@
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
+
+#include <boost/json/serializer.hpp>
 
 #include "core/json_text.hpp"
 #include "core/text.hpp"
@@ -570,6 +573,16 @@ boost::json::value parse_upstream_json(std::string_view text, boost::system::err
   if (!replace_lone_surrogates(text, fixed)) return v;  // some other fault: its error stands
   ec = {};
   return boost::json::parse(boost::json::string_view(fixed.data(), fixed.size()), ec, sp, opt);
+}
+
+void append_serialized(std::string& out, const boost::json::value& v) {
+  boost::json::serializer sr;
+  sr.reset(&v);
+  while (!sr.done()) {
+    const std::size_t at = out.size();
+    out.resize(std::max(out.capacity(), at + 256));
+    out.resize(at + sr.read(out.data() + at, out.size() - at).size());
+  }
 }
 
 }  // namespace weir::api

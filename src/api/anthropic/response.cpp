@@ -7,7 +7,6 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
 #include "api/error_text.hpp"
@@ -123,17 +122,42 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
   if (upstream_id.empty() || upstream_id == "chatcmpl-") upstream_id = fallback_id;
   append_message_id(id, upstream_id);
 
-  json::array content(sp);
+  // The message is written by hand into room reserved once (an answer's
+  // text is most of its size): serializing a DOM copy of it would grow the
+  // output by doubling and copy the text twice more (tens of MB for a long
+  // answer, all on the worker's thread).
+  out.reserve(body.size() + 1024);
+  out += R"({"id":)";
+  core::append_json_string(out, id);
+  out += R"(,"type":"message","role":"assistant","model":)";
+  core::append_json_string(out, string_at(root, "model"));
+  out += R"(,"content":[)";
+  bool first = true;
+  const auto block = [&](std::string_view head) {
+    if (!first) out += ',';
+    first = false;
+    out += head;
+  };
   WideIntegers wide;
   std::string_view thinking = string_at(*msg, "reasoning_content");
   if (thinking.empty()) thinking = string_at(*msg, "reasoning");
-  if (!thinking.empty())
-    content.push_back(json::object({{"type", "thinking"}, {"thinking", thinking}, {"signature", ""}}, sp));
-  if (const std::string_view text = string_at(*msg, "content"); !text.empty())
-    content.push_back(json::object({{"type", "text"}, {"text", text}}, sp));
+  if (!thinking.empty()) {
+    block(R"({"type":"thinking","thinking":)");
+    core::append_json_string(out, thinking);
+    out += R"(,"signature":""})";
+  }
+  if (const std::string_view text = string_at(*msg, "content"); !text.empty()) {
+    block(R"({"type":"text","text":)");
+    core::append_json_string(out, text);
+    out += '}';
+  }
   // A refusal (hosted OpenAI's message.refusal) is the message's text, with stop_reason "refusal".
   const std::string_view refusal = string_at(*msg, "refusal");
-  if (!refusal.empty()) content.push_back(json::object({{"type", "text"}, {"text", refusal}}, sp));
+  if (!refusal.empty()) {
+    block(R"({"type":"text","text":)");
+    core::append_json_string(out, refusal);
+    out += '}';
+  }
   bool tool_calls = false;
   if (const auto* tc = msg->if_contains("tool_calls"); tc && tc->is_array()) {
     std::size_t i = 0;
@@ -143,11 +167,13 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
       if (!fn || !fn->is_object()) continue;
       std::string call_id(string_at(call.get_object(), "id"));
       if (call_id.empty()) call_id = fmt::format("toolu_{}_{}", std::string_view(id).substr(4), i);
-      content.push_back(json::object({{"type", "tool_use"},
-                                      {"id", call_id},
-                                      {"name", string_at(fn->get_object(), "name")},
-                                      {"input", tool_input(string_at(fn->get_object(), "arguments"), sp, wide)}},
-                                     sp));
+      block(R"({"type":"tool_use","id":)");
+      core::append_json_string(out, call_id);
+      out += R"(,"name":)";
+      core::append_json_string(out, string_at(fn->get_object(), "name"));
+      out += R"(,"input":)";
+      append_serialized(out, tool_input(string_at(fn->get_object(), "arguments"), sp, wide));
+      out += '}';
       tool_calls = true;
       ++i;
     }
@@ -157,20 +183,14 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
   const std::string_view matched = string_at(*choice, "stop_reason");
   std::string_view reason = stop_reason(finish, matched, tool_calls);
   if (!refusal.empty() && reason == "end_turn") reason = "refusal";
-
-  json::object m(sp);
-  m["id"] = id;
-  m["type"] = "message";
-  m["role"] = "assistant";
-  m["model"] = string_at(root, "model");
-  m["content"] = std::move(content);
-  m["stop_reason"] = reason;
+  out += R"(],"stop_reason":")";
+  out += reason;
+  out += R"(","stop_sequence":)";
   if (reason == "stop_sequence")
-    m["stop_sequence"] = matched;
+    core::append_json_string(out, matched);
   else
-    m["stop_sequence"] = nullptr;
-  out = json::serialize(m);
-  out.pop_back();  // '}': the usage goes in by hand, from the one usage reader
+    out += "null";
+  // The usage from the one usage reader.
   out += R"(,"usage":{)";
   append_usage_members(out, extract_usage(body).value_or(Usage{}));
   out += "}}";

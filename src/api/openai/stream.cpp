@@ -8,7 +8,6 @@
 #include <boost/json/basic_parser_impl.hpp>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
 #include "api/json_scan.hpp"
@@ -453,7 +452,11 @@ bool completion_as_chunk(std::string_view completion, std::string& out) {
     }
     choice["delta"] = std::move(delta);
   }
-  out = boost::json::serialize(v);
+  // Serialized into room reserved once (the chunk is the completion's size, give or take its renamed members):
+  // json::serialize's own string would be grown by doubling, then copied.
+  out.clear();
+  out.reserve(completion.size() + 256);
+  api::append_serialized(out, v);
   wide.restore(out);
   return true;
 }

@@ -227,6 +227,9 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
     if (const auto* d = u->get_object().if_contains("completion_tokens_details"); d && d->is_object())
       if (const auto* r = d->get_object().if_contains("reasoning_tokens"); r && r->is_int64() && r->get_int64() > 0)
         usage.reasoning_tokens = static_cast<std::uint64_t>(r->get_int64());
+  // (Room for it reserved once: the items' text is most of the answer, and
+  // appends growing it by doubling would copy tens of MB over again.)
+  out.reserve(body.size() + echo.size() + 1024);
   append_response_json(out, head, items, counts ? &usage : nullptr, echo);
   return true;
 }

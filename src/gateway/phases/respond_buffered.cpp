@@ -11,6 +11,7 @@
 #include <boost/beast/http/field.hpp>
 #include <boost/beast/http/verb.hpp>
 
+#include <charconv>
 #include <ctime>
 
 #include "api/anthropic/response.hpp"
@@ -50,6 +51,7 @@ void append_as_openai_stream(std::string_view chunk, bool with_usage, std::strin
   if (const auto u = api::find_member(chunk, "usage"))
     usage = chunk.substr(u->value_begin, u->value_end - u->value_begin);
   if (!usage.empty() && api::remove_member(chunk, "usage", bare)) chunk = bare;
+  out.reserve(out.size() + chunk.size() + 2 * usage.size() + 256);  // (once: a long answer's chunk is its size)
   out.append("data: ").append(chunk).append("\n\n");
   if (with_usage && !usage.empty() && usage != "null") {
     out += "data: {";
@@ -80,16 +82,19 @@ bool is_text_completion(std::string_view body) {
 // upstream that ignored `stream: true` (api::openai::completion_as_chunk,
 // then the stream's own translator). A chat client gets its one chunk, its
 // usage chunk when it asked for one (`with_usage`), and [DONE]. False when
-// `chat` is no chat completion.
+// `chat` is no chat completion. `chunk`: that one chunk, for
+// count_made_stream (made once: for a long answer it is tens of MB).
 bool whole_answer_as_stream(std::string_view chat, Translation client, const RequestContext& ctx, bool with_usage,
-                            std::string& out) {
-  std::string chunk;
+                            std::string& out, std::string& chunk) {
   if (!api::openai::completion_as_chunk(chat, chunk)) return false;
   switch (client) {
     case Translation::none:
       append_as_openai_stream(chunk, with_usage, out);
       return true;
     case Translation::anthropic: {
+      // Its events carry the text once, as the chunk does: room for them reserved once. (A Responses
+      // stream carries it in several events: its own growth sizes it.)
+      out.reserve(out.size() + chunk.size() + 4096);
       api::anthropic::StreamTranslator tr;
       tr.reset(ctx.upstream_id());
       tr.on_data(chunk, out);
@@ -231,6 +236,16 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
   }
   const auto into = w_.stream_body_buffer();
+  // A body whose size the upstream declares (within server.max_response) is
+  // read into room reserved once: appends that grow it by doubling would copy
+  // it ~twice over and fault in ~twice its pages, which for tens of MB is
+  // most of a translated answer's cost on the worker.
+  if (const auto cl = http::first_field(src.head(), bh::field::content_length); !cl.empty() && !src.done()) {
+    std::uint64_t n = 0;
+    if (const auto [p, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
+        ec == std::errc() && p == cl.data() + cl.size() && n > (1u << 20) && n <= sc.max_response_bytes)
+      body.reserve(static_cast<std::size_t>(n));
+  }
   // A body that did not come whole with its head is read as the upstream sends it: the time of its reads is
   // the upstream's, not Weir's own (added_us). (A small answer, head and body in one recv, reads none.)
   const auto t_body = src.done() ? core::TimePoint{} : core::now();
@@ -529,6 +544,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     // the client's behalf: strip_usage; an Anthropic pool's when it asked.)
     const bool with_usage = anthropic_up ? ctx.fields.usage_asked : !ctx.strip_usage;
     bool ok = false;
+    std::string made_chunk;  // (a chat completion's one chunk: whole_answer_as_stream)
     if (ctx.route == RouteKind::completions) {
       // A text completion streams in its whole answer's shape (object
       // text_completion, choices' text): only a body of that shape (not an
@@ -536,7 +552,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       ok = is_text_completion(from);
       if (ok) append_as_openai_stream(from, with_usage, translated);
     } else {
-      ok = whole_answer_as_stream(from, client, ctx, with_usage, translated);
+      ok = whole_answer_as_stream(from, client, ctx, with_usage, translated, made_chunk);
     }
     if (!ok)
       co_return untranslatable(ctx, anthropic_up                          ? "an Anthropic message"
@@ -545,11 +561,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     out = translated;
     drop_encoding = encoded;
     content_type = "text/event-stream";
-    std::string chunk;
-    if (ctx.route == RouteKind::completions)
-      chunk = from;
-    else if (!api::openai::completion_as_chunk(from, chunk))
-      chunk.clear();
+    const std::string_view chunk = ctx.route == RouteKind::completions ? from : std::string_view(made_chunk);
     made = count_made_stream(out, client != Translation::none, {},
                              chunk.empty() ? std::string_view("{}") : std::string_view(chunk));
   }
