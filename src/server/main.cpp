@@ -14,6 +14,7 @@
 
 #include <fcntl.h>
 #include <malloc.h>
+#include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -203,6 +204,18 @@ int main(int argc, char** argv) {
   }
   if (*requests) return run_requests(ra);
 
+  // SIGINT and SIGTERM wait, blocked, until server::run() installs their
+  // handler (the drain): until then (loading, resolving, binding the ports)
+  // their default action would kill a process that already listens. Blocked
+  // here, before any thread starts, so that every thread inherits the mask;
+  // run() unblocks them once the handler is in place, and a signal that came
+  // meanwhile is delivered then: a drain with nothing in flight, exit 0.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
   // One loader for --check and for start-up: both accept and refuse the same files.
   weir::gateway::ConfigSource source;
   if (!config_path.empty()) {
@@ -225,6 +238,7 @@ int main(int argc, char** argv) {
   }
   for (const auto& w : loaded->warnings) fmt::print(stderr, "weir: warning: {}\n", w);
   if (check) {
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // (no server: the default action is right)
     // The runtime keys file is read as start-up reads it (Services), and not written.
     if (loaded->auth && loaded->admin && !loaded->admin->keys_file.empty()) {
       weir::gateway::KeyStore keys(*loaded->auth, loaded->admin->keys_file);

@@ -1,5 +1,6 @@
 #include "server/server.hpp"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -205,6 +206,16 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
+  // main() blocked SIGINT and SIGTERM until now (the ports were bound while
+  // their default action would have killed the process): the handler is in
+  // place, so one that came during start-up is delivered here and drains.
+  // (The threads started so far keep them blocked: the kernel delivers them
+  // to one that does not.)
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
 
   services.start();
   reloader.start();
