@@ -74,11 +74,13 @@ Transition EndpointHealth::on_answer(bool failed, bool trial, Clock::time_point 
   if (!failed) {
     failures_ = 0;
     if (!open_) return Transition::none;
-    // Half-open: the trial (or any request) answered, so it closes. Without
-    // a breaker the period had ended already: the doubling is forgotten.
+    // The first good answer since it was ejected closes it: that is its
+    // recovery (weir_upstream_recoveries_total), with a breaker (half-open:
+    // the trial answered) or without one (the period had ended, or a
+    // connection ended it: on_connected). The doubling is forgotten.
     open_ = false;
     trips_ = 0;
-    return s == HealthState::half_open ? Transition::closed : Transition::none;
+    return Transition::closed;
   }
   if (s == HealthState::half_open) return reopen(now, p, OpenCause::trial);
   if (p.failures == 0 || ++failures_ < p.failures) return Transition::none;
@@ -94,8 +96,10 @@ Transition EndpointHealth::on_connect_failure(Clock::time_point now, const Healt
 Transition EndpointHealth::on_connected(const HealthPolicy& p) {
   if (p.breaker() || !open_ || cause_ != OpenCause::connect) return Transition::none;
   // Without a breaker a connection that opens ends a refusal's ejection
-  // (the endpoint was tried because every one was ejected, or its period ended).
-  open_ = false;
+  // (the endpoint was tried because every one was ejected, or its period
+  // ended): its period is over, so picks use it in full again; it stays
+  // marked open until its answer, whose good one is the recovery (on_answer).
+  open_until_ = Clock::time_point{};
   trips_ = 0;
   return Transition::none;
 }

@@ -51,7 +51,8 @@ std::string_view health_state_label(HealthState s);
 enum class Transition : std::uint8_t {
   none,
   opened,  // it became open (it was closed or half-open)
-  closed,  // a half-open endpoint closed again, or a probe found a probe-ejected one healthy (no breaker)
+  closed,  // a recovery: an ejected endpoint's first good answer since (half-open with a breaker, its
+           // period over without), or a probe found a probe-ejected one healthy (no breaker)
 };
 
 // A pool's rules, from its configuration (fixed).
@@ -107,9 +108,9 @@ class EndpointHealth {
                        Clock::time_point sent = {});
   // A connection to it could not be opened: open at once (cause connect).
   Transition on_connect_failure(Clock::time_point now, const HealthPolicy& p);
-  // A connection to it was opened: without a breaker this ends an
-  // ejection for a refused connection (the endpoint is back); with one the
-  // answer decides.
+  // A connection to it was opened: without a breaker this ends the period
+  // of an ejection for a refused connection (the endpoint is back in use;
+  // its first good answer closes it, the recovery); with one the answer decides.
   Transition on_connected(const HealthPolicy& p);
   // Opens it for `cause` (a TTFT outlier); `now + the doubled period`.
   Transition open(Clock::time_point now, const HealthPolicy& p, OpenCause cause);
@@ -126,7 +127,7 @@ class EndpointHealth {
   // opening it caused still ends by time).
   void carry(const EndpointHealth& old, bool probes);
 
-  bool is_open() const { return open_; }  // open or half-open (closed once an answer says so)
+  bool is_open() const { return open_; }  // ejected and no good answer since (its period may have ended)
   Clock::time_point open_until() const { return open_until_; }
   OpenCause cause() const { return cause_; }
   std::uint32_t trips() const { return trips_; }        // openings in a row (the doubling)

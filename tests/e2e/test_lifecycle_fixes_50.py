@@ -1,5 +1,6 @@
 """Process lifecycle: a SIGTERM during start-up drains (exit 0) instead of
-killing a process whose ports already listen."""
+killing a process whose ports already listen; an endpoint ejected for
+refusing connections that serves again counts as a recovery."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import os
 import signal
 import subprocess
 
-from conftest import binary, free_port
+import httpx
+
+from conftest import binary, free_port, wait_until
+
 
 def hold_a_sigterm() -> None:
     """In the child before exec: SIGTERM blocked and already sent. Both survive execve(2), so weir
@@ -42,3 +46,32 @@ def test_sigterm_during_start_up_drains_instead_of_killing(mock, tmp_path):
     text = log.read_text()
     assert rc == 0, f"exit {rc} (None: still running, the SIGTERM never taken)\n{text}"
     assert "SIGTERM received, draining" in text, text
+
+
+def test_an_endpoint_back_after_refusing_connections_counts_a_recovery(processes, weir):
+    # No breaker, no probes: the endpoint refuses connections (nothing listens), is ejected (cause
+    # connect), then a server comes up there and answers once the ejection's period ended. Its first
+    # good answer is its recovery in weir_upstream_recoveries_total, as a breaker's trial would be.
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    w = weir(config={
+        "workers": 1,  # one worker: one health machine sees both the ejection and the answer
+        "pools": {"p": {"endpoints": [url], "eject_for": "500ms", "timeouts": {"connect": "1s"}}},
+        "models": {"m": {"pool": "p"}},
+    })
+    body = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    r = httpx.post(w.v1 + "/chat/completions", json=body, timeout=30)
+    assert r.status_code >= 500, r.text
+    wait_until(lambda: w.metric("weir_upstream_ejections_total", pool="p", cause="connect") >= 1, 5,
+               message="the refusing endpoint ejected")
+    assert w.metric("weir_upstream_recoveries_total", pool="p") == 0
+    processes.start([binary("weir-mock"), "--listen", f"127.0.0.1:{port}", "--any-model"], port, name="weir-mock")
+    # Until the period ends the request may still find it ejected (a retry-able answer); then it serves.
+    wait_until(lambda: httpx.post(w.v1 + "/chat/completions", json=body, timeout=30).status_code == 200, 10,
+               interval=0.1, message="the endpoint serving again")
+    wait_until(lambda: w.metric("weir_upstream_recoveries_total", pool="p") == 1, 5,
+               message="weir_upstream_recoveries_total 1 for the endpoint back in service")
+    # Counted once: more good answers are no further recovery.
+    for _ in range(3):
+        assert httpx.post(w.v1 + "/chat/completions", json=body, timeout=30).status_code == 200
+    assert w.metric("weir_upstream_recoveries_total", pool="p") == 1

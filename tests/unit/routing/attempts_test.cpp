@@ -156,8 +156,12 @@ TEST(RoutingAttempts, ConnectingClearsTheEjection) {
   Attempts b(*p, rng, now + 1ms);  // the only endpoint: picked though ejected
   EXPECT_EQ(b.endpoint(), 0u);
   b.on_connected();
-  EXPECT_FALSE(p->endpoint(0).health.is_open());
+  // Its period is over (in use in full again); its good answer is the recovery.
+  EXPECT_TRUE(p->endpoint(0).health.available(now + 1ms, p->policy()));
   EXPECT_EQ(p->endpoint(0).health.trips(), 0u);
+  EXPECT_FALSE(b.on_answer(false, now + 2ms));
+  EXPECT_FALSE(p->endpoint(0).health.is_open());
+  EXPECT_EQ(p->endpoint(0).recovered, 1u);
 }
 
 TEST(RoutingAttempts, RepeatedRefusalsEjectForLonger) {

@@ -134,9 +134,9 @@ TEST(EndpointHealth, WithoutABreakerAnEjectionEndsByTimeAlone) {
   EXPECT_EQ(h.on_answer(true, false, t1, p, true), Transition::none);
   EXPECT_EQ(h.on_answer(true, false, t1, p, true), Transition::opened);
   EXPECT_EQ(h.open_until(), t1 + 2s);
-  // A good answer after the period forgets the doubling.
+  // A good answer after the period forgets the doubling, and is the recovery.
   const auto t2 = h.open_until();
-  EXPECT_EQ(h.on_answer(false, false, t2, p, true), Transition::none);
+  EXPECT_EQ(h.on_answer(false, false, t2, p, true), Transition::closed);
   EXPECT_EQ(h.trips(), 0u);
   EXPECT_FALSE(h.is_open());
 }
@@ -159,8 +159,49 @@ TEST(EndpointHealth, ConnectFailuresOpenAtOnceAndAConnectionEndsThemWithoutABrea
     EXPECT_EQ(h.cause(), OpenCause::connect);
     EXPECT_EQ(h.state(t0, p), HealthState::open);
     h.on_connected(p);
-    // Without a breaker the connection ends the ejection; with one the answer decides.
-    EXPECT_EQ(h.is_open(), trials > 0);
+    // Without a breaker the connection ends the ejection's period; with one the answer decides.
+    EXPECT_EQ(h.state(t0, p), trials ? HealthState::open : HealthState::closed);
+    EXPECT_EQ(h.available(t0, p), trials == 0);
+  }
+}
+
+TEST(EndpointHealth, TheFirstGoodAnswerAfterAnEjectionIsTheRecoveryWithOrWithoutABreaker) {
+  // weir_upstream_recoveries_total counts Transition::closed: an endpoint that serves again after an
+  // ejection recovers once, whether a breaker's trial, the end of the period or a connection let it back.
+  for (std::uint32_t trials : {0u, 1u}) {
+    SCOPED_TRACE(trials ? "breaker" : "no breaker");
+    const auto p = breaker_policy(2, trials);
+    const auto t0 = Clock::now();
+    {
+      // Refused connections: the period ends, the endpoint answers.
+      EndpointHealth h;
+      EXPECT_EQ(h.on_connect_failure(t0, p), Transition::opened);
+      const auto t1 = t0 + 3s;  // past eject_for
+      const bool trial = h.begin(t1, p);
+      EXPECT_EQ(trial, trials > 0);
+      h.on_connected(p);
+      EXPECT_EQ(h.on_answer(false, trial, t1 + 5ms, p, true, t1), Transition::closed);
+      EXPECT_EQ(h.on_answer(false, false, t1 + 10ms, p, true, t1), Transition::none);  // once
+      EXPECT_FALSE(h.is_open());
+      EXPECT_EQ(h.trips(), 0u);
+    }
+    if (trials == 0) {
+      // Without a breaker a connection ends a refusal's ejection within its period (every endpoint
+      // was ejected): its first good answer is the recovery too.
+      EndpointHealth h;
+      EXPECT_EQ(h.on_connect_failure(t0, p), Transition::opened);
+      h.on_connected(p);
+      EXPECT_EQ(h.on_answer(false, false, t0 + 5ms, p, true, t0 + 1ms), Transition::closed);
+    }
+    {
+      // Failed answers in a row: the period ends, the next good answer recovers it.
+      EndpointHealth h;
+      EXPECT_EQ(h.on_answer(true, false, t0, p, true), Transition::none);
+      EXPECT_EQ(h.on_answer(true, false, t0, p, true), Transition::opened);
+      const auto t1 = t0 + 3s;
+      const bool trial = h.begin(t1, p);
+      EXPECT_EQ(h.on_answer(false, trial, t1 + 5ms, p, true, t1), Transition::closed);
+    }
   }
 }
 
