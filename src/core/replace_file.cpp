@@ -23,19 +23,28 @@ tl::expected<void, std::string> replace_file(const std::string& path, std::strin
     return tl::unexpected(fmt::format("cannot remove the stale {}: {}", tmp, std::strerror(errno)));
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  // Every failure from here on closes the descriptor and removes P.tmp: a
+  // caller that saves again (the admin API, after a full disk clears) finds
+  // no descriptor leaked and no half-written file left beside P.
+  auto fail = [&](int err) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
+  };
   std::size_t off = 0;
   while (off < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + off, bytes.size() - off);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const int err = errno;
-      ::close(fd);
-      return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
-    }
+    if (n <= 0) return fail(n == 0 ? EIO : errno);
     off += static_cast<std::size_t>(n);
   }
-  if (::fsync(fd) != 0 || ::close(fd) != 0)
-    return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(errno)));
+  if (::fsync(fd) != 0) return fail(errno);
+  // (A failed close is not retried: Linux releases the descriptor whatever it returns.)
+  if (::close(fd) != 0) {
+    const int err = errno;
+    ::unlink(tmp.c_str());
+    return tl::unexpected(fmt::format("cannot write {}: {}", tmp, std::strerror(err)));
+  }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     const int err = errno;
     ::unlink(tmp.c_str());
