@@ -55,7 +55,8 @@ struct RequestLogConfig {
   std::chrono::milliseconds retention_interval{60'000};
   std::optional<CaptureConfig> capture;  // capture_bodies:, when present
   // The writer thread's CPU priority: idle (SCHED_IDLE, the default) never
-  // takes a core from a worker but drops records while the cores stay busy;
+  // takes a core from a worker but drops records while the cores stay busy
+  // (with anything: SCHED_IDLE yields to every process on the host);
   // normal (SCHED_OTHER) keeps them at some request throughput at saturation.
   core::BatchThread::Priority priority = core::BatchThread::Priority::idle;
 

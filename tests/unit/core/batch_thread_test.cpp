@@ -82,6 +82,36 @@ TEST(BatchThread, StepsUntilStoppedThenDrainsOnceWithTheDeadline) {
   EXPECT_EQ(steps, after);
 }
 
+TEST(BatchThread, TheDrainRunsAtTheStoppingThreadsPolicyNeverBesideAStep) {
+  // At shutdown no worker is left to protect: a drain at SCHED_IDLE would wait for every other process
+  // on the host (seconds on a busy one), and an unprivileged thread cannot leave SCHED_IDLE. The drain
+  // runs at the policy of the thread that stops (SCHED_OTHER here), and only once no step runs.
+  BatchThread t;
+  std::atomic<int> step_policy{-1}, drain_policy{-1};
+  std::atomic<bool> in_step{false}, overlap{false};
+  t.start(
+      "weir-test", BatchThread::Priority::idle, 1, 1ms,
+      [&] {
+        step_policy = sched_getscheduler(0);
+        in_step = true;
+        std::this_thread::sleep_for(2ms);
+        in_step = false;
+        return std::size_t{0};
+      },
+      [&](BatchThread::Clock::time_point) {
+        drain_policy = sched_getscheduler(0);
+        if (in_step) overlap = true;
+      });
+  while (step_policy == -1) std::this_thread::sleep_for(1ms);
+  ASSERT_EQ(sched_getscheduler(0), SCHED_OTHER);
+  const auto now = BatchThread::Clock::now();
+  EXPECT_TRUE(t.stop_within(now, now + 30s));
+  EXPECT_EQ(step_policy, SCHED_IDLE);
+  EXPECT_EQ(drain_policy, SCHED_OTHER);
+  EXPECT_FALSE(overlap);
+  EXPECT_FALSE(t.running());
+}
+
 TEST(BatchThread, StopWakesALongIdleWaitAndABackoff) {
   BatchThread t;
   std::atomic<bool> stopped_backoff{false};
