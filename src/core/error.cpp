@@ -69,7 +69,7 @@ Error header_too_large(std::uint64_t limit_bytes) {
 }
 Error uri_too_long(std::uint64_t limit_bytes) {
   return make(ErrorSource::client, 414, "invalid_request_error", "uri_too_long",
-              fmt::format("The request line is longer than {} bytes.", limit_bytes));
+              fmt::format("The request line with its CRLF is longer than {} bytes.", limit_bytes));
 }
 Error unsupported_transfer_coding() {
   return make(ErrorSource::client, 501, "invalid_request_error", "unsupported_transfer_coding",

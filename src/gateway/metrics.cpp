@@ -413,8 +413,8 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
                  fmt::format("{},cause=\"{}\"", L.endpoints[slot], routing::open_cause_label(c)),
                  ejections_at(slot, c));
   w.header("weir_upstream_recoveries_total", "counter",
-           "Times an ejected endpoint was found healthy again on a worker (a half-open trial answered, or a health "
-           "probe succeeded).");
+           "Times an ejected endpoint was found healthy again on a worker (a half-open trial answered, a health "
+           "probe succeeded, or its first good answer after an ejection without a breaker).");
   for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
     if (health_shown(slot)) w.sample("weir_upstream_recoveries_total", L.endpoints[slot], recoveries_at(slot));
   // Pools as configured, or no longer configured while they have a count.

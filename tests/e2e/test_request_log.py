@@ -160,7 +160,7 @@ def test_missing_directory_is_a_configuration_error(tmp_path, mock):
                    f"request_log: {{url: 'sqlite:{tmp_path}/nowhere/requests.db'}}\n")
     r = subprocess.run([binary("weir"), "--config", str(cfg), "--check"], capture_output=True, text=True, timeout=10)
     assert r.returncode == 2, r
-    assert f"request_log.url: directory {tmp_path}/nowhere does not exist" in r.stderr
+    assert f"request_log.url: directory \"{tmp_path}/nowhere\" does not exist" in r.stderr
 
 
 def test_weir_requests_cli_filters_and_pages(tmp_path, mock, weir):

@@ -168,7 +168,9 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     while (auto ev = ctx.sse.next()) {
       // After [DONE] (a translated stream: its end) nothing more of the upstream's is the client's.
       if (ctx.hooks.done_relayed()) continue;
-      if (check_utf8 && http::replace_invalid_utf8(*ev, s.utf8) != 0) w_.metrics().count_invalid_utf8(ctx.model_slot);
+      // (A coalesced generation's members each repair their copy of one upstream event: its first member counts it.)
+      if (check_utf8 && http::replace_invalid_utf8(*ev, s.utf8) != 0 && (!ctx.coalesced || ctx.batch_slot == 0))
+        w_.metrics().count_invalid_utf8(ctx.model_slot);
       // The first token is the first event with content (text, a tool
       // call, reasoning, a finish): not a role-only chunk or a preamble
       // (Azure's prompt_filter_results). TTFT, the first-token timeout and
