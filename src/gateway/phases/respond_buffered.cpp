@@ -363,7 +363,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     plain = repaired;
     out = repaired;
     drop_encoding = encoded;
-    if (!ctx.coalesced || ctx.batch_slot == 0) w_.metrics().count_invalid_utf8(ctx.model_slot);  // (one per upstream body)
+    if (!ctx.coalesced || ctx.batch_slot == 0)
+      w_.metrics().count_invalid_utf8(ctx.model_slot);  // (one per upstream body)
   }
   // A 2xx event stream with an empty body (Content-Length: 0, its last
   // chunk at once, or a coding that decodes to nothing) has no event and no
