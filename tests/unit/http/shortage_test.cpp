@@ -104,6 +104,22 @@ TEST(ShortageLog, AFlappingLimitWritesAtMostTwoLinesPerTenSeconds) {
 
 // Runs `f` with the process's soft descriptor limit at 3 (stdin, stdout and
 // stderr open: every new descriptor fails with EMFILE), then puts it back.
+// Not under the sanitizers: UBSan's vptr check probes a vtable's memory
+// through a pipe (sanitizer_common's IsAccessibleMemoryRange), which cannot
+// be opened at this limit, so it reports every dynamic type it has not cached
+// yet as an invalid object (Asio's scheduler_task, a socket's shared_ptr):
+// whether one is cached depends on which tests ran before in the process.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define WEIR_SANITIZED 1
+#endif
+#endif
+#ifdef WEIR_SANITIZED
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
 template <class F>
 void without_descriptors(F f) {
   rlimit was{};
@@ -116,6 +132,7 @@ void without_descriptors(F f) {
 }
 
 TEST(ProbeShortage, AProbeWeirCannotOpenIsNoVerdictOnTheEndpoint) {
+  if (kSanitized) GTEST_SKIP() << "UBSan's vptr check needs descriptors (without_descriptors)";
   asio::io_context io;
   asio::ip::tcp::acceptor acc(io, {asio::ip::address_v4::loopback(), 0});  // a live endpoint
   boost::system::error_code shortage;
@@ -135,6 +152,7 @@ TEST(ProbeShortage, AProbeWeirCannotOpenIsNoVerdictOnTheEndpoint) {
 }
 
 TEST(ProbeShortage, AFetchWeirCannotOpenSaysSoNotTimedOut) {
+  if (kSanitized) GTEST_SKIP() << "UBSan's vptr check needs descriptors (without_descriptors)";
   asio::io_context io;
   asio::ip::tcp::acceptor acc(io, {asio::ip::address_v4::loopback(), 0});
   std::string why;
