@@ -41,7 +41,10 @@ std::string_view value_of(std::string_view obj, const std::optional<MemberSpan>&
 std::optional<Usage> extract_usage(std::string_view json) {
   const auto span = find_last_member(json, "usage");
   if (!span) return std::nullopt;
-  const std::string_view usage = json.substr(span->value_begin, span->value_end - span->value_begin);
+  return read_usage(json.substr(span->value_begin, span->value_end - span->value_begin));
+}
+
+std::optional<Usage> read_usage(std::string_view usage) {
   if (usage.empty() || usage.front() != '{') return std::nullopt;  // null, or not an object
 
   static constexpr std::array<std::string_view, 4> kKeys = {"prompt_tokens", "completion_tokens", "total_tokens",

@@ -30,4 +30,10 @@ struct Usage {
 // value only, into a stack buffer.
 std::optional<Usage> extract_usage(std::string_view json);
 
+// The same reading of a "usage" member's value text already found (by
+// find_members, in a scan that looked for other members too): `value` is
+// its JSON text, from its first byte to its last. Returns nullopt for null,
+// anything but an object, or a count that does not read, as extract_usage.
+std::optional<Usage> read_usage(std::string_view value);
+
 }  // namespace weir::api

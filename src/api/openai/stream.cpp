@@ -1,6 +1,7 @@
 #include "api/openai/stream.hpp"
 
 #include <algorithm>
+#include <array>
 #include <charconv>
 #include <cstring>
 #include <optional>
@@ -309,14 +310,40 @@ bool begins_like_error(std::string_view data) {
   return at(ws(i + 1), "\"error\"");
 }
 
-bool is_usage_only_chunk(std::string_view data) {
-  auto span = find_member(data, "choices");
-  if (!span) return false;
-  std::string_view v = data.substr(span->value_begin, span->value_end - span->value_begin);
+namespace {
+
+// A chunk's top-level "choices" and "usage", in one scan of it.
+struct ChunkMembers {
+  std::optional<MemberSpan> choices;
+  std::optional<MemberSpan> usage;
+};
+
+std::optional<ChunkMembers> chunk_members(std::string_view data) {
+  static constexpr std::array<std::string_view, 2> kKeys = {"choices", "usage"};
+  std::array<std::optional<MemberSpan>, 2> m;
+  if (!find_members(data, kKeys, m)) return std::nullopt;
+  return ChunkMembers{m[0], m[1]};
+}
+
+std::string_view value_text(std::string_view data, const MemberSpan& m) {
+  return data.substr(m.value_begin, m.value_end - m.value_begin);
+}
+
+// `"choices": []` (whitespace inside allowed) with a `usage` member beside it.
+bool usage_only(std::string_view data, const ChunkMembers& m) {
+  if (!m.choices || !m.usage) return false;
+  const std::string_view v = value_text(data, *m.choices);
   if (v.size() < 2 || v.front() != '[' || v.back() != ']') return false;
   for (char c : v.substr(1, v.size() - 2))
     if (c != ' ' && c != '\t' && c != '\n' && c != '\r') return false;
-  return find_member(data, "usage").has_value();
+  return true;
+}
+
+}  // namespace
+
+bool is_usage_only_chunk(std::string_view data) {
+  const auto m = chunk_members(data);
+  return m && usage_only(data, *m);
 }
 
 bool UsageHook::on_data(std::string_view data) {
@@ -325,31 +352,34 @@ bool UsageHook::on_data(std::string_view data) {
   // (~40 in a vLLM chunk), nor glibc's memmem (~2 instructions per byte).
   saw_usage_ = false;
   if (core::find_substring(data, "\"usage\"") == std::string_view::npos) return true;
+  // Then one scan of the chunk's top level finds both members the rest
+  // reads (with continuous_usage_stats every chunk gets here).
+  const auto m = chunk_members(data);
+  if (!m || !m->usage) return true;
   saw_usage_ = true;
+  usage_span_ = *m->usage;
+  usage_of_ = data;
   // Counts that do not read (negative, fractional, not numbers) are no
   // usage: the request is metered as one without (gateway settle()).
   // The usage chunk Weir asked for on the client's behalf is not theirs,
   // whatever its numbers say: it is known by its shape, not by its counts.
-  const bool usage_only = is_usage_only_chunk(data);
-  if (auto u = extract_usage(data)) on_usage(data, *u, usage_only);
-  if (strip_ && usage_only) return false;
-  if (usage_only) usage_chunk_ = true;
+  const bool only = usage_only(data, *m);
+  if (auto u = read_usage(value_text(data, *m->usage))) on_usage(data, m->choices, *u, only);
+  if (strip_ && only) return false;
+  if (only) usage_chunk_ = true;
   return true;
 }
 
-void UsageHook::on_usage(std::string_view data, const Usage& u, bool usage_only) {
+void UsageHook::on_usage(std::string_view data, const std::optional<MemberSpan>& choices, const Usage& u,
+                         bool usage_only) {
   // A chunk with no choice (vLLM's usage-only chunk; also one without a
-  // "choices" array) carries the request's total. (The usage-only chunk,
-  // every stream's usual one, is known already: no second scan of it.)
+  // "choices" array) carries the request's total.
   if (usage_only) {
     whole_ = true;
     usage_ = u;
     return;
   }
-  const auto choices = find_member(data, "choices");
-  const auto first = choices
-                         ? first_element(data.substr(choices->value_begin, choices->value_end - choices->value_begin))
-                         : std::nullopt;
+  const auto first = choices ? first_element(value_text(data, *choices)) : std::nullopt;
   if (!first) {
     whole_ = true;
     usage_ = u;
@@ -396,8 +426,10 @@ Usage UsageHook::usage() const {
 
 std::optional<std::string_view> UsageHook::without_usage(std::string_view data) {
   if (!strip_ || !saw_usage_) return std::nullopt;  // (on_data's scan of this chunk)
-  const auto m = find_member(data, "usage");
-  if (!m || data.substr(m->value_begin, m->value_end - m->value_begin) == "null") return std::nullopt;
+  // Where on_data found the member, when `data` is the chunk it read; else a scan.
+  const auto m = data.data() == usage_of_.data() && data.size() == usage_of_.size() ? std::optional(usage_span_)
+                                                                                    : find_member(data, "usage");
+  if (!m || value_text(data, *m) == "null") return std::nullopt;
   // The member and one comma beside it: the one before it, else the one after it.
   std::size_t from = m->key_begin;
   std::size_t to = m->value_end;

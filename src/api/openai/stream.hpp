@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "api/json_scan.hpp"
 #include "api/usage.hpp"
 
 namespace weir::api::openai {
@@ -157,7 +158,8 @@ class UsageHook {
     std::uint64_t cached_tokens = 0;
   };
   // on_data()'s valid usage `u` of the chunk `data`: a total, or one choice's.
-  void on_usage(std::string_view data, const Usage& u, bool usage_only);
+  // `choices`: the chunk's top-level "choices" member, if any.
+  void on_usage(std::string_view data, const std::optional<MemberSpan>& choices, const Usage& u, bool usage_only);
 
   bool strip_ = false;
   bool whole_ = false;  // usage_ holds the request's total
@@ -167,6 +169,8 @@ class UsageHook {
   std::vector<ChoiceCounts> choices_;  // per-choice usage, by choice index
   std::string edited_;                 // without_usage()'s chunk
   bool saw_usage_ = false;             // the chunk on_data() read last has a "usage" key
+  MemberSpan usage_span_;              // where, when saw_usage_ ...
+  std::string_view usage_of_;          // ... in this chunk
 };
 
 }  // namespace weir::api::openai
