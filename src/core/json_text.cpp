@@ -65,12 +65,81 @@ std::size_t utf8_step(const unsigned char* p, std::size_t n, bool& valid) {
   return need + 1;
 }
 
+// Whether a byte of `w` needs the escaper's look (kClass not 0): a control
+// byte, '"', '\\', DEL or a non-ASCII one. Eight at once (SWAR: a byte
+// below k is found by (w - k×ones) & ~w & highs, exact as a test of the
+// whole word when no byte has its high bit set; equality as a zero of w ^ c).
+constexpr bool needs_look(std::uint64_t w) {
+  constexpr std::uint64_t ones = 0x0101010101010101ULL;
+  constexpr std::uint64_t highs = 0x8080808080808080ULL;
+  auto has_below = [](std::uint64_t x, std::uint64_t k) { return ((x - ones * k) & ~x & highs) != 0; };
+  if (w & highs) return true;
+  return has_below(w, 0x20) || has_below(w ^ (ones * '"'), 1) || has_below(w ^ (ones * '\\'), 1) ||
+         has_below(w ^ (ones * 0x7F), 1);
+}
+static_assert(!needs_look(0x4141414141414141ULL) && needs_look(0x4141414122414141ULL) &&
+              needs_look(0x414141415C414141ULL) && needs_look(0x4141417F41414141ULL) &&
+              needs_look(0x411F414141414141ULL) && needs_look(0x41414141414141C3ULL) &&
+              !needs_look(0x7E20212324255B5DULL));
+
+#if defined(__SSE2__)
+// The bytes of v that need the escaper's look, as a movemask.
+[[gnu::always_inline]] inline unsigned look_mask(__m128i v) {
+  const __m128i control = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1F)), v),  // v <= 0x1F
+                                       _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F)));
+  const __m128i quote_or_backslash =
+      _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')));
+  // movemask of v itself: the high bit, a non-ASCII byte.
+  return static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(control, quote_or_backslash)) | _mm_movemask_epi8(v));
+}
+#endif
+
 }  // namespace
 
 void TextWriter::put_json_string(std::string_view s) {
   static constexpr char hex[] = "0123456789abcdef";
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const std::size_t n = s.size();
+  if (n - 1 < 16) {
+    // 1 to 16 bytes (a method, a model or pool name, most log values): read
+    // as two overlapping words (8 to 16 bytes), two overlapping halves (4
+    // to 7) or its first, middle and last byte (1 to 3), and written the
+    // same way when none needs a look: no loop, no memcpy call.
+    std::uint64_t a = 0x4141414141414141ULL;  // 'A' where fewer than 8 bytes fill it
+    std::uint64_t b;
+    if (n >= 8) {
+      std::memcpy(&a, p, 8);
+      std::memcpy(&b, p + n - 8, 8);
+    } else if (n >= 4) {
+      std::uint32_t lo;
+      std::uint32_t hi;
+      std::memcpy(&lo, p, 4);
+      std::memcpy(&hi, p + n - 4, 4);
+      a = lo | (std::uint64_t{hi} << 32);
+      b = a;
+    } else {
+      a = (a & ~0xFFFFFFULL) | p[0] | (std::uint64_t{p[n / 2]} << 8) | (std::uint64_t{p[n - 1]} << 16);
+      b = a;
+    }
+    if (!needs_look(a) && !needs_look(b)) {
+      ensure(n + 2);
+      *p_++ = '"';
+      if (n >= 8) {
+        std::memcpy(p_, p, 8);
+        std::memcpy(p_ + n - 8, p + n - 8, 8);
+      } else if (n >= 4) {
+        std::memcpy(p_, p, 4);
+        std::memcpy(p_ + n - 4, p + n - 4, 4);
+      } else {
+        p_[0] = static_cast<char>(p[0]);
+        p_[n / 2] = static_cast<char>(p[n / 2]);
+        p_[n - 1] = static_cast<char>(p[n - 1]);
+      }
+      p_ += n;
+      *p_++ = '"';
+      return;
+    }
+  }
   // Room for the string as it is and its quotes; each escape or
   // replacement makes room for itself and the rest again (at most 6 bytes
   // per byte; the string grows geometrically, not to 6 × n up front).
@@ -87,20 +156,21 @@ void TextWriter::put_json_string(std::string_view s) {
 #if defined(__SSE2__)
     // Sixteen bytes a step while none needs a look (a quote, a backslash, a
     // control byte, DEL or a non-ASCII one): most of a log line's text.
+    bool hit = false;
     while (i + 16 <= n) {
-      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i));
-      const __m128i control = _mm_or_si128(_mm_cmpeq_epi8(_mm_min_epu8(v, _mm_set1_epi8(0x1F)), v),  // v <= 0x1F
-                                           _mm_cmpeq_epi8(v, _mm_set1_epi8(0x7F)));
-      const __m128i quote_or_backslash =
-          _mm_or_si128(_mm_cmpeq_epi8(v, _mm_set1_epi8('"')), _mm_cmpeq_epi8(v, _mm_set1_epi8('\\')));
-      // movemask of v itself: the high bit, a non-ASCII byte.
-      const auto mask =
-          static_cast<unsigned>(_mm_movemask_epi8(_mm_or_si128(control, quote_or_backslash)) | _mm_movemask_epi8(v));
+      const unsigned mask = look_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + i)));
       if (mask != 0) {
         i += static_cast<std::size_t>(__builtin_ctz(mask));
+        hit = true;
         break;
       }
       i += 16;
+    }
+    if (!hit && i < n && n >= 16) {
+      // Fewer than 16 left: the last 16 bytes in one step, less those before i (seen already).
+      const std::size_t from = n - 16;  // < i
+      const unsigned mask = look_mask(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + from))) >> (i - from);
+      i = mask == 0 ? n : i + static_cast<std::size_t>(__builtin_ctz(mask));
     }
     if (i >= n) break;
 #endif

@@ -328,14 +328,26 @@ void Worker::next_request_id(std::string& out) {
   // fresh randomness: unique in the process by the counter, and never
   // predictable, so a client cannot plant (in its own x-request-id) the id
   // a later request will be given.
-  static constexpr char kHex[] = "0123456789abcdef";
-  char id[28];
-  auto put = [&](std::size_t at, std::size_t digits, std::uint64_t v) {
-    for (std::size_t i = at + digits; i > at; --i, v >>= 4) id[i - 1] = kHex[v & 0xf];
+  // Two digits per table read, the prefix (instance and worker) written once per worker.
+  static constexpr auto kPairs = [] {
+    std::array<char, 512> t{};
+    constexpr char hex[] = "0123456789abcdef";
+    for (std::size_t b = 0; b < 256; ++b) {
+      t[2 * b] = hex[b >> 4];
+      t[2 * b + 1] = hex[b & 0xf];
+    }
+    return t;
+  }();
+  auto put = [](char* at, std::size_t digits, std::uint64_t v) {  // `digits` even
+    for (std::size_t i = digits; i > 0; i -= 2, v >>= 8) std::memcpy(at + i - 2, &kPairs[2 * (v & 0xff)], 2);
   };
-  put(0, 8, static_cast<std::uint32_t>(shared_.instance_id));
-  put(8, 2, index_ & 0xff);
-  put(10, 10, ++request_seq_ & 0xff'ffff'ffffULL);
+  char id[28];
+  if (id_prefix_[0] == 0) {
+    put(id_prefix_.data(), 8, static_cast<std::uint32_t>(shared_.instance_id));
+    put(id_prefix_.data() + 8, 2, index_ & 0xff);
+  }
+  std::memcpy(id, id_prefix_.data(), id_prefix_.size());
+  put(id + 10, 10, ++request_seq_ & 0xff'ffff'ffffULL);
   if (id_entropy_at_ + 4 > id_entropy_.size()) {
     if (RAND_bytes(id_entropy_.data(), static_cast<int>(id_entropy_.size())) != 1)
       for (auto& b : id_entropy_) b = static_cast<unsigned char>(rng_.next());  // (never: OpenSSL seeds from the OS)
@@ -344,7 +356,7 @@ void Worker::next_request_id(std::string& out) {
   std::uint32_t r = 0;
   std::memcpy(&r, id_entropy_.data() + id_entropy_at_, 4);
   id_entropy_at_ += 4;
-  put(20, 8, r);
+  put(id + 20, 8, r);
   out.assign(id, sizeof id);
 }
 

@@ -327,6 +327,43 @@ TEST(JsonText, TheWordAtATimeScanMissesNoByteAtAnyPosition) {
   }
 }
 
+TEST(JsonText, ShortStringsAndTailsMissNoByteAtAnyLength) {
+  // The same at every length from 1 to 40 (the word-pair path of 1 to 16
+  // bytes, the overlapping last step of 17 and more): one byte of every value
+  // at every position, and two that need a look, the second in the tail.
+  const std::string plain = "The quick brown fox jumps over a lazy do";
+  for (std::size_t len = 1; len <= plain.size(); ++len) {
+    const std::string base = plain.substr(0, len);
+    std::string out;
+    append_json_string(out, base);
+    EXPECT_EQ(out, "\"" + base + "\"") << len;
+    for (int v = 0; v < 256; ++v) {
+      std::string alone;
+      append_json_string(alone, std::string(1, static_cast<char>(v)));
+      const std::string inner = alone.substr(1, alone.size() - 2);
+      for (std::size_t at = 0; at < len; ++at) {
+        std::string in = base;
+        in[at] = static_cast<char>(v);
+        out.clear();
+        append_json_string(out, in);
+        EXPECT_EQ(out, "\"" + base.substr(0, at) + inner + base.substr(at + 1) + "\"")
+            << v << " at " << at << " of " << len;
+      }
+    }
+    for (std::size_t a = 0; a < len; ++a)
+      for (std::size_t b = a + 1; b < len; ++b) {
+        std::string in = base;
+        in[a] = '"';
+        in[b] = '\n';
+        out.clear();
+        append_json_string(out, in);
+        EXPECT_EQ(out,
+                  "\"" + base.substr(0, a) + "\\\"" + base.substr(a + 1, b - a - 1) + "\\n" + base.substr(b + 1) + "\"")
+            << a << "," << b << " of " << len;
+      }
+  }
+}
+
 TEST(JsonText, SequencesAndEscapesAcrossSixteenByteStepsAreKept) {
   // A well-formed 2-, 3- or 4-byte sequence, or two escapes in a row, at every
   // position of 40 plain bytes: unchanged (or escaped) whichever step it
