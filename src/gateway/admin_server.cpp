@@ -338,8 +338,9 @@ core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminReques
         421,
         "invalid_request_error",
         "host_not_allowed",
-        fmt::format("The admin listener does not serve the host '{}' (admin.allowed_hosts{}).",
-                    core::utf8_prefix(req.authority, 256),
+        fmt::format("The admin listener does not serve {} (admin.allowed_hosts{}).",
+                    req.authority.empty() ? std::string("a request without a host name (no Host, or an empty one)")
+                                          : fmt::format("the host '{}'", core::utf8_prefix(req.authority, 256)),
                     host_rule_.kind == core::HostRule::Kind::local
                         ? "; on a loopback address it answers IP literals and localhost unless the option lists more"
                         : ""),

@@ -68,7 +68,8 @@ bool is_ip_literal(std::string_view host) {
 }  // namespace
 
 bool host_allowed(const core::HostRule& rule, std::string_view authority) {
-  if (rule.kind == core::HostRule::Kind::any || authority.empty()) return true;
+  if (rule.kind == core::HostRule::Kind::any) return true;
+  if (authority.empty()) return rule.kind == core::HostRule::Kind::local;
   const std::string host = normalize_host(authority);
   if (rule.kind == core::HostRule::Kind::local) return host == "localhost" || is_ip_literal(host);
   return std::find(rule.names.begin(), rule.names.end(), host) != rule.names.end();

@@ -36,9 +36,12 @@ std::string_view request_authority(std::string_view target, std::string_view hos
 std::string normalize_host(std::string_view authority);
 
 // Whether `rule` lets a request naming `authority` (request_authority())
-// through. An empty authority always passes: browsers always send a Host
-// (the name a rebinding relies on), so a request without one (HTTP/1.0
-// health checks) comes from a client that chose its target itself.
+// through. An empty authority (an HTTP/1.0 request without Host, or an empty
+// Host) passes Kind::any and Kind::local, the defaults: browsers always send
+// a Host (the name a rebinding relies on), so such a request comes from a
+// client that chose its target itself (HTTP/1.0 health checks). It matches
+// no name of a Kind::listed rule: an operator who lists the hosts served
+// gets those only, and "" is none of them (list "*" to answer any).
 bool host_allowed(const core::HostRule& rule, std::string_view authority);
 
 // True for 127.0.0.0/8, ::1 and ::ffff:127.0.0.0/104 (a v4-mapped loopback

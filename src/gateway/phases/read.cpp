@@ -190,8 +190,9 @@ core::Error GatewayPhases::misdirected(const RequestContext& ctx) const {
   const auto& req = down_.request();
   const std::string_view authority = request_authority(req.target(), http::first_field(req, bh::field::host));
   return core::host_not_allowed(
-      fmt::format("Weir does not serve the host '{}' here (server.allowed_hosts{}).",
-                  core::utf8_prefix(authority, core::kMaxEchoBytes),
+      fmt::format("Weir does not serve {} here (server.allowed_hosts{}).",
+                  authority.empty() ? std::string("a request without a host name (no Host, or an empty one)")
+                                    : fmt::format("the host '{}'", core::utf8_prefix(authority, core::kMaxEchoBytes)),
                   ctx.gen->config().server.allowed_hosts
                       ? ""
                       : "; on a loopback address, /metrics is answered for IP literals and localhost only, unless "

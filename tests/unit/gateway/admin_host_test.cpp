@@ -49,7 +49,8 @@ TEST(AdminHost, ListedNamesAndAny) {
   EXPECT_TRUE(host_allowed(listed, "weir-admin.internal."));
   EXPECT_TRUE(host_allowed(listed, "[0::1]:9090"));
   EXPECT_TRUE(host_allowed(listed, "10.0.0.5"));
-  EXPECT_TRUE(host_allowed(listed, ""));  // no Host at all: no browser, no rebinding
+  // No Host (HTTP/1.0) or an empty one: no name on the list, so not answered (the defaults take it).
+  EXPECT_FALSE(host_allowed(listed, ""));
   EXPECT_FALSE(host_allowed(listed, "127.0.0.1"));
   EXPECT_FALSE(host_allowed(listed, "localhost"));
   EXPECT_FALSE(host_allowed(listed, "admin.internal"));
