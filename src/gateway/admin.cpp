@@ -1,9 +1,11 @@
 #include "gateway/admin.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <ctime>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,6 +23,48 @@
 #include "http/shortage.hpp"
 
 namespace weir::gateway {
+
+tl::expected<AnthropicPage, core::Error> anthropic_page(std::string_view query) {
+  AnthropicPage page;
+  bool limit_seen = false;
+  while (!query.empty()) {
+    const auto amp = query.find('&');
+    const std::string_view pair = query.substr(0, amp);
+    query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+    const auto eq = pair.find('=');
+    const std::string_view key = pair.substr(0, eq);
+    const std::string_view raw = eq == std::string_view::npos ? std::string_view() : pair.substr(eq + 1);
+    std::string* cursor = key == "after_id" ? &page.after_id : key == "before_id" ? &page.before_id : nullptr;
+    if (cursor == nullptr && key != "limit") continue;  // (another API's parameter: not this one's to refuse)
+    // (core::Error's param is a view: a literal, not the query's bytes.)
+    const std::string_view name = cursor == &page.after_id ? "after_id" : cursor ? "before_id" : "limit";
+    if ((cursor && !cursor->empty()) || (!cursor && limit_seen))
+      return tl::unexpected(core::bad_request(fmt::format("{} is given more than once.", name), name));
+    // application/x-www-form-urlencoded, as the SDKs write a query: '+' is a space, then %XX.
+    std::string plus_free(raw);
+    std::replace(plus_free.begin(), plus_free.end(), '+', ' ');
+    const auto pct = boost::urls::make_pct_string_view(plus_free);
+    if (!pct) return tl::unexpected(core::bad_request(fmt::format("{} has an invalid percent escape.", name), name));
+    std::string value = pct->decode();
+    if (cursor) {
+      if (value.empty())
+        return tl::unexpected(core::bad_request(fmt::format("{} is empty: name a model id.", name), name));
+      *cursor = std::move(value);
+      continue;
+    }
+    limit_seen = true;
+    std::size_t n = 0;
+    const auto [end, ec] = std::from_chars(value.data(), value.data() + value.size(), n);
+    if (value.empty() || ec != std::errc() || end != value.data() + value.size() || n < 1 || n > 1000)
+      return tl::unexpected(core::bad_request(
+          fmt::format("limit must be an integer from 1 to 1000, not '{}'.", core::utf8_prefix(value, 32)), "limit"));
+    page.limit = n;
+  }
+  if (!page.after_id.empty() && !page.before_id.empty())
+    return tl::unexpected(
+        core::bad_request("after_id and before_id are both given: page one way at a time.", "before_id"));
+  return page;
+}
 
 namespace {
 const std::int64_t kStartTime =
@@ -47,23 +91,57 @@ void append_anthropic_model(std::string& out, std::string_view id, std::int64_t 
   out += R"("})";
 }
 
-// Anthropic's list: {"data":[...],"has_more":false,"first_id","last_id"} (null ids for an empty list);
-// Weir's list is one page.
-void append_anthropic_list(std::string& out, const std::vector<std::pair<std::string_view, std::int64_t>>& models) {
+// One page of Anthropic's list, as `query` asks (anthropic_page()): {"data":[...],"has_more","first_id",
+// "last_id"} (null ids for an empty page). has_more says whether models remain in the page's direction
+// (after it, or before it for a before_id), as Anthropic's does: an SDK's auto-paging asks for the next page
+// with after_id = last_id (before_id = first_id) while it is true.
+tl::expected<void, core::Error> append_anthropic_list(
+    std::string& out, const std::vector<std::pair<std::string_view, std::int64_t>>& models, std::string_view query) {
+  auto page = anthropic_page(query);
+  if (!page) return tl::unexpected(std::move(page.error()));
+  const auto index_of = [&](std::string_view id) -> std::optional<std::size_t> {
+    for (std::size_t i = 0; i < models.size(); ++i)
+      if (models[i].first == id) return i;
+    return std::nullopt;
+  };
+  // [begin, end) of `models`; more: models remain past the page in its direction.
+  std::size_t begin = 0;
+  std::size_t end = std::min(page->limit, models.size());
+  bool more = end < models.size();
+  for (const auto& [cursor, name, after] : {std::tuple{std::string_view(page->after_id), "after_id", true},
+                                            std::tuple{std::string_view(page->before_id), "before_id", false}}) {
+    if (cursor.empty()) continue;
+    // (A model the principal may not use is not in its list: named, it is no model, as for retrieve().)
+    const auto at = index_of(cursor);
+    if (!at)
+      return tl::unexpected(core::bad_request(
+          fmt::format("{} '{}' names no model in the list.", name, core::utf8_prefix(cursor, core::kMaxEchoBytes)),
+          name));
+    if (after) {
+      begin = *at + 1;
+      end = std::min(models.size(), begin + page->limit);
+      more = end < models.size();
+    } else {
+      end = *at;
+      begin = end > page->limit ? end - page->limit : 0;
+      more = begin > 0;
+    }
+  }
   out += R"({"data":[)";
-  for (std::size_t i = 0; i < models.size(); ++i) {
-    if (i > 0) out += ',';
+  for (std::size_t i = begin; i < end; ++i) {
+    if (i > begin) out += ',';
     append_anthropic_model(out, models[i].first, models[i].second);
   }
-  out += R"(],"has_more":false,"first_id":)";
-  if (models.empty()) {
+  out += more ? R"(],"has_more":true,"first_id":)" : R"(],"has_more":false,"first_id":)";
+  if (begin == end) {
     out += R"(null,"last_id":null})";
-    return;
+    return {};
   }
-  core::append_json_string(out, models.front().first);
+  core::append_json_string(out, models[begin].first);
   out += R"(,"last_id":)";
-  core::append_json_string(out, models.back().first);
+  core::append_json_string(out, models[end - 1].first);
   out += '}';
+  return {};
 }
 
 void append_model(std::string& out, std::string_view id, std::string_view owned_by, std::string_view root) {
@@ -244,7 +322,8 @@ std::optional<std::string> model_id_of(std::string_view path) {
 }  // namespace
 
 tl::expected<std::string, core::Error> upstream_models_response(std::string_view upstream_list, std::string_view path,
-                                                                const auth::Principal* principal, bool anthropic) {
+                                                                const auth::Principal* principal, bool anthropic,
+                                                                std::string_view query) {
   boost::system::error_code ec;
   boost::json::value v = boost::json::parse(boost::json::string_view(upstream_list.data(), upstream_list.size()), ec);
   // An integer beyond 64 bits in the upstream's list is written back exactly
@@ -294,7 +373,7 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
     for (const auto& m : list)
       if (const auto id = id_of(m); id && visible(m)) shown.emplace_back(*id, created_of(m));
     std::string out;
-    append_anthropic_list(out, shown);
+    if (auto ok = append_anthropic_list(out, shown, query); !ok) return tl::unexpected(std::move(ok.error()));
     return out;
   }
   if (principal == nullptr) return std::string();  // every model: the upstream's bytes
@@ -306,7 +385,8 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
 }
 
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
-                                                       const auth::Principal* principal, bool anthropic) {
+                                                       const auth::Principal* principal, bool anthropic,
+                                                       std::string_view query) {
   auto visible = [&](const core::ModelConfig& m) {
     return !principal || auth::Authenticator::check_model(*principal, m.name).has_value();
   };
@@ -332,7 +412,7 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
       shown.emplace_back(m.name, kStartTime);
       for (const auto& a : m.aliases) shown.emplace_back(a, kStartTime);
     }
-    append_anthropic_list(out, shown);
+    if (auto ok = append_anthropic_list(out, shown, query); !ok) return tl::unexpected(std::move(ok.error()));
     return out;
   }
   out += R"({"object":"list","data":[)";

@@ -22,6 +22,24 @@ struct Shared;
 struct MetricLabels;
 struct Generation;
 
+// One page of Anthropic's model list, as its List Models API takes it from
+// the query (API reference, "List Models"): `limit` models (1..1000,
+// default 20) from the start of the list, or right after the model
+// `after_id` names, or right before the one `before_id` names.
+struct AnthropicPage {
+  std::size_t limit = 20;
+  std::string after_id;   // empty: not given
+  std::string before_id;  // empty: not given
+};
+
+// The page `query` (a request target's query, without '?', undecoded:
+// "limit=5&after_id=m") asks for; other parameters are ignored. Values are
+// percent-decoded ('+' is a space). Errors, 400 invalid_request_error naming
+// the parameter: a limit that is not an integer in 1..1000, an empty
+// after_id or before_id, one given twice, both cursors at once, an invalid
+// percent escape.
+tl::expected<AnthropicPage, core::Error> anthropic_page(std::string_view query);
+
 // GET /v1/models → OpenAI's list object {"object":"list","data":[{id, object:"model",
 // created, owned_by}]} with every configured model and alias that `principal`
 // may use (all of them when it is null); GET /v1/models/{id} → that model
@@ -29,9 +47,13 @@ struct Generation;
 // `anthropic` (the request carried anthropic-version: an Anthropic SDK's
 // models.list()/retrieve()): Anthropic's shapes instead (API reference,
 // "Models"): {"data":[{"type":"model","id","display_name","created_at":
-// RFC 3339}],"has_more":false,"first_id","last_id"}, and that model object.
+// RFC 3339}],"has_more","first_id","last_id"}, one page of the list as
+// `query` (the target's, without '?') asks (anthropic_page(); its errors,
+// and 400 for a cursor that names no model the principal may use), and that
+// model object.
 tl::expected<std::string, core::Error> models_response(const core::Config& cfg, std::string_view path,
-                                                       const auth::Principal* principal, bool anthropic = false);
+                                                       const auth::Principal* principal, bool anthropic = false,
+                                                       std::string_view query = {});
 
 // The upstream's model list (GET /v1/models to the default pool, when the
 // configuration has no `models:` section: the upstream knows its models),
@@ -41,10 +63,10 @@ tl::expected<std::string, core::Error> models_response(const core::Config& cfg, 
 // the principal may not use is not found either). Returns "" when
 // `upstream_list` is no OpenAI list object (passed on as it came).
 // `anthropic`: in Anthropic's shapes, as models_response (created_at from
-// each model's `created`).
+// each model's `created`; one page as `query` asks).
 tl::expected<std::string, core::Error> upstream_models_response(std::string_view upstream_list, std::string_view path,
                                                                 const auth::Principal* principal,
-                                                                bool anthropic = false);
+                                                                bool anthropic = false, std::string_view query = {});
 
 // Why GET /ready answers 503 now, empty while ready (docs/reliability.md#readiness):
 // "Weir is draining.", or with server.ready_pools `all` the pools that have

@@ -144,7 +144,7 @@ struct RequestContext {
   std::string edit_buf;                    // second buffer for spliced bodies (lent)
   bool chat_translated = false;            // an Anthropic route: edit_buf holds its chat-completions translation
   bool chat_continuous = false;            // ... which asks for continuous_usage_stats (pools.X.continuous_usage)
-  bool anthropic_models = false;           // /v1/models with anthropic-version: answered in Anthropic's shapes
+  bool anthropic_models = false;           // /v1/models(/...) with anthropic-version: answered in Anthropic's shapes
   bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
   bool target_refused = false;             // attempt_pool: this target's API cannot carry the request (nothing sent)
   bool strip_usage = false;                // Weir asked for the usage chunk; the client did not

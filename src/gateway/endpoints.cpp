@@ -58,6 +58,11 @@ std::string_view path_of(std::string_view target) {
   return q == std::string_view::npos ? target : target.substr(0, q);
 }
 
+std::string_view query_of(std::string_view target) {
+  const auto q = target.find('?');
+  return q == std::string_view::npos ? std::string_view() : target.substr(q + 1);
+}
+
 namespace {
 // A model id after /v1/models/ (it may hold '/', as is or as %2F:
 // "org/model"), without what a server that normalizes paths would read as

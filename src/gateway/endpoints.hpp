@@ -44,6 +44,8 @@ std::string_view route_label(RouteKind r);
 // The path of a request target: origin-form "/p?q", or absolute-form
 // "http://host/p?q", which a server must accept too (RFC 9112 §3.2.2).
 std::string_view path_of(std::string_view target);
+// Its query: what follows the first '?', undecoded ("" when none).
+std::string_view query_of(std::string_view target);
 RouteKind classify_path(std::string_view path);
 
 // The OpenAI API a POST route speaks upstream (the Anthropic and Responses

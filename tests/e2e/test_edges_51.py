@@ -5,6 +5,10 @@
    now gets 421 host_not_allowed like any unlisted host (the defaults, which no list set, still answer it: no
    browser sends an empty Host or none). RFC 9112 §3.2's 400 for an HTTP/1.1 request without Host or any request
    with two Host fields was already right on both listeners; it is pinned here with a list configured too.
+2. GET /v1/models with anthropic-version ignored Anthropic's List Models parameters (limit, after_id, before_id):
+   the whole list, has_more false. It now answers the page asked for (default 20), bad values a 400 in
+   Anthropic's shape; /v1/models/ (a trailing slash), a 404 in both shapes, now comes in Anthropic's with the
+   header (it came in OpenAI's).
 """
 from __future__ import annotations
 
@@ -105,4 +109,116 @@ def test_rfc9112_host_count_is_400_before_the_host_check(mock, weir, listener, l
                 b"GET /ready HTTP/1.0\r\nHost: api.example\r\nHost: api.example\r\n\r\n"):
         err = assert_openai_error(raw(port, req), 400)
         assert "Host" in err["message"], err
+
+
+# --- 2. Anthropic's List Models: limit, after_id, before_id; the trailing slash ------------------------------
+
+AV = {"anthropic-version": "2023-06-01"}
+MODELS = [f"m{i:02}" for i in range(25)]
+
+
+@pytest.fixture
+def models_weir(mock, weir):
+    m = mock("--any-model")
+    return weir(config={"pools": {"p": {"endpoints": [m.base_url]}},
+                        "models": {name: {"pool": "p"} for name in MODELS}})
+
+
+def page(w, query: str = "", headers: dict | None = None) -> dict:
+    r = httpx.get(w.base_url + "/v1/models" + query, headers={**AV, **(headers or {})}, timeout=10)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"data", "has_more", "first_id", "last_id"}, body
+    ids = [x["id"] for x in body["data"]]
+    assert body["first_id"] == (ids[0] if ids else None) and body["last_id"] == (ids[-1] if ids else None), body
+    return {"ids": ids, "has_more": body["has_more"]}
+
+
+def test_anthropic_models_list_pages_by_limit_after_id_and_before_id(models_weir):
+    w = models_weir
+    # Anthropic's default page is 20 models.
+    assert page(w) == {"ids": MODELS[:20], "has_more": True}
+    assert page(w, "?after_id=m19") == {"ids": MODELS[20:], "has_more": False}
+    assert page(w, "?limit=1000") == {"ids": MODELS, "has_more": False}
+    assert page(w, "?limit=25") == {"ids": MODELS, "has_more": False}
+    assert page(w, "?limit=3") == {"ids": MODELS[:3], "has_more": True}
+    assert page(w, "?limit=3&after_id=m02") == {"ids": MODELS[3:6], "has_more": True}
+    assert page(w, "?after_id=m21&limit=3") == {"ids": MODELS[22:], "has_more": False}
+    assert page(w, "?limit=3&after_id=m24") == {"ids": [], "has_more": False}
+    # before_id: the page right before it; has_more says whether models remain before the page.
+    assert page(w, "?limit=3&before_id=m10") == {"ids": MODELS[7:10], "has_more": True}
+    assert page(w, "?limit=3&before_id=m03") == {"ids": MODELS[:3], "has_more": False}
+    assert page(w, "?limit=3&before_id=m01") == {"ids": MODELS[:1], "has_more": False}
+    assert page(w, "?before_id=m00") == {"ids": [], "has_more": False}
+    # Other parameters are no business of this API's; a value is percent-decoded.
+    assert page(w, "?beta=true&limit=%32&after_id=m%30%30") == {"ids": MODELS[1:3], "has_more": True}
+
+
+def test_the_anthropic_sdk_pages_through_the_whole_list(models_weir):
+    import anthropic
+    c = anthropic.Anthropic(base_url=models_weir.base_url, api_key="x", max_retries=0, timeout=30)
+    first = c.models.list(limit=7)
+    assert [m.id for m in first.data] == MODELS[:7] and first.has_more is True
+    assert [m.id for m in c.models.list(limit=7)] == MODELS  # auto-paging: after_id = last_id while has_more
+    back = c.models.list(limit=4, before_id="m10")
+    assert [m.id for m in back.data] == MODELS[6:10] and back.has_more is True
+
+
+@pytest.mark.parametrize("query,param", [
+    ("?limit=0", "limit"), ("?limit=1001", "limit"), ("?limit=-1", "limit"), ("?limit=abc", "limit"),
+    ("?limit=", "limit"), ("?limit=2.5", "limit"), ("?limit=+5", "limit"), ("?limit=99999999999999999999", "limit"),
+    ("?limit=2&limit=3", "limit"), ("?after_id=", "after_id"), ("?before_id=", "before_id"),
+    ("?after_id=m01&after_id=m02", "after_id"), ("?after_id=m01&before_id=m05", "before_id"),
+    ("?after_id=nope", "after_id"), ("?before_id=nope", "before_id"), ("?after_id=%zz", "after_id"),
+])
+def test_a_bad_page_is_an_anthropic_400(models_weir, query, param):
+    r = httpx.get(models_weir.base_url + "/v1/models" + query, headers=AV, timeout=10)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+    assert param in body["error"]["message"], body
+
+
+def test_openai_shaped_models_list_has_no_pages(models_weir):
+    # OpenAI's GET /v1/models takes no parameters: the whole list, whatever the query says.
+    r = httpx.get(models_weir.base_url + "/v1/models?limit=abc&after_id=nope", timeout=10)
+    assert r.status_code == 200 and [x["id"] for x in r.json()["data"]] == MODELS, r.text
+
+
+@pytest.mark.parametrize("path", ["/v1/models/", "/v1/models/m01/", "/v1/models//"])
+def test_a_trailing_slash_is_404_in_the_clients_shape(models_weir, path):
+    # Decided the same way for both shapes: a trailing slash is another path (as on every route, and vLLM's),
+    # 404; its error is in the shape the client reads.
+    r = httpx.get(models_weir.base_url + path, timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found", r.text
+    r = httpx.get(models_weir.base_url + path, headers=AV, timeout=10)
+    assert r.status_code == 404, r.text
+    body = r.json()
+    assert body["type"] == "error" and body["error"]["type"] == "not_found_error", body
+
+
+def test_the_upstreams_list_pages_too(mock, weir):
+    m = mock()
+    w = weir(config={"default_pool": "p", "pools": {"p": {"endpoints": [m.base_url]}}})
+    upstream = [x["id"] for x in httpx.get(m.v1 + "/models").json()["data"]]
+    assert upstream
+    assert page(w, "?limit=1") == {"ids": upstream[:1], "has_more": len(upstream) > 1}
+    assert page(w, f"?after_id={upstream[0]}") == {"ids": upstream[1:21], "has_more": len(upstream) > 21}
+    for query in ("?limit=0", "?after_id=nope"):
+        r = httpx.get(w.base_url + "/v1/models" + query, headers=AV, timeout=10)
+        assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error", r.text
+
+
+def test_a_cursor_the_tenant_may_not_use_names_no_model(mock, weir):
+    m = mock("--any-model")
+    w = weir(config={
+        "pools": {"p": {"endpoints": [m.base_url]}},
+        "models": {name: {"pool": "p"} for name in ("a", "b", "c")},
+        "tenants": {"t": {"models": ["a", "c"]}},
+        "auth": {"api_keys": [{"id": "k", "sha256": hashlib.sha256(KEY.encode()).hexdigest(), "tenant": "t"}]},
+    })
+    assert page(w, "?limit=1", AUTH) == {"ids": ["a"], "has_more": True}
+    assert page(w, "?after_id=a", AUTH) == {"ids": ["c"], "has_more": False}
+    r = httpx.get(w.base_url + "/v1/models?after_id=b", headers={**AV, **AUTH}, timeout=10)
+    assert r.status_code == 400 and "after_id" in r.json()["error"]["message"], r.text
 

@@ -40,7 +40,8 @@ core::Task<Outcome> GatewayPhases::serve_own(RequestContext& ctx) {
   if (ctx.route == RouteKind::models) {
     // The whole path: ctx.path is the log's copy, cut to kMaxEchoBytes (a
     // long model id, percent-encoded, passes that).
-    auto r = models_response(ctx.gen->config(), path_of(down_.target()), ctx.principal.get(), ctx.anthropic_models);
+    auto r = models_response(ctx.gen->config(), path_of(down_.target()), ctx.principal.get(), ctx.anthropic_models,
+                             query_of(down_.target()));
     if (!r) co_return Outcome::failed(std::move(r.error()));
     co_await send_own(ctx, {200, "application/json", *r, {}});
   } else if (ctx.route == RouteKind::health) {

@@ -18,6 +18,7 @@
 #include "api/json_scan.hpp"
 #include "api/responses/request.hpp"
 #include "core/saturating.hpp"
+#include "gateway/admin.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 
@@ -73,6 +74,10 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
   if (api)
     if (auto o = decode_body(ctx); !o.goes_on()) return o;
   if (w_.shared().capture) begin_capture(ctx);
+  // An Anthropic SDK's models.list() page (limit, after_id, before_id): a bad one is refused here, before a
+  // model list that comes from the upstream is fetched (a cursor naming no model is seen with the list).
+  if (ctx.anthropic_models && ctx.route == RouteKind::models && !path_of(down_.target()).starts_with("/v1/models/"))
+    if (auto page = anthropic_page(query_of(down_.target())); !page) return Outcome::failed(std::move(page.error()));
   if (!api) return Outcome::next();
   if (*api != api::ApiKind::audio) {
     const std::string_view ct = http::first_field(down_.request(), boost::beast::http::field::content_type);

@@ -610,7 +610,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       (req.method() == bh::verb::get || req.method() == bh::verb::head)) {
     // The upstream's model list (a default_pool, no models: section): as the client asked for it, and only
     // what its principal may use.
-    auto r = upstream_models_response(plain, path_of(down_.target()), ctx.principal.get(), ctx.anthropic_models);
+    auto r = upstream_models_response(plain, path_of(down_.target()), ctx.principal.get(), ctx.anthropic_models,
+                                      query_of(down_.target()));
     if (!r) co_return Outcome::failed(std::move(r.error()));
     if (!r->empty()) {
       translated = std::move(*r);

@@ -378,6 +378,41 @@ TEST(KeyStore, PublishedPolicyAuthenticatesAndExpiryIsRefusedSayingSo) {
       << expired.error().message;
 }
 
+// Anthropic's List Models query (API reference, "List Models").
+TEST(AnthropicPage, ReadsLimitAndOneCursorAndRefusesTheRestNamingIt) {
+  auto p = anthropic_page("");
+  ASSERT_TRUE(p);
+  EXPECT_EQ(p->limit, 20u);
+  EXPECT_TRUE(p->after_id.empty() && p->before_id.empty());
+  p = anthropic_page("beta=true&limit=1000&after_id=org%2Fm+1&x");
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(p->limit, 1000u);
+  EXPECT_EQ(p->after_id, "org/m 1");
+  p = anthropic_page("before_id=a&limit=1");
+  ASSERT_TRUE(p) << p.error().message;
+  EXPECT_EQ(p->before_id, "a");
+  EXPECT_EQ(p->limit, 1u);
+  for (const auto& [q, param] :
+       std::initializer_list<std::pair<const char*, const char*>>{{"limit=0", "limit"},
+                                                                  {"limit=1001", "limit"},
+                                                                  {"limit=", "limit"},
+                                                                  {"limit", "limit"},
+                                                                  {"limit=+1", "limit"},
+                                                                  {"limit=1x", "limit"},
+                                                                  {"limit=18446744073709551617", "limit"},
+                                                                  {"limit=1&limit=1", "limit"},
+                                                                  {"after_id=", "after_id"},
+                                                                  {"before_id", "before_id"},
+                                                                  {"after_id=a&after_id=b", "after_id"},
+                                                                  {"after_id=%g1", "after_id"},
+                                                                  {"after_id=a&before_id=b", "before_id"}}) {
+    const auto e = anthropic_page(q);
+    ASSERT_FALSE(e) << q;
+    EXPECT_EQ(e.error().status, 400) << q;
+    EXPECT_EQ(e.error().param, param) << q;
+  }
+}
+
 TEST(AdminRouter, MatchesPatternsAndTellsAllowedMethods) {
   AdminRouter router;
   auto h = [](AdminRequest&) -> core::Task<AdminResponse> { co_return AdminResponse{}; };
