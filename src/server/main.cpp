@@ -138,11 +138,28 @@ void bound_allocator_retention() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bound_allocator_retention();
+  // SIGINT and SIGTERM wait, blocked, until server::run() installs their
+  // handler (the drain): until then (parsing, loading, resolving, binding the
+  // ports) their default action would kill a process that already listens,
+  // or is about to. Blocked first of all, before any thread starts (every
+  // thread inherits the mask) and before the command line is read: a
+  // supervisor's SIGTERM right after exec is held as one during the load.
+  // run() unblocks them once the handler is in place, and a signal that came
+  // meanwhile is delivered then: a drain with nothing in flight, exit 0.
+  // Without a server to drain (--help, --version, a usage error, `requests`,
+  // --check) the mask is given back before anything slow: a Ctrl-C then ends
+  // the process at once, as it always did.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  sigset_t inherited;  // the mask exec handed down: given back where no server runs
+  pthread_sigmask(SIG_BLOCK, &stop_signals, &inherited);
   // SIGHUP reopens the access log and reloads the configuration once the
   // server runs (server.cpp); until then (loading, resolving, binding) it
   // must not kill the process either.
   std::signal(SIGHUP, SIG_IGN);
+  bound_allocator_retention();
   CLI::App app{"Weir: an AI inference gateway (OpenAI-compatible, streams SSE from vLLM pools)", "weir"};
   std::string config_path, listen, upstream, access_log;
   unsigned workers = 0;
@@ -199,22 +216,17 @@ int main(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     // --help and --version: 0. A usage error (an unknown flag, a value out of range) exits 2, as the same
-    // mistake in the configuration file does.
+    // mistake in the configuration file does. (A signal held during the parse ends the process now.)
+    pthread_sigmask(SIG_SETMASK, &inherited, nullptr);
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (*requests) return run_requests(ra);
-
-  // SIGINT and SIGTERM wait, blocked, until server::run() installs their
-  // handler (the drain): until then (loading, resolving, binding the ports)
-  // their default action would kill a process that already listens. Blocked
-  // here, before any thread starts, so that every thread inherits the mask;
-  // run() unblocks them once the handler is in place, and a signal that came
-  // meanwhile is delivered then: a drain with nothing in flight, exit 0.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  if (*requests) {
+    pthread_sigmask(SIG_SETMASK, &inherited, nullptr);  // (a query of the store: Ctrl-C stops it)
+    return run_requests(ra);
+  }
+  // --check runs no server: its load may be slow (a configuration read from a pipe, `-c <(generator)`; a host
+  // that resolves slowly), and Ctrl-C must end it then, not wait for the load to finish.
+  if (check) pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
 
   // One loader for --check and for start-up: both accept and refuse the same files.
   weir::gateway::ConfigSource source;
@@ -238,7 +250,6 @@ int main(int argc, char** argv) {
   }
   for (const auto& w : loaded->warnings) fmt::print(stderr, "weir: warning: {}\n", w);
   if (check) {
-    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);  // (no server: the default action is right)
     // The runtime keys file is read as start-up reads it (Services), and not written.
     if (loaded->auth && loaded->admin && !loaded->admin->keys_file.empty()) {
       weir::gateway::KeyStore keys(*loaded->auth, loaded->admin->keys_file);
