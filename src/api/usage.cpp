@@ -14,10 +14,9 @@ namespace {
 // A token count: 0 when absent or null; nullopt for anything but a
 // non-negative JSON integer (RFC 8259 §6: -?(0|[1-9][0-9]*), no fraction or
 // exponent; 1.5, 12.0, 1e3, 01, "12", true and -1 are all rejected; -0 is 0)
-// of at most 2^53 (kMaxCount): no request has more tokens, and a larger one
-// would wrap the token counters' sums and leave the range a trace's signed
-// 64-bit (and a JavaScript reader's exact) integers hold.
-constexpr std::uint64_t kMaxCount = std::uint64_t{1} << 53;
+// of at most kMaxUsageTokens: no request has more tokens, and a larger one
+// billed as sent would sink a tenant's bucket and budget at once.
+constexpr std::uint64_t kMaxCount = kMaxUsageTokens;
 std::optional<std::uint64_t> count(std::string_view v) {
   if (v == "null") return 0;
   std::string_view digits = v;
@@ -36,17 +35,31 @@ std::string_view value_of(std::string_view obj, const std::optional<MemberSpan>&
   return obj.substr(m->value_begin, m->value_end - m->value_begin);
 }
 
+// The counts of a usage object's text (one that begins with '{'); nullopt when they do not read.
+std::optional<Usage> read_object(std::string_view usage);
+
 }  // namespace
 
-std::optional<Usage> extract_usage(std::string_view json) {
+std::optional<Usage> extract_usage(std::string_view json, bool* invalid) {
   const auto span = find_last_member(json, "usage");
   if (!span) return std::nullopt;
-  return read_usage(json.substr(span->value_begin, span->value_end - span->value_begin));
+  return read_usage(json.substr(span->value_begin, span->value_end - span->value_begin), invalid);
 }
 
-std::optional<Usage> read_usage(std::string_view usage) {
-  if (usage.empty() || usage.front() != '{') return std::nullopt;  // null, or not an object
+std::optional<Usage> read_usage(std::string_view usage, bool* invalid) {
+  if (usage.empty() || usage.front() != '{') {  // null (none), or not an object (invalid)
+    if (invalid != nullptr && usage != "null") *invalid = true;
+    return std::nullopt;
+  }
+  // Past here the upstream sent a usage object: one that does not read is invalid usage.
+  const auto read = read_object(usage);
+  if (!read && invalid != nullptr) *invalid = true;
+  return read;
+}
 
+namespace {
+
+std::optional<Usage> read_object(std::string_view usage) {
   static constexpr std::array<std::string_view, 4> kKeys = {"prompt_tokens", "completion_tokens", "total_tokens",
                                                             "prompt_tokens_details"};
   std::array<std::optional<MemberSpan>, 4> m;
@@ -94,5 +107,7 @@ std::optional<Usage> read_usage(std::string_view usage) {
   }
   return out;
 }
+
+}  // namespace
 
 }  // namespace weir::api

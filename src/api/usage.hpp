@@ -20,20 +20,30 @@ struct Usage {
   std::uint64_t cache_write_tokens = 0;
 };
 
+// The most tokens one usage count may say: 2^24 (16,777,216), over every
+// model's context window today (a million tokens or so) and far below what
+// would wrap a tenant's bucket or budget. An upstream that reports more (2^31,
+// say: a bug, or a server not to be trusted) reports no usage that can be billed.
+inline constexpr std::uint64_t kMaxUsageTokens = std::uint64_t{1} << 24;
+
 // Reads the top-level "usage" member of a response body or a stream chunk's
 // data (a JSON object text). Returns nullopt when the member is absent, null,
 // not an object, or the text is not valid JSON (checked: the top-level
 // structure and the usage value; the rest is only skipped over). A count that
 // is absent or null reads as 0; one that is not a non-negative JSON integer
-// (1.5, 1e3, "12", true, -1) makes the whole result nullopt rather than a
-// guess. Cost: one scan of the top-level object, and a parse of the usage
-// value only, into a stack buffer.
-std::optional<Usage> extract_usage(std::string_view json);
+// (1.5, 1e3, "12", true, -1) or is over kMaxUsageTokens makes the whole
+// result nullopt rather than a guess, and sets `*invalid` (when given) to
+// true: a usage the upstream did send, which cannot be billed as sent (a
+// `usage` that is no object, null aside, too). `*invalid` is left as it was
+// otherwise. Cost: one scan of the top-level object's last members, and a
+// parse of the usage value only, into a stack buffer.
+std::optional<Usage> extract_usage(std::string_view json, bool* invalid = nullptr);
 
 // The same reading of a "usage" member's value text already found (by
 // find_members, in a scan that looked for other members too): `value` is
 // its JSON text, from its first byte to its last. Returns nullopt for null,
-// anything but an object, or a count that does not read, as extract_usage.
-std::optional<Usage> read_usage(std::string_view value);
+// anything but an object, or a count that does not read, as extract_usage
+// (and sets `*invalid` as it does).
+std::optional<Usage> read_usage(std::string_view value, bool* invalid = nullptr);
 
 }  // namespace weir::api

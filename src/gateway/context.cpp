@@ -88,6 +88,7 @@ void RequestContext::reset() {
   error_code.clear();
   has_usage = false;
   usage = {};
+  usage_invalid = false;
   has_choice_usage = false;
   choice_usage = {};
   has_estimate = false;

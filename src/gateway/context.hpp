@@ -349,6 +349,11 @@ struct RequestContext {
   std::string error_code;  // OpenAI error.code or a Weir reason
   bool has_usage = false;
   api::Usage usage;
+  // The upstream sent a usage it cannot be billed by (api::extract_usage's
+  // invalid: a count negative, fractional, not a number, or over
+  // api::kMaxUsageTokens): charged as a request without usage is (settle()),
+  // counted (weir_upstream_invalid_usage_total), logged `"usage_invalid":true`.
+  bool usage_invalid = false;
   // A stream's per-choice usage (continuous_usage_stats: each chunk counts
   // its own choice) when no chunk gave the request's total: summed over its
   // choices (api::openai::UsageHook). settle() makes it the usage of a stream

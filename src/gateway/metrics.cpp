@@ -315,6 +315,10 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
             "Upstream SSE events and answer bodies in which ill-formed UTF-8 was replaced by U+FFFD before the "
             "client got them (a broken upstream, or one that is not vLLM).",
             Family::invalid_utf8, 1.0);
+  per_model("weir_upstream_invalid_usage_total", "counter",
+            "Requests whose upstream reported a usage count that cannot be billed as sent (negative, fractional, "
+            "not a number, or over 16777216 tokens): charged as a request without usage is.",
+            Family::invalid_usage, 1.0);
   {
     // Sum and count only (a summary without quantiles): mean TTFT per tenant
     // is rate(_sum) / rate(_count); the per-model histogram has the buckets.
@@ -551,6 +555,7 @@ json::object MetricsShard::stats_json() const {
         case Family::estimated_prompt_tokens:
         case Family::estimated_completion_tokens:
         case Family::invalid_utf8:
+        case Family::invalid_usage:
           break;  // (the stats' token counts are the reported ones, as weir_*_tokens_total)
       }
     }

@@ -186,6 +186,10 @@ class MetricsShard {
   std::uint64_t invalid_utf8(std::uint32_t model) const {
     return counters_.get(series(Family::invalid_utf8, 0, 0, model, {}));
   }
+  // weir_upstream_invalid_usage_total{model}: a request whose upstream sent a usage it cannot be billed by
+  // (api::extract_usage's invalid: a count negative, fractional, not a number or over api::kMaxUsageTokens),
+  // charged as one without usage instead (GatewayPhases::settle).
+  void count_invalid_usage(std::uint32_t model) { counters_.add(series(Family::invalid_usage, 0, 0, model, {}), 1); }
   // weir_rate_limited_total{reason[,tenant][,key_id]}.
   void count_rate_limited(RateLimitReason r, MetricIdentity id) {
     counters_.add(series(Family::rate_limited, 0, static_cast<std::uint32_t>(r), 0, id), 1);
@@ -334,7 +338,8 @@ class MetricsShard {
     ttft_count,   // weir_tenant_time_to_first_token_seconds_count
     estimated_prompt_tokens,
     estimated_completion_tokens,
-    invalid_utf8,  // weir_upstream_invalid_utf8_total{model}: no identity labels
+    invalid_utf8,   // weir_upstream_invalid_utf8_total{model}: no identity labels
+    invalid_usage,  // weir_upstream_invalid_usage_total{model}: no identity labels
   };
   static std::uint64_t series(Family f, std::uint32_t route, std::uint32_t status, std::uint32_t model,
                               MetricIdentity id) {

@@ -96,7 +96,7 @@ class StreamHooks {
     if (mode_ == Mode::anthropic_passthrough && tr_->passthrough.started()) u = tr_->passthrough.usage();
     if ((mode_ == Mode::chat_from_anthropic || mode_ == Mode::responses_from_anthropic) && tr_->upstream.started())
       u = tr_->upstream.usage();
-    if (!u) return std::nullopt;
+    if (!u || usage_.invalid()) return std::nullopt;  // (an out-of-range count: the estimate, not it)
     api::Usage p;
     p.prompt_tokens = u->prompt_tokens;
     p.cached_tokens = std::min(u->cached_tokens, u->prompt_tokens);
@@ -121,6 +121,7 @@ class StreamHooks {
         if (!ev.has_data) return false;
         tr_->passthrough.on_data(ev.data);
         if (tr_->passthrough.has_usage()) usage_.set(tr_->passthrough.usage());
+        if (tr_->passthrough.usage_invalid()) usage_.mark_invalid();
         done_relayed_ = tr_->passthrough.ended();
         break;
       case Mode::chat_from_anthropic: {
@@ -315,6 +316,7 @@ class StreamHooks {
   }
   void after_upstream() {
     if (tr_->upstream.has_usage()) usage_.set(tr_->upstream.usage());
+    if (tr_->upstream.usage_invalid()) usage_.mark_invalid();
   }
   static void append_anthropic_error(std::string& out, int status, std::string_view message) {
     out += "event: error\ndata: ";

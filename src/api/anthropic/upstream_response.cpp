@@ -23,12 +23,13 @@ namespace json = boost::json;
 
 namespace {
 
-// A count: 0 when absent or null, nullopt when not a non-negative integer.
+// A count: 0 when absent or null, nullopt when not an integer in [0, kMaxUsageTokens].
 std::optional<std::uint64_t> count(const json::object& o, std::string_view name) {
   const auto* v = o.if_contains(name);
   if (!v || v->is_null()) return 0;
-  if (v->is_uint64()) return v->get_uint64();
-  if (v->is_int64() && v->get_int64() >= 0) return static_cast<std::uint64_t>(v->get_int64());
+  if (v->is_uint64() && v->get_uint64() <= kMaxUsageTokens) return v->get_uint64();
+  if (v->is_int64() && v->get_int64() >= 0 && static_cast<std::uint64_t>(v->get_int64()) <= kMaxUsageTokens)
+    return static_cast<std::uint64_t>(v->get_int64());
   return std::nullopt;
 }
 
@@ -60,18 +61,25 @@ void append_openai_usage(std::string& out, const Usage& u) {
   out += "}}";
 }
 
-std::optional<Usage> extract_message_usage(std::string_view body) {
+std::optional<Usage> extract_message_usage(std::string_view body, bool* invalid) {
   const auto span = find_member(body, "usage");
   if (!span) return std::nullopt;
   const std::string_view text = body.substr(span->value_begin, span->value_end - span->value_begin);
-  if (text.empty() || text.front() != '{') return std::nullopt;
+  bool ignored = false;
+  bool& bad = invalid != nullptr ? *invalid : ignored;
+  if (text.empty() || text.front() != '{') {
+    if (text != "null") bad = true;
+    return std::nullopt;
+  }
   unsigned char buf[2048];
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
   const json::value v = json::parse(json::string_view(text.data(), text.size()), ec, &mr);
-  if (ec || !v.is_object()) return std::nullopt;
-  const auto u = read_usage(v.get_object());
-  if (!u) return std::nullopt;
+  const auto u = !ec && v.is_object() ? read_usage(v.get_object()) : std::nullopt;
+  if (!u) {
+    bad = true;
+    return std::nullopt;
+  }
   return u->openai();
 }
 

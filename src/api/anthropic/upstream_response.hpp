@@ -31,6 +31,9 @@ struct AnthropicUsage {
   std::uint64_t cache_creation = 0;
   std::uint64_t cache_read = 0;
   std::uint64_t output = 0;
+  // A count came that is no integer in [0, kMaxUsageTokens] (usage.hpp): it
+  // was not taken, and the usage as a whole cannot be billed as sent.
+  bool invalid = false;
   Usage openai() const {
     const std::uint64_t prompt = input + cache_creation + cache_read;
     return Usage{prompt, output, prompt + output, cache_read, cache_creation};
@@ -44,8 +47,9 @@ void append_openai_usage(std::string& out, const Usage& u);
 
 // Reads the top-level `usage` of an Anthropic message (a whole response body)
 // as OpenAI counts it; nullopt when there is none or it is not an object of
-// non-negative integers.
-std::optional<Usage> extract_message_usage(std::string_view body);
+// integers in [0, kMaxUsageTokens] (usage.hpp), and then, when it was sent
+// but does not read so, sets `*invalid` (when given) to true, as extract_usage does.
+std::optional<Usage> extract_message_usage(std::string_view body, bool* invalid = nullptr);
 
 // Translates a whole Anthropic message (`type: "message"`) into an OpenAI
 // chat.completion written to `out` (overwritten): id "chatcmpl-" + the

@@ -29,11 +29,18 @@ const json::object* object_at(const json::object& o, std::string_view name) {
 // Overwrites the counts `u` (an Anthropic usage object) carries: message_start
 // has them all, message_delta the cumulative output (and, in newer API
 // versions, the input counts again).
+// A count that is no integer in [0, kMaxUsageTokens] (null aside) is not
+// taken and makes the usage invalid: it cannot be billed as sent.
 void merge_usage(const json::object& u, AnthropicUsage& into) {
   auto take = [&](std::string_view name, std::uint64_t& field) {
     const auto* v = u.if_contains(name);
-    if (v && v->is_uint64()) field = v->get_uint64();
-    if (v && v->is_int64() && v->get_int64() >= 0) field = static_cast<std::uint64_t>(v->get_int64());
+    if (!v || v->is_null()) return;
+    if (v->is_uint64() && v->get_uint64() <= kMaxUsageTokens)
+      field = v->get_uint64();
+    else if (v->is_int64() && v->get_int64() >= 0 && static_cast<std::uint64_t>(v->get_int64()) <= kMaxUsageTokens)
+      field = static_cast<std::uint64_t>(v->get_int64());
+    else
+      into.invalid = true;
   };
   take("input_tokens", into.input);
   take("cache_creation_input_tokens", into.cache_creation);

@@ -70,8 +70,10 @@ class UpstreamStreamTranslator {
   // (1), the real output count comes with message_delta. A stream cut
   // before that (the client left, a reset, an error event, an idle timeout)
   // has no usage: it is charged by what was relayed (docs/admission.md).
-  bool has_usage() const { return started_ && usage_final_; }
+  bool has_usage() const { return started_ && usage_final_ && !usage_.invalid; }
   Usage usage() const { return usage_.openai(); }
+  // A usage count came out of range (AnthropicUsage::invalid): no usage, ever, for this stream.
+  bool usage_invalid() const { return usage_.invalid; }
   // message_start came: its prompt count (input, cache reads and writes) is the real one, final or not.
   bool started() const { return started_; }
 
@@ -112,8 +114,10 @@ class PassthroughObserver {
   bool ended() const { return ended_; }
   // As UpstreamStreamTranslator::has_usage: the message's usage, once a
   // message_delta with usage or message_stop came.
-  bool has_usage() const { return has_usage_ && usage_final_; }
+  bool has_usage() const { return has_usage_ && usage_final_ && !usage_.invalid; }
   Usage usage() const { return usage_.openai(); }
+  // As UpstreamStreamTranslator::usage_invalid.
+  bool usage_invalid() const { return usage_.invalid; }
   // message_start's usage came (see UpstreamStreamTranslator::started).
   bool started() const { return has_usage_; }
 

@@ -359,12 +359,13 @@ bool UsageHook::on_data(std::string_view data) {
   saw_usage_ = true;
   usage_span_ = *m->usage;
   usage_of_ = data;
-  // Counts that do not read (negative, fractional, not numbers) are no
-  // usage: the request is metered as one without (gateway settle()).
+  // Counts that do not read (negative, fractional, not numbers, over
+  // kMaxUsageTokens) are no usage: the request is metered as one without
+  // (gateway settle()), and said to be (invalid()).
   // The usage chunk Weir asked for on the client's behalf is not theirs,
   // whatever its numbers say: it is known by its shape, not by its counts.
   const bool only = usage_only(data, *m);
-  if (auto u = read_usage(value_text(data, *m->usage))) on_usage(data, m->choices, *u, only);
+  if (auto u = read_usage(value_text(data, *m->usage), &invalid_)) on_usage(data, m->choices, *u, only);
   if (strip_ && only) return false;
   if (only) usage_chunk_ = true;
   return true;

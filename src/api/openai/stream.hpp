@@ -109,6 +109,7 @@ class UsageHook {
     strip_ = strip;
     whole_ = false;
     usage_chunk_ = false;
+    invalid_ = false;
     usage_ = {};
     choices_per_prompt_ = choices_per_prompt ? choices_per_prompt : 1;
     choices_.clear();  // (its capacity stays: no allocation on the next stream)
@@ -125,6 +126,10 @@ class UsageHook {
   // what it asked for); nullopt when the chunk goes as it came. The view
   // lives until the next call.
   std::optional<std::string_view> without_usage(std::string_view data);
+  // A chunk carried a usage the upstream sent but that cannot be billed as
+  // sent (extract_usage's invalid: a count negative, fractional, not a number
+  // or over api::kMaxUsageTokens): that chunk's usage was not read.
+  bool invalid() const { return invalid_; }
   // Some usage was read: whole() or per-choice.
   bool has_usage() const { return whole_ || !choices_.empty(); }
   // The usage is the request's total: a chunk with no choice carried it
@@ -140,6 +145,8 @@ class UsageHook {
   // (the last of each choice; prompt and cached tokens once per prompt, the
   // largest its choices said); zeros without usage.
   Usage usage() const;
+  // Usage read elsewhere was invalid (an Anthropic upstream's events): invalid().
+  void mark_invalid() { invalid_ = true; }
   // Usage read elsewhere (an Anthropic upstream's events, in OpenAI's counts).
   void set(const Usage& u) {
     whole_ = true;
@@ -164,6 +171,7 @@ class UsageHook {
   bool strip_ = false;
   bool whole_ = false;  // usage_ holds the request's total
   bool usage_chunk_ = false;
+  bool invalid_ = false;  // invalid()
   Usage usage_;
   std::uint32_t choices_per_prompt_ = 1;
   std::vector<ChoiceCounts> choices_;  // per-choice usage, by choice index

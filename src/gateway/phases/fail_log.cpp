@@ -201,6 +201,9 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api:
 }
 
 void GatewayPhases::settle(RequestContext& ctx) {
+  // Usage the upstream sent out of range (api::kMaxUsageTokens) or not as integers was not read: the request
+  // is charged below as one that reported none (its estimate), never the counts as sent.
+  if (ctx.usage_invalid) w_.metrics().count_invalid_usage(ctx.model_slot);
   if (!ctx.has_usage && ctx.has_choice_usage) {
     // Per-choice usage (continuous_usage_stats) and no usage chunk. A stream that ended whole (a server that
     // puts its counts on its choices' chunks): their sum is the upstream's report. One cut short (the client
@@ -517,6 +520,8 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
     w.put_uint(ctx.estimate.cached_tokens);
     w.put(R"(,"source":"estimate"})"sv);
   }
+  // The upstream's usage was out of range (settle(): not billed as sent).
+  if (ctx.usage_invalid) w.put(R"(,"usage_invalid":true)"sv);
   if (ctx.has_error) {
     w.put(R"(,"error":{"source":")"sv);
     w.put(core::to_string(ctx.error_source));

@@ -83,6 +83,7 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.stream = ctx.fields.stream;
   ctx.has_usage = false;
   ctx.usage = {};
+  ctx.usage_invalid = false;
   ctx.has_choice_usage = false;
   ctx.choice_usage = {};
   // (A target passed over before anything was sent to it, its API unable to carry the request, is no retry.)

@@ -449,6 +449,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     hook.reset(false, ctx.fields.n);
     while (auto ev = reader.next())
       if (ev->has_data && !ev->is_done()) (void)hook.on_data(ev->data);
+    ctx.usage_invalid = hook.invalid();
     if (hook.has_usage()) {
       (hook.whole() ? ctx.has_usage : ctx.has_choice_usage) = true;
       (hook.whole() ? ctx.usage : ctx.choice_usage) = hook.usage();
@@ -460,7 +461,8 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.usage = {};
   } else if (status >= 200 && status < 300 && !plain.empty()) {
     // An Anthropic pool's message counts differently (cache reads and writes apart).
-    if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain) : api::extract_usage(plain)) {
+    if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain, &ctx.usage_invalid)
+                              : api::extract_usage(plain, &ctx.usage_invalid)) {
       ctx.has_usage = true;
       ctx.usage = *u;
     }

@@ -391,6 +391,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   ctx.sse.reset();
   // The request's total (the usage-only chunk), or its choices' own counts (continuous_usage_stats), which
   // settle() weighs by how the stream ended. (A resume's continuation counts both attempts: rewrite_chunk.)
+  ctx.usage_invalid = ctx.hooks.usage().invalid();
   if (const auto& u = ctx.hooks.usage(); u.has_usage()) {
     if (u.whole()) {
       ctx.has_usage = true;

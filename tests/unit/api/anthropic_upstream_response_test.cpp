@@ -99,6 +99,26 @@ TEST(AnthropicUpstreamResponse, UsageOfAMessage) {
   EXPECT_FALSE(extract_message_usage(R"({"usage":{"input_tokens":-1}})"));
 }
 
+TEST(AnthropicUpstreamResponse, UsageOutOfRangeIsInvalidNotBilledAsSent) {
+  // Counts over kMaxUsageTokens (2^24), negative or fractional: no usage, and said to be invalid.
+  for (const std::string_view body :
+       {R"({"usage":{"input_tokens":2147483648,"output_tokens":1}})",
+        R"({"usage":{"input_tokens":1,"output_tokens":16777217}})", R"({"usage":{"input_tokens":-5}})",
+        R"({"usage":{"input_tokens":3.7}})", R"({"usage":{"cache_read_input_tokens":1e300}})", R"({"usage":"many"})"}) {
+    bool invalid = false;
+    EXPECT_FALSE(extract_message_usage(body, &invalid)) << body;
+    EXPECT_TRUE(invalid) << body;
+  }
+  // None sent is not invalid; the bound itself reads.
+  bool invalid = false;
+  EXPECT_FALSE(extract_message_usage(R"({"usage":null})", &invalid));
+  EXPECT_FALSE(extract_message_usage(R"({"id":"m"})", &invalid));
+  const auto u = extract_message_usage(R"({"usage":{"input_tokens":16777216,"output_tokens":16777216}})", &invalid);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 16777216u);
+  EXPECT_FALSE(invalid);
+}
+
 TEST(AnthropicUpstreamResponse, AWholeMessageAsTheEventsAnthropicSendsForIt) {
   // A stream made from a whole message loses nothing: the id, signatures, redacted thinking, stop_sequence,
   // the cache counts, a tool's input (with an integer beyond 64 bits kept exactly).

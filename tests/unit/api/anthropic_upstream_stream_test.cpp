@@ -249,6 +249,19 @@ TEST(AnthropicUpstreamStream, PassthroughObserverReadsUsageAndTheEnd) {
   EXPECT_EQ(o.usage().completion_tokens, 15u);
 }
 
+TEST(AnthropicUpstreamStream, UsageOutOfRangeIsNoUsage) {
+  // A message_delta whose output count is over kMaxUsageTokens (2^24): the stream has no usage to bill, and
+  // says its usage was invalid (the request is charged its estimate).
+  PassthroughObserver o;
+  o.on_data(R"({"type":"message_start","message":{"id":"m","usage":{"input_tokens":3,"output_tokens":1}}})");
+  EXPECT_FALSE(o.usage_invalid());
+  o.on_data(R"({"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":2147483648}})");
+  o.on_data(R"({"type":"message_stop"})");
+  EXPECT_TRUE(o.ended());
+  EXPECT_TRUE(o.usage_invalid());
+  EXPECT_FALSE(o.has_usage());
+}
+
 TEST(AnthropicUpstreamStream, ClassifyForHeldHeads) {
   using openai::ChunkKind;
   EXPECT_EQ(classify_event(R"({"type":"message_start","message":{}})"), ChunkKind::empty);

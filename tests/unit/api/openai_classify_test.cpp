@@ -241,6 +241,20 @@ TEST(UsageHookWithoutUsage, DropsTheMemberWeirAskedForFromAChunkWithChoices) {
   EXPECT_FALSE(h.without_usage(fin));
 }
 
+TEST(UsageHookInvalid, AUsageChunkOutOfRangeIsNoUsageAndSaysSo) {
+  // 2^31 prompt tokens in the usage-only chunk: billed as sent it sank the tenant's bucket and budget.
+  UsageHook h;
+  h.reset(true);
+  EXPECT_FALSE(h.on_data(R"({"id":"x","choices":[],"usage":{"prompt_tokens":2147483648,"completion_tokens":2}})"));
+  EXPECT_FALSE(h.has_usage());
+  EXPECT_TRUE(h.invalid());
+  h.reset(true);  // (a new stream: nothing said)
+  EXPECT_FALSE(h.invalid());
+  EXPECT_FALSE(h.on_data(R"({"id":"x","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":2}})"));
+  EXPECT_TRUE(h.has_usage());
+  EXPECT_FALSE(h.invalid());
+}
+
 }  // namespace
 }  // namespace weir::api::openai
 

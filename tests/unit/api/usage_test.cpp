@@ -20,6 +20,7 @@ struct UsageCase {
   std::string_view name;
   std::string_view json;
   std::optional<Usage> want;
+  bool invalid = false;  // a usage was sent that cannot be billed as sent (extract_usage's `invalid`)
 };
 
 void PrintTo(const UsageCase& c, std::ostream* os) { *os << c.name; }
@@ -28,8 +29,10 @@ class ApiExtractUsage : public ::testing::TestWithParam<UsageCase> {};
 
 TEST_P(ApiExtractUsage, Table) {
   const UsageCase& c = GetParam();
-  const auto got = extract_usage(c.json);
+  bool invalid = false;
+  const auto got = extract_usage(c.json, &invalid);
   ASSERT_EQ(got.has_value(), c.want.has_value()) << c.json;
+  EXPECT_EQ(invalid, c.invalid) << c.json;
   if (got) {
     EXPECT_EQ(counts(*got), counts(*c.want));
   }
@@ -77,33 +80,42 @@ const UsageCase kCases[] = {
     {"counts_missing", R"({"usage":{}})", Usage{0, 0, 0, 0}},
     {"extra_fields_ignored", R"({"usage":{"prompt_tokens":1,"foo":"bar","nested":{"x":[1.5]}}})", Usage{1, 0, 0, 0}},
     {"zero", R"({"usage":{"prompt_tokens":0,"completion_tokens":0,"total_tokens":0}})", Usage{0, 0, 0, 0}},
-    {"largest_count", R"({"usage":{"prompt_tokens":9007199254740992}})", Usage{9007199254740992u, 0, 0, 0}},  // 2^53
+    {"largest_count", R"({"usage":{"prompt_tokens":16777216,"completion_tokens":16777216,"total_tokens":16777216}})",
+     Usage{16777216u, 16777216u, 16777216u, 0}},  // 2^24: kMaxUsageTokens
     {"whitespace", " {\n \"usage\" :\t{ \"prompt_tokens\" : 7 }\n}\n", Usage{7, 0, 0, 0}},
     {"duplicate_usage_last_wins", R"({"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}})", Usage{2, 0, 0, 0}},
     {"escaped_key", R"({"us\u0061ge":{"prompt_tokens":3}})", Usage{3, 0, 0, 0}},
     {"usage_first", R"({"usage":{"completion_tokens":9},"choices":[]})", Usage{0, 9, 0, 0}},
 
-    // Past 2^53 no count is real: it would wrap the token counters and a trace's signed integers.
-    {"past_2_53", R"({"usage":{"prompt_tokens":9007199254740993}})", std::nullopt},
-    {"largest_uint64", R"({"usage":{"prompt_tokens":18446744073709551615}})", std::nullopt},
+    // Past 2^24 (kMaxUsageTokens) no count is real: billed as sent, 2^31 sank a tenant's bucket and budget.
+    {"past_2_24", R"({"usage":{"prompt_tokens":16777217}})", std::nullopt, true},
+    {"prompt_2_31", R"({"usage":{"prompt_tokens":2147483648,"completion_tokens":1,"total_tokens":2147483649}})",
+     std::nullopt, true},
+    {"completion_past_2_24", R"({"usage":{"prompt_tokens":1,"completion_tokens":99999999}})", std::nullopt, true},
+    {"cached_past_2_24", R"({"usage":{"prompt_tokens":1,"prompt_tokens_details":{"cached_tokens":16777217}}})",
+     std::nullopt, true},
+    {"rerank_total_past_2_24", R"({"usage":{"total_tokens":16777217}})", std::nullopt, true},
+    {"audio_input_past_2_24", R"({"usage":{"type":"tokens","input_tokens":16777217}})", std::nullopt, true},
+    {"past_2_53", R"({"usage":{"prompt_tokens":9007199254740993}})", std::nullopt, true},
+    {"largest_uint64", R"({"usage":{"prompt_tokens":18446744073709551615}})", std::nullopt, true},
     {"usage_null", R"({"choices":[],"usage":null})", std::nullopt},
     {"usage_absent", R"({"choices":[]})", std::nullopt},
-    {"usage_number", R"({"usage":12})", std::nullopt},
-    {"usage_string", R"({"usage":"12"})", std::nullopt},
-    {"usage_array", R"({"usage":[{"prompt_tokens":1}]})", std::nullopt},
+    {"usage_number", R"({"usage":12})", std::nullopt, true},
+    {"usage_string", R"({"usage":"12"})", std::nullopt, true},
+    {"usage_array", R"({"usage":[{"prompt_tokens":1}]})", std::nullopt, true},
     {"usage_nested_only", R"({"choices":[{"usage":{"prompt_tokens":1}}]})", std::nullopt},
-    {"fraction", R"({"usage":{"prompt_tokens":1.5}})", std::nullopt},
-    {"integral_double", R"({"usage":{"prompt_tokens":12.0}})", std::nullopt},
-    {"exponent", R"({"usage":{"prompt_tokens":1e3}})", std::nullopt},
-    {"string_count", R"({"usage":{"prompt_tokens":"12"}})", std::nullopt},
-    {"bool_count", R"({"usage":{"completion_tokens":true}})", std::nullopt},
-    {"negative", R"({"usage":{"total_tokens":-1}})", std::nullopt},
-    {"too_large", R"({"usage":{"prompt_tokens":18446744073709551616}})", std::nullopt},
-    {"object_count", R"({"usage":{"prompt_tokens":{}}})", std::nullopt},
-    {"cached_fraction", R"({"usage":{"prompt_tokens_details":{"cached_tokens":0.5}}})", std::nullopt},
-    {"details_number", R"({"usage":{"prompt_tokens_details":5}})", std::nullopt},
-    {"invalid_usage_json", R"({"usage":{"prompt_tokens":01}})", std::nullopt},
-    {"invalid_usage_json_missing_colon", R"({"usage":{"prompt_tokens" 1}})", std::nullopt},
+    {"fraction", R"({"usage":{"prompt_tokens":3.7}})", std::nullopt, true},
+    {"integral_double", R"({"usage":{"prompt_tokens":12.0}})", std::nullopt, true},
+    {"exponent", R"({"usage":{"prompt_tokens":1e300}})", std::nullopt, true},
+    {"string_count", R"({"usage":{"prompt_tokens":"12"}})", std::nullopt, true},
+    {"bool_count", R"({"usage":{"completion_tokens":true}})", std::nullopt, true},
+    {"negative", R"({"usage":{"prompt_tokens":-5}})", std::nullopt, true},
+    {"too_large", R"({"usage":{"prompt_tokens":18446744073709551616}})", std::nullopt, true},
+    {"object_count", R"({"usage":{"prompt_tokens":{}}})", std::nullopt, true},
+    {"cached_fraction", R"({"usage":{"prompt_tokens_details":{"cached_tokens":0.5}}})", std::nullopt, true},
+    {"details_number", R"({"usage":{"prompt_tokens_details":5}})", std::nullopt, true},
+    {"invalid_usage_json", R"({"usage":{"prompt_tokens":01}})", std::nullopt, true},
+    {"invalid_usage_json_missing_colon", R"({"usage":{"prompt_tokens" 1}})", std::nullopt, true},
     {"truncated", R"({"usage":{"prompt_tokens":1})", std::nullopt},
     {"not_an_object", R"([{"usage":{"prompt_tokens":1}}])", std::nullopt},
     {"empty", "", std::nullopt},
