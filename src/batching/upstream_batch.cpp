@@ -132,39 +132,48 @@ core::Task<void> Batch::send() {
     const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.first_byte;
     failure = co_await exchange_.start(
         {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = idle});
-    const bool answer_failed = failure == UpstreamFailure::reset || failure == UpstreamFailure::timeout ||
-                               (failure == UpstreamFailure::none && exchange_.head().result_int() >= 500);
+    const auto t_answered = core::now();
+    const int head_status = failure == UpstreamFailure::none ? exchange_.head().result_int() : 0;
+    // Whether the server had closed the pooled connection, then the endpoint's health, in that order and in
+    // one place (Attempts::judge, as unbatched): a stale connection is no verdict on the endpoint. A stream's
+    // answer is judged at its first token (judge), as unbatched: vLLM sends the head at once, so an engine
+    // that answers 200 and then errs or stalls is failing.
+    const auto v =
+        attempts.judge({.failure = failure,
+                        .status = head_status,
+                        .reused = reused,
+                        .closing_head_alone = head_status == 408 && exchange_.closing_head_alone(),
+                        .judged_later = head_status == 200 &&
+                                        is_event_stream(http::first_field(exchange_.head(), bh::field::content_type)),
+                        .upstream_bytes = head_status == 0 ? exchange_.upstream_bytes() : 0,
+                        .sent = sent_at_,
+                        .answered = t_answered});
+    if (v.deferred) {
+      verdict_pool_ = &pool;
+      verdict_trial_ = v.trial;
+    }
     // (A 5xx answer counts as a failed attempt, kind status, as unbatched: once for the batch. A failed
-    // exchange is counted below, once it is known whether it was a stale pooled connection.)
+    // exchange is counted below, unless the members all left.)
     if (env.on_attempt && failure == UpstreamFailure::none)
-      env.on_attempt(ep_idx, answer_failed ? UpstreamFailure::status : UpstreamFailure::none);
+      env.on_attempt(ep_idx, v.failed ? UpstreamFailure::status : UpstreamFailure::none);
     // One failure per attempt: a 5xx head counted here is the batch's failure; a body that then breaks is
     // not counted again by its members (claim_failure_count).
-    failure_counted_ = failure == UpstreamFailure::none && answer_failed;
-    if (failure == UpstreamFailure::none && exchange_.head().result_int() == 200 &&
-        is_event_stream(http::first_field(exchange_.head(), bh::field::content_type))) {
-      // A stream's answer is judged at its first token (judge), as unbatched: vLLM sends the head at once, so
-      // an engine that answers 200 and then errs or stalls is failing.
-      verdict_pool_ = &pool;
-      verdict_trial_ = attempts.defer_answer();
-    } else if (failure == UpstreamFailure::none || answer_failed) {
-      (void)attempts.on_answer(answer_failed, core::now(), sent_at_);
-    }
+    failure_counted_ = failure == UpstreamFailure::none && v.failed;
     routing::RetryDecision d;
     if (failure == UpstreamFailure::none) {
-      const int status = exchange_.head().result_int();
+      const int status = head_status;
       if (!routing::retryable_status(status)) {
         started = true;
         break;
       }
       // A pooled connection's idle-timeout 408 crossing the batch: resent at once on a fresh one (as unbatched).
-      d = attempts.on_stale_answer(status, reused, exchange_.closing_head_alone());
-      if (!d.retry) d = attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
+      d = v.stale ? routing::kStaleResend
+                  : attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
       if (!d.retry) {
         started = true;  // pass the upstream's answer on
         break;
       }
-      note_attempt(ep_idx, status, UpstreamFailure::none, sent_at_, d.reason == routing::RetryReason::stale);
+      note_attempt(ep_idx, status, UpstreamFailure::none, sent_at_, v.stale);
       pool.on_finish(ep_idx);
       if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
     } else {
@@ -173,15 +182,13 @@ core::Task<void> Batch::send() {
         if (env.on_attempt) env.on_attempt(ep_idx, UpstreamFailure::none);  // (every member left: no fault found)
         break;
       }
-      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), core::now() - sent_at_,
-                                       core::now());
+      d = v.stale ? routing::kStaleResend : attempts.on_failure(failure, core::now());
       // Every failed attempt counts against its endpoint, except a pooled connection the server had closed
       // (resent at once), as unbatched.
-      if (env.on_attempt)
-        env.on_attempt(ep_idx, d.retry && d.reason == routing::RetryReason::stale ? UpstreamFailure::none : failure);
+      if (env.on_attempt) env.on_attempt(ep_idx, v.stale ? UpstreamFailure::none : failure);
       exchange_.release();
       if (!d.retry) break;
-      note_attempt(ep_idx, 0, failure, sent_at_, d.reason == routing::RetryReason::stale);
+      note_attempt(ep_idx, 0, failure, sent_at_, v.stale);
     }
     if (d.delay.count() > 0) {
       window_.expires_after(d.delay);

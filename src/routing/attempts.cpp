@@ -181,13 +181,36 @@ std::chrono::milliseconds Attempts::backoff() {
   return std::chrono::milliseconds(rng_.below(static_cast<std::uint32_t>(ceiling) + 1));
 }
 
+AttemptVerdict Attempts::judge(const AttemptEnd& e) {
+  using http::UpstreamFailure;
+  AttemptVerdict v;
+  // First whether the server had closed the pooled connection: that decides
+  // whether the endpoint is judged at all.
+  v.stale = (e.failure == UpstreamFailure::none ? stale_408(e.status, e.closing_head_alone)
+                                                : stale_reset(e.failure, e.upstream_bytes, e.answered - e.sent)) &&
+            take_stale_resend(e.reused);
+  if (v.stale) return v;  // (a trial slot held stays held: the resend to this endpoint is the trial)
+  v.failed = e.failure == UpstreamFailure::reset || e.failure == UpstreamFailure::timeout ||
+             (e.failure == UpstreamFailure::none && e.status >= 500);
+  if (e.failure != UpstreamFailure::none && !v.failed) return v;
+  if (e.judged_later && !v.failed) {
+    v.deferred = true;
+    v.trial = defer_answer();
+    return v;
+  }
+  v.ejected = on_answer(v.failed, e.answered, e.sent);
+  return v;
+}
+
 RetryDecision Attempts::on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                             Clock::duration since_sent, Clock::time_point now) {
   // The pooled connection failed at once, before any answer: the server
   // had closed it (the pool's peek missed it by a hair).
-  if (f == http::UpstreamFailure::reset && upstream_bytes == 0 && since_sent < kStaleWindow &&
-      take_stale_resend(reused))
-    return {.retry = true, .reason = RetryReason::stale};
+  if (stale_reset(f, upstream_bytes, since_sent) && take_stale_resend(reused)) return kStaleResend;
+  return on_failure(f, now);
+}
+
+RetryDecision Attempts::on_failure(http::UpstreamFailure f, Clock::time_point now) {
   RetryDecision d;
   if (f == http::UpstreamFailure::reset)
     d.reason = RetryReason::reset;
@@ -214,8 +237,7 @@ RetryDecision Attempts::on_stale_answer(int status, bool reused, bool closing_he
   // Only a 408 that closes the connection with nothing else: an answer
   // with a body, or one that keeps the connection, was the server's
   // considered reply to this request (retry.attempts may still resend it).
-  if (status == 408 && closing_head_alone && take_stale_resend(reused))
-    return {.retry = true, .reason = RetryReason::stale};
+  if (stale_408(status, closing_head_alone) && take_stale_resend(reused)) return kStaleResend;
   return {.reason = RetryReason::status};
 }
 

@@ -30,6 +30,38 @@ struct RetryDecision {
   RetryReason reason = RetryReason::connect;
 };
 
+// The stale pooled connection resend (Attempts::judge): once, at once, on a fresh connection, free.
+inline constexpr RetryDecision kStaleResend{.retry = true, .reason = RetryReason::stale};
+
+// One attempt as its driver read it once the exchange's start() returned
+// (the gateway's proxy phase, batching::Batch::send): what Attempts::judge takes.
+struct AttemptEnd {
+  http::UpstreamFailure failure = http::UpstreamFailure::none;  // none: a head came, with `status`
+  int status = 0;
+  bool reused = false;              // the connection came from the pool
+  bool closing_head_alone = false;  // (a 408 head) http::ResponseSource::closing_head_alone
+  bool judged_later = false;        // (a 2xx head) a stream's: its verdict waits for its first token
+  std::size_t upstream_bytes = 0;   // (a failure) bytes of an answer read before it
+  std::chrono::steady_clock::time_point sent, answered;  // the request went out; the head (or failure) came
+};
+
+// What an attempt came to (Attempts::judge).
+struct AttemptVerdict {
+  // The server had closed the pooled connection (a reset at once, or a 408
+  // crossing the request with its close): the request was never read. It is
+  // sent again (kStaleResend), and is no verdict on the endpoint: its health
+  // does not see it, weir_upstream_failures_total does not count it, the
+  // attempt is logged `stale_connection`, the retry counted under that reason.
+  bool stale = false;
+  // A failed answer (a 5xx head, a reset or a timeout before one), reported to the endpoint's health.
+  bool failed = false;
+  // (judged_later) The verdict waits: the caller reports it through
+  // WorkerPool::report_answer, holding this half-open trial slot if true.
+  bool deferred = false;
+  bool trial = false;
+  bool ejected = false;  // the report opened the endpoint (weir_upstream_outlier_ejections_total)
+};
+
 // A response status worth another attempt (RFC 9110: 408 Request Timeout,
 // 429 Too Many Requests, 502/503/504; Anthropic's 529 overloaded_error):
 // the upstream did not do the work.
@@ -103,6 +135,17 @@ class Attempts {
   bool on_connect_failure(http::UpstreamFailure f, Clock::time_point now);
   // The connection was opened.
   void on_connected();
+  // An attempt ended (its exchange's start() returned): decides first
+  // whether it was a stale pooled connection (on_exchange_failure's and
+  // on_stale_answer's rule; taking the free resend when so), then reports
+  // the answer to the endpoint's health unless it was one (a stale
+  // resend is no verdict: the upstream closed an idle connection, as
+  // uvicorn does after 5 s; a half-open trial goes on with the resend) or
+  // its verdict waits. Garbage, a cancel or a failed TLS handshake: no
+  // verdict either. Both drivers call this, so the rule and its bookkeeping
+  // are decided once. The retry that follows a verdict not stale is
+  // on_status's (a head) or on_failure's.
+  AttemptVerdict judge(const AttemptEnd& e);
   // The current attempt's answer, for the endpoint's health (WorkerPool::report_answer):
   // `failed` for a 5xx head, or a reset or timeout before it. Ends its
   // half-open trial. Returns true when this ejected the endpoint.
@@ -120,6 +163,8 @@ class Attempts {
   // retry budget allow, after a backoff, on another endpoint when there is one.
   RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                     Clock::duration since_sent, Clock::time_point now);
+  // The same for a failure known not to be a stale pooled connection (judge said so).
+  RetryDecision on_failure(http::UpstreamFailure f, Clock::time_point now);
   // The response head has status `status`, on a connection `reused` from
   // the pool; `closing_head_alone`: the head ends the connection
   // (Connection: close) and declares no body (none, or one to the close:
@@ -149,6 +194,12 @@ class Attempts {
   // The free resend on a fresh connection, when the connection was `reused` from the pool and it was not
   // used yet for this request.
   bool take_stale_resend(bool reused);
+  // The two shapes of a stale pooled connection (on_exchange_failure, on_stale_answer): a reset before any
+  // byte of an answer, within kStaleWindow of the send; a 408 whose head closes the connection alone.
+  static bool stale_reset(http::UpstreamFailure f, std::size_t upstream_bytes, Clock::duration since_sent) {
+    return f == http::UpstreamFailure::reset && upstream_bytes == 0 && since_sent < kStaleWindow;
+  }
+  static bool stale_408(int status, bool closing_head_alone) { return status == 408 && closing_head_alone; }
   // Takes a slot of the pool's retry budget (once per request); false when it is spent.
   bool enter_budget();
   bool avoided(std::uint32_t i) const { return avoid_.contains(i); }

@@ -478,26 +478,32 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       deadline_hit = true;  // the request's own deadline, not the endpoint's fault
       break;
     }
-    const bool answer_failed = failure == http::UpstreamFailure::reset || failure == http::UpstreamFailure::timeout ||
-                               (failure == http::UpstreamFailure::none && exchange_.head().result_int() >= 500);
+    const int head_status = failure == http::UpstreamFailure::none ? exchange_.head().result_int() : 0;
+    // Whether the server had closed the pooled connection (a reset at once, or its idle timeout's 408
+    // crossing the request), then the endpoint's health, in that order and in one place (Attempts::judge,
+    // as a micro-batch's): a stale connection is no verdict on the endpoint. A stream's answer is judged at
+    // its first token (judge_stream): a stall before it counts against the endpoint too.
+    const auto v = attempts.judge({.failure = failure,
+                                   .status = head_status,
+                                   .reused = reused,
+                                   .closing_head_alone = head_status == 408 && exchange_.closing_head_alone(),
+                                   .judged_later = ctx.stream && head_status < 300 && !head_request,
+                                   .upstream_bytes = head_status == 0 ? exchange_.upstream_bytes() : 0,
+                                   .sent = ctx.t_upstream_sent,
+                                   .answered = t_answered});
+    if (v.ejected) ++metrics.outlier_ejections;
+    if (v.deferred) {
+      ctx.verdict_pending = true;
+      ctx.trial = v.trial;
+    }
     // A 5xx answer, retried or passed on, is a failed attempt of its endpoint as the health state machine
     // takes it: failures ÷ attempts per endpoint finds an endpoint that answers 503s as one that resets.
     // (One failure per attempt: a body that breaks after this head is not counted again, count_upstream_failure.)
-    ctx.attempt_failure_counted = failure == http::UpstreamFailure::none && answer_failed;
+    ctx.attempt_failure_counted = failure == http::UpstreamFailure::none && v.failed;
     if (ctx.attempt_failure_counted)
       metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), http::UpstreamFailure::status);
-    if (failure == http::UpstreamFailure::none && !answer_failed && ctx.stream && exchange_.head().result_int() < 300 &&
-        !head_request) {
-      // A stream's answer is judged at its first token (judge_stream): a
-      // stall before it counts against the endpoint too.
-      ctx.verdict_pending = true;
-      ctx.trial = attempts.defer_answer();
-    } else if ((failure == http::UpstreamFailure::none || answer_failed) &&
-               attempts.on_answer(answer_failed, t_answered, ctx.t_upstream_sent)) {
-      ++metrics.outlier_ejections;
-    }
     if (failure == http::UpstreamFailure::none) {
-      const int status = exchange_.head().result_int();
+      const int status = head_status;
       if (!routing::retryable_status(status)) {
         started = true;
         break;
@@ -507,24 +513,27 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       // fresh connection, free, as for a reset. Else 408/429/502/503/504/529:
       // the upstream did not do the work. Another attempt here, the next
       // fallback, or (neither left) this answer.
-      d = attempts.on_stale_answer(status, reused, exchange_.closing_head_alone());
-      if (!d.retry) d = attempts.on_status(status, routing::asked_delay(exchange_.head()), t_answered);
+      d = v.stale ? routing::kStaleResend
+                  : attempts.on_status(status, routing::asked_delay(exchange_.head()), t_answered);
       cancel_late_retry(d);
       if (!d.retry && !fallback_left(ctx)) {
         started = true;
         break;
       }
-      record(ep_idx, status, failure, ctx.t_upstream_sent, t_answered,
-             d.retry && d.reason == routing::RetryReason::stale);
+      record(ep_idx, status, failure, ctx.t_upstream_sent, t_answered, v.stale);
       last_status = status;
       pool.on_finish(ep_idx);
       // A small error body may have come whole with the head: then the connection can serve again.
       if (auto c = exchange_.release()) pool.endpoint(ep_idx).conns.put(std::move(c), core::now());
       if (!d.retry) break;
     } else {
-      record(ep_idx, 0, failure, ctx.t_upstream_sent, t_answered);
+      // (A stale connection is logged as that, not as the reset it looked like.)
+      record(ep_idx, 0, failure, ctx.t_upstream_sent, t_answered, v.stale);
       pool.on_finish(ep_idx);
-      if (down_.client_gone()) break;
+      if (down_.client_gone()) {
+        unsent = v.stale ? 1 : 0;  // (the stale resend was taken, never to be sent)
+        break;
+      }
       if (failure == http::UpstreamFailure::tls) {
         // The server failed the handshake after the client's part of it (a
         // TLS 1.3 client certificate refused): a connect failure, as one
@@ -538,16 +547,11 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
         }
         break;
       }
-      d = attempts.on_exchange_failure(failure, reused, exchange_.upstream_bytes(), t_answered - ctx.t_upstream_sent,
-                                       t_answered);
+      d = v.stale ? routing::kStaleResend : attempts.on_failure(failure, t_answered);
       cancel_late_retry(d);
       // Every failed attempt counts against its endpoint, retried or not,
-      // except a pooled connection the server had closed (resent at once):
-      // logged as that, not as the reset it looked like (recorded above).
-      if (d.retry && d.reason == routing::RetryReason::stale)
-        ctx.attempt_log[ctx.attempt_count - 1].stale = true;
-      else
-        metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
+      // except a pooled connection the server had closed (resent at once).
+      if (!v.stale) metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), failure);
       exchange_.release();
       if (!d.retry) break;
     }

@@ -306,6 +306,72 @@ TEST(RoutingAttempts, AReusedConnectionsClosing408WithoutABodyIsResentOnceOnAFre
   EXPECT_EQ(b.retries(), 1u);
 }
 
+TEST(RoutingAttempts, JudgeHoldsNoStaleConnectionAgainstTheEndpoint) {
+  // The server had closed the pooled connection (its idle timeout): decided before the endpoint's health
+  // hears of the attempt, and then it does not. A real reset still counts.
+  Pool p(1);
+  Rng rng(5);
+  const auto now = Clock::now();
+  const auto& h = p->endpoint(0).health;
+  Attempts a(*p, rng, now);
+  auto v = a.judge({.failure = UpstreamFailure::reset, .reused = true, .sent = now, .answered = now + 1ms});
+  EXPECT_TRUE(v.stale);
+  EXPECT_FALSE(v.failed);
+  EXPECT_EQ(h.failures(), 0u);
+  EXPECT_TRUE(a.fresh_only());
+  EXPECT_EQ(a.retries(), 1u);
+  // Its idle timeout's 408 crossing the request: the same.
+  Attempts b(*p, rng, now);
+  v = b.judge({.status = 408, .reused = true, .closing_head_alone = true, .sent = now, .answered = now + 1s});
+  EXPECT_TRUE(v.stale);
+  EXPECT_EQ(h.failures(), 0u);
+  // A reset past the window, on a fresh connection, or the second on one request: the endpoint's failures.
+  Attempts c(*p, rng, now);
+  v = c.judge({.failure = UpstreamFailure::reset, .reused = true, .sent = now, .answered = now + 10ms});
+  EXPECT_FALSE(v.stale);
+  EXPECT_TRUE(v.failed);
+  EXPECT_EQ(h.failures(), 1u);
+  Attempts d(*p, rng, now);
+  EXPECT_FALSE(d.judge({.failure = UpstreamFailure::reset, .sent = now, .answered = now}).stale);
+  EXPECT_EQ(h.failures(), 2u);
+  EXPECT_TRUE(a.judge({.failure = UpstreamFailure::reset, .reused = true, .sent = now, .answered = now}).failed);
+  EXPECT_EQ(h.failures(), 3u);
+  // A good answer clears them; a stream's 2xx head waits for its first token; garbage is no verdict.
+  Attempts e(*p, rng, now);
+  EXPECT_FALSE(e.judge({.status = 200, .sent = now, .answered = now}).failed);
+  EXPECT_EQ(h.failures(), 0u);
+  Attempts f(*p, rng, now);
+  const auto g = f.judge({.failure = UpstreamFailure::protocol, .sent = now, .answered = now});
+  EXPECT_FALSE(g.stale || g.failed || g.deferred);
+  EXPECT_TRUE(f.judge({.status = 200, .judged_later = true, .sent = now, .answered = now}).deferred);
+  EXPECT_TRUE(f.judge({.status = 503, .judged_later = true, .sent = now, .answered = now}).failed);
+  EXPECT_EQ(h.failures(), 1u);
+}
+
+TEST(RoutingAttempts, AStaleResendKeepsTheHalfOpenTrial) {
+  // A half-open endpoint's trial met a stale pooled connection: no verdict, and the resend is still the trial
+  // (its answer closes the breaker), where it used to reopen it.
+  auto c = core::parse_config(
+      "pools: {p: {endpoints: ['http://127.0.0.1:1'], eject_for: 1s, breaker: {}}}\ndefault_pool: p\n", "t");
+  ASSERT_TRUE(c) << c.error().to_string();
+  std::vector<http::tcp::endpoint> addrs(1);
+  WorkerPool pool(c->pools[0], addrs);
+  Rng rng(2);
+  const auto now = Clock::now();
+  pool.report_connect_failure(0, now);
+  ASSERT_EQ(pool.state(0, now + 2s), HealthState::half_open);
+  Attempts a(pool, rng, now + 2s);
+  ASSERT_EQ(pool.endpoint(0).health.trials(), 1u);
+  EXPECT_TRUE(
+      a.judge({.failure = UpstreamFailure::reset, .reused = true, .sent = now + 2s, .answered = now + 2s}).stale);
+  EXPECT_EQ(pool.state(0, now + 2s), HealthState::half_open);
+  EXPECT_EQ(pool.endpoint(0).health.trials(), 1u);
+  a.on_connected();
+  EXPECT_FALSE(a.judge({.status = 200, .sent = now + 2s, .answered = now + 2s}).failed);
+  EXPECT_EQ(pool.state(0, now + 2s), HealthState::closed);
+  EXPECT_EQ(pool.endpoint(0).health.trials(), 0u);
+}
+
 TEST(RoutingAttempts, RetriesCountEveryKind) {
   // A stale pooled connection, then the fresh connect is refused and the
   // request moves to the other endpoint, which refuses too.
