@@ -1,12 +1,15 @@
 #include "core/access_log.hpp"
 
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <tuple>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -20,18 +23,71 @@ constexpr std::size_t kPipeBuf = 4096;
 // thread, whose loop also serves signals and the admin API): it must not
 // wait. A FIFO's open for writing waits for a reader (a log shipper
 // restarting): O_NONBLOCK fails it at once (ENXIO) instead (a reopen keeps
-// the old descriptor). Writes then block as before (the flag is cleared).
+// the old descriptor). A regular file's writes then block as before (the
+// flag is cleared: it means nothing there, and a full disk is an error, not
+// a wait); anything else (a FIFO, a terminal) keeps it: see non_blocking().
 int open_file_now(const std::string& path) {
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
   if (fd < 0) return fd;
-  const int flags = ::fcntl(fd, F_GETFL);
-  if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  struct stat st {};
+  if (::fstat(fd, &st) == 0 && S_ISREG(st.st_mode)) {
+    const int flags = ::fcntl(fd, F_GETFL);
+    if (flags >= 0) ::fcntl(fd, F_SETFL, flags & ~O_NONBLOCK);
+  }
   return fd;
+}
+
+// A log sink must never stop traffic: a write(2) to a pipe whose reader
+// stopped reading (a log shipper paused or wedged) waits for it forever, on
+// a worker's thread, holding the sink's mutex that the other workers wait
+// on. So stdout, when it is anything but a regular file, is written through
+// a descriptor of Weir's own with O_NONBLOCK: a full pipe answers EAGAIN at
+// once and the lines that do not fit are dropped and counted. Setting the
+// flag on stdout itself would change the open file description Weir shares
+// with its parent and with its own stderr (2>&1): their writes would fail
+// with EAGAIN too, so a new description of the same pipe or terminal is
+// opened through /proc/self/fd/N (Linux). A socket (systemd's journal)
+// cannot be opened that way: it keeps fd N, written with
+// send(MSG_DONTWAIT), which is per call. Returns the descriptor to write to
+// and whether it is Weir's own (to close); a regular file stays fd N (its
+// writes do not wait on a reader, and a new description would have an
+// offset of its own that overwrites stderr's lines after `>out 2>&1`).
+std::pair<int, bool> non_blocking(int fd_n) {
+  struct stat st {};
+  if (::fstat(fd_n, &st) != 0 || S_ISREG(st.st_mode) || S_ISSOCK(st.st_mode)) return {fd_n, false};
+  // (O_NOCTTY: a terminal opened again must not become the controlling one of a session leader.)
+  const int fd =
+      ::open(fmt::format("/proc/self/fd/{}", fd_n).c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  // No /proc, or a pipe with no reader left (ENXIO: every write fails with EPIPE anyway): fd N as it is.
+  if (fd < 0) return {fd_n, false};
+  return {fd, true};
 }
 
 bool is_pipe(int fd) {
   struct stat st {};
   return ::fstat(fd, &st) == 0 && (S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode));
+}
+
+bool is_socket(int fd) {
+  struct stat st {};
+  return ::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode);
+}
+
+// write(2), or on a socket send(2) that does not wait (see non_blocking()).
+ssize_t write_now(int fd, const void* buf, std::size_t n) { return ::write(fd, buf, n); }
+ssize_t send_now(int fd, const void* buf, std::size_t n) { return ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL); }
+
+// The sink's own note on stderr, written as the log is: stderr is often the
+// same stalled pipe as stdout (`2>&1 | shipper`), and a worker blocked on
+// its note would stop traffic as surely as one blocked on the log. A note
+// that does not fit is dropped (the counters keep the count).
+void say(const std::string& note) {
+  static const auto err = [] {
+    const auto [fd, owned] = non_blocking(STDERR_FILENO);
+    (void)owned;  // kept open for the process's life
+    return std::pair{fd, is_socket(fd)};
+  }();
+  (void)(err.second ? send_now(err.first, note.data(), note.size()) : write_now(err.first, note.data(), note.size()));
 }
 }  // namespace
 
@@ -39,7 +95,8 @@ std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std
   auto s = std::shared_ptr<AccessLogSink>(new AccessLogSink());
   if (where == "off" || where.empty()) return s;
   if (where == "-") {
-    s->fd_ = STDOUT_FILENO;
+    std::tie(s->fd_, s->owned_) = non_blocking(STDOUT_FILENO);
+    s->socket_ = is_socket(s->fd_);
   } else {
     // (Not waiting either: a FIFO with no reader would hold start-up before
     // its signal handlers, silent, until one came.)
@@ -57,7 +114,7 @@ std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std
 }
 
 bool AccessLogSink::reopen(std::string& error) {
-  if (!owned_) return true;
+  if (path_.empty()) return true;
   const int fd = open_file_now(path_);
   if (fd < 0) {
     error = errno == ENXIO ? fmt::format("cannot reopen access log {}: a pipe with no reader", path_)
@@ -85,10 +142,18 @@ AccessLogSink::~AccessLogSink() {
 
 void AccessLogSink::write_lines(std::string_view lines) {
   if (fd_ < 0 || lines.empty()) return;
-  const WriteFn write = write_ ? write_ : &::write;
-  const std::lock_guard lock(mu_);
+  std::string note;  // said on stderr once the mutex is released: a stderr that blocks holds only this worker
+  {
+    const std::lock_guard lock(mu_);
+    write_locked(lines, note);
+  }
+  if (!note.empty()) say(note);
+}
+
+void AccessLogSink::write_locked(std::string_view lines, std::string& note) {
+  const WriteFn write = writer();
   if (torn_pending_ && !end_torn_line()) {
-    count_lost(lines, std::strerror(errno));
+    note = count_lost(lines, errno);
     return;
   }
   std::size_t torn = 0;  // bytes of the current line already out: a short write's fragment
@@ -117,9 +182,9 @@ void AccessLogSink::write_lines(std::string_view lines) {
     // stderr, at most once per 10 s (the request log and the tracer do the
     // same). (A write of nothing, w == 0, is a failure too: retrying it
     // would spin.)
-    const char* why = w < 0 ? std::strerror(errno) : "nothing written";
+    const int err = w < 0 ? errno : 0;
     if (torn > 0) drop_fragment(torn);
-    count_lost(lines, why);
+    note = count_lost(lines, err);
     return;
   }
 }
@@ -167,7 +232,7 @@ bool AccessLogSink::end_torn_line() {
     torn_pending_ = false;  // rotated since: the fragment ends the old file, the new one needs no newline
     return true;
   }
-  const WriteFn write = write_ ? write_ : &::write;
+  const WriteFn write = writer();
   ssize_t w;
   while ((w = write(fd_, "\n", 1)) < 0 && errno == EINTR) {
   }
@@ -179,7 +244,12 @@ bool AccessLogSink::end_torn_line() {
   return true;
 }
 
-void AccessLogSink::count_lost(std::string_view rest, const char* why) {
+AccessLogSink::WriteFn AccessLogSink::writer() const {
+  if (write_) return write_;
+  return socket_ ? &send_now : &write_now;
+}
+
+std::string AccessLogSink::count_lost(std::string_view rest, int err) {
   const auto lost = static_cast<std::uint64_t>(std::count(rest.begin(), rest.end(), '\n')) +
                     (rest.empty() || rest.back() == '\n' ? 0 : 1);
   __atomic_add_fetch(&write_errors_, 1, __ATOMIC_RELAXED);
@@ -188,9 +258,17 @@ void AccessLogSink::count_lost(std::string_view rest, const char* why) {
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   std::int64_t said = __atomic_load_n(&said_at_ns_, __ATOMIC_RELAXED);
   if ((said == 0 || now_ns - said >= 10'000'000'000) &&
-      __atomic_compare_exchange_n(&said_at_ns_, &said, now_ns, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
-    fmt::print(stderr, "weir: access log: a write failed ({}): {} line(s) lost ({} in all so far)\n", why, lost,
-               lines_lost());
+      __atomic_compare_exchange_n(&said_at_ns_, &said, now_ns, false, __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+    // EAGAIN: only a pipe, FIFO, socket or terminal written without waiting answers it.
+    if (err == EAGAIN || err == EWOULDBLOCK)
+      return fmt::format(
+          "weir: access log: the reader is not keeping up (its pipe is full): {} line(s) dropped, not waited for "
+          "({} in all so far; said at most once per 10 s)\n",
+          lost, lines_lost());
+    return fmt::format("weir: access log: a write failed ({}): {} line(s) lost ({} in all so far)\n",
+                       err ? std::strerror(err) : "nothing written", lost, lines_lost());
+  }
+  return {};
 }
 
 AccessLog::AccessLog(std::shared_ptr<AccessLogSink> sink) : sink_(std::move(sink)) { buf_.reserve(kFlushAt + 4096); }

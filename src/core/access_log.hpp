@@ -12,6 +12,12 @@
 // start of a line with no newline, which the next line would be glued to;
 // the sink takes that fragment off again (or, where it cannot, starts the
 // next write on a new line), so a failed write loses whole lines, counted.
+//
+// A log sink never stops traffic: a pipe, FIFO, socket or terminal is
+// written without waiting (O_NONBLOCK on a descriptor of Weir's own, or
+// send(MSG_DONTWAIT)), so a reader that stops reading costs the lines that
+// do not fit in its pipe (dropped and counted), never a worker, the mutex
+// the workers share, or the drain. A regular file is written as before.
 #pragma once
 
 #include <sys/types.h>
@@ -29,7 +35,11 @@ namespace weir::core {
 class AccessLogSink {
  public:
   // "-" = stdout, "off" = disabled, else a path opened for appending.
-  // Returns nullptr and sets `error` if the file cannot be opened.
+  // Returns nullptr and sets `error` if the file cannot be opened. stdout
+  // that is not a regular file is written through a new non-blocking
+  // description of it (/proc/self/fd/1; a socket: send(MSG_DONTWAIT)), so
+  // fd 1's own flags, shared with the parent and with stderr, stay as
+  // they were.
   static std::shared_ptr<AccessLogSink> open(const std::string& where, std::string& error);
   ~AccessLogSink();
 
@@ -41,7 +51,11 @@ class AccessLogSink {
   // the next write starts with '\n', so the fragment is one bad line and the
   // lines after it are whole. Workers call it concurrently: it holds a mutex
   // across its writes (the kernel serializes appends to one file anyway), so
-  // no other worker's write lands between a fragment and its repair.
+  // no other worker's write lands between a fragment and its repair. It
+  // never waits on a reader, so no worker waits on that mutex behind one: a
+  // full pipe (EAGAIN) drops the lines that did not fit, counted in
+  // lines_lost() and said on stderr at most once per 10 s (after the mutex
+  // is released, and without waiting either: stderr is often the same pipe).
   void write_lines(std::string_view lines);
   std::uint64_t write_errors() const { return __atomic_load_n(&write_errors_, __ATOMIC_RELAXED); }
   // Lines a failed write dropped (whole or in part): what an operator lost.
@@ -64,6 +78,10 @@ class AccessLogSink {
   void set_write_for_test(WriteFn write) { write_ = write; }
 
  private:
+  // write_lines() under mu_; sets `note` to a line for stderr.
+  void write_locked(std::string_view lines, std::string& note);
+  // The write function: the test's stand-in, send(MSG_DONTWAIT) on a socket, else write(2).
+  WriteFn writer() const;
   // After a failed write that left `torn` bytes of a line at the end of the
   // destination: takes them off, or marks the next write to start a line.
   void drop_fragment(std::size_t torn);
@@ -71,13 +89,15 @@ class AccessLogSink {
   // ends that line with '\n' (not when the destination is another file
   // now, after a rotation). False if the newline could not be written.
   bool end_torn_line();
-  // Counts the lines of `rest` (the last one may lack its '\n') as lost and
-  // says so on stderr (at most once per 10 s).
-  void count_lost(std::string_view rest, const char* why);
+  // Counts the lines of `rest` (the last one may lack its '\n') as lost;
+  // returns the line to say on stderr (at most one per 10 s, else empty).
+  // `err`: the write's errno, 0 for a write of nothing.
+  std::string count_lost(std::string_view rest, int err);
 
   int fd_ = -1;
   bool owned_ = false;
   bool is_pipe_ = false;  // atomic loads and stores: reopen() may change it
+  bool socket_ = false;   // stdout is a socket: written with send(MSG_DONTWAIT)
   std::string path_;
   std::uint64_t write_errors_ = 0;  // bumped atomically: workers share the sink
   std::uint64_t lines_lost_ = 0;    // (as write_errors_)

@@ -9,7 +9,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -17,6 +19,7 @@
 #include <functional>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -314,4 +317,98 @@ TEST(AccessLogSink, ANewlineThatCannotBeWrittenLosesTheBatchNotItsFirstLine) {
   ::close(reader);
   sink.reset();
   fs::remove_all(dir);
+}
+
+// --- a reader that stops reading: the sink drops what does not fit and never
+// waits (a worker blocked in write(2) stopped traffic and the drain).
+namespace {
+
+// Runs `write` on a thread; if it has not returned after 30 s (it waits on
+// the reader), reads `reader` dry until it does, so the test fails instead
+// of hanging. True if it returned by itself.
+bool returns_without_a_reader(int reader, const std::function<void()>& write) {
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    write();
+    done = true;
+  });
+  for (int i = 0; i < 3000 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const bool by_itself = done;
+  char buf[65536];
+  while (!done) {
+    if (::read(reader, buf, sizeof buf) <= 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  t.join();
+  return by_itself;
+}
+
+// 256 KiB of 100-byte lines, in 32 KiB batches (a worker's buffer): four
+// times a pipe's default capacity.
+void write_a_lot(AccessLogSink& sink) {
+  const std::string line(99, 'x');
+  std::string batch;
+  for (int i = 0; i < 328; ++i) batch += line + '\n';
+  for (int i = 0; i < 8; ++i) sink.write_lines(batch);
+}
+
+std::string read_all(int reader) {
+  std::string out;
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(reader, buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+  return out;
+}
+
+}  // namespace
+
+TEST(AccessLogSink, AFifoWhoseReaderStopsReadingDropsLinesInsteadOfWaiting) {
+  const auto dir = temp_dir();
+  const auto path = dir / "access.fifo";
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  const int reader = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  std::string err;
+  auto sink = AccessLogSink::open(path.string(), err);
+  ASSERT_TRUE(sink) << err;
+  EXPECT_TRUE(returns_without_a_reader(reader, [&] { write_a_lot(*sink); }));
+  EXPECT_GT(sink->lines_lost(), 0u);
+  EXPECT_GT(sink->write_errors(), 0u);
+  // What got through is whole lines; once the reader reads again, lines flow again.
+  const auto first = read_all(reader);
+  EXPECT_FALSE(first.empty());
+  EXPECT_EQ(first.back(), '\n');
+  const auto lost = sink->lines_lost();
+  sink->write_lines("again\n");
+  EXPECT_EQ(read_all(reader), "again\n");
+  EXPECT_EQ(sink->lines_lost(), lost);
+  ::close(reader);
+  sink.reset();
+  fs::remove_all(dir);
+}
+
+TEST(AccessLogSink, StdoutOnAPipeIsWrittenWithoutWaitingAndItsOwnFlagsStay) {
+  int p[2];
+  ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+  ::fflush(stdout);
+  const int saved = ::dup(STDOUT_FILENO);
+  ASSERT_GE(saved, 0);
+  ::dup2(p[1], STDOUT_FILENO);
+  ::close(p[1]);
+  ::fcntl(p[0], F_SETFL, ::fcntl(p[0], F_GETFL) | O_NONBLOCK);
+  std::string err;
+  auto sink = AccessLogSink::open("-", err);
+  const int stdout_flags = ::fcntl(STDOUT_FILENO, F_GETFL);
+  const bool by_itself = sink && returns_without_a_reader(p[0], [&] { write_a_lot(*sink); });
+  const auto lost = sink ? sink->lines_lost() : 0;
+  const bool opened = sink != nullptr;
+  sink.reset();
+  ::dup2(saved, STDOUT_FILENO);  // (before any assertion: gtest prints to stdout)
+  ::close(saved);
+  ASSERT_TRUE(opened) << err;
+  EXPECT_TRUE(by_itself);
+  EXPECT_GT(lost, 0u);
+  // The description Weir shares with its parent (and stderr after 2>&1) does not turn non-blocking.
+  EXPECT_EQ(stdout_flags & O_NONBLOCK, 0);
+  EXPECT_FALSE(read_all(p[0]).empty());
+  ::close(p[0]);
 }
