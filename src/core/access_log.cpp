@@ -114,6 +114,23 @@ std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std
 }
 
 bool AccessLogSink::reopen(std::string& error) {
+  if (try_reopen(error)) {
+    __atomic_store_n(&reopen_pending_, false, __ATOMIC_RELAXED);
+    return true;
+  }
+  __atomic_add_fetch(&reopen_failures_, 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&reopen_pending_, true, __ATOMIC_RELAXED);
+  return false;
+}
+
+bool AccessLogSink::retry_reopen(std::string& error) {
+  if (!reopen_pending()) return true;
+  if (!try_reopen(error)) return false;
+  __atomic_store_n(&reopen_pending_, false, __ATOMIC_RELAXED);
+  return true;
+}
+
+bool AccessLogSink::try_reopen(std::string& error) {
   if (path_.empty()) return true;
   const int fd = open_file_now(path_);
   if (fd < 0) {

@@ -69,7 +69,18 @@ class AccessLogSink {
   // `error` set if the path cannot be opened (the old file stays in use).
   // stdout and "off": nothing to reopen, returns true. It takes no lock (the
   // control thread must not wait behind a worker's write to a stalled pipe).
+  // A failure is counted in reopen_failures() and leaves reopen_pending()
+  // true until a reopen or retry_reopen() succeeds.
   bool reopen(std::string& error);
+  // After a failed reopen(): tries it again (the control thread, every
+  // second), without counting another failure. True once the new file is in
+  // place, or when none is pending.
+  bool retry_reopen(std::string& error);
+  // Reopens (SIGHUP, SIGUSR1) that failed (weir_access_log_reopen_failures_total).
+  std::uint64_t reopen_failures() const { return __atomic_load_n(&reopen_failures_, __ATOMIC_RELAXED); }
+  // True while a failed reopen leaves the lines going to the old (rotated)
+  // file (weir_access_log_reopen_pending).
+  bool reopen_pending() const { return __atomic_load_n(&reopen_pending_, __ATOMIC_RELAXED); }
   // The file's path; empty for stdout and "off".
   const std::string& path() const { return path_; }
 
@@ -78,6 +89,8 @@ class AccessLogSink {
   void set_write_for_test(WriteFn write) { write_ = write; }
 
  private:
+  // reopen() without the counting.
+  bool try_reopen(std::string& error);
   // write_lines() under mu_; sets `note` to a line for stderr.
   void write_locked(std::string_view lines, std::string& note);
   // The write function: the test's stand-in, send(MSG_DONTWAIT) on a socket, else write(2).
@@ -99,11 +112,13 @@ class AccessLogSink {
   bool is_pipe_ = false;  // atomic loads and stores: reopen() may change it
   bool socket_ = false;   // stdout is a socket: written with send(MSG_DONTWAIT)
   std::string path_;
-  std::uint64_t write_errors_ = 0;  // bumped atomically: workers share the sink
-  std::uint64_t lines_lost_ = 0;    // (as write_errors_)
-  std::int64_t said_at_ns_ = 0;     // the last stderr line about a failed write (at most one per 10 s)
-  WriteFn write_ = nullptr;         // write(2) unless a test put a stand-in
-  std::mutex mu_;                   // held across write_lines(): a torn line is repaired before others write
+  std::uint64_t write_errors_ = 0;     // bumped atomically: workers share the sink
+  std::uint64_t lines_lost_ = 0;       // (as write_errors_)
+  std::uint64_t reopen_failures_ = 0;  // (as write_errors_)
+  bool reopen_pending_ = false;        // atomic loads and stores
+  std::int64_t said_at_ns_ = 0;        // the last stderr line about a failed write (at most one per 10 s)
+  WriteFn write_ = nullptr;            // write(2) unless a test put a stand-in
+  std::mutex mu_;                      // held across write_lines(): a torn line is repaired before others write
   // Under mu_: a fragment drop_fragment() could not take off ends the
   // destination (dev, ino: the file it went to), so the next write must
   // begin with '\n'.

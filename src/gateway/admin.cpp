@@ -476,8 +476,9 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
                                       const std::shared_ptr<const Generation>& gen,
                                       const std::shared_ptr<const auth::AuthPolicy>& policy) {
   const std::shared_ptr<MetricsShard> total = co_await collect_metrics(shared, home, gen->labels);
-  total->render(out, shared.log_sink ? shared.log_sink->write_errors() : 0,
-                shared.log_sink ? shared.log_sink->lines_lost() : 0);
+  total->render(
+      out, shared.log_sink ? shared.log_sink->write_errors() : 0, shared.log_sink ? shared.log_sink->lines_lost() : 0,
+      shared.log_sink ? shared.log_sink->reopen_failures() : 0, shared.log_sink && shared.log_sink->reopen_pending());
   append_health_metrics(out, *gen);
   if (shared.limiter && policy) append_budget_metrics(out, *policy, *shared.limiter, total->labels());
   {

@@ -218,7 +218,8 @@ void MetricsShard::merge(const MetricsShard& o) {
   sse_events += o.sse_events;
 }
 
-void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint64_t log_lines_lost) const {
+void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint64_t log_lines_lost,
+                          std::uint64_t log_reopen_failures, bool log_reopen_pending) const {
   core::PromWriter w(out);
   const MetricLabels& L = *labels_;
   auto model_label = [&](std::size_t i) -> std::string_view {
@@ -494,8 +495,15 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   w.sample("weir_sse_events_total", "", sse_events);
   w.header("weir_access_log_write_errors_total", "counter", "Access log writes that failed.");
   w.sample("weir_access_log_write_errors_total", "", log_errors);
-  w.header("weir_access_log_lines_lost_total", "counter", "Access log lines a failed write dropped.");
+  w.header("weir_access_log_lines_lost_total", "counter",
+           "Access log lines a failed write dropped (a full pipe whose reader stopped reading included).");
   w.sample("weir_access_log_lines_lost_total", "", log_lines_lost);
+  w.header("weir_access_log_reopen_failures_total", "counter",
+           "Access log reopens (SIGHUP, SIGUSR1) whose file could not be opened.");
+  w.sample("weir_access_log_reopen_failures_total", "", log_reopen_failures);
+  w.header("weir_access_log_reopen_pending", "gauge",
+           "1 while a failed reopen leaves the access log writing to the old file (retried every second).");
+  w.sample("weir_access_log_reopen_pending", "", static_cast<std::uint64_t>(log_reopen_pending));
 }
 
 json::object MetricsShard::stats_json() const {

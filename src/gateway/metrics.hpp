@@ -290,7 +290,9 @@ class MetricsShard {
   void merge(const MetricsShard& o);
 
   // Renders the merged shard in Prometheus text format.
-  void render(std::string& out, std::uint64_t access_log_write_errors, std::uint64_t access_log_lines_lost = 0) const;
+  // The access log's counters come from its sink (core::AccessLogSink), which the workers share.
+  void render(std::string& out, std::uint64_t access_log_write_errors, std::uint64_t access_log_lines_lost = 0,
+              std::uint64_t access_log_reopen_failures = 0, bool access_log_reopen_pending = false) const;
 
   // The merged shard's traffic by model and by tenant, cumulative since
   // start, for GET /admin/v1/stats (docs/admin-api.md: the shape): requests

@@ -159,6 +159,10 @@ int main(int argc, char** argv) {
   // server runs (server.cpp); until then (loading, resolving, binding) it
   // must not kill the process either.
   std::signal(SIGHUP, SIG_IGN);
+  // SIGUSR1 (reopen the access log) and SIGUSR2 (no meaning): ignored until
+  // server.cpp's handler takes them; their default action would end the process.
+  std::signal(SIGUSR1, SIG_IGN);
+  std::signal(SIGUSR2, SIG_IGN);
   bound_allocator_retention();
   CLI::App app{"Weir: an AI inference gateway (OpenAI-compatible, streams SSE from vLLM pools)", "weir"};
   std::string config_path, listen, upstream, access_log;

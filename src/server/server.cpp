@@ -6,6 +6,7 @@
 #include <csignal>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include <fmt/format.h>
 #include <boost/asio/co_spawn.hpp>
@@ -13,6 +14,7 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <boost/asio/steady_timer.hpp>
 
 #include "core/process_metrics.hpp"
 #include "gateway/admin_server.hpp"
@@ -158,21 +160,61 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                     opts.workers, opts.access_log, shared, services, admin.get());
 
   std::signal(SIGPIPE, SIG_IGN);
+  // Log rotation: SIGHUP and SIGUSR1 (nginx's and Envoy's "reopen the logs",
+  // what logrotate postrotate scripts send) reopen the access log. One that
+  // cannot be opened (a directory removed, EACCES, EMFILE) leaves the lines
+  // going to the old, rotated file: counted
+  // (weir_access_log_reopen_failures_total), shown while it lasts
+  // (weir_access_log_reopen_pending 1), and tried again every second until
+  // it opens, so a condition that passes does not need another signal.
+  asio::steady_timer reopen_retry(main_io);
+  std::function<void(const boost::system::error_code&)> on_reopen_retry = [&](const boost::system::error_code& ec) {
+    if (ec || !shared.log_sink->reopen_pending()) return;
+    std::string why;
+    if (shared.log_sink->retry_reopen(why)) {
+      fmt::print(stderr, "weir: access log {} reopened (retried after a failed reopen)\n", shared.log_sink->path());
+      return;
+    }
+    reopen_retry.expires_after(std::chrono::seconds(1));
+    reopen_retry.async_wait(on_reopen_retry);
+  };
+  auto reopen_access_log = [&](const char* sig) {
+    if (shared.log_sink->path().empty()) return;  // stdout or off: nothing to reopen
+    std::string why;
+    if (shared.log_sink->reopen(why)) {
+      reopen_retry.cancel();
+      fmt::print(stderr, "weir: {} received, access log {} reopened\n", sig, shared.log_sink->path());
+      return;
+    }
+    fmt::print(stderr, "weir: {} received: {}; still writing to the old file, trying again every second\n", sig, why);
+    reopen_retry.expires_after(std::chrono::seconds(1));
+    reopen_retry.async_wait(on_reopen_retry);
+  };
   // SIGINT/SIGTERM drain; SIGHUP (systemd's ExecReload, logrotate) reopens
-  // the access log, then reloads the configuration file.
+  // the access log, then reloads the configuration file; SIGUSR1 only
+  // reopens the access log; SIGUSR2 (no meaning here) is ignored: the
+  // default action of both would end the process at once, without a drain.
   asio::signal_set signals(main_io, SIGINT, SIGTERM, SIGHUP);
+  signals.add(SIGUSR1);
+  signals.add(SIGUSR2);
   int signal_count = 0;
+  bool said_usr2 = false;
   std::function<void(const boost::system::error_code&, int)> on_signal = [&](const boost::system::error_code& ec,
                                                                              int sig) {
     if (ec) return;
+    if (sig == SIGUSR1) {
+      reopen_access_log("SIGUSR1");
+      signals.async_wait(on_signal);
+      return;
+    }
+    if (sig == SIGUSR2) {
+      if (!std::exchange(said_usr2, true))
+        fmt::print(stderr, "weir: SIGUSR2 received and ignored (it has no meaning to Weir; said once)\n");
+      signals.async_wait(on_signal);
+      return;
+    }
     if (sig == SIGHUP) {
-      std::string why;
-      if (!shared.log_sink->path().empty()) {  // stdout or off: nothing to reopen
-        if (shared.log_sink->reopen(why))
-          fmt::print(stderr, "weir: SIGHUP received, access log {} reopened\n", shared.log_sink->path());
-        else
-          fmt::print(stderr, "weir: SIGHUP received: {}; still writing to the old file\n", why);
-      }
+      reopen_access_log("SIGHUP");
       // A drain keeps the configuration and deadline it began with (a reload
       // then would start scrapers, fetches and watches that the drain stopped).
       if (signal_count == 0)
@@ -206,15 +248,18 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
-  // main() blocked SIGINT and SIGTERM until now (the ports were bound while
-  // their default action would have killed the process): the handler is in
-  // place, so one that came during start-up is delivered here and drains.
+  // main() blocked SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 until now (the ports
+  // were bound while their default action would have killed the process):
+  // the handler is in place, so one that came during start-up is delivered
+  // here (a drain, a reopen).
   // (The threads started so far keep them blocked: the kernel delivers them
   // to one that does not.)
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGUSR1);
+  sigaddset(&stop_signals, SIGUSR2);
   pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
 
   services.start();

@@ -1,5 +1,6 @@
 """The access log and its readers: a pipe (stdout or a FIFO) whose reader stops reading costs dropped lines,
-counted, never traffic or the drain."""
+counted, never traffic or the drain; SIGUSR1 reopens the access log without a reload and SIGUSR2 is ignored
+(both killed Weir at once); a reopen that fails is counted and retried until it opens."""
 
 from __future__ import annotations
 
@@ -125,3 +126,75 @@ def test_a_log_reader_that_stops_reading_stops_neither_traffic_nor_the_drain(whe
     finally:
         os.close(reader)
 
+
+# --- 2. SIGUSR1 and SIGUSR2 ----------------------------------------------------------------------------------------
+
+def test_sigusr1_reopens_the_access_log_without_a_reload_and_sigusr2_is_ignored(tmp_path, mock, weir):
+    # Before: both killed Weir at once (exit 138/140): no drain, the lines still buffered lost.
+    m = mock(*MOCK_FLAGS)
+    log = tmp_path / "access.log"
+    w = weir(config=config(m, access_log=str(log)), workers=2)
+    before = [chat(w, "before") for _ in range(3)]
+    w.wait_log(lambda es: len(es) >= 3, message="the first lines")
+    os.rename(log, tmp_path / "access.log.1")
+    # A changed file: SIGUSR1 must not load it (only SIGHUP reloads).
+    cfg = json.loads(json.dumps(config(m, access_log=str(log))))
+    cfg["models"]["m2"] = {"pool": "p", "upstream_model": "mock-model"}
+    cfg["listen"] = f"127.0.0.1:{w.port}"
+    cfg["workers"] = 2
+    w.config_path.write_text(to_yaml(cfg) + "\n")
+    reloads = sum(v for n, _, v in w.metrics() if n == "weir_config_reloads_total")
+
+    os.kill(w.process.pid, signal.SIGUSR1)
+    wait_until(lambda: f"SIGUSR1 received, access log {log} reopened" in w.process.log(), 10,
+               message="the reopen said on stderr")
+    assert w.process.alive()
+    after = chat(w, "after")
+    w.log_for(after)  # in the new access.log
+    old = [json.loads(line)["request_id"] for line in (tmp_path / "access.log.1").read_text().splitlines()]
+    assert old == before
+    r = httpx.post(w.v1 + "/chat/completions", json={"model": "m2", "messages": [{"role": "user", "content": "x"}]},
+                   timeout=15)
+    assert r.status_code == 404, "SIGUSR1 must not reload the configuration"
+    assert sum(v for n, _, v in w.metrics() if n == "weir_config_reloads_total") == reloads
+
+    for _ in range(2):
+        os.kill(w.process.pid, signal.SIGUSR2)
+    wait_until(lambda: "SIGUSR2 received and ignored" in w.process.log(), 10, message="the SIGUSR2 note")
+    last = chat(w, "last")
+    assert w.process.alive()
+    assert w.process.log().count("SIGUSR2 received") == 1
+
+    # A drain as usual: every line written.
+    assert w.process.stop(30) == 0
+    ids = {e["request_id"] for e in w.log_entries()}
+    assert {after, last} <= ids
+
+
+# --- 3. a reopen that fails ----------------------------------------------------------------------------------------
+
+def test_a_failed_reopen_is_counted_shown_and_retried_until_it_opens(tmp_path, mock, weir):
+    # Before: said once on stderr, no metric moved, and the lines went to the rotated file until the next
+    # SIGHUP.
+    m = mock(*MOCK_FLAGS)
+    log = tmp_path / "access.log"
+    w = weir(config=config(m, access_log=str(log)), workers=2)
+    chat(w, "before")
+    w.wait_log(lambda es: len(es) >= 1, message="the first line")
+    assert w.metric("weir_access_log_reopen_failures_total") == 0
+    os.rename(log, tmp_path / "access.log.1")
+    log.mkdir()  # any open(2) failure: EACCES, EMFILE, ...
+    os.kill(w.process.pid, signal.SIGHUP)
+    wait_until(lambda: w.metric("weir_access_log_reopen_failures_total") == 1, 10, message="the failure counted")
+    samples = w.metrics()
+    assert ("weir_access_log_reopen_pending", {}, 1.0) in samples
+    meanwhile = chat(w, "meanwhile")  # still the old file: not lost
+    wait_until(lambda: meanwhile in (tmp_path / "access.log.1").read_text(), 10, message="the line in the old file")
+
+    log.rmdir()  # the cause goes away: no second signal needed
+    wait_until(lambda: log.is_file(), 15, message="the retried reopen")
+    wait_until(lambda: ("weir_access_log_reopen_pending", {}, 0.0) in w.metrics(), 10, message="pending 0")
+    assert w.metric("weir_access_log_reopen_failures_total") == 1
+    later = chat(w, "later")
+    w.log_for(later)
+    assert "reopened (retried after a failed reopen)" in w.process.log()

@@ -412,3 +412,29 @@ TEST(AccessLogSink, StdoutOnAPipeIsWrittenWithoutWaitingAndItsOwnFlagsStay) {
   EXPECT_FALSE(read_all(p[0]).empty());
   ::close(p[0]);
 }
+
+TEST(AccessLogSink, AFailedReopenIsCountedAndRetriedUntilItOpens) {
+  const auto dir = temp_dir();
+  const auto path = dir / "sub" / "access.log";
+  fs::create_directory(dir / "sub");
+  std::string err;
+  auto sink = AccessLogSink::open(path.string(), err);
+  ASSERT_TRUE(sink) << err;
+  EXPECT_FALSE(sink->reopen_pending());
+  fs::rename(dir / "sub", dir / "moved");
+  EXPECT_FALSE(sink->reopen(err));
+  EXPECT_EQ(sink->reopen_failures(), 1u);
+  EXPECT_TRUE(sink->reopen_pending());
+  EXPECT_FALSE(sink->retry_reopen(err));  // a retry that fails is not another failed reopen
+  EXPECT_EQ(sink->reopen_failures(), 1u);
+  sink->write_lines("old\n");
+  fs::create_directory(dir / "sub");
+  EXPECT_TRUE(sink->retry_reopen(err)) << err;
+  EXPECT_FALSE(sink->reopen_pending());
+  sink->write_lines("new\n");
+  EXPECT_EQ(slurp(dir / "moved" / "access.log"), "old\n");
+  EXPECT_EQ(slurp(path), "new\n");
+  EXPECT_TRUE(sink->retry_reopen(err));  // none pending: nothing to do
+  EXPECT_EQ(slurp(path), "new\n");
+  fs::remove_all(dir);
+}

@@ -536,5 +536,19 @@ TEST(GatewayMetricsShard, StatsJsonSumsTrafficByModelAndTenant) {
   EXPECT_EQ(tenants[2].at("prompt_tokens").to_number<int>(), 10);
 }
 
+TEST(GatewayMetricsShard, RendersTheAccessLogReopenCounterAndGauge) {
+  const auto cfg = config();
+  MetricsShard m(MetricLabels::build(cfg, nullptr));
+  std::string out;
+  m.render(out, 0, 0);
+  EXPECT_EQ(sample(out, "weir_access_log_reopen_failures_total"), 0);
+  EXPECT_EQ(sample(out, "weir_access_log_reopen_pending"), 0);
+  out.clear();
+  m.render(out, 1, 2, 3, true);
+  EXPECT_EQ(sample(out, "weir_access_log_lines_lost_total"), 2);
+  EXPECT_EQ(sample(out, "weir_access_log_reopen_failures_total"), 3);
+  EXPECT_EQ(sample(out, "weir_access_log_reopen_pending"), 1);
+}
+
 }  // namespace
 }  // namespace weir::gateway
