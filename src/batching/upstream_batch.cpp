@@ -130,8 +130,13 @@ core::Task<void> Batch::send() {
     // (where vLLM sends nothing until the end): the gaps between the
     // batch's events are bounded by first_byte, not by idle.
     const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.first_byte;
-    failure = co_await exchange_.start(
-        {.head = head_buf_, .body = body_, .first_byte = pc.timeouts.first_byte, .idle = idle});
+    // A micro-batch always goes as a stream; a non-streamed coalesced generation's head comes when it is done
+    // (vLLM): timeouts.response bounds it, as unbatched (gateway/phases/proxy.cpp).
+    const bool whole_answer = mode_ == Mode::coalesce && !streamed_;
+    failure = co_await exchange_.start({.head = head_buf_,
+                                        .body = body_,
+                                        .first_byte = whole_answer ? pc.timeouts.response : pc.timeouts.first_byte,
+                                        .idle = idle});
     const auto t_answered = core::now();
     const int head_status = failure == UpstreamFailure::none ? exchange_.head().result_int() : 0;
     // Whether the server had closed the pooled connection, then the endpoint's health, in that order and in
@@ -182,7 +187,11 @@ core::Task<void> Batch::send() {
         if (env.on_attempt) env.on_attempt(ep_idx, UpstreamFailure::none);  // (every member left: no fault found)
         break;
       }
-      d = v.stale ? routing::kStaleResend : attempts.on_failure(failure, core::now());
+      // Sent whole and unanswered within timeouts.response: it may still be generating (as unbatched).
+      d = v.stale ? routing::kStaleResend
+          : failure == UpstreamFailure::timeout && whole_answer && exchange_.written_whole()
+              ? attempts.on_response_timeout(core::now())
+              : attempts.on_failure(failure, core::now());
       // Every failed attempt counts against its endpoint, except a pooled connection the server had closed
       // (resent at once), as unbatched.
       if (env.on_attempt) env.on_attempt(ep_idx, v.stale ? UpstreamFailure::none : failure);

@@ -95,9 +95,17 @@ struct ServerConfig {
 
 // Upstream timeouts of one pool.
 struct UpstreamTimeouts {
-  Millis connect{2'000};       // TCP connect to an endpoint
-  Millis first_byte{120'000};  // request written to first response byte (vLLM TTFT + queueing)
-  Millis idle{60'000};         // between two reads of the response (between SSE events)
+  Millis connect{2'000};  // TCP connect to an endpoint
+  // A streamed request written → its response head (vLLM sends it at once:
+  // queueing, not the generation).
+  Millis first_byte{120'000};
+  // A non-streamed request written → its response head: vLLM sends that
+  // head only when the whole generation is done, so this bounds the
+  // generation (the openai SDK's own default timeout is 600 s). Unset: 600 s,
+  // or first_byte when that is set (a pool that set first_byte before this
+  // key existed bounds every head by it, as it did).
+  Millis response{600'000};
+  Millis idle{60'000};  // between two reads of the response (between SSE events)
   // A stream's request written → its first SSE data event (vLLM sends the
   // response head at once and the first token at TTFT, so first_byte does
   // not see a stall before the first token); 0 = off (idle alone bounds it).
@@ -171,6 +179,12 @@ struct RetryConfig {
   // least `min_concurrent`; beyond it a failure is not retried.
   double budget = 0.2;
   std::uint32_t min_concurrent = 3;
+  // Retry a non-streamed request whose answer's head did not come within
+  // timeouts.response after the request was written whole (as any timeout
+  // before the head: on by default). Off: such a timeout ends the request's
+  // tries on the pool (its generation may still be running upstream, and
+  // another attempt would start it again from scratch).
+  bool response_timeout = true;
 };
 
 // Passive outlier detection (docs/reliability.md): an endpoint whose

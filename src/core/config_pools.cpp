@@ -66,8 +66,9 @@ std::string canonical_path(std::string_view path) {
 }
 
 ConfigResult<void> parse_retry(const YAML::Node& n, const std::string& key, RetryConfig& r) {
-  WEIR_TRY_VOID(
-      check_keys(n, key, {"attempts", "backoff", "max_backoff", "retry_after_cap", "budget", "min_concurrent"}));
+  WEIR_TRY_VOID(check_keys(
+      n, key,
+      {"attempts", "backoff", "max_backoff", "retry_after_cap", "budget", "min_concurrent", "response_timeout"}));
   if (auto v = n["attempts"]) {
     WEIR_TRY(i, read_int(v, key + ".attempts", 1, 10));
     r.attempts = static_cast<std::uint32_t>(i);
@@ -91,6 +92,10 @@ ConfigResult<void> parse_retry(const YAML::Node& n, const std::string& key, Retr
   if (auto v = n["min_concurrent"]) {
     WEIR_TRY(i, read_int(v, key + ".min_concurrent", 0, 1'000'000));
     r.min_concurrent = static_cast<std::uint32_t>(i);
+  }
+  if (auto v = n["response_timeout"]) {
+    WEIR_TRY(b, read_bool(v, key + ".response_timeout"));
+    r.response_timeout = b;
   }
   return {};
 }
@@ -452,13 +457,13 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
     p.endpoints.push_back(std::move(*ep));
   }
   if (auto t = n["timeouts"]) {
-    WEIR_TRY_VOID(check_keys(t, key + ".timeouts", {"connect", "first_byte", "idle", "first_token"}));
+    WEIR_TRY_VOID(check_keys(t, key + ".timeouts", {"connect", "first_byte", "response", "idle", "first_token"}));
     struct D {
       const char* k;
       Millis* out;
     };
-    for (D d :
-         {D{"connect", &p.timeouts.connect}, D{"first_byte", &p.timeouts.first_byte}, D{"idle", &p.timeouts.idle}}) {
+    for (D d : {D{"connect", &p.timeouts.connect}, D{"first_byte", &p.timeouts.first_byte},
+                D{"response", &p.timeouts.response}, D{"idle", &p.timeouts.idle}}) {
       if (auto v = t[d.k]) {
         WEIR_TRY(ms, read_duration(v, key + ".timeouts." + d.k));
         if (ms.count() <= 0) return tl::unexpected(config_error(v, key + ".timeouts." + d.k, "must be positive"));
@@ -471,6 +476,8 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
         return tl::unexpected(config_error(v, key + ".timeouts.first_token", "must be 0 (off) or positive"));
       p.timeouts.first_token = ms;
     }
+    // A pool that sets first_byte and not response bounds every head by first_byte, as before response existed.
+    if (t["first_byte"] && !t["response"]) p.timeouts.response = p.timeouts.first_byte;
   }
   if (auto v = n["max_idle_per_endpoint"]) {
     WEIR_TRY(i, read_int(v, key + ".max_idle_per_endpoint", 0, 1'000'000));

@@ -109,6 +109,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   trailing_ = false;
   cut_off_ = false;
   head_too_large_ = false;
+  written_whole_ = false;
   // (From the caller's clock read when it gave one: the read after the write below is then the only one here.)
   if (r.sent_at != std::chrono::steady_clock::time_point{})
     conn_->watchdog().expires_at(r.sent_at + r.first_byte);
@@ -137,6 +138,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   }
   // Written: the wait for the answer begins (the caller's measure of the upstream's time, not Weir's).
   written_at_ = std::chrono::steady_clock::now();
+  written_whole_ = !ec && !cut_off_;
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
   // Hints) come before the final one: skip them.
   bool space_restored = false;

@@ -38,6 +38,7 @@ class Exchange final : public UpstreamExchange {
   std::size_t upstream_bytes() const override { return head_bytes_; }
   bool head_too_large() const override { return head_too_large_; }
   std::chrono::steady_clock::time_point written_at() const override { return written_at_; }
+  bool written_whole() const override { return written_whole_; }
   bool closing_head_alone() const override;
   std::unique_ptr<UpstreamConnection> release() override;
 
@@ -118,6 +119,7 @@ class Exchange final : public UpstreamExchange {
   std::chrono::steady_clock::time_point recv_armed_at_{};  // recv_armed_at()
   std::size_t head_bytes_ = 0;
   std::uint32_t carried_ = 0;     // bytes the pending recv lands after (begin_recv's `carried`)
+  bool written_whole_ = false;    // written_whole()
   bool need_more_ = false;        // the carried bytes are an incomplete piece of framing: read more first
   bool drained_ = false;          // the last recv emptied the socket: wait for readiness before the next
   bool yield_ = false;            // the next read lets other handlers run first (after kYieldAfterFullReads full reads)

@@ -117,6 +117,10 @@ class UpstreamExchange : public ResponseSource {
   // kernel): from then on it waited for the upstream's answer. Unset (the
   // epoch) when the implementation does not say.
   virtual std::chrono::steady_clock::time_point written_at() const { return {}; }
+  // The last start() wrote its request whole (a failure after it came while
+  // waiting for the answer: the upstream may be working on it). An
+  // implementation that does not say is taken to have.
+  virtual bool written_whole() const { return true; }
   // The head start() read ends the connection (Connection: close, or
   // HTTP/1.0 without keep-alive) and declares no body: Content-Length: 0, or
   // neither a length nor chunks (a body delimited by the close, which may be

@@ -224,6 +224,11 @@ RetryDecision Attempts::on_failure(http::UpstreamFailure f, Clock::time_point no
   return d;
 }
 
+RetryDecision Attempts::on_response_timeout(Clock::time_point now) {
+  if (!pool_.config().retry.response_timeout) return {.reason = RetryReason::timeout};
+  return on_failure(http::UpstreamFailure::timeout, now);
+}
+
 bool Attempts::take_stale_resend(bool reused) {
   if (!reused || fresh_retry_used_) return false;
   // Free: it does not count as an attempt (the request was never handled).

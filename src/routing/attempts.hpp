@@ -165,6 +165,13 @@ class Attempts {
                                     Clock::duration since_sent, Clock::time_point now);
   // The same for a failure known not to be a stale pooled connection (judge said so).
   RetryDecision on_failure(http::UpstreamFailure f, Clock::time_point now);
+  // A non-streamed request was written whole and its answer's head did not
+  // come within timeouts.response: a model server that answers such a
+  // request only when its generation is done (vLLM) may still be generating.
+  // Not retried (another attempt would start the generation again from
+  // scratch) unless the pool's retry.response_timeout says so; then as
+  // on_failure's timeout (reason timeout).
+  RetryDecision on_response_timeout(Clock::time_point now);
   // The response head has status `status`, on a connection `reused` from
   // the pool; `closing_head_alone`: the head ends the connection
   // (Connection: close) and declares no body (none, or one to the close:

@@ -134,7 +134,7 @@ def test_a_coalesced_follower_with_stream_options_is_refused_as_unbatched(mock, 
 # --- 4. a non-streaming member is held to the stream's idle timeout ----------------------------------
 
 def test_a_non_streaming_member_is_not_cut_by_the_idle_timeout(mock, weir):
-    # Unbatched, a non-streaming request waits for its whole answer (first_byte timeout); batched,
+    # Unbatched, a non-streaming request waits for its whole answer (timeouts.response); batched,
     # it is served from a stream, and a pause between two tokens longer than timeouts.idle is a 504.
     up = mock(*FAST, "--stall-after", "2", "--stall-ms", "1500")
     pool = {"timeouts": {"idle": "300ms"}}

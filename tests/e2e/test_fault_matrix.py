@@ -26,7 +26,7 @@ from conftest import free_port, wait_until
 FAST = ("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "6")
 MSG = [{"role": "user", "content": "hello there"}]
 IDLE = "200ms"        # pools.X.timeouts.idle: a stall between events
-FIRST_BYTE = "400ms"  # pools.X.timeouts.first_byte: no response head
+FIRST_BYTE = "400ms"  # pools.X.timeouts.first_byte and .response: no response head (streamed, not)
 
 
 # ---------------------------------------------------------------------------- scripted upstreams
@@ -178,7 +178,7 @@ def gateway(module_mock, module_weir):
     urls["slow_accept"] = slow.url
     urls["refused"] = f"http://127.0.0.1:{free_port()}"
     urls["tls_failure"] = "https://" + healthy.base_url.removeprefix("http://")  # it speaks HTTP, not TLS
-    timeouts = {"connect": "500ms", "first_byte": FIRST_BYTE, "idle": IDLE}
+    timeouts = {"connect": "500ms", "first_byte": FIRST_BYTE, "response": FIRST_BYTE, "idle": IDLE}
     pools = {"healthy": {"endpoints": [healthy.base_url]}}
     models = {}
     for f in FAULTS:

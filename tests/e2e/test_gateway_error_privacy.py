@@ -16,7 +16,7 @@ from conftest import free_port
 from httpwire import RawConn, assert_openai_error, request, roundtrip, sse_data
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 6}
-FAST = {"connect": "300ms", "first_byte": "400ms", "idle": "400ms"}
+FAST = {"connect": "300ms", "first_byte": "400ms", "response": "400ms", "idle": "400ms"}
 
 
 def rid(tag: str) -> str:

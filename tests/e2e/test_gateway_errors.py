@@ -47,7 +47,7 @@ def blackhole():
 def stack(module_mock, module_weir, blackhole):
     m = module_mock("--ttft-ms", "2", "--itl-ms", "2", "--max-tokens", "8")
     dead = free_port()
-    fast = {"connect": "300ms", "first_byte": "400ms", "idle": "400ms"}
+    fast = {"connect": "300ms", "first_byte": "400ms", "response": "400ms", "idle": "400ms"}
     w = module_weir(config={
         "pools": {
             "main": {"endpoints": [m.base_url]},

@@ -388,6 +388,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
                         .resume = resuming,
                         .stale = stale});
   };
+  // A non-streamed answer's head comes (from vLLM) only when its generation
+  // is done: that wait is the generation's, bounded by timeouts.response;
+  // a stream's head comes at once, and first_byte bounds the queueing.
+  const auto head_wait = ctx.stream ? pc.timeouts.first_byte : pc.timeouts.response;
   // The attempt's start: the first one's is `now` (read above). Its answer's head: t_answered.
   core::TimePoint t_try = now;
   core::TimePoint t_answered{};
@@ -458,7 +462,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     failure = co_await exchange_.start({.head = ctx.head,
                                         .body = ctx.upstream_body,
                                         .head_request = head_request,
-                                        .first_byte = within(pc.timeouts.first_byte, ctx.deadline, ctx.t_upstream_sent),
+                                        .first_byte = within(head_wait, ctx.deadline, ctx.t_upstream_sent),
                                         .idle = within(pc.timeouts.idle, ctx.deadline, ctx.t_upstream_sent),
                                         .sent_at = ctx.t_upstream_sent});
     // The answer's head (or the failure) is here: this attempt's one clock read after its send.
@@ -547,7 +551,12 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
         }
         break;
       }
-      d = v.stale ? routing::kStaleResend : attempts.on_failure(failure, t_answered);
+      // A non-streamed request sent whole and unanswered within timeouts.response may still be generating:
+      // sent again only as the pool's retry.response_timeout says (on_response_timeout).
+      d = v.stale ? routing::kStaleResend
+          : failure == http::UpstreamFailure::timeout && !ctx.stream && exchange_.written_whole()
+              ? attempts.on_response_timeout(t_answered)
+              : attempts.on_failure(failure, t_answered);
       cancel_late_retry(d);
       // Every failed attempt counts against its endpoint, retried or not,
       // except a pooled connection the server had closed (resent at once).

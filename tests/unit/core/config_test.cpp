@@ -60,6 +60,7 @@ TEST(Config, ParsesEveryKey) {
   EXPECT_EQ(c->pools[0].endpoints[1].host, "localhost");
   EXPECT_EQ(c->pools[0].timeouts.connect.count(), 250);
   EXPECT_EQ(c->pools[0].timeouts.first_byte.count(), 120000);
+  EXPECT_EQ(c->pools[0].timeouts.response.count(), 120000);  // (unset: first_byte, which is set)
   EXPECT_EQ(c->pools[0].timeouts.idle.count(), 1500);
   EXPECT_EQ(c->pools[1].endpoints[0].port, 80);
   EXPECT_EQ(c->pools[1].endpoints[0].host_header, "10.0.0.1");
@@ -249,6 +250,27 @@ TEST(Config, ResumeIsOffByDefault) {
   ASSERT_TRUE(c) << c.error().to_string();
   EXPECT_FALSE(c->pools[0].resume);
   EXPECT_TRUE(c->pools[1].resume);
+}
+
+// A non-streamed request's head waits timeouts.response (600 s unless set, or first_byte when that is set); a
+// response timeout is retried unless retry.response_timeout is false.
+TEST(Config, ResponseTimeoutDefaultsTo600sOrTheFirstByteSet) {
+  auto c = parse_config(
+      "pools: {a: {endpoints: [http://127.0.0.1:8001]}, b: {endpoints: [http://127.0.0.1:8002], "
+      "timeouts: {first_byte: 15m}}, c: {endpoints: [http://127.0.0.1:8003], timeouts: {first_byte: 15m, "
+      "response: 2s}, retry: {attempts: 2, response_timeout: false}}, d: {endpoints: [http://127.0.0.1:8004], "
+      "timeouts: {first_byte: 1s}}}\ndefault_pool: a\n",
+      "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->pools[0].timeouts.response.count(), 600'000);
+  EXPECT_TRUE(c->pools[0].retry.response_timeout);
+  EXPECT_EQ(c->pools[1].timeouts.response.count(), 900'000);
+  EXPECT_EQ(c->pools[2].timeouts.response.count(), 2'000);
+  EXPECT_FALSE(c->pools[2].retry.response_timeout);
+  EXPECT_EQ(c->pools[3].timeouts.response.count(), 1'000);
+  const auto err =
+      error_of("pools: {a: {endpoints: [http://127.0.0.1:8001], timeouts: {response: 0s}}}\ndefault_pool: a\n");
+  EXPECT_NE(err.find("pools.a.timeouts.response: must be positive"), std::string::npos) << err;
 }
 
 TEST(Config, ReusePortIsOffByDefaultAndABoolean) {

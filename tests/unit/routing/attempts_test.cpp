@@ -428,6 +428,34 @@ TEST(RoutingAttempts, RetryableStatusesAndFailuresAreRetriedUpToAttemptsOnAnothe
   }
 }
 
+// A non-streamed request sent whole whose head did not come within
+// timeouts.response may still be generating: with retry.response_timeout
+// false it is not sent again, however many attempts are left; by default it
+// is, as any timeout before the head.
+TEST(RoutingAttempts, ANonStreamedResponseTimeoutIsRetriedUnlessThePoolSaysNot) {
+  Rng rng(4);
+  const auto now = Clock::now();
+  {
+    Pool p(3, "{attempts: 3, response_timeout: false}");
+    Attempts a(*p, rng, now);
+    const auto d = a.on_response_timeout(now);
+    EXPECT_FALSE(d.retry);
+    EXPECT_EQ(d.reason, RetryReason::timeout);
+    EXPECT_EQ(a.retries(), 0u);
+    // (A stream's first-byte timeout still is.)
+    EXPECT_TRUE(a.on_exchange_failure(UpstreamFailure::timeout, false, 0, 10s, now).retry);
+  }
+  {
+    Pool p(3, "{attempts: 3}");
+    Attempts a(*p, rng, now);
+    const auto first = a.endpoint();
+    const auto d = a.on_response_timeout(now);
+    EXPECT_TRUE(d.retry);
+    EXPECT_EQ(d.reason, RetryReason::timeout);
+    EXPECT_NE(a.endpoint(), first);
+  }
+}
+
 TEST(RoutingAttempts, NeverRetriedOtherStatusesAndGarbage) {
   Pool p(2, "{attempts: 5}");
   Rng rng(2);
