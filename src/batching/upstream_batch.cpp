@@ -123,6 +123,7 @@ core::Task<void> Batch::send() {
                                            .strip_credentials = lead->req_.strip_credentials,
                                            .traceparent = lead->req_.traceparent,
                                            .tracestate = lead->req_.tracestate,
+                                           .client_address = lead->req_.client_address,
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();

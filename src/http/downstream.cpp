@@ -1,5 +1,6 @@
 #include "http/downstream.hpp"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -461,6 +462,27 @@ void Downstream::post_poll() {
     }
     done_.wake();
   });
+}
+
+std::string_view Downstream::peer_address() {
+  if (!peer_read_) {
+    peer_read_ = true;
+    sockaddr_storage sa{};
+    socklen_t len = sizeof sa;
+    const char* text = nullptr;
+    if (sock_.is_open() && ::getpeername(sock_.native_handle(), reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
+      if (sa.ss_family == AF_INET) {
+        text = ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(sa).sin_addr, peer_.data(), peer_.size());
+      } else if (sa.ss_family == AF_INET6) {
+        const auto& a6 = reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr;
+        // A client over IPv4 to a dual-stack listener ([::]): its IPv4 address, as it is.
+        text = IN6_IS_ADDR_V4MAPPED(&a6) ? ::inet_ntop(AF_INET, &a6.s6_addr[12], peer_.data(), peer_.size())
+                                         : ::inet_ntop(AF_INET6, &a6, peer_.data(), peer_.size());
+      }
+    }
+    peer_len_ = text ? static_cast<std::uint8_t>(std::char_traits<char>::length(text)) : 0;
+  }
+  return {peer_.data(), peer_len_};
 }
 
 bool Downstream::established() {

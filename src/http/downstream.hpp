@@ -92,6 +92,12 @@ class Downstream {
   void set_listener(Listener* l) { listener_ = l; }
   // The limits and timeouts this connection runs with (its configuration generation's).
   const core::ServerConfig& config() const { return sc_; }
+  // The client's address as text ("203.0.113.7", "2001:db8::1"; an
+  // IPv4-mapped IPv6 one as its IPv4 form), as the X-Forwarded-For Weir
+  // sends upstream ends with. Read from the socket on the first call (one
+  // getpeername and inet_ntop per connection, no allocation); empty when
+  // it cannot be read (the socket closed).
+  std::string_view peer_address();
 
   // --- reading ---
 
@@ -411,6 +417,9 @@ class Downstream {
   }
   // One reading of tcpi_bytes_acked into acked_seen_ (and acked_moved_at_); false when the kernel does not say.
   bool read_acked();
+  std::array<char, 46> peer_{};  // peer_address(): INET6_ADDRSTRLEN
+  std::uint8_t peer_len_ = 0;
+  bool peer_read_ = false;
 };
 
 }  // namespace weir::http

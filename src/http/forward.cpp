@@ -86,6 +86,12 @@ void copy_end_to_end(std::string& out, const Fields& fields, const ConnectionLis
   }
 }
 
+// X-Forwarded-For (no Beast field code of its own).
+template <class Field>
+bool is_forwarded_for(const Field& f) {
+  return f.name() == bh::field::unknown && f.name_string().size() == 15 && iequals(f.name_string(), "x-forwarded-for");
+}
+
 // True when the client's field `f` goes upstream as it came (beside the
 // hop-by-hop and x-request-id rules of copy_end_to_end): never Host,
 // Content-Length or Expect (Weir frames the request), nor Accept-Encoding
@@ -246,13 +252,35 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     }
   }
   const bool own_trace = !o.traceparent.empty();
-  copy_end_to_end(out, req, ConnectionListed(req), [&](const auto& f) {
+  const bool add_for = !o.client_address.empty();
+  bool client_for = false;  // the client sent X-Forwarded-For (joined below, before its address)
+  const ConnectionListed listed(req);
+  copy_end_to_end(out, req, listed, [&](const auto& f) {
+    if (add_for && is_forwarded_for(f)) {
+      client_for = true;
+      return true;
+    }
     if ((o.body_decoded && f.name() == bh::field::content_encoding) ||
         (o.anthropic && iequals(f.name_string(), "anthropic-version")) ||
         (own_trace && (iequals(f.name_string(), "traceparent") || iequals(f.name_string(), "tracestate"))))
       return true;
     return !forwarded_upstream(f, o.strip_credentials);
   });
+  if (add_for) {
+    // The client's list (from proxies before Weir, or made up by the client: the upstream trusts only the
+    // last entry, the one Weir saw), then the peer Weir saw. vLLM's uvicorn trusts forwarded fields from
+    // 127.0.0.1 by default, so without this it would log the client's own claim as its address.
+    out += "X-Forwarded-For: ";
+    if (client_for) {
+      for (const auto& f : req) {
+        if (!is_forwarded_for(f) || f.value().empty() || hop_by_hop_in(listed, f)) continue;
+        out += f.value();
+        out += ", ";
+      }
+    }
+    out += o.client_address;
+    out += "\r\n";
+  }
   out += "\r\n";
 }
 

@@ -38,6 +38,12 @@ struct UpstreamHeadOptions {
   // the client's pass through as they came.
   std::string_view traceparent;
   std::string_view tracestate;
+  // The downstream client's address (Downstream::peer_address): non-empty,
+  // X-Forwarded-For goes up as the client's own (its lines joined with
+  // ", ", in order) followed by this, or as this alone when the client sent
+  // none: nginx's $proxy_add_x_forwarded_for, Envoy's append. Empty: the
+  // client's X-Forwarded-For lines pass through as they came.
+  std::string_view client_address;
 };
 
 // Appends the request target sent to an endpoint whose URL has a path
@@ -68,7 +74,8 @@ bool query_names(std::string_view query, std::string_view name);
 // options say, Accept-Encoding (identity, or the client's cut to the codings
 // Weir decodes), Content-Encoding, anthropic-version and the
 // client's credentials (and, with a traceparent in the options, the client's
-// traceparent and tracestate, replaced by the options'); then the blank line.
+// traceparent and tracestate, replaced by the options'), X-Forwarded-For
+// with the options' client address last; then the blank line.
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
 
 // Appends, for deciding which requests may share one upstream request

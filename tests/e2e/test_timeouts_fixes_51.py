@@ -11,6 +11,10 @@
    so that a non-streamed request written whole that got no head in time is
    not sent again (the generation may be running). The micro-batcher's
    coalesced generations follow the same rule.
+2. The client's ``X-Forwarded-For`` went upstream unchanged, with no address
+   of Weir's: vLLM's uvicorn trusts forwarded fields from 127.0.0.1 and
+   logged the client's own claim. Now the peer's address is appended, as
+   nginx's ``$proxy_add_x_forwarded_for`` and Envoy do.
 
 The upstream is scripted here (a raw HTTP/1.1 server): its ``x-probe``
 header picks the answer. The test's delays are the upstream's behaviour
@@ -196,3 +200,26 @@ def test_a_non_streamed_response_timeout_is_retried_by_default(weir, upstream):
     assert upstream.count("silent") == 2
     assert w.log_for(r.headers["x-request-id"])["retries"] == 1
 
+
+# --- 2. X-Forwarded-For -----------------------------------------------------------------------------------
+
+def forwarded_for(upstream, probe: str) -> list[str]:
+    with upstream._lock:
+        reqs = [r for r in upstream.requests if r["probe"] == probe]
+    assert len(reqs) == 1
+    return [v for n, v in reqs[0]["headers"] if n == "x-forwarded-for"]
+
+
+# DEFECT: the client's X-Forwarded-For went up unchanged and no address was added: vLLM's uvicorn, trusting
+# 127.0.0.1, logged the client's own claim.
+@pytest.mark.parametrize("coalesce", [False, True])
+def test_x_forwarded_for_ends_with_the_clients_address(weir, upstream, coalesce):
+    w = gateway(weir, upstream, coalesce=coalesce)
+    assert chat(w, "xff-none", temperature=0).status_code == 200
+    assert forwarded_for(upstream, "xff-none") == ["127.0.0.1"]
+    assert chat(w, "xff-one", headers=[("X-Forwarded-For", "6.6.6.6")], temperature=0).status_code == 200
+    assert forwarded_for(upstream, "xff-one") == ["6.6.6.6, 127.0.0.1"]
+    r = chat(w, "xff-two", headers=[("X-Forwarded-For", "6.6.6.6"), ("x-forwarded-for", "10.0.0.1, 10.0.0.2")],
+             temperature=0)
+    assert r.status_code == 200
+    assert forwarded_for(upstream, "xff-two") == ["6.6.6.6, 10.0.0.1, 10.0.0.2, 127.0.0.1"]

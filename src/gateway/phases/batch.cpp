@@ -84,6 +84,7 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
       .strip_credentials = plan.strip_credentials,
       .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
       .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
+      .client_address = down_.peer_address(),
       .pick = pick_request(ctx, ctx.gen->config().pools[ctx.target.pool])};
   const bool holds_place = ctx.queue_pool >= 0;
   const bool opened =

@@ -456,6 +456,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             .body_decoded = ctx.body_decoded,
             .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
             .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
+            .client_address = down_.peer_address(),
         });
     ctx.t_upstream_sent = core::now();
     ctx.sent_alone = true;

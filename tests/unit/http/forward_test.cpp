@@ -186,6 +186,35 @@ TEST(HttpForward, TraceContextIsTheClientsUnlessWeirSendsItsOwn) {
   EXPECT_EQ(values(out, "tracestate"), Values{});
 }
 
+// nginx's $proxy_add_x_forwarded_for and Envoy's append: the client's list
+// (its lines joined in order) and then the address Weir saw, or that alone.
+TEST(HttpForward, XForwardedForEndsWithTheClientAddress) {
+  auto o = options();
+  o.client_address = "127.0.0.1";
+  std::string out;
+  append_upstream_request_head(out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "x-forwarded-for"), Values{"127.0.0.1"});
+  out.clear();
+  append_upstream_request_head(
+      out,
+      request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nX-Forwarded-For: 6.6.6.6\r\nAccept: */*\r\n"
+              "x-forwarded-for: 10.1.1.1, 10.2.2.2\r\nX-Forwarded-For:\r\n\r\n"),
+      o);
+  EXPECT_EQ(values(out, "x-forwarded-for"), Values{"6.6.6.6, 10.1.1.1, 10.2.2.2, 127.0.0.1"});
+  EXPECT_EQ(values(out, "accept"), Values{"*/*"});
+  o.client_address = "2001:db8::1";
+  out.clear();
+  append_upstream_request_head(
+      out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "x-forwarded-for"), Values{"6.6.6.6, 2001:db8::1"});
+  // No address (none could be read): the client's lines pass as they came.
+  o.client_address = {};
+  out.clear();
+  append_upstream_request_head(
+      out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nX-Forwarded-For: 6.6.6.6\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "x-forwarded-for"), Values{"6.6.6.6"});
+}
+
 TEST(HttpForward, ChunkedClientBodyGoesUpstreamWithALength) {
   std::string out;
   append_upstream_request_head(
