@@ -172,6 +172,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_redis_key(co
         return reject_known(key_expired(*k), k->tenant->name, k->id, {});
       ++stats_.api_key_hits;
       ++stats_.redis_key_hits;
+      if (e->stale) [[unlikely]]
+        redis_keys_->note_stale_served();
       return e->principal;
     case RedisKeyCache::State::forbidden:
       if (!e->record) return reject(key_tenant_not_configured({}));
@@ -230,14 +232,23 @@ void Authenticator::store_key_lookup(const Sha256Digest& digest, const KeyLookup
       p->subject = k.id;
       p->tier = k.tier;
       p->policy = policy_;
-      redis_cache_->insert(digest, State::found, std::move(p), nullptr, now, cfg.key_cache_ttl);
+      // With fail_open, kept key_stale_ttl longer, to be served while Redis does not answer.
+      redis_cache_->insert(digest, State::found, std::move(p), nullptr, now, cfg.key_cache_ttl,
+                           redis_keys_->stale_if_error() ? cfg.key_stale_ttl : std::chrono::milliseconds{});
       return;
     }
-    case KeyLookup::Status::unavailable:
+    case KeyLookup::Status::unavailable: {
       // Short: a key that Redis would have answered for works again soon after it is back.
-      redis_cache_->insert(digest, State::unavailable, nullptr, nullptr, now,
-                           std::min<std::chrono::milliseconds>(cfg.key_negative_ttl, std::chrono::seconds(1)));
+      const auto retry = std::min<std::chrono::milliseconds>(cfg.key_negative_ttl, std::chrono::seconds(1));
+      // Stale-if-error: a key Redis last vouched for (found, not since seen
+      // revoked or deleted) is served from its expired entry for as long,
+      // then asked for again; bounded by its stale_until, which passes its
+      // TTL only with redis.fail_open (above): that is the choice that an
+      // outage lets requests through (without it the limiter refuses them all).
+      if (redis_cache_->serve_stale(digest, now, retry)) return;
+      redis_cache_->insert(digest, State::unavailable, nullptr, nullptr, now, retry);
       return;
+    }
     case KeyLookup::Status::revoked:
       // Refused as unknown; its id and tenant kept for the refusal's log line.
       redis_cache_->insert(digest, State::unknown, nullptr, result.record, now, cfg.key_negative_ttl);

@@ -71,7 +71,8 @@ class Authenticator {
   // expired token, unknown kid — which also asks the JWKS cache for a
   // rate-limited refetch; an API key that Redis does not hold or holds
   // revoked); 403 (token or Redis key names no configured tenant); 503 (no
-  // signing keys loaded yet; the key store did not answer; a Redis key
+  // signing keys loaded yet; the key store did not answer about a key it
+  // never vouched for, or for longer than auth.key_stale_ttl; a Redis key
   // lookup is pending). Messages never contain the credential.
   // Cost: cached JWT = one hash + compare; API key = one SHA-256 + one probe
   // (+ one cache probe for a Redis key).

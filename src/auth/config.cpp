@@ -266,7 +266,7 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
   } else {
     if (auto ok = core::check_keys(auth, "auth",
                                    {"required", "anonymous_tenant", "jwt", "api_keys", "redis_keys", "key_cache_ttl",
-                                    "key_negative_ttl", "key_cache_entries", "budget_utc_offset"});
+                                    "key_negative_ttl", "key_stale_ttl", "key_cache_entries", "budget_utc_offset"});
         !ok)
       return tl::unexpected(ok.error());
     if (auth["redis_keys"]) {
@@ -284,6 +284,10 @@ ConfigResult<AuthConfig> parse_impl(const YAML::Node& root, GetEnv getenv_fn) {
       if (*d < std::chrono::milliseconds(100))
         return tl::unexpected(config_error(auth[name], key, "must be at least 100ms"));
       *out = *d;
+    }
+    if (auth["key_stale_ttl"]) {  // 0 turns serving stale entries off
+      WEIR_TRY_RESULT(d, core::read_duration(auth["key_stale_ttl"], "auth.key_stale_ttl"));
+      cfg.key_stale_ttl = *d;
     }
     if (auth["key_cache_entries"]) {
       WEIR_TRY_RESULT(n, core::read_int(auth["key_cache_entries"], "auth.key_cache_entries", 4, 1 << 22));

@@ -110,6 +110,10 @@ struct AuthConfig {
   std::chrono::milliseconds key_cache_ttl{std::chrono::seconds(30)};    // a found key is trusted this long
   std::chrono::milliseconds key_negative_ttl{std::chrono::seconds(5)};  // an unknown/revoked key is refused this long
   std::size_t key_cache_entries = 4096;                                 // cached Redis keys (found or not) per worker
+  // With redis.fail_open, a found key whose key_cache_ttl passed while Redis
+  // does not answer is still served from its entry, at most this long past
+  // that TTL (docs/auth.md, "Redis down"); 0 = never (503 at once).
+  std::chrono::milliseconds key_stale_ttl{std::chrono::minutes(5)};
   std::map<std::string, TenantConfig, std::less<>> tenants;
   // auth.budget_utc_offset: every calendar budget's (period: day|week|month)
   // offset east of UTC, seconds; also given to runtime keys' calendar budgets.

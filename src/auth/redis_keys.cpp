@@ -268,6 +268,7 @@ RedisKeys::Stats RedisKeys::stats() const noexcept {
   s.found = found_.load(std::memory_order_relaxed);
   s.not_found = not_found_.load(std::memory_order_relaxed);
   s.failures = failures_.load(std::memory_order_relaxed);
+  s.stale_served = stale_served_.load(std::memory_order_relaxed);
   return s;
 }
 
@@ -301,6 +302,9 @@ const RedisKeyCache::Entry* RedisKeyCache::find(const Sha256Digest& digest, Wall
     if (e.state == State::empty || load64(e.digest.data() + 8) != tag) continue;
     if (CRYPTO_memcmp(e.digest.data(), digest.data(), digest.size()) != 0) continue;
     if (now < e.inserted || now >= e.expires) {
+      // A found key past its TTL is looked up again, but kept until its
+      // stale_until in case Redis does not answer (serve_stale).
+      if (e.state == State::found && now >= e.inserted && now < e.stale_until) return nullptr;
       e = Entry{};  // expired: drop (and release its principal)
       return nullptr;
     }
@@ -311,11 +315,17 @@ const RedisKeyCache::Entry* RedisKeyCache::find(const Sha256Digest& digest, Wall
 }
 
 void RedisKeyCache::insert(const Sha256Digest& digest, State state, PrincipalPtr principal,
-                           std::shared_ptr<const RedisKeyRecord> record, WallTime now, std::chrono::milliseconds ttl) {
+                           std::shared_ptr<const RedisKeyRecord> record, WallTime now, std::chrono::milliseconds ttl,
+                           std::chrono::milliseconds stale_ttl) {
   if (slots_.empty()) slots_.resize(capacity_);
   Entry* set = &slots_[set_of(digest) * kWays];
   Entry* victim = nullptr;
-  auto live = [&](const Entry& e) { return e.state != State::empty && now >= e.inserted && now < e.expires; };
+  // A found key kept for serve_stale counts as live: a flood of garbage keys
+  // during an outage must not evict the keys still being served.
+  auto live = [&](const Entry& e) {
+    return e.state != State::empty && now >= e.inserted &&
+           (now < e.expires || (e.state == State::found && now < e.stale_until));
+  };
   for (std::size_t w = 0; w < kWays && !victim; ++w)
     if (set[w].state != State::empty && set[w].digest == digest) victim = &set[w];  // replace its own entry
   for (std::size_t w = 0; w < kWays && !victim; ++w)
@@ -338,8 +348,26 @@ void RedisKeyCache::insert(const Sha256Digest& digest, State state, PrincipalPtr
   victim->last_used = ++tick_;
   victim->inserted = now;
   victim->expires = now + ttl;
+  victim->stale_until = state == State::found ? victim->expires + stale_ttl : victim->expires;
+  victim->stale = false;
   victim->principal = std::move(principal);
   victim->record = std::move(record);
+}
+
+bool RedisKeyCache::serve_stale(const Sha256Digest& digest, WallTime now, std::chrono::milliseconds ttl) noexcept {
+  if (slots_.empty()) return false;
+  Entry* set = &slots_[set_of(digest) * kWays];
+  for (std::size_t w = 0; w < kWays; ++w) {
+    Entry& e = set[w];
+    if (e.state != State::found || e.digest != digest) continue;
+    if (now < e.inserted || now >= e.stale_until) return false;  // past the cap (find() drops it)
+    if (now < e.expires) return true;  // fresh (another lookup's answer came first): serve as it is
+    e.stale = true;
+    e.expires = std::min(now + ttl, e.stale_until);
+    e.last_used = ++tick_;
+    return true;
+  }
+  return false;
 }
 
 void RedisKeyCache::clear() noexcept {

@@ -65,6 +65,10 @@ struct RedisKeysOptions {
   store::ClientOptions client;       // host, port, db, credentials, timeouts (from the `redis:` section)
   std::string key_prefix = "weir:";  // redis.key_prefix
   std::size_t max_inflight = 1024;   // distinct keys being looked up at once; more answer `unavailable` at once
+  // redis.fail_open: while Redis does not answer, workers serve a found key
+  // past its key_cache_ttl from their cache (auth.key_stale_ttl, see
+  // RedisKeyCache::serve_stale). Off, such a key gets 503 like a new one.
+  bool stale_if_error = false;
 };
 
 // The Redis side of virtual keys: one store::Client (its own connection, so
@@ -116,6 +120,9 @@ class RedisKeys {
   // The connection, for the admin API's writes of key records (control thread only).
   store::Client& client() noexcept { return *client_; }
   const std::string& key_prefix() const noexcept { return options_.key_prefix; }
+  bool stale_if_error() const noexcept { return options_.stale_if_error; }
+  // Counts one request authenticated from a stale cache entry (any thread).
+  void note_stale_served() noexcept { stale_served_.fetch_add(1, std::memory_order_relaxed); }
 
   // `<prefix>key:<64 lower-case hex digits>` (never log it).
   static std::string redis_key(std::string_view prefix, const Sha256Digest& digest);
@@ -125,8 +132,9 @@ class RedisKeys {
     std::uint64_t coalesced = 0;  // lookups that joined one in flight
     std::uint64_t commands = 0;   // HMGETs sent
     std::uint64_t found = 0;
-    std::uint64_t not_found = 0;  // unknown, revoked or invalid
-    std::uint64_t failures = 0;   // unavailable answers
+    std::uint64_t not_found = 0;     // unknown, revoked or invalid
+    std::uint64_t failures = 0;      // unavailable answers
+    std::uint64_t stale_served = 0;  // requests authenticated from a stale entry (note_stale_served)
   };
   Stats stats() const noexcept;
 
@@ -148,7 +156,8 @@ class RedisKeys {
   std::uint64_t invalid_suppressed_ = 0;
 
   std::atomic<bool> stopped_{false};
-  std::atomic<std::uint64_t> lookups_{0}, coalesced_{0}, commands_{0}, found_{0}, not_found_{0}, failures_{0};
+  std::atomic<std::uint64_t> lookups_{0}, coalesced_{0}, commands_{0}, found_{0}, not_found_{0}, failures_{0},
+      stale_served_{0};
 };
 
 // A worker's cache of Redis key answers: a bounded 4-way set-associative
@@ -156,9 +165,11 @@ class RedisKeys {
 // seed, so keys cannot be ground to flood one set; a hit compares the whole
 // digest in constant time). Found keys live for key_cache_ttl, refusals for
 // key_negative_ttl, "Redis unavailable" for min(key_negative_ttl, 1 s).
+// An expired found key is kept (not served) until its stale_until, so that
+// if Redis then does not answer, serve_stale() can revive it.
 // A full set evicts its least recently used refusal first, then its least
-// recently used found key (a flood of garbage keys cycles through the ways
-// that found keys leave).
+// recently used found key, kept ones included (a flood of garbage keys
+// cycles through the ways that found keys leave).
 // Not thread-safe (one per worker). Memory is taken on the first insert.
 class RedisKeyCache {
  public:
@@ -169,6 +180,10 @@ class RedisKeyCache {
     std::uint64_t last_used = 0;  // tick of the last hit
     WallTime inserted{};
     WallTime expires{};
+    // found: until when serve_stale() may revive the entry once `expires`
+    // passed (inserted + ttl + stale_ttl); `expires` for other states.
+    WallTime stale_until{};
+    bool stale = false;                            // found, and served past its TTL because Redis did not answer
     PrincipalPtr principal;                        // found
     std::shared_ptr<const RedisKeyRecord> record;  // forbidden: the record naming an unconfigured tenant
   };
@@ -178,12 +193,23 @@ class RedisKeyCache {
 
   // The live entry for `digest` at `now`, else nullptr. Entries expire at
   // `expires`, and also when `now` is before their insertion (a wall clock
-  // stepped back cannot stretch a TTL). Cost: one multiply, up to four
+  // stepped back cannot stretch a TTL). An expired found entry is not
+  // returned, but kept for serve_stale() until its stale_until. Cost: one multiply, up to four
   // 8-byte compares and one 32-byte constant-time compare.
   const Entry* find(const Sha256Digest& digest, WallTime now) noexcept;
-  // Stores (or replaces) the answer for `digest` until now + ttl.
+  // Stores (or replaces) the answer for `digest` until now + ttl; a found
+  // one may then be revived by serve_stale() until now + ttl + stale_ttl.
   void insert(const Sha256Digest& digest, State state, PrincipalPtr principal,
-              std::shared_ptr<const RedisKeyRecord> record, WallTime now, std::chrono::milliseconds ttl);
+              std::shared_ptr<const RedisKeyRecord> record, WallTime now, std::chrono::milliseconds ttl,
+              std::chrono::milliseconds stale_ttl = {});
+  // Stale-if-error (RFC 5861 §4, for keys): when a lookup of `digest` found
+  // Redis unavailable at `now`, a found entry kept past its TTL (and before
+  // its stale_until) is served again, marked stale, until
+  // min(now + ttl, stale_until). Returns false, changing nothing, when there
+  // is no such entry: a key never found, or one whose last answer was a
+  // refusal (revoked, deleted, unknown tenant) — the caller then caches the
+  // failure.
+  bool serve_stale(const Sha256Digest& digest, WallTime now, std::chrono::milliseconds ttl) noexcept;
   void clear() noexcept;
 
   std::size_t size(WallTime now) const noexcept;  // live entries

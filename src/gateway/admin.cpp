@@ -577,6 +577,10 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     w.sample("weir_redis_key_lookups_total", "result=\"unavailable\"", s.failures);
     w.header("weir_redis_key_commands_total", "counter", "HMGETs sent (lookups of one key in flight share one).");
     w.sample("weir_redis_key_commands_total", "", s.commands);
+    w.header("weir_redis_key_stale_served_total", "counter",
+             "Requests whose Redis key was served from an expired cache entry because Redis did not answer "
+             "(redis.fail_open, auth.key_stale_ttl).");
+    w.sample("weir_redis_key_stale_served_total", "", s.stale_served);
   }
   http::append_shortage_metrics(out);
   core::append_build_info(out);

@@ -44,6 +44,7 @@ constexpr Fixed kFixed[] = {
     {"auth.redis_keys", "keys in Redis are set up at start-up"},
     {"auth.key_cache_ttl", "keys in Redis are set up at start-up"},
     {"auth.key_negative_ttl", "keys in Redis are set up at start-up"},
+    {"auth.key_stale_ttl", "keys in Redis are set up at start-up"},
     {"auth.key_cache_entries", "keys in Redis are set up at start-up"},
     {"auth.budget_utc_offset", "calendar budget windows are aligned at start-up"},
 };
@@ -133,6 +134,7 @@ std::optional<bool> same_value(std::string_view path, const core::Config& a, con
   if (path == "auth.redis_keys") return p.redis_keys == q.redis_keys;
   if (path == "auth.key_cache_ttl") return p.key_cache_ttl == q.key_cache_ttl;
   if (path == "auth.key_negative_ttl") return p.key_negative_ttl == q.key_negative_ttl;
+  if (path == "auth.key_stale_ttl") return p.key_stale_ttl == q.key_stale_ttl;
   if (path == "auth.key_cache_entries") return p.key_cache_entries == q.key_cache_entries;
   if (path == "auth.budget_utc_offset") return p.budget_utc_offset_s == q.budget_utc_offset_s;
   if (!p.jwt || !q.jwt) return std::nullopt;  // (auth.jwt turned on or off is refused before)

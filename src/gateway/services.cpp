@@ -29,6 +29,7 @@ Services::Services(boost::asio::io_context& control, LoadedConfig& loaded, unsig
     auth::RedisKeysOptions ko;
     ko.client = admission::client_options(*redis_cfg);
     ko.key_prefix = redis_cfg->key_prefix;
+    ko.stale_if_error = redis_cfg->fail_open;
     redis_keys_ = std::make_unique<auth::RedisKeys>(control, std::move(ko));
   }
   if (loaded.admin) {

@@ -43,6 +43,7 @@ TEST(RedisKeysConfig, DefaultsOffAndParsesTtls) {
   EXPECT_EQ(off->key_cache_ttl, 30s);
   EXPECT_EQ(off->key_negative_ttl, 5s);
   EXPECT_EQ(off->key_cache_entries, 4096u);
+  EXPECT_EQ(off->key_stale_ttl, 5min);
 
   auto on = parse(R"(
 tenants: {a: }
@@ -52,12 +53,14 @@ auth:
   key_cache_ttl: 10s
   key_negative_ttl: 500ms
   key_cache_entries: 64
+  key_stale_ttl: 0
 )");
   ASSERT_TRUE(on) << on.error().to_string();
   EXPECT_TRUE(on->redis_keys);
   EXPECT_EQ(on->key_cache_ttl, 10s);
   EXPECT_EQ(on->key_negative_ttl, 500ms);
   EXPECT_EQ(on->key_cache_entries, 64u);
+  EXPECT_EQ(on->key_stale_ttl, 0ms);  // 0 = never serve a stale key
 }
 
 TEST(RedisKeysConfig, RedisKeysNeedARedisSection) {
@@ -79,6 +82,9 @@ TEST(RedisKeysConfig, RejectsBadValues) {
   auto neg = parse("auth:\n  key_negative_ttl: nope\n");
   ASSERT_FALSE(neg);
   EXPECT_EQ(neg.error().key, "auth.key_negative_ttl");
+  auto stale = parse("auth:\n  key_stale_ttl: -1s\n");
+  ASSERT_FALSE(stale);
+  EXPECT_EQ(stale.error().key, "auth.key_stale_ttl");
   auto entries = parse("auth:\n  key_cache_entries: 2\n");
   ASSERT_FALSE(entries);
   EXPECT_EQ(entries.error().key, "auth.key_cache_entries");
@@ -113,6 +119,42 @@ TEST(RedisKeyCache, FindsUntilExpiryAndNotBeforeInsertion) {
   EXPECT_EQ(c.find(d, t0 + 1000ms), nullptr);  // expires at inserted + ttl exactly
   EXPECT_EQ(c.size(t0), 0u);
   EXPECT_EQ(p.use_count(), 1);  // the expired entry released its principal
+}
+
+TEST(RedisKeyCache, AnExpiredFoundKeyIsServedStaleOnlyWithinItsCapAndNeverARefusal) {
+  RedisKeyCache c(16);
+  const WallTime t0 = WallClock::now();
+  const auto d = digest_of("sk-a"), never = digest_of("sk-never"), refused = digest_of("sk-refused");
+  auto p = dummy_principal();
+  c.insert(d, RedisKeyCache::State::found, p, nullptr, t0, 1000ms, 5000ms);
+  c.insert(refused, RedisKeyCache::State::unknown, nullptr, nullptr, t0, 1000ms, 5000ms);
+  EXPECT_FALSE(c.find(d, t0 + 999ms)->stale);
+  EXPECT_EQ(c.find(d, t0 + 1000ms), nullptr);          // past its TTL: looked up again ...
+  EXPECT_EQ(p.use_count(), 2);                         // ... but kept
+  EXPECT_TRUE(c.serve_stale(d, t0 + 1000ms, 1000ms));  // Redis did not answer
+  const auto* e = c.find(d, t0 + 1999ms);
+  ASSERT_NE(e, nullptr);
+  EXPECT_TRUE(e->stale);
+  EXPECT_EQ(e->principal, p);
+  EXPECT_EQ(c.find(d, t0 + 2000ms), nullptr);
+  // Revived at most until inserted + ttl + stale_ttl.
+  EXPECT_TRUE(c.serve_stale(d, t0 + 5500ms, 1000ms));
+  EXPECT_NE(c.find(d, t0 + 5999ms), nullptr);
+  EXPECT_EQ(c.find(d, t0 + 6000ms), nullptr);
+  EXPECT_FALSE(c.serve_stale(d, t0 + 6000ms, 1000ms));
+  EXPECT_EQ(p.use_count(), 1);  // past the cap: dropped
+  // A key never found, or refused, is never revived.
+  EXPECT_FALSE(c.serve_stale(never, t0 + 1500ms, 1000ms));
+  EXPECT_FALSE(c.serve_stale(refused, t0 + 1500ms, 1000ms));
+  // A fresh answer replaces a stale entry and ends its staleness.
+  c.insert(d, RedisKeyCache::State::found, p, nullptr, t0 + 10s, 1000ms, 5000ms);
+  ASSERT_TRUE(c.serve_stale(d, t0 + 11s, 1000ms));
+  c.insert(d, RedisKeyCache::State::found, p, nullptr, t0 + 11s, 1000ms, 5000ms);
+  EXPECT_FALSE(c.find(d, t0 + 11s)->stale);
+  // Without a stale_ttl (fail_open off) an expired found key is dropped at its TTL.
+  c.insert(d, RedisKeyCache::State::found, p, nullptr, t0 + 20s, 1000ms);
+  EXPECT_EQ(c.find(d, t0 + 21s), nullptr);
+  EXPECT_FALSE(c.serve_stale(d, t0 + 21s, 1000ms));
 }
 
 TEST(RedisKeyCache, StaysBoundedAndSparesFoundKeysFromRefusals) {
@@ -280,8 +322,10 @@ class RedisKeysTest : public ::testing::Test {
     return key;
   }
 
-  RedisKeys& start_keys(std::chrono::milliseconds command_timeout = 300ms, std::size_t max_inflight = 1024) {
+  RedisKeys& start_keys(std::chrono::milliseconds command_timeout = 300ms, std::size_t max_inflight = 1024,
+                        bool stale_if_error = false) {
     RedisKeysOptions o;
+    o.stale_if_error = stale_if_error;
     o.client = client_options(command_timeout);
     o.key_prefix = "weir:";
     o.max_inflight = max_inflight;
@@ -585,6 +629,50 @@ TEST_F(RedisKeysTest, RedisDownCachedKeysWorkUntilExpiryUnknownKeysFailFast) {
   for (int i = 2; !back && Clock::now() < deadline; ++i)
     back = authenticate(a, key, std::chrono::seconds(30 * i)).result.has_value();
   EXPECT_TRUE(back);
+}
+
+TEST_F(RedisKeysTest, WithFailOpenAKeyRedisVouchedForIsServedStaleDuringAnOutageUpToItsCap) {
+  // key_cache_ttl 30 s, key_negative_ttl 5 s, key_stale_ttl 60 s.
+  const auto key = add_key("sk-weir-stale", {"id", "s", "tenant", "acme"});
+  const auto gone = add_key("sk-weir-stale-revoked", {"id", "sr", "tenant", "acme"});
+  const auto unseen = add_key("sk-weir-stale-unseen", {"id", "su", "tenant", "acme"});
+  auto& keys = start_keys(/*command_timeout=*/300ms, 1024, /*stale_if_error=*/true);
+  Authenticator a(make_policy("  key_stale_ttl: 60s"), nullptr, &keys);
+  ASSERT_TRUE(authenticate(a, key).result);
+  ASSERT_TRUE(authenticate(a, gone).result);
+  ASSERT_TRUE(cmd({"HSET", RedisKeys::redis_key("weir:", sha256(gone)), "revoked", "1"}));
+  auto refused = authenticate(a, gone, 30s);  // the cache saw it revoked
+  ASSERT_FALSE(refused.result);
+  ASSERT_EQ(refused.result.error().status, 401);
+
+  server_->kill();
+  auto stale = authenticate(a, key, 31s);  // past its TTL, Redis down: served from the expired entry
+  EXPECT_TRUE(stale.waited);
+  ASSERT_TRUE(stale.result) << stale.result.error().message;
+  EXPECT_EQ((*stale.result)->key->id, "s");
+  EXPECT_EQ(keys.stats().stale_served, 1u);
+  // For min(key_negative_ttl, 1 s) without asking Redis, then asked again (and served again).
+  const auto lookups = keys.stats().lookups;
+  auto again = authenticate(a, key, 31s + 900ms);
+  EXPECT_FALSE(again.waited);
+  EXPECT_TRUE(again.result);
+  EXPECT_EQ(keys.stats().lookups, lookups);
+  auto later = authenticate(a, key, 80s);
+  EXPECT_TRUE(later.waited);
+  EXPECT_TRUE(later.result);
+  EXPECT_EQ(keys.stats().stale_served, 3u);
+  // Never a key the cache saw revoked, nor one it never saw.
+  auto revoked = authenticate(a, gone, 40s);
+  ASSERT_FALSE(revoked.result);
+  EXPECT_EQ(revoked.result.error().status, 503);
+  auto stranger = authenticate(a, unseen, 40s);
+  ASSERT_FALSE(stranger.result);
+  EXPECT_EQ(stranger.result.error().status, 503);
+  // key_cache_ttl + key_stale_ttl after Redis last vouched for it: 503.
+  auto capped = authenticate(a, key, 90s);
+  ASSERT_FALSE(capped.result);
+  EXPECT_EQ(capped.result.error().status, 503);
+  EXPECT_EQ(keys.stats().stale_served, 3u);
 }
 
 TEST_F(RedisKeysTest, RedisHangingLookupsEndAtCommandTimeout) {
