@@ -190,7 +190,11 @@ tl::expected<bool, std::string> JwksCache::install(std::string_view jwks_text) {
   auto set = parse_jwks(jwks_text);
   if (!set) return tl::unexpected(set.error());
   auto current = keys_.load(std::memory_order_acquire);
-  if (current && !current->keys.empty() && current->source_digest == set->source_digest) return false;
+  // The same document as the set in use (an empty one too: said once per
+  // change, not per refetch). Before the first install the set in use is the
+  // placeholder no document matches.
+  if (current && updates_.load(std::memory_order_relaxed) > 0 && current->source_digest == set->source_digest)
+    return false;
   if (set->malformed > 0)  // (said once per changed document: a refresh of the same one returned above)
     fmt::print(stderr, "weir: JWKS: {} malformed key(s) skipped ({}); {} key(s) in use\n", set->malformed,
                set->first_malformed, set->keys.size());

@@ -1,16 +1,25 @@
-"""Keys in Redis through a Redis outage (docs/auth.md, "Keys in Redis"):
+"""Keys in Redis through a Redis outage (docs/auth.md, "Keys in Redis"), and a
+JWKS with no usable key said once (docs/auth.md, "JWT"):
 
 - With redis.fail_open, a key Redis vouched for keeps working past its
   key_cache_ttl while Redis does not answer (stale-if-error), for at most
   auth.key_stale_ttl more, counted in weir_redis_key_stale_served_total; a
   key never seen, or seen revoked, still gets 503. (It got 503 as soon as its
-  cache entry expired, whatever fail_open said.)"""
+  cache entry expired, whatever fail_open said.)
+- An empty key set refetched unchanged is not announced again on every
+  refetch, only when the document changes."""
 
 from __future__ import annotations
 
+import json
 import time
 
+import httpx
+import jwt
+from cryptography.hazmat.primitives.asymmetric import rsa
+
 from conftest import wait_until
+from test_admission import JwksServer
 from test_redis_keys import MOCK_FLAGS, chat, config, weir_key
 
 
@@ -78,3 +87,46 @@ def test_without_a_stale_ttl_the_key_gets_503_once_its_entry_expires(mock, weir,
     assert r.status_code == 503, r.text
     assert w.metric("weir_redis_key_stale_served_total") == 0
 
+
+def test_an_empty_jwks_is_announced_once_per_document_not_per_refetch(mock, weir):
+    m = mock(*MOCK_FLAGS)
+    k1 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    jwk = json.loads(jwt.algorithms.RSAAlgorithm.to_jwk(k1.public_key()))
+    jwk.update({"kid": "k1", "alg": "RS256", "use": "sig"})
+    server = JwksServer()
+    try:
+        server.jwks = {"keys": [jwk]}
+        w = weir(config={
+            "pools": {"p": {"endpoints": [m.base_url]}},
+            "models": {"m": {"pool": "p"}},
+            "tenants": {"acme": {}},
+            "auth": {"jwt": {"jwks_url": server.url, "min_refetch_interval": "100ms", "refresh_interval": "1s"}},
+        }, workers=1)
+        said = "holds no key Weir can verify with"
+
+        def chat_jwt() -> int:
+            # A token no key in use verifies asks for a refetch (at most one per min_refetch_interval).
+            now = int(time.time())
+            tok = jwt.encode({"sub": "u", "tenant": "acme", "iat": now, "exp": now + 600}, k1, algorithm="RS256",
+                             headers={"kid": "k1"})
+            return httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {tok}"}, timeout=10,
+                              json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}).status_code
+
+        def refetched(times: int) -> None:
+            hits = server.hits
+            wait_until(lambda: chat_jwt() and server.hits >= hits + times, 15, interval=0.15,
+                       message=f"{times} refetches of the same key set")
+
+        wait_until(lambda: chat_jwt() == 200, 5, interval=0.05, message="the key set loaded")
+        server.jwks = {"keys": []}  # the issuer withdrew every key
+        wait_until(lambda: said in w.process.log(), 5, message="the empty set announced")
+        refetched(4)
+        assert w.process.log().count(said) == 1, w.process.log()
+        # Another document, still with no usable key: said again, once.
+        server.jwks = {"keys": [], "note": "still none"}
+        wait_until(lambda: w.process.log().count(said) >= 2, 5, message="the changed empty set announced")
+        refetched(4)
+        assert w.process.log().count(said) == 2, w.process.log()
+        assert chat_jwt() == 401  # the empty set in use: tokens refused, Weir serving
+    finally:
+        server.close()
