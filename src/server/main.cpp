@@ -3,6 +3,7 @@
 //   weir --listen 127.0.0.1:8080 --upstream http://127.0.0.1:8000   (quick mode)
 //   weir requests --db requests.db --tenant acme --status 5xx         (read the request log)
 //   weir requests --url postgres://weir@db/weir --id REQUEST_ID
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <csignal>
@@ -158,11 +159,20 @@ int main(int argc, char** argv) {
   // SIGHUP reopens the access log and reloads the configuration once the
   // server runs (server.cpp); until then (loading, resolving, binding) it
   // must not kill the process either.
-  std::signal(SIGHUP, SIG_IGN);
   // SIGUSR1 (reopen the access log) and SIGUSR2 (no meaning): ignored until
   // server.cpp's handler takes them; their default action would end the process.
-  std::signal(SIGUSR1, SIG_IGN);
-  std::signal(SIGUSR2, SIG_IGN);
+  // Where no server runs, the dispositions exec handed down come back with the mask.
+  struct HeldSignal {
+    int sig;
+    void (*inherited)(int);
+  };
+  std::array<HeldSignal, 3> held{{{SIGHUP, nullptr}, {SIGUSR1, nullptr}, {SIGUSR2, nullptr}}};
+  for (auto& h : held) h.inherited = std::signal(h.sig, SIG_IGN);
+  auto give_back_signals = [&](bool mask) {
+    for (const auto& h : held)
+      if (h.inherited != SIG_ERR) std::signal(h.sig, h.inherited);
+    if (mask) pthread_sigmask(SIG_SETMASK, &inherited, nullptr);
+  };
   bound_allocator_retention();
   CLI::App app{"Weir: an AI inference gateway (OpenAI-compatible, streams SSE from vLLM pools)", "weir"};
   std::string config_path, listen, upstream, access_log;
@@ -221,16 +231,19 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     // --help and --version: 0. A usage error (an unknown flag, a value out of range) exits 2, as the same
     // mistake in the configuration file does. (A signal held during the parse ends the process now.)
-    pthread_sigmask(SIG_SETMASK, &inherited, nullptr);
+    give_back_signals(true);
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (*requests) {
-    pthread_sigmask(SIG_SETMASK, &inherited, nullptr);  // (a query of the store: Ctrl-C stops it)
+    give_back_signals(true);  // (a query of the store: Ctrl-C stops it, as a hang-up does)
     return run_requests(ra);
   }
   // --check runs no server: its load may be slow (a configuration read from a pipe, `-c <(generator)`; a host
   // that resolves slowly), and Ctrl-C must end it then, not wait for the load to finish.
-  if (check) pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+  if (check) {
+    give_back_signals(false);
+    pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
+  }
 
   // One loader for --check and for start-up: both accept and refuse the same files.
   weir::gateway::ConfigSource source;
