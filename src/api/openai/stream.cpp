@@ -448,6 +448,12 @@ std::optional<std::string_view> UsageHook::without_usage(std::string_view data) 
   }
   edited_.assign(data.substr(0, from));
   edited_.append(data.substr(to));
+  // A usage key given twice (the last one read above): every copy goes, or a client whose
+  // parser keeps the first would still see one. (One more scan, only on a chunk stripped here.)
+  if (find_member(edited_, "usage")) {
+    std::string all;
+    if (remove_member(data, "usage", all)) edited_ = std::move(all);
+  }
   return std::string_view(edited_);
 }
 

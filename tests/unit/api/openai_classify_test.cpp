@@ -237,6 +237,11 @@ TEST(UsageHookWithoutUsage, DropsTheMemberWeirAskedForFromAChunkWithChoices) {
   EXPECT_EQ(h.without_usage(first).value(), R"({ "id":"x","choices":[]})");
   EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[],"usage":null})"));
   EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[]})"));
+  // A usage key given twice: both copies go (the first too, which a first-wins parser would read).
+  const std::string_view twice =
+      R"({"id":"x","usage":{"prompt_tokens":9},"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
+  EXPECT_TRUE(h.on_data(twice));
+  EXPECT_EQ(h.without_usage(twice).value(), R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");
   h.reset(false);  // the client asked: its chunk as it came
   EXPECT_FALSE(h.without_usage(fin));
 }
