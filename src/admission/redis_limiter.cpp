@@ -10,6 +10,7 @@
 
 #include "admission/redis_limiter_state.hpp"
 #include "admission/redis_scripts.hpp"
+#include "core/note.hpp"
 
 namespace weir::admission {
 
@@ -52,7 +53,7 @@ RedisLimiter::RedisLimiter(boost::asio::io_context& control, const std::vector<a
       epoch_(epoch),
       log_(std::move(log)),
       replica_id_(random_id()) {
-  if (!log_) log_ = [](std::string_view m) { fmt::print(stderr, "weir: redis: {}\n", m); };
+  if (!log_) log_ = [](std::string_view m) { weir::core::note("weir: redis: {}\n", m); };
   fallback_ = std::make_unique<LocalLimiter>(scaled(scopes, config_.fail_open_share), workers_, epoch_);
 
   store::ClientOptions co = client_options(config_);

@@ -1,4 +1,5 @@
 #include "auth/jwks_cache.hpp"
+#include "core/note.hpp"
 
 #include <cstdio>
 #include <fstream>
@@ -137,8 +138,8 @@ void JwksCache::on_result(JwksSource::Result r) {
   if (announce && ok) {
     const auto keys = keys_.load(std::memory_order_acquire);
     const std::size_t n = keys ? keys->keys.size() : 0;
-    fmt::print(stderr, "weir: JWKS refetched from {} for the configuration reload: {} key{}, {}\n", source_->describe(),
-               n, n == 1 ? "" : "s", changed ? "a new key set in use" : "the same key set");
+    weir::core::note("weir: JWKS refetched from {} for the configuration reload: {} key{}, {}\n", source_->describe(),
+                     n, n == 1 ? "" : "s", changed ? "a new key set in use" : "the same key set");
     std::fflush(stderr);
   }
   // An operator sees each failed fetch (at most one per min_refetch_interval)
@@ -147,21 +148,21 @@ void JwksCache::on_result(JwksSource::Result r) {
     failures_.fetch_add(1, std::memory_order_relaxed);
     const auto keys = keys_.load(std::memory_order_acquire);
     const std::size_t kept = keys ? keys->keys.size() : 0;
-    fmt::print(stderr, "weir: JWKS fetch from {} failed: {}; {}\n", source_->describe(), installed.error(),
-               // (Authenticator: none loaded yet is a 503 to retry; a key set with none usable, a 401.)
-               updates_.load(std::memory_order_relaxed) == 0
-                   ? std::string("no key set loaded yet, so requests with a JWT get 503 (Retry-After: 1) until a "
-                                 "fetch succeeds")
-               : kept == 0
-                   ? std::string("the key set in use has no usable key, so every JWT is refused (401)")
-                   : fmt::format("still verifying with the {} key{} fetched before", kept, kept == 1 ? "" : "s"));
+    weir::core::note("weir: JWKS fetch from {} failed: {}; {}\n", source_->describe(), installed.error(),
+                     // (Authenticator: none loaded yet is a 503 to retry; a key set with none usable, a 401.)
+                     updates_.load(std::memory_order_relaxed) == 0
+                         ? std::string("no key set loaded yet, so requests with a JWT get 503 (Retry-After: 1) until a "
+                                       "fetch succeeds")
+                     : kept == 0
+                         ? std::string("the key set in use has no usable key, so every JWT is refused (401)")
+                         : fmt::format("still verifying with the {} key{} fetched before", kept, kept == 1 ? "" : "s"));
     std::fflush(stderr);
     failing_ = true;
   } else if (failing_) {
     failing_ = false;
     const auto keys = keys_.load(std::memory_order_acquire);
-    fmt::print(stderr, "weir: JWKS fetch from {} succeeded again: {} key{}\n", source_->describe(),
-               keys ? keys->keys.size() : 0, keys && keys->keys.size() == 1 ? "" : "s");
+    weir::core::note("weir: JWKS fetch from {} succeeded again: {} key{}\n", source_->describe(),
+                     keys ? keys->keys.size() : 0, keys && keys->keys.size() == 1 ? "" : "s");
     std::fflush(stderr);
   }
   const std::uint64_t completed = completed_.fetch_add(1, std::memory_order_release) + 1;
@@ -196,14 +197,14 @@ tl::expected<bool, std::string> JwksCache::install(std::string_view jwks_text) {
   if (current && updates_.load(std::memory_order_relaxed) > 0 && current->source_digest == set->source_digest)
     return false;
   if (set->malformed > 0)  // (said once per changed document: a refresh of the same one returned above)
-    fmt::print(stderr, "weir: JWKS: {} malformed key(s) skipped ({}); {} key(s) in use\n", set->malformed,
-               set->first_malformed, set->keys.size());
+    weir::core::note("weir: JWKS: {} malformed key(s) skipped ({}); {} key(s) in use\n", set->malformed,
+                     set->first_malformed, set->keys.size());
   // Installed all the same (an identity provider may withdraw every key on purpose), but never silently.
   if (set->keys.empty())
-    fmt::print(stderr,
-               "weir: JWKS: the new set holds no key Weir can verify with ({} skipped): every JWT is refused (401) "
-               "until it does\n",
-               set->skipped + set->malformed);
+    weir::core::note(
+        "weir: JWKS: the new set holds no key Weir can verify with ({} skipped): every JWT is refused (401) "
+        "until it does\n",
+        set->skipped + set->malformed);
   keys_.store(std::make_shared<const KeySet>(std::move(*set)), std::memory_order_release);
   generation_.fetch_add(1, std::memory_order_acq_rel);
   updates_.fetch_add(1, std::memory_order_relaxed);

@@ -11,6 +11,7 @@
 #include <boost/asio/detached.hpp>
 
 #include "core/json_text.hpp"
+#include "core/note.hpp"
 #include "core/yaml.hpp"
 
 namespace weir::auth {
@@ -50,7 +51,7 @@ std::uint64_t load64(const unsigned char* p) noexcept {
 
 RedisKeys::RedisKeys(boost::asio::io_context& control, RedisKeysOptions options, LogFn log)
     : control_(control), options_(std::move(options)), log_(std::move(log)) {
-  if (!log_) log_ = [](std::string_view m) { fmt::print(stderr, "weir: redis keys: {}\n", m); };
+  if (!log_) log_ = [](std::string_view m) { weir::core::note("weir: redis keys: {}\n", m); };
   store::ClientOptions co = options_.client;
   co.log = [this](std::string_view m) { log_(m); };
   client_ = std::make_unique<store::Client>(control_, std::move(co));

@@ -1,4 +1,5 @@
 #include "core/access_log.hpp"
+#include "core/note.hpp"
 
 #include <fcntl.h>
 #include <sys/socket.h>
@@ -81,15 +82,18 @@ ssize_t send_now(int fd, const void* buf, std::size_t n) { return ::send(fd, buf
 // same stalled pipe as stdout (`2>&1 | shipper`), and a worker blocked on
 // its note would stop traffic as surely as one blocked on the log. A note
 // that does not fit is dropped (the counters keep the count).
-void say(const std::string& note) {
+void say(const std::string& note) { note_line(note); }
+}  // namespace
+
+void note_line(std::string_view line) noexcept {
+  // Every note of the process (core/note.hpp) goes through one descriptor of its own, opened once.
   static const auto err = [] {
     const auto [fd, owned] = non_blocking(STDERR_FILENO);
     (void)owned;  // kept open for the process's life
     return std::pair{fd, is_socket(fd)};
   }();
-  (void)(err.second ? send_now(err.first, note.data(), note.size()) : write_now(err.first, note.data(), note.size()));
+  (void)(err.second ? send_now(err.first, line.data(), line.size()) : write_now(err.first, line.data(), line.size()));
 }
-}  // namespace
 
 std::shared_ptr<AccessLogSink> AccessLogSink::open(const std::string& where, std::string& error) {
   auto s = std::shared_ptr<AccessLogSink>(new AccessLogSink());

@@ -1,4 +1,5 @@
 #include "core/replace_file.hpp"
+#include "core/note.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -57,7 +58,7 @@ tl::expected<void, std::string> replace_file(const std::string& path, std::strin
   if (dir.empty()) dir = ".";
   const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd < 0 || ::fsync(dfd) != 0)
-    fmt::print(stderr, "weir: cannot sync the directory {} after writing {}: {}\n", dir, path, std::strerror(errno));
+    weir::core::note("weir: cannot sync the directory {} after writing {}: {}\n", dir, path, std::strerror(errno));
   if (dfd >= 0) ::close(dfd);
   return {};
 }

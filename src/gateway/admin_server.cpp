@@ -21,6 +21,7 @@
 #include "core/calendar.hpp"
 #include "core/json_text.hpp"
 #include "core/listen_probe.hpp"
+#include "core/note.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
 #include "gateway/admin_handlers.hpp"
@@ -262,7 +263,7 @@ void AdminServer::spawn_serve(http::Socket sock) {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      fmt::print(stderr, "weir: admin: connection failed: {}\n", ex.what());
+      weir::core::note("weir: admin: connection failed: {}\n", ex.what());
     }
   });
 }

@@ -21,6 +21,7 @@
 #include <boost/json/parse.hpp>
 
 #include "auth/crypto.hpp"
+#include "core/note.hpp"
 #include "core/yaml.hpp"
 
 namespace weir::gateway {
@@ -135,10 +136,10 @@ tl::expected<void, std::string> KeyStore::load() {
       return tl::unexpected(
           fmt::format("admin.keys_file {}: keys[{}]: the same secret as keys[{}]", file_, i, it->second));
     if (!configured_tenant(base_, k->tenant))
-      fmt::print(stderr,
-                 "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
-                 "kept and refused until the tenant is back\n",
-                 file_, k->id, k->tenant);
+      weir::core::note(
+          "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
+          "kept and refused until the tenant is back\n",
+          file_, k->id, k->tenant);
     k->scope = next_scope_++;
     keys.push_back(std::move(*k));
     ++i;
@@ -174,10 +175,10 @@ void KeyStore::rebase(auth::AuthConfig base, std::shared_ptr<const auth::AuthPol
   next_scope_ = std::max(next_scope_, static_cast<std::uint32_t>(policy_->scopes().size()));
   for (const auto& k : keys_)
     if (!configured_tenant(base_, k.tenant))
-      fmt::print(stderr,
-                 "weir: runtime key {} names tenant '{}', which the reloaded configuration does not have: the key is "
-                 "kept and refused until the tenant is back\n",
-                 k.id, k.tenant);
+      weir::core::note(
+          "weir: runtime key {} names tenant '{}', which the reloaded configuration does not have: the key is "
+          "kept and refused until the tenant is back\n",
+          k.id, k.tenant);
 }
 
 const KeyRecord* KeyStore::find(std::string_view id) const {

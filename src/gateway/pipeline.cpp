@@ -1,4 +1,5 @@
 #include "gateway/pipeline.hpp"
+#include "core/note.hpp"
 
 #include <exception>
 
@@ -40,7 +41,7 @@ core::Task<void> run_pipeline(Phases& p, RequestContext& ctx) {
     // What went wrong stays here: an exception's text may name an
     // upstream's address or a file (a resolver, a socket, a system error),
     // so the client is told only the request id to quote.
-    fmt::print(stderr, "weir: request {}: internal error: {}\n", ctx.request_id, ex.what());
+    weir::core::note("weir: request {}: internal error: {}\n", ctx.request_id, ex.what());
     o = Outcome::failed(core::internal_error(fmt::format("Internal error (request {}).", ctx.request_id)));
   }
   if (o.goes_on()) o = Outcome::failed(core::internal_error("No phase answered the request."));

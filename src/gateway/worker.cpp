@@ -16,6 +16,7 @@
 #include "http/probe.hpp"
 
 #include "core/listen_probe.hpp"
+#include "core/note.hpp"
 #include "core/time.hpp"
 #include "gateway/host_rule.hpp"
 #include "gateway/session.hpp"
@@ -283,7 +284,7 @@ void Worker::start() {
         break;
       } catch (const std::exception& e) {
         // A bug escaped a session; keep serving the others.
-        fmt::print(stderr, "weir: worker {}: unexpected exception: {}\n", index_, e.what());
+        weir::core::note("weir: worker {}: unexpected exception: {}\n", index_, e.what());
       }
     }
     log_.flush();
@@ -411,7 +412,7 @@ void Worker::start_session(http::Socket sock) {
     try {
       std::rethrow_exception(e);
     } catch (const std::exception& ex) {
-      fmt::print(stderr, "weir: worker {}: session failed: {}\n", index_, ex.what());
+      weir::core::note("weir: worker {}: session failed: {}\n", index_, ex.what());
     }
   });
 }
@@ -483,9 +484,9 @@ http::Task<void> Worker::probe_loop(std::shared_ptr<routing::WorkerPool> pool_pt
       if (!ok && !tls_error.empty()) routing::log_tls_failure(ep, pool.config().name, tls_error, core::now());
       if (pool.report_probe(i, ok, std::chrono::steady_clock::now())) {
         ++metrics_.health_transitions;
-        fmt::print(stderr, "weir: worker {}: pool {} endpoint {} is {} (GET {}{}{})\n", index_, pool.config().name,
-                   ep.cfg->display, ok ? "healthy again" : "unhealthy", hc.path,
-                   tls_error.empty() ? "" : ": TLS: ", tls_error);
+        weir::core::note("weir: worker {}: pool {} endpoint {} is {} (GET {}{}{})\n", index_, pool.config().name,
+                         ep.cfg->display, ok ? "healthy again" : "unhealthy", hc.path,
+                         tls_error.empty() ? "" : ": TLS: ", tls_error);
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "core/json_text.hpp"
+#include "core/note.hpp"
 #include "requestlog/redact.hpp"
 
 namespace weir::requestlog {
@@ -216,10 +217,10 @@ void Writer::apply_retention(std::int64_t now_us) {
 void Writer::start() {
   std::string error;
   if (!open_store(error))
-    fmt::print(stderr,
-               "weir: {}; serving on: records wait in the queues (dropped and counted when full) while it is "
-               "retried every second\n",
-               error);
+    weir::core::note(
+        "weir: {}; serving on: records wait in the queues (dropped and counted when full) while it is "
+        "retried every second\n",
+        error);
   reported_errors_ = errors_.load(std::memory_order_relaxed);
   last_report_ = SteadyClock::now();
   next_retention_ = SteadyClock::now();
@@ -252,10 +253,10 @@ void Writer::report(bool now_anyway) {
                         store_->is_open() ? "the store is slow" : "the store is not open");
     if (new_failed > 0)
       why += fmt::format("{}{} in batches the store failed to write", why.empty() ? "" : "; ", new_failed);
-    fmt::print(stderr, "weir: request log: {} records dropped in the last {}s ({})\n", new_full + new_failed,
-               std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(), why);
+    weir::core::note("weir: request log: {} records dropped in the last {}s ({})\n", new_full + new_failed,
+                     std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(), why);
   }
-  if (errors != reported_errors_) fmt::print(stderr, "weir: {} ({} errors)\n", last_error_, errors - reported_errors_);
+  if (errors != reported_errors_) weir::core::note("weir: {} ({} errors)\n", last_error_, errors - reported_errors_);
   reported_queue_full_ = queue_full;
   reported_write_error_ = write_error;
   reported_errors_ = errors;
@@ -301,7 +302,7 @@ void Writer::drain(SteadyClock::time_point deadline) {
       ++left;
     }
   dropped_shutdown_.fetch_add(left, std::memory_order_relaxed);
-  if (left) fmt::print(stderr, "weir: request log: {} records not written at shutdown (drain deadline)\n", left);
+  if (left) weir::core::note("weir: request log: {} records not written at shutdown (drain deadline)\n", left);
   report(true);
   store_->close();
   open_.store(false, std::memory_order_relaxed);

@@ -6,6 +6,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include "core/note.hpp"
 #include "http/probe.hpp"
 #include "http/shortage.hpp"
 
@@ -101,8 +102,8 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
       shortage_log().succeeded(now);
       t.board->publish(t.index, *load);
       if (told)
-        fmt::print(stderr, "weir: pool {} endpoint {}: load scrape of {} recovered after {} failed\n", t.pool->name,
-                   display, lm.path, failed);
+        weir::core::note("weir: pool {} endpoint {}: load scrape of {} recovered after {} failed\n", t.pool->name,
+                         display, lm.path, failed);
       failed = 0;
       told = false;
     } else {
@@ -122,9 +123,9 @@ http::Task<void> scrape_loop(const LoadScraper::Target& t) {
           detail = "no readable vllm:num_requests_running or vllm:num_requests_waiting";
         else if (f == ScrapeFailure::status)
           detail = fmt::format("HTTP status {}", status);
-        fmt::print(stderr, "weir: pool {} endpoint {}: load scrape of {} failed ({}: {}){}\n", t.pool->name, display,
-                   lm.path, scrape_failure_label(f), detail,
-                   failed > 1 ? fmt::format(", {} in a row", failed) : std::string());
+        weir::core::note("weir: pool {} endpoint {}: load scrape of {} failed ({}: {}){}\n", t.pool->name, display,
+                         lm.path, scrape_failure_label(f), detail,
+                         failed > 1 ? fmt::format(", {} in a row", failed) : std::string());
       }
     }
     // Behind (a slow server): the next scrape starts from now, not in a burst.

@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "core/note.hpp"
 #include "routing/least_load.hpp"
 #include "routing/p2c.hpp"
 #include "routing/prefix_affinity.hpp"
@@ -32,7 +33,7 @@ void log_tls_failure(EndpointState& e, std::string_view pool, std::string_view r
       now - e.tls_failure_logged < std::chrono::seconds(10))
     return;
   e.tls_failure_logged = now;
-  fmt::print(stderr, "weir: pool {} endpoint {}: TLS connect failed: {}\n", pool, e.cfg->display, reason);
+  weir::core::note("weir: pool {} endpoint {}: TLS connect failed: {}\n", pool, e.cfg->display, reason);
 }
 
 WorkerPool::WorkerPool(const core::PoolConfig& cfg, const std::vector<http::tcp::endpoint>& addrs,

@@ -12,6 +12,7 @@
 #include <boost/asio/post.hpp>
 
 #include "core/config.hpp"
+#include "core/note.hpp"
 
 namespace weir::server {
 
@@ -134,8 +135,8 @@ bool Reloader::reload(std::string_view why) {
     // A bug, not the file: never let it take the gateway down.
     shared_.reloads.failed.fetch_add(1, std::memory_order_relaxed);
     shared_.reloads.last_ok.store(false, std::memory_order_relaxed);
-    fmt::print(stderr, "weir: {}: configuration reload failed: {}; still serving generation {}\n", why, e.what(),
-               shared_.generation->id);
+    weir::core::note("weir: {}: configuration reload failed: {}; still serving generation {}\n", why, e.what(),
+                     shared_.generation->id);
     return false;
   }
 }
@@ -145,17 +146,17 @@ bool Reloader::apply(std::string_view why) {
   if (stopped_) return false;
   ++attempts_;
   if (source_.file.empty()) {
-    fmt::print(stderr, "weir: {}: no configuration file to reload (quick mode)\n", why);
+    weir::core::note("weir: {}: no configuration file to reload (quick mode)\n", why);
     return false;
   }
   if (read_once_) {
     // Not a refusal (the file is not wrong, and weir_config_last_reload_successful stays as it was): a
     // logrotate postrotate's SIGHUP is expected here, and only reopens the logs.
     if (!said_read_once_)
-      fmt::print(stderr,
-                 "weir: {}: the configuration is not read again: {} is not a regular file (a pipe), read once at "
-                 "start-up; restart to change it (said once)\n",
-                 why, source_.file);
+      weir::core::note(
+          "weir: {}: the configuration is not read again: {} is not a regular file (a pipe), read once at "
+          "start-up; restart to change it (said once)\n",
+          why, source_.file);
     said_read_once_ = true;
     return false;
   }
@@ -163,8 +164,8 @@ bool Reloader::apply(std::string_view why) {
   auto refuse = [&](const std::string& reason) {
     stats.failed.fetch_add(1, std::memory_order_relaxed);
     stats.last_ok.store(false, std::memory_order_relaxed);
-    fmt::print(stderr, "weir: {}: configuration reload refused: {}; still serving generation {}\n", why, reason,
-               shared_.generation->id);
+    weir::core::note("weir: {}: configuration reload refused: {}; still serving generation {}\n", why, reason,
+                     shared_.generation->id);
     return false;
   };
   auto loaded = gateway::load_config(source_);
@@ -177,7 +178,7 @@ bool Reloader::apply(std::string_view why) {
   if (auto e = gateway::restart_only_change(running, loaded->config, overrides_)) return refuse(e->to_string());
   auto auth = services_.prepare_reload(*loaded);
   if (!auth) return refuse(auth.error());
-  for (const auto& w : loaded->warnings) fmt::print(stderr, "weir: warning: {}\n", w);
+  for (const auto& w : loaded->warnings) weir::core::note("weir: warning: {}\n", w);
   gateway::GenerationInput in;
   in.config = std::make_shared<const core::Config>(std::move(loaded->config));
   in.pricing = std::move(loaded->pricing);
@@ -228,8 +229,8 @@ bool Reloader::apply(std::string_view why) {
     if (*applied->attempts == applied->attempt) st.last_ok.store(true, std::memory_order_relaxed);
     st.last_success_unix_s.store(unix_now_s(), std::memory_order_relaxed);
     st.generation.store(applied->id, std::memory_order_relaxed);
-    // Whole, by its size: fputs stops at a NUL, and the line's newline with it.
-    std::fwrite(applied->line.data(), 1, applied->line.size(), stderr);
+    // Whole, by its size (without waiting: core/note.hpp).
+    weir::core::note_line(applied->line);
   };
   if (shared_.workers.empty()) on_all();
   for (gateway::Worker* w : shared_.workers)

@@ -16,6 +16,7 @@
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
 
+#include "core/note.hpp"
 #include "core/process_metrics.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/generation.hpp"
@@ -51,7 +52,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   // A listen host that does not resolve, or an admin listener on the client
   // listener's address, is the configuration error --check gives.
   if (auto ok = gateway::check_listen_addresses(loaded); !ok) {
-    fmt::print(stderr, "weir: configuration error: {}\n", ok.error());
+    weir::core::note("weir: configuration error: {}\n", ok.error());
     return 2;
   }
   auto config = std::make_shared<core::Config>(std::move(loaded.config));
@@ -69,7 +70,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     // An admin.keys_file that cannot be read or is not a valid keys file: --check refuses it too.
     auto e = core::config_error(core::node_at(config->root, "admin.keys_file"), "", services.error());
     e.file = config->source;
-    fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
+    weir::core::note("weir: configuration error: {}\n", e.to_string());
     return 2;
   }
   services.attach(shared);
@@ -85,7 +86,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     auto gen = gateway::build_generation(std::move(in), nullptr);
     if (!gen) {
       // (An endpoint that does not resolve: a configuration error, as --check says.)
-      fmt::print(stderr, "weir: configuration error: {}\n", gen.error());
+      weir::core::note("weir: configuration error: {}\n", gen.error());
       return 2;
     }
     shared.generation = std::move(*gen);
@@ -99,7 +100,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                  ? core::config_error(core::node_at(config->root, "server.access_log"), "server.access_log", err)
                  : core::ConfigError{.key = "--access-log", .message = err};
     e.file = config->source;
-    fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
+    weir::core::note("weir: configuration error: {}\n", e.to_string());
     return 2;
   }
 
@@ -137,7 +138,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     admin = std::make_unique<gateway::AdminServer>(main_io, *loaded.admin, shared, services.key_store());
     admin_port = admin->listen(!reuse_port, err);
     if (admin_port == 0) {
-      fmt::print(stderr, "weir: {}\n", err);
+      weir::core::note("weir: {}\n", err);
       return 1;
     }
   }
@@ -146,7 +147,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   for (auto& w : workers) {
     const auto bound = w->listen(config->server.listen, port, !reuse_port && w == workers.front(), err);
     if (bound == 0) {
-      fmt::print(stderr, "weir: {}\n", err);
+      weir::core::note("weir: {}\n", err);
       return 1;
     }
     port = bound;  // port 0: the others join the port the first one got
@@ -172,7 +173,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     if (ec || !shared.log_sink->reopen_pending()) return;
     std::string why;
     if (shared.log_sink->retry_reopen(why)) {
-      fmt::print(stderr, "weir: access log {} reopened (retried after a failed reopen)\n", shared.log_sink->path());
+      weir::core::note("weir: access log {} reopened (retried after a failed reopen)\n", shared.log_sink->path());
       return;
     }
     reopen_retry.expires_after(std::chrono::seconds(1));
@@ -183,10 +184,10 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     std::string why;
     if (shared.log_sink->reopen(why)) {
       reopen_retry.cancel();
-      fmt::print(stderr, "weir: {} received, access log {} reopened\n", sig, shared.log_sink->path());
+      weir::core::note("weir: {} received, access log {} reopened\n", sig, shared.log_sink->path());
       return;
     }
-    fmt::print(stderr, "weir: {} received: {}; still writing to the old file, trying again every second\n", sig, why);
+    weir::core::note("weir: {} received: {}; still writing to the old file, trying again every second\n", sig, why);
     reopen_retry.expires_after(std::chrono::seconds(1));
     reopen_retry.async_wait(on_reopen_retry);
   };
@@ -209,7 +210,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     }
     if (sig == SIGUSR2) {
       if (!std::exchange(said_usr2, true))
-        fmt::print(stderr, "weir: SIGUSR2 received and ignored (it has no meaning to Weir; said once)\n");
+        weir::core::note("weir: SIGUSR2 received and ignored (it has no meaning to Weir; said once)\n");
       signals.async_wait(on_signal);
       return;
     }
@@ -220,10 +221,10 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
       if (signal_count == 0)
         reloader.reload("SIGHUP");
       else
-        fmt::print(stderr,
-                   "weir: SIGHUP received while draining: the configuration is not reloaded (the drain keeps its "
-                   "deadline, server.drain_timeout {} ms as it began)\n",
-                   shared.generation->config->server.drain_timeout.count());
+        weir::core::note(
+            "weir: SIGHUP received while draining: the configuration is not reloaded (the drain keeps its "
+            "deadline, server.drain_timeout {} ms as it began)\n",
+            shared.generation->config->server.drain_timeout.count());
       signals.async_wait(on_signal);
       return;
     }
@@ -231,8 +232,8 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     const auto drain_timeout = shared.generation->config->server.drain_timeout;
     const auto deadline =
         signal_count == 1 ? std::chrono::steady_clock::now() + drain_timeout : std::chrono::steady_clock::now();
-    fmt::print(stderr, "weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
-               signal_count == 1 ? "draining" : "closing now");
+    weir::core::note("weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+                     signal_count == 1 ? "draining" : "closing now");
     shared.draining = true;
     services.begin_drain();
     reloader.stop();
@@ -242,8 +243,8 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     // Unless a new instance shares its port (a restart with --reuse-port):
     // then admin calls go to that one from now on.
     if (admin && signal_count == 1 && admin->drain())
-      fmt::print(stderr, "weir: admin API closed: another process listens on {}:{} (--reuse-port) and takes it over\n",
-                 loaded.admin->listen.host, admin_port);
+      weir::core::note("weir: admin API closed: another process listens on {}:{} (--reuse-port) and takes it over\n",
+                       loaded.admin->listen.host, admin_port);
     for (auto& w : workers) w->drain(deadline);
     signals.async_wait(on_signal);
   };
@@ -266,31 +267,32 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   reloader.start();
   if (admin) {
     admin->start();
-    fmt::print(stderr, "weir: admin API on {}:{}{}{}\n", loaded.admin->listen.host, admin_port,
-               !services.key_store()                                    ? " (no tenants: runtime keys off)"
-               : loaded.auth && loaded.auth->redis_keys && loaded.redis ? ", runtime keys in Redis (auth.redis_keys)"
-               : services.key_store()->persistent()                     ? ", runtime keys in " + loaded.admin->keys_file
-                                                    : ", runtime keys in memory only (no admin.keys_file)",
-               // (The loopback default refuses names other than localhost: say so where an operator looks.)
-               admin->host_rule().kind == core::HostRule::Kind::local
-                   ? "; Host: IP literals and localhost only (admin.allowed_hosts)"
-                   : "");
+    weir::core::note("weir: admin API on {}:{}{}{}\n", loaded.admin->listen.host, admin_port,
+                     !services.key_store() ? " (no tenants: runtime keys off)"
+                     : loaded.auth && loaded.auth->redis_keys && loaded.redis
+                         ? ", runtime keys in Redis (auth.redis_keys)"
+                     : services.key_store()->persistent() ? ", runtime keys in " + loaded.admin->keys_file
+                                                          : ", runtime keys in memory only (no admin.keys_file)",
+                     // (The loopback default refuses names other than localhost: say so where an operator looks.)
+                     admin->host_rule().kind == core::HostRule::Kind::local
+                         ? "; Host: IP literals and localhost only (admin.allowed_hosts)"
+                         : "");
   }
   if (request_log) request_log->start();
   if (tracer) {
     tracer->start();
-    fmt::print(stderr, "weir: tracing to {} (sample_ratio {}, service {})\n", loaded.tracing->endpoint.display,
-               loaded.tracing->sample_ratio, loaded.tracing->service_name);
+    weir::core::note("weir: tracing to {} (sample_ratio {}, service {})\n", loaded.tracing->endpoint.display,
+                     loaded.tracing->sample_ratio, loaded.tracing->service_name);
   }
   for (auto& w : workers) w->start();
-  fmt::print(stderr, "weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({}){}\n",
-             config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
-             config->pools.size() == 1 ? "" : "s", config->models.size(), config->models.size() == 1 ? "" : "s",
-             config->source,
-             // (As the admin line: the loopback default refuses other names for /metrics.)
-             !config->server.allowed_hosts && workers.front()->loopback_listener()
-                 ? "; Host: only IP literals and localhost for /metrics (server.allowed_hosts)"
-                 : "");
+  weir::core::note("weir: listening on {}:{} with {} worker{}, {} pool{}, {} model{} ({}){}\n",
+                   config->server.listen.host, port, n, n == 1 ? "" : "s", config->pools.size(),
+                   config->pools.size() == 1 ? "" : "s", config->models.size(), config->models.size() == 1 ? "" : "s",
+                   config->source,
+                   // (As the admin line: the loopback default refuses other names for /metrics.)
+                   !config->server.allowed_hosts && workers.front()->loopback_listener()
+                       ? "; Host: only IP literals and localhost for /metrics (server.allowed_hosts)"
+                       : "");
 
   std::thread signal_thread([&] { main_io.run(); });
   for (auto& w : workers) w->join();
@@ -301,19 +303,19 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   if (request_log && !request_log->stop(std::chrono::steady_clock::now() + kRequestLogDrain)) {
     // Its thread is stuck in a store call (a server that stopped answering): it is left to the
     // process's exit, and so is the writer it uses.
-    fmt::print(stderr,
-               "weir: request log: the store did not answer within the drain; the records still queued are "
-               "not written\n");
+    weir::core::note(
+        "weir: request log: the store did not answer within the drain; the records still queued are "
+        "not written\n");
     (void)request_log.release();
   }
   // Bounded as the request log is: an export stuck on a collector that does not answer is left behind.
   if (tracer && !tracer->stop(std::chrono::steady_clock::now() + kTracingDrain)) {
-    fmt::print(stderr,
-               "weir: tracing: the collector did not answer within the drain; the spans still queued are "
-               "not exported\n");
+    weir::core::note(
+        "weir: tracing: the collector did not answer within the drain; the spans still queued are "
+        "not exported\n");
     (void)tracer.release();
   }
-  fmt::print(stderr, "weir: stopped\n");
+  weir::core::note("weir: stopped\n");
   return 0;
 }
 

@@ -12,6 +12,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/json/parse.hpp>
 
+#include "core/note.hpp"
 #include "core/process_metrics.hpp"
 #include "core/saturating.hpp"
 #include "core/text.hpp"
@@ -233,12 +234,12 @@ void Exporter::report(bool now_anyway) {
     part(new_full, "with the queue full", {});
     part(new_failed, "in batches that could not be exported, last error", last_export_error_);
     part(new_rejected, "the collector rejected", last_rejection_);
-    fmt::print(stderr, "weir: tracing: {} spans dropped in the last {}s ({})\n", new_full + new_failed + new_rejected,
-               std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(), why);
+    weir::core::note("weir: tracing: {} spans dropped in the last {}s ({})\n", new_full + new_failed + new_rejected,
+                     std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(), why);
   }
   // Failed exports a retry made good (a batch dropped after them says its error above).
   if (new_errors > 0 && new_failed == 0)
-    fmt::print(stderr, "weir: tracing: {} failed exports (retried); last error: {}\n", new_errors, last_export_error_);
+    weir::core::note("weir: tracing: {} failed exports (retried); last error: {}\n", new_errors, last_export_error_);
   reported_queue_full_ = queue_full;
   reported_failed_ = failed;
   reported_rejected_ = rejected;
@@ -258,7 +259,7 @@ void Exporter::drain(SteadyClock::time_point deadline) {
       q->pop();
     }
   dropped_shutdown_.fetch_add(left, std::memory_order_relaxed);
-  if (left) fmt::print(stderr, "weir: tracing: {} spans not exported at shutdown (drain deadline)\n", left);
+  if (left) weir::core::note("weir: tracing: {} spans not exported at shutdown (drain deadline)\n", left);
   report(true);
   client_->close();
 }

@@ -69,6 +69,58 @@ def start_with_stdout(processes, cfg: dict, stdout: int) -> Weir:
     return Weir(proc, pathlib.Path(os.devnull), path)
 
 
+# Before: Weir's own messages (a signal's, a reload's, a store's) were blocking writes to stderr: with stderr the
+# same stalled pipe (`weir 2>&1 | shipper`), SIGTERM's "draining" line blocked the control thread, so the drain
+# never ran and the process outlived drain_timeout until the reader read again (a SIGHUP's or SIGUSR2's line
+# did the same). Every such message now goes through one descriptor that does not wait (core/note.hpp).
+@pytest.mark.parametrize("first", [None, "SIGHUP", "SIGUSR2"])
+def test_a_stalled_stderr_pipe_holds_neither_a_signal_nor_the_drain(first, processes, mock):
+    m = mock(*MOCK_FLAGS)
+    reader, writer = os.pipe()
+    port = free_port()
+    cfg = {**config(m, access_log="-"), "listen": f"127.0.0.1:{port}", "workers": 2}
+    path = processes.log_dir / f"weir-{port}.yaml"
+    path.write_text(to_yaml(cfg) + "\n")
+    argv = [str(binary("weir")), "--config", str(path)]
+    popen = subprocess.Popen(argv, stdout=writer, stderr=writer, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = Process(name="weir", argv=argv, host="127.0.0.1", port=port, popen=popen,
+                   log_path=processes.log_dir / f"weir-{port}.none")
+    processes.started.append(proc)
+    topper = -1
+    try:
+        _wait_for_port(proc, 10)
+        w = Weir(proc, pathlib.Path(os.devnull), path)
+        chat(w, "before")
+        # The shipper stalls: the pipe fills to the byte (through a description of the test's own, so that
+        # Weir's descriptors 1 and 2 keep the blocking mode they were given).
+        topper = os.open(f"/proc/self/fd/{writer}", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(topper, b"#" * 4096)
+        except BlockingIOError:
+            pass
+        try:
+            while True:
+                os.write(topper, b"#")
+        except BlockingIOError:
+            pass
+        chat(w, "stalled")
+        if first:
+            popen.send_signal(getattr(signal, first))
+            chat(w, "after-" + first.lower())  # (its handler ran, or the control thread is stuck: the drain says)
+        popen.send_signal(signal.SIGTERM)
+        try:
+            rc = popen.wait(8)  # drain_timeout 2s: well within
+        except subprocess.TimeoutExpired:
+            rc = None
+        assert rc == 0, f"exit {rc} (None: still running 8 s after SIGTERM, drain_timeout 2s)"
+    finally:
+        if topper >= 0:
+            os.close(topper)
+        os.close(writer)
+        os.close(reader)
+
+
 @pytest.mark.parametrize("where", ["stdout", "fifo"])
 def test_a_log_reader_that_stops_reading_stops_neither_traffic_nor_the_drain(where, tmp_path, processes, mock, weir):
     # Before: once the pipe's 64 KiB filled, a worker blocked in write(2) holding the sink's mutex: every
