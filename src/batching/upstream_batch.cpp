@@ -129,8 +129,8 @@ core::Task<void> Batch::send() {
     sent_at_ = core::now();
     // Non-streaming members wait for whole answers, as they would unbatched
     // (where vLLM sends nothing until the end): the gaps between the
-    // batch's events are bounded by first_byte, not by idle.
-    const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.first_byte;
+    // batch's events are bounded by timeouts.response, not by idle.
+    const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.response;
     // A micro-batch always goes as a stream; a non-streamed coalesced generation's head comes when it is done
     // (vLLM): timeouts.response bounds it, as unbatched (gateway/phases/proxy.cpp).
     const bool whole_answer = mode_ == Mode::coalesce && !streamed_;

@@ -58,6 +58,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   void add(BatchMember& m) {
     m.slot_ = static_cast<std::uint32_t>(members_.size());
     members_.push_back(&m);
+    joined_ = static_cast<std::uint32_t>(members_.size());
     ++present_;
     if (state_ == State::streaming) {
       // A late member of a coalesced generation: what the others have had so far, then the rest.
@@ -106,6 +107,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
     if (state_ == State::open) {
       // Not sent yet: it is no longer part of the batch at all.
       members_.erase(members_.begin() + m.slot_);
+      joined_ = static_cast<std::uint32_t>(members_.size());
       for (std::size_t i = m.slot_; i < members_.size(); ++i) members_[i]->slot_ = static_cast<std::uint32_t>(i);
       if (present_ == 0) {
         state_ = State::done;
@@ -134,9 +136,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   }
   std::string_view id() const { return request_id_; }
   // Members the upstream request serves (coalesced: so far).
-  std::uint32_t sent_size() const {
-    return mode_ == Mode::coalesce ? static_cast<std::uint32_t>(members_.size()) : sent_size_;
-  }
+  std::uint32_t sent_size() const { return mode_ == Mode::coalesce ? joined_ : sent_size_; }
   int endpoint() const { return endpoint_; }
   std::chrono::steady_clock::time_point sent_at() const { return sent_at_; }
   std::span<const BatchMember::EarlierAttempt> earlier_attempts() const { return {tried_.data(), tried_count_}; }
@@ -236,6 +236,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::vector<BatchMember*> members_;  // slot → member; null once it left after the batch was sent
   std::uint32_t present_ = 0;
   std::uint32_t sent_size_ = 0;
+  // Members that joined (a coalesced generation's size so far): members_.size() until the generation ends,
+  // kept after members_ is cleared (fail_all), so a member logged after that still says it.
+  std::uint32_t joined_ = 0;
   State state_ = State::open;
   bool aborted_ = false;
   bool queue_place_ = false;                     // hold_queue_place()
