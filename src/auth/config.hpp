@@ -112,8 +112,10 @@ struct AuthConfig {
   std::size_t key_cache_entries = 4096;                                 // cached Redis keys (found or not) per worker
   // With redis.fail_open, a found key whose key_cache_ttl passed while Redis
   // does not answer is still served from its entry, at most this long past
-  // that TTL (docs/auth.md, "Redis down"); 0 = never (503 at once).
-  std::chrono::milliseconds key_stale_ttl{std::chrono::minutes(5)};
+  // that TTL (docs/auth.md, "Redis down"); 0 (the default) = never (503 at
+  // once): serving stale also serves a key revoked in Redis while its entry
+  // sat expired before the outage, so it is the operator's choice.
+  std::chrono::milliseconds key_stale_ttl{0};
   std::map<std::string, TenantConfig, std::less<>> tenants;
   // auth.budget_utc_offset: every calendar budget's (period: day|week|month)
   // offset east of UTC, seconds; also given to runtime keys' calendar budgets.

@@ -1,9 +1,9 @@
 """Keys in Redis through a Redis outage (docs/auth.md, "Keys in Redis"), and a
 JWKS with no usable key said once (docs/auth.md, "JWT"):
 
-- With redis.fail_open, a key Redis vouched for keeps working past its
-  key_cache_ttl while Redis does not answer (stale-if-error), for at most
-  auth.key_stale_ttl more, counted in weir_redis_key_stale_served_total; a
+- With redis.fail_open and auth.key_stale_ttl set (default 0: off), a key
+  Redis vouched for keeps working past its key_cache_ttl while Redis does not
+  answer (stale-if-error), for at most auth.key_stale_ttl more, counted in weir_redis_key_stale_served_total; a
   key never seen, or seen revoked, still gets 503. (It got 503 as soon as its
   cache entry expired, whatever fail_open said.)
 - An empty key set refetched unchanged is not announced again on every
@@ -25,7 +25,7 @@ from test_redis_keys import MOCK_FLAGS, chat, config, weir_key
 
 def test_with_fail_open_a_key_seen_before_outlives_its_cache_ttl_while_redis_is_down(mock, weir, redis):
     m = mock(*MOCK_FLAGS)
-    cfg = config(m, redis, key_cache_ttl="300ms", key_negative_ttl="200ms")  # key_stale_ttl: 5m
+    cfg = config(m, redis, key_cache_ttl="300ms", key_negative_ttl="200ms", key_stale_ttl="5m")
     cfg["redis"]["fail_open"] = True
     cfg["redis"]["command_timeout"] = "300ms"
     w = weir(config=cfg, workers=1)
@@ -73,9 +73,11 @@ def test_a_stale_key_gets_503_once_key_stale_ttl_has_passed_too(mock, weir, redi
     assert time.monotonic() - vouched >= 3.0
 
 
+# Serving stale is off by default (auth.key_stale_ttl 0): a key revoked in Redis while its entry sat expired
+# with no request to refresh it would otherwise work through an outage that follows.
 def test_without_a_stale_ttl_the_key_gets_503_once_its_entry_expires(mock, weir, redis):
     m = mock(*MOCK_FLAGS)
-    cfg = config(m, redis, key_cache_ttl="300ms", key_stale_ttl=0)
+    cfg = config(m, redis, key_cache_ttl="300ms")
     cfg["redis"]["command_timeout"] = "300ms"
     w = weir(config=cfg, workers=1)
     known = weir_key(redis, "add", "--tenant", "acme", "--id", "known")

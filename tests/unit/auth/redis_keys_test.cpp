@@ -43,7 +43,7 @@ TEST(RedisKeysConfig, DefaultsOffAndParsesTtls) {
   EXPECT_EQ(off->key_cache_ttl, 30s);
   EXPECT_EQ(off->key_negative_ttl, 5s);
   EXPECT_EQ(off->key_cache_entries, 4096u);
-  EXPECT_EQ(off->key_stale_ttl, 5min);
+  EXPECT_EQ(off->key_stale_ttl, 0ms);  // serving stale is the operator's choice: off unless set
 
   auto on = parse(R"(
 tenants: {a: }
@@ -53,14 +53,14 @@ auth:
   key_cache_ttl: 10s
   key_negative_ttl: 500ms
   key_cache_entries: 64
-  key_stale_ttl: 0
+  key_stale_ttl: 5m
 )");
   ASSERT_TRUE(on) << on.error().to_string();
   EXPECT_TRUE(on->redis_keys);
   EXPECT_EQ(on->key_cache_ttl, 10s);
   EXPECT_EQ(on->key_negative_ttl, 500ms);
   EXPECT_EQ(on->key_cache_entries, 64u);
-  EXPECT_EQ(on->key_stale_ttl, 0ms);  // 0 = never serve a stale key
+  EXPECT_EQ(on->key_stale_ttl, 5min);
 }
 
 TEST(RedisKeysConfig, RedisKeysNeedARedisSection) {
