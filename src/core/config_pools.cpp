@@ -489,6 +489,8 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
   }
   if (auto v = n["eject_for"]) {
     WEIR_TRY(ms, read_duration(v, key + ".eject_for"));
+    // 0 would open an endpoint's breaker "until now": ejection silently off. (outlier and health: off there.)
+    if (ms.count() <= 0) return tl::unexpected(config_error(v, key + ".eject_for", "must be positive"));
     p.eject_for = ms;
   }
   if (auto v = n["request_usage"]) {

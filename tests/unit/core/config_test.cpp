@@ -252,6 +252,12 @@ TEST(Config, ResumeIsOffByDefault) {
   EXPECT_TRUE(c->pools[1].resume);
 }
 
+// eject_for 0 would open a breaker "until now" (ejection silently off): refused, as every duration there.
+TEST(Config, EjectForMustBePositive) {
+  const auto err = error_of("pools: {a: {endpoints: [http://127.0.0.1:8001], eject_for: 0}}\ndefault_pool: a\n");
+  EXPECT_NE(err.find("pools.a.eject_for: must be positive"), std::string::npos) << err;
+}
+
 // A non-streamed request's head waits timeouts.response (600 s unless set, or first_byte when that is set); a
 // response timeout is retried unless retry.response_timeout is false.
 TEST(Config, ResponseTimeoutDefaultsTo600sOrTheFirstByteSet) {
