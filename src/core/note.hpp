@@ -4,8 +4,11 @@
 // a container runtime); a write(2) to it when its reader has stalled waits
 // for the reader, on whatever thread wrote: a worker (traffic stops) or the
 // control thread (signals, the drain, the admin API stop). A note that does
-// not fit is dropped. A regular file or a terminal is written as before
-// (core/access_log.cpp, non_blocking()).
+// not fit is dropped: so for a terminal, which a paused session (Ctrl-S) stalls
+// as a reader does. A regular file is written as before (its writes wait on no
+// reader). core/access_log.cpp, non_blocking(). Messages before Weir serves
+// (start-up failures, which end the process) are written with waiting: they
+// are the reason it exits.
 #pragma once
 
 #include <iterator>

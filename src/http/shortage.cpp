@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "core/metrics.hpp"
+#include "core/note.hpp"
 
 namespace weir::http {
 
@@ -100,14 +101,13 @@ void ShortageLog::failed(const boost::system::error_code& ec, Clock::time_point 
   const auto since = std::chrono::duration_cast<std::chrono::milliseconds>(now - (never ? run_start_ : last_line_));
   const double secs = static_cast<double>(since.count()) / 1000.0;
   if (told_)
-    fmt::print(out_, "weir: {}: still failing: {} ({} times in the last {:.0f} s)\n", subject_, ec.message(), untold_,
-               secs);
+    say(fmt::format("weir: {}: still failing: {} ({} times in the last {:.0f} s)\n", subject_, ec.message(), untold_,
+                    secs));
   else if (untold_ == 1)
-    fmt::print(out_, "weir: {}: {}; {}\n", subject_, ec.message(), effect_);
+    say(fmt::format("weir: {}: {}; {}\n", subject_, ec.message(), effect_));
   else  // (earlier runs in the last kEvery were not told: their failures are counted here)
-    fmt::print(out_, "weir: {}: {} ({} times in the last {:.0f} s); {}\n", subject_, ec.message(), untold_, secs,
-               effect_);
-  std::fflush(out_);
+    say(fmt::format("weir: {}: {} ({} times in the last {:.0f} s); {}\n", subject_, ec.message(), untold_, secs,
+                    effect_));
   told_ = true;
   untold_ = 0;
   last_line_ = now;
@@ -117,10 +117,21 @@ void ShortageLog::recovered(Clock::time_point now) {
   failing_ = false;
   if (!told_) return;  // (its failures are told with the next line)
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(now - run_start_).count();
-  fmt::print(out_, "weir: {}: works again, after {} failure{} over {:.1f} s\n", subject_, run_, run_ == 1 ? "" : "s",
-             static_cast<double>(ms) / 1000.0);
-  std::fflush(out_);
+  say(fmt::format("weir: {}: works again, after {} failure{} over {:.1f} s\n", subject_, run_, run_ == 1 ? "" : "s",
+                  static_cast<double>(ms) / 1000.0));
   untold_ = 0;
+}
+
+void ShortageLog::say(const std::string& line) {
+  // On stderr, without waiting (core/note.hpp): this runs on a worker's accept loop, where a stalled
+  // `2>&1` reader would otherwise stop the worker when descriptors are short. Another FILE (a test's):
+  // written and flushed.
+  if (out_ == stderr) {
+    core::note_line(line);
+    return;
+  }
+  std::fwrite(line.data(), 1, line.size(), out_);
+  std::fflush(out_);
 }
 
 }  // namespace weir::http

@@ -77,6 +77,7 @@ class ShortageLog {
 
  private:
   void recovered(Clock::time_point now);
+  void say(const std::string& line);  // one line to out_ (stderr: core::note_line, without waiting)
 
   std::string subject_;
   std::string effect_;

@@ -139,6 +139,17 @@ void bound_allocator_retention() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Descriptors 0, 1 and 2 open, on /dev/null where exec handed one down closed (`2>&-`, a careless
+  // supervisor): else the first file Weir opens (the access log) takes the number, and every message meant
+  // for stderr lands in the log.
+  for (int fd = 0; fd <= 2; ++fd) {
+    if (::fcntl(fd, F_GETFD) >= 0 || errno != EBADF) continue;
+    const int n = ::open("/dev/null", O_RDWR);  // (the lowest free number: this one)
+    if (n >= 0 && n != fd) {
+      ::dup2(n, fd);
+      ::close(n);
+    }
+  }
   // SIGINT and SIGTERM wait, blocked, until server::run() installs their
   // handler (the drain): until then (parsing, loading, resolving, binding the
   // ports) their default action would kill a process that already listens,

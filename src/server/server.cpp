@@ -52,7 +52,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   // A listen host that does not resolve, or an admin listener on the client
   // listener's address, is the configuration error --check gives.
   if (auto ok = gateway::check_listen_addresses(loaded); !ok) {
-    weir::core::note("weir: configuration error: {}\n", ok.error());
+    fmt::print(stderr, "weir: configuration error: {}\n", ok.error());
     return 2;
   }
   auto config = std::make_shared<core::Config>(std::move(loaded.config));
@@ -70,7 +70,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     // An admin.keys_file that cannot be read or is not a valid keys file: --check refuses it too.
     auto e = core::config_error(core::node_at(config->root, "admin.keys_file"), "", services.error());
     e.file = config->source;
-    weir::core::note("weir: configuration error: {}\n", e.to_string());
+    fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
     return 2;
   }
   services.attach(shared);
@@ -86,7 +86,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     auto gen = gateway::build_generation(std::move(in), nullptr);
     if (!gen) {
       // (An endpoint that does not resolve: a configuration error, as --check says.)
-      weir::core::note("weir: configuration error: {}\n", gen.error());
+      fmt::print(stderr, "weir: configuration error: {}\n", gen.error());
       return 2;
     }
     shared.generation = std::move(*gen);
@@ -100,7 +100,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
                  ? core::config_error(core::node_at(config->root, "server.access_log"), "server.access_log", err)
                  : core::ConfigError{.key = "--access-log", .message = err};
     e.file = config->source;
-    weir::core::note("weir: configuration error: {}\n", e.to_string());
+    fmt::print(stderr, "weir: configuration error: {}\n", e.to_string());
     return 2;
   }
 
@@ -138,7 +138,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     admin = std::make_unique<gateway::AdminServer>(main_io, *loaded.admin, shared, services.key_store());
     admin_port = admin->listen(!reuse_port, err);
     if (admin_port == 0) {
-      weir::core::note("weir: {}\n", err);
+      fmt::print(stderr, "weir: {}\n", err);
       return 1;
     }
   }
@@ -147,7 +147,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   for (auto& w : workers) {
     const auto bound = w->listen(config->server.listen, port, !reuse_port && w == workers.front(), err);
     if (bound == 0) {
-      weir::core::note("weir: {}\n", err);
+      fmt::print(stderr, "weir: {}\n", err);
       return 1;
     }
     port = bound;  // port 0: the others join the port the first one got

@@ -250,3 +250,81 @@ def test_a_failed_reopen_is_counted_shown_and_retried_until_it_opens(tmp_path, m
     later = chat(w, "later")
     w.log_for(later)
     assert "reopened (retried after a failed reopen)" in w.process.log()
+
+
+# Before: the "cannot accept connections" line a worker writes when descriptors run short was a blocking write
+# to stderr: with stderr a stalled pipe, the worker's accept loop stopped until the reader read (regression
+# helper). It goes through core::note now.
+def test_a_descriptor_shortage_with_a_stalled_stderr_does_not_stop_the_worker(processes, mock):
+    import fcntl
+    import resource
+    import socket
+    m = mock(*MOCK_FLAGS)
+    reader, writer = os.pipe()
+    fcntl.fcntl(writer, 1031, 4096)  # F_SETPIPE_SZ: a small pipe, filled below
+    port = free_port()
+    cfg = {**config(m), "listen": f"127.0.0.1:{port}", "workers": 1}
+    path = processes.log_dir / f"weir-{port}.yaml"
+    path.write_text(to_yaml(cfg) + "\n")
+    argv = [str(binary("weir")), "--config", str(path)]
+
+    def few_descriptors() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
+
+    popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=writer, stdin=subprocess.DEVNULL,
+                             start_new_session=True, preexec_fn=few_descriptors)
+    proc = Process(name="weir", argv=argv, host="127.0.0.1", port=port, popen=popen,
+                   log_path=processes.log_dir / f"weir-{port}.none")
+    processes.started.append(proc)
+    topper = -1
+    try:
+        _wait_for_port(proc, 10)
+        w = Weir(proc, pathlib.Path(os.devnull), path)
+        chat(w, "before")
+        topper = os.open(f"/proc/self/fd/{writer}", os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            while True:
+                os.write(topper, b"#")
+        except BlockingIOError:
+            pass
+        held = []
+        try:
+            for _ in range(60):  # past the descriptor limit: accept() fails (EMFILE) and the worker says so
+                held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+        finally:
+            for s in held:
+                s.close()
+        chat(w, "after")  # (a worker blocked on its stderr line would never answer)
+        assert w.metric("weir_accept_errors_total", listener="client") >= 1  # (the shortage did happen)
+    finally:
+        if topper >= 0:
+            os.close(topper)
+        os.close(writer)
+        os.close(reader)
+
+
+# Before: with stderr closed at exec (`2>&-`), the access log opened as descriptor 2 and every message meant for
+# stderr (listening, reloads, signals, stopped) was written into it among the JSON lines (regression helper;
+# stop 50's build too). Descriptors 0-2 are opened on /dev/null first when closed.
+def test_stderr_closed_at_exec_keeps_messages_out_of_the_access_log(processes, mock, tmp_path):
+    m = mock(*MOCK_FLAGS)
+    log = tmp_path / "access.log"
+    port = free_port()
+    cfg = {**config(m, access_log=str(log)), "listen": f"127.0.0.1:{port}", "workers": 1}
+    path = processes.log_dir / f"weir-{port}.yaml"
+    path.write_text(to_yaml(cfg) + "\n")
+    argv = ["/bin/sh", "-c", f'exec "{binary("weir")}" --config "{path}" 2>&-']
+    popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = Process(name="weir", argv=argv, host="127.0.0.1", port=port, popen=popen,
+                   log_path=processes.log_dir / f"weir-{port}.none")
+    processes.started.append(proc)
+    _wait_for_port(proc, 10)
+    w = Weir(proc, pathlib.Path(os.devnull), path)
+    ids = [chat(w, "closed") for _ in range(3)]
+    popen.send_signal(signal.SIGHUP)
+    ids.append(chat(w, "closed"))
+    popen.send_signal(signal.SIGTERM)
+    assert popen.wait(10) == 0
+    lines = log.read_text().splitlines()
+    assert all(line.startswith("{") for line in lines), lines
+    assert [json.loads(line)["request_id"] for line in lines] == ids
