@@ -127,11 +127,10 @@ core::Task<void> Batch::send() {
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();
-    // A micro-batch goes upstream as a stream (what its members asked aside):
-    // its gaps, the first token's wait included, are a stream's, bounded by
-    // idle for non-streaming members too (docs/batching.md). A coalesced
-    // non-streamed generation goes unstreamed: its wait is the head's, below.
-    const auto idle = pc.timeouts.idle;
+    // Non-streaming members wait for whole answers, as they would unbatched
+    // (where vLLM sends nothing until the end): the gaps between the
+    // batch's events are bounded by timeouts.response, not by idle.
+    const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.response;
     // A micro-batch always goes as a stream; a non-streamed coalesced generation's head comes when it is done
     // (vLLM): timeouts.response bounds it, as unbatched (gateway/phases/proxy.cpp).
     const bool whole_answer = mode_ == Mode::coalesce && !streamed_;
