@@ -45,11 +45,12 @@ core::ConfigResult<Pricing> parse_pricing_config(const YAML::Node& root, const s
       auto v = core::read_double(kv.second[name], key + "." + name, 0.0, 1e6);
       if (!v) return fail(v.error());
       // Kept in whole pico-USD per token (USD per 1M tokens × 1e6): a price
-      // that does not round to one within 1 % would be charged as another
-      // (1e-9 as free, 0.0000015 as 0.000002), in silence.
+      // that is not one (within the decimal-to-binary error of a double: a
+      // millionth of a step, or ~1e-15 of the price) would be charged as another (1e-9 as
+      // free, 0.0000015 as 0.000002, 1.0000001 as 1), in silence.
       const double pico = *v * 1e6;
       const auto kept = std::llround(pico);
-      if (pico > 0 && std::abs(static_cast<double>(kept) - pico) > 0.01 * pico)
+      if (std::abs(static_cast<double>(kept) - pico) > 1e-6 + 1e-15 * pico)
         return fail(core::config_error(kv.second[name], key + "." + name,
                                        fmt::format("{} USD per 1M tokens is finer than the $0.000001 per 1M tokens "
                                                    "Weir prices in (it would be charged as {})",

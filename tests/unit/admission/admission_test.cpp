@@ -835,7 +835,9 @@ pricing:
 
 // Prices are whole pico-USD per token: one finer was charged as another in silence (1e-9 free, 1.5e-6 as 2e-6).
 TEST(AdmissionPricing, RefusesPricesFinerThanItsResolution) {
-  for (const char* y : {"pricing:\n  m: {input: 1e-9}\n", "pricing:\n  m: {output: 0.0000015}\n"}) {
+  // (Within 1 % of a step passed too: 1.0000001 was charged as 1, 100.0000005 as 100.000001; config audit.)
+  for (const char* y : {"pricing:\n  m: {input: 1e-9}\n", "pricing:\n  m: {output: 0.0000015}\n",
+                        "pricing:\n  m: {input: 1.0000001}\n", "pricing:\n  m: {output: 100.0000005}\n"}) {
     auto bad = parse_pricing_config(YAML::Load(y));
     ASSERT_FALSE(bad) << y;
     EXPECT_NE(bad.error().to_string().find("finer than"), std::string::npos) << bad.error().to_string();
@@ -844,6 +846,13 @@ TEST(AdmissionPricing, RefusesPricesFinerThanItsResolution) {
   ASSERT_TRUE(ok) << ok.error().to_string();
   EXPECT_EQ(ok->find("m")->input, 1);
   EXPECT_EQ(ok->find("m")->output, 3);
+  // Every whole step reads as itself, however many digits (decimal fractions a double cannot hold exactly).
+  ok = parse_pricing_config(
+      YAML::Load("pricing:\n  m: {input: 123456.789012, output: 0.3, cached_input: 999999.999999}\n"));
+  ASSERT_TRUE(ok) << ok.error().to_string();
+  EXPECT_EQ(ok->find("m")->input, 123'456'789'012);
+  EXPECT_EQ(ok->find("m")->output, 300'000);
+  EXPECT_EQ(ok->find("m")->cached_input, 999'999'999'999);
 }
 
 }  // namespace
