@@ -78,11 +78,6 @@ bool is_socket(int fd) {
 ssize_t write_now(int fd, const void* buf, std::size_t n) { return ::write(fd, buf, n); }
 ssize_t send_now(int fd, const void* buf, std::size_t n) { return ::send(fd, buf, n, MSG_DONTWAIT | MSG_NOSIGNAL); }
 
-// The sink's own note on stderr, written as the log is: stderr is often the
-// same stalled pipe as stdout (`2>&1 | shipper`), and a worker blocked on
-// its note would stop traffic as surely as one blocked on the log. A note
-// that does not fit is dropped (the counters keep the count).
-void say(const std::string& note) { note_line(note); }
 }  // namespace
 
 void note_line(std::string_view line) noexcept {
@@ -168,7 +163,9 @@ void AccessLogSink::write_lines(std::string_view lines) {
     const std::lock_guard lock(mu_);
     write_locked(lines, note);
   }
-  if (!note.empty()) say(note);
+  // The sink's own note, written as the log is (note_line): stderr is often the same stalled pipe as
+  // stdout (`2>&1 | shipper`); dropped when it does not fit (the counters keep the count).
+  if (!note.empty()) note_line(note);
 }
 
 void AccessLogSink::write_locked(std::string_view lines, std::string& note) {
