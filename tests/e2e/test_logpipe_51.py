@@ -49,6 +49,35 @@ def read_dry(fd: int) -> bytes:
         out += chunk
 
 
+def spawn(processes, cfg: dict, argv=None, **popen_kw) -> tuple[Weir, subprocess.Popen]:
+    """weir on a free port with `cfg`, started as `argv(config_path)` (default: weir --config PATH) with
+    `popen_kw` (its stdout/stderr, a preexec_fn), once its port answers."""
+    port = free_port()
+    cfg = {**cfg, "listen": f"127.0.0.1:{port}"}
+    path = processes.log_dir / f"weir-{port}.yaml"
+    path.write_text(to_yaml(cfg) + "\n")
+    args = argv(path) if argv else [str(binary("weir")), "--config", str(path)]
+    popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, start_new_session=True, **popen_kw)
+    proc = Process(name="weir", argv=args, host="127.0.0.1", port=port, popen=popen,
+                   log_path=processes.log_dir / f"weir-{port}.none")
+    processes.started.append(proc)
+    _wait_for_port(proc, 10)
+    return Weir(proc, pathlib.Path(os.devnull), path), popen
+
+
+def fill(writer: int) -> int:
+    """Fills the pipe of `writer` to the byte, as a stalled reader leaves it, through a description of the
+    test's own (so that Weir's descriptors keep the blocking mode they were given); returns it, to close."""
+    topper = os.open(f"/proc/self/fd/{writer}", os.O_WRONLY | os.O_NONBLOCK)
+    for size in (4096, 1):
+        try:
+            while True:
+                os.write(topper, b"#" * size)
+        except BlockingIOError:
+            pass
+    return topper
+
+
 # --- 1. a reader that stops reading --------------------------------------------------------------------------------
 
 def start_with_stdout(processes, cfg: dict, stdout: int) -> Weir:
@@ -77,33 +106,11 @@ def start_with_stdout(processes, cfg: dict, stdout: int) -> Weir:
 def test_a_stalled_stderr_pipe_holds_neither_a_signal_nor_the_drain(first, processes, mock):
     m = mock(*MOCK_FLAGS)
     reader, writer = os.pipe()
-    port = free_port()
-    cfg = {**config(m, access_log="-"), "listen": f"127.0.0.1:{port}", "workers": 2}
-    path = processes.log_dir / f"weir-{port}.yaml"
-    path.write_text(to_yaml(cfg) + "\n")
-    argv = [str(binary("weir")), "--config", str(path)]
-    popen = subprocess.Popen(argv, stdout=writer, stderr=writer, stdin=subprocess.DEVNULL, start_new_session=True)
-    proc = Process(name="weir", argv=argv, host="127.0.0.1", port=port, popen=popen,
-                   log_path=processes.log_dir / f"weir-{port}.none")
-    processes.started.append(proc)
     topper = -1
     try:
-        _wait_for_port(proc, 10)
-        w = Weir(proc, pathlib.Path(os.devnull), path)
+        w, popen = spawn(processes, {**config(m, access_log="-"), "workers": 2}, stdout=writer, stderr=writer)
         chat(w, "before")
-        # The shipper stalls: the pipe fills to the byte (through a description of the test's own, so that
-        # Weir's descriptors 1 and 2 keep the blocking mode they were given).
-        topper = os.open(f"/proc/self/fd/{writer}", os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            while True:
-                os.write(topper, b"#" * 4096)
-        except BlockingIOError:
-            pass
-        try:
-            while True:
-                os.write(topper, b"#")
-        except BlockingIOError:
-            pass
+        topper = fill(writer)  # the shipper stalls
         chat(w, "stalled")
         if first:
             popen.send_signal(getattr(signal, first))
@@ -262,31 +269,17 @@ def test_a_descriptor_shortage_with_a_stalled_stderr_does_not_stop_the_worker(pr
     m = mock(*MOCK_FLAGS)
     reader, writer = os.pipe()
     fcntl.fcntl(writer, 1031, 4096)  # F_SETPIPE_SZ: a small pipe, filled below
-    port = free_port()
-    cfg = {**config(m), "listen": f"127.0.0.1:{port}", "workers": 1}
-    path = processes.log_dir / f"weir-{port}.yaml"
-    path.write_text(to_yaml(cfg) + "\n")
-    argv = [str(binary("weir")), "--config", str(path)]
 
     def few_descriptors() -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
 
-    popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=writer, stdin=subprocess.DEVNULL,
-                             start_new_session=True, preexec_fn=few_descriptors)
-    proc = Process(name="weir", argv=argv, host="127.0.0.1", port=port, popen=popen,
-                   log_path=processes.log_dir / f"weir-{port}.none")
-    processes.started.append(proc)
     topper = -1
     try:
-        _wait_for_port(proc, 10)
-        w = Weir(proc, pathlib.Path(os.devnull), path)
+        w, _ = spawn(processes, {**config(m), "workers": 1}, stdout=subprocess.DEVNULL, stderr=writer,
+                     preexec_fn=few_descriptors)
+        port = w.port
         chat(w, "before")
-        topper = os.open(f"/proc/self/fd/{writer}", os.O_WRONLY | os.O_NONBLOCK)
-        try:
-            while True:
-                os.write(topper, b"#")
-        except BlockingIOError:
-            pass
+        topper = fill(writer)
         held = []
         try:
             for _ in range(60):  # past the descriptor limit: accept() fails (EMFILE) and the worker says so
@@ -309,17 +302,9 @@ def test_a_descriptor_shortage_with_a_stalled_stderr_does_not_stop_the_worker(pr
 def test_stderr_closed_at_exec_keeps_messages_out_of_the_access_log(processes, mock, tmp_path):
     m = mock(*MOCK_FLAGS)
     log = tmp_path / "access.log"
-    port = free_port()
-    cfg = {**config(m, access_log=str(log)), "listen": f"127.0.0.1:{port}", "workers": 1}
-    path = processes.log_dir / f"weir-{port}.yaml"
-    path.write_text(to_yaml(cfg) + "\n")
-    argv = ["/bin/sh", "-c", f'exec "{binary("weir")}" --config "{path}" 2>&-']
-    popen = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
-    proc = Process(name="weir", argv=argv, host="127.0.0.1", port=port, popen=popen,
-                   log_path=processes.log_dir / f"weir-{port}.none")
-    processes.started.append(proc)
-    _wait_for_port(proc, 10)
-    w = Weir(proc, pathlib.Path(os.devnull), path)
+    w, popen = spawn(processes, {**config(m, access_log=str(log)), "workers": 1},
+                     argv=lambda path: ["/bin/sh", "-c", f'exec "{binary("weir")}" --config "{path}" 2>&-'],
+                     stdout=subprocess.DEVNULL)
     ids = [chat(w, "closed") for _ in range(3)]
     popen.send_signal(signal.SIGHUP)
     ids.append(chat(w, "closed"))
