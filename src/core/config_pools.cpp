@@ -83,8 +83,12 @@ ConfigResult<void> parse_retry(const YAML::Node& n, const std::string& key, Retr
       *d.out = ms;
     }
   }
-  if (r.max_backoff < r.backoff)
-    return tl::unexpected(config_error(n, key + ".max_backoff", "must not be less than backoff"));
+  if (r.max_backoff < r.backoff) {
+    // A backoff above the default ceiling, with no max_backoff written, is
+    // the ceiling too: the user never wrote the 1s it would contradict.
+    if (n["max_backoff"]) return tl::unexpected(config_error(n, key + ".max_backoff", "must not be less than backoff"));
+    r.max_backoff = r.backoff;
+  }
   if (auto v = n["budget"]) {
     WEIR_TRY(b, read_double(v, key + ".budget", 0.0, 1.0));
     r.budget = b;

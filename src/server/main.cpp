@@ -190,25 +190,28 @@ int main(int argc, char** argv) {
   unsigned workers = 0;
   bool check = false;
   bool reuse_port = false;
-  app.add_option("-c,--config", config_path, "YAML configuration file");
+  // A value given empty (`--id ''`, `--access-log ""`) is refused: taken as absent, it would widen a query
+  // to every request, or fall back to the file's value where the user meant to override it.
+  const CLI::Validator non_empty([](std::string& v) { return v.empty() ? std::string("must not be empty") : ""; },
+                                 "NON-EMPTY");
+  app.add_option("-c,--config", config_path, "YAML configuration file")->check(non_empty);
   app.add_option("--listen", listen,
-                 "listen address host:port, over the file's listen (quick mode: default 127.0.0.1:8080)");
+                 "listen address host:port, over the file's listen (quick mode: default 127.0.0.1:8080)")
+      ->check(non_empty);
   app.add_option("--upstream", upstream,
                  "quick mode: send every model to this server: http://host[:port] or https://host[:port][/base] "
-                 "(a base path is an OpenAI-style base URL, e.g. https://api.openai.com/v1)");
+                 "(a base path is an OpenAI-style base URL, e.g. https://api.openai.com/v1)")
+      ->check(non_empty);
   auto* workers_opt =
       app.add_option("-w,--workers", workers, "worker threads, 0 = one per core (default: config, else one per core)")
           ->check(CLI::Range(0u, 1024u));  // (as the file's `workers`: 0, one per core)
-  app.add_option("--access-log", access_log, "access log: '-' (stdout), 'off', or a file path");
+  app.add_option("--access-log", access_log, "access log: '-' (stdout), 'off', or a file path")->check(non_empty);
   app.add_flag("--reuse-port", reuse_port,
                "start even if another process listens on the address (and admin.listen), and share them "
                "(SO_REUSEPORT), e.g. for a zero-downtime restart; same as server.reuse_port: true");
   app.add_flag("--check", check, "validate the configuration and exit");
   app.set_version_flag("--version",
                        fmt::format("weir {} ({})", weir::core::build_version(), weir::core::build_commit()));
-  // A value given empty (`--id ''`) is refused: taken as absent, it would widen a query to every request.
-  const CLI::Validator non_empty([](std::string& v) { return v.empty() ? std::string("must not be empty") : ""; },
-                                 "NON-EMPTY");
   RequestsArgs ra;
   auto* requests = app.add_subcommand(
       "requests", "print requests from the request-log store (request_log:) as JSON, newest first, and exit");

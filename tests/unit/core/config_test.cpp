@@ -279,6 +279,19 @@ TEST(Config, ResponseTimeoutDefaultsTo600sOrTheFirstByteSet) {
   EXPECT_NE(err.find("pools.a.timeouts.response: must be positive"), std::string::npos) << err;
 }
 
+// A backoff above max_backoff's default (1s) with no max_backoff written raises the ceiling to it; a
+// max_backoff the user wrote below the backoff is still refused.
+TEST(Config, BackoffAloneRaisesTheDefaultCeiling) {
+  auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:8001], retry: {backoff: 2s}}}\ndefault_pool: a\n",
+                        "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->pools[0].retry.backoff.count(), 2'000);
+  EXPECT_EQ(c->pools[0].retry.max_backoff.count(), 2'000);
+  const auto err = error_of(
+      "pools: {a: {endpoints: [http://127.0.0.1:8001], retry: {backoff: 2s, max_backoff: 1s}}}\ndefault_pool: a\n");
+  EXPECT_NE(err.find("pools.a.retry.max_backoff: must not be less than backoff"), std::string::npos) << err;
+}
+
 TEST(Config, ReusePortIsOffByDefaultAndABoolean) {
   auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n", "weir.yaml");
   ASSERT_TRUE(c) << c.error().to_string();
