@@ -129,15 +129,17 @@ core::Task<void> Batch::send() {
     sent_at_ = core::now();
     // Non-streaming members wait for whole answers, as they would unbatched
     // (where vLLM sends nothing until the end): the gaps between the
-    // batch's events are bounded by timeouts.response, not by idle.
+    // batch's events are bounded by timeouts.response, not by idle; and the
+    // whole wait too, by each member's own cutoff (gateway/phases/batch.cpp).
     const auto idle = lead->req_.stream ? pc.timeouts.idle : pc.timeouts.response;
     // A micro-batch always goes as a stream; a non-streamed coalesced generation's head comes when it is done
-    // (vLLM): timeouts.response bounds it, as unbatched (gateway/phases/proxy.cpp).
+    // (vLLM): timeouts.response bounds it, as unbatched (gateway/phases/proxy.cpp). A micro-batch of
+    // non-streamed members: the stream's head is part of their wait, bounded by response as the rest of it.
     const bool whole_answer = mode_ == Mode::coalesce && !streamed_;
-    failure = co_await exchange_.start({.head = head_buf_,
-                                        .body = body_,
-                                        .first_byte = whole_answer ? pc.timeouts.response : pc.timeouts.first_byte,
-                                        .idle = idle});
+    const auto head_wait = whole_answer ? pc.timeouts.response
+                           : streamed_  ? pc.timeouts.first_byte
+                                        : std::min(pc.timeouts.first_byte, pc.timeouts.response);
+    failure = co_await exchange_.start({.head = head_buf_, .body = body_, .first_byte = head_wait, .idle = idle});
     const auto t_answered = core::now();
     const int head_status = failure == UpstreamFailure::none ? exchange_.head().result_int() : 0;
     // Whether the server had closed the pooled connection, then the endpoint's health, in that order and in
@@ -188,9 +190,9 @@ core::Task<void> Batch::send() {
         if (env.on_attempt) env.on_attempt(ep_idx, UpstreamFailure::none);  // (every member left: no fault found)
         break;
       }
-      // Sent whole and unanswered within timeouts.response: it may still be generating (as unbatched).
+      // Sent whole and unanswered in time for non-streamed members: it may still be generating (as unbatched).
       d = v.stale ? routing::kStaleResend
-          : failure == UpstreamFailure::timeout && whole_answer && exchange_.written_whole()
+          : failure == UpstreamFailure::timeout && !streamed_ && exchange_.written_whole()
               ? attempts.on_response_timeout(core::now())
               : attempts.on_failure(failure, core::now());
       // Every failed attempt counts against its endpoint, except a pooled connection the server had closed

@@ -65,6 +65,7 @@ void RequestContext::reset() {
   verdict_pending = trial = judged_good = end_pending = false;
   cutoff = Cutoff::none;
   first_token_by = {};
+  response_by = {};
   if (cutoff_watch) cutoff_watch->disarm();
   attempt_count = 0;
   attempts_dropped = 0;

@@ -194,9 +194,12 @@ struct RequestContext {
   bool trial = false;             // ... and holds the endpoint's half-open trial slot
   bool judged_good = false;       // judged a good answer at its first token (an in-band error after it still fails it)
   // What cut the response off: its first token did not come by
-  // first_token_by (pools.X.timeouts.first_token), or its deadline passed.
-  enum class Cutoff : std::uint8_t { none, first_token, deadline } cutoff = Cutoff::none;
+  // first_token_by (pools.X.timeouts.first_token), a batched non-streamed
+  // answer was not whole by response_by (pools.X.timeouts.response), or its
+  // deadline passed.
+  enum class Cutoff : std::uint8_t { none, first_token, response, deadline } cutoff = Cutoff::none;
   core::TimePoint first_token_by{};
+  core::TimePoint response_by{};
   std::optional<core::Watchdog> cutoff_watch;  // made once per connection, when first needed
   // Every upstream attempt of the request, for the access log's `attempts`.
   struct AttemptRecord {

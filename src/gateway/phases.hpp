@@ -150,10 +150,13 @@ class GatewayPhases final : public Phases {
   // The first token is due timeouts.first_token after the request's send
   // (ctx.t_upstream_sent: a batch member's is its batch's); `first_token`
   // false arms the deadline alone (a batch member before its batch's head:
-  // the window is Weir's wait, not the upstream's).
-  bool arm_cutoff(RequestContext& ctx, bool first_token = true);
+  // the window is Weir's wait, not the upstream's). `response_by`: when a
+  // micro-batch member's non-streamed answer must be whole (its batch's send
+  // plus timeouts.response; {} = none).
+  bool arm_cutoff(RequestContext& ctx, bool first_token = true, core::TimePoint response_by = {});
   // The cutoff fired: cancels the response source when the first token is
-  // late or the deadline passed (ctx.cutoff says which), else re-arms.
+  // late, the answer is not whole by its response timeout, or the deadline
+  // passed (ctx.cutoff says which), else re-arms.
   void on_cutoff(RequestContext& ctx);
   // After the relay of an armed request: the deadline's own error for `o`, and the counts.
   Outcome after_cutoff(RequestContext& ctx, Outcome o);

@@ -104,10 +104,11 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
   // The deadline cancels the member wherever it is (in the window, waiting for the head, relaying): it leaves
   // the batch, the others go on (a generation every member left is cancelled upstream). A stream's first-token
   // timeout is armed with the batch's head, from the batch's send (batched_attempt), as unbatched from its
-  // own: the window is Weir's wait, and a member cut off in it would blame an upstream never asked.
+  // own: the window is Weir's wait, and a member cut off in it would blame an upstream never asked. So is a
+  // non-streamed member's response timeout.
   const bool deadline = arm_cutoff(ctx, false);  // batched_attempt() sets ctx.source before it first waits
   Outcome o = co_await batched_attempt(ctx);
-  if (deadline || ctx.first_token_by != core::TimePoint{}) {
+  if (deadline || ctx.first_token_by != core::TimePoint{} || ctx.response_by != core::TimePoint{}) {
     if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it
     o = after_cutoff(ctx, std::move(o));
   }
@@ -211,7 +212,16 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
     co_return Outcome::failed(batch_status_error(ctx.upstream_status, subject(ctx), retry_after_s));
   }
   // The first-token timeout from the batch's send (a late joiner of a coalesced generation: from its arrival).
-  (void)arm_cutoff(ctx);
+  // A non-streamed member of a micro-batch gets its answer assembled from the batch's stream, whose events
+  // may keep coming (each gap within timeouts.response) long after the same request alone would have had
+  // its 504: its whole wait is bounded by timeouts.response from the batch's send, as the same request's
+  // head alone (gateway/phases/proxy.cpp). Cut, it leaves the batch (the others go on) with a timeout a
+  // fallback may take, not sent again on this pool: the generation it left may still be running for the
+  // others, and one started over for it alone would need as long again. (A non-streamed coalesced
+  // generation goes upstream unstreamed: its head is its whole answer, bounded so by the batch's attempt.)
+  const auto& pc = ctx.gen->config().pools[ctx.target.pool];
+  const bool whole_wait = !ctx.stream && !m.coalesced();
+  (void)arm_cutoff(ctx, true, whole_wait ? ctx.t_upstream_sent + pc.timeouts.response : core::TimePoint{});
   // A stream's head waits for its first content while a fallback is left (relay), as unbatched.
   Outcome o = co_await relay(ctx, m);
   ctx.source = nullptr;

@@ -271,6 +271,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.t_upstream_done = ctx.t_first_byte != core::TimePoint{} ? ctx.t_first_byte : core::now();
   }
   if (down_.client_gone()) co_return Outcome::failed(client_gone(why_gone()));
+  // A batched answer not whole within timeouts.response (on_cutoff): a timeout, as unbatched its head's is.
+  if (failure == http::UpstreamFailure::cancelled && ctx.cutoff == RequestContext::Cutoff::response)
+    failure = http::UpstreamFailure::timeout;
   if (failure != http::UpstreamFailure::none) {
     count_upstream_failure(ctx, failure);
     ctx.attempt_failed_after_head(failure);  // after its head
