@@ -92,6 +92,7 @@ void RequestContext::reset() {
   usage_invalid = false;
   has_choice_usage = false;
   choice_usage = {};
+  choice_usage_every_prompt = false;
   has_estimate = false;
   estimate = {};
   bytes_in = 0;

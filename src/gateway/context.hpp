@@ -363,6 +363,9 @@ struct RequestContext {
   // that ended whole, and no more than a floor under the estimate of one cut short.
   bool has_choice_usage = false;
   api::Usage choice_usage;
+  // With has_choice_usage: every prompt of the request said its count (UsageHook::every_prompt()), so
+  // choice_usage's prompt_tokens is the upstream's count of the request's prompt, not a floor under it.
+  bool choice_usage_every_prompt = false;
   // What settle() charged a request that reported no usage (the no-usage rule's estimate: has_usage stays
   // false, so the log's token counts stay the upstream's, null): the log's `charged_tokens`.
   bool has_estimate = false;

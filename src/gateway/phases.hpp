@@ -347,11 +347,12 @@ class GatewayPhases final : public Phases {
   // What a request is charged when its upstream reported no usage of the whole request (settle(): the rule
   // in words there): the prompt as estimated (an Anthropic stream's message_start count when it came), one
   // completion token per content event relayed (at most completion_cap), each raised to the choices' own
-  // counts when the stream carried some (RequestContext::choice_usage).
+  // counts when the stream carried some (RequestContext::choice_usage); the prompt is the choices' count
+  // itself once every prompt of the request said it (RequestContext::choice_usage_every_prompt).
   api::Usage unreported_usage(const RequestContext& ctx) const;
-  // The same with `choice_usage` (null: none) for the choices' counts: a stream's, read before end_stream()
-  // copied them into the context.
-  api::Usage unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage) const;
+  // The same with `choice_usage` (null: none) for the choices' counts and `every_prompt` for whether they
+  // said every prompt's: a stream's, read before end_stream() copied them into the context.
+  api::Usage unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage, bool every_prompt) const;
   // What settle() makes the usage of a stream whose upstream's usage came only on its choices' chunks, if it
   // fails now: charged (and logged) as a stream cut short, or nothing (nullopt). A Responses stream's
   // response.failed says it (api::responses::FailedUsage).

@@ -38,6 +38,7 @@ class StreamHooks {
   struct Setup {
     bool strip_usage = false;              // Weir asked for the usage chunk on the client's behalf (OpenAI upstreams)
     std::uint32_t choices_per_prompt = 1;  // the request's n: how per-choice usage adds up (UsageHook)
+    std::uint32_t prompts = 1;             // the request's prompts: when per-choice usage said them all (UsageHook)
     Translation client = Translation::none;
     UpstreamDialect upstream = UpstreamDialect::openai;
     bool include_usage = false;   // an OpenAI chat client asked for the usage chunk (Anthropic upstreams)
@@ -60,7 +61,7 @@ class StreamHooks {
     reset(Setup{.strip_usage = strip_usage, .client = t, .echo = echo, .request_id = request_id, .model = model});
   }
   void reset(const Setup& s) {
-    usage_.reset(s.strip_usage, s.choices_per_prompt);
+    usage_.reset(s.strip_usage, s.choices_per_prompt, s.prompts);
     const Mode m = mode_of(s.client, s.upstream);
     // The translators are made on the connection's first translated stream
     // and kept for its next: a plain stream carries a null pointer, not

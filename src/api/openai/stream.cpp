@@ -425,6 +425,20 @@ Usage UsageHook::usage() const {
   return sum;
 }
 
+bool UsageHook::every_prompt() const {
+  if (whole_) return true;
+  // Prompt p's choices are p × n .. p × n + n − 1; one of them that said its usage said the prompt's count.
+  // (Past kMaxChoices nothing is kept: such a prompt never said it here.)
+  for (std::size_t p = 0; p < prompts_; ++p) {
+    const std::size_t from = p * choices_per_prompt_;
+    const std::size_t to = std::min<std::size_t>(choices_.size(), from + choices_per_prompt_);
+    bool said = false;
+    for (std::size_t i = from; i < to && !said; ++i) said = choices_[i].seen;
+    if (!said) return false;
+  }
+  return true;
+}
+
 std::optional<std::string_view> UsageHook::without_usage(std::string_view data) {
   if (!strip_ || !saw_usage_) return std::nullopt;  // (on_data's scan of this chunk)
   // Where on_data found the member, when `data` is the chunk it read; else a scan.

@@ -105,13 +105,16 @@ class UsageHook {
   // `choices_per_prompt`: the request's n (at least 1): vLLM numbers a
   // stream's choices prompt by prompt (index = prompt × n + choice), so the
   // choices of one prompt share its prompt_tokens.
-  void reset(bool strip, std::uint32_t choices_per_prompt = 1) {
+  // `prompts`: the request's prompts (at least 1; a /v1/completions prompt
+  // list's length), for every_prompt().
+  void reset(bool strip, std::uint32_t choices_per_prompt = 1, std::uint32_t prompts = 1) {
     strip_ = strip;
     whole_ = false;
     usage_chunk_ = false;
     invalid_ = false;
     usage_ = {};
     choices_per_prompt_ = choices_per_prompt ? choices_per_prompt : 1;
+    prompts_ = prompts ? prompts : 1;
     choices_.clear();  // (its capacity stays: no allocation on the next stream)
   }
   // Reads the `data` of one SSE event. Returns false when the event must
@@ -145,6 +148,12 @@ class UsageHook {
   // (the last of each choice; prompt and cached tokens once per prompt, the
   // largest its choices said); zeros without usage.
   Usage usage() const;
+  // Every prompt of the request said its count: whole(), or per-choice usage
+  // from at least one choice of each prompt (index / n), so usage()'s
+  // prompt_tokens (and cached_tokens) are the upstream's count of the whole
+  // request's prompts, not of some of them. (Completion counts may still
+  // trail: a choice's last chunk says only its tokens so far.)
+  bool every_prompt() const;
   // Usage read elsewhere was invalid (an Anthropic upstream's events): invalid().
   void mark_invalid() { invalid_ = true; }
   // Usage read elsewhere (an Anthropic upstream's events, in OpenAI's counts).
@@ -174,6 +183,7 @@ class UsageHook {
   bool invalid_ = false;  // invalid()
   Usage usage_;
   std::uint32_t choices_per_prompt_ = 1;
+  std::uint32_t prompts_ = 1;          // the request's prompts (every_prompt())
   std::vector<ChoiceCounts> choices_;  // per-choice usage, by choice index
   std::string edited_;                 // without_usage()'s chunk
   bool saw_usage_ = false;             // the chunk on_data() read last has a "usage" key

@@ -229,11 +229,13 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   // if it asked too: settle() weighs it as it weighs the per-choice usage of a stream sent alone (the whole
   // of a stream that ended without a usage chunk; the floor of one cut short: the client left, the batch
   // broke, a deadline), so a member is charged the same whether or not its client asked for per-chunk usage.
+  // A member is one prompt with one choice (docs/batching.md): any of its chunks' usage said its prompt's count.
   // (Not an answer that failed over: nothing of it is the request's.)
   if (!ctx.has_usage && !ctx.fail_over) {
     if (const auto u = m.seen_usage()) {
       ctx.has_choice_usage = true;
       ctx.choice_usage = *u;
+      ctx.choice_usage_every_prompt = true;
     }
   }
   // A non-streaming member whose batch failed before its answer: nothing reached the client.

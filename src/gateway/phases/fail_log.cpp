@@ -161,7 +161,7 @@ bool charge_estimate(const RequestContext& ctx) {
 }  // namespace
 
 api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx) const {
-  return unreported_usage(ctx, ctx.has_choice_usage ? &ctx.choice_usage : nullptr);
+  return unreported_usage(ctx, ctx.has_choice_usage ? &ctx.choice_usage : nullptr, ctx.choice_usage_every_prompt);
 }
 
 std::optional<api::Usage> GatewayPhases::failed_charge(const RequestContext& ctx) const {
@@ -171,13 +171,15 @@ std::optional<api::Usage> GatewayPhases::failed_charge(const RequestContext& ctx
   const auto& h = ctx.hooks.usage();
   if (h.has_usage() && h.whole()) return h.usage();
   const api::Usage choice = ctx.has_choice_usage ? ctx.choice_usage : h.usage();
+  const bool every_prompt = ctx.has_choice_usage ? ctx.choice_usage_every_prompt : h.every_prompt();
   if (!charge_estimate(ctx)) return std::nullopt;
   // No usage at all: the estimate settle() charges, only where it charges one (charged_tokens).
   if (!ctx.has_choice_usage && !h.has_usage() && !(ctx.principal && w_.admission())) return std::nullopt;
-  return unreported_usage(ctx, &choice);
+  return unreported_usage(ctx, &choice, every_prompt);
 }
 
-api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage) const {
+api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage,
+                                           bool every_prompt) const {
   // (An Anthropic upstream's message_start said the prompt's real count: that, not the estimate.)
   // (Its cache reads with it: priced as cached input, as they are in a whole stream's usage.)
   api::Usage u;
@@ -189,11 +191,21 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api:
   u.completion_tokens =
       ctx.completion_cap ? std::min<std::uint64_t>(ctx.token_events, ctx.completion_cap) : ctx.token_events;
   if (choice_usage != nullptr) {
-    // The choices' own counts (continuous_usage_stats) of a stream cut before its usage chunk: a floor,
-    // never a ceiling. Each chunk counts only its own choice and prompt, and the stream may have ended
-    // before every choice said its last count; the estimate covers what they did not say.
-    u.prompt_tokens = std::max(u.prompt_tokens, choice_usage->prompt_tokens);
-    u.cached_tokens = std::min(std::max(u.cached_tokens, choice_usage->cached_tokens), u.prompt_tokens);
+    // The choices' own counts (continuous_usage_stats) of a stream cut before its usage chunk. A prompt's
+    // count is whole on its choices' first chunk: once every prompt of the request said it (a chat's one
+    // prompt, a completion's, each of a prompt list's), the prompt is that count, which the client may have
+    // read too (a message_start's input_tokens, its own per-chunk usage), never Weir's estimate of it
+    // (bytes / 4 and 8 per message, far off either way). A prompt list cut before some prompt said its
+    // count keeps a floor: the larger of the estimate (of the whole list) and what the prompts that spoke
+    // said. The completion is a floor always: a choice's last chunk says only its tokens so far, and the
+    // stream may have ended before every choice said its last count; the events relayed cover the rest.
+    if (every_prompt) {
+      u.prompt_tokens = choice_usage->prompt_tokens;
+      u.cached_tokens = std::min(choice_usage->cached_tokens, u.prompt_tokens);
+    } else {
+      u.prompt_tokens = std::max(u.prompt_tokens, choice_usage->prompt_tokens);
+      u.cached_tokens = std::min(std::max(u.cached_tokens, choice_usage->cached_tokens), u.prompt_tokens);
+    }
     u.completion_tokens = std::max(u.completion_tokens, choice_usage->completion_tokens);
   }
   u.total_tokens = u.prompt_tokens + u.completion_tokens;
@@ -207,9 +219,11 @@ void GatewayPhases::settle(RequestContext& ctx) {
   if (!ctx.has_usage && ctx.has_choice_usage) {
     // Per-choice usage (continuous_usage_stats) and no usage chunk. A stream that ended whole (a server that
     // puts its counts on its choices' chunks): their sum is the upstream's report. One cut short (the client
-    // left, the upstream broke, a timeout, a drain): charged as a stream without usage is, raised to what its
-    // choices counted; and what it is charged is its usage, so the log, the request log, the token counters
-    // and the spend say the same. (One the rule charges nothing, none: nothing of it reached the client.)
+    // left, the upstream broke, a timeout, a drain): its prompt as its choices counted it (once every prompt
+    // said its count: unreported_usage), its completion as a stream without usage is charged, raised to what
+    // its choices counted; and what it is charged is its usage, so the log, the request log, the token
+    // counters and the spend say the same. (One the rule charges nothing, none: nothing of it reached the
+    // client.)
     if (!ctx.has_error) {
       ctx.has_usage = true;
       ctx.usage = ctx.choice_usage;

@@ -49,6 +49,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
   ctx.hooks.reset(StreamHooks::Setup{
       .strip_usage = ctx.strip_usage,
       .choices_per_prompt = ctx.fields.n,
+      .prompts = ctx.fields.prompt_count,
       .client = is_anthropic(ctx.route)   ? Translation::anthropic
                 : is_responses(ctx.route) ? Translation::responses
                                           : Translation::none,

@@ -449,13 +449,14 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     http::SseReader reader;
     reader.push(plain);
     api::openai::UsageHook hook;
-    hook.reset(false, ctx.fields.n);
+    hook.reset(false, ctx.fields.n, ctx.fields.prompt_count);
     while (auto ev = reader.next())
       if (ev->has_data && !ev->is_done()) (void)hook.on_data(ev->data);
     ctx.usage_invalid = hook.invalid();
     if (hook.has_usage()) {
       (hook.whole() ? ctx.has_usage : ctx.has_choice_usage) = true;
       (hook.whole() ? ctx.usage : ctx.choice_usage) = hook.usage();
+      ctx.choice_usage_every_prompt = hook.every_prompt();
     }
   } else if ((ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize) && status >= 200 &&
              status < 300) {

@@ -399,6 +399,7 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
     } else {
       ctx.has_choice_usage = true;
       ctx.choice_usage = u.usage();
+      ctx.choice_usage_every_prompt = u.every_prompt();
     }
   }
   if (s.cut_off) {

@@ -285,6 +285,42 @@ TEST(GatewayStreamHooks, PerChoiceUsageIsSummedAndNotTheWhole) {
   EXPECT_EQ(hooks.usage().usage().completion_tokens, 4u);
 }
 
+// DEFECT: a stream cut short was charged the larger of Weir's prompt estimate and its choices' prompt count,
+// although the count was the upstream's whole count of the prompt. every_prompt() says when the choices said
+// every prompt's count (settle() then charges exactly that), and when a prompt list's are not all in yet.
+TEST(GatewayStreamHooks, PerChoiceUsageSaysWhenEveryPromptSaidItsCount) {
+  StreamHooks hooks;
+  // Chat (one prompt): its role chunk says the prompt's count.
+  hooks.reset(StreamHooks::Setup{});
+  EXPECT_FALSE(hooks.usage().every_prompt());
+  relay(hooks, event(choice_chunk(0, 155, 0)));
+  EXPECT_TRUE(hooks.usage().every_prompt());
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 155u);
+  // n = 3: any one of the prompt's choices says it.
+  hooks.reset(StreamHooks::Setup{.choices_per_prompt = 3});
+  relay(hooks, event(choice_chunk(2, 9, 1)));
+  EXPECT_TRUE(hooks.usage().every_prompt());
+
+  // Completions, 3 prompts × n = 2 (index = prompt × 2 + choice): not until a choice of each prompt spoke.
+  hooks.reset(StreamHooks::Setup{.choices_per_prompt = 2, .prompts = 3});
+  relay(hooks,
+        event(choice_chunk(0, 5, 1, true)) + event(choice_chunk(1, 5, 1, true)) + event(choice_chunk(3, 6, 1, true)));
+  EXPECT_FALSE(hooks.usage().every_prompt());  // the third prompt (indexes 4 and 5) said nothing
+  relay(hooks, event(choice_chunk(5, 7, 1, true)));
+  EXPECT_TRUE(hooks.usage().every_prompt());
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 5u + 6u + 7u);
+  // A prompt past kMaxChoices is never said: the list keeps its floor.
+  hooks.reset(StreamHooks::Setup{.prompts = 5000});
+  std::string stream;
+  for (int i = 0; i < 4096; ++i) stream += event(choice_chunk(i, 2, 1, true));
+  relay(hooks, stream);
+  EXPECT_FALSE(hooks.usage().every_prompt());
+  // A total (the usage-only chunk) is every prompt's.
+  hooks.reset(StreamHooks::Setup{.prompts = 2});
+  relay(hooks, event(kUsageOnly));
+  EXPECT_TRUE(hooks.usage().every_prompt());
+}
+
 TEST(GatewayStreamHooks, PerChoiceUsageAllocatesOnlyForNewChoices) {
   if (!test::AllocationScope::available()) GTEST_SKIP() << "operator new is not the counting one here";
   StreamHooks hooks;
