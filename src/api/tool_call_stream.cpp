@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
 
 #include "api/json_dom.hpp"
@@ -33,6 +34,14 @@ ToolArguments classify_arguments(std::string_view text) {
   if (ec) return ToolArguments::invalid;
   if (v.is_null()) return ToolArguments::none;
   return v.is_object() ? ToolArguments::object : ToolArguments::other;
+}
+
+std::string_view arguments_text(const json::object& fn, std::string& storage) {
+  const auto* v = fn.if_contains("arguments");
+  if (v == nullptr || v->is_null()) return {};
+  if (v->is_string()) return sv(v->get_string());
+  storage = json::serialize(*v);
+  return storage;
 }
 
 void ToolCallStream::reset(std::size_t held_limit) {

@@ -31,6 +31,15 @@ enum class ToolArguments : std::uint8_t {
 };
 ToolArguments classify_arguments(std::string_view text);
 
+// A tool call's `function.arguments` as text: a string as it is; any other
+// JSON value but null (an object, a list, a number, true: servers that send
+// the arguments unencoded, as chat completions' clients also get them) as
+// its JSON text, written into `storage` (overwritten), so it is read by
+// classify_arguments() as that text would be and an object stays the client's
+// arguments; absent or null: "" (no arguments). The view lives as long as
+// `fn` and `storage`.
+std::string_view arguments_text(const boost::json::object& fn, std::string& storage);
+
 // How a streamed call's arguments reach the client, the same in both
 // translators: an object (its first byte `{`) as its deltas come; any other
 // text held to the call's end and read whole there (classify_arguments).

@@ -201,6 +201,13 @@ core::Error upstream_untranslatable(const UpstreamSubject& who, std::string_view
   return e;
 }
 
+core::Error upstream_invalid_arguments(const UpstreamSubject& who, std::string_view call) {
+  auto e = core::upstream_unavailable(
+      upstream_message(who, fmt::format("answered with a {} whose arguments are not valid JSON", call)));
+  e.code = "upstream_invalid_response";
+  return e;
+}
+
 core::Error drain_cut() {
   auto e = core::unavailable("Weir shut down (server.drain_timeout passed) before this request finished; retry it.", 1);
   e.code = "drain_timeout";

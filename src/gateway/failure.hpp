@@ -99,6 +99,10 @@ core::Error upstream_undecodable(const UpstreamSubject& who, std::string_view en
 // A 2xx body a translated route cannot read as `expected` ("a chat completion",
 // "an Anthropic message"): 502 upstream_invalid_response.
 core::Error upstream_untranslatable(const UpstreamSubject& who, std::string_view expected);
+// A 2xx chat completion whose function call `call` ("function call <id> (<name>)")
+// has arguments that are no JSON text, for a Responses client, which must not
+// run it (as a stream fails then): 502 upstream_invalid_response.
+core::Error upstream_invalid_arguments(const UpstreamSubject& who, std::string_view call);
 
 // Why a client is gone: it closed or reset (client_closed_request), it
 // stopped reading and passed server.max_stream_buffer (slow_client), or one

@@ -142,7 +142,8 @@ def test_a_name_piece_after_the_arguments_streamed_fails_both_alike(gw):
 # {}; "null" was {"_raw": "null"} for Messages; unstreamed, whitespace was {"_raw": " "} for Messages and " " for
 # Responses. One reading (classify_arguments) now serves both translators, streamed and not: no arguments (absent,
 # "", whitespace, null) is {} / "{}"; an object is itself; other JSON is {"_raw": text} / the text; text that is no
-# JSON fails a stream (both) and is kept as text unstreamed (both).
+# JSON fails a stream (both) and is kept as text unstreamed for Messages (whose unstreamed input can wrap it);
+# unstreamed, a Responses client gets a 502 upstream_invalid_response for it (stop 52: as its stream fails).
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "unstreamed"])
 @pytest.mark.parametrize("args,m_input,r_args", [
     (None, {}, "{}"),
@@ -171,12 +172,16 @@ def test_both_translators_read_tool_arguments_alike(gw, stream, args, m_input, r
                                                  "tool_calls": [{"id": "call_a", "type": "function",
                                                                  "function": fn}]}}],
                         "usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}}
+    if m_input is None and not stream:  # unstreamed: Messages keeps the text wrapped; Responses refuses the answer
+        assert _messages(gw, stream) == {"calls": [("call_a", "f", {"_raw": args})], "error": None}
+        r = httpx.post(gw.v1 + "/responses", timeout=10, json={"model": "m", "input": "hi"})
+        assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_invalid_response", r.text
+        assert "not valid JSON" in r.json()["error"]["message"], r.text
+        return
     m, r = _messages(gw, stream), _responses(gw, stream)
-    if m_input is None and stream:  # no JSON: the client must not run the call
+    if m_input is None:  # no JSON: the client must not run the call
         assert m["error"] and "not valid JSON" in m["error"], m
         assert r["error"] and "not valid JSON" in r["error"], r
         return
-    if m_input is None:  # unstreamed: the text is kept (wrapped for Messages, whose input is an object)
-        m_input, r_args = {"_raw": args}, args
     assert m == {"calls": [("call_a", "f", m_input)], "error": None}, m
     assert r["error"] is None and r["calls"] == [("call_a", "f", r_args)], r

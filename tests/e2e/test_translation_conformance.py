@@ -95,8 +95,9 @@ def post(w, path: str, body: dict, script: str, split: str | None) -> bytes:
 
 
 def normalize(raw: bytes) -> bytes:
-    # Chunks made from an Anthropic stream carry Weir's clock (Anthropic sends none).
-    return re.sub(rb'"created(_at)?":\d+', rb'"created\1":0', raw)
+    # Chunks made from an Anthropic stream carry Weir's clock (Anthropic sends none), as does a completed
+    # Response's completed_at.
+    return re.sub(rb'"(created|created_at|completed_at)":\d+', rb'"\1":0', raw)
 
 
 def sse(raw: bytes) -> list[tuple[str | None, str]]:

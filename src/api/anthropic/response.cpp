@@ -172,7 +172,8 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
       out += R"(,"name":)";
       core::append_json_string(out, string_at(fn->get_object(), "name"));
       out += R"(,"input":)";
-      append_serialized(out, tool_input(string_at(fn->get_object(), "arguments"), sp, wide));
+      std::string unencoded;  // (arguments sent as a JSON value, not a string: its text)
+      append_serialized(out, tool_input(arguments_text(fn->get_object(), unencoded), sp, wide));
       out += '}';
       tool_calls = true;
       ++i;

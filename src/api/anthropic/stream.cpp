@@ -271,7 +271,8 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
             const json::object* fn = nullptr;
             if (const auto* f = call.if_contains("function"); f && f->is_object()) fn = &f->get_object();
             const std::string_view name = fn ? string_at(*fn, "name") : std::string_view{};
-            const std::string_view args = fn ? string_at(*fn, "arguments") : std::string_view{};
+            std::string unencoded;  // (arguments sent as a JSON value, not a string: its text)
+            const std::string_view args = fn ? arguments_text(*fn, unencoded) : std::string_view{};
             const auto r = calls_.route(call, open_ == Block::tool || calls_.any_held());
             ToolCallStream::Call& c = calls_[r.call];
             if (r.began) {

@@ -13,6 +13,7 @@
 
 #include "api/error_text.hpp"
 #include "api/json_dom.hpp"
+#include "api/tool_call_stream.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
@@ -261,7 +262,8 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
         if (id.empty() || name.empty())
           return invalid(fmt::format("{}: a tool call needs an id and a function name", w), "messages");
         // Anthropic's tool_use input is a JSON object; the arguments are its text.
-        const std::string_view args = string_at(*fn, "arguments");
+        std::string unencoded;  // (arguments given as a JSON value, not a string: its text)
+        const std::string_view args = arguments_text(*fn, unencoded);
         json::value input = json::object(sp_);
         if (!args.empty()) {
           std::string protected_args;

@@ -3,6 +3,8 @@
 #include "api/responses/request.hpp"
 #include "api/json_dom.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
@@ -429,6 +431,27 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
   e["metadata"] = json::object(sp);
   if (const auto* md = in.if_contains("metadata"); md && !md->is_null()) {
     if (!md->is_object()) return invalid("metadata: Input should be an object", "metadata");
+    // OpenAI's Metadata: at most 16 pairs, keys strings of at most 64 characters, values strings of at most
+    // 512 (Unicode characters: UTF-8 lead bytes counted). A client's labels that OpenAI refuses are refused
+    // here too, not echoed as if they were kept.
+    const auto chars = [](std::string_view s) {
+      return static_cast<std::size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (c & 0xC0) != 0x80; }));
+    };
+    if (md->get_object().size() > 16)
+      return invalid(fmt::format("metadata: Object should have at most 16 pairs, not {}", md->get_object().size()),
+                     "metadata");
+    for (const auto& kv : md->get_object()) {
+      const std::string_view key{kv.key().data(), kv.key().size()};
+      if (chars(key) > 64)
+        return invalid(fmt::format("metadata.{}: a key should have at most 64 characters, not {}",
+                                   core::utf8_prefix(key, 64), chars(key)),
+                       "metadata");
+      if (!kv.value().is_string())
+        return invalid(fmt::format("metadata.{}: Input should be a valid string", key), "metadata");
+      if (const std::size_t n = chars(sv(kv.value().get_string())); n > 512)
+        return invalid(fmt::format("metadata.{}: String should have at most 512 characters, not {}", key, n),
+                       "metadata");
+    }
     e["metadata"] = *md;  // the client's own labels: echoed, not sent upstream
   }
 

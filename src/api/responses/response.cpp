@@ -5,6 +5,8 @@
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
 
+#include <algorithm>
+#include <ctime>
 #include <iterator>
 #include <vector>
 
@@ -22,7 +24,27 @@ namespace weir::api::responses {
 
 namespace json = boost::json;
 
-namespace {}  // namespace
+namespace {
+
+// An upstream error's `param` in the Responses request's terms: the chat-completions member Weir translated a
+// Responses field into names that field (max_tokens and max_completion_tokens: max_output_tokens; messages:
+// input; response_format: text), also with a path after it ("messages[3].content": "input", as the
+// translated messages' positions are not the input's items); any other param as it came.
+std::string_view responses_param(std::string_view param) {
+  static constexpr std::pair<std::string_view, std::string_view> kFields[] = {
+      {"max_tokens", "max_output_tokens"},
+      {"max_completion_tokens", "max_output_tokens"},
+      {"messages", "input"},
+      {"response_format", "text"},
+  };
+  for (const auto& [chat, responses] : kFields)
+    if (param.starts_with(chat) &&
+        (param.size() == chat.size() || param[chat.size()] == '.' || param[chat.size()] == '['))
+      return responses;
+  return param;
+}
+
+}  // namespace
 
 void append_id(std::string& out, std::string_view prefix, std::string_view upstream_id) {
   if (upstream_id.starts_with("chatcmpl-")) upstream_id.remove_prefix(9);
@@ -95,7 +117,14 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
                           const ResponseUsage* usage, std::string_view echo) {
   out += R"({"id":)";
   core::append_json_string(out, head.id);
-  fmt::format_to(std::back_inserter(out), R"(,"object":"response","created_at":{},"status":")", head.created_at);
+  fmt::format_to(std::back_inserter(out), R"(,"object":"response","created_at":{},"completed_at":)", head.created_at);
+  // Written as the response completes: now (never before created_at, the upstream's clock).
+  if (head.status == "completed")
+    fmt::format_to(std::back_inserter(out), "{}",
+                   std::max(head.created_at, static_cast<std::int64_t>(std::time(nullptr))));
+  else
+    out += "null";
+  out += R"(,"status":")";
   out += head.status;
   out += R"(","error":)";
   if (head.status == "failed") {
@@ -139,7 +168,8 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
   out += "}";
 }
 
-bool translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id, std::string& out) {
+Translated translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id,
+                              std::string& out) {
   out.clear();
   alignas(16) unsigned char buf[16 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
@@ -154,10 +184,7 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
         choice = &c.get_object();
         if (const auto* m = choice->if_contains("message"); m && m->is_object()) msg = &m->get_object();
       }
-  if (!msg) {
-    core::append_error_json(out, core::upstream_unavailable("The upstream's answer is not a chat completion."));
-    return false;
-  }
+  if (!msg) return Translated::not_a_completion;
   const auto& root = doc.get_object();
   // An upstream that gives no id (an OpenAI-compatible server other than
   // vLLM): the request's, as the stream translator takes it, so every
@@ -201,10 +228,19 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
         fmt::format_to(std::back_inserter(it.call_id), "_{}", n);
       }
       it.name = string_at(fn->get_object(), "name");
-      it.text = string_at(fn->get_object(), "arguments");
+      std::string storage;
+      it.text = arguments_text(fn->get_object(), storage);  // (an unencoded object: its JSON text)
       // No arguments (none, whitespace, JSON null: classify_arguments, as the stream and Messages read them):
-      // "{}", as OpenAI gives a call without arguments.
-      if (classify_arguments(it.text) == ToolArguments::none) it.text = "{}";
+      // "{}", as OpenAI gives a call without arguments. Arguments that are no JSON text are nothing the model
+      // can have meant: the client must not run the call (as the stream fails), unless the finish was
+      // "length" (the response is incomplete: the arguments were cut).
+      const ToolArguments read = classify_arguments(it.text);
+      if (read == ToolArguments::none) it.text = "{}";
+      if (read == ToolArguments::invalid && string_at(*choice, "finish_reason") != "length") {
+        out = fmt::format("function call {} ({})", core::utf8_prefix(it.call_id, core::kMaxEchoBytes),
+                          core::utf8_prefix(it.name, core::kMaxEchoBytes));
+        return Translated::invalid_arguments;
+      }
       ++n;
     }
   }
@@ -231,7 +267,7 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
   // appends growing it by doubling would copy tens of MB over again.)
   out.reserve(body.size() + echo.size() + 1024);
   append_response_json(out, head, items, counts ? &usage : nullptr, echo);
-  return true;
+  return Translated::ok;
 }
 
 void append_upstream_error(std::string& out, int status, std::string_view body) {
@@ -246,7 +282,7 @@ void append_upstream_error(std::string& out, int status, std::string_view body) 
     const auto* e = o.if_contains("error");
     const auto& where = e && e->is_object() ? e->get_object() : o;
     type = string_at(where, "type");
-    param = string_at(where, "param");
+    param = responses_param(string_at(where, "param"));
     code = string_at(where, "code");
   }
   out += R"({"error":{"message":)";

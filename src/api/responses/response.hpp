@@ -66,7 +66,8 @@ void append_item_json(std::string& out, const OutputItem& item, std::string_view
 // output_tokens, output_tokens_details{reasoning_tokens}, total_tokens}.
 void append_usage_json(std::string& out, const ResponseUsage& u);
 
-// Appends the Response object: `head`, `items` (each "completed", except:
+// Appends the Response object: `head` (with `completed_at`, Unix seconds: now,
+// when the status is "completed"; else null), `items` (each "completed", except:
 // all "in_progress" while the response is, the last one "incomplete" when
 // the response is, and those not `done` "incomplete" when it failed),
 // `usage` (null when absent) and the request's `echo` members.
@@ -79,9 +80,14 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
 // a message with a refusal part (the message's `refusal`, when not empty),
 // one function_call per tool call. Ids derive from the completion's id, or
 // `fallback_id` (the request id) when it has none; `created_at` is its
-// `created`, or now. Returns false when `body` is not a chat completion
-// with a choice (out then holds an OpenAI server_error body).
-bool translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id, std::string& out);
+// `created`, or now. Returns not_a_completion when `body` is not a chat
+// completion with a choice (`out` empty), invalid_arguments when a function
+// call's arguments are no JSON text and the finish was not "length" (the
+// client must not run it, as the stream fails then; `out` names the call:
+// "function call <call_id> (<name>)").
+enum class Translated : std::uint8_t { ok, not_a_completion, invalid_arguments };
+Translated translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id,
+                              std::string& out);
 
 // Appends OpenAI's error object {"error":{"message","type","param","code"}}
 // for an upstream's error answer (`status` >= 400 and its body) to a
@@ -90,7 +96,10 @@ bool translate_response(std::string_view body, std::string_view echo, std::strin
 // <status>."; the upstream's type, param and code where they are strings
 // (in `error`, or at the top as vLLM's older {"object":"error",...} has
 // them; vLLM's integer code, a copy of the status, is null), else
-// invalid_request_error (4xx) or server_error (5xx) and null. Nothing of a
+// invalid_request_error (4xx) or server_error (5xx) and null. A `param` that
+// names a chat-completions member Weir made from a Responses field names
+// that field (max_tokens → max_output_tokens, messages → input,
+// response_format → text); the message stays the upstream's. Nothing of a
 // body that is not valid JSON (ill-formed UTF-8 among that) is relayed.
 void append_upstream_error(std::string& out, int status, std::string_view body);
 

@@ -575,8 +575,14 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const bool responses = !whole_for_stream && !translate_events && is_responses(ctx.route) && ctx.status >= 200 &&
                          ctx.status < 300 && status != 204;
   if (responses) {
-    if (!api::responses::translate_response(from, ctx.responses_echo(), ctx.upstream_id(), translated))
-      co_return untranslatable(ctx, "a chat completion");
+    switch (api::responses::translate_response(from, ctx.responses_echo(), ctx.upstream_id(), translated)) {
+      case api::responses::Translated::ok:
+        break;
+      case api::responses::Translated::not_a_completion:
+        co_return untranslatable(ctx, "a chat completion");
+      case api::responses::Translated::invalid_arguments:  // (`translated` names the call)
+        co_return no_answer(ctx, upstream_invalid_arguments(subject(ctx), translated));
+    }
     out = translated;
     drop_encoding = encoded;
     content_type = "application/json";

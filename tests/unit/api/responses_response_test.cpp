@@ -2,6 +2,7 @@
 // object: items in order, ids, status, usage, and the echo.
 #include "api/responses/response.hpp"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <boost/json/parse.hpp>
@@ -15,7 +16,7 @@ constexpr std::string_view kEcho = R"("tools":[],"store":false)";
 
 json::value response(std::string_view body) {
   std::string out;
-  EXPECT_TRUE(translate_response(body, kEcho, "req-1", out)) << out;
+  EXPECT_EQ(translate_response(body, kEcho, "req-1", out), Translated::ok) << out;
   return json::parse(out);
 }
 
@@ -51,7 +52,11 @@ TEST(ResponsesResponse, TextMessage) {
       "function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"stop","stop_reason":null}],
       "service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":9,"total_tokens":11,"completion_tokens":2,
       "prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null})");
-  EXPECT_EQ(v, json::parse(R"({"id":"resp_abc","object":"response","created_at":1700000000,"status":"completed",
+  // completed_at: Weir's clock as the response completed (the SDK's Response has it), never before created_at.
+  auto w = v;
+  EXPECT_GT(w.at("completed_at").as_int64(), 1'700'000'000);
+  w.as_object().erase("completed_at");
+  EXPECT_EQ(w, json::parse(R"({"id":"resp_abc","object":"response","created_at":1700000000,"status":"completed",
     "error":null,"incomplete_details":null,"model":"mock-model",
     "output":[{"id":"msg_abc","type":"message","role":"assistant","status":"completed",
       "content":[{"type":"output_text","text":" river stone","annotations":[],"logprobs":[]}]}],
@@ -87,6 +92,7 @@ TEST(ResponsesResponse, LengthIsIncomplete) {
     "content":"cut"},"finish_reason":"length"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}})");
   EXPECT_EQ(v.at("status"), "incomplete");
   EXPECT_EQ(v.at("incomplete_details"), json::parse(R"({"reason":"max_output_tokens"})"));
+  EXPECT_TRUE(v.at("completed_at").is_null());  // (only a completed response has one)
   EXPECT_EQ(v.at("output").at(0).at("status"), "incomplete");
   v = response(R"({"id":"chatcmpl-f","model":"m","choices":[{"index":0,"message":{"role":"assistant",
     "content":"x"},"finish_reason":"content_filter"}]})");
@@ -99,13 +105,63 @@ TEST(ResponsesResponse, LengthIsIncomplete) {
   EXPECT_EQ(v.at("output").at(0).at("type"), "reasoning");
 }
 
-TEST(ResponsesResponse, NotACompletionIsAServerError) {
+TEST(ResponsesResponse, NotACompletionIsRefused) {
   for (std::string_view body : {R"({"id":"x","choices":[]})", "not json", R"({"object":"list"})"}) {
     std::string out;
-    EXPECT_FALSE(translate_response(body, kEcho, "req-1", out)) << body;
-    const auto v = json::parse(out);
-    EXPECT_EQ(v.at("error").at("code"), "upstream_unavailable");
+    EXPECT_EQ(translate_response(body, kEcho, "req-1", out), Translated::not_a_completion) << body;
   }
+}
+
+TEST(ResponsesResponse, UnencodedArgumentsAreTheirJsonText) {
+  // Arguments sent as a JSON value, not a string: its text, read as that text would be (they were "{}").
+  const auto call = [](std::string_view args) {
+    return response(fmt::format(R"({{"id":"chatcmpl-a","model":"m","choices":[{{"index":0,"message":{{
+      "role":"assistant","tool_calls":[{{"id":"c","type":"function","function":{{"name":"f","arguments":{}}}}}]}},
+      "finish_reason":"tool_calls"}}]}})",
+                                args))
+        .at("output")
+        .at(0)
+        .at("arguments");
+  };
+  EXPECT_EQ(json::parse(call(R"({"city": "Paris", "n": [1, 2]})").as_string()),
+            json::parse(R"({"city":"Paris","n":[1,2]})"));
+  EXPECT_EQ(call("5"), "5");  // (as the string "5" is given)
+  EXPECT_EQ(call("[1]"), "[1]");
+  EXPECT_EQ(call("true"), "true");
+  EXPECT_EQ(call("null"), "{}");
+}
+
+TEST(ResponsesResponse, InvalidArgumentsAreRefusedUnlessCutByLength) {
+  const auto body = [](std::string_view finish) {
+    return fmt::format(R"({{"id":"chatcmpl-a","model":"m","choices":[{{"index":0,"message":{{"role":"assistant",
+      "tool_calls":[{{"id":"c1","type":"function","function":{{"name":"f","arguments":"{{\"city\":"}}}}]}},
+      "finish_reason":"{}"}}]}})",
+                       finish);
+  };
+  std::string out;
+  EXPECT_EQ(translate_response(body("tool_calls"), kEcho, "req-1", out), Translated::invalid_arguments);
+  EXPECT_EQ(out, "function call c1 (f)");
+  const auto v = response(body("length"));
+  EXPECT_EQ(v.at("status"), "incomplete");
+  EXPECT_EQ(v.at("output").at(0).at("arguments"), R"({"city":)");
+}
+
+TEST(ResponsesResponse, UpstreamErrorParamNamesTheResponsesField) {
+  const auto param = [](std::string_view p) {
+    std::string out;
+    append_upstream_error(out, 400,
+                          fmt::format(R"({{"object":"error","message":"m","type":"BadRequestError",
+      "param":"{}","code":400}})",
+                                      p));
+    return json::parse(out).at("error").at("param");
+  };
+  EXPECT_EQ(param("max_tokens"), "max_output_tokens");
+  EXPECT_EQ(param("max_completion_tokens"), "max_output_tokens");
+  EXPECT_EQ(param("messages"), "input");
+  EXPECT_EQ(param("messages[2].content"), "input");
+  EXPECT_EQ(param("response_format"), "text");
+  EXPECT_EQ(param("temperature"), "temperature");
+  EXPECT_EQ(param("messagesx"), "messagesx");
 }
 
 TEST(ResponsesResponse, StatusOf) {

@@ -175,7 +175,7 @@ TEST(ResponsesStream, TextStreamWithCachedTokensIsIncompleteAtLength) {
   const auto r = expect_grammar(ev);
   ASSERT_EQ(ev.size(), 10u);
   EXPECT_EQ(ev[0].data.at("response"), json::parse(R"({"id":"resp_r1","object":"response","created_at":1700000000,
-    "status":"in_progress","error":null,"incomplete_details":null,"model":"mock-model","output":[],"usage":null,
+    "completed_at":null,"status":"in_progress","error":null,"incomplete_details":null,"model":"mock-model","output":[],"usage":null,
     "tools":[],"store":false})"));
   EXPECT_EQ(ev[2].data, json::parse(R"({"type":"response.output_item.added","sequence_number":2,"output_index":0,
     "item":{"id":"msg_r1","type":"message","role":"assistant","content":[],"status":"in_progress"}})"));
@@ -366,6 +366,20 @@ TEST(ResponsesStream, AToolNameIsWholeInEveryEventWhateverItsPieces) {
   for (const auto& e : ev)
     if (e.type == "response.output_item.added") added.emplace_back(e.data.at("item").at("name").as_string());
   EXPECT_EQ(added, (std::vector<std::string>{"get_weather", "f", "g", "h"}));
+}
+
+TEST(ResponsesStream, UnencodedArgumentsAreTheirJsonText) {
+  // Arguments sent as a JSON value, not a string (they were "{}"): its JSON text, an object streamed, a
+  // number given at the item's end as the string "5" is.
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":{"city":"Paris"}}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g","arguments":5}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.completed");
+  EXPECT_EQ(calls_of(r), (std::vector<std::vector<std::string>>{{"a", "f", R"({"city":"Paris"})"}, {"b", "g", "5"}}));
 }
 
 TEST(ResponsesStream, InterleavedToolDeltasAreHeldAndGivenInOrder) {
