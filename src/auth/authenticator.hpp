@@ -83,7 +83,9 @@ class Authenticator {
   // API key with its own list, the key's. An empty `model` (a request
   // without one, sent to the default pool, whose upstream picks the model)
   // only when both allow every model. Error: 403 permission_error,
-  // code model_not_allowed (OpenAI error shape).
+  // code model_not_allowed (OpenAI error shape); the gateway's route phase
+  // answers a named model's refusal as an unknown model (404 model_not_found)
+  // and logs this code.
   static tl::expected<void, core::Error> check_model(const Principal& principal, std::string_view model);
 
   // Installs a new configuration snapshot (call on this worker's thread).

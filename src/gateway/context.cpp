@@ -87,6 +87,7 @@ void RequestContext::reset() {
   sse_answer = false;
   error_source = core::ErrorSource::internal;
   error_code.clear();
+  model_refused = false;
   has_usage = false;
   usage = {};
   usage_invalid = false;

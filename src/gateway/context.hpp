@@ -350,6 +350,9 @@ struct RequestContext {
   bool sse_answer = false;    // the answer was relayed as SSE events (respond_stream), not as a whole body
   core::ErrorSource error_source = core::ErrorSource::internal;
   std::string error_code;  // OpenAI error.code or a Weir reason
+  // The model was found but the principal may not use it (route): the client is answered as for an unknown
+  // model (404 model_not_found), the log says why (model_not_allowed).
+  bool model_refused = false;
   bool has_usage = false;
   api::Usage usage;
   // The upstream sent a usage it cannot be billed by (api::extract_usage's
@@ -410,7 +413,10 @@ struct RequestContext {
     has_error = true;
     error_status = e.status;
     error_source = e.source;
-    error_code.assign(e.code.empty() ? e.type : e.code);
+    if (model_refused && e.code == "model_not_found")
+      error_code.assign("model_not_allowed");
+    else
+      error_code.assign(e.code.empty() ? e.type : e.code);
   }
 
   // Forgets the request; keeps every buffer's capacity. The ticket must have

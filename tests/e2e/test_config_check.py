@@ -213,7 +213,8 @@ def test_an_empty_allow_list_allows_no_model_and_says_so(tmp_path, processes):
     processes.start([binary("weir"), "--config", path], port, name="weir")
     body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
     base = f"http://127.0.0.1:{port}/v1"
-    for k, want in ((key, 403), ("foo", 403)):   # SHA is sha256("foo"): the locked tenant's key
+    # (A model the key or tenant may not use is answered as an unknown one: 404.)
+    for k, want in ((key, 404), ("foo", 404)):   # SHA is sha256("foo"): the locked tenant's key
         r = httpx.post(base + "/chat/completions", json=body, headers={"authorization": f"Bearer {k}"}, timeout=10)
         assert r.status_code == want, r.text
     r = httpx.get(base + "/models", headers={"authorization": f"Bearer {key}"}, timeout=10)

@@ -300,9 +300,9 @@ def test_client_port_401_names_the_bearer_scheme(gw, headers):
 @pytest.mark.parametrize("method,path,body,status,code", [
     ("POST", "/v1/chat/completions", {**CHAT, "model": "nope"}, 404, "model_not_found"),
     ("POST", "/v1/chat/completions", b'{"model": "m",', 400, None),
-    ("POST", "/v1/chat/completions", {**CHAT, "model": "other"}, 403, "model_not_allowed"),
+    ("POST", "/v1/chat/completions", {**CHAT, "model": "other"}, 404, "model_not_found"),  # not allowed: as unknown
     ("GET", "/v1/models", None, 200, None),
-], ids=["404-model", "400-bad-json", "403-model", "models-list"])
+], ids=["404-model", "400-bad-json", "404-refused-model", "models-list"])
 def test_answers_before_admission_carry_the_tenants_ratelimit_headers(gw, method, path, body, status, code):
     w, _ = gw
     r = roundtrip(w.port, raw_request(method, path, body, [("Authorization", "Bearer sk-acme")]), method)

@@ -119,7 +119,7 @@ def test_admin_delete_revokes_every_redis_record_of_the_id(mock, weir, redis):
     r = admin("PATCH", "/admin/v1/keys/acme-hand", json={"models": ["other"]})
     assert r.status_code == 200, r.text
     for k in keys:  # the change reached both records
-        wait_until(lambda: chat(k) == 403, 5, 0.05, "the narrowed models on every record")
+        wait_until(lambda: chat(k) == 404, 5, 0.05, "the narrowed models on every record")
     r = admin("DELETE", "/admin/v1/keys/acme-hand")
     assert r.status_code == 200 and r.json()["deleted"] is True, r.text
     for k in keys:

@@ -270,7 +270,7 @@ def test_a_pool_skipped_for_a_full_queue_is_in_the_attempts(mock, weir):
 
 
 def test_a_fallback_model_the_principal_may_not_use_is_passed_over(mock, weir):
-    # A tenant allowed only `big` got `small` (a 403 when asked for directly) by making `big` fail: a {model: M}
+    # A tenant allowed only `big` got `small` (a 404 when asked for directly) by making `big` fail: a {model: M}
     # fallback is checked against the principal's allow-list as M itself would be; a {pool: P} one is the same model.
     import hashlib
     key = "sk-test-39-fallback-0123456789"
@@ -288,7 +288,7 @@ def test_a_fallback_model_the_principal_may_not_use_is_passed_over(mock, weir):
     auth = {"authorization": f"Bearer {key}"}
     msg = [{"role": "user", "content": "hi"}]
     assert httpx.post(w.v1 + "/chat/completions", headers=auth, json={"model": "small", "messages": msg},
-                      timeout=10).status_code == 403
+                      timeout=10).status_code == 404
     r = httpx.post(w.v1 + "/chat/completions", headers={**auth, "x-request-id": "fb-allow"}, timeout=10,
                    json={"model": "big", "messages": msg})
     assert r.status_code == 200, r.text

@@ -60,6 +60,8 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   const admission::Pricing& prices = ctx.gen->pricing();  // the ticket points into it: the request holds it
   ctx.price = prices.find(admit_model(ctx));
   reserve_for_fallbacks(ctx, prices);
+  // (A named model the principal may not use was answered in route, as an unknown one: what is left to refuse
+  // here is a request without a model from a principal restricted to some, the 403.)
   if (auto ok = auth::Authenticator::check_model(*ctx.principal, admit_model(ctx)); !ok)
     return Outcome::failed(std::move(ok.error()));
   return std::nullopt;

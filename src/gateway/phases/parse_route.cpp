@@ -42,6 +42,23 @@ std::uint32_t model_slot_of(const RequestContext& ctx, const routing::Route& r) 
                                                   : ctx.gen->labels().model_slot[r.model_index];
 }
 
+// Whether the principal may use `model`, whose route is `r` (a request without a principal may use any):
+// the allow-list check admission makes, on the route's canonical name.
+tl::expected<void, core::Error> check_model(const RequestContext& ctx, std::string_view model,
+                                            const routing::Route& r) {
+  if (!ctx.principal) return {};
+  return auth::Authenticator::check_model(*ctx.principal, r.canonical.empty() ? model : r.canonical);
+}
+
+// The route the client may know of for `model`: none for a model the principal may not use, as for one that
+// does not exist, so that nothing it is answered (an error's status and code, which parser reads its body)
+// tells a tenant which models and aliases are configured for others.
+std::optional<routing::Route> usable_route(const RequestContext& ctx, std::string_view model) {
+  auto r = ctx.gen->routes().find(model);
+  if (r && !model.empty() && !check_model(ctx, model, *r)) return std::nullopt;
+  return r;
+}
+
 // The body's top-level `model` string, unescaped ("" when there is none or
 // the body is not JSON: the full parse then says why).
 std::string peek_model(std::string_view body) {
@@ -91,7 +108,7 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     // the gateway needs, leave the rest to the upstream (which accepts more
     // than the chat translation can express). Its translation for an
     // OpenAI-compatible fallback, if it gets that far, is made then (proxy).
-    const auto r = ctx.gen->routes().find(peek_model(down_.body()));
+    const auto r = usable_route(ctx, peek_model(down_.body()));
     continuous = r && ctx.gen->config().pools[r->pool].continuous_usage;
     if (r && ctx.gen->config().pools[r->pool].type == core::UpstreamType::anthropic) {
       auto fields = api::anthropic::read_messages_request(down_.body(), ctx.route == RouteKind::messages_count_tokens);
@@ -160,6 +177,15 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
         "you must provide a model parameter: Weir routes this request by it (or configure a default_pool)", "model"));
   auto r = ctx.gen->routes().find(ctx.model);
   if (!r) return Outcome::failed(core::model_not_found(ctx.model));
+  // A model the principal may not use is answered as one that does not exist (OpenAI's 404 model_not_found
+  // "does not exist or you do not have access to it", as GET /v1/models/{id} answers), here before anything
+  // else the route decides, so that a tenant cannot tell which models, or what an alias names, are configured
+  // for others; the access log keeps the reason (model_not_allowed). A request without a model is refused in
+  // admit (403: it names nothing to find).
+  if (!ctx.model.empty() && !check_model(ctx, ctx.model, *r)) {
+    ctx.model_refused = true;
+    return Outcome::failed(core::model_not_found(ctx.model));
+  }
   ctx.target = *r;
   ctx.model_slot = model_slot_of(ctx, *r);
   ctx.pool = static_cast<int>(r->pool);

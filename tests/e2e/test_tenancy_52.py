@@ -1,0 +1,119 @@
+"""Tenant isolation (stop 52): what one tenant could learn of another through a shared Weir.
+
+DEFECT 1: a model the tenant (or its key) may not use answered 403 model_not_allowed "The model `secret-model` is
+not available to tenant `beta`." while an unknown one answered 404 model_not_found: a tenant could list which
+models exist for others and what an alias points to. It is now answered exactly as an unknown model, on every
+route that takes a model; the access log keeps the reason (model_not_allowed).
+"""
+from __future__ import annotations
+
+import hashlib
+
+import httpx
+import pytest
+
+FAST = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "4", "--any-model")
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def tenancy_config(mock, **extra) -> dict:
+    cfg = {
+        "pools": {"gpu": {"endpoints": [mock.base_url]}},
+        "models": {"public-model": {"pool": "gpu", "aliases": ["pub"]},
+                   "secret-model": {"pool": "gpu", "aliases": ["sec"]}},
+        "tenants": {"acme": {"models": ["*"]}, "beta": {"models": ["public-model"]}},
+        "auth": {"api_keys": [
+            {"id": "acme-a", "sha256": sha("key-acme-a"), "tenant": "acme"},
+            {"id": "acme-narrow", "sha256": sha("key-acme-narrow"), "tenant": "acme", "models": ["public-model"]},
+            {"id": "beta-b", "sha256": sha("key-beta-b"), "tenant": "beta"},
+        ]},
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def form(model: str) -> bytes:
+    return (b'--BND\r\nContent-Disposition: form-data; name="file"; filename="a.wav"\r\n\r\nAUDIO\r\n'
+            b'--BND\r\nContent-Disposition: form-data; name="model"\r\n\r\n' + model.encode() + b"\r\n--BND--\r\n")
+
+
+# (path, body for a model): every route that takes a model.
+ROUTES = [
+    ("/v1/completions", lambda m: {"model": m, "prompt": "x", "max_tokens": 2}),
+    ("/v1/chat/completions", lambda m: {"model": m, "messages": MSG, "max_tokens": 2}),
+    ("/v1/embeddings", lambda m: {"model": m, "input": "x"}),
+    ("/tokenize", lambda m: {"model": m, "prompt": "x"}),
+    ("/v1/audio/transcriptions", form),
+    ("/v1/messages", lambda m: {"model": m, "max_tokens": 2, "messages": MSG}),
+    ("/v1/messages/count_tokens", lambda m: {"model": m, "messages": MSG}),
+    ("/v1/responses", lambda m: {"model": m, "input": "hi"}),
+]
+
+
+def send(w, key: str, path: str, body, request_id: str) -> httpx.Response:
+    headers = {"authorization": f"Bearer {key}", "x-request-id": request_id}
+    if isinstance(body, bytes):
+        headers["content-type"] = "multipart/form-data; boundary=BND"
+        return httpx.post(w.base_url + path, content=body, headers=headers, timeout=15)
+    return httpx.post(w.base_url + path, json=body, headers=headers, timeout=15)
+
+
+def answer(r: httpx.Response, model: str) -> tuple:
+    """What the client sees, with the model's name (as it wrote it) taken out."""
+    headers = sorted(k for k in r.headers if k not in ("date", "x-request-id", "content-length"))
+    return r.status_code, headers, r.text.replace(f"`{model}`", "`M`").replace(f": {model}", ": M")
+
+
+@pytest.mark.parametrize("path,body", ROUTES, ids=[p for p, _ in ROUTES])
+def test_a_model_the_tenant_may_not_use_is_answered_as_an_unknown_one(weir, mock, path, body):
+    w = weir(config=tenancy_config(mock(*FAST)), workers=1)
+    for key in ("key-beta-b", "key-acme-narrow"):
+        unknown = send(w, key, path, body("no-such-model"), f"unknown-{key}")
+        assert unknown.status_code == 404, unknown.text
+        for model in ("sec", "secret-model"):
+            rid = f"refused-{key}-{model}"
+            r = send(w, key, path, body(model), rid)
+            assert answer(r, model) == answer(unknown, "no-such-model"), (r.text, unknown.text)
+            # The name as the client wrote it: an alias is never resolved for the client.
+            assert f"`{model}`" in r.text or f": {model}" in r.text, r.text
+            assert "secret-model" not in r.text or model == "secret-model", r.text
+            assert "beta" not in r.text and "acme" not in r.text, r.text
+            # The operator's log keeps the reason.
+            line = w.log_for(rid)
+            assert line["status"] == 404 and line["error"]["code"] == "model_not_allowed", line
+        assert w.log_for(f"unknown-{key}")["error"]["code"] == "model_not_found"
+    # The model it may use passes, through an alias too (the mock answers whatever it serves).
+    assert send(w, "key-beta-b", "/v1/completions", {"model": "pub", "prompt": "x", "max_tokens": 2},
+                "allowed").status_code != 404
+
+
+def test_the_openai_and_anthropic_shapes_of_the_answer(weir, mock):
+    w = weir(config=tenancy_config(mock(*FAST)), workers=1)
+    r = send(w, "key-beta-b", "/v1/completions", {"model": "sec", "prompt": "x", "max_tokens": 2}, "o1")
+    assert r.json() == {"error": {"message": "The model `sec` does not exist or you do not have access to it.",
+                                  "type": "invalid_request_error", "param": "model", "code": "model_not_found"}}
+    r = send(w, "key-beta-b", "/v1/messages", {"model": "sec", "max_tokens": 2, "messages": MSG}, "a1")
+    assert r.status_code == 404 and r.json()["type"] == "error", r.text
+    assert r.json()["error"]["type"] == "not_found_error", r.text
+    # A request without a model from a restricted tenant names nothing to find: still the 403.
+    cfg = tenancy_config(mock(*FAST), default_pool="gpu")
+    w2 = weir(config=cfg, workers=1)
+    r = send(w2, "key-beta-b", "/v1/completions", {"prompt": "x", "max_tokens": 2}, "nomodel")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed", r.text
+    # With a default pool an unlisted name goes there, and is refused to a restricted tenant as unknown too.
+    r = send(w2, "key-beta-b", "/v1/completions", {"model": "sec", "prompt": "x", "max_tokens": 2}, "dp1")
+    r2 = send(w2, "key-beta-b", "/v1/completions", {"model": "nope", "prompt": "x", "max_tokens": 2}, "dp2")
+    assert answer(r, "sec") == answer(r2, "nope") and r.status_code == 404, (r.text, r2.text)
+
+
+def test_a_request_control_after_the_model_does_not_tell_a_refused_model_apart(weir, mock):
+    # What the route checks after finding the model (x-weir-* controls) is not reached for a refused one.
+    w = weir(config=tenancy_config(mock(*FAST)), workers=1)
+    for model in ("sec", "nope"):
+        r = httpx.post(w.v1 + "/completions", json={"model": model, "prompt": "x"}, timeout=15,
+                       headers={"authorization": "Bearer key-beta-b", "x-weir-priority": "bad"})
+        assert r.status_code == 404, r.text
