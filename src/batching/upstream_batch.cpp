@@ -52,6 +52,10 @@ core::Task<void> Batch::send() {
     api::openai::build_coalesced(members_.front()->req_.body, members_.front()->req_.stream, scratch_, body_);
   }
   sent_size_ = static_cast<std::uint32_t>(members_.size());
+  // (Over every member sent: a member that leaves later leaves its prompt in the body, and a retry's lead may
+  // be another member.)
+  mixed_tenants_ = std::any_of(members_.begin(), members_.end(),
+                               [&](const BatchMember* m) { return m->req_.tenant != members_.front()->req_.tenant; });
   // (Read now: a member that leaves later leaves its slot empty. Every member's is the same: it is in the key.)
   streamed_ = members_.front()->req_.stream;
   env.next_request_id(request_id_);
@@ -104,11 +108,15 @@ core::Task<void> Batch::send() {
       }
       attempts.on_connected();
     }
-    // The head: the first member still here lends its request's end-to-end fields.
+    // The head: the first member still here lends its request's end-to-end fields. Of a batch of several
+    // tenants' prompts, not what describes its client (its trace context, baggage, address): the upstream,
+    // and whatever it traces or logs, would file the others' prompts under that one client (docs/batching.md).
     const BatchMember* lead = nullptr;
     for (auto* m : members_)
       if (m && !lead) lead = m;
     if (!lead) break;
+    const std::string_view tracestate = mixed_tenants_ ? std::string_view() : lead->req_.tracestate;
+    const std::string_view client_address = mixed_tenants_ ? std::string_view() : lead->req_.client_address;
     head_buf_.clear();
     http::append_upstream_request_head(head_buf_, *lead->req_.head,
                                        http::UpstreamHeadOptions{
@@ -121,9 +129,10 @@ core::Task<void> Batch::send() {
                                            .upstream_lines = env.upstream_lines,
                                            .identity = true,
                                            .strip_credentials = lead->req_.strip_credentials,
+                                           .shared = mixed_tenants_,
                                            .traceparent = lead->req_.traceparent,
-                                           .tracestate = lead->req_.tracestate,
-                                           .client_address = lead->req_.client_address,
+                                           .tracestate = tracestate,
+                                           .client_address = client_address,
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();

@@ -236,6 +236,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::vector<BatchMember*> members_;  // slot → member; null once it left after the batch was sent
   std::uint32_t present_ = 0;
   std::uint32_t sent_size_ = 0;
+  // The sent members are not all of one tenant (a prompt-list batch; a coalesced generation never crosses
+  // tenants): the head carries no member's client context (UpstreamHeadOptions::shared).
+  bool mixed_tenants_ = false;
   // Members that joined (a coalesced generation's size so far): members_.size() until the generation ends,
   // kept after members_ is cleared (fail_all), so a member logged after that still says it.
   std::uint32_t joined_ = 0;

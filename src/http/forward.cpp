@@ -260,9 +260,11 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
       client_for = true;
       return true;
     }
+    const auto name = f.name_string();
+    const bool trace_field = iequals(name, "traceparent") || iequals(name, "tracestate");
     if ((o.body_decoded && f.name() == bh::field::content_encoding) ||
-        (o.anthropic && iequals(f.name_string(), "anthropic-version")) ||
-        (own_trace && (iequals(f.name_string(), "traceparent") || iequals(f.name_string(), "tracestate"))))
+        (o.anthropic && iequals(name, "anthropic-version")) || (own_trace && trace_field) ||
+        (o.shared && (trace_field || iequals(name, "baggage") || is_forwarded_for(f))))
       return true;
     return !forwarded_upstream(f, o.strip_credentials);
   });

@@ -4,6 +4,10 @@ DEFECT 1: a model the tenant (or its key) may not use answered 403 model_not_all
 not available to tenant `beta`." while an unknown one answered 404 model_not_found: a tenant could list which
 models exist for others and what an alias points to. It is now answered exactly as an unknown model, on every
 route that takes a model; the access log keeps the reason (model_not_allowed).
+
+DEFECT 2: a micro-batch of two tenants' prompts went upstream with its first member's traceparent, tracestate,
+baggage (user.email=...) and client address in X-Forwarded-For. A batch whose members are not all of its first
+member's tenant now carries none of them; one tenant's batch keeps them.
 """
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ import hashlib
 
 import httpx
 import pytest
+
+from test_batching import in_parallel
 
 FAST = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "4", "--any-model")
 MSG = [{"role": "user", "content": "hi"}]
@@ -117,3 +123,71 @@ def test_a_request_control_after_the_model_does_not_tell_a_refused_model_apart(w
         r = httpx.post(w.v1 + "/completions", json={"model": model, "prompt": "x"}, timeout=15,
                        headers={"authorization": "Bearer key-beta-b", "x-weir-priority": "bad"})
         assert r.status_code == 404, r.text
+
+
+# --- 2. a micro-batch of several tenants' prompts ---------------------------------------------------------
+
+def batch_config(mock) -> dict:
+    return {
+        "pools": {"gpu": {"endpoints": [mock.base_url], "batch": {"window": "1s", "max_size": 2}}},
+        "default_pool": "gpu",
+        "tenants": {"acme": {}, "beta": {}},
+        "auth": {"api_keys": [
+            {"id": "a1", "sha256": sha("key-a1"), "tenant": "acme"},
+            {"id": "a2", "sha256": sha("key-a2"), "tenant": "acme"},
+            {"id": "b1", "sha256": sha("key-b1"), "tenant": "beta"},
+        ]},
+    }
+
+
+def member(base_url: str, key: str, n: int) -> httpx.Response:
+    return httpx.post(base_url + "/v1/completions", timeout=30,
+                      json={"model": "mock-model", "prompt": f"prompt of {key}", "max_tokens": 3},
+                      headers={"authorization": f"Bearer {key}", "x-mock-echo": "1", "x-request-id": f"m-{key}",
+                               "traceparent": f"00-{n:032x}-{n:016x}-01", "tracestate": f"v{n}=x",
+                               "baggage": f"user.email=user{n}@{key}.example"})
+
+
+def sent_upstream(w, keys) -> list[list[str]]:
+    got = in_parallel(member, [(w.base_url, k, i + 1) for i, k in enumerate(keys)])
+    for r in got:
+        assert r.status_code == 200, r.text
+    lines = [w.log_for(f"m-{k}") for k in keys]
+    assert all(l["batch"]["size"] == 2 for l in lines), lines  # one batch
+    return [r.headers.get("x-mock-headers", "").split(",") for r in got], got
+
+
+def test_a_batch_of_two_tenants_carries_no_members_client_context(weir, mock):
+    w = weir(config=batch_config(mock(*FAST)), workers=1)
+    seen, got = sent_upstream(w, ["key-a1", "key-b1"])
+    for names in seen:
+        for field in ("traceparent", "tracestate", "baggage", "x-forwarded-for"):
+            assert field not in names, (field, names)
+    assert not any("x-mock-traceparent" in r.headers for r in got)
+
+
+def test_with_tracing_a_batch_of_two_tenants_carries_weirs_traceparent_alone(weir, mock):
+    from otlp import Collector
+    c = Collector()
+    try:
+        cfg = batch_config(mock(*FAST))
+        cfg["tracing"] = {"otlp_endpoint": c.url, "flush_interval": "10ms"}
+        w = weir(config=cfg, workers=1)
+        seen, got = sent_upstream(w, ["key-a1", "key-b1"])
+        for names in seen:
+            assert "traceparent" in names and "tracestate" not in names and "baggage" not in names, names
+            assert "x-forwarded-for" not in names, names
+        sent = got[0].headers["x-mock-traceparent"]
+        # Weir's span (its own span id), never a client's traceparent as it came.
+        assert sent not in (f"00-{1:032x}-{1:016x}-01", f"00-{2:032x}-{2:016x}-01"), sent
+    finally:
+        c.close()
+
+
+def test_a_batch_of_one_tenant_keeps_its_first_members_context(weir, mock):
+    w = weir(config=batch_config(mock(*FAST)), workers=1)
+    seen, got = sent_upstream(w, ["key-a1", "key-a2"])
+    for names in seen:
+        for field in ("traceparent", "tracestate", "baggage", "x-forwarded-for"):
+            assert field in names, (field, names)
+    assert got[0].headers["x-mock-traceparent"] in (f"00-{1:032x}-{1:016x}-01", f"00-{2:032x}-{2:016x}-01")

@@ -68,7 +68,8 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
   auto* batcher = ctx.gen->batcher(ctx.target.pool);
   const auto& req = down_.request();
   if (ctx.trace_on()) {
-    // The batch's upstream request carries its first member's traceparent.
+    // The batch's upstream request carries its first member's traceparent (Weir's span: the client's trace
+    // context only when every member is of its tenant).
     begin_attempt_trace(ctx);
     if (ctx.trace->sampled) ctx.trace->batch_join = core::now();
   }
@@ -85,6 +86,7 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
       .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
       .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
       .client_address = down_.peer_address(),
+      .tenant = ctx.principal ? ctx.principal->tenant_name() : std::string_view(),
       .pick = pick_request(ctx, ctx.gen->config().pools[ctx.target.pool])};
   const bool holds_place = ctx.queue_pool >= 0;
   const bool opened =

@@ -215,6 +215,29 @@ TEST(HttpForward, XForwardedForEndsWithTheClientAddress) {
   EXPECT_EQ(values(out, "x-forwarded-for"), Values{"6.6.6.6"});
 }
 
+// A micro-batch of several tenants' prompts (shared): no member's trace context, baggage or address goes
+// up with the others' prompts; Weir's own traceparent still does, and the request's other fields.
+TEST(HttpForward, ASharedHeadCarriesNoClientsContext) {
+  constexpr std::string_view head =
+      "POST /v1/completions HTTP/1.1\r\nHost: g\r\n"
+      "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
+      "tracestate: congo=1\r\nBaggage: user.email=alice@acme.example\r\nX-Forwarded-For: 6.6.6.6\r\n"
+      "Accept: */*\r\n\r\n";
+  auto o = options();
+  o.shared = true;
+  std::string out;
+  append_upstream_request_head(out, request(head), o);
+  for (std::string_view f : {"traceparent", "tracestate", "baggage", "x-forwarded-for"})
+    EXPECT_EQ(values(out, f), Values{}) << f;
+  EXPECT_EQ(values(out, "accept"), Values{"*/*"});
+  o.traceparent = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
+  out.clear();
+  append_upstream_request_head(out, request(head), o);
+  EXPECT_EQ(values(out, "traceparent"), Values{"00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"});
+  EXPECT_EQ(values(out, "tracestate"), Values{});
+  EXPECT_EQ(values(out, "baggage"), Values{});
+}
+
 TEST(HttpForward, ChunkedClientBodyGoesUpstreamWithALength) {
   std::string out;
   append_upstream_request_head(
