@@ -94,6 +94,26 @@ void check_zero_limits(LoadedConfig& out, const YAML::Node& limits, const std::s
   }
 }
 
+// server.metrics.client_port's default: /metrics carries every tenant's spend, budget and request counts, and
+// the client port answers it without credentials, so with tenants it is served only on the admin listener when
+// there is one; without one it stays on the client port (else nothing could scrape it), said at start-up.
+// vLLM serves /metrics on its one port, but has no tenants to tell apart.
+void default_metrics_port(LoadedConfig& out) {
+  auto& m = out.config.server.metrics;
+  const auto& root = out.config.root;
+  if (!root || core::node_at(root, "server.metrics.client_port").IsDefined()) return;  // the file says
+  const auto tenants = root["tenants"];
+  if (!tenants || !tenants.IsMap() || tenants.size() == 0) return;
+  if (out.admin) {
+    m.client_port = false;
+    return;
+  }
+  warn(out, tenants, "tenants",
+       "GET /metrics on the client port shows every tenant's spend, budget and request counts to anyone who can "
+       "reach it (server.metrics.client_port defaults to true without an admin listener): add admin.listen to "
+       "serve it there only, or set server.metrics.client_port to say which you want");
+}
+
 void compute_warnings(LoadedConfig& out) {
   const auto& root = out.config.root;
   if (const auto tenants = root["tenants"]; tenants && tenants.IsMap())
@@ -307,6 +327,7 @@ core::ConfigResult<LoadedConfig> load_sections_unguarded(core::Config config, au
     }
   }
   compute_warnings(out);
+  default_metrics_port(out);
   return out;
 }
 

@@ -427,6 +427,9 @@ class Weir:
     process: Process
     access_log_path: pathlib.Path
     config_path: pathlib.Path | None
+    # Where metrics_text() scrapes: the client port, or the admin listener when /metrics is its only
+    # (server.metrics.client_port's default with tenants and admin.listen).
+    metrics_url: str | None = None
 
     @property
     def port(self) -> int:
@@ -450,7 +453,7 @@ class Weir:
 
     # /metrics
     def metrics_text(self) -> str:
-        r = httpx.get(self.base_url + "/metrics", timeout=10)
+        r = httpx.get(self.metrics_url or self.base_url + "/metrics", timeout=10)
         assert r.status_code == 200, r.text
         return r.text
 
@@ -508,6 +511,17 @@ class Weir:
         return up
 
 
+def metrics_url(config: dict | None) -> str | None:
+    """The admin listener's /metrics when the client port does not serve it: tenants and admin.listen
+    configured and server.metrics.client_port left to its default (docs/observability.md)."""
+    if not config or not config.get("tenants"):
+        return None
+    listen = (config.get("admin") or {}).get("listen")
+    if not listen or "client_port" in ((config.get("server") or {}).get("metrics") or {}):
+        return None
+    return f"http://{listen}/metrics"
+
+
 class WeirFactory:
     """Callable: starts weir on a free port and returns a :class:`Weir`.
 
@@ -558,7 +572,7 @@ class WeirFactory:
         # start-up line after every worker has started. Tests read that line, so wait for it.
         wait_until(lambda: "weir: listening on" in proc.log() or not proc.alive(), ready_timeout,
                    message="weir's start-up line")
-        return Weir(proc, access_log, config_path)
+        return Weir(proc, access_log, config_path, metrics_url(config))
 
 
 @pytest.fixture

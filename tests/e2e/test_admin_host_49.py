@@ -30,6 +30,9 @@ def config(listen: str, **admin_extra) -> dict:
         "tenants": {"acme": {"models": ["m"]}},
         "auth": {"required": False},
         "admin": {"listen": listen, "token_env": "WEIR_TEST_ADMIN_TOKEN", **admin_extra},
+        # The tests' w.metric() scrapes the client port (with tenants and admin.listen /metrics is otherwise
+        # the admin listener's only, and its allowed_hosts here may refuse an IP literal).
+        "server": {"metrics": {"client_port": True}},
     }
 
 
@@ -209,7 +212,8 @@ def test_a_reload_that_changes_allowed_hosts_is_refused_as_every_admin_change(we
     w, port = start(weir, allowed_hosts=["admin.example"])
     before = w.metric("weir_config_reloads_total", result="failure")
     cfg = config(f"127.0.0.1:{port}", allowed_hosts=["attacker.example"])
-    cfg.update({"listen": f"127.0.0.1:{w.port}", "workers": 2, "server": {"access_log": str(w.access_log_path)}})
+    cfg.update({"listen": f"127.0.0.1:{w.port}", "workers": 2,
+                "server": {**cfg["server"], "access_log": str(w.access_log_path)}})
     w.config_path.write_text(to_yaml(cfg) + "\n")
     os.kill(w.process.pid, signal.SIGHUP)
     wait_until(lambda: w.metric("weir_config_reloads_total", result="failure") > before, 10,

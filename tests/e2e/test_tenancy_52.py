@@ -8,6 +8,10 @@ route that takes a model; the access log keeps the reason (model_not_allowed).
 DEFECT 2: a micro-batch of two tenants' prompts went upstream with its first member's traceparent, tracestate,
 baggage (user.email=...) and client address in X-Forwarded-For. A batch whose members are not all of its first
 member's tenant now carries none of them; one tenant's batch keeps them.
+
+DEFECT 3: /metrics on the client port showed every tenant's spend, budget and request counts without
+credentials. With tenants and an admin listener it is now the admin listener's only, unless
+server.metrics.client_port says true; with tenants and no admin listener, start-up says so.
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import hashlib
 import httpx
 import pytest
 
+from conftest import free_port, wait_until
 from test_batching import in_parallel
 
 FAST = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "4", "--any-model")
@@ -191,3 +196,64 @@ def test_a_batch_of_one_tenant_keeps_its_first_members_context(weir, mock):
         for field in ("traceparent", "tracestate", "baggage", "x-forwarded-for"):
             assert field in names, (field, names)
     assert got[0].headers["x-mock-traceparent"] in (f"00-{1:032x}-{1:016x}-01", f"00-{2:032x}-{2:016x}-01")
+
+
+# --- 3. /metrics and the client port ----------------------------------------------------------------------
+
+ADMIN_ENV = {"WEIR_TEST_ADMIN_TOKEN": "tenancy-52-admin-token-0123456789"}
+
+
+def metrics_config(mock, admin_port: int | None, **metrics) -> dict:
+    cfg = tenancy_config(mock)
+    if admin_port:
+        cfg["admin"] = {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}
+    if metrics:
+        cfg["server"] = {"metrics": metrics}
+    return cfg
+
+
+def scrape(port: int) -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10)
+
+
+def admin_up(port: int) -> None:
+    wait_until(lambda: scrape(port).status_code == 200, 5, message="the admin listener's /metrics")
+
+
+def test_metrics_with_tenants_and_an_admin_listener_are_the_admin_listeners(weir, mock):
+    admin = free_port()
+    w = weir(config=metrics_config(mock(*FAST), admin), env=ADMIN_ENV, workers=1)
+    admin_up(admin)
+    assert send(w, "key-beta-b", "/v1/completions", {"model": "pub", "prompt": "x", "max_tokens": 2},
+                "spend").status_code == 200
+    assert scrape(w.port).status_code == 404
+    assert "weir_requests_total" in scrape(admin).text
+    assert "GET /metrics on the client port" not in w.process.log()  # nothing to say: it is where it belongs
+
+
+def test_client_port_true_keeps_metrics_on_the_client_port(weir, mock):
+    admin = free_port()
+    w = weir(config=metrics_config(mock(*FAST), admin, client_port=True), env=ADMIN_ENV, workers=1)
+    admin_up(admin)
+    assert scrape(w.port).status_code == 200
+
+
+def test_tenants_without_an_admin_listener_keep_metrics_and_say_so(weir, mock):
+    w = weir(config=metrics_config(mock(*FAST), None), workers=1)
+    assert scrape(w.port).status_code == 200
+    notes = [l for l in w.process.log().splitlines() if "GET /metrics" in l and "weir: warning:" in l]
+    assert len(notes) == 1 and "admin.listen" in notes[0] and "client_port" in notes[0], w.process.log()
+    # Said so only when the file leaves it to the default.
+    w2 = weir(config=metrics_config(mock(*FAST), None, client_port=True), workers=1)
+    assert scrape(w2.port).status_code == 200
+    assert "GET /metrics" not in w2.process.log()
+
+
+def test_without_tenants_metrics_stay_on_the_client_port(weir, mock):
+    admin = free_port()
+    m = mock(*FAST)
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url]}}, "default_pool": "gpu",
+                     "admin": {"listen": f"127.0.0.1:{admin}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}},
+             env=ADMIN_ENV, workers=1)
+    admin_up(admin)
+    assert scrape(w.port).status_code == 200

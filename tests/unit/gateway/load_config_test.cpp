@@ -67,7 +67,9 @@ request_log:
   ASSERT_TRUE(r->request_log);
   EXPECT_EQ(r->request_log->path, "/tmp/weir-load-config-test.db");
   EXPECT_EQ(r->request_log->queue, 128u);
-  EXPECT_TRUE(r->warnings.empty()) << r->warnings.front();
+  // Only that tenants' /metrics stays on the client port, for want of an admin listener.
+  ASSERT_EQ(r->warnings.size(), 1u) << ::testing::PrintToString(r->warnings);
+  EXPECT_NE(r->warnings[0].find("GET /metrics on the client port"), std::string::npos) << r->warnings[0];
   EXPECT_EQ(r->config.source, "weir.yaml");
 }
 
@@ -125,7 +127,7 @@ auth:
 )",
                             kSha));
   ASSERT_TRUE(r) << r.error().to_string();
-  ASSERT_EQ(r->warnings.size(), 5u) << ::testing::PrintToString(r->warnings);
+  ASSERT_EQ(r->warnings.size(), 6u) << ::testing::PrintToString(r->warnings);  // the last: /metrics (below)
   EXPECT_EQ(r->warnings[0].rfind("weir.yaml:7:", 0), 0u) << r->warnings[0];
   EXPECT_NE(r->warnings[0].find("tenants.acme.models[3]: no configured model or alias matches \"nope\""),
             std::string::npos)
@@ -141,9 +143,37 @@ auth:
 }
 
 TEST(LoadConfig, NoAllowListWarningsWithADefaultPool) {
-  auto r = load("default_pool: p\ntenants:\n  acme: {models: [anything]}\npricing:\n  anything: {input: 1}\n");
+  auto r = load(
+      "default_pool: p\ntenants:\n  acme: {models: [anything]}\npricing:\n  anything: {input: 1}\n"
+      "server: {metrics: {client_port: true}}\n");
   ASSERT_TRUE(r) << r.error().to_string();
   EXPECT_TRUE(r->warnings.empty()) << r->warnings.front();
+}
+
+// /metrics shows every tenant's spend, budget and traffic: with tenants and an admin listener it is that
+// listener's only unless server.metrics.client_port says otherwise; without one it stays, with a warning.
+TEST(LoadConfig, TenantsMetricsMoveToTheAdminListener) {
+  const std::string admin = fmt::format("admin: {{listen: \"127.0.0.1:9901\", token_sha256: {}}}\n", kSha);
+  auto moved = load("tenants:\n  acme: {}\n" + admin);
+  ASSERT_TRUE(moved) << moved.error().to_string();
+  EXPECT_FALSE(moved->config.server.metrics.client_port);
+  EXPECT_TRUE(moved->warnings.empty()) << moved->warnings.front();
+  auto kept = load("tenants:\n  acme: {}\nserver: {metrics: {client_port: true}}\n" + admin);
+  ASSERT_TRUE(kept) << kept.error().to_string();
+  EXPECT_TRUE(kept->config.server.metrics.client_port);
+  auto no_tenants = load(admin);
+  ASSERT_TRUE(no_tenants) << no_tenants.error().to_string();
+  EXPECT_TRUE(no_tenants->config.server.metrics.client_port);
+  auto no_admin = load("tenants:\n  acme: {}\n");
+  ASSERT_TRUE(no_admin) << no_admin.error().to_string();
+  EXPECT_TRUE(no_admin->config.server.metrics.client_port);
+  ASSERT_EQ(no_admin->warnings.size(), 1u) << ::testing::PrintToString(no_admin->warnings);
+  EXPECT_NE(no_admin->warnings[0].find("weir.yaml:7:3: tenants: GET /metrics on the client port"), std::string::npos)
+      << no_admin->warnings[0];
+  EXPECT_NE(no_admin->warnings[0].find("admin.listen"), std::string::npos) << no_admin->warnings[0];
+  auto said = load("tenants:\n  acme: {}\nserver: {metrics: {client_port: true}}\n");
+  ASSERT_TRUE(said) << said.error().to_string();
+  EXPECT_TRUE(said->warnings.empty()) << said->warnings.front();
 }
 
 TEST(LoadConfig, PricesForUnknownModelsAreWarnings) {
