@@ -32,9 +32,17 @@ class StoreBackend {
   virtual bool open(std::string& error) = 0;
   virtual bool is_open() const = 0;
   virtual void close() = 0;
-  // The store's file was deleted or replaced since it was opened (SQLite;
-  // a server-backed store never is): the writer opens it again.
-  virtual bool moved() const { return false; }
+  // Called before each batch. True when the store must be opened again,
+  // `why` saying why: SQLite's file, or its write-ahead log, was deleted or
+  // replaced since it was opened (a server-backed store never is); what was
+  // written before is saved first where it can be (close()). False with
+  // `why` set: it was, but cannot be left yet (the log's rows could not be
+  // saved: writes go on where they are, and it is tried again); a failure
+  // to count.
+  virtual bool moved(std::string& why) {
+    (void)why;
+    return false;
+  }
   // One batch: begin(), add() per record, then commit(), or rollback()
   // after a failure (the batch is lost, the caller closes and reopens).
   // `bodies`: the record's captured bodies as JSON text, empty = NULL. The

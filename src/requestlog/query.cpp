@@ -253,15 +253,35 @@ tl::expected<void, core::Error> Reader::ensure_open() {
   // A file renamed or deleted under the open connection (logrotate, `mv requests.db requests.db.1`): the
   // writer opens a new one at the path (Writer::write_batch); the reader follows, else it would list the old
   // file's rows for good, and read the new file's WAL (at the same name) against the old file's pages. A new
-  // file not made yet is a 503, as at start-up. (One fstat and one stat per query.)
-  if (db_ && db_.has_moved()) db_.close();
+  // file not made yet is a 503, as at start-up. Its -wal deleted or replaced: the writer copies the rows into
+  // the file and opens a new log (sqlite_store.cpp, moved()); this connection, on the old one, would read the
+  // new log's index against the old log's frames. (One fstat and two stats per query.)
+  if (db_ && (db_.has_moved() || db_.wal_replaced())) db_.close();
   if (db_) return {};
+  wal_noted_ = false;
   std::string error;
   if (!db_.open(path_, true, error))
     return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be opened: {}", error)));
   std::string ignored;
   db_.exec("PRAGMA busy_timeout = 2000;", ignored);
   return {};
+}
+
+core::Error Reader::read_failed() {
+  auto e = core::unavailable(fmt::format("the request log store cannot be read: {}", db_.errmsg()));
+  db_.close();  // (a statement still open finalizes it: sqlite3_close_v2) open again next time
+  return e;
+}
+
+Stmt Reader::prepare(std::string_view sql, std::string& error) {
+  Stmt st = db_.prepare(sql, error);
+  if (st) {
+    if (!wal_noted_) db_.note_wal();  // the statement opened the log
+    wal_noted_ = true;
+    return st;
+  }
+  db_.close();  // a store not created yet, or replaced: open again next time
+  return Stmt();
 }
 
 tl::expected<std::string, core::Error> Reader::query_json(const Query& q) {
@@ -279,11 +299,8 @@ tl::expected<std::string, core::Error> Reader::query_json(const Query& q) {
   if (q.after_ts_us) sql += " AND (ts_us, id) < (:ats, :aid)";
   sql += " ORDER BY ts_us DESC, id DESC LIMIT :limit";
   std::string error;
-  Stmt st = db_.prepare(sql, error);
-  if (!st) {
-    db_.close();  // a store not created yet, or replaced: open again next time
-    return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", error)));
-  }
+  Stmt st = prepare(sql, error);
+  if (!st) return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", error)));
   int i = 1;
   if (q.since_us) st.bind(i++, *q.since_us);
   if (q.until_us) st.bind(i++, *q.until_us);
@@ -315,8 +332,7 @@ tl::expected<std::string, core::Error> Reader::query_json(const Query& q) {
     last_ts = st.column_int64(1);
     out += st.column_text(2);
   }
-  if (rc != SQLITE_ROW && rc != SQLITE_DONE)
-    return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", db_.errmsg())));
+  if (rc != SQLITE_ROW && rc != SQLITE_DONE) return tl::unexpected(read_failed());
   finish_list(out, has_more, last_ts, last_id);
   return out;
 }
@@ -327,20 +343,17 @@ tl::expected<std::optional<std::string>, core::Error> Reader::get_json(std::stri
   if (auto r = ensure_open(); !r) return tl::unexpected(std::move(r.error()));
   std::string error;
   // Newest as the list orders (its first row with this request_id is this one); the count before the LIMIT.
-  Stmt st = db_.prepare(
+  Stmt st = prepare(
       "SELECT record, bodies, COUNT(*) OVER () FROM requests WHERE request_id = ?1 "
       "ORDER BY ts_us DESC, id DESC LIMIT 1",
       error);
-  if (!st) {
-    db_.close();
-    return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", error)));
-  }
+  if (!st) return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", error)));
   st.bind(1, request_id);
   const int rc = st.step();
   if (rc == SQLITE_ROW)
     return std::optional<std::string>(with_bodies(st.column_text(0), st.column_int64(2) - 1, st.column_text(1)));
   if (rc == SQLITE_DONE) return std::optional<std::string>();
-  return tl::unexpected(core::unavailable(fmt::format("the request log store cannot be read: {}", db_.errmsg())));
+  return tl::unexpected(read_failed());
 }
 
 tl::expected<std::string, core::Error> Reader::query_pg(const Query& q) {

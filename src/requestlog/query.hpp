@@ -79,6 +79,10 @@ class Reader {
 
  private:
   tl::expected<void, core::Error> ensure_open();
+  // db_.prepare(); on failure the connection is closed (opened again next time).
+  Stmt prepare(std::string_view sql, std::string& error);
+  // A 503 for a statement that failed to step, with SQLite's message; the connection closed.
+  core::Error read_failed();
   tl::expected<std::string, core::Error> query_pg(const Query& q);
   tl::expected<std::optional<std::string>, core::Error> get_pg(std::string_view request_id);
 
@@ -87,6 +91,7 @@ class Reader {
   std::string display_;
   std::mutex mu_;
   Db db_;
+  bool wal_noted_ = false;  // db_.note_wal() ran (or has nothing to watch) since db_ was opened
   PgConn pg_;
 };
 

@@ -110,11 +110,22 @@ std::string_view Stmt::column_text(int i) const {
   return {reinterpret_cast<const char*>(p), static_cast<std::size_t>(lib().column_bytes(s_, i))};
 }
 
+Db::Db(Db&& o) noexcept
+    : db_(o.db_), path_(std::move(o.path_)), wal_noted_(o.wal_noted_), wal_dev_(o.wal_dev_), wal_ino_(o.wal_ino_) {
+  o.db_ = nullptr;
+  o.wal_noted_ = false;
+}
+
 Db& Db::operator=(Db&& o) noexcept {
   if (this != &o) {
     close();
     db_ = o.db_;
+    path_ = std::move(o.path_);
+    wal_noted_ = o.wal_noted_;
+    wal_dev_ = o.wal_dev_;
+    wal_ino_ = o.wal_ino_;
     o.db_ = nullptr;
+    o.wal_noted_ = false;
   }
   return *this;
 }
@@ -151,12 +162,14 @@ bool Db::open(const std::string& path, bool read_only, std::string& error) {
     return false;
   }
   db_ = db;
+  path_ = path;
   return true;
 }
 
 void Db::close() {
   if (db_) lib().close_v2(db_);
   db_ = nullptr;
+  wal_noted_ = false;
 }
 
 bool Db::exec(const char* sql, std::string& error) {
@@ -183,6 +196,39 @@ bool Db::has_moved() const {
   int moved = 0;
   if (db_ == nullptr || lib().file_control(db_, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK) return false;
   return moved != 0;
+}
+
+void Db::note_wal() {
+  struct stat st {};
+  wal_noted_ = db_ && ::stat((path_ + "-wal").c_str(), &st) == 0;
+  wal_dev_ = wal_noted_ ? st.st_dev : 0;
+  wal_ino_ = wal_noted_ ? st.st_ino : 0;
+}
+
+bool Db::wal_replaced() const {
+  if (!db_ || !wal_noted_) return false;
+  struct stat st {};
+  return ::stat((path_ + "-wal").c_str(), &st) != 0 || st.st_ino != wal_ino_ || st.st_dev != wal_dev_;
+}
+
+bool Db::checkpoint_truncate(std::string& error) {
+  std::string why;
+  Stmt s = prepare("PRAGMA wal_checkpoint(TRUNCATE)", why);
+  if (!s) {
+    error = why;
+    return false;
+  }
+  // One row: busy (1 when a reader or writer kept it from finishing), frames in the log, frames checkpointed.
+  if (s.step() != SQLITE_ROW) {
+    error = errmsg();
+    return false;
+  }
+  if (s.column_int64(0) != 0) {
+    error = fmt::format("a checkpoint could not finish ({} of {} frames copied): a reader is in the way",
+                        s.column_int64(2), s.column_int64(1));
+    return false;
+  }
+  return true;
 }
 
 std::int64_t Db::changes() const { return lib().changes64(db_); }

@@ -3,6 +3,8 @@
 // SQLite's result codes; the message is the connection's sqlite3_errmsg().
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -39,7 +41,7 @@ class Stmt {
 class Db {
  public:
   Db() = default;
-  Db(Db&& o) noexcept : db_(o.db_) { o.db_ = nullptr; }
+  Db(Db&& o) noexcept;
   Db& operator=(Db&& o) noexcept;
   ~Db();
   explicit operator bool() const { return db_ != nullptr; }
@@ -57,9 +59,32 @@ class Db {
   // The database file was deleted, renamed or replaced since it was opened
   // (SQLITE_FCNTL_HAS_MOVED): writes would go to an unlinked file, lost.
   bool has_moved() const;
+  // Remembers which file PATH-wal is (its device and inode; a stat), for
+  // wal_replaced(): call it once the connection has the log open (after its
+  // first statement on a WAL-mode file). None there (not WAL mode, an
+  // immutable connection): nothing to watch.
+  void note_wal();
+  // PATH-wal was deleted or replaced since note_wal() (a stat; false
+  // before it, or when it noted none). The connection keeps the log it opened, now unlinked:
+  // SQLite does not notice (SQLITE_FCNTL_HAS_MOVED is the main file's).
+  // What a writer commits there is read by the connections that opened it
+  // too, and lost when the last of them closes without a checkpoint (a
+  // crash, or a read-only one last); a connection opened since reads
+  // another log against the shared index. checkpoint_truncate() saves it.
+  bool wal_replaced() const;
+  // PRAGMA wal_checkpoint(TRUNCATE) (https://sqlite.org/pragma.html#pragma_wal_checkpoint):
+  // every frame of the log this connection has open copied into the main
+  // file, then the log emptied and restarted. False with `error` set when
+  // it failed or was not done whole (a reader still in a snapshot past the
+  // busy timeout).
+  bool checkpoint_truncate(std::string& error);
 
  private:
   sqlite3* db_ = nullptr;
+  std::string path_;        // as opened (PATH-wal is beside it)
+  bool wal_noted_ = false;  // note_wal() ran since the open
+  dev_t wal_dev_ = 0;       // PATH-wal's device and inode at note_wal()
+  ino_t wal_ino_ = 0;
 };
 
 }  // namespace weir::requestlog

@@ -2,6 +2,8 @@
 // writer nor it them), prepared statements, one transaction per batch.
 #include <sqlite3.h>
 
+#include <chrono>
+
 #include <fmt/format.h>
 
 #include "requestlog/backend.hpp"
@@ -87,11 +89,38 @@ class SqliteBackend final : public StoreBackend {
       *p.out = db_.prepare(p.sql, why);
       if (!*p.out) return fail(why);
     }
+    // The statements above opened the log: which file it is, for moved().
+    db_.note_wal();
+    next_wal_check_ = std::chrono::steady_clock::now() + kWalCheckEvery;
     return true;
   }
 
   bool is_open() const override { return static_cast<bool>(db_); }
-  bool moved() const override { return db_ && db_.has_moved(); }
+
+  bool moved(std::string& why) override {
+    if (!db_) return false;
+    if (db_.has_moved()) {
+      why = "the database file was deleted or replaced";
+      return true;
+    }
+    // The -wal file deleted or replaced (an operator's rm, a cleanup of "stale" files, a reader that made a
+    // new one in its place): this connection writes on into the unlinked log, and its rows are lost at a
+    // crash, or when a read-only connection (the admin API's, `weir requests`) is the last to close. SQLite
+    // does not notice; a stat, at most once a second, does. The rows are copied into the file through this
+    // connection's descriptor before it is left; until that can be done (a reader in the way) it stays.
+    const auto now = std::chrono::steady_clock::now();
+    if (now < next_wal_check_) return false;
+    next_wal_check_ = now + kWalCheckEvery;
+    if (!db_.wal_replaced()) return false;
+    std::string error;
+    if (!db_.checkpoint_truncate(error)) {
+      why = fmt::format("its write-ahead log {}-wal was deleted or replaced; its rows are not in the file yet: {}",
+                        path_, error);
+      return false;
+    }
+    why = fmt::format("its write-ahead log {}-wal was deleted or replaced (its rows were copied into the file)", path_);
+    return true;
+  }
 
   void close() override {
     for (Stmt* s : {&begin_, &commit_, &rollback_, &insert_, &delete_older_, &nth_newest_, &delete_upto_}) *s = Stmt();
@@ -99,10 +128,11 @@ class SqliteBackend final : public StoreBackend {
     // checkpoint-on-close for a moved database, and the WAL (left at the old name, beside the new file the
     // writer opens next) is then taken for the new file's and reset: every row since the last checkpoint
     // would be lost, though counted written. An explicit checkpoint writes them into the renamed file
-    // through the open descriptor first (for a deleted file it costs a write into the unlinked inode).
-    if (db_ && db_.has_moved()) {
+    // through the open descriptor first (for a deleted file it costs a write into the unlinked inode). A
+    // -wal deleted or replaced (moved()) the same: the rows in it are copied into the file.
+    if (db_ && (db_.has_moved() || db_.wal_replaced())) {
       std::string why;
-      (void)db_.exec("PRAGMA wal_checkpoint(TRUNCATE)", why);
+      (void)db_.checkpoint_truncate(why);
     }
     db_.close();
   }
@@ -171,8 +201,11 @@ class SqliteBackend final : public StoreBackend {
     return total;
   }
 
+  static constexpr auto kWalCheckEvery = std::chrono::seconds(1);
+
   std::string path_;
   Db db_;
+  std::chrono::steady_clock::time_point next_wal_check_{};
   Stmt begin_, commit_, rollback_, insert_, delete_older_, nth_newest_, delete_upto_;
 };
 

@@ -132,16 +132,18 @@ std::string_view Writer::bodies_json(Record& r) {
 
 std::size_t Writer::write_batch() {
   if (!store_->is_open() || queues_.empty()) return 0;
-  // A file deleted or replaced under the open connection (logrotate, an operator's rm) takes every write
-  // without an error, into an unlinked inode: lost at the restart, counted as written. Opened again (a new
-  // file at the path) before the batch; said once, as an error.
-  if (store_->moved()) {
-    count_error(
-        fmt::format("request log {}: the database file was deleted or replaced; opening it again", config_.display));
+  // A file (or SQLite's -wal) deleted or replaced under the open connection (logrotate, an operator's rm)
+  // takes every write without an error, into an unlinked inode: lost at the restart, counted as written.
+  // Opened again (a new file at the path) before the batch; counted as an error and said at once, once.
+  if (std::string moved; store_->moved(moved)) {
+    count_error(fmt::format("request log {}: {}; opening it again", config_.display, moved));
+    say_now();
     store_->close();
     open_.store(false, std::memory_order_relaxed);
     std::string error;
     if (!open_store(error)) return 0;
+  } else if (!moved.empty()) {
+    count_error(fmt::format("request log {}: {}", config_.display, moved));
   }
   std::size_t taken = 0;
   bool failed = false;
@@ -261,6 +263,11 @@ void Writer::report(bool now_anyway) {
   reported_write_error_ = write_error;
   reported_errors_ = errors;
   last_report_ = now;
+}
+
+void Writer::say_now() {
+  weir::core::note("weir: {}\n", last_error_);
+  reported_errors_ = errors_.load(std::memory_order_relaxed);
 }
 
 std::size_t Writer::step() {

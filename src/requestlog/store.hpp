@@ -85,6 +85,8 @@ class Writer {
   void count_error(const std::string& what);
   // The stderr lines (drops, errors since the last), at most every 10 s unless `now_anyway`.
   void report(bool now_anyway = false);
+  // Says last_error_ on stderr now (core::note), and counts it as said (report() does not say it again).
+  void say_now();
   // `r`'s captured bodies as the `bodies` column's JSON (redacted), into bodies_; empty = none.
   std::string_view bodies_json(Record& r);
 

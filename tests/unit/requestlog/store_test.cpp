@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -521,6 +522,51 @@ TEST(ReaderTest, ARequestIdSharedByTenantsHidesNoRecord) {
   page = reader.query_json(*q);
   ASSERT_TRUE(page);
   EXPECT_EQ(boost::json::parse(*page).as_object().at("data").as_array().size(), 1u);
+}
+
+// The -wal removed under an open writer and reader (an operator's rm): SQLite writes on into the unlinked log, whose
+// rows would be lost when a read-only connection closes last, or at a crash. The writer notices (a stat, at most
+// once a second), checkpoints them into the file and opens a new log; the reader follows it.
+TEST(WriterTest, ARemovedWalIsCheckpointedIntoTheFileAndANewOneOpened) {
+  TempDir dir;
+  const auto db = dir.path / "r.db";
+  std::optional<Reader> reader(std::in_place, db.string());
+  auto q = parse_query("limit=1000");
+  ASSERT_TRUE(q);
+  auto listed = [&] {
+    auto page = reader->query_json(*q);
+    EXPECT_TRUE(page) << page.error().message;
+    bool more;
+    std::string cursor;
+    return page ? ids_of(*page, more, cursor).size() : 0u;
+  };
+  {
+    Writer w(config_at(db), 1);
+    std::string err;
+    ASSERT_TRUE(w.open_store(err)) << err;
+    for (int i = 0; i < 10; ++i) push(w.queue(0), 1000 + i, fmt::format("before{}", i));
+    while (w.write_batch()) {
+    }
+    EXPECT_EQ(listed(), 10u);  // the reader has the log open
+    fs::remove(db.string() + "-wal");
+    for (int i = 0; i < 10; ++i) push(w.queue(0), 2000 + i, fmt::format("during{}", i));
+    // Noticed before a batch, a stat at most once a second.
+    const auto give_up = std::chrono::steady_clock::now() + 10s;
+    while (w.stats().errors == 0 && std::chrono::steady_clock::now() < give_up) {
+      w.write_batch();
+      std::this_thread::sleep_for(20ms);
+    }
+    EXPECT_EQ(w.stats().errors, 1u);
+    EXPECT_TRUE(w.stats().open);
+    EXPECT_TRUE(fs::exists(db.string() + "-wal"));  // a new log
+    for (int i = 0; i < 10; ++i) push(w.queue(0), 3000 + i, fmt::format("after{}", i));
+    while (w.write_batch()) {
+    }
+    EXPECT_EQ(w.stats().written, 30u);
+    EXPECT_EQ(listed(), 30u);
+  }                // the writer closes first: not the last connection, it leaves the log as it is
+  reader.reset();  // the last, read-only: it cannot checkpoint
+  EXPECT_EQ(count_rows(db), 30);
 }
 
 TEST(ReaderTest, MissingStoreIs503) {
