@@ -1,6 +1,7 @@
 #include "requestlog/query.hpp"
 
 #include <sqlite3.h>
+#include <sys/stat.h>
 
 #include <charconv>
 #include <iterator>
@@ -255,9 +256,11 @@ tl::expected<void, core::Error> Reader::ensure_open() {
   // file's rows for good, and read the new file's WAL (at the same name) against the old file's pages. A new
   // file not made yet is a 503, as at start-up. Its -wal deleted or replaced: the writer copies the rows into
   // the file and opens a new log (sqlite_store.cpp, moved()); this connection, on the old one, would read the
-  // new log's index against the old log's frames. (One fstat and two stats per query.)
-  if (db_ && (db_.has_moved() || db_.wal_replaced())) db_.close();
+  // new log's index against the old log's frames. An immutable connection (prepare()) is left once a -wal
+  // is there: a writer has the file open. (One fstat and two stats per query.)
+  if (db_ && (db_.has_moved() || db_.wal_replaced() || (immutable_ && wal_exists()))) db_.close();
   if (db_) return {};
+  immutable_ = false;
   wal_noted_ = false;
   std::string error;
   if (!db_.open(path_, true, error))
@@ -273,12 +276,39 @@ core::Error Reader::read_failed() {
   return e;
 }
 
+bool Reader::wal_exists() const {
+  struct stat st {};
+  return ::stat((path_ + "-wal").c_str(), &st) == 0;
+}
+
 Stmt Reader::prepare(std::string_view sql, std::string& error) {
   Stmt st = db_.prepare(sql, error);
   if (st) {
-    if (!wal_noted_) db_.note_wal();  // the statement opened the log
+    if (!wal_noted_ && !immutable_) db_.note_wal();  // the statement opened the log
     wal_noted_ = true;
     return st;
+  }
+  // A reader of a WAL-mode file makes PATH-shm (and PATH-wal) beside it when they are not there: in a
+  // directory it may not write (a read-only mount, another user's 0755 directory) SQLite says "unable to
+  // open database file" or "attempt to write a readonly database", for a file it may read. With no PATH-wal
+  // no writer has the file open (the last one checkpointed it and removed the log): the file alone is the
+  // whole database, read as immutable (no locks, no -shm).
+  const int code = db_.errcode();
+  if (!immutable_ && (code == SQLITE_CANTOPEN || code == SQLITE_READONLY)) {
+    if (!wal_exists()) {
+      std::string why;
+      if (db_.open_immutable(path_, why)) {
+        immutable_ = true;
+        wal_noted_ = true;
+        if (Stmt again = db_.prepare(sql, error)) return again;
+      }
+    } else {
+      error = fmt::format(
+          "{} (SQLite must create {}-shm beside the file to read it while {}-wal is there, a writer running or one "
+          "that did not close it: read it as a user who may write in that directory, or read a copy made with "
+          "`sqlite3 {} .backup COPY`)",
+          error, path_, path_, path_);
+    }
   }
   db_.close();  // a store not created yet, or replaced: open again next time
   return Stmt();

@@ -79,8 +79,10 @@ class Reader {
 
  private:
   tl::expected<void, core::Error> ensure_open();
-  // db_.prepare(); on failure the connection is closed (opened again next time).
+  // db_.prepare(), falling back to an immutable connection where SQLite cannot make PATH-shm (see the .cpp);
+  // on failure the connection is closed (opened again next time).
   Stmt prepare(std::string_view sql, std::string& error);
+  bool wal_exists() const;  // PATH-wal is there (a stat)
   // A 503 for a statement that failed to step, with SQLite's message; the connection closed.
   core::Error read_failed();
   tl::expected<std::string, core::Error> query_pg(const Query& q);
@@ -91,6 +93,7 @@ class Reader {
   std::string display_;
   std::mutex mu_;
   Db db_;
+  bool immutable_ = false;  // db_ was opened immutable (no writer had the file open then)
   bool wal_noted_ = false;  // db_.note_wal() ran (or has nothing to watch) since db_ was opened
   PgConn pg_;
 };

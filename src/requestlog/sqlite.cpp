@@ -28,6 +28,7 @@ struct Libsqlite {
   decltype(&::sqlite3_column_bytes) column_bytes = nullptr;
   decltype(&::sqlite3_column_int64) column_int64 = nullptr;
   decltype(&::sqlite3_column_text) column_text = nullptr;
+  decltype(&::sqlite3_errcode) errcode = nullptr;
   decltype(&::sqlite3_errmsg) errmsg = nullptr;
   decltype(&::sqlite3_errstr) errstr = nullptr;
   decltype(&::sqlite3_exec) exec = nullptr;
@@ -54,6 +55,7 @@ const Libsqlite& lib() {
     so.load(l.column_bytes, "sqlite3_column_bytes");
     so.load(l.column_int64, "sqlite3_column_int64");
     so.load(l.column_text, "sqlite3_column_text");
+    so.load(l.errcode, "sqlite3_errcode");
     so.load(l.errmsg, "sqlite3_errmsg");
     so.load(l.errstr, "sqlite3_errstr");
     so.load(l.exec, "sqlite3_exec");
@@ -166,6 +168,35 @@ bool Db::open(const std::string& path, bool read_only, std::string& error) {
   return true;
 }
 
+bool Db::open_immutable(const std::string& path, std::string& error) {
+  close();
+  if (!lib().error.empty()) {
+    error = lib().error;
+    return false;
+  }
+  // A URI filename (https://sqlite.org/uri.html): '%', '?' and '#' in the path percent-encoded; an absolute
+  // path after an empty authority ("file:///srv/x.db"), a relative one as it is (it cannot start with '/').
+  std::string uri = path.starts_with('/') ? "file://" : "file:";
+  for (char c : path) {
+    if (c == '%' || c == '?' || c == '#')
+      uri += fmt::format("%{:02X}", static_cast<unsigned char>(c));
+    else
+      uri += c;
+  }
+  uri += "?immutable=1";
+  sqlite3* db = nullptr;
+  const int rc = lib().open_v2(
+      uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, nullptr);
+  if (rc != SQLITE_OK) {
+    error = db ? lib().errmsg(db) : lib().errstr(rc);
+    lib().close(db);
+    return false;
+  }
+  db_ = db;
+  path_ = path;
+  return true;
+}
+
 void Db::close() {
   if (db_) lib().close_v2(db_);
   db_ = nullptr;
@@ -191,6 +222,8 @@ Stmt Db::prepare(std::string_view sql, std::string& error) {
 }
 
 std::string Db::errmsg() const { return db_ ? lib().errmsg(db_) : "not open"; }
+
+int Db::errcode() const { return db_ ? lib().errcode(db_) & 0xff : SQLITE_OK; }
 
 bool Db::has_moved() const {
   int moved = 0;

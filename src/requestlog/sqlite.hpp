@@ -49,12 +49,21 @@ class Db {
   // Opens `path` read-write (creating it, mode 0600: it holds what clients
   // sent) or read-only; false with `error` set.
   bool open(const std::string& path, bool read_only, std::string& error);
+  // Opens `path` read-only as immutable (the URI parameter immutable=1,
+  // https://sqlite.org/uri.html): no locks, no -shm, no -wal. Right only for
+  // a file no writer has open (one cleanly closed: its last writer
+  // checkpointed and removed PATH-wal), as in a directory the reader cannot
+  // write, where a WAL-mode reader cannot make PATH-shm. False with `error`.
+  bool open_immutable(const std::string& path, std::string& error);
   void close();
   // Runs one or more statements; false with `error` set.
   bool exec(const char* sql, std::string& error);
   // A prepared statement, or an empty one with `error` set.
   Stmt prepare(std::string_view sql, std::string& error);
   std::string errmsg() const;
+  // The last call's result code, without its extension (SQLITE_CANTOPEN,
+  // SQLITE_READONLY, ...; SQLITE_OK when not open).
+  int errcode() const;
   std::int64_t changes() const;
   // The database file was deleted, renamed or replaced since it was opened
   // (SQLITE_FCNTL_HAS_MOVED): writes would go to an unlinked file, lost.

@@ -1,12 +1,16 @@
 """The SQLite request log under storage faults: its -wal file removed while Weir runs (the rows written before
-and after are all kept, with a reader open in between)."""
+and after are all kept, with a reader open in between); `weir requests` on a cleanly closed file in a directory it
+cannot write (a read-only mount, another user's directory)."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
+import tempfile
 
 import httpx
 import pytest
@@ -120,3 +124,98 @@ def test_a_wal_replaced_by_another_readers_empty_one_loses_no_row(tmp_path, mock
     assert w.process.stop(15) == 0
     assert rows_after_stop(db) == before
     assert noticed and read
+
+
+# --- 2. `weir requests` where it cannot write ----------------------------------------------------------------------
+
+def closed_log(mock, weir, directory) -> str:
+    """A request log Weir wrote 3 rows to and closed cleanly (no -wal, no -shm left): the path."""
+    db = os.path.join(directory, "requests.db")
+    w, _ = start(mock, weir, db)
+    for i in range(3):
+        assert chat(w, f"ro-{i}") == 200
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= 3, 10, message="the rows")
+    assert w.process.stop(15) == 0
+    assert sorted(os.listdir(directory)) == ["requests.db"], os.listdir(directory)
+    return db
+
+
+def cli(db, *, user: str | None = None) -> subprocess.CompletedProcess:
+    prefix = ["runuser", "-u", user, "--"] if user else []
+    return subprocess.run([*prefix, binary("weir"), "requests", "--db", db, "--limit", "10"], capture_output=True,
+                          text=True, timeout=30)
+
+
+@pytest.fixture
+def open_dir():
+    """A directory under /tmp every user can reach (pytest's tmp_path is root's alone); removed at the end."""
+    if os.geteuid() != 0 or shutil.which("runuser") is None:
+        pytest.skip("needs root and runuser(1)")
+    d = tempfile.mkdtemp(prefix="weir-reqlog52-", dir="/tmp")
+    os.chmod(d, 0o755)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", os.path.join(d, "ro")], capture_output=True)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def ids(out: str) -> set[str]:
+    import json
+    return {rec["request_id"] for rec in json.loads(out)["data"]}
+
+
+# DEFECT: `weir requests` on a cleanly closed request log it may read but not write beside failed: "attempt to
+# write a readonly database" (another user's 0755 directory), "unable to open database file" (a read-only mount):
+# SQLite makes PATH-shm to read a WAL-mode file. With no PATH-wal (no writer has the file open) it reads the file
+# as immutable.
+def test_the_cli_reads_a_closed_log_in_a_directory_it_cannot_write(open_dir, mock, weir):
+    rw = os.path.join(open_dir, "rw")
+    os.mkdir(rw, 0o755)
+    db = closed_log(mock, weir, rw)
+    os.chmod(db, 0o644)
+    r = cli(db, user="nobody")
+    assert r.returncode == 0, r.stderr
+    assert ids(r.stdout) == {"ro-0", "ro-1", "ro-2"}
+    assert sorted(os.listdir(rw)) == ["requests.db"]
+
+
+def test_the_cli_reads_a_closed_log_on_a_read_only_mount(open_dir, mock, weir):
+    rw, ro = os.path.join(open_dir, "rw"), os.path.join(open_dir, "ro")
+    os.mkdir(rw)
+    os.mkdir(ro)
+    closed_log(mock, weir, rw)
+    if subprocess.run(["mount", "--bind", rw, ro], capture_output=True).returncode != 0:
+        pytest.skip("cannot bind-mount here")
+    try:
+        if subprocess.run(["mount", "-o", "remount,bind,ro", ro], capture_output=True).returncode != 0:
+            pytest.skip("cannot remount read-only here")
+        r = cli(os.path.join(ro, "requests.db"))
+        assert r.returncode == 0, r.stderr
+        assert ids(r.stdout) == {"ro-0", "ro-1", "ro-2"}
+    finally:
+        subprocess.run(["umount", ro], capture_output=True)
+
+
+def test_the_cli_says_what_to_do_when_a_wal_is_there_and_it_cannot_make_the_shm(open_dir):
+    # A writer that did not close the file (killed) left PATH-wal: the file alone is not the database, so it is
+    # not read as immutable; the error names PATH-shm and what to do.
+    d = os.path.join(open_dir, "crashed")
+    os.mkdir(d, 0o755)
+    db = os.path.join(d, "requests.db")
+    subprocess.run([sys.executable, "-c", f"""
+import os, sqlite3
+c = sqlite3.connect({db!r}, isolation_level=None)
+c.execute("PRAGMA journal_mode = WAL")
+c.execute("CREATE TABLE requests (id INTEGER PRIMARY KEY, ts_us INTEGER, request_id TEXT, tenant TEXT, key_id TEXT,"
+          " model TEXT, status INTEGER, record TEXT, bodies TEXT)")
+c.execute("INSERT INTO requests (ts_us, request_id, status, record) VALUES (1, 'x', 200, '{{}}')")
+os._exit(0)
+"""], check=True)
+    assert os.path.exists(f"{db}-wal")
+    os.remove(f"{db}-shm")
+    for suffix in ("", "-wal"):
+        os.chmod(db + suffix, 0o644)
+    r = cli(db, user="nobody")
+    assert r.returncode != 0, r.stdout
+    assert f"{db}-shm" in r.stderr and "may write in that directory" in r.stderr, r.stderr
