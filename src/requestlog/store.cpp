@@ -160,6 +160,7 @@ std::size_t Writer::write_batch() {
       if (!in_txn) {
         if (!store_->begin(why)) {
           count_error(fmt::format("request log {}: {}", config_.display, why));
+          last_write_failed_ = true;
           store_->rollback();
           return 0;  // nothing taken: the records stay queued
         }
@@ -189,6 +190,7 @@ std::size_t Writer::write_batch() {
     failed = true;
   }
   ++transactions_;
+  last_write_failed_ = failed;
   if (failed) {
     store_->rollback();
     dropped_write_.fetch_add(taken, std::memory_order_relaxed);
@@ -244,15 +246,14 @@ void Writer::report(bool now_anyway) {
   const std::uint64_t write_error = dropped_write_.load(std::memory_order_relaxed);
   const std::uint64_t errors = errors_.load(std::memory_order_relaxed);
   // Says why, by the reasons of weir_request_log_dropped_total that moved:
-  // a full queue is a slow store (or one that is not open), a failed batch
-  // is the store refusing writes (a full disk, a malformed file). Shutdown's
-  // drops have their own line (drain()).
+  // a full queue is a slow store, one that is not open or one whose last
+  // write failed (locked by another writer: the error says so), a failed
+  // batch is the store refusing writes (a full disk, a malformed file).
+  // Shutdown's drops have their own line (drain()).
   const std::uint64_t new_full = queue_full - reported_queue_full_, new_failed = write_error - reported_write_error_;
   if (new_full + new_failed > 0) {
     std::string why;
-    if (new_full > 0)
-      why = fmt::format("{} with the queue full: {}", new_full,
-                        store_->is_open() ? "the store is slow" : "the store is not open");
+    if (new_full > 0) why = fmt::format("{} with the queue full: {}", new_full, queue_full_reason());
     if (new_failed > 0)
       why += fmt::format("{}{} in batches the store failed to write", why.empty() ? "" : "; ", new_failed);
     weir::core::note("weir: request log: {} records dropped in the last {}s ({})\n", new_full + new_failed,
@@ -263,6 +264,13 @@ void Writer::report(bool now_anyway) {
   reported_write_error_ = write_error;
   reported_errors_ = errors;
   last_report_ = now;
+}
+
+std::string Writer::queue_full_reason() const {
+  if (!store_->is_open())
+    return last_error_.empty() ? "the store is not open" : fmt::format("the store is not open: {}", last_error_);
+  if (last_write_failed_ && !last_error_.empty()) return fmt::format("the last write failed: {}", last_error_);
+  return "the store is slow";
 }
 
 void Writer::say_now() {
@@ -292,14 +300,27 @@ std::size_t Writer::step() {
 }
 
 void Writer::drain(SteadyClock::time_point deadline) {
-  // The workers have stopped, so the queues only shrink.
+  // The workers have stopped, so the queues only shrink. Why what is left is left: the store not opening,
+  // a write refused (locked by another writer), else the deadline (with the last error, if writes failed).
+  const std::uint64_t errors_before = errors_.load(std::memory_order_relaxed);
+  std::string stopped = "drain deadline";
   for (;;) {
     if (!store_->is_open()) {
       std::string error;
-      if (!open_store(error)) break;
+      if (!open_store(error)) {
+        stopped = error;
+        break;
+      }
     }
-    if (write_batch() == 0 && store_->is_open()) break;
-    if (SteadyClock::now() >= deadline) break;
+    if (write_batch() == 0 && store_->is_open()) {
+      if (last_write_failed_) stopped = last_error_;
+      break;
+    }
+    if (SteadyClock::now() >= deadline) {
+      if (errors_.load(std::memory_order_relaxed) != errors_before)
+        stopped = fmt::format("drain deadline; the last error: {}", last_error_);
+      break;
+    }
   }
   std::uint64_t left = 0;
   for (std::size_t i = 0; i < queues_.size(); ++i)
@@ -309,7 +330,7 @@ void Writer::drain(SteadyClock::time_point deadline) {
       ++left;
     }
   dropped_shutdown_.fetch_add(left, std::memory_order_relaxed);
-  if (left) weir::core::note("weir: request log: {} records not written at shutdown (drain deadline)\n", left);
+  if (left) weir::core::note("weir: request log: {} records not written at shutdown ({})\n", left, stopped);
   report(true);
   store_->close();
   open_.store(false, std::memory_order_relaxed);

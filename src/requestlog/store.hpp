@@ -85,6 +85,8 @@ class Writer {
   void count_error(const std::string& what);
   // The stderr lines (drops, errors since the last), at most every 10 s unless `now_anyway`.
   void report(bool now_anyway = false);
+  // Why a full queue dropped records, for report(): not open, the last write failed (its error), or slow.
+  std::string queue_full_reason() const;
   // Says last_error_ on stderr now (core::note), and counts it as said (report() does not say it again).
   void say_now();
   // `r`'s captured bodies as the `bodies` column's JSON (redacted), into bodies_; empty = none.
@@ -106,6 +108,7 @@ class Writer {
   std::uint64_t reported_write_error_ = 0;  // (shutdown's are said by drain())
   std::uint64_t reported_errors_ = 0;
   std::string last_error_;
+  bool last_write_failed_ = false;  // the last batch's BEGIN, INSERT or COMMIT failed (writer thread)
 
   std::chrono::steady_clock::time_point next_retention_{}, next_open_{};  // writer thread
   core::BatchThread loop_;                                                // last: joined before the members it uses go

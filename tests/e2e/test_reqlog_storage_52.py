@@ -1,6 +1,7 @@
 """The SQLite request log under storage faults: its -wal file removed while Weir runs (the rows written before
 and after are all kept, with a reader open in between); `weir requests` on a cleanly closed file in a directory it
-cannot write (a read-only mount, another user's directory)."""
+cannot write (a read-only mount, another user's directory); the shutdown and queue-full lines say the real reason
+(a locked store) rather than a drain deadline or a slow store."""
 
 from __future__ import annotations
 
@@ -219,3 +220,40 @@ os._exit(0)
     r = cli(db, user="nobody")
     assert r.returncode != 0, r.stdout
     assert f"{db}-shm" in r.stderr and "may write in that directory" in r.stderr, r.stderr
+
+
+# --- 3. the shutdown and queue-full lines say why ------------------------------------------------------------------
+
+# DEFECT: with the store locked by another writer, the shutdown line said "N records not written at shutdown (drain
+# deadline)" and the queue-full drops "the store is slow"; both now say the last error (the lock).
+def test_a_locked_store_is_said_to_be_locked_not_slow_nor_out_of_time(tmp_path, mock, weir):
+    db = tmp_path / "requests.db"
+    w, _ = start(mock, weir, db, queue=16)
+    assert chat(w, "first") == 200
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= 1, 10, message="the first row")
+    locker = subprocess.Popen([sys.executable, "-c", f"""
+import sqlite3, sys
+c = sqlite3.connect({str(db)!r}, isolation_level=None, timeout=0)
+c.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+sys.stdin.read()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert locker.stdout.readline().strip() == "locked"
+        for i in range(40):
+            assert chat(w, f"locked-{i}") == 200
+        wait_until(lambda: w.metric("weir_request_log_dropped_total", reason="queue_full") >= 1, 10,
+                   message="records dropped with the queue full")
+        wait_until(lambda: w.metric("weir_request_log_errors_total") >= 1, 10, message="a write refused")
+        w.process.stop(30)
+    finally:
+        locker.stdin.close()
+        locker.wait(10)
+    log = w.process.log()
+    shutdown = [line for line in log.splitlines() if "not written at shutdown" in line]
+    assert len(shutdown) == 1, log
+    assert "database is locked" in shutdown[0] and "drain deadline" not in shutdown[0], shutdown
+    full = [line for line in log.splitlines() if "with the queue full" in line]
+    assert full, log
+    for line in full:
+        assert "is slow" not in line and "database is locked" in line, line
