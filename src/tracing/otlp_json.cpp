@@ -100,7 +100,18 @@ void genai_attrs(Attrs& a, const TraceRecord& r) {
   if (r.ttft_ns >= 0) a.f64("gen_ai.response.time_to_first_chunk", static_cast<double>(r.ttft_ns) / 1e9);
 }
 
+// Whether the request span's status is ERROR (HTTP server semconv): a 5xx;
+// or a 1xx-3xx answer that then ended in an error of the upstream's or of
+// Weir's (a stream that broke after its 200 head: its in-band error). A 4xx
+// is the client's fault, not the span's, and 499 (the client left) neither.
+bool request_failed(const TraceRecord& r) {
+  if (r.status == 499) return false;
+  if (r.status >= 500) return true;
+  return r.status < 400 && r.has_error && r.error_source != "client";
+}
+
 void append_request_span(std::string& out, const TraceRecord& r) {
+  const bool failed = request_failed(r);
   append_ids(out, r, r.span_id, &r.parent_id);
   out += R"(,"name":)";
   thread_local std::string name;  // the exporter's thread: reused, no allocation per span
@@ -122,7 +133,7 @@ void append_request_span(std::string& out, const TraceRecord& r) {
     a.str("network.protocol.version", "1.1");
     a.i64("http.response.status_code", r.status);
     a.str_if("user_agent.original", r.user_agent);
-    if (r.status >= 500) a.str("error.type", r.error_code.empty() ? fmt::format("{}", r.status) : r.error_code);
+    if (failed) a.str("error.type", r.error_code.empty() ? fmt::format("{}", r.status) : r.error_code);
     genai_attrs(a, r);
     a.str("weir.request_id", r.request_id);
     a.str_if("weir.tenant", r.tenant);
@@ -139,8 +150,7 @@ void append_request_span(std::string& out, const TraceRecord& r) {
       a.str("weir.error.code", r.error_code);
     }
   }
-  // HTTP server semconv: a 4xx is the client's fault, not the span's; 499 (the client left) neither.
-  append_status(out, r.status >= 500 && r.status != 499, r.status >= 500 ? r.error_code : std::string_view{});
+  append_status(out, failed, failed ? std::string_view(r.error_code) : std::string_view{});
   out += '}';
 }
 

@@ -72,7 +72,7 @@ struct TraceRecord {
   bool stream = false;         // weir.stream
   bool has_error = false;
   std::string_view error_source;  // "client", "upstream", "internal" (static)
-  std::string error_code;         // weir.error.code; error.type for 5xx
+  std::string error_code;         // weir.error.code; error.type when the span is ERROR (otlp_json.cpp)
   bool has_usage = false;
   std::uint64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   std::int64_t ttft_ns = -1;  // arrival → first SSE data event to the client; -1 = none

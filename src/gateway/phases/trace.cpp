@@ -206,7 +206,7 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
   if (responded) {
     const core::TimePoint to = ctx.t_upstream_done != core::TimePoint{} ? ctx.t_upstream_done : end;
     add(tracing::Step::response, ctx.t_first_byte, to,
-        ctx.has_error && ctx.error_source == core::ErrorSource::upstream && ctx.committed);
+        ctx.has_error && ctx.error_source != core::ErrorSource::client && ctx.committed);
   }
 }
 

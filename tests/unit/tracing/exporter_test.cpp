@@ -278,6 +278,39 @@ TEST(OtlpJsonTest, ServerSpanErrorsOnlyFor5xxAndRootsHaveNoParent) {
   EXPECT_EQ(attrs(spans[0].as_object())["error.type"].as_string(), "upstream_connect_failed");
 }
 
+std::vector<json::value> encode(const TraceRecord& r) {
+  std::string out;
+  const TraceRecord* rs[] = {&r};
+  append_export_request(out, resource_json(resource()), "0.1.0", rs);
+  const auto spans = json::parse(out).at("resourceSpans").at(0).at("scopeSpans").at(0).at("spans").as_array();
+  return {spans.begin(), spans.end()};
+}
+
+TEST(OtlpJsonTest, A2xxThatEndedInAnUpstreamOrWeirErrorIsAnErrorSpan) {
+  // HTTP semconv: a 1xx-3xx response that ends in another error (a stream broken after its head) is ERROR.
+  IdGenerator g(4);
+  TraceRecord r;
+  fill(r, g, true);
+  r.has_error = true;
+  r.error_source = "upstream";
+  r.error_code = "upstream_unavailable";
+  auto spans = encode(r);
+  EXPECT_EQ(spans[0].at("status").at("code").as_int64(), 2);
+  EXPECT_EQ(spans[0].at("status").at("message").as_string(), "upstream_unavailable");
+  EXPECT_EQ(attrs(spans[0].as_object())["error.type"].as_string(), "upstream_unavailable");
+  r.error_source = "internal";
+  r.error_code = "internal_error";
+  EXPECT_EQ(encode(r)[0].at("status").at("code").as_int64(), 2);
+  // The client's doing stays unset: a client-side error, and 499 (the client left mid-stream).
+  r.error_source = "client";
+  r.error_code = "client_closed_request";
+  spans = encode(r);
+  EXPECT_EQ(spans[0].at("status").at("code").as_int64(), 0);
+  EXPECT_EQ(attrs(spans[0].as_object()).count("error.type"), 0u);
+  r.status = 499;
+  EXPECT_EQ(encode(r)[0].at("status").at("code").as_int64(), 0);
+}
+
 bool push(Exporter& e, unsigned worker, IdGenerator& g) {
   TraceQueue& q = e.queue(worker);
   TraceRecord* r = q.begin_push();
