@@ -309,11 +309,16 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     (void)request_log.release();
   }
   // Bounded as the request log is: an export stuck on a collector that does not answer is left behind.
-  if (tracer && !tracer->stop(std::chrono::steady_clock::now() + kTracingDrain)) {
-    weir::core::note(
-        "weir: tracing: the collector did not answer within the drain; the spans still queued are "
-        "not exported\n");
-    (void)tracer.release();
+  if (tracer) {
+    const bool drained = tracer->stop(std::chrono::steady_clock::now() + kTracingDrain);
+    // Not drained: an export was still under way, on a collector that answers slowly or not at all (it may
+    // have taken some of the drain's batches). Either way the counts say what became of the spans.
+    if (!drained)
+      weir::core::note(
+          "weir: tracing: the drain ran out of time with an export still under way (the collector answers slowly "
+          "or not at all); what is still queued is not exported\n");
+    tracer->say_final();
+    if (!drained) (void)tracer.release();
   }
   weir::core::note("weir: stopped\n");
   return 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <functional>
 #include <iterator>
 #include <string_view>
 #include <utility>
@@ -27,6 +28,9 @@ namespace {
 
 constexpr std::size_t kAnswerLimit = 64 * 1024;
 constexpr auto kReportEvery = std::chrono::seconds(10);
+// How often drops are looked at while an export waits (a POST to a
+// collector that holds it, a retry's backoff): the first is said within it.
+constexpr auto kTick = std::chrono::seconds(1);
 // Retries of one batch (OTLP/HTTP §"Retryable Response Codes": 429, 502,
 // 503, 504, and connection failures), with exponential backoff.
 constexpr int kMaxAttempts = 3;
@@ -90,8 +94,9 @@ class OtlpClient {
               http::PostTarget{
                   .host = c.endpoint.host, .port = c.endpoint.port, .tls = c.endpoint.tls, .ca_file = c.ca_file}) {}
 
-  // POSTs `body` within `timeout` (each step: connect, then send and answer).
-  PostResult post(const std::string& body, std::chrono::milliseconds timeout) {
+  // POSTs `body` within `timeout` (each step: connect, then send and answer),
+  // calling `tick` every kTick while it waits.
+  PostResult post(const std::string& body, std::chrono::milliseconds timeout, const std::function<void()>& tick) {
     const http::PostRequest req{.target = c_.target,
                                 .host_header = c_.endpoint.host_header,
                                 .content_type = "application/json",
@@ -100,7 +105,9 @@ class OtlpClient {
                                 .timeout = timeout,
                                 .max_body = kAnswerLimit};
     PostResult out;
+    bool done = false;
     asio::co_spawn(ioc_, conn_.post(req), [&](std::exception_ptr e, http::PostAnswer a) {
+      done = true;
       if (e) {
         try {
           std::rethrow_exception(e);
@@ -116,7 +123,13 @@ class OtlpClient {
       out.body = std::move(a.body);
     });
     ioc_.restart();
-    ioc_.run();
+    // In slices: a collector that holds the POST for up to 3 x timeout must
+    // not keep the exporter from saying what the workers' queues drop meanwhile.
+    while (!done) {
+      ioc_.run_for(kTick);
+      if (done || ioc_.stopped()) break;
+      tick();
+    }
     return out;
   }
 
@@ -166,7 +179,9 @@ std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
   for (int attempt = 1;; ++attempt) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - SteadyClock::now());
     const auto timeout = std::clamp(left, std::chrono::milliseconds(1), config_.timeout);
-    PostResult r = client_->post(body_, timeout);
+    in_flight_.store(spans, std::memory_order_relaxed);
+    PostResult r = client_->post(body_, timeout, [this] { report(); });
+    in_flight_.store(0, std::memory_order_relaxed);
     if (r.status >= 200 && r.status < 300) {
       export_requests_.fetch_add(1, std::memory_order_relaxed);
       std::string message;
@@ -185,11 +200,22 @@ std::size_t Exporter::export_batch(SteadyClock::time_point deadline) {
     const auto wait = r.retry_after.count() > 0 ? r.retry_after : backoff;
     if (SteadyClock::now() + wait >= deadline) break;
     // Stopping: a regular step's retries end (drain() exports what is left within the drain's deadline).
-    if (loop_.sleep_for(wait) && (!draining_ || SteadyClock::now() >= deadline)) break;
+    if (backoff_for(wait) && (!draining_ || SteadyClock::now() >= deadline)) break;
     backoff *= 2;
   }
   dropped_export_.fetch_add(spans, std::memory_order_relaxed);
   return taken;
+}
+
+bool Exporter::backoff_for(std::chrono::milliseconds wait) {
+  // In slices of kTick, saying drops between them (as post() does).
+  const auto until = SteadyClock::now() + wait;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - SteadyClock::now());
+    if (left.count() <= 0) return false;
+    if (loop_.sleep_for(std::min<std::chrono::milliseconds>(left, kTick))) return true;
+    report();
+  }
 }
 
 void Exporter::start() {
@@ -218,8 +244,11 @@ void Exporter::report(bool now_anyway) {
   const std::uint64_t new_full = queue_full - reported_queue_full_, new_failed = failed - reported_failed_,
                       new_rejected = rejected - reported_rejected_, new_errors = errors - reported_errors_;
   const bool trouble = new_full + new_failed + new_rejected + new_errors > 0;
-  // The first trouble is said at once; then at most every 10 s.
-  const bool first = reported_queue_full_ + reported_failed_ + reported_rejected_ + reported_errors_ == 0 && trouble;
+  // The first trouble is said at once, and so is the first drop (after failed exports a retry made good); then
+  // at most every 10 s.
+  const bool never_dropped = reported_queue_full_ + reported_failed_ + reported_rejected_ == 0;
+  const bool first = (never_dropped && reported_errors_ == 0 && trouble) ||
+                     (never_dropped && new_full + new_failed + new_rejected > 0);
   if (!now_anyway && !first && now - last_report_ < kReportEvery) return;
   if (new_full + new_failed + new_rejected > 0) {
     // Says why, by the reasons of weir_tracing_spans_dropped_total that
@@ -232,7 +261,12 @@ void Exporter::report(bool now_anyway) {
                      error.empty() ? "" : ": ", error);
     };
     part(new_full, "with the queue full", {});
-    part(new_failed, "in batches that could not be exported, last error", last_export_error_);
+    // The batches may have failed for different reasons (a refused connection, then a 503): only the latest
+    // error is kept, and named as that, with how many exports failed.
+    if (new_failed > 0)
+      fmt::format_to(std::back_inserter(why),
+                     "{}{} in batches that could not be exported ({} failed export{}; the latest: {})",
+                     why.empty() ? "" : "; ", new_failed, new_errors, new_errors == 1 ? "" : "s", last_export_error_);
     part(new_rejected, "the collector rejected", last_rejection_);
     weir::core::note("weir: tracing: {} spans dropped in the last {}s ({})\n", new_full + new_failed + new_rejected,
                      std::chrono::duration_cast<std::chrono::seconds>(now - last_report_).count(), why);
@@ -260,7 +294,7 @@ void Exporter::drain(SteadyClock::time_point deadline) {
     }
   dropped_shutdown_.fetch_add(left, std::memory_order_relaxed);
   if (left) weir::core::note("weir: tracing: {} spans not exported at shutdown (drain deadline)\n", left);
-  report(true);
+  report(true);  // (the process's last line on the exporter is the owner's: say_final())
   client_->close();
 }
 
@@ -276,7 +310,18 @@ ExporterStats Exporter::stats() const {
   s.dropped_shutdown = dropped_shutdown_.load(std::memory_order_relaxed);
   s.export_requests = export_requests_.load(std::memory_order_relaxed);
   s.export_errors = export_errors_.load(std::memory_order_relaxed);
+  s.in_flight = in_flight_.load(std::memory_order_relaxed);
   return s;
+}
+
+void Exporter::say_final() const {
+  // From the atomic counters: also right while an abandoned drain's thread still runs.
+  const ExporterStats s = stats();
+  weir::core::note(
+      "weir: tracing: at exit: {} spans exported; not exported: {} with the queue full, {} in failed exports, {} "
+      "rejected by the collector, {} at shutdown, {} in an export still under way; {} traces still queued\n",
+      s.exported, s.dropped_queue_full, s.dropped_export, s.dropped_rejected, s.dropped_shutdown, s.in_flight,
+      s.queued);
 }
 
 }  // namespace weir::tracing

@@ -5,8 +5,9 @@
 // its worker's queue and never waits: a full queue drops the trace, an
 // export that fails (after retries for 429, 502, 503, 504 and connection
 // errors, as the OTLP specification asks) drops its batch; both are
-// counted (weir_tracing_spans_dropped_total) and said on stderr at most
-// every 10 s.
+// counted (weir_tracing_spans_dropped_total) and said on stderr: the
+// first drop within about a second (also while an export waits on a
+// collector that holds it), then at most every 10 s.
 #pragma once
 
 #include <atomic>
@@ -34,6 +35,7 @@ struct ExporterStats {
   std::uint64_t export_requests = 0;     // POSTs answered 2xx
   std::uint64_t export_errors = 0;       // POSTs that failed (connection, timeout, non-2xx), retries included
   std::uint64_t queued = 0;              // traces in the queues now
+  std::uint64_t in_flight = 0;           // spans of the export under way (neither exported nor dropped yet)
 };
 
 // The outcome of one POST.
@@ -69,6 +71,10 @@ class Exporter {
   bool stop(std::chrono::steady_clock::time_point deadline);
 
   ExporterStats stats() const;
+  // Says on stderr what became of the spans: exported, not exported by
+  // reason, in an export under way, still queued. For the end of the
+  // process, after stop() (whether or not the drain ended).
+  void say_final() const;
 
   // --- the thread's step, public for tests; only while the thread is not running ---
   // Takes up to config.batch traces from the queues in turn, encodes and
@@ -81,6 +87,8 @@ class Exporter {
   // After stop(): exports what is queued until `deadline`, counts the rest as dropped.
   void drain(std::chrono::steady_clock::time_point deadline);
   void report(bool now_anyway = false);
+  // A retry's backoff: waits `wait` (report()ing every second); true when stopping.
+  bool backoff_for(std::chrono::milliseconds wait);
 
   TracingConfig config_;
   Sampler sampler_;
@@ -92,7 +100,7 @@ class Exporter {
   std::size_t next_queue_ = 0;
 
   std::atomic<std::uint64_t> exported_{0}, dropped_export_{0}, dropped_rejected_{0}, dropped_shutdown_{0},
-      export_requests_{0}, export_errors_{0};
+      export_requests_{0}, export_errors_{0}, in_flight_{0};
   // Rate-limited reporting (exporter thread).
   std::chrono::steady_clock::time_point last_report_{};
   // What the last line said, by reason of weir_tracing_spans_dropped_total

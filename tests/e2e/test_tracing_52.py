@@ -1,4 +1,5 @@
-"""Tracing fixes of stop 52: a stream that broke after its 200 head is an ERROR span."""
+"""Tracing fixes of stop 52: a stream that broke after its 200 head is an ERROR span; the exporter says its first
+dropped span within a second even while the collector holds an export, and at exit what became of every span."""
 
 from __future__ import annotations
 
@@ -63,4 +64,48 @@ def test_a_stream_that_broke_after_its_head_is_an_error_span(mock, weir):
         assert root.get("status", {}).get("code", 0) == 0 and "error.type" not in attrs(root)
     finally:
         c.close()
+
+
+# --- 2. what the exporter says on stderr ----------------------------------------------------------------------------
+
+# DEFECT: while the collector held an export (up to 3 x tracing.timeout, plus backoff), the spans a full queue
+# dropped were counted but not said: the report ran only after the export returned. And when the shutdown drain
+# was abandoned on that export, nothing said what became of the spans (the "not exported" count was skipped), the
+# only line blaming a collector that "did not answer". The first drop is said within a second; the process's last
+# tracing line gives the counts.
+def test_drops_are_said_while_the_collector_holds_an_export_and_the_counts_at_exit(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m-up")
+    c = Collector()
+    try:
+        w = weir(config=config(m.base_url, c.url, queue=16, batch=1, timeout="60s"), workers=1)
+        c.gate.clear()  # every POST waits: the exporter's first one holds it
+        n = 0
+        while w.metric("weir_tracing_spans_dropped_total", reason="queue_full") == 0:
+            assert chat(w, *new_ids()).status_code == 200
+            n += 1
+            assert n < 200, "the queue never filled"
+        dropped_at = time.monotonic()
+        wait_until(lambda: "with the queue full" in w.process.log(), 5, interval=0.05,
+                   message="the first drop said while the export waits")
+        assert time.monotonic() - dropped_at < 3
+        assert w.process.stop(15) == 0
+        log = w.process.log()
+        final = [ln for ln in log.splitlines() if "tracing: at exit:" in ln]
+        assert len(final) == 1, log
+        assert "spans exported" in final[0] and "with the queue full" in final[0] and "still queued" in final[0]
+        assert "did not answer" not in log, log
+    finally:
+        c.gate.set()
+        c.close()
+
+
+# DEFECT: the periodic line gave every batch dropped in its interval "last error: <the latest one>", as if all
+# had failed so. It says how many exports failed and names the latest error as the latest.
+def test_the_drop_line_names_the_latest_export_error_as_the_latest(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m-up")
+    w = weir(config=config(m.base_url, f"http://127.0.0.1:{free_port()}", timeout="200ms"))
+    assert chat(w, *new_ids()).status_code == 200
+    wait_until(lambda: "could not be exported" in w.process.log(), 15, message="the failed batch said")
+    line = next(ln for ln in w.process.log().splitlines() if "could not be exported" in ln)
+    assert "failed export" in line and "the latest:" in line and "last error" not in line, line
 
