@@ -73,6 +73,9 @@ int BatchMember::endpoint() const { return batch_ ? batch_->endpoint() : -1; }
 std::chrono::steady_clock::time_point BatchMember::sent_at() const {
   return batch_ ? batch_->sent_at() : std::chrono::steady_clock::time_point{};
 }
+std::string_view BatchMember::sent_traceparent() const {
+  return batch_ ? batch_->sent_traceparent() : std::string_view();
+}
 
 const http::ResponseHead& BatchMember::head() const {
   static const http::ResponseHead kNone;

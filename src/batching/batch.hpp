@@ -125,6 +125,10 @@ class BatchMember final : public http::ResponseSource {
   bool coalesced() const;  // a coalesced generation (pools.X.coalesce), not a prompt-list batch
   int endpoint() const;    // endpoint index in the pool
   std::chrono::steady_clock::time_point sent_at() const;  // the batch's request went upstream
+  // The traceparent the batch's last attempt sent (its lead member's
+  // Request::traceparent; empty: none): what a member's trace links its
+  // upstream span to, when that was not its own (tracing:).
+  std::string_view sent_traceparent() const;
   // The batch's attempts before its last one (retried: a connect failure,
   // a 429/5xx, a reset), in order, for the member's access-log line; and
   // the retries it made.

@@ -136,6 +136,7 @@ core::Task<void> Batch::send() {
                                        });
     pool.on_start(ep_idx);
     sent_at_ = core::now();
+    keep_sent_traceparent(lead->req_.traceparent);
     // Non-streaming members wait for whole answers, as they would unbatched
     // (where vLLM sends nothing until the end): the gaps between the
     // batch's events are bounded by timeouts.response, not by idle; and the

@@ -4,6 +4,7 @@
 // upstream_batch.cpp; the members and the batcher in batch.cpp.
 #pragma once
 
+#include <algorithm>
 #include <array>
 
 #include <memory>
@@ -139,6 +140,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::uint32_t sent_size() const { return mode_ == Mode::coalesce ? joined_ : sent_size_; }
   int endpoint() const { return endpoint_; }
   std::chrono::steady_clock::time_point sent_at() const { return sent_at_; }
+  std::string_view sent_traceparent() const { return {sent_traceparent_.data(), sent_traceparent_len_}; }
   std::span<const BatchMember::EarlierAttempt> earlier_attempts() const { return {tried_.data(), tried_count_}; }
   std::uint32_t retries() const { return retries_; }
 
@@ -247,6 +249,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
   bool queue_place_ = false;                     // hold_queue_place()
   routing::WorkerPool* verdict_pool_ = nullptr;  // set while the answer's verdict waits for its first token (judge)
   bool verdict_trial_ = false;                   // ... holding the endpoint's half-open trial slot
+  void keep_sent_traceparent(std::string_view tp) {
+    sent_traceparent_len_ = tp.size() <= sent_traceparent_.size() ? static_cast<std::uint8_t>(tp.size()) : 0;
+    std::copy_n(tp.data(), sent_traceparent_len_, sent_traceparent_.data());
+  }
   // The attempts before the last (at most 8 kept, as a request's log holds), and the retries made.
   std::array<BatchMember::EarlierAttempt, 8> tried_{};
   std::uint8_t tried_count_ = 0;
@@ -281,6 +287,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
   std::string chunk_;             // the JSON of one member's chunk, before its SSE framing
   int endpoint_ = -1;
   std::chrono::steady_clock::time_point sent_at_{};
+  // A copy of the traceparent the last attempt sent (the lead may leave, and its text with it); a W3C
+  // traceparent of version 00 is 55 characters: a longer one is not kept.
+  std::array<char, 55> sent_traceparent_{};
+  std::uint8_t sent_traceparent_len_ = 0;
 };
 
 }  // namespace weir::batching

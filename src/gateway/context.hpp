@@ -55,6 +55,13 @@ struct TraceState {
   // it sent (invalid: it never sent one, e.g. a refused connect) and when it ended.
   std::array<tracing::SpanId, kMaxAttempts> attempt_ids{};
   std::array<core::TimePoint, kMaxAttempts> attempt_end{};
+  // A micro-batch member (pools.X.batch, pools.X.coalesce): which attempts
+  // were its batch's (bit i: attempt i), the span context the batch sent
+  // upstream (its lead member's), and whether that was this request's own.
+  std::uint8_t batch_attempts = 0;
+  bool batch_lead = false;
+  tracing::TraceId batch_sent_trace;
+  tracing::SpanId batch_sent_span;
 
   std::string_view traceparent_view() const { return {traceparent.data(), traceparent.size()}; }
   void reset() {
@@ -65,6 +72,10 @@ struct TraceState {
     user_agent.clear();
     auth_start = auth_end = admit_start = admit_end = batch_join = {};
     auth_span = auth_error = admit_span = admit_error = false;
+    batch_attempts = 0;
+    batch_lead = false;
+    batch_sent_trace = {};
+    batch_sent_span = {};
   }
 };
 
@@ -239,7 +250,8 @@ struct RequestContext {
     if (trace_sampled()) {
       trace->attempt_ids[attempt_count] = trace->attempt_span;
       trace->attempt_end[attempt_count] = core::now();
-      trace->attempt_span = {};  // the next attempt sends a new one
+      trace->attempt_span = {};                                                    // the next attempt sends a new one
+      trace->batch_attempts &= static_cast<std::uint8_t>(~(1u << attempt_count));  // (batched_attempt marks)
     }
     attempt_log[attempt_count++] = a;
   }

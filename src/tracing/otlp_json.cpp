@@ -203,6 +203,7 @@ void append_child(std::string& out, const TraceRecord& r, const ChildSpan& c) {
         a.str_if("weir.pool", c.pool);
         if (c.status) a.i64("http.response.status_code", c.status);
         if (c.resend) a.i64("http.request.resend_count", c.resend);
+        if (c.batch_lead >= 0) a.boolean("weir.batch.lead", c.batch_lead == 1);
         if (!c.failure.empty())
           error_type = std::string(c.failure);
         else if (c.status >= 400)
@@ -216,6 +217,14 @@ void append_child(std::string& out, const TraceRecord& r, const ChildSpan& c) {
         if (c.error) error_type = r.error_code;
         break;
     }
+  }
+  if (c.link_span.valid()) {
+    // A micro-batch member's attempt: the span context its batch sent upstream (another member's span).
+    out += R"(,"links":[{"traceId":")";
+    append_hex(out, c.link_trace);
+    out += R"(","spanId":")";
+    append_hex(out, c.link_span);
+    out += R"("}])";
   }
   append_status(out, c.error || (c.step == Step::upstream && !error_type.empty()), error_type);
   out += '}';

@@ -11,7 +11,9 @@
 // GenAI (gen_ai.operation.name, gen_ai.request.model,
 // gen_ai.usage.input_tokens, gen_ai.usage.output_tokens,
 // gen_ai.usage.cache_read.input_tokens,
-// gen_ai.response.time_to_first_chunk); Weir's own under weir.*.
+// gen_ai.response.time_to_first_chunk); Weir's own under weir.*. A
+// micro-batch member's upstream span links to the span context its batch
+// sent when that was another member's.
 #pragma once
 
 #include <array>
@@ -47,6 +49,13 @@ struct ChildSpan {
   std::string url;           // the endpoint's configured URL, secrets redacted (url.full)
   std::string host;          // server.address
   std::uint16_t port = 0;    // server.port
+  // A micro-batch's attempt: 1 when this request was the batch's lead (its
+  // traceparent went upstream), 0 when another member's did (weir.batch.lead);
+  // -1 not a batch's. The span context sent, when it is not this span's: a
+  // span link (the upstream's spans are that context's children, not this one's).
+  std::int8_t batch_lead = -1;
+  TraceId link_trace;
+  SpanId link_span;  // invalid = no link
 };
 
 struct TraceRecord {

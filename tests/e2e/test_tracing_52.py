@@ -1,5 +1,6 @@
 """Tracing fixes of stop 52: a stream that broke after its 200 head is an ERROR span; the exporter says its first
-dropped span within a second even while the collector holds an export, and at exit what became of every span."""
+dropped span within a second even while the collector holds an export, and at exit what became of every span;
+a micro-batch member's upstream span links to the span context its batch sent (another member's)."""
 
 from __future__ import annotations
 
@@ -108,4 +109,54 @@ def test_the_drop_line_names_the_latest_export_error_as_the_latest(mock, weir):
     wait_until(lambda: "could not be exported" in w.process.log(), 15, message="the failed batch said")
     line = next(ln for ln in w.process.log().splitlines() if "could not be exported" in ln)
     assert "failed export" in line and "the latest:" in line and "last error" not in line, line
+
+
+# --- 3. a micro-batch member's upstream span ------------------------------------------------------------------------
+
+# DEFECT: every member of a micro-batch recorded a CLIENT span as if its span id had gone upstream, but the batch's
+# one request carried only its lead member's traceparent. A member's upstream span now says whether it led
+# (weir.batch.lead) and, when it did not, links to the span context the upstream got.
+def test_a_batch_members_upstream_span_links_to_the_context_that_went_upstream(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m-up")
+    c = Collector()
+    try:
+        w = weir(config=config(m.base_url, c.url,
+                               pools={"b": {"endpoints": [m.base_url], "batch": {"window": "300ms", "max_size": 8}}}))
+        for _ in range(5):
+            ids = [new_ids() for _ in range(2)]
+            answers: list[httpx.Response | None] = [None, None]
+
+            def send(i: int) -> None:
+                answers[i] = httpx.post(w.v1 + "/completions", timeout=30,
+                                        json={"model": "m-b", "prompt": f"hello {i}", "max_tokens": 4},
+                                        headers={"x-mock-echo": "1",
+                                                 "traceparent": f"00-{ids[i][0]}-{ids[i][1]}-01"})
+
+            threads = [threading.Thread(target=send, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            assert all(a is not None and a.status_code == 200 for a in answers), answers
+            up = {parse_traceparent(a.headers["x-mock-traceparent"]) for a in answers}
+            if len(up) == 1:  # one batch
+                break
+        else:
+            raise AssertionError("the two requests never shared a batch")
+        ((up_trace, up_span, _),) = up
+        leads = 0
+        for trace_id, _ in ids:
+            spans = c.wait_trace(trace_id)
+            (attempt,) = [s for s in spans if s["kind"] == CLIENT]
+            a = attrs(attempt)
+            if trace_id == up_trace:
+                leads += 1
+                assert a["weir.batch.lead"] is True and attempt["spanId"] == up_span
+                assert not attempt.get("links")
+            else:
+                assert a["weir.batch.lead"] is False and attempt["spanId"] != up_span
+                assert attempt["links"] == [{"traceId": up_trace, "spanId": up_span}], attempt
+        assert leads == 1
+    finally:
+        c.close()
 

@@ -69,7 +69,7 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
   const auto& req = down_.request();
   if (ctx.trace_on()) {
     // The batch's upstream request carries its first member's traceparent (Weir's span: the client's trace
-    // context only when every member is of its tenant).
+    // context only when every member is of its tenant); the others' upstream spans link to it (batched_attempt).
     begin_attempt_trace(ctx);
     if (ctx.trace->sampled) ctx.trace->batch_join = core::now();
   }
@@ -131,6 +131,19 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
   const bool ok = co_await m.wait_head();
   const auto now = core::now();
   ctx.endpoint = m.endpoint();
+  // The attempts recorded from here on are the batch's, sent with its lead's traceparent: the member's
+  // upstream spans link to it when it was not their own (only one member's span id reached the upstream).
+  const bool sampled = ctx.trace_sampled();
+  if (sampled) {
+    if (const auto sent = tracing::parse_traceparent(m.sent_traceparent())) {
+      ctx.trace->batch_sent_trace = sent->trace_id;
+      ctx.trace->batch_sent_span = sent->span_id;
+      ctx.trace->batch_lead = m.sent_traceparent() == ctx.trace->traceparent_view();
+    }
+  }
+  const auto batch_attempt = [&] {
+    if (sampled) ctx.trace->batch_attempts |= static_cast<std::uint8_t>(1u << (ctx.attempt_count - 1));
+  };
   // The batch's attempts before its last (retried on its pool), as an unbatched request logs its own: their
   // time was the endpoints' (added_us leaves it out).
   for (const auto& a : m.earlier_attempts()) {
@@ -140,6 +153,7 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
                         .failure = a.failure,
                         .us = a.us,
                         .stale = a.stale});
+    batch_attempt();
     ctx.upstream_wait += std::chrono::microseconds(a.us);
   }
   ctx.retries += m.batch_retries();
@@ -167,19 +181,22 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
                         .endpoint = static_cast<std::int16_t>(ctx.endpoint),
                         .status = static_cast<std::int16_t>(m.split_status()),
                         .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+    batch_attempt();
     co_return Outcome::next();  // not an outcome: proxy() sends the request alone
   }
   if (!ok) {
     ctx.source = nullptr;
     auto f = m.failure();  // counted in the metrics once, by the batch
     ctx.fail_over = http::is_upstream_fault(f);
-    if (ctx.endpoint >= 0)
+    if (ctx.endpoint >= 0) {
       ctx.record_attempt({.pool = static_cast<std::int16_t>(ctx.target.pool),
                           .endpoint = static_cast<std::int16_t>(ctx.endpoint),
                           .failure = f,
                           .us = ctx.t_upstream_sent == core::TimePoint{}
                                     ? 0u
                                     : static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+      batch_attempt();
+    }
     if (!m.invalid_answer().empty())
       co_return Outcome::failed(upstream_untranslatable(subject(ctx), m.invalid_answer()));
     if (f == http::UpstreamFailure::protocol && m.stream_cut_short())
@@ -194,6 +211,7 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
                       .endpoint = static_cast<std::int16_t>(ctx.endpoint),
                       .status = static_cast<std::int16_t>(ctx.upstream_status),
                       .us = static_cast<std::uint32_t>(core::micros_between(ctx.t_upstream_sent, now))});
+  batch_attempt();
   if (routing::retryable_status(ctx.upstream_status) && fallback_left(ctx)) {
     // The pool's answer is one a fallback takes over (429, 503, ...): this
     // member leaves the batch for its model's next target, as it would unbatched.

@@ -157,6 +157,8 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
     c->status = 0;
     c->failure = {};
     c->resend = 0;
+    c->batch_lead = -1;
+    c->link_span = {};
     return c;
   };
   if (t.auth_span) add(tracing::Step::authenticate, t.auth_start, t.auth_end, t.auth_error);
@@ -178,6 +180,15 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
     tracing::ChildSpan* c = add(tracing::Step::upstream, from, to, false);
     if (!c) break;
     if (t.attempt_ids[i].valid()) c->id = t.attempt_ids[i];  // the span id the upstream was sent
+    if ((t.batch_attempts >> i) & 1u) {
+      // The batch's request carried its lead's span context: this span's id never reached the upstream
+      // unless it is that one.
+      c->batch_lead = t.batch_lead ? 1 : 0;
+      if (t.batch_sent_span.valid() && !(t.batch_sent_span == c->id && t.batch_sent_trace == t.trace_id)) {
+        c->link_trace = t.batch_sent_trace;
+        c->link_span = t.batch_sent_span;
+      }
+    }
     c->status = a.status;
     c->failure = a.failure_label();
     // (The last kept attempt follows those attempt_log left out.)

@@ -311,6 +311,34 @@ TEST(OtlpJsonTest, A2xxThatEndedInAnUpstreamOrWeirErrorIsAnErrorSpan) {
   EXPECT_EQ(encode(r)[0].at("status").at("code").as_int64(), 0);
 }
 
+TEST(OtlpJsonTest, ABatchMembersAttemptLinksToTheContextItsBatchSent) {
+  IdGenerator g(5);
+  TraceRecord r;
+  fill(r, g, true);
+  ChildSpan& attempt = r.children[3];  // the second upstream attempt (fill)
+  ASSERT_EQ(attempt.step, Step::upstream);
+  attempt.batch_lead = 0;
+  attempt.link_trace = g.trace_id();
+  attempt.link_span = g.span_id();
+  std::string lt, ls;
+  append_hex(lt, attempt.link_trace);
+  append_hex(ls, attempt.link_span);
+  auto spans = encode(r);
+  const auto& s = spans[4].as_object();
+  EXPECT_EQ(attrs(s)["weir.batch.lead"].as_bool(), false);
+  const auto& links = s.at("links").as_array();
+  ASSERT_EQ(links.size(), 1u);
+  EXPECT_EQ(links[0].at("traceId").as_string(), lt);
+  EXPECT_EQ(links[0].at("spanId").as_string(), ls);
+  // The lead (its own context went): no link. Not a batch's attempt: neither attribute nor link.
+  attempt.batch_lead = 1;
+  attempt.link_span = {};
+  spans = encode(r);
+  EXPECT_EQ(attrs(spans[4].as_object())["weir.batch.lead"].as_bool(), true);
+  EXPECT_FALSE(spans[4].as_object().contains("links"));
+  EXPECT_EQ(attrs(spans[3].as_object()).count("weir.batch.lead"), 0u);
+}
+
 bool push(Exporter& e, unsigned worker, IdGenerator& g) {
   TraceQueue& q = e.queue(worker);
   TraceRecord* r = q.begin_push();
