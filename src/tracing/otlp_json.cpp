@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/json_text.hpp"
+#include "core/url.hpp"
 
 namespace weir::tracing {
 
@@ -91,11 +92,13 @@ void append_status(std::string& out, bool error, std::string_view message = {}) 
 // The GenAI attributes of the request (on its span and on its response span).
 void genai_attrs(Attrs& a, const TraceRecord& r) {
   a.str_if("gen_ai.operation.name", r.operation);
+  a.str_if("gen_ai.provider.name", r.provider);
   a.str_if("gen_ai.request.model", r.model);
   if (r.has_usage) {
     a.i64("gen_ai.usage.input_tokens", static_cast<std::int64_t>(r.prompt_tokens));
     a.i64("gen_ai.usage.output_tokens", static_cast<std::int64_t>(r.completion_tokens));
-    a.i64("gen_ai.usage.cache_read.input_tokens", static_cast<std::int64_t>(r.cached_tokens));
+    // Only a count the upstream gave (Weir reads an absent one as 0, which no cache says).
+    if (r.cached_tokens > 0) a.i64("gen_ai.usage.cache_read.input_tokens", static_cast<std::int64_t>(r.cached_tokens));
   }
   if (r.ttft_ns >= 0) a.f64("gen_ai.response.time_to_first_chunk", static_cast<double>(r.ttft_ns) / 1e9);
 }
@@ -199,7 +202,8 @@ void append_child(std::string& out, const TraceRecord& r, const ChildSpan& c) {
         a.str("http.request.method", r.method);
         a.str_if("server.address", c.host);
         if (c.port) a.i64("server.port", c.port);
-        a.str_if("url.full", c.url);
+        if (!c.url.empty()) a.str("url.full", core::redact_url(c.url));
+        a.str_if("gen_ai.provider.name", c.provider);
         a.str_if("weir.pool", c.pool);
         if (c.status) a.i64("http.response.status_code", c.status);
         if (c.resend) a.i64("http.request.resend_count", c.resend);

@@ -8,7 +8,7 @@
 // HTTP server and client spans (semconv 1.26+: http.request.method,
 // http.route, url.path, http.response.status_code, error.type,
 // server.address, server.port, url.full, http.request.resend_count) and
-// GenAI (gen_ai.operation.name, gen_ai.request.model,
+// GenAI (gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model,
 // gen_ai.usage.input_tokens, gen_ai.usage.output_tokens,
 // gen_ai.usage.cache_read.input_tokens,
 // gen_ai.response.time_to_first_chunk); Weir's own under weir.*. A
@@ -46,9 +46,13 @@ struct ChildSpan {
   std::string_view failure;  // error.type of a failed exchange (static text: "connect_refused"); empty = none
   std::uint8_t resend = 0;   // attempts of the request before this one (http.request.resend_count)
   std::string pool;          // the pool's name (weir.pool)
-  std::string url;           // the endpoint's configured URL, secrets redacted (url.full)
-  std::string host;          // server.address
-  std::uint16_t port = 0;    // server.port
+  // The request's URL as sent: the endpoint's scheme and authority, its base
+  // path mapped onto the request's path, and its query (url.full; its
+  // secrets are redacted when exported, on the exporter's thread).
+  std::string url;
+  std::string_view provider;  // gen_ai.provider.name (static): "openai", "anthropic"; empty = none
+  std::string host;           // server.address
+  std::uint16_t port = 0;     // server.port
   // A micro-batch's attempt: 1 when this request was the batch's lead (its
   // traceparent went upstream), 0 when another member's did (weir.batch.lead);
   // -1 not a batch's. The span context sent, when it is not this span's: a
@@ -73,6 +77,7 @@ struct TraceRecord {
   std::string path;            // url.path (without the query)
   std::string_view route;      // http.route (a static label); empty = no route matched
   std::string_view operation;  // gen_ai.operation.name (static); empty = not a GenAI route
+  std::string_view provider;   // gen_ai.provider.name (static) of the pool of the last attempt; empty = none
   std::string request_id;      // weir.request_id (x-request-id)
   std::string model;           // gen_ai.request.model, as the client sent it; empty = none
   std::string tenant, key_id;  // weir.tenant, weir.key_id; empty = none

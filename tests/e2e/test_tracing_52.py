@@ -1,6 +1,7 @@
 """Tracing fixes of stop 52: a stream that broke after its 200 head is an ERROR span; the exporter says its first
 dropped span within a second even while the collector holds an export, and at exit what became of every span;
-a micro-batch member's upstream span links to the span context its batch sent (another member's)."""
+a micro-batch member's upstream span links to the span context its batch sent (another member's); the
+GenAI provider, the full URL sent to, and cache reads only when reported."""
 
 from __future__ import annotations
 
@@ -160,3 +161,30 @@ def test_a_batch_members_upstream_span_links_to_the_context_that_went_upstream(m
     finally:
         c.close()
 
+
+# --- 4. GenAI attributes and url.full -------------------------------------------------------------------------------
+
+# DEFECT: no gen_ai.provider.name; url.full on the upstream span was the endpoint's configured URL, not the URL
+# the request went to; gen_ai.usage.cache_read.input_tokens was 0 on every span whose upstream reported no cache.
+def test_genai_provider_the_full_url_and_cache_reads_only_when_reported(mock, weir):
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4", "--model", "m-up")
+    c = Collector()
+    try:
+        cfg = config(m.base_url, c.url)
+        cfg["pools"]["p"]["endpoints"] = [m.base_url + "/v1?api_key=s3cret&x=1"]
+        w = weir(config=cfg)
+        trace_id, parent = new_ids()
+        r = chat(w, trace_id, parent)
+        assert r.status_code == 200, r.text
+        spans = c.wait_trace(trace_id, n=3)
+        root = next(s for s in spans if s["kind"] == SERVER)
+        a = attrs(root)
+        assert a["gen_ai.provider.name"] == "openai"
+        assert a["gen_ai.usage.input_tokens"] > 0 and "gen_ai.usage.cache_read.input_tokens" not in a
+        (attempt,) = [s for s in spans if s["kind"] == CLIENT]
+        aa = attrs(attempt)
+        assert aa["gen_ai.provider.name"] == "openai"
+        assert aa["url.full"] == m.base_url + "/v1/chat/completions?api_key=REDACTED&x=1", aa["url.full"]
+        assert "s3cret" not in str(spans)
+    finally:
+        c.close()

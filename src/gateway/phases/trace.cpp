@@ -10,6 +10,7 @@
 #include "core/json_text.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
+#include "http/forward.hpp"
 #include "http/headers.hpp"
 
 namespace weir::gateway {
@@ -29,6 +30,17 @@ std::string_view operation_of(RouteKind r) {
     default:
       return {};
   }
+}
+
+std::string_view provider_of(core::UpstreamType t) {
+  return t == core::UpstreamType::anthropic ? "anthropic" : "openai";
+}
+
+// An endpoint's scheme and authority as its display shows them (no userinfo).
+std::string_view origin_of(std::string_view display) {
+  const std::size_t scheme = display.find("://");
+  const std::size_t from = scheme == std::string_view::npos ? 0 : scheme + 3;
+  return display.substr(0, display.find_first_of("/?#", from));
 }
 
 std::int64_t ns_between(core::TimePoint from, core::TimePoint to) {
@@ -145,6 +157,7 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
   r->bytes_in = ctx.bytes_in;
   r->bytes_out = bytes_out;
   r->batch_id.assign(ctx.batch_id());
+  r->provider = {};
   r->child_count = 0;
   auto add = [&](tracing::Step step, core::TimePoint from, core::TimePoint to, bool error) {
     tracing::ChildSpan* c = r->add_child();
@@ -197,9 +210,16 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
     if (a.pool >= 0 && static_cast<std::size_t>(a.pool) < cfg.pools.size()) {
       const auto& pool = cfg.pools[static_cast<std::size_t>(a.pool)];
       c->pool.assign(pool.name);
+      c->provider = provider_of(pool.type);
+      r->provider = c->provider;  // (the last attempt's)
       if (a.endpoint >= 0 && static_cast<std::size_t>(a.endpoint) < pool.endpoints.size()) {
         const auto& ep = pool.endpoints[static_cast<std::size_t>(a.endpoint)];
-        c->url.assign(ep.display);
+        // The URL the attempt sent to, as http::append_upstream_request_head makes its target (the client's
+        // query left out: the request span's url.path has none either); redacted when exported.
+        c->url.assign(origin_of(ep.display));
+        http::append_upstream_target(c->url,
+                                     upstream_target(ctx.route, pool.type == core::UpstreamType::anthropic, ctx.path),
+                                     ep.base_path, ep.query);
         c->host.assign(ep.host);
         c->port = ep.port;
       } else {
@@ -209,6 +229,7 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
       }
     } else {
       c->pool.clear();
+      c->provider = {};
       c->url.clear();
       c->host.clear();
       c->port = 0;

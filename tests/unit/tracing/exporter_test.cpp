@@ -339,6 +339,24 @@ TEST(OtlpJsonTest, ABatchMembersAttemptLinksToTheContextItsBatchSent) {
   EXPECT_EQ(attrs(spans[3].as_object()).count("weir.batch.lead"), 0u);
 }
 
+TEST(OtlpJsonTest, GenAiProviderUrlFullRedactedAndCacheReadOnlyWhenReported) {
+  IdGenerator g(6);
+  TraceRecord r;
+  fill(r, g, true);
+  r.provider = "openai";
+  r.children[3].provider = "openai";
+  r.children[3].url = "https://u:p@10.0.0.2:8000/openai/deployments/d/chat/completions?api-key=s3cret&v=1";
+  r.cached_tokens = 0;
+  const auto spans = encode(r);
+  auto a = attrs(spans[0].as_object());
+  EXPECT_EQ(a["gen_ai.provider.name"].as_string(), "openai");
+  EXPECT_EQ(a.count("gen_ai.usage.cache_read.input_tokens"), 0u);  // none reported
+  auto c = attrs(spans[4].as_object());
+  EXPECT_EQ(c["gen_ai.provider.name"].as_string(), "openai");
+  EXPECT_EQ(c["url.full"].as_string(),
+            "https://10.0.0.2:8000/openai/deployments/d/chat/completions?api-key=REDACTED&v=1");
+}
+
 bool push(Exporter& e, unsigned worker, IdGenerator& g) {
   TraceQueue& q = e.queue(worker);
   TraceRecord* r = q.begin_push();
