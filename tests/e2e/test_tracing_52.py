@@ -122,7 +122,7 @@ def test_a_batch_members_upstream_span_links_to_the_context_that_went_upstream(m
     c = Collector()
     try:
         w = weir(config=config(m.base_url, c.url,
-                               pools={"b": {"endpoints": [m.base_url], "batch": {"window": "300ms", "max_size": 8}}}))
+                               pools={"b": {"endpoints": [m.base_url], "batch": {"window": "1s", "max_size": 8}}}))
         for _ in range(5):
             ids = [new_ids() for _ in range(2)]
             answers: list[httpx.Response | None] = [None, None]
