@@ -186,7 +186,8 @@ core::Task<void> Batch::send() {
       }
       // A pooled connection's idle-timeout 408 crossing the batch: resent at once on a fresh one (as unbatched).
       d = v.stale ? routing::kStaleResend
-                  : attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now());
+                  : attempts.on_status(status, routing::asked_delay(exchange_.head()), core::now(),
+                                       routing::says_no_retry(exchange_.head()));
       if (!d.retry) {
         started = true;  // pass the upstream's answer on
         break;

@@ -259,9 +259,12 @@ std::optional<std::chrono::milliseconds> asked_delay(const http::ResponseHead& h
                      std::chrono::system_clock::now());
 }
 
-RetryDecision Attempts::on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now) {
+bool says_no_retry(const http::ResponseHead& head) { return http::first_field(head, "x-should-retry") == "false"; }
+
+RetryDecision Attempts::on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now,
+                                  bool told_no_retry) {
   RetryDecision d{.reason = RetryReason::status};
-  if (!retryable_status(status)) return d;
+  if (!retryable_status(status) || told_no_retry) return d;
   const auto& rc = pool_.config().retry;
   auto wait = std::chrono::milliseconds(0);
   if (status == 429 || status == 503 || status == 529) {

@@ -88,6 +88,10 @@ std::optional<std::chrono::milliseconds> asked_delay(std::string_view retry_afte
 // The same, of a response head's fields, now.
 std::optional<std::chrono::milliseconds> asked_delay(const http::ResponseHead& head);
 
+// The upstream's own `x-should-retry: false` (OpenAI's and Anthropic's APIs send it on an answer no retry
+// helps, a spent quota; their SDKs obey it over their own rule, and compare it as written: "false").
+bool says_no_retry(const http::ResponseHead& head);
+
 class Attempts {
  public:
   using Clock = std::chrono::steady_clock;
@@ -189,8 +193,12 @@ class Attempts {
   // The response head has status `status` (retryable_status) and asks for
   // `asked` (asked_delay of its fields; read on 429, 503 and 529). Retried
   // while retry.attempts and the budget allow, after max(backoff, the asked
-  // delay); a delay beyond retry.retry_after_cap is not waited for.
-  RetryDecision on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now);
+  // delay); a delay beyond retry.retry_after_cap is not waited for. Never when the upstream said
+  // `x-should-retry: false` (`told_no_retry`, says_no_retry): another endpoint of the same provider answers
+  // alike (a spent quota is the account's). A fallback to another pool still runs: the caller decides that,
+  // and another pool's provider may well answer.
+  RetryDecision on_status(int status, std::optional<std::chrono::milliseconds> asked, Clock::time_point now,
+                          bool told_no_retry = false);
 
   // The endpoints that failed this request so far, with those it was told to avoid.
   const EndpointSet& failed() const { return tried_; }

@@ -517,10 +517,12 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       // A pooled connection's server that timed it out as the request went
       // out (its 408 and close crossed the request): sent again at once on a
       // fresh connection, free, as for a reset. Else 408/429/502/503/504/529:
-      // the upstream did not do the work. Another attempt here, the next
-      // fallback, or (neither left) this answer.
+      // the upstream did not do the work. Another attempt here (not when it
+      // said x-should-retry: false), the next fallback, or (neither left)
+      // this answer.
       d = v.stale ? routing::kStaleResend
-                  : attempts.on_status(status, routing::asked_delay(exchange_.head()), t_answered);
+                  : attempts.on_status(status, routing::asked_delay(exchange_.head()), t_answered,
+                                       routing::says_no_retry(exchange_.head()));
       cancel_late_retry(d);
       if (!d.retry && !fallback_left(ctx)) {
         started = true;

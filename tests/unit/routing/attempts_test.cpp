@@ -469,6 +469,21 @@ TEST(RoutingAttempts, NeverRetriedOtherStatusesAndGarbage) {
   EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::cancelled, false, 0, 1ms, now).retry);
 }
 
+TEST(RoutingAttempts, AnUpstreamsXShouldRetryFalseEndsTheRetries) {
+  // OpenAI's API on a spent quota: 429 insufficient_quota, x-should-retry: false. Another endpoint of the same
+  // provider answers alike: not retried on this pool (a fallback to another pool is the caller's to take).
+  Pool p(2, "{attempts: 3}");
+  Rng rng(4);
+  const auto now = Clock::now();
+  for (int status : {408, 429, 502, 503, 504, 529}) {
+    Attempts a(*p, rng, now);
+    EXPECT_FALSE(a.on_status(status, std::nullopt, now, true).retry) << status;
+    EXPECT_EQ(a.retries(), 0u);
+    Attempts b(*p, rng, now);
+    EXPECT_TRUE(b.on_status(status, std::nullopt, now, false).retry) << status;
+  }
+}
+
 TEST(RoutingAttempts, RetryAfterIsHonouredUpToItsCap) {
   Pool p(1, "{attempts: 3, backoff: 1ms, max_backoff: 1ms, retry_after_cap: 2s}");
   Rng rng(3);
