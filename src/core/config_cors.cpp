@@ -29,9 +29,9 @@ constexpr std::string_view kCorsDefaultHeaders[] = {
 // The response fields those SDKs and their users read that CORS does not expose by itself (only
 // Cache-Control, Content-Language, Content-Length, Content-Type, Expires, Last-Modified and Pragma are).
 constexpr std::string_view kCorsDefaultExpose =
-    "x-request-id, request-id, retry-after, x-should-retry, x-ratelimit-limit-requests, x-ratelimit-limit-tokens, "
-    "x-ratelimit-remaining-requests, x-ratelimit-remaining-tokens, x-ratelimit-reset-requests, "
-    "x-ratelimit-reset-tokens, openai-processing-ms, openai-version";
+    "x-request-id, request-id, retry-after, retry-after-ms, x-should-retry, x-ratelimit-limit-requests, "
+    "x-ratelimit-limit-tokens, x-ratelimit-remaining-requests, x-ratelimit-remaining-tokens, "
+    "x-ratelimit-reset-requests, x-ratelimit-reset-tokens, openai-processing-ms, openai-version";
 
 // RFC 9110 §5.6.2 token.
 bool is_token(std::string_view s) {

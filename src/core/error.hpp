@@ -29,6 +29,12 @@ struct Error {
   std::string_view param;  // offending request field, e.g. "model"; empty = null
   // Extra response header for 429/503 (seconds); 0 = none.
   std::uint32_t retry_after_s = 0;
+  // The wait retry_after_s rounds up, exact (ms; sent as `retry-after-ms`, which the openai and anthropic
+  // SDKs read before Retry-After); 0 = none known: retry_after_s · 1000 is sent.
+  std::uint32_t retry_after_ms = 0;
+  // Sent with `x-should-retry: false`: another attempt cannot help, or would start over work that may still be
+  // running (a request's own deadline passed; a generation timed out on a pool that does not retry it).
+  bool no_retry = false;
 };
 
 // Factories: each names the status and the OpenAI type/code it produces.

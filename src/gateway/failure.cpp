@@ -171,6 +171,7 @@ core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_m
   e.message = upstream_message(who, mid_stream ? "was streaming its answer" : "answered",
                                fmt::format("The request's deadline of {} ms (x-weir-timeout-ms) passed {} upstream",
                                            budget_ms, mid_stream ? "while" : "before"));
+  e.no_retry = true;
   return e;
 }
 

@@ -87,6 +87,8 @@ core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, s
 // The request's own deadline (x-weir-timeout-ms: `budget_ms`) passed before
 // its response was committed (504, type timeout, code deadline_exceeded), or
 // during a stream (in-band, the same error; `mid_stream` words it so).
+// Sent with `x-should-retry: false` (no_retry): the client's own bound is spent, and an SDK's retry would
+// start the generation again for a caller that set the bound.
 core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_ms, bool mid_stream = false);
 // A buffered upstream body over server.max_response (502).
 core::Error upstream_too_large(const UpstreamSubject& who, std::uint64_t limit_bytes);
@@ -121,6 +123,12 @@ core::Error drain_cut();
 enum class ErrorDialect : std::uint8_t { openai, anthropic };
 // Appends the body of `e` in `d` to `out`.
 void append_error_body(std::string& out, const core::Error& e, ErrorDialect d);
+
+// The longest Retry-After (s) the SDKs that call a route of dialect `d` wait out before their automatic retry
+// (a longer one is replaced by their own backoff of under 10 s): the anthropic Python SDK's 60 s on Anthropic's
+// routes, the openai SDKs' 120 s (MAX_RETRY_AFTER_DELAY) on the others. An answer asking a longer wait carries
+// `x-should-retry: false` (docs/reliability.md, "Retries by the client's SDK").
+constexpr std::uint32_t sdk_retry_after_max_s(ErrorDialect d) { return d == ErrorDialect::anthropic ? 60 : 120; }
 
 // How a failure reaches the client.
 enum class Delivery : std::uint8_t {

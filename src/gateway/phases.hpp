@@ -40,6 +40,9 @@ void fill_trace_record(tracing::TraceRecord& rec, const RequestContext& ctx, con
 std::string_view upstream_target(RouteKind r, bool anthropic_pool, std::string_view client_target);
 // The spans fill_trace_record makes for `ctx` (what a full queue drops).
 std::size_t trace_span_count(const RequestContext& ctx);
+// The error shape (and SDK) of `ctx`'s route: Anthropic's on its routes, under /v1/messages/, and on a
+// /v1/models asked with anthropic-version; OpenAI's elsewhere (phases/fail_log.cpp).
+ErrorDialect dialect_of(const RequestContext& ctx);
 
 class GatewayPhases final : public Phases {
  public:
@@ -359,6 +362,10 @@ class GatewayPhases final : public Phases {
   std::optional<api::Usage> failed_charge(const RequestContext& ctx) const;
   // Who failed upstream, for error messages (gateway/failure.hpp).
   UpstreamSubject subject(const RequestContext& ctx) const;
+  // upstream_error(f) for the request's pool, not mid-stream: a non-streamed request's timeout (`f` timeout,
+  // the request sent whole) on a pool whose retry.response_timeout is false is sent with `x-should-retry:
+  // false`: the generation may still be running, and the client's SDK would start it over as a retry here would.
+  core::Error attempt_error(const RequestContext& ctx, http::UpstreamFailure f) const;
   // The Host sent to the request's current endpoint (http::append_response_fields), empty without one.
   std::string_view upstream_host(const RequestContext& ctx) const;
   // weir_upstream_failures_total for the request's current endpoint.

@@ -203,7 +203,7 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
       co_return Outcome::failed(upstream_stream_incomplete(subject(ctx)));
     if (f == http::UpstreamFailure::protocol && m.head_too_large())
       co_return Outcome::failed(upstream_head_too_large(subject(ctx)));
-    co_return Outcome::failed(upstream_error(f, subject(ctx), false));
+    co_return Outcome::failed(attempt_error(ctx, f));
   }
   ctx.upstream_status = m.head().result_int();
   ctx.t_first_byte = now;
@@ -225,11 +225,18 @@ core::Task<Outcome> GatewayPhases::batched_attempt(RequestContext& ctx) {
     // this): its body was written for every member's prompts and may quote
     // any of them (tenants share batches), so the batch did not read it.
     // Each member gets the status with Weir's error instead.
+    // (The upstream's wait, exact in retry-after-ms, and its own x-should-retry: false, pass on with it.)
     std::uint32_t retry_after_s = 1;
-    if (auto d = routing::asked_delay(m.head())) retry_after_s = retry_after_seconds(*d);
+    const auto asked = routing::asked_delay(m.head());
+    if (asked) retry_after_s = retry_after_seconds(*asked);
+    const bool told_no_retry = routing::says_no_retry(m.head());
     m.cancel();
     ctx.source = nullptr;
-    co_return Outcome::failed(batch_status_error(ctx.upstream_status, subject(ctx), retry_after_s));
+    auto e = batch_status_error(ctx.upstream_status, subject(ctx), retry_after_s);
+    if (e.retry_after_s > 0 && asked && *asked <= std::chrono::seconds(e.retry_after_s) && asked->count() > 0)
+      e.retry_after_ms = static_cast<std::uint32_t>(asked->count());
+    e.no_retry = told_no_retry;
+    co_return Outcome::failed(std::move(e));
   }
   // The first-token timeout from the batch's send (a late joiner of a coalesced generation: from its arrival).
   // A non-streamed member of a micro-batch gets its answer assembled from the batch's stream, whose events

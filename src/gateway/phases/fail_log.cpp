@@ -16,11 +16,6 @@ namespace weir::gateway {
 
 using namespace std::string_view_literals;
 
-namespace {
-// The longest Retry-After (s) the openai and anthropic Python SDKs wait out before their automatic retry; a
-// longer one is replaced by their own short backoff.
-constexpr std::uint32_t kSdkRetryAfterMaxS = 60;
-
 // Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
 // the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape), and
 // on /v1/models asked with anthropic-version (an Anthropic SDK's models.retrieve()).
@@ -29,7 +24,6 @@ ErrorDialect dialect_of(const RequestContext& ctx) {
              ? ErrorDialect::anthropic
              : ErrorDialect::openai;
 }
-}  // namespace
 
 core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) {
   auto& m = w_.metrics();
@@ -37,15 +31,23 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
   switch (delivery_of(e, ctx.committed, ctx.stream)) {
     case Delivery::response: {
       ctx.body.clear();
-      append_error_body(ctx.body, e, dialect_of(ctx));
+      const ErrorDialect dialect = dialect_of(ctx);
+      append_error_body(ctx.body, e, dialect);
       ctx.scratch.clear();
-      if (e.retry_after_s > 0) fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\n", e.retry_after_s);
+      if (e.retry_after_s > 0) {
+        // Whole seconds (RFC 9110 §10.2.3), and the exact wait in `retry-after-ms`, which the openai and
+        // anthropic SDKs read first: a bucket that refills in 100 ms is not waited on for a whole second.
+        const std::uint64_t ms = e.retry_after_ms > 0 ? e.retry_after_ms : std::uint64_t{e.retry_after_s} * 1000;
+        fmt::format_to(std::back_inserter(ctx.scratch), "Retry-After: {}\r\nretry-after-ms: {}\r\n", e.retry_after_s,
+                       ms);
+      }
       // Weir's own 429 without a Retry-After is one no wait can pass (a request larger than a tokens bucket
       // holds, a worst case above the whole budget, a $0 budget or a spent one that never resets): the openai
       // and anthropic SDKs would retry it twice anyway unless told not to. So is any refusal whose wait is
-      // longer than the SDKs wait: they take a Retry-After of at most 60 s and otherwise retry after their
-      // own backoff (under 10 s), which can only be refused again (a day's budget spent, a breaker open).
-      if ((e.status == 429 && e.retry_after_s == 0) || e.retry_after_s > kSdkRetryAfterMaxS)
+      // longer than the SDKs wait (sdk_retry_after_max_s): past it they retry after their own backoff (under
+      // 10 s), which can only be refused again (a day's budget spent, a breaker open). And an error that says
+      // so itself (no_retry: the request's own deadline passed; a generation that may still be running).
+      if (e.no_retry || (e.status == 429 && e.retry_after_s == 0) || e.retry_after_s > sdk_retry_after_max_s(dialect))
         ctx.scratch += "x-should-retry: false\r\n";
       if (e.status == 415) ctx.scratch += "Accept-Encoding: gzip, deflate, identity\r\n";
       // A 401 names the scheme that would do (RFC 9110 §11.6.1, §15.5.2).
@@ -113,6 +115,13 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
 
 UpstreamSubject GatewayPhases::subject(const RequestContext& ctx) const {
   return {ctx.gen->config().pools[static_cast<std::size_t>(ctx.pool)].name, ctx.model, ctx.request_id};
+}
+
+core::Error GatewayPhases::attempt_error(const RequestContext& ctx, http::UpstreamFailure f) const {
+  core::Error e = upstream_error(f, subject(ctx), false);
+  e.no_retry = f == http::UpstreamFailure::timeout && !ctx.stream && ctx.pool >= 0 &&
+               !ctx.gen->config().pools[static_cast<std::size_t>(ctx.pool)].retry.response_timeout;
+  return e;
 }
 
 std::string_view GatewayPhases::upstream_host(const RequestContext& ctx) const {
@@ -278,7 +287,7 @@ void GatewayPhases::cut_for_shutdown(RequestContext& ctx) {
   if (!ctx.committed) {
     if (down_.writing()) return;  // (a 100 Continue going out)
     append_error_body(body, e, dialect_of(ctx));
-    std::string extra = "Retry-After: 1\r\n";
+    std::string extra = "Retry-After: 1\r\nretry-after-ms: 1000\r\n";
     extra += ctx.cors_lines;
     http::append_own_response_head(out, e.status, "application/json", body.size(), ctx.request_id, ctx.rate_limit_lines,
                                    extra, {false, down_.connection_mode().http10});

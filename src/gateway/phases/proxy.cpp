@@ -608,7 +608,10 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
       co_return Outcome::failed(upstream_status_error(last_status, subject(ctx)));
     if (failure == http::UpstreamFailure::protocol && exchange_.head_too_large())  // (the last start()'s)
       co_return Outcome::failed(upstream_head_too_large(subject(ctx)));
-    co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
+    // (A timeout of a request not sent whole: nothing is generating, the SDK may send it again.)
+    if (failure == http::UpstreamFailure::timeout && !exchange_.written_whole())
+      co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
+    co_return Outcome::failed(attempt_error(ctx, failure));
   }
   ctx.t_first_byte = t_answered;  // (the last attempt's clock read after its answer's head)
   record(ep_idx, exchange_.head().result_int(), failure, ctx.t_upstream_sent, ctx.t_first_byte);

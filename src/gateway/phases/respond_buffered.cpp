@@ -287,7 +287,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
     if (failure == http::UpstreamFailure::protocol && src.stream_cut_short())
       co_return Outcome::failed(upstream_stream_incomplete(subject(ctx)));
-    co_return Outcome::failed(upstream_error(failure, subject(ctx), false));
+    co_return Outcome::failed(attempt_error(ctx, failure));
   }
   const auto& head = src.head();
   const int status = head.result_int();
@@ -648,6 +648,15 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   http::append_status_line(ctx.head, ctx.status);
   http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty(),
                                content_type, ctx.gen->config().server.cors.enabled);
+  // An upstream's refusal passed on (a 429 or 5xx, its retries here spent) that asks a longer wait than the
+  // client's SDK waits out (a 503 with Retry-After: 300): the SDK would retry it at once after its own short
+  // backoff, to be refused again. Told not to, as Weir's own refusals are (fail(): the same bound); an
+  // upstream's own x-should-retry, either way, goes as it sent it.
+  if (status >= 400 && http::first_field(head, "x-should-retry").empty()) {
+    const auto asked = routing::asked_delay(head);
+    if (asked && *asked > std::chrono::seconds(sdk_retry_after_max_s(dialect_of(ctx))))
+      ctx.head += "x-should-retry: false\r\n";
+  }
   if (whole_for_stream && http::first_field(head, bh::field::cache_control).empty())
     ctx.head += "Cache-Control: no-cache\r\n";
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
