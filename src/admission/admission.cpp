@@ -245,14 +245,26 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
   // needs before it holds what this request takes (after undo(), which gave
   // back what the others took). A client that waits that long is not
   // refused by the next bucket in line.
+  // The same wait to the millisecond (retry-after-ms, read first by the SDKs: a bucket that refills in 100 ms
+  // is not waited on for a whole second) goes in wait_ms when it rounds up to the seconds said; otherwise (a
+  // remote store's share longer than its bucket shows) 0: the whole seconds are sent. A refused rate bucket
+  // only: a budget's period and a concurrency slot are not the buckets' wait (fail() sends their seconds).
+  std::uint32_t wait_ms = 0;
   auto longest_wait = [&](std::uint32_t refused) {
     std::uint32_t w = refused;
+    std::uint32_t ms = 0;
+    const auto tokens = static_cast<double>(estimated_tokens);
     for (int i = 0; i < n; ++i) {
-      if (sc[i].limits->requests_per_minute)
+      if (sc[i].limits->requests_per_minute) {
         w = std::max(w, limiter_.seconds_until(sc[i].id, Bucket::requests, 1.0, now));
-      if (t.tpm_[i])
-        w = std::max(w, limiter_.seconds_until(sc[i].id, Bucket::tokens, static_cast<double>(estimated_tokens), now));
+        ms = std::max(ms, limiter_.millis_until(sc[i].id, Bucket::requests, 1.0, now));
+      }
+      if (t.tpm_[i]) {
+        w = std::max(w, limiter_.seconds_until(sc[i].id, Bucket::tokens, tokens, now));
+        ms = std::max(ms, limiter_.millis_until(sc[i].id, Bucket::tokens, tokens, now));
+      }
     }
+    wait_ms = ms > 0 && (std::uint64_t{ms} + 999) / 1000 == w ? ms : 0;
     return w;
   };
 
@@ -282,10 +294,10 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
       // (Without a wait, the final answer: a refusal with the real Retry-After, never "refreshing" again.)
       if (wait && limiter_.streams_refillable(sc[i].id)) return pending();
       if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
-      return tl::unexpected(
-          core::rate_limited(fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind, sc[i].name,
-                                         sc[i].limits->max_concurrent_streams),
-                             longest_wait(1)));
+      auto e = core::rate_limited(fmt::format("Too many concurrent requests for {} `{}`: limit {}.", sc[i].kind,
+                                              sc[i].name, sc[i].limits->max_concurrent_streams),
+                                  longest_wait(1));
+      return tl::unexpected(std::move(e));
     }
     t.stream_mask_ |= static_cast<std::uint8_t>(1u << i);
   }
@@ -299,10 +311,12 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
       if (r.pending && wait) return pending();
       if (const int j = never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       const std::uint32_t wait = longest_wait(r.retry_after_s);
-      return tl::unexpected(core::rate_limited(
+      auto e = core::rate_limited(
           fmt::format("Rate limit reached for {} `{}` on requests per min (RPM): limit {}. Please try again in {}s.",
                       sc[i].kind, sc[i].name, sc[i].limits->requests_per_minute, wait),
-          wait));
+          wait);
+      e.retry_after_ms = wait_ms;
+      return tl::unexpected(std::move(e));
     }
   }
   took_requests = n;
@@ -323,6 +337,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
                       sc[i].kind, sc[i].name, sc[i].limits->tokens_per_minute, estimated_tokens, wait),
           wait);
       e.type = "tokens";
+      e.retry_after_ms = wait_ms;
       return tl::unexpected(std::move(e));
     }
   }

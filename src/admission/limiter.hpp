@@ -118,6 +118,20 @@ inline std::uint32_t seconds_until(const BucketView& v, double cost) {
   return deficit <= 1e-9 ? 0 : refill_seconds(deficit, v.rate_per_min);
 }
 
+// `ns` (>= 0) of waiting as a refusal's retry-after-ms: whole milliseconds rounded up, at least 1, at most a
+// day (wait_seconds' clamp).
+inline std::uint32_t wait_millis(double ns) {
+  const double ms = std::ceil(std::max(ns, 0.0) / 1e6 - 1e-9);
+  return static_cast<std::uint32_t>(std::clamp(ms, 1.0, 86'400'000.0));
+}
+
+// seconds_until(v, cost) in milliseconds (at least 1, at most a day; 0 in the same cases).
+inline std::uint32_t millis_until(const BucketView& v, double cost) {
+  if (v.rate_per_min <= 0 || cost > v.depth + 1e-9) return 0;
+  const double deficit = cost - v.level;
+  return deficit <= 1e-9 ? 0 : wait_millis(deficit * 60e9 / v.rate_per_min);
+}
+
 // Contract for every implementation:
 //  - Calls come from worker threads, each passing its own `worker` index
 //    (0..workers-1); they must not block or wait on I/O. A remote store
@@ -146,6 +160,11 @@ class Limiter {
   // bucket as one, admission::seconds_until(view()).
   virtual std::uint32_t seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
     return admission::seconds_until(view(scope, b, now), cost);
+  }
+  // The same wait in milliseconds (at least 1, at most a day; 0 in the same cases): a refusal's
+  // retry-after-ms, which the SDKs read before Retry-After.
+  virtual std::uint32_t millis_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
+    return admission::millis_until(view(scope, b, now), cost);
   }
 
   // Takes one in-flight slot; false when max_concurrent_streams are in use.

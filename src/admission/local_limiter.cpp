@@ -300,6 +300,15 @@ std::uint32_t LocalLimiter::seconds_until(std::uint32_t scope, Bucket b, double 
   return w <= 0 ? 0 : wait_seconds(w);
 }
 
+std::uint32_t LocalLimiter::millis_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
+  const Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope) return millis_until(f, b, cost, now);
+  const Spec& s = sc.spec[static_cast<int>(b)];
+  if (!s.enabled || cost <= 0 || cost > s.depth + kEps) return 0;
+  const double w = wait_ns(sc, static_cast<int>(b), cost, ns(now));
+  return w <= 0 ? 0 : wait_millis(w);
+}
+
 void LocalLimiter::give_back(std::uint32_t scope, Bucket b, std::uint32_t worker, double amount, Instant now) {
   Scope& sc = at(scope);
   if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope)

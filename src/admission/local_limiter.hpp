@@ -79,6 +79,7 @@ class LocalLimiter final : public Limiter {
   BucketView view(std::uint32_t scope, Bucket b, Instant now) const override;
   // Exact for the shards (wait_ns), not the whole bucket at rate r.
   std::uint32_t seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const override;
+  std::uint32_t millis_until(std::uint32_t scope, Bucket b, double cost, Instant now) const override;
   bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   std::uint64_t streams_in_use(std::uint32_t scope) const override;

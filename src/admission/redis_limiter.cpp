@@ -320,6 +320,12 @@ std::uint32_t RedisLimiter::seconds_until(std::uint32_t scope, Bucket b, double 
   return Limiter::seconds_until(scope, b, cost, now);
 }
 
+std::uint32_t RedisLimiter::millis_until(std::uint32_t scope, Bucket b, double cost, Instant now) const {
+  if (degraded_.load(std::memory_order_relaxed) && config_.fail_open)
+    return fallback_->millis_until(scope, b, cost, now);
+  return Limiter::millis_until(scope, b, cost, now);
+}
+
 bool RedisLimiter::acquire_stream(std::uint32_t scope, std::uint32_t /*worker*/) {
   if (at(scope).max_streams == 0) return true;
   Slots& s = at(scope).slots;

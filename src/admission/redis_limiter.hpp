@@ -94,6 +94,7 @@ class RedisLimiter final : public Limiter {
   // The shared bucket as one (Limiter's default); while failing open, the
   // local fallback's (its shards') answer, as take() is then.
   std::uint32_t seconds_until(std::uint32_t scope, Bucket b, double cost, Instant now) const override;
+  std::uint32_t millis_until(std::uint32_t scope, Bucket b, double cost, Instant now) const override;
   bool acquire_stream(std::uint32_t scope, std::uint32_t worker) override;
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   // This replica's slots in use.
