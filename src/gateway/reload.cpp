@@ -101,6 +101,14 @@ Sections parse_sections(const core::Config& c) {
   return s;
 }
 
+// A copy of the map `n` without `key` (`n` itself when it is no map or has no such key).
+YAML::Node without_key(const YAML::Node& n, const char* key) {
+  if (!n || !n.IsMap() || !n[key]) return n;
+  YAML::Node copy = YAML::Clone(n);
+  copy.remove(key);
+  return copy;
+}
+
 // `a` and `b` compared when both parsed.
 template <typename T>
 std::optional<bool> both(const std::optional<T>& a, const std::optional<T>& b) {
@@ -122,7 +130,15 @@ std::optional<bool> same_value(std::string_view path, const core::Config& a, con
   if (path == "listen") return x.listen == y.listen;
   if (path == "workers") return workers(x.workers) == workers(y.workers);
   if (path == "server.reuse_port") return x.reuse_port == y.reuse_port;
-  if (path == "server.metrics") return x.metrics == y.metrics;
+  if (path == "server.metrics") {
+    // Only the label sets are fixed (MetricLabels keeps the first generation's). client_port is read per
+    // request from the request's generation (phases/read.cpp), so it follows a reload, and so does its
+    // default, which tenants: and admin.listen decide (load_config.cpp): adding the first tenant or
+    // removing the last one is not a change to server.metrics.
+    auto p = x.metrics;
+    p.client_port = y.metrics.client_port;
+    return p == y.metrics;
+  }
   if (path == "server.access_log") return x.access_log == y.access_log;
   if (path == "redis") return both(sa.redis, sb.redis);
   if (path == "admin") return both(sa.admin, sb.admin);
@@ -173,7 +189,13 @@ std::optional<core::ConfigError> restart_only_change(const core::Config& running
       continue;
     const auto same = same_value(path, running, next, sa, sb);
     if (same && *same) continue;
-    auto d = core::first_yaml_difference(core::node_at(a, path), core::node_at(b, path), std::string(path));
+    YAML::Node pa = core::node_at(a, path);
+    YAML::Node pb = core::node_at(b, path);
+    if (path == "server.metrics") {  // (client_port follows a reload: never the difference named)
+      pa = without_key(pa, "client_port");
+      pb = without_key(pb, "client_port");
+    }
+    auto d = core::first_yaml_difference(pa, pb, std::string(path));
     if (!d && same) d = std::string(path);  // (different values, though no YAML difference names one)
     if (d) return refused(next, *d, path.substr(0, path.find('.')), f.why);
   }

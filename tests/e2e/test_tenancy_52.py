@@ -11,7 +11,9 @@ member's tenant now carries none of them; one tenant's batch keeps them.
 
 DEFECT 3: /metrics on the client port showed every tenant's spend, budget and request counts without
 credentials. With tenants and an admin listener it is now the admin listener's only, unless
-server.metrics.client_port says true; with tenants and no admin listener, start-up says so.
+server.metrics.client_port says true; with tenants and no admin listener, start-up says so. DEFECT 3b: a reload
+that added the first tenant or removed the last one was refused as a change to server.metrics, which the file
+never wrote; client_port (default included) now follows a reload, the label sets stay restart-only.
 """
 from __future__ import annotations
 
@@ -257,3 +259,50 @@ def test_without_tenants_metrics_stay_on_the_client_port(weir, mock):
              env=ADMIN_ENV, workers=1)
     admin_up(admin)
     assert scrape(w.port).status_code == 200
+
+
+# --- 4. A reload that adds the first tenant or removes the last one ---------------------------------------
+
+
+def reload_to(w, cfg: dict) -> None:
+    """Writes `cfg`, SIGHUPs and waits until the reload was applied (refused: fails, with the reason)."""
+    from test_config_reload import write
+    import os
+    import signal
+    done = lambda: w.process.log().count("configuration reloaded from")  # noqa: E731
+    before = done()
+    write(w, cfg, workers=1)
+    os.kill(w.process.pid, signal.SIGHUP)
+    wait_until(lambda: done() > before or "configuration reload refused" in w.process.log(), 10,
+               message="the reload's outcome")
+    assert "configuration reload refused" not in w.process.log(), w.process.log()[-2000:]
+
+
+def test_a_reload_adding_or_removing_every_tenant_is_applied_and_moves_metrics(weir, mock):
+    # server.metrics.client_port's default follows tenants: at a reload (it is read per request): the reload
+    # was refused as a change to server.metrics, which the file never wrote.
+    admin = free_port()
+    m = mock(*FAST)
+    cfg = metrics_config(m, admin)
+    cfg["tenants"], cfg["auth"] = {}, {}
+    w = weir(config=cfg, env=ADMIN_ENV, workers=1)
+    admin_up(admin)
+    assert scrape(w.port).status_code == 200  # no tenants: on the client port too
+    reload_to(w, metrics_config(m, admin))
+    assert send(w, "key-beta-b", "/v1/completions", {"model": "pub", "prompt": "x", "max_tokens": 2},
+                "after-add").status_code == 200  # the tenants are applied
+    assert scrape(w.port).status_code == 404  # tenants and an admin listener: the admin listener's only
+    assert scrape(admin).status_code == 200
+    reload_to(w, cfg)
+    assert scrape(w.port).status_code == 200  # back on the client port
+    assert scrape(admin).status_code == 200
+    # The label sets stay restart-only.
+    nxt = dict(cfg, server={"metrics": {"tenant_label": False}})
+    from test_config_reload import write
+    import os
+    import signal
+    write(w, nxt, workers=1)
+    os.kill(w.process.pid, signal.SIGHUP)
+    wait_until(lambda: "configuration reload refused" in w.process.log(), 10, message="the reload refused")
+    refused = [l for l in w.process.log().splitlines() if "changes only at restart" in l]
+    assert refused and "server.metrics.tenant_label" in refused[-1], refused

@@ -105,6 +105,9 @@ TEST(RestartOnly, ListenersWorkersAndStoresAreRefusedNamingTheKey) {
       {replace(kBase, "header_timeout: 5s", "header_timeout: 5s, reuse_port: true"), "server.reuse_port"},
       {replace(kBase, "header_timeout: 5s", "header_timeout: 5s, metrics: {max_tenants: 5}"),
        "server.metrics.max_tenants"},
+      // (client_port reloads: the label setting is the change named.)
+      {replace(kBase, "header_timeout: 5s", "header_timeout: 5s, metrics: {client_port: false, max_tenants: 5}"),
+       "server.metrics.max_tenants"},
       // The tracer is built at start-up: a changed tracing: section was once "reloaded" and ignored.
       {kBase + "tracing: {otlp_endpoint: 'http://127.0.0.1:4318', sample_ratio: 0.5}\n", "tracing.otlp_endpoint"},
   };
@@ -118,6 +121,10 @@ TEST(RestartOnly, ListenersWorkersAndStoresAreRefusedNamingTheKey) {
   const auto e = change(kBase, replace(kBase, "127.0.0.1:8080", "127.0.0.1:8081"));
   EXPECT_EQ(e->line, 1);  // the line of `listen` in the new file
   EXPECT_NE(e->to_string().find("weir.yaml:1:"), std::string::npos) << e->to_string();
+  // server.metrics.client_port is read per request from the generation's configuration: it reloads (and so
+  // does its default, which tenants: and admin.listen decide).
+  EXPECT_FALSE(
+      change(kBase, replace(kBase, "header_timeout: 5s", "header_timeout: 5s, metrics: {client_port: false}")));
   // What the command line fixed is not the file's to change.
   EXPECT_FALSE(change(kBase, replace(kBase, "127.0.0.1:8080", "127.0.0.1:8081"), {.listen = true}));
   EXPECT_FALSE(change(kBase, replace(kBase, "workers: 2", "workers: 4"), {.workers = true}));
