@@ -76,8 +76,8 @@ class BatchMember final : public http::ResponseSource {
     // The client's address, last in the X-Forwarded-For sent upstream (a batch's: its first member's, when
     // every member is of its tenant).
     std::string_view client_address;
-    // The member's tenant (empty without auth): a batch whose members are not all of one tenant sends none
-    // of its first member's client context upstream (trace context, baggage, X-Forwarded-For).
+    // The member's tenant (empty without auth): a batch whose members are not all of one tenant sends of its
+    // first member's fields only Content-Type and Accept upstream (UpstreamHeadOptions::shared).
     std::string_view tenant;
     // What the pool's balance picks an endpoint by (its session_header's
     // value, the model and prompt for prefix_affinity), as for the member

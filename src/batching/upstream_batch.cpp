@@ -109,8 +109,9 @@ core::Task<void> Batch::send() {
       attempts.on_connected();
     }
     // The head: the first member still here lends its request's end-to-end fields. Of a batch of several
-    // tenants' prompts, not what describes its client (its trace context, baggage, address): the upstream,
-    // and whatever it traces or logs, would file the others' prompts under that one client (docs/batching.md).
+    // tenants' prompts only Content-Type and Accept (any other may describe its client: trace context,
+    // address, agent): the upstream, and whatever it traces or logs, would file the others' prompts under
+    // that one client (docs/batching.md).
     const BatchMember* lead = nullptr;
     for (auto* m : members_)
       if (m && !lead) lead = m;

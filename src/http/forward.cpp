@@ -260,11 +260,14 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
       client_for = true;
       return true;
     }
+    // A request of several clients: an allow-list, not a deny-list of what describes the client (trace
+    // context in a dozen vendors' fields, addresses, proxies, user agents, SDK fields, whatever a client adds):
+    // only what the upstream needs to read the body and answer.
+    if (o.shared) return f.name() != bh::field::content_type && f.name() != bh::field::accept;
     const auto name = f.name_string();
     const bool trace_field = iequals(name, "traceparent") || iequals(name, "tracestate");
     if ((o.body_decoded && f.name() == bh::field::content_encoding) ||
-        (o.anthropic && iequals(name, "anthropic-version")) || (own_trace && trace_field) ||
-        (o.shared && (trace_field || iequals(name, "baggage") || is_forwarded_for(f))))
+        (o.anthropic && iequals(name, "anthropic-version")) || (own_trace && trace_field))
       return true;
     return !forwarded_upstream(f, o.strip_credentials);
   });

@@ -33,10 +33,12 @@ struct UpstreamHeadOptions {
   bool strip_credentials = false;  // drop the client's Authorization and x-api-key (they were for Weir)
   bool anthropic = false;          // an Anthropic upstream: the client's anthropic-version is replaced (upstream_lines)
   bool body_decoded = false;       // Weir decoded the client's Content-Encoding: the header does not go upstream
-  // The request carries several tenants' requests (a micro-batch) and `req` is one of them: what describes
-  // that one client does not go upstream: its traceparent, tracestate and baggage (the options' traceparent
-  // and tracestate still do: Weir's own span) and its X-Forwarded-For lines (client_address must be empty:
-  // no X-Forwarded-For is sent).
+  // The request carries several tenants' requests (a micro-batch) and `req` is one of them: of its fields
+  // only Content-Type and Accept go upstream (an allow-list: every other field may describe that one client:
+  // trace context of any vendor, baggage, addresses, proxies, user agent, SDK fields). What Weir writes
+  // itself still goes: Host, Content-Length, x-request-id, upstream_lines (the pool's credentials),
+  // Accept-Encoding and the options' traceparent and tracestate (Weir's own span). client_address must be
+  // empty: no X-Forwarded-For is sent.
   bool shared = false;
   // W3C Trace Context (tracing:): non-empty, sent in place of the client's
   // traceparent and tracestate (tracestate only when non-empty); empty =

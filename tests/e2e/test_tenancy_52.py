@@ -7,7 +7,9 @@ route that takes a model; the access log keeps the reason (model_not_allowed).
 
 DEFECT 2: a micro-batch of two tenants' prompts went upstream with its first member's traceparent, tracestate,
 baggage (user.email=...) and client address in X-Forwarded-For. A batch whose members are not all of its first
-member's tenant now carries none of them; one tenant's batch keeps them.
+member's tenant now carries none of them; one tenant's batch keeps them. DEFECT 2b: it still carried every other
+field of that client (b3, sentry-trace, Forwarded, X-Real-IP, Via, User-Agent, x-stainless-*, ...): of its fields
+only Content-Type and Accept now go (an allow-list).
 
 DEFECT 3: /metrics on the client port showed every tenant's spend, budget and request counts without
 credentials. With tenants and an admin listener it is now the admin listener's only, unless
@@ -18,12 +20,16 @@ never wrote; client_port (default included) now follows a reload, the label sets
 from __future__ import annotations
 
 import hashlib
+import http.server
+import json
+import threading
 
 import httpx
 import pytest
 
 from conftest import free_port, wait_until
 from test_batching import in_parallel
+from test_batching_attack import chunk, final_usage
 
 FAST = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "4", "--any-model")
 MSG = [{"role": "user", "content": "hi"}]
@@ -134,9 +140,9 @@ def test_a_request_control_after_the_model_does_not_tell_a_refused_model_apart(w
 
 # --- 2. a micro-batch of several tenants' prompts ---------------------------------------------------------
 
-def batch_config(mock) -> dict:
+def batch_config(upstream) -> dict:
     return {
-        "pools": {"gpu": {"endpoints": [mock.base_url], "batch": {"window": "1s", "max_size": 2}}},
+        "pools": {"gpu": {"endpoints": [upstream.base_url], "batch": {"window": "1s", "max_size": 2}}},
         "default_pool": "gpu",
         "tenants": {"acme": {}, "beta": {}},
         "auth": {"api_keys": [
@@ -147,16 +153,31 @@ def batch_config(mock) -> dict:
     }
 
 
-def member(base_url: str, key: str, n: int) -> httpx.Response:
+# What else describes a client (other vendors' trace context, addresses, proxies, agents, SDK fields): sent
+# alike by both members, so that they batch (the batch key has every field but trace context, baggage,
+# User-Agent, Accept and x-stainless-*).
+CLIENT_CONTEXT = {
+    "b3": "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1", "x-b3-traceid": "80f198ee56343ba8",
+    "sentry-trace": "771a43a4192642f0b136d5159a501700-b7ad6b7169203331",
+    "x-amzn-trace-id": "Root=1-5759e988-bd862e3fe1be46a994272793",
+    "x-cloud-trace-context": "105445aa7843bc8bf206b12000100000/1;o=1", "uber-trace-id": "abc:def:0:1",
+    "x-datadog-trace-id": "123", "grpc-trace-bin": "AAA", "forwarded": "for=10.1.1.1", "x-real-ip": "10.1.1.1",
+    "x-client-ip": "10.1.1.1", "true-client-ip": "10.1.1.1", "cf-connecting-ip": "10.1.1.1",
+    "x-forwarded-host": "acme.internal", "x-forwarded-proto": "https", "via": "1.1 acme-proxy",
+    "user-agent": "AliceApp/1.0", "x-user-email": "alice@acme.example", "x-stainless-os": "Linux",
+}
+
+
+def member(base_url: str, key: str, n: int, extra: dict | None = None) -> httpx.Response:
     return httpx.post(base_url + "/v1/completions", timeout=30,
                       json={"model": "mock-model", "prompt": f"prompt of {key}", "max_tokens": 3},
                       headers={"authorization": f"Bearer {key}", "x-mock-echo": "1", "x-request-id": f"m-{key}",
                                "traceparent": f"00-{n:032x}-{n:016x}-01", "tracestate": f"v{n}=x",
-                               "baggage": f"user.email=user{n}@{key}.example"})
+                               "baggage": f"user.email=user{n}@{key}.example", **(extra or {})})
 
 
-def sent_upstream(w, keys) -> list[list[str]]:
-    got = in_parallel(member, [(w.base_url, k, i + 1) for i, k in enumerate(keys)])
+def sent_upstream(w, keys, extra: dict | None = None) -> list[list[str]]:
+    got = in_parallel(member, [(w.base_url, k, i + 1, extra) for i, k in enumerate(keys)])
     for r in got:
         assert r.status_code == 200, r.text
     lines = [w.log_for(f"m-{k}") for k in keys]
@@ -164,29 +185,106 @@ def sent_upstream(w, keys) -> list[list[str]]:
     return [r.headers.get("x-mock-headers", "").split(",") for r in got], got
 
 
-def test_a_batch_of_two_tenants_carries_no_members_client_context(weir, mock):
-    w = weir(config=batch_config(mock(*FAST)), workers=1)
-    seen, got = sent_upstream(w, ["key-a1", "key-b1"])
-    for names in seen:
-        for field in ("traceparent", "tracestate", "baggage", "x-forwarded-for"):
-            assert field not in names, (field, names)
-    assert not any("x-mock-traceparent" in r.headers for r in got)
+class CapturingUpstream:
+    """A vLLM /v1/completions that answers every prompt of a list and records each request's header lines
+    (name lower-cased, value), in order: what weir-mock's x-mock-echo cannot show when Weir sends no client
+    field but Content-Type and Accept."""
+
+    def __init__(self):
+        outer = self
+        self.heads: list[list[tuple[str, str]]] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *a):
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+                outer.heads.append([(k.lower(), v) for k, v in self.headers.items()])
+                n = len(body["prompt"]) if isinstance(body["prompt"], list) else 1
+                # (A batch is always streamed upstream, its members' answers assembled by Weir.)
+                events = [chunk("cmpl-capture", i, " ok", "stop", 1) for i in range(n)]
+                events += [final_usage("cmpl-capture", n, n), "[DONE]"]
+                out = b"".join(f"data: {e}\n\n".encode() for e in events)
+                self.send_response(200)
+                self.send_header("content-type", "text/event-stream; charset=utf-8")
+                self.send_header("content-length", str(len(out)))
+                self.end_headers()
+                self.wfile.write(out)
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
-def test_with_tracing_a_batch_of_two_tenants_carries_weirs_traceparent_alone(weir, mock):
+@pytest.fixture
+def capture():
+    up = CapturingUpstream()
+    yield up
+    up.close()
+
+
+def batch_head(w, up: CapturingUpstream, keys, extra: dict | None = None) -> list[tuple[str, str]]:
+    """The header lines of the one upstream request of `keys`' batch."""
+    before = len(up.heads)
+    sent_upstream(w, keys, extra)
+    assert len(up.heads) == before + 1, up.heads[before:]
+    return up.heads[-1]
+
+
+def client_values(extra: dict) -> list[str]:
+    return [v for v in extra.values() if len(v) > 3] + [f"00-{n:032x}-{n:016x}-01" for n in (1, 2)] + [
+        "v1=x", "v2=x", "user.email="]
+
+
+# Weir's own fields, and the client's it lets through for a batch of several tenants.
+WEIRS_OWN = {"host", "content-length", "x-request-id", "accept-encoding"}
+ALLOWED = {"content-type", "accept"}
+
+
+def test_a_batch_of_two_tenants_carries_no_members_client_context(weir, capture):
+    w = weir(config=batch_config(capture), workers=1)
+    head = batch_head(w, capture, ["key-a1", "key-b1"])
+    names = [n for n, _ in head]
+    for field in ("traceparent", "tracestate", "baggage", "x-forwarded-for"):
+        assert field not in names, (field, head)
+
+
+def test_a_batch_of_two_tenants_sends_only_content_type_and_accept_of_the_clients_fields(weir, capture):
+    # An allow-list, not a deny-list: no other vendor's trace context, address, proxy, agent or SDK field of
+    # the first member goes with the other tenant's prompt, under any name.
+    w = weir(config=batch_config(capture), workers=1)
+    extra = dict(CLIENT_CONTEXT, accept="application/json")
+    head = batch_head(w, capture, ["key-a1", "key-b1"], extra)
+    assert {n for n, _ in head} <= WEIRS_OWN | ALLOWED, head
+    assert ("content-type", "application/json") in head and ("accept", "application/json") in head, head
+    for value in client_values(CLIENT_CONTEXT):
+        assert not any(value in v for _, v in head), (value, head)
+    # One tenant's batch keeps them (its first member's, as a request of its own would).
+    head = batch_head(w, capture, ["key-a1", "key-a2"], CLIENT_CONTEXT)
+    for field, value in CLIENT_CONTEXT.items():
+        assert (field, value) in head, (field, head)
+
+
+def test_with_tracing_a_batch_of_two_tenants_carries_weirs_traceparent_alone(weir, capture):
     from otlp import Collector
     c = Collector()
     try:
-        cfg = batch_config(mock(*FAST))
+        cfg = batch_config(capture)
         cfg["tracing"] = {"otlp_endpoint": c.url, "flush_interval": "10ms"}
         w = weir(config=cfg, workers=1)
-        seen, got = sent_upstream(w, ["key-a1", "key-b1"])
-        for names in seen:
-            assert "traceparent" in names and "tracestate" not in names and "baggage" not in names, names
-            assert "x-forwarded-for" not in names, names
-        sent = got[0].headers["x-mock-traceparent"]
+        head = batch_head(w, capture, ["key-a1", "key-b1"], CLIENT_CONTEXT)
+        assert {n for n, _ in head} <= WEIRS_OWN | ALLOWED | {"traceparent"}, head
+        sent = [v for n, v in head if n == "traceparent"]
         # Weir's span (its own span id), never a client's traceparent as it came.
-        assert sent not in (f"00-{1:032x}-{1:016x}-01", f"00-{2:032x}-{2:016x}-01"), sent
+        assert len(sent) == 1 and sent[0] not in (f"00-{1:032x}-{1:016x}-01", f"00-{2:032x}-{2:016x}-01"), sent
     finally:
         c.close()
 

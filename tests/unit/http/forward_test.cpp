@@ -222,14 +222,23 @@ TEST(HttpForward, ASharedHeadCarriesNoClientsContext) {
       "POST /v1/completions HTTP/1.1\r\nHost: g\r\n"
       "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\n"
       "tracestate: congo=1\r\nBaggage: user.email=alice@acme.example\r\nX-Forwarded-For: 6.6.6.6\r\n"
+      "b3: 80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1\r\nX-B3-TraceId: 80f198ee56343ba8\r\n"
+      "sentry-trace: 771a43a4192642f0b136d5159a501700-b7ad6b7169203331\r\nForwarded: for=10.1.1.1\r\n"
+      "X-Real-IP: 10.1.1.1\r\nVia: 1.1 acme-proxy\r\nUser-Agent: AliceApp/1.0\r\nx-user-email: a@acme\r\n"
+      "x-stainless-os: Linux\r\nX-Datadog-Trace-Id: 123\r\nContent-Type: application/json\r\n"
       "Accept: */*\r\n\r\n";
   auto o = options();
   o.shared = true;
   std::string out;
   append_upstream_request_head(out, request(head), o);
-  for (std::string_view f : {"traceparent", "tracestate", "baggage", "x-forwarded-for"})
+  for (std::string_view f :
+       {"traceparent", "tracestate", "baggage", "x-forwarded-for", "b3", "x-b3-traceid", "sentry-trace", "forwarded",
+        "x-real-ip", "via", "user-agent", "x-user-email", "x-stainless-os", "x-datadog-trace-id"})
     EXPECT_EQ(values(out, f), Values{}) << f;
   EXPECT_EQ(values(out, "accept"), Values{"*/*"});
+  EXPECT_EQ(values(out, "content-type"), Values{"application/json"});
+  EXPECT_EQ(values(out, "x-request-id").size(), 1u);  // Weir's own fields still go
+  EXPECT_EQ(values(out, "host").size(), 1u);
   o.traceparent = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01";
   out.clear();
   append_upstream_request_head(out, request(head), o);
