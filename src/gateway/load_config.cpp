@@ -109,9 +109,8 @@ void default_metrics_port(LoadedConfig& out) {
     return;
   }
   warn(out, tenants, "tenants",
-       "GET /metrics on the client port shows every tenant's spend, budget and request counts to anyone who can "
-       "reach it (server.metrics.client_port defaults to true without an admin listener): add admin.listen to "
-       "serve it there only, or set server.metrics.client_port to say which you want");
+       "GET /metrics on the client port shows every tenant's spend to anyone who reaches it: add admin.listen "
+       "to serve it there only, or set server.metrics.client_port");
 }
 
 void compute_warnings(LoadedConfig& out) {
