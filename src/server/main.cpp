@@ -240,6 +240,18 @@ int main(int argc, char** argv) {
   for (const char* o :
        {"--since", "--until", "--tenant", "--key-id", "--model", "--request-id", "--status", "--limit", "--cursor"})
     id_opt->excludes(o);
+  // `--access-log=` (an empty value after '='): CLI11 takes it for an option given without its value and
+  // takes the next argument as the value (`--access-log= --check` wrote the log to a file named "--check").
+  // Refused as an empty value is (non_empty), before the parse.
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a = argv[i];
+    if (a == "--") break;
+    if (a.starts_with("--") && a.size() > 3 && a.ends_with('=') && a.find('=') == a.size() - 1) {
+      give_back_signals(true);
+      fmt::print(stderr, "{}: must not be empty\nRun with --help for more information.\n", a.substr(0, a.size() - 1));
+      return 2;
+    }
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -56,3 +56,23 @@ def test_a_max_backoff_written_below_the_backoff_is_refused(tmp_path):
     r = check(tmp_path, retry="    retry: {attempts: 2, backoff: 2s, max_backoff: 1s}")
     assert r.returncode == 2, r.stderr
     assert "pools.p.retry.max_backoff: must not be less than backoff" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("flag", ["--access-log", "--listen", "--upstream"])
+def test_an_empty_value_after_equals_is_refused_not_taken_from_the_next_argument(tmp_path, flag):
+    # CLI11 read `--access-log=` as the option without its value and took `--check` for it: Weir then served,
+    # writing its access log to a file named "--check".
+    cfg = tmp_path / "weir.yaml"
+    cfg.write_text(BASE.format(retry=""))
+    r = subprocess.run([binary("weir"), "-c", str(cfg), f"{flag}=", "--check"], capture_output=True, text=True,
+                       timeout=30, cwd=tmp_path)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert f"{flag}: must not be empty" in r.stderr, r.stderr
+    assert not (tmp_path / "--check").exists()
+
+
+def test_requests_id_empty_after_equals_is_refused(tmp_path):
+    r = subprocess.run([binary("weir"), "requests", "--db", str(tmp_path / "x.db"), "--id=", "--limit=1"],
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--id: must not be empty" in r.stderr, r.stderr
