@@ -400,8 +400,12 @@ void UsageHook::on_usage(std::string_view data, const std::optional<MemberSpan>&
     if (choices_.capacity() == 0) choices_.reserve(8);
     choices_.resize(static_cast<std::size_t>(index) + 1);
   }
-  // The last value of each choice: vLLM's counts are that choice's so far.
-  choices_[index] = {true, u.prompt_tokens, u.completion_tokens, u.cached_tokens};
+  // vLLM's counts are that choice's so far: they only grow (its prompt's count is the same on every chunk).
+  // The largest of each, so a later chunk that says less (a broken or hostile upstream, then cut) lowers no
+  // charge the upstream already reported.
+  auto& c = choices_[index];
+  c = {true, std::max(c.prompt_tokens, u.prompt_tokens), std::max(c.completion_tokens, u.completion_tokens),
+       std::max(c.cached_tokens, u.cached_tokens)};
 }
 
 Usage UsageHook::usage() const {

@@ -321,6 +321,18 @@ TEST(GatewayStreamHooks, PerChoiceUsageSaysWhenEveryPromptSaidItsCount) {
   EXPECT_TRUE(hooks.usage().every_prompt());
 }
 
+// A choice's counts only grow (vLLM's are that choice's so far, its prompt's the same on every chunk): a later
+// chunk that says less (a broken or hostile upstream, then cut) lowers nothing already reported.
+TEST(GatewayStreamHooks, PerChoiceUsageKeepsTheLargestCountOfEachChoice) {
+  StreamHooks hooks;
+  hooks.reset(StreamHooks::Setup{});
+  relay(hooks, event(choice_chunk(0, 155, 4)) + event(choice_chunk(0, 0, 1)));
+  EXPECT_EQ(hooks.usage().usage().prompt_tokens, 155u);
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 4u);
+  relay(hooks, event(choice_chunk(0, 155, 6)));
+  EXPECT_EQ(hooks.usage().usage().completion_tokens, 6u);
+}
+
 TEST(GatewayStreamHooks, PerChoiceUsageAllocatesOnlyForNewChoices) {
   if (!test::AllocationScope::available()) GTEST_SKIP() << "operator new is not the counting one here";
   StreamHooks hooks;
