@@ -156,8 +156,12 @@ bool Db::open(const std::string& path, bool read_only, std::string& error) {
   }
   const int flags = (read_only ? SQLITE_OPEN_READONLY : SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE) |
                     SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE;
+  return open_name(path, path, flags, error);
+}
+
+bool Db::open_name(const std::string& name, const std::string& path, int flags, std::string& error) {
   sqlite3* db = nullptr;
-  const int rc = lib().open_v2(path.c_str(), &db, flags, nullptr);
+  const int rc = lib().open_v2(name.c_str(), &db, flags, nullptr);
   if (rc != SQLITE_OK) {
     error = db ? lib().errmsg(db) : lib().errstr(rc);
     lib().close(db);
@@ -184,17 +188,8 @@ bool Db::open_immutable(const std::string& path, std::string& error) {
       uri += c;
   }
   uri += "?immutable=1";
-  sqlite3* db = nullptr;
-  const int rc = lib().open_v2(
-      uri.c_str(), &db, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE, nullptr);
-  if (rc != SQLITE_OK) {
-    error = db ? lib().errmsg(db) : lib().errstr(rc);
-    lib().close(db);
-    return false;
-  }
-  db_ = db;
-  path_ = path;
-  return true;
+  return open_name(uri, path, SQLITE_OPEN_READONLY | SQLITE_OPEN_URI | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_EXRESCODE,
+                   error);
 }
 
 void Db::close() {

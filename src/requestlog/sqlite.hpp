@@ -89,6 +89,10 @@ class Db {
   bool checkpoint_truncate(std::string& error);
 
  private:
+  // sqlite3_open_v2 of `name` (a path, or a file: URI) with `flags`, kept as the file `path`; false with
+  // `error` set (nothing left open).
+  bool open_name(const std::string& name, const std::string& path, int flags, std::string& error);
+
   sqlite3* db_ = nullptr;
   std::string path_;        // as opened (PATH-wal is beside it)
   bool wal_noted_ = false;  // note_wal() ran since the open
