@@ -264,10 +264,10 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     // context in a dozen vendors' fields, addresses, proxies, user agents, SDK fields, whatever a client adds):
     // only what the upstream needs to read the body and answer.
     if (o.shared) return f.name() != bh::field::content_type && f.name() != bh::field::accept;
-    const auto name = f.name_string();
-    const bool trace_field = iequals(name, "traceparent") || iequals(name, "tracestate");
+    // (Names compared only when an option asks: most requests have none, and this runs for every field.)
     if ((o.body_decoded && f.name() == bh::field::content_encoding) ||
-        (o.anthropic && iequals(name, "anthropic-version")) || (own_trace && trace_field))
+        (o.anthropic && iequals(f.name_string(), "anthropic-version")) ||
+        (own_trace && (iequals(f.name_string(), "traceparent") || iequals(f.name_string(), "tracestate"))))
       return true;
     return !forwarded_upstream(f, o.strip_credentials);
   });
