@@ -12,13 +12,13 @@ namespace {
 
 namespace json = boost::json;
 
-struct Translated {
+struct TranslatedRequest {
   json::value body;
   json::value echo;  // the echo members, wrapped in braces
   RequestFields fields;
 };
 
-Translated translate(std::string_view body) {
+TranslatedRequest translate(std::string_view body) {
   std::string out;
   std::string echo;
   auto f = translate_request(body, out, echo);
