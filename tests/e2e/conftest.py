@@ -89,11 +89,24 @@ def binary(name: str) -> pathlib.Path:
     return path
 
 
+# Ports free_port() has handed out in this process. The OS may give the same free port to two bind(0)s
+# in a row while the first caller has not bound it yet (an admin port picked before a mock starts on
+# the port the mock was then given), so a port is handed out once per process.
+_ports_given: set[int] = set()
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it; a small race remains)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A TCP port that was free a moment ago and that this process has not handed out before (the OS
+    picks it; a small race with other processes remains: see on_a_free_port)."""
+    if len(_ports_given) > 20000:  # the ephemeral range is ~28k ports: start over long before it runs out
+        _ports_given.clear()
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
 
 
 def connections_to(port: int) -> int:

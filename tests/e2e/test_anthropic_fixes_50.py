@@ -13,25 +13,17 @@ from __future__ import annotations
 
 import hashlib
 import json
-import socket
 import uuid
 
 import httpx
 import openai
 import pytest
 
+from conftest import free_port
 from scripted_upstream import ScriptedUpstream
 
 KEY = "sk-anth50-test"
 HELLO = [{"role": "user", "content": "hello there"}]
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 @pytest.fixture(scope="module")

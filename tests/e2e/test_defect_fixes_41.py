@@ -8,6 +8,7 @@ import time
 import httpx
 import pytest
 
+from conftest import free_port
 from test_defect_fixes import RawUpstream
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -330,14 +331,10 @@ def test_a_431_on_an_absolute_form_messages_target_has_anthropics_shape(weir, mo
 def test_a_retry_goes_to_the_available_endpoint_not_an_ejected_one(weir):
     # [A answers 503, B refuses connections], no breaker: once B was ejected, every retry still went to B and
     # the client got B's 502 "refused the connection" in place of A's own answer.
-    import socket
     a_hits = []
     a = RawUpstream(lambda h, b: (a_hits.append(1) or
                                   b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 2\r\n\r\n{}"))
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    dead = f"http://127.0.0.1:{s.getsockname()[1]}"
-    s.close()
+    dead = f"http://127.0.0.1:{free_port()}"
     try:
         w = weir(config={"pools": {"p": {"endpoints": [a.url, dead], "eject_for": "30s",
                                          "retry": {"attempts": 2, "backoff": "1ms"},
