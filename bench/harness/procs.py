@@ -59,11 +59,21 @@ def raise_fd_limit() -> int:
     return hard
 
 
+_ports_given: set[int] = set()  # handed out by free_port() in this process
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, close)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, close) and not handed out before by
+    this process: the OS may return the same free port twice while the first caller has not bound it."""
+    if len(_ports_given) > 20000:
+        _ports_given.clear()
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _ports_given:
+            _ports_given.add(port)
+            return port
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
