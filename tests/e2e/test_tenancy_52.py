@@ -154,8 +154,9 @@ def batch_config(upstream) -> dict:
 
 
 # What else describes a client (other vendors' trace context, addresses, proxies, agents, SDK fields): sent
-# alike by both members, so that they batch (the batch key has every field but trace context, baggage,
-# User-Agent, Accept and x-stainless-*).
+# alike by both members. The batch key has every field but trace context, baggage, User-Agent, Accept and
+# x-stainless-*, so these batch within one tenant; across tenants only requests whose compared fields are
+# Content-Type alone batch (KEYLESS_CONTEXT: what is left out of the key).
 CLIENT_CONTEXT = {
     "b3": "80f198ee56343ba864fe8b2a57d3eff7-e457b5a2e4d86bd1-1", "x-b3-traceid": "80f198ee56343ba8",
     "sentry-trace": "771a43a4192642f0b136d5159a501700-b7ad6b7169203331",
@@ -168,10 +169,13 @@ CLIENT_CONTEXT = {
 }
 
 
+KEYLESS_CONTEXT = {"user-agent": "AliceApp/1.0", "x-stainless-os": "Linux", "x-stainless-lang": "python"}
+
+
 def member(base_url: str, key: str, n: int, extra: dict | None = None) -> httpx.Response:
     return httpx.post(base_url + "/v1/completions", timeout=30,
                       json={"model": "mock-model", "prompt": f"prompt of {key}", "max_tokens": 3},
-                      headers={"authorization": f"Bearer {key}", "x-mock-echo": "1", "x-request-id": f"m-{key}",
+                      headers={"authorization": f"Bearer {key}", "x-request-id": f"m-{key}",
                                "traceparent": f"00-{n:032x}-{n:016x}-01", "tracestate": f"v{n}=x",
                                "baggage": f"user.email=user{n}@{key}.example", **(extra or {})})
 
@@ -258,19 +262,42 @@ def test_a_batch_of_two_tenants_carries_no_members_client_context(weir, capture)
 
 
 def test_a_batch_of_two_tenants_sends_only_content_type_and_accept_of_the_clients_fields(weir, capture):
-    # An allow-list, not a deny-list: no other vendor's trace context, address, proxy, agent or SDK field of
-    # the first member goes with the other tenant's prompt, under any name.
+    # An allow-list, not a deny-list: no trace context, agent or SDK field of the first member goes with the
+    # other tenant's prompt, under any name.
     w = weir(config=batch_config(capture), workers=1)
-    extra = dict(CLIENT_CONTEXT, accept="application/json")
+    extra = dict(KEYLESS_CONTEXT, accept="application/json")
     head = batch_head(w, capture, ["key-a1", "key-b1"], extra)
     assert {n for n, _ in head} <= WEIRS_OWN | ALLOWED, head
     assert ("content-type", "application/json") in head and ("accept", "application/json") in head, head
-    for value in client_values(CLIENT_CONTEXT):
+    for value in client_values(KEYLESS_CONTEXT):
         assert not any(value in v for _, v in head), (value, head)
     # One tenant's batch keeps them (its first member's, as a request of its own would).
+    w = weir(config=batch_config(capture), workers=1)  # (a log of its own: the request ids are the same)
     head = batch_head(w, capture, ["key-a1", "key-a2"], CLIENT_CONTEXT)
     for field, value in CLIENT_CONTEXT.items():
         assert (field, value) in head, (field, head)
+
+
+def test_a_field_the_batch_key_compares_keeps_two_tenants_apart_and_goes_upstream(weir, capture):
+    # A field in the batch key (one the model server may act on, as vLLM's X-data-parallel-rank, or another
+    # vendor's trace context, an address) is alike in every member of a batch: a batch of two tenants would
+    # drop it, and batching must not change what the upstream is asked. So the two tenants' requests go on
+    # their own, each with its own fields; one tenant's two requests still batch, with them.
+    w = weir(config=batch_config(capture), workers=1)
+    extra = dict(CLIENT_CONTEXT, **{"x-data-parallel-rank": "1"})
+    before = len(capture.heads)
+    got = in_parallel(member, [(w.base_url, k, i + 1, extra) for i, k in enumerate(["key-a1", "key-b1"])])
+    assert all(r.status_code == 200 for r in got), [r.text for r in got]
+    assert all(w.log_for(f"m-{k}").get("batch", {}).get("size", 1) == 1 for k in ("key-a1", "key-b1"))
+    heads = capture.heads[before:]
+    assert len(heads) == 2, heads
+    for n, head in enumerate(sorted(heads, key=lambda h: dict(h)["traceparent"]), start=1):
+        for field, value in extra.items():
+            assert (field, value) in head, (field, head)
+        assert ("traceparent", f"00-{n:032x}-{n:016x}-01") in head, head  # each its own client's
+    w = weir(config=batch_config(capture), workers=1)  # (a log of its own: the request ids are the same)
+    head = batch_head(w, capture, ["key-a1", "key-a2"], extra)
+    assert ("x-data-parallel-rank", "1") in head, head
 
 
 def test_with_tracing_a_batch_of_two_tenants_carries_weirs_traceparent_alone(weir, capture):
@@ -280,7 +307,7 @@ def test_with_tracing_a_batch_of_two_tenants_carries_weirs_traceparent_alone(wei
         cfg = batch_config(capture)
         cfg["tracing"] = {"otlp_endpoint": c.url, "flush_interval": "10ms"}
         w = weir(config=cfg, workers=1)
-        head = batch_head(w, capture, ["key-a1", "key-b1"], CLIENT_CONTEXT)
+        head = batch_head(w, capture, ["key-a1", "key-b1"], KEYLESS_CONTEXT)
         assert {n for n, _ in head} <= WEIRS_OWN | ALLOWED | {"traceparent"}, head
         sent = [v for n, v in head if n == "traceparent"]
         # Weir's span (its own span id), never a client's traceparent as it came.
@@ -291,7 +318,7 @@ def test_with_tracing_a_batch_of_two_tenants_carries_weirs_traceparent_alone(wei
 
 def test_a_batch_of_one_tenant_keeps_its_first_members_context(weir, mock):
     w = weir(config=batch_config(mock(*FAST)), workers=1)
-    seen, got = sent_upstream(w, ["key-a1", "key-a2"])
+    seen, got = sent_upstream(w, ["key-a1", "key-a2"], {"x-mock-echo": "1"})
     for names in seen:
         for field in ("traceparent", "tracestate", "baggage", "x-forwarded-for"):
             assert field in names, (field, names)

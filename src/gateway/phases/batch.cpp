@@ -16,6 +16,21 @@ GatewayPhases::GatewayPhases(Worker& w, http::Downstream& down, http::UpstreamEx
 
 GatewayPhases::~GatewayPhases() = default;
 
+namespace {
+
+// Whether http::append_forwarded_fields_key's lines ("name: value\n", names lower-cased) are none, or
+// Content-Type's alone.
+bool only_content_type(std::string_view fields) {
+  while (!fields.empty()) {
+    if (!fields.starts_with("content-type: ")) return false;
+    const std::size_t nl = fields.find('\n');
+    fields.remove_prefix(nl == std::string_view::npos ? fields.size() : nl + 1);
+  }
+  return true;
+}
+
+}  // namespace
+
 bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
   if (!batching_ || ctx.fallback_step != 0) return false;
   if (ctx.route != RouteKind::completions && ctx.route != RouteKind::chat_completions) return false;
@@ -32,7 +47,12 @@ bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
   if (ctx.body_decoded) return false;  // (rare) a decoded body's head differs from the others'
   // The fields that go upstream are part of the key: a member never rides on another's credential or headers.
   member_->key() += '\0';  // never in valid JSON nor in a field
+  const std::size_t fields_at = member_->key().size();
   http::append_forwarded_fields_key(member_->key(), down_.request(), plan.strip_credentials);
+  // A batch of several tenants sends none of a member's fields but Content-Type and Accept
+  // (UpstreamHeadOptions::shared), so a member whose key holds another field (one the model server may act
+  // on, as vLLM's X-data-parallel-rank) batches with its own tenant only: batching never changes what goes up.
+  const bool own_tenant_only = !only_content_type(std::string_view(member_->key()).substr(fields_at));
   // And where they go: the same body to /v1/chat/completions and /v1/completions (or with another query) is not
   // the same request (a 400 on one route must not become the other's 200).
   member_->key() += '\0';
@@ -41,7 +61,7 @@ bool GatewayPhases::plan_batch(RequestContext& ctx, BatchPlan& plan) {
   // what was generated, and that timing would tell one tenant what another
   // is asking right now (as providers keep prompt caches per organisation).
   // A prompt-list batch may: its members share no text and no timing.
-  if (!plan.prompt && ctx.principal) {
+  if ((!plan.prompt || own_tenant_only) && ctx.principal) {
     member_->key() += '\0';
     member_->key() += ctx.principal->tenant_name();
   }
