@@ -69,6 +69,42 @@ TEST(ApiParseRequest, StreamMustBeABoolean) {
   EXPECT_EQ(refused(kChat, R"({"model":"m","stream":{}})").param, "stream");
 }
 
+// A member name Weir does not read but a server matching names in any case (Go's encoding/json: Ollama,
+// LocalAI) would read as one: refused, else Weir routes, allows and charges one request and the upstream
+// runs another ({"model":"good","Model":"bad"}).
+TEST(ApiParseRequest, NamesThatFoldToAReadNameAreRefused) {
+  for (const std::string_view body : {
+           R"({"model":"good","Model":"bad"})",
+           R"({"MODEL":"bad"})",
+           R"({"model":"m","max_tokens":5,"MAX_TOKENS":900})",
+           R"({"model":"m","Max_Completion_Tokens":900})",
+           R"({"model":"m","\u017ftream":true})",                         // U+017F long s folds to s
+           R"({"model":"m","stream":true,"Stream_Options":{}})",
+           R"({"model":"m","max_to\u212Aens":900})",                      // U+212A Kelvin sign folds to k
+           R"({"model":"m","stream":true,"stream_options":{"Include_Usage":false}})",
+           R"({"model":"m","N":3})",
+           R"({"model":"m","Messages":[]})",
+       }) {
+    const auto e = refused(kChat, body);
+    EXPECT_NE(e.message.find("case-sensitive"), std::string::npos) << body << ": " << e.message;
+  }
+  EXPECT_EQ(refused(kChat, R"({"model":"good","Model":"bad"})").param, "Model");
+  EXPECT_NE(refused(kChat, R"({"model":"good","Model":"bad"})").message.find("'model'"), std::string::npos);
+  // Names read exactly, names of no field, and the same letters deeper in the body are the client's.
+  ok(kChat, R"({"model":"m","user":"u","echo":false,"Temperature":1,"models":"x","model_":"y"})");
+  ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"hi","Model":"x"}],"metadata":{"MODEL":1}})");
+  ok(kCompletions, R"({"model":"m","prompt":"p","echo":true,"logprobs":1})");
+  ok(kChat, R"({"model":"m","\u006dodel":"m"})");  // an escaped exact name is that name
+  ok(kChat, R"({"model":"m","mod\u00e9l":"x","\u017f":1})");
+}
+
+TEST(ApiParseRequest, NumbersBeyondADoubleAreRefused) {
+  // Python's json reads 1e400 as inf and other parsers refuse it: the translated routes already refuse it.
+  refused(kChat, R"({"model":"m","temperature":1e400})");
+  refused(kCompletions, R"({"model":"m","prompt":"p","top_p":-1e999})");
+  ok(kChat, R"({"model":"m","temperature":1e308})");
+}
+
 TEST(ApiParseRequest, StreamOptionsMustBeAnObject) {
   auto f = ok(kChat, R"({"model":"m","stream":true,"stream_options":{"include_usage":true}})");
   EXPECT_TRUE(f.has_stream_options);
