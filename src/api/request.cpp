@@ -168,12 +168,28 @@ bool go_fold_equals(std::string_view a, std::string_view b) {
 // and another to such an upstream. `top`: a member of the body; else of stream_options.
 // Returns that name, or an empty one.
 std::string_view folds_to_a_read_key(std::string_view key, bool top) {
-  static constexpr std::array<std::string_view, 22> kTop = {
-      "model",        "stream",      "stream_options", "max_tokens", "max_completion_tokens",
-      "n",            "best_of",     "messages",       "prompt",     "input",
-      "tools",        "functions",   "documents",      "echo",       "logprobs",
-      "top_logprobs", "suffix",      "user",           "request_id", "chat_template",
-      "prompt_logprobs", "chat_template_kwargs"};
+  static constexpr std::array<std::string_view, 22> kTop = {"model",
+                                                            "stream",
+                                                            "stream_options",
+                                                            "max_tokens",
+                                                            "max_completion_tokens",
+                                                            "n",
+                                                            "best_of",
+                                                            "messages",
+                                                            "prompt",
+                                                            "input",
+                                                            "tools",
+                                                            "functions",
+                                                            "documents",
+                                                            "echo",
+                                                            "logprobs",
+                                                            "top_logprobs",
+                                                            "suffix",
+                                                            "user",
+                                                            "request_id",
+                                                            "chat_template",
+                                                            "prompt_logprobs",
+                                                            "chat_template_kwargs"};
   static constexpr std::array<std::string_view, 2> kStreamOptions = {"include_usage", "continuous_usage_stats"};
   const auto any = [&](const auto& names) {
     for (const std::string_view n : names)
@@ -208,7 +224,7 @@ class FieldsHandler {
   // "\u017ftream" (folds_to_a_read_key). Empty: none.
   std::string folded_key;
   std::string_view folded_as;  // the name it folds to
-  bool infinite = false;  // a number beyond a double's range (1e400)
+  bool infinite = false;       // a number beyond a double's range (1e400)
 
   // --- basic_parser's handler interface ---
   bool on_document_begin(boost::system::error_code&) { return true; }

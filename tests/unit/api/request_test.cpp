@@ -78,9 +78,9 @@ TEST(ApiParseRequest, NamesThatFoldToAReadNameAreRefused) {
            R"({"MODEL":"bad"})",
            R"({"model":"m","max_tokens":5,"MAX_TOKENS":900})",
            R"({"model":"m","Max_Completion_Tokens":900})",
-           R"({"model":"m","\u017ftream":true})",                         // U+017F long s folds to s
+           R"({"model":"m","\u017ftream":true})",  // U+017F long s folds to s
            R"({"model":"m","stream":true,"Stream_Options":{}})",
-           R"({"model":"m","max_to\u212Aens":900})",                      // U+212A Kelvin sign folds to k
+           R"({"model":"m","max_to\u212Aens":900})",  // U+212A Kelvin sign folds to k
            R"({"model":"m","stream":true,"stream_options":{"Include_Usage":false}})",
            R"({"model":"m","N":3})",
            R"({"model":"m","Messages":[]})",
