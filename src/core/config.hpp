@@ -230,7 +230,7 @@ struct QueueConfig {
   std::uint32_t max_concurrent = 0;  // requests in flight per worker on the pool before queueing; 0 = no limit
   Millis timeout{5'000};             // longest wait in the queue
   int shed_status = 503;             // 503 or 429
-  Millis retry_after{1'000};         // the Retry-After of a shed answer (whole seconds, at least 1)
+  Millis retry_after{1'000};         // a shed answer's wait: exact in retry-after-ms, rounded up in Retry-After
   // The Gateway API Inference Extension's saturation detector: an endpoint
   // is saturated when its vllm:num_requests_waiting is at least `waiting`
   // or its vllm:kv_cache_usage_perc at least `kv_cache` (from load_metrics);

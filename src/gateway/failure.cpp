@@ -81,7 +81,7 @@ core::Error upstream_error(http::UpstreamFailure f, const UpstreamSubject& who, 
     case http::UpstreamFailure::protocol:
       return core::upstream_unavailable(upstream_message(who, fmt::format("sent an invalid HTTP response{}", when)));
     case http::UpstreamFailure::breaker_open:
-      return pool_unavailable(who, 1);
+      return pool_unavailable(who, std::chrono::seconds(1));
     case http::UpstreamFailure::local_resources: {
       core::Error e;
       e.source = core::ErrorSource::internal;
@@ -131,7 +131,7 @@ core::Error batch_status_error(int status, const UpstreamSubject& who, std::uint
   return e;
 }
 
-core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_after_s) {
+core::Error pool_unavailable(const UpstreamSubject& who, std::chrono::steady_clock::duration wait) {
   core::Error e;
   e.source = core::ErrorSource::upstream;
   e.status = 503;
@@ -140,11 +140,14 @@ core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_aft
   e.message = upstream_message(who,
                                "has no endpoint available: every endpoint's circuit breaker is open (or half-open "
                                "with its trial requests in flight)");
-  e.retry_after_s = std::max<std::uint32_t>(retry_after_s, 1);
+  if (wait <= std::chrono::steady_clock::duration::zero()) wait = std::chrono::seconds(1);
+  e.retry_after_s = retry_after_seconds(wait);
+  e.retry_after_ms = retry_after_millis(wait);
   return e;
 }
 
-core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, std::uint32_t retry_after_s) {
+core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status,
+                       std::chrono::steady_clock::duration retry_after) {
   core::Error e;
   e.source = core::ErrorSource::upstream;
   e.status = status;
@@ -155,7 +158,8 @@ core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, s
                                                         : "is at its concurrency limit and its queue has no room for "
                                                           "this request";
   e.message = upstream_message(who, what);
-  e.retry_after_s = std::max<std::uint32_t>(retry_after_s, 1);
+  e.retry_after_s = retry_after_seconds(retry_after);
+  e.retry_after_ms = retry_after_millis(retry_after);
   return e;
 }
 

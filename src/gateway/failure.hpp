@@ -74,16 +74,24 @@ inline std::uint32_t retry_after_seconds(std::chrono::steady_clock::duration d) 
   const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(d).count();
   return static_cast<std::uint32_t>(std::clamp<std::int64_t>((ms + 999) / 1000, 1, 86'400));
 }
+// The same wait exact for `retry-after-ms` (which the openai and anthropic SDKs read before Retry-After):
+// `d` in milliseconds rounded up, at least 1, at most a day (retry_after_seconds' clamp).
+inline std::uint32_t retry_after_millis(std::chrono::steady_clock::duration d) {
+  const auto ms = std::chrono::ceil<std::chrono::milliseconds>(d).count();
+  return static_cast<std::uint32_t>(std::clamp<std::int64_t>(ms, 1, 86'400'000));
+}
 
 // Every endpoint of the pool is open (routing/health.hpp: its circuit
-// breaker) and no fallback is left: 503 upstream_unavailable with
-// Retry-After `retry_after_s` (at least 1): when the first breaker turns half-open.
-core::Error pool_unavailable(const UpstreamSubject& who, std::uint32_t retry_after_s);
+// breaker) and no fallback is left: 503 upstream_unavailable. `wait` is how long until the first breaker
+// turns half-open (WorkerPool::unavailable_for), sent exact in retry-after-ms and rounded up to whole seconds
+// (at least 1) in Retry-After; 0 (half-open with its trials in flight: when one ends is not known) sends 1 s.
+core::Error pool_unavailable(const UpstreamSubject& who, std::chrono::steady_clock::duration wait);
 using routing::ShedReason;
 // A request shed by the pool's admission queue (pools.X.queue): `status`
-// 503 or 429 (queue.shed_status), type server_error, code `overloaded`,
-// Retry-After `retry_after_s`.
-core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status, std::uint32_t retry_after_s);
+// 503 or 429 (queue.shed_status), type server_error, code `overloaded`, with
+// `retry_after` (queue.retry_after, ms resolution) exact in retry-after-ms and rounded up in Retry-After.
+core::Error overloaded(const UpstreamSubject& who, ShedReason why, int status,
+                       std::chrono::steady_clock::duration retry_after);
 // The request's own deadline (x-weir-timeout-ms: `budget_ms`) passed before
 // its response was committed (504, type timeout, code deadline_exceeded), or
 // during a stream (in-band, the same error; `mid_stream` words it so).

@@ -346,7 +346,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     if (ctx.retries > 0) --ctx.retries;
     ctx.source = nullptr;
     ctx.fail_over = false;
-    co_return Outcome::failed(pool_unavailable(subject(ctx), retry_after_seconds(pool.unavailable_for(now))));
+    co_return Outcome::failed(pool_unavailable(subject(ctx), pool.unavailable_for(now)));
   }
   if (attempts.unavailable()) {
     // Every endpoint's breaker is open: the next fallback, or 503 until the first turns half-open.
@@ -356,7 +356,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     ctx.record_attempt(
         {.pool = static_cast<std::int16_t>(ctx.target.pool), .failure = http::UpstreamFailure::breaker_open});
     ctx.fail_over = !down_.client_gone();
-    co_return Outcome::failed(pool_unavailable(subject(ctx), retry_after_seconds(pool.unavailable_for(now))));
+    co_return Outcome::failed(pool_unavailable(subject(ctx), pool.unavailable_for(now)));
   }
   // Each request's first pick on a pool (docs/routing.md): not a held stream's retry there, nor a resume.
   if (avoid.empty()) metrics.count_pick(pool.last_rule());

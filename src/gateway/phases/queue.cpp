@@ -41,7 +41,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
   const auto reason = saturated ? ShedReason::saturated : ShedReason::queue_full;
   const auto shed = [&](ShedReason r) {
     m.count_shed(ctx.gen->pool_slot(ctx.target.pool), r);
-    return Outcome::failed(overloaded(subject(ctx), r, qc.shed_status, retry_after_seconds(qc.retry_after)));
+    return Outcome::failed(overloaded(subject(ctx), r, qc.shed_status, qc.retry_after));
   };
   if (fallback_left(ctx)) {
     // The next target may have room: it takes the request rather than this
@@ -50,7 +50,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
     ctx.record_attempt(
         {.pool = static_cast<std::int16_t>(ctx.target.pool), .failure = http::UpstreamFailure::overloaded});
     ctx.fail_over = true;
-    co_return Outcome::failed(overloaded(subject(ctx), reason, qc.shed_status, retry_after_seconds(qc.retry_after)));
+    co_return Outcome::failed(overloaded(subject(ctx), reason, qc.shed_status, qc.retry_after));
   }
   routing::QueueWaiter& waiter = ctx.waiter;
   waiter = {};
