@@ -330,29 +330,37 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
   return principal;
 }
 
-tl::expected<void, core::Error> Authenticator::check_model(const Principal& principal, std::string_view model) {
+AllowList Authenticator::refusing_list(const Principal& principal, std::string_view model) noexcept {
+  const bool key_listed = principal.key && principal.key->models;
   if (model.empty()) {
+    // (A request without a model: only a principal that may use every model, as check_model says.)
+    if (!principal.tenant->models.allows_all()) return AllowList::tenant;
+    return key_listed && !principal.key->models->allows_all() ? AllowList::key : AllowList::none;
+  }
+  if (!principal.tenant->models.allows(model)) return AllowList::tenant;
+  return key_listed && !principal.key->models->allows(model) ? AllowList::key : AllowList::none;
+}
+
+tl::expected<void, core::Error> Authenticator::check_model(const Principal& principal, std::string_view model) {
+  const AllowList by = refusing_list(principal, model);
+  if (by == AllowList::none) return {};
+  if (model.empty())
     // A request without a model goes to the default pool, whose upstream picks the model: Weir cannot tell
     // which, so only a principal that may use every model may send one.
-    const bool key_all = !principal.key || !principal.key->models || principal.key->models->allows_all();
-    if (principal.tenant->models.allows_all() && key_all) return {};
     return tl::unexpected(core::forbidden(
-        principal.tenant->models.allows_all()
+        by == AllowList::key
             ? fmt::format("A request without a model may be for any model, and API key `{}` may use only some: "
                           "name the model.",
                           principal.key->id.substr(0, 128))
             : fmt::format("A request without a model may be for any model, and tenant `{}` may use only some: "
                           "name the model.",
                           principal.tenant->name)));
-  }
-  if (!principal.tenant->models.allows(model))
+  if (by == AllowList::tenant)
     return tl::unexpected(core::forbidden(
         fmt::format("The model `{}` is not available to tenant `{}`.", model.substr(0, 256), principal.tenant->name)));
-  if (principal.key && principal.key->models && !principal.key->models->allows(model))
-    // The key's own list refused it: say so, so no one goes looking in the tenant's.
-    return tl::unexpected(core::forbidden(fmt::format("The model `{}` is not available to API key `{}`.",
-                                                      model.substr(0, 256), principal.key->id.substr(0, 128))));
-  return {};
+  // The key's own list refused it: say so, so no one goes looking in the tenant's.
+  return tl::unexpected(core::forbidden(fmt::format("The model `{}` is not available to API key `{}`.",
+                                                    model.substr(0, 256), principal.key->id.substr(0, 128))));
 }
 
 }  // namespace weir::auth

@@ -87,6 +87,9 @@ class Authenticator {
   // answers a named model's refusal as an unknown model (404 model_not_found)
   // and logs this code.
   static tl::expected<void, core::Error> check_model(const Principal& principal, std::string_view model);
+  // check_model's decision alone, without building its error: which list refuses `model` (the tenant's is
+  // read first), or AllowList::none. The access log names it (the client's 404 must not).
+  static AllowList refusing_list(const Principal& principal, std::string_view model) noexcept;
 
   // Installs a new configuration snapshot (call on this worker's thread).
   // Drops cached principals; requests in flight keep theirs.

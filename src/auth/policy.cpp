@@ -179,4 +179,15 @@ const KeyPolicy* AuthPolicy::find_key(const Sha256Digest& digest) const noexcept
   return it == by_digest_.end() ? nullptr : &keys_[it->second];
 }
 
+std::string_view to_string(AllowList l) {
+  switch (l) {
+    case AllowList::tenant:
+      return "tenant";
+    case AllowList::key:
+      return "key";
+    default:
+      return {};
+  }
+}
+
 }  // namespace weir::auth

@@ -184,4 +184,9 @@ struct Principal {
 };
 using PrincipalPtr = std::shared_ptr<const Principal>;
 
+// Which allow-list refused a principal a model (Authenticator::refusing_list): the tenant's
+// (tenants.NAME.models) or its API key's own (auth.api_keys[].models); `none`: the model is allowed.
+enum class AllowList : std::uint8_t { none, tenant, key };
+std::string_view to_string(AllowList l);  // "tenant", "key"; "" for none
+
 }  // namespace weir::auth

@@ -88,6 +88,7 @@ void RequestContext::reset() {
   error_source = core::ErrorSource::internal;
   error_code.clear();
   model_refused = false;
+  refused_by = auth::AllowList::none;
   has_usage = false;
   usage = {};
   usage_invalid = false;

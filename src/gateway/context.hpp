@@ -363,8 +363,10 @@ struct RequestContext {
   core::ErrorSource error_source = core::ErrorSource::internal;
   std::string error_code;  // OpenAI error.code or a Weir reason
   // The model was found but the principal may not use it (route): the client is answered as for an unknown
-  // model (404 model_not_found), the log says why (model_not_allowed).
+  // model (404 model_not_found), the log says why (model_not_allowed) and which allow-list refused it
+  // (`refused_by`), as it does for a request without a model refused in admit (403 model_not_allowed).
   bool model_refused = false;
+  auth::AllowList refused_by = auth::AllowList::none;
   bool has_usage = false;
   api::Usage usage;
   // The upstream sent a usage it cannot be billed by (api::extract_usage's

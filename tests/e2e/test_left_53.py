@@ -1,14 +1,18 @@
 """Items session 52 left: the exact wait of Weir's own 503s (a pool whose every endpoint is ejected, a shed
-request) in retry-after-ms; ..."""
+request) in retry-after-ms; the access log naming which allow-list (the tenant's or the API key's) refused a
+model; ..."""
 
 from __future__ import annotations
 
+import json
 import math
+import sqlite3
 
 import httpx
 
 from conftest import free_port, wait_until
 from httpwire import RawConn, request
+from test_tenancy_52 import FAST as ANY_MODEL, answer, send, tenancy_config
 
 MSG = [{"role": "user", "content": "hello"}]
 FAST = ("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "4")
@@ -64,4 +68,39 @@ def test_a_shed_request_sends_queue_retry_after_exactly_in_retry_after_ms(mock, 
     finally:
         for conn in held:
             conn.close()
+
+
+# --- 2. whose allow-list refused the model ------------------------------------------------------------------------
+
+# DEFECT: a model refused by an allow-list was logged `model_not_allowed` alone: the operator could not tell whether
+# the tenant's list (tenants.NAME.models) or the API key's own (auth.api_keys[].models) refused it. The log's error
+# now says `refused_by: tenant|key`; the client's answer is still exactly an unknown model's.
+def test_the_access_log_names_the_allow_list_that_refused_the_model(weir, mock, tmp_path):
+    db = tmp_path / "requests.db"
+    w = weir(config=tenancy_config(mock(*ANY_MODEL), request_log={"url": f"sqlite:{db}", "flush_interval": "10ms"}),
+             workers=1)
+    body = {"model": "secret-model", "prompt": "x", "max_tokens": 2}
+    unknown = send(w, "key-beta-b", "/v1/completions", {**body, "model": "no-such-model"}, "unknown")
+    for key, by in (("key-beta-b", "tenant"), ("key-acme-narrow", "key")):
+        r = send(w, key, "/v1/completions", body, f"refused-{by}")
+        assert answer(r, "secret-model") == answer(unknown, "no-such-model"), (r.text, unknown.text)
+        line = w.log_for(f"refused-{by}")
+        assert line["status"] == 404 and line["error"] == {"source": "client", "code": "model_not_allowed",
+                                                           "refused_by": by}, line
+    assert w.log_for("unknown")["error"] == {"source": "client", "code": "model_not_found"}
+    # The request log's record is the same line.
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= 3, 10, message="the records written")
+    with sqlite3.connect(db, timeout=5) as c:
+        records = {rid: json.loads(rec) for rid, rec in c.execute("SELECT request_id, record FROM requests")}
+    assert records["refused-key"]["error"]["refused_by"] == "key", records
+    assert records["refused-tenant"]["error"]["refused_by"] == "tenant", records
+    # A request without a model, refused (403) for the same lists, says whose too.
+    w2 = weir(config=tenancy_config(mock(*ANY_MODEL), default_pool="gpu"), workers=1)
+    for key, by in (("key-beta-b", "tenant"), ("key-acme-narrow", "key")):
+        r = send(w2, key, "/v1/completions", {"prompt": "x", "max_tokens": 2}, f"nomodel-{by}")
+        assert r.status_code == 403 and r.json()["error"]["code"] == "model_not_allowed", r.text
+        assert w2.log_for(f"nomodel-{by}")["error"] == {"source": "client", "code": "model_not_allowed",
+                                                        "refused_by": by}
+    assert send(w2, "key-acme-a", "/v1/completions", {"prompt": "x", "max_tokens": 2}, "ok").status_code == 200
+    assert w2.log_for("ok")["error"] is None
 

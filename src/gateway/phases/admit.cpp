@@ -62,8 +62,10 @@ std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admissio
   reserve_for_fallbacks(ctx, prices);
   // (A named model the principal may not use was answered in route, as an unknown one: what is left to refuse
   // here is a request without a model from a principal restricted to some, the 403.)
-  if (auto ok = auth::Authenticator::check_model(*ctx.principal, admit_model(ctx)); !ok)
+  if (auto ok = auth::Authenticator::check_model(*ctx.principal, admit_model(ctx)); !ok) {
+    ctx.refused_by = auth::Authenticator::refusing_list(*ctx.principal, admit_model(ctx));
     return Outcome::failed(std::move(ok.error()));
+  }
   return std::nullopt;
 }
 

@@ -550,6 +550,12 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
     w.put(core::to_string(ctx.error_source));
     w.put(R"(","code":)"sv);
     w.put_json_string(ctx.error_code);
+    // A model refused by an allow-list (model_not_allowed, whatever the client was told): whose list.
+    if (ctx.refused_by != auth::AllowList::none) {
+      w.put(R"(,"refused_by":")"sv);
+      w.put(auth::to_string(ctx.refused_by));
+      w.put("\""sv);
+    }
     w.put("}"sv);
   } else {
     w.put(R"(,"error":null)"sv);

@@ -184,6 +184,8 @@ Outcome GatewayPhases::route(RequestContext& ctx) {
   // admit (403: it names nothing to find).
   if (!ctx.model.empty() && !check_model(ctx, ctx.model, *r)) {
     ctx.model_refused = true;
+    ctx.refused_by =
+        auth::Authenticator::refusing_list(*ctx.principal, r->canonical.empty() ? ctx.model : r->canonical);
     return Outcome::failed(core::model_not_found(ctx.model));
   }
   ctx.target = *r;
