@@ -80,7 +80,20 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
     }
   }
   l->endpoint_base.push_back(static_cast<std::uint32_t>(l->endpoint_slots.size()));
-  if (!policy) return l;
+  // Tenants and keys: current while the policy names them (marked after their slots below); "other" always.
+  const auto mark_current = [](std::vector<std::uint8_t>& flags, const std::vector<std::string>& names,
+                               const std::vector<std::uint16_t>& named_slots) {
+    flags.assign(names.size(), 0);
+    if (flags.empty()) return;
+    flags.back() = 1;  // "other"
+    for (const std::uint16_t s : named_slots)
+      if (s != MetricIdentity::kOther && s < flags.size()) flags[s] = 1;
+  };
+  if (!policy) {
+    mark_current(l->tenant_current, l->tenants, {});
+    mark_current(l->key_current, l->key_ids, {});
+    return l;
+  }
   // Identity slots by admission scope. A name keeps its slot; a new one gets
   // the next while fewer than the cap have one, else "other" (the last entry).
   const auto named = [](std::vector<std::string>& names, std::uint32_t cap, std::string_view name,
@@ -107,16 +120,21 @@ std::shared_ptr<const MetricLabels> MetricLabels::build(const core::Config& cfg,
   l->key_slot.resize(scopes, MetricIdentity::kOther);
   for (const std::uint32_t s : policy->held_scopes())
     if (s < scopes) l->tenant_slot[s] = l->key_slot[s] = MetricIdentity::kOther;
+  std::vector<std::uint16_t> tenants_named, keys_named;
   if (mc.tenant_label) {
     if (l->tenants.empty()) l->tenants.emplace_back(kOther);
     for (const auto& t : policy->tenants())  // name order
-      if (t.scope < scopes) l->tenant_slot[t.scope] = named(l->tenants, mc.max_tenants, t.name, &l->tenant_names);
+      if (t.scope < scopes)
+        tenants_named.push_back(l->tenant_slot[t.scope] = named(l->tenants, mc.max_tenants, t.name, &l->tenant_names));
   }
   if (mc.key_id_label) {
     if (l->key_ids.empty()) l->key_ids.emplace_back(kOther);
     for (const auto& k : policy->keys())  // configuration order; runtime keys are "other"
-      if (!k.runtime && k.scope < scopes) l->key_slot[k.scope] = named(l->key_ids, mc.max_key_ids, k.id);
+      if (!k.runtime && k.scope < scopes)
+        keys_named.push_back(l->key_slot[k.scope] = named(l->key_ids, mc.max_key_ids, k.id));
   }
+  mark_current(l->tenant_current, l->tenants, tenants_named);
+  mark_current(l->key_current, l->key_ids, keys_named);
   return l;
 }
 
@@ -254,23 +272,28 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   auto route_of = [](std::uint64_t key) { return static_cast<std::size_t>((key >> 54) & 0x3f); };
   auto status_of = [](std::uint64_t key) { return static_cast<std::size_t>((key >> 49) & 0x1f); };
   auto model_of = [](std::uint64_t key) { return static_cast<std::size_t>((key >> 32) & 0x1ffff); };
+  // A series of a model, tenant or key the configuration no longer names is left out (MetricLabels::current).
+  auto current = [&](std::uint64_t key) {
+    return L.current(model_of(key), static_cast<std::uint16_t>(key >> 16), static_cast<std::uint16_t>(key));
+  };
 
   w.header("weir_requests_total", "counter", "Requests answered, by route, model, HTTP status (and tenant, key).");
   for (const auto& [key, v] : family(Family::requests))
-    w.sample(
-        "weir_requests_total",
-        fmt::format("route=\"{}\",model=\"{}\",status=\"{}\"{}", route_label(static_cast<RouteKind>(route_of(key))),
-                    model_label(model_of(key)), status_label(status_of(key)), identity_labels(key)),
-        v);
+    if (current(key))
+      w.sample(
+          "weir_requests_total",
+          fmt::format("route=\"{}\",model=\"{}\",status=\"{}\"{}", route_label(static_cast<RouteKind>(route_of(key))),
+                      model_label(model_of(key)), status_label(status_of(key)), identity_labels(key)),
+          v);
 
   auto hist = [&](const char* name, const char* help, const PerModel& hs) {
     w.header(name, "histogram", help);
-    // Configured models even at 0; models no longer configured, "*" and "" once used. "" holds
+    // Configured models even at 0; "*" and "" once used (not models no longer configured). "" holds
     // the requests without a model (answered before one was known: a refused credential, an
     // unknown path, a body that is not JSON; or a route without one, GET /version), under the
     // same label weir_requests_total counts them: every request it counts has a duration.
     for (std::size_t m = 0; m < hs.models.size() && m < L.models.size(); ++m) {
-      if (hs.models[m].count() == 0 && !L.model_current[m]) continue;
+      if (!L.model_current[m]) continue;
       w.histogram(name, fmt::format("model=\"{}\"", L.models[m]), hs.models[m]);
     }
     if (hs.fixed[0].count() != 0) w.histogram(name, "model=\"*\"", hs.fixed[0]);
@@ -290,6 +313,7 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   auto per_model = [&](const char* name, const char* type, const char* help, Family f, double scale) {
     w.header(name, type, help);
     for (const auto& [key, v] : family(f)) {
+      if (!current(key)) continue;
       const auto labels = fmt::format("model=\"{}\"{}", model_label(model_of(key)), identity_labels(key));
       if (scale == 1.0)
         w.sample(name, labels, v);
@@ -331,6 +355,7 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
     const auto counts = family(Family::ttft_count);
     // Both families hold the same series (added together), in the same order.
     for (std::size_t i = 0; i < sums.size() && i < counts.size(); ++i) {
+      if (!current(sums[i].first)) continue;
       const auto labels =
           fmt::format("model=\"{}\"{}", model_label(model_of(sums[i].first)), identity_labels(sums[i].first));
       w.sample(fmt::format("{}_sum", name), labels, static_cast<double>(sums[i].second) / 1e6);
@@ -341,13 +366,14 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
            "Requests Weir's admission refused with 429, by reason (rate_limit_exceeded: a requests or tokens "
            "bucket or a stream cap; insufficient_quota: a budget).");
   for (const auto& [key, v] : family(Family::rate_limited))
-    w.sample("weir_rate_limited_total",
-             fmt::format("reason=\"{}\"{}",
-                         status_of(key) == static_cast<std::size_t>(RateLimitReason::insufficient_quota)
-                             ? "insufficient_quota"
-                             : "rate_limit_exceeded",
-                         identity_labels(key)),
-             v);
+    if (current(key))
+      w.sample("weir_rate_limited_total",
+               fmt::format("reason=\"{}\"{}",
+                           status_of(key) == static_cast<std::size_t>(RateLimitReason::insufficient_quota)
+                               ? "insufficient_quota"
+                               : "rate_limit_exceeded",
+                           identity_labels(key)),
+               v);
 
   w.header("weir_active_streams", "gauge", "SSE responses being relayed now.");
   w.sample("weir_active_streams", "", static_cast<double>(active_streams));
@@ -359,14 +385,9 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
       "connect counts in weir_upstream_failures_total).");
   w.sample("weir_upstream_connects_total", "", upstream_connects);
   // Pools and endpoints as configured (the endpoint as its URL is shown in
-  // the access log: secrets in a query redacted); one no longer configured
-  // while it has a count.
+  // the access log: secrets in a query redacted); not one no longer configured.
   auto endpoint_shown = [&](std::size_t slot) {
-    if (slot >= L.endpoints.size() || slot >= attempts_.size()) return false;
-    if (L.endpoint_current[slot] || attempts_[slot]) return true;
-    for (std::size_t k = 0; k < kFailureKinds; ++k)
-      if (upstream_failures_[slot * kFailureKinds + k]) return true;
-    return false;
+    return slot < L.endpoints.size() && slot < attempts_.size() && L.endpoint_current[slot];
   };
   w.header("weir_upstream_attempts_total", "counter",
            "Requests sent (or connections tried) to each upstream endpoint, retries and fallbacks included.");
@@ -404,13 +425,7 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
            "ttft, probe, half_open_failure.");
   constexpr std::array kCauses = {routing::OpenCause::connect, routing::OpenCause::failures, routing::OpenCause::ttft,
                                   routing::OpenCause::probe, routing::OpenCause::trial};
-  // An endpoint as configured, or one no longer configured while it has a count.
-  auto health_shown = [&](std::size_t slot) {
-    if (endpoint_shown(slot) || recoveries_at(slot)) return true;
-    for (auto c : kCauses)
-      if (ejections_at(slot, c)) return true;
-    return false;
-  };
+  auto health_shown = endpoint_shown;  // (as configured)
   for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
     if (health_shown(slot))
       for (auto c : kCauses)
@@ -422,26 +437,27 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
            "probe succeeded, or its first good answer after an ejection without a breaker).");
   for (std::size_t slot = 0; slot < L.endpoints.size(); ++slot)
     if (health_shown(slot)) w.sample("weir_upstream_recoveries_total", L.endpoints[slot], recoveries_at(slot));
-  // Pools as configured, or no longer configured while they have a count.
+  // Pools as configured.
   const std::size_t pools = std::min(L.pools.size(), per_pool_.size());
   w.header("weir_upstream_pool_unavailable_total", "counter",
            "Requests that found every endpoint of the pool ejected with a breaker (pools.X.breaker): sent to a "
            "fallback or answered 503.");
   for (std::size_t p = 0; p < pools; ++p)
-    if (L.pool_current[p] || per_pool_[p].unavailable)
-      w.sample("weir_upstream_pool_unavailable_total", L.pools[p], per_pool_[p].unavailable);
+    if (L.pool_current[p]) w.sample("weir_upstream_pool_unavailable_total", L.pools[p], per_pool_[p].unavailable);
   w.header("weir_upstream_first_token_timeouts_total", "counter",
            "Streams whose first token did not come within the pool's timeouts.first_token.");
   w.sample("weir_upstream_first_token_timeouts_total", "", first_token_timeouts);
   w.header("weir_deadline_exceeded_total", "counter",
            "Requests whose own deadline (x-weir-timeout-ms) passed before their response ended.");
   w.sample("weir_deadline_exceeded_total", "", deadline_exceeded);
-  // The pools configured with a queue, and those that had one while they have a count.
+  // The pools configured with a queue, and those configured that had one while they have a count (the
+  // pool remains: its series stay, never reset).
   auto queued_pools = [&](auto&& each) {
     for (std::size_t p = 0; p < pools; ++p) {
+      if (!L.pool_current[p]) continue;
       bool counted = per_pool_[p].queued != 0 || per_pool_[p].waiting != 0;
       for (std::size_t r = 0; r < kShedReasons; ++r) counted = counted || shed_[p * kShedReasons + r] != 0;
-      if ((L.pool_current[p] && L.pool_queued[p]) || counted) each(p, L.pools[p]);
+      if (L.pool_queued[p] || counted) each(p, L.pools[p]);
     }
   };
   w.header("weir_requests_shed_total", "counter",

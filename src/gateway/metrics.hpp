@@ -42,9 +42,11 @@ struct MetricIdentity {
 // Slots only grow: labels built for a reload (`previous` given) keep every
 // slot the previous ones gave (a model, pool, endpoint, tenant or key keeps
 // its series and its count) and append what is new, so a request that
-// started on the older generation counts into the right series, and a
-// series of a model, pool or endpoint no longer configured keeps its value
-// until restart.
+// started on the older generation counts into the right series. A slot
+// whose model, pool, endpoint, tenant or key the configuration no longer
+// names is not current: /metrics leaves its series out (they were its own;
+// the counts stay in the shard, so one named again goes on from its count,
+// never back). Decided on scrape, from these flags: the request path is the same.
 struct MetricLabels {
   // Slots from `cfg` and `policy` (null: no auth, so no tenant or key_id
   // label), extending `previous` when given (its label settings are kept:
@@ -76,9 +78,12 @@ struct MetricLabels {
   // generation past it in name order). Empty: no tenant label.
   std::vector<std::string> tenants;
   std::vector<std::string> tenant_names;  // the named slots' tenants, not escaped (JSON)
+  // By index into `tenants` (key_ids): 1 while the tenant (key) is in the auth policy; "other" is always 1.
+  std::vector<std::uint8_t> tenant_current;
   // The same for key_id: configured keys past max_key_ids, and runtime keys
   // (admin API, Redis), are "other". Empty: no key_id label.
   std::vector<std::string> key_ids;
+  std::vector<std::uint8_t> key_current;
   // Admission scope -> slot (kOther when past the end): tenants' scopes in
   // tenant_slot, configured keys' in key_slot (auth/policy.hpp).
   std::vector<std::uint16_t> tenant_slot;
@@ -99,6 +104,18 @@ struct MetricLabels {
   // The series label of `slot` in `tenants` / `key_ids` (kOther: "other").
   static std::size_t index_of(std::uint16_t slot, const std::vector<std::string>& names) {
     return slot == MetricIdentity::kOther ? names.size() - 1 : slot;
+  }
+  // Whether a series of model slot `model` (MetricsShard's fixed "*" and "" slots included) and identity
+  // slots `tenant` / `key` (kNone: no such label) is shown: none of them names what the configuration removed.
+  bool current(std::size_t model, std::uint16_t tenant, std::uint16_t key) const {
+    if (model < models.size() && !model_current[model]) return false;
+    const auto named_current = [](std::uint16_t slot, const std::vector<std::string>& names,
+                                  const std::vector<std::uint8_t>& flags) {
+      if (slot == MetricIdentity::kNone || names.empty()) return true;
+      const std::size_t i = index_of(slot, names);
+      return i >= flags.size() || flags[i] != 0;
+    };
+    return named_current(tenant, tenants, tenant_current) && named_current(key, key_ids, key_current);
   }
 
   // The slots of `p`'s tenant and key (its admission scopes, auth/policy.hpp). O(1).

@@ -1,17 +1,19 @@
 """Items session 52 left: the exact wait of Weir's own 503s (a pool whose every endpoint is ejected, a shed
 request) in retry-after-ms; the access log naming which allow-list (the tenant's or the API key's) refused a
-model; ..."""
+model; the series of a model, pool, endpoint, tenant or key a reload removed leaving /metrics; ..."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sqlite3
 
 import httpx
 
-from conftest import free_port, wait_until
+from conftest import free_port, parse_prometheus, wait_until
 from httpwire import RawConn, request
+from test_config_reload import sighup, write
 from test_tenancy_52 import FAST as ANY_MODEL, answer, send, tenancy_config
 
 MSG = [{"role": "user", "content": "hello"}]
@@ -104,3 +106,71 @@ def test_the_access_log_names_the_allow_list_that_refused_the_model(weir, mock, 
     assert send(w2, "key-acme-a", "/v1/completions", {"prompt": "x", "max_tokens": 2}, "ok").status_code == 200
     assert w2.log_for("ok")["error"] is None
 
+
+# --- 3. a reload's removed objects leave /metrics -----------------------------------------------------------------
+
+def sha(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def removable_config(a, b, with_b: bool) -> dict:
+    cfg = {"server": {"metrics": {"key_id_label": True, "client_port": True}},
+           "pools": {"a": {"endpoints": [a.base_url], "breaker": {}, "queue": {"size": 4}}},
+           "models": {"m1": {"pool": "a", "upstream_model": "mock-model"}},
+           "tenants": {"t1": {}},
+           "auth": {"api_keys": [{"id": "k1", "sha256": sha("key-1"), "tenant": "t1"}]}}
+    if with_b:
+        cfg["pools"]["b"] = {"endpoints": [b.base_url], "breaker": {}, "queue": {"size": 4}}
+        cfg["models"]["m2"] = {"pool": "b", "upstream_model": "mock-model"}
+        cfg["tenants"]["t2"] = {}
+        cfg["auth"]["api_keys"].append({"id": "k2", "sha256": sha("key-2"), "tenant": "t2"})
+    return cfg
+
+
+# DEFECT: the series of a model, pool or endpoint a reload removed (and of a tenant or API key) stayed in /metrics
+# with their last values until restart: a dashboard summing by model or endpoint went on showing what no longer
+# exists. They now leave with it; the series of what remains keep their counts (never reset), and one named
+# again comes back with its count.
+def test_a_reload_removes_the_series_of_what_it_removed_and_keeps_the_rest(mock, weir):
+    a, b = mock(*FAST), mock(*FAST)
+    w = weir(config=removable_config(a, b, True), workers=2)
+
+    def ask(key: str, model: str) -> None:
+        r = httpx.post(w.v1 + "/chat/completions", json=chat(model), timeout=10,
+                       headers={"authorization": f"Bearer {key}"})
+        assert r.status_code == 200, r.text
+
+    for _ in range(3):
+        ask("key-1", "m1")
+        ask("key-2", "m2")
+    wait_until(lambda: w.metric("weir_requests_total", route="/v1/chat/completions", model="m2", status="200",
+                                tenant="t2", key_id="k2") == 3, message="the requests counted")
+    removed = {("model", "m2"), ("pool", "b"), ("tenant", "t2"), ("key_id", "k2"), ("endpoint", b.base_url)}
+
+    def series(text: str) -> dict:
+        return {(n, tuple(sorted(l.items()))): v for n, l, v in parse_prometheus(text)}
+
+    def of_removed(s: dict) -> list:
+        return [k for k in s if any(label in removed for label in k[1])]
+
+    before = series(w.metrics_text())
+    assert len(of_removed(before)) > 10, "the removed objects had series"
+    write(w, removable_config(a, b, False), workers=2)
+    sighup(w)
+    # (Each worker takes the new labels as it installs the generation: the scrape answers with its own.)
+    wait_until(lambda: of_removed(series(w.metrics_text())) == [], 10, message="the removed series gone")
+    after = series(w.metrics_text())
+    # What remains keeps its series, never reset.
+    counters = ("weir_requests_total", "weir_prompt_tokens_total", "weir_completion_tokens_total",
+                "weir_upstream_attempts_total", "weir_upstream_failures_total", "weir_requests_shed_total",
+                "weir_upstream_pool_unavailable_total", "weir_upstream_ejections_total",
+                "weir_time_to_first_token_seconds_count", "weir_tenant_time_to_first_token_seconds_count")
+    kept = [k for k in before if k[0] in counters and k not in of_removed(before)]
+    assert kept
+    for k in kept:
+        assert k in after and after[k] >= before[k], (k, before[k], after.get(k))
+    # Named again: its series come back with their counts.
+    write(w, removable_config(a, b, True), workers=2)
+    sighup(w)
+    wait_until(lambda: w.metric("weir_requests_total", route="/v1/chat/completions", model="m2", status="200",
+                                tenant="t2", key_id="k2") == 3, 10, message="m2's count back")
