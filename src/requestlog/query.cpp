@@ -302,6 +302,12 @@ Stmt Reader::prepare(std::string_view sql, std::string& error) {
         wal_noted_ = true;
         if (Stmt again = db_.prepare(sql, error)) return again;
       }
+    } else if (const std::string what = wal_obstacle(path_); !what.empty()) {
+      // Not a log a writer left: nothing SQLite can open, whoever reads (its -shm is not the matter).
+      error = fmt::format(
+          "{} ({}-wal, where SQLite keeps the file's write-ahead log, is {}: remove it, and a running Weir's "
+          "writer opens a new log there)",
+          error, path_, what);
     } else {
       error = fmt::format(
           "{} (SQLite must create {}-shm beside the file to read it while {}-wal is there, a writer running or one "

@@ -239,6 +239,16 @@ bool Db::wal_replaced() const {
   return ::stat((path_ + "-wal").c_str(), &st) != 0 || st.st_ino != wal_ino_ || st.st_dev != wal_dev_;
 }
 
+std::string wal_obstacle(const std::string& path) {
+  struct stat st {};
+  if (::stat((path + "-wal").c_str(), &st) != 0 || S_ISREG(st.st_mode)) return {};
+  if (S_ISDIR(st.st_mode)) return "a directory";
+  if (S_ISFIFO(st.st_mode)) return "a FIFO";
+  if (S_ISSOCK(st.st_mode)) return "a socket";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "a device";
+  return "not a regular file";
+}
+
 bool Db::checkpoint_truncate(std::string& error) {
   std::string why;
   Stmt s = prepare("PRAGMA wal_checkpoint(TRUNCATE)", why);

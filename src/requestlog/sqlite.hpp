@@ -100,4 +100,10 @@ class Db {
   ino_t wal_ino_ = 0;
 };
 
+// What is at `path`-wal when it is not SQLite's write-ahead log to open: "a directory", "a FIFO", "a
+// socket", "a device", "not a regular file" (a stat; a symlink is followed). Empty when nothing is there or
+// a regular file is (which SQLite opens or makes). SQLite answers only "unable to open database file" for
+// such a path; a message that names it tells the operator what to remove.
+std::string wal_obstacle(const std::string& path);
+
 }  // namespace weir::requestlog

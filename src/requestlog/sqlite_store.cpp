@@ -55,13 +55,23 @@ class SqliteBackend final : public StoreBackend {
       return false;
     };
     std::string why;
-    if (!db_.open(path_, false, why)) return fail(why);
+    // SQLite says only "unable to open database file" when PATH-wal is a directory (or another non-file): say
+    // what is in the way.
+    const auto fail_wal = [&](std::string sqlite_says) {
+      if (const std::string what = wal_obstacle(path_); !what.empty())
+        sqlite_says = fmt::format(
+            "{}: {}-wal, where SQLite keeps the file's write-ahead log, is {}: remove it for the "
+            "log to open",
+            sqlite_says, path_, what);
+      return fail(std::move(sqlite_says));
+    };
+    if (!db_.open(path_, false, why)) return fail_wal(why);
     // WAL: readers (the admin API's queries) never block the writer nor it
     // them; synchronous=NORMAL syncs at checkpoints, not per commit (a power
     // loss may lose the last transactions, never corrupt the file).
     if (!db_.exec("PRAGMA busy_timeout = 2000; PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL;", why))
-      return fail(why);
-    if (!db_.exec(kSchema, why)) return fail(why);
+      return fail_wal(why);
+    if (!db_.exec(kSchema, why)) return fail_wal(why);
     // Schema version 1 (before captured bodies) lacks the column.
     {
       Stmt has = db_.prepare("SELECT count(*) FROM pragma_table_info('requests') WHERE name = 'bodies'", why);
@@ -118,7 +128,13 @@ class SqliteBackend final : public StoreBackend {
                         path_, error);
       return false;
     }
-    why = fmt::format("its write-ahead log {}-wal was deleted or replaced (its rows were copied into the file)", path_);
+    if (const std::string what = wal_obstacle(path_); !what.empty())
+      // (What a new log's open then meets: open() says it, and the writer that it failed.)
+      why = fmt::format("its write-ahead log {}-wal was replaced by {} (its rows were copied into the file)", path_,
+                        what);
+    else
+      why =
+          fmt::format("its write-ahead log {}-wal was deleted or replaced (its rows were copied into the file)", path_);
     return true;
   }
 

@@ -134,14 +134,25 @@ std::size_t Writer::write_batch() {
   if (!store_->is_open() || queues_.empty()) return 0;
   // A file (or SQLite's -wal) deleted or replaced under the open connection (logrotate, an operator's rm)
   // takes every write without an error, into an unlinked inode: lost at the restart, counted as written.
-  // Opened again (a new file at the path) before the batch; counted as an error and said at once, once.
+  // Opened again (a new file at the path) before the batch; counted as an error and said at once, once, with
+  // what the new open did: a line that said the store was opening again when it could not (PATH-wal replaced
+  // by a directory) would leave the operator waiting for it.
   if (std::string moved; store_->moved(moved)) {
-    count_error(fmt::format("request log {}: {}; opening it again", config_.display, moved));
-    say_now();
     store_->close();
     open_.store(false, std::memory_order_relaxed);
     std::string error;
-    if (!open_store(error)) return 0;
+    const bool reopened = open_store(error);  // (a failure is counted too, as every failed open is)
+    if (reopened) {
+      count_error(fmt::format("request log {}: {}; opening it again", config_.display, moved));
+    } else {
+      const std::string prefix = fmt::format("request log {}: ", config_.display);
+      count_error(
+          fmt::format("{}{}; it cannot be opened again: {}; records wait in the queues (dropped and "
+                      "counted when full) while it is retried every second",
+                      prefix, moved, error.starts_with(prefix) ? error.substr(prefix.size()) : error));
+    }
+    say_now();
+    if (!reopened) return 0;
   } else if (!moved.empty()) {
     count_error(fmt::format("request log {}: {}", config_.display, moved));
   }

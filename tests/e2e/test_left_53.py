@@ -1,19 +1,23 @@
 """Items session 52 left: the exact wait of Weir's own 503s (a pool whose every endpoint is ejected, a shed
 request) in retry-after-ms; the access log naming which allow-list (the tenant's or the API key's) refused a
-model; the series of a model, pool, endpoint, tenant or key a reload removed leaving /metrics; ..."""
+model; the series of a model, pool, endpoint, tenant or key a reload removed leaving /metrics; the request log's reader hint and
+stderr line when its -wal is replaced by a directory."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import os
 import sqlite3
+import subprocess
 
 import httpx
 
-from conftest import free_port, parse_prometheus, wait_until
+from conftest import binary, free_port, parse_prometheus, wait_until
 from httpwire import RawConn, request
 from test_config_reload import sighup, write
+from test_reqlog_storage_52 import AUTH, chat as logged_chat, start as start_logged
 from test_tenancy_52 import FAST as ANY_MODEL, answer, send, tenancy_config
 
 MSG = [{"role": "user", "content": "hello"}]
@@ -174,3 +178,45 @@ def test_a_reload_removes_the_series_of_what_it_removed_and_keeps_the_rest(mock,
     sighup(w)
     wait_until(lambda: w.metric("weir_requests_total", route="/v1/chat/completions", model="m2", status="200",
                                 tenant="t2", key_id="k2") == 3, 10, message="m2's count back")
+
+
+# --- 4. the request log's -wal replaced by a directory ------------------------------------------------------------
+
+# DEFECT: with PATH-wal replaced by a directory while Weir ran, the admin API and `weir requests` said SQLite must
+# create PATH-shm (to be read as a user who may write there: wrong advice, root could not read it either), and
+# the writer's stderr line said the rows were copied and the log was "opening it again" although the new log
+# could never open ("unable to open database file" alone, after). Both now name the directory, and the writer
+# says the new log cannot be opened, why, and what happens to records meanwhile.
+def test_a_wal_replaced_by_a_directory_is_named_by_the_reader_and_the_writer(tmp_path, mock, weir):
+    db = tmp_path / "requests.db"
+    w, admin = start_logged(mock, weir, db)
+    for i in range(5):
+        assert logged_chat(w, f"before-{i}") == 200
+    wait_until(lambda: w.metric("weir_request_log_written_total") >= 5, 10, message="the first rows")
+    assert httpx.get(admin, headers=AUTH, timeout=10).status_code == 200  # the reader has the log open
+    os.remove(f"{db}-wal")
+    os.mkdir(f"{db}-wal")
+    assert logged_chat(w, "during-0") == 200
+    wait_until(lambda: w.metric("weir_request_log_open") == 0, 10, message="the writer's store closed")
+    said = [line for line in w.process.log().splitlines() if "write-ahead log" in line]
+    assert len(said) == 1, w.process.log()
+    assert f"{db}-wal was replaced by a directory (its rows were copied into the file)" in said[0], said
+    assert "opening it again" not in said[0] and "cannot be opened again" in said[0], said
+    assert f"{db}-wal, where SQLite keeps the file's write-ahead log, is a directory: remove it" in said[0], said
+    # The readers: the admin API and the CLI name the directory, and never ask for -shm.
+    r = httpx.get(admin, headers=AUTH, timeout=10)
+    assert r.status_code == 503, r.text
+    cli = subprocess.run([binary("weir"), "requests", "--db", str(db), "--limit", "10"], capture_output=True,
+                         text=True, timeout=30)
+    assert cli.returncode != 0
+    for text in (r.json()["error"]["message"], cli.stderr):
+        assert "-shm" not in text, text
+        assert f"{db}-wal, where SQLite keeps the file's write-ahead log, is a directory: remove it" in text, text
+    # Removed: the writer opens a new log, and every row is there.
+    os.rmdir(f"{db}-wal")
+    wait_until(lambda: w.metric("weir_request_log_open") == 1, 10, message="the store open again")
+    wait_until(lambda: httpx.get(admin, headers=AUTH, timeout=10).status_code == 200, 10, message="readable")
+    assert w.process.stop(15) == 0
+    with sqlite3.connect(db, timeout=5) as c:
+        rows = {r[0] for r in c.execute("SELECT request_id FROM requests")}
+    assert rows == {f"before-{i}" for i in range(5)} | {"during-0"}, rows
