@@ -137,9 +137,9 @@ inline bool head_over_limit(const boost::system::error_code& ec, std::size_t hea
 // less than asked shows the socket drained); at most 64 KiB.
 //
 // A plain socket's read that returns less than asked marks it drained
-// (note_drained, http/edge_recv.hpp), whether it came through async_recv or
-// the recv tried at once, so the connection's next async_recv waits for
-// epoll's next edge instead of trying a recv that finds nothing.
+// (async_recv when its recv runs; note_drained, http/edge_recv.hpp, after the
+// recv tried at once), so the connection's next async_recv waits for epoll's
+// next edge instead of trying a recv that finds nothing.
 //
 // `Stream` is the Socket, or a TLS stream over one (asio::ssl::stream):
 // that one is read only through its async_read_some (OpenSSL buffers
@@ -203,10 +203,15 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(
     error_code ec;
     std::size_t n = 0;
     constexpr bool plain = std::is_same_v<Stream, Socket>;
+    bool own_recv = false;  // the bytes came from the recv tried at once, not from async_recv
     if constexpr (plain) {
-      if (try_now) n = sock.read_some(buf.prepare(want), ec);
+      if (try_now) {
+        n = sock.read_some(buf.prepare(want), ec);
+        own_recv = true;
+      }
     }
     if (!plain || !try_now || ec == asio::error::would_block || ec == asio::error::try_again) {
+      own_recv = false;
       const auto wait_from = waited ? std::chrono::steady_clock::now() : std::chrono::steady_clock::time_point{};
       if constexpr (plain) {
         // Edge-triggered: a socket a short read drained is not tried again
@@ -234,7 +239,12 @@ Task<std::tuple<boost::system::error_code, std::size_t>> read_message(
     if (try_now) {
       floor = std::min(kMaxRead, want * 2);
     } else if constexpr (plain) {
-      note_drained(sock);  // (async_recv marked it already; the recv tried at once did not)
+      // The recv tried at once marks nothing: say it drained the socket, now, before anything else runs.
+      // Never after an async_recv: it marked the socket itself when its recv ran, and its completion may
+      // have been queued behind an epoll_wait that harvested later bytes; marking it drained here would
+      // erase that harvest, and the next read would wait for an edge that already came (a hang until the
+      // idle timeout: an upstream answer sent in two pieces, the second right after the first was read).
+      if (own_recv) note_drained(sock);
     }
   }
 }
