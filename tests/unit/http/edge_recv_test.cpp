@@ -331,7 +331,8 @@ TEST_F(HttpEdgeRecv, ReadMessageSeesBytesHarvestedBeforeItsPostedCompletionRuns)
         io.poll_one();
       }
       peer.send("56789");
-      ASSERT_TRUE(run_until(io, [&] { return out.has_value(); }, std::chrono::seconds(2)))
+      ASSERT_TRUE(run_until(
+          io, [&] { return out.has_value(); }, std::chrono::seconds(2)))
           << "the second piece's edge was lost (" << steps << " steps before it was sent)";
       EXPECT_FALSE(std::get<0>(*out)) << std::get<0>(*out).message();
       EXPECT_EQ(parser.get().body(), "0123456789");
