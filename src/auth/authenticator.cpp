@@ -275,10 +275,8 @@ tl::expected<PrincipalPtr, core::Error> Authenticator::authenticate_jwt(std::str
   auto verified = verify_jwt(token, *keys, claims_, now);
   if (!verified) {
     const auto& err = verified.error();
-    if (err.kind == JwtFailure::unknown_kid || err.kind == JwtFailure::no_keys) {
-      const auto mark = jwks_->completed_fetches();
-      if (jwks_->request_refresh()) refetch_mark_ = mark;
-    }
+    if (err.kind == JwtFailure::unknown_kid || err.kind == JwtFailure::no_keys)
+      refetch_mark_ = jwks_->fetch_for_unknown_kid();  // the fetch in flight, or one started now, if any
     // No key at all: none loaded yet (503, retry), or the key set in use has
     // none Weir can use (an issuer that withdrew them all: no token is valid).
     if (err.kind == JwtFailure::no_keys && jwks_->stats().updates == 0)

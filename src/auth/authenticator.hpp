@@ -101,10 +101,11 @@ class Authenticator {
   void forget_redis_keys() noexcept;
 
   // After a failed authenticate(): set when the token named a key id the
-  // key set does not hold (or no keys are loaded) and a JWKS refetch was
-  // started. The caller may wait until jwks()->completed_fetches() passes
-  // this mark and try once more, so a rotated signing key costs its first
-  // requests one fetch instead of a 401.
+  // key set does not hold (or no keys are loaded) and a JWKS fetch will
+  // answer it (one in flight, or a refetch it started:
+  // JwksCache::fetch_for_unknown_kid). The caller may wait until
+  // jwks()->completed_fetches() passes this mark and try once more, so a
+  // rotated signing key costs its first requests one fetch instead of a 401.
   std::optional<std::uint64_t> refetch_mark() const noexcept { return refetch_mark_; }
   JwksCache* jwks() const noexcept { return jwks_; }
 

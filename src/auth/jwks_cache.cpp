@@ -73,7 +73,7 @@ void JwksCache::stop() {
 
 void JwksCache::on_fetch(std::uint64_t mark, std::function<void()> done) {
   boost::asio::post(control_, [this, mark, done = std::move(done)]() mutable {
-    if (completed_.load(std::memory_order_acquire) > mark || !running_) {
+    if (completed_fetches() > mark || !running_) {
       done();
       return;
     }
@@ -84,20 +84,36 @@ void JwksCache::on_fetch(std::uint64_t mark, std::function<void()> done) {
 std::shared_ptr<const KeySet> JwksCache::keys() const noexcept { return keys_.load(std::memory_order_acquire); }
 
 bool JwksCache::request_refresh(MonoTime now) {
+  const std::lock_guard lock(refetch_mu_);
+  return ask_locked(now).has_value();
+}
+
+std::optional<std::uint64_t> JwksCache::fetch_for_unknown_kid(MonoTime now) {
+  const std::lock_guard lock(refetch_mu_);
+  const std::uint64_t seq = seq_.load(std::memory_order_relaxed);
+  // In flight (or asked for): it finishes as completed_fetches() == seq / 2 + 1, past the mark.
+  if (seq & 1) {
+    refresh_joined_.fetch_add(1, std::memory_order_relaxed);
+    return seq / 2;
+  }
+  return ask_locked(now);
+}
+
+std::optional<std::uint64_t> JwksCache::ask_locked(MonoTime now) {
   const std::int64_t now_ns = mono_ns(now);
-  std::int64_t next = next_refetch_ns_.load(std::memory_order_relaxed);
-  const std::int64_t interval =
-      std::chrono::duration_cast<std::chrono::nanoseconds>(options_.min_refetch_interval).count();
-  // One CAS winner per interval: everyone else sees the moved deadline and backs off.
-  do {
-    if (now_ns < next) {
-      refresh_limited_.fetch_add(1, std::memory_order_relaxed);
-      return false;
-    }
-  } while (!next_refetch_ns_.compare_exchange_weak(next, now_ns + interval, std::memory_order_acq_rel));
+  if (now_ns < next_refetch_ns_) {
+    refresh_limited_.fetch_add(1, std::memory_order_relaxed);
+    return std::nullopt;
+  }
+  next_refetch_ns_ =
+      now_ns + std::chrono::duration_cast<std::chrono::nanoseconds>(options_.min_refetch_interval).count();
+  // Marked in flight now, not when the control thread gets to it: a request that asks in between joins this
+  // fetch rather than being refused by the floor just set.
+  std::uint64_t seq = seq_.load(std::memory_order_relaxed);
+  if ((seq & 1) == 0) seq_.store(++seq, std::memory_order_release);
   refresh_requests_.fetch_add(1, std::memory_order_relaxed);
   boost::asio::post(control_, [this] { fetch_now(); });
-  return true;
+  return seq / 2;
 }
 
 void JwksCache::refetch_now() {
@@ -112,11 +128,15 @@ void JwksCache::refetch_now() {
 void JwksCache::fetch_now() {
   if (in_flight_) return;  // coalesce: the fetch in flight answers this request too
   in_flight_ = true;
-  const auto interval = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.min_refetch_interval).count();
-  // Workers asking right after this fetch started wait for it rather than start another.
-  const std::int64_t floor = mono_ns(options_.clock()) + interval;
-  std::int64_t cur = next_refetch_ns_.load(std::memory_order_relaxed);
-  while (cur < floor && !next_refetch_ns_.compare_exchange_weak(cur, floor, std::memory_order_relaxed)) {
+  // Workers asking while this fetch is in flight wait for it (fetch_for_unknown_kid) rather than start another.
+  // No refetch floor here: that is for fetches asked for by tokens (request_refresh), and a periodic or
+  // start-up fetch that set it would refuse a key published just after it for min_refetch_interval. (Odd
+  // already: a worker asked for this fetch, or a reload's follows the one that just answered, whose waiters
+  // wait for this one.)
+  {
+    const std::lock_guard lock(refetch_mu_);
+    const std::uint64_t seq = seq_.load(std::memory_order_relaxed);
+    if ((seq & 1) == 0) seq_.store(seq + 1, std::memory_order_release);
   }
   fetches_.fetch_add(1, std::memory_order_relaxed);
   source_->fetch([this](JwksSource::Result r) { on_result(std::move(r)); });
@@ -165,7 +185,13 @@ void JwksCache::on_result(JwksSource::Result r) {
                      keys ? keys->keys.size() : 0, keys && keys->keys.size() == 1 ? "" : "s");
     std::fflush(stderr);
   }
-  const std::uint64_t completed = completed_.fetch_add(1, std::memory_order_release) + 1;
+  // (After install: a worker that sees the fetch done sees its keys.)
+  std::uint64_t completed = 0;
+  {
+    const std::lock_guard lock(refetch_mu_);
+    completed = (seq_.load(std::memory_order_relaxed) + 1) / 2;
+    seq_.store(completed * 2, std::memory_order_release);
+  }
   if (!waiters_.empty()) {
     std::vector<std::pair<std::uint64_t, std::function<void()>>> still;
     for (auto& w : waiters_) {
@@ -218,6 +244,7 @@ JwksCache::Stats JwksCache::stats() const noexcept {
   s.updates = updates_.load(std::memory_order_relaxed);
   s.refresh_requests = refresh_requests_.load(std::memory_order_relaxed);
   s.refresh_limited = refresh_limited_.load(std::memory_order_relaxed);
+  s.refresh_joined = refresh_joined_.load(std::memory_order_relaxed);
   return s;
 }
 

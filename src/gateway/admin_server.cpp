@@ -299,8 +299,7 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
       // port asks for (Authenticator::authenticate_jwt), under the same rate limit.
       if (const auto kind = v.error().kind;
           refetch_mark && (kind == auth::JwtFailure::unknown_kid || kind == auth::JwtFailure::no_keys)) {
-        const auto mark = shared_.jwks->completed_fetches();
-        if (shared_.jwks->request_refresh()) *refetch_mark = mark;
+        *refetch_mark = shared_.jwks->fetch_for_unknown_kid();
       }
       return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
     }

@@ -162,10 +162,10 @@ class AdminServer {
   // that auth.jwt verifies and whose claim is the JSON boolean true (not
   // the string "true", nor 1). Empty error = ok. With `refetch_mark`, a JWT
   // whose kid the key set does not hold (or an empty set) also asks for a
-  // refetch (JwksCache::request_refresh, rate-limited by
+  // refetch (JwksCache::fetch_for_unknown_kid, rate-limited by
   // auth.jwt.min_refetch_interval together with the client port's); when
-  // one was started, *refetch_mark is the completed_fetches() seen before it
-  // (authorize() waits for it).
+  // one is in flight or was started, *refetch_mark is the
+  // completed_fetches() mark to wait past (authorize() waits for it).
   tl::expected<void, AdminError> check_token(std::string_view authorization,
                                              std::optional<std::uint64_t>* refetch_mark = nullptr) const;
   // check_token(), and for a JWT signed with a key the cached set lacks (an

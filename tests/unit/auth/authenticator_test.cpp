@@ -1,6 +1,7 @@
 #include "auth/authenticator.hpp"
 
 #include <gtest/gtest.h>
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 
 #include "auth/config.hpp"
@@ -424,6 +425,68 @@ TEST_F(AuthJwtFlow, KeySetChangeDropsCachedTokens) {
   auto r = bearer(token);
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().status, 401);
+}
+
+// A JWKS source whose fetches the test answers by hand (a remote IdP: the fetch stays in flight meanwhile).
+struct HeldSource final : JwksSource {
+  std::vector<Callback> held;
+  void fetch(Callback done) override { held.push_back(std::move(done)); }
+  std::string describe() const override { return "held"; }
+  void answer(std::string body) {
+    auto done = std::move(held.front());
+    held.erase(held.begin());
+    done(std::move(body));
+  }
+};
+
+TEST(AuthJwksCache, AnUnknownKidJoinsTheFetchInFlightInsteadOfBeingRefused) {
+  // A rotation's burst: only the request that won the refetch waited for it; the rest, refused by the floor
+  // it had just set, got 401 at once though the fetch brought their key moments later.
+  boost::asio::io_context control;
+  auto work = boost::asio::make_work_guard(control);  // (poll() with no work would stop it for good)
+  auto src = std::make_unique<HeldSource>();
+  HeldSource* source = src.get();
+  JwksOptions opt;
+  opt.min_refetch_interval = 30s;
+  opt.clock = &fake_mono;
+  g_mono = kMonoNow;
+  JwksCache cache(control, std::move(src), opt);
+  cache.start();  // the start-up fetch, in flight
+  ASSERT_EQ(source->held.size(), 1u);
+  // Asking during it: wait for it (mark 0), start nothing.
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow), std::optional<std::uint64_t>(0));
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow), std::optional<std::uint64_t>(0));
+  control.poll();
+  EXPECT_EQ(cache.stats().fetches, 1u);
+  EXPECT_EQ(cache.stats().refresh_joined, 2u);
+  const auto& k = Keys::get();
+  source->answer(jwks_of({&k.rsa}));
+  EXPECT_EQ(cache.completed_fetches(), 1u);
+  // The start-up fetch set no floor: a kid published just after it is fetched on demand at once.
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow + 1s), std::optional<std::uint64_t>(1));
+  // The burst's others, before the control thread started that refetch, and after: they join it.
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow + 1s), std::optional<std::uint64_t>(1));
+  control.poll();
+  ASSERT_EQ(source->held.size(), 1u);
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow + 1s), std::optional<std::uint64_t>(1));
+  source->answer(jwks_of({&k.rsa, &k.ec}));
+  EXPECT_EQ(cache.completed_fetches(), 2u);
+  EXPECT_EQ(cache.stats().fetches, 2u);
+  EXPECT_EQ(cache.stats().refresh_requests, 1u);
+  // No fetch in flight and under the on-demand floor: refused at once (a flood of made-up kids).
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow + 10s), std::nullopt);
+  EXPECT_EQ(cache.stats().refresh_limited, 1u);
+  control.poll();
+  EXPECT_TRUE(source->held.empty());
+  // A periodic (or reload's) fetch sets no floor either, and is joined.
+  cache.refetch_now();
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow + 11s), std::optional<std::uint64_t>(2));
+  source->answer(jwks_of({&k.rsa, &k.ec}));
+  EXPECT_EQ(cache.fetch_for_unknown_kid(kMonoNow + 31s), std::optional<std::uint64_t>(3));
+  control.poll();
+  ASSERT_EQ(source->held.size(), 1u);
+  source->answer(jwks_of({&k.rsa, &k.ec}));
+  cache.stop();
 }
 
 TEST(AuthAuthenticator, NoKeysLoadedIs503) {
