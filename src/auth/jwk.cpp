@@ -55,6 +55,13 @@ const Jwk* KeySet::find(std::string_view kid) const noexcept {
   return nullptr;
 }
 
+const SkippedKey* KeySet::find_skipped(std::string_view kid) const noexcept {
+  if (kid.empty()) return nullptr;
+  for (const auto& k : skipped_keys)
+    if (k.kid == kid) return &k;
+  return nullptr;
+}
+
 namespace {
 
 struct BnFree {
@@ -159,20 +166,31 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
 
   KeySet set;
   set.source_digest = sha256(json);
-  const auto malformed = [&set](std::string why) {
-    if (set.malformed++ == 0) set.first_malformed = std::move(why);
+  std::string_view kid;  // the key's in the loop below
+  // (Members quoted from the document are cut short: they reach stderr and, for a token naming the key, the client.)
+  const auto quote = [](std::string_view v) { return std::string(v.substr(0, 32)); };
+  const auto skip = [&](std::string why) {
+    ++set.skipped;
+    set.skipped_keys.push_back(SkippedKey{std::string(kid.substr(0, 128)), std::move(why)});
+  };
+  // `why` as "keys[2]: …" for the count's line, and without the index for the key's record.
+  const auto malformed = [&](std::size_t i, std::string why) {
+    set.skipped_keys.push_back(SkippedKey{std::string(kid.substr(0, 128)), "it is malformed: " + why});
+    if (set.malformed++ == 0) set.first_malformed = fmt::format("keys[{}]: {}", i, why);
   };
   std::size_t index = 0;
   for (const auto& kv : keys->get_array()) {
     const std::size_t i = index++;
+    kid = {};
     const auto* o = kv.if_object();
     if (!o) {
-      malformed(fmt::format("keys[{}] is not an object", i));
+      if (set.malformed++ == 0) set.first_malformed = fmt::format("keys[{}] is not an object", i);
       continue;
     }
+    kid = str_member(*o, "kid");
     const auto use = str_member(*o, "use");
     if (!use.empty() && use != "sig") {
-      ++set.skipped;
+      skip(fmt::format("its use is \"{}\", not \"sig\"", quote(use)));
       continue;
     }
     // key_ops (RFC 7517 §4.3), when present, must allow "verify": a key for
@@ -183,16 +201,16 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
                             return op.is_string() && op.get_string() == "verify";
                           });
       if (!verify) {
-        ++set.skipped;
+        skip("its key_ops do not include \"verify\"");
         continue;
       }
     }
     Jwk k;
-    k.kid = std::string(str_member(*o, "kid"));
+    k.kid = std::string(kid);
     if (const auto alg = str_member(*o, "alg"); !alg.empty()) {
       k.alg = parse_jws_alg(alg);
       if (!k.alg) {  // a key for an algorithm we do not verify (e.g. RS512): ignore it
-        ++set.skipped;
+        skip(fmt::format("its alg {} is not one Weir verifies (RS256, ES256, EdDSA, HS256)", quote(alg)));
         continue;
       }
     }
@@ -202,8 +220,9 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
     if (kty == "RSA") {
       k.kind = KeyKind::rsa;
       pkey = rsa_key(*o);
-      if (pkey && EVP_PKEY_get_bits(pkey->get()) < 2048) {
-        ++set.skipped;  // RFC 7518 §3.3: keys of 2048 bits or larger MUST be used
+      if (const int bits = pkey ? EVP_PKEY_get_bits(pkey->get()) : 0; pkey && bits < 2048) {
+        // RFC 7518 §3.3: keys of 2048 bits or larger MUST be used
+        skip(fmt::format("it is an RSA key of {} bits (RFC 7518 §3.3 asks for 2048 or more)", bits));
         continue;
       }
     } else if (kty == "EC" && crv == "P-256") {
@@ -216,25 +235,28 @@ tl::expected<KeySet, std::string> parse_jwks(std::string_view json) {
       k.kind = KeyKind::oct;
       auto secret = b64_member(*o, "k");
       if (!secret) {
-        malformed(fmt::format("keys[{}]: {}", i, secret.error()));
+        malformed(i, secret.error());
         continue;
       }
       if (secret->size() < 32) {
-        ++set.skipped;  // RFC 7518 §3.2: at least as long as the hash output
+        // RFC 7518 §3.2: at least as long as the hash output
+        skip(fmt::format("it is an HMAC secret of {} bytes (RFC 7518 §3.2 asks for 32 or more)", secret->size()));
         continue;
       }
       k.secret = std::move(*secret);
     } else {
-      ++set.skipped;
+      skip(kty == "EC" || kty == "OKP"
+               ? fmt::format("its kty {} with crv {} is not one Weir verifies (EC P-256, OKP Ed25519)", kty, quote(crv))
+               : fmt::format("its kty {} is not one Weir verifies (RSA, EC, OKP, oct)", quote(kty)));
       continue;
     }
     if (!pkey) {
-      malformed(fmt::format("keys[{}]: {}", i, pkey.error()));
+      malformed(i, pkey.error());
       continue;
     }
     k.pkey = std::move(*pkey);
     if (k.alg && key_kind_for(*k.alg) != k.kind) {
-      malformed(fmt::format("keys[{}]: alg {} does not fit kty {}", i, to_string(*k.alg), kty));
+      malformed(i, fmt::format("alg {} does not fit kty {}", to_string(*k.alg), kty));
       continue;
     }
     set.keys.push_back(std::move(k));

@@ -47,20 +47,31 @@ struct Jwk {
   std::string secret;         // HMAC secret bytes (oct); empty otherwise
 };
 
+// A published key Weir does not verify with, kept so that a token naming it
+// is refused for what it is (not as an unknown kid that asks for a refetch),
+// and so that an operator is told which keys and why.
+struct SkippedKey {
+  std::string kid;  // its "kid" (at most 128 bytes kept); empty when it has none
+  std::string why;  // e.g. "an RSA key of 1024 bits (RFC 7518 §3.3 asks for 2048 or more)"; never key material
+};
+
 // An immutable set of keys, as published at a JWKS endpoint.
 struct KeySet {
   std::vector<Jwk> keys;
-  std::size_t skipped = 0;       // keys ignored: unsupported kty/crv, use "enc", too short
-  std::size_t malformed = 0;     // keys of a supported type that do not decode (skipped too)
-  std::string first_malformed;   // why the first of them was skipped ("keys[2]: …"; never key material)
-  Sha256Digest source_digest{};  // SHA-256 of the JWKS text, to tell a changed set from a refresh
+  std::size_t skipped = 0;               // keys ignored: unsupported kty/crv, use "enc", too short
+  std::size_t malformed = 0;             // keys of a supported type that do not decode (skipped too)
+  std::string first_malformed;           // why the first of them was skipped ("keys[2]: …"; never key material)
+  std::vector<SkippedKey> skipped_keys;  // every skipped or malformed key, in document order
+  Sha256Digest source_digest{};          // SHA-256 of the JWKS text, to tell a changed set from a refresh
 
   // The key with id `kid`, or nullptr. Linear: key sets hold a handful of keys.
   const Jwk* find(std::string_view kid) const noexcept;
+  // The first skipped key with id `kid` (non-empty), or nullptr.
+  const SkippedKey* find_skipped(std::string_view kid) const noexcept;
 };
 
 // Parses a JWKS document ({"keys":[...]}, RFC 7517 §5). Keys that Weir cannot
-// use are skipped and counted, not fatal, and so are malformed ones (a
+// use are skipped, counted and listed (skipped_keys), not fatal, and so are malformed ones (a
 // member that does not decode, a point off the curve, an `alg` that does
 // not fit the key's type: one bad key at the IdP must not take out every
 // token); a document that is not JSON, has no "keys" array, or whose keys

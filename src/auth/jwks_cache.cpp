@@ -222,9 +222,24 @@ tl::expected<bool, std::string> JwksCache::install(std::string_view jwks_text) {
   // placeholder no document matches.
   if (current && updates_.load(std::memory_order_relaxed) > 0 && current->source_digest == set->source_digest)
     return false;
-  if (set->malformed > 0)  // (said once per changed document: a refresh of the same one returned above)
+  // (Said once per changed document: a refresh of the same one returned above.)
+  if (set->malformed > 0)
     weir::core::note("weir: JWKS: {} malformed key(s) skipped ({}); {} key(s) in use\n", set->malformed,
                      set->first_malformed, set->keys.size());
+  // Which published keys Weir skips and why: their tokens are refused (401, no refetch), and an operator
+  // should learn that from here, not from the clients.
+  if (!set->skipped_keys.empty()) {
+    std::string list;
+    constexpr std::size_t kListed = 16;
+    for (std::size_t i = 0; i < set->skipped_keys.size() && i < kListed; ++i) {
+      const auto& k = set->skipped_keys[i];
+      if (!list.empty()) list += "; ";
+      list += k.kid.empty() ? fmt::format("a key without kid: {}", k.why) : fmt::format("`{}`: {}", k.kid, k.why);
+    }
+    if (set->skipped_keys.size() > kListed) list += fmt::format("; and {} more", set->skipped_keys.size() - kListed);
+    weir::core::note("weir: JWKS: {} published key(s) not used, their tokens refused (401): {}\n",
+                     set->skipped_keys.size(), list);
+  }
   // Installed all the same (an identity provider may withdraw every key on purpose), but never silently.
   if (set->keys.empty())
     weir::core::note(

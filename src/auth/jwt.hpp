@@ -32,6 +32,7 @@ enum class JwtFailure : std::uint8_t {
   malformed,        // not three base64url segments of JSON objects, or too long
   unsupported_alg,  // "alg" is "none", missing, or not RS256/ES256/EdDSA/HS256; "crit" present
   unknown_kid,      // "kid" names no key in the current set (a refetch may be due)
+  unusable_key,     // "kid" names only keys the set publishes but Weir skipped (KeySet::skipped_keys): no refetch
   no_keys,          // the key set is empty (never loaded): the gateway's fault, 503
   key_mismatch,     // key kind or key "alg" does not fit the token's "alg" (confusion attack)
   bad_signature,
@@ -95,8 +96,9 @@ struct VerifiedJwt {
 };
 
 // decode_jwt + key selection + verify_signature + check_claims. With a "kid",
-// only that key is tried (unknown_kid when absent); without one, each key
-// of the kind that the token's alg requires is tried.
+// only that key is tried (unknown_kid when the set has none with that kid,
+// unusable_key when it has only skipped ones); without one, each key of the
+// kind that the token's alg requires is tried.
 tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys, const ClaimsPolicy& policy,
                                                WallTime now);
 

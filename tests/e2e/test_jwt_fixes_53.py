@@ -5,7 +5,10 @@
   the one that won the refetch), and a key published just after a periodic
   refresh is fetched on demand (that refresh set the on-demand refetch floor,
   so its tokens got 401 for min_refetch_interval). A flood of made-up kids
-  still makes one fetch per min_refetch_interval."""
+  still makes one fetch per min_refetch_interval.
+- A published key Weir skips (RSA under 2048 bits, an algorithm it does not
+  verify, ...) is named on stderr, and a token naming it is a 401 saying why,
+  without the refetch an unknown kid asks for."""
 
 from __future__ import annotations
 
@@ -129,5 +132,29 @@ def test_a_flood_of_made_up_kids_makes_one_fetch_and_does_not_wait(mock, weir):
                            headers={"authorization": "Bearer " + token(k1, f"made-up-{i}")})
                 assert r.status_code == 401, r.text
         assert server.hits == hits + 1
+    finally:
+        server.close()
+
+
+def test_a_token_for_a_published_key_weir_skips_is_refused_for_that_without_a_refetch(mock, weir):
+    # A key Weir skips (here RSA under 2048 bits) was silent, and its tokens counted as unknown kids: each asked
+    # for a refetch. Now stderr names it once, and its tokens are a 401 that says why, with no fetch.
+    server = JwksServer()
+    try:
+        k1 = new_key()
+        small = rsa.generate_private_key(public_exponent=65537, key_size=1024)
+        server.jwks = {"keys": [rsa_jwk(k1, "k1"), rsa_jwk(small, "small")]}
+        w = weir(config=jwt_config(mock(*MOCK_FLAGS), {"jwks_url": server.url}))
+        wait_until(lambda: "`small`" in w.process.log(), 5, message="the skipped key said on stderr")
+        assert "1024 bits" in w.process.log()
+        hits = server.hits
+        for _ in range(3):
+            time.sleep(0.15)  # past min_refetch_interval (100ms): each would have asked for a refetch
+            r = chat(w, token(small, "small"))
+            assert r.status_code == 401, r.text
+            assert "the key `small` is not usable" in r.json()["error"]["message"], r.text
+        assert server.hits == hits
+        assert chat(w, token(k1, "k1")).status_code == 200
+        assert w.process.log().count("`small`") == 1
     finally:
         server.close()

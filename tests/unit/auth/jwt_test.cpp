@@ -297,6 +297,37 @@ TEST(AuthJwks, ParsesSupportedKeysAndSkipsTheRest) {
   EXPECT_EQ(s->skipped, 1u);
 }
 
+TEST(Jwks, ATokenNamingASkippedKeyIsRefusedForThatNotAsAnUnknownKid) {
+  // A published key Weir skips was silent, and its tokens counted as unknown kids: a refetch each.
+  const auto& k = Keys::get();
+  TestKey small{JwsAlg::rs256, "small"};
+  small.pkey = adopt_pkey(EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", static_cast<size_t>(1024)));
+  std::string p384 = R"({"kty":"EC","crv":"P-384","kid":"p384","x":"AA","y":"AA"})";
+  std::string rs512 = k.rsa.jwk();
+  rs512.replace(0, rs512.find(',') + 1, R"({"kid":"rs512","alg":"RS512",)");  // (jwk() starts with the kid)
+  auto set = parse_jwks(R"({"keys":[)" + small.jwk() + "," + p384 + "," + rs512 + "," + k.ec.jwk() + "]}");
+  ASSERT_TRUE(set) << set.error();
+  EXPECT_EQ(set->keys.size(), 1u);
+  ASSERT_EQ(set->skipped_keys.size(), 3u);
+  EXPECT_EQ(set->skipped_keys[0].kid, "small");
+  EXPECT_NE(set->skipped_keys[0].why.find("1024 bits"), std::string::npos) << set->skipped_keys[0].why;
+  EXPECT_NE(set->skipped_keys[1].why.find("P-384"), std::string::npos) << set->skipped_keys[1].why;
+  EXPECT_NE(set->skipped_keys[2].why.find("RS512"), std::string::npos) << set->skipped_keys[2].why;
+  auto r = verify_jwt(small.token(claims()), *set, policy(), kNow);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().kind, JwtFailure::unusable_key);
+  EXPECT_NE(r.error().message.find("the key `small` is not usable: it is an RSA key of 1024 bits"), std::string::npos)
+      << r.error().message;
+  // Alone in its set too (no usable key at all): still that, not "no keys".
+  auto alone = parse_jwks(jwks_of({&small}));
+  ASSERT_TRUE(alone);
+  EXPECT_EQ(verify_jwt(small.token(claims()), *alone, policy(), kNow).error().kind, JwtFailure::unusable_key);
+  // A kid nobody published is still unknown (a refetch may find it); the usable key still verifies.
+  const TestKey other = TestKey::ec("other");
+  EXPECT_EQ(verify_jwt(other.token(claims()), *set, policy(), kNow).error().kind, JwtFailure::unknown_kid);
+  EXPECT_TRUE(verify_jwt(k.ec.token(claims()), *set, policy(), kNow));
+}
+
 }  // namespace
 }  // namespace weir::auth
 
