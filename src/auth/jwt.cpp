@@ -247,20 +247,29 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
     return fail(JwtFailure::unusable_key, fmt::format("the key `{}` is not usable: {}", s->kid, s->why));
   if (keys.keys.empty()) return fail(JwtFailure::no_keys, "no signing keys are loaded");
   if (jwt->has_kid) {
-    // The key with that kid and of the type the token's alg needs: a set may
-    // give one kid to keys of different kty (RFC 7517 §4.5: alternatives).
+    // Every key with that kid and of the type the token's alg needs: a set
+    // may give one kid to keys of different kty (RFC 7517 §4.5:
+    // alternatives), or to two keys of one kty (an IdP reusing a kid in a
+    // rotation, or two of its nodes): the first that verifies wins.
     const Jwk* first = nullptr;
-    const Jwk* of_kind = nullptr;
+    std::optional<JwtError> refused;
+    bool verified = false;
     for (const auto& key : keys.keys) {
       if (key.kid != jwt->kid) continue;
       if (!first) first = &key;
-      if (key.kind == key_kind_for(jwt->alg)) {
-        of_kind = &key;
+      if (key.kind != key_kind_for(jwt->alg)) continue;
+      auto v = verify_signature(*jwt, key);
+      if (v) {
+        verified = true;
         break;
       }
+      if (!refused) refused = std::move(v.error());
     }
     if (!first) return fail(JwtFailure::unknown_kid, "token kid is not in the key set");
-    if (auto v = verify_signature(*jwt, of_kind ? *of_kind : *first); !v) return tl::unexpected(v.error());
+    if (!verified) {
+      if (refused) return tl::unexpected(std::move(*refused));
+      return tl::unexpected(verify_signature(*jwt, *first).error());  // none of its kind: key_mismatch
+    }
   } else {
     bool verified = false, any = false;
     for (const auto& key : keys.keys) {

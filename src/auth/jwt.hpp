@@ -96,9 +96,11 @@ struct VerifiedJwt {
 };
 
 // decode_jwt + key selection + verify_signature + check_claims. With a "kid",
-// only that key is tried (unknown_kid when the set has none with that kid,
-// unusable_key when it has only skipped ones); without one, each key of the
-// kind that the token's alg requires is tried.
+// every key with that kid and of the kind the token's alg requires is tried
+// (RFC 7517 §4.5 says kids SHOULD differ; identity providers reuse one
+// during some rotations): unknown_kid when the set has none with that kid,
+// unusable_key when it has only skipped ones; without a kid, each key of
+// that kind is tried.
 tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const KeySet& keys, const ClaimsPolicy& policy,
                                                WallTime now);
 

@@ -8,7 +8,8 @@
   still makes one fetch per min_refetch_interval.
 - A published key Weir skips (RSA under 2048 bits, an algorithm it does not
   verify, ...) is named on stderr, and a token naming it is a 401 saying why,
-  without the refetch an unknown kid asks for."""
+  without the refetch an unknown kid asks for.
+- Two keys under one kid: each is tried (only the first was)."""
 
 from __future__ import annotations
 
@@ -156,5 +157,20 @@ def test_a_token_for_a_published_key_weir_skips_is_refused_for_that_without_a_re
         assert server.hits == hits
         assert chat(w, token(k1, "k1")).status_code == 200
         assert w.process.log().count("`small`") == 1
+    finally:
+        server.close()
+
+
+def test_every_key_under_one_kid_is_tried(mock, weir):
+    server = JwksServer()
+    try:
+        k1, k2 = new_key(), new_key()
+        server.jwks = {"keys": [rsa_jwk(k1, "dup"), rsa_jwk(k2, "dup")]}
+        w = weir(config=jwt_config(mock(*MOCK_FLAGS), {"jwks_url": server.url}))
+        wait_until(lambda: server.hits >= 1, 5, message="start-up fetch")
+        assert chat(w, token(k1, "dup")).status_code == 200
+        r = chat(w, token(k2, "dup"))
+        assert r.status_code == 200, r.text
+        assert chat(w, token(new_key(), "dup")).status_code == 401
     finally:
         server.close()

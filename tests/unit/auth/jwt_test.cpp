@@ -297,6 +297,24 @@ TEST(AuthJwks, ParsesSupportedKeysAndSkipsTheRest) {
   EXPECT_EQ(s->skipped, 1u);
 }
 
+TEST(Jwks, EveryKeyUnderATokensKidIsTried) {
+  // Two keys under one kid (an IdP reusing a kid in a rotation): only the first of the token's kind was tried.
+  const auto& k = Keys::get();
+  TestKey old_rsa = TestKey::rsa(k.rsa.kid);
+  const auto set = parse_jwks(jwks_of({&k.ec, &old_rsa, &k.rsa}));
+  ASSERT_TRUE(set) << set.error();
+  EXPECT_TRUE(verify_jwt(old_rsa.token(claims()), *set, policy(), kNow));
+  EXPECT_TRUE(verify_jwt(k.rsa.token(claims()), *set, policy(), kNow));
+  // Signed by neither: a bad signature still.
+  TestKey stranger = TestKey::rsa(k.rsa.kid);
+  auto r = verify_jwt(stranger.token(claims()), *set, policy(), kNow);
+  ASSERT_FALSE(r);
+  EXPECT_EQ(r.error().kind, JwtFailure::bad_signature);
+  // Under a kid of another kind only: the key's type does not fit.
+  TestKey ec_kid = TestKey::rsa(k.ec.kid);
+  EXPECT_EQ(verify_jwt(ec_kid.token(claims()), *set, policy(), kNow).error().kind, JwtFailure::key_mismatch);
+}
+
 TEST(Jwks, ATokenNamingASkippedKeyIsRefusedForThatNotAsAnUnknownKid) {
   // A published key Weir skips was silent, and its tokens counted as unknown kids: a refetch each.
   const auto& k = Keys::get();
