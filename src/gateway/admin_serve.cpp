@@ -323,7 +323,13 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     res.set(bh::field::cache_control, r.cache_control);
     set_security_fields(res);
     for (auto& [name, value] : r.headers) res.set(name, value);
-    if (r.status == 401) res.set(bh::field::www_authenticate, "Bearer realm=\"weir-admin\"");
+    // RFC 6750 §3.1: invalid_token for a token presented and refused; no error code with none (or another scheme).
+    if (r.status == 401) {
+      const auto token = auth::bearer_token(authorization);
+      res.set(bh::field::www_authenticate, token && !token->empty()
+                                               ? "Bearer realm=\"weir-admin\", error=\"invalid_token\""
+                                               : "Bearer realm=\"weir-admin\"");
+    }
     if (r.status == 405 && res.find(bh::field::allow) == res.end()) {
       std::vector<std::string> ignored;
       res.set(bh::field::allow, router_.match("", req.path, ignored).allow);

@@ -288,13 +288,18 @@ def test_two_authorization_headers_on_the_admin_port_are_a_400(gw, first, second
     assert r.json()["error"]["type"] == "invalid_request_error", r.body
 
 
-@pytest.mark.parametrize("headers", [[], [("Authorization", "Bearer sk-nope")], [("x-api-key", "sk-nope")]],
-                         ids=["missing", "bad-bearer", "bad-x-api-key"])
-def test_client_port_401_names_the_bearer_scheme(gw, headers):
+# (A refused credential adds RFC 6750 §3.1's error="invalid_token"; none with no credential or another scheme.)
+@pytest.mark.parametrize("headers,challenge", [
+    ([], 'Bearer realm="weir"'),
+    ([("Authorization", "Basic dXNlcjpwYXNz")], 'Bearer realm="weir"'),
+    ([("Authorization", "Bearer sk-nope")], 'Bearer realm="weir", error="invalid_token"'),
+    ([("x-api-key", "sk-nope")], 'Bearer realm="weir", error="invalid_token"'),
+], ids=["missing", "basic", "bad-bearer", "bad-x-api-key"])
+def test_client_port_401_names_the_bearer_scheme(gw, headers, challenge):
     w, _ = gw
     r = roundtrip(w.port, raw_request("POST", "/v1/chat/completions", CHAT, headers))
     assert_openai_error(r, 401, "invalid_api_key")
-    assert r.header_all("www-authenticate") == ['Bearer realm="weir"'], r.headers
+    assert r.header_all("www-authenticate") == [challenge], r.headers
 
 
 @pytest.mark.parametrize("method,path,body,status,code", [

@@ -9,7 +9,9 @@
 - A published key Weir skips (RSA under 2048 bits, an algorithm it does not
   verify, ...) is named on stderr, and a token naming it is a 401 saying why,
   without the refetch an unknown kid asks for.
-- Two keys under one kid: each is tried (only the first was)."""
+- Two keys under one kid: each is tried (only the first was).
+- A 401 for a presented but refused token says error="invalid_token" in its
+  WWW-Authenticate (RFC 6750 §3.1), on every route and the admin listener."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import time
 import httpx
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from conftest import wait_until
+from conftest import free_port, wait_until
 from test_admission import MOCK_FLAGS, JwksServer, chat, jwt_config, rsa_jwk, token
 
 
@@ -174,3 +176,47 @@ def test_every_key_under_one_kid_is_tried(mock, weir):
         assert chat(w, token(new_key(), "dup")).status_code == 401
     finally:
         server.close()
+
+
+INVALID = 'Bearer realm="weir", error="invalid_token"'
+
+
+def test_a_refused_token_is_an_invalid_token_challenge_on_every_route(mock, weir):
+    server = JwksServer()
+    try:
+        k1 = new_key()
+        server.jwks = {"keys": [rsa_jwk(k1, "k1")]}
+        admin_port = free_port()
+        cfg = jwt_config(mock(*MOCK_FLAGS), {"jwks_url": server.url})
+        cfg["admin"] = {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN",
+                        "jwt_claim": "weir.admin"}
+        w = weir(config=cfg, env={"WEIR_TEST_ADMIN_TOKEN": "admin-token-53-0123456789"})
+        wait_until(lambda: server.hits >= 1, 5, message="start-up fetch")
+        expired = token(k1, "k1", exp=int(time.time()) - 3600, iat=int(time.time()) - 7200)
+        forged = token(new_key(), "k1")
+        body = {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+        for path in ("/v1/chat/completions", "/v1/messages"):
+            for tok, want in ((expired, INVALID), (forged, INVALID), (None, 'Bearer realm="weir"')):
+                headers = {"authorization": "Bearer " + tok} if tok else {}
+                r = httpx.post(w.base_url + path, json=body, headers=headers, timeout=10)
+                assert r.status_code == 401, (path, r.text)
+                assert r.headers.get_list("www-authenticate") == [want], (path, r.headers)
+        admin = f"http://127.0.0.1:{admin_port}/admin/v1/keys"
+        wait_until(lambda: _answers(admin), 5, message="admin listener")
+        for tok, want in (("wrong-token", 'Bearer realm="weir-admin", error="invalid_token"'),
+                          (expired, 'Bearer realm="weir-admin", error="invalid_token"'),
+                          (None, 'Bearer realm="weir-admin"')):
+            headers = {"authorization": "Bearer " + tok} if tok else {}
+            r = httpx.get(admin, headers=headers, timeout=10)
+            assert r.status_code == 401, r.text
+            assert r.headers.get_list("www-authenticate") == [want], r.headers
+    finally:
+        server.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        httpx.get(url, timeout=2)
+        return True
+    except httpx.TransportError:
+        return False

@@ -5,7 +5,9 @@
 #include <utility>
 
 #include <fmt/format.h>
+#include <boost/beast/http/field.hpp>
 
+#include "auth/authenticator.hpp"
 #include "core/json_text.hpp"
 #include "core/text_writer.hpp"
 #include "gateway/failure.hpp"
@@ -15,6 +17,7 @@
 namespace weir::gateway {
 
 using namespace std::string_view_literals;
+namespace bh = boost::beast::http;
 
 // Anthropic's error shape on its routes, and on any other path under /v1/messages/ (an SDK's call to a part of
 // the Messages API Weir does not serve, such as /v1/messages/batches: its client reads Anthropic's shape), and
@@ -50,8 +53,18 @@ core::Task<void> GatewayPhases::fail(RequestContext& ctx, const core::Error& e) 
       if (e.no_retry || (e.status == 429 && e.retry_after_s == 0) || e.retry_after_s > sdk_retry_after_max_s(dialect))
         ctx.scratch += "x-should-retry: false\r\n";
       if (e.status == 415) ctx.scratch += "Accept-Encoding: gzip, deflate, identity\r\n";
-      // A 401 names the scheme that would do (RFC 9110 §11.6.1, §15.5.2).
-      if (e.status == 401) ctx.scratch += "WWW-Authenticate: Bearer realm=\"weir\"\r\n";
+      // A 401 names the scheme that would do (RFC 9110 §11.6.1, §15.5.2) and, when the request presented a
+      // credential (a Bearer token or an x-api-key) that was refused (unknown, expired, a bad signature, an
+      // unknown key), says so: RFC 6750 §3.1's invalid_token. None with no credential, or another scheme
+      // only (§3.1: no error code for a request that lacks any authentication information).
+      if (e.status == 401) {
+        const auto& req = down_.request();
+        ctx.scratch += auth::presented_credential(http::first_field(req, bh::field::authorization),
+                                                  http::first_field(req, "x-api-key"))
+                               .empty()
+                           ? "WWW-Authenticate: Bearer realm=\"weir\"\r\n"
+                           : "WWW-Authenticate: Bearer realm=\"weir\", error=\"invalid_token\"\r\n";
+      }
       if (e.status == 405) {
         ctx.scratch += "Allow: ";
         ctx.scratch += allowed_methods(ctx.route);
