@@ -290,8 +290,14 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
     claims.audiences = j.audiences;
     claims.leeway = j.leeway;
     claims.require_exp = j.require_exp;
+    // None loaded yet (the first fetch failed or has not answered; the cache holds an empty placeholder, never
+    // null): as on the client port, 503 to retry shortly, after waiting for the fetch in flight if there is one.
+    if (shared_.jwks->stats().updates == 0) {
+      if (refetch_mark) *refetch_mark = shared_.jwks->fetch_for_unknown_kid();
+      return tl::unexpected(AdminError{
+          503, "server_error", "service_unavailable", "Signing keys are not loaded yet; retry shortly.", {}});
+    }
     const auto keys = shared_.jwks->keys();
-    if (!keys) return tl::unexpected(unauthorized("Signing keys are not loaded yet."));
     const auto now = std::chrono::system_clock::now();
     auto v = auth::verify_jwt(token, *keys, claims, now);
     if (!v) {
@@ -361,7 +367,11 @@ core::Task<std::optional<AdminResponse>> AdminServer::answer_on_head(AdminReques
   // /metrics and /ready answer as on the client port (no secret in them); everything else needs the token.
   if (req.path != "/metrics" && req.path != "/ready") {
     auto ok = co_await authorize(authorization);
-    if (!ok) co_return error_response(ok.error());
+    if (!ok) {
+      AdminResponse r = error_response(ok.error());
+      if (ok.error().status == 503) r.headers.emplace_back("Retry-After", "1");  // (no signing keys yet)
+      co_return r;
+    }
   }
   // The admin API's bodies are JSON as sent: a coded one is not read as if it were not (RFC 9110 §15.5.16).
   if (!req.content_encoding.empty() && !core::iequals(req.content_encoding, "identity")) {

@@ -160,7 +160,8 @@ class AdminServer {
   // Whether `authorization` (the header's value) carries the admin token
   // (SHA-256 compared in constant time) or, with admin.jwt_claim, a JWT
   // that auth.jwt verifies and whose claim is the JSON boolean true (not
-  // the string "true", nor 1). Empty error = ok. With `refetch_mark`, a JWT
+  // the string "true", nor 1). Empty error = ok; 503 (retry shortly) for a
+  // JWT while no key set has been loaded yet. With `refetch_mark`, a JWT
   // whose kid the key set does not hold (or an empty set) also asks for a
   // refetch (JwksCache::fetch_for_unknown_kid, rate-limited by
   // auth.jwt.min_refetch_interval together with the client port's); when

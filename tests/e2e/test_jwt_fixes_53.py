@@ -11,7 +11,9 @@
   without the refetch an unknown kid asks for.
 - Two keys under one kid: each is tried (only the first was).
 - A 401 for a presented but refused token says error="invalid_token" in its
-  WWW-Authenticate (RFC 6750 §3.1), on every route and the admin listener."""
+  WWW-Authenticate (RFC 6750 §3.1), on every route and the admin listener.
+- An admin JWT before any key set is loaded is a 503 with Retry-After: 1, as
+  on the client port (it was a 401 "no signing keys are loaded")."""
 
 from __future__ import annotations
 
@@ -220,3 +222,27 @@ def _answers(url: str) -> bool:
         return True
     except httpx.TransportError:
         return False
+
+
+def test_an_admin_jwt_before_any_key_set_is_loaded_is_a_503_as_on_the_client_port(mock, weir):
+    k1 = new_key()
+    admin_port = free_port()
+    # Nothing listens at the JWKS URL: every fetch fails, no key set is ever loaded.
+    cfg = jwt_config(mock(*MOCK_FLAGS), {"jwks_url": f"http://127.0.0.1:{free_port()}/jwks.json"})
+    cfg["admin"] = {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN",
+                    "jwt_claim": "weir.admin"}
+    w = weir(config=cfg, env={"WEIR_TEST_ADMIN_TOKEN": "admin-token-53-0123456789"})
+    admin = f"http://127.0.0.1:{admin_port}/admin/v1/keys"
+    wait_until(lambda: _answers(admin), 5, message="admin listener")
+    wait_until(lambda: "JWKS fetch from" in w.process.log(), 5, message="the failed start-up fetch")
+    tok = token(k1, "k1", weir={"admin": True})
+    client = chat(w, tok)
+    assert client.status_code == 503 and client.headers.get("retry-after") == "1", client.text
+    r = httpx.get(admin, headers={"authorization": "Bearer " + tok}, timeout=10)
+    assert r.status_code == 503, r.text
+    assert r.headers.get("retry-after") == "1", r.headers
+    assert r.json()["error"]["code"] == "service_unavailable", r.text
+    assert "not loaded" in r.json()["error"]["message"], r.text
+    # The static admin token does not depend on the key set.
+    ok = httpx.get(admin, headers={"authorization": "Bearer admin-token-53-0123456789"}, timeout=10)
+    assert ok.status_code == 200, ok.text
