@@ -153,6 +153,13 @@ void compute_warnings(LoadedConfig& out) {
     warn(out, root["auth"], "auth",
          "credentials are required (auth.required defaults to true) but there are no api_keys, no jwt, no "
          "redis_keys and no admin API with tenants for runtime keys: every request will be refused with 401");
+  // A JWT checked for its signature only: an identity provider's JWKS signs the tokens of every application it
+  // serves, so one minted for another of them would be accepted here (RFC 8725 §3.9: cross-JWT confusion).
+  if (out.auth && out.auth->jwt && out.auth->jwt->issuer.empty() && out.auth->jwt->audiences.empty())
+    warn(out, core::node_at(root, "auth.jwt"), "auth.jwt",
+         "neither audience nor issuer is set: any unexpired token the JWKS's keys signed is accepted, one an "
+         "identity provider shared with other applications minted for another of them too (RFC 8725 §3.9): set "
+         "audience to the value this gateway's tokens carry in \"aud\" (and issuer)");
   if (out.redis && !out.auth)
     warn(out, root["redis"], "redis",
          "without auth:, tenants: or pricing: there are no limits, budgets or keys to share: the section is checked "

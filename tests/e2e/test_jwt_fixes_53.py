@@ -13,7 +13,9 @@
 - A 401 for a presented but refused token says error="invalid_token" in its
   WWW-Authenticate (RFC 6750 §3.1), on every route and the admin listener.
 - An admin JWT before any key set is loaded is a 503 with Retry-After: 1, as
-  on the client port (it was a 401 "no signing keys are loaded")."""
+  on the client port (it was a 401 "no signing keys are loaded").
+- auth.jwt with neither audience nor issuer is a start-up (and --check)
+  warning: any token the IdP signed, for any application, would pass."""
 
 from __future__ import annotations
 
@@ -246,3 +248,20 @@ def test_an_admin_jwt_before_any_key_set_is_loaded_is_a_503_as_on_the_client_por
     # The static admin token does not depend on the key set.
     ok = httpx.get(admin, headers={"authorization": "Bearer admin-token-53-0123456789"}, timeout=10)
     assert ok.status_code == 200, ok.text
+
+
+def test_a_jwt_with_neither_audience_nor_issuer_is_a_start_up_warning(mock, weir):
+    server = JwksServer()
+    try:
+        k1 = new_key()
+        server.jwks = {"keys": [rsa_jwk(k1, "k1")]}
+        cfg = jwt_config(mock(*MOCK_FLAGS), {"jwks_url": server.url})
+        del cfg["auth"]["jwt"]["issuer"], cfg["auth"]["jwt"]["audience"]
+        w = weir(config=cfg)
+        log = w.process.log()
+        assert "auth.jwt: neither audience nor issuer is set" in log and "RFC 8725" in log, log
+        # Accepted still (a warning, not an error): a token for another audience passes.
+        wait_until(lambda: server.hits >= 1, 5, message="start-up fetch")
+        assert chat(w, token(k1, "k1", aud="another-app")).status_code == 200
+    finally:
+        server.close()

@@ -194,6 +194,27 @@ TEST(LoadConfig, ARedisSectionNothingUsesIsAWarning) {
   EXPECT_NE(r->warnings[0].find("weir.yaml:7:3: redis: "), std::string::npos) << r->warnings[0];
 }
 
+TEST(LoadConfig, AJwtCheckedForNeitherAudienceNorIssuerIsAWarning) {
+  // Any token a shared identity provider's keys signed, for whichever application, was accepted silently.
+  const auto count = [](const LoadedConfig& c) {
+    return std::count_if(c.warnings.begin(), c.warnings.end(), [](const std::string& w) {
+      return w.find("auth.jwt: neither audience nor issuer is set") != std::string::npos &&
+             w.find("RFC 8725") != std::string::npos;
+    });
+  };
+  auto bare = load("auth:\n  jwt:\n    jwks_url: https://idp.test/jwks.json\n");
+  ASSERT_TRUE(bare) << bare.error().to_string();
+  EXPECT_EQ(count(*bare), 1) << ::testing::PrintToString(bare->warnings);
+  EXPECT_TRUE(std::any_of(bare->warnings.begin(), bare->warnings.end(), [](const std::string& w) {
+    return w.rfind("weir.yaml:8:5: auth.jwt:", 0) == 0;
+  })) << ::testing::PrintToString(bare->warnings);
+  for (const char* with : {"    audience: weir\n", "    issuer: https://idp.test/\n"}) {
+    auto r = load(std::string("auth:\n  jwt:\n    jwks_url: https://idp.test/jwks.json\n") + with);
+    ASSERT_TRUE(r) << r.error().to_string();
+    EXPECT_EQ(count(*r), 0) << with;
+  }
+}
+
 TEST(LoadConfig, FilesAndQuickMode) {
   auto missing = load_config(ConfigSource{.file = "/nonexistent/weir.yaml"});
   ASSERT_FALSE(missing);
