@@ -82,7 +82,7 @@ def test_a_batch_streams_error_event_quotes_no_member(weir):
     from test_defect_fixes import RawUpstream
     up = RawUpstream(echoing_error_event)
     try:
-        w = weir(config={"pools": {"b": {"endpoints": [up.url], "batch": {"window": "2s", "max_size": 4}}},
+        w = weir(config={"pools": {"b": {"endpoints": [up.url], "batch": {"window": "1s", "max_size": 4}}},
                          "default_pool": "b"}, workers=1)
         got = dict(enumerate(in_parallel(lambda i: httpx.post(
             w.v1 + "/completions", timeout=15, headers={"x-request-id": f"e39-{i}"},
