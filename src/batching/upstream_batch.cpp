@@ -156,17 +156,16 @@ core::Task<void> Batch::send() {
     // Whether the server had closed the pooled connection, then the endpoint's health, in that order and in
     // one place (Attempts::judge, as unbatched): a stale connection is no verdict on the endpoint. A stream's
     // answer is judged at its first token (judge), as unbatched: vLLM sends the head at once, so an engine
-    // that answers 200 and then errs or stalls is failing.
-    const auto v =
-        attempts.judge({.failure = failure,
-                        .status = head_status,
-                        .reused = reused,
-                        .closing_head_alone = head_status == 408 && exchange_.closing_head_alone(),
-                        .judged_later = head_status == 200 &&
-                                        is_event_stream(http::first_field(exchange_.head(), bh::field::content_type)),
-                        .upstream_bytes = head_status == 0 ? exchange_.upstream_bytes() : 0,
-                        .sent = sent_at_,
-                        .answered = t_answered});
+    // that answers 200 and then errs or stalls is failing. A whole 2xx answer once its body is read and is a
+    // JSON object (relay_whole), as unbatched: a 200 head before a page or a body cut short is no answer.
+    const auto v = attempts.judge({.failure = failure,
+                                   .status = head_status,
+                                   .reused = reused,
+                                   .closing_head_alone = head_status == 408 && exchange_.closing_head_alone(),
+                                   .judged_later = head_status >= 200 && head_status < 300,
+                                   .upstream_bytes = head_status == 0 ? exchange_.upstream_bytes() : 0,
+                                   .sent = sent_at_,
+                                   .answered = t_answered});
     if (v.deferred) {
       verdict_pool_ = &pool;
       verdict_trial_ = v.trial;
@@ -276,7 +275,9 @@ core::Task<void> Batch::send() {
     // A batch (one prompt per member) answered whole, not as the stream it
     // asked for: its body holds every member's completion, and no member
     // may get another's (tenants share batches). Each fails (protocol: a
-    // 502 upstream_unavailable, or its fallback takes the request).
+    // 502 upstream_unavailable, or its fallback takes the request), and so
+    // does the endpoint's answer.
+    judge(/*failed=*/true);
     drop_answer();
     fail_all(UpstreamFailure::protocol);
     co_return;
@@ -339,6 +340,15 @@ core::Task<void> Batch::relay_whole() {
     }
     if (r.end) break;
   }
+  // The endpoint's verdict (judge): a body that broke, or a 2xx that is no JSON object (an HTML page, one cut
+  // short), is a failed answer, as unbatched (gateway/phases/respond_buffered.cpp); every member gone, none.
+  // (A body in a coding Weir did not ask for is its members' to decode: judged good here.)
+  if (failure == UpstreamFailure::cancelled)
+    judge_abandoned();
+  else
+    judge(failure != UpstreamFailure::none ||
+          (head_.result_int() >= 200 && head_.result_int() < 300 && !body_.empty() &&
+           http::content_codings(head_).empty() && !core::braced_as_object(body_)));
   if (failure != UpstreamFailure::none) {
     fail_all(failure);
     co_return;

@@ -213,9 +213,10 @@ class Batch : public std::enable_shared_from_this<Batch> {
     --present_;
     m.end(f);
   }
-  // The endpoint's verdict on a streamed answer (200, an event stream), given at its first token as an
+  // The endpoint's verdict on a 2xx answer: a stream's (200, an event stream) given at its first token as an
   // unbatched stream's is (gateway::GatewayPhases::judge_first_token): `failed` for an upstream fault
-  // before it (an in-band error, a reset, a stall, an invalid stream). No verdict (only the half-open trial
+  // before it (an in-band error, a reset, a stall, an invalid stream); a whole answer's once its body was
+  // read (relay_whole), `failed` when it broke or is no JSON object. No verdict (only the half-open trial
   // slot given back) when every member left first. Once per answer: later calls do nothing.
   void judge(bool failed);
   void judge_abandoned();

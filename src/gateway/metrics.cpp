@@ -396,7 +396,7 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   w.header("weir_upstream_retries_total", "counter",
            "Upstream attempts repeated before any byte reached the client, by why the previous one failed.");
   for (auto r : {routing::RetryReason::connect, routing::RetryReason::stale, routing::RetryReason::reset,
-                 routing::RetryReason::timeout, routing::RetryReason::status})
+                 routing::RetryReason::timeout, routing::RetryReason::status, routing::RetryReason::protocol})
     w.sample("weir_upstream_retries_total", fmt::format("reason=\"{}\"", routing::retry_reason_label(r)), retries(r));
   w.header("weir_routing_picks_total", "counter",
            "Endpoint picks (a request's first on a pool) by the rule that made them: p2c, least_load, "

@@ -163,9 +163,10 @@ class GatewayPhases final : public Phases {
   void on_cutoff(RequestContext& ctx);
   // After the relay of an armed request: the deadline's own error for `o`, and the counts.
   Outcome after_cutoff(RequestContext& ctx, Outcome o);
-  // The verdict on a stream's answer for its endpoint's health, once its
-  // first token came or it ended (`o`); and its TTFT (outlier.ttft_factor).
-  void judge_stream(RequestContext& ctx, const Outcome& o);
+  // The verdict on an answer for its endpoint's health, when it waited (ctx.verdict_pending): a
+  // stream's once its first token came or it ended (`o`), and its TTFT (outlier.ttft_factor); a
+  // non-streamed answer's once its body was read (`o`: responded, or failed by the upstream).
+  void judge_answer(RequestContext& ctx, const Outcome& o);
   void judge_first_token(RequestContext& ctx);
   static bool stream_answered(const RequestContext& ctx);
   // The attempts on ctx.target's pool (policy: routing::Attempts) until one

@@ -20,6 +20,8 @@ std::string_view retry_reason_label(RetryReason r) {
       return "reset";
     case RetryReason::timeout:
       return "timeout";
+    case RetryReason::protocol:
+      return "protocol";
     case RetryReason::status:
     case RetryReason::count_:
       break;
@@ -190,8 +192,10 @@ AttemptVerdict Attempts::judge(const AttemptEnd& e) {
                                                 : stale_reset(e.failure, e.upstream_bytes, e.answered - e.sent)) &&
             take_stale_resend(e.reused);
   if (v.stale) return v;  // (a trial slot held stays held: the resend to this endpoint is the trial)
+  // An invalid HTTP response (a garbled head, one too large) is the endpoint's failure as a reset is: an
+  // endpoint that answers only garbage looks idle to load-aware picks, and would take every request.
   v.failed = e.failure == UpstreamFailure::reset || e.failure == UpstreamFailure::timeout ||
-             (e.failure == UpstreamFailure::none && e.status >= 500);
+             e.failure == UpstreamFailure::protocol || (e.failure == UpstreamFailure::none && e.status >= 500);
   if (e.failure != UpstreamFailure::none && !v.failed) return v;
   if (e.judged_later && !v.failed) {
     v.deferred = true;
@@ -216,8 +220,10 @@ RetryDecision Attempts::on_failure(http::UpstreamFailure f, Clock::time_point no
     d.reason = RetryReason::reset;
   else if (f == http::UpstreamFailure::timeout)
     d.reason = RetryReason::timeout;
+  else if (f == http::UpstreamFailure::protocol)
+    d.reason = RetryReason::protocol;  // an invalid response before the head: as a reset (another endpoint)
   else
-    return d;  // garbage or cancelled: not retried
+    return d;  // cancelled: not retried
   if (!take_retry(now)) return d;
   d.retry = true;
   d.delay = backoff();

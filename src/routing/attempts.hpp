@@ -20,7 +20,7 @@
 namespace weir::routing {
 
 // Why an attempt was retried (the label of weir_upstream_retries_total).
-enum class RetryReason : std::uint8_t { connect, stale, reset, timeout, status, count_ };
+enum class RetryReason : std::uint8_t { connect, stale, reset, timeout, status, protocol, count_ };
 std::string_view retry_reason_label(RetryReason r);
 
 // What to do after a failed attempt.
@@ -40,8 +40,10 @@ struct AttemptEnd {
   int status = 0;
   bool reused = false;              // the connection came from the pool
   bool closing_head_alone = false;  // (a 408 head) http::ResponseSource::closing_head_alone
-  bool judged_later = false;        // (a 2xx head) a stream's: its verdict waits for its first token
-  std::size_t upstream_bytes = 0;   // (a failure) bytes of an answer read before it
+  // (a 2xx head) its verdict waits: a stream's for its first token, a non-streamed one's for its body
+  // read whole and valid
+  bool judged_later = false;
+  std::size_t upstream_bytes = 0;                        // (a failure) bytes of an answer read before it
   std::chrono::steady_clock::time_point sent, answered;  // the request went out; the head (or failure) came
 };
 
@@ -53,7 +55,8 @@ struct AttemptVerdict {
   // does not see it, weir_upstream_failures_total does not count it, the
   // attempt is logged `stale_connection`, the retry counted under that reason.
   bool stale = false;
-  // A failed answer (a 5xx head, a reset or a timeout before one), reported to the endpoint's health.
+  // A failed answer (a 5xx head, a reset, a timeout or an invalid HTTP response before one),
+  // reported to the endpoint's health.
   bool failed = false;
   // (judged_later) The verdict waits: the caller reports it through
   // WorkerPool::report_answer, holding this half-open trial slot if true.
@@ -145,13 +148,13 @@ class Attempts {
   // the answer to the endpoint's health unless it was one (a stale
   // resend is no verdict: the upstream closed an idle connection, as
   // uvicorn does after 5 s; a half-open trial goes on with the resend) or
-  // its verdict waits. Garbage, a cancel or a failed TLS handshake: no
-  // verdict either. Both drivers call this, so the rule and its bookkeeping
+  // its verdict waits. A cancel or a failed TLS handshake (a connect
+  // failure's own report): no verdict either. Both drivers call this, so the rule and its bookkeeping
   // are decided once. The retry that follows a verdict not stale is
   // on_status's (a head) or on_failure's.
   AttemptVerdict judge(const AttemptEnd& e);
   // The current attempt's answer, for the endpoint's health (WorkerPool::report_answer):
-  // `failed` for a 5xx head, or a reset or timeout before it. Ends its
+  // `failed` for a 5xx head, or a reset, timeout or invalid response before it. Ends its
   // half-open trial. Returns true when this ejected the endpoint.
   bool on_answer(bool failed, Clock::time_point now, Clock::time_point sent = {});
   // The verdict on the current attempt's answer waits (a stream is judged
@@ -163,7 +166,7 @@ class Attempts {
   // that was `reused` from the pool, after `upstream_bytes` of an answer and
   // `since_sent` after the request went out. Retried: the stale pooled
   // connection case, once, at once, on a fresh connection to the same
-  // endpoint; a reset or first-byte timeout, while retry.attempts and the
+  // endpoint; a reset, first-byte timeout or invalid HTTP response (protocol), while retry.attempts and the
   // retry budget allow, after a backoff, on another endpoint when there is one.
   RetryDecision on_exchange_failure(http::UpstreamFailure f, bool reused, std::size_t upstream_bytes,
                                     Clock::duration since_sent, Clock::time_point now);

@@ -2,7 +2,7 @@
 // (upstream_body.cpp), the attempt loop over the pool's endpoints (policy in
 // routing::Attempts), then the response as a stream or a buffered body. Nothing is retried once a byte reached the
 // client (the commit point). The pool's admission queue is queue.cpp's; the fallback chain, fallback.cpp's; the
-// first-token and deadline cutoff, cutoff.cpp's; a stream's verdict for its endpoint's health, verdict.cpp's.
+// first-token and deadline cutoff, cutoff.cpp's; an answer's verdict for its endpoint's health, verdict.cpp's.
 #include <algorithm>
 #include <optional>
 #include <utility>
@@ -236,7 +236,7 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     auto& pool = ctx.gen->pool(ctx.target.pool);
     const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
     if (cutoff) o = after_cutoff(ctx, std::move(o));
-    if (ctx.verdict_pending || ctx.judged_good) judge_stream(ctx, o);
+    if (ctx.verdict_pending || ctx.judged_good) judge_answer(ctx, o);
     pool.on_finish(ep);
     ctx.source = nullptr;
     // Keep the connection only after a complete, keep-alive response (one
@@ -488,12 +488,15 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     // Whether the server had closed the pooled connection (a reset at once, or its idle timeout's 408
     // crossing the request), then the endpoint's health, in that order and in one place (Attempts::judge,
     // as a micro-batch's): a stale connection is no verdict on the endpoint. A stream's answer is judged at
-    // its first token (judge_stream): a stall before it counts against the endpoint too.
+    // its first token (judge_answer): a stall before it counts against the endpoint too. A non-streamed 2xx
+    // is judged once its body was read whole and found an answer (respond_buffered): a 200 head followed by
+    // an HTML page, a body cut short or one that cannot be decoded is a failed answer, not a good one that
+    // clears the endpoint's failures or closes its half-open breaker.
     const auto v = attempts.judge({.failure = failure,
                                    .status = head_status,
                                    .reused = reused,
                                    .closing_head_alone = head_status == 408 && exchange_.closing_head_alone(),
-                                   .judged_later = ctx.stream && head_status < 300 && !head_request,
+                                   .judged_later = !head_request && head_status < 300,
                                    .upstream_bytes = head_status == 0 ? exchange_.upstream_bytes() : 0,
                                    .sent = ctx.t_upstream_sent,
                                    .answered = t_answered});

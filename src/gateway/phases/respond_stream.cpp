@@ -174,7 +174,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // The first token is the first event with content (text, a tool
       // call, reasoning, a finish): not a role-only chunk or a preamble
       // (Azure's prompt_filter_results). TTFT, the first-token timeout and
-      // the endpoint's verdict (judge_stream) start from it. Events are
+      // the endpoint's verdict (judge_answer) start from it. Events are
       // classified only until it came (a held stream's too).
       const bool first_pending = ctx.t_first_token == core::TimePoint{};
       auto kind = api::openai::ChunkKind::empty;
@@ -199,7 +199,7 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // against the endpoint, logged, and no token (error_relayed).
       const bool upstream_error = !s.holding && ctx.hooks.error_event(*ev);
       // A refusal of the request (a 4xx in-band) is the client's fault: neither counted against the
-      // endpoint nor resumed (end_stream, judge_stream, resume_note).
+      // endpoint nor resumed (end_stream, judge_answer, resume_note).
       if (upstream_error && !s.refused && api::openai::refuses_request(ev->data)) s.refused = true;
       // (An Anthropic upstream's events after the first token are not all tokens: pings, block starts and stops,
       // message_delta. Only its content deltas are. Nor is an OpenAI chunk that carries only a finish_reason,

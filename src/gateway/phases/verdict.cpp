@@ -1,7 +1,11 @@
-// A stream's verdict for its endpoint's health (routing/health.hpp): a good
-// answer at its first token (respond_stream.cpp), else a failed or good one
-// at its end (proxy.cpp), and its time to first token for outlier detection
-// (outlier.ttft_factor).
+// An answer's verdict for its endpoint's health (routing/health.hpp), when it
+// waited past the head (routing::AttemptEnd::judged_later): a stream's is a
+// good answer at its first token (respond_stream.cpp), else a failed or good
+// one at its end (proxy.cpp), with its time to first token for outlier
+// detection (outlier.ttft_factor); a non-streamed answer's is given once its
+// body was read (respond_buffered.cpp): failed when the upstream failed it
+// (a body cut short, no answer Weir can read, one it cannot decode), else
+// good.
 #include <algorithm>
 #include <cstdint>
 
@@ -34,7 +38,7 @@ void GatewayPhases::judge_first_token(RequestContext& ctx) {
     ++w_.metrics().outlier_ejections;
 }
 
-void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
+void GatewayPhases::judge_answer(RequestContext& ctx, const Outcome& o) {
   // The answer of a stream is judged at its first token (judge_first_token), else at its end (here): a
   // stall or a failure before the first token counts against the endpoint as a failed answer would
   // (routing/health.hpp); a client that left, nothing.
@@ -55,7 +59,7 @@ void GatewayPhases::judge_stream(RequestContext& ctx, const Outcome& o) {
   }
   if (stream_answered(ctx)) {  // (its first token came with the read that ended the stream)
     judge_first_token(ctx);
-    judge_stream(ctx, o);
+    judge_answer(ctx, o);
     return;
   }
   ctx.verdict_pending = false;

@@ -336,16 +336,40 @@ TEST(RoutingAttempts, JudgeHoldsNoStaleConnectionAgainstTheEndpoint) {
   EXPECT_EQ(h.failures(), 2u);
   EXPECT_TRUE(a.judge({.failure = UpstreamFailure::reset, .reused = true, .sent = now, .answered = now}).failed);
   EXPECT_EQ(h.failures(), 3u);
-  // A good answer clears them; a stream's 2xx head waits for its first token; garbage is no verdict.
+  // A good answer clears them; a 2xx head whose verdict waits (a stream's first token, a non-streamed body
+  // read whole) is deferred; an invalid HTTP response (garbage), like a 5xx, is a failed answer (an
+  // endpoint failing fast with them looks idle to load-aware picks); a 4xx is an answer.
   Attempts e(*p, rng, now);
   EXPECT_FALSE(e.judge({.status = 200, .sent = now, .answered = now}).failed);
   EXPECT_EQ(h.failures(), 0u);
   Attempts f(*p, rng, now);
   const auto g = f.judge({.failure = UpstreamFailure::protocol, .sent = now, .answered = now});
-  EXPECT_FALSE(g.stale || g.failed || g.deferred);
+  EXPECT_TRUE(g.failed);
+  EXPECT_FALSE(g.stale || g.deferred);
+  EXPECT_EQ(h.failures(), 1u);
   EXPECT_TRUE(f.judge({.status = 200, .judged_later = true, .sent = now, .answered = now}).deferred);
   EXPECT_TRUE(f.judge({.status = 503, .judged_later = true, .sent = now, .answered = now}).failed);
-  EXPECT_EQ(h.failures(), 1u);
+  EXPECT_EQ(h.failures(), 2u);
+  EXPECT_FALSE(f.judge({.status = 400, .sent = now, .answered = now}).failed);
+  EXPECT_EQ(h.failures(), 0u);
+  EXPECT_FALSE(f.judge({.failure = UpstreamFailure::cancelled, .sent = now, .answered = now}).failed);
+}
+
+TEST(RoutingAttempts, AnInvalidResponseBeforeTheHeadIsRetriedAsAResetIs) {
+  Pool p(2, "{attempts: 2}");
+  Rng rng(3);
+  const auto now = Clock::now();
+  Attempts a(*p, rng, now);
+  const auto first = a.endpoint();
+  const auto d = a.on_exchange_failure(UpstreamFailure::protocol, true, 0, 0ms, now);
+  ASSERT_TRUE(d.retry) << "not a stale connection: a retry, on the other endpoint";
+  EXPECT_EQ(d.reason, RetryReason::protocol);
+  EXPECT_EQ(retry_reason_label(d.reason), "protocol");
+  EXPECT_NE(a.endpoint(), first);
+  EXPECT_FALSE(a.fresh_only());
+  Pool one(2);  // attempts: 1: not retried
+  Attempts b(*one, rng, now);
+  EXPECT_FALSE(b.on_failure(UpstreamFailure::protocol, now).retry);
 }
 
 TEST(RoutingAttempts, AStaleResendKeepsTheHalfOpenTrial) {
@@ -456,7 +480,9 @@ TEST(RoutingAttempts, ANonStreamedResponseTimeoutIsRetriedUnlessThePoolSaysNot) 
   }
 }
 
-TEST(RoutingAttempts, NeverRetriedOtherStatusesAndGarbage) {
+// (An invalid HTTP response before the head is retried as a reset is:
+// AnInvalidResponseBeforeTheHeadIsRetriedAsAResetIs.)
+TEST(RoutingAttempts, NeverRetriedOtherStatusesNorACancel) {
   Pool p(2, "{attempts: 5}");
   Rng rng(2);
   const auto now = Clock::now();
@@ -465,7 +491,6 @@ TEST(RoutingAttempts, NeverRetriedOtherStatusesAndGarbage) {
     EXPECT_FALSE(a.on_status(status, asked(""), now).retry) << status;
   }
   Attempts a(*p, rng, now);
-  EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::protocol, false, 0, 1ms, now).retry);
   EXPECT_FALSE(a.on_exchange_failure(UpstreamFailure::cancelled, false, 0, 1ms, now).retry);
 }
 
