@@ -172,11 +172,13 @@ core::Task<void> Batch::send() {
     }
     // (A 5xx answer counts as a failed attempt, kind status, as unbatched: once for the batch. A failed
     // exchange is counted below, unless the members all left.)
+    // (A 429, a failed answer for the endpoint's health, is not counted: as unbatched.)
+    const bool status_failed = failure == UpstreamFailure::none && v.failed && head_status != 429;
     if (env.on_attempt && failure == UpstreamFailure::none)
-      env.on_attempt(ep_idx, v.failed ? UpstreamFailure::status : UpstreamFailure::none);
+      env.on_attempt(ep_idx, status_failed ? UpstreamFailure::status : UpstreamFailure::none);
     // One failure per attempt: a 5xx head counted here is the batch's failure; a body that then breaks is
     // not counted again by its members (claim_failure_count).
-    failure_counted_ = failure == UpstreamFailure::none && v.failed;
+    failure_counted_ = status_failed;
     routing::RetryDecision d;
     if (failure == UpstreamFailure::none) {
       const int status = head_status;

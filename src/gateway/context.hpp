@@ -204,6 +204,9 @@ struct RequestContext {
   bool end_pending = false;       // the upstream body's end is still to come after the client's [DONE] (proxy.cpp)
   bool trial = false;             // ... and holds the endpoint's half-open trial slot
   bool judged_good = false;       // judged a good answer at its first token (an in-band error after it still fails it)
+  // The upstream's 404 says the model the pool routes to it does not exist there (respond_buffered): the
+  // answer's verdict is a failed one (judge_answer), though it passes to the client as it came.
+  bool model_missing = false;
   // What cut the response off: its first token did not come by
   // first_token_by (pools.X.timeouts.first_token), a batched non-streamed
   // answer was not whole by response_by (pools.X.timeouts.response), or its

@@ -194,8 +194,11 @@ AttemptVerdict Attempts::judge(const AttemptEnd& e) {
   if (v.stale) return v;  // (a trial slot held stays held: the resend to this endpoint is the trial)
   // An invalid HTTP response (a garbled head, one too large) is the endpoint's failure as a reset is: an
   // endpoint that answers only garbage looks idle to load-aware picks, and would take every request.
+  // A 429 too: the endpoint (or its account) is out of capacity now, and a fast 429 looks idle the same
+  // way (LiteLLM's router cools a deployment down on them). Any other 4xx is the client's request.
   v.failed = e.failure == UpstreamFailure::reset || e.failure == UpstreamFailure::timeout ||
-             e.failure == UpstreamFailure::protocol || (e.failure == UpstreamFailure::none && e.status >= 500);
+             e.failure == UpstreamFailure::protocol ||
+             (e.failure == UpstreamFailure::none && (e.status >= 500 || e.status == 429));
   if (e.failure != UpstreamFailure::none && !v.failed) return v;
   if (e.judged_later && !v.failed) {
     v.deferred = true;

@@ -40,8 +40,8 @@ struct AttemptEnd {
   int status = 0;
   bool reused = false;              // the connection came from the pool
   bool closing_head_alone = false;  // (a 408 head) http::ResponseSource::closing_head_alone
-  // (a 2xx head) its verdict waits: a stream's for its first token, a non-streamed one's for its body
-  // read whole and valid
+  // (a head not failed) its verdict waits: a stream's for its first token, a non-streamed 2xx's for its
+  // body read whole and valid, a 404's for its body (a replica without the pool's model: model_missing)
   bool judged_later = false;
   std::size_t upstream_bytes = 0;                        // (a failure) bytes of an answer read before it
   std::chrono::steady_clock::time_point sent, answered;  // the request went out; the head (or failure) came
@@ -55,7 +55,7 @@ struct AttemptVerdict {
   // does not see it, weir_upstream_failures_total does not count it, the
   // attempt is logged `stale_connection`, the retry counted under that reason.
   bool stale = false;
-  // A failed answer (a 5xx head, a reset, a timeout or an invalid HTTP response before one),
+  // A failed answer (a 5xx or 429 head, a reset, a timeout or an invalid HTTP response before one),
   // reported to the endpoint's health.
   bool failed = false;
   // (judged_later) The verdict waits: the caller reports it through
@@ -154,7 +154,7 @@ class Attempts {
   // on_status's (a head) or on_failure's.
   AttemptVerdict judge(const AttemptEnd& e);
   // The current attempt's answer, for the endpoint's health (WorkerPool::report_answer):
-  // `failed` for a 5xx head, or a reset, timeout or invalid response before it. Ends its
+  // `failed` for a 5xx or 429 head, or a reset, timeout or invalid response before it. Ends its
   // half-open trial. Returns true when this ejected the endpoint.
   bool on_answer(bool failed, Clock::time_point now, Clock::time_point sent = {});
   // The verdict on the current attempt's answer waits (a stream is judged

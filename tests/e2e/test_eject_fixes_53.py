@@ -37,6 +37,9 @@ BAD = {
     # A 200 labelled gzip whose bytes are no gzip: a body Weir cannot decode.
     "undecodable": lambda: head("200 OK", {"content-type": "application/json", "content-encoding": "gzip"},
                                 b"\x1f\x8bnot-gzip-at-all"),
+    # A 429 at once (its capacity, or its account's limits).
+    "429": lambda: head("429 Too Many Requests", {"content-type": "application/json"},
+                        b'{"error":{"message":"rate limited","type":"rate_limit_error","code":429}}'),
 }
 
 
@@ -74,9 +77,9 @@ def chat(c: httpx.Client, stream: bool = False, **extra) -> httpx.Response:
 # DEFECT: a non-streamed answer was judged at its head: an invalid head (protocol) was no verdict at all, and a
 # 200 head was a good one whatever its body then was (an HTML page, a body cut short, one that cannot be decoded),
 # so an endpoint whose every answer reached the client as Weir's 502 was never ejected, and under least_load (its
-# requests end at once: it looks idle) it took every request. Now every answer the client gets as a 502/504 for
-# the endpoint's fault counts as a failed answer, and a non-streamed 2xx is a good one only once its body was
-# read whole and valid.
+# requests end at once: it looks idle) it took every request. A fast 429 looked idle the same way. Now every
+# answer the client gets as a 502/504 for the endpoint's fault, and a 429, counts as a failed answer, and a
+# non-streamed 2xx is a good one only once its body was read whole and valid.
 @pytest.mark.parametrize("mode", list(BAD))
 @pytest.mark.parametrize("balance", ["least_load", "p2c"])
 def test_an_endpoint_that_fails_every_answer_fast_is_ejected(mock, weir, mode, balance):
@@ -91,7 +94,8 @@ def test_an_endpoint_that_fails_every_answer_fast_is_ejected(mock, weir, mode, b
         assert bad.count == FAILURES, (bad.count, codes)
         assert w.metric("weir_upstream_ejections_total", endpoint=bad.url, cause="failures") == 1
         assert w.metric("weir_upstream_ejections_total", endpoint=good.base_url) == 0
-        assert sorted(set(codes)) == [200, 502] and codes.count(502) == FAILURES, codes
+        want = 429 if mode == "429" else 502
+        assert sorted(set(codes)) == sorted({200, want}) and codes.count(want) == FAILURES, codes
         assert codes[-10:] == [200] * 10
     finally:
         bad.close()
@@ -141,6 +145,51 @@ def test_a_half_open_trial_answered_with_a_page_reopens_the_breaker(mock, weir):
         assert w.metric("weir_upstream_ejections_total", endpoint=bad.url, cause="half_open_failure") == 1
     finally:
         bad.close()
+
+
+# DEFECT: a replica of a pool that does not serve the pool's model (a wrong --served-model-name) answers vLLM's
+# 404 "The model `X` does not exist." at once: it looked idle and took its share, or all of it under
+# least_load. Now such a 404, for a listed model the pool routes there, is a failed answer (the client still
+# gets it); another 4xx, or an unlisted model's 404 on a default_pool (the client's name), is not.
+def test_a_replica_without_the_pools_model_is_ejected(mock, weir):
+    good = mock(*FAST)
+    wrong = mock(*FAST, "--model", "other-model")
+    w = weir(config=pool_config(wrong.base_url, good.base_url, "least_load"), workers=1)
+    c = httpx.Client(base_url=w.base_url, timeout=10)
+    codes = [chat(c).status_code for _ in range(40)]
+    assert codes.count(404) == FAILURES and codes[-10:] == [200] * 10, codes
+    assert w.metric("weir_upstream_ejections_total", endpoint=wrong.base_url, cause="failures") == 1
+    # Streamed alike: the 404 head waits for its body's verdict.
+    w2 = weir(config=pool_config(wrong.base_url, good.base_url, "least_load"), workers=1)
+    c2 = httpx.Client(base_url=w2.base_url, timeout=10)
+    codes = [chat(c2, stream=True).status_code for _ in range(40)]
+    assert codes.count(404) == FAILURES and codes[-10:] == [200] * 10, codes
+    assert w2.metric("weir_upstream_ejections_total", endpoint=wrong.base_url, cause="failures") == 1
+
+
+def test_a_clients_404_ejects_nothing(mock, weir):
+    # An unlisted model on a default pool: the name is the client's, and so is the 404 it gets from every replica.
+    m1, m2 = mock(*FAST), mock(*FAST)
+    w = weir(config={"pools": {"gpu": {"endpoints": [m1.base_url, m2.base_url], "balance": "least_load",
+                                       "load_metrics": False,
+                                       "outlier": {"consecutive_failures": 1, "max_ejected_percent": 50}}},
+                     "default_pool": "gpu"}, workers=1)
+    c = httpx.Client(base_url=w.base_url, timeout=10)
+    for _ in range(10):
+        r = c.post("/v1/chat/completions", json={"model": "no-such-model", "messages": MSG, "max_tokens": 4})
+        assert r.status_code == 404 and "does not exist" in r.text, r.text
+    # A 404 of another kind for a listed model, and a 400: the client's too.
+    other = RawUpstream(lambda h, b: head("404 Not Found", {"content-type": "application/json"},
+                                          b'{"detail":"Not Found"}'))
+    try:
+        w2 = weir(config=pool_config(other.url, m1.base_url, "least_load"), workers=1)
+        c2 = httpx.Client(base_url=w2.base_url, timeout=10)
+        codes = [chat(c2).status_code for _ in range(20)] + [chat(c2, max_tokens=-1).status_code for _ in range(10)]
+        assert 404 in codes and 400 in codes, codes
+        assert w2.metric("weir_upstream_ejections_total") == 0
+    finally:
+        other.close()
+    assert w.metric("weir_upstream_ejections_total") == 0
 
 
 # The same in a micro-batch or coalesced generation (pools.X.batch, coalesce): its one whole answer was judged

@@ -491,12 +491,13 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     // its first token (judge_answer): a stall before it counts against the endpoint too. A non-streamed 2xx
     // is judged once its body was read whole and found an answer (respond_buffered): a 200 head followed by
     // an HTML page, a body cut short or one that cannot be decoded is a failed answer, not a good one that
-    // clears the endpoint's failures or closes its half-open breaker.
+    // clears the endpoint's failures or closes its half-open breaker. A 404 waits for its body too: one
+    // that says the pool's model does not exist there is the replica's fault (RequestContext::model_missing).
     const auto v = attempts.judge({.failure = failure,
                                    .status = head_status,
                                    .reused = reused,
                                    .closing_head_alone = head_status == 408 && exchange_.closing_head_alone(),
-                                   .judged_later = !head_request && head_status < 300,
+                                   .judged_later = !head_request && (head_status < 300 || head_status == 404),
                                    .upstream_bytes = head_status == 0 ? exchange_.upstream_bytes() : 0,
                                    .sent = ctx.t_upstream_sent,
                                    .answered = t_answered});
@@ -508,7 +509,9 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
     // A 5xx answer, retried or passed on, is a failed attempt of its endpoint as the health state machine
     // takes it: failures ÷ attempts per endpoint finds an endpoint that answers 503s as one that resets.
     // (One failure per attempt: a body that breaks after this head is not counted again, count_upstream_failure.)
-    ctx.attempt_failure_counted = failure == http::UpstreamFailure::none && v.failed;
+    // A 429 is a failed answer for the endpoint's health, but not counted here: the upstream's capacity, not
+    // the endpoint failing (docs/observability.md).
+    ctx.attempt_failure_counted = failure == http::UpstreamFailure::none && v.failed && head_status != 429;
     if (ctx.attempt_failure_counted)
       metrics.count_upstream_failure_at(gen.endpoint_slot(ctx.target.pool, ep_idx), http::UpstreamFailure::status);
     if (failure == http::UpstreamFailure::none) {

@@ -191,6 +191,15 @@ bool decoded_as_utf8(std::string_view content_type) {
          core::iequals(media.substr(media.size() - 5), "+json");
 }
 
+// A 404's body that says `model` does not exist: vLLM's NotFoundError ("The model `M` does not exist.",
+// code 404), OpenAI's model_not_found ("The model `M` does not exist or you do not have access to it.").
+bool says_model_missing(std::string_view body, std::string_view model) {
+  if (model.empty() || body.find("does not exist") == std::string_view::npos) return false;
+  for (auto at = body.find(model); at != std::string_view::npos; at = body.find(model, at + 1))
+    if (at > 0 && body[at - 1] == '`' && at + model.size() < body.size() && body[at + model.size()] == '`') return true;
+  return false;
+}
+
 }  // namespace
 
 Outcome GatewayPhases::no_answer(RequestContext& ctx, core::Error e) {
@@ -483,6 +492,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
         status >= 500 || routing::retryable_status(status) ? core::ErrorSource::upstream : core::ErrorSource::client;
     ctx.error_code = "upstream_status";
   }
+  // A 404 that says the model does not exist, from an endpoint of a pool the model is routed to (a listed
+  // model: its name upstream is the configuration's, never the client's choice): that replica does not
+  // serve the pool's model (a wrong --served-model-name), and its verdict is a failed answer (judge_answer).
+  // On a default_pool's unlisted model the name is the client's, and so is the 404.
+  ctx.model_missing = status == 404 && ctx.verdict_pending && ctx.target.model_index != routing::kUnlistedModel &&
+                      says_model_missing(plain, ctx.target.upstream_model.empty() ? std::string_view(ctx.model)
+                                                                                  : ctx.target.upstream_model);
   // The Content-Type of a body Weir rewrote (the upstream's own labels
   // what it sent: an HTML error page rewritten to JSON is JSON).
   std::string_view content_type;

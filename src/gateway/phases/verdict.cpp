@@ -4,8 +4,8 @@
 // one at its end (proxy.cpp), with its time to first token for outlier
 // detection (outlier.ttft_factor); a non-streamed answer's is given once its
 // body was read (respond_buffered.cpp): failed when the upstream failed it
-// (a body cut short, no answer Weir can read, one it cannot decode), else
-// good.
+// (a body cut short, no answer Weir can read, one it cannot decode) or it
+// says the pool's model does not exist there, else good.
 #include <algorithm>
 #include <cstdint>
 
@@ -45,8 +45,11 @@ void GatewayPhases::judge_answer(RequestContext& ctx, const Outcome& o) {
   // The upstream's in-band error event fails the answer wherever it comes (an engine's fault), unless it
   // refused the request (a 4xx in-band: vLLM streams the refusals it finds as the engine takes a request):
   // that is an answer, as a 400 head is, and clears the endpoint's count of failures.
+  // A 404 that says the pool's model does not exist on this endpoint (respond_buffered): a replica that does
+  // not serve what the pool routes to it, a failed answer though the client gets the 404 as it came.
   const bool refused = ctx.error_relayed && ctx.upstream_refused;
-  const bool upstream_failed = !refused && o.is_failed() && o.error().source == core::ErrorSource::upstream;
+  const bool upstream_failed =
+      ctx.model_missing || (!refused && o.is_failed() && o.error().source == core::ErrorSource::upstream);
   auto& pool = ctx.gen->pool(ctx.target.pool);
   const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
   if (!ctx.verdict_pending) {

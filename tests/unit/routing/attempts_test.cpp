@@ -337,8 +337,8 @@ TEST(RoutingAttempts, JudgeHoldsNoStaleConnectionAgainstTheEndpoint) {
   EXPECT_TRUE(a.judge({.failure = UpstreamFailure::reset, .reused = true, .sent = now, .answered = now}).failed);
   EXPECT_EQ(h.failures(), 3u);
   // A good answer clears them; a 2xx head whose verdict waits (a stream's first token, a non-streamed body
-  // read whole) is deferred; an invalid HTTP response (garbage), like a 5xx, is a failed answer (an
-  // endpoint failing fast with them looks idle to load-aware picks); a 4xx is an answer.
+  // read whole) is deferred; an invalid HTTP response (garbage) and a 429, like a 5xx, are failed answers
+  // (an endpoint failing fast with them looks idle to load-aware picks); any other 4xx is an answer.
   Attempts e(*p, rng, now);
   EXPECT_FALSE(e.judge({.status = 200, .sent = now, .answered = now}).failed);
   EXPECT_EQ(h.failures(), 0u);
@@ -349,7 +349,8 @@ TEST(RoutingAttempts, JudgeHoldsNoStaleConnectionAgainstTheEndpoint) {
   EXPECT_EQ(h.failures(), 1u);
   EXPECT_TRUE(f.judge({.status = 200, .judged_later = true, .sent = now, .answered = now}).deferred);
   EXPECT_TRUE(f.judge({.status = 503, .judged_later = true, .sent = now, .answered = now}).failed);
-  EXPECT_EQ(h.failures(), 2u);
+  EXPECT_TRUE(f.judge({.status = 429, .judged_later = true, .sent = now, .answered = now}).failed);
+  EXPECT_EQ(h.failures(), 3u);
   EXPECT_FALSE(f.judge({.status = 400, .sent = now, .answered = now}).failed);
   EXPECT_EQ(h.failures(), 0u);
   EXPECT_FALSE(f.judge({.failure = UpstreamFailure::cancelled, .sent = now, .answered = now}).failed);
