@@ -62,7 +62,7 @@ void RequestContext::reset() {
   deadline_ms = 0;
   waiter = {};
   queue_pool = -1;
-  verdict_pending = trial = judged_good = model_missing = end_pending = false;
+  verdict_pending = trial = judged_good = model_missing = over_limit = end_pending = false;
   cutoff = Cutoff::none;
   first_token_by = {};
   response_by = {};

@@ -207,6 +207,9 @@ struct RequestContext {
   // The upstream's 404 says the model the pool routes to it does not exist there (respond_buffered): the
   // answer's verdict is a failed one (judge_answer), though it passes to the client as it came.
   bool model_missing = false;
+  // The answer was larger than server.max_response (raw or decoded): Weir's limit, which the request may
+  // have asked past (max_tokens, logprobs), not the endpoint failing: no failed answer for its health.
+  bool over_limit = false;
   // What cut the response off: its first token did not come by
   // first_token_by (pools.X.timeouts.first_token), a batched non-streamed
   // answer was not whole by response_by (pools.X.timeouts.response), or its

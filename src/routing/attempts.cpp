@@ -130,10 +130,10 @@ bool Attempts::on_connect_failure(http::UpstreamFailure f, Clock::time_point now
 
 void Attempts::on_connected() { pool_.report_success(endpoint_); }
 
-bool Attempts::on_answer(bool failed, Clock::time_point now, Clock::time_point sent) {
+bool Attempts::on_answer(bool failed, Clock::time_point now, Clock::time_point sent, bool capped) {
   const bool trial = trial_;
   trial_ = false;
-  return pool_.report_answer(endpoint_, failed, now, trial, sent);
+  return pool_.report_answer(endpoint_, failed, now, trial, sent, capped);
 }
 
 bool Attempts::defer_answer() {
@@ -195,7 +195,9 @@ AttemptVerdict Attempts::judge(const AttemptEnd& e) {
   // An invalid HTTP response (a garbled head, one too large) is the endpoint's failure as a reset is: an
   // endpoint that answers only garbage looks idle to load-aware picks, and would take every request.
   // A 429 too: the endpoint (or its account) is out of capacity now, and a fast 429 looks idle the same
-  // way (LiteLLM's router cools a deployment down on them). Any other 4xx is the client's request.
+  // way (LiteLLM's router cools a deployment down on them); but within max_ejected_percent only, breaker
+  // or not (capped): an upstream that limits per caller must not let one tenant's flood make the pool
+  // unavailable to everyone. Any other 4xx is the client's request.
   v.failed = e.failure == UpstreamFailure::reset || e.failure == UpstreamFailure::timeout ||
              e.failure == UpstreamFailure::protocol ||
              (e.failure == UpstreamFailure::none && (e.status >= 500 || e.status == 429));
@@ -205,7 +207,7 @@ AttemptVerdict Attempts::judge(const AttemptEnd& e) {
     v.trial = defer_answer();
     return v;
   }
-  v.ejected = on_answer(v.failed, e.answered, e.sent);
+  v.ejected = on_answer(v.failed, e.answered, e.sent, e.failure == UpstreamFailure::none && e.status == 429);
   return v;
 }
 

@@ -156,7 +156,8 @@ class Attempts {
   // The current attempt's answer, for the endpoint's health (WorkerPool::report_answer):
   // `failed` for a 5xx or 429 head, or a reset, timeout or invalid response before it. Ends its
   // half-open trial. Returns true when this ejected the endpoint.
-  bool on_answer(bool failed, Clock::time_point now, Clock::time_point sent = {});
+  // `capped`: WorkerPool::report_answer's (a 429).
+  bool on_answer(bool failed, Clock::time_point now, Clock::time_point sent = {}, bool capped = false);
   // The verdict on the current attempt's answer waits (a stream is judged
   // at its first token): the caller reports it through
   // WorkerPool::report_answer(endpoint(), failed, now, trial) and takes over

@@ -178,8 +178,10 @@ class WorkerPool {
   // success. Returns true when this opened it.
   // `sent`: when the request was sent (EndpointHealth::on_answer: one sent before the endpoint opened counts
   // for nothing); unknown when default.
+  // `capped`: a failure that opens the endpoint only within max_ejected_percent, breaker or not (a 429: the
+  // upstream's capacity or one caller's quota, which must never make the whole pool unavailable).
   bool report_answer(std::uint32_t i, bool failed, Clock::time_point now, bool trial = false,
-                     Clock::time_point sent = {});
+                     Clock::time_point sent = {}, bool capped = false);
   // A stream's TTFT on endpoint `i` (request written → first data event,
   // µs), for outlier.ttft_factor. Returns true when this ejected `i` (never
   // beyond max_ejected_percent of the pool).

@@ -212,3 +212,42 @@ def test_a_batched_answer_that_is_a_page_ejects_its_endpoint(mock, weir, shape):
         assert all("batch" in e for e in w.wait_log(lambda es: len(es) >= 40, timeout=10)), "sent as a batch"
     finally:
         bad.close()
+
+
+# --- What a client or one caller causes ejects nothing (the regression helper's two findings) ---------------
+
+def _two_mocks_pool(mock, *flags, **pool) -> dict:
+    a, b = mock(*flags), mock(*flags)
+    return {"endpoints": [a.base_url, b.base_url], "balance": "p2c", "load_metrics": False, "eject_for": "60s",
+            "outlier": {"consecutive_failures": 3, "max_ejected_percent": 50}, **pool}
+
+
+@pytest.mark.parametrize("breaker", [False, True])
+def test_an_answer_over_max_response_is_weirs_limit_not_the_endpoints_failure(weir, mock, breaker):
+    # A client asking for a long answer (max_tokens, logprobs) past server.max_response gets Weir's 502; the
+    # healthy endpoints that sent it are not ejected, nor their breakers opened, for other clients.
+    pool = _two_mocks_pool(mock, "--ttft-ms", "1", "--itl-ms", "0", "--max-tokens", "2000", breaker=breaker)
+    w = weir(config={"server": {"max_response": "4KiB"}, "pools": {"gpu": pool},
+                     "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
+    for _ in range(8):
+        r = httpx.post(w.v1 + "/chat/completions", timeout=20,
+                       json={"model": "mock-model", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 1500})
+        assert r.status_code == 502 and "larger than" in r.json()["error"]["message"], r.text
+    r = httpx.post(w.v1 + "/chat/completions", timeout=20,
+                   json={"model": "mock-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert w.metric("weir_upstream_ejections_total") == 0
+
+
+def test_429s_never_open_more_than_max_ejected_percent_even_with_a_breaker(weir, mock):
+    # An upstream that limits per caller (another gateway, a provider's per-user limit): one tenant's flood of
+    # 429s must not open every breaker and turn into a pool-wide 503 for everyone.
+    pool = _two_mocks_pool(mock, "--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "3", "--error-rate", "1",
+                           "--error-status", "429", breaker=True)
+    w = weir(config={"pools": {"gpu": pool}, "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
+    statuses = [httpx.post(w.v1 + "/chat/completions", timeout=20,
+                           json={"model": "mock-model", "messages": [{"role": "user", "content": "hi"}]}).status_code
+                for _ in range(12)]
+    assert statuses == [429] * 12, statuses
+    assert w.metric("weir_upstream_ejections_total") <= 1  # one endpoint of two at most

@@ -293,7 +293,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.fail_over = http::is_upstream_fault(failure);
     if (ctx.fail_over) ctx.held_failure = failure;
     ctx.has_usage = ctx.has_choice_usage = false;
-    if (too_large) co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
+    if (too_large) {
+      ctx.over_limit = true;
+      co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
+    }
     if (failure == http::UpstreamFailure::protocol && src.stream_cut_short())
       co_return Outcome::failed(upstream_stream_incomplete(subject(ctx)));
     co_return Outcome::failed(attempt_error(ctx, failure));
@@ -354,6 +357,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       const core::Error why = !over                          ? upstream_undecodable(subject(ctx), encoding)
                               : cap == sc.max_response_bytes ? upstream_too_large(subject(ctx), sc.max_response_bytes)
                                                              : upstream_inflates_too_much(subject(ctx), kMaxInflation);
+      ctx.over_limit = over && cap == sc.max_response_bytes;
       if (status >= 200 && status < 300 && status != 204) co_return no_answer(ctx, why);
       if (!accepted) {
         count_upstream_failure(ctx, http::UpstreamFailure::protocol);

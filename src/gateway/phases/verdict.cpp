@@ -48,8 +48,10 @@ void GatewayPhases::judge_answer(RequestContext& ctx, const Outcome& o) {
   // A 404 that says the pool's model does not exist on this endpoint (respond_buffered): a replica that does
   // not serve what the pool routes to it, a failed answer though the client gets the 404 as it came.
   const bool refused = ctx.error_relayed && ctx.upstream_refused;
-  const bool upstream_failed =
-      ctx.model_missing || (!refused && o.is_failed() && o.error().source == core::ErrorSource::upstream);
+  // An answer over server.max_response is Weir's limit, which the request may have asked past: not the
+  // endpoint failing (else a client asking for long answers ejects every healthy endpoint).
+  const bool upstream_failed = ctx.model_missing || (!refused && !ctx.over_limit && o.is_failed() &&
+                                                     o.error().source == core::ErrorSource::upstream);
   auto& pool = ctx.gen->pool(ctx.target.pool);
   const auto ep = static_cast<std::uint32_t>(ctx.endpoint);
   if (!ctx.verdict_pending) {
