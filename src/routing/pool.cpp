@@ -192,8 +192,8 @@ void WorkerPool::report_connect_failure(std::uint32_t i, Clock::time_point now, 
 
 void WorkerPool::report_success(std::uint32_t i) { after(i, endpoints_[i].health.on_connected(policy_)); }
 
-bool WorkerPool::report_answer(std::uint32_t i, bool failed, Clock::time_point now, bool trial,
-                               Clock::time_point sent, bool capped) {
+bool WorkerPool::report_answer(std::uint32_t i, bool failed, Clock::time_point now, bool trial, Clock::time_point sent,
+                               bool capped) {
   auto& h = endpoints_[i].health;
   // With a breaker a failing endpoint opens whatever the share of the pool
   // (a pool that all fails is unavailable); without, within the cap; a
