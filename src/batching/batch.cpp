@@ -9,12 +9,16 @@ namespace weir::batching {
 
 // --- BatchMember ---
 
-BatchMember::~BatchMember() {
-  if (batch_ && !ended_) batch_->leave(*this);
+BatchMember::~BatchMember() { forget(); }
+
+void BatchMember::forget() {
+  if (batch_ && (!ended_ || lingering_)) batch_->leave(*this, /*may_linger=*/false);
+  lingering_ = false;
+  linger_end_ = UpstreamFailure::none;
 }
 
 void BatchMember::begin(const Request& r) {
-  if (batch_ && !ended_) batch_->leave(*this);  // never still in an earlier batch
+  forget();  // never still in an earlier batch
   req_ = r;
   batch_.reset();
   out_.clear();
@@ -39,6 +43,12 @@ void BatchMember::push(std::string_view bytes) {
 }
 
 void BatchMember::end(UpstreamFailure f) {
+  if (lingering_) {  // its client left: its prompt is over upstream now (settled())
+    lingering_ = false;
+    linger_end_ = f;
+    ev_.notify();
+    return;
+  }
   if (ended_) return;
   ended_ = true;
   head_ready_ = head_ready_ || f == UpstreamFailure::none;
@@ -49,6 +59,10 @@ void BatchMember::end(UpstreamFailure f) {
 core::Task<bool> BatchMember::wait_head() {
   while (!head_ready_ && !ended_) co_await ev_.wait();
   co_return head_ready_;
+}
+
+core::Task<void> BatchMember::settled() {
+  while (lingering_) co_await ev_.wait();
 }
 
 std::string_view BatchMember::batch_id() const { return batch_ ? batch_->id() : std::string_view(); }
@@ -100,16 +114,21 @@ core::Task<http::BodyRead> BatchMember::read(std::span<char> into) {
 }
 
 void BatchMember::cancel_stalled() {
-  if (!ended_ && batch_) batch_->stalled();
+  if (ended_) return;
+  if (batch_) {
+    batch_->stalled();
+    // (A timeout the endpoint failed: a fallback may take the request, so it does not wait for the prompt.)
+    batch_->leave(*this, /*may_linger=*/false);
+  }
   cancel();
 }
 
 void BatchMember::cancel() {
   if (ended_) return;
-  if (batch_) batch_->leave(*this);
   out_.clear();
   pos_ = 0;
-  end(UpstreamFailure::cancelled);
+  end(UpstreamFailure::cancelled);  // (first: a lingering member's end() is its prompt's)
+  if (batch_) (void)batch_->leave(*this, /*may_linger=*/true);
 }
 
 // --- MicroBatcher ---

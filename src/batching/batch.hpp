@@ -17,8 +17,10 @@
 //
 // Members were authenticated, admitted and are logged one by one (the
 // gateway's phases); the batch only shares the upstream request. A member
-// that leaves is dropped alone; when every member has left, the upstream
-// request is aborted (vLLM then stops generating).
+// that leaves is dropped alone (one that leaves after a prompt list was
+// sent is charged its prompt's generation: BatchMember::lingering()); when
+// every member has left, the upstream request is aborted (vLLM then stops
+// generating).
 #pragma once
 
 #include <chrono>
@@ -154,8 +156,21 @@ class BatchMember final : public http::ResponseSource {
   const http::ResponseHead& head() const override;
   bool done() const override { return ended_ && failure_ == http::UpstreamFailure::none && pos_ == out_.size(); }
   core::Task<http::BodyRead> read(std::span<char> into) override;
-  // Leaves the batch (the others go on); a pending read completes with cancelled.
+  // Leaves the batch (the others go on); a pending read completes with cancelled. After the batch was sent
+  // (a prompt list some other member still reads), the member lingers: see lingering().
   void cancel() override;
+  // The member left (cancel()) after its prompt went upstream in a list, where vLLM generates it to its end
+  // all the same (it aborts a request, never one prompt of a list): it stays the batch's, reading nothing,
+  // until its prompt ends upstream (its choice finished, or the batch ended or failed). settled() waits for
+  // that; seen_usage() is then what the upstream generated for it. forget() leaves at once (its request
+  // goes elsewhere, or its session ends).
+  bool lingering() const { return lingering_; }
+  core::Task<void> settled();
+  void forget();
+  // Once settled(): how the lingering ended -- none (its prompt finished), cancelled (every member left: the
+  // batch was aborted upstream, its prompt with it, as the same request alone is when its client leaves), or
+  // the batch's failure.
+  http::UpstreamFailure linger_end() const { return linger_end_; }
   void cancel_stalled() override;
   bool stream_cut_short() const override { return cut_short_; }
   // The batch's last attempt failed (protocol) on a response head over http::kMaxResponseHead.
@@ -183,6 +198,8 @@ class BatchMember final : public http::ResponseSource {
   std::size_t pos_ = 0;
   bool head_ready_ = false;
   bool ended_ = false;
+  bool lingering_ = false;  // lingering()
+  http::UpstreamFailure linger_end_ = http::UpstreamFailure::none;
   int split_status_ = 0;
   bool withheld_ = false;
   bool cut_short_ = false;           // a non-streaming member's answer: the batch's stream ended before it was whole

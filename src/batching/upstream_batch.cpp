@@ -114,7 +114,7 @@ core::Task<void> Batch::send() {
     // that one client (docs/batching.md).
     const BatchMember* lead = nullptr;
     for (auto* m : members_)
-      if (m && !lead) lead = m;
+      if (m && !m->lingering_ && !lead) lead = m;
     if (!lead) break;
     const std::string_view tracestate = mixed_tenants_ ? std::string_view() : lead->req_.tracestate;
     const std::string_view client_address = mixed_tenants_ ? std::string_view() : lead->req_.client_address;
@@ -383,6 +383,7 @@ core::Task<void> Batch::relay_stream() {
     const http::BodyRead r = co_await exchange_.read(into);
     if (aborted_) {  // every member left: the exchange was aborted
       judge_abandoned();
+      fail_all(UpstreamFailure::cancelled);  // members that left earlier and lingered: their prompts end here
       co_return;
     }
     if (r.bytes > 0) {
@@ -519,6 +520,12 @@ bool Batch::dispatch(const http::SseEvent& ev) {
       const bool own_total = sent_size_ == 1 && (!m.req_.stream || m.req_.include_usage);
       const bool last = !own_total && c.finish &&
                         data.substr(c.finish->value_begin, c.finish->value_end - c.finish->value_begin) != "null";
+      if (m.lingering_) {
+        // Its client left: its prompt's usage still counts (above), nothing is read to it, and it is
+        // settled when its prompt ends.
+        if (last) complete(m, UpstreamFailure::none);
+        return true;
+      }
       if (!m.req_.stream) {
         m.assembler_.on_chunk(data, c);
         if (last) {
@@ -562,7 +569,7 @@ bool Batch::dispatch(const http::SseEvent& ev) {
           }
           return;
         }
-        if (!m.req_.stream || !m.req_.include_usage) return;
+        if (!m.req_.stream || !m.req_.include_usage || m.lingering_) return;
         std::string usage;
         if (!api::openai::append_member_usage(final_usage_, m.last_usage_, usage))
           return;  // (for this member) no per-chunk usage (not vLLM?): the member's usage is unknown, not another's
@@ -652,7 +659,7 @@ void Batch::push_event(BatchMember& m, std::string_view data) {
 
 void Batch::finish_members(bool done) {
   for_present([&](BatchMember& m) {
-    if (!m.req_.stream && mode_ == Mode::batch) {
+    if (!m.req_.stream && mode_ == Mode::batch && !m.lingering_) {
       // A stream that ended before this member's answer, or without the
       // upstream's [DONE] (cut short: its text may stop mid-way), cannot be
       // a whole answer: 502, as for a body cut short unbatched, which says

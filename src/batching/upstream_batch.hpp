@@ -101,9 +101,21 @@ class Batch : public std::enable_shared_from_this<Batch> {
   // A member's first-token timeout passed (BatchMember::cancel_stalled): the endpoint stalled before the first
   // token, a failed answer as unbatched.
   void stalled() { judge(/*failed=*/true); }
-  // Member `m` left (its client went away, or it was cut off).
-  void leave(BatchMember& m) {
-    if (m.slot_ >= members_.size() || members_[m.slot_] != &m) return;
+  // Member `m` left (its client went away, or it was cut off). Returns true
+  // when it lingers: its prompt went upstream in a list the others still
+  // read, where vLLM generates it to its end (it aborts a request, never one
+  // prompt of it), so the member stays the batch's, reading nothing, until
+  // that prompt ends (its last choice chunk, or the batch's end or failure),
+  // and its request is charged what was generated for it (BatchMember::settled).
+  // `may_linger` false (its session is done with it: a new request, its
+  // destruction, a fallback): it leaves at once, lingering or not.
+  bool leave(BatchMember& m, bool may_linger) {
+    if (m.slot_ >= members_.size() || members_[m.slot_] != &m) return false;
+    if (m.lingering_) {
+      members_[m.slot_] = nullptr;  // (no longer present already)
+      m.lingering_ = false;
+      return false;
+    }
     --present_;
     if (state_ == State::open) {
       // Not sent yet: it is no longer part of the batch at all.
@@ -116,9 +128,15 @@ class Batch : public std::enable_shared_from_this<Batch> {
         release_queue_place();
         if (b_) b_->close(this);
       }
-      return;
+      return false;
     }
-    members_[m.slot_] = nullptr;
+    // (Not when it was the last present: the request is aborted, which stops its prompt too; nor a coalesced
+    // generation's member: the generation is whole for each member that stays, and charged to each.)
+    const bool linger = may_linger && mode_ == Mode::batch && sent_size_ > 0 && present_ > 0 && state_ != State::done;
+    if (linger)
+      m.lingering_ = true;
+    else
+      members_[m.slot_] = nullptr;
     if (present_ == 0 && b_) b_->close(this);  // a coalesced generation nobody reads takes no one new
     if (present_ == 0 && state_ != State::done) {
       // Nobody is left to read the answer: abort it, so the model server stops generating.
@@ -127,6 +145,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
       exchange_.cancel();
       window_.cancel();  // a retry backoff
     }
+    return linger;
   }
 
   // The batcher is going away (worker shutdown): no more calls into it.
@@ -210,7 +229,7 @@ class Batch : public std::enable_shared_from_this<Batch> {
   // and is no longer the batch's (its session may reuse it at once).
   void complete(BatchMember& m, UpstreamFailure f) {
     members_[m.slot_] = nullptr;
-    --present_;
+    if (!m.lingering_) --present_;
     m.end(f);
   }
   // The endpoint's verdict on a 2xx answer: a stream's (200, an event stream) given at its first token as an
@@ -235,8 +254,9 @@ class Batch : public std::enable_shared_from_this<Batch> {
   // (amortized growth: no allocation per event), and where each one is.
   std::string replay_;
   std::vector<std::pair<std::size_t, std::size_t>> replay_spans_;
-  bool replay_closed_ = false;         // the replay passed kMaxReplayBytes: freed, and no member joins any more
-  std::vector<BatchMember*> members_;  // slot → member; null once it left after the batch was sent
+  bool replay_closed_ = false;  // the replay passed kMaxReplayBytes: freed, and no member joins any more
+  // slot → member; null once it left after the batch was sent (a lingering one stays: BatchMember::lingering_)
+  std::vector<BatchMember*> members_;
   std::uint32_t present_ = 0;
   std::uint32_t sent_size_ = 0;
   // The sent members are not all of one tenant (a prompt-list batch; a coalesced generation never crosses

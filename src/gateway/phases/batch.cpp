@@ -134,6 +134,31 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
     if (ctx.cutoff == RequestContext::Cutoff::deadline) ctx.batch_split = false;  // not sent alone after it
     o = after_cutoff(ctx, std::move(o));
   }
+  if (member_->lingering()) {
+    // The member left (its client went, its deadline cut it) after its prompt went upstream in a list others
+    // still read: vLLM generates it to its end all the same. Its request (and its tenant's stream slot) stays
+    // until that prompt ends upstream, and is charged what was generated for it -- its own per-chunk usage,
+    // the upstream's count -- as the same request alone would be had it run to its end: no tenant gets
+    // generation for nothing while others keep a batch alive. If the batch breaks first, what was generated
+    // by then. If every member left (the batch was aborted upstream, its prompt with it), as the same request
+    // alone whose client left: settle()'s rule, with its per-chunk usage as it stood at the abort. (One that
+    // goes to a fallback leaves at once: its answer is the fallback's.)
+    if (ctx.fail_over) {
+      member_->forget();
+    } else {
+      co_await member_->settled();
+      if (const auto u = member_->seen_usage()) {
+        if (member_->linger_end() != http::UpstreamFailure::cancelled) {
+          ctx.has_usage = true;
+          ctx.usage = *u;
+        } else if (!ctx.has_usage) {
+          ctx.has_choice_usage = true;
+          ctx.choice_usage = *u;
+          ctx.choice_usage_every_prompt = true;
+        }
+      }
+    }
+  }
   // A non-streamed member that got no answer (502, 504) saw no head of its
   // own: the batch's 2xx head is not its, so it is charged nothing, as the
   // same request alone, failing before its head, would be (settle()).

@@ -292,14 +292,60 @@ TEST_F(MicroBatcherTest, AMembersOwnPerChunkUsageIsKeptForItsSettlementAfterItLe
   const auto ua = a.seen_usage();
   ASSERT_TRUE(ua);
   EXPECT_EQ(ua->prompt_tokens, 1u);
-  EXPECT_EQ(ua->completion_tokens, 1u);  // what it had when it left
+  EXPECT_EQ(ua->completion_tokens, 2u);  // its prompt's generation, also after it left (it lingers)
   EXPECT_EQ(ua->cached_tokens, 0u);
+  EXPECT_TRUE(a.lingering());  // (its prompt has not ended upstream)
   const auto ub = b.seen_usage();
   ASSERT_TRUE(ub);
   EXPECT_EQ(ub->prompt_tokens, 2u);
   EXPECT_EQ(ub->completion_tokens, 2u);
   b.cancel();  // (its reader ends before `rb` goes)
   ASSERT_TRUE(run_until(io, [&] { return rb.done; }));
+  // Every member left: the batch was aborted, a's prompt with it.
+  ASSERT_TRUE(run_until(io, [&] { return !a.lingering(); }));
+  EXPECT_EQ(a.linger_end(), http::UpstreamFailure::cancelled);
+}
+
+// vLLM generates every prompt of a list to its end whatever one member's client does: a member that leaves after
+// the batch was sent lingers, reading nothing, until its prompt ends upstream, and its usage is then its whole
+// prompt's generation (its request is charged that: gateway/phases/batch.cpp). The others are unaffected.
+TEST_F(MicroBatcherTest, AMemberThatLeavesAfterTheSendLingersUntilItsPromptEnds) {
+  auto& a = join("a");
+  auto& b = join("b");
+  upstream_request();
+  up.send("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n" +
+          http_chunk(sse(chunk(0, " a0", "null", 1)) + sse(chunk(1, " b0", "null", 1))));
+  ASSERT_TRUE(head_of(a));
+  ASSERT_TRUE(head_of(b));
+  Read rb;
+  read_all(b, rb);
+  ASSERT_TRUE(run_until(io, [&] { return rb.bytes.find(" b0") != std::string::npos; }));
+  a.cancel();  // a's client left after its first token
+  EXPECT_TRUE(a.lingering());
+  bool settled = false;
+  asio::co_spawn(
+      io,
+      [&]() -> core::Task<void> {
+        co_await a.settled();
+        settled = true;
+      },
+      asio::detached);
+  up.send(http_chunk(sse(chunk(0, " a1", "null", 2)) + sse(chunk(1, " b1", "null", 2))));
+  ASSERT_TRUE(run_until(io, [&] { return rb.bytes.find(" b1") != std::string::npos; }));
+  EXPECT_FALSE(settled);
+  up.send(http_chunk(sse(chunk(0, " a2", "\"length\"", 3))));
+  ASSERT_TRUE(run_until(io, [&] { return settled; }));
+  EXPECT_FALSE(a.lingering());
+  EXPECT_EQ(a.linger_end(), http::UpstreamFailure::none);
+  const auto ua = a.seen_usage();
+  ASSERT_TRUE(ua);
+  EXPECT_EQ(ua->completion_tokens, 3u);               // its prompt's whole generation
+  EXPECT_EQ(rb.bytes.find(" a"), std::string::npos);  // nothing of a's reached b
+  EXPECT_FALSE(rb.done);
+  EXPECT_EQ(stats.aborted, 0u);
+  up.send(http_chunk(sse(chunk(1, " b2", "\"length\"", 3))));
+  ASSERT_TRUE(run_until(io, [&] { return rb.done; }));
+  EXPECT_EQ(rb.failure, http::UpstreamFailure::none);
 }
 
 TEST_F(MicroBatcherTest, AMemberWhoseChoiceFinishedEndsAtOnceWithItsOwnUsage) {
