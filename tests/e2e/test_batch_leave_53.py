@@ -50,9 +50,9 @@ def tokens(w) -> tuple[float, float]:
     return w.metric("weir_prompt_tokens_total"), w.metric("weir_completion_tokens_total")
 
 
-def leave_streamed(w, prompt: str, rid: str) -> None:
+def leave_streamed(w, prompt: str, rid: str, extra: str = "") -> None:
     """Streams, and leaves after its first text chunk (the batch was sent: its tokens came)."""
-    s = send_raw(w, prompt, rid, True)
+    s = send_raw(w, prompt, rid, True, extra)
     s.settimeout(30)
     got = b""
     while b'"text"' not in got:
@@ -62,12 +62,12 @@ def leave_streamed(w, prompt: str, rid: str) -> None:
     s.close()
 
 
-def send_raw(w, prompt: str, rid: str, stream: bool) -> socket.socket:
+def send_raw(w, prompt: str, rid: str, stream: bool, extra: str = "") -> socket.socket:
     """Sends the request on a connection of its own (the same head for every request: they batch together)."""
     b = json.dumps(body(prompt, stream))
     s = socket.create_connection(("127.0.0.1", w.port))
     s.sendall((f"POST /v1/completions HTTP/1.1\r\nHost: weir\r\nContent-Type: application/json\r\n"
-               f"Connection: close\r\nx-request-id: {rid}\r\nContent-Length: {len(b)}\r\n\r\n{b}").encode())
+               f"Connection: close\r\nx-request-id: {rid}\r\n{extra}Content-Length: {len(b)}\r\n\r\n{b}").encode())
     return s
 
 
@@ -133,3 +133,26 @@ def test_a_member_that_leaves_after_the_send_is_charged_its_prompts_generation(m
     tok_after = tokens(w)
     assert tok_after[0] - tok_before[0] == exact[stay_prompt] + exact[leave_prompt]
     assert tok_after[1] - tok_before[1] == 2 * MAX_TOKENS
+
+
+# The batch breaks (the upstream resets its connection after 6 tokens of each prompt) after the leaver left and
+# before its prompt ended: it is charged what was generated for it by then.
+def test_a_member_that_left_is_charged_what_was_generated_when_the_batch_breaks(mock, weir):
+    up = mock(*UPSTREAM)
+    w = weir(config=config(up), workers=1)
+    reset = "x-mock-reset-after: 6\r\n"
+    leave_prompt = "the leaver leaves"
+    exact = prompt_tokens(up, leave_prompt)
+    stay_conn = send_raw(w, "the stayer stays", "stay", True, reset)
+    got: dict[str, bytes] = {}
+    t = threading.Thread(target=lambda: got.setdefault("r", read_all(stay_conn)))
+    t.start()
+    leave_streamed(w, leave_prompt, "leave", reset)
+    t.join()
+    assert b'"error"' in got["r"], got["r"]  # the stayer's stream ended in-band with the failure
+    leave = w.log_for("leave", timeout=10)
+    assert leave["batch"]["size"] == 2, leave
+    assert leave["status"] == 499, leave
+    assert leave["prompt_tokens"] == exact and leave["completion_tokens"] == 6, leave
+    assert leave["spend_usd"] == spend_of(exact, 6), leave
+    assert len([e for e in w.log_entries() if e["request_id"] == "leave"]) == 1
