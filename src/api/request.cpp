@@ -16,6 +16,7 @@
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
 #include "api/lax_int.hpp"
+#include "api/member_names.hpp"
 #include "core/multipart.hpp"
 #include "core/text.hpp"
 
@@ -141,64 +142,6 @@ enum class Count : std::uint8_t { no, strings };
 // DOM: parse_request). Never fails a parse itself: the checks run on the
 // whole, valid document (parse_request), so a syntax error anywhere comes
 // first, as it would from a DOM parse.
-// Whether `a` equals the lower-case ASCII name `b` as Go's encoding/json matches a member to a field
-// (bytes.EqualFold: Unicode simple case folding, where the only non-ASCII letters that fold to ASCII ones
-// are U+017F LATIN SMALL LETTER LONG S, to s, and U+212A KELVIN SIGN, to k).
-bool go_fold_equals(std::string_view a, std::string_view b) {
-  std::size_t i = 0;
-  for (const char want : b) {
-    if (i >= a.size()) return false;
-    const char c = a[i];
-    if (c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') == want : c == want) {
-      ++i;
-    } else if (want == 's' && a.substr(i, 2) == "\xC5\xBF") {
-      i += 2;
-    } else if (want == 'k' && a.substr(i, 3) == "\xE2\x84\xAA") {
-      i += 3;
-    } else {
-      return false;
-    }
-  }
-  return i == a.size();
-}
-
-// Whether member name `key`, not one of the names Weir reads (they are compared exactly, as OpenAI and
-// vLLM's pydantic models do), would be read as one by a server that matches names case-insensitively
-// (Go's encoding/json): the body would mean one thing to Weir's routing, allow-lists, limits and budgets
-// and another to such an upstream. `top`: a member of the body; else of stream_options.
-// Returns that name, or an empty one.
-std::string_view folds_to_a_read_key(std::string_view key, bool top) {
-  static constexpr std::array<std::string_view, 22> kTop = {"model",
-                                                            "stream",
-                                                            "stream_options",
-                                                            "max_tokens",
-                                                            "max_completion_tokens",
-                                                            "n",
-                                                            "best_of",
-                                                            "messages",
-                                                            "prompt",
-                                                            "input",
-                                                            "tools",
-                                                            "functions",
-                                                            "documents",
-                                                            "echo",
-                                                            "logprobs",
-                                                            "top_logprobs",
-                                                            "suffix",
-                                                            "user",
-                                                            "request_id",
-                                                            "chat_template",
-                                                            "prompt_logprobs",
-                                                            "chat_template_kwargs"};
-  static constexpr std::array<std::string_view, 2> kStreamOptions = {"include_usage", "continuous_usage_stats"};
-  const auto any = [&](const auto& names) {
-    for (const std::string_view n : names)
-      if (key != n && go_fold_equals(key, n)) return n;  // (an exact name is no other's: "user", "echo")
-    return std::string_view();
-  };
-  return top ? any(kTop) : any(kStreamOptions);
-}
-
 class FieldsHandler {
  public:
   static constexpr std::size_t max_object_size = static_cast<std::size_t>(-1);
@@ -221,7 +164,7 @@ class FieldsHandler {
   Shape::Type first_item = Shape::Type::absent;
   // The first member name (top level or in stream_options) that is not one Weir reads but that a server
   // matching names as Go's encoding/json does (Ollama, LocalAI) would read as one: "Model", "MAX_TOKENS",
-  // "\u017ftream" (folds_to_a_read_key). Empty: none.
+  // "\u017ftream" (folds_to_read_member). Empty: none.
   std::string folded_key;
   std::string_view folded_as;  // the name it folds to
   bool infinite = false;       // a number beyond a double's range (1e400)
@@ -252,7 +195,7 @@ class FieldsHandler {
     pending_ = key_role(std::string_view(key_, key_len_));
     if (pending_ == Role::other && folded_key.empty() && depth_ > 0 && !key_long_ &&
         (frames_[depth_ - 1].role == Role::root || frames_[depth_ - 1].role == Role::stream_options)) {
-      folded_as = folds_to_a_read_key(std::string_view(key_, key_len_), frames_[depth_ - 1].role == Role::root);
+      folded_as = folds_to_read_member(std::string_view(key_, key_len_), frames_[depth_ - 1].role == Role::root);
       if (!folded_as.empty()) folded_key.assign(key_, key_len_);
     }
     key_len_ = 0;
