@@ -25,6 +25,8 @@ import urllib.error
 import urllib.request
 from typing import Callable, Mapping, Sequence
 
+import ports
+
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 PAGE_KB = os.sysconf("SC_PAGE_SIZE") // 1024
 SCHEDSTAT = pathlib.Path("/proc/self/schedstat").exists()
@@ -59,21 +61,10 @@ def raise_fd_limit() -> int:
     return hard
 
 
-_ports_given: set[int] = set()  # handed out by free_port() in this process
-
-
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (bind to 0, close) and not handed out before by
-    this process: the OS may return the same free port twice while the first caller has not bound it."""
-    if len(_ports_given) > 20000:
-        _ports_given.clear()
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        if port not in _ports_given:
-            _ports_given.add(port)
-            return port
+    """A TCP port on 127.0.0.1 that was free a moment ago, from the harness's slice (ports.py), not handed
+    out before by this process."""
+    return ports.free_port("bench")
 
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
@@ -146,17 +137,7 @@ class Proc:
 
     def group_pids(self) -> list[int]:
         """Pids of every live process in this process group (the leader first)."""
-        pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                stat = pathlib.Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            fields = stat[stat.rindex(")") + 2:].split()
-            if int(fields[2]) == self.pid:   # field 5: pgrp
-                pids.append(int(entry))
+        pids = ports.group_pids(self.pid)
         pids.sort(key=lambda p: (p != self.pid, p))
         return pids
 
@@ -286,7 +267,8 @@ def wait_ready(proc: Proc, port: int, timeout: float, http_path: str | None = No
         if not proc.alive():
             raise HarnessError(f"{proc.name} exited with status {proc.popen.returncode} before it served:\n"
                                f"{proc.log_tail()}")
-        if port_open(port):
+        # Ours, not another process's server on a port ours found taken (ours then exits: the callers retry).
+        if port_open(port) and ports.owns_listener(proc.pid, port):
             if http_path is None:
                 return
             scheme = "https" if context is not None else "http"

@@ -89,24 +89,23 @@ def binary(name: str) -> pathlib.Path:
     return path
 
 
-# Ports free_port() has handed out in this process. The OS may give the same free port to two bind(0)s
-# in a row while the first caller has not bound it yet (an admin port picked before a mock starts on
-# the port the mock was then given), so a port is handed out once per process.
-_ports_given: set[int] = set()
+# Ports: bench/harness/ports.py (shared with the benchmark harness, which runs beside these tests) hands
+# them out below the kernel's ephemeral range, from a slice of their own, and tells whose listener a port is.
+def _load_ports():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("weir_ports", REPO / "bench" / "harness" / "ports.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_ports = _load_ports()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago and that this process has not handed out before (the OS
-    picks it; a small race with other processes remains: see on_a_free_port)."""
-    if len(_ports_given) > 20000:  # the ephemeral range is ~28k ports: start over long before it runs out
-        _ports_given.clear()
-    while True:
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind((host, 0))
-            port = s.getsockname()[1]
-        if port not in _ports_given:
-            _ports_given.add(port)
-            return port
+    """A TCP port that was free a moment ago, from the end-to-end tests' slice, not handed out before by
+    this process (a small race with other processes remains: see on_a_free_port)."""
+    return _ports.free_port("e2e", host)
 
 
 def connections_to(port: int) -> int:
@@ -214,7 +213,9 @@ def _wait_for_port(proc: Process, timeout: float) -> None:
                 f"{proc.host}:{proc.port}; its output:\n{proc.log()[-4000:]}")
         try:
             with socket.create_connection((proc.host, proc.port), timeout=0.2):
-                return
+                # Ours, not another process's server on a port ours found taken (ours then exits).
+                if _ports.owns_listener(proc.popen.pid, proc.port):
+                    return
         except OSError:
             pass
         if time.monotonic() >= deadline:
