@@ -12,6 +12,7 @@
 #include <cstring>
 #include <iterator>
 #include <string>
+#include <vector>
 
 #include <fcntl.h>
 #include <malloc.h>
@@ -165,20 +166,39 @@ int main(int argc, char** argv) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
-  sigset_t inherited;  // the mask exec handed down: given back where no server runs
+  sigaddset(&stop_signals, SIGQUIT);  // nginx's graceful stop (a Dockerfile's STOPSIGNAL SIGQUIT): a drain too
+  sigset_t inherited;                 // the mask exec handed down: given back where no server runs
   pthread_sigmask(SIG_BLOCK, &stop_signals, &inherited);
   // SIGHUP reopens the access log and reloads the configuration once the
   // server runs (server.cpp); until then (loading, resolving, binding) it
   // must not kill the process either.
   // SIGUSR1 (reopen the access log) and SIGUSR2 (no meaning): ignored until
   // server.cpp's handler takes them; their default action would end the process.
-  // Where no server runs, the dispositions exec handed down come back with the mask.
+  // Every other signal whose default action ends the process and that no
+  // event of Weir's sends (SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR,
+  // SIGSTKFLT, the real-time ones) is ignored for good: a stray one (a
+  // `kill -ALRM`, a UPS daemon's SIGPWR) would cut every stream with no
+  // drain and no log line. SIGXFSZ too: past a file-size limit (`ulimit
+  // -f`, systemd's LimitFSIZE=) a write then fails with EFBIG, and the
+  // access log counts the lines lost, as on a full disk, where the signal
+  // would kill the process mid-line. One with a handler already (a
+  // profiler's SIGPROF, preloaded) keeps it. Where no server runs, the
+  // dispositions exec handed down come back with the mask.
   struct HeldSignal {
     int sig;
     void (*inherited)(int);
   };
-  std::array<HeldSignal, 3> held{{{SIGHUP, nullptr}, {SIGUSR1, nullptr}, {SIGUSR2, nullptr}}};
+  std::vector<HeldSignal> held{{SIGHUP, nullptr}, {SIGUSR1, nullptr}, {SIGUSR2, nullptr}};
   for (auto& h : held) h.inherited = std::signal(h.sig, SIG_IGN);
+  auto ignore_if_default = [&](int sig) {
+    const auto before = std::signal(sig, SIG_IGN);
+    if (before == SIG_DFL)
+      held.push_back({sig, before});
+    else if (before != SIG_ERR)
+      std::signal(sig, before);  // a handler of someone's, or ignored already
+  };
+  for (const int sig : {SIGXFSZ, SIGALRM, SIGVTALRM, SIGPROF, SIGIO, SIGPWR, SIGSTKFLT}) ignore_if_default(sig);
+  for (int sig = SIGRTMIN; sig <= SIGRTMAX; ++sig) ignore_if_default(sig);
   auto give_back_signals = [&](bool mask) {
     for (const auto& h : held)
       if (h.inherited != SIG_ERR) std::signal(h.sig, h.inherited);

@@ -191,11 +191,14 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     reopen_retry.expires_after(std::chrono::seconds(1));
     reopen_retry.async_wait(on_reopen_retry);
   };
-  // SIGINT/SIGTERM drain; SIGHUP (systemd's ExecReload, logrotate) reopens
+  // SIGINT/SIGTERM/SIGQUIT drain (SIGQUIT is nginx's graceful stop);
+  // SIGHUP (systemd's ExecReload, logrotate) reopens
   // the access log, then reloads the configuration file; SIGUSR1 only
   // reopens the access log; SIGUSR2 (no meaning here) is ignored: the
   // default action of both would end the process at once, without a drain.
+  // (main() ignores the other signals whose default would.)
   asio::signal_set signals(main_io, SIGINT, SIGTERM, SIGHUP);
+  signals.add(SIGQUIT);
   signals.add(SIGUSR1);
   signals.add(SIGUSR2);
   int signal_count = 0;
@@ -232,7 +235,10 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     const auto drain_timeout = shared.generation->config->server.drain_timeout;
     const auto deadline =
         signal_count == 1 ? std::chrono::steady_clock::now() + drain_timeout : std::chrono::steady_clock::now();
-    weir::core::note("weir: {} received, {}\n", sig == SIGINT ? "SIGINT" : "SIGTERM",
+    weir::core::note("weir: {} received, {}\n",
+                     sig == SIGINT    ? "SIGINT"
+                     : sig == SIGQUIT ? "SIGQUIT"
+                                      : "SIGTERM",
                      signal_count == 1 ? "draining" : "closing now");
     shared.draining = true;
     services.begin_drain();
@@ -249,7 +255,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
     signals.async_wait(on_signal);
   };
   signals.async_wait(on_signal);
-  // main() blocked SIGINT, SIGTERM, SIGUSR1 and SIGUSR2 until now (the ports
+  // main() blocked SIGINT, SIGTERM, SIGQUIT, SIGUSR1 and SIGUSR2 until now (the ports
   // were bound while their default action would have killed the process):
   // the handler is in place, so one that came during start-up is delivered
   // here (a drain, a reopen).
@@ -259,6 +265,7 @@ int run(gateway::LoadedConfig loaded, const RunOptions& opts) {
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGINT);
   sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGQUIT);
   sigaddset(&stop_signals, SIGUSR1);
   sigaddset(&stop_signals, SIGUSR2);
   pthread_sigmask(SIG_UNBLOCK, &stop_signals, nullptr);
