@@ -148,6 +148,7 @@ void Downstream::release_request() {
 
 void Downstream::begin_request() {
   bytes_out_ = 0;
+  interim_out_ = 0;
   count_total_ = true;
   chunked_ = http11();
   ended_ = false;
@@ -346,6 +347,7 @@ Task<bool> Downstream::read_body() {
     watchdog_.disarm();
     // (The interim response is bytes written to the client: the log's bytes_out and weir_response_bytes_total.)
     count_out(n);
+    interim_out_ = n;
     if (ec) {
       peer_gone_ = true;
       keep_alive_ = false;
@@ -542,10 +544,11 @@ void Downstream::close() {
 
 void Downstream::begin_drain() {
   drain_started_ = true;
-  // An answer that has not begun says Connection: close. One that went out
+  // An answer that has not begun (a 100 Continue is no beginning: its
+  // final head is still to come) says Connection: close. One that went out
   // promising keep-alive is followed by the next request only when that is
   // here already (read_head): then that one is the last, and says close.
-  if (bytes_out_ == 0) keep_alive_ = false;
+  if (bytes_out_ == interim_out_) keep_alive_ = false;
   // Waiting for a next request: the wait ends; read_head serves what came, or closes. (That wait may be
   // the close watch posted during the last request: its cancel is the drain's, not the client leaving.)
   if (idle_ && !closed_) {

@@ -402,8 +402,9 @@ class Downstream {
   bool all_waiting_ = false;    // write_all() waits for room for the rest of its answer
   std::uint64_t bytes_in_ = 0;  // this request's bytes parsed: head, then body (bytes_in())
   std::uint64_t bytes_out_ = 0;
-  std::uint64_t written_ = 0;     // bytes written to the socket over the connection's life
-  std::uint64_t acked_seen_ = 0;  // tcpi_bytes_acked at the last reading (unacked, progress)
+  std::uint64_t interim_out_ = 0;  // of bytes_out_: the interim 100 Continue's (the answer has not begun)
+  std::uint64_t written_ = 0;      // bytes written to the socket over the connection's life
+  std::uint64_t acked_seen_ = 0;   // tcpi_bytes_acked at the last reading (unacked, progress)
   // The client's last progress the stall watch knows of: when a reading
   // first found its acknowledged bytes moved, a write loop's write the socket
   // took, or (no progress before) when the watch began.
