@@ -94,9 +94,10 @@ inline std::uint32_t refill_seconds(double deficit, double rate_per_min) {
 // A bucket as the x-ratelimit-* headers show it, and what admission needs
 // to say when it holds enough again.
 struct BucketView {
-  // The most the bucket holds: the per-minute rate, or its burst when that
-  // is larger (OpenAI: "the maximum number of requests that are permitted
-  // before exhausting the rate limit"; remaining never exceeds it). 0 = the
+  // The per-minute rate, or the burst when that is larger (then what the
+  // bucket holds when full: OpenAI's "the maximum number of requests that
+  // are permitted before exhausting the rate limit"); remaining never
+  // exceeds it (a burst below the rate caps remaining, not this). 0 = the
   // bucket is unlimited.
   std::uint64_t limit = 0;
   std::uint64_t remaining = 0;  // whole units available now
