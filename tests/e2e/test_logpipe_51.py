@@ -284,6 +284,10 @@ def test_a_descriptor_shortage_with_a_stalled_stderr_does_not_stop_the_worker(pr
         try:
             for _ in range(60):  # past the descriptor limit: accept() fails (EMFILE) and the worker says so
                 held.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+            # Held until the worker has taken all it can (a busy host's worker accepted them only after the
+            # test had closed them, with no shortage).
+            wait_until(lambda: len(os.listdir(f"/proc/{w.process.pid}/fd")) >= 38, 10,
+                       message="the worker's descriptors used up")
         finally:
             for s in held:
                 s.close()
