@@ -34,9 +34,7 @@ constexpr auto kClosePoll = std::chrono::milliseconds(100);
 // Input buffer capacity a connection keeps after a request's body: a head and
 // a small body (most requests) fit, so their reads allocate nothing.
 constexpr std::size_t kKeepInput = 4096;
-// lingering_close(): bytes discarded at least (more for a declared body
-// refused unread), and the longest silence between two reads.
-constexpr std::uint64_t kLingerBytes = 1u << 20;
+// lingering_close(): the longest silence between two reads.
 constexpr std::chrono::seconds kLingerIdle{2};
 // Room in the read buffer beyond server.max_header: one read (read_message
 // reads at most 64 KiB at a time).
@@ -512,25 +510,23 @@ Task<void> Downstream::lingering_close() {
   if (ec) co_return;
   // Read and discard what the client still sends, so that closing does not
   // reset the connection before the client has read the answer (RFC 9112
-  // §9.6): 1 MiB, or the rest of a declared body that was refused unread
-  // (a 401 or 404 answered from the head), up to server.max_body. Each read
-  // within 2 s, the whole within server.body_timeout (as long as reading the
-  // body would have taken).
-  std::uint64_t cap = kLingerBytes;
-  if (parser_ && parser_->is_header_done() && !parser_->is_done() && !parser_->chunked())
-    if (const auto left = parser_->content_length_remaining(); left && *left > in_.size())
-      cap = std::max<std::uint64_t>(kLingerBytes, std::min<std::uint64_t>(*left - in_.size(), sc_.max_body_bytes));
+  // §9.6): until the client closes (or an error), each read within 2 s, the
+  // whole within server.body_timeout (as long as reading the body would
+  // have taken), as nginx's lingering_timeout and lingering_time bound it.
+  // No count of bytes ends it: a client (or a proxy: nginx forwarding a
+  // body) that writes the whole body before it reads the answer would meet
+  // the reset of a close with its bytes unread, and take it for a failure
+  // (nginx answers its client 502 for Weir's 413 or 401), however many
+  // bytes Weir had read before.
   const auto until = core::Watchdog::Clock::now() + sc_.body_timeout;
   end_stall_watch();  // the watchdog times the reads below
   std::array<char, 8192> sink;
-  std::uint64_t total = 0;
   for (;;) {
     const auto now = core::Watchdog::Clock::now();
     if (reading_ || now >= until) break;
     watchdog_.expires_after(std::min<core::Watchdog::Clock::duration>(kLingerIdle, until - now));
     auto [rec, n] = co_await sock_.async_read_some(asio::buffer(sink), use_task);
-    total += n;
-    if (rec || total >= cap) break;
+    if (rec || n == 0) break;
   }
   watchdog_.disarm();
 }
