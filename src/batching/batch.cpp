@@ -184,6 +184,12 @@ bool MicroBatcher::coalesce(BatchMember& m, const BatchMember::Request& r, bool 
   return true;
 }
 
+void MicroBatcher::send_open() {
+  // (flush() takes each out of open_: a copy is walked.)
+  const auto open = open_;
+  for (const auto& b : open) b->flush();
+}
+
 void MicroBatcher::close(const Batch* b) {
   const auto same = [b](const std::shared_ptr<Batch>& p) { return p.get() == b; };
   std::erase_if(open_, same);

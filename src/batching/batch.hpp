@@ -258,6 +258,10 @@ class MicroBatcher {
   // Whether a member with `key` would join a batch open now (`coalesce`:
   // a coalesced generation in flight) rather than open one.
   bool joinable(std::string_view key, bool coalesce) const;
+  // Sends every open batch now, as if its window had ended (a drain: the
+  // members are not kept waiting for a window that may end after the
+  // drain's deadline).
+  void send_open();
   // Open batches (collecting members), and coalesced generations in flight; for tests.
   std::size_t open_batches() const { return open_.size(); }
   std::size_t flights() const { return flights_.size(); }

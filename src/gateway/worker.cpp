@@ -315,6 +315,14 @@ void Worker::drain(std::chrono::steady_clock::time_point deadline) {
     }
     acceptor_.close(ignored);
     close_idle_sessions();
+    // Requests waiting in a batch window go now: a window longer than the
+    // time left to the drain's deadline would end them in its 503.
+    auto send_batches = [](WorkerGeneration& g) {
+      for (const auto& b : g.batchers)
+        if (b) b->send_open();
+    };
+    if (gen_) send_batches(*gen_);
+    for (const auto& g : retired_) send_batches(*g);
     tick_.cancel();  // re-evaluate now
   });
 }

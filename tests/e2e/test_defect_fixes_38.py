@@ -51,7 +51,7 @@ def test_a_bad_credential_is_answered_from_the_head_before_the_body(mock, weir):
 
 @pytest.mark.parametrize("size", [200_000, 3_000_000, 7_000_000])
 def test_the_sdk_gets_its_401_with_a_large_prompt_and_a_good_key_still_works(mock, weir, size):
-    # The refused body is read and discarded (up to max_body), so the SDK reads the 401 rather than a reset
+    # The refused body is read and discarded (until the client ends it), so the SDK reads the 401, not a reset
     # while it sends; a good key's large prompt reaches the upstream whole.
     w = weir(config=auth_config(mock("--ttft-ms", "0", "--itl-ms", "0")), workers=1)
     prompt = "x" * size

@@ -133,3 +133,31 @@ def test_a_drain_after_a_100_continue_answers_with_connection_close(weir, mock):
         head = answer.split(b"\r\n\r\n", 1)[0].decode().lower()
         assert head.startswith("http/1.1 200"), head
         assert "connection: close" in head.split("\r\n"), head
+
+
+def test_a_drain_sends_the_batches_waiting_in_their_window(weir, mock):
+    # A 1 s window (the most) and a 200 ms drain: the two members waiting in the window were answered 503
+    # drain_timeout at the deadline. The drain now sends every open batch at once.
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    cfg = config(m, drain_timeout="200ms")
+    cfg["pools"]["p"]["batch"] = {"window": "1s", "max_size": 8}
+    w = weir(config=cfg, workers=1)
+    got: dict = {}
+
+    def send(i):
+        got[i] = httpx.post(w.base_url + "/v1/completions", timeout=30, headers={"x-request-id": f"win-{i}"},
+                            json={"model": "m", "prompt": f"p{i}", "max_tokens": 2})
+
+    threads = [threading.Thread(target=send, args=(i,), daemon=True) for i in range(2)]
+    for t in threads:
+        t.start()
+    # Both connected (the scrape's own connection is the third); their small requests come with the connect.
+    wait_until(lambda: w.metric("weir_active_connections") >= 3, 10, message="both members connected")
+    w.process.popen.send_signal(signal.SIGTERM)
+    for t in threads:
+        t.join(30)
+    for i in range(2):
+        assert got[i].status_code == 200, got[i].text
+        line = w.log_for(f"win-{i}")
+        assert line["status"] == 200 and line["batch"]["size"] == 2, line
+    assert w.process.popen.wait(20) == 0
