@@ -161,7 +161,7 @@ bool MicroBatcher::join(BatchMember& m, const BatchMember::Request& r, bool queu
   }
   m.batch_ = batch;
   batch->add(m);
-  if (batch->size() >= config().max_size) batch->flush();
+  if (batch->size() >= config().max_size || draining_) batch->flush();
   return opened;
 }
 
@@ -184,7 +184,8 @@ bool MicroBatcher::coalesce(BatchMember& m, const BatchMember::Request& r, bool 
   return true;
 }
 
-void MicroBatcher::send_open() {
+void MicroBatcher::drain() {
+  draining_ = true;
   // (flush() takes each out of open_: a copy is walked.)
   const auto open = open_;
   for (const auto& b : open) b->flush();

@@ -258,10 +258,12 @@ class MicroBatcher {
   // Whether a member with `key` would join a batch open now (`coalesce`:
   // a coalesced generation in flight) rather than open one.
   bool joinable(std::string_view key, bool coalesce) const;
-  // Sends every open batch now, as if its window had ended (a drain: the
-  // members are not kept waiting for a window that may end after the
-  // drain's deadline).
-  void send_open();
+  // A drain: sends every open batch now, as if its window had ended, and
+  // every batch opened from now on as soon as it is (no window): members
+  // are not kept waiting for a window that may end after the drain's
+  // deadline (a body still arriving at the signal, a request let out of the
+  // pool's queue, a pipelined one join later).
+  void drain();
   // Open batches (collecting members), and coalesced generations in flight; for tests.
   std::size_t open_batches() const { return open_.size(); }
   std::size_t flights() const { return flights_.size(); }
@@ -277,6 +279,7 @@ class MicroBatcher {
   std::vector<std::shared_ptr<Batch>> open_;
   std::vector<std::shared_ptr<Batch>> flights_;  // coalesced generations still joinable
   std::size_t running_ = 0;                      // batches whose upstream request runs (Batch::run)
+  bool draining_ = false;                        // drain(): no more windows
 };
 
 }  // namespace weir::batching

@@ -315,11 +315,12 @@ void Worker::drain(std::chrono::steady_clock::time_point deadline) {
     }
     acceptor_.close(ignored);
     close_idle_sessions();
-    // Requests waiting in a batch window go now: a window longer than the
-    // time left to the drain's deadline would end them in its 503.
+    // Requests waiting in a batch window go now, and those that join one
+    // later at once: a window longer than the time left to the drain's
+    // deadline would end them in its 503.
     auto send_batches = [](WorkerGeneration& g) {
       for (const auto& b : g.batchers)
-        if (b) b->send_open();
+        if (b) b->drain();
     };
     if (gen_) send_batches(*gen_);
     for (const auto& g : retired_) send_batches(*g);

@@ -161,3 +161,28 @@ def test_a_drain_sends_the_batches_waiting_in_their_window(weir, mock):
         line = w.log_for(f"win-{i}")
         assert line["status"] == 200 and line["batch"]["size"] == 2, line
     assert w.process.popen.wait(20) == 0
+
+
+def test_a_request_that_joins_a_batch_after_the_drain_began_is_sent_at_once(weir, mock):
+    # Its body was still arriving at SIGTERM: it joined a batch after the drain had sent the open ones, waited out
+    # the 1 s window, and the 200 ms drain deadline answered it 503.
+    m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
+    cfg = config(m, drain_timeout="200ms")
+    cfg["pools"]["p"]["batch"] = {"window": "1s", "max_size": 8}
+    w = weir(config=cfg, workers=1)
+    body = json.dumps({"model": "m", "prompt": "hello", "max_tokens": 2}).encode()
+    with socket.create_connection(("127.0.0.1", w.port), timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"x-request-id: late-1\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body[:5])
+        wait_until(lambda: w.metric("weir_active_connections") >= 2, 10, message="the request's connection")
+        w.process.popen.send_signal(signal.SIGTERM)
+        wait_until(lambda: "SIGTERM received, draining" in w.process.log(), 10, message="the drain")
+        s.sendall(body[5:])
+        answer = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:400]
+    assert w.process.popen.wait(20) == 0
