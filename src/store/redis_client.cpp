@@ -80,6 +80,9 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   ReplyParser parser;
   std::array<char, 16384> rbuf{};
   std::chrono::milliseconds backoff{0};
+  bool hurry = false;  // reconnect_now(): the next backoff wait is skipped
+  // reconnect_now() callers waiting for the connection attempt in progress to end.
+  std::vector<std::shared_ptr<Timer>> attempt_waiters;
   // Logs say "connected" once a connection answered a command, "lost" once
   // per outage, and "cannot connect" when the reason changes (Redis that
   // was refusing connections now refuses the password): a server that keeps
@@ -251,6 +254,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
         if (!hs) why = "AUTH/SELECT failed: " + hs.error();
       }
       connect_timer.cancel();
+      end_attempt();
       if (!running) break;
       if (!why.empty()) {
         ++stats.connect_failures;
@@ -310,8 +314,36 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (!running) co_return;
     state = State::backoff;
     backoff = backoff.count() == 0 ? opt.reconnect_min : std::min(backoff * 2, opt.reconnect_max);
+    if (hurry) {  // reconnect_now() came before this wait began
+      hurry = false;
+      co_return;
+    }
     backoff_timer.expires_after(backoff);
     co_await backoff_timer.async_wait(use_task);
+  }
+
+  // Wakes the reconnect_now() callers: the connection attempt ended (state says how).
+  void end_attempt() {
+    auto waiters = std::move(attempt_waiters);
+    attempt_waiters.clear();
+    for (auto& t : waiters) t->cancel();
+  }
+
+  Task<bool> reconnect_now() {
+    auto self = shared_from_this();
+    if (state == State::connected) co_return true;
+    if (!running) co_return false;
+    if (state == State::backoff) {
+      hurry = true;  // (the loop may not have begun its wait yet: then it skips it)
+      if (backoff_timer.cancel() > 0) hurry = false;
+    }
+    auto t = std::make_shared<Timer>(ex);
+    attempt_waiters.push_back(t);
+    // The attempt ends by connect_timeout (its timer closes the socket); a resolve that ignores that ends here.
+    t->expires_after(opt.connect_timeout);
+    co_await t->async_wait(use_task);
+    std::erase(attempt_waiters, t);
+    co_return state == State::connected;
   }
 
   // Queues `cmds` (by pointer: the caller's frame owns them) and waits for
@@ -388,6 +420,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     socket.close(ignored);
     connect_timer.cancel();
     backoff_timer.cancel();
+    end_attempt();
     fail_all(Errc::stopped, "client stopped");
   }
 };
@@ -408,6 +441,11 @@ void Client::start() {
 void Client::stop() { impl_->stop(); }
 
 bool Client::connected() const noexcept { return impl_->state == State::connected; }
+
+Task<bool> Client::reconnect_now() {
+  auto impl = impl_;  // the frame keeps the state alive
+  co_return co_await impl->reconnect_now();
+}
 
 Task<Result<Reply>> Client::exec(Command cmd) {
   auto impl = impl_;  // the frame keeps the state alive

@@ -84,6 +84,13 @@ class Client {
   void stop();
   // True while a connection is established and authenticated.
   bool connected() const noexcept;
+  // For a last command before stop() (a shutdown's final push): when the
+  // client waits to reconnect (backoff), cuts that wait short and starts a
+  // connection attempt now; then waits until the attempt in progress ends.
+  // Returns connected(): true at once when already connected, false when
+  // stopped, not started, or the attempt failed. Takes at most
+  // connect_timeout (the attempt's own bound; the wait ends then in any case).
+  Task<bool> reconnect_now();
 
   // Sends one command and returns its reply; Redis error replies come back
   // as Errc::server. EVALSHA (Command::evalsha) is retried once after SCRIPT

@@ -368,5 +368,42 @@ TEST(RedisClientAuthTest, SaysWhyReconnectingFailsAfterALostConnection) {
   c.stop();
 }
 
+// A client waiting out a long reconnect backoff (Redis was down) connects
+// at once when asked (a shutdown's final push): it does not fail the
+// command at once as it does while waiting.
+TEST_F(RedisClientTest, ReconnectNowCutsTheBackoffShort) {
+  server_.kill();
+  auto o = options(server_);
+  o.reconnect_min = 60s;
+  o.reconnect_max = 60s;
+  Client c(ioc_, o);
+  c.start();
+  run(ioc_, [&]() -> Task<void> {
+    // The first attempt is refused; the client then waits 60 s.
+    auto down = co_await c.exec(Command{"PING"});
+    EXPECT_FALSE(down);
+    EXPECT_TRUE(server_.start());
+    auto waiting = co_await c.exec(Command{"PING"});
+    EXPECT_FALSE(waiting) << "still in its backoff: fails at once";
+    if (!waiting) {
+      EXPECT_EQ(waiting.error().code, Errc::not_connected);
+    }
+    const auto t0 = Clock::now();
+    EXPECT_TRUE(co_await c.reconnect_now());
+    EXPECT_LT(Clock::now() - t0, 30s) << "not the 60 s backoff";
+    auto up = co_await c.exec(Command{"PING"});
+    EXPECT_TRUE(up && up->str == "PONG");
+    EXPECT_TRUE(co_await c.reconnect_now()) << "connected: true at once";
+  });
+  // Nothing listening: the attempt fails, and says so.
+  server_.kill();
+  run(ioc_, [&]() -> Task<void> {
+    EXPECT_FALSE(co_await c.exec(Command{"PING"}));  // the connection is lost; a 60 s wait begins
+    EXPECT_FALSE(co_await c.reconnect_now());
+  });
+  c.stop();
+  run(ioc_, [&]() -> Task<void> { EXPECT_FALSE(co_await c.reconnect_now()) << "stopped"; });
+}
+
 }  // namespace
 }  // namespace weir::store
