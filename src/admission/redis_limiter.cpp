@@ -208,10 +208,17 @@ RedisLimiter::~RedisLimiter() {
   if (client_) client_->stop();
 }
 
-void RedisLimiter::log(std::string_view msg) const {
+void RedisLimiter::log(std::string_view msg) const { log_line(msg, false); }
+
+void RedisLimiter::log_state(std::string_view msg) const { log_line(msg, true); }
+
+void RedisLimiter::log_line(std::string_view msg, bool always) const {
   // Control thread only. At most kLogBurst lines, then one per kLogEvery:
-  // a Redis or a network that comes and goes cannot flood the log (each
-  // state change is one line; what was left out is counted in the next).
+  // a Redis or a network that comes and goes cannot flood the log with its
+  // connection's lines (what was left out is counted in the next line).
+  // A state change is always written: the log's last word on Redis must be
+  // true (the number of those is bounded by real outages: a sync fails,
+  // and the client's reconnect backoff paces the next).
   constexpr double kLogBurst = 20;
   constexpr auto kLogEvery = std::chrono::seconds(6);
   const Instant now = MonoClock::now();
@@ -220,11 +227,11 @@ void RedisLimiter::log(std::string_view msg) const {
     log_tokens_ = std::min(log_tokens_, kLogBurst);
   }
   log_at_ = now;
-  if (log_tokens_ < 1) {
+  if (log_tokens_ < 1 && !always) {
     ++log_dropped_;
     return;
   }
-  log_tokens_ -= 1;
+  log_tokens_ = std::max(0.0, log_tokens_ - 1);
   if (log_dropped_ > 0) {
     log_(fmt::format("({} earlier lines not logged: rate limited) {}", log_dropped_, msg));
     log_dropped_ = 0;
@@ -474,6 +481,8 @@ RedisLimiter::Stats RedisLimiter::stats() const noexcept {
   s.units_granted = units_granted_.load(std::memory_order_relaxed);
   s.refills = refills_.load(std::memory_order_relaxed);
   s.fallback_takes = fallback_takes_.load(std::memory_order_relaxed);
+  s.key_errors = key_errors_.load(std::memory_order_relaxed);
+  s.key_resets = key_resets_.load(std::memory_order_relaxed);
   return s;
 }
 

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "admission/limiter.hpp"
@@ -45,13 +46,15 @@ namespace weir::admission {
 // gateway waits once (async_refill) for an immediate sync.
 //
 // Outage (a sync times out after `command_timeout`, the connection is
-// refused or lost, or Redis answers any error reply to our scripts; while it
-// lasts the loop probes with a script call, never a PING): fail_open = true routes the buckets to a LocalLimiter
+// refused or lost, or Redis answers an error reply to our scripts other
+// than one about a single key's data, key_data_error(); while it lasts the
+// loop probes by replaying the op that failed, never a PING): fail_open = true routes the buckets to a LocalLimiter
 // (every limit × fail_open_share, per replica) and sets stream allowances to
 // the local share; fail_open = false makes refusing() true (503). Spend keeps
 // accumulating locally against the last known total. The client reconnects
 // with backoff; the first successful sync resumes distributed limits. Both
-// transitions are logged and counted (stats()).
+// transitions are logged (never dropped by the log's rate limit) and
+// counted (stats()).
 //
 // Threads: construct, start() and shutdown() on the control thread (or before
 // it runs); the Limiter calls from workers; stats()/degraded() from any
@@ -60,6 +63,15 @@ namespace weir::admission {
 // The Lua source of the budget script (KEYS and ARGV in redis_limiter.cpp),
 // for tests that run it against a real Redis with their own arguments.
 const std::string& budget_lua_text();
+
+// True when a Redis error reply (`message`, as store::Error holds it) is
+// about the data of the one key a script worked on (WRONGTYPE; "hash value
+// is not an integer"; a Lua runtime error such as arithmetic on a field
+// that does not parse), not about Redis as a whole: false for connection
+// errors' messages and for replies that name a Redis-wide condition (OOM,
+// READONLY, MISCONF, LOADING, BUSY, NOAUTH, NOPERM, ...), also when a
+// script relays them. Such an error fails that scope's sync only.
+bool key_data_error(std::string_view message);
 
 class RedisLimiter final : public Limiter {
  public:
@@ -80,8 +92,11 @@ class RedisLimiter final : public Limiter {
   // budget) starts at once.
   void start();
   // Stops syncing, gives back every lease and stream slot headroom, pushes
-  // the spend, and closes the connection (at most one command_timeout).
-  // Waiters still queued are completed. Call after the workers drained.
+  // the spend and debt, and closes the connection. A client waiting to
+  // reconnect connects at once for that: at most connect_timeout +
+  // command_timeout. Spend or debt that does not reach Redis is logged per
+  // budget and bucket. Waiters still queued are completed. Call after the
+  // workers drained.
   store::Task<void> shutdown();
 
   // --- Limiter ---
@@ -149,6 +164,8 @@ class RedisLimiter final : public Limiter {
     std::uint64_t units_granted = 0;   // units granted by lease.lua (requests + tokens)
     std::uint64_t refills = 0;         // refill() calls (requests that waited)
     std::uint64_t fallback_takes = 0;  // takes answered by the local fallback
+    std::uint64_t key_errors = 0;      // script calls failed by one key's data (key_data_error): no outage
+    std::uint64_t key_resets = 0;      // keys the scripts found unusable and reset (wrong type, bad fields)
   };
   Stats stats() const noexcept;
 
@@ -174,7 +191,17 @@ class RedisLimiter final : public Limiter {
   // them for the next sync (every one when `all`).
   void settle_slot_waiters(std::vector<SlotWaiter> waiters, bool all, std::chrono::milliseconds grace);
   void leave_degraded();
+  // After the final sync: one line per budget whose spend, and per bucket
+  // whose debt, did not reach Redis (lost with this process).
+  void report_unpushed();
+  // A script's "what was reset" reply element: logged when not empty.
+  void note_reset(const std::string& what);
+  // Chatter (connection lines, a key reset): rate limited, see log_line().
   void log(std::string_view msg) const;
+  // A line that carries state (an outage begins or ends, spend lost at
+  // exit): never dropped by the rate limit, though it uses its allowance.
+  void log_state(std::string_view msg) const;
+  void log_line(std::string_view msg, bool always) const;
   // Initialises scopes [scope_count_, scopes.size()) (constructor, grow()).
   bool add_scopes(const std::vector<auth::ScopeInfo>& scopes);
   // carry()'s part for a budget whose period changed (another hash in Redis).
@@ -202,6 +229,9 @@ class RedisLimiter final : public Limiter {
   mutable double log_tokens_ = 20;
   mutable Instant log_at_{};
   mutable std::uint64_t log_dropped_ = 0;
+  // Keys whose script failed with key_data_error() and were logged; a key
+  // leaves the set when its script works again (control thread).
+  std::unordered_set<std::string> bad_keys_;
   std::vector<std::function<void()>> waiters_;
   // Requests waiting for a stream slot that another replica holds idle: kept
   // across syncs (each re-asks) until a slot came, the cap is full of
@@ -217,7 +247,7 @@ class RedisLimiter final : public Limiter {
   std::atomic<bool> synced_{false};
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> outages_{0}, syncs_{0}, sync_failures_{0}, leases_n_{0}, units_granted_{0}, refills_{0},
-      fallback_takes_{0};
+      fallback_takes_{0}, key_errors_{0}, key_resets_{0};
 };
 
 }  // namespace weir::admission

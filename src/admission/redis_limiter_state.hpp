@@ -161,9 +161,14 @@ struct RedisLimiter::Loop {
   bool finished = true;
   Instant outage_start{};
   Instant recovered{};  // when Redis was last reachable again after an outage
-  // The lease (scope * 2 + bucket) whose sync began the outage: the probe
-  // replays it; UINT32_MAX: the probe writes a key of ours instead.
-  std::uint32_t probe_lease = UINT32_MAX;
+  // The op whose failure began the outage, which the probe replays: a
+  // lease (probe_i = scope * 2 + bucket), stream slots or a budget
+  // (probe_i = scope); `key`: the probe writes a key of ours instead.
+  enum class Probe : std::uint8_t { key, lease, slots, spend };
+  Probe probe_kind = Probe::key;
+  std::uint32_t probe_i = UINT32_MAX;
+  // The first error of the final sync (shutdown), for the lines about what it did not push.
+  std::string final_error;
   // A sync's round trip, seconds: follows a slower one at once, a faster
   // one gradually. Leases are sized to cover their demand while a top-up
   // is on its way (sync_once).

@@ -7,9 +7,12 @@ namespace weir::admission {
 // last update. It refills by elapsed Redis time (never a replica's clock),
 // takes back unused units (capped at full), books debt, then grants
 // min(ask, whole units available). A missing key is a full bucket; the key
-// expires once it would be full again.
+// expires once it would be full again. A key that holds something else (a
+// string or a list some other writer left, fields that are not numbers) is
+// data loss of one bucket, not an error: it is taken as missing and
+// overwritten, and the reply says so (the limiter logs it).
 // KEYS[1] bucket; ARGV: rate (units/min), depth, ask, put, owe.
-// Returns {granted, floor(units left), ms until full}.
+// Returns {granted, floor(units left), ms until full, what was reset ('' = nothing)}.
 const store::Script& lease_script() {
   static const store::Script s(R"lua(
 local tm = redis.call('TIME')
@@ -19,10 +22,22 @@ local depth = tonumber(ARGV[2])
 local ask = tonumber(ARGV[3])
 local put = tonumber(ARGV[4])
 local owe = tonumber(ARGV[5])
+local bad = ''
+local ty = redis.call('TYPE', KEYS[1]).ok
+if ty ~= 'hash' and ty ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  bad = KEYS[1] .. ' held a ' .. ty .. ', not a hash'
+end
+local function num(x)
+  local n = tonumber(x)
+  if n == nil or n ~= n or n == math.huge or n == -math.huge then return nil end
+  return n
+end
 local s = redis.call('HMGET', KEYS[1], 'v', 't')
-local v = tonumber(s[1])
-local last = tonumber(s[2])
+local v = num(s[1])
+local last = num(s[2])
 if v == nil or last == nil then
+  if bad == '' and (s[1] or s[2]) then bad = KEYS[1] .. ' held fields v, t that are not numbers' end
   v = depth
 else
   v = math.min(depth, v + math.max(0, now - last) * rate)
@@ -35,7 +50,7 @@ local full_ms = 0
 if v < depth then full_ms = math.ceil((depth - v) / rate / 1000) end
 redis.call('HSET', KEYS[1], 'v', string.format('%.17g', v), 't', string.format('%.0f', now))
 redis.call('PEXPIRE', KEYS[1], full_ms + 1000)
-return {grant, math.floor(v), full_ms}
+return {grant, math.floor(v), full_ms, bad}
 )lua");
   return s;
 }
@@ -54,8 +69,10 @@ return {grant, math.floor(v), full_ms}
 // its spare slots back at once (a cap of 1 moves to the replica that needs it).
 // KEYS[1] hash; ARGV: replica id, want, floor, limit, ttl ms, in use, demand.
 // (Entries of three fields, from an older Weir: in use = held, demand = want > held.)
+// An entry that does not parse is dropped; a key that is no hash is taken
+// as missing and overwritten (as lease.lua).
 // Returns {granted, slots held by the other live replicas, replicas starved,
-// slots the other live replicas have in use}.
+// slots the other live replicas have in use, what was reset ('' = nothing)}.
 const store::Script& slots_script() {
   static const store::Script s(R"lua(
 local tm = redis.call('TIME')
@@ -67,6 +84,12 @@ local limit = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local used = tonumber(ARGV[6] or ARGV[3])
 local demand = tonumber(ARGV[7] or '0')
+local bad = ''
+local ty = redis.call('TYPE', KEYS[1]).ok
+if ty ~= 'hash' and ty ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  bad = KEYS[1] .. ' held a ' .. ty .. ', not a hash'
+end
 local all = redis.call('HGETALL', KEYS[1])
 local others, others_used, starved, wanting = 0, 0, 0, 1
 for i = 1, #all, 2 do
@@ -99,7 +122,7 @@ if hold > 0 or want > 0 then
 else
   redis.call('HDEL', KEYS[1], id)
 end
-return {grant, others, starved, others_used}
+return {grant, others, starved, others_used, bad}
 )lua");
   return s;
 }
@@ -128,7 +151,13 @@ return {grant, others, starved, others_used}
 // KEYS[1] base key; ARGV: replica id, period ms, period of cum (-1: none),
 // cum (nano-USD), in use (nano-USD), want (nano-USD), limit (nano-USD), ttl ms,
 // calendar (0 = none: period ms applies), offset ms (east of UTC).
-// Returns {granted, total, this replica's s:, period, ms left (-1 = never), others' allowances}.
+// A period's key that is no hash, or whose `total` or this replica's `s:`
+// is not an integer, is deleted before use: the period's spend is then
+// lost as in a Redis that lost its data, and the replicas re-seed it (each
+// pushes its running total again: at once here, within slot_ttl / 3 on the
+// others). The reply says what was reset.
+// Returns {granted, total, this replica's s:, period, ms left (-1 = never),
+// others' allowances, what was reset ('' = nothing)}.
 const store::Script& budget_script() {
   static const store::Script s(R"lua(
 local tm = redis.call('TIME')
@@ -188,8 +217,29 @@ elseif period > 0 then
   left = (idx + 1) * period - now
 end
 local function key(i) return KEYS[1] .. ':' .. tag .. string.format('%.0f', i) end
+local bad = ''
+local function check(k)
+  local ty = redis.call('TYPE', k).ok
+  local why = nil
+  if ty ~= 'hash' and ty ~= 'none' then
+    why = 'a ' .. ty .. ', not a hash'
+  elseif ty == 'hash' then
+    local names = {'total', 's:' .. id}
+    local f = redis.call('HMGET', k, names[1], names[2])
+    for j = 1, 2 do
+      if f[j] and not (string.match(f[j], '^%d+$') and #f[j] <= 18) then
+        why = 'a field ' .. names[j] .. ' that is not an integer'
+      end
+    end
+  end
+  if why then
+    redis.call('DEL', k)
+    if bad == '' then bad = k .. ' held ' .. why end
+  end
+end
 if claimed >= 0 and cum > 0 then
   local k = key(claimed)
+  check(k)
   local old = tonumber(redis.call('HGET', k, 's:' .. id) or '0')
   if cum > old then
     redis.call('HINCRBY', k, 'total', string.format('%.0f', cum - old))
@@ -198,6 +248,7 @@ if claimed >= 0 and cum > 0 then
   end
 end
 local k = key(idx)
+if idx ~= claimed or cum <= 0 then check(k) end
 local all = redis.call('HGETALL', k)
 local total, mine, others = 0, 0, 0
 local me = 'a:' .. id
@@ -223,7 +274,7 @@ if grant > 0 then
 else
   redis.call('HDEL', k, me)
 end
-return {grant, total, mine, idx, left, others}
+return {grant, total, mine, idx, left, others, bad}
 )lua");
   return s;
 }

@@ -24,11 +24,11 @@ using redis_detail::whole_up;
 
 // Why a sync failed, for the one log line of an outage: the error reply's
 // first sentence (MISCONF's is ~450 characters), or what happened to the
-// connection. Any error is an outage: every command Weir sends is one of its
-// own scripts (NOSCRIPT is answered by the client, which loads the script
-// and resends), so an error reply — OOM, READONLY, MISCONF, NOREPLICAS,
-// NOPERM, an unknown command (a renamed EVALSHA), WRONGTYPE — means Redis
-// cannot do the limiter's work, not that one request was wrong.
+// connection. Every command Weir sends is one of its own scripts (NOSCRIPT
+// is answered by the client, which loads the script and resends), so an
+// error reply — OOM, READONLY, MISCONF, NOREPLICAS, NOPERM, an unknown
+// command (a renamed EVALSHA) — means Redis cannot do the limiter's work,
+// not that one request was wrong; except the errors key_data_error() names.
 std::string outage_reason(const store::Error& e) {
   if (e.message.empty()) return std::string(store::to_string(e.code));
   std::string_view m = e.message;
@@ -38,6 +38,35 @@ std::string outage_reason(const store::Error& e) {
   if (m.size() > kMax) return fmt::format("{}...", m.substr(0, kMax));
   return std::string(m);
 }
+
+}  // namespace
+
+// True when an error reply is about the data of the one key a script
+// worked on (WRONGTYPE, a field that is not an integer, a Lua runtime error
+// such data causes), not about Redis: that scope's sync fails, the replica
+// is no less able to use Redis for the others (the scripts reset such keys
+// themselves; this is the guard for what they do not foresee). An error
+// that names a Redis-wide condition, also when a script relays it, is not.
+bool key_data_error(std::string_view m) {
+  static constexpr std::string_view kWide[] = {"OOM",         "READONLY", "MISCONF",   "LOADING",    "BUSY",
+                                               "NOAUTH",      "NOPERM",   "WRONGPASS", "NOREPLICAS", "MASTERDOWN",
+                                               "CLUSTERDOWN", "TRYAGAIN", "NOSCRIPT",  "EXECABORT"};
+  for (std::string_view w : kWide) {
+    if (m.starts_with(w)) return false;
+    for (std::string_view sep : {": ", ": -"})
+      for (std::size_t at = m.find(sep); at != std::string_view::npos; at = m.find(sep, at + 1)) {
+        const std::string_view rest = m.substr(at + sep.size());
+        if (rest.starts_with(w) && (rest.size() == w.size() || rest[w.size()] == ' ')) return false;
+      }
+  }
+  if (m.starts_with("WRONGTYPE")) return true;
+  if (!m.starts_with("ERR ")) return false;
+  return m.find("not an integer") != std::string_view::npos || m.find("not a valid float") != std::string_view::npos ||
+         m.find("would overflow") != std::string_view::npos || m.find("user_script:") != std::string_view::npos ||
+         m.starts_with("ERR Error running script");
+}
+
+namespace {
 
 // Time over which a lease's demand is smoothed, seconds: a burst raises it
 // within a few ticks, one quiet tick does not drop it.
@@ -125,7 +154,14 @@ store::Task<void> RedisLimiter::shutdown() {
   loop_->running = false;
   loop_->tick.cancel();
   if (!loop_->finished) co_await loop_->done.async_wait(use_task);
+  // What only this replica knows (spend not pushed yet, debt) is lost when
+  // it exits: a client waiting to reconnect after an outage would fail the
+  // final push at once, so it connects now (at most connect_timeout), and
+  // the push has its command_timeout. sync_once logs what did not get there.
+  co_await client_->reconnect_now();
+  loop_->final_error.clear();
   co_await sync_once(true);
+  report_unpushed();
   client_->stop();
   auto waiters = std::move(waiters_);
   waiters_.clear();
@@ -133,6 +169,41 @@ store::Task<void> RedisLimiter::shutdown() {
   auto slot_waiters = std::move(slot_waiters_);
   slot_waiters_.clear();
   for (auto& w : slot_waiters) w.done();
+}
+
+void RedisLimiter::report_unpushed() {
+  // Lines that are never rate limited: money and limits nobody else will count.
+  const std::string why = loop_->final_error.empty() ? std::string("not sent") : loop_->final_error;
+  for (std::uint32_t i = 0; i < scope_count_; ++i) {
+    const SpendCtl& c = at(i).spend_ctl;
+    if (c.enabled) {
+      const std::int64_t left = at(i).spend.mine.load(std::memory_order_acquire) - (c.idx >= 0 ? c.pushed : 0);
+      if (left > 0)
+        log_state(
+            fmt::format("exiting with spend Redis does not count: ${:.9f} ({} nano-USD) settled here for {} "
+                        "was not pushed ({}); the shared budget can admit that much again",
+                        static_cast<double>(left) / 1e9, left, c.key,
+                        c.idx < 0 ? std::string("Redis never answered this replica") : why));
+    }
+    for (int b = 0; b < 2; ++b) {
+      if (!at(i).spec[b].enabled) continue;
+      const std::int64_t u = at(i).lease[b].units.load(std::memory_order_acquire);
+      if (u < 0)
+        log_state(
+            fmt::format("exiting with debt Redis does not count: {} {} used above the estimate for {} were "
+                        "not pushed ({})",
+                        -u, b == 0 ? "requests" : "tokens", at(i).lease_ctl[b].key, why));
+    }
+  }
+}
+
+void RedisLimiter::note_reset(const std::string& what) {
+  if (what.empty()) return;
+  key_resets_.fetch_add(1, std::memory_order_relaxed);
+  log(
+      fmt::format("Redis key {}: reset (taken as missing; its scope's shared state starts again from "
+                  "what the replicas push)",
+                  what));
 }
 
 void RedisLimiter::enter_degraded(const std::string& why, bool answered) {
@@ -169,13 +240,13 @@ void RedisLimiter::enter_degraded(const std::string& why, bool answered) {
   const std::string addr = store::endpoint_text(config_.host, config_.port);
   const char* state = answered ? "unusable" : "unreachable";
   if (config_.fail_open)
-    log(
+    log_state(
         fmt::format("Redis {} {} ({}): fail_open is on, limiting per replica from local state "
                     "(each limit x {}) until it is back",
                     addr, state, why, config_.fail_open_share));
   else
-    log(fmt::format("Redis {} {} ({}): fail_open is off, refusing requests with 503 until it is back", addr, state,
-                    why));
+    log_state(fmt::format("Redis {} {} ({}): fail_open is off, refusing requests with 503 until it is back", addr,
+                          state, why));
 }
 
 void RedisLimiter::leave_degraded() {
@@ -184,8 +255,8 @@ void RedisLimiter::leave_degraded() {
   degraded_.store(false, std::memory_order_release);
   loop_->recovered = MonoClock::now();  // every budget's spend is pushed again (sync_once)
   const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
-  log(fmt::format("Redis {} reachable again after {:.1f} s: distributed limits resumed",
-                  store::endpoint_text(config_.host, config_.port), secs));
+  log_state(fmt::format("Redis {} reachable again after {:.1f} s: distributed limits resumed",
+                        store::endpoint_text(config_.host, config_.port), secs));
 }
 
 store::Task<void> RedisLimiter::sync_once(bool final_sync) {
@@ -408,12 +479,39 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
     // that failed, replayed without asking, putting or owing (it only
     // refills the bucket it writes), else a script that writes a key of
     // ours. Its reply is only checked for an error.
-    const std::uint32_t li = loop_->probe_lease;
-    if (li < scope_count_ * 2 && at(li / 2).spec[li % 2].enabled) {
-      const Spec& sp = at(li / 2).spec[li % 2];
-      const std::string keys[] = {at(li / 2).lease_ctl[li % 2].key};
+    // A slot or budget that failed is replayed too (as a renewal of what
+    // this replica holds: its streams in flight, its allowance), so an
+    // error only that key's script meets (a NOPERM on one key pattern) does
+    // not end the outage here to start it again at the next sync.
+    const std::uint32_t pi = loop_->probe_i;
+    if (loop_->probe_kind == Loop::Probe::lease && pi < scope_count_ * 2 && at(pi / 2).spec[pi % 2].enabled) {
+      const Spec& sp = at(pi / 2).spec[pi % 2];
+      const std::string keys[] = {at(pi / 2).lease_ctl[pi % 2].key};
       const std::string args[] = {str(std::llround(sp.rate_per_min)), str(std::llround(sp.depth)), "0", "0", "0"};
       cmds.push_back(store::Command::evalsha(lease_script(), keys, args));
+    } else if (loop_->probe_kind == Loop::Probe::slots && pi < scope_count_ && at(pi).max_streams > 0) {
+      const Slots& sl = at(pi).slots;
+      const std::int64_t inuse = std::max<std::int64_t>(
+          0, sl.allowance.load(std::memory_order_relaxed) - sl.free.load(std::memory_order_acquire));
+      const std::string keys[] = {at(pi).slots_ctl.key};
+      const std::string args[] = {
+          at(pi).member, "0", str(inuse), str(at(pi).max_streams), str(config_.slot_ttl.count()), str(inuse), "0"};
+      cmds.push_back(store::Command::evalsha(slots_script(), keys, args));
+    } else if (loop_->probe_kind == Loop::Probe::spend && pi < scope_count_ && at(pi).spend_ctl.enabled) {
+      const SpendCtl& c = at(pi).spend_ctl;
+      const std::int64_t inuse = std::max<std::int64_t>(0, at(pi).spend.in_use.load(std::memory_order_acquire));
+      const std::string keys[] = {c.key};
+      const std::string args[] = {at(pi).member,
+                                  str(c.period_ms),
+                                  "-1",
+                                  "0",
+                                  str(inuse),
+                                  str(std::max(inuse, c.allowance)),
+                                  str(c.limit),
+                                  str(config_.slot_ttl.count()),
+                                  str(c.calendar),
+                                  str(c.offset_ms)};
+      cmds.push_back(store::Command::evalsha(budget_script(), keys, args));
     } else {
       const std::string keys[] = {config_.key_prefix + "probe:" + replica_id_};
       const std::string args[] = {str(std::max<std::int64_t>(1000, config_.slot_ttl.count()))};
@@ -432,16 +530,59 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
   const Instant replied = MonoClock::now();
   const double replied_ns = ns(replied);
 
+  // The key an op's script worked on (the budget's base key: the script names the period's).
+  const auto op_key = [this](const Op& op) -> const std::string& {
+    switch (op.kind) {
+      case Op::Kind::lease:
+        return at(op.i / 2).lease_ctl[op.i % 2].key;
+      case Op::Kind::slots:
+        return at(op.i).slots_ctl.key;
+      case Op::Kind::spend:
+        return at(op.i).spend_ctl.key;
+      case Op::Kind::probe:
+        break;
+    }
+    return config_.key_prefix;
+  };
   std::string outage;
   bool answered = false;  // Redis replied with an error (it is up, but cannot do our work)
-  for (std::size_t k = 0; k < results.size(); ++k)
-    if (!results[k]) {
-      outage = outage_reason(results[k].error());
-      answered = results[k].error().code == store::Errc::server;
-      // The probe of this outage replays the lease that failed (or writes a key of ours).
-      if (!deg) loop_->probe_lease = ops[k].kind == Op::Kind::lease ? ops[k].i : UINT32_MAX;
-      break;
+  for (std::size_t k = 0; k < results.size(); ++k) {
+    if (results[k]) {
+      // A key that failed before and works again is reported again if it fails again.
+      if (!bad_keys_.empty() && k < ops.size() && ops[k].kind != Op::Kind::probe) {
+        const auto& r = *results[k];
+        const std::size_t flag = ops[k].kind == Op::Kind::lease ? 3 : ops[k].kind == Op::Kind::slots ? 4 : 6;
+        if (r.elements.size() <= flag || r.elements[flag].str.empty()) bad_keys_.erase(op_key(ops[k]));
+      }
+      continue;
     }
+    const store::Error& e = results[k].error();
+    if (final_sync && loop_->final_error.empty()) loop_->final_error = outage_reason(e);
+    if (e.code == store::Errc::server && ops[k].kind != Op::Kind::probe && key_data_error(e.message)) {
+      // One scope's key holds data its script cannot use: that scope gets
+      // nothing from this sync (its requests wait or are refused as on an
+      // empty bucket); Redis works for every other scope.
+      key_errors_.fetch_add(1, std::memory_order_relaxed);
+      if (bad_keys_.insert(op_key(ops[k])).second)
+        log(
+            fmt::format("Redis key {} unusable ({}): its scope gets no shared state until it is fixed or deleted; "
+                        "every other scope is unaffected",
+                        op_key(ops[k]), outage_reason(e)));
+      continue;
+    }
+    if (!outage.empty()) continue;
+    outage = outage_reason(e);
+    answered = e.code == store::Errc::server;
+    // The probe of this outage replays the op that failed (or writes a key of ours).
+    if (!deg) {
+      const Op& op = ops[k];
+      loop_->probe_kind = op.kind == Op::Kind::lease   ? Loop::Probe::lease
+                          : op.kind == Op::Kind::slots ? Loop::Probe::slots
+                          : op.kind == Op::Kind::spend ? Loop::Probe::spend
+                                                       : Loop::Probe::key;
+      loop_->probe_i = op.i;
+    }
+  }
   if (outage.empty()) {
     syncs_.fetch_add(1, std::memory_order_relaxed);
     const double rtt = std::chrono::duration<double>(replied - sent).count();
@@ -460,6 +601,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         Lease& l = at(op.i / 2).lease[op.i % 2];
         LeaseCtl& c = at(op.i / 2).lease_ctl[op.i % 2];
         c.taken += static_cast<double>(std::max<std::int64_t>(0, c.seen - l.units.load(std::memory_order_relaxed)));
+        if (ok && r->elements.size() >= 4) note_reset(r->elements[3].str);
         if (ok && r->elements.size() >= 3) {
           const std::int64_t grant = r->elements[0].as_int();
           if (grant > 0) {
@@ -481,6 +623,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       }
       case Op::Kind::slots: {
         // (During an outage that goes on the allowance is the local share.)
+        if (ok && r->elements.size() >= 5) note_reset(r->elements[4].str);
         if (!ok || (deg && !outage.empty())) break;
         Slots& s = at(op.i).slots;
         SlotsCtl& c = at(op.i).slots_ctl;
@@ -502,6 +645,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         break;
       }
       case Op::Kind::spend: {
+        if (ok && r->elements.size() >= 7) note_reset(r->elements[6].str);
         if (!ok || r->elements.size() < 6) break;
         Spend& sp = at(op.i).spend;
         SpendCtl& c = at(op.i).spend_ctl;

@@ -565,6 +565,13 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     w.header("weir_redis_fallback_takes_total", "counter",
              "Admission decisions made by the local fallback during an outage.");
     w.sample("weir_redis_fallback_takes_total", "", s.fallback_takes);
+    w.header("weir_redis_data_errors_total", "counter",
+             "Script calls failed by the data of one key (WRONGTYPE, a field that is not a number): that scope "
+             "only, no outage.");
+    w.sample("weir_redis_data_errors_total", "", s.key_errors);
+    w.header("weir_redis_data_resets_total", "counter",
+             "Keys of the shared limits found holding data Weir cannot use, reset (taken as missing).");
+    w.sample("weir_redis_data_resets_total", "", s.key_resets);
   }
   if (shared.redis_keys) {
     // Virtual keys in Redis: lookups of keys no worker had cached (atomics).

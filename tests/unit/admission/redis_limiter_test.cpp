@@ -3,6 +3,7 @@
 // sharing one limit, budgets, stream slots, and Redis dying mid-test.
 #include "admission/redis_limiter.hpp"
 
+#include <algorithm>
 #include <future>
 #include <mutex>
 #include <thread>
@@ -15,6 +16,7 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include <fmt/ranges.h>
 #include <hiredis/hiredis.h>
 
 #include "../store/redis_server.hpp"
@@ -489,7 +491,7 @@ TEST_F(RedisLimiterTest, BudgetLuaCalendarWindowsMatchTheCpp) {
     const char* argv[] = {"EVAL", lua.c_str(), "1", "t-lua-cal", "r1",   "0",         "-1",
                           "0",    "0",         "0", "1",         "1000", cal.c_str(), off.c_str()};
     auto* r = static_cast<redisReply*>(redisCommandArgv(rc, 14, argv, nullptr));
-    ASSERT_TRUE(r && r->type == REDIS_REPLY_ARRAY && r->elements == 6) << (r && r->str ? r->str : "no reply");
+    ASSERT_TRUE(r && r->type == REDIS_REPLY_ARRAY && r->elements == 7) << (r && r->str ? r->str : "no reply");
     const std::int64_t idx = r->element[3]->integer;
     const std::int64_t left = r->element[4]->integer;
     freeReplyObject(r);
@@ -795,6 +797,188 @@ TEST_F(RedisOutageTest, NothingListeningAtStartFailsOpenAtOnce) {
   int ok = 0;
   for (int i = 0; i < 8; ++i) ok += admit(a, i % 2, w.principal).ok ? 1 : 0;
   EXPECT_EQ(ok, 5);
+}
+
+// One command on a connection of its own; the reply as text ("" for nil, the message for an error).
+std::string redis_cmd(std::uint16_t port, std::vector<std::string> args) {
+  redisContext* rc = redisConnect("127.0.0.1", port);
+  if (!rc || rc->err) {
+    if (rc) redisFree(rc);
+    return "(no connection)";
+  }
+  std::vector<const char*> argv;
+  std::vector<std::size_t> lens;
+  for (const auto& a : args) {
+    argv.push_back(a.data());
+    lens.push_back(a.size());
+  }
+  auto* r = static_cast<redisReply*>(redisCommandArgv(rc, static_cast<int>(args.size()), argv.data(), lens.data()));
+  std::string out;
+  if (r && r->type == REDIS_REPLY_INTEGER)
+    out = std::to_string(r->integer);
+  else if (r && r->str)
+    out.assign(r->str, r->len);
+  if (r) freeReplyObject(r);
+  redisFree(rc);
+  return out;
+}
+
+std::size_t count_logged(Replica& r, std::string_view what) {
+  std::lock_guard lk(r.log_mu);
+  return static_cast<std::size_t>(
+      std::count_if(r.logs.begin(), r.logs.end(), [&](const std::string& l) { return l.find(what) != l.npos; }));
+}
+
+// Strings where the scripts keep their hashes (an operator's stray SET,
+// another application under the prefix): one scope's data, not Redis. The
+// scripts take such a key as missing; no outage (with fail_open off, every
+// request got 503 while the key stayed).
+TEST_F(RedisLimiterTest, KeysOfTheWrongTypeAreResetNotAnOutage) {
+  auth::Limits l = rpm(1000);
+  l.max_concurrent_streams = 4;
+  auth::Budget budget;
+  budget.limit_nano_usd = 1'000'000'000;  // $1, never resets: period 0
+  World w(l, budget);
+  auto c = cfg();
+  c.fail_open = false;
+  const std::string keys[] = {c.key_prefix + "rl:tenant:acme:req", c.key_prefix + "slots:tenant:acme",
+                              c.key_prefix + "budget:tenant:acme:0"};
+  for (const auto& k : keys) ASSERT_EQ(redis_cmd(server_->port(), {"SET", k, "oops"}), "OK");
+  Replica a(w, c);
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced(); }));
+  const Answer r = admit(a, 0, w.principal, 10, true);  // a stream slot held
+  EXPECT_TRUE(r.ok) << r.status << " " << r.code;
+  EXPECT_TRUE(admit(a, 1, w.principal, 10, false, api::Usage{1000, 0, 1000, 0}).ok);
+  EXPECT_TRUE(eventually([&] { return a.limiter->stats().key_resets >= 3; }));
+  for (const auto& k : keys) {
+    EXPECT_TRUE(a.logged(k + " held a string, not a hash")) << k;
+    EXPECT_EQ(count_logged(a, k + " held"), 1u) << k;
+  }
+  EXPECT_FALSE(a.limiter->degraded());
+  EXPECT_EQ(a.limiter->stats().outages, 0u);
+  EXPECT_FALSE(a.logged("unusable ("));
+  // The shared state goes on in them: the spend reaches the budget's hash.
+  EXPECT_TRUE(eventually([&] { return redis_cmd(server_->port(), {"HGET", keys[2], "total"}) == "1000000"; }));
+}
+
+// A budget hash whose `total` is no integer (an operator "resetting" it to
+// 1.5e3): HINCRBY failed with "hash value is not an integer", an outage,
+// which the probe (a SET of another key) ended at once, ~25 times a second.
+// Now the hash is taken as lost data and re-seeded from the replicas' running totals.
+TEST_F(RedisLimiterTest, ABudgetTotalThatIsNotAnIntegerIsReseededNotAnOutage) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 1'000'000'000;
+  World w(rpm(100000), budget);
+  auto c = cfg();
+  c.fail_open = false;
+  Replica a(w, c), b(w, c);
+  const std::string key = c.key_prefix + "budget:tenant:acme:0";
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced() && b.limiter->synced(); }));
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, api::Usage{1000, 0, 1000, 0}).ok);  // 1,000,000 nano-USD
+  ASSERT_TRUE(admit(b, 0, w.principal, 10, false, api::Usage{2000, 0, 2000, 0}).ok);  // 2,000,000
+  ASSERT_TRUE(eventually([&] { return redis_cmd(server_->port(), {"HGET", key, "total"}) == "3000000"; }));
+  ASSERT_EQ(redis_cmd(server_->port(), {"HSET", key, "total", "1.5e3"}), "0");
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, api::Usage{1000, 0, 1000, 0}).ok);  // a push is due
+  // Both replicas' spend comes back (A's at its push, B's within slot_ttl / 3).
+  EXPECT_TRUE(eventually([&] {
+    return redis_cmd(server_->port(), {"HGET", key, "total"}) == "4000000";
+  })) << redis_cmd(server_->port(), {"HGET", key, "total"});
+  EXPECT_EQ(a.limiter->stats().outages + b.limiter->stats().outages, 0u);
+  EXPECT_FALSE(a.limiter->degraded() || b.limiter->degraded());
+  EXPECT_TRUE(a.logged("held a field total that is not an integer") ||
+              b.logged("held a field total that is not an integer"));
+  EXPECT_TRUE(admit(b, 1, w.principal, 10).ok);
+}
+
+// A replica drained while its client waits out a reconnect backoff (Redis
+// was down and is back, or still down): the final push used to fail at
+// once, and the spend settled during the outage was lost without a word.
+TEST_F(RedisOutageTest, AReplicaDrainedWhileWaitingToReconnectStillPushesItsSpend) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 1'000'000'000;
+  World w(rpm(100000), budget);
+  auto c = config(server_.port(), unique_prefix());
+  c.reconnect_max = 60s;
+  const std::string key = c.key_prefix + "budget:tenant:acme:0";
+  Replica a(w, c);
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced(); }));
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, api::Usage{1000, 0, 1000, 0}).ok);
+  ASSERT_TRUE(eventually([&] { return redis_cmd(server_.port(), {"HGET", key, "total"}) == "1000000"; }));
+  server_.kill();
+  ASSERT_TRUE(eventually([&] {
+    a.sync_now(w.scope());
+    return a.limiter->degraded();
+  }));
+  ASSERT_TRUE(admit(a, 1, w.principal, 10, false, api::Usage{2000, 0, 2000, 0}).ok);  // fail_open: local
+  // Refused connections back off 50, 100, 200 ... ms: after 2 s the wait is over a second.
+  std::this_thread::sleep_for(2s);
+  ASSERT_TRUE(server_.start());  // (empty: the final push re-seeds the whole running total)
+  a.shutdown();
+  EXPECT_EQ(redis_cmd(server_.port(), {"HGET", key, "total"}), "3000000");
+  EXPECT_FALSE(a.logged("exiting with spend"));
+}
+
+TEST_F(RedisOutageTest, SpendAReplicaCannotPushAtExitIsLoggedPerBudget) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 1'000'000'000;
+  World w(rpm(100000), budget);
+  auto c = config(server_.port(), unique_prefix());
+  c.connect_timeout = 200ms;
+  Replica a(w, c);
+  ASSERT_TRUE(eventually([&] { return a.limiter->synced(); }));
+  ASSERT_TRUE(admit(a, 0, w.principal, 10, false, api::Usage{1000, 0, 1000, 0}).ok);
+  const std::string key = c.key_prefix + "budget:tenant:acme";
+  ASSERT_TRUE(eventually([&] { return redis_cmd(server_.port(), {"HGET", key + ":0", "total"}) == "1000000"; }));
+  server_.kill();
+  ASSERT_TRUE(eventually([&] {
+    a.sync_now(w.scope());
+    return a.limiter->degraded();
+  }));
+  ASSERT_TRUE(admit(a, 1, w.principal, 10, false, api::Usage{2000, 0, 2000, 0}).ok);
+  a.shutdown();
+  EXPECT_EQ(
+      count_logged(a, "exiting with spend Redis does not count: $0.002000000 (2000000 nano-USD) settled here for " +
+                          key + " was not pushed (cannot connect to Redis: Connection refused)"),
+      1u);
+}
+
+// Redis coming and going more often than the log's rate limit allows: the
+// connection's lines may be left out, a change of state never is (the last
+// "reachable again" was, so the log said Redis was down while it was fine).
+TEST_F(RedisOutageTest, EveryOutageAndRecoveryIsLoggedHoweverManyLinesWereLeftOut) {
+  auth::Budget budget;  // its allowance is renewed every slot_ttl / 3: a sync to fail however full the lease
+  budget.limit_nano_usd = 1'000'000'000;
+  World w(rpm(100000), budget);
+  auto c = config(server_.port(), unique_prefix());
+  Replica a(w, c);
+  ASSERT_TRUE(admit(a, 0, w.principal).ok);
+  constexpr int kCycles = 8;  // about 5 lines each: past the burst of 20
+  for (int i = 0; i < kCycles; ++i) {
+    server_.kill();
+    ASSERT_TRUE(eventually([&] {
+      a.sync_now(w.scope());
+      return a.limiter->degraded();
+    })) << i
+        << " " << fmt::format("{}", fmt::join(a.logs, "\n"));
+    ASSERT_TRUE(server_.start());
+    ASSERT_TRUE(eventually(
+        [&] {
+          a.sync_now(w.scope());
+          return !a.limiter->degraded();
+        },
+        10000ms))
+        << i;
+  }
+  EXPECT_EQ(a.limiter->stats().outages, static_cast<std::uint64_t>(kCycles));
+  EXPECT_EQ(count_logged(a, " unreachable ("), static_cast<std::size_t>(kCycles));
+  EXPECT_EQ(count_logged(a, " reachable again after "), static_cast<std::size_t>(kCycles));
+  EXPECT_TRUE(a.logged("earlier lines not logged: rate limited")) << "the chatter was limited";
+  std::lock_guard lk(a.log_mu);
+  const auto last = std::find_if(a.logs.rbegin(), a.logs.rend(), [](const std::string& l) {
+    return l.find(" unreachable (") != l.npos || l.find(" reachable again ") != l.npos;
+  });
+  ASSERT_NE(last, a.logs.rend());
+  EXPECT_NE(last->find("reachable again"), std::string::npos) << *last;
 }
 
 }  // namespace
