@@ -79,8 +79,8 @@ core::Task<AdminResult<std::unordered_map<std::string, std::size_t>>> AdminServe
   co_return n;
 }
 
-json::object AdminServer::tenant_json(const auth::TenantPolicy& t,
-                                      const std::unordered_map<std::string, std::size_t>& runtime_keys) const {
+json::object AdminServer::tenant_json(
+    const auth::TenantPolicy& t, const AdminResult<std::unordered_map<std::string, std::size_t>>& runtime_keys) const {
   json::object o;
   o["object"] = "tenant";
   o["name"] = t.name;
@@ -94,8 +94,14 @@ json::object AdminServer::tenant_json(const auth::TenantPolicy& t,
   o["limits"] = limits_json(t.limits);
   o["budget"] = budget_json(t.budget);
   o["usage"] = usage_json(t.scope, t.limits, t.budget);
-  const auto it = runtime_keys.find(t.name);
-  o["runtime_keys"] = it == runtime_keys.end() ? 0 : it->second;
+  if (runtime_keys) {
+    const auto it = runtime_keys->find(t.name);
+    o["runtime_keys"] = it == runtime_keys->end() ? 0 : it->second;
+  } else {
+    // The rest is this replica's own state and needs no Redis: the count alone is unknown.
+    o["runtime_keys"] = nullptr;
+    o["runtime_keys_error"] = runtime_keys.error().message;
+  }
   // The anonymous tenant Weir made (tenants: does not list it): it serves requests without credentials, and no
   // key can name it (create_key's 404), so the console offers it for none.
   o["implicit"] = t.implicit;
@@ -271,10 +277,9 @@ core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
 
 core::Task<AdminResponse> AdminServer::list_tenants(AdminRequest&) {
   json::array data;
-  auto counts = co_await runtime_keys_by_tenant();
-  if (!counts) co_return error_response(counts.error());
+  const auto counts = co_await runtime_keys_by_tenant();
   if (shared_.auth_policy)
-    for (const auto& t : shared_.auth_policy->tenants()) data.emplace_back(tenant_json(t, *counts));
+    for (const auto& t : shared_.auth_policy->tenants()) data.emplace_back(tenant_json(t, counts));
   json::object o;
   o["object"] = "list";
   o["data"] = std::move(data);
@@ -285,9 +290,8 @@ core::Task<AdminResponse> AdminServer::get_tenant(AdminRequest& r) {
   const std::string& name = r.params.at(0);
   const auth::TenantPolicy* t = shared_.auth_policy ? shared_.auth_policy->find_tenant(name) : nullptr;
   if (!t) co_return error_response(admin_not_found(fmt::format("No tenant named `{}`.", name.substr(0, 128))));
-  auto counts = co_await runtime_keys_by_tenant();
-  if (!counts) co_return error_response(counts.error());
-  co_return json_response(200, tenant_json(*t, *counts));
+  const auto counts = co_await runtime_keys_by_tenant();
+  co_return json_response(200, tenant_json(*t, counts));
 }
 
 }  // namespace weir::gateway

@@ -259,11 +259,12 @@ class AdminServer {
   std::optional<AdminResponse> console_file(const AdminRequest& r) const;
 
   boost::json::object usage_json(std::uint32_t scope, const auth::Limits& l, const auth::Budget& b) const;
-  // `runtime_keys`: runtime_keys_by_tenant()'s counts.
+  // `runtime_keys`: runtime_keys_by_tenant()'s counts; its error (Redis cannot be read) makes the answer's
+  // runtime_keys null, with runtime_keys_error saying why: the rest needs no Redis.
   boost::json::object tenant_json(const auth::TenantPolicy& t,
-                                  const std::unordered_map<std::string, std::size_t>& runtime_keys) const;
-  // Runtime keys per tenant name: the local store's, or with auth.redis_keys those in Redis (503 when it
-  // cannot be read).
+                                  const AdminResult<std::unordered_map<std::string, std::size_t>>& runtime_keys) const;
+  // Runtime keys per tenant name: the local store's, or with auth.redis_keys those in Redis (an
+  // AdminError, 503 key_store_unavailable, when it cannot be read).
   core::Task<AdminResult<std::unordered_map<std::string, std::size_t>>> runtime_keys_by_tenant();
   boost::json::object config_key_json(const auth::KeyPolicy& k) const;
 

@@ -26,6 +26,13 @@ AdminError unavailable(const store::Error& e) {
                     {}};
 }
 
+// The same for a read (a list): it changes nothing in any case.
+AdminError unavailable_read(const store::Error& e) {
+  AdminError a = unavailable(e);
+  a.message = fmt::format("The Redis key store did not answer ({}).", e.message);
+  return a;
+}
+
 AdminError not_found(std::string_view id) {
   return admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128)));
 }
@@ -179,7 +186,7 @@ core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::list() {
   std::string cursor = "0";
   do {
     auto r = co_await keys_.client().exec(store::Command{"SCAN", cursor, "MATCH", pattern, "COUNT", "500"});
-    if (!r) co_return tl::unexpected(unavailable(r.error()));
+    if (!r) co_return tl::unexpected(unavailable_read(r.error()));
     if (r->type != store::Reply::Type::array || r->elements.size() != 2)
       co_return tl::unexpected(AdminError{500, "server_error", {}, "Unexpected SCAN reply from Redis.", {}});
     cursor = r->elements[0].str;
@@ -197,7 +204,7 @@ core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::list() {
     for (std::size_t i = 0; i < replies.size() && i < names.size(); ++i) {
       if (!replies[i]) {
         if (replies[i].error().code == store::Errc::server) continue;  // not a hash
-        co_return tl::unexpected(unavailable(replies[i].error()));
+        co_return tl::unexpected(unavailable_read(replies[i].error()));
       }
       if (auto k = from_fields(names[i], *replies[i])) out.push_back(std::move(*k));
     }
