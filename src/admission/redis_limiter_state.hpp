@@ -169,6 +169,7 @@ struct RedisLimiter::Loop {
   std::uint32_t probe_i = UINT32_MAX;
   // The first error of the final sync (shutdown), for the lines about what it did not push.
   std::string final_error;
+  bool final_maybe_sent = false;  // that error came after the commands were written (a timeout, a lost connection)
   // A sync's round trip, seconds: follows a slower one at once, a faster
   // one gradually. Leases are sized to cover their demand while a top-up
   // is on its way (sync_once).

@@ -160,6 +160,7 @@ store::Task<void> RedisLimiter::shutdown() {
   // the push has its command_timeout. sync_once logs what did not get there.
   co_await client_->reconnect_now();
   loop_->final_error.clear();
+  loop_->final_maybe_sent = false;
   co_await sync_once(true);
   report_unpushed();
   client_->stop();
@@ -173,26 +174,32 @@ store::Task<void> RedisLimiter::shutdown() {
 
 void RedisLimiter::report_unpushed() {
   // Lines that are never rate limited: money and limits nobody else will count.
+  const bool maybe = loop_->final_maybe_sent;
   const std::string why = loop_->final_error.empty() ? std::string("not sent") : loop_->final_error;
   for (std::uint32_t i = 0; i < scope_count_; ++i) {
     const SpendCtl& c = at(i).spend_ctl;
     if (c.enabled) {
       const std::int64_t left = at(i).spend.mine.load(std::memory_order_acquire) - (c.idx >= 0 ? c.pushed : 0);
-      if (left > 0)
+      if (left > 0 && c.idx < 0)
         log_state(
             fmt::format("exiting with spend Redis does not count: ${:.9f} ({} nano-USD) settled here for {} "
-                        "was not pushed ({}); the shared budget can admit that much again",
-                        static_cast<double>(left) / 1e9, left, c.key,
-                        c.idx < 0 ? std::string("Redis never answered this replica") : why));
+                        "was not pushed (Redis never answered this replica); the shared budget can admit "
+                        "that much again",
+                        static_cast<double>(left) / 1e9, left, c.key));
+      else if (left > 0)
+        log_state(fmt::format(
+            "exiting with spend Redis does not count: ${:.9f} ({} nano-USD) settled here for {} "
+            "{} ({}); {}the shared budget can admit that much again",
+            static_cast<double>(left) / 1e9, left, c.key, maybe ? "may not have reached Redis" : "was not pushed", why,
+            maybe ? "unless Redis still runs the push it was sent, " : ""));
     }
     for (int b = 0; b < 2; ++b) {
       if (!at(i).spec[b].enabled) continue;
       const std::int64_t u = at(i).lease[b].units.load(std::memory_order_acquire);
       if (u < 0)
-        log_state(
-            fmt::format("exiting with debt Redis does not count: {} {} used above the estimate for {} were "
-                        "not pushed ({})",
-                        -u, b == 0 ? "requests" : "tokens", at(i).lease_ctl[b].key, why));
+        log_state(fmt::format("exiting with debt Redis does not count: {} {} used above the estimate for {} {} ({})",
+                              -u, b == 0 ? "requests" : "tokens", at(i).lease_ctl[b].key,
+                              maybe ? "may not have reached Redis" : "were not pushed", why));
     }
   }
 }
@@ -557,7 +564,11 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
       continue;
     }
     const store::Error& e = results[k].error();
-    if (final_sync && loop_->final_error.empty()) loop_->final_error = outage_reason(e);
+    if (final_sync && loop_->final_error.empty()) {
+      loop_->final_error = outage_reason(e);
+      // Written, then no answer: Redis may still run it (a stopped one, resumed); a push counts once either way.
+      loop_->final_maybe_sent = e.code == store::Errc::timeout || e.code == store::Errc::connection_lost;
+    }
     if (e.code == store::Errc::server && ops[k].kind != Op::Kind::probe && key_data_error(e.message)) {
       // One scope's key holds data its script cannot use: that scope gets
       // nothing from this sync (its requests wait or are refused as on an

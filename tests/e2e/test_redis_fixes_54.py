@@ -111,7 +111,8 @@ def test_spend_a_drained_replica_cannot_push_is_logged(mock, weir, redis):
         redis.proc.send_signal(signal.SIGCONT)
     lost = logged_spend(w) - pushed  # (the access log is whole once Weir exited)
     [line] = lines(w, "exiting with spend Redis does not count")
-    assert f"({lost} nano-USD) settled here for {prefix(redis)}budget:tenant:t was not pushed" in line, line
+    # (Written to a Redis that does not answer: it may still run the push once resumed.)
+    assert f"({lost} nano-USD) settled here for {prefix(redis)}budget:tenant:t may not have reached Redis (" in line, line
 
 
 @pytest.mark.parametrize("fail_open", [False, True])
