@@ -157,7 +157,7 @@ store::Task<void> RedisLimiter::shutdown() {
   // What only this replica knows (spend not pushed yet, debt) is lost when
   // it exits: a client waiting to reconnect after an outage would fail the
   // final push at once, so it connects now (at most connect_timeout), and
-  // the push has its command_timeout. sync_once logs what did not get there.
+  // the push has its command_timeout. report_unpushed() says what did not get there.
   co_await client_->reconnect_now();
   loop_->final_error.clear();
   loop_->final_maybe_sent = false;
