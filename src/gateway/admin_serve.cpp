@@ -255,6 +255,10 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
         e = admin_bad_request(
             "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "
             "is too large.");
+      } else if (ec && parser.obs_fold()) {
+        e = admin_bad_request(
+            "Malformed HTTP request: a header line begins with a space or tab (obs-fold, RFC 9112 §5.2); send "
+            "each field on one line.");
       } else if (problem == http::HeadProblem::unsupported_coding) {
         e = AdminError{501,
                        "invalid_request_error",
@@ -265,7 +269,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       } else if (problem == http::HeadProblem::bad_framing) {
         e = admin_bad_request(
             "Malformed HTTP request: Transfer-Encoding must end in a single chunked, and comes with neither "
-            "Content-Length nor HTTP/1.0.");
+            "Content-Length nor HTTP/1.0; Content-Length comes once, with one value.");
       } else if (problem == http::HeadProblem::bad_host) {
         e = admin_bad_request(
             "Malformed HTTP request: a request needs exactly one valid Host header (HTTP/1.0: at most one).");

@@ -322,6 +322,8 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
                    : ReadFailure::head_too_large;
   } else if (ec == bh::error::buffer_overflow) {
     failure_ = ReadFailure::framing_too_large;
+  } else if (parser_->obs_fold()) {
+    failure_ = ReadFailure::obs_fold;
   } else {
     failure_ = ReadFailure::malformed;
   }

@@ -30,7 +30,8 @@ namespace weir::http {
 enum class ReadFailure : std::uint8_t {
   none,
   malformed,    // unparsable head or body → 400
-  bad_framing,  // Transfer-Encoding with Content-Length, on HTTP/1.0, or not ending in chunked → 400 (RFC 9112 §6.3)
+  obs_fold,     // a field value continued on a next line (obs-fold, RFC 9112 §5.2) → 400
+  bad_framing,  // Transfer-Encoding with Content-Length, on HTTP/1.0, not ending in chunked; Content-Length twice → 400
   unsupported_coding,       // a transfer coding other than chunked → 501 (RFC 9112 §6.1)
   bad_host,                 // HTTP/1.1 without Host, with several, or an invalid one → 400 (RFC 9112 §3.2)
   bad_target,               // a request-target neither origin-form nor http(s) absolute-form → 400 (RFC 9112 §3.2)

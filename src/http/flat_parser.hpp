@@ -78,6 +78,13 @@ class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
   FlatParser& operator=(const FlatParser&) = delete;
   ~FlatParser() override = default;
 
+  // The head had a field value continued on a next line (obs-fold, RFC 9112
+  // §5.2: a line starting with SP or HTAB). A request's is refused (the
+  // parse fails with bad_value), as is a response's in Content-Length or
+  // Transfer-Encoding; another response field's value stands, each fold
+  // replaced by one SP.
+  bool obs_fold() const noexcept { return obs_fold_; }
+
   message_type& get() noexcept { return m_; }
   const message_type& get() const noexcept { return m_; }
   message_type release() noexcept { return std::move(m_); }
@@ -130,6 +137,18 @@ class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
   void on_field_impl(boost::beast::http::field name, string_view name_string, string_view value,
                      error_code& ec) override {
     if (this->is_header_done()) return;  // a trailer field: dropped (RFC 9110 §6.5.1)
+    if (obs_folded(name_string, value)) [[unlikely]] {
+      // RFC 9112 §5.2: a server must refuse obs-fold in a request (or replace it with SP): a proxy in front
+      // that keeps the fold would read `Transfer-Encoding:\r\n chunked` as no transfer coding, and the two
+      // would frame the body differently. A proxy must refuse it in a response or replace it with SP, which
+      // Beast did: the value stands, except in the fields that frame the body.
+      obs_fold_ = true;
+      if (isRequest || name == boost::beast::http::field::content_length ||
+          name == boost::beast::http::field::transfer_encoding) {
+        ec = boost::beast::http::error::bad_value;
+        return;
+      }
+    }
     if (name_string.size() > std::numeric_limits<std::uint16_t>::max()) {
       ec = boost::beast::http::error::header_limit;
       return;
@@ -157,10 +176,23 @@ class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
 
   void on_finish_impl(error_code& ec) override { rd_.finish(ec); }
 
+  // Whether Beast unfolded the value of the field named `name`: the value
+  // then does not begin on the field's own line, after the colon and OWS,
+  // where Beast hands an unfolded value from (its name and an unfolded value
+  // are views into the parsed bytes; a folded one is in Beast's own buffer,
+  // or begins on a later line when the first was empty). The bytes read are
+  // the parsed line's: it ends in CRLF.
+  static bool obs_folded(string_view name, string_view value) noexcept {
+    const char* p = name.data() + name.size() + 1;
+    while (*p == ' ' || *p == '\t') ++p;
+    return p != value.data();
+  }
+
   message_type m_;
   typename Body::reader rd_;
   std::function<void(std::uint64_t, string_view, error_code&)> cb_h_;
   bool used_ = false;
+  bool obs_fold_ = false;  // obs_fold()
 };
 
 }  // namespace weir::http

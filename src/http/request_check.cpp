@@ -173,6 +173,8 @@ HeadProblem check_request_head(const RequestHead& req) {
         codings.add(f.value());
         break;
       case bh::field::content_length:
+        // (Beast took only lists of equal values, on one line or several.)
+        if (cl || f.value().find(',') != std::string_view::npos) return HeadProblem::bad_framing;
         cl = true;
         break;
       case bh::field::expect:

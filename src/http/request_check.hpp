@@ -21,7 +21,10 @@ namespace weir::http {
 enum class HeadProblem : std::uint8_t {
   none,
   // Transfer-Encoding with Content-Length, on an HTTP/1.0 request, empty, or
-  // whose final coding is not a single chunked (RFC 9112 §6.1, §6.3 item 3): 400.
+  // whose final coding is not a single chunked (RFC 9112 §6.1, §6.3 item 3);
+  // Content-Length on more than one line or as a list, even of one value
+  // repeated ("5, 5": RFC 9110 §8.6 lets a recipient take it, nginx refuses
+  // it, and a proxy in front may have read it otherwise): 400.
   bad_framing,
   // A transfer coding other than chunked (gzip, deflate, identity, ...)
   // before the final chunked: Weir implements none (RFC 9112 §6.1): 501.

@@ -5,6 +5,7 @@
 #include "http/request_check.hpp"
 #include "http/flat_parser.hpp"
 
+#include <memory>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -72,6 +73,64 @@ TEST(RequestCheck, TransferEncodingWithContentLengthIsBadFraming) {
     EXPECT_EQ(
         check(std::string("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: ") + te + "\r\nContent-Length: 5\r\n\r\n"),
         HeadProblem::bad_framing);
+  }
+}
+
+// RFC 9110 §8.6 lets a recipient take a list of one repeated value; nginx refuses it, and a proxy in front
+// may have read it otherwise: one Content-Length line with one value, or 400.
+TEST(RequestCheck, ContentLengthTwiceOrAsAListIsBadFraming) {
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n"), HeadProblem::none);
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n"),
+            HeadProblem::bad_framing);
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 5, 5\r\n\r\n"), HeadProblem::bad_framing);
+  EXPECT_EQ(check("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 0,0\r\n\r\n"), HeadProblem::bad_framing);
+  EXPECT_EQ(check("POST / HTTP/1.0\r\nContent-Length: 5\r\ncontent-length: 5\r\n\r\n"), HeadProblem::bad_framing);
+}
+
+// obs-fold (RFC 9112 §5.2): a request's is refused by the parser (a server may refuse or unfold it, and a
+// proxy in front that kept the fold would frame the body otherwise); a response's is unfolded (one SP per
+// fold), except in the fields that frame its body.
+TEST(ObsFold, ARequestWithAFoldedLineFailsToParse) {
+  for (std::string_view fold : {"Transfer-Encoding:\r\n chunked\r\n", "Transfer-Encoding: \r\n\tchunked\r\n",
+                                "Content-Length:\r\n 5\r\n", "X-Foo: a\r\n b\r\n", "X-Foo: a\r\n\tb\r\n",
+                                "X-Foo:\r\n \r\n", "X-Foo: a\r\n \r\n", "X-Foo: a  \r\n  b  \r\n c\r\n"}) {
+    const std::string raw = "POST / HTTP/1.1\r\nHost: x\r\n" + std::string(fold) + "Accept: */*\r\n\r\n";
+    FlatParser<true, bh::empty_body> p;
+    p.eager(false);
+    boost::system::error_code ec;
+    p.put(boost::asio::buffer(raw.data(), raw.size()), ec);
+    EXPECT_EQ(ec, bh::error::bad_value) << fold;
+    EXPECT_TRUE(p.obs_fold()) << fold;
+  }
+  // Whitespace on the field's own line is no fold.
+  for (std::string_view line : {"X-Foo:   a  b \t\r\n", "X-Foo:\r\n", "X-Foo: \t \r\n", "X-Foo:a\r\n"}) {
+    const std::string raw = "GET / HTTP/1.1\r\nHost: x\r\n" + std::string(line) + "Accept: */*\r\n\r\n";
+    FlatParser<true, bh::empty_body> p;
+    p.eager(false);
+    boost::system::error_code ec;
+    p.put(boost::asio::buffer(raw.data(), raw.size()), ec);
+    EXPECT_FALSE(ec) << ec.message() << " in " << line;
+    EXPECT_FALSE(p.obs_fold()) << line;
+  }
+}
+
+TEST(ObsFold, AResponseIsUnfoldedButNeverInItsFraming) {
+  auto parse = [](std::string_view raw, boost::system::error_code& ec) {
+    auto p = std::make_unique<FlatParser<false, bh::empty_body>>();
+    p->eager(false);
+    p->put(boost::asio::buffer(raw.data(), raw.size()), ec);
+    return p;
+  };
+  boost::system::error_code ec;
+  auto p = parse("HTTP/1.1 200 OK\r\nX-Foo: a\r\n b\r\nContent-Length: 0\r\n\r\n", ec);
+  EXPECT_FALSE(ec) << ec.message();
+  EXPECT_TRUE(p->obs_fold());
+  EXPECT_EQ(p->get()["X-Foo"], "a b");
+  for (std::string_view framing :
+       {"Transfer-Encoding:\r\n chunked\r\n", "Content-Length:\r\n 0\r\n", "Transfer-Encoding: chunked\r\n\t\r\n"}) {
+    ec = {};
+    p = parse("HTTP/1.1 200 OK\r\n" + std::string(framing) + "\r\n", ec);
+    EXPECT_EQ(ec, bh::error::bad_value) << framing;
   }
 }
 
