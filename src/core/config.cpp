@@ -62,7 +62,7 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
                             "write_timeout", "max_stream_buffer", "max_response", "max_event", "drain_timeout",
                             "access_log", "reuse_port", "metrics", "ready_pools", "watch_config", "cors",
                             // (allowed_hosts: read by gateway::load_config, ServerConfig::allowed_hosts)
-                            "allowed_hosts"}));
+                            "allowed_hosts", "trusted_proxies"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     // (0 is no "unlimited", as nginx's client_max_body_size 0 is: it would refuse every body.)
@@ -140,6 +140,18 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
       s.ready_pools = ServerConfig::ReadyPools::off;
     else
       return tl::unexpected(config_error(v, "server.ready_pools", "expected all, any or off"));
+  }
+  if (auto v = n["trusted_proxies"]) {
+    if (!v.IsSequence())
+      return tl::unexpected(config_error(v, "server.trusted_proxies", "expected a list of CIDR blocks or addresses"));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      const std::string key = fmt::format("server.trusted_proxies[{}]", i);
+      WEIR_TRY(text, read_string(v[i], key));
+      std::string why;
+      const auto net = parse_ip_net(text, why);
+      if (!net) return tl::unexpected(config_error(v[i], key, fmt::format("{}: {}", quoted_text(text), why)));
+      s.trusted_proxies.push_back(*net);
+    }
   }
   if (auto v = n["watch_config"]) {
     // false (off), true (every second), or how often.

@@ -13,6 +13,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "core/host_rule.hpp"
+#include "core/ip_net.hpp"
 #include "core/yaml.hpp"
 
 namespace weir::core {
@@ -84,6 +85,11 @@ struct ServerConfig {
   // (gateway::client_host_rule: on a loopback listener, IP literals and
   // localhost for the requests that need no credential; any host else).
   std::optional<HostRule> allowed_hosts;
+  // server.trusted_proxies: the front proxies (load balancers) whose
+  // X-Forwarded-For, X-Real-IP and Forwarded Weir believes. Empty (the
+  // default): none, and a request's client is its connection's peer
+  // (http/client_address.hpp).
+  std::vector<IpNet> trusted_proxies;
   // When GET /ready answers 503 besides draining (docs/reliability.md#readiness):
   // all = while any pool has no endpoint available on any worker, any = while
   // no pool has one, off = draining only.

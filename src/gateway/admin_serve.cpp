@@ -25,6 +25,7 @@
 #include "gateway/host_rule.hpp"
 #include "gateway/key_store.hpp"
 #include "gateway/worker.hpp"
+#include "http/client_address.hpp"
 #include "http/flat_parser.hpp"
 #include "http/io.hpp"
 #include "http/request_check.hpp"
@@ -76,8 +77,8 @@ core::Task<void> linger(Stream& stream) {
 
 }  // namespace
 
-void AdminServer::log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0,
-                              std::size_t bytes_in, std::size_t bytes_out, bool scrape) const {
+void AdminServer::log_request(std::string_view method, std::string_view path, std::string_view client, int status,
+                              core::TimePoint t0, std::size_t bytes_in, std::size_t bytes_out, bool scrape) const {
   // A scrape is not logged, as on the client port (a refused request to /metrics is).
   if (!shared_.log_sink || !shared_.log_sink->enabled() || scrape) return;
   std::string line;
@@ -89,6 +90,11 @@ void AdminServer::log_request(std::string_view method, std::string_view path, in
     w.put_json_string(core::utf8_prefix(method, 16));
     w.put(R"(,"path":)");
     w.put_json_string(core::utf8_prefix(path, core::kMaxEchoBytes));
+    w.put(R"(,"client":)");
+    if (client.empty())
+      w.put("null");
+    else
+      w.put_json_string(client);
     w.put(R"(,"status":)");
     w.put_int(status);
     w.put(R"(,"duration_ms":)");
@@ -104,6 +110,10 @@ void AdminServer::log_request(std::string_view method, std::string_view path, in
 
 core::Task<void> AdminServer::serve(http::Socket sock) {
   beast::basic_stream<asio::ip::tcp, core::Executor> stream(std::move(sock));
+  // The peer, for the log lines (read now: a client that resets the connection leaves none to read).
+  core::IpText client_text{};
+  const auto peer = http::socket_peer(stream.socket().native_handle());
+  const std::string_view client(client_text.data(), peer ? core::format_ip(*peer, client_text) : 0);
   // Bounded: a head is parsed whole within kMaxHeader, a body piece by
   // piece; a chunk-size line or trailer section that does not fit is
   // refused (buffer_overflow), never held (the class of CVE-2023-39326).
@@ -216,7 +226,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     read_deadline.disarm();
     if (ec == bh::error::partial_message || ec == asio::error::eof || ec == asio::error::connection_reset) {
       // The client closed mid-request: nobody to answer (499, as on the client listener).
-      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, 499, t0,
+      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, client, 499, t0,
                   bytes_in, continued);
       co_return;
     }
@@ -301,7 +311,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
       }
       stream.expires_after(kRequestTimeout);
       auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
-      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path,
+      log_request(req.method.empty() ? std::string_view("-") : std::string_view(req.method), req.path, client,
                   wec ? 499 : e.status, t0, bytes_in, continued + wn);
       if (wec) co_return;
       co_await linger(stream);
@@ -350,7 +360,7 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     stream.expires_after(kRequestTimeout);
     auto [wec, wn] = co_await bh::async_write(stream, res, core::use_task);
     // bytes_out: what was written, head and body, as on the client listener.
-    log_request(req.method, req.path, wec ? 499 : r.status, t0, bytes_in, continued + wn,
+    log_request(req.method, req.path, client, wec ? 499 : r.status, t0, bytes_in, continued + wn,
                 r.status == 200 && req.path == "/metrics");
     if (wec) co_return;
     if (body_unread) co_await linger(stream);

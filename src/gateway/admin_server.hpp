@@ -188,12 +188,13 @@ class AdminServer {
   // serve() on the control thread; an exception it lets out is logged, not rethrown.
   void spawn_serve(http::Socket sock);
   // One access-log line per admin request (the shared sink, when it is on):
-  // {"ts", "listener":"admin", "method", "path" (no query), "status",
-  // "duration_ms", "bytes_in" (head and body read), "bytes_out" (head and
-  // body written)}; never
+  // {"ts", "listener":"admin", "method", "path" (no query), "client" (the
+  // connection's peer address, null when unknown: server.trusted_proxies is
+  // the client listener's), "status", "duration_ms", "bytes_in" (head and
+  // body read), "bytes_out" (head and body written)}; never
   // a credential. A `scrape` (a /metrics answered 200) is not logged.
-  void log_request(std::string_view method, std::string_view path, int status, core::TimePoint t0, std::size_t bytes_in,
-                   std::size_t bytes_out, bool scrape = false) const;
+  void log_request(std::string_view method, std::string_view path, std::string_view client, int status,
+                   core::TimePoint t0, std::size_t bytes_in, std::size_t bytes_out, bool scrape = false) const;
   // What answers `req` on its head alone, checked in this order whether or
   // not the head expects 100-continue or its body came with it (so both
   // get the same answer): a host admin.allowed_hosts does not allow (421

@@ -1,6 +1,5 @@
 #include "http/downstream.hpp"
 
-#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -15,6 +14,7 @@
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
 
+#include "http/client_address.hpp"
 #include "http/headers.hpp"
 #include "http/request_check.hpp"
 
@@ -191,6 +191,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   failure_ec_ = {};
   target_ = {};
   bytes_in_ = 0;
+  client_len_ = 0;
   renew_parser();
   version_ = 0;
   head_method_ = false;
@@ -225,6 +226,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   }
   head_started_ = core::Watchdog::Clock::now();
   client_wait_ = {};
+  // The peer, read while the connection is surely open (a client that resets it leaves none to read):
+  // once per connection, for the access log's client and the X-Forwarded-For sent upstream.
+  peer_address();
   // A head already here whole is parsed at once: it keeps the later
   // deadline (moving one earlier may re-arm the worker's timer, a system call).
   // (A new connection's deadline runs on from its accept.)
@@ -257,6 +261,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   if (parser_->is_header_done()) {
     version_ = parser_->get().version();
     head_method_ = parser_->get().method() == bh::verb::head;
+    if (!sc_.trusted_proxies.empty()) note_client();
   } else if (parser_->got_some() && !parser_->get().target().empty()) {
     // A head refused after its request line (a bad field, too large): Beast
     // parsed the line first, and the answer to a HEAD has no content still.
@@ -469,22 +474,26 @@ void Downstream::post_poll() {
 std::string_view Downstream::peer_address() {
   if (!peer_read_) {
     peer_read_ = true;
-    sockaddr_storage sa{};
-    socklen_t len = sizeof sa;
-    const char* text = nullptr;
-    if (sock_.is_open() && ::getpeername(sock_.native_handle(), reinterpret_cast<sockaddr*>(&sa), &len) == 0) {
-      if (sa.ss_family == AF_INET) {
-        text = ::inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in&>(sa).sin_addr, peer_.data(), peer_.size());
-      } else if (sa.ss_family == AF_INET6) {
-        const auto& a6 = reinterpret_cast<const sockaddr_in6&>(sa).sin6_addr;
-        // A client over IPv4 to a dual-stack listener ([::]): its IPv4 address, as it is.
-        text = IN6_IS_ADDR_V4MAPPED(&a6) ? ::inet_ntop(AF_INET, &a6.s6_addr[12], peer_.data(), peer_.size())
-                                         : ::inet_ntop(AF_INET6, &a6, peer_.data(), peer_.size());
-      }
+    const auto a = sock_.is_open() ? socket_peer(sock_.native_handle()) : std::nullopt;
+    if (a) {
+      peer_ip_ = *a;
+      peer_len_ = static_cast<std::uint8_t>(core::format_ip(*a, peer_));
     }
-    peer_len_ = text ? static_cast<std::uint8_t>(std::char_traits<char>::length(text)) : 0;
   }
   return {peer_.data(), peer_len_};
+}
+
+bool Downstream::peer_trusted() {
+  if (peer_trusted_ < 0)
+    peer_trusted_ = !sc_.trusted_proxies.empty() && !peer_address().empty() && in_any(sc_.trusted_proxies, peer_ip_);
+  return peer_trusted_ > 0;
+}
+
+void Downstream::note_client() {
+  client_len_ = 0;
+  if (!peer_trusted()) return;
+  const core::IpAddress a = resolve_client(parser_->get(), peer_ip_, sc_.trusted_proxies);
+  if (a != peer_ip_) client_len_ = static_cast<std::uint8_t>(core::format_ip(a, client_));
 }
 
 bool Downstream::established() {

@@ -99,6 +99,18 @@ class Downstream {
   // getpeername and inet_ntop per connection, no allocation); empty when
   // it cannot be read (the socket closed).
   std::string_view peer_address();
+  // Whether the peer is a front proxy of server.trusted_proxies (its
+  // X-Forwarded-For, X-Real-IP and Forwarded are believed). Read once per
+  // connection; false when the list is empty or the peer cannot be read.
+  bool peer_trusted();
+  // The request's client, as text as peer_address() writes it: the peer,
+  // or, from a trusted peer, the client its X-Forwarded-For names
+  // (http/client_address.hpp's resolve_client, read with the head by
+  // read_head). The access log's `client`. With server.trusted_proxies
+  // empty it costs what peer_address() does, once per connection.
+  std::string_view client_address() {
+    return client_len_ > 0 ? std::string_view(client_.data(), client_len_) : peer_address();
+  }
 
   // --- reading ---
 
@@ -422,6 +434,12 @@ class Downstream {
   std::array<char, 46> peer_{};  // peer_address(): INET6_ADDRSTRLEN
   std::uint8_t peer_len_ = 0;
   bool peer_read_ = false;
+  core::IpAddress peer_ip_{};      // peer_address()'s, when peer_len_ > 0
+  std::int8_t peer_trusted_ = -1;  // peer_trusted(): -1 not read yet
+  core::IpText client_{};          // client_address() when it is not the peer
+  std::uint8_t client_len_ = 0;    // 0: the client is the peer
+  // After a head is parsed: client_ from its X-Forwarded-For, when the peer is trusted.
+  void note_client();
 };
 
 }  // namespace weir::http

@@ -421,6 +421,15 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
   w.put_json_string(ctx.method);
   w.put(R"(,"path":)"sv);
   w.put_json_string(ctx.path);
+  // The client's address (Downstream::client_address: the peer, or from a trusted proxy its
+  // X-Forwarded-For's client): IP address text, written as it is (no byte in it needs escaping).
+  if (const std::string_view client = down_.client_address(); client.empty()) {
+    w.put(R"(,"client":null)"sv);
+  } else {
+    w.put(R"(,"client":")"sv);
+    w.put(client);
+    w.put("\""sv);
+  }
   w.put(R"(,"model":)"sv);
   // Client-supplied, any length and any bytes: capped here, made valid UTF-8 by the escaper.
   if (ctx.model.empty())

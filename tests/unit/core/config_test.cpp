@@ -609,3 +609,25 @@ TEST(ConfigContinuousUsage, AutoAndExplicit) {
   EXPECT_NE(bad.error().to_string().find("pools.p.continuous_usage"), std::string::npos) << bad.error().to_string();
   EXPECT_NE(bad.error().to_string().find("expected auto, true or false"), std::string::npos);
 }
+
+// server.trusted_proxies: CIDR blocks or addresses of both families; none by default.
+TEST(Config, TrustedProxiesAreCidrBlocks) {
+  auto none = parse_config("pools: {a: {endpoints: [http://127.0.0.1:1]}}\ndefault_pool: a\n", "weir.yaml");
+  ASSERT_TRUE(none) << none.error().to_string();
+  EXPECT_TRUE(none->server.trusted_proxies.empty());
+  auto c = parse_config(
+      "server:\n  trusted_proxies: [10.0.0.0/8, 127.0.0.1, \"fd00::/8\", \"::1\"]\n"
+      "pools: {a: {endpoints: [http://127.0.0.1:1]}}\ndefault_pool: a\n",
+      "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  ASSERT_EQ(c->server.trusted_proxies.size(), 4u);
+  EXPECT_TRUE(c->server.trusted_proxies[0].contains(*weir::core::parse_ip("10.9.8.7")));
+  EXPECT_FALSE(c->server.trusted_proxies[1].contains(*weir::core::parse_ip("127.0.0.2")));
+  EXPECT_TRUE(c->server.trusted_proxies[2].contains(*weir::core::parse_ip("fd12::1")));
+  EXPECT_EQ(c->server.trusted_proxies[3].prefix, 128);
+  for (std::string_view bad : {"[10.0.0.0/33]", "[nginx]", "[\"10.0.0.1:80\"]", "10.0.0.0/8", "[[10.0.0.1]]"}) {
+    const std::string e = error_of("server:\n  trusted_proxies: " + std::string(bad) +
+                                   "\npools: {a: {endpoints: [http://127.0.0.1:1]}}\ndefault_pool: a\n");
+    EXPECT_NE(e.find("server.trusted_proxies"), std::string::npos) << bad << ": " << e;
+  }
+}
