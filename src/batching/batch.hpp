@@ -78,6 +78,8 @@ class BatchMember final : public http::ResponseSource {
     // The client's address, last in the X-Forwarded-For sent upstream (a batch's: its first member's, when
     // every member is of its tenant).
     std::string_view client_address;
+    // Its connection's peer is one of server.trusted_proxies (UpstreamHeadOptions::trusted_peer).
+    bool trusted_peer = false;
     // The member's tenant (empty without auth): a batch whose members are not all of one tenant sends of its
     // first member's fields only Content-Type and Accept upstream (UpstreamHeadOptions::shared).
     std::string_view tenant;

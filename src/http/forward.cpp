@@ -92,6 +92,17 @@ bool is_forwarded_for(const Field& f) {
   return f.name() == bh::field::unknown && f.name_string().size() == 15 && iequals(f.name_string(), "x-forwarded-for");
 }
 
+// Forwarded (RFC 7239).
+template <class Field>
+bool is_forwarded(const Field& f) {
+  return f.name() == bh::field::forwarded;
+}
+// X-Real-IP (nginx's; no Beast field code of its own).
+template <class Field>
+bool is_real_ip(const Field& f) {
+  return f.name() == bh::field::unknown && f.name_string().size() == 9 && iequals(f.name_string(), "x-real-ip");
+}
+
 // True when the client's field `f` goes upstream as it came (beside the
 // hop-by-hop and x-request-id rules of copy_end_to_end): never Host,
 // Content-Length or Expect (Weir frames the request), nor Accept-Encoding
@@ -253,12 +264,20 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
   }
   const bool own_trace = !o.traceparent.empty();
   const bool add_for = !o.client_address.empty();
-  bool client_for = false;  // the client sent X-Forwarded-For (joined below, before its address)
+  bool client_for = false;        // the client sent X-Forwarded-For (joined below, before its address)
+  bool client_forwarded = false;  // and Forwarded (the same)
   const ConnectionListed listed(req);
   copy_end_to_end(out, req, listed, [&](const auto& f) {
-    if (add_for && is_forwarded_for(f)) {
-      client_for = true;
+    if (add_for && is_forwarded(f)) {
+      client_forwarded = true;
       return true;
+    }
+    if (f.name() == bh::field::unknown) {
+      if (add_for && is_forwarded_for(f)) {
+        client_for = true;
+        return true;
+      }
+      if (!o.trusted_peer && is_real_ip(f)) return true;
     }
     // A request of several clients: an allow-list, not a deny-list of what describes the client (trace
     // context in a dozen vendors' fields, addresses, proxies, user agents, SDK fields, whatever a client adds):
@@ -285,6 +304,21 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     }
     out += o.client_address;
     out += "\r\n";
+  }
+  if (client_forwarded) {
+    // RFC 7239 §4: a proxy appends its element; the upstream trusts only the ones its own peer (Weir) wrote,
+    // so the client's elements reach it as the client's claim, never as Weir's.
+    out += "Forwarded: ";
+    for (const auto& f : req) {
+      if (!is_forwarded(f) || core::trim_ows(f.value()).empty() || hop_by_hop_in(listed, f)) continue;
+      out += f.value();
+      out += ", ";
+    }
+    // An IPv6 node is quoted and in brackets (§6: "[" and ":" are not token characters).
+    const bool v6 = o.client_address.find(':') != std::string_view::npos;
+    out += v6 ? "for=\"[" : "for=";
+    out += o.client_address;
+    out += v6 ? "]\"\r\n" : "\r\n";
   }
   out += "\r\n";
 }

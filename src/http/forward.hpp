@@ -48,9 +48,17 @@ struct UpstreamHeadOptions {
   // The downstream client's address (Downstream::peer_address): non-empty,
   // X-Forwarded-For goes up as the client's own (its lines joined with
   // ", ", in order) followed by this, or as this alone when the client sent
-  // none: nginx's $proxy_add_x_forwarded_for, Envoy's append. Empty: the
-  // client's X-Forwarded-For lines pass through as they came.
+  // none: nginx's $proxy_add_x_forwarded_for, Envoy's append. A client's
+  // Forwarded (RFC 7239) goes up the same way, its lines joined and this
+  // appended as a `for=` element (§4; an IPv6 address quoted and in
+  // brackets, §6); none sent: none added. Empty: the client's
+  // X-Forwarded-For and Forwarded lines pass through as they came.
   std::string_view client_address;
+  // The peer is a front proxy of server.trusted_proxies (Downstream::peer_trusted):
+  // the client's X-Real-IP goes up; otherwise it is dropped. It is one
+  // address with no list to append the peer to, so from anyone else it would
+  // reach the upstream as Weir's word for a value any client can write.
+  bool trusted_peer = false;
 };
 
 // Appends the request target sent to an endpoint whose URL has a path
@@ -82,7 +90,8 @@ bool query_names(std::string_view query, std::string_view name);
 // Weir decodes), Content-Encoding, anthropic-version and the
 // client's credentials (and, with a traceparent in the options, the client's
 // traceparent and tracestate, replaced by the options'), X-Forwarded-For
-// with the options' client address last; then the blank line.
+// and Forwarded with the options' client address last, X-Real-IP unless
+// the peer is trusted; then the blank line.
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
 
 // Appends, for deciding which requests may share one upstream request

@@ -215,6 +215,36 @@ TEST(HttpForward, XForwardedForEndsWithTheClientAddress) {
   EXPECT_EQ(values(out, "x-forwarded-for"), Values{"6.6.6.6"});
 }
 
+// RFC 7239 §4: a client's Forwarded goes up with Weir's own element appended (the peer it saw), never as
+// Weir's word; nginx's X-Real-IP goes up only from a trusted front proxy (it has no list to append to).
+TEST(HttpForward, ForwardedGetsWeirsElementAndXRealIpNeedsATrustedPeer) {
+  auto o = options();
+  o.client_address = "127.0.0.1";
+  std::string out;
+  constexpr std::string_view forged =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n"
+      "forwarded: for=7.7.7.7;proto=https\r\nAccept: */*\r\n\r\n";
+  append_upstream_request_head(out, request(forged), o);
+  EXPECT_EQ(values(out, "forwarded"), Values{"for=6.6.6.6, for=7.7.7.7;proto=https, for=127.0.0.1"});
+  EXPECT_EQ(values(out, "x-real-ip"), Values{});
+  EXPECT_EQ(values(out, "accept"), Values{"*/*"});
+  // An IPv6 node is quoted and bracketed (§6).
+  o.client_address = "2001:db8::1";
+  out.clear();
+  append_upstream_request_head(out, request(forged), o);
+  EXPECT_EQ(values(out, "forwarded"), Values{"for=6.6.6.6, for=7.7.7.7;proto=https, for=\"[2001:db8::1]\""});
+  // From a trusted proxy (server.trusted_proxies), its X-Real-IP is the proxy's word, and goes.
+  o.trusted_peer = true;
+  out.clear();
+  append_upstream_request_head(out, request(forged), o);
+  EXPECT_EQ(values(out, "x-real-ip"), Values{"6.6.6.6"});
+  // No Forwarded from the client: none is added (X-Forwarded-For carries the address).
+  out.clear();
+  append_upstream_request_head(out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n\r\n"), o);
+  EXPECT_EQ(values(out, "forwarded"), Values{});
+  EXPECT_EQ(values(out, "x-forwarded-for"), Values{"2001:db8::1"});
+}
+
 // A micro-batch of several tenants' prompts (shared): no member's trace context, baggage or address goes
 // up with the others' prompts; Weir's own traceparent still does, and the request's other fields.
 TEST(HttpForward, ASharedHeadCarriesNoClientsContext) {
