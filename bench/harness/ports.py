@@ -99,11 +99,17 @@ def group_pids(pgid: int) -> list[int]:
 
 def owns_listener(pgid: int, port: int) -> bool:
     """Whether a process of group `pgid` holds a socket listening on TCP `port`."""
+    return holds_listener(group_pids(pgid), port)
+
+
+def holds_listener(pids, port: int) -> bool:
+    """Whether one of `pids` holds a socket listening on TCP `port` (a server that is not its own process
+    group's leader: redis-server, postgres, started by the tests in theirs)."""
     inodes = _listening_inodes(port)
     if not inodes:
         return False
     wanted = {f"socket:[{i}]" for i in inodes}
-    for pid in group_pids(pgid):
+    for pid in pids:
         try:
             fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:

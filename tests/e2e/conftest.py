@@ -608,15 +608,26 @@ class Redis:
         self.port = free_port()
         self.dir = tmp_path
         self.proc: subprocess.Popen | None = None
+        self.started = False  # start() succeeded once: a restart stays on the same port
 
     def start(self):
         exe = shutil.which("redis-server")
         if not exe:
             pytest.fail("redis-server not installed: run scripts/setup", pytrace=False)
-        self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-        wait_until(self.ping, 10, message=f"redis-server on {self.port} answering PING")
+        for attempt in range(3):
+            self.proc = subprocess.Popen([exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                          "--appendonly", "no", "--dir", str(self.dir)],
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            # Ours answering, not another process's server on a port ours found taken (ours then exits).
+            wait_until(lambda: self.proc.poll() is not None or
+                       (self.ping() and _ports.holds_listener([self.proc.pid], self.port)), 10,
+                       message=f"redis-server on {self.port} answering PING")
+            if self.proc.poll() is None:
+                self.started = True
+                return
+            if self.started or attempt == 2:  # a restart keeps its port (the tests' Weir points at it)
+                pytest.fail(f"redis-server exited (status {self.proc.returncode}) on port {self.port}", pytrace=False)
+            self.port = free_port()
 
     def ping(self) -> bool:
         try:

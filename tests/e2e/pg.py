@@ -16,7 +16,7 @@ import uuid
 
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import _ports, free_port, wait_until
 
 
 def pg_bindir() -> str:
@@ -67,7 +67,8 @@ class Postgres:
             raise AssertionError(f"postgres exited: {open(self.log.name).read()[-2000:]}")
         r = subprocess.run([f"{self.bin}/pg_isready", "-h", "127.0.0.1", "-p", str(self.port), "-U", "weir"],
                            capture_output=True, timeout=10)
-        return r.returncode == 0
+        # Ours answering (the postmaster holds the listener), not another server on a port ours found taken.
+        return r.returncode == 0 and _ports.holds_listener([self.proc.pid], self.port)
 
     def psql(self, sql: str, db: str = "postgres") -> str:
         """Runs `sql`; rows as lines of tab-separated fields (psql -At)."""

@@ -66,3 +66,18 @@ def test_the_benchmark_harness_does_not_take_another_server_for_its_process(tmp_
             assert "exited" in str(e.value)
         finally:
             proc.stop()
+
+
+def test_a_redis_whose_port_is_taken_starts_on_another(tmp_path):
+    from conftest import Redis
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        r = Redis(tmp_path)
+        taken = r.port = other.getsockname()[1]
+        try:
+            r.start()
+            assert r.port != taken and r.ping()
+            assert _ports.holds_listener([r.proc.pid], r.port)
+        finally:
+            r.kill()
