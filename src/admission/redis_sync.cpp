@@ -61,6 +61,13 @@ bool key_data_error(std::string_view m) {
   }
   if (m.starts_with("WRONGTYPE")) return true;
   if (!m.starts_with("ERR ")) return false;
+  // An ACL refusal relayed from a script (Redis 7: "ERR The user executing
+  // the script can't run this command or subcommand ...", "... can't access
+  // at least one of the keys ..."; "no permissions" in older wording) is
+  // NOPERM: the user cannot do the limiter's work, whatever the key's data.
+  for (std::string_view acl : {"can't run this command", "can't access at least one of the keys",
+                               "can't access at least one of the channels", "no permissions"})
+    if (m.find(acl) != std::string_view::npos) return false;
   return m.find("not an integer") != std::string_view::npos || m.find("not a valid float") != std::string_view::npos ||
          m.find("would overflow") != std::string_view::npos || m.find("user_script:") != std::string_view::npos ||
          m.starts_with("ERR Error running script");

@@ -41,6 +41,14 @@ TEST(RedisKeyDataErrorTest, ErrorsAboutRedisAreAnOutage) {
            "NOREPLICAS Not enough good replicas to write.",
            "NOSCRIPT No matching script. Please use EVAL.",
            "ERR unknown command 'EVALSHA', with args beginning with: ",
+           // Redis 7 relays an ACL refusal inside a script as an ERR (regression helper, stop 54): the user
+           // cannot do the limiter's work for any key.
+           "ERR The user executing the script can't run this command or subcommand script: 0123abcd, on "
+           "@user_script:12.",
+           "ERR The user executing the script can't access at least one of the keys mentioned in the command "
+           "script: 0123abcd, on @user_script:7.",
+           "ERR Error running script (call to f_0123): @user_script:9: @user_script: 9: The user executing the "
+           "script can't run this command or subcommand",
            // Redis 6 relays an error of redis.call() inside the script's own.
            "ERR Error running script (call to f_0123): @user_script:9: -OOM command not allowed when used memory "
            "> 'maxmemory'.",
