@@ -15,6 +15,7 @@ constexpr std::array<std::uint8_t, 12> kMappedPrefix{0, 0, 0, 0, 0, 0, 0, 0, 0, 
 bool IpAddress::v4() const noexcept { return std::memcmp(bytes.data(), kMappedPrefix.data(), 12) == 0; }
 
 bool IpNet::contains(const IpAddress& a) const noexcept {
+  if (v6_only && a.v4()) return false;
   const std::size_t whole = prefix / 8;
   if (std::memcmp(a.bytes.data(), base.bytes.data(), whole) != 0) return false;
   const unsigned rest = prefix % 8;
@@ -50,9 +51,12 @@ std::optional<IpNet> parse_ip_net(std::string_view text, std::string& error) {
     return std::nullopt;
   }
   IpNet net{.base = *addr, .prefix = 128};
+  // Written in IPv4 form: the prefix counts from bit 96 of the mapped form. Written in IPv6 form (an
+  // IPv4-mapped one too, ::ffff:10.0.0.0/104): from bit 0.
+  const bool v4_text = text.substr(0, slash).find(':') == std::string_view::npos;
   if (slash != std::string_view::npos) {
     const std::string_view len = text.substr(slash + 1);
-    const unsigned max = addr->v4() ? 32 : 128;
+    const unsigned max = v4_text ? 32 : 128;
     unsigned n = 0;
     bool ok = !len.empty() && len.size() <= 3;
     for (const char c : len) {
@@ -63,8 +67,10 @@ std::optional<IpNet> parse_ip_net(std::string_view text, std::string& error) {
       error = fmt::format("the prefix length must be a number from 0 to {}", max);
       return std::nullopt;
     }
-    net.prefix = static_cast<std::uint8_t>(addr->v4() ? n + 96 : n);
+    net.prefix = static_cast<std::uint8_t>(v4_text ? n + 96 : n);
   }
+  // An IPv6 block wider than the mapped range, or outside it, holds no IPv4 address.
+  net.v6_only = !v4_text && !(net.prefix >= 96 && addr->v4());
   // Bits past the prefix cleared, so contains() compares bytes as they are.
   for (unsigned bit = net.prefix; bit < 128; ++bit)
     net.base.bytes[bit / 8] = static_cast<std::uint8_t>(net.base.bytes[bit / 8] & ~(0x80u >> (bit % 8)));

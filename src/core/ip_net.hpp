@@ -27,10 +27,14 @@ struct IpAddress {
 using IpText = std::array<char, 46>;
 
 // A block of addresses: those whose first `prefix` bits (of the 128) are the
-// base's. The base has no bit set past the prefix.
+// base's. The base has no bit set past the prefix. A block written in IPv6
+// form that does not lie inside ::ffff:0:0/96 (`::/0`, `fd00::/8`) holds
+// IPv6 addresses only, as nginx's set_real_ip_from reads it: an IPv4 client
+// is never in it, though its mapped form has the same leading bits.
 struct IpNet {
   IpAddress base;
   std::uint8_t prefix = 128;
+  bool v6_only = false;
   bool contains(const IpAddress& a) const noexcept;
   bool operator==(const IpNet&) const = default;
 };

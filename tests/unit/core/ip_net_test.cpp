@@ -56,6 +56,15 @@ TEST(IpNet, BlocksHoldTheirAddressesOnly) {
   EXPECT_TRUE(net("0.0.0.0/0").contains(*parse_ip("203.0.113.9")));
   EXPECT_FALSE(net("0.0.0.0/0").contains(*parse_ip("2001:db8::1")));
   EXPECT_TRUE(net("::/0").contains(*parse_ip("2001:db8::1")));
+  // An IPv6 block holds no IPv4 client, though its mapped form has the block's leading bits (it trusted
+  // every IPv4 peer: regression helper, stop 54); the mapped range written in IPv6 form holds them.
+  EXPECT_FALSE(net("::/0").contains(*parse_ip("203.0.113.9")));
+  EXPECT_FALSE(net("::/64").contains(*parse_ip("10.0.0.1")));
+  EXPECT_FALSE(net("::ffff:0:0/95").contains(*parse_ip("10.0.0.1")));
+  EXPECT_TRUE(net("::ffff:0:0/96").contains(*parse_ip("10.0.0.1")));
+  EXPECT_TRUE(net("::ffff:10.0.0.0/104").contains(*parse_ip("10.1.2.3")));
+  EXPECT_FALSE(net("::ffff:10.0.0.0/104").contains(*parse_ip("11.0.0.1")));
+  EXPECT_TRUE(net("::ffff:10.1.1.1").contains(*parse_ip("10.1.1.1")));
   EXPECT_TRUE(net("::1/128").contains(*parse_ip("::1")));
   std::string why;
   for (std::string_view bad : {"10.0.0.0/33", "fd00::/129", "10.0.0.0/", "10.0.0.0/x", "10.0.0.0/-1", "weir",
