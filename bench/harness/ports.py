@@ -66,9 +66,9 @@ def free_port(role: str, host: str = "127.0.0.1") -> int:
     raise RuntimeError(f"no free TCP port in {lo}-{hi - 1} on {host}")
 
 
-def _listening_inodes(port: int) -> set[str]:
-    """Socket inodes listening on TCP `port` (any address, IPv4 or IPv6) in this network namespace."""
-    inodes = set()
+def tcp_sockets():
+    """(local port, remote port, state, inode) of every TCP socket, IPv4 and IPv6, in this network namespace
+    (/proc/net/tcp{,6}; state "0A" is LISTEN, "01" ESTABLISHED)."""
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             lines = open(table).read().splitlines()[1:]
@@ -76,9 +76,12 @@ def _listening_inodes(port: int) -> set[str]:
             continue
         for line in lines:
             parts = line.split()
-            if parts[3] == "0A" and int(parts[1].rsplit(":", 1)[1], 16) == port:
-                inodes.add(parts[9])
-    return inodes
+            yield int(parts[1].rsplit(":", 1)[1], 16), int(parts[2].rsplit(":", 1)[1], 16), parts[3], parts[9]
+
+
+def _listening_inodes(port: int) -> set[str]:
+    """Socket inodes listening on TCP `port` (any address, IPv4 or IPv6) in this network namespace."""
+    return {inode for local, _, state, inode in tcp_sockets() if state == "0A" and local == port}
 
 
 def group_pids(pgid: int) -> list[int]:

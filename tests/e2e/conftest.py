@@ -110,17 +110,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def connections_to(port: int) -> int:
     """Established TCP connections whose remote port is `port` (this network namespace)."""
-    n = 0
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            lines = open(table).read().splitlines()[1:]
-        except OSError:
-            continue
-        for line in lines:
-            parts = line.split()
-            if parts[3] == "01" and int(parts[2].rsplit(":", 1)[1], 16) == port:
-                n += 1
-    return n
+    return sum(1 for _, remote, state, _ in _ports.tcp_sockets() if state == "01" and remote == port)
 
 
 def sigstop(pid: int, timeout: float = 10.0) -> None:
