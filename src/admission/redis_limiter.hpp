@@ -64,15 +64,6 @@ namespace weir::admission {
 // for tests that run it against a real Redis with their own arguments.
 const std::string& budget_lua_text();
 
-// True when a Redis error reply (`message`, as store::Error holds it) is
-// about the data of the one key a script worked on (WRONGTYPE; "hash value
-// is not an integer"; a Lua runtime error such as arithmetic on a field
-// that does not parse), not about Redis as a whole: false for connection
-// errors' messages and for replies that name a Redis-wide condition (OOM,
-// READONLY, MISCONF, LOADING, BUSY, NOAUTH, NOPERM, ...), also when a
-// script relays them. Such an error fails that scope's sync only.
-bool key_data_error(std::string_view message);
-
 class RedisLimiter final : public Limiter {
  public:
   using LogFn = std::function<void(std::string_view)>;

@@ -7,6 +7,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
+#include "admission/redis_errors.hpp"
 #include "admission/redis_limiter.hpp"
 #include "admission/redis_limiter_state.hpp"
 #include "admission/redis_scripts.hpp"
@@ -21,59 +22,6 @@ using core::Timer;
 using core::use_task;
 using redis_detail::whole_down;
 using redis_detail::whole_up;
-
-// Why a sync failed, for the one log line of an outage: the error reply's
-// first sentence (MISCONF's is ~450 characters), or what happened to the
-// connection. Every command Weir sends is one of its own scripts (NOSCRIPT
-// is answered by the client, which loads the script and resends), so an
-// error reply — OOM, READONLY, MISCONF, NOREPLICAS, NOPERM, an unknown
-// command (a renamed EVALSHA) — means Redis cannot do the limiter's work,
-// not that one request was wrong; except the errors key_data_error() names.
-std::string outage_reason(const store::Error& e) {
-  if (e.message.empty()) return std::string(store::to_string(e.code));
-  std::string_view m = e.message;
-  if (const auto dot = m.find(". "); dot != std::string_view::npos) m = m.substr(0, dot);
-  if (const auto nl = m.find_first_of("\r\n"); nl != std::string_view::npos) m = m.substr(0, nl);
-  constexpr std::size_t kMax = 120;
-  if (m.size() > kMax) return fmt::format("{}...", m.substr(0, kMax));
-  return std::string(m);
-}
-
-}  // namespace
-
-// True when an error reply is about the data of the one key a script
-// worked on (WRONGTYPE, a field that is not an integer, a Lua runtime error
-// such data causes), not about Redis: that scope's sync fails, the replica
-// is no less able to use Redis for the others (the scripts reset such keys
-// themselves; this is the guard for what they do not foresee). An error
-// that names a Redis-wide condition, also when a script relays it, is not.
-bool key_data_error(std::string_view m) {
-  static constexpr std::string_view kWide[] = {"OOM",         "READONLY", "MISCONF",   "LOADING",    "BUSY",
-                                               "NOAUTH",      "NOPERM",   "WRONGPASS", "NOREPLICAS", "MASTERDOWN",
-                                               "CLUSTERDOWN", "TRYAGAIN", "NOSCRIPT",  "EXECABORT"};
-  for (std::string_view w : kWide) {
-    if (m.starts_with(w)) return false;
-    for (std::string_view sep : {": ", ": -"})
-      for (std::size_t at = m.find(sep); at != std::string_view::npos; at = m.find(sep, at + 1)) {
-        const std::string_view rest = m.substr(at + sep.size());
-        if (rest.starts_with(w) && (rest.size() == w.size() || rest[w.size()] == ' ')) return false;
-      }
-  }
-  if (m.starts_with("WRONGTYPE")) return true;
-  if (!m.starts_with("ERR ")) return false;
-  // An ACL refusal relayed from a script (Redis 7: "ERR The user executing
-  // the script can't run this command or subcommand ...", "... can't access
-  // at least one of the keys ..."; "no permissions" in older wording) is
-  // NOPERM: the user cannot do the limiter's work, whatever the key's data.
-  for (std::string_view acl : {"can't run this command", "can't access at least one of the keys",
-                               "can't access at least one of the channels", "no permissions"})
-    if (m.find(acl) != std::string_view::npos) return false;
-  return m.find("not an integer") != std::string_view::npos || m.find("not a valid float") != std::string_view::npos ||
-         m.find("would overflow") != std::string_view::npos || m.find("user_script:") != std::string_view::npos ||
-         m.starts_with("ERR Error running script");
-}
-
-namespace {
 
 // Time over which a lease's demand is smoothed, seconds: a burst raises it
 // within a few ticks, one quiet tick does not drop it.
@@ -177,100 +125,6 @@ store::Task<void> RedisLimiter::shutdown() {
   auto slot_waiters = std::move(slot_waiters_);
   slot_waiters_.clear();
   for (auto& w : slot_waiters) w.done();
-}
-
-void RedisLimiter::report_unpushed() {
-  // Lines that are never rate limited: money and limits nobody else will count.
-  const bool maybe = loop_->final_maybe_sent;
-  const std::string why = loop_->final_error.empty() ? std::string("not sent") : loop_->final_error;
-  for (std::uint32_t i = 0; i < scope_count_; ++i) {
-    const SpendCtl& c = at(i).spend_ctl;
-    if (c.enabled) {
-      const std::int64_t left = at(i).spend.mine.load(std::memory_order_acquire) - (c.idx >= 0 ? c.pushed : 0);
-      if (left > 0 && c.idx < 0)
-        log_state(
-            fmt::format("exiting with spend Redis does not count: ${:.9f} ({} nano-USD) settled here for {} "
-                        "was not pushed (Redis never answered this replica); the shared budget can admit "
-                        "that much again",
-                        static_cast<double>(left) / 1e9, left, c.key));
-      else if (left > 0)
-        log_state(fmt::format(
-            "exiting with spend Redis does not count: ${:.9f} ({} nano-USD) settled here for {} "
-            "{} ({}); {}the shared budget can admit that much again",
-            static_cast<double>(left) / 1e9, left, c.key, maybe ? "may not have reached Redis" : "was not pushed", why,
-            maybe ? "unless Redis still runs the push it was sent, " : ""));
-    }
-    for (int b = 0; b < 2; ++b) {
-      if (!at(i).spec[b].enabled) continue;
-      const std::int64_t u = at(i).lease[b].units.load(std::memory_order_acquire);
-      if (u < 0)
-        log_state(fmt::format("exiting with debt Redis does not count: {} {} used above the estimate for {} {} ({})",
-                              -u, b == 0 ? "requests" : "tokens", at(i).lease_ctl[b].key,
-                              maybe ? "may not have reached Redis" : "were not pushed", why));
-    }
-  }
-}
-
-void RedisLimiter::note_reset(const std::string& what) {
-  if (what.empty()) return;
-  key_resets_.fetch_add(1, std::memory_order_relaxed);
-  log(
-      fmt::format("Redis key {}: reset (taken as missing; its scope's shared state starts again from "
-                  "what the replicas push)",
-                  what));
-}
-
-void RedisLimiter::enter_degraded(const std::string& why, bool answered) {
-  if (degraded_.load(std::memory_order_relaxed)) return;
-  loop_->outage_start = MonoClock::now();
-  outages_.fetch_add(1, std::memory_order_relaxed);
-  if (config_.fail_open) {
-    // Stream slots: the local share of each limit while Redis cannot arbitrate.
-    for (std::uint32_t i = 0; i < scope_count_; ++i) {
-      if (at(i).max_streams == 0) continue;
-      Slots& s = at(i).slots;
-      const std::int64_t a = s.allowance.load(std::memory_order_relaxed);
-      s.allowance.store(at(i).slots_ctl.local_max, std::memory_order_release);
-      s.free.fetch_add(at(i).slots_ctl.local_max - a, std::memory_order_acq_rel);
-    }
-  }
-  if (config_.fail_open) {
-    // Budgets: besides its own allowance, a replica may reserve its share
-    // of the budget no replica held at the last reply (docs/admission.md,
-    // the outage bound). The next sync after the outage re-bases it.
-    for (std::uint32_t i = 0; i < scope_count_; ++i) {
-      SpendCtl& c = at(i).spend_ctl;
-      if (!c.enabled) continue;
-      const auto extra = static_cast<std::int64_t>(
-          std::floor(static_cast<double>(at(i).spend.spare.exchange(0)) * config_.fail_open_share));
-      if (extra <= 0) continue;
-      c.allowance += extra;
-      at(i).spend.free.fetch_add(extra, std::memory_order_acq_rel);
-    }
-  }
-  degraded_.store(true, std::memory_order_release);
-  if (!config_.fail_open) refusing_.store(true, std::memory_order_relaxed);
-  // "unusable": Redis answers, with errors (OOM, READONLY, MISCONF, NOPERM...).
-  const std::string addr = store::endpoint_text(config_.host, config_.port);
-  const char* state = answered ? "unusable" : "unreachable";
-  if (config_.fail_open)
-    log_state(
-        fmt::format("Redis {} {} ({}): fail_open is on, limiting per replica from local state "
-                    "(each limit x {}) until it is back",
-                    addr, state, why, config_.fail_open_share));
-  else
-    log_state(fmt::format("Redis {} {} ({}): fail_open is off, refusing requests with 503 until it is back", addr,
-                          state, why));
-}
-
-void RedisLimiter::leave_degraded() {
-  if (!degraded_.load(std::memory_order_relaxed)) return;
-  refusing_.store(false, std::memory_order_relaxed);
-  degraded_.store(false, std::memory_order_release);
-  loop_->recovered = MonoClock::now();  // every budget's spend is pushed again (sync_once)
-  const double secs = std::chrono::duration<double>(MonoClock::now() - loop_->outage_start).count();
-  log_state(fmt::format("Redis {} reachable again after {:.1f} s: distributed limits resumed",
-                        store::endpoint_text(config_.host, config_.port), secs));
 }
 
 store::Task<void> RedisLimiter::sync_once(bool final_sync) {

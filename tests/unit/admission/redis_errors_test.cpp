@@ -3,7 +3,7 @@
 // Redis 7 sends them, also relayed from inside a script.
 #include <gtest/gtest.h>
 
-#include "admission/redis_limiter.hpp"
+#include "admission/redis_errors.hpp"
 
 namespace weir::admission {
 namespace {
