@@ -2,6 +2,19 @@
 
 namespace weir::admission {
 
+namespace {
+// The lease and slots scripts' first step on their hash KEYS[1]: a key that
+// holds another type (a string or a list some other writer left) is deleted,
+// taken as missing, and `bad` says so for the reply ('' = nothing reset).
+constexpr const char* kResetUnlessHash = R"lua(local bad = ''
+local ty = redis.call('TYPE', KEYS[1]).ok
+if ty ~= 'hash' and ty ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  bad = KEYS[1] .. ' held a ' .. ty .. ', not a hash'
+end
+)lua";
+}  // namespace
+
 // Token bucket lease. The global bucket lives in one hash: v = units
 // available (a float; negative while in debt), t = Redis TIME (µs) of the
 // last update. It refills by elapsed Redis time (never a replica's clock),
@@ -14,7 +27,7 @@ namespace weir::admission {
 // KEYS[1] bucket; ARGV: rate (units/min), depth, ask, put, owe.
 // Returns {granted, floor(units left), ms until full, what was reset ('' = nothing)}.
 const store::Script& lease_script() {
-  static const store::Script s(R"lua(
+  static const store::Script s(std::string(R"lua(
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000000 + tonumber(tm[2])
 local rate = tonumber(ARGV[1]) / 60000000
@@ -22,13 +35,7 @@ local depth = tonumber(ARGV[2])
 local ask = tonumber(ARGV[3])
 local put = tonumber(ARGV[4])
 local owe = tonumber(ARGV[5])
-local bad = ''
-local ty = redis.call('TYPE', KEYS[1]).ok
-if ty ~= 'hash' and ty ~= 'none' then
-  redis.call('DEL', KEYS[1])
-  bad = KEYS[1] .. ' held a ' .. ty .. ', not a hash'
-end
-local function num(x)
+)lua") + kResetUnlessHash + R"lua(local function num(x)
   local n = tonumber(x)
   if n == nil or n ~= n or n == math.huge or n == -math.huge then return nil end
   return n
@@ -74,7 +81,7 @@ return {grant, math.floor(v), full_ms, bad}
 // Returns {granted, slots held by the other live replicas, replicas starved,
 // slots the other live replicas have in use, what was reset ('' = nothing)}.
 const store::Script& slots_script() {
-  static const store::Script s(R"lua(
+  static const store::Script s(std::string(R"lua(
 local tm = redis.call('TIME')
 local now = tonumber(tm[1]) * 1000 + math.floor(tonumber(tm[2]) / 1000)
 local id = ARGV[1]
@@ -84,13 +91,7 @@ local limit = tonumber(ARGV[4])
 local ttl = tonumber(ARGV[5])
 local used = tonumber(ARGV[6] or ARGV[3])
 local demand = tonumber(ARGV[7] or '0')
-local bad = ''
-local ty = redis.call('TYPE', KEYS[1]).ok
-if ty ~= 'hash' and ty ~= 'none' then
-  redis.call('DEL', KEYS[1])
-  bad = KEYS[1] .. ' held a ' .. ty .. ', not a hash'
-end
-local all = redis.call('HGETALL', KEYS[1])
+)lua") + kResetUnlessHash + R"lua(local all = redis.call('HGETALL', KEYS[1])
 local others, others_used, starved, wanting = 0, 0, 0, 1
 for i = 1, #all, 2 do
   if all[i] ~= id then
