@@ -57,7 +57,7 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
   // Bytes after the end of the response put the connection out of step: the
   // next request on it would read them as its answer.
   // (Over TLS those bytes may sit in the TLS layer, not the socket.)
-  const bool reusable = c && parser_ && parser_->is_done() && parser_->keep_alive() && c->is_open() &&
+  const bool reusable = c && parser_ && body_done() && parser_->keep_alive() && c->is_open() &&
                         c->aborted_for() == UpstreamFailure::none && !trailing_ && !cut_off_ &&
                         c->buffer().size() == 0 && (c->tls() == nullptr || !tls_holds_bytes(*c->tls()));
   if (c) c->watchdog().disarm();
@@ -67,7 +67,7 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
 
 bool Exchange::closing_head_alone() const {
   if (!conn_ || !parser_ || !parser_->is_header_done() || parser_->keep_alive()) return false;
-  if (parser_->is_done()) return true;  // no body (Content-Length: 0): done at its head
+  if (body_done()) return true;  // no body (Content-Length: 0, an empty chunked one): done at its head
   // The head alone decides: a body that ends at the close may be empty (Node's idle 408 is a head and the
   // close), and whether some of it came in the head's segment is the network's doing, not the server's
   // (the same answer split otherwise was resent, where in one segment it passed through).
@@ -77,7 +77,7 @@ bool Exchange::closing_head_alone() const {
 Task<bool> Exchange::take_end(std::span<char> scratch) {
   // A few reads at most: an upstream that keeps sending after [DONE] is not waited out either.
   no_wait_ = true;
-  for (int i = 0; i < 4 && conn_ && parser_ && !parser_->is_done(); ++i) {
+  for (int i = 0; i < 4 && conn_ && parser_ && !body_done(); ++i) {
     const BodyRead r = co_await read(scratch);
     if (r.failure != UpstreamFailure::none || (r.bytes == 0 && !r.end)) break;
   }
@@ -86,10 +86,10 @@ Task<bool> Exchange::take_end(std::span<char> scratch) {
 }
 
 Task<bool> Exchange::await_end(std::span<char> scratch) {
-  if (!conn_ || !parser_ || parser_->is_done() || conn_->aborted_for() != UpstreamFailure::none) co_return done();
+  if (!conn_ || !parser_ || body_done() || conn_->aborted_for() != UpstreamFailure::none) co_return done();
   const auto idle = idle_;
   idle_ = idle.count() > 0 ? std::min(idle, kEndGrace) : kEndGrace;  // the watchdog's limit on each wait below
-  for (int i = 0; i < 4 && conn_ && parser_ && !parser_->is_done(); ++i) {
+  for (int i = 0; i < 4 && conn_ && parser_ && !body_done(); ++i) {
     const BodyRead r = co_await read(scratch);
     if (r.failure != UpstreamFailure::none) break;
   }
@@ -110,6 +110,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   cut_off_ = false;
   head_too_large_ = false;
   written_whole_ = false;
+  chunks_on_ = false;
   // (From the caller's clock read when it gave one: the read after the write below is then the only one here.)
   if (r.sent_at != std::chrono::steady_clock::time_point{})
     conn_->watchdog().expires_at(r.sent_at + r.first_byte);
@@ -199,10 +200,23 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   }
   // The body's framing that came with the head is parsed at once, as before the head's own read was
   // measured: an empty chunked body (its last chunk) is then done at the head (release(), closing_head_alone()).
-  parser_->eager(true);
-  if (conn_->buffer().size() > 0 && !parser_->is_done()) {
-    error_code later;  // (bad framing: the body's read meets it again, as it did)
-    conn_->buffer().consume(parser_->put(conn_->buffer().data(), later));
+  // A chunked body is decoded by chunks_ from here on (a HEAD's, a 204's or a 304's is done at its head).
+  chunks_on_ = !parser_->is_done() && parser_->chunked();
+  if (chunks_on_) {
+    chunks_.reset();
+    if (conn_->buffer().size() > 0) {
+      const auto& raw = conn_->buffer();
+      const auto framing =
+          chunks_.decode(std::string_view(static_cast<const char*>(raw.data().data()), raw.size()), std::span<char>());
+      // (Bad framing: the body's read meets it again.)
+      if (framing.status != ChunkDecoder::Status::bad) conn_->buffer().consume(framing.used);
+    }
+  } else {
+    parser_->eager(true);
+    if (conn_->buffer().size() > 0 && !parser_->is_done()) {
+      error_code later;  // (bad framing: the body's read meets it again, as it did)
+      conn_->buffer().consume(parser_->put(conn_->buffer().data(), later));
+    }
   }
   // 101 Switching Protocols answers only a request that asked to upgrade
   // (RFC 9110 §15.2.2), and Weir never forwards Upgrade (hop-by-hop): a
@@ -304,8 +318,12 @@ bool Exchange::end_recv(error_code ec, std::size_t n, std::size_t carried, BodyR
   if (ec == asio::error::eof) {
     // A body that ends at close (no length, not chunked) is complete now.
     ec = {};
-    if (rp.got_some()) rp.put_eof(ec);
-    if (!ec && !rp.is_done()) ec = bh::error::partial_message;
+    if (chunks_on_) {
+      if (!chunks_.done()) ec = bh::error::partial_message;
+    } else {
+      if (rp.got_some()) rp.put_eof(ec);
+      if (!ec && !rp.is_done()) ec = bh::error::partial_message;
+    }
     if (ec)
       r.failure = classify(*conn_, ec);
     else
@@ -335,34 +353,17 @@ bool Exchange::end_recv(error_code ec, std::size_t n, std::size_t carried, BodyR
 }
 
 bool Exchange::parse_into(std::string_view in, bool from_raw, std::span<char> into, BodyRead& r) {
-  Parser& rp = *parser_;
   auto& raw = conn_->buffer();
   // Parse what we have: framing off, body bytes into `into`.
   std::size_t off = 0;
-  bool bad = false;
-  while (off < in.size() && !rp.is_done() && r.bytes < into.size()) {
-    rp.get().body().data = into.data() + r.bytes;
-    rp.get().body().size = into.size() - r.bytes;
-    error_code pec;
-    const std::size_t used = rp.put(asio::buffer(in.data() + off, in.size() - off), pec);
-    off += used;
-    const std::size_t got = into.size() - r.bytes - rp.get().body().size;
-    r.bytes += got;
-    if (pec == bh::error::need_more) {  // a partial chunk header: read on
-      need_more_ = true;
-      break;
-    }
-    if (pec && pec != bh::error::need_buffer) {
-      bad = true;
-      break;
-    }
-    if (used == 0 && got == 0 && !pec) break;
-  }
-  rp.get().body().data = nullptr;                         // `into` is the caller's, not the parser's
-  if (rp.is_done() && off < in.size()) trailing_ = true;  // bytes beyond the response
+  std::size_t got = 0;
+  const bool bad = !parse_body(in, into.subspan(r.bytes), off, got);
+  r.bytes += got;
+  const bool done = body_done();
+  if (done && off < in.size()) trailing_ = true;  // bytes beyond the response
   if (from_raw) {
     raw.consume(off);
-  } else if (off < in.size() && !rp.is_done()) {
+  } else if (off < in.size() && !done) {
     const std::size_t left = in.size() - off;
     if (need_more_ && left <= carry_.size()) {
       // A piece of framing (a chunk's CRLF and the next size line, usually
@@ -379,11 +380,45 @@ bool Exchange::parse_into(std::string_view in, bool from_raw, std::span<char> in
     r.failure = UpstreamFailure::protocol;
     return false;
   }
-  if (rp.is_done()) r.end = true;
+  if (done) r.end = true;
   if (shrink_ && raw.size() == 0) raw.shrink_to_fit();
   if (r.bytes > 0 || r.end) return false;
   if (from_raw && off == 0 && !need_more_) need_more_ = true;  // nothing parsed from the carried bytes: read more
   return true;
+}
+
+bool Exchange::parse_body(std::string_view in, std::span<char> into, std::size_t& used, std::size_t& got) {
+  used = 0;
+  got = 0;
+  if (chunks_on_) {
+    const auto d = chunks_.decode(in, into);
+    used = d.used;
+    got = d.out;
+    need_more_ = d.status == ChunkDecoder::Status::need_more;  // a partial chunk header: read on
+    return d.status != ChunkDecoder::Status::bad;
+  }
+  Parser& rp = *parser_;
+  bool ok = true;
+  while (used < in.size() && !rp.is_done() && got < into.size()) {
+    rp.get().body().data = into.data() + got;
+    rp.get().body().size = into.size() - got;
+    error_code pec;
+    const std::size_t n = rp.put(asio::buffer(in.data() + used, in.size() - used), pec);
+    used += n;
+    const std::size_t put = into.size() - got - rp.get().body().size;
+    got += put;
+    if (pec == bh::error::need_more) {  // a partial chunk header: read on
+      need_more_ = true;
+      break;
+    }
+    if (pec && pec != bh::error::need_buffer) {
+      ok = false;
+      break;
+    }
+    if (n == 0 && put == 0 && !pec) break;
+  }
+  rp.get().body().data = nullptr;  // `into` is the caller's, not the parser's
+  return ok;
 }
 
 Exchange::Step Exchange::read_step(std::span<char> into, BodyRead& r) { return advance(into, r, nullptr); }
@@ -403,7 +438,7 @@ Exchange::Step Exchange::advance(std::span<char> into, BodyRead& r, const Recv* 
       got = nullptr;
       if (!more) break;
     } else {
-      if (parser_->is_done()) {
+      if (body_done()) {
         r.end = true;
         break;
       }

@@ -14,6 +14,7 @@
 
 #include <boost/beast/http/buffer_body.hpp>
 
+#include "http/chunked.hpp"
 #include "http/edge_recv.hpp"
 #include "http/flat_parser.hpp"
 #include "http/response_source.hpp"
@@ -44,7 +45,7 @@ class Exchange final : public UpstreamExchange {
 
   // --- ResponseSource ---
   const ResponseHead& head() const override { return parser_->get(); }
-  bool done() const override { return parser_ && parser_->is_done(); }
+  bool done() const override { return parser_ && body_done(); }
   Task<BodyRead> read(std::span<char> into) override;
   void cancel() override;
   void shrink() override;
@@ -109,11 +110,20 @@ class Exchange final : public UpstreamExchange {
   // Parses `in` (the connection's buffer when `from_raw`) into `into`,
   // counting in `r`. False when read() returns r now.
   bool parse_into(std::string_view in, bool from_raw, std::span<char> into, BodyRead& r);
+  // The body's framing taken off `in` into `into`: Beast's parser, or a
+  // chunked body's ChunkDecoder. `used`/`got`: bytes taken from `in`, put in
+  // `into`. need_more_ set when the bytes past `used` are an incomplete piece
+  // of framing. False when the framing is bad.
+  bool parse_body(std::string_view in, std::span<char> into, std::size_t& used, std::size_t& got);
+  // The whole response was read (parser_ holds a head).
+  bool body_done() const { return chunks_on_ ? chunks_.done() : parser_->is_done(); }
 
   Executor ex_;
   std::span<char> scratch_;
   std::unique_ptr<UpstreamConnection> conn_;
   std::optional<Parser> parser_;
+  // A chunked body is decoded here once the head is read (chunks_on_), not by parser_ (http/chunked.hpp).
+  ChunkDecoder chunks_;
   std::chrono::milliseconds idle_{0};
   std::chrono::steady_clock::time_point written_at_{};     // written_at()
   std::chrono::steady_clock::time_point recv_armed_at_{};  // recv_armed_at()
@@ -131,6 +141,7 @@ class Exchange final : public UpstreamExchange {
   bool cut_off_ = false;          // the request's write failed after some bytes (an early answer is read): not reused
   bool head_too_large_ = false;   // head_too_large()
   bool no_wait_ = false;          // take_end(): read() returns what has arrived, never waits
+  bool chunks_on_ = false;        // the body is chunked: chunks_ decodes it
 };
 
 }  // namespace weir::http
