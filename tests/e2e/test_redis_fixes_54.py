@@ -132,7 +132,8 @@ def test_a_key_of_the_wrong_type_is_reset_not_an_outage_for_every_tenant(mock, w
     assert w.metric("weir_redis_degraded") == 0
     assert w.metric("weir_redis_outages_total") == 0
     assert w.metric("weir_redis_data_resets_total") >= 1
-    assert redis.cli("TYPE", key).startswith(b"+hash")
+    # Reset to a hash (or, on a host slow enough for the bucket to idle out since, already expired).
+    assert redis.cli("TYPE", key).split()[0] in (b"+hash", b"+none"), redis.cli("TYPE", key)
     assert len(lines(w, f"Redis key {key} held a string, not a hash: reset")) == 1, w.process.log()
     assert not lines(w, "unusable ("), w.process.log()
 
