@@ -68,18 +68,24 @@ inline std::size_t find_substring(std::string_view hay, std::string_view needle)
     const std::size_t p = n >= 4 ? 1 : 0, q = n >= 4 ? n - 2 : n - 1;
     const __m128i at_p = _mm_set1_epi8(needle[p]);
     const __m128i at_q = _mm_set1_epi8(needle[q]);
-    // A step reads hay[i + p, i + p + 16) and hay[i + q, i + q + 16): inside `hay` while i + 16 <= end.
-    for (; i + 16 <= end; i += 16) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + i + p));
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + i + q));
+    // A step tests the 16 positions from `from`: it reads hay[from + p, from + p + 16) and
+    // hay[from + q, from + q + 16), inside `hay` while from + 16 <= end.
+    auto step = [&](std::size_t from) -> std::size_t {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + from + p));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(hay.data() + from + q));
       auto mask =
           static_cast<unsigned>(_mm_movemask_epi8(_mm_and_si128(_mm_cmpeq_epi8(a, at_p), _mm_cmpeq_epi8(b, at_q))));
-      while (mask != 0) {
-        const auto at = i + static_cast<std::size_t>(__builtin_ctz(mask));
+      for (; mask != 0; mask &= mask - 1) {
+        const auto at = from + static_cast<std::size_t>(__builtin_ctz(mask));
         if (std::memcmp(hay.data() + at, needle.data(), n) == 0) return at;
-        mask &= mask - 1;
       }
-    }
+      return std::string_view::npos;
+    };
+    for (; i + 16 <= end; i += 16)
+      if (const auto at = step(i); at != std::string_view::npos) return at;
+    // The last positions in one step that overlaps the ones already tested (none of which matched), not
+    // one by one: an event's last 16 + n bytes cost a step, not ~100 instructions.
+    if (i < end && end >= 16) return step(end - 16);
   }
 #endif
   for (; i < end; ++i)
