@@ -76,6 +76,15 @@ Error unsupported_transfer_coding() {
               "Transfer-Encoding other than chunked is not implemented; send the body with Content-Length or "
               "Transfer-Encoding: chunked alone.");
 }
+Error http_version_not_supported(char major) {
+  return make(ErrorSource::client, 505, "invalid_request_error", "http_version_not_supported",
+              fmt::format("HTTP/{} is not supported on this port: send HTTP/1.1 (or 1.0).", major));
+}
+Error proxy_protocol_unsupported() {
+  return make(ErrorSource::client, 400, "invalid_request_error", "proxy_protocol_unsupported",
+              "The connection began with a PROXY protocol header, which Weir does not accept: send HTTP/1.1 "
+              "alone (no send-proxy on the front proxy's server line).");
+}
 Error expectation_failed() {
   return make(ErrorSource::client, 417, "invalid_request_error", "expectation_failed",
               "The request's Expect field is not supported: the only expectation is 100-continue.");

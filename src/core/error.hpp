@@ -55,6 +55,14 @@ Error uri_too_long(std::uint64_t limit_bytes);       // 414 uri_too_long: the re
 // 501 unsupported_transfer_coding: a Transfer-Encoding other than chunked
 // (RFC 9112 §6.1: a server that does not understand a coding answers 501).
 Error unsupported_transfer_coding();
+// 505 http_version_not_supported: a request line whose HTTP major version is
+// not 1 (RFC 9110 §15.6.6): HTTP/2.0 spelled as HTTP/1.1 text, h2's
+// prior-knowledge preface (`PRI * HTTP/2.0`) on a port that speaks HTTP/1.1.
+// `major`: the version's major digit as sent.
+Error http_version_not_supported(char major);
+// 400 proxy_protocol_unsupported: the connection began with a PROXY protocol
+// header (HAProxy's, v1 text or v2 binary), which Weir does not accept.
+Error proxy_protocol_unsupported();
 // 417 expectation_failed: an Expect member other than 100-continue (RFC 9110
 // §10.1.1), answered before the body is read.
 Error expectation_failed();

@@ -48,6 +48,10 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
           "Malformed HTTP request: the request target must be a path (/v1/...) or an http(s) absolute URI.");
     case http::ReadFailure::unsupported_expectation:
       return core::expectation_failed();
+    case http::ReadFailure::version_not_supported:
+      return core::http_version_not_supported(detail.empty() ? '?' : detail.front());
+    case http::ReadFailure::proxy_protocol:
+      return core::proxy_protocol_unsupported();
     case http::ReadFailure::framing_too_large:
       return core::bad_request(
           "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "

@@ -247,11 +247,11 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read, /*empty_lines=*/true, &client_wait_);
   watchdog_.disarm();
   bytes_in_ = n;  // (the head as far as it was parsed; empty lines before it are no request's)
-  if (ec && ec.category() == bh::make_error_code(bh::error::bad_target).category() &&
-      ec != bh::error::partial_message && ec != bh::error::end_of_stream) [[unlikely]] {
+  if (ec && !parser_->is_header_done()) [[unlikely]] {
     // A head the parser refused (a bad request line or field, one over the limit): answered, then the
-    // connection closes. The parser stopped where it failed, but the head was taken from the connection:
-    // counted to its end where it is here, else all that came of it.
+    // connection closes. Or one the client left or reset part-way, or that timed out. The parser stopped
+    // where it failed or at its last whole line, but the head was taken from the connection: counted to
+    // its end where it is here, else all that came of it.
     const std::string_view rest{static_cast<const char*>(in_.data().data()), in_.size()};
     const auto end = rest.find("\r\n\r\n");
     bytes_in_ += end == std::string_view::npos ? rest.size() : end + 4;
@@ -327,6 +327,11 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
                    : ReadFailure::head_too_large;
   } else if (ec == bh::error::buffer_overflow) {
     failure_ = ReadFailure::framing_too_large;
+  } else if (const std::string_view got{static_cast<const char*>(in_.data().data()), in_.size()};
+             begins_proxy_protocol(got)) {
+    failure_ = ReadFailure::proxy_protocol;
+  } else if (ec == bh::error::bad_version && (version_major_ = sent_major_version(got)) != 0 && version_major_ != '1') {
+    failure_ = ReadFailure::version_not_supported;
   } else if (parser_->obs_fold()) {
     failure_ = ReadFailure::obs_fold;
   } else {

@@ -36,6 +36,8 @@ enum class ReadFailure : std::uint8_t {
   bad_host,                 // HTTP/1.1 without Host, with several, or an invalid one → 400 (RFC 9112 §3.2)
   bad_target,               // a request-target neither origin-form nor http(s) absolute-form → 400 (RFC 9112 §3.2)
   unsupported_expectation,  // an Expect other than 100-continue → 417 (RFC 9110 §10.1.1)
+  version_not_supported,    // a request line's HTTP major version is not 1 → 505 (RFC 9110 §15.6.6)
+  proxy_protocol,           // the connection began with a PROXY protocol header (v1 or v2) → 400
   framing_too_large,        // a chunk-size line or trailer section over the read buffer, or chunk extensions
                             // over server.max_header in all → 400 (RFC 9112 §7.1.1)
   head_timeout,             // the head did not arrive within server.header_timeout → 408
@@ -192,7 +194,9 @@ class Downstream {
   // close discards) are not the request's. The access log's bytes_in.
   std::uint64_t bytes_in() const { return bytes_in_; }
   // The parser's or socket's message for a malformed request (for the error body).
-  std::string failure_detail() const { return failure_ec_.message(); }
+  std::string failure_detail() const {
+    return failure_ == ReadFailure::version_not_supported ? std::string(1, version_major_) : failure_ec_.message();
+  }
 
   bool http11() const { return version_ >= 11; }
   // Gives the request's parser (~300 bytes) back to the worker and frees its
@@ -381,6 +385,7 @@ class Downstream {
   bool head_method_ = false;  // the request is a HEAD: its response has no body
   ReadFailure failure_ = ReadFailure::none;
   boost::system::error_code failure_ec_;
+  char version_major_ = 0;  // ReadFailure::version_not_supported: the major digit sent
   bool timed_out_ = false;
   bool keep_alive_ = true;
   bool idle_ = false;

@@ -142,6 +142,26 @@ bool begins_head_request(std::string_view unparsed) {
   return line != std::string_view::npos && unparsed.substr(line).starts_with("HEAD ");
 }
 
+bool begins_proxy_protocol(std::string_view unparsed) {
+  if (unparsed.starts_with("PROXY ")) return true;
+  // v2: \r\n\r\n\0\r\nQUIT\n (its leading CRLFs may have been taken as empty lines before a request).
+  static constexpr std::string_view kV2{"\r\n\r\n\0\r\nQUIT\n", 12};
+  const std::size_t line = unparsed.find_first_not_of("\r\n");
+  if (line == std::string_view::npos) return false;
+  return unparsed.substr(line).starts_with(kV2.substr(4)) || unparsed.starts_with(kV2);
+}
+
+char sent_major_version(std::string_view unparsed) {
+  const std::size_t from = unparsed.find_first_not_of("\r\n");
+  if (from == std::string_view::npos) return 0;
+  std::string_view line = unparsed.substr(from);
+  line = line.substr(0, line.find_first_of("\r\n"));
+  const std::size_t sp = line.rfind(' ');
+  const std::string_view version = sp == std::string_view::npos ? line : line.substr(sp + 1);
+  if (!version.starts_with("HTTP/") || version.size() < 6 || version[5] < '0' || version[5] > '9') return 0;
+  return version[5];
+}
+
 bool request_line_over(bool line_parsed, std::string_view unparsed, std::size_t limit) {
   // (A parsed line fitted: Beast parses it within the limit only.)
   return !line_parsed && unparsed.substr(0, limit).find("\r\n") == std::string_view::npos;

@@ -63,6 +63,18 @@ bool expects_continue(const RequestHead& req);
 // §9.3.2), as nginx's has: the client reads a HEAD's answer as a head alone.
 bool begins_head_request(std::string_view unparsed);
 
+// True when `unparsed`, the bytes of a refused request head, begin (empty
+// lines skipped) with a PROXY protocol header: v1's "PROXY " text or v2's
+// binary signature (HAProxy's PROXY protocol spec, §2.1 and §2.2), which a
+// front proxy sends with `send-proxy` before the request.
+bool begins_proxy_protocol(std::string_view unparsed);
+
+// The major digit of the HTTP version at the end of `unparsed`'s first line
+// (empty lines before it skipped; `HTTP/2.0` → '2'), or 0 when that line
+// does not end in "HTTP/" and a digit: for a request line the parser refused
+// as a bad version, whether the version is one Weir does not speak (505).
+char sent_major_version(std::string_view unparsed);
+
 // For a request head refused as over the head limit (`limit` bytes:
 // server.max_header, the admin listener's 16 KiB): true when its request
 // line alone is over it, so the answer is 414 (RFC 9110 §15.5.15, as nginx),

@@ -243,7 +243,7 @@ TEST_F(HttpDownstream, HeadJustUnderMaxHeaderIsRead) {
 }
 
 TEST_F(HttpDownstream, GarbageIsMalformed) {
-  for (const std::string bad : {"HELLO\r\n\r\n", "GET / HTTP/9.9\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
+  for (const std::string bad : {"HELLO\r\n\r\n", "GET / HTTP/1.9\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
                                 "POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n", "GET\x01/ HTTP/1.1\r\n\r\n"}) {
     SCOPED_TRACE(bad);
     restart();
@@ -251,6 +251,24 @@ TEST_F(HttpDownstream, GarbageIsMalformed) {
     ASSERT_EQ(head(), Head::failed);
     EXPECT_EQ(down->failure(), ReadFailure::malformed);
     EXPECT_FALSE(down->failure_detail().empty());
+    EXPECT_FALSE(down->keep_alive());
+  }
+}
+
+// A major version other than 1 is one Weir does not speak (505), a PROXY protocol header a named 400.
+TEST_F(HttpDownstream, OtherMajorVersionsAndProxyProtocolAreNamed) {
+  for (const auto& [bad, failure] :
+       {std::pair<std::string, ReadFailure>{"GET / HTTP/9.9\r\n\r\n", ReadFailure::version_not_supported},
+        {"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", ReadFailure::version_not_supported},
+        {"PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\nGET / HTTP/1.1\r\n\r\n", ReadFailure::proxy_protocol}}) {
+    SCOPED_TRACE(bad);
+    restart();
+    client.send(bad);
+    ASSERT_EQ(head(), Head::failed);
+    EXPECT_EQ(down->failure(), failure);
+    if (failure == ReadFailure::version_not_supported) {
+      EXPECT_EQ(down->failure_detail(), bad.substr(bad.find("HTTP/") + 5, 1));
+    }
     EXPECT_FALSE(down->keep_alive());
   }
 }

@@ -242,5 +242,22 @@ TEST(BeginsHeadRequest, ReadsTheMethodTokenFirstOnTheLine) {
   EXPECT_FALSE(begins_head_request(""));
 }
 
+// A refused head's version (505 for a major other than 1) and a PROXY protocol header (a named 400).
+TEST(RefusedHead, SentMajorVersionAndProxyProtocol) {
+  EXPECT_EQ(sent_major_version("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), '2');
+  EXPECT_EQ(sent_major_version("\r\nGET / HTTP/3.0\r\nHost: x"), '3');
+  EXPECT_EQ(sent_major_version("GET / HTTP/1.2\r\n"), '1');
+  EXPECT_EQ(sent_major_version("GET / HTTP/2"), '2');  // (the line not yet ended)
+  EXPECT_EQ(sent_major_version("GET / FTP/2.0\r\n"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/x.0\r\n"), 0);
+  EXPECT_EQ(sent_major_version(""), 0);
+  EXPECT_TRUE(begins_proxy_protocol("PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n"));
+  EXPECT_TRUE(begins_proxy_protocol(std::string_view("\r\n\r\n\0\r\nQUIT\n!", 13)));
+  EXPECT_TRUE(begins_proxy_protocol(std::string_view("\0\r\nQUIT\n!", 9)));  // (its CRLFs taken as empty lines)
+  EXPECT_FALSE(begins_proxy_protocol("PROXYX / HTTP/1.1\r\n"));
+  EXPECT_FALSE(begins_proxy_protocol("GET / HTTP/1.1\r\n"));
+  EXPECT_FALSE(begins_proxy_protocol(""));
+}
+
 }  // namespace
 }  // namespace weir::http
