@@ -93,13 +93,13 @@ def test_chat_completion_is_translated_both_ways(stack):
     r = rid()
     c = oai(w).chat.completions.create(
         model="claude-x", messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
-        temperature=0.2, stop=["\n\n"], user="user-7", extra_headers={"x-request-id": r})
+        temperature=0.2, stop=["\n\n", "END"], user="user-7", extra_headers={"x-request-id": r})
     [req] = sent(up, r)
     assert req.method == "POST" and req.target == "/v1/messages"
     assert_credentials(req)
     assert req.json() == {"model": "claude-sonnet-4-5", "system": [{"type": "text", "text": "Be brief."}],
                           "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
-                          "max_tokens": 4096, "stop_sequences": ["\n\n"], "temperature": 0.2,
+                          "max_tokens": 4096, "stop_sequences": ["END"], "temperature": 0.2,  # (Anthropic refuses "\n\n")
                           "metadata": {"user_id": "user-7"}}
     assert c.id == "chatcmpl-msg_013Zva2CMHLNnXjNJJKqJ2EF" and c.object == "chat.completion"
     assert c.model == "claude-sonnet-4-5"

@@ -11,6 +11,7 @@
 
 #include "api/error_text.hpp"
 #include "api/tool_call_stream.hpp"
+#include "api/tool_ids.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
@@ -166,7 +167,12 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
       const auto* fn = call.get_object().if_contains("function");
       if (!fn || !fn->is_object()) continue;
       std::string call_id(string_at(call.get_object(), "id"));
-      if (call_id.empty()) call_id = fmt::format("toolu_{}_{}", std::string_view(id).substr(4), i);
+      if (call_id.empty()) {
+        // Weir's own: made of the message id, which holds the client's x-request-id as it came; made an id
+        // Anthropic takes (api/tool_ids.hpp), as the conversation may be replayed to an Anthropic model.
+        call_id = fmt::format("toolu_{}_{}", std::string_view(id).substr(4), i);
+        to_anthropic_tool_id(call_id);
+      }
       block(R"({"type":"tool_use","id":)");
       core::append_json_string(out, call_id);
       out += R"(,"name":)";

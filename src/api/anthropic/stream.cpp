@@ -12,6 +12,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/anthropic/response.hpp"
+#include "api/tool_ids.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 
@@ -80,7 +81,11 @@ void StreamTranslator::start_tool(std::string& out) {
   // (the start was held till now); one of Weir's only when none came before the start goes out.
   ToolCallStream::Call& c = calls_[tool_call_];
   c.id = c.upstream_id;
-  if (c.id.empty()) c.id = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), tool_call_);
+  if (c.id.empty()) {
+    // (of the message id, which holds the client's x-request-id as it came: made an id Anthropic takes)
+    c.id = fmt::format("toolu_{}_{}", std::string_view(msg_id_).substr(4), tool_call_);
+    to_anthropic_tool_id(c.id);
+  }
   begin_event(out, "content_block_start");
   fmt::format_to(std::back_inserter(out), R"({{"type":"content_block_start","index":{},"content_block":)", next_index_);
   out += R"({"type":"tool_use","id":)";

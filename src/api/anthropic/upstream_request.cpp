@@ -14,6 +14,7 @@
 #include "api/error_text.hpp"
 #include "api/json_dom.hpp"
 #include "api/tool_call_stream.hpp"
+#include "api/tool_ids.hpp"
 #include "api/wide_integers.hpp"
 #include "core/json_text.hpp"
 
@@ -55,6 +56,33 @@ bool last_assistant_uses_tools(const json::value& messages) {
   return false;
 }
 
+// Whether `s` has no character but whitespace (Python's str.isspace(), as
+// Anthropic's check reads it: ASCII's, U+001C..U+001F, U+0085, U+00A0,
+// U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000), or none.
+bool blank(std::string_view s) {
+  for (std::size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c < 0x80) {
+      if (!(c == ' ' || (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x1f))) return false;
+      ++i;
+      continue;
+    }
+    // The multi-byte whitespace characters, as their UTF-8 bytes.
+    const auto at = [&](std::string_view bytes) { return s.substr(i, bytes.size()) == bytes; };
+    if (at("\xc2\x85") || at("\xc2\xa0")) {
+      i += 2;
+    } else if (at("\xe1\x9a\x80") || at("\xe2\x80\xa8") || at("\xe2\x80\xa9") || at("\xe2\x80\xaf") ||
+               at("\xe2\x81\x9f") || at("\xe3\x80\x80") ||
+               (at("\xe2\x80") && i + 2 < s.size() && static_cast<unsigned char>(s[i + 2]) >= 0x80 &&
+                static_cast<unsigned char>(s[i + 2]) <= 0x8a)) {
+      i += 3;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
 // Thinking budgets for OpenAI's reasoning_effort (tokens): low is
 // Anthropic's minimum budget (1024), each step four times the one before.
 std::uint32_t thinking_budget(std::string_view effort) {
@@ -94,6 +122,12 @@ class Translation {
   // Adds `blocks` as a turn of `role`, merged into the previous turn when it
   // has the same role (Anthropic's turns alternate; chat messages need not).
   void turn(std::string_view role, json::array blocks);
+  // A chat tool call id as Anthropic takes it (api/tool_ids.hpp): the same for a call and its result.
+  json::string anthropic_id(std::string_view id) {
+    id_.assign(id);
+    to_anthropic_tool_id(id_);
+    return json::string(id_, sp_);
+  }
   json::object text_block(std::string_view text, const json::object* from) {
     json::object b(sp_);
     b["type"] = "text";
@@ -108,6 +142,7 @@ class Translation {
   json::array system_;
   json::array messages_;
   std::optional<std::size_t> empty_user_;  // the first user message left out for being empty
+  std::string id_;                         // anthropic_id()'s scratch
   json::object out_;
 };
 
@@ -276,7 +311,7 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
         }
         json::object b(sp_);
         b["type"] = "tool_use";
-        b["id"] = id;
+        b["id"] = anthropic_id(id);
         b["name"] = name;
         b["input"] = std::move(input);
         blocks.push_back(std::move(b));
@@ -293,7 +328,7 @@ tl::expected<void, core::Error> Translation::message(const json::value& v, std::
     if (!text) return tl::unexpected(text.error());
     json::object b(sp_);
     b["type"] = "tool_result";
-    b["tool_use_id"] = id;
+    b["tool_use_id"] = anthropic_id(id);
     if (!text->empty()) b["content"] = std::move(*text);
     // A cache breakpoint on the message's parts (the LiteLLM-style extension
     // kept on every other part) goes on the block: agent loops mark their
@@ -440,6 +475,7 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
 
   // Thinking: Anthropic's own `thinking` object (the openai SDK's extra_body)
   // as it is, else OpenAI's reasoning_effort as a thinking budget.
+  bool effort_thinking = false;  // Weir made `thinking` of reasoning_effort (the sampling fields then yield to it)
   if (const auto* th = in.if_contains("thinking"); th && th->is_object()) {
     a["thinking"] = *th;
   } else if (const auto* re = in.if_contains("reasoning_effort"); re && re->is_string()) {
@@ -449,7 +485,11 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
     // block (the thinking must come back signed, and a chat client has no signature to send back): that
     // turn goes without thinking, as the turns it continues did not carry it either.
     const bool tool_loop = budget > 0 && last_assistant_uses_tools(a["messages"]);
-    if (budget > 0 && !tool_loop) {
+    // Nor with a tool_choice that forces a call (required, or a named function: Anthropic's `any`, `tool`),
+    // which Anthropic refuses with thinking: the forced call is what the client asked for outright.
+    const std::string_view choice = a.contains("tool_choice") ? string_at(a["tool_choice"].get_object(), "type") : "";
+    const bool forced = choice == "any" || choice == "tool";
+    if (budget > 0 && !tool_loop && !forced) {
       if (!asked) {
         max_tokens += budget;  // the default answer's room comes on top of the thinking
       } else if (budget >= max_tokens) {
@@ -461,6 +501,7 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
         budget = static_cast<std::uint32_t>(max_tokens - 1);
       }
       a["thinking"] = json::object({{"type", "enabled"}, {"budget_tokens", budget}}, sp);
+      effort_thinking = true;
     } else if (budget == 0 && effort != "none" && effort != "minimal") {
       return invalid("reasoning_effort: expected none, minimal, low, medium or high", "reasoning_effort");
     }
@@ -468,21 +509,35 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
   a["max_tokens"] = max_tokens;
 
   if (const auto* v = in.if_contains("stop"); v && !v->is_null()) {
+    // Anthropic refuses a stop sequence without a non-whitespace character ("\n", " ", ""): such entries
+    // are left out (the rest still stop the answer).
+    json::array stops(sp);
     if (v->is_string()) {
-      json::array one(sp);
-      one.push_back(*v);
-      a["stop_sequences"] = std::move(one);
+      if (!blank(sv(v->get_string()))) stops.push_back(*v);
     } else if (v->is_array()) {
-      for (const auto& s : v->get_array())
+      for (const auto& s : v->get_array()) {
         if (!s.is_string()) return invalid("stop: expected a string or a list of strings", "stop");
-      if (!v->get_array().empty()) a["stop_sequences"] = *v;
+        if (!blank(sv(s.get_string()))) stops.push_back(s);
+      }
     } else {
       return invalid("stop: expected a string or a list of strings", "stop");
     }
+    if (!stops.empty()) a["stop_sequences"] = std::move(stops);
   }
   for (const char* name : {"temperature", "top_p"})
     if (auto r = copy_number(in, name, a, false); !r) return r;
   if (auto r = copy_number(in, "top_k", a, true); !r) return r;
+  if (effort_thinking) {
+    // Anthropic's thinking samples at temperature 1, with top_p of at least 0.95 and no top_k, and refuses
+    // a request that sets them otherwise: the reasoning the client asked for wins, and they are left out.
+    const auto below = [&](std::string_view name, double bound) {
+      const auto* v = a.if_contains(name);
+      return v != nullptr && v->to_number<double>() < bound;
+    };
+    if (const auto* t = a.if_contains("temperature"); t && t->to_number<double>() != 1.0) a.erase("temperature");
+    if (below("top_p", 0.95)) a.erase("top_p");
+    a.erase("top_k");
+  }
   if (const auto* s = in.if_contains("stream"); s && s->is_bool() && s->get_bool()) a["stream"] = true;
   if (const auto* u = in.if_contains("user"); u && u->is_string() && !u->get_string().empty())
     a["metadata"] = json::object({{"user_id", *u}}, sp);

@@ -17,6 +17,7 @@
 
 #include "api/error_text.hpp"
 #include "api/tool_call_stream.hpp"
+#include "api/tool_ids.hpp"
 #include "core/error.hpp"
 #include "core/json_text.hpp"
 
@@ -226,6 +227,7 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
       if (it.call_id.empty()) {
         append_id(it.call_id, "call_", upstream_id);
         fmt::format_to(std::back_inserter(it.call_id), "_{}", n);
+        to_anthropic_tool_id(it.call_id);  // (the client's x-request-id is in it: replayable to any model)
       }
       it.name = string_at(fn->get_object(), "name");
       std::string storage;

@@ -7,6 +7,7 @@
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
 #include "api/responses/stream.hpp"
+#include "api/tool_ids.hpp"
 
 #include <algorithm>
 #include <ctime>
@@ -95,6 +96,7 @@ void StreamTranslator::open(OutputItem::Kind kind, std::string& out, std::string
       if (it.call_id.empty()) {
         append_id(it.call_id, "call_", base_id_);
         fmt::format_to(std::back_inserter(it.call_id), "_{}", tool_call_);
+        to_anthropic_tool_id(it.call_id);  // (the client's x-request-id is in it: replayable to any model)
       }
       it.name.assign(name);
       break;

@@ -160,5 +160,28 @@ TEST(AnthropicResponse, NoUpstreamIdTakesTheRequestId) {
   }
 }
 
+TEST(AnthropicResponse, ToolIdsWeirMakesAreIdsAnthropicTakes) {
+  // The message id holds the x-request-id sent upstream (the client's, as it came: any visible ASCII);
+  // a tool_use id Weir makes of it must still match ^[a-zA-Z0-9_-]+$ when the conversation reaches Anthropic.
+  for (std::string_view id : {R"("id":"chatcmpl-trace.42:7-ab",)", ""}) {
+    std::string out;
+    ASSERT_TRUE(translate_message(
+        fmt::format(R"({{{}"model":"m","choices":[{{"index":0,"message":{{"role":"assistant","content":null,
+        "tool_calls":[{{"type":"function","function":{{"name":"f","arguments":"{{}}"}}}},
+                      {{"type":"function","function":{{"name":"g","arguments":"{{}}"}}}}]}},"finish_reason":"tool_calls"}}]}})",
+                    id),
+        out, "trace.42:7-ab"));
+    const auto v = json::parse(out);
+    EXPECT_EQ(v.at("id"), "msg_trace.42:7-ab") << id;  // (a message id is never sent back: as it was)
+    const std::string_view t0(v.at("content").at(0).at("id").as_string());
+    const std::string_view t1(v.at("content").at(1).at("id").as_string());
+    EXPECT_TRUE(t0.starts_with("toolu_trace_42_7-ab_0-")) << t0;
+    EXPECT_EQ(t0.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"),
+              std::string_view::npos)
+        << t0;
+    EXPECT_NE(t0, t1);
+  }
+}
+
 }  // namespace
 }  // namespace weir::api::anthropic

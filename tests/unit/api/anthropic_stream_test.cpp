@@ -459,5 +459,21 @@ TEST(AnthropicStream, SplitAnywhereGivesTheSameEvents) {
   }
 }
 
+TEST(AnthropicStream, ToolIdsWeirMakesAreIdsAnthropicTakes) {
+  const std::string chunk =
+      R"({"id":"chatcmpl-trace.42:7-ab","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{}"}}]},"finish_reason":"tool_calls"}]})";
+  StreamTranslator t;
+  t.reset("trace.42:7-ab");
+  std::string out;
+  t.on_data(chunk, out);
+  t.on_data("[DONE]", out);
+  const auto ev = events_of(out);
+  expect_grammar(ev);
+  const std::string id = tool_blocks(ev).at(0).at(0);
+  EXPECT_TRUE(id.starts_with("toolu_trace_42_7-ab_0-")) << id;
+  EXPECT_EQ(id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"), std::string::npos)
+      << id;
+}
+
 }  // namespace
 }  // namespace weir::api::anthropic

@@ -169,6 +169,89 @@ TEST(AnthropicUpstreamRequest, ReasoningEffortBecomesAThinkingBudget) {
   EXPECT_EQ(e.at("max_tokens"), 4096);
 }
 
+TEST(AnthropicUpstreamRequest, ToolIdsAnthropicRefusesAreMappedTheSameWayInCallAndResult) {
+  // Kimi-K2 on vLLM names its calls functions.NAME:INDEX; a Responses client may send any call_id. Anthropic
+  // takes ^[a-zA-Z0-9_-]+$ only: the call's id and its result's id are mapped alike, so they still pair.
+  const auto a = anthropic(R"({"model":"m","messages":[
+    {"role":"user","content":"q"},
+    {"role":"assistant","tool_calls":[
+      {"id":"functions.f:0","type":"function","function":{"name":"f","arguments":"{}"}},
+      {"id":"functions.f:1","type":"function","function":{"name":"f","arguments":"{}"}},
+      {"id":"toolu_ok-1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+    {"role":"tool","tool_call_id":"functions.f:0","content":"r0"},
+    {"role":"tool","tool_call_id":"functions.f:1","content":"r1"},
+    {"role":"tool","tool_call_id":"toolu_ok-1","content":"r2"}]})");
+  const auto& calls = a.at("messages").as_array()[1].at("content").as_array();
+  const auto& results = a.at("messages").as_array()[2].at("content").as_array();
+  ASSERT_EQ(calls.size(), 3u);
+  ASSERT_EQ(results.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    const std::string_view id(calls[i].at("id").as_string());
+    EXPECT_EQ(id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"),
+              std::string_view::npos)
+        << id;
+    EXPECT_EQ(results[i].at("tool_use_id"), calls[i].at("id"));
+  }
+  EXPECT_NE(calls[0].at("id"), calls[1].at("id"));
+  EXPECT_EQ(calls[2].at("id"), "toolu_ok-1");  // a valid id goes as it is
+  EXPECT_TRUE(std::string_view(calls[0].at("id").as_string()).starts_with("functions_f_0-"));
+}
+
+TEST(AnthropicUpstreamRequest, WhitespaceOnlyStopStringsAreLeftOut) {
+  // Anthropic: "each stop sequence must contain non-whitespace".
+  const auto a = anthropic(
+      R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["\n","END"," \t","","\u3000\u00a0"]})");
+  EXPECT_EQ(a.at("stop_sequences"), json::parse(R"(["END"])"));
+  const auto b = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":"\n\n"})");
+  EXPECT_FALSE(b.as_object().contains("stop_sequences")) << b;
+  const auto c = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["\n"]})");
+  EXPECT_FALSE(c.as_object().contains("stop_sequences")) << c;
+  const auto d = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":[" a\n","\u00e9"]})");
+  EXPECT_EQ(d.at("stop_sequences"), json::parse(R"([" a\n","\u00e9"])"));
+  EXPECT_EQ(failure(R"({"model":"m","messages":[{"role":"user","content":"x"}],"stop":["\n",1]})").param, "stop");
+}
+
+TEST(AnthropicUpstreamRequest, ThinkingFromReasoningEffortLeavesOutWhatAnthropicRefusesWithIt) {
+  // Sampling: thinking runs at temperature 1, top_p at least 0.95, no top_k.
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low",
+    "temperature":0.2,"top_k":5,"top_p":0.5})");
+  EXPECT_TRUE(a.as_object().contains("thinking")) << a;
+  EXPECT_FALSE(a.as_object().contains("temperature")) << a;
+  EXPECT_FALSE(a.as_object().contains("top_k")) << a;
+  EXPECT_FALSE(a.as_object().contains("top_p")) << a;
+  const auto b = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low",
+    "temperature":1,"top_p":0.97})");
+  EXPECT_EQ(b.at("temperature"), 1);
+  EXPECT_EQ(b.at("top_p"), 0.97);
+  // Without thinking they go as they came.
+  const auto c = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"none",
+    "temperature":0.2,"top_k":5})");
+  EXPECT_EQ(c.at("temperature"), 0.2);
+  EXPECT_EQ(c.at("top_k"), 5);
+  // The client's own thinking object is Anthropic's request as written: its sampling fields too.
+  const auto d = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+    "thinking":{"type":"enabled","budget_tokens":2048},"temperature":0.2})");
+  EXPECT_EQ(d.at("temperature"), 0.2);
+  // Still a number or a 400, thinking or not.
+  EXPECT_EQ(failure(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"low",
+    "temperature":"hot"})")
+                .param,
+            "temperature");
+  // A forced tool call (required, or a named function): no thinking, as Anthropic refuses both together.
+  for (const char* choice : {R"("required")", R"({"type":"function","function":{"name":"f"}})"}) {
+    const auto e = anthropic(fmt::format(R"({{"model":"m","messages":[{{"role":"user","content":"x"}}],
+      "reasoning_effort":"high","temperature":0.3,"tools":[{{"type":"function","function":{{"name":"f"}}}}],
+      "tool_choice":{}}})",
+                                         choice));
+    EXPECT_FALSE(e.as_object().contains("thinking")) << e;
+    EXPECT_EQ(e.at("max_tokens"), 4096) << e;  // no budget added
+    EXPECT_EQ(e.at("temperature"), 0.3) << e;  // and the sampling fields stay
+  }
+  const auto f = anthropic(R"({"model":"m","messages":[{"role":"user","content":"x"}],"reasoning_effort":"high",
+    "tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":"auto"})");
+  EXPECT_TRUE(f.as_object().contains("thinking")) << f;
+}
+
 TEST(AnthropicUpstreamRequest, CacheControlOnPartsAndToolsIsKept) {
   const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":[
     {"type":"text","text":"long doc","cache_control":{"type":"ephemeral"}}]}],

@@ -174,5 +174,18 @@ TEST(ResponsesResponse, StatusOf) {
   EXPECT_EQ(status_of("", reason), "completed");
 }
 
+TEST(ResponsesResponse, CallIdsWeirMakesAreIdsEveryApiTakes) {
+  // call_<x-request-id sent upstream>_<n>: the client's id as it came; replayed to an Anthropic model it must
+  // match ^[a-zA-Z0-9_-]+$.
+  const auto v = response(R"({"id":"chatcmpl-trace.42:7-ab","created":5,"model":"m","choices":[{"index":0,
+    "message":{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":"{}"}}]},
+    "finish_reason":"tool_calls"}]})");
+  const std::string call_id(v.at("output").at(0).at("call_id").as_string());
+  EXPECT_TRUE(call_id.starts_with("call_trace_42_7-ab_0-")) << call_id;
+  EXPECT_EQ(call_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"),
+            std::string::npos)
+      << call_id;
+}
+
 }  // namespace
 }  // namespace weir::api::responses

@@ -518,5 +518,18 @@ TEST(ResponsesStream, TextDeltasAllocateOnlyForTheGrowingText) {
   EXPECT_LE(allocations, 16u) << allocations << " allocations over " << kEvents << " events";
 }
 
+TEST(ResponsesStream, CallIdsWeirMakesAreIdsEveryApiTakes) {
+  const auto ev = events_of(run(
+      {R"({"id":"chatcmpl-trace.42:7-ab","created":3,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"type":"function","function":{"name":"f","arguments":"{}"}}]}}]})",
+       R"({"id":"chatcmpl-trace.42:7-ab","created":3,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"}]})",
+       "[DONE]"}));
+  const auto r = expect_grammar(ev);
+  const std::string call_id(r.at("output").at(0).at("call_id").as_string());
+  EXPECT_TRUE(call_id.starts_with("call_trace_42_7-ab_0-")) << call_id;
+  EXPECT_EQ(call_id.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-"),
+            std::string::npos)
+      << call_id;
+}
+
 }  // namespace
 }  // namespace weir::api::responses
