@@ -256,6 +256,8 @@ tl::expected<void, core::Error> Translation::tools(const json::value& v) {
     params.erase("cache_control");
     fields_.prompt_bytes += name->size() + json::serialize(params).size();  // the template renders the schema
     fn["parameters"] = std::move(params);
+    // (Structured outputs' strict tool use: chat's function.strict.)
+    if (const auto* st = t.if_contains("strict"); st && st->is_bool()) fn["strict"] = st->get_bool();
     out.push_back(json::object({{"type", "function"}, {"function", std::move(fn)}}, sp_));
   }
   out_["tools"] = std::move(out);
@@ -293,6 +295,41 @@ tl::expected<void, core::Error> copy_number(const json::object& in, std::string_
     return invalid(fmt::format("{}: Input should be a valid {}", name, integer ? "integer" : "number"), name);
   out[name] = *v;
   return {};
+}
+
+// Anthropic's structured output (`output_config.format`, and the beta's
+// top-level `output_format`: Anthropic API reference, "Structured outputs")
+// as chat completions' response_format: {type: json_schema, schema} →
+// {"type": "json_schema", "json_schema": {"name": "output", "schema",
+// "strict": true}} (Anthropic enforces the schema: vLLM's guided decoding
+// does). Null when the request asks for none; a 400 for what cannot be mapped.
+tl::expected<json::value, core::Error> response_format(const json::object& in, const json::storage_ptr& sp) {
+  const json::value* format = nullptr;
+  std::string_view where;
+  if (const auto* oc = in.if_contains("output_config"); oc && !oc->is_null()) {
+    if (!oc->is_object()) return invalid("output_config: Input should be an object", "output_config");
+    if (const auto* f = oc->get_object().if_contains("format"); f && !f->is_null()) {
+      format = f;
+      where = "output_config.format";
+    }
+  }
+  if (const auto* f = in.if_contains("output_format"); f && !f->is_null()) {
+    if (format != nullptr)
+      return invalid("output_format: give output_config.format or output_format (deprecated), not both",
+                     "output_format");
+    format = f;
+    where = "output_format";
+  }
+  if (format == nullptr) return json::value(nullptr);
+  const std::string_view param = where.substr(0, where.find('.'));
+  if (!format->is_object()) return invalid(fmt::format("{}: Input should be an object", where), param);
+  const auto& fo = format->get_object();
+  if (type_of(fo) != "json_schema") return invalid(fmt::format("{}.type: Input should be 'json_schema'", where), param);
+  const auto* schema = fo.if_contains("schema");
+  if (!schema || !schema->is_object())
+    return invalid(fmt::format("{}.schema: Field required (an object)", where), param);
+  json::object js({{"name", "output"}, {"schema", *schema}, {"strict", true}}, sp);
+  return json::value(json::object({{"type", "json_schema"}, {"json_schema", std::move(js)}}, sp));
 }
 
 void serialize_into(const json::value& v, std::string& out) {
@@ -414,6 +451,8 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
       return invalid("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking");
     o["chat_template_kwargs"] = json::object({{"enable_thinking", type != "disabled"}}, sp);
   }
+  auto format = response_format(in, sp);
+  if (!format) return tl::unexpected(format.error());
   // Nothing to answer, nor to count (Anthropic's API refuses both): no generation from an empty prompt.
   // (Checked after the fields both routes read, as before, so their errors come first.)
   const auto no_messages = [&] { return invalid("messages: at least one message is required", "messages"); };
@@ -451,6 +490,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   for (const char* name : {"temperature", "top_p"})
     if (auto r = copy_number(in, name, o, false); !r) return tl::unexpected(r.error());
   if (auto r = copy_number(in, "top_k", o, true); !r) return tl::unexpected(r.error());
+  if (!format->is_null()) o["response_format"] = std::move(*format);
   if (const auto* md = in.if_contains("metadata"); md && md->is_object())
     if (const auto* u = md->get_object().if_contains("user_id"); u && u->is_string()) o["user"] = u->get_string();
   if (msgs->get_array().empty()) return no_messages();

@@ -32,10 +32,14 @@ std::string_view upstream_path(Target t);
 // stream always asks for the usage chunk, and with `continuous_usage` for
 // vLLM's `continuous_usage_stats` too (the pool's continuous_usage: usage on
 // every chunk, so message_start has the prompt's count; a server that
-// refuses unknown fields must not get it). Errors are 400
+// refuses unknown fields must not get it). Anthropic's structured output
+// (`output_config.format`, the beta's `output_format`: {type: json_schema,
+// schema}) becomes `response_format` json_schema (strict) for a generation.
+// Errors are 400
 // invalid_request_error with Anthropic's "field: problem" messages (missing
 // `model`/`max_tokens`/`messages`, a wrong type, an unknown role, a content
-// block Weir cannot translate); `out` is then unspecified.
+// block Weir cannot translate, a structured output that is not a json_schema
+// with an object schema); `out` is then unspecified.
 tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out,
                                                            bool continuous_usage = false);
 

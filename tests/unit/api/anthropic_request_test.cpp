@@ -192,6 +192,65 @@ TEST(AnthropicRequest, CountTokensTakesModelMessagesTools) {
   EXPECT_EQ(t.at("chat_template_kwargs"), json::parse(R"({"enable_thinking":false})"));
 }
 
+TEST(AnthropicRequest, StructuredOutputsBecomeAJsonSchemaResponseFormat) {
+  // What the anthropic SDK's messages.parse(output_format=Model) sends, and the beta's top-level output_format:
+  // vLLM's guided decoding keeps the answer to the schema, as Anthropic does.
+  const std::string schema = R"({"type":"object","properties":{"name":{"type":"string"}},"required":["name"]})";
+  const auto expected =
+      json::parse(R"({"type":"json_schema","json_schema":{"name":"output","schema":)" + schema + R"(,"strict":true}})");
+  const auto a = upstream(R"({"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}],
+    "output_config":{"format":{"type":"json_schema","schema":)" +
+                          schema + "}}}");
+  EXPECT_EQ(a.at("response_format"), expected);
+  const auto b = upstream(R"({"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}],
+    "output_format":{"type":"json_schema","schema":)" +
+                          schema + "}}");
+  EXPECT_EQ(b.at("response_format"), expected);
+  // Nothing asked (no format, null, an output_config with only effort): no response_format.
+  for (const char* extra : {"", R"(,"output_format":null)", R"(,"output_config":{"format":null})",
+                            R"(,"output_config":{"effort":"low"})", R"(,"output_config":null)"}) {
+    const auto c = upstream(std::string(R"({"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}])") +
+                            extra + "}");
+    EXPECT_FALSE(c.as_object().contains("response_format")) << extra;
+  }
+  // A token count is of the prompt: no response_format there (the format is checked the same way).
+  const auto d = upstream(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+    "output_config":{"format":{"type":"json_schema","schema":{"type":"object"}}}})",
+                          Target::count_tokens);
+  EXPECT_FALSE(d.as_object().contains("response_format"));
+  // A strict tool (structured outputs' tool use): chat's function.strict.
+  const auto e = upstream(R"({"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}],
+    "tools":[{"name":"f","strict":true,"input_schema":{"type":"object"}}]})");
+  EXPECT_EQ(e.at("tools").at(0).at("function").at("strict"), true);
+}
+
+TEST(AnthropicRequest, StructuredOutputsThatCannotBeMappedAre400) {
+  const std::string head = R"({"model":"m","max_tokens":8,"messages":[{"role":"user","content":"x"}],)";
+  const struct {
+    const char* extra;
+    const char* param;
+    const char* message;
+  } cases[] = {
+      {R"("output_config":{"format":{"type":"json_object"}})", "output_config",
+       "output_config.format.type: Input should be 'json_schema'"},
+      {R"("output_config":{"format":{"type":"json_schema"}})", "output_config",
+       "output_config.format.schema: Field required (an object)"},
+      {R"("output_config":{"format":"json"})", "output_config", "output_config.format: Input should be an object"},
+      {R"("output_config":[1])", "output_config", "output_config: Input should be an object"},
+      {R"("output_format":{"type":"text"})", "output_format", "output_format.type: Input should be 'json_schema'"},
+      {R"("output_format":{"type":"json_schema","schema":[]})", "output_format",
+       "output_format.schema: Field required (an object)"},
+      {R"("output_format":{"type":"json_schema","schema":{}},"output_config":{"format":{"type":"json_schema","schema":{}}})",
+       "output_format", "output_format: give output_config.format or output_format (deprecated), not both"},
+  };
+  for (const auto& c : cases) {
+    const auto e = failure(head + c.extra + "}");
+    EXPECT_EQ(e.param, c.param) << c.extra;
+    EXPECT_EQ(e.message, c.message) << c.extra;
+    EXPECT_EQ(failure(head + c.extra + "}", Target::count_tokens).message, c.message) << c.extra;
+  }
+}
+
 TEST(AnthropicRequest, BadInputIs400) {
   struct Case {
     std::string_view body;
