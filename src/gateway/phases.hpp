@@ -344,9 +344,9 @@ class GatewayPhases final : public Phases {
   core::Task<void> send_own(RequestContext& ctx, const OwnResponse& r);
   // On an Anthropic route (/v1/messages, count_tokens): appends
   // "request-id: <ctx.request_id>" to ctx.head, the header the anthropic SDK
-  // reads for a message's or an error's request id; not when the `upstream`
-  // head (an Anthropic pool's) has its own.
-  void append_anthropic_request_id(RequestContext& ctx, const http::ResponseHead* upstream);
+  // reads for a message's or an error's request id (an Anthropic pool's own
+  // is dropped: http::append_response_fields).
+  void append_anthropic_request_id(RequestContext& ctx);
   void settle(RequestContext& ctx);
   // What a request is charged when its upstream reported no usage of the whole request (settle(): the rule
   // in words there): the prompt as estimated (an Anthropic stream's message_start count when it came), one

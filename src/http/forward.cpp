@@ -396,8 +396,14 @@ bool is_cors_response_field(bh::field f, std::string_view name) {
 }
 }  // namespace
 
+bool is_provider_account_field(std::string_view n) {
+  const auto prefixed = [&](std::string_view p) { return n.size() > p.size() && iequals(n.substr(0, p.size()), p); };
+  return prefixed("x-ratelimit-") || prefixed("anthropic-ratelimit-") || prefixed("anthropic-priority-") ||
+         iequals(n, "anthropic-organization-id") || iequals(n, "openai-organization") || iequals(n, "openai-project");
+}
+
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
-                            std::string_view upstream_host, bool own_ratelimit, std::string_view content_type,
+                            std::string_view upstream_host, bool tenants, std::string_view content_type,
                             bool own_cors) {
   if (!content_type.empty()) {
     out += "Content-Type: ";
@@ -412,9 +418,12 @@ void append_response_fields(std::string& out, const ResponseHead& res, bool drop
     if (f.name() == bh::field::date) dated = !hop_by_hop_in(listed, f);
     if (!content_type.empty() && f.name() == bh::field::content_type) return true;
     if (own_cors && is_cors_response_field(f.name(), f.name_string())) return true;
-    if (own_ratelimit && f.name() == bh::field::unknown) {
+    if (f.name() == bh::field::unknown) {
       const std::string_view n = f.name_string();
-      if (n.size() > 12 && iequals(n.substr(0, 12), "x-ratelimit-")) return true;
+      // An Anthropic pool's request id: the client gets Weir's (x-request-id, and request-id on an Anthropic
+      // route), as from every upstream.
+      if (n.size() == 10 && iequals(n, "request-id")) return true;
+      if (tenants && is_provider_account_field(n)) return true;
     }
     if (upstream_host.empty()) return false;
     // Alt-Svc names the upstream's own alternatives (RFC 7838: its port, on

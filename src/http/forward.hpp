@@ -107,8 +107,9 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 
 // Appends the upstream response's end-to-end fields for the client: all but
 // hop-by-hop ones, Content-Length (the caller frames the body), x-request-id
-// (the caller sends the request's own), and Content-Encoding when
-// `drop_encoding` (the caller decoded the body). No status line, no blank line.
+// and Anthropic's request-id (the caller sends the request's own id), and
+// Content-Encoding when `drop_encoding` (the caller decoded the body). No
+// status line, no blank line.
 // A Location or Content-Location that points at the upstream itself
 // (`http(s)://<upstream_host>`, the Host Weir sent: what a server that builds
 // absolute redirects from Host writes, e.g. a trailing-slash redirect) is
@@ -117,9 +118,11 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // nginx's `proxy_redirect default` does the same. A scheme-relative
 // `//<upstream_host>/...` too, and each such target of a Link field; an
 // Alt-Svc (the upstream's alternative ports) is dropped.
-// `own_ratelimit`: the caller sends the tenant's x-ratelimit-* lines, so the
-// upstream's (a provider's own limits, on Weir's account) are dropped: a
-// client sees each name once, with the value that governs it.
+// `tenants`: the answer goes to a tenant (tenants are configured; the caller
+// sends the tenant's x-ratelimit-* lines, if it has limits), so the fields of
+// the provider account Weir calls with are dropped (is_provider_account_field):
+// its limits and its organization are no tenant's business, and a client sees
+// each x-ratelimit-* name once, with the value that governs it.
 // `content_type`: when not empty, written in place of the upstream's
 // Content-Type (a body Weir made of another media type).
 // `own_cors`: the caller answers CORS itself (server.cors on, gateway/cors.hpp),
@@ -128,8 +131,15 @@ void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool 
 // Access-Control-Allow-Origin values.
 // An upstream head without Date gets Weir's (RFC 9110 §6.6.1).
 void append_response_fields(std::string& out, const ResponseHead& res, bool drop_encoding,
-                            std::string_view upstream_host = {}, bool own_ratelimit = false,
+                            std::string_view upstream_host = {}, bool tenants = false,
                             std::string_view content_type = {}, bool own_cors = false);
+
+// True for a response field that describes the provider account the upstream
+// was called with (name compared case-insensitively): its rate limits
+// (OpenAI's x-ratelimit-*, Anthropic's anthropic-ratelimit-* and
+// anthropic-priority-*, as their API references list them) and its identity
+// (anthropic-organization-id, openai-organization, openai-project).
+bool is_provider_account_field(std::string_view name);
 
 // `uri` without a leading "http://<host>", "https://<host>" or "//<host>" (host compared case-insensitively)
 // when it has that prefix followed by '/', '?', '#' or nothing ("/" then);

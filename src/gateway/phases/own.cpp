@@ -30,9 +30,8 @@ core::Task<void> GatewayPhases::send_own(RequestContext& ctx, const OwnResponse&
   if (!co_await down_.write_all(ctx.head, body)) ctx.status = 499;
 }
 
-void GatewayPhases::append_anthropic_request_id(RequestContext& ctx, const http::ResponseHead* upstream) {
+void GatewayPhases::append_anthropic_request_id(RequestContext& ctx) {
   if (!is_anthropic(ctx.route)) return;
-  if (upstream != nullptr && !http::first_field(*upstream, "request-id").empty()) return;  // an Anthropic pool's own
   http::append_header(ctx.head, "request-id", ctx.request_id);
 }
 

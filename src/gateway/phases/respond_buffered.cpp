@@ -666,7 +666,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     note_rate_limits(ctx, std::chrono::steady_clock::now());
   ctx.head.clear();
   http::append_status_line(ctx.head, ctx.status);
-  http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), !ctx.rate_limit_lines.empty(),
+  http::append_response_fields(ctx.head, head, drop_encoding, upstream_host(ctx), ctx.principal != nullptr,
                                content_type, ctx.gen->config().server.cors.enabled);
   // An upstream's refusal passed on (a 429 or 5xx, its retries here spent) that asks a longer wait than the
   // client's SDK waits out (a 503 with Retry-After: 300): the SDK would retry it at once after its own short
@@ -680,7 +680,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (whole_for_stream && http::first_field(head, bh::field::cache_control).empty())
     ctx.head += "Cache-Control: no-cache\r\n";
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
-  append_anthropic_request_id(ctx, &head);
+  append_anthropic_request_id(ctx);
   ctx.head += ctx.rate_limit_lines;
   ctx.head += ctx.cors_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());

@@ -71,10 +71,10 @@ void GatewayPhases::send_stream_head(RequestContext& ctx, http::ResponseSource& 
   commit(ctx);
   ctx.head.clear();
   http::append_status_line(ctx.head, 200);
-  http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx), !ctx.rate_limit_lines.empty(), {},
+  http::append_response_fields(ctx.head, src.head(), false, upstream_host(ctx), ctx.principal != nullptr, {},
                                ctx.gen->config().server.cors.enabled);
   http::append_header(ctx.head, "x-request-id", ctx.request_id);
-  append_anthropic_request_id(ctx, &src.head());
+  append_anthropic_request_id(ctx);
   ctx.head += ctx.rate_limit_lines;
   ctx.head += ctx.cors_lines;
   http::append_connection_header(ctx.head, down_.connection_mode());

@@ -509,6 +509,41 @@ TEST(HttpForward, ResponseFieldsDropFramingRequestIdAndHopByHop) {
   EXPECT_EQ(out.find("\r\n\r\n"), std::string::npos);
 }
 
+TEST(HttpForward, AProvidersAccountFieldsNeverReachATenantAndItsRequestIdNeverGoes) {
+  // An Anthropic pool's head (Anthropic API reference, "Rate limits": response headers), a hosted OpenAI's.
+  const std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nrequest-id: req_provider\r\n"
+      "anthropic-organization-id: org-1\r\nanthropic-ratelimit-requests-limit: 50\r\n"
+      "Anthropic-RateLimit-Tokens-Remaining: 12345\r\nanthropic-ratelimit-input-tokens-reset: 2026-01-01T00:00:00Z\r\n"
+      "anthropic-priority-input-tokens-limit: 9\r\nx-ratelimit-remaining-requests: 77\r\n"
+      "openai-organization: org-x\r\nopenai-project: proj_1\r\nopenai-processing-ms: 12\r\n"
+      "retry-after: 3\r\nx-anthropic-other: kept\r\n\r\n";
+  const std::vector<std::string_view> account = {"anthropic-organization-id",
+                                                 "anthropic-ratelimit-requests-limit",
+                                                 "anthropic-ratelimit-tokens-remaining",
+                                                 "anthropic-ratelimit-input-tokens-reset",
+                                                 "anthropic-priority-input-tokens-limit",
+                                                 "x-ratelimit-remaining-requests",
+                                                 "openai-organization",
+                                                 "openai-project"};
+  std::string out;
+  append_response_fields(out, response(head), false, {}, /*tenants=*/true);
+  for (std::string_view f : account) EXPECT_EQ(values(out, f), Values{}) << f;
+  EXPECT_EQ(values(out, "request-id"), Values{});      // the caller sends Weir's
+  EXPECT_EQ(values(out, "retry-after"), Values{"3"});  // what the client must act on stays
+  EXPECT_EQ(values(out, "openai-processing-ms"), Values{"12"});
+  EXPECT_EQ(values(out, "x-anthropic-other"), Values{"kept"});
+  EXPECT_EQ(values(out, "Content-Type"), Values{"application/json"});
+  // Without tenants (one account's gateway) the provider's limits go as they came; its request id does not.
+  out.clear();
+  append_response_fields(out, response(head), false, {}, /*tenants=*/false);
+  for (std::string_view f : account) EXPECT_EQ(values(out, f).size(), 1u) << f;
+  EXPECT_EQ(values(out, "request-id"), Values{});
+  EXPECT_TRUE(is_provider_account_field("X-RateLimit-Limit-Tokens"));
+  EXPECT_FALSE(is_provider_account_field("x-ratelimit-"));
+  EXPECT_FALSE(is_provider_account_field("anthropic-version"));
+}
+
 TEST(HttpForward, ResponseContentEncodingIsDroppedOnlyWhenAsked) {
   std::string out;
   append_response_fields(out, response(kUpstreamHead), /*drop_encoding=*/true);
