@@ -105,6 +105,11 @@ std::optional<Usage> read_object(std::string_view usage) {
       return std::nullopt;
     }
   }
+  // Cached and written prompt tokens are parts of the prompt (OpenAI's and OpenRouter's prompt_tokens
+  // count them): a part larger than the whole (cached 5000 of a 5-token prompt) is a count that cannot be
+  // billed as sent, as a negative one is, on every path that reads usage (the log, the metrics, the
+  // charge, the Anthropic and Responses translations).
+  if (out.cached_tokens > out.prompt_tokens || out.cache_write_tokens > out.prompt_tokens) return std::nullopt;
   return out;
 }
 

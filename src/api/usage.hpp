@@ -31,8 +31,9 @@ inline constexpr std::uint64_t kMaxUsageTokens = std::uint64_t{1} << 24;
 // not an object, or the text is not valid JSON (checked: the top-level
 // structure and the usage value; the rest is only skipped over). A count that
 // is absent or null reads as 0; one that is not a non-negative JSON integer
-// (1.5, 1e3, "12", true, -1) or is over kMaxUsageTokens makes the whole
-// result nullopt rather than a guess, and sets `*invalid` (when given) to
+// (1.5, 1e3, "12", true, -1) or is over kMaxUsageTokens, or a cached_tokens or
+// cache_write_tokens over prompt_tokens (a part of the prompt larger than it),
+// makes the whole result nullopt rather than a guess, and sets `*invalid` (when given) to
 // true: a usage the upstream did send, which cannot be billed as sent (a
 // `usage` that is no object, null aside, too). `*invalid` is left as it was
 // otherwise. Cost: one scan of the top-level object's last members, and a
