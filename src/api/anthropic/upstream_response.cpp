@@ -157,7 +157,12 @@ bool message_to_chat(std::string_view body, std::int64_t created, std::string& o
     out += R"(}],"usage":)";
     std::optional<AnthropicUsage> u;
     if (const auto* uv = msg->if_contains("usage"); uv && uv->is_object()) u = read_usage(uv->get_object());
-    append_openai_usage(out, u.value_or(AnthropicUsage{}).openai());
+    // (None that reads: `null`, the upstream's silence, not counts of 0 a chat or Responses client would take
+    // for its own; the request is charged its estimate: docs/admission.md, "No usage reported".)
+    if (u)
+      append_openai_usage(out, u->openai());
+    else
+      out += "null";
     out += '}';
     wide.restore(out);
     return true;
