@@ -102,6 +102,8 @@ void RequestContext::reset() {
   body_deferred = false;
   events = 0;
   token_events = 0;
+  completion_text_bytes = 0;
+  text_frame = std::string_view::npos;
   t_start = t_upstream_sent = t_first_byte = t_first_token = t_upstream_done = {};
   upstream_wait = {};
   added_us = 0;

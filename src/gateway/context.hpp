@@ -403,6 +403,13 @@ struct RequestContext {
   // the role-only chunks before it): a stream's completion tokens when it
   // reported no usage (settle()).
   std::uint32_t token_events = 0;
+  // The generated text those events (or a whole answer) carried, in decoded bytes
+  // (api::event_text_bytes, api::answer_text_bytes): with token_events, what an answer without usage
+  // is charged for (settle(), unreported_usage()).
+  std::uint64_t completion_text_bytes = 0;
+  // The bytes of a relayed event's data that are not its text, as the stream's last event counted whole had
+  // them (api::event_text_bytes' `frame`; npos: none yet).
+  std::size_t text_frame = std::string_view::npos;
 
   core::TimePoint t_start{};          // arrival: the request head's first bytes were here
   core::TimePoint t_upstream_sent{};  // request head built for upstream (the last attempt's)

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 #include <boost/beast/http/field.hpp>
 
+#include "api/text_estimate.hpp"
 #include "auth/authenticator.hpp"
 #include "core/json_text.hpp"
 #include "core/text_writer.hpp"
@@ -208,10 +209,13 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api:
   const auto known = ctx.sse_answer ? ctx.hooks.known_prompt() : std::nullopt;
   u.prompt_tokens = known ? known->prompt_tokens : ctx.prompt_tokens_estimate;
   u.cached_tokens = known ? known->cached_tokens : 0;
+  // The completion that reached the client: at least a token per content event relayed, and at least its
+  // text at the prompt estimate's 4 bytes a token (an event may carry many: an Anthropic text_delta, vLLM's
+  // speculative decoding or stream_interval; a whole answer without usage has no events, only its text).
   // (No more than max_tokens allows: an upstream that streamed more events than tokens, or split one
   // token over several, is not charged past the request's own bound, nor past its reservation.)
-  u.completion_tokens =
-      ctx.completion_cap ? std::min<std::uint64_t>(ctx.token_events, ctx.completion_cap) : ctx.token_events;
+  const std::uint64_t reached = std::max<std::uint64_t>(ctx.token_events, api::text_tokens(ctx.completion_text_bytes));
+  u.completion_tokens = ctx.completion_cap ? std::min<std::uint64_t>(reached, ctx.completion_cap) : reached;
   if (choice_usage != nullptr) {
     // The choices' own counts (continuous_usage_stats) of a stream cut before its usage chunk. A prompt's
     // count is whole on its choices' first chunk: once every prompt of the request said it (a chat's one

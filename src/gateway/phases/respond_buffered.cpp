@@ -20,6 +20,7 @@
 #include "api/openai/stream.hpp"
 #include "api/responses/response.hpp"
 #include "api/responses/stream.hpp"
+#include "api/text_estimate.hpp"
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 #include "gateway/admin.hpp"
@@ -208,6 +209,7 @@ Outcome GatewayPhases::no_answer(RequestContext& ctx, core::Error e) {
   ctx.attempt_failed_after_head(http::UpstreamFailure::protocol);
   ctx.fail_over = true;
   ctx.has_usage = ctx.has_choice_usage = false;
+  ctx.completion_text_bytes = 0;
   return Outcome::failed(std::move(e));
 }
 
@@ -293,6 +295,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.fail_over = http::is_upstream_fault(failure);
     if (ctx.fail_over) ctx.held_failure = failure;
     ctx.has_usage = ctx.has_choice_usage = false;
+    ctx.completion_text_bytes = 0;
     if (too_large) {
       ctx.over_limit = true;
       co_return Outcome::failed(upstream_too_large(subject(ctx), sc.max_response_bytes));
@@ -463,8 +466,13 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     reader.push(plain);
     api::openai::UsageHook hook;
     hook.reset(false, ctx.fields.n, ctx.fields.prompt_count);
-    while (auto ev = reader.next())
-      if (ev->has_data && !ev->is_done()) (void)hook.on_data(ev->data);
+    std::size_t text = 0;  // (charged, with no usage in it, as a relayed stream's: unreported_usage)
+    while (auto ev = reader.next()) {
+      if (!ev->has_data || ev->is_done()) continue;
+      (void)hook.on_data(ev->data);
+      text += api::event_text_bytes(ev->data);
+    }
+    ctx.completion_text_bytes = text;
     ctx.usage_invalid = hook.invalid();
     if (hook.has_usage()) {
       (hook.whole() ? ctx.has_usage : ctx.has_choice_usage) = true;
@@ -482,6 +490,10 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
                               : api::extract_usage(plain, &ctx.usage_invalid)) {
       ctx.has_usage = true;
       ctx.usage = *u;
+    } else {
+      // No usage (none, null, or counts that do not read): the answer's text is what it is charged for
+      // (settle(), unreported_usage()), as a stream's relayed text is. Read only then: one byte loop.
+      ctx.completion_text_bytes = api::answer_text_bytes(plain);
     }
   }
   ctx.status = status;

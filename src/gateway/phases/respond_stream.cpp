@@ -7,6 +7,7 @@
 // stall watch, which runs whether or not the upstream sends); one that
 // leaves aborts the upstream request.
 #include "api/openai/stream.hpp"
+#include "api/text_estimate.hpp"
 #include "gateway/failure.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
@@ -213,7 +214,16 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
            : ctx.fields.usage_asked || ctx.strip_usage
                ? true
                : !api::openai::may_be_finish_only(ev->data) || api::openai::chunk_has_tokens(ev->data));  // (settle())
-      if (token) ++ctx.token_events;
+      // (Its text too: an event may carry many tokens (an Anthropic text_delta, vLLM's speculative decoding
+      // or stream_interval): a stream without usage is charged the larger of the two (unreported_usage).
+      // One compare for an event of the stream's frame and a few bytes of text, a look at its delta only
+      // for the others: api::event_text_bytes.)
+      std::size_t text_bytes = 0;
+      if (token) {
+        ++ctx.token_events;
+        text_bytes = api::event_text_bytes(ev->data, ctx.text_frame);
+        ctx.completion_text_bytes += text_bytes;
+      }
       if (ctx.hooks.translating()) {
         const bool sent = ctx.hooks.translate(*ev, events);
         if (!s.holding && (upstream_error || ctx.hooks.translation_failed())) {
@@ -229,7 +239,10 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       }
       if (ctx.resume.on && ev->has_data && !ev->is_done()) {
         if (!s.refused && !resume_note(ctx, *ev, s.holding, s.failure)) {
-          if (token) --ctx.token_events;  // (never the client's: a continuation's role chunk)
+          if (token) {  // (never the client's: a continuation's role chunk)
+            --ctx.token_events;
+            ctx.completion_text_bytes -= text_bytes;
+          }
           if (s.failure != http::UpstreamFailure::none) break;
           drop_event(*ev);
           continue;
@@ -437,6 +450,8 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
       ctx.body.clear();
       ctx.events = 0;  // none of them reached the client
       ctx.token_events = 0;
+      ctx.completion_text_bytes = 0;
+      ctx.text_frame = std::string_view::npos;
       // Nor is its usage (a role chunk's per-chunk usage) the request's: another endpoint or target answers it.
       ctx.has_usage = ctx.has_choice_usage = false;
       ctx.t_first_token = {};
