@@ -6,6 +6,7 @@ with nothing saying which tokens the spend and the buckets were charged."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import threading
 
 import httpx
@@ -40,8 +41,9 @@ def exact_prompt_tokens(mock) -> int:
 
 
 def stream(w, model: str, rid: str, *, continuous: bool, leave_after: int | None = None,
-           headers: dict | None = None) -> int:
-    """Streams PROMPT; leaves after `leave_after` text chunks (None: reads to the end). Returns the text chunks."""
+           headers: dict | None = None, text: list | None = None) -> int:
+    """Streams PROMPT; leaves after `leave_after` text chunks (None: reads to the end). Returns the text chunks
+    (and appends their text to `text`, when given)."""
     body = {"model": model, "prompt": PROMPT, "max_tokens": 12, "stream": True}
     if continuous:
         body["stream_options"] = CONTINUOUS
@@ -52,6 +54,8 @@ def stream(w, model: str, rid: str, *, continuous: bool, leave_after: int | None
         for line in r.iter_lines():
             if line.startswith("data: {") and '"choices":[{' in line:
                 texts += 1
+                if text is not None:
+                    text.append(json.loads(line[6:])["choices"][0]["text"])
                 if texts == leave_after:
                     return texts  # the connection closes here
     return texts
@@ -147,7 +151,8 @@ def test_a_line_charged_by_estimate_says_which_tokens_were_charged(mock, weir, c
     headers, leave_after = CUTS[cut]
     before = tokens(w)
     estimated = (w.metric("weir_estimated_prompt_tokens_total"), w.metric("weir_estimated_completion_tokens_total"))
-    got = stream(w, "plain", f"est-{cut}", continuous=False, leave_after=leave_after, headers=headers)
+    text: list[str] = []
+    got = stream(w, "plain", f"est-{cut}", continuous=False, leave_after=leave_after, headers=headers, text=text)
     line = w.log_for(f"est-{cut}", timeout=15)
     assert "batch" not in line and line["error"] is not None, line
     assert line["prompt_tokens"] is None and line["completion_tokens"] is None, line  # none reported
@@ -155,7 +160,10 @@ def test_a_line_charged_by_estimate_says_which_tokens_were_charged(mock, weir, c
     assert charged is not None, line
     assert charged["source"] == "estimate" and charged["cached"] == 0, line
     assert charged["prompt"] > 0, line
-    assert charged["completion"] == got == (3 if cut == "upstream_broke" else 2), (got, line)
+    assert got == (3 if cut == "upstream_broke" else 2), (got, line)
+    # The text that reached the client at 4 bytes a token, at least a token per content event (stop 55: was one
+    # per event whatever it carried; the mock's words are 5 to 8 bytes each).
+    assert charged["completion"] == max(got, (len("".join(text).encode()) + 3) // 4), (got, text, line)
     assert line["spend_usd"] == spend_of(charged["prompt"], charged["completion"]), line
     # The reported-token counters stay as they were; the estimate counters move by the charge.
     assert tokens(w) == before

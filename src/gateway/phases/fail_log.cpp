@@ -198,7 +198,7 @@ std::optional<api::Usage> GatewayPhases::failed_charge(const RequestContext& ctx
   if (!charge_estimate(ctx)) return std::nullopt;
   // No usage at all: the estimate settle() charges, only where it charges one (charged_tokens).
   if (!ctx.has_choice_usage && !h.has_usage() && !(ctx.principal && w_.admission())) return std::nullopt;
-  return unreported_usage(ctx, &choice, every_prompt);
+  return unreported_usage(ctx, ctx.has_choice_usage || h.has_usage() ? &choice : nullptr, every_prompt);
 }
 
 api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage,
@@ -214,7 +214,11 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api:
   // speculative decoding or stream_interval; a whole answer without usage has no events, only its text).
   // (No more than max_tokens allows: an upstream that streamed more events than tokens, or split one
   // token over several, is not charged past the request's own bound, nor past its reservation.)
-  const std::uint64_t reached = std::max<std::uint64_t>(ctx.token_events, api::text_tokens(ctx.completion_text_bytes));
+  // (Where its choices said their counts (continuous_usage_stats, below) those are the upstream's own, token
+  // by token: they, not the text's estimate, raise the events' floor.)
+  const std::uint64_t reached =
+      choice_usage != nullptr ? ctx.token_events
+                              : std::max<std::uint64_t>(ctx.token_events, api::text_tokens(ctx.completion_text_bytes));
   u.completion_tokens = ctx.completion_cap ? std::min<std::uint64_t>(reached, ctx.completion_cap) : reached;
   if (choice_usage != nullptr) {
     // The choices' own counts (continuous_usage_stats) of a stream cut before its usage chunk. A prompt's
