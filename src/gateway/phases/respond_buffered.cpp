@@ -122,6 +122,14 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
 // carries a whole answer) and its end. `tokens`: the upstream's data events
 // from its first content event on ([DONE] aside, and a chunk with only a
 // finish_reason).
+// The routes whose answer is generated text (a completion, a message, a response, a transcript): the text an
+// answer of theirs without usage is charged for. Not a model list, a rerank's documents or a pooling's
+// vectors: no text of theirs was generated.
+bool generates_text(RouteKind r) {
+  return r == RouteKind::chat_completions || r == RouteKind::completions || r == RouteKind::messages ||
+         r == RouteKind::responses || r == RouteKind::audio_transcriptions || r == RouteKind::audio_translations;
+}
+
 struct MadeStream {
   std::uint32_t events = 0;
   std::uint32_t tokens = 0;
@@ -472,7 +480,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
       (void)hook.on_data(ev->data);
       text += api::event_text_bytes(ev->data);
     }
-    ctx.completion_text_bytes = text;
+    ctx.completion_text_bytes = generates_text(ctx.route) ? text : 0;
     ctx.usage_invalid = hook.invalid();
     if (hook.has_usage()) {
       (hook.whole() ? ctx.has_usage : ctx.has_choice_usage) = true;
@@ -490,7 +498,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
                               : api::extract_usage(plain, &ctx.usage_invalid)) {
       ctx.has_usage = true;
       ctx.usage = *u;
-    } else {
+    } else if (generates_text(ctx.route)) {
       // No usage (none, null, or counts that do not read): the answer's text is what it is charged for
       // (settle(), unreported_usage()), as a stream's relayed text is. Read only then: one byte loop.
       ctx.completion_text_bytes = api::answer_text_bytes(plain);
