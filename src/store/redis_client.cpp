@@ -4,6 +4,9 @@
 #include <deque>
 #include <set>
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -36,6 +39,7 @@ struct Waiter {
   std::vector<Result<Reply>> results;
   std::size_t remaining;
   bool done = false;
+  bool extended = false;  // its deadline was moved once (Impl::fail_all's keep_unsent)
 
   void complete() {
     done = true;
@@ -48,6 +52,25 @@ struct Slot {
   std::shared_ptr<Waiter> waiter;
   std::size_t index = 0;
 };
+
+// TCP keepalive on every connection (docs/admission.md, "Redis requirements"): a probe after
+// kKeepIdle without traffic, then every kKeepInterval; kKeepCount unanswered probes end the
+// connection. 30 s keeps the flow alive in NAT tables, firewalls and cloud load balancers whose
+// idle timeouts are 60 s and more (AWS NLB 350 s, Azure LB 4 min, GCP 10 min), and finds a peer
+// that vanished without a FIN within 60 s.
+constexpr int kKeepIdleS = 30;
+constexpr int kKeepIntervalS = 10;
+constexpr int kKeepCount = 3;
+
+void set_keepalive(Socket& s) {
+  boost::system::error_code ignored;
+  s.set_option(asio::socket_base::keep_alive(true), ignored);
+#if defined(TCP_KEEPIDLE) && defined(TCP_KEEPINTVL) && defined(TCP_KEEPCNT)
+  s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPIDLE>(kKeepIdleS), ignored);
+  s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPINTVL>(kKeepIntervalS), ignored);
+  s.set_option(asio::detail::socket_option::integer<IPPROTO_TCP, TCP_KEEPCNT>(kKeepCount), ignored);
+#endif
+}
 
 bool is_noscript(const Result<Reply>& r) {
   return !r && r.error().code == Errc::server && std::string_view(r.error().message).starts_with("NOSCRIPT");
@@ -62,7 +85,7 @@ std::string endpoint_text(std::string_view host, std::uint16_t port) {
 
 struct Client::Impl : std::enable_shared_from_this<Impl> {
   Impl(asio::io_context& ioc, ClientOptions o)
-      : ex(ioc.get_executor()), opt(std::move(o)), socket(ex), connect_timer(ex), backoff_timer(ex) {}
+      : ex(ioc.get_executor()), opt(std::move(o)), socket(ex), connect_timer(ex), backoff_timer(ex), check_timer(ex) {}
 
   Executor ex;
   ClientOptions opt;
@@ -80,7 +103,16 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   ReplyParser parser;
   std::array<char, 16384> rbuf{};
   std::chrono::milliseconds backoff{0};
-  bool hurry = false;  // reconnect_now(): the next backoff wait is skipped
+  // Idle check (ClientOptions::idle_check): a PING in flight on a connection that had been idle;
+  // commands queued meanwhile wait in `out` until it is answered.
+  bool checking = false;
+  Timer check_timer;
+  std::chrono::steady_clock::duration check_idle{};   // how long the connection had been idle then
+  std::chrono::steady_clock::time_point up_since{};   // when the current connection was established
+  std::chrono::steady_clock::time_point last_read{};  // its last bytes from Redis (or up_since)
+  bool at_once = false;          // the connection lost is replaced without a backoff wait (drop_connection)
+  bool idle_close_said = false;  // the first routine idle close was logged; later ones are counted only
+  bool hurry = false;            // reconnect_now(): the next backoff wait is skipped
   // reconnect_now() callers waiting for the connection attempt in progress to end.
   std::vector<std::shared_ptr<Timer>> attempt_waiters;
   // Logs say "connected" once a connection answered a command, "lost" once
@@ -104,41 +136,129 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
 
   // Completes every pending slot: bytes already written get `sent_code`
   // (the command may have run), bytes never written get not_connected.
-  void fail_all(Errc sent_code, const std::string& why) {
+  // With `keep_unsent`, the slots never written stay queued (with their
+  // bytes in `out`) for the next connection instead, and their callers
+  // wait up to connect_timeout + command_timeout more, once.
+  void fail_all(Errc sent_code, const std::string& why, bool keep_unsent = false) {
     const std::size_t sent = inflight.size() - unsent;
     std::vector<std::shared_ptr<Waiter>> touched;
     for (std::size_t i = 0; i < inflight.size(); ++i) {
       auto& s = inflight[i];
-      if (s.waiter->done) continue;
+      if (!s.waiter || s.waiter->done) continue;  // (no waiter: the idle check's PING)
+      if (keep_unsent && i >= sent) {
+        if (!s.waiter->extended) {
+          s.waiter->extended = true;
+          s.waiter->timer.expires_after(opt.connect_timeout + opt.command_timeout);  // (wakes send(): it waits again)
+        }
+        continue;
+      }
       const Errc code = sent_code == Errc::stopped ? Errc::stopped : (i < sent ? sent_code : Errc::not_connected);
       s.waiter->results[s.index] = tl::unexpected(Error{code, why});
       touched.push_back(s.waiter);
     }
-    inflight.clear();
-    out.clear();
-    unsent = 0;
+    if (keep_unsent) {
+      inflight.erase(inflight.begin(), inflight.begin() + static_cast<std::ptrdiff_t>(sent));
+    } else {
+      inflight.clear();
+      out.clear();
+      unsent = 0;
+    }
     for (auto& w : touched)
       if (!w->done) w->complete();
   }
 
   // Ends the current connection (the read loop then returns to the connect loop).
-  void drop_connection(const std::string& why) {
-    if (state == State::connected) {
+  // Every loss is logged but a routine idle close (below), whose first
+  // occurrence only is. The next connection attempt starts at once, with
+  // commands queueing meanwhile and those never written kept for it, when
+  //  - the idle check failed (its PING went unanswered, or the connection
+  //    closed under it): the commands behind it were never sent;
+  //  - Redis closed (EOF) a connection that had been up for at least
+  //    idle_check: a server `timeout`, a proxy's idle timeout, CLIENT KILL,
+  //    a restart. (A server that closes connections at once waits out the
+  //    backoff: no reconnect storm.)
+  // Otherwise (a command timeout, a write error, bytes that are not RESP) the
+  // backoff applies and commands fail at once meanwhile.
+  void drop_connection(const std::string& why, bool eof = false) {
+    const bool was_connected = state == State::connected;
+    const bool was_checking = checking;
+    checking = false;
+    check_timer.cancel();
+    if (was_connected) {
+      const auto now = std::chrono::steady_clock::now();
+      const bool lasted = now - up_since >= opt.idle_check && opt.idle_check.count() > 0;
+      const bool quiet = inflight.size() == unsent || (was_checking && inflight.size() == unsent + 1);
+      at_once = was_checking || (eof && lasted);
       ++stats.disconnects;
-      if (announced_up) log(fmt::format("connection to {} lost: {}", endpoint_text(opt.host, opt.port), why));
-      announced_up = false;
-      reported_down = true;
-      last_error = "connection to Redis lost: " + why;
+      const bool routine = eof && lasted && quiet && now - last_read >= opt.idle_check;
+      if (routine) {
+        ++stats.idle_closes;
+        if (!idle_close_said) {
+          idle_close_said = true;
+          log(
+              fmt::format("connection to {} closed by server while idle (for {:.1f} s: Redis `timeout`, a "
+                          "proxy's idle timeout, CLIENT KILL): reconnected at once; later idle closes are counted, "
+                          "not logged",
+                          endpoint_text(opt.host, opt.port), std::chrono::duration<double>(now - last_read).count()));
+        }
+      } else {
+        log(fmt::format("connection to {} lost: {}{}", endpoint_text(opt.host, opt.port), why,
+                        at_once ? "; reconnecting at once" : ""));
+        announced_up = false;  // the next connection says "connected" again
+      }
+      if (!at_once) {
+        reported_down = true;
+        last_error = "connection to Redis lost: " + why;
+      }
     }
+    // The completions of this connection's write and read still to come ignore themselves (they would
+    // fail the commands kept for the next one).
+    if (was_connected) ++generation;
     boost::system::error_code ignored;
     socket.close(ignored);
     writing = false;
-    fail_all(Errc::connection_lost, why);
-    if (state == State::connected) state = State::backoff;
+    fail_all(Errc::connection_lost, why, was_connected && at_once);
+    // Commands issued before the next attempt queue for it when it starts at once (run() skips the wait).
+    if (was_connected) state = at_once ? State::connecting : State::backoff;
+  }
+
+  // Sends a PING alone and holds the commands queued behind it until it is
+  // answered (ClientOptions::idle_check); no answer within command_timeout
+  // drops the connection, and they go out on the next one.
+  void start_check() {
+    checking = true;
+    inflight.push_back(Slot{nullptr, 0});
+    writing = true;
+    static const std::string ping = Command{"PING"}.bytes();
+    asio::async_write(socket, asio::buffer(ping),
+                      [self = shared_from_this(), gen = generation](boost::system::error_code ec, std::size_t) {
+                        if (gen != self->generation) return;
+                        self->writing = false;
+                        if (ec) {
+                          self->drop_connection("write failed: " + ec.message());
+                          return;
+                        }
+                        self->flush();
+                      });
+    check_idle = std::chrono::steady_clock::now() - last_read;
+    check_timer.expires_after(opt.command_timeout);
+    check_timer.async_wait([self = shared_from_this(), gen = generation](boost::system::error_code ec) {
+      if (!ec && gen == self->generation) self->check_failed();
+    });
+  }
+
+  // The idle check's PING got no reply within command_timeout.
+  void check_failed() {
+    if (!checking || state != State::connected) return;
+    ++stats.idle_check_failures;
+    drop_connection(
+        fmt::format("no reply to a PING within {} ms after {:.1f} s idle (dropped by a NAT, firewall "
+                    "or load balancer?)",
+                    opt.command_timeout.count(), std::chrono::duration<double>(check_idle).count()));
   }
 
   void flush() {
-    if (state != State::connected || writing || out.empty()) return;
+    if (state != State::connected || writing || checking || out.empty()) return;
     writing = true;
     auto buf = std::make_shared<std::string>(std::move(out));
     out.clear();
@@ -162,6 +282,12 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     }
     Slot s = std::move(inflight.front());
     inflight.pop_front();
+    if (!s.waiter) {  // the idle check's PING: the connection works; send what waited behind it
+      checking = false;
+      check_timer.cancel();
+      flush();
+      return;
+    }
     if (!announced_up) {
       announced_up = true;
       reported_down = false;
@@ -249,6 +375,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       }
       if (why.empty() && running) {
         socket.set_option(tcp::no_delay(true));
+        set_keepalive(socket);
         parser.reset();
         auto hs = co_await handshake();
         if (!hs) why = "AUTH/SELECT failed: " + hs.error();
@@ -268,6 +395,7 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
           logged_at = now;
         }
         reported_down = true;
+        announced_up = false;  // (after a reconnect at once that failed: the next success says "connected")
         last_error = "cannot connect to Redis: " + why;
         boost::system::error_code ignored;
         socket.close(ignored);
@@ -280,9 +408,16 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       state = State::connected;
       ++stats.connects;
       writing = false;
+      checking = false;
+      at_once = false;
+      up_since = last_read = std::chrono::steady_clock::now();
       flush();
       co_await read_loop(generation);
       if (!running) break;
+      if (at_once) {
+        at_once = false;
+        continue;
+      }
       co_await wait_backoff();
     }
   }
@@ -292,9 +427,11 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       auto [ec, n] = co_await socket.async_read_some(asio::buffer(rbuf), use_task);
       if (gen != generation || state != State::connected) co_return;  // dropped meanwhile
       if (ec) {
-        drop_connection(ec == asio::error::eof ? std::string("closed by server") : ec.message());
+        const bool eof = ec == asio::error::eof;
+        drop_connection(eof ? std::string("closed by server") : ec.message(), eof);
         co_return;
       }
+      last_read = std::chrono::steady_clock::now();
       if (!parser.feed(rbuf.data(), n)) {
         drop_connection("not RESP");
         co_return;
@@ -360,6 +497,14 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       co_return std::vector<Result<Reply>>(cmds.size(), tl::unexpected(Error{code, why}));
     }
     auto w = std::make_shared<Waiter>(ex, cmds.size(), opt.command_timeout);
+    // A connection that has been idle may be gone without a FIN (a middlebox forgot it): a PING goes
+    // first, and these commands are written only once it is answered (they are never sent on a dead
+    // connection, so never retried with an unknown outcome).
+    if (state == State::connected && !checking && !writing && inflight.empty() && opt.idle_check.count() > 0 &&
+        std::chrono::steady_clock::now() - last_read >= opt.idle_check) {
+      ++stats.idle_checks;
+      start_check();
+    }
     for (std::size_t i = 0; i < cmds.size(); ++i) {
       out += cmds[i]->bytes();
       inflight.push_back(Slot{w, i});
@@ -367,7 +512,18 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     }
     flush();
     w->timer.expires_after(opt.command_timeout);
-    if (!w->done) co_await w->timer.async_wait(use_task);
+    // (The timer is re-armed, once, when the commands are kept for the next connection: the wait goes on.)
+    while (!w->done) {
+      co_await w->timer.async_wait(use_task);
+      if (w->done) break;
+      if (Timer::clock_type::now() < w->timer.expiry()) continue;
+      // (Due with the check's own timer: its commands are all behind the PING, unsent. They move on.)
+      if (checking && !w->extended) {
+        check_failed();
+        continue;
+      }
+      break;
+    }
     if (!w->done) {
       // The results still unfilled keep their initial Errc::timeout.
       w->done = true;
@@ -420,6 +576,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     socket.close(ignored);
     connect_timer.cancel();
     backoff_timer.cancel();
+    check_timer.cancel();
+    checking = false;
     end_attempt();
     fail_all(Errc::stopped, "client stopped");
   }

@@ -37,10 +37,16 @@ struct ClientOptions {
   std::chrono::milliseconds command_timeout{250};  // queueing to reply, per exec() call
   std::chrono::milliseconds reconnect_min{50};     // first delay after a failure; doubles
   std::chrono::milliseconds reconnect_max{2000};   // cap of the doubling
+  // A connection without a byte from Redis for this long gets a PING before
+  // the next commands, which are written once it is answered; without a reply
+  // within command_timeout the connection is dropped and they go out on a new
+  // one at once. Zero: no check. (At most 1 s: Redis's shortest `timeout`.)
+  std::chrono::milliseconds idle_check{1000};
   // Connection state changes ("connected to ...", "connection to ... lost:
-  // ...", "cannot connect to ...: <why>" once per outage and again when the
-  // reason changes, at most once a second); called on the control thread.
-  // Empty: silent.
+  // ..." for every loss, "cannot connect to ...: <why>" once per outage and
+  // again when the reason changes, at most once a second; a routine close of
+  // an idle connection by Redis the first time only); called on the control
+  // thread. Empty: silent.
   std::function<void(std::string_view)> log;
 };
 
@@ -53,7 +59,10 @@ struct ClientOptions {
 //  - While connected, commands are appended to one write buffer and written
 //    as soon as the previous write finished (pipelining); replies arrive in order.
 //  - While a connection attempt is in progress, commands queue and are sent
-//    after AUTH/SELECT. While waiting to reconnect after a failure (backoff),
+//    after AUTH/SELECT. The first attempt after Redis closed a connection
+//    that had been up for idle_check or more (its `timeout`, a restart), or
+//    after an idle check failed, starts at once (no backoff): commands queue
+//    for it. While waiting to reconnect after a failure (backoff),
 //    exec() fails at once with Errc::not_connected whose message is that
 //    failure ("cannot connect to Redis: Connection refused", "connection to
 //    Redis lost: closed by server"): callers learn of an outage, and why,
@@ -62,15 +71,26 @@ struct ClientOptions {
 //    Errc::timeout, and a connected client then closes the connection (every
 //    reply behind a late one is late too) and reconnects: the other commands
 //    in flight fail with Errc::connection_lost (they may have run).
+//  - Idle check: the first commands on a connection idle for idle_check wait
+//    behind a PING; if it is not answered within command_timeout, they are
+//    sent on a new connection (made at once) instead, and their caller waits
+//    up to connect_timeout + command_timeout more (once). Never sent on the
+//    silent connection, they never run twice.
+//  - Every connection has TCP keepalive: idle 30 s, probes every 10 s, 3
+//    unanswered end it (keeps NAT/firewall/load-balancer state alive, finds a
+//    vanished peer in about 60 s).
 class Client {
  public:
   struct Stats {
     std::uint64_t connects = 0;  // connections established (AUTH/SELECT passed)
     std::uint64_t connect_failures = 0;
-    std::uint64_t disconnects = 0;   // established connections that were lost or closed
-    std::uint64_t commands = 0;      // commands queued
-    std::uint64_t timeouts = 0;      // exec() calls that timed out
-    std::uint64_t script_loads = 0;  // SCRIPT LOADs after NOSCRIPT
+    std::uint64_t disconnects = 0;          // established connections that were lost or closed
+    std::uint64_t commands = 0;             // commands queued
+    std::uint64_t timeouts = 0;             // exec() calls that timed out
+    std::uint64_t script_loads = 0;         // SCRIPT LOADs after NOSCRIPT
+    std::uint64_t idle_checks = 0;          // PINGs sent first on a connection idle for idle_check
+    std::uint64_t idle_check_failures = 0;  // ... that got no reply within command_timeout (connection replaced)
+    std::uint64_t idle_closes = 0;  // connections Redis closed while idle after at least idle_check (its `timeout`)
   };
 
   Client(asio::io_context& ioc, ClientOptions options);

@@ -156,4 +156,14 @@ void ReplyParser::reset() {
   impl_->reader = redisReaderCreate();
 }
 
+std::string glob_literal(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (const char c : text) {
+    if (c == '*' || c == '?' || c == '[' || c == ']' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out;
+}
+
 }  // namespace weir::store

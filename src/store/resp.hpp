@@ -116,4 +116,9 @@ class ReplyParser {
   std::unique_ptr<Impl> impl_;
 };
 
+// `text` as a Redis glob pattern (SCAN/KEYS MATCH, Redis's stringmatchlen)
+// that matches exactly that text: each of * ? [ ] \ preceded by a backslash.
+// "app?:" -> "app\?:" (the pattern "app?:key:*" also matched "apps:key:...").
+std::string glob_literal(std::string_view text);
+
 }  // namespace weir::store

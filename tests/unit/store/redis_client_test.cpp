@@ -114,6 +114,13 @@ TEST(RespTest, RejectsBytesThatAreNotResp) {
   EXPECT_TRUE(bad);
 }
 
+TEST(RespTest, GlobLiteralEscapesEveryPatternCharacter) {
+  EXPECT_EQ(glob_literal("weir:"), "weir:");
+  EXPECT_EQ(glob_literal("app?:"), "app\\?:");
+  EXPECT_EQ(glob_literal("a*[b]\\c"), "a\\*\\[b\\]\\\\c");
+  EXPECT_EQ(glob_literal(""), "");
+}
+
 class RedisClientTest : public ::testing::Test {
  protected:
   void SetUp() override { ASSERT_TRUE(server_.ok()) << "redis-server did not start (scripts/setup installs it)"; }
@@ -286,6 +293,77 @@ TEST_F(RedisClientTest, FailsFastWhenNothingListens) {
       EXPECT_EQ(r.error().code, Errc::stopped);
     }
   });
+}
+
+// A connection idle for idle_check gets a PING before the next commands. Redis stopped (as a
+// connection a middlebox dropped: no reply, no FIN), the PING goes unanswered: the command waiting
+// behind it is written on a new connection instead, made at once, never on the silent one, and its
+// caller waits for it (connect_timeout + command_timeout more, once).
+TEST_F(RedisClientTest, AnIdleCheckThatGoesUnansweredCarriesTheCommandsToANewConnection) {
+  auto o = options(server_);
+  o.command_timeout = 200ms;
+  o.connect_timeout = 2000ms;
+  o.idle_check = 100ms;
+  std::vector<std::string> logs;
+  o.log = [&logs](std::string_view m) { logs.emplace_back(m); };
+  Client c(ioc_, o);
+  c.start();
+  run(ioc_, [&]() -> Task<void> {
+    EXPECT_TRUE(co_await until_up(c));
+    co_await sleep_for(150ms);
+    auto checked = co_await c.exec(Command{"SET", "k", "1"});  // after 150 ms idle: PING first, answered
+    EXPECT_TRUE(checked);
+    EXPECT_EQ(c.stats().idle_checks, 1u);
+    co_await sleep_for(150ms);
+    server_.pause();
+    auto resume = [&]() -> Task<void> {
+      co_await sleep_for(400ms);  // after the PING's command_timeout
+      server_.resume();
+    };
+    asio::co_spawn(ioc_, resume(), asio::detached);
+    auto r = co_await c.exec(Command{"INCR", "k"});
+    EXPECT_TRUE(r) << r.error().message;
+    if (r) {
+      EXPECT_EQ(r->as_int(), 2) << "run once";
+    }
+  });
+  EXPECT_EQ(c.stats().idle_check_failures, 1u);
+  EXPECT_EQ(c.stats().timeouts, 0u);
+  EXPECT_EQ(c.stats().connects, 2u);
+  EXPECT_EQ(std::count_if(logs.begin(), logs.end(),
+                          [](const std::string& l) { return l.find("lost: no reply to a PING") != l.npos; }),
+            1)
+      << ::testing::PrintToString(logs);
+  c.stop();
+}
+
+// Redis's `timeout` closes idle connections: the client reconnects at once
+// (no backoff: commands issued meanwhile queue) and says so once.
+TEST_F(RedisClientTest, ReconnectsAtOnceAfterAnIdleCloseAndSaysSoOnce) {
+  auto o = options(server_);
+  o.reconnect_min = 60s;  // a backoff would fail the commands below at once
+  o.reconnect_max = 60s;
+  std::vector<std::string> logs;
+  o.log = [&logs](std::string_view m) { logs.emplace_back(m); };
+  Client c(ioc_, o);
+  c.start();
+  run(ioc_, [&]() -> Task<void> {
+    EXPECT_TRUE(co_await until_up(c));
+    EXPECT_TRUE(co_await c.exec(Command{"CONFIG", "SET", "timeout", "1"}));
+    const auto deadline = Clock::now() + 20s;
+    while (c.stats().idle_closes < 2 && Clock::now() < deadline) co_await sleep_for(20ms);
+    EXPECT_GE(c.stats().idle_closes, 2u);
+    auto r = co_await c.exec(Command{"PING"});
+    EXPECT_TRUE(r) << r.error().message;
+    EXPECT_TRUE(co_await c.exec(Command{"CONFIG", "SET", "timeout", "0"}));
+  });
+  const auto said = [&](std::string_view text) {
+    return std::count_if(logs.begin(), logs.end(), [&](const std::string& l) { return l.find(text) != l.npos; });
+  };
+  EXPECT_EQ(said("closed by server while idle"), 1) << ::testing::PrintToString(logs);
+  EXPECT_EQ(said("connected to"), 1) << ::testing::PrintToString(logs);
+  EXPECT_EQ(said(" lost: "), 0) << ::testing::PrintToString(logs);
+  c.stop();
 }
 
 TEST(RedisClientAuthTest, AuthenticatesAndSelectsTheDatabase) {
