@@ -18,18 +18,29 @@ namespace {
 constexpr std::string_view kFields[] = {"id",   "tenant",   "models",     "tier",   "revoked", "expires_at",
                                         "name", "metadata", "created_at", "limits", "budget"};
 
+// A write (create, PATCH, DELETE, rotate) that failed, said as what is known of its outcome:
+//  - never sent (no connection): nothing was changed;
+//  - Redis answered with an error (OOM, READONLY, NOPERM...): it refused the change, nothing was changed;
+//  - sent, then no reply in time or the connection lost: Redis may have applied it (late): unknown.
 AdminError unavailable(const store::Error& e) {
-  return AdminError{503,
-                    "server_error",
-                    "key_store_unavailable",
-                    fmt::format("The Redis key store did not answer ({}); nothing was changed.", e.message),
-                    {}};
+  std::string msg;
+  if (e.code == store::Errc::server)
+    msg = fmt::format("The Redis key store refused the change ({}); nothing was changed.", e.message);
+  else if (e.not_sent())
+    msg = fmt::format("The Redis key store did not answer ({}); nothing was changed.", e.message);
+  else
+    msg = fmt::format(
+        "The Redis key store did not answer in time ({}): the change was sent and may still be applied; "
+        "list or get the key before trying again.",
+        e.message);
+  return AdminError{503, "server_error", "key_store_unavailable", std::move(msg), {}};
 }
 
 // The same for a read (a list): it changes nothing in any case.
 AdminError unavailable_read(const store::Error& e) {
   AdminError a = unavailable(e);
-  a.message = fmt::format("The Redis key store did not answer ({}).", e.message);
+  a.message = e.code == store::Errc::server ? fmt::format("The Redis key store answered with an error ({}).", e.message)
+                                            : fmt::format("The Redis key store did not answer ({}).", e.message);
   return a;
 }
 
@@ -182,7 +193,9 @@ core::Task<AdminResult<bool>> RedisKeyAdmin::set_revoked(const KeyRecord& k) {
 
 core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::list() {
   std::vector<KeyRecord> out;
-  const std::string pattern = keys_.key_prefix() + "key:*";
+  // The prefix is text, not a pattern: "app?:" must not list (and revoke) "apps:"'s keys, nor "a[1]:" miss its own.
+  const std::string own = keys_.key_prefix() + "key:";
+  const std::string pattern = store::glob_literal(own) + "*";
   std::string cursor = "0";
   do {
     auto r = co_await keys_.client().exec(store::Command{"SCAN", cursor, "MATCH", pattern, "COUNT", "500"});
@@ -193,7 +206,7 @@ core::Task<AdminResult<std::vector<KeyRecord>>> RedisKeyAdmin::list() {
     std::vector<store::Command> gets;
     std::vector<std::string> names;
     for (const auto& n : r->elements[1].elements) {
-      if (n.str.size() < 64) continue;
+      if (n.str.size() < 64 || !n.str.starts_with(own)) continue;
       std::vector<std::string_view> args = {"HMGET", n.str};
       for (auto f : kFields) args.push_back(f);
       gets.emplace_back(std::span<const std::string_view>(args));
