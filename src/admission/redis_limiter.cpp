@@ -10,6 +10,7 @@
 
 #include "admission/redis_limiter_state.hpp"
 #include "admission/redis_scripts.hpp"
+#include "core/calendar.hpp"
 #include "core/note.hpp"
 
 namespace weir::admission {
@@ -396,6 +397,27 @@ bool RedisLimiter::streams_refillable(std::uint32_t scope) const noexcept {
   return false;
 }
 
+BudgetWindow RedisLimiter::budget_window(std::uint32_t scope, const auth::Budget& b, Instant now) const {
+  // (`scope` is held: the caller checked scope_count(), as for spent().)
+  const std::int64_t idx = at(scope).spend.period_idx.load(std::memory_order_relaxed);
+  if (idx < 0 || !b.resets()) return Limiter::budget_window(scope, b, now);
+  if (b.calendar == core::CalendarPeriod::none) {
+    const std::int64_t p = std::chrono::duration_cast<std::chrono::nanoseconds>(b.period).count();
+    if (p <= 0) return {};
+    return {idx * p, idx * p + p};  // (idx = Unix ms / period ms: the product is a Unix time in ns)
+  }
+  // The first local day of period idx (budget.lua's numbering), then its window.
+  std::int64_t day = idx;
+  if (b.calendar == core::CalendarPeriod::week) day = idx * 7 - 3;
+  if (b.calendar == core::CalendarPeriod::month)
+    day = core::days_from_civil(1970 + core::floor_div(idx, 12),
+                                static_cast<unsigned>(idx - core::floor_div(idx, 12) * 12) + 1, 1);
+  const std::int64_t local = day * core::kNsPerDay;
+  const auto w = core::calendar_window(b.calendar, local - static_cast<std::int64_t>(b.utc_offset_s) * 1'000'000'000,
+                                       b.utc_offset_s);
+  return {w.start_ns, w.end_ns};
+}
+
 std::int64_t RedisLimiter::spent(std::uint32_t scope, Instant /*now*/) {
   Spend& sp = at(scope).spend;
   if (!sp.touched.load(std::memory_order_relaxed)) sp.touched.store(true, std::memory_order_relaxed);
@@ -483,6 +505,7 @@ RedisLimiter::Stats RedisLimiter::stats() const noexcept {
   s.fallback_takes = fallback_takes_.load(std::memory_order_relaxed);
   s.key_errors = key_errors_.load(std::memory_order_relaxed);
   s.key_resets = key_resets_.load(std::memory_order_relaxed);
+  s.evicting = evicting_.load(std::memory_order_relaxed);
   return s;
 }
 

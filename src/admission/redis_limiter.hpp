@@ -108,6 +108,10 @@ class RedisLimiter final : public Limiter {
   // Every replica's settled spend in the current period as of the last
   // read-back, plus this replica's since.
   std::int64_t spent(std::uint32_t scope, Instant now) override;
+  // The budget's current window as Redis counts it (the period number of the
+  // last reply, from Redis TIME: the clock of the spend and of Retry-After),
+  // Unix ns; before the first reply, the default (the local clock's).
+  BudgetWindow budget_window(std::uint32_t scope, const auth::Budget& b, Instant now) const override;
   // From this replica's allowance (one CAS); `pending` when it is short but
   // the budget no replica holds could cover the request. `*period` is
   // always 0: a reservation that crosses a period rollover is charged to
@@ -157,6 +161,9 @@ class RedisLimiter final : public Limiter {
     std::uint64_t fallback_takes = 0;  // takes answered by the local fallback
     std::uint64_t key_errors = 0;      // script calls failed by one key's data (key_data_error): no outage
     std::uint64_t key_resets = 0;      // keys the scripts found unusable and reset (wrong type, bad fields)
+    // Redis's maxmemory-policy evicts keys (anything but noeviction): virtual keys, budgets and
+    // buckets can vanish under memory pressure (docs/admission.md). Checked once per connection.
+    bool evicting = false;
   };
   Stats stats() const noexcept;
 
@@ -173,6 +180,9 @@ class RedisLimiter final : public Limiter {
 
   store::Task<void> run();
   store::Task<void> sync_once(bool final_sync);
+  // Once per connection: asks Redis for its maxmemory-policy (INFO memory,
+  // else CONFIG GET), sets evicting_ and warns when it evicts.
+  store::Task<void> check_eviction();
   void wake();
   void on_refill(const Shortfall& need, std::function<void()> done);
   // `answered`: Redis replied with an error (it is up but cannot do our work).
@@ -223,6 +233,8 @@ class RedisLimiter final : public Limiter {
   // Keys whose script failed with key_data_error() and were logged; a key
   // leaves the set when its script works again (control thread).
   std::unordered_set<std::string> bad_keys_;
+  std::uint64_t policy_checked_ = 0;  // the client's connection count when check_eviction() last got an answer
+  std::string policy_warned_;         // the evicting policy last warned of (empty: none)
   std::vector<std::function<void()>> waiters_;
   // Requests waiting for a stream slot that another replica holds idle: kept
   // across syncs (each re-asks) until a slot came, the cap is full of
@@ -237,6 +249,7 @@ class RedisLimiter final : public Limiter {
   alignas(64) std::atomic<bool> degraded_{false};
   std::atomic<bool> synced_{false};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> evicting_{false};
   std::atomic<std::uint64_t> outages_{0}, syncs_{0}, sync_failures_{0}, leases_n_{0}, units_granted_{0}, refills_{0},
       fallback_takes_{0}, key_errors_{0}, key_resets_{0};
 };

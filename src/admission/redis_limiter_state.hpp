@@ -103,6 +103,8 @@ struct alignas(64) RedisLimiter::Spend {
   std::atomic<bool> touched{false};      // used since the last push (spent(), reserve_spend(), settle_spend())
   // When the current period ends per the last reply, ns since epoch_ (Retry-After); -1 before it or never.
   std::atomic<std::int64_t> period_end_ns{-1};
+  // The current period's number in Redis's count (budget.lua's idx: Redis TIME's), -1 before the first reply.
+  std::atomic<std::int64_t> period_idx{-1};
 };
 
 struct RedisLimiter::SpendCtl {

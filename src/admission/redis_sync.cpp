@@ -98,6 +98,7 @@ store::Task<void> RedisLimiter::run() {
       if (!loop_->running) break;
     }
     loop_->again = false;
+    if (client_->connected() && client_->stats().connects != policy_checked_) co_await check_eviction();
     co_await sync_once(false);
   }
   loop_->finished = true;
@@ -125,6 +126,45 @@ store::Task<void> RedisLimiter::shutdown() {
   auto slot_waiters = std::move(slot_waiters_);
   slot_waiters_.clear();
   for (auto& w : slot_waiters) w.done();
+}
+
+store::Task<void> RedisLimiter::check_eviction() {
+  const std::uint64_t conn = client_->stats().connects;
+  std::string policy;
+  auto info = co_await client_->exec(store::Command{"INFO", "memory"});
+  if (info && info->type == store::Reply::Type::string) {
+    constexpr std::string_view kField = "maxmemory_policy:";
+    if (const auto at = info->str.find(kField); at != std::string::npos) {
+      const auto from = at + kField.size();
+      policy = info->str.substr(from, info->str.find_first_of("\r\n", from) - from);
+    }
+  } else if (info || info.error().code == store::Errc::server) {
+    // INFO refused (an ACL without it, a managed Redis that renames it): CONFIG GET, which may be refused too.
+    auto cfg = co_await client_->exec(store::Command{"CONFIG", "GET", "maxmemory-policy"});
+    if (cfg && cfg->type == store::Reply::Type::array && cfg->elements.size() == 2)
+      policy = cfg->elements[1].str;
+    else if (!cfg && cfg.error().code != store::Errc::server)
+      co_return;  // no answer: asked again next tick
+  } else {
+    co_return;  // no answer: asked again next tick
+  }
+  policy_checked_ = conn;
+  if (policy.empty()) co_return;  // Redis would not say: nothing to warn of
+  const bool evicting = policy != "noeviction";
+  evicting_.store(evicting, std::memory_order_relaxed);
+  if (!evicting) {
+    policy_warned_.clear();
+    co_return;
+  }
+  if (policy == policy_warned_) co_return;
+  policy_warned_ = policy;
+  log_state(fmt::format(
+      "Redis {} has maxmemory-policy {}: under memory pressure it evicts keys{}, silently: virtual keys "
+      "vanish (their requests get 401), budgets' spend and rate buckets start over (limits are exceeded); set "
+      "maxmemory-policy noeviction "
+      "(docs/admission.md, \"Redis requirements\")",
+      store::endpoint_text(config_.host, config_.port), policy,
+      policy.starts_with("volatile") ? " that have a TTL" : ""));
 }
 
 store::Task<void> RedisLimiter::sync_once(bool final_sync) {
@@ -552,6 +592,7 @@ store::Task<void> RedisLimiter::sync_once(bool final_sync) {
         const std::chrono::duration<double, std::nano> end(ns(c.period_end));
         sp.period_end_ns.store(left < 0 ? -1 : core::saturating_cast<std::chrono::nanoseconds>(end).count(),
                                std::memory_order_relaxed);
+        sp.period_idx.store(idx, std::memory_order_relaxed);
         break;
       }
       case Op::Kind::probe:

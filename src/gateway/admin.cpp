@@ -572,6 +572,10 @@ http::Task<void> collect_metrics_text(Shared& shared, boost::asio::io_context& h
     w.header("weir_redis_data_resets_total", "counter",
              "Keys of the shared limits found holding data Weir cannot use, reset (taken as missing).");
     w.sample("weir_redis_data_resets_total", "", s.key_resets);
+    w.header("weir_redis_evicting", "gauge",
+             "1 when Redis's maxmemory-policy evicts keys (anything but noeviction): keys, spend and buckets can "
+             "vanish.");
+    w.sample("weir_redis_evicting", "", static_cast<double>(s.evicting));
   }
   if (shared.redis_keys) {
     // Virtual keys in Redis: lookups of keys no worker had cached (atomics).
