@@ -1,6 +1,8 @@
 #include "admission/redis_config.hpp"
 #include "core/text.hpp"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdlib>
 
 #include <fmt/format.h>
@@ -17,11 +19,23 @@ using core::ConfigResult;
 std::string parse_url(const std::string& url, RedisConfig& c) {
   auto u = boost::urls::parse_uri(url);
   if (!u) return "expected redis://host[:port][/db]";
-  if (u->scheme() == "rediss") return "TLS (rediss://) is not supported; use redis:// on a private network";
-  if (u->scheme() != "redis") return "the scheme must be redis://";
+  // Schemes are case-insensitive (RFC 3986 §3.1): REDIS:// is redis://.
+  std::string scheme(u->scheme());
+  std::transform(scheme.begin(), scheme.end(), scheme.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  if (scheme == "rediss") return "TLS (rediss://) is not supported; use redis:// on a private network";
+  if (scheme != "redis") return "the scheme must be redis://";
   if (u->has_userinfo()) return "no credentials in the URL (it is logged): use redis.password or redis.password_env";
   if (u->host().empty()) return "missing host";
   if (u->has_query() || u->has_fragment()) return "expected redis://host[:port][/db] without query or fragment";
+  // A path that does not start with '/' is the rest of an authority the parser stopped reading:
+  // "127.0.0.1.:6379" is read as the address 127.0.0.1 and the path ".:6379".
+  if (const auto p = u->encoded_path(); !p.empty() && p.front() != '/')
+    return fmt::format(
+        "cannot read host[:port] from {}{}: expected a host name, an IPv4 address or an IPv6 "
+        "address in brackets, then :port",
+        core::quoted_text(std::string(u->encoded_host()) + std::string(p)),
+        p.front() == '.' ? " (an IP address takes no trailing dot)" : "");
   c.host = std::string(u->host());
   if (u->host_type() == boost::urls::host_type::ipv6) c.host = std::string(u->host_address());
   c.port = 6379;
