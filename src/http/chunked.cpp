@@ -5,6 +5,7 @@
 #include <cstring>
 #include <limits>
 
+#include "core/text.hpp"
 #include "http/response_source.hpp"
 
 namespace weir::http {
@@ -207,8 +208,31 @@ std::size_t ChunkDecoder::trailer_section(std::string_view in) {
       return 0;
     }
     if (e == 0) return i;
+    trailer_bytes_ += j + 2 - i;
+    if (trailer_bytes_ > kMaxTrailers || !trailer_field(in.substr(i, j - i))) {
+      state_ = State::bad;
+      return 0;
+    }
     i = j + 2;
   }
+}
+
+// What Beast's parser judged in a trailer field beyond its syntax (basic_parser::do_field): a framing field
+// (Content-Length, Transfer-Encoding) is refused, and a Connection field's list must read; its `close` is kept.
+bool ChunkDecoder::trailer_field(std::string_view line) {
+  const std::size_t colon = line.find(':');
+  const std::string_view name = line.substr(0, colon);
+  if (core::iequals(name, "content-length") || core::iequals(name, "transfer-encoding")) return false;
+  if (!core::iequals(name, "connection")) return true;
+  for (std::string_view list = line.substr(colon + 1); !list.empty();) {
+    const auto comma = list.find(',');
+    const std::string_view option = core::trim_ows(list.substr(0, comma));
+    list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
+    for (const char c : option)
+      if (!is_tchar(static_cast<unsigned char>(c))) return false;
+    if (core::iequals(option, "close")) close_ = true;
+  }
+  return true;
 }
 
 ChunkDecoder::Result ChunkDecoder::decode(std::string_view in, std::span<char> out) {
@@ -252,7 +276,6 @@ ChunkDecoder::Result ChunkDecoder::decode(std::string_view in, std::span<char> o
       case State::trailers: {
         const std::size_t n = trailer_section(rest);
         if (state_ == State::bad) break;
-        trailer_bytes_ += n;
         r.used += n;
         if (state_ == State::done) continue;
         // Incomplete: a line that has begun waits for the rest of it.

@@ -8,8 +8,14 @@
 // refusals of what no server sends: a trailer field continued on a next line
 // (obs-fold, RFC 9112 §5.2), a control character in a quoted extension value
 // (RFC 9110 §5.6.4's qdtext), and a bare LF in the framing (refused at once,
-// where Beast waits for a CRLF first). The trailer section is bounded as a
-// head is (kMaxResponseHead); its fields are dropped (RFC 9110 §6.5.1).
+// where Beast waits for a CRLF first). As Beast, a trailer field that frames
+// (Content-Length, Transfer-Encoding) or a Connection list that does not read
+// is refused, and `Connection: close` there is kept (close_requested()); the
+// other fields are dropped (RFC 9110 §6.5.1). The trailer section is bounded
+// as a head is (kMaxResponseHead, counted line by line: Beast needed it whole
+// in the read buffer, 16 KiB); a line that cannot be part of a valid
+// section (a byte no field line has) is refused at once, where Beast waited
+// for the section's end first.
 #pragma once
 
 #include <cstddef>
@@ -42,6 +48,9 @@ class ChunkDecoder {
   // and take nothing.
   Result decode(std::string_view in, std::span<char> out);
   bool done() const { return state_ == State::done; }
+  // The trailer section had `Connection: close` (Beast's keep_alive() reads
+  // it there too): the connection is not to be reused.
+  bool close_requested() const { return close_; }
   // A new body (the decoder is reusable; it holds no buffer).
   void reset() { *this = ChunkDecoder(); }
 
@@ -58,10 +67,14 @@ class ChunkDecoder {
   // empty line): its length, 0 when incomplete; state_ = bad when a field
   // does not parse, else done.
   std::size_t trailer_section(std::string_view in);
+  // One whole trailer field line (no CRLF), its syntax read: false when it is
+  // refused (a framing field, a Connection list that does not read).
+  bool trailer_field(std::string_view line);
 
   std::uint64_t left_ = 0;         // the current chunk's data bytes still to come
   std::size_t trailer_bytes_ = 0;  // the trailer section's bytes taken so far (at most kMaxResponseHead)
   State state_ = State::size_line;
+  bool close_ = false;  // close_requested()
 };
 
 }  // namespace weir::http

@@ -59,7 +59,8 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
   // (Over TLS those bytes may sit in the TLS layer, not the socket.)
   const bool reusable = c && parser_ && body_done() && parser_->keep_alive() && c->is_open() &&
                         c->aborted_for() == UpstreamFailure::none && !trailing_ && !cut_off_ &&
-                        c->buffer().size() == 0 && (c->tls() == nullptr || !tls_holds_bytes(*c->tls()));
+                        !(chunks_on_ && chunks_.close_requested()) && c->buffer().size() == 0 &&
+                        (c->tls() == nullptr || !tls_holds_bytes(*c->tls()));
   if (c) c->watchdog().disarm();
   if (!reusable) c.reset();  // closes it
   return c;
@@ -89,10 +90,14 @@ Task<bool> Exchange::await_end(std::span<char> scratch) {
   if (!conn_ || !parser_ || body_done() || conn_->aborted_for() != UpstreamFailure::none) co_return done();
   const auto idle = idle_;
   idle_ = idle.count() > 0 ? std::min(idle, kEndGrace) : kEndGrace;  // the watchdog's limit on each wait below
+  // ... and on them all: one read() goes on through framing that carries no body byte (a trailer section
+  // sent a few bytes at a time), so the four reads alone would not bound it.
+  end_by_ = std::chrono::steady_clock::now() + 4 * idle_;
   for (int i = 0; i < 4 && conn_ && parser_ && !body_done(); ++i) {
     const BodyRead r = co_await read(scratch);
     if (r.failure != UpstreamFailure::none) break;
   }
+  end_by_ = {};
   idle_ = idle;
   co_return done();
 }
@@ -260,7 +265,8 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
 bool Exchange::begin_recv(std::size_t& carried, BodyRead& r) {
   if (!no_wait_) {
     recv_armed_at_ = std::chrono::steady_clock::now();
-    conn_->watchdog().expires_at(recv_armed_at_ + idle_);
+    const auto by = recv_armed_at_ + idle_;
+    conn_->watchdog().expires_at(end_by_ == std::chrono::steady_clock::time_point{} ? by : std::min(by, end_by_));
   }
   // Bytes carried from the last read (a chunk header split across
   // reads) go first, and the recv lands right after them.

@@ -127,6 +127,7 @@ class Exchange final : public UpstreamExchange {
   std::chrono::milliseconds idle_{0};
   std::chrono::steady_clock::time_point written_at_{};     // written_at()
   std::chrono::steady_clock::time_point recv_armed_at_{};  // recv_armed_at()
+  std::chrono::steady_clock::time_point end_by_{};         // await_end(): no wait past it (none when default)
   std::size_t head_bytes_ = 0;
   std::uint32_t carried_ = 0;     // bytes the pending recv lands after (begin_recv's `carried`)
   bool written_whole_ = false;    // written_whole()

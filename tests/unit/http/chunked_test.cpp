@@ -16,6 +16,7 @@
 #include <boost/beast/http/string_body.hpp>
 
 #include "http/flat_parser.hpp"
+#include "http/response_source.hpp"
 
 namespace weir::http {
 namespace {
@@ -115,7 +116,16 @@ const std::vector<std::string> kExtensions = {
 };
 
 const std::vector<std::string> kTrailers = {
-    "", "", "X-Checksum: abc\r\n", "A: 1\r\nB: 2\r\n", "Empty:\r\n", "X: v\xc3\xa9\r\n", "T:\t x \r\n",
+    "",
+    "",
+    "X-Checksum: abc\r\n",
+    "A: 1\r\nB: 2\r\n",
+    "Empty:\r\n",
+    "X: v\xc3\xa9\r\n",
+    "T:\t x \r\n",
+    "Connection: close\r\n",
+    "connection: keep-alive, ,Close\r\n",
+    "Connection: x-trace\r\n",
 };
 
 std::string random_body(std::mt19937& rng, std::string& data) {
@@ -155,6 +165,18 @@ TEST(ChunkDecoder, RandomBodiesDecodeAsBeastDecodesThem) {
     const Outcome ref = beast(body);
     ASSERT_EQ(ref.verdict, Verdict::done) << body;
     ASSERT_EQ(ref.body, data);
+    {
+      ChunkDecoder d;
+      std::string out(body.size(), '\0');
+      (void)d.decode(body, out);
+      FlatParser<false, AppendStringBody> p;
+      p.eager(true);
+      p.body_limit(boost::none);
+      boost::system::error_code ec;
+      const std::string all = std::string(kHead) + body;
+      p.put(boost::asio::buffer(all), ec);
+      EXPECT_EQ(d.close_requested(), !p.keep_alive()) << body;  // a trailer's Connection: close, as Beast reads it
+    }
     const Outcome whole = decoder(body);
     ASSERT_EQ(whole.verdict, Verdict::done) << body;
     EXPECT_EQ(whole.body, data);
@@ -231,22 +253,25 @@ TEST(ChunkDecoder, MutatedBodiesGetBeastsVerdictOrAStricterOne) {
 
 TEST(ChunkDecoder, Refusals) {
   for (std::string_view bad : {
-           "g\r\n",                         // no chunk size
-           ";a\r\n",                        // an extension with no size
-           "5 \r\n",                        // BWS with no extension after it
-           "5;\r\n",                        // no extension name
-           "5;a=\r\n",                      // no extension value
-           "5;a=\"x\r\n",                   // an unclosed quoted value (then its CR is no qdtext)
-           "5\rx",                          // CR without LF
-           "5\n",                           // a bare LF
-           "1\r\nab",                       // data longer than its size
-           "1\r\na\n",                      // data then a bare LF
-           "10000000000000000\r\n",         // over 2^64 - 1
-           "0\r\nno-colon\r\n\r\n",         // a trailer line that is no field
-           "0\r\nA: 1\r\n folded\r\n\r\n",  // obs-fold in the trailer section
-           "0\r\nA\x01: 1\r\n\r\n",         // a control character in a field name
-           "0\r\nA: \x01\r\n\r\n",          // ... in a field value
-           "0\r\n\n",                       // the section's end as a bare LF
+           "0\r\nContent-Length: 5\r\n\r\n",           // a framing field in the trailer section (as Beast)
+           "0\r\ntransfer-encoding: chunked\r\n\r\n",  // ...
+           "0\r\nConnection: a b\r\n\r\n",             // a Connection list that does not read (as Beast)
+           "g\r\n",                                    // no chunk size
+           ";a\r\n",                                   // an extension with no size
+           "5 \r\n",                                   // BWS with no extension after it
+           "5;\r\n",                                   // no extension name
+           "5;a=\r\n",                                 // no extension value
+           "5;a=\"x\r\n",                              // an unclosed quoted value (then its CR is no qdtext)
+           "5\rx",                                     // CR without LF
+           "5\n",                                      // a bare LF
+           "1\r\nab",                                  // data longer than its size
+           "1\r\na\n",                                 // data then a bare LF
+           "10000000000000000\r\n",                    // over 2^64 - 1
+           "0\r\nno-colon\r\n\r\n",                    // a trailer line that is no field
+           "0\r\nA: 1\r\n folded\r\n\r\n",             // obs-fold in the trailer section
+           "0\r\nA\x01: 1\r\n\r\n",                    // a control character in a field name
+           "0\r\nA: \x01\r\n\r\n",                     // ... in a field value
+           "0\r\n\n",                                  // the section's end as a bare LF
        }) {
     ChunkDecoder d;
     char out[64];
@@ -284,6 +309,26 @@ TEST(ChunkDecoder, EmptyOutputTakesFramingOnly) {
   EXPECT_EQ(std::string_view(out, 3), "abc");
   ChunkDecoder empty;
   EXPECT_EQ(empty.decode("0\r\n\r\n", {}).status, Status::done);
+}
+
+// The bound holds however the section is split: one call, or a line at a time.
+TEST(ChunkDecoder, TrailerBoundDoesNotDependOnTheSplit) {
+  std::string section = "0\r\n";
+  while (section.size() < kMaxResponseHead + 4096) section += "X-Pad: " + std::string(990, 'p') + "\r\n";
+  section += "\r\n";
+  char out[4];
+  ChunkDecoder whole;
+  EXPECT_EQ(whole.decode(section, out).status, Status::bad);
+  ChunkDecoder pieces;
+  Status last = Status::more;
+  std::string pending;
+  for (std::size_t at = 0; at < section.size() && last != Status::bad; at += 1000) {
+    pending += section.substr(at, 1000);
+    const auto r = pieces.decode(pending, out);
+    pending.erase(0, r.used);
+    last = r.status;
+  }
+  EXPECT_EQ(last, Status::bad);
 }
 
 TEST(ChunkDecoder, TrailerSectionIsBounded) {

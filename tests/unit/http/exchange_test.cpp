@@ -285,6 +285,15 @@ TEST_F(HttpExchange, ChunkedBodyWithTrailers) {
   EXPECT_TRUE(release());
 }
 
+// A trailer's Connection: close ends the connection's use, as the head's does (Beast read it there too).
+TEST_F(HttpExchange, ATrailerConnectionCloseIsNotReused) {
+  begin();
+  upstream_writes(std::string(kChunkedHead) + "5\r\nhello\r\n0\r\nConnection: close\r\n\r\n");
+  ASSERT_TRUE(finish());
+  expect_body("hello");
+  EXPECT_FALSE(release());
+}
+
 // Every split of a small chunked response into two writes (the head, a
 // chunk size, its CRLF or the last chunk cut anywhere), for buffers of 1
 // byte, a few bytes and more than the whole body.
@@ -761,6 +770,30 @@ TEST_F(HttpExchange, TakeEndReadsOnlyWhatHasArrived) {
   EXPECT_TRUE(*ended);
   EXPECT_TRUE(ex->done());
   EXPECT_TRUE(release());  // a whole response: the connection can be pooled
+}
+
+// await_end's wait is bounded as a whole, not per read: a trailer section dripping a few bytes at a time
+// (each within the grace) yields no body byte, and one read() would otherwise go on through all of it.
+TEST_F(HttpExchange, AwaitEndIsBoundedAsAWholeAgainstADrippingTrailer) {
+  max_reads = 1;
+  begin();
+  upstream_writes(std::string(kChunkedHead) + "5\r\nhello\r\n0\r\n");
+  ASSERT_TRUE(finish());
+  ASSERT_EQ(run.body, "hello");
+  std::vector<char> sink(4096);
+  std::optional<bool> ended;
+  spawn(io, ex->await_end(std::span<char>(sink)), ended);
+  // A trailer field a few bytes every 20 ms, for far longer than the grace (100 ms per wait, four waits):
+  // the wait ends while the drip goes on.
+  int sent = 0;
+  for (; sent < 150 && !ended; ++sent) {
+    up.send(sent == 0 ? "X-Drip: " : "ab");
+    run_until(
+        io, [&] { return ended.has_value(); }, 20ms);
+  }
+  ASSERT_TRUE(ended.has_value()) << "still waiting after " << sent << " pieces";
+  EXPECT_FALSE(*ended);
+  EXPECT_FALSE(release());
 }
 
 TEST_F(HttpExchange, TakeEndAfterAnUpstreamCloseIsFalseAndTheConnectionIsNotKept) {
