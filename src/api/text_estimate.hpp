@@ -26,9 +26,10 @@ std::size_t event_text_bytes(std::string_view data);
 // deltas), so an event whose data is 0 to kFrameSlack bytes over that frame is taken to carry that many bytes
 // of text, with no look at it (one compare: the common 1-token event of a self-hosted server). Any other (the
 // first, a shorter one, one carrying more: many tokens, another shape such as reasoning or a tool call after
-// text) is counted whole as event_text_bytes does, and its frame becomes `frame`. Escapes in the cheap path
-// count as their bytes on the wire, and a shape up to kFrameSlack bytes larger as text: at most 2 tokens an
-// event, under the token-per-event floor the charge keeps anyway.
+// text) is counted whole as event_text_bytes does, and its frame becomes `frame`; after an event whose text
+// came escaped (`\u4e2d`) or twice (vLLM's `reasoning_content` beside `reasoning`), where bytes over the
+// frame are not the text's bytes, `frame` is npos and the next is counted whole too. A shape up to
+// kFrameSlack bytes larger is taken as text: at most 8 bytes (2 tokens) over an event.
 std::size_t event_text_bytes(std::string_view data, std::size_t& frame);
 inline constexpr std::size_t kFrameSlack = 8;
 

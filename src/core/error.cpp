@@ -82,7 +82,7 @@ Error http_version_not_supported(char major) {
 }
 Error proxy_protocol_unsupported() {
   return make(ErrorSource::client, 400, "invalid_request_error", "proxy_protocol_unsupported",
-              "The connection began with a PROXY protocol header, which Weir does not accept: send HTTP/1.1 "
+              "The request began with a PROXY protocol header, which Weir does not accept: send HTTP/1.1 "
               "alone (no send-proxy on the front proxy's server line).");
 }
 Error expectation_failed() {

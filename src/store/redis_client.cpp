@@ -285,6 +285,11 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
     if (!s.waiter) {  // the idle check's PING: the connection works; send what waited behind it
       checking = false;
       check_timer.cancel();
+      // Their bytes are written now: their command_timeout starts now, not when they were queued (a
+      // round trip over half of command_timeout, a distant or briefly slow Redis, timed them out after a
+      // PING that answered, and the timeout was taken for an outage).
+      for (auto& q : inflight)
+        if (q.waiter && !q.waiter->done && !q.waiter->extended) q.waiter->timer.expires_after(opt.command_timeout);
       flush();
       return;
     }

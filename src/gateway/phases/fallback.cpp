@@ -87,6 +87,7 @@ void GatewayPhases::next_target(RequestContext& ctx) {
   ctx.has_choice_usage = false;
   ctx.choice_usage = {};
   ctx.completion_text_bytes = 0;  // (nor the text of its answer: none of it reached the client)
+  ctx.text_frame = std::string_view::npos;
   // (A target passed over before anything was sent to it, its API unable to carry the request, is no retry.)
   if (std::exchange(ctx.target_refused, false)) return;
   ++ctx.retries;

@@ -147,6 +147,26 @@ TEST(ApiTextEstimate, AStreamsFrameCountsItsEventsCheaply) {
   EXPECT_EQ(event_text_bytes(chat(R"({"content":"yes"})"), frame), 3u);
 }
 
+// Text sent escaped or twice: bytes over the frame are not the text's, so each such event is read whole
+// (the shortcut counted a CJK character sent as \u4e2d as 6 bytes, vLLM's reasoning sent in both
+// reasoning_content and reasoning twice).
+TEST(ApiTextEstimate, EscapedOrDoubledTextIsNeverCountedByTheFrame) {
+  std::size_t frame = std::string_view::npos;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(event_text_bytes(chat(R"({"content":"\u4e2d"})"), frame), 3u) << i;
+    EXPECT_EQ(frame, std::string_view::npos);
+  }
+  frame = std::string_view::npos;
+  for (int i = 0; i < 5; ++i) {
+    EXPECT_EQ(event_text_bytes(chat(R"({"reasoning_content":" cat","reasoning":" cat"})"), frame), 4u) << i;
+    EXPECT_EQ(frame, std::string_view::npos);
+  }
+  // Plain text after them: the shortcut again.
+  EXPECT_EQ(event_text_bytes(chat(R"({"content":"ab"})"), frame), 2u);
+  EXPECT_NE(frame, std::string_view::npos);
+  EXPECT_EQ(event_text_bytes(chat(R"({"content":"abc"})"), frame), 3u);
+}
+
 TEST(ApiTextEstimate, TokensAtFourBytes) {
   EXPECT_EQ(text_tokens(0), 0u);
   EXPECT_EQ(text_tokens(1), 1u);
