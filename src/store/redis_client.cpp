@@ -228,18 +228,8 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   void start_check() {
     checking = true;
     inflight.push_back(Slot{nullptr, 0});
-    writing = true;
     static const std::string ping = Command{"PING"}.bytes();
-    asio::async_write(socket, asio::buffer(ping),
-                      [self = shared_from_this(), gen = generation](boost::system::error_code ec, std::size_t) {
-                        if (gen != self->generation) return;
-                        self->writing = false;
-                        if (ec) {
-                          self->drop_connection("write failed: " + ec.message());
-                          return;
-                        }
-                        self->flush();
-                      });
+    write(asio::buffer(ping), nullptr);
     check_idle = std::chrono::steady_clock::now() - last_read;
     check_timer.expires_after(opt.command_timeout);
     check_timer.async_wait([self = shared_from_this(), gen = generation](boost::system::error_code ec) {
@@ -257,14 +247,13 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
                     opt.command_timeout.count(), std::chrono::duration<double>(check_idle).count()));
   }
 
-  void flush() {
-    if (state != State::connected || writing || checking || out.empty()) return;
+  // Writes `bytes` (kept alive by `keep`, or static) on the current connection; then what was queued
+  // meanwhile (flush()), or the connection is dropped when the write fails.
+  void write(asio::const_buffer bytes, std::shared_ptr<std::string> keep) {
     writing = true;
-    auto buf = std::make_shared<std::string>(std::move(out));
-    out.clear();
-    unsent = 0;
-    asio::async_write(socket, asio::buffer(*buf),
-                      [self = shared_from_this(), buf, gen = generation](boost::system::error_code ec, std::size_t) {
+    asio::async_write(socket, bytes,
+                      [self = shared_from_this(), keep = std::move(keep), gen = generation](
+                          boost::system::error_code ec, std::size_t) {
                         if (gen != self->generation) return;
                         self->writing = false;
                         if (ec) {
@@ -273,6 +262,14 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
                         }
                         self->flush();
                       });
+  }
+
+  void flush() {
+    if (state != State::connected || writing || checking || out.empty()) return;
+    auto buf = std::make_shared<std::string>(std::move(out));
+    out.clear();
+    unsent = 0;
+    write(asio::buffer(*buf), buf);
   }
 
   void dispatch(Result<Reply> r) {
