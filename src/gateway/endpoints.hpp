@@ -65,6 +65,13 @@ inline bool is_anthropic(RouteKind r) { return r == RouteKind::messages || r == 
 inline bool is_responses(RouteKind r) { return r == RouteKind::responses; }
 // True when the client's body is not the upstream's: the routes above.
 inline bool is_translated(RouteKind r) { return is_anthropic(r) || is_responses(r); }
+// True for the routes whose answer is generated text (a completion, a message, a response, a transcript):
+// what an answer of theirs without usage is charged for (docs/admission.md, "No usage reported"). Not a
+// model list, a rerank's documents or a pooling's vectors: no text of theirs was generated.
+inline bool generates_text(RouteKind r) {
+  return r == RouteKind::chat_completions || r == RouteKind::completions || r == RouteKind::messages ||
+         r == RouteKind::responses || is_audio(r);
+}
 // True for the routes a `type: anthropic` pool serves (docs/protocols.md,
 // "Anthropic as the upstream"): chat completions and Responses translated
 // into Anthropic's Messages API, the Anthropic routes as they came.

@@ -122,14 +122,6 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
 // carries a whole answer) and its end. `tokens`: the upstream's data events
 // from its first content event on ([DONE] aside, and a chunk with only a
 // finish_reason).
-// The routes whose answer is generated text (a completion, a message, a response, a transcript): the text an
-// answer of theirs without usage is charged for. Not a model list, a rerank's documents or a pooling's
-// vectors: no text of theirs was generated.
-bool generates_text(RouteKind r) {
-  return r == RouteKind::chat_completions || r == RouteKind::completions || r == RouteKind::messages ||
-         r == RouteKind::responses || r == RouteKind::audio_transcriptions || r == RouteKind::audio_translations;
-}
-
 struct MadeStream {
   std::uint32_t events = 0;
   std::uint32_t tokens = 0;
