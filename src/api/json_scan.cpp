@@ -19,8 +19,6 @@
 #include <emmintrin.h>
 #endif
 
-#include <boost/json/serializer.hpp>
-
 #include "core/json_text.hpp"
 #include "core/text.hpp"
 
@@ -573,16 +571,6 @@ boost::json::value parse_upstream_json(std::string_view text, boost::system::err
   if (!replace_lone_surrogates(text, fixed)) return v;  // some other fault: its error stands
   ec = {};
   return boost::json::parse(boost::json::string_view(fixed.data(), fixed.size()), ec, sp, opt);
-}
-
-void append_serialized(std::string& out, const boost::json::value& v) {
-  boost::json::serializer sr;
-  sr.reset(&v);
-  while (!sr.done()) {
-    const std::size_t at = out.size();
-    out.resize(std::max(out.capacity(), at + 256));
-    out.resize(at + sr.read(out.data() + at, out.size() - at).size());
-  }
 }
 
 }  // namespace weir::api

@@ -88,9 +88,4 @@ std::optional<ValueSpan> first_element(std::string_view json);
 boost::json::value parse_upstream_json(std::string_view text, boost::system::error_code& ec,
                                        boost::json::storage_ptr sp = {}, const boost::json::parse_options& opt = {});
 
-// `v` serialized onto the end of `out`, into the room `out` already has
-// (reserve it when the size is known), grown as it fills: no whole copy is
-// made first, as json::serialize's string would be.
-void append_serialized(std::string& out, const boost::json::value& v);
-
 }  // namespace weir::api

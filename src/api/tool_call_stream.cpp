@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
+#include "api/json_write.hpp"
 
 #include "api/json_dom.hpp"
 #include "api/json_scan.hpp"
@@ -40,7 +40,7 @@ std::string_view arguments_text(const json::object& fn, std::string& storage) {
   const auto* v = fn.if_contains("arguments");
   if (v == nullptr || v->is_null()) return {};
   if (v->is_string()) return sv(v->get_string());
-  storage = json::serialize(*v);
+  storage = to_json(*v);
   return storage;
 }
 

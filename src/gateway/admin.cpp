@@ -14,6 +14,7 @@
 #include <boost/json.hpp>
 #include <boost/url/pct_string_view.hpp>
 
+#include "api/json_write.hpp"
 #include "api/wide_integers.hpp"
 #include "auth/authenticator.hpp"
 #include "auth/redis_keys.hpp"
@@ -336,7 +337,7 @@ tl::expected<std::string, core::Error> upstream_models_response(std::string_view
   auto* data = !ec && v.is_object() ? v.get_object().if_contains("data") : nullptr;
   if (data == nullptr || !data->is_array()) return std::string();
   const auto written = [&](const boost::json::value& x) {
-    std::string out = boost::json::serialize(x);
+    std::string out = api::to_json(x);
     wide.restore(out);
     return out;
   };

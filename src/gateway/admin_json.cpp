@@ -8,7 +8,7 @@
 #include <string_view>
 #include <utility>
 
-#include <boost/json/serialize.hpp>
+#include "api/json_write.hpp"
 
 #include "core/json_text.hpp"
 
@@ -73,7 +73,7 @@ void append_admin_json(std::string& out, const json::value& v) {
       core::append_json_string(out, std::string_view(v.get_string().data(), v.get_string().size()));
       return;
     default:  // integers, booleans, null: as Boost.JSON writes them
-      out += json::serialize(v);
+      out += api::to_json(v);
   }
 }
 

@@ -16,7 +16,7 @@
 #include <fmt/format.h>
 #include <openssl/crypto.h>
 #include <openssl/rand.h>
-#include <boost/json/serialize.hpp>
+#include "api/json_write.hpp"
 
 #include "auth/base64url.hpp"
 #include "core/calendar.hpp"
@@ -99,7 +99,7 @@ AdminResult<json::object> parse_metadata(const json::value& v) {
         fmt::format("metadata must nest at most {} levels and hold only finite numbers (1e999 is none)",
                     kMaxMetadataDepth),
         "metadata"));
-  if (json::serialize(v).size() > kMaxMetadataBytes)
+  if (api::to_json(v).size() > kMaxMetadataBytes)
     return tl::unexpected(
         admin_bad_request(fmt::format("metadata must serialise to at most {} bytes", kMaxMetadataBytes), "metadata"));
   return v.get_object();

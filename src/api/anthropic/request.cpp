@@ -6,9 +6,8 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
-#include <boost/json/serializer.hpp>
 #include <boost/json/value.hpp>
+#include "api/json_write.hpp"
 
 #include "api/error_text.hpp"
 #include "api/request.hpp"
@@ -211,7 +210,7 @@ tl::expected<void, core::Error> Translation::assistant_turn(const json::array& b
       auto name = string_member(b, "name", w);
       if (!name) return tl::unexpected(name.error());
       const auto* input = b.if_contains("input");
-      const std::string args = input && !input->is_null() ? json::serialize(*input) : std::string("{}");
+      const std::string args = input && !input->is_null() ? to_json(*input) : std::string("{}");
       fields_.prompt_bytes += args.size();
       calls.push_back(json::object(
           {{"id", *id}, {"type", "function"}, {"function", json::object({{"name", *name}, {"arguments", args}}, sp_)}},
@@ -254,7 +253,7 @@ tl::expected<void, core::Error> Translation::tools(const json::value& v) {
     if (!schema || !schema->is_object()) return invalid(fmt::format("{}.input_schema: Field required", w), "tools");
     json::object params = schema->get_object();
     params.erase("cache_control");
-    fields_.prompt_bytes += name->size() + json::serialize(params).size();  // the template renders the schema
+    fields_.prompt_bytes += name->size() + to_json(params).size();  // the template renders the schema
     fn["parameters"] = std::move(params);
     // (Structured outputs' strict tool use: chat's function.strict.)
     if (const auto* st = t.if_contains("strict"); st && st->is_bool()) fn["strict"] = st->get_bool();
@@ -334,13 +333,7 @@ tl::expected<json::value, core::Error> response_format(const json::object& in, c
 
 void serialize_into(const json::value& v, std::string& out) {
   out.clear();
-  json::serializer sr;
-  sr.reset(&v);
-  char buf[4096];
-  while (!sr.done()) {
-    const auto part = sr.read(buf, sizeof buf);
-    out.append(part.data(), part.size());
-  }
+  append_json(out, v);
 }
 
 }  // namespace

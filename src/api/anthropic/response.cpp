@@ -10,6 +10,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/error_text.hpp"
+#include "api/json_write.hpp"
 #include "api/tool_call_stream.hpp"
 #include "api/tool_ids.hpp"
 #include "api/wide_integers.hpp"
@@ -179,7 +180,7 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
       core::append_json_string(out, string_at(fn->get_object(), "name"));
       out += R"(,"input":)";
       std::string unencoded;  // (arguments sent as a JSON value, not a string: its text)
-      append_serialized(out, tool_input(arguments_text(fn->get_object(), unencoded), sp, wide));
+      append_json(out, tool_input(arguments_text(fn->get_object(), unencoded), sp, wide));
       out += '}';
       tool_calls = true;
       ++i;

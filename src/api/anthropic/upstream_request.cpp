@@ -7,9 +7,8 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
-#include <boost/json/serializer.hpp>
 #include <boost/json/value.hpp>
+#include "api/json_write.hpp"
 
 #include "api/error_text.hpp"
 #include "api/json_dom.hpp"
@@ -30,13 +29,7 @@ Fail invalid(std::string message, std::string_view param) { return Fail(core::ba
 
 void serialize_into(const json::value& v, std::string& out) {
   out.clear();
-  json::serializer sr;
-  sr.reset(&v);
-  char buf[4096];
-  while (!sr.done()) {
-    const auto part = sr.read(buf, sizeof buf);
-    out.append(part.data(), part.size());
-  }
+  append_json(out, v);
 }
 
 // Whether the last assistant message of Anthropic `messages` holds a

@@ -8,8 +8,8 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
+#include "api/json_write.hpp"
 
 #include "api/anthropic/response.hpp"
 #include "api/json_scan.hpp"
@@ -128,7 +128,7 @@ bool message_to_chat(std::string_view body, std::int64_t created, std::string& o
         core::append_json_string(calls, string_at(*block, "name"));
         calls += R"(,"arguments":)";
         const auto* input = block->if_contains("input");
-        core::append_json_string(calls, input && !input->is_null() ? json::serialize(*input) : std::string("{}"));
+        core::append_json_string(calls, input && !input->is_null() ? to_json(*input) : std::string("{}"));
         calls += "}}";
       }
       // redacted_thinking, server tool blocks and their results have no chat equivalent.
@@ -176,7 +176,7 @@ void append_event(std::string& out, std::string_view type, const json::object& d
   out += "event: ";
   out += type;
   out += "\ndata: ";
-  out += json::serialize(data);
+  out += to_json(data);
   out += "\n\n";
 }
 
@@ -224,7 +224,7 @@ bool message_as_events(std::string_view body, std::string& out, std::uint32_t& d
       } else if (type == "tool_use" || type == "server_tool_use") {
         const auto* input = block.if_contains("input");
         delta.push_back({{"type", "input_json_delta"},
-                         {"partial_json", input && !input->is_null() ? json::serialize(*input) : std::string("{}")}});
+                         {"partial_json", input && !input->is_null() ? to_json(*input) : std::string("{}")}});
         block["input"] = json::object();
       }
       const auto index = static_cast<std::uint64_t>(i);

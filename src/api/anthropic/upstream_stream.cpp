@@ -7,8 +7,8 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
+#include "api/json_write.hpp"
 
 #include "api/anthropic/response.hpp"
 #include "api/json_scan.hpp"
@@ -63,17 +63,17 @@ std::string_view event_type(std::string_view data) {
 // (api/wide_integers.hpp): the event is parsed again with each such literal
 // as a token, and the literals are put back into the text.
 std::string input_json(std::string_view data, const json::value& in) {
-  if (!has_wide_integer(in)) return json::serialize(in);
+  if (!has_wide_integer(in)) return to_json(in);
   WideIntegers wide;
   std::string protected_data;
   const std::string_view text = wide.protect(data, protected_data);
-  if (wide.empty()) return json::serialize(in);  // (a literal written with an exponent: nothing to keep)
+  if (wide.empty()) return to_json(in);  // (a literal written with an exponent: nothing to keep)
   boost::system::error_code ec;
   const json::value again = json::parse(json::string_view(text.data(), text.size()), ec);
   const json::object* cb = !ec && again.is_object() ? object_at(again.get_object(), "content_block") : nullptr;
   const json::value* input = cb ? cb->if_contains("input") : nullptr;
-  if (!input) return json::serialize(in);  // (not reached: the same text, tokens for literals)
-  std::string out = json::serialize(*input);
+  if (!input) return to_json(in);  // (not reached: the same text, tokens for literals)
+  std::string out = to_json(*input);
   wide.restore(out);
   return out;
 }

@@ -6,8 +6,8 @@
 
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
 #include <boost/json/value.hpp>
+#include "api/json_write.hpp"
 
 #include "api/json_scan.hpp"
 #include "api/request.hpp"
@@ -260,7 +260,7 @@ Continuation continuation_body(std::string_view body, std::string_view text_json
   o["continue_final_message"] = true;
   o["add_generation_prompt"] = false;
   o.erase("echo");
-  out = json::serialize(doc);
+  out = to_json(doc);
   wide.restore(out);
   return Continuation::ok;
 }

@@ -12,6 +12,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/json_scan.hpp"
+#include "api/json_write.hpp"
 #include "api/wide_integers.hpp"
 #include "core/text.hpp"
 
@@ -513,7 +514,7 @@ bool completion_as_chunk(std::string_view completion, std::string& out) {
   // json::serialize's own string would be grown by doubling, then copied.
   out.clear();
   out.reserve(completion.size() + 256);
-  api::append_serialized(out, v);
+  api::append_json(out, v);
   wide.restore(out);
   return true;
 }

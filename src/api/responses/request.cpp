@@ -8,9 +8,8 @@
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
 #include <boost/json/parse.hpp>
-#include <boost/json/serialize.hpp>
-#include <boost/json/serializer.hpp>
 #include <boost/json/value.hpp>
+#include "api/json_write.hpp"
 
 #include "api/error_text.hpp"
 #include "api/request.hpp"
@@ -268,7 +267,7 @@ tl::expected<json::array, core::Error> Translation::tools(const json::value& v) 
     if (const auto* p = t.if_contains("parameters"); p && !p->is_null()) {
       if (!p->is_object()) return invalid(fmt::format("{}.parameters: Input should be an object", w), "tools");
       fn["parameters"] = *p;
-      fields_.prompt_bytes += json::serialize(*p).size();
+      fields_.prompt_bytes += to_json(*p).size();
     }
     if (const auto* s = t.if_contains("strict"); s && s->is_bool()) fn["strict"] = s->get_bool();
     out.push_back(json::object({{"type", "function"}, {"function", std::move(fn)}}, sp_));
@@ -318,13 +317,7 @@ tl::expected<json::value, core::Error> Translation::text_format(const json::valu
 
 void serialize_into(const json::value& v, std::string& out) {
   out.clear();
-  json::serializer sr;
-  sr.reset(&v);
-  char buf[4096];
-  while (!sr.done()) {
-    const auto part = sr.read(buf, sizeof buf);
-    out.append(part.data(), part.size());
-  }
+  append_json(out, v);
 }
 
 // A number member copied as it is (temperature, top_p), also to the echo.

@@ -191,7 +191,7 @@ TEST(AnthropicUpstreamStream, AWholeInputKeepsIntegersBeyond64BitsExactly) {
             R"("name":"get_time","input":{"n":18446744073709551617,"m":[-123456789012345678901234567890,1.5]})");
   const auto c = translate(s, false);
   EXPECT_EQ(json::parse(c[7]).at("choices").at(0).at("delta").at("tool_calls").at(0).at("function").at("arguments"),
-            R"({"n":18446744073709551617,"m":[-123456789012345678901234567890,1.5E0]})");
+            R"({"n":18446744073709551617,"m":[-123456789012345678901234567890,1.5]})");
 }
 
 TEST(AnthropicUpstreamStream, EverySplitGivesTheSameChunks) {
