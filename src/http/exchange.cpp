@@ -58,7 +58,7 @@ std::unique_ptr<UpstreamConnection> Exchange::release() {
   // next request on it would read them as its answer.
   // (Over TLS those bytes may sit in the TLS layer, not the socket.)
   const bool reusable = c && parser_ && body_done() && parser_->keep_alive() && c->is_open() &&
-                        c->aborted_for() == UpstreamFailure::none && !trailing_ && !cut_off_ &&
+                        c->aborted_for() == UpstreamFailure::none && !trailing_ && !cut_off_ && !faulty_framing_ &&
                         !(chunks_on_ && chunks_.close_requested()) && c->buffer().size() == 0 &&
                         (c->tls() == nullptr || !tls_holds_bytes(*c->tls()));
   if (c) c->watchdog().disarm();
@@ -113,6 +113,7 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   shrink_ = false;
   trailing_ = false;
   cut_off_ = false;
+  faulty_framing_ = false;
   head_too_large_ = false;
   written_whole_ = false;
   chunks_on_ = false;
@@ -239,19 +240,31 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   // which RFC 9112 no longer has): Weir decodes none, and Beast would hand
   // the coded bytes on as the body (a gzip event stream read as events,
   // broken mid-way). Refused at the head, where a retry or fallback may
-  // still answer. (One scan of the head's fields for both.)
+  // still answer. Chunked applied twice (`chunked, chunked`, RFC 9112 §7.1: a sender MUST NOT) is refused
+  // too: Beast takes a list whose first `chunked` is not its last element for no chunked framing and reads
+  // the body to the close, so the client would get the chunk framing as content. (One scan of the head's
+  // fields for all three.) An HTTP/1.0 answer with Transfer-Encoding has faulty framing (RFC 9112 §6.1): it
+  // is read as Beast frames it, and its connection is closed after it.
+  unsigned chunked = 0;
+  bool coded = false;
   for (const auto& f : parser_->get()) {
     if (f.name() != bh::field::transfer_encoding) continue;
     if (parser_->content_length()) [[unlikely]]
       co_return UpstreamFailure::protocol;
+    coded = true;
     for (std::string_view list = f.value(); !list.empty();) {
       const auto comma = list.find(',');
       const std::string_view coding = core::trim_ows(list.substr(0, comma));
       list = comma == std::string_view::npos ? std::string_view() : list.substr(comma + 1);
-      if (!coding.empty() && !core::iequals(coding, "chunked")) [[unlikely]]
+      if (coding.empty()) continue;
+      if (!core::iequals(coding, "chunked")) [[unlikely]]
         co_return UpstreamFailure::protocol;
+      ++chunked;
     }
   }
+  if (chunked > 1) [[unlikely]]
+    co_return UpstreamFailure::protocol;
+  faulty_framing_ = coded && parser_->get().version() < 11;
   co_return UpstreamFailure::none;
 }
 

@@ -140,6 +140,7 @@ class Exchange final : public UpstreamExchange {
   std::array<char, 32> carry_{};  // a short piece of framing the parser needs more after (need_more_)
   bool trailing_ = false;         // the upstream sent bytes beyond the response: do not reuse the connection
   bool cut_off_ = false;          // the request's write failed after some bytes (an early answer is read): not reused
+  bool faulty_framing_ = false;   // an HTTP/1.0 answer with Transfer-Encoding (RFC 9112 §6.1): not reused
   bool head_too_large_ = false;   // head_too_large()
   bool no_wait_ = false;          // take_end(): read() returns what has arrived, never waits
   bool chunks_on_ = false;        // the body is chunked: chunks_ decodes it
