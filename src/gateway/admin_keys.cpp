@@ -166,8 +166,10 @@ core::Task<AdminResponse> AdminServer::create_key(AdminRequest& r) {
   if (redis_) {
     c = co_await redis_->create(std::move(*body), unix_now());
   } else {
+    const auto version = keys_->version();
     c = keys_->create(*body, unix_now());
-    if (c) pending = co_await publish(keys_->policy());
+    // (Also when the change failed after reading the file again: another process's changes are in force here.)
+    if (keys_->version() != version) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
   // (`expired` too: an expires_at already past makes a key that works nowhere.)
@@ -215,8 +217,9 @@ core::Task<AdminResponse> AdminServer::update_key(AdminRequest& r) {
     c = co_await redis_->update(id, std::move(*body));
     if (c) pending = co_await forget_redis_keys();
   } else {
+    const auto version = keys_->version();
     c = keys_->update(id, *body);
-    if (c) pending = co_await publish(keys_->policy());
+    if (keys_->version() != version) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
   auto o = runtime_key_json(c->record, unix_now());
@@ -233,8 +236,9 @@ core::Task<AdminResponse> AdminServer::delete_key(AdminRequest& r) {
     gone = co_await redis_->revoke(id);
     if (gone) pending = co_await forget_redis_keys();
   } else {
+    const auto version = keys_->version();
     gone = keys_->revoke(id);
-    if (gone) pending = co_await publish(keys_->policy());
+    if (keys_->version() != version) pending = co_await publish(keys_->policy());
   }
   if (!gone) co_return error_response(gone.error());
   json::object o;
@@ -266,8 +270,9 @@ core::Task<AdminResponse> AdminServer::rotate_key(AdminRequest& r) {
     c = co_await redis_->rotate(id);
     if (c) pending = co_await forget_redis_keys();
   } else {
+    const auto version = keys_->version();
     c = keys_->rotate(id);
-    if (c) pending = co_await publish(keys_->policy());
+    if (keys_->version() != version) pending = co_await publish(keys_->policy());
   }
   if (!c) co_return error_response(c.error());
   auto o = runtime_key_json(c->record, unix_now());

@@ -2,6 +2,11 @@
 
 #include "core/replace_file.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -14,6 +19,7 @@
 #include <optional>
 #include <sstream>
 #include <stdexcept>
+#include <thread>
 #include <unordered_map>
 
 #include <fmt/format.h>
@@ -77,29 +83,114 @@ std::vector<auth::RuntimeKey> runtime_keys(const std::vector<KeyRecord>& keys) {
   return rk;
 }
 
+// How long a change waits for keys_file's lock, which another process
+// holds only while it writes the file (milliseconds): past this, a 503.
+constexpr auto kLockWait = std::chrono::seconds(2);
+
+std::int64_t ns_of(const struct timespec& t) { return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; }
+
 }  // namespace
+
+// keys_file's lock: flock(2) on FILE.lock, held while the file is read
+// again, changed and written. The lock file is created 0600 and never
+// opened through a symbolic link (O_NOFOLLOW); it is never removed (a
+// removed lock file would let two processes each lock a file of their own).
+class KeyStore::FileLock {
+ public:
+  FileLock() = default;
+  explicit FileLock(int fd) : fd_(fd) {}
+  FileLock(FileLock&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  FileLock& operator=(FileLock&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  ~FileLock() {
+    if (fd_ >= 0) ::close(fd_);  // (closing the descriptor releases the lock)
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 // ---------------------------------------------------------------- KeyStore
 
 KeyStore::KeyStore(auth::AuthConfig base, std::string keys_file) : base_(std::move(base)), file_(std::move(keys_file)) {
+  known_digest_ = auth::sha256("");  // (a missing file: no bytes)
   next_scope_ = auth::AuthPolicy::config_scopes(base_);
   policy_ = auth::AuthPolicy::build(base_, {}, next_scope_);
 }
 
 tl::expected<void, std::string> KeyStore::load() {
   if (file_.empty()) return {};
-  std::error_code exists_ec;
-  if (!std::filesystem::exists(file_, exists_ec) && !exists_ec) return {};  // no keys yet
-  std::ifstream in(file_, std::ios::binary);
-  if (!in) return tl::unexpected(fmt::format("admin.keys_file {}: {}", file_, std::strerror(errno)));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  std::string text;
+  FileStamp stamp;
+  if (auto ok = read_file(text, stamp); !ok) return tl::unexpected(ok.error());
+  if (!stamp.exists) return {};  // no keys yet
+  auto keys = parse_file(text);
+  if (!keys) return tl::unexpected(keys.error());
+  for (auto& k : *keys) {
+    if (!configured_tenant(base_, k.tenant))
+      weir::core::note(
+          "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
+          "kept and refused until the tenant is back\n",
+          file_, k.id, k.tenant);
+    k.scope = next_scope_++;
+  }
+  keys_ = std::move(*keys);
+  policy_ = auth::AuthPolicy::build(base_, runtime_keys(keys_), next_scope_);
+  known_ = stamp;  // (refresh() reads the file again once it is another)
+  known_digest_ = auth::sha256(text);
+  return {};
+}
+
+namespace {
+
+KeyStore::FileStamp stamp_of(const struct stat& st) {
+  return {true, st.st_dev, st.st_ino, static_cast<std::uint64_t>(st.st_size), ns_of(st.st_mtim), ns_of(st.st_ctim)};
+}
+
+}  // namespace
+
+tl::expected<void, std::string> KeyStore::read_file(std::string& text, FileStamp& stamp) const {
+  text.clear();
+  stamp = {};
+  // (Through a symbolic link: an operator may keep the file elsewhere. It is replaced by rename, never
+  // written in place: a read sees one version whole, and the descriptor's stamp is that version's.)
+  const int fd = ::open(file_.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // (a FIFO there: no wait)
+  if (fd < 0) {
+    if (errno == ENOENT) return {};  // missing: no keys
+    return tl::unexpected(fmt::format("admin.keys_file {}: {}", file_, std::strerror(errno)));
+  }
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0;
+  if (ok && !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return tl::unexpected(fmt::format("admin.keys_file {}: not a regular file", file_));
+  }
+  if (ok) stamp = stamp_of(st);
+  char buf[16384];
+  while (ok) {
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ok = n == 0;
+      break;
+    }
+    text.append(buf, static_cast<std::size_t>(n));
+  }
+  const int err = errno;
+  ::close(fd);
+  if (!ok) return tl::unexpected(fmt::format("admin.keys_file {}: {}", file_, std::strerror(err)));
+  return {};
+}
+
+tl::expected<std::vector<KeyRecord>, std::string> KeyStore::parse_file(const std::string& text) const {
   boost::system::error_code ec;
   // Deeper than Boost.JSON's default (32): metadata up to kMaxMetadataDepth
   // sits three levels in (and files written before that limit, up to 30).
   json::parse_options deep;
   deep.max_depth = 64;
-  json::value v = json::parse(ss.str(), ec, {}, deep);
+  json::value v = json::parse(text, ec, {}, deep);
   if (ec || !v.is_object() || !v.get_object().contains("keys") || !v.at("keys").is_array())
     return tl::unexpected(
         fmt::format("admin.keys_file {}: not a Weir keys file ({{\"version\":1,\"keys\":[...]}})", file_));
@@ -135,18 +226,109 @@ tl::expected<void, std::string> KeyStore::load() {
     if (const auto [it, fresh] = secrets.emplace(k->sha256, i); !fresh)
       return tl::unexpected(
           fmt::format("admin.keys_file {}: keys[{}]: the same secret as keys[{}]", file_, i, it->second));
-    if (!configured_tenant(base_, k->tenant))
-      weir::core::note(
-          "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
-          "kept and refused until the tenant is back\n",
-          file_, k->id, k->tenant);
-    k->scope = next_scope_++;
     keys.push_back(std::move(*k));
     ++i;
   }
-  keys_ = std::move(keys);
-  policy_ = auth::AuthPolicy::build(base_, runtime_keys(keys_), next_scope_);
-  return {};
+  return keys;
+}
+
+tl::expected<bool, std::string> KeyStore::refresh() { return refresh(false); }
+
+tl::expected<bool, std::string> KeyStore::refresh(bool always) {
+  if (file_.empty()) return false;
+  auto fail = [&](const FileStamp& at, std::string why) -> tl::expected<bool, std::string> {
+    if (!always && refused_ == at) return false;  // said already
+    if (!always) refused_ = at;
+    return tl::unexpected(std::move(why));
+  };
+  if (!always) {  // a stat(2), about once a second: the file is read only when it is another version
+    struct stat st {};
+    FileStamp now;  // (missing: exists false)
+    if (::stat(file_.c_str(), &st) == 0)
+      now = stamp_of(st);
+    else if (errno != ENOENT) {
+      FileStamp unreadable;  // (said once while stat fails so: no version, the errno in its place)
+      unreadable.ino = static_cast<std::uint64_t>(errno);
+      return fail(unreadable, fmt::format("admin.keys_file {}: {}", file_, std::strerror(errno)));
+    }
+    if (now == known_ || refused_ == now) return false;  // the version this store has (or refused)
+  }
+  std::string text;
+  FileStamp now;
+  if (auto ok = read_file(text, now); !ok) return fail(now, ok.error());
+  const auto digest = auth::sha256(text);
+  if (now.exists == known_.exists && digest == known_digest_) {  // the same keys (rewritten, touched)
+    known_ = now;
+    refused_.reset();
+    return false;
+  }
+  std::vector<KeyRecord> next;
+  if (now.exists) {
+    auto keys = parse_file(text);
+    if (!keys) return fail(now, keys.error());
+    next = std::move(*keys);
+  }
+  // Each key as this store holds it, when its limits and budget are the same: its scope and admission state
+  // stay; otherwise a fresh scope (the lowest the limiter can reuse, each once, then past every one held),
+  // which a changed key's spend carries to (commit).
+  std::vector<std::uint32_t> reusable = limiter_ ? limiter_->reusable_scopes() : std::vector<std::uint32_t>{};
+  std::size_t reused = 0;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> carries;
+  for (auto& k : next) {
+    const KeyRecord* cur = find(k.id);
+    if (cur && cur->limits == k.limits && cur->budget == k.budget) {
+      k.scope = cur->scope;
+      continue;
+    }
+    if (reused < reusable.size()) {
+      k.scope = reusable[reused++];
+    } else {
+      next_scope_ = free_scope();
+      k.scope = next_scope_++;
+    }
+    if (cur) carries.emplace_back(cur->scope, k.scope);
+    if (!configured_tenant(base_, k.tenant))
+      weir::core::note(
+          "weir: admin.keys_file {}: key {} names tenant '{}', which is not configured: the key is "
+          "kept and refused until the tenant is back\n",
+          file_, k.id, k.tenant);
+  }
+  if (auto ok = commit(std::move(next), std::move(carries), false); !ok)
+    return fail(now, fmt::format("admin.keys_file {}: its keys cannot be installed: {}", file_, ok.error().message));
+  known_ = now;
+  known_digest_ = digest;
+  refused_.reset();
+  return true;
+}
+
+AdminResult<KeyStore::FileLock> KeyStore::begin_change() {
+  if (file_.empty()) return FileLock{};
+  const std::string path = file_ + ".lock";
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+  if (fd < 0)
+    return tl::unexpected(
+        internal(fmt::format("The key was not changed: cannot open the lock file {}: {}", path, std::strerror(errno))));
+  FileLock lock(fd);
+  // Another process holds it only while it writes the keys file: wait for that, bounded (the control
+  // thread waits with it).
+  const auto until = std::chrono::steady_clock::now() + kLockWait;
+  for (auto pause = std::chrono::milliseconds(1);; pause = std::min(pause * 2, std::chrono::milliseconds(50))) {
+    if (::flock(fd, LOCK_EX | LOCK_NB) == 0) break;
+    if (errno != EWOULDBLOCK && errno != EINTR)
+      return tl::unexpected(
+          internal(fmt::format("The key was not changed: cannot lock {}: {}", path, std::strerror(errno))));
+    if (std::chrono::steady_clock::now() >= until)
+      return tl::unexpected(AdminError{503,
+                                       "server_error",
+                                       "service_unavailable",
+                                       fmt::format("The key was not changed: another process has held the lock "
+                                                   "file {} for over {} s; retry shortly.",
+                                                   path, kLockWait.count()),
+                                       {}});
+    std::this_thread::sleep_for(pause);
+  }
+  if (auto fresh = refresh(true); !fresh) return tl::unexpected(internal("The key was not changed: " + fresh.error()));
+  return lock;
 }
 
 std::uint32_t KeyStore::free_scope() const noexcept {
@@ -194,7 +376,7 @@ bool KeyStore::id_taken(std::string_view id) const {
   return false;
 }
 
-tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& keys) const {
+tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& keys) {
   if (file_.empty()) return {};
   json::array a;
   for (const auto& k : keys) a.emplace_back(key_file_json(k));
@@ -202,11 +384,20 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
   root["version"] = 1;
   root["keys"] = std::move(a);
   const std::string text = admin_json_text(root) + "\n";
-  return core::replace_file(file_, text, 0600);
+  if (auto ok = core::replace_file(file_, text, 0600); !ok) return ok;
+  // The version written (under the lock, no other Weir writes in between): refresh() skips it.
+  struct stat st {};
+  if (::stat(file_.c_str(), &st) == 0)
+    known_ = stamp_of(st);
+  else
+    known_ = {};  // (read again by the next refresh)
+  known_digest_ = auth::sha256(text);
+  refused_.reset();
+  return {};
 }
 
 AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next,
-                                   std::optional<std::pair<std::uint32_t, std::uint32_t>> carry) {
+                                   std::vector<std::pair<std::uint32_t, std::uint32_t>> carries, bool write) {
   // With the running policy as the prior one: tenants and configured keys
   // keep the scopes they have (a reload may have numbered them apart from
   // name order), and so their buckets, slots and spend.
@@ -218,19 +409,24 @@ AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next,
   if (limiter_) {
     policy = limiter_->adopt(std::move(policy));
     if (!policy)
-      return tl::unexpected(internal(fmt::format(
-          "The key was not changed: the limiter holds at most {} admission scopes at once.", limiter_->scope_count())));
+      return tl::unexpected(internal(fmt::format("{}the limiter holds at most {} admission scopes at once.",
+                                                 write ? "The key was not changed: " : "", limiter_->scope_count())));
   }
-  if (auto ok = save(next); !ok) return tl::unexpected(internal("The key was not changed: " + ok.error()));
+  if (write)
+    if (auto ok = save(next); !ok) return tl::unexpected(internal("The key was not changed: " + ok.error()));
   // While the running policy, which names the old scope, still holds it: the
   // new scope is then held for the old one's tickets (ScopeLedger::pin).
-  if (carry && limiter_) limiter_->carry_spend(carry->first, carry->second, std::chrono::steady_clock::now());
+  if (limiter_)
+    for (const auto& [from, to] : carries) limiter_->carry_spend(from, to, std::chrono::steady_clock::now());
   keys_ = std::move(next);
   policy_ = std::move(policy);
+  ++version_;
   return {};
 }
 
 AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, std::int64_t now_s) {
+  const auto lock = begin_change();  // (held until the change is written)
+  if (!lock) return tl::unexpected(lock.error());
   static constexpr std::string_view kFields[] = {"tenant",     "models",   "limits", "budget",
                                                  "expires_at", "metadata", "name"};
   for (const auto& [k, v] : body) {
@@ -271,6 +467,8 @@ AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, 
 }
 
 AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost::json::object& body) {
+  const auto lock = begin_change();  // (held until the change is written)
+  if (!lock) return tl::unexpected(lock.error());
   const KeyRecord* cur = find(id);
   if (!cur) return tl::unexpected(admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128))));
   KeyRecord k = *cur;
@@ -311,19 +509,21 @@ AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost:
                             std::string(name.substr(0, 64))));
     }
   }
-  std::optional<std::pair<std::uint32_t, std::uint32_t>> carry;
+  std::vector<std::pair<std::uint32_t, std::uint32_t>> carry;
   if (rescope) {  // fresh buckets at the new limits; the spend and the streams in flight carry over (commit)
-    carry.emplace(k.scope, fresh_scope());
-    k.scope = carry->second;
+    carry.emplace_back(k.scope, fresh_scope());
+    k.scope = carry.back().second;
   }
   auto next = keys_;
   for (auto& e : next)
     if (e.id == k.id) e = k;
-  if (auto ok = commit(std::move(next), carry); !ok) return tl::unexpected(ok.error());
+  if (auto ok = commit(std::move(next), std::move(carry)); !ok) return tl::unexpected(ok.error());
   return Change{std::move(k), {}};
 }
 
 AdminResult<KeyRecord> KeyStore::revoke(std::string_view id) {
+  const auto lock = begin_change();  // (held until the change is written)
+  if (!lock) return tl::unexpected(lock.error());
   const KeyRecord* cur = find(id);
   if (!cur) return tl::unexpected(admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128))));
   KeyRecord gone = *cur;
@@ -335,6 +535,8 @@ AdminResult<KeyRecord> KeyStore::revoke(std::string_view id) {
 }
 
 AdminResult<KeyStore::Change> KeyStore::rotate(std::string_view id) {
+  const auto lock = begin_change();  // (held until the change is written)
+  if (!lock) return tl::unexpected(lock.error());
   const KeyRecord* cur = find(id);
   if (!cur) return tl::unexpected(admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128))));
   KeyRecord k = *cur;

@@ -11,6 +11,15 @@
 // the old one's spend (admission::Limiter::adopt, carry_spend).
 // After a restart the persisted keys are numbered again from the
 // configuration's last scope (admission state starts fresh then anyway).
+//
+// One keys_file, more than one process: during a zero-downtime restart
+// (docs/operations.md) the old and the new Weir both serve the admin API
+// and share the file. Every change is therefore a read-modify-write under
+// an exclusive lock (flock(2) on FILE.lock): the file is read again when it
+// is not the one this store last read or wrote, the change applied to what
+// it holds, and written back; no change made by the other process is lost.
+// refresh() (the admin server calls it about once a second) installs the
+// other process's changes here.
 #pragma once
 
 #include <cstdint>
@@ -65,9 +74,34 @@ class KeyStore {
 
   // The current policy: the configuration plus every runtime key.
   const std::shared_ptr<const auth::AuthPolicy>& policy() const noexcept { return policy_; }
+  // Counts the changes of policy() made here (a key change, refresh()), not a reload's rebase(): a caller
+  // that sees it move publishes policy().
+  std::uint64_t version() const noexcept { return version_; }
   const std::vector<KeyRecord>& keys() const noexcept { return keys_; }
   const KeyRecord* find(std::string_view id) const;
   bool persistent() const noexcept { return !file_.empty(); }
+
+  // keys_file as another process left it (a second Weir sharing it). When
+  // the file is not the one this store last read or wrote (stat(2): device,
+  // inode, size, mtime or ctime differ; then its bytes' SHA-256), it is
+  // read again and its keys installed: a key it no longer has is gone, a
+  // new one gets a fresh scope, a key whose limits and budget are unchanged
+  // keeps its scope (and so its buckets, stream slots and spend), one whose
+  // limits or budget changed gets a fresh scope that starts with the old
+  // one's spend (as update()). A missing file is an empty store, as at
+  // start-up. Returns true when the policy changed (publish policy()),
+  // false when nothing did. Error ("admin.keys_file PATH: what is wrong";
+  // nothing changed): the file cannot be read or is not a valid keys file;
+  // said once per version of the file (a later call returns false until it
+  // changes again). Blocking file I/O, a few small reads: control thread.
+  tl::expected<bool, std::string> refresh();
+  // A version of keys_file: what stat(2) tells of it (a missing file: exists false).
+  struct FileStamp {
+    bool exists = false;
+    std::uint64_t dev = 0, ino = 0, size = 0;
+    std::int64_t mtime_ns = 0, ctime_ns = 0;
+    bool operator==(const FileStamp&) const = default;
+  };
 
   // What a change answers: the record as it is now and, for create and
   // rotate, the new secret (shown once).
@@ -75,8 +109,13 @@ class KeyStore {
     KeyRecord record;
     std::string secret;
   };
+  // Each change first takes keys_file's lock and reads the file again when
+  // another process changed it (refresh(), whose outcome policy() then shows
+  // even when the change itself fails: publish it whenever it moved): 500
+  // when the file cannot be locked, read or written, or is no longer a
+  // valid keys file; 503 when another process holds the lock for over 2 s.
   // POST /admin/v1/keys body (docs/admin-api.md). 400 for a bad field (with
-  // param), 404 for an unknown tenant, 500 when the keys file cannot be written.
+  // param), 404 for an unknown tenant.
   AdminResult<Change> create(const boost::json::object& body, std::int64_t now_s);
   // PATCH: models, limits, budget, expires_at, metadata, name.
   AdminResult<Change> update(std::string_view id, const boost::json::object& body);
@@ -86,13 +125,31 @@ class KeyStore {
   AdminResult<Change> rotate(std::string_view id);
 
  private:
-  // Builds the policy for `next`, grows the limiter, writes the file,
-  // carries `carry` (old scope, new scope: a key given new limits) and
-  // installs them; nothing changes when the file cannot be written.
+  // Builds the policy for `next`, grows the limiter, writes the file (when
+  // `write`), carries `carries` (old scope, new scope: keys given new
+  // limits) and installs them; nothing changes when the file cannot be
+  // written.
   AdminResult<void> commit(std::vector<KeyRecord> next,
-                           std::optional<std::pair<std::uint32_t, std::uint32_t>> carry = std::nullopt);
-  tl::expected<void, std::string> save(const std::vector<KeyRecord>& keys) const;
+                           std::vector<std::pair<std::uint32_t, std::uint32_t>> carries = {}, bool write = true);
+  tl::expected<void, std::string> save(const std::vector<KeyRecord>& keys);
   bool id_taken(std::string_view id) const;
+  // The start of every change: keys_file's lock (an fd; released when the
+  // returned value goes), and the file read again under it (refresh(true)).
+  // Without a keys_file: no lock, nothing read.
+  class FileLock;
+  AdminResult<FileLock> begin_change();
+  // refresh(); `always`: read the file whatever stat says (under the lock).
+  tl::expected<bool, std::string> refresh(bool always);
+  // `text` as keys_file's records, checked as load() checks them (no scopes yet).
+  tl::expected<std::vector<KeyRecord>, std::string> parse_file(const std::string& text) const;
+
+  // keys_file's bytes and the stamp of the version read (a missing file: empty, exists false). Error:
+  // "admin.keys_file PATH: reason" (it cannot be opened or read, or is not a regular file).
+  tl::expected<void, std::string> read_file(std::string& text, FileStamp& stamp) const;
+  FileStamp known_;
+  auth::Sha256Digest known_digest_{};
+  // A version refused by refresh() (said once): not read again until it changes.
+  std::optional<FileStamp> refused_;
 
   auth::AuthConfig base_;
   std::string file_;
@@ -108,6 +165,7 @@ class KeyStore {
   std::vector<KeyRecord> keys_;
   std::uint32_t next_scope_ = 0;
   std::shared_ptr<const auth::AuthPolicy> policy_;
+  std::uint64_t version_ = 0;
 };
 
 }  // namespace weir::gateway

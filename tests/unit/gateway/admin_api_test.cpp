@@ -1,7 +1,10 @@
 // The admin API's pieces without sockets: the admin: section, the runtime
 // key store (scopes, policies, the keys file), growing a limiter, the token
 // check, the router and run_blocking (docs/admin-api.md).
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -357,6 +360,151 @@ TEST(KeyStore, AKeysFileWithADuplicateOrAWrongTypeIsRefused) {
                                      rec("k2", b));
   KeyStore fine(base_auth(), file);
   EXPECT_TRUE(fine.load());
+  std::filesystem::remove_all(dir);
+}
+
+// Two stores on one keys file: the two Weirs of a zero-downtime restart (two descriptors of FILE.lock, as two
+// processes have). Each change is made to the file as it is, and refresh() brings the other's changes in.
+TEST(KeyStore, TwoStoresSharingTheKeysFileLoseNoChangeAndReadEachOthersIn) {
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-shared-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  const auto now = std::chrono::steady_clock::now();
+  KeyStore a(base_auth(), file), b(base_auth(), file);
+  ASSERT_TRUE(a.load());
+  ASSERT_TRUE(b.load());
+  admission::LocalLimiter la(a.policy()->scopes(), 1, now), lb(b.policy()->scopes(), 1, now);
+  a.set_limiter(&la);
+  b.set_limiter(&lb);
+  const auto file_ids = [&] {
+    KeyStore r(base_auth(), file);
+    EXPECT_TRUE(r.load());
+    std::vector<std::string> ids;
+    for (const auto& k : r.keys()) ids.push_back(k.id);
+    return ids;
+  };
+
+  auto k1 = a.create(obj(R"({"tenant":"acme","budget":{"usd":1}})"), 1);
+  ASSERT_TRUE(k1);
+  auto k2 = b.create(obj(R"({"tenant":"acme"})"), 2);  // b had not seen k1: it reads the file first
+  ASSERT_TRUE(k2);
+  EXPECT_EQ(file_ids(), (std::vector<std::string>{k1->record.id, k2->record.id}));
+  EXPECT_NE(b.policy()->find_key(auth::sha256(k1->secret)), nullptr);
+
+  // k1's state on a: its spend. b renames it (same limits): a keeps k1's scope and so its spend.
+  la.settle_spend(k1->record.scope, 0, 300'000'000, now);
+  ASSERT_TRUE(b.update(k1->record.id, obj(R"({"name":"renamed"})")));
+  const auto v = a.version();
+  auto r = a.refresh();
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_TRUE(*r);
+  EXPECT_NE(a.version(), v);
+  ASSERT_NE(a.find(k1->record.id), nullptr);
+  EXPECT_EQ(a.find(k1->record.id)->name, "renamed");
+  EXPECT_EQ(a.find(k1->record.id)->scope, k1->record.scope);
+  EXPECT_NE(a.policy()->find_key(auth::sha256(k2->secret)), nullptr);
+  r = a.refresh();
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(*r);  // nothing new: a stat, no read
+  EXPECT_EQ(la.spent(k1->record.scope, now), 300'000'000);
+  // A new budget on b: a fresh scope on a, the spend carried to it (as a's own update would).
+  ASSERT_TRUE(b.update(k1->record.id, obj(R"({"budget":{"usd":2}})")));
+  ASSERT_TRUE(a.refresh());
+  const auto moved = a.find(k1->record.id)->scope;
+  EXPECT_NE(moved, k1->record.scope);
+  EXPECT_EQ(la.spent(moved, now), 300'000'000);
+
+  // Revoked on b, made on a: gone from the file, and from a's policy once a reads it.
+  ASSERT_TRUE(b.revoke(k1->record.id));
+  EXPECT_EQ(file_ids(), (std::vector<std::string>{k2->record.id}));
+  r = a.refresh();
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(a.policy()->find_key(auth::sha256(k1->secret)), nullptr);
+  // A change on a to a file b changed since a last read it starts from b's version: revoking what b revoked
+  // is a 404, and k2 (rotated on b) keeps b's secret.
+  auto k2r = b.rotate(k2->record.id);
+  ASSERT_TRUE(k2r);
+  auto again = a.revoke(k1->record.id);
+  ASSERT_FALSE(again);
+  EXPECT_EQ(again.error().status, 404);
+  EXPECT_EQ(a.policy()->find_key(auth::sha256(k2->secret)), nullptr);  // read in by the failed change too
+  EXPECT_NE(a.policy()->find_key(auth::sha256(k2r->secret)), nullptr);
+  ASSERT_TRUE(a.create(obj(R"({"tenant":"acme"})"), 3));
+  ASSERT_TRUE(b.refresh());
+  EXPECT_EQ(b.keys().size(), 2u);
+  EXPECT_EQ(file_ids().size(), 2u);
+
+  // The lock file: 0600, beside the keys file.
+  struct stat st {};
+  ASSERT_EQ(::lstat((file + ".lock").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISREG(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KeyStore, ABrokenSharedKeysFileIsSaidOnceAndNeverWrittenOver) {
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-broken-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  KeyStore a(base_auth(), file);
+  ASSERT_TRUE(a.load());
+  auto k = a.create(obj(R"({"tenant":"acme"})"), 1);
+  ASSERT_TRUE(k);
+  std::ofstream(file + ".new") << "{\"version\":1,\"keys\":[{\"id\":\"x\"}]}";  // (replaced whole, as Weir does)
+  std::filesystem::rename(file + ".new", file);
+  auto r = a.refresh();
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("admin.keys_file " + file + ": keys[0]"), std::string::npos) << r.error();
+  r = a.refresh();  // said once
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(*r);
+  EXPECT_NE(a.policy()->find_key(auth::sha256(k->secret)), nullptr);  // kept as it was
+  auto c = a.create(obj(R"({"tenant":"acme"})"), 2);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().status, 500);
+  EXPECT_NE(c.error().message.find("keys[0]"), std::string::npos) << c.error().message;
+  std::ifstream in(file);
+  EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()),
+            "{\"version\":1,\"keys\":[{\"id\":\"x\"}]}");
+  // Removed: an empty store, as at start-up.
+  std::filesystem::remove(file);
+  r = a.refresh();
+  ASSERT_TRUE(r);
+  EXPECT_TRUE(*r);
+  EXPECT_TRUE(a.keys().empty());
+  std::filesystem::remove_all(dir);
+}
+
+TEST(KeyStore, TheLockFileIsNeverFollowedAndAHeldLockIsWaitedForBounded) {
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-lock-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  const auto target = dir / "elsewhere";
+  std::ofstream(target) << "untouched\n";
+  std::filesystem::create_symlink(target, file + ".lock");
+  KeyStore a(base_auth(), file);
+  ASSERT_TRUE(a.load());
+  auto c = a.create(obj(R"({"tenant":"acme"})"), 1);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().status, 500);
+  EXPECT_NE(c.error().message.find("lock file"), std::string::npos) << c.error().message;
+  EXPECT_FALSE(std::filesystem::exists(file));
+  std::filesystem::remove(file + ".lock");
+  // Another process holding the lock (past 2 s): 503, nothing written; released, the change goes through.
+  const int fd = ::open((file + ".lock").c_str(), O_RDWR | O_CREAT, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  c = a.create(obj(R"({"tenant":"acme"})"), 2);
+  ASSERT_FALSE(c);
+  EXPECT_EQ(c.error().status, 503);
+  EXPECT_FALSE(std::filesystem::exists(file));
+  ::close(fd);
+  ASSERT_TRUE(a.create(obj(R"({"tenant":"acme"})"), 3));
+  EXPECT_TRUE(std::filesystem::exists(file));
   std::filesystem::remove_all(dir);
 }
 
