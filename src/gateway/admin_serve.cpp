@@ -322,16 +322,32 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     // A request refused before its body: the body is never read, so the connection ends with the answer.
     const bool body_unread = refused.has_value();
     // Every Connection line (RFC 9110 §5.3); `close` among them ends it on HTTP/1.0 too.
-    const bool keep = parser.keep_alive() && !(parser.get().version() < 11 && http::connection_close(parser.get())) &&
-                      !stopped_ && !body_unread;
+    bool keep = parser.keep_alive() && !(parser.get().version() < 11 && http::connection_close(parser.get())) &&
+                !stopped_ && !body_unread;
     // (No co_await inside a conditional expression: GCC 12 destroys its result too early.)
     std::optional<AdminResponse> answer = std::move(refused);
     if (!head_checked) answer = co_await answer_on_head(req, authorization, authorization_fields, handler);
     AdminResponse r;
-    if (answer)
+    if (answer) {
       r = std::move(*answer);
-    else
+    } else if (handed_over_ && req.method != "GET" && req.method != "HEAD") {
+      // Another instance serves the admin API now (drain()) and owns what a write would change: this one
+      // applies none, so none is answered as applied here and then lost or overridden there; the client
+      // retries on a new connection, which reaches the new instance. (Checked as the handler would run:
+      // a request whose head came before the handover too.)
+      const AdminError e{503,
+                         "server_error",
+                         "service_unavailable",
+                         "This Weir instance is handing over to another (a zero-downtime restart) and "
+                         "applies no more changes: the request was not applied; retry it (a new "
+                         "connection reaches the new instance).",
+                         {}};
+      r = AdminResponse{e.status, admin_error_json(e)};
+      r.headers.emplace_back("Retry-After", "1");
+      keep = false;
+    } else {
       r = co_await (*handler)(req);
+    }
     res.result(static_cast<unsigned>(r.status));
     if (r.status != 304) res.set(bh::field::content_type, r.content_type);
     res.set(bh::field::cache_control, r.cache_control);

@@ -40,6 +40,10 @@ using namespace admin_detail;
 
 namespace {
 
+// How often keys_file is checked for another process's changes (a stat(2); read only when it changed): the
+// bound on how long a key revoked by the other instance of a zero-downtime restart still works here.
+constexpr auto kKeysFileCheck = std::chrono::seconds(1);
+
 std::vector<std::string> split_path(std::string_view path) {
   std::vector<std::string> out;
   while (!path.empty()) {
@@ -153,7 +157,12 @@ AdminRouter::Match AdminRouter::match(std::string_view method, std::string_view 
 // ---------------------------------------------------------------- AdminServer
 
 AdminServer::AdminServer(boost::asio::io_context& control, const AdminConfig& cfg, Shared& shared, KeyStore* keys)
-    : control_(control), cfg_(cfg), shared_(shared), keys_(keys), acceptor_(control.get_executor()) {
+    : control_(control),
+      cfg_(cfg),
+      shared_(shared),
+      keys_(keys),
+      acceptor_(control.get_executor()),
+      keys_watch_(control.get_executor()) {
   if (shared_.auth_policy) initial_scopes_ = static_cast<std::uint32_t>(shared_.auth_policy->scopes().size());
   if (shared_.redis_keys && shared_.auth_policy)
     redis_ = std::make_unique<RedisKeyAdmin>(*shared_.redis_keys, shared_.auth_policy);
@@ -215,7 +224,33 @@ std::uint16_t AdminServer::listen(bool exclusive, std::string& error) {
   return bound.port();
 }
 
-void AdminServer::start() { asio::co_spawn(control_.get_executor(), accept_loop(), asio::detached); }
+void AdminServer::start() {
+  asio::co_spawn(control_.get_executor(), accept_loop(), asio::detached);
+  if (keys_ && keys_->persistent() && !redis_) {
+    watching_ = true;
+    asio::co_spawn(control_.get_executor(), watch_keys_file(), asio::detached);
+  }
+}
+
+core::Task<void> AdminServer::watch_keys_file() {
+  while (watching_) {
+    keys_watch_.expires_after(kKeysFileCheck);
+    co_await keys_watch_.async_wait(core::use_task);
+    if (!watching_) co_return;  // (stop() cancelled the wait)
+    auto changed = keys_->refresh();
+    if (!changed) {
+      weir::core::note("weir: {}; the runtime keys stay as they were (read again once the file changes)\n",
+                       changed.error());
+      continue;
+    }
+    if (!*changed) continue;
+    weir::core::note(
+        "weir: admin.keys_file {} changed on disk (another Weir sharing it, or an edit): read again, {} "
+        "runtime key{}\n",
+        cfg_.keys_file, keys_->keys().size(), keys_->keys().size() == 1 ? "" : "s");
+    co_await publish(keys_->policy());
+  }
+}
 
 bool AdminServer::drain() {
   boost::system::error_code ec;
@@ -229,14 +264,21 @@ bool AdminServer::drain() {
     if (ec) break;
     spawn_serve(std::move(sock));
   }
-  stop();
+  close_listener();
+  handed_over_ = true;
   return true;
 }
 
-void AdminServer::stop() {
+void AdminServer::close_listener() {
   stopped_ = true;
   boost::system::error_code ignored;
   acceptor_.close(ignored);
+}
+
+void AdminServer::stop() {
+  close_listener();
+  watching_ = false;
+  keys_watch_.cancel();
 }
 
 core::Task<void> AdminServer::accept_loop() {

@@ -147,9 +147,14 @@ class AdminServer {
   // its queue (Linux resets them when a SO_REUSEPORT listener closes), so
   // new admin connections reach the instance that stays; alone on it, the
   // listener stays open until Weir exits (stop()), for /ready's 503 and
-  // /metrics through the drain. Returns true when it closed.
+  // /metrics through the drain. Returns true when it closed: this instance
+  // has handed over, and from then on answers a write (any method but GET
+  // and HEAD) on a connection still open with 503 service_unavailable and
+  // Connection: close, without applying it (the client retries it on a new
+  // connection, which reaches the new instance); reads are still answered.
   bool drain();
-  // Stops accepting (the workers are done). Open admin connections end with their request.
+  // Stops accepting (the workers are done) and watching keys_file. Open admin connections end with their
+  // request.
   void stop();
   // A configuration reload installed `policy` (shared.auth_policy): keys in
   // Redis are checked against its tenants from now on.
@@ -178,6 +183,14 @@ class AdminServer {
 
  private:
   core::Task<void> accept_loop();
+  // With admin.keys_file (and no auth.redis_keys): every kKeysFileCheck,
+  // KeyStore::refresh(), and the policy published to the workers when it
+  // changed, so a key another process sharing the file (a zero-downtime
+  // restart's other instance) created, changed or revoked is in force here
+  // within about that long. Until stop().
+  core::Task<void> watch_keys_file();
+  // Closes the listener; open connections end with their next answer.
+  void close_listener();
   // One admin connection, HTTP/1.1 keep-alive (gateway/admin_serve.cpp):
   // each request's head checked (http/request_check.hpp: framing, Host,
   // target, Expect), then answer_on_head() before the body is read (unless
@@ -288,6 +301,9 @@ class AdminServer {
   boost::asio::thread_pool blocking_{1};
   std::uint32_t initial_scopes_ = 0;  // scopes a limiter that does not grow holds
   bool stopped_ = false;
+  bool handed_over_ = false;  // drain() closed the listener: another instance serves the admin API
+  bool watching_ = false;     // watch_keys_file() runs
+  core::Timer keys_watch_;
 };
 
 }  // namespace weir::gateway
