@@ -157,8 +157,14 @@ ConfigResult<JwtConfig> parse_jwt(const YAML::Node& node, const std::string& key
                                    "and a JWKS is public",
                                    core::quoted_text(core::redact_url(j.jwks_url), core::kQuotedPathBytes))));
   }
-  if (j.tenant_claim.empty())
-    return tl::unexpected(config_error(node["tenant_claim"], key + ".tenant_claim", "must not be empty"));
+  // (An empty tier_claim or subject_claim names none: no tier, no subject from tokens.)
+  for (auto [name, path, optional] :
+       {std::tuple<const char*, const std::string*, bool>{"tenant_claim", &j.tenant_claim, false},
+        {"tier_claim", &j.tier_claim, true},
+        {"subject_claim", &j.subject_claim, true}})
+    if (!(optional && path->empty()))
+      if (std::string why = claim_path_error(*path); !why.empty())
+        return tl::unexpected(config_error(node[name] ? node[name] : node, key + "." + name, why));
   if (j.refresh_interval < std::chrono::seconds(1))
     return tl::unexpected(config_error(node["refresh_interval"], key + ".refresh_interval", "must be at least 1s"));
   if (j.fetch_timeout <= std::chrono::milliseconds(0))
@@ -196,6 +202,10 @@ ConfigResult<ApiKeyConfig> parse_api_key(const YAML::Node& node, const std::stri
     WEIR_TRY_RESULT(hex, core::read_string(node["sha256"], key + ".sha256"));
     auto d = parse_sha256_hex(*hex);
     if (!d) return tl::unexpected(config_error(node["sha256"], key + ".sha256", "expected 64 hex digits"));
+    if (is_empty_input_digest(*d))
+      return tl::unexpected(config_error(node["sha256"], key + ".sha256",
+                                         "is the SHA-256 of the empty string (the hash of an unset variable?): no "
+                                         "key has it, and a request without a key is no credential"));
     k.sha256 = *d;
   } else {
     WEIR_TRY_RESULT(var, core::read_string(node["key_env"], key + ".key_env"));

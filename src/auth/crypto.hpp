@@ -54,6 +54,13 @@ std::string to_hex(const Sha256Digest& d);
 // Parses 64 hex digits (either case) into a digest; nullopt otherwise.
 std::optional<Sha256Digest> parse_sha256_hex(std::string_view hex);
 
+// True for the SHA-256 of the empty string (e3b0c442...7852b855): what
+// `printf %s "$UNSET" | sha256sum` gives. No credential hashes to it (an
+// empty credential is no credential, on every port), so a configured hash
+// equal to it (admin.token_sha256, auth.api_keys[].sha256, a keys file's
+// sha256) is a mistake, refused at load.
+bool is_empty_input_digest(const Sha256Digest& d);
+
 // The process-wide SHA-256 EVP_MD, fetched once.
 const EVP_MD* sha256_md();
 

@@ -293,6 +293,8 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
 }
 
 const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path) {
+  if (path.find('.') != std::string_view::npos)
+    if (const auto* whole = claims.if_contains(boost::json::string_view(path.data(), path.size()))) return whole;
   const boost::json::object* obj = &claims;
   while (true) {
     const auto dot = path.find('.');
@@ -303,6 +305,13 @@ const boost::json::value* find_claim(const boost::json::object& claims, std::str
     if (!obj) return nullptr;
     path.remove_prefix(dot + 1);
   }
+}
+
+std::string claim_path_error(std::string_view path) {
+  if (path.empty()) return "must not be empty";
+  if (path.front() == '.' || path.back() == '.' || path.find("..") != std::string_view::npos)
+    return "has an empty step (a dot at an end, or two in a row): a dotted path names claims, as org.id";
+  return {};
 }
 
 std::string_view string_claim(const boost::json::object& claims, std::string_view path) {

@@ -108,8 +108,18 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
 // absent or not a string. Views into `claims`.
 std::string_view string_claim(const boost::json::object& claims, std::string_view path);
 // The claim at a dotted path, whatever its type; nullptr when absent (or a
-// step of the path is no object). Points into `claims`.
+// step of the path is no object). Points into `claims`. A top-level claim
+// whose whole name is `path` is that claim, dots and all: a namespaced
+// claim such as "https://example.com/roles" (Auth0's, OIDC's collision-
+// resistant names, RFC 7519 §4.2) is found by its name, before the path is
+// read as nested claims ("org.id": the member "id" of the claim "org").
 const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path);
+// Why `path` cannot be a claim path, or "" when it can: it must not be
+// empty nor have an empty step (".", "a..b", "a.", ".a": a claim named ""
+// is no claim an identity provider issues). Configuration keys naming a
+// claim (auth.jwt.tenant_claim, tier_claim, subject_claim, admin.jwt_claim)
+// are checked with it at load.
+std::string claim_path_error(std::string_view path);
 
 // True when `credential` has the shape of a JWS compact serialization
 // ("eyJ" — a base64url JSON object — and exactly two dots). With auth.jwt on,

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "auth/jwt.hpp"
+
 namespace weir::gateway {
 
 namespace {
@@ -41,6 +43,11 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
     WEIR_TRY_RESULT(hex, core::read_string(node["token_sha256"], "admin.token_sha256"));
     auto d = auth::parse_sha256_hex(*hex);
     if (!d) return tl::unexpected(config_error(node["token_sha256"], "admin.token_sha256", "expected 64 hex digits"));
+    if (auth::is_empty_input_digest(*d))
+      return tl::unexpected(
+          config_error(node["token_sha256"], "admin.token_sha256",
+                       "is the SHA-256 of the empty string (the hash of an unset variable?): no token has it, and an "
+                       "Authorization header without a token is no credential"));
     a.token_sha256 = *d;
     a.has_token = true;
   } else if (node["token_env"]) {
@@ -65,7 +72,8 @@ core::ConfigResult<std::optional<AdminConfig>> parse(const YAML::Node& root, con
   }
   if (node["jwt_claim"]) {
     WEIR_TRY_RESULT(c, core::read_name(node["jwt_claim"], "admin.jwt_claim"));
-    if (c->empty()) return tl::unexpected(config_error(node["jwt_claim"], "admin.jwt_claim", "must not be empty"));
+    if (std::string why = auth::claim_path_error(*c); !why.empty())
+      return tl::unexpected(config_error(node["jwt_claim"], "admin.jwt_claim", why));
     const YAML::Node auth = root["auth"];
     if (!auth || !auth.IsMap() || !auth["jwt"])
       return tl::unexpected(config_error(node["jwt_claim"], "admin.jwt_claim",

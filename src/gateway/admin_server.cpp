@@ -101,19 +101,6 @@ AdminError unauthorized(std::string message) {
   return AdminError{401, "invalid_request_error", "invalid_api_key", std::move(message), {}};
 }
 
-// A claim by dotted path ("weir.admin"), or nullptr.
-const json::value* claim_at(const json::object& claims, std::string_view path) {
-  const json::object* obj = &claims;
-  for (;;) {
-    const auto dot = path.find('.');
-    const json::value* v = obj->if_contains(path.substr(0, dot));
-    if (!v || dot == std::string_view::npos) return v;
-    if (!v->is_object()) return nullptr;
-    obj = &v->get_object();
-    path.remove_prefix(dot + 1);
-  }
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------- AdminRouter
@@ -313,12 +300,15 @@ void AdminServer::spawn_serve(http::Socket sock) {
 tl::expected<void, AdminError> AdminServer::check_token(std::string_view authorization,
                                                         std::optional<std::uint64_t>* refetch_mark) const {
   authorization = core::trim_ows(authorization);
-  if (authorization.empty())
+  const auto bearer = auth::bearer_token(authorization);
+  if (!authorization.empty() && !bearer)
+    return tl::unexpected(unauthorized("The Authorization header must use the Bearer scheme."));
+  // The scheme alone ("Bearer", "bearer   ") presents no token: no credential, as an absent header (and as on
+  // the client port), never hashed and compared (the empty string's SHA-256 is no admin token's).
+  if (!bearer || bearer->empty())
     return tl::unexpected(
         unauthorized("You didn't provide an admin token. Pass it in an Authorization header using Bearer auth "
                      "(Authorization: Bearer ADMIN_TOKEN)."));
-  const auto bearer = auth::bearer_token(authorization);
-  if (!bearer) return tl::unexpected(unauthorized("The Authorization header must use the Bearer scheme."));
   const std::string_view token = *bearer;
   if (cfg_.has_token) {
     const auth::Sha256Digest d = auth::sha256(token);
@@ -351,7 +341,8 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
       }
       return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
     }
-    const json::value* c = claim_at(v->claims, cfg_.jwt_claim);
+    // (As the client port reads its claims: auth::find_claim, a namespaced claim's whole name first.)
+    const json::value* c = auth::find_claim(v->claims, cfg_.jwt_claim);
     // Only the JSON boolean true: identity providers often map user attributes to strings, and a
     // string "true" an ordinary user can set must not grant admin.
     if (c && c->is_bool() && c->get_bool()) return {};

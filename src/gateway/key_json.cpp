@@ -338,6 +338,8 @@ AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
   auto d = auth::parse_sha256_hex(str("sha256"));
   if (k.id.empty() || k.tenant.empty() || !d)
     return tl::unexpected(admin_bad_request("a key needs id, tenant, sha256"));
+  if (auth::is_empty_input_digest(*d))  // (Weir never writes it: no secret it makes is empty)
+    return tl::unexpected(admin_bad_request("is the SHA-256 of the empty string: no key has it", "sha256"));
   // Names as the configuration's: the id and the tenant reach metrics' labels and stderr as they are. The
   // key's name is a label that only ever reaches JSON, and builds before stop 49 took control characters in
   // it (a tab): a file they wrote loads as it is (the admin API refuses such a name for new keys).

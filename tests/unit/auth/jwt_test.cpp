@@ -384,3 +384,25 @@ TEST(AuthJwt, AFarFutureExpNeverExpires) {
 
 }  // namespace
 }  // namespace weir::auth
+
+namespace weir::auth {
+namespace {
+
+// Stop 56: a namespaced claim (a URL with dots) is found by its whole name; dots otherwise step into objects.
+TEST(AuthJwt, AClaimIsFoundByItsWholeNameThenByItsDottedPath) {
+  const auto claims =
+      boost::json::parse(R"({"https://example.com/admin":true,"org":{"id":"acme"},"a.b":"flat","a":{"b":"nested"}})")
+          .as_object();
+  const auto* ns = find_claim(claims, "https://example.com/admin");
+  ASSERT_NE(ns, nullptr);
+  EXPECT_TRUE(ns->is_bool() && ns->get_bool());
+  EXPECT_EQ(string_claim(claims, "org.id"), "acme");
+  EXPECT_EQ(string_claim(claims, "a.b"), "flat");  // the whole name first
+  EXPECT_EQ(find_claim(claims, "https://example.com/other"), nullptr);
+  EXPECT_EQ(claim_path_error("org.id"), "");
+  EXPECT_EQ(claim_path_error("https://example.com/admin"), "");
+  for (const char* bad : {"", ".", "a..b", "a.", ".a"}) EXPECT_NE(claim_path_error(bad), "") << bad;
+}
+
+}  // namespace
+}  // namespace weir::auth

@@ -73,6 +73,39 @@ TEST(AdminConfig, ParsesAndRefusesWhatCannotWork) {
   EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_env: ADMIN_TOKEN, jwt_claim: weir_admin}\n").find("auth.jwt"),
             std::string::npos);
   EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_env: ADMIN_TOKEN, port: 1}\n").find("port"), std::string::npos);
+  // The empty string's SHA-256 (an unset variable's): no token has it (stop 56).
+  const std::string empty_sha = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_sha256: " + empty_sha + "}\n").find("empty string"),
+            std::string::npos);
+  EXPECT_NE(err("admin: {listen: 127.0.0.1:8081, token_sha256: E3B0C44298FC1C149AFBF4C8996FB92427AE41E4649B934CA495991B"
+                "7852B855}\n")
+                .find("empty string"),
+            std::string::npos);
+  EXPECT_NE(err("auth: {api_keys: [{id: k, tenant: acme, sha256: " + empty_sha + "}]}\n").find("empty string"),
+            std::string::npos);
+}
+
+// Stop 56: a claim path with an empty step names no claim an identity provider issues: refused at load, for the
+// admin claim and the client port's alike.
+TEST(AdminConfig, AClaimPathWithAnEmptyStepIsRefused) {
+  const std::string path = ::testing::TempDir() + "admin_claim_jwks.json";
+  std::ofstream(path) << auth::testing::jwks_of({&auth::testing::Keys::get().rsa});
+  const std::string jwt = "auth:\n  jwt: {jwks_file: " + path + ", issuer: https://idp.test, audience: weir";
+  for (const char* bad : {".", "a..b", "a.", ".a"}) {
+    auto a = load(jwt + "}\nadmin: {listen: 127.0.0.1:8081, jwt_claim: \"" + bad + "\"}\n");
+    ASSERT_FALSE(a) << bad;
+    EXPECT_EQ(a.error().key, "admin.jwt_claim") << bad;
+    EXPECT_NE(a.error().message.find("empty step"), std::string::npos) << a.error().message;
+    for (const char* key : {"tenant_claim", "tier_claim", "subject_claim"}) {
+      auto c = load(jwt + ", " + key + ": \"" + bad + "\"}\n");
+      ASSERT_FALSE(c) << key << " " << bad;
+      EXPECT_EQ(c.error().key, std::string("auth.jwt.") + key);
+    }
+  }
+  auto ok =
+      load(jwt + ", tier_claim: \"\"}\nadmin: {listen: 127.0.0.1:8081, jwt_claim: \"https://example.com/admin\"}\n");
+  ASSERT_TRUE(ok) << ok.error().to_string();
+  EXPECT_EQ(ok->admin->jwt_claim, "https://example.com/admin");
 }
 
 TEST(Rfc3339, ParsesAndFormats) {
@@ -599,6 +632,23 @@ TEST(AdminServer, TokenIsCheckedAgainstItsHash) {
     auto r = server.check_token(bad);
     ASSERT_FALSE(r) << bad;
     EXPECT_EQ(r.error().status, 401);
+  }
+}
+
+// Stop 56: the scheme alone is no credential, as no header: never the empty string's hash compared with the
+// token's (a token_sha256 of "" is refused at load, and an AdminConfig made otherwise still admits nobody).
+TEST(AdminServer, TheBearerSchemeWithoutATokenIsNoCredential) {
+  boost::asio::io_context io;
+  Shared shared;
+  AdminConfig cfg;
+  cfg.has_token = true;
+  cfg.token_sha256 = auth::sha256("");
+  AdminServer server(io, cfg, shared, nullptr);
+  for (std::string_view none : {"", "Bearer", "Bearer ", "bearer   ", "BEARER\t"}) {
+    auto r = server.check_token(none);
+    ASSERT_FALSE(r) << none;
+    EXPECT_EQ(r.error().status, 401);
+    EXPECT_NE(r.error().message.find("didn't provide an admin token"), std::string::npos) << r.error().message;
   }
 }
 
