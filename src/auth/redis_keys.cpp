@@ -22,11 +22,18 @@ namespace asio = boost::asio;
 
 // Fields of a key record, in HMGET order.
 constexpr std::string_view kFields[] = {"id", "tenant", "models", "tier", "revoked", "expires_at", "limits", "budget"};
-// A field longer than this makes the record invalid (a model list of a few hundred names fits).
-constexpr std::size_t kMaxField = 16 * 1024;
+constexpr std::size_t kMaxField = kMaxKeyRecordField;
 constexpr auto kInvalidLogEvery = std::chrono::seconds(10);
 
-std::vector<std::string> split_models(std::string_view csv) {
+std::uint64_t load64(const unsigned char* p) noexcept {
+  std::uint64_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+}  // namespace
+
+std::vector<std::string> split_key_models(std::string_view csv) {
   std::vector<std::string> out;
   while (!csv.empty()) {
     const auto comma = csv.find(',');
@@ -38,14 +45,6 @@ std::vector<std::string> split_models(std::string_view csv) {
   }
   return out;
 }
-
-std::uint64_t load64(const unsigned char* p) noexcept {
-  std::uint64_t v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-
-}  // namespace
 
 // ---------------------------------------------------------------- RedisKeys
 
@@ -197,7 +196,7 @@ KeyLookup RedisKeys::interpret(const store::Result<store::Reply>& r) {
   auto rec = std::make_shared<RedisKeyRecord>();
   rec->id = std::string(v[0]);
   rec->tenant = std::string(v[1]);
-  if (auto models = split_models(v[2]); !models.empty()) rec->models = std::move(models);
+  if (auto models = split_key_models(v[2]); !models.empty()) rec->models = std::move(models);
   rec->tier = std::string(v[3]);
   // expires_at: Unix seconds as the admin API writes them; anything else
   // (an RFC 3339 date, a negative number, text) is refused, never read as "never".

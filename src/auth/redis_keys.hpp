@@ -48,6 +48,18 @@ struct RedisKeyRecord {
   Budget budget;
 };
 
+// A record field longer than this (bytes) makes the record invalid: every
+// lookup refuses it. The admin API refuses a key whose `models` would join
+// past it (gateway::parse_models).
+inline constexpr std::size_t kMaxKeyRecordField = 16 * 1024;
+
+// A record's `models` field as a list: split at commas, each item's blanks
+// (space, tab) trimmed at both ends, empty items dropped (scripts/weir-key
+// writes what it is given, "a, b" too). An empty result is no list: the
+// tenant's. The lookup and the admin API's listing both read it here, so
+// what GET /admin/v1/keys shows is what requests are checked against.
+std::vector<std::string> split_key_models(std::string_view csv);
+
 // The answer to one lookup.
 struct KeyLookup {
   enum class Status : std::uint8_t {

@@ -227,6 +227,9 @@ ConfigResult<std::int64_t> read_int(const YAML::Node& node, const std::string& k
   const std::string& s = node.Scalar();
   std::int64_t v = 0;
   auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec == std::errc::result_out_of_range && p == s.data() + s.size())  // digits past 64 bits: out of range too
+    return tl::unexpected(config_error(
+        node, key, fmt::format("{} is out of range [{}, {}]", std::string_view(s).substr(0, 64), min, max)));
   if (ec != std::errc() || p != s.data() + s.size())
     return tl::unexpected(config_error(node, key, fmt::format("expected an integer, got {}", quoted_text(s))));
   if (v < min || v > max)

@@ -48,7 +48,8 @@ inline AdminError read_only(std::string_view id) {
 // The body as a JSON object, or 400: empty, not an object, or not valid
 // JSON, said as the client listener says it (api::invalid_body_message:
 // ill-formed UTF-8 and a lone surrogate escape by name, where Boost.JSON
-// says "syntax error"), nested at most api::kMaxBodyDepth levels as there.
+// says "syntax error"), nested at most api::kMaxBodyDepth levels as there,
+// with no number that underflows to 0 (underflowing_number).
 inline AdminResult<json::object> parse_object(const std::string& body) {
   if (body.empty()) return tl::unexpected(admin_bad_request("The request body is empty; expected a JSON object."));
   boost::system::error_code ec;
@@ -56,6 +57,10 @@ inline AdminResult<json::object> parse_object(const std::string& body) {
   opt.max_depth = api::kMaxBodyDepth;
   json::value v = json::parse(body, ec, {}, opt);
   if (ec) return tl::unexpected(admin_bad_request(api::invalid_body_message(ec, body)));
+  if (const auto n = underflowing_number(body))
+    return tl::unexpected(admin_bad_request(fmt::format(
+        "The number {} is too small for a double: it would be read as 0. Write 0, or a number a double holds.",
+        n->substr(0, 64))));
   if (!v.is_object()) return tl::unexpected(admin_bad_request("The request body must be a JSON object."));
   return std::move(v.get_object());
 }

@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <cmath>
+#include <cstdlib>
 #include <string_view>
 #include <utility>
 
@@ -22,6 +23,38 @@ AdminError admin_bad_request(std::string message, std::string param) {
 
 AdminError admin_not_found(std::string message) {
   return AdminError{404, "invalid_request_error", "not_found", std::move(message), {}};
+}
+
+std::optional<std::string_view> underflowing_number(std::string_view json) {
+  for (std::size_t i = 0; i < json.size();) {
+    const char c = json[i];
+    if (c == '"') {  // a string: to its closing quote, past escapes
+      for (++i; i < json.size() && json[i] != '"'; ++i)
+        if (json[i] == '\\') ++i;
+      ++i;
+      continue;
+    }
+    if (c != '-' && !(c >= '0' && c <= '9')) {
+      ++i;
+      continue;
+    }
+    const std::size_t start = i;
+    bool nonzero = false, exponent = false;
+    for (; i < json.size(); ++i) {
+      const char d = json[i];
+      if (d == 'e' || d == 'E')
+        exponent = true;
+      else if (d >= '1' && d <= '9')
+        nonzero = nonzero || !exponent;
+      else if (!(d == '0' || d == '-' || d == '+' || d == '.'))
+        break;
+    }
+    if (!nonzero) continue;  // 0, -0.0, 0e5: a zero written as one (0.000…1 with 400 zeros underflows too)
+    const std::string_view number = json.substr(start, i - start);
+    const std::string text(number);  // strtod needs the terminator; the "C" locale's '.' (Weir sets none)
+    if (std::strtod(text.c_str(), nullptr) == 0.0) return number;
+  }
+  return std::nullopt;
 }
 
 namespace {

@@ -6,7 +6,9 @@
 // (gateway/redis_key_admin.hpp) answer with them.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include <boost/json/value.hpp>
 #include <tl/expected.hpp>
@@ -33,6 +35,13 @@ std::string admin_error_json(const AdminError& e);
 // "0.0"); a NaN or infinity, which JSON has not, is null. Every JSON body of
 // the admin API and the keys file are written with it.
 std::string admin_json_text(const boost::json::value& v);
+
+// The first number of the JSON text `json` (valid JSON, as parsed) with a
+// non-zero digit that a double holds as 0 (1e-400, 0.1e-330: an underflow,
+// which Boost.JSON reads as 0 without a word, so a limit of 1e-400 would be
+// no limit), as written; nullopt when there is none. Numbers in strings are
+// not numbers. Every admin API body is checked with it (admin_handlers.hpp).
+std::optional<std::string_view> underflowing_number(std::string_view json);
 
 template <class T>
 using AdminResult = tl::expected<T, AdminError>;

@@ -19,7 +19,9 @@
 #include "api/json_write.hpp"
 
 #include "auth/base64url.hpp"
+#include "auth/redis_keys.hpp"
 #include "core/calendar.hpp"
+#include "core/json_text.hpp"
 #include "core/time.hpp"
 #include "core/yaml.hpp"
 
@@ -41,7 +43,7 @@ std::string format_period(std::chrono::milliseconds p) {
 
 }  // namespace
 
-AdminResult<std::optional<std::vector<std::string>>> parse_models(const json::value& v) {
+AdminResult<std::optional<std::vector<std::string>>> parse_models(const json::value& v, KeySource source) {
   if (v.is_null()) return std::optional<std::vector<std::string>>{};
   if (!v.is_array()) return tl::unexpected(admin_bad_request("models must be a list of model names or null", "models"));
   std::vector<std::string> out;
@@ -54,10 +56,33 @@ AdminResult<std::optional<std::vector<std::string>>> parse_models(const json::va
         "models"));
   if (a.size() > kMaxModels)
     return tl::unexpected(admin_bad_request(fmt::format("models lists at most {} names", kMaxModels), "models"));
+  std::size_t joined = 0;  // the names joined with commas, as Redis keeps them
   for (std::size_t i = 0; i < a.size(); ++i) {
     if (!a[i].is_string() || a[i].get_string().empty())
       return tl::unexpected(admin_bad_request("each model must be a non-empty string", fmt::format("models[{}]", i)));
-    out.emplace_back(a[i].get_string());
+    const std::string_view m = a[i].get_string();
+    if (source == KeySource::request) {
+      // Each name must mean one model to both key stores. Redis keeps the list as one comma-separated field read
+      // back split at commas, blanks trimmed, empty items dropped: "zzz,m" would grant m there, and "," or " "
+      // would read as no list at all, i.e. the tenant's every model.
+      std::string why = core::name_text_error(m);
+      if (why.empty() && m.find(',') != std::string_view::npos)
+        why = fmt::format(
+            "{} holds a comma, which a key's list in Redis reads as two names: list each model "
+            "on its own",
+            core::quoted_text(m));
+      else if (why.empty() && (m.front() == ' ' || m.back() == ' '))
+        why = fmt::format("{} begins or ends with a space, which a key's list in Redis drops", core::quoted_text(m));
+      if (!why.empty()) return tl::unexpected(admin_bad_request(why, fmt::format("models[{}]", i)));
+      joined += m.size() + (i ? 1 : 0);
+      if (joined > auth::kMaxKeyRecordField)
+        return tl::unexpected(admin_bad_request(
+            fmt::format("models holds more than {} bytes of names (joined with commas): a key record's field holds "
+                        "no more; send null for the tenant's list, or name models by a common prefix (prefix*)",
+                        auth::kMaxKeyRecordField),
+            "models"));
+    }
+    out.emplace_back(m);
   }
   return std::optional<std::vector<std::string>>(std::move(out));
 }
@@ -117,16 +142,17 @@ std::optional<std::string> scalar_text(const json::value& v) {
 }
 
 // A JSON number with an integer value, as decimal text: an integer literal,
-// or a number without a fraction written otherwise (60.0, 6e1) up to 2^53,
-// the integers JSON Schema's "integer" (OpenAPI 3.1) admits. Strings,
-// booleans and numbers with a fraction are not integers: nullopt.
+// or a number without a fraction written otherwise (60.0, 6e1, 1e30), the
+// integers JSON Schema's "integer" (OpenAPI 3.1) admits; one past what the
+// field takes is the parser's range error (1e30 as its 31 digits), not a
+// type error. Strings, booleans, numbers with a fraction and infinities are
+// not integers: nullopt.
 std::optional<std::string> integer_text(const json::value& v) {
   if (v.is_int64()) return std::to_string(v.get_int64());
   if (v.is_uint64()) return std::to_string(v.get_uint64());
   if (v.is_double()) {
     const double d = v.get_double();
-    if (std::isfinite(d) && std::trunc(d) == d && std::fabs(d) <= 9007199254740992.0)
-      return std::to_string(static_cast<std::int64_t>(d));
+    if (std::isfinite(d) && std::trunc(d) == d) return fmt::format("{:.0f}", d);
   }
   return std::nullopt;
 }
@@ -144,7 +170,7 @@ std::string_view json_kind(const json::value& v) {
     case json::kind::object:
       return "an object";
     case json::kind::double_:
-      return "a number with a fraction";
+      return std::isfinite(v.get_double()) ? "a number with a fraction" : "a number out of a double's range";
     default:
       return "a number";
   }
@@ -179,8 +205,9 @@ AdminResult<YAML::Node> to_yaml_map(const json::value& v, const std::string& par
           expected = "an integer";
           break;
         case FieldType::number:
-          text = val.is_number() ? scalar_text(val) : std::nullopt;
-          expected = "a number";
+          text = val.is_number() && !(val.is_double() && !std::isfinite(val.get_double())) ? scalar_text(val)
+                                                                                           : std::nullopt;
+          expected = "a finite number";
           break;
         case FieldType::duration:
           text = val.is_string() ? std::optional<std::string>(std::string(val.get_string())) : integer_text(val);
@@ -352,7 +379,7 @@ AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o) {
     const auto* v = o.if_contains(f);
     return v ? *v : null_value;
   };
-  if (auto ok = read_key_settings(field, k); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_key_settings(field, k, KeySource::keys_file); !ok) return tl::unexpected(ok.error());
   if (const auto& c = field("created_at"); c.is_int64()) k.created_at = c.get_int64();
   return k;
 }

@@ -63,10 +63,24 @@ boost::json::object key_json(const KeyRecord& k);
 boost::json::object key_file_json(const KeyRecord& k);
 AdminResult<KeyRecord> key_from_file_json(const boost::json::object& o);
 
+// Who wrote a key's settings: a client of the admin API (POST, PATCH), or
+// the keys file (admin.keys_file), which builds before stop 56 wrote under
+// laxer rules for `models`.
+enum class KeySource : std::uint8_t { request, keys_file };
+
 // A key's `models`: null (the tenant's list: nullopt) or a non-empty list of
-// at most 1024 non-empty names. Error: 400 naming the field ("models",
-// "models[2]"). POST and PATCH /admin/v1/keys and the keys file read it.
-AdminResult<std::optional<std::vector<std::string>>> parse_models(const boost::json::value& v);
+// at most 1024 names. From a request, each name is one model name as Redis
+// keeps a key's list (auth.redis_keys: one comma-separated field, read back
+// split at commas with blanks trimmed, auth::split_key_models), so that a
+// name means the same to both stores: non-empty, valid UTF-8 without
+// control characters (core::name_text_error), no ',' and no space at
+// either end; and the names joined with commas fit a record's field
+// (auth::kMaxKeyRecordField, 16 KiB). From the keys file, only non-empty
+// strings (what older builds wrote loads as it is). Error: 400 naming the
+// field ("models", "models[2]"). POST and PATCH /admin/v1/keys and the keys
+// file read it.
+AdminResult<std::optional<std::vector<std::string>>> parse_models(const boost::json::value& v,
+                                                                  KeySource source = KeySource::request);
 // A key's `metadata`: null (an empty object) or a JSON object that nests at
 // most 16 levels, holds only finite numbers and serialises to at most 16 KiB
 // (the keys file wraps it in three more levels and reads it back). Error:
@@ -75,10 +89,10 @@ AdminResult<boost::json::object> parse_metadata(const boost::json::value& v);
 
 // The settings a key record carries (models, limits, budget, expiry,
 // metadata), read from `field(name)` (null when absent) into `k`: shared by
-// the keys file and POST /admin/v1/keys. Errors name the field.
+// the keys file and POST /admin/v1/keys (`source`). Errors name the field.
 template <class Field>
-AdminResult<void> read_key_settings(const Field& field, KeyRecord& k) {
-  auto models = parse_models(field("models"));
+AdminResult<void> read_key_settings(const Field& field, KeyRecord& k, KeySource source) {
+  auto models = parse_models(field("models"), source);
   if (!models) return tl::unexpected(models.error());
   k.models = std::move(*models);
   auto limits = parse_limits_json(field("limits"), "limits");

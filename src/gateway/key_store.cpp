@@ -450,7 +450,7 @@ AdminResult<KeyStore::Change> KeyStore::create(const boost::json::object& body, 
     return tl::unexpected(AdminError{404, "invalid_request_error", "tenant_not_found",
                                      fmt::format("No tenant named `{}` is configured.", k.tenant.substr(0, 128)),
                                      "tenant"});
-  if (auto ok = read_key_settings(field, k); !ok) return tl::unexpected(ok.error());
+  if (auto ok = read_key_settings(field, k, KeySource::request); !ok) return tl::unexpected(ok.error());
   auto name = parse_name(field("name"));
   if (!name) return tl::unexpected(name.error());
   k.name = std::move(*name);

@@ -101,16 +101,12 @@ std::optional<KeyRecord> from_fields(const std::string& redis_key, const store::
   k.sha256 = *d;
   k.id = v(0);
   k.tenant = v(1);
-  if (!v(2).empty()) {
-    std::vector<std::string> models;
-    std::string_view csv = v(2);
-    while (!csv.empty()) {
-      const auto comma = csv.find(',');
-      if (auto item = csv.substr(0, comma); !item.empty()) models.emplace_back(item);
-      csv = comma == std::string_view::npos ? std::string_view() : csv.substr(comma + 1);
-    }
-    k.models = std::move(models);
-  }
+  // The list as the lookup reads it (auth::split_key_models): "a, b" is a and b, "," no list (the tenant's).
+  // A field over the lookup's limit makes a record every lookup refuses: not listed, as one whose limits do
+  // not read (below).
+  for (const std::size_t i : {0, 1, 2, 3, 4, 5, 9, 10})  // the fields the lookup reads
+    if (v(i).size() > auth::kMaxKeyRecordField) return std::nullopt;
+  if (auto models = auth::split_key_models(v(2)); !models.empty()) k.models = std::move(models);
   // expires_at as the request path reads it (auth/redis_keys.cpp): Unix
   // seconds, empty for never; "0" is a time (1970: expired), never "never";
   // anything else makes the record one every lookup refuses.

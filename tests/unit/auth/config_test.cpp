@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "auth/redis_keys.hpp"
+
 namespace weir::auth {
 namespace {
 
@@ -221,6 +223,24 @@ TEST(CalendarConfig, BadValuesAreClearErrors) {
     EXPECT_EQ(e.error().line, 2) << off;
     EXPECT_NE(e.error().message.find("+HH:MM"), std::string::npos) << e.error().to_string();
   }
+}
+
+}  // namespace
+}  // namespace weir::auth
+
+namespace weir::auth {
+namespace {
+
+// Stop 56: the one reading of a record's models field, the lookup's and the admin listing's.
+TEST(RedisKeyModels, SplitAtCommasTrimmedEmptyItemsDropped) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(split_key_models("a,b"), (V{"a", "b"}));
+  EXPECT_EQ(split_key_models(" a ,\tb, ,"), (V{"a", "b"}));
+  EXPECT_EQ(split_key_models("zzz,m"), (V{"zzz", "m"}));
+  EXPECT_EQ(split_key_models(","), V{});  // no list: the tenant's
+  EXPECT_EQ(split_key_models(" "), V{});
+  EXPECT_EQ(split_key_models(""), V{});
+  EXPECT_EQ(split_key_models("meta-llama/*"), V{"meta-llama/*"});
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "auth/authenticator.hpp"
 #include "core/time.hpp"
 #include "gateway/admin.hpp"
+#include "gateway/admin_json.hpp"
 #include "gateway/admin_server.hpp"
 #include "gateway/generation.hpp"
 #include "gateway/key_store.hpp"
@@ -238,10 +239,41 @@ TEST(KeyStore, RefusesBadFieldsNamingThem) {
   EXPECT_EQ(param(R"({"tenant":"acme","metadata":{"a":[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]}})"), "metadata");
   EXPECT_EQ(param(R"({"tenant":"acme","expires_at":"soon"})"), "expires_at");
   EXPECT_EQ(param(R"({"tenant":"acme","secret":"x"})"), "secret");
+  // Stop 56: a model name must mean one model in Redis's comma-joined field too.
+  for (const char* m : {R"(",")", R"(" ")", R"("zzz,m")", R"(" m")", R"("m ")", R"("a\u0000b")", R"("a\tb")"})
+    EXPECT_EQ(param(std::string(R"({"tenant":"acme","models":["m",)") + m + "]}"), "models[1]") << m;
+  std::string many = R"({"tenant":"acme","models":["m")";
+  for (int i = 0; i < 700; ++i) many += fmt::format(R"(,"some-org/model-variant-{:04d}")", i);
+  EXPECT_EQ(param(many + "]}"), "models");
+  auto message = [&](std::string_view body) {
+    auto r = store.create(obj(body), 1);
+    EXPECT_FALSE(r) << body;
+    return r ? std::string() : r.error().param + ": " + r.error().message;
+  };
+  // A limit past its range says so, whatever JSON spelling it has; a fraction is a fraction.
+  EXPECT_EQ(message(R"({"tenant":"acme","limits":{"requests_per_minute":1e30}})"),
+            "limits.requests_per_minute: 1000000000000000019884624838656 is out of range [0, 1125899906842624]");
+  EXPECT_EQ(message(R"({"tenant":"acme","limits":{"requests_per_minute":18446744073709551615}})"),
+            "limits.requests_per_minute: 18446744073709551615 is out of range [0, 1125899906842624]");
+  EXPECT_EQ(message(R"({"tenant":"acme","limits":{"requests_per_minute":1.5}})"),
+            "limits.requests_per_minute: limits.requests_per_minute must be an integer, not a number with a fraction");
+  EXPECT_NE(message(R"({"tenant":"acme","budget":{"usd":1e30}})").find("out of range"), std::string::npos);
+  // (Still accepted: an integer written with an exponent or a fraction of 0.)
+  ASSERT_TRUE(
+      store.create(obj(R"({"tenant":"acme","limits":{"requests_per_minute":6e1,"tokens_per_minute":100.0}})"), 1));
+  ASSERT_TRUE(store.revoke(store.keys().back().id));
   auto t = store.create(obj(R"({"tenant":"nobody"})"), 1);
   ASSERT_FALSE(t);
   EXPECT_EQ(t.error().status, 404);
   EXPECT_TRUE(store.keys().empty());
+}
+
+TEST(AdminJson, UnderflowingNumbersAreFound) {
+  EXPECT_EQ(underflowing_number(R"({"a":1e-400})"), "1e-400");
+  EXPECT_EQ(underflowing_number(R"([0, -0.0, 0e-999, 1.5, -2.5e-400])"), "-2.5e-400");
+  EXPECT_EQ(underflowing_number("[0." + std::string(400, '0') + "1]"), "0." + std::string(400, '0') + "1");
+  EXPECT_EQ(underflowing_number(R"({"1e-400":"1e-400","s":"\"1e-400","n":1e-300,"m":5e-324})"), std::nullopt);
+  EXPECT_EQ(underflowing_number(R"({"limits":{"requests_per_minute":60}})"), std::nullopt);
 }
 
 TEST(KeyStore, AnExpiryWithAFractionIsNeverEarly) {
