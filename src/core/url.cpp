@@ -10,12 +10,21 @@ namespace {
 
 constexpr std::string_view kRedacted = "REDACTED";
 
-constexpr std::array<std::string_view, 15> kSecretNames = {
-    "key",      "apikey", "api_key", "api-key",       "token",      "access_token", "sig",   "signature",
-    "password", "passwd", "secret",  "authorization", "credential", "credentials",  "cookie"};
-constexpr std::array<std::string_view, 12> kSecretSuffixes = {"key",           "apikey",     "token",       "sig",
-                                                              "signature",     "password",   "passwd",      "secret",
-                                                              "authorization", "credential", "credentials", "cookie"};
+// Names (lower-cased, percent-decoded) that are credentials wherever they appear: a URL's query and a JSON
+// member's name (requestlog/redact.cpp).
+constexpr std::array<std::string_view, 28> kSecretNames = {
+    "key",       "apikey",    "api_key",      "api-key",       "token",      "access_token", "sig",
+    "signature", "password",  "passwd",       "pwd",           "passphrase", "secret",       "auth",
+    "jwt",       "authkey",   "accesskey",    "secretkey",     "privatekey", "apitoken",     "accesstoken",
+    "authtoken", "sessionid", "sessiontoken", "authorization", "credential", "credentials",  "cookie"};
+constexpr std::array<std::string_view, 15> kSecretSuffixes = {
+    "key",        "apikey", "token", "sig",           "signature",  "password",    "passwd", "pwd",
+    "passphrase", "secret", "jwt",   "authorization", "credential", "credentials", "cookie"};
+// Names that are credentials in a URL's query only (real providers' query credentials), and too common as a
+// JSON member for anything else (an error's "code", a tool's "session"): Azure Functions' function key `code`,
+// `pass`, `session`. (Firebase's `auth` is in kSecretNames.) An Azure SAS token's secret is its `sig`; its
+// `sv`, `se`, `sp` are its version, expiry and permissions, kept.
+constexpr std::array<std::string_view, 3> kQuerySecretNames = {"code", "pass", "session"};
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
@@ -48,6 +57,15 @@ bool is_scheme(std::string_view s) {
 }
 
 }  // namespace
+
+bool is_secret_query_param(std::string_view name) {
+  if (is_secret_param(name)) return true;
+  std::string n = decode(name);
+  for (char& c : n) c = lower(c);
+  for (auto s : kQuerySecretNames)
+    if (n == s) return true;
+  return false;
+}
 
 bool is_secret_param(std::string_view name) {
   const std::string decoded = decode(name);  // "API%5FKEY" is "API_KEY"
@@ -94,7 +112,7 @@ std::string redact_url(std::string_view url) {
       if (end == std::string_view::npos) end = query.size();
       const std::string_view param = query.substr(i, end - i);
       const auto eq = param.find('=');
-      if (eq != std::string_view::npos && eq + 1 < param.size() && is_secret_param(param.substr(0, eq))) {
+      if (eq != std::string_view::npos && eq + 1 < param.size() && is_secret_query_param(param.substr(0, eq))) {
         out.append(param.substr(0, eq + 1));
         out.append(kRedacted);
       } else {

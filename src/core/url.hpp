@@ -12,7 +12,7 @@ namespace weir::core {
 // string works, an unparsable one too):
 //  - userinfo ("user:pass@") is dropped, the '@' with it;
 //  - the value of every query parameter whose name is credential-like
-//    (is_secret_param) becomes REDACTED, other parameters are kept;
+//    (is_secret_query_param) becomes REDACTED, other parameters are kept;
 //  - a non-empty fragment becomes REDACTED (it is never sent, and OAuth
 //    implicit flows put tokens there).
 // Without "://" the text before the first '/', '?' or '#' is taken as the
@@ -21,16 +21,25 @@ namespace weir::core {
 // Examples: "http://u:p@h:80/?api_key=s&x=1" -> "http://h:80/?api_key=REDACTED&x=1".
 std::string redact_url(std::string_view url);
 
-// True when the query parameter `name` (as written: percent-encoded, any
-// case) names a credential: after percent-decoding and lower-casing it is
-// one of key, apikey, api_key, api-key, token, access_token, sig, signature,
-// password, passwd, secret, authorization, credential(s), cookie, or ends in
-// one of key, apikey, token, sig, signature, password, passwd, secret,
+// True when `name` (a query parameter's or a JSON member's, as written:
+// percent-encoded, any case) names a credential: after percent-decoding and
+// lower-casing it is one of key, apikey, api_key, api-key, token,
+// access_token, sig, signature, password, passwd, pwd, passphrase, secret,
+// auth (Firebase's query credential), jwt, authkey, accesskey, secretkey,
+// privatekey, apitoken, accesstoken, authtoken, sessionid, sessiontoken,
+// authorization, credential(s), cookie, or ends in one of key, apikey,
+// token, sig, signature, password, passwd, pwd, passphrase, secret, jwt,
 // authorization, credential(s), cookie right after a '-', '_' or '.'
 // (x-api-key, client_secret, refresh_token, X-Amz-Signature,
-// X-Amz-Security-Token, db.password, Proxy-Authorization, aws_credentials,
-// set-cookie) or as a camelCase word (accessToken, clientSecret, privateKey,
-// googleCredentials; not monkey or passkey).
+// X-Amz-Security-Token, db.password, db_pwd, Proxy-Authorization,
+// aws_credentials, set-cookie) or as a camelCase word (accessToken,
+// clientSecret, privateKey, googleCredentials; not monkey or passkey).
 bool is_secret_param(std::string_view name);
+
+// A URL query parameter's name that names a credential: is_secret_param's,
+// and the names real providers take credentials under in a query but that
+// are too common as JSON members to redact there: code (Azure Functions'
+// function key), pass, session. redact_url uses it.
+bool is_secret_query_param(std::string_view name);
 
 }  // namespace weir::core

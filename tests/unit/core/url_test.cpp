@@ -5,6 +5,7 @@
 #include "core/config.hpp"
 
 using weir::core::is_secret_param;
+using weir::core::is_secret_query_param;
 using weir::core::redact_url;
 
 TEST(RedactUrl, UrlsWithoutSecretsAreUnchanged) {
@@ -88,6 +89,26 @@ TEST(RedactUrl, SecretParamNames) {
   for (const char* n : {"", "model", "monkey", "keys", "tokenizer", "signed", "n", "secretary", "k", "passkey",
                         "TOKEN_ID", "maxTokens", "USERKEY"})
     EXPECT_FALSE(is_secret_param(n)) << n;
+}
+
+// Stop 56: query credentials real providers take that the list missed: Azure Functions' `code`, Firebase's
+// `auth`, `pwd`, and their kin. `code`, `pass` and `session` are credentials in a query only: as JSON members
+// (captured bodies) they are an error's code, a tool's argument.
+TEST(RedactUrl, ProvidersQueryCredentials) {
+  EXPECT_EQ(redact_url("http://h:9/api?code=AZ&auth=FB&pwd=PW&api_key=K&region=eu"),
+            "http://h:9/api?code=REDACTED&auth=REDACTED&pwd=REDACTED&api_key=REDACTED&region=eu");
+  for (const char* n : {"code",      "Code",      "pass",         "session",        "auth",     "pwd",
+                        "db_pwd",    "dbPwd",     "passphrase",   "ssh_passphrase", "jwt",      "id_jwt",
+                        "authkey",   "accesskey", "secretkey",    "privatekey",     "apitoken", "accesstoken",
+                        "authtoken", "sessionid", "SessionToken", "x-functions-key"})
+    EXPECT_TRUE(is_secret_query_param(n)) << n;
+  for (const char* n : {"code", "pass", "session", "country_code", "status_code", "passes", "sessions"})
+    EXPECT_FALSE(is_secret_param(n)) << n;
+  for (const char* n : {"country_code", "passes", "sessions", "authority", "oauth", "sv", "se", "sp", "region"})
+    EXPECT_FALSE(is_secret_query_param(n)) << n;
+  // An Azure SAS token: its signature goes, its version, expiry and permissions stay.
+  EXPECT_EQ(redact_url("https://a.blob.core.windows.net/c?sv=2022-11-02&se=2027-01-01&sp=r&sig=S%3D"),
+            "https://a.blob.core.windows.net/c?sv=2022-11-02&se=2027-01-01&sp=r&sig=REDACTED");
 }
 
 TEST(RedactUrl, EndpointsKeepTheirDisplayForm) {

@@ -83,6 +83,9 @@ TEST(RedactTest, CredentialLikeJsonMembers) {
   EXPECT_EQ(patterns(R"({"max_tokens": 5, "prompt_tokens": "7", "access_token": "t"})"),
             R"({"max_tokens": 5, "prompt_tokens": "7", "access_token": "[REDACTED]"})");
   EXPECT_EQ(patterns(R"({"secret": "cut here)", true), R"({"secret": "[REDACTED])");
+  // Query-only credential names (core::is_secret_query_param) are no JSON member's: an error's code stays.
+  EXPECT_EQ(patterns(R"({"error": {"code": "invalid_api_key"}, "auth": "a", "pwd": "p"})"),
+            R"({"error": {"code": "invalid_api_key"}, "auth": "[REDACTED]", "pwd": "[REDACTED]"})");
   EXPECT_EQ(patterns(R"({"content": "has \"quotes\" and sk-live-0123456789abcdefgh"})"),
             R"({"content": "has \"quotes\" and [REDACTED]"})");
 }
