@@ -5,7 +5,7 @@
 // so the admin listener serves one page and nothing secret is in a URL.
 
 import {endSession, sessionAlive, setSessionEndHandler, touch, login, ApiError} from "./api.js";
-import {h, mount} from "./dom.js";
+import {closeOverlays, h, mount} from "./dom.js";
 import * as stats from "./stats.js";
 import * as overview from "./pages/overview.js";
 import * as tenants from "./pages/tenants.js";
@@ -59,6 +59,7 @@ function render() {
 
 function renderLogin() {
   stats.stop();
+  closeOverlays();
   const input = h("input", {type: "password", id: "token", name: "token", autocomplete: "off", spellcheck: "false",
     required: true, placeholder: "admin token"});
   const err = h("p", {class: "error", role: "alert", id: "login-error"});

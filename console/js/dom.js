@@ -51,6 +51,16 @@ export function mount(el, ...children) {
 
 // --- formatting (all return plain strings) ---
 
+// Modal dialogs (a new key's secret, a confirmation) are attached to <body>, outside #app, so a page's
+// re-render does not take them away. When the session ends (sign-out, the idle timeout, a refused token)
+// every one goes, its fields emptied first: no secret or action stays on screen over the sign-in form.
+export function closeOverlays() {
+  for (const o of document.querySelectorAll("body > .overlay")) {
+    for (const i of o.querySelectorAll("input, textarea")) i.value = "";
+    o.remove();
+  }
+}
+
 export function usd(v) {
   if (v === null || v === undefined || Number.isNaN(v)) return "–";
   const a = Math.abs(v);
