@@ -60,7 +60,6 @@ void RequestContext::reset() {
   backoff = nullptr;
   deadline = {};
   deadline_ms = 0;
-  waiter = {};
   queue_pool = -1;
   verdict_pending = trial = judged_good = model_missing = over_limit = end_pending = false;
   cutoff = Cutoff::none;

@@ -105,8 +105,9 @@ struct RequestContext {
   // --- authenticate ---
   auth::PrincipalPtr principal;  // who is asking; null without auth
   // Who a credential refused on policy names (401 expired key, 403 unknown
-  // tenant): logged in place of the principal's identity.
-  std::optional<auth::RefusedIdentity> refused;
+  // tenant): logged in place of the principal's identity. On the heap, made
+  // on that path only: an open stream does not carry its ~100 bytes.
+  std::unique_ptr<auth::RefusedIdentity> refused;
   // For the logs: the principal's tenant, key id and JWT subject, else the
   // refused credential's; empty when unknown.
   std::string_view log_tenant() const noexcept {
@@ -198,7 +199,6 @@ struct RequestContext {
   // its first token (the endpoint's health, routing/health.hpp).
   core::TimePoint deadline{};
   std::uint32_t deadline_ms = 0;  // the header's value, for the error message
-  routing::QueueWaiter waiter;    // its place in a pool's queue while it waits
   int queue_pool = -1;            // the pool whose queue admitted it (PoolQueue::done() when it leaves), -1 = none
   bool verdict_pending = false;   // the answer's verdict waits for the stream's first token
   bool end_pending = false;       // the upstream body's end is still to come after the client's [DONE] (proxy.cpp)
@@ -217,7 +217,7 @@ struct RequestContext {
   enum class Cutoff : std::uint8_t { none, first_token, response, deadline } cutoff = Cutoff::none;
   core::TimePoint first_token_by{};
   core::TimePoint response_by{};
-  std::optional<core::Watchdog> cutoff_watch;  // made once per connection, when first needed
+  std::unique_ptr<core::Watchdog> cutoff_watch;  // made once per connection, when first needed (off the stream's state)
   // Every upstream attempt of the request, for the access log's `attempts`.
   struct AttemptRecord {
     std::int16_t pool = -1;

@@ -301,7 +301,6 @@ class GatewayPhases final : public Phases {
     bool error_relayed = false;    // the upstream's in-band error event went into this read's events
     bool refused = false;          // that error refuses the client's request (api::openai::refuses_request)
     bool event_too_large = false;  // an upstream event passed server.max_event
-    http::Utf8Repair utf8;         // an event whose ill-formed UTF-8 was replaced (empty until one comes)
     bool utf8_held = false;        // the reader holds bytes of a read that had a non-ASCII byte
   };
   // The error a stream that broke ends with (before its head went out, or after: `mid_stream`).

@@ -233,6 +233,16 @@ class StreamHooks {
                                                             : api::openai::classify_chunk(ev.data);
   }
 
+  // The first-token test of a stream that is not held: `content` or not, as classify() tells it, without a
+  // parse of an OpenAI chunk (api::openai::looks_like_content: ~500 instructions, where a parse costs ~3,000
+  // and the first token waits for one or two). An in-band error is error_event()'s; an invalid chunk is
+  // relayed as it came either way.
+  api::openai::ChunkKind first_token_kind(const http::SseEvent& ev) const {
+    if (!ev.has_data || ev.is_done()) return api::openai::ChunkKind::empty;
+    if (upstream_dialect() == UpstreamDialect::anthropic) return api::anthropic::classify_event(ev.data);
+    return api::openai::looks_like_content(ev.data) ? api::openai::ChunkKind::content : api::openai::ChunkKind::empty;
+  }
+
   // Whether the upstream event is an error in place of tokens or after
   // them: vLLM's and OpenAI's `data: {"error": …}` (older vLLM:
   // `{"object": "error", …}`), Anthropic's `{"type": "error", …}`. A test
@@ -271,12 +281,13 @@ class StreamHooks {
       done_relayed_ = true;
     } else if (!usage_.on_data(ev.data)) {
       return false;
-    } else if (const auto edited = usage_.without_usage(ev.data)) {
+    } else if (const auto edited = usage_.without_usage(ev.data, edited_data())) {
       // Usage Weir asked for, on a chunk with choices: the chunk without it (ev's views now point here).
-      edited_raw_.clear();
-      http::append_sse_data(edited_raw_, *edited);
+      std::string& raw = edited_raw();
+      raw.clear();
+      http::append_sse_data(raw, *edited);
       ev.data = *edited;
-      ev.raw = edited_raw_;
+      ev.raw = raw;
     }
     ++data_events_;
     return true;
@@ -290,7 +301,16 @@ class StreamHooks {
   const api::openai::UsageHook& usage() const { return usage_; }
 
  private:
-  std::string edited_raw_;  // on_event()'s rewritten event
+  // on_event()'s rewritten chunk and event: the thread's (a worker's), not the stream's, so an open stream carries
+  // neither; their views are used up before the relay of one upstream read returns (a worker relays one at a time).
+  static std::string& edited_data() {
+    thread_local std::string s;
+    return s;
+  }
+  static std::string& edited_raw() {
+    thread_local std::string s;
+    return s;
+  }
   // The client's dialect × the upstream's.
   enum class Mode : std::uint8_t {
     plain,                     // OpenAI → OpenAI: on_event()

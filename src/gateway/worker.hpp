@@ -25,6 +25,7 @@
 #include "http/downstream.hpp"
 #include "http/io.hpp"
 #include "http/shortage.hpp"
+#include "http/sse.hpp"
 #include "requestlog/store.hpp"
 #include "routing/pool.hpp"
 #include "routing/route_table.hpp"
@@ -174,6 +175,9 @@ class Worker {
   http::ParserSpares& parser_spares() { return parser_spares_; }
   // The events of one upstream read on their way to the client (same rule).
   std::string& stream_events() { return stream_events_; }
+  // An event whose ill-formed UTF-8 was replaced (http::replace_invalid_utf8), until the next such event of any
+  // stream: its views are used up before the relay of one read returns (same rule; empty until one comes).
+  http::Utf8Repair& utf8_repair() { return utf8_repair_; }
 
  private:
   http::Task<void> accept_loop();
@@ -261,6 +265,7 @@ class Worker {
   std::array<char, 16384> stream_read_{};
   std::array<char, 16384> stream_body_{};
   std::string stream_events_;
+  http::Utf8Repair utf8_repair_;
   std::vector<std::string> spare_;  // give_buffer()'s, capacity > 0
   std::size_t spare_bytes_ = 0;
   // The stderr reports of accept(2) failing on the client port (out of

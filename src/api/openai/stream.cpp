@@ -275,6 +275,65 @@ bool chunk_has_tokens(std::string_view data) {
   return !ec && used == data.size() && p.handler().verdict() == ChunkKind::content && p.handler().tokens();
 }
 
+bool looks_like_content(std::string_view data) {
+  if (std::memchr(data.data(), '\\', data.size()) != nullptr) return classify_chunk(data) == ChunkKind::content;
+  // Without a backslash every '"' delimits a string, so a string followed by ':' is a member name, and a ':'
+  // inside a string value is never one preceded by a name's closing quote.
+  const char* const begin = data.data();
+  const char* const end = begin + data.size();
+  auto ws = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  for (const char* p = begin; p < end;) {
+    const auto* colon = static_cast<const char*>(std::memchr(p, ':', static_cast<std::size_t>(end - p)));
+    if (colon == nullptr) return false;
+    p = colon + 1;
+    const char* q = colon;
+    while (q > begin && ws(q[-1])) --q;
+    if (q == begin || q[-1] != '"') continue;
+    const char* close = q - 1;
+    const char* open = close;
+    while (open > begin && open[-1] != '"') --open;
+    if (open == begin) continue;
+    const std::string_view name(open, static_cast<std::size_t>(close - open));
+    enum { kText, kCalls, kFinish, kOther } kind = kOther;
+    switch (name.size()) {
+      case 4:
+        if (name == "text") kind = kText;
+        break;
+      case 7:
+        if (name == "content" || name == "refusal") kind = kText;
+        break;
+      case 9:
+        if (name == "reasoning") kind = kText;
+        break;
+      case 10:
+        if (name == "tool_calls") kind = kCalls;
+        break;
+      case 13:
+        if (name == "finish_reason") kind = kFinish;
+        break;
+      case 17:
+        if (name == "reasoning_content") kind = kText;
+        break;
+      default:
+        break;
+    }
+    if (kind == kOther) continue;
+    const char* v = p;
+    while (v < end && ws(*v)) ++v;
+    if (v == end) return false;
+    if (*v == 'n') continue;  // null
+    if (kind == kFinish) return true;
+    if (kind == kText && *v == '"' && v + 1 < end && v[1] == '"') continue;  // ""
+    if (kind == kCalls && *v == '[') {
+      const char* w = v + 1;
+      while (w < end && ws(*w)) ++w;
+      if (w < end && *w == ']') continue;  // []
+    }
+    return true;
+  }
+  return false;
+}
+
 bool may_be_finish_only(std::string_view data) {
   // vLLM's and OpenAI's content chunks say "finish_reason":null; a finish says a string there.
   for (std::size_t at = data.find("\"finish_reason\""); at != std::string_view::npos;
@@ -444,7 +503,7 @@ bool UsageHook::every_prompt() const {
   return true;
 }
 
-std::optional<std::string_view> UsageHook::without_usage(std::string_view data) {
+std::optional<std::string_view> UsageHook::without_usage(std::string_view data, std::string& out) const {
   if (!strip_ || !saw_usage_) return std::nullopt;  // (on_data's scan of this chunk)
   // Where on_data found the member, when `data` is the chunk it read; else a scan.
   const auto m = data.data() == usage_of_.data() && data.size() == usage_of_.size() ? std::optional(usage_span_)
@@ -465,15 +524,15 @@ std::optional<std::string_view> UsageHook::without_usage(std::string_view data) 
       ++fwd;
     if (fwd < data.size() && data[fwd] == ',') to = fwd + 1;
   }
-  edited_.assign(data.substr(0, from));
-  edited_.append(data.substr(to));
+  out.assign(data.substr(0, from));
+  out.append(data.substr(to));
   // A usage key given twice (the last one read above): every copy goes, or a client whose
   // parser keeps the first would still see one. (One more scan, only on a chunk stripped here.)
-  if (find_member(edited_, "usage")) {
+  if (find_member(out, "usage")) {
     std::string all;
-    if (remove_member(data, "usage", all)) edited_ = std::move(all);
+    if (remove_member(data, "usage", all)) out = std::move(all);
   }
-  return std::string_view(edited_);
+  return std::string_view(out);
 }
 
 bool completion_as_chunk(std::string_view completion, std::string& out) {

@@ -59,9 +59,23 @@ bool is_usage_only_chunk(std::string_view data);
 // `"object": "error"`) and for data that is no JSON object (an invalid
 // stream); `empty` otherwise (vLLM's role-only first chunk, a usage-only
 // chunk). Parses the chunk: used on held streams before their first
-// content event, and on an event begins_like_error() picked out.
+// content event (a held stream's refusal or invalid first event falls back),
+// and on an event begins_like_error() picked out.
 enum class ChunkKind : std::uint8_t { empty, content, error };
 ChunkKind classify_chunk(std::string_view data);
+// Whether a chunk carries content, without a parse: the first-token test of a
+// stream that is not held, where only `content` or not matters (an in-band
+// error is begins_like_error()'s, and an invalid chunk is relayed as it came).
+// True when a member named content, refusal, reasoning_content, reasoning or
+// text has a value other than "" or null, tool_calls one other than [] or
+// null, or finish_reason one other than null. It answers as classify_chunk()
+// does (`content` or not) for every chunk whose content members sit where
+// OpenAI's and vLLM's do (a choice, its delta); a member of those names
+// elsewhere is taken for content (never a token missed). Data with a backslash
+// (an escaped name could hide one) is classified by classify_chunk(). Cost:
+// one memchr per member and a compare of its name, ~500 instructions for a
+// 230-byte chunk where classify_chunk() costs ~3,000.
+bool looks_like_content(std::string_view data);
 // A chunk that carries completion tokens: `content` (classify_chunk) for
 // more than a finish_reason, i.e. a choice with text, a content, refusal or
 // reasoning delta, or tool calls. A finish chunk with an empty delta
@@ -126,9 +140,10 @@ class UsageHook {
   // client's behalf and an upstream put it on a chunk that also carries
   // choices (not vLLM's way: some OpenAI-compatible servers put it on the
   // finish chunk), the chunk without its `usage` member (the client sees
-  // what it asked for); nullopt when the chunk goes as it came. The view
-  // lives until the next call.
-  std::optional<std::string_view> without_usage(std::string_view data);
+  // what it asked for), written in `out` (the caller's scratch: an open
+  // stream carries none of its own); nullopt when the chunk goes as it
+  // came. The view is into `out`.
+  std::optional<std::string_view> without_usage(std::string_view data, std::string& out) const;
   // A chunk carried a usage the upstream sent but that cannot be billed as
   // sent (extract_usage's invalid: a count negative, fractional, not a number
   // or over api::kMaxUsageTokens): that chunk's usage was not read.
@@ -185,7 +200,6 @@ class UsageHook {
   std::uint32_t choices_per_prompt_ = 1;
   std::uint32_t prompts_ = 1;          // the request's prompts (every_prompt())
   std::vector<ChoiceCounts> choices_;  // per-choice usage, by choice index
-  std::string edited_;                 // without_usage()'s chunk
   bool saw_usage_ = false;             // the chunk on_data() read last has a "usage" key
   MemberSpan usage_span_;              // where, when saw_usage_ ...
   std::string_view usage_of_;          // ... in this chunk

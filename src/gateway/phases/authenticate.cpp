@@ -54,7 +54,8 @@ std::optional<Outcome> GatewayPhases::credentials_now(RequestContext& ctx) {
 
 Outcome GatewayPhases::accept_credentials(RequestContext& ctx, tl::expected<auth::PrincipalPtr, core::Error> p) {
   if (!p) {
-    if (const auto& who = w_.authenticator()->refused_identity()) ctx.refused = *who;
+    if (const auto& who = w_.authenticator()->refused_identity())
+      ctx.refused = std::make_unique<auth::RefusedIdentity>(*who);
     return Outcome::failed(std::move(p.error()));
   }
   ctx.principal = std::move(*p);  // (the body is captured once decoded: parse())

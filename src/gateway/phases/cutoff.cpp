@@ -30,7 +30,8 @@ bool GatewayPhases::arm_cutoff(RequestContext& ctx, bool first_token, core::Time
   ctx.response_by = response_by;
   const auto at = earlier(earlier(ctx.first_token_by, ctx.response_by), ctx.deadline);
   if (at == core::TimePoint{}) return false;
-  if (!ctx.cutoff_watch) ctx.cutoff_watch.emplace(w_.io().get_executor(), [this, &ctx] { on_cutoff(ctx); });
+  if (!ctx.cutoff_watch)
+    ctx.cutoff_watch = std::make_unique<core::Watchdog>(w_.io().get_executor(), [this, &ctx] { on_cutoff(ctx); });
   ctx.cutoff_watch->reset_expired();
   ctx.cutoff_watch->expires_at(at);
   return true;

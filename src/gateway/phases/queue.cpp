@@ -52,8 +52,8 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
     ctx.fail_over = true;
     co_return Outcome::failed(overloaded(subject(ctx), reason, qc.shed_status, qc.retry_after));
   }
-  routing::QueueWaiter& waiter = ctx.waiter;
-  waiter = {};
+  // Its place in the queue, in this wait's frame (not the request's context: an open stream does not carry it).
+  routing::QueueWaiter waiter;
   waiter.priority = priority;
   waiter.batch_key = batch_key;
   waiter.coalesce = coalesce;
@@ -66,13 +66,14 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
   // However the wait ends, the waiter is no longer linked after it.
   struct Unlink {
     routing::PoolQueue& q;
+    routing::QueueWaiter& waiter;
     RequestContext& ctx;
     ~Unlink() {
-      q.leave(ctx.waiter);
-      ctx.waiter.timer = nullptr;
+      q.leave(waiter);
+      waiter.timer = nullptr;
       ctx.backoff = nullptr;
     }
-  } unlink{q, ctx};
+  } unlink{q, waiter, ctx};
   ++m.queued(ctx.gen->pool_slot(ctx.target.pool));
   auto until = now + qc.timeout;
   if (ctx.deadline != core::TimePoint{} && ctx.deadline < until) until = ctx.deadline;

@@ -170,16 +170,20 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
       // After [DONE] (a translated stream: its end) nothing more of the upstream's is the client's.
       if (ctx.hooks.done_relayed()) continue;
       // (A coalesced generation's members each repair their copy of one upstream event: its first member counts it.)
-      if (check_utf8 && http::replace_invalid_utf8(*ev, s.utf8) != 0 && (!ctx.coalesced || ctx.batch_slot == 0))
+      if (check_utf8 && http::replace_invalid_utf8(*ev, w_.utf8_repair()) != 0 &&
+          (!ctx.coalesced || ctx.batch_slot == 0))
         w_.metrics().count_invalid_utf8(ctx.model_slot);
       // The first token is the first event with content (text, a tool
       // call, reasoning, a finish): not a role-only chunk or a preamble
       // (Azure's prompt_filter_results). TTFT, the first-token timeout and
       // the endpoint's verdict (judge_answer) start from it. Events are
-      // classified only until it came (a held stream's too).
+      // classified only until it came (a held stream's too): a held stream's
+      // by a parse (its refusal or invalid first event falls back), another's
+      // by a look at its members' names and values (first_token_kind).
       const bool first_pending = ctx.t_first_token == core::TimePoint{};
       auto kind = api::openai::ChunkKind::empty;
-      if ((s.holding || first_pending) && ev->has_data && !ev->is_done()) kind = ctx.hooks.classify(*ev);
+      if ((s.holding || first_pending) && ev->has_data && !ev->is_done())
+        kind = s.holding ? ctx.hooks.classify(*ev) : ctx.hooks.first_token_kind(*ev);
       const bool first_token = first_pending && kind == api::openai::ChunkKind::content;
       if (s.holding && ev->has_data && !ev->is_done()) {
         if (kind == api::openai::ChunkKind::error) {

@@ -194,6 +194,109 @@ TEST(ClassifyChunk, AgreesWithDomOnMutatedChunks) {
   }
 }
 
+// looks_like_content, the first-token test of a stream that is not held: never a content chunk missed (on the
+// built corpus, with its duplicates and wrong types, and on mutations), and exactly classify_chunk's verdict on
+// chunks as servers write them.
+TEST(LooksLikeContent, NeverMissesWhatClassifyCallsContent) {
+  ChunkMaker make(20261207);
+  int content = 0;
+  for (int i = 0; i < 20000; ++i) {
+    const std::string chunk = make.root();
+    if (classify_chunk(chunk) != ChunkKind::content) continue;
+    ++content;
+    ASSERT_TRUE(looks_like_content(chunk)) << chunk;
+  }
+  EXPECT_GT(content, 1000);
+  std::mt19937 rng(9);
+  const std::string alphabet = "{}[]\",: ntrufalse0123456789ex";
+  for (int i = 0; i < 20000; ++i) {
+    std::string s = i % 2 ? std::string(kRole) : std::string(kToken);
+    s.insert(rng() % (s.size() + 1), 1, alphabet[rng() % alphabet.size()]);
+    if (classify_chunk(s) == ChunkKind::content) {
+      ASSERT_TRUE(looks_like_content(s)) << s;
+    }
+  }
+}
+
+// A chunk as vLLM, OpenAI or a Python server (`", "` and `": "` separators) writes it.
+std::string served_chunk(std::mt19937& rng) {
+  auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<unsigned>(n)); };
+  static const char* kTexts[] = {"",      "Hel",           " a: b",    "x\\\"y:\\n", "\\u4e2d", "content",
+                                 "text:", "\\\"text\\\":", "\xc3\xa9", "reasoning",  ": \\\""};
+  const bool py = pick(2) == 0;
+  const std::string colon = py ? ": " : ":";
+  const std::string comma = py ? ", " : ",";
+  auto str = [&](const char* t) { return std::string("\"") + t + "\""; };
+  auto text = [&] { return str(kTexts[pick(11)]); };
+  std::string delta;
+  switch (pick(7)) {
+    case 0:
+      delta = "\"role\"" + colon + "\"assistant\"" + comma + "\"content\"" + colon + (pick(2) ? "\"\"" : "null");
+      break;
+    case 1:
+      delta = "\"content\"" + colon + text();
+      break;
+    case 2:
+      delta = "\"role\"" + colon + "\"assistant\"" + comma + "\"content\"" + colon + "\"\"" + comma + "\"refusal\"" +
+              colon + (pick(2) ? "null" : text());
+      break;
+    case 3:
+      delta = "\"reasoning_content\"" + colon + text() + comma + "\"reasoning\"" + colon + text();
+      break;
+    case 4:
+      delta = "\"tool_calls\"" + colon +
+              (pick(2) ? std::string("[]")
+                       : "[{\"index\"" + colon + "0" + comma + "\"id\"" + colon + text() + comma + "\"function\"" +
+                             colon + "{\"name\"" + colon + text() + comma + "\"arguments\"" + colon + text() + "}}]");
+      break;
+    case 5:
+      delta = "";
+      break;
+    default:
+      delta = "\"content\"" + colon + "null" + comma + "\"tool_calls\"" + colon + "null";
+  }
+  const std::string finish = pick(3) == 0 ? str(pick(2) ? "stop" : "length") : "null";
+  std::string choice;
+  if (pick(5) == 0) {  // a completions chunk
+    choice = "{\"index\"" + colon + "0" + comma + "\"text\"" + colon + text() + comma + "\"logprobs\"" + colon +
+             "null" + comma + "\"finish_reason\"" + colon + finish + "}";
+  } else {
+    choice = "{\"index\"" + colon + "0" + comma + "\"delta\"" + colon + "{" + delta + "}" + comma + "\"logprobs\"" +
+             colon + "null" + comma + "\"finish_reason\"" + colon + finish + "}";
+  }
+  std::string choices = pick(6) == 0 ? "[]" : "[" + choice + (pick(4) == 0 ? comma + choice : "") + "]";
+  std::string out = "{\"id\"" + colon + str("chatcmpl-1") + comma + "\"object\"" + colon +
+                    str("chat.completion.chunk") + comma + "\"created\"" + colon + "1" + comma + "\"model\"" + colon +
+                    text() + comma + "\"choices\"" + colon + choices;
+  if (pick(4) == 0) out += comma + "\"usage\"" + colon + (pick(2) ? "null" : "{\"prompt_tokens\":5}");
+  if (pick(8) == 0)
+    out += comma + "\"prompt_filter_results\"" + colon + "[{\"content_filter_results\"" + colon + "{}}]";
+  return out + "}";
+}
+
+TEST(LooksLikeContent, AnswersAsClassifyOnServedChunks) {
+  std::mt19937 rng(20261207);
+  int kinds[2] = {};
+  for (int i = 0; i < 40000; ++i) {
+    const std::string chunk = served_chunk(rng);
+    const ChunkKind want = classify_chunk(chunk);
+    ASSERT_NE(want, ChunkKind::error) << chunk;
+    ASSERT_EQ(looks_like_content(chunk), want == ChunkKind::content) << chunk;
+    ++kinds[want == ChunkKind::content];
+  }
+  EXPECT_GT(kinds[0], 5000);
+  EXPECT_GT(kinds[1], 5000);
+  EXPECT_FALSE(looks_like_content(kRole));
+  EXPECT_TRUE(looks_like_content(kToken));
+  EXPECT_FALSE(looks_like_content(kUsage));
+  EXPECT_FALSE(looks_like_content(R"({"error":{"message":"bad","type":"BadRequestError","code":400}})"));
+  EXPECT_FALSE(looks_like_content(R"({"choices" : [{"delta" : {"content" : ""}, "finish_reason" : null}]})"));
+  EXPECT_TRUE(looks_like_content(R"({"choices" : [{"delta" : {"content" : "a"}}]})"));
+  EXPECT_TRUE(looks_like_content(R"({"choices":[{"delta":{"tool_calls":[ ]}, "finish_reason":"stop"}]})"));
+  EXPECT_FALSE(looks_like_content(R"({"choices":[{"delta":{"tool_calls":[ ]}}]})"));
+  EXPECT_TRUE(looks_like_content(R"({"choices":[{"delta":{"c\u006fntent":"a"}}]})"));  // escaped: parsed
+}
+
 }  // namespace
 }  // namespace weir::api::openai
 
@@ -227,23 +330,26 @@ namespace {
 
 TEST(UsageHookWithoutUsage, DropsTheMemberWeirAskedForFromAChunkWithChoices) {
   UsageHook h;
+  std::string scratch;
   h.reset(true);
   const std::string_view fin =
       R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
   EXPECT_TRUE(h.on_data(fin));
   EXPECT_EQ(h.usage().completion_tokens, 2u);
-  EXPECT_EQ(h.without_usage(fin).value(), R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");
+  EXPECT_EQ(h.without_usage(fin, scratch).value(),
+            R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");
   const std::string_view first = R"({"usage":{"prompt_tokens":1} , "id":"x","choices":[]})";
-  EXPECT_EQ(h.without_usage(first).value(), R"({ "id":"x","choices":[]})");
-  EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[],"usage":null})"));
-  EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[]})"));
+  EXPECT_EQ(h.without_usage(first, scratch).value(), R"({ "id":"x","choices":[]})");
+  EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[],"usage":null})", scratch));
+  EXPECT_FALSE(h.without_usage(R"({"id":"x","choices":[]})", scratch));
   // A usage key given twice: both copies go (the first too, which a first-wins parser would read).
   const std::string_view twice =
       R"({"id":"x","usage":{"prompt_tokens":9},"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})";
   EXPECT_TRUE(h.on_data(twice));
-  EXPECT_EQ(h.without_usage(twice).value(), R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");
+  EXPECT_EQ(h.without_usage(twice, scratch).value(),
+            R"({"id":"x","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})");
   h.reset(false);  // the client asked: its chunk as it came
-  EXPECT_FALSE(h.without_usage(fin));
+  EXPECT_FALSE(h.without_usage(fin, scratch));
 }
 
 TEST(UsageHookInvalid, AUsageChunkOutOfRangeIsNoUsageAndSaysSo) {
