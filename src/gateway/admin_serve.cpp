@@ -152,7 +152,14 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     if (http::head_over_limit(ec, n, kMaxHeader)) ec = bh::error::header_limit;
     // The log's bytes_in, as on the client listener (http::Downstream::bytes_in): the head as far as it was
     // parsed, then what of the body was (framing included); a body left unread (refused on the head) is not.
+    // A head the parser refused, or one the client left part-way, was taken from the connection all the same:
+    // counted to its blank line where that came, else all that came of it.
     std::size_t bytes_in = n;
+    if (ec && !parser.is_header_done()) {
+      const std::string_view rest{static_cast<const char*>(buf.data().data()), buf.size()};
+      const auto end = rest.find("\r\n\r\n");
+      bytes_in += end == std::string_view::npos ? rest.size() : end + 4;
+    }
     // A connection that closed before a byte of its next head ends quietly.
     if (ec && (ec == bh::error::end_of_stream || !parser.got_some())) co_return;
     // What RFC 9112 asks of a server beyond Beast's parse (framing, Host,
@@ -165,9 +172,9 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     AdminRequest req;
     std::string authorization;  // the first Authorization field's value
     std::size_t authorization_fields = 0;
-    // (Also for a body declared over the limit: Beast refuses it as the head
-    // ends, with its request line read; the log line names the request.)
-    if (parser.is_header_done() || ec == bh::error::body_limit) {
+    // (Also for a body declared over the limit, or a head refused or left after its request line: the
+    // log line names the request, as on the client listener. Beast sets the target once the line parsed.)
+    if (parser.is_header_done() || ec == bh::error::body_limit || (parser.got_some() && !parser.get().target().empty())) {
       const auto& head = parser.get();
       req.method = std::string(head.method_string());
       std::string target_buf;
@@ -261,6 +268,15 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
                        "request_header_too_large",
                        fmt::format("The request head is larger than {} bytes.", kMaxHeader),
                        {}};
+      } else if (const std::string_view got{static_cast<const char*>(buf.data().data()), buf.size()};
+                 ec && http::begins_proxy_protocol(got)) {
+        const core::Error ce = core::proxy_protocol_unsupported();
+        e = AdminError{ce.status, std::string(ce.type), std::string(ce.code), ce.message, {}};
+      } else if (const char major = ec == bh::error::bad_version ? http::sent_major_version(got) : 0;
+                 major != 0 && major != '1') {
+        // HTTP/2 or later on the request line (h2's prior-knowledge preface): 505, as on the client listener.
+        const core::Error ce = core::http_version_not_supported(major);
+        e = AdminError{ce.status, std::string(ce.type), std::string(ce.code), ce.message, {}};
       } else if (ec == bh::error::buffer_overflow || ext_check.over) {
         e = admin_bad_request(
             "Malformed HTTP request: the chunked body's framing (a chunk-size line, chunk extensions or trailers) "
