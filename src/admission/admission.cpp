@@ -280,7 +280,13 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
       if (r.pending && wait) return pending();
       if (const int j = r.never ? -1 : never_fits(); j >= 0) return tl::unexpected(tokens_too_large(j));
       core::Error e = budget_refused(sc[i], r, worst);
-      if (e.retry_after_s > 0) e.retry_after_s = longest_wait(e.retry_after_s);  // (none: it never resets)
+      if (e.retry_after_s > 0) {  // (none: it never resets)
+        // The period's end to the millisecond, unless a bucket's wait is longer (longest_wait's, then).
+        const std::uint32_t period_ms = limiter_.budget_retry_after_ms(sc[i].id, worst, now);
+        e.retry_after_s = longest_wait(e.retry_after_s);
+        const std::uint32_t ms = std::max(wait_ms, period_ms);
+        if (ms > 0 && (std::uint64_t{ms} + 999) / 1000 == e.retry_after_s) e.retry_after_ms = ms;
+      }
       return tl::unexpected(std::move(e));
     }
     t.reserve_mask_ |= static_cast<std::uint8_t>(1u << i);

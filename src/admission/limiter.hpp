@@ -48,6 +48,13 @@ constexpr std::uint32_t whole_seconds_up(std::int64_t ns) noexcept {
   return s > 0xFFFFFFFF ? 0xFFFFFFFFu : static_cast<std::uint32_t>(s);
 }
 
+// `ns` (> 0) as retry-after-ms's milliseconds: rounded up, at least 1, capped at 2^32 − 1 (49.7 days).
+constexpr std::uint32_t whole_millis_up(std::int64_t ns) noexcept {
+  if (ns <= 1'000'000) return 1;
+  const std::int64_t ms = (ns - 1) / 1'000'000 + 1;
+  return ms > 0xFFFFFFFF ? 0xFFFFFFFFu : static_cast<std::uint32_t>(ms);
+}
+
 // A budget's current window as Unix ns (UTC): [start_ns, end_ns); both 0
 // when the budget never resets.
 struct BudgetWindow {
@@ -192,6 +199,15 @@ class Limiter {
   // into the new period, which counts it against its limit (requests that
   // cross a rollover are not charged to a period that forgot them).
   virtual TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) = 0;
+  // The same wait as a refusal's retry_after_s, exact to the millisecond (retry-after-ms, which the SDKs read
+  // before Retry-After): the milliseconds (rounded up, at least 1) until the budget period of `scope` ends,
+  // when that is what a reservation of `nano_usd` waits for; 0 otherwise (the settled spend leaves room,
+  // the budget never resets or is $0, or the limiter does not know it): Retry-After's seconds are sent.
+  // The refusal path only (it may read the clock).
+  virtual std::uint32_t budget_retry_after_ms(std::uint32_t /*scope*/, std::int64_t /*nano_usd*/,
+                                              Instant /*now*/) const {
+    return 0;
+  }
   // Replaces a reservation of `reserved` nano-USD by the request's real cost
   // `actual` (>= 0; above `reserved` the excess is recorded as spend, which
   // is the only way spend passes the limit), in the current period (the

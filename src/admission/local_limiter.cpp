@@ -470,15 +470,29 @@ TakeResult LocalLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   return TakeResult{.ok = false, .retry_after_s = budget_retry_after(sc, nano_usd, now)};
 }
 
-std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept {
+std::int64_t LocalLimiter::budget_wait_ns(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept {
   const std::int64_t limit = sc.budget_nano_usd;
-  if (limit <= 0) return 0;  // $0: nothing is ever admitted
+  if (limit <= 0) return -1;  // $0: nothing is ever admitted
   const std::int64_t settled = sc.spent.load(std::memory_order_acquire);
-  if (settled < limit && settled + nano_usd <= limit) return 1;  // reservations in flight are in the way
+  if (settled < limit && settled + nano_usd <= limit) return 0;  // reservations in flight are in the way
   if (sc.calendar != core::CalendarPeriod::none)                 // until the next calendar window starts
-    return whole_seconds_up(core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).end_ns - unix_ns(now));
-  if (sc.period_ns <= 0) return 0;                                      // never resets
-  return whole_seconds_up(sc.period_ns - unix_ns(now) % sc.period_ns);  // until the window rolls
+    return core::calendar_window(sc.calendar, unix_ns(now), sc.utc_offset_s).end_ns - unix_ns(now);
+  if (sc.period_ns <= 0) return -1;                   // never resets
+  return sc.period_ns - unix_ns(now) % sc.period_ns;  // until the window rolls
+}
+
+std::uint32_t LocalLimiter::budget_retry_after(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept {
+  const std::int64_t ns = budget_wait_ns(sc, nano_usd, now);
+  return ns < 0 ? 0 : ns == 0 ? 1 : whole_seconds_up(ns);
+}
+
+std::uint32_t LocalLimiter::budget_retry_after_ms(std::uint32_t scope, std::int64_t nano_usd, Instant now) const {
+  const Scope& sc = at(scope);
+  if (const auto f = sc.forward.load(std::memory_order_acquire); f != kNoScope)
+    return budget_retry_after_ms(f, nano_usd, now);
+  if (!sc.has_budget) return 0;
+  const std::int64_t ns = budget_wait_ns(sc, nano_usd, now);
+  return ns > 0 ? whole_millis_up(ns) : 0;
 }
 
 void LocalLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) {

@@ -84,6 +84,7 @@ class LocalLimiter final : public Limiter {
   void release_stream(std::uint32_t scope, std::uint32_t worker) override;
   std::uint64_t streams_in_use(std::uint32_t scope) const override;
   TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+  std::uint32_t budget_retry_after_ms(std::uint32_t scope, std::int64_t nano_usd, Instant now) const override;
   void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) override;
   std::int64_t spent(std::uint32_t scope, Instant now) override;
   // Up to kMaxScopes in all; scopes live in chunks that never move.
@@ -180,6 +181,9 @@ class LocalLimiter final : public Limiter {
   std::int64_t free_streams_sum(const Scope& sc) const noexcept;
   // A refused reservation's Retry-After (Limiter::reserve_spend).
   std::uint32_t budget_retry_after(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept;
+  // Its wait in ns until the budget period ends; 0 when the settled spend leaves room (1 s is said), -1 when
+  // no wait helps (a $0 budget, or one that never resets).
+  std::int64_t budget_wait_ns(const Scope& sc, std::int64_t nano_usd, Instant now) const noexcept;
 
   std::uint32_t workers_;
   std::uint32_t shards_;

@@ -463,6 +463,20 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
   return until_period_end();
 }
 
+std::uint32_t RedisLimiter::budget_retry_after_ms(std::uint32_t scope, std::int64_t nano_usd, Instant now) const {
+  // As reserve_spend's until_period_end: the period's end as Redis counts it (its last reply's), when the
+  // replicas' settled spend leaves no room.
+  const SpendCtl& c = at(scope).spend_ctl;
+  if (!c.enabled || c.limit == 0 || (c.period_ms <= 0 && c.calendar == 0)) return 0;
+  const Spend& sp = at(scope).spend;
+  const std::int64_t settled = sp.others.load(std::memory_order_acquire) + sp.mine.load(std::memory_order_acquire);
+  if (nano_usd > 0 && settled < c.limit && settled + nano_usd <= c.limit) return 0;
+  const std::int64_t end = sp.period_end_ns.load(std::memory_order_relaxed);
+  if (end < 0) return 0;
+  const auto left = end - static_cast<std::int64_t>(ns(now));
+  return left > 0 ? whole_millis_up(left) : 0;
+}
+
 void RedisLimiter::settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant /*now*/) {
   // A reservation from an earlier period still counts in in_use (Redis
   // granted this period's allowance with it), so both cases settle alike:

@@ -117,6 +117,7 @@ class RedisLimiter final : public Limiter {
   // always 0: a reservation that crosses a period rollover is charged to
   // the new period (settle_spend), as in-process.
   TakeResult reserve_spend(std::uint32_t scope, std::int64_t nano_usd, Instant now) override;
+  std::uint32_t budget_retry_after_ms(std::uint32_t scope, std::int64_t nano_usd, Instant now) const override;
   void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) override;
   bool streams_refillable(std::uint32_t scope) const noexcept override;
   void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
