@@ -416,8 +416,10 @@ AdminResult<void> KeyStore::commit(std::vector<KeyRecord> next,
     if (auto ok = save(next); !ok) return tl::unexpected(internal("The key was not changed: " + ok.error()));
   // While the running policy, which names the old scope, still holds it: the
   // new scope is then held for the old one's tickets (ScopeLedger::pin).
+  // Their buckets carry too, as a reload carries a key whose limits changed: an edit (of the budget alone, or
+  // of the limits) refills nothing the key has used.
   if (limiter_)
-    for (const auto& [from, to] : carries) limiter_->carry_spend(from, to, std::chrono::steady_clock::now());
+    for (const auto& [from, to] : carries) limiter_->carry(from, to, std::chrono::steady_clock::now());
   keys_ = std::move(next);
   policy_ = std::move(policy);
   ++version_;
@@ -510,7 +512,7 @@ AdminResult<KeyStore::Change> KeyStore::update(std::string_view id, const boost:
     }
   }
   std::vector<std::pair<std::uint32_t, std::uint32_t>> carry;
-  if (rescope) {  // fresh buckets at the new limits; the spend and the streams in flight carry over (commit)
+  if (rescope) {  // a new scope at the new limits; buckets, spend and the streams in flight carry over (commit)
     carry.emplace_back(k.scope, fresh_scope());
     k.scope = carry.back().second;
   }
