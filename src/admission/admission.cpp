@@ -199,8 +199,12 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
   }
   if (any_budget) {
     t.price_ = (prices ? *prices : pricing_).find(model);
-    if (const ModelPrice* at = reserve_at ? reserve_at : t.price_)
-      worst = cost_nano_usd(*at, api::Usage{estimate.prompt_tokens, estimate.completion_tokens, estimated_tokens, 0});
+    if (const ModelPrice* at = reserve_at ? reserve_at : t.price_) {
+      // The prompt at the dearest price a prompt token can have: it may be all cache writes.
+      ModelPrice w = *at;
+      w.input = w.prompt_worst();
+      worst = cost_nano_usd(w, api::Usage{estimate.prompt_tokens, estimate.completion_tokens, estimated_tokens, 0});
+    }
     t.reserved_nano_usd_ = worst;
   }
 

@@ -8,9 +8,15 @@ namespace weir::admission {
 
 std::int64_t cost_nano_usd(const ModelPrice& price, const api::Usage& usage) noexcept {
   const std::uint64_t cached = std::min(usage.cached_tokens, usage.prompt_tokens);
-  const long double pico = static_cast<long double>(usage.prompt_tokens - cached) * price.input +
-                           static_cast<long double>(cached) * price.cached_input +
-                           static_cast<long double>(usage.completion_tokens) * price.output;
+  const std::uint64_t written = std::min(usage.cache_write_tokens, usage.prompt_tokens - cached);
+  long double pico = static_cast<long double>(usage.prompt_tokens - cached - written) * price.input +
+                     static_cast<long double>(cached) * price.cached_input +
+                     static_cast<long double>(usage.completion_tokens) * price.output;
+  if (written != 0) {  // (an Anthropic pool's cache writes; no other upstream reports any)
+    const std::uint64_t written_1h = std::min(usage.cache_write_1h_tokens, written);
+    pico += static_cast<long double>(written - written_1h) * price.cache_write +
+            static_cast<long double>(written_1h) * price.cache_write_1h;
+  }
   const long double nano = std::ceil(pico / 1000.0L);
   // A faulty upstream's absurd usage (10^15 tokens) saturates instead of
   // overflowing the conversion (undefined behaviour) or the spend sums.
@@ -36,11 +42,20 @@ core::ConfigResult<Pricing> parse_pricing_config(const YAML::Node& root, const s
   for (const auto& kv : node) {
     const std::string model = kv.first.Scalar();
     const std::string key = "pricing." + model;
-    if (auto ok = core::check_keys(kv.second, key, {"input", "output", "cached_input"}); !ok) return fail(ok.error());
+    if (auto ok =
+            core::check_keys(kv.second, key, {"input", "output", "cached_input", "cache_write", "cache_write_1h"});
+        !ok)
+      return fail(ok.error());
     ModelPrice mp;
     bool has_cached = false;
-    for (auto [name, out] : std::initializer_list<std::pair<const char*, std::int64_t*>>{
-             {"input", &mp.input}, {"output", &mp.output}, {"cached_input", &mp.cached_input}}) {
+    bool has_write = false;
+    bool has_write_1h = false;
+    for (auto [name, out] :
+         std::initializer_list<std::pair<const char*, std::int64_t*>>{{"input", &mp.input},
+                                                                      {"output", &mp.output},
+                                                                      {"cached_input", &mp.cached_input},
+                                                                      {"cache_write", &mp.cache_write},
+                                                                      {"cache_write_1h", &mp.cache_write_1h}}) {
       if (!kv.second[name]) continue;
       auto v = core::read_double(kv.second[name], key + "." + name, 0.0, 1e6);
       if (!v) return fail(v.error());
@@ -57,8 +72,12 @@ core::ConfigResult<Pricing> parse_pricing_config(const YAML::Node& root, const s
                                                    *v, static_cast<double>(kept) / 1e6)));
       *out = static_cast<std::int64_t>(kept);
       has_cached = has_cached || std::string_view(name) == "cached_input";
+      has_write = has_write || std::string_view(name) == "cache_write";
+      has_write_1h = has_write_1h || std::string_view(name) == "cache_write_1h";
     }
     if (!has_cached) mp.cached_input = mp.input;
+    if (!has_write) mp.cache_write = mp.input;
+    if (!has_write_1h) mp.cache_write_1h = mp.cache_write;
     p.set(model, mp);
   }
   return p;

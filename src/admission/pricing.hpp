@@ -1,6 +1,7 @@
 // Per-model prices and the spend of one request (the `pricing:` section).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -21,6 +22,13 @@ struct ModelPrice {
   std::int64_t input = 0;         // prompt tokens that were not served from the prefix cache
   std::int64_t output = 0;        // completion tokens
   std::int64_t cached_input = 0;  // usage.prompt_tokens_details.cached_tokens
+  // Prompt tokens written to the prompt cache (usage.prompt_tokens_details.cache_write_tokens: an Anthropic
+  // pool's cache_creation_input_tokens, which Anthropic bills at 1.25× input for 5-minute writes), and of
+  // them those written for an hour (cache_creation.ephemeral_1h_input_tokens: 2× input).
+  std::int64_t cache_write = 0;
+  std::int64_t cache_write_1h = 0;
+  // The most one prompt token can cost (the reservation's price for the prompt: it may all be cache writes).
+  std::int64_t prompt_worst() const noexcept { return std::max({input, cache_write, cache_write_1h}); }
 };
 
 // The most one request can cost, in nano-USD: 10^15 ($1,000,000), so that
@@ -28,8 +36,10 @@ struct ModelPrice {
 inline constexpr std::int64_t kMaxCostNanoUsd = 1'000'000'000'000'000;
 
 // The spend of `usage` at `price`, in nano-USD, rounded up, at most
-// kMaxCostNanoUsd. Cached tokens are a subset of prompt_tokens (OpenAI usage
-// object); completion tokens count at the output price.
+// kMaxCostNanoUsd. Cached (read) and cache-write tokens are parts of
+// prompt_tokens (OpenAI usage object; taken as at most what is left of it),
+// each at its price, the 1-hour writes (of the writes) at cache_write_1h, the
+// rest of the prompt at input; completion tokens count at the output price.
 std::int64_t cost_nano_usd(const ModelPrice& price, const api::Usage& usage) noexcept;
 
 class Pricing {
@@ -44,7 +54,8 @@ class Pricing {
 };
 
 // Parses `root["pricing"]` (optional): {MODEL or "*": {input, output,
-// cached_input}} with USD per 1M tokens; cached_input defaults to input.
+// cached_input, cache_write, cache_write_1h}} with USD per 1M tokens;
+// cached_input and cache_write default to input, cache_write_1h to cache_write.
 core::ConfigResult<Pricing> parse_pricing_config(const YAML::Node& root, const std::string& file = "<config>");
 
 }  // namespace weir::admission

@@ -18,6 +18,10 @@ struct Usage {
   // writes it for a type: anthropic pool's cache_creation_input_tokens): the
   // prompt tokens written to a prompt cache; 0 when absent (vLLM reports none).
   std::uint64_t cache_write_tokens = 0;
+  // Of cache_write_tokens, those written for an hour (a type: anthropic pool's
+  // cache_creation.ephemeral_1h_input_tokens; Anthropic bills them above the
+  // 5-minute writes); 0 when absent. Never read from an OpenAI-shaped usage.
+  std::uint64_t cache_write_1h_tokens = 0;
 };
 
 // The most tokens one usage count may say: 2^24 (16,777,216), over every

@@ -38,8 +38,18 @@ std::optional<AnthropicUsage> read_usage(const json::object& u) {
   const auto cc = count(u, "cache_creation_input_tokens");
   const auto cr = count(u, "cache_read_input_tokens");
   const auto out = count(u, "output_tokens");
+  // The 1-hour writes of cache_creation_input_tokens (newer API versions: {ephemeral_5m_input_tokens,
+  // ephemeral_1h_input_tokens}); absent or null: none.
+  std::uint64_t c1h = 0;
+  if (const auto* split = u.if_contains("cache_creation"); split && split->is_object()) {
+    const auto n = count(split->get_object(), "ephemeral_1h_input_tokens");
+    if (!n) return std::nullopt;
+    c1h = *n;
+  } else if (split && !split->is_null()) {
+    return std::nullopt;
+  }
   if (!in || !cc || !cr || !out) return std::nullopt;
-  return AnthropicUsage{*in, *cc, *cr, *out};
+  return AnthropicUsage{*in, *cc, *cr, *out, c1h};
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 // ("Anthropic as the upstream").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,19 +25,22 @@ std::string_view finish_reason(std::string_view stop_reason);
 // prompt_tokens = input_tokens + cache_creation_input_tokens +
 // cache_read_input_tokens (Anthropic counts cache reads and writes apart
 // from input_tokens; OpenAI's prompt_tokens includes them), cached_tokens =
-// cache_read_input_tokens, cache_write_tokens = cache_creation_input_tokens,
-// completion_tokens = output_tokens.
+// cache_read_input_tokens, cache_write_tokens = cache_creation_input_tokens
+// (cache_write_1h_tokens = cache_creation.ephemeral_1h_input_tokens, at most
+// cache_creation_input_tokens), completion_tokens = output_tokens.
 struct AnthropicUsage {
   std::uint64_t input = 0;
   std::uint64_t cache_creation = 0;
   std::uint64_t cache_read = 0;
   std::uint64_t output = 0;
+  std::uint64_t cache_creation_1h = 0;  // usage.cache_creation.ephemeral_1h_input_tokens
   // A count came that is no integer in [0, kMaxUsageTokens] (usage.hpp): it
   // was not taken, and the usage as a whole cannot be billed as sent.
   bool invalid = false;
   Usage openai() const {
     const std::uint64_t prompt = input + cache_creation + cache_read;
-    return Usage{prompt, output, prompt + output, cache_read, cache_creation};
+    return Usage{prompt,     output,         prompt + output,
+                 cache_read, cache_creation, std::min(cache_creation_1h, cache_creation)};
   }
 };
 

@@ -46,6 +46,19 @@ void merge_usage(const json::object& u, AnthropicUsage& into) {
   take("cache_creation_input_tokens", into.cache_creation);
   take("cache_read_input_tokens", into.cache_read);
   take("output_tokens", into.output);
+  if (const auto* split = u.if_contains("cache_creation"); split && split->is_object()) {
+    const auto* v = split->get_object().if_contains("ephemeral_1h_input_tokens");
+    if (v && !v->is_null()) {
+      if (v->is_uint64() && v->get_uint64() <= kMaxUsageTokens)
+        into.cache_creation_1h = v->get_uint64();
+      else if (v->is_int64() && v->get_int64() >= 0 && static_cast<std::uint64_t>(v->get_int64()) <= kMaxUsageTokens)
+        into.cache_creation_1h = static_cast<std::uint64_t>(v->get_int64());
+      else
+        into.invalid = true;
+    }
+  } else if (split && !split->is_null()) {
+    into.invalid = true;
+  }
 }
 
 // The value of the top-level "type" member of an event's data (a JSON

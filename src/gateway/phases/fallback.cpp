@@ -109,6 +109,8 @@ void GatewayPhases::reserve_for_fallbacks(RequestContext& ctx, const admission::
     ctx.reserve_price.input = std::max(ctx.reserve_price.input, p->input);
     ctx.reserve_price.output = std::max(ctx.reserve_price.output, p->output);
     ctx.reserve_price.cached_input = std::max(ctx.reserve_price.cached_input, p->cached_input);
+    ctx.reserve_price.cache_write = std::max(ctx.reserve_price.cache_write, p->cache_write);
+    ctx.reserve_price.cache_write_1h = std::max(ctx.reserve_price.cache_write_1h, p->cache_write_1h);
   }
 }
 

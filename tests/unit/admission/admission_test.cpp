@@ -855,5 +855,34 @@ TEST(AdmissionPricing, RefusesPricesFinerThanItsResolution) {
   EXPECT_EQ(ok->find("m")->cached_input, 999'999'999'999);
 }
 
+// Anthropic bills cache writes above input (1.25× for 5 minutes, 2× for an hour): they have their own prices,
+// which default to input's (nothing changes unless set), and the reservation prices the prompt at the dearest.
+TEST(AdmissionPricing, CacheWritesHaveTheirOwnPrice) {
+  auto p = parse_pricing_config(YAML::Load(R"(
+pricing:
+  claude: {input: 1, output: 2, cached_input: 0.1, cache_write: 1.25, cache_write_1h: 2}
+  plain: {input: 1, output: 2}
+  five: {input: 1, output: 2, cache_write: 1.25}
+)"));
+  ASSERT_TRUE(p) << p.error().to_string();
+  const ModelPrice& c = *p->find("claude");
+  EXPECT_EQ(c.cache_write, 1'250'000);
+  EXPECT_EQ(c.cache_write_1h, 2'000'000);
+  EXPECT_EQ(c.prompt_worst(), 2'000'000);
+  EXPECT_EQ(p->find("plain")->cache_write, 1'000'000);     // input's
+  EXPECT_EQ(p->find("plain")->cache_write_1h, 1'000'000);  // cache_write's
+  EXPECT_EQ(p->find("plain")->prompt_worst(), 1'000'000);
+  EXPECT_EQ(p->find("five")->cache_write_1h, 1'250'000);
+  // 1210 prompt tokens: 200 read, 1000 written (600 of them for an hour), 10 plain; 5 output.
+  api::Usage u{1210, 5, 1215, 200, 1000, 600};
+  EXPECT_EQ(cost_nano_usd(c, u), 10 * 1000 + 200 * 100 + 400 * 1250 + 600 * 2000 + 5 * 2000);
+  EXPECT_EQ(cost_nano_usd(*p->find("plain"), u), (1210 - 200) * 1000 + 200 * 1000 + 5 * 2000);
+  // Parts larger than what is left of the prompt are taken as what is left (never a negative remainder).
+  EXPECT_EQ(cost_nano_usd(c, api::Usage{100, 0, 100, 80, 80, 90}), 80 * 100 + 20 * 2000);
+  auto bad = parse_pricing_config(YAML::Load("pricing:\n  m: {input: 1, cache_write: lots}\n"));
+  ASSERT_FALSE(bad);
+  EXPECT_EQ(bad.error().key, "pricing.m.cache_write");
+}
+
 }  // namespace
 }  // namespace weir::admission

@@ -156,5 +156,27 @@ TEST(AnthropicUpstreamResponse, AWholeMessageAsTheEventsAnthropicSendsForIt) {
   EXPECT_FALSE(message_as_events(R"({"type":"error"})", out, deltas));
 }
 
+// The 1-hour part of the cache writes (priced apart: pricing.X.cache_write_1h).
+TEST(AnthropicUpstreamResponse, UsageSaysTheOneHourCacheWrites) {
+  const auto u = extract_message_usage(R"({"usage":{"input_tokens":5,"cache_creation_input_tokens":10,
+    "cache_read_input_tokens":0,"output_tokens":7,
+    "cache_creation":{"ephemeral_5m_input_tokens":4,"ephemeral_1h_input_tokens":6}}})");
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->cache_write_tokens, 10u);
+  EXPECT_EQ(u->cache_write_1h_tokens, 6u);
+  const auto none = extract_message_usage(R"({"usage":{"input_tokens":5,"cache_creation":null,"output_tokens":1}})");
+  ASSERT_TRUE(none);
+  EXPECT_EQ(none->cache_write_1h_tokens, 0u);
+  bool invalid = false;
+  EXPECT_FALSE(extract_message_usage(
+      R"({"usage":{"input_tokens":5,"output_tokens":1,"cache_creation":{"ephemeral_1h_input_tokens":-6}}})", &invalid));
+  EXPECT_TRUE(invalid);
+  // More 1-hour writes than writes: at most the writes.
+  EXPECT_EQ(extract_message_usage(R"({"usage":{"input_tokens":5,"cache_creation_input_tokens":2,"output_tokens":1,
+                                      "cache_creation":{"ephemeral_1h_input_tokens":6}}})")
+                ->cache_write_1h_tokens,
+            2u);
+}
+
 }  // namespace
 }  // namespace weir::api::anthropic
