@@ -67,14 +67,15 @@ enum class Role : std::uint8_t {
   max_completion_tokens,
   max_tokens,
   n,
-  best_of,    // chat and completions (vLLM's SamplingParams.best_of)
-  messages,   // chat: the messages array
-  message,    // one of its elements
-  rendered,   // chat: `tools`, `functions`, `documents`, `chat_template(_kwargs)`: the template prints them
-  content,    // a message's content: a string or an array of parts
-  part,       // one content part
-  part_text,  // a part's text
-  prompt,     // completions' prompt, embeddings' input
+  best_of,     // chat and completions (vLLM's SamplingParams.best_of)
+  min_tokens,  // chat and completions (vLLM's SamplingParams.min_tokens)
+  messages,    // chat: the messages array
+  message,     // one of its elements
+  rendered,    // chat: `tools`, `functions`, `documents`, `chat_template(_kwargs)`: the template prints them
+  content,     // a message's content: a string or an array of parts
+  part,        // one content part
+  part_text,   // a part's text
+  prompt,      // completions' prompt, embeddings' input
   prompt_item,
   request_id,  // vLLM's top-level request_id
 };
@@ -98,6 +99,17 @@ constexpr std::array<std::string_view, 11> kExtraTexts = {"prompt",
 constexpr std::array<std::string_view, 4> kEmbeddingChatTexts = {"messages", "tools", "chat_template",
                                                                  "chat_template_kwargs"};
 
+// A content part's members that make it a media part (vLLM's chat_utils and OpenAI's part types: an image,
+// audio, video, or file), counted at the model's media_tokens (RequestFields::media_parts).
+bool media_part_key(std::string_view key) {
+  static constexpr std::array<std::string_view, 10> kKeys = {
+      "image_url", "image_embeds", "image_pil", "input_image", "input_audio",
+      "audio_url", "audio_embeds", "video_url", "file",        "input_file"};
+  for (const std::string_view k : kKeys)
+    if (key == k) return true;
+  return false;
+}
+
 // A message's members the estimate does not count as text: media (a data:
 // URL, base64 audio, an embedding: a 1 MB image is not 250k tokens), and
 // `role` (in the per-message overhead, kChatTokensPerMessage).
@@ -111,17 +123,24 @@ bool uncounted_key(std::string_view key) {
 
 // UTF-8 bytes of every string in `v` (nested arrays and objects, 8 levels),
 // and 4 per number (a token id): the prompt text of vLLM's pooling bodies.
-// Media members (uncounted_key: an image's data: URL) count nothing, as in chat.
-std::uint64_t text_bytes(const json::value& v, int depth) {
+// Media members (uncounted_key: an image's data: URL) count nothing, as in
+// chat; an object with one (a media part) adds one to `media`.
+std::uint64_t text_bytes(const json::value& v, int depth, std::uint32_t& media) {
   if (v.is_string()) return v.get_string().size();
   if (v.is_number()) return 4;
   std::uint64_t n = 0;
   if (depth >= 8) return n;
-  if (v.is_array())
-    for (const auto& e : v.get_array()) n += text_bytes(e, depth + 1);
-  else if (v.is_object())
-    for (const auto& kv : v.get_object())
-      if (!uncounted_key(std::string_view(kv.key().data(), kv.key().size()))) n += text_bytes(kv.value(), depth + 1);
+  if (v.is_array()) {
+    for (const auto& e : v.get_array()) n += text_bytes(e, depth + 1, media);
+  } else if (v.is_object()) {
+    bool part = false;
+    for (const auto& kv : v.get_object()) {
+      const std::string_view key(kv.key().data(), kv.key().size());
+      part = part || media_part_key(key);
+      if (!uncounted_key(key)) n += text_bytes(kv.value(), depth + 1, media);
+    }
+    if (part && media < 0xffffffffU) ++media;
+  }
   return n;
 }
 
@@ -153,10 +172,12 @@ class FieldsHandler {
       : kind_(kind), model_text_(model), request_id_text_(request_id) {}
 
   // --- what the document said ---
-  Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n, best_of, request_id;
+  Shape root, model, stream, stream_options, include_usage, max_completion_tokens, max_tokens, n, best_of, min_tokens,
+      request_id;
   std::uint64_t chat_bytes = 0;        // the last messages array: content bytes
   std::uint64_t chat_other_bytes = 0;  // and its messages' other strings (Count::strings)
   std::uint32_t chat_messages = 0;     // and its elements
+  std::uint32_t chat_media = 0;        // and its messages' media parts (media_part_key)
   bool rendered = false;               // tools, functions or documents is there
   Shape prompt;                        // completions' prompt / embeddings' input
   std::uint64_t prompt_bytes = 0;
@@ -291,7 +312,8 @@ class FieldsHandler {
     }
   }
 
-  Role key_role(std::string_view key) const {
+  // (Not const: a part's media member marks the part, part_media_.)
+  Role key_role(std::string_view key) {
     if (key_long_ || depth_ == 0) return Role::other;
     const Role in = frames_[depth_ - 1].role;
     switch (in) {
@@ -305,6 +327,8 @@ class FieldsHandler {
         if (key == "request_id") return Role::request_id;
         if ((kind_ == ApiKind::chat_completions || kind_ == ApiKind::completions) && key == "best_of")
           return Role::best_of;
+        if ((kind_ == ApiKind::chat_completions || kind_ == ApiKind::completions) && key == "min_tokens")
+          return Role::min_tokens;
         if (kind_ == ApiKind::chat_completions && key == "messages") return Role::messages;
         if (kind_ == ApiKind::chat_completions && (key == "tools" || key == "functions" || key == "documents" ||
                                                    key == "chat_template" || key == "chat_template_kwargs"))
@@ -318,7 +342,9 @@ class FieldsHandler {
         return key == "content" ? Role::content : Role::other;
       case Role::part:
         // vLLM's chat_utils makes prompt text of text, input_text, refusal and thinking parts.
-        return key == "text" || key == "refusal" || key == "thinking" ? Role::part_text : Role::other;
+        if (key == "text" || key == "refusal" || key == "thinking") return Role::part_text;
+        if (media_part_key(key)) part_media_ = true;
+        return Role::other;
       default:
         return Role::other;
     }
@@ -357,6 +383,8 @@ class FieldsHandler {
         return &count_text_[2];
       case Role::best_of:
         return &count_text_[3];
+      case Role::min_tokens:
+        return &count_text_[4];
       default:
         return nullptr;
     }
@@ -394,6 +422,9 @@ class FieldsHandler {
       case Role::best_of:
         best_of = v;
         break;
+      case Role::min_tokens:
+        min_tokens = v;
+        break;
       case Role::request_id:
         request_id = v;
         if (v.type != Shape::Type::string) request_id_text_.clear();  // (a string's text is read by now)
@@ -402,6 +433,7 @@ class FieldsHandler {
         chat_bytes = 0;
         chat_other_bytes = 0;
         chat_messages = 0;
+        chat_media = 0;
         break;
       case Role::message:
         ++chat_messages;
@@ -412,6 +444,7 @@ class FieldsHandler {
         break;
       case Role::part:
         part_bytes_ = 0;
+        part_media_ = false;
         break;
       case Role::part_text:
         part_bytes_ = 0;
@@ -477,6 +510,7 @@ class FieldsHandler {
         break;
       case Role::part:
         if (!f.array) message_bytes_ += part_bytes_;
+        if (!f.array && part_media_ && chat_media < 0xffffffffU) ++chat_media;
         break;
       case Role::prompt_item:
         if (f.array)
@@ -501,7 +535,7 @@ class FieldsHandler {
   ApiKind kind_;
   std::string& model_text_;
   std::string& request_id_text_;
-  std::array<std::string, 4> count_text_;           // count_text()
+  std::array<std::string, 5> count_text_;           // count_text()
   std::array<Frame, kMaxBodyDepth + 16> frames_{};  // parse_options::max_depth (kMaxBodyDepth) bounds the nesting
   std::size_t depth_ = 0;
   Role pending_ = Role::other;  // the role of the value after the last key
@@ -514,6 +548,7 @@ class FieldsHandler {
   Role string_role_ = Role::other;
   std::uint64_t message_bytes_ = 0;
   std::uint64_t part_bytes_ = 0;
+  bool part_media_ = false;  // the part being read has a media_part_key member
   char key_[32];
   std::size_t key_len_ = 0;
   bool key_long_ = false;
@@ -619,9 +654,15 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
     f.best_of = *v;
   }
 
+  // vLLM's min_tokens, read as it reads an int (lax); anything else is left to it to refuse.
+  if (h.min_tokens.present()) {
+    if (auto v = positive_int(h.min_tokens, "min_tokens")) f.min_tokens = *v;
+  }
+
   switch (kind) {
     case ApiKind::chat_completions:
       f.prompt_overhead_tokens = h.chat_messages * RequestFields::kChatTokensPerMessage;
+      f.media_parts = h.chat_media;
       f.prompt_bytes = h.chat_bytes + h.chat_other_bytes;
       if (h.rendered) {
         // Tools and documents as the template prints them (tojson): their
@@ -643,7 +684,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
       const json::value doc = json::parse(json::string_view(body.data(), body.size()), dec, {}, opt);
       if (!dec && doc.is_object())
         for (const std::string_view name : kExtraTexts)
-          if (const auto* v = doc.get_object().if_contains(name)) f.prompt_bytes += text_bytes(*v, 0);
+          if (const auto* v = doc.get_object().if_contains(name)) f.prompt_bytes += text_bytes(*v, 0, f.media_parts);
       f.n = 1;
       f.stream = false;  // these routes never stream: nothing is added to their body
       break;
@@ -664,7 +705,7 @@ tl::expected<RequestFields, core::Error> parse_request(ApiKind kind, std::string
         const json::value doc = json::parse(json::string_view(body.data(), body.size()), dec, {}, opt);
         if (!dec && doc.is_object())
           for (const std::string_view name : kEmbeddingChatTexts)
-            if (const auto* v = doc.get_object().if_contains(name)) f.prompt_bytes += text_bytes(*v, 0);
+            if (const auto* v = doc.get_object().if_contains(name)) f.prompt_bytes += text_bytes(*v, 0, f.media_parts);
         break;
       }
       if (h.prompt.type == Shape::Type::string) {

@@ -49,6 +49,13 @@ struct RequestFields {
   // functions and documents; media (image, audio, video URLs and data) not.
   std::uint64_t prompt_bytes = 0;
   std::uint32_t prompt_count = 1;  // prompts in a completions/embeddings batch
+  // Media parts of the prompt (an image, audio or video part of a chat message, an Anthropic image or
+  // document block, a Responses input_image): tokens the bytes do not predict, which admission counts at
+  // the model's media_tokens each (docs/admission.md, "Token estimate").
+  std::uint32_t media_parts = 0;
+  // vLLM's min_tokens (chat and completions): the EOS held back until that many tokens; 0 = not given (or not
+  // a non-negative integer: the upstream's to refuse). Without max_tokens the answer is at least this long.
+  std::uint32_t min_tokens = 0;
   // Prompt tokens the model server adds around the text: the chat template's
   // per-message framing (kChatTokensPerMessage each: role header, end of
   // turn, BOS and the assistant header amortized), or one BOS per prompt.

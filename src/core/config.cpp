@@ -252,8 +252,8 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
           config_error(kv.first, "models", "'*' is reserved (the metrics' label of models served by default_pool)"));
     // (Prices are in the top-level `pricing:` section; `prices` here was once
     // accepted and never read, so it is an unknown key.)
-    WEIR_TRY_VOID(
-        check_keys(m, key, {"pool", "upstream_model", "aliases", "owned_by", "default_max_tokens", "fallbacks"}));
+    WEIR_TRY_VOID(check_keys(
+        m, key, {"pool", "upstream_model", "aliases", "owned_by", "default_max_tokens", "media_tokens", "fallbacks"}));
     ModelConfig mc;
     mc.name = name;
     auto pn = m["pool"];
@@ -274,6 +274,10 @@ ConfigResult<void> parse_models(const YAML::Node& n, Config& c) {
     if (auto v = m["default_max_tokens"]) {
       WEIR_TRY(t, read_int(v, key + ".default_max_tokens", 1, 10'000'000));
       mc.default_max_tokens = static_cast<std::uint32_t>(t);
+    }
+    if (auto v = m["media_tokens"]) {
+      WEIR_TRY(t, read_int(v, key + ".media_tokens", 0, 10'000'000));
+      mc.media_tokens = static_cast<std::uint32_t>(t);
     }
     if (!names.insert(name).second)
       return tl::unexpected(config_error(kv.first, key, "model name is already used (by a model or alias)"));

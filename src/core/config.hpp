@@ -389,6 +389,12 @@ struct ModelConfig {
   // (docs/admission.md). Not sent upstream.
   std::uint32_t default_max_tokens = kDefaultMaxTokens;
   static constexpr std::uint32_t kDefaultMaxTokens = 256;
+  // Prompt tokens the admission estimate counts per media part (an image, audio, video or document part:
+  // api::RequestFields::media_parts), whose bytes do not predict its tokens (docs/admission.md). 576: an
+  // image in LLaVA's 24×24 patch grid (an OpenAI 1024×1024 high-detail image is 765, Gemma 3's 256,
+  // Qwen2.5-VL's ~1,300 for 1024×1024). Not sent upstream.
+  std::uint32_t media_tokens = kDefaultMediaTokens;
+  static constexpr std::uint32_t kDefaultMediaTokens = 576;
   // Tried in order when the primary pool's attempts are spent (docs/reliability.md):
   // `fallbacks: [{model: M}, {pool: P, upstream_model: N}]`; {model: M} means M's pool and upstream name.
   std::vector<FallbackTarget> fallbacks;

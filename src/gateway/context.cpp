@@ -32,7 +32,7 @@ void RequestContext::reset() {
   target = {};
   pool = endpoint = -1;
   price = nullptr;
-  prompt_tokens_estimate = completion_cap = 0;
+  prompt_tokens_estimate = completion_cap = anthropic_max_tokens = 0;
   spend_nano_usd = 0;
   rate_limit_lines.clear();
   cors_lines.clear();

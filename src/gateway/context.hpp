@@ -158,6 +158,7 @@ struct RequestContext {
   bool chat_continuous = false;            // ... which asks for continuous_usage_stats (pools.X.continuous_usage)
   bool anthropic_models = false;           // /v1/models(/...) with anthropic-version: answered in Anthropic's shapes
   bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
+  std::uint64_t anthropic_max_tokens = 0;  // tokens: the max_tokens its last translation for Anthropic sent
   bool target_refused = false;             // attempt_pool: this target's API cannot carry the request (nothing sent)
   bool strip_usage = false;                // Weir asked for the usage chunk; the client did not
   http::ResponseSource* source = nullptr;  // the response being relayed (cancelled when the client leaves)

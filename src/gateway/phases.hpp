@@ -240,6 +240,11 @@ class GatewayPhases final : public Phases {
   // x-weir-fallbacks, allowed to its principal); has_reserve_price false
   // when none is dearer. `prices` is the request's generation's.
   void reserve_for_fallbacks(RequestContext& ctx, const admission::Pricing& prices) const;
+  // Completion tokens per sequence reserved for a request that gives no max_tokens (admit_checks): the most
+  // any of its targets (the first and its fallbacks within x-weir-fallbacks) may generate: an Anthropic
+  // pool's max_tokens sent for a chat or Responses request (its translation's, or default_answer_cap), else
+  // the model's default_max_tokens or the request's min_tokens, whichever is more.
+  std::uint64_t default_completion(const RequestContext& ctx) const;
   // A held stream's reset or stall before its first content, with the
   // pool's attempts left: true when the request goes again on the same pool
   // (another endpoint: ctx.pool_avoid), counted as a retry.
@@ -258,12 +263,15 @@ class GatewayPhases final : public Phases {
   // Chat completions (the client's body, or a Responses request's chat
   // translation) → the Anthropic Messages body for ctx.target, in
   // ctx.upstream_body_buf. Returns the 400 for what Anthropic cannot express.
+  // ctx.anthropic_max_tokens is the max_tokens it sent.
   std::optional<core::Error> translate_for_anthropic(RequestContext& ctx);
   // The same translation for pool `pool` (its anthropic.max_tokens) and
   // model name `upstream_model` (empty: the client's), into `out`; the 400
-  // names the Responses request's fields for a Responses client.
+  // names the Responses request's fields for a Responses client. `max_tokens_sent` (when not null): the
+  // max_tokens the translation sent.
   std::optional<core::Error> chat_to_anthropic(const RequestContext& ctx, std::size_t pool,
-                                               std::string_view upstream_model, std::string& out) const;
+                                               std::string_view upstream_model, std::string& out,
+                                               std::uint64_t* max_tokens_sent = nullptr) const;
   // An Anthropic route's request (Messages or count_tokens) → its chat
   // translation for an OpenAI-compatible pool, into `out`; the 400 for what
   // the translation cannot express.

@@ -10,6 +10,7 @@ RouteTable::RouteTable(const core::Config& cfg) : cfg_(cfg) {
     r.model_index = i;
     r.canonical = m.name;
     r.default_max_tokens = m.default_max_tokens;
+    r.media_tokens = m.media_tokens;
     r.fallbacks = m.fallbacks;
     // An alias is renamed to the upstream name, or to the canonical name when none is given.
     r.upstream_model = m.upstream_model.empty() ? std::string_view{} : std::string_view(m.upstream_model);

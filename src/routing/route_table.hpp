@@ -21,6 +21,8 @@ struct Route {
   std::string_view upstream_model;  // name to send upstream; empty = leave the body's model as is
   // Completion tokens the admission estimate assumes when a request gives no max_tokens.
   std::uint32_t default_max_tokens = core::ModelConfig::kDefaultMaxTokens;
+  // Prompt tokens the admission estimate counts per media part (models.X.media_tokens).
+  std::uint32_t media_tokens = core::ModelConfig::kDefaultMediaTokens;
   // Where the request goes when this pool's attempts are spent, in order (models.X.fallbacks).
   std::span<const core::FallbackTarget> fallbacks;
 };

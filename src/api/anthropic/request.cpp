@@ -166,6 +166,7 @@ tl::expected<void, core::Error> Translation::user_turn(const json::array& blocks
         return invalid(fmt::format("{}.source.type: only 'base64' and 'url' images can be translated", w));
       }
       parts.push_back(json::object({{"type", "image_url"}, {"image_url", json::object({{"url", url}}, sp_)}}, sp_));
+      ++fields_.media_parts;
     } else if (type == "tool_result") {
       flush();
       auto id = string_member(b, "tool_use_id", w);

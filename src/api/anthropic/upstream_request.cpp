@@ -12,6 +12,7 @@
 
 #include "api/error_text.hpp"
 #include "api/json_dom.hpp"
+#include "api/json_scan.hpp"
 #include "api/tool_call_stream.hpp"
 #include "api/tool_ids.hpp"
 #include "api/wide_integers.hpp"
@@ -500,6 +501,7 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
     }
   }
   a["max_tokens"] = max_tokens;
+  if (o.max_tokens_sent != nullptr) *o.max_tokens_sent = max_tokens;
 
   if (const auto* v = in.if_contains("stop"); v && !v->is_null()) {
     // Anthropic refuses a stop sequence without a non-whitespace character ("\n", " ", ""): such entries
@@ -540,6 +542,18 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
 }  // namespace
 
 std::string_view messages_path() { return "/v1/messages"; }
+
+std::uint64_t default_answer_cap(std::string_view chat, std::uint32_t default_max_tokens) {
+  // As translate() makes it: the default, plus reasoning_effort's thinking budget unless the body brings its
+  // own `thinking` (then the budget is the client's, within the default).
+  std::uint64_t cap = default_max_tokens;
+  if (const auto th = find_member(chat, "thinking"); th && chat[th->value_begin] == '{') return cap;
+  if (const auto re = find_member(chat, "reasoning_effort")) {
+    const std::string_view v = chat.substr(re->value_begin, re->value_end - re->value_begin);
+    if (v.size() >= 2 && v.front() == '"' && v.back() == '"') cap += thinking_budget(v.substr(1, v.size() - 2));
+  }
+  return cap;
+}
 
 tl::expected<void, core::Error> chat_to_messages(std::string_view chat, const UpstreamRequestOptions& o,
                                                  std::string& out) {
@@ -630,7 +644,7 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
   // tool inputs and results, a document's text source: `{"type": "text",
   // "data": ...}` or `{"type": "content", "content": [...]}`), plus the chat
   // template's framing per message. Media sources (base64, url, file) are
-  // not counted, as a chat body's images are not.
+  // no text: each is one media part (RequestFields::media_parts).
   std::vector<const json::value*> pending;
   for (const char* k : {"system", "messages", "tools"})
     if (const auto* v = in.if_contains(k)) pending.push_back(v);
@@ -644,7 +658,10 @@ tl::expected<RequestFields, core::Error> read_messages_request(std::string_view 
     } else if (x->is_object()) {
       for (const auto& kv : x->get_object()) {
         if (kv.key() == "source") {
-          if (media_source(kv.value())) continue;  // an image's or a PDF's bytes are no prompt text
+          if (media_source(kv.value())) {  // an image's or a PDF's bytes are no prompt text: a media part
+            if (f.media_parts < 0xffffffffU) ++f.media_parts;
+            continue;
+          }
         } else if (kv.key() == "type" || kv.key() == "role" || kv.key() == "id" || kv.key() == "tool_use_id" ||
                    kv.key() == "cache_control" || kv.key() == "media_type") {
           continue;

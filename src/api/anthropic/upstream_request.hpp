@@ -21,6 +21,9 @@ namespace weir::api::anthropic {
 struct UpstreamRequestOptions {
   std::string_view model;                // the `model` sent (the target's upstream name)
   std::uint32_t default_max_tokens = 0;  // tokens, when the request gives neither max_completion_tokens nor max_tokens
+  // Set (when not null) to the max_tokens sent, in tokens: the request's, or the default (plus the thinking
+  // budget made of reasoning_effort): the most the answer can use, which admission reserves.
+  std::uint64_t* max_tokens_sent = nullptr;
 };
 
 // Translates the chat-completions body `chat` (RFC 8259 JSON, already read
@@ -43,6 +46,15 @@ struct UpstreamRequestOptions {
 // arguments that are not a JSON object, a function role, non-function tools.
 tl::expected<void, core::Error> chat_to_messages(std::string_view chat, const UpstreamRequestOptions& o,
                                                  std::string& out);
+
+// The most max_tokens chat_to_messages sends for `chat` (RFC 8259 JSON) when
+// it gives neither max_completion_tokens nor max_tokens, in tokens, without
+// translating it: `default_max_tokens` (pools.X.anthropic.max_tokens) plus
+// the thinking budget of its reasoning_effort (low 1024, medium 4096, high
+// 16384) unless it brings its own `thinking` object. An upper bound: the
+// translation leaves the budget out in a tool loop or with a forced tool
+// call. What admission reserves for a fallback to an Anthropic pool.
+std::uint64_t default_answer_cap(std::string_view chat, std::uint32_t default_max_tokens);
 
 // What the gateway needs from an Anthropic Messages request that goes to an
 // Anthropic upstream unchanged (POST /v1/messages, `count` false) or to its

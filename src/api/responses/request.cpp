@@ -161,6 +161,7 @@ tl::expected<void, core::Error> Translation::message(const json::object& m, std:
       json::object image({{"url", *url}}, sp_);
       if (const auto* d = p.if_contains("detail"); d && d->is_string()) image["detail"] = d->get_string();
       out_parts.push_back(json::object({{"type", "image_url"}, {"image_url", std::move(image)}}, sp_));
+      ++fields_.media_parts;
     } else {
       return invalid(fmt::format("{}.type: content part type '{}' cannot be translated for a {} message", w,
                                  core::utf8_prefix(type, 64), *role),

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "admission/refill.hpp"
+#include "api/anthropic/upstream_request.hpp"
 #include "gateway/phases.hpp"
 #include "gateway/worker.hpp"
 
@@ -31,26 +32,58 @@ std::uint64_t completion_estimate(std::uint64_t max_tokens, std::uint64_t sequen
   return std::min(b, kMax);
 }
 
+// a + b × c, saturated at 2^53 (as completion_estimate).
+std::uint64_t plus_product(std::uint64_t a, std::uint64_t b, std::uint64_t c) {
+  constexpr std::uint64_t kMax = std::uint64_t{1} << 53;
+  std::uint64_t p = 0;
+  std::uint64_t s = 0;
+  if (__builtin_mul_overflow(b, c, &p) || __builtin_add_overflow(a, p, &s)) return kMax;
+  return std::min(s, kMax);
+}
+
 }  // namespace
+
+std::uint64_t GatewayPhases::default_completion(const RequestContext& ctx) const {
+  const auto& pools = ctx.gen->config().pools;
+  // A chat or Responses request to an Anthropic pool is sent max_tokens (pools.X.anthropic.max_tokens, with
+  // reasoning_effort's thinking budget on top): the cap Anthropic honours, exact for the first target (its
+  // translation, made by route, says what it sent), at most default_answer_cap for a fallback. An
+  // OpenAI-compatible server's is its own (vLLM: the context left), so the model's default_max_tokens is
+  // assumed, or the request's min_tokens when that is more (vLLM holds the end back until then).
+  const bool translated = !is_anthropic(ctx.route) && served_by_anthropic(ctx.route);
+  const std::uint64_t openai_cap = std::max<std::uint64_t>(ctx.target.default_max_tokens, ctx.fields.min_tokens);
+  const auto cap_of = [&](std::size_t pool, bool first) -> std::uint64_t {
+    if (!translated || pools[pool].type != core::UpstreamType::anthropic) return openai_cap;
+    if (first) return ctx.anthropic_ready ? ctx.anthropic_max_tokens : 0;  // (not ready: the target is passed over)
+    const std::string_view chat = is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body();
+    return api::anthropic::default_answer_cap(chat, pools[pool].anthropic.max_tokens);
+  };
+  // Whichever target answers: the most of them (as reserve_for_fallbacks takes the dearest price).
+  std::uint64_t cap = cap_of(ctx.target.pool, true);
+  const std::size_t chain = std::min<std::size_t>(ctx.target.fallbacks.size(), ctx.fallback_limit);
+  for (std::size_t i = 0; i < chain; ++i) cap = std::max(cap, cap_of(ctx.target.fallbacks[i].pool, false));
+  return cap;
+}
 
 std::optional<Outcome> GatewayPhases::admit_checks(RequestContext& ctx, admission::TokenEstimate& estimate) {
   const auto api = api_of(ctx.route);
   if (!api) return Outcome::next();
   const auto& f = ctx.fields;
-  // Completion budget when the request gives no max_tokens: vLLM's own
-  // default depends on the context length, so take the route's default
-  // (models.X.default_max_tokens) and let settle() correct it with the real usage.
+  // Completion budget when the request gives no max_tokens: the cap Weir sends (an Anthropic pool's), else
+  // the route's default (models.X.default_max_tokens) or min_tokens, corrected by settle() with the real usage.
   const std::uint64_t out_tokens =
       *api == api::ApiKind::embeddings || *api == api::ApiKind::vllm_extra || *api == api::ApiKind::audio ||
               ctx.route == RouteKind::messages_count_tokens || f.echo_only
           ? 0
-          : completion_estimate(f.max_tokens ? f.max_tokens : ctx.target.default_max_tokens, f.sequences(),
-                                f.prompt_count);
+          : completion_estimate(f.max_tokens ? f.max_tokens : default_completion(ctx), f.sequences(), f.prompt_count);
   // Tokenizing and counting tokens run no model: they cost no tokens (but
   // count against request limits; docs/protocols.md).
   const bool free = ctx.route == RouteKind::tokenize || ctx.route == RouteKind::detokenize ||
                     ctx.route == RouteKind::messages_count_tokens;
-  estimate = admission::TokenEstimate::of(free ? 0 : f.prompt_bytes, out_tokens, free ? 0 : f.prompt_overhead_tokens);
+  // Media parts at the model's media_tokens each: their bytes (a URL, base64) say nothing of their tokens.
+  estimate = admission::TokenEstimate::of(
+      free ? 0 : f.prompt_bytes, out_tokens,
+      free ? 0 : plus_product(f.prompt_overhead_tokens, f.media_parts, ctx.target.media_tokens));
   // A route that uses tokens is never estimated at none (an audio stream without a prompt, a body whose texts
   // are all media): a take of 0 would pass a tokens bucket that settled usage left in debt.
   if (!free && estimate.total() == 0) estimate.prompt_tokens = 1;

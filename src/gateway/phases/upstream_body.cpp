@@ -74,12 +74,14 @@ core::Error as_responses_error(core::Error e) {
 }  // namespace
 
 std::optional<core::Error> GatewayPhases::chat_to_anthropic(const RequestContext& ctx, std::size_t pool,
-                                                            std::string_view upstream_model, std::string& out) const {
+                                                            std::string_view upstream_model, std::string& out,
+                                                            std::uint64_t* max_tokens_sent) const {
   // The chat body: the client's, or the Responses request's translation (parse).
   const std::string_view chat = is_responses(ctx.route) ? std::string_view(ctx.edit_buf) : down_.body();
   const api::anthropic::UpstreamRequestOptions o{
       .model = upstream_model.empty() ? std::string_view(ctx.model) : upstream_model,
-      .default_max_tokens = ctx.gen->config().pools[pool].anthropic.max_tokens};
+      .default_max_tokens = ctx.gen->config().pools[pool].anthropic.max_tokens,
+      .max_tokens_sent = max_tokens_sent};
   auto r = api::anthropic::chat_to_messages(chat, o, out);
   if (r) return std::nullopt;
   if (is_responses(ctx.route)) return as_responses_error(std::move(r.error()));
@@ -97,7 +99,8 @@ std::optional<core::Error> GatewayPhases::anthropic_to_chat(const RequestContext
 
 std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
   if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
-  return chat_to_anthropic(ctx, ctx.target.pool, ctx.target.upstream_model, ctx.upstream_body_buf);
+  return chat_to_anthropic(ctx, ctx.target.pool, ctx.target.upstream_model, ctx.upstream_body_buf,
+                           &ctx.anthropic_max_tokens);
 }
 
 std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& ctx) {

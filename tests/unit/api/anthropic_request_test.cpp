@@ -293,5 +293,16 @@ TEST(AnthropicRequest, BadInputIs400) {
   EXPECT_EQ(empty.error().param, "messages");
 }
 
+// Image blocks are media parts (admission counts models.X.media_tokens each), not text.
+TEST(AnthropicRequest, ImageBlocksAreMediaParts) {
+  RequestFields f;
+  upstream(R"({"model":"m","max_tokens":16,"messages":[{"role":"user","content":[{"type":"text","text":"describe"},
+    {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}},
+    {"type":"image","source":{"type":"url","url":"https://e.com/a.png"}}]}]})",
+           Target::messages, &f);
+  EXPECT_EQ(f.media_parts, 2u);
+  EXPECT_EQ(f.prompt_bytes, 8u);
+}
+
 }  // namespace
 }  // namespace weir::api::anthropic

@@ -320,5 +320,38 @@ TEST(AnthropicUpstreamRequest, ReadsAnAnthropicRequestForTheGatewayOnly) {
   EXPECT_FALSE(read_messages_request("not json", false));
 }
 
+// What admission reserves for a request without max_tokens: the max_tokens the translation sends.
+TEST(AnthropicUpstreamRequest, SaysTheMaxTokensItSentAndItsBound) {
+  std::uint64_t sent = 0;
+  UpstreamRequestOptions o = kOpts;
+  o.max_tokens_sent = &sent;
+  anthropic(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})", o);
+  EXPECT_EQ(sent, 4096u);
+  anthropic(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":77})", o);
+  EXPECT_EQ(sent, 77u);
+  anthropic(R"({"model":"m","messages":[{"role":"user","content":"hi"}],"reasoning_effort":"high"})", o);
+  EXPECT_EQ(sent, 4096u + 16384u);
+  EXPECT_EQ(default_answer_cap(R"({"messages":[],"reasoning_effort":"high"})", 4096), 4096u + 16384u);
+  EXPECT_EQ(default_answer_cap(R"({"messages":[],"reasoning_effort":"low"})", 100), 100u + 1024u);
+  EXPECT_EQ(default_answer_cap(R"({"messages":[]})", 4096), 4096u);
+  // The client's own thinking: its budget is within max_tokens.
+  EXPECT_EQ(
+      default_answer_cap(R"({"thinking":{"type":"enabled","budget_tokens":2000},"reasoning_effort":"high"})", 4096),
+      4096u);
+}
+
+// An Anthropic request to an Anthropic pool: its image and document sources are media parts.
+TEST(AnthropicUpstreamRequest, MessagesRequestCountsMediaSources) {
+  const auto f = read_messages_request(R"({"model":"c","max_tokens":5,"messages":[{"role":"user","content":[
+    {"type":"text","text":"describe"},
+    {"type":"image","source":{"type":"base64","media_type":"image/png","data":"AAAA"}},
+    {"type":"document","source":{"type":"url","url":"https://e.com/a.pdf"}},
+    {"type":"document","source":{"type":"text","media_type":"text/plain","data":"plain"}}]}]})",
+                                       false);
+  ASSERT_TRUE(f) << f.error().message;
+  EXPECT_EQ(f->media_parts, 2u);
+  EXPECT_EQ(f->prompt_bytes, 8u + 5u);  // the text source is text
+}
+
 }  // namespace
 }  // namespace weir::api::anthropic

@@ -469,5 +469,42 @@ TEST(ApiParseRequest, VllmExtraRoutesMayOmitTheModelAndCountTheirTexts) {
   EXPECT_EQ(ok(ApiKind::embeddings, R"({"input":"x"})").model, "");
 }
 
+// Media parts count at the model's media_tokens (admission), not as their bytes or as nothing: parse_request
+// counts them, one per part whatever its size.
+TEST(ApiParseRequest, MediaPartsAreCountedOneEach) {
+  const auto f = ok(kChat, R"({"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"describe"},
+    {"type":"image_url","image_url":{"url":"https://e.com/a.png"}},
+    {"type":"image_url","image_url":{"url":"data:image/png;base64,AAAA"}},
+    {"type":"input_audio","input_audio":{"data":"UklGRg","format":"wav"}},
+    {"type":"video_url","video_url":{"url":"https://e.com/v.mp4"}},
+    {"type":"file","file":{"file_data":"JVBERi0"}}]},
+    {"role":"assistant","content":"ok"},
+    {"role":"user","content":[{"image_url":{"url":"https://e.com/b.png"}}]}]})");
+  EXPECT_EQ(f.media_parts, 6u);
+  EXPECT_EQ(f.prompt_bytes, 8u + 2u);  // "describe", "ok": the media's bytes are not text
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[{"role":"user","content":"hi"}]})").media_parts, 0u);
+  // A repeated messages member: the last one's.
+  EXPECT_EQ(ok(kChat, R"({"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"u"}}]}],
+                          "messages":[{"role":"user","content":"hi"}]})")
+                .media_parts,
+            0u);
+  // vLLM's embeddings of a conversation count theirs too.
+  EXPECT_EQ(ok(kEmbeddings, R"({"model":"m","messages":[{"role":"user","content":[
+                                {"type":"image_url","image_url":{"url":"u"}},{"type":"text","text":"x"}]}]})")
+                .media_parts,
+            1u);
+}
+
+// vLLM's min_tokens holds the end back: without max_tokens the answer is at least that long.
+TEST(ApiParseRequest, MinTokensIsRead) {
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"min_tokens":20000})").min_tokens, 20000u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"min_tokens":"300"})").min_tokens, 300u);
+  EXPECT_EQ(ok(kCompletions, R"({"model":"m","prompt":"x","min_tokens":7.0})").min_tokens, 7u);
+  // Not a count vLLM takes (its 400 to give): not read.
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"min_tokens":-1})").min_tokens, 0u);
+  EXPECT_EQ(ok(kChat, R"({"model":"m","messages":[],"min_tokens":"many"})").min_tokens, 0u);
+  EXPECT_EQ(ok(kEmbeddings, R"({"model":"m","input":"x","min_tokens":9})").min_tokens, 0u);
+}
+
 }  // namespace
 }  // namespace weir::api

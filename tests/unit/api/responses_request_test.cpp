@@ -225,5 +225,13 @@ TEST(ResponsesRequest, StoreAndNullsAreAccepted) {
   EXPECT_EQ(t.echo.at("store"), false);
 }
 
+// input_image parts are media parts (admission counts models.X.media_tokens each), not text.
+TEST(ResponsesRequest, InputImagesAreMediaParts) {
+  const auto t = translate(R"({"model":"m","input":[{"role":"user","content":[{"type":"input_text","text":"describe"},
+    {"type":"input_image","image_url":"https://e.com/a.png"},{"type":"input_image","image_url":"data:image/png;base64,AA"}]}]})");
+  EXPECT_EQ(t.fields.media_parts, 2u);
+  EXPECT_EQ(t.fields.prompt_bytes, 8u);
+}
+
 }  // namespace
 }  // namespace weir::api::responses
