@@ -11,6 +11,7 @@
 
 #include "core/text.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <fstream>
 #include <set>
@@ -62,7 +63,7 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
                             "write_timeout", "max_stream_buffer", "max_response", "max_event", "drain_timeout",
                             "access_log", "reuse_port", "metrics", "ready_pools", "watch_config", "cors",
                             // (allowed_hosts: read by gateway::load_config, ServerConfig::allowed_hosts)
-                            "allowed_hosts", "trusted_proxies"}));
+                            "allowed_hosts", "trusted_proxies", "max_buffered"}));
   if (auto v = n["max_body"]) {
     WEIR_TRY(b, read_bytes(v, "server.max_body"));
     // (0 is no "unlimited", as nginx's client_max_body_size 0 is: it would refuse every body.)
@@ -108,6 +109,17 @@ ConfigResult<void> parse_server(const YAML::Node& n, ServerConfig& s) {
     if (b < 4096 || b > (1ULL << 30))
       return tl::unexpected(config_error(v, "server.max_event", "must be between 4KiB and 1GiB"));
     s.max_event_bytes = b;
+  }
+  if (auto v = n["max_buffered"]) {
+    WEIR_TRY(b, read_bytes(v, "server.max_buffered"));
+    // A budget smaller than one body or one answer Weir takes would refuse those every time, however idle.
+    if (b != 0 && (b < s.max_body_bytes || b < s.max_response_bytes))
+      return tl::unexpected(config_error(v, "server.max_buffered",
+                                         "must be 0 (no bound) or at least server.max_body and server.max_response"));
+    s.max_buffered_bytes = b;
+  } else {
+    // (Unset: 1GiB, or the larger of the two limits when one is set above it.)
+    s.max_buffered_bytes = std::max({s.max_buffered_bytes, s.max_body_bytes, s.max_response_bytes});
   }
   if (auto v = n["access_log"]) {
     // A plain YAML boolean is no file name: false/no/off are off (as every on/off key reads them), true/yes/on

@@ -97,6 +97,11 @@ struct ServerConfig {
   // Reload the configuration file when it changes (besides SIGHUP): how
   // often its size, time and inode are looked at; 0 = off (the default).
   Millis watch_config{0};
+  // server.max_buffered: the bytes request bodies and whole (non-streamed) upstream answers may hold at
+  // once, summed over the process (core/buffer_budget.hpp); a request that would take it over gets 503
+  // gateway_overloaded. 0 = no bound. When set, at least max_body and max_response; unset, 1GiB or the
+  // larger of those two.
+  std::uint64_t max_buffered_bytes = std::uint64_t{1} << 30;
 };
 
 // Upstream timeouts of one pool.

@@ -3,6 +3,7 @@
 namespace weir::gateway {
 
 void RequestContext::trim(std::size_t max_bytes) {
+  answer_charge.release();  // (the request is over)
   for (std::string* s : {&head, &body, &scratch, &upstream_body_buf, &edit_buf})
     if (s->capacity() > max_bytes) std::string().swap(*s);
   if (extras && extras->responses_echo.capacity() > max_bytes) std::string().swap(extras->responses_echo);
@@ -11,6 +12,7 @@ void RequestContext::trim(std::size_t max_bytes) {
 
 void RequestContext::reset() {
   gen.reset();
+  answer_charge.release();
   read_failure = http::ReadFailure::none;
   request_id.clear();
   upstream_request_id.clear();

@@ -19,6 +19,7 @@
 #include "auth/policy.hpp"
 #include "core/async.hpp"
 #include "core/attempt_id.hpp"
+#include "core/buffer_budget.hpp"
 #include "core/error.hpp"
 #include "core/time.hpp"
 #include "gateway/endpoints.hpp"
@@ -430,6 +431,9 @@ struct RequestContext {
   std::string head;     // a response or upstream request head being built
   std::string body;     // a buffered upstream body, or an error body
   std::string scratch;  // decode, framing and splice scratch
+  // What `body` holds of the process's buffer budget (server.max_buffered): grown as a buffered answer is
+  // read (respond_buffered), given back when the request ends (trim, reset).
+  core::BufferCharge answer_charge;
 
   // Between requests: frees the working storage that grew past `max_bytes`
   // (a large body, a decoded answer), so an idle kept-alive connection does

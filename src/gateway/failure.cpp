@@ -30,6 +30,8 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
     }
     case http::ReadFailure::drain_cut:
       return drain_cut();
+    case http::ReadFailure::over_budget:
+      return buffers_full(nullptr, sc.max_buffered_bytes);
     case http::ReadFailure::bad_framing:
       return core::bad_request(
           "Malformed HTTP request: Transfer-Encoding must end in a single chunked, and comes with neither "
@@ -184,6 +186,20 @@ core::Error deadline_exceeded(const UpstreamSubject& who, std::uint32_t budget_m
                                fmt::format("The request's deadline of {} ms (x-weir-timeout-ms) passed {} upstream",
                                            budget_ms, mid_stream ? "while" : "before"));
   e.no_retry = true;
+  return e;
+}
+
+core::Error buffers_full(const UpstreamSubject* who, std::uint64_t limit_bytes) {
+  core::Error e;
+  e.source = core::ErrorSource::internal;
+  e.status = 503;
+  e.type = "server_error";
+  e.code = "gateway_overloaded";
+  const std::string held =
+      fmt::format("the request bodies and answers Weir holds would pass {} bytes (server.max_buffered)", limit_bytes);
+  e.message = who ? upstream_message(*who, fmt::format("sent an answer Weir cannot hold now: {}; retry shortly", held))
+                  : fmt::format("Weir cannot take this request's body now: {}; retry shortly.", held);
+  e.retry_after_s = 1;
   return e;
 }
 

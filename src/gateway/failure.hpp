@@ -123,6 +123,11 @@ core::Error client_gone(ClientGone why);
 // A request still in flight when server.drain_timeout passed: Weir cut it
 // (503 drain_timeout, source internal), not the client.
 core::Error drain_cut();
+// 503 gateway_overloaded (Retry-After: 1, source internal): the request's body
+// (`who` null) or its upstream's whole answer would take the bytes Weir holds
+// in buffers over server.max_buffered (core/buffer_budget.hpp). `limit_bytes`:
+// that setting.
+core::Error buffers_full(const UpstreamSubject* who, std::uint64_t limit_bytes);
 
 // The error body's shape: OpenAI's {"error":{message,type,param,code}}
 // (core/error.hpp), or Anthropic's {"type":"error","error":{type,message}}

@@ -8,6 +8,8 @@
 #include <fmt/format.h>
 #include <boost/json/array.hpp>
 
+#include "core/buffer_budget.hpp"
+
 namespace weir::gateway {
 
 namespace json = boost::json;
@@ -502,6 +504,17 @@ void MetricsShard::render(std::string& out, std::uint64_t log_errors, std::uint6
   w.header("weir_slow_client_cutoffs_total", "counter",
            "Streams cut off because the client stopped reading (backlog bound or write timeout).");
   w.sample("weir_slow_client_cutoffs_total", "", slow_client_cutoffs);
+  // (The process's, not a worker's: one budget for all, core/buffer_budget.hpp.)
+  w.header("weir_buffered_bytes", "gauge",
+           "Bytes of request bodies and whole upstream answers Weir holds now, against server.max_buffered.");
+  w.sample("weir_buffered_bytes", "", static_cast<double>(core::process_buffers.used()));
+  w.header("weir_buffer_refusals_total", "counter",
+           "Requests answered 503 gateway_overloaded because their body (request_body) or their upstream's "
+           "whole answer (response) would have taken the buffered bytes over server.max_buffered.");
+  w.sample("weir_buffer_refusals_total", "reason=\"request_body\"",
+           core::process_buffers.refused(core::BufferBudget::Use::request_body));
+  w.sample("weir_buffer_refusals_total", "reason=\"response\"",
+           core::process_buffers.refused(core::BufferBudget::Use::response));
   w.header("weir_request_bytes_total", "counter",
            "Request bytes received (head and body), as the access log's bytes_in.");
   w.sample("weir_request_bytes_total", "", bytes_in);

@@ -128,6 +128,7 @@ void Downstream::drop_parser() noexcept {
 }
 
 void Downstream::trim_storage(std::size_t max_bytes) {
+  body_charge_.release();  // (the request is over: its body is no longer held for it)
   if (body_store_.capacity() > max_bytes) std::string().swap(body_store_);
   // (A request with no body never reached read_body's shrink of in_.)
   if (!reading_ && in_.size() == 0 && in_.capacity() > kKeepInput) in_.shrink_to_fit();
@@ -142,6 +143,17 @@ void Downstream::trim_storage(std::size_t max_bytes) {
 void Downstream::release_request() {
   target_ = {};  // (a view into the parser's head)
   drop_parser();
+  body_charge_.release();  // (the body went with it)
+}
+
+void Downstream::ChunkHeaders::operator()(std::uint64_t size, std::string_view extensions, error_code& ec) {
+  ext(size, extensions, ec);
+  if (ec || size == 0) return;
+  // (Beast checked the size against server.max_body first: the sum stays within it.)
+  announced += size;
+  if (self->charge_body(announced)) return;
+  over_budget = true;
+  ec = bh::error::body_limit;
 }
 
 void Downstream::begin_request() {
@@ -196,8 +208,9 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   version_ = 0;
   head_method_ = false;
   parser_->header_limit(sc_.max_header_bytes);
-  chunk_ext_ = {.left = sc_.max_header_bytes, .over = false};
-  parser_->on_chunk_header(chunk_ext_);  // a reference: no allocation
+  chunk_headers_ = {.self = this, .ext = {.left = sc_.max_header_bytes, .over = false}};
+  parser_->on_chunk_header(chunk_headers_);  // a reference: no allocation
+  body_charge_.release();                    // (the last request's body is over)
   // No body limit while the head is read: Beast would reject a large
   // Content-Length as a header error; read_body() answers it with 413.
   parser_->body_limit(boost::none);
@@ -350,6 +363,13 @@ Task<bool> Downstream::read_body() {
     failure_ = ReadFailure::body_too_large;
     co_return false;
   }
+  // Charged whole before it is read (AppendStringBody reserves it whole): refused, as above, before the client
+  // sends it.
+  if (auto cl = parser_->content_length(); cl && !charge_body(*cl)) {
+    keep_alive_ = false;
+    failure_ = ReadFailure::over_budget;
+    co_return false;
+  }
   // RFC 9110 §10.1.1 (an HTTP/1.0 request's 100-continue is ignored).
   if (expects_continue(req)) {
     watchdog_.expires_after(sc_.write_timeout);
@@ -384,9 +404,11 @@ Task<bool> Downstream::read_body() {
   if (!ec) co_return true;
   keep_alive_ = false;
   failure_ec_ = ec;
-  if (ec == bh::error::body_limit) {
+  if (chunk_headers_.over_budget) {
+    failure_ = ReadFailure::over_budget;
+  } else if (ec == bh::error::body_limit) {
     failure_ = ReadFailure::body_too_large;
-  } else if (ec == bh::error::buffer_overflow || chunk_ext_.over) {
+  } else if (ec == bh::error::buffer_overflow || chunk_headers_.ext.over) {
     failure_ = ReadFailure::framing_too_large;
   } else if (timed_out_) {
     timed_out_ = false;

@@ -15,6 +15,7 @@
 #include <boost/beast/core/flat_buffer.hpp>
 
 #include "core/async.hpp"
+#include "core/buffer_budget.hpp"
 #include "core/config.hpp"
 #include "core/time.hpp"
 #include "http/flat_parser.hpp"
@@ -45,6 +46,8 @@ enum class ReadFailure : std::uint8_t {
   line_too_long,            // the request line alone is over server.max_header → 414 (RFC 9110 §15.5.15)
   body_timeout,             // the body did not arrive within server.body_timeout → 408
   body_too_large,           // Content-Length or the chunked body over server.max_body → 413 (sent before reading it)
+  over_budget,              // the body (its Content-Length, or a chunk as announced) would take the bytes Weir
+                            // buffers over server.max_buffered → 503 gateway_overloaded, before more is read
   client_closed,            // the client left before sending the whole request (head or body) → 499, nothing sent
   drain_cut,                // server.drain_timeout closed the connection mid-request (head or body) → logged as
                             // 503 drain_timeout; nothing can be sent
@@ -185,7 +188,18 @@ class Downstream {
   // Reads the body within server.max_body and server.body_timeout, answering
   // "Expect: 100-continue" first. false: failure() says why (a body too
   // large is refused before it is read, from its Content-Length).
+  // The body is charged to the process's buffer budget (core::process_buffers,
+  // server.max_buffered) before its bytes are read: its Content-Length at
+  // once, a chunked body each chunk as its size is announced; over the budget
+  // it fails with ReadFailure::over_budget and the connection closes. The
+  // charge is given back when the request ends (trim_storage,
+  // release_request, the next read_head).
   Task<bool> read_body();
+  // Grows the body's charge to `bytes` (a body decoded from gzip takes more
+  // than it came as); false, nothing charged, over server.max_buffered.
+  bool charge_body(std::uint64_t bytes) {
+    return body_charge_.cover(bytes, sc_.max_buffered_bytes, core::BufferBudget::Use::request_body);
+  }
   ReadFailure failure() const { return failure_; }
   // The bytes of this request taken from the connection: its head (as far
   // as it was parsed) and the part of its body read_body() parsed, framing
@@ -374,7 +388,17 @@ class Downstream {
   boost::beast::flat_buffer in_;
   std::string_view target_;  // target(): into the parser's head or target_buf_
   std::string target_buf_;   // an absolute-form target's origin-form when it needs a "/" added
-  ChunkExtCheck chunk_ext_;  // a chunked body's extensions: bounded, no control bytes
+  // The parser's chunk-header callback: each chunk's extensions checked (bounded, no control bytes), and
+  // its size charged to the body's buffer charge before its bytes are read.
+  struct ChunkHeaders {
+    Downstream* self = nullptr;
+    ChunkExtCheck ext;
+    std::uint64_t announced = 0;  // the chunk sizes announced so far
+    bool over_budget = false;     // a chunk would have taken the budget over server.max_buffered
+    void operator()(std::uint64_t size, std::string_view extensions, boost::system::error_code& ec);
+  };
+  ChunkHeaders chunk_headers_;
+  core::BufferCharge body_charge_;  // what this request's body holds of server.max_buffered
   core::Watchdog watchdog_;
   core::Watchdog::Clock::time_point head_started_{};  // read_head(): when the head's first bytes were here
   core::Watchdog::Clock::duration client_wait_{};     // client_waited(): since head_started_

@@ -278,6 +278,12 @@ Outcome GatewayPhases::decode_body(RequestContext& ctx) {
       if (over) return Outcome::failed(core::payload_too_large(max_body));
       return Outcome::failed(core::undecodable_body(ce));
     }
+    // What it decoded to is charged to server.max_buffered too (its Content-Length was): a small gzip body
+    // holds up to server.max_body once decoded.
+    if (!down_.charge_body(decoded.size())) {
+      w_.give_buffer(decoded);
+      return Outcome::failed(buffers_full(nullptr, down_.config().max_buffered_bytes));
+    }
     down_.body().swap(decoded);
     w_.give_buffer(decoded);
     ctx.body_decoded = true;

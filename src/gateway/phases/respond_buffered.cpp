@@ -247,6 +247,21 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
   }
   const auto into = w_.stream_body_buffer();
+  // What the body holds is charged to the process's budget (server.max_buffered) before it is read: the
+  // whole Content-Length at once, else each read's bytes (and, below, what is written when it is another
+  // buffer). An answer it would take over the budget ends the request with 503 gateway_overloaded before
+  // any of it is sent, the upstream connection closed unless it was read whole: not the endpoint's fault
+  // (no failed answer for its health), charged nothing, and no fallback (another pool's answer would be
+  // held the same way).
+  const auto charge = [&](std::uint64_t bytes) {
+    return ctx.answer_charge.cover(bytes, sc.max_buffered_bytes, core::BufferBudget::Use::response);
+  };
+  const auto buffers_full_now = [&] {
+    ctx.has_usage = ctx.has_choice_usage = false;
+    ctx.completion_text_bytes = 0;
+    const UpstreamSubject who = subject(ctx);
+    return Outcome::failed(buffers_full(&who, sc.max_buffered_bytes));
+  };
   // A body whose size the upstream declares (within server.max_response) is
   // read into room reserved once: appends that grow it by doubling would copy
   // it ~twice over and fault in ~twice its pages, which for tens of MB is
@@ -254,14 +269,24 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (const auto cl = http::first_field(src.head(), bh::field::content_length); !cl.empty() && !src.done()) {
     std::uint64_t n = 0;
     if (const auto [p, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
-        ec == std::errc() && p == cl.data() + cl.size() && n > (1u << 20) && n <= sc.max_response_bytes)
-      body.reserve(static_cast<std::size_t>(n));
+        ec == std::errc() && p == cl.data() + cl.size() && n <= sc.max_response_bytes) {
+      if (!charge(n)) {
+        src.cancel();  // (its bytes are not read: the connection closes)
+        co_return buffers_full_now();
+      }
+      if (n > (1u << 20)) body.reserve(static_cast<std::size_t>(n));
+    }
   }
   // A body that did not come whole with its head is read as the upstream sends it: the time of its reads is
   // the upstream's, not Weir's own (added_us). (A small answer, head and body in one recv, reads none.)
   const auto t_body = src.done() ? core::TimePoint{} : core::now();
   while (!src.done()) {
     const http::BodyRead r = co_await src.read(into);
+    // (Covered already when its Content-Length was charged: no call.)
+    if (body.size() + r.bytes > ctx.answer_charge.held() && !charge(body.size() + r.bytes)) {
+      src.cancel();
+      co_return buffers_full_now();
+    }
     body.append(into.data(), r.bytes);
     if (r.failure != http::UpstreamFailure::none) {
       failure = r.failure;
@@ -670,6 +695,9 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   if (content_type.empty() && !ctx.fields.stream && !plain.empty() && plain.front() == '{' &&
       http::is_event_stream(http::first_field(head, bh::field::content_type)))
     content_type = "application/json";
+  // What is written, when it is not the body as read (decoded, repaired, translated, made a stream), is held
+  // beside it until the client has it: charged too, before anything is sent.
+  if (out.data() != body.data() && !charge(std::uint64_t{body.size()} + out.size())) co_return buffers_full_now();
   commit(ctx);
   // A route admission does not see (GET /version, the upstream's model list) carries the principal's
   // x-ratelimit-* too, as Weir's own answers do (send_own): every answer to a tenant's request does.
@@ -722,6 +750,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   const bool sent = co_await down_.write_all(ctx.head, no_body ? std::string_view{} : out);
   if (body.capacity() > (1u << 20)) std::string().swap(body);
   if (ctx.scratch.capacity() > (1u << 20)) std::string().swap(ctx.scratch);
+  ctx.answer_charge.release();  // (the client has it, or is gone)
   if (!sent) co_return Outcome::failed(client_gone(why_gone()));
   co_return Outcome::responded();
 }

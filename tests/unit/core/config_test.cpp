@@ -169,6 +169,27 @@ TEST(Config, SizesAndDurations) {
   EXPECT_EQ(c->pools[0].endpoints[0].port, 9);
 }
 
+// server.max_buffered: 1GiB unless a limit it must hold is larger; 0 = no bound; else at least one body and one
+// answer.
+TEST(Config, MaxBuffered) {
+  constexpr std::string_view pools = "pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n";
+  auto d = parse_config(std::string(pools), "weir.yaml");
+  ASSERT_TRUE(d) << d.error().to_string();
+  EXPECT_EQ(d->server.max_buffered_bytes, std::uint64_t{1} << 30);
+  auto big = parse_config("server: {max_response: 2GiB}\n" + std::string(pools), "weir.yaml");
+  ASSERT_TRUE(big) << big.error().to_string();
+  EXPECT_EQ(big->server.max_buffered_bytes, std::uint64_t{2} << 30);
+  auto set = parse_config("server: {max_buffered: 8MiB, max_body: 1MiB, max_response: 2MiB}\n" + std::string(pools),
+                          "weir.yaml");
+  ASSERT_TRUE(set) << set.error().to_string();
+  EXPECT_EQ(set->server.max_buffered_bytes, 8u << 20);
+  auto off = parse_config("server: {max_buffered: 0}\n" + std::string(pools), "weir.yaml");
+  ASSERT_TRUE(off) << off.error().to_string();
+  EXPECT_EQ(off->server.max_buffered_bytes, 0u);
+  const auto err = error_of("server: {max_buffered: 100MiB}\n" + std::string(pools));  // under max_response
+  EXPECT_NE(err.find("server.max_buffered"), std::string::npos) << err;
+}
+
 TEST(Config, QuickMode) {
   auto c = weir::core::quick_config("127.0.0.1:0", "http://127.0.0.1:8000");
   ASSERT_TRUE(c);

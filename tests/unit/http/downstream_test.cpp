@@ -564,6 +564,62 @@ TEST_F(HttpDownstream, ChunkedBodyOverMaxBodyArrivingLaterIsBodyTooLarge) {
   EXPECT_EQ(down->failure(), ReadFailure::body_too_large);
 }
 
+// server.max_buffered (core/buffer_budget.hpp): a body is charged to the process's budget before its bytes are
+// read, its Content-Length at once, a chunked body each chunk as its size comes; over the budget it is
+// over_budget (503), and the charge comes back when the request ends.
+TEST_F(HttpDownstream, ContentLengthOverTheBufferBudgetIsRefusedBeforeReading) {
+  sc.max_buffered_bytes = 1000;
+  const std::uint64_t before = core::process_buffers.used();
+  const std::uint64_t refused = core::process_buffers.refused(core::BufferBudget::Use::request_body);
+  core::BufferCharge other;  // another request's body holds 600 of the 1000
+  ASSERT_TRUE(other.cover(600, 0, core::BufferBudget::Use::request_body));
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 500\r\nExpect: 100-continue\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), false);
+  EXPECT_EQ(down->failure(), ReadFailure::over_budget);
+  EXPECT_FALSE(down->keep_alive());
+  EXPECT_EQ(core::process_buffers.used(), before + 600);
+  EXPECT_EQ(core::process_buffers.refused(core::BufferBudget::Use::request_body), refused + 1);
+  // The next bytes the client gets are the answer, not "100 Continue".
+  ASSERT_EQ(write_all("X"), true);
+  ASSERT_TRUE(receive(1));
+  EXPECT_EQ(client.received, "X");
+}
+
+TEST_F(HttpDownstream, ABodyWithinTheBufferBudgetIsChargedUntilTheRequestEnds) {
+  sc.max_buffered_bytes = 1000;
+  const std::uint64_t before = core::process_buffers.used();
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 400\r\n\r\n" + std::string(400, 'b'));
+  ASSERT_EQ(head(), Head::request);
+  ASSERT_EQ(body(), true);
+  EXPECT_EQ(core::process_buffers.used(), before + 400);
+  down->trim_storage(16 * 1024);  // the request is over
+  EXPECT_EQ(core::process_buffers.used(), before);
+}
+
+TEST_F(HttpDownstream, AChunkedBodyIsRefusedAtTheChunkThatWouldPassTheBufferBudget) {
+  sc.max_buffered_bytes = 100;
+  const std::uint64_t before = core::process_buffers.used();
+  start();
+  client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n");
+  ASSERT_EQ(head(), Head::request);
+  std::optional<bool> r;
+  spawn(io, down->read_body(), r);
+  settle(io);
+  client.send("40\r\n" + std::string(64, 'a') + "\r\n");
+  settle(io);
+  EXPECT_FALSE(r.has_value());
+  EXPECT_EQ(core::process_buffers.used(), before + 64);
+  client.send("40\r\n");  // 128 announced: refused before its bytes come
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_FALSE(*r);
+  EXPECT_EQ(down->failure(), ReadFailure::over_budget);
+  down->release_request();
+  EXPECT_EQ(core::process_buffers.used(), before);
+}
+
 TEST_F(HttpDownstream, MalformedChunkedBodyIsMalformed) {
   start();
   client.send("POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n");

@@ -1,0 +1,7 @@
+#include "core/buffer_budget.hpp"
+
+namespace weir::core {
+
+constinit BufferBudget process_buffers;
+
+}  // namespace weir::core
