@@ -30,6 +30,7 @@ CONFIG_SERVER = {"max_body": "3MiB", "max_response": "4MiB", "max_buffered": "8M
 class RawUpstream:
     """An upstream that answers every POST with a large JSON body, by ``mode``:
 
+    cl_head   a head with Content-Length ``size`` and no byte of the body
     cl        a head with Content-Length ``size``, then the body
     chunked   a chunked body of ``size`` bytes in 64 KiB chunks
     chat      a chat completion of ``size`` bytes (its text most of it), with its Content-Length
@@ -107,7 +108,8 @@ class RawUpstream:
                     else:
                         conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
                                      b"Content-Length: %d\r\n\r\n" % self.size)
-                        conn.sendall(self.body())
+                        if self.mode != "cl_head":
+                            conn.sendall(self.body())
             except OSError:  # reset (Weir closed with our bytes unread), broken pipe, or our timeout
                 self.closed.set()
 
@@ -285,3 +287,20 @@ def test_a_translated_answer_is_charged_with_the_answer_it_was_made_from(weir, m
     assert r.status == 200, r.body[:300]
     assert json.loads(r.body)["type"] == "message"
     wait_until(lambda: buffered(w) == 0, 10, message="the answer's charge given back")
+
+
+def test_an_answer_whose_content_length_is_over_max_response_is_502_at_its_head(weir, mock, upstreams):
+    # (No server.max_buffered here: the base build read up to max_response of a body it would refuse, and waited
+    # for it: this one never sends it.)
+    big = upstreams("cl_head", 5 * MiB)
+    w = gateway(weir, mock, big, server={"max_response": "4MiB"})
+    with RawConn(w.port, timeout=30) as c:
+        c.send(request("POST", "/v1/embeddings", {"model": "big-model", "input": "hi"},
+                       headers={"x-request-id": "cl-over"}))
+        r = c.read_response("POST")
+    assert r.status == 502, r.body[:300]
+    err = json.loads(r.body)["error"]
+    assert err["code"] == "upstream_unavailable" and f"larger than {4 * MiB} bytes" in err["message"], err
+    assert big.closed.wait(10), "Weir kept the connection of an answer it refused at its head"
+    e = log_of(w, "cl-over")
+    assert e["status"] == 502, e

@@ -265,22 +265,30 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
   // A body whose size the upstream declares (within server.max_response) is
   // read into room reserved once: appends that grow it by doubling would copy
   // it ~twice over and fault in ~twice its pages, which for tens of MB is
-  // most of a translated answer's cost on the worker.
+  // most of a translated answer's cost on the worker. One it declares over
+  // server.max_response is refused at its head, no byte of it read (502, as
+  // one found larger as it is read).
   if (const auto cl = http::first_field(src.head(), bh::field::content_length); !cl.empty() && !src.done()) {
     std::uint64_t n = 0;
     if (const auto [p, ec] = std::from_chars(cl.data(), cl.data() + cl.size(), n);
-        ec == std::errc() && p == cl.data() + cl.size() && n <= sc.max_response_bytes) {
-      if (!charge(n)) {
+        ec == std::errc() && p == cl.data() + cl.size()) {
+      if (n > sc.max_response_bytes) {
         src.cancel();  // (its bytes are not read: the connection closes)
-        co_return buffers_full_now();
+        failure = http::UpstreamFailure::protocol;
+        too_large = true;
+      } else {
+        if (!charge(n)) {
+          src.cancel();  // (its bytes are not read: the connection closes)
+          co_return buffers_full_now();
+        }
+        if (n > (1u << 20)) body.reserve(static_cast<std::size_t>(n));
       }
-      if (n > (1u << 20)) body.reserve(static_cast<std::size_t>(n));
     }
   }
   // A body that did not come whole with its head is read as the upstream sends it: the time of its reads is
   // the upstream's, not Weir's own (added_us). (A small answer, head and body in one recv, reads none.)
-  const auto t_body = src.done() ? core::TimePoint{} : core::now();
-  while (!src.done()) {
+  const auto t_body = src.done() || too_large ? core::TimePoint{} : core::now();
+  while (!too_large && !src.done()) {
     const http::BodyRead r = co_await src.read(into);
     // (Covered already when its Content-Length was charged: no call.)
     if (body.size() + r.bytes > ctx.answer_charge.held() && !charge(body.size() + r.bytes)) {
