@@ -17,14 +17,12 @@ import threading
 import httpx
 import pytest
 
+from httpwire import chunked
+
 EMB = (b'{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1]}],"model":"m",'
        b'"usage":{"prompt_tokens":1,"total_tokens":1}}')
 EVENT = (b'data: {"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,'
          b'"delta":{"content":"hi"},"finish_reason":"stop"}]}\n\n')
-
-
-def chunked(body: bytes) -> bytes:
-    return b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body)
 
 
 class RawUpstream:
