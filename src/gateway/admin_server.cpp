@@ -224,18 +224,29 @@ core::Task<void> AdminServer::watch_keys_file() {
     keys_watch_.expires_after(kKeysFileCheck);
     co_await keys_watch_.async_wait(core::use_task);
     if (!watching_) co_return;  // (stop() cancelled the wait)
+    const auto version = keys_->version();
     auto changed = keys_->refresh();
     if (!changed) {
       weir::core::note("weir: {}; the runtime keys stay as they were (read again once the file changes)\n",
                        changed.error());
       continue;
     }
-    if (!*changed) continue;
-    weir::core::note(
-        "weir: admin.keys_file {} changed on disk (another Weir sharing it, or an edit): read again, {} "
-        "runtime key{}\n",
-        cfg_.keys_file, keys_->keys().size(), keys_->keys().size() == 1 ? "" : "s");
-    co_await publish(keys_->policy());
+    if (*changed)
+      weir::core::note(
+          "weir: admin.keys_file {} changed on disk (another Weir sharing it, or an edit): read again, {} "
+          "runtime key{}\n",
+          cfg_.keys_file, keys_->keys().size(), keys_->keys().size() == 1 ? "" : "s");
+    // It held keys revoked here (an older Weir wrote it from its memory): refused here still; written again
+    // without them, so that no later reader (a restart) admits them.
+    if (auto repaired = keys_->repair(); !repaired)
+      weir::core::note("weir: admin.keys_file {}: keys revoked here are still in it: {}\n", cfg_.keys_file,
+                       repaired.error());
+    else if (*repaired)
+      weir::core::note(
+          "weir: admin.keys_file {} held keys revoked here (written by an older Weir): written again "
+          "without them\n",
+          cfg_.keys_file);
+    if (keys_->version() != version) co_await publish(keys_->policy());
   }
 }
 

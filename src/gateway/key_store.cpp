@@ -83,9 +83,11 @@ std::vector<auth::RuntimeKey> runtime_keys(const std::vector<KeyRecord>& keys) {
   return rk;
 }
 
-// How long a change waits for keys_file's lock, which another process
-// holds only while it writes the file (milliseconds): past this, a 503.
-constexpr auto kLockWait = std::chrono::seconds(2);
+// How long a change waits for keys_file's lock, which another Weir holds
+// only while it reads, changes and writes the file (a write and an fsync:
+// milliseconds): past this, a 503. The admin control thread waits with it
+// (docs/admin-api.md: handlers do not block), so the bound is short.
+constexpr auto kLockWait = std::chrono::milliseconds(200);
 
 std::int64_t ns_of(const struct timespec& t) { return std::int64_t{t.tv_sec} * 1'000'000'000 + t.tv_nsec; }
 
@@ -256,6 +258,12 @@ tl::expected<bool, std::string> KeyStore::refresh(bool always) {
   std::string text;
   FileStamp now;
   if (auto ok = read_file(text, now); !ok) return fail(now, ok.error());
+  // Gone after it was there (moved away, deleted): as an invalid file, the keys stay as they are, with their
+  // buckets and spend; the next change writes the file again. (Never there: an empty store, as at start-up.)
+  if (!now.exists && known_.exists) {
+    if (always) return false;
+    return fail(now, fmt::format("admin.keys_file {} is gone (moved or deleted)", file_));
+  }
   const auto digest = auth::sha256(text);
   if (now.exists == known_.exists && digest == known_digest_) {  // the same keys (rewritten, touched)
     known_ = now;
@@ -267,6 +275,27 @@ tl::expected<bool, std::string> KeyStore::refresh(bool always) {
     auto keys = parse_file(text);
     if (!keys) return fail(now, keys.error());
     next = std::move(*keys);
+  }
+  // What this process revoked never comes back from a re-read (an older Weir sharing the file writes it from
+  // its memory, without the lock): a revoked id is dropped; a secret rotated away here leaves the key as this
+  // store holds it (or dropped, when it holds no such key). The file is written again without them (repair()).
+  bool stale = false;
+  if (!revoked_.empty() || !retired_.empty()) {
+    std::vector<KeyRecord> kept;
+    kept.reserve(next.size());
+    for (auto& k : next) {
+      if (revoked_.contains(k.id)) {
+        stale = true;
+        continue;
+      }
+      if (retired_.contains(k.sha256)) {
+        stale = true;
+        if (const KeyRecord* cur = find(k.id)) kept.push_back(*cur);
+        continue;
+      }
+      kept.push_back(std::move(k));
+    }
+    next = std::move(kept);
   }
   // Each key as this store holds it, when its limits and budget are the same: its scope and admission state
   // stay; otherwise a fresh scope (the lowest the limiter can reuse, each once, then past every one held),
@@ -298,6 +327,16 @@ tl::expected<bool, std::string> KeyStore::refresh(bool always) {
   known_ = now;
   known_digest_ = digest;
   refused_.reset();
+  repair_ = stale;
+  return true;
+}
+
+tl::expected<bool, std::string> KeyStore::repair() {
+  if (!repair_) return false;
+  repair_ = false;  // (tried once per re-read that found them: a failure is said once; the next change writes)
+  const auto lock = begin_change();  // (reads the file again under the lock, dropping what was revoked here)
+  if (!lock) return tl::unexpected(lock.error().message);
+  if (auto ok = save(keys_); !ok) return tl::unexpected(ok.error());
   return true;
 }
 
@@ -317,15 +356,16 @@ AdminResult<KeyStore::FileLock> KeyStore::begin_change() {
     if (errno != EWOULDBLOCK && errno != EINTR)
       return tl::unexpected(
           internal(fmt::format("The key was not changed: cannot lock {}: {}", path, std::strerror(errno))));
-    if (std::chrono::steady_clock::now() >= until)
+    const auto left = until - std::chrono::steady_clock::now();
+    if (left <= decltype(left)::zero())
       return tl::unexpected(AdminError{503,
                                        "server_error",
                                        "service_unavailable",
                                        fmt::format("The key was not changed: another process has held the lock "
-                                                   "file {} for over {} s; retry shortly.",
+                                                   "file {} for over {} ms; retry shortly.",
                                                    path, kLockWait.count()),
                                        {}});
-    std::this_thread::sleep_for(pause);
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(pause, left));  // (1, 2, 4 ... 50 ms)
   }
   if (auto fresh = refresh(true); !fresh) return tl::unexpected(internal("The key was not changed: " + fresh.error()));
   return lock;
@@ -393,6 +433,7 @@ tl::expected<void, std::string> KeyStore::save(const std::vector<KeyRecord>& key
     known_ = {};  // (read again by the next refresh)
   known_digest_ = auth::sha256(text);
   refused_.reset();
+  repair_ = false;
   return {};
 }
 
@@ -533,6 +574,7 @@ AdminResult<KeyRecord> KeyStore::revoke(std::string_view id) {
   for (const auto& e : keys_)
     if (e.id != id) next.push_back(e);
   if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
+  revoked_.insert(gone.id);  // (for the life of the process: refresh() never admits it again)
   return gone;
 }
 
@@ -542,12 +584,14 @@ AdminResult<KeyStore::Change> KeyStore::rotate(std::string_view id) {
   const KeyRecord* cur = find(id);
   if (!cur) return tl::unexpected(admin_not_found(fmt::format("No runtime key with id `{}`.", id.substr(0, 128))));
   KeyRecord k = *cur;
+  const auth::Sha256Digest retired = cur->sha256;
   std::string secret = generate_key_secret();
   k.sha256 = auth::sha256(secret);
   auto next = keys_;
   for (auto& e : next)
     if (e.id == k.id) e = k;
   if (auto ok = commit(std::move(next)); !ok) return tl::unexpected(ok.error());
+  retired_.insert(retired);  // (for the life of the process: refresh() never admits the old secret again)
   return Change{std::move(k), std::move(secret)};
 }
 

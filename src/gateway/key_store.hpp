@@ -25,8 +25,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -93,8 +95,19 @@ class KeyStore {
   // false when nothing did. Error ("admin.keys_file PATH: what is wrong";
   // nothing changed): the file cannot be read or is not a valid keys file;
   // said once per version of the file (a later call returns false until it
-  // changes again). Blocking file I/O, a few small reads: control thread.
+  // changes again). A file that is gone after it was there (moved away,
+  // deleted) is such an error too: the keys stay, with their admission
+  // state, and a file brought back with the same ids keeps it (keys are
+  // matched by id). A key this process revoked, or a secret it rotated
+  // away, is never admitted again (an older Weir sharing the file writes it
+  // from its memory without the lock); repair() then writes the file
+  // without them. Blocking file I/O, a few small reads: control thread.
   tl::expected<bool, std::string> refresh();
+  // After refresh() dropped what this process revoked or rotated away:
+  // writes keys_file again (under its lock) from this store's keys; true
+  // when written, false when there was nothing to do. Error: the message
+  // of a failed change (the lock, a read or a write). Control thread.
+  tl::expected<bool, std::string> repair();
   // A version of keys_file: what stat(2) tells of it (a missing file: exists false).
   struct FileStamp {
     bool exists = false;
@@ -113,7 +126,8 @@ class KeyStore {
   // another process changed it (refresh(), whose outcome policy() then shows
   // even when the change itself fails: publish it whenever it moved): 500
   // when the file cannot be locked, read or written, or is no longer a
-  // valid keys file; 503 when another process holds the lock for over 2 s.
+  // valid keys file; 503 when another process holds the lock for over
+  // 200 ms (a short wait: the admin control thread waits with it).
   // POST /admin/v1/keys body (docs/admin-api.md). 400 for a bad field (with
   // param), 404 for an unknown tenant.
   AdminResult<Change> create(const boost::json::object& body, std::int64_t now_s);
@@ -150,6 +164,11 @@ class KeyStore {
   auth::Sha256Digest known_digest_{};
   // A version refused by refresh() (said once): not read again until it changes.
   std::optional<FileStamp> refused_;
+  // Tombstones, for the life of the process: the ids revoked here (unique, random) and the secrets rotated
+  // away here, which refresh() never admits again; repair_: the file still holds some (repair()).
+  std::unordered_set<std::string> revoked_;
+  std::set<auth::Sha256Digest> retired_;
+  bool repair_ = false;
 
   auth::AuthConfig base_;
   std::string file_;

@@ -16,6 +16,7 @@
 #include <boost/asio/read.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 
 #include "../auth/jwt_test_util.hpp"
 #include "admission/local_limiter.hpp"
@@ -534,12 +535,115 @@ TEST(KeyStore, ABrokenSharedKeysFileIsSaidOnceAndNeverWrittenOver) {
   std::ifstream in(file);
   EXPECT_EQ(std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>()),
             "{\"version\":1,\"keys\":[{\"id\":\"x\"}]}");
-  // Removed: an empty store, as at start-up.
-  std::filesystem::remove(file);
-  r = a.refresh();
+  std::filesystem::remove_all(dir);
+}
+
+// A keys file moved away or deleted is as a broken one: the keys stay, with their scopes (buckets, spend);
+// brought back, the same ids keep them. (A file that was never there is an empty store: load().)
+TEST(KeyStore, AKeysFileGoneAfterItWasThereKeepsTheKeysAndTheirState) {
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-gone-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  const auto now = std::chrono::steady_clock::now();
+  KeyStore a(base_auth(), file);
+  ASSERT_TRUE(a.load());
+  admission::LocalLimiter la(a.policy()->scopes(), 1, now);
+  a.set_limiter(&la);
+  auto k = a.create(obj(R"({"tenant":"acme","budget":{"usd":1}})"), 1);
+  ASSERT_TRUE(k);
+  la.settle_spend(k->record.scope, 0, 300'000'000, now);
+  std::filesystem::rename(file, file + ".bak");
+  auto r = a.refresh();
+  ASSERT_FALSE(r);
+  EXPECT_NE(r.error().find("is gone (moved or deleted)"), std::string::npos) << r.error();
+  r = a.refresh();  // said once
   ASSERT_TRUE(r);
+  EXPECT_FALSE(*r);
+  ASSERT_NE(a.policy()->find_key(auth::sha256(k->secret)), nullptr);
+  // Back, changed (another key added by hand): read again, the known id keeps its scope and spend.
+  {
+    std::ifstream in(file + ".bak");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto root = boost::json::parse(text).as_object();
+    auto added = root["keys"].as_array()[0].as_object();
+    added["id"] = "vk_byhand";
+    added["sha256"] = auth::to_hex(auth::sha256("sk-by-hand"));
+    root["keys"].as_array().push_back(added);
+    std::ofstream(file + ".new") << boost::json::serialize(root);
+    std::filesystem::rename(file + ".new", file);
+  }
+  r = a.refresh();
+  ASSERT_TRUE(r) << r.error();
   EXPECT_TRUE(*r);
-  EXPECT_TRUE(a.keys().empty());
+  EXPECT_EQ(a.keys().size(), 2u);
+  EXPECT_EQ(a.find(k->record.id)->scope, k->record.scope);
+  EXPECT_EQ(la.spent(k->record.scope, now), 300'000'000);
+  // Deleted: kept again; the next change writes every key.
+  std::filesystem::remove(file);
+  ASSERT_FALSE(a.refresh());
+  EXPECT_EQ(a.keys().size(), 2u);
+  auto k2 = a.create(obj(R"({"tenant":"acme"})"), 2);
+  ASSERT_TRUE(k2) << k2.error().message;
+  KeyStore reader(base_auth(), file);
+  ASSERT_TRUE(reader.load());
+  EXPECT_EQ(reader.keys().size(), 3u);
+  std::filesystem::remove_all(dir);
+}
+
+// An older Weir sharing the file writes it from its memory without the lock: what this store revoked, and a
+// secret it rotated away, come back in the file. They are never admitted again, and repair() writes the file
+// without them.
+TEST(KeyStore, ARevocationIsNeverUndoneByAReRead) {
+  const auto dir = std::filesystem::temp_directory_path() / ("weir-keys-tomb-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string file = (dir / "keys.json").string();
+  KeyStore a(base_auth(), file);
+  ASSERT_TRUE(a.load());
+  auto gone = a.create(obj(R"({"tenant":"acme"})"), 1);
+  auto turned = a.create(obj(R"({"tenant":"acme"})"), 2);
+  ASSERT_TRUE(gone && turned);
+  std::string old_memory;
+  {
+    std::ifstream in(file);
+    old_memory.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  }
+  ASSERT_TRUE(a.revoke(gone->record.id));
+  auto rotated = a.rotate(turned->record.id);
+  ASSERT_TRUE(rotated);
+  auto r = a.repair();
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(*r);  // nothing to do
+  {
+    auto root = boost::json::parse(old_memory).as_object();
+    auto added = root["keys"].as_array()[0].as_object();
+    added["id"] = "vk_old";
+    added["sha256"] = auth::to_hex(auth::sha256("sk-old-build"));
+    root["keys"].as_array().push_back(added);
+    std::ofstream(file + ".new") << boost::json::serialize(root);
+    std::filesystem::rename(file + ".new", file);
+  }
+  r = a.refresh();
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_TRUE(*r);
+  EXPECT_EQ(a.policy()->find_key(auth::sha256(gone->secret)), nullptr);
+  EXPECT_EQ(a.policy()->find_key(auth::sha256(turned->secret)), nullptr);
+  EXPECT_NE(a.policy()->find_key(auth::sha256(rotated->secret)), nullptr);
+  EXPECT_NE(a.policy()->find_key(auth::sha256("sk-old-build")), nullptr);
+  EXPECT_EQ(a.find(gone->record.id), nullptr);
+  r = a.repair();
+  ASSERT_TRUE(r) << r.error();
+  EXPECT_TRUE(*r);
+  KeyStore reader(base_auth(), file);
+  ASSERT_TRUE(reader.load());
+  ASSERT_EQ(reader.keys().size(), 2u);
+  EXPECT_EQ(reader.find(gone->record.id), nullptr);
+  ASSERT_NE(reader.find(turned->record.id), nullptr);
+  EXPECT_EQ(reader.find(turned->record.id)->sha256, auth::sha256(rotated->secret));
+  r = a.repair();
+  ASSERT_TRUE(r);
+  EXPECT_FALSE(*r);
   std::filesystem::remove_all(dir);
 }
 
@@ -559,7 +663,7 @@ TEST(KeyStore, TheLockFileIsNeverFollowedAndAHeldLockIsWaitedForBounded) {
   EXPECT_NE(c.error().message.find("lock file"), std::string::npos) << c.error().message;
   EXPECT_FALSE(std::filesystem::exists(file));
   std::filesystem::remove(file + ".lock");
-  // Another process holding the lock (past 2 s): 503, nothing written; released, the change goes through.
+  // Another process holding the lock (past 200 ms): 503, nothing written; released, the change goes through.
   const int fd = ::open((file + ".lock").c_str(), O_RDWR | O_CREAT, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::flock(fd, LOCK_EX), 0);
