@@ -453,11 +453,18 @@ ConfigResult<PoolConfig> parse_pool(const std::string& name, const YAML::Node& n
              canonical_path(a.base_path) == canonical_path(ep->base_path) &&
              canonical_path(a.query) == canonical_path(ep->query);
     };
+    // (Compared as written, never by the redacted display: "?session=a" and "?session=b" are two endpoints.)
     for (std::size_t j = 0; j < p.endpoints.size(); ++j)
-      if (p.endpoints[j].display == ep->display || same(p.endpoints[j]))
+      if (same(p.endpoints[j]))
         return tl::unexpected(config_error(eps[i], k,
                                            fmt::format("is {}.endpoints[{}] again ({}): list each endpoint once", key,
                                                        j, quoted_text(ep->display, kQuotedPathBytes))));
+    // Two endpoints that differ only in a redacted secret would show one name (logs, /metrics, the admin
+    // API): the later one's display takes its index as a fragment ("...?session=REDACTED#1"; an endpoint
+    // URL has no fragment of its own, and it is never sent), so each name is one endpoint's.
+    if (std::any_of(p.endpoints.begin(), p.endpoints.end(),
+                    [&](const EndpointConfig& e) { return e.display == ep->display; }))
+      ep->display = fmt::format("{}#{}", ep->display, i);
     p.endpoints.push_back(std::move(*ep));
   }
   if (auto t = n["timeouts"]) {

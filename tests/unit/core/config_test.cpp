@@ -109,13 +109,28 @@ TEST(Config, StructuralErrors) {
   EXPECT_NE(
       error_of("pools: {a: {endpoints: [http://x:1/v1#top]}}\ndefault_pool: a\n").find("a fragment means nothing"),
       std::string::npos);
-  // An endpoint listed twice in a pool (or twice as logs and /metrics name it: its secrets redacted).
+  // An endpoint listed twice in a pool (compared as written; the message shows it with its secrets redacted).
   EXPECT_NE(error_of("pools: {a: {endpoints: [http://x:1, http://y:2, http://x:1]}}\ndefault_pool: a\n")
                 .find("pools.a.endpoints[2]: is pools.a.endpoints[0] again (\"http://x:1\")"),
             std::string::npos);
-  EXPECT_NE(error_of("pools: {a: {endpoints: ['http://x:1/v1?key=a', 'http://x:1/v1?key=b']}}\ndefault_pool: a\n")
-                .find("list each endpoint once"),
+  EXPECT_NE(error_of("pools: {a: {endpoints: ['http://x:1/v1?key=a', 'http://x:1/v1?key=a']}}\ndefault_pool: a\n")
+                .find("is pools.a.endpoints[0] again (\"http://x:1/v1?key=REDACTED\")"),
             std::string::npos);
+  // Two that differ only in a redacted value are two endpoints, each shown by a name of its own (logs,
+  // /metrics: one series each): the later one with its index as a fragment.
+  {
+    auto c = parse_config(
+        "pools: {a: {endpoints: ['http://x:1/v1?key=a', 'http://x:1/v1?key=b', 'http://x:1/v1?key=c']}}\n"
+        "default_pool: a\n",
+        "weir.yaml");
+    ASSERT_TRUE(c) << c.error().message;
+    const auto& eps = c->pools.at(0).endpoints;
+    ASSERT_EQ(eps.size(), 3u);
+    EXPECT_EQ(eps[0].display, "http://x:1/v1?key=REDACTED");
+    EXPECT_EQ(eps[1].display, "http://x:1/v1?key=REDACTED#1");
+    EXPECT_EQ(eps[2].display, "http://x:1/v1?key=REDACTED#2");
+    EXPECT_EQ(eps[1].query, "key=b");
+  }
   // One server written two ways (a trailing slash, the host's case, the scheme's default port) is listed twice.
   for (const char* pair : {"[http://x:1, 'http://x:1/']", "[http://x:1, http://X:1]", "[http://x, 'http://x:80']",
                            "[https://x/v1, 'https://x:443/v1/']"})
