@@ -292,9 +292,11 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
   return VerifiedJwt{std::move(jwt->claims), *exp};
 }
 
-const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path) {
-  if (path.find('.') != std::string_view::npos)
-    if (const auto* whole = claims.if_contains(boost::json::string_view(path.data(), path.size()))) return whole;
+namespace {
+
+// `path` read from `obj` with each dot a step into a nested object; nullptr when a member is absent or a step
+// is no object.
+const boost::json::value* nested_claim(const boost::json::object& claims, std::string_view path) {
   const boost::json::object* obj = &claims;
   while (true) {
     const auto dot = path.find('.');
@@ -305,6 +307,25 @@ const boost::json::value* find_claim(const boost::json::object& claims, std::str
     if (!obj) return nullptr;
     path.remove_prefix(dot + 1);
   }
+}
+
+}  // namespace
+
+const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path) {
+  // Every dot a step first (as always: a token's nested claim is never overridden by a top-level member that
+  // happens to carry the dotted name); then a top-level name with dots in it, the longest first, and the rest
+  // nested: "https://example.com/tenant" whole, "https://example.com/claims" then "tenant".
+  if (const auto* v = nested_claim(claims, path)) return v;
+  for (auto split = path.size(); split != std::string_view::npos && split > 0; split = path.rfind('.', split - 1)) {
+    const auto top = path.substr(0, split);
+    if (top.find('.') == std::string_view::npos) break;  // (no dot in it: the nested reading above)
+    const auto* v = claims.if_contains(boost::json::string_view(top.data(), top.size()));
+    if (!v) continue;
+    if (split == path.size()) return v;
+    if (const auto* obj = v->if_object())
+      if (const auto* rest = nested_claim(*obj, path.substr(split + 1))) return rest;
+  }
+  return nullptr;
 }
 
 std::string claim_path_error(std::string_view path) {

@@ -107,12 +107,15 @@ tl::expected<VerifiedJwt, JwtError> verify_jwt(std::string_view token, const Key
 // Reads a string claim by a dotted path ("tenant", "org.id"); empty when
 // absent or not a string. Views into `claims`.
 std::string_view string_claim(const boost::json::object& claims, std::string_view path);
-// The claim at a dotted path, whatever its type; nullptr when absent (or a
-// step of the path is no object). Points into `claims`. A top-level claim
-// whose whole name is `path` is that claim, dots and all: a namespaced
-// claim such as "https://example.com/roles" (Auth0's, OIDC's collision-
-// resistant names, RFC 7519 §4.2) is found by its name, before the path is
-// read as nested claims ("org.id": the member "id" of the claim "org").
+// The claim at a dotted path, whatever its type (JSON null included);
+// nullptr when absent. Points into `claims`. The path is read as nested
+// claims first ("org.id": the member "id" of the claim "org"); only when
+// that finds nothing (a member absent, a step no object) is a top-level
+// claim with dots in its name tried: a namespaced claim (collision-
+// resistant names, RFC 7519 §4.2; Auth0's, OIDC's) by its whole name
+// ("https://example.com/roles"), then by each shorter prefix ending before
+// a dot, the rest read as nested members ("https://example.com/claims.
+// tenant": the member "tenant" of the claim "https://example.com/claims").
 const boost::json::value* find_claim(const boost::json::object& claims, std::string_view path);
 // Why `path` cannot be a claim path, or "" when it can: it must not be
 // empty nor have an empty step (".", "a..b", "a.", ".a": a claim named ""

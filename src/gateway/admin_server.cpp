@@ -352,7 +352,7 @@ tl::expected<void, AdminError> AdminServer::check_token(std::string_view authori
       }
       return tl::unexpected(unauthorized("Invalid bearer token: " + v.error().message + "."));
     }
-    // (As the client port reads its claims: auth::find_claim, a namespaced claim's whole name first.)
+    // (As the client port reads its claims: auth::find_claim: nested first, then a namespaced name.)
     const json::value* c = auth::find_claim(v->claims, cfg_.jwt_claim);
     // Only the JSON boolean true: identity providers often map user attributes to strings, and a
     // string "true" an ordinary user can set must not grant admin.

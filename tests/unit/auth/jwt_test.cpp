@@ -388,8 +388,9 @@ TEST(AuthJwt, AFarFutureExpNeverExpires) {
 namespace weir::auth {
 namespace {
 
-// Stop 56: a namespaced claim (a URL with dots) is found by its whole name; dots otherwise step into objects.
-TEST(AuthJwt, AClaimIsFoundByItsWholeNameThenByItsDottedPath) {
+// Stop 56: dots step into objects first; a namespaced claim (a URL with dots) is found by its whole name
+// when that finds nothing.
+TEST(AuthJwt, AClaimIsFoundByItsDottedPathThenByItsWholeName) {
   const auto claims =
       boost::json::parse(R"({"https://example.com/admin":true,"org":{"id":"acme"},"a.b":"flat","a":{"b":"nested"}})")
           .as_object();
@@ -397,11 +398,34 @@ TEST(AuthJwt, AClaimIsFoundByItsWholeNameThenByItsDottedPath) {
   ASSERT_NE(ns, nullptr);
   EXPECT_TRUE(ns->is_bool() && ns->get_bool());
   EXPECT_EQ(string_claim(claims, "org.id"), "acme");
-  EXPECT_EQ(string_claim(claims, "a.b"), "flat");  // the whole name first
+  EXPECT_EQ(string_claim(claims, "a.b"), "nested");  // the nested claim first (as before stop 56)
   EXPECT_EQ(find_claim(claims, "https://example.com/other"), nullptr);
   EXPECT_EQ(claim_path_error("org.id"), "");
   EXPECT_EQ(claim_path_error("https://example.com/admin"), "");
   for (const char* bad : {"", ".", "a..b", "a.", ".a"}) EXPECT_NE(claim_path_error(bad), "") << bad;
+}
+
+// A flat member named with the dotted path never overrides the nested claim, whatever it holds (null, a number):
+// the tenant a token names must not switch. The whole name, then each shorter top-level name with the rest
+// nested (Auth0's "https://example.com/claims" object), only when the nested path finds nothing.
+TEST(AuthJwt, ANestedClaimWinsOverAFlatOneAndNamespacedObjectsAreSteppedInto) {
+  const auto claims = boost::json::parse(R"({"org":{"id":"t","nil":null},"org.id":"other","org.nil":"x",
+      "user.name":5,"user":{"name":"alice"},"only.flat":"f",
+      "https://example.com/claims":{"tenant":"ns","deep":{"x":"dx"}},
+      "https://example.com/claims.tenant":"whole","https://example.com/c":{"t":1}})")
+                          .as_object();
+  EXPECT_EQ(string_claim(claims, "org.id"), "t");
+  const auto* nil = find_claim(claims, "org.nil");
+  ASSERT_NE(nil, nullptr);
+  EXPECT_TRUE(nil->is_null());  // present, null: the nested claim (not the flat "x")
+  EXPECT_EQ(string_claim(claims, "user.name"), "alice");
+  EXPECT_EQ(string_claim(claims, "only.flat"), "f");
+  EXPECT_EQ(string_claim(claims, "https://example.com/claims.tenant"), "whole");  // the longest name first
+  EXPECT_EQ(string_claim(claims, "https://example.com/claims.deep.x"), "dx");
+  EXPECT_EQ(find_claim(claims, "https://example.com/claims.none"), nullptr);
+  EXPECT_EQ(find_claim(claims, "https://example.com/c.t.u"), nullptr);  // a step into a number
+  EXPECT_EQ(find_claim(claims, "https://example.com/claims.deep.x.y"), nullptr);
+  EXPECT_EQ(find_claim(claims, "none"), nullptr);
 }
 
 }  // namespace
