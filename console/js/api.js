@@ -23,6 +23,12 @@ export class ApiError extends Error {
 }
 
 let onSessionEnd = () => {};
+// Counts sign-ins and session ends: an answer to a call made in an earlier session is never acted on (api(),
+// and callers that await more than one call before they show anything compare sessionGeneration()).
+let generation = 0;
+export function sessionGeneration() {
+  return generation;
+}
 // fn(message): called once when the session ends (the token is gone by then).
 export function setSessionEndHandler(fn) {
   onSessionEnd = fn;
@@ -49,6 +55,7 @@ export function touch() {
 
 export function endSession(message) {
   const had = token() !== null;
+  generation += 1;
   sessionStorage.removeItem(TOKEN);
   sessionStorage.removeItem(ACTIVE);
   if (had) onSessionEnd(message);
@@ -86,15 +93,20 @@ export async function login(candidate) {
   const {res, data} = await send("GET", "/admin/v1/tenants", undefined, candidate);
   if (res.status === 401) throw new ApiError(401, data);
   if (!res.ok) throw new ApiError(res.status, data);
+  generation += 1;
   sessionStorage.setItem(TOKEN, candidate);
   touch();
 }
 
 // One API call with the session's token. Throws AuthError (and ends the
-// session) on 401, ApiError on any other non-2xx answer.
+// session) on 401, ApiError on any other non-2xx answer; AuthError too when
+// the session ended (or another began) while the call was in flight: its
+// answer (a new key's secret) is for no one on screen now.
 export async function api(method, path, body) {
   if (!sessionAlive()) throw new AuthError("signed out");
+  const gen = generation;
   const {res, data} = await send(method, path, body, token());
+  if (gen !== generation) throw new AuthError("signed out");
   if (res.status === 401) {
     const why = data && data.error && typeof data.error.message === "string" ? data.error.message : "401";
     endSession(`Your session ended: the admin API refused the token (${why}). Sign in again.`);

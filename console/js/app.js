@@ -94,6 +94,7 @@ function renderLogin() {
 
 setSessionEndHandler((message) => {
   notice = message;
+  closeOverlays(); // at once, whatever ended it (sign-out, idle, 401); renderLogin closes any opened since
   // Render on the next turn: the caller may still be unwinding a page.
   setTimeout(render, 0);
 });

@@ -3,7 +3,7 @@
 // The secret lives only in the dialog that shows it: never stored, never
 // put in a URL, gone when the dialog closes.
 
-import {api, get, seg, ApiError} from "../api.js";
+import {api, get, seg, sessionGeneration, ApiError} from "../api.js";
 import {badge, h, mount, num, period, text, unixTime, usd} from "../dom.js";
 import {budget} from "./tenants.js";
 
@@ -46,7 +46,9 @@ export function render(root, r) {
       ])))));
 
   const rotate = (k) => confirmDialog(`Rotate key ${k.id}?`, "The current secret stops working at once; the new one is shown once.", "Rotate", async () => {
+    const gen = sessionGeneration();
     const res = await api("POST", `/admin/v1/keys/${seg(k.id)}/rotate`);
+    if (gen !== sessionGeneration()) return; // (signed out meanwhile: no secret over the sign-in form)
     secretDialog(res, "New secret");
     load();
   });
@@ -57,7 +59,9 @@ export function render(root, r) {
 
   const openForm = () => {
     const f = keyForm(tenants, async (body) => {
+      const gen = sessionGeneration();
       const res = await api("POST", "/admin/v1/keys", body);
+      if (gen !== sessionGeneration()) return; // (signed out meanwhile: no secret over the sign-in form)
       formBox.replaceChildren();
       secretDialog(res, "Key created");
       load();
