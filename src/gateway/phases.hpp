@@ -192,6 +192,10 @@ class GatewayPhases final : public Phases {
   // A batch member's wait for its batch's response head, then its response,
   // within the request's deadline (x-weir-timeout-ms) as an unbatched one.
   core::Task<Outcome> proxy_batched(RequestContext& ctx);
+  // proxy()'s batch path, in a frame of its own (an open stream's proxy() frame does not carry its locals and
+  // awaits: memory per open stream): the queue, then the batch or generation it joins. Its outcome, or nullopt
+  // when the request goes on unbatched (its batch split: the same target; a failure with a fallback left: the next).
+  core::Task<std::optional<Outcome>> proxy_batch(RequestContext& ctx, const BatchPlan& plan);
   core::Task<Outcome> batched_attempt(RequestContext& ctx);
   // The response from ctx.source: a stream or a buffered body.
   core::Task<Outcome> relay(RequestContext& ctx, const http::ResponseSource& src);

@@ -160,35 +160,8 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     ~QueueRelease() { self.leave_queue(ctx); }
   } release{*this, ctx};
   if (BatchPlan plan; plan_batch(ctx, plan)) {
-    // A request that would open a batch or a generation (one upstream
-    // request) waits in the pool's queue as an unbatched one does; one that
-    // joins an open one rides on its place. (It may find one open after
-    // waiting: join_batch then gives its place back.)
-    // A request waiting in the queue is let out when a batch it can join
-    // opens (release_joiners); if that one is closed by the time it looks
-    // (full, its window over), it waits again.
-    auto& pool = ctx.gen->pool(ctx.target.pool);
-    auto* batcher = ctx.gen->batcher(ctx.target.pool);
-    Outcome q = Outcome::next();
-    while (q.goes_on() && pool.queue() && ctx.queue_pool < 0 && !batcher->joinable(member_->key(), !plan.prompt))
-      q = co_await enter_pool(ctx, member_->key(), !plan.prompt);
-    if (!q.goes_on()) {
-      if (!(ctx.fail_over && fallback_left(ctx))) co_return q;
-      ctx.fail_over = false;
-      leave_queue(ctx);  // (this pool's place, if it had one: the fallback's queue is another)
-      next_target(ctx);
-    } else {
-      join_batch(ctx, plan);
-      Outcome o = co_await proxy_batched(ctx);
-      // A batch the upstream refused whole: this request goes on its own (below, same target).
-      if (!ctx.batch_split) {
-        // A batch that failed before its head may still fall back (unbatched, on the next target).
-        if (!(ctx.fail_over && fallback_left(ctx))) co_return o;
-        ctx.fail_over = false;
-        leave_queue(ctx);
-        next_target(ctx);
-      }
-    }
+    std::optional<Outcome> batched = co_await proxy_batch(ctx, plan);
+    if (batched) co_return std::move(*batched);
   }
   // One pass per target: the route's pool, then each fallback while the
   // previous one failed before anything reached the client (ctx.fail_over,
@@ -272,6 +245,38 @@ core::Task<Outcome> GatewayPhases::proxy(RequestContext& ctx) {
     }
     co_return o;
   }
+}
+
+core::Task<std::optional<Outcome>> GatewayPhases::proxy_batch(RequestContext& ctx, const BatchPlan& plan) {
+  // A request that would open a batch or a generation (one upstream
+  // request) waits in the pool's queue as an unbatched one does; one that
+  // joins an open one rides on its place. (It may find one open after
+  // waiting: join_batch then gives its place back.)
+  // A request waiting in the queue is let out when a batch it can join
+  // opens (release_joiners); if that one is closed by the time it looks
+  // (full, its window over), it waits again.
+  auto& pool = ctx.gen->pool(ctx.target.pool);
+  auto* batcher = ctx.gen->batcher(ctx.target.pool);
+  Outcome q = Outcome::next();
+  while (q.goes_on() && pool.queue() && ctx.queue_pool < 0 && !batcher->joinable(member_->key(), !plan.prompt))
+    q = co_await enter_pool(ctx, member_->key(), !plan.prompt);
+  if (!q.goes_on()) {
+    if (!(ctx.fail_over && fallback_left(ctx))) co_return std::optional<Outcome>(std::move(q));
+    ctx.fail_over = false;
+    leave_queue(ctx);  // (this pool's place, if it had one: the fallback's queue is another)
+    next_target(ctx);
+    co_return std::nullopt;
+  }
+  join_batch(ctx, plan);
+  Outcome o = co_await proxy_batched(ctx);
+  // A batch the upstream refused whole: this request goes on its own (proxy(), same target).
+  if (ctx.batch_split) co_return std::nullopt;
+  // A batch that failed before its head may still fall back (unbatched, on the next target).
+  if (!(ctx.fail_over && fallback_left(ctx))) co_return std::optional<Outcome>(std::move(o));
+  ctx.fail_over = false;
+  leave_queue(ctx);
+  next_target(ctx);
+  co_return std::nullopt;
 }
 
 core::Task<void> GatewayPhases::wait_backoff(RequestContext& ctx, std::chrono::milliseconds d) {
