@@ -174,7 +174,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     std::size_t authorization_fields = 0;
     // (Also for a body declared over the limit, or a head refused or left after its request line: the
     // log line names the request, as on the client listener. Beast sets the target once the line parsed.)
-    if (parser.is_header_done() || ec == bh::error::body_limit || (parser.got_some() && !parser.get().target().empty())) {
+    if (parser.is_header_done() || ec == bh::error::body_limit ||
+        (parser.got_some() && !parser.get().target().empty())) {
       const auto& head = parser.get();
       req.method = std::string(head.method_string());
       std::string target_buf;
