@@ -15,7 +15,7 @@ namespace {
 
 namespace bh = boost::beast::http;
 
-RequestHead request(std::string_view xff_lines) {
+RequestHead head_with_xff(std::string_view xff_lines) {
   const std::string text = "GET /v1/models HTTP/1.1\r\nHost: g\r\n" + std::string(xff_lines) + "\r\n";
   FlatParser<true, bh::empty_body> p;
   p.eager(false);
@@ -35,7 +35,7 @@ std::vector<core::IpNet> nets(std::initializer_list<std::string_view> list) {
 // The client found for a request with `xff_lines` from `peer`, behind `trusted`.
 std::string client(std::string_view peer, std::string_view xff_lines, const std::vector<core::IpNet>& trusted) {
   core::IpText t{};
-  const auto a = resolve_client(request(xff_lines), *core::parse_ip(peer), trusted);
+  const auto a = resolve_client(head_with_xff(xff_lines), *core::parse_ip(peer), trusted);
   return std::string(t.data(), core::format_ip(a, t));
 }
 
