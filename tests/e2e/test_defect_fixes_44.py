@@ -395,13 +395,13 @@ def test_a_sighup_with_a_readerless_pipe_as_access_log_does_not_freeze_the_gatew
     # blocked that open until a reader came: SIGTERM was then never handled, nor the admin API.
     import os
     import signal
-    import subprocess
 
     from conftest import binary, free_port
     m = mock("--ttft-ms", "1", "--max-tokens", "3", "--any-model")
     fifo = tmp_path / "access.fifo"
     os.mkfifo(fifo)
-    reader = subprocess.Popen(["cat", str(fifo)], stdout=subprocess.DEVNULL)
+    # The reader is this test's own end (a `cat` started here may not have reached its open when weir starts).
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)
     port = free_port()
     cfg = tmp_path / "w.yaml"
     cfg.write_text(json.dumps({"listen": f"127.0.0.1:{port}", "workers": 1,
@@ -411,15 +411,15 @@ def test_a_sighup_with_a_readerless_pipe_as_access_log_does_not_freeze_the_gatew
     try:
         assert httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=10,
                           json={"model": "m", "messages": MSG}).status_code == 200
-        reader.kill()
-        reader.wait()
+        os.close(reader)
+        reader = -1
         os.kill(p.pid, signal.SIGHUP)
         wait_until(lambda: "a pipe with no reader" in p.log(), 5, message="the reopen refused at once")
         os.kill(p.pid, signal.SIGTERM)
         assert p.popen.wait(timeout=10) == 0
     finally:
-        if reader.poll() is None:
-            reader.kill()
+        if reader >= 0:
+            os.close(reader)
 
 
 def test_the_drain_cut_answer_to_head_has_no_content(weir):
