@@ -314,6 +314,10 @@ class GatewayPhases final : public Phases {
     bool refused = false;          // that error refuses the client's request (api::openai::refuses_request)
     bool event_too_large = false;  // an upstream event passed server.max_event
     bool utf8_held = false;        // the reader holds bytes of a read that had a non-ASCII byte
+    // The client is behind by more than server.max_stream_buffer: the next upstream read waits (catch_up,
+    // in read_rest's task: respond_stream's frame, which every open stream holds, has no await of its own
+    // for it).
+    bool behind = false;
   };
   // The error a stream that broke ends with (before its head went out, or after: `mid_stream`).
   core::Error stream_failure(const RequestContext& ctx, const StreamRelay& s, http::UpstreamFailure failure,
@@ -323,14 +327,26 @@ class GatewayPhases final : public Phases {
   // Counts the stream and sends the client's head unless it is held.
   StreamRelay begin_stream(RequestContext& ctx);
   // A read respond_stream does not step through: s.src's own read(), or
-  // the direct exchange's from `step` (a TLS read, a yield).
-  static core::Task<http::BodyRead> read_rest(StreamRelay& s, http::Exchange::Step step);
+  // the direct exchange's from `step` (a TLS read, a yield); a client
+  // behind (s.behind): read_caught_up.
+  core::Task<http::BodyRead> read_rest(RequestContext& ctx, StreamRelay& s, http::Exchange::Step step);
+  // catch_up, then the direct exchange's read; nothing read (an empty BodyRead) when catch_up said no.
+  core::Task<http::BodyRead> read_caught_up(RequestContext& ctx, StreamRelay& s);
   // The client's head (the commit point): status, `src`'s fields, ours.
   void send_stream_head(RequestContext& ctx, http::ResponseSource& src);
   // Relays read `r`'s events; returns false when the stream ends here (its
   // end or its [DONE], a failure in s.failure, a slow client in s.cut_off,
   // a client gone).
   bool relay_read(RequestContext& ctx, StreamRelay& s, const http::BodyRead& r);
+  // A stream of the session's own upstream whose client is behind (s.behind): reads nothing more from the
+  // upstream until the client's backlog is back within server.max_stream_buffer, so TCP holds the model
+  // server back instead of Weir's memory filling at the upstream's pace. True to read on; false when the
+  // client took nothing for kSlowClientGrace meanwhile (s.cut_off) or left. Its wait is the client's time
+  // (Downstream::client_waited()). (A coroutine of its own: its timer is in no stream's frame.)
+  core::Task<bool> catch_up(RequestContext& ctx, StreamRelay& s);
+  // Whether the client, over the bound, has taken nothing for kSlowClientGrace (s.out_when_over and
+  // s.over_since follow its progress; one getsockopt).
+  bool over_client_bound(StreamRelay& s);
   // After the last read: the outcome, or next() when the stream ended well
   // and only the upstream's end (after a [DONE]) and the client's queue are left.
   Outcome end_stream(RequestContext& ctx, StreamRelay& s);

@@ -155,6 +155,9 @@ class Downstream {
   // out. A stream's write loop waiting in the background is not counted
   // (the relay goes on meanwhile); its last wait, drain(), is.
   core::Watchdog::Clock::duration client_waited() const noexcept { return client_wait_; }
+  // A wait for the client made outside this class (a stream held back while its client is behind):
+  // client_waited() counts it.
+  void count_client_wait(core::Watchdog::Clock::duration d) noexcept { client_wait_ += d; }
   // After a read_head() that failed without head_read(): its request line
   // ("METHOD SP target SP ..."), as far as it came, for the log only (never
   // trusted for routing): rebuilt from what the parser read of it, else

@@ -2,10 +2,12 @@
 // open before the first token), then each SSE event as soon as it is
 // complete, through the stream hooks; every event completed by one upstream
 // read leaves in one write (an Anthropic or Responses stream's events are
-// translated on the way: api/anthropic/stream.hpp, api/responses/stream.hpp). A client that stops reading is cut off at
-// server.max_stream_buffer, or by server.write_timeout (http::Downstream's
-// stall watch, which runs whether or not the upstream sends); one that
-// leaves aborts the upstream request.
+// translated on the way: api/anthropic/stream.hpp, api/responses/stream.hpp). Past
+// server.max_stream_buffer of backlog the upstream is not read until the
+// client catches up (catch_up); a client that stops reading is cut off
+// there, or by server.write_timeout (http::Downstream's stall watch, which
+// runs whether or not the upstream sends); one that leaves aborts the
+// upstream request.
 #include "api/openai/stream.hpp"
 #include "api/text_estimate.hpp"
 #include "gateway/failure.hpp"
@@ -365,24 +367,62 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
     // the backlog is over the bound: a client that reads as fast as it can
     // falls that far behind a burst of large events, and catches up. Past
     // the bound plus two of the largest events (server.max_event) it is cut
-    // whatever it takes: what a stream holds stays bounded.
-    // (Taking is a write the socket took or bytes the client acknowledged: a steady reader behind a
-    // large event may free a third of a full send buffer, which wakes the write, only after the grace.)
-    const std::uint64_t taken = down_.progress();
-    const auto now = core::now();
-    if (taken != s.out_when_over) {
-      s.out_when_over = taken;
-      s.over_since = now;
-    }
-    if (now - s.over_since >= kSlowClientGrace || backlog > sc.max_stream_buffer_bytes + 2 * sc.max_event_bytes) {
+    // whatever it takes: what a stream holds stays bounded. The session's
+    // own upstream is not read meanwhile (catch_up): its stream goes at the
+    // client's pace.
+    if (over_client_bound(s) || backlog > sc.max_stream_buffer_bytes + 2 * sc.max_event_bytes) {
       s.cut_off = true;
       return false;
     }
+    s.behind = s.direct != nullptr;  // (a batch member's queue is the batch's to bound: it reads on)
   } else {
     s.out_when_over = ~std::uint64_t{0};
   }
   // The client left, or server.write_timeout cut it off (Downstream's stall watch); the upstream was aborted.
   return !down_.client_gone();
+}
+
+bool GatewayPhases::over_client_bound(StreamRelay& s) {
+  // (Taking is a write the socket took or bytes the client acknowledged: a steady reader behind a
+  // large event may free a third of a full send buffer, which wakes the write, only after the grace.)
+  const std::uint64_t taken = down_.progress();
+  const auto now = core::now();
+  if (taken != s.out_when_over) {
+    s.out_when_over = taken;
+    s.over_since = now;
+  }
+  return now - s.over_since >= kSlowClientGrace;
+}
+
+core::Task<bool> GatewayPhases::catch_up(RequestContext& ctx, StreamRelay& s) {
+  // How often the client's backlog is looked at again while the stream waits for it (a getsockopt each).
+  constexpr std::chrono::milliseconds kLook{10};
+  s.behind = false;
+  const auto bound = down_.config().max_stream_buffer_bytes;
+  core::Timer timer(w_.io().get_executor());
+  const auto from = core::now();
+  bool go_on = true;
+  ctx.backoff = &timer;  // on_client_gone cancels it
+  for (;;) {
+    if (down_.client_gone() || down_.closed()) {
+      go_on = false;
+      break;
+    }
+    // The cutoff watch cancelled the source (the request's deadline): the next read ends the stream with it.
+    if (ctx.cutoff != RequestContext::Cutoff::none) break;
+    if (over_client_bound(s)) {  // (reads the client's acknowledgements: unacked() below is fresh)
+      s.cut_off = true;
+      go_on = false;
+      break;
+    }
+    if (down_.held() + down_.unacked(~std::uint64_t{0}) <= bound) break;
+    timer.expires_after(kLook);
+    co_await timer.async_wait(core::use_task);
+  }
+  ctx.backoff = nullptr;
+  s.out_when_over = ~std::uint64_t{0};
+  down_.count_client_wait(core::now() - from);
+  co_return go_on;
 }
 
 Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
@@ -500,9 +540,20 @@ Outcome GatewayPhases::end_stream(RequestContext& ctx, StreamRelay& s) {
   return Outcome::next();
 }
 
-// Not a coroutine: the task it returns is the source's read.
-core::Task<http::BodyRead> GatewayPhases::read_rest(StreamRelay& s, http::Exchange::Step step) {
+// Not a coroutine: the task it returns is the source's read (after catch_up's wait, when the client is behind).
+core::Task<http::BodyRead> GatewayPhases::read_rest(RequestContext& ctx, StreamRelay& s, http::Exchange::Step step) {
+  if (s.behind) return read_caught_up(ctx, s);
   return s.direct != nullptr ? s.direct->read_from(step, s.into, {}) : s.src->read(s.into);
+}
+
+core::Task<http::BodyRead> GatewayPhases::read_caught_up(RequestContext& ctx, StreamRelay& s) {
+  const bool go_on = co_await catch_up(ctx, s);  // (no co_await in a condition: GCC 12)
+  if (!go_on) {
+    s.wait_from = {};  // (no read: nothing waited for the upstream)
+    co_return http::BodyRead{};
+  }
+  s.wait_from = core::now();  // (the wait for the upstream's bytes begins now: the wait before was the client's)
+  co_return co_await s.direct->read_from(http::Exchange::Step::start, s.into, {});
 }
 
 core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
@@ -512,8 +563,9 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
     // frame, so a stream holds no frame of the read's while it waits for
     // its next event, and makes none per event. (Another source, a TLS
     // read or a yield: the source's own read.)
+    // (A client behind: catch_up's wait first, in read_rest's task.)
     http::BodyRead r;
-    auto step = s.direct != nullptr ? s.direct->read_step(s.into, r) : http::Exchange::Step::start;
+    auto step = s.direct != nullptr && !s.behind ? s.direct->read_step(s.into, r) : http::Exchange::Step::start;
     // Where this read's wait for the upstream began (none: its bytes were here): the direct exchange's idle
     // deadline was armed then (its clock read, reused); another source's read is all a wait.
     s.wait_from = step == http::Exchange::Step::done ? core::TimePoint{}
@@ -523,8 +575,8 @@ core::Task<Outcome> GatewayPhases::respond_stream(RequestContext& ctx) {
       const auto [ec, n] = co_await s.direct->recv_drained();
       step = s.direct->read_step(s.into, r, ec, n);
     }
-    if (step != http::Exchange::Step::done) r = co_await read_rest(s, step);
-    if (!relay_read(ctx, s, r)) break;
+    if (step != http::Exchange::Step::done) r = co_await read_rest(ctx, s, step);
+    if (s.cut_off || !relay_read(ctx, s, r)) break;
   }
   Outcome o = end_stream(ctx, s);
   if (!o.goes_on()) co_return std::move(o);

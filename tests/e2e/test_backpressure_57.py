@@ -1,0 +1,143 @@
+"""A stream whose client is behind holds its upstream back (server.max_stream_buffer, docs/reliability.md).
+
+Past the bound, Weir reads nothing more from the stream's upstream until the client has taken enough for its
+backlog to be back within it: TCP holds the model server back, and a client that reads steadily, however slowly,
+gets the whole stream at its own pace. One that takes nothing for 300 ms is cut off as before. Until now Weir
+went on reading the upstream at the upstream's pace while the client was behind: a steady reader slower than
+its upstream was cut off once the backlog passed the bound plus two of the largest events, and a client that
+took nothing had megabytes read for it from a fast upstream during the 300 ms grace.
+
+The upstream here sends its whole stream at once, as fast as the socket takes it, and counts what it sent.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+from conftest import wait_until
+from httpwire import request
+
+KiB = 1 << 10
+MiB = 1 << 20
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+def _event(i: int, pad: int) -> bytes:
+    chunk = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
+             "choices": [{"index": 0, "delta": {"content": f"<{i}>" + "x" * pad}, "finish_reason": None}]}
+    return b"data: " + json.dumps(chunk, separators=(",", ":")).encode() + b"\n\n"
+
+
+class FloodUpstream:
+    """Answers a streamed chat request with ``events`` events of ~``pad`` bytes then [DONE], written as fast as
+    the socket takes them (``forever``: events without end); ``sent`` counts the bytes the kernel took."""
+
+    def __init__(self, events: int, pad: int, forever: bool = False):
+        self.events, self.pad, self.forever = events, pad, forever
+        self.sent = 0
+        self.done = threading.Event()
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(4)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self):
+        self.sock.close()
+
+    def _serve(self):
+        try:
+            conn, _ = self.sock.accept()
+        except OSError:
+            return
+        with conn:
+            buf = b""
+            while b"\r\n\r\n" not in buf:
+                buf += conn.recv(65536)
+            head = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            block = b"".join(_chunk(_event(i, self.pad)) for i in range(64))
+            try:
+                conn.sendall(head)
+                if self.forever:
+                    while True:
+                        self.sent += conn.send(block)
+                else:
+                    body = b"".join(_chunk(_event(i, self.pad)) for i in range(self.events))
+                    body += _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+                    view = memoryview(body)
+                    while view:
+                        n = conn.send(view)
+                        self.sent += n
+                        view = view[n:]
+            except OSError:
+                pass
+            self.done.set()
+
+
+def _config(up: FloodUpstream, **server) -> dict:
+    return {"server": {"max_stream_buffer": "64KiB", "max_event": "16KiB"} | server,
+            "pools": {"p": {"endpoints": [up.url], "request_usage": False}}, "models": {"m": {"pool": "p"}}}
+
+
+def _ask(port: int, rcvbuf: int) -> socket.socket:
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    s.sendall(request("POST", "/v1/chat/completions",
+                      {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}))
+    return s
+
+
+def test_a_steady_reader_slower_than_its_upstream_gets_the_whole_stream(weir):
+    events = 600  # ~2.4 MB: 37 times the bound, 150 times the cut-off's hard limit (bound + 2 × max_event)
+    up = FloodUpstream(events, pad=4000)
+    try:
+        w = weir(config=_config(up), workers=1)
+        s = _ask(w.port, rcvbuf=16 * KiB)
+        got = b""
+        try:
+            while not got.endswith(b"0\r\n\r\n"):
+                data = s.recv(16 * KiB)
+                if not data:
+                    break
+                got += data
+                time.sleep(0.004)  # (a reader at ~4 MB/s: the upstream writes at loopback speed)
+        finally:
+            s.close()
+        assert got.startswith(b"HTTP/1.1 200"), got[:300]
+        assert b"data: [DONE]" in got, got[-600:]
+        for i in (0, events // 2, events - 1):
+            assert f"<{i}>".encode() in got
+        assert b"slow_client" not in got and b'"error"' not in got, got[-600:]
+        entry = w.wait_log(lambda es: es)[-1]
+        assert entry["status"] == 200 and not entry.get("error"), entry
+    finally:
+        up.close()
+
+
+def test_a_client_that_takes_nothing_has_little_read_for_it(weir):
+    # A client that reads nothing is cut off as slow after 300 ms; meanwhile Weir reads no more from the upstream
+    # than the bound (and what the kernels' socket buffers hold), not what the upstream can send in 300 ms.
+    up = FloodUpstream(0, pad=4000, forever=True)
+    try:
+        w = weir(config=_config(up, max_event="64MiB"), workers=1)
+        s = _ask(w.port, rcvbuf=16 * KiB)
+        try:
+            wait_until(lambda: w.log_entries(), 10, message="the stream cut off")
+        finally:
+            s.close()
+        entry = w.log_entries()[-1]
+        assert entry["error"]["code"] == "slow_client", entry
+        up.done.wait(10)
+        # Loopback's socket buffers (the upstream's send buffer and Weir's receive buffer, autotuned to a few MB
+        # each) hold what Weir has not read; 300 ms at the upstream's pace was hundreds of MB.
+        assert up.sent < 24 * MiB, up.sent
+    finally:
+        up.close()
