@@ -75,6 +75,11 @@ class Exchange final : public UpstreamExchange {
   // bytes (a read_step() that did not return done armed it): the start of
   // that wait, for a caller that measures it without a clock read of its own.
   std::chrono::steady_clock::time_point recv_armed_at() const { return recv_armed_at_; }
+  // The reader waits before its next read (its client is behind): the upstream is not waited for, so its
+  // idle deadline (pools.X.timeouts.idle, armed by the last read) is off until the next read arms it again.
+  void hold_idle() {
+    if (conn_) conn_->watchdog().disarm();
+  }
 
  private:
   // A chunked body's trailer fields are dropped, not added to the head

@@ -141,3 +141,33 @@ def test_a_client_that_takes_nothing_has_little_read_for_it(weir):
         assert up.sent < 24 * MiB, up.sent
     finally:
         up.close()
+
+
+def test_the_upstreams_idle_timeout_does_not_run_while_weir_waits_for_the_client(weir):
+    # pools.X.timeouts.idle bounds a wait for the upstream's bytes. While Weir holds a stream back for its client,
+    # nothing is waited for from the upstream (its bytes sit in TCP): a slow, steady reader whose catching up takes
+    # longer than timeouts.idle still gets the whole stream, and the endpoint is not blamed for a timeout.
+    events = 60  # ~240 KB at ~100 KB/s: each wait for the client is longer than the 400 ms idle timeout
+    up = FloodUpstream(events, pad=4000)
+    try:
+        config = _config(up, max_stream_buffer="8KiB")
+        config["pools"]["p"]["timeouts"] = {"idle": "400ms"}
+        w = weir(config=config, workers=1)
+        s = _ask(w.port, rcvbuf=4 * KiB)
+        got = b""
+        try:
+            while not got.endswith(b"0\r\n\r\n"):
+                data = s.recv(4 * KiB)
+                if not data:
+                    break
+                got += data
+                time.sleep(0.04)
+        finally:
+            s.close()
+        assert b"data: [DONE]" in got and f"<{events - 1}>".encode() in got, got[-600:]
+        assert b'"error"' not in got, got[-600:]
+        entry = w.wait_log(lambda es: es)[-1]
+        assert entry["status"] == 200 and not entry.get("error"), entry
+        assert w.metric("weir_upstream_failures_total", pool="p", kind="timeout") == 0
+    finally:
+        up.close()

@@ -398,6 +398,7 @@ core::Task<bool> GatewayPhases::catch_up(RequestContext& ctx, StreamRelay& s) {
   // How often the client's backlog is looked at again while the stream waits for it (a getsockopt each).
   constexpr std::chrono::milliseconds kLook{10};
   s.behind = false;
+  s.direct->hold_idle();  // (Weir's wait, not the upstream's: timeouts.idle runs again at the next read)
   const auto bound = down_.config().max_stream_buffer_bytes;
   core::Timer timer(w_.io().get_executor());
   const auto from = core::now();
