@@ -95,22 +95,27 @@ def _ask(port: int, rcvbuf: int) -> socket.socket:
     return s
 
 
+def _read_slowly(s: socket.socket, size: int, pause: float) -> bytes:
+    """A steady reader: ``size`` bytes at most per read, ``pause`` seconds between reads, to the body's end."""
+    got = b""
+    try:
+        while not got.endswith(b"0\r\n\r\n"):
+            data = s.recv(size)
+            if not data:
+                break
+            got += data
+            time.sleep(pause)
+    finally:
+        s.close()
+    return got
+
+
 def test_a_steady_reader_slower_than_its_upstream_gets_the_whole_stream(weir):
     events = 600  # ~2.4 MB: 37 times the bound, 150 times the cut-off's hard limit (bound + 2 × max_event)
     up = FloodUpstream(events, pad=4000)
     try:
         w = weir(config=_config(up), workers=1)
-        s = _ask(w.port, rcvbuf=16 * KiB)
-        got = b""
-        try:
-            while not got.endswith(b"0\r\n\r\n"):
-                data = s.recv(16 * KiB)
-                if not data:
-                    break
-                got += data
-                time.sleep(0.004)  # (a reader at ~4 MB/s: the upstream writes at loopback speed)
-        finally:
-            s.close()
+        got = _read_slowly(_ask(w.port, rcvbuf=16 * KiB), 16 * KiB, 0.004)  # (~4 MB/s: the upstream, loopback's)
         assert got.startswith(b"HTTP/1.1 200"), got[:300]
         assert b"data: [DONE]" in got, got[-600:]
         for i in (0, events // 2, events - 1):
@@ -153,17 +158,7 @@ def test_the_upstreams_idle_timeout_does_not_run_while_weir_waits_for_the_client
         config = _config(up, max_stream_buffer="8KiB")
         config["pools"]["p"]["timeouts"] = {"idle": "400ms"}
         w = weir(config=config, workers=1)
-        s = _ask(w.port, rcvbuf=4 * KiB)
-        got = b""
-        try:
-            while not got.endswith(b"0\r\n\r\n"):
-                data = s.recv(4 * KiB)
-                if not data:
-                    break
-                got += data
-                time.sleep(0.04)
-        finally:
-            s.close()
+        got = _read_slowly(_ask(w.port, rcvbuf=4 * KiB), 4 * KiB, 0.04)
         assert b"data: [DONE]" in got and f"<{events - 1}>".encode() in got, got[-600:]
         assert b'"error"' not in got, got[-600:]
         entry = w.wait_log(lambda es: es)[-1]
