@@ -340,12 +340,14 @@ class GatewayPhases final : public Phases {
   bool relay_read(RequestContext& ctx, StreamRelay& s, const http::BodyRead& r);
   // A stream of the session's own upstream whose client is behind (s.behind): reads nothing more from the
   // upstream until the client's backlog is back within server.max_stream_buffer, so TCP holds the model
-  // server back instead of Weir's memory filling at the upstream's pace. True to read on; false when the
-  // client took nothing for kSlowClientGrace meanwhile (s.cut_off) or left. Its wait is the client's time
-  // (Downstream::client_waited()). (A coroutine of its own: its timer is in no stream's frame.)
+  // server back instead of Weir's memory filling at the upstream's pace. True to read on (also when the
+  // request's cutoff cancelled the source: the read says so); false when the client left, or took nothing
+  // for server.write_timeout (the stall watch's cut: s.cut_off, a slow client). Its wait is the client's
+  // time (Downstream::client_waited()), and no inter-token latency. (A coroutine of its own: its timer is
+  // in no stream's frame.)
   core::Task<bool> catch_up(RequestContext& ctx, StreamRelay& s);
-  // Whether the client, over the bound, has taken nothing for kSlowClientGrace (s.out_when_over and
-  // s.over_since follow its progress; one getsockopt).
+  // Whether a batch member's client, over the bound, has taken nothing for kSlowClientGrace
+  // (s.out_when_over and s.over_since follow its progress; one getsockopt).
   bool over_client_bound(StreamRelay& s);
   // After the last read: the outcome, or next() when the stream ended well
   // and only the upstream's end (after a [DONE]) and the client's queue are left.

@@ -167,7 +167,7 @@ def test_sdk_stream_closed_early_aborts_upstream(stack):
 
 # --- slow clients ----------------------------------------------------------------
 
-NORMAL_TOKENS = 80
+NORMAL_TOKENS = 200  # (5 s at 25 ms: the slow reader's cut, at write_timeout, comes while they run)
 
 
 @pytest.fixture
@@ -175,7 +175,9 @@ def slow_stack(mock, weir):
     firehose = mock("--ttft-ms", "0", "--itl-ms", "0", "--max-tokens", "100000")
     normal = mock("--ttft-ms", "5", "--itl-ms", "25", "--max-tokens", str(NORMAL_TOKENS))
     w = weir(config={
-        "server": {"max_stream_buffer": "64KiB"},
+        # (A firehose stream is held back once its reader is 64 KiB behind, and cut when it took nothing for
+        # write_timeout.)
+        "server": {"max_stream_buffer": "64KiB", "write_timeout": "1s"},
         "pools": {"firehose": {"endpoints": [firehose.base_url]}, "normal": {"endpoints": [normal.base_url]}},
         "models": {"firehose": {"pool": "firehose", "upstream_model": "mock-model"},
                    "normal": {"pool": "normal", "upstream_model": "mock-model"}},
@@ -216,7 +218,7 @@ def test_slow_reader_cut_off_while_others_stream_on(slow_stack):
     normal_mm.close()
     for tokens, finish, took in results:
         assert tokens == NORMAL_TOKENS and finish == "stop"
-        assert took < 10.0, f"a normal 2 s stream took {took:.2f} s"  # generous: 2 shared cores
+        assert took < 15.0, f"a normal 5 s stream took {took:.2f} s"  # generous: 2 shared cores
 
     # The slow reader's connection ends (closed or reset) without the stream's end.
     received = slow.read_to_eof()

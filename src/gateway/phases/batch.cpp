@@ -147,7 +147,10 @@ core::Task<Outcome> GatewayPhases::proxy_batched(RequestContext& ctx) {
     if (ctx.fail_over) {
       member_->forget();
     } else {
+      // (A wait for the model server to end the member's prompt: its time, not Weir's (added_us).)
+      const auto from = core::now();
       co_await member_->settled();
+      ctx.upstream_wait += core::now() - from;
       if (const auto u = member_->seen_usage()) {
         if (member_->linger_end() != http::UpstreamFailure::cancelled) {
           ctx.has_usage = true;

@@ -4,10 +4,10 @@
 // read leaves in one write (an Anthropic or Responses stream's events are
 // translated on the way: api/anthropic/stream.hpp, api/responses/stream.hpp). Past
 // server.max_stream_buffer of backlog the upstream is not read until the
-// client catches up (catch_up); a client that stops reading is cut off
-// there, or by server.write_timeout (http::Downstream's stall watch, which
-// runs whether or not the upstream sends); one that leaves aborts the
-// upstream request.
+// client catches up (catch_up; a batch member, whose upstream is shared,
+// is cut off there instead); a client that stops reading is cut off by
+// server.write_timeout (http::Downstream's stall watch, which runs whether
+// or not the upstream sends); one that leaves aborts the upstream request.
 #include "api/openai/stream.hpp"
 #include "api/text_estimate.hpp"
 #include "gateway/failure.hpp"
@@ -19,8 +19,9 @@
 namespace weir::gateway {
 
 namespace {
-// How long a stream's client may take nothing while its backlog is over
-// server.max_stream_buffer before it is cut off as slow.
+// How long a batch member's client may take nothing while its backlog is
+// over server.max_stream_buffer before it is cut off as slow (a stream of
+// its own upstream is held back instead: catch_up).
 constexpr std::chrono::milliseconds kSlowClientGrace{300};
 // Unacknowledged bytes over which the relay reads the client's TCP state
 // again for the slow-client measure (one getsockopt per this many bytes of a
@@ -362,19 +363,27 @@ bool GatewayPhases::relay_read(RequestContext& ctx, StreamRelay& s, const http::
   // its [DONE] would hold it open until timeouts.idle).
   if (ctx.hooks.done_relayed()) return false;
   if (backlog > sc.max_stream_buffer_bytes) {
-    // The client is not keeping up: cut it off rather than buffer without
-    // bound. Not keeping up is taking nothing for kSlowClientGrace while
-    // the backlog is over the bound: a client that reads as fast as it can
-    // falls that far behind a burst of large events, and catches up. Past
-    // the bound plus two of the largest events (server.max_event) it is cut
-    // whatever it takes: what a stream holds stays bounded. The session's
-    // own upstream is not read meanwhile (catch_up): its stream goes at the
-    // client's pace.
-    if (over_client_bound(s) || backlog > sc.max_stream_buffer_bytes + 2 * sc.max_event_bytes) {
+    if (s.direct != nullptr) {
+      // The session's own upstream: not read until the client is back
+      // within the bound (catch_up), so the stream goes at the client's
+      // pace and holds at most the bound and one read. A client that takes
+      // nothing is cut by server.write_timeout (the stall watch, as nginx's
+      // send_timeout), not sooner: TCP's acknowledgements, the only sign of
+      // a client's reading, come a window update at a time (up to 64 KiB on
+      // loopback, a few KB over a network), so a steady slow reader shows
+      // none for seconds.
+      s.behind = true;
+    } else if (over_client_bound(s) || backlog > sc.max_stream_buffer_bytes + 2 * sc.max_event_bytes) {
+      // A batch member: the batch's upstream is shared and reads on, so the
+      // member's backlog grows with it. Not keeping up is taking nothing
+      // for kSlowClientGrace while over the bound (a client that reads as
+      // fast as it can falls that far behind a burst of large events, and
+      // catches up); past the bound plus two of the largest events
+      // (server.max_event) it is cut whatever it takes: what a stream holds
+      // stays bounded.
       s.cut_off = true;
       return false;
     }
-    s.behind = s.direct != nullptr;  // (a batch member's queue is the batch's to bound: it reads on)
   } else {
     s.out_when_over = ~std::uint64_t{0};
   }
@@ -395,34 +404,55 @@ bool GatewayPhases::over_client_bound(StreamRelay& s) {
 }
 
 core::Task<bool> GatewayPhases::catch_up(RequestContext& ctx, StreamRelay& s) {
-  // How often the client's backlog is looked at again while the stream waits for it (a getsockopt each).
-  constexpr std::chrono::milliseconds kLook{10};
+  // How often the client's backlog is looked at again while the stream waits for it (a getsockopt each):
+  // kFirstLook after the client's last progress, twice as long each look without any, up to kLastLook.
+  constexpr std::chrono::milliseconds kFirstLook{5};
+  constexpr std::chrono::milliseconds kLastLook{200};
   s.behind = false;
   s.direct->hold_idle();  // (Weir's wait, not the upstream's: timeouts.idle runs again at the next read)
   const auto bound = down_.config().max_stream_buffer_bytes;
   core::Timer timer(w_.io().get_executor());
   const auto from = core::now();
   bool go_on = true;
+  auto look = kFirstLook;
+  std::uint64_t taken = down_.progress();
+  auto took_at = from;
   ctx.backoff = &timer;  // on_client_gone cancels it
   for (;;) {
     if (down_.client_gone() || down_.closed()) {
+      // server.write_timeout's stall watch cut off a client that took nothing while over the bound: a slow
+      // client (weir_slow_client_cutoffs_total), as one cut at the bound was before Weir held streams back.
+      s.cut_off = down_.timed_out();
       go_on = false;
       break;
     }
     // The cutoff watch cancelled the source (the request's deadline): the next read ends the stream with it.
     if (ctx.cutoff != RequestContext::Cutoff::none) break;
-    if (over_client_bound(s)) {  // (reads the client's acknowledgements: unacked() below is fresh)
+    if (down_.held() + down_.unacked(~std::uint64_t{0}) <= bound) break;
+    // Taking nothing for server.write_timeout while behind: a slow client, cut off. (The stall watch cuts
+    // too, once over kUnackedAllowance unacknowledged; a bound below that is this look's to keep.)
+    if (core::now() - took_at >= down_.config().write_timeout) {
       s.cut_off = true;
       go_on = false;
       break;
     }
-    if (down_.held() + down_.unacked(~std::uint64_t{0}) <= bound) break;
-    timer.expires_after(kLook);
+    timer.expires_after(look);
     co_await timer.async_wait(core::use_task);
+    const std::uint64_t now_taken = down_.progress();  // (reads the acknowledgements: unacked() is fresh)
+    if (now_taken != taken) {
+      took_at = core::now();
+      look = kFirstLook;
+    } else {
+      look = std::min(look * 2, kLastLook);
+    }
+    taken = now_taken;
   }
+  // The events the upstream sent meanwhile waited in TCP for the client, not for the model: the inter-token
+  // latency of the next one leaves the wait out.
+  const auto waited = core::now() - from;
+  if (s.last_event != core::TimePoint{}) s.last_event += waited;
   ctx.backoff = nullptr;
-  s.out_when_over = ~std::uint64_t{0};
-  down_.count_client_wait(core::now() - from);
+  down_.count_client_wait(waited);
   co_return go_on;
 }
 
