@@ -113,6 +113,25 @@ def connections_to(port: int) -> int:
     return sum(1 for _, remote, state, _ in _ports.tcp_sockets() if state == "01" and remote == port)
 
 
+def read_by_peer(sock: socket.socket) -> bool:
+    """True once the process at the other end of the loopback TCP connection ``sock`` has read every byte sent on
+    it: the peer's socket (local and remote ports swapped) has an empty receive queue in /proc/net/tcp{,6}. What
+    a test sent is then in that process, not in the kernel: a readiness condition, e.g. for requests whose order
+    of arrival matters (wait_until(lambda: read_by_peer(s), ...))."""
+    mine, peer = sock.getsockname()[1], sock.getpeername()[1]
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = open(table).read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            parts = line.split()
+            local, remote = int(parts[1].rsplit(":", 1)[1], 16), int(parts[2].rsplit(":", 1)[1], 16)
+            if local == peer and remote == mine:
+                return int(parts[4].split(":")[1], 16) == 0
+    return False  # (not accepted yet, or gone)
+
+
 def sigstop(pid: int, timeout: float = 10.0) -> None:
     """SIGSTOP `pid` and wait until every thread of it is stopped: kill(2) returns before they are, and a
     thread still running meanwhile may accept or read what the caller sends next."""

@@ -205,7 +205,7 @@ def test_a_batch_stream_cut_before_done_says_so_to_every_member(weir):
     up = RawUpstream(answer)
     try:
         w = weir(config={"pools": {"p": {"endpoints": [up.url], "retry": {"attempts": 1},
-                                         "batch": {"window": "300ms", "max_size": 2}}},
+                                         "batch": {"window": "1s", "max_size": 2}}},
                          "default_pool": "p"}, workers=1)
         for stream in (False, True):
             got = {}

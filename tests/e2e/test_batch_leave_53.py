@@ -28,7 +28,7 @@ PRICING = {"*": {"input": 1.0, "output": 2.0}}  # USD per million tokens
 
 def config(up) -> dict:
     return {"pools": {"p": {"endpoints": [up.base_url], "retry": {"attempts": 1},
-                            "batch": {"window": "400ms", "max_size": 2}}},
+                            "batch": {"window": "1s", "max_size": 2}}},
             "default_pool": "p", "pricing": PRICING}
 
 

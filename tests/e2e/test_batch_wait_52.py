@@ -35,7 +35,10 @@ def pool(up, **extra) -> dict:
 
 def test_a_non_streamed_batch_member_is_cut_at_timeouts_response_while_tokens_keep_coming(mock, weir):
     up = mock(*SLOW)
-    w = weir(config=pool(up, batch={"window": "100ms", "max_size": 4}), workers=1)
+    # max_size 2: the two members' batch leaves when both are in (the window only bounds how far apart a loaded
+    # machine starts them); the streaming request is a batch of its own, sent at its window's end.
+    w = weir(config=pool(up, batch={"window": "1s", "max_size": 2}), workers=1)
+    client = httpx.Client(timeout=30)  # (one, made before the threads start: a client each costs ~50 ms of CPU)
     stream_done = threading.Event()
     stream_text: list[str] = []
 
@@ -49,8 +52,8 @@ def test_a_non_streamed_batch_member_is_cut_at_timeouts_response_while_tokens_ke
         stream_done.set()
 
     def member(i: int, out: dict) -> None:
-        out[i] = httpx.post(w.v1 + "/completions", timeout=30, headers={"x-request-id": f"wait-{i}"},
-                            json={"model": "mock-model", "prompt": f"p{i}", "max_tokens": 10})
+        out[i] = client.post(w.v1 + "/completions", headers={"x-request-id": f"wait-{i}"},
+                             json={"model": "mock-model", "prompt": f"p{i}", "max_tokens": 10})
 
     got: dict[int, httpx.Response] = {}
     threads = [threading.Thread(target=streamer)] + [threading.Thread(target=member, args=(i, got)) for i in (0, 1)]

@@ -312,7 +312,7 @@ def test_a_batch_answered_whole_gives_no_member_another_members_completion(weir,
     from test_defect_fixes import RawUpstream
     up = RawUpstream(completions_json_answer)
     try:
-        w = weir(config={"pools": {"b": {"endpoints": [up.url], "batch": {"window": "50ms", "max_size": 8}}},
+        w = weir(config={"pools": {"b": {"endpoints": [up.url], "batch": {"window": "1s", "max_size": 8}}},
                          "default_pool": "b"}, workers=1)
         got: dict[int, httpx.Response] = {}
 

@@ -118,7 +118,7 @@ def test_micro_batch_members_keep_multi_line_events_framed(weir):
         return sse_answer(out + b"data: [DONE]\n\n")
     up = RawUpstream(answer)
     try:
-        w = weir(config=governed({"b": {"endpoints": [up.url], "batch": {"window": "200ms", "max_size": 2}}}),
+        w = weir(config=governed({"b": {"endpoints": [up.url], "batch": {"window": "1s", "max_size": 2}}}),
                  workers=1)
         got = in_parallel(lambda i: httpx.post(
             w.v1 + "/completions", timeout=15, headers={**AUTH, "x-request-id": f"bm-{i}"},

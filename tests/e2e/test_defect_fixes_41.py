@@ -407,7 +407,7 @@ def test_the_first_token_timeout_holds_for_batched_and_coalesced_streams(weir, m
     # timeouts.idle, with no failover and no upstream cancel.
     from test_batching import in_parallel
     m = mock("--any-model", "--ttft-ms", "3000", "--itl-ms", "10", "--max-tokens", "4")
-    extra = {"batch": {"window": "50ms", "max_size": 4}} if mode == "batch" else {"coalesce": True}
+    extra = {"batch": {"window": "1s", "max_size": 2}} if mode == "batch" else {"coalesce": True}
     w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "timeouts": {"first_token": "300ms"}, **extra}},
                      "default_pool": "gpu"}, workers=1)
     body = {"model": "m", "prompt": "same", "max_tokens": 3, "temperature": 0, "stream": True}

@@ -280,18 +280,21 @@ def test_a_micro_batchs_failure_counts_once_against_its_endpoint(mock, weir):
     # failure per member (failures 4 for 1 attempt).
     import threading
     m = mock("--ttft-ms", "5", "--itl-ms", "10", "--max-tokens", "10")
-    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "batch": {"window": "200ms", "max_size": 8}}},
+    w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "batch": {"window": "1s", "max_size": 4}}},
                      "models": {"mock-model": {"pool": "gpu"}}}, workers=1)
 
+    client = httpx.Client(timeout=30)  # (one, made before the members start: a client each costs ~50 ms of CPU)
+
     def comp(i):
-        with httpx.stream("POST", w.v1 + "/completions", timeout=30, headers={"x-mock-reset-after": "3"},
-                          json={"model": "mock-model", "prompt": f"prompt {i}", "stream": True, "max_tokens": 10}) as r:
+        with client.stream("POST", w.v1 + "/completions", headers={"x-mock-reset-after": "3"},
+                           json={"model": "mock-model", "prompt": f"prompt {i}", "stream": True, "max_tokens": 10}) as r:
             r.read()
     ts = [threading.Thread(target=comp, args=(i,)) for i in range(4)]
     for t in ts:
         t.start()
     for t in ts:
         t.join()
+    client.close()
     assert w.metric("weir_batches_total") == 1
     assert w.metric("weir_upstream_attempts_total") == 1
     assert w.metric("weir_upstream_failures_total") == 1
@@ -459,14 +462,16 @@ def test_a_batched_stream_gets_no_per_chunk_usage_it_did_not_ask_for(mock, weir,
     import re
     m = mock("--ttft-ms", "30", "--itl-ms", "5", "--max-tokens", "3")
     batched = weir(config={"pools": {"b": {"endpoints": [m.base_url], "request_usage": False,
-                                           "batch": {"window": "100ms", "max_size": 2}}}, "default_pool": "b"},
+                                           "batch": {"window": "1s", "max_size": 2}}}, "default_pool": "b"},
                    workers=1)
     direct = weir(config={"pools": {"b": {"endpoints": [m.base_url], "request_usage": False}}, "default_pool": "b"},
                   workers=1)
     body = {"model": "mock-model", "prompt": "hello", "max_tokens": 3, "stream": True, "stream_options": options}
 
+    client = httpx.Client(timeout=10)  # (one, made before the members start: a client each costs ~50 ms of CPU)
+
     def post(w):
-        return httpx.post(w.v1 + "/completions", json=body, timeout=10).text
+        return client.post(w.v1 + "/completions", json=body).text
     with cf.ThreadPoolExecutor(2) as ex:
         got = [f.result() for f in [ex.submit(post, batched), ex.submit(post, batched)]]
     assert batched.metric("weir_batches_total") == 1

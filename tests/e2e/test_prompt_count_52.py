@@ -135,19 +135,20 @@ def test_a_messages_stream_the_client_left_is_charged_its_message_start_input_to
 # the larger of its estimate (251) and its own per-chunk prompt count (201).
 def test_a_batched_completions_member_that_left_is_charged_its_prompt_count(mock, weir):
     m = mock("--ttft-ms", "5", "--itl-ms", "5", "--max-tokens", "12", "--any-model")
-    w = weir(config=config(("batched", m.base_url, {"batch": {"window": "300ms", "max_size": 2}})), workers=1)
+    w = weir(config=config(("batched", m.base_url, {"batch": {"window": "1s", "max_size": 2}})), workers=1)
     exact = httpx.post(m.base_url + "/v1/completions", timeout=10,
                        json={"model": "mock-model", "prompt": LONG_PROMPT, "max_tokens": 1}).json()["usage"]
     assert exact["prompt_tokens"] == 201 < len(LONG_PROMPT) // 4
     before = tokens(w)
     barrier = threading.Barrier(2)
+    client = httpx.Client(timeout=30)  # (one, made before the barrier: a client each costs ~50 ms of CPU)
 
     def member(rid: str) -> int:
         barrier.wait()
         texts = 0
-        with httpx.stream("POST", w.v1 + "/completions", timeout=30,
-                          json={"model": "batched", "prompt": LONG_PROMPT, "max_tokens": 12, "stream": True},
-                          headers={"x-request-id": rid, **STALL}) as r:
+        with client.stream("POST", w.v1 + "/completions",
+                           json={"model": "batched", "prompt": LONG_PROMPT, "max_tokens": 12, "stream": True},
+                           headers={"x-request-id": rid, **STALL}) as r:
             assert r.status_code == 200
             for chunk in data_lines(r):
                 if chunk["choices"]:

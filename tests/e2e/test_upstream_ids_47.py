@@ -193,7 +193,7 @@ def test_a_clients_request_id_goes_upstream_made_unique(mock, weir):
 def test_translated_and_batched_answers_get_distinct_ids_for_one_client_id(mock, weir):
     m = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "2")
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]},
-                               "b": {"endpoints": [m.base_url], "batch": {"window": "300ms", "max_size": 4}}},
+                               "b": {"endpoints": [m.base_url], "batch": {"window": "1s", "max_size": 3}}},
                      "models": {"claude-test": {"pool": "p", "upstream_model": "mock-model"},
                                 "batched": {"pool": "b", "upstream_model": "mock-model"}}}, workers=1)
     ids = set()
@@ -211,9 +211,11 @@ def test_translated_and_batched_answers_get_distinct_ids_for_one_client_id(mock,
     assert r.status_code == 200 and r.json()["id"].startswith("resp_turn-")
 
     # Batch members that chose the same id: each its own completion id, as unbatched.
+    client = httpx.Client(timeout=10)  # (one, made before the barrier: a client each costs ~50 ms of CPU)
+
     def member(i):
-        return httpx.post(w.v1 + "/completions", headers={"x-request-id": "same-member"}, timeout=10,
-                          json={"model": "batched", "prompt": f"prompt {i}", "max_tokens": 2})
+        return client.post(w.v1 + "/completions", headers={"x-request-id": "same-member"},
+                           json={"model": "batched", "prompt": f"prompt {i}", "max_tokens": 2})
     barrier = threading.Barrier(3)
 
     def run(i):
