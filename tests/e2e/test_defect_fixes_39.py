@@ -117,19 +117,17 @@ def test_a_client_that_leaves_after_sending_more_still_cancels_the_upstream(mock
     # while the request was in flight, Weir stopped watching the socket, so a client that left then was
     # noticed only at the next write (a stream's first token) or never (a plain answer: logged 200, billed).
     import socket
-    import time
-    from conftest import wait_until
-    m = mock("--ttft-ms", "4000", "--itl-ms", "10")
+    from conftest import read_by_peer, wait_until
+    # The first token 10 s away: noticed at the first write (the defect), the abort comes past the wait below.
+    m = mock("--ttft-ms", "10000", "--itl-ms", "10")
     w = weir(upstream=m, workers=1)
     rid = f"leave-{stream}-{len(extra)}"
     with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
         s.sendall(chat_request(rid, stream))
         wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 5, message="the request reached the mock")
         s.sendall(extra)
-        time.sleep(0.1)  # (the bytes are read while the request waits on the mock)
-    t0 = time.monotonic()
-    wait_until(lambda: m.aborts() == 1, 2, message="the upstream request aborted when the client left")
-    assert time.monotonic() - t0 < 1.5
+        wait_until(lambda: read_by_peer(s), 10, message="Weir read the bytes sent while the request waits")
+    wait_until(lambda: m.aborts() == 1, 5, message="the upstream request aborted when the client left")
     line = w.log_for(rid)
     assert line["status"] == 499 and line["error"]["code"] == "client_closed_request", line
 
@@ -357,7 +355,8 @@ def test_a_client_that_leaves_after_pipelining_a_full_buffer_still_cancels_the_u
     import socket
     import time
     from conftest import wait_until
-    m = mock("--ttft-ms", "4000", "--itl-ms", "10")
+    # The first token 10 s away: noticed at the first write (the defect), the abort comes past the wait below.
+    m = mock("--ttft-ms", "10000", "--itl-ms", "10")
     w = weir(upstream=m, workers=1)
     rid = f"full-{stream}"
     body = json.dumps({"model": "mock-model", "messages": [{"role": "user", "content": "x" * 140_000}]}).encode()
@@ -367,10 +366,8 @@ def test_a_client_that_leaves_after_pipelining_a_full_buffer_still_cancels_the_u
         s.sendall(chat_request(rid, stream))
         wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 5, message="the request reached the mock")
         s.sendall(pipelined)
-        time.sleep(0.2)
-    t0 = time.monotonic()
-    wait_until(lambda: m.aborts() == 1, 2, message="the upstream request aborted when the client left")
-    assert time.monotonic() - t0 < 1.5
+        time.sleep(0.2)  # (the client's pace: Weir reads what its buffer takes, or not; the kernel holds the rest)
+    wait_until(lambda: m.aborts() == 1, 5, message="the upstream request aborted when the client left")
     line = w.log_for(rid)
     assert line["status"] == 499 and line["error"]["code"] == "client_closed_request", line
 
