@@ -407,9 +407,9 @@ def test_jwt_from_a_jwks_url_with_key_rotation(mock, weir, jwks_server):
     # again (refetches are rate-limited, the second does not wait).
     k3 = rsa.generate_private_key(public_exponent=65537, key_size=2048)
     assert chat(w, token(k3, "k3")).status_code == 401
-    t0 = time.monotonic()
-    assert chat(w, token(k3, "k3")).status_code == 401
-    assert time.monotonic() - t0 < 1.5
+    r = chat(w, token(k3, "k3"))
+    assert r.status_code == 401
+    assert w.log_for(r.headers["x-request-id"])["duration_ms"] < 1500  # (Weir's clock: not the client's start-up)
 
 
 def test_jwks_down_keeps_serving_with_cached_keys(mock, weir, jwks_server):

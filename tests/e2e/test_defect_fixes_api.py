@@ -36,13 +36,13 @@ def slow_batching_config(mock, kind: str) -> dict:
 def test_the_deadline_holds_for_batched_and_coalesced_requests(mock, weir, kind, stream):
     # Alone in its batch, a deterministic request is still bounded by its own x-weir-timeout-ms:
     # a 504 before the head, the in-band error after it, and the generation cancelled upstream.
-    slow = mock("--ttft-ms", "50", "--itl-ms", "40", "--max-tokens", "40")
+    slow = mock("--ttft-ms", "50", "--itl-ms", "40", "--max-tokens", "100")
     w = weir(config=slow_batching_config(slow, kind), workers=1)
     if kind == "coalesce":
-        path, body = "/v1/chat/completions", {"model": "mock-model", "temperature": 0, "max_tokens": 40,
+        path, body = "/v1/chat/completions", {"model": "mock-model", "temperature": 0, "max_tokens": 100,
                                               "messages": [{"role": "user", "content": "same"}]}
     else:
-        path, body = "/v1/completions", {"model": "mock-model", "prompt": "p", "max_tokens": 40, "temperature": 0}
+        path, body = "/v1/completions", {"model": "mock-model", "prompt": "p", "max_tokens": 100, "temperature": 0}
     body["stream"] = stream
     headers = {"x-weir-timeout-ms": "300", "x-request-id": f"deadline-{kind}-{stream}"}
     t0 = time.monotonic()
@@ -57,7 +57,7 @@ def test_the_deadline_holds_for_batched_and_coalesced_requests(mock, weir, kind,
     else:
         err = assert_openai_error(r, 504, "deadline_exceeded")
         assert "300 ms" in err["message"], err
-    assert took < 1.4, took          # the whole generation takes ~1.65 s
+    assert took < 3, took          # the whole generation takes ~4 s (room for a loaded machine past the 300 ms)
     # Weir gave up: the model server stops generating it.
     t1 = time.monotonic()
     while slow.aborts() < 1 and time.monotonic() - t1 < 5:
