@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import itertools
-import time
 import uuid
 
-import openai
 
 from conftest import wait_until
+from httpwire import RawConn, request
 
 FAST = {"x-mock-ttft-ms": "1", "x-mock-itl-ms": "1"}
 _ids = itertools.count()
@@ -89,16 +88,22 @@ def test_session_header_pins_each_session_to_one_endpoint(mock, weir):
 def test_least_load_avoids_the_endpoint_vllm_reports_busy(mock, weir):
     busy, idle = mock("--max-tokens", "2"), mock("--max-tokens", "2")
     w = weir(config=pool_config([busy, idle], balance="least_load", load_metrics={"interval": "50ms"}), workers=2)
-    hold = {"x-mock-ttft-ms": "3000", "x-mock-itl-ms": "1"}
-    direct = openai.OpenAI(base_url=busy.v1, api_key="t", max_retries=0, timeout=30)
-    with cf.ThreadPoolExecutor(6) as ex:
-        # Six long requests straight to `busy`, past the gateway: only its /metrics shows them.
-        held = [ex.submit(direct.chat.completions.create, model="mock-model",
-                          messages=[{"role": "user", "content": "hold"}], extra_headers=hold) for _ in range(6)]
-        wait_until(lambda: busy.metric("vllm:num_requests_running") == 6, 5)
-        time.sleep(0.2)  # four scrape periods: the gateway has seen it
+    # Six requests straight to `busy`, past the gateway (only its /metrics shows them), held for as long as the
+    # test runs: their connections close at its end (the mock aborts them), however long the sends below take.
+    hold = {"x-mock-ttft-ms": "60000", "x-mock-itl-ms": "1"}
+    held = [RawConn(busy.process.port, timeout=30) for _ in range(6)]
+    try:
+        for c in held:
+            c.send(request("POST", "/v1/chat/completions", {"model": "mock-model", "max_tokens": 2,
+                                                             "messages": [{"role": "user", "content": "hold"}]},
+                           hold))
+        wait_until(lambda: busy.metric("vllm:num_requests_running") == 6, 10)
+        # The gateway's scrape has seen them (one scraper; the workers read what it stored).
+        wait_until(lambda: w.metric("weir_load_requests", state="running") == 6, 10,
+                   message="the gateway's load scrape showing busy's six")
         eps = endpoints_of(w, [send(w, f"q {i}") for i in range(12)])
         # In-flight alone (the gateway has none anywhere) would split these between the two.
         assert set(eps) == {idle.base_url}, eps
-        for f in held:
-            f.result()
+    finally:
+        for c in held:
+            c.close()
