@@ -108,6 +108,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     return _ports.free_port("e2e", host)
 
 
+def listens(port: int) -> bool:
+    """Some socket listens on TCP ``port`` (any address) in this network namespace: e.g. a draining weir's workers
+    close their client listeners first thing, so ``not listens(port)`` says the drain has begun in every worker."""
+    return bool(_ports._listening_inodes(port))
+
+
 def connections_to(port: int) -> int:
     """Established TCP connections whose remote port is `port` (this network namespace)."""
     return sum(1 for _, remote, state, _ in _ports.tcp_sockets() if state == "01" and remote == port)

@@ -13,7 +13,7 @@ import anthropic
 import httpx
 import pytest
 
-from conftest import free_port, wait_until
+from conftest import free_port, read_by_peer, wait_until
 from httpwire import RawConn, roundtrip
 from test_defect_fixes import RawUpstream
 from test_defect_fixes_32 import CutUpstream
@@ -76,7 +76,7 @@ def test_the_admin_listener_logs_what_came_of_a_body_cut_short(admin):
             b"\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n")
     with RawConn(port) as c:
         c.send(head + b"{\"name\": \"cut")
-        time.sleep(0.2)  # (the body's first bytes in before the close)
+        wait_until(lambda: read_by_peer(c.sock), 10, message="Weir read the body's first bytes")  # (before the close)
     entries = w.wait_log(lambda es: any(e.get("listener") == "admin" and e.get("status") == 499 and
                                         e.get("method") == "POST" for e in es))
     line = next(e for e in entries if e.get("listener") == "admin" and e.get("status") == 499 and
@@ -90,7 +90,7 @@ def test_the_admin_listener_logs_a_client_that_left_mid_head_as_499(admin):
     before = len(admin_400(w.log_entries()))
     with RawConn(port) as c:
         c.send(b"GET /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\n")
-        time.sleep(0.2)  # (the head's first bytes in before the close)
+        wait_until(lambda: read_by_peer(c.sock), 10, message="Weir read the head's first bytes")  # (before the close)
     entries = w.wait_log(lambda es: any(e.get("listener") == "admin" and e.get("status") == 499 for e in es))
     assert len(admin_400(entries)) == before, entries
 

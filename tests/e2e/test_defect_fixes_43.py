@@ -6,7 +6,7 @@ import json
 import httpx
 import pytest
 
-from conftest import free_port, sigstop, wait_until
+from conftest import free_port, listens, sigstop, wait_until
 from test_defect_fixes import RawUpstream
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -579,7 +579,6 @@ def test_a_head_that_ends_after_the_drain_began_is_answered_with_connection_clos
     # saying Connection: close.
     import signal
     import socket
-    import time
     m = mock("--ttft-ms", "1", "--max-tokens", "2")
     w = weir(config={"server": {"drain_timeout": "10s"}, "pools": {"p": {"endpoints": [m.base_url]}},
                      "default_pool": "p"}, workers=1)
@@ -587,7 +586,9 @@ def test_a_head_that_ends_after_the_drain_began_is_answered_with_connection_clos
     s.sendall(b"GET /health HTTP/1.1\r\nHost: localhost\r\n")
     wait_until(lambda: w.metric("weir_active_connections") == 2, 5, message="accepted")
     w.process.popen.send_signal(signal.SIGTERM)
-    time.sleep(0.2)  # (the drain has begun: no request is in flight, so nothing but this head holds it)
+    # The drain has begun (its first step closes the listener): no request is in flight, so nothing but this
+    # head holds it.
+    wait_until(lambda: not listens(w.port), 10, message="the drain closing the listener")
     s.sendall(b"\r\n")
     got = _read_all(s)
     s.close()

@@ -26,7 +26,7 @@ import time
 import httpx
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from conftest import free_port, wait_until
+from conftest import free_port, read_by_peer, wait_until
 from test_admission import MOCK_FLAGS, JwksServer, chat, jwt_config, rsa_jwk, token
 
 
@@ -92,9 +92,9 @@ def test_a_rotation_burst_waits_for_the_one_fetch(mock, weir):
         hits = server.hits
         socks = [raw_chat(w.port, token(k2, "k2", sub=f"user-{i}")) for i in range(10)]
         wait_until(lambda: server.hits == hits + 1, 5, message="the refetch the first new kid started")
-        # (The requests are sent; the grace lets Weir read them all before the fetch answers. On the
-        # new build the outcome does not depend on it: a request read after the answer finds k2.)
-        time.sleep(0.3)
+        # Weir has read them all before the fetch answers (the burst under test; on the new build the outcome
+        # does not depend on it: a request read after the answer finds k2).
+        wait_until(lambda: all(read_by_peer(s) for s in socks), 10, message="Weir read the ten requests")
         server.gate.set()
         statuses = [read_status(s) for s in socks]
         assert statuses == [200] * 10, statuses
