@@ -12,7 +12,7 @@ import time
 import httpx
 import pytest
 
-from conftest import binary
+from conftest import binary, wait_until
 from test_batching import in_parallel
 from test_defect_fixes import RawUpstream
 
@@ -836,7 +836,7 @@ def test_a_usage_count_no_request_can_have_is_none(weir):
 def test_a_late_joiner_of_a_coalesced_generation_adds_no_negative_latency(mock, weir):
     import socket
     import threading
-    m = mock("--ttft-ms", "800", "--itl-ms", "5", "--max-tokens", "4")
+    m = mock("--ttft-ms", "2000", "--itl-ms", "5", "--max-tokens", "4")
     w = weir(config={"pools": {"c": {"endpoints": [m.base_url], "coalesce": True}}, "default_pool": "c"}, workers=1)
     body = json.dumps({"model": "mock-model", "messages": MSG, "stream": True, "temperature": 0,
                        "max_tokens": 4}).encode()
@@ -844,7 +844,7 @@ def test_a_late_joiner_of_a_coalesced_generation_adds_no_negative_latency(mock, 
                                                       headers={"x-request-id": "co-lead",
                                                                "content-type": "application/json"}))
     lead.start()
-    time.sleep(0.2)
+    wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 10, message="the leader's generation")
     with socket.create_connection(("127.0.0.1", w.port)) as s:  # its body in two pieces, 300 ms apart
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nx-request-id: co-late\r\n"
                   b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body[:10])
