@@ -13,7 +13,7 @@ import subprocess
 import httpx
 import pytest
 
-from conftest import binary, free_port, wait_until
+from conftest import binary, connections_to, free_port, wait_until
 from otlp import Collector, attrs, parse_traceparent
 
 MOCK_FLAGS = ("--ttft-ms", "5", "--itl-ms", "1", "--max-tokens", "8", "--model", "m-up")
@@ -303,7 +303,8 @@ def test_sigterm_exits_within_the_drain_when_the_collector_never_answers(module_
         client = w.client(api_key="sk-acme-0123456789")
         for _ in range(20):
             assert client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}]).choices
-        time.sleep(0.2)  # (the exporter's first POST is under way, unanswered)
+        wait_until(lambda: connections_to(silent.getsockname()[1]) >= 1, 10,
+                   message="the exporter's first POST under way, unanswered")
         started = time.monotonic()
         w.process.popen.send_signal(signal.SIGTERM)
         assert w.process.popen.wait(20) == 0
