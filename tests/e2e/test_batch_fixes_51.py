@@ -31,24 +31,36 @@ def test_a_non_streamed_batch_member_waits_timeouts_response_not_first_byte(mock
 
 
 def test_a_coalesced_generation_that_everyone_left_logs_its_size_on_every_line(mock, weir):
-    up = mock("--ttft-ms", "1000", "--itl-ms", "10", "--max-tokens", "16")
+    # A first token 5 s away: both members are in the generation, and leave, long before it.
+    up = mock("--ttft-ms", "5000", "--itl-ms", "10", "--max-tokens", "16")
     w = weir(config={"pools": {"gpu": {"endpoints": [up.base_url], "coalesce": True}}, "default_pool": "gpu"},
              workers=1)
 
-    async def leave_after(body: dict, rid: str, after: float) -> None:
+    async def member(body: dict, rid: str, leave: asyncio.Event) -> None:
+        """Posts, and leaves (closes the connection) once `leave` is set."""
         async with httpx.AsyncClient(timeout=30) as c:
+            post = asyncio.ensure_future(c.post(w.v1 + "/chat/completions", json=body, headers={"x-request-id": rid}))
+            await leave.wait()
+            assert not post.done(), post.result()
+            post.cancel()
             try:
-                async with asyncio.timeout(after):
-                    await c.post(w.v1 + "/chat/completions", json=body, headers={"x-request-id": rid})
-            except TimeoutError:
+                await post
+            except asyncio.CancelledError:
                 pass
 
     async def both(stream: bool) -> None:
         body = {"model": "mock-model", "messages": [{"role": "user", "content": f"left {stream}"}],
                 "temperature": 0, "max_tokens": 16, "stream": stream}
-        first = asyncio.create_task(leave_after(body, f"left-{stream}-0", 0.5))
+        leave = asyncio.Event()
+        joined = w.metric("weir_coalesced_requests_total")
+        first = asyncio.create_task(member(body, f"left-{stream}-0", leave))
         await asyncio.to_thread(wait_until, lambda: up.metric("vllm:num_requests_running") >= 1, 10)
-        await asyncio.gather(first, leave_after(body, f"left-{stream}-1", 0.3))
+        second = asyncio.create_task(member(body, f"left-{stream}-1", leave))
+        # Both leave once the second has joined the first's generation (not after a guess at how long that takes).
+        await asyncio.to_thread(wait_until, lambda: w.metric("weir_coalesced_requests_total") > joined, 10,
+                                message="the second member joining the generation")
+        leave.set()
+        await asyncio.gather(first, second)
 
     for stream in (False, True):
         asyncio.run(both(stream))
