@@ -340,16 +340,16 @@ def test_batched_and_coalesced_requests_keep_their_session_and_count_their_pick(
     assert w.metric("weir_routing_picks_total", rule="session") == 12
 
 
-def redis_keys_gateway(mock, weir, redis, tenants=("acme",), **auth):
-    """A Weir (1 worker) with keys in Redis (auth.redis_keys), model `m` on a weir-mock, and its admin API:
-    (weir, Admin)."""
+def redis_keys_gateway(mock, weir, redis, tenants=("acme",), redis_extra: dict | None = None, **auth):
+    """A Weir (1 worker) with keys in Redis (auth.redis_keys; `redis_extra` added to its `redis:`), model `m` on
+    a weir-mock, and its admin API: (weir, Admin)."""
     from test_admin_api import Admin, TOKEN
     m = mock("--ttft-ms", "1", "--max-tokens", "2", "--model", "m")
     port = free_port()
     w = weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"m": {"pool": "p"}},
                      "tenants": {t: {} for t in tenants}, "auth": {"required": True, "redis_keys": True, **auth},
                      "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"},
-                     "redis": {"url": redis.url}},
+                     "redis": {"url": redis.url, **(redis_extra or {})}},
              env={"WEIR_TEST_ADMIN_TOKEN": TOKEN}, workers=1)
     admin = Admin(port)
     wait_until(lambda: _answers(admin), 5, message="admin listener")
@@ -362,7 +362,9 @@ def test_concurrent_patches_of_a_key_in_redis_both_hold(mock, weir, redis):
     # limit the operator was told was applied was gone. A PATCH writes the fields it changed now, and a
     # rotate moves the record in one step.
     import concurrent.futures
-    _, admin = redis_keys_gateway(mock, weir, redis)
+    # (What is tested is the order of Redis's writes, not its speed: a loaded machine may take over the
+    # default 250 ms to answer, which is an outage to Weir.)
+    _, admin = redis_keys_gateway(mock, weir, redis, redis_extra={"command_timeout": "5s"})
     for _ in range(30):  # (unrelated keys: the id's lookup scans them, widening the window as in production)
         admin.create(tenant="acme")
     lost = 0

@@ -56,6 +56,11 @@ def logged_spend(w, tenant: str = "t") -> int:
                      if e.get("path", "").startswith("/v1/") and e.get("tenant") == tenant) * 1e9)
 
 
+def logged_calls(w, tenant: str = "t") -> int:
+    """The access log's lines of `tenant`'s chat requests."""
+    return sum(1 for e in w.log_entries() if e.get("path", "").startswith("/v1/") and e.get("tenant") == tenant)
+
+
 def lines(w, text: str) -> list[str]:
     return [line for line in w.process.log().splitlines() if text in line]
 
@@ -70,8 +75,10 @@ def test_a_replica_drained_while_waiting_to_reconnect_pushes_its_spend(mock, wei
     total = f"{prefix(redis)}budget:tenant:t:0"
     for _ in range(3):
         assert call(w, "t").status_code == 200
-    wait_until(lambda: redis_int(redis, "HGET", total, "total") == logged_spend(w) > 0, 10,
-               message="the spend in Redis")
+    # Every line is in the log (workers flush it every 50 ms) and the spend they say in Redis: the third
+    # request's is not still on its way while the log says two.
+    wait_until(lambda: logged_calls(w) == 3 and redis_int(redis, "HGET", total, "total") == logged_spend(w) > 0, 10,
+               message="the spend of the three in Redis")
     sigstop(redis.proc.pid)
     stopped_at = time.monotonic()
     try:
@@ -98,8 +105,10 @@ def test_spend_a_drained_replica_cannot_push_is_logged(mock, weir, redis):
     total = f"{prefix(redis)}budget:tenant:t:0"
     for _ in range(3):
         assert call(w, "t").status_code == 200
-    wait_until(lambda: redis_int(redis, "HGET", total, "total") == logged_spend(w) > 0, 10,
-               message="the spend in Redis")
+    # Every line is in the log (workers flush it every 50 ms) and the spend they say in Redis: the third
+    # request's is not still on its way while the log says two.
+    wait_until(lambda: logged_calls(w) == 3 and redis_int(redis, "HGET", total, "total") == logged_spend(w) > 0, 10,
+               message="the spend of the three in Redis")
     pushed = logged_spend(w)
     sigstop(redis.proc.pid)
     try:
