@@ -282,8 +282,11 @@ def test_ctrl_c_ends_a_slow_config_check(tmp_path, sig):
     wfd = os.open(fifo, os.O_RDWR)  # (the writer: weir's open does not wait, its read does)
     try:
         os.write(wfd, b"pools:\n")
+        # Handed down with its default action, as a terminal's shell does: weir gives back what exec handed
+        # down, and the tests may run where the signal is ignored (under nohup, SIGHUP; a background job, SIGINT).
         p = subprocess.Popen([str(binary("weir")), "--check", "-c", str(fifo)], stdin=subprocess.DEVNULL,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             preexec_fn=lambda: signal.signal(sig, signal.SIG_DFL))
         try:
             # weir read what was written: it is in the load, past the command line, waiting for the rest.
             import fcntl
