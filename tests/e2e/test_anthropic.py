@@ -296,7 +296,7 @@ def test_client_leaving_mid_stream_aborts_the_upstream(stack):
         for line in resp.iter_lines():
             if line.startswith("event: content_block_delta"):
                 break  # leave after the first token
-    wait_until(lambda: m.aborts() > aborts, 3, message="mock abort after the client left")
+    wait_until(lambda: m.aborts() > aborts, 10, message="mock abort after the client left")
     log = w.log_for(r)
     assert log["status"] == 499 and log["error"]["code"] == "client_closed_request"
 

@@ -204,7 +204,7 @@ def test_first_byte_timeout_504_and_upstream_aborted(stack):
     assert e.value.status_code == 504
     assert e.value.body["message"] and e.value.body["type"]
     # Weir gave up on the request: the model server must stop generating it.
-    wait_until(lambda: m.aborts() > aborts, 3, message="mock abort after the first-byte timeout")
+    wait_until(lambda: m.aborts() > aborts, 10, message="mock abort after the first-byte timeout")
 
 
 def stream_raw(w, body, headers=None):
@@ -235,7 +235,7 @@ def test_idle_timeout_mid_stream_in_band_error(stack):
                         {"x-mock-stall-after": "3", "x-mock-stall-ms": "5000"})
     err = assert_in_band_error(events, tokens_before=3)
     assert "timed out" in err["message"]
-    wait_until(lambda: m.aborts() > aborts, 3, message="mock abort after the idle timeout")
+    wait_until(lambda: m.aborts() > aborts, 10, message="mock abort after the idle timeout")
 
 
 def test_idle_timeout_before_first_token_in_band_error(stack):

@@ -160,7 +160,7 @@ def test_sdk_stream_closed_early_aborts_upstream(stack):
                 break
         stream.close()
         client.close()
-        wait_until(lambda: mm.aborts() > before, 2, message="mock abort after the SDK closed the stream")
+        wait_until(lambda: mm.aborts() > before, 10, message="mock abort after the SDK closed the stream")
     finally:
         mm.close()
 
