@@ -40,6 +40,15 @@ weir
 
 Polling
     ``wait_until(predicate, timeout)`` polls a condition instead of sleeping.
+    Conditions worth waiting for, rather than a sleep standing for them:
+    ``read_by_peer(sock)`` (the process at the other end read all that was sent:
+    e.g. a request that must be in Weir before the next one is sent),
+    ``listens(port)`` (false once a draining weir closed its listener),
+    ``connections_to(port)``, a metric, a log line. A deadline guards a
+    slow-but-correct event generously (it costs nothing when things pass); a
+    stopwatch that tells a fix from a defect measures against a slow path far
+    away, on Weir's clock (the access log's ``duration_ms``) where it can, and
+    makes its HTTP clients before the clock starts (one costs ~50 ms of CPU).
 """
 
 from __future__ import annotations
