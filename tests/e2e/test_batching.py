@@ -237,8 +237,9 @@ def chat_lines(w, n: int) -> list[dict]:
 
 @pytest.mark.parametrize("stream", [True, False])
 def test_identical_deterministic_chats_share_one_generation(mock, weir, stream):
-    # a long first token: the followers arrive while the leader's generation is in flight
-    up = mock("--ttft-ms", "1000", "--itl-ms", "5", "--max-tokens", "6")
+    # a long first token: the followers arrive while the leader's generation is in flight (3 s: on a loaded
+    # machine too, from the leader seen running)
+    up = mock("--ttft-ms", "3000", "--itl-ms", "5", "--max-tokens", "6")
     reference = mock("--ttft-ms", "1", "--itl-ms", "1", "--max-tokens", "6")
     w = weir(config=coalesce_config(up), workers=1)
     base = {"model": "mock-model", "messages": [{"role": "user", "content": "the same question"}],

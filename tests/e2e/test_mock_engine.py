@@ -98,7 +98,7 @@ def test_max_num_seqs_bounds_the_batch_and_the_rest_waits(mock):
             s = m.metrics()
             return (metric_value(s, "vllm:num_requests_running") == 2
                     and metric_value(s, "vllm:num_requests_waiting") == 3)
-        wait_until(seen, 5, message="2 running and 3 waiting")
+        wait_until(seen, 30, message="2 running and 3 waiting")
         times = sorted(f.result() for f in futs)
     # Three waves of 1.5 s: two, two, one. The lower bounds cannot be beaten; a loaded machine delays every
     # answer alike, so the waves are told apart by the gaps between them, not by a deadline for the first.
@@ -111,11 +111,12 @@ def test_max_num_seqs_bounds_the_batch_and_the_rest_waits(mock):
 
 def test_a_waiting_request_whose_client_leaves_gives_up_its_place(mock):
     m = mock("--max-num-seqs", "1", "--max-tokens", "2")
-    long = {"x-mock-ttft-ms": "400", "x-mock-itl-ms": "1"}
+    # The first holds the one slot for 2 s: the second, sent once it runs, waits (and leaves after 0.2 s).
+    long = {"x-mock-ttft-ms": "2000", "x-mock-itl-ms": "1"}
     with cf.ThreadPoolExecutor(2) as ex:
         first = ex.submit(lambda: client(m).chat.completions.create(
             model="mock-model", messages=[{"role": "user", "content": "a"}], extra_headers=long))
-        wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 5)
+        wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 30)
         c = openai.OpenAI(base_url=m.v1, api_key="t", max_retries=0, timeout=0.2)
         try:
             c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "b"}],
@@ -124,23 +125,25 @@ def test_a_waiting_request_whose_client_leaves_gives_up_its_place(mock):
             pass
         wait_until(lambda: m.metric("vllm:num_requests_waiting") == 0, 5, message="the waiter left")
         first.result()
-    # The slot is free again: the next request runs at once.
+    # The slot is free again: the next request runs at once (a slot kept by the waiter that left would block
+    # it for good; the bound is generous for a loaded machine, and the client is made before the clock starts).
+    c = client(m)
     t0 = time.perf_counter()
-    client(m).chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "c"}],
-                                      extra_headers=FAST)
-    assert time.perf_counter() - t0 < 1.0  # a slot kept by the waiter that left would block it for good
+    c.chat.completions.create(model="mock-model", messages=[{"role": "user", "content": "c"}], extra_headers=FAST)
+    assert time.perf_counter() - t0 < 5.0
     assert m.metric("vllm:request_success_total", finished_reason="abort") >= 1
 
 
 def test_kv_cache_usage_is_relative_to_the_cache_capacity(mock):
     m = mock("--prefix-cache-tokens", "1000", "--max-tokens", "4")
-    # Waves of 1.5 s: the test must see 2 running and 3 waiting during the first, on a loaded machine too.
-    slow = {"x-mock-ttft-ms": "1500", "x-mock-itl-ms": "1"}
+    slow = {"x-mock-ttft-ms": "1500", "x-mock-itl-ms": "1"}  # (1.5 s to read the gauge while it runs, loaded too)
     with cf.ThreadPoolExecutor(1) as ex:
         f = ex.submit(lambda: client(m).chat.completions.create(
             model="mock-model", messages=[{"role": "user", "content": words(496, "w")}], extra_headers=slow))
-        wait_until(lambda: m.metric("vllm:num_requests_running") == 1, 5)
-        usage = m.metric("vllm:kv_cache_usage_perc")
+        def usage_while_running():  # (the gauge read in the scrape that shows the request running)
+            s = m.metrics()
+            return metric_value(s, "vllm:num_requests_running") == 1 and (metric_value(s, "vllm:kv_cache_usage_perc"),)
+        (usage,) = wait_until(usage_while_running, 30, message="the request running")
         f.result()
     assert 0.45 <= usage <= 0.55, usage  # 500 prompt tokens of 1000
     assert "vllm:prefix_cache_queries_total{" in m.metrics_text()
