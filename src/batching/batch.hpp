@@ -78,6 +78,9 @@ class BatchMember final : public http::ResponseSource {
     // The client's address, last in the X-Forwarded-For sent upstream (a batch's: its first member's, when
     // every member is of its tenant).
     std::string_view client_address;
+    // The client as Weir resolved it (Downstream::client_address), sent as X-Real-IP (a batch's: its first
+    // member's, when every member is of its tenant).
+    std::string_view real_ip;
     // Its connection's peer is one of server.trusted_proxies (UpstreamHeadOptions::trusted_peer).
     bool trusted_peer = false;
     // The member's tenant (empty without auth): a batch whose members are not all of one tenant sends of its

@@ -134,6 +134,7 @@ core::Task<void> Batch::send() {
                                            .traceparent = lead->req_.traceparent,
                                            .tracestate = tracestate,
                                            .client_address = client_address,
+                                           .real_ip = mixed_tenants_ ? std::string_view() : lead->req_.real_ip,
                                            .trusted_peer = lead->req_.trusted_peer,
                                        });
     pool.on_start(ep_idx);

@@ -123,6 +123,8 @@ bool forwarded_upstream(const Field& f, bool strip_credentials) {
       break;
   }
   const auto name = f.name_string();
+  // The client's X-Real-IP: Weir sends its own (UpstreamHeadOptions::real_ip), whoever the peer.
+  if (is_real_ip(f)) return false;
   // Weir's own controls (x-weir-timeout-ms, x-weir-priority, x-weir-fallbacks): the gateway's, not the upstream's.
   if (name.size() >= 7 && iequals(name.substr(0, 7), "x-weir-")) return false;
   // With Weir's credential or the pool's key in place, the client's credentials were for Weir (or for
@@ -277,7 +279,7 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
         client_for = true;
         return true;
       }
-      if (!o.trusted_peer && is_real_ip(f)) return true;
+      if (!o.trusted_peer && is_front_view_field(f.name_string())) return true;
     }
     // A request of several clients: an allow-list, not a deny-list of what describes the client (trace
     // context in a dozen vendors' fields, addresses, proxies, user agents, SDK fields, whatever a client adds):
@@ -305,6 +307,11 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     out += o.client_address;
     out += "\r\n";
   }
+  if (!o.real_ip.empty()) {
+    out += "X-Real-IP: ";
+    out += o.real_ip;
+    out += "\r\n";
+  }
   if (client_forwarded) {
     // RFC 7239 §4: a proxy appends its element; the upstream trusts only the ones its own peer (Weir) wrote,
     // so the client's elements reach it as the client's claim, never as Weir's.
@@ -321,6 +328,13 @@ void append_upstream_request_head(std::string& out, const RequestHead& req, cons
     out += v6 ? "]\"\r\n" : "\r\n";
   }
   out += "\r\n";
+}
+
+bool is_front_view_field(std::string_view name) {
+  if (name.size() > 12 && iequals(name.substr(0, 12), "x-forwarded-"))
+    return !iequals(name, "x-forwarded-for") && !iequals(name, "x-forwarded-authorization");
+  return iequals(name, "x-client-ip") || iequals(name, "true-client-ip") || iequals(name, "cf-connecting-ip") ||
+         iequals(name, "fastly-client-ip");
 }
 
 void append_forwarded_fields_key(std::string& out, const RequestHead& req, bool strip_credentials) {

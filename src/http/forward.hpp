@@ -54,12 +54,26 @@ struct UpstreamHeadOptions {
   // brackets, §6); none sent: none added. Empty: the client's
   // X-Forwarded-For and Forwarded lines pass through as they came.
   std::string_view client_address;
-  // The peer is a front proxy of server.trusted_proxies (Downstream::peer_trusted):
-  // the client's X-Real-IP goes up; otherwise it is dropped. It is one
-  // address with no list to append the peer to, so from anyone else it would
-  // reach the upstream as Weir's word for a value any client can write.
+  // The request's client as Weir resolved it (Downstream::client_address: the peer, or from a front proxy
+  // of server.trusted_proxies the client its X-Forwarded-For names; the access log's `client`): non-empty,
+  // sent as X-Real-IP, as nginx's `proxy_set_header X-Real-IP $remote_addr` (with its realip module) does.
+  // The client's own X-Real-IP never goes up, from any peer: it is one address with no list to append to,
+  // and a proxy that neither sets nor strips it (Caddy, HAProxy's `option forwardfor`) would pass a value
+  // any client can write. Empty (a micro-batch of several tenants): none is sent.
+  std::string_view real_ip;
+  // The peer is a front proxy of server.trusted_proxies (Downstream::peer_trusted): the client's other
+  // fields that describe the front's view of the request (is_front_view_field: X-Forwarded-Proto, -Host,
+  // -Port, -Prefix, True-Client-IP, CF-Connecting-IP, ...) go up as that proxy sent them; from any other
+  // peer they are dropped (Weir cannot tell the upstream what they would say, and a client's claim would
+  // reach it as Weir's word).
   bool trusted_peer = false;
 };
+
+// True for a request field that states what a front proxy saw (name compared case-insensitively): an
+// X-Forwarded-* field other than X-Forwarded-For (which Weir appends to) and X-Forwarded-Authorization
+// (a credential: forwarded_upstream's rule), and the one-address client fields CDNs set (X-Client-IP,
+// True-Client-IP, CF-Connecting-IP, Fastly-Client-IP). X-Real-IP is not one: Weir writes its own.
+bool is_front_view_field(std::string_view name);
 
 // Appends the request target sent to an endpoint whose URL has a path
 // `base` (no trailing '/') and a query `query`: OpenAI-style base URLs, as
@@ -90,8 +104,9 @@ bool query_names(std::string_view query, std::string_view name);
 // Weir decodes), Content-Encoding, anthropic-version and the
 // client's credentials (and, with a traceparent in the options, the client's
 // traceparent and tracestate, replaced by the options'), X-Forwarded-For
-// and Forwarded with the options' client address last, X-Real-IP unless
-// the peer is trusted; then the blank line.
+// and Forwarded with the options' client address last, the client's
+// X-Real-IP (the options' real_ip is sent instead) and, unless the peer is
+// trusted, its is_front_view_field fields; then the blank line.
 void append_upstream_request_head(std::string& out, const RequestHead& req, const UpstreamHeadOptions& o);
 
 // Appends, for deciding which requests may share one upstream request

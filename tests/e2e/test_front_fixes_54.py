@@ -6,7 +6,8 @@ F2. DEFECT: no record named the client's address: the access log, the request lo
     right-most X-Forwarded-For entry that is not a trusted proxy (nginx's ``real_ip_recursive on``).
 F3. DEFECT: a client's own ``Forwarded`` and ``X-Real-IP`` reached the upstream as they came, as if Weir
     vouched for them. Now Weir appends its ``for=`` element to ``Forwarded`` (RFC 7239 §4), as it appends
-    the peer to X-Forwarded-For, and drops ``X-Real-IP`` unless the peer is a trusted proxy.
+    the peer to X-Forwarded-For, and sends its own ``X-Real-IP`` (stop 57: the client it resolved; the
+    client's own never, from any peer).
 F5. DEFECT: a request head with obs-fold (a line starting with SP or HTAB: ``Transfer-Encoding:\\r\\n
     chunked``) was unfolded and served, and ``Content-Length`` twice or as ``n, n`` was taken: a proxy in
     front that reads either otherwise frames the body otherwise. Now both are a 400 and a close, on the
@@ -210,25 +211,26 @@ def test_the_admin_listener_logs_the_peer(weir, upstream):
 # --- F3: Forwarded and X-Real-IP ----------------------------------------------------------------------------
 
 # DEFECT: both went upstream as the client wrote them.
-def test_forwarded_gets_weirs_element_and_x_real_ip_needs_a_trusted_peer(weir, upstream):
+def test_forwarded_gets_weirs_element_and_x_real_ip_is_weirs_own(weir, upstream):
     w = gateway(weir, upstream, trusted=["127.0.0.1"])
     forged = [("Forwarded", "for=6.6.6.6"), ("X-Real-IP", "6.6.6.6")]
     assert chat(w, "f-direct", source="127.0.0.2", headers=forged).status_code == 200
     assert upstream.values("f-direct", "forwarded") == ["for=6.6.6.6, for=127.0.0.2"]
-    assert upstream.values("f-direct", "x-real-ip") == []
-    # From a trusted front proxy (nginx's proxy_set_header X-Real-IP $remote_addr), it is that proxy's word.
+    assert upstream.values("f-direct", "x-real-ip") == ["127.0.0.2"]
+    # From a trusted front proxy too, X-Real-IP is the client Weir resolved (here, with no X-Forwarded-For,
+    # the proxy itself), as nginx's proxy_set_header X-Real-IP $remote_addr: never the client's (stop 57).
     assert chat(w, "f-proxy", source="127.0.0.1", headers=forged).status_code == 200
-    assert upstream.values("f-proxy", "x-real-ip") == ["6.6.6.6"]
+    assert upstream.values("f-proxy", "x-real-ip") == ["127.0.0.1"]
     assert upstream.values("f-proxy", "forwarded") == ["for=6.6.6.6, for=127.0.0.1"]
     # No Forwarded from the client: none added (X-Forwarded-For carries the address).
     assert chat(w, "f-none", source="127.0.0.2").status_code == 200
     assert upstream.values("f-none", "forwarded") == []
 
 
-def test_without_trusted_proxies_x_real_ip_never_goes_up(weir, upstream):
+def test_without_trusted_proxies_the_clients_x_real_ip_never_goes_up(weir, upstream):
     w = gateway(weir, upstream)
     assert chat(w, "r-default", headers=[("X-Real-IP", "6.6.6.6")]).status_code == 200
-    assert upstream.values("r-default", "x-real-ip") == []
+    assert upstream.values("r-default", "x-real-ip") == ["127.0.0.1"]
 
 
 # --- F5: obs-fold and repeated Content-Length ----------------------------------------------------------------

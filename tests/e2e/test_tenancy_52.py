@@ -170,9 +170,12 @@ CLIENT_CONTEXT = {
 
 
 # What of CLIENT_CONTEXT goes upstream (stop 54): a client's Forwarded with Weir's own element appended (RFC 7239
-# §4), and no X-Real-IP (from a peer that is not in server.trusted_proxies it is dropped).
-SENT_CONTEXT = dict({k: v for k, v in CLIENT_CONTEXT.items() if k != "x-real-ip"},
-                    forwarded="for=10.1.1.1, for=127.0.0.1")
+# §4); X-Real-IP as Weir's own, the client it resolved (stop 57: the client's never goes); and, from a peer
+# not in server.trusted_proxies, none of what only a front proxy saw (stop 57: X-Forwarded-Host/-Proto, a CDN's
+# client field).
+FRONT_VIEW = {"x-client-ip", "true-client-ip", "cf-connecting-ip", "x-forwarded-host", "x-forwarded-proto"}
+SENT_CONTEXT = dict({k: v for k, v in CLIENT_CONTEXT.items() if k != "x-real-ip" and k not in FRONT_VIEW},
+                    forwarded="for=10.1.1.1, for=127.0.0.1", **{"x-real-ip": "127.0.0.1"})
 
 
 KEYLESS_CONTEXT = {"user-agent": "AliceApp/1.0", "x-stainless-os": "Linux", "x-stainless-lang": "python"}
@@ -282,7 +285,8 @@ def test_a_batch_of_two_tenants_sends_only_content_type_and_accept_of_the_client
     head = batch_head(w, capture, ["key-a1", "key-a2"], CLIENT_CONTEXT)
     for field, value in SENT_CONTEXT.items():
         assert (field, value) in head, (field, head)
-    assert "x-real-ip" not in {n for n, _ in head}, head
+    assert [v for n, v in head if n == "x-real-ip"] == ["127.0.0.1"], head
+    assert not FRONT_VIEW & {n for n, _ in head}, head
 
 
 def test_a_field_the_batch_key_compares_keeps_two_tenants_apart_and_goes_upstream(weir, capture):

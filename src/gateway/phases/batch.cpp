@@ -106,6 +106,7 @@ void GatewayPhases::join_batch(RequestContext& ctx, const BatchPlan& plan) {
       .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
       .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
       .client_address = down_.peer_address(),
+      .real_ip = down_.client_address(),
       .trusted_peer = down_.peer_trusted(),
       .tenant = ctx.principal ? ctx.principal->tenant_name() : std::string_view(),
       .pick = pick_request(ctx, ctx.gen->config().pools[ctx.target.pool])};

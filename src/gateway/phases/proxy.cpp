@@ -463,6 +463,7 @@ core::Task<Outcome> GatewayPhases::attempt_pool(RequestContext& ctx) {
             .traceparent = ctx.trace_on() ? ctx.trace->traceparent_view() : std::string_view(),
             .tracestate = ctx.trace_on() ? std::string_view(ctx.trace->tracestate) : std::string_view(),
             .client_address = down_.peer_address(),
+            .real_ip = down_.client_address(),
             .trusted_peer = down_.peer_trusted(),
         });
     ctx.t_upstream_sent = core::now();

@@ -216,33 +216,87 @@ TEST(HttpForward, XForwardedForEndsWithTheClientAddress) {
 }
 
 // RFC 7239 §4: a client's Forwarded goes up with Weir's own element appended (the peer it saw), never as
-// Weir's word; nginx's X-Real-IP goes up only from a trusted front proxy (it has no list to append to).
-TEST(HttpForward, ForwardedGetsWeirsElementAndXRealIpNeedsATrustedPeer) {
+// Weir's word. X-Real-IP has no list to append to: the client's never goes up, from any peer; Weir sends the
+// client it resolved (real_ip), as nginx's `proxy_set_header X-Real-IP $remote_addr` with realip does.
+TEST(HttpForward, ForwardedGetsWeirsElementAndXRealIpIsWeirsOwn) {
   auto o = options();
   o.client_address = "127.0.0.1";
+  o.real_ip = "127.0.0.1";
   std::string out;
   constexpr std::string_view forged =
       "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\n"
-      "forwarded: for=7.7.7.7;proto=https\r\nAccept: */*\r\n\r\n";
+      "forwarded: for=7.7.7.7;proto=https\r\nAccept: */*\r\nx-real-ip: 8.8.8.8\r\n\r\n";
   append_upstream_request_head(out, request(forged), o);
   EXPECT_EQ(values(out, "forwarded"), Values{"for=6.6.6.6, for=7.7.7.7;proto=https, for=127.0.0.1"});
-  EXPECT_EQ(values(out, "x-real-ip"), Values{});
+  EXPECT_EQ(values(out, "x-real-ip"), Values{"127.0.0.1"});
   EXPECT_EQ(values(out, "accept"), Values{"*/*"});
   // An IPv6 node is quoted and bracketed (§6).
   o.client_address = "2001:db8::1";
   out.clear();
   append_upstream_request_head(out, request(forged), o);
   EXPECT_EQ(values(out, "forwarded"), Values{"for=6.6.6.6, for=7.7.7.7;proto=https, for=\"[2001:db8::1]\""});
-  // From a trusted proxy (server.trusted_proxies), its X-Real-IP is the proxy's word, and goes.
+  // From a trusted proxy (server.trusted_proxies) that neither set nor stripped it (Caddy): still Weir's
+  // own, the client the proxy's X-Forwarded-For named.
   o.trusted_peer = true;
+  o.real_ip = "203.0.113.7";
   out.clear();
   append_upstream_request_head(out, request(forged), o);
-  EXPECT_EQ(values(out, "x-real-ip"), Values{"6.6.6.6"});
+  EXPECT_EQ(values(out, "x-real-ip"), Values{"203.0.113.7"});
+  // No real_ip (a micro-batch of several tenants): none at all.
+  o.real_ip = {};
+  out.clear();
+  append_upstream_request_head(out, request(forged), o);
+  EXPECT_EQ(values(out, "x-real-ip"), Values{});
   // No Forwarded from the client: none is added (X-Forwarded-For carries the address).
   out.clear();
   append_upstream_request_head(out, request("POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\n\r\n"), o);
   EXPECT_EQ(values(out, "forwarded"), Values{});
   EXPECT_EQ(values(out, "x-forwarded-for"), Values{"2001:db8::1"});
+}
+
+// What a front proxy saw (X-Forwarded-Proto/Host/Port/Prefix, a CDN's client field) goes up only from a
+// peer in server.trusted_proxies: from anyone else it is the client's claim, dropped. X-Forwarded-For
+// (appended) and X-Forwarded-Authorization (a credential) keep their own rules.
+TEST(HttpForward, FrontViewFieldsNeedATrustedPeer) {
+  constexpr std::string_view head =
+      "POST /v1/chat/completions HTTP/1.1\r\nHost: g\r\nX-Forwarded-Proto: https\r\n"
+      "X-Forwarded-Host: evil.example\r\nx-forwarded-port: 443\r\nX-Forwarded-Prefix: /admin\r\n"
+      "True-Client-IP: 6.6.6.6\r\nCF-Connecting-IP: 6.6.6.6\r\nX-Client-IP: 6.6.6.6\r\n"
+      "Fastly-Client-IP: 6.6.6.6\r\nX-Forwarded-Authorization: Bearer x\r\nX-Forwarded-Fortune: 1\r\n"
+      "Accept: */*\r\n\r\n";
+  constexpr std::string_view fields[] = {"x-forwarded-proto",  "x-forwarded-host", "x-forwarded-port",
+                                         "x-forwarded-prefix", "true-client-ip",   "cf-connecting-ip",
+                                         "x-client-ip",        "fastly-client-ip", "x-forwarded-fortune"};
+  auto o = options();
+  o.client_address = "127.0.0.1";
+  std::string out;
+  append_upstream_request_head(out, request(head), o);
+  for (std::string_view f : fields) EXPECT_EQ(values(out, f).size(), 0u) << f;
+  EXPECT_EQ(values(out, "x-forwarded-authorization"), Values{"Bearer x"});  // (not stripped: no credential set)
+  EXPECT_EQ(values(out, "accept"), Values{"*/*"});
+  o.trusted_peer = true;
+  out.clear();
+  append_upstream_request_head(out, request(head), o);
+  for (std::string_view f : fields) EXPECT_EQ(values(out, f).size(), 1u) << f;
+  EXPECT_EQ(values(out, "x-forwarded-proto"), Values{"https"});
+  EXPECT_TRUE(is_front_view_field("X-FORWARDED-PROTO"));
+  EXPECT_FALSE(is_front_view_field("X-Forwarded-For"));
+  EXPECT_FALSE(is_front_view_field("x-forwarded-"));
+  EXPECT_FALSE(is_front_view_field("X-Real-IP"));
+}
+
+// The batching key holds what goes upstream as the client sent it: a client's X-Real-IP never does (Weir
+// sends its own), so it keeps no two requests apart.
+TEST(HttpForward, FieldsKeyLeavesOutTheClientsXRealIp) {
+  std::string with;
+  std::string without;
+  append_forwarded_fields_key(
+      with, request("POST /v1/completions HTTP/1.1\r\nHost: g\r\nX-Real-IP: 6.6.6.6\r\nx-model-flag: 1\r\n\r\n"),
+      false);
+  append_forwarded_fields_key(without, request("POST /v1/completions HTTP/1.1\r\nHost: g\r\nx-model-flag: 1\r\n\r\n"),
+                              false);
+  EXPECT_EQ(with, without);
+  EXPECT_EQ(with, "x-model-flag: 1\n");
 }
 
 // A micro-batch of several tenants' prompts (shared): no member's trace context, baggage or address goes
