@@ -81,6 +81,9 @@ Downstream::Downstream(Socket sock, const core::ServerConfig& sc, std::uint64_t*
                 [this] {
                   if (stall_watch_) return check_stall();
                   timed_out_ = true;
+                  // The idle wait's close watch ends by the deadline, not by the client leaving: read_head
+                  // then serves a request that came meanwhile, or closes.
+                  if (idle_ && reading_) monitor_cancelled_ = true;
                   error_code ignored;
                   sock_.cancel(ignored);
                 }),
@@ -191,6 +194,12 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   // sent only those is idle. Never while a read into in_ is pending: a
   // consume that empties a flat_buffer moves its write position.
   in_.consume(empty_lines_at(in_));
+  // The idle deadline passed as the next request came (a front proxy reusing its connection as
+  // keepalive_timeout ends, or a worker that ran late): a request already here, in the buffer or the
+  // socket, is served as the connection's last (Connection: close), not reset unread; the proxy could
+  // not have known it was late. Nothing here: the connection closes, as before.
+  bool last = false;
+  if (timed_out_ && idle_ && rescue_waiting()) last = true;
   if (peer_gone_ || closed_ || timed_out_) co_return Head::closed;
   // Draining: a connection with no byte of a next request (a kept-alive one,
   // or a new one that has sent nothing yet) is idle, and ends. One whose
@@ -227,15 +236,20 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     watchdog_.expires_after(first ? sc_.header_timeout : sc_.keepalive_timeout);
     const auto room = in_.prepare(std::max<std::size_t>(512, in_.capacity() - in_.size()));
     auto [rec, rn] = co_await async_recv(sock_, room, use_task);
-    idle_ = false;
-    if (rec == asio::error::operation_aborted && drain_started_ && !timed_out_ && take_waiting()) {
+    if (!rec && rn > 0) {
+      in_.commit(rn);
+      // The deadline passed after these bytes came, before this resumed: served, as the last (above).
+      if (timed_out_ && rescue_waiting()) last = true;
+    } else if (rec == asio::error::operation_aborted && drain_started_ && !timed_out_ && take_waiting()) {
       // The drain ended the wait as the request came: it is served, as its connection's last.
-    } else if (rec || rn == 0) {
+    } else if (!(rec == asio::error::operation_aborted && timed_out_ && rescue_waiting())) {
+      idle_ = false;
       watchdog_.disarm();
       co_return Head::closed;  // the client closed or idled out between requests: no request
     } else {
-      in_.commit(rn);
+      last = true;  // the idle deadline ended the wait as the request came (above)
     }
+    idle_ = false;
   }
   head_started_ = core::Watchdog::Clock::now();
   client_wait_ = {};
@@ -246,7 +260,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   // deadline (moving one earlier may re-arm the worker's timer, a system call).
   // (A new connection's deadline runs on from its accept.)
   // (From head_started_: its clock read serves both.)
-  if (!first)
+  if (!first || last)
     watchdog_.expires_at(head_started_ + (head_buffered(in_) ? sc_.keepalive_timeout : sc_.header_timeout));
   else if (!waited)
     watchdog_.expires_at(head_started_ + sc_.header_timeout);
@@ -303,7 +317,7 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
     // (drain_started_: a drain that began while this head was read.)
     // (Beast reads `close` on HTTP/1.1 itself; on 1.0 a keep-alive beside it won: read here, 1.0 only.)
     keep_alive_ = parser_->keep_alive() && !(version_ < 11 && connection_close(parser_->get())) && !draining &&
-                  !drain_started_ && sc_.keepalive_timeout.count() > 0;
+                  !drain_started_ && !last && sc_.keepalive_timeout.count() > 0;
     co_return Head::request;
   }
   // A connection that closes or idles out between requests is not a request
@@ -591,6 +605,12 @@ void Downstream::begin_drain() {
     sock_.cancel(ignored);
     if (poll_) poll_->cancel();
   }
+}
+
+bool Downstream::rescue_waiting() {
+  if (peer_gone_ || closed_ || (in_.size() == 0 && !take_waiting())) return false;
+  timed_out_ = false;
+  return true;
 }
 
 bool Downstream::take_waiting() {

@@ -374,6 +374,9 @@ class Downstream {
   void post_watch();  // posts the watch's read (watch_for_close)
   // Takes what the socket holds now into in_, without a wait: true when some came.
   bool take_waiting();
+  // After the watchdog's deadline ended an idle wait (timed_out_): true when a request is here anyway (in
+  // in_, or taken from the socket now) and the connection still open; timed_out_ is then cleared.
+  bool rescue_waiting();
   void post_poll();  // or, with in_ full, its poll of the TCP state
   void on_gone();
   // The connection's TCP state is ESTABLISHED (one getsockopt): no FIN or RST from the client yet.

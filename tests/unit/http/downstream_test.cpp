@@ -318,6 +318,64 @@ TEST_F(HttpDownstream, KeepAliveIdleTimeoutIsClosed) {
   EXPECT_EQ(head(false), Head::closed);  // keepalive_timeout applies to the next request, not header_timeout
 }
 
+// The keep-alive deadline fires (its handler has run: the wait is cancelled, its completion not yet run)
+// and then the next request is in the socket: a front proxy that reused its pooled connection as Weir's
+// keepalive_timeout ended. It is served as the connection's last, not reset unread (the proxy's 502).
+class HttpDownstreamIdleDeadline : public HttpDownstream, public ::testing::WithParamInterface<bool> {
+ protected:
+  std::optional<Head> r;
+  // Runs read_head(first=false) past its keep-alive deadline to the watchdog's handler alone, then sends
+  // `next`, then runs the read to its end (`finish`; else only what is ready). GetParam(): the wait is the
+  // close watch a proxied request posted, not read_head's own read.
+  std::optional<Head> late(std::string_view next, bool finish = true) {
+    sc.keepalive_timeout = 50ms;
+    sc.header_timeout = 60s;
+    start();
+    client.send(kGet);
+    EXPECT_EQ(head(), Head::request);
+    if (GetParam()) down->watch_for_close(false);
+    spawn(io, down->read_head(false, false), r);
+    settle(io);
+    EXPECT_FALSE(r.has_value());
+    std::this_thread::sleep_for(100ms);  // the deadline passes with nothing sent
+    io.restart();
+    for (int i = 0; i < 1000 && !down->timed_out(); ++i) io.run_one_for(10ms);  // the deadline's handler
+    EXPECT_TRUE(down->timed_out());
+    EXPECT_FALSE(r.has_value());  // (the cancelled read's completion has not run)
+    if (!next.empty()) client.send(next);
+    if (finish)
+      run_until(io, [&] { return r.has_value(); });
+    else
+      settle(io);
+    return r;
+  }
+};
+
+TEST_P(HttpDownstreamIdleDeadline, ARequestHereAsTheDeadlineFiredIsServedAsTheLast) {
+  EXPECT_EQ(late(kGet), Head::request);
+  EXPECT_FALSE(down->keep_alive());  // Connection: close
+  EXPECT_FALSE(down->timed_out());
+  EXPECT_FALSE(down->client_gone());
+  EXPECT_EQ(down->request().target(), "/v1/models");
+}
+
+TEST_P(HttpDownstreamIdleDeadline, NothingHereAsTheDeadlineFiredIsClosed) {
+  EXPECT_EQ(late({}), Head::closed);
+  EXPECT_EQ(down->failure(), ReadFailure::none);
+}
+
+TEST_P(HttpDownstreamIdleDeadline, HalfAHeadHereAsTheDeadlineFiredHasHeaderTimeoutForTheRest) {
+  // Its first bytes came in time: the rest of the head is read as any head's, then answered as the last.
+  EXPECT_FALSE(late("GET /v1/models HTTP/1.1\r\n", /*finish=*/false).has_value());
+  client.send("Host: x\r\n\r\n");
+  ASSERT_TRUE(run_until(io, [&] { return r.has_value(); }));
+  EXPECT_EQ(*r, Head::request);
+  EXPECT_FALSE(down->keep_alive());
+}
+
+INSTANTIATE_TEST_SUITE_P(Wait, HttpDownstreamIdleDeadline, ::testing::Bool(),
+                         [](const auto& info) { return info.param ? "CloseWatch" : "ReadHead"; });
+
 TEST_F(HttpDownstream, DrainingEndsAnIdleConnectionButServesABufferedOne) {
   start();
   client.send(kGet);
