@@ -68,7 +68,7 @@ struct ServerConfig {
   std::uint32_t max_header_bytes = 64u << 10;        // request head limit → 431
   Millis header_timeout{10'000};                     // first byte to end of head
   Millis body_timeout{60'000};                       // end of head to end of body
-  Millis keepalive_timeout{75'000};                  // idle between requests
+  Millis keepalive_timeout{130'000};                 // idle between requests: above front proxies' (Caddy 120 s)
   Millis write_timeout{30'000};                      // one write to the client may take this long
   std::uint64_t max_stream_buffer_bytes = 1u << 20;  // per-stream output backlog before cut-off
   std::uint64_t max_response_bytes = 256u << 20;     // buffered non-streaming upstream body

@@ -184,6 +184,16 @@ TEST(Config, SizesAndDurations) {
   EXPECT_EQ(c->pools[0].endpoints[0].port, 9);
 }
 
+// server.keepalive_timeout's default is above the idle time the common front proxies keep their connections
+// to a backend (nginx 60 s, ALB 60 s, Go's http.Transport and Traefik 90 s, Caddy 120 s): the proxy closes an
+// idle connection first, never Weir as the proxy sends a request on it (a 502 there).
+TEST(Config, KeepaliveTimeoutOutlastsTheFrontProxiesIdleTimeouts) {
+  auto c = parse_config("pools: {a: {endpoints: [http://127.0.0.1:8001]}}\ndefault_pool: a\n", "weir.yaml");
+  ASSERT_TRUE(c) << c.error().to_string();
+  EXPECT_EQ(c->server.keepalive_timeout.count(), 130'000);
+  EXPECT_GT(c->server.keepalive_timeout.count(), 120'000);  // Caddy's `transport http { keepalive }`, 2 min
+}
+
 // server.max_buffered: 1GiB unless a limit it must hold is larger; 0 = no bound; else at least one body and one
 // answer.
 TEST(Config, MaxBuffered) {
