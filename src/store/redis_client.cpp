@@ -76,7 +76,37 @@ bool is_noscript(const Result<Reply>& r) {
   return !r && r.error().code == Errc::server && std::string_view(r.error().message).starts_with("NOSCRIPT");
 }
 
+// An error reply's first sentence, at most 120 characters (MISCONF's is ~450), for a log line.
+std::string first_sentence(std::string_view m) {
+  if (const auto dot = m.find(". "); dot != std::string_view::npos) m = m.substr(0, dot);
+  if (const auto nl = m.find_first_of("\r\n"); nl != std::string_view::npos) m = m.substr(0, nl);
+  constexpr std::size_t kMax = 120;
+  if (m.size() > kMax) return fmt::format("{}...", m.substr(0, kMax));
+  return std::string(m);
+}
+
+// How drop_connection() tells of a connection dropped for a wrong_server_reply().
+enum class Wrong : std::uint8_t { no, log, quiet };
+
 }  // namespace
+
+bool wrong_server_reply(std::string_view m) noexcept {
+  // LOADING is not one: the server is about to serve (a restart reading its data, or a replica loading its
+  // master's, which answers READONLY next). NOREPLICAS, OOM, MISCONF, BUSY are the right server's state.
+  static constexpr std::string_view kWrong[] = {"READONLY", "MASTERDOWN", "MOVED", "ASK"};
+  for (std::string_view w : kWrong) {
+    if (m.starts_with(w) && (m.size() == w.size() || m[w.size()] == ' ')) return true;
+    // Relayed by a script (Redis 6: "ERR Error running script (call to f_...): @user_script:9: @user_script: 9:
+    // -READONLY You can't write against a read only replica.").
+    if (!m.starts_with("ERR ")) continue;
+    for (std::string_view sep : {": ", ": -"})
+      for (std::size_t at = m.find(sep); at != std::string_view::npos; at = m.find(sep, at + 1)) {
+        const std::string_view rest = m.substr(at + sep.size());
+        if (rest.starts_with(w) && (rest.size() == w.size() || rest[w.size()] == ' ')) return true;
+      }
+  }
+  return false;
+}
 
 std::string endpoint_text(std::string_view host, std::uint16_t port) {
   if (host.find(':') != std::string_view::npos && !host.starts_with('[')) return fmt::format("[{}]:{}", host, port);
@@ -128,6 +158,13 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   // Why commands cannot be sent while waiting to reconnect: the last connect
   // failure, or the loss of the last connection. Empty while connected.
   std::string last_error;
+  // The first sentence of the wrong_server_reply() that dropped a connection, until a connection has taken
+  // commands for kServingFor again. Meanwhile connections are not announced ("connected"), the backoff is
+  // not reset (it goes on doubling up to reconnect_max: a name that still points at a replica, or a
+  // misconfigured URL, is tried again every reconnect_max, not every 50 ms), and the same reply drops them
+  // without a line.
+  std::string wrong_why;
+  static constexpr std::chrono::seconds kServingFor{1};
   Stats stats;
 
   void log(std::string_view msg) const {
@@ -177,9 +214,10 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
   //    idle_check: a server `timeout`, a proxy's idle timeout, CLIENT KILL,
   //    a restart. (A server that closes connections at once waits out the
   //    backoff: no reconnect storm.)
-  // Otherwise (a command timeout, a write error, bytes that are not RESP) the
-  // backoff applies and commands fail at once meanwhile.
-  void drop_connection(const std::string& why, bool eof = false) {
+  // Otherwise (a command timeout, a write error, bytes that are not RESP, a
+  // reply saying this server cannot take commands: `wrong`) the backoff
+  // applies and commands fail at once meanwhile.
+  void drop_connection(const std::string& why, bool eof = false, Wrong wrong = Wrong::no) {
     const bool was_connected = state == State::connected;
     const bool was_checking = checking;
     checking = false;
@@ -201,14 +239,22 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
                           "not logged",
                           endpoint_text(opt.host, opt.port), std::chrono::duration<double>(now - last_read).count()));
         }
-      } else {
+      } else if (wrong == Wrong::no) {
         log(fmt::format("connection to {} lost: {}{}", endpoint_text(opt.host, opt.port), why,
                         at_once ? "; reconnecting at once" : ""));
         announced_up = false;  // the next connection says "connected" again
+      } else {
+        if (wrong == Wrong::log)
+          log(
+              fmt::format("connection to {} dropped: Redis answered {}: this server does not take Weir's commands "
+                          "(a replica, or no longer the master after a failover); reconnecting with backoff, which "
+                          "resolves {} again",
+                          endpoint_text(opt.host, opt.port), why, opt.host));
+        announced_up = false;
       }
       if (!at_once) {
         reported_down = true;
-        last_error = "connection to Redis lost: " + why;
+        last_error = (wrong == Wrong::no ? "connection to Redis lost: " : "connection to Redis dropped: ") + why;
       }
     }
     // The completions of this connection's write and read still to come ignore themselves (they would
@@ -290,13 +336,37 @@ struct Client::Impl : std::enable_shared_from_this<Impl> {
       flush();
       return;
     }
+    // A server that cannot take commands (a replica after a failover, READONLY): the connection is
+    // dropped, so the next one resolves the name again (a DNS name or a proxy re-pointed at the new
+    // master). The reply itself is this command's answer (Errc::server); the others in flight on the
+    // connection fail as lost.
+    if (!r && r.error().code == Errc::server && wrong_server_reply(r.error().message)) [[unlikely]] {
+      std::string why = first_sentence(r.error().message);
+      if (!s.waiter->done) {
+        s.waiter->results[s.index] = std::move(r);
+        if (--s.waiter->remaining == 0) s.waiter->complete();
+      }
+      ++stats.wrong_server;
+      const Wrong how = why == wrong_why ? Wrong::quiet : Wrong::log;
+      wrong_why = std::move(why);
+      drop_connection(wrong_why, false, how);
+      return;
+    }
     if (!announced_up) {
       announced_up = true;
       reported_down = false;
-      logged_why.clear();
       last_error.clear();
-      backoff = std::chrono::milliseconds(0);  // the next failure retries quickly again
-      log(fmt::format("connected to {}", endpoint_text(opt.host, opt.port)));
+      if (wrong_why.empty()) {
+        logged_why.clear();
+        backoff = std::chrono::milliseconds(0);  // the next failure retries quickly again
+        log(fmt::format("connected to {}", endpoint_text(opt.host, opt.port)));
+      }
+    } else if (!wrong_why.empty() && std::chrono::steady_clock::now() - up_since >= kServingFor) [[unlikely]] {
+      log(fmt::format("connected to {} (it takes Weir's commands again after {})", endpoint_text(opt.host, opt.port),
+                      wrong_why));
+      wrong_why.clear();
+      logged_why.clear();
+      backoff = std::chrono::milliseconds(0);
     }
     if (s.waiter->done) return;  // timed out: the late reply is dropped
     s.waiter->results[s.index] = std::move(r);

@@ -27,6 +27,16 @@ using core::Task;
 // "host:port" for logs, an IPv6 address in brackets ("[::1]:6379").
 std::string endpoint_text(std::string_view host, std::uint16_t port);
 
+// True when an error reply (store::Error::message of an Errc::server) says
+// that this server cannot take commands at all, whichever: READONLY (a
+// replica: after a failover the old master is demoted), MASTERDOWN (a
+// replica that lost its master), MOVED / ASK (a Redis Cluster node, which
+// Weir does not support), also when a script relays it (Redis 6: "ERR Error
+// running script ...: -READONLY ..."). Not LOADING (the server is about to
+// serve), OOM, MISCONF, BUSY, NOREPLICAS (the right server's state). The
+// client drops a connection that answers one (Client, "Command semantics").
+bool wrong_server_reply(std::string_view message) noexcept;
+
 struct ClientOptions {
   std::string host = "127.0.0.1";  // name or address; resolved on every connect
   std::uint16_t port = 6379;
@@ -76,6 +86,15 @@ struct ClientOptions {
 //    sent on a new connection (made at once) instead, and their caller waits
 //    up to connect_timeout + command_timeout more (once). Never sent on the
 //    silent connection, they never run twice.
+//  - A reply that says the server cannot take commands (wrong_server_reply():
+//    READONLY from a replica, as the old master is after a failover) is that
+//    command's answer (Errc::server), and the connection is dropped: the
+//    other commands in flight fail with Errc::connection_lost, and the next
+//    connection (after the backoff) resolves `host` again, so a DNS name or
+//    proxy re-pointed at the new master is followed. While connections keep
+//    getting such replies the backoff is not reset (one attempt per
+//    reconnect_max at most) and the reply is logged once; "connected" is
+//    logged when a connection has taken commands again for 1 s.
 //  - Every connection has TCP keepalive: idle 30 s, probes every 10 s, 3
 //    unanswered end it (keeps NAT/firewall/load-balancer state alive, finds a
 //    vanished peer in about 60 s).
@@ -90,7 +109,8 @@ class Client {
     std::uint64_t script_loads = 0;         // SCRIPT LOADs after NOSCRIPT
     std::uint64_t idle_checks = 0;          // PINGs sent first on a connection idle for idle_check
     std::uint64_t idle_check_failures = 0;  // ... that got no reply within command_timeout (connection replaced)
-    std::uint64_t idle_closes = 0;  // connections Redis closed while idle after at least idle_check (its `timeout`)
+    std::uint64_t idle_closes = 0;   // connections Redis closed while idle after at least idle_check (its `timeout`)
+    std::uint64_t wrong_server = 0;  // connections dropped for a wrong_server_reply() (READONLY: a replica)
   };
 
   Client(asio::io_context& ioc, ClientOptions options);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "admission/redis_errors.hpp"
+#include "store/redis_client.hpp"
 
 namespace weir::admission {
 namespace {
@@ -60,6 +61,38 @@ TEST(RedisKeyDataErrorTest, ErrorsAboutRedisAreAnOutage) {
            "",
        })
     EXPECT_FALSE(key_data_error(m)) << m;
+}
+
+// Replies that say the server cannot take commands at all (a replica: the old master after a failover): the
+// client drops the connection, and the next one resolves the host again (stop 57).
+TEST(RedisWrongServerTest, ReplicasAndClusterRedirectsAreTheWrongServer) {
+  for (const char* m : {
+           "READONLY You can't write against a read only replica.",
+           "READONLY You can't write against a read only replica. script: 0123abcd, on @user_script:20.",
+           "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+           "MOVED 3999 127.0.0.1:6381",
+           "ASK 3999 127.0.0.1:6381",
+           "ERR Error running script (call to f_0123): @user_script:9: @user_script: 9: -READONLY You can't write "
+           "against a read only replica.",
+       }) {
+    EXPECT_TRUE(store::wrong_server_reply(m)) << m;
+    EXPECT_FALSE(key_data_error(m)) << m;  // and an outage
+  }
+  for (const char* m : {
+           "LOADING Redis is loading the dataset in memory",  // the right server, about to serve
+           "OOM command not allowed when used memory > 'maxmemory'.",
+           "NOREPLICAS Not enough good replicas to write.",
+           "BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSCRIPT.",
+           "MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.",
+           "NOPERM this user has no permissions to run the 'evalsha' command",
+           "WRONGTYPE Operation against a key holding the wrong kind of value",
+           "ERR hash value is not an integer",
+           "READONLYX not a code Redis sends",
+           "ASKING",
+           "ERR wrong number of arguments: READONLYish",
+           "",
+       })
+    EXPECT_FALSE(store::wrong_server_reply(m)) << m;
 }
 
 }  // namespace
