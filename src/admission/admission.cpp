@@ -133,6 +133,14 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
   return 2;
 }
 
+// True when a scope of the request has something a shared store keeps: a rate limit, a stream cap or a
+// budget (each is taken from the store: Admission::admit's steps 1-4).
+[[gnu::cold, gnu::noinline]] bool uses_store(const ScopeRef* sc, int n) {
+  for (int i = 0; i < n; ++i)
+    if (sc[i].limits->any() || sc[i].budget->any()) return true;
+  return false;
+}
+
 [[gnu::cold, gnu::noinline]] core::Error store_unavailable() {
   return core::unavailable("The rate-limit store is unavailable. Please try again shortly.", 1);
 }
@@ -180,9 +188,13 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
 tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& principal, std::string_view model,
                                                    TokenEstimate estimate, Instant now, Shortfall* wait,
                                                    const Pricing* prices, const ModelPrice* reserve_at) {
-  if (limiter_.refusing()) return tl::unexpected(store_unavailable());
   ScopeRef sc[2];
   const int n = scopes_of(principal, sc);
+  // Fail closed only for what the store decides: a request whose scopes have no limit and no budget
+  // takes nothing from it and passes while it is down.
+  if (limiter_.refusing()) [[unlikely]] {
+    if (uses_store(sc, n)) return tl::unexpected(store_unavailable());
+  }
   const std::uint64_t estimated_tokens = estimate.total();
   std::int64_t worst = 0;  // the estimate's cost, reserved against each budget
   auto pending = [&] { return tl::unexpected(pending_error(wait, sc, n, estimated_tokens, worst)); };

@@ -151,7 +151,10 @@ class Admission {
   //
   // Remote limiters (RedisLimiter) add two outcomes:
   //  - 503 (core::unavailable, retry_after_s = 1) while the shared store is
-  //    down and the configuration says fail closed (Limiter::refusing()).
+  //    down and the configuration says fail closed (Limiter::refusing()),
+  //    for a request whose scopes have a rate limit, a stream cap or a
+  //    budget; one whose scopes have none takes nothing from the store and
+  //    is admitted.
   //  - A step whose local lease ran dry while the store may still have units
   //    is "pending": admit() undoes what it took and returns 429
   //    (retry_after_s = 1); when `wait` is given it also sets wait->pending

@@ -227,8 +227,9 @@ class Limiter {
   // --- Remote stores (RedisLimiter). In-process limiters keep the defaults. ---
 
   // True while the shared store is unreachable and the configuration says
-  // fail closed: Admission::admit answers 503 without taking anything. A
-  // plain flag, not a virtual call: it is read first on every admission.
+  // fail closed: Admission::admit answers 503 without taking anything to a
+  // request whose scopes have a limit or a budget (one with neither passes).
+  // A plain flag, not a virtual call: it is read on every admission.
   bool refusing() const noexcept { return refusing_.load(std::memory_order_relaxed); }
   // After acquire_stream() returned false: true when the shared store may
   // still grant a slot (refill() and one more acquire may pass).

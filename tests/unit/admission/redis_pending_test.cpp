@@ -112,6 +112,47 @@ TEST(AdmissionRemoteTest, RefusingStoreMeans503AndTakesNothing) {
   EXPECT_DOUBLE_EQ(lim.available(w.tenant(), Bucket::requests), 60.0);
 }
 
+// Fail closed only for what the store decides (stop 57): a tenant (and key) with no rate limit, stream cap or
+// budget takes nothing from the store and is admitted while it refuses; one with any of them is not.
+TEST(AdmissionRemoteTest, RefusingStoreAdmitsScopesThatNeedNothingFromIt) {
+  auth::AuthConfig c;
+  auth::TenantConfig open;
+  open.name = "open";
+  c.tenants.emplace("open", open);
+  auth::TenantConfig spender;
+  spender.name = "spender";
+  spender.budget.limit_nano_usd = 1'000'000'000;
+  c.tenants.emplace("spender", spender);
+  auth::ApiKeyConfig k;
+  k.id = "open-capped";
+  k.sha256 = auth::sha256("sk-open");
+  k.tenant = "open";
+  k.limits.max_concurrent_streams = 1;
+  c.api_keys.push_back(k);
+  auto policy = auth::AuthPolicy::build(c);
+  FakeRemote lim(policy->scopes());
+  Pricing pricing;
+  Admission a(lim, pricing, 0);
+  lim.set_refusing(true);
+
+  auth::Principal p;
+  p.kind = auth::CredentialKind::api_key;
+  p.tenant = policy->find_tenant("open");
+  auto ok = a.admit(p, "m", 100, T0);
+  EXPECT_TRUE(ok);
+
+  p.key = &policy->keys()[0];  // its own stream cap: the store decides
+  auto capped = a.admit(p, "m", 100, T0);
+  ASSERT_FALSE(capped);
+  EXPECT_EQ(capped.error().status, 503);
+
+  p.key = nullptr;
+  p.tenant = policy->find_tenant("spender");  // a budget: the store decides
+  auto budget = a.admit(p, "m", 100, T0);
+  ASSERT_FALSE(budget);
+  EXPECT_EQ(budget.error().status, 503);
+}
+
 TEST(AdmissionRemoteTest, PendingTakeListsWhatTheRequestNeedsAndUndoes) {
   World w;
   FakeRemote lim(w.policy->scopes());
