@@ -145,6 +145,14 @@ int scopes_of(const auth::Principal& p, ScopeRef (&out)[2]) {
   return core::unavailable("The rate-limit store is unavailable. Please try again shortly.", 1);
 }
 
+// A budget the shared store is needed for and cannot be asked (TakeResult::unavailable).
+[[gnu::cold, gnu::noinline]] core::Error budget_unavailable(const ScopeRef& sc) {
+  return core::unavailable(fmt::format("The budget of {} `{}` cannot be checked: the rate-limit store is unavailable. "
+                                       "Please try again shortly.",
+                                       sc.kind, sc.name),
+                           1);
+}
+
 // A step came back pending (a remote limiter's lease ran dry): lists
 // everything the request needs in `wait` so one refill covers it, and makes
 // the 429 a caller that does not wait returns. Off the hot path.
@@ -291,6 +299,7 @@ tl::expected<Ticket, core::Error> Admission::admit(const auth::Principal& princi
     const TakeResult r = limiter_.reserve_spend(sc[i].id, worst, now);
     if (!r.ok) {
       undo();
+      if (r.unavailable) return tl::unexpected(budget_unavailable(sc[i]));
       // Pending: this replica's share is short; the caller may wait once.
       // Without a wait (the final answer) the budget could not cover it.
       if (r.pending && wait) return pending();

@@ -37,6 +37,8 @@ struct TakeResult {
   bool ok = true;
   bool never = false;
   bool pending = false;
+  // A remote store that cannot decide (down, and this budget never read from it): 503, not a refusal.
+  bool unavailable = false;
   std::uint32_t retry_after_s = 0;
 };
 

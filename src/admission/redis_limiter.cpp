@@ -116,14 +116,11 @@ bool RedisLimiter::add_scopes(const std::vector<auth::ScopeInfo>& scopes) {
     pc.period_ms = scopes[i].budget.period.count();
     pc.calendar = static_cast<int>(scopes[i].budget.calendar);
     pc.offset_ms = std::int64_t{scopes[i].budget.utc_offset_s} * 1000;
-    // Before the first reply nobody is known to hold any of the budget.
-    st.spend.spare.store(pc.limit, std::memory_order_relaxed);
-    if (outage && pc.enabled) {  // as enter_degraded() gives every budget
-      const auto extra = static_cast<std::int64_t>(std::floor(static_cast<double>(pc.limit) * config_.fail_open_share));
-      st.spend.spare.store(0, std::memory_order_relaxed);
-      pc.allowance = extra;
-      st.spend.free.store(extra, std::memory_order_relaxed);
-    }
+    // Before the first reply nobody is known to hold any of the budget: a reservation waits for that reply
+    // (`pending`). It is no spare an outage may hand out (enter_degraded): during an outage a budget Redis
+    // never answered for has nothing to reserve from, and its requests get 503 (reserve_spend) unless a
+    // reload carried the allowance of the scope it replaces (carry_allowance).
+    st.spend.spare.store(outage ? 0 : pc.limit, std::memory_order_relaxed);
   }
   scope_count_ = std::max(scope_count_, scopes.size());
   return true;
@@ -143,16 +140,64 @@ void RedisLimiter::carry(std::uint32_t from, std::uint32_t to, Instant now) {
   // The shared state is found by the scope's name, which both scopes share
   // (a tenant or key whose limits or budget changed): its buckets, stream
   // slots and spend go on in Redis as they are. The fallback's local state
-  // is carried, and the spend when the budget's period changed.
+  // is carried, and the spend when the budget's period changed; during an
+  // outage, the budget's allowance too.
   fallback_->carry(from, to, now);
   carry_period_spend(from, to);
+  carry_allowance(from, to);
   supersede_slots(from, to);
 }
 
 void RedisLimiter::carry_spend(std::uint32_t from, std::uint32_t to, Instant now) {
   fallback_->carry_spend(from, to, now);
   carry_period_spend(from, to);
+  carry_allowance(from, to);
   supersede_slots(from, to);
+}
+
+void RedisLimiter::carry_allowance(std::uint32_t from, std::uint32_t to) {
+  // With Redis up the new scope asks Redis for its own allowance (its first
+  // reservation waits for that sync) and the old one gives its back. During
+  // an outage nobody can ask: the old scope's unreserved allowance (what
+  // Redis granted it, plus the outage's share of the spare) moves to the new
+  // one, so a reload neither stops a budget nor hands it a fresh share; a
+  // raised limit adds fail_open_share of the raise (budget nobody held).
+  // Only within the same period (the same hash in Redis); at most the new
+  // limit minus the spend known (settled and reserved): a lowered limit
+  // shrinks it.
+  if (!degraded_.load(std::memory_order_relaxed)) return;
+  if (from >= scope_count_ || to >= scope_count_ || from == to) return;
+  SpendCtl& a = at(from).spend_ctl;
+  SpendCtl& b = at(to).spend_ctl;
+  if (!a.enabled || !b.enabled || a.period_ms != b.period_ms || a.calendar != b.calendar || a.offset_ms != b.offset_ms)
+    return;
+  Spend& old = at(from).spend;
+  Spend& sp = at(to).spend;
+  // The old scope's requests still in flight settle there (their reservations are not in `free`).
+  std::int64_t t = old.free.load(std::memory_order_acquire);
+  while (t > 0 && !old.free.compare_exchange_weak(t, 0, std::memory_order_acq_rel, std::memory_order_acquire)) {
+  }
+  t = std::max<std::int64_t>(t, 0);
+  // A raised limit is budget nobody held at the last reply: its fail_open share, as enter_degraded() gives.
+  if (config_.fail_open && b.limit > a.limit)
+    t += static_cast<std::int64_t>(std::floor(static_cast<double>(b.limit - a.limit) * config_.fail_open_share));
+  const std::int64_t known = old.others.load(std::memory_order_acquire) + old.mine.load(std::memory_order_acquire) +
+                             std::max<std::int64_t>(old.in_use.load(std::memory_order_acquire), 0);
+  const std::int64_t room = std::max<std::int64_t>(0, b.limit - known);
+  if (t > room) {
+    old.free.fetch_add(t - room, std::memory_order_acq_rel);
+    t = room;
+  }
+  a.allowance -= t;
+  b.allowance += t;
+  // What the old scope knew of the period: the others' spend (its own is the others' for the new member)
+  // and the period's window. A known period is what makes the new scope's budget decidable (reserve_spend).
+  sp.others.store(old.others.load(std::memory_order_acquire) + old.mine.load(std::memory_order_acquire),
+                  std::memory_order_release);
+  sp.period_end_ns.store(old.period_end_ns.load(std::memory_order_relaxed), std::memory_order_relaxed);
+  sp.spare.store(0, std::memory_order_relaxed);
+  sp.free.fetch_add(t, std::memory_order_acq_rel);
+  sp.period_idx.store(old.period_idx.load(std::memory_order_relaxed), std::memory_order_release);
 }
 
 void RedisLimiter::supersede_slots(std::uint32_t from, std::uint32_t to) {
@@ -451,10 +496,15 @@ TakeResult RedisLimiter::reserve_spend(std::uint32_t scope, std::int64_t nano_us
     }
   }
   if (!sp.wanted.load(std::memory_order_relaxed)) sp.wanted.store(true, std::memory_order_relaxed);
-  // Short here: the budget no replica holds may still cover it (not during an outage).
-  if (!degraded_.load(std::memory_order_relaxed) &&
-      sp.spare.load(std::memory_order_relaxed) + std::max<std::int64_t>(cur, 0) >= nano_usd)
+  if (degraded_.load(std::memory_order_relaxed)) {
+    // An outage, and Redis never answered for this budget (this process started during it, or it is
+    // new since): what the replicas spent is unknown, so it cannot be admitted against (503).
+    if (sp.period_idx.load(std::memory_order_relaxed) < 0)
+      return TakeResult{.ok = false, .unavailable = true, .retry_after_s = 1};
+  } else if (sp.spare.load(std::memory_order_relaxed) + std::max<std::int64_t>(cur, 0) >= nano_usd) {
+    // Short here: the budget no replica holds may still cover it.
     return TakeResult{.ok = false, .pending = true, .retry_after_s = 1};
+  }
   // When it can admit again: the replicas' settled spend leaves room (only
   // reservations in flight, here or on other replicas, are in the way), or
   // the period ends (as Redis counts it), or never.

@@ -208,6 +208,8 @@ class RedisLimiter final : public Limiter {
   bool add_scopes(const std::vector<auth::ScopeInfo>& scopes);
   // carry()'s part for a budget whose period changed (another hash in Redis).
   void carry_period_spend(std::uint32_t from, std::uint32_t to);
+  // carry()'s part during an outage: the budget's unreserved allowance moves from `from` to `to`.
+  void carry_allowance(std::uint32_t from, std::uint32_t to);
   void supersede_slots(std::uint32_t from, std::uint32_t to);
   ScopeState& at(std::uint32_t scope) const noexcept;
   double remote_estimate(const Lease& l, std::uint32_t i, double now_ns) const noexcept;

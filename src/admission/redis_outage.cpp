@@ -66,12 +66,16 @@ void RedisLimiter::enter_degraded(const std::string& why, bool answered) {
   if (config_.fail_open) {
     // Budgets: besides its own allowance, a replica may reserve its share
     // of the budget no replica held at the last reply (docs/admission.md,
-    // the outage bound). The next sync after the outage re-bases it.
+    // the outage bound). The next sync after the outage re-bases it. A
+    // budget without a reply has no such spare (its `spare` is the whole
+    // limit only for `pending`): a process (re)started during an outage, or
+    // a budget new since, gets none, so restarts cannot mint budget.
     for (std::uint32_t i = 0; i < scope_count_; ++i) {
       SpendCtl& c = at(i).spend_ctl;
       if (!c.enabled) continue;
-      const auto extra = static_cast<std::int64_t>(
-          std::floor(static_cast<double>(at(i).spend.spare.exchange(0)) * config_.fail_open_share));
+      const std::int64_t spare = at(i).spend.spare.exchange(0);
+      if (c.idx < 0) continue;
+      const auto extra = static_cast<std::int64_t>(std::floor(static_cast<double>(spare) * config_.fail_open_share));
       if (extra <= 0) continue;
       c.allowance += extra;
       at(i).spend.free.fetch_add(extra, std::memory_order_acq_rel);
