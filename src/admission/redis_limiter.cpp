@@ -173,6 +173,8 @@ void RedisLimiter::carry_allowance(std::uint32_t from, std::uint32_t to) {
     return;
   Spend& old = at(from).spend;
   Spend& sp = at(to).spend;
+  // Nothing to carry from a budget Redis never answered for (it fails closed): the new one does too.
+  if (old.period_idx.load(std::memory_order_acquire) < 0) return;
   // The old scope's requests still in flight settle there (their reservations are not in `free`).
   std::int64_t t = old.free.load(std::memory_order_acquire);
   while (t > 0 && !old.free.compare_exchange_weak(t, 0, std::memory_order_acq_rel, std::memory_order_acquire)) {
