@@ -799,6 +799,33 @@ TEST_F(RedisOutageTest, NothingListeningAtStartFailsOpenAtOnce) {
   EXPECT_EQ(ok, 5);
 }
 
+// A process started during an outage knows nothing of what the replicas spent: its budget fails closed (503)
+// while its rate limit fails open; before stop 57's fix it was handed fail_open_share x the whole budget, again
+// at every restart.
+TEST_F(RedisOutageTest, ABudgetNeverReadFailsClosedWhileItsRateLimitFailsOpen) {
+  auth::Budget budget;
+  budget.limit_nano_usd = 1'000'000'000;
+  World w(rpm(5), budget);
+  auto c = config(server_.port(), unique_prefix());
+  c.fail_open = true;
+  server_.kill();
+  Replica a(w, c);
+  ASSERT_TRUE(eventually([&] {
+    a.sync_now(w.scope());
+    return a.limiter->degraded();
+  }));
+  EXPECT_FALSE(a.limiter->refusing());
+  const Answer r = admit(a, 0, w.principal, 100);
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.status, 503);
+  EXPECT_EQ(r.retry_after_s, 1u);
+  EXPECT_EQ(a.limiter->budget_free(w.scope()), 0);
+
+  ASSERT_TRUE(server_.start());
+  EXPECT_TRUE(eventually([&] { return !a.limiter->degraded(); }, 10000ms));
+  EXPECT_TRUE(eventually([&] { return admit(a, 0, w.principal, 100).ok; }));
+}
+
 // One command on a connection of its own; the reply as text ("" for nil, the message for an error).
 std::string redis_cmd(std::uint16_t port, std::vector<std::string> args) {
   redisContext* rc = redisConnect("127.0.0.1", port);
