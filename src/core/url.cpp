@@ -1,5 +1,6 @@
 #include "core/url.hpp"
 
+#include <algorithm>
 #include <array>
 
 #include "core/text.hpp"
@@ -25,6 +26,17 @@ constexpr std::array<std::string_view, 15> kSecretSuffixes = {
 // `pass`, `session`. (Firebase's `auth` is in kSecretNames.) An Azure SAS token's secret is its `sig`; its
 // `sv`, `se`, `sp` are its version, expiry and permissions, kept.
 constexpr std::array<std::string_view, 3> kQuerySecretNames = {"code", "pass", "session"};
+
+// kSecretParamTail's bound (url.hpp): a tail of it decodes to more characters than the longest name (a
+// percent-escape is 3 bytes for 1), and holds, past the 2 bytes where a decode started inside an escape
+// falls into step with one started before it, the longest suffix and the character before it.
+constexpr std::size_t longest(auto const& names) {
+  std::size_t n = 0;
+  for (auto s : names) n = std::max(n, s.size());
+  return n;
+}
+static_assert(kSecretParamTail / 3 > longest(kSecretNames));
+static_assert(kSecretParamTail >= 2 + 3 * (longest(kSecretSuffixes) + 1));
 
 char lower(char c) { return c >= 'A' && c <= 'Z' ? static_cast<char>(c - 'A' + 'a') : c; }
 
@@ -68,6 +80,8 @@ bool is_secret_query_param(std::string_view name) {
 }
 
 bool is_secret_param(std::string_view name) {
+  // Only a name's last kSecretParamTail bytes can decide (url.hpp): a longer name costs no more to look at.
+  if (name.size() > kSecretParamTail) name.remove_prefix(name.size() - kSecretParamTail);
   const std::string decoded = decode(name);  // "API%5FKEY" is "API_KEY"
   std::string n = decoded;
   for (char& c : n) c = lower(c);

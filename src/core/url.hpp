@@ -34,7 +34,12 @@ std::string redact_url(std::string_view url);
 // X-Amz-Security-Token, db.password, db_pwd, Proxy-Authorization,
 // aws_credentials, set-cookie) or as a camelCase word (accessToken,
 // clientSecret, privateKey, googleCredentials; not monkey or passkey).
+// Only the last kSecretParamTail bytes of a longer name decide (it is too
+// long to be one of the names, and a suffix's decoded characters lie in
+// them), so the check costs O(1) whatever the name's length: the request
+// log's redaction calls it for every quote of a body.
 bool is_secret_param(std::string_view name);
+inline constexpr std::size_t kSecretParamTail = 64;
 
 // A URL query parameter's name that names a credential: is_secret_param's,
 // and the names real providers take credentials under in a query but that

@@ -3,6 +3,7 @@
 // these functions take out what a body itself may carry.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -32,6 +33,14 @@ void redact_exact(std::string& text, std::string_view secret, bool truncated);
 // the end of a truncated body (`truncated`) is caught by its prefix
 // (`sk-`…, `eyJ`…) as well. What does not look like a credential (a
 // password typed as prose) is not found.
+// Cost: O(text.size()) whatever the text (quotes, escapes, unclosed
+// strings, long names, whitespace): each string is scanned once, not once
+// per quote in it.
 void redact_patterns(std::string& text, bool truncated);
+
+// Bytes redact_patterns has read on this thread while scanning strings and
+// the whitespace after them, since the thread started: its tests' measure
+// of linear cost (a count, not a clock).
+std::uint64_t redact_patterns_scanned();
 
 }  // namespace weir::requestlog

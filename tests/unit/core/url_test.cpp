@@ -1,5 +1,10 @@
 #include "core/url.hpp"
 
+#include <array>
+#include <random>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "core/config.hpp"
@@ -118,4 +123,71 @@ TEST(RedactUrl, EndpointsKeepTheirDisplayForm) {
   auto plain = weir::core::parse_endpoint_url("http://127.0.0.1:8000");
   ASSERT_TRUE(plain);
   EXPECT_EQ(plain->display, "http://127.0.0.1:8000");
+}
+
+// Stop 57: is_secret_param reads only a name's last kSecretParamTail bytes (the request log's redaction
+// calls it per quote of a body: a long name was read whole each time). The same answers as reading all of
+// it: the check as it was, on random long names made of the lists' own pieces and percent-escapes.
+namespace before57 {
+constexpr std::array<std::string_view, 28> kNames = {
+    "key",       "apikey",    "api_key",      "api-key",       "token",      "access_token", "sig",
+    "signature", "password",  "passwd",       "pwd",           "passphrase", "secret",       "auth",
+    "jwt",       "authkey",   "accesskey",    "secretkey",     "privatekey", "apitoken",     "accesstoken",
+    "authtoken", "sessionid", "sessiontoken", "authorization", "credential", "credentials",  "cookie"};
+constexpr std::array<std::string_view, 15> kSuffixes = {
+    "key",        "apikey", "token", "sig",           "signature",  "password",    "passwd", "pwd",
+    "passphrase", "secret", "jwt",   "authorization", "credential", "credentials", "cookie"};
+int hex(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+bool is_secret_param(std::string_view name) {
+  std::string decoded;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    char c = name[i];
+    if (c == '%' && i + 2 < name.size() && hex(name[i + 1]) >= 0 && hex(name[i + 2]) >= 0) {
+      c = static_cast<char>(hex(name[i + 1]) * 16 + hex(name[i + 2]));
+      i += 2;
+    } else if (c == '+') {
+      c = ' ';
+    }
+    decoded.push_back(c);
+  }
+  std::string n = decoded;
+  for (char& c : n) c = (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c;
+  for (auto s : kNames)
+    if (n == s) return true;
+  for (auto s : kSuffixes) {
+    if (n.size() > s.size() && n.ends_with(s)) {
+      const std::size_t at = n.size() - s.size();
+      const char sep = n[at - 1];
+      if (sep == '-' || sep == '_' || sep == '.') return true;
+      const char first = decoded[at], before = decoded[at - 1];
+      if (first >= 'A' && first <= 'Z' && !(before >= 'A' && before <= 'Z')) return true;
+    }
+  }
+  return false;
+}
+}  // namespace before57
+
+TEST(SecretParam, ALongNameReadByItsTailAnswersAsWhole) {
+  const std::vector<std::string_view> pieces = {"%",          "%5F",   "%5f", "%2", "5F",  "_",   "-",
+                                                ".",          "+",     "a",   "A",  "%4B", "key", "Key",
+                                                "Token",      "token", "%%",  "x",  "pwd", "KEY", "Authorization",
+                                                "credentials"};
+  std::mt19937 rng(57);
+  for (int round = 0; round < 100000; ++round) {
+    std::string name;
+    const std::size_t want = 40 + rng() % 120;
+    while (name.size() < want) name += pieces[rng() % pieces.size()];
+    ASSERT_EQ(is_secret_param(name), before57::is_secret_param(name)) << name;
+  }
+  const std::string pad(weir::core::kSecretParamTail * 2, 'x');
+  EXPECT_TRUE(is_secret_param(pad + "_key"));
+  EXPECT_TRUE(is_secret_param(pad + "%5Fkey"));
+  EXPECT_TRUE(is_secret_param(pad + "clientSecret"));
+  EXPECT_FALSE(is_secret_param(pad + "monkey"));
+  EXPECT_FALSE(is_secret_param(pad.substr(0, 70) + "%2"));
 }
