@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/url.hpp"
+#include "requestlog/postgres.hpp"
 
 namespace weir::requestlog {
 
@@ -28,6 +29,11 @@ ConfigResult<RequestLogConfig> parse_impl(const YAML::Node& n) {
     const auto rest = std::string_view(url).substr(url.find("://") + 3);
     if (rest.find_first_of(" \t\r\n") != std::string_view::npos)
       return tl::unexpected(config_error(n["url"], "request_log.url", "the URL must not hold spaces or line breaks"));
+    // What libpq itself refuses (parsed as it parses it: a bad port, sslmode=, an unknown parameter) is a
+    // mistake found here and by --check, not a store retried in vain every second.
+    if (const std::string problem = postgres_url_problem(url); !problem.empty())
+      return tl::unexpected(
+          config_error(n["url"], "request_log.url", fmt::format("libpq cannot connect with this URL: {}", problem)));
     c.kind = StoreKind::postgres;
     c.url = url;
     c.display = core::redact_url(url);

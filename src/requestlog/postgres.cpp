@@ -3,10 +3,13 @@
 #include <libpq-fe.h>
 
 #include <charconv>
+#include <cstdint>
+#include <initializer_list>
 
 #include <fmt/format.h>
 
 #include "core/dynamic_library.hpp"
+#include "core/url.hpp"
 #include "requestlog/backend.hpp"
 
 namespace weir::requestlog {
@@ -21,10 +24,13 @@ struct Libpq {
   decltype(&::PQclear) PQclear = nullptr;
   decltype(&::PQcmdTuples) PQcmdTuples = nullptr;
   decltype(&::PQconnectdbParams) PQconnectdbParams = nullptr;
+  decltype(&::PQconninfoFree) PQconninfoFree = nullptr;
+  decltype(&::PQconninfoParse) PQconninfoParse = nullptr;
   decltype(&::PQerrorMessage) PQerrorMessage = nullptr;
   decltype(&::PQexec) PQexec = nullptr;
   decltype(&::PQexecParams) PQexecParams = nullptr;
   decltype(&::PQfinish) PQfinish = nullptr;
+  decltype(&::PQfreemem) PQfreemem = nullptr;
   decltype(&::PQgetResult) PQgetResult = nullptr;
   decltype(&::PQgetisnull) PQgetisnull = nullptr;
   decltype(&::PQgetlength) PQgetlength = nullptr;
@@ -32,6 +38,7 @@ struct Libpq {
   decltype(&::PQntuples) PQntuples = nullptr;
   decltype(&::PQputCopyData) PQputCopyData = nullptr;
   decltype(&::PQputCopyEnd) PQputCopyEnd = nullptr;
+  decltype(&::PQresultErrorField) PQresultErrorField = nullptr;
   decltype(&::PQresultErrorMessage) PQresultErrorMessage = nullptr;
   decltype(&::PQresultStatus) PQresultStatus = nullptr;
   decltype(&::PQsetClientEncoding) PQsetClientEncoding = nullptr;
@@ -47,10 +54,13 @@ const Libpq& libpq() {
     so.load(l.PQclear, "PQclear");
     so.load(l.PQcmdTuples, "PQcmdTuples");
     so.load(l.PQconnectdbParams, "PQconnectdbParams");
+    so.load(l.PQconninfoFree, "PQconninfoFree");
+    so.load(l.PQconninfoParse, "PQconninfoParse");
     so.load(l.PQerrorMessage, "PQerrorMessage");
     so.load(l.PQexec, "PQexec");
     so.load(l.PQexecParams, "PQexecParams");
     so.load(l.PQfinish, "PQfinish");
+    so.load(l.PQfreemem, "PQfreemem");
     so.load(l.PQgetResult, "PQgetResult");
     so.load(l.PQgetisnull, "PQgetisnull");
     so.load(l.PQgetlength, "PQgetlength");
@@ -58,6 +68,7 @@ const Libpq& libpq() {
     so.load(l.PQntuples, "PQntuples");
     so.load(l.PQputCopyData, "PQputCopyData");
     so.load(l.PQputCopyEnd, "PQputCopyEnd");
+    so.load(l.PQresultErrorField, "PQresultErrorField");
     so.load(l.PQresultErrorMessage, "PQresultErrorMessage");
     so.load(l.PQresultStatus, "PQresultStatus");
     so.load(l.PQsetClientEncoding, "PQsetClientEncoding");
@@ -76,6 +87,18 @@ std::string one_line(const char* msg) {
   for (char& c : s)
     if (c == '\n') c = ' ';
   return s.empty() ? std::string("unknown error") : s;
+}
+
+// The password in a postgres:// URL's userinfo (as written), empty when none.
+std::string url_password(std::string_view url) {
+  const auto scheme = url.find("://");
+  if (scheme == std::string_view::npos) return {};
+  std::string_view rest = url.substr(scheme + 3);
+  rest = rest.substr(0, rest.find_first_of("/?#"));
+  const auto at = rest.rfind('@');
+  if (at == std::string_view::npos) return {};
+  const auto colon = rest.substr(0, at).find(':');
+  return colon == std::string_view::npos ? std::string() : std::string(rest.substr(colon + 1, at - colon - 1));
 }
 
 constexpr const char* kSchema = R"sql(
@@ -155,9 +178,21 @@ class PostgresBackend final : public StoreBackend {
 
   bool commit(std::string& error) override {
     // One COPY per batch: a single statement, so the batch is stored whole or not at all.
-    PgResult start(libpq().PQexec(conn_.get(),
-                                  "COPY requests (ts_us, request_id, tenant, key_id, model, status, record, bodies) "
-                                  "FROM STDIN"));
+    constexpr const char* kCopy =
+        "COPY requests (ts_us, request_id, tenant, key_id, model, status, record, bodies) FROM STDIN";
+    PgResult start(libpq().PQexec(conn_.get(), kCopy));
+    if (libpq().PQresultStatus(start.get()) != PGRES_COPY_IN && !conn_.healthy() && conn_) {
+      // The server had closed the connection while it was idle (a restart, idle_session_timeout,
+      // pg_terminate_backend, a pooler's idle timeout): COPY never started, so no row of the batch was sent.
+      // Connected again, the batch is copied once more rather than lost.
+      const std::string lost = start.get() ? start.error() : conn_.error();
+      std::string why;
+      if (!open(why)) {
+        error = fmt::format("COPY: {}; connecting again: {}", lost, why);
+        return false;
+      }
+      start = PgResult(libpq().PQexec(conn_.get(), kCopy));
+    }
     if (libpq().PQresultStatus(start.get()) != PGRES_COPY_IN) {
       error = fmt::format("COPY: {}", start.get() ? start.error() : conn_.error());
       return false;
@@ -190,7 +225,7 @@ class PostgresBackend final : public StoreBackend {
 
   std::int64_t keep_newest(std::uint64_t max_rows, std::string& error) override {
     const std::string n = std::to_string(max_rows);
-    PgResult r = conn_.exec("SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET $1::bigint", {n.c_str()});
+    PgResult r = exec("SELECT id FROM requests ORDER BY id DESC LIMIT 1 OFFSET $1::bigint", {n.c_str()});
     if (!r.ok()) {
       error = fmt::format("retention: {}", r.error());
       return 0;
@@ -203,6 +238,17 @@ class PostgresBackend final : public StoreBackend {
   }
 
  private:
+  // conn_.exec(), run once more on a new connection when it failed because the server had closed this one
+  // (retention's statements: each may run twice). A failure to connect again closes the store (reopened
+  // before the next batch); the first result is returned then.
+  PgResult exec(const char* sql, const std::vector<const char*>& params) {
+    PgResult r = conn_.exec(sql, params);
+    if (r.ok() || !conn_ || conn_.healthy()) return r;
+    std::string why;
+    if (!open(why)) return r;
+    return conn_.exec(sql, params);
+  }
+
   void drain_results() {
     while (pg_result* raw = libpq().PQgetResult(conn_.get())) libpq().PQclear(raw);
   }
@@ -210,7 +256,7 @@ class PostgresBackend final : public StoreBackend {
   std::int64_t delete_chunked(const char* sql, const std::string& arg, std::string& error) {
     std::int64_t total = 0;
     for (;;) {
-      PgResult r = conn_.exec(sql, {arg.c_str()});
+      PgResult r = exec(sql, {arg.c_str()});
       if (!r.ok()) {
         error = fmt::format("retention: {}", r.error());
         return total;
@@ -264,7 +310,15 @@ std::int64_t PgResult::int64(int row, int col) const {
   return v;
 }
 
-std::string PgResult::error() const { return one_line(r_ ? libpq().PQresultErrorMessage(r_) : "no result"); }
+std::string PgResult::error() const {
+  if (!r_) return "no result";
+  // Severity and message, not DETAIL or CONTEXT: a constraint's DETAIL quotes the failing row ("Failing row
+  // contains (…)": a record, a prompt) and COPY's CONTEXT a line's value, which stderr must not carry.
+  const char* severity = libpq().PQresultErrorField(r_, PG_DIAG_SEVERITY);
+  const char* primary = libpq().PQresultErrorField(r_, PG_DIAG_MESSAGE_PRIMARY);
+  if (!primary) return one_line(libpq().PQresultErrorMessage(r_));
+  return one_line(fmt::format("{}:  {}", severity ? severity : "ERROR", primary).c_str());
+}
 
 PgConn& PgConn::operator=(PgConn&& o) noexcept {
   if (this != &o) {
@@ -353,6 +407,87 @@ void append_copy_text(std::string& out, std::string_view s) {
         out += c;
     }
   }
+}
+
+namespace {
+
+// libpq's integer options (parse_int_param): optional blanks, an optional sign, digits, optional blanks.
+bool int_text(std::string_view v, long lo, long hi) {
+  while (!v.empty() && (v.front() == ' ' || v.front() == '\t')) v.remove_prefix(1);
+  while (!v.empty() && (v.back() == ' ' || v.back() == '\t')) v.remove_suffix(1);
+  if (!v.empty() && v.front() == '+') v.remove_prefix(1);
+  long n = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), n);
+  return !v.empty() && ec == std::errc() && end == v.data() + v.size() && n >= lo && n <= hi;
+}
+
+// What libpq refuses when it connects, not when it parses (connectOptions2, connectDBStart): an option's
+// value outside its set. Empty when none; the option's value is said (none of these holds a secret).
+std::string option_problem(std::string_view key, std::string_view val) {
+  struct Choice {
+    std::string_view key;
+    std::initializer_list<std::string_view> values;
+  };
+  static const Choice kChoices[] = {
+      {"sslmode", {"disable", "allow", "prefer", "require", "verify-ca", "verify-full"}},
+      {"gssencmode", {"disable", "prefer", "require"}},
+      {"channel_binding", {"disable", "prefer", "require"}},
+      {"target_session_attrs", {"any", "read-write", "read-only", "primary", "standby", "prefer-standby"}},
+      {"ssl_min_protocol_version", {"", "TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"}},
+      {"ssl_max_protocol_version", {"", "TLSv1", "TLSv1.1", "TLSv1.2", "TLSv1.3"}},
+  };
+  for (const Choice& c : kChoices) {
+    if (key != c.key) continue;
+    std::string all;
+    for (std::string_view v : c.values) {
+      if (v == val) return {};
+      if (!v.empty()) all += fmt::format("{}{}", all.empty() ? "" : ", ", v);
+    }
+    return fmt::format("{}={} is not one of {}", key, val, all);
+  }
+  if (key == "port") {
+    // One per host, comma-separated; an empty one is the default (5432).
+    for (std::size_t at = 0;;) {
+      const std::size_t comma = val.find(',', at);
+      const std::string_view p = val.substr(at, comma == std::string_view::npos ? std::string_view::npos : comma - at);
+      if (!p.empty() && !int_text(p, 1, 65535)) return fmt::format("port {} is not a port number (1 to 65535)", p);
+      if (comma == std::string_view::npos) return {};
+      at = comma + 1;
+    }
+  }
+  for (std::string_view k : {"connect_timeout", "keepalives", "keepalives_idle", "keepalives_interval",
+                             "keepalives_count", "tcp_user_timeout"})
+    if (key == k && !val.empty() && !int_text(val, INT32_MIN, INT32_MAX))
+      return fmt::format("{}={} is not an integer", key, val);
+  return {};
+}
+
+}  // namespace
+
+std::string postgres_url_problem(const std::string& url) {
+  const Libpq& l = libpq();
+  if (!l.error.empty()) return {};  // the store's open says so, and retries
+  char* err = nullptr;
+  PQconninfoOption* opts = l.PQconninfoParse(url.c_str(), &err);
+  std::string problem;
+  if (!opts) {
+    problem = err ? one_line(err) : "libpq could not read it";
+    if (err) l.PQfreemem(err);
+  } else {
+    for (const PQconninfoOption* o = opts; o->keyword && problem.empty(); ++o)
+      if (o->val) problem = option_problem(o->keyword, o->val);
+    l.PQconninfoFree(opts);
+  }
+  if (problem.empty()) return {};
+  // libpq's message may quote the URL, or a part of it (a percent-encoded token): never the password.
+  // (Each search goes on past what it put in: the replacement may hold what it replaced.)
+  auto replace_all = [&](const std::string& what, const std::string& with) {
+    for (std::size_t at = problem.find(what); at != std::string::npos; at = problem.find(what, at + with.size()))
+      problem.replace(at, what.size(), with);
+  };
+  replace_all(url, core::redact_url(url));
+  if (const std::string pw = url_password(url); !pw.empty()) replace_all(pw, "REDACTED");
+  return problem;
 }
 
 std::unique_ptr<StoreBackend> make_postgres_backend(const RequestLogConfig& config) {

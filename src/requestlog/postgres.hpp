@@ -28,7 +28,8 @@ class PgResult {
   bool is_null(int row, int col) const;
   std::string_view text(int row, int col) const;  // empty for NULL
   std::int64_t int64(int row, int col) const;
-  std::string error() const;  // the result's message, one line
+  // The result's severity and message, one line; not its DETAIL or CONTEXT (they may quote row data).
+  std::string error() const;
 
  private:
   pg_result* r_ = nullptr;
@@ -60,6 +61,15 @@ class PgConn {
  private:
   pg_conn* c_ = nullptr;
 };
+
+// Why libpq would refuse `url` at every connection (empty when it would
+// not): what PQconninfoParse rejects (a malformed URI, an unknown
+// parameter), and the values libpq checks only when it connects (port
+// outside 1–65535, sslmode, gssencmode, channel_binding,
+// target_session_attrs and ssl_*_protocol_version outside their sets, an
+// integer option that is not one). One line, the password never in it.
+// Loads libpq; empty when it cannot be loaded (the store's open says so).
+std::string postgres_url_problem(const std::string& url);
 
 // Appends `s` as a field of COPY's text format (§COPY "Text Format"):
 // backslash, newline, carriage return and tab escaped, NUL (which a text

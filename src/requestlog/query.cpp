@@ -278,7 +278,7 @@ core::Error Reader::read_failed() {
 
 bool Reader::wal_exists() const {
   struct stat st {};
-  return ::stat((path_ + "-wal").c_str(), &st) == 0;
+  return ::stat((resolve_links(path_) + "-wal").c_str(), &st) == 0;
 }
 
 Stmt Reader::prepare(std::string_view sql, std::string& error) {
@@ -307,7 +307,7 @@ Stmt Reader::prepare(std::string_view sql, std::string& error) {
       error = fmt::format(
           "{} ({}-wal, where SQLite keeps the file's write-ahead log, is {}: remove it, and a running Weir's "
           "writer opens a new log there)",
-          error, path_, what);
+          error, resolve_links(path_), what);
     } else {
       error = fmt::format(
           "{} (SQLite must create {}-shm beside the file to read it while {}-wal is there, a writer running or one "
@@ -392,6 +392,22 @@ tl::expected<std::optional<std::string>, core::Error> Reader::get_json(std::stri
   return tl::unexpected(read_failed());
 }
 
+PgResult Reader::exec_pg(const char* sql, const std::vector<const char*>& params, std::string& error) {
+  PgResult r = pg_.exec(sql, params);
+  if (!r.ok() && pg_ && !pg_.healthy()) {
+    // The server had closed the connection while it was idle (a restart, idle_session_timeout,
+    // pg_terminate_backend, a pooler): a read runs again on a new one rather than failing.
+    const std::string lost = r.error();
+    if (!pg_.connect(path_, error)) {
+      error = fmt::format("{}; connecting again: {}", lost, error);
+      return r;
+    }
+    r = pg_.exec(sql, params);
+  }
+  if (!r.ok()) error = r.error();
+  return r;
+}
+
 tl::expected<std::string, core::Error> Reader::query_pg(const Query& q) {
   auto unavailable = [&](const std::string& why) {
     pg_.close();  // a server restarted, a network blip: connect again next time
@@ -428,8 +444,8 @@ tl::expected<std::string, core::Error> Reader::query_pg(const Query& q) {
       return std::string(R"({"object":"list","data":[],"has_more":false,"next_cursor":null})");
     params.push_back(v.c_str());
   }
-  PgResult r = pg_.exec(sql.c_str(), params);
-  if (!r.ok()) return unavailable(r.error());
+  PgResult r = exec_pg(sql.c_str(), params, error);
+  if (!r.ok()) return unavailable(error);
   std::string out = R"({"object":"list","data":[)";
   const int n = r.rows();
   const bool has_more = n > static_cast<int>(q.limit);
@@ -451,11 +467,11 @@ tl::expected<std::optional<std::string>, core::Error> Reader::get_pg(std::string
   if (!pg_ && !pg_.connect(path_, error)) return unavailable(error);
   const std::string id(request_id);
   if (id.find('\0') != std::string::npos) return std::optional<std::string>();
-  PgResult r = pg_.exec(
+  PgResult r = exec_pg(
       "SELECT record, bodies, count(*) OVER () FROM requests WHERE request_id = $1 "
       "ORDER BY ts_us DESC, id DESC LIMIT 1",
-      {id.c_str()});
-  if (!r.ok()) return unavailable(r.error());
+      {id.c_str()}, error);
+  if (!r.ok()) return unavailable(error);
   if (r.rows() == 0) return std::optional<std::string>();
   return std::optional<std::string>(with_bodies(r.text(0, 0), r.int64(0, 2) - 1, r.text(0, 1)));
 }

@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <tl/expected.hpp>
 
@@ -85,6 +86,10 @@ class Reader {
   bool wal_exists() const;  // PATH-wal is there (a stat)
   // A 503 for a statement that failed to step, with SQLite's message; the connection closed.
   core::Error read_failed();
+  // pg_.exec(), run once more on a new connection when the server had closed pg_ (PQstatus CONNECTION_BAD:
+  // a restart, idle_session_timeout, pg_terminate_backend, a pooler's idle timeout); reads may run twice.
+  // On failure `error` is set (one line, no password).
+  PgResult exec_pg(const char* sql, const std::vector<const char*>& params, std::string& error);
   tl::expected<std::string, core::Error> query_pg(const Query& q);
   tl::expected<std::optional<std::string>, core::Error> get_pg(std::string_view request_id);
 
