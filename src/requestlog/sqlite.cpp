@@ -28,11 +28,13 @@ struct Libsqlite {
   decltype(&::sqlite3_column_bytes) column_bytes = nullptr;
   decltype(&::sqlite3_column_int64) column_int64 = nullptr;
   decltype(&::sqlite3_column_text) column_text = nullptr;
+  decltype(&::sqlite3_db_filename) db_filename = nullptr;
   decltype(&::sqlite3_errcode) errcode = nullptr;
   decltype(&::sqlite3_errmsg) errmsg = nullptr;
   decltype(&::sqlite3_errstr) errstr = nullptr;
   decltype(&::sqlite3_exec) exec = nullptr;
   decltype(&::sqlite3_file_control) file_control = nullptr;
+  decltype(&::sqlite3_filename_wal) filename_wal = nullptr;
   decltype(&::sqlite3_finalize) finalize = nullptr;
   decltype(&::sqlite3_free) free = nullptr;
   decltype(&::sqlite3_open_v2) open_v2 = nullptr;
@@ -55,11 +57,13 @@ const Libsqlite& lib() {
     so.load(l.column_bytes, "sqlite3_column_bytes");
     so.load(l.column_int64, "sqlite3_column_int64");
     so.load(l.column_text, "sqlite3_column_text");
+    so.load(l.db_filename, "sqlite3_db_filename");
     so.load(l.errcode, "sqlite3_errcode");
     so.load(l.errmsg, "sqlite3_errmsg");
     so.load(l.errstr, "sqlite3_errstr");
     so.load(l.exec, "sqlite3_exec");
     so.load(l.file_control, "sqlite3_file_control");
+    so.load(l.filename_wal, "sqlite3_filename_wal");
     so.load(l.finalize, "sqlite3_finalize");
     so.load(l.free, "sqlite3_free");
     so.load(l.open_v2, "sqlite3_open_v2");
@@ -72,7 +76,37 @@ const Libsqlite& lib() {
   return lib;
 }
 
+// The device and inode of what `path` names (a stat: links followed); false when nothing is there.
+bool identity(const std::string& path, dev_t& dev, ino_t& ino) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return false;
+  dev = st.st_dev;
+  ino = st.st_ino;
+  return true;
+}
+
 }  // namespace
+
+std::string resolve_links(const std::string& path) {
+  std::string p = path;
+  // 40 links at most, as the kernel's own lookup (ELOOP): a loop is left to the open, which says so.
+  for (int hops = 0; hops < 40; ++hops) {
+    struct stat st {};
+    if (::lstat(p.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return p;
+    std::string target(static_cast<std::size_t>(st.st_size > 0 ? st.st_size : 255) + 1, '\0');
+    const ssize_t n = ::readlink(p.c_str(), target.data(), target.size());
+    if (n < 0 || static_cast<std::size_t>(n) >= target.size()) return p;  // gone, or grew: the open decides
+    target.resize(static_cast<std::size_t>(n));
+    if (target.starts_with('/')) {
+      p = std::move(target);
+    } else {
+      // Relative to the link's own directory.
+      const auto slash = p.rfind('/');
+      p = slash == std::string::npos ? target : p.substr(0, slash + 1) + target;
+    }
+  }
+  return p;
+}
 
 Stmt& Stmt::operator=(Stmt&& o) noexcept {
   if (this != &o) {
@@ -113,7 +147,15 @@ std::string_view Stmt::column_text(int i) const {
 }
 
 Db::Db(Db&& o) noexcept
-    : db_(o.db_), path_(std::move(o.path_)), wal_noted_(o.wal_noted_), wal_dev_(o.wal_dev_), wal_ino_(o.wal_ino_) {
+    : db_(o.db_),
+      path_(std::move(o.path_)),
+      wal_path_(std::move(o.wal_path_)),
+      path_named_(o.path_named_),
+      main_dev_(o.main_dev_),
+      main_ino_(o.main_ino_),
+      wal_noted_(o.wal_noted_),
+      wal_dev_(o.wal_dev_),
+      wal_ino_(o.wal_ino_) {
   o.db_ = nullptr;
   o.wal_noted_ = false;
 }
@@ -123,6 +165,10 @@ Db& Db::operator=(Db&& o) noexcept {
     close();
     db_ = o.db_;
     path_ = std::move(o.path_);
+    wal_path_ = std::move(o.wal_path_);
+    path_named_ = o.path_named_;
+    main_dev_ = o.main_dev_;
+    main_ino_ = o.main_ino_;
     wal_noted_ = o.wal_noted_;
     wal_dev_ = o.wal_dev_;
     wal_ino_ = o.wal_ino_;
@@ -147,8 +193,11 @@ bool Db::open(const std::string& path, bool read_only, std::string& error) {
     // SQLite gives the -wal and -shm files the database file's mode. An
     // existing file keeps the mode its operator gave it (O_EXCL); any other
     // failure is left to SQLite's open, which says why. (fchmod: 0600 also
-    // under a umask that would take the owner's write away.)
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    // under a umask that would take the owner's write away.) A path that is
+    // a symbolic link (one whose file is not there yet too: O_EXCL would
+    // refuse the link itself) is made where the link leads, as SQLite opens
+    // it there.
+    const int fd = ::open(resolve_links(path).c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd >= 0) {
       ::fchmod(fd, 0600);
       ::close(fd);
@@ -169,6 +218,12 @@ bool Db::open_name(const std::string& name, const std::string& path, int flags, 
   }
   db_ = db;
   path_ = path;
+  // SQLite's own name for the log: beside the file it opened, where a symbolic link at `path` led.
+  const char* main = lib().db_filename(db, "main");
+  const char* wal = main && *main ? lib().filename_wal(main) : nullptr;
+  wal_path_ = wal && *wal ? std::string(wal) : resolve_links(path) + "-wal";
+  // What `path` names now (a file not made yet by a read-only open: nothing): has_moved() compares.
+  path_named_ = identity(path, main_dev_, main_ino_);
   return true;
 }
 
@@ -223,25 +278,30 @@ int Db::errcode() const { return db_ ? lib().errcode(db_) & 0xff : SQLITE_OK; }
 bool Db::has_moved() const {
   int moved = 0;
   if (db_ == nullptr || lib().file_control(db_, "main", SQLITE_FCNTL_HAS_MOVED, &moved) != SQLITE_OK) return false;
-  return moved != 0;
+  if (moved != 0) return true;
+  // SQLite watches the file it opened, by the name a symbolic link led to: a link re-pointed (or removed)
+  // since leaves that file where it was, but the path names another (or none).
+  if (!path_named_) return false;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  return !identity(path_, dev, ino) || dev != main_dev_ || ino != main_ino_;
 }
 
 void Db::note_wal() {
-  struct stat st {};
-  wal_noted_ = db_ && ::stat((path_ + "-wal").c_str(), &st) == 0;
-  wal_dev_ = wal_noted_ ? st.st_dev : 0;
-  wal_ino_ = wal_noted_ ? st.st_ino : 0;
+  wal_noted_ = db_ && identity(wal_path_, wal_dev_, wal_ino_);
+  if (!wal_noted_) wal_dev_ = 0, wal_ino_ = 0;
 }
 
 bool Db::wal_replaced() const {
   if (!db_ || !wal_noted_) return false;
-  struct stat st {};
-  return ::stat((path_ + "-wal").c_str(), &st) != 0 || st.st_ino != wal_ino_ || st.st_dev != wal_dev_;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  return !identity(wal_path_, dev, ino) || ino != wal_ino_ || dev != wal_dev_;
 }
 
 std::string wal_obstacle(const std::string& path) {
   struct stat st {};
-  if (::stat((path + "-wal").c_str(), &st) != 0 || S_ISREG(st.st_mode)) return {};
+  if (::stat((resolve_links(path) + "-wal").c_str(), &st) != 0 || S_ISREG(st.st_mode)) return {};
   if (S_ISDIR(st.st_mode)) return "a directory";
   if (S_ISFIFO(st.st_mode)) return "a FIFO";
   if (S_ISSOCK(st.st_mode)) return "a socket";

@@ -47,7 +47,8 @@ class Db {
   explicit operator bool() const { return db_ != nullptr; }
 
   // Opens `path` read-write (creating it, mode 0600: it holds what clients
-  // sent) or read-only; false with `error` set.
+  // sent; where a symbolic link at `path` leads, when it is one) or
+  // read-only; false with `error` set.
   bool open(const std::string& path, bool read_only, std::string& error);
   // Opens `path` read-only as immutable (the URI parameter immutable=1,
   // https://sqlite.org/uri.html): no locks, no -shm, no -wal. Right only for
@@ -66,9 +67,14 @@ class Db {
   int errcode() const;
   std::int64_t changes() const;
   // The database file was deleted, renamed or replaced since it was opened
-  // (SQLITE_FCNTL_HAS_MOVED): writes would go to an unlinked file, lost.
+  // (SQLITE_FCNTL_HAS_MOVED): writes would go to an unlinked file, lost; or
+  // the path opened names another file now, or none (a symbolic link there
+  // re-pointed or removed: two stats). Open again, the path's new file is used.
   bool has_moved() const;
-  // Remembers which file PATH-wal is (its device and inode; a stat), for
+  // The write-ahead log's path, as SQLite names it (sqlite3_filename_wal):
+  // FILE-wal beside the file a symbolic link at the path opened led to.
+  const std::string& wal_path() const { return wal_path_; }
+  // Remembers which file the log (wal_path()) is (its device and inode; a stat), for
   // wal_replaced(): call it once the connection has the log open (after its
   // first statement on a WAL-mode file). None there (not WAL mode, an
   // immutable connection): nothing to watch.
@@ -94,14 +100,24 @@ class Db {
   bool open_name(const std::string& name, const std::string& path, int flags, std::string& error);
 
   sqlite3* db_ = nullptr;
-  std::string path_;        // as opened (PATH-wal is beside it)
+  std::string path_;         // as opened
+  std::string wal_path_;     // the log's path (wal_path())
+  bool path_named_ = false;  // path_ named a file just after the open: main_dev_/main_ino_ are its
+  dev_t main_dev_ = 0;
+  ino_t main_ino_ = 0;
   bool wal_noted_ = false;  // note_wal() ran since the open
   dev_t wal_dev_ = 0;       // PATH-wal's device and inode at note_wal()
   ino_t wal_ino_ = 0;
 };
 
-// What is at `path`-wal when it is not SQLite's write-ahead log to open: "a directory", "a FIFO", "a
-// socket", "a device", "not a regular file" (a stat; a symlink is followed). Empty when nothing is there or
+// `path` with the symbolic links it names followed (its last component's, 40 at most; relative targets
+// from the link's directory), also when the last one leads nowhere yet: where SQLite opens or makes the
+// file, and its FILE-wal beside it. `path` itself when it is not a link.
+std::string resolve_links(const std::string& path);
+
+// What is at FILE-wal (FILE: `path` through resolve_links) when it is not SQLite's write-ahead log to open:
+// "a directory", "a FIFO", "a socket", "a device", "not a regular file" (a stat; a symlink is followed).
+// Empty when nothing is there or
 // a regular file is (which SQLite opens or makes). SQLite answers only "unable to open database file" for
 // such a path; a message that names it tells the operator what to remove.
 std::string wal_obstacle(const std::string& path);

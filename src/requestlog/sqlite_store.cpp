@@ -62,7 +62,7 @@ class SqliteBackend final : public StoreBackend {
         sqlite_says = fmt::format(
             "{}: {}-wal, where SQLite keeps the file's write-ahead log, is {}: remove it for the "
             "log to open",
-            sqlite_says, path_, what);
+            sqlite_says, resolve_links(path_), what);
       return fail(std::move(sqlite_says));
     };
     if (!db_.open(path_, false, why)) return fail_wal(why);
@@ -110,7 +110,7 @@ class SqliteBackend final : public StoreBackend {
   bool moved(std::string& why) override {
     if (!db_) return false;
     if (db_.has_moved()) {
-      why = "the database file was deleted or replaced";
+      why = "the database file was deleted or replaced (or the path names another file now)";
       return true;
     }
     // The -wal file deleted or replaced (an operator's rm, a cleanup of "stale" files, a reader that made a
@@ -124,17 +124,17 @@ class SqliteBackend final : public StoreBackend {
     if (!db_.wal_replaced()) return false;
     std::string error;
     if (!db_.checkpoint_truncate(error)) {
-      why = fmt::format("its write-ahead log {}-wal was deleted or replaced; its rows are not in the file yet: {}",
-                        path_, error);
+      why = fmt::format("its write-ahead log {} was deleted or replaced; its rows are not in the file yet: {}",
+                        db_.wal_path(), error);
       return false;
     }
     if (const std::string what = wal_obstacle(path_); !what.empty())
       // (What a new log's open then meets: open() says it, and the writer that it failed.)
-      why = fmt::format("its write-ahead log {}-wal was replaced by {} (its rows were copied into the file)", path_,
-                        what);
+      why = fmt::format("its write-ahead log {} was replaced by {} (its rows were copied into the file)",
+                        db_.wal_path(), what);
     else
-      why =
-          fmt::format("its write-ahead log {}-wal was deleted or replaced (its rows were copied into the file)", path_);
+      why = fmt::format("its write-ahead log {} was deleted or replaced (its rows were copied into the file)",
+                        db_.wal_path());
     return true;
   }
 
