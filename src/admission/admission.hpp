@@ -158,9 +158,11 @@ class Admission {
   //  - A step whose local lease ran dry while the store may still have units
   //    is "pending": admit() undoes what it took and returns 429
   //    (retry_after_s = 1); when `wait` is given it also sets wait->pending
-  //    and lists what the request needs. The caller may then wait once for
-  //    the refill (admission::async_refill in admission/refill.hpp) and call
-  //    admit() again without `wait`; that second answer is final.
+  //    and lists what the request needs. The caller may then wait for the
+  //    refill (admission::async_refill in admission/refill.hpp) and call
+  //    admit() again, with a fresh `wait` while the answer is pending and
+  //    Limiter::refill_patience() since the first wait has not passed,
+  //    then without `wait`: that answer is final.
   //
   // `prices` (the request's configuration generation's) prices the budget
   // reservation; null: the Pricing given at construction. The ticket keeps

@@ -77,6 +77,11 @@ struct Need {
 struct Shortfall {
   static constexpr int kMax = 8;  // 2 scopes x (requests, tokens, streams, budget)
   bool pending = false;
+  // A later wait of the same request (admit_after_refills: another request took
+  // what the last refill brought): served by the store's next regular sync
+  // rather than one started for it, so waiters that keep losing a race do not
+  // drive syncs back to back.
+  bool again = false;
   std::uint8_t count = 0;
   Need needs[kMax];
 
@@ -242,6 +247,14 @@ class Limiter {
   // `done` must be cheap (post to the worker's executor: see
   // admission/refill.hpp). Default: `done()` at once.
   virtual void refill(const Shortfall& /*need*/, std::uint32_t /*worker*/, std::function<void()> done) { done(); }
+  // How long a request whose admission came back pending may go on waiting:
+  // while admit() still answers pending and less than this has passed since
+  // its first refill() began, the caller refills and asks again (what a
+  // refill brings goes into shares every request takes from: another
+  // request may take it first); the answer after that is final. 0 (the
+  // default; RedisLimiter while it stops or fails over): one refill, then
+  // the final answer.
+  virtual std::chrono::milliseconds refill_patience() const noexcept { return {}; }
 
   // --- Scopes added at run time (keys created through the admin API). ---
 

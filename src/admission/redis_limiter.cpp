@@ -551,6 +551,14 @@ void RedisLimiter::refill(const Shortfall& need, std::uint32_t /*worker*/, std::
   asio::post(control_, [this, need, done = std::move(done)]() mutable { on_refill(need, std::move(done)); });
 }
 
+std::chrono::milliseconds RedisLimiter::refill_patience() const noexcept {
+  if (degraded_.load(std::memory_order_relaxed) || stopping_.load(std::memory_order_relaxed)) return {};
+  // (As on_refill's slot waiters: a busy holder of an idle slot gives it back within a few renewals.)
+  const auto busy_renew =
+      std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));
+  return 3 * busy_renew + config_.command_timeout;
+}
+
 std::int64_t RedisLimiter::lease_units(std::uint32_t scope, Bucket b) const noexcept {
   return at(scope).lease[static_cast<std::uint32_t>(b)].units.load(std::memory_order_acquire);
 }

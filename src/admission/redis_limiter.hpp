@@ -43,7 +43,8 @@ namespace weir::admission {
 //    worst-case cost from the allowance with one CAS.
 // A take that finds its lease short while the global bucket may have units
 // returns `pending`; Admission::admit then reports a Shortfall and the
-// gateway waits once (async_refill) for an immediate sync.
+// gateway waits (async_refill) for an immediate sync, and again while the
+// answer is pending, up to refill_patience().
 //
 // Outage (a sync times out after `command_timeout`, the connection is
 // refused or lost, or Redis answers an error reply to our scripts other
@@ -121,6 +122,10 @@ class RedisLimiter final : public Limiter {
   void settle_spend(std::uint32_t scope, std::int64_t reserved, std::int64_t actual, Instant now) override;
   bool streams_refillable(std::uint32_t scope) const noexcept override;
   void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
+  // A slot waiter's wait (three renewals of a busy holder: 3 × max(5 ×
+  // sync_interval, 100 ms)) plus one round trip's command_timeout; 0 while
+  // degraded or stopping (refill() answers at once then).
+  std::chrono::milliseconds refill_patience() const noexcept override;
   // Adds the scopes of `scopes` past the ones held (control thread only;
   // see Limiter::grow). A new scope's shared state is found by its name, so
   // a key created on any replica shares its buckets, stream slots and

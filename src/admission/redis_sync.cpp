@@ -85,7 +85,9 @@ void RedisLimiter::on_refill(const Shortfall& need, std::function<void()> done) 
   } else {
     waiters_.push_back(std::move(done));
   }
-  wake();
+  // A request's first wait starts a sync; a later one (it lost the units to
+  // another request) waits for the next tick, every sync_interval.
+  if (!need.again) wake();
 }
 
 store::Task<void> RedisLimiter::run() {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <memory>
+#include <type_traits>
 #include <utility>
 
 #include <boost/asio/associated_executor.hpp>
@@ -12,6 +13,7 @@
 #include <boost/asio/prefer.hpp>
 
 #include "admission/limiter.hpp"
+#include "core/async.hpp"
 
 namespace weir::admission {
 
@@ -34,6 +36,29 @@ auto async_refill(Limiter& limiter, const Shortfall& need, std::uint32_t worker,
                        [h, work]() mutable { boost::asio::post(work, [h]() mutable { (std::move(*h))(); }); });
       },
       token);
+}
+
+// The slow path of an admission that came back pending (`wait` as admit()
+// filled it): waits for a refill and admits again, while the answer is still
+// pending and limiter.refill_patience() since the first wait has not passed
+// (a refill's units go into shares every request takes from: a request that
+// did not wait may take them first); then the final answer. `admit(w)`
+// admits at the current time with `w` as admit()'s Shortfall (nullptr: the
+// final answer) and returns admit()'s result, which this returns. On the
+// worker whose executor is `ex`; `admit` is called there.
+template <class AdmitFn>
+auto admit_after_refills(Limiter& limiter, Shortfall wait, std::uint32_t worker, core::Executor ex, AdmitFn admit)
+    -> core::Task<std::invoke_result_t<AdmitFn&, Shortfall*>> {
+  const Instant until = MonoClock::now() + limiter.refill_patience();
+  for (;;) {
+    co_await async_refill(limiter, wait, worker, ex, core::use_task);
+    // (A patience of 0 now: the limiter failed over or is stopping, and refill() no longer waits.)
+    const bool again = MonoClock::now() < until && limiter.refill_patience().count() > 0;
+    wait = Shortfall{};
+    auto t = admit(again ? &wait : nullptr);
+    if (t || !wait.pending) co_return std::move(t);
+    wait.again = true;
+  }
 }
 
 }  // namespace weir::admission

@@ -146,10 +146,13 @@ core::Task<Outcome> GatewayPhases::admit(RequestContext& ctx) {
   auto t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, &wait, &prices, reserve_at);
   if (!t && wait.pending) {
     // A shared (Redis) limit: this replica's lease is short but the shared
-    // bucket may cover it. Wait once for a refill; the second answer is final.
-    co_await admission::async_refill(*w_.shared().limiter, wait, w_.index(), w_.io().get_executor(), use_task);
-    now = std::chrono::steady_clock::now();
-    t = adm->admit(*ctx.principal, admit_model(ctx), estimate, now, nullptr, &prices, reserve_at);
+    // bucket may cover it. Wait for refills while the answer is pending, up
+    // to the limiter's refill_patience(); the answer after that is final.
+    t = co_await admission::admit_after_refills(
+        *w_.shared().limiter, wait, w_.index(), w_.io().get_executor(), [&](admission::Shortfall* again) {
+          now = std::chrono::steady_clock::now();
+          return adm->admit(*ctx.principal, admit_model(ctx), estimate, now, again, &prices, reserve_at);
+        });
   }
   co_return admit_result(ctx, std::move(t), now);
 }
