@@ -247,14 +247,14 @@ class Limiter {
   // `done` must be cheap (post to the worker's executor: see
   // admission/refill.hpp). Default: `done()` at once.
   virtual void refill(const Shortfall& /*need*/, std::uint32_t /*worker*/, std::function<void()> done) { done(); }
-  // How long a request whose admission came back pending may go on waiting:
-  // while admit() still answers pending and less than this has passed since
-  // its first refill() began, the caller refills and asks again (what a
-  // refill brings goes into shares every request takes from: another
-  // request may take it first); the answer after that is final. 0 (the
-  // default; RedisLimiter while it stops or fails over): one refill, then
-  // the final answer.
-  virtual std::chrono::milliseconds refill_patience() const noexcept { return {}; }
+  // How long a request whose admission came back pending for `need` may go
+  // on waiting: while admit() still answers pending and less than this has
+  // passed since its first refill() began, the caller refills and asks
+  // again (what a refill brings goes into shares every request takes from:
+  // another request may take it first); the answer after that is final. 0
+  // (the default; RedisLimiter while it stops or fails over, or for a stream
+  // cap other replicas share): one refill, then the final answer.
+  virtual std::chrono::milliseconds refill_patience(const Shortfall& /*need*/) const noexcept { return {}; }
 
   // --- Scopes added at run time (keys created through the admin API). ---
 

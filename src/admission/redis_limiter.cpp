@@ -551,8 +551,14 @@ void RedisLimiter::refill(const Shortfall& need, std::uint32_t /*worker*/, std::
   asio::post(control_, [this, need, done = std::move(done)]() mutable { on_refill(need, std::move(done)); });
 }
 
-std::chrono::milliseconds RedisLimiter::refill_patience() const noexcept {
+std::chrono::milliseconds RedisLimiter::refill_patience(const Shortfall& need) const noexcept {
   if (degraded_.load(std::memory_order_relaxed) || stopping_.load(std::memory_order_relaxed)) return {};
+  for (std::uint8_t k = 0; k < need.count && k < Shortfall::kMax; ++k) {
+    const Need& n = need.needs[k];
+    if (n.what == Resource::streams && n.scope < scope_count_ && at(n.scope).max_streams > 0 &&
+        at(n.scope).slots.others.load(std::memory_order_relaxed) > 0)
+      return {};
+  }
   // (As on_refill's slot waiters: a busy holder of an idle slot gives it back within a few renewals.)
   const auto busy_renew =
       std::max<std::chrono::milliseconds>(5 * config_.sync_interval, std::chrono::milliseconds(100));

@@ -124,8 +124,11 @@ class RedisLimiter final : public Limiter {
   void refill(const Shortfall& need, std::uint32_t worker, std::function<void()> done) override;
   // A slot waiter's wait (three renewals of a busy holder: 3 × max(5 ×
   // sync_interval, 100 ms)) plus one round trip's command_timeout; 0 while
-  // degraded or stopping (refill() answers at once then).
-  std::chrono::milliseconds refill_patience() const noexcept override;
+  // degraded or stopping (refill() answers at once then), and when `need`
+  // has a stream slot of a cap other replicas hold slots of (their fair
+  // shares: slots.lua; a request waiting on would hold its replica's claim
+  // against the one that is starved).
+  std::chrono::milliseconds refill_patience(const Shortfall& need) const noexcept override;
   // Adds the scopes of `scopes` past the ones held (control thread only;
   // see Limiter::grow). A new scope's shared state is found by its name, so
   // a key created on any replica shares its buckets, stream slots and

@@ -49,11 +49,11 @@ auto async_refill(Limiter& limiter, const Shortfall& need, std::uint32_t worker,
 template <class AdmitFn>
 auto admit_after_refills(Limiter& limiter, Shortfall wait, std::uint32_t worker, core::Executor ex, AdmitFn admit)
     -> core::Task<std::invoke_result_t<AdmitFn&, Shortfall*>> {
-  const Instant until = MonoClock::now() + limiter.refill_patience();
+  const Instant until = MonoClock::now() + limiter.refill_patience(wait);
   for (;;) {
     co_await async_refill(limiter, wait, worker, ex, core::use_task);
     // (A patience of 0 now: the limiter failed over or is stopping, and refill() no longer waits.)
-    const bool again = MonoClock::now() < until && limiter.refill_patience().count() > 0;
+    const bool again = MonoClock::now() < until && limiter.refill_patience(wait).count() > 0;
     wait = Shortfall{};
     auto t = admit(again ? &wait : nullptr);
     if (t || !wait.pending) co_return std::move(t);
