@@ -30,6 +30,8 @@ class FakeRemote final : public Limiter {
   std::thread::id refill_thread_;
   int refills_ = 0;
   Shortfall last_;
+  int stolen_ = 0;  // refills whose units another request takes first: the tokens stay pending
+  std::chrono::milliseconds patience_{0};
 
   std::uint32_t workers() const noexcept override { return 1; }
   TakeResult take(std::uint32_t s, Bucket b, std::uint32_t w, double c, Instant now) override {
@@ -60,10 +62,14 @@ class FakeRemote final : public Limiter {
   void refill(const Shortfall& need, std::uint32_t, std::function<void()> done) override {
     ++refills_;
     last_ = need;
-    pending_tokens_ = false;
+    if (stolen_ > 0)
+      --stolen_;
+    else
+      pending_tokens_ = false;
     streams_full_ = false;
     std::thread([done = std::move(done)] { done(); }).join();
   }
+  std::chrono::milliseconds refill_patience(const Shortfall&) const noexcept override { return patience_; }
   double available(std::uint32_t s, Bucket b) const { return inner_.available(s, b, T0); }
 
  private:
@@ -224,6 +230,69 @@ TEST(AdmissionRemoteTest, AsyncRefillResumesOnTheWorkerThenAdmits) {
   EXPECT_EQ(lim.refills_, 1);
   EXPECT_EQ(lim.last_.count, 4);
   EXPECT_EQ(resumed_on, std::this_thread::get_id()) << "the completion must run on the worker's executor";
+}
+
+// admit_after_refills on a worker: the answer, the refills it waited for.
+struct Waited {
+  bool admitted = false;
+  std::string message;
+};
+Waited admit_waiting(FakeRemote& lim, Admission& a, const auth::Principal& p) {
+  asio::io_context worker;
+  auto task = [&]() -> core::Task<Waited> {
+    Shortfall wait;
+    auto t = a.admit(p, "m", 100, T0, &wait);
+    if (!t && wait.pending)
+      t = co_await admit_after_refills(lim, wait, 0, worker.get_executor(),
+                                       [&](Shortfall* again) { return a.admit(p, "m", 100, T0, again); });
+    co_return Waited{static_cast<bool>(t), t ? std::string() : t.error().message};
+  };
+  auto f = asio::co_spawn(worker, task(), asio::use_future);
+  worker.run();
+  return f.get();
+}
+
+TEST(AdmissionRemoteTest, AWaiterWhoseRefillAnotherRequestTookWaitsAgainWithinThePatience) {
+  // A burst: the units a sync granted for waiting requests went into the
+  // shared lease and requests that had not waited took them; the waiter's
+  // one retry was final, refused while the shared bucket still had units.
+  World w;
+  FakeRemote lim(w.policy->scopes());
+  Admission a(lim, w.pricing, 0);
+  lim.pending_tokens_ = true;
+  lim.stolen_ = 2;
+  lim.patience_ = std::chrono::hours(1);
+  EXPECT_TRUE(admit_waiting(lim, a, w.with_key).admitted);
+  EXPECT_EQ(lim.refills_, 3);
+  EXPECT_TRUE(lim.last_.again);  // the later waits are marked: served by the next regular sync
+  EXPECT_EQ(lim.last_.count, 4);
+}
+
+TEST(AdmissionRemoteTest, WithoutPatienceAWaiterRefillsOnceThenHasTheFinalAnswer) {
+  // Patience 0 (a limiter that failed over or is stopping; the default): one refill, then the bucket's own 429.
+  World w;
+  FakeRemote lim(w.policy->scopes());
+  Admission a(lim, w.pricing, 0);
+  lim.pending_tokens_ = true;
+  lim.stolen_ = 5;
+  const Waited r = admit_waiting(lim, a, w.with_key);
+  EXPECT_FALSE(r.admitted);
+  EXPECT_EQ(lim.refills_, 1);
+  EXPECT_NE(r.message.find("tokens per min"), std::string::npos) << r.message;
+  EXPECT_EQ(r.message.find("refreshing"), std::string::npos) << r.message;
+}
+
+TEST(AdmissionRemoteTest, APatientWaiterStopsWaitingOnceThePatienceIsOver) {
+  World w;
+  FakeRemote lim(w.policy->scopes());
+  Admission a(lim, w.pricing, 0);
+  lim.pending_tokens_ = true;
+  lim.stolen_ = 1000000;
+  lim.patience_ = std::chrono::milliseconds(30);
+  const Waited r = admit_waiting(lim, a, w.with_key);
+  EXPECT_FALSE(r.admitted);
+  EXPECT_GE(lim.refills_, 1);
+  EXPECT_NE(r.message.find("tokens per min"), std::string::npos) << r.message;
 }
 
 }  // namespace
