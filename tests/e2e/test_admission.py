@@ -131,7 +131,7 @@ def test_concurrent_stream_cap_and_release_on_every_path(gw):
     w, m = gw
     client = w.client(api_key="sk-capped")
     # Two slow streams hold both slots; a third is refused; when they end the slots come back.
-    slow = {"x-mock-ttft-ms": "800"}
+    slow = {"x-mock-ttft-ms": "3000"}  # (long enough that both still run when the third asks on a loaded machine)
     results: list[object] = []
 
     def run():

@@ -502,9 +502,10 @@ def test_limits_changed_mid_flight_keep_the_stream_cap_and_the_spend(mock, weir,
         assert r.status_code == 200, r.text
         return r.json()["usage"]
 
-    # A ends first (12 tokens, ~1.2 s), B later (30 tokens, ~3 s): both run across the change.
-    a, ha = stream_request(w, key, f"{change}-a", 12, 100)
-    b, hb = stream_request(w, key, f"{change}-b", 30, 100)
+    # A ends first (30 tokens, ~3 s), B later (60 tokens, ~6 s): both run across the change (a reload on a
+    # loaded machine can take a second or more: a shorter A could end before C asks, freeing its slot).
+    a, ha = stream_request(w, key, f"{change}-a", 30, 100)
+    b, hb = stream_request(w, key, f"{change}-b", 60, 100)
     assert a and b, (ha.status, hb.status)
     assert usage()["streams"]["in_flight"] == 2
 
