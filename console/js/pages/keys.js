@@ -57,7 +57,11 @@ export function render(root, r) {
     load();
   });
 
-  const openForm = () => {
+  let loaded = null; // the first load: the form's tenant choices come from it
+  const openForm = async () => {
+    // (A click before the first load has answered: the form waits for the tenants, else it had none to offer.)
+    await loaded;
+    if (!alive) return;
     const f = keyForm(tenants, async (body) => {
       const gen = sessionGeneration();
       const res = await api("POST", "/admin/v1/keys", body);
@@ -70,7 +74,7 @@ export function render(root, r) {
     f.querySelector("select, input").focus();
   };
 
-  load();
+  loaded = load();
   return () => {
     alive = false;
   };
