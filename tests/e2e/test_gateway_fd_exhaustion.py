@@ -63,6 +63,14 @@ def gateway(mock, weir, **pool):
                      "admin": {"listen": f"127.0.0.1:{admin_port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}},
              workers=1, env=ENV)
     wait_until(lambda: _listening(admin_port), 5, message="admin listener")
+    # Each listener's queue of connections not yet accepted is empty before a test takes the descriptors away: the
+    # readiness probes above connect and close, and an accept(2) still owed for one would fail (and count) under the
+    # shortage. accept(2) takes connections in order, so one answered request on a new connection means every
+    # earlier one was accepted.
+    for port, token in ((w.port, None), (admin_port, TOKEN)):
+        drained = Kept(port, token)
+        assert drained.get("/ready").status == 200
+        drained.conn.close()
     return m, w, admin_port
 
 
