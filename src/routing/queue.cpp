@@ -1,5 +1,7 @@
 #include "routing/queue.hpp"
 
+#include <algorithm>
+
 namespace weir::routing {
 
 std::string_view shed_reason_label(ShedReason r) {
@@ -29,16 +31,31 @@ void PoolQueue::unlink(QueueWaiter& w) {
 
 bool PoolQueue::push(QueueWaiter& w, QueueWaiter*& displaced) {
   displaced = nullptr;
+  // Its tag: one past its flow's newest waiter of its priority (found from the tail, past the lower priorities:
+  // O(1) with one flow), else the clock, so a flow with nothing waiting goes next among its equals.
+  w.tag = clock_;
+  QueueWaiter* p = tail_;
+  while (p && p->priority < w.priority) p = p->prev;
+  for (; p && p->priority == w.priority; p = p->prev) {
+    if (p->flow == w.flow) {
+      w.tag = std::max(w.tag, p->tag + 1);
+      break;
+    }
+  }
+  // Whether `a` goes before `b`: a higher priority, or a lower tag at the same one.
+  const auto before = [](const QueueWaiter& a, const QueueWaiter& b) {
+    return a.priority != b.priority ? a.priority > b.priority : a.tag < b.tag;
+  };
   if (waiting_ >= cfg_->size) {
-    // Full: the lowest priority goes, the newest of equals (the tail, or the newcomer).
-    if (!tail_ || w.priority <= tail_->priority) return false;
+    // Full: the last in order goes (the tail, or the newcomer): the lowest priority, the most-queued flow's newest.
+    if (!tail_ || !before(w, *tail_)) return false;
     displaced = tail_;
     unlink(*displaced);
     wake(*displaced, QueueWaiter::Verdict::shed);
   }
-  // Behind every waiter of its priority or higher: walk from the tail (equal priorities: O(1)).
+  // Behind every waiter that goes before it or ties with it: walk from the tail (one flow, equal priorities: O(1)).
   QueueWaiter* after = tail_;
-  while (after && after->priority < w.priority) after = after->prev;
+  while (after && before(w, *after)) after = after->prev;
   w.prev = after;
   w.next = after ? after->next : head_;
   (w.next ? w.next->prev : tail_) = &w;
@@ -72,6 +89,7 @@ QueueWaiter* PoolQueue::admit_next(bool saturated) {
   if (!head_ || saturated || !has_room()) return nullptr;
   QueueWaiter* w = head_;
   unlink(*w);
+  clock_ = std::max(clock_, w->tag);
   ++active_;
   wake(*w, QueueWaiter::Verdict::admitted);
   return w;

@@ -2,13 +2,20 @@
 // docs/reliability.md#overload): a gate (fewer than max_concurrent
 // requests of this worker on the pool, and the pool not saturated) and,
 // behind it, a bounded list of waiting requests ordered by priority (higher
-// first, then arrival). When the list is full the lowest-priority request
-// (of the waiting ones and the newcomer; the newest among equals) is shed.
+// first) and, among equals, fairly between flows (tenants): start-time fair
+// queuing, each waiter's tag one past its flow's last waiting one at its
+// priority, or the queue's clock (the last admitted tag) when its flow has
+// none waiting, so a tenant with 60 waiting and one with 1 alternate rather
+// than the second waiting behind all 60; arrival order among equal tags.
+// When the list is full the last in that order (of the waiting ones and the
+// newcomer) is shed: the lowest priority, the newest request of the flow
+// with the most waiting.
 //
 // Per worker, as every pool state is (shared-nothing): with N workers a
 // pool sees up to N x max_concurrent requests and N x size waiting. The
 // waiters are linked in place (their request contexts): no allocation, O(1)
-// for the common case of equal priorities (O(waiting) worst case to insert).
+// for the common case of one flow and equal priorities (O(waiting) worst
+// case to insert).
 #pragma once
 
 #include <cstdint>
@@ -39,6 +46,10 @@ struct QueueWaiter {
     joined,    // let out to join a micro-batch or coalesced generation that opened (release_joiners): not active
   };
   int priority = 0;  // higher goes first (0..100)
+  // Its flow (the tenant's name; empty without auth): waiters of one priority are served in turn between flows.
+  // Viewed, not owned: the request's principal keeps it alive while it waits.
+  std::string_view flow;
+  std::uint64_t tag = 0;  // its start tag (set by push): the order among waiters of one priority
   // A batchable request's compatibility key (batching::BatchMember::key),
   // and whether it would coalesce; empty: not batchable.
   std::string_view batch_key;
@@ -64,16 +75,19 @@ class PoolQueue {
     ++active_;
     return true;
   }
-  // Queues `w` behind every waiter of its priority or higher. When `size`
-  // are waiting already, the lowest-priority waiter (the newest among
-  // equals) is shed for `w` when `w` is higher, and returned (its verdict
-  // shed, its timer cancelled); otherwise `w` is not queued (verdict stays
-  // none) and false is returned. `displaced` is set to the shed waiter or null.
+  // Queues `w` behind every waiter of a higher priority and, at its own,
+  // behind those of a tag at most its own (its tag: one past its flow's last
+  // waiter's at this priority, at least the queue's clock). When `size` are
+  // waiting already, the last waiter (lowest priority, highest tag) is shed
+  // for `w` when `w` would go before it, and returned (its verdict shed, its
+  // timer cancelled); otherwise `w` is not queued (verdict stays none) and
+  // false is returned. `displaced` is set to the shed waiter or null.
   bool push(QueueWaiter& w, QueueWaiter*& displaced);
   // Unlinks a waiter that gives up (its timeout or deadline passed, its client left).
   void leave(QueueWaiter& w);
-  // Lets the highest-priority waiter through when the gate is open: its
-  // verdict becomes admitted (it is active), its timer is cancelled.
+  // Lets the first waiter through when the gate is open (highest priority,
+  // lowest tag): its verdict becomes admitted (it is active), its timer is
+  // cancelled, and its tag is the queue's clock.
   // Returns it, or null when nobody waits or the gate is shut.
   QueueWaiter* admit_next(bool saturated);
   // A micro-batch or coalesced generation with `key` opened (it holds its
@@ -99,6 +113,7 @@ class PoolQueue {
   QueueWaiter* tail_ = nullptr;
   std::uint32_t waiting_ = 0;
   std::uint32_t active_ = 0;
+  std::uint64_t clock_ = 0;  // the fair-queuing clock: the highest tag admitted so far
 };
 
 }  // namespace weir::routing

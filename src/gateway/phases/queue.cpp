@@ -57,6 +57,7 @@ core::Task<Outcome> GatewayPhases::enter_pool(RequestContext& ctx, std::string_v
   waiter.priority = priority;
   waiter.batch_key = batch_key;
   waiter.coalesce = coalesce;
+  if (ctx.principal) waiter.flow = ctx.principal->tenant_name();  // served in turn with other tenants' requests
   core::Timer timer(w_.io().get_executor());
   waiter.timer = &timer;
   routing::QueueWaiter* displaced = nullptr;

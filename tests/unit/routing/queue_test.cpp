@@ -1,6 +1,8 @@
 // routing::PoolQueue, a pool's admission queue on one worker: the gate
-// (max_concurrent, saturation), priority order with arrival order among
-// equals, the lowest priority shed first when full, and waiters that leave.
+// (max_concurrent, saturation), priority order with tenants (flows) served
+// in turn among equals, arrival order within a flow, the lowest priority
+// and the most-queued flow's newest shed first when full, and waiters that
+// leave.
 #include "routing/queue.hpp"
 
 #include <array>
@@ -98,6 +100,79 @@ TEST(PoolQueue, AFullQueueShedsTheLowestPriorityNewestFirst) {
   EXPECT_EQ(q.waiting(), 3u);
   q.done();
   EXPECT_EQ(admit_all(q, w), (std::vector<int>{4, 0, 5}));
+}
+
+// A tenant with many waiting and one with few alternate: the second is not
+// behind all of the first's (start-time fair queuing among equal priorities).
+TEST(PoolQueue, TenantsOfOnePriorityAreServedInTurn) {
+  const auto c = config(8, 1);
+  PoolQueue q(c);
+  ASSERT_TRUE(q.try_enter(false));
+  std::array<QueueWaiter, 8> w{};
+  QueueWaiter* displaced = nullptr;
+  const char* flow[] = {"a", "a", "a", "a", "b", "c", "b", "a"};
+  for (int i = 0; i < 8; ++i) {
+    w[i].flow = flow[i];
+    ASSERT_TRUE(q.push(w[i], displaced));
+  }
+  q.done();
+  // Rounds: a0 b4 c5 (the flows' first), a1 b6, a2, a3, a7.
+  EXPECT_EQ(admit_all(q, w), (std::vector<int>{0, 4, 5, 1, 6, 2, 3, 7}));
+}
+
+// A flow that had nothing waiting starts at the queue's clock: after what
+// was admitted, not ahead of the waiters of the round being served, and not
+// behind the other flow's whole backlog.
+TEST(PoolQueue, AFlowArrivingLaterJoinsTheCurrentRound) {
+  const auto c = config(8, 1);
+  PoolQueue q(c);
+  ASSERT_TRUE(q.try_enter(false));
+  std::array<QueueWaiter, 8> w{};
+  QueueWaiter* displaced = nullptr;
+  for (int i = 0; i < 5; ++i) {
+    w[i].flow = "a";
+    ASSERT_TRUE(q.push(w[i], displaced));
+  }
+  q.done();
+  ASSERT_EQ(q.admit_next(false), &w[0]);
+  ASSERT_EQ(q.admit_next(true), nullptr);
+  q.done();
+  ASSERT_EQ(q.admit_next(false), &w[1]);  // the clock is at a's second request
+  w[5].flow = "b";
+  ASSERT_TRUE(q.push(w[5], displaced));
+  w[6].flow = "b";
+  ASSERT_TRUE(q.push(w[6], displaced));
+  q.done();
+  EXPECT_EQ(admit_all(q, w), (std::vector<int>{5, 2, 6, 3, 4}));
+}
+
+// Full, with one tenant's backlog: another tenant's newcomer of the same
+// priority displaces that backlog's newest, instead of being refused.
+TEST(PoolQueue, AFullQueueShedsTheMostQueuedTenantsNewest) {
+  const auto c = config(4, 1);
+  PoolQueue q(c);
+  ASSERT_TRUE(q.try_enter(false));
+  std::array<QueueWaiter, 8> w{};
+  QueueWaiter* displaced = nullptr;
+  for (int i = 0; i < 4; ++i) {
+    w[i].flow = "a";
+    ASSERT_TRUE(q.push(w[i], displaced));
+  }
+  w[4].flow = "a";
+  EXPECT_FALSE(q.push(w[4], displaced)) << "the flow with the whole queue gets no more";
+  w[5].flow = "b";
+  ASSERT_TRUE(q.push(w[5], displaced));
+  EXPECT_EQ(displaced, &w[3]);
+  EXPECT_EQ(w[3].verdict, V::shed);
+  w[6].flow = "b";
+  ASSERT_TRUE(q.push(w[6], displaced));
+  EXPECT_EQ(displaced, &w[2]) << "b has 1 waiting, a 3: a's newest goes";
+  w[7].flow = "b";
+  EXPECT_FALSE(q.push(w[7], displaced)) << "two each: the newcomer is the last in order";
+  EXPECT_EQ(displaced, nullptr);
+  // A lower priority is still shed before any flow's fair share.
+  q.done();
+  EXPECT_EQ(admit_all(q, w), (std::vector<int>{0, 5, 1, 6}));
 }
 
 TEST(PoolQueue, AWaiterThatLeavesIsUnlinkedAndSizeZeroShedsAtOnce) {
