@@ -80,19 +80,24 @@ struct PyParam {
   std::string key;  // lowercased when the parameter has a value, as _parseparam does
   std::string value;
 };
-// The parameters after the first (the disposition type, returned in `type`).
-std::vector<PyParam> python_params(std::string_view header, std::string_view& type) {
-  std::vector<PyParam> out;
+// More parameters than this in one header is refused: no form needs them, and each is a copy of its text.
+constexpr std::size_t kMaxParams = 32;
+
+// The parameters after the first (the disposition type, returned in `type`), in `out`. False when the
+// header has more than kMaxParams. One pass: linear in the header's length.
+bool python_params(std::string_view header, std::string_view& type, std::vector<PyParam>& out) {
+  out.clear();
   std::string_view s = header;
   bool first = true;
   for (;;) {
-    // A ';' ends the parameter unless an odd number of quotes (not counting \") precede it.
+    // A ';' ends the parameter unless an odd number of quotes (not counting \") precede it in the
+    // parameter: the count runs once over the parameter, up to each ';' in turn.
+    std::size_t counted = 0, quotes = 0, escaped = 0;
     const auto odd = [&](std::size_t end) {
-      std::size_t quotes = 0, escaped = 0;
-      for (std::size_t i = 0; i < end; ++i)
-        if (s[i] == '"') {
+      for (; counted < end; ++counted)
+        if (s[counted] == '"') {
           ++quotes;
-          if (i > 0 && s[i - 1] == '\\') ++escaped;
+          if (counted > 0 && s[counted - 1] == '\\') ++escaped;
         }
       return (quotes - escaped) % 2 != 0;
     };
@@ -102,6 +107,8 @@ std::vector<PyParam> python_params(std::string_view header, std::string_view& ty
     if (first) {
       type = py_strip(f);
       first = false;
+    } else if (out.size() == kMaxParams) {
+      return false;
     } else if (const auto eq = f.find('='); eq != std::string_view::npos) {
       std::string key(py_strip(f.substr(0, eq)));
       for (auto& c : key)
@@ -114,7 +121,7 @@ std::vector<PyParam> python_params(std::string_view header, std::string_view& ty
     if (end == std::string_view::npos) break;
     s.remove_prefix(end + 1);
   }
-  return out;
+  return true;
 }
 
 // The next line of a part head, without its CRLF.
@@ -166,7 +173,10 @@ tl::expected<std::string_view, std::string> form_boundary(std::string_view conte
   int py_count = 0;
   bool same = true;
   std::string_view charset;
-  const auto params = python_params(content_type, type);
+  std::vector<PyParam> params;
+  if (!python_params(content_type, type, params))
+    return tl::unexpected("The multipart/form-data Content-Type has more than " + std::to_string(kMaxParams) +
+                          " parameters.");
   for (const auto& p : params) {
     if (p.key == "boundary") {
       ++py_count;
@@ -196,16 +206,17 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
                                                             std::size_t max_parts) {
   std::string delim = "\r\n--";
   delim += boundary;
-  // The first delimiter may open the body (no preamble) or follow a preamble's CRLF.
-  std::size_t pos = 0;
-  if (body.substr(0, delim.size() - 2) == std::string_view(delim).substr(2)) {
-    pos = delim.size() - 2;
-  } else {
-    pos = body.find(delim);
-    if (pos == std::string_view::npos)
-      return tl::unexpected(std::string("The multipart body does not contain its boundary."));
-    pos += delim.size();
-  }
+  // The first delimiter opens the body, after any CR and LF bytes: python-multipart (vLLM's form parser)
+  // skips those and reads no other preamble. RFC 2046 allows one, but a preamble Weir skipped to a
+  // delimiter after it is where the upstream would read parts (a prompt, stream=true) Weir never saw:
+  // refused, as is a body that does not begin with its delimiter at all.
+  std::size_t pos = body.find_first_not_of("\r\n");
+  if (pos == std::string_view::npos) pos = body.size();
+  if (body.substr(pos, delim.size() - 2) != std::string_view(delim).substr(2))
+    return tl::unexpected(std::string(body.find(std::string_view(delim).substr(2)) == std::string_view::npos
+                                          ? "The multipart body does not contain its boundary."
+                                          : "The multipart body must begin with its boundary (no preamble)."));
+  pos += delim.size() - 2;
   std::vector<FormPart> parts;
   for (;;) {
     // After a delimiter: "--" closes the body; else a line end. (RFC 2046's
@@ -244,7 +255,10 @@ tl::expected<std::vector<FormPart>, std::string> parse_form(std::string_view bod
         if (disposition)
           return tl::unexpected(std::string("A multipart part has more than one Content-Disposition header."));
         std::string_view type;
-        const auto params = python_params(value, type);
+        std::vector<PyParam> params;
+        if (!python_params(value, type, params))
+          return tl::unexpected("A multipart part's Content-Disposition has more than " + std::to_string(kMaxParams) +
+                                " parameters.");
         if (!iequals(type, "form-data"))
           return tl::unexpected(std::string("A multipart part's Content-Disposition is not form-data."));
         disposition = true;

@@ -28,14 +28,16 @@ struct FormPart {
 // (media type and parameter names case-insensitive; the boundary quoted or
 // not, 1..70 characters, RFC 2046 §5.1.1). Errors (a sentence for a 400):
 // another media type, no boundary, two boundary parameters, an empty or
-// too long one.
+// too long one, more than 32 parameters.
 tl::expected<std::string_view, std::string> form_boundary(std::string_view content_type);
 
-// The parts of `body`, in order. The body is: an optional preamble, then
-// "--boundary" parts each preceded by a CRLF-delimited delimiter line, and
-// the close delimiter "--boundary--"; each part is header lines, an empty
-// line, then its content (RFC 2046 §5.1.1). Bare LF line ends are accepted
-// in part heads. Errors (a sentence for a 400): no first delimiter, a part
+// The parts of `body`, in order. The body is: any CR and LF bytes (no other
+// preamble: vLLM's python-multipart reads none), then "--boundary" parts
+// each preceded by a CRLF-delimited delimiter line, and the close delimiter
+// "--boundary--"; each part is header lines ending in CRLF, an empty line,
+// then its content (RFC 2046 §5.1.1). Linear in the body's length. Errors (a
+// sentence for a 400): no first delimiter, a preamble, a header with more
+// than 32 parameters, a part
 // without a head or without a Content-Disposition of form-data, a part
 // with two Content-Disposition headers or two name parameters or an RFC
 // 2231 name* (RFC 7578 §4.2 forbids it; the upstream would decode it and

@@ -10,7 +10,7 @@ namespace weir::core {
 namespace {
 
 const std::string kBody =
-    "preamble, ignored\r\n"
+    "\r\n\n\r"  // (CR and LF before the first delimiter are skipped, as python-multipart does)
     "--XyZ\r\n"
     "Content-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n"
     "Content-Type: audio/wav\r\n"
@@ -169,6 +169,45 @@ TEST(Multipart, MalformedBodiesAreErrors) {
   many += "--b--";
   EXPECT_TRUE(parse_form(many, "b", 3));
   EXPECT_FALSE(parse_form(many, "b", 2));
+}
+
+// A preamble is refused: python-multipart (vLLM's form parser) skips CR and LF before the first delimiter
+// and reads from there, so a part behind "\n--b\r\n" (a prompt, stream=true) was the upstream's and not
+// Weir's, which skipped to the first CRLF-delimiter.
+TEST(Multipart, NoPreambleButLeadingLineEnds) {
+  const std::string form =
+      "--b\r\nContent-Disposition: form-data; name=\"stream\"\r\n\r\ntrue\r\n"
+      "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b--";
+  for (const char* lead : {"\n", "\r", "\r\n\n", "\n\r\n\r\n"}) {
+    auto parts = parse_form(lead + form, "b");
+    ASSERT_TRUE(parts) << parts.error();
+    ASSERT_EQ(parts->size(), 2u);
+    EXPECT_EQ((*parts)[0].name, "stream");
+  }
+  for (const char* lead : {"preamble\r\n", " \r\n", "x", "\t"}) {
+    auto parts = parse_form(lead + form, "b");
+    ASSERT_FALSE(parts) << lead;
+    EXPECT_NE(parts.error().find("preamble"), std::string::npos) << parts.error();
+  }
+}
+
+// Parameters are split in one pass (a ';' inside quotes is looked at once, not once per ';' before it:
+// 256 KiB of them took minutes), and a header with more than 32 parameters is refused.
+TEST(Multipart, HeadersAreReadInLinearTimeWithBoundedParameters) {
+  std::string name(256 * 1024, ';');
+  auto parts = parse_form("--b\r\nContent-Disposition: form-data; name=\"x" + name + "\"\r\n\r\n1\r\n--b--", "b");
+  ASSERT_TRUE(parts) << parts.error();
+  EXPECT_EQ((*parts)[0].name, "x" + name);
+  std::string many = "--b\r\nContent-Disposition: form-data; name=x";
+  for (int i = 0; i < 31; ++i) many += "; a=b";
+  EXPECT_TRUE(parse_form(many + "\r\n\r\n1\r\n--b--", "b"));
+  EXPECT_FALSE(parse_form(many + "; a=b\r\n\r\n1\r\n--b--", "b"));
+  EXPECT_FALSE(parse_form(
+      "--b\r\nContent-Disposition: form-data; name=x" + std::string(100000, ';') + "\r\n\r\n1\r\n--b--", "b"));
+  std::string ct = "multipart/form-data; boundary=b";
+  for (int i = 0; i < 40; ++i) ct += "; a=b";
+  EXPECT_FALSE(form_boundary(ct));
+  EXPECT_TRUE(form_boundary("multipart/form-data; charset=utf-8; x=\"" + std::string(60000, ';') + "\"; boundary=b"));
 }
 
 TEST(Multipart, ReplaceAndAppendKeepTheRestByteForByte) {
