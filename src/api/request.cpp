@@ -769,7 +769,12 @@ tl::expected<RequestFields, core::Error> parse_audio_request(std::string_view co
   if (!file || !file->has_filename)
     return tl::unexpected(core::bad_request("you must provide the audio as a 'file' part with a filename", "file"));
   // An empty model field is vLLM's served model, as in a JSON body: the default pool's.
-  if (const auto* m = core::find_part(*parts, "model")) f.model.assign(m->value);
+  if (const auto* m = core::find_part(*parts, "model")) {
+    // A file part named model: Starlette hands vLLM an upload, not the name Weir would route by.
+    if (m->has_filename)
+      return tl::unexpected(core::bad_request("'model' must be a text field of the form, not a file.", "model"));
+    f.model.assign(m->value);
+  }
   for (const auto& [name, out] :
        {std::pair{"stream", &f.stream}, std::pair{"stream_include_usage", &f.include_usage}}) {
     const auto* p = core::find_part(*parts, name);

@@ -96,3 +96,18 @@ def test_a_huge_quoted_name_is_read_in_one_pass(weir, upstream):
             + part("file", b"RIFFxxxx", "a.wav") + part("model", b"whisper") + b"--B--\r\n")
     r = httpx.post(w.v1 + "/audio/transcriptions", content=body, headers={"content-type": CT}, timeout=60)
     assert r.status_code == 400 and "parameters" in r.json()["error"]["message"], r.text
+
+
+# DEFECT: two Content-Type lines were forwarded as they came, Weir reading the form by the first one's boundary; a
+# server reading the last (gunicorn's environ does) parses another form. A model part sent as a file was routed by
+# its bytes, while Starlette hands vLLM an upload there. Both are 400s now.
+def test_two_content_types_and_a_model_file_are_refused(weir, upstream):
+    w = weir(config={"pools": {"p": {"endpoints": [upstream.url]}}, "models": {"whisper": {"pool": "p"}}}, workers=1)
+    form = part("file", b"RIFFxxxx", "a.wav") + part("model", b"whisper") + b"--B--\r\n"
+    r = httpx.post(w.v1 + "/audio/transcriptions", content=form,
+                   headers=[("content-type", CT), ("content-type", "multipart/form-data; boundary=C")], timeout=10)
+    assert r.status_code == 400 and "Content-Type" in r.json()["error"]["message"], r.text
+    form = part("file", b"RIFFxxxx", "a.wav") + part("model", b"whisper", "model.txt") + b"--B--\r\n"
+    r = httpx.post(w.v1 + "/audio/transcriptions", content=form, headers={"content-type": CT}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "model", r.text
+    assert not upstream.seen
