@@ -27,6 +27,9 @@ def sha(key: str) -> str:
 # ------------------------------------------------------- a batch or a generation waits in the queue
 
 SLOW = ("--ttft-ms", "1500", "--itl-ms", "5", "--max-tokens", "4")
+# A request that holds the pool's one place while the test sends others to wait for it: long enough for
+# them to get there on a loaded machine (the mock's 1.5 s was not, at load 15-20).
+HOLD = {"x-mock-ttft-ms": "6000"}
 
 
 def queued_batching(up, mode: str, size: int, window: str, max_size: int):
@@ -50,10 +53,12 @@ def test_a_request_that_opens_a_batch_waits_for_the_pools_queue(mock, weir, mode
     pool, path, text_body = queued_batching(up, mode, size=4, window="10ms", max_size=2)
     body = lambda i: text_body(f"distinct {i}")
     w = weir(config={"pools": {"gpu": pool}, "default_pool": "gpu"}, workers=1)
-    with cf.ThreadPoolExecutor(2) as ex:
-        first = ex.submit(httpx.post, w.base_url + path, json=body(0), timeout=30)
+    # The first runs long enough for the second to be seen waiting on a loaded machine (HOLD); one HTTP
+    # client made before, shared.
+    with cf.ThreadPoolExecutor(2) as ex, httpx.Client(base_url=w.base_url, timeout=30) as c:
+        first = ex.submit(c.post, path, json=body(0), headers=HOLD)
         wait_until(lambda: up.metric("vllm:num_requests_running") == 1, timeout=10, message="the first upstream")
-        second = ex.submit(httpx.post, w.base_url + path, json=body(1), timeout=30)
+        second = ex.submit(c.post, path, json=body(1))
         wait_until(lambda: w.metric("weir_queue_waiting", pool="gpu") == 1, timeout=10,
                    message="the second request waiting in the queue")
         assert up.metric("vllm:num_requests_running") == 1
@@ -76,10 +81,12 @@ def test_requests_waiting_in_the_queue_join_the_batch_that_opens(mock, weir, mod
     # Identical requests coalesce; micro-batch members differ only in their prompts.
     waiting = (lambda i: body("same")) if mode == "coalesce" else (lambda i: body(f"member {i}"))
     w = weir(config={"pools": {"gpu": pool}, "default_pool": "gpu"}, workers=1)
-    with cf.ThreadPoolExecutor(5) as ex:
-        blocker = ex.submit(httpx.post, w.base_url + path, json=body("blocker"), timeout=30)
+    # The blocker holds the place until all four wait, on a loaded machine too (HOLD; one HTTP client made
+    # before, shared: not one per request costing ~50 ms of CPU each after the blocker started).
+    with cf.ThreadPoolExecutor(5) as ex, httpx.Client(base_url=w.base_url, timeout=30) as c:
+        blocker = ex.submit(c.post, path, json=body("blocker"), headers=HOLD)
         wait_until(lambda: up.metric("vllm:num_requests_running") == 1, timeout=10, message="the blocker upstream")
-        queued = [ex.submit(httpx.post, w.base_url + path, json=waiting(i), timeout=30) for i in range(4)]
+        queued = [ex.submit(c.post, path, json=waiting(i)) for i in range(4)]
         wait_until(lambda: w.metric("weir_queue_waiting", pool="gpu") == 4, timeout=10, message="4 waiting")
         assert blocker.result().status_code == 200
         assert [f.result().status_code for f in queued] == [200] * 4
