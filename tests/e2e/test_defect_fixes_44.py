@@ -353,19 +353,19 @@ def test_a_drained_workers_counts_stay_in_metrics_while_the_others_drain(mock, w
     # Prometheus as a reset). Its last counts are kept and merged.
     import os
     import signal
-    import threading
 
     from conftest import free_port
-    m = mock("--ttft-ms", "5", "--itl-ms", "20", "--max-tokens", "150", "--any-model")
+    from httpwire import RawConn, request
+    m = mock("--ttft-ms", "5", "--itl-ms", "20", "--max-tokens", "1000", "--any-model")
     aport = free_port()
     token = "admin-token-0123456789"
-    w = weir(config={"server": {"drain_timeout": "10s"}, "pools": {"a": {"endpoints": [m.base_url]}},
+    w = weir(config={"server": {"drain_timeout": "60s"}, "pools": {"a": {"endpoints": [m.base_url]}},
                      "models": {"m": {"pool": "a"}},
                      "admin": {"listen": f"127.0.0.1:{aport}", "token_env": "WEIR_T44_ADMIN"}},
              workers=2, env={"WEIR_T44_ADMIN": token})
-    for _ in range(30):  # on new connections: both workers serve some
-        httpx.post(w.v1 + "/chat/completions", json={"model": "m", "max_tokens": 2, "messages": MSG},
-                   headers={"connection": "close"}, timeout=10)
+    with httpx.Client(timeout=10, limits=httpx.Limits(max_keepalive_connections=0)) as c:
+        for _ in range(30):  # on new connections: both workers serve some
+            c.post(w.v1 + "/chat/completions", json={"model": "m", "max_tokens": 2, "messages": MSG})
     admin = f"http://127.0.0.1:{aport}"
 
     def requests_total() -> float:
@@ -374,23 +374,33 @@ def test_a_drained_workers_counts_stay_in_metrics_while_the_others_drain(mock, w
                    if line.startswith("weir_requests_total{"))
     wait_until(lambda: requests_total() >= 30, 5)
     before = requests_total()
-    done = threading.Event()
 
-    def stream():
-        with httpx.stream("POST", w.v1 + "/chat/completions", json={"model": "m", "stream": True, "messages": MSG},
-                          timeout=30) as r:
-            r.read()
-        done.set()
-    t = threading.Thread(target=stream)
-    t.start()
-    wait_until(lambda: w.metric("weir_active_streams") == 1, 5)
+    def weir_threads() -> int:
+        """weir's threads called "weir" (the control thread, the signal thread, the workers; its other threads
+        name themselves): one fewer once a drained worker's loop stopped and its thread ended."""
+        n = 0
+        for t in os.listdir(f"/proc/{w.process.pid}/task"):
+            try:
+                n += open(f"/proc/{w.process.pid}/task/{t}/comm").read().strip() == "weir"
+            except FileNotFoundError:
+                pass  # (a thread that exited)
+        return n
+
+    # A stream that outlasts the test's scrapes however slow they are (20 s; the drain waits 60), held on a
+    # raw connection the test closes when done.
+    stream = RawConn(w.port, timeout=30)
+    stream.send(request("POST", "/v1/chat/completions", {"model": "m", "stream": True, "messages": MSG}))
+    stream.read_head()
+    wait_until(lambda: w.metric("weir_active_streams") == 1, 10)
+    threads = weir_threads()
     os.kill(w.process.pid, signal.SIGTERM)
-    # The worker without the stream drains at once and stops; the other one serves its stream on.
-    for _ in range(5):
-        if done.is_set():
-            break
+    # The worker without the stream drains at once and stops (its thread ends); the other one serves its stream
+    # on. Scrapes from then on read the stopped worker's counts.
+    wait_until(lambda: weir_threads() == threads - 1, 10, message="the idle worker stopped")
+    for _ in range(3):
         assert requests_total() >= before
-    t.join()
+    stream.close()  # the stream's worker ends its drain: weir stops
+    assert w.process.popen.wait(30) == 0
 
 
 def test_a_sighup_with_a_readerless_pipe_as_access_log_does_not_freeze_the_gateway(tmp_path, mock, processes):
