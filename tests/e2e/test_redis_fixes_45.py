@@ -25,9 +25,10 @@ def config(mock, redis, tenant: dict, **redis_extra) -> dict:
     return cfg
 
 
-def call(w) -> httpx.Response:
-    return httpx.post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {KEY}"}, timeout=30,
-                      json={"model": "m", "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]})
+def call(w, client: httpx.Client | None = None) -> httpx.Response:
+    return (client or httpx).post(w.v1 + "/chat/completions", headers={"authorization": f"Bearer {KEY}"},
+                                  timeout=30, json={"model": "m", "max_tokens": 1,
+                                                    "messages": [{"role": "user", "content": "x"}]})
 
 
 def lines(w, text: str) -> int:
@@ -81,12 +82,16 @@ def test_fail_open_under_oom_uses_the_local_limits_without_flapping(mock, weir, 
     cfg = config(m, redis, {"limits": {"requests_per_minute": 10}}, fail_open=True)
     w = weir(config=cfg)
     assert call(w).status_code == 200
+    broken = time.monotonic()
     redis.cli("CONFIG", "SET", "maxmemory", "100kb")
     wait_until(lambda: w.metric("weir_redis_degraded") == 1, 10, interval=0.05,
                message="degraded once Redis answers OOM")
-    statuses = [call(w).status_code for _ in range(30)]
-    # The local fallback (10 a minute, x fail_open_share 1): at most one bucket in the whole outage.
-    assert statuses.count(200) <= 10, statuses
+    with httpx.Client(timeout=30) as c:  # one client: 30 of their own took seconds on a loaded machine
+        statuses = [call(w, c).status_code for _ in range(30)]
+    outage = time.monotonic() - broken
+    # The local fallback (10 a minute, x fail_open_share 1): one bucket in the whole outage, and what it refilled
+    # meanwhile (one every 6 s: the outage lasts a second or so, more on a loaded machine).
+    assert statuses.count(200) <= 10 + int(outage / 6), (outage, statuses)
     assert set(statuses) <= {200, 429}, statuses
     assert w.metric("weir_redis_outages_total") == 1
     assert lines(w, "unusable (OOM") == 1, w.process.log()
