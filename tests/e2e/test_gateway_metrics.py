@@ -184,7 +184,7 @@ def test_itl_histogram_counts_each_data_event_after_the_first(stack):
     before = parse_prometheus(w.metrics_text())
     count0 = value(before, "weir_inter_token_latency_seconds_count", model="m")
     events = 0
-    for itl in ("3", "20"):
+    for itl in ("3", "400"):
         i = rid("itl")
         r = chat(w, "sk-acme", i, stream=True, **{"x-mock-itl-ms": itl})
         assert r.status_code == 200
@@ -193,9 +193,15 @@ def test_itl_histogram_counts_each_data_event_after_the_first(stack):
     assert value(s, "weir_inter_token_latency_seconds_count", model="m") == count0 + events
     b = histogram(s, "weir_inter_token_latency_seconds", model="m")
     b0 = histogram(before, "weir_inter_token_latency_seconds", model="m")
-    # The 20 ms stream's gaps are above 16 ms; most of the 3 ms stream's are not.
+    # The gaps are in seconds, each in its bucket. Weir times an event when it reads it: on a loaded machine a
+    # late read shortens the gaps after it (two events read at once are 0 s apart), so what holds for sure is
+    # that the 400 ms stream's events (due 2 s apart from first to last) do not all come within 16 ms of each
+    # other, and that its gaps add up to most of those 2 s.
     slow = (b["+Inf"] - b["0.016"]) - (b0["+Inf"] - b0["0.016"])
-    assert 4 <= slow <= events, (slow, events)
+    assert 1 <= slow <= events, (slow, events)
+    spent = value(s, "weir_inter_token_latency_seconds_sum", model="m") - value(
+        before, "weir_inter_token_latency_seconds_sum", model="m")
+    assert spent >= 1.0, spent
 
 
 def test_ttft_buckets_tell_50_from_90_ms(stack):

@@ -231,10 +231,11 @@ def test_metrics_prometheus_text(stack):
                  "weir_slow_client_cutoffs", "weir_sse_events"):
         assert fams[name].type == "counter", name
 
-    # the active-streams gauge follows a stream in flight, and comes back to 0
+    # the active-streams gauge follows a stream in flight, and comes back to 0 (a 5 s stream: the scrape may
+    # take a second or more on a loaded machine, and must come while it runs)
     conn = RawConn(w.port)
     conn.send(request("POST", "/v1/chat/completions", {"model": "public", "messages": MSG, "stream": True},
-                      {"x-mock-itl-ms": "100"}))
+                      {"x-mock-itl-ms": "1000"}))
     conn.read_head()
     assert sample(families(w), "weir_active_streams") == 1
     body = b"".join(conn.iter_chunks())
