@@ -43,6 +43,8 @@ Polling
     Conditions worth waiting for, rather than a sleep standing for them:
     ``read_by_peer(sock)`` (the process at the other end read all that was sent:
     e.g. a request that must be in Weir before the next one is sent),
+    ``unread_by_peer(sock) > 0`` (what was sent waits in the peer's socket: e.g.
+    for a SIGSTOPped Weir to find on SIGCONT),
     ``listens(port)`` (false once a draining weir closed its listener),
     ``connections_to(port)``, a metric, a log line. A deadline guards a
     slow-but-correct event generously (it costs nothing when things pass); a
@@ -128,11 +130,10 @@ def connections_to(port: int) -> int:
     return sum(1 for _, remote, state, _ in _ports.tcp_sockets() if state == "01" and remote == port)
 
 
-def read_by_peer(sock: socket.socket) -> bool:
-    """True once the process at the other end of the loopback TCP connection ``sock`` has read every byte sent on
-    it: the peer's socket (local and remote ports swapped) has an empty receive queue in /proc/net/tcp{,6}. What
-    a test sent is then in that process, not in the kernel: a readiness condition, e.g. for requests whose order
-    of arrival matters (wait_until(lambda: read_by_peer(s), ...))."""
+def unread_by_peer(sock: socket.socket) -> int | None:
+    """Bytes sent on the loopback TCP connection ``sock`` that the process at the other end has not read yet: the
+    receive queue of the peer's socket (local and remote ports swapped) in /proc/net/tcp{,6}; None if there is no
+    such socket (gone). A socket still in its listener's accept queue counts: the bytes are there for it."""
     mine, peer = sock.getsockname()[1], sock.getpeername()[1]
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
@@ -143,8 +144,16 @@ def read_by_peer(sock: socket.socket) -> bool:
             parts = line.split()
             local, remote = int(parts[1].rsplit(":", 1)[1], 16), int(parts[2].rsplit(":", 1)[1], 16)
             if local == peer and remote == mine:
-                return int(parts[4].split(":")[1], 16) == 0
-    return False  # (not accepted yet, or gone)
+                return int(parts[4].split(":")[1], 16)
+    return None
+
+
+def read_by_peer(sock: socket.socket) -> bool:
+    """True once the process at the other end of the loopback TCP connection ``sock`` has read every byte sent on
+    it: the peer's socket (local and remote ports swapped) has an empty receive queue in /proc/net/tcp{,6}. What
+    a test sent is then in that process, not in the kernel: a readiness condition, e.g. for requests whose order
+    of arrival matters (wait_until(lambda: read_by_peer(s), ...)). False if not accepted yet, or gone."""
+    return unread_by_peer(sock) == 0
 
 
 def sigstop(pid: int, timeout: float = 10.0) -> None:

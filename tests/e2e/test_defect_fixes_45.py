@@ -214,7 +214,8 @@ def _answer_for(rid: str, tag: str = "") -> bytes:
 
 class _StrayBytesUpstream:
     """Answers each request; one with x-misbehave: 1 gets a second, unrequested answer after its own: in the
-    same TCP segment as two TLS records (tls), or 300 ms later (plain)."""
+    same TCP segment as two TLS records (tls), or once the test sets ``send_stray`` (plain); ``stray_sent`` is
+    set then, ``stray_conn`` the connection it went on."""
 
     def __init__(self, context=None):
         import socket
@@ -224,6 +225,8 @@ class _StrayBytesUpstream:
         self.ls.listen(16)
         self.port = self.ls.getsockname()[1]
         self.context = context
+        self.send_stray, self.stray_sent = threading.Event(), threading.Event()
+        self.stray_conn = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -269,8 +272,11 @@ class _StrayBytesUpstream:
                     c.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 0)
                 else:
                     c.sendall(_answer_for(rid))
-                    time.sleep(0.3)
+                    self.send_stray.wait(60)
+                    self.send_stray.clear()
                     c.sendall(_answer_for(rid, " (SECOND, unsolicited)"))
+                    self.stray_conn = c
+                    self.stray_sent.set()
         except OSError:
             return
 
@@ -284,13 +290,14 @@ def test_an_upstreams_unsolicited_bytes_never_reach_another_request(weir, tmp_pa
     # ciphertext in Asio's BIO pair), where the pool's recv(MSG_PEEK) cannot see it: the next request got it as
     # its 200, every time. Plain: the next client request and the stray bytes came in one epoll_wait, and the
     # client's handler took the connection before the upstream's news was performed, so the pool thought it
-    # drained (SIGSTOP stands in for a busy loop). Each request must get its own answer.
+    # drained (SIGSTOP stands in for a busy loop: the stray answer and the next request are each waited for in
+    # the stopped Weir's sockets). Each request must get its own answer.
     import os
     import signal
     import ssl
-    import threading
-    import time
 
+    from conftest import sigstop, unread_by_peer, wait_until
+    from httpwire import RawConn, request
     from test_tls_upstreams import CA
     context = None
     pool = {}
@@ -306,33 +313,36 @@ def test_an_upstreams_unsolicited_bytes_never_reach_another_request(weir, tmp_pa
         w = weir(config={"pools": {"p": {"endpoints": [f"{scheme}://127.0.0.1:{up.port}"], **pool}},
                          "default_pool": "p"}, workers=1)
         body = {"model": "m", "messages": MSG}
-        with httpx.Client(base_url=w.base_url, timeout=10) as c:
+        answered = lambda rid: re.compile(f"answer for {rid}-[0-9a-f]{{28}}")  # noqa: E731
+        with RawConn(w.port) as conn:  # one kept-alive client connection
             for t in range(3):
                 a, b = f"alice-{t}", f"bob-{t}"
-                ra = c.post("/v1/chat/completions", json=body, headers={"x-request-id": a, "x-misbehave": "1"})
+                conn.send(request("POST", "/v1/chat/completions", body, {"x-request-id": a, "x-misbehave": "1"}))
+                ra = conn.read_response("POST")
                 # (The upstream answers for the id it got: the client's, "-", and a generated one.)
-                assert re.fullmatch(f"answer for {a}-[0-9a-f]{{28}}", ra.json()["choices"][0]["message"]["content"])
-                res = {}
-
-                def go(b=b):
-                    res["r"] = c.post("/v1/chat/completions", json=body, headers={"x-request-id": b})
+                assert answered(a).fullmatch(ra.json()["choices"][0]["message"]["content"]), ra.body
+                next_request = request("POST", "/v1/chat/completions", body, {"x-request-id": b})
                 if mode == "plain":
-                    time.sleep(0.1)
-                    os.kill(w.process.pid, signal.SIGSTOP)
-                    th = threading.Thread(target=go)
+                    # Weir stopped while its pooled upstream connection gets the stray answer and its client the
+                    # next request: on SIGCONT both come in one epoll_wait. Each is waited for in Weir's socket.
+                    w.log_for(a, timeout=10)  # (the first request over: its upstream connection in the pool)
+                    sigstop(w.process.pid)
                     try:
-                        time.sleep(0.05)
-                        th.start()
-                        time.sleep(0.25)
+                        up.stray_sent.clear()
+                        up.send_stray.set()
+                        assert up.stray_sent.wait(10), "the upstream sent no stray answer"
+                        wait_until(lambda: (unread_by_peer(up.stray_conn) or 0) > 0, 10,
+                                   message="the stray answer in Weir's upstream socket")
+                        conn.send(next_request)
+                        wait_until(lambda: (unread_by_peer(conn.sock) or 0) > 0, 10,
+                                   message="the next request in Weir's client socket")
                     finally:
                         os.kill(w.process.pid, signal.SIGCONT)
-                    th.join()
                 else:
-                    go()
-                rb = res["r"]
-                assert rb.status_code == 200, rb.text
-                assert re.fullmatch(f"answer for {b}-[0-9a-f]{{28}}", rb.json()["choices"][0]["message"]["content"]), \
-                    rb.text
+                    conn.send(next_request)
+                rb = conn.read_response("POST")
+                assert rb.status == 200, rb.body
+                assert answered(b).fullmatch(rb.json()["choices"][0]["message"]["content"]), rb.body
     finally:
         up.close()
 
