@@ -170,28 +170,25 @@ def test_the_deadline_header_bounds_queueing_retries_and_streams(mock, weir):
     c = httpx.Client(base_url=w.base_url, timeout=10)
     deadline = {"x-weir-timeout-ms": "300"}
 
-    def expect_deadline(r: httpx.Response, started: float):
+    def expect_deadline(r: httpx.Response):
         assert r.status_code == 504, r.text
         assert r.json()["error"]["code"] == "deadline_exceeded" and "300 ms" in r.json()["error"]["message"]
-        assert time.monotonic() - started < 1.5
 
+    # (How long each took is read on Weir's clock at the end, the access log's duration_ms: a client's
+    # stopwatch counts its own delays on a loaded machine.)
     # Waiting for the upstream's answer.
-    t0 = time.monotonic()
-    expect_deadline(c.post("/v1/chat/completions", json=chat("s"), headers=deadline), t0)
+    expect_deadline(c.post("/v1/chat/completions", json=chat("s"), headers=deadline))
     wait_until(lambda: slow.aborts() == 1, message="the generation was cancelled upstream")
     # Retries: 10 attempts up to 300 ms apart; a retry whose backoff would end past the deadline is
     # not made, so the attempts end before it, with the last answer (no fallback is left): not a 504
     # for a deadline that has not passed.
-    t0 = time.monotonic()
     r = c.post("/v1/chat/completions", json=chat("f"), headers=deadline)
     assert r.status_code == 503, r.text
-    assert time.monotonic() - t0 < 1.5
     assert 1 <= failing.metric("weir_mock_injected_errors_total") < 10
     # Queueing: the pool's one place is taken.
     occupant = hold(w.port, chat("s"))
     wait_until(lambda: slow.metric("vllm:num_requests_running") == 1, message="the occupant runs")
-    t0 = time.monotonic()
-    expect_deadline(c.post("/v1/chat/completions", json=chat("s"), headers=deadline), t0)
+    expect_deadline(c.post("/v1/chat/completions", json=chat("s"), headers=deadline))
     assert slow.metric("vllm:num_requests_running") == 1, "the queued request never went upstream"
     occupant.close()
     wait_until(lambda: slow.metric("vllm:num_requests_running") == 0, message="the occupant left")
@@ -213,6 +210,9 @@ def test_the_deadline_header_bounds_queueing_retries_and_streams(mock, weir):
     entries = w.wait_log(lambda es: len(es) >= 9)
     assert [e["status"] for e in entries] == [504, 503, 504, 499, 200, 400, 400, 400, 400]
     assert [entries[i]["error"]["code"] for i in (0, 2, 4)] == ["deadline_exceeded"] * 3
+    # The three bounded by the 300 ms deadline ended near it, far before what they would have waited for without
+    # it (a 2 s first token; ten attempts 300 ms apart; a place in the queue held by a 2 s request).
+    assert all(entries[i]["duration_ms"] < 1500 for i in (0, 1, 2)), entries[:3]
 
 
 def lowest_free_fd(pid: int) -> int:

@@ -18,12 +18,11 @@ import pathlib
 import ssl
 import subprocess
 import threading
-import time
 
 import httpx
 import pytest
 
-from conftest import binary, wait_until
+from conftest import binary, connections_to, wait_until
 
 crypto = pytest.importorskip("cryptography")
 from cryptography import x509  # noqa: E402
@@ -409,6 +408,12 @@ def test_bad_ca_file_is_refused_at_start(pki, tmp_path):
         assert "pools.hosted.tls: cannot load ca_file" in p.stderr, p.stderr
 
 
+def closed_by_the_server(r: TlsRelay) -> None:
+    """Waits until the relay's side of Weir's idle connection closed it (after the mock's 1 s keep-alive, longer
+    on a loaded machine): Weir's socket to it got the FIN (after the close_notify), so no longer ESTABLISHED."""
+    wait_until(lambda: connections_to(r.port) == 0, 15, message="the server closed the idle connection")
+
+
 def test_a_tls_connection_the_server_closed_is_not_reused(pki, mock, relay, weir):
     # weir-mock closes idle keep-alive connections after 1 s; the relay then closes its TLS side
     # (close_notify). Weir keeps idle connections 10 s here, so only its stale check can notice.
@@ -416,7 +421,7 @@ def test_a_tls_connection_the_server_closed_is_not_reused(pki, mock, relay, weir
     w = weir(config=https_config(r.url, {"ca_file": str(pki.ca.pem)}, idle_keepalive="10s"), workers=1)
     assert chat(w).status_code == 200
     wait_until(lambda: r.connections == 1, 5)
-    time.sleep(1.6)
+    closed_by_the_server(r)
     for i in range(3):
         assert chat(w, stream=i == 1).status_code == 200
     assert r.connections == 2  # one new connection, then reused
@@ -429,7 +434,7 @@ def test_a_new_connection_resumes_the_tls_session(pki, mock, relay, weir):
     r = relay(pki.server, mock("--keep-alive-s", 1))
     w = weir(config=https_config(r.url, {"ca_file": str(pki.ca.pem)}, idle_keepalive="10s"), workers=1)
     assert chat(w).status_code == 200
-    time.sleep(1.6)
+    closed_by_the_server(r)
     assert chat(w).status_code == 200
     assert r.connections == 2
     assert r.resumed == [False, True]
