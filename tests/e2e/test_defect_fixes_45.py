@@ -539,12 +539,15 @@ def test_a_client_that_leaves_during_the_jwks_wait_is_a_499(mock, weir, fetch_ti
         time.sleep(0.2)  # past min_refetch_interval (100ms)
         server.jwks = {"keys": [rsa_jwk(k1, "k1"), rsa_jwk(k2, "k2")]}
         server.delay = 1.5
+        hits = server.hits
         body = json.dumps({"model": "m", "messages": MSG}).encode()
         s = socket.create_connection(("127.0.0.1", w.port))
         s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\ncontent-type: application/json\r\n"
                   b"x-request-id: left\r\nauthorization: Bearer " + token(k2, "k2").encode()
                   + b"\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body))
-        time.sleep(0.2)
+        # The client leaves while the refetch its unknown kid started is pending (not 200 ms after sending, which
+        # a loaded machine could outlast before Weir read the request).
+        wait_until(lambda: server.hits > hits, 10, message="the refetch for the new kid")
         s.close()
         line = w.log_for("left", timeout=8)
         assert line["status"] == 499 and line["error"]["code"] == "client_closed_request", line

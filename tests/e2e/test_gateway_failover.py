@@ -217,7 +217,8 @@ def test_active_health_probes_eject_an_unresponsive_endpoint_and_readmit_it(mock
                    message="the frozen endpoint was marked unhealthy")
         c = w.client()
         for _ in range(20):
-            assert c.chat.completions.create(model="mock-model", messages=MSG, timeout=2).choices
+            # (4 s: room for a loaded machine, still short of the frozen endpoint's 5 s first_byte)
+            assert c.chat.completions.create(model="mock-model", messages=MSG, timeout=4).choices
     finally:
         os.kill(frozen.process.pid, signal.SIGCONT)
     wait_until(lambda: w.metric("weir_upstream_health_transitions_total") >= 2, timeout=10,
