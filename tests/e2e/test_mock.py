@@ -433,13 +433,22 @@ def test_error_rate_flag(mock):
 # Timing, stalls, resets
 
 
-def token_arrivals(make_stream) -> list[float]:
-    """Seconds from sending the request until each content token arrives."""
-    start = time.monotonic()
-    stamps = []
-    for chunk in make_stream():
-        if chunk.choices and chunk.choices[0].delta.content:
-            stamps.append(time.monotonic() - start)
+def token_arrivals(m, headers: dict[str, str], max_tokens: int) -> list[float]:
+    """Seconds from sending a streamed chat request until each content token's bytes arrive, read on a raw
+    socket: an SDK's first request costs CPU that a loaded machine turns into seconds (a token seen 8 s late
+    with 2 cores at load 12), and would pass for the mock's own timing."""
+    req = post_request("/v1/chat/completions", {"messages": [{"role": "user", "content": "hello world"}],
+                                                "max_tokens": max_tokens, "stream": True}, headers)
+    stamps: list[float] = []
+    data = b""
+    with socket.create_connection(("127.0.0.1", m.process.port), timeout=30) as s:
+        start = time.monotonic()
+        s.sendall(req)
+        while chunk := s.recv(65536):
+            now = time.monotonic() - start
+            data += chunk
+            stamps += [now] * (data.count(b'"delta":{"content"') - len(stamps))
+    assert b"data: [DONE]\n\n" in data, data[-200:]
     return stamps
 
 
@@ -447,8 +456,7 @@ def token_arrivals(make_stream) -> list[float]:
 # send up to 0.2 ms ahead; 1 ms of slack here): each is checked against its
 # due time (request sent -> ttft + k * itl), with only a generous upper bound.
 def test_ttft_and_itl_timing(m):
-    stamps = token_arrivals(lambda: chat(m, stream=True, headers={"x-mock-ttft-ms": "200", "x-mock-itl-ms": "20"},
-                                         max_tokens=6))
+    stamps = token_arrivals(m, {"x-mock-ttft-ms": "200", "x-mock-itl-ms": "20"}, max_tokens=6)
     assert len(stamps) == 6
     for k, t in enumerate(stamps):
         assert t >= 0.199 + 0.02 * k, (k, stamps)
@@ -459,14 +467,10 @@ def test_ttft_and_itl_timing(m):
 
 
 def test_stall_header(m):
-    # A stall long enough that a loaded machine's delays (a client's first request, a scheduler) cannot
-    # pass for it: token 3 comes well before it, tokens 4-6 never before it is over. The client is made
-    # before the stopwatch starts.
+    # A stall long enough that a loaded machine's delays cannot pass for it: token 3 comes well before it,
+    # tokens 4-6 never before it is over.
     headers = {"x-mock-ttft-ms": "5", "x-mock-itl-ms": "5", "x-mock-stall-after": "3", "x-mock-stall-ms": "4000"}
-    c = client(m)
-    stamps = token_arrivals(lambda: c.chat.completions.create(
-        model="mock-model", messages=[{"role": "user", "content": "hello world"}], stream=True,
-        extra_headers=headers, max_tokens=6))
+    stamps = token_arrivals(m, headers, max_tokens=6)
     assert len(stamps) == 6
     assert stamps[2] < 3.0, stamps  # token 3 is due at 15 ms, before the stall
     for k in range(3, 6):  # token k+1 is due at 5 + 5k + 4000 ms
