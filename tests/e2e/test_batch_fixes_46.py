@@ -210,10 +210,12 @@ def test_a_batch_members_first_token_timeout_runs_from_the_batchs_send(weir, moc
     m = mock("--any-model", "--ttft-ms", "3000", "--itl-ms", "2", "--max-tokens", "5")
     w = weir(config={"pools": {"gpu": {"endpoints": [m.base_url], "batch": {"window": "300ms", "max_size": 4},
                                        "timeouts": {"first_token": "250ms"}}}, "default_pool": "gpu"}, workers=1)
-    r, took = _stream_completion(w, "slow-ft")
-    assert 0.5 <= took < 2.5, took
+    r, _ = _stream_completion(w, "slow-ft")
     assert b"upstream_timeout" in r.content, r.content
     line = w.log_for("slow-ft")
+    # On Weir's clock (a client's stopwatch counts its own delays on a loaded machine): the window and the first
+    # token's 250 ms, far from the upstream's 3 s first token.
+    assert 500 <= line["duration_ms"] < 2500, line
     assert line["error"]["code"] == "upstream_timeout" and line["error"]["source"] == "upstream", line
     assert line["batch"]["size"] == 1, line
     assert w.metric("weir_upstream_first_token_timeouts_total") == 1
