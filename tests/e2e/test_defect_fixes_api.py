@@ -57,7 +57,9 @@ def test_the_deadline_holds_for_batched_and_coalesced_requests(mock, weir, kind,
     else:
         err = assert_openai_error(r, 504, "deadline_exceeded")
         assert "300 ms" in err["message"], err
-    assert took < 3, took          # the whole generation takes ~4 s (room for a loaded machine past the 300 ms)
+    # The whole generation takes ~4 s; Weir's clock (the access log's duration_ms), not the client's stopwatch,
+    # which counts its own delays on a loaded machine.
+    assert w.log_for(headers["x-request-id"])["duration_ms"] < 3000, took
     # Weir gave up: the model server stops generating it.
     t1 = time.monotonic()
     while slow.aborts() < 1 and time.monotonic() - t1 < 5:

@@ -150,9 +150,7 @@ def test_a_connection_that_sent_only_empty_lines_is_idle(module_mock, weir):
     with RawConn(w.port) as c:
         c.send(chat("then-drain") + b"\r\n")
         assert c.read_response("POST").status == 200
-        t0 = time.monotonic()
         os.kill(w.process.pid, signal.SIGTERM)  # an idle connection: closed at once, not at the drain deadline
-        assert w.process.popen.wait(5) == 0
-        assert time.monotonic() - t0 < 3
+        assert w.process.popen.wait(7) == 0  # (drain_timeout is 10 s: room for a loaded machine, and short of it)
     ids = [e.get("request_id") for e in w.log_entries()]
     assert ids == ["before-idle", "then-drain"], ids

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import secrets
 import threading
-import time
 
 import httpx
 
@@ -86,10 +85,9 @@ def test_drops_are_said_while_the_collector_holds_an_export_and_the_counts_at_ex
             assert chat(w, *new_ids()).status_code == 200
             n += 1
             assert n < 200, "the queue never filled"
-        dropped_at = time.monotonic()
-        wait_until(lambda: "with the queue full" in w.process.log(), 5, interval=0.05,
+        # (The export waits up to 60 s: said within 10, it was said while it waits.)
+        wait_until(lambda: "with the queue full" in w.process.log(), 10, interval=0.05,
                    message="the first drop said while the export waits")
-        assert time.monotonic() - dropped_at < 3
         assert w.process.stop(15) == 0
         log = w.process.log()
         final = [ln for ln in log.splitlines() if "tracing: at exit:" in ln]
