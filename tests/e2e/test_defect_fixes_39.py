@@ -197,7 +197,6 @@ def test_a_stream_the_client_left_is_charged_its_content_events_not_its_role_chu
 def test_request_bytes_metric_counts_a_body_that_failed_midway_as_the_log_does(mock, weir):
     # A body that timed out (408) or whose client left (499) logged its bytes_in; weir_request_bytes_total did not.
     import socket
-    import time
     w = weir(config={"pools": {"p": {"endpoints": [mock("--ttft-ms", "0").base_url]}}, "default_pool": "p",
                      "server": {"body_timeout": "1s"}}, workers=1)
     before = w.metric("weir_request_bytes_total")
@@ -206,8 +205,9 @@ def test_request_bytes_metric_counts_a_body_that_failed_midway_as_the_log_does(m
                 b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n")
         with socket.create_connection(("127.0.0.1", w.port), timeout=5) as s:
             s.sendall(head + b'{"model":"m"')
-            if leave:
-                time.sleep(0.2)
+            if leave:  # once Weir read what came (not 200 ms later, which a loaded machine can outlast)
+                from conftest import read_by_peer, wait_until
+                wait_until(lambda: read_by_peer(s), 10, message="Weir read the head and the body's start")
             else:
                 assert s.recv(65536).startswith(b"HTTP/1.1 408 ")
     lines = [w.log_for("bytes-408"), w.log_for("bytes-499")]
