@@ -93,6 +93,7 @@ void RequestContext::reset() {
   has_usage = false;
   usage = {};
   usage_invalid = false;
+  said_usage = {};
   has_choice_usage = false;
   choice_usage = {};
   choice_usage_every_prompt = false;

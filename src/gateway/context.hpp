@@ -379,9 +379,15 @@ struct RequestContext {
   api::Usage usage;
   // The upstream sent a usage it cannot be billed by (api::extract_usage's
   // invalid: a count negative, fractional, not a number, or over
-  // api::kMaxUsageTokens): charged as a request without usage is (settle()),
+  // api::kMaxUsageTokens, or a generation's prompt or completion count left
+  // out): charged as a request without usage is (settle(); the part said
+  // of one with a count left out, as said: said_usage),
   // counted (weir_upstream_invalid_usage_total), logged `"usage_invalid":true`.
   bool usage_invalid = false;
+  // With usage_invalid, of a whole answer (not relayed as SSE events: those are the stream hooks'
+  // said_usage()): the parts of its usage the upstream said when it left its prompt or completion count
+  // out (api::PartialUsage), charged as said, the rest at its estimate (unreported_usage()).
+  api::PartialUsage said_usage;
   // A stream's per-choice usage (continuous_usage_stats: each chunk counts
   // its own choice) when no chunk gave the request's total: summed over its
   // choices (api::openai::UsageHook). settle() makes it the usage of a stream

@@ -204,8 +204,9 @@ class MetricsShard {
     return counters_.get(series(Family::invalid_utf8, 0, 0, model, {}));
   }
   // weir_upstream_invalid_usage_total{model}: a request whose upstream sent a usage it cannot be billed by
-  // (api::extract_usage's invalid: a count negative, fractional, not a number or over api::kMaxUsageTokens),
-  // charged as one without usage instead (GatewayPhases::settle).
+  // (api::extract_usage's invalid: a count negative, fractional, not a number or over api::kMaxUsageTokens, or
+  // a generation's prompt or completion count left out), charged as one without usage instead, the part a
+  // usage with a count left out said as said (GatewayPhases::settle).
   void count_invalid_usage(std::uint32_t model) { counters_.add(series(Family::invalid_usage, 0, 0, model, {}), 1); }
   // weir_rate_limited_total{reason[,tenant][,key_id]}.
   void count_rate_limited(RateLimitReason r, MetricIdentity id) {

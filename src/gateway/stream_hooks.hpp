@@ -89,19 +89,16 @@ class StreamHooks {
   bool translating() const { return mode_ != Mode::plain; }
   // The upstream speaks Anthropic's Messages stream (a type: anthropic pool).
   bool anthropic_upstream() const { return upstream_dialect() == UpstreamDialect::anthropic; }
-  // An Anthropic upstream's prompt tokens as its message_start said them (input and cache tokens: real,
-  // not estimated), once it came, whether or not the stream reached its final usage: prompt_tokens and
-  // cached_tokens (its cache reads, priced as cached input) of the usage; nullopt otherwise.
-  std::optional<api::Usage> known_prompt() const {
-    std::optional<api::Usage> u;
-    if (mode_ == Mode::anthropic_passthrough && tr_->passthrough.started()) u = tr_->passthrough.usage();
-    if ((mode_ == Mode::chat_from_anthropic || mode_ == Mode::responses_from_anthropic) && tr_->upstream.started())
-      u = tr_->upstream.usage();
-    if (!u || usage_.invalid()) return std::nullopt;  // (an out-of-range count: the estimate, not it)
-    api::Usage p;
-    p.prompt_tokens = u->prompt_tokens;
-    p.cached_tokens = std::min(u->cached_tokens, u->prompt_tokens);
-    return p;
+  // The parts of its usage the upstream said when it did not say it whole (api::PartialUsage): an Anthropic
+  // upstream's prompt tokens as its message_start said them (input and cache tokens: real, not estimated),
+  // once it came, whether or not the stream reached its final usage, and its output once a message_delta
+  // said it; an OpenAI upstream's usage that left its prompt or completion count out (null), the other.
+  // Nothing said when a count did not read (out of range: the estimate, not it).
+  api::PartialUsage said_usage() const {
+    if (mode_ == Mode::anthropic_passthrough) return tr_->passthrough.said_usage();
+    if (mode_ == Mode::chat_from_anthropic || mode_ == Mode::responses_from_anthropic)
+      return tr_->upstream.said_usage();
+    return usage_.partial();
   }
   // The client's stream is OpenAI chat chunks (on_event(), or an Anthropic
   // upstream translated into them): an in-band failure is then

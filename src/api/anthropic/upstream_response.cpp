@@ -23,9 +23,10 @@ namespace json = boost::json;
 
 namespace {
 
-// A count: 0 when absent or null, nullopt when not an integer in [0, kMaxUsageTokens].
-std::optional<std::uint64_t> count(const json::object& o, std::string_view name) {
+// A count: 0 when absent or null (`*said` then false), nullopt when not an integer in [0, kMaxUsageTokens].
+std::optional<std::uint64_t> count(const json::object& o, std::string_view name, bool* said = nullptr) {
   const auto* v = o.if_contains(name);
+  if (said != nullptr) *said = v != nullptr && !v->is_null();
   if (!v || v->is_null()) return 0;
   if (v->is_uint64() && v->get_uint64() <= kMaxUsageTokens) return v->get_uint64();
   if (v->is_int64() && v->get_int64() >= 0 && static_cast<std::uint64_t>(v->get_int64()) <= kMaxUsageTokens)
@@ -33,23 +34,50 @@ std::optional<std::uint64_t> count(const json::object& o, std::string_view name)
   return std::nullopt;
 }
 
-std::optional<AnthropicUsage> read_usage(const json::object& u) {
-  const auto in = count(u, "input_tokens");
-  const auto cc = count(u, "cache_creation_input_tokens");
-  const auto cr = count(u, "cache_read_input_tokens");
-  const auto out = count(u, "output_tokens");
+// What a message's usage object says (as usage.cpp's Read): its counts, none at all, or invalid (a count that
+// does not read, or input_tokens or output_tokens left out: `partial` then says the other).
+enum class Read : std::uint8_t { counts, none, invalid };
+Read read_usage(const json::object& u, AnthropicUsage& out, PartialUsage* partial = nullptr) {
+  bool said_in = false, said_out = false, said_cc = false, said_cr = false;
+  const auto in = count(u, "input_tokens", &said_in);
+  const auto cc = count(u, "cache_creation_input_tokens", &said_cc);
+  const auto cr = count(u, "cache_read_input_tokens", &said_cr);
+  const auto out_tokens = count(u, "output_tokens", &said_out);
   // The 1-hour writes of cache_creation_input_tokens (newer API versions: {ephemeral_5m_input_tokens,
   // ephemeral_1h_input_tokens}); absent or null: none.
   std::uint64_t c1h = 0;
-  if (const auto* split = u.if_contains("cache_creation"); split && split->is_object()) {
+  const auto* split = u.if_contains("cache_creation");
+  if (split && split->is_object()) {
     const auto n = count(split->get_object(), "ephemeral_1h_input_tokens");
-    if (!n) return std::nullopt;
+    if (!n) return Read::invalid;
     c1h = *n;
   } else if (split && !split->is_null()) {
-    return std::nullopt;
+    return Read::invalid;
   }
-  if (!in || !cc || !cr || !out) return std::nullopt;
-  return AnthropicUsage{*in, *cc, *cr, *out, c1h};
+  if (!in || !cc || !cr || !out_tokens) return Read::invalid;
+  // No count at all ({}, every one null): the upstream reported none, as one that sent no usage.
+  if (!said_in && !said_out && !said_cc && !said_cr && (!split || split->is_null())) return Read::none;
+  out = AnthropicUsage{*in, *cc, *cr, *out_tokens, c1h};
+  if (!said_in || !said_out) {
+    // The input or the output count left out (null: a server that did not count it): that part was not
+    // reported, and 0 is no count of it; the part said stands, the rest is the no-usage estimate.
+    if (partial != nullptr) {
+      *partial = {};
+      partial->prompt = said_in;
+      partial->completion = said_out;
+      if (said_in) partial->counts = AnthropicUsage{*in, *cc, *cr, 0, c1h}.openai();
+      partial->counts.completion_tokens = said_out ? *out_tokens : 0;
+      partial->counts.total_tokens = 0;
+    }
+    return Read::invalid;
+  }
+  return Read::counts;
+}
+
+std::optional<AnthropicUsage> read_usage(const json::object& u) {
+  AnthropicUsage out;
+  if (read_usage(u, out) != Read::counts) return std::nullopt;
+  return out;
 }
 
 }  // namespace
@@ -71,7 +99,7 @@ void append_openai_usage(std::string& out, const Usage& u) {
   out += "}}";
 }
 
-std::optional<Usage> extract_message_usage(std::string_view body, bool* invalid) {
+std::optional<Usage> extract_message_usage(std::string_view body, bool* invalid, PartialUsage* partial) {
   const auto span = find_member(body, "usage");
   if (!span) return std::nullopt;
   const std::string_view text = body.substr(span->value_begin, span->value_end - span->value_begin);
@@ -85,12 +113,14 @@ std::optional<Usage> extract_message_usage(std::string_view body, bool* invalid)
   json::monotonic_resource mr(buf, sizeof buf);
   boost::system::error_code ec;
   const json::value v = json::parse(json::string_view(text.data(), text.size()), ec, &mr);
-  const auto u = !ec && v.is_object() ? read_usage(v.get_object()) : std::nullopt;
-  if (!u) {
+  AnthropicUsage u;
+  const Read read = !ec && v.is_object() ? read_usage(v.get_object(), u, partial) : Read::invalid;
+  if (read == Read::none) return std::nullopt;
+  if (read == Read::invalid) {
     bad = true;
     return std::nullopt;
   }
-  return u->openai();
+  return u.openai();
 }
 
 bool message_to_chat(std::string_view body, std::int64_t created, std::string& out) {

@@ -50,10 +50,15 @@ struct AnthropicUsage {
 void append_openai_usage(std::string& out, const Usage& u);
 
 // Reads the top-level `usage` of an Anthropic message (a whole response body)
-// as OpenAI counts it; nullopt when there is none or it is not an object of
-// integers in [0, kMaxUsageTokens] (usage.hpp), and then, when it was sent
-// but does not read so, sets `*invalid` (when given) to true, as extract_usage does.
-std::optional<Usage> extract_message_usage(std::string_view body, bool* invalid = nullptr);
+// as OpenAI counts it; nullopt when there is none, null or one with no count
+// at all ({}), or it is not an object of integers in [0, kMaxUsageTokens]
+// (absent or null cache counts read as 0) that says both input_tokens and
+// output_tokens (usage.hpp), and then, when it was sent but does not read so,
+// sets `*invalid` (when given) to true, as extract_usage does, and when it
+// left one of input_tokens and output_tokens out (absent or null), writes
+// the part it said to `*partial` (when given), as extract_usage does.
+std::optional<Usage> extract_message_usage(std::string_view body, bool* invalid = nullptr,
+                                           PartialUsage* partial = nullptr);
 
 // Translates a whole Anthropic message (`type: "message"`) into an OpenAI
 // chat.completion written to `out` (overwritten): id "chatcmpl-" + the

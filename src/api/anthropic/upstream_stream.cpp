@@ -30,8 +30,12 @@ const json::object* object_at(const json::object& o, std::string_view name) {
 // has them all, message_delta the cumulative output (and, in newer API
 // versions, the input counts again).
 // A count that is no integer in [0, kMaxUsageTokens] (null aside) is not
-// taken and makes the usage invalid: it cannot be billed as sent.
-void merge_usage(const json::object& u, AnthropicUsage& into) {
+// taken and makes the usage invalid: it cannot be billed as sent. Returns
+// whether the count the event must say (`required`: message_start's
+// input_tokens, message_delta's output_tokens) came as one that was taken:
+// absent or null, that part of the usage was not reported.
+bool merge_usage(const json::object& u, AnthropicUsage& into, std::string_view required) {
+  bool said = false;
   auto take = [&](std::string_view name, std::uint64_t& field) {
     const auto* v = u.if_contains(name);
     if (!v || v->is_null()) return;
@@ -40,7 +44,8 @@ void merge_usage(const json::object& u, AnthropicUsage& into) {
     else if (v->is_int64() && v->get_int64() >= 0 && static_cast<std::uint64_t>(v->get_int64()) <= kMaxUsageTokens)
       field = static_cast<std::uint64_t>(v->get_int64());
     else
-      into.invalid = true;
+      return void(into.invalid = true);
+    if (name == required) said = true;
   };
   take("input_tokens", into.input);
   take("cache_creation_input_tokens", into.cache_creation);
@@ -59,6 +64,20 @@ void merge_usage(const json::object& u, AnthropicUsage& into) {
   } else if (split && !split->is_null()) {
     into.invalid = true;
   }
+  return said;
+}
+
+// What a stream's usage said of its parts (usage.hpp's PartialUsage): the prompt once message_start said its
+// input_tokens, the output once a message_delta said its output_tokens; nothing when a count did not read.
+PartialUsage said_parts(const AnthropicUsage& u, bool prompt, bool output) {
+  PartialUsage p;
+  if (u.invalid) return p;
+  p.prompt = prompt;
+  p.completion = output;
+  if (prompt) p.counts = AnthropicUsage{u.input, u.cache_creation, u.cache_read, 0, u.cache_creation_1h}.openai();
+  p.counts.completion_tokens = output ? u.output : 0;
+  p.counts.total_tokens = p.counts.prompt_tokens + p.counts.completion_tokens;
+  return p;
 }
 
 // The value of the top-level "type" member of an event's data (a JSON
@@ -95,7 +114,7 @@ std::string input_json(std::string_view data, const json::value& in) {
 
 void UpstreamStreamTranslator::reset(bool include_usage, std::int64_t created) {
   include_usage_ = include_usage;
-  started_ = finish_sent_ = ended_ = tool_args_sent_ = usage_final_ = false;
+  started_ = finish_sent_ = ended_ = tool_args_sent_ = usage_final_ = prompt_said_ = usage_missing_ = false;
   block_ = Block::none;
   block_index_ = -1;
   next_tool_ = 0;
@@ -130,7 +149,12 @@ void UpstreamStreamTranslator::end(ChunkSink& sink) {
   if (include_usage_ && started_) {
     begin_chunk();
     chunk_ += R"(],"usage":)";
-    append_openai_usage(chunk_, usage_.openai());
+    // (A usage the upstream did not report whole, or whose counts did not read, is no counts the client
+    // would take for its own: null, as a whole answer's.)
+    if (has_usage())
+      append_openai_usage(chunk_, usage_.openai());
+    else
+      chunk_ += "null";
     chunk_ += '}';
     sink.chunk(chunk_);
   }
@@ -177,7 +201,10 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
     if (started_) return;  // a second message_start says nothing new
     const json::object* m = object_at(*ev, "message");
     if (!m) return fail("api_error", "The upstream's message_start has no message.", sink);
-    if (const json::object* u = object_at(*m, "usage")) merge_usage(*u, usage_);
+    if (const json::object* u = object_at(*m, "usage")) {
+      prompt_said_ = merge_usage(*u, usage_, "input_tokens");
+      usage_missing_ = usage_missing_ || !prompt_said_;
+    }
     started_ = true;
     prefix_.assign(R"({"id":)");
     core::append_json_string(prefix_, fmt::format("chatcmpl-{}", string_at(*m, "id")));
@@ -249,8 +276,11 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
   }
   if (type == "message_delta") {
     if (const json::object* u = object_at(*ev, "usage")) {
-      merge_usage(*u, usage_);
-      usage_final_ = true;
+      // (An output_tokens absent or null is no count: message_start's placeholder (1) is not the output's.)
+      if (merge_usage(*u, usage_, "output_tokens"))
+        usage_final_ = true;
+      else
+        usage_missing_ = true;
     }
     if (finish_sent_) return;
     const json::object* d = object_at(*ev, "delta");
@@ -265,7 +295,6 @@ void UpstreamStreamTranslator::on_data(std::string_view data, ChunkSink& sink) {
     return;
   }
   if (type == "message_stop") {
-    usage_final_ = true;
     if (!finish_sent_) {  // no message_delta: the message ended without saying why
       finish_sent_ = true;
       begin_chunk();
@@ -282,7 +311,6 @@ void PassthroughObserver::on_data(std::string_view data) {
   const std::string_view type = event_type(data);
   if (type == "message_stop" || type == "error") {
     ended_ = true;
-    usage_final_ = usage_final_ || type == "message_stop";
     return;
   }
   if (type != "message_start" && type != "message_delta") return;
@@ -294,10 +322,25 @@ void PassthroughObserver::on_data(std::string_view data) {
   if (!ev) return;
   const json::object* holder = type == "message_start" ? object_at(*ev, "message") : ev;
   if (const json::object* u = holder ? object_at(*holder, "usage") : nullptr) {
-    merge_usage(*u, usage_);
-    has_usage_ = true;
-    usage_final_ = usage_final_ || type == "message_delta";
+    if (type == "message_start") {
+      if (started_) return;  // (a second message_start says nothing new)
+      started_ = true;
+      prompt_said_ = merge_usage(*u, usage_, "input_tokens");
+      usage_missing_ = usage_missing_ || !prompt_said_;
+    } else if (merge_usage(*u, usage_, "output_tokens")) {
+      usage_final_ = true;
+    } else {
+      usage_missing_ = true;
+    }
   }
+}
+
+PartialUsage UpstreamStreamTranslator::said_usage() const {
+  return said_parts(usage_, started_ && prompt_said_, usage_final_);
+}
+
+PartialUsage PassthroughObserver::said_usage() const {
+  return said_parts(usage_, started_ && prompt_said_, usage_final_);
 }
 
 openai::ChunkKind classify_event(std::string_view data) {

@@ -68,14 +68,19 @@ class UpstreamStreamTranslator {
   // Usage as OpenAI counts it (upstream_response.hpp), once it is the
   // message's: message_start's is only the prompt and a first output count
   // (1), the real output count comes with message_delta. A stream cut
-  // before that (the client left, a reset, an error event, an idle timeout)
-  // has no usage: it is charged by what was relayed (docs/admission.md).
-  bool has_usage() const { return started_ && usage_final_ && !usage_.invalid; }
+  // before that (the client left, a reset, an error event, an idle timeout),
+  // or whose message_delta said no output_tokens (absent or null) or
+  // message_start no input_tokens, has no usage: it is charged the parts
+  // said (said_usage()) and the estimate of the rest (docs/admission.md).
+  bool has_usage() const { return started_ && prompt_said_ && usage_final_ && !usage_invalid(); }
   Usage usage() const { return usage_.openai(); }
-  // A usage count came out of range (AnthropicUsage::invalid): no usage, ever, for this stream.
-  bool usage_invalid() const { return usage_.invalid; }
-  // message_start came: its prompt count (input, cache reads and writes) is the real one, final or not.
-  bool started() const { return started_; }
+  // A usage count came out of range (AnthropicUsage::invalid): no usage, ever, for this stream; or a usage
+  // left out the count its event must say (message_start's input_tokens, message_delta's output_tokens).
+  bool usage_invalid() const { return usage_.invalid || usage_missing_; }
+  // The parts of the usage the stream said, whatever else it left out: the prompt (input, cache reads and
+  // writes) once message_start said its input_tokens, the real one, final or not; the output once a
+  // message_delta said its output_tokens. Nothing when a count did not read (AnthropicUsage::invalid).
+  PartialUsage said_usage() const;
 
  private:
   enum class Block : std::uint8_t { none, text, thinking, tool, other };
@@ -88,7 +93,9 @@ class UpstreamStreamTranslator {
 
   bool include_usage_ = false;
   bool started_ = false;
-  bool usage_final_ = false;  // a message_delta with usage, or message_stop, came
+  bool usage_final_ = false;    // a message_delta's usage said output_tokens
+  bool prompt_said_ = false;    // message_start's usage said input_tokens
+  bool usage_missing_ = false;  // a usage left its event's count out (usage_invalid())
   bool finish_sent_ = false;
   bool ended_ = false;
   bool tool_args_sent_ = false;  // the open tool_use block got a non-empty argument piece
@@ -112,19 +119,21 @@ class PassthroughObserver {
   void on_data(std::string_view data);
   // message_stop or an error event passed: the stream is over for the client.
   bool ended() const { return ended_; }
-  // As UpstreamStreamTranslator::has_usage: the message's usage, once a
-  // message_delta with usage or message_stop came.
-  bool has_usage() const { return has_usage_ && usage_final_ && !usage_.invalid; }
+  // As UpstreamStreamTranslator::has_usage: the message's usage, once
+  // message_start said its input_tokens and a message_delta its output_tokens.
+  bool has_usage() const { return started_ && prompt_said_ && usage_final_ && !usage_invalid(); }
   Usage usage() const { return usage_.openai(); }
   // As UpstreamStreamTranslator::usage_invalid.
-  bool usage_invalid() const { return usage_.invalid; }
-  // message_start's usage came (see UpstreamStreamTranslator::started).
-  bool started() const { return has_usage_; }
+  bool usage_invalid() const { return usage_.invalid || usage_missing_; }
+  // As UpstreamStreamTranslator::said_usage.
+  PartialUsage said_usage() const;
 
  private:
   bool ended_ = false;
-  bool has_usage_ = false;
-  bool usage_final_ = false;
+  bool started_ = false;        // message_start's usage came
+  bool prompt_said_ = false;    // and said input_tokens
+  bool usage_final_ = false;    // a message_delta's usage said output_tokens
+  bool usage_missing_ = false;  // as UpstreamStreamTranslator's
   AnthropicUsage usage_;
 };
 

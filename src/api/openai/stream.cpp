@@ -425,7 +425,8 @@ bool UsageHook::on_data(std::string_view data) {
   // The usage chunk Weir asked for on the client's behalf is not theirs,
   // whatever its numbers say: it is known by its shape, not by its counts.
   const bool only = usage_only(data, *m);
-  if (auto u = read_usage(value_text(data, *m->usage), &invalid_)) on_usage(data, m->choices, *u, only);
+  if (auto u = read_usage(value_text(data, *m->usage), &invalid_, UsageRoute::generation, &partial_))
+    on_usage(data, m->choices, *u, only);
   if (strip_ && only) return false;
   if (only) usage_chunk_ = true;
   return true;

@@ -127,6 +127,7 @@ class UsageHook {
     usage_chunk_ = false;
     invalid_ = false;
     usage_ = {};
+    partial_ = {};
     choices_per_prompt_ = choices_per_prompt ? choices_per_prompt : 1;
     prompts_ = prompts ? prompts : 1;
     choices_.clear();  // (its capacity stays: no allocation on the next stream)
@@ -148,6 +149,9 @@ class UsageHook {
   // sent (extract_usage's invalid: a count negative, fractional, not a number
   // or over api::kMaxUsageTokens): that chunk's usage was not read.
   bool invalid() const { return invalid_; }
+  // What the last usage that left its prompt or completion count out (absent or null) said of the other
+  // (read_usage's `partial`: then invalid() too); nothing said otherwise.
+  const PartialUsage& partial() const { return partial_; }
   // Some usage was read: whole() or per-choice.
   bool has_usage() const { return whole_ || !choices_.empty(); }
   // The usage is the request's total: a chunk with no choice carried it
@@ -197,6 +201,7 @@ class UsageHook {
   bool usage_chunk_ = false;
   bool invalid_ = false;  // invalid()
   Usage usage_;
+  PartialUsage partial_;  // partial()
   std::uint32_t choices_per_prompt_ = 1;
   std::uint32_t prompts_ = 1;          // the request's prompts (every_prompt())
   std::vector<ChoiceCounts> choices_;  // per-choice usage, by choice index

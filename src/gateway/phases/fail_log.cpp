@@ -203,12 +203,17 @@ std::optional<api::Usage> GatewayPhases::failed_charge(const RequestContext& ctx
 
 api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api::Usage* choice_usage,
                                            bool every_prompt) const {
-  // (An Anthropic upstream's message_start said the prompt's real count: that, not the estimate.)
-  // (Its cache reads with it: priced as cached input, as they are in a whole stream's usage.)
+  // The parts of its usage the upstream did say (an Anthropic upstream's message_start said the prompt's real
+  // count; a usage with a null completion_tokens its prompt_tokens): those, not the estimate. A prompt's
+  // cache reads and writes with it: priced as cached input and cache writes, as they are in a whole usage.
   api::Usage u;
-  const auto known = ctx.sse_answer ? ctx.hooks.known_prompt() : std::nullopt;
-  u.prompt_tokens = known ? known->prompt_tokens : ctx.prompt_tokens_estimate;
-  u.cached_tokens = known ? known->cached_tokens : 0;
+  const api::PartialUsage said = ctx.sse_answer ? ctx.hooks.said_usage() : ctx.said_usage;
+  u.prompt_tokens = said.prompt ? said.counts.prompt_tokens : ctx.prompt_tokens_estimate;
+  if (said.prompt) {
+    u.cached_tokens = std::min(said.counts.cached_tokens, u.prompt_tokens);
+    u.cache_write_tokens = std::min(said.counts.cache_write_tokens, u.prompt_tokens);
+    u.cache_write_1h_tokens = std::min(said.counts.cache_write_1h_tokens, u.cache_write_tokens);
+  }
   // The completion that reached the client: at least a token per content event relayed, and at least its
   // text at the prompt estimate's 4 bytes a token (an event may carry many: an Anthropic text_delta, vLLM's
   // speculative decoding or stream_interval; a whole answer without usage has no events, only its text).
@@ -220,6 +225,8 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api:
       choice_usage != nullptr ? ctx.token_events
                               : std::max<std::uint64_t>(ctx.token_events, api::text_tokens(ctx.completion_text_bytes));
   u.completion_tokens = ctx.completion_cap ? std::min<std::uint64_t>(reached, ctx.completion_cap) : reached;
+  // (A completion count the upstream said, its prompt's left out: its own, as a whole usage's is.)
+  if (said.completion) u.completion_tokens = said.counts.completion_tokens;
   if (choice_usage != nullptr) {
     // The choices' own counts (continuous_usage_stats) of a stream cut before its usage chunk. A prompt's
     // count is whole on its choices' first chunk: once every prompt of the request said it (a chat's one
@@ -571,6 +578,13 @@ core::TimePoint GatewayPhases::write_access_log(RequestContext& ctx) {
     w.put_uint(ctx.estimate.completion_tokens);
     w.put(R"(,"cached":)"sv);
     w.put_uint(ctx.estimate.cached_tokens);
+    if (ctx.estimate.cache_write_tokens != 0) {
+      // (An Anthropic upstream's message_start said them: priced as cache writes, the 1-hour ones apart.)
+      w.put(R"(,"cache_write":)"sv);
+      w.put_uint(ctx.estimate.cache_write_tokens);
+      w.put(R"(,"cache_write_1h":)"sv);
+      w.put_uint(ctx.estimate.cache_write_1h_tokens);
+    }
     w.put(R"(,"source":"estimate"})"sv);
   }
   // The upstream's usage was out of range (settle(): not billed as sent).

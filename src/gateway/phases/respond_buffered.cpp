@@ -507,6 +507,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     }
     ctx.completion_text_bytes = generates_text(ctx.route) ? text : 0;
     ctx.usage_invalid = hook.invalid();
+    ctx.said_usage = hook.partial();
     if (hook.has_usage()) {
       (hook.whole() ? ctx.has_usage : ctx.has_choice_usage) = true;
       (hook.whole() ? ctx.usage : ctx.choice_usage) = hook.usage();
@@ -519,12 +520,14 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     ctx.usage = {};
   } else if (status >= 200 && status < 300 && !plain.empty()) {
     // An Anthropic pool's message counts differently (cache reads and writes apart).
-    if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain, &ctx.usage_invalid)
-                              : api::extract_usage(plain, &ctx.usage_invalid)) {
+    // (A generation's usage that left its prompt or completion count out: invalid, its other part said.)
+    const auto route = generates_text(ctx.route) ? api::UsageRoute::generation : api::UsageRoute::pooling;
+    if (auto u = anthropic_up ? api::anthropic::extract_message_usage(plain, &ctx.usage_invalid, &ctx.said_usage)
+                              : api::extract_usage(plain, &ctx.usage_invalid, route, &ctx.said_usage)) {
       ctx.has_usage = true;
       ctx.usage = *u;
     } else if (generates_text(ctx.route)) {
-      // No usage (none, null, or counts that do not read): the answer's text is what it is charged for
+      // No usage (none, null, no count, or counts that do not read): the answer's text is what it is charged for
       // (settle(), unreported_usage()), as a stream's relayed text is. Read only then: one byte loop.
       ctx.completion_text_bytes = api::answer_text_bytes(plain);
     }

@@ -119,6 +119,51 @@ TEST(AnthropicUpstreamResponse, UsageOutOfRangeIsInvalidNotBilledAsSent) {
   EXPECT_FALSE(invalid);
 }
 
+TEST(AnthropicUpstreamResponse, ACountLeftOutIsNotACountOf0) {
+  // input_tokens or output_tokens absent or null: invalid usage (not billed as 0), the part said kept.
+  bool invalid = false;
+  PartialUsage said;
+  EXPECT_FALSE(extract_message_usage(
+      R"({"usage":{"input_tokens":8,"cache_read_input_tokens":3,"cache_creation_input_tokens":4,"cache_creation":{"ephemeral_1h_input_tokens":1},"output_tokens":null}})",
+      &invalid, &said));
+  EXPECT_TRUE(invalid);
+  EXPECT_TRUE(said.prompt);
+  EXPECT_FALSE(said.completion);
+  EXPECT_EQ(said.counts.prompt_tokens, 15u);
+  EXPECT_EQ(said.counts.cached_tokens, 3u);
+  EXPECT_EQ(said.counts.cache_write_tokens, 4u);
+  EXPECT_EQ(said.counts.cache_write_1h_tokens, 1u);
+  EXPECT_EQ(said.counts.completion_tokens, 0u);
+  invalid = false;
+  said = {};
+  EXPECT_FALSE(extract_message_usage(R"({"usage":{"output_tokens":9}})", &invalid, &said));
+  EXPECT_TRUE(invalid);
+  EXPECT_FALSE(said.prompt);
+  EXPECT_TRUE(said.completion);
+  EXPECT_EQ(said.counts.completion_tokens, 9u);
+  EXPECT_EQ(said.counts.prompt_tokens, 0u);
+  // No count at all: no usage reported, not invalid.
+  invalid = false;
+  said = {};
+  EXPECT_FALSE(extract_message_usage(R"({"usage":{}})", &invalid, &said));
+  EXPECT_FALSE(extract_message_usage(R"({"usage":{"input_tokens":null,"output_tokens":null}})", &invalid, &said));
+  EXPECT_FALSE(invalid);
+  EXPECT_FALSE(said.prompt || said.completion);
+  // Null cache counts are none: the usage reads.
+  const auto u = extract_message_usage(
+      R"({"usage":{"input_tokens":8,"cache_read_input_tokens":null,"cache_creation_input_tokens":null,"output_tokens":2}})",
+      &invalid);
+  ASSERT_TRUE(u);
+  EXPECT_EQ(u->prompt_tokens, 8u);
+  EXPECT_FALSE(invalid);
+  // A whole message's translation shows no counts for it: null, not zeros.
+  std::string out;
+  ASSERT_TRUE(message_to_chat(
+      R"({"id":"m","type":"message","role":"assistant","model":"c","content":[{"type":"text","text":"hi"}],"stop_reason":"end_turn","usage":{"input_tokens":8,"output_tokens":null}})",
+      1, out));
+  EXPECT_TRUE(json::parse(out).at("usage").is_null()) << out;
+}
+
 TEST(AnthropicUpstreamResponse, AWholeMessageAsTheEventsAnthropicSendsForIt) {
   // A stream made from a whole message loses nothing: the id, signatures, redacted thinking, stop_sequence,
   // the cache counts, a tool's input (with an integer beyond 64 bits kept exactly).

@@ -262,6 +262,51 @@ TEST(AnthropicUpstreamStream, UsageOutOfRangeIsNoUsage) {
   EXPECT_FALSE(o.has_usage());
 }
 
+TEST(AnthropicUpstreamStream, AnOutputLeftOutIsNoUsage) {
+  constexpr std::string_view kStart =
+      R"({"type":"message_start","message":{"id":"m","usage":{"input_tokens":8,"cache_read_input_tokens":3,"cache_creation_input_tokens":4,"cache_creation":{"ephemeral_1h_input_tokens":1},"output_tokens":1}}})";
+  // message_delta's output_tokens null: message_start's placeholder (1) is no output count. Invalid, the
+  // prompt (its cache reads and writes) said.
+  for (const std::string_view delta :
+       {R"({"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":null}})",
+        R"({"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"input_tokens":8}})"}) {
+    PassthroughObserver o;
+    o.on_data(kStart);
+    o.on_data(delta);
+    o.on_data(R"({"type":"message_stop"})");
+    EXPECT_FALSE(o.has_usage()) << delta;
+    EXPECT_TRUE(o.usage_invalid()) << delta;
+    const PartialUsage said = o.said_usage();
+    EXPECT_TRUE(said.prompt);
+    EXPECT_FALSE(said.completion);
+    EXPECT_EQ(said.counts.prompt_tokens, 15u);
+    EXPECT_EQ(said.counts.cached_tokens, 3u);
+    EXPECT_EQ(said.counts.cache_write_tokens, 4u);
+    EXPECT_EQ(said.counts.cache_write_1h_tokens, 1u);
+  }
+  // No usage on message_delta at all, then message_stop: no output reported (not invalid).
+  PassthroughObserver o;
+  o.on_data(kStart);
+  o.on_data(R"({"type":"message_delta","delta":{"stop_reason":"end_turn"}})");
+  o.on_data(R"({"type":"message_stop"})");
+  EXPECT_FALSE(o.has_usage());
+  EXPECT_FALSE(o.usage_invalid());
+  EXPECT_TRUE(o.said_usage().prompt);
+  // The translator alike; a chat client's usage chunk says null, not the placeholder.
+  UpstreamStreamTranslator t;
+  t.reset(true, 1);
+  Collect sink;
+  t.on_data(kStart, sink);
+  t.on_data(R"({"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":null}})", sink);
+  t.on_data(R"({"type":"message_stop"})", sink);
+  EXPECT_FALSE(t.has_usage());
+  EXPECT_TRUE(t.usage_invalid());
+  EXPECT_TRUE(t.said_usage().prompt);
+  EXPECT_EQ(t.said_usage().counts.cache_write_tokens, 4u);
+  ASSERT_GE(sink.chunks.size(), 2u);
+  EXPECT_TRUE(json::parse(sink.chunks[sink.chunks.size() - 2]).at("usage").is_null()) << sink.chunks.back();
+}
+
 TEST(AnthropicUpstreamStream, ClassifyForHeldHeads) {
   using openai::ChunkKind;
   EXPECT_EQ(classify_event(R"({"type":"message_start","message":{}})"), ChunkKind::empty);
