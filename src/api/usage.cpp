@@ -138,9 +138,8 @@ Read read_object(std::string_view usage, UsageRoute route, Usage& out, PartialUs
     // of it. The part it did say stands; the request is charged the no-usage estimate of the other.
     partial.prompt = m[0].has_value();
     partial.completion = m[1].has_value();
-    partial.counts = out;
-    if (!partial.prompt) partial.counts = Usage{0, out.completion_tokens, 0, 0};
-    partial.counts.total_tokens = 0;
+    partial.counts = PartialUsage::Counts(out);
+    if (!partial.prompt) partial.counts = PartialUsage::Counts(Usage{0, out.completion_tokens, 0, 0});
     return Read::invalid;
   }
   return Read::counts;

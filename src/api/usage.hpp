@@ -41,10 +41,28 @@ enum class UsageRoute : std::uint8_t { generation, pooling };
 // null}): such a usage is invalid (it cannot be billed as sent), and the
 // request is charged the parts said and the no-usage estimate of the rest
 // (docs/admission.md, "Usage out of range").
+// (Held by every stream's usage hook and request context: 24 bytes, counts as 32 bits, which every count
+// that reads is: kMaxUsageTokens.)
 struct PartialUsage {
+  struct Counts {
+    std::uint32_t prompt_tokens = 0;
+    std::uint32_t completion_tokens = 0;
+    std::uint32_t cached_tokens = 0;
+    std::uint32_t cache_write_tokens = 0;
+    std::uint32_t cache_write_1h_tokens = 0;
+    Counts() = default;
+    // A Usage's counts but total_tokens, each at most UINT32_MAX.
+    explicit Counts(const Usage& u)
+        : prompt_tokens(narrow(u.prompt_tokens)),
+          completion_tokens(narrow(u.completion_tokens)),
+          cached_tokens(narrow(u.cached_tokens)),
+          cache_write_tokens(narrow(u.cache_write_tokens)),
+          cache_write_1h_tokens(narrow(u.cache_write_1h_tokens)) {}
+    static std::uint32_t narrow(std::uint64_t n) { return n > UINT32_MAX ? UINT32_MAX : static_cast<std::uint32_t>(n); }
+  };
+  Counts counts;            // the parts said; 0 in the others
   bool prompt = false;      // counts' prompt_tokens and its cached and cache-write tokens are the upstream's
   bool completion = false;  // counts' completion_tokens is the upstream's
-  Usage counts;             // the parts said; 0 in the others
 };
 
 // Reads the top-level "usage" member of a response body or a stream chunk's

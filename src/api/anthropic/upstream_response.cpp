@@ -65,9 +65,8 @@ Read read_usage(const json::object& u, AnthropicUsage& out, PartialUsage* partia
       *partial = {};
       partial->prompt = said_in;
       partial->completion = said_out;
-      if (said_in) partial->counts = AnthropicUsage{*in, *cc, *cr, 0, c1h}.openai();
-      partial->counts.completion_tokens = said_out ? *out_tokens : 0;
-      partial->counts.total_tokens = 0;
+      if (said_in) partial->counts = PartialUsage::Counts(AnthropicUsage{*in, *cc, *cr, 0, c1h}.openai());
+      partial->counts.completion_tokens = said_out ? PartialUsage::Counts::narrow(*out_tokens) : 0;
     }
     return Read::invalid;
   }

@@ -74,9 +74,10 @@ PartialUsage said_parts(const AnthropicUsage& u, bool prompt, bool output) {
   if (u.invalid) return p;
   p.prompt = prompt;
   p.completion = output;
-  if (prompt) p.counts = AnthropicUsage{u.input, u.cache_creation, u.cache_read, 0, u.cache_creation_1h}.openai();
-  p.counts.completion_tokens = output ? u.output : 0;
-  p.counts.total_tokens = p.counts.prompt_tokens + p.counts.completion_tokens;
+  if (prompt)
+    p.counts =
+        PartialUsage::Counts(AnthropicUsage{u.input, u.cache_creation, u.cache_read, 0, u.cache_creation_1h}.openai());
+  p.counts.completion_tokens = output ? PartialUsage::Counts::narrow(u.output) : 0;
   return p;
 }
 

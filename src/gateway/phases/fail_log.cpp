@@ -210,9 +210,9 @@ api::Usage GatewayPhases::unreported_usage(const RequestContext& ctx, const api:
   const api::PartialUsage said = ctx.sse_answer ? ctx.hooks.said_usage() : ctx.said_usage;
   u.prompt_tokens = said.prompt ? said.counts.prompt_tokens : ctx.prompt_tokens_estimate;
   if (said.prompt) {
-    u.cached_tokens = std::min(said.counts.cached_tokens, u.prompt_tokens);
-    u.cache_write_tokens = std::min(said.counts.cache_write_tokens, u.prompt_tokens);
-    u.cache_write_1h_tokens = std::min(said.counts.cache_write_1h_tokens, u.cache_write_tokens);
+    u.cached_tokens = std::min<std::uint64_t>(said.counts.cached_tokens, u.prompt_tokens);
+    u.cache_write_tokens = std::min<std::uint64_t>(said.counts.cache_write_tokens, u.prompt_tokens);
+    u.cache_write_1h_tokens = std::min<std::uint64_t>(said.counts.cache_write_1h_tokens, u.cache_write_tokens);
   }
   // The completion that reached the client: at least a token per content event relayed, and at least its
   // text at the prompt estimate's 4 bytes a token (an event may carry many: an Anthropic text_delta, vLLM's

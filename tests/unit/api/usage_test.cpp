@@ -15,6 +15,8 @@ using Counts = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t, std::uint
 
 // prompt, completion, total, cached
 Counts counts(const Usage& u) { return {u.prompt_tokens, u.completion_tokens, u.total_tokens, u.cached_tokens}; }
+// A partial usage's counts (no total: 0).
+Counts counts(const PartialUsage::Counts& c) { return {c.prompt_tokens, c.completion_tokens, 0, c.cached_tokens}; }
 
 struct UsageCase {
   std::string_view name;
