@@ -147,8 +147,13 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
   written_at_ = std::chrono::steady_clock::now();
   written_whole_ = !ec && !cut_off_;
   // Interim responses (1xx but 101, RFC 9110 §15.2: 100 Continue, 103 Early
-  // Hints) come before the final one: skip them.
+  // Hints) come before the final one: skip them. Their heads count together
+  // against kMaxResponseHead (as Go counts them against its response header
+  // limit): an upstream that sends 1xx heads without end fails as one whose
+  // head is too large, after at most 64 KiB of them, instead of holding a
+  // worker for as long as the response timeout lets it.
   bool space_restored = false;
+  std::size_t interim_bytes = 0;
   for (bool interim = true; !ec && interim;) {
     auto fields_store = parser_ ? parser_->get().take_storage() : FlatFields::Storage();  // the last head's room
     parser_.emplace();
@@ -185,6 +190,13 @@ Task<UpstreamFailure> Exchange::start(const Request& r) {
     head_bytes_ += rn + conn_->buffer().size();
     const int status = ec ? 0 : parser_->get().result_int();
     interim = status >= 100 && status < 200 && status != 101;
+    if (interim) [[unlikely]] {
+      space_restored = false;  // (each head's status line may lack its space)
+      if ((interim_bytes += rn) > kMaxResponseHead) {
+        ec = bh::error::header_limit;  // (UpstreamFailure::protocol: the connection is not reused)
+        head_too_large_ = true;
+      }
+    }
   }
   if (ec) {
     // A new connection whose server refused the client certificate (or its

@@ -81,6 +81,14 @@ void fail(const ProbeRequest& r, const Socket& sock, std::string_view what, cons
 // fit fail the read (buffer_overflow) instead of growing it without bound.
 constexpr std::size_t kReadBufferCap = 128 * 1024;
 
+// The most bytes of interim (1xx) heads before an answer: Beast's head limit
+// (8 KiB), which the final head has on its own. Past it the read fails
+// (http::error::header_limit) and the connection is closed.
+constexpr std::size_t kMaxInterimHeads = 8 * 1024;
+
+// An interim response's status (1xx but 101 Switching Protocols, RFC 9110 §15.2).
+constexpr bool is_interim(int status) { return status >= 100 && status < 200 && status != 101; }
+
 // Writes `request` to `stream`, then reads the answer into `parser` (Beast
 // frames it: Content-Length, chunked or close-delimited, RFC 9112 §6,
 // within the parser's limits), keeping what follows it in `buf`. Returns the
@@ -97,14 +105,30 @@ Task<boost::system::error_code> exchange_over(Stream& stream, const RequestBuffe
   wrote = true;
   parser.body_limit(body_limit);
   auto [rec, rn] = co_await bh::async_read(stream, buf, parser, use_task);
-  (void)rn;
-  if (rec == bh::error::bad_status && restore_status_line_space(buf)) {  // "HTTP/1.1 200\r\n": read again
+  // Beast's parser ends a message at an interim (1xx) head, which has no
+  // body: skipped, as a client must (RFC 9110 §15.2), the answer being the
+  // final response after them. (Taken for the answer, a 103 failed the
+  // fetch, and on a kept connection left the real answer to be read as the
+  // next request's.) Their heads count together against kMaxInterimHeads.
+  bool space_restored = false;
+  std::size_t interim_bytes = 0;
+  for (;;) {
+    if (rec == bh::error::bad_status && !space_restored && restore_status_line_space(buf)) {
+      space_restored = true;  // "HTTP/1.1 200\r\n": read again
+    } else if (rec || !is_interim(parser.get().result_int())) {
+      break;
+    } else if ((interim_bytes += rn) > kMaxInterimHeads) {
+      rec = bh::error::header_limit;
+      break;
+    } else {
+      space_restored = false;  // (each head's status line may lack its space)
+    }
     std::destroy_at(&parser);
     std::construct_at(&parser);
     parser.body_limit(body_limit);
     auto [again, n2] = co_await bh::async_read(stream, buf, parser, use_task);
-    (void)n2;
     rec = again;
+    rn = n2;
   }
   // A TLS peer that closes without close_notify after a complete message is fine.
   if (rec && is_tls_close(rec) && parser.is_done()) co_return boost::system::error_code();

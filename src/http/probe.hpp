@@ -77,7 +77,9 @@ Task<ProbeResult> probe_health(Executor ex, const ProbeRequest& r);
 
 // `GET <path>` the same way, reading the whole response within r.timeout
 // (Beast's parser: Content-Length, chunked or close-delimited, RFC 9112 §6)
-// into `body`. Returns the status code, or 0 on refusal, timeout, reset, a
+// into `body`. Returns the final response's status code (interim 1xx heads
+// before it are skipped, up to 8 KiB of them in all: past that the response
+// is malformed), or 0 on refusal, timeout, reset, a
 // malformed or cut response, a body over `max_bytes`, or a socket Weir could
 // not open (`body` then empty; r.failure, when set, says which). Also the control plane's one HTTP client
 // for small documents (auth/jwks_http.cpp).
@@ -107,7 +109,8 @@ struct PostRequest {
 
 // What a POST got back.
 struct PostAnswer {
-  int status = 0;     // the answer's status; 0 = none (`error` says why)
+  // The final answer's status (interim 1xx heads before it skipped, as fetch_text does); 0 = none (`error` says why).
+  int status = 0;
   std::string error;  // empty on an answer
   // Retry-After in seconds (RFC 9110 §10.2.3: only its delay-seconds form); 0 = none.
   std::chrono::seconds retry_after{};

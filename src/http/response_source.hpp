@@ -77,7 +77,8 @@ class ResponseSource {
 // a ResponseSource. http::Exchange is the HTTP/1.1 implementation; tests
 // script one (tests/unit/gateway/proxy_test.cpp).
 // An upstream response's head limit, in bytes: the status line to the blank
-// line, exactly (http::head_over_limit), each interim (1xx) head on its own.
+// line, exactly (http::head_over_limit); the interim (1xx) heads before the
+// final one count together against it, the final head on its own.
 // Fixed, not a pool option: a model server's heads are a few hundred bytes,
 // and the limit only bounds what one answer may make Weir hold. Past it the
 // attempt fails as an invalid response (UpstreamFailure::protocol, 502).

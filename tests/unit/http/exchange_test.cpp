@@ -717,6 +717,45 @@ TEST_F(HttpExchange, InterimResponsesBeforeTheFinalOneAreSkipped) {
   expect_body("ok");
 }
 
+// An upstream that sends interim heads without end (a flood of 103s: Weir
+// read 11.5 million of them in 4 s) fails as one whose head is too large once
+// they pass kMaxResponseHead in all (the 502 of an oversized head), not after
+// the response timeout; the connection is not reused. (Regression: each head
+// was checked on its own, their number unbounded.)
+TEST_F(HttpExchange, InterimHeadsOverTheHeadLimitInAllFailAsAHeadTooLarge) {
+  const std::string hint = "HTTP/1.1 103 Early Hints\r\n\r\n";
+  std::string flood;
+  while (flood.size() <= kMaxResponseHead) flood += hint;
+  begin();
+  feed(flood + content_length_response("ok"));
+  ASSERT_TRUE(finish());
+  EXPECT_EQ(run.started, UpstreamFailure::protocol);
+  EXPECT_TRUE(ex->head_too_large());
+  EXPECT_FALSE(release());
+}
+
+// Each head's status line may lack its space and reason ("HTTP/1.1 103\r\n"), the interim ones' too.
+TEST_F(HttpExchange, InterimAndFinalStatusLinesWithoutAReasonAreRead) {
+  begin();
+  upstream_writes("HTTP/1.1 103\r\n\r\nHTTP/1.1 100\r\n\r\nHTTP/1.1 200\r\ncontent-length: 2\r\n\r\nok");
+  ASSERT_TRUE(finish());
+  EXPECT_EQ(ex->head().result_int(), 200);
+  expect_body("ok");
+}
+
+// Up to the limit in all, they are skipped as any interim response is.
+TEST_F(HttpExchange, InterimHeadsWithinTheHeadLimitInAllAreSkipped) {
+  const std::string hint = "HTTP/1.1 103 Early Hints\r\n\r\n";
+  std::string flood;
+  while (flood.size() + hint.size() <= kMaxResponseHead) flood += hint;
+  begin();
+  feed(flood + content_length_response("ok"));
+  ASSERT_TRUE(finish());
+  EXPECT_EQ(ex->head().result_int(), 200);
+  EXPECT_FALSE(ex->head_too_large());
+  expect_body("ok");
+}
+
 // The plain http:// path pays nothing for TLS (issue 12): a stream's reads
 // on a plain connection allocate nothing in steady state.
 TEST_F(HttpExchange, SteadyStateReadsOnAPlainConnectionDoNotAllocate) {

@@ -95,6 +95,22 @@ TEST(FetchText, ReportsTheStatusAndZeroForABrokenAnswer) {
   EXPECT_EQ(fetch("garbage", body), 0);
 }
 
+// Interim (1xx) heads before the answer are skipped (RFC 9110 §15.2), up to
+// 8 KiB of them in all; past that the answer is malformed. (Regression: a 103
+// was taken for the answer, status 103.)
+TEST(FetchText, SkipsInterimHeadsBeforeTheAnswerWithinABound) {
+  std::string body;
+  EXPECT_EQ(fetch("HTTP/1.1 103 Early Hints\r\nLink: </k>; rel=preload\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n"
+                  "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+                  body),
+            200);
+  EXPECT_EQ(body, "ok");
+  EXPECT_EQ(fetch("HTTP/1.1 103\r\n\r\nHTTP/1.1 200\r\ncontent-length: 2\r\n\r\nok", body), 200);
+  std::string flood;
+  while (flood.size() <= 8 * 1024) flood += "HTTP/1.1 103 Early Hints\r\n\r\n";
+  EXPECT_EQ(fetch(flood + "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok", body), 0);
+}
+
 // An HTTP/1.1 server on loopback, in a thread: reads each request (its head
 // and Content-Length body) and writes the next scripted answer; then, as
 // scripted, closes the connection or keeps it; `silent`: never answers.
@@ -222,6 +238,22 @@ TEST(KeptConnection, PostsOnOneConnectionAndReadsStatusRetryAfterAndBody) {
   EXPECT_EQ(reqs[0],
             "POST /v1/traces HTTP/1.1\r\nHost: collector:4318\r\nContent-Type: application/json\r\n"
             "User-Agent: weir/1\r\nx-api-key: k\r\nContent-Length: 5\r\n\r\nhello");
+}
+
+// A 103 before the answer is skipped: the answer is the POST's, and the next
+// POST reads its own. (Regression: the 103 was taken for the first answer,
+// and the first's 200 then read as the second's.)
+TEST(KeptConnection, SkipsAnInterimHeadBeforeTheAnswer) {
+  PostServer server({{"HTTP/1.1 103 Early Hints\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"},
+                     {"HTTP/1.1 202 Accepted\r\ncontent-length: 0\r\n\r\n"}});
+  asio::io_context io;
+  http::KeptConnection c(io.get_executor(), {.host = "127.0.0.1", .port = server.endpoint().port()});
+  auto a = post(io, c, otlp_post("1"));
+  EXPECT_EQ(a.status, 200) << a.error;
+  EXPECT_EQ(a.body, "ok");
+  a = post(io, c, otlp_post("2"));
+  EXPECT_EQ(a.status, 202) << a.error;
+  EXPECT_EQ(server.connections(), 1);
 }
 
 TEST(KeptConnection, OpensANewConnectionWhenTheServerClosedTheLastOne) {

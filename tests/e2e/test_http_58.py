@@ -1,0 +1,138 @@
+"""HTTP front and upstream parsing (stop 58: a parser differential, ~250 crafted requests and upstream answers).
+
+H1. DEFECT: Weir read interim (1xx) upstream heads without end: an upstream sending 103 Early Hints as fast as it
+    could for 4 s had Weir read 11.5 million of them (~460 MB, ~2 s of a worker's CPU), then serve its 200; each
+    head was checked on its own, their number never. Now the interim heads count together against the response
+    head limit (64 KiB, as Go counts them against MaxResponseHeaderBytes): past it the attempt fails as an
+    oversized head does (502 upstream_unavailable), and the connection is not reused.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+
+import openai
+import pytest
+
+HINT = b"HTTP/1.1 103 Early Hints\r\n\r\n"
+
+
+def chat_answer(content: str) -> bytes:
+    body = json.dumps({"id": "chatcmpl-58", "object": "chat.completion", "created": 1, "model": "m",
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
+                                    "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}).encode()
+    return b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+
+class HintingUpstream:
+    """A raw HTTP/1.1 upstream (keep-alive, a thread per connection). A request for model ``flood`` is answered
+    with ``hints`` 103 heads, then a 200 whose content is "after-flood"; any other with a 200 of "fresh".
+    ``served`` lists (connection number, model) per request."""
+
+    def __init__(self, hints: int):
+        self.hints = hints
+        self.served: list[tuple[int, str]] = []
+        self.lock = threading.Lock()
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with self.lock:
+                self.conns.append(c)
+                n = len(self.conns)
+            threading.Thread(target=self._serve, args=(c, n), daemon=True).start()
+
+    def _serve(self, c: socket.socket, n: int) -> None:
+        buf = b""
+        try:
+            while True:
+                while b"\r\n\r\n" not in buf:
+                    data = c.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length:"))
+                while len(buf) < length:
+                    data = c.recv(65536)
+                    if not data:
+                        return
+                    buf += data
+                body, buf = buf[:length], buf[length:]
+                model = json.loads(body)["model"]
+                with self.lock:
+                    self.served.append((n, model))
+                if model == "flood":
+                    c.sendall(HINT * self.hints + chat_answer("after-flood"))
+                else:
+                    c.sendall(chat_answer("fresh"))
+        except OSError:
+            return
+        finally:
+            c.close()
+
+    def stop(self) -> None:
+        self.sock.close()
+        with self.lock:
+            for c in self.conns:
+                try:
+                    c.close()
+                except OSError:
+                    pass
+
+
+@pytest.fixture
+def hinting():
+    ups: list[HintingUpstream] = []
+
+    def make(hints: int) -> HintingUpstream:
+        ups.append(HintingUpstream(hints))
+        return ups[-1]
+
+    yield make
+    for u in ups:
+        u.stop()
+
+
+def hint_gateway(weir, up: HintingUpstream):
+    return weir(config={"pools": {"p": {"endpoints": [f"http://127.0.0.1:{up.port}"]}},
+                        "models": {"flood": {"pool": "p"}, "ok": {"pool": "p"}}}, workers=1)
+
+
+def test_interim_heads_over_the_head_limit_in_all_are_a_502_and_the_connection_is_not_reused(weir, hinting):
+    # 3,000 heads of 27 bytes: 81 KB, past the 64 KiB a response head may have (a few thousand, not millions).
+    up = hinting(3000)
+    w = hint_gateway(weir, up)
+    client = w.client()
+    with pytest.raises(openai.APIStatusError) as exc:
+        client.chat.completions.create(model="flood", messages=[{"role": "user", "content": "hi"}])
+    assert exc.value.status_code == 502
+    err = exc.value.body if isinstance(exc.value.body, dict) else {}
+    assert err.get("code") == "upstream_unavailable", exc.value.body
+    assert "response head larger than 65536 bytes" in err.get("message", ""), exc.value.body
+    flood_conns = {n for n, model in up.served if model == "flood"}
+    assert flood_conns
+    # The pool's next request: answered on a fresh connection with its own answer, not the flood's leftover 200.
+    r = client.chat.completions.create(model="ok", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "fresh"
+    assert up.served[-1][1] == "ok" and up.served[-1][0] not in flood_conns, up.served
+
+
+def test_interim_heads_within_the_head_limit_are_skipped(weir, hinting):
+    up = hinting(64 * 1024 // len(HINT))  # (2,427 heads: 65,529 bytes in all)
+    w = hint_gateway(weir, up)
+    r = w.client().chat.completions.create(model="flood", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "after-flood"
+    r = w.client().chat.completions.create(model="ok", messages=[{"role": "user", "content": "hi"}])
+    assert r.choices[0].message.content == "fresh"
