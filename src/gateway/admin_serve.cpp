@@ -8,7 +8,9 @@
 #include "http/headers.hpp"
 
 #include <array>
+#include <memory>
 #include <optional>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <boost/asio/write.hpp>
@@ -129,10 +131,13 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
   });
   for (;;) {
     http::FlatParser<true, http::AppendStringBody> parser;
-    parser.header_limit(kMaxHeader);
-    parser.body_limit(kMaxBody);
-    ext_check = {.left = kMaxHeader, .over = false};
-    parser.on_chunk_header(ext_check);
+    const auto set_up = [&] {
+      parser.header_limit(kMaxHeader);
+      parser.body_limit(kMaxBody);
+      ext_check = {.left = kMaxHeader, .over = false};
+      parser.on_chunk_header(ext_check);
+    };
+    set_up();
     stream.expires_never();
     read_deadline.reset_expired();
     if (buf.size() == 0) {
@@ -147,6 +152,14 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
     const auto t0 = core::now();
     read_deadline.expires_after(kRequestTimeout);
     auto [ec, n] = co_await bh::async_read_header(stream, buf, parser, core::use_task);
+    // HTTP/1.2 to 1.9: read as HTTP/1.1 (RFC 9110 §2.5), as on the client listener (http::Downstream).
+    if (ec == bh::error::bad_version &&
+        http::take_higher_minor_as_11({static_cast<char*>(buf.data().data()), buf.size()})) {
+      std::destroy_at(&parser);
+      std::construct_at(&parser);
+      set_up();
+      std::tie(ec, n) = co_await bh::async_read_header(stream, buf, parser, core::use_task);
+    }
     if (read_deadline.expired()) ec = beast::error::timeout;
     // (The head's own size is the limit's measure, as on the client listener: Beast's check lets one past it.)
     if (http::head_over_limit(ec, n, kMaxHeader)) ec = bh::error::header_limit;

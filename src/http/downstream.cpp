@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <iterator>
 #include <memory>
+#include <tuple>
 
 #include <boost/asio/write.hpp>
 #include <boost/beast/http/read.hpp>
@@ -213,16 +214,19 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
   target_ = {};
   bytes_in_ = 0;
   client_len_ = 0;
-  renew_parser();
+  const auto new_parser = [this] {
+    renew_parser();
+    parser_->header_limit(sc_.max_header_bytes);
+    chunk_headers_ = {.self = this, .ext = {.left = sc_.max_header_bytes, .over = false}};
+    parser_->on_chunk_header(chunk_headers_);  // a reference: no allocation
+    // No body limit while the head is read: Beast would reject a large
+    // Content-Length as a header error; read_body() answers it with 413.
+    parser_->body_limit(boost::none);
+  };
+  new_parser();
   version_ = 0;
   head_method_ = false;
-  parser_->header_limit(sc_.max_header_bytes);
-  chunk_headers_ = {.self = this, .ext = {.left = sc_.max_header_bytes, .over = false}};
-  parser_->on_chunk_header(chunk_headers_);  // a reference: no allocation
-  body_charge_.release();                    // (the last request's body is over)
-  // No body limit while the head is read: Beast would reject a large
-  // Content-Length as a header error; read_body() answers it with 413.
-  parser_->body_limit(boost::none);
+  body_charge_.release();  // (the last request's body is over)
   body_store_.clear();
   const bool waited = in_.size() == 0;
   if (waited) {
@@ -272,6 +276,14 @@ Task<Downstream::Head> Downstream::read_head(bool first, bool draining) {
       in_.size() > 0 && in_.size() == in_.capacity() && in_.size() < kKeepInput ? kKeepInput - in_.size() : 512;
   auto [ec, n] =
       co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read, /*empty_lines=*/true, &client_wait_);
+  // HTTP/1.2 to 1.9 (Beast's parser refuses a minor over 1, taking none of the head): read as HTTP/1.1,
+  // RFC 9110 §2.5. Read again from the buffer, where Beast left the whole head it has so far.
+  if (ec && ec == bh::error::bad_version &&
+      take_higher_minor_as_11({static_cast<char*>(in_.data().data()), in_.size()})) [[unlikely]] {
+    new_parser();
+    std::tie(ec, n) = co_await read_message(sock_, in_, *parser_, /*until_head=*/true, head_read,
+                                            /*empty_lines=*/true, &client_wait_);
+  }
   watchdog_.disarm();
   bytes_in_ = n;  // (the head as far as it was parsed; empty lines before it are no request's)
   if (ec && !parser_->is_header_done()) [[unlikely]] {

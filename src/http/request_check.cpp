@@ -151,15 +151,39 @@ bool begins_proxy_protocol(std::string_view unparsed) {
   return unparsed.substr(line).starts_with(kV2.substr(4)) || unparsed.starts_with(kV2);
 }
 
-char sent_major_version(std::string_view unparsed) {
+namespace {
+
+// The HTTP-version at the end of `unparsed`'s first line (empty lines before
+// it skipped): its last SP-separated token, as a view into `unparsed`; empty
+// when it is not exactly "HTTP/" DIGIT "." DIGIT (RFC 9112 §2.3).
+std::string_view sent_version(std::string_view unparsed) {
   const std::size_t from = unparsed.find_first_not_of("\r\n");
-  if (from == std::string_view::npos) return 0;
+  if (from == std::string_view::npos) return {};
   std::string_view line = unparsed.substr(from);
   line = line.substr(0, line.find_first_of("\r\n"));
   const std::size_t sp = line.rfind(' ');
-  const std::string_view version = sp == std::string_view::npos ? line : line.substr(sp + 1);
-  if (!version.starts_with("HTTP/") || version.size() < 6 || version[5] < '0' || version[5] > '9') return 0;
-  return version[5];
+  if (sp == std::string_view::npos) return {};
+  const std::string_view version = line.substr(sp + 1);
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  if (version.size() != 8 || !version.starts_with("HTTP/") || !digit(version[5]) || version[6] != '.' ||
+      !digit(version[7]))
+    return {};
+  return version;
+}
+
+}  // namespace
+
+char sent_major_version(std::string_view unparsed) {
+  const std::string_view version = sent_version(unparsed);
+  return version.empty() ? 0 : version[5];
+}
+
+bool take_higher_minor_as_11(std::span<char> unparsed) {
+  const std::string_view all(unparsed.data(), unparsed.size());
+  const std::string_view version = sent_version(all);
+  if (version.empty() || version[5] != '1' || version[7] < '2') return false;
+  unparsed[static_cast<std::size_t>(version.data() - all.data()) + 7] = '1';
+  return true;
 }
 
 bool request_line_over(bool line_parsed, std::string_view unparsed, std::size_t limit) {

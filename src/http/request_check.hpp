@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 
@@ -71,9 +72,22 @@ bool begins_proxy_protocol(std::string_view unparsed);
 
 // The major digit of the HTTP version at the end of `unparsed`'s first line
 // (empty lines before it skipped; `HTTP/2.0` → '2'), or 0 when that line
-// does not end in "HTTP/" and a digit: for a request line the parser refused
-// as a bad version, whether the version is one Weir does not speak (505).
+// does not end in SP and a well-formed HTTP-version, exactly "HTTP/" DIGIT
+// "." DIGIT (RFC 9112 §2.3: `HTTP/2`, `HTTP/01.1`, `HTTP/1.1.1` are none):
+// for a request line the parser refused as a bad version, whether the
+// version is one Weir does not speak (505) or a malformed line (400).
 char sent_major_version(std::string_view unparsed);
+
+// For a request head the parser refused as a bad version (Beast's parser
+// refuses a minor over 1): when its first line (empty lines before it
+// skipped) ends in SP "HTTP/1." and a digit over 1, before its CR or LF or
+// the end of the bytes so far, rewrites that digit in place to '1' and
+// returns true: the head parsed again is HTTP/1.1's, judged as one in all
+// else (what follows the version included). RFC 9110 §2.5: a message of a
+// higher minor version of a major the recipient speaks is processed as the
+// highest minor it conforms to; the answer is HTTP/1.1's. Any other line:
+// false, `unparsed` untouched.
+bool take_higher_minor_as_11(std::span<char> unparsed);
 
 // For a request head refused as over the head limit (`limit` bytes:
 // server.max_header, the admin listener's 16 KiB): true when its request

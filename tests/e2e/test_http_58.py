@@ -5,6 +5,10 @@ H1. DEFECT: Weir read interim (1xx) upstream heads without end: an upstream send
     head was checked on its own, their number never. Now the interim heads count together against the response
     head limit (64 KiB, as Go counts them against MaxResponseHeaderBytes): past it the attempt fails as an
     oversized head does (502 upstream_unavailable), and the connection is not reused.
+H2. DEFECT: a malformed HTTP-version got 505 for the digit after the slash (``HTTP/01.1`` → "HTTP/0 is not
+    supported", ``HTTP/2``); RFC 9112 §2.3: HTTP-version = "HTTP/" DIGIT "." DIGIT, a malformed one is a 400. And
+    ``HTTP/1.2`` was refused (400) where RFC 9110 §2.5 says to process it as the highest minor of that major the
+    server speaks: now read as HTTP/1.1, on both listeners.
 """
 
 from __future__ import annotations
@@ -13,8 +17,12 @@ import json
 import socket
 import threading
 
+import httpx
 import openai
 import pytest
+
+from conftest import free_port, wait_until
+from httpwire import RawConn
 
 HINT = b"HTTP/1.1 103 Early Hints\r\n\r\n"
 
@@ -136,3 +144,92 @@ def test_interim_heads_within_the_head_limit_are_skipped(weir, hinting):
     assert r.choices[0].message.content == "after-flood"
     r = w.client().chat.completions.create(model="ok", messages=[{"role": "user", "content": "hi"}])
     assert r.choices[0].message.content == "fresh"
+
+
+def gateway(weir, mock):
+    m = mock()
+    return weir(config={"pools": {"p": {"endpoints": [m.base_url]}}, "models": {"mock-model": {"pool": "p"}}},
+                workers=1)
+
+
+@pytest.fixture(scope="module")
+def module_gateway(module_weir, module_mock):
+    return gateway(module_weir, module_mock)
+
+
+def models_request(version: bytes) -> bytes:
+    return b"GET /v1/models " + version + b"\r\nHost: 127.0.0.1\r\nAuthorization: Bearer test\r\n\r\n"
+
+
+@pytest.mark.parametrize("version", [b"HTTP/01.1", b"HTTP/001.1", b"HTTP/2", b"HTTP/10.1", b"HTTP/1", b"HTTP/1.1.1",
+                                     b"HTTP/2.0.0", b"HTTP/1.x", b"http/1.1"])
+def test_a_malformed_http_version_is_a_400(module_gateway, version):
+    with RawConn(module_gateway.port) as raw:
+        raw.send(models_request(version))
+        r = raw.read_response("GET")
+    assert r.status == 400, (version, r.status, r.body)
+    assert r.version == "HTTP/1.1"
+
+
+@pytest.mark.parametrize("version", [b"HTTP/2.0", b"HTTP/3.0", b"HTTP/0.9"])
+def test_a_well_formed_version_of_another_major_is_a_505(module_gateway, version):
+    with RawConn(module_gateway.port) as raw:
+        raw.send(models_request(version))
+        r = raw.read_response("GET")
+    assert r.status == 505, (version, r.status, r.body)
+    assert json.loads(r.body)["error"]["code"] == "http_version_not_supported"
+
+
+@pytest.mark.parametrize("version", [b"HTTP/1.2", b"HTTP/1.9"])
+def test_a_higher_minor_of_http1_is_served_as_http11(module_gateway, version):
+    with RawConn(module_gateway.port) as raw:
+        # Twice on the connection: the first is kept alive as an HTTP/1.1 request is.
+        body = b'{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}'
+        req = (b"POST /v1/chat/completions " + version + b"\r\nHost: 127.0.0.1\r\nContent-Type: application/json"
+               b"\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        for _ in range(2):
+            raw.send(req)
+            r = raw.read_response("POST")
+            assert r.status == 200, (version, r.status, r.body)
+            assert r.version == "HTTP/1.1"
+            assert r.json()["object"] == "chat.completion"
+            assert not r.closed
+    # The request line split right after the version: the same answer once it comes whole.
+    with RawConn(module_gateway.port) as raw:
+        raw.send(models_request(version)[:len(b"GET /v1/models ") + len(version)])
+        raw.send(models_request(version)[len(b"GET /v1/models ") + len(version):])
+        assert raw.read_response("GET").status == 200
+
+
+ADMIN_ENV = {"WEIR_TEST_ADMIN_TOKEN": "admin-token-for-http58-tests-0123456789"}
+
+
+@pytest.fixture(scope="module")
+def admin_port(module_weir):
+    port = free_port()
+    # (Tenants: the admin API's key routes take a request to its body, where a trailer comes.)
+    module_weir(config={"pools": {"p": {"endpoints": ["http://127.0.0.1:9"]}}, "models": {"m": {"pool": "p"}},
+                        "tenants": {"acme": {"models": ["m"]}},
+                        "auth": {"required": True, "api_keys": [{"id": "acme-cfg", "sha256": "0" * 64,
+                                                                 "tenant": "acme"}]},
+                        "admin": {"listen": f"127.0.0.1:{port}", "token_env": "WEIR_TEST_ADMIN_TOKEN"}},
+                env=ADMIN_ENV)
+
+    def ready() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code in (200, 503)
+        except httpx.TransportError:
+            return False
+
+    wait_until(ready, 5, message="admin listener")
+    return port
+
+
+@pytest.mark.parametrize("version,statuses", [(b"HTTP/1.2", (200, 503)), (b"HTTP/01.1", (400,)), (b"HTTP/2", (400,)),
+                                              (b"HTTP/2.0", (505,))])
+def test_the_admin_listener_reads_versions_alike(admin_port, version, statuses):
+    with RawConn(admin_port) as raw:
+        raw.send(b"GET /ready " + version + b"\r\nHost: 127.0.0.1\r\n\r\n")
+        r = raw.read_response("GET")
+    assert r.status in statuses, (version, r.status, r.body)  # (/ready: 503 until the pool's endpoint is up)
+    assert r.version == "HTTP/1.1"

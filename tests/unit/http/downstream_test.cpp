@@ -243,7 +243,7 @@ TEST_F(HttpDownstream, HeadJustUnderMaxHeaderIsRead) {
 }
 
 TEST_F(HttpDownstream, GarbageIsMalformed) {
-  for (const std::string bad : {"HELLO\r\n\r\n", "GET / HTTP/1.9\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
+  for (const std::string bad : {"HELLO\r\n\r\n", "GET / HTTP/01.1\r\n\r\n", "GET / HTTP/1.1\r\nNo colon here\r\n\r\n",
                                 "POST / HTTP/1.1\r\nContent-Length: abc\r\n\r\n", "GET\x01/ HTTP/1.1\r\n\r\n"}) {
     SCOPED_TRACE(bad);
     restart();

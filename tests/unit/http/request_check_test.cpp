@@ -242,15 +242,43 @@ TEST(BeginsHeadRequest, ReadsTheMethodTokenFirstOnTheLine) {
   EXPECT_FALSE(begins_head_request(""));
 }
 
+// HTTP/1.2 to 1.9 is read as HTTP/1.1 (RFC 9110 §2.5): the minor digit rewritten in place, nothing else.
+TEST(RefusedHead, AHigherMinorOfOneIsTakenAsOneOne) {
+  const auto take = [](std::string bytes) {
+    return take_higher_minor_as_11(std::span<char>(bytes.data(), bytes.size())) ? bytes : std::string("(untouched)");
+  };
+  EXPECT_EQ(take("GET / HTTP/1.2\r\nHost: x\r\n\r\n"), "GET / HTTP/1.1\r\nHost: x\r\n\r\n");
+  EXPECT_EQ(take("\r\nPOST /v1/chat HTTP/1.9\r\n"), "\r\nPOST /v1/chat HTTP/1.1\r\n");
+  EXPECT_EQ(take("GET / HTTP/1.2"), "GET / HTTP/1.1");  // (the parser then judges what follows, as for 1.1)
+  EXPECT_EQ(take("GET / HTTP/1.1\r\n"), "(untouched)");
+  EXPECT_EQ(take("GET / HTTP/1.0\r\n"), "(untouched)");
+  EXPECT_EQ(take("GET / HTTP/2.0\r\n"), "(untouched)");
+  EXPECT_EQ(take("GET / HTTP/1.12\r\n"), "(untouched)");
+  EXPECT_EQ(take("GET / HTTP/01.2\r\n"), "(untouched)");
+  EXPECT_EQ(take("GET / HTTP/1.x\r\n"), "(untouched)");
+  EXPECT_EQ(take(""), "(untouched)");
+}
+
 // A refused head's version (505 for a major other than 1) and a PROXY protocol header (a named 400).
 TEST(RefusedHead, SentMajorVersionAndProxyProtocol) {
   EXPECT_EQ(sent_major_version("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"), '2');
   EXPECT_EQ(sent_major_version("\r\nGET / HTTP/3.0\r\nHost: x"), '3');
   EXPECT_EQ(sent_major_version("GET / HTTP/1.2\r\n"), '1');
-  EXPECT_EQ(sent_major_version("GET / HTTP/2"), '2');  // (the line not yet ended)
+  EXPECT_EQ(sent_major_version("GET / HTTP/0.9\r\n"), '0');
   EXPECT_EQ(sent_major_version("GET / FTP/2.0\r\n"), 0);
   EXPECT_EQ(sent_major_version("GET / HTTP/x.0\r\n"), 0);
   EXPECT_EQ(sent_major_version(""), 0);
+  // Only a well-formed HTTP-version ("HTTP/" DIGIT "." DIGIT, RFC 9112 §2.3) has a major: a malformed one
+  // is a 400, not a 505 for the digit after the slash. (Regression: HTTP/01.1 got "HTTP/0 is not supported".)
+  EXPECT_EQ(sent_major_version("GET / HTTP/2\r\n"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/2"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/01.1\r\n"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/001.1\r\n"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/10.1\r\n"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/1\r\n"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/1.1.1\r\n"), 0);
+  EXPECT_EQ(sent_major_version("GET / HTTP/2.0 \r\n"), 0);
+  EXPECT_EQ(sent_major_version("HTTP/2.0\r\n"), 0);  // (no method, no target)
   EXPECT_TRUE(begins_proxy_protocol("PROXY TCP4 1.2.3.4 5.6.7.8 1 2\r\n"));
   EXPECT_TRUE(begins_proxy_protocol(std::string_view("\r\n\r\n\0\r\nQUIT\n!", 13)));
   EXPECT_TRUE(begins_proxy_protocol(std::string_view("\0\r\nQUIT\n!", 9)));  // (its CRLFs taken as empty lines)
