@@ -297,7 +297,8 @@ core::Task<void> AdminServer::serve(http::Socket sock) {
             "is too large.");
       } else if (ec && parser.obs_fold()) {
         e = admin_bad_request(
-            "Malformed HTTP request: a header line begins with a space or tab (obs-fold, RFC 9112 §5.2); send "
+            "Malformed HTTP request: a header or trailer line begins with a space or tab (obs-fold, RFC 9112 §5.2); "
+            "send "
             "each field on one line.");
       } else if (problem == http::HeadProblem::unsupported_coding) {
         e = AdminError{501,

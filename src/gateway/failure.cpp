@@ -38,7 +38,7 @@ core::Error read_error(http::ReadFailure f, const core::ServerConfig& sc, std::s
           "Content-Length nor HTTP/1.0; Content-Length comes once, with one value.");
     case http::ReadFailure::obs_fold:
       return core::bad_request(
-          "Malformed HTTP request: a header line begins with a space or tab (obs-fold, RFC 9112 §5.2); send "
+          "Malformed HTTP request: a header or trailer line begins with a space or tab (obs-fold, RFC 9112 §5.2); send "
           "each field on one line.");
     case http::ReadFailure::unsupported_coding:
       return core::unsupported_transfer_coding();

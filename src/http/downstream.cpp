@@ -445,6 +445,8 @@ Task<bool> Downstream::read_body() {
              ec == asio::error::connection_reset || ec == asio::error::eof) {
     peer_gone_ = true;
     failure_ = ReadFailure::client_closed;
+  } else if (parser_->obs_fold()) {
+    failure_ = ReadFailure::obs_fold;  // an obs-folded trailer line, refused as in the head
   } else {
     failure_ = ReadFailure::malformed;
   }

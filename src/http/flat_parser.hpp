@@ -79,10 +79,10 @@ class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
   ~FlatParser() override = default;
 
   // The head had a field value continued on a next line (obs-fold, RFC 9112
-  // §5.2: a line starting with SP or HTAB). A request's is refused (the
-  // parse fails with bad_value), as is a response's in Content-Length or
-  // Transfer-Encoding; another response field's value stands, each fold
-  // replaced by one SP.
+  // §5.2: a line starting with SP or HTAB), or a request's trailer section
+  // did. A request's is refused (the parse fails with bad_value), as is a
+  // response's in Content-Length or Transfer-Encoding; another response
+  // field's value stands, each fold replaced by one SP.
   bool obs_fold() const noexcept { return obs_fold_; }
 
   message_type& get() noexcept { return m_; }
@@ -136,7 +136,17 @@ class FlatParser final : public boost::beast::http::basic_parser<isRequest> {
 
   void on_field_impl(boost::beast::http::field name, string_view name_string, string_view value,
                      error_code& ec) override {
-    if (this->is_header_done()) return;  // a trailer field: dropped (RFC 9110 §6.5.1)
+    if (this->is_header_done()) {
+      // A trailer field: dropped (RFC 9110 §6.5.1). A request's obs-folded
+      // one is refused as in the head (and Beast refuses Content-Length and
+      // Transfer-Encoding there as framing it cannot take): one rule for a
+      // request's field lines wherever they come.
+      if (isRequest && obs_folded(name_string, value)) [[unlikely]] {
+        obs_fold_ = true;
+        ec = boost::beast::http::error::bad_value;
+      }
+      return;
+    }
     if (obs_folded(name_string, value)) [[unlikely]] {
       // RFC 9112 §5.2: a server must refuse obs-fold in a request (or replace it with SP): a proxy in front
       // that keeps the fold would read `Transfer-Encoding:\r\n chunked` as no transfer coding, and the two

@@ -9,6 +9,9 @@ H2. DEFECT: a malformed HTTP-version got 505 for the digit after the slash (``HT
     supported", ``HTTP/2``); RFC 9112 §2.3: HTTP-version = "HTTP/" DIGIT "." DIGIT, a malformed one is a 400. And
     ``HTTP/1.2`` was refused (400) where RFC 9110 §2.5 says to process it as the highest minor of that major the
     server speaks: now read as HTTP/1.1, on both listeners.
+H3. DEFECT: an obs-folded trailer line in a request was accepted where the same fold in the head is refused (and
+    the README said trailer fields are all dropped, while a Content-Length or Transfer-Encoding trailer is a 400).
+    Now a request's trailer lines follow the head's rules where they could frame or fold: 400, as the README says.
 """
 
 from __future__ import annotations
@@ -201,6 +204,31 @@ def test_a_higher_minor_of_http1_is_served_as_http11(module_gateway, version):
         assert raw.read_response("GET").status == 200
 
 
+def chunked_post(trailers: bytes) -> bytes:
+    body = b'{"model":"mock-model","messages":[{"role":"user","content":"hi"}],"max_tokens":3}'
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n%s\r\n" % (len(body), body, trailers))
+
+
+def test_a_trailer_field_is_dropped(module_gateway):
+    with RawConn(module_gateway.port) as raw:
+        raw.send(chunked_post(b"X-Checksum: abc\r\n"))
+        r = raw.read_response("POST")
+    assert r.status == 200, r.body
+
+
+@pytest.mark.parametrize("trailers", [b"X-Checksum: a\r\n b\r\n", b"X-Checksum:\r\n\tb\r\n",
+                                      b"Content-Length: 5\r\n", b"Transfer-Encoding: chunked\r\n"])
+def test_a_trailer_line_that_folds_or_frames_is_a_400_as_in_the_head(module_gateway, trailers):
+    with RawConn(module_gateway.port) as raw:
+        raw.send(chunked_post(trailers))
+        r = raw.read_response("POST")
+        assert r.status == 400, (trailers, r.status, r.body)
+        if b"\r\n " in trailers or b"\r\n\t" in trailers:
+            assert "obs-fold" in json.loads(r.body)["error"]["message"]
+        assert r.header("connection") == "close"
+
+
 ADMIN_ENV = {"WEIR_TEST_ADMIN_TOKEN": "admin-token-for-http58-tests-0123456789"}
 
 
@@ -233,3 +261,12 @@ def test_the_admin_listener_reads_versions_alike(admin_port, version, statuses):
         r = raw.read_response("GET")
     assert r.status in statuses, (version, r.status, r.body)  # (/ready: 503 until the pool's endpoint is up)
     assert r.version == "HTTP/1.1"
+
+
+def test_the_admin_listener_refuses_a_folded_trailer_line(admin_port):
+    with RawConn(admin_port) as raw:
+        raw.send(b"POST /admin/v1/keys HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer "
+                 + ADMIN_ENV["WEIR_TEST_ADMIN_TOKEN"].encode() + b"\r\nContent-Type: application/json\r\n"
+                 b"Transfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\nX-Checksum: a\r\n b\r\n\r\n")
+        r = raw.read_response("POST")
+    assert r.status == 400 and b"obs-fold" in r.body, (r.status, r.body)
