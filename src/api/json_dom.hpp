@@ -10,8 +10,10 @@
 #include <string>
 #include <string_view>
 
+#include <boost/json/array.hpp>
 #include <boost/json/object.hpp>
 #include <boost/json/string.hpp>
+#include <boost/json/value.hpp>
 
 namespace weir::api {
 
@@ -26,6 +28,62 @@ inline std::string_view string_at(const boost::json::object& o, std::string_view
   const auto* v = o.if_contains(name);
   return v && v->is_string() ? sv(v->get_string()) : std::string_view{};
 }
+
+// An answer's `content` (a chat message's, or a stream chunk's delta's): a
+// string, or a list of content parts, as Mistral's API gives it ({"type":
+// "text", "text"}; its reasoning models, magistral, put their reasoning first
+// as {"type": "thinking", "thinking": [{"type": "text", "text"}, ...]}, or a
+// string there). Calls `on_text(piece)` for each non-empty text piece and
+// `on_thinking(piece)` for each non-empty piece of reasoning, in order (views
+// into the DOM, no copy); parts of other types, and members of another type
+// than these, are skipped. `content` may be null (absent).
+template <class OnText, class OnThinking>
+void for_each_content(const boost::json::value* content, OnText&& on_text, OnThinking&& on_thinking) {
+  if (content == nullptr) return;
+  if (content->is_string()) {
+    if (!content->get_string().empty()) on_text(sv(content->get_string()));
+    return;
+  }
+  if (!content->is_array()) return;
+  for (const auto& part : content->get_array()) {
+    if (!part.is_object()) continue;
+    const auto& p = part.get_object();
+    const auto* type = p.if_contains("type");
+    if (type == nullptr || !type->is_string()) continue;
+    if (type->get_string() == "text") {
+      if (const std::string_view t = string_at(p, "text"); !t.empty()) on_text(t);
+    } else if (type->get_string() == "thinking") {
+      const auto* th = p.if_contains("thinking");
+      if (th == nullptr) continue;
+      if (th->is_string() && !th->get_string().empty()) on_thinking(sv(th->get_string()));
+      if (th->is_array())
+        for (const auto& inner : th->get_array())
+          if (inner.is_object())
+            if (const std::string_view t = string_at(inner.get_object(), "text"); !t.empty()) on_thinking(t);
+    }
+  }
+}
+
+// Pieces of text joined (for_each_content's): a view of the one piece when
+// there is one (no copy), else of their concatenation, held here.
+class JoinedText {
+ public:
+  void add(std::string_view piece) {
+    if (piece.empty()) return;
+    if (view_.empty()) {
+      view_ = piece;
+      return;
+    }
+    if (joined_.empty()) joined_.assign(view_);
+    joined_ += piece;
+    view_ = joined_;
+  }
+  std::string_view view() const { return view_; }
+
+ private:
+  std::string_view view_;
+  std::string joined_;
+};
 
 // A JSON value's truth as Python reads it (the openai SDK tests a stream's
 // `error` member so): null, false, 0, "", {} and [] are false.

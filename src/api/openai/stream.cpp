@@ -184,7 +184,9 @@ class ChunkReader {
         if (key == kDelta && v != Value::object) delta_ = false;  // (an object: at its end)
         return;
       case Role::delta:
-        if (key >= kContent && key <= kReasoning) delta_text_[key - kContent] = v == Value::string && non_empty;
+        // (content may be a list of parts, as Mistral sends it: a non-empty one is content.)
+        if (key >= kContent && key <= kReasoning)
+          delta_text_[key - kContent] = (v == Value::string || (key == kContent && v == Value::array)) && non_empty;
         if (key == kToolCalls) tool_calls_ = v == Value::array && non_empty;
         return;
       case Role::choices:
@@ -324,7 +326,7 @@ bool looks_like_content(std::string_view data) {
     if (*v == 'n') continue;  // null
     if (kind == kFinish) return true;
     if (kind == kText && *v == '"' && v + 1 < end && v[1] == '"') continue;  // ""
-    if (kind == kCalls && *v == '[') {
+    if ((kind == kCalls || kind == kText) && *v == '[') {  // (content may be a list of parts: Mistral's)
       const char* w = v + 1;
       while (w < end && ws(*w)) ++w;
       if (w < end && *w == ']') continue;  // []

@@ -54,7 +54,8 @@ bool is_usage_only_chunk(std::string_view data);
 
 // What one streamed chunk (an SSE event's data, not [DONE]) carries:
 // `content` when a choice has text, a content/refusal/reasoning_content
-// delta, tool calls or a finish_reason; `error` for an in-band
+// delta (content a non-empty string, or a non-empty list of parts as Mistral
+// sends it), tool calls or a finish_reason; `error` for an in-band
 // `{"error": ...}` whose value is not null (vLLM's and OpenAI's stream error; vLLM before 0.6:
 // `"object": "error"`) and for data that is no JSON object (an invalid
 // stream); `empty` otherwise (vLLM's role-only first chunk, a usage-only
@@ -67,7 +68,7 @@ ChunkKind classify_chunk(std::string_view data);
 // stream that is not held, where only `content` or not matters (an in-band
 // error is begins_like_error()'s, and an invalid chunk is relayed as it came).
 // True when a member named content, refusal, reasoning_content, reasoning or
-// text has a value other than "" or null, tool_calls one other than [] or
+// text has a value other than "", [] or null, tool_calls one other than [] or
 // null, or finish_reason one other than null. It answers as classify_chunk()
 // does (`content` or not) for every chunk whose content members sit where
 // OpenAI's and vLLM's do (a choice, its delta); a member of those names

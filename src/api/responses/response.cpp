@@ -193,18 +193,25 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
   std::string_view upstream_id = string_at(root, "id");
   if (upstream_id.empty() || upstream_id == "chatcmpl-") upstream_id = fallback_id;
   std::vector<OutputItem> items;
-  std::string_view reasoning = string_at(*msg, "reasoning_content");
-  if (reasoning.empty()) reasoning = string_at(*msg, "reasoning");
-  if (!reasoning.empty()) {
+  // The content: a string, or a list of parts (Mistral's: text, and magistral's thinking first) whose text
+  // pieces are the message, its thinking pieces the reasoning after vLLM's reasoning_content.
+  JoinedText reasoning, text;
+  std::string_view r = string_at(*msg, "reasoning_content");
+  if (r.empty()) r = string_at(*msg, "reasoning");
+  reasoning.add(r);
+  for_each_content(
+      msg->if_contains("content"), [&](std::string_view t) { text.add(t); },
+      [&](std::string_view t) { reasoning.add(t); });
+  if (!reasoning.view().empty()) {
     OutputItem& it = items.emplace_back();
     it.kind = OutputItem::Kind::reasoning;
     append_id(it.id, "rs_", upstream_id);
-    it.text = reasoning;
+    it.text = reasoning.view();
   }
-  if (const std::string_view text = string_at(*msg, "content"); !text.empty()) {
+  if (!text.view().empty()) {
     OutputItem& it = items.emplace_back();
     append_id(it.id, "msg_", upstream_id);
-    it.text = text;
+    it.text = text.view();
   }
   if (const std::string_view refusal = string_at(*msg, "refusal"); !refusal.empty()) {
     OutputItem& it = items.emplace_back();

@@ -76,7 +76,9 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
 
 // Translates a whole chat.completion body (the first choice) into a Response
 // written to `out` (overwritten): output items in order reasoning (vLLM's
-// reasoning_content, or `reasoning`), message (the content, when not empty),
+// reasoning_content, or `reasoning`, then the thinking parts of a content
+// list), message (the content, when not empty: a string, or the text parts of
+// a list joined, as Mistral's API sends them; other parts skipped),
 // a message with a refusal part (the message's `refusal`, when not empty),
 // one function_call per tool call. Ids derive from the completion's id, or
 // `fallback_id` (the request id) when it has none; `created_at` is its

@@ -357,22 +357,22 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         continue;  // a response has one output: only choice 0
       if (const auto* d = choice.if_contains("delta"); d && d->is_object()) {
         const auto& delta_obj = d->get_object();
+        const auto piece = [&](OutputItem::Kind kind, std::string_view t) {
+          if (ended_) return;
+          if (!open_ || items_.back().kind != kind) {
+            if (!close_all(out)) return;
+            open(kind, out);
+          }
+          delta(t, out);
+        };
         std::string_view reasoning = string_at(delta_obj, "reasoning_content");
         if (reasoning.empty()) reasoning = string_at(delta_obj, "reasoning");
-        if (!reasoning.empty()) {
-          if (!open_ || items_.back().kind != OutputItem::Kind::reasoning) {
-            if (!close_all(out)) return;
-            open(OutputItem::Kind::reasoning, out);
-          }
-          delta(reasoning, out);
-        }
-        if (const std::string_view text = string_at(delta_obj, "content"); !text.empty()) {
-          if (!open_ || items_.back().kind != OutputItem::Kind::message) {
-            if (!close_all(out)) return;
-            open(OutputItem::Kind::message, out);
-          }
-          delta(text, out);
-        }
+        if (!reasoning.empty()) piece(OutputItem::Kind::reasoning, reasoning);
+        // The content: a string, or a list of parts (Mistral's text, magistral's thinking), each as it comes.
+        for_each_content(
+            delta_obj.if_contains("content"), [&](std::string_view t) { piece(OutputItem::Kind::message, t); },
+            [&](std::string_view t) { piece(OutputItem::Kind::reasoning, t); });
+        if (ended_) return;
         // The chat message's refusal (hosted OpenAI's, with structured outputs): a message with a refusal part.
         if (const std::string_view refusal = string_at(delta_obj, "refusal"); !refusal.empty()) {
           if (!open_ || items_.back().kind != OutputItem::Kind::refusal) {

@@ -6,7 +6,9 @@
 // and response.output_item.done, then one terminal response.completed,
 // response.incomplete or response.failed carrying the whole response.
 // Each event is `event: <type>\ndata: <json>\n\n`, with `sequence_number`
-// 0, 1, 2… in `data`; there is no [DONE].
+// 0, 1, 2… in `data`; there is no [DONE]. A delta's content is a string or a
+// list of parts (Mistral's API: text parts to the message, thinking parts to
+// reasoning, others skipped: json_dom.hpp, for_each_content).
 // A function_call item's output_item.added waits until its name is whole
 // (ToolCallStream::start_ready); its arguments are read as the Anthropic
 // translator reads them (classify_arguments). Parallel tool calls whose

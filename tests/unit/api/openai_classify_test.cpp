@@ -40,6 +40,9 @@ ChunkKind dom_classify(std::string_view data) {
     const auto& delta = d->get_object();
     for (const char* k : {"content", "refusal", "reasoning_content", "reasoning"})
       if (non_empty_string(delta.if_contains(k))) return ChunkKind::content;
+    // (content as a list of parts, as Mistral sends it)
+    if (const auto* c = delta.if_contains("content"); c && c->is_array() && !c->get_array().empty())
+      return ChunkKind::content;
     if (const auto* t = delta.if_contains("tool_calls"); t && t->is_array() && !t->get_array().empty())
       return ChunkKind::content;
   }
@@ -68,6 +71,13 @@ TEST(ClassifyChunk, NamedCases) {
   EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"reasoning_content":"x"}}]})"), ChunkKind::content);
   EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"reasoning":"x"}}]})"), ChunkKind::content);
   EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"refusal":"no"}}]})"), ChunkKind::content);
+  // Mistral's content parts: a list that is not empty is content (the first token), an empty one none.
+  constexpr std::string_view kParts = R"({"choices":[{"delta":{"content":[{"type":"text","text":"42"}]}}]})";
+  EXPECT_EQ(classify_chunk(kParts), ChunkKind::content);
+  EXPECT_TRUE(looks_like_content(kParts));
+  EXPECT_TRUE(chunk_has_tokens(kParts));
+  EXPECT_EQ(classify_chunk(R"({"choices":[{"delta":{"content":[]}}]})"), ChunkKind::empty);
+  EXPECT_FALSE(looks_like_content(R"({"choices":[{"delta":{"content":[ ]}}]})"));
   EXPECT_EQ(classify_chunk(R"({"error":{"message":"boom","code":500}})"), ChunkKind::error);
   EXPECT_EQ(classify_chunk(R"({"object":"error","message":"boom"})"), ChunkKind::error);
   // A falsy `error` (null, false, 0, "", {}, []) is no error: the openai SDK raises on a truthy one only.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <boost/json/parse.hpp>
+#include <boost/json/serialize.hpp>
 
 namespace weir::api::responses {
 namespace {
@@ -85,6 +86,20 @@ TEST(ResponsesResponse, ReasoningThenTextThenToolCallsWithCachedTokens) {
     {"id":"fc_x_1","type":"function_call","call_id":"call_x_1","name":"get_time","arguments":"{}","status":"completed"}])"));
   EXPECT_EQ(v.at("usage"), json::parse(R"({"input_tokens":100,"input_tokens_details":{"cached_tokens":64,
     "cache_write_tokens":0},"output_tokens":7,"output_tokens_details":{"reasoning_tokens":4},"total_tokens":107})"));
+}
+
+// Mistral's API gives message.content as a list of parts: the text parts joined are the message (output_text),
+// the thinking parts the reasoning; other parts skipped.
+TEST(ResponsesResponse, ContentPartsAreTheMessageAndTheReasoning) {
+  const auto v = response(R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+    "content":[{"type":"thinking","thinking":[{"type":"text","text":"reasoning"}]},{"type":"text","text":"The answer"},
+    {"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":" is 42."}]},"finish_reason":"stop"}]})");
+  const auto& out = v.at("output").as_array();
+  ASSERT_EQ(out.size(), 2u) << json::serialize(v);
+  EXPECT_EQ(out[0].at("type"), "reasoning");
+  EXPECT_EQ(out[0].at("content").at(0).at("text"), "reasoning");
+  EXPECT_EQ(out[1].at("type"), "message");
+  EXPECT_EQ(out[1].at("content").at(0).at("text"), "The answer is 42.");
 }
 
 TEST(ResponsesResponse, LengthIsIncomplete) {

@@ -172,6 +172,25 @@ const std::vector<std::string_view> kRepeated = {kRole, kTok1, kTok2, kTok2, kUs
 const std::vector<std::string_view> kError = {
     kRole, kTok1, R"({"error":{"message":"engine dead","type":"InternalServerError","code":500}})", "[DONE]"};
 
+// Mistral's API streams delta.content as a list of parts (text; magistral's thinking first): the text parts are
+// the message, the thinking parts the reasoning, each as it comes; other parts skipped.
+TEST(ResponsesStream, ContentPartsAreTheMessageAndTheReasoning) {
+  const auto r = expect_grammar(events_of(run(
+      {R"({"id":"chatcmpl-p","created":3,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})",
+       R"({"id":"chatcmpl-p","created":3,"model":"m","choices":[{"index":0,"delta":{"content":[{"type":"thinking","thinking":[{"type":"text","text":"Let me"}]}]}}]})",
+       R"({"id":"chatcmpl-p","created":3,"model":"m","choices":[{"index":0,"delta":{"content":[{"type":"thinking","thinking":" see"}]}}]})",
+       R"({"id":"chatcmpl-p","created":3,"model":"m","choices":[{"index":0,"delta":{"content":[{"type":"text","text":"The answer"},{"type":"image_url"},{"type":"text","text":" is 42."}]}}]})",
+       R"({"id":"chatcmpl-p","created":3,"model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})",
+       R"({"id":"chatcmpl-p","created":3,"model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}})",
+       "[DONE]"})));
+  const auto& out = r.at("output").as_array();
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].at("type"), "reasoning");
+  EXPECT_EQ(out[0].at("content").at(0).at("text"), "Let me see");
+  EXPECT_EQ(out[1].at("type"), "message");
+  EXPECT_EQ(out[1].at("content").at(0).at("text"), "The answer is 42.");
+}
+
 TEST(ResponsesStream, TextStreamWithCachedTokensIsIncompleteAtLength) {
   const auto ev = events_of(run(kText));
   const auto r = expect_grammar(ev);
