@@ -65,6 +65,9 @@ struct RequestFields {
   // as it came: the upstream's to refuse). At most its first kRequestIdKept bytes: a longer one is no id
   // Weir takes (gateway::valid_request_id: 128 at most), so no more of it is held.
   std::string request_id;
+  // /v1/messages: the request's thinking.type is "enabled" or "adaptive", so the answer gives the model's
+  // reasoning as thinking blocks (Anthropic gives none otherwise: docs/protocols.md).
+  bool thinking = false;
 
   static constexpr std::uint32_t kChatTokensPerMessage = 8;
   static constexpr std::size_t kRequestIdKept = 129;

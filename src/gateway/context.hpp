@@ -156,7 +156,7 @@ struct RequestContext {
   std::string upstream_body_buf;           // lent by the worker while the request is sent
   std::string edit_buf;                    // second buffer for spliced bodies (lent)
   bool chat_translated = false;            // an Anthropic route: edit_buf holds its chat-completions translation
-  bool chat_continuous = false;            // ... which asks for continuous_usage_stats (pools.X.continuous_usage)
+  bool chat_continuous = false;            // ... made with vLLM's extensions (pools.X.continuous_usage)
   bool anthropic_models = false;           // /v1/models(/...) with anthropic-version: answered in Anthropic's shapes
   bool anthropic_ready = false;            // route: upstream_body_buf holds the Anthropic body for the first target
   std::uint64_t anthropic_max_tokens = 0;  // tokens: the max_tokens its last translation for Anthropic sent

@@ -342,7 +342,7 @@ void serialize_into(const json::value& v, std::string& out) {
 std::string_view upstream_path(Target t) { return t == Target::messages ? "/v1/chat/completions" : "/tokenize"; }
 
 tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out,
-                                                           bool continuous_usage) {
+                                                           bool vllm) {
   // The DOMs (the client's and the upstream's) live in a per-thread arena,
   // then the heap for larger bodies (images); released before returning.
   struct Arena;
@@ -421,7 +421,8 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
       break;
     out_msgs.pop_back();
   }
-  if (!out_msgs.empty()) {
+  // (A server that refuses unknown members, a hosted API, gets the prefill as the last message and no more.)
+  if (!out_msgs.empty() && (vllm || t == Target::count_tokens)) {
     const auto& last = out_msgs.back().get_object();
     if (last.at("role").as_string() == "assistant" && !last.contains("tool_calls")) {
       o["add_generation_prompt"] = false;
@@ -443,7 +444,10 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
     const std::string_view type = type_of(th->get_object());
     if (type != "enabled" && type != "disabled" && type != "adaptive")
       return invalid("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking");
-    o["chat_template_kwargs"] = json::object({{"enable_thinking", type != "disabled"}}, sp);
+    f.thinking = type != "disabled";
+    // (vLLM's member: a server that refuses unknown members, a hosted API, gets none. /tokenize is vLLM's.)
+    if (vllm || t == Target::count_tokens)
+      o["chat_template_kwargs"] = json::object({{"enable_thinking", f.thinking}}, sp);
   }
   auto format = response_format(in, sp);
   if (!format) return tl::unexpected(format.error());
@@ -471,7 +475,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
     // (vLLM puts per-chunk usage on the role chunk too: message_start's input_tokens. The last chunk's is the
     // total, as without it: the stream translator and the usage hook take it, never a sum over the chunks.)
     json::object so({{"include_usage", true}}, sp);
-    if (continuous_usage) so["continuous_usage_stats"] = true;
+    if (vllm) so["continuous_usage_stats"] = true;
     o["stream_options"] = std::move(so);
     f.has_stream_options = f.include_usage = f.usage_asked = true;
   }
@@ -484,6 +488,7 @@ tl::expected<RequestFields, core::Error> translate_request(Target t, std::string
   for (const char* name : {"temperature", "top_p"})
     if (auto r = copy_number(in, name, o, false); !r) return tl::unexpected(r.error());
   if (auto r = copy_number(in, "top_k", o, true); !r) return tl::unexpected(r.error());
+  if (!vllm) o.erase("top_k");  // (vLLM's member, checked all the same: OpenAI's API has none)
   if (!format->is_null()) o["response_format"] = std::move(*format);
   if (const auto* md = in.if_contains("metadata"); md && md->is_object())
     if (const auto* u = md->get_object().if_contains("user_id"); u && u->is_string()) o["user"] = u->get_string();

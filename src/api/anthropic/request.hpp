@@ -28,11 +28,17 @@ std::string_view upstream_path(Target t);
 // body, written to `out` (overwritten; its capacity is reused). Returns the
 // fields admission and the gateway act on: `model`, `stream`, `max_tokens`
 // (required for `messages`, not for `count_tokens`), the prompt's text bytes
-// and per-message overhead; `include_usage` is set because a translated
-// stream always asks for the usage chunk, and with `continuous_usage` for
-// vLLM's `continuous_usage_stats` too (the pool's continuous_usage: usage on
-// every chunk, so message_start has the prompt's count; a server that
-// refuses unknown fields must not get it). Anthropic's structured output
+// and per-message overhead, and `thinking` (thinking.type enabled or
+// adaptive); `include_usage` is set because a translated stream always asks
+// for the usage chunk. `vllm` (the pool's continuous_usage: on for a
+// self-hosted, http:// server, off for a hosted API, which refuses unknown
+// members) says the upstream takes vLLM's extensions: only then does a
+// generation carry `stream_options.continuous_usage_stats` (usage on every
+// chunk, so message_start has the prompt's count), `chat_template_kwargs`
+// (`thinking`'s enable_thinking), `top_k`, and a prefill's
+// `continue_final_message`/`add_generation_prompt`; without it those are
+// left out (a prefill is then the conversation's last message, which the
+// model answers after). A count (vLLM's /tokenize) always carries them. Anthropic's structured output
 // (`output_config.format`, the beta's `output_format`: {type: json_schema,
 // schema}) becomes `response_format` json_schema (strict) for a generation.
 // Errors are 400
@@ -41,6 +47,6 @@ std::string_view upstream_path(Target t);
 // block Weir cannot translate, a structured output that is not a json_schema
 // with an object schema); `out` is then unspecified.
 tl::expected<RequestFields, core::Error> translate_request(Target t, std::string_view body, std::string& out,
-                                                           bool continuous_usage = false);
+                                                           bool vllm = false);
 
 }  // namespace weir::api::anthropic

@@ -132,11 +132,12 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
     return std::nullopt;
   }
   const bool continuous = ctx.gen->config().pools[ctx.target.pool].continuous_usage;
-  if (!anthropic && is_anthropic(ctx.route) &&
-      (!ctx.chat_translated || (ctx.stream && ctx.chat_continuous != continuous))) {
+  if (!anthropic && is_anthropic(ctx.route) && (!ctx.chat_translated || ctx.chat_continuous != continuous)) {
     // The parse phase only read this request (its first target is an
     // Anthropic pool), or translated it for a pool that differs in
-    // continuous_usage: this OpenAI-compatible target needs its translation.
+    // continuous_usage (whether it takes vLLM's extensions: a stream's
+    // continuous_usage_stats, top_k, thinking's chat_template_kwargs, a
+    // prefill's continue_final_message): this OpenAI-compatible target needs its translation.
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
     if (auto e = anthropic_to_chat(ctx, ctx.edit_buf, continuous)) return e;
     ctx.chat_translated = true;

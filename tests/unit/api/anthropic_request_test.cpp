@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <utility>
+
+#include <fmt/format.h>
 #include <boost/json/parse.hpp>
 #include <boost/json/serialize.hpp>
 
@@ -12,9 +15,11 @@ namespace {
 
 namespace json = boost::json;
 
-json::value upstream(std::string_view body, Target t = Target::messages, RequestFields* fields = nullptr) {
+// (`vllm`: the upstream takes vLLM's extensions, as a self-hosted pool's continuous_usage says.)
+json::value upstream(std::string_view body, Target t = Target::messages, RequestFields* fields = nullptr,
+                     bool vllm = true) {
   std::string out;
-  auto f = translate_request(t, body, out);
+  auto f = translate_request(t, body, out, vllm);
   EXPECT_TRUE(f.has_value()) << (f ? "" : f.error().message);
   if (!f) return nullptr;
   if (fields) *fields = *f;
@@ -76,7 +81,7 @@ TEST(AnthropicRequest, SamplingStopUserStreamAndThinking) {
                           Target::messages, &f);
   const auto& o = v.as_object();
   EXPECT_EQ(o.at("stream"), true);
-  EXPECT_EQ(o.at("stream_options"), json::parse(R"({"include_usage":true})"));
+  EXPECT_EQ(o.at("stream_options"), json::parse(R"({"include_usage":true,"continuous_usage_stats":true})"));
   EXPECT_EQ(o.at("temperature"), 0.5);
   EXPECT_EQ(o.at("top_p"), 0.9);
   EXPECT_EQ(o.at("top_k"), 40);
@@ -87,6 +92,51 @@ TEST(AnthropicRequest, SamplingStopUserStreamAndThinking) {
   EXPECT_FALSE(o.contains("metadata"));
   EXPECT_TRUE(f.stream);
   EXPECT_TRUE(f.include_usage);
+}
+
+// A hosted API (the pool's continuous_usage off: an https:// endpoint, or said so) refuses members it does not
+// know (OpenAI: 400 "Unrecognized request argument supplied"): vLLM's are left out, checked all the same.
+TEST(AnthropicRequest, AHostedUpstreamGetsNoVllmMembers) {
+  RequestFields f;
+  constexpr std::string_view kBody = R"({"model":"m","max_tokens":5,"stream":true,"temperature":0.5,"top_k":40,
+    "thinking":{"type":"enabled","budget_tokens":1024},
+    "messages":[{"role":"user","content":"JSON please"},{"role":"assistant","content":"{"}]})";
+  const auto hosted = upstream(kBody, Target::messages, &f, false);
+  const auto& o = hosted.as_object();
+  for (const char* k : {"top_k", "chat_template_kwargs", "continue_final_message", "add_generation_prompt"})
+    EXPECT_FALSE(o.contains(k)) << k;
+  EXPECT_EQ(o.at("stream_options"), json::parse(R"({"include_usage":true})"));
+  EXPECT_EQ(o.at("temperature"), 0.5);
+  // The prefill stays the conversation's last message; the thinking asked for is still the answer's.
+  EXPECT_EQ(o.at("messages").as_array().back(), json::parse(R"({"role":"assistant","content":"{"})"));
+  EXPECT_TRUE(f.thinking);
+  // Self-hosted (vLLM): all of them.
+  const auto self = upstream(kBody, Target::messages, nullptr, true);
+  for (const char* k : {"top_k", "chat_template_kwargs", "continue_final_message", "add_generation_prompt"})
+    EXPECT_TRUE(self.as_object().contains(k)) << k;
+  EXPECT_EQ(self.at("stream_options"), json::parse(R"({"include_usage":true,"continuous_usage_stats":true})"));
+  // A top_k that is no integer is refused either way; a count (vLLM's /tokenize) keeps the template switches.
+  std::string out;
+  EXPECT_FALSE(translate_request(
+      Target::messages, R"({"model":"m","max_tokens":5,"top_k":"x","messages":[{"role":"user","content":"x"}]})", out,
+      false));
+  const auto count = upstream(kBody, Target::count_tokens, nullptr, false);
+  EXPECT_EQ(count.at("chat_template_kwargs"), json::parse(R"({"enable_thinking":true})"));
+  EXPECT_EQ(count.at("continue_final_message"), true);
+}
+
+TEST(AnthropicRequest, ThinkingAskedForIsEnabledOrAdaptive) {
+  for (const auto& [type, want] : {std::pair{"enabled", true}, {"adaptive", true}, {"disabled", false}}) {
+    RequestFields f;
+    upstream(fmt::format(R"({{"model":"m","max_tokens":5,"thinking":{{"type":"{}"}},
+      "messages":[{{"role":"user","content":"x"}}]}})",
+                         type),
+             Target::messages, &f);
+    EXPECT_EQ(f.thinking, want) << type;
+  }
+  RequestFields f;
+  upstream(R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"x"}]})", Target::messages, &f);
+  EXPECT_FALSE(f.thinking);
 }
 
 TEST(AnthropicRequest, SystemBlocksAndCacheControlIgnored) {
