@@ -48,6 +48,7 @@ class StreamHooks {
     std::string_view model;       // Responses: the model then
     // Translated streams: the cap on the bytes of parallel tool calls held (server.max_response).
     std::size_t held_limit = api::anthropic::StreamTranslator::kHeldLimit;
+    bool thinking = false;  // Anthropic clients: the request asked for thinking blocks (RequestFields::thinking)
     // Responses: what a response.failed says it is charged when the upstream's usage was per choice.
     const api::responses::FailedUsage* failed_usage = nullptr;
   };
@@ -68,7 +69,8 @@ class StreamHooks {
     // their ~600 bytes (memory per open stream).
     if (m != Mode::plain && !tr_) tr_ = std::make_unique<Translators>();
     if (tr_) {
-      if (m == Mode::anthropic || mode_ == Mode::anthropic) tr_->anthropic.reset(s.request_id, s.held_limit);
+      if (m == Mode::anthropic || mode_ == Mode::anthropic)
+        tr_->anthropic.reset(s.request_id, s.held_limit, s.thinking);
       if (s.client == Translation::responses || mode_ == Mode::responses || mode_ == Mode::responses_from_anthropic) {
         tr_->responses.reset(s.echo, s.request_id, s.model, s.held_limit);
         tr_->responses.charge_from(s.failed_usage);

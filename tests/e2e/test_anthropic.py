@@ -235,8 +235,9 @@ def sse_events(raw: str) -> list[tuple[str, dict]]:
 
 def test_raw_stream_grammar(stack):
     _, w = stack
+    # (thinking on: the reasoning is a thinking block only when asked for)
     body = {"model": "claude-test", "max_tokens": 5, "stream": True, "tools": [WEATHER, CLOCK],
-            "messages": HELLO}
+            "messages": HELLO, "thinking": {"type": "adaptive"}}
     with httpx.stream("POST", w.base_url + "/v1/messages", json=body, timeout=30,
                       headers={"x-api-key": KEY, "x-mock-reasoning": "2", "x-mock-tool-calls": "2"}) as r:
         assert r.status_code == 200

@@ -98,7 +98,7 @@ void append_usage_members(std::string& out, const Usage& u) {
                  u.prompt_tokens - cached, u.completion_tokens, cached);
 }
 
-bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id) {
+bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id, bool with_thinking) {
   out.clear();
   alignas(16) unsigned char buf[16 * 1024];
   json::monotonic_resource mr(buf, sizeof buf);
@@ -141,16 +141,25 @@ bool translate_message(std::string_view body, std::string& out, std::string_view
     out += head;
   };
   WideIntegers wide;
-  std::string_view thinking = string_at(*msg, "reasoning_content");
-  if (thinking.empty()) thinking = string_at(*msg, "reasoning");
-  if (!thinking.empty()) {
+  // The content: a string, or a list of parts (Mistral's: text, and magistral's thinking first) whose text
+  // pieces are the text, its thinking pieces the reasoning after vLLM's reasoning_content.
+  JoinedText thinking, text;
+  std::string_view reasoning = string_at(*msg, "reasoning_content");
+  if (reasoning.empty()) reasoning = string_at(*msg, "reasoning");
+  thinking.add(reasoning);
+  for_each_content(
+      msg->if_contains("content"), [&](std::string_view t) { text.add(t); },
+      [&](std::string_view t) { thinking.add(t); });
+  // A thinking block only when the client asked for thinking: Anthropic gives none otherwise, and a client
+  // reads content[0].text (a reasoning model's server, vLLM with a reasoning parser, sends it always).
+  if (with_thinking && !thinking.view().empty()) {
     block(R"({"type":"thinking","thinking":)");
-    core::append_json_string(out, thinking);
+    core::append_json_string(out, thinking.view());
     out += R"(,"signature":""})";
   }
-  if (const std::string_view text = string_at(*msg, "content"); !text.empty()) {
+  if (!text.view().empty()) {
     block(R"({"type":"text","text":)");
-    core::append_json_string(out, text);
+    core::append_json_string(out, text.view());
     out += '}';
   }
   // A refusal (hosted OpenAI's message.refusal) is the message's text, with stop_reason "refusal".

@@ -47,14 +47,19 @@ void append_usage_members(std::string& out, const Usage& u);
 
 // Translates a whole chat.completion body (the first choice) into an
 // Anthropic message written to `out` (overwritten): content blocks in order
-// thinking (vLLM's reasoning_content, or `reasoning`), text, one tool_use per
+// thinking (vLLM's reasoning_content, or `reasoning`, then the thinking parts
+// of a content list; only `with_thinking`: the request's thinking.type is
+// enabled or adaptive, as Anthropic gives thinking blocks only then), text
+// (the content: a string, or the text parts of a list joined, as Mistral
+// sends them; other parts skipped), one tool_use per
 // tool call (input parsed from the arguments JSON; arguments that are not a
 // JSON object are kept as {"_raw": "<text>"}). Returns false when `body` is
 // not a chat completion with a choice (out then holds an api_error body).
 // The message id is "msg_" + the upstream's id without "chatcmpl-", or
 // "msg_" + `fallback_id` (Weir's request id) when it has none or just
 // "chatcmpl-" (tool ids made from it stay unique per request).
-bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id = {});
+bool translate_message(std::string_view body, std::string& out, std::string_view fallback_id = {},
+                       bool with_thinking = true);
 
 // Translates vLLM's /tokenize answer {"count": N, ...} into
 // {"input_tokens": N}. Returns false when there is no count (out then holds

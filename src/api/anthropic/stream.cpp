@@ -33,10 +33,11 @@ void begin_event(std::string& out, std::string_view type) {
 
 }  // namespace
 
-void StreamTranslator::reset(std::string_view fallback_id, std::size_t held_limit) {
+void StreamTranslator::reset(std::string_view fallback_id, std::size_t held_limit, bool with_thinking) {
   *this = StreamTranslator{};
   fallback_id_ = fallback_id;
   held_limit_ = held_limit;
+  with_thinking_ = with_thinking;
   calls_.reset(held_limit);
 }
 
@@ -244,22 +245,30 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         continue;  // Anthropic has one message: only choice 0
       if (const auto* d = choice.if_contains("delta"); d && d->is_object()) {
         const auto& delta_obj = d->get_object();
-        std::string_view thinking = string_at(delta_obj, "reasoning_content");
-        if (thinking.empty()) thinking = string_at(delta_obj, "reasoning");
-        if (!thinking.empty()) {
+        // Reasoning is a thinking block only when the client asked for thinking (as Anthropic's API): else
+        // it is left out (its tokens are the usage's all the same).
+        const auto thinking = [&](std::string_view piece) {
+          if (!with_thinking_ || ended_) return;
           if (open_ != Block::thinking) {
             if (!close_all(out)) return;
             open(Block::thinking, out);
           }
-          delta("thinking_delta", "thinking", thinking, out);
-        }
-        if (const std::string_view text = string_at(delta_obj, "content"); !text.empty()) {
+          delta("thinking_delta", "thinking", piece, out);
+        };
+        const auto text = [&](std::string_view piece) {
+          if (ended_) return;
           if (open_ != Block::text) {
             if (!close_all(out)) return;
             open(Block::text, out);
           }
-          delta("text_delta", "text", text, out);
-        }
+          delta("text_delta", "text", piece, out);
+        };
+        std::string_view reasoning = string_at(delta_obj, "reasoning_content");
+        if (reasoning.empty()) reasoning = string_at(delta_obj, "reasoning");
+        if (!reasoning.empty()) thinking(reasoning);
+        // The content: a string, or a list of parts (Mistral's text, magistral's thinking), each as it comes.
+        for_each_content(delta_obj.if_contains("content"), text, thinking);
+        if (ended_) return;
         // A refusal (hosted OpenAI's delta.refusal) is the message's text, and its stop_reason "refusal".
         if (const std::string_view refusal = string_at(delta_obj, "refusal"); !refusal.empty()) {
           if (open_ != Block::text) {

@@ -2,11 +2,15 @@
 // (Anthropic API reference: "Streaming Messages"): message_start and one
 // `event: ping` (data {"type": "ping"}, as Anthropic writes it), then per
 // content block content_block_start / content_block_delta (text_delta,
-// thinking_delta, input_json_delta: arguments read by classify_arguments,
-// none ({}) gives no delta, JSON that is no object is given at the block's
-// end as {"_raw": text}) / content_block_stop with dense
+// thinking_delta (only when the request asked for thinking),
+// input_json_delta: arguments read by classify_arguments, none ({}) gives no
+// delta, JSON that is no object is given at the block's end as
+// {"_raw": text}) / content_block_stop with dense
 // indices 0, 1, 2…, then one message_delta (stop_reason, usage) and one
-// message_stop. Each event is `event: <type>\ndata: <json>\n\n`.
+// message_stop. Each event is `event: <type>\ndata: <json>\n\n`. A delta's
+// content is a string or a list of parts (Mistral's API: text parts are
+// text_delta, thinking parts thinking_delta, others skipped: json_dom.hpp,
+// for_each_content).
 // A tool_use block's start waits until its name is whole
 // (ToolCallStream::start_ready). Parallel tool calls whose deltas interleave: the first streams, the others
 // are held (ToolCallStream, up to `held_limit` bytes) and given whole, in
@@ -30,8 +34,12 @@ class StreamTranslator {
   // Before a stream: `fallback_id` (Weir's request id; must outlive the
   // stream) makes the message id ("msg_" + it) when the upstream's chunks
   // carry none (or just "chatcmpl-"), so ids stay unique per request;
-  // `held_limit` caps the bytes of tool calls held (server.max_response).
-  void reset(std::string_view fallback_id = {}, std::size_t held_limit = kHeldLimit);
+  // `held_limit` caps the bytes of tool calls held (server.max_response);
+  // `with_thinking`: the request's thinking.type is enabled or adaptive, so
+  // the upstream's reasoning (reasoning_content, `reasoning`, a content list's
+  // thinking parts) is given as thinking blocks; without it, it is left out,
+  // as Anthropic gives thinking blocks only when asked.
+  void reset(std::string_view fallback_id = {}, std::size_t held_limit = kHeldLimit, bool with_thinking = true);
 
   // The default cap of held tool-call bytes: server.max_response's default.
   static constexpr std::size_t kHeldLimit = std::size_t{256} << 20;
@@ -94,8 +102,9 @@ class StreamTranslator {
   // A tool_use block's start is held until its name is whole (ToolCallStream::start_ready, or the block
   // closes): the name may come in pieces, and Anthropic's grammar says it once, in content_block_start.
   bool tool_start_pending_ = false;
-  bool refused_ = false;  // the upstream's text was a refusal (delta.refusal): stop_reason "refusal"
-  std::string msg_id_;    // "msg_…"
+  bool with_thinking_ = true;  // the reasoning is given as thinking blocks (reset())
+  bool refused_ = false;       // the upstream's text was a refusal (delta.refusal): stop_reason "refusal"
+  std::string msg_id_;         // "msg_…"
   std::string stop_reason_;
   std::string stop_sequence_;
   Usage usage_;

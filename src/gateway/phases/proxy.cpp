@@ -60,6 +60,7 @@ void GatewayPhases::reset_stream_hooks(RequestContext& ctx) {
       .request_id = ctx.upstream_id(),
       .model = ctx.model,
       .held_limit = static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes),
+      .thinking = ctx.fields.thinking,
       .failed_usage = &failed_charge_,
   });
 }

@@ -97,7 +97,7 @@ bool whole_answer_as_stream(std::string_view chat, Translation client, const Req
       // stream carries it in several events: its own growth sizes it.)
       out.reserve(out.size() + chunk.size() + 4096);
       api::anthropic::StreamTranslator tr;
-      tr.reset(ctx.upstream_id());
+      tr.reset(ctx.upstream_id(), api::anthropic::StreamTranslator::kHeldLimit, ctx.fields.thinking);
       tr.on_data(chunk, out);
       tr.finish(out);
       return !tr.failed();
@@ -174,7 +174,8 @@ bool decoded_stream_translated(std::string_view sse, Translation client, const R
   };
   if (client == Translation::anthropic) {
     api::anthropic::StreamTranslator tr;
-    tr.reset(ctx.upstream_id(), static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes));
+    tr.reset(ctx.upstream_id(), static_cast<std::size_t>(ctx.gen->config().server.max_response_bytes),
+             ctx.fields.thinking);
     return run(tr);
   }
   api::responses::StreamTranslator tr;
@@ -678,7 +679,7 @@ core::Task<Outcome> GatewayPhases::respond_buffered(RequestContext& ctx) {
     if (status < 200 || status >= 300)
       api::anthropic::append_upstream_error(translated, status, plain);
     else if (ctx.route == RouteKind::messages)
-      ok = api::anthropic::translate_message(plain, translated, ctx.upstream_id());
+      ok = api::anthropic::translate_message(plain, translated, ctx.upstream_id(), ctx.fields.thinking);
     else
       ok = api::anthropic::translate_count(plain, translated);
     if (!ok) co_return untranslatable(ctx, ctx.route == RouteKind::messages ? "a chat completion" : "a token count");

@@ -31,6 +31,29 @@ TEST(AnthropicResponse, TextMessage) {
     "usage":{"input_tokens":9,"output_tokens":2,"cache_read_input_tokens":0}})"));
 }
 
+// Mistral's API gives message.content as a list of parts (text; magistral's thinking first): the text parts
+// joined are the text, the thinking parts the thinking (after reasoning_content); other parts skipped. Thinking
+// blocks only when the request asked for thinking (Anthropic gives none otherwise).
+TEST(AnthropicResponse, ContentPartsAndThinkingOnlyWhenAsked) {
+  constexpr std::string_view kParts = R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"message":{
+    "role":"assistant","content":[{"type":"thinking","thinking":[{"type":"text","text":"reason"},{"type":"text","text":"ing"}]},
+    {"type":"text","text":"The answer"},{"type":"reference","reference_ids":[1]},{"type":"text","text":" is 42."}]},
+    "finish_reason":"stop"}],"usage":{"prompt_tokens":9,"completion_tokens":4,"total_tokens":13}})";
+  std::string out;
+  ASSERT_TRUE(translate_message(kParts, out, {}, true));
+  EXPECT_EQ(json::parse(out).at("content"), json::parse(R"([{"type":"thinking","thinking":"reasoning","signature":""},
+    {"type":"text","text":"The answer is 42."}])"));
+  ASSERT_TRUE(translate_message(kParts, out, {}, false));
+  EXPECT_EQ(json::parse(out).at("content"), json::parse(R"([{"type":"text","text":"The answer is 42."}])"));
+  EXPECT_EQ(json::parse(out).at("usage").at("output_tokens"), 4);  // (generated: charged all the same)
+  constexpr std::string_view kReasoning = R"({"id":"chatcmpl-r","model":"m","choices":[{"index":0,"message":{
+    "role":"assistant","content":"Answer","reasoning_content":"Let me think"},"finish_reason":"stop"}]})";
+  ASSERT_TRUE(translate_message(kReasoning, out, {}, false));
+  EXPECT_EQ(json::parse(out).at("content"), json::parse(R"([{"type":"text","text":"Answer"}])"));
+  ASSERT_TRUE(translate_message(kReasoning, out, {}, true));
+  EXPECT_EQ(json::parse(out).at("content").at(0).at("thinking"), "Let me think");
+}
+
 TEST(AnthropicResponse, ThinkingToolCallsAndCachedTokens) {
   const auto v = message(R"({"id":"chatcmpl-x","model":"m","choices":[{"index":0,"message":{"role":"assistant",
     "content":null,"reasoning_content":"Let me think.","tool_calls":[

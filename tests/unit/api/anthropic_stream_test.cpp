@@ -172,6 +172,63 @@ TEST(AnthropicStream, ThinkingThenTextThenParallelTools) {
   EXPECT_EQ(ev[ev.size() - 2].data.at("delta").at("stop_reason"), "tool_use");
 }
 
+// The blocks (type and text) a stream gives, the translator set up with `with_thinking`.
+std::vector<std::pair<std::string, std::string>> blocks_of(const std::vector<std::string_view>& chunks,
+                                                           bool with_thinking) {
+  StreamTranslator t;
+  t.reset({}, StreamTranslator::kHeldLimit, with_thinking);
+  std::string out;
+  for (auto c : chunks) t.on_data(c, out);
+  t.finish(out);
+  const auto ev = events_of(out);
+  expect_grammar(ev);
+  std::vector<std::pair<std::string, std::string>> blocks;
+  for (const auto& e : ev) {
+    if (e.type == "content_block_start")
+      blocks.emplace_back(e.data.at("content_block").at("type").as_string().c_str(), "");
+    if (e.type == "content_block_delta") {
+      const auto& d = e.data.at("delta").as_object();
+      blocks.back().second +=
+          d.contains("text") ? d.at("text").as_string().c_str() : d.at("thinking").as_string().c_str();
+    }
+  }
+  EXPECT_EQ(ev[ev.size() - 2].data.at("usage").at("output_tokens"), 9);  // (its tokens are charged either way)
+  return blocks;
+}
+
+using Blocks = std::vector<std::pair<std::string, std::string>>;
+
+// Mistral's API streams delta.content as a list of parts (text; magistral's thinking first): each part as it
+// comes, never dropped; parts of other types skipped.
+TEST(AnthropicStream, ContentPartsAreTextAndThinking) {
+  const std::vector<std::string_view> chunks = {
+      R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})",
+      R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"delta":{"content":[{"type":"thinking","thinking":[{"type":"text","text":"Let me"}]}]}}]})",
+      R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"delta":{"content":[{"type":"thinking","thinking":" see"}]}}]})",
+      R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"delta":{"content":[{"type":"text","text":"The answer"},{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":" is 42."}]}}]})",
+      R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"delta":{"content":[]}}]})",
+      R"({"id":"chatcmpl-p","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})",
+      R"({"id":"chatcmpl-p","model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}})",
+      "[DONE]"};
+  EXPECT_EQ(blocks_of(chunks, true), (Blocks{{"thinking", "Let me see"}, {"text", "The answer is 42."}}));
+  EXPECT_EQ(blocks_of(chunks, false), (Blocks{{"text", "The answer is 42."}}));
+}
+
+// Anthropic gives thinking blocks only when the request enabled thinking: a reasoning model's server (vLLM with a
+// reasoning parser) sends reasoning_content (or `reasoning`) always, which is then left out.
+TEST(AnthropicStream, ReasoningIsAThinkingBlockOnlyWhenAsked) {
+  const std::vector<std::string_view> chunks = {
+      R"({"id":"chatcmpl-q","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]})",
+      R"({"id":"chatcmpl-q","model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Hmm"}}]})",
+      R"({"id":"chatcmpl-q","model":"m","choices":[{"index":0,"delta":{"reasoning":" ok"}}]})",
+      R"({"id":"chatcmpl-q","model":"m","choices":[{"index":0,"delta":{"content":"Answer"}}]})",
+      R"({"id":"chatcmpl-q","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})",
+      R"({"id":"chatcmpl-q","model":"m","choices":[],"usage":{"prompt_tokens":5,"completion_tokens":9,"total_tokens":14}})",
+      "[DONE]"};
+  EXPECT_EQ(blocks_of(chunks, true), (Blocks{{"thinking", "Hmm ok"}, {"text", "Answer"}}));
+  EXPECT_EQ(blocks_of(chunks, false), (Blocks{{"text", "Answer"}}));
+}
+
 TEST(AnthropicStream, ParallelToolCallsWithoutIndexAreToldApartByTheirIds) {
   // Some OpenAI-compatible servers give no `index`: a new id starts the next call, an entry without one
   // continues the open call.
