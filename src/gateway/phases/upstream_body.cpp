@@ -148,6 +148,15 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
   // Anthropic pool is the client's body, whose stream always carries usage.
   const bool translated = is_translated(ctx.route) && !anthropic;
   std::string_view body = translated ? std::string_view(ctx.edit_buf) : down_.body();
+  if (anthropic && is_anthropic(ctx.route) && body.find("tool_use") != std::string_view::npos) {
+    // A conversation begun on an OpenAI-compatible model holds its tool ids, which Anthropic may refuse: made
+    // ones it takes (the chat translation a fallback had in edit_buf is made again if another needs it).
+    if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
+    if (api::anthropic::map_tool_ids(body, ctx.edit_buf)) {
+      body = ctx.edit_buf;
+      ctx.chat_translated = false;
+    }
+  }
   if (!ctx.target.upstream_model.empty() && ctx.target.upstream_model != ctx.model) {
     ctx.scratch.clear();
     core::append_json_string(ctx.scratch, ctx.target.upstream_model);

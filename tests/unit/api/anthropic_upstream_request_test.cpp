@@ -3,6 +3,7 @@
 // for what Anthropic cannot express, and the light read of an Anthropic
 // request that goes through as it came.
 #include "api/anthropic/upstream_request.hpp"
+#include "api/tool_ids.hpp"
 
 #include <gtest/gtest.h>
 
@@ -351,6 +352,51 @@ TEST(AnthropicUpstreamRequest, MessagesRequestCountsMediaSources) {
   ASSERT_TRUE(f) << f.error().message;
   EXPECT_EQ(f->media_parts, 2u);
   EXPECT_EQ(f->prompt_bytes, 8u + 5u);  // the text source is text
+}
+
+}  // namespace
+}  // namespace weir::api::anthropic
+
+namespace weir::api::anthropic {
+namespace {
+
+// A conversation begun on an OpenAI-compatible model (Kimi-K2 on vLLM names its calls `functions.NAME:INDEX`)
+// goes on at an Anthropic pool: the content blocks' `id` and `tool_use_id` that Anthropic refuses are made ids it
+// takes (paired as before); every other byte stays as the client sent it.
+TEST(AnthropicMapToolIds, IdsAnthropicRefusesAreMappedAndNothingElseChanges) {
+  const std::string body =
+      R"({"model":"c","max_tokens":5,"temperature":1.0, "messages":[{"role":"user","content":"weather?"},)"
+      R"({"role":"assistant","content":[{"type":"text","text":"{\"id\":\"functions.x:0\"}"},)"
+      R"({"type":"tool_use","id":"functions.get_weather:0","name":"get_weather","input":{"id":"functions.get_weather:0"}},)"
+      R"({"type":"tool_use","id":"toolu_ok-1","name":"f","input":{}}]},)"
+      R"({"role":"user","content":[{"tool_use_id":"functions.get_weather:0","type":"tool_result","content":"sunny"},)"
+      R"({"type":"tool_result","tool_use_id":"call\u002e1","content":[{"type":"text","text":"x","id":"a.b"}]},)"
+      R"({"type":"tool_result","tool_use_id":"toolu_ok-1","content":"ok"}]}],"id":"top.level"})";
+  std::string out;
+  ASSERT_TRUE(map_tool_ids(body, out));
+  std::string kimi = "functions.get_weather:0";
+  to_anthropic_tool_id(kimi);
+  std::string dotted = "call.1";
+  to_anthropic_tool_id(dotted);
+  std::string want = body;
+  const auto replace = [&](std::string_view from, std::string_view to, std::size_t nth) {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i <= nth; ++i) at = want.find(from, i == 0 ? 0 : at + 1);
+    ASSERT_NE(at, std::string::npos) << from;
+    want.replace(at, from.size(), to);
+  };
+  // (the tool_use's id, not its input's member of that name; the tool_result's tool_use_id)
+  replace(R"("id":"functions.get_weather:0")", fmt::format(R"("id":"{}")", kimi), 0);
+  replace(R"("tool_use_id":"functions.get_weather:0")", fmt::format(R"("tool_use_id":"{}")", kimi), 0);
+  replace(R"("tool_use_id":"call\u002e1")", fmt::format(R"("tool_use_id":"{}")", dotted), 0);
+  EXPECT_EQ(out, want);
+  EXPECT_TRUE(is_anthropic_tool_id(kimi));
+  // Nothing to map (or no tool block at all): false, `out` untouched.
+  out = "untouched";
+  EXPECT_FALSE(
+      map_tool_ids(R"({"messages":[{"role":"assistant","content":[{"type":"tool_use","id":"toolu_1"}]}]})", out));
+  EXPECT_FALSE(map_tool_ids(R"({"messages":[{"role":"user","content":"a.b"}],"id":"x.y"})", out));
+  EXPECT_EQ(out, "untouched");
 }
 
 }  // namespace
