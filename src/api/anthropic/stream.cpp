@@ -122,13 +122,14 @@ void StreamTranslator::close(std::string& out) {
     // The arguments read as classify_arguments() says, as unstreamed (response.cpp) and for Responses:
     // none (whitespace, null) is input {}; JSON that is no object is {"_raw": text}. Arguments that are no
     // JSON text (cut, or garbled) are nothing the model can have meant: the client must not run the call, so
-    // the stream fails, unless finish_reason "length" says it was cut (stop_reason max_tokens). (Text already
-    // streamed as input_json_delta cannot be taken back or wrapped as _raw.)
+    // the stream fails, unless it is the call finish_reason "length" cut (stop_reason max_tokens): the last
+    // block, none held after it; an earlier call was whole when the model went on. (Text already streamed as
+    // input_json_delta cannot be taken back or wrapped as _raw.)
     const ToolArguments args = tool_args_ == ToolArgs::none
                                    ? ToolArguments::none
                                    : classify_arguments(tool_args_ == ToolArgs::object ? std::string_view(tool_text_)
                                                                                        : std::string_view(tool_raw_));
-    if (args == ToolArguments::invalid && !truncated_) {
+    if (args == ToolArguments::invalid && !(truncated_ && !calls_.any_held())) {
       open_ = Block::none;
       return fail(502, fmt::format("The upstream's arguments of tool call {} ({}) are not valid JSON.", c.id, c.name),
                   out);

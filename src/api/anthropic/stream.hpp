@@ -15,8 +15,9 @@
 // (ToolCallStream::start_ready). Parallel tool calls whose deltas interleave: the first streams, the others
 // are held (ToolCallStream, up to `held_limit` bytes) and given whole, in
 // order, when the tool calls end. A call whose arguments are no JSON text
-// when it ends fails the stream (an error event), unless finish_reason was
-// "length" (stop_reason max_tokens says the input was cut).
+// when it ends fails the stream (an error event), unless it is the last
+// block and finish_reason was "length" (the call the limit cut: stop_reason
+// max_tokens says its input was cut; an earlier call's was whole).
 #pragma once
 
 #include <cstddef>

@@ -6,6 +6,7 @@
 #include "api/json_scan.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <ctime>
 #include <iterator>
 #include <vector>
@@ -220,6 +221,9 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
     if (items.size() > 1 && items[items.size() - 2].id == it.id) it.id += "_1";  // (beside a text message)
     it.text = refusal;
   }
+  const std::string_view finish_reason = string_at(*choice, "finish_reason");
+  // The first function call whose arguments are no JSON text (its item's position), if any.
+  std::size_t garbled = SIZE_MAX;
   if (const auto* tc = msg->if_contains("tool_calls"); tc && tc->is_array()) {
     std::size_t n = 0;
     for (const auto& call : tc->get_array()) {
@@ -240,18 +244,21 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
       std::string storage;
       it.text = arguments_text(fn->get_object(), storage);  // (an unencoded object: its JSON text)
       // No arguments (none, whitespace, JSON null: classify_arguments, as the stream and Messages read them):
-      // "{}", as OpenAI gives a call without arguments. Arguments that are no JSON text are nothing the model
-      // can have meant: the client must not run the call (as the stream fails), unless the finish was
-      // "length" (the response is incomplete: the arguments were cut).
+      // "{}", as OpenAI gives a call without arguments.
       const ToolArguments read = classify_arguments(it.text);
       if (read == ToolArguments::none) it.text = "{}";
-      if (read == ToolArguments::invalid && string_at(*choice, "finish_reason") != "length") {
-        out = fmt::format("function call {} ({})", core::utf8_prefix(it.call_id, core::kMaxEchoBytes),
-                          core::utf8_prefix(it.name, core::kMaxEchoBytes));
-        return Translated::invalid_arguments;
-      }
+      if (read == ToolArguments::invalid && garbled == SIZE_MAX) garbled = items.size() - 1;
       ++n;
     }
+  }
+  // Arguments that are no JSON text are nothing the model can have meant: the client must not run the call
+  // (as the stream fails), unless it is the call the finish "length" cut: the last item (the response is
+  // incomplete, and so is that item). An earlier call's garbled arguments were whole when the model went on.
+  if (garbled != SIZE_MAX && (finish_reason != "length" || garbled + 1 != items.size())) {
+    const OutputItem& it = items[garbled];
+    out = fmt::format("function call {} ({})", core::utf8_prefix(it.call_id, core::kMaxEchoBytes),
+                      core::utf8_prefix(it.name, core::kMaxEchoBytes));
+    return Translated::invalid_arguments;
   }
   std::string id;
   append_id(id, "resp_", upstream_id);
@@ -262,7 +269,7 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
   else
     head.created_at = static_cast<std::int64_t>(std::time(nullptr));  // (as the stream translator)
   head.model = string_at(root, "model");
-  head.status = status_of(string_at(*choice, "finish_reason"), head.incomplete_reason);
+  head.status = status_of(finish_reason, head.incomplete_reason);
   // No usage upstream (or counts that do not read): `usage: null`, as the
   // stream says it, not zero tokens for a request that was charged.
   const auto counts = extract_usage(body);

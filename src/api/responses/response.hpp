@@ -84,9 +84,10 @@ void append_response_json(std::string& out, const ResponseHead& head, std::span<
 // `fallback_id` (the request id) when it has none; `created_at` is its
 // `created`, or now. Returns not_a_completion when `body` is not a chat
 // completion with a choice (`out` empty), invalid_arguments when a function
-// call's arguments are no JSON text and the finish was not "length" (the
-// client must not run it, as the stream fails then; `out` names the call:
-// "function call <call_id> (<name>)").
+// call's arguments are no JSON text (the client must not run it, as the
+// stream fails then; `out` names the first such call: "function call
+// <call_id> (<name>)"), unless it is the last item and the finish was
+// "length": the call the limit cut, "incomplete" as the response is.
 enum class Translated : std::uint8_t { ok, not_a_completion, invalid_arguments };
 Translated translate_response(std::string_view body, std::string_view echo, std::string_view fallback_id,
                               std::string& out);

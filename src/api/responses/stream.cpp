@@ -191,8 +191,11 @@ void StreamTranslator::close(std::string& out) {
     tool_args_ = ToolArgs::none;
     tool_raw_.clear();
     // Arguments that are no JSON text (cut, or garbled) are nothing the model can have meant: the client
-    // must not run the call, so the response fails, unless finish_reason "length" made it incomplete.
-    if (!it.text.empty() && !truncated_ && classify_arguments(it.text) == ToolArguments::invalid) {
+    // must not run the call, so the response fails, unless it is the call finish_reason "length" cut: the
+    // last item (none held after it), "incomplete" as the response is. An earlier call was whole when the
+    // model went on, whatever the finish.
+    if (!it.text.empty() && !(truncated_ && !calls_.any_held()) &&
+        classify_arguments(it.text) == ToolArguments::invalid) {
       open_ = false;
       return fail(
           502,

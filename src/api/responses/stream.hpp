@@ -15,8 +15,9 @@
 // deltas interleave: the first streams, the others
 // are held (ToolCallStream, up to `held_limit` bytes) and given whole, in
 // order, when the tool calls end. A call whose arguments are no JSON text
-// when it ends gives response.failed, unless finish_reason was "length"
-// (the response is then incomplete, reason max_output_tokens).
+// when it ends gives response.failed, unless it is the last item and
+// finish_reason was "length" (the call the limit cut: the response and that
+// item are then incomplete, reason max_output_tokens).
 #pragma once
 
 #include <cstddef>

@@ -446,6 +446,19 @@ TEST(AnthropicStream, ToolArgumentsThatAreNoJsonFailUnlessCutByLength) {
   EXPECT_EQ(ev.back().type, "error");
 }
 
+// Only the call the limit cut (the last block) is exempt under "length": an earlier call's garbled input was
+// whole when the model went on, so the stream fails as it would without the limit (the later call held).
+TEST(AnthropicStream, AnEarlierCallWithGarbledArgumentsFailsUnderLengthToo) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"r\": tru"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g","arguments":"{\"tz\": \"U"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]})",
+      "[DONE]",
+  }));
+  EXPECT_EQ(ev.back().type, "error");
+  for (const auto& e : ev) EXPECT_NE(e.type, "message_stop");
+}
+
 TEST(AnthropicStream, EmptyDataEventsAreSkipped) {
   const auto ev =
       events_of(run({kRole, "", " ", kTok1, "",

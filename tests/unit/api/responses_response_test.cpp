@@ -161,6 +161,29 @@ TEST(ResponsesResponse, InvalidArgumentsAreRefusedUnlessCutByLength) {
   EXPECT_EQ(v.at("output").at(0).at("arguments"), R"({"city":)");
 }
 
+// Only the call the limit cut (the last item) is exempt under "length": an earlier call with garbled arguments
+// is refused as without the limit, and the cut call's item is the incomplete one.
+TEST(ResponsesResponse, AnEarlierCallWithGarbledArgumentsIsRefusedUnderLengthToo) {
+  const auto body = [](std::string_view first, std::string_view finish) {
+    return fmt::format(R"({{"id":"chatcmpl-a","model":"m","choices":[{{"index":0,"message":{{"role":"assistant",
+      "tool_calls":[{{"id":"c0","type":"function","function":{{"name":"f","arguments":"{}"}}}},
+                    {{"id":"c1","type":"function","function":{{"name":"g","arguments":"{{\"tz\": \"U"}}}}]}},
+      "finish_reason":"{}"}}]}})",
+                       first, finish);
+  };
+  std::string out;
+  for (const std::string_view finish : {"length", "tool_calls", "stop"}) {
+    EXPECT_EQ(translate_response(body(R"({\"r\": tru)", finish), kEcho, "req-1", out), Translated::invalid_arguments)
+        << finish;
+    EXPECT_EQ(out, "function call c0 (f)");
+  }
+  const auto v = response(body(R"({\"r\": true})", "length"));
+  EXPECT_EQ(v.at("status"), "incomplete");
+  EXPECT_EQ(v.at("output").at(0).at("status"), "completed");
+  EXPECT_EQ(v.at("output").at(1).at("status"), "incomplete");
+  EXPECT_EQ(v.at("output").at(1).at("arguments"), R"({"tz": "U)");
+}
+
 TEST(ResponsesResponse, UpstreamErrorParamNamesTheResponsesField) {
   const auto param = [](std::string_view p) {
     std::string out;

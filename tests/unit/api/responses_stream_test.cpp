@@ -461,6 +461,42 @@ TEST(ResponsesStream, ToolArgumentsThatAreNoJsonFailUnlessCutByLength) {
   EXPECT_EQ(ev.back().type, "response.incomplete");
 }
 
+// Only the call the limit cut (the last item) is exempt under "length": an earlier call's garbled arguments
+// were whole when the model went on, so the response fails as it would without the limit (streamed, held).
+TEST(ResponsesStream, AnEarlierCallWithGarbledArgumentsFailsUnderLengthToo) {
+  const std::vector<std::string_view> calls = {
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"r\": tru"}}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"id":"b","function":{"name":"g","arguments":"{\"tz\": \"U"}}]}}]})",
+  };
+  for (const std::string_view finish : {"length", "tool_calls"}) {
+    auto c = calls;
+    const std::string f =
+        R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":")" + std::string(finish) + "\"}]}";
+    c.push_back(f);
+    c.push_back("[DONE]");
+    const auto ev = events_of(run(c));
+    expect_grammar(ev, true);
+    EXPECT_EQ(ev.back().type, "response.failed") << finish;
+    for (const auto& e : ev) {
+      if (e.type == "response.output_item.done") {
+        EXPECT_NE(e.data.at("item").at("call_id"), "a") << finish;
+      }
+    }
+  }
+  // The earlier call whole, the last one cut: incomplete, the cut call's item too.
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"f","arguments":"{\"r\": true}"}}]}}]})",
+      calls[1],
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"length"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  EXPECT_EQ(ev.back().type, "response.incomplete");
+  EXPECT_EQ(r.at("output").at(0).at("status"), "completed");
+  EXPECT_EQ(r.at("output").at(1).at("status"), "incomplete");
+  EXPECT_EQ(r.at("output").at(1).at("arguments"), R"({"tz": "U)");
+}
+
 TEST(ResponsesStream, EmptyDataEventsAreSkipped) {
   const auto ev = events_of(run({kRole, "", " ", kTok1, "", kTok2, kUsage, "[DONE]"}));
   expect_grammar(ev);
