@@ -281,6 +281,10 @@ class GatewayPhases final : public Phases {
   // the translation cannot express.
   std::optional<core::Error> anthropic_to_chat(const RequestContext& ctx, std::string& out,
                                                bool continuous_usage = false) const;
+  // A Responses request → its chat translation for an OpenAI-compatible pool whose continuous_usage is
+  // `vllm` (self-hosted or hosted: api/responses/request.hpp), into `out`; the 400 for what it cannot carry
+  // there (a reasoning effort vLLM does not take).
+  std::optional<core::Error> responses_to_chat(std::string& out, bool vllm) const;
   // The stream hooks for the stream about to be relayed: the client's
   // dialect (route) and the upstream's (ctx.target's pool).
   void reset_stream_hooks(RequestContext& ctx);

@@ -123,3 +123,143 @@ def test_messages_stream_an_earlier_garbled_call_is_an_error_under_max_tokens(ca
     assert m.content[0].input == json.loads(WHOLE)
 
 
+# -- pools: hosted (continuous_usage off, as for an https:// endpoint) and self-hosted ---------------------------
+
+LOGPROBS = {"content": [{"token": "ok", "logprob": -0.01, "bytes": [111, 107],
+                         "top_logprobs": [{"token": "ok", "logprob": -0.01, "bytes": [111, 107]},
+                                          {"token": "no", "logprob": -4.6, "bytes": [110, 111]}]}]}
+
+
+class Pool:
+    """An upstream that records each chat body and answers "ok" (with LOGPROBS), or `status` when set."""
+
+    def __init__(self, status: int | None = None):
+        self.bodies: list[dict] = []
+        self.status = status
+        self.up = RawUpstream(self.answer)
+
+    def answer(self, headers, body) -> bytes:
+        doc = json.loads(body)
+        self.bodies.append(doc)
+        if self.status:
+            return _json({"error": {"message": "overloaded", "type": "server_error"}}, self.status)
+        if doc.get("stream"):
+            return _sse([_chunk({"role": "assistant", "content": ""}),
+                         _chunk({"content": "ok"}, logprobs=LOGPROBS), _chunk({}, "stop")])
+        return _json({"id": "chatcmpl-58", "object": "chat.completion", "created": 1, "model": "m",
+                      "choices": [{"index": 0, "finish_reason": "stop", "logprobs": LOGPROBS,
+                                   "message": {"role": "assistant", "content": "ok"}}],
+                      "usage": {"prompt_tokens": 3, "completion_tokens": 1, "total_tokens": 4}})
+
+
+@pytest.fixture(scope="module")
+def pools_gw(module_weir):
+    p = {"hosted": Pool(), "self": Pool(), "hosted_down": Pool(503), "self_down": Pool(503)}
+    try:
+        cfg = {"pools": {name: {"endpoints": [pool.up.url], **({"continuous_usage": False}
+                                                                 if name.startswith("hosted") else {})}
+                         for name, pool in p.items()},
+               "models": {"h": {"pool": "hosted"}, "s": {"pool": "self"},
+                          "h-then-s": {"pool": "hosted_down", "fallbacks": [{"pool": "self"}]},
+                          "s-then-h": {"pool": "self_down", "fallbacks": [{"pool": "hosted"}]}}}
+        yield module_weir(config=cfg, workers=1), p
+    finally:
+        for pool in p.values():
+            pool.up.close()
+
+
+def _client(w) -> openai.OpenAI:
+    return openai.OpenAI(base_url=w.v1, api_key="x", max_retries=0)
+
+
+def test_a_hosted_pool_gets_max_completion_tokens_and_any_effort(pools_gw):
+    w, p = pools_gw
+    c = _client(w)
+    r = c.responses.create(model="h", input="hi", max_output_tokens=50, reasoning={"effort": "minimal"})
+    assert r.output_text == "ok" and r.max_output_tokens == 50
+    sent = p["hosted"].bodies[-1]
+    assert sent["max_completion_tokens"] == 50 and "max_tokens" not in sent
+    assert sent["reasoning_effort"] == "minimal"
+    # Self-hosted (vLLM): max_tokens, and vLLM's three efforts only.
+    c.responses.create(model="s", input="hi", max_output_tokens=50, reasoning={"effort": "high"})
+    sent = p["self"].bodies[-1]
+    assert sent["max_tokens"] == 50 and "max_completion_tokens" not in sent
+    with pytest.raises(openai.BadRequestError) as e:
+        c.responses.create(model="s", input="hi", reasoning={"effort": "minimal"})
+    assert e.value.body["param"] == "reasoning"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fallback_across_the_hosted_line_gets_its_own_names(pools_gw, stream):
+    w, p = pools_gw
+    c = _client(w)
+    extra = {"top_k": 20, "service_tier": "flex"}
+    for model, first, then in [("h-then-s", "hosted_down", "self"), ("s-then-h", "self_down", "hosted")]:
+        n = len(p[then].bodies)
+        r = c.responses.create(model=model, input="hi", max_output_tokens=40, stream=stream, extra_body=extra)
+        if stream:
+            assert list(r)[-1].type == "response.completed"
+        else:
+            assert r.output_text == "ok"
+        assert len(p[then].bodies) == n + 1
+        tried, took = p[first].bodies[-1], p[then].bodies[-1]
+        hosted, selfh = (tried, took) if first.startswith("hosted") else (took, tried)
+        assert hosted["max_completion_tokens"] == 40 and "max_tokens" not in hosted and "top_k" not in hosted
+        assert hosted["service_tier"] == "flex"
+        assert selfh["max_tokens"] == 40 and "max_completion_tokens" not in selfh and selfh["top_k"] == 20
+        assert "service_tier" not in selfh
+
+
+def test_a_fallback_that_cannot_take_the_effort_is_skipped(pools_gw):
+    w, p = pools_gw
+    n = len(p["self"].bodies)
+    with pytest.raises(openai.APIStatusError) as e:
+        _client(w).responses.create(model="h-then-s", input="hi", reasoning={"effort": "minimal"})
+    assert e.value.status_code == 503
+    assert p["hosted_down"].bodies[-1]["reasoning_effort"] == "minimal"
+    assert len(p["self"].bodies) == n
+
+
+VLLM_EXTRA = {"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "cache_salt": "tenant-salt-0123456789abcdef",
+              "priority": 5, "skip_special_tokens": False, "chat_template_kwargs": {"enable_thinking": False}}
+CHAT_EXTRA = {"logit_bias": {"50256": -100}, "seed": 7, "stop": ["\n\n"]}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_members_vllm_honours_reach_it_and_logprobs_come_back(pools_gw, stream):
+    w, p = pools_gw
+    c = _client(w)
+    kw = dict(model="s", input="hi", top_logprobs=2, include=["message.output_text.logprobs"],
+              extra_body={**VLLM_EXTRA, **CHAT_EXTRA})
+    if stream:
+        events = list(c.responses.create(stream=True, **kw))
+        deltas = [e.logprobs for e in events if e.type == "response.output_text.delta"]
+        assert [[lp.token for lp in d] for d in deltas] == [["ok"]]
+        r = events[-1].response
+    else:
+        r = c.responses.create(**kw)
+    sent = p["self"].bodies[-1]
+    for k, v in {**VLLM_EXTRA, **CHAT_EXTRA}.items():
+        assert sent[k] == v, k
+    assert sent["logprobs"] is True and sent["top_logprobs"] == 2
+    lp = r.output[0].content[0].logprobs
+    assert [(x.token, x.logprob, [t.token for t in x.top_logprobs]) for x in lp] == [("ok", -0.01, ["ok", "no"])]
+    assert r.top_logprobs == 2
+
+
+def test_a_hosted_pool_gets_the_standard_members_only(pools_gw):
+    w, p = pools_gw
+    _client(w).responses.create(model="h", input="hi", extra_body={**VLLM_EXTRA, **CHAT_EXTRA,
+                                                                    "safety_identifier": "u-1"})
+    sent = p["hosted"].bodies[-1]
+    assert all(k not in sent for k in VLLM_EXTRA)
+    assert all(sent[k] == v for k, v in CHAT_EXTRA.items())
+    assert sent["safety_identifier"] == "u-1"
+
+
+def test_a_bad_top_logprobs_is_a_400(pools_gw):
+    w, _ = pools_gw
+    r = httpx.post(w.v1 + "/responses", json={"model": "s", "input": "hi", "top_logprobs": 21}, timeout=10)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
+
+

@@ -4,6 +4,8 @@
 #include "api/json_dom.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 
 #include <fmt/format.h>
 #include <boost/json/monotonic_resource.hpp>
@@ -335,6 +337,35 @@ tl::expected<void, core::Error> copy_number(const json::object& in, std::string_
   return {};
 }
 
+// Members of the request that chat completions takes with the same meaning, sent under the same name as they
+// came (the upstream judges their values, as on /v1/chat/completions): OpenAI's standard chat members to any
+// pool; vLLM's own sampling and serving members only to a self-hosted one (`vllm`); OpenAI's hosted-service
+// members (which a self-hosted server has no use for) only to a hosted one.
+enum class Pools : std::uint8_t { any, self_hosted, hosted };
+constexpr std::pair<std::string_view, Pools> kCarried[] = {
+    {"seed", Pools::any},
+    {"stop", Pools::any},
+    {"logit_bias", Pools::any},
+    {"frequency_penalty", Pools::any},
+    {"presence_penalty", Pools::any},
+    {"service_tier", Pools::hosted},
+    {"safety_identifier", Pools::hosted},
+    {"prompt_cache_key", Pools::hosted},
+    {"prompt_cache_retention", Pools::hosted},
+    {"top_k", Pools::self_hosted},
+    {"min_p", Pools::self_hosted},
+    {"repetition_penalty", Pools::self_hosted},
+    {"min_tokens", Pools::self_hosted},
+    {"stop_token_ids", Pools::self_hosted},
+    {"ignore_eos", Pools::self_hosted},
+    {"skip_special_tokens", Pools::self_hosted},
+    {"include_stop_str_in_output", Pools::self_hosted},
+    {"cache_salt", Pools::self_hosted},
+    {"priority", Pools::self_hosted},
+    {"chat_template_kwargs", Pools::self_hosted},
+    {"mm_processor_kwargs", Pools::self_hosted},
+};
+
 // A member that has no meaning without a response store (or a feature this
 // server lacks): a 400 naming it when it is set.
 tl::expected<void, core::Error> refuse(const json::object& in, std::string_view name, std::string_view why) {
@@ -347,7 +378,8 @@ tl::expected<void, core::Error> refuse(const json::object& in, std::string_view 
 
 std::string_view upstream_path() { return "/v1/chat/completions"; }
 
-tl::expected<RequestFields, core::Error> translate_request(std::string_view body, std::string& out, std::string& echo) {
+tl::expected<RequestFields, core::Error> translate_request(std::string_view body, std::string& out, std::string& echo,
+                                                           bool vllm) {
   // The DOMs (the client's, the upstream's, the echo) live in a per-thread
   // arena, then the heap for larger bodies; released before returning.
   struct Arena;
@@ -418,7 +450,9 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
     const bool positive = (mt->is_int64() && mt->get_int64() >= 1) || (mt->is_uint64() && mt->get_uint64() >= 1);
     if (!positive) return invalid("max_output_tokens: Input should be a positive integer", "max_output_tokens");
     f.max_tokens = static_cast<std::uint32_t>(mt->to_number<std::uint64_t>());
-    o["max_tokens"] = f.max_tokens;
+    // OpenAI's reasoning models refuse max_tokens ("Use 'max_completion_tokens' instead"), which every hosted
+    // chat API takes; a self-hosted server other than vLLM may read only the older name.
+    o[vllm ? "max_tokens" : "max_completion_tokens"] = f.max_tokens;
     e["max_output_tokens"] = f.max_tokens;
   }
 
@@ -460,10 +494,12 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
   e["reasoning"] = nullptr;
   if (const auto* rs = in.if_contains("reasoning"); rs && !rs->is_null()) {
     if (!rs->is_object()) return invalid("reasoning: Input should be an object", "reasoning");
-    // vLLM's reasoning_effort (chat completions, v0.10.1) takes low, medium and high.
+    // vLLM's reasoning_effort (chat completions, v0.10.1) takes low, medium and high; a hosted API's takes
+    // its own (OpenAI's: none, minimal, low, medium, high, xhigh, as its models do): the upstream judges.
     if (const auto* eff = rs->get_object().if_contains("effort"); eff && !eff->is_null()) {
-      const std::string_view v = eff->is_string() ? sv(eff->get_string()) : std::string_view{};
-      if (v != "low" && v != "medium" && v != "high")
+      if (!eff->is_string()) return invalid("reasoning.effort: Input should be a string", "reasoning");
+      const std::string_view v = sv(eff->get_string());
+      if (vllm && v != "low" && v != "medium" && v != "high")
         return invalid("reasoning.effort: this model server takes 'low', 'medium' or 'high'", "reasoning");
       o["reasoning_effort"] = *eff;
     }
@@ -518,6 +554,28 @@ tl::expected<RequestFields, core::Error> translate_request(std::string_view body
                      "truncation");
   }
   e["truncation"] = "disabled";
+
+  // Log probabilities of the output text: include's "message.output_text.logprobs" asks for them (with
+  // top_logprobs alternatives per token), chat's logprobs and top_logprobs; the answer's come back as the
+  // output_text's logprobs (response.cpp, stream.cpp).
+  bool logprobs = false;
+  if (const auto* inc = in.if_contains("include"); inc && !inc->is_null()) {
+    if (!inc->is_array()) return invalid("include: Input should be a list", "include");
+    for (const auto& x : inc->get_array())
+      if (x.is_string() && x.get_string() == "message.output_text.logprobs") logprobs = true;
+  }
+  e["top_logprobs"] = nullptr;
+  if (const auto* tl = in.if_contains("top_logprobs"); tl && !tl->is_null()) {
+    if (!(tl->is_int64() && tl->get_int64() >= 0 && tl->get_int64() <= 20))
+      return invalid("top_logprobs: Input should be an integer from 0 to 20", "top_logprobs");
+    e["top_logprobs"] = *tl;
+    if (logprobs && tl->get_int64() > 0) o["top_logprobs"] = *tl;
+  }
+  if (logprobs) o["logprobs"] = true;
+
+  for (const auto& [name, pools] : kCarried)
+    if (pools == Pools::any || (pools == Pools::self_hosted) == vllm)
+      if (const auto* v = in.if_contains(name); v && !v->is_null()) o[name] = *v;
 
   e["user"] = nullptr;
   if (const auto* u = in.if_contains("user"); u && !u->is_null()) {

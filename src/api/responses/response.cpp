@@ -17,6 +17,7 @@
 #include <boost/json/value.hpp>
 
 #include "api/error_text.hpp"
+#include "api/json_write.hpp"
 #include "api/tool_call_stream.hpp"
 #include "api/tool_ids.hpp"
 #include "core/error.hpp"
@@ -47,6 +48,18 @@ std::string_view responses_param(std::string_view param) {
 }
 
 }  // namespace
+
+void append_logprobs(std::string& out, const json::object& choice) {
+  const auto* lp = choice.if_contains("logprobs");
+  if (!lp || !lp->is_object()) return;
+  const auto* content = lp->get_object().if_contains("content");
+  if (!content || !content->is_array()) return;
+  for (const auto& entry : content->get_array()) {
+    if (!entry.is_object()) continue;
+    if (!out.empty()) out += ',';
+    append_json(out, entry);
+  }
+}
 
 void append_id(std::string& out, std::string_view prefix, std::string_view upstream_id) {
   if (upstream_id.starts_with("chatcmpl-")) upstream_id.remove_prefix(9);
@@ -84,7 +97,13 @@ void append_item_json(std::string& out, const OutputItem& item, std::string_view
       if (with_content) {
         out += refusal ? R"({"type":"refusal","refusal":)" : R"({"type":"output_text","text":)";
         core::append_json_string(out, text);
-        out += refusal ? "}" : R"(,"annotations":[],"logprobs":[]})";
+        if (refusal) {
+          out += "}";
+        } else {
+          out += R"(,"annotations":[],"logprobs":[)";
+          out += item.logprobs;
+          out += "]}";
+        }
       }
       out += R"(],"status":")";
       break;
@@ -213,6 +232,7 @@ Translated translate_response(std::string_view body, std::string_view echo, std:
     OutputItem& it = items.emplace_back();
     append_id(it.id, "msg_", upstream_id);
     it.text = text.view();
+    append_logprobs(it.logprobs, *choice);
   }
   if (const std::string_view refusal = string_at(*msg, "refusal"); !refusal.empty()) {
     OutputItem& it = items.emplace_back();

@@ -9,6 +9,8 @@
 #include <string>
 #include <string_view>
 
+#include <boost/json/fwd.hpp>
+
 #include "api/usage.hpp"
 
 namespace weir::api::responses {
@@ -22,7 +24,11 @@ struct OutputItem {
   std::string call_id;  // function_call: the upstream's tool call id
   std::string name;     // function_call: the function's name
   std::string text;     // reasoning or message text, function_call arguments, the refusal
-  bool done = true;     // a stream sent its output_item.done (a whole answer's items are)
+  // message: its output_text's logprobs, the JSON text of the array's members without the brackets (chat's
+  // choices[0].logprobs.content entries as they came: token, logprob, bytes, top_logprobs, the members of
+  // Responses' logprobs too); empty: [].
+  std::string logprobs;
+  bool done = true;  // a stream sent its output_item.done (a whole answer's items are)
 };
 
 // A response's own members (the request's are the echo: request.hpp).
@@ -49,6 +55,13 @@ struct ResponseUsage {
 // appends `prefix` + X (prefix "resp_", "msg_", "rs_"; function calls add
 // "_<n>" themselves).
 void append_id(std::string& out, std::string_view prefix, std::string_view upstream_id);
+
+// Appends the chat choice's (`choice`: a choices[] entry, or a chunk's)
+// logprobs.content entries to `out`, comma-separated (OutputItem::logprobs:
+// a comma before them when `out` is not empty); nothing when it has none.
+// Chat's entries {token, logprob, bytes, top_logprobs[{token, logprob,
+// bytes}]} are Responses' output_text logprobs as they are.
+void append_logprobs(std::string& out, const boost::json::object& choice);
 
 // Responses' status for a chat finish_reason: length → "incomplete" with
 // reason "max_output_tokens", content_filter → "incomplete" with

@@ -145,7 +145,17 @@ void StreamTranslator::delta(std::string_view text, std::string& out) {
       append_item_ref(out);
       out += R"(,"content_index":0,"delta":)";
       core::append_json_string(out, text);
-      if (!refusal) out += R"(,"logprobs":[])";
+      if (!refusal) {
+        // The chunk's logprobs (its tokens': this delta's text), and the item's for its .done events.
+        out += R"(,"logprobs":[)";
+        out += chunk_logprobs_;
+        out += "]";
+        if (!chunk_logprobs_.empty()) {
+          if (!it.logprobs.empty()) it.logprobs += ',';
+          it.logprobs += chunk_logprobs_;
+          chunk_logprobs_.clear();
+        }
+      }
       break;
     }
     case OutputItem::Kind::function_call:
@@ -216,14 +226,22 @@ void StreamTranslator::close(std::string& out) {
       append_item_ref(out);
       out += R"(,"content_index":0,"text":)";
       core::append_json_string(out, it.text);
-      if (message) out += R"(,"logprobs":[])";
+      if (message) {
+        out += R"(,"logprobs":[)";
+        out += it.logprobs;
+        out += "]";
+      }
       out += kEnd;
       begin("response.content_part.done", out);
       append_item_ref(out);
       out += message ? R"(,"content_index":0,"part":{"type":"output_text","text":)"
                      : R"(,"content_index":0,"part":{"type":"reasoning_text","text":)";
       core::append_json_string(out, it.text);
-      if (message) out += R"(,"annotations":[],"logprobs":[])";
+      if (message) {
+        out += R"(,"annotations":[],"logprobs":[)";
+        out += it.logprobs;
+        out += "]";
+      }
       out += "}";
       out += kEnd;
       break;
@@ -371,6 +389,9 @@ void StreamTranslator::on_data(std::string_view data, std::string& out) {
         std::string_view reasoning = string_at(delta_obj, "reasoning_content");
         if (reasoning.empty()) reasoning = string_at(delta_obj, "reasoning");
         if (!reasoning.empty()) piece(OutputItem::Kind::reasoning, reasoning);
+        // The text's tokens' logprobs (only when the request asked for them): on its first message delta.
+        chunk_logprobs_.clear();
+        append_logprobs(chunk_logprobs_, choice);
         // The content: a string, or a list of parts (Mistral's text, magistral's thinking), each as it comes.
         for_each_content(
             delta_obj.if_contains("content"), [&](std::string_view t) { piece(OutputItem::Kind::message, t); },

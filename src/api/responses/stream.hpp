@@ -130,6 +130,9 @@ class StreamTranslator {
   using ToolArgs = ArgumentsForm;
   ToolArgs tool_args_ = ToolArgs::none;
   std::string tool_raw_;
+  // The content chunk's logprobs.content entries (append_logprobs), for its output_text.delta; kept (its
+  // capacity reused) from chunk to chunk.
+  std::string chunk_logprobs_;
   std::int64_t created_ = 0;
   std::string_view echo_;
   std::string_view fallback_id_;

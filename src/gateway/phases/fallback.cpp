@@ -27,14 +27,19 @@ bool GatewayPhases::takes_request(const RequestContext& ctx, std::size_t step) c
   const core::FallbackTarget& fb = ctx.target.fallbacks[step];
   const auto& pc = ctx.gen->config().pools[fb.pool];
   const bool anthropic = pc.type == core::UpstreamType::anthropic;
-  // Same API as the client's: the body goes as it came (a model renamed).
-  if (anthropic ? is_anthropic(ctx.route) : !is_anthropic(ctx.route) || ctx.chat_translated) return true;
+  // Same API as the client's: the body goes as it came (a model renamed); a Responses request's translation
+  // made for a pool on the same side of the hosted/self-hosted line goes as it is.
+  const bool retranslated = is_responses(ctx.route) && !anthropic && pc.continuous_usage != ctx.chat_continuous;
+  if (anthropic ? is_anthropic(ctx.route) : (!is_anthropic(ctx.route) && !retranslated) || ctx.chat_translated)
+    return true;
   const std::uint64_t bit = step < 64 ? std::uint64_t{1} << step : 0;
   if ((ctx.fallbacks_judged & bit) != 0) return (ctx.fallbacks_refused & bit) == 0;
   // The translation prepare_upstream_body will make for it, into scratch storage.
   thread_local std::string scratch;
   bool ok = false;
-  if (!anthropic)
+  if (retranslated)
+    ok = !responses_to_chat(scratch, pc.continuous_usage);  // to the other side of the hosted line
+  else if (!anthropic)
     ok = !anthropic_to_chat(ctx, scratch);  // an Anthropic client's request to an OpenAI-compatible pool
   else if (served_by_anthropic(ctx.route))
     ok = !chat_to_anthropic(ctx, fb.pool, fb.upstream_model, scratch);  // chat or Responses to Messages

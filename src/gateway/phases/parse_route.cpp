@@ -100,9 +100,13 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     const std::string_view ct = http::first_field(down_.request(), boost::beast::http::field::content_type);
     if (!json_media_type(ct)) return refused_body(ctx, core::unsupported_media_type(ct));
   }
-  // An Anthropic route's first pool: its translation is made for it (prepare_upstream_body makes it again for a
-  // fallback pool that differs in continuous_usage).
+  // A translated route's first pool: its translation is made for it (prepare_upstream_body makes it again for a
+  // fallback pool that differs in continuous_usage: self-hosted or hosted, api/responses/request.hpp).
   bool continuous = false;
+  if (is_responses(ctx.route)) {
+    const auto r = usable_route(ctx, peek_model(down_.body()));
+    continuous = !r || ctx.gen->config().pools[r->pool].continuous_usage;
+  }
   if (is_anthropic(ctx.route)) {
     // An Anthropic request to an Anthropic pool goes as it came: read what
     // the gateway needs, leave the rest to the upstream (which accepts more
@@ -124,7 +128,7 @@ Outcome GatewayPhases::parse(RequestContext& ctx) {
     if (ctx.edit_buf.capacity() == std::string().capacity()) ctx.edit_buf = w_.take_buffer();
     auto fields =
         is_responses(ctx.route)
-            ? api::responses::translate_request(down_.body(), ctx.edit_buf, ctx.extra().responses_echo)
+            ? api::responses::translate_request(down_.body(), ctx.edit_buf, ctx.extra().responses_echo, continuous)
             : api::anthropic::translate_request(ctx.route == RouteKind::messages ? api::anthropic::Target::messages
                                                                                  : api::anthropic::Target::count_tokens,
                                                 down_.body(), ctx.edit_buf, continuous);

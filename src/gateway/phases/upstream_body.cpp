@@ -97,6 +97,14 @@ std::optional<core::Error> GatewayPhases::anthropic_to_chat(const RequestContext
   return std::nullopt;
 }
 
+std::optional<core::Error> GatewayPhases::responses_to_chat(std::string& out, bool vllm) const {
+  thread_local std::string echo;  // (the echo is the same for every pool: the parse phase's is kept)
+  auto fields = api::responses::translate_request(down_.body(), out, echo, vllm);
+  if (echo.capacity() > (64u << 10)) std::string().swap(echo);
+  if (!fields) return std::move(fields.error());
+  return std::nullopt;
+}
+
 std::optional<core::Error> GatewayPhases::translate_for_anthropic(RequestContext& ctx) {
   if (ctx.upstream_body_buf.capacity() == std::string().capacity()) ctx.upstream_body_buf = w_.take_buffer();
   return chat_to_anthropic(ctx, ctx.target.pool, ctx.target.upstream_model, ctx.upstream_body_buf,
@@ -132,6 +140,12 @@ std::optional<core::Error> GatewayPhases::prepare_upstream_body(RequestContext& 
     return std::nullopt;
   }
   const bool continuous = ctx.gen->config().pools[ctx.target.pool].continuous_usage;
+  if (!anthropic && is_responses(ctx.route) && ctx.chat_continuous != continuous) {
+    // Translated for a pool on the other side of the hosted/self-hosted line (the parse phase's first target,
+    // or an earlier fallback): this one takes other names (max_tokens or max_completion_tokens, vLLM's members).
+    if (auto e = responses_to_chat(ctx.edit_buf, continuous)) return e;
+    ctx.chat_continuous = continuous;
+  }
   if (!anthropic && is_anthropic(ctx.route) && (!ctx.chat_translated || ctx.chat_continuous != continuous)) {
     // The parse phase only read this request (its first target is an
     // Anthropic pool), or translated it for a pool that differs in

@@ -49,7 +49,69 @@ TEST(ResponsesRequest, StringInput) {
   EXPECT_EQ(t.echo, json::parse(R"({"instructions":null,"max_output_tokens":null,"metadata":{},
     "parallel_tool_calls":true,"previous_response_id":null,"reasoning":null,"store":false,"temperature":null,
     "top_p":null,"text":{"format":{"type":"text"}},"tool_choice":"auto","tools":[],"truncation":"disabled",
-    "user":null,"background":false})"));
+    "top_logprobs":null,"user":null,"background":false})"));
+}
+
+TranslatedRequest translate_for(std::string_view body, bool vllm) {
+  std::string out;
+  std::string echo;
+  auto f = translate_request(body, out, echo, vllm);
+  EXPECT_TRUE(f.has_value()) << (f ? "" : f.error().message);
+  if (!f) return {};
+  return {json::parse(out), json::parse("{" + echo + "}"), *f};
+}
+
+// A hosted API (the pool's continuous_usage off: an https:// endpoint) gets max_completion_tokens, which
+// OpenAI's reasoning models require, and any reasoning effort; vLLM keeps max_tokens and its three efforts.
+TEST(ResponsesRequest, HostedPoolsGetMaxCompletionTokensAndAnyEffort) {
+  const std::string_view body = R"({"model":"m","input":"x","max_output_tokens":64,"reasoning":{"effort":"minimal"}})";
+  const auto hosted = translate_for(body, false);
+  EXPECT_EQ(hosted.body, json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+    "max_completion_tokens":64,"reasoning_effort":"minimal"})"));
+  EXPECT_EQ(hosted.fields.max_tokens, 64u);
+  EXPECT_EQ(hosted.echo.at("max_output_tokens"), 64);
+  std::string out, echo;
+  auto f = translate_request(body, out, echo, true);
+  ASSERT_FALSE(f.has_value());
+  EXPECT_EQ(f.error().param, "reasoning");
+  const auto vllm =
+      translate_for(R"({"model":"m","input":"x","max_output_tokens":64,"reasoning":{"effort":"low"}})", true);
+  EXPECT_EQ(vllm.body.at("max_tokens"), 64);
+  EXPECT_FALSE(vllm.body.as_object().contains("max_completion_tokens"));
+  EXPECT_EQ(vllm.body.at("reasoning_effort"), "low");
+  f = translate_request(R"({"model":"m","input":"x","reasoning":{"effort":5}})", out, echo, false);
+  ASSERT_FALSE(f.has_value());
+  EXPECT_EQ(f.error().param, "reasoning");
+}
+
+// Members chat completions takes with the same meaning go as they came: vLLM's own to vLLM only, OpenAI's
+// service members to a hosted API only, the standard sampling ones to either; logprobs from include.
+TEST(ResponsesRequest, ChatMembersAreCarriedPerPool) {
+  const std::string_view body = R"({"model":"m","input":"x","top_k":20,"logit_bias":{"50256":-100},
+    "cache_salt":"salt","priority":5,"skip_special_tokens":false,"min_p":0.05,"repetition_penalty":1.1,"seed":7,
+    "stop":["\n\n"],"chat_template_kwargs":{"enable_thinking":false},"frequency_penalty":0.5,"presence_penalty":null,
+    "service_tier":"flex","safety_identifier":"s","prompt_cache_key":"p","top_logprobs":3,
+    "include":["message.output_text.logprobs"]})";
+  const auto vllm = translate_for(body, true);
+  EXPECT_EQ(vllm.body, json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3,
+    "logprobs":true,"seed":7,"stop":["\n\n"],"logit_bias":{"50256":-100},"frequency_penalty":0.5,"top_k":20,
+    "min_p":0.05,"repetition_penalty":1.1,"skip_special_tokens":false,"cache_salt":"salt","priority":5,
+    "chat_template_kwargs":{"enable_thinking":false}})"));
+  EXPECT_EQ(vllm.echo.at("top_logprobs"), 3);
+  const auto hosted = translate_for(body, false);
+  EXPECT_EQ(hosted.body, json::parse(R"({"model":"m","messages":[{"role":"user","content":"x"}],"top_logprobs":3,
+    "logprobs":true,"seed":7,"stop":["\n\n"],"logit_bias":{"50256":-100},"frequency_penalty":0.5,
+    "service_tier":"flex","safety_identifier":"s","prompt_cache_key":"p"})"));
+  // top_logprobs without the include asks for nothing; include alone asks for the chosen tokens'.
+  EXPECT_FALSE(upstream(R"({"model":"m","input":"x","top_logprobs":3})").as_object().contains("logprobs"));
+  const auto alone = upstream(R"({"model":"m","input":"x","include":["message.output_text.logprobs"]})");
+  EXPECT_EQ(alone.at("logprobs"), true);
+  EXPECT_FALSE(alone.as_object().contains("top_logprobs"));
+  for (std::string_view bad :
+       {R"({"model":"m","input":"x","top_logprobs":21})", R"({"model":"m","input":"x","top_logprobs":-1})",
+        R"({"model":"m","input":"x","top_logprobs":"3"})"})
+    EXPECT_EQ(failure(bad).param, "top_logprobs") << bad;
+  EXPECT_EQ(failure(R"({"model":"m","input":"x","include":"message.output_text.logprobs"})").param, "include");
 }
 
 TEST(ResponsesRequest, EveryScalarField) {

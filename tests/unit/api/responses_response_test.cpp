@@ -184,6 +184,18 @@ TEST(ResponsesResponse, AnEarlierCallWithGarbledArgumentsIsRefusedUnderLengthToo
   EXPECT_EQ(v.at("output").at(1).at("arguments"), R"({"tz": "U)");
 }
 
+// The choice's logprobs (asked for with include message.output_text.logprobs) are the output_text's.
+TEST(ResponsesResponse, LogprobsAreTheOutputTexts) {
+  const auto v = response(R"({"id":"chatcmpl-l","model":"m","choices":[{"index":0,"message":{"role":"assistant",
+      "content":"ok"},"finish_reason":"stop","logprobs":{"content":[{"token":"o","logprob":-0.5,"bytes":[111],
+      "top_logprobs":[{"token":"o","logprob":-0.5,"bytes":[111]},{"token":"a","logprob":-1.5,"bytes":[97]}]},
+      {"token":"k","logprob":-0.01,"bytes":[107],"top_logprobs":[]}]}}]})");
+  EXPECT_EQ(v.at("output").at(0).at("content").at(0).at("logprobs"),
+            json::parse(R"([{"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[{"token":"o","logprob":-0.5,
+      "bytes":[111]},{"token":"a","logprob":-1.5,"bytes":[97]}]},{"token":"k","logprob":-0.01,"bytes":[107],
+      "top_logprobs":[]}])"));
+}
+
 TEST(ResponsesResponse, UpstreamErrorParamNamesTheResponsesField) {
   const auto param = [](std::string_view p) {
     std::string out;

@@ -497,6 +497,31 @@ TEST(ResponsesStream, AnEarlierCallWithGarbledArgumentsFailsUnderLengthToo) {
   EXPECT_EQ(r.at("output").at(1).at("arguments"), R"({"tz": "U)");
 }
 
+// A chunk's logprobs are its output_text.delta's; the .done events and the final item have them all.
+TEST(ResponsesStream, LogprobsAreTheOutputTexts) {
+  const auto ev = events_of(run({
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"o"},"logprobs":{"content":[{"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[]}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{"content":"k"},"logprobs":{"content":[{"token":"k","logprob":-0.25,"bytes":[107],"top_logprobs":[]}]}}]})",
+      R"({"id":"c","model":"m","choices":[{"index":0,"delta":{},"finish_reason":"stop"}]})",
+      "[DONE]",
+  }));
+  const auto r = expect_grammar(ev);
+  const auto o = json::parse(R"({"token":"o","logprob":-0.5,"bytes":[111],"top_logprobs":[]})");
+  const auto k = json::parse(R"({"token":"k","logprob":-0.25,"bytes":[107],"top_logprobs":[]})");
+  std::vector<json::value> deltas;
+  for (const auto& e : ev) {
+    if (e.type == "response.output_text.delta") deltas.push_back(e.data.at("logprobs"));
+    if (e.type == "response.output_text.done") {
+      EXPECT_EQ(e.data.at("logprobs"), json::array({o, k}));
+    }
+    if (e.type == "response.content_part.done") {
+      EXPECT_EQ(e.data.at("part").at("logprobs"), json::array({o, k}));
+    }
+  }
+  EXPECT_EQ(deltas, (std::vector<json::value>{json::array({o}), json::array({k})}));
+  EXPECT_EQ(r.at("output").at(0).at("content").at(0).at("logprobs"), json::array({o, k}));
+}
+
 TEST(ResponsesStream, EmptyDataEventsAreSkipped) {
   const auto ev = events_of(run({kRole, "", " ", kTok1, "", kTok2, kUsage, "[DONE]"}));
   expect_grammar(ev);
