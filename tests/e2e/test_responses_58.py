@@ -263,3 +263,31 @@ def test_a_bad_top_logprobs_is_a_400(pools_gw):
     assert r.status_code == 400 and r.json()["error"]["param"] == "top_logprobs"
 
 
+# -- structured outputs to a type: anthropic pool -----------------------------------------------------------------
+
+def test_structured_outputs_reach_an_anthropic_pool_as_output_config(module_weir):
+    from scripted_upstream import ScriptedUpstream
+    up = ScriptedUpstream().start()
+    try:
+        w = module_weir(config={"pools": {"claude": {"type": "anthropic", "endpoints": [up.base_url]}},
+                                "models": {"claude-x": {"pool": "claude", "upstream_model": "claude-sonnet-4-5"}}},
+                        workers=1)
+        schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+                  "required": ["name", "age"], "additionalProperties": False}
+        c = _client(w)
+        r = c.responses.create(model="claude-x", input="John is 42",
+                               text={"format": {"type": "json_schema", "name": "Person", "schema": schema,
+                                                "strict": True}})
+        assert r.status == "completed"
+        sent = up.requests[-1].json()
+        assert sent["output_config"] == {"format": {"type": "json_schema", "schema": schema}}
+        c.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "John is 42"}],
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "Person", "schema": schema}})
+        assert up.requests[-1].json()["output_config"]["format"]["schema"] == schema
+        # json_object: Anthropic has no JSON mode without a schema.
+        with pytest.raises(openai.BadRequestError):
+            c.chat.completions.create(model="claude-x", messages=[{"role": "user", "content": "x"}],
+                                      response_format={"type": "json_object"})
+    finally:
+        up.stop()

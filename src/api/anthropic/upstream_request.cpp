@@ -436,10 +436,20 @@ tl::expected<void, core::Error> translate(const json::object& in, const Upstream
     return invalid("top_logprobs: an Anthropic model does not return log probabilities", "top_logprobs");
   if (const auto* rf = in.if_contains("response_format"); rf && rf->is_object()) {
     const std::string_view type = string_at(rf->get_object(), "type");
-    if (!type.empty() && type != "text")
-      return invalid(fmt::format("response_format.type: '{}' cannot be sent to an Anthropic model (only text)",
-                                 core::utf8_prefix(type, 64)),
-                     "response_format");
+    if (type == "json_schema") {
+      // Anthropic's structured outputs (output_config.format {type: json_schema, schema}: the answer is kept to
+      // the schema, as OpenAI's strict json_schema keeps it); the name and strict have no counterpart.
+      const auto* js = rf->get_object().if_contains("json_schema");
+      const json::value* schema = js && js->is_object() ? js->get_object().if_contains("schema") : nullptr;
+      if (!schema || !schema->is_object())
+        return invalid("response_format.json_schema.schema: Field required (an object)", "response_format");
+      a["output_config"] =
+          json::object({{"format", json::object({{"type", "json_schema"}, {"schema", *schema}}, sp)}}, sp);
+    } else if (!type.empty() && type != "text")
+      return invalid(
+          fmt::format("response_format.type: '{}' cannot be sent to an Anthropic model (only text or json_schema)",
+                      core::utf8_prefix(type, 64)),
+          "response_format");
   }
   if (const auto* md = in.if_contains("modalities"); md && md->is_array())
     for (const auto& x : md->get_array())

@@ -34,7 +34,9 @@ struct UpstreamRequestOptions {
 // tool_result blocks of a user turn, tool calls as tool_use blocks), images
 // as base64 or url sources, tools, tool_choice, stop, max_tokens (or
 // `o.default_max_tokens`), temperature, top_p, top_k, stream, user,
-// reasoning_effort (as `thinking`). What Anthropic would refuse is made what
+// reasoning_effort (as `thinking`), a json_schema response_format (as
+// `output_config.format` {type: json_schema, schema}: Anthropic's structured
+// outputs). What Anthropic would refuse is made what
 // it takes: tool ids outside ^[a-zA-Z0-9_-]+$ mapped alike in a call and its
 // result (api/tool_ids.hpp), whitespace-only stop strings left out, and with
 // the thinking made of reasoning_effort no temperature other than 1, top_p
@@ -42,7 +44,8 @@ struct UpstreamRequestOptions {
 // Errors are 400 invalid_request_error in
 // OpenAI's shape, `param` the top-level field and the path in the message
 // (`messages[2].content[0].type: …`), for what Anthropic cannot express: n
-// above 1, logprobs, a JSON response_format, audio or file parts, tool call
+// above 1, logprobs, a json_object response_format (or a json_schema one
+// without an object schema), audio or file parts, tool call
 // arguments that are not a JSON object, a function role, non-function tools.
 tl::expected<void, core::Error> chat_to_messages(std::string_view chat, const UpstreamRequestOptions& o,
                                                  std::string& out);

@@ -285,6 +285,23 @@ TEST(AnthropicUpstreamRequest, WhatAnthropicCannotExpressIsA400NamingTheField) {
   anthropic(fmt::format(R"({{"model":"m",{},"n":1,"logprobs":false,"response_format":{{"type":"text"}}}})", hi));
 }
 
+// OpenAI's structured outputs (a json_schema response_format: the SDKs' parse()) are Anthropic's
+// output_config.format; a json_schema without an object schema is a 400.
+TEST(AnthropicUpstreamRequest, AJsonSchemaResponseFormatIsOutputConfigFormat) {
+  const auto a = anthropic(R"({"model":"m","messages":[{"role":"user","content":"John is 42"}],
+    "response_format":{"type":"json_schema","json_schema":{"name":"Person","strict":true,"schema":{"type":"object",
+    "properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"],
+    "additionalProperties":false}}}})");
+  EXPECT_EQ(a.at("output_config"), json::parse(R"({"format":{"type":"json_schema","schema":{"type":"object",
+    "properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"],
+    "additionalProperties":false}}})"));
+  EXPECT_FALSE(a.as_object().contains("response_format"));
+  EXPECT_EQ(failure(R"({"model":"m","messages":[{"role":"user","content":"x"}],
+    "response_format":{"type":"json_schema","json_schema":{"name":"P"}}})")
+                .param,
+            "response_format");
+}
+
 TEST(AnthropicUpstreamRequest, IntegersBeyond64BitsSurviveInSchemasAndArguments) {
   std::string out;
   ASSERT_TRUE(chat_to_messages(R"({"model":"m","messages":[{"role":"user","content":"x"}],
